@@ -1,0 +1,63 @@
+# tensorcast — build, run, test.  `make run` and `make test` are the quick start.
+GO        ?= go
+BIN       := bin
+RUN_DIR   ?= $(CURDIR)/run
+PKGS      := ./...
+# A whole `make test` stays well under 30 minutes on 2 cores.
+TEST_TIMEOUT ?= 20m
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: all deps build run test test-go test-rdma generate lint fuzz bench clean
+
+all: build
+
+# Installs the Debian packages the project needs, only those missing.
+deps:
+	@scripts/deps.sh
+
+# Quiet check used by build/run/test: runs deps only when a tool is missing.
+.deps-check:
+	@command -v flatc >/dev/null && command -v fio >/dev/null && command -v iperf3 >/dev/null \
+	  && dpkg-query -W -f='$${Status}' libibverbs-dev 2>/dev/null | grep -q 'install ok installed' \
+	  || scripts/deps.sh
+
+build: .deps-check
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+# Starts the daemon in the foreground on embedded defaults: socket and data under ./run/.
+run: build
+	@mkdir -p $(RUN_DIR)
+	$(BIN)/tensorcastd --socket $(RUN_DIR)/tensorcastd.sock --data-dir $(RUN_DIR)/data
+
+test: .deps-check test-go test-rdma
+
+test-go:
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	CGO_ENABLED=0 $(GO) build ./...
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x $(PKGS) >/dev/null
+
+# Real RDMA verbs over Soft-RoCE inside a qemu VM (see rdma/vmtest).
+test-rdma:
+	@if [ -x scripts/rdma-vm-test.sh ]; then scripts/rdma-vm-test.sh; else echo "test-rdma: harness not present yet"; fi
+
+generate: .deps-check
+	$(GO) generate ./fbs/...
+
+lint:
+	$(GO) vet $(PKGS)
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^fbs/.*/')); [ -z "$$out" ] || { echo "gofmt: $$out"; exit 1; }
+	$(GO) run $(STATICCHECK) $(PKGS)
+
+# Short fuzzing of every decoder of outside bytes (FUZZTIME each).
+FUZZTIME ?= 30s
+fuzz:
+	@for spec in $$($(GO) test -list '^Fuzz' $(PKGS) 2>/dev/null | grep -v '^ok' ); do :; done
+	@scripts/fuzz.sh $(FUZZTIME)
+
+bench: build
+	@if [ -x $(BIN)/tcbench ]; then scripts/bench.sh; else echo "bench: tcbench not built"; exit 1; fi
+
+clean:
+	rm -rf $(BIN) $(RUN_DIR)

@@ -1,0 +1,24 @@
+module github.com/tensorcast/tensorcast
+
+go 1.26.0
+
+require (
+	github.com/BurntSushi/toml v1.6.0
+	github.com/Mellanox/rdmamap v1.1.0
+	github.com/cilium/ebpf v0.22.0
+	github.com/google/flatbuffers v25.12.19+incompatible
+	github.com/panjf2000/gnet/v2 v2.9.7
+	go.uber.org/goleak v1.3.0
+	golang.org/x/sys v0.50.0
+)
+
+require (
+	github.com/panjf2000/ants/v2 v2.11.3 // indirect
+	github.com/valyala/bytebufferpool v1.0.0 // indirect
+	github.com/vishvananda/netlink v1.1.0 // indirect
+	github.com/vishvananda/netns v0.0.0-20191106174202-0a2b9b5464df // indirect
+	go.uber.org/multierr v1.11.0 // indirect
+	go.uber.org/zap v1.27.0 // indirect
+	golang.org/x/sync v0.20.0 // indirect
+	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
+)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# deps.sh - install the Debian packages tensorcast builds, tests and benchmarks
+# with, but only those that are missing (a no-op on a prepared machine).
+#
+# usage: scripts/deps.sh [group...]   groups: build test bench rdma (default: all)
+set -euo pipefail
+
+declare -A groups=(
+  [build]="flatbuffers-compiler pkg-config libibverbs-dev"
+  [test]="iproute2 e2fsprogs util-linux"
+  [bench]="fio iperf3"
+  [rdma]="qemu-system-x86 busybox-static cpio kmod gzip libibverbs1 ibverbs-providers ibverbs-utils perftest rdma-core"
+)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(build test bench rdma)
+
+missing=()
+for g in "${want[@]}"; do
+  [ -n "${groups[$g]+x}" ] || { echo "deps: unknown group '$g' (build test bench rdma)" >&2; exit 2; }
+  for p in ${groups[$g]}; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "deps: installing ${missing[*]}" >&2
+if [ "$(id -u)" != 0 ]; then
+  echo "deps: not root; install these yourself: ${missing[*]}" >&2; exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+# A fresh machine has no package lists; an old list may lack a package.
+apt-get update -qq >&2
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

@@ -1,0 +1,201 @@
+// Package xfer is the transfer engine: segments, requests, the batch
+// lifecycle, task states and the Transport contract that every data path
+// (local copy, io_uring, tcp, rdma) implements.
+//
+// Everything in this package is plain Go; syscalls and cgo live in the
+// transport packages.
+package xfer
+
+import (
+	"sync/atomic"
+)
+
+// SegmentID names a registered segment inside one daemon. Zero is never a
+// valid id.
+type SegmentID uint64
+
+// Kind says what backs a segment.
+type Kind uint8
+
+const (
+	// KindPool is the daemon-owned DRAM pool (a memfd every client maps).
+	KindPool Kind = iota + 1
+	// KindClient is a buffer a client registered by passing its memfd.
+	KindClient
+	// KindFile is a file or block device on local storage.
+	KindFile
+	// KindRemote is a segment of a peer daemon.
+	KindRemote
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindPool:
+		return "pool"
+	case KindClient:
+		return "client"
+	case KindFile:
+		return "file"
+	case KindRemote:
+		return "remote"
+	}
+	return "unknown"
+}
+
+// Segment is a registered region that requests address by (segment, offset,
+// length). Implementations are safe for concurrent use.
+type Segment interface {
+	ID() SegmentID
+	Kind() Kind
+	// Size is the segment's length in bytes; it never changes.
+	Size() uint64
+	// Acquire takes a reference that keeps the segment's backing (mapping,
+	// file, registration) alive. It returns false once the segment is
+	// closing; the caller then must not use it. Every successful Acquire is
+	// matched by exactly one Release.
+	Acquire() bool
+	// Release drops a reference taken by Acquire.
+	Release()
+}
+
+// MemSegment is a segment backed by memory mapped in this process.
+type MemSegment interface {
+	Segment
+	// Bytes is the whole mapping. It is valid while a reference is held.
+	Bytes() []byte
+}
+
+// Op is the direction of a request.
+type Op uint8
+
+const (
+	// OpRead moves target → local.
+	OpRead Op = iota + 1
+	// OpWrite moves local → target.
+	OpWrite
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpRead:
+		return "read"
+	case OpWrite:
+		return "write"
+	}
+	return "invalid"
+}
+
+// Request is one transfer: Length bytes between (Local, LocalOffset) and
+// (Target, TargetOffset), in the direction Op names.
+type Request struct {
+	Op           Op
+	Local        SegmentID
+	LocalOffset  uint64
+	Target       SegmentID
+	TargetOffset uint64
+	Length       uint64
+}
+
+// State is a task's state. Waiting and Pending are live; the rest are
+// terminal, and every task ends in exactly one of them.
+type State uint32
+
+const (
+	// StateWaiting: accepted, not yet dispatched to a transport.
+	StateWaiting State = iota + 1
+	// StatePending: dispatched; the transport owns it until it completes.
+	StatePending
+	StateCompleted
+	StateFailed
+	StateTimeout
+	StateCanceled
+)
+
+// Terminal reports whether s is one of the end states.
+func (s State) Terminal() bool { return s >= StateCompleted && s <= StateCanceled }
+
+func (s State) String() string {
+	switch s {
+	case StateWaiting:
+		return "waiting"
+	case StatePending:
+		return "pending"
+	case StateCompleted:
+		return "completed"
+	case StateFailed:
+		return "failed"
+	case StateTimeout:
+		return "timeout"
+	case StateCanceled:
+		return "canceled"
+	}
+	return "invalid"
+}
+
+// Completer receives the end of a dispatched task. The engine implements it;
+// transports only call it.
+type Completer interface {
+	// TaskDone is called exactly once per dispatched task, with the number of
+	// bytes moved and nil or the error that ended it. It must not block; it
+	// may run on the submitting goroutine (before Submit returns) or on a
+	// transport's poller.
+	TaskDone(t *Task, n uint64, err error)
+}
+
+// Task is one request as a transport sees it. The engine owns the memory:
+// tasks live in a batch's preallocated table and are reused, so a transport
+// must not keep a *Task after it has called Done.
+//
+// Local and Target are resolved and referenced (Acquire) by the engine before
+// dispatch and released by the engine after Done; a transport never acquires
+// or releases them itself.
+type Task struct {
+	Req    Request
+	Local  Segment
+	Target Segment
+	// Tag is the transport's own slot for per-task state (a ring index, a
+	// work-request id, a peer sequence number). The engine never reads it.
+	Tag uint64
+
+	done Completer
+	// Engine-private bookkeeping (owned by package xfer's engine).
+	state atomic.Uint32
+}
+
+// SetCompleter binds the task to the Completer that Done reports to. The
+// engine does this for its own tasks; transport tests use it to drive a
+// transport without an engine.
+func (t *Task) SetCompleter(c Completer) { t.done = c }
+
+// Done ends a dispatched task: n bytes moved and nil, or the error that ended
+// it. A transport calls it exactly once per task that Submit dispatched.
+func (t *Task) Done(n uint64, err error) { t.done.TaskDone(t, n, err) }
+
+// Transport moves the bytes of dispatched tasks.
+//
+// The contract:
+//   - Submit dispatches tasks in order and returns n, the number it took:
+//     tasks[:n] now belong to the transport, and each of them is ended by
+//     exactly one call of Task.Done (possibly before Submit returns);
+//     tasks[n:] were never dispatched, are untouched, and stay with the
+//     caller, who releases what it took for them. err is non-nil exactly when
+//     n < len(tasks) and says why dispatch stopped. n is the only boundary
+//     between the completion path and the caller's rollback.
+//   - Submit must not block on the network or the device beyond queueing;
+//     a full queue is backpressure (it may wait for room, bounded by the
+//     transport's own limits), never a silent drop.
+//   - Cancel asks the transport to end a dispatched task early (a deadline
+//     passed, the batch was abandoned). It may be a no-op for transports
+//     whose tasks end quickly; the task still ends with exactly one Done.
+//   - Close stops new dispatch (Submit then returns 0, ErrClosed), ends every
+//     dispatched task (with ErrClosed or its real result) and returns when no
+//     Done is outstanding. It is safe to call more than once and concurrently
+//     with Submit.
+//   - A transport never panics on a bad request: validation failures end the
+//     task with a typed error.
+type Transport interface {
+	Name() string
+	Submit(tasks []*Task) (n int, err error)
+	Cancel(t *Task)
+	Close() error
+}
