@@ -1,0 +1,282 @@
+// Package daemon wires tensorcastd together: configuration, the pool, the
+// transfer engine and its transports, the control socket, and the process
+// lifecycle under systemd (READY, WATCHDOG, STOPPING, bounded drain).
+package daemon
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Config is everything tensorcastd reads at start-up. Precedence, lowest
+// first: the embedded defaults, the TOML file (--config), TENSORCAST_*
+// environment variables, command-line flags.
+type Config struct {
+	// Socket is the control socket path.
+	Socket string `toml:"socket"`
+	// SocketMode is the control socket's permission bits (octal in files).
+	SocketMode FileMode `toml:"socket_mode"`
+	// DataDir holds the daemon's state (the L2 tier later); created if absent.
+	DataDir string `toml:"data_dir"`
+	// PoolSize is the DRAM pool size in bytes ("256MiB", "2GiB", "1g").
+	PoolSize Size `toml:"pool_size"`
+	// Hugepages is auto (try, fall back and say so), on (fail without), off.
+	Hugepages string `toml:"hugepages"`
+	// MaxFrame bounds one control frame.
+	MaxFrame Size `toml:"max_frame"`
+	// MaxConns bounds concurrent client connections.
+	MaxConns int `toml:"max_conns"`
+	// MaxBufferSize bounds one client-registered buffer.
+	MaxBufferSize Size `toml:"max_buffer_size"`
+	// AllowedUIDs and AllowedGIDs may connect; empty means the daemon's own
+	// uid and root.
+	AllowedUIDs []uint32 `toml:"allowed_uids"`
+	AllowedGIDs []uint32 `toml:"allowed_gids"`
+	// DrainTimeout bounds the shutdown drain.
+	DrainTimeout Duration `toml:"drain_timeout"`
+	// LogFormat is text or json; LogLevel debug, info, warn or error.
+	LogFormat string `toml:"log_format"`
+	LogLevel  string `toml:"log_level"`
+	// AllowedFiles lists the directories and devices that file segments may
+	// be opened in (io_uring tier); empty means none.
+	AllowedFiles []string `toml:"allowed_files"`
+}
+
+// Defaults serve a single small host with no setup.
+func Defaults() Config {
+	return Config{
+		Socket:        "/run/tensorcast/tensorcastd.sock",
+		SocketMode:    0o660,
+		DataDir:       "/var/lib/tensorcast",
+		PoolSize:      256 << 20,
+		Hugepages:     "auto",
+		MaxFrame:      1 << 20,
+		MaxConns:      256,
+		MaxBufferSize: 16 << 30,
+		DrainTimeout:  Duration(10 * time.Second),
+		LogFormat:     "text",
+		LogLevel:      "info",
+	}
+}
+
+// Limits on values that come from outside.
+const (
+	minPoolSize = 4 << 20
+	maxPoolSize = 1 << 40
+	minFrame    = 4 << 10
+	maxFrame    = 64 << 20
+	maxConns    = 65536
+	maxDrain    = 10 * time.Minute
+)
+
+// Validate checks every value and names the first bad key and its value.
+func (c *Config) Validate() error {
+	switch {
+	case c.Socket == "":
+		return badValue("socket", c.Socket, "must not be empty")
+	case len(c.Socket) > 107:
+		return badValue("socket", c.Socket, "longer than a unix socket path may be (107 bytes)")
+	case c.SocketMode&^0o777 != 0 || c.SocketMode&0o600 != 0o600:
+		return badValue("socket_mode", fmt.Sprintf("%#o", uint32(c.SocketMode)), "must be permission bits including 0600")
+	case c.DataDir == "":
+		return badValue("data_dir", c.DataDir, "must not be empty")
+	case c.PoolSize < minPoolSize || c.PoolSize > maxPoolSize:
+		return badValue("pool_size", c.PoolSize.String(), fmt.Sprintf("must be between %s and %s", Size(minPoolSize), Size(maxPoolSize)))
+	case c.Hugepages != "auto" && c.Hugepages != "on" && c.Hugepages != "off":
+		return badValue("hugepages", c.Hugepages, "must be auto, on or off")
+	case c.MaxFrame < minFrame || c.MaxFrame > maxFrame:
+		return badValue("max_frame", c.MaxFrame.String(), fmt.Sprintf("must be between %s and %s", Size(minFrame), Size(maxFrame)))
+	case c.MaxConns < 1 || c.MaxConns > maxConns:
+		return badValue("max_conns", strconv.Itoa(c.MaxConns), fmt.Sprintf("must be between 1 and %d", maxConns))
+	case c.MaxBufferSize < 4096:
+		return badValue("max_buffer_size", c.MaxBufferSize.String(), "must be at least 4KiB")
+	case c.DrainTimeout <= 0 || time.Duration(c.DrainTimeout) > maxDrain:
+		return badValue("drain_timeout", c.DrainTimeout.String(), "must be positive and at most 10m")
+	case c.LogFormat != "text" && c.LogFormat != "json":
+		return badValue("log_format", c.LogFormat, "must be text or json")
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return badValue("log_level", c.LogLevel, "must be debug, info, warn or error")
+	}
+	for _, p := range c.AllowedFiles {
+		if !filepath.IsAbs(p) {
+			return badValue("allowed_files", p, "must be an absolute path")
+		}
+	}
+	return nil
+}
+
+func badValue(key, value, why string) error {
+	return fmt.Errorf("%w: %s = %q: %s", ErrConfig, key, value, why)
+}
+
+// setting is one configuration key: how to read it from a string (env and
+// flags) and where it lands.
+type setting struct {
+	key, env, usage string
+	set             func(c *Config, s string) error
+}
+
+func settings() []setting {
+	str := func(dst func(*Config) *string) func(*Config, string) error {
+		return func(c *Config, s string) error { *dst(c) = s; return nil }
+	}
+	return []setting{
+		{"socket", "TENSORCAST_SOCKET", "control socket path", str(func(c *Config) *string { return &c.Socket })},
+		{"socket_mode", "TENSORCAST_SOCKET_MODE", "control socket mode (octal)", func(c *Config, s string) error { return c.SocketMode.UnmarshalText([]byte(s)) }},
+		{"data_dir", "TENSORCAST_DATA_DIR", "state directory", str(func(c *Config) *string { return &c.DataDir })},
+		{"pool_size", "TENSORCAST_POOL_SIZE", "DRAM pool size (e.g. 256MiB, 4GiB)", func(c *Config, s string) error { return c.PoolSize.UnmarshalText([]byte(s)) }},
+		{"hugepages", "TENSORCAST_HUGEPAGES", "hugepages for the pool: auto, on, off", str(func(c *Config) *string { return &c.Hugepages })},
+		{"max_frame", "TENSORCAST_MAX_FRAME", "largest control frame", func(c *Config, s string) error { return c.MaxFrame.UnmarshalText([]byte(s)) }},
+		{"max_conns", "TENSORCAST_MAX_CONNS", "most client connections", func(c *Config, s string) error {
+			n, err := strconv.Atoi(s)
+			c.MaxConns = n
+			return err
+		}},
+		{"drain_timeout", "TENSORCAST_DRAIN_TIMEOUT", "bound on the shutdown drain (e.g. 10s)", func(c *Config, s string) error { return c.DrainTimeout.UnmarshalText([]byte(s)) }},
+		{"log_format", "TENSORCAST_LOG_FORMAT", "log format: text or json", str(func(c *Config) *string { return &c.LogFormat })},
+		{"log_level", "TENSORCAST_LOG_LEVEL", "log level: debug, info, warn, error", str(func(c *Config) *string { return &c.LogLevel })},
+	}
+}
+
+// Load builds the configuration from defaults, the file named by --config
+// (or TENSORCAST_CONFIG), the environment and the flags in args.
+func Load(args []string, getenv func(string) string) (Config, error) {
+	c := Defaults()
+	fs := flag.NewFlagSet("tensorcastd", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	configPath := fs.String("config", getenv("TENSORCAST_CONFIG"), "TOML config file (env TENSORCAST_CONFIG)")
+	flagVals := map[string]*string{}
+	sets := settings()
+	for _, s := range sets {
+		flagVals[s.key] = fs.String(strings.ReplaceAll(s.key, "_", "-"), "", s.usage+" (env "+s.env+")")
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("%w: unexpected argument %q", ErrConfig, fs.Arg(0))
+	}
+	if *configPath != "" {
+		if err := loadFile(&c, *configPath); err != nil {
+			return c, err
+		}
+	}
+	for _, s := range sets {
+		if v := getenv(s.env); v != "" {
+			if err := s.set(&c, v); err != nil {
+				return c, badValue(s.key, v, "from "+s.env+": "+err.Error())
+			}
+		}
+	}
+	var ferr error
+	fs.Visit(func(f *flag.Flag) {
+		key := strings.ReplaceAll(f.Name, "-", "_")
+		for _, s := range sets {
+			if s.key == key && ferr == nil {
+				if err := s.set(&c, *flagVals[key]); err != nil {
+					ferr = badValue(key, *flagVals[key], "from --"+f.Name+": "+err.Error())
+				}
+			}
+		}
+	})
+	if ferr != nil {
+		return c, ferr
+	}
+	return c, c.Validate()
+}
+
+func loadFile(c *Config, path string) error {
+	md, err := toml.DecodeFile(path, c)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		return fmt.Errorf("%w: %s: unknown key %q", ErrConfig, path, und[0].String())
+	}
+	return nil
+}
+
+// Size is a byte count written with an optional binary suffix: 4096, 64k,
+// 64KiB, 256m, 256MiB, 4g, 4GiB, 1t. Suffixes are powers of 1024.
+type Size uint64
+
+// UnmarshalText parses a size.
+func (s *Size) UnmarshalText(b []byte) error {
+	v, err := ParseSize(string(b))
+	if err != nil {
+		return err
+	}
+	*s = Size(v)
+	return nil
+}
+
+// String renders the size with the largest exact binary suffix.
+func (s Size) String() string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	v, i := uint64(s), 0
+	for v >= 1024 && v%1024 == 0 && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	return strconv.FormatUint(v, 10) + units[i]
+}
+
+// ParseSize reads a byte count with an optional binary suffix.
+func ParseSize(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	lower := strings.ToLower(t)
+	mult := uint64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   uint64
+	}{{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30}, {"tib", 1 << 40}, {"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"t", 1 << 40}, {"b", 1}} {
+		if strings.HasSuffix(lower, u.suffix) {
+			lower, mult = strings.TrimSuffix(lower, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(lower), 10, 64)
+	if err != nil || lower == "" {
+		return 0, fmt.Errorf("not a size: %q", s)
+	}
+	if n > (1<<63)/mult {
+		return 0, fmt.Errorf("size out of range: %q", s)
+	}
+	return n * mult, nil
+}
+
+// Duration is a time.Duration written as "10s", "1m30s".
+type Duration time.Duration
+
+// UnmarshalText parses a duration.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("not a duration: %q", b)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// FileMode is permission bits written in octal ("0660").
+type FileMode uint32
+
+// UnmarshalText parses octal permission bits.
+func (m *FileMode) UnmarshalText(b []byte) error {
+	v, err := strconv.ParseUint(string(b), 8, 32)
+	if err != nil {
+		return fmt.Errorf("not an octal mode: %q", b)
+	}
+	*m = FileMode(v)
+	return nil
+}

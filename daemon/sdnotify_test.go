@@ -1,0 +1,82 @@
+package daemon
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// fakeSystemd listens where NOTIFY_SOCKET points and collects datagrams.
+func fakeSystemd(t *testing.T) (string, func() string) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "notify.sock")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	next := func() string {
+		buf := make([]byte, 4096)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("no notify message: %v", err)
+		}
+		return string(buf[:n])
+	}
+	return p, next
+}
+
+func TestNotifierSendsStates(t *testing.T) {
+	p, next := fakeSystemd(t)
+	n := NewNotifier(env(map[string]string{"NOTIFY_SOCKET": p}))
+	if !n.Enabled() {
+		t.Fatal("notifier not enabled with NOTIFY_SOCKET set")
+	}
+	for _, s := range []string{"READY=1", "WATCHDOG=1", "STOPPING=1"} {
+		if err := n.Notify(s); err != nil {
+			t.Fatal(err)
+		}
+		if got := next(); got != s {
+			t.Fatalf("got %q, want %q", got, s)
+		}
+	}
+}
+
+func TestNotifierOffWithoutSocket(t *testing.T) {
+	n := NewNotifier(env(nil))
+	if n.Enabled() {
+		t.Fatal("enabled without NOTIFY_SOCKET")
+	}
+	if err := n.Notify("READY=1"); err != nil {
+		t.Fatal(err)
+	}
+	// A socket that does not exist is an error the caller can log.
+	n = NewNotifier(env(map[string]string{"NOTIFY_SOCKET": filepath.Join(t.TempDir(), "absent")}))
+	if err := n.Notify("READY=1"); err == nil {
+		t.Fatal("no error for a missing notify socket")
+	}
+}
+
+func TestWatchdogInterval(t *testing.T) {
+	me := strconv.Itoa(os.Getpid())
+	cases := []struct {
+		env  map[string]string
+		want time.Duration
+	}{
+		{nil, 0},
+		{map[string]string{"WATCHDOG_USEC": "0"}, 0},
+		{map[string]string{"WATCHDOG_USEC": "junk"}, 0},
+		{map[string]string{"WATCHDOG_USEC": "20000000"}, 10 * time.Second},
+		{map[string]string{"WATCHDOG_USEC": "20000000", "WATCHDOG_PID": me}, 10 * time.Second},
+		{map[string]string{"WATCHDOG_USEC": "20000000", "WATCHDOG_PID": "1"}, 0},
+	}
+	for _, c := range cases {
+		if got := WatchdogInterval(env(c.env)); got != c.want {
+			t.Errorf("WatchdogInterval(%v) = %v, want %v", c.env, got, c.want)
+		}
+	}
+}
