@@ -74,8 +74,20 @@ func (rcv *Response) Body(obj *flatbuffers.Table) bool {
 	return false
 }
 
+func (rcv *Response) RequestId() uint64 {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(12))
+	if o != 0 {
+		return rcv._tab.GetUint64(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *Response) MutateRequestId(n uint64) bool {
+	return rcv._tab.MutateUint64Slot(12, n)
+}
+
 func ResponseStart(builder *flatbuffers.Builder) {
-	builder.StartObject(4)
+	builder.StartObject(5)
 }
 func ResponseAddStatus(builder *flatbuffers.Builder, status Code) {
 	builder.PrependByteSlot(0, byte(status), 0)
@@ -88,6 +100,9 @@ func ResponseAddBodyType(builder *flatbuffers.Builder, bodyType ResponseBody) {
 }
 func ResponseAddBody(builder *flatbuffers.Builder, body flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(3, flatbuffers.UOffsetT(body), 0)
+}
+func ResponseAddRequestId(builder *flatbuffers.Builder, requestId uint64) {
+	builder.PrependUint64Slot(4, requestId, 0)
 }
 func ResponseEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()
