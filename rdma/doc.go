@@ -1,0 +1,23 @@
+// Package rdma is tensorcast's RDMA transport: RC queue pairs doing
+// one-sided READ and WRITE over ibverbs.
+//
+// libibverbs is opened at run time (dlopen), never linked, so a binary built
+// with cgo still starts on a host without it; Open then fails with
+// ErrNoLibrary (which wraps xfer.ErrNotSupported) and the daemon runs with
+// tcp only. Built without cgo, or off Linux, every constructor returns an
+// error wrapping xfer.ErrNotSupported.
+//
+// The pieces, from the bottom:
+//   - device discovery and RoCE v2 GID selection from sysfs (SelectGID),
+//     with rdmamap for the device ↔ netdev map and port state;
+//   - memory registration: a segment is registered once, in chunks
+//     (Region), and the hot path only looks ranges up;
+//   - connection data (ConnInfo), a small binary struct the peer channel
+//     carries, with INIT→RTR→RTS driven from it;
+//   - the work-request plan (planner): tasks become linked lists of RDMA
+//     READ/WRITE work requests with selective signalling;
+//   - Transport, an xfer.Transport over a set of connected queue pairs with
+//     one completion poller per completion queue.
+//
+// Real verbs are tested over Soft-RoCE inside a VM: make test-rdma.
+package rdma
