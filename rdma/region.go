@@ -39,7 +39,7 @@ func newKeyTable(addr, size, chunk uint64) (keyTable, error) {
 	}, nil
 }
 
-func (t *keyTable) chunks() int      { return len(t.rkeys) }
+func (t *keyTable) chunks() int       { return len(t.rkeys) }
 func (t *keyTable) chunkSize() uint64 { return 1 << t.shift }
 
 // chunkRange is the [off, off+n) of chunk i.
