@@ -1,0 +1,131 @@
+//go:build linux
+
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// createMemfd makes a close-on-exec, sealable memfd of size bytes, hugetlb
+// (2 MiB pages) when huge. On error the memfd is closed.
+func createMemfd(name string, size uint64, huge bool) (int, error) {
+	flags := unix.MFD_CLOEXEC | unix.MFD_ALLOW_SEALING
+	if huge {
+		flags |= unix.MFD_HUGETLB | unix.MFD_HUGE_2MB
+	}
+	fd, err := unix.MemfdCreate(name, flags)
+	if err != nil {
+		return -1, os.NewSyscallError("memfd_create", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return -1, errors.Join(os.NewSyscallError("ftruncate", err), closeFd(fd))
+	}
+	return fd, nil
+}
+
+// addSeals adds seals to a memfd.
+func addSeals(fd, seals int) error {
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+		return os.NewSyscallError("fcntl F_ADD_SEALS", err)
+	}
+	return nil
+}
+
+// sealPool seals the pool's memfd so no holder can change its size or add
+// seals (F_SEAL_FUTURE_WRITE would stop new clients from mapping it).
+func sealPool(fd int) error {
+	return addSeals(fd, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
+}
+
+// sealClient seals a client's memfd against shrinking and growing.
+func sealClient(fd int) error {
+	return addSeals(fd, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+}
+
+// mapShared maps size bytes of fd read-write, shared.
+func mapShared(fd int, size uint64) ([]byte, error) {
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, os.NewSyscallError("mmap", err)
+	}
+	return mem, nil
+}
+
+// unmap unmaps a mapping made by mapShared.
+func unmap(mem []byte) error {
+	if err := unix.Munmap(mem); err != nil {
+		return os.NewSyscallError("munmap", err)
+	}
+	return nil
+}
+
+func closeFd(fd int) error {
+	if err := unix.Close(fd); err != nil {
+		return os.NewSyscallError("close", err)
+	}
+	return nil
+}
+
+// prefault faults in every page of mem for writing.
+func prefault(mem []byte) error {
+	if err := unix.Madvise(mem, unix.MADV_POPULATE_WRITE); err != nil {
+		return os.NewSyscallError("madvise MADV_POPULATE_WRITE", err)
+	}
+	return nil
+}
+
+// fdInfo is what MapBuffer needs to know about a passed fd.
+type fdInfo struct {
+	regular  bool   // S_IFREG (a memfd is one too)
+	kind     string // the file type, for errors
+	size     int64
+	sealable bool // shmem or hugetlbfs backed (a memfd): seals apply
+	shrink   bool // F_SEAL_SHRINK is set
+}
+
+// inspectFd reads a passed fd's type, size and seals.
+func inspectFd(fd int) (fdInfo, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fdInfo{}, os.NewSyscallError("fstat", err)
+	}
+	info := fdInfo{size: st.Size}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		info.regular, info.kind = true, "regular file"
+	case unix.S_IFDIR:
+		info.kind = "directory"
+	case unix.S_IFIFO:
+		info.kind = "pipe"
+	case unix.S_IFSOCK:
+		info.kind = "socket"
+	case unix.S_IFCHR:
+		info.kind = "character device"
+	case unix.S_IFBLK:
+		info.kind = "block device"
+	case unix.S_IFLNK:
+		info.kind = "symlink"
+	default:
+		info.kind = fmt.Sprintf("file type %#o", st.Mode&unix.S_IFMT)
+	}
+	if !info.regular {
+		return info, nil
+	}
+	// F_GET_SEALS answers only for shmem and hugetlbfs files (memfds, and
+	// tmpfs files, which can be truncated just the same); other files give
+	// EINVAL and carry no seals.
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	switch {
+	case err == nil:
+		info.sealable = true
+		info.shrink = seals&unix.F_SEAL_SHRINK != 0
+	case err == unix.EINVAL:
+	default:
+		return info, os.NewSyscallError("fcntl F_GET_SEALS", err)
+	}
+	return info, nil
+}

@@ -1,0 +1,32 @@
+//go:build !linux
+
+package shm
+
+import (
+	"os"
+)
+
+func createMemfd(string, uint64, bool) (int, error) { return -1, ErrNotSupported }
+
+func sealPool(int) error { return ErrNotSupported }
+
+func sealClient(int) error { return ErrNotSupported }
+
+func mapShared(int, uint64) ([]byte, error) { return nil, ErrNotSupported }
+
+func unmap([]byte) error { return ErrNotSupported }
+
+func prefault([]byte) error { return ErrNotSupported }
+
+// closeFd closes fd, so MapBuffer keeps its ownership promise here too.
+func closeFd(fd int) error { return os.NewFile(uintptr(fd), "fd").Close() }
+
+type fdInfo struct {
+	regular  bool
+	kind     string
+	size     int64
+	sealable bool
+	shrink   bool
+}
+
+func inspectFd(int) (fdInfo, error) { return fdInfo{}, ErrNotSupported }
