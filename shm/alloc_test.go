@@ -124,7 +124,7 @@ func TestExhaustion(t *testing.T) {
 
 func TestAllocNAllOrNothing(t *testing.T) {
 	p := newTestPool(t, 2, 4*kib, 64*kib) // 32 blocks of 4 KiB
-	keep, err := p.Alloc(64 * kib)         // one whole slab
+	keep, err := p.Alloc(64 * kib)        // one whole slab
 	if err != nil {
 		t.Fatal(err)
 	}
