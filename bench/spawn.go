@@ -1,0 +1,160 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Daemon is a private tensorcastd started by --spawn. Its process is waited
+// for by one goroutine started in SpawnDaemon; Stop signals it and collects
+// that wait.
+type Daemon struct {
+	Socket string
+	Dir    string
+	Args   []string
+	cmd    *exec.Cmd
+	exited chan error // receives cmd.Wait's result once
+	log    *slog.Logger
+	logf   *os.File
+}
+
+// FindDaemonBin locates tensorcastd: the explicit path, else next to the
+// running executable, else on PATH.
+func FindDaemonBin(explicit string) (string, error) {
+	if explicit != "" {
+		if _, err := os.Stat(explicit); err != nil {
+			return "", fmt.Errorf("%w: --daemon-bin: %w", ErrDaemon, err)
+		}
+		return explicit, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "tensorcastd")
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("tensorcastd")
+	if err != nil {
+		return "", fmt.Errorf("%w: tensorcastd not found next to tcbench nor on PATH (build it with `make build`, or give --daemon-bin)", ErrDaemon)
+	}
+	return p, nil
+}
+
+// SpawnDaemon starts bin with a socket and data directory in a new
+// temporary directory and waits until the socket accepts connections.
+func SpawnDaemon(bin string, poolSize uint64, log *slog.Logger) (*Daemon, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	dir, err := os.MkdirTemp("", "tcbench-daemon-")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDaemon, err)
+	}
+	d := &Daemon{Socket: filepath.Join(dir, "s.sock"), Dir: dir, log: log, exited: make(chan error, 1)}
+	d.Args = []string{"--socket", d.Socket, "--data-dir", filepath.Join(dir, "data"), "--pool-size", strconv.FormatUint(poolSize, 10)}
+	d.logf, err = os.Create(filepath.Join(dir, "daemon.log"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("%w: %w", ErrDaemon, err)
+	}
+	d.cmd = exec.Command(bin, d.Args...)
+	d.cmd.Stdout, d.cmd.Stderr = d.logf, d.logf
+	d.cmd.Env = append(os.Environ(), "TENSORCAST_SOCKET="+d.Socket)
+	if err := d.cmd.Start(); err != nil {
+		d.logf.Close()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("%w: start %s: %w", ErrDaemon, bin, err)
+	}
+	go func() { d.exited <- d.cmd.Wait() }()
+	log.Info("spawned tensorcastd", "bin", bin, "pid", d.cmd.Process.Pid, "socket", d.Socket)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		select {
+		case err := <-d.exited:
+			d.exited <- err
+			tail := d.logTail()
+			d.cleanup()
+			return nil, fmt.Errorf("%w: tensorcastd exited during start-up (%v): %s", ErrDaemon, err, tail)
+		default:
+		}
+		if c, err := net.Dial("unix", d.Socket); err == nil {
+			c.Close()
+			return d, nil
+		}
+		if time.Now().After(deadline) {
+			err := d.Stop()
+			return nil, fmt.Errorf("%w: tensorcastd socket %s not ready after 20s (stop: %v)", ErrDaemon, d.Socket, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (d *Daemon) logTail() string {
+	b, err := os.ReadFile(d.logf.Name())
+	if err != nil {
+		return ""
+	}
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return string(b)
+}
+
+func (d *Daemon) cleanup() {
+	d.logf.Close()
+	os.RemoveAll(d.Dir)
+}
+
+// Stop sends SIGTERM, waits up to 20 s for a clean exit (then kills), and
+// reports a non-zero exit as an error naming the daemon's last log lines.
+func (d *Daemon) Stop() error {
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		d.log.Warn("signal tensorcastd", "err", err)
+	}
+	var err error
+	select {
+	case err = <-d.exited:
+	case <-time.After(20 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.exited
+		err = fmt.Errorf("did not stop within 20s of SIGTERM; killed")
+	}
+	if err != nil {
+		err = fmt.Errorf("%w: tensorcastd: %w: %s", ErrDaemon, err, d.logTail())
+	}
+	d.cleanup()
+	return err
+}
+
+// SpawnCheck says whether --spawn can serve jobs: one private daemon serves
+// local, uring and store jobs; tcp and rdma need two connected peers.
+func SpawnCheck(jobs []*Job) error {
+	for _, j := range jobs {
+		switch j.Engine {
+		case "tcp", "rdma":
+			return fmt.Errorf("%w: job %s: engine %s needs two connected peers; spawning them is not available yet", ErrEngineUnavailable, j.Name, j.Engine)
+		}
+	}
+	return nil
+}
+
+// PoolSizeFor sizes a spawned daemon's pool for the largest group: every
+// clone's region and buffers, plus 64 MiB, rounded up to 2 MiB.
+func PoolSizeFor(jobs []*Job) uint64 {
+	per := map[int]uint64{}
+	var most uint64
+	for _, j := range jobs {
+		per[j.Group] += uint64(j.NumJobs) * (j.Size + uint64(j.IODepth)*j.BSMax)
+		most = max(most, per[j.Group])
+	}
+	const align = 2 << 20
+	return (most + 64<<20 + align - 1) / align * align
+}
