@@ -165,11 +165,11 @@ func (a *allocator) allocN(size uint64, offs []uint64) error {
 	if held := uint64(c.slabs)*uint64(c.per) - c.live; n > held {
 		need := (n - held + uint64(c.per) - 1) / uint64(c.per)
 		a.slabMu.Lock()
-		if need > uint64(a.nfree) {
+		if nfree := uint64(a.nfree); need > nfree {
 			a.slabMu.Unlock()
 			c.mu.Unlock()
 			return fmt.Errorf("%w: %d blocks of %d bytes asked, room for %d", ErrPoolExhausted,
-				n, uint64(1)<<c.shift, held+uint64(a.nfree)*uint64(c.per))
+				n, uint64(1)<<c.shift, held+nfree*uint64(c.per))
 		}
 		for range need {
 			a.nfree--
