@@ -20,3 +20,44 @@ var (
 	// ErrPermission: the caller may not touch the segment.
 	ErrPermission = errors.New("xfer: permission denied")
 )
+
+// Sentinel errors of the batch lifecycle and the segment registry.
+var (
+	// ErrBatchNotFound: no live batch has that id (never allocated, or
+	// already freed).
+	ErrBatchNotFound = errors.New("xfer: batch not found")
+	// ErrBatchFull: the submit would take the batch past its capacity.
+	ErrBatchFull = errors.New("xfer: batch full")
+	// ErrBatchBusy: the batch still has Waiting or Pending tasks.
+	ErrBatchBusy = errors.New("xfer: batch busy")
+	// ErrBatchLimit: the engine already holds Config.MaxBatches batches.
+	ErrBatchLimit = errors.New("xfer: too many batches")
+	// ErrTransport: a transport broke the Transport contract (a dispatch
+	// count outside 0..len, a short count without an error, a second Done).
+	// The whole call is failed; nothing of it is reported as a success.
+	ErrTransport = errors.New("xfer: transport contract violation")
+	// ErrExists: a segment with that id is already registered.
+	ErrExists = errors.New("xfer: segment exists")
+	// ErrNoSegment: a request names a segment that is not registered (or is
+	// closing).
+	ErrNoSegment = errors.New("xfer: unknown segment")
+	// ErrFault: a copy touched memory that is no longer mapped (a client
+	// truncated or unmapped its buffer under the transfer).
+	ErrFault = errors.New("xfer: memory fault")
+
+	// ErrBadOp: a request's Op is neither OpRead nor OpWrite. It matches
+	// ErrInvalid.
+	ErrBadOp error = &invalidError{"xfer: invalid op"}
+	// ErrZeroLength: a request moves no bytes. It matches ErrInvalid.
+	ErrZeroLength error = &invalidError{"xfer: zero length"}
+	// ErrOutOfBounds: offset+length is past the end of a segment. It matches
+	// ErrInvalid.
+	ErrOutOfBounds error = &invalidError{"xfer: out of segment bounds"}
+)
+
+// invalidError is a refinement of ErrInvalid: errors.Is matches both the
+// refinement itself and ErrInvalid.
+type invalidError struct{ msg string }
+
+func (e *invalidError) Error() string        { return e.msg }
+func (e *invalidError) Is(target error) bool { return target == ErrInvalid }

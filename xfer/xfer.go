@@ -160,6 +160,21 @@ type Task struct {
 	done Completer
 	// Engine-private bookkeeping (owned by package xfer's engine).
 	state atomic.Uint32
+	// owed is 1 from dispatch until the transport's Done (or the engine's
+	// rollback of an undispatched task) claims it; that claim is what
+	// releases the task's segment refs, so they are released exactly once.
+	owed atomic.Uint32
+	// b is the batch that owns the task; tr the transport it was routed to.
+	// Both are written by the submitting goroutine before dispatch.
+	b  *batch
+	tr Transport
+	// seq is the submit call that dispatched the task (see batch.seq).
+	seq uint32
+	// err and n are the task's result. They are written only by the
+	// goroutine that moved the state to stateEnding and read only after a
+	// terminal state was loaded, so the state word orders them.
+	err error
+	n   uint64
 }
 
 // SetCompleter binds the task to the Completer that Done reports to. The
@@ -187,6 +202,8 @@ func (t *Task) Done(n uint64, err error) { t.done.TaskDone(t, n, err) }
 //   - Cancel asks the transport to end a dispatched task early (a deadline
 //     passed, the batch was abandoned). It may be a no-op for transports
 //     whose tasks end quickly; the task still ends with exactly one Done.
+//     Cancel races with the task's own completion: it may arrive after the
+//     transport has called Done, and is then a no-op.
 //   - Close stops new dispatch (Submit then returns 0, ErrClosed), ends every
 //     dispatched task (with ErrClosed or its real result) and returns when no
 //     Done is outstanding. It is safe to call more than once and concurrently

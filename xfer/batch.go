@@ -1,0 +1,518 @@
+package xfer
+
+import (
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Engine-internal task states. Status reports all three as StatePending.
+const (
+	// stateDispatching: handed to Transport.Submit, which has not returned.
+	stateDispatching State = 16 + iota
+	// stateParked: the transport called Done before its Submit returned;
+	// n and err hold the result, which the submitting call publishes once
+	// it has checked the transport's dispatch count.
+	stateParked
+	// stateEnding: one goroutine won the right to end the task and is
+	// writing its result; the terminal state follows.
+	stateEnding
+)
+
+// freedBit is added to batch.owed when the batch is freed; the party that
+// brings owed to exactly freedBit recycles the batch.
+const freedBit = int64(1) << 40
+
+// batch is one slot's batch object. It and its task table are reused by
+// every batch allocated in that slot.
+type batch struct {
+	e   *Engine
+	idx uint32
+
+	// mu serializes Submit, Status, BatchStatus, Free, Abandon, the deadline
+	// timers and Close's sweep on this batch, and guards the fields below
+	// up to the atomics. Task.Done never takes it.
+	mu       sync.Mutex
+	id       BatchID // 0 while the slot is free or retiring
+	gen      uint32
+	seq      uint32 // last submit call number
+	capacity int
+	used     int     // tasks[:used] were submitted
+	tasks    []Task  // len >= capacity; tasks[i].b == this batch
+	scratch  []*Task // per-call scratch: accepted tasks, then the ones not yet grouped
+	grp      []*Task // per-call scratch: the tasks of one transport
+	calls    []*call // deadline records, reused; calls[:ncalls] in use
+	ncalls   int
+
+	// dispatching is the seq of the Submit call inside Transport.Submit (0
+	// when none); violated is set by a Done that breaks the contract for a
+	// task of that call.
+	dispatching atomic.Uint32
+	violated    atomic.Bool
+	// live counts Waiting and Pending tasks; the Done that brings it to 0
+	// wakes waiters.
+	live atomic.Int64
+	// owed counts dispatched tasks whose Done has not arrived, plus freedBit
+	// once the batch is freed.
+	owed atomic.Int64
+	// cnt counts tasks per State; terminal counts are cumulative for this
+	// batch until it is recycled.
+	cnt   [8]atomic.Int64
+	bytes atomic.Uint64
+
+	// waitMu guards wake. Lock order: mu, then waitMu.
+	waitMu sync.Mutex
+	wake   chan struct{} // closed (and cleared) when live reaches 0
+}
+
+var _ Completer = (*batch)(nil)
+
+// reset prepares b for a new batch of capacity tasks. b.mu is held and
+// the slot owes no Done.
+func (b *batch) reset(capacity int) {
+	if cap(b.tasks) < capacity {
+		b.tasks = make([]Task, capacity)
+		for i := range b.tasks {
+			b.tasks[i].b = b
+			b.tasks[i].done = b
+		}
+		b.scratch = make([]*Task, 0, capacity)
+		b.grp = make([]*Task, 0, capacity)
+	} else {
+		for i := range b.tasks[:b.used] {
+			t := &b.tasks[i]
+			t.Req = Request{}
+			t.Local, t.Target, t.tr, t.err = nil, nil, nil, nil
+			t.Tag, t.n, t.seq = 0, 0, 0
+			t.state.Store(0)
+			t.owed.Store(0)
+		}
+	}
+	b.capacity = capacity
+	b.used = 0
+	b.live.Store(0)
+	b.owed.Store(0)
+	b.violated.Store(false)
+	b.gen++
+	if b.gen == 0 {
+		b.gen = 1
+	}
+	b.id = BatchID(uint64(b.gen)<<32 | uint64(b.idx) + 1)
+}
+
+// submit runs Engine.Submit once the call is checked. b.mu is held.
+func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, results []error) error {
+	start := b.used
+	end := start + len(reqs)
+	b.used = end
+	b.seq++
+	if b.seq == 0 {
+		b.seq = 1
+	}
+	seq := b.seq
+
+	acc := b.scratch[:0]
+	refused := 0
+	for i := range reqs {
+		t := &b.tasks[start+i]
+		t.Req = reqs[i]
+		t.seq = seq
+		if err := b.prepare(t, r); err != nil {
+			results[i] = err
+			t.err = err
+			t.state.Store(uint32(StateFailed))
+			refused++
+			continue
+		}
+		results[i] = nil
+		t.state.Store(uint32(StateWaiting))
+		acc = append(acc, t)
+	}
+	if refused > 0 {
+		b.cnt[StateFailed].Add(int64(refused))
+	}
+	if len(acc) == 0 {
+		return nil
+	}
+	b.live.Add(int64(len(acc)))
+	b.cnt[StateWaiting].Add(int64(len(acc)))
+
+	// Dispatch grouped by transport, each group in request order. rest is
+	// compacted in place: its write index never passes its read index.
+	b.dispatching.Store(seq)
+	bad := false
+	rest := acc
+	for len(rest) > 0 {
+		tr := rest[0].tr
+		grp := b.grp[:0]
+		keep := rest[:0]
+		for _, t := range rest {
+			if t.tr == tr {
+				grp = append(grp, t)
+			} else {
+				keep = append(keep, t)
+			}
+		}
+		rest = keep
+		if !b.dispatch(tr, grp) {
+			bad = true
+		}
+	}
+	b.dispatching.Store(0)
+	if b.violated.Swap(false) {
+		bad = true
+	}
+
+	// Publish what the transports did: tasks still with a transport become
+	// Pending, results parked during dispatch become terminal. After a
+	// contract violation every task of the call ends Failed instead.
+	stillLive := false
+	for i := start; i < end; i++ {
+		t := &b.tasks[i]
+		for {
+			s := State(t.state.Load())
+			if s == stateDispatching {
+				if bad {
+					if b.end(t, stateDispatching, StateFailed, ErrTransport, 0) {
+						t.tr.Cancel(t)
+						break
+					}
+					continue
+				}
+				if t.state.CompareAndSwap(uint32(stateDispatching), uint32(StatePending)) {
+					stillLive = true
+					break
+				}
+				continue
+			}
+			if s == stateParked {
+				err, n := t.err, t.n
+				if bad {
+					err, n = ErrTransport, 0
+				}
+				b.end(t, stateParked, finalState(err), err, n)
+				break
+			}
+			if s == stateEnding {
+				// A Done is writing its result; it finishes in a few
+				// instructions.
+				runtime.Gosched()
+				continue
+			}
+			break // terminal (refused, rolled back) or Pending already
+		}
+	}
+	if bad {
+		return ErrTransport
+	}
+	if stillLive {
+		b.arm(start, end, deadline, now)
+	}
+	return nil
+}
+
+// prepare validates t.Req, resolves and references its segments and routes
+// it. On error nothing is held.
+func (b *batch) prepare(t *Task, r Resolver) error {
+	q := &t.Req
+	if q.Op != OpRead && q.Op != OpWrite {
+		return ErrBadOp
+	}
+	if q.Length == 0 {
+		return ErrZeroLength
+	}
+	l, ok := r.Resolve(q.Local)
+	if !ok || l == nil {
+		return ErrNoSegment
+	}
+	tg, ok := r.Resolve(q.Target)
+	if !ok || tg == nil {
+		return ErrNoSegment
+	}
+	if !inBounds(q.LocalOffset, q.Length, l.Size()) || !inBounds(q.TargetOffset, q.Length, tg.Size()) {
+		return ErrOutOfBounds
+	}
+	tr, err := b.e.router.Route(l, tg)
+	if err != nil {
+		return err
+	}
+	if tr == nil {
+		return ErrNotSupported
+	}
+	if !l.Acquire() {
+		return ErrNoSegment
+	}
+	if !tg.Acquire() {
+		l.Release()
+		return ErrNoSegment
+	}
+	t.Local, t.Target, t.tr = l, tg, tr
+	return nil
+}
+
+func inBounds(off, n, size uint64) bool { return off <= size && n <= size-off }
+
+// dispatch hands grp to tr and rolls back what tr did not take. It reports
+// false when tr broke the count contract.
+func (b *batch) dispatch(tr Transport, grp []*Task) bool {
+	for _, t := range grp {
+		t.owed.Store(1)
+		t.state.Store(uint32(stateDispatching))
+	}
+	b.cnt[StateWaiting].Add(-int64(len(grp)))
+	b.cnt[StatePending].Add(int64(len(grp)))
+	b.owed.Add(int64(len(grp)))
+
+	n, err := tr.Submit(grp)
+
+	ok := true
+	k := n
+	switch {
+	case n < 0:
+		ok, k = false, 0
+	case n > len(grp):
+		ok, k = false, len(grp)
+	case n < len(grp) && err == nil:
+		ok = false
+	case n == len(grp) && err != nil:
+		ok = false
+	}
+	if !ok {
+		b.e.violation(tr, "dispatch count", n, len(grp))
+	}
+	rerr := err
+	if !ok || rerr == nil {
+		rerr = ErrTransport
+	}
+	for _, t := range grp[k:] {
+		if !t.owed.CompareAndSwap(1, 0) {
+			// The transport called Done for a task it did not take; the
+			// Done released the refs and parked the task.
+			if ok {
+				b.e.violation(tr, "done for an undispatched task", n, len(grp))
+			}
+			ok = false
+			continue
+		}
+		t.Local.Release()
+		t.Target.Release()
+		b.owed.Add(-1)
+		b.end(t, stateDispatching, StateFailed, rerr, 0)
+	}
+	return ok
+}
+
+// end moves t from state from to the terminal state to with result (err,
+// n), updating the counters and waking waiters when the batch goes idle.
+// It reports false when another party ended t first.
+func (b *batch) end(t *Task, from, to State, err error, n uint64) bool {
+	if !t.state.CompareAndSwap(uint32(from), uint32(stateEnding)) {
+		return false
+	}
+	if invariants && !to.Terminal() {
+		panic("xfer: invariant: end to a live state")
+	}
+	t.err, t.n = err, n
+	t.state.Store(uint32(to))
+	b.cnt[StatePending].Add(-1)
+	b.cnt[to].Add(1)
+	if n != 0 {
+		b.bytes.Add(n)
+	}
+	if v := b.live.Add(-1); v == 0 {
+		b.wakeWaiters()
+	} else if invariants && v < 0 {
+		panic("xfer: invariant: live task count below zero")
+	}
+	return true
+}
+
+func finalState(err error) State {
+	switch {
+	case err == nil:
+		return StateCompleted
+	case errors.Is(err, ErrCanceled):
+		return StateCanceled
+	case errors.Is(err, ErrTimeout):
+		return StateTimeout
+	}
+	return StateFailed
+}
+
+func (b *batch) wakeWaiters() {
+	b.waitMu.Lock()
+	if b.wake != nil {
+		close(b.wake)
+		b.wake = nil
+	}
+	b.waitMu.Unlock()
+}
+
+// TaskDone is the completion path of a dispatched task: it releases the
+// task's refs exactly once and ends it, unless a deadline, Abandon or
+// Close ended it first (a late Done then only releases). It takes no lock.
+func (b *batch) TaskDone(t *Task, n uint64, err error) {
+	if !t.owed.CompareAndSwap(1, 0) {
+		// A second Done, or a Done for a task the transport never took.
+		b.e.violations.Add(1)
+		if seq := b.dispatching.Load(); seq != 0 && t.seq == seq {
+			b.violated.Store(true)
+		} else {
+			b.e.log.Error("xfer: transport contract violation: Done for a task it does not own",
+				"transport", transportName(t.tr))
+		}
+		return
+	}
+	t.Local.Release()
+	t.Target.Release()
+	for {
+		if b.end(t, StatePending, finalState(err), err, n) {
+			break
+		}
+		if t.state.CompareAndSwap(uint32(stateDispatching), uint32(stateEnding)) {
+			t.err, t.n = err, n
+			t.state.Store(uint32(stateParked))
+			break
+		}
+		if s := State(t.state.Load()); s != StatePending && s != stateDispatching {
+			break // ended by a deadline, Abandon or Close: late Done
+		}
+	}
+	v := b.owed.Add(-1)
+	if v == freedBit {
+		b.e.recycle(b)
+	} else if invariants && v&(freedBit-1) > freedBit/2 {
+		panic("xfer: invariant: owed Done count below zero")
+	}
+}
+
+func transportName(tr Transport) string {
+	if tr == nil {
+		return "unknown"
+	}
+	return tr.Name()
+}
+
+// cancelPending ends every Pending task Canceled with err and asks its
+// transport to cancel it. b.mu is held, so no task is Waiting.
+func (b *batch) cancelPending(err error) int {
+	n := 0
+	for i := range b.tasks[:b.used] {
+		t := &b.tasks[i]
+		if b.end(t, StatePending, StateCanceled, err, 0) {
+			t.tr.Cancel(t)
+			n++
+		}
+	}
+	return n
+}
+
+// retire invalidates b's id and stops its timers. b.mu is held; the caller
+// calls release after unlocking.
+func (b *batch) retire() {
+	b.id = 0
+	b.disarm()
+	b.e.mu.Lock()
+	b.e.live--
+	b.e.retiring++
+	b.e.mu.Unlock()
+}
+
+// release marks b freed; whoever brings owed to exactly freedBit (here, or
+// the last late Done) recycles the slot.
+func (b *batch) release() {
+	if b.owed.Add(freedBit) == freedBit {
+		b.e.recycle(b)
+	}
+}
+
+func (b *batch) summary() BatchSummary {
+	return BatchSummary{
+		Total:       b.used,
+		Waiting:     int(b.cnt[StateWaiting].Load()),
+		Pending:     int(b.cnt[StatePending].Load()),
+		Completed:   int(b.cnt[StateCompleted].Load()),
+		Failed:      int(b.cnt[StateFailed].Load()),
+		Timeout:     int(b.cnt[StateTimeout].Load()),
+		Canceled:    int(b.cnt[StateCanceled].Load()),
+		Transferred: b.bytes.Load(),
+	}
+}
+
+func (b *batch) counts() counts {
+	return counts{
+		completed: uint64(b.cnt[StateCompleted].Load()),
+		failed:    uint64(b.cnt[StateFailed].Load()),
+		timeout:   uint64(b.cnt[StateTimeout].Load()),
+		canceled:  uint64(b.cnt[StateCanceled].Load()),
+		bytes:     b.bytes.Load(),
+	}
+}
+
+func (b *batch) clearCounts() {
+	for i := range b.cnt {
+		b.cnt[i].Store(0)
+	}
+	b.bytes.Store(0)
+}
+
+// call is the deadline of one Submit call: one runtime timer for all of its
+// tasks. Records are reused across calls and batches of the slot.
+type call struct {
+	b          *batch
+	timer      *time.Timer
+	start, end int       // guarded by b.mu
+	due        time.Time // guarded by b.mu; carries a monotonic reading
+	armed      bool      // guarded by b.mu
+}
+
+// arm starts the deadline timer of tasks[start:end]. b.mu is held.
+func (b *batch) arm(start, end int, deadline, now time.Time) {
+	var c *call
+	if b.ncalls < len(b.calls) {
+		c = b.calls[b.ncalls]
+	} else {
+		c = &call{b: b}
+		b.calls = append(b.calls, c)
+	}
+	b.ncalls++
+	d := deadline.Sub(now)
+	c.start, c.end, c.due, c.armed = start, end, now.Add(d), true
+	if c.timer == nil {
+		c.timer = time.AfterFunc(d, c.fire)
+	} else {
+		c.timer.Reset(d)
+	}
+}
+
+// disarm stops every deadline timer of b. b.mu is held.
+func (b *batch) disarm() {
+	for _, c := range b.calls[:b.ncalls] {
+		if c.armed {
+			c.timer.Stop()
+			c.armed = false
+		}
+	}
+	b.ncalls = 0
+}
+
+// fire ends the call's still-Pending tasks in Timeout and asks their
+// transports to cancel them. A run left over from an earlier arming of the
+// record finds it disarmed or not yet due and does nothing.
+func (c *call) fire() {
+	b := c.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !c.armed || time.Now().Before(c.due) {
+		return
+	}
+	c.armed = false
+	for i := c.start; i < c.end; i++ {
+		t := &b.tasks[i]
+		if b.end(t, StatePending, StateTimeout, ErrTimeout, 0) {
+			t.tr.Cancel(t)
+		}
+	}
+}

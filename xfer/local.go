@@ -1,0 +1,265 @@
+package xfer
+
+import (
+	"log/slog"
+	"runtime"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+)
+
+// LocalConfig sizes the local transport. Zero fields take their defaults.
+type LocalConfig struct {
+	// InlineBytes: a Submit whose tasks move at most this many bytes in
+	// total is copied on the submitting goroutine, because handing work to
+	// another goroutine costs tens of microseconds. Default 256 KiB; a
+	// negative value sends everything to the workers.
+	InlineBytes int64
+	// Workers is the number of copy goroutines (default GOMAXPROCS).
+	Workers int
+	// ChunkBytes: the worker path splits a request into chunks of at most
+	// this size so that one large request spreads over the workers (default
+	// 256 KiB).
+	ChunkBytes int
+	// QueueLen is how many chunks may wait for a worker; a Submit that
+	// finds the queue full waits for room (default 64 per worker).
+	QueueLen int
+}
+
+// Defaults of LocalConfig.
+const (
+	DefaultLocalInlineBytes = 256 << 10
+	DefaultLocalChunkBytes  = 256 << 10
+)
+
+// Local is the `local` transport: it copies between two MemSegments (pool
+// or client memory) in this process.
+//
+// Client buffers are memory the client can truncate or unmap under us, so
+// every copy runs with runtime/debug.SetPanicOnFault(true) and a fault ends
+// the task with ErrFault instead of crashing the daemon.
+//
+// Goroutines: Workers copy goroutines, started by NewLocal and owned by the
+// Local. Close stops them: it refuses new Submits, closes the chunk queue,
+// and waits until the workers have copied (and completed) every chunk
+// already queued.
+type Local struct {
+	inline  uint64
+	chunk   uint64
+	workers int
+	log     *slog.Logger
+	queue   chan localChunk
+
+	// mu guards closed. Submit holds it shared while it queues chunks, so
+	// Close (which holds it exclusively to set closed and close the queue)
+	// never closes the queue under a sender.
+	mu     sync.RWMutex
+	closed bool
+
+	wg     sync.WaitGroup // the workers
+	faults atomic.Uint64  // tasks ended by ErrFault
+}
+
+// localChunk is one piece of a task for a worker: Length bytes at offset
+// off of the task's request.
+type localChunk struct {
+	t      *Task
+	off, n uint64
+}
+
+// Task.Tag layout on the worker path: the low bits count the task's chunks
+// not yet copied; localFailed records that one of them faulted.
+const (
+	localFailed    = uint64(1) << 63
+	localCountMask = localFailed - 1
+)
+
+var _ Transport = (*Local)(nil)
+
+// NewLocal starts a local transport and its worker goroutines.
+func NewLocal(cfg LocalConfig, log *slog.Logger) *Local {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.InlineBytes == 0 {
+		cfg.InlineBytes = DefaultLocalInlineBytes
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
+	if cfg.ChunkBytes <= 0 {
+		cfg.ChunkBytes = DefaultLocalChunkBytes
+	}
+	if cfg.QueueLen <= 0 {
+		cfg.QueueLen = 64 * cfg.Workers
+	}
+	l := &Local{
+		chunk:   uint64(cfg.ChunkBytes),
+		workers: cfg.Workers,
+		log:     log,
+		queue:   make(chan localChunk, cfg.QueueLen),
+	}
+	if cfg.InlineBytes > 0 {
+		l.inline = uint64(cfg.InlineBytes)
+	}
+	l.wg.Add(cfg.Workers)
+	for range cfg.Workers {
+		go l.worker()
+	}
+	log.Debug("xfer local transport started", "workers", cfg.Workers,
+		"inline_bytes", cfg.InlineBytes, "chunk_bytes", cfg.ChunkBytes)
+	return l
+}
+
+// Name is "local".
+func (l *Local) Name() string { return "local" }
+
+// Faults is the number of tasks that ended with ErrFault.
+func (l *Local) Faults() uint64 { return l.faults.Load() }
+
+// Submit takes every task (it only refuses work once closed: 0,
+// ErrClosed). A task whose segments are not MemSegments ends with
+// ErrNotSupported, one out of their bounds with ErrOutOfBounds. Small
+// submits are copied before Submit returns; larger ones are queued for the
+// workers, and Submit waits for queue room.
+func (l *Local) Submit(tasks []*Task) (int, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return 0, ErrClosed
+	}
+	var total uint64
+	for _, t := range tasks {
+		total += t.Req.Length
+		if total < t.Req.Length { // overflow: certainly not inline
+			total = ^uint64(0)
+			break
+		}
+	}
+	if total <= l.inline {
+		l.copyInline(tasks)
+		return len(tasks), nil
+	}
+	for _, t := range tasks {
+		if _, _, err := spans(t, 0, t.Req.Length); err != nil {
+			t.Done(0, err)
+			continue
+		}
+		// t may end (and be reused) as soon as its last chunk is queued,
+		// so the loop reads nothing of t after that.
+		length := t.Req.Length
+		atomic.StoreUint64(&t.Tag, (length+l.chunk-1)/l.chunk)
+		for off := uint64(0); off < length; off += l.chunk {
+			l.queue <- localChunk{t: t, off: off, n: min(l.chunk, length-off)}
+		}
+	}
+	return len(tasks), nil
+}
+
+func (l *Local) copyInline(tasks []*Task) {
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	for _, t := range tasks {
+		dst, src, err := spans(t, 0, t.Req.Length)
+		if err == nil {
+			err = copyGuarded(dst, src)
+		}
+		if err != nil {
+			if err == ErrFault {
+				l.faults.Add(1)
+			}
+			t.Done(0, err)
+			continue
+		}
+		t.Done(t.Req.Length, nil)
+	}
+}
+
+// worker copies queued chunks until Close closes the queue. The last chunk
+// of a task to finish ends the task.
+func (l *Local) worker() {
+	defer l.wg.Done()
+	debug.SetPanicOnFault(true)
+	for c := range l.queue {
+		t := c.t
+		dst, src, err := spans(t, c.off, c.n)
+		if err == nil {
+			err = copyGuarded(dst, src)
+		}
+		if err != nil {
+			atomic.OrUint64(&t.Tag, localFailed)
+		}
+		left := atomic.AddUint64(&t.Tag, ^uint64(0))
+		if left&localCountMask != 0 {
+			continue
+		}
+		if left&localFailed != 0 {
+			l.faults.Add(1)
+			t.Done(0, ErrFault)
+		} else {
+			t.Done(t.Req.Length, nil)
+		}
+	}
+}
+
+// Cancel is a no-op: a local copy ends within its chunk's copy time.
+func (l *Local) Cancel(*Task) {}
+
+// Close refuses new work, lets the workers finish every queued chunk (so
+// every dispatched task gets its Done) and stops them. It is idempotent and
+// safe to call concurrently with Submit.
+func (l *Local) Close() error {
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		close(l.queue)
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+	return nil
+}
+
+// spans returns the destination and source of bytes [off, off+n) of t's
+// request, checked against the segments' mappings.
+func spans(t *Task, off, n uint64) (dst, src []byte, err error) {
+	lm, ok := t.Local.(MemSegment)
+	if !ok {
+		return nil, nil, ErrNotSupported
+	}
+	tm, ok := t.Target.(MemSegment)
+	if !ok {
+		return nil, nil, ErrNotSupported
+	}
+	q := &t.Req
+	lb, tb := lm.Bytes(), tm.Bytes()
+	if q.LocalOffset > uint64(len(lb)) || q.TargetOffset > uint64(len(tb)) ||
+		q.Length > uint64(len(lb))-q.LocalOffset || q.Length > uint64(len(tb))-q.TargetOffset ||
+		off > q.Length || n > q.Length-off {
+		return nil, nil, ErrOutOfBounds
+	}
+	lo, to := q.LocalOffset+off, q.TargetOffset+off
+	switch q.Op {
+	case OpRead:
+		return lb[lo : lo+n], tb[to : to+n], nil
+	case OpWrite:
+		return tb[to : to+n], lb[lo : lo+n], nil
+	}
+	return nil, nil, ErrBadOp
+}
+
+// copyGuarded copies src to dst and turns a memory fault (the goroutine
+// must have SetPanicOnFault on) into ErrFault. Any other panic is not ours
+// to hide and goes on.
+func copyGuarded(dst, src []byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(interface{ Addr() uintptr }); ok {
+				err = ErrFault
+				return
+			}
+			panic(r)
+		}
+	}()
+	copy(dst, src)
+	return nil
+}
