@@ -1,0 +1,34 @@
+package control
+
+import (
+	"errors"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// codeOfExtra maps the errors of the packages the server is wired to that
+// CodeOf does not know by an xfer or syscall cause.
+func codeOfExtra(err error) (Code, bool) {
+	switch {
+	case errors.Is(err, shm.ErrPoolExhausted), errors.Is(err, shm.ErrTooLarge):
+		return tcproto.CodeRESOURCE_EXHAUSTED, true
+	case errors.Is(err, shm.ErrInvalidSize), errors.Is(err, shm.ErrInvalidID), errors.Is(err, shm.ErrNotMappable),
+		errors.Is(err, shm.ErrShortFile), errors.Is(err, shm.ErrUnsealed):
+		return tcproto.CodeINVALID_ARGUMENT, true
+	case errors.Is(err, shm.ErrBadFree):
+		return tcproto.CodeNOT_FOUND, true
+	}
+	return 0, false
+}
+
+// ShmMapBuffer is the MapBufferFunc over shm.MapBuffer, the default when
+// Deps.MapBuffer is nil.
+func ShmMapBuffer(id xfer.SegmentID, fd int, size, limit uint64) (Buffer, error) {
+	b, err := shm.MapBuffer(id, fd, size, limit)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}

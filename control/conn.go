@@ -1,0 +1,387 @@
+package control
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+
+	flatbuffers "github.com/google/flatbuffers/go"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+const (
+	initialReadBuf = 64 << 10
+	maxFDGroups    = 4  // fd-carrying reads not yet matched to a frame
+	oobSize        = 64 // room for a few fds; more set MSG_CTRUNC
+)
+
+// fdGroup is the fds one recvmsg brought and the stream range [lo, hi) it
+// read. The kernel ends a read right after the message that carried fds, so
+// they belong to the last frame that starts inside [lo, hi).
+type fdGroup struct {
+	fds    []int
+	lo, hi uint64
+}
+
+// conn is one client connection. Everything but the fields under mu is
+// owned by the connection's serving goroutine.
+type conn struct {
+	s    *Server
+	uc   *net.UnixConn
+	raw  syscall.RawConn
+	cred unix.Ucred
+	id   uint64
+	log  *slog.Logger
+
+	// Read side: rbuf[rpos:rend] is unread; base is the stream offset of
+	// rbuf[0].
+	rbuf       []byte
+	rpos, rend int
+	base       uint64
+	oob        []byte
+	groups     []fdGroup
+	readFn     func(fd uintptr) bool
+	rn, roobn  int
+	rflags     int
+	rerr       error
+
+	b     *flatbuffers.Builder
+	req   Request
+	resp  Response
+	fds   []int // fds attributed to the current frame
+	errs  []error
+	codes []Code
+	reqs  []xfer.Request
+	offs  []uint64
+	sts   []tcproto.TaskState
+
+	// mu guards the resources below: the engine may resolve segments from
+	// its own goroutines while the serving goroutine adds or removes them.
+	mu      sync.Mutex
+	buffers map[xfer.SegmentID]Buffer
+	files   map[xfer.SegmentID]FileSegment
+
+	// Owned by the serving goroutine.
+	blocks  blockSet
+	batches map[BatchID]struct{}
+	idem    idemTable
+}
+
+func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	c := &conn{
+		s:       s,
+		uc:      uc,
+		raw:     raw,
+		id:      s.nextConn.Add(1),
+		oob:     make([]byte, unix.CmsgSpace(oobSize)),
+		b:       flatbuffers.NewBuilder(1024),
+		buffers: make(map[xfer.SegmentID]Buffer),
+		files:   make(map[xfer.SegmentID]FileSegment),
+		batches: make(map[BatchID]struct{}),
+	}
+	var cerr error
+	err = raw.Control(func(fd uintptr) {
+		var u *unix.Ucred
+		u, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if cerr == nil {
+			c.cred = *u
+		}
+	})
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, os.NewSyscallError("getsockopt SO_PEERCRED", err)
+	}
+	c.log = s.log.With("conn", c.id, "pid", c.cred.Pid, "uid", c.cred.Uid)
+	c.readFn = func(fd uintptr) bool {
+		c.rn, c.roobn, c.rflags, _, c.rerr = unix.Recvmsg(int(fd), c.rbuf[c.rend:], c.oob, unix.MSG_CMSG_CLOEXEC)
+		return c.rerr != unix.EAGAIN
+	}
+	return c, nil
+}
+
+// refuse answers a connection that will not be served and closes it.
+func (c *conn) refuse(err error) {
+	c.resp = Response{Status: CodeOf(err), Message: []byte(message(CodeOf(err)))}
+	c.uc.Write(EncodeResponse(c.b, &c.resp)) //nolint:errcheck // closing anyway
+	c.uc.Close()
+}
+
+// fill reads more bytes into rbuf[rend:], collecting any fds.
+func (c *conn) fill() error {
+	if err := c.raw.Read(c.readFn); err != nil {
+		return err
+	}
+	if c.rerr != nil {
+		return os.NewSyscallError("recvmsg", c.rerr)
+	}
+	lo := c.base + uint64(c.rend)
+	if c.roobn > 0 {
+		fds, err := parseRights(c.oob[:c.roobn])
+		if c.rflags&unix.MSG_CTRUNC != 0 && err == nil {
+			err = fmt.Errorf("%w: control data truncated", ErrUnexpectedFD)
+		}
+		if err == nil && len(c.groups) >= maxFDGroups {
+			err = fmt.Errorf("%w: too many fd-carrying messages in flight", ErrUnexpectedFD)
+		}
+		if err != nil {
+			closeFDs(fds)
+			return err
+		}
+		if len(fds) > 0 {
+			c.groups = append(c.groups, fdGroup{fds: fds, lo: lo, hi: lo + uint64(c.rn)})
+		}
+	}
+	if c.rn == 0 {
+		return io.EOF
+	}
+	c.rend += c.rn
+	return nil
+}
+
+func parseRights(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, os.NewSyscallError("parse control message", err)
+	}
+	var fds []int
+	for i := range msgs {
+		if msgs[i].Header.Level != unix.SOL_SOCKET || msgs[i].Header.Type != unix.SCM_RIGHTS {
+			continue
+		}
+		f, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			closeFDs(fds)
+			return nil, os.NewSyscallError("parse SCM_RIGHTS", err)
+		}
+		fds = append(fds, f...)
+	}
+	return fds, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd) //nolint:errcheck // nothing to do about it
+	}
+}
+
+// readFrame returns the next frame body and attributes fds to it (c.fds).
+// The body aliases rbuf until the next call.
+func (c *conn) readFrame() ([]byte, error) {
+	c.closeStray()
+	for c.rend-c.rpos < FrameHeader {
+		if err := c.ensure(FrameHeader); err != nil {
+			return nil, err
+		}
+		if err := c.fill(); err != nil {
+			return nil, err
+		}
+	}
+	n := int(binary.LittleEndian.Uint32(c.rbuf[c.rpos:]))
+	if n > c.s.cfg.MaxFrame {
+		return nil, fmt.Errorf("%w: %d bytes (max %d)", ErrFrameTooLarge, n, c.s.cfg.MaxFrame)
+	}
+	if err := c.ensure(FrameHeader + n); err != nil {
+		return nil, err
+	}
+	for c.rend-c.rpos < FrameHeader+n {
+		if err := c.fill(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+	}
+	start := c.base + uint64(c.rpos)
+	frame := c.rbuf[c.rpos+FrameHeader : c.rpos+FrameHeader+n]
+	c.rpos += FrameHeader + n
+	next := c.base + uint64(c.rpos)
+	c.fds = c.fds[:0]
+	for i := 0; i < len(c.groups); i++ {
+		g := c.groups[i]
+		if g.lo <= start && start < g.hi && next >= g.hi {
+			c.fds = append(c.fds, g.fds...)
+			c.groups = append(c.groups[:i], c.groups[i+1:]...)
+			i--
+		}
+	}
+	return frame, nil
+}
+
+// closeStray closes fds whose read was consumed entirely by earlier frames
+// that did not take them (they came with no frame's first bytes).
+func (c *conn) closeStray() {
+	pos := c.base + uint64(c.rpos)
+	for i := 0; i < len(c.groups); i++ {
+		if c.groups[i].hi <= pos {
+			c.log.Warn("closing file descriptors sent without a frame", "n", len(c.groups[i].fds))
+			closeFDs(c.groups[i].fds)
+			c.groups = append(c.groups[:i], c.groups[i+1:]...)
+			i--
+		}
+	}
+}
+
+// ensure makes room for need bytes from rpos, compacting or growing rbuf.
+func (c *conn) ensure(need int) error {
+	if c.rpos+need <= len(c.rbuf) {
+		return nil
+	}
+	unread := c.rend - c.rpos
+	if need <= len(c.rbuf) {
+		copy(c.rbuf, c.rbuf[c.rpos:c.rend])
+	} else {
+		size := max(need, initialReadBuf)
+		nb := make([]byte, size)
+		copy(nb, c.rbuf[c.rpos:c.rend])
+		c.rbuf = nb
+	}
+	c.base += uint64(c.rpos)
+	c.rpos, c.rend = 0, unread
+	return nil
+}
+
+// write sends one frame, with fd attached when fd >= 0.
+func (c *conn) write(frame []byte, fd int) error {
+	if fd < 0 {
+		_, err := c.uc.Write(frame)
+		return err
+	}
+	n, _, err := c.uc.WriteMsgUnix(frame, unix.UnixRights(fd), nil)
+	if err == nil && n < len(frame) {
+		_, err = c.uc.Write(frame[n:])
+	}
+	return err
+}
+
+// serve reads, handles and answers frames until the peer goes away, a frame
+// is bad or the server closes the connection; then it releases everything
+// the connection holds.
+func (c *conn) serve() {
+	defer c.release()
+	defer c.uc.Close()
+	c.rbuf = make([]byte, initialReadBuf)
+	c.log.Debug("client connected", "gid", c.cred.Gid)
+	for {
+		frame, err := c.readFrame()
+		if err != nil {
+			c.readFailed(err)
+			return
+		}
+		if !c.serveFrame(frame) {
+			return
+		}
+	}
+}
+
+func (c *conn) readFailed(err error) {
+	switch {
+	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
+		c.log.Debug("client disconnected")
+	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrUnexpectedFD):
+		c.log.Warn("closing connection: bad frame", "err", err)
+		c.resp = Response{Status: CodeOf(err), Message: []byte(message(CodeOf(err)))}
+		c.write(EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
+	default:
+		c.log.Debug("closing connection", "err", err)
+	}
+}
+
+// serveFrame decodes and handles one frame and writes the answer; false
+// means the connection must close.
+func (c *conn) serveFrame(frame []byte) bool {
+	if err := DecodeRequest(frame, c.s.dlim, &c.req); err != nil {
+		closeFDs(c.fds)
+		c.fds = c.fds[:0]
+		c.log.Warn("closing connection: undecodable request", "err", err)
+		c.resp = Response{Status: CodeOf(err), Message: []byte(message(CodeOf(err)))}
+		c.write(EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
+		return false
+	}
+	outFD := -1
+	var out []byte
+	if !c.s.beginRequest() {
+		closeFDs(c.fds)
+		c.fds = c.fds[:0]
+		out = c.errorFrame(ErrUnavailable)
+	} else {
+		out, outFD = c.handleSafe()
+		c.s.endRequest()
+	}
+	if err := c.write(out, outFD); err != nil {
+		c.log.Debug("closing connection: write failed", "err", err)
+		return false
+	}
+	return true
+}
+
+// handleSafe runs the handler; a panic becomes INTERNAL for this request
+// only, and the connection keeps being served.
+func (c *conn) handleSafe() (out []byte, fd int) {
+	defer func() {
+		if r := recover(); r != nil {
+			closeFDs(c.fds)
+			c.fds = c.fds[:0]
+			c.log.Error("panic while serving a request", "kind", c.req.Kind.String(),
+				"request_id", c.req.Ctx.RequestID, "panic", r, "stack", string(stack()))
+			out, fd = c.errorFrame(errPanic), -1
+		}
+	}()
+	return c.handle()
+}
+
+// errorFrame encodes an error response for the current request.
+func (c *conn) errorFrame(err error) []byte {
+	code := CodeOf(err)
+	c.resp = Response{RequestID: c.req.Ctx.RequestID, Status: code, Message: []byte(message(code))}
+	return EncodeResponse(c.b, &c.resp)
+}
+
+// takeFD returns the one fd the current frame must carry.
+func (c *conn) takeFD() (int, error) {
+	switch len(c.fds) {
+	case 0:
+		return -1, ErrMissingFD
+	case 1:
+		fd := c.fds[0]
+		c.fds = c.fds[:0]
+		return fd, nil
+	}
+	closeFDs(c.fds)
+	c.fds = c.fds[:0]
+	return -1, fmt.Errorf("%w: more than one", ErrUnexpectedFD)
+}
+
+// Resolve implements Resolver scoped to this connection: the pool and the
+// segments this connection registered.
+func (c *conn) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
+	if id == c.s.deps.Pool.ID() {
+		return c.s.deps.Pool, true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if b, ok := c.buffers[id]; ok {
+		return b, true
+	}
+	if f, ok := c.files[id]; ok {
+		return f, true
+	}
+	return nil, false
+}
+
+// errPanic stands for a recovered panic in CodeOf.
+var errPanic = errors.New("control: internal error")

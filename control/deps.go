@@ -1,0 +1,72 @@
+package control
+
+import (
+	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Engine is the part of the transfer engine the server drives; *xfer.Engine
+// implements it.
+type Engine interface {
+	AllocateBatch(capacity int) (BatchID, error)
+	Submit(id BatchID, reqs []xfer.Request, opts SubmitOptions, results []error) error
+	Status(id BatchID, i int) (TaskStatus, error)
+	BatchStatus(id BatchID) (BatchSummary, error)
+	Wait(id BatchID, deadline time.Time) (BatchSummary, error)
+	Free(id BatchID) error
+	Abandon(id BatchID)
+}
+
+// Pool is the daemon's DRAM pool as the server uses it; *shm.Pool
+// implements it.
+type Pool interface {
+	xfer.MemSegment
+	Fd() int
+	Alloc(size uint64) (uint64, error)
+	AllocN(size uint64, offs []uint64) error
+	Free(off uint64) error
+	BlockSize(off uint64) (uint64, bool)
+}
+
+// Registry is the daemon's segment table; *xfer.Registry implements it.
+type Registry interface {
+	Add(s xfer.Segment) error
+	Remove(id xfer.SegmentID) (xfer.Segment, bool)
+	Resolve(id xfer.SegmentID) (xfer.Segment, bool)
+	NextID() xfer.SegmentID
+}
+
+// Buffer is a client buffer mapped in the daemon (*shm.Buffer).
+type Buffer interface {
+	xfer.MemSegment
+	Close() error
+}
+
+// MapBufferFunc maps a client's memfd as segment id; it takes ownership of
+// fd whatever it returns. size is what the client declared, limit the
+// largest size the server accepts.
+type MapBufferFunc func(id xfer.SegmentID, fd int, size, limit uint64) (Buffer, error)
+
+// FileSegment is a file or block device opened for transfers.
+type FileSegment interface {
+	xfer.Segment
+	Close() error
+}
+
+// FileOpener opens files for RegisterFile. It decides which paths a client
+// may open; the server only passes the request through.
+type FileOpener interface {
+	OpenFile(id xfer.SegmentID, path string, direct bool, size uint64) (FileSegment, error)
+}
+
+// Deps are what the server serves from. Engine, Pool and Registry are
+// required; MapBuffer defaults to ShmMapBuffer; FileOpener is optional
+// (RegisterFile then answers UNAVAILABLE).
+type Deps struct {
+	Engine     Engine
+	Pool       Pool
+	Registry   Registry
+	MapBuffer  MapBufferFunc
+	FileOpener FileOpener
+}

@@ -1,0 +1,46 @@
+package control
+
+import "errors"
+
+// Sentinel errors of the control protocol. Match them with errors.Is; the
+// server wraps them with detail for its log and answers the client with the
+// Code that CodeOf maps them to.
+var (
+	// ErrMalformed: a frame is not a well-formed message (bad flatbuffer,
+	// unknown body, missing field).
+	ErrMalformed = errors.New("control: malformed message")
+	// ErrFrameTooLarge: a frame's length exceeds the configured maximum.
+	ErrFrameTooLarge = errors.New("control: frame too large")
+	// ErrLimit: a count or length in a message, or a per-connection quota,
+	// exceeds its configured limit.
+	ErrLimit = errors.New("control: limit exceeded")
+	// ErrMissingFD: a message that carries a file descriptor arrived
+	// without one.
+	ErrMissingFD = errors.New("control: file descriptor missing")
+	// ErrUnexpectedFD: a file descriptor arrived with a message that takes
+	// none, or more than one arrived.
+	ErrUnexpectedFD = errors.New("control: unexpected file descriptor")
+	// ErrNotFound: the message names a segment, block or batch that this
+	// connection does not hold.
+	ErrNotFound = errors.New("control: not found")
+	// ErrPermission: the peer may not use this daemon, or may not touch the
+	// named resource.
+	ErrPermission = errors.New("control: permission denied")
+	// ErrUnavailable: the daemon is draining or closed, or a dependency the
+	// message needs (a file opener, the pool) is not configured.
+	ErrUnavailable = errors.New("control: unavailable")
+	// ErrIdempotencyConflict: an idempotency key was reused with different
+	// arguments or another lane.
+	ErrIdempotencyConflict = errors.New("control: idempotency key reused with different arguments")
+	// ErrTooManyConns: the server is at MaxConns.
+	ErrTooManyConns = errors.New("control: too many connections")
+	// ErrClosed: the server or client is closed.
+	ErrClosed = errors.New("control: closed")
+	// ErrAddrInUse: another daemon is serving on the socket path.
+	ErrAddrInUse = errors.New("control: socket in use by a running daemon")
+	// ErrConfig: a Config value is invalid.
+	ErrConfig = errors.New("control: invalid config")
+	// ErrProtocol: the peer answered with something that does not match the
+	// request (wrong body, wrong number of positional results).
+	ErrProtocol = errors.New("control: protocol violation")
+)
