@@ -1,0 +1,239 @@
+package shm
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// fdClosed reports whether fd is no longer open.
+func fdClosed(fd int) bool {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	return errors.Is(err, unix.EBADF)
+}
+
+func mustMemfd(t *testing.T, size uint64, seal bool) int {
+	t.Helper()
+	fd, err := NewMemfd("shm-test", size, seal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+func openFile(t *testing.T, size int64, flags int) int {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "buf")
+	if err := os.WriteFile(path, make([]byte, size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+func TestMapBufferRefusals(t *testing.T) {
+	before, err := fdCount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		fd   func(t *testing.T) int
+		size uint64
+		want error
+	}{
+		{"pipe", func(t *testing.T) int {
+			var p [2]int
+			if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+				t.Fatal(err)
+			}
+			unix.Close(p[1])
+			return p[0]
+		}, 4 * kib, ErrNotMappable},
+		{"socket", func(t *testing.T) int {
+			s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}, 4 * kib, ErrNotMappable},
+		{"directory", func(t *testing.T) int {
+			fd, err := unix.Open(t.TempDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fd
+		}, 4 * kib, ErrNotMappable},
+		{"/dev/null", func(t *testing.T) int {
+			fd, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fd
+		}, 4 * kib, ErrNotMappable},
+		{"short memfd", func(t *testing.T) int { return mustMemfd(t, 4*kib, true) }, 8 * kib, ErrShortFile},
+		{"short file", func(t *testing.T) int { return openFile(t, 4*kib, unix.O_RDWR) }, 4*kib + 1, ErrShortFile},
+		{"unsealed memfd", func(t *testing.T) int { return mustMemfd(t, 4*kib, false) }, 4 * kib, ErrUnsealed},
+		{"memfd without sealing", func(t *testing.T) int {
+			fd, err := unix.MemfdCreate("shm-test", unix.MFD_CLOEXEC)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Ftruncate(fd, 4*kib); err != nil {
+				t.Fatal(err)
+			}
+			return fd
+		}, 4 * kib, ErrUnsealed},
+		{"size over limit", func(t *testing.T) int { return mustMemfd(t, 64*kib, true) }, 64 * kib, ErrTooLarge},
+		{"size 0", func(t *testing.T) int { return mustMemfd(t, 4*kib, true) }, 0, ErrInvalidSize},
+		{"read-only file (mmap fails)", func(t *testing.T) int { return openFile(t, 4*kib, unix.O_RDONLY) }, 4 * kib, unix.EACCES},
+		{"write-sealed memfd (mmap fails)", func(t *testing.T) int {
+			fd := mustMemfd(t, 4*kib, true)
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_WRITE); err != nil {
+				t.Fatal(err)
+			}
+			return fd
+		}, 4 * kib, unix.EPERM},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fd := tt.fd(t)
+			b, err := MapBuffer(11, fd, tt.size, 32*kib)
+			if !errors.Is(err, tt.want) || b != nil {
+				t.Errorf("MapBuffer = %v, %v; want %v", b, err, tt.want)
+			}
+			if !fdClosed(fd) {
+				t.Errorf("MapBuffer left fd %d open after refusing it", fd)
+				unix.Close(fd)
+			}
+		})
+	}
+	if b, err := MapBuffer(0, mustMemfd(t, 4*kib, true), 4*kib, 32*kib); !errors.Is(err, ErrInvalidID) || b != nil {
+		t.Errorf("MapBuffer(id 0) = %v, %v; want ErrInvalidID", b, err)
+	}
+	if b, err := MapBuffer(11, -1, 4*kib, 32*kib); err == nil || b != nil {
+		t.Errorf("MapBuffer(fd -1) = %v, %v; want an error", b, err)
+	}
+	if after, err := fdCount(); err != nil || after != before {
+		t.Errorf("refusals leaked fds: %d before, %d after (%v)", before, after, err)
+	}
+}
+
+func TestMapBufferAccepts(t *testing.T) {
+	before, err := fdCount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		fd   func(t *testing.T) int
+	}{
+		{"sealed memfd", func(t *testing.T) int { return mustMemfd(t, 64*kib, true) }},
+		{"regular file", func(t *testing.T) int { return openFile(t, 64*kib, unix.O_RDWR) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			fd := tt.fd(t)
+			// The client's own mapping, made before it passes the fd.
+			client, err := MapShared(fd, 64*kib)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := Unmap(client); err != nil {
+					t.Error(err)
+				}
+			}()
+			copy(client[100:], "from the client")
+			// A buffer smaller than the file maps only its declared size.
+			b, err := MapBuffer(12, fd, 48*kib, 64*kib)
+			if err != nil {
+				t.Fatalf("MapBuffer: %v", err)
+			}
+			if !fdClosed(fd) {
+				t.Errorf("MapBuffer kept fd %d open", fd)
+			}
+			if b.ID() != 12 || b.Kind() != xfer.KindClient || b.Size() != 48*kib || len(b.Bytes()) != 48*kib {
+				t.Errorf("buffer id %d kind %v size %d len %d", b.ID(), b.Kind(), b.Size(), len(b.Bytes()))
+			}
+			if got := string(b.Bytes()[100:115]); got != "from the client" {
+				t.Errorf("buffer sees %q", got)
+			}
+			copy(b.Bytes()[48*kib-6:], "daemon")
+			if got := string(client[48*kib-6 : 48*kib]); got != "daemon" {
+				t.Errorf("client sees %q", got)
+			}
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if isMapped(t, b.Bytes()) {
+				t.Error("buffer still mapped after Close with no references")
+			}
+		})
+	}
+	if after, err := fdCount(); err != nil || after != before {
+		t.Errorf("accepted buffers leaked fds: %d before, %d after (%v)", before, after, err)
+	}
+}
+
+func TestBufferCloseWithRefs(t *testing.T) {
+	b, err := MapBuffer(13, mustMemfd(t, 16*kib, true), 16*kib, 16*kib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.Acquire() || !b.Acquire() {
+		t.Fatal("Acquire on an open buffer failed")
+	}
+	mem := b.Bytes()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if b.Acquire() {
+		t.Fatal("Acquire after Close succeeded")
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	b.Release()
+	mem[0], mem[len(mem)-1] = 7, 8 // still mapped: one reference left
+	if !isMapped(t, mem) || mem[0] != 7 {
+		t.Fatal("mapping gone while a reference is held")
+	}
+	b.Release()
+	if isMapped(t, mem) {
+		t.Fatal("mapping still there after the last Release")
+	}
+}
+
+func TestNewMemfdAndMapShared(t *testing.T) {
+	if _, err := NewMemfd("x", 0, true); !errors.Is(err, ErrInvalidSize) {
+		t.Errorf("NewMemfd(size 0) = %v", err)
+	}
+	fd := mustMemfd(t, 8*kib, true)
+	defer unix.Close(fd)
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
+		t.Errorf("sealed memfd has seals %#x, %v", seals, err)
+	}
+	if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil || flags&unix.FD_CLOEXEC == 0 {
+		t.Errorf("memfd not close-on-exec: %#x, %v", flags, err)
+	}
+	if _, err := MapShared(fd, 0); !errors.Is(err, ErrInvalidSize) {
+		t.Errorf("MapShared(size 0) = %v", err)
+	}
+	if err := Unmap(make([]byte, 10)); err == nil {
+		t.Error("Unmap of memory that is not a mapping succeeded")
+	}
+	un := mustMemfd(t, 8*kib, false)
+	defer unix.Close(un)
+	if seals, err := unix.FcntlInt(uintptr(un), unix.F_GET_SEALS, 0); err != nil || seals != 0 {
+		t.Errorf("unsealed memfd has seals %#x, %v", seals, err)
+	}
+}
