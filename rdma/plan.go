@@ -1,0 +1,88 @@
+package rdma
+
+import (
+	"fmt"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Work-request opcodes as the verbs layer posts them.
+const (
+	opWrite uint8 = 1 // IBV_WR_RDMA_WRITE
+	opRead  uint8 = 2 // IBV_WR_RDMA_READ
+)
+
+// workRequest is one RDMA READ or WRITE with a single scatter/gather entry.
+// Its layout is shared with the C side (struct tc_wr in verbs_linux.go;
+// a test checks size and offsets), so the transport fills the posting
+// buffer in place.
+type workRequest struct {
+	id       uint64 // wr_id: the send-queue sequence number
+	laddr    uint64
+	raddr    uint64
+	length   uint32
+	lkey     uint32
+	rkey     uint32
+	op       uint8
+	signaled uint8
+	_        [2]byte
+}
+
+// planTask appends the work requests of one task to out: the request split
+// wherever the local or the remote registration changes chunk or the
+// length exceeds maxMsg. It returns out unchanged and an error wrapping
+// xfer.ErrInvalid or ErrNotRegistered when the task cannot be planned.
+func planTask(out []workRequest, t *xfer.Task, local, remote *keyTable, maxMsg uint64) ([]workRequest, error) {
+	r := &t.Req
+	var op uint8
+	switch r.Op {
+	case xfer.OpWrite:
+		op = opWrite
+	case xfer.OpRead:
+		op = opRead
+	default:
+		return out, fmt.Errorf("%w: op %d", xfer.ErrInvalid, r.Op)
+	}
+	if r.Length == 0 {
+		return out, fmt.Errorf("%w: zero length", xfer.ErrInvalid)
+	}
+	start := len(out)
+	loff, roff, left := r.LocalOffset, r.TargetOffset, r.Length
+	for left > 0 {
+		laddr, lkey, _, lspan, ok := local.lookup(loff, left)
+		if !ok {
+			return out[:start], fmt.Errorf("%w: local range %d+%d of segment %d", ErrNotRegistered, r.LocalOffset, r.Length, r.Local)
+		}
+		raddr, _, rkey, rspan, ok := remote.lookup(roff, left)
+		if !ok {
+			return out[:start], fmt.Errorf("%w: target range %d+%d of segment %d", ErrNotRegistered, r.TargetOffset, r.Length, r.Target)
+		}
+		n := min(lspan, rspan, maxMsg)
+		out = append(out, workRequest{
+			laddr: laddr, raddr: raddr, length: uint32(n),
+			lkey: lkey, rkey: rkey, op: op,
+		})
+		loff += n
+		roff += n
+		left -= n
+	}
+	return out, nil
+}
+
+// markSignals sets which work requests of one posted list ask for a
+// completion: every nth and the last. An unsignalled request is retired by
+// the next signalled completion after it (RC queues complete in order).
+// It returns how many are signalled.
+func markSignals(wrs []workRequest, every int) int {
+	every = max(every, 1)
+	n := 0
+	for i := range wrs {
+		if (i+1)%every == 0 || i == len(wrs)-1 {
+			wrs[i].signaled = 1
+			n++
+		} else {
+			wrs[i].signaled = 0
+		}
+	}
+	return n
+}

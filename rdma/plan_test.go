@@ -1,0 +1,94 @@
+package rdma
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+func TestPlanTask(t *testing.T) {
+	const chunk = 1 << 20
+	local, _ := newKeyTable(0x100000, 4*chunk, chunk)
+	remote, _ := newKeyTable(0x900000, 4*chunk, chunk)
+	for i := range 4 {
+		local.lkeys[i] = uint32(10 + i)
+		remote.rkeys[i] = uint32(20 + i)
+	}
+	task := func(op xfer.Op, loff, roff, n uint64) *xfer.Task {
+		return &xfer.Task{Req: xfer.Request{Op: op, LocalOffset: loff, TargetOffset: roff, Length: n}}
+	}
+	// Local crosses a chunk at 1 MiB, the remote at 2 MiB, and the maximum
+	// message is 600 KiB: pieces end at every one of those boundaries.
+	wrs, err := planTask(nil, task(xfer.OpWrite, chunk-100, 2*chunk-300, 1000), &local, &remote, 600<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []workRequest{
+		{laddr: 0x100000 + chunk - 100, raddr: 0x900000 + 2*chunk - 300, length: 100, lkey: 10, rkey: 21, op: opWrite},
+		{laddr: 0x100000 + chunk, raddr: 0x900000 + 2*chunk - 200, length: 200, lkey: 11, rkey: 21, op: opWrite},
+		{laddr: 0x100000 + chunk + 200, raddr: 0x900000 + 2*chunk, length: 700, lkey: 11, rkey: 22, op: opWrite},
+	}
+	if len(wrs) != len(want) {
+		t.Fatalf("got %d work requests, want %d: %+v", len(wrs), len(want), wrs)
+	}
+	for i := range want {
+		if wrs[i] != want[i] {
+			t.Errorf("wr %d = %+v, want %+v", i, wrs[i], want[i])
+		}
+	}
+	wrs, _ = planTask(wrs[:0], task(xfer.OpRead, 0, 0, 2*chunk), &local, &remote, 600<<10)
+	if len(wrs) != 4 || wrs[3].length != chunk-(600<<10) || wrs[2].lkey != 11 || wrs[0].op != opRead {
+		t.Errorf("2 MiB read split at the chunk and at 600 KiB: %+v", wrs)
+	}
+
+	prefix := []workRequest{{id: 1}}
+	for name, tk := range map[string]*xfer.Task{
+		"zero length":  task(xfer.OpWrite, 0, 0, 0),
+		"bad op":       {Req: xfer.Request{Op: 9, Length: 1}},
+		"local range":  task(xfer.OpWrite, 4*chunk-1, 0, 2),
+		"remote range": task(xfer.OpRead, 0, 4*chunk, 1),
+	} {
+		out, err := planTask(prefix, tk, &local, &remote, 1<<30)
+		if !errors.Is(err, xfer.ErrInvalid) && !errors.Is(err, ErrNotRegistered) {
+			t.Errorf("%s: err = %v", name, err)
+		}
+		if len(out) != 1 {
+			t.Errorf("%s: out grew to %d on failure", name, len(out))
+		}
+	}
+}
+
+func TestMarkSignals(t *testing.T) {
+	cases := []struct {
+		n, every int
+		want     string
+	}{
+		{1, 16, "S"},
+		{5, 2, ".S.SS"},
+		{6, 3, "..S..S"},
+		{7, 3, "..S..SS"},
+		{4, 0, "SSSS"},
+		{0, 4, ""},
+	}
+	for _, c := range cases {
+		wrs := make([]workRequest, c.n)
+		for i := range wrs {
+			wrs[i].signaled = 1 // stale flags from a previous use are cleared
+		}
+		got := markSignals(wrs, c.every)
+		s := ""
+		cnt := 0
+		for _, w := range wrs {
+			if w.signaled == 1 {
+				s += "S"
+				cnt++
+			} else {
+				s += "."
+			}
+		}
+		if s != c.want || got != cnt {
+			t.Errorf("markSignals(%d, every %d) = %q (%d), want %q", c.n, c.every, s, got, c.want)
+		}
+	}
+}
