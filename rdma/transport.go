@@ -213,7 +213,7 @@ type queuePair struct {
 	mask       uint64
 	head, tail uint64
 	state      int
-	curErr     error // error of the task being retired (tasks retire in order)
+	curErr     error         // error of the task being retired (tasks retire in order)
 	plan       []workRequest // scratch for planning one task
 	local      ConnInfo
 	remote     ConnInfo
@@ -302,7 +302,7 @@ func newTransport(name string, cfg Config, log *slog.Logger, addr Addr, cq cqVer
 		t.qps = append(t.qps, &queuePair{
 			idx: i, v: v, errs: newCompletionErrors(i),
 			slots: make([]slot, cfg.SendDepth), mask: uint64(cfg.SendDepth - 1),
-			plan:  make([]workRequest, 0, cfg.SendDepth),
+			plan: make([]workRequest, 0, cfg.SendDepth),
 		})
 	}
 	t.wg.Add(2)
