@@ -162,14 +162,19 @@ func RunBaseline(ctx context.Context, r *Runner, j *Job, repeat int) (BaselineRe
 func MemcpyLoop(ctx context.Context, j *Job) (bw, iops float64) {
 	var wg sync.WaitGroup
 	bytesDone := make([]uint64, j.NumJobs)
+	regions := make([][]byte, j.NumJobs)
+	for c := range regions {
+		// Real bytes, not the shared zero page an untouched region reads as.
+		regions[c] = make([]byte, j.Size)
+		fillPattern(regions[c], j.RandSeed, 0)
+	}
 	start := time.Now()
 	for c := 0; c < j.NumJobs; c++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			region := make([]byte, j.Size)
+			region := regions[c]
 			buf := make([]byte, j.BSMax)
-			fillPattern(region, j.RandSeed, 0)
 			bs := j.BSMax
 			deadline := start.Add(j.Runtime)
 			var done uint64

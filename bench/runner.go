@@ -351,6 +351,8 @@ func (w *worker) run(stop *atomic.Bool) error {
 	if measureFrom == 0 {
 		w.measuring.Store(w.base.UnixNano())
 	}
+	// The measured phase lasts runtime from when it really began.
+	measureStart := int64(0)
 	var budget uint64 // bytes still to issue in the measured phase; unused when time based
 	sizeBound := !j.TimeBased
 	budget = j.Size
@@ -362,7 +364,11 @@ func (w *worker) run(stop *atomic.Bool) error {
 		t := w.now()
 		if !measuring && t >= measureFrom {
 			measuring = true
-			w.measuring.Store(time.Now().UnixNano())
+			measureStart = t
+			if j.Runtime > 0 {
+				deadline = t + int64(j.Runtime)
+			}
+			w.measuring.Store(w.base.Add(time.Duration(t)).UnixNano())
 			w.readBytes.Store(0)
 			w.writeBytes.Store(0)
 		}
@@ -461,7 +467,7 @@ func (w *worker) run(stop *atomic.Bool) error {
 				stopping = true
 				continue
 			}
-			if !measuring || w.subAt[c.Slot] < measureFrom {
+			if !measuring || w.subAt[c.Slot] < measureStart {
 				continue
 			}
 			d.IOs++

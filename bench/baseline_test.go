@@ -1,0 +1,150 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRunBaselineMem(t *testing.T) {
+	jobs := mustJobs(t, "--name=copy", "--engine=mem", "--rw=read", "--bs=1m", "--size=16m", "--runtime=200ms", "--time_based", "--goal=>=0.5")
+	br, last, err := RunBaseline(context.Background(), &Runner{}, jobs[0], 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(br.Tensorcast) != 3 || len(br.Ref) != 3 || last == nil || br.Metric != "bw_bytes" {
+		t.Fatalf("baseline: %+v", br)
+	}
+	if br.TensorcastMedian <= 0 || br.ReferenceMedian <= 0 || abs(br.Ratio-br.TensorcastMedian/br.ReferenceMedian) > 1e-9 {
+		t.Fatalf("medians/ratio: %+v", br)
+	}
+	var md bytes.Buffer
+	if err := WriteBaselineMarkdown(&md, []BaselineResult{br}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md.String(), "| copy | mem |") || !strings.Contains(md.String(), ">=0.5") {
+		t.Errorf("markdown table: %s", md.String())
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{{[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5}, {nil, 0}, {[]float64{7}, 7}} {
+		if got := median(c.in); got != c.want {
+			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+}
+
+func TestMemcpyLoop(t *testing.T) {
+	jobs := mustJobs(t, "--name=m", "--engine=local", "--rw=write", "--bs=64k", "--size=8m", "--runtime=100ms", "--time_based")
+	bw, iops := MemcpyLoop(context.Background(), jobs[0])
+	if bw < 1e8 || abs(iops*65536-bw) > 0.01*bw {
+		t.Errorf("memcpy loop: %v B/s, %v copies/s", bw, iops)
+	}
+}
+
+func TestParseFioJSONPrefixAndErrors(t *testing.T) {
+	doc := []byte("note: both iodepth >= 1 and synchronous I/O engine are selected\n" +
+		`{"fio version":"fio-3.x","jobs":[{"jobname":"j","groupid":0,"error":0,"read":{"io_bytes":4096,"bw_bytes":1000,"bw":0,"iops":2.5,"runtime":10,"clat_ns":{"min":1,"max":9,"mean":5,"stddev":1,"N":2,"percentile":{"50.000000":5}}},"write":{"io_bytes":0}}]}`)
+	out, err := ParseFioJSON(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Jobs[0].Read.BWBytes != 1000 || out.Jobs[0].Read.ClatNs.Percentile["50.000000"] != 5 {
+		t.Errorf("decoded %+v", out.Jobs[0].Read)
+	}
+	for _, bad := range []string{"", "no json here", `{"jobs":[]}`, `{"jobs":[{`} {
+		if _, err := ParseFioJSON([]byte(bad)); !errors.Is(err, ErrToolOutput) {
+			t.Errorf("ParseFioJSON(%q) = %v, want ErrToolOutput", bad, err)
+		}
+	}
+	if _, err := ParseIperf3JSON([]byte(`{"error":"unable to connect"}`)); !errors.Is(err, ErrToolOutput) {
+		t.Errorf("iperf3 error document: %v", err)
+	}
+	if v, err := ParseIperf3JSON([]byte(`{"end":{"sum_received":{"bits_per_second":8e9}}}`)); err != nil || v != 8e9 {
+		t.Errorf("iperf3 document: %v, %v", v, err)
+	}
+}
+
+// TestFioReal runs the real fio with the arguments a uring job maps to and
+// decodes its JSON with the same struct tcbench writes.
+func TestFioReal(t *testing.T) {
+	if _, err := exec.LookPath("fio"); err != nil {
+		t.Skip("fio is not installed (make deps installs it)")
+	}
+	f := filepath.Join(t.TempDir(), "fio.dat")
+	jobs := mustJobs(t, "--name=ref", "--engine=uring", "--filename="+f, "--direct=1", "--rw=randread", "--bs=4k",
+		"--size=4m", "--iodepth=8", "--runtime=300ms", "--time_based")
+	args := FioArgs(jobs[0])
+	for _, want := range []string{"--ioengine=io_uring", "--filename=" + f, "--bs=4096", "--iodepth=8", "--direct=1", "--rw=randread"} {
+		if !contains(args, want) {
+			t.Fatalf("fio args %q lack %q", args, want)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := RunFio(ctx, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := out.Jobs[0].Read
+	if !strings.HasPrefix(out.FioVersion, "fio-") || r.IOPS <= 0 || r.BWBytes == 0 || r.ClatNs.N == 0 ||
+		len(r.ClatNs.Percentile) == 0 || r.ClatNs.Percentile["99.000000"] < r.ClatNs.Min {
+		t.Fatalf("fio report not understood: version %q read %+v", out.FioVersion, r)
+	}
+	iops, err := fioFigure(out, "iops")
+	if err != nil || iops != r.IOPS+out.Jobs[0].Write.IOPS {
+		t.Errorf("fioFigure = %v, %v", iops, err)
+	}
+	os.Remove(f)
+}
+
+func contains(v []string, s string) bool {
+	for _, x := range v {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestIperf3Real(t *testing.T) {
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		t.Skip("iperf3 is not installed (make deps installs it)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bps, err := RunIperf3(ctx, 1, 128<<10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bps < 1e8 {
+		t.Errorf("iperf3 loopback %v bit/s", bps)
+	}
+}
+
+func TestToolMissingSaysMakeDeps(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	jobs := mustJobs(t, "--name=u", "--engine=uring", "--filename=/tmp/x")
+	_, err := referenceFor(jobs[0], "iops")
+	if !errors.Is(err, ErrToolMissing) || !strings.Contains(err.Error(), "fio") || !strings.Contains(err.Error(), "make deps") {
+		t.Errorf("missing fio: %v", err)
+	}
+	jobs = mustJobs(t, "--name=t", "--engine=tcp", "--target=p/s")
+	if _, err := referenceFor(jobs[0], "bw_bytes"); !errors.Is(err, ErrToolMissing) || !strings.Contains(err.Error(), "iperf3") {
+		t.Errorf("missing iperf3: %v", err)
+	}
+	jobs = mustJobs(t, "--name=r", "--engine=rdma", "--target=p/s", "--rw=write")
+	if _, err := referenceFor(jobs[0], "bw_bytes"); !errors.Is(err, ErrToolMissing) || !strings.Contains(err.Error(), "ib_write_bw") {
+		t.Errorf("missing perftest: %v", err)
+	}
+}
