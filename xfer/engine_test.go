@@ -1,0 +1,773 @@
+package xfer
+
+import (
+	"errors"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestRegistry(t *testing.T) {
+	r := NewRegistry()
+	s1, s2 := newSeg(5, 10), newSeg(7, 10)
+	if err := r.Add(s1); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Add(newSeg(5, 1)); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate Add: %v, want ErrExists", err)
+	}
+	if err := r.Add(newSeg(0, 1)); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("zero id Add: %v, want ErrInvalid", err)
+	}
+	if err := r.Add(nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("nil Add: %v, want ErrInvalid", err)
+	}
+	if err := r.Add(s2); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Len(); got != 2 {
+		t.Fatalf("Len = %d, want 2", got)
+	}
+	// NextID never hands out an id that was added by hand.
+	if id := r.NextID(); id <= 7 {
+		t.Fatalf("NextID = %d, want > 7", id)
+	}
+	a, b := r.NextID(), r.NextID()
+	if b <= a {
+		t.Fatalf("NextID not monotonic: %d then %d", a, b)
+	}
+	if s, ok := r.Resolve(5); !ok || s != Segment(s1) {
+		t.Fatalf("Resolve(5) = %v, %v", s, ok)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { r.Resolve(7) }); allocs != 0 {
+		t.Fatalf("Resolve allocates %v times", allocs)
+	}
+	if s, ok := r.Remove(5); !ok || s != Segment(s1) {
+		t.Fatalf("Remove(5) = %v, %v", s, ok)
+	}
+	if _, ok := r.Remove(5); ok {
+		t.Fatal("second Remove(5) succeeded")
+	}
+	if _, ok := r.Resolve(5); ok {
+		t.Fatal("Resolve after Remove succeeded")
+	}
+	if got := r.Len(); got != 1 {
+		t.Fatalf("Len = %d, want 1", got)
+	}
+}
+
+// TestStatesReached drives a task into each state and checks what Status
+// and BatchStatus report.
+func TestStatesReached(t *testing.T) {
+	tA := &asyncTr{name: "a"}
+	tB := &asyncTr{name: "b"}
+	var waitingSeen int64 = -1
+	var f *fixture
+	// While transport a dispatches, the tasks routed to b are Waiting.
+	tA.onSubmit = func([]*Task) { waitingSeen = f.e.Stats().Waiting }
+	r := routerFunc(func(l, _ Segment) (Transport, error) {
+		if l.ID() == 1 {
+			return tA, nil
+		}
+		return tB, nil
+	})
+	f = newFixture(t, Config{}, r)
+	id, err := f.e.AllocateBatch(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := []Request{
+		{Op: OpWrite, Local: 1, Target: 2, Length: 8},  // a: completes
+		{Op: OpWrite, Local: 2, Target: 1, Length: 8},  // b: fails
+		{Op: 9, Local: 1, Target: 2, Length: 8},        // refused
+		{Op: OpRead, Local: 1, Target: 2, Length: 8},   // a: stays pending, then canceled by Abandon
+		{Op: OpRead, Local: 2, Target: 1, Length: 800}, // b: pending, times out
+	}
+	res := make([]error, len(reqs))
+	if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	if waitingSeen != 2 {
+		t.Fatalf("Waiting tasks seen while the first transport dispatched: %d, want 2", waitingSeen)
+	}
+	if !errors.Is(res[2], ErrBadOp) || !errors.Is(res[2], ErrInvalid) || res[0] != nil || res[1] != nil || res[3] != nil || res[4] != nil {
+		t.Fatalf("results = %v", res)
+	}
+	for i := 0; i < 5; i++ {
+		want := StatePending
+		if i == 2 {
+			want = StateFailed
+		}
+		if st := f.status(t, id, i); st.State != want {
+			t.Fatalf("task %d: %v, want %v", i, st.State, want)
+		}
+	}
+	// End task 0 (Completed) and task 1 (Failed) by hand.
+	tA.mu.Lock()
+	t0, t3 := tA.held[0], tA.held[1]
+	tA.held = tA.held[1:]
+	tA.mu.Unlock()
+	tB.mu.Lock()
+	t1, t4 := tB.held[0], tB.held[1]
+	tB.held = tB.held[1:]
+	tB.mu.Unlock()
+	_ = t3
+	t0.Done(8, nil)
+	t1.Done(3, errInjected)
+	if st := f.status(t, id, 0); st.State != StateCompleted || st.Transferred != 8 || st.Err != nil {
+		t.Fatalf("task 0: %+v", st)
+	}
+	if st := f.status(t, id, 1); st.State != StateFailed || !errors.Is(st.Err, errInjected) || st.Transferred != 3 {
+		t.Fatalf("task 1: %+v", st)
+	}
+	// Timeout: the second submit's deadline passes while task 5 is pending.
+	res1 := make([]error, 1)
+	if err := f.e.Submit(id, []Request{{Op: OpRead, Local: 2, Target: 1, Length: 16}},
+		SubmitOptions{Resolver: f.reg, Deadline: time.Now().Add(30 * time.Millisecond)}, res1); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for f.status(t, id, 5).State != StateTimeout {
+		if time.Now().After(deadline) {
+			t.Fatal("task 5 never timed out")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := f.status(t, id, 5); !errors.Is(st.Err, ErrTimeout) {
+		t.Fatalf("task 5: %+v", st)
+	}
+	if tB.canceledCount() != 1 {
+		t.Fatalf("transport b saw %d cancels, want 1", tB.canceledCount())
+	}
+	// Task 4 (first submit, 30 s deadline) is unaffected by the second
+	// submit's timer.
+	if st := f.status(t, id, 4); st.State != StatePending {
+		t.Fatalf("task 4: %v, want pending", st.State)
+	}
+	sum, err := f.e.BatchStatus(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := BatchSummary{Total: 6, Pending: 2, Completed: 1, Failed: 2, Timeout: 1, Transferred: 11}
+	if sum != want {
+		t.Fatalf("summary %+v, want %+v", sum, want)
+	}
+	if err := f.e.Free(id); !errors.Is(err, ErrBatchBusy) {
+		t.Fatalf("Free of a busy batch: %v", err)
+	}
+	if sum2, _ := f.e.BatchStatus(id); sum2 != want {
+		t.Fatalf("busy Free changed the batch: %+v", sum2)
+	}
+	f.e.Abandon(id)
+	if _, err := f.e.Status(id, 0); !errors.Is(err, ErrBatchNotFound) {
+		t.Fatalf("Status after Abandon: %v", err)
+	}
+	// The abandoned tasks were canceled; the late Dones only release.
+	if tA.canceledCount() != 1 || tB.canceledCount() != 2 {
+		t.Fatalf("cancels a=%d b=%d, want 1 and 2", tA.canceledCount(), tB.canceledCount())
+	}
+	st := f.e.Stats()
+	if st.Canceled != 2 || st.Timeout != 1 || st.Completed != 1 || st.Failed != 2 || st.BatchesRetiring != 1 || st.BatchesLive != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	tA.finish(nil)
+	tB.finish(nil)
+	_ = t4
+	checkRefs(t, f.a, f.b)
+	if st := f.e.Stats(); st.BatchesRetiring != 0 || st.Canceled != 2 || st.Pending != 0 {
+		t.Fatalf("stats after late Dones %+v", st)
+	}
+}
+
+type routerFunc func(l, t Segment) (Transport, error)
+
+func (f routerFunc) Route(l, t Segment) (Transport, error) { return f(l, t) }
+
+func TestSubmitRefusals(t *testing.T) {
+	tr := &syncTr{}
+	f := newFixture(t, Config{MaxBatchCapacity: 16}, oneRouter{tr})
+	if _, err := f.e.AllocateBatch(0); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("AllocateBatch(0): %v", err)
+	}
+	if _, err := f.e.AllocateBatch(17); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("AllocateBatch(17): %v", err)
+	}
+	id, err := f.e.AllocateBatch(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.a.closing.Store(false)
+	closing := newSeg(3, 64)
+	closing.closing.Store(true)
+	if err := f.reg.Add(closing); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		req  Request
+		want error
+	}{
+		{"bad op", Request{Op: 0, Local: 1, Target: 2, Length: 1}, ErrBadOp},
+		{"zero length", Request{Op: OpRead, Local: 1, Target: 2}, ErrZeroLength},
+		{"unknown local", Request{Op: OpRead, Local: 99, Target: 2, Length: 1}, ErrNoSegment},
+		{"unknown target", Request{Op: OpRead, Local: 1, Target: 0, Length: 1}, ErrNoSegment},
+		{"closing target", Request{Op: OpRead, Local: 1, Target: 3, Length: 1}, ErrNoSegment},
+		{"past end", Request{Op: OpRead, Local: 1, LocalOffset: 1 << 16, Target: 2, Length: 1}, ErrOutOfBounds},
+		{"offset overflow", Request{Op: OpWrite, Local: 1, Target: 2, TargetOffset: math.MaxUint64, Length: 2}, ErrOutOfBounds},
+		{"length overflow", Request{Op: OpWrite, Local: 1, LocalOffset: 8, Target: 2, Length: math.MaxUint64 - 4}, ErrOutOfBounds},
+	}
+	for _, c := range cases {
+		bid, err := f.e.AllocateBatch(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := []error{nil}
+		if err := f.e.Submit(bid, []Request{c.req}, f.opts, res); err != nil {
+			t.Fatalf("%s: call error %v", c.name, err)
+		}
+		if !errors.Is(res[0], c.want) || !errors.Is(res[0], c.want) {
+			t.Fatalf("%s: result %v, want %v", c.name, res[0], c.want)
+		}
+		if st := f.status(t, bid, 0); st.State != StateFailed || !errors.Is(st.Err, c.want) {
+			t.Fatalf("%s: status %+v", c.name, st)
+		}
+		if err := f.e.Free(bid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkRefs(t, f.a, f.b, closing)
+	if tr.submits.Load() != 0 {
+		t.Fatalf("refused requests reached the transport %d times", tr.submits.Load())
+	}
+
+	// Whole-call errors change nothing.
+	res := make([]error, 5)
+	if err := f.e.Submit(id, f.reqs(5), f.opts, res); !errors.Is(err, ErrBatchFull) {
+		t.Fatalf("over capacity: %v", err)
+	}
+	if err := f.e.Submit(id, f.reqs(2), f.opts, res); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("len mismatch: %v", err)
+	}
+	if err := f.e.Submit(id, f.reqs(2), SubmitOptions{}, res[:2]); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("no resolver: %v", err)
+	}
+	if err := f.e.Submit(id, f.reqs(2), SubmitOptions{Resolver: f.reg, Deadline: time.Now().Add(-time.Second)}, res[:2]); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("past deadline: %v", err)
+	}
+	for _, bad := range []BatchID{0, 1, BatchID(math.MaxUint64), id + 1<<32} {
+		if err := f.e.Submit(bad, f.reqs(1), f.opts, res[:1]); !errors.Is(err, ErrBatchNotFound) {
+			t.Fatalf("Submit(%#x): %v", bad, err)
+		}
+		if _, err := f.e.Status(bad, 0); !errors.Is(err, ErrBatchNotFound) {
+			t.Fatalf("Status(%#x): %v", bad, err)
+		}
+		if _, err := f.e.Wait(bad, time.Time{}); !errors.Is(err, ErrBatchNotFound) {
+			t.Fatalf("Wait(%#x): %v", bad, err)
+		}
+		if err := f.e.Free(bad); !errors.Is(err, ErrBatchNotFound) {
+			t.Fatalf("Free(%#x): %v", bad, err)
+		}
+		f.e.Abandon(bad)
+	}
+	if sum, _ := f.e.BatchStatus(id); sum != (BatchSummary{}) {
+		t.Fatalf("refused calls changed the batch: %+v", sum)
+	}
+	if _, err := f.e.Status(id, 0); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Status past Total: %v", err)
+	}
+	if _, err := f.e.Status(id, -1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Status(-1): %v", err)
+	}
+	// Capacity is exact: 4 fit, the 5th does not.
+	if err := f.e.Submit(id, f.reqs(4), f.opts, res[:4]); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.e.Submit(id, f.reqs(1), f.opts, res[:1]); !errors.Is(err, ErrBatchFull) {
+		t.Fatalf("one past capacity: %v", err)
+	}
+	if err := f.e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.e.Free(id); !errors.Is(err, ErrBatchNotFound) {
+		t.Fatalf("double Free: %v", err)
+	}
+	checkRefs(t, f.a, f.b)
+
+	// A router error refuses the request with that error.
+	g := newFixture(t, Config{}, errRouter{ErrNotSupported})
+	bid, _ := g.e.AllocateBatch(1)
+	if err := g.e.Submit(bid, g.reqs(1), g.opts, res[:1]); err != nil || !errors.Is(res[0], ErrNotSupported) {
+		t.Fatalf("router refusal: %v, %v", err, res[0])
+	}
+	checkRefs(t, g.a, g.b)
+}
+
+func TestBatchLimitAndReuse(t *testing.T) {
+	f := newFixture(t, Config{MaxBatches: 2}, oneRouter{&syncTr{}})
+	a, err := f.e.AllocateBatch(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.e.AllocateBatch(4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.e.AllocateBatch(4); !errors.Is(err, ErrBatchLimit) {
+		t.Fatalf("third batch: %v", err)
+	}
+	if err := f.e.Free(a); err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.e.AllocateBatch(8) // grows the recycled table
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c == a {
+		t.Fatal("a recycled slot handed out the freed id again")
+	}
+	if _, err := f.e.Status(a, 0); !errors.Is(err, ErrBatchNotFound) {
+		t.Fatalf("old id after reuse: %v", err)
+	}
+	res := make([]error, 8)
+	if err := f.e.Submit(c, f.reqs(8), f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	if sum, _ := f.e.Wait(c, time.Time{}); sum.Completed != 8 || sum.Total != 8 || sum.Transferred != 8*64 {
+		t.Fatalf("summary %+v", sum)
+	}
+	checkRefs(t, f.a, f.b)
+}
+
+// TestTimeoutLateDone: a timed-out batch ends in Timeout without hanging,
+// and its slot is not reused until the transport's late Done arrives.
+func TestTimeoutLateDone(t *testing.T) {
+	tr := &asyncTr{}
+	f := newFixture(t, Config{MaxBatches: 1, DefaultTimeout: 40 * time.Millisecond}, oneRouter{tr})
+	id, _ := f.e.AllocateBatch(16)
+	res := make([]error, 16)
+	if err := f.e.Submit(id, f.reqs(16), f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	sum, err := f.e.Wait(id, time.Now().Add(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Timeout != 16 || sum.Pending != 0 {
+		t.Fatalf("summary %+v", sum)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("timeout took %v", el)
+	}
+	if tr.canceledCount() != 16 {
+		t.Fatalf("%d cancels, want 16", tr.canceledCount())
+	}
+	// The transport still owes 16 Dones: refs stay held.
+	if f.a.refs.Load() != 16 {
+		t.Fatalf("refs %d before the late Dones, want 16", f.a.refs.Load())
+	}
+	if err := f.e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.e.AllocateBatch(1); !errors.Is(err, ErrBatchLimit) {
+		t.Fatalf("slot reused while Dones are owed: %v", err)
+	}
+	tr.finish(nil) // late: must only release
+	checkRefs(t, f.a, f.b)
+	st := f.e.Stats()
+	if st.Timeout != 16 || st.Completed != 0 || st.BatchesRetiring != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if _, err := f.e.AllocateBatch(1); err != nil {
+		t.Fatalf("slot not recycled after the late Dones: %v", err)
+	}
+}
+
+func TestWaitDeadline(t *testing.T) {
+	tr := &asyncTr{}
+	f := newFixture(t, Config{}, oneRouter{tr})
+	id, _ := f.e.AllocateBatch(2)
+	res := make([]error, 2)
+	if err := f.e.Submit(id, f.reqs(2), f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := f.e.Wait(id, time.Now().Add(20*time.Millisecond))
+	if !errors.Is(err, ErrTimeout) || sum.Pending != 2 {
+		t.Fatalf("Wait: %+v, %v", sum, err)
+	}
+	if st := f.status(t, id, 0); st.State != StatePending {
+		t.Fatalf("a Wait timeout changed a task: %v", st.State)
+	}
+	// A waiter is woken by the last completion, not by polling.
+	done := make(chan BatchSummary)
+	go func() {
+		s, _ := f.e.Wait(id, time.Time{})
+		done <- s
+	}()
+	time.Sleep(10 * time.Millisecond)
+	tr.finish(nil)
+	select {
+	case s := <-done:
+		if s.Completed != 2 {
+			t.Fatalf("woken with %+v", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter not woken")
+	}
+	if err := f.e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	checkRefs(t, f.a, f.b)
+}
+
+// TestRollback: a transport that dispatches k of n and then fails, for
+// every k, ending the dispatched tasks inside Submit or later, with and
+// without a racing Close.
+func TestRollback(t *testing.T) {
+	const n = 8
+	for _, inline := range []bool{true, false} {
+		for _, race := range []bool{false, true} {
+			for k := 0; k <= n; k++ {
+				tr := &asyncTr{limit: k, doneInline: inline}
+				if k == 0 {
+					tr.limit = -1
+				}
+				f := newFixture(t, Config{}, oneRouter{tr})
+				id, _ := f.e.AllocateBatch(n)
+				res := make([]error, n)
+				var wg sync.WaitGroup
+				var closeTook time.Duration
+				if race {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						s := time.Now()
+						f.e.Close()
+						closeTook = time.Since(s)
+					}()
+				}
+				err := f.e.Submit(id, f.reqs(n), f.opts, res)
+				wg.Wait()
+				if race && closeTook > time.Second {
+					t.Fatalf("k=%d: Close took %v", k, closeTook)
+				}
+				if err != nil {
+					if !race || !errors.Is(err, ErrClosed) {
+						t.Fatalf("k=%d inline=%v: Submit: %v", k, inline, err)
+					}
+					checkRefs(t, f.a, f.b)
+					continue
+				}
+				// The owner closes the transports after the engine.
+				f.e.Close()
+				tr.Close()
+				checkRefs(t, f.a, f.b)
+				sum, err := f.e.Wait(id, time.Now().Add(5*time.Second))
+				if err != nil {
+					t.Fatalf("k=%d: Wait: %v", k, err)
+				}
+				if sum.Completed+sum.Failed+sum.Canceled+sum.Timeout != n || sum.Waiting+sum.Pending != 0 {
+					t.Fatalf("k=%d inline=%v race=%v: summary %+v", k, inline, race, sum)
+				}
+				for i := 0; i < n; i++ {
+					st := f.status(t, id, i)
+					if !st.State.Terminal() {
+						t.Fatalf("k=%d: task %d %v", k, i, st.State)
+					}
+					if i >= k && (st.State != StateFailed || !errors.Is(st.Err, errInjected)) {
+						t.Fatalf("k=%d: undispatched task %d: %+v", k, i, st)
+					}
+					if i < k && inline && st.State != StateCompleted {
+						t.Fatalf("k=%d: dispatched task %d: %+v", k, i, st)
+					}
+				}
+				if !race && !inline && sum.Canceled != k {
+					t.Fatalf("k=%d: Close canceled %d, want %d", k, sum.Canceled, k)
+				}
+				if err := f.e.Free(id); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+}
+
+// TestContractViolations: a transport that answers with a wrong count, or
+// ends a task twice, fails the whole call and never reports a success.
+func TestContractViolations(t *testing.T) {
+	const n = 4
+	all := func(l int) int { return l }
+	cases := []struct {
+		name string
+		tr   *liarTr
+	}{
+		{"too few, nil error", &liarTr{n: func(l int) int { return l - 1 }, done: func(l int) int { return l - 1 }}},
+		{"too many", &liarTr{n: func(l int) int { return l + 1 }, done: all}},
+		{"negative", &liarTr{n: func(int) int { return -1 }, done: func(int) int { return 0 }}},
+		{"negative after Dones", &liarTr{n: func(int) int { return -1 }, done: func(int) int { return 2 }}},
+		{"all with error", &liarTr{n: all, done: all, err: errInjected}},
+		{"second Done", &liarTr{n: all, done: all, double: true}},
+		{"Done past the count", &liarTr{n: func(int) int { return 1 }, done: all, err: errInjected}},
+	}
+	for _, c := range cases {
+		f := newFixture(t, Config{}, oneRouter{c.tr})
+		id, _ := f.e.AllocateBatch(n)
+		res := make([]error, n)
+		err := f.e.Submit(id, f.reqs(n), f.opts, res)
+		if !errors.Is(err, ErrTransport) {
+			t.Fatalf("%s: Submit: %v, want ErrTransport", c.name, err)
+		}
+		sum, err := f.e.Wait(id, time.Now().Add(time.Second))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if sum.Failed != n || sum.Completed != 0 {
+			t.Fatalf("%s: summary %+v, want all %d Failed", c.name, sum, n)
+		}
+		for i := 0; i < n; i++ {
+			if st := f.status(t, id, i); st.State != StateFailed || st.Err == nil {
+				t.Fatalf("%s: task %d %+v", c.name, i, st)
+			}
+		}
+		if v := f.e.Stats().Violations; v == 0 {
+			t.Fatalf("%s: violation not counted", c.name)
+		}
+		checkRefs(t, f.a, f.b)
+		if err := f.e.Free(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLateSecondDone: a second Done after the call returned is counted
+// and ignored; refs are not released twice.
+func TestLateSecondDone(t *testing.T) {
+	tr := &asyncTr{}
+	f := newFixture(t, Config{}, oneRouter{tr})
+	id, _ := f.e.AllocateBatch(1)
+	res := make([]error, 1)
+	if err := f.e.Submit(id, f.reqs(1), f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	tr.mu.Lock()
+	task := tr.held[0]
+	tr.mu.Unlock()
+	tr.finish(nil)
+	task.Done(1, errInjected)
+	checkRefs(t, f.a, f.b)
+	if st := f.status(t, id, 0); st.State != StateCompleted {
+		t.Fatalf("second Done changed the state: %+v", st)
+	}
+	if f.e.Stats().Violations != 1 {
+		t.Fatalf("violations %d", f.e.Stats().Violations)
+	}
+}
+
+func TestAbandonAndClose(t *testing.T) {
+	tr := &asyncTr{doneCancel: true}
+	f := newFixture(t, Config{}, oneRouter{tr})
+	a, _ := f.e.AllocateBatch(4)
+	b, _ := f.e.AllocateBatch(4)
+	res := make([]error, 4)
+	for _, id := range []BatchID{a, b} {
+		if err := f.e.Submit(id, f.reqs(4), f.opts, res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.e.Abandon(a)
+	if err := f.e.Free(a); !errors.Is(err, ErrBatchNotFound) {
+		t.Fatalf("Free after Abandon: %v", err)
+	}
+	if tr.canceledCount() != 4 || tr.heldCount() != 4 {
+		t.Fatalf("cancels %d held %d", tr.canceledCount(), tr.heldCount())
+	}
+	waited := make(chan error)
+	go func() {
+		_, err := f.e.Wait(b, time.Time{})
+		waited <- err
+	}()
+	time.Sleep(5 * time.Millisecond)
+	start := time.Now()
+	if err := f.e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > time.Second {
+		t.Fatalf("Close took %v", el)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("Wait across Close: %v", err)
+	}
+	for i := 0; i < 4; i++ {
+		if st := f.status(t, b, i); st.State != StateCanceled || !errors.Is(st.Err, ErrClosed) {
+			t.Fatalf("task %d after Close: %+v", i, st)
+		}
+	}
+	if _, err := f.e.AllocateBatch(1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("AllocateBatch after Close: %v", err)
+	}
+	if err := f.e.Submit(b, f.reqs(1), f.opts, res[:1]); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Submit after Close: %v", err)
+	}
+	if err := f.e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.e.Free(b); err != nil {
+		t.Fatal(err)
+	}
+	checkRefs(t, f.a, f.b)
+	if st := f.e.Stats(); st.Canceled != 8 || st.BatchesLive != 0 || st.BatchesRetiring != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestGroupingOrder: tasks reach each transport in request order.
+func TestGroupingOrder(t *testing.T) {
+	trs := []*asyncTr{{doneInline: true}, {doneInline: true}, {doneInline: true}}
+	r := routerFunc(func(l, tg Segment) (Transport, error) {
+		return trs[(l.ID()+tg.ID())%3], nil
+	})
+	f := newFixture(t, Config{}, r)
+	for id := SegmentID(3); id <= 5; id++ {
+		if err := f.reg.Add(newSeg(id, 1<<10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var reqs []Request
+	for i := 0; i < 60; i++ {
+		reqs = append(reqs, Request{Op: OpRead, Local: SegmentID(1 + i%5), Target: SegmentID(1 + (i/5)%5), Length: uint64(i + 1)})
+	}
+	id, _ := f.e.AllocateBatch(len(reqs))
+	res := make([]error, len(reqs))
+	if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for ti, tr := range trs {
+		if tr.submitCalls != 1 {
+			t.Fatalf("transport %d: %d Submit calls, want 1", ti, tr.submitCalls)
+		}
+		last := uint64(0)
+		for _, q := range tr.seenReqs {
+			if (q.Local+q.Target)%3 != SegmentID(ti) || q.Length <= last {
+				t.Fatalf("transport %d got %+v after length %d", ti, q, last)
+			}
+			last = q.Length
+		}
+		total += len(tr.seenReqs)
+	}
+	if total != len(reqs) {
+		t.Fatalf("%d requests dispatched, want %d", total, len(reqs))
+	}
+	if sum, _ := f.e.Wait(id, time.Time{}); sum.Completed != len(reqs) {
+		t.Fatalf("summary %+v", sum)
+	}
+}
+
+// TestSteadyStateAllocs: Allocate+Submit+Status+Wait+Free on a reused
+// batch table allocates nothing.
+func TestSteadyStateAllocs(t *testing.T) {
+	f := newFixture(t, Config{}, oneRouter{&syncTr{}})
+	reqs := f.reqs(64)
+	res := make([]error, len(reqs))
+	run := func() {
+		id, err := f.e.AllocateBatch(len(reqs))
+		if err != nil {
+			panic(err)
+		}
+		if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
+			panic(err)
+		}
+		for i := range reqs {
+			if st, _ := f.e.Status(id, i); st.State != StateCompleted {
+				panic(st.State)
+			}
+		}
+		if s, err := f.e.Wait(id, time.Now().Add(time.Second)); err != nil || s.Completed != len(reqs) {
+			panic(err)
+		}
+		if err := f.e.Free(id); err != nil {
+			panic(err)
+		}
+	}
+	run()
+	if a := testing.AllocsPerRun(200, run); a != 0 {
+		t.Fatalf("steady state allocates %v times per batch of %d", a, len(reqs))
+	}
+	checkRefs(t, f.a, f.b)
+}
+
+// TestConcurrentStress runs many clients against one engine with tasks
+// that complete, fail, time out or get abandoned on other goroutines.
+func TestConcurrentStress(t *testing.T) {
+	tr := &asyncTr{doneCancel: true}
+	f := newFixture(t, Config{MaxBatches: 8, DefaultTimeout: 20 * time.Millisecond}, oneRouter{tr})
+	stop := make(chan struct{})
+	var finisher sync.WaitGroup
+	finisher.Add(1)
+	go func() {
+		defer finisher.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			if i%3 == 0 {
+				tr.finish(errInjected)
+			} else {
+				tr.finish(nil)
+			}
+		}
+	}()
+	var clients sync.WaitGroup
+	for c := 0; c < 6; c++ {
+		clients.Add(1)
+		go func() {
+			defer clients.Done()
+			res := make([]error, 8)
+			for i := 0; i < 60; i++ {
+				id, err := f.e.AllocateBatch(16)
+				if errors.Is(err, ErrBatchLimit) {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for j := 0; j < 2; j++ {
+					if err := f.e.Submit(id, f.reqs(8), f.opts, res); err != nil {
+						t.Error(err)
+					}
+				}
+				if i%5 == 0 {
+					f.e.Abandon(id)
+					continue
+				}
+				sum, err := f.e.Wait(id, time.Time{})
+				if err != nil || sum.Total != 16 || sum.Completed+sum.Failed+sum.Timeout+sum.Canceled != 16 {
+					t.Errorf("Wait: %+v %v", sum, err)
+				}
+				if err := f.e.Free(id); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	clients.Wait()
+	close(stop)
+	finisher.Wait()
+	f.e.Close()
+	tr.Close()
+	checkRefs(t, f.a, f.b)
+	st := f.e.Stats()
+	if st.BatchesLive != 0 || st.BatchesRetiring != 0 || st.Pending != 0 || st.Waiting != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
