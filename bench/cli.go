@@ -24,6 +24,7 @@ type Options struct {
 	Repeat       int
 	Plot         string
 	Help         bool
+	DryRun       bool
 	Version      bool
 	Files        []string
 }
@@ -55,6 +56,7 @@ var harnessFlags = map[string]harnessFlag{
 		return
 	}},
 	"plot":    {set: func(o *Options, v string) error { return setPath(&o.Plot, v) }},
+	"dry-run": {flag: true, set: func(o *Options, v string) (err error) { o.DryRun, err = parseBool(v); return }},
 	"help":    {flag: true, set: func(o *Options, v string) (err error) { o.Help, err = parseBool(v); return }},
 	"version": {flag: true, set: func(o *Options, v string) (err error) { o.Version, err = parseBool(v); return }},
 }

@@ -275,3 +275,22 @@ func FuzzParseJobFile(f *testing.F) {
 		}
 	})
 }
+
+func TestExampleJobFilesParse(t *testing.T) {
+	files, err := filepath.Glob("../examples/jobs/*.fio")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no example job files: %v", err)
+	}
+	for _, f := range files {
+		_, jobs, err := ParseArgs([]string{f})
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		for _, j := range jobs {
+			if j.Goal == "" || j.Runtime == 0 || !j.TimeBased {
+				t.Errorf("%s: job %s lacks a goal or a time-based runtime", f, j.Name)
+			}
+		}
+	}
+}

@@ -29,6 +29,7 @@ Flags:
   --output-format=normal|json|terse   --output=FILE   --plot=FILE.svg
   --spawn              start a private tensorcastd for the run (--daemon-bin, --pool-size)
   --baseline           run the reference tool side by side (--repeat=N, A B A B ...)
+  --dry-run            parse and print the jobs, run nothing
   --version  --help
 
 tcbench summarize RESULT.json...   prints the Markdown benchmark table of
@@ -59,6 +60,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, bench.Version)
 		return 0
 	}
+	if opts.DryRun {
+		for _, j := range jobs {
+			fmt.Fprintf(stdout, "%s: group=%d engine=%s rw=%s bs=%d-%d size=%d iodepth=%d batch=%d numjobs=%d runtime=%s time_based=%v (%s)\n",
+				j.Name, j.Group, j.Engine, j.RW, j.BSMin, j.BSMax, j.Size, j.IODepth, j.Batch, j.NumJobs, j.Runtime, j.TimeBased, j.Src)
+		}
+		return 0
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
@@ -77,6 +85,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	env := &bench.Env{Logger: log}
 	var daemon *bench.Daemon
 	if opts.Spawn {
+		for _, j := range jobs {
+			if err := bench.EngineAvailable(j.Engine); err != nil && !opts.Baseline {
+				fmt.Fprintf(stderr, "tcbench: job %s: %v\n", j.Name, err)
+				return 1
+			}
+		}
 		if err := bench.SpawnCheck(jobs); err != nil {
 			fmt.Fprintf(stderr, "tcbench: --spawn: %v\n", err)
 			return 1
