@@ -17,8 +17,14 @@ func codeOfExtra(err error) (Code, bool) {
 	case errors.Is(err, shm.ErrInvalidSize), errors.Is(err, shm.ErrInvalidID), errors.Is(err, shm.ErrNotMappable),
 		errors.Is(err, shm.ErrShortFile), errors.Is(err, shm.ErrUnsealed):
 		return tcproto.CodeINVALID_ARGUMENT, true
-	case errors.Is(err, shm.ErrBadFree):
+	case errors.Is(err, shm.ErrBadFree), errors.Is(err, xfer.ErrNoSegment):
 		return tcproto.CodeNOT_FOUND, true
+	case errors.Is(err, xfer.ErrExists):
+		return tcproto.CodeALREADY_EXISTS, true
+	case errors.Is(err, xfer.ErrBatchLimit):
+		return tcproto.CodeRESOURCE_EXHAUSTED, true
+	case errors.Is(err, xfer.ErrFault):
+		return tcproto.CodeFAILED_PRECONDITION, true
 	}
 	return 0, false
 }

@@ -25,7 +25,7 @@ func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) (err error) {
 	var r tcproto.Request
 	r.Init(buf, root)
 
-	m.Ctx = Context{}
+	*m = Request{Offsets: m.Offsets[:0], Requests: m.Requests[:0]}
 	var c tcproto.Context
 	if r.Ctx(&c) != nil {
 		ct := c.Table()
@@ -46,7 +46,6 @@ func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) (err error) {
 	if !r.Body(&t) {
 		return fmt.Errorf("%w: request without a body", ErrMalformed)
 	}
-	m.Name, m.Payload, m.Offsets, m.Requests = nil, m.Payload[:0], m.Offsets[:0], m.Requests[:0]
 	switch m.Kind {
 	case tcproto.RequestBodyHelloRequest:
 		var b tcproto.HelloRequest
@@ -89,7 +88,7 @@ func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) (err error) {
 		var b tcproto.SubmitRequest
 		b.Init(t.Bytes, t.Pos)
 		m.Batch = b.BatchId()
-		err = decodeTransfers(&t, 6, lim, m, b.Requests)
+		err = decodeTransfers(&t, 6, lim, m)
 	case tcproto.RequestBodyTaskStatusRequest:
 		var b tcproto.TaskStatusRequest
 		b.Init(t.Bytes, t.Pos)
@@ -112,7 +111,7 @@ func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) (err error) {
 		var b tcproto.TransferRequestBody
 		b.Init(t.Bytes, t.Pos)
 		m.TimeoutMS = b.TimeoutMs()
-		err = decodeTransfers(&t, 4, lim, m, b.Requests)
+		err = decodeTransfers(&t, 4, lim, m)
 	case tcproto.RequestBodyRegisterFileRequest:
 		var b tcproto.RegisterFileRequest
 		b.Init(t.Bytes, t.Pos)
@@ -128,9 +127,8 @@ func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) (err error) {
 	return err
 }
 
-func decodeTransfers(t *flatbuffers.Table, slot flatbuffers.VOffsetT, lim DecodeLimits, m *Request,
-	at func(*tcproto.TransferRequest, int) bool) error {
-	n, err := vecLen(t, slot, transferRequestSize, lim.MaxRequests)
+func decodeTransfers(t *flatbuffers.Table, slot flatbuffers.VOffsetT, lim DecodeLimits, m *Request) error {
+	n, start, err := vecAt(t, slot, transferRequestSize, lim.MaxRequests)
 	if err != nil {
 		return err
 	}
@@ -139,7 +137,7 @@ func decodeTransfers(t *flatbuffers.Table, slot flatbuffers.VOffsetT, lim Decode
 	}
 	var tr tcproto.TransferRequest
 	for i := 0; i < n; i++ {
-		at(&tr, i)
+		tr.Init(t.Bytes, start+flatbuffers.UOffsetT(i*transferRequestSize))
 		m.Requests = append(m.Requests, xfer.Request{
 			Op:           xfer.Op(tr.Op()),
 			Local:        xfer.SegmentID(tr.Local()),
@@ -164,16 +162,14 @@ func DecodeResponse(buf []byte, lim DecodeLimits, m *Response) (err error) {
 	var r tcproto.Response
 	r.Init(buf, root)
 	rt := r.Table()
+	*m = Response{Offsets: m.Offsets[:0], Codes: m.Codes[:0], States: m.States[:0], BlockClasses: m.BlockClasses[:0],
+		Pool: m.Pool[:0], Engine: m.Engine[:0], Conn: m.Conn[:0]}
 	m.Status = r.Status()
 	m.RequestID = r.RequestId()
 	if m.Message, err = bytesField(&rt, 6, lim.MaxString); err != nil {
 		return err
 	}
 	m.Kind = r.BodyType()
-	m.Offsets, m.Codes, m.States, m.BlockClasses = m.Offsets[:0], m.Codes[:0], m.States[:0], m.BlockClasses[:0]
-	m.Pool, m.Engine, m.Conn = m.Pool[:0], m.Engine[:0], m.Conn[:0]
-	m.Summary = Summary{}
-	m.Task = TaskInfo{}
 	var t flatbuffers.Table
 	if !r.Body(&t) {
 		if m.Kind != tcproto.ResponseBodyNONE {

@@ -1,42 +1,30 @@
 package control
 
 import (
-	"errors"
-	"time"
-
+	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// BatchID names a batch of the engine.
-type BatchID uint64
-
-// Resolver maps the segment ids of a request to segments.
-type Resolver interface {
-	Resolve(id xfer.SegmentID) (xfer.Segment, bool)
-}
-
-// SubmitOptions are the per-call options of Engine.Submit.
-type SubmitOptions struct {
-	Deadline time.Time
-	Resolver Resolver
-}
-
-// TaskStatus is one task's state.
-type TaskStatus struct {
-	State       xfer.State
-	Transferred uint64
-	Err         error
-}
-
-// BatchSummary counts a batch's tasks by state.
-type BatchSummary struct {
-	Total, Waiting, Pending, Completed, Failed, Timeout, Canceled int
-	Transferred                                                   uint64
-}
+// The engine types the server's Engine interface speaks; *xfer.Engine
+// implements it.
+type (
+	BatchID       = xfer.BatchID
+	Resolver      = xfer.Resolver
+	SubmitOptions = xfer.SubmitOptions
+	TaskStatus    = xfer.TaskStatus
+	BatchSummary  = xfer.BatchSummary
+)
 
 // Engine errors the server matches.
 var (
-	ErrBatchNotFound = errors.New("xfer: batch not found")
-	ErrBatchBusy     = errors.New("xfer: batch busy")
-	ErrBatchFull     = errors.New("xfer: batch full")
+	ErrBatchNotFound = xfer.ErrBatchNotFound
+	ErrBatchBusy     = xfer.ErrBatchBusy
+	ErrBatchFull     = xfer.ErrBatchFull
 )
+
+var (
+	_ Engine   = (*xfer.Engine)(nil)
+	_ Registry = (*xfer.Registry)(nil)
+)
+
+var _ Pool = (*shm.Pool)(nil)

@@ -175,19 +175,25 @@ func checkRoot(buf []byte) (flatbuffers.UOffsetT, error) {
 // vecLen reads the length of the vector at slot of tab and checks it, and
 // the bytes it spans, before any element is read.
 func vecLen(tab *flatbuffers.Table, slot flatbuffers.VOffsetT, elem, limit int) (int, error) {
+	n, _, err := vecAt(tab, slot, elem, limit)
+	return n, err
+}
+
+// vecAt is vecLen that also returns where the vector's elements start.
+func vecAt(tab *flatbuffers.Table, slot flatbuffers.VOffsetT, elem, limit int) (int, flatbuffers.UOffsetT, error) {
 	o := flatbuffers.UOffsetT(tab.Offset(slot))
 	if o == 0 {
-		return 0, nil
+		return 0, 0, nil
 	}
 	start := tab.Vector(o)
 	n := tab.VectorLen(o)
 	if n < 0 || n > limit {
-		return 0, fmt.Errorf("%w: vector of %d elements (limit %d)", ErrLimit, n, limit)
+		return 0, 0, fmt.Errorf("%w: vector of %d elements (limit %d)", ErrLimit, n, limit)
 	}
 	if uint64(start)+uint64(n)*uint64(elem) > uint64(len(tab.Bytes)) {
-		return 0, fmt.Errorf("%w: vector past the end of the frame", ErrMalformed)
+		return 0, 0, fmt.Errorf("%w: vector past the end of the frame", ErrMalformed)
 	}
-	return n, nil
+	return n, start, nil
 }
 
 // bytesField returns the byte vector or string at slot, checked against limit.

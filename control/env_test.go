@@ -1,0 +1,384 @@
+package control
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	flatbuffers "github.com/google/flatbuffers/go"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+const (
+	testPoolID  = xfer.SegmentID(1)
+	testPoolSz  = 16 << 20
+	testMinBlk  = 4 << 10
+	testMaxBlk  = 1 << 20
+	hangLength  = 12345 // requests of this length never end until canceled
+	testTimeout = 10 * time.Second
+)
+
+// env is a server on the real pool, registry and engine.
+type env struct {
+	t      testing.TB
+	dir    string
+	sock   string
+	pool   *shm.Pool
+	reg    *xfer.Registry
+	eng    *xfer.Engine
+	tr     xfer.Transport
+	srv    *Server
+	logBuf *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type router struct{ tr xfer.Transport }
+
+func (r router) Route(_, _ xfer.Segment) (xfer.Transport, error) { return r.tr, nil }
+
+// hangTransport copies like the local transport but holds every task of
+// length hangLength until it is canceled or the transport closes.
+type hangTransport struct {
+	mu   sync.Mutex // guards held, closed
+	held map[*xfer.Task]struct{}
+	done bool
+}
+
+func (h *hangTransport) Name() string { return "hang" }
+
+func (h *hangTransport) Submit(tasks []*xfer.Task) (int, error) {
+	h.mu.Lock()
+	if h.done {
+		h.mu.Unlock()
+		return 0, xfer.ErrClosed
+	}
+	var now []*xfer.Task
+	for _, t := range tasks {
+		if t.Req.Length == hangLength {
+			h.held[t] = struct{}{}
+		} else {
+			now = append(now, t)
+		}
+	}
+	h.mu.Unlock()
+	for _, t := range now {
+		l, tg := t.Local.(xfer.MemSegment), t.Target.(xfer.MemSegment)
+		lb := l.Bytes()[t.Req.LocalOffset : t.Req.LocalOffset+t.Req.Length]
+		tb := tg.Bytes()[t.Req.TargetOffset : t.Req.TargetOffset+t.Req.Length]
+		if t.Req.Op == xfer.OpWrite {
+			copy(tb, lb)
+		} else {
+			copy(lb, tb)
+		}
+		t.Done(t.Req.Length, nil)
+	}
+	return len(tasks), nil
+}
+
+func (h *hangTransport) Cancel(t *xfer.Task) {
+	h.mu.Lock()
+	_, ok := h.held[t]
+	delete(h.held, t)
+	h.mu.Unlock()
+	if ok {
+		t.Done(0, xfer.ErrCanceled)
+	}
+}
+
+func (h *hangTransport) Close() error {
+	h.mu.Lock()
+	h.done = true
+	held := h.held
+	h.held = map[*xfer.Task]struct{}{}
+	h.mu.Unlock()
+	for t := range held {
+		t.Done(0, xfer.ErrClosed)
+	}
+	return nil
+}
+
+type envOpt func(*Config, *Deps)
+
+func newEnv(t testing.TB, hang bool, opts ...envOpt) *env {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "tcctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	e := &env{t: t, dir: dir, sock: filepath.Join(dir, "run", "d.sock"), logBuf: &syncBuffer{}}
+	log := slog.New(slog.NewTextHandler(e.logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e.pool, err = shm.NewPool(shm.PoolConfig{ID: testPoolID, Size: testPoolSz, Hugepages: shm.HugepagesOff,
+		MinBlock: testMinBlk, MaxBlock: testMaxBlk}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.reg = xfer.NewRegistry()
+	if err := e.reg.Add(e.pool); err != nil {
+		t.Fatal(err)
+	}
+	if hang {
+		e.tr = &hangTransport{held: map[*xfer.Task]struct{}{}}
+	} else {
+		e.tr = xfer.NewLocal(xfer.LocalConfig{Workers: 1}, log)
+	}
+	e.eng = xfer.NewEngine(xfer.Config{}, router{e.tr}, log)
+	cfg := Config{Socket: e.sock, DaemonID: "test-daemon", Version: "test", ReleaseWait: 100 * time.Millisecond}
+	deps := Deps{Engine: e.eng, Pool: e.pool, Registry: e.reg}
+	for _, o := range opts {
+		o(&cfg, &deps)
+	}
+	e.srv, err = NewServer(cfg, deps, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.srv.Start()
+	t.Cleanup(e.close)
+	return e
+}
+
+func (e *env) close() {
+	if err := e.srv.Close(); err != nil {
+		e.t.Errorf("server close: %v", err)
+	}
+	e.eng.Close()
+	e.tr.Close()
+	if err := e.pool.Close(); err != nil {
+		e.t.Errorf("pool close: %v", err)
+	}
+	if e.t.Failed() {
+		e.t.Logf("server log:\n%s", e.logBuf.String())
+	}
+}
+
+// waitIdle waits until the server holds nothing for any client: no
+// connections, no pool blocks, only the pool registered, no batches.
+func (e *env) waitIdle() {
+	e.t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for {
+		ps, es := e.pool.Stats(), e.eng.Stats()
+		if e.srv.Connections() == 0 && ps.Blocks == 0 && e.reg.Len() == 1 && es.BatchesLive == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("not released: conns %d, pool blocks %d, segments %d, batches %d",
+				e.srv.Connections(), ps.Blocks, e.reg.Len(), es.BatchesLive)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// rawClient speaks frames directly, for protocol edge cases.
+type rawClient struct {
+	t    testing.TB
+	uc   *net.UnixConn
+	b    *flatbuffers.Builder
+	resp Response
+	buf  []byte
+	oob  []byte
+	id   uint64
+}
+
+func dialRaw(t testing.TB, path string) *rawClient {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &rawClient{t: t, uc: c, b: flatbuffers.NewBuilder(256), oob: make([]byte, unix.CmsgSpace(4*8))}
+	t.Cleanup(func() { c.Close() })
+	return rc
+}
+
+func (c *rawClient) send(frame []byte, fds ...int) error {
+	if len(fds) == 0 {
+		_, err := c.uc.Write(frame)
+		return err
+	}
+	_, _, err := c.uc.WriteMsgUnix(frame, unix.UnixRights(fds...), nil)
+	return err
+}
+
+// recv reads one response frame and the fds that came with it.
+func (c *rawClient) recv() (*Response, []int, error) {
+	c.uc.SetReadDeadline(time.Now().Add(testTimeout))
+	var hdr [FrameHeader]byte
+	n, oobn, _, _, err := c.uc.ReadMsgUnix(hdr[:], c.oob)
+	if err != nil {
+		return nil, nil, err
+	}
+	var fds []int
+	if oobn > 0 {
+		fds, err = parseRights(c.oob[:oobn])
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	if _, err := io.ReadFull(c.uc, hdr[n:]); err != nil {
+		closeFDs(fds)
+		return nil, nil, err
+	}
+	size := binary.LittleEndian.Uint32(hdr[:])
+	if cap(c.buf) < int(size) {
+		c.buf = make([]byte, size)
+	}
+	c.buf = c.buf[:size]
+	if _, err := io.ReadFull(c.uc, c.buf); err != nil {
+		closeFDs(fds)
+		return nil, nil, err
+	}
+	if err := DecodeResponse(c.buf, DecodeLimits{}, &c.resp); err != nil {
+		closeFDs(fds)
+		return nil, nil, err
+	}
+	return &c.resp, fds, nil
+}
+
+// call sends m (with fds) and returns the answer; fds that come back are
+// closed unless the caller asks for them with callFD.
+func (c *rawClient) call(m *Request, fds ...int) *Response {
+	c.t.Helper()
+	r, back := c.callFD(m, fds...)
+	closeFDs(back)
+	return r
+}
+
+func (c *rawClient) callFD(m *Request, fds ...int) (*Response, []int) {
+	c.t.Helper()
+	c.id++
+	m.Ctx.RequestID = c.id
+	if err := c.send(EncodeRequest(c.b, m), fds...); err != nil {
+		c.t.Fatalf("send %s: %v", m.Kind, err)
+	}
+	r, back, err := c.recv()
+	if err != nil {
+		c.t.Fatalf("recv for %s: %v", m.Kind, err)
+	}
+	if r.RequestID != c.id {
+		c.t.Fatalf("answer for request %d, want %d", r.RequestID, c.id)
+	}
+	return r, back
+}
+
+// expectClosed checks the server closed the connection.
+func (c *rawClient) expectClosed() {
+	c.t.Helper()
+	c.uc.SetReadDeadline(time.Now().Add(testTimeout))
+	var b [1]byte
+	if _, err := c.uc.Read(b[:]); !errors.Is(err, io.EOF) && !errors.Is(err, unix.ECONNRESET) {
+		c.t.Fatalf("connection not closed by the server: %v", err)
+	}
+}
+
+func expectCode(t testing.TB, r *Response, want Code) {
+	t.Helper()
+	if r.Status != want {
+		t.Fatalf("status %s (%q), want %s", r.Status, r.Message, want)
+	}
+}
+
+func newMemfd(t testing.TB, size uint64) int {
+	t.Helper()
+	fd, err := shm.NewMemfd("test", size, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// runHelper is the body of a helper process (see helperEnv): a client that
+// takes resources, reports, and waits to be killed or exits.
+func runHelper(kind string) int {
+	sock := os.Getenv("TENSORCAST_TEST_SOCKET")
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		fmt.Println("dial:", err)
+		return 2
+	}
+	rc := &rawClient{t: helperTB{}, uc: c, b: flatbuffers.NewBuilder(256), oob: make([]byte, unix.CmsgSpace(32))}
+	switch kind {
+	case "ping":
+		rc.id++
+		if err := rc.send(EncodeRequest(rc.b, &Request{Ctx: Context{RequestID: 1}, Kind: tcproto.RequestBodyPingRequest})); err != nil {
+			fmt.Println("send:", err)
+			return 2
+		}
+		r, _, err := rc.recv()
+		if err != nil {
+			fmt.Println("recv:", err)
+			return 2
+		}
+		fmt.Println("status", r.Status.String())
+		return 0
+	case "hold":
+		r := rc.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 8, Size: 4096})
+		fmt.Println("alloc", r.Status.String(), len(r.Offsets))
+		off := r.Offsets[0]
+		fd, err := shm.NewMemfd("helper", 1<<20, true)
+		if err != nil {
+			fmt.Println("memfd:", err)
+			return 2
+		}
+		r = rc.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 20}, fd)
+		unix.Close(fd)
+		seg := r.Segment
+		fmt.Println("register", r.Status.String())
+		r = rc.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 4})
+		fmt.Println("batch", r.Status.String())
+		r = rc.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: r.Batch, Requests: []xfer.Request{
+			{Op: xfer.OpWrite, Local: xfer.SegmentID(seg), Target: testPoolID, TargetOffset: off, Length: 4096},
+			{Op: xfer.OpWrite, Local: xfer.SegmentID(seg), Target: testPoolID, TargetOffset: off, Length: hangLength},
+		}})
+		fmt.Println("submit", r.Status.String(), len(r.Codes))
+		fmt.Println("ready")
+		bufio.NewReader(os.Stdin).ReadString('\n') // killed before this returns
+		return 0
+	}
+	fmt.Println("unknown helper", kind)
+	return 2
+}
+
+// helperTB lets rawClient run outside a test: failures exit the process.
+type helperTB struct{ testing.TB }
+
+func (helperTB) Helper() {}
+func (helperTB) Fatalf(f string, a ...any) {
+	fmt.Printf(f+"\n", a...)
+	os.Exit(2)
+}
+func (helperTB) Fatal(a ...any) {
+	fmt.Println(a...)
+	os.Exit(2)
+}
+func (helperTB) Cleanup(func()) {}
