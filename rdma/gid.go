@@ -157,11 +157,41 @@ func NetdevAddrs(netdev string) ([]netip.Addr, error) {
 	return out, nil
 }
 
+// ResolveGIDSpec turns a configured GID override into a table index: ""
+// is -1 (automatic), a number is that index, an address is the index of
+// the RoCE v2 entry carrying it.
+func ResolveGIDSpec(table []GIDEntry, spec string) (int, error) {
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return -1, nil
+	}
+	if i, err := strconv.Atoi(spec); err == nil {
+		if i < 0 {
+			return 0, fmt.Errorf("%w: gid index %d", ErrNoGID, i)
+		}
+		return i, nil
+	}
+	g, err := ParseGID(spec)
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range table {
+		if e.GID == g && e.RoCEv2() {
+			return e.Index, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: no RoCE v2 entry carries %s", ErrNoGID, g)
+}
+
 // ChooseGID reads the live GID table of dev/port and selects the RoCE v2
-// GID matching the port's netdev address (see SelectGID). netdev "" means
-// the netdev the table names for its RoCE v2 entries.
-func ChooseGID(dev string, port int, netdev string, override int) (GIDEntry, error) {
+// GID matching the port's netdev address (see SelectGID), or the one spec
+// names (see ResolveGIDSpec). netdev "" means any netdev.
+func ChooseGID(dev string, port int, netdev, spec string) (GIDEntry, error) {
 	table, err := ReadGIDTable(SysfsRoot, dev, port)
+	if err != nil {
+		return GIDEntry{}, err
+	}
+	override, err := ResolveGIDSpec(table, spec)
 	if err != nil {
 		return GIDEntry{}, err
 	}

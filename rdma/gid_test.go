@@ -79,3 +79,18 @@ func TestParseGID(t *testing.T) {
 		t.Errorf("bad gid: err = %v", err)
 	}
 }
+
+func TestResolveGIDSpec(t *testing.T) {
+	table := fixtureTable(t)
+	for spec, want := range map[string]int{"": -1, "4": 4, "192.168.2.7": 5, "::ffff:192.168.1.5": 3, " 0 ": 0} {
+		got, err := ResolveGIDSpec(table, spec)
+		if err != nil || got != want {
+			t.Errorf("ResolveGIDSpec(%q) = %d, %v; want %d", spec, got, err, want)
+		}
+	}
+	for _, spec := range []string{"-2", "10.1.1.1", "fe80::zz"} {
+		if _, err := ResolveGIDSpec(table, spec); !errors.Is(err, ErrNoGID) {
+			t.Errorf("ResolveGIDSpec(%q): err = %v, want ErrNoGID", spec, err)
+		}
+	}
+}

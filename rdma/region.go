@@ -71,7 +71,7 @@ func (t *keyTable) lookup(off, n uint64) (addr uint64, lkey, rkey uint32, span u
 type Region struct {
 	keys keyTable
 	// handles are the verbs layer's MR pointers, one per chunk.
-	handles []uintptr
+	handles []any
 }
 
 // Addr is the address of the region's first byte.
@@ -102,10 +102,10 @@ func (r *Region) Remote(name uint64) RemoteRegion {
 
 // registerFunc registers [off, off+n) of a region and returns the MR's keys
 // and an opaque handle for deregFunc.
-type registerFunc func(off, n uint64) (lkey, rkey uint32, handle uintptr, err error)
+type registerFunc func(off, n uint64) (lkey, rkey uint32, handle any, err error)
 
 // deregFunc releases one registration.
-type deregFunc func(handle uintptr) error
+type deregFunc func(handle any) error
 
 // registerRegion registers [addr, addr+size) chunk by chunk on up to
 // workers goroutines (all of them joined before it returns). On any failure
@@ -115,7 +115,7 @@ func registerRegion(addr, size, chunk uint64, workers int, reg registerFunc, der
 	if err != nil {
 		return nil, err
 	}
-	r := &Region{keys: keys, handles: make([]uintptr, keys.chunks())}
+	r := &Region{keys: keys, handles: make([]any, keys.chunks())}
 	errs := make([]error, keys.chunks())
 	workers = max(1, min(workers, keys.chunks()))
 	next := make(chan int, keys.chunks())
@@ -156,13 +156,13 @@ func registerRegion(addr, size, chunk uint64, workers int, reg registerFunc, der
 func (r *Region) release(dereg deregFunc) error {
 	var first error
 	for i, h := range r.handles {
-		if h == 0 {
+		if h == nil {
 			continue
 		}
 		if err := dereg(h); err != nil && first == nil {
 			first = err
 		}
-		r.handles[i] = 0
+		r.handles[i] = nil
 	}
 	return first
 }

@@ -62,7 +62,7 @@ func TestRegisterRegionParallel(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[uint64]uint64{}
 	var inFlight, peak atomic.Int32
-	reg := func(off, n uint64) (uint32, uint32, uintptr, error) {
+	reg := func(off, n uint64) (uint32, uint32, any, error) {
 		c := inFlight.Add(1)
 		for {
 			p := peak.Load()
@@ -75,10 +75,10 @@ func TestRegisterRegionParallel(t *testing.T) {
 		seen[off] = n
 		mu.Unlock()
 		i := uint32(off / chunk)
-		return 1000 + i, 2000 + i, uintptr(off + 1), nil
+		return 1000 + i, 2000 + i, off + 1, nil
 	}
 	var freed atomic.Int32
-	dereg := func(uintptr) error { freed.Add(1); return nil }
+	dereg := func(any) error { freed.Add(1); return nil }
 	r, err := registerRegion(0x7f0000000000, 5*chunk+1, chunk, 4, reg, dereg)
 	if err != nil {
 		t.Fatal(err)
@@ -106,14 +106,14 @@ func TestRegisterRegionRollsBack(t *testing.T) {
 	const chunk = 1 << 16
 	boom := errors.New("ENOMEM")
 	var registered, freed atomic.Int32
-	reg := func(off, n uint64) (uint32, uint32, uintptr, error) {
+	reg := func(off, n uint64) (uint32, uint32, any, error) {
 		if off == 2*chunk {
 			return 0, 0, 0, boom
 		}
 		registered.Add(1)
-		return 1, 1, uintptr(off + 1), nil
+		return 1, 1, off + 1, nil
 	}
-	dereg := func(uintptr) error { freed.Add(1); return nil }
+	dereg := func(any) error { freed.Add(1); return nil }
 	_, err := registerRegion(4096, 8*chunk, chunk, 3, reg, dereg)
 	if !errors.Is(err, boom) {
 		t.Fatalf("err = %v, want the registration error", err)

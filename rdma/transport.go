@@ -19,9 +19,10 @@ type Config struct {
 	Device string
 	// Port is the device port (0 = 1).
 	Port int
-	// GIDIndex forces a GID table entry; -1 (or unset through
-	// DefaultConfig) selects the RoCE v2 GID of Netdev's address.
-	GIDIndex int
+	// GID overrides the automatic choice of the RoCE v2 GID of Netdev's
+	// address: a GID table index ("3") or an address ("10.0.2.15",
+	// "::ffff:10.0.2.15"). "" = automatic.
+	GID string
 	// Netdev is the network device whose address the GID must carry
 	// ("" = whichever the GID table names).
 	Netdev string
@@ -51,11 +52,10 @@ type Config struct {
 	RetryCount uint8
 }
 
-// DefaultConfig is the configuration the zero values of Config stand for,
-// with GIDIndex -1 (automatic).
+// DefaultConfig is the configuration the zero values of Config stand for.
 func DefaultConfig() Config {
 	return Config{
-		Port: 1, GIDIndex: -1, QPs: 2, SendDepth: 256, SignalEvery: 16, PollBatch: 32,
+		Port: 1, QPs: 2, SendDepth: 256, SignalEvery: 16, PollBatch: 32,
 		ChunkSize: DefaultChunkSize, RegisterWorkers: 4, MaxMessage: 1 << 30,
 		SubmitWait: time.Second, ConnectTimeout: 5 * time.Second, Timeout: 14, RetryCount: 7,
 	}
