@@ -312,13 +312,15 @@ func (a *allocator) free(off uint64) error {
 		if sl.listed {
 			a.unlink(c, s)
 		}
+		// Pushed before c.mu is dropped, so a Stats snapshot never sees
+		// the slab in neither place.
 		sl.class.Store(noSlab)
 		c.slabs--
-		c.mu.Unlock()
 		a.slabMu.Lock()
 		a.freeSlabs[a.nfree] = s
 		a.nfree++
 		a.slabMu.Unlock()
+		c.mu.Unlock()
 		return nil
 	}
 	a.stack[base+uint64(sl.top)] = uint16(b)

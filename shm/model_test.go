@@ -4,6 +4,7 @@ package shm
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -216,7 +217,7 @@ func TestConcurrentAllocFree(t *testing.T) {
 	mem := p.Bytes()
 	const workers = 8
 	var wg sync.WaitGroup
-	errs := make(chan error, workers)
+	errs := make(chan error, workers+1)
 	for w := range workers {
 		wg.Add(1)
 		go func() {
@@ -278,7 +279,35 @@ func TestConcurrentAllocFree(t *testing.T) {
 			}
 		}()
 	}
+	// Snapshots taken while the workers run must add up.
+	stop := make(chan struct{})
+	var statsWG sync.WaitGroup
+	statsWG.Add(1)
+	go func() {
+		defer statsWG.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			st := p.Stats()
+			var slabs, live, used uint64
+			for _, c := range st.Classes {
+				slabs += c.Slabs
+				live += c.Live
+				used += c.Live * c.BlockSize
+			}
+			if slabs+st.FreeSlabs != st.Slabs || live != st.Blocks || used != st.Used ||
+				st.Used+st.FreeBytes != st.Size || st.Fragmentation < 0 || st.Fragmentation > 1 {
+				errs <- fmt.Errorf("inconsistent snapshot: %+v", st)
+				return
+			}
+		}
+	}()
 	wg.Wait()
+	close(stop)
+	statsWG.Wait()
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
