@@ -1,0 +1,618 @@
+package control
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+func TestHelloPingStats(t *testing.T) {
+	e := newEnv(t, false)
+	c := dialRaw(t, e.sock)
+	r := c.call(&Request{Kind: tcproto.RequestBodyHelloRequest, ProtocolVersion: ProtocolVersion, Name: []byte("t")})
+	expectCode(t, r, tcproto.CodeOK)
+	if string(r.DaemonID) != "test-daemon" || r.ProtocolVersion != ProtocolVersion || r.Limits.MaxFrame != DefaultMaxFrame {
+		t.Fatalf("hello: %+v", r)
+	}
+	r = c.call(&Request{Kind: tcproto.RequestBodyPingRequest, Payload: []byte("0123456789")})
+	expectCode(t, r, tcproto.CodeOK)
+	if string(r.Payload) != "0123456789" {
+		t.Fatalf("ping payload %q", r.Payload)
+	}
+	c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 3, Size: 4096})
+	r = c.call(&Request{Kind: tcproto.RequestBodyStatsRequest})
+	expectCode(t, r, tcproto.CodeOK)
+	find := func(cs []Counter, name string) (uint64, bool) {
+		for _, c := range cs {
+			if c.Name == name {
+				return c.Value, true
+			}
+		}
+		return 0, false
+	}
+	if v, ok := find(r.Pool, "blocks"); !ok || v != 3 {
+		t.Fatalf("pool blocks counter %d %v in %+v", v, ok, r.Pool)
+	}
+	if v, ok := find(r.Conn, "blocks"); !ok || v != 3 {
+		t.Fatalf("connection blocks counter %d %v", v, ok)
+	}
+	if _, ok := find(r.Engine, "batches_live"); !ok {
+		t.Fatalf("no engine counters: %+v", r.Engine)
+	}
+	if r.Connections != 1 {
+		t.Fatalf("connections %d", r.Connections)
+	}
+	fi, err := os.Stat(e.sock)
+	if err != nil || fi.Mode().Perm() != 0o660 {
+		t.Fatalf("socket mode %v, %v", fi.Mode(), err)
+	}
+}
+
+// TestCopyThroughPool registers a client buffer, writes a pattern, copies
+// it into pool blocks and back into another part of the buffer, and checks
+// every byte, through the real socket, memfds, pool and engine.
+func TestCopyThroughPool(t *testing.T) {
+	e := newEnv(t, false)
+	c := dialRaw(t, e.sock)
+	const size = 1 << 20
+	fd := newMemfd(t, size)
+	mem, err := shm.MapShared(fd, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shm.Unmap(mem)
+	r := c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: size}, fd)
+	unix.Close(fd)
+	expectCode(t, r, tcproto.CodeOK)
+	seg := xfer.SegmentID(r.Segment)
+	for i := 0; i < size/2; i++ {
+		mem[i] = byte(i*7 + i>>8)
+	}
+	r = c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 8, Size: 64 << 10})
+	expectCode(t, r, tcproto.CodeOK)
+	offs := append([]uint64(nil), r.Offsets...)
+	var in, out []xfer.Request
+	for i, off := range offs {
+		in = append(in, xfer.Request{Op: xfer.OpWrite, Local: seg, LocalOffset: uint64(i) << 16, Target: testPoolID, TargetOffset: off, Length: 64 << 10})
+		out = append(out, xfer.Request{Op: xfer.OpRead, Local: seg, LocalOffset: size/2 + uint64(i)<<16, Target: testPoolID, TargetOffset: off, Length: 64 << 10})
+	}
+	r = c.call(&Request{Kind: tcproto.RequestBodyTransferRequestBody, Requests: in})
+	expectCode(t, r, tcproto.CodeOK)
+	if len(r.Codes) != len(in) || r.Summary.Completed != uint32(len(in)) || r.Summary.Transferred != size/2 {
+		t.Fatalf("transfer in: %+v", r)
+	}
+	// The pool bytes, seen from the daemon's side, are the pattern.
+	pool := e.pool.Bytes()
+	for i, off := range offs {
+		for j := 0; j < 64<<10; j++ {
+			if pool[off+uint64(j)] != mem[i<<16+j] {
+				t.Fatalf("pool block %d byte %d differs", i, j)
+			}
+		}
+	}
+	// Back out with the batch calls.
+	r = c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: uint32(len(out))})
+	expectCode(t, r, tcproto.CodeOK)
+	batch := r.Batch
+	r = c.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: batch, Requests: out})
+	expectCode(t, r, tcproto.CodeOK)
+	for i, code := range r.Codes {
+		if code != tcproto.CodeOK {
+			t.Fatalf("submit item %d: %s", i, code)
+		}
+	}
+	r = c.call(&Request{Kind: tcproto.RequestBodyWaitRequest, Batch: batch, TimeoutMS: 5000})
+	expectCode(t, r, tcproto.CodeOK)
+	if r.Summary.Completed != uint32(len(out)) {
+		t.Fatalf("wait: %+v", r.Summary)
+	}
+	r = c.call(&Request{Kind: tcproto.RequestBodyTaskStatusRequest, Batch: batch, Index: 3})
+	if r.Task.State != tcproto.TaskStateCOMPLETED || r.Task.Transferred != 64<<10 || r.Task.Code != tcproto.CodeOK {
+		t.Fatalf("task status %+v", r.Task)
+	}
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyFreeBatchRequest, Batch: batch}), tcproto.CodeOK)
+	for i := 0; i < size/2; i++ {
+		if mem[size/2+i] != mem[i] {
+			t.Fatalf("byte %d: %d after the round trip, want %d", i, mem[size/2+i], mem[i])
+		}
+	}
+	r = c.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: append(offs, 1<<40)})
+	expectCode(t, r, tcproto.CodeOK)
+	for i, code := range r.Codes {
+		want := tcproto.CodeOK
+		if i == len(offs) {
+			want = tcproto.CodeNOT_FOUND
+		}
+		if code != want {
+			t.Fatalf("free item %d: %s, want %s", i, code, want)
+		}
+	}
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyUnregisterBufferRequest, Segment: uint64(seg)}), tcproto.CodeOK)
+	if e.pool.Stats().Blocks != 0 || e.reg.Len() != 1 {
+		t.Fatalf("after freeing: %d blocks, %d segments", e.pool.Stats().Blocks, e.reg.Len())
+	}
+}
+
+func TestPoolInfoPassesMemfd(t *testing.T) {
+	e := newEnv(t, false)
+	c := dialRaw(t, e.sock)
+	r, fds := c.callFD(&Request{Kind: tcproto.RequestBodyPoolInfoRequest})
+	expectCode(t, r, tcproto.CodeOK)
+	if len(fds) != 1 {
+		t.Fatalf("%d fds with PoolInfo", len(fds))
+	}
+	defer closeFDs(fds)
+	if r.Segment != uint64(testPoolID) || r.Size != testPoolSz || len(r.BlockClasses) == 0 || r.BlockClasses[0] != testMinBlk {
+		t.Fatalf("pool info %+v", r)
+	}
+	mem, err := shm.MapShared(fds[0], r.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shm.Unmap(mem)
+	r = c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096})
+	off := r.Offsets[0]
+	copy(mem[off:], "written in place by the client")
+	if got := string(e.pool.Bytes()[off : off+30]); got != "written in place by the client" {
+		t.Fatalf("daemon sees %q", got)
+	}
+}
+
+func TestScopeAndLimits(t *testing.T) {
+	e := newEnv(t, false, func(c *Config, _ *Deps) { c.Limits.MaxBlocks = 4; c.Limits.MaxBatches = 1 })
+	a, b := dialRaw(t, e.sock), dialRaw(t, e.sock)
+	fd := newMemfd(t, 1<<16)
+	r := a.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd)
+	unix.Close(fd)
+	expectCode(t, r, tcproto.CodeOK)
+	segA := xfer.SegmentID(r.Segment)
+	r = a.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096})
+	offA := r.Offsets[0]
+	fd = newMemfd(t, 1<<16)
+	r = b.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd)
+	unix.Close(fd)
+	segB := xfer.SegmentID(r.Segment)
+	r = b.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096})
+	offB := r.Offsets[0]
+
+	// b may not name a's buffer nor a's block; out of bounds and zero
+	// length are refused; one good request in the middle still runs.
+	r = b.call(&Request{Kind: tcproto.RequestBodyTransferRequestBody, Requests: []xfer.Request{
+		{Op: xfer.OpWrite, Local: segA, Target: testPoolID, TargetOffset: offB, Length: 16},
+		{Op: xfer.OpWrite, Local: segB, Target: testPoolID, TargetOffset: offA, Length: 16},
+		{Op: xfer.OpWrite, Local: segB, Target: testPoolID, TargetOffset: offB, Length: 16},
+		{Op: xfer.OpWrite, Local: segB, Target: testPoolID, TargetOffset: offB + 4000, Length: 200},
+		{Op: xfer.OpWrite, Local: segB, LocalOffset: 1 << 16, Target: testPoolID, TargetOffset: offB, Length: 1},
+		{Op: 9, Local: segB, Target: testPoolID, TargetOffset: offB, Length: 1},
+	}})
+	expectCode(t, r, tcproto.CodeOK)
+	want := []Code{tcproto.CodeNOT_FOUND, tcproto.CodePERMISSION_DENIED, tcproto.CodeOK,
+		tcproto.CodePERMISSION_DENIED, tcproto.CodeINVALID_ARGUMENT, tcproto.CodeINVALID_ARGUMENT}
+	if len(r.Codes) != len(want) {
+		t.Fatalf("%d codes for %d requests", len(r.Codes), len(want))
+	}
+	for i := range want {
+		if r.Codes[i] != want[i] {
+			t.Errorf("request %d: %s, want %s", i, r.Codes[i], want[i])
+		}
+	}
+	if r.Summary.Completed != 1 {
+		t.Errorf("summary %+v", r.Summary)
+	}
+	// b may not free a's block, unregister a's buffer or use a's batch.
+	r = b.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: []uint64{offA}})
+	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeNOT_FOUND {
+		t.Fatalf("free of another's block: %+v", r.Codes)
+	}
+	expectCode(t, b.call(&Request{Kind: tcproto.RequestBodyUnregisterBufferRequest, Segment: uint64(segA)}), tcproto.CodeNOT_FOUND)
+	r = a.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1})
+	expectCode(t, r, tcproto.CodeOK)
+	expectCode(t, b.call(&Request{Kind: tcproto.RequestBodyWaitRequest, Batch: r.Batch}), tcproto.CodeNOT_FOUND)
+	// Per-connection limits.
+	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1}), tcproto.CodeRESOURCE_EXHAUSTED)
+	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 4, Size: 4096}), tcproto.CodeRESOURCE_EXHAUSTED)
+	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 3, Size: 4096}), tcproto.CodeOK)
+	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyRegisterFileRequest, Name: []byte("/x")}), tcproto.CodeUNAVAILABLE)
+	if e.pool.Stats().Blocks != 5 {
+		t.Fatalf("pool blocks %d", e.pool.Stats().Blocks)
+	}
+}
+
+func TestFramingErrors(t *testing.T) {
+	e := newEnv(t, false, func(c *Config, _ *Deps) { c.MaxFrame = 4096 })
+	good := dialRaw(t, e.sock)
+	ping := &Request{Kind: tcproto.RequestBodyPingRequest}
+	expectCode(t, good.call(ping), tcproto.CodeOK)
+
+	t.Run("oversized", func(t *testing.T) {
+		c := dialRaw(t, e.sock)
+		var hdr [4]byte
+		binary.LittleEndian.PutUint32(hdr[:], 4097)
+		c.send(hdr[:])
+		r, _, err := c.recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectCode(t, r, tcproto.CodeRESOURCE_EXHAUSTED)
+		c.expectClosed()
+	})
+	t.Run("random bytes", func(t *testing.T) {
+		c := dialRaw(t, e.sock)
+		junk := []byte{60, 0, 0, 0}
+		for i := 0; i < 60; i++ {
+			junk = append(junk, byte(i*37+11))
+		}
+		c.send(junk)
+		r, _, err := c.recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectCode(t, r, tcproto.CodeINVALID_ARGUMENT)
+		c.expectClosed()
+	})
+	t.Run("truncated then EOF", func(t *testing.T) {
+		c := dialRaw(t, e.sock)
+		frame := EncodeRequest(c.b, ping)
+		c.send(frame[:len(frame)-3])
+		c.uc.CloseWrite()
+		c.expectClosed()
+	})
+	t.Run("tiny frame", func(t *testing.T) {
+		c := dialRaw(t, e.sock)
+		c.send([]byte{2, 0, 0, 0, 1, 2})
+		r, _, err := c.recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectCode(t, r, tcproto.CodeINVALID_ARGUMENT)
+		c.expectClosed()
+	})
+	t.Run("many frames in one write", func(t *testing.T) {
+		c := dialRaw(t, e.sock)
+		var all []byte
+		for i := 1; i <= 50; i++ {
+			all = append(all, EncodeRequest(c.b, &Request{Ctx: Context{RequestID: uint64(i)}, Kind: tcproto.RequestBodyPingRequest})...)
+		}
+		c.send(all)
+		for i := 1; i <= 50; i++ {
+			r, _, err := c.recv()
+			if err != nil || r.RequestID != uint64(i) {
+				t.Fatalf("answer %d: %+v %v", i, r, err)
+			}
+		}
+	})
+	// The first connection was served throughout.
+	expectCode(t, good.call(ping), tcproto.CodeOK)
+}
+
+func TestFDRules(t *testing.T) {
+	e := newEnv(t, false)
+	c := dialRaw(t, e.sock)
+	before, _ := handleFDs()
+
+	// Missing fd.
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096}), tcproto.CodeINVALID_ARGUMENT)
+	// Unexpected fd: refused, and the server closes its copy.
+	fd := newMemfd(t, 4096)
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}, fd), tcproto.CodeINVALID_ARGUMENT)
+	// Two fds where one is expected.
+	fd2 := newMemfd(t, 4096)
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096}, fd, fd2), tcproto.CodeINVALID_ARGUMENT)
+	// Wrong fd: a pipe is not mappable; an unsealed memfd is refused.
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096}, p[0]), tcproto.CodeINVALID_ARGUMENT)
+	unsealed, err := shm.NewMemfd("unsealed", 4096, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096}, unsealed), tcproto.CodeINVALID_ARGUMENT)
+	// Declared size larger than the memfd.
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 8192}, fd), tcproto.CodeINVALID_ARGUMENT)
+	// An fd sent with the second of two frames in one write goes with it.
+	var two []byte
+	two = append(two, EncodeRequest(c.b, &Request{Ctx: Context{RequestID: 100}, Kind: tcproto.RequestBodyPingRequest})...)
+	c.send(two)
+	frame := EncodeRequest(c.b, &Request{Ctx: Context{RequestID: 101}, Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096})
+	c.send(frame, fd)
+	for _, want := range []uint64{100, 101} {
+		r, _, err := c.recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.RequestID != want || r.Status != tcproto.CodeOK {
+			t.Fatalf("answer %d: status %s", r.RequestID, r.Status)
+		}
+	}
+	for _, f := range []int{fd, fd2, p[0], p[1], unsealed} {
+		unix.Close(f)
+	}
+	// The daemon holds exactly one mapping now and no stray fd: its fd
+	// table is back where it was (the mapping needs no fd).
+	after, _ := handleFDs()
+	if len(after) > len(before) {
+		t.Fatalf("fds before %v, after %v", before, after)
+	}
+	// Still served.
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+	if e.reg.Len() != 2 {
+		t.Fatalf("%d segments registered, want the pool and one buffer", e.reg.Len())
+	}
+}
+
+func TestIdempotency(t *testing.T) {
+	e := newEnv(t, false)
+	c := dialRaw(t, e.sock)
+	key := Context{IdempotencyKey: []byte("alloc-1"), Lane: []byte("stream-first"), PolicyVersion: 1}
+	r := c.call(&Request{Ctx: key, Kind: tcproto.RequestBodyAllocBlocksRequest, N: 2, Size: 4096})
+	expectCode(t, r, tcproto.CodeOK)
+	first := append([]uint64(nil), r.Offsets...)
+	r = c.call(&Request{Ctx: key, Kind: tcproto.RequestBodyAllocBlocksRequest, N: 2, Size: 4096})
+	expectCode(t, r, tcproto.CodeOK)
+	if len(r.Offsets) != 2 || r.Offsets[0] != first[0] || r.Offsets[1] != first[1] {
+		t.Fatalf("retry got %v, first %v", r.Offsets, first)
+	}
+	if r.RequestID != c.id {
+		t.Fatalf("replayed answer carries request id %d, want %d", r.RequestID, c.id)
+	}
+	if n := e.pool.Stats().Blocks; n != 2 {
+		t.Fatalf("retry allocated again: %d blocks", n)
+	}
+	expectCode(t, c.call(&Request{Ctx: key, Kind: tcproto.RequestBodyAllocBlocksRequest, N: 3, Size: 4096}), tcproto.CodeFAILED_PRECONDITION)
+	other := key
+	other.Lane = []byte("catalog-first")
+	expectCode(t, c.call(&Request{Ctx: other, Kind: tcproto.RequestBodyAllocBlocksRequest, N: 2, Size: 4096}), tcproto.CodeFAILED_PRECONDITION)
+	if !strings.Contains(e.logBuf.String(), "idempotency_key=alloc-1") || !strings.Contains(e.logBuf.String(), "lane=stream-first") {
+		t.Fatalf("no audit record with the audit keys:\n%s", e.logBuf.String())
+	}
+}
+
+// panicEngine panics in Status, to check a panic costs one request only.
+type panicEngine struct{ Engine }
+
+func (panicEngine) Status(BatchID, int) (TaskStatus, error) { panic("injected") }
+
+func TestPanicBecomesInternal(t *testing.T) {
+	e := newEnv(t, false, func(_ *Config, d *Deps) { d.Engine = panicEngine{d.Engine} })
+	c := dialRaw(t, e.sock)
+	r := c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1})
+	expectCode(t, r, tcproto.CodeOK)
+	r = c.call(&Request{Kind: tcproto.RequestBodyTaskStatusRequest, Batch: r.Batch})
+	expectCode(t, r, tcproto.CodeINTERNAL)
+	if string(r.Message) != "internal error" {
+		t.Fatalf("client sees %q", r.Message)
+	}
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+	if !strings.Contains(e.logBuf.String(), "injected") {
+		t.Fatal("panic not logged")
+	}
+}
+
+func TestReleaseOnClose(t *testing.T) {
+	e := newEnv(t, true)
+	c := dialRaw(t, e.sock)
+	fd := newMemfd(t, 1<<16)
+	r := c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd)
+	unix.Close(fd)
+	seg := xfer.SegmentID(r.Segment)
+	r = c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 5, Size: 16384})
+	off := r.Offsets[0]
+	r = c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 2})
+	busy := r.Batch
+	r = c.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: busy, Requests: []xfer.Request{
+		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: off, Length: hangLength},
+	}})
+	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeOK {
+		t.Fatalf("submit: %+v", r)
+	}
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyFreeBatchRequest, Batch: busy}), tcproto.CodeBUSY)
+	c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 2})
+	if e.eng.Stats().BatchesLive != 2 || e.pool.Stats().Blocks != 5 || e.reg.Len() != 2 {
+		t.Fatal("resources not taken")
+	}
+	c.uc.Close()
+	e.waitIdle()
+	if !strings.Contains(e.logBuf.String(), "abandoning a busy batch") {
+		t.Fatal("busy batch not abandoned")
+	}
+}
+
+// TestKilledClientReleased runs a client in another process, lets it take
+// buffers, blocks and batches (one busy), kills it with SIGKILL and checks
+// the pool, registry and engine are back to baseline.
+func TestKilledClientReleased(t *testing.T) {
+	e := newEnv(t, true)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), helperEnv+"=hold", "TENSORCAST_TEST_SOCKET="+e.sock)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	sc := bufio.NewScanner(stdout)
+	var lines []string
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if sc.Text() == "ready" {
+			break
+		}
+	}
+	if len(lines) == 0 || lines[len(lines)-1] != "ready" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("helper did not get ready: %q", lines)
+	}
+	if ps := e.pool.Stats(); ps.Blocks != 8 || e.reg.Len() != 2 || e.eng.Stats().BatchesLive != 1 {
+		t.Fatalf("helper holds: %d blocks, %d segments, %d batches (%q)", ps.Blocks, e.reg.Len(), e.eng.Stats().BatchesLive, lines)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, stdout)
+	cmd.Wait()
+	e.waitIdle()
+}
+
+// TestPeerCredentials: a peer whose uid and gid are not allowed gets
+// PERMISSION_DENIED and is closed; allowed peers keep being served.
+func TestPeerCredentials(t *testing.T) {
+	t.Run("config excludes us", func(t *testing.T) {
+		e := newEnv(t, false, func(c *Config, _ *Deps) { c.AllowedUIDs = []uint32{54321} })
+		c := dialRaw(t, e.sock)
+		r, _, err := c.recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectCode(t, r, tcproto.CodePERMISSION_DENIED)
+		c.expectClosed()
+	})
+	t.Run("other uid process", func(t *testing.T) {
+		if os.Getuid() != 0 {
+			t.Skip("needs root to run a helper process as uid 65534 (setuid)")
+		}
+		e := newEnv(t, false, func(c *Config, _ *Deps) { c.Mode = 0o666 })
+		if err := os.Chmod(e.dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Dir(e.sock), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The test binary's own directory may be private: run a copy.
+		bin := filepath.Join(e.dir, "helper")
+		data, err := os.ReadFile(exe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		good := dialRaw(t, e.sock)
+		run := func(uid, gid uint32) string {
+			cmd := exec.Command(bin)
+			cmd.Env = append(os.Environ(), helperEnv+"=ping", "TENSORCAST_TEST_SOCKET="+e.sock)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("helper as %d: %v: %s", uid, err, out)
+			}
+			return strings.TrimSpace(string(out))
+		}
+		if got := run(65534, 65534); got != "status PERMISSION_DENIED" {
+			t.Fatalf("uid 65534 got %q", got)
+		}
+		expectCode(t, good.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+		if got := run(0, 0); got != "status OK" {
+			t.Fatalf("root got %q", got)
+		}
+		if !strings.Contains(e.logBuf.String(), "peer refused") {
+			t.Fatal("refusal not logged")
+		}
+	})
+}
+
+func TestMaxConns(t *testing.T) {
+	e := newEnv(t, false, func(c *Config, _ *Deps) { c.MaxConns = 1 })
+	a := dialRaw(t, e.sock)
+	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+	b := dialRaw(t, e.sock)
+	r, _, err := b.recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, r, tcproto.CodeRESOURCE_EXHAUSTED)
+	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+}
+
+func TestStaleSocketAndInUse(t *testing.T) {
+	e := newEnv(t, false)
+	// A second server on a live socket is refused.
+	_, err := NewServer(Config{Socket: e.sock}, Deps{Engine: e.eng, Pool: e.pool, Registry: e.reg}, nil)
+	if !errors.Is(err, ErrAddrInUse) {
+		t.Fatalf("second server: %v", err)
+	}
+	// A stale socket file (nobody listening) is replaced.
+	stale := filepath.Join(e.dir, "stale", "s.sock")
+	os.MkdirAll(filepath.Dir(stale), 0o755)
+	fd, _ := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: stale}); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	s, err := NewServer(Config{Socket: stale}, Deps{Engine: e.eng, Pool: e.pool, Registry: e.reg}, nil)
+	if err != nil {
+		t.Fatalf("stale socket not replaced: %v", err)
+	}
+	s.Close()
+	// A regular file is not removed.
+	file := filepath.Join(e.dir, "file.sock")
+	os.WriteFile(file, nil, 0o600)
+	if _, err := NewServer(Config{Socket: file}, Deps{Engine: e.eng, Pool: e.pool, Registry: e.reg}, nil); !errors.Is(err, ErrConfig) {
+		t.Fatalf("regular file: %v", err)
+	}
+}
+
+func TestDrain(t *testing.T) {
+	e := newEnv(t, true)
+	a, b := dialRaw(t, e.sock), dialRaw(t, e.sock)
+	fd := newMemfd(t, 1<<16)
+	r := a.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd)
+	unix.Close(fd)
+	seg := xfer.SegmentID(r.Segment)
+	r = a.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 16384})
+	off := r.Offsets[0]
+	// a is inside a one-shot Transfer that will not end by itself.
+	a.id++
+	a.send(EncodeRequest(a.b, &Request{Ctx: Context{RequestID: a.id}, Kind: tcproto.RequestBodyTransferRequestBody, TimeoutMS: 60000,
+		Requests: []xfer.Request{{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: off, Length: hangLength}}}))
+	deadline := time.Now().Add(testTimeout)
+	for e.srv.inflight.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	done := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	go func() { done <- e.srv.Drain(ctx) }()
+	for !e.srv.draining.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	// New work is answered UNAVAILABLE while a's request is in flight.
+	expectCode(t, b.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeUNAVAILABLE)
+	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("drain: %v", err)
+	}
+	// a's in-flight request is answered (UNAVAILABLE: the server closed
+	// under it) or its connection is closed; either way all is released.
+	if r, _, err := a.recv(); err == nil && r.Status == tcproto.CodeOK {
+		t.Fatalf("in-flight transfer answered OK: %+v", r)
+	}
+	e.waitIdle()
+	if _, err := os.Stat(e.sock); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket file left behind: %v", err)
+	}
+}
