@@ -1,0 +1,180 @@
+package uring
+
+import (
+	"fmt"
+	"time"
+)
+
+// Toggle is a tri-state switch for kernel features: Auto uses the feature
+// when the kernel has it.
+type Toggle int8
+
+const (
+	// Auto: use the feature when the kernel offers it.
+	Auto Toggle = iota
+	// On: require the feature; New fails if the kernel lacks it.
+	On
+	// Off: never use the feature.
+	Off
+)
+
+func (t Toggle) String() string {
+	switch t {
+	case Auto:
+		return "auto"
+	case On:
+		return "on"
+	case Off:
+		return "off"
+	}
+	return "invalid"
+}
+
+// Config configures a Transport. The zero value plus AllowedDirs is a
+// working configuration; see the field comments for defaults.
+type Config struct {
+	// Rings is the number of rings (one poller each). Default 1.
+	Rings int
+	// Entries is the SQ size of each ring and the number of tasks each ring
+	// keeps in flight at most. Rounded up to a power of two. Default 256.
+	Entries uint32
+	// SQPoll makes the kernel poll the SQ from its own thread. It costs a
+	// whole core; default off.
+	SQPoll bool
+	// SQPollIdle is how long the SQPOLL thread spins before sleeping.
+	// Default 50 ms.
+	SQPollIdle time.Duration
+	// SingleIssuer, DeferTaskrun and CoopTaskrun pick the setup flags
+	// (IORING_SETUP_SINGLE_ISSUER, _DEFER_TASKRUN, _COOP_TASKRUN). Auto
+	// uses SINGLE_ISSUER|DEFER_TASKRUN when the kernel has them, else
+	// COOP_TASKRUN. DeferTaskrun needs SingleIssuer.
+	SingleIssuer, DeferTaskrun, CoopTaskrun Toggle
+	// AllowedDirs are the directories under which OpenFile accepts regular
+	// files (after resolving symlinks and ".."). Empty refuses all files.
+	AllowedDirs []string
+	// AllowedDevices are block device paths OpenFile accepts.
+	AllowedDevices []string
+	// DrainTimeout bounds how long Close waits for in-flight I/O after
+	// canceling it. Default 5 s.
+	DrainTimeout time.Duration
+	// SubmitWait bounds how long Submit waits for a free slot when a ring
+	// is full before returning ErrQueueFull. Default 10 s.
+	SubmitWait time.Duration
+	// MaxFixedBuffers is the size of each ring's registered-buffer table.
+	// Default 64; segments over 1 GiB take one entry per GiB.
+	MaxFixedBuffers int
+	// MaxFixedFiles is the size of each ring's registered-file table.
+	// Default 256.
+	MaxFixedFiles int
+	// NoFixedBuffers / NoFixedFiles turn registration off (plain READ and
+	// WRITE with the file's own descriptor).
+	NoFixedBuffers, NoFixedFiles bool
+
+	// hooks are test-only fault injection points; nil in production.
+	hooks *testHooks
+}
+
+// testHooks let tests bend completions: result sees each I/O completion's
+// result (bytes or -errno) and returns the one to act on.
+type testHooks struct {
+	result       func(op uint8, res int32) int32
+	failRegister bool
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	var c Config
+	c.setDefaults()
+	return c
+}
+
+func (c *Config) setDefaults() {
+	if c.Rings == 0 {
+		c.Rings = 1
+	}
+	if c.Entries == 0 {
+		c.Entries = 256
+	}
+	if c.SQPollIdle == 0 {
+		c.SQPollIdle = 50 * time.Millisecond
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 5 * time.Second
+	}
+	if c.SubmitWait == 0 {
+		c.SubmitWait = 10 * time.Second
+	}
+	if c.MaxFixedBuffers == 0 {
+		c.MaxFixedBuffers = 64
+	}
+	if c.MaxFixedFiles == 0 {
+		c.MaxFixedFiles = 256
+	}
+}
+
+// validate checks a defaulted config.
+func (c *Config) validate() error {
+	switch {
+	case c.Rings < 1 || c.Rings > 64:
+		return fmt.Errorf("%w: Rings=%d (want 1..64)", ErrConfig, c.Rings)
+	case c.Entries < 2 || c.Entries > 32768:
+		return fmt.Errorf("%w: Entries=%d (want 2..32768)", ErrConfig, c.Entries)
+	case c.DrainTimeout < 0:
+		return fmt.Errorf("%w: DrainTimeout=%v", ErrConfig, c.DrainTimeout)
+	case c.SubmitWait < 0:
+		return fmt.Errorf("%w: SubmitWait=%v", ErrConfig, c.SubmitWait)
+	case c.MaxFixedBuffers < 0 || c.MaxFixedBuffers > 16384:
+		return fmt.Errorf("%w: MaxFixedBuffers=%d (want 0..16384)", ErrConfig, c.MaxFixedBuffers)
+	case c.MaxFixedFiles < 0 || c.MaxFixedFiles > 65536:
+		return fmt.Errorf("%w: MaxFixedFiles=%d (want 0..65536)", ErrConfig, c.MaxFixedFiles)
+	case c.DeferTaskrun == On && c.SingleIssuer == Off:
+		return fmt.Errorf("%w: DeferTaskrun=on needs SingleIssuer", ErrConfig)
+	}
+	for _, t := range []Toggle{c.SingleIssuer, c.DeferTaskrun, c.CoopTaskrun} {
+		if t < Auto || t > Off {
+			return fmt.Errorf("%w: toggle value %d", ErrConfig, t)
+		}
+	}
+	return nil
+}
+
+// FileOptions says how OpenFile opens a file segment.
+type FileOptions struct {
+	// Direct opens with O_DIRECT; requests must then be aligned to the
+	// device's logical block size (offset, length and memory address).
+	Direct bool
+	// Size is the segment's size. Zero means the file's current size; a
+	// regular file smaller than Size is extended (sparse) to it.
+	Size uint64
+	// Create creates the file (mode 0600) if it does not exist.
+	Create bool
+	// ReadOnly opens the file read-only; writes to it then fail.
+	ReadOnly bool
+}
+
+// Features says what the kernel offers and what a Transport uses.
+type Features struct {
+	// Kernel feature mask (IORING_FEAT_*) and supported opcode count.
+	Mask    uint32
+	Opcodes int
+	// Setup flags in use on the rings.
+	SingleIssuer, DeferTaskrun, CoopTaskrun, SQPoll bool
+	// FixedBuffers/FixedFiles: registration in use (false after a
+	// registration failure made the transport fall back).
+	FixedBuffers, FixedFiles bool
+	// ExtArg: waits with a timeout are supported.
+	ExtArg bool
+}
+
+// RingStats is one ring's counters (monotonic unless said otherwise).
+type RingStats struct {
+	Entries   uint32 // slots (tasks in flight at most)
+	InFlight  int    // tasks holding a slot now
+	Submitted uint64 // SQEs handed to the kernel
+	Completed uint64 // tasks ended with success
+	Failed    uint64 // tasks ended with an error
+	Resubmits uint64 // short transfers and EAGAIN/EINTR retries
+	Enters    uint64 // io_uring_enter calls
+	Wakeups   uint64 // eventfd wake-ups of a sleeping poller
+	Fixed     uint64 // SQEs that used a registered buffer
+}

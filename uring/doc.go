@@ -1,0 +1,24 @@
+// Package uring is tensorcast's io_uring transport: it moves bytes between
+// memory segments (the daemon's pool, clients' buffers) and files or block
+// devices on local NVMe, with O_DIRECT, registered (fixed) buffers and files,
+// batched submission and batched completion reaping.
+//
+// Shape: a Transport owns Config.Rings rings. Each ring has one poller
+// goroutine, locked to its OS thread, that is the ring's only issuer: it
+// creates the ring (so SINGLE_ISSUER and DEFER_TASKRUN apply), registers
+// buffers and files on it, turns dispatched tasks into SQEs, enters the
+// kernel once per batch, reaps completions in batches and calls Task.Done.
+// Submit, from any goroutine, validates tasks, takes a slot from the ring's
+// preallocated slot table and queues the slot for the poller, waking it
+// through an eventfd only when it sleeps in the kernel. There is no
+// goroutine per request and no allocation per request at steady state.
+//
+// Stop order (Close): mark closed so Submit refuses new work, wake every
+// poller, each poller ends queued tasks with xfer.ErrClosed, cancels what is
+// in flight (IORING_OP_ASYNC_CANCEL), reaps until nothing is in flight or
+// Config.DrainTimeout passes, unmaps and closes its ring and exits; Close
+// waits for every poller, then closes the files opened through it.
+//
+// Only Linux has io_uring; elsewhere New returns an error matching
+// xfer.ErrNotSupported.
+package uring

@@ -1,0 +1,667 @@
+//go:build linux
+
+package uring
+
+import (
+	"errors"
+	"hash/crc32"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// integrity writes random data at random aligned offsets and sizes from one
+// region of the pool, reads it back into another, and compares checksums.
+func integrity(t *testing.T, cfg Config, direct, register bool, rounds int) *Transport {
+	t.Helper()
+	dir := t.TempDir()
+	cfg.AllowedDirs = []string{dir}
+	tr := newTransport(t, cfg)
+	const fileSize = 32 << 20
+	f, err := tr.OpenFile(1, filepath.Join(dir, "data"), FileOptions{Direct: direct, Size: fileSize, Create: true})
+	if err != nil {
+		t.Fatalf("OpenFile: %v", err)
+	}
+	defer f.Close()
+	pool := newMemSeg(t, 2, 16<<20)
+	if register {
+		if err := tr.RegisterBuffers(pool); err != nil {
+			t.Fatalf("RegisterBuffers: %v", err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, uint64(len(t.Name()))))
+	for i := range pool.mem[:8<<20] {
+		pool.mem[i] = byte(rng.Uint32())
+	}
+	rec := newRecorder()
+	const blk = 4096
+	type io struct{ src, dst, off, length uint64 }
+	var ios []io
+	for i := 0; i < rounds; i++ {
+		length := uint64(1+rng.IntN(64)) * blk
+		if rng.IntN(8) == 0 {
+			length = uint64(1+rng.IntN(4)) << 20 // some MiB-sized requests
+		}
+		ios = append(ios, io{
+			src:    uint64(rng.IntN(int((8<<20-length)/blk))) * blk,
+			dst:    8<<20 + uint64(rng.IntN(int((8<<20-length)/blk)))*blk,
+			off:    uint64(rng.IntN(int((fileSize-length)/blk))) * blk,
+			length: length,
+		})
+	}
+	for _, x := range ios {
+		w := newTask(rec, xfer.OpWrite, pool, x.src, f, x.off, x.length)
+		if n, err := runOne(t, tr, rec, w); err != nil || n != x.length {
+			t.Fatalf("write %+v: n=%d err=%v", x, n, err)
+		}
+		clear(pool.mem[x.dst : x.dst+x.length])
+		r := newTask(rec, xfer.OpRead, pool, x.dst, f, x.off, x.length)
+		if n, err := runOne(t, tr, rec, r); err != nil || n != x.length {
+			t.Fatalf("read %+v: n=%d err=%v", x, n, err)
+		}
+		want := crc32.Checksum(pool.mem[x.src:x.src+x.length], castagnoli)
+		got := crc32.Checksum(pool.mem[x.dst:x.dst+x.length], castagnoli)
+		if want != got {
+			t.Fatalf("crc32c mismatch for %+v: wrote %08x read %08x", x, want, got)
+		}
+	}
+	st := tr.Stats()[0]
+	if register && tr.Features().FixedBuffers && st.Fixed == 0 {
+		t.Fatalf("registered pool but no SQE used a fixed buffer: %+v", st)
+	}
+	if !register && st.Fixed != 0 {
+		t.Fatalf("unregistered pool but %d SQEs used fixed buffers", st.Fixed)
+	}
+	return tr
+}
+
+func TestIntegrity(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		direct, register bool
+	}{
+		{"direct-fixed", true, true},
+		{"direct-plain", true, false},
+		{"buffered-fixed", false, true},
+		{"buffered-plain", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) { integrity(t, Config{}, tc.direct, tc.register, 60) })
+	}
+}
+
+// TestIntegrityModes runs the same check under each setup-flag combination
+// the transport can choose, and with two rings.
+func TestIntegrityModes(t *testing.T) {
+	p := probe()
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		need bool
+	}{
+		{"single-issuer+defer", Config{SingleIssuer: On, DeferTaskrun: On}, p.deferTaskrun},
+		{"coop-taskrun", Config{DeferTaskrun: Off, SingleIssuer: Off, CoopTaskrun: On}, p.coopTaskrun},
+		{"plain", Config{DeferTaskrun: Off, SingleIssuer: Off, CoopTaskrun: Off}, true},
+		{"two-rings", Config{Rings: 2}, true},
+		{"no-fixed-files", Config{NoFixedFiles: true}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !tc.need {
+				t.Skipf("skipped: kernel lacks the setup flags for %s", tc.name)
+			}
+			tr := integrity(t, tc.cfg, true, true, 20)
+			f := tr.Features()
+			if tc.cfg.DeferTaskrun == On && !f.DeferTaskrun || tc.cfg.CoopTaskrun == On && !f.CoopTaskrun {
+				t.Fatalf("features %+v do not match config", f)
+			}
+		})
+	}
+}
+
+func openTestFile(t *testing.T, tr *Transport, dir string, direct bool, size uint64) *File {
+	t.Helper()
+	f, err := tr.OpenFile(1, filepath.Join(dir, "f"), FileOptions{Direct: direct, Size: size, Create: true})
+	if err != nil {
+		t.Fatalf("OpenFile: %v", err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// TestShortIO truncates completions so the remainder path must finish them.
+func TestShortIO(t *testing.T) {
+	dir := t.TempDir()
+	var cut atomic.Int64
+	hooks := &testHooks{result: func(op uint8, res int32) int32 {
+		if res > 4096 {
+			cut.Add(1)
+			return res / 2 &^ 4095 // keep O_DIRECT alignment for the rest
+		}
+		return res
+	}}
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}, hooks: hooks})
+	f := openTestFile(t, tr, dir, true, 8<<20)
+	pool := newMemSeg(t, 2, 4<<20)
+	for i := range pool.mem[:1<<20] {
+		pool.mem[i] = byte(i * 7)
+	}
+	rec := newRecorder()
+	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpWrite, pool, 0, f, 1<<20, 1<<20)); err != nil || n != 1<<20 {
+		t.Fatalf("write: %d %v", n, err)
+	}
+	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 2<<20, f, 1<<20, 1<<20)); err != nil || n != 1<<20 {
+		t.Fatalf("read: %d %v", n, err)
+	}
+	if crc32.Checksum(pool.mem[:1<<20], castagnoli) != crc32.Checksum(pool.mem[2<<20:3<<20], castagnoli) {
+		t.Fatal("data differs after short transfers")
+	}
+	if cut.Load() == 0 || tr.Stats()[0].Resubmits == 0 {
+		t.Fatalf("remainder path not exercised: cut=%d stats=%+v", cut.Load(), tr.Stats()[0])
+	}
+}
+
+// TestFaultInjection: EIO ends the task with an error naming the errno;
+// EAGAIN is retried until it succeeds.
+func TestFaultInjection(t *testing.T) {
+	dir := t.TempDir()
+	var mode atomic.Int32 // 0 pass, 1 EIO, 2 EAGAIN twice
+	var eagain atomic.Int32
+	hooks := &testHooks{result: func(op uint8, res int32) int32 {
+		switch mode.Load() {
+		case 1:
+			return -int32(syscall.EIO)
+		case 2:
+			if eagain.Add(1) <= 2 {
+				return -int32(syscall.EAGAIN)
+			}
+		}
+		return res
+	}}
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}, hooks: hooks})
+	f := openTestFile(t, tr, dir, true, 1<<20)
+	pool := newMemSeg(t, 2, 1<<20)
+	rec := newRecorder()
+
+	mode.Store(1)
+	_, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 0, f, 0, 4096))
+	if !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("EIO injection: got %v", err)
+	}
+	mode.Store(2)
+	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpWrite, pool, 0, f, 0, 4096)); err != nil || n != 4096 {
+		t.Fatalf("EAGAIN retry: n=%d err=%v", n, err)
+	}
+	if eagain.Load() < 3 {
+		t.Fatalf("EAGAIN hook ran %d times, want >= 3", eagain.Load())
+	}
+	mode.Store(0)
+	// Reading past what the file holds is an unexpected EOF, not success.
+	f2, err := tr.OpenFile(3, filepath.Join(dir, "short"), FileOptions{Create: true, Size: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f2.Close()
+	if err := os.Truncate(filepath.Join(dir, "short"), 4096); err != nil {
+		t.Fatal(err)
+	}
+	n, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 0, f2, 0, 8192))
+	if !errors.Is(err, ErrShortIO) || n != 4096 {
+		t.Fatalf("read past EOF: n=%d err=%v", n, err)
+	}
+}
+
+// TestBackpressure submits 1000 tasks to a ring of 8 slots in one call.
+func TestBackpressure(t *testing.T) {
+	dir := t.TempDir()
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}, Entries: 8})
+	f := openTestFile(t, tr, dir, true, 4<<20)
+	pool := newMemSeg(t, 2, 4<<20)
+	rec := newRecorder()
+	tasks := make([]*xfer.Task, 1000)
+	for i := range tasks {
+		off := uint64(i%1024) * 4096
+		tasks[i] = newTask(rec, xfer.OpRead, pool, off, f, off, 4096)
+	}
+	n, err := tr.Submit(tasks)
+	if n != len(tasks) || err != nil {
+		t.Fatalf("Submit = %d, %v; stats %+v", n, err, tr.Stats())
+	}
+	rec.waitDone(t, int64(len(tasks)), 30*time.Second)
+	for i, task := range tasks {
+		if calls, moved, err := rec.result(task); calls != 1 || moved != 4096 || err != nil {
+			t.Fatalf("task %d: calls=%d n=%d err=%v", i, calls, moved, err)
+		}
+	}
+	if st := tr.Stats()[0]; st.Entries != 8 || st.InFlight != 0 || st.Completed != 1000 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestQueueFullBound: a ring that cannot make room returns ErrQueueFull
+// after SubmitWait, with n as the boundary.
+func TestQueueFullBound(t *testing.T) {
+	dir := t.TempDir()
+	block := make(chan struct{})
+	rec := newRecorder()
+	rec.onDone = func(*xfer.Task, uint64, error) { <-block } // holds the poller
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}, Entries: 2, SubmitWait: 100 * time.Millisecond})
+	f := openTestFile(t, tr, dir, true, 1<<20)
+	pool := newMemSeg(t, 2, 1<<20)
+	tasks := make([]*xfer.Task, 10)
+	for i := range tasks {
+		tasks[i] = newTask(rec, xfer.OpRead, pool, 0, f, 0, 4096)
+	}
+	n, err := tr.Submit(tasks)
+	if !errors.Is(err, ErrQueueFull) || n < 2 || n >= len(tasks) {
+		t.Fatalf("Submit = %d, %v; want 2..9 and ErrQueueFull", n, err)
+	}
+	close(block)
+	rec.waitDone(t, int64(n), 10*time.Second)
+	for i, task := range tasks {
+		calls, _, _ := rec.result(task)
+		if i < n && calls != 1 || i >= n && calls != 0 {
+			t.Fatalf("task %d (n=%d) ended %d times", i, n, calls)
+		}
+	}
+}
+
+// TestCloseInFlight closes with hundreds of requests in flight: Close
+// returns, every dispatched task ends exactly once, Submit is refused.
+func TestCloseInFlight(t *testing.T) {
+	dir := t.TempDir()
+	tr, err := New(Config{AllowedDirs: []string{dir}, Entries: 512, DrainTimeout: 5 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := tr.OpenFile(1, filepath.Join(dir, "f"), FileOptions{Direct: true, Size: 64 << 20, Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := newMemSeg(t, 2, 64<<20)
+	if err := tr.RegisterBuffers(pool); err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	tasks := make([]*xfer.Task, 2000)
+	for i := range tasks {
+		off := uint64(i%512) * (128 << 10)
+		op := xfer.OpRead
+		if i%2 == 1 {
+			op = xfer.OpWrite
+		}
+		tasks[i] = newTask(rec, op, pool, off, f, off, 128<<10)
+	}
+	dispatched := make(chan int, 1)
+	go func() {
+		n, _ := tr.Submit(tasks)
+		dispatched <- n
+	}()
+	// Let some hundreds reach the kernel, then close.
+	deadline := time.Now().Add(5 * time.Second)
+	for tr.Stats()[0].Submitted < 300 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Microsecond)
+	}
+	start := time.Now()
+	if err := tr.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if d := time.Since(start); d > 6*time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+	n := <-dispatched
+	if int(rec.doneCnt.Load()) != n {
+		t.Fatalf("dispatched %d, ended %d", n, rec.doneCnt.Load())
+	}
+	closed := 0
+	for i, task := range tasks {
+		calls, _, err := rec.result(task)
+		if i < n && calls != 1 || i >= n && calls != 0 {
+			t.Fatalf("task %d (n=%d) ended %d times", i, n, calls)
+		}
+		if errors.Is(err, xfer.ErrClosed) {
+			closed++
+		} else if err != nil {
+			t.Fatalf("task %d: unexpected error %v", i, err)
+		}
+	}
+	t.Logf("dispatched %d of %d before Close; %d ended with ErrClosed", n, len(tasks), closed)
+	if m, err := tr.Submit(tasks[:1]); m != 0 || !errors.Is(err, xfer.ErrClosed) {
+		t.Fatalf("Submit after Close = %d, %v", m, err)
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if f.Acquire() {
+		t.Fatal("file still acquirable after transport Close")
+	}
+}
+
+func TestCancel(t *testing.T) {
+	dir := t.TempDir()
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}, Entries: 64})
+	f := openTestFile(t, tr, dir, true, 64<<20)
+	pool := newMemSeg(t, 2, 64<<20)
+	rec := newRecorder()
+	// Hold the poller inside the first Done so the next tasks stay queued.
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	rec.onDone = func(*xfer.Task, uint64, error) {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-release
+		}
+	}
+	if n, err := tr.Submit([]*xfer.Task{newTask(rec, xfer.OpRead, pool, 0, f, 0, 4096)}); n != 1 {
+		t.Fatalf("Submit = %d, %v", n, err)
+	}
+	<-entered
+	queued := make([]*xfer.Task, 16)
+	for i := range queued {
+		queued[i] = newTask(rec, xfer.OpWrite, pool, uint64(i)<<20, f, uint64(i)<<20, 1<<20)
+	}
+	if n, err := tr.Submit(queued); n != len(queued) || err != nil {
+		t.Fatalf("Submit = %d, %v", n, err)
+	}
+	for _, task := range queued {
+		tr.Cancel(task)
+	}
+	close(release)
+	rec.waitDone(t, int64(1+len(queued)), 10*time.Second)
+	for i, task := range queued {
+		if calls, moved, err := rec.result(task); calls != 1 || moved != 0 || !errors.Is(err, xfer.ErrCanceled) {
+			t.Fatalf("queued task %d: calls=%d n=%d err=%v", i, calls, moved, err)
+		}
+	}
+
+	// Tasks already in the kernel: ASYNC_CANCEL races the device; each
+	// still ends exactly once, canceled or with its full result.
+	inflight := make([]*xfer.Task, 48)
+	for i := range inflight {
+		inflight[i] = newTask(rec, xfer.OpWrite, pool, uint64(i)<<20, f, uint64(i)<<20, 1<<20)
+	}
+	before := rec.doneCnt.Load()
+	if n, err := tr.Submit(inflight); n != len(inflight) || err != nil {
+		t.Fatalf("Submit = %d, %v", n, err)
+	}
+	for _, task := range inflight {
+		tr.Cancel(task)
+	}
+	tr.Cancel(&xfer.Task{Tag: 1<<40 | 7}) // unknown: ignored
+	tr.Cancel(nil)
+	rec.waitDone(t, before+int64(len(inflight)), 10*time.Second)
+	canceled := 0
+	for i, task := range inflight {
+		calls, moved, err := rec.result(task)
+		switch {
+		case calls != 1:
+			t.Fatalf("task %d ended %d times", i, calls)
+		case err == nil && moved != 1<<20:
+			t.Fatalf("task %d: success with n=%d", i, moved)
+		case errors.Is(err, xfer.ErrCanceled):
+			canceled++
+		case err != nil:
+			t.Fatalf("task %d: %v", i, err)
+		}
+	}
+	t.Logf("%d of %d in-flight tasks canceled before the device finished them", canceled, len(inflight))
+}
+
+func TestBadRequests(t *testing.T) {
+	dir := t.TempDir()
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}})
+	f := openTestFile(t, tr, dir, false, 1<<20)
+	pool := newMemSeg(t, 2, 1<<20)
+	other := newTransport(t, Config{AllowedDirs: []string{dir}})
+	fOther, err := other.OpenFile(9, filepath.Join(dir, "o"), FileOptions{Create: true, Size: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fOther.Close()
+	ro, err := tr.OpenFile(4, filepath.Join(dir, "f"), FileOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	rec := newRecorder()
+	for _, tc := range []struct {
+		name string
+		task *xfer.Task
+		want error
+	}{
+		{"zero length", newTask(rec, xfer.OpRead, pool, 0, f, 0, 0), xfer.ErrInvalid},
+		{"bad op", func() *xfer.Task { x := newTask(rec, xfer.OpRead, pool, 0, f, 0, 1); x.Req.Op = 9; return x }(), xfer.ErrInvalid},
+		{"local out of bounds", newTask(rec, xfer.OpRead, pool, 1<<20-10, f, 0, 20), xfer.ErrInvalid},
+		{"local offset overflow", newTask(rec, xfer.OpRead, pool, ^uint64(0)-5, f, 0, 20), xfer.ErrInvalid},
+		{"file out of bounds", newTask(rec, xfer.OpWrite, pool, 0, f, 1<<20-10, 20), xfer.ErrInvalid},
+		{"file offset overflow", newTask(rec, xfer.OpWrite, pool, 0, f, ^uint64(0)-5, 20), xfer.ErrInvalid},
+		{"target not a file", func() *xfer.Task { x := newTask(rec, xfer.OpRead, pool, 0, f, 0, 1); x.Target = pool; return x }(), xfer.ErrInvalid},
+		{"local not memory", func() *xfer.Task { x := newTask(rec, xfer.OpRead, pool, 0, f, 0, 1); x.Local = f; return x }(), xfer.ErrInvalid},
+		{"nil segments", func() *xfer.Task { x := newTask(rec, xfer.OpRead, pool, 0, f, 0, 1); x.Local, x.Target = nil, nil; return x }(), xfer.ErrInvalid},
+		{"other transport's file", newTask(rec, xfer.OpRead, pool, 0, fOther, 0, 1), xfer.ErrInvalid},
+		{"write to read-only", newTask(rec, xfer.OpWrite, pool, 0, ro, 0, 1), xfer.ErrPermission},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := runOne(t, tr, rec, tc.task)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+	// A nil task stops dispatch with an error; nothing before it is lost.
+	good := newTask(rec, xfer.OpRead, pool, 0, f, 0, 10)
+	before := rec.doneCnt.Load()
+	n, err := tr.Submit([]*xfer.Task{good, nil, good})
+	if n != 1 || !errors.Is(err, xfer.ErrInvalid) {
+		t.Fatalf("Submit with nil = %d, %v", n, err)
+	}
+	rec.waitDone(t, before+1, 5*time.Second)
+}
+
+func TestMisalignedDirect(t *testing.T) {
+	dir := t.TempDir()
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}})
+	f := openTestFile(t, tr, dir, true, 1<<20)
+	offA, memA := f.Alignment()
+	if offA < 512 || memA < 1 {
+		t.Fatalf("alignment %d/%d", offA, memA)
+	}
+	pool := newMemSeg(t, 2, 1<<20)
+	rec := newRecorder()
+	for _, tc := range []struct {
+		name              string
+		loff, foff, lngth uint64
+		mention           string
+	}{
+		{"file offset", 0, 100, 4096, "offset 100"},
+		{"length", 0, 0, 4000, "length 4000"},
+	} {
+		_, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, tc.loff, f, tc.foff, tc.lngth))
+		if !errors.Is(err, xfer.ErrInvalid) || !errors.Is(err, ErrMisaligned) || !strings.Contains(err.Error(), tc.mention) {
+			t.Fatalf("%s: got %v", tc.name, err)
+		}
+	}
+	if memA > 1 {
+		_, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 1, f, 0, 4096))
+		if !errors.Is(err, ErrMisaligned) || !strings.Contains(err.Error(), "memory address") {
+			t.Fatalf("memory: got %v", err)
+		}
+	}
+	if st := tr.Stats()[0]; st.Submitted != 0 {
+		t.Fatalf("misaligned requests reached the kernel: %+v", st)
+	}
+}
+
+func TestAllowlist(t *testing.T) {
+	base := t.TempDir()
+	allowed := filepath.Join(base, "allowed")
+	outside := filepath.Join(base, "outside")
+	for _, d := range []string{allowed, outside} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(outside, "secret"), make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(outside, "secret"), filepath.Join(allowed, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(allowed, "dirlink")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(allowed, "ok"), make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tr := newTransport(t, Config{AllowedDirs: []string{allowed}})
+	for _, p := range []string{
+		filepath.Join(outside, "secret"),
+		filepath.Join(allowed, "..", "outside", "secret"),
+		filepath.Join(allowed, "link"),
+		filepath.Join(allowed, "dirlink", "secret"),
+		filepath.Join(allowed, "dirlink", "new"),
+		allowed,
+		"/etc/passwd",
+		"/dev/null",
+	} {
+		f, err := tr.OpenFile(1, p, FileOptions{Create: true, Size: 4096})
+		if !errors.Is(err, xfer.ErrPermission) {
+			if f != nil {
+				f.Close()
+			}
+			t.Fatalf("OpenFile(%s): got %v, want ErrPermission", p, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(outside, "new")); err == nil {
+		t.Fatal("a refused path was created")
+	}
+	f, err := tr.OpenFile(1, filepath.Join(allowed, "sub", "..", "ok"), FileOptions{})
+	if err != nil {
+		t.Fatalf("allowed path: %v", err)
+	}
+	if f.Kind() != xfer.KindFile || f.Size() != 4096 || f.ID() != 1 {
+		t.Fatalf("file %v %d %d", f.Kind(), f.Size(), f.ID())
+	}
+	f.Close()
+	if _, err := tr.OpenFile(0, filepath.Join(allowed, "ok"), FileOptions{}); !errors.Is(err, xfer.ErrInvalid) {
+		t.Fatalf("id 0: %v", err)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, c := range []Config{
+		{Rings: -1}, {Rings: 65}, {Entries: 1}, {Entries: 1 << 20}, {DrainTimeout: -1},
+		{SubmitWait: -1}, {MaxFixedBuffers: -2}, {MaxFixedFiles: 1 << 20},
+		{DeferTaskrun: On, SingleIssuer: Off}, {CoopTaskrun: 7},
+	} {
+		if tr, err := New(c, nil); !errors.Is(err, ErrConfig) || !errors.Is(err, xfer.ErrInvalid) {
+			if tr != nil {
+				tr.Close()
+			}
+			t.Errorf("New(%+v) = %v, want ErrConfig", c, err)
+		}
+	}
+	if _, err := New(Config{AllowedDirs: []string{"/nonexistent/tensorcast"}}, nil); !errors.Is(err, ErrConfig) {
+		t.Errorf("missing AllowedDirs: %v", err)
+	}
+	d := DefaultConfig()
+	if d.Rings != 1 || d.Entries != 256 || d.SQPoll || d.DrainTimeout != 5*time.Second {
+		t.Errorf("defaults %+v", d)
+	}
+}
+
+// TestRegistrationFallback: a refused registration leaves the segment
+// usable through plain READ/WRITE.
+func TestRegistrationFallback(t *testing.T) {
+	dir := t.TempDir()
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}, hooks: &testHooks{failRegister: true}})
+	f := openTestFile(t, tr, dir, true, 1<<20)
+	pool := newMemSeg(t, 2, 1<<20)
+	if err := tr.RegisterBuffers(pool); err != nil {
+		t.Fatalf("RegisterBuffers fallback returned %v", err)
+	}
+	rec := newRecorder()
+	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpWrite, pool, 0, f, 0, 8192)); err != nil || n != 8192 {
+		t.Fatalf("write: %d %v", n, err)
+	}
+	if st := tr.Stats()[0]; st.Fixed != 0 {
+		t.Fatalf("fixed buffers used after refused registration: %+v", st)
+	}
+	// A table too small for the segments: the first fits, the second falls back.
+	tr2 := newTransport(t, Config{AllowedDirs: []string{dir}, MaxFixedBuffers: 1})
+	a, b := newMemSeg(t, 5, 1<<20), newMemSeg(t, 6, 1<<20)
+	if err := tr2.RegisterBuffers(a, b); err != nil {
+		t.Fatal(err)
+	}
+	if len(tr2.bufTab.Load().m) != 1 {
+		t.Fatalf("want 1 registered segment, have %d", len(tr2.bufTab.Load().m))
+	}
+	if err := tr2.UnregisterBuffers(5); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr2.RegisterBuffers(b); err != nil || len(tr2.bufTab.Load().m) != 1 {
+		t.Fatalf("re-register after unregister: %v", err)
+	}
+}
+
+// TestFileLifecycle: a file closed while a reference is held keeps its
+// descriptor until the last Release; its fixed slot is then reused.
+func TestFileLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}, MaxFixedFiles: 1})
+	f, err := tr.OpenFile(1, filepath.Join(dir, "a"), FileOptions{Create: true, Size: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Fixed() {
+		t.Fatal("file not registered")
+	}
+	if !f.Acquire() {
+		t.Fatal("Acquire on open file failed")
+	}
+	f.Close()
+	if f.Acquire() {
+		t.Fatal("Acquire after Close succeeded")
+	}
+	if err := tr.fdOpen(f); err != nil {
+		t.Fatalf("descriptor closed while referenced: %v", err)
+	}
+	f.Release()
+	if tr.fdOpen(f) == nil {
+		t.Fatal("descriptor still open after last Release")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		g, err := tr.OpenFile(2, filepath.Join(dir, "b"), FileOptions{Create: true, Size: 4096})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fixed := g.Fixed()
+		g.Close()
+		if fixed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("fixed-file slot never came back")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestFeatures(t *testing.T) {
+	tr := newTransport(t, Config{})
+	f := tr.Features()
+	if f.Mask == 0 || f.Opcodes < 5 {
+		t.Fatalf("features %+v", f)
+	}
+	if len(tr.Stats()) != 1 || tr.Name() != "uring" {
+		t.Fatalf("stats %+v", tr.Stats())
+	}
+}
