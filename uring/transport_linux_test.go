@@ -444,7 +444,11 @@ func TestBadRequests(t *testing.T) {
 		{"file offset overflow", newTask(rec, xfer.OpWrite, pool, 0, f, ^uint64(0)-5, 20), xfer.ErrInvalid},
 		{"target not a file", func() *xfer.Task { x := newTask(rec, xfer.OpRead, pool, 0, f, 0, 1); x.Target = pool; return x }(), xfer.ErrInvalid},
 		{"local not memory", func() *xfer.Task { x := newTask(rec, xfer.OpRead, pool, 0, f, 0, 1); x.Local = f; return x }(), xfer.ErrInvalid},
-		{"nil segments", func() *xfer.Task { x := newTask(rec, xfer.OpRead, pool, 0, f, 0, 1); x.Local, x.Target = nil, nil; return x }(), xfer.ErrInvalid},
+		{"nil segments", func() *xfer.Task {
+			x := newTask(rec, xfer.OpRead, pool, 0, f, 0, 1)
+			x.Local, x.Target = nil, nil
+			return x
+		}(), xfer.ErrInvalid},
 		{"other transport's file", newTask(rec, xfer.OpRead, pool, 0, fOther, 0, 1), xfer.ErrInvalid},
 		{"write to read-only", newTask(rec, xfer.OpWrite, pool, 0, ro, 0, 1), xfer.ErrPermission},
 	} {
