@@ -1,0 +1,194 @@
+package xfer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+func fill(b []byte, seed uint64) {
+	var key [32]byte
+	key[0], key[1] = byte(seed), byte(seed>>8)
+	rand.NewChaCha8(key).Read(b)
+}
+
+// TestLocalCopyExact copies many sizes and offsets in both directions on
+// the inline path and on the worker path (with chunks small enough to
+// split), and checks every byte, including the ones around the range.
+func TestLocalCopyExact(t *testing.T) {
+	segSize := 2<<20 + 8192
+	sizes := []uint64{1, 7, 4095, 4096, 4097, 65536, 256<<10 - 1, 256 << 10, 256<<10 + 1, 1<<20 + 13, 2<<20 + 5}
+	if raceEnabled {
+		// Still splits on the worker path (64 KiB chunks); the larger
+		// sizes run without -race.
+		segSize = 256<<10 + 8192
+		sizes = sizes[:len(sizes)-2]
+	}
+	offs := []uint64{0, 1, 4093}
+	paths := []struct {
+		name string
+		cfg  LocalConfig
+	}{
+		{"default", LocalConfig{}},
+		{"workers", LocalConfig{InlineBytes: -1, ChunkBytes: 64 << 10, Workers: 3, QueueLen: 4}},
+	}
+	for _, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			l := NewLocal(p.cfg, nil)
+			defer l.Close()
+			f := newFixture(t, Config{}, oneRouter{l})
+			f.a.buf = make([]byte, segSize)
+			f.b.buf = make([]byte, segSize)
+			id, _ := f.e.AllocateBatch(len(sizes) * len(offs) * 2)
+			res := make([]error, 1)
+			seed := uint64(1)
+			for _, n := range sizes {
+				for _, lo := range offs {
+					to := (lo * 7) % 5000
+					for _, op := range []Op{OpRead, OpWrite} {
+						seed++
+						fill(f.a.buf, seed)
+						fill(f.b.buf, seed+1000)
+						wantA := bytes.Clone(f.a.buf)
+						wantB := bytes.Clone(f.b.buf)
+						if op == OpRead {
+							copy(wantA[lo:lo+n], wantB[to:to+n])
+						} else {
+							copy(wantB[to:to+n], wantA[lo:lo+n])
+						}
+						r := Request{Op: op, Local: 1, LocalOffset: lo, Target: 2, TargetOffset: to, Length: n}
+						if err := f.e.Submit(id, []Request{r}, f.opts, res); err != nil || res[0] != nil {
+							t.Fatalf("%+v: %v %v", r, err, res[0])
+						}
+						if _, err := f.e.Wait(id, time.Now().Add(10*time.Second)); err != nil {
+							t.Fatal(err)
+						}
+						sum, _ := f.e.BatchStatus(id)
+						if st := f.status(t, id, sum.Total-1); st.State != StateCompleted || st.Transferred != n {
+							t.Fatalf("%+v: %+v", r, st)
+						}
+						if !bytes.Equal(f.a.buf, wantA) || !bytes.Equal(f.b.buf, wantB) {
+							t.Fatalf("%s %+v: bytes differ", p.name, r)
+						}
+					}
+				}
+			}
+			checkRefs(t, f.a, f.b)
+		})
+	}
+}
+
+// TestLocalManyTasks sends one submit of many tasks over the worker path
+// and closes the transport right after: Close drains every queued chunk.
+func TestLocalManyTasks(t *testing.T) {
+	l := NewLocal(LocalConfig{ChunkBytes: 16 << 10, QueueLen: 8}, nil)
+	f := newFixture(t, Config{}, oneRouter{l})
+	const n, sz = 64, 33 << 10
+	f.a.buf = make([]byte, n*sz)
+	f.b.buf = make([]byte, n*sz)
+	fill(f.a.buf, 7)
+	reqs := make([]Request, n)
+	for i := range reqs {
+		reqs[i] = Request{Op: OpWrite, Local: 1, LocalOffset: uint64(i * sz), Target: 2, TargetOffset: uint64((n - 1 - i) * sz), Length: sz}
+	}
+	id, _ := f.e.AllocateBatch(n)
+	res := make([]error, n)
+	if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := f.e.Wait(id, time.Now().Add(10*time.Second))
+	if err != nil || sum.Completed != n {
+		t.Fatalf("%+v %v", sum, err)
+	}
+	for i := 0; i < n; i++ {
+		if !bytes.Equal(f.a.buf[i*sz:(i+1)*sz], f.b.buf[(n-1-i)*sz:(n-i)*sz]) {
+			t.Fatalf("task %d: bytes differ", i)
+		}
+	}
+	if err := f.e.Submit(id, nil, f.opts, nil); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := l.Submit([]*Task{{}}); k != 0 || !errors.Is(err, ErrClosed) {
+		t.Fatalf("Submit after Close: %d %v", k, err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkRefs(t, f.a, f.b)
+}
+
+// plainSeg is a segment without memory.
+type plainSeg struct{ countSeg }
+
+func (s *plainSeg) Bytes() {}
+
+type doneRec struct {
+	n   uint64
+	err error
+	got int
+}
+
+func (d *doneRec) TaskDone(_ *Task, n uint64, err error) { d.n, d.err = n, err; d.got++ }
+
+// TestLocalRejects drives the transport without an engine: tasks it cannot
+// do end with a typed error, never a panic.
+func TestLocalRejects(t *testing.T) {
+	l := NewLocal(LocalConfig{}, nil)
+	defer l.Close()
+	mem := newSeg(1, 100)
+	nomem := &plainSeg{countSeg{id: 2}}
+	cases := []struct {
+		name string
+		task Task
+		want error
+	}{
+		{"not memory", Task{Req: Request{Op: OpRead, Length: 1}, Local: mem, Target: nomem}, ErrNotSupported},
+		{"past end", Task{Req: Request{Op: OpRead, LocalOffset: 99, Length: 2}, Local: mem, Target: mem}, ErrOutOfBounds},
+		{"huge", Task{Req: Request{Op: OpWrite, TargetOffset: 1, Length: 1 << 62}, Local: mem, Target: mem}, ErrOutOfBounds},
+		{"bad op", Task{Req: Request{Op: 7, Length: 1}, Local: mem, Target: mem}, ErrBadOp},
+	}
+	for i := range cases {
+		c := &cases[i]
+		var d doneRec
+		c.task.SetCompleter(&d)
+		if k, err := l.Submit([]*Task{&c.task}); k != 1 || err != nil {
+			t.Fatalf("%s: Submit %d %v", c.name, k, err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for d.got == 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if d.got != 1 || !errors.Is(d.err, c.want) {
+			t.Fatalf("%s: %d Done, err %v, want %v", c.name, d.got, d.err, c.want)
+		}
+	}
+}
+
+func ExampleEngine() {
+	reg := NewRegistry()
+	pool := newSeg(reg.NextID(), 1<<20)
+	client := newSeg(reg.NextID(), 1<<20)
+	_ = reg.Add(pool)
+	_ = reg.Add(client)
+	local := NewLocal(LocalConfig{}, nil)
+	e := NewEngine(Config{}, oneRouter{local}, nil)
+	id, _ := e.AllocateBatch(2)
+	copy(client.buf, "hello")
+	res := make([]error, 2)
+	_ = e.Submit(id, []Request{
+		{Op: OpWrite, Local: client.ID(), Target: pool.ID(), TargetOffset: 4096, Length: 5},
+		{Op: OpWrite, Local: client.ID(), Target: pool.ID(), TargetOffset: 1 << 20, Length: 5},
+	}, SubmitOptions{Resolver: reg}, res)
+	sum, _ := e.Wait(id, time.Time{})
+	fmt.Println(sum.Completed, sum.Failed, res[1], string(pool.buf[4096:4101]))
+	_ = e.Free(id)
+	_ = e.Close()
+	_ = local.Close()
+	// Output: 1 1 xfer: out of segment bounds hello
+}
