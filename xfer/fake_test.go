@@ -78,7 +78,7 @@ func (f *syncTr) Submit(ts []*Task) (int, error) {
 	}
 	return len(ts), nil
 }
-func (f *syncTr) Cancel(*Task)  {}
+func (f *syncTr) Cancel(*Task) {}
 func (f *syncTr) Close() error { return nil }
 
 // asyncTr keeps dispatched tasks until the test ends them. It dispatches
@@ -214,7 +214,7 @@ func (f *liarTr) Submit(ts []*Task) (int, error) {
 	}
 	return f.n(len(ts)), f.err
 }
-func (f *liarTr) Cancel(*Task)  {}
+func (f *liarTr) Cancel(*Task) {}
 func (f *liarTr) Close() error { return nil }
 
 // fixture is an engine over a registry of two counting segments.
