@@ -1,0 +1,251 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func crc(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// memSeg is a memory segment for tests.
+type memSeg struct {
+	id      xfer.SegmentID
+	b       []byte
+	refs    atomic.Int64
+	closing atomic.Bool
+}
+
+func newMemSeg(id xfer.SegmentID, size int) *memSeg { return &memSeg{id: id, b: make([]byte, size)} }
+
+func (s *memSeg) ID() xfer.SegmentID { return s.id }
+func (s *memSeg) Kind() xfer.Kind    { return xfer.KindPool }
+func (s *memSeg) Size() uint64       { return uint64(len(s.b)) }
+func (s *memSeg) Bytes() []byte      { return s.b }
+func (s *memSeg) Acquire() bool {
+	if s.closing.Load() {
+		return false
+	}
+	s.refs.Add(1)
+	return true
+}
+func (s *memSeg) Release() {
+	if s.refs.Add(-1) < 0 {
+		panic("memSeg: release below zero")
+	}
+}
+
+// exporter serves named segments and records notifications.
+type exporter struct {
+	mu       sync.Mutex
+	segs     map[string]*memSeg
+	notes    []string // "segment:payload"
+	deliver  func(seg string, payload []byte) error
+	notifyCh chan string
+}
+
+func newExporter() *exporter {
+	return &exporter{segs: map[string]*memSeg{}, notifyCh: make(chan string, 64)}
+}
+
+func (e *exporter) add(name string, s *memSeg) {
+	e.mu.Lock()
+	e.segs[name] = s
+	e.mu.Unlock()
+}
+
+func (e *exporter) Lookup(name string) (xfer.MemSegment, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s, ok := e.segs[name]; ok {
+		return s, nil
+	}
+	return nil, errors.New("not exported")
+}
+
+func (e *exporter) Deliver(seg string, payload []byte) error {
+	e.mu.Lock()
+	d := e.deliver
+	e.mu.Unlock()
+	if d != nil {
+		if err := d(seg, payload); err != nil {
+			return err
+		}
+	}
+	s := seg + ":" + string(payload)
+	e.mu.Lock()
+	e.notes = append(e.notes, s)
+	e.mu.Unlock()
+	select {
+	case e.notifyCh <- s:
+	default:
+	}
+	return nil
+}
+
+// logBuf collects log lines of one node.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		if cond() {
+			return true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return cond()
+}
+
+func (l *logBuf) waitContains(t *testing.T, what string) {
+	t.Helper()
+	if !waitFor(3*time.Second, func() bool { return strings.Contains(l.String(), what) }) {
+		t.Fatalf("log does not contain %q:\n%s", what, l.String())
+	}
+}
+
+func writeKey(t testing.TB, dir, name, key string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type testNode struct {
+	*Node
+	exp  *exporter
+	logs *logBuf
+}
+
+func startNode(t testing.TB, cfg Config) *testNode {
+	t.Helper()
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	if cfg.HandshakeTimeout == 0 {
+		cfg.HandshakeTimeout = 2 * time.Second
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = 5 * time.Second
+	}
+	lb := &logBuf{}
+	exp := newExporter()
+	n, err := NewNode(cfg, exp, slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatalf("NewNode %s: %v", cfg.DaemonID, err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return &testNode{Node: n, exp: exp, logs: lb}
+}
+
+// link tells a about b.
+func link(t testing.TB, a, b *testNode) {
+	t.Helper()
+	if err := a.Directory().Update(directory.Peer{ID: b.ID(), Addr: b.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// collector is a Completer that records every Done.
+type collector struct {
+	ch    chan done
+	count atomic.Int64
+}
+
+type done struct {
+	t   *xfer.Task
+	n   uint64
+	err error
+}
+
+func newCollector(capacity int) *collector { return &collector{ch: make(chan done, capacity)} }
+
+func (c *collector) TaskDone(t *xfer.Task, n uint64, err error) {
+	c.count.Add(1)
+	c.ch <- done{t, n, err}
+}
+
+func (c *collector) wait(t testing.TB, k int, d time.Duration) []done {
+	t.Helper()
+	out := make([]done, 0, k)
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for len(out) < k {
+		select {
+		case r := <-c.ch:
+			out = append(out, r)
+		case <-timer.C:
+			t.Fatalf("only %d of %d tasks ended within %v", len(out), k, d)
+		}
+	}
+	return out
+}
+
+func mkTask(c *collector, op xfer.Op, local *memSeg, loff uint64, r *Remote, toff, ln uint64) *xfer.Task {
+	t := &xfer.Task{Req: xfer.Request{Op: op, Local: local.ID(), LocalOffset: loff, Target: r.ID(), TargetOffset: toff, Length: ln},
+		Local: local, Target: r}
+	t.SetCompleter(c)
+	return t
+}
+
+// submitWait submits tasks and waits for every one of them.
+func submitWait(t testing.TB, n *Node, c *collector, tasks []*xfer.Task, d time.Duration) []done {
+	t.Helper()
+	k, err := n.Submit(tasks)
+	if k != len(tasks) || err != nil {
+		t.Fatalf("Submit = %d, %v; want %d", k, err, len(tasks))
+	}
+	return c.wait(t, len(tasks), d)
+}
+
+func fill(r *rand.Rand, b []byte) {
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+func ctxTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}
+
+var _ = fmt.Sprintf
+
+// cloneRemote copies r with another token.
+func cloneRemote(r *Remote, tok []byte) *Remote {
+	return &Remote{node: r.node, peer: r.peer, name: r.name, id: r.id, size: r.size, rights: r.rights,
+		epoch: r.epoch, expiry: r.expiry, token: tok}
+}

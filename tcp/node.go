@@ -1,0 +1,563 @@
+// Package tcp is the peer data plane over TCP: the transport every fleet
+// without RDMA runs on. One Node per daemon listens for peers and dials them
+// on gnet event loops, authenticates both sides with the cluster key,
+// hands out capability tokens for exported segments and moves READ and WRITE
+// requests, sliced and striped over several connections per peer, with
+// bounded in-flight bytes per connection and per peer.
+//
+// Goroutines and stop order. A Node owns: the gnet server engine (its Run
+// goroutine and event loops), the gnet client (event loops for the
+// connections this node dialed) and one reaper goroutine (request and
+// notification deadlines, handshake timeouts). Close stops them in this
+// order: refuse new work and wake waiters (done channel), stop the reaper,
+// stop the client (every dialed connection closes and fails what it
+// carried), stop the server engine, then wait until no task is outstanding.
+package tcp
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// MaxNotify is the largest notification payload a WRITE may carry.
+const MaxNotify = 4096
+
+// Config configures a Node. Zero values take the documented defaults.
+type Config struct {
+	// DaemonID names this daemon among its peers (1..64 bytes). Required.
+	DaemonID string
+	// Listen is the host:port of the peer listener ("127.0.0.1:0" picks a
+	// free port). Required.
+	Listen string
+	// Advertise is the address peers are told to dial; default: the bound
+	// listen address.
+	Advertise string
+	// ClusterKeyFile holds the shared cluster key. Required; refused when
+	// empty or readable by group or others.
+	ClusterKeyFile string
+	// ConnsPerPeer is how many connections carry requests to each peer
+	// (default 4).
+	ConnsPerPeer int
+	// SliceSize is the largest payload of one frame; bigger requests are
+	// cut into slices striped across connections (default 1 MiB).
+	SliceSize int
+	// MaxFrame is the largest payload a peer's frame may claim (default and
+	// minimum: SliceSize).
+	MaxFrame int
+	// MaxInflightBytes bounds the bytes of requests in flight on one
+	// connection (default 4 × SliceSize, minimum SliceSize).
+	MaxInflightBytes int64
+	// MaxPeerInflightBytes bounds them per peer (default ConnsPerPeer ×
+	// MaxInflightBytes).
+	MaxPeerInflightBytes int64
+	// HandshakeTimeout bounds dialing plus the handshake (default 5s).
+	HandshakeTimeout time.Duration
+	// RequestTimeout bounds one request's round trip and Submit's wait for
+	// flow-control room (default 30s). A connection with a request older
+	// than this is dropped and its requests fail.
+	RequestTimeout time.Duration
+	// TokenTTL is how long capability tokens this node issues stay valid
+	// (default 10 minutes).
+	TokenTTL time.Duration
+	// Epoch identifies this run of the daemon. Zero (the default) draws a
+	// random one, new at every start.
+	Epoch uint64
+	// Blob is opaque data sent to peers in the handshake (RDMA connection
+	// data); at most 1024 bytes.
+	Blob []byte
+	// Peers are the configured peers, used when Directory is nil.
+	Peers []directory.Peer
+	// Directory finds peers; default: an embedded directory of Peers.
+	Directory directory.Directory
+}
+
+// Exporter is what the daemon implements to serve peers.
+type Exporter interface {
+	// Lookup returns a segment that local clients chose to export under
+	// name, or an error when there is none. Nothing is exported by default.
+	Lookup(name string) (xfer.MemSegment, error)
+	// Deliver hands a notification to the client owning segment, after the
+	// data of its WRITE has landed. It runs on an event loop and must not
+	// block; payload is valid only during the call. The writer gets a
+	// positive ACK only when Deliver returns nil.
+	Deliver(segment string, payload []byte) error
+}
+
+// PeerStats is one peer as `tcctl peers` shows it.
+type PeerStats struct {
+	ID        string
+	Addr      string
+	Epoch     uint64
+	Connected bool
+	Conns     int // outbound connections in the session
+	Inbound   int // authenticated connections the peer dialed
+	BytesIn   uint64
+	BytesOut  uint64
+	Errors    uint64
+}
+
+// RemoteInfo is one opened remote segment as `tcctl segments --remote`
+// shows it.
+type RemoteInfo struct {
+	Peer    string
+	Name    string
+	ID      xfer.SegmentID
+	Size    uint64
+	Rights  Rights
+	Epoch   uint64
+	Expires time.Time
+}
+
+// Node is this daemon's end of the TCP data plane. It implements
+// xfer.Transport.
+type Node struct {
+	cfg    Config
+	log    *slog.Logger
+	exp    Exporter
+	dir    directory.Directory
+	hsKey  []byte // handshake MAC key, derived from the cluster key
+	tokKey []byte // token MAC key, derived from the cluster key
+	epoch  uint64
+	addr   string // advertised address
+	lim    limits
+
+	srvEng  gnet.Engine // set in OnBoot, before NewNode returns
+	srvDone chan error
+	cli     *gnet.Client
+
+	done       chan struct{} // closed when Close starts
+	reaperDone chan struct{}
+	closeOnce  sync.Once
+	closed     atomic.Bool
+	// ready is set once addr, dir and cli are in place; the listener turns
+	// connections away before that.
+	ready atomic.Bool
+	// lifeMu orders Close against dialers: a dialer enrolls a connection
+	// only under the read lock with closed false.
+	lifeMu sync.RWMutex
+
+	active atomic.Int64 // dispatched tasks not yet Done
+	nextID atomic.Uint64
+	segID  atomic.Uint64
+
+	// mu guards peers, remotes, handshaking and notifies.
+	mu          sync.Mutex
+	peers       map[string]*peer
+	remotes     map[*Remote]struct{}
+	handshaking map[*conn]struct{} // inbound connections not yet authenticated
+	notifies    map[*xfer.Task]notifyReq
+	notifyCount atomic.Int32 // len(notifies), read without mu by Submit
+
+	pendPool sync.Pool
+	taskPool sync.Pool
+}
+
+var _ xfer.Transport = (*Node)(nil)
+
+func (c *Config) setDefaults() error {
+	bad := func(key string, v any, why string) error {
+		return fmt.Errorf("%w: %s = %v: %s", ErrConfig, key, v, why)
+	}
+	if c.DaemonID == "" || len(c.DaemonID) > maxIDLen {
+		return bad("DaemonID", strconv.Quote(c.DaemonID), "must be 1..64 bytes")
+	}
+	if c.Listen == "" {
+		return bad("Listen", `""`, "required")
+	}
+	if c.ConnsPerPeer == 0 {
+		c.ConnsPerPeer = 4
+	}
+	if c.ConnsPerPeer < 1 || c.ConnsPerPeer > 64 {
+		return bad("ConnsPerPeer", c.ConnsPerPeer, "must be 1..64")
+	}
+	if c.SliceSize == 0 {
+		c.SliceSize = 1 << 20
+	}
+	if c.SliceSize < 4096 || c.SliceSize > 64<<20 {
+		return bad("SliceSize", c.SliceSize, "must be 4 KiB..64 MiB")
+	}
+	if c.MaxFrame == 0 {
+		c.MaxFrame = c.SliceSize
+	}
+	if c.MaxFrame < c.SliceSize || c.MaxFrame > 64<<20 {
+		return bad("MaxFrame", c.MaxFrame, "must be SliceSize..64 MiB")
+	}
+	if c.MaxInflightBytes == 0 {
+		c.MaxInflightBytes = 4 * int64(c.SliceSize)
+	}
+	if c.MaxInflightBytes < int64(c.SliceSize) {
+		return bad("MaxInflightBytes", c.MaxInflightBytes, "must be at least SliceSize")
+	}
+	if c.MaxPeerInflightBytes == 0 {
+		c.MaxPeerInflightBytes = int64(c.ConnsPerPeer) * c.MaxInflightBytes
+	}
+	if c.MaxPeerInflightBytes < int64(c.SliceSize) {
+		return bad("MaxPeerInflightBytes", c.MaxPeerInflightBytes, "must be at least SliceSize")
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = 5 * time.Second
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = 30 * time.Second
+	}
+	if c.TokenTTL == 0 {
+		c.TokenTTL = 10 * time.Minute
+	}
+	if c.HandshakeTimeout < 0 || c.RequestTimeout < 0 || c.TokenTTL < 0 {
+		return bad("timeouts", "negative", "must be positive")
+	}
+	if len(c.Blob) > maxBlobLen {
+		return bad("Blob", len(c.Blob), "must be at most 1024 bytes")
+	}
+	return nil
+}
+
+// readClusterKey loads the cluster key, refusing a file that group or
+// others can read or write, or an empty one.
+func readClusterKey(path string) ([]byte, error) {
+	if path == "" {
+		return nil, fmt.Errorf("%w: ClusterKeyFile not set", ErrKeyFile)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrKeyFile, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrKeyFile, err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%w: %s has mode %v; group/other access must be off (chmod 600)", ErrKeyFile, path, st.Mode().Perm())
+	}
+	buf := make([]byte, 4096)
+	k, err := f.Read(buf)
+	if err != nil && k == 0 {
+		return nil, fmt.Errorf("%w: %s is empty", ErrKeyFile, path)
+	}
+	key := []byte(strings.TrimSpace(string(buf[:k])))
+	if len(key) == 0 {
+		return nil, fmt.Errorf("%w: %s is empty", ErrKeyFile, path)
+	}
+	return key, nil
+}
+
+func deriveKey(master []byte, label string) []byte {
+	m := hmac.New(sha256.New, master)
+	m.Write([]byte(label))
+	return m.Sum(nil)
+}
+
+// NewNode validates cfg, loads the cluster key, starts the listener and
+// the client event loops, and returns a running Node.
+func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
+	if exp == nil {
+		return nil, fmt.Errorf("%w: nil Exporter", ErrConfig)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	key, err := readClusterKey(cfg.ClusterKeyFile)
+	if err != nil {
+		return nil, err
+	}
+	epoch := cfg.Epoch
+	for epoch == 0 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		epoch = binary.LittleEndian.Uint64(b[:])
+	}
+	n := &Node{
+		cfg:         cfg,
+		log:         log.With("component", "tcp", "daemon", cfg.DaemonID),
+		exp:         exp,
+		hsKey:       deriveKey(key, "tensorcast handshake v1"),
+		tokKey:      deriveKey(key, "tensorcast token v1"),
+		epoch:       epoch,
+		lim:         limits{maxPayload: uint32(cfg.MaxFrame), maxMeta: 8192},
+		srvDone:     make(chan error, 1),
+		done:        make(chan struct{}),
+		reaperDone:  make(chan struct{}),
+		peers:       make(map[string]*peer),
+		remotes:     make(map[*Remote]struct{}),
+		handshaking: make(map[*conn]struct{}),
+		notifies:    make(map[*xfer.Task]notifyReq),
+	}
+	n.pendPool.New = func() any { p := new(pending); p.cb = p.writeDone; p.node = n; return p }
+	n.taskPool.New = func() any { return new(taskState) }
+
+	opts := []gnet.Option{
+		gnet.WithMulticore(true),
+		gnet.WithReadBufferCap(256 << 10),
+		gnet.WithWriteBufferCap(256 << 10),
+		gnet.WithLogger(gnetLogger{n.log}),
+		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+		gnet.WithReuseAddr(true),
+	}
+	booted := make(chan struct{})
+	srv := &srvHandler{n: n, booted: booted}
+	go func() {
+		n.srvDone <- gnet.Run(srv, "tcp://"+cfg.Listen, opts...)
+	}()
+	select {
+	case <-booted:
+	case err := <-n.srvDone:
+		return nil, fmt.Errorf("tcp: listen on %s: %w", cfg.Listen, err)
+	}
+	bound, err := n.boundAddr()
+	if err != nil {
+		n.stopServer()
+		return nil, err
+	}
+	n.addr = cfg.Advertise
+	if n.addr == "" {
+		n.addr = bound
+	}
+	if cfg.Directory != nil {
+		n.dir = cfg.Directory
+		if err := n.dir.Update(directory.Peer{ID: cfg.DaemonID, Epoch: epoch}); err != nil {
+			n.stopServer()
+			return nil, err
+		}
+	} else {
+		d, err := directory.NewEmbedded(directory.Peer{ID: cfg.DaemonID, Addr: n.addr, Epoch: epoch}, cfg.Peers)
+		if err != nil {
+			n.stopServer()
+			return nil, fmt.Errorf("%w: Peers: %w", ErrConfig, err)
+		}
+		n.dir = d
+	}
+	n.cli, err = gnet.NewClient(&cliHandler{n: n}, opts...)
+	if err == nil {
+		err = n.cli.Start()
+	}
+	if err != nil {
+		n.stopServer()
+		return nil, fmt.Errorf("tcp: start client loops: %w", err)
+	}
+	n.ready.Store(true)
+	go n.reaper()
+	n.log.Info("tcp node listening", "addr", bound, "advertise", n.addr, "epoch", fmt.Sprintf("%#x", epoch),
+		"conns_per_peer", cfg.ConnsPerPeer, "slice", cfg.SliceSize)
+	return n, nil
+}
+
+// Addr is the address peers dial.
+func (n *Node) Addr() string { return n.addr }
+
+// Epoch is this run's epoch.
+func (n *Node) Epoch() uint64 { return n.epoch }
+
+// ID is this daemon's id.
+func (n *Node) ID() string { return n.cfg.DaemonID }
+
+// Directory is the directory the node finds peers in.
+func (n *Node) Directory() directory.Directory { return n.dir }
+
+func (n *Node) boundAddr() (string, error) {
+	fd, err := n.srvEng.Dup()
+	if err != nil {
+		return "", fmt.Errorf("tcp: listener address: %w", err)
+	}
+	defer unix.Close(fd)
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return "", os.NewSyscallError("getsockname", err)
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return net.JoinHostPort(net.IP(a.Addr[:]).String(), strconv.Itoa(a.Port)), nil
+	case *unix.SockaddrInet6:
+		return net.JoinHostPort(net.IP(a.Addr[:]).String(), strconv.Itoa(a.Port)), nil
+	}
+	return "", fmt.Errorf("tcp: listener has unexpected address %T", sa)
+}
+
+func (n *Node) stopServer() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.srvEng.Stop(ctx); err != nil {
+		n.log.Warn("stopping peer listener", "err", err)
+	}
+	<-n.srvDone
+}
+
+// Name implements xfer.Transport.
+func (n *Node) Name() string { return "tcp" }
+
+// Close implements xfer.Transport: it stops new work, fails what is in
+// flight with ErrClosed or ErrConnLost, closes every connection and returns
+// when no task is outstanding. Safe to call more than once.
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		n.lifeMu.Lock()
+		n.closed.Store(true)
+		close(n.done)
+		n.lifeMu.Unlock()
+		<-n.reaperDone
+		if err := n.cli.Stop(); err != nil {
+			n.log.Warn("stopping client loops", "err", err)
+		}
+		n.stopServer()
+		// Every connection is closed, so every request they carried has
+		// failed; what remains are Submit calls on their way out.
+		limit := time.Now().Add(n.cfg.HandshakeTimeout + n.cfg.RequestTimeout)
+		for n.active.Load() > 0 {
+			if time.Now().After(limit) {
+				n.log.Error("tasks still outstanding after close", "count", n.active.Load())
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		n.mu.Lock()
+		for t := range n.notifies {
+			delete(n.notifies, t)
+		}
+		n.notifyCount.Store(0)
+		n.mu.Unlock()
+		n.log.Info("tcp node closed")
+	})
+	return nil
+}
+
+// peer returns the state of peer id, creating it when create is set.
+func (n *Node) peer(id string, create bool) *peer {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.peers[id]
+	if p == nil && create {
+		p = &peer{id: id, inbound: make(map[*conn]struct{})}
+		n.peers[id] = p
+	}
+	return p
+}
+
+// Peers reports every known peer.
+func (n *Node) Peers() []PeerStats {
+	var out []PeerStats
+	for _, dp := range n.dir.List() {
+		if dp.Self {
+			continue
+		}
+		s := PeerStats{ID: dp.ID, Addr: dp.Addr, Epoch: dp.Epoch}
+		if p := n.peer(dp.ID, false); p != nil {
+			p.mu.Lock()
+			s.Conns, s.Inbound = len(p.sess), len(p.inbound)
+			if p.epoch != 0 {
+				s.Epoch = p.epoch
+			}
+			p.mu.Unlock()
+			s.Connected = s.Conns > 0
+			s.BytesIn, s.BytesOut, s.Errors = p.bytesIn.Load(), p.bytesOut.Load(), p.errs.Load()
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// Segments reports the remote segments opened through this node and not
+// yet closed.
+func (n *Node) Segments() []RemoteInfo {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]RemoteInfo, 0, len(n.remotes))
+	for r := range n.remotes {
+		out = append(out, RemoteInfo{Peer: r.peer.id, Name: r.name, ID: r.id, Size: r.size, Rights: r.rights,
+			Epoch: r.epoch, Expires: time.Unix(0, r.expiry)})
+	}
+	return out
+}
+
+// peer is the state kept about one peer daemon.
+type peer struct {
+	id                       string
+	bytesIn, bytesOut, errs atomic.Uint64
+
+	// mu guards the fields below, and the reqs, inflight, timedOut and
+	// closed fields of this peer's connections.
+	mu       sync.Mutex
+	epoch    uint64   // current epoch, 0 until a handshake told us
+	retired  []uint64 // epochs a newer one replaced (bounded)
+	sess     []*conn  // outbound connections carrying our requests
+	inbound  map[*conn]struct{}
+	dialing  chan struct{} // closed when the dial in progress ends
+	dialErr  error
+	inflight int64
+	wake     chan struct{} // closed when credit frees; nil while nobody waits
+	rr       int
+}
+
+const maxRetired = 16
+
+func (p *peer) isRetiredLocked(e uint64) bool {
+	for _, r := range p.retired {
+		if r == e {
+			return true
+		}
+	}
+	return false
+}
+
+// adoptEpochLocked records that the peer runs epoch e. A new epoch
+// replaces the old session: the returned connections belong to the old
+// one and must be closed by the caller.
+func (p *peer) adoptEpochLocked(e uint64) (old []*conn) {
+	if p.epoch == e {
+		return nil
+	}
+	if p.epoch != 0 {
+		if len(p.retired) == maxRetired {
+			copy(p.retired, p.retired[1:])
+			p.retired = p.retired[:maxRetired-1]
+		}
+		p.retired = append(p.retired, p.epoch)
+		old = append(old, p.sess...)
+		p.sess = nil
+		for c := range p.inbound {
+			if c.epoch != e {
+				old = append(old, c)
+			}
+		}
+	}
+	p.epoch = e
+	return old
+}
+
+// wakeLocked tells credit waiters that something changed.
+func (p *peer) wakeLocked() {
+	if p.wake != nil {
+		close(p.wake)
+		p.wake = nil
+	}
+}
+
+// gnetLogger routes the event-loop library's log lines to the node's
+// logger; its chatter goes to debug.
+type gnetLogger struct{ l *slog.Logger }
+
+func (g gnetLogger) Debugf(f string, a ...any) { g.l.Debug(fmt.Sprintf(f, a...), "src", "gnet") }
+func (g gnetLogger) Infof(f string, a ...any)  { g.l.Debug(fmt.Sprintf(f, a...), "src", "gnet") }
+func (g gnetLogger) Warnf(f string, a ...any)  { g.l.Warn(fmt.Sprintf(f, a...), "src", "gnet") }
+func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...), "src", "gnet") }
+func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...), "src", "gnet") }

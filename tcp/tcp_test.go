@@ -1,0 +1,430 @@
+package tcp
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(netnsRoleEnv); role != "" {
+		os.Exit(netnsChild(role))
+	}
+	// gnet's package-level worker pool starts two goroutines at program
+	// init that live as long as the process; everything else must be gone.
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"))
+}
+
+func TestKeyFileAndConfig(t *testing.T) {
+	dir := t.TempDir()
+	good := writeKey(t, dir, "good", "secret")
+	loose := writeKey(t, dir, "loose", "secret")
+	if err := os.Chmod(loose, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	empty := writeKey(t, dir, "empty", "  ")
+	cases := []struct {
+		name string
+		cfg  Config
+		want error
+	}{
+		{"group readable key", Config{DaemonID: "a", Listen: "127.0.0.1:0", ClusterKeyFile: loose}, ErrKeyFile},
+		{"empty key", Config{DaemonID: "a", Listen: "127.0.0.1:0", ClusterKeyFile: empty}, ErrKeyFile},
+		{"missing key", Config{DaemonID: "a", Listen: "127.0.0.1:0", ClusterKeyFile: filepath.Join(dir, "nope")}, ErrKeyFile},
+		{"no key", Config{DaemonID: "a", Listen: "127.0.0.1:0"}, ErrKeyFile},
+		{"no id", Config{Listen: "127.0.0.1:0", ClusterKeyFile: good}, ErrConfig},
+		{"no listen", Config{DaemonID: "a", ClusterKeyFile: good}, ErrConfig},
+		{"tiny slice", Config{DaemonID: "a", Listen: "127.0.0.1:0", ClusterKeyFile: good, SliceSize: 10}, ErrConfig},
+		{"window below slice", Config{DaemonID: "a", Listen: "127.0.0.1:0", ClusterKeyFile: good, MaxInflightBytes: 100}, ErrConfig},
+		{"frame below slice", Config{DaemonID: "a", Listen: "127.0.0.1:0", ClusterKeyFile: good, SliceSize: 1 << 20, MaxFrame: 4096}, ErrConfig},
+	}
+	for _, c := range cases {
+		_, err := NewNode(c.cfg, newExporter(), nil)
+		if !errors.Is(err, c.want) {
+			t.Errorf("%s: err = %v, want %v", c.name, err, c.want)
+		}
+	}
+	n, err := NewNode(Config{DaemonID: "a", Listen: "127.0.0.1:0", ClusterKeyFile: good}, newExporter(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Epoch() == 0 || n.Addr() == "" {
+		t.Fatalf("epoch %#x addr %q", n.Epoch(), n.Addr())
+	}
+	n2, err := NewNode(Config{DaemonID: "a", Listen: "127.0.0.1:0", ClusterKeyFile: good}, newExporter(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n2.Epoch() == n.Epoch() {
+		t.Fatal("two starts drew the same epoch")
+	}
+	n.Close()
+	n2.Close()
+	n.Close() // twice is fine
+	if k, err := n.Submit([]*xfer.Task{{}}); k != 0 || !errors.Is(err, xfer.ErrClosed) {
+		t.Fatalf("Submit after Close = %d, %v", k, err)
+	}
+}
+
+// pair starts nodes that know each other, each exporting "seg" of size.
+func cluster(t *testing.T, ids []string, size int, cfg Config) []*testNode {
+	t.Helper()
+	key := writeKey(t, t.TempDir(), "key", "cluster-secret")
+	var nodes []*testNode
+	for i, id := range ids {
+		c := cfg
+		c.DaemonID, c.ClusterKeyFile = id, key
+		n := startNode(t, c)
+		s := newMemSeg(xfer.SegmentID(100+i), size)
+		fill(rand.New(rand.NewPCG(uint64(i), 9)), s.b)
+		n.exp.add("seg", s)
+		nodes = append(nodes, n)
+	}
+	for _, a := range nodes {
+		for _, b := range nodes {
+			if a != b {
+				link(t, a, b)
+			}
+		}
+	}
+	return nodes
+}
+
+func TestIntegrityTwoAndThreeNodes(t *testing.T) {
+	for _, k := range []int{2, 3} {
+		t.Run(strings.Repeat("n", k), func(t *testing.T) {
+			ids := []string{"alpha", "bravo", "charlie"}[:k]
+			const size = 8 << 20
+			nodes := cluster(t, ids, size, Config{SliceSize: 64 << 10, ConnsPerPeer: 3})
+			rng := rand.New(rand.NewPCG(uint64(k), 1))
+			for round := 0; round < 3; round++ {
+				for _, a := range nodes {
+					for _, b := range nodes {
+						if a == b {
+							continue
+						}
+						r, err := a.Open(b.ID(), "seg", RightRead|RightWrite)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if r.Kind() != xfer.KindRemote || r.Size() != size {
+							t.Fatalf("remote kind %v size %d", r.Kind(), r.Size())
+						}
+						local := newMemSeg(1, 4<<20)
+						fill(rng, local.b)
+						col := newCollector(64)
+						// WRITE random ranges, then READ them back into another place.
+						type rng3 struct{ loff, toff, ln uint64 }
+						var ranges []rng3
+						var tasks []*xfer.Task
+						toff := uint64(0)
+						for i := 0; i < 6; i++ {
+							ln := 1 + rng.Uint64N(600<<10)
+							loff := rng.Uint64N(uint64(len(local.b)) - ln)
+							ranges = append(ranges, rng3{loff, toff, ln})
+							tasks = append(tasks, mkTask(col, xfer.OpWrite, local, loff, r, toff, ln))
+							toff += ln + rng.Uint64N(4096)
+						}
+						for _, d := range submitWait(t, a.Node, col, tasks, 20*time.Second) {
+							if d.err != nil || d.n != d.t.Req.Length {
+								t.Fatalf("write: n=%d err=%v", d.n, d.err)
+							}
+						}
+						target := b.exp.segs["seg"]
+						for _, x := range ranges {
+							if crc(target.b[x.toff:x.toff+x.ln]) != crc(local.b[x.loff:x.loff+x.ln]) {
+								t.Fatalf("%s→%s: target range %+v differs", a.ID(), b.ID(), x)
+							}
+						}
+						back := newMemSeg(2, 4<<20)
+						tasks = tasks[:0]
+						boff := uint64(0)
+						for _, x := range ranges {
+							tasks = append(tasks, mkTask(col, xfer.OpRead, back, boff, r, x.toff, x.ln))
+							boff += x.ln
+						}
+						for _, d := range submitWait(t, a.Node, col, tasks, 20*time.Second) {
+							if d.err != nil || d.n != d.t.Req.Length {
+								t.Fatalf("read: n=%d err=%v", d.n, d.err)
+							}
+						}
+						boff = 0
+						for _, x := range ranges {
+							if crc(back.b[boff:boff+x.ln]) != crc(local.b[x.loff:x.loff+x.ln]) {
+								t.Fatalf("%s←%s: read-back of %+v differs", a.ID(), b.ID(), x)
+							}
+							boff += x.ln
+						}
+						r.Close()
+					}
+				}
+			}
+			for _, a := range nodes {
+				for _, p := range a.Peers() {
+					if !p.Connected || p.BytesOut == 0 || p.BytesIn == 0 || p.Epoch == 0 {
+						t.Fatalf("%s sees %+v", a.ID(), p)
+					}
+				}
+				if len(a.Segments()) != 0 {
+					t.Fatalf("closed remotes still listed: %+v", a.Segments())
+				}
+			}
+			for _, n := range nodes {
+				if s := n.exp.segs["seg"]; s.refs.Load() != 0 {
+					t.Fatalf("%s: exported segment refs = %d after the transfers", n.ID(), s.refs.Load())
+				}
+			}
+		})
+	}
+}
+
+func TestStripingUsesEveryConnection(t *testing.T) {
+	nodes := cluster(t, []string{"a", "b"}, 8<<20, Config{SliceSize: 64 << 10, ConnsPerPeer: 4})
+	a, b := nodes[0], nodes[1]
+	r, err := a.Open("b", "seg", RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := newMemSeg(1, 8<<20)
+	col := newCollector(1)
+	for _, d := range submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, r, 0, 8<<20)}, 20*time.Second) {
+		if d.err != nil {
+			t.Fatal(d.err)
+		}
+	}
+	p := b.peer("a", false)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.inbound) != 4 {
+		t.Fatalf("b has %d inbound connections from a, want 4", len(p.inbound))
+	}
+	for c := range p.inbound {
+		if c.dataReqs.Load() == 0 {
+			t.Fatalf("connection %v carried no slice of the 8 MiB request", c.g.RemoteAddr())
+		}
+	}
+}
+
+func TestPermissions(t *testing.T) {
+	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{TokenTTL: 300 * time.Millisecond})
+	a, b := nodes[0], nodes[1]
+	if _, err := a.Open("b", "nope", RightRead); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("open of an unexported segment: %v", err)
+	}
+	if _, err := a.Open("zz", "seg", RightRead); !errors.Is(err, ErrUnknownPeer) {
+		t.Fatalf("open on an unknown peer: %v", err)
+	}
+	if _, err := a.Open("b", "seg", 0); !errors.Is(err, xfer.ErrInvalid) {
+		t.Fatalf("open with no rights: %v", err)
+	}
+	local := newMemSeg(1, 1<<20)
+	col := newCollector(16)
+	ro, err := a.Open("b", "seg", RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := func(tk *xfer.Task) error {
+		t.Helper()
+		return submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0].err
+	}
+	if err := one(mkTask(col, xfer.OpWrite, local, 0, ro, 0, 100)); !errors.Is(err, xfer.ErrPermission) {
+		t.Fatalf("write with a read-only token: %v", err)
+	}
+	if err := one(mkTask(col, xfer.OpRead, local, 0, ro, 0, 100)); err != nil {
+		t.Fatalf("read with a read token: %v", err)
+	}
+	if err := one(mkTask(col, xfer.OpRead, local, 0, ro, 1<<20-10, 100)); !errors.Is(err, xfer.ErrInvalid) {
+		t.Fatalf("read beyond the segment: %v", err)
+	}
+	// Owner-side checks: a token whose rights were widened by the holder
+	// fails its signature; the owner refuses it.
+	tok, _ := decodeToken(ro.token)
+	tok.rights = RightRead | RightWrite
+	forged := cloneRemote(ro, append(tok.body(nil), tok.mac...))
+	forged.rights = RightRead | RightWrite
+	if err := one(mkTask(col, xfer.OpWrite, local, 0, forged, 0, 100)); !errors.Is(err, xfer.ErrPermission) {
+		t.Fatalf("write with a forged token: %v", err)
+	}
+	// A token for another segment name (wrong scope) does not verify either.
+	tok2, _ := decodeToken(ro.token)
+	tok2.name = "other"
+	scoped := cloneRemote(ro, tok2.sign([]byte("not the key")))
+	if err := one(mkTask(col, xfer.OpRead, local, 0, scoped, 0, 100)); !errors.Is(err, xfer.ErrPermission) {
+		t.Fatalf("read with a token for another segment: %v", err)
+	}
+	b.logs.waitContains(t, "refused peer request")
+	// Expiry.
+	time.Sleep(350 * time.Millisecond)
+	if err := one(mkTask(col, xfer.OpRead, local, 0, ro, 0, 100)); !errors.Is(err, xfer.ErrPermission) {
+		t.Fatalf("read with an expired token: %v", err)
+	}
+	// Bad tasks end with typed errors.
+	bad := []*xfer.Task{
+		mkTask(col, xfer.OpRead, local, 0, ro, 0, 0),
+		mkTask(col, 9, local, 0, ro, 0, 10),
+		mkTask(col, xfer.OpRead, local, 1<<20, ro, 0, 10),
+	}
+	notRemote := mkTask(col, xfer.OpRead, local, 0, ro, 0, 10)
+	notRemote.Target = local
+	bad = append(bad, notRemote)
+	for _, d := range submitWait(t, a.Node, col, bad, 5*time.Second) {
+		if !errors.Is(d.err, xfer.ErrInvalid) {
+			t.Fatalf("bad task ended with %v", d.err)
+		}
+	}
+	if seg := b.exp.segs["seg"]; seg.refs.Load() != 0 {
+		t.Fatalf("segment refs %d", seg.refs.Load())
+	}
+}
+
+func TestNotifications(t *testing.T) {
+	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{})
+	a, b := nodes[0], nodes[1]
+	r, err := a.Open("b", "seg", RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := newMemSeg(1, 1<<20)
+	fill(rand.New(rand.NewPCG(5, 5)), local.b)
+	col := newCollector(16)
+
+	// Positive ACK: delivered after the data landed.
+	var landed bool
+	b.exp.mu.Lock()
+	b.exp.deliver = func(seg string, p []byte) error {
+		landed = crc(b.exp.segs["seg"].b[:300<<10]) == crc(local.b[:300<<10])
+		return nil
+	}
+	b.exp.mu.Unlock()
+	tk := mkTask(col, xfer.OpWrite, local, 0, r, 0, 300<<10)
+	if err := a.SetNotify(tk, []byte("kv-ready"), time.Now().Add(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; d.err != nil || d.n != 300<<10 {
+		t.Fatalf("notified write: n=%d err=%v", d.n, d.err)
+	}
+	if got := <-b.exp.notifyCh; got != "seg:kv-ready" || !landed {
+		t.Fatalf("delivered %q, data landed first: %v", got, landed)
+	}
+
+	// Negative ACK → failed.
+	b.exp.mu.Lock()
+	b.exp.deliver = func(string, []byte) error { return errors.New("no subscriber") }
+	b.exp.mu.Unlock()
+	tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
+	_ = a.SetNotify(tk, []byte("x"), time.Now().Add(2*time.Second))
+	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; !errors.Is(d.err, ErrNotifyRejected) {
+		t.Fatalf("negative ACK ended with %v", d.err)
+	}
+
+	// No ACK by the deadline → timeout; the late ACK is ignored and the
+	// connection keeps serving.
+	b.exp.mu.Lock()
+	b.exp.deliver = func(string, []byte) error { time.Sleep(300 * time.Millisecond); return nil }
+	b.exp.mu.Unlock()
+	tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
+	_ = a.SetNotify(tk, []byte("slow"), time.Now().Add(100*time.Millisecond))
+	start := time.Now()
+	d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]
+	if !errors.Is(d.err, xfer.ErrTimeout) || time.Since(start) > 290*time.Millisecond {
+		t.Fatalf("missing ACK ended with %v after %v", d.err, time.Since(start))
+	}
+	time.Sleep(400 * time.Millisecond)
+	b.exp.mu.Lock()
+	b.exp.deliver = nil
+	b.exp.mu.Unlock()
+	tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
+	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; d.err != nil {
+		t.Fatalf("write after a late ACK: %v", d.err)
+	}
+	if strings.Contains(a.logs.String(), "dropping peer connection") {
+		t.Fatalf("a late ACK dropped the connection:\n%s", a.logs.String())
+	}
+
+	// Bad notifications.
+	if err := a.SetNotify(tk, make([]byte, MaxNotify+1), time.Now().Add(time.Second)); !errors.Is(err, xfer.ErrInvalid) {
+		t.Fatalf("oversized notification: %v", err)
+	}
+	rd := mkTask(col, xfer.OpRead, local, 0, r, 0, 10)
+	_ = a.SetNotify(rd, []byte("x"), time.Now().Add(time.Second))
+	if d := submitWait(t, a.Node, col, []*xfer.Task{rd}, 5*time.Second)[0]; !errors.Is(d.err, xfer.ErrInvalid) {
+		t.Fatalf("notification on a read: %v", d.err)
+	}
+	a.mu.Lock()
+	left := len(a.notifies)
+	a.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d notification entries left behind", left)
+	}
+}
+
+func TestWrongKeyRefusedAndLoggedOnBothSides(t *testing.T) {
+	dir := t.TempDir()
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: writeKey(t, dir, "ka", "key-one")})
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: writeKey(t, dir, "kb", "key-two")})
+	link(t, a, b)
+	link(t, b, a)
+	if _, err := a.Open("b", "seg", RightRead); !errors.Is(err, ErrAuth) {
+		t.Fatalf("open across keys: %v", err)
+	}
+	a.logs.waitContains(t, "authentication failed")
+	b.logs.waitContains(t, "peer refused us")
+	if _, err := b.Open("a", "seg", RightRead); !errors.Is(err, ErrAuth) {
+		t.Fatalf("open across keys (other way): %v", err)
+	}
+	for _, n := range []*testNode{a, b} {
+		for _, p := range n.Peers() {
+			if p.Connected {
+				t.Fatalf("%s connected to %s across keys", n.ID(), p.ID)
+			}
+		}
+	}
+}
+
+func TestStaleEpochRefusedBothWays(t *testing.T) {
+	dir := t.TempDir()
+	key := writeKey(t, dir, "k", "k")
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: key})
+	const e1, e2 = 0x1111, 0x2222
+	b1 := startNode(t, Config{DaemonID: "b", ClusterKeyFile: key, Epoch: e1})
+	addr := b1.Addr()
+	link(t, a, b1)
+	if _, err := a.Open("b", "x", RightRead); !errors.Is(err, ErrNotFound) {
+		t.Fatal(err)
+	}
+	b1.Close()
+	b2 := startNode(t, Config{DaemonID: "b", ClusterKeyFile: key, Epoch: e2, Listen: addr})
+	b2.exp.add("x", newMemSeg(1, 10))
+	if !waitFor(3*time.Second, func() bool { _, err := a.Open("b", "x", RightRead); return err == nil }) {
+		t.Fatal("no session with the restarted peer")
+	}
+	if p := a.Peers()[0]; p.Epoch != e2 {
+		t.Fatalf("epoch after restart %#x", p.Epoch)
+	}
+	b2.Close()
+	// A peer coming back with the retired epoch is refused, both ways.
+	b3 := startNode(t, Config{DaemonID: "b", ClusterKeyFile: key, Epoch: e1, Listen: addr})
+	link(t, b3, a)
+	if !waitFor(3*time.Second, func() bool {
+		_, err := a.Open("b", "x", RightRead)
+		return errors.Is(err, ErrStaleEpoch)
+	}) {
+		t.Fatal("stale epoch not refused by the dialer")
+	}
+	a.logs.waitContains(t, "reason=\"stale epoch\"")
+	b3.logs.waitContains(t, "peer refused us")
+	if _, err := b3.Open("a", "x", RightRead); !errors.Is(err, ErrRefused) {
+		t.Fatalf("stale peer dialing in: %v", err)
+	}
+	b3.logs.waitContains(t, "reason=\"stale epoch\"")
+}
