@@ -491,7 +491,7 @@ func (n *Node) Segments() []RemoteInfo {
 
 // peer is the state kept about one peer daemon.
 type peer struct {
-	id                       string
+	id                      string
 	bytesIn, bytesOut, errs atomic.Uint64
 
 	// mu guards the fields below, and the reqs, inflight, timedOut and
