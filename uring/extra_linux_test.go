@@ -1,0 +1,154 @@
+//go:build linux
+
+package uring
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// TestZeroAllocs: a steady-state submit/complete cycle allocates nothing,
+// with and without registered buffers.
+func TestZeroAllocs(t *testing.T) {
+	for _, register := range []bool{true, false} {
+		dir := t.TempDir()
+		tr := newTransport(t, Config{AllowedDirs: []string{dir}, Entries: 64})
+		f := openTestFile(t, tr, dir, true, 4<<20)
+		pool := newMemSeg(t, 2, 4<<20)
+		if register {
+			if err := tr.RegisterBuffers(pool); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rec := &recorder{noMaps: true, doneCh: make(chan struct{}, 64)}
+		tasks := make([]*xfer.Task, 16)
+		for i := range tasks {
+			op := xfer.OpRead
+			if i%2 == 1 {
+				op = xfer.OpWrite
+			}
+			tasks[i] = newTask(rec, op, pool, uint64(i)*8192, f, uint64(i)*8192, 4096)
+		}
+		cycle := func() {
+			n, err := tr.Submit(tasks)
+			if n != len(tasks) || err != nil {
+				panic(err)
+			}
+			for range tasks {
+				<-rec.doneCh
+			}
+		}
+		cycle() // warm up
+		if a := testing.AllocsPerRun(200, cycle); a != 0 {
+			t.Fatalf("register=%v: %.2f allocations per %d-task cycle, want 0", register, a, len(tasks))
+		}
+		if register && tr.Stats()[0].Fixed == 0 {
+			t.Fatal("fixed buffers not used")
+		}
+	}
+}
+
+// TestDirectRefused: a file system without O_DIRECT fails at OpenFile, not
+// per request. ramfs never has O_DIRECT; tmpfs has it since Linux 6.6.
+func TestDirectRefused(t *testing.T) {
+	requireRoot(t)
+	for _, fstype := range []string{"ramfs", "tmpfs"} {
+		t.Run(fstype, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := unix.Mount("none", dir, fstype, 0, ""); err != nil {
+				t.Skipf("skipped: mount -t %s failed: %v", fstype, err)
+			}
+			defer unix.Unmount(dir, unix.MNT_DETACH)
+			tr := newTransport(t, Config{AllowedDirs: []string{dir}})
+			f, err := tr.OpenFile(1, filepath.Join(dir, "f"), FileOptions{Direct: true, Create: true, Size: 1 << 20})
+			probeFD, perr := unix.Open(filepath.Join(dir, "probe"), unix.O_CREAT|unix.O_RDWR|unix.O_DIRECT, 0o600)
+			if perr == nil {
+				unix.Close(probeFD)
+			}
+			kernelRefuses := perr != nil
+			switch {
+			case kernelRefuses && (!errors.Is(err, ErrDirectUnsupported) || !errors.Is(err, xfer.ErrNotSupported)):
+				t.Fatalf("%s refuses O_DIRECT but OpenFile said %v", fstype, err)
+			case !kernelRefuses && err != nil:
+				t.Fatalf("%s accepts O_DIRECT on this kernel but OpenFile failed: %v", fstype, err)
+			case !kernelRefuses:
+				// Then requests must work end to end.
+				defer f.Close()
+				pool := newMemSeg(t, 2, 1<<20)
+				rec := newRecorder()
+				offA, _ := f.Alignment()
+				if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpWrite, pool, 0, f, 0, uint64(offA))); err != nil || n != uint64(offA) {
+					t.Fatalf("write on %s: %d %v", fstype, n, err)
+				}
+				t.Logf("%s accepts O_DIRECT on this kernel (alignment %d)", fstype, offA)
+			default:
+				t.Logf("%s: %v", fstype, err)
+			}
+			if ramfs := fstype == "ramfs"; ramfs && !kernelRefuses {
+				t.Fatal("ramfs accepted O_DIRECT: the refusal path is untested")
+			}
+		})
+	}
+}
+
+// TestENOSPC fills a small loop-mounted ext4 file system: the write that
+// does not fit ends with an error matching syscall.ENOSPC.
+func TestENOSPC(t *testing.T) {
+	requireRoot(t, "mkfs.ext4", "losetup")
+	base := t.TempDir()
+	img := filepath.Join(base, "fs.img")
+	mnt := filepath.Join(base, "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	run := func(name string, args ...string) string {
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+		return string(out)
+	}
+	run("truncate", "-s", "16M", img)
+	run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", img)
+	loop := run("losetup", "--find", "--show", img)
+	loop = loop[:len(loop)-1]
+	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
+	if err := unix.Mount(loop, mnt, "ext4", 0, ""); err != nil {
+		t.Fatalf("mount %s: %v", loop, err)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+
+	tr := newTransport(t, Config{AllowedDirs: []string{mnt}})
+	f, err := tr.OpenFile(1, filepath.Join(mnt, "big"), FileOptions{Direct: true, Create: true, Size: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	pool := newMemSeg(t, 2, 1<<20)
+	rec := newRecorder()
+	var lastErr error
+	var written uint64
+	for off := uint64(0); off < 64<<20; off += 1 <<20 {
+		n, err := runOne(t, tr, rec, newTask(rec, xfer.OpWrite, pool, 0, f, off, 1<<20))
+		written += n
+		if err != nil {
+			lastErr = err
+			break
+		}
+	}
+	if !errors.Is(lastErr, syscall.ENOSPC) {
+		t.Fatalf("after %d bytes: got %v, want ENOSPC", written, lastErr)
+	}
+	if written == 0 || written >= 16<<20 {
+		t.Fatalf("wrote %d bytes to a 16 MiB file system", written)
+	}
+	t.Logf("ENOSPC after %d bytes: %v", written, lastErr)
+}
