@@ -136,7 +136,7 @@ func TestENOSPC(t *testing.T) {
 	rec := newRecorder()
 	var lastErr error
 	var written uint64
-	for off := uint64(0); off < 64<<20; off += 1 <<20 {
+	for off := uint64(0); off < 64<<20; off += 1 << 20 {
 		n, err := runOne(t, tr, rec, newTask(rec, xfer.OpWrite, pool, 0, f, off, 1<<20))
 		written += n
 		if err != nil {
