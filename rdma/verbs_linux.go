@@ -7,6 +7,7 @@ package rdma
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,6 +308,33 @@ static int tc_post(struct tc_qp *q, int n, int *posted) {
 	return tc_rc(r);
 }
 
+// Layout of the structs shared with Go, checked by abiCheck.
+static size_t tc_wr_off(int f) {
+	switch (f) {
+	case 0: return offsetof(struct tc_wr, id);
+	case 1: return offsetof(struct tc_wr, laddr);
+	case 2: return offsetof(struct tc_wr, raddr);
+	case 3: return offsetof(struct tc_wr, length);
+	case 4: return offsetof(struct tc_wr, lkey);
+	case 5: return offsetof(struct tc_wr, rkey);
+	case 6: return offsetof(struct tc_wr, op);
+	case 7: return offsetof(struct tc_wr, signaled);
+	case 8: return sizeof(struct tc_wr);
+	}
+	return 0;
+}
+
+static size_t tc_wc_off(int f) {
+	switch (f) {
+	case 0: return offsetof(struct tc_wc, id);
+	case 1: return offsetof(struct tc_wc, status);
+	case 2: return offsetof(struct tc_wc, vendor);
+	case 3: return offsetof(struct tc_wc, byte_len);
+	case 4: return sizeof(struct tc_wc);
+	}
+	return 0;
+}
+
 static int tc_modify_state(struct tc_qp *q, int state) {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
@@ -374,6 +402,35 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// The status table of wcstatus.go follows the C enum.
+var _ = [1]struct{}{}[WCTMRndvIncomplete-C.IBV_WC_TM_RNDV_INCOMPLETE]
+var _ = [1]struct{}{}[C.IBV_WC_TM_RNDV_INCOMPLETE-WCTMRndvIncomplete]
+var _ = [1]struct{}{}[WCWRFlushErr-C.IBV_WC_WR_FLUSH_ERR]
+var _ = [1]struct{}{}[WCRetryExcErr-C.IBV_WC_RETRY_EXC_ERR]
+
+// abiCheck compares the Go mirrors of struct tc_wr and struct tc_wc with
+// the C layout.
+func abiCheck() error {
+	var w workRequest
+	wr := []uintptr{unsafe.Offsetof(w.id), unsafe.Offsetof(w.laddr), unsafe.Offsetof(w.raddr),
+		unsafe.Offsetof(w.length), unsafe.Offsetof(w.lkey), unsafe.Offsetof(w.rkey),
+		unsafe.Offsetof(w.op), unsafe.Offsetof(w.signaled), unsafe.Sizeof(w)}
+	for i, off := range wr {
+		if c := uintptr(C.tc_wr_off(C.int(i))); c != off {
+			return fmt.Errorf("rdma: struct tc_wr field %d at %d in C, %d in Go", i, c, off)
+		}
+	}
+	var c completion
+	wc := []uintptr{unsafe.Offsetof(c.id), unsafe.Offsetof(c.status), unsafe.Offsetof(c.vendor),
+		unsafe.Offsetof(c.byteLen), unsafe.Sizeof(c)}
+	for i, off := range wc {
+		if cc := uintptr(C.tc_wc_off(C.int(i))); cc != off {
+			return fmt.Errorf("rdma: struct tc_wc field %d at %d in C, %d in Go", i, cc, off)
+		}
+	}
+	return nil
+}
+
 // library is the process-wide libibverbs handle, loaded once.
 var library struct {
 	once sync.Once
@@ -383,6 +440,10 @@ var library struct {
 // loadLibrary opens libibverbs once; later calls return the first result.
 func loadLibrary() error {
 	library.once.Do(func() {
+		if err := abiCheck(); err != nil {
+			library.err = err
+			return
+		}
 		if msg := C.tc_load(); msg != nil {
 			library.err = fmt.Errorf("%w (%s)", ErrNoLibrary, C.GoString(msg))
 		}

@@ -20,7 +20,7 @@
 #   RXE_KPKG          kernel package (default: pinned below; overridable)
 #   RXE_TIMEOUT       seconds for the whole VM run (default 300)
 #   RXE_MEM, RXE_SMP  VM memory in MiB (default 1024) and CPUs (default 2)
-#   RXE_FILES         extra host files copied into /work (space separated)
+#   RXE_FILES         extra host files or directories copied into /work (space separated)
 #   RXE_LOG           keep the serial console log in this file
 #   RXE_QUIET=1       do not echo the console while running (printed on failure)
 #
@@ -167,7 +167,7 @@ if ldd "$PROG" >/dev/null 2>&1; then
     mkdir -p "$o$dir"; cp -L "$lib" "$o$dir/"
   done
 fi
-for f in ${RXE_FILES:-}; do cp -L "$f" "$o/work/"; done
+for f in ${RXE_FILES:-}; do cp -rL "$f" "$o/work/"; done
 echo "$name" > "$o/work/.prog"
 printf '%s ' "$@" > "$o/work/.args"   # split on blanks in the VM: no blanks inside an argument
 (cd "$o" && find . -mindepth 1 | cpio -o -H newc --quiet | gzip -1) > "$w/run.cpio.gz"

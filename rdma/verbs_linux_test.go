@@ -1,0 +1,445 @@
+//go:build linux && cgo
+
+package rdma
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// These tests need a real RDMA device. `make test-rdma` runs them inside a
+// VM with Soft-RoCE (rxe0) and sets RXE_DEV there; in that case a missing
+// device is a failure, elsewhere it is a skip.
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func testLogger() *slog.Logger {
+	if os.Getenv("RXE_DEV") != "" && testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// openDevice opens the test device or skips (fails inside the VM).
+func openDevice(tb testing.TB, cfg Config) *Device {
+	tb.Helper()
+	dev := os.Getenv("RXE_DEV")
+	if err := Available(); err != nil {
+		if dev != "" {
+			tb.Fatalf("RXE_DEV=%s but verbs are unavailable: %v", dev, err)
+		}
+		tb.Skipf("no RDMA device; run make test-rdma (%v)", err)
+	}
+	cfg.Device = dev
+	d, err := Open(cfg, testLogger())
+	if err != nil {
+		tb.Fatalf("Open %q: %v", dev, err)
+	}
+	tb.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			tb.Errorf("device Close: %v", err)
+		}
+	})
+	return d
+}
+
+// mmapBuf is memory outside the Go heap, as segments are.
+func mmapBuf(tb testing.TB, n int) []byte {
+	tb.Helper()
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		tb.Fatalf("mmap %d: %v", n, err)
+	}
+	tb.Cleanup(func() { _ = unix.Munmap(b) })
+	return b
+}
+
+func register(tb testing.TB, d *Device, b []byte) *Region {
+	tb.Helper()
+	r, err := d.Register(b)
+	if err != nil {
+		tb.Fatalf("Register %d bytes: %v", len(b), err)
+	}
+	tb.Cleanup(func() {
+		if err := d.Deregister(r); err != nil {
+			tb.Errorf("Deregister: %v", err)
+		}
+	})
+	return r
+}
+
+// verbsPair is two transports on one device, a connected to b over
+// loopback queue pairs; a's segLocal is la, its segRemote is b's rb, learned
+// from b's connection data.
+type verbsPair struct {
+	d      *Device
+	a, b   *Transport
+	la, rb []byte
+}
+
+func newVerbsPair(tb testing.TB, cfg Config, size int) *verbsPair {
+	tb.Helper()
+	d := openDevice(tb, cfg)
+	p := &verbsPair{d: d, la: mmapBuf(tb, size), rb: mmapBuf(tb, size)}
+	lr, rr := register(tb, d, p.la), register(tb, d, p.rb)
+	var err error
+	if p.a, err = d.NewTransport(); err != nil {
+		tb.Fatal(err)
+	}
+	if p.b, err = d.NewTransport(); err != nil {
+		p.a.Close()
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := p.a.Close(); err != nil {
+			tb.Errorf("Close a: %v", err)
+		}
+		if err := p.b.Close(); err != nil {
+			tb.Errorf("Close b: %v", err)
+		}
+	})
+	p.b.Expose(77, rr)
+	p.a.AddLocal(segLocal, lr)
+	if err := p.a.Connect(Loopback{p.b}); err != nil {
+		tb.Fatalf("Connect: %v", err)
+	}
+	regs := p.a.PeerRegions()
+	if len(regs) != 1 || regs[0].Name != 77 || regs[0].Size != uint64(size) {
+		tb.Fatalf("peer regions from the connection data: %+v", regs)
+	}
+	if err := p.a.AddRemote(segRemote, regs[0]); err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
+// run submits tasks and waits for all of them to end.
+func run(tb testing.TB, tr *Transport, r *recorder, tasks []*xfer.Task) {
+	tb.Helper()
+	for off := 0; off < len(tasks); {
+		n, err := tr.Submit(tasks[off:])
+		off += n
+		if err != nil && !errors.Is(err, ErrQueueFull) {
+			tb.Fatalf("Submit: %v", err)
+		}
+	}
+	r.wait(tb.(*testing.T), len(tasks))
+}
+
+func TestVerbsWriteReadCRC(t *testing.T) {
+	const size = 40 << 20
+	p := newVerbsPair(t, Config{QPs: 2}, size)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{4 << 10, 64 << 10, 1 << 20, 16 << 20} {
+		t.Run(strconv.Itoa(n>>10)+"KiB", func(t *testing.T) {
+			for i := range p.la[:n] {
+				p.la[i] = byte(rng.Uint32())
+			}
+			want := crc32.Checksum(p.la[:n], castagnoli)
+			roff := uint64(size - n - 4096) // away from offset 0, not page aligned at the end
+			r := newRecorder()
+			w := tasksOf(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, TargetOffset: roff, Length: uint64(n)})
+			start := time.Now()
+			run(t, p.a, r, w)
+			wdur := time.Since(start)
+			if err := r.errs[w[0]]; err != nil || r.n[w[0]] != uint64(n) {
+				t.Fatalf("WRITE: n %d, %v", r.n[w[0]], err)
+			}
+			if got := crc32.Checksum(p.rb[roff:roff+uint64(n)], castagnoli); got != want {
+				t.Fatalf("WRITE: crc32c %08x at the target, %08x at the source", got, want)
+			}
+			loff := uint64(size - n)
+			clear(p.la[loff:])
+			rd := tasksOf(r, xfer.Request{Op: xfer.OpRead, Local: segLocal, LocalOffset: loff, Target: segRemote, TargetOffset: roff, Length: uint64(n)})
+			start = time.Now()
+			run(t, p.a, r, rd)
+			rdur := time.Since(start)
+			if err := r.errs[rd[0]]; err != nil {
+				t.Fatalf("READ: %v", err)
+			}
+			if got := crc32.Checksum(p.la[loff:loff+uint64(n)], castagnoli); got != want {
+				t.Fatalf("READ: crc32c %08x read back, %08x written", got, want)
+			}
+			t.Logf("%d KiB: write %v, read %v, crc32c %08x", n>>10, wdur, rdur, want)
+		})
+	}
+}
+
+func TestVerbsManySmallSignalled(t *testing.T) {
+	p := newVerbsPair(t, Config{QPs: 2, SignalEvery: 8}, 4<<20)
+	for i := range p.la {
+		p.la[i] = byte(i * 13)
+	}
+	r := newRecorder()
+	var reqs []xfer.Request
+	for i := range 1000 {
+		off := uint64(i) * 4096
+		reqs = append(reqs, xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: off, Target: segRemote, TargetOffset: off, Length: 4096})
+	}
+	tasks := tasksOf(r, reqs...)
+	run(t, p.a, r, tasks)
+	r.check(t, tasks)
+	for i, tk := range tasks {
+		if r.errs[tk] != nil {
+			t.Fatalf("task %d: %v", i, r.errs[tk])
+		}
+	}
+	if !bytes.Equal(p.la[:1000*4096], p.rb[:1000*4096]) {
+		t.Fatal("bytes differ after 1000 signalled-every-8 writes")
+	}
+}
+
+func TestVerbsQPErrorFailsInFlightAndRecovers(t *testing.T) {
+	const chunk = 4 << 20
+	p := newVerbsPair(t, Config{QPs: 1}, 16*chunk)
+	r := newRecorder()
+	var reqs []xfer.Request
+	for i := range 16 {
+		off := uint64(i) * chunk
+		reqs = append(reqs, xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: off, Target: segRemote, TargetOffset: off, Length: chunk})
+	}
+	tasks := tasksOf(r, reqs...)
+	n, err := p.a.Submit(tasks)
+	if n != len(tasks) || err != nil {
+		t.Fatalf("Submit = %d, %v", n, err)
+	}
+	if err := p.a.failQP(0); err != nil {
+		t.Fatalf("forcing the queue pair to ERR: %v", err)
+	}
+	r.wait(t, len(tasks))
+	r.check(t, tasks)
+	failed := 0
+	for i, tk := range tasks {
+		err := r.errs[tk]
+		if err == nil {
+			continue // finished before the error
+		}
+		failed++
+		var ce *CompletionError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "IBV_WC_") {
+			t.Errorf("task %d: %v, want a completion error naming the status", i, err)
+		}
+		if i == len(tasks)-1 && ce != nil && ce.Status != WCWRFlushErr {
+			t.Errorf("last task: %v, want IBV_WC_WR_FLUSH_ERR", err)
+		}
+	}
+	if failed == 0 {
+		t.Fatal("no task was in flight when the queue pair failed")
+	}
+	t.Logf("%d of %d tasks failed with the queue pair (first: %v)", failed, len(tasks), r.errs[tasks[len(tasks)-1]])
+
+	deadline := time.Now().Add(20 * time.Second)
+	for !qpIsUp(p.a, 0) {
+		if time.Now().After(deadline) {
+			t.Fatal("queue pair not re-established within 20s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for i := range 1 << 20 {
+		p.la[i] = byte(i * 31)
+	}
+	again := tasksOf(r,
+		xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, TargetOffset: 8 << 20, Length: 1 << 20},
+		xfer.Request{Op: xfer.OpRead, Local: segLocal, LocalOffset: 2 << 20, Target: segRemote, TargetOffset: 8 << 20, Length: 1 << 20},
+	)
+	run(t, p.a, r, again[:1])
+	run(t, p.a, r, again[1:])
+	for _, tk := range again {
+		if r.errs[tk] != nil {
+			t.Fatalf("after recovery: %v", r.errs[tk])
+		}
+	}
+	if !bytes.Equal(p.la[:1<<20], p.la[2<<20:3<<20]) {
+		t.Fatal("after recovery: bytes read back differ")
+	}
+}
+
+func qpIsUp(t *Transport, i int) bool {
+	q := t.qps[i]
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.state == qpUp
+}
+
+// bogusPeer answers with a GID nobody has (and no route reaches).
+type bogusPeer struct{ t *Transport }
+
+func (p bogusPeer) Exchange(l ConnInfo) (ConnInfo, error) {
+	c, err := p.t.Accept(l)
+	c.GID, _ = ParseGID("::ffff:198.18.0.1")
+	return c, err
+}
+
+func TestVerbsConnectBogusGIDFailsInTime(t *testing.T) {
+	d := openDevice(t, Config{QPs: 1, ConnectTimeout: 3 * time.Second, Timeout: 12, RetryCount: 2})
+	a, err := d.NewTransport()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := d.NewTransport()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	start := time.Now()
+	err = a.Connect(bogusPeer{b})
+	took := time.Since(start)
+	if !errors.Is(err, ErrConnect) {
+		t.Fatalf("Connect to an unreachable GID: %v, want ErrConnect", err)
+	}
+	if took > 10*time.Second {
+		t.Fatalf("failing took %v", took)
+	}
+	t.Logf("unreachable GID: %v after %v", err, took.Round(time.Millisecond))
+}
+
+func TestVerbsRegisterLarge(t *testing.T) {
+	mb := 512
+	if s := os.Getenv("RXE_REG_MB"); s != "" {
+		mb, _ = strconv.Atoi(s)
+	}
+	size := mb << 20
+	for _, c := range []struct {
+		chunk   uint64
+		workers int
+	}{{uint64(size), 1}, {uint64(size) / 4, 4}} {
+		d := openDevice(t, Config{ChunkSize: c.chunk, RegisterWorkers: c.workers})
+		buf := mmapBuf(t, size)
+		start := time.Now()
+		r, err := d.Register(buf)
+		took := time.Since(start)
+		if err != nil {
+			t.Fatalf("Register %d MiB: %v", mb, err)
+		}
+		if _, lk, rk, _, ok := r.Lookup(uint64(size-1), 1); !ok || lk == 0 && rk == 0 {
+			t.Errorf("lookup of the last byte: ok %v keys %d/%d", ok, lk, rk)
+		}
+		start = time.Now()
+		if err := d.Deregister(r); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("MR registration: %d MiB as %d chunk(s) on %d goroutine(s): register %v, deregister %v",
+			mb, r.Chunks(), c.workers, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+		fmt.Printf("REGISTER %dMiB chunks=%d workers=%d ms=%d\n", mb, r.Chunks(), c.workers, took.Milliseconds())
+	}
+}
+
+// Benchmarks: a window of outstanding tasks on one queue pair, as perftest
+// runs (ib_write_bw / ib_read_bw keep tx-depth posted; ib_write_lat has one
+// in flight).
+
+func benchPair(b *testing.B, size int) *verbsPair {
+	b.Helper()
+	d := openDevice(b, Config{QPs: 1, SendDepth: 128})
+	p := &verbsPair{d: d, la: mmapBuf(b, size), rb: mmapBuf(b, size)}
+	lr, rr := register(b, d, p.la), register(b, d, p.rb)
+	var err error
+	if p.a, err = d.NewTransport(); err != nil {
+		b.Fatal(err)
+	}
+	if p.b, err = d.NewTransport(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { p.a.Close(); p.b.Close() })
+	p.a.AddLocal(segLocal, lr)
+	if err := p.a.AddRemote(segRemote, rr.Remote(1)); err != nil {
+		b.Fatal(err)
+	}
+	if err := p.a.Connect(Loopback{p.b}); err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// pipeline keeps depth tasks of msg bytes outstanding for b.N tasks.
+func pipeline(b *testing.B, op xfer.Op, msg, depth int) {
+	p := benchPair(b, msg*depth)
+	ch := make(chan *xfer.Task, depth)
+	c := &taskChan{ch: ch}
+	tasks := make([]*xfer.Task, depth)
+	for i := range tasks {
+		tasks[i] = &xfer.Task{Req: xfer.Request{Op: op, Local: segLocal, LocalOffset: uint64(i * msg),
+			Target: segRemote, TargetOffset: uint64(i * msg), Length: uint64(msg)}}
+		tasks[i].SetCompleter(c)
+	}
+	one := make([]*xfer.Task, 1)
+	b.SetBytes(int64(msg))
+	b.ResetTimer()
+	start := time.Now()
+	inflight := 0
+	for i := 0; i < b.N; i++ {
+		var tk *xfer.Task
+		if inflight < depth {
+			tk = tasks[inflight]
+			inflight++
+		} else {
+			tk = <-ch
+		}
+		one[0] = tk
+		if n, err := p.a.Submit(one); n != 1 {
+			b.Fatalf("Submit: %v", err)
+		}
+	}
+	for ; inflight > 0; inflight-- {
+		<-ch
+	}
+	el := time.Since(start)
+	b.StopTimer()
+	if f := c.failed.Load(); f != 0 {
+		b.Fatalf("%d tasks failed", f)
+	}
+	b.ReportMetric(float64(b.N)*float64(msg)*8/el.Seconds()/1e9, "Gbit/s")
+	b.ReportMetric(float64(el.Microseconds())/float64(b.N), "us/op")
+}
+
+// taskChan hands ended tasks back and counts failures.
+type taskChan struct {
+	ch     chan *xfer.Task
+	failed atomic.Int32
+}
+
+func (c *taskChan) TaskDone(t *xfer.Task, _ uint64, err error) {
+	if err != nil {
+		c.failed.Add(1)
+	}
+	c.ch <- t
+}
+
+func BenchmarkVerbsWriteBW(b *testing.B) {
+	for _, msg := range []int{64 << 10, 1 << 20} {
+		b.Run(strconv.Itoa(msg>>10)+"KiB", func(b *testing.B) { pipeline(b, xfer.OpWrite, msg, 16) })
+	}
+}
+
+func BenchmarkVerbsReadBW(b *testing.B) {
+	for _, msg := range []int{64 << 10, 1 << 20} {
+		b.Run(strconv.Itoa(msg>>10)+"KiB", func(b *testing.B) { pipeline(b, xfer.OpRead, msg, 16) })
+	}
+}
+
+// BenchmarkVerbsWriteLat is one 4 KiB WRITE at a time: submit to Done.
+func BenchmarkVerbsWriteLat(b *testing.B) {
+	b.Run("4KiB", func(b *testing.B) { pipeline(b, xfer.OpWrite, 4<<10, 1) })
+}
+
+func TestABILayout(t *testing.T) {
+	if err := abiCheck(); err != nil {
+		t.Fatal(err)
+	}
+}
