@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	flatbuffers "github.com/google/flatbuffers/go"
 	"golang.org/x/sys/unix"
@@ -50,6 +51,8 @@ type conn struct {
 	oob        []byte
 	groups     []fdGroup
 	readFn     func(fd uintptr) bool
+	rmsg       unix.Msghdr // recvmsg arguments, kept here so a read allocates nothing
+	riov       unix.Iovec
 	rn, roobn  int
 	rflags     int
 	rerr       error
@@ -107,10 +110,7 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 		return nil, os.NewSyscallError("getsockopt SO_PEERCRED", err)
 	}
 	c.log = s.log.With("conn", c.id, "pid", c.cred.Pid, "uid", c.cred.Uid)
-	c.readFn = func(fd uintptr) bool {
-		c.rn, c.roobn, c.rflags, _, c.rerr = unix.Recvmsg(int(fd), c.rbuf[c.rend:], c.oob, unix.MSG_CMSG_CLOEXEC)
-		return c.rerr != unix.EAGAIN
-	}
+	c.readFn = c.recvmsg
 	return c, nil
 }
 
@@ -119,6 +119,29 @@ func (c *conn) refuse(err error) {
 	c.resp = Response{Status: CodeOf(err), Message: []byte(message(CodeOf(err)))}
 	c.uc.Write(EncodeResponse(c.b, &c.resp)) //nolint:errcheck // closing anyway
 	c.uc.Close()
+}
+
+// recvmsg is one recvmsg(2) into rbuf[rend:] and oob, for RawConn.Read: it
+// reports false on EAGAIN so the poller waits for readability. unix.Recvmsg
+// would allocate its iovec and address per call; this reuses c.rmsg.
+func (c *conn) recvmsg(fd uintptr) bool {
+	p := c.rbuf[c.rend:]
+	c.riov.Base = &p[0]
+	c.riov.SetLen(len(p))
+	c.rmsg = unix.Msghdr{Iov: &c.riov, Control: &c.oob[0]}
+	c.rmsg.SetIovlen(1)
+	c.rmsg.SetControllen(len(c.oob))
+	n, _, errno := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&c.rmsg)), unix.MSG_CMSG_CLOEXEC)
+	if errno == unix.EAGAIN {
+		return false
+	}
+	c.rerr = nil
+	if errno != 0 {
+		c.rerr = errno
+		n = 0
+	}
+	c.rn, c.roobn, c.rflags = int(n), int(c.rmsg.Controllen), int(c.rmsg.Flags)
+	return true
 }
 
 // fill reads more bytes into rbuf[rend:], collecting any fds.

@@ -207,6 +207,7 @@ type rawClient struct {
 	resp Response
 	buf  []byte
 	oob  []byte
+	hdr  [FrameHeader]byte
 	id   uint64
 }
 
@@ -218,6 +219,8 @@ func dialRaw(t testing.TB, path string) *rawClient {
 	}
 	rc := &rawClient{t: t, uc: c, b: flatbuffers.NewBuilder(256), oob: make([]byte, unix.CmsgSpace(4*8))}
 	t.Cleanup(func() { c.Close() })
+	// Tests that wait for an answer that never comes fail instead of hanging.
+	c.SetReadDeadline(time.Now().Add(2 * time.Minute))
 	return rc
 }
 
@@ -230,11 +233,21 @@ func (c *rawClient) send(frame []byte, fds ...int) error {
 	return err
 }
 
-// recv reads one response frame and the fds that came with it.
-func (c *rawClient) recv() (*Response, []int, error) {
-	c.uc.SetReadDeadline(time.Now().Add(testTimeout))
-	var hdr [FrameHeader]byte
-	n, oobn, _, _, err := c.uc.ReadMsgUnix(hdr[:], c.oob)
+// recv reads one response frame.
+func (c *rawClient) recv() (*Response, []int, error) { return c.recvMsg(false) }
+
+// recvMsg reads one response frame and, with withFDs, the fds that came
+// with it.
+func (c *rawClient) recvMsg(withFDs bool) (*Response, []int, error) {
+	hdr := c.hdr[:]
+	var n, oobn int
+	var err error
+	if withFDs {
+		c.uc.SetReadDeadline(time.Now().Add(testTimeout))
+		n, oobn, _, _, err = c.uc.ReadMsgUnix(hdr, c.oob)
+	} else {
+		n, err = c.uc.Read(hdr)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -249,7 +262,7 @@ func (c *rawClient) recv() (*Response, []int, error) {
 		closeFDs(fds)
 		return nil, nil, err
 	}
-	size := binary.LittleEndian.Uint32(hdr[:])
+	size := binary.LittleEndian.Uint32(hdr)
 	if cap(c.buf) < int(size) {
 		c.buf = make([]byte, size)
 	}
@@ -281,7 +294,7 @@ func (c *rawClient) callFD(m *Request, fds ...int) (*Response, []int) {
 	if err := c.send(EncodeRequest(c.b, m), fds...); err != nil {
 		c.t.Fatalf("send %s: %v", m.Kind, err)
 	}
-	r, back, err := c.recv()
+	r, back, err := c.recvMsg(m.Kind == tcproto.RequestBodyPoolInfoRequest)
 	if err != nil {
 		c.t.Fatalf("recv for %s: %v", m.Kind, err)
 	}
