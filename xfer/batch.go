@@ -468,8 +468,16 @@ type call struct {
 	armed      bool      // guarded by b.mu
 }
 
-// arm starts the deadline timer of tasks[start:end]. b.mu is held.
+// arm starts the deadline timer of tasks[start:end]: deadline, or
+// Config.DefaultTimeout from now when it is zero. now is zero when the
+// clock has not been read yet. b.mu is held.
 func (b *batch) arm(start, end int, deadline, now time.Time) {
+	if now.IsZero() {
+		now = time.Now()
+	}
+	if deadline.IsZero() {
+		deadline = now.Add(b.e.cfg.DefaultTimeout)
+	}
 	var c *call
 	if b.ncalls < len(b.calls) {
 		c = b.calls[b.ncalls]

@@ -239,14 +239,15 @@ func (e *Engine) Submit(id BatchID, reqs []Request, opts SubmitOptions, results 
 	if opts.Resolver == nil {
 		return ErrInvalid
 	}
-	now := time.Now()
-	deadline := opts.Deadline
-	if deadline.IsZero() {
-		deadline = now.Add(e.cfg.DefaultTimeout)
-	} else if !deadline.After(now) {
-		return ErrTimeout
+	// The clock is read only when a deadline must be checked or armed.
+	var now time.Time
+	if !opts.Deadline.IsZero() {
+		now = time.Now()
+		if !opts.Deadline.After(now) {
+			return ErrTimeout
+		}
 	}
-	return b.submit(reqs, opts.Resolver, deadline, now, results)
+	return b.submit(reqs, opts.Resolver, opts.Deadline, now, results)
 }
 
 // Status reports task i of batch id in O(1). ErrBatchNotFound for an

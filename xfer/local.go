@@ -22,7 +22,7 @@ type LocalConfig struct {
 	// 256 KiB).
 	ChunkBytes int
 	// QueueLen is how many chunks may wait for a worker; a Submit that
-	// finds the queue full waits for room (default 64 per worker).
+	// finds the queue full copies the chunk itself (default 64 per worker).
 	QueueLen int
 }
 
@@ -120,8 +120,9 @@ func (l *Local) Faults() uint64 { return l.faults.Load() }
 // Submit takes every task (it only refuses work once closed: 0,
 // ErrClosed). A task whose segments are not MemSegments ends with
 // ErrNotSupported, one out of their bounds with ErrOutOfBounds. Small
-// submits are copied before Submit returns; larger ones are queued for the
-// workers, and Submit waits for queue room.
+// submits are copied before Submit returns; larger ones are split into
+// chunks queued for the workers, which the submitting goroutine helps copy
+// (it never waits for queue room).
 func (l *Local) Submit(tasks []*Task) (int, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
@@ -140,6 +141,15 @@ func (l *Local) Submit(tasks []*Task) (int, error) {
 		l.copyInline(tasks)
 		return len(tasks), nil
 	}
+	// Queue the chunks for the workers, then help them: the submitting
+	// goroutine copies queued chunks itself until it has done as many as it
+	// queued or the queue is empty. A wake-up of a worker costs tens of
+	// microseconds here, so a lone large request is mostly copied by its
+	// submitter, and a large batch spreads over every core. A full queue is
+	// not waited on: the chunk is copied here instead.
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	queued := 0
 	for _, t := range tasks {
 		if _, _, err := spans(t, 0, t.Req.Length); err != nil {
 			t.Done(0, err)
@@ -150,7 +160,21 @@ func (l *Local) Submit(tasks []*Task) (int, error) {
 		length := t.Req.Length
 		atomic.StoreUint64(&t.Tag, (length+l.chunk-1)/l.chunk)
 		for off := uint64(0); off < length; off += l.chunk {
-			l.queue <- localChunk{t: t, off: off, n: min(l.chunk, length-off)}
+			c := localChunk{t: t, off: off, n: min(l.chunk, length-off)}
+			select {
+			case l.queue <- c:
+				queued++
+			default:
+				l.runChunk(c)
+			}
+		}
+	}
+	for ; queued > 0; queued-- {
+		select {
+		case c := <-l.queue:
+			l.runChunk(c)
+		default:
+			return len(tasks), nil
 		}
 	}
 	return len(tasks), nil
@@ -181,24 +205,30 @@ func (l *Local) worker() {
 	defer l.wg.Done()
 	debug.SetPanicOnFault(true)
 	for c := range l.queue {
-		t := c.t
-		dst, src, err := spans(t, c.off, c.n)
-		if err == nil {
-			err = copyGuarded(dst, src)
-		}
-		if err != nil {
-			atomic.OrUint64(&t.Tag, localFailed)
-		}
-		left := atomic.AddUint64(&t.Tag, ^uint64(0))
-		if left&localCountMask != 0 {
-			continue
-		}
-		if left&localFailed != 0 {
-			l.faults.Add(1)
-			t.Done(0, ErrFault)
-		} else {
-			t.Done(t.Req.Length, nil)
-		}
+		l.runChunk(c)
+	}
+}
+
+// runChunk copies one chunk; the last chunk of a task to finish ends the
+// task. The goroutine has SetPanicOnFault on.
+func (l *Local) runChunk(c localChunk) {
+	t := c.t
+	dst, src, err := spans(t, c.off, c.n)
+	if err == nil {
+		err = copyGuarded(dst, src)
+	}
+	if err != nil {
+		atomic.OrUint64(&t.Tag, localFailed)
+	}
+	left := atomic.AddUint64(&t.Tag, ^uint64(0))
+	if left&localCountMask != 0 {
+		return
+	}
+	if left&localFailed != 0 {
+		l.faults.Add(1)
+		t.Done(0, ErrFault)
+	} else {
+		t.Done(t.Req.Length, nil)
 	}
 }
 

@@ -1,0 +1,105 @@
+package xfer
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// BenchmarkSubmitStatus measures the engine's own cost per request: one
+// batch per iteration (AllocateBatch, Submit, Status of every task, Wait,
+// Free) over a transport that ends each task inside Submit.
+func BenchmarkSubmitStatus(b *testing.B) {
+	for _, n := range []int{1, 32, 256} {
+		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
+			f := newFixture(b, Config{}, oneRouter{&syncTr{}})
+			f.a.buf = make([]byte, n*64)
+			f.b.buf = make([]byte, n*64)
+			reqs := f.reqs(n)
+			res := make([]error, n)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				id, err := f.e.AllocateBatch(n)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
+					b.Fatal(err)
+				}
+				for i := range n {
+					if st, _ := f.e.Status(id, i); st.State != StateCompleted {
+						b.Fatal(st.State)
+					}
+				}
+				if _, err := f.e.Wait(id, time.Time{}); err != nil {
+					b.Fatal(err)
+				}
+				if err := f.e.Free(id); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/request")
+			b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "requests/s")
+		})
+	}
+}
+
+// BenchmarkLocalCopy compares the local transport (through the engine:
+// Submit of depth requests, then Wait) with a plain copy() of the same
+// sizes between the same buffers. Compare MB/s of local/… with copy/….
+func BenchmarkLocalCopy(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20} {
+		for _, depth := range []int{1, 16} {
+			name := fmt.Sprintf("size=%dKiB/depth=%d", size>>10, depth)
+			b.Run("copy/"+name, func(b *testing.B) {
+				src := make([]byte, size*depth)
+				dst := make([]byte, size*depth)
+				fill(src, 1)
+				fill(dst, 2)
+				b.SetBytes(int64(size))
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					k := i % depth
+					copy(dst[k*size:(k+1)*size], src[k*size:(k+1)*size])
+				}
+			})
+			b.Run("local/"+name, func(b *testing.B) {
+				l := NewLocal(LocalConfig{}, nil)
+				defer l.Close()
+				f := newFixture(b, Config{}, oneRouter{l})
+				f.a.buf = make([]byte, size*depth)
+				f.b.buf = make([]byte, size*depth)
+				fill(f.a.buf, 1)
+				fill(f.b.buf, 2)
+				reqs := make([]Request, depth)
+				for k := range reqs {
+					reqs[k] = Request{Op: OpWrite, Local: 1, LocalOffset: uint64(k * size), Target: 2, TargetOffset: uint64(k * size), Length: uint64(size)}
+				}
+				res := make([]error, depth)
+				// One batch takes many submits; it is recycled when full.
+				const capacity = 1024
+				id, _ := f.e.AllocateBatch(capacity)
+				used := 0
+				b.SetBytes(int64(size))
+				b.ResetTimer()
+				for i := 0; i < b.N; i += depth {
+					if used+depth > capacity {
+						if err := f.e.Free(id); err != nil {
+							b.Fatal(err)
+						}
+						id, _ = f.e.AllocateBatch(capacity)
+						used = 0
+					}
+					if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
+						b.Fatal(err)
+					}
+					used += depth
+					if s, err := f.e.Wait(id, time.Time{}); err != nil || s.Failed != 0 {
+						b.Fatal(s, err)
+					}
+				}
+			})
+		}
+	}
+}
