@@ -1,0 +1,96 @@
+package tcp
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+var fuzzLimits = limits{maxPayload: 1 << 20, maxMeta: 8192}
+
+// seedFrames are well-formed frames of every type plus near misses.
+func seedFrames() [][]byte {
+	frame := func(h header, meta, payload []byte) []byte {
+		h.metaLen = uint16(len(meta))
+		b := make([]byte, hdrLen)
+		putHeader(b, &h)
+		return append(append(b, meta...), payload...)
+	}
+	hl := hello{id: "alpha", epoch: 7, addr: "127.0.0.1:9000", blob: []byte{1, 2, 3}}
+	tok := (&token{name: "kvpool", rights: RightRead | RightWrite, expiry: 1 << 62, issuer: "bravo", epoch: 9}).sign([]byte("k"))
+	notify := binary.LittleEndian.AppendUint16(nil, uint16(len(tok)))
+	notify = append(append(notify, tok...), "ready"...)
+	out := [][]byte{
+		frame(header{typ: tHello}, hl.append(nil), nil),
+		frame(header{typ: tHelloReply}, append(hl.append(nil), make([]byte, macLen)...), nil),
+		frame(header{typ: tAuth}, make([]byte, macLen), nil),
+		frame(header{typ: tAuthOK}, nil, nil),
+		frame(header{typ: tRefuse}, []byte("stale epoch"), nil),
+		frame(header{typ: tOpenReq, flags: uint16(RightRead)}, []byte("kvpool"), nil),
+		frame(header{typ: tOpenResp, arg: 1 << 20}, tok, nil),
+		frame(header{typ: tOpenResp, status: stNotFound}, nil, nil),
+		frame(header{typ: tReadReq, id: 1, arg: 4096, n: 16}, tok, nil),
+		frame(header{typ: tReadResp, id: 1, n: 16}, nil, bytes.Repeat([]byte{7}, 16)),
+		frame(header{typ: tReadResp, id: 1, status: stPermission}, nil, nil),
+		frame(header{typ: tWriteReq, id: 2, n: 8}, tok, []byte("payload!")),
+		frame(header{typ: tWriteResp, id: 2, n: 8}, nil, nil),
+		frame(header{typ: tNotify, id: 3}, notify, nil),
+		frame(header{typ: tNotifyAck, id: 3, status: stFailed}, nil, nil),
+	}
+	// Near misses: oversized length, truncated metadata, trailing bytes.
+	big := frame(header{typ: tReadReq, id: 1, n: 16}, tok, nil)
+	binary.LittleEndian.PutUint32(big[24:], 1<<31)
+	out = append(out, big, out[0][:hdrLen+5], append(append([]byte{}, out[12]...), 0))
+	return out
+}
+
+func TestSeedFramesParse(t *testing.T) {
+	seeds := seedFrames()
+	for i, b := range seeds[:15] {
+		if _, err := parseFrame(b, fuzzLimits); err != nil {
+			t.Errorf("seed %d: %v", i, err)
+		}
+	}
+	for i, b := range seeds[15:] {
+		if _, err := parseFrame(b, fuzzLimits); err == nil {
+			t.Errorf("near miss %d parsed", i)
+		}
+	}
+	if os.Getenv("TENSORCAST_WRITE_CORPUS") != "" {
+		dir := filepath.Join("testdata", "fuzz", "FuzzParseFrame")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for i, b := range seeds {
+			body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b)
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%02d", i)), []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// FuzzParseFrame: any bytes decode to a frame or a typed error, never a
+// panic; a header that decodes re-encodes to the same bytes.
+func FuzzParseFrame(f *testing.F) {
+	for _, b := range seedFrames() {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := parseFrame(b, fuzzLimits)
+		if err != nil {
+			return
+		}
+		var re [hdrLen]byte
+		putHeader(re[:], &h)
+		if !bytes.Equal(re[:], b[:hdrLen]) {
+			t.Fatalf("header %x re-encodes as %x", b[:hdrLen], re)
+		}
+		if h.metaLen > fuzzLimits.maxMeta || h.payloadLen() > fuzzLimits.maxPayload {
+			t.Fatalf("limits not enforced: %+v", h)
+		}
+	})
+}
