@@ -14,6 +14,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv("TCBENCH_FAKE_DAEMON"); mode != "" {
+		os.Exit(fakeDaemon(mode, os.Args[1:]))
+	}
 	goleak.VerifyTestMain(m)
 }
 

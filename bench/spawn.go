@@ -59,7 +59,7 @@ func SpawnDaemon(bin string, poolSize uint64, log *slog.Logger) (*Daemon, error)
 		return nil, fmt.Errorf("%w: %w", ErrDaemon, err)
 	}
 	d := &Daemon{Socket: filepath.Join(dir, "s.sock"), Dir: dir, log: log, exited: make(chan error, 1)}
-	d.Args = []string{"--socket", d.Socket, "--data-dir", filepath.Join(dir, "data"), "--pool-size", strconv.FormatUint(poolSize, 10)}
+	d.Args = []string{"--socket", d.Socket, "--data-dir", filepath.Join(dir, "data"), "--pool-size", sizeArg(poolSize)}
 	d.logf, err = os.Create(filepath.Join(dir, "daemon.log"))
 	if err != nil {
 		os.RemoveAll(dir)
@@ -157,4 +157,16 @@ func PoolSizeFor(jobs []*Job) uint64 {
 	}
 	const align = 2 << 20
 	return (most + 64<<20 + align - 1) / align * align
+}
+
+// sizeArg renders a byte count with the largest exact binary suffix, the
+// form tensorcastd's --pool-size documents.
+func sizeArg(n uint64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return strconv.FormatUint(n>>30, 10) + "GiB"
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return strconv.FormatUint(n>>20, 10) + "MiB"
+	}
+	return strconv.FormatUint(n, 10)
 }
