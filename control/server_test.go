@@ -303,6 +303,7 @@ func TestFramingErrors(t *testing.T) {
 func TestFDRules(t *testing.T) {
 	e := newEnv(t, false)
 	c := dialRaw(t, e.sock)
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK) // accepted by now
 	before, _ := handleFDs()
 
 	// Missing fd.
