@@ -234,6 +234,9 @@ func (b *batch) prepare(t *Task, r Resolver) error {
 	if !inBounds(q.LocalOffset, q.Length, l.Size()) || !inBounds(q.TargetOffset, q.Length, tg.Size()) {
 		return ErrOutOfBounds
 	}
+	if b.e.router == nil {
+		return ErrNotSupported
+	}
 	tr, err := b.e.router.Route(l, tg)
 	if err != nil {
 		return err
@@ -261,7 +264,9 @@ func (b *batch) dispatch(tr Transport, grp []*Task) bool {
 		t.owed.Store(1)
 		t.state.Store(uint32(stateDispatching))
 	}
-	b.cnt[StateWaiting].Add(-int64(len(grp)))
+	if v := b.cnt[StateWaiting].Add(-int64(len(grp))); invariants && v < 0 {
+		panic("xfer: invariant: waiting task count below zero")
+	}
 	b.cnt[StatePending].Add(int64(len(grp)))
 	b.owed.Add(int64(len(grp)))
 
@@ -316,7 +321,9 @@ func (b *batch) end(t *Task, from, to State, err error, n uint64) bool {
 	}
 	t.err, t.n = err, n
 	t.state.Store(uint32(to))
-	b.cnt[StatePending].Add(-1)
+	if v := b.cnt[StatePending].Add(-1); invariants && v < 0 {
+		panic("xfer: invariant: pending task count below zero")
+	}
 	b.cnt[to].Add(1)
 	if n != 0 {
 		b.bytes.Add(n)

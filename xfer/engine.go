@@ -87,7 +87,7 @@ type EngineStats struct {
 	Failed          uint64
 	Timeout         uint64
 	Canceled        uint64
-	Bytes           uint64 // bytes moved by Completed tasks
+	Bytes           uint64 // bytes the transports reported moved by ended tasks
 	Violations      uint64 // Transport contract violations seen
 }
 
@@ -126,7 +126,8 @@ type counts struct {
 }
 
 // NewEngine returns an engine that routes requests with router and logs
-// lifecycle events (contract violations, Close) to log.
+// lifecycle events (contract violations, Close) to log. A nil router
+// refuses every request with ErrNotSupported; a nil log discards.
 func NewEngine(cfg Config, router Router, log *slog.Logger) *Engine {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -771,3 +771,43 @@ func TestConcurrentStress(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+func TestRegistryConcurrent(t *testing.T) {
+	r := NewRegistry()
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				id := r.NextID()
+				if err := r.Add(newSeg(id, 1)); err != nil {
+					t.Error(err)
+					return
+				}
+				if s, ok := r.Resolve(id); !ok || s.ID() != id {
+					t.Errorf("Resolve(%d) = %v, %v", id, s, ok)
+				}
+				if i%2 == 0 {
+					if _, ok := r.Remove(id); !ok {
+						t.Errorf("Remove(%d) failed", id)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if r.Len() != 400 {
+		t.Fatalf("Len = %d, want 400", r.Len())
+	}
+}
+
+func TestNilRouter(t *testing.T) {
+	f := newFixture(t, Config{}, nil)
+	id, _ := f.e.AllocateBatch(1)
+	res := make([]error, 1)
+	if err := f.e.Submit(id, f.reqs(1), f.opts, res); err != nil || !errors.Is(res[0], ErrNotSupported) {
+		t.Fatalf("nil router: %v, %v", err, res[0])
+	}
+	checkRefs(t, f.a, f.b)
+}
