@@ -4,6 +4,7 @@
 package daemon
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -159,6 +160,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		flagVals[s.key] = fs.String(strings.ReplaceAll(s.key, "_", "-"), "", s.usage+" (env "+s.env+")")
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c, err
+		}
 		return c, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	if fs.NArg() > 0 {

@@ -27,3 +27,5 @@ func NewLogger(c Config, w io.Writer) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

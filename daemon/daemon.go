@@ -1,0 +1,218 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Version is the daemon's version, reported by Hello and the log.
+var Version = "0.1.0-dev"
+
+// Daemon is one running tensorcastd: the pool, the segment registry, the
+// engine and its transports, the control server.
+//
+// Start-up order: pool, registry, transports, engine, control socket, then
+// READY. Shutdown runs the reverse: STOPPING, drain the control server (no
+// new work, in-flight requests finish, clients told UNAVAILABLE), close the
+// engine (pending tasks canceled), the transports, the pool.
+type Daemon struct {
+	cfg    Config
+	log    *slog.Logger
+	notify *Notifier
+	// watchdog is the WATCHDOG=1 period; zero when systemd wants none.
+	watchdog time.Duration
+
+	pool   *shm.Pool
+	reg    *xfer.Registry
+	local  *xfer.Local
+	files  *fileTier
+	engine *xfer.Engine
+	server *control.Server
+
+	// closeOnce guards the teardown in shutdown.
+	closeOnce sync.Once
+}
+
+// New builds a daemon from a validated config. Nothing listens until Run.
+func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("%w: data_dir = %q: %v", ErrConfig, cfg.DataDir, err)
+	}
+	d := &Daemon{cfg: cfg, log: log, notify: NewNotifier(getenv), watchdog: WatchdogInterval(getenv)}
+	defer func() {
+		if err != nil {
+			d.closeParts()
+		}
+	}()
+
+	d.reg = xfer.NewRegistry()
+	d.pool, err = shm.NewPool(shm.PoolConfig{ID: d.reg.NextID(), Size: uint64(cfg.PoolSize), Hugepages: cfg.Hugepages}, log.With("component", "pool"))
+	if err != nil {
+		return nil, fmt.Errorf("pool (pool_size = %s, hugepages = %s): %w", cfg.PoolSize, cfg.Hugepages, err)
+	}
+	if err := d.reg.Add(d.pool); err != nil {
+		return nil, err
+	}
+	d.local = xfer.NewLocal(xfer.LocalConfig{}, log.With("component", "local"))
+	d.files = newFileTier(cfg, d.pool, log.With("component", "uring"))
+	d.engine = xfer.NewEngine(xfer.Config{}, router{local: d.local, files: d.files}, log.With("component", "engine"))
+
+	scfg := control.Config{
+		Socket:      cfg.Socket,
+		Mode:        os.FileMode(cfg.SocketMode),
+		MaxFrame:    int(cfg.MaxFrame),
+		MaxConns:    cfg.MaxConns,
+		AllowedUIDs: cfg.AllowedUIDs,
+		AllowedGIDs: cfg.AllowedGIDs,
+		Limits:      control.Limits{MaxBufferSize: uint64(cfg.MaxBufferSize)},
+		DaemonID:    hostID(),
+		Version:     Version,
+	}
+	deps := control.Deps{Engine: d.engine, Pool: d.pool, Registry: d.reg}
+	if d.files != nil {
+		deps.FileOpener = d.files
+	}
+	d.server, err = control.NewServer(scfg, deps, log.With("component", "control"))
+	if err != nil {
+		return nil, fmt.Errorf("control socket %s: %w", cfg.Socket, err)
+	}
+	return d, nil
+}
+
+// Run serves until ctx is canceled (SIGTERM, SIGINT), then drains within
+// drain_timeout and tears down. It returns nil after a clean drain.
+func (d *Daemon) Run(ctx context.Context) error {
+	d.server.Start()
+	st := d.pool.Stats()
+	d.log.Info("tensorcastd ready", "version", Version, "socket", d.cfg.Socket,
+		"pool_size", Size(st.Size).String(), "hugepages", st.Hugepages, "data_dir", d.cfg.DataDir,
+		"file_tier", d.files != nil)
+	if err := d.notify.Notify("READY=1\nSTATUS=serving on " + d.cfg.Socket); err != nil {
+		d.log.Warn("sd_notify READY failed", "err", err)
+	}
+
+	// The watchdog goroutine is owned by Run: stopped (close(stop)) and
+	// waited for before Run returns.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	if d.watchdog > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(d.watchdog)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					if err := d.notify.Notify("WATCHDOG=1"); err != nil {
+						d.log.Warn("sd_notify WATCHDOG failed", "err", err)
+					}
+				}
+			}
+		}()
+	}
+
+	<-ctx.Done()
+	d.log.Info("shutting down: draining", "drain_timeout", d.cfg.DrainTimeout.String())
+	if err := d.notify.Notify("STOPPING=1"); err != nil {
+		d.log.Warn("sd_notify STOPPING failed", "err", err)
+	}
+	err := d.shutdown()
+	close(stop)
+	wg.Wait()
+	return err
+}
+
+// shutdown drains the control server within drain_timeout, then closes the
+// engine, the transports and the pool. A drain that runs out of time is
+// logged and the rest still runs: nothing is left open.
+func (d *Daemon) shutdown() error {
+	var err error
+	d.closeOnce.Do(func() {
+		start := time.Now()
+		dctx, cancel := context.WithTimeout(context.Background(), time.Duration(d.cfg.DrainTimeout))
+		derr := d.server.Drain(dctx)
+		cancel()
+		if derr != nil && !errors.Is(derr, context.DeadlineExceeded) {
+			err = derr
+		}
+		if derr != nil {
+			d.log.Warn("drain did not finish in time; canceling what is left", "err", derr)
+		}
+		d.closeParts()
+		d.log.Info("tensorcastd stopped", "took", time.Since(start).Round(time.Millisecond).String())
+	})
+	return err
+}
+
+// closeParts closes whatever New built, in reverse order; safe on a
+// partially built daemon.
+func (d *Daemon) closeParts() {
+	if d.server != nil {
+		if err := d.server.Close(); err != nil {
+			d.log.Warn("closing control server", "err", err)
+		}
+	}
+	if d.engine != nil {
+		if err := d.engine.Close(); err != nil {
+			d.log.Warn("closing engine", "err", err)
+		}
+	}
+	if d.files != nil {
+		d.files.Close()
+	}
+	if d.local != nil {
+		if err := d.local.Close(); err != nil {
+			d.log.Warn("closing local transport", "err", err)
+		}
+	}
+	if d.pool != nil {
+		if err := d.pool.Close(); err != nil {
+			d.log.Warn("closing pool", "err", err)
+		}
+	}
+}
+
+// router sends memory↔memory requests to the local transport and requests
+// whose target is a file to the io_uring tier.
+type router struct {
+	local *xfer.Local
+	files *fileTier
+}
+
+func (r router) Route(local, target xfer.Segment) (xfer.Transport, error) {
+	if _, ok := local.(xfer.MemSegment); !ok {
+		return nil, fmt.Errorf("%w: local side of a request must be memory, not %s", xfer.ErrInvalid, local.Kind())
+	}
+	switch target.Kind() {
+	case xfer.KindPool, xfer.KindClient:
+		return r.local, nil
+	case xfer.KindFile:
+		if r.files != nil {
+			return r.files.transport(), nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no transport for %s segments on this daemon", xfer.ErrNotSupported, target.Kind())
+}
+
+func hostID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "tensorcastd"
+	}
+	return h
+}
