@@ -488,6 +488,7 @@ type Device struct {
 // and picks the RoCE v2 GID (Config.GIDIndex overrides). On a host without
 // libibverbs it fails with ErrNoLibrary, and logs that once.
 func Open(cfg Config, log *slog.Logger) (*Device, error) {
+	portSet := cfg.Port != 0
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -495,6 +496,15 @@ func Open(cfg Config, log *slog.Logger) (*Device, error) {
 	if err := loadLibrary(); err != nil {
 		noLibraryLogged.Do(func() { log.Warn("rdma: libibverbs not found; RDMA is off, tcp only", "err", err) })
 		return nil, err
+	}
+	if cfg.Device == "" {
+		// The first device with an active port, as the kernel lists them.
+		if name, port, ok := FirstActive(ListDevices()); ok {
+			cfg.Device = name
+			if !portSet {
+				cfg.Port = port
+			}
+		}
 	}
 	cname := C.CString(cfg.Device)
 	defer C.free(unsafe.Pointer(cname))

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -442,4 +443,53 @@ func TestABILayout(t *testing.T) {
 	if err := abiCheck(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestVerbsDiscovery(t *testing.T) {
+	p := newVerbsPair(t, Config{QPs: 1}, 1<<20)
+	name := p.d.Name()
+	var found *DeviceInfo
+	devs := ListDevices()
+	for i := range devs {
+		if devs[i].Name == name {
+			found = &devs[i]
+		}
+	}
+	if found == nil || len(found.Ports) == 0 || !found.Ports[0].Active() {
+		t.Fatalf("ListDevices = %+v; want %s with an active port", devs, name)
+	}
+	if nd := os.Getenv("RXE_NETDEV"); nd != "" {
+		if !slices.Contains(found.Ports[0].Netdevs, nd) {
+			t.Errorf("port netdevs %v lack %s", found.Ports[0].Netdevs, nd)
+		}
+		if d, err := DeviceForNetdev(nd); err != nil || d != name {
+			t.Errorf("DeviceForNetdev(%s) = %q, %v; want %s", nd, d, err, name)
+		}
+	}
+	if ip := os.Getenv("RXE_IP"); ip != "" {
+		if got := p.d.Addr().GID.String(); got != "::ffff:"+ip {
+			t.Errorf("chosen GID %s, want the netdev address ::ffff:%s", got, ip)
+		}
+		if idx := os.Getenv("RXE_GID_INDEX"); idx != strconv.Itoa(p.d.Addr().GIDIndex) {
+			t.Errorf("chosen GID index %d, the harness found %s", p.d.Addr().GIDIndex, idx)
+		}
+	}
+	before, err := PortCounters(name, 1)
+	if err != nil || len(before) == 0 {
+		t.Fatalf("PortCounters = %v, %v", before, err)
+	}
+	r := newRecorder()
+	run(t, p.a, r, tasksOf(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, Length: 256 << 10}))
+	after, _ := PortCounters(name, 1)
+	grew := 0
+	for k, v := range after {
+		if v > before[k] {
+			grew++
+		}
+	}
+	if grew == 0 {
+		t.Errorf("no port counter moved with 256 KiB written: %v", after)
+	}
+	t.Logf("device %s port 1 netdevs %v, gid %s (index %d), mtu %d, %d counters (%d moved)",
+		name, found.Ports[0].Netdevs, p.d.Addr().GID, p.d.Addr().GIDIndex, p.d.Addr().MTU.Bytes(), len(after), grew)
 }
