@@ -1,0 +1,373 @@
+// Package client is the Go client of tensorcastd's control protocol. A
+// Client is one connection; Dial says hello and maps the daemon's DRAM pool,
+// so callers write into pool blocks in place.
+package client
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	flatbuffers "github.com/google/flatbuffers/go"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// DefaultSocket is where tensorcastd listens unless configured otherwise.
+const DefaultSocket = "/run/tensorcast/tensorcastd.sock"
+
+// Options configure Dial. Zero values take the defaults named per field.
+type Options struct {
+	Name        string        // client name sent with Hello (default: the program name)
+	NoPool      bool          // do not map the pool at Dial (admin tools)
+	DialTimeout time.Duration // default 5s
+	// CallTimeout bounds each call's socket I/O (default: none; Wait and
+	// Transfer bound themselves with their timeout).
+	CallTimeout time.Duration
+	MaxFrame    int    // largest response frame accepted (default 1 MiB)
+	Lane        string // default lane of every call's context
+	// PolicyVersion is the default policy version of every call's context.
+	PolicyVersion uint32
+}
+
+// CallOption sets a field of one call's context.
+type CallOption func(*control.Context)
+
+// WithIdempotencyKey makes a mutating call idempotent: a retry with the same
+// key on the same connection returns the first result.
+func WithIdempotencyKey(key string) CallOption {
+	return func(c *control.Context) { c.IdempotencyKey = []byte(key) }
+}
+
+// WithLane sets the call's lane.
+func WithLane(lane string) CallOption { return func(c *control.Context) { c.Lane = []byte(lane) } }
+
+// WithPolicyVersion sets the call's policy version.
+func WithPolicyVersion(v uint32) CallOption {
+	return func(c *control.Context) { c.PolicyVersion = v }
+}
+
+// WithQoS sets the call's QoS class.
+func WithQoS(q uint8) CallOption { return func(c *control.Context) { c.QoS = q } }
+
+// WithDeadline sets the call's deadline, relative to now.
+func WithDeadline(d time.Duration) CallOption {
+	return func(c *control.Context) { c.DeadlineMS = uint32(d / time.Millisecond) }
+}
+
+// Hello is what the daemon said at Dial.
+type Hello struct {
+	DaemonID        string
+	Version         string
+	ProtocolVersion uint32
+	Limits          control.LimitsInfo
+}
+
+// PoolInfo describes the daemon's pool as mapped in this process.
+type PoolInfo struct {
+	Segment      xfer.SegmentID
+	Size         uint64
+	BlockClasses []uint64
+}
+
+// Buffer is a client buffer registered with the daemon: a sealed memfd
+// mapped here and in the daemon.
+type Buffer struct {
+	ID  xfer.SegmentID
+	Mem []byte
+}
+
+// TaskStatus is one task's state.
+type TaskStatus struct {
+	State       xfer.State
+	Transferred uint64
+	Err         error // nil unless the task ended in failure
+}
+
+// Summary counts a batch's tasks by state.
+type Summary = control.Summary
+
+// Stats is the daemon's counters.
+type Stats struct {
+	Pool        []control.Counter
+	Engine      []control.Counter
+	Connection  []control.Counter // this connection's holdings
+	Connections int
+}
+
+// Client is one connection to tensorcastd. Its methods are safe for
+// concurrent use; calls are serialized on the connection.
+type Client struct {
+	socket  string
+	opts    Options
+	hello   Hello
+	pool    PoolInfo
+	poolMem []byte
+
+	// mu serializes calls and guards every field below.
+	mu      sync.Mutex
+	uc      *net.UnixConn
+	b       *flatbuffers.Builder
+	req     control.Request
+	resp    control.Response
+	rbuf    []byte
+	hdr     [control.FrameHeader]byte
+	oob     []byte
+	nextID  uint64
+	broken  error
+	closed  bool
+	buffers map[xfer.SegmentID][]byte // mappings of buffers this client created
+}
+
+// Dial connects to the daemon at socket, says hello and, unless
+// opts.NoPool, maps the pool.
+func Dial(socket string, opts Options) (*Client, error) {
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = 5 * time.Second
+	}
+	if opts.MaxFrame <= 0 {
+		opts.MaxFrame = control.DefaultMaxFrame
+	}
+	if opts.Name == "" && len(os.Args) > 0 {
+		opts.Name = os.Args[0]
+	}
+	d := net.Dialer{Timeout: opts.DialTimeout}
+	nc, err := d.Dial("unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("tensorcast: cannot connect to the daemon at %s: %w", socket, err)
+	}
+	c := &Client{
+		socket:  socket,
+		opts:    opts,
+		uc:      nc.(*net.UnixConn),
+		b:       flatbuffers.NewBuilder(1024),
+		oob:     make([]byte, unix.CmsgSpace(4*4)),
+		buffers: make(map[xfer.SegmentID][]byte),
+	}
+	if err := c.sayHello(); err != nil {
+		c.uc.Close()
+		return nil, err
+	}
+	if !opts.NoPool {
+		if err := c.mapPool(); err != nil {
+			c.uc.Close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (c *Client) sayHello() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start(tcproto.RequestBodyHelloRequest, nil)
+	c.req.ProtocolVersion = control.ProtocolVersion
+	c.req.Name = []byte(c.opts.Name)
+	if err := c.roundTrip(tcproto.ResponseBodyHelloResponse, -1, nil); err != nil {
+		return err
+	}
+	c.hello = Hello{DaemonID: string(c.resp.DaemonID), Version: string(c.resp.Version),
+		ProtocolVersion: c.resp.ProtocolVersion, Limits: c.resp.Limits}
+	return nil
+}
+
+func (c *Client) mapPool() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start(tcproto.RequestBodyPoolInfoRequest, nil)
+	fd := -1
+	if err := c.roundTrip(tcproto.ResponseBodyPoolInfoResponse, -1, &fd); err != nil {
+		return err
+	}
+	if fd < 0 {
+		return c.fail(fmt.Errorf("%w: PoolInfo came without the pool's fd", ErrProtocol))
+	}
+	defer unix.Close(fd)
+	mem, err := shm.MapShared(fd, c.resp.Size)
+	if err != nil {
+		return fmt.Errorf("tensorcast: mapping the pool: %w", err)
+	}
+	c.poolMem = mem
+	c.pool = PoolInfo{Segment: xfer.SegmentID(c.resp.Segment), Size: c.resp.Size,
+		BlockClasses: append([]uint64(nil), c.resp.BlockClasses...)}
+	return nil
+}
+
+// Hello returns what the daemon said at Dial.
+func (c *Client) Hello() Hello { return c.hello }
+
+// Socket is the path the client dialed.
+func (c *Client) Socket() string { return c.socket }
+
+// Pool returns the pool's description; ok is false when it is not mapped.
+func (c *Client) Pool() (PoolInfo, bool) { return c.pool, c.poolMem != nil }
+
+// PoolBytes is the pool mapped in this process; blocks from AllocBlocks are
+// PoolBytes()[off : off+size]. It is nil when the pool is not mapped and
+// invalid after Close.
+func (c *Client) PoolBytes() []byte { return c.poolMem }
+
+// Close closes the connection (the daemon then releases everything it
+// holds) and unmaps the pool and every buffer this client created.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	var errs []error
+	if err := c.uc.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		errs = append(errs, err)
+	}
+	c.broken = ErrClosed
+	for id, mem := range c.buffers {
+		errs = append(errs, shm.Unmap(mem))
+		delete(c.buffers, id)
+	}
+	if c.poolMem != nil {
+		errs = append(errs, shm.Unmap(c.poolMem))
+		c.poolMem = nil
+	}
+	return errors.Join(errs...)
+}
+
+// start prepares c.req for a call of kind with the default context and opts.
+func (c *Client) start(kind control.Kind, opts []CallOption) {
+	c.nextID++
+	offs, reqs := c.req.Offsets[:0], c.req.Requests[:0]
+	c.req = control.Request{Kind: kind, Offsets: offs, Requests: reqs}
+	c.req.Ctx.RequestID = c.nextID
+	if c.opts.Lane != "" {
+		c.req.Ctx.Lane = []byte(c.opts.Lane)
+	}
+	c.req.Ctx.PolicyVersion = c.opts.PolicyVersion
+	for _, o := range opts {
+		o(&c.req.Ctx)
+	}
+}
+
+// fail marks the connection broken: after a protocol or I/O error its state
+// is unknown, so it is closed and every later call fails.
+func (c *Client) fail(err error) error {
+	if c.broken == nil {
+		c.broken = fmt.Errorf("%w: %w", ErrClosed, err)
+		c.uc.Close()
+	}
+	return err
+}
+
+// roundTrip sends c.req (with sendFD when >= 0), reads the answer into
+// c.resp and checks it answers this request with body want. With recvFD it
+// also collects one fd passed with the answer. A non-OK status is returned
+// as a *StatusError.
+func (c *Client) roundTrip(want tcproto.ResponseBody, sendFD int, recvFD *int) error {
+	if c.broken != nil {
+		return c.broken
+	}
+	frame := control.EncodeRequest(c.b, &c.req)
+	if c.opts.CallTimeout > 0 {
+		c.uc.SetDeadline(time.Now().Add(c.opts.CallTimeout))
+	}
+	var err error
+	if sendFD >= 0 {
+		var n int
+		n, _, err = c.uc.WriteMsgUnix(frame, unix.UnixRights(sendFD), nil)
+		if err == nil && n < len(frame) {
+			_, err = c.uc.Write(frame[n:])
+		}
+	} else {
+		_, err = c.uc.Write(frame)
+	}
+	if err != nil {
+		return c.fail(fmt.Errorf("tensorcast: sending to %s: %w", c.socket, err))
+	}
+	if err := c.readResponse(recvFD); err != nil {
+		return c.fail(err)
+	}
+	r := &c.resp
+	if r.RequestID != 0 && r.RequestID != c.req.Ctx.RequestID {
+		return c.fail(fmt.Errorf("%w: answer to request %d, sent %d", ErrProtocol, r.RequestID, c.req.Ctx.RequestID))
+	}
+	if r.Status != tcproto.CodeOK {
+		if r.RequestID == 0 {
+			// Not an answer to this request: a refusal of the connection
+			// or of a bad frame; the daemon closes the connection.
+			c.fail(&StatusError{Code: r.Status, Message: string(r.Message)})
+		}
+		return &StatusError{Code: r.Status, Message: string(r.Message)}
+	}
+	if r.Kind != want {
+		return c.fail(fmt.Errorf("%w: %s answered with %s", ErrProtocol, c.req.Kind, r.Kind))
+	}
+	return nil
+}
+
+func (c *Client) readResponse(recvFD *int) error {
+	hdr := c.hdr[:]
+	var n int
+	var err error
+	if recvFD != nil {
+		var oobn int
+		n, oobn, _, _, err = c.uc.ReadMsgUnix(hdr, c.oob)
+		if err == nil && oobn > 0 {
+			msgs, perr := unix.ParseSocketControlMessage(c.oob[:oobn])
+			if perr != nil {
+				return fmt.Errorf("%w: bad control message: %v", ErrProtocol, perr)
+			}
+			for i := range msgs {
+				fds, _ := unix.ParseUnixRights(&msgs[i])
+				for _, fd := range fds {
+					if *recvFD < 0 {
+						*recvFD = fd
+					} else {
+						unix.Close(fd)
+					}
+				}
+			}
+		}
+	} else {
+		n, err = c.uc.Read(hdr)
+	}
+	if err == nil && n < len(hdr) {
+		_, err = io.ReadFull(c.uc, hdr[n:])
+	}
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return fmt.Errorf("%w: the daemon at %s closed the connection", ErrClosed, c.socket)
+		}
+		return fmt.Errorf("tensorcast: reading from %s: %w", c.socket, err)
+	}
+	size := int(binary.LittleEndian.Uint32(hdr))
+	if size > c.opts.MaxFrame {
+		return fmt.Errorf("%w: %d-byte answer (max %d)", ErrProtocol, size, c.opts.MaxFrame)
+	}
+	if cap(c.rbuf) < size {
+		c.rbuf = make([]byte, size)
+	}
+	c.rbuf = c.rbuf[:size]
+	if _, err := io.ReadFull(c.uc, c.rbuf); err != nil {
+		return fmt.Errorf("tensorcast: reading from %s: %w", c.socket, err)
+	}
+	if err := control.DecodeResponse(c.rbuf, control.DecodeLimits{}, &c.resp); err != nil {
+		return fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	return nil
+}
+
+// positional checks that a per-item answer has one result per item.
+func (c *Client) positional(got, want int) error {
+	if got != want {
+		return c.fail(fmt.Errorf("%w: %d results for %d items", ErrProtocol, got, want))
+	}
+	return nil
+}

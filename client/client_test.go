@@ -1,0 +1,386 @@
+package client
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	flatbuffers "github.com/google/flatbuffers/go"
+
+	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+const poolID = xfer.SegmentID(1)
+
+type router struct{ tr xfer.Transport }
+
+func (r router) Route(_, _ xfer.Segment) (xfer.Transport, error) { return r.tr, nil }
+
+type daemon struct {
+	sock string
+	pool *shm.Pool
+	reg  *xfer.Registry
+	eng  *xfer.Engine
+	srv  *control.Server
+}
+
+// startDaemon runs a control server on the real pool, registry, engine and
+// local transport.
+func startDaemon(t testing.TB, cfgs ...func(*control.Config)) *daemon {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "tccl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	d := &daemon{sock: filepath.Join(dir, "d.sock")}
+	d.pool, err = shm.NewPool(shm.PoolConfig{ID: poolID, Size: 32 << 20, Hugepages: shm.HugepagesOff}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.reg = xfer.NewRegistry()
+	d.reg.Add(d.pool)
+	tr := xfer.NewLocal(xfer.LocalConfig{Workers: 1}, log)
+	d.eng = xfer.NewEngine(xfer.Config{}, router{tr}, log)
+	cfg := control.Config{Socket: d.sock, DaemonID: "d-1", Version: "v-test"}
+	for _, f := range cfgs {
+		f(&cfg)
+	}
+	d.srv, err = control.NewServer(cfg, control.Deps{Engine: d.eng, Pool: d.pool, Registry: d.reg}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.srv.Start()
+	t.Cleanup(func() {
+		d.srv.Close()
+		d.eng.Close()
+		tr.Close()
+		d.pool.Close()
+		os.RemoveAll(dir)
+	})
+	return d
+}
+
+// waitReleased waits until the daemon holds nothing for any client.
+func (d *daemon) waitReleased(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for d.srv.Connections() != 0 || d.pool.Stats().Blocks != 0 || d.reg.Len() != 1 || d.eng.Stats().BatchesLive != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not released: conns %d blocks %d segments %d batches %d", d.srv.Connections(),
+				d.pool.Stats().Blocks, d.reg.Len(), d.eng.Stats().BatchesLive)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestEndToEnd(t *testing.T) {
+	d := startDaemon(t)
+	maps := mappings(t)
+	c, err := Dial(d.sock, Options{Name: "e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := c.Hello(); h.DaemonID != "d-1" || h.Version != "v-test" || h.ProtocolVersion != control.ProtocolVersion {
+		t.Fatalf("hello %+v", h)
+	}
+	pi, ok := c.Pool()
+	if !ok || pi.Segment != poolID || pi.Size != 32<<20 || len(c.PoolBytes()) != 32<<20 || len(pi.BlockClasses) == 0 {
+		t.Fatalf("pool %+v %v", pi, ok)
+	}
+	const size = 4 << 20
+	buf, err := c.RegisterBuffer(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range buf.Mem[:size/2] {
+		buf.Mem[i] = byte(i ^ i>>9 ^ i>>17)
+	}
+	const blk = 256 << 10
+	offs, err := c.AllocBlocks(nil, 8, blk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Buffer → pool, one-shot.
+	reqs := make([]xfer.Request, len(offs))
+	for i, off := range offs {
+		reqs[i] = xfer.Request{Op: xfer.OpWrite, Local: buf.ID, LocalOffset: uint64(i) * blk, Target: poolID, TargetOffset: off, Length: blk}
+	}
+	results := make([]error, len(reqs))
+	sum, err := c.Transfer(reqs, 5*time.Second, results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range results {
+		if e != nil {
+			t.Fatalf("transfer %d: %v", i, e)
+		}
+	}
+	if sum.Completed != 8 || sum.Transferred != size/2 {
+		t.Fatalf("summary %+v", sum)
+	}
+	// The client sees the bytes in place in its own pool mapping.
+	pool := c.PoolBytes()
+	for i, off := range offs {
+		for j := uint64(0); j < blk; j++ {
+			if pool[off+j] != buf.Mem[uint64(i)*blk+j] {
+				t.Fatalf("block %d byte %d", i, j)
+			}
+		}
+	}
+	// Change the blocks in place, then pool → buffer with the batch calls.
+	for _, off := range offs {
+		for j := uint64(0); j < blk; j += 97 {
+			pool[off+j]++
+		}
+	}
+	batch, err := c.AllocBatch(len(offs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, off := range offs {
+		reqs[i] = xfer.Request{Op: xfer.OpRead, Local: buf.ID, LocalOffset: size/2 + uint64(i)*blk, Target: poolID, TargetOffset: off, Length: blk}
+	}
+	if err := c.Submit(batch, reqs, results); err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range results {
+		if e != nil {
+			t.Fatalf("submit %d: %v", i, e)
+		}
+	}
+	sum, err = c.Wait(batch, 5*time.Second)
+	if err != nil || sum.Completed != 8 {
+		t.Fatalf("wait %+v %v", sum, err)
+	}
+	ts, err := c.TaskStatus(batch, 7)
+	if err != nil || ts.State != xfer.StateCompleted || ts.Transferred != blk || ts.Err != nil {
+		t.Fatalf("task status %+v %v", ts, err)
+	}
+	if _, err := c.TaskStatus(batch, 100); !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrNotFound) {
+		t.Fatalf("task out of range: %v", err)
+	}
+	if bs, err := c.BatchStatus(batch); err != nil || bs.Total != 8 {
+		t.Fatalf("batch status %+v %v", bs, err)
+	}
+	if err := c.FreeBatch(batch); err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(0); i < size/2; i++ {
+		want := buf.Mem[i]
+		if i%blk%97 == 0 {
+			want++
+		}
+		if buf.Mem[size/2+i] != want {
+			t.Fatalf("byte %d: %d, want %d", i, buf.Mem[size/2+i], want)
+		}
+	}
+	st, err := c.Stats()
+	if err != nil || st.Connections != 1 || len(st.Pool) == 0 || len(st.Engine) == 0 {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+	frees := make([]error, 2)
+	if err := c.FreeBlocks([]uint64{offs[0], offs[0]}, frees); err != nil {
+		t.Fatal(err)
+	}
+	if frees[0] != nil || !errors.Is(frees[1], ErrNotFound) {
+		t.Fatalf("free results %v", frees)
+	}
+	if err := c.Ping([]byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ping(nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("call after Close: %v", err)
+	}
+	d.waitReleased(t)
+	if m := mappings(t); m != maps {
+		t.Fatalf("%d memfd mappings after Close, %d before Dial", m, maps)
+	}
+}
+
+func TestUnregisterAndIdempotency(t *testing.T) {
+	d := startDaemon(t)
+	c, err := Dial(d.sock, Options{NoPool: true, Lane: "stream-first", PolicyVersion: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, ok := c.Pool(); ok || c.PoolBytes() != nil {
+		t.Fatal("pool mapped with NoPool")
+	}
+	buf, err := c.RegisterBuffer(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.UnregisterBuffer(buf.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.UnregisterBuffer(buf.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second unregister: %v", err)
+	}
+	a, err := c.AllocBlocks(nil, 2, 4096, WithIdempotencyKey("k1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.AllocBlocks(nil, 2, 4096, WithIdempotencyKey("k1"))
+	if err != nil || a[0] != b[0] || a[1] != b[1] {
+		t.Fatalf("retry: %v %v (first %v)", b, err, a)
+	}
+	if _, err := c.AllocBlocks(nil, 2, 4096, WithIdempotencyKey("k1"), WithLane("catalog-first")); !errors.Is(err, ErrFailedPrecondition) {
+		t.Fatalf("same key, other lane: %v", err)
+	}
+	if d.pool.Stats().Blocks != 2 {
+		t.Fatalf("%d blocks", d.pool.Stats().Blocks)
+	}
+	if _, _, err := c.RegisterFile("/nonexistent", false, 0); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("register file without an opener: %v", err)
+	}
+	if _, err := c.RegisterFD(-1, 10); err == nil {
+		t.Fatal("bad fd accepted")
+	}
+}
+
+func TestDialErrors(t *testing.T) {
+	_, err := Dial("/nonexistent/tensorcastd.sock", Options{})
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/tensorcastd.sock") {
+		t.Fatalf("dial error does not name the socket: %v", err)
+	}
+	d := startDaemon(t, func(c *control.Config) { c.AllowedUIDs = []uint32{4242} })
+	if _, err := Dial(d.sock, Options{}); !errors.Is(err, ErrPermissionDenied) {
+		t.Fatalf("refused peer: %v", err)
+	}
+}
+
+// fakeDaemon answers Hello, then each later request with answer(req).
+func fakeDaemon(t *testing.T, answer func(*control.Request) control.Response) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "tcfake")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "f.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			serveFake(c, answer)
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		os.RemoveAll(dir)
+	})
+	return sock
+}
+
+func serveFake(c net.Conn, answer func(*control.Request) control.Response) {
+	defer c.Close()
+	b := flatbuffers.NewBuilder(0)
+	var m control.Request
+	for {
+		var hdr [4]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return
+		}
+		body := make([]byte, binary.LittleEndian.Uint32(hdr[:]))
+		if _, err := io.ReadFull(c, body); err != nil {
+			return
+		}
+		if err := control.DecodeRequest(body, control.DecodeLimits{}, &m); err != nil {
+			return
+		}
+		var r control.Response
+		if m.Kind == tcproto.RequestBodyHelloRequest {
+			r = control.Response{Kind: tcproto.ResponseBodyHelloResponse, DaemonID: []byte("fake")}
+		} else {
+			r = answer(&m)
+		}
+		if r.RequestID == 0 {
+			r.RequestID = m.Ctx.RequestID
+		}
+		if _, err := c.Write(control.EncodeResponse(b, &r)); err != nil {
+			return
+		}
+	}
+}
+
+// TestPositionalMismatch: an answer whose per-item count differs from the
+// request's fails the whole call, never succeeds, and closes the client.
+func TestPositionalMismatch(t *testing.T) {
+	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: 2, Target: 1, Length: 1}, {Op: xfer.OpWrite, Local: 2, Target: 1, Length: 1}}
+	cases := []struct {
+		name string
+		ans  control.Response
+		call func(c *Client) error
+	}{
+		{"submit one code for two", control.Response{Kind: tcproto.ResponseBodySubmitResponse, Codes: []control.Code{0}},
+			func(c *Client) error { return c.Submit(1, reqs, make([]error, 2)) }},
+		{"submit three codes for two", control.Response{Kind: tcproto.ResponseBodySubmitResponse, Codes: []control.Code{0, 0, 0}},
+			func(c *Client) error { return c.Submit(1, reqs, make([]error, 2)) }},
+		{"transfer codes short", control.Response{Kind: tcproto.ResponseBodyTransferResponse, Codes: []control.Code{0},
+			States: []tcproto.TaskState{3, 3}},
+			func(c *Client) error { _, err := c.Transfer(reqs, 0, make([]error, 2)); return err }},
+		{"transfer states short", control.Response{Kind: tcproto.ResponseBodyTransferResponse, Codes: []control.Code{0, 0},
+			States: []tcproto.TaskState{3}},
+			func(c *Client) error { _, err := c.Transfer(reqs, 0, make([]error, 2)); return err }},
+		{"free blocks short", control.Response{Kind: tcproto.ResponseBodyFreeBlocksResponse},
+			func(c *Client) error { return c.FreeBlocks([]uint64{0, 1}, make([]error, 2)) }},
+		{"alloc blocks short", control.Response{Kind: tcproto.ResponseBodyAllocBlocksResponse, Offsets: []uint64{0}},
+			func(c *Client) error { _, err := c.AllocBlocks(nil, 2, 4096); return err }},
+		{"wrong body", control.Response{Kind: tcproto.ResponseBodyPingResponse},
+			func(c *Client) error { _, err := c.AllocBatch(1); return err }},
+		{"wrong request id", control.Response{RequestID: 999, Kind: tcproto.ResponseBodyAllocBatchResponse},
+			func(c *Client) error { _, err := c.AllocBatch(1); return err }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := fakeDaemon(t, func(*control.Request) control.Response { return tc.ans })
+			c, err := Dial(sock, Options{NoPool: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := tc.call(c); !errors.Is(err, ErrProtocol) {
+				t.Fatalf("got %v, want ErrProtocol", err)
+			}
+			if err := c.Ping(nil); !errors.Is(err, ErrClosed) {
+				t.Fatalf("client still used after a protocol violation: %v", err)
+			}
+		})
+	}
+	// The matching count is a success, with per-item errors in place.
+	sock := fakeDaemon(t, func(*control.Request) control.Response {
+		return control.Response{Kind: tcproto.ResponseBodySubmitResponse, Codes: []control.Code{tcproto.CodeOK, tcproto.CodeNOT_FOUND}}
+	})
+	c, err := Dial(sock, Options{NoPool: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	res := make([]error, 2)
+	if err := c.Submit(1, reqs, res); err != nil || res[0] != nil || !errors.Is(res[1], ErrNotFound) {
+		t.Fatalf("submit: %v %v", err, res)
+	}
+}

@@ -1,0 +1,78 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+)
+
+// Errors of the client. A daemon's status code comes back as a *StatusError
+// that matches (errors.Is) the sentinel of its code.
+var (
+	ErrInvalidArgument    = errors.New("tensorcast: invalid argument")
+	ErrNotFound           = errors.New("tensorcast: not found")
+	ErrAlreadyExists      = errors.New("tensorcast: already exists")
+	ErrBusy               = errors.New("tensorcast: busy")
+	ErrResourceExhausted  = errors.New("tensorcast: resource exhausted")
+	ErrFailedPrecondition = errors.New("tensorcast: failed precondition")
+	ErrPermissionDenied   = errors.New("tensorcast: permission denied")
+	ErrDeadlineExceeded   = errors.New("tensorcast: deadline exceeded")
+	ErrUnavailable        = errors.New("tensorcast: unavailable")
+	ErrInternal           = errors.New("tensorcast: daemon internal error")
+
+	// ErrProtocol: the daemon's answer does not match the request (another
+	// body, another request id, a different number of positional results).
+	// The whole call failed; the connection is closed.
+	ErrProtocol = errors.New("tensorcast: protocol violation")
+	// ErrClosed: the client is closed, or its connection broke.
+	ErrClosed = errors.New("tensorcast: client closed")
+	// ErrNoPool: the client was dialed without mapping the pool.
+	ErrNoPool = errors.New("tensorcast: pool not mapped")
+)
+
+// StatusError is a non-OK status the daemon answered.
+type StatusError struct {
+	Code    control.Code
+	Message string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("tensorcast: %s: %s", e.Code, e.Message)
+}
+
+// Is matches the sentinel of e's code.
+func (e *StatusError) Is(target error) bool { return target == codeErr(e.Code) }
+
+func codeErr(c control.Code) error {
+	switch c {
+	case tcproto.CodeINVALID_ARGUMENT:
+		return ErrInvalidArgument
+	case tcproto.CodeNOT_FOUND:
+		return ErrNotFound
+	case tcproto.CodeALREADY_EXISTS:
+		return ErrAlreadyExists
+	case tcproto.CodeBUSY:
+		return ErrBusy
+	case tcproto.CodeRESOURCE_EXHAUSTED:
+		return ErrResourceExhausted
+	case tcproto.CodeFAILED_PRECONDITION:
+		return ErrFailedPrecondition
+	case tcproto.CodePERMISSION_DENIED:
+		return ErrPermissionDenied
+	case tcproto.CodeDEADLINE_EXCEEDED:
+		return ErrDeadlineExceeded
+	case tcproto.CodeUNAVAILABLE:
+		return ErrUnavailable
+	}
+	return ErrInternal
+}
+
+// itemErr is the error of one positional item: nil for OK.
+func itemErr(c control.Code) error {
+	if c == tcproto.CodeOK {
+		return nil
+	}
+	return &StatusError{Code: c, Message: "item failed"}
+}
