@@ -1,0 +1,201 @@
+// Command tcctl is the admin and client CLI of tensorcastd.
+//
+//	tcctl [--socket PATH] info
+//	tcctl [--socket PATH] stats
+//	tcctl [--socket PATH] ping [-n COUNT] [-size BYTES]
+//
+// The socket defaults to $TENSORCAST_SOCKET, else
+// /run/tensorcast/tensorcastd.sock.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/control"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+const usage = `usage: tcctl [--socket PATH] COMMAND [ARGS]
+
+commands:
+  info                    daemon id, version, limits and pool
+  stats                   pool, engine and connection counters
+  ping [-n COUNT] [-size BYTES]
+                          round trips to the daemon, with latency stats
+
+The socket is --socket, else $TENSORCAST_SOCKET, else ` + client.DefaultSocket + `.
+`
+
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("tcctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage) }
+	sock := client.DefaultSocket
+	if s := getenv("TENSORCAST_SOCKET"); s != "" {
+		sock = s
+	}
+	fs.StringVar(&sock, "socket", sock, "daemon socket path")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return 2
+	}
+	cmd, rest := fs.Arg(0), fs.Args()[1:]
+	var err error
+	switch cmd {
+	case "info":
+		err = info(sock, stdout)
+	case "stats":
+		err = stats(sock, stdout)
+	case "ping":
+		err = ping(sock, rest, stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "tcctl: unknown command %q\n%s", cmd, usage)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tcctl: %v\n", explain(err, sock))
+		if errors.Is(err, errUsage) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+var errUsage = errors.New("usage")
+
+// explain adds what an operator needs to an error: which socket, and what
+// the usual cause is.
+func explain(err error, sock string) string {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, syscall.ENOENT), errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Sprintf("%s\n(is tensorcastd running? no daemon listens on %s; set --socket or TENSORCAST_SOCKET)", msg, sock)
+	case errors.Is(err, syscall.EACCES), errors.Is(err, client.ErrPermissionDenied):
+		return fmt.Sprintf("%s\n(this user may not use the daemon at %s: check the socket's mode and the daemon's allowed uids/gids)", msg, sock)
+	}
+	return msg
+}
+
+func dial(sock string, pool bool) (*client.Client, error) {
+	return client.Dial(sock, client.Options{Name: "tcctl", NoPool: !pool, CallTimeout: 10 * time.Second})
+}
+
+func info(sock string, w io.Writer) error {
+	c, err := dial(sock, true)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	h := c.Hello()
+	p, _ := c.Pool()
+	fmt.Fprintf(w, "socket:           %s\n", sock)
+	fmt.Fprintf(w, "daemon id:        %s\n", h.DaemonID)
+	fmt.Fprintf(w, "version:          %s\n", h.Version)
+	fmt.Fprintf(w, "protocol:         %d\n", h.ProtocolVersion)
+	fmt.Fprintf(w, "pool:             segment %d, %s\n", p.Segment, bytesStr(p.Size))
+	classes := make([]string, len(p.BlockClasses))
+	for i, c := range p.BlockClasses {
+		classes[i] = bytesStr(c)
+	}
+	fmt.Fprintf(w, "block classes:    %s\n", strings.Join(classes, " "))
+	l := h.Limits
+	fmt.Fprintf(w, "limits:           frame %s, buffers %d, blocks %d, batches %d, batch capacity %d, requests/submit %d, idempotency keys %d\n",
+		bytesStr(uint64(l.MaxFrame)), l.MaxBuffers, l.MaxBlocks, l.MaxBatches, l.MaxBatchCapacity, l.MaxRequests, l.MaxIdempotencyKeys)
+	return nil
+}
+
+func stats(sock string, w io.Writer) error {
+	c, err := dial(sock, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	st, err := c.Stats()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "connections %d\n", st.Connections)
+	for _, g := range []struct {
+		name string
+		cs   []control.Counter
+	}{{"pool", st.Pool}, {"engine", st.Engine}} {
+		for _, c := range g.cs {
+			fmt.Fprintf(w, "%s.%s %d\n", g.name, c.Name, c.Value)
+		}
+	}
+	return nil
+}
+
+func ping(sock string, args []string, w, stderr io.Writer) error {
+	fs := flag.NewFlagSet("ping", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	n := fs.Int("n", 1, "number of round trips")
+	size := fs.Int("size", 0, "payload bytes per ping")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	if *n < 1 || *n > 100_000_000 || *size < 0 || *size > 64<<10 {
+		return fmt.Errorf("%w: -n must be 1..1e8 and -size 0..65536", errUsage)
+	}
+	c, err := dial(sock, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	payload := make([]byte, *size)
+	lat := make([]time.Duration, *n)
+	start := time.Now()
+	for i := range lat {
+		t0 := time.Now()
+		if err := c.Ping(payload); err != nil {
+			return err
+		}
+		lat[i] = time.Since(t0)
+	}
+	total := time.Since(start)
+	if *n == 1 {
+		fmt.Fprintf(w, "pong from %s (%s): %v\n", c.Hello().DaemonID, sock, lat[0])
+		return nil
+	}
+	slices.Sort(lat)
+	var sum time.Duration
+	for _, d := range lat {
+		sum += d
+	}
+	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+	fmt.Fprintf(w, "%d round trips to %s (%s), %d-byte payload\n", *n, c.Hello().DaemonID, sock, *size)
+	fmt.Fprintf(w, "min %v  avg %v  p50 %v  p99 %v  max %v  %.0f rt/s\n",
+		lat[0], sum/time.Duration(len(lat)), pct(0.50), pct(0.99), lat[len(lat)-1], float64(*n)/total.Seconds())
+	return nil
+}
+
+func bytesStr(n uint64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprintf("%dB", n)
+}
