@@ -190,8 +190,10 @@ func TestBufferCloseWithRefs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !b.Acquire() || !b.Acquire() {
-		t.Fatal("Acquire on an open buffer failed")
+	for range 2 {
+		if !b.Acquire() {
+			t.Fatal("Acquire on an open buffer failed")
+		}
 	}
 	mem := b.Bytes()
 	if err := b.Close(); err != nil {
