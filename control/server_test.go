@@ -353,6 +353,25 @@ func TestFDRules(t *testing.T) {
 	}
 	// Still served.
 	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+	// A stray fd, sent with the second half of a frame (so with no frame's
+	// first bytes), goes with no request and is closed.
+	stray := newMemfd(t, 4096)
+	ping := EncodeRequest(c.b, &Request{Ctx: Context{RequestID: 200}, Kind: tcproto.RequestBodyPingRequest})
+	half := len(ping) / 2
+	c.send(ping[:half])
+	time.Sleep(20 * time.Millisecond) // let the server read the first half alone
+	c.send(ping[half:], stray)
+	unix.Close(stray)
+	if r, _, err := c.recv(); err != nil || r.RequestID != 200 || r.Status != tcproto.CodeOK {
+		t.Fatalf("split ping: %+v %v", r, err)
+	}
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+	if after, _ := handleFDs(); len(after) > len(before) {
+		t.Fatalf("stray fd kept: before %v, after %v", before, after)
+	}
+	if !strings.Contains(e.logBuf.String(), "closing file descriptors sent without a frame") {
+		t.Fatal("stray fd not reported")
+	}
 	if e.reg.Len() != 2 {
 		t.Fatalf("%d segments registered, want the pool and one buffer", e.reg.Len())
 	}

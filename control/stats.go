@@ -5,18 +5,38 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// statsCounters appends the numeric fields of v.Stats() (any struct the
-// pool or engine returns) as counters named in snake_case; nested structs
-// and slices of structs are flattened with dotted names. It returns dst
-// unchanged when v has no Stats method. Stats are not a hot path.
+// statsCounters appends the counters of a dependency that reports stats
+// (the pool's shm.PoolStats, the engine's xfer.EngineStats): every numeric
+// field, named in snake_case, nested structs and slices flattened with
+// dotted names. Stats are not a hot path.
 func statsCounters(v any, dst []Counter) []Counter {
-	m := reflect.ValueOf(v).MethodByName("Stats")
-	if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 {
-		return dst
+	switch s := v.(type) {
+	case interface{ Stats() shm.PoolStats }:
+		return flatten("", reflect.ValueOf(s.Stats()), dst)
+	case interface{ Stats() xfer.EngineStats }:
+		return flatten("", reflect.ValueOf(s.Stats()), dst)
 	}
-	return flatten("", m.Call(nil)[0], dst)
+	return dst
+}
+
+// blockClasses returns the pool's block sizes, smallest first, when the
+// pool reports them.
+func blockClasses(p any) []uint64 {
+	s, ok := p.(interface{ Stats() shm.PoolStats })
+	if !ok {
+		return nil
+	}
+	cl := s.Stats().Classes
+	out := make([]uint64, len(cl))
+	for i := range cl {
+		out[i] = cl[i].BlockSize
+	}
+	return out
 }
 
 func flatten(prefix string, v reflect.Value, dst []Counter) []Counter {
@@ -24,14 +44,13 @@ func flatten(prefix string, v reflect.Value, dst []Counter) []Counter {
 	case reflect.Struct:
 		t := v.Type()
 		for i := 0; i < t.NumField(); i++ {
-			if !t.Field(i).IsExported() {
-				continue
+			if t.Field(i).IsExported() {
+				dst = flatten(join(prefix, snake(t.Field(i).Name)), v.Field(i), dst)
 			}
-			dst = flatten(join(prefix, snake(t.Field(i).Name)), v.Field(i), dst)
 		}
 	case reflect.Slice, reflect.Array:
 		for i := 0; i < v.Len() && i < 64; i++ {
-			dst = flatten(join(prefix, itoa(i)), v.Index(i), dst)
+			dst = flatten(join(prefix, strconv.Itoa(i)), v.Index(i), dst)
 		}
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		dst = append(dst, Counter{prefix, v.Uint()})
@@ -46,8 +65,10 @@ func flatten(prefix string, v reflect.Value, dst []Counter) []Counter {
 		}
 		dst = append(dst, Counter{prefix, n})
 	case reflect.Float32, reflect.Float64:
-		// Ratios are sent in parts per million.
-		dst = append(dst, Counter{prefix + "_ppm", uint64(v.Float() * 1e6)})
+		// Ratios travel in parts per million.
+		if f := v.Float(); f >= 0 {
+			dst = append(dst, Counter{prefix + "_ppm", uint64(f * 1e6)})
+		}
 	}
 	return dst
 }
@@ -59,10 +80,8 @@ func join(a, b string) string {
 	return a + "." + b
 }
 
-func itoa(i int) string {
-	return strconv.Itoa(i)
-}
-
+// snake turns a Go field name into snake_case: BatchesLive → batches_live,
+// FreeBytes → free_bytes.
 func snake(s string) string {
 	var b strings.Builder
 	r := []rune(s)
@@ -76,34 +95,4 @@ func snake(s string) string {
 		b.WriteRune(c)
 	}
 	return b.String()
-}
-
-// blockClasses returns the pool's block sizes when its Stats carries
-// Classes[].BlockSize.
-func blockClasses(p any) []uint64 {
-	m := reflect.ValueOf(p).MethodByName("Stats")
-	if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 {
-		return nil
-	}
-	st := m.Call(nil)[0]
-	if st.Kind() != reflect.Struct {
-		return nil
-	}
-	cl := st.FieldByName("Classes")
-	if !cl.IsValid() || cl.Kind() != reflect.Slice {
-		return nil
-	}
-	var out []uint64
-	for i := 0; i < cl.Len(); i++ {
-		e := cl.Index(i)
-		if e.Kind() != reflect.Struct {
-			return nil
-		}
-		bs := e.FieldByName("BlockSize")
-		if !bs.IsValid() || bs.Kind() != reflect.Uint64 {
-			return nil
-		}
-		out = append(out, bs.Uint())
-	}
-	return out
 }
