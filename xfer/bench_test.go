@@ -103,3 +103,62 @@ func BenchmarkLocalCopy(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkLocalVsCopy alternates, on the same buffers, one local-transport
+// submit of depth requests (Submit, then Wait) with a plain copy() of the
+// same requests, timing each, so that load from other processes hits both
+// alike. It reports both throughputs and their ratio (local/copy).
+func BenchmarkLocalVsCopy(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20} {
+		for _, depth := range []int{1, 16} {
+			b.Run(fmt.Sprintf("size=%dKiB/depth=%d", size>>10, depth), func(b *testing.B) {
+				l := NewLocal(LocalConfig{}, nil)
+				defer l.Close()
+				f := newFixture(b, Config{}, oneRouter{l})
+				f.a.buf = make([]byte, size*depth)
+				f.b.buf = make([]byte, size*depth)
+				fill(f.a.buf, 1)
+				fill(f.b.buf, 2)
+				reqs := make([]Request, depth)
+				for k := range reqs {
+					reqs[k] = Request{Op: OpWrite, Local: 1, LocalOffset: uint64(k * size), Target: 2, TargetOffset: uint64(k * size), Length: uint64(size)}
+				}
+				res := make([]error, depth)
+				const capacity = 1024
+				id, _ := f.e.AllocateBatch(capacity)
+				used := 0
+				var tLocal, tCopy time.Duration
+				b.SetBytes(int64(size * depth))
+				b.ResetTimer()
+				for range b.N {
+					if used+depth > capacity {
+						if err := f.e.Free(id); err != nil {
+							b.Fatal(err)
+						}
+						id, _ = f.e.AllocateBatch(capacity)
+						used = 0
+					}
+					t0 := time.Now()
+					if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
+						b.Fatal(err)
+					}
+					used += depth
+					if s, err := f.e.Wait(id, time.Time{}); err != nil || s.Failed != 0 {
+						b.Fatal(s, err)
+					}
+					t1 := time.Now()
+					for k := range depth {
+						copy(f.b.buf[k*size:(k+1)*size], f.a.buf[k*size:(k+1)*size])
+					}
+					t2 := time.Now()
+					tLocal += t1.Sub(t0)
+					tCopy += t2.Sub(t1)
+				}
+				bytes := float64(b.N) * float64(size*depth) / 1e6
+				b.ReportMetric(bytes/tLocal.Seconds(), "local-MB/s")
+				b.ReportMetric(bytes/tCopy.Seconds(), "copy-MB/s")
+				b.ReportMetric(tCopy.Seconds()/tLocal.Seconds(), "local/copy")
+			})
+		}
+	}
+}

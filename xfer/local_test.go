@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 )
@@ -191,4 +192,91 @@ func ExampleEngine() {
 	_ = e.Close()
 	_ = local.Close()
 	// Output: 1 1 xfer: out of segment bounds hello
+}
+
+// TestLocalAllocs: the engine plus the local transport allocate nothing per
+// request. On the worker path a Wait that has to sleep allocates its wake
+// channel (one per Wait call, whatever the batch size).
+func TestLocalAllocs(t *testing.T) {
+	for _, cfg := range []LocalConfig{{}, {InlineBytes: -1, ChunkBytes: 4096}} {
+		limit := 0.0
+		if cfg.InlineBytes < 0 {
+			limit = 1
+		}
+		l := NewLocal(cfg, nil)
+		f := newFixture(t, Config{}, oneRouter{l})
+		reqs := f.reqs(16)
+		res := make([]error, len(reqs))
+		run := func() {
+			id, err := f.e.AllocateBatch(len(reqs))
+			if err != nil {
+				panic(err)
+			}
+			if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
+				panic(err)
+			}
+			if s, err := f.e.Wait(id, time.Time{}); err != nil || s.Completed != len(reqs) {
+				panic(fmt.Sprint(s, err))
+			}
+			if err := f.e.Free(id); err != nil {
+				panic(err)
+			}
+		}
+		run()
+		if a := testing.AllocsPerRun(100, run); a > limit {
+			t.Errorf("%+v: %v allocations per batch of %d, want <= %v", cfg, a, len(reqs), limit)
+		}
+		l.Close()
+		checkRefs(t, f.a, f.b)
+	}
+}
+
+// TestLocalCloseRace closes the transport while clients submit: every task
+// ends in one terminal state (Completed, or Failed with ErrClosed when the
+// transport refused it) and every ref comes back.
+func TestLocalCloseRace(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		l := NewLocal(LocalConfig{InlineBytes: 1024, ChunkBytes: 4096, Workers: 2, QueueLen: 2}, nil)
+		f := newFixture(t, Config{}, oneRouter{l})
+		var wg sync.WaitGroup
+		ids := make([]BatchID, 4)
+		for c := range ids {
+			ids[c], _ = f.e.AllocateBatch(64)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res := make([]error, 8)
+				reqs := f.reqs(8)
+				for j := 0; j < 8; j++ {
+					// Each client writes its own part of the target.
+					for k := range reqs {
+						reqs[k].TargetOffset = uint64(c*4096 + j*512 + k*64)
+					}
+					if err := f.e.Submit(ids[c], reqs, f.opts, res); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		time.Sleep(time.Duration(round%4) * 100 * time.Microsecond)
+		l.Close()
+		wg.Wait()
+		for _, id := range ids {
+			sum, err := f.e.Wait(id, time.Now().Add(5*time.Second))
+			if err != nil || sum.Total != 64 || sum.Completed+sum.Failed != 64 {
+				t.Fatalf("round %d: %+v %v", round, sum, err)
+			}
+			for i := 0; i < 64; i++ {
+				if st := f.status(t, id, i); st.State == StateFailed && !errors.Is(st.Err, ErrClosed) {
+					t.Fatalf("task %d: %+v", i, st)
+				}
+			}
+			if err := f.e.Free(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		checkRefs(t, f.a, f.b)
+		f.e.Close()
+	}
 }
