@@ -21,6 +21,9 @@ const (
 	stateEnding
 )
 
+// shrinkTasks: task tables up to this size are always kept for reuse.
+const shrinkTasks = 4096
+
 // freedBit is added to batch.owed when the batch is freed; the party that
 // brings owed to exactly freedBit recycles the batch.
 const freedBit = int64(1) << 40
@@ -72,7 +75,9 @@ var _ Completer = (*batch)(nil)
 // reset prepares b for a new batch of capacity tasks. b.mu is held and
 // the slot owes no Done.
 func (b *batch) reset(capacity int) {
-	if cap(b.tasks) < capacity {
+	// A table much larger than needed (left by an earlier big batch) is
+	// dropped so that a slot does not pin its peak size forever.
+	if c := cap(b.tasks); c < capacity || c > 4*capacity && c > shrinkTasks {
 		b.tasks = make([]Task, capacity)
 		for i := range b.tasks {
 			b.tasks[i].b = b

@@ -811,3 +811,32 @@ func TestNilRouter(t *testing.T) {
 	}
 	checkRefs(t, f.a, f.b)
 }
+
+func TestTableShrink(t *testing.T) {
+	f := newFixture(t, Config{MaxBatches: 1}, oneRouter{&syncTr{}})
+	id, _ := f.e.AllocateBatch(4 * shrinkTasks)
+	if err := f.e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	id, _ = f.e.AllocateBatch(16)
+	b := f.e.slots[0].Load()
+	if c := cap(b.tasks); c != 16 {
+		t.Fatalf("table of %d tasks kept for a batch of 16", c)
+	}
+	res := make([]error, 16)
+	if err := f.e.Submit(id, f.reqs(16), f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := f.e.Wait(id, time.Time{}); s.Completed != 16 {
+		t.Fatalf("summary %+v", s)
+	}
+	if err := f.e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	// A modestly larger table is kept.
+	id, _ = f.e.AllocateBatch(8)
+	if c := cap(b.tasks); c != 16 {
+		t.Fatalf("table of 16 not reused: %d", c)
+	}
+	_ = f.e.Free(id)
+}
