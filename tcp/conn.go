@@ -40,6 +40,7 @@ type conn struct {
 	created time.Time
 	peer    *peer  // client: set before enrolling; server: set at authentication (loop-only until then)
 	epoch   uint64 // the peer's epoch on this connection
+	window  int64  // client: in-flight bytes the peer accepts on it
 
 	// loop-only:
 	hs      hsState
@@ -331,7 +332,7 @@ func (c *conn) onHello(meta []byte) error {
 	if hc.id == c.n.cfg.DaemonID {
 		return c.refuse("peer claims this daemon's id", "claimed", hc.id)
 	}
-	hs := hello{id: c.n.cfg.DaemonID, epoch: c.n.epoch, addr: c.n.addr, blob: c.n.cfg.Blob}
+	hs := c.n.hello()
 	_, _ = rand.Read(hs.nonce[:])
 	c.metaC = append([]byte(nil), meta...)
 	c.metaS = hs.append(nil)

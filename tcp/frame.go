@@ -234,7 +234,12 @@ type hello struct {
 	epoch uint64
 	addr  string
 	blob  []byte // opaque transport data (RDMA connection data later)
-	nonce [32]byte
+	// maxFrame and window are the largest payload this side accepts in a
+	// frame and the bytes it lets one connection keep in flight; the
+	// dialer sizes its slices and credit to fit them.
+	maxFrame uint32
+	window   uint64
+	nonce    [32]byte
 }
 
 const (
@@ -249,6 +254,8 @@ func (h *hello) append(b []byte) []byte {
 	b = appendStr8(b, h.addr)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(h.blob)))
 	b = append(b, h.blob...)
+	b = binary.LittleEndian.AppendUint32(b, h.maxFrame)
+	b = binary.LittleEndian.AppendUint64(b, h.window)
 	return append(b, h.nonce[:]...)
 }
 
@@ -272,12 +279,19 @@ func decodeHello(meta []byte, withMAC bool) (h hello, mac []byte, err error) {
 	if v := r.take(bl); len(v) > 0 {
 		h.blob = append([]byte(nil), v...)
 	}
+	if v := r.take(4); v != nil {
+		h.maxFrame = binary.LittleEndian.Uint32(v)
+	}
+	h.window = r.u64()
 	copy(h.nonce[:], r.take(32))
 	if err := r.done(); err != nil {
 		return h, nil, err
 	}
 	if h.id == "" || h.epoch == 0 {
 		return h, nil, fmt.Errorf("%w: hello without id or epoch", ErrFrame)
+	}
+	if h.maxFrame < 4096 || h.window < uint64(h.maxFrame) {
+		return h, nil, fmt.Errorf("%w: hello with frame limit %d and window %d", ErrFrame, h.maxFrame, h.window)
 	}
 	return h, mac, nil
 }

@@ -19,7 +19,7 @@ func seedFrames() [][]byte {
 		putHeader(b, &h)
 		return append(append(b, meta...), payload...)
 	}
-	hl := hello{id: "alpha", epoch: 7, addr: "127.0.0.1:9000", blob: []byte{1, 2, 3}}
+	hl := hello{id: "alpha", epoch: 7, addr: "127.0.0.1:9000", blob: []byte{1, 2, 3}, maxFrame: 1 << 20, window: 4 << 20}
 	tok := (&token{name: "kvpool", rights: RightRead | RightWrite, expiry: 1 << 62, issuer: "bravo", epoch: 9}).sign([]byte("k"))
 	notify := binary.LittleEndian.AppendUint16(nil, uint16(len(tok)))
 	notify = append(append(notify, tok...), "ready"...)

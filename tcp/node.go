@@ -493,6 +493,7 @@ func (n *Node) Segments() []RemoteInfo {
 type peer struct {
 	id                      string
 	bytesIn, bytesOut, errs atomic.Uint64
+	slice                   atomic.Int64 // slice size agreed with the current session
 
 	// mu guards the fields below, and the reqs, inflight, timedOut and
 	// closed fields of this peer's connections.

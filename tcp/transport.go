@@ -325,7 +325,7 @@ func (n *Node) dispatch(t *xfer.Task) {
 	if hasNotify {
 		ts.hasNotify, ts.notify, ts.deadline = true, nr.payload, nr.deadline.UnixNano()
 	}
-	slice := uint64(n.cfg.SliceSize)
+	slice := uint64(r.peer.slice.Load())
 	count := int64((q.Length + slice - 1) / slice)
 	ts.left.Store(count + 1)
 	var sent int64
@@ -402,7 +402,7 @@ func (n *Node) register(p *peer, pd *pending, ln int64, credit bool) (*conn, err
 				best = c
 				break
 			}
-			if c.inflight+ln <= n.cfg.MaxInflightBytes && (best == nil || c.inflight < best.inflight) {
+			if c.inflight+ln <= c.window && (best == nil || c.inflight < best.inflight) {
 				best = c
 			}
 		}
@@ -590,6 +590,7 @@ func (n *Node) dial(p *peer) error {
 	}
 	p.mu.Lock()
 	old := p.adoptEpochLocked(hs.epoch)
+	p.slice.Store(int64(min(n.cfg.SliceSize, int(hs.maxFrame), int(min(hs.window, 1<<30)))))
 	for _, c := range conns {
 		if !c.closed {
 			p.sess = append(p.sess, c)
@@ -632,7 +633,8 @@ func (n *Node) dialOne(p *peer, addr string) (*conn, hello, error) {
 		nc.Close()
 		return nil, hs, err
 	}
-	c := &conn{n: n, role: roleClient, created: time.Now(), peer: p, epoch: hs.epoch, reqs: make(map[uint64]*pending)}
+	c := &conn{n: n, role: roleClient, created: time.Now(), peer: p, epoch: hs.epoch, reqs: make(map[uint64]*pending),
+		window: min(n.cfg.MaxInflightBytes, int64(min(hs.window, 1<<62)))}
 	n.lifeMu.RLock()
 	if n.closed.Load() {
 		n.lifeMu.RUnlock()
@@ -654,12 +656,19 @@ func (h *cliHandler) OnOpen(g gnet.Conn) ([]byte, gnet.Action) {
 	return nil, gnet.None
 }
 
+// hello is what this node says about itself in a handshake.
+func (n *Node) hello() hello {
+	h := hello{id: n.cfg.DaemonID, epoch: n.epoch, addr: n.addr, blob: n.cfg.Blob,
+		maxFrame: uint32(n.cfg.MaxFrame), window: uint64(n.cfg.MaxInflightBytes)}
+	_, _ = rand.Read(h.nonce[:])
+	return h
+}
+
 // clientHandshake runs the dialing side of the handshake on the plain
 // connection, before it joins an event loop.
 func (n *Node) clientHandshake(nc net.Conn, p *peer) (hello, error) {
 	_ = nc.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
-	hc := hello{id: n.cfg.DaemonID, epoch: n.epoch, addr: n.addr, blob: n.cfg.Blob}
-	_, _ = rand.Read(hc.nonce[:])
+	hc := n.hello()
 	metaC := hc.append(nil)
 	if err := writeRaw(nc, &header{typ: tHello, metaLen: uint16(len(metaC))}, metaC); err != nil {
 		return hello{}, fmt.Errorf("%w: handshake with %s: %w", ErrConnLost, p.id, err)

@@ -1,0 +1,453 @@
+package tcp
+
+import (
+	crand "crypto/rand"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// fakePeer speaks the handshake and the open call like a real daemon,
+// then answers data requests the way a test scripts it.
+type fakePeer struct {
+	t      *testing.T
+	ln     net.Listener
+	id     string
+	epoch  uint64
+	hsKey  []byte
+	tokKey []byte
+	// answer handles one data request or notification; it may write
+	// anything back. Returning false closes the connection.
+	answer  func(c net.Conn, h header, payload []byte) bool
+	payload atomic.Int64 // data payload bytes received
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   []net.Conn
+}
+
+func newFakePeer(t *testing.T, id string, key []byte, answer func(net.Conn, header, []byte) bool) *fakePeer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakePeer{t: t, ln: ln, id: id, epoch: 0xfeed, hsKey: deriveKey(key, "tensorcast handshake v1"),
+		tokKey: deriveKey(key, "tensorcast token v1"), answer: answer}
+	f.wg.Add(1)
+	go f.accept()
+	t.Cleanup(f.close)
+	return f
+}
+
+func (f *fakePeer) close() {
+	f.ln.Close()
+	f.mu.Lock()
+	for _, c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+}
+
+func (f *fakePeer) accept() {
+	defer f.wg.Done()
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		f.mu.Lock()
+		f.conns = append(f.conns, c)
+		f.mu.Unlock()
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			defer c.Close()
+			f.serve(c)
+		}()
+	}
+}
+
+func readFrame(r io.Reader) (header, []byte, []byte, error) {
+	var hb [hdrLen]byte
+	if _, err := io.ReadFull(r, hb[:]); err != nil {
+		return header{}, nil, nil, err
+	}
+	h, err := decodeHeader(hb[:], limits{maxPayload: 64 << 20, maxMeta: 8192})
+	if err != nil {
+		return h, nil, nil, err
+	}
+	meta := make([]byte, h.metaLen)
+	if _, err := io.ReadFull(r, meta); err != nil {
+		return h, nil, nil, err
+	}
+	payload := make([]byte, h.payloadLen())
+	if _, err := io.ReadFull(r, payload); err != nil {
+		return h, nil, nil, err
+	}
+	return h, meta, payload, nil
+}
+
+func (f *fakePeer) serve(c net.Conn) {
+	h, meta, _, err := readFrame(c)
+	if err != nil || h.typ != tHello {
+		return
+	}
+	hs := hello{id: f.id, epoch: f.epoch, addr: f.ln.Addr().String(), maxFrame: 64 << 20, window: 1 << 40}
+	_, _ = crand.Read(hs.nonce[:])
+	metaS := hs.append(nil)
+	reply := append(append([]byte(nil), metaS...), handshakeMAC(f.hsKey, labelServer, meta, metaS)...)
+	_ = writeRaw(c, &header{typ: tHelloReply, metaLen: uint16(len(reply))}, reply)
+	if h, _, _, err = readFrame(c); err != nil || h.typ != tAuth {
+		return
+	}
+	_ = writeRaw(c, &header{typ: tAuthOK}, nil)
+	for {
+		h, meta, payload, err := readFrame(c)
+		if err != nil {
+			return
+		}
+		f.payload.Add(int64(len(payload)))
+		if h.typ == tOpenReq {
+			tok := (&token{name: string(meta), rights: Rights(h.flags), expiry: time.Now().Add(time.Hour).UnixNano(),
+				issuer: f.id, epoch: f.epoch}).sign(f.tokKey)
+			_ = writeRaw(c, &header{typ: tOpenResp, id: h.id, arg: 64 << 20, metaLen: uint16(len(tok))}, tok)
+			continue
+		}
+		if !f.answer(c, h, payload) {
+			return
+		}
+	}
+}
+
+func TestMisbehavingPeerDropsConnection(t *testing.T) {
+	key := []byte("cluster-secret")
+	cases := []struct {
+		name   string
+		op     xfer.Op
+		answer func(net.Conn, header, []byte) bool
+		reason string
+	}{
+		{"unknown request id", xfer.OpWrite, func(c net.Conn, h header, _ []byte) bool {
+			_ = writeRaw(c, &header{typ: tWriteResp, id: h.id + 1000, n: h.n}, nil)
+			return true
+		}, "names unknown request"},
+		{"count mismatch", xfer.OpWrite, func(c net.Conn, h header, _ []byte) bool {
+			_ = writeRaw(c, &header{typ: tWriteResp, id: h.id, n: h.n - 1}, nil)
+			return true
+		}, "counts"},
+		{"read count mismatch", xfer.OpRead, func(c net.Conn, h header, _ []byte) bool {
+			_ = writeRaw(c, &header{typ: tReadResp, id: h.id, n: h.n + 1}, nil)
+			return true
+		}, "counts"},
+		{"malformed frame", xfer.OpWrite, func(c net.Conn, h header, _ []byte) bool {
+			_, _ = c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n0123"))
+			return true
+		}, "bad magic"},
+		{"oversized length", xfer.OpRead, func(c net.Conn, h header, _ []byte) bool {
+			b := make([]byte, hdrLen)
+			putHeader(b, &header{typ: tReadResp, id: h.id, n: 1 << 30})
+			_, _ = c.Write(b)
+			return true
+		}, "exceeds"},
+		{"wrong answer type", xfer.OpWrite, func(c net.Conn, h header, _ []byte) bool {
+			_ = writeRaw(c, &header{typ: tNotifyAck, id: h.id}, nil)
+			return true
+		}, "answer type"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			kf := writeKey(t, dir, "k", string(key))
+			a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: 1, SliceSize: 64 << 10})
+			b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf})
+			b.exp.add("seg", newMemSeg(5, 1<<20))
+			link(t, a, b)
+			fake := newFakePeer(t, "evil", key, tc.answer)
+			if err := a.Directory().Update(dirPeer("evil", fake.ln.Addr().String())); err != nil {
+				t.Fatal(err)
+			}
+			r, err := a.Open("evil", "seg", RightRead|RightWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			local := newMemSeg(1, 1<<20)
+			col := newCollector(4)
+			d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, tc.op, local, 0, r, 0, 1000)}, 5*time.Second)[0]
+			if !errors.Is(d.err, ErrConnLost) {
+				t.Fatalf("task ended with %v, want a lost connection", d.err)
+			}
+			a.logs.waitContains(t, "dropping peer connection")
+			a.logs.waitContains(t, tc.reason)
+			// The node serves on: a real peer still works.
+			rb, err := a.Open("b", "seg", RightWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, rb, 0, 200<<10)}, 5*time.Second)[0]; d.err != nil {
+				t.Fatalf("write to a good peer after the drop: %v", d.err)
+			}
+			for _, p := range a.Peers() {
+				if p.ID == "evil" && p.Errors == 0 {
+					t.Fatalf("the drop was not counted: %+v", p)
+				}
+			}
+		})
+	}
+}
+
+func dirPeer(id, addr string) directory.Peer { return directory.Peer{ID: id, Addr: addr} }
+
+// rawClient handshakes with n as daemon id and returns the plain
+// connection.
+func rawClient(t *testing.T, n *testNode, key []byte, id string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", n.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	hk := deriveKey(key, "tensorcast handshake v1")
+	hc := hello{id: id, epoch: 42, addr: "127.0.0.1:1", maxFrame: 1 << 20, window: 4 << 20}
+	metaC := hc.append(nil)
+	_ = writeRaw(c, &header{typ: tHello, metaLen: uint16(len(metaC))}, metaC)
+	h, meta, _, err := readFrame(c)
+	if err != nil || h.typ != tHelloReply {
+		t.Fatalf("hello reply: %v %v", h.typ, err)
+	}
+	_ = writeRaw(c, &header{typ: tAuth, metaLen: macLen}, handshakeMAC(hk, labelClient, metaC, meta[:len(meta)-macLen]))
+	if h, _, _, err = readFrame(c); err != nil || h.typ != tAuthOK {
+		t.Fatalf("auth: %v %v", h.typ, err)
+	}
+	return c
+}
+
+func TestServerDropsBadClients(t *testing.T) {
+	key := []byte("cluster-secret")
+	kf := writeKey(t, t.TempDir(), "k", string(key))
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, SliceSize: 64 << 10})
+	seg := newMemSeg(5, 4<<20)
+	b.exp.add("seg", seg)
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf})
+	link(t, a, b)
+
+	// Garbage before any handshake.
+	g, err := net.Dial("tcp", b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = g.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n0123456789"))
+	b.logs.waitContains(t, "bad magic")
+	g.Close()
+
+	// A request before authentication.
+	g, _ = net.Dial("tcp", b.Addr())
+	_ = writeRaw(g, &header{typ: tOpenReq, flags: 1, metaLen: 3}, []byte("seg"))
+	b.logs.waitContains(t, "before hello")
+	g.Close()
+
+	// An authenticated client claiming an oversized read.
+	c := rawClient(t, b, key, "mallory")
+	hb := make([]byte, hdrLen)
+	putHeader(hb, &header{typ: tReadReq, id: 1, n: 1 << 30, metaLen: 40})
+	_, _ = c.Write(append(hb, make([]byte, 40)...))
+	b.logs.waitContains(t, "outside 1..")
+
+	// An authenticated client that never reads its answers exceeds its
+	// flow-control window and is dropped.
+	c = rawClient(t, b, key, "hog")
+	tok := (&token{name: "seg", rights: RightRead, expiry: time.Now().Add(time.Hour).UnixNano(), issuer: "b", epoch: b.Epoch()}).
+		sign(deriveKey(key, "tensorcast token v1"))
+	go func() {
+		for i := 0; i < 2000; i++ {
+			if writeRaw(c, &header{typ: tReadReq, id: uint64(i + 1), n: 64 << 10, metaLen: uint16(len(tok))}, tok) != nil {
+				return
+			}
+		}
+	}()
+	b.logs.waitContains(t, "flow-control window")
+	if !waitFor(3*time.Second, func() bool { return seg.refs.Load() == 0 }) {
+		t.Fatalf("segment refs %d after the drop", seg.refs.Load())
+	}
+
+	// The node serves on.
+	r, err := a.Open("b", "seg", RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := newCollector(1)
+	local := newMemSeg(1, 1<<20)
+	if d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpRead, local, 0, r, 0, 1<<20)}, 5*time.Second)[0]; d.err != nil {
+		t.Fatalf("read after the bad clients: %v", d.err)
+	}
+}
+
+func TestFlowControlBoundsInflight(t *testing.T) {
+	key := []byte("k")
+	kf := writeKey(t, t.TempDir(), "k", string(key))
+	const slice = 64 << 10
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: 2, SliceSize: slice,
+		MaxInflightBytes: 2 * slice, MaxPeerInflightBytes: 3 * slice, RequestTimeout: 800 * time.Millisecond})
+	fake := newFakePeer(t, "sink", key, func(net.Conn, header, []byte) bool { return true }) // never answers
+	_ = a.Directory().Update(dirPeer("sink", fake.ln.Addr().String()))
+	r, err := a.Open("sink", "seg", RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := newMemSeg(1, 4<<20)
+	col := newCollector(8)
+	tasks := []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, r, 0, 2<<20), mkTask(col, xfer.OpWrite, local, 0, r, 0, 2<<20)}
+	start := time.Now()
+	res := make(chan error, 1)
+	go func() { _, err := a.Submit(tasks); res <- err }()
+	time.Sleep(400 * time.Millisecond)
+	if got := fake.payload.Load(); got != 3*slice {
+		t.Fatalf("peer received %d payload bytes while nothing was answered, want the window of %d", got, 3*slice)
+	}
+	for _, d := range col.wait(t, 2, 5*time.Second) {
+		if d.err == nil {
+			t.Fatal("task against a silent peer succeeded")
+		}
+	}
+	if err := <-res; err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > 3*time.Second {
+		t.Fatalf("silent peer held tasks for %v", el)
+	}
+	a.logs.waitContains(t, "got no answer within")
+}
+
+func TestPeerKilledMidTransferAndRestarted(t *testing.T) {
+	kf := writeKey(t, t.TempDir(), "k", "secret")
+	cfg := Config{ClusterKeyFile: kf, RequestTimeout: 2 * time.Second, SliceSize: 256 << 10}
+	ca, cb := cfg, cfg
+	ca.DaemonID, cb.DaemonID = "a", "b"
+	a := startNode(t, ca)
+	b := startNode(t, cb)
+	bseg := newMemSeg(7, 64<<20)
+	b.exp.add("seg", bseg)
+	link(t, a, b)
+	r, err := a.Open("b", "seg", RightRead|RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := newMemSeg(1, 64<<20)
+	col := newCollector(64)
+	var tasks []*xfer.Task
+	for i := 0; i < 32; i++ {
+		tasks = append(tasks, mkTask(col, xfer.OpWrite, local, uint64(i)*(2<<20), r, uint64(i)*(2<<20), 2<<20))
+	}
+	go func() {
+		for b.peer("a", false) == nil || b.peer("a", false).bytesIn.Load() < 4<<20 {
+			time.Sleep(time.Millisecond)
+		}
+		b.Close()
+	}()
+	start := time.Now()
+	if k, err := a.Submit(tasks); k != len(tasks) || err != nil {
+		t.Fatalf("Submit = %d %v", k, err)
+	}
+	var failed int
+	for _, d := range col.wait(t, len(tasks), 10*time.Second) {
+		if d.err != nil {
+			failed++
+			if !errors.Is(d.err, ErrConnLost) && !errors.Is(d.err, xfer.ErrTimeout) {
+				t.Fatalf("unexpected error %v", d.err)
+			}
+		}
+	}
+	if failed == 0 {
+		t.Fatal("no task failed although the peer died mid-transfer")
+	}
+	if el := time.Since(start); el > cfg.RequestTimeout+2*time.Second {
+		t.Fatalf("tasks took %v to end", el)
+	}
+	if bseg.refs.Load() != 0 {
+		t.Fatalf("dead peer's segment refs %d", bseg.refs.Load())
+	}
+	// Restart with a new epoch on the same address.
+	cb.Listen = b.Addr()
+	b2 := startNode(t, cb)
+	b2.exp.add("seg", newMemSeg(8, 64<<20))
+	old := mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
+	d := submitWait(t, a.Node, col, []*xfer.Task{old}, 5*time.Second)[0]
+	if !errors.Is(d.err, xfer.ErrPermission) {
+		t.Fatalf("old token against the new epoch: %v", d.err)
+	}
+	b2.logs.waitContains(t, "current epoch")
+	r2, err := a.Open("b", "seg", RightRead|RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r2.Epoch() != b2.Epoch() || r.Epoch() == r2.Epoch() {
+		t.Fatalf("epochs old %#x new %#x b2 %#x", r.Epoch(), r2.Epoch(), b2.Epoch())
+	}
+	fill(rand.New(rand.NewPCG(1, 2)), local.b[:8<<20])
+	if d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, r2, 0, 8<<20)}, 10*time.Second)[0]; d.err != nil {
+		t.Fatal(d.err)
+	}
+	if crc(b2.exp.segs["seg"].b[:8<<20]) != crc(local.b[:8<<20]) {
+		t.Fatal("data differs after reconnect")
+	}
+	if p := a.Peers()[0]; p.Epoch != b2.Epoch() || !p.Connected {
+		t.Fatalf("peer stats after restart %+v", p)
+	}
+}
+
+func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
+	nodes := cluster(t, []string{"a", "b"}, 64<<20, Config{SliceSize: 256 << 10, ConnsPerPeer: 4})
+	a, b := nodes[0], nodes[1]
+	r, err := a.Open("b", "seg", RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := newMemSeg(1, 64<<20)
+	col := newCollector(64)
+	var tasks []*xfer.Task
+	for i := 0; i < 32; i++ {
+		tasks = append(tasks, mkTask(col, xfer.OpWrite, local, uint64(i)*(2<<20), r, uint64(i)*(2<<20), 2<<20))
+	}
+	go func() {
+		p := b.peer("a", false)
+		for p.bytesIn.Load() < 8<<20 {
+			time.Sleep(time.Millisecond)
+		}
+		p.mu.Lock()
+		for c := range p.inbound {
+			_ = c.g.SetLinger(0) // close sends RST
+			_ = c.g.Close()
+			break
+		}
+		p.mu.Unlock()
+	}()
+	var failed int
+	for _, d := range submitWait(t, a.Node, col, tasks, 20*time.Second) {
+		if d.err != nil {
+			failed++
+			if !errors.Is(d.err, ErrConnLost) {
+				t.Fatalf("task ended with %v", d.err)
+			}
+		}
+	}
+	if failed == 0 || failed == len(tasks) {
+		t.Fatalf("%d of %d tasks failed; want only those on the reset connection", failed, len(tasks))
+	}
+	a.logs.waitContains(t, "closed with requests in flight")
+	// Afterwards every transfer works again.
+	for _, d := range submitWait(t, a.Node, col, tasks[:8], 20*time.Second) {
+		if d.err != nil {
+			t.Fatalf("after the reset: %v", d.err)
+		}
+	}
+	if b.exp.segs["seg"].refs.Load() != 0 {
+		t.Fatal("segment refs leaked")
+	}
+}
