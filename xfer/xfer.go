@@ -203,7 +203,9 @@ func (t *Task) Done(n uint64, err error) { t.done.TaskDone(t, n, err) }
 //     passed, the batch was abandoned). It may be a no-op for transports
 //     whose tasks end quickly; the task still ends with exactly one Done.
 //     Cancel races with the task's own completion: it may arrive after the
-//     transport has called Done, and is then a no-op.
+//     transport has called Done (the engine never reuses the Task memory
+//     before Cancel returns). The transport checks that it still owns t
+//     (say, the slot t.Tag names still holds t) and otherwise does nothing.
 //   - Close stops new dispatch (Submit then returns 0, ErrClosed), ends every
 //     dispatched task (with ErrClosed or its real result) and returns when no
 //     Done is outstanding. It is safe to call more than once and concurrently
