@@ -127,7 +127,8 @@ func (f *File) teardown() {
 // and ".." included) to a regular file inside one of Config.AllowedDirs or
 // to one of Config.AllowedDevices; anything else fails with an error
 // matching xfer.ErrPermission. With opts.Direct, a file system that refuses
-// O_DIRECT fails here with ErrDirectUnsupported.
+// O_DIRECT fails here with ErrDirectUnsupported. It waits for the pollers
+// (file registration), so it must not be called from Task.Done.
 func (t *Transport) OpenFile(id xfer.SegmentID, path string, opts FileOptions) (*File, error) {
 	if t.closed.Load() {
 		return nil, xfer.ErrClosed

@@ -181,15 +181,20 @@ func (t *Transport) chooseFlags(p *probeResult) (uint32, error) {
 	if c.DeferTaskrun == On && !dt {
 		return 0, fmt.Errorf("%w: IORING_SETUP_DEFER_TASKRUN", ErrNotSupported)
 	}
+	// The task-run flags concern interrupting the issuer; with SQPOLL the
+	// kernel thread issues, and the kernel refuses them.
 	coop := false
 	switch c.CoopTaskrun {
 	case On:
+		if c.SQPoll {
+			return 0, fmt.Errorf("%w: CoopTaskrun cannot be combined with SQPoll", ErrConfig)
+		}
 		if !p.coopTaskrun {
 			return 0, fmt.Errorf("%w: IORING_SETUP_COOP_TASKRUN", ErrNotSupported)
 		}
 		coop = !dt
 	case Auto:
-		coop = !dt && p.coopTaskrun
+		coop = !dt && !c.SQPoll && p.coopTaskrun
 	}
 	if si {
 		flags |= setupSingleIssuer
@@ -587,10 +592,22 @@ func (r *ring) run(ready chan<- ringSetup) {
 	// its io_uring task context with it after the ring is gone.
 	defer close(r.exited)
 	setup := r.setup()
-	ready <- setup
 	if setup.err != nil {
+		// New never adds this ring, so Close will not see it: release
+		// what setup took here.
+		if r.raw != nil {
+			r.raw.close()
+		}
+		if r.efd >= 0 {
+			unix.Close(r.efd)
+		}
+		if r.wakeMem != nil {
+			unix.Munmap(r.wakeMem)
+		}
+		ready <- setup
 		return
 	}
+	ready <- setup
 	r.loop()
 	r.teardown()
 }

@@ -112,6 +112,7 @@ func TestIntegrityModes(t *testing.T) {
 		{"plain", Config{DeferTaskrun: Off, SingleIssuer: Off, CoopTaskrun: Off}, true},
 		{"two-rings", Config{Rings: 2}, true},
 		{"no-fixed-files", Config{NoFixedFiles: true}, true},
+		{"sqpoll", Config{SQPoll: true, SQPollIdle: 10 * time.Millisecond}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !tc.need {
@@ -119,7 +120,7 @@ func TestIntegrityModes(t *testing.T) {
 			}
 			tr := integrity(t, tc.cfg, true, true, 20)
 			f := tr.Features()
-			if tc.cfg.DeferTaskrun == On && !f.DeferTaskrun || tc.cfg.CoopTaskrun == On && !f.CoopTaskrun {
+			if tc.cfg.DeferTaskrun == On && !f.DeferTaskrun || tc.cfg.CoopTaskrun == On && !f.CoopTaskrun || tc.cfg.SQPoll != f.SQPoll {
 				t.Fatalf("features %+v do not match config", f)
 			}
 		})
