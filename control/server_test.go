@@ -636,3 +636,59 @@ func TestDrain(t *testing.T) {
 		t.Fatalf("socket file left behind: %v", err)
 	}
 }
+
+// fileSeg is a file segment for the RegisterFile test.
+type fileSeg struct {
+	id     xfer.SegmentID
+	size   uint64
+	closed chan struct{}
+}
+
+func (f *fileSeg) ID() xfer.SegmentID { return f.id }
+func (f *fileSeg) Kind() xfer.Kind    { return xfer.KindFile }
+func (f *fileSeg) Size() uint64       { return f.size }
+func (f *fileSeg) Acquire() bool      { return true }
+func (f *fileSeg) Release()           {}
+func (f *fileSeg) Close() error       { close(f.closed); return nil }
+
+type opener struct{ opened chan *fileSeg }
+
+func (o opener) OpenFile(id xfer.SegmentID, path string, direct bool, size uint64) (FileSegment, error) {
+	if path != "/data/kv.bin" || !direct {
+		return nil, os.ErrNotExist
+	}
+	f := &fileSeg{id: id, size: 1 << 20, closed: make(chan struct{})}
+	o.opened <- f
+	return f, nil
+}
+
+func TestRegisterFile(t *testing.T) {
+	op := opener{opened: make(chan *fileSeg, 2)}
+	e := newEnv(t, false, func(_ *Config, d *Deps) { d.FileOpener = op })
+	c := dialRaw(t, e.sock)
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterFileRequest, Name: []byte("/etc/shadow"), Direct: true}), tcproto.CodeNOT_FOUND)
+	r := c.call(&Request{Kind: tcproto.RequestBodyRegisterFileRequest, Name: []byte("/data/kv.bin"), Direct: true})
+	expectCode(t, r, tcproto.CodeOK)
+	f := <-op.opened
+	if r.Segment != uint64(f.id) || r.Size != 1<<20 {
+		t.Fatalf("register file: %+v", r)
+	}
+	if s, ok := e.reg.Resolve(f.id); !ok || s != xfer.Segment(f) {
+		t.Fatal("file segment not registered")
+	}
+	// Out of the file's bounds is refused before the engine sees it.
+	off := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096}).Offsets[0]
+	r = c.call(&Request{Kind: tcproto.RequestBodyTransferRequestBody, Requests: []xfer.Request{
+		{Op: xfer.OpRead, Local: testPoolID, LocalOffset: off, Target: f.id, TargetOffset: 1 << 20, Length: 4096}}})
+	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeINVALID_ARGUMENT {
+		t.Fatalf("out of bounds: %+v", r.Codes)
+	}
+	// Closing the connection closes and unregisters the file.
+	c.uc.Close()
+	select {
+	case <-f.closed:
+	case <-time.After(testTimeout):
+		t.Fatal("file not closed with its connection")
+	}
+	e.waitIdle()
+}
