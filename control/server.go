@@ -150,7 +150,7 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 	s := &Server{
 		cfg:     cfg,
 		deps:    deps,
-		log:     log.With("component", "control"),
+		log:     log,
 		closing: make(chan struct{}),
 		idle:    make(chan struct{}, 1),
 		conns:   make(map[*conn]struct{}),
