@@ -98,7 +98,6 @@ type recorder struct {
 	calls   map[*xfer.Task]int
 	n       map[*xfer.Task]uint64
 	errs    map[*xfer.Task]error
-	total   atomic.Int64
 	doneCh  chan struct{} // one send per Done, when non-nil
 	onDone  func(t *xfer.Task, n uint64, err error)
 	noMaps  bool // count only (allocation tests)

@@ -130,7 +130,11 @@ func (r *rawRing) close() error {
 // sqSpace is how many SQEs can still be prepared before the SQ is full.
 func (r *rawRing) sqSpace() uint32 {
 	// atomic: the kernel advances the SQ head as it consumes entries.
-	return r.sqEntries - (r.sqLocal - atomic.LoadUint32(r.sqHead))
+	used := r.sqLocal - atomic.LoadUint32(r.sqHead)
+	if invariants && used > r.sqEntries {
+		panic(fmt.Sprintf("uring invariant: %d SQEs queued in a ring of %d", used, r.sqEntries))
+	}
+	return r.sqEntries - used
 }
 
 // getSQE returns a zeroed SQE to fill, or nil when the SQ is full.
@@ -167,6 +171,9 @@ func (r *rawRing) Reap(cqes []CQE) int {
 	// load acquires the entries up to it.
 	head := atomic.LoadUint32(r.cqHead)
 	tail := atomic.LoadUint32(r.cqTail)
+	if invariants && tail-head > uint32(len(r.cqes)) {
+		panic(fmt.Sprintf("uring invariant: CQ head %d tail %d exceed %d entries", head, tail, len(r.cqes)))
+	}
 	n := 0
 	for head != tail && n < len(cqes) {
 		cqes[n] = r.cqes[head&r.cqMask]

@@ -920,6 +920,9 @@ func (r *ring) flushFinished() {
 	for i := range r.fin {
 		idx := r.fin[i].idx
 		s := &r.slots[idx]
+		if invariants && (s.task == nil || s.inKernel || len(r.free) >= len(r.slots)) {
+			panic(fmt.Sprintf("uring invariant: freeing slot %d twice or while in the kernel", idx))
+		}
 		s.task = nil
 		s.cancelQueued = false
 		s.canceled.Store(false)
@@ -1161,6 +1164,9 @@ func (r *ring) complete(c *CQE, draining bool) {
 	idx := int32(c.UserData)
 	s := &r.slots[idx]
 	if !s.inKernel {
+		if invariants {
+			panic(fmt.Sprintf("uring invariant: completion for slot %d that is not in the kernel", idx))
+		}
 		return
 	}
 	s.inKernel = false
