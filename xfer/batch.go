@@ -166,8 +166,11 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 		}
 	}
 	b.dispatching.Store(0)
-	if b.violated.Swap(false) {
+	if b.violated.Swap(false) && !bad {
+		// A second Done (or a Done for a task it did not take) during
+		// this call; the count violations above were already logged.
 		bad = true
+		b.e.violation(nil, "second Done", len(acc), len(acc))
 	}
 
 	// Publish what the transports did: tasks still with a transport become

@@ -461,11 +461,10 @@ func (e *Engine) recycle(b *batch) {
 
 // violation records a Transport contract violation.
 func (e *Engine) violation(tr Transport, what string, n, want int) {
-	e.violations.Add(1)
-	name := "unknown"
 	if tr != nil {
-		name = tr.Name()
+		// A second Done was already counted by TaskDone.
+		e.violations.Add(1)
 	}
 	e.log.Error("xfer: transport contract violation; failing the whole call",
-		"transport", name, "violation", what, "n", n, "len", want)
+		"transport", transportName(tr), "violation", what, "n", n, "len", want)
 }

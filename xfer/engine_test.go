@@ -1,9 +1,12 @@
 package xfer
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -517,11 +520,16 @@ func TestContractViolations(t *testing.T) {
 	}
 	for _, c := range cases {
 		f := newFixture(t, Config{}, oneRouter{c.tr})
+		logs := &countHandler{}
+		f.e.log = slog.New(logs)
 		id, _ := f.e.AllocateBatch(n)
 		res := make([]error, n)
 		err := f.e.Submit(id, f.reqs(n), f.opts, res)
 		if !errors.Is(err, ErrTransport) {
 			t.Fatalf("%s: Submit: %v, want ErrTransport", c.name, err)
+		}
+		if got := logs.errors.Load(); got != 1 {
+			t.Fatalf("%s: %d error records logged, want 1", c.name, got)
 		}
 		sum, err := f.e.Wait(id, time.Now().Add(time.Second))
 		if err != nil {
@@ -840,3 +848,16 @@ func TestTableShrink(t *testing.T) {
 	}
 	_ = f.e.Free(id)
 }
+
+// countHandler counts the error records logged.
+type countHandler struct{ errors atomic.Int64 }
+
+func (h *countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError {
+		h.errors.Add(1)
+	}
+	return nil
+}
+func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countHandler) WithGroup(string) slog.Handler      { return h }
