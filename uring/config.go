@@ -77,8 +77,9 @@ type Config struct {
 // testHooks let tests bend completions: result sees each I/O completion's
 // result (bytes or -errno) and returns the one to act on.
 type testHooks struct {
-	result       func(op uint8, res int32) int32
-	failRegister bool
+	result        func(op uint8, res int32) int32
+	failRegister  bool
+	noDrainCancel bool // Close does not cancel in-flight requests
 }
 
 // DefaultConfig returns the defaults.

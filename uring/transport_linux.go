@@ -991,7 +991,7 @@ func (r *ring) loop() {
 			}
 		}
 		if draining {
-			if !cancelAll && r.inKernel > 0 {
+			if !cancelAll && r.inKernel > 0 && (r.t.cfg.hooks == nil || !r.t.cfg.hooks.noDrainCancel) {
 				if e := r.raw.getSQE(); e != nil {
 					e.opcode = opAsyncCancel
 					e.fd = -1

@@ -1,0 +1,124 @@
+//go:build linux
+
+package uring
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// pipeFile makes a File over the read end of an empty pipe: a read on it
+// stays in the kernel until it is canceled, so cancel paths run
+// deterministically. (OpenFile never opens pipes; only tests build these.)
+func pipeFile(t *testing.T, tr *Transport) *File {
+	t.Helper()
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(p[1]) })
+	f := &File{t: tr, id: 7, path: "pipe", fd: p[0], size: 1 << 20, fixed: -1}
+	f.refs.Store(1)
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func waitInKernel(t *testing.T, tr *Transport, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for tr.Stats()[0].Submitted < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("request never reached the kernel: %+v", tr.Stats()[0])
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(10 * time.Millisecond) // let the kernel arm its poll
+}
+
+// TestCancelInKernel: Cancel of a request parked in the kernel ends it with
+// ErrCanceled through IORING_OP_ASYNC_CANCEL.
+func TestCancelInKernel(t *testing.T) {
+	tr := newTransport(t, Config{})
+	f := pipeFile(t, tr)
+	pool := newMemSeg(t, 2, 1<<20)
+	rec := newRecorder()
+	task := newTask(rec, xfer.OpRead, pool, 0, f, 0, 4096)
+	if n, err := tr.Submit([]*xfer.Task{task}); n != 1 {
+		t.Fatalf("Submit = %d, %v", n, err)
+	}
+	waitInKernel(t, tr, 1)
+	if rec.doneCnt.Load() != 0 {
+		t.Fatal("read of an empty pipe completed")
+	}
+	tr.Cancel(task)
+	rec.waitDone(t, 1, 5*time.Second)
+	if calls, n, err := rec.result(task); calls != 1 || n != 0 || !errors.Is(err, xfer.ErrCanceled) {
+		t.Fatalf("calls=%d n=%d err=%v", calls, n, err)
+	}
+}
+
+// TestCloseCancelsInKernel: Close with requests parked in the kernel cancels
+// them, ends each with ErrClosed and returns well before DrainTimeout.
+func TestCloseCancelsInKernel(t *testing.T) {
+	tr, err := New(Config{DrainTimeout: 20 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := pipeFile(t, tr)
+	pool := newMemSeg(t, 2, 1<<20)
+	rec := newRecorder()
+	tasks := make([]*xfer.Task, 100)
+	for i := range tasks {
+		tasks[i] = newTask(rec, xfer.OpRead, pool, uint64(i)*4096, f, 0, 4096)
+	}
+	if n, err := tr.Submit(tasks); n != len(tasks) {
+		t.Fatalf("Submit = %d, %v", n, err)
+	}
+	waitInKernel(t, tr, uint64(len(tasks)))
+	start := time.Now()
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Close took %v with a 20 s drain timeout: in-kernel requests were not canceled", d)
+	}
+	for i, task := range tasks {
+		if calls, _, err := rec.result(task); calls != 1 || !errors.Is(err, xfer.ErrClosed) {
+			t.Fatalf("task %d: calls=%d err=%v", i, calls, err)
+		}
+	}
+}
+
+// TestCloseDrainTimeout: requests the kernel does not give back end with
+// ErrClosed once DrainTimeout passes (the hook withholds the cancel, which
+// is what a device that ignores cancels looks like).
+func TestCloseDrainTimeout(t *testing.T) {
+	tr, err := New(Config{DrainTimeout: 200 * time.Millisecond, hooks: &testHooks{noDrainCancel: true}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := pipeFile(t, tr)
+	pool := newMemSeg(t, 2, 1<<20)
+	rec := newRecorder()
+	task := newTask(rec, xfer.OpRead, pool, 0, f, 0, 4096)
+	if n, err := tr.Submit([]*xfer.Task{task}); n != 1 {
+		t.Fatalf("Submit = %d, %v", n, err)
+	}
+	waitInKernel(t, tr, 1)
+	start := time.Now()
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d := time.Since(start)
+	if d < 150*time.Millisecond || d > 3*time.Second {
+		t.Fatalf("Close took %v, want about the 200 ms drain timeout", d)
+	}
+	if calls, _, err := rec.result(task); calls != 1 || !errors.Is(err, xfer.ErrClosed) {
+		t.Fatalf("calls=%d err=%v", calls, err)
+	}
+}
