@@ -55,6 +55,21 @@ type Peeker interface {
 	Peek(off, n uint64) ([]byte, error)
 }
 
+// Synchronous is implemented by engines whose Submit completes the requests
+// before it returns (fio's sync engines): their whole latency is reported as
+// completion latency and no submission latency is recorded.
+type Synchronous interface {
+	Synchronous() bool
+}
+
+// Prefiller is implemented by engines that can lay out the target region
+// faster than bs-sized requests. Prefill writes the verify pattern of seed
+// over the region; when needPattern is false it may instead only make sure
+// the region exists at full size.
+type Prefiller interface {
+	Prefill(seed uint64, needPattern bool) error
+}
+
 // Env is what engines need from the harness.
 type Env struct {
 	// Socket overrides every job's daemon option (set by --spawn).
@@ -138,6 +153,8 @@ func (m *memEngine) Open(s EngineSpec) error {
 	m.done = make([]Completion, 0, s.Slots)
 	return nil
 }
+
+func (m *memEngine) Synchronous() bool { return true }
 
 func (m *memEngine) Buffer(slot int) []byte { return m.bufs[slot] }
 

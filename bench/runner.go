@@ -274,7 +274,12 @@ func (w *worker) open() error {
 	for s := 0; s < n; s++ {
 		fillPattern(w.eng.Buffer(s)[:j.BSMax], j.RandSeed^0xb0f, uint64(s)*j.BSMax)
 	}
-	if j.RW.Reads() || j.Verify != "" {
+	needPattern := j.RW.Reads() || j.Verify != ""
+	if p, ok := w.eng.(Prefiller); ok {
+		if err := p.Prefill(j.RandSeed, needPattern); err != nil {
+			return fmt.Errorf("prefill: %w", err)
+		}
+	} else if needPattern {
 		if err := w.prefill(); err != nil {
 			return fmt.Errorf("prefill: %w", err)
 		}
@@ -343,6 +348,10 @@ func (w *worker) now() int64 { return int64(time.Since(w.base)) }
 func (w *worker) run(stop *atomic.Bool) error {
 	j := w.job
 	w.base = time.Now()
+	sync := false
+	if s, ok := w.eng.(Synchronous); ok {
+		sync = s.Synchronous()
+	}
 	measureFrom := int64(j.RampTime)
 	var deadline int64 = -1
 	if j.Runtime > 0 {
@@ -474,8 +483,12 @@ func (w *worker) run(stop *atomic.Bool) error {
 			d.Bytes += io.Length
 			ctr.Add(io.Length)
 			d.Lat.Record(uint64(tEnd - w.subAt[c.Slot]))
-			d.Clat.Record(uint64(tEnd - w.subEnd[c.Slot]))
-			d.Slat.Record(uint64(w.subEnd[c.Slot] - w.subAt[c.Slot]))
+			if sync {
+				d.Clat.Record(uint64(tEnd - w.subAt[c.Slot]))
+			} else {
+				d.Clat.Record(uint64(tEnd - w.subEnd[c.Slot]))
+				d.Slat.Record(uint64(w.subEnd[c.Slot] - w.subAt[c.Slot]))
+			}
 		}
 	}
 	if measuring {

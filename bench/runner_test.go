@@ -215,8 +215,8 @@ func TestJSONReportFioFields(t *testing.T) {
 				}
 			}
 		}
-		if d.Slat == nil || d.Slat.N == nil {
-			t.Errorf("job %d slat_ns missing", i)
+		if d.Slat == nil || d.Slat.N == nil || *d.Slat.N != 0 {
+			t.Errorf("job %d slat_ns missing, or recorded for a synchronous engine", i)
 		}
 	}
 }

@@ -50,7 +50,9 @@ func FindDaemonBin(explicit string) (string, error) {
 
 // SpawnDaemon starts bin with a socket and data directory in a new
 // temporary directory and waits until the socket accepts connections.
-func SpawnDaemon(bin string, poolSize uint64, log *slog.Logger) (*Daemon, error) {
+// allowedFiles are the directories file segments may be opened in (written
+// to the daemon's config as allowed_files).
+func SpawnDaemon(bin string, poolSize uint64, allowedFiles []string, log *slog.Logger) (*Daemon, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -60,6 +62,22 @@ func SpawnDaemon(bin string, poolSize uint64, log *slog.Logger) (*Daemon, error)
 	}
 	d := &Daemon{Socket: filepath.Join(dir, "s.sock"), Dir: dir, log: log, exited: make(chan error, 1)}
 	d.Args = []string{"--socket", d.Socket, "--data-dir", filepath.Join(dir, "data"), "--pool-size", sizeArg(poolSize)}
+	if len(allowedFiles) > 0 {
+		cfg := filepath.Join(dir, "tensorcastd.toml")
+		body := "allowed_files = ["
+		for i, p := range allowedFiles {
+			if i > 0 {
+				body += ", "
+			}
+			body += strconv.Quote(p)
+		}
+		body += "]\n"
+		if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("%w: %w", ErrDaemon, err)
+		}
+		d.Args = append([]string{"--config", cfg}, d.Args...)
+	}
 	d.logf, err = os.Create(filepath.Join(dir, "daemon.log"))
 	if err != nil {
 		os.RemoveAll(dir)
@@ -169,4 +187,26 @@ func sizeArg(n uint64) string {
 		return strconv.FormatUint(n>>20, 10) + "MiB"
 	}
 	return strconv.FormatUint(n, 10)
+}
+
+// AllowedDirs are the directories of the jobs' files, absolute, once each:
+// what a spawned daemon must allow file segments in.
+func AllowedDirs(jobs []*Job) []string {
+	var dirs []string
+	seen := map[string]bool{}
+	for _, j := range jobs {
+		if j.Filename == "" {
+			continue
+		}
+		p, err := filepath.Abs(j.Filename)
+		if err != nil {
+			continue
+		}
+		dir := filepath.Dir(p)
+		if !seen[dir] {
+			seen[dir] = true
+			dirs = append(dirs, dir)
+		}
+	}
+	return dirs
 }

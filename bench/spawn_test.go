@@ -18,6 +18,7 @@ func fakeDaemon(mode string, args []string) int {
 	fs := flag.NewFlagSet("fake", flag.ContinueOnError)
 	sock := fs.String("socket", "", "")
 	fs.String("data-dir", "", "")
+	fs.String("config", "", "")
 	pool := fs.String("pool-size", "", "")
 	if err := fs.Parse(args); err != nil || *sock == "" || *pool == "" {
 		return 2
@@ -55,7 +56,7 @@ func TestSpawnDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("TCBENCH_FAKE_DAEMON", "ok")
-	d, err := SpawnDaemon(self, 64<<20, nil)
+	d, err := SpawnDaemon(self, 64<<20, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,12 +76,12 @@ func TestSpawnDaemon(t *testing.T) {
 	}
 
 	t.Setenv("TCBENCH_FAKE_DAEMON", "fail-start")
-	if _, err := SpawnDaemon(self, 64<<20, nil); !errors.Is(err, ErrDaemon) || !strings.Contains(err.Error(), "cannot start") {
+	if _, err := SpawnDaemon(self, 64<<20, nil, nil); !errors.Is(err, ErrDaemon) || !strings.Contains(err.Error(), "cannot start") {
 		t.Errorf("failed start: %v", err)
 	}
 
 	t.Setenv("TCBENCH_FAKE_DAEMON", "fail-stop")
-	d, err = SpawnDaemon(self, 64<<20, nil)
+	d, err = SpawnDaemon(self, 64<<20, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,7 +104,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if pool == 0 {
 			pool = bench.PoolSizeFor(jobs)
 		}
-		daemon, err = bench.SpawnDaemon(bin, pool, log)
+		daemon, err = bench.SpawnDaemon(bin, pool, bench.AllowedDirs(jobs), log)
 		if err != nil {
 			fmt.Fprintf(stderr, "tcbench: %v\n", err)
 			return 1
