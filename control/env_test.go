@@ -69,9 +69,21 @@ func (r router) Route(_, _ xfer.Segment) (xfer.Transport, error) { return r.tr, 
 // hangTransport copies like the local transport but holds every task of
 // length hangLength until it is canceled or the transport closes.
 type hangTransport struct {
-	mu   sync.Mutex // guards held, closed
+	mu   sync.Mutex // guards held, done, deaf
 	held map[*xfer.Task]struct{}
 	done bool
+	deaf bool // Cancel is ignored: held tasks end only by finish or Close
+}
+
+// finish ends every held task as completed.
+func (h *hangTransport) finish() {
+	h.mu.Lock()
+	held := h.held
+	h.held = map[*xfer.Task]struct{}{}
+	h.mu.Unlock()
+	for t := range held {
+		t.Done(t.Req.Length, nil)
+	}
 }
 
 func (h *hangTransport) Name() string { return "hang" }
@@ -108,7 +120,12 @@ func (h *hangTransport) Submit(tasks []*xfer.Task) (int, error) {
 func (h *hangTransport) Cancel(t *xfer.Task) {
 	h.mu.Lock()
 	_, ok := h.held[t]
-	delete(h.held, t)
+	if h.deaf {
+		ok = false
+	}
+	if ok {
+		delete(h.held, t)
+	}
 	h.mu.Unlock()
 	if ok {
 		t.Done(0, xfer.ErrCanceled)

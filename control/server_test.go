@@ -692,3 +692,33 @@ func TestRegisterFile(t *testing.T) {
 	}
 	e.waitIdle()
 }
+
+// TestBlocksOutliveAbandonedTasks: a closed connection's pool blocks are not
+// freed while an abandoned task that may still write into them runs.
+func TestBlocksOutliveAbandonedTasks(t *testing.T) {
+	e := newEnv(t, true, func(c *Config, _ *Deps) { c.ReleaseWait = 2 * time.Second })
+	h := e.tr.(*hangTransport)
+	h.mu.Lock()
+	h.deaf = true
+	h.mu.Unlock()
+	c := dialRaw(t, e.sock)
+	fd := newMemfd(t, 1<<16)
+	seg := xfer.SegmentID(c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd).Segment)
+	unix.Close(fd)
+	off := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 16384}).Offsets[0]
+	batch := c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1}).Batch
+	r := c.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: batch, Requests: []xfer.Request{
+		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: off, Length: hangLength}}})
+	if r.Codes[0] != tcproto.CodeOK {
+		t.Fatalf("submit %+v", r.Codes)
+	}
+	c.uc.Close()
+	// The connection waits ReleaseWait for the batch, abandons it, and
+	// then waits again for the abandoned task: the block stays allocated.
+	time.Sleep(3 * time.Second)
+	if n := e.pool.Stats().Blocks; n != 1 {
+		t.Fatalf("%d pool blocks while the abandoned task runs, want 1", n)
+	}
+	h.finish()
+	e.waitIdle()
+}
