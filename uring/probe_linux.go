@@ -23,6 +23,9 @@ type probeResult struct {
 var (
 	probeOnce sync.Once
 	probed    probeResult
+	// probeLog makes the first transport log the probe; later ones log
+	// only what they use.
+	probeLog sync.Once
 )
 
 // probe runs the feature and opcode probe once and caches it.

@@ -147,9 +147,14 @@ func New(cfg Config, log *slog.Logger) (*Transport, error) {
 	}
 	t.feat.FixedBuffers = t.fixedBufs.Load()
 	t.feat.FixedFiles = t.fixedFiles.Load()
+	probeLog.Do(func() {
+		log.Info("uring: kernel io_uring probe",
+			"features", fmt.Sprintf("%#x", p.features), "opcodes", p.opCount(), "last_opcode", p.lastOp,
+			"single_issuer", p.singleIssuer, "defer_taskrun", p.deferTaskrun, "coop_taskrun", p.coopTaskrun,
+			"ext_arg", p.features&featExtArg != 0, "read_fixed", p.ops[opReadFixed], "async_cancel", p.ops[opAsyncCancel])
+	})
 	log.Info("uring: transport ready",
 		"rings", cfg.Rings, "entries", cfg.Entries,
-		"kernel_features", fmt.Sprintf("%#x", p.features), "opcodes", p.opCount(),
 		"single_issuer", t.feat.SingleIssuer, "defer_taskrun", t.feat.DeferTaskrun,
 		"coop_taskrun", t.feat.CoopTaskrun, "sqpoll", t.feat.SQPoll,
 		"fixed_buffers", t.feat.FixedBuffers, "fixed_files", t.feat.FixedFiles)
