@@ -9,15 +9,16 @@
 # test fails, or a real-verbs test skipped inside the VM.
 #
 # Environment: RDMA_TEST_RUN (test regexp, default all), RDMA_BENCH (bench
-# regexp, default 'Verbs'; '-' for none), RDMA_BENCHTIME (default 1s),
+# regexp, default 'Verbs'; '-' for none), RDMA_BENCHTIME (default 2s),
 # RXE_MEM (MiB, default 1536: the MR registration test takes 512 MiB),
-# RXE_REG_MB (default 512), plus rxe-vm.sh's knobs.
+# RXE_REG_MB (default 512), RDMA_TEST_LOG (keep the console log there),
+# plus rxe-vm.sh's knobs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 run=${RDMA_TEST_RUN:-.}
 bench=${RDMA_BENCH:-Verbs}
-benchtime=${RDMA_BENCHTIME:-1s}
+benchtime=${RDMA_BENCHTIME:-2s}
 export RXE_MEM=${RXE_MEM:-1536} RXE_TIMEOUT=${RXE_TIMEOUT:-330} RXE_QUIET=${RXE_QUIET:-1}
 
 w=$(mktemp -d "${TMPDIR:-/tmp}/tc-rdma-test.XXXXXX")
@@ -67,6 +68,11 @@ took=$(( $(date +%s) - t0 ))
 # The test binary's own output, as go test -v prints it.
 sed -n '/^=== RUN\|^ *--- \|^    \|^PASS$\|^FAIL$\|^ok \|^Benchmark\|^REGISTER\|^panic\|^goroutine /p' "$log"
 
+[ -n "${RDMA_TEST_LOG:-}" ] && cp "$log" "$RDMA_TEST_LOG"
+# perftest's own result rows.
+awk '$1 == "PERFTEST-BEGIN" { on = 1; hdr = $0; next } $1 == "PERFTEST-END" { on = 0 }
+     on && $1 ~ /^[0-9]+$/ && NF >= 4 { print substr(hdr, 16) "  =>  " $0 }' "$log"
+
 pass=$(grep -c '^ *--- PASS' "$log" || true)
 fail=$(grep -c '^ *--- FAIL' "$log" || true)
 skip=$(grep -c '^ *--- SKIP' "$log" || true)
@@ -88,7 +94,8 @@ perf_lat() { # 4096-byte ib_write_lat typical latency (usec)
 ours() { # benchmark name, metric unit -> value
   awk -v b="$1" -v u="$2" '$1 ~ "^"b"(-[0-9]+)?$" { for (i = 2; i < NF; i++) if ($(i+1) == u) { print $i; exit } }' "$log"
 }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
+num() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?$ ]] && echo "$1"; true; }
+ratio() { awk -v a="$(num "$1")" -v b="$(num "$2")" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
 
 if [ "$bench" != "-" ]; then
   echo
@@ -103,8 +110,10 @@ if [ "$bench" != "-" ]; then
     printf '%-22s %9s Gb/s %9s Gb/s %8s\n' "$name" "${o:--}" "${p:--}" "$(ratio "$o" "$p")"
   done
   o=$(ours BenchmarkVerbsWriteLat/4KiB us/op); p=$(perf_lat)
-  printf '%-22s %11s us %11s us %8s\n' "write lat 4KiB" "${o:--}" "${p:--}" "$(ratio "$o" "$p")"
-  echo "(tensorcast latency: Submit to Done, one WRITE in flight; ib_write_lat: its typical one-way figure)"
+  rt=$(awk -v p="$(num "$p")" 'BEGIN { if (p != "") printf "%.2f", 2 * p }')
+  printf '%-22s %11s us %11s us %8s\n' "write RTT 4KiB" "${o:--}" "${rt:--}" "$(ratio "$o" "$rt")"
+  echo "(tensorcast: Submit to Done of one WRITE in flight, a full round trip; perftest: 2 x ib_write_lat's"
+  echo " typical latency, which it reports as half its ping-pong round trip: ${p:--} us)"
 fi
 
 echo
