@@ -48,6 +48,10 @@ type batch struct {
 	grp      []*Task // per-call scratch: the tasks of one transport
 	calls    []*call // deadline records, reused; calls[:ncalls] in use
 	ncalls   int
+	// tainted: a transport broke the dispatch contract on this batch, so it
+	// may still hold tasks it disowned. A tainted batch object (and its
+	// task table) is never reused; see retire.
+	tainted bool
 
 	// dispatching is the seq of the Submit call inside Transport.Submit (0
 	// when none); violated is set by a Done that breaks the contract for a
@@ -213,6 +217,7 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 		}
 	}
 	if bad {
+		b.tainted = true
 		return ErrTransport
 	}
 	if stillLive {
@@ -424,15 +429,29 @@ func (b *batch) cancelPending(err error) int {
 	return n
 }
 
-// retire invalidates b's id and stops its timers. b.mu is held; the caller
-// calls release after unlocking.
-func (b *batch) retire() {
+// retire invalidates b's id and stops its timers. b.mu is held. It
+// reports whether the caller must call release once it has unlocked b.mu.
+//
+// A tainted batch is not recycled through release: a transport that broke
+// the contract may still hold tasks it disowned and call Done on them at
+// any time. Its slot gets a fresh batch object at once; the old object and
+// its table stay alive, garbage collected, for as long as the transport
+// holds pointers into them, and such late Dones touch nothing else.
+func (b *batch) retire() (release bool) {
 	b.id = 0
 	b.disarm()
-	b.e.mu.Lock()
-	b.e.live--
-	b.e.retiring++
-	b.e.mu.Unlock()
+	e := b.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.live--
+	if !b.tainted {
+		e.retiring++
+		return true
+	}
+	e.retired.add(b.counts())
+	e.slots[b.idx].Store(nil)
+	e.freeSlots = append(e.freeSlots, b.idx)
+	return false
 }
 
 // release marks b freed; whoever brings owed to exactly freedBit (here, or

@@ -125,6 +125,14 @@ type counts struct {
 	completed, failed, timeout, canceled, bytes uint64
 }
 
+func (c *counts) add(o counts) {
+	c.completed += o.completed
+	c.failed += o.failed
+	c.timeout += o.timeout
+	c.canceled += o.canceled
+	c.bytes += o.bytes
+}
+
 // NewEngine returns an engine that routes requests with router and logs
 // lifecycle events (contract violations, Close) to log. A nil router
 // refuses every request with ErrNotSupported; a nil log discards.
@@ -356,9 +364,11 @@ func (e *Engine) Free(id BatchID) error {
 		b.mu.Unlock()
 		return ErrBatchBusy
 	}
-	b.retire()
+	release := b.retire()
 	b.mu.Unlock()
-	b.release()
+	if release {
+		b.release()
+	}
 	return nil
 }
 
@@ -372,9 +382,11 @@ func (e *Engine) Abandon(id BatchID) {
 		return
 	}
 	b.cancelPending(ErrCanceled)
-	b.retire()
+	release := b.retire()
 	b.mu.Unlock()
-	b.release()
+	if release {
+		b.release()
+	}
 }
 
 // Close stops the engine: new AllocateBatch and Submit calls fail with
@@ -447,12 +459,7 @@ func (e *Engine) Stats() EngineStats {
 // Done. Exactly one caller gets here per freed batch (see batch.release).
 func (e *Engine) recycle(b *batch) {
 	e.mu.Lock()
-	c := b.counts()
-	e.retired.completed += c.completed
-	e.retired.failed += c.failed
-	e.retired.timeout += c.timeout
-	e.retired.canceled += c.canceled
-	e.retired.bytes += c.bytes
+	e.retired.add(b.counts())
 	b.clearCounts()
 	e.retiring--
 	e.freeSlots = append(e.freeSlots, b.idx)

@@ -861,3 +861,64 @@ func (h *countHandler) Handle(_ context.Context, r slog.Record) error {
 }
 func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *countHandler) WithGroup(string) slog.Handler      { return h }
+
+// holdLiar takes every task but reports -1: it breaks the contract and
+// keeps tasks the engine rolled back.
+type holdLiar struct{ held []*Task }
+
+func (h *holdLiar) Name() string { return "hold-liar" }
+func (h *holdLiar) Submit(ts []*Task) (int, error) {
+	h.held = append(h.held, ts...)
+	return -1, nil
+}
+func (h *holdLiar) Cancel(*Task) {}
+func (h *holdLiar) Close() error { return nil }
+
+// TestTaintedBatchNotReused: after a contract violation the batch's task
+// memory is never handed to a new batch, so Dones the broken transport
+// makes later cannot touch anyone else's tasks.
+func TestTaintedBatchNotReused(t *testing.T) {
+	liar := &holdLiar{}
+	good := &asyncTr{}
+	var tr Transport = liar
+	f := newFixture(t, Config{MaxBatches: 1}, routerFunc(func(_, _ Segment) (Transport, error) { return tr, nil }))
+	id, _ := f.e.AllocateBatch(4)
+	res := make([]error, 4)
+	if err := f.e.Submit(id, f.reqs(4), f.opts, res); !errors.Is(err, ErrTransport) {
+		t.Fatalf("Submit: %v", err)
+	}
+	checkRefs(t, f.a, f.b) // rolled back: none was taken by the count
+	if err := f.e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	tr = good
+	id2, err := f.e.AllocateBatch(4)
+	if err != nil {
+		t.Fatalf("slot not returned: %v", err)
+	}
+	if err := f.e.Submit(id2, f.reqs(4), f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	for _, old := range liar.held {
+		if old == good.held[0] {
+			t.Fatal("a tainted task was reused")
+		}
+		old.Done(64, nil) // late and unowned: counted, ignored
+	}
+	for i := 0; i < 4; i++ {
+		if st := f.status(t, id2, i); st.State != StatePending {
+			t.Fatalf("new batch task %d: %v", i, st.State)
+		}
+	}
+	if f.a.refs.Load() != 4 || f.a.neg.Load() {
+		t.Fatalf("refs %d, want 4 (the new batch's)", f.a.refs.Load())
+	}
+	good.finish(nil)
+	if s, _ := f.e.Wait(id2, time.Time{}); s.Completed != 4 {
+		t.Fatalf("summary %+v", s)
+	}
+	checkRefs(t, f.a, f.b)
+	if v := f.e.Stats().Violations; v != 5 {
+		t.Fatalf("violations %d, want 5 (the count and 4 unowned Dones)", v)
+	}
+}
