@@ -344,15 +344,15 @@ func RunIperf3(ctx context.Context, secs int, length uint64, streams int) (float
 		"-P", strconv.Itoa(streams), "-J"}
 	var lastErr error
 	for attempt := 0; attempt < 50; attempt++ {
+		// The server may not listen yet: retry while the client cannot connect.
 		out, err := exec.CommandContext(ctx, "iperf3", args...).Output()
-		if err == nil {
-			return ParseIperf3JSON(out)
+		bps, perr := ParseIperf3JSON(out)
+		if perr == nil {
+			return bps, nil
 		}
-		lastErr = err
-		if len(out) > 0 {
-			if _, perr := ParseIperf3JSON(out); perr != nil && !strings.Contains(perr.Error(), "connect") {
-				lastErr = perr
-			}
+		lastErr = perr
+		if err == nil && !strings.Contains(perr.Error(), "connect") {
+			return 0, perr
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

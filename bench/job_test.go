@@ -2,6 +2,7 @@ package bench
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -17,7 +18,17 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv("TCBENCH_FAKE_DAEMON"); mode != "" {
 		os.Exit(fakeDaemon(mode, os.Args[1:]))
 	}
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	if daemonBin != "" {
+		os.RemoveAll(filepath.Dir(daemonBin))
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 func TestParseSize(t *testing.T) {

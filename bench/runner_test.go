@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -310,3 +311,5 @@ func TestProgressLine(t *testing.T) {
 		t.Errorf("progress output %q", s)
 	}
 }
+
+type atomicBool struct{ b atomic.Bool }

@@ -1,0 +1,151 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	daemonBinOnce sync.Once
+	daemonBin     string
+	daemonBinErr  string
+)
+
+// buildDaemon builds tensorcastd into a temporary directory once per test
+// binary; the test skips, saying why, only when it does not build.
+func buildDaemon(t *testing.T) string {
+	t.Helper()
+	daemonBinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "tcbench-bin-")
+		if err != nil {
+			daemonBinErr = err.Error()
+			return
+		}
+		bin := filepath.Join(dir, "tensorcastd")
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Dir(filepath.Dir(file))
+		cmd := exec.Command("go", "build", "-o", bin, "./cmd/tensorcastd")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			daemonBinErr = strings.TrimSpace(string(out))
+			return
+		}
+		daemonBin = bin
+	})
+	if daemonBin == "" {
+		t.Skipf("tensorcastd does not build yet: %s", daemonBinErr)
+	}
+	return daemonBin
+}
+
+func spawnForTest(t *testing.T, jobs []*Job) *Daemon {
+	t.Helper()
+	bin := buildDaemon(t)
+	d, err := SpawnDaemon(bin, PoolSizeFor(jobs), AllowedDirs(jobs), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			t.Errorf("daemon stop: %v", err)
+		}
+	})
+	return d
+}
+
+func runAgainst(t *testing.T, d *Daemon, jobs []*Job) *Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := (&Runner{Env: &Env{Socket: d.Socket}}).Run(ctx, jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func checkMoved(t *testing.T, res *Result) {
+	t.Helper()
+	for _, g := range res.Groups {
+		for _, jr := range g.Jobs {
+			j := jr.Job
+			if j.RW.Reads() && (jr.Read.IOs == 0 || jr.Read.Lat.Count() != jr.Read.IOs) {
+				t.Errorf("%s: no reads measured", j.Name)
+			}
+			if j.RW.Writes() && jr.Write.IOs == 0 {
+				t.Errorf("%s: no writes measured", j.Name)
+			}
+			if !j.TimeBased && jr.Read.Bytes+jr.Write.Bytes != j.Size {
+				t.Errorf("%s: moved %d bytes, want %d", j.Name, jr.Read.Bytes+jr.Write.Bytes, j.Size)
+			}
+		}
+	}
+}
+
+// TestLocalEngineAgainstDaemon runs the local engine as a real client of a
+// spawned tensorcastd, with every byte checked by crc32c: one Transfer per
+// submit (iodepth = batch), pipelined batches (iodepth > batch), requests
+// that straddle pool blocks (bsrange), and two clones.
+func TestLocalEngineAgainstDaemon(t *testing.T) {
+	jobs := mustJobs(t, "--engine=local", "--verify=crc32c", "--size=8m",
+		"--name=w-transfer", "--rw=write", "--bs=1m", "--iodepth=4", "--batch=4",
+		"--name=r-pipelined", "--rw=randread", "--bs=64k", "--iodepth=16", "--batch=4",
+		"--name=rw-straddle", "--rw=randrw", "--bsrange=4k-1m", "--iodepth=8", "--batch=2", "--numjobs=2", "--stonewall",
+		"--name=r-timed", "--rw=read", "--bs=128k", "--iodepth=8", "--batch=8", "--runtime=300ms", "--time_based", "--stonewall")
+	d := spawnForTest(t, jobs)
+	res := runAgainst(t, d, jobs)
+	checkMoved(t, res)
+}
+
+// TestLocalEngineVerifyCatchesCorruption corrupts the pool region behind the
+// daemon's back and expects verify to fail.
+func TestLocalEngineVerifyCatchesCorruption(t *testing.T) {
+	jobs := mustJobs(t, "--name=r", "--engine=local", "--verify=crc32c", "--size=1m", "--rw=read", "--bs=64k")
+	d := spawnForTest(t, jobs)
+	eng, err := NewEngine(&Env{Socket: d.Socket}, jobs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(jobs[0], 0, eng)
+	if err := w.open(); err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	de := eng.(*daemonEngine)
+	toff, _ := de.piece(3*64<<10+100, 1)
+	de.c.PoolBytes()[toff] ^= 0xff
+	var stop atomicBool
+	err = w.run(&stop.b)
+	if err == nil || !strings.Contains(err.Error(), "verify") {
+		t.Fatalf("run error = %v, want a verify failure", err)
+	}
+}
+
+// TestUringEngineAgainstDaemon runs the uring engine (file segment ↔ pool
+// blocks, O_DIRECT) through a spawned tensorcastd with crc32c verify.
+func TestUringEngineAgainstDaemon(t *testing.T) {
+	dir, err := os.MkdirTemp("/var/tmp", "tcbench-uring-")
+	if err != nil {
+		dir = t.TempDir()
+	} else {
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	f := filepath.Join(dir, "u.dat")
+	jobs := mustJobs(t, "--engine=uring", "--filename="+f, "--direct=1", "--verify=crc32c", "--size=8m",
+		"--name=u-randread", "--rw=randread", "--bs=4k", "--iodepth=16", "--batch=4",
+		"--name=u-write", "--rw=write", "--bs=1m", "--iodepth=4", "--batch=4", "--stonewall",
+		"--name=u-randrw", "--rw=randrw", "--bs=64k", "--iodepth=8", "--batch=2", "--stonewall")
+	d := spawnForTest(t, jobs)
+	res := runAgainst(t, d, jobs)
+	checkMoved(t, res)
+}
