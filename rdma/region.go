@@ -181,6 +181,14 @@ type RemoteRegion struct {
 // table builds the lookup table of a remote region, checking that its
 // fields agree.
 func (r RemoteRegion) table() (keyTable, error) {
+	// Check the key count before building anything: Size and ChunkSize come
+	// from the peer, and their quotient must not size an allocation.
+	if r.ChunkSize == 0 || r.ChunkSize&(r.ChunkSize-1) != 0 {
+		return keyTable{}, fmt.Errorf("%w: chunk size %d is not a power of two", ErrNotRegistered, r.ChunkSize)
+	}
+	if n := r.Size/r.ChunkSize + min(r.Size%r.ChunkSize, 1); n != uint64(len(r.RKeys)) {
+		return keyTable{}, fmt.Errorf("%w: %d rkeys for %d chunks", ErrNotRegistered, len(r.RKeys), n)
+	}
 	t, err := newKeyTable(r.Addr, r.Size, r.ChunkSize)
 	if err != nil {
 		return keyTable{}, err
