@@ -69,9 +69,11 @@ type batch struct {
 	cnt   [8]atomic.Int64
 	bytes atomic.Uint64
 
-	// waitMu guards wake. Lock order: mu, then waitMu.
+	// waitMu guards waiters. Lock order: mu, then waitMu.
 	waitMu sync.Mutex
-	wake   chan struct{} // closed (and cleared) when live reaches 0
+	// waiters are the wake channels of sleeping Waits; the completion that
+	// brings live to 0 sends once on each and empties the list.
+	waiters []chan struct{}
 }
 
 var _ Completer = (*batch)(nil)
@@ -363,11 +365,30 @@ func finalState(err error) State {
 
 func (b *batch) wakeWaiters() {
 	b.waitMu.Lock()
-	if b.wake != nil {
-		close(b.wake)
-		b.wake = nil
+	for i, ch := range b.waiters {
+		ch <- struct{}{} // capacity 1 and registered once: never blocks
+		b.waiters[i] = nil
+	}
+	b.waiters = b.waiters[:0]
+	b.waitMu.Unlock()
+}
+
+// unwait takes ch off the waiters of a Wait that gives up, and drains the
+// wake-up it may already have been sent, so ch goes back to the pool empty.
+func (b *batch) unwait(ch chan struct{}) {
+	b.waitMu.Lock()
+	for i, w := range b.waiters {
+		if w == ch {
+			last := len(b.waiters) - 1
+			b.waiters[i] = b.waiters[last]
+			b.waiters[last] = nil
+			b.waiters = b.waiters[:last]
+			b.waitMu.Unlock()
+			return
+		}
 	}
 	b.waitMu.Unlock()
+	<-ch // wakeWaiters removed it and sent under waitMu
 }
 
 // TaskDone is the completion path of a dispatched task: it releases the

@@ -292,16 +292,23 @@ func (e *Engine) BatchStatus(id BatchID) (BatchSummary, error) {
 }
 
 // Wait blocks until no task of batch id is Waiting or Pending, then
-// returns its summary. It does not poll: it sleeps on a channel the last
-// completing task closes. A zero deadline waits without limit; when the
-// deadline passes first, Wait returns the current summary and ErrTimeout
-// and the tasks are unchanged. If the batch is freed meanwhile, Wait
-// returns ErrBatchNotFound.
+// returns its summary. It does not poll: it sleeps on a channel that the
+// completion bringing the batch's live count to zero signals. A zero
+// deadline waits without limit; when the deadline passes first, Wait
+// returns the current summary and ErrTimeout and the tasks are unchanged.
+// If the batch is freed meanwhile, Wait returns ErrBatchNotFound. Wake
+// channels and timers are pooled, so a Wait that sleeps does not allocate
+// in the steady state either.
 func (e *Engine) Wait(id BatchID, deadline time.Time) (BatchSummary, error) {
+	var ch chan struct{}
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
 			timer.Stop()
+			timerPool.Put(timer)
+		}
+		if ch != nil {
+			wakePool.Put(ch) // empty: see below
 		}
 	}()
 	for {
@@ -317,31 +324,45 @@ func (e *Engine) Wait(id BatchID, deadline time.Time) (BatchSummary, error) {
 			b.mu.Unlock()
 			return s, nil
 		}
-		if b.wake == nil {
-			b.wake = make(chan struct{})
+		if ch == nil {
+			ch = wakePool.Get().(chan struct{})
 		}
-		ch := b.wake
+		b.waiters = append(b.waiters, ch)
 		b.waitMu.Unlock()
 		b.mu.Unlock()
 
 		if deadline.IsZero() {
-			<-ch
+			<-ch // wakeWaiters took ch off the list and sent once
 			continue
 		}
 		if timer == nil {
 			d := time.Until(deadline)
 			if d <= 0 {
+				b.unwait(ch)
 				return e.timedOut(id)
 			}
-			timer = time.NewTimer(d)
+			if t, ok := timerPool.Get().(*time.Timer); ok {
+				timer = t
+				timer.Reset(d)
+			} else {
+				timer = time.NewTimer(d)
+			}
 		}
 		select {
 		case <-ch:
 		case <-timer.C:
+			b.unwait(ch)
 			return e.timedOut(id)
 		}
 	}
 }
+
+// Pools of Wait's wake channels (capacity 1, always put back empty) and
+// deadline timers (put back stopped).
+var (
+	wakePool  = sync.Pool{New: func() any { return make(chan struct{}, 1) }}
+	timerPool sync.Pool
+)
 
 func (e *Engine) timedOut(id BatchID) (BatchSummary, error) {
 	s, err := e.BatchStatus(id)

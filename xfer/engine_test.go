@@ -3,6 +3,7 @@ package xfer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"sync"
@@ -921,4 +922,72 @@ func TestTaintedBatchNotReused(t *testing.T) {
 	if v := f.e.Stats().Violations; v != 5 {
 		t.Fatalf("violations %d, want 5 (the count and 4 unowned Dones)", v)
 	}
+}
+
+// chanTr hands tasks to a goroutine that ends them, so Wait has to sleep.
+type chanTr struct{ q chan *Task }
+
+func (c *chanTr) Name() string { return "chan" }
+func (c *chanTr) Submit(ts []*Task) (int, error) {
+	for _, t := range ts {
+		c.q <- t
+	}
+	return len(ts), nil
+}
+func (c *chanTr) Cancel(*Task) {}
+func (c *chanTr) Close() error { return nil }
+
+// TestSleepingWaitAllocs: with completions on another goroutine, the
+// steady-state Submit + Wait (sleeping, with and without a deadline) +
+// Free cycle allocates nothing.
+func TestSleepingWaitAllocs(t *testing.T) {
+	tr := &chanTr{q: make(chan *Task, 64)}
+	var done sync.WaitGroup
+	done.Add(1)
+	go func() {
+		defer done.Done()
+		for task := range tr.q {
+			time.Sleep(50 * time.Microsecond)
+			task.Done(task.Req.Length, nil)
+		}
+	}()
+	defer func() {
+		close(tr.q)
+		done.Wait()
+	}()
+	f := newFixture(t, Config{}, oneRouter{tr})
+	reqs := f.reqs(4)
+	res := make([]error, len(reqs))
+	for _, withDeadline := range []bool{false, true} {
+		run := func() {
+			id, err := f.e.AllocateBatch(len(reqs))
+			if err != nil {
+				panic(err)
+			}
+			if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
+				panic(err)
+			}
+			var dl time.Time
+			if withDeadline {
+				dl = time.Now().Add(10 * time.Second)
+			}
+			if s, err := f.e.Wait(id, dl); err != nil || s.Completed != len(reqs) {
+				panic(fmt.Sprint(s, err))
+			}
+			if err := f.e.Free(id); err != nil {
+				panic(err)
+			}
+		}
+		run()
+		// The race detector makes sync.Pool drop a share of what is put
+		// back, so there a pooled timer is sometimes made anew.
+		limit := 0.0
+		if raceEnabled {
+			limit = 1
+		}
+		if a := testing.AllocsPerRun(50, run); a > limit {
+			t.Errorf("deadline=%v: %v allocations per batch, want <= %v", withDeadline, a, limit)
+		}
+	}
+	checkRefs(t, f.a, f.b)
 }
