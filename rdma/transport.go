@@ -245,7 +245,10 @@ const seqBits = 48
 // When a work request fails, its queue pair is drained (the rest of its
 // work flushes), every task on it fails with the ibv_wc_status name, and
 // the queue pair is reconnected through the Peer in the background; the
-// other queue pairs keep working meanwhile.
+// other queue pairs keep working meanwhile. A transport that only accepts
+// (no Connect, so no Peer) is the passive end: its dialer re-establishes
+// it through Accept. Between two daemons each side dials its own set for
+// the work it submits and accepts the other's.
 //
 // Goroutines: the poller (owns completion handling) and the reconnector
 // (owns recovery); both start in newTransport and are stopped by Close,
@@ -401,9 +404,13 @@ func (t *Transport) Accept(remote ConnInfo) (ConnInfo, error) {
 // checks the path with a zero-length WRITE.
 func (t *Transport) bringUp(q *queuePair, exchange func(ConnInfo) (ConnInfo, error), probe bool) error {
 	q.mu.Lock()
-	if q.state == qpClosed {
+	switch q.state {
+	case qpClosed:
 		q.mu.Unlock()
 		return fmt.Errorf("rdma: %w", xfer.ErrClosed)
+	case qpBusy:
+		q.mu.Unlock()
+		return fmt.Errorf("%w: qp %d is being connected already", ErrConnect, q.idx)
 	}
 	wasUp := q.state == qpUp
 	q.state = qpBusy
@@ -537,7 +544,9 @@ func (t *Transport) forceRetire(q *queuePair, err error) {
 // that fails validation is dispatched and ended at once with an error
 // wrapping xfer.ErrInvalid or ErrNotRegistered. When every queue pair is
 // full or down it waits up to SubmitWait, then returns ErrQueueFull (or
-// ErrQPDown).
+// ErrQPDown). Called from a completion callback (on the poller), it can
+// only take what fits at once: the room it would wait for is freed by
+// that same poller.
 func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 	if t.closed.Load() {
 		return 0, fmt.Errorf("rdma: %w", xfer.ErrClosed)

@@ -231,7 +231,7 @@ func TestFakeQPErrorFailsInFlightAndRecovers(t *testing.T) {
 	}
 	r.wait(t, 2)
 	r.check(t, tasks)
-	a.f.release() // the reconnect probe must run
+	a.f.release(a.qps...) // the reconnect probe (maybe posted already) must run
 	for i, tk := range tasks {
 		var ce *CompletionError
 		if err := r.errs[tk]; !errors.As(err, &ce) || ce.Status != WCWRFlushErr ||

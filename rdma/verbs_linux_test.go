@@ -507,3 +507,27 @@ func TestVerbsDiscovery(t *testing.T) {
 	t.Logf("device %s port 1 netdevs %v, gid %s (index %d), mtu %d, %d counters (%d moved)",
 		name, found.Ports[0].Netdevs, p.d.Addr().GID, p.d.Addr().GIDIndex, p.d.Addr().MTU.Bytes(), len(after), grew)
 }
+
+func TestVerbsSteadyStateAllocs(t *testing.T) {
+	p := newVerbsPair(t, Config{QPs: 1}, 1<<20)
+	ch := make(chan struct{}, 64)
+	c := chanCompleter(ch)
+	tasks := make([]*xfer.Task, 16)
+	for i := range tasks {
+		tasks[i] = &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: uint64(i) * 4096,
+			Target: segRemote, TargetOffset: uint64(i) * 4096, Length: 4096}}
+		tasks[i].SetCompleter(c)
+	}
+	round := func() {
+		if n, err := p.a.Submit(tasks); n != len(tasks) || err != nil {
+			t.Fatalf("Submit = %d, %v", n, err)
+		}
+		for range tasks {
+			<-ch
+		}
+	}
+	round()
+	if allocs := testing.AllocsPerRun(20, round); allocs != 0 {
+		t.Errorf("Submit + completion of 16 WRITEs over verbs: %v allocations, want 0", allocs)
+	}
+}
