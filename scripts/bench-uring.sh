@@ -6,6 +6,8 @@
 #   DIR      where the 4 GiB test file is laid out (default /var/tmp/tcbench)
 #   REPEATS  A/B rounds per workload, at least 3 (default 3)
 #   RUNTIME  seconds per run (default 10)
+#   ONLY     (environment) a grep -E pattern: run only the workloads whose
+#            name matches, e.g. ONLY=seq
 #
 # Runs alternate fio (A) and tensorcast (B) so drift on a shared disk hits
 # both. Prints per-run figures, then medians, the ratio tensorcast/fio
@@ -82,6 +84,9 @@ WORKLOADS=(
 
 for w in "${WORKLOADS[@]}"; do
 	IFS='|' read -r name rw bs depth fio_extra drv_extra <<<"$w"
+	if [ -n "${ONLY:-}" ] && ! grep -qE "$ONLY" <<<"$name"; then
+		continue
+	fi
 	for rep in $(seq 1 "$REPEATS"); do
 		# shellcheck disable=SC2086
 		run_fio "$name" "$rw" "$bs" "$depth" "$rep" $fio_extra

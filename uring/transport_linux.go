@@ -322,7 +322,8 @@ func (t *Transport) Cancel(task *xfer.Task) {
 // Close stops dispatch, cancels and drains in-flight I/O (bounded by
 // Config.DrainTimeout), ends every task exactly once, tears the rings down
 // and closes the files opened through the transport. Safe to call more
-// than once and concurrently.
+// than once and concurrently, but not from Task.Done (it waits for the
+// poller that runs the callback).
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		t.closed.Store(true)
