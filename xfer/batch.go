@@ -29,7 +29,7 @@ const shrinkTasks = 4096
 const freedBit = int64(1) << 40
 
 // batch is one slot's batch object. It and its task table are reused by
-// every batch allocated in that slot.
+// every batch allocated in that slot (unless tainted, see retire).
 type batch struct {
 	e   *Engine
 	idx uint32
@@ -470,7 +470,9 @@ func (b *batch) retire() (release bool) {
 		return true
 	}
 	e.retired.add(b.counts())
-	e.slots[b.idx].Store(nil)
+	// The fresh object continues the slot's generations, so no id of the
+	// old one is handed out again.
+	e.slots[b.idx].Store(&batch{e: e, idx: b.idx, gen: b.gen})
 	e.freeSlots = append(e.freeSlots, b.idx)
 	return false
 }

@@ -897,6 +897,9 @@ func TestTaintedBatchNotReused(t *testing.T) {
 	if err != nil {
 		t.Fatalf("slot not returned: %v", err)
 	}
+	if id2 == id {
+		t.Fatal("the tainted batch's id was handed out again")
+	}
 	if err := f.e.Submit(id2, f.reqs(4), f.opts, res); err != nil {
 		t.Fatal(err)
 	}
