@@ -35,6 +35,4 @@ var (
 	// ErrConfig: a Config or FileOptions value is invalid. Matches
 	// xfer.ErrInvalid.
 	ErrConfig = fmt.Errorf("uring: invalid config: %w", xfer.ErrInvalid)
-	// ErrFileClosed: the file segment is closed.
-	ErrFileClosed = errors.New("uring: file closed")
 )
