@@ -19,7 +19,8 @@ type LocalConfig struct {
 	Workers int
 	// ChunkBytes: the worker path splits a request into chunks of at most
 	// this size so that one large request spreads over the workers (default
-	// 256 KiB).
+	// 1 MiB: Go's copy streams chunks that large past the cache, which is
+	// what a copy bigger than the cache wants).
 	ChunkBytes int
 	// QueueLen is how many chunks may wait for a worker; a Submit that
 	// finds the queue full copies the chunk itself (default 64 per worker).
@@ -29,7 +30,7 @@ type LocalConfig struct {
 // Defaults of LocalConfig.
 const (
 	DefaultLocalInlineBytes = 256 << 10
-	DefaultLocalChunkBytes  = 256 << 10
+	DefaultLocalChunkBytes  = 1 << 20
 )
 
 // Local is the `local` transport: it copies between two MemSegments (pool
@@ -149,6 +150,10 @@ func (l *Local) Submit(tasks []*Task) (int, error) {
 	// not waited on: the chunk is copied here instead.
 	old := debug.SetPanicOnFault(true)
 	defer debug.SetPanicOnFault(old)
+	// The call's first chunk is kept back and copied here: a send to an
+	// idle worker hands the chunk straight to it, and a call of one chunk
+	// would then pay a cross-CPU wake-up for nothing.
+	var first localChunk
 	queued := 0
 	for _, t := range tasks {
 		if _, _, err := spans(t, 0, t.Req.Length); err != nil {
@@ -161,6 +166,10 @@ func (l *Local) Submit(tasks []*Task) (int, error) {
 		atomic.StoreUint64(&t.Tag, (length+l.chunk-1)/l.chunk)
 		for off := uint64(0); off < length; off += l.chunk {
 			c := localChunk{t: t, off: off, n: min(l.chunk, length-off)}
+			if first.t == nil {
+				first = c
+				continue
+			}
 			select {
 			case l.queue <- c:
 				queued++
@@ -168,6 +177,9 @@ func (l *Local) Submit(tasks []*Task) (int, error) {
 				l.runChunk(c)
 			}
 		}
+	}
+	if first.t != nil {
+		l.runChunk(first)
 	}
 	for ; queued > 0; queued-- {
 		select {
