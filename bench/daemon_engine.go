@@ -166,11 +166,11 @@ func (d *daemonEngine) Open(s EngineSpec) (err error) {
 		if err != nil {
 			return err
 		}
-		if s.Worker > 0 {
-			// Clones get their own file, as fio's numjobs does.
-			d.file = fmt.Sprintf("%s.%d", d.file, s.Worker)
-		}
+		// Clones share the file, as fio's do when filename is given.
 		id, size, err := d.c.RegisterFile(d.file, d.job.Direct, s.Region)
+		if errors.Is(err, client.ErrPermissionDenied) || errors.Is(err, client.ErrInvalidArgument) || errors.Is(err, client.ErrNotFound) {
+			return fmt.Errorf("register file %s: %w (tensorcastd opens files only under its data_dir and allowed_files; --spawn allows the jobs' directories)", d.file, err)
+		}
 		if err != nil {
 			return fmt.Errorf("register file %s: %w", d.file, err)
 		}

@@ -149,3 +149,27 @@ func TestUringEngineAgainstDaemon(t *testing.T) {
 	res := runAgainst(t, d, jobs)
 	checkMoved(t, res)
 }
+
+// TestUringFileNotAllowed: a daemon that does not allow the file's
+// directory refuses it, and the error says where files may live.
+func TestUringFileNotAllowed(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "u.dat")
+	jobs := mustJobs(t, "--name=u", "--engine=uring", "--filename="+f, "--size=1m", "--bs=4k")
+	bin := buildDaemon(t)
+	d, err := SpawnDaemon(bin, PoolSizeFor(jobs), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := d.Stop(); err != nil {
+			t.Errorf("daemon stop: %v", err)
+		}
+	}()
+	_, err = (&Runner{Env: &Env{Socket: d.Socket}}).Run(context.Background(), jobs)
+	if err == nil || !strings.Contains(err.Error(), "allowed_files") {
+		t.Fatalf("err = %v, want a refusal that names allowed_files", err)
+	}
+	if _, serr := os.Stat(f); serr == nil {
+		t.Error("the daemon created a file where it was not allowed")
+	}
+}

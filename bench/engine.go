@@ -96,10 +96,10 @@ var engines = map[string]EngineFactory{
 // unavailable says why a known engine cannot run yet.
 var unavailable = map[string]string{
 	"local": "the tensorcast client library is not wired into this build",
-	"uring": "the uring transport does not exist in this build yet",
-	"tcp":   "the tcp transport does not exist in this build yet (two connected peers are needed)",
-	"rdma":  "the rdma transport does not exist in this build yet",
-	"store": "the store engine does not exist in this build yet",
+	"uring": "the uring engine is not wired into this build",
+	"tcp":   "tensorcastd does not connect to tcp peers yet (no peer configuration); a tcp job needs two connected daemons",
+	"rdma":  "tensorcastd does not connect to rdma peers yet; an rdma job needs two connected daemons on an RDMA device",
+	"store": "the store engine does not exist yet (tensorcastd has no store calls)",
 }
 
 // NewEngine makes an engine for job, or explains why it cannot.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	goruntime "runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -313,3 +314,30 @@ func TestProgressLine(t *testing.T) {
 }
 
 type atomicBool struct{ b atomic.Bool }
+
+// TestWorkerSteadyStateAllocs checks that the runner allocates nothing per
+// request: a run of 4096 requests allocates no more than a handful of times.
+func TestWorkerSteadyStateAllocs(t *testing.T) {
+	jobs := mustJobs(t, "--name=a", "--engine=mem", "--rw=randrw", "--bs=4k", "--size=16m", "--iodepth=8", "--batch=4", "--verify=crc32c")
+	eng, _ := NewEngine(nil, jobs[0])
+	w := newWorker(jobs[0], 0, eng)
+	if err := w.open(); err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	var stop atomic.Bool
+	var before, after goruntime.MemStats
+	goruntime.ReadMemStats(&before)
+	if err := w.run(&stop); err != nil {
+		t.Fatal(err)
+	}
+	goruntime.ReadMemStats(&after)
+	ios := w.res.Read.IOs + w.res.Write.IOs
+	if ios != 4096 {
+		t.Fatalf("%d requests, want 4096", ios)
+	}
+	t.Logf("%d allocations", after.Mallocs-before.Mallocs)
+	if n := after.Mallocs - before.Mallocs; n > 64 {
+		t.Errorf("%d allocations for %d requests", n, ios)
+	}
+}
