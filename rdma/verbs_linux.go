@@ -707,14 +707,15 @@ type verbsQP struct {
 	gidIndex int
 	rdAtom   int
 	cfg      Config
+	posted   C.int // tc_post's out parameter; used under the queue pair's lock
 }
 
 func (q *verbsQP) wrBuf() []workRequest { return q.buf }
 
 func (q *verbsQP) post(n int) (int, error) {
-	var posted C.int
-	if r, err := C.tc_post(q.q, C.int(n), &posted); r != 0 {
-		return int(posted), os.NewSyscallError("ibv_post_send", err)
+	// posted lives in q: a pointer to a local would escape per call.
+	if r, err := C.tc_post(q.q, C.int(n), &q.posted); r != 0 {
+		return int(q.posted), os.NewSyscallError("ibv_post_send", err)
 	}
 	return n, nil
 }

@@ -494,6 +494,7 @@ func TestVerbsDiscovery(t *testing.T) {
 	}
 	r := newRecorder()
 	run(t, p.a, r, tasksOf(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, Length: 256 << 10}))
+	time.Sleep(200 * time.Millisecond) // the kernel caches hw counters for a short lifespan
 	after, _ := PortCounters(name, 1)
 	grew := 0
 	for k, v := range after {

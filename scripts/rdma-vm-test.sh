@@ -9,7 +9,7 @@
 # test fails, or a real-verbs test skipped inside the VM.
 #
 # Environment: RDMA_TEST_RUN (test regexp, default all), RDMA_BENCH (bench
-# regexp, default 'Verbs'; '-' for none), RDMA_BENCHTIME (default 2s),
+# regexp, default 'Verbs'; '-' for none), RDMA_BENCHTIME (default 1s),
 # RXE_MEM (MiB, default 1536: the MR registration test takes 512 MiB),
 # RXE_REG_MB (default 512), RDMA_TEST_LOG (keep the console log there),
 # plus rxe-vm.sh's knobs.
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 run=${RDMA_TEST_RUN:-.}
 bench=${RDMA_BENCH:-Verbs}
-benchtime=${RDMA_BENCHTIME:-2s}
+benchtime=${RDMA_BENCHTIME:-1s}
 export RXE_MEM=${RXE_MEM:-1536} RXE_TIMEOUT=${RXE_TIMEOUT:-330} RXE_QUIET=${RXE_QUIET:-1}
 
 w=$(mktemp -d "${TMPDIR:-/tmp}/tc-rdma-test.XXXXXX")
