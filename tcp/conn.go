@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -52,6 +53,17 @@ type conn struct {
 	tok     tokCache
 
 	dataReqs atomic.Uint64 // data requests served (server side)
+
+	// Client connections are written directly from the submitting
+	// goroutine while gnet has nothing queued for them; a partial write
+	// hands the rest to the event loop (AsyncWritev), and direct writes
+	// resume only once the loop has flushed everything (checked on the
+	// loop when an answer arrives, which follows the last request).
+	fd int
+	// wmu guards asyncMode and asyncQueued, and orders direct writes.
+	wmu         sync.Mutex
+	asyncMode   bool
+	asyncQueued int // AsyncWritev calls whose callback has not run
 
 	// Guarded by peer.mu (client connections):
 	reqs     map[uint64]*pending
@@ -156,7 +168,16 @@ type cliHandler struct {
 }
 
 func (h *cliHandler) OnTraffic(g gnet.Conn) gnet.Action {
-	return g.Context().(*conn).onTraffic()
+	c := g.Context().(*conn)
+	act := c.onTraffic()
+	if act == gnet.None && g.OutboundBuffered() == 0 {
+		c.wmu.Lock()
+		if c.asyncMode && c.asyncQueued == 0 {
+			c.asyncMode = false
+		}
+		c.wmu.Unlock()
+	}
+	return act
 }
 
 func (h *cliHandler) OnClose(g gnet.Conn, err error) gnet.Action {

@@ -410,23 +410,45 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	local := newMemSeg(1, 64<<20)
-	col := newCollector(64)
+	col := newCollector(128)
 	var tasks []*xfer.Task
-	for i := 0; i < 32; i++ {
-		tasks = append(tasks, mkTask(col, xfer.OpWrite, local, uint64(i)*(2<<20), r, uint64(i)*(2<<20), 2<<20))
+	for i := 0; i < 96; i++ {
+		off := uint64(i%32) * (2 << 20)
+		tasks = append(tasks, mkTask(col, xfer.OpWrite, local, off, r, off, 2<<20))
 	}
 	go func() {
-		p := b.peer("a", false)
-		for p.bytesIn.Load() < 8<<20 {
+		// Stall one of b's event loops, then reset the connection on
+		// which a has the most bytes in flight: a's socket closes with
+		// SO_LINGER 0, so a loses what it had in flight there and b sees a
+		// reset.
+		pa, pb := a.peer("b", false), b.peer("a", false)
+		for pb.bytesIn.Load() < 4<<20 {
 			time.Sleep(time.Millisecond)
 		}
-		p.mu.Lock()
-		for c := range p.inbound {
-			_ = c.g.SetLinger(0) // close sends RST
-			_ = c.g.Close()
-			break
+		b.exp.stall.Store(int64(300 * time.Millisecond))
+		time.Sleep(20 * time.Millisecond)
+		for {
+			time.Sleep(time.Millisecond)
+			// The connection with the oldest unanswered request is one
+			// the stalled loop serves.
+			pa.mu.Lock()
+			var best *conn
+			oldest := time.Now().Add(-15 * time.Millisecond).UnixNano()
+			for _, c := range pa.sess {
+				for _, pd := range c.reqs {
+					if pd.sent < oldest {
+						oldest, best = pd.sent, c
+					}
+				}
+			}
+			if best != nil {
+				_ = best.g.SetLinger(0)
+				_ = best.g.Close()
+				pa.mu.Unlock()
+				return
+			}
+			pa.mu.Unlock()
 		}
-		p.mu.Unlock()
 	}()
 	var failed int
 	for _, d := range submitWait(t, a.Node, col, tasks, 20*time.Second) {
@@ -438,7 +460,7 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 		}
 	}
 	if failed == 0 || failed == len(tasks) {
-		t.Fatalf("%d of %d tasks failed; want only those on the reset connection", failed, len(tasks))
+		t.Fatalf("%d of %d tasks failed; want only those on the reset connection\na:\n%s\nb:\n%s", failed, len(tasks), a.logs.String(), b.logs.String())
 	}
 	a.logs.waitContains(t, "closed with requests in flight")
 	// Afterwards every transfer works again.

@@ -58,6 +58,9 @@ type exporter struct {
 	notes    []string // "segment:payload"
 	deliver  func(seg string, payload []byte) error
 	notifyCh chan string
+	// stall, when set, makes the next Lookup sleep that long (stalling an
+	// event loop of the owner).
+	stall atomic.Int64
 }
 
 func newExporter() *exporter {
@@ -71,6 +74,9 @@ func (e *exporter) add(name string, s *memSeg) {
 }
 
 func (e *exporter) Lookup(name string) (xfer.MemSegment, error) {
+	if d := e.stall.Swap(0); d > 0 {
+		time.Sleep(time.Duration(d))
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if s, ok := e.segs[name]; ok {

@@ -309,7 +309,7 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 
 	opts := []gnet.Option{
 		gnet.WithMulticore(true),
-		gnet.WithReadBufferCap(256 << 10),
+		gnet.WithReadBufferCap(readBufferCap),
 		gnet.WithWriteBufferCap(256 << 10),
 		gnet.WithLogger(gnetLogger{n.log}),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
@@ -562,3 +562,7 @@ func (g gnetLogger) Infof(f string, a ...any)  { g.l.Debug(fmt.Sprintf(f, a...),
 func (g gnetLogger) Warnf(f string, a ...any)  { g.l.Warn(fmt.Sprintf(f, a...), "src", "gnet") }
 func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...), "src", "gnet") }
 func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...), "src", "gnet") }
+
+// readBufferCap is the per-event-loop read buffer: one read syscall moves
+// up to this much, and payload is copied from it straight into segments.
+var readBufferCap = 256 << 10

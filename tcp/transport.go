@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -102,6 +103,7 @@ type pending struct {
 	ts       *taskState
 	loff     uint64 // offset in ts.local
 	n        uint32
+	c        *conn // set when the frame went through the event loop
 	sent     int64 // unix ns, for RequestTimeout
 	deadline int64 // unix ns, notifications
 	hdr      [hdrLen]byte
@@ -119,6 +121,10 @@ type pending struct {
 func (pd *pending) isData() bool { return pd.kind == pkRead || pd.kind == pkWrite }
 
 func (pd *pending) writeDone(gnet.Conn, error) error {
+	c := pd.c
+	c.wmu.Lock()
+	c.asyncQueued--
+	c.wmu.Unlock()
 	pd.release()
 	return nil
 }
@@ -365,11 +371,72 @@ func (n *Node) sendSlice(ts *taskState, off uint64, k uint32) error {
 		nb = 3
 		r.peer.bytesOut.Add(uint64(k))
 	}
-	if err := c.g.AsyncWritev(pd.bufs[:nb], pd.cb); err != nil {
-		// The connection is going away; its close ends the request.
+	c.send(pd, nb)
+	return nil
+}
+
+// send writes pd's frame on a client connection: straight to the socket
+// when nothing is queued on the event loop, otherwise (or for the rest of
+// a partial write) through the loop, keeping frames in order. It drops the
+// write reference of pd when the bytes are in the kernel or in gnet's
+// buffer.
+func (c *conn) send(pd *pending, nb int) {
+	bufs := pd.bufs[:nb]
+	c.wmu.Lock()
+	if !c.asyncMode {
+		total := 0
+		for _, b := range bufs {
+			total += len(b)
+		}
+		var n int
+		var err error
+		for {
+			n, err = unix.Writev(c.fd, bufs)
+			if err != unix.EINTR {
+				break
+			}
+		}
+		if err == nil && n == total {
+			c.wmu.Unlock()
+			pd.release()
+			return
+		}
+		if err != nil && err != unix.EAGAIN {
+			c.wmu.Unlock()
+			// The connection is broken; its close ends the request.
+			c.n.log.Debug("peer connection write failed", "peer", c.peer.id, "err", err)
+			_ = c.g.Close()
+			pd.release()
+			return
+		}
+		if n > 0 {
+			bufs = trimIovec(bufs, n)
+		}
+	}
+	c.asyncMode = true
+	c.asyncQueued++
+	pd.c = c
+	c.wmu.Unlock()
+	if err := c.g.AsyncWritev(bufs, pd.cb); err != nil {
+		// The loop is gone; so is the connection, whose close ends the
+		// request.
+		c.wmu.Lock()
+		c.asyncQueued--
+		c.wmu.Unlock()
 		pd.release()
 	}
-	return nil
+}
+
+// trimIovec drops the first n bytes of bufs, in place.
+func trimIovec(bufs [][]byte, n int) [][]byte {
+	for len(bufs) > 0 && n >= len(bufs[0]) {
+		n -= len(bufs[0])
+		bufs = bufs[1:]
+	}
+	if len(bufs) > 0 {
+		bufs[0] = bufs[0][n:]
+	}
+	return bufs
 }
 
 // register puts pd on one of the peer's connections. Data requests take
@@ -445,13 +512,15 @@ func (n *Node) sendNotify(ts *taskState) error {
 	meta = binary.LittleEndian.AppendUint16(meta, uint16(len(r.token)))
 	meta = append(append(meta, r.token...), ts.notify...)
 	pd := &pending{node: n, kind: pkNotify, ts: ts, deadline: ts.deadline}
+	pd.cb = pd.writeDone
+	pd.refs.Store(2)
 	c, err := n.register(r.peer, pd, 0, false)
 	if err != nil {
 		return err
 	}
 	putHeader(pd.hdr[:], &header{typ: tNotify, id: pd.id, metaLen: uint16(len(meta))})
 	pd.bufs[0], pd.bufs[1] = pd.hdr[:], meta
-	_ = c.g.AsyncWritev(pd.bufs[:2], nil)
+	c.send(pd, 2)
 	return nil
 }
 
@@ -475,13 +544,15 @@ func (n *Node) Open(peerID, segment string, rights Rights) (*Remote, error) {
 		return nil, err
 	}
 	pd := &pending{node: n, kind: pkOpen, doneCh: make(chan struct{})}
+	pd.cb = pd.writeDone
+	pd.refs.Store(2)
 	c, err := n.register(p, pd, 0, false)
 	if err != nil {
 		return nil, err
 	}
 	putHeader(pd.hdr[:], &header{typ: tOpenReq, id: pd.id, flags: uint16(rights), metaLen: uint16(len(segment))})
 	pd.bufs[0], pd.bufs[1] = pd.hdr[:], []byte(segment)
-	_ = c.g.AsyncWritev(pd.bufs[:2], nil)
+	c.send(pd, 2)
 	timer := time.NewTimer(n.cfg.RequestTimeout)
 	defer timer.Stop()
 	select {
@@ -651,7 +722,7 @@ func (n *Node) dialOne(p *peer, addr string) (*conn, hello, error) {
 
 func (h *cliHandler) OnOpen(g gnet.Conn) ([]byte, gnet.Action) {
 	if c, ok := g.Context().(*conn); ok {
-		c.g = g
+		c.g, c.fd = g, g.Fd()
 	}
 	return nil, gnet.None
 }
