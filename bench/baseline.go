@@ -231,7 +231,9 @@ func FioArgs(j *Job) []string {
 		args = append(args, "--direct=1")
 	}
 	if j.Batch > 1 {
-		args = append(args, "--iodepth_batch_submit="+strconv.Itoa(j.Batch))
+		// tcbench submits batch requests at once and reaps them as a whole.
+		args = append(args, "--iodepth_batch_submit="+strconv.Itoa(j.Batch),
+			"--iodepth_batch_complete_min="+strconv.Itoa(j.Batch))
 	}
 	if j.RW == RWRandRW || j.RW == RWReadWrite {
 		args = append(args, "--rwmixread="+strconv.Itoa(j.RWMixRead))

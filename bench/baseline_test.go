@@ -83,9 +83,10 @@ func TestFioReal(t *testing.T) {
 	}
 	f := filepath.Join(t.TempDir(), "fio.dat")
 	jobs := mustJobs(t, "--name=ref", "--engine=uring", "--filename="+f, "--direct=1", "--rw=randread", "--bs=4k",
-		"--size=4m", "--iodepth=8", "--runtime=300ms", "--time_based")
+		"--size=4m", "--iodepth=8", "--batch=4", "--runtime=300ms", "--time_based")
 	args := FioArgs(jobs[0])
-	for _, want := range []string{"--ioengine=io_uring", "--filename=" + f, "--bs=4096", "--iodepth=8", "--direct=1", "--rw=randread"} {
+	for _, want := range []string{"--ioengine=io_uring", "--filename=" + f, "--bs=4096", "--iodepth=8", "--direct=1", "--rw=randread",
+		"--iodepth_batch_submit=4", "--iodepth_batch_complete_min=4"} {
 		if !contains(args, want) {
 			t.Fatalf("fio args %q lack %q", args, want)
 		}
