@@ -149,6 +149,7 @@ func (r *Runner) runGroup(ctx context.Context, id int, jobs []*Job) (*GroupResul
 			workers = append(workers, w)
 		}
 	}
+	r.logger().Debug("group starting", "group", id, "clones", len(workers))
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	for _, w := range workers {
@@ -194,8 +195,11 @@ loop:
 	g := &GroupResult{ID: id}
 	for _, w := range workers {
 		w.sample(time.Now())
-		if err := w.eng.Close(); err != nil && w.res.Err == nil {
-			w.res.Err = fmt.Errorf("close engine: %w", err)
+		if err := w.eng.Close(); err != nil {
+			r.logger().Warn("closing engine", "job", w.job.Name, "clone", w.res.Clone, "err", err)
+			if w.res.Err == nil {
+				w.res.Err = fmt.Errorf("close engine: %w", err)
+			}
 		}
 		g.Jobs = append(g.Jobs, &w.res)
 		g.Read.merge(&w.res.Read)
