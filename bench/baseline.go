@@ -58,7 +58,10 @@ func referenceFor(j *Job, metric string) (*reference, error) {
 	case "local", "mem":
 		return &reference{name: "memcpy (in-process copy() loop)", command: "in-process copy() of bs-sized chunks",
 			run: func(ctx context.Context) (float64, error) {
-				bw, iops := MemcpyLoop(ctx, j)
+				bw, iops, err := MemcpyLoop(ctx, j)
+				if err != nil {
+					return 0, err
+				}
 				if metric == "iops" {
 					return iops, nil
 				}
@@ -159,7 +162,10 @@ func RunBaseline(ctx context.Context, r *Runner, j *Job, repeat int) (BaselineRe
 // bs-sized chunks between a region of size bytes and one bs buffer (region
 // → buffer for reads, buffer → region for writes), for the job's runtime or
 // one pass of size bytes. It returns bytes/s and copies/s.
-func MemcpyLoop(ctx context.Context, j *Job) (bw, iops float64) {
+func MemcpyLoop(ctx context.Context, j *Job) (bw, iops float64, err error) {
+	if j.Size*uint64(j.NumJobs) > MaxMemRegion {
+		return 0, 0, fmt.Errorf("%w: memcpy reference needs %d bytes of memory, more than %d", ErrBadValue, j.Size*uint64(j.NumJobs), uint64(MaxMemRegion))
+	}
 	var wg sync.WaitGroup
 	bytesDone := make([]uint64, j.NumJobs)
 	regions := make([][]byte, j.NumJobs)
@@ -211,9 +217,9 @@ func MemcpyLoop(ctx context.Context, j *Job) (bw, iops float64) {
 		total += b
 	}
 	if sec <= 0 {
-		return 0, 0
+		return 0, 0, nil
 	}
-	return float64(total) / sec, float64(total/j.BSMax) / sec
+	return float64(total) / sec, float64(total/j.BSMax) / sec, nil
 }
 
 // FioArgs is the fio command line that mirrors j with ioengine=io_uring.

@@ -46,9 +46,23 @@ func TestMedian(t *testing.T) {
 
 func TestMemcpyLoop(t *testing.T) {
 	jobs := mustJobs(t, "--name=m", "--engine=local", "--rw=write", "--bs=64k", "--size=8m", "--runtime=100ms", "--time_based")
-	bw, iops := MemcpyLoop(context.Background(), jobs[0])
+	bw, iops, err := MemcpyLoop(context.Background(), jobs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
 	if bw < 1e8 || abs(iops*65536-bw) > 0.01*bw {
 		t.Errorf("memcpy loop: %v B/s, %v copies/s", bw, iops)
+	}
+}
+
+func TestInProcessRegionLimit(t *testing.T) {
+	jobs := mustJobs(t, "--name=big", "--engine=mem", "--size=16g", "--bs=1m", "--numjobs=1")
+	if _, _, err := MemcpyLoop(context.Background(), jobs[0]); !errors.Is(err, ErrBadValue) {
+		t.Errorf("memcpy of 16 GiB: %v", err)
+	}
+	_, err := (&Runner{}).Run(context.Background(), jobs)
+	if !errors.Is(err, ErrBadValue) {
+		t.Errorf("mem engine of 16 GiB: %v", err)
 	}
 }
 

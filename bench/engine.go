@@ -140,7 +140,14 @@ var _ Peeker = (*memEngine)(nil)
 
 func (m *memEngine) Name() string { return "mem" }
 
+// MaxMemRegion bounds the bytes an in-process region (the mem engine, the
+// memcpy reference) may take per clone.
+const MaxMemRegion = 8 << 30
+
 func (m *memEngine) Open(s EngineSpec) error {
+	if s.Region > MaxMemRegion || uint64(s.Slots)*s.SlotSize > MaxMemRegion {
+		return fmt.Errorf("%w: in-process region of %d bytes is more than %d", ErrBadValue, s.Region, uint64(MaxMemRegion))
+	}
 	m.region = make([]byte, s.Region)
 	// Touch every page now so first-write faults are not measured.
 	for i := 0; i < len(m.region); i += 4096 {
