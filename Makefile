@@ -35,6 +35,7 @@ test: .deps-check test-go test-rdma
 test-go:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	$(GO) test -count=1 -tags invariants ./xfer/... ./shm/... ./uring/...
 	CGO_ENABLED=0 $(GO) build ./...
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x $(PKGS) >/dev/null
 
