@@ -239,7 +239,7 @@ type worker struct {
 	// Read by the sampler while the worker runs.
 	readBytes  atomic.Uint64
 	writeBytes atomic.Uint64
-	issued     atomic.Uint64 // bytes issued in the measured phase (for ETA)
+	issued     atomic.Uint64 // requests issued in the measured phase (for ETA)
 	measuring  atomic.Int64  // unix ns when the measured phase began, 0 before
 	sampled    []Sample      // owned by the sampler until the worker is done
 }
