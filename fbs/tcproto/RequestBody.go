@@ -7,63 +7,87 @@ import "strconv"
 type RequestBody byte
 
 const (
-	RequestBodyNONE                    RequestBody = 0
-	RequestBodyHelloRequest            RequestBody = 1
-	RequestBodyPingRequest             RequestBody = 2
-	RequestBodyRegisterBufferRequest   RequestBody = 3
-	RequestBodyUnregisterBufferRequest RequestBody = 4
-	RequestBodyPoolInfoRequest         RequestBody = 5
-	RequestBodyAllocBlocksRequest      RequestBody = 6
-	RequestBodyFreeBlocksRequest       RequestBody = 7
-	RequestBodyAllocBatchRequest       RequestBody = 8
-	RequestBodySubmitRequest           RequestBody = 9
-	RequestBodyTaskStatusRequest       RequestBody = 10
-	RequestBodyBatchStatusRequest      RequestBody = 11
-	RequestBodyWaitRequest             RequestBody = 12
-	RequestBodyFreeBatchRequest        RequestBody = 13
-	RequestBodyTransferRequestBody     RequestBody = 14
-	RequestBodyStatsRequest            RequestBody = 15
-	RequestBodyRegisterFileRequest     RequestBody = 16
+	RequestBodyNONE                     RequestBody = 0
+	RequestBodyHelloRequest             RequestBody = 1
+	RequestBodyPingRequest              RequestBody = 2
+	RequestBodyRegisterBufferRequest    RequestBody = 3
+	RequestBodyUnregisterBufferRequest  RequestBody = 4
+	RequestBodyPoolInfoRequest          RequestBody = 5
+	RequestBodyAllocBlocksRequest       RequestBody = 6
+	RequestBodyFreeBlocksRequest        RequestBody = 7
+	RequestBodyAllocBatchRequest        RequestBody = 8
+	RequestBodySubmitRequest            RequestBody = 9
+	RequestBodyTaskStatusRequest        RequestBody = 10
+	RequestBodyBatchStatusRequest       RequestBody = 11
+	RequestBodyWaitRequest              RequestBody = 12
+	RequestBodyFreeBatchRequest         RequestBody = 13
+	RequestBodyTransferRequestBody      RequestBody = 14
+	RequestBodyStatsRequest             RequestBody = 15
+	RequestBodyRegisterFileRequest      RequestBody = 16
+	RequestBodyExportSegmentRequest     RequestBody = 17
+	RequestBodyUnexportSegmentRequest   RequestBody = 18
+	RequestBodyOpenRemoteRequest        RequestBody = 19
+	RequestBodyCloseRemoteRequest       RequestBody = 20
+	RequestBodySubscribeRequest         RequestBody = 21
+	RequestBodyPollNotificationsRequest RequestBody = 22
+	RequestBodyPeersRequest             RequestBody = 23
+	RequestBodySegmentsRequest          RequestBody = 24
 )
 
 var EnumNamesRequestBody = map[RequestBody]string{
-	RequestBodyNONE:                    "NONE",
-	RequestBodyHelloRequest:            "HelloRequest",
-	RequestBodyPingRequest:             "PingRequest",
-	RequestBodyRegisterBufferRequest:   "RegisterBufferRequest",
-	RequestBodyUnregisterBufferRequest: "UnregisterBufferRequest",
-	RequestBodyPoolInfoRequest:         "PoolInfoRequest",
-	RequestBodyAllocBlocksRequest:      "AllocBlocksRequest",
-	RequestBodyFreeBlocksRequest:       "FreeBlocksRequest",
-	RequestBodyAllocBatchRequest:       "AllocBatchRequest",
-	RequestBodySubmitRequest:           "SubmitRequest",
-	RequestBodyTaskStatusRequest:       "TaskStatusRequest",
-	RequestBodyBatchStatusRequest:      "BatchStatusRequest",
-	RequestBodyWaitRequest:             "WaitRequest",
-	RequestBodyFreeBatchRequest:        "FreeBatchRequest",
-	RequestBodyTransferRequestBody:     "TransferRequestBody",
-	RequestBodyStatsRequest:            "StatsRequest",
-	RequestBodyRegisterFileRequest:     "RegisterFileRequest",
+	RequestBodyNONE:                     "NONE",
+	RequestBodyHelloRequest:             "HelloRequest",
+	RequestBodyPingRequest:              "PingRequest",
+	RequestBodyRegisterBufferRequest:    "RegisterBufferRequest",
+	RequestBodyUnregisterBufferRequest:  "UnregisterBufferRequest",
+	RequestBodyPoolInfoRequest:          "PoolInfoRequest",
+	RequestBodyAllocBlocksRequest:       "AllocBlocksRequest",
+	RequestBodyFreeBlocksRequest:        "FreeBlocksRequest",
+	RequestBodyAllocBatchRequest:        "AllocBatchRequest",
+	RequestBodySubmitRequest:            "SubmitRequest",
+	RequestBodyTaskStatusRequest:        "TaskStatusRequest",
+	RequestBodyBatchStatusRequest:       "BatchStatusRequest",
+	RequestBodyWaitRequest:              "WaitRequest",
+	RequestBodyFreeBatchRequest:         "FreeBatchRequest",
+	RequestBodyTransferRequestBody:      "TransferRequestBody",
+	RequestBodyStatsRequest:             "StatsRequest",
+	RequestBodyRegisterFileRequest:      "RegisterFileRequest",
+	RequestBodyExportSegmentRequest:     "ExportSegmentRequest",
+	RequestBodyUnexportSegmentRequest:   "UnexportSegmentRequest",
+	RequestBodyOpenRemoteRequest:        "OpenRemoteRequest",
+	RequestBodyCloseRemoteRequest:       "CloseRemoteRequest",
+	RequestBodySubscribeRequest:         "SubscribeRequest",
+	RequestBodyPollNotificationsRequest: "PollNotificationsRequest",
+	RequestBodyPeersRequest:             "PeersRequest",
+	RequestBodySegmentsRequest:          "SegmentsRequest",
 }
 
 var EnumValuesRequestBody = map[string]RequestBody{
-	"NONE":                    RequestBodyNONE,
-	"HelloRequest":            RequestBodyHelloRequest,
-	"PingRequest":             RequestBodyPingRequest,
-	"RegisterBufferRequest":   RequestBodyRegisterBufferRequest,
-	"UnregisterBufferRequest": RequestBodyUnregisterBufferRequest,
-	"PoolInfoRequest":         RequestBodyPoolInfoRequest,
-	"AllocBlocksRequest":      RequestBodyAllocBlocksRequest,
-	"FreeBlocksRequest":       RequestBodyFreeBlocksRequest,
-	"AllocBatchRequest":       RequestBodyAllocBatchRequest,
-	"SubmitRequest":           RequestBodySubmitRequest,
-	"TaskStatusRequest":       RequestBodyTaskStatusRequest,
-	"BatchStatusRequest":      RequestBodyBatchStatusRequest,
-	"WaitRequest":             RequestBodyWaitRequest,
-	"FreeBatchRequest":        RequestBodyFreeBatchRequest,
-	"TransferRequestBody":     RequestBodyTransferRequestBody,
-	"StatsRequest":            RequestBodyStatsRequest,
-	"RegisterFileRequest":     RequestBodyRegisterFileRequest,
+	"NONE":                     RequestBodyNONE,
+	"HelloRequest":             RequestBodyHelloRequest,
+	"PingRequest":              RequestBodyPingRequest,
+	"RegisterBufferRequest":    RequestBodyRegisterBufferRequest,
+	"UnregisterBufferRequest":  RequestBodyUnregisterBufferRequest,
+	"PoolInfoRequest":          RequestBodyPoolInfoRequest,
+	"AllocBlocksRequest":       RequestBodyAllocBlocksRequest,
+	"FreeBlocksRequest":        RequestBodyFreeBlocksRequest,
+	"AllocBatchRequest":        RequestBodyAllocBatchRequest,
+	"SubmitRequest":            RequestBodySubmitRequest,
+	"TaskStatusRequest":        RequestBodyTaskStatusRequest,
+	"BatchStatusRequest":       RequestBodyBatchStatusRequest,
+	"WaitRequest":              RequestBodyWaitRequest,
+	"FreeBatchRequest":         RequestBodyFreeBatchRequest,
+	"TransferRequestBody":      RequestBodyTransferRequestBody,
+	"StatsRequest":             RequestBodyStatsRequest,
+	"RegisterFileRequest":      RequestBodyRegisterFileRequest,
+	"ExportSegmentRequest":     RequestBodyExportSegmentRequest,
+	"UnexportSegmentRequest":   RequestBodyUnexportSegmentRequest,
+	"OpenRemoteRequest":        RequestBodyOpenRemoteRequest,
+	"CloseRemoteRequest":       RequestBodyCloseRemoteRequest,
+	"SubscribeRequest":         RequestBodySubscribeRequest,
+	"PollNotificationsRequest": RequestBodyPollNotificationsRequest,
+	"PeersRequest":             RequestBodyPeersRequest,
+	"SegmentsRequest":          RequestBodySegmentsRequest,
 }
 
 func (v RequestBody) String() string {

@@ -7,63 +7,87 @@ import "strconv"
 type ResponseBody byte
 
 const (
-	ResponseBodyNONE                     ResponseBody = 0
-	ResponseBodyHelloResponse            ResponseBody = 1
-	ResponseBodyPingResponse             ResponseBody = 2
-	ResponseBodyRegisterBufferResponse   ResponseBody = 3
-	ResponseBodyUnregisterBufferResponse ResponseBody = 4
-	ResponseBodyPoolInfoResponse         ResponseBody = 5
-	ResponseBodyAllocBlocksResponse      ResponseBody = 6
-	ResponseBodyFreeBlocksResponse       ResponseBody = 7
-	ResponseBodyAllocBatchResponse       ResponseBody = 8
-	ResponseBodySubmitResponse           ResponseBody = 9
-	ResponseBodyTaskStatusResponse       ResponseBody = 10
-	ResponseBodyBatchStatusResponse      ResponseBody = 11
-	ResponseBodyWaitResponse             ResponseBody = 12
-	ResponseBodyFreeBatchResponse        ResponseBody = 13
-	ResponseBodyTransferResponse         ResponseBody = 14
-	ResponseBodyStatsResponse            ResponseBody = 15
-	ResponseBodyRegisterFileResponse     ResponseBody = 16
+	ResponseBodyNONE                      ResponseBody = 0
+	ResponseBodyHelloResponse             ResponseBody = 1
+	ResponseBodyPingResponse              ResponseBody = 2
+	ResponseBodyRegisterBufferResponse    ResponseBody = 3
+	ResponseBodyUnregisterBufferResponse  ResponseBody = 4
+	ResponseBodyPoolInfoResponse          ResponseBody = 5
+	ResponseBodyAllocBlocksResponse       ResponseBody = 6
+	ResponseBodyFreeBlocksResponse        ResponseBody = 7
+	ResponseBodyAllocBatchResponse        ResponseBody = 8
+	ResponseBodySubmitResponse            ResponseBody = 9
+	ResponseBodyTaskStatusResponse        ResponseBody = 10
+	ResponseBodyBatchStatusResponse       ResponseBody = 11
+	ResponseBodyWaitResponse              ResponseBody = 12
+	ResponseBodyFreeBatchResponse         ResponseBody = 13
+	ResponseBodyTransferResponse          ResponseBody = 14
+	ResponseBodyStatsResponse             ResponseBody = 15
+	ResponseBodyRegisterFileResponse      ResponseBody = 16
+	ResponseBodyExportSegmentResponse     ResponseBody = 17
+	ResponseBodyUnexportSegmentResponse   ResponseBody = 18
+	ResponseBodyOpenRemoteResponse        ResponseBody = 19
+	ResponseBodyCloseRemoteResponse       ResponseBody = 20
+	ResponseBodySubscribeResponse         ResponseBody = 21
+	ResponseBodyPollNotificationsResponse ResponseBody = 22
+	ResponseBodyPeersResponse             ResponseBody = 23
+	ResponseBodySegmentsResponse          ResponseBody = 24
 )
 
 var EnumNamesResponseBody = map[ResponseBody]string{
-	ResponseBodyNONE:                     "NONE",
-	ResponseBodyHelloResponse:            "HelloResponse",
-	ResponseBodyPingResponse:             "PingResponse",
-	ResponseBodyRegisterBufferResponse:   "RegisterBufferResponse",
-	ResponseBodyUnregisterBufferResponse: "UnregisterBufferResponse",
-	ResponseBodyPoolInfoResponse:         "PoolInfoResponse",
-	ResponseBodyAllocBlocksResponse:      "AllocBlocksResponse",
-	ResponseBodyFreeBlocksResponse:       "FreeBlocksResponse",
-	ResponseBodyAllocBatchResponse:       "AllocBatchResponse",
-	ResponseBodySubmitResponse:           "SubmitResponse",
-	ResponseBodyTaskStatusResponse:       "TaskStatusResponse",
-	ResponseBodyBatchStatusResponse:      "BatchStatusResponse",
-	ResponseBodyWaitResponse:             "WaitResponse",
-	ResponseBodyFreeBatchResponse:        "FreeBatchResponse",
-	ResponseBodyTransferResponse:         "TransferResponse",
-	ResponseBodyStatsResponse:            "StatsResponse",
-	ResponseBodyRegisterFileResponse:     "RegisterFileResponse",
+	ResponseBodyNONE:                      "NONE",
+	ResponseBodyHelloResponse:             "HelloResponse",
+	ResponseBodyPingResponse:              "PingResponse",
+	ResponseBodyRegisterBufferResponse:    "RegisterBufferResponse",
+	ResponseBodyUnregisterBufferResponse:  "UnregisterBufferResponse",
+	ResponseBodyPoolInfoResponse:          "PoolInfoResponse",
+	ResponseBodyAllocBlocksResponse:       "AllocBlocksResponse",
+	ResponseBodyFreeBlocksResponse:        "FreeBlocksResponse",
+	ResponseBodyAllocBatchResponse:        "AllocBatchResponse",
+	ResponseBodySubmitResponse:            "SubmitResponse",
+	ResponseBodyTaskStatusResponse:        "TaskStatusResponse",
+	ResponseBodyBatchStatusResponse:       "BatchStatusResponse",
+	ResponseBodyWaitResponse:              "WaitResponse",
+	ResponseBodyFreeBatchResponse:         "FreeBatchResponse",
+	ResponseBodyTransferResponse:          "TransferResponse",
+	ResponseBodyStatsResponse:             "StatsResponse",
+	ResponseBodyRegisterFileResponse:      "RegisterFileResponse",
+	ResponseBodyExportSegmentResponse:     "ExportSegmentResponse",
+	ResponseBodyUnexportSegmentResponse:   "UnexportSegmentResponse",
+	ResponseBodyOpenRemoteResponse:        "OpenRemoteResponse",
+	ResponseBodyCloseRemoteResponse:       "CloseRemoteResponse",
+	ResponseBodySubscribeResponse:         "SubscribeResponse",
+	ResponseBodyPollNotificationsResponse: "PollNotificationsResponse",
+	ResponseBodyPeersResponse:             "PeersResponse",
+	ResponseBodySegmentsResponse:          "SegmentsResponse",
 }
 
 var EnumValuesResponseBody = map[string]ResponseBody{
-	"NONE":                     ResponseBodyNONE,
-	"HelloResponse":            ResponseBodyHelloResponse,
-	"PingResponse":             ResponseBodyPingResponse,
-	"RegisterBufferResponse":   ResponseBodyRegisterBufferResponse,
-	"UnregisterBufferResponse": ResponseBodyUnregisterBufferResponse,
-	"PoolInfoResponse":         ResponseBodyPoolInfoResponse,
-	"AllocBlocksResponse":      ResponseBodyAllocBlocksResponse,
-	"FreeBlocksResponse":       ResponseBodyFreeBlocksResponse,
-	"AllocBatchResponse":       ResponseBodyAllocBatchResponse,
-	"SubmitResponse":           ResponseBodySubmitResponse,
-	"TaskStatusResponse":       ResponseBodyTaskStatusResponse,
-	"BatchStatusResponse":      ResponseBodyBatchStatusResponse,
-	"WaitResponse":             ResponseBodyWaitResponse,
-	"FreeBatchResponse":        ResponseBodyFreeBatchResponse,
-	"TransferResponse":         ResponseBodyTransferResponse,
-	"StatsResponse":            ResponseBodyStatsResponse,
-	"RegisterFileResponse":     ResponseBodyRegisterFileResponse,
+	"NONE":                      ResponseBodyNONE,
+	"HelloResponse":             ResponseBodyHelloResponse,
+	"PingResponse":              ResponseBodyPingResponse,
+	"RegisterBufferResponse":    ResponseBodyRegisterBufferResponse,
+	"UnregisterBufferResponse":  ResponseBodyUnregisterBufferResponse,
+	"PoolInfoResponse":          ResponseBodyPoolInfoResponse,
+	"AllocBlocksResponse":       ResponseBodyAllocBlocksResponse,
+	"FreeBlocksResponse":        ResponseBodyFreeBlocksResponse,
+	"AllocBatchResponse":        ResponseBodyAllocBatchResponse,
+	"SubmitResponse":            ResponseBodySubmitResponse,
+	"TaskStatusResponse":        ResponseBodyTaskStatusResponse,
+	"BatchStatusResponse":       ResponseBodyBatchStatusResponse,
+	"WaitResponse":              ResponseBodyWaitResponse,
+	"FreeBatchResponse":         ResponseBodyFreeBatchResponse,
+	"TransferResponse":          ResponseBodyTransferResponse,
+	"StatsResponse":             ResponseBodyStatsResponse,
+	"RegisterFileResponse":      ResponseBodyRegisterFileResponse,
+	"ExportSegmentResponse":     ResponseBodyExportSegmentResponse,
+	"UnexportSegmentResponse":   ResponseBodyUnexportSegmentResponse,
+	"OpenRemoteResponse":        ResponseBodyOpenRemoteResponse,
+	"CloseRemoteResponse":       ResponseBodyCloseRemoteResponse,
+	"SubscribeResponse":         ResponseBodySubscribeResponse,
+	"PollNotificationsResponse": ResponseBodyPollNotificationsResponse,
+	"PeersResponse":             ResponseBodyPeersResponse,
+	"SegmentsResponse":          ResponseBodySegmentsResponse,
 }
 
 func (v ResponseBody) String() string {

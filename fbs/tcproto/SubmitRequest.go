@@ -64,8 +64,28 @@ func (rcv *SubmitRequest) RequestsLength() int {
 	return 0
 }
 
+func (rcv *SubmitRequest) Notify(obj *Notify, j int) bool {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(8))
+	if o != 0 {
+		x := rcv._tab.Vector(o)
+		x += flatbuffers.UOffsetT(j) * 4
+		x = rcv._tab.Indirect(x)
+		obj.Init(rcv._tab.Bytes, x)
+		return true
+	}
+	return false
+}
+
+func (rcv *SubmitRequest) NotifyLength() int {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(8))
+	if o != 0 {
+		return rcv._tab.VectorLen(o)
+	}
+	return 0
+}
+
 func SubmitRequestStart(builder *flatbuffers.Builder) {
-	builder.StartObject(2)
+	builder.StartObject(3)
 }
 func SubmitRequestAddBatchId(builder *flatbuffers.Builder, batchId uint64) {
 	builder.PrependUint64Slot(0, batchId, 0)
@@ -75,6 +95,12 @@ func SubmitRequestAddRequests(builder *flatbuffers.Builder, requests flatbuffers
 }
 func SubmitRequestStartRequestsVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
 	return builder.StartVector(48, numElems, 8)
+}
+func SubmitRequestAddNotify(builder *flatbuffers.Builder, notify flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(2, flatbuffers.UOffsetT(notify), 0)
+}
+func SubmitRequestStartNotifyVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
+	return builder.StartVector(4, numElems, 4)
 }
 func SubmitRequestEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

@@ -64,8 +64,28 @@ func (rcv *TransferRequestBody) MutateTimeoutMs(n uint32) bool {
 	return rcv._tab.MutateUint32Slot(6, n)
 }
 
+func (rcv *TransferRequestBody) Notify(obj *Notify, j int) bool {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(8))
+	if o != 0 {
+		x := rcv._tab.Vector(o)
+		x += flatbuffers.UOffsetT(j) * 4
+		x = rcv._tab.Indirect(x)
+		obj.Init(rcv._tab.Bytes, x)
+		return true
+	}
+	return false
+}
+
+func (rcv *TransferRequestBody) NotifyLength() int {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(8))
+	if o != 0 {
+		return rcv._tab.VectorLen(o)
+	}
+	return 0
+}
+
 func TransferRequestBodyStart(builder *flatbuffers.Builder) {
-	builder.StartObject(2)
+	builder.StartObject(3)
 }
 func TransferRequestBodyAddRequests(builder *flatbuffers.Builder, requests flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(0, flatbuffers.UOffsetT(requests), 0)
@@ -75,6 +95,12 @@ func TransferRequestBodyStartRequestsVector(builder *flatbuffers.Builder, numEle
 }
 func TransferRequestBodyAddTimeoutMs(builder *flatbuffers.Builder, timeoutMs uint32) {
 	builder.PrependUint32Slot(1, timeoutMs, 0)
+}
+func TransferRequestBodyAddNotify(builder *flatbuffers.Builder, notify flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(2, flatbuffers.UOffsetT(notify), 0)
+}
+func TransferRequestBodyStartNotifyVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
+	return builder.StartVector(4, numElems, 4)
 }
 func TransferRequestBodyEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()
