@@ -72,11 +72,20 @@ type conn struct {
 	mu      sync.Mutex
 	buffers map[xfer.SegmentID]Buffer
 	files   map[xfer.SegmentID]FileSegment
+	remotes map[xfer.SegmentID]remote
+
+	// smu guards subs: the exports this connection receives notifications
+	// of (an owner's unexport removes itself from here).
+	smu  sync.Mutex
+	subs map[*export]struct{}
+	// notes is the queue Deliver fills and PollNotifications drains.
+	notes noteQueue
 
 	// Owned by the serving goroutine.
 	blocks  blockSet
 	batches map[BatchID]struct{}
 	idem    idemTable
+	exports []*export // what this connection exported
 }
 
 func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
@@ -93,6 +102,9 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 		b:       flatbuffers.NewBuilder(1024),
 		buffers: make(map[xfer.SegmentID]Buffer),
 		files:   make(map[xfer.SegmentID]FileSegment),
+		remotes: make(map[xfer.SegmentID]remote),
+		subs:    make(map[*export]struct{}),
+		notes:   noteQueue{wake: make(chan struct{}, 1)},
 		batches: make(map[BatchID]struct{}),
 	}
 	var cerr error
@@ -402,6 +414,9 @@ func (c *conn) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 	}
 	if f, ok := c.files[id]; ok {
 		return f, true
+	}
+	if r, ok := c.remotes[id]; ok {
+		return r.seg, true
 	}
 	return nil, false
 }

@@ -25,7 +25,7 @@ func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) (err error) {
 	var r tcproto.Request
 	r.Init(buf, root)
 
-	*m = Request{Offsets: m.Offsets[:0], Requests: m.Requests[:0]}
+	*m = Request{Offsets: m.Offsets[:0], Requests: m.Requests[:0], Notify: m.Notify[:0]}
 	var c tcproto.Context
 	if r.Ctx(&c) != nil {
 		ct := c.Table()
@@ -88,7 +88,9 @@ func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) (err error) {
 		var b tcproto.SubmitRequest
 		b.Init(t.Bytes, t.Pos)
 		m.Batch = b.BatchId()
-		err = decodeTransfers(&t, 6, lim, m)
+		if err = decodeTransfers(&t, 6, lim, m); err == nil {
+			err = decodeNotify(&t, 8, m)
+		}
 	case tcproto.RequestBodyTaskStatusRequest:
 		var b tcproto.TaskStatusRequest
 		b.Init(t.Bytes, t.Pos)
@@ -111,7 +113,9 @@ func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) (err error) {
 		var b tcproto.TransferRequestBody
 		b.Init(t.Bytes, t.Pos)
 		m.TimeoutMS = b.TimeoutMs()
-		err = decodeTransfers(&t, 4, lim, m)
+		if err = decodeTransfers(&t, 4, lim, m); err == nil {
+			err = decodeNotify(&t, 8, m)
+		}
 	case tcproto.RequestBodyRegisterFileRequest:
 		var b tcproto.RegisterFileRequest
 		b.Init(t.Bytes, t.Pos)
@@ -121,10 +125,71 @@ func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) (err error) {
 		if err == nil && len(m.Name) == 0 {
 			err = fmt.Errorf("%w: empty path", ErrMalformed)
 		}
+	case tcproto.RequestBodyExportSegmentRequest:
+		var b tcproto.ExportSegmentRequest
+		b.Init(t.Bytes, t.Pos)
+		m.Segment, m.Offset, m.Length, m.Rights = b.SegmentId(), b.Offset(), b.Length(), b.Rights()
+		m.Name, err = nameField(&t, 4, lim)
+	case tcproto.RequestBodyUnexportSegmentRequest, tcproto.RequestBodySubscribeRequest:
+		m.Name, err = nameField(&t, 4, lim)
+	case tcproto.RequestBodyOpenRemoteRequest:
+		var b tcproto.OpenRemoteRequest
+		b.Init(t.Bytes, t.Pos)
+		m.Rights = b.Rights()
+		m.Name, err = nameField(&t, 4, lim)
+	case tcproto.RequestBodyCloseRemoteRequest:
+		var b tcproto.CloseRemoteRequest
+		b.Init(t.Bytes, t.Pos)
+		m.Segment = b.SegmentId()
+	case tcproto.RequestBodyPollNotificationsRequest:
+		var b tcproto.PollNotificationsRequest
+		b.Init(t.Bytes, t.Pos)
+		m.TimeoutMS, m.Max = b.TimeoutMs(), b.Max()
+	case tcproto.RequestBodyPeersRequest, tcproto.RequestBodySegmentsRequest:
 	default:
 		return fmt.Errorf("%w: unknown request body %d", ErrMalformed, m.Kind)
 	}
 	return err
+}
+
+// maxName bounds a segment name on the wire: "peer/segment" is at most a
+// 64-byte daemon id, a slash and a 255-byte segment name.
+const maxName = 64 + 1 + 255
+
+// nameField reads a required segment name.
+func nameField(t *flatbuffers.Table, slot flatbuffers.VOffsetT, lim DecodeLimits) ([]byte, error) {
+	name, err := bytesField(t, slot, min(maxName, lim.MaxPath))
+	if err == nil && len(name) == 0 {
+		err = fmt.Errorf("%w: empty name", ErrMalformed)
+	}
+	return name, err
+}
+
+// decodeNotify reads the optional positional notify vector: empty, or one
+// entry per transfer request, each payload at most MaxNotify bytes.
+func decodeNotify(t *flatbuffers.Table, slot flatbuffers.VOffsetT, m *Request) error {
+	n, start, err := vecAt(t, slot, 4, len(m.Requests))
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	if n != len(m.Requests) {
+		return fmt.Errorf("%w: %d notify entries for %d requests", ErrMalformed, n, len(m.Requests))
+	}
+	var nt tcproto.Notify
+	for i := 0; i < n; i++ {
+		pos := start + flatbuffers.UOffsetT(i*4)
+		nt.Init(t.Bytes, flatbuffers.GetUOffsetT(t.Bytes[pos:])+pos)
+		tab := nt.Table()
+		p, err := bytesField(&tab, 4, MaxNotify)
+		if err != nil {
+			return err
+		}
+		m.Notify = append(m.Notify, p)
+	}
+	return nil
 }
 
 func decodeTransfers(t *flatbuffers.Table, slot flatbuffers.VOffsetT, lim DecodeLimits, m *Request) error {
@@ -163,7 +228,8 @@ func DecodeResponse(buf []byte, lim DecodeLimits, m *Response) (err error) {
 	r.Init(buf, root)
 	rt := r.Table()
 	*m = Response{Offsets: m.Offsets[:0], Codes: m.Codes[:0], States: m.States[:0], BlockClasses: m.BlockClasses[:0],
-		Pool: m.Pool[:0], Engine: m.Engine[:0], Conn: m.Conn[:0]}
+		Pool: m.Pool[:0], Engine: m.Engine[:0], Conn: m.Conn[:0], Notifications: m.Notifications[:0],
+		Peers: m.Peers[:0], Segments: m.Segments[:0]}
 	m.Status = r.Status()
 	m.RequestID = r.RequestId()
 	if m.Message, err = bytesField(&rt, 6, lim.MaxString); err != nil {
@@ -281,6 +347,59 @@ func DecodeResponse(buf []byte, lim DecodeLimits, m *Response) (err error) {
 		var b tcproto.RegisterFileResponse
 		b.Init(t.Bytes, t.Pos)
 		m.Segment, m.Size = b.SegmentId(), b.Size()
+	case tcproto.ResponseBodyExportSegmentResponse:
+		var b tcproto.ExportSegmentResponse
+		b.Init(t.Bytes, t.Pos)
+		m.Size = b.Size()
+	case tcproto.ResponseBodyUnexportSegmentResponse, tcproto.ResponseBodyCloseRemoteResponse,
+		tcproto.ResponseBodySubscribeResponse:
+	case tcproto.ResponseBodyOpenRemoteResponse:
+		var b tcproto.OpenRemoteResponse
+		b.Init(t.Bytes, t.Pos)
+		m.Segment, m.Size, m.Epoch = b.SegmentId(), b.Size(), b.Epoch()
+	case tcproto.ResponseBodyPollNotificationsResponse:
+		err = decodeTables(&t, 4, lim.MaxItems, func(tab *flatbuffers.Table) error {
+			var nf Notification
+			var err error
+			if nf.Segment, err = bytesField(tab, 4, maxName); err != nil {
+				return err
+			}
+			if nf.Payload, err = bytesField(tab, 6, MaxNotify); err != nil {
+				return err
+			}
+			m.Notifications = append(m.Notifications, nf)
+			return nil
+		})
+	case tcproto.ResponseBodyPeersResponse:
+		err = decodeTables(&t, 4, lim.MaxItems, func(tab *flatbuffers.Table) error {
+			var b tcproto.PeerInfo
+			b.Init(tab.Bytes, tab.Pos)
+			p := PeerInfo{Epoch: b.Epoch(), Connected: b.Connected(), BytesIn: b.BytesIn(), BytesOut: b.BytesOut(), Errors: b.Errors()}
+			var err error
+			if p.ID, err = bytesField(tab, 4, lim.MaxString); err != nil {
+				return err
+			}
+			if p.Addr, err = bytesField(tab, 6, lim.MaxString); err != nil {
+				return err
+			}
+			m.Peers = append(m.Peers, p)
+			return nil
+		})
+	case tcproto.ResponseBodySegmentsResponse:
+		err = decodeTables(&t, 4, lim.MaxItems, func(tab *flatbuffers.Table) error {
+			var b tcproto.SegmentInfo
+			b.Init(tab.Bytes, tab.Pos)
+			si := SegmentInfo{Segment: b.SegmentId(), Size: b.Size(), Rights: b.Rights(), Epoch: b.Epoch()}
+			var err error
+			if si.Name, err = bytesField(tab, 4, maxName); err != nil {
+				return err
+			}
+			if si.Peer, err = bytesField(tab, 6, lim.MaxString); err != nil {
+				return err
+			}
+			m.Segments = append(m.Segments, si)
+			return nil
+		})
 	default:
 		return fmt.Errorf("%w: unknown response body %d", ErrMalformed, m.Kind)
 	}
@@ -319,4 +438,21 @@ func decodeCounters(t *flatbuffers.Table, slot flatbuffers.VOffsetT, lim DecodeL
 		dst = append(dst, Counter{Name: string(name), Value: c.Value()})
 	}
 	return dst, nil
+}
+
+// decodeTables walks the vector of tables at slot, checked against limit,
+// calling fn with each element's table.
+func decodeTables(t *flatbuffers.Table, slot flatbuffers.VOffsetT, limit int, fn func(*flatbuffers.Table) error) error {
+	n, start, err := vecAt(t, slot, 4, limit)
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		pos := start + flatbuffers.UOffsetT(i*4)
+		tab := flatbuffers.Table{Bytes: t.Bytes, Pos: flatbuffers.GetUOffsetT(t.Bytes[pos:]) + pos}
+		if err := fn(&tab); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -60,13 +60,39 @@ type FileOpener interface {
 	OpenFile(id xfer.SegmentID, path string, direct bool, size uint64) (FileSegment, error)
 }
 
+// RemoteSegment is a segment of a peer daemon opened through the peer
+// plane (*tcp.Remote). Its ID is the plane's own; the server names it to
+// its client by an id from the Registry.
+type RemoteSegment interface {
+	xfer.Segment
+	Epoch() uint64
+	Close() error
+}
+
+// PeerPlane is the daemon's peer data plane as the server uses it.
+type PeerPlane interface {
+	// OpenRemote opens segment on daemon peer with rights (RightRead |
+	// RightWrite).
+	OpenRemote(peer, segment string, rights uint8) (RemoteSegment, error)
+	// AttachNotify makes the next dispatched WRITE equal to req carry
+	// payload, acknowledged by deadline; DetachNotify drops it if no task
+	// took it. The server keeps req unique while attached: its target is a
+	// remote segment only one connection names.
+	AttachNotify(req xfer.Request, payload []byte, deadline time.Time) error
+	DetachNotify(req xfer.Request)
+	// Peers reports the known peers.
+	Peers() []PeerInfo
+}
+
 // Deps are what the server serves from. Engine, Pool and Registry are
 // required; MapBuffer defaults to ShmMapBuffer; FileOpener is optional
-// (RegisterFile then answers UNAVAILABLE).
+// (RegisterFile then answers UNAVAILABLE); Peers is optional (OpenRemote and
+// notifications then answer UNAVAILABLE; exports are still listed).
 type Deps struct {
 	Engine     Engine
 	Pool       Pool
 	Registry   Registry
 	MapBuffer  MapBufferFunc
 	FileOpener FileOpener
+	Peers      PeerPlane
 }

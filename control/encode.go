@@ -12,7 +12,7 @@ import (
 // returned slice aliases b's buffer and is valid until b is used again.
 func EncodeRequest(b *flatbuffers.Builder, m *Request) []byte {
 	b.Reset()
-	var key, lane, name, payload, offs, reqs flatbuffers.UOffsetT
+	var key, lane, name, payload, offs, reqs, notify flatbuffers.UOffsetT
 	if len(m.Ctx.IdempotencyKey) > 0 {
 		key = b.CreateByteString(m.Ctx.IdempotencyKey)
 	}
@@ -20,7 +20,9 @@ func EncodeRequest(b *flatbuffers.Builder, m *Request) []byte {
 		lane = b.CreateByteString(m.Ctx.Lane)
 	}
 	switch m.Kind {
-	case tcproto.RequestBodyHelloRequest, tcproto.RequestBodyRegisterFileRequest:
+	case tcproto.RequestBodyHelloRequest, tcproto.RequestBodyRegisterFileRequest,
+		tcproto.RequestBodyExportSegmentRequest, tcproto.RequestBodyUnexportSegmentRequest,
+		tcproto.RequestBodyOpenRemoteRequest, tcproto.RequestBodySubscribeRequest:
 		name = b.CreateByteString(m.Name)
 	case tcproto.RequestBodyPingRequest:
 		payload = b.CreateByteVector(m.Payload)
@@ -28,6 +30,7 @@ func EncodeRequest(b *flatbuffers.Builder, m *Request) []byte {
 		offs = uint64Vector(b, m.Offsets)
 	case tcproto.RequestBodySubmitRequest, tcproto.RequestBodyTransferRequestBody:
 		reqs = transferVector(b, m.Requests)
+		notify = notifyVector(b, m.Notify)
 	}
 
 	var body flatbuffers.UOffsetT
@@ -69,6 +72,9 @@ func EncodeRequest(b *flatbuffers.Builder, m *Request) []byte {
 		tcproto.SubmitRequestStart(b)
 		tcproto.SubmitRequestAddBatchId(b, m.Batch)
 		tcproto.SubmitRequestAddRequests(b, reqs)
+		if notify != 0 {
+			tcproto.SubmitRequestAddNotify(b, notify)
+		}
 		body = tcproto.SubmitRequestEnd(b)
 	case tcproto.RequestBodyTaskStatusRequest:
 		tcproto.TaskStatusRequestStart(b)
@@ -92,6 +98,9 @@ func EncodeRequest(b *flatbuffers.Builder, m *Request) []byte {
 		tcproto.TransferRequestBodyStart(b)
 		tcproto.TransferRequestBodyAddRequests(b, reqs)
 		tcproto.TransferRequestBodyAddTimeoutMs(b, m.TimeoutMS)
+		if notify != 0 {
+			tcproto.TransferRequestBodyAddNotify(b, notify)
+		}
 		body = tcproto.TransferRequestBodyEnd(b)
 	case tcproto.RequestBodyStatsRequest:
 		tcproto.StatsRequestStart(b)
@@ -102,6 +111,42 @@ func EncodeRequest(b *flatbuffers.Builder, m *Request) []byte {
 		tcproto.RegisterFileRequestAddDirect(b, m.Direct)
 		tcproto.RegisterFileRequestAddSize(b, m.Size)
 		body = tcproto.RegisterFileRequestEnd(b)
+	case tcproto.RequestBodyExportSegmentRequest:
+		tcproto.ExportSegmentRequestStart(b)
+		tcproto.ExportSegmentRequestAddName(b, name)
+		tcproto.ExportSegmentRequestAddSegmentId(b, m.Segment)
+		tcproto.ExportSegmentRequestAddOffset(b, m.Offset)
+		tcproto.ExportSegmentRequestAddLength(b, m.Length)
+		tcproto.ExportSegmentRequestAddRights(b, m.Rights)
+		body = tcproto.ExportSegmentRequestEnd(b)
+	case tcproto.RequestBodyUnexportSegmentRequest:
+		tcproto.UnexportSegmentRequestStart(b)
+		tcproto.UnexportSegmentRequestAddName(b, name)
+		body = tcproto.UnexportSegmentRequestEnd(b)
+	case tcproto.RequestBodyOpenRemoteRequest:
+		tcproto.OpenRemoteRequestStart(b)
+		tcproto.OpenRemoteRequestAddName(b, name)
+		tcproto.OpenRemoteRequestAddRights(b, m.Rights)
+		body = tcproto.OpenRemoteRequestEnd(b)
+	case tcproto.RequestBodyCloseRemoteRequest:
+		tcproto.CloseRemoteRequestStart(b)
+		tcproto.CloseRemoteRequestAddSegmentId(b, m.Segment)
+		body = tcproto.CloseRemoteRequestEnd(b)
+	case tcproto.RequestBodySubscribeRequest:
+		tcproto.SubscribeRequestStart(b)
+		tcproto.SubscribeRequestAddName(b, name)
+		body = tcproto.SubscribeRequestEnd(b)
+	case tcproto.RequestBodyPollNotificationsRequest:
+		tcproto.PollNotificationsRequestStart(b)
+		tcproto.PollNotificationsRequestAddTimeoutMs(b, m.TimeoutMS)
+		tcproto.PollNotificationsRequestAddMax(b, m.Max)
+		body = tcproto.PollNotificationsRequestEnd(b)
+	case tcproto.RequestBodyPeersRequest:
+		tcproto.PeersRequestStart(b)
+		body = tcproto.PeersRequestEnd(b)
+	case tcproto.RequestBodySegmentsRequest:
+		tcproto.SegmentsRequestStart(b)
+		body = tcproto.SegmentsRequestEnd(b)
 	}
 
 	tcproto.ContextStart(b)
@@ -133,6 +178,34 @@ func uint64Vector(b *flatbuffers.Builder, v []uint64) flatbuffers.UOffsetT {
 		b.PrependUint64(v[i])
 	}
 	return b.EndVector(len(v))
+}
+
+// notifyVector encodes the positional notify vector; 0 when v is empty.
+func notifyVector(b *flatbuffers.Builder, v [][]byte) flatbuffers.UOffsetT {
+	if len(v) == 0 {
+		return 0
+	}
+	offs := make([]flatbuffers.UOffsetT, len(v))
+	for i := range v {
+		var p flatbuffers.UOffsetT
+		if len(v[i]) > 0 {
+			p = b.CreateByteVector(v[i])
+		}
+		tcproto.NotifyStart(b)
+		if p != 0 {
+			tcproto.NotifyAddPayload(b, p)
+		}
+		offs[i] = tcproto.NotifyEnd(b)
+	}
+	return tableVector(b, offs)
+}
+
+func tableVector(b *flatbuffers.Builder, offs []flatbuffers.UOffsetT) flatbuffers.UOffsetT {
+	b.StartVector(4, len(offs), 4)
+	for i := len(offs) - 1; i >= 0; i-- {
+		b.PrependUOffsetT(offs[i])
+	}
+	return b.EndVector(len(offs))
 }
 
 func codeVector(b *flatbuffers.Builder, v []Code) flatbuffers.UOffsetT {
@@ -296,6 +369,84 @@ func EncodeResponse(b *flatbuffers.Builder, m *Response) []byte {
 		tcproto.RegisterFileResponseAddSegmentId(b, m.Segment)
 		tcproto.RegisterFileResponseAddSize(b, m.Size)
 		body = tcproto.RegisterFileResponseEnd(b)
+	case tcproto.ResponseBodyExportSegmentResponse:
+		tcproto.ExportSegmentResponseStart(b)
+		tcproto.ExportSegmentResponseAddSize(b, m.Size)
+		body = tcproto.ExportSegmentResponseEnd(b)
+	case tcproto.ResponseBodyUnexportSegmentResponse:
+		tcproto.UnexportSegmentResponseStart(b)
+		body = tcproto.UnexportSegmentResponseEnd(b)
+	case tcproto.ResponseBodyOpenRemoteResponse:
+		tcproto.OpenRemoteResponseStart(b)
+		tcproto.OpenRemoteResponseAddSegmentId(b, m.Segment)
+		tcproto.OpenRemoteResponseAddSize(b, m.Size)
+		tcproto.OpenRemoteResponseAddEpoch(b, m.Epoch)
+		body = tcproto.OpenRemoteResponseEnd(b)
+	case tcproto.ResponseBodyCloseRemoteResponse:
+		tcproto.CloseRemoteResponseStart(b)
+		body = tcproto.CloseRemoteResponseEnd(b)
+	case tcproto.ResponseBodySubscribeResponse:
+		tcproto.SubscribeResponseStart(b)
+		body = tcproto.SubscribeResponseEnd(b)
+	case tcproto.ResponseBodyPollNotificationsResponse:
+		offs := make([]flatbuffers.UOffsetT, len(m.Notifications))
+		for i := range m.Notifications {
+			n := &m.Notifications[i]
+			seg := b.CreateByteString(n.Segment)
+			p := b.CreateByteVector(n.Payload)
+			tcproto.NotificationStart(b)
+			tcproto.NotificationAddSegment(b, seg)
+			tcproto.NotificationAddPayload(b, p)
+			offs[i] = tcproto.NotificationEnd(b)
+		}
+		v1 = tableVector(b, offs)
+		tcproto.PollNotificationsResponseStart(b)
+		tcproto.PollNotificationsResponseAddNotifications(b, v1)
+		body = tcproto.PollNotificationsResponseEnd(b)
+	case tcproto.ResponseBodyPeersResponse:
+		offs := make([]flatbuffers.UOffsetT, len(m.Peers))
+		for i := range m.Peers {
+			p := &m.Peers[i]
+			id := b.CreateByteString(p.ID)
+			addr := b.CreateByteString(p.Addr)
+			tcproto.PeerInfoStart(b)
+			tcproto.PeerInfoAddId(b, id)
+			tcproto.PeerInfoAddAddr(b, addr)
+			tcproto.PeerInfoAddEpoch(b, p.Epoch)
+			tcproto.PeerInfoAddConnected(b, p.Connected)
+			tcproto.PeerInfoAddBytesIn(b, p.BytesIn)
+			tcproto.PeerInfoAddBytesOut(b, p.BytesOut)
+			tcproto.PeerInfoAddErrors(b, p.Errors)
+			offs[i] = tcproto.PeerInfoEnd(b)
+		}
+		v1 = tableVector(b, offs)
+		tcproto.PeersResponseStart(b)
+		tcproto.PeersResponseAddPeers(b, v1)
+		body = tcproto.PeersResponseEnd(b)
+	case tcproto.ResponseBodySegmentsResponse:
+		offs := make([]flatbuffers.UOffsetT, len(m.Segments))
+		for i := range m.Segments {
+			si := &m.Segments[i]
+			name := b.CreateByteString(si.Name)
+			var peer flatbuffers.UOffsetT
+			if len(si.Peer) > 0 {
+				peer = b.CreateByteString(si.Peer)
+			}
+			tcproto.SegmentInfoStart(b)
+			tcproto.SegmentInfoAddName(b, name)
+			if peer != 0 {
+				tcproto.SegmentInfoAddPeer(b, peer)
+			}
+			tcproto.SegmentInfoAddSegmentId(b, si.Segment)
+			tcproto.SegmentInfoAddSize(b, si.Size)
+			tcproto.SegmentInfoAddRights(b, si.Rights)
+			tcproto.SegmentInfoAddEpoch(b, si.Epoch)
+			offs[i] = tcproto.SegmentInfoEnd(b)
+		}
+		v1 = tableVector(b, offs)
+		tcproto.SegmentsResponseStart(b)
+		tcproto.SegmentsResponseAddSegments(b, v1)
+		body = tcproto.SegmentsResponseEnd(b)
 	}
 	tcproto.ResponseStart(b)
 	tcproto.ResponseAddStatus(b, m.Status)

@@ -23,7 +23,9 @@ func mutating(k Kind) bool {
 		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
 		tcproto.RequestBodyAllocBatchRequest, tcproto.RequestBodySubmitRequest,
 		tcproto.RequestBodyFreeBatchRequest, tcproto.RequestBodyTransferRequestBody,
-		tcproto.RequestBodyRegisterFileRequest:
+		tcproto.RequestBodyRegisterFileRequest, tcproto.RequestBodyExportSegmentRequest,
+		tcproto.RequestBodyUnexportSegmentRequest, tcproto.RequestBodyOpenRemoteRequest,
+		tcproto.RequestBodyCloseRemoteRequest, tcproto.RequestBodySubscribeRequest:
 		return true
 	}
 	return false
@@ -95,6 +97,22 @@ func (c *conn) handle() ([]byte, int) {
 		c.stats()
 	case tcproto.RequestBodyRegisterFileRequest:
 		err = c.registerFile()
+	case tcproto.RequestBodyExportSegmentRequest:
+		err = c.exportSegment()
+	case tcproto.RequestBodyUnexportSegmentRequest:
+		err = c.unexportSegment()
+	case tcproto.RequestBodyOpenRemoteRequest:
+		err = c.openRemote()
+	case tcproto.RequestBodyCloseRemoteRequest:
+		err = c.closeRemote()
+	case tcproto.RequestBodySubscribeRequest:
+		err = c.subscribe()
+	case tcproto.RequestBodyPollNotificationsRequest:
+		err = c.pollNotifications()
+	case tcproto.RequestBodyPeersRequest:
+		err = c.peers()
+	case tcproto.RequestBodySegmentsRequest:
+		c.segmentsList()
 	default:
 		err = fmt.Errorf("%w: request body %d", ErrMalformed, m.Kind)
 	}
@@ -237,6 +255,7 @@ func (c *conn) unregister() error {
 	if !isBuf && !isFile {
 		return fmt.Errorf("%w: segment %d", ErrNotFound, id)
 	}
+	c.dropExportsOf(id)
 	c.s.deps.Registry.Remove(id)
 	c.resp.Kind = tcproto.ResponseBodyUnregisterBufferResponse
 	if isBuf {
@@ -284,8 +303,14 @@ func (c *conn) freeBlocks() {
 	c.codes = c.codes[:0]
 	p := c.s.deps.Pool
 	for _, off := range c.req.Offsets {
-		if _, held := slices.BinarySearch(c.blocks.offs, off); !held {
+		i, held := slices.BinarySearch(c.blocks.offs, off)
+		if !held {
 			c.codes = append(c.codes, tcproto.CodeNOT_FOUND)
+			continue
+		}
+		if c.exported(p.ID(), off, c.blocks.sizes[i]) {
+			// Peers may be writing into it: unexport first.
+			c.codes = append(c.codes, tcproto.CodeFAILED_PRECONDITION)
 			continue
 		}
 		err := p.Free(off)
@@ -388,7 +413,15 @@ func (c *conn) submit() error {
 		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, len(c.req.Requests), c.s.cfg.Limits.MaxRequests)
 	}
 	c.scope(c.req.Requests)
-	if err := c.s.deps.Engine.Submit(id, c.reqs, c.submitOpts(), c.errs); err != nil {
+	opts := c.submitOpts()
+	nd := opts.Deadline
+	if nd.IsZero() {
+		nd = time.Now().Add(c.s.cfg.DefaultWait)
+	}
+	if c.attachNotify(nd) > 0 {
+		defer c.detachNotify()
+	}
+	if err := c.s.deps.Engine.Submit(id, c.reqs, opts, c.errs); err != nil {
 		return err
 	}
 	for i := range c.codes {
@@ -507,7 +540,12 @@ func (c *conn) transfer() error {
 	c.batches[id] = struct{}{} // released on close should anything below fail hard
 	deadline := c.deadline(c.req.TimeoutMS)
 	c.scope(c.req.Requests)
-	if err := e.Submit(id, c.reqs, SubmitOptions{Deadline: deadline, Resolver: c}, c.errs); err != nil {
+	attached := c.attachNotify(deadline) > 0
+	err = e.Submit(id, c.reqs, SubmitOptions{Deadline: deadline, Resolver: c}, c.errs)
+	if attached {
+		c.detachNotify()
+	}
+	if err != nil {
 		c.dropBatch(id)
 		return err
 	}
@@ -575,6 +613,7 @@ func (c *conn) stats() {
 // stray fds, batches (abandoning those still busy after ReleaseWait),
 // registered segments and pool blocks.
 func (c *conn) release() {
+	c.releasePeers()
 	for _, g := range c.groups {
 		closeFDs(g.fds)
 	}

@@ -106,6 +106,14 @@ func argsHash(m *Request) uint64 {
 	for _, o := range m.Offsets {
 		u64(o)
 	}
+	u64(m.Offset)
+	u64(m.Length)
+	u64(uint64(m.Rights))
+	u64(uint64(len(m.Notify)))
+	for _, p := range m.Notify {
+		u64(uint64(len(p)))
+		h.Write(p)
+	}
 	u64(uint64(len(m.Requests)))
 	for i := range m.Requests {
 		r := &m.Requests[i]
@@ -117,4 +125,33 @@ func argsHash(m *Request) uint64 {
 		u64(r.Length)
 	}
 	return h.Sum64()
+}
+
+// coversRange reports whether [off, off+n) lies inside held blocks that
+// follow each other without a gap.
+func (s *blockSet) coversRange(off, n uint64) bool {
+	end := off + n
+	if end < off {
+		return false
+	}
+	i, found := slices.BinarySearch(s.offs, off)
+	if !found {
+		if i == 0 {
+			return false
+		}
+		i--
+	}
+	pos := off
+	for ; i < len(s.offs); i++ {
+		if s.offs[i] > pos {
+			return false
+		}
+		if e := s.offs[i] + s.sizes[i]; e > pos {
+			pos = e
+		}
+		if pos >= end {
+			return true
+		}
+	}
+	return false
 }

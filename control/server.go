@@ -26,6 +26,8 @@ type Limits struct {
 	MaxBatchCapacity   int    // tasks per batch, and requests per Transfer (default 4096)
 	MaxRequests        int    // requests per Submit (default 4096)
 	MaxIdempotencyKeys int    // remembered idempotency keys, oldest evicted (default 1024)
+	MaxExports         int    // exported segments, opened remote ones and subscriptions (default 64 each)
+	MaxNotifications   int    // queued notifications; a full queue refuses more (default 1024)
 }
 
 // Config configures a Server. Zero values take the defaults named per field.
@@ -81,6 +83,7 @@ func (c *Config) setDefaults() error {
 		{&l.MaxBuffers, 64, "MaxBuffers"}, {&l.MaxBlocks, 65536, "MaxBlocks"},
 		{&l.MaxBatches, 64, "MaxBatches"}, {&l.MaxBatchCapacity, 4096, "MaxBatchCapacity"},
 		{&l.MaxRequests, 4096, "MaxRequests"}, {&l.MaxIdempotencyKeys, 1024, "MaxIdempotencyKeys"},
+		{&l.MaxExports, 64, "MaxExports"}, {&l.MaxNotifications, 1024, "MaxNotifications"},
 	} {
 		if *f.p == 0 {
 			*f.p = f.def
@@ -124,6 +127,9 @@ type Server struct {
 
 	wg sync.WaitGroup // accept loop and connection goroutines
 
+	// exp is the daemon's exported segments; it has its own lock.
+	exp exportTable
+
 	// mu guards the fields below.
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
@@ -154,6 +160,7 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 		closing: make(chan struct{}),
 		idle:    make(chan struct{}, 1),
 		conns:   make(map[*conn]struct{}),
+		exp:     exportTable{m: make(map[string]*export)},
 		dlim: DecodeLimits{
 			MaxRequests: max(cfg.Limits.MaxRequests, cfg.Limits.MaxBatchCapacity),
 			MaxOffsets:  cfg.Limits.MaxBlocks,

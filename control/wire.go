@@ -56,6 +56,48 @@ type Request struct {
 	TimeoutMS       uint32 // Wait, Transfer
 	Requests        []xfer.Request
 	Direct          bool // RegisterFile
+	// Notify is positional with Requests (Submit, Transfer): Notify[i] is
+	// the notification riding on Requests[i], nil for none. Empty when the
+	// call carries none.
+	Notify [][]byte
+	Offset uint64 // ExportSegment: start in the segment
+	Length uint64 // ExportSegment: bytes (0 = to the end of a buffer)
+	Rights uint8  // ExportSegment, OpenRemote: RightRead | RightWrite
+	Max    uint32 // PollNotifications: most notifications to return
+}
+
+// Rights on a segment exported to peers or opened on one.
+const (
+	RightRead  uint8 = 1
+	RightWrite uint8 = 2
+)
+
+// MaxNotify is the largest notification payload a WRITE may carry.
+const MaxNotify = 4096
+
+// Notification is one notification a peer attached to a WRITE into an
+// exported segment this connection subscribed to.
+type Notification struct {
+	Segment []byte
+	Payload []byte
+}
+
+// PeerInfo is one peer daemon as Peers reports it.
+type PeerInfo struct {
+	ID, Addr          []byte
+	Epoch             uint64
+	Connected         bool
+	BytesIn, BytesOut uint64
+	Errors            uint64
+}
+
+// SegmentInfo is an exported segment (Peer empty) or an opened remote one.
+type SegmentInfo struct {
+	Name, Peer []byte
+	Segment    uint64
+	Size       uint64
+	Rights     uint8
+	Epoch      uint64
 }
 
 // Counter is a named statistic.
@@ -108,6 +150,10 @@ type Response struct {
 	Engine          []Counter
 	Conn            []Counter
 	Connections     uint32
+	Epoch           uint64 // OpenRemote
+	Notifications   []Notification
+	Peers           []PeerInfo
+	Segments        []SegmentInfo
 }
 
 // DecodeLimits bound every count and length a decoder accepts.
@@ -118,6 +164,7 @@ type DecodeLimits struct {
 	MaxPath     int // RegisterFile path
 	MaxPayload  int // Ping payload
 	MaxCounters int // counters per stats group
+	MaxItems    int // notifications, peers and segments in one response
 }
 
 // DefaultDecodeLimits are the limits used when a field is zero.
@@ -128,6 +175,7 @@ var DefaultDecodeLimits = DecodeLimits{
 	MaxPath:     4096,
 	MaxPayload:  64 << 10,
 	MaxCounters: 256,
+	MaxItems:    65536,
 }
 
 func (l DecodeLimits) withDefaults() DecodeLimits {
@@ -149,6 +197,9 @@ func (l DecodeLimits) withDefaults() DecodeLimits {
 	}
 	if l.MaxCounters > 0 {
 		d.MaxCounters = l.MaxCounters
+	}
+	if l.MaxItems > 0 {
+		d.MaxItems = l.MaxItems
 	}
 	return d
 }

@@ -1,0 +1,534 @@
+package control
+
+import (
+	"bytes"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// maxSegmentName and maxPeerID bound the parts of "peer/segment".
+const (
+	maxSegmentName = 255
+	maxPeerID      = 64
+)
+
+// exportView is the part of a connection's segment (a registered buffer or
+// a range of its pool blocks) that peers reach under an exported name. It
+// counts its own references so that unexporting waits for the peer
+// requests still touching it before the range goes back to its owner.
+type exportView struct {
+	parent    xfer.MemSegment
+	off, size uint64
+	closed    atomic.Bool
+	refs      atomic.Int64
+}
+
+var _ xfer.MemSegment = (*exportView)(nil)
+
+func (v *exportView) ID() xfer.SegmentID { return v.parent.ID() }
+func (v *exportView) Kind() xfer.Kind    { return v.parent.Kind() }
+func (v *exportView) Size() uint64       { return v.size }
+func (v *exportView) Bytes() []byte      { return v.parent.Bytes()[v.off : v.off+v.size] }
+
+func (v *exportView) Acquire() bool {
+	if v.closed.Load() {
+		return false
+	}
+	v.refs.Add(1)
+	if v.closed.Load() {
+		v.refs.Add(-1)
+		return false
+	}
+	if !v.parent.Acquire() {
+		v.refs.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (v *exportView) Release() {
+	v.parent.Release()
+	v.refs.Add(-1)
+}
+
+// close refuses new references and waits up to limit for the ones held
+// (peer requests copying into or out of the range); it reports whether
+// they all ended.
+func (v *exportView) close(limit time.Duration) bool {
+	v.closed.Store(true)
+	deadline := time.Now().Add(limit)
+	for v.refs.Load() > 0 {
+		if time.Now().After(deadline) {
+			return false
+		}
+		runtime.Gosched()
+		time.Sleep(100 * time.Microsecond)
+	}
+	return true
+}
+
+// export is one exported segment.
+type export struct {
+	name   string
+	owner  *conn
+	view   *exportView
+	source xfer.SegmentID // the owner's buffer, or the pool
+	rights uint8
+	subs   map[*conn]struct{} // guarded by exportTable.mu
+}
+
+// exportTable is the daemon's exported segments by name.
+type exportTable struct {
+	// mu guards m and every export's subs. Lock order: exportTable.mu,
+	// then a connection's noteQueue.mu.
+	mu sync.Mutex
+	m  map[string]*export
+}
+
+// noteQueue is a connection's bounded queue of notifications.
+type noteQueue struct {
+	// mu guards q.
+	mu sync.Mutex
+	q  []Notification
+	// wake has room for one token: Deliver leaves one when it queues.
+	wake chan struct{}
+}
+
+// remote is a peer's segment a connection opened.
+type remote struct {
+	seg    RemoteSegment
+	peer   string
+	name   string
+	rights uint8
+}
+
+// Lookup returns the segment exported under name; the peer plane calls it
+// for every request a peer makes.
+func (s *Server) Lookup(name string) (xfer.MemSegment, error) {
+	s.exp.mu.Lock()
+	e := s.exp.m[name]
+	s.exp.mu.Unlock()
+	if e == nil {
+		return nil, fmt.Errorf("%w: no segment exported as %q", ErrNotFound, name)
+	}
+	return e.view, nil
+}
+
+// Deliver queues a notification a peer attached to a WRITE into the
+// segment exported as name, for every connection subscribed to it. It
+// fails, queueing nothing, when the name is not exported, nobody
+// subscribed, or a subscriber's queue is full: the writer then gets a
+// negative acknowledgement. It never blocks.
+func (s *Server) Deliver(name string, payload []byte) error {
+	if len(payload) > MaxNotify {
+		return fmt.Errorf("%w: notification of %d bytes (max %d)", ErrLimit, len(payload), MaxNotify)
+	}
+	s.exp.mu.Lock()
+	defer s.exp.mu.Unlock()
+	e := s.exp.m[name]
+	if e == nil {
+		return fmt.Errorf("%w: no segment exported as %q", ErrNotFound, name)
+	}
+	if len(e.subs) == 0 {
+		return fmt.Errorf("%w: nobody subscribed to %q", ErrNotFound, name)
+	}
+	limit := s.cfg.Limits.MaxNotifications
+	for c := range e.subs {
+		c.notes.mu.Lock()
+		full := len(c.notes.q) >= limit
+		c.notes.mu.Unlock()
+		if full {
+			return fmt.Errorf("%w: notification queue of connection %d is full (%d)", ErrLimit, c.id, limit)
+		}
+	}
+	seg := []byte(name)
+	for c := range e.subs {
+		p := slices.Clone(payload)
+		if p == nil {
+			p = []byte{}
+		}
+		c.notes.mu.Lock()
+		c.notes.q = append(c.notes.q, Notification{Segment: seg, Payload: p})
+		c.notes.mu.Unlock()
+		select {
+		case c.notes.wake <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+func validRights(r uint8) bool { return r != 0 && r&^(RightRead|RightWrite) == 0 }
+
+func (c *conn) exportSegment() error {
+	name := string(c.req.Name)
+	if len(name) > maxSegmentName || strings.Contains(name, "/") {
+		return fmt.Errorf("%w: export name %q (1..%d bytes, no '/')", ErrMalformed, name, maxSegmentName)
+	}
+	if !validRights(c.req.Rights) {
+		return fmt.Errorf("%w: rights %d", ErrMalformed, c.req.Rights)
+	}
+	if len(c.exports) >= c.s.cfg.Limits.MaxExports {
+		return fmt.Errorf("%w: %d segments exported", ErrLimit, len(c.exports))
+	}
+	id := xfer.SegmentID(c.req.Segment)
+	off, n := c.req.Offset, c.req.Length
+	var parent xfer.MemSegment
+	if id == c.s.deps.Pool.ID() {
+		if n == 0 || !c.blocks.coversRange(off, n) {
+			return fmt.Errorf("%w: pool range [%d, +%d) is not held by this connection", ErrPermission, off, n)
+		}
+		parent = c.s.deps.Pool
+	} else {
+		c.mu.Lock()
+		b, ok := c.buffers[id]
+		c.mu.Unlock()
+		if !ok {
+			return fmt.Errorf("%w: buffer %d", ErrNotFound, id)
+		}
+		if n == 0 && off < b.Size() {
+			n = b.Size() - off
+		}
+		if end := off + n; n == 0 || end < off || end > b.Size() {
+			return fmt.Errorf("%w: range [%d, +%d) outside buffer %d of %d bytes", ErrMalformed, off, n, id, b.Size())
+		}
+		parent = b
+	}
+	e := &export{name: name, owner: c, view: &exportView{parent: parent, off: off, size: n}, source: id,
+		rights: c.req.Rights, subs: make(map[*conn]struct{})}
+	t := &c.s.exp
+	t.mu.Lock()
+	if _, dup := t.m[name]; dup {
+		t.mu.Unlock()
+		return fmt.Errorf("%w: segment name %q is exported already", xfer.ErrExists, name)
+	}
+	t.m[name] = e
+	t.mu.Unlock()
+	c.exports = append(c.exports, e)
+	c.log.Info("segment exported", "name", name, "segment", id, "offset", off, "size", n, "rights", c.req.Rights)
+	c.resp.Kind = tcproto.ResponseBodyExportSegmentResponse
+	c.resp.Size = n
+	return nil
+}
+
+func (c *conn) unexportSegment() error {
+	i := slices.IndexFunc(c.exports, func(e *export) bool { return e.name == string(c.req.Name) })
+	if i < 0 {
+		return fmt.Errorf("%w: this connection exports no %q", ErrNotFound, c.req.Name)
+	}
+	c.dropExport(i)
+	c.resp.Kind = tcproto.ResponseBodyUnexportSegmentResponse
+	return nil
+}
+
+// dropExport removes c.exports[i] from the table (its subscribers stop
+// receiving) and waits for the peer requests still in its range.
+func (c *conn) dropExport(i int) {
+	e := c.exports[i]
+	c.exports = slices.Delete(c.exports, i, i+1)
+	t := &c.s.exp
+	t.mu.Lock()
+	delete(t.m, e.name)
+	subs := e.subs
+	e.subs = nil
+	t.mu.Unlock()
+	for sc := range subs {
+		sc.unsubscribed(e)
+	}
+	if !e.view.close(c.s.cfg.ReleaseWait) {
+		c.log.Warn("peer requests still in an unexported range", "name", e.name)
+	}
+	c.log.Info("segment unexported", "name", e.name)
+}
+
+// exported reports whether an export of c overlaps [off, off+n) of seg.
+func (c *conn) exported(seg xfer.SegmentID, off, n uint64) bool {
+	for _, e := range c.exports {
+		if e.source == seg && off < e.view.off+e.view.size && e.view.off < off+n {
+			return true
+		}
+	}
+	return false
+}
+
+// dropExportsOf unexports everything c exported from segment seg.
+func (c *conn) dropExportsOf(seg xfer.SegmentID) {
+	for i := len(c.exports) - 1; i >= 0; i-- {
+		if c.exports[i].source == seg {
+			c.dropExport(i)
+		}
+	}
+}
+
+func (c *conn) subscribe() error {
+	name := string(c.req.Name)
+	if len(c.subs) >= c.s.cfg.Limits.MaxExports {
+		return fmt.Errorf("%w: %d subscriptions", ErrLimit, len(c.subs))
+	}
+	t := &c.s.exp
+	t.mu.Lock()
+	e := t.m[name]
+	if e != nil {
+		e.subs[c] = struct{}{}
+	}
+	t.mu.Unlock()
+	if e == nil {
+		return fmt.Errorf("%w: no segment exported as %q", ErrNotFound, name)
+	}
+	c.smu.Lock()
+	c.subs[e] = struct{}{}
+	c.smu.Unlock()
+	c.resp.Kind = tcproto.ResponseBodySubscribeResponse
+	return nil
+}
+
+// unsubscribed forgets e, which its owner unexported.
+func (c *conn) unsubscribed(e *export) {
+	c.smu.Lock()
+	delete(c.subs, e)
+	c.smu.Unlock()
+}
+
+// maxPollItems bounds one PollNotifications answer.
+const maxPollItems = 1024
+
+func (c *conn) pollNotifications() error {
+	max := int(c.req.Max)
+	if max <= 0 || max > maxPollItems {
+		max = maxPollItems
+	}
+	// Keep the answer well inside a frame.
+	budget := c.s.cfg.MaxFrame/2 - 64
+	deadline := c.deadline(c.req.TimeoutMS)
+	if c.req.TimeoutMS == 0 && c.req.Ctx.DeadlineMS == 0 {
+		deadline = time.Now() // no timeout: do not wait
+	}
+	c.resp.Kind = tcproto.ResponseBodyPollNotificationsResponse
+	c.resp.Notifications = c.resp.Notifications[:0]
+	for {
+		c.notes.mu.Lock()
+		k := 0
+		for k < len(c.notes.q) && k < max {
+			sz := len(c.notes.q[k].Segment) + len(c.notes.q[k].Payload) + 32
+			if k > 0 && sz > budget {
+				break
+			}
+			budget -= sz
+			k++
+		}
+		c.resp.Notifications = append(c.resp.Notifications, c.notes.q[:k]...)
+		clear(c.notes.q[:k])
+		c.notes.q = c.notes.q[k:]
+		if len(c.notes.q) == 0 {
+			c.notes.q = nil
+		}
+		c.notes.mu.Unlock()
+		if k > 0 {
+			return nil
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 || c.s.draining.Load() {
+			return nil
+		}
+		t := time.NewTimer(min(wait, waitSlice))
+		select {
+		case <-c.notes.wake:
+		case <-t.C:
+		case <-c.s.closing:
+		}
+		t.Stop()
+	}
+}
+
+func (c *conn) openRemote() error {
+	pp := c.s.deps.Peers
+	if pp == nil {
+		return fmt.Errorf("%w: no peer plane configured", ErrUnavailable)
+	}
+	peer, seg, ok := strings.Cut(string(c.req.Name), "/")
+	if !ok || peer == "" || seg == "" || len(peer) > maxPeerID || len(seg) > maxSegmentName {
+		return fmt.Errorf("%w: remote name %q (want peer/segment)", ErrMalformed, c.req.Name)
+	}
+	if !validRights(c.req.Rights) {
+		return fmt.Errorf("%w: rights %d", ErrMalformed, c.req.Rights)
+	}
+	c.mu.Lock()
+	held := len(c.remotes)
+	c.mu.Unlock()
+	if held >= c.s.cfg.Limits.MaxExports {
+		return fmt.Errorf("%w: %d remote segments open", ErrLimit, held)
+	}
+	rs, err := pp.OpenRemote(peer, seg, c.req.Rights)
+	if err != nil {
+		return err
+	}
+	id := c.s.deps.Registry.NextID()
+	c.mu.Lock()
+	c.remotes[id] = remote{seg: rs, peer: peer, name: seg, rights: c.req.Rights}
+	c.mu.Unlock()
+	c.log.Info("remote segment opened", "peer", peer, "name", seg, "segment", id, "size", rs.Size(),
+		"epoch", fmt.Sprintf("%#x", rs.Epoch()))
+	c.resp.Kind = tcproto.ResponseBodyOpenRemoteResponse
+	c.resp.Segment, c.resp.Size, c.resp.Epoch = uint64(id), rs.Size(), rs.Epoch()
+	return nil
+}
+
+func (c *conn) closeRemote() error {
+	id := xfer.SegmentID(c.req.Segment)
+	c.mu.Lock()
+	r, ok := c.remotes[id]
+	delete(c.remotes, id)
+	c.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: remote segment %d", ErrNotFound, id)
+	}
+	c.resp.Kind = tcproto.ResponseBodyCloseRemoteResponse
+	return r.seg.Close()
+}
+
+func (c *conn) peers() error {
+	pp := c.s.deps.Peers
+	if pp == nil {
+		return fmt.Errorf("%w: no peer plane configured", ErrUnavailable)
+	}
+	c.resp.Kind = tcproto.ResponseBodyPeersResponse
+	c.resp.Peers = pp.Peers()
+	return nil
+}
+
+// segmentsList reports the daemon's exported segments and the remote
+// segments its connections opened.
+func (c *conn) segmentsList() {
+	var out []SegmentInfo
+	t := &c.s.exp
+	t.mu.Lock()
+	for _, e := range t.m {
+		out = append(out, SegmentInfo{Name: []byte(e.name), Segment: uint64(e.source), Size: e.view.size, Rights: e.rights})
+	}
+	t.mu.Unlock()
+	c.s.mu.Lock()
+	conns := make([]*conn, 0, len(c.s.conns))
+	for sc := range c.s.conns {
+		conns = append(conns, sc)
+	}
+	c.s.mu.Unlock()
+	for _, sc := range conns {
+		sc.mu.Lock()
+		for id, r := range sc.remotes {
+			out = append(out, SegmentInfo{Name: []byte(r.name), Peer: []byte(r.peer), Segment: uint64(id),
+				Size: r.seg.Size(), Rights: r.rights, Epoch: r.seg.Epoch()})
+		}
+		sc.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b SegmentInfo) int {
+		if d := bytes.Compare(a.Peer, b.Peer); d != 0 {
+			return d
+		}
+		return bytes.Compare(a.Name, b.Name)
+	})
+	c.resp.Kind = tcproto.ResponseBodySegmentsResponse
+	c.resp.Segments = out
+}
+
+// attachNotify checks the notifications of the current Submit or
+// Transfer and hands them to the peer plane; refused items get their code
+// in c.codes and are neutralized in c.reqs like scope's. It returns how
+// many it attached (detachNotify undoes them after the engine's submit).
+func (c *conn) attachNotify(deadline time.Time) int {
+	if len(c.req.Notify) == 0 {
+		return 0
+	}
+	pp := c.s.deps.Peers
+	attached := 0
+	var same map[xfer.Request]int
+	for i, p := range c.req.Notify {
+		if len(p) == 0 || c.codes[i] != tcproto.CodeOK {
+			continue
+		}
+		q := c.reqs[i]
+		code := tcproto.CodeOK
+		c.mu.Lock()
+		_, isRemote := c.remotes[q.Target]
+		c.mu.Unlock()
+		switch {
+		case pp == nil:
+			code = tcproto.CodeUNAVAILABLE
+		case q.Op != xfer.OpWrite || !isRemote:
+			code = tcproto.CodeINVALID_ARGUMENT
+		}
+		if code == tcproto.CodeOK {
+			if same == nil {
+				same = make(map[xfer.Request]int, len(c.reqs))
+				for j := range c.reqs {
+					same[c.reqs[j]]++
+				}
+			}
+			// A request identical to another of the call could take the
+			// other's notification; such calls are refused.
+			if same[q] > 1 {
+				code = tcproto.CodeINVALID_ARGUMENT
+			}
+		}
+		if code == tcproto.CodeOK {
+			if err := pp.AttachNotify(q, p, deadline); err != nil {
+				code = CodeOf(err)
+			} else {
+				attached++
+				continue
+			}
+		}
+		c.codes[i] = code
+		c.reqs[i] = xfer.Request{Op: q.Op}
+	}
+	return attached
+}
+
+// detachNotify drops the notifications no dispatched task took.
+func (c *conn) detachNotify() {
+	pp := c.s.deps.Peers
+	for i, p := range c.req.Notify {
+		if len(p) > 0 && c.codes[i] == tcproto.CodeOK {
+			pp.DetachNotify(c.reqs[i])
+		}
+	}
+}
+
+// releasePeers drops what the connection holds of the peer plane:
+// subscriptions, queued notifications, exports (waiting for peer requests
+// in their ranges) and opened remote segments. It runs before the
+// connection's buffers and pool blocks are released.
+func (c *conn) releasePeers() {
+	c.smu.Lock()
+	subs := c.subs
+	c.subs = map[*export]struct{}{}
+	c.smu.Unlock()
+	t := &c.s.exp
+	t.mu.Lock()
+	for e := range subs {
+		if e.subs != nil {
+			delete(e.subs, c)
+		}
+	}
+	t.mu.Unlock()
+	c.notes.mu.Lock()
+	c.notes.q = nil
+	c.notes.mu.Unlock()
+	for i := len(c.exports) - 1; i >= 0; i-- {
+		c.dropExport(i)
+	}
+	c.mu.Lock()
+	rems := c.remotes
+	c.remotes = map[xfer.SegmentID]remote{}
+	c.mu.Unlock()
+	for _, r := range rems {
+		r.seg.Close() //nolint:errcheck // forgetting a remote segment cannot fail in a way to act on
+	}
+}
