@@ -73,7 +73,6 @@ med() { echo "${R[$1]}" | tr ' ' '\n' | grep -v '^$' | median; }
 ratio() { python3 -c "print('%.2f' % ($1 / $2))"; }
 
 echo "tcp transport vs references on loopback, medians of $REPS alternating runs of ${SECS}s"
-echo "runs: ${R[iperf1]:+}"
 i1=$(med iperf1); i4=$(med iperf4)
 printf '%-34s %10s %10s %6s\n' "case" "tcp" "reference" "ratio"
 for c in 1 4; do

@@ -14,8 +14,8 @@ import (
 // benchPair starts two nodes on loopback; a reads and writes b's "seg".
 func benchPair(b *testing.B, conns int) (*testNode, *Remote) {
 	kf := writeKey(b, b.TempDir(), "k", "bench")
-	a := startNode(b, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: conns, MaxInflightBytes: benchWindow})
-	p := startNode(b, Config{DaemonID: "b", ClusterKeyFile: kf, ConnsPerPeer: conns, MaxInflightBytes: benchWindow})
+	a := startNode(b, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: conns})
+	p := startNode(b, Config{DaemonID: "b", ClusterKeyFile: kf, ConnsPerPeer: conns})
 	p.exp.add("seg", newMemSeg(9, 64<<20))
 	link(b, a, p)
 	r, err := a.Open("b", "seg", RightRead|RightWrite)
@@ -72,7 +72,7 @@ func pipeline(b *testing.B, a *testNode, r *Remote, op xfer.Op, size uint64, dep
 	b.ReportMetric(float64(b.N)*float64(size)*8/el.Seconds()/1e9, "Gbit/s")
 }
 
-// BenchmarkTransfer: bandwidth of READ and WRITE of 1 and 4 MiB requests
+// BenchmarkTransfer (driven by scripts/bench-tcp.sh): bandwidth of READ and WRITE of 1 and 4 MiB requests
 // over 1 and 4 connections, and 4 KiB request rates at depth 1 and 64.
 func BenchmarkTransfer(b *testing.B) {
 	type cfg struct {
@@ -80,7 +80,9 @@ func BenchmarkTransfer(b *testing.B) {
 		size  uint64
 		depth int
 	}
-	cases := []cfg{{1, 1 << 20, 8}, {1, 4 << 20, 4}, {4, 1 << 20, 16}, {4, 4 << 20, 8}, {1, 4096, 1}, {4, 4096, 64}}
+	// Depths keep about two windows of requests queued (the default window
+	// is 4 MiB per connection).
+	cases := []cfg{{1, 1 << 20, 8}, {1, 4 << 20, 2}, {4, 1 << 20, 32}, {4, 4 << 20, 8}, {1, 4096, 1}, {4, 4096, 64}}
 	for _, c := range cases {
 		for _, op := range []xfer.Op{xfer.OpWrite, xfer.OpRead} {
 			name := fmt.Sprintf("%s/size=%d/conns=%d/depth=%d", op, c.size, c.conns, c.depth)
@@ -154,5 +156,3 @@ func BenchmarkRawPingPong(b *testing.B) {
 		})
 	}
 }
-
-var benchWindow int64 = 16 << 20
