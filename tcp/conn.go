@@ -60,10 +60,12 @@ type conn struct {
 	// resume only once the loop has flushed everything (checked on the
 	// loop when an answer arrives, which follows the last request).
 	fd int
-	// wmu guards asyncMode and asyncQueued, and orders direct writes.
+	// wmu guards asyncMode, asyncQueued and fdClosed, and is held across
+	// each direct write.
 	wmu         sync.Mutex
 	asyncMode   bool
-	asyncQueued int // AsyncWritev calls whose callback has not run
+	asyncQueued int  // AsyncWritev calls whose callback has not run
+	fdClosed    bool // set in OnClose, which gnet calls before closing fd
 
 	// Guarded by peer.mu (client connections):
 	reqs     map[uint64]*pending
@@ -185,6 +187,11 @@ func (h *cliHandler) OnClose(g gnet.Conn, err error) gnet.Action {
 	if c == nil {
 		return gnet.None
 	}
+	// No direct write may touch the fd once gnet is about to close it
+	// (the number could be reused).
+	c.wmu.Lock()
+	c.fdClosed = true
+	c.wmu.Unlock()
 	p := c.peer
 	p.mu.Lock()
 	c.closed = true

@@ -383,6 +383,12 @@ func (n *Node) sendSlice(ts *taskState, off uint64, k uint32) error {
 func (c *conn) send(pd *pending, nb int) {
 	bufs := pd.bufs[:nb]
 	c.wmu.Lock()
+	if c.fdClosed {
+		// Closed under us; the close ends the request.
+		c.wmu.Unlock()
+		pd.release()
+		return
+	}
 	if !c.asyncMode {
 		total := 0
 		for _, b := range bufs {
