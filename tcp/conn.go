@@ -387,6 +387,7 @@ func (c *conn) onAuth(meta []byte) error {
 		return c.refuse("stale epoch", "claimed", hc.id, "epoch", fmt.Sprintf("%#x", hc.epoch))
 	}
 	old := p.adoptEpochLocked(hc.epoch)
+	p.blob = hc.blob
 	c.peer, c.epoch = p, hc.epoch
 	p.inbound[c] = struct{}{}
 	p.wakeLocked()

@@ -232,7 +232,7 @@ func rawClient(t *testing.T, n *testNode, key []byte, id string) net.Conn {
 func TestServerDropsBadClients(t *testing.T) {
 	key := []byte("cluster-secret")
 	kf := writeKey(t, t.TempDir(), "k", string(key))
-	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, SliceSize: 64 << 10})
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, SliceSize: 64 << 10, HandshakeTimeout: 300 * time.Millisecond})
 	seg := newMemSeg(5, 4<<20)
 	b.exp.add("seg", seg)
 	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf})
@@ -245,6 +245,15 @@ func TestServerDropsBadClients(t *testing.T) {
 	}
 	_, _ = g.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n0123456789"))
 	b.logs.waitContains(t, "bad magic")
+	g.Close()
+
+	// A connection that never says hello.
+	g, _ = net.Dial("tcp", b.Addr())
+	b.logs.waitContains(t, "handshake timed out")
+	_ = g.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := g.Read(make([]byte, 1)); err == nil {
+		t.Fatal("silent connection still open")
+	}
 	g.Close()
 
 	// A request before authentication.
@@ -286,6 +295,45 @@ func TestServerDropsBadClients(t *testing.T) {
 	local := newMemSeg(1, 1<<20)
 	if d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpRead, local, 0, r, 0, 1<<20)}, 5*time.Second)[0]; d.err != nil {
 		t.Fatalf("read after the bad clients: %v", d.err)
+	}
+}
+
+func TestNotificationOnBrokenConnectionFails(t *testing.T) {
+	key := []byte("k")
+	kf := writeKey(t, t.TempDir(), "k", string(key))
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: 1})
+	fake := newFakePeer(t, "cutter", key, func(c net.Conn, h header, _ []byte) bool {
+		if h.typ == tNotify {
+			return false // hang up instead of acknowledging
+		}
+		_ = writeRaw(c, &header{typ: tWriteResp, id: h.id, n: h.n}, nil)
+		return true
+	})
+	_ = a.Directory().Update(dirPeer("cutter", fake.ln.Addr().String()))
+	r, err := a.Open("cutter", "seg", RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := newMemSeg(1, 1<<20)
+	col := newCollector(1)
+	tk := mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
+	if err := a.SetNotify(tk, []byte("ready"), time.Now().Add(3*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]
+	if !errors.Is(d.err, ErrConnLost) || time.Since(start) > 2*time.Second {
+		t.Fatalf("notification over a broken connection ended with %v after %v", d.err, time.Since(start))
+	}
+	a.mu.Lock()
+	left := len(a.notifies)
+	a.mu.Unlock()
+	p := a.peer("cutter", false)
+	p.mu.Lock()
+	conns := len(p.sess)
+	p.mu.Unlock()
+	if left != 0 || conns != 0 {
+		t.Fatalf("left behind: %d notification entries, %d connections", left, conns)
 	}
 }
 

@@ -476,6 +476,21 @@ func (n *Node) Peers() []PeerStats {
 	return out
 }
 
+// PeerBlob returns the opaque handshake data (RDMA connection data) the
+// peer sent in its last handshake.
+func (n *Node) PeerBlob(id string) ([]byte, bool) {
+	p := n.peer(id, false)
+	if p == nil {
+		return nil, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.epoch == 0 {
+		return nil, false
+	}
+	return append([]byte(nil), p.blob...), true
+}
+
 // Segments reports the remote segments opened through this node and not
 // yet closed.
 func (n *Node) Segments() []RemoteInfo {
@@ -499,6 +514,7 @@ type peer struct {
 	// closed fields of this peer's connections.
 	mu       sync.Mutex
 	epoch    uint64   // current epoch, 0 until a handshake told us
+	blob     []byte   // opaque data from the peer's last handshake
 	retired  []uint64 // epochs a newer one replaced (bounded)
 	sess     []*conn  // outbound connections carrying our requests
 	inbound  map[*conn]struct{}

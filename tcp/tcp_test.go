@@ -368,6 +368,36 @@ func TestNotifications(t *testing.T) {
 	}
 }
 
+func TestHandshakeExchangesBlobs(t *testing.T) {
+	kf := writeKey(t, t.TempDir(), "k", "k")
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, Blob: []byte("qpn=17;gid=fe80::1")})
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, Blob: []byte("qpn=99")})
+	link(t, a, b)
+	if _, ok := a.PeerBlob("b"); ok {
+		t.Fatal("blob known before any handshake")
+	}
+	b.exp.add("seg", newMemSeg(1, 4096))
+	r, err := a.Open("b", "seg", RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := a.PeerBlob("b"); !ok || string(got) != "qpn=99" {
+		t.Fatalf("a sees b's blob %q %v", got, ok)
+	}
+	if got, ok := b.PeerBlob("a"); !ok || string(got) != "qpn=17;gid=fe80::1" {
+		t.Fatalf("b sees a's blob %q %v", got, ok)
+	}
+	segs := a.Segments()
+	if len(segs) != 1 || segs[0].Peer != "b" || segs[0].Name != "seg" || segs[0].Size != 4096 || segs[0].Rights != RightRead ||
+		segs[0].Epoch != b.Epoch() || !segs[0].Expires.After(time.Now()) {
+		t.Fatalf("segments %+v", segs)
+	}
+	r.Close()
+	if r.Acquire() {
+		t.Fatal("Acquire on a closed remote")
+	}
+}
+
 func TestWrongKeyRefusedAndLoggedOnBothSides(t *testing.T) {
 	dir := t.TempDir()
 	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: writeKey(t, dir, "ka", "key-one")})

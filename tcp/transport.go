@@ -667,6 +667,7 @@ func (n *Node) dial(p *peer) error {
 	}
 	p.mu.Lock()
 	old := p.adoptEpochLocked(hs.epoch)
+	p.blob = hs.blob
 	p.slice.Store(int64(min(n.cfg.SliceSize, int(hs.maxFrame), int(min(hs.window, 1<<30)))))
 	for _, c := range conns {
 		if !c.closed {
