@@ -608,7 +608,9 @@ func (c *conn) handleResponse(h *header, meta []byte) error {
 		pd.finish(0, nil)
 	case tNotifyAck:
 		var err error
-		if h.status != stOK {
+		if time.Now().UnixNano() > pd.deadline {
+			err = fmt.Errorf("%w: notification acknowledged after its deadline", xfer.ErrTimeout)
+		} else if h.status != stOK {
 			err = fmt.Errorf("%w (status %d)", ErrNotifyRejected, h.status)
 			if h.status == stPermission {
 				err = fmt.Errorf("%w: %w", xfer.ErrPermission, err)
