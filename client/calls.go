@@ -163,6 +163,10 @@ func (c *Client) AllocBatch(capacity int, opts ...CallOption) (xfer.BatchID, err
 // was accepted, or why it was refused. results must have len(reqs)
 // elements. A refused request still takes its task index.
 func (c *Client) Submit(batch xfer.BatchID, reqs []xfer.Request, results []error, opts ...CallOption) error {
+	return c.submit(batch, reqs, nil, results, opts)
+}
+
+func (c *Client) submit(batch xfer.BatchID, reqs []xfer.Request, notify [][]byte, results []error, opts []CallOption) error {
 	if len(results) != len(reqs) || len(reqs) == 0 {
 		return fmt.Errorf("%w: %d results for %d requests", ErrInvalidArgument, len(results), len(reqs))
 	}
@@ -171,6 +175,7 @@ func (c *Client) Submit(batch xfer.BatchID, reqs []xfer.Request, results []error
 	c.start(tcproto.RequestBodySubmitRequest, opts)
 	c.req.Batch = uint64(batch)
 	c.req.Requests = append(c.req.Requests, reqs...)
+	c.req.Notify = notify
 	if err := c.roundTrip(tcproto.ResponseBodySubmitResponse, -1, nil); err != nil {
 		return err
 	}
@@ -240,6 +245,10 @@ func (c *Client) FreeBatch(batch xfer.BatchID, opts ...CallOption) error {
 // frees it. results[i] is nil when reqs[i] completed, else why not; results
 // must have len(reqs) elements.
 func (c *Client) Transfer(reqs []xfer.Request, timeout time.Duration, results []error, opts ...CallOption) (Summary, error) {
+	return c.transfer(reqs, nil, timeout, results, opts)
+}
+
+func (c *Client) transfer(reqs []xfer.Request, notify [][]byte, timeout time.Duration, results []error, opts []CallOption) (Summary, error) {
 	if len(results) != len(reqs) || len(reqs) == 0 {
 		return Summary{}, fmt.Errorf("%w: %d results for %d requests", ErrInvalidArgument, len(results), len(reqs))
 	}
@@ -247,6 +256,7 @@ func (c *Client) Transfer(reqs []xfer.Request, timeout time.Duration, results []
 	defer c.mu.Unlock()
 	c.start(tcproto.RequestBodyTransferRequestBody, opts)
 	c.req.Requests = append(c.req.Requests, reqs...)
+	c.req.Notify = notify
 	c.req.TimeoutMS = millis(timeout)
 	if c.opts.CallTimeout > 0 && timeout > 0 {
 		// Let the socket wait as long as the daemon may.

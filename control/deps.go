@@ -82,6 +82,10 @@ type PeerPlane interface {
 	DetachNotify(req xfer.Request)
 	// Peers reports the known peers.
 	Peers() []PeerInfo
+	// Code maps the plane's own errors (a lost connection, a rejected
+	// notification) to the code a client sees; false for errors it does
+	// not know.
+	Code(err error) (Code, bool)
 }
 
 // Deps are what the server serves from. Engine, Pool and Registry are

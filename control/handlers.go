@@ -445,7 +445,7 @@ func (c *conn) taskStatus() error {
 	}
 	code := tcproto.CodeOK
 	if st.State.Terminal() {
-		code = codeForState(st.State, st.Err)
+		code = c.taskCode(st.State, st.Err)
 	}
 	c.resp.Kind = tcproto.ResponseBodyTaskStatusResponse
 	c.resp.Task = TaskInfo{State: tcproto.TaskState(st.State), Transferred: st.Transferred, Code: code}
@@ -572,7 +572,7 @@ func (c *conn) transfer() error {
 			continue
 		}
 		states[i] = tcproto.TaskState(st.State)
-		c.codes[i] = codeForState(st.State, st.Err)
+		c.codes[i] = c.taskCode(st.State, st.Err)
 	}
 	c.dropBatch(id)
 	c.resp.Kind = tcproto.ResponseBodyTransferResponse

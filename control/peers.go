@@ -532,3 +532,14 @@ func (c *conn) releasePeers() {
 		r.seg.Close() //nolint:errcheck // forgetting a remote segment cannot fail in a way to act on
 	}
 }
+
+// taskCode is codeForState, with the peer plane's errors mapped by the
+// plane.
+func (c *conn) taskCode(st xfer.State, err error) Code {
+	if st == xfer.StateFailed && err != nil && c.s.deps.Peers != nil && CodeOf(err) == tcproto.CodeINTERNAL {
+		if code, ok := c.s.deps.Peers.Code(err); ok {
+			return code
+		}
+	}
+	return codeForState(st, err)
+}

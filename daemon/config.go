@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -48,6 +49,30 @@ type Config struct {
 	// AllowedFiles lists the directories and devices that file segments may
 	// be opened in (io_uring tier); empty means none.
 	AllowedFiles []string `toml:"allowed_files"`
+
+	// DaemonID names this daemon among its peers (default: the hostname).
+	DaemonID string `toml:"daemon_id"`
+	// PeerListen is the host:port of the peer data plane; empty (the
+	// default) runs no peer plane.
+	PeerListen string `toml:"peer_listen"`
+	// PeerAdvertise is the address peers are told to dial (default: the
+	// bound listen address).
+	PeerAdvertise string `toml:"peer_advertise"`
+	// ClusterKeyFile holds the key every daemon of the cluster shares
+	// (mode 0600); required with peer_listen.
+	ClusterKeyFile string `toml:"cluster_key_file"`
+	// Peers are the other daemons: [[peers]] id = "...", addr = "host:port".
+	Peers []PeerConfig `toml:"peers"`
+	// PeerConns is the number of connections per peer.
+	PeerConns int `toml:"peer_conns"`
+	// PeerSliceSize is the largest payload of one peer frame.
+	PeerSliceSize Size `toml:"peer_slice_size"`
+}
+
+// PeerConfig is one configured peer daemon.
+type PeerConfig struct {
+	ID   string `toml:"id"`
+	Addr string `toml:"addr"`
 }
 
 // Defaults serve a single small host with no setup.
@@ -64,6 +89,9 @@ func Defaults() Config {
 		DrainTimeout:  Duration(10 * time.Second),
 		LogFormat:     "text",
 		LogLevel:      "info",
+		DaemonID:      hostID(),
+		PeerConns:     4,
+		PeerSliceSize: 1 << 20,
 	}
 }
 
@@ -111,7 +139,77 @@ func (c *Config) Validate() error {
 			return badValue("allowed_files", p, "must be an absolute path")
 		}
 	}
+	return c.validatePeers()
+}
+
+// validatePeers checks the peer plane's keys.
+func (c *Config) validatePeers() error {
+	if err := checkDaemonID("daemon_id", c.DaemonID); err != nil {
+		return err
+	}
+	if c.PeerListen != "" {
+		if err := checkHostPort("peer_listen", c.PeerListen); err != nil {
+			return err
+		}
+		if c.ClusterKeyFile == "" {
+			return badValue("cluster_key_file", "", "required when peer_listen is set")
+		}
+	}
+	if c.PeerAdvertise != "" {
+		if err := checkHostPort("peer_advertise", c.PeerAdvertise); err != nil {
+			return err
+		}
+	}
+	if c.ClusterKeyFile != "" && !filepath.IsAbs(c.ClusterKeyFile) {
+		return badValue("cluster_key_file", c.ClusterKeyFile, "must be an absolute path")
+	}
+	if c.PeerConns < 1 || c.PeerConns > 64 {
+		return badValue("peer_conns", strconv.Itoa(c.PeerConns), "must be between 1 and 64")
+	}
+	if c.PeerSliceSize < 4<<10 || c.PeerSliceSize > 64<<20 {
+		return badValue("peer_slice_size", c.PeerSliceSize.String(), "must be between 4KiB and 64MiB")
+	}
+	seen := map[string]bool{c.DaemonID: true}
+	for _, p := range c.Peers {
+		if err := checkDaemonID("peers.id", p.ID); err != nil {
+			return err
+		}
+		if seen[p.ID] {
+			return badValue("peers.id", p.ID, "appears twice or names this daemon")
+		}
+		seen[p.ID] = true
+		if err := checkHostPort("peers.addr", p.Addr); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+func checkDaemonID(key, id string) error {
+	if id == "" || len(id) > 64 || strings.ContainsAny(id, "/ \t\n") {
+		return badValue(key, id, "must be 1..64 bytes without '/' or spaces")
+	}
+	return nil
+}
+
+func checkHostPort(key, v string) error {
+	_, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return badValue(key, v, "must be host:port")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return badValue(key, v, "port must be 0..65535")
+	}
+	return nil
+}
+
+// parsePeer reads one --peer / TENSORCAST_PEERS entry: id=host:port.
+func parsePeer(s string) (PeerConfig, error) {
+	id, addr, ok := strings.Cut(strings.TrimSpace(s), "=")
+	if !ok {
+		return PeerConfig{}, fmt.Errorf("want id=host:port, got %q", s)
+	}
+	return PeerConfig{ID: id, Addr: addr}, nil
 }
 
 func badValue(key, value, why string) error {
@@ -144,6 +242,30 @@ func settings() []setting {
 		{"drain_timeout", "TENSORCAST_DRAIN_TIMEOUT", "bound on the shutdown drain (e.g. 10s)", func(c *Config, s string) error { return c.DrainTimeout.UnmarshalText([]byte(s)) }},
 		{"log_format", "TENSORCAST_LOG_FORMAT", "log format: text or json", str(func(c *Config) *string { return &c.LogFormat })},
 		{"log_level", "TENSORCAST_LOG_LEVEL", "log level: debug, info, warn, error", str(func(c *Config) *string { return &c.LogLevel })},
+		{"daemon_id", "TENSORCAST_DAEMON_ID", "this daemon's id among its peers (default: hostname)", str(func(c *Config) *string { return &c.DaemonID })},
+		{"peer_listen", "TENSORCAST_PEER_LISTEN", "host:port of the peer data plane (empty: none)", str(func(c *Config) *string { return &c.PeerListen })},
+		{"peer_advertise", "TENSORCAST_PEER_ADVERTISE", "address peers dial (default: the listen address)", str(func(c *Config) *string { return &c.PeerAdvertise })},
+		{"cluster_key_file", "TENSORCAST_CLUSTER_KEY_FILE", "cluster key file (mode 0600), required with peer_listen", str(func(c *Config) *string { return &c.ClusterKeyFile })},
+		{"peer_conns", "TENSORCAST_PEER_CONNS", "connections per peer", func(c *Config, s string) error {
+			n, err := strconv.Atoi(s)
+			c.PeerConns = n
+			return err
+		}},
+		{"peer_slice_size", "TENSORCAST_PEER_SLICE_SIZE", "largest payload of one peer frame", func(c *Config, s string) error { return c.PeerSliceSize.UnmarshalText([]byte(s)) }},
+		{"peers", "TENSORCAST_PEERS", "peers as id=host:port, comma-separated (flag: repeatable --peer)", func(c *Config, s string) error {
+			c.Peers = c.Peers[:0]
+			for _, e := range strings.Split(s, ",") {
+				if strings.TrimSpace(e) == "" {
+					continue
+				}
+				p, err := parsePeer(e)
+				if err != nil {
+					return err
+				}
+				c.Peers = append(c.Peers, p)
+			}
+			return nil
+		}},
 	}
 }
 
@@ -157,8 +279,16 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	flagVals := map[string]*string{}
 	sets := settings()
 	for _, s := range sets {
+		if s.key == "peers" {
+			continue // the repeatable --peer below
+		}
 		flagVals[s.key] = fs.String(strings.ReplaceAll(s.key, "_", "-"), "", s.usage+" (env "+s.env+")")
 	}
+	var flagPeers []string
+	fs.Func("peer", "a peer daemon as id=host:port; repeat for more (env TENSORCAST_PEERS, comma-separated)", func(v string) error {
+		flagPeers = append(flagPeers, v)
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return c, err
@@ -193,6 +323,16 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	})
 	if ferr != nil {
 		return c, ferr
+	}
+	if len(flagPeers) > 0 {
+		c.Peers = nil
+		for _, v := range flagPeers {
+			p, err := parsePeer(v)
+			if err != nil {
+				return c, badValue("peers", v, "from --peer: "+err.Error())
+			}
+			c.Peers = append(c.Peers, p)
+		}
 	}
 	return c, c.Validate()
 }

@@ -20,10 +20,11 @@ var Version = "0.1.0-dev"
 // Daemon is one running tensorcastd: the pool, the segment registry, the
 // engine and its transports, the control server.
 //
-// Start-up order: pool, registry, transports, engine, control socket, then
-// READY. Shutdown runs the reverse: STOPPING, drain the control server (no
-// new work, in-flight requests finish, clients told UNAVAILABLE), close the
-// engine (pending tasks canceled), the transports, the pool.
+// Start-up order: pool, registry, transports (the peer plane's tcp node
+// when peer_listen is set), engine, control socket, then READY. Shutdown
+// runs the reverse: STOPPING, drain the control server (no new work,
+// in-flight requests finish, clients told UNAVAILABLE), close the engine
+// (pending tasks canceled), the peer node, the other transports, the pool.
 type Daemon struct {
 	cfg    Config
 	log    *slog.Logger
@@ -35,6 +36,7 @@ type Daemon struct {
 	reg    *xfer.Registry
 	local  *xfer.Local
 	files  *fileTier
+	peers  *peerPlane // nil without peer_listen
 	engine *xfer.Engine
 	server *control.Server
 
@@ -67,7 +69,14 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}
 	d.local = xfer.NewLocal(xfer.LocalConfig{}, log.With("component", "local"))
 	d.files = newFileTier(cfg, d.pool, log.With("component", "uring"))
-	d.engine = xfer.NewEngine(xfer.Config{}, router{local: d.local, files: d.files}, log.With("component", "engine"))
+	rt := router{local: d.local, files: d.files}
+	if cfg.PeerListen != "" {
+		if d.peers, err = newPeerPlane(cfg, log.With("component", "peers")); err != nil {
+			return nil, err
+		}
+		rt.peers = d.peers.tr
+	}
+	d.engine = xfer.NewEngine(xfer.Config{}, rt, log.With("component", "engine"))
 
 	scfg := control.Config{
 		Socket:      cfg.Socket,
@@ -77,16 +86,22 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		AllowedUIDs: cfg.AllowedUIDs,
 		AllowedGIDs: cfg.AllowedGIDs,
 		Limits:      control.Limits{MaxBufferSize: uint64(cfg.MaxBufferSize)},
-		DaemonID:    hostID(),
+		DaemonID:    cfg.DaemonID,
 		Version:     Version,
 	}
 	deps := control.Deps{Engine: d.engine, Pool: d.pool, Registry: d.reg}
 	if d.files != nil {
 		deps.FileOpener = d.files
 	}
+	if d.peers != nil {
+		deps.Peers = d.peers
+	}
 	d.server, err = control.NewServer(scfg, deps, log.With("component", "control"))
 	if err != nil {
 		return nil, fmt.Errorf("control socket %s: %w", cfg.Socket, err)
+	}
+	if d.peers != nil {
+		d.peers.srv.Store(d.server)
 	}
 	return d, nil
 }
@@ -98,7 +113,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	st := d.pool.Stats()
 	d.log.Info("tensorcastd ready", "version", Version, "socket", d.cfg.Socket,
 		"pool_size", Size(st.Size).String(), "hugepages", st.Hugepages, "data_dir", d.cfg.DataDir,
-		"file_tier", d.files != nil)
+		"file_tier", d.files != nil, "daemon_id", d.cfg.DaemonID, "peer_plane", d.peerAddr())
 	if err := d.notify.Notify("READY=1\nSTATUS=serving on " + d.cfg.Socket); err != nil {
 		d.log.Warn("sd_notify READY failed", "err", err)
 	}
@@ -172,6 +187,9 @@ func (d *Daemon) closeParts() {
 			d.log.Warn("closing engine", "err", err)
 		}
 	}
+	if d.peers != nil {
+		d.peers.close()
+	}
 	if d.files != nil {
 		d.files.Close()
 	}
@@ -187,11 +205,28 @@ func (d *Daemon) closeParts() {
 	}
 }
 
+// peerAddr is the peer plane's address for the log; "off" without one.
+func (d *Daemon) peerAddr() string {
+	if d.peers == nil {
+		return "off"
+	}
+	return d.peers.node.Addr()
+}
+
+// PeerAddr is the address the peer plane listens on ("" without one).
+func (d *Daemon) PeerAddr() string {
+	if d.peers == nil {
+		return ""
+	}
+	return d.peers.node.Addr()
+}
+
 // router sends memory↔memory requests to the local transport and requests
 // whose target is a file to the io_uring tier.
 type router struct {
 	local *xfer.Local
 	files *fileTier
+	peers *peerTransport // nil without a peer plane
 }
 
 func (r router) Route(local, target xfer.Segment) (xfer.Transport, error) {
@@ -204,6 +239,10 @@ func (r router) Route(local, target xfer.Segment) (xfer.Transport, error) {
 	case xfer.KindFile:
 		if r.files != nil {
 			return r.files.transport(), nil
+		}
+	case xfer.KindRemote:
+		if r.peers != nil {
+			return r.peers, nil
 		}
 	}
 	return nil, fmt.Errorf("%w: no transport for %s segments on this daemon", xfer.ErrNotSupported, target.Kind())

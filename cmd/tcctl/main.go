@@ -3,6 +3,8 @@
 //	tcctl [--socket PATH] info
 //	tcctl [--socket PATH] stats
 //	tcctl [--socket PATH] ping [-n COUNT] [-size BYTES]
+//	tcctl [--socket PATH] peers
+//	tcctl [--socket PATH] segments [--remote]
 //
 // The socket defaults to $TENSORCAST_SOCKET, else
 // /run/tensorcast/tensorcastd.sock.
@@ -17,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
@@ -34,6 +37,9 @@ commands:
   stats                   pool, engine and connection counters
   ping [-n COUNT] [-size BYTES]
                           round trips to the daemon, with latency stats
+  peers                   peer daemons: address, epoch, connection, bytes, errors
+  segments [--remote]     segments exported to peers (--remote: the remote
+                          segments opened through this daemon instead)
 
 The socket is --socket, else $TENSORCAST_SOCKET, else ` + client.DefaultSocket + `.
 `
@@ -63,6 +69,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		err = stats(sock, stdout)
 	case "ping":
 		err = ping(sock, rest, stdout, stderr)
+	case "peers":
+		err = peers(sock, rest, stdout)
+	case "segments":
+		err = segments(sock, rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -186,6 +196,74 @@ func ping(sock string, args []string, w, stderr io.Writer) error {
 	fmt.Fprintf(w, "min %v  avg %v  p50 %v  p99 %v  max %v  %.0f rt/s\n",
 		lat[0], sum/time.Duration(len(lat)), pct(0.50), pct(0.99), lat[len(lat)-1], float64(*n)/total.Seconds())
 	return nil
+}
+
+func peers(sock string, args []string, w io.Writer) error {
+	if len(args) > 0 {
+		return fmt.Errorf("%w: peers takes no arguments", errUsage)
+	}
+	c, err := dial(sock, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ps, err := c.Peers()
+	if err != nil {
+		if errors.Is(err, client.ErrUnavailable) {
+			return fmt.Errorf("%w\n(the daemon runs no peer plane: set peer_listen and cluster_key_file)", err)
+		}
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tADDR\tEPOCH\tCONNECTED\tBYTES IN\tBYTES OUT\tERRORS")
+	for _, p := range ps {
+		fmt.Fprintf(tw, "%s\t%s\t%#x\t%v\t%d\t%d\t%d\n", p.ID, p.Addr, p.Epoch, p.Connected, p.BytesIn, p.BytesOut, p.Errors)
+	}
+	return tw.Flush()
+}
+
+func segments(sock string, args []string, w, stderr io.Writer) error {
+	fs := flag.NewFlagSet("segments", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	remote := fs.Bool("remote", false, "list the remote segments opened through this daemon")
+	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+		return fmt.Errorf("%w: segments [--remote]", errUsage)
+	}
+	c, err := dial(sock, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ss, err := c.Segments()
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if *remote {
+		fmt.Fprintln(tw, "PEER\tNAME\tID\tSIZE\tRIGHTS\tEPOCH")
+	} else {
+		fmt.Fprintln(tw, "NAME\tSEGMENT\tSIZE\tRIGHTS")
+	}
+	for _, s := range ss {
+		switch {
+		case *remote && s.Peer != "":
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%#x\n", s.Peer, s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights), s.Epoch)
+		case !*remote && s.Peer == "":
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights))
+		}
+	}
+	return tw.Flush()
+}
+
+func rightsStr(r uint8) string {
+	s := ""
+	if r&client.RightRead != 0 {
+		s += "r"
+	}
+	if r&client.RightWrite != 0 {
+		s += "w"
+	}
+	return s
 }
 
 func bytesStr(n uint64) string {

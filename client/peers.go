@@ -1,0 +1,222 @@
+package client
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Rights on an exported or opened remote segment.
+const (
+	RightRead  = control.RightRead
+	RightWrite = control.RightWrite
+)
+
+// MaxNotify is the largest notification a WRITE may carry.
+const MaxNotify = control.MaxNotify
+
+// Notification is one notification a peer attached to a WRITE into a
+// segment this client subscribed to.
+type Notification struct {
+	Segment string
+	Payload []byte
+}
+
+// Peer is one peer daemon as the daemon sees it.
+type Peer struct {
+	ID, Addr          string
+	Epoch             uint64
+	Connected         bool
+	BytesIn, BytesOut uint64
+	Errors            uint64
+}
+
+// SegmentInfo is a segment this daemon exports (Peer empty; ID is the
+// exported buffer or the pool) or a remote one opened through it (Peer
+// set; ID is the id requests name).
+type SegmentInfo struct {
+	Name   string
+	Peer   string
+	ID     xfer.SegmentID
+	Size   uint64
+	Rights uint8
+	Epoch  uint64
+}
+
+// RemoteSegment is a peer's segment opened with OpenRemote; ID is usable as
+// a request target.
+type RemoteSegment struct {
+	ID    xfer.SegmentID
+	Size  uint64
+	Epoch uint64
+}
+
+// ExportSegment makes [off, off+length) of segment (a buffer this client
+// registered, length 0 = to its end, or the pool, within blocks it holds)
+// reachable by peers as name, with rights (RightRead, RightWrite or both).
+// It returns the exported size. The export ends with UnexportSegment or
+// when the connection closes.
+func (c *Client) ExportSegment(name string, segment xfer.SegmentID, off, length uint64, rights uint8, opts ...CallOption) (uint64, error) {
+	if name == "" {
+		return 0, fmt.Errorf("%w: empty name", ErrInvalidArgument)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start(tcproto.RequestBodyExportSegmentRequest, opts)
+	c.req.Name = []byte(name)
+	c.req.Segment, c.req.Offset, c.req.Length, c.req.Rights = uint64(segment), off, length, rights
+	if err := c.roundTrip(tcproto.ResponseBodyExportSegmentResponse, -1, nil); err != nil {
+		return 0, err
+	}
+	return c.resp.Size, nil
+}
+
+// UnexportSegment ends an export of this client.
+func (c *Client) UnexportSegment(name string, opts ...CallOption) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty name", ErrInvalidArgument)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start(tcproto.RequestBodyUnexportSegmentRequest, opts)
+	c.req.Name = []byte(name)
+	return c.roundTrip(tcproto.ResponseBodyUnexportSegmentResponse, -1, nil)
+}
+
+// OpenRemote opens "peer/segment" with rights. The segment stays open until
+// CloseRemote or the connection closes; after the peer restarts it must be
+// opened again.
+func (c *Client) OpenRemote(name string, rights uint8, opts ...CallOption) (RemoteSegment, error) {
+	if name == "" {
+		return RemoteSegment{}, fmt.Errorf("%w: empty name", ErrInvalidArgument)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start(tcproto.RequestBodyOpenRemoteRequest, opts)
+	c.req.Name = []byte(name)
+	c.req.Rights = rights
+	if err := c.roundTrip(tcproto.ResponseBodyOpenRemoteResponse, -1, nil); err != nil {
+		return RemoteSegment{}, err
+	}
+	return RemoteSegment{ID: xfer.SegmentID(c.resp.Segment), Size: c.resp.Size, Epoch: c.resp.Epoch}, nil
+}
+
+// CloseRemote closes a remote segment this client opened.
+func (c *Client) CloseRemote(id xfer.SegmentID, opts ...CallOption) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start(tcproto.RequestBodyCloseRemoteRequest, opts)
+	c.req.Segment = uint64(id)
+	return c.roundTrip(tcproto.ResponseBodyCloseRemoteResponse, -1, nil)
+}
+
+// Subscribe makes this client receive the notifications peers attach to
+// WRITEs into the segment exported as name on this daemon.
+func (c *Client) Subscribe(name string, opts ...CallOption) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty name", ErrInvalidArgument)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start(tcproto.RequestBodySubscribeRequest, opts)
+	c.req.Name = []byte(name)
+	return c.roundTrip(tcproto.ResponseBodySubscribeResponse, -1, nil)
+}
+
+// PollNotifications returns up to max queued notifications (max 0: as
+// many as fit one answer), waiting up to timeout for the first (0: do not
+// wait). It appends to dst.
+func (c *Client) PollNotifications(dst []Notification, max int, timeout time.Duration, opts ...CallOption) ([]Notification, error) {
+	if max < 0 || max > 1<<31 {
+		return dst, fmt.Errorf("%w: max %d", ErrInvalidArgument, max)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start(tcproto.RequestBodyPollNotificationsRequest, opts)
+	c.req.Max = uint32(max)
+	c.req.TimeoutMS = millis(timeout)
+	if c.opts.CallTimeout > 0 && timeout > 0 {
+		defer func(d time.Duration) { c.opts.CallTimeout = d }(c.opts.CallTimeout)
+		c.opts.CallTimeout += timeout
+	}
+	if err := c.roundTrip(tcproto.ResponseBodyPollNotificationsResponse, -1, nil); err != nil {
+		return dst, err
+	}
+	if max > 0 && len(c.resp.Notifications) > max {
+		return dst, c.fail(fmt.Errorf("%w: %d notifications for at most %d", ErrProtocol, len(c.resp.Notifications), max))
+	}
+	for _, n := range c.resp.Notifications {
+		dst = append(dst, Notification{Segment: string(n.Segment), Payload: slices.Clone(n.Payload)})
+	}
+	return dst, nil
+}
+
+// Peers lists the peer daemons.
+func (c *Client) Peers(opts ...CallOption) ([]Peer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start(tcproto.RequestBodyPeersRequest, opts)
+	if err := c.roundTrip(tcproto.ResponseBodyPeersResponse, -1, nil); err != nil {
+		return nil, err
+	}
+	out := make([]Peer, len(c.resp.Peers))
+	for i, p := range c.resp.Peers {
+		out[i] = Peer{ID: string(p.ID), Addr: string(p.Addr), Epoch: p.Epoch, Connected: p.Connected,
+			BytesIn: p.BytesIn, BytesOut: p.BytesOut, Errors: p.Errors}
+	}
+	return out, nil
+}
+
+// Segments lists the segments the daemon exports and the remote ones its
+// clients opened.
+func (c *Client) Segments(opts ...CallOption) ([]SegmentInfo, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start(tcproto.RequestBodySegmentsRequest, opts)
+	if err := c.roundTrip(tcproto.ResponseBodySegmentsResponse, -1, nil); err != nil {
+		return nil, err
+	}
+	out := make([]SegmentInfo, len(c.resp.Segments))
+	for i, s := range c.resp.Segments {
+		out[i] = SegmentInfo{Name: string(s.Name), Peer: string(s.Peer), ID: xfer.SegmentID(s.Segment), Size: s.Size,
+			Rights: s.Rights, Epoch: s.Epoch}
+	}
+	return out, nil
+}
+
+// checkNotify checks a positional notify slice: empty, or one entry per
+// request (nil for none), each at most MaxNotify bytes.
+func checkNotify(notify [][]byte, n int) error {
+	if len(notify) != 0 && len(notify) != n {
+		return fmt.Errorf("%w: %d notifications for %d requests", ErrInvalidArgument, len(notify), n)
+	}
+	for i, p := range notify {
+		if len(p) > MaxNotify {
+			return fmt.Errorf("%w: notification %d has %d bytes (max %d)", ErrInvalidArgument, i, len(p), MaxNotify)
+		}
+	}
+	return nil
+}
+
+// SubmitNotify is Submit with notifications: notify[i] (nil for none)
+// rides on reqs[i], a WRITE to a remote segment; that task completes only
+// once the target daemon delivered it to a subscribed client and
+// acknowledged it.
+func (c *Client) SubmitNotify(batch xfer.BatchID, reqs []xfer.Request, notify [][]byte, results []error, opts ...CallOption) error {
+	if err := checkNotify(notify, len(reqs)); err != nil {
+		return err
+	}
+	return c.submit(batch, reqs, notify, results, opts)
+}
+
+// TransferNotify is Transfer with notifications, as SubmitNotify.
+func (c *Client) TransferNotify(reqs []xfer.Request, notify [][]byte, timeout time.Duration, results []error, opts ...CallOption) (Summary, error) {
+	if err := checkNotify(notify, len(reqs)); err != nil {
+		return Summary{}, err
+	}
+	return c.transfer(reqs, notify, timeout, results, opts)
+}
