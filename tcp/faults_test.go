@@ -521,3 +521,68 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 		t.Fatal("segment refs leaked")
 	}
 }
+
+func TestCloseRacingSubmit(t *testing.T) {
+	nodes := cluster(t, []string{"a", "b"}, 16<<20, Config{SliceSize: 128 << 10, RequestTimeout: 10 * time.Second})
+	a := nodes[0]
+	r, err := a.Open("b", "seg", RightRead|RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := newMemSeg(1, 16<<20)
+	var dispatched, doneCount atomic.Int64
+	var mu sync.Mutex
+	ends := map[*xfer.Task]int{}
+	cc := completerFunc(func(tk *xfer.Task, _ uint64, err error) {
+		mu.Lock()
+		ends[tk]++
+		mu.Unlock()
+		doneCount.Add(1)
+	})
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				op := xfer.OpWrite
+				if i%2 == 1 {
+					op = xfer.OpRead
+				}
+				tk := &xfer.Task{Req: xfer.Request{Op: op, LocalOffset: uint64(g) * (4 << 20), TargetOffset: uint64(g) * (4 << 20), Length: 4 << 20},
+					Local: local, Target: r}
+				tk.SetCompleter(cc)
+				k, err := a.Submit([]*xfer.Task{tk})
+				dispatched.Add(int64(k))
+				if k == 0 {
+					if !errors.Is(err, xfer.ErrClosed) {
+						t.Errorf("Submit refused with %v", err)
+					}
+					return
+				}
+			}
+		}(g)
+	}
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	a.Close()
+	if el := time.Since(start); el > 3*time.Second {
+		t.Fatalf("Close took %v", el)
+	}
+	wg.Wait()
+	if dispatched.Load() == 0 || doneCount.Load() != dispatched.Load() {
+		t.Fatalf("dispatched %d, ended %d", dispatched.Load(), doneCount.Load())
+	}
+	for tk, k := range ends {
+		if k != 1 {
+			t.Fatalf("task %p ended %d times", tk, k)
+		}
+	}
+	if a.active.Load() != 0 {
+		t.Fatalf("active = %d after Close", a.active.Load())
+	}
+}
+
+type completerFunc func(*xfer.Task, uint64, error)
+
+func (f completerFunc) TaskDone(t *xfer.Task, n uint64, err error) { f(t, n, err) }
