@@ -147,3 +147,108 @@ func TestShippedExampleConfigLoads(t *testing.T) {
 		t.Fatalf("example config not read: %+v", c)
 	}
 }
+
+func TestPeerKeys(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "tc.toml")
+	writeFile(t, file, `
+daemon_id = "prefill-1"
+peer_listen = "127.0.0.1:7400"
+peer_advertise = "10.0.0.1:7400"
+cluster_key_file = "/etc/tensorcast/cluster.key"
+peer_conns = 8
+peer_slice_size = "256KiB"
+
+[[peers]]
+id = "decode-1"
+addr = "10.0.0.2:7400"
+
+[[peers]]
+id = "decode-2"
+addr = "10.0.0.3:7400"
+`)
+	c, err := Load([]string{"--config", file}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []PeerConfig{{"decode-1", "10.0.0.2:7400"}, {"decode-2", "10.0.0.3:7400"}}
+	if c.DaemonID != "prefill-1" || c.PeerListen != "127.0.0.1:7400" || c.PeerAdvertise != "10.0.0.1:7400" ||
+		c.ClusterKeyFile != "/etc/tensorcast/cluster.key" || c.PeerConns != 8 || c.PeerSliceSize != 256<<10 ||
+		len(c.Peers) != 2 || c.Peers[0] != want[0] || c.Peers[1] != want[1] {
+		t.Fatalf("file values not applied: %+v", c)
+	}
+	// env replaces the file's peers; repeated --peer flags replace both.
+	c, err = Load([]string{"--config", file}, env(map[string]string{"TENSORCAST_PEERS": "a=127.0.0.1:1,b=127.0.0.1:2"}))
+	if err != nil || len(c.Peers) != 2 || c.Peers[1] != (PeerConfig{"b", "127.0.0.1:2"}) {
+		t.Fatalf("TENSORCAST_PEERS: %v %+v", err, c.Peers)
+	}
+	c, err = Load([]string{"--config", file, "--peer", "x=127.0.0.1:9", "--peer", "y=[::1]:10", "--daemon-id", "me",
+		"--peer-listen", "0.0.0.0:7401", "--cluster-key-file", "/k"},
+		env(map[string]string{"TENSORCAST_PEERS": "a=127.0.0.1:1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Peers) != 2 || c.Peers[0] != (PeerConfig{"x", "127.0.0.1:9"}) || c.Peers[1] != (PeerConfig{"y", "[::1]:10"}) ||
+		c.DaemonID != "me" || c.PeerListen != "0.0.0.0:7401" || c.ClusterKeyFile != "/k" {
+		t.Fatalf("flags not applied: %+v", c)
+	}
+	// Defaults: no peer plane, the hostname as id, 4 connections, 1 MiB slices.
+	d := Defaults()
+	if d.PeerListen != "" || d.DaemonID == "" || d.PeerConns != 4 || d.PeerSliceSize != 1<<20 {
+		t.Fatalf("peer defaults: %+v", d)
+	}
+}
+
+func TestPeerKeysValidation(t *testing.T) {
+	ok := func() Config {
+		c := Defaults()
+		c.DaemonID = "d1"
+		c.PeerListen = "127.0.0.1:0"
+		c.ClusterKeyFile = "/etc/tensorcast/cluster.key"
+		c.Peers = []PeerConfig{{"d2", "127.0.0.1:7402"}}
+		return c
+	}
+	if c := ok(); c.Validate() != nil {
+		t.Fatalf("valid peer config refused: %v", c.Validate())
+	}
+	for _, tc := range []struct {
+		key, value string
+		mut        func(*Config)
+	}{
+		{"cluster_key_file", `""`, func(c *Config) { c.ClusterKeyFile = "" }},
+		{"cluster_key_file", "relative.key", func(c *Config) { c.ClusterKeyFile = "relative.key" }},
+		{"peer_listen", "nohostport", func(c *Config) { c.PeerListen = "nohostport" }},
+		{"peer_listen", "127.0.0.1:70000", func(c *Config) { c.PeerListen = "127.0.0.1:70000" }},
+		{"peer_advertise", "x", func(c *Config) { c.PeerAdvertise = "x" }},
+		{"daemon_id", `""`, func(c *Config) { c.DaemonID = "" }},
+		{"daemon_id", "a/b", func(c *Config) { c.DaemonID = "a/b" }},
+		{"daemon_id", strings.Repeat("x", 65), func(c *Config) { c.DaemonID = strings.Repeat("x", 65) }},
+		{"peer_conns", "0", func(c *Config) { c.PeerConns = 0 }},
+		{"peer_conns", "65", func(c *Config) { c.PeerConns = 65 }},
+		{"peer_slice_size", "1KiB", func(c *Config) { c.PeerSliceSize = 1 << 10 }},
+		{"peer_slice_size", "128MiB", func(c *Config) { c.PeerSliceSize = 128 << 20 }},
+		{"peers.id", "d2", func(c *Config) { c.Peers = append(c.Peers, PeerConfig{"d2", "127.0.0.1:1"}) }},
+		{"peers.id", "d1", func(c *Config) { c.Peers = []PeerConfig{{"d1", "127.0.0.1:1"}} }},
+		{"peers.id", `""`, func(c *Config) { c.Peers = []PeerConfig{{"", "127.0.0.1:1"}} }},
+		{"peers.addr", "nowhere", func(c *Config) { c.Peers = []PeerConfig{{"d3", "nowhere"}} }},
+	} {
+		c := ok()
+		tc.mut(&c)
+		err := c.Validate()
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.key+" = ") ||
+			(tc.value != `""` && !strings.Contains(err.Error(), tc.value)) {
+			t.Errorf("%s = %s: got %v, want ErrConfig naming the key and value", tc.key, tc.value, err)
+		}
+	}
+	// A --peer without '=' names the key and the value.
+	_, err := Load([]string{"--peer", "d2-127.0.0.1:1"}, env(nil))
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "peers") || !strings.Contains(err.Error(), "d2-127.0.0.1:1") {
+		t.Fatalf("bad --peer: %v", err)
+	}
+	// An unknown key in a [[peers]] table is refused.
+	file := filepath.Join(t.TempDir(), "tc.toml")
+	writeFile(t, file, "[[peers]]\nid = \"d2\"\nadress = \"127.0.0.1:1\"\n")
+	if _, err := Load([]string{"--config", file}, env(nil)); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "adress") {
+		t.Fatalf("misspelt peers key: %v", err)
+	}
+}
