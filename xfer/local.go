@@ -12,8 +12,11 @@ import (
 type LocalConfig struct {
 	// InlineBytes: a Submit whose tasks move at most this many bytes in
 	// total is copied on the submitting goroutine, because handing work to
-	// another goroutine costs tens of microseconds. Default 256 KiB; a
-	// negative value sends everything to the workers.
+	// another goroutine costs tens of microseconds and, on a small host,
+	// a second copying thread adds little memory bandwidth. Default 4 MiB
+	// (a 16 × 64 KiB batch measured 0.52x of copy() through the workers and
+	// 0.92x inline on 2 vCPUs); a negative value sends everything to the
+	// workers.
 	InlineBytes int64
 	// Workers is the number of copy goroutines (default GOMAXPROCS).
 	Workers int
@@ -29,7 +32,7 @@ type LocalConfig struct {
 
 // Defaults of LocalConfig.
 const (
-	DefaultLocalInlineBytes = 256 << 10
+	DefaultLocalInlineBytes = 4 << 20
 	DefaultLocalChunkBytes  = 1 << 20
 )
 
