@@ -56,8 +56,13 @@ FUZZTIME ?= 30s
 fuzz:
 	scripts/fuzz.sh $(FUZZTIME)
 
+# Every figure in BENCHMARKS.md comes from here, each beside its reference
+# tool measured in the same run (see each script's header).
 bench: build
-	@if [ -x $(BIN)/tcbench ]; then scripts/bench.sh; else echo "bench: tcbench not built"; exit 1; fi
+	scripts/bench.sh
+	scripts/bench-section.sh --markdown micro "Foundation micro-benchmarks" scripts/bench-micro.sh 5 2s
+	scripts/bench-section.sh uring "io_uring transport vs fio (same file, same bs/iodepth)" scripts/bench-uring.sh /var/tmp/tcbench 3 10
+	scripts/bench-section.sh tcp "tcp transport vs iperf3 and a raw TCP ping-pong (loopback)" scripts/bench-tcp.sh 3 3
 
 clean:
 	rm -rf $(BIN) $(RUN_DIR)
