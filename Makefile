@@ -63,6 +63,8 @@ bench: build
 	scripts/bench-section.sh --markdown micro "Foundation micro-benchmarks" scripts/bench-micro.sh 5 2s
 	scripts/bench-section.sh uring "io_uring transport vs fio (same file, same bs/iodepth)" scripts/bench-uring.sh /var/tmp/tcbench 3 10
 	scripts/bench-section.sh tcp "tcp transport vs iperf3 and a raw TCP ping-pong (loopback)" scripts/bench-tcp.sh 3 3
+	scripts/bench-section.sh rdma "rdma transport vs perftest on Soft-RoCE (qemu VM; ratios only)" \
+	  bash -c 'set -o pipefail; scripts/rdma-vm-test.sh | sed -n "/^rdma vs perftest/,\$$p"'
 
 clean:
 	rm -rf $(BIN) $(RUN_DIR)
