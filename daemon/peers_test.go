@@ -1,0 +1,539 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// writeKey writes a cluster key file readable by its owner only.
+func writeKey(t *testing.T, dir, name, key string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// lockedBuffer is a log sink safe for the daemon's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// peerDaemon is one daemon of a test cluster.
+type peerDaemon struct {
+	cfg    Config
+	d      *Daemon
+	cancel context.CancelFunc
+	done   chan error
+	log    *lockedBuffer
+	once   sync.Once
+	err    error
+}
+
+// startPeer runs a daemon with id on 127.0.0.1 (listen "" picks a port)
+// until stop or the end of the test.
+func startPeer(t *testing.T, id, key, listen string, peers ...PeerConfig) *peerDaemon {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := testConfig(dir)
+	cfg.PoolSize = 32 << 20
+	cfg.DaemonID = id
+	cfg.PeerListen = listen
+	if listen == "" {
+		cfg.PeerListen = "127.0.0.1:0"
+	}
+	cfg.ClusterKeyFile = key
+	cfg.PeerSliceSize = 64 << 10 // requests above 64 KiB are striped
+	cfg.Peers = peers
+	p := &peerDaemon{cfg: cfg, log: &lockedBuffer{}, done: make(chan error, 1)}
+	log := slog.New(slog.NewTextHandler(p.log, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	d, err := New(cfg, log, env(nil))
+	if err != nil {
+		t.Fatalf("daemon %s: %v", id, err)
+	}
+	p.d = d
+	var ctx context.Context
+	ctx, p.cancel = context.WithCancel(context.Background())
+	go func() { p.done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		if err := p.stop(); err != nil {
+			t.Errorf("daemon %s Run: %v", id, err)
+		}
+	})
+	return p
+}
+
+func (p *peerDaemon) stop() error {
+	p.once.Do(func() {
+		p.cancel()
+		p.err = <-p.done
+	})
+	return p.err
+}
+
+func (p *peerDaemon) peer() PeerConfig { return PeerConfig{ID: p.cfg.DaemonID, Addr: p.d.PeerAddr()} }
+
+func (p *peerDaemon) dial(t *testing.T, name string) *client.Client {
+	t.Helper()
+	c, err := client.Dial(p.cfg.Socket, client.Options{Name: name, CallTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func fill(rng *rand.Rand, b []byte) {
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+}
+
+// TestPeerPlaneThreeDaemons runs three daemons in this process: clients of
+// d2 and d3 write and read a buffer a client of d1 exported, at random
+// sizes and offsets, with crc32c checked end to end; then notifications:
+// delivered before the writer completes, refused for a segment nobody
+// subscribed to and once the subscriber's queue is full.
+func TestPeerPlaneThreeDaemons(t *testing.T) {
+	keyDir := t.TempDir()
+	key := writeKey(t, keyDir, "cluster.key", "tensorcast test cluster key")
+	d1 := startPeer(t, "d1", key, "")
+	d2 := startPeer(t, "d2", key, "", d1.peer())
+	d3 := startPeer(t, "d3", key, "", d1.peer(), d2.peer())
+
+	const size = 4 << 20
+	a := d1.dial(t, "exporter")
+	abuf, err := a.RegisterBuffer(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightRead|client.RightWrite); err != nil || n != size {
+		t.Fatalf("ExportSegment: %d, %v", n, err)
+	}
+	if _, err := a.ExportSegment("kv", abuf.ID, 0, 4096, client.RightRead); !errors.Is(err, client.ErrAlreadyExists) {
+		t.Fatalf("second export of one name: %v, want ALREADY_EXISTS", err)
+	}
+
+	var wg sync.WaitGroup
+	for w, d := range []*peerDaemon{d2, d3} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := writeReadRandom(d, w, abuf.Mem, size); err != nil {
+				t.Errorf("via %s: %v", d.cfg.DaemonID, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+
+	// Listings on both ends.
+	b := d2.dial(t, "lister")
+	ps, err := b.Peers()
+	if err != nil || len(ps) != 1 || ps[0].ID != "d1" || !ps[0].Connected || ps[0].BytesOut == 0 {
+		t.Fatalf("d2 peers: %+v, %v", ps, err)
+	}
+	segs, err := a.Segments()
+	if err != nil || len(segs) != 1 || segs[0].Name != "kv" || segs[0].Peer != "" || segs[0].Size != size {
+		t.Fatalf("d1 segments: %+v, %v", segs, err)
+	}
+	rs, err := b.OpenRemote("d1/kv", client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	segs, err = b.Segments()
+	if err != nil || len(segs) != 1 || segs[0].Peer != "d1" || segs[0].ID != rs.ID || segs[0].Epoch != rs.Epoch {
+		t.Fatalf("d2 segments: %+v, %v (opened %+v)", segs, err, rs)
+	}
+	if _, err := b.OpenRemote("d1/nosuch", client.RightRead); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("open of an unexported name: %v, want NOT_FOUND", err)
+	}
+	if _, err := b.OpenRemote("d9/kv", client.RightRead); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("open on an unknown peer: %v, want NOT_FOUND", err)
+	}
+
+	// Notifications.
+	sub := d1.dial(t, "subscriber")
+	if err := sub.Subscribe("kv"); err != nil {
+		t.Fatal(err)
+	}
+	src, err := b.RegisterBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(rand.New(rand.NewPCG(7, 7)), src.Mem)
+	w := xfer.Request{Op: xfer.OpWrite, Local: src.ID, Target: rs.ID, TargetOffset: 8192, Length: 4096}
+	res := make([]error, 1)
+	sum, err := b.TransferNotify([]xfer.Request{w}, [][]byte{[]byte("layer-3 ready")}, 10*time.Second, res)
+	if err != nil || res[0] != nil || sum.Completed != 1 {
+		t.Fatalf("WRITE with a notification: %v, %v, %+v", err, res[0], sum)
+	}
+	// The writer completed only after the target acknowledged, which it
+	// does after queueing: the notification is there without waiting.
+	notes, err := sub.PollNotifications(nil, 0, 0)
+	if err != nil || len(notes) != 1 || notes[0].Segment != "kv" || string(notes[0].Payload) != "layer-3 ready" {
+		t.Fatalf("notifications after the ACK: %+v, %v", notes, err)
+	}
+	if !bytes.Equal(abuf.Mem[8192:8192+4096], src.Mem[:4096]) {
+		t.Fatal("the notified WRITE's bytes did not land")
+	}
+	// Bad attachments are refused per item, client or daemon side.
+	if _, err := b.TransferNotify([]xfer.Request{w}, [][]byte{make([]byte, client.MaxNotify+1)}, time.Second, res); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Fatalf("oversized notification: %v", err)
+	}
+	r := w
+	r.Op = xfer.OpRead
+	if sum, err := b.TransferNotify([]xfer.Request{r}, [][]byte{[]byte("x")}, time.Second, res); err != nil || !errors.Is(res[0], client.ErrInvalidArgument) || sum.Completed != 0 {
+		t.Fatalf("notification on a READ: %v, %v, %+v", err, res[0], sum)
+	}
+
+	// A segment nobody subscribed to: the writer's task fails.
+	if _, err := a.ExportSegment("quiet", abuf.ID, 1<<20, 1<<20, client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	qs, err := b.OpenRemote("d1/quiet", client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wq := xfer.Request{Op: xfer.OpWrite, Local: src.ID, Target: qs.ID, Length: 4096}
+	sum, err = b.TransferNotify([]xfer.Request{wq}, [][]byte{[]byte("anyone?")}, 10*time.Second, res)
+	if err != nil || res[0] == nil || sum.Failed != 1 {
+		t.Fatalf("notification nobody subscribed to: %v, %v, %+v (want the task Failed)", err, res[0], sum)
+	}
+	// Without a notification the same WRITE completes.
+	if sum, err = b.Transfer([]xfer.Request{wq}, 10*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
+		t.Fatalf("plain WRITE to the quiet segment: %v, %v, %+v", err, res[0], sum)
+	}
+
+	// A full queue: the subscriber does not poll; past its bound the
+	// writers' tasks fail and nothing beyond the bound is queued.
+	const queue = 1024 // control.Limits.MaxNotifications default
+	const n = queue + 40
+	reqs := make([]xfer.Request, n)
+	pay := make([][]byte, n)
+	for i := range reqs {
+		reqs[i] = xfer.Request{Op: xfer.OpWrite, Local: src.ID, LocalOffset: uint64(i) * 64, Target: rs.ID,
+			TargetOffset: uint64(i) * 64, Length: 64}
+		pay[i] = []byte(fmt.Sprintf("n%d", i))
+	}
+	res = make([]error, n)
+	sum, err = b.TransferNotify(reqs, pay, 30*time.Second, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Completed != queue || sum.Failed != n-queue {
+		t.Fatalf("with a queue of %d: %+v, want %d completed and %d failed", queue, sum, queue, n-queue)
+	}
+	got := 0
+	for got < queue {
+		notes, err = sub.PollNotifications(notes[:0], 0, time.Second)
+		if err != nil || len(notes) == 0 {
+			t.Fatalf("polled %d of %d: %v", got, queue, err)
+		}
+		got += len(notes)
+	}
+	if notes, err = sub.PollNotifications(notes[:0], 0, 0); err != nil || len(notes) != 0 || got != queue {
+		t.Fatalf("queued beyond the bound: %d then %d more (%v)", got, len(notes), err)
+	}
+
+	// Pool blocks can be exported too, and are not freed while exported.
+	offs, err := a.AllocBlocks(nil, 2, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, _ := a.Pool()
+	lo := min(offs[0], offs[1])
+	span := uint64(64 << 10)
+	if offs[0]+span == offs[1] || offs[1]+span == offs[0] {
+		span *= 2
+	}
+	if _, err := a.ExportSegment("blocks", pool.Segment, lo, span, client.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	fr := make([]error, 1)
+	if err := a.FreeBlocks([]uint64{lo}, fr); err != nil || !errors.Is(fr[0], client.ErrFailedPrecondition) {
+		t.Fatalf("free of an exported block: %v, %v", err, fr[0])
+	}
+	if _, err := a.ExportSegment("stolen", pool.Segment, lo, span+(1<<20), client.RightRead); !errors.Is(err, client.ErrPermissionDenied) {
+		t.Fatalf("export of pool bytes not held: %v", err)
+	}
+	if err := a.UnexportSegment("blocks"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.FreeBlocks([]uint64{lo}, fr); err != nil || fr[0] != nil {
+		t.Fatalf("free after unexport: %v, %v", err, fr[0])
+	}
+
+	// Closing the exporter's connection unexports its segments.
+	a.Close()
+	res = make([]error, 1)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		sum, err = b.Transfer([]xfer.Request{w}, 5*time.Second, res)
+		if err == nil && sum.Failed == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("WRITE to a closed exporter's segment: %v, %v, %+v", err, res[0], sum)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// writeReadRandom opens d1/kv from a client of d and moves random ranges
+// both ways, checking crc32c against the exporter's memory.
+func writeReadRandom(d *peerDaemon, seed int, exported []byte, size uint64) error {
+	c, err := client.Dial(d.cfg.Socket, client.Options{Name: "writer", CallTimeout: 30 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	rs, err := c.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
+	if err != nil {
+		return err
+	}
+	if rs.Size != size {
+		return fmt.Errorf("remote size %d, want %d", rs.Size, size)
+	}
+	const local = 1 << 20
+	buf, err := c.RegisterBuffer(local)
+	if err != nil {
+		return err
+	}
+	rng := rand.New(rand.NewPCG(uint64(seed), 99))
+	res := make([]error, 1)
+	// Each writer owns one half of the segment so they never overlap.
+	half := size / 2
+	base := uint64(seed) * half
+	for i := 0; i < 24; i++ {
+		n := 1 + rng.Uint64N(local)
+		if i%4 == 0 {
+			n = 1 + rng.Uint64N(100)
+		}
+		loff := rng.Uint64N(local - n + 1)
+		toff := base + rng.Uint64N(half-n+1)
+		fill(rng, buf.Mem[loff:loff+n])
+		want := crc32.Checksum(buf.Mem[loff:loff+n], castagnoli)
+		wr := xfer.Request{Op: xfer.OpWrite, Local: buf.ID, LocalOffset: loff, Target: rs.ID, TargetOffset: toff, Length: n}
+		if sum, err := c.Transfer([]xfer.Request{wr}, 20*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
+			return fmt.Errorf("WRITE %d bytes at %d: %v, %v, %+v", n, toff, err, res[0], sum)
+		}
+		if got := crc32.Checksum(exported[toff:toff+n], castagnoli); got != want {
+			return fmt.Errorf("WRITE %d bytes at %d: crc32c %#x landed, %#x sent", n, toff, got, want)
+		}
+		loff2 := rng.Uint64N(local - n + 1)
+		clear(buf.Mem[loff2 : loff2+n])
+		rd := xfer.Request{Op: xfer.OpRead, Local: buf.ID, LocalOffset: loff2, Target: rs.ID, TargetOffset: toff, Length: n}
+		if sum, err := c.Transfer([]xfer.Request{rd}, 20*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
+			return fmt.Errorf("READ %d bytes at %d: %v, %v, %+v", n, toff, err, res[0], sum)
+		}
+		if got := crc32.Checksum(buf.Mem[loff2:loff2+n], castagnoli); got != want {
+			return fmt.Errorf("READ %d bytes at %d: crc32c %#x read, %#x written", n, toff, got, want)
+		}
+	}
+	return c.CloseRemote(rs.ID)
+}
+
+// TestPeerStoppedAndRestarted stops the exporting daemon while a client of
+// the other streams WRITEs to it: its tasks end Failed within the deadline
+// and its batch frees. After a restart on the same address (a new epoch)
+// the survivor reconnects: a fresh OpenRemote works, the old id fails.
+func TestPeerStoppedAndRestarted(t *testing.T) {
+	key := writeKey(t, t.TempDir(), "cluster.key", "restart cluster key")
+	d1 := startPeer(t, "d1", key, "")
+	addr := d1.d.PeerAddr()
+	d2 := startPeer(t, "d2", key, "", d1.peer())
+
+	const size = 8 << 20
+	a := d1.dial(t, "exporter")
+	abuf, err := a.RegisterBuffer(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightRead|client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	b := d2.dial(t, "writer")
+	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := b.RegisterBuffer(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(rand.New(rand.NewPCG(3, 4)), src.Mem)
+
+	// Stream batches of 8 × 1 MiB until one fails; stop d1 meanwhile.
+	type outcome struct {
+		sum client.Summary
+		err error
+		at  time.Time
+	}
+	out := make(chan outcome, 1)
+	go func() {
+		reqs := make([]xfer.Request, 8)
+		for i := range reqs {
+			reqs[i] = xfer.Request{Op: xfer.OpWrite, Local: src.ID, LocalOffset: uint64(i) << 20, Target: rs.ID,
+				TargetOffset: uint64(i) << 20, Length: 1 << 20}
+		}
+		res := make([]error, len(reqs))
+		for {
+			batch, err := b.AllocBatch(len(reqs))
+			if err != nil {
+				out <- outcome{err: err}
+				return
+			}
+			if err := b.Submit(batch, reqs, res); err != nil {
+				out <- outcome{err: err}
+				return
+			}
+			sum, err := b.Wait(batch, 20*time.Second)
+			if err != nil {
+				out <- outcome{err: err}
+				return
+			}
+			if sum.Waiting+sum.Pending != 0 {
+				out <- outcome{sum: sum, err: fmt.Errorf("batch still live after its wait: %+v", sum)}
+				return
+			}
+			if err := b.FreeBatch(batch); err != nil {
+				out <- outcome{sum: sum, err: fmt.Errorf("FreeBatch of an ended batch: %w", err)}
+				return
+			}
+			if sum.Failed > 0 {
+				out <- outcome{sum: sum, at: time.Now()}
+				return
+			}
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	stopped := time.Now()
+	if err := d1.stop(); err != nil {
+		t.Fatalf("stopping d1: %v", err)
+	}
+	select {
+	case o := <-out:
+		if o.err != nil {
+			t.Fatal(o.err)
+		}
+		if o.sum.Failed == 0 || o.sum.Completed+o.sum.Failed != 8 {
+			t.Fatalf("batch across the stop: %+v", o.sum)
+		}
+		t.Logf("batch across the stop: %+v, ended %v after the stop", o.sum, o.at.Sub(stopped).Round(time.Millisecond))
+	case <-time.After(40 * time.Second):
+		t.Fatal("tasks to a stopped peer did not end")
+	}
+	ps, err := b.Peers()
+	if err != nil || len(ps) != 1 || ps[0].Connected {
+		t.Fatalf("d2 peers after d1 stopped: %+v, %v", ps, err)
+	}
+
+	// Restart d1 on the same address: a new epoch.
+	d1b := startPeer(t, "d1", key, addr)
+	a2 := d1b.dial(t, "exporter-2")
+	abuf2, err := a2.RegisterBuffer(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a2.ExportSegment("kv", abuf2.ID, 0, 0, client.RightRead|client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	res := make([]error, 1)
+	w := xfer.Request{Op: xfer.OpWrite, Local: src.ID, Target: rs.ID, TargetOffset: 4096, Length: 128 << 10}
+	if sum, err := b.Transfer([]xfer.Request{w}, 10*time.Second, res); err != nil || res[0] == nil || sum.Completed != 0 {
+		t.Fatalf("WRITE with the old epoch's segment: %v, %v, %+v (want it Failed)", err, res[0], sum)
+	}
+	rs2, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
+	if err != nil {
+		t.Fatalf("OpenRemote after the restart: %v", err)
+	}
+	if rs2.Epoch == rs.Epoch || rs2.ID == rs.ID {
+		t.Fatalf("reopened segment %+v looks like the old one %+v", rs2, rs)
+	}
+	w.Target = rs2.ID
+	if sum, err := b.Transfer([]xfer.Request{w}, 10*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
+		t.Fatalf("WRITE after reopening: %v, %v, %+v", err, res[0], sum)
+	}
+	if crc32.Checksum(abuf2.Mem[4096:4096+128<<10], castagnoli) != crc32.Checksum(src.Mem[:128<<10], castagnoli) {
+		t.Fatal("bytes written after the restart differ")
+	}
+	w.Target = rs.ID
+	if sum, err := b.Transfer([]xfer.Request{w}, 10*time.Second, res); err != nil || res[0] == nil || sum.Completed != 0 {
+		t.Fatalf("old segment id after the reopen: %v, %v, %+v (want it Failed)", err, res[0], sum)
+	}
+	ps, err = b.Peers()
+	if err != nil || len(ps) != 1 || !ps[0].Connected || ps[0].Epoch != rs2.Epoch {
+		t.Fatalf("d2 peers after the restart: %+v, %v (epoch %#x)", ps, err, rs2.Epoch)
+	}
+}
+
+// TestPeerWrongClusterKey checks that a daemon with another cluster key is
+// refused, and that the refusal is logged by the daemon it tried.
+func TestPeerWrongClusterKey(t *testing.T) {
+	dir := t.TempDir()
+	d1 := startPeer(t, "d1", writeKey(t, dir, "right.key", "the right key"), "")
+	d2 := startPeer(t, "d2", writeKey(t, dir, "wrong.key", "a wrong key"), "", d1.peer())
+	a := d1.dial(t, "exporter")
+	buf, err := a.RegisterBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ExportSegment("kv", buf.ID, 0, 0, client.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	b := d2.dial(t, "intruder")
+	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("open with a wrong cluster key: %v, want UNAVAILABLE", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(d1.log.String(), "authentication failed") {
+		if time.Now().After(deadline) {
+			t.Fatalf("d1 did not log the refused handshake:\n%s", d1.log.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// A key file that others may read is refused at start-up, naming it.
+	loose := writeKey(t, dir, "loose.key", "the right key")
+	if err := os.Chmod(loose, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t.TempDir())
+	cfg.DaemonID, cfg.PeerListen, cfg.ClusterKeyFile = "d3", "127.0.0.1:0", loose
+	if _, err := New(cfg, discardLogger(), env(nil)); err == nil || !strings.Contains(err.Error(), "cluster_key_file") {
+		t.Fatalf("New with a group/other-readable key: %v", err)
+	}
+}
