@@ -38,6 +38,17 @@ func sampleRequests() []Request {
 		{Ctx: ctx, Kind: tcproto.RequestBodyTransferRequestBody, Requests: reqs, TimeoutMS: 100},
 		{Ctx: ctx, Kind: tcproto.RequestBodyStatsRequest},
 		{Ctx: ctx, Kind: tcproto.RequestBodyRegisterFileRequest, Name: []byte("/data/kv.bin"), Direct: true, Size: 1 << 20},
+		{Ctx: ctx, Kind: tcproto.RequestBodySubmitRequest, Batch: 78, Requests: reqs, Notify: [][]byte{[]byte("layer 3"), nil}},
+		{Ctx: ctx, Kind: tcproto.RequestBodyTransferRequestBody, Requests: reqs, TimeoutMS: 9, Notify: [][]byte{nil, []byte("x")}},
+		{Ctx: ctx, Kind: tcproto.RequestBodyExportSegmentRequest, Name: []byte("kvpool"), Segment: 1, Offset: 4096, Length: 1 << 20,
+			Rights: RightRead | RightWrite},
+		{Ctx: ctx, Kind: tcproto.RequestBodyUnexportSegmentRequest, Name: []byte("kvpool")},
+		{Ctx: ctx, Kind: tcproto.RequestBodyOpenRemoteRequest, Name: []byte("decode-1/kvpool"), Rights: RightWrite},
+		{Ctx: ctx, Kind: tcproto.RequestBodyCloseRemoteRequest, Segment: 12},
+		{Ctx: ctx, Kind: tcproto.RequestBodySubscribeRequest, Name: []byte("kvpool")},
+		{Ctx: ctx, Kind: tcproto.RequestBodyPollNotificationsRequest, TimeoutMS: 50, Max: 16},
+		{Ctx: ctx, Kind: tcproto.RequestBodyPeersRequest},
+		{Ctx: ctx, Kind: tcproto.RequestBodySegmentsRequest},
 	}
 }
 
@@ -50,6 +61,9 @@ func normalize(m Request) Request {
 	}
 	if len(m.Requests) == 0 {
 		m.Requests = nil
+	}
+	if len(m.Notify) == 0 {
+		m.Notify = nil
 	}
 	return m
 }
@@ -86,6 +100,15 @@ func TestResponseRoundTrip(t *testing.T) {
 		{RequestID: 7, Kind: tcproto.ResponseBodyStatsResponse, Pool: []Counter{{"used", 5}}, Engine: []Counter{{"bytes", 9}},
 			Conn: []Counter{{"blocks", 2}}, Connections: 3},
 		{RequestID: 8, Status: tcproto.CodeBUSY, Message: []byte("busy")},
+		{RequestID: 9, Kind: tcproto.ResponseBodyOpenRemoteResponse, Segment: 14, Size: 1 << 30, Epoch: 0xfeed},
+		{RequestID: 10, Kind: tcproto.ResponseBodyExportSegmentResponse, Size: 4096},
+		{RequestID: 11, Kind: tcproto.ResponseBodyPollNotificationsResponse,
+			Notifications: []Notification{{[]byte("kv"), []byte("p1")}, {[]byte("kv2"), []byte("p2")}}},
+		{RequestID: 12, Kind: tcproto.ResponseBodyPeersResponse, Peers: []PeerInfo{
+			{ID: []byte("d2"), Addr: []byte("127.0.0.1:7400"), Epoch: 5, Connected: true, BytesIn: 1, BytesOut: 2, Errors: 3}}},
+		{RequestID: 13, Kind: tcproto.ResponseBodySegmentsResponse, Segments: []SegmentInfo{
+			{Name: []byte("kv"), Segment: 3, Size: 8, Rights: 3},
+			{Name: []byte("kv"), Peer: []byte("d2"), Segment: 15, Size: 9, Rights: 1, Epoch: 7}}},
 	}
 	var got Response
 	for _, want := range cases {
@@ -118,6 +141,15 @@ func TestResponseRoundTrip(t *testing.T) {
 			}
 			if len(p.Message) == 0 {
 				p.Message = nil
+			}
+			if len(p.Notifications) == 0 {
+				p.Notifications = nil
+			}
+			if len(p.Peers) == 0 {
+				p.Peers = nil
+			}
+			if len(p.Segments) == 0 {
+				p.Segments = nil
 			}
 		}
 		if !reflect.DeepEqual(g, want) {
@@ -162,6 +194,13 @@ func TestDecodeRejects(t *testing.T) {
 		{"too many offsets", valid(Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: []uint64{1, 2, 3, 4, 5}}), ErrLimit},
 		{"too many blocks", valid(Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 5, Size: 1}), ErrLimit},
 		{"empty path", valid(Request{Kind: tcproto.RequestBodyRegisterFileRequest}), ErrMalformed},
+		{"notify not positional", valid(Request{Kind: tcproto.RequestBodySubmitRequest, Requests: many[:3],
+			Notify: [][]byte{[]byte("a"), nil}}), ErrMalformed},
+		{"notify over 4 KiB", valid(Request{Kind: tcproto.RequestBodyTransferRequestBody, Requests: many[:1],
+			Notify: [][]byte{make([]byte, MaxNotify+1)}}), ErrLimit},
+		{"empty export name", valid(Request{Kind: tcproto.RequestBodyExportSegmentRequest, Rights: RightRead}), ErrMalformed},
+		{"long remote name", valid(Request{Kind: tcproto.RequestBodyOpenRemoteRequest, Name: make([]byte, 400), Rights: RightRead}), ErrLimit},
+		{"empty subscribe name", valid(Request{Kind: tcproto.RequestBodySubscribeRequest}), ErrMalformed},
 	}
 	var m Request
 	for _, c := range cases {
@@ -267,6 +306,12 @@ func FuzzDecodeResponse(f *testing.F) {
 		Codes: []Code{0, 1}, States: []tcproto.TaskState{3, 4}})[FrameHeader:]...))
 	f.Add(append([]byte(nil), EncodeResponse(b, &Response{Kind: tcproto.ResponseBodyStatsResponse,
 		Pool: []Counter{{"a", 1}}})[FrameHeader:]...))
+	f.Add(append([]byte(nil), EncodeResponse(b, &Response{Kind: tcproto.ResponseBodyPollNotificationsResponse,
+		Notifications: []Notification{{[]byte("kv"), []byte("n")}}})[FrameHeader:]...))
+	f.Add(append([]byte(nil), EncodeResponse(b, &Response{Kind: tcproto.ResponseBodyPeersResponse,
+		Peers: []PeerInfo{{ID: []byte("d2"), Addr: []byte("a:1")}}})[FrameHeader:]...))
+	f.Add(append([]byte(nil), EncodeResponse(b, &Response{Kind: tcproto.ResponseBodySegmentsResponse,
+		Segments: []SegmentInfo{{Name: []byte("kv"), Peer: []byte("d2")}}})[FrameHeader:]...))
 	f.Fuzz(func(t *testing.T, buf []byte) {
 		var m Response
 		if err := DecodeResponse(buf, DecodeLimits{}, &m); err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrLimit) {
