@@ -5,11 +5,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -21,7 +24,33 @@ type router struct{ tr xfer.Transport }
 
 func (r router) Route(_, _ xfer.Segment) (xfer.Transport, error) { return r.tr, nil }
 
-func startDaemon(t *testing.T) string {
+func startDaemon(t *testing.T) string { return startDaemonWith(t, nil) }
+
+// fakePlane is a peer plane with one peer whose segments open at once.
+type fakePlane struct{}
+
+type fakeRemote struct{ size uint64 }
+
+func (r fakeRemote) ID() xfer.SegmentID { return 1 }
+func (r fakeRemote) Kind() xfer.Kind    { return xfer.KindRemote }
+func (r fakeRemote) Size() uint64       { return r.size }
+func (r fakeRemote) Acquire() bool      { return true }
+func (r fakeRemote) Release()           {}
+func (r fakeRemote) Epoch() uint64      { return 0xabc }
+func (r fakeRemote) Close() error       { return nil }
+
+func (fakePlane) OpenRemote(peer, segment string, rights uint8) (control.RemoteSegment, error) {
+	return fakeRemote{size: 3 << 20}, nil
+}
+func (fakePlane) AttachNotify(xfer.Request, []byte, time.Time) error { return nil }
+func (fakePlane) DetachNotify(xfer.Request)                          {}
+func (fakePlane) Code(error) (control.Code, bool)                    { return 0, false }
+func (fakePlane) Peers() []control.PeerInfo {
+	return []control.PeerInfo{{ID: []byte("decode-1"), Addr: []byte("10.0.0.2:7400"), Epoch: 0xabc, Connected: true,
+		BytesIn: 10, BytesOut: 20, Errors: 1}}
+}
+
+func startDaemonWith(t *testing.T, peers control.PeerPlane) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "tcctl")
 	if err != nil {
@@ -38,7 +67,7 @@ func startDaemon(t *testing.T) string {
 	eng := xfer.NewEngine(xfer.Config{}, router{tr}, log)
 	sock := filepath.Join(dir, "d.sock")
 	srv, err := control.NewServer(control.Config{Socket: sock, DaemonID: "host-a", Version: "0.1"},
-		control.Deps{Engine: eng, Pool: pool, Registry: reg}, log)
+		control.Deps{Engine: eng, Pool: pool, Registry: reg, Peers: peers}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,5 +128,49 @@ func TestErrors(t *testing.T) {
 	sock := startDaemon(t)
 	if code, _, errs = tcctl(t, nil, "--socket", sock, "ping", "-n", "0"); code != 2 {
 		t.Fatalf("ping -n 0: %d %q", code, errs)
+	}
+}
+
+func TestPeersAndSegments(t *testing.T) {
+	sock := startDaemonWith(t, fakePlane{})
+	c, err := client.Dial(sock, client.Options{Name: "exporter"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf, err := c.RegisterBuffer(2 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ExportSegment("kvcache", buf.ID, 0, 0, client.RightRead|client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := c.OpenRemote("decode-1/kvpool", client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := tcctl(t, nil, "--socket", sock, "peers")
+	if code != 0 || !strings.Contains(out, "decode-1") || !strings.Contains(out, "10.0.0.2:7400") ||
+		!strings.Contains(out, "0xabc") || !strings.Contains(out, "true") {
+		t.Fatalf("peers: %d %q %q", code, out, errs)
+	}
+	code, out, errs = tcctl(t, nil, "--socket", sock, "segments")
+	if code != 0 || !strings.Contains(out, "kvcache") || !strings.Contains(out, "2MiB") || !strings.Contains(out, "rw") ||
+		strings.Contains(out, "kvpool") {
+		t.Fatalf("segments: %d %q %q", code, out, errs)
+	}
+	code, out, errs = tcctl(t, nil, "--socket", sock, "segments", "--remote")
+	if code != 0 || !strings.Contains(out, "decode-1") || !strings.Contains(out, "kvpool") || !strings.Contains(out, "3MiB") ||
+		!strings.Contains(out, strconv.FormatUint(uint64(rs.ID), 10)) || strings.Contains(out, "kvcache") {
+		t.Fatalf("segments --remote: %d %q %q", code, out, errs)
+	}
+	if code, _, _ = tcctl(t, nil, "--socket", sock, "segments", "extra"); code != 2 {
+		t.Fatalf("segments with an argument: exit %d", code)
+	}
+	// Without a peer plane, peers says what to configure.
+	plain := startDaemon(t)
+	code, _, errs = tcctl(t, nil, "--socket", plain, "peers")
+	if code != 1 || !strings.Contains(errs, "peer_listen") {
+		t.Fatalf("peers without a peer plane: %d %q", code, errs)
 	}
 }
