@@ -122,8 +122,8 @@ func TestLocalEngineVerifyCatchesCorruption(t *testing.T) {
 	}
 	defer eng.Close()
 	de := eng.(*daemonEngine)
-	toff, _ := de.piece(3*64<<10+100, 1)
-	de.c.PoolBytes()[toff] ^= 0xff
+	toff, _, _ := de.piece(3*64<<10+100, 1)
+	de.pool[toff] ^= 0xff
 	var stop atomicBool
 	err = w.run(&stop.b)
 	if err == nil || !strings.Contains(err.Error(), "verify") {

@@ -391,51 +391,54 @@ func (w *worker) run(stop *atomic.Bool) error {
 		if stopping && inflight == 0 {
 			break
 		}
-		// Submit a batch when one is free (or what is left of the budget).
-		if !stopping {
-			want := j.Batch
-			if len(w.free) >= want || inflight == 0 {
-				want = min(want, len(w.free))
-				w.ios = w.ios[:0]
-				for k := 0; k < want; k++ {
-					if measuring && sizeBound && budget == 0 {
-						break
-					}
-					var io IO
-					w.next(&io)
-					if measuring && sizeBound {
-						if io.Length > budget {
-							io.Length = budget
-						}
-						budget -= io.Length
-					}
-					io.Slot = w.free[len(w.free)-1]
-					w.free = w.free[:len(w.free)-1]
-					if io.Op == OpWrite && j.Verify != "" {
-						fillPattern(w.eng.Buffer(io.Slot)[:io.Length], j.RandSeed, io.Offset)
-					}
-					w.ios = append(w.ios, io)
+		// Submit batches while one is free (or what is left of the budget
+		// when nothing is in flight), so iodepth requests are in flight
+		// before the worker waits for completions.
+		for !stopping && len(w.free) > 0 && (len(w.free) >= j.Batch || inflight == 0) {
+			want := min(j.Batch, len(w.free))
+			w.ios = w.ios[:0]
+			for k := 0; k < want; k++ {
+				if measuring && sizeBound && budget == 0 {
+					break
 				}
-				if len(w.ios) > 0 {
-					t0 := w.now()
-					n, err := w.eng.Submit(w.ios)
-					t1 := w.now()
-					for k := 0; k < n; k++ {
-						s := w.ios[k].Slot
-						w.subAt[s], w.subEnd[s], w.ops[s] = t0, t1, w.ios[k]
+				var io IO
+				w.next(&io)
+				if measuring && sizeBound {
+					if io.Length > budget {
+						io.Length = budget
 					}
-					inflight += n
-					for k := n; k < len(w.ios); k++ {
-						w.free = append(w.free, w.ios[k].Slot)
-					}
-					if err != nil {
-						firstErr = fmt.Errorf("%w: submit: %w", ErrIO, err)
-						stopping = true
-					}
-					if measuring {
-						w.issued.Add(uint64(n))
-					}
+					budget -= io.Length
 				}
+				io.Slot = w.free[len(w.free)-1]
+				w.free = w.free[:len(w.free)-1]
+				if io.Op == OpWrite && j.Verify != "" {
+					fillPattern(w.eng.Buffer(io.Slot)[:io.Length], j.RandSeed, io.Offset)
+				}
+				w.ios = append(w.ios, io)
+			}
+			if len(w.ios) == 0 {
+				break
+			}
+			t0 := w.now()
+			n, err := w.eng.Submit(w.ios)
+			t1 := w.now()
+			for k := 0; k < n; k++ {
+				s := w.ios[k].Slot
+				w.subAt[s], w.subEnd[s], w.ops[s] = t0, t1, w.ios[k]
+			}
+			inflight += n
+			for k := n; k < len(w.ios); k++ {
+				w.free = append(w.free, w.ios[k].Slot)
+			}
+			if measuring {
+				w.issued.Add(uint64(n))
+			}
+			if err != nil {
+				firstErr = fmt.Errorf("%w: submit: %w", ErrIO, err)
+				stopping = true
+			}
+			if n < len(w.ios) {
+				break
 			}
 		}
 		if inflight == 0 {
