@@ -606,6 +606,9 @@ func (c *conn) stats() {
 		Counter{"blocks", uint64(c.blocks.len())},
 		Counter{"batches", uint64(len(c.batches))},
 		Counter{"idempotency_keys", uint64(len(c.idem.order))},
+		Counter{"exports", uint64(len(c.exports))},
+		Counter{"remotes", uint64(c.remoteCount())},
+		Counter{"notifications_queued", uint64(c.queuedNotes())},
 	)
 }
 

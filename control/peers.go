@@ -543,3 +543,15 @@ func (c *conn) taskCode(st xfer.State, err error) Code {
 	}
 	return codeForState(st, err)
 }
+
+func (c *conn) remoteCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.remotes)
+}
+
+func (c *conn) queuedNotes() int {
+	c.notes.mu.Lock()
+	defer c.notes.mu.Unlock()
+	return len(c.notes.q)
+}

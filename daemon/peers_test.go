@@ -256,6 +256,19 @@ func TestPeerPlaneThreeDaemons(t *testing.T) {
 	if sum.Completed != queue || sum.Failed != n-queue {
 		t.Fatalf("with a queue of %d: %+v, want %d completed and %d failed", queue, sum, queue, n-queue)
 	}
+	st, err := sub.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := -1
+	for _, c := range st.Connection {
+		if c.Name == "notifications_queued" {
+			queued = int(c.Value)
+		}
+	}
+	if queued != queue {
+		t.Fatalf("subscriber's stats say %d queued, want %d", queued, queue)
+	}
 	got := 0
 	for got < queue {
 		notes, err = sub.PollNotifications(notes[:0], 0, time.Second)
