@@ -22,7 +22,7 @@ import (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // writeKey writes a cluster key file readable by its owner only.
-func writeKey(t *testing.T, dir, name, key string) string {
+func writeKey(t testing.TB, dir, name, key string) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
 	if err := os.WriteFile(p, []byte(key+"\n"), 0o600); err != nil {
@@ -62,7 +62,13 @@ type peerDaemon struct {
 
 // startPeer runs a daemon with id on 127.0.0.1 (listen "" picks a port)
 // until stop or the end of the test.
-func startPeer(t *testing.T, id, key, listen string, peers ...PeerConfig) *peerDaemon {
+func startPeer(t testing.TB, id, key, listen string, peers ...PeerConfig) *peerDaemon {
+	t.Helper()
+	return startPeerWith(t, id, key, listen, nil, peers...)
+}
+
+// startPeerWith is startPeer with a last say on the config.
+func startPeerWith(t testing.TB, id, key, listen string, mut func(*Config), peers ...PeerConfig) *peerDaemon {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := testConfig(dir)
@@ -75,6 +81,9 @@ func startPeer(t *testing.T, id, key, listen string, peers ...PeerConfig) *peerD
 	cfg.ClusterKeyFile = key
 	cfg.PeerSliceSize = 64 << 10 // requests above 64 KiB are striped
 	cfg.Peers = peers
+	if mut != nil {
+		mut(&cfg)
+	}
 	p := &peerDaemon{cfg: cfg, log: &lockedBuffer{}, done: make(chan error, 1)}
 	log := slog.New(slog.NewTextHandler(p.log, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	d, err := New(cfg, log, env(nil))
@@ -103,7 +112,7 @@ func (p *peerDaemon) stop() error {
 
 func (p *peerDaemon) peer() PeerConfig { return PeerConfig{ID: p.cfg.DaemonID, Addr: p.d.PeerAddr()} }
 
-func (p *peerDaemon) dial(t *testing.T, name string) *client.Client {
+func (p *peerDaemon) dial(t testing.TB, name string) *client.Client {
 	t.Helper()
 	c, err := client.Dial(p.cfg.Socket, client.Options{Name: name, CallTimeout: 30 * time.Second})
 	if err != nil {
