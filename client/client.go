@@ -70,6 +70,8 @@ type Hello struct {
 	Version         string
 	ProtocolVersion uint32
 	Limits          control.LimitsInfo
+	// PeerAddr is where the daemon's peer plane listens; empty without one.
+	PeerAddr string
 }
 
 // PoolInfo describes the daemon's pool as mapped in this process.
@@ -176,7 +178,7 @@ func (c *Client) sayHello() error {
 		return err
 	}
 	c.hello = Hello{DaemonID: string(c.resp.DaemonID), Version: string(c.resp.Version),
-		ProtocolVersion: c.resp.ProtocolVersion, Limits: c.resp.Limits}
+		ProtocolVersion: c.resp.ProtocolVersion, Limits: c.resp.Limits, PeerAddr: string(c.resp.PeerAddr)}
 	return nil
 }
 

@@ -254,6 +254,9 @@ func DecodeResponse(buf []byte, lim DecodeLimits, m *Response) (err error) {
 		if m.Version, err = bytesField(&t, 8, lim.MaxString); err != nil {
 			return err
 		}
+		if m.PeerAddr, err = bytesField(&t, 12, lim.MaxString); err != nil {
+			return err
+		}
 		var l tcproto.Limits
 		if b.Limits(&l) != nil {
 			m.Limits = LimitsInfo{l.MaxFrame(), l.MaxBuffers(), l.MaxBlocks(), l.MaxBatches(),

@@ -91,6 +91,8 @@ func TestResponseRoundTrip(t *testing.T) {
 	cases := []Response{
 		{RequestID: 1, Kind: tcproto.ResponseBodyHelloResponse, ProtocolVersion: 1, DaemonID: []byte("d"), Version: []byte("v"),
 			Limits: LimitsInfo{1, 2, 3, 4, 5, 6, 7}},
+		{RequestID: 1, Kind: tcproto.ResponseBodyHelloResponse, ProtocolVersion: 1, DaemonID: []byte("d"), Version: []byte("v"),
+			Limits: LimitsInfo{1, 2, 3, 4, 5, 6, 7}, PeerAddr: []byte("127.0.0.1:7400")},
 		{RequestID: 2, Kind: tcproto.ResponseBodyPoolInfoResponse, Segment: 1, Size: 1 << 30, BlockClasses: []uint64{4096, 8192}},
 		{RequestID: 3, Kind: tcproto.ResponseBodyAllocBlocksResponse, Offsets: []uint64{0, 4096}},
 		{RequestID: 4, Kind: tcproto.ResponseBodySubmitResponse, Codes: []Code{tcproto.CodeOK, tcproto.CodeNOT_FOUND}},
@@ -141,6 +143,9 @@ func TestResponseRoundTrip(t *testing.T) {
 			}
 			if len(p.Message) == 0 {
 				p.Message = nil
+			}
+			if len(p.PeerAddr) == 0 {
+				p.PeerAddr = nil
 			}
 			if len(p.Notifications) == 0 {
 				p.Notifications = nil

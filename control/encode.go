@@ -269,6 +269,10 @@ func EncodeResponse(b *flatbuffers.Builder, m *Response) []byte {
 	case tcproto.ResponseBodyHelloResponse:
 		s1 = b.CreateByteString(m.DaemonID)
 		s2 = b.CreateByteString(m.Version)
+		var pa flatbuffers.UOffsetT
+		if len(m.PeerAddr) > 0 {
+			pa = b.CreateByteString(m.PeerAddr)
+		}
 		l := &m.Limits
 		tcproto.LimitsStart(b)
 		tcproto.LimitsAddMaxFrame(b, l.MaxFrame)
@@ -284,6 +288,9 @@ func EncodeResponse(b *flatbuffers.Builder, m *Response) []byte {
 		tcproto.HelloResponseAddDaemonId(b, s1)
 		tcproto.HelloResponseAddVersion(b, s2)
 		tcproto.HelloResponseAddLimits(b, lim)
+		if pa != 0 {
+			tcproto.HelloResponseAddPeerAddr(b, pa)
+		}
 		body = tcproto.HelloResponseEnd(b)
 	case tcproto.ResponseBodyPingResponse:
 		v1 = b.CreateByteVector(m.Payload)

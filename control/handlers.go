@@ -171,6 +171,7 @@ func (c *conn) hello() {
 	c.resp.ProtocolVersion = ProtocolVersion
 	c.resp.DaemonID = []byte(c.s.cfg.DaemonID)
 	c.resp.Version = []byte(c.s.cfg.Version)
+	c.resp.PeerAddr = []byte(c.s.cfg.PeerAddr)
 	c.resp.Limits = LimitsInfo{
 		MaxFrame: uint32(c.s.cfg.MaxFrame), MaxBuffers: uint32(l.MaxBuffers), MaxBlocks: uint32(l.MaxBlocks),
 		MaxBatches: uint32(l.MaxBatches), MaxBatchCapacity: uint32(l.MaxBatchCapacity),

@@ -41,6 +41,7 @@ type Config struct {
 	Limits      Limits
 	DaemonID    string // reported by Hello
 	Version     string // reported by Hello
+	PeerAddr    string // reported by Hello: where the peer plane listens, if any
 	// DefaultWait bounds Wait and Transfer calls that name no timeout and
 	// no context deadline (default 30s).
 	DefaultWait time.Duration

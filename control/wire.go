@@ -136,6 +136,7 @@ type Response struct {
 	DaemonID        []byte
 	Version         []byte
 	Limits          LimitsInfo
+	PeerAddr        []byte   // Hello: the peer plane's address, empty without one
 	Payload         []byte   // Ping
 	Segment         uint64   // RegisterBuffer, PoolInfo, RegisterFile
 	Size            uint64   // PoolInfo, RegisterFile

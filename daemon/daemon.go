@@ -88,6 +88,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		Limits:      control.Limits{MaxBufferSize: uint64(cfg.MaxBufferSize)},
 		DaemonID:    cfg.DaemonID,
 		Version:     Version,
+		PeerAddr:    d.PeerAddr(),
 	}
 	deps := control.Deps{Engine: d.engine, Pool: d.pool, Registry: d.reg}
 	if d.files != nil {

@@ -142,6 +142,9 @@ func TestPeerPlaneThreeDaemons(t *testing.T) {
 
 	const size = 4 << 20
 	a := d1.dial(t, "exporter")
+	if h := a.Hello(); h.PeerAddr == "" || h.PeerAddr != d1.d.PeerAddr() || h.DaemonID != "d1" {
+		t.Fatalf("hello: %+v, want peer address %s", h, d1.d.PeerAddr())
+	}
 	abuf, err := a.RegisterBuffer(size)
 	if err != nil {
 		t.Fatal(err)

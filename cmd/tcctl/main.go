@@ -121,6 +121,11 @@ func info(sock string, w io.Writer) error {
 	fmt.Fprintf(w, "daemon id:        %s\n", h.DaemonID)
 	fmt.Fprintf(w, "version:          %s\n", h.Version)
 	fmt.Fprintf(w, "protocol:         %d\n", h.ProtocolVersion)
+	if h.PeerAddr != "" {
+		fmt.Fprintf(w, "peer plane:       %s\n", h.PeerAddr)
+	} else {
+		fmt.Fprintf(w, "peer plane:       off\n")
+	}
 	fmt.Fprintf(w, "pool:             segment %d, %s\n", p.Segment, bytesStr(p.Size))
 	classes := make([]string, len(p.BlockClasses))
 	for i, c := range p.BlockClasses {

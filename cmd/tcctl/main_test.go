@@ -92,7 +92,8 @@ func tcctl(t *testing.T, env map[string]string, args ...string) (int, string, st
 func TestCommands(t *testing.T) {
 	sock := startDaemon(t)
 	code, out, errs := tcctl(t, nil, "--socket", sock, "info")
-	if code != 0 || !strings.Contains(out, "daemon id:        host-a") || !strings.Contains(out, "pool:             segment 1, 8MiB") {
+	if code != 0 || !strings.Contains(out, "daemon id:        host-a") || !strings.Contains(out, "pool:             segment 1, 8MiB") ||
+		!strings.Contains(out, "peer plane:       off") {
 		t.Fatalf("info: %d %q %q", code, out, errs)
 	}
 	code, out, errs = tcctl(t, map[string]string{"TENSORCAST_SOCKET": sock}, "stats")

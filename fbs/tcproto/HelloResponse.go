@@ -74,8 +74,16 @@ func (rcv *HelloResponse) Limits(obj *Limits) *Limits {
 	return nil
 }
 
+func (rcv *HelloResponse) PeerAddr() []byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(12))
+	if o != 0 {
+		return rcv._tab.ByteVector(o + rcv._tab.Pos)
+	}
+	return nil
+}
+
 func HelloResponseStart(builder *flatbuffers.Builder) {
-	builder.StartObject(4)
+	builder.StartObject(5)
 }
 func HelloResponseAddProtocolVersion(builder *flatbuffers.Builder, protocolVersion uint32) {
 	builder.PrependUint32Slot(0, protocolVersion, 0)
@@ -88,6 +96,9 @@ func HelloResponseAddVersion(builder *flatbuffers.Builder, version flatbuffers.U
 }
 func HelloResponseAddLimits(builder *flatbuffers.Builder, limits flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(3, flatbuffers.UOffsetT(limits), 0)
+}
+func HelloResponseAddPeerAddr(builder *flatbuffers.Builder, peerAddr flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(4, flatbuffers.UOffsetT(peerAddr), 0)
 }
 func HelloResponseEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()
