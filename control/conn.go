@@ -86,6 +86,10 @@ type conn struct {
 	batches map[BatchID]struct{}
 	idem    idemTable
 	exports []*export // what this connection exported
+	// lingering are unexported pool ranges a peer request still held
+	// when unexport gave up waiting; their blocks are not freed while it
+	// does.
+	lingering []*export
 }
 
 func newConn(s *Server, uc *net.UnixConn) (*conn, error) {

@@ -665,7 +665,13 @@ func (c *conn) release() {
 		}
 	}
 	p := c.s.deps.Pool
-	for _, off := range c.blocks.offs {
+	for i, off := range c.blocks.offs {
+		if c.exported(p.ID(), off, c.blocks.sizes[i]) {
+			// A peer request stalled inside it past ReleaseWait; handing
+			// the block to another client could let its bytes land there.
+			c.log.Error("leaving a pool block allocated: a peer request still holds it", "offset", off)
+			continue
+		}
 		if err := p.Free(off); err != nil {
 			c.log.Warn("freeing a pool block of a closed connection failed", "offset", off, "err", err)
 		}

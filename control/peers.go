@@ -245,18 +245,26 @@ func (c *conn) dropExport(i int) {
 	}
 	if !e.view.close(c.s.cfg.ReleaseWait) {
 		c.log.Warn("peer requests still in an unexported range", "name", e.name)
+		if e.source == c.s.deps.Pool.ID() {
+			c.lingering = append(c.lingering, e)
+		}
 	}
 	c.log.Info("segment unexported", "name", e.name)
 }
 
-// exported reports whether an export of c overlaps [off, off+n) of seg.
+// exported reports whether an export of c, or an unexported pool range a
+// peer request still holds, overlaps [off, off+n) of seg.
 func (c *conn) exported(seg xfer.SegmentID, off, n uint64) bool {
+	overlaps := func(e *export) bool {
+		return e.source == seg && off < e.view.off+e.view.size && e.view.off < off+n
+	}
 	for _, e := range c.exports {
-		if e.source == seg && off < e.view.off+e.view.size && e.view.off < off+n {
+		if overlaps(e) {
 			return true
 		}
 	}
-	return false
+	c.lingering = slices.DeleteFunc(c.lingering, func(e *export) bool { return e.view.refs.Load() == 0 })
+	return slices.ContainsFunc(c.lingering, overlaps)
 }
 
 // dropExportsOf unexports everything c exported from segment seg.

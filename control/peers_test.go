@@ -205,6 +205,22 @@ func TestExportsAndNotifications(t *testing.T) {
 	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeFAILED_PRECONDITION {
 		t.Fatalf("free of an exported block: %+v", r.Codes)
 	}
+	// A peer request that outlives unexport's wait keeps the block from
+	// being freed until it ends.
+	bv, err := e.srv.Lookup("blk")
+	if err != nil || !bv.Acquire() {
+		t.Fatalf("Lookup blk: %v", err)
+	}
+	expectCode(t, owner.call(&Request{Kind: tcproto.RequestBodyUnexportSegmentRequest, Name: []byte("blk")}), tcproto.CodeOK)
+	r = owner.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: []uint64{off}})
+	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeFAILED_PRECONDITION {
+		t.Fatalf("free of a block a peer request still holds: %+v", r.Codes)
+	}
+	bv.Release()
+	r = owner.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: []uint64{off}})
+	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeOK {
+		t.Fatalf("free once the peer request ended: %+v", r.Codes)
+	}
 	expectCode(t, export(owner, "kv2", seg, 0, 0, RightRead), tcproto.CodeOK)
 	expectCode(t, other.call(&Request{Kind: tcproto.RequestBodySubscribeRequest, Name: []byte("kv2")}), tcproto.CodeOK)
 	// Unregistering a buffer unexports what came from it.
@@ -212,10 +228,12 @@ func TestExportsAndNotifications(t *testing.T) {
 	if _, err := e.srv.Lookup("kv2"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Lookup after the buffer went: %v", err)
 	}
+	r = owner.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 16384})
+	expectCode(t, export(owner, "blk2", testPoolID, r.Offsets[0], 16384, RightWrite), tcproto.CodeOK)
 	owner.uc.Close()
 	other.uc.Close()
 	e.waitIdle()
-	if _, err := e.srv.Lookup("blk"); !errors.Is(err, ErrNotFound) {
+	if _, err := e.srv.Lookup("blk2"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Lookup after the owner closed: %v", err)
 	}
 }
