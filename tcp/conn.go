@@ -316,6 +316,8 @@ func (c *conn) handle(h *header, meta []byte) error {
 		return c.onWrite(h, meta)
 	case tNotify:
 		return c.onNotify(h, meta)
+	case tExchReq:
+		return c.onExchange(h, meta)
 	}
 	return fmt.Errorf("%w: unexpected frame %d from a client", ErrProtocol, h.typ)
 }
@@ -579,6 +581,8 @@ func (c *conn) handleResponse(h *header, meta []byte) error {
 		want = tOpenResp
 	case pkNotify:
 		want = tNotifyAck
+	case pkExchange:
+		want = tExchResp
 	}
 	if h.typ != want {
 		p.mu.Unlock()
@@ -604,6 +608,10 @@ func (c *conn) handleResponse(h *header, meta []byte) error {
 			return nil
 		}
 		pd.size = h.arg
+		pd.token = append([]byte(nil), meta...)
+		pd.finish(0, nil)
+	case tExchResp:
+		pd.status = h.status
 		pd.token = append([]byte(nil), meta...)
 		pd.finish(0, nil)
 	case tNotifyAck:

@@ -32,4 +32,10 @@ var (
 	ErrNotFound = errors.New("tcp: segment not found")
 	// ErrNotifyRejected: the target answered a notification negatively.
 	ErrNotifyRejected = errors.New("tcp: notification rejected by target")
+	// ErrNoHandler: the peer has no exchange handler for the kind asked
+	// for (the feature is off there, or it runs an older daemon).
+	ErrNoHandler = errors.New("tcp: peer has no handler for this exchange")
+	// ErrExchange: the peer's exchange handler failed; the wrapping error
+	// carries the reason the peer gave.
+	ErrExchange = errors.New("tcp: exchange failed on the peer")
 )

@@ -36,6 +36,8 @@ const (
 	tWriteResp                       // status; n = bytes written
 	tNotify                          // meta = u16 token length, token, payload
 	tNotifyAck                       // status
+	tExchReq                         // meta = kind (str8), request body
+	tExchResp                        // status; meta = response body, or the reason when failed
 	tMax
 )
 
@@ -118,10 +120,10 @@ func decodeHeader(b []byte, lim limits) (header, error) {
 	if h.typ == 0 || h.typ >= tMax {
 		return h, fmt.Errorf("%w: unknown type %d", ErrFrame, h.typ)
 	}
-	if h.metaLen > lim.maxMeta {
+	if h.metaLen > lim.maxMeta && h.typ != tExchReq && h.typ != tExchResp {
 		return h, fmt.Errorf("%w: metadata of %d bytes exceeds %d", ErrFrame, h.metaLen, lim.maxMeta)
 	}
-	response := h.typ == tOpenResp || h.typ == tReadResp || h.typ == tWriteResp || h.typ == tNotifyAck
+	response := h.typ == tOpenResp || h.typ == tReadResp || h.typ == tWriteResp || h.typ == tNotifyAck || h.typ == tExchResp
 	if !response && h.status != stOK {
 		return h, fmt.Errorf("%w: status on a %d frame", ErrFrame, h.typ)
 	}
@@ -153,7 +155,7 @@ func decodeHeader(b []byte, lim limits) (header, error) {
 		if h.metaLen != 0 {
 			return h, fmt.Errorf("%w: metadata on a response", ErrFrame)
 		}
-	case tHello, tHelloReply, tAuth, tNotify:
+	case tHello, tHelloReply, tAuth, tNotify, tExchReq:
 		if h.metaLen == 0 {
 			return h, fmt.Errorf("%w: frame %d without metadata", ErrFrame, h.typ)
 		}
@@ -348,6 +350,29 @@ func parseFrame(b []byte, lim limits) (header, error) {
 		if len(meta) > maxNameLen {
 			err = fmt.Errorf("%w: segment name of %d bytes", ErrFrame, len(meta))
 		}
+	case tExchReq:
+		_, _, err = decodeExchange(meta)
+	case tExchResp:
+		if len(meta) > MaxExchange {
+			err = fmt.Errorf("%w: exchange answer of %d bytes exceeds %d", ErrFrame, len(meta), MaxExchange)
+		}
 	}
 	return h, err
+}
+
+// decodeExchange splits an exchange request's metadata into its kind and
+// body.
+func decodeExchange(meta []byte) (kind string, body []byte, err error) {
+	r := reader{b: meta}
+	kind = r.str8(MaxExchangeKind)
+	if r.err != nil {
+		return "", nil, r.err
+	}
+	if kind == "" {
+		return "", nil, fmt.Errorf("%w: exchange without a kind", ErrFrame)
+	}
+	if len(r.b) > MaxExchange {
+		return "", nil, fmt.Errorf("%w: exchange body of %d bytes exceeds %d", ErrFrame, len(r.b), MaxExchange)
+	}
+	return kind, r.b, nil
 }

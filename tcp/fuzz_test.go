@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -47,6 +48,35 @@ func seedFrames() [][]byte {
 	return out
 }
 
+// exchangeSeedFrames are well-formed exchange frames and near misses.
+func exchangeSeedFrames() (good, bad [][]byte) {
+	frame := func(h header, meta []byte) []byte {
+		h.metaLen = uint16(len(meta))
+		b := make([]byte, hdrLen)
+		putHeader(b, &h)
+		return append(b, meta...)
+	}
+	req := append(appendStr8(nil, "rdma.connect"), "TCRQ\x01body"...)
+	good = [][]byte{
+		frame(header{typ: tExchReq, id: 5}, req),
+		frame(header{typ: tExchReq, id: 6}, append(appendStr8(nil, "k"), make([]byte, MaxExchange)...)),
+		frame(header{typ: tExchResp, id: 5}, []byte("answer")),
+		frame(header{typ: tExchResp, id: 5, status: stNotFound}, nil),
+		frame(header{typ: tExchResp, id: 6, status: stFailed}, []byte("busy")),
+	}
+	bad = [][]byte{
+		frame(header{typ: tExchReq, id: 5}, nil),                                                          // no kind
+		frame(header{typ: tExchReq, id: 5}, []byte{0, 'x'}),                                               // empty kind
+		frame(header{typ: tExchReq, id: 5}, []byte{10, 'a', 'b'}),                                         // kind truncated
+		frame(header{typ: tExchReq, id: 5}, append(appendStr8(nil, strings.Repeat("k", 65)), 'x')),        // kind too long
+		frame(header{typ: tExchReq, id: 5}, append(appendStr8(nil, "k"), make([]byte, MaxExchange+1)...)), // body too big
+		frame(header{typ: tExchReq, id: 5, status: stFailed}, req),                                        // status on a request
+		frame(header{typ: tExchResp, id: 5, status: stFailed + 1}, nil),                                   // unknown status
+		frame(header{typ: tExchResp, id: 5, n: 4}, nil),                                                   // length on an answer
+	}
+	return good, bad
+}
+
 func TestSeedFramesParse(t *testing.T) {
 	seeds := seedFrames()
 	for i, b := range seeds[:15] {
@@ -70,6 +100,13 @@ func TestSeedFramesParse(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		good, bad := exchangeSeedFrames()
+		for i, b := range append(good, bad...) {
+			body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b)
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("exchange-%02d", i)), []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }
 
@@ -77,6 +114,10 @@ func TestSeedFramesParse(t *testing.T) {
 // panic; a header that decodes re-encodes to the same bytes.
 func FuzzParseFrame(f *testing.F) {
 	for _, b := range seedFrames() {
+		f.Add(b)
+	}
+	good, bad := exchangeSeedFrames()
+	for _, b := range append(good, bad...) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -89,7 +130,7 @@ func FuzzParseFrame(f *testing.F) {
 		if !bytes.Equal(re[:], b[:hdrLen]) {
 			t.Fatalf("header %x re-encodes as %x", b[:hdrLen], re)
 		}
-		if h.metaLen > fuzzLimits.maxMeta || h.payloadLen() > fuzzLimits.maxPayload {
+		if (h.metaLen > fuzzLimits.maxMeta && h.typ != tExchReq && h.typ != tExchResp) || h.payloadLen() > fuzzLimits.maxPayload {
 			t.Fatalf("limits not enforced: %+v", h)
 		}
 	})

@@ -11,7 +11,8 @@
 // notification deadlines, handshake timeouts). Close stops them in this
 // order: refuse new work and wake waiters (done channel), stop the reaper,
 // stop the client (every dialed connection closes and fails what it
-// carried), stop the server engine, then wait until no task is outstanding.
+// carried), stop the server engine, wait for running exchange handlers
+// (see Handle), then wait until no task is outstanding.
 package tcp
 
 import (
@@ -166,6 +167,14 @@ type Node struct {
 	notifies    map[*xfer.Task]notifyReq
 	notifyCount atomic.Int32 // len(notifies), read without mu by Submit
 
+	// hmu guards handlers.
+	hmu      sync.RWMutex
+	handlers map[string]Handler
+	// exchSem bounds the exchange handlers running at once; exchWG counts
+	// them (each is a goroutine this node owns, joined by Close).
+	exchSem chan struct{}
+	exchWG  sync.WaitGroup
+
 	pendPool sync.Pool
 	taskPool sync.Pool
 }
@@ -303,6 +312,8 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		remotes:     make(map[*Remote]struct{}),
 		handshaking: make(map[*conn]struct{}),
 		notifies:    make(map[*xfer.Task]notifyReq),
+		handlers:    make(map[string]Handler),
+		exchSem:     make(chan struct{}, maxExchangeHandlers),
 	}
 	n.pendPool.New = func() any { p := new(pending); p.cb = p.writeDone; p.node = n; return p }
 	n.taskPool.New = func() any { return new(taskState) }
@@ -420,6 +431,8 @@ func (n *Node) Close() error {
 			n.log.Warn("stopping client loops", "err", err)
 		}
 		n.stopServer()
+		// The event loops are stopped, so no handler starts any more.
+		n.exchWG.Wait()
 		// Every connection is closed, so every request they carried has
 		// failed; what remains are Submit calls on their way out.
 		limit := time.Now().Add(n.cfg.HandshakeTimeout + n.cfg.RequestTimeout)

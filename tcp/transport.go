@@ -91,6 +91,7 @@ const (
 	pkWrite
 	pkOpen
 	pkNotify
+	pkExchange
 )
 
 // pending is one request on the wire, registered in its connection's
@@ -111,11 +112,12 @@ type pending struct {
 	refs     atomic.Int32
 	cb       gnet.AsyncCallback // pd.writeDone, bound once
 
-	// open requests
+	// open and exchange requests
 	doneCh chan struct{}
 	err    error
 	size   uint64
-	token  []byte
+	token  []byte // the token; for an exchange, the answer's body
+	status uint16 // exchange: the answer's status
 }
 
 func (pd *pending) isData() bool { return pd.kind == pkRead || pd.kind == pkWrite }
@@ -148,7 +150,7 @@ func (pd *pending) finish(moved uint64, err error) {
 		ts.part(moved, err)
 	case pkNotify:
 		pd.ts.complete(err)
-	case pkOpen:
+	case pkOpen, pkExchange:
 		pd.err = err
 		close(pd.doneCh)
 	}

@@ -1,0 +1,180 @@
+package tcp
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Limits of request/response exchanges on the peer channel.
+const (
+	// MaxExchange is the largest request or response body of an exchange.
+	// Kind and body travel in one frame's metadata (at most 64 KiB).
+	MaxExchange = 60 << 10
+	// MaxExchangeKind is the longest exchange kind.
+	MaxExchangeKind = 64
+	// maxExchangeHandlers bounds the handlers running at once on a node;
+	// a request beyond that is answered "busy".
+	maxExchangeHandlers = 16
+	// maxExchangeReason bounds the failure reason sent back to the peer.
+	maxExchangeReason = 256
+)
+
+// Handler serves one kind of exchange: it gets the authenticated peer's id
+// and epoch and the request body (owned by the handler) and returns the
+// response body (at most MaxExchange bytes). An error is answered to the
+// peer as ErrExchange with the error's text (cut to 256 bytes).
+//
+// Each request runs on its own goroutine, owned by the node: at most 16
+// run at once (more are answered "busy"), and Close waits for the running
+// ones, so a handler must finish in bounded time.
+type Handler func(from string, epoch uint64, req []byte) ([]byte, error)
+
+// Handle registers h for exchanges of kind (1..64 bytes); a nil h removes
+// the handler. Requests of a kind without a handler are answered with
+// ErrNoHandler.
+func (n *Node) Handle(kind string, h Handler) error {
+	if kind == "" || len(kind) > MaxExchangeKind {
+		return fmt.Errorf("%w: exchange kind of %d bytes (want 1..%d)", xfer.ErrInvalid, len(kind), MaxExchangeKind)
+	}
+	n.hmu.Lock()
+	defer n.hmu.Unlock()
+	if h == nil {
+		delete(n.handlers, kind)
+	} else {
+		n.handlers[kind] = h
+	}
+	return nil
+}
+
+func (n *Node) handler(kind string) Handler {
+	n.hmu.RLock()
+	defer n.hmu.RUnlock()
+	return n.handlers[kind]
+}
+
+// Exchange sends req to peer's handler of kind over the authenticated
+// peer channel (dialing it when there is no session) and returns its
+// response. It waits at most timeout (0 or more than the node's
+// RequestTimeout means RequestTimeout). Errors: xfer.ErrInvalid for a bad
+// kind or a body over MaxExchange, ErrUnknownPeer, ErrNoHandler,
+// ErrExchange (the handler failed, with its reason), xfer.ErrTimeout,
+// ErrConnLost, xfer.ErrClosed.
+func (n *Node) Exchange(peerID, kind string, req []byte, timeout time.Duration) ([]byte, error) {
+	if n.closed.Load() {
+		return nil, xfer.ErrClosed
+	}
+	if kind == "" || len(kind) > MaxExchangeKind || len(req) > MaxExchange {
+		return nil, fmt.Errorf("%w: exchange %q of %d bytes (kind 1..%d bytes, body at most %d)",
+			xfer.ErrInvalid, kind, len(req), MaxExchangeKind, MaxExchange)
+	}
+	if peerID == n.cfg.DaemonID {
+		return nil, fmt.Errorf("%w: %q is this daemon", xfer.ErrInvalid, peerID)
+	}
+	if timeout <= 0 || timeout > n.cfg.RequestTimeout {
+		timeout = n.cfg.RequestTimeout
+	}
+	p, err := n.peerFor(peerID)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.ensureSession(p); err != nil {
+		return nil, err
+	}
+	meta := make([]byte, 0, 1+len(kind)+len(req))
+	meta = append(appendStr8(meta, kind), req...)
+	pd := &pending{node: n, kind: pkExchange, doneCh: make(chan struct{})}
+	pd.cb = pd.writeDone
+	pd.refs.Store(2)
+	c, err := n.register(p, pd, 0, false)
+	if err != nil {
+		return nil, err
+	}
+	putHeader(pd.hdr[:], &header{typ: tExchReq, id: pd.id, metaLen: uint16(len(meta))})
+	pd.bufs[0], pd.bufs[1] = pd.hdr[:], meta
+	c.send(pd, 2)
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-pd.doneCh:
+	case <-timer.C:
+		p.mu.Lock()
+		if c.reqs[pd.id] == pd {
+			c.takeLocked(pd)
+			// A late answer is dropped, not taken for a protocol error.
+			if len(c.timedOut) < 4096 {
+				if c.timedOut == nil {
+					c.timedOut = make(map[uint64]struct{})
+				}
+				c.timedOut[pd.id] = struct{}{}
+			}
+			p.mu.Unlock()
+			return nil, fmt.Errorf("%w: exchange %q with %s: no answer within %v", xfer.ErrTimeout, kind, peerID, timeout)
+		}
+		p.mu.Unlock()
+		<-pd.doneCh
+	}
+	if pd.err != nil {
+		return nil, fmt.Errorf("exchange %q with %s: %w", kind, peerID, pd.err)
+	}
+	switch pd.status {
+	case stOK:
+		return pd.token, nil
+	case stNotFound:
+		return nil, fmt.Errorf("%w: %q on %s", ErrNoHandler, kind, peerID)
+	case stInvalid:
+		return nil, fmt.Errorf("%w: exchange %q refused by %s: %s", xfer.ErrInvalid, kind, peerID, pd.token)
+	}
+	return nil, fmt.Errorf("%w: %q on %s: %s", ErrExchange, kind, peerID, pd.token)
+}
+
+// onExchange serves an exchange request: the handler runs on a goroutine
+// of its own, and the answer goes back through the event loop.
+func (c *conn) onExchange(h *header, meta []byte) error {
+	kind, body, err := decodeExchange(meta)
+	if err != nil {
+		return err
+	}
+	n := c.n
+	hf := n.handler(kind)
+	if hf == nil {
+		c.refusedRequest("exchange "+kind, ErrNoHandler)
+		c.writeFrame(&header{typ: tExchResp, id: h.id, status: stNotFound}, nil)
+		return nil
+	}
+	select {
+	case n.exchSem <- struct{}{}:
+	default:
+		reason := []byte("busy: too many exchanges in progress")
+		c.writeFrame(&header{typ: tExchResp, id: h.id, status: stFailed, metaLen: uint16(len(reason))}, reason)
+		return nil
+	}
+	req := append([]byte(nil), body...)
+	from, epoch, id := c.peer.id, c.epoch, h.id
+	n.exchWG.Add(1)
+	go func() {
+		defer n.exchWG.Done()
+		defer func() { <-n.exchSem }()
+		resp, err := hf(from, epoch, req)
+		out := header{typ: tExchResp, id: id}
+		switch {
+		case err != nil:
+			n.log.Warn("exchange handler failed", "peer", from, "kind", kind, "err", err)
+			out.status, resp = stFailed, []byte(err.Error())
+			if len(resp) > maxExchangeReason {
+				resp = resp[:maxExchangeReason]
+			}
+		case len(resp) > MaxExchange:
+			n.log.Error("exchange handler answered too much", "peer", from, "kind", kind, "bytes", len(resp), "max", MaxExchange)
+			out.status, resp = stFailed, []byte("response too large")
+		}
+		out.metaLen = uint16(len(resp))
+		hdr := make([]byte, hdrLen)
+		putHeader(hdr, &out)
+		// A connection that closed meanwhile takes the answer with it; the
+		// requester sees ErrConnLost.
+		_ = c.g.AsyncWritev([][]byte{hdr, resp}, nil)
+	}()
+	return nil
+}

@@ -1,0 +1,177 @@
+package tcp
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+func TestExchange(t *testing.T) {
+	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
+	a, b := nodes[0], nodes[1]
+	var calls atomic.Int64
+	// echo answers with the caller's identity and the request reversed.
+	echo := func(from string, epoch uint64, req []byte) ([]byte, error) {
+		calls.Add(1)
+		out := []byte(fmt.Sprintf("%s/%x:", from, epoch))
+		for i := len(req) - 1; i >= 0; i-- {
+			out = append(out, req[i])
+		}
+		return out, nil
+	}
+	if err := b.Handle("echo", echo); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Handle("fail", func(string, uint64, []byte) ([]byte, error) {
+		return nil, errors.New("queue pair 3 is not there")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Handle("big", func(string, uint64, []byte) ([]byte, error) {
+		return make([]byte, MaxExchange+1), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	if err := b.Handle("slow", func(string, uint64, []byte) ([]byte, error) {
+		<-release
+		return []byte("late"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	resp, err := a.Exchange("bravo", "echo", []byte("abc"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("alpha/%x:cba", a.Epoch()); string(resp) != want {
+		t.Fatalf("echo = %q, want %q", resp, want)
+	}
+
+	// The largest body goes both ways.
+	big := bytes.Repeat([]byte("0123456789abcdef"), MaxExchange/16)
+	big = big[:MaxExchange-len(fmt.Sprintf("alpha/%x:", a.Epoch()))]
+	resp, err = a.Exchange("bravo", "echo", big, time.Second)
+	if err != nil {
+		t.Fatalf("echo of %d bytes: %v", len(big), err)
+	}
+	if len(resp) != MaxExchange || resp[len(resp)-1] != big[0] {
+		t.Fatalf("echo of %d bytes answered %d bytes", len(big), len(resp))
+	}
+
+	if _, err := a.Exchange("bravo", "echo", make([]byte, MaxExchange+1), time.Second); !errors.Is(err, xfer.ErrInvalid) {
+		t.Fatalf("oversized request: %v, want ErrInvalid", err)
+	}
+	for _, kind := range []string{"", strings.Repeat("k", MaxExchangeKind+1)} {
+		if _, err := a.Exchange("bravo", kind, nil, time.Second); !errors.Is(err, xfer.ErrInvalid) {
+			t.Fatalf("kind %q: %v, want ErrInvalid", kind, err)
+		}
+		if err := a.Handle(kind, echo); !errors.Is(err, xfer.ErrInvalid) {
+			t.Fatalf("Handle(%q): %v, want ErrInvalid", kind, err)
+		}
+	}
+	if _, err := a.Exchange("nobody", "echo", nil, time.Second); !errors.Is(err, ErrUnknownPeer) {
+		t.Fatalf("unknown peer: %v", err)
+	}
+	if _, err := a.Exchange("alpha", "echo", nil, time.Second); !errors.Is(err, xfer.ErrInvalid) {
+		t.Fatalf("exchange with self: %v", err)
+	}
+	if _, err := a.Exchange("bravo", "rdma", nil, time.Second); !errors.Is(err, ErrNoHandler) {
+		t.Fatalf("no handler: %v, want ErrNoHandler", err)
+	}
+	_, err = a.Exchange("bravo", "fail", nil, time.Second)
+	if !errors.Is(err, ErrExchange) || !strings.Contains(err.Error(), "queue pair 3 is not there") {
+		t.Fatalf("failing handler: %v, want ErrExchange with the reason", err)
+	}
+	if _, err := a.Exchange("bravo", "big", nil, time.Second); !errors.Is(err, ErrExchange) {
+		t.Fatalf("oversized answer: %v, want ErrExchange", err)
+	}
+	b.logs.waitContains(t, "exchange handler answered too much")
+
+	// A timed-out exchange leaves the session usable: its late answer is
+	// dropped, not taken for a protocol violation.
+	start := time.Now()
+	if _, err := a.Exchange("bravo", "slow", nil, 100*time.Millisecond); !errors.Is(err, xfer.ErrTimeout) {
+		t.Fatalf("slow handler: %v, want ErrTimeout", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("timeout of 100ms took %v", d)
+	}
+	close(release)
+	time.Sleep(50 * time.Millisecond)
+	before := calls.Load()
+	if _, err := a.Exchange("bravo", "echo", []byte("x"), time.Second); err != nil {
+		t.Fatalf("exchange after a timeout: %v", err)
+	}
+	if calls.Load() != before+1 {
+		t.Fatalf("handler calls %d → %d", before, calls.Load())
+	}
+	if strings.Contains(a.logs.String(), "dropping peer connection") {
+		t.Fatalf("a late answer dropped the connection:\n%s", a.logs.String())
+	}
+
+	// Removing the handler turns it off.
+	if err := b.Handle("echo", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Exchange("bravo", "echo", nil, time.Second); !errors.Is(err, ErrNoHandler) {
+		t.Fatalf("removed handler: %v, want ErrNoHandler", err)
+	}
+}
+
+// TestExchangeCloseWaitsForHandlers: Close returns only after the running
+// handlers did, and the requester sees its exchange fail, not hang.
+func TestExchangeCloseWaitsForHandlers(t *testing.T) {
+	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 1})
+	a, b := nodes[0], nodes[1]
+	entered := make(chan struct{})
+	var finished atomic.Bool
+	if err := b.Handle("hold", func(string, uint64, []byte) ([]byte, error) {
+		close(entered)
+		time.Sleep(200 * time.Millisecond)
+		finished.Store(true)
+		return []byte("ok"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := a.Exchange("bravo", "hold", nil, 5*time.Second)
+		errc <- err
+	}()
+	<-entered
+	b.Close()
+	if !finished.Load() {
+		t.Fatal("Close returned while a handler was running")
+	}
+	select {
+	case err := <-errc:
+		// The answer may have made it out before the connection closed.
+		if err != nil && !errors.Is(err, ErrConnLost) {
+			t.Fatalf("exchange with a closing peer: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("exchange with a closed peer did not end")
+	}
+}
+
+// TestExchangeFrames: exchange frames parse, and their near misses fail.
+func TestExchangeFrames(t *testing.T) {
+	good, bad := exchangeSeedFrames()
+	for i, b := range good {
+		if _, err := parseFrame(b, fuzzLimits); err != nil {
+			t.Errorf("exchange seed %d: %v", i, err)
+		}
+	}
+	for i, b := range bad {
+		if _, err := parseFrame(b, fuzzLimits); err == nil {
+			t.Errorf("exchange near miss %d parsed", i)
+		}
+	}
+}
