@@ -20,6 +20,9 @@ type keyTable struct {
 	shift uint // log2 of the chunk size
 	lkeys []uint32
 	rkeys []uint32
+	// base and limit, when limit is not zero, make the table a window:
+	// offsets [0, limit) address [base, base+limit) of the range.
+	base, limit uint64
 }
 
 func newKeyTable(addr, size, chunk uint64) (keyTable, error) {
@@ -54,6 +57,12 @@ func (t *keyTable) chunkRange(i int) (off, n uint64) {
 // caller continues at off+span). ok is false when the range is not inside
 // the table.
 func (t *keyTable) lookup(off, n uint64) (addr uint64, lkey, rkey uint32, span uint64, ok bool) {
+	if t.limit != 0 {
+		if n == 0 || off >= t.limit || n > t.limit-off {
+			return 0, 0, 0, 0, false
+		}
+		off += t.base
+	}
 	if n == 0 || off >= t.size || n > t.size-off {
 		return 0, 0, 0, 0, false
 	}

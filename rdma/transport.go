@@ -343,6 +343,37 @@ func (t *Transport) AddRemote(id xfer.SegmentID, r RemoteRegion) error {
 	return nil
 }
 
+// AddRemoteRange makes [off, off+n) of a peer's region usable as the
+// target of requests naming segment id, at target offsets 0..n (a segment
+// the peer exported from inside a larger registration).
+func (t *Transport) AddRemoteRange(id xfer.SegmentID, r RemoteRegion, off, n uint64) error {
+	kt, err := r.table()
+	if err != nil {
+		return err
+	}
+	if n == 0 || off >= kt.size || n > kt.size-off {
+		return fmt.Errorf("%w: range %d+%d outside a region of %d bytes", ErrNotRegistered, off, n, kt.size)
+	}
+	kt.base, kt.limit = off, n
+	t.swapTable(&t.remotes, id, &kt)
+	return nil
+}
+
+// RemoveRemote forgets segment id as a target; later requests naming it
+// fail with ErrNotRegistered.
+func (t *Transport) RemoveRemote(id xfer.SegmentID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := *t.remotes.Load()
+	m := make(map[xfer.SegmentID]*keyTable, len(old))
+	for k, v := range old {
+		if k != id {
+			m[k] = v
+		}
+	}
+	t.remotes.Store(&m)
+}
+
 func (t *Transport) swapTable(p *atomic.Pointer[map[xfer.SegmentID]*keyTable], id xfer.SegmentID, kt *keyTable) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -438,7 +469,7 @@ func (t *Transport) bringUp(q *queuePair, exchange func(ConnInfo) (ConnInfo, err
 	}
 	if err != nil {
 		t.setState(q, qpDown)
-		return fmt.Errorf("%w: exchange for qp %d: %v", ErrConnect, q.idx, err)
+		return fmt.Errorf("%w: exchange for qp %d: %w", ErrConnect, q.idx, err)
 	}
 	if err := q.v.connect(&local, &remote); err != nil {
 		t.setState(q, qpDown)
