@@ -8,8 +8,12 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 var (
@@ -142,7 +146,7 @@ func TestUringEngineAgainstDaemon(t *testing.T) {
 	}
 	f := filepath.Join(dir, "u.dat")
 	jobs := mustJobs(t, "--engine=uring", "--filename="+f, "--direct=1", "--verify=crc32c", "--size=8m",
-		"--name=u-randread", "--rw=randread", "--bs=4k", "--iodepth=16", "--batch=4",
+		"--name=u-randread", "--rw=randread", "--bs=4k", "--iodepth=16", "--batch=4", "--numjobs=2",
 		"--name=u-write", "--rw=write", "--bs=1m", "--iodepth=4", "--batch=4", "--stonewall",
 		"--name=u-randrw", "--rw=randrw", "--bs=64k", "--iodepth=8", "--batch=2", "--stonewall")
 	d := spawnForTest(t, jobs)
@@ -171,5 +175,110 @@ func TestUringFileNotAllowed(t *testing.T) {
 	}
 	if _, serr := os.Stat(f); serr == nil {
 		t.Error("the daemon created a file where it was not allowed")
+	}
+}
+
+// countingLane wraps a lane's connection and records how many Transfers
+// were in flight at once across lanes.
+type countingLane struct {
+	t              transferer
+	active, maxSet *atomic.Int32
+}
+
+func (c countingLane) Transfer(reqs []xfer.Request, timeout time.Duration, results []error, opts ...client.CallOption) (client.Summary, error) {
+	a := c.active.Add(1)
+	defer c.active.Add(-1)
+	for {
+		m := c.maxSet.Load()
+		if a <= m || c.maxSet.CompareAndSwap(m, a) {
+			break
+		}
+	}
+	return c.t.Transfer(reqs, timeout, results, opts...)
+}
+
+// TestUringEngineDepthThroughDaemon: iodepth 32 in batches of 8 opens four
+// connections to a spawned tensorcastd, the daemon counts them, more than
+// one batch is in flight at once, and closing the engine closes them all.
+func TestUringEngineDepthThroughDaemon(t *testing.T) {
+	dir, err := os.MkdirTemp("/var/tmp", "tcbench-uring-")
+	if err != nil {
+		dir = t.TempDir()
+	} else {
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	jobs := mustJobs(t, "--name=depth", "--engine=uring", "--filename="+filepath.Join(dir, "d.dat"), "--direct=1",
+		"--size=4m", "--rw=randread", "--bs=4k", "--iodepth=32", "--batch=8")
+	d := spawnForTest(t, jobs)
+	admin, err := client.Dial(d.Socket, client.Options{Name: "tcbench-test", NoPool: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	eng, err := NewEngine(&Env{Socket: d.Socket}, jobs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(jobs[0], 0, eng)
+	if err := w.open(); err != nil {
+		eng.Close()
+		t.Fatal(err)
+	}
+	st, err := admin.Stats()
+	if err != nil {
+		eng.Close()
+		t.Fatal(err)
+	}
+	if st.Connections != 4+1 {
+		t.Errorf("daemon counts %d connections with the engine open, want 4 lanes + this one", st.Connections)
+	}
+	de := eng.(*daemonEngine)
+	var active, most atomic.Int32
+	for _, l := range de.lanes {
+		l.t = countingLane{t: l.t, active: &active, maxSet: &most}
+	}
+	ios := make([]IO, 8)
+	out := make([]Completion, 32)
+	for round := 0; round < 50 && most.Load() < 2; round++ {
+		for b := 0; b < 4; b++ {
+			for k := range ios {
+				s := b*8 + k
+				ios[k] = IO{Op: OpRead, Slot: s, Offset: uint64(s*7%1024) * 4096, Length: 4096}
+			}
+			if n, err := eng.Submit(ios); n != 8 || err != nil {
+				eng.Close()
+				t.Fatalf("submit: n=%d err=%v", n, err)
+			}
+		}
+		if n, err := eng.Reap(32, out); n != 32 || err != nil {
+			eng.Close()
+			t.Fatalf("reap: n=%d err=%v", n, err)
+		}
+		for _, c := range out {
+			if c.Err != nil || c.N != 4096 {
+				eng.Close()
+				t.Fatalf("completion %+v", c)
+			}
+		}
+	}
+	if most.Load() < 2 {
+		t.Errorf("at most %d Transfer in flight at once through the daemon; want several", most.Load())
+	}
+	if err := eng.Close(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := admin.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Connections == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon still counts %d connections after Close, want 1", st.Connections)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
