@@ -288,7 +288,8 @@ func (c *Client) Stats(opts ...CallOption) (Stats, error) {
 	}
 	r := &c.resp
 	return Stats{Pool: append(r.Pool[:0:0], r.Pool...), Engine: append(r.Engine[:0:0], r.Engine...),
-		Connection: append(r.Conn[:0:0], r.Conn...), Connections: int(r.Connections)}, nil
+		Connection: append(r.Conn[:0:0], r.Conn...), Transports: append(r.Transports[:0:0], r.Transports...),
+		Connections: int(r.Connections)}, nil
 }
 
 func millis(d time.Duration) uint32 {

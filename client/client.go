@@ -103,6 +103,7 @@ type Stats struct {
 	Pool        []control.Counter
 	Engine      []control.Counter
 	Connection  []control.Counter // this connection's holdings
+	Transports  []control.Counter // transports' features and counters
 	Connections int
 }
 
@@ -291,6 +292,13 @@ func (c *Client) roundTrip(want tcproto.ResponseBody, sendFD int, recvFD *int) e
 		_, err = c.uc.Write(frame)
 	}
 	if err != nil {
+		// The daemon may have refused the connection (a disallowed peer)
+		// and closed it before this frame went out: its refusal is already
+		// waiting to be read and says more than EPIPE.
+		c.uc.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if rerr := c.readResponse(nil); rerr == nil && c.resp.RequestID == 0 && c.resp.Status != tcproto.CodeOK {
+			return c.fail(&StatusError{Code: c.resp.Status, Message: string(c.resp.Message)})
+		}
 		return c.fail(fmt.Errorf("tensorcast: sending to %s: %w", c.socket, err))
 	}
 	if err := c.readResponse(recvFD); err != nil {

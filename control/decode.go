@@ -228,7 +228,7 @@ func DecodeResponse(buf []byte, lim DecodeLimits, m *Response) (err error) {
 	r.Init(buf, root)
 	rt := r.Table()
 	*m = Response{Offsets: m.Offsets[:0], Codes: m.Codes[:0], States: m.States[:0], BlockClasses: m.BlockClasses[:0],
-		Pool: m.Pool[:0], Engine: m.Engine[:0], Conn: m.Conn[:0], Notifications: m.Notifications[:0],
+		Pool: m.Pool[:0], Engine: m.Engine[:0], Conn: m.Conn[:0], Transports: m.Transports[:0], Notifications: m.Notifications[:0],
 		Peers: m.Peers[:0], Segments: m.Segments[:0]}
 	m.Status = r.Status()
 	m.RequestID = r.RequestId()
@@ -345,7 +345,10 @@ func DecodeResponse(buf []byte, lim DecodeLimits, m *Response) (err error) {
 		if m.Engine, err = decodeCounters(&t, 6, lim, m.Engine, b.Engine); err != nil {
 			return err
 		}
-		m.Conn, err = decodeCounters(&t, 10, lim, m.Conn, b.Connection)
+		if m.Conn, err = decodeCounters(&t, 10, lim, m.Conn, b.Connection); err != nil {
+			return err
+		}
+		m.Transports, err = decodeCounters(&t, 12, lim, m.Transports, b.Transports)
 	case tcproto.ResponseBodyRegisterFileResponse:
 		var b tcproto.RegisterFileResponse
 		b.Init(t.Bytes, t.Pos)

@@ -100,7 +100,7 @@ func TestResponseRoundTrip(t *testing.T) {
 		{RequestID: 6, Kind: tcproto.ResponseBodyTransferResponse, Codes: []Code{0, 8},
 			States: []tcproto.TaskState{tcproto.TaskStateCOMPLETED, tcproto.TaskStateTIMEOUT}, Summary: sum},
 		{RequestID: 7, Kind: tcproto.ResponseBodyStatsResponse, Pool: []Counter{{"used", 5}}, Engine: []Counter{{"bytes", 9}},
-			Conn: []Counter{{"blocks", 2}}, Connections: 3},
+			Conn: []Counter{{"blocks", 2}}, Transports: []Counter{{"uring.ring0.entries", 256}}, Connections: 3},
 		{RequestID: 8, Status: tcproto.CodeBUSY, Message: []byte("busy")},
 		{RequestID: 9, Kind: tcproto.ResponseBodyOpenRemoteResponse, Segment: 14, Size: 1 << 30, Epoch: 0xfeed},
 		{RequestID: 10, Kind: tcproto.ResponseBodyExportSegmentResponse, Size: 4096},
@@ -140,6 +140,9 @@ func TestResponseRoundTrip(t *testing.T) {
 			}
 			if len(p.Conn) == 0 {
 				p.Conn = nil
+			}
+			if len(p.Transports) == 0 {
+				p.Transports = nil
 			}
 			if len(p.Message) == 0 {
 				p.Message = nil

@@ -99,4 +99,7 @@ type Deps struct {
 	MapBuffer  MapBufferFunc
 	FileOpener FileOpener
 	Peers      PeerPlane
+	// TransportStats appends the transports' features and counters (ring
+	// depths, flags in use) to dst for Stats; optional.
+	TransportStats func(dst []Counter) []Counter
 }

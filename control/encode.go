@@ -359,7 +359,11 @@ func EncodeResponse(b *flatbuffers.Builder, m *Response) []byte {
 		v1 = counterVector(b, m.Pool)
 		v2 = counterVector(b, m.Engine)
 		v3 = counterVector(b, m.Conn)
+		v4 := counterVector(b, m.Transports)
 		tcproto.StatsResponseStart(b)
+		if v4 != 0 {
+			tcproto.StatsResponseAddTransports(b, v4)
+		}
 		if v1 != 0 {
 			tcproto.StatsResponseAddPool(b, v1)
 		}

@@ -602,6 +602,10 @@ func (c *conn) stats() {
 	c.resp.Pool = statsCounters(c.s.deps.Pool, c.resp.Pool[:0])
 	c.resp.Engine = statsCounters(c.s.deps.Engine, c.resp.Engine[:0])
 	c.resp.Connections = uint32(c.s.Connections())
+	c.resp.Transports = c.resp.Transports[:0]
+	if f := c.s.deps.TransportStats; f != nil {
+		c.resp.Transports = f(c.resp.Transports)
+	}
 	c.resp.Conn = append(c.resp.Conn[:0],
 		Counter{"segments", uint64(c.segments())},
 		Counter{"blocks", uint64(c.blocks.len())},

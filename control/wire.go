@@ -150,6 +150,7 @@ type Response struct {
 	Pool            []Counter
 	Engine          []Counter
 	Conn            []Counter
+	Transports      []Counter
 	Connections     uint32
 	Epoch           uint64 // OpenRemote
 	Notifications   []Notification

@@ -95,6 +95,22 @@ func TestPoolFileRoundTrip(t *testing.T) {
 		t.Fatalf("misaligned request not failed alone: %+v", sum)
 	}
 
+	// Stats shows the ring features in use and each ring's queue depth.
+	st, err := c.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint64{}
+	for _, ct := range st.Transports {
+		got[ct.Name] = ct.Value
+	}
+	if got["uring.ring0.entries"] == 0 || got["uring.ring0.completed"] < 3 || got["uring.ring0.in_flight"] != 0 {
+		t.Fatalf("ring counters missing or wrong in Stats: %v", got)
+	}
+	if _, ok := got["uring.single_issuer"]; !ok {
+		t.Fatalf("ring features missing in Stats: %v", got)
+	}
+
 	if _, _, err := c.RegisterFile("/etc/passwd", false, 0); !errors.Is(err, client.ErrPermissionDenied) {
 		t.Fatalf("RegisterFile outside the allowed directories: %v, want PERMISSION_DENIED", err)
 	}

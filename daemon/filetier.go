@@ -3,6 +3,7 @@ package daemon
 import (
 	"log/slog"
 	"os"
+	"strconv"
 
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/shm"
@@ -54,6 +55,39 @@ func (f *fileTier) OpenFile(id xfer.SegmentID, path string, direct bool, size ui
 }
 
 func (f *fileTier) transport() xfer.Transport { return f.t }
+
+// counters reports the ring features in use and each ring's queue depth
+// and counters, for `tcctl stats`.
+func (f *fileTier) counters(dst []control.Counter) []control.Counter {
+	flag := func(b bool) uint64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	ft := f.t.Features()
+	dst = append(dst,
+		control.Counter{Name: "uring.single_issuer", Value: flag(ft.SingleIssuer)},
+		control.Counter{Name: "uring.defer_taskrun", Value: flag(ft.DeferTaskrun)},
+		control.Counter{Name: "uring.coop_taskrun", Value: flag(ft.CoopTaskrun)},
+		control.Counter{Name: "uring.sqpoll", Value: flag(ft.SQPoll)},
+		control.Counter{Name: "uring.fixed_buffers", Value: flag(ft.FixedBuffers)},
+		control.Counter{Name: "uring.fixed_files", Value: flag(ft.FixedFiles)},
+	)
+	for i, r := range f.t.Stats() {
+		p := "uring.ring" + strconv.Itoa(i) + "."
+		dst = append(dst,
+			control.Counter{Name: p + "entries", Value: uint64(r.Entries)},
+			control.Counter{Name: p + "in_flight", Value: uint64(r.InFlight)},
+			control.Counter{Name: p + "submitted", Value: r.Submitted},
+			control.Counter{Name: p + "completed", Value: r.Completed},
+			control.Counter{Name: p + "failed", Value: r.Failed},
+			control.Counter{Name: p + "resubmits", Value: r.Resubmits},
+			control.Counter{Name: p + "fixed", Value: r.Fixed},
+		)
+	}
+	return dst
+}
 
 // Close stops the transport; in-flight I/O is canceled or drained.
 func (f *fileTier) Close() {

@@ -152,7 +152,7 @@ func stats(sock string, w io.Writer) error {
 	for _, g := range []struct {
 		name string
 		cs   []control.Counter
-	}{{"pool", st.Pool}, {"engine", st.Engine}} {
+	}{{"pool", st.Pool}, {"engine", st.Engine}, {"transport", st.Transports}} {
 		for _, c := range g.cs {
 			fmt.Fprintf(w, "%s.%s %d\n", g.name, c.Name, c.Value)
 		}

@@ -105,8 +105,28 @@ func (rcv *StatsResponse) ConnectionLength() int {
 	return 0
 }
 
+func (rcv *StatsResponse) Transports(obj *Counter, j int) bool {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(12))
+	if o != 0 {
+		x := rcv._tab.Vector(o)
+		x += flatbuffers.UOffsetT(j) * 4
+		x = rcv._tab.Indirect(x)
+		obj.Init(rcv._tab.Bytes, x)
+		return true
+	}
+	return false
+}
+
+func (rcv *StatsResponse) TransportsLength() int {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(12))
+	if o != 0 {
+		return rcv._tab.VectorLen(o)
+	}
+	return 0
+}
+
 func StatsResponseStart(builder *flatbuffers.Builder) {
-	builder.StartObject(4)
+	builder.StartObject(5)
 }
 func StatsResponseAddPool(builder *flatbuffers.Builder, pool flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(0, flatbuffers.UOffsetT(pool), 0)
@@ -127,6 +147,12 @@ func StatsResponseAddConnection(builder *flatbuffers.Builder, connection flatbuf
 	builder.PrependUOffsetTSlot(3, flatbuffers.UOffsetT(connection), 0)
 }
 func StatsResponseStartConnectionVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
+	return builder.StartVector(4, numElems, 4)
+}
+func StatsResponseAddTransports(builder *flatbuffers.Builder, transports flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(4, flatbuffers.UOffsetT(transports), 0)
+}
+func StatsResponseStartTransportsVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
 	return builder.StartVector(4, numElems, 4)
 }
 func StatsResponseEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
