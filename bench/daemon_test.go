@@ -97,9 +97,10 @@ func checkMoved(t *testing.T, res *Result) {
 }
 
 // TestLocalEngineAgainstDaemon runs the local engine as a real client of a
-// spawned tensorcastd, with every byte checked by crc32c: one Transfer per
-// submit (iodepth = batch), pipelined batches (iodepth > batch), requests
-// that straddle pool blocks (bsrange), and two clones.
+// spawned tensorcastd, with every byte checked by crc32c: one connection
+// (iodepth = batch), several connections (iodepth > batch), requests that
+// straddle pool blocks held by different connections (bsrange), and two
+// clones.
 func TestLocalEngineAgainstDaemon(t *testing.T) {
 	jobs := mustJobs(t, "--engine=local", "--verify=crc32c", "--size=8m",
 		"--name=w-transfer", "--rw=write", "--bs=1m", "--iodepth=4", "--batch=4",

@@ -202,3 +202,48 @@ func TestDispatcherStopWithWorkQueued(t *testing.T) {
 		t.Errorf("submit after stop: %v", err)
 	}
 }
+
+// nopConn completes every request at once.
+type nopConn struct{}
+
+func (nopConn) Transfer(reqs []xfer.Request, _ time.Duration, results []error, _ ...client.CallOption) (client.Summary, error) {
+	for i := range results {
+		results[i] = nil
+	}
+	return client.Summary{}, nil
+}
+
+// TestDispatcherNoAllocPerRequest: a Submit/Reap round of a full depth
+// allocates nothing once the queues are sized.
+func TestDispatcherNoAllocPerRequest(t *testing.T) {
+	const slots, batch = 32, 8
+	d := &dispatcher{}
+	for range laneCount(slots, batch) {
+		d.lanes = append(d.lanes, &lane{t: nopConn{}})
+	}
+	d.start(uringSpec(slots, batch))
+	defer d.stopLanes()
+	ios := make([]IO, slots)
+	for s := range ios {
+		ios[s] = IO{Op: OpWrite, Slot: s, Offset: uint64(s) * 4096, Length: 4096}
+	}
+	out := make([]Completion, slots)
+	round := func() {
+		for b := 0; b < slots; b += batch {
+			if n, err := d.Submit(ios[b : b+batch]); n != batch || err != nil {
+				t.Fatalf("submit: n=%d err=%v", n, err)
+			}
+		}
+		for got := 0; got < slots; {
+			n, err := d.Reap(1, out[got:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += n
+		}
+	}
+	round()
+	if a := testing.AllocsPerRun(50, round); a > 0 {
+		t.Errorf("%.1f allocations per round of %d requests", a, slots)
+	}
+}
