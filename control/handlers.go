@@ -31,6 +31,18 @@ func mutating(k Kind) bool {
 	return false
 }
 
+// dataPath reports whether a mutating request is one of the per-transfer
+// calls that are audited below AuditLevel.
+func dataPath(k Kind) bool {
+	switch k {
+	case tcproto.RequestBodySubmitRequest, tcproto.RequestBodyTransferRequestBody,
+		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
+		tcproto.RequestBodyAllocBatchRequest, tcproto.RequestBodyFreeBatchRequest:
+		return true
+	}
+	return false
+}
+
 // handle serves c.req and returns the answer frame and the fd to pass with
 // it (-1 for none).
 func (c *conn) handle() ([]byte, int) {
@@ -142,6 +154,9 @@ func (c *conn) handle() ([]byte, int) {
 // audit records a mutating call with the audit keys.
 func (c *conn) audit(m *Request, code Code, replay bool) {
 	lvl := c.s.cfg.AuditLevel
+	if dataPath(m.Kind) {
+		lvl -= 4
+	}
 	if !c.log.Enabled(context.Background(), lvl) {
 		return
 	}

@@ -49,7 +49,11 @@ type Config struct {
 	// batches before abandoning them (default 1s).
 	ReleaseWait time.Duration
 	// AuditLevel is the level of the audit record of every mutating call
-	// (default Info).
+	// that changes what a connection holds (default Info). The data-path
+	// calls (Submit, Transfer, AllocBlocks, FreeBlocks, AllocBatch,
+	// FreeBatch), which an engine makes thousands of times a second, are
+	// audited one level lower (Debug by default) so that they do not flood
+	// the journal; their refusals are logged at Info or above regardless.
 	AuditLevel slog.Level
 }
 

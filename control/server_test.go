@@ -722,3 +722,34 @@ func TestBlocksOutliveAbandonedTasks(t *testing.T) {
 	h.finish()
 	e.waitIdle()
 }
+
+// TestAuditLevels: calls that change what a connection holds are audited at
+// AuditLevel, the per-transfer data-path calls one level below it.
+func TestAuditLevels(t *testing.T) {
+	e := newEnv(t, false)
+	c := dialRaw(t, e.sock)
+	ctx := Context{IdempotencyKey: []byte("k-alloc"), Lane: []byte("stream-first")}
+	expectCode(t, c.call(&Request{Ctx: ctx, Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096}), tcproto.CodeOK)
+	c.call(&Request{Ctx: Context{IdempotencyKey: []byte("k-file")}, Kind: tcproto.RequestBodyRegisterFileRequest, Name: []byte("/nonexistent")})
+	var data, hold bool
+	for _, line := range strings.Split(e.logBuf.String(), "\n") {
+		if !strings.Contains(line, "msg=audit") {
+			continue
+		}
+		switch {
+		case strings.Contains(line, "idempotency_key=k-alloc"):
+			data = true
+			if !strings.Contains(line, "level=DEBUG") {
+				t.Errorf("data-path call audited above Debug: %s", line)
+			}
+		case strings.Contains(line, "idempotency_key=k-file"):
+			hold = true
+			if !strings.Contains(line, "level=INFO") {
+				t.Errorf("RegisterFile not audited at Info: %s", line)
+			}
+		}
+	}
+	if !data || !hold {
+		t.Fatalf("audit records missing (data-path %v, RegisterFile %v):\n%s", data, hold, e.logBuf.String())
+	}
+}
