@@ -67,6 +67,14 @@ type Config struct {
 	PeerConns int `toml:"peer_conns"`
 	// PeerSliceSize is the largest payload of one peer frame.
 	PeerSliceSize Size `toml:"peer_slice_size"`
+	// RDMA is auto (use an RDMA device for peers when one is usable, else
+	// tcp, saying why), on (fail start-up without one) or off.
+	RDMA string `toml:"rdma"`
+	// RDMADevice names the RDMA device ("" = the first with an active port).
+	RDMADevice string `toml:"rdma_device"`
+	// RDMAGID overrides the RoCE v2 GID: a GID table index or an address
+	// ("" = the IPv4-mapped GID of the device's netdev).
+	RDMAGID string `toml:"rdma_gid"`
 }
 
 // PeerConfig is one configured peer daemon.
@@ -92,6 +100,7 @@ func Defaults() Config {
 		DaemonID:      hostID(),
 		PeerConns:     4,
 		PeerSliceSize: 1 << 20,
+		RDMA:          "auto",
 	}
 }
 
@@ -168,6 +177,18 @@ func (c *Config) validatePeers() error {
 	}
 	if c.PeerSliceSize < 4<<10 || c.PeerSliceSize > 64<<20 {
 		return badValue("peer_slice_size", c.PeerSliceSize.String(), "must be between 4KiB and 64MiB")
+	}
+	if c.RDMA != "auto" && c.RDMA != "on" && c.RDMA != "off" {
+		return badValue("rdma", c.RDMA, "must be auto, on or off")
+	}
+	if c.RDMA == "on" && c.PeerListen == "" {
+		return badValue("rdma", c.RDMA, "needs peer_listen (RDMA set-up travels over the peer channel)")
+	}
+	if len(c.RDMADevice) > 64 || strings.ContainsAny(c.RDMADevice, "/ \t\n") {
+		return badValue("rdma_device", c.RDMADevice, "must be a device name (e.g. mlx5_0, rxe0)")
+	}
+	if len(c.RDMAGID) > 64 {
+		return badValue("rdma_gid", c.RDMAGID, "must be a GID index or an address")
 	}
 	seen := map[string]bool{c.DaemonID: true}
 	for _, p := range c.Peers {
@@ -252,6 +273,9 @@ func settings() []setting {
 			return err
 		}},
 		{"peer_slice_size", "TENSORCAST_PEER_SLICE_SIZE", "largest payload of one peer frame", func(c *Config, s string) error { return c.PeerSliceSize.UnmarshalText([]byte(s)) }},
+		{"rdma", "TENSORCAST_RDMA", "RDMA between daemons: auto, on, off", str(func(c *Config) *string { return &c.RDMA })},
+		{"rdma_device", "TENSORCAST_RDMA_DEVICE", "RDMA device (default: the first with an active port)", str(func(c *Config) *string { return &c.RDMADevice })},
+		{"rdma_gid", "TENSORCAST_RDMA_GID", "RoCE v2 GID index or address (default: automatic)", str(func(c *Config) *string { return &c.RDMAGID })},
 		{"peers", "TENSORCAST_PEERS", "peers as id=host:port, comma-separated (flag: repeatable --peer)", func(c *Config, s string) error {
 			c.Peers = c.Peers[:0]
 			for _, e := range strings.Split(s, ",") {

@@ -21,10 +21,11 @@ var Version = "0.1.0-dev"
 // engine and its transports, the control server.
 //
 // Start-up order: pool, registry, transports (the peer plane's tcp node
-// when peer_listen is set), engine, control socket, then READY. Shutdown
-// runs the reverse: STOPPING, drain the control server (no new work,
-// in-flight requests finish, clients told UNAVAILABLE), close the engine
-// (pending tasks canceled), the peer node, the other transports, the pool.
+// when peer_listen is set, then RDMA with the pool registered), engine,
+// control socket, then READY. Shutdown runs the reverse: STOPPING, drain
+// the control server (no new work, in-flight requests finish, clients told
+// UNAVAILABLE), close the engine (pending tasks canceled), the RDMA
+// transports and device, the peer node, the other transports, the pool.
 type Daemon struct {
 	cfg    Config
 	log    *slog.Logger
@@ -37,6 +38,7 @@ type Daemon struct {
 	local  *xfer.Local
 	files  *fileTier
 	peers  *peerPlane // nil without peer_listen
+	rdma   *rdmaPlane // nil without a peer plane or a usable RDMA device
 	engine *xfer.Engine
 	server *control.Server
 
@@ -75,6 +77,10 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 			return nil, err
 		}
 		rt.peers = d.peers.tr
+		if d.rdma, err = newRDMAPlane(cfg, d.pool, d.peers, log.With("component", "rdma")); err != nil {
+			return nil, err
+		}
+		rt.rdma = d.rdma
 	}
 	d.engine = xfer.NewEngine(xfer.Config{}, rt, log.With("component", "engine"))
 
@@ -189,6 +195,9 @@ func (d *Daemon) closeParts() {
 			d.log.Warn("closing engine", "err", err)
 		}
 	}
+	if d.rdma != nil {
+		d.rdma.close()
+	}
 	if d.peers != nil {
 		d.peers.close()
 	}
@@ -229,6 +238,7 @@ type router struct {
 	local *xfer.Local
 	files *fileTier
 	peers *peerTransport // nil without a peer plane
+	rdma  *rdmaPlane     // nil without RDMA
 }
 
 func (r router) Route(local, target xfer.Segment) (xfer.Transport, error) {
@@ -243,6 +253,11 @@ func (r router) Route(local, target xfer.Segment) (xfer.Transport, error) {
 			return r.files.transport(), nil
 		}
 	case xfer.KindRemote:
+		if r.rdma != nil {
+			if l := r.rdma.route(local, target); l != nil {
+				return l, nil
+			}
+		}
 		if r.peers != nil {
 			return r.peers, nil
 		}

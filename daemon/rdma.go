@@ -1,0 +1,464 @@
+package daemon
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Exchange kinds the RDMA plane serves on the peer channel, beside
+// rdma.ExchangeKind (queue-pair connection data).
+const segmentExchange = "rdma.segment"
+
+// rdmaPlane is the daemon's RDMA end: the device, the pool's memory
+// registration (made once at start-up), one outbound link per peer (a
+// transport this daemon dials and submits on) and one accepting transport
+// per peer (the peer's link lands there).
+//
+// The router asks route for each remote target: a request whose local side
+// is the pool and whose peer's link is up with the target segment resolved
+// goes to that link; anything else goes to tcp and, when the link or the
+// segment is missing, queues a job for the worker, which connects the link
+// over the peer channel and resolves the segment (where in the peer's pool
+// the export lies). Each peer's choice is logged once.
+//
+// Ownership: the daemon creates it after the peer plane and closes it after
+// the engine, before the peer plane and the pool. It owns one goroutine,
+// the worker; close stops it (close(stop), join), then closes the links'
+// and the accepting transports, deregisters the pool and closes the device.
+type rdmaPlane struct {
+	log    *slog.Logger
+	dev    *rdma.Device
+	reg    *rdma.Region
+	pool   xfer.MemSegment
+	node   *tcp.Node
+	peers  *peerPlane
+	poolID xfer.SegmentID
+
+	links atomic.Pointer[map[string]*rdmaLink] // copy on write, under mu
+
+	jobs chan *tcp.Remote
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	// mu guards links' writers, accepted, said and closed.
+	mu       sync.Mutex
+	accepted map[string]acceptedPeer
+	said     map[string]string // what was logged about each peer's transport
+	closed   bool
+}
+
+type acceptedPeer struct {
+	t     *rdma.Transport
+	epoch uint64
+}
+
+// rdmaLink is the transport the router returns for one peer's remote
+// targets when RDMA carries them. Tasks carrying a notification go to tcp,
+// which delivers it.
+type rdmaLink struct {
+	p     *rdmaPlane
+	peer  string
+	epoch uint64 // the peer's epoch the link was made with
+	tr    *rdma.Transport
+	tcp   *peerTransport
+	// segs maps the remote segments the link resolved to their window of
+	// the peer's pool (copy on write, under mu).
+	segs atomic.Pointer[map[*tcp.Remote]segWindow]
+	// ids are the request segment ids the transport has tables for (copy
+	// on write, under mu).
+	ids  atomic.Pointer[map[xfer.SegmentID]struct{}]
+	mu   sync.Mutex
+	pool rdma.RemoteRegion
+}
+
+type segWindow struct{ off, size uint64 }
+
+var _ xfer.Transport = (*rdmaLink)(nil)
+
+// newRDMAPlane opens the device and registers the pool, or returns nil
+// when RDMA is off or unusable here (logged once; peers then use tcp).
+// With rdma = on an unusable device is an error.
+func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) (*rdmaPlane, error) {
+	if cfg.RDMA == "off" {
+		log.Info("rdma off (rdma = off): peers use tcp")
+		return nil, nil
+	}
+	if peers == nil {
+		return nil, nil
+	}
+	dev, err := rdma.Open(rdma.Config{Device: cfg.RDMADevice, GID: cfg.RDMAGID}, log)
+	if err != nil {
+		if cfg.RDMA == "on" {
+			return nil, fmt.Errorf("%w: rdma = on, rdma_device = %q, rdma_gid = %q: %v", ErrConfig, cfg.RDMADevice, cfg.RDMAGID, err)
+		}
+		log.Info("rdma unavailable: peers use tcp", "reason", err.Error())
+		return nil, nil
+	}
+	start := time.Now()
+	reg, err := dev.Register(pool.Bytes()[:pool.Size()])
+	if err != nil {
+		_ = dev.Close()
+		if cfg.RDMA == "on" {
+			return nil, fmt.Errorf("%w: rdma = on: registering the pool: %v", ErrConfig, err)
+		}
+		log.Warn("rdma unavailable: registering the pool failed; peers use tcp", "err", err)
+		return nil, nil
+	}
+	log.Info("pool registered for rdma", "device", dev.Name(), "bytes", pool.Size(), "mrs", reg.Chunks(),
+		"took", time.Since(start).Round(time.Microsecond).String())
+	p := newPlane(dev, reg, pool, peers, log)
+	return p, nil
+}
+
+// newPlane wires a plane over an opened device and registration and
+// starts its worker.
+func newPlane(dev *rdma.Device, reg *rdma.Region, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) *rdmaPlane {
+	p := &rdmaPlane{
+		log: log, dev: dev, reg: reg, pool: pool, node: peers.node, peers: peers, poolID: pool.ID(),
+		jobs: make(chan *tcp.Remote, 64), stop: make(chan struct{}),
+		accepted: map[string]acceptedPeer{}, said: map[string]string{},
+	}
+	empty := map[string]*rdmaLink{}
+	p.links.Store(&empty)
+	_ = p.node.Handle(rdma.ExchangeKind, rdma.Acceptor(p.accept))
+	_ = p.node.Handle(segmentExchange, p.serveSegment)
+	p.wg.Add(1)
+	go p.worker()
+	return p
+}
+
+// route is the router's question: the link to send a request between
+// local and target over, or nil for tcp. It does not allocate.
+func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
+	r, ok := target.(*tcp.Remote)
+	if !ok || local.ID() != p.poolID {
+		return nil
+	}
+	l := (*p.links.Load())[r.Peer()]
+	if l != nil && l.epoch == r.Epoch() {
+		if _, ok := (*l.segs.Load())[r]; ok {
+			return l
+		}
+	}
+	select {
+	case p.jobs <- r:
+	default:
+	}
+	return nil
+}
+
+// worker connects links and resolves segments that route asked for.
+func (p *rdmaPlane) worker() {
+	defer p.wg.Done()
+	failed := map[string]uint64{} // peer → epoch whose RDMA set-up failed
+	for {
+		select {
+		case <-p.stop:
+			return
+		case r := <-p.jobs:
+			if e, ok := failed[r.Peer()]; ok && e == r.Epoch() {
+				continue
+			}
+			if err := p.serve(r); err != nil {
+				failed[r.Peer()] = r.Epoch()
+				p.say(r.Peer(), "tcp", err.Error())
+			}
+		}
+	}
+}
+
+// serve makes sure r's peer has a link of r's epoch and r is resolved.
+func (p *rdmaPlane) serve(r *tcp.Remote) error {
+	l := (*p.links.Load())[r.Peer()]
+	if l == nil || l.epoch != r.Epoch() {
+		var err error
+		if l, err = p.connect(r.Peer(), r.Epoch()); err != nil {
+			return err
+		}
+	}
+	if _, ok := (*l.segs.Load())[r]; ok {
+		return nil
+	}
+	resp, err := p.node.Exchange(r.Peer(), segmentExchange, []byte(r.Name()), 0)
+	if err != nil {
+		return fmt.Errorf("segment %q: %w", r.Name(), err)
+	}
+	if len(resp) != 16 {
+		return fmt.Errorf("segment %q: answer of %d bytes", r.Name(), len(resp))
+	}
+	w := segWindow{off: binary.LittleEndian.Uint64(resp), size: binary.LittleEndian.Uint64(resp[8:])}
+	if w.size != r.Size() || w.size == 0 || w.off >= l.pool.Size || w.size > l.pool.Size-w.off {
+		return fmt.Errorf("segment %q: window %d+%d of a %d-byte pool for a %d-byte segment", r.Name(), w.off, w.size, l.pool.Size, r.Size())
+	}
+	l.mu.Lock()
+	old := *l.segs.Load()
+	m := make(map[*tcp.Remote]segWindow, len(old)+1)
+	for k, v := range old {
+		if !closedRemote(k) {
+			m[k] = v
+		}
+	}
+	m[r] = w
+	l.segs.Store(&m)
+	l.mu.Unlock()
+	p.say(r.Peer(), "rdma", "queue pairs up over the peer channel")
+	return nil
+}
+
+// closedRemote reports whether r was closed (its holder let it go).
+func closedRemote(r *tcp.Remote) bool {
+	if !r.Acquire() {
+		return true
+	}
+	r.Release()
+	return false
+}
+
+// connect makes the link to peer at epoch, replacing an older one.
+func (p *rdmaPlane) connect(peer string, epoch uint64) (*rdmaLink, error) {
+	tr, err := p.dev.NewTransport()
+	if err != nil {
+		return nil, err
+	}
+	tr.AddLocal(p.poolID, p.reg)
+	start := time.Now()
+	if err := tr.Connect(rdma.ChannelPeer{Ch: p.node, ID: peer}); err != nil {
+		_ = tr.Close()
+		return nil, err
+	}
+	regs := tr.PeerRegions()
+	if len(regs) != 1 {
+		_ = tr.Close()
+		return nil, fmt.Errorf("peer exposed %d regions, want its pool", len(regs))
+	}
+	l := &rdmaLink{p: p, peer: peer, epoch: epoch, tr: tr, tcp: p.peers.tr, pool: regs[0]}
+	segs, ids := map[*tcp.Remote]segWindow{}, map[xfer.SegmentID]struct{}{}
+	l.segs.Store(&segs)
+	l.ids.Store(&ids)
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		_ = tr.Close()
+		return nil, xfer.ErrClosed
+	}
+	old := *p.links.Load()
+	m := make(map[string]*rdmaLink, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	prev := m[peer]
+	m[peer] = l
+	p.links.Store(&m)
+	p.mu.Unlock()
+	if prev != nil {
+		// The peer restarted: its old queue pairs lead nowhere.
+		_ = prev.tr.Close()
+	}
+	p.log.Info("rdma link up", "peer", peer, "epoch", fmt.Sprintf("%#x", epoch), "took", time.Since(start).Round(time.Microsecond).String())
+	return l, nil
+}
+
+// say logs, once per peer and change, which transport carries its
+// requests and why.
+func (p *rdmaPlane) say(peer, transport, why string) {
+	p.mu.Lock()
+	was := p.said[peer]
+	p.said[peer] = transport
+	p.mu.Unlock()
+	if was == transport {
+		return
+	}
+	if transport == "rdma" {
+		p.log.Info("peer requests from the pool use rdma", "peer", peer, "why", why)
+	} else {
+		p.log.Info("peer requests use tcp", "peer", peer, "why", why)
+	}
+}
+
+// accept is the acceptor's lookup: the transport a peer's link lands on,
+// made on first use and remade when the peer restarts.
+func (p *rdmaPlane) accept(from string, epoch uint64) (*rdma.Transport, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, xfer.ErrClosed
+	}
+	a, ok := p.accepted[from]
+	if ok && a.epoch == epoch {
+		return a.t, nil
+	}
+	t, err := p.dev.NewTransport()
+	if err != nil {
+		return nil, err
+	}
+	t.Expose(uint64(p.poolID), p.reg)
+	if ok {
+		_ = a.t.Close()
+	}
+	p.accepted[from] = acceptedPeer{t: t, epoch: epoch}
+	p.log.Info("rdma: accepting a peer's queue pairs", "peer", from, "epoch", fmt.Sprintf("%#x", epoch))
+	return t, nil
+}
+
+// serveSegment answers where in the pool the segment exported under the
+// requested name lies: u64 offset, u64 size. An export outside the pool
+// (a client's own buffer) has no registration and is refused: the peer
+// then uses tcp for it.
+func (p *rdmaPlane) serveSegment(from string, _ uint64, req []byte) ([]byte, error) {
+	seg, err := p.peers.Lookup(string(req))
+	if err != nil {
+		return nil, err
+	}
+	if seg.ID() != p.poolID || !seg.Acquire() {
+		return nil, errors.New("not a pool segment")
+	}
+	defer seg.Release()
+	b, pb := seg.Bytes(), p.pool.Bytes()
+	if len(b) == 0 {
+		return nil, errors.New("empty segment")
+	}
+	off := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(pb))))
+	if off >= uint64(len(pb)) || uint64(len(b)) > uint64(len(pb))-off {
+		return nil, errors.New("not inside the pool")
+	}
+	out := binary.LittleEndian.AppendUint64(make([]byte, 0, 16), off)
+	return binary.LittleEndian.AppendUint64(out, seg.Size()), nil
+}
+
+// close stops the worker and closes every transport, the registration and
+// the device. Call it after the engine (no more submits) and before the
+// pool is unmapped.
+func (p *rdmaPlane) close() {
+	p.mu.Lock()
+	p.closed = true
+	accepted := p.accepted
+	p.accepted = map[string]acceptedPeer{}
+	p.mu.Unlock()
+	_ = p.node.Handle(rdma.ExchangeKind, nil)
+	_ = p.node.Handle(segmentExchange, nil)
+	close(p.stop)
+	p.wg.Wait()
+	for peer, l := range *p.links.Load() {
+		if err := l.tr.Close(); err != nil {
+			p.log.Warn("closing rdma link", "peer", peer, "err", err)
+		}
+	}
+	for peer, a := range accepted {
+		if err := a.t.Close(); err != nil {
+			p.log.Warn("closing rdma transport accepting a peer", "peer", peer, "err", err)
+		}
+	}
+	if err := p.dev.Deregister(p.reg); err != nil {
+		p.log.Warn("deregistering the pool", "err", err)
+	}
+	if err := p.dev.Close(); err != nil {
+		p.log.Warn("closing the rdma device", "err", err)
+	}
+}
+
+// Name implements xfer.Transport.
+func (l *rdmaLink) Name() string { return "rdma" }
+
+// Cancel implements xfer.Transport (posted RDMA work is not withdrawn).
+func (l *rdmaLink) Cancel(t *xfer.Task) { l.tr.Cancel(t) }
+
+// Close implements xfer.Transport; the plane closes the link's transport.
+func (l *rdmaLink) Close() error { return nil }
+
+// Submit implements xfer.Transport: runs of tasks go to the rdma transport,
+// except those carrying a notification (tcp delivers it) and those the
+// remote segment's rights refuse (ended at once with xfer.ErrPermission).
+func (l *rdmaLink) Submit(tasks []*xfer.Task) (int, error) {
+	done := 0
+	for done < len(tasks) {
+		i := done
+		route := l.classify(tasks[i])
+		for i++; i < len(tasks) && l.classify(tasks[i]) == route; i++ {
+		}
+		var n int
+		var err error
+		switch route {
+		case viaTCP:
+			n, err = l.tcp.Submit(tasks[done:i])
+		case viaRefuse:
+			for _, t := range tasks[done:i] {
+				t.Done(0, fmt.Errorf("%w: %s/%s opened with rights %v", xfer.ErrPermission, l.peer, t.Target.(*tcp.Remote).Name(), t.Target.(*tcp.Remote).Rights()))
+			}
+			n = i - done
+		default:
+			n, err = l.tr.Submit(tasks[done:i])
+		}
+		done += n
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+const (
+	viaRDMA = iota
+	viaTCP
+	viaRefuse
+)
+
+// classify picks where one task goes, adding the rdma transport's tables
+// for its segment ids the first time they are seen.
+func (l *rdmaLink) classify(t *xfer.Task) int {
+	if l.tcp.count.Load() != 0 && l.tcp.has(t.Req) {
+		return viaTCP
+	}
+	r, ok := t.Target.(*tcp.Remote)
+	if !ok {
+		return viaTCP
+	}
+	need := tcp.RightRead
+	if t.Req.Op == xfer.OpWrite {
+		need = tcp.RightWrite
+	}
+	if r.Rights()&need == 0 {
+		return viaRefuse
+	}
+	ids := *l.ids.Load()
+	_, lok := ids[t.Req.Local]
+	_, tok := ids[t.Req.Target]
+	if lok && tok {
+		return viaRDMA
+	}
+	w, ok := (*l.segs.Load())[r]
+	if !ok {
+		return viaTCP
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.tr.AddRemoteRange(t.Req.Target, l.pool, w.off, w.size); err != nil {
+		return viaTCP
+	}
+	l.tr.AddLocal(t.Req.Local, l.p.reg)
+	old := *l.ids.Load()
+	m := make(map[xfer.SegmentID]struct{}, len(old)+2)
+	for k := range old {
+		m[k] = struct{}{}
+	}
+	m[t.Req.Local], m[t.Req.Target] = struct{}{}, struct{}{}
+	l.ids.Store(&m)
+	return viaRDMA
+}
+
+// has reports whether a notification waits for req.
+func (t *peerTransport) has(req xfer.Request) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.notes[req]
+	return ok
+}

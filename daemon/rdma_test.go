@@ -1,0 +1,226 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// rdmaPair runs an exporting daemon d1 and a writing daemon d2 with rdma
+// set to mode, and returns them with the exporter's and the writer's
+// clients: the exporter has exported a pool block (4 MiB, the largest) as
+// "kv"; the writer holds two pool blocks.
+type rdmaPair struct {
+	d1, d2       *peerDaemon
+	exp, wr      *client.Client
+	expOff       uint64 // the export's offset in d1's pool
+	rs           client.RemoteSegment
+	pool         xfer.SegmentID // d2's pool
+	src, dst     uint64         // d2 pool blocks
+	block        uint64
+	expMem, wMem []byte
+}
+
+func startRDMAPair(t *testing.T, mode string) *rdmaPair {
+	t.Helper()
+	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast rdma test key")
+	mut := func(c *Config) {
+		c.PoolSize = 64 << 20
+		c.RDMA = mode
+		c.RDMADevice = os.Getenv("RXE_DEV")
+	}
+	p := &rdmaPair{block: 4 << 20}
+	p.d1 = startPeerWith(t, "d1", key, "", mut)
+	p.d2 = startPeerWith(t, "d2", key, "", mut, p.d1.peer())
+	p.exp = p.d1.dial(t, "exporter")
+	pi, ok := p.exp.Pool()
+	if !ok {
+		t.Fatal("exporter has no pool mapping")
+	}
+	offs, err := p.exp.AllocBlocks(nil, 1, p.block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.expOff, p.expMem = offs[0], p.exp.PoolBytes()
+	if _, err := p.exp.ExportSegment("kv", pi.Segment, p.expOff, p.block, client.RightRead|client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	p.wr = p.d2.dial(t, "writer")
+	wi, ok := p.wr.Pool()
+	if !ok {
+		t.Fatal("writer has no pool mapping")
+	}
+	p.pool, p.wMem = wi.Segment, p.wr.PoolBytes()
+	offs, err = p.wr.AllocBlocks(nil, 2, p.block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.src, p.dst = offs[0], offs[1]
+	if p.rs, err = p.wr.OpenRemote("d1/kv", client.RightRead|client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// roundTrip writes n bytes from the writer's pool into the export at toff,
+// reads them back into another pool block and checks crc32c on both ends.
+func (p *rdmaPair) roundTrip(rng *rand.Rand, n, toff uint64) error {
+	src := p.wMem[p.src : p.src+n]
+	fill(rng, src)
+	want := crc32.Checksum(src, castagnoli)
+	res := make([]error, 1)
+	wr := xfer.Request{Op: xfer.OpWrite, Local: p.pool, LocalOffset: p.src, Target: p.rs.ID, TargetOffset: toff, Length: n}
+	if sum, err := p.wr.Transfer([]xfer.Request{wr}, 30*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
+		return fmt.Errorf("WRITE %d bytes: %v, %v, %+v", n, err, res[0], sum)
+	}
+	at := p.expOff + toff
+	if got := crc32.Checksum(p.expMem[at:at+n], castagnoli); got != want {
+		return fmt.Errorf("WRITE %d bytes: crc32c %08x landed, %08x sent", n, got, want)
+	}
+	dst := p.wMem[p.dst : p.dst+n]
+	clear(dst)
+	rd := xfer.Request{Op: xfer.OpRead, Local: p.pool, LocalOffset: p.dst, Target: p.rs.ID, TargetOffset: toff, Length: n}
+	if sum, err := p.wr.Transfer([]xfer.Request{rd}, 30*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
+		return fmt.Errorf("READ %d bytes: %v, %v, %+v", n, err, res[0], sum)
+	}
+	if got := crc32.Checksum(dst, castagnoli); got != want {
+		return fmt.Errorf("READ %d bytes: crc32c %08x read, %08x written", n, got, want)
+	}
+	return nil
+}
+
+// tcpBytes is what d2's tcp node moved to and from its peers.
+func tcpBytes(d *peerDaemon) uint64 {
+	var n uint64
+	for _, s := range d.d.peers.node.Peers() {
+		n += s.BytesIn + s.BytesOut
+	}
+	return n
+}
+
+// rdmaSizes go up to the pool's largest block; the rdma package's VM test
+// moves 16 MiB between pools set up the same way.
+var rdmaSizes = []uint64{4 << 10, 1 << 20, 4 << 20}
+
+// TestRDMAUnavailableUsesTCP is the host without RDMA (no libibverbs, no
+// device, or a build without cgo): one log line per daemon, and remote
+// requests move over tcp.
+func TestRDMAUnavailableUsesTCP(t *testing.T) {
+	if os.Getenv("RXE_DEV") != "" {
+		t.Skip("RXE_DEV is set: this host has RDMA (TestVerbsDaemonsOverRDMA covers it)")
+	}
+	p := startRDMAPair(t, "auto")
+	rng := rand.New(rand.NewPCG(1, 1))
+	for _, n := range rdmaSizes {
+		before := tcpBytes(p.d2)
+		if err := p.roundTrip(rng, n, (p.block-n)/2); err != nil {
+			t.Fatal(err)
+		}
+		if moved := tcpBytes(p.d2) - before; moved < 2*n {
+			t.Fatalf("%d bytes each way moved %d bytes over tcp", n, moved)
+		}
+	}
+	for _, d := range []*peerDaemon{p.d1, p.d2} {
+		if c := strings.Count(d.log.String(), "rdma unavailable: peers use tcp"); c != 1 {
+			t.Fatalf("%s logged the fallback %d times:\n%s", d.cfg.DaemonID, c, d.log.String())
+		}
+		if d.d.rdma != nil {
+			t.Fatalf("%s has an rdma plane without a device", d.cfg.DaemonID)
+		}
+	}
+}
+
+// TestRDMAConfig: rdma = off says so; on fails start-up without a device
+// (naming the key); bad values are refused.
+func TestRDMAConfig(t *testing.T) {
+	key := writeKey(t, t.TempDir(), "cluster.key", "k")
+	off := startPeerWith(t, "d1", key, "", func(c *Config) { c.RDMA = "off" })
+	if !strings.Contains(off.log.String(), "rdma off (rdma = off): peers use tcp") || off.d.rdma != nil {
+		t.Fatalf("rdma = off:\n%s", off.log.String())
+	}
+	if os.Getenv("RXE_DEV") == "" {
+		cfg := testConfig(t.TempDir())
+		cfg.PeerListen, cfg.ClusterKeyFile, cfg.RDMA = "127.0.0.1:0", key, "on"
+		_, err := New(cfg, slog.New(slog.DiscardHandler), env(nil))
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "rdma = on") {
+			t.Fatalf("rdma = on without a device: %v", err)
+		}
+	}
+	for _, c := range []struct{ key, val string }{{"rdma", "maybe"}, {"rdma_device", "a/b"}, {"rdma", "on"}} {
+		cfg := testConfig(t.TempDir())
+		switch c.key {
+		case "rdma":
+			cfg.RDMA = c.val
+		case "rdma_device":
+			cfg.RDMADevice = c.val
+		}
+		err := cfg.Validate()
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.key) {
+			t.Fatalf("%s = %q: %v", c.key, c.val, err)
+		}
+	}
+}
+
+// TestVerbsDaemonsOverRDMA: with an RDMA device (make test-rdma runs it
+// in the Soft-RoCE VM), two daemons set RDMA up over their peer channel
+// and a client's pool-to-remote requests move by RDMA READ and WRITE,
+// crc32c checked, with no payload on tcp.
+func TestVerbsDaemonsOverRDMA(t *testing.T) {
+	if os.Getenv("RXE_DEV") == "" {
+		t.Skip("no RDMA device: RXE_DEV is unset (make test-rdma runs this in the Soft-RoCE VM)")
+	}
+	p := startRDMAPair(t, "on")
+	for _, d := range []*peerDaemon{p.d1, p.d2} {
+		if !strings.Contains(d.log.String(), "pool registered for rdma") {
+			t.Fatalf("%s did not register its pool:\n%s", d.cfg.DaemonID, d.log.String())
+		}
+	}
+	rng := rand.New(rand.NewPCG(2, 2))
+	// The first request goes over tcp and has the link set up behind it.
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(p.d2.log.String(), "peer requests from the pool use rdma") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the rdma link did not come up:\n%s", p.d2.log.String())
+		}
+		if err := p.roundTrip(rng, 4096, 0); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, n := range rdmaSizes {
+		before := tcpBytes(p.d2)
+		start := time.Now()
+		if err := p.roundTrip(rng, n, (p.block-n)/3); err != nil {
+			t.Fatal(err)
+		}
+		if moved := tcpBytes(p.d2) - before; moved != 0 {
+			t.Fatalf("%d bytes each way moved %d bytes over tcp", n, moved)
+		}
+		t.Logf("%d KiB write+read over rdma in %v", n>>10, time.Since(start))
+	}
+	// A notified WRITE still goes over tcp, which delivers the note.
+	sub := p.d1.dial(t, "subscriber")
+	if err := sub.Subscribe("kv"); err != nil {
+		t.Fatal(err)
+	}
+	res := make([]error, 1)
+	w := xfer.Request{Op: xfer.OpWrite, Local: p.pool, LocalOffset: p.src, Target: p.rs.ID, Length: 4096}
+	if sum, err := p.wr.TransferNotify([]xfer.Request{w}, [][]byte{[]byte("ready")}, 10*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
+		t.Fatalf("notified WRITE: %v, %v, %+v", err, res[0], sum)
+	}
+	if notes, err := sub.PollNotifications(nil, 0, 0); err != nil || len(notes) != 1 || string(notes[0].Payload) != "ready" {
+		t.Fatalf("notification: %+v, %v", notes, err)
+	}
+	if c := strings.Count(p.d2.log.String(), "peer requests from the pool use rdma"); c != 1 {
+		t.Fatalf("the choice for d1 was logged %d times", c)
+	}
+}
