@@ -157,48 +157,71 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 	return nil
 }
 
-// worker connects links and resolves segments that route asked for.
+// worker connects links and resolves segments that route asked for. A
+// peer whose link failed stays on tcp until it runs a new epoch; a segment
+// that cannot be resolved (an export of a client's own buffer) stays on
+// tcp while the rest of its peer's requests use rdma.
 func (p *rdmaPlane) worker() {
 	defer p.wg.Done()
-	failed := map[string]uint64{} // peer → epoch whose RDMA set-up failed
+	failedPeer := map[string]uint64{}       // peer → epoch whose link failed
+	failedSeg := map[*tcp.Remote]struct{}{} // segments left on tcp
 	for {
 		select {
 		case <-p.stop:
 			return
 		case r := <-p.jobs:
-			if e, ok := failed[r.Peer()]; ok && e == r.Epoch() {
+			if e, ok := failedPeer[r.Peer()]; ok && e == r.Epoch() {
 				continue
 			}
-			if err := p.serve(r); err != nil {
-				failed[r.Peer()] = r.Epoch()
-				p.say(r.Peer(), "tcp", err.Error())
+			if _, ok := failedSeg[r]; ok {
+				continue
 			}
+			l, err := p.link(r.Peer(), r.Epoch())
+			if err != nil {
+				failedPeer[r.Peer()] = r.Epoch()
+				p.say(r.Peer(), "tcp", err.Error())
+				continue
+			}
+			if err := p.resolve(l, r); err != nil {
+				if len(failedSeg) >= 4096 {
+					for k := range failedSeg {
+						if closedRemote(k) {
+							delete(failedSeg, k)
+						}
+					}
+				}
+				failedSeg[r] = struct{}{}
+				p.log.Info("remote segment uses tcp", "peer", r.Peer(), "segment", r.Name(), "why", err.Error())
+				continue
+			}
+			p.say(r.Peer(), "rdma", "queue pairs up over the peer channel")
 		}
 	}
 }
 
-// serve makes sure r's peer has a link of r's epoch and r is resolved.
-func (p *rdmaPlane) serve(r *tcp.Remote) error {
-	l := (*p.links.Load())[r.Peer()]
-	if l == nil || l.epoch != r.Epoch() {
-		var err error
-		if l, err = p.connect(r.Peer(), r.Epoch()); err != nil {
-			return err
-		}
+// link returns peer's link of epoch, connecting it when there is none.
+func (p *rdmaPlane) link(peer string, epoch uint64) (*rdmaLink, error) {
+	if l := (*p.links.Load())[peer]; l != nil && l.epoch == epoch {
+		return l, nil
 	}
+	return p.connect(peer, epoch)
+}
+
+// resolve asks r's owner where in its pool r lies and records it.
+func (p *rdmaPlane) resolve(l *rdmaLink, r *tcp.Remote) error {
 	if _, ok := (*l.segs.Load())[r]; ok {
 		return nil
 	}
 	resp, err := p.node.Exchange(r.Peer(), segmentExchange, []byte(r.Name()), 0)
 	if err != nil {
-		return fmt.Errorf("segment %q: %w", r.Name(), err)
+		return err
 	}
 	if len(resp) != 16 {
-		return fmt.Errorf("segment %q: answer of %d bytes", r.Name(), len(resp))
+		return fmt.Errorf("answer of %d bytes", len(resp))
 	}
 	w := segWindow{off: binary.LittleEndian.Uint64(resp), size: binary.LittleEndian.Uint64(resp[8:])}
 	if w.size != r.Size() || w.size == 0 || w.off >= l.pool.Size || w.size > l.pool.Size-w.off {
-		return fmt.Errorf("segment %q: window %d+%d of a %d-byte pool for a %d-byte segment", r.Name(), w.off, w.size, l.pool.Size, r.Size())
+		return fmt.Errorf("window %d+%d of a %d-byte pool for a %d-byte segment", w.off, w.size, l.pool.Size, r.Size())
 	}
 	l.mu.Lock()
 	old := *l.segs.Load()
@@ -211,7 +234,6 @@ func (p *rdmaPlane) serve(r *tcp.Remote) error {
 	m[r] = w
 	l.segs.Store(&m)
 	l.mu.Unlock()
-	p.say(r.Peer(), "rdma", "queue pairs up over the peer channel")
 	return nil
 }
 

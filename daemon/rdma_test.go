@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -219,6 +220,36 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 	}
 	if notes, err := sub.PollNotifications(nil, 0, 0); err != nil || len(notes) != 1 || string(notes[0].Payload) != "ready" {
 		t.Fatalf("notification: %+v, %v", notes, err)
+	}
+	// An export of a client's own buffer has no registration: requests to
+	// it stay on tcp while the pool export keeps rdma.
+	buf, err := p.exp.RegisterBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.exp.ExportSegment("own", buf.ID, 0, 0, client.RightRead|client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	own, err := p.wr.OpenRemote("d1/own", client.RightRead|client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(rng, p.wMem[p.src:p.src+4096])
+	w = xfer.Request{Op: xfer.OpWrite, Local: p.pool, LocalOffset: p.src, Target: own.ID, TargetOffset: 512, Length: 4096}
+	for i := 0; i < 3; i++ {
+		if sum, err := p.wr.Transfer([]xfer.Request{w}, 10*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
+			t.Fatalf("WRITE to a client buffer export: %v, %v, %+v", err, res[0], sum)
+		}
+		if !bytes.Equal(buf.Mem[512:512+4096], p.wMem[p.src:p.src+4096]) {
+			t.Fatal("WRITE to a client buffer export did not land")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(p.d2.log.String(), "remote segment uses tcp") {
+		t.Fatalf("no word about the client buffer export:\n%s", p.d2.log.String())
+	}
+	if err := p.roundTrip(rng, 1<<20, 0); err != nil {
+		t.Fatal(err)
 	}
 	if c := strings.Count(p.d2.log.String(), "peer requests from the pool use rdma"); c != 1 {
 		t.Fatalf("the choice for d1 was logged %d times", c)

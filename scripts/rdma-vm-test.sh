@@ -2,14 +2,17 @@
 # rdma-vm-test.sh - what `make test-rdma` runs: tensorcast's real-verbs tests
 # and benchmarks, with perftest beside them, in one Soft-RoCE VM run.
 #
-# It builds the rdma package's test binary (cgo), boots it with
-# scripts/rxe-vm.sh, runs perftest (ib_write_bw, ib_read_bw, ib_write_lat
-# on rxe0 loopback) and then the tests, and prints a go-test style summary
+# It builds the rdma and daemon packages' test binaries (cgo), boots them
+# with scripts/rxe-vm.sh, runs perftest (ib_write_bw, ib_read_bw,
+# ib_write_lat on rxe0 loopback), then the rdma tests, then the daemon's
+# RDMA tests (two daemons choosing rdma over their peer channel), and
+# prints a go-test style summary
 # plus both sets of figures side by side. It fails when the VM fails, a
 # test fails, or a real-verbs test skipped inside the VM.
 #
 # Environment: RDMA_TEST_RUN (test regexp, default all), RDMA_BENCH (bench
 # regexp, default 'Verbs'; '-' for none), RDMA_BENCHTIME (default 1s),
+# RDMA_DAEMON_RUN (daemon test regexp, default 'Verbs|RDMA'; '-' for none),
 # RXE_MEM (MiB, default 1536: the MR registration test takes 512 MiB),
 # RXE_REG_MB (default 512), RDMA_TEST_LOG (keep the console log there),
 # plus rxe-vm.sh's knobs.
@@ -28,6 +31,11 @@ log=$w/console.log
 t0=$(date +%s)
 echo "test-rdma: building the rdma test binary (cgo)" >&2
 CGO_ENABLED=1 go test -c -o "$w/rdma.test" ./rdma/
+daemon_run=${RDMA_DAEMON_RUN:-Verbs|RDMA}
+if [ "$daemon_run" != "-" ]; then
+  echo "test-rdma: building the daemon test binary (cgo)" >&2
+  CGO_ENABLED=1 go test -c -o "$w/daemon.test" ./daemon/
+fi
 
 # The program the VM runs: perftest pairs (server in the background, client
 # to the VM's own address: rxe0 loopback), then the Go tests.
@@ -56,11 +64,18 @@ export RXE_REG_MB=${RXE_REG_MB:-512}
 benchflag="-test.bench=${bench} -test.benchtime=${benchtime}"
 [ "${bench}" = "-" ] && benchflag=""
 ./rdma.test -test.v -test.count=1 -test.timeout=240s -test.run=${run} \$benchflag
+rc=\$?
+if [ -x ./daemon.test ]; then
+  ./daemon.test -test.v -test.count=1 -test.timeout=120s -test.run='${daemon_run}' || rc=1
+fi
+exit \$rc
 EOF
 chmod 755 "$w/run-rdma-tests"
 
 set +e
-RXE_FILES="$w/rdma.test rdma/testdata" RXE_LOG="$log" scripts/rxe-vm.sh "$w/run-rdma-tests"
+files="$w/rdma.test rdma/testdata"
+[ -f "$w/daemon.test" ] && files="$files $w/daemon.test"
+RXE_FILES="$files" RXE_LOG="$log" scripts/rxe-vm.sh "$w/run-rdma-tests"
 rc=$?
 set -e
 took=$(( $(date +%s) - t0 ))
@@ -129,5 +144,5 @@ if [ "$status" = FAIL ] && [ "$rc" -ge 124 ]; then
   tail -n 60 "$log" >&2
 fi
 echo "rdma (Soft-RoCE VM): $pass passed, $fail failed, $skip skipped"
-printf '%s\tgithub.com/tensorcast/tensorcast/rdma (rxe VM)\t%ss\n' "$status" "$took"
+printf '%s\tgithub.com/tensorcast/tensorcast/rdma + daemon (rxe VM)\t%ss\n' "$status" "$took"
 [ "$status" = ok ]
