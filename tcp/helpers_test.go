@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -242,10 +241,6 @@ func fill(r *rand.Rand, b []byte) {
 	for i := range b {
 		b[i] = byte(r.Uint32())
 	}
-}
-
-func ctxTimeout(d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), d)
 }
 
 var _ = fmt.Sprintf
