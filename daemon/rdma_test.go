@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -168,6 +169,37 @@ func TestRDMAConfig(t *testing.T) {
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.key) {
 			t.Fatalf("%s = %q: %v", c.key, c.val, err)
 		}
+	}
+}
+
+// TestRDMAKeys: the rdma keys come from the file, the environment and
+// flags, in that order of precedence.
+func TestRDMAKeys(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "tc.toml")
+	writeFile(t, file, `
+peer_listen = "127.0.0.1:7400"
+cluster_key_file = "/etc/tensorcast/cluster.key"
+rdma = "on"
+rdma_device = "mlx5_0"
+rdma_gid = "3"
+`)
+	c, err := Load([]string{"--config", file}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RDMA != "on" || c.RDMADevice != "mlx5_0" || c.RDMAGID != "3" {
+		t.Fatalf("from the file: rdma %q, device %q, gid %q", c.RDMA, c.RDMADevice, c.RDMAGID)
+	}
+	c, err = Load([]string{"--config", file, "--rdma-gid", "::ffff:10.0.2.15"},
+		env(map[string]string{"TENSORCAST_RDMA": "off", "TENSORCAST_RDMA_DEVICE": "rxe0", "TENSORCAST_RDMA_GID": "1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RDMA != "off" || c.RDMADevice != "rxe0" || c.RDMAGID != "::ffff:10.0.2.15" {
+		t.Fatalf("env and flag over the file: rdma %q, device %q, gid %q", c.RDMA, c.RDMADevice, c.RDMAGID)
+	}
+	if d := Defaults(); d.RDMA != "auto" || d.RDMADevice != "" || d.RDMAGID != "" {
+		t.Fatalf("defaults: %+v", d)
 	}
 }
 

@@ -175,3 +175,46 @@ func TestExchangeFrames(t *testing.T) {
 		}
 	}
 }
+
+// TestExchangeBusy: at most maxExchangeHandlers run at once; one more is
+// answered "busy" at once, and room comes back when they finish.
+func TestExchangeBusy(t *testing.T) {
+	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
+	a, b := nodes[0], nodes[1]
+	entered := make(chan struct{}, maxExchangeHandlers)
+	release := make(chan struct{})
+	if err := b.Handle("hold", func(string, uint64, []byte) ([]byte, error) {
+		entered <- struct{}{}
+		<-release
+		return []byte("done"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, maxExchangeHandlers)
+	for range maxExchangeHandlers {
+		go func() {
+			_, err := a.Exchange("bravo", "hold", nil, 5*time.Second)
+			errs <- err
+		}()
+	}
+	for range maxExchangeHandlers {
+		select {
+		case <-entered:
+		case <-time.After(5 * time.Second):
+			t.Fatal("handlers did not start")
+		}
+	}
+	_, err := a.Exchange("bravo", "hold", nil, time.Second)
+	if !errors.Is(err, ErrExchange) || !strings.Contains(err.Error(), "busy") {
+		t.Fatalf("exchange beyond the bound: %v, want ErrExchange (busy)", err)
+	}
+	close(release)
+	for range maxExchangeHandlers {
+		if err := <-errs; err != nil {
+			t.Fatalf("held exchange: %v", err)
+		}
+	}
+	if resp, err := a.Exchange("bravo", "hold", nil, time.Second); err != nil || string(resp) != "done" {
+		t.Fatalf("exchange after the handlers finished: %q, %v", resp, err)
+	}
+}
