@@ -81,6 +81,9 @@ type conn struct {
 	// notes is the queue Deliver fills and PollNotifications drains.
 	notes noteQueue
 
+	// pview is the pool as this connection's requests resolve it.
+	pview poolView
+
 	// Owned by the serving goroutine.
 	blocks  blockSet
 	batches map[BatchID]struct{}
@@ -126,6 +129,7 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 		return nil, os.NewSyscallError("getsockopt SO_PEERCRED", err)
 	}
 	c.log = s.log.With("conn", c.id, "pid", c.cred.Pid, "uid", c.cred.Uid)
+	c.pview.Pool, c.pview.blocks, c.pview.log = s.deps.Pool, &c.blocks, c.log
 	c.readFn = c.recvmsg
 	return c, nil
 }
@@ -409,7 +413,7 @@ func (c *conn) takeFD() (int, error) {
 // segments this connection registered.
 func (c *conn) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 	if id == c.s.deps.Pool.ID() {
-		return c.s.deps.Pool, true
+		return &c.pview, true
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -15,6 +15,10 @@ import (
 // waitSlice bounds one engine wait so a closing server is noticed.
 const waitSlice = 250 * time.Millisecond
 
+// timeoutGrace is how long a one-shot Transfer waits past its deadline for
+// the engine to end what is still live in Timeout.
+const timeoutGrace = 100 * time.Millisecond
+
 // mutating reports whether a request changes what the connection holds or
 // moves data; those are audited and idempotent by key.
 func mutating(k Kind) bool {
@@ -329,6 +333,12 @@ func (c *conn) freeBlocks() {
 			c.codes = append(c.codes, tcproto.CodeFAILED_PRECONDITION)
 			continue
 		}
+		if c.pview.busy(off) {
+			// A transfer of this connection still moves bytes in it
+			// (possibly past its deadline): free it once that ends.
+			c.codes = append(c.codes, tcproto.CodeBUSY)
+			continue
+		}
 		err := p.Free(off)
 		if err == nil {
 			c.blocks.remove(off)
@@ -565,7 +575,9 @@ func (c *conn) transfer() error {
 		c.dropBatch(id)
 		return err
 	}
-	sum, err := c.wait(id, deadline, c.s.closing)
+	// The engine's deadline timer ends live tasks in Timeout at deadline;
+	// waiting a little past it lets the answer say Timeout, not Pending.
+	sum, err := c.wait(id, deadline.Add(timeoutGrace), c.s.closing)
 	if err != nil {
 		c.dropBatch(id)
 		return err
@@ -684,7 +696,17 @@ func (c *conn) release() {
 		}
 	}
 	p := c.s.deps.Pool
+	inFlight := c.pview.close(func(off uint64) bool {
+		i, _ := slices.BinarySearch(c.blocks.offs, off)
+		return !c.exported(p.ID(), off, c.blocks.sizes[i])
+	})
 	for i, off := range c.blocks.offs {
+		if inFlight[off] && !c.exported(p.ID(), off, c.blocks.sizes[i]) {
+			// A transfer abandoned with the connection still moves bytes
+			// in it; the last one to end frees it.
+			c.log.Warn("pool block left to its in-flight transfers; freed when they end", "offset", off)
+			continue
+		}
 		if c.exported(p.ID(), off, c.blocks.sizes[i]) {
 			// A peer request stalled inside it past ReleaseWait; handing
 			// the block to another client could let its bytes land there.

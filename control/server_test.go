@@ -753,3 +753,72 @@ func TestAuditLevels(t *testing.T) {
 		t.Fatalf("audit records missing (data-path %v, RegisterFile %v):\n%s", data, hold, e.logBuf.String())
 	}
 }
+
+// TestFreeBlockBusyWhileTransferInFlight: a block a transfer may still
+// write into (its task timed out, but the transport has not let go of it)
+// cannot be freed, so it cannot be handed to another client; once the
+// transport ends the task it can.
+func TestFreeBlockBusyWhileTransferInFlight(t *testing.T) {
+	e := newEnv(t, true)
+	h := e.tr.(*hangTransport)
+	h.mu.Lock()
+	h.deaf = true
+	h.mu.Unlock()
+	c := dialRaw(t, e.sock)
+	seg := registerBuffer(t, c, 1<<16)
+	offs := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 2, Size: 16384}).Offsets
+	r := c.call(&Request{Kind: tcproto.RequestBodyTransferRequestBody, TimeoutMS: 50, Requests: []xfer.Request{
+		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: offs[0], Length: hangLength}}})
+	if r.Summary.Timeout != 1 {
+		t.Fatalf("transfer summary %+v, want 1 timed out", r.Summary)
+	}
+	r = c.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: offs})
+	expectCode(t, r, tcproto.CodeOK)
+	if len(r.Codes) != 2 || r.Codes[0] != tcproto.CodeBUSY || r.Codes[1] != tcproto.CodeOK {
+		t.Fatalf("free codes %v, want [BUSY OK]: the timed-out transfer's block must stay", r.Codes)
+	}
+	if n := e.pool.Stats().Blocks; n != 1 {
+		t.Fatalf("%d pool blocks, want the busy one only", n)
+	}
+	h.finish()
+	r = c.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: offs[:1]})
+	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeOK {
+		t.Fatalf("free after the transport let go: %v", r.Codes)
+	}
+	c.uc.Close()
+	e.waitIdle()
+}
+
+// TestClosedConnectionBlockFreedAtLastDrop: a connection that closes while
+// a transfer still holds one of its blocks leaves that block allocated and
+// it is freed when the transfer ends, not before and not never.
+func TestClosedConnectionBlockFreedAtLastDrop(t *testing.T) {
+	e := newEnv(t, true, func(c *Config, _ *Deps) { c.ReleaseWait = 50 * time.Millisecond })
+	h := e.tr.(*hangTransport)
+	h.mu.Lock()
+	h.deaf = true
+	h.mu.Unlock()
+	c := dialRaw(t, e.sock)
+	seg := registerBuffer(t, c, 1<<16)
+	offs := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 3, Size: 16384}).Offsets
+	batch := c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1}).Batch
+	r := c.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: batch, Requests: []xfer.Request{
+		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: offs[1], Length: hangLength}}})
+	if r.Codes[0] != tcproto.CodeOK {
+		t.Fatalf("submit %+v", r.Codes)
+	}
+	c.uc.Close()
+	deadline := time.Now().Add(testTimeout)
+	for e.pool.Stats().Blocks != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d blocks after close, want only the one in flight", e.pool.Stats().Blocks)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := e.pool.Stats().Blocks; n != 1 {
+		t.Fatalf("in-flight block freed before its transfer ended (%d blocks)", n)
+	}
+	h.finish()
+	e.waitIdle()
+}

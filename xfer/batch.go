@@ -266,8 +266,41 @@ func (b *batch) prepare(t *Task, r Resolver) error {
 		l.Release()
 		return ErrNoSegment
 	}
+	t.holdL, t.holdT = false, false
+	if h, ok := l.(RangeHolder); ok {
+		if !h.HoldRange(q.LocalOffset, q.Length) {
+			l.Release()
+			tg.Release()
+			return ErrNoSegment
+		}
+		t.holdL = true
+	}
+	if h, ok := tg.(RangeHolder); ok {
+		if !h.HoldRange(q.TargetOffset, q.Length) {
+			if t.holdL {
+				l.(RangeHolder).DropRange(q.LocalOffset, q.Length)
+				t.holdL = false
+			}
+			l.Release()
+			tg.Release()
+			return ErrNoSegment
+		}
+		t.holdT = true
+	}
 	t.Local, t.Target, t.tr = l, tg, tr
 	return nil
+}
+
+// releaseSegs drops what prepare took for t: held ranges, then references.
+func (t *Task) releaseSegs() {
+	if t.holdL {
+		t.Local.(RangeHolder).DropRange(t.Req.LocalOffset, t.Req.Length)
+	}
+	if t.holdT {
+		t.Target.(RangeHolder).DropRange(t.Req.TargetOffset, t.Req.Length)
+	}
+	t.Local.Release()
+	t.Target.Release()
 }
 
 func inBounds(off, n, size uint64) bool { return off <= size && n <= size-off }
@@ -316,8 +349,7 @@ func (b *batch) dispatch(tr Transport, grp []*Task) bool {
 			ok = false
 			continue
 		}
-		t.Local.Release()
-		t.Target.Release()
+		t.releaseSegs()
 		b.owed.Add(-1)
 		b.end(t, stateDispatching, StateFailed, rerr, 0)
 	}
@@ -406,8 +438,7 @@ func (b *batch) TaskDone(t *Task, n uint64, err error) {
 		}
 		return
 	}
-	t.Local.Release()
-	t.Target.Release()
+	t.releaseSegs()
 	for {
 		if b.end(t, StatePending, finalState(err), err, n) {
 			break

@@ -58,6 +58,19 @@ type Segment interface {
 	Release()
 }
 
+// RangeHolder is implemented by segments that need to know which byte
+// ranges transfers are using: a connection's view of the pool, whose blocks
+// must not be freed (and handed to another client) while a transfer still
+// moves their bytes. After Acquire, the engine calls HoldRange with the
+// request's range on that segment; false refuses the request (nothing is
+// held then). DropRange is called exactly once for every successful
+// HoldRange, just before the matching Release, possibly on a transport's
+// goroutine; it must not block.
+type RangeHolder interface {
+	HoldRange(off, n uint64) bool
+	DropRange(off, n uint64)
+}
+
 // MemSegment is a segment backed by memory mapped in this process.
 type MemSegment interface {
 	Segment
@@ -170,6 +183,9 @@ type Task struct {
 	tr Transport
 	// seq is the submit call that dispatched the task (see batch.seq).
 	seq uint32
+	// holdL and holdT say that Local / Target are RangeHolders holding the
+	// request's range; release drops it before releasing the segment.
+	holdL, holdT bool
 	// err and n are the task's result. They are written only by the
 	// goroutine that moved the state to stateEnding and read only after a
 	// terminal state was loaded, so the state word orders them.
