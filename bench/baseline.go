@@ -85,9 +85,13 @@ func referenceFor(j *Job, metric string) (*reference, error) {
 			return nil, ToolMissing("iperf3")
 		}
 		secs := max(1, int(j.Runtime/time.Second))
-		return &reference{name: "iperf3", command: fmt.Sprintf("iperf3 -c 127.0.0.1 -t %d -l %d -P %d -J", secs, j.BSMax, j.NumJobs),
+		// As many streams as the daemons open per peer (peer_conns): the
+		// clones share them.
+		streams := DaemonPeerConns
+		return &reference{name: fmt.Sprintf("iperf3 -P %d (the daemons' %d connections per peer)", streams, DaemonPeerConns),
+			command: fmt.Sprintf("iperf3 -c 127.0.0.1 -t %d -l %d -P %d -J", secs, j.BSMax, streams),
 			run: func(ctx context.Context) (float64, error) {
-				bps, err := RunIperf3(ctx, secs, j.BSMax, j.NumJobs)
+				bps, err := RunIperf3(ctx, secs, j.BSMax, streams)
 				return bps / 8, err
 			}}, nil
 	case "rdma":

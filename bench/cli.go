@@ -20,6 +20,7 @@ type Options struct {
 	Spawn        bool
 	DaemonBin    string
 	PoolSize     uint64 // 0: sized from the jobs
+	PeerHost     string // --spawn: the address spawned peer daemons listen on ("" = 127.0.0.1)
 	Baseline     bool
 	Repeat       int
 	Plot         string
@@ -49,6 +50,13 @@ var harnessFlags = map[string]harnessFlag{
 	"pool-size": {set: func(o *Options, v string) (err error) {
 		o.PoolSize, err = parseSizeLimit(v, 1<<20, MaxSize)
 		return
+	}},
+	"peer-host": {set: func(o *Options, v string) error {
+		if v == "" || strings.ContainsAny(v, " /\t\n") || len(v) > 255 {
+			return fmt.Errorf("%w: --peer-host %q is not a host name or address", ErrBadValue, v)
+		}
+		o.PeerHost = v
+		return nil
 	}},
 	"baseline": {flag: true, set: func(o *Options, v string) (err error) { o.Baseline, err = parseBool(v); return }},
 	"repeat": {set: func(o *Options, v string) (err error) {

@@ -77,6 +77,9 @@ type dispatcher struct {
 	blocks    []uint64
 	blockLane []int
 	blockSize uint64
+	// targetBase is added to every target offset (tcp, rdma: the clone's
+	// window of a shared remote segment).
+	targetBase uint64
 
 	stop    chan struct{}
 	wg      sync.WaitGroup
@@ -168,7 +171,7 @@ func (d *dispatcher) Submit(ios []IO) (int, error) {
 				ln = s.SlotLane[io.Slot]
 			}
 			ls := d.lanes[ln]
-			ls.staged = append(ls.staged, part{slot: io.Slot, op: op, local: s.SlotOff[io.Slot] + done, target: toff, length: l})
+			ls.staged = append(ls.staged, part{slot: io.Slot, op: op, local: s.SlotOff[io.Slot] + done, target: d.targetBase + toff, length: l})
 			st.left++
 			done += l
 		}

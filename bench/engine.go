@@ -74,7 +74,16 @@ type Prefiller interface {
 type Env struct {
 	// Socket overrides every job's daemon option (set by --spawn).
 	Socket string
-	Logger *slog.Logger
+	// PeerSocket, when set, is the daemon tcp and rdma jobs are clients
+	// of (--spawn's daemon B) instead of each job's daemon option.
+	PeerSocket string
+	// PeerTarget is the target of tcp and rdma jobs that name none.
+	PeerTarget string
+	// TargetMem holds the targets this process exported (--spawn), by
+	// name, as mapped here: prefill and write verification use them
+	// directly. Read-only once the run starts.
+	TargetMem map[string][]byte
+	Logger    *slog.Logger
 }
 
 func (e *Env) socket(j *Job) string {

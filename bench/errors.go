@@ -32,6 +32,9 @@ var (
 	ErrToolMissing = errors.New("bench: reference tool missing")
 	// ErrToolOutput: a reference tool's output could not be understood.
 	ErrToolOutput = errors.New("bench: reference tool output not understood")
+	// ErrNoTarget: a tcp or rdma job's target segment cannot be opened
+	// (not exported on the peer, or the peer unknown to the daemon).
+	ErrNoTarget = errors.New("bench: target segment not reachable")
 	// ErrDaemon: the spawned daemon did not start or did not stop cleanly.
 	ErrDaemon = errors.New("bench: daemon failed")
 )

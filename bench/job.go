@@ -551,10 +551,11 @@ func validate(j *Job) error {
 			return bad("bs", fmt.Errorf("%w: direct I/O needs block sizes that are multiples of 512", ErrBadValue))
 		}
 	case "tcp", "rdma":
+		// A missing target is checked by CheckTargets: --spawn supplies one.
 		if j.Target == "" {
-			return bad("target", fmt.Errorf("%w: engine %s needs a target (peer/segment)", ErrMissingOption, j.Engine))
+			break
 		}
-		if p, s, ok := strings.Cut(j.Target, "/"); !ok || p == "" || s == "" {
+		if p, s, ok := strings.Cut(j.Target, "/"); !ok || p == "" || s == "" || strings.Contains(s, "/") {
 			return bad("target", fmt.Errorf("%w: target %q is not peer/segment", ErrBadValue, j.Target))
 		}
 	}
@@ -645,4 +646,16 @@ func ParseJobFile(file string, r io.Reader) ([]*Job, error) {
 		return nil, &ParseError{File: file, Err: ErrNoJobs}
 	}
 	return jobs, nil
+}
+
+// CheckTargets reports the first tcp or rdma job without a target: without
+// --spawn (which exports one) such a job has nothing to address.
+func CheckTargets(jobs []*Job) error {
+	for _, j := range jobs {
+		if (j.Engine == "tcp" || j.Engine == "rdma") && j.Target == "" {
+			return &ParseError{File: j.Src.File, Line: j.Src.Line, Option: "target",
+				Err: fmt.Errorf("%w: engine %s needs a target (peer/segment exported on the peer; --spawn makes one)", ErrMissingOption, j.Engine)}
+		}
+	}
+	return nil
 }

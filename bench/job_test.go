@@ -115,7 +115,6 @@ func TestParseErrors(t *testing.T) {
 		{"rwmixread under", "[a]\nrwmixread=-1\n", ErrBadValue, 2, "rwmixread"},
 		{"duplicate job", "[a]\n[b]\n[a]\n", ErrDuplicateJob, 3, ""},
 		{"missing filename for uring", "[a]\nengine=uring\nbs=4k\n", ErrMissingOption, 1, "filename"},
-		{"missing target for tcp", "[a]\nengine=tcp\n", ErrMissingOption, 1, "target"},
 		{"bad target", "[a]\nengine=rdma\ntarget=nopeer\n", ErrBadValue, 1, "target"},
 		{"unknown engine", "[a]\nengine=warp\n", ErrBadValue, 2, "engine"},
 		{"bs over limit", "[a]\nbs=1g\n", ErrBadValue, 2, "bs"},

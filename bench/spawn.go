@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -53,6 +54,11 @@ func FindDaemonBin(explicit string) (string, error) {
 // allowedFiles are the directories file segments may be opened in (written
 // to the daemon's config as allowed_files).
 func SpawnDaemon(bin string, poolSize uint64, allowedFiles []string, log *slog.Logger) (*Daemon, error) {
+	return spawnDaemon(bin, poolSize, allowedFiles, nil, log)
+}
+
+// spawnDaemon is SpawnDaemon with extra daemon flags.
+func spawnDaemon(bin string, poolSize uint64, allowedFiles, extra []string, log *slog.Logger) (*Daemon, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -62,6 +68,7 @@ func SpawnDaemon(bin string, poolSize uint64, allowedFiles []string, log *slog.L
 	}
 	d := &Daemon{Socket: filepath.Join(dir, "s.sock"), Dir: dir, log: log, exited: make(chan error, 1)}
 	d.Args = []string{"--socket", d.Socket, "--data-dir", filepath.Join(dir, "data"), "--pool-size", sizeArg(poolSize)}
+	d.Args = append(d.Args, extra...)
 	if len(allowedFiles) > 0 {
 		cfg := filepath.Join(dir, "tensorcastd.toml")
 		body := "allowed_files = ["
@@ -153,13 +160,27 @@ func (d *Daemon) Stop() error {
 }
 
 // SpawnCheck says whether --spawn can serve jobs: one private daemon serves
-// local, uring and store jobs; tcp and rdma need two connected peers.
+// local, uring and store jobs; tcp and rdma jobs share one pair of
+// connected daemons (SpawnPeers), so a run holds tcp or rdma jobs, not
+// both, and their targets name one peer.
 func SpawnCheck(jobs []*Job) error {
+	var engine, peer string
 	for _, j := range jobs {
-		switch j.Engine {
-		case "tcp", "rdma":
-			return fmt.Errorf("%w: job %s: engine %s needs two connected peers; spawning them is not available yet", ErrEngineUnavailable, j.Name, j.Engine)
+		if !isPeerEngine(j.Engine) {
+			continue
 		}
+		if engine != "" && j.Engine != engine {
+			return fmt.Errorf("%w: job %s: engine %s and engine %s need differently configured daemons; run them separately", ErrBadValue, j.Name, j.Engine, engine)
+		}
+		engine = j.Engine
+		if j.Target == "" {
+			continue
+		}
+		p, _, _ := strings.Cut(j.Target, "/")
+		if peer != "" && p != peer {
+			return fmt.Errorf("%w: job %s: target %s names peer %s; the spawned target daemon is %s", ErrBadValue, j.Name, j.Target, p, peer)
+		}
+		peer = p
 	}
 	return nil
 }

@@ -27,7 +27,8 @@ Job options (fio's names; before the first --name they are global):
 
 Flags:
   --output-format=normal|json|terse   --output=FILE   --plot=FILE.svg
-  --spawn              start a private tensorcastd for the run (--daemon-bin, --pool-size)
+  --spawn              start a private tensorcastd for the run (--daemon-bin, --pool-size);
+                       tcp/rdma jobs get two connected daemons (--peer-host, default 127.0.0.1)
   --baseline           run the reference tool side by side (--repeat=N, A B A B ...)
   --dry-run            parse and print the jobs, run nothing
   --version  --help
@@ -84,6 +85,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	env := &bench.Env{Logger: log}
 	var daemon *bench.Daemon
+	var peers *bench.PeerPair
 	if opts.Spawn {
 		for _, j := range jobs {
 			if err := bench.EngineAvailable(j.Engine); err != nil && !opts.Baseline {
@@ -104,12 +106,32 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if pool == 0 {
 			pool = bench.PoolSizeFor(jobs)
 		}
-		daemon, err = bench.SpawnDaemon(bin, pool, bench.AllowedDirs(jobs), log)
-		if err != nil {
-			fmt.Fprintf(stderr, "tcbench: %v\n", err)
-			return 1
+		if bench.NeedsOneDaemon(jobs) {
+			daemon, err = bench.SpawnDaemon(bin, pool, bench.AllowedDirs(jobs), log)
+			if err != nil {
+				fmt.Fprintf(stderr, "tcbench: %v\n", err)
+				return 1
+			}
+			env.Socket = daemon.Socket
 		}
-		env.Socket = daemon.Socket
+		if eng := bench.PeerEngineOf(jobs); eng != "" {
+			rdma := "off"
+			if eng == "rdma" {
+				rdma = "on"
+			}
+			peers, err = bench.SpawnPeers(bench.PeerSpawn{Bin: bin, PoolSize: pool, Host: opts.PeerHost, RDMA: rdma, Jobs: jobs}, log)
+			if err != nil {
+				if daemon != nil {
+					daemon.Stop()
+				}
+				fmt.Fprintf(stderr, "tcbench: --spawn engine=%s: %v\n", eng, err)
+				return 1
+			}
+			peers.Env(env)
+		}
+	} else if err := bench.CheckTargets(jobs); err != nil {
+		fmt.Fprintf(stderr, "tcbench: %v\n", err)
+		return 2
 	}
 	var pw io.Writer
 	if f, ok := stderr.(*os.File); ok {
@@ -142,6 +164,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	} else {
 		res, err = r.Run(ctx, jobs)
 		if err != nil {
+			fmt.Fprintf(stderr, "tcbench: %v\n", err)
+			code = 1
+		}
+	}
+	if peers != nil {
+		if err := peers.Stop(); err != nil {
 			fmt.Fprintf(stderr, "tcbench: %v\n", err)
 			code = 1
 		}

@@ -58,8 +58,10 @@ func TestRunErrors(t *testing.T) {
 	}{
 		{[]string{"--name=a", "--bs=4q"}, 2, `command line:2: option "bs"`},
 		{[]string{}, 2, "no jobs"},
-		{[]string{"--name=a", "--engine=tcp", "--target=p/s"}, 1, `engine "tcp"`},
-		{[]string{"--spawn", "--name=a", "--engine=tcp", "--target=p/s"}, 1, `engine "tcp"`},
+		{[]string{"--name=a", "--engine=tcp", "--target=p/s", "--daemon=/nonexistent/s.sock"}, 1, "cannot connect to the daemon at /nonexistent/s.sock"},
+		{[]string{"--name=a", "--engine=tcp"}, 2, "needs a target"},
+		{[]string{"--spawn", "--daemon-bin=/nonexistent/tensorcastd", "--name=a", "--engine=tcp"}, 1, "--daemon-bin"},
+		{[]string{"--spawn", "--name=a", "--engine=tcp", "--target=p/s", "--name=b", "--engine=rdma", "--target=p/s"}, 1, "separately"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(c.args, &stdout, &stderr)

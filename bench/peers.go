@@ -1,0 +1,398 @@
+package bench
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+func init() {
+	engines["tcp"] = newPeerEngine
+	engines["rdma"] = newPeerEngine
+	delete(unavailable, "tcp")
+	delete(unavailable, "rdma")
+}
+
+// Names --spawn gives the two daemons and the exported segment when the
+// jobs name no target.
+const (
+	SpawnTargetID = "tcbench-a" // daemon A, which exports the target
+	SpawnClientID = "tcbench-b" // daemon B, whose clients run the jobs
+	SpawnSegment  = "tcbench"
+)
+
+// DaemonPeerConns is tensorcastd's default number of connections per peer
+// (peer_conns): the iperf3 -P the tcp baseline uses.
+const DaemonPeerConns = 4
+
+func isPeerEngine(name string) bool { return name == "tcp" || name == "rdma" }
+
+// PeerSpawn is what SpawnPeers starts.
+type PeerSpawn struct {
+	Bin      string
+	PoolSize uint64
+	// Host is the address both peer planes listen on (port 0); "" is
+	// 127.0.0.1.
+	Host string
+	// RDMA is the daemons' rdma setting: off for tcp jobs, on for rdma.
+	RDMA string
+	// Jobs are the run's jobs; the tcp and rdma ones size the exports.
+	Jobs []*Job
+}
+
+// PeerPair is two spawned, connected daemons. A client of A (held here)
+// registers one buffer per target the jobs name and exports it; B knows A
+// as a peer and serves the jobs. Stop stops B, closes the client (ending
+// the exports) and stops A.
+type PeerPair struct {
+	A, B   *Daemon
+	Target string            // the default target: A's id / SpawnSegment
+	Mem    map[string][]byte // target name → its buffer as mapped here
+	ctl    *client.Client
+	keyDir string
+}
+
+// SpawnPeers starts daemon A with a peer plane on s.Host, reads the address
+// it bound from Hello, exports the jobs' targets there, then starts B
+// with A as its peer. A accepts any peer holding the cluster key, which
+// both read from a 0600 file in a private directory.
+func SpawnPeers(s PeerSpawn, log *slog.Logger) (p *PeerPair, err error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	host := s.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	listen := net.JoinHostPort(host, "0")
+	aID, sizes := SpawnTargetID, map[string]uint64{}
+	for _, j := range s.Jobs {
+		if !isPeerEngine(j.Engine) {
+			continue
+		}
+		t := j.Target
+		if t == "" {
+			t = SpawnTargetID + "/" + SpawnSegment
+		}
+		aID, _, _ = strings.Cut(t, "/")
+		sizes[t] = max(sizes[t], uint64(j.NumJobs)*j.Size)
+	}
+	bID := SpawnClientID
+	if aID == bID {
+		bID = SpawnClientID + "-2"
+	}
+	p = &PeerPair{Target: aID + "/" + SpawnSegment, Mem: map[string][]byte{}}
+	defer func() {
+		if err != nil {
+			p.Stop()
+		}
+	}()
+	p.keyDir, err = os.MkdirTemp("", "tcbench-cluster-")
+	if err != nil {
+		return p, fmt.Errorf("%w: %w", ErrDaemon, err)
+	}
+	var raw [32]byte
+	rand.Read(raw[:])
+	keyFile := filepath.Join(p.keyDir, "cluster.key")
+	if err := os.WriteFile(keyFile, []byte(hex.EncodeToString(raw[:])+"\n"), 0o600); err != nil {
+		return p, fmt.Errorf("%w: cluster key: %w", ErrDaemon, err)
+	}
+	common := []string{"--peer-listen", listen, "--cluster-key-file", keyFile, "--rdma", s.RDMA}
+	p.A, err = spawnDaemon(s.Bin, s.PoolSize, nil, append([]string{"--daemon-id", aID}, common...), log)
+	if err != nil {
+		return p, fmt.Errorf("daemon %s (%s): %w", aID, strings.Join(common, " "), err)
+	}
+	p.ctl, err = client.Dial(p.A.Socket, client.Options{Name: "tcbench-export"})
+	if err != nil {
+		return p, fmt.Errorf("%w: daemon %s: %w", ErrDaemon, aID, err)
+	}
+	addr := p.ctl.Hello().PeerAddr
+	if addr == "" {
+		return p, fmt.Errorf("%w: daemon %s reports no peer address", ErrDaemon, aID)
+	}
+	for t, size := range sizes {
+		_, seg, _ := strings.Cut(t, "/")
+		buf, err := p.ctl.RegisterBuffer(size)
+		if err != nil {
+			return p, fmt.Errorf("%w: target buffer of %d bytes on %s: %w", ErrDaemon, size, aID, err)
+		}
+		if _, err := p.ctl.ExportSegment(seg, buf.ID, 0, size, client.RightRead|client.RightWrite); err != nil {
+			return p, fmt.Errorf("%w: export %s on %s: %w", ErrDaemon, seg, aID, err)
+		}
+		p.Mem[t] = buf.Mem
+	}
+	bArgs := append([]string{"--daemon-id", bID, "--peer", aID + "=" + addr}, common...)
+	p.B, err = spawnDaemon(s.Bin, s.PoolSize, nil, bArgs, log)
+	if err != nil {
+		return p, fmt.Errorf("daemon %s (%s): %w", bID, strings.Join(bArgs, " "), err)
+	}
+	log.Info("spawned peer daemons", "target", aID, "peer_addr", addr, "client", bID, "rdma", s.RDMA)
+	return p, nil
+}
+
+// Env points env's tcp and rdma jobs at the pair.
+func (p *PeerPair) Env(env *Env) {
+	env.PeerSocket, env.PeerTarget, env.TargetMem = p.B.Socket, p.Target, p.Mem
+}
+
+// Stop stops B, ends the exports, stops A and removes the key.
+func (p *PeerPair) Stop() error {
+	var errs []error
+	if p.B != nil {
+		errs = append(errs, p.B.Stop())
+		p.B = nil
+	}
+	if p.ctl != nil {
+		errs = append(errs, p.ctl.Close())
+		p.ctl = nil
+	}
+	if p.A != nil {
+		errs = append(errs, p.A.Stop())
+		p.A = nil
+	}
+	if p.keyDir != "" {
+		errs = append(errs, os.RemoveAll(p.keyDir))
+		p.keyDir = ""
+	}
+	p.Mem = nil
+	return errors.Join(errs...)
+}
+
+// peerEngine runs a tcp or rdma job as a client of one daemon against a
+// segment another daemon exports ("peer/segment"). The slot buffers are one
+// client buffer (a sealed memfd) registered on every connection, plus one
+// scratch slot for prefill and read-back; each connection opens the remote
+// segment. A READ moves remote → slot, a WRITE slot → remote, carried by
+// the daemons' peer plane (tcp, or RDMA when both daemons use it). Slots
+// are dealt to lanes a batch at a time, as for uring. Clone w addresses
+// [w*size, (w+1)*size) of the segment.
+type peerEngine struct {
+	env *Env
+	job *Job
+	dispatcher
+
+	target  string
+	base    uint64
+	region  uint64
+	slots   int
+	slotSz  uint64
+	memfd   []byte   // the slot buffers' mapping, unmapped at Close
+	slotMem [][]byte // per slot: its buffer
+	remote  []byte   // the target as mapped here (--spawn), or nil
+	reqs    [1]xfer.Request
+	res     [1]error
+	closed  bool
+}
+
+var (
+	_ Engine    = (*peerEngine)(nil)
+	_ Peeker    = (*peerEngine)(nil)
+	_ Prefiller = (*peerEngine)(nil)
+)
+
+func newPeerEngine(env *Env, job *Job) (Engine, error) {
+	return &peerEngine{env: env, job: job}, nil
+}
+
+func (e *peerEngine) Name() string { return e.job.Engine }
+
+func (e *peerEngine) Open(s EngineSpec) (err error) {
+	if e.closed || e.lanes != nil {
+		return fmt.Errorf("%w: engine opened twice", ErrBadValue)
+	}
+	defer func() {
+		if err != nil {
+			e.Close()
+		}
+	}()
+	j := e.job
+	sock := j.Daemon
+	e.target = j.Target
+	if e.env != nil {
+		if e.env.PeerSocket != "" {
+			sock = e.env.PeerSocket
+		}
+		if e.target == "" {
+			e.target = e.env.PeerTarget
+		}
+	}
+	if e.target == "" {
+		return fmt.Errorf("%w: engine %s needs a target (peer/segment)", ErrMissingOption, j.Engine)
+	}
+	e.slots, e.slotSz, e.region = s.Slots, s.SlotSize, s.Region
+	e.base = uint64(s.Worker) * s.Region
+	if e.env != nil {
+		if m := e.env.TargetMem[e.target]; uint64(len(m)) >= e.base+s.Region {
+			e.remote = m[e.base : e.base+s.Region]
+		}
+	}
+	var rights uint8
+	if j.RW.Reads() || e.remote == nil && j.Verify != "" {
+		rights |= client.RightRead
+	}
+	if j.RW.Writes() || e.remote == nil && (j.RW.Reads() || j.Verify != "") {
+		rights |= client.RightWrite // prefill writes the pattern
+	}
+
+	nl := laneCount(s.Slots, j.Batch)
+	size := uint64(s.Slots+1) * s.SlotSize
+	fd, err := shm.NewMemfd("tcbench-slots", size, true)
+	if err != nil {
+		return fmt.Errorf("slot buffers: %w", err)
+	}
+	defer unix.Close(fd)
+	e.memfd, err = shm.MapShared(fd, size)
+	if err != nil {
+		return fmt.Errorf("slot buffers: %w", err)
+	}
+	e.lanes = make([]*lane, 0, nl)
+	for i := range nl {
+		c, err := client.Dial(sock, client.Options{Name: "tcbench"})
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrEngineUnavailable, err)
+		}
+		l := &lane{c: c, t: c}
+		e.lanes = append(e.lanes, l)
+		if l.local, err = c.RegisterFD(fd, size); err != nil {
+			return fmt.Errorf("register buffer on connection %d: %w", i, err)
+		}
+		rs, err := c.OpenRemote(e.target, rights)
+		if err != nil {
+			return fmt.Errorf("%w: open %s on daemon %s: %w (the segment must be exported on that peer with these rights and the peer configured on this daemon; --spawn sets both up)",
+				ErrNoTarget, e.target, sock, err)
+		}
+		if rs.Size < e.base+s.Region {
+			return fmt.Errorf("%w: %s is %d bytes; clone %d needs [%d, %d)", ErrBadValue, e.target, rs.Size, s.Worker, e.base, e.base+s.Region)
+		}
+		l.target = rs.ID
+	}
+	e.slotMem = make([][]byte, s.Slots)
+	slotOff := make([]uint64, s.Slots)
+	slotLane := make([]int, s.Slots)
+	per := (s.Slots + nl - 1) / nl
+	for i := range s.Slots {
+		slotOff[i] = uint64(i) * s.SlotSize
+		slotLane[i] = i / per
+		e.slotMem[i] = e.memfd[slotOff[i] : slotOff[i]+s.SlotSize]
+	}
+	capacity := int(min(max(e.lanes[0].c.Hello().Limits.MaxBatchCapacity, 1), 4096))
+	if j.Batch > capacity {
+		return fmt.Errorf("%w: batch %d is more than the daemon's batch capacity %d", ErrBadValue, j.Batch, capacity)
+	}
+	e.targetBase = e.base
+	e.start(dispatchSpec{Slots: s.Slots, SlotSize: s.SlotSize, Region: s.Region, PartsPerIO: 1,
+		Capacity: capacity, SlotOff: slotOff, SlotLane: slotLane})
+	return nil
+}
+
+func (e *peerEngine) Buffer(slot int) []byte { return e.slotMem[slot] }
+
+// scratch moves [off, off+n) of the clone's window between the scratch
+// slot and the remote segment with one Transfer on the first connection
+// (its calls are serialized with the lane's own).
+func (e *peerEngine) scratch(op xfer.Op, off, n uint64) ([]byte, error) {
+	l := e.lanes[0]
+	e.reqs[0] = xfer.Request{Op: op, Local: l.local, LocalOffset: uint64(e.slots) * e.slotSz,
+		Target: l.target, TargetOffset: e.base + off, Length: n}
+	if _, err := l.c.Transfer(e.reqs[:], waitTimeout, e.res[:]); err != nil {
+		return nil, fmt.Errorf("%w: %s %d bytes at %d: %w", ErrIO, op, n, off, err)
+	}
+	if e.res[0] != nil {
+		return nil, fmt.Errorf("%w: %s %d bytes at %d: %w", ErrIO, op, n, off, e.res[0])
+	}
+	at := uint64(e.slots) * e.slotSz
+	return e.memfd[at : at+n], nil
+}
+
+// Peek returns the target bytes [off, off+n): from the mapping when this
+// process exported the target, else read back through the daemons.
+func (e *peerEngine) Peek(off, n uint64) ([]byte, error) {
+	if e.lanes == nil || off > e.region || n > e.region-off || n > e.slotSz {
+		return nil, fmt.Errorf("%w: peek out of bounds", ErrBadValue)
+	}
+	if e.remote != nil {
+		return e.remote[off : off+n], nil
+	}
+	return e.scratch(xfer.OpRead, off, n)
+}
+
+// Prefill writes the verify pattern over the clone's window: directly when
+// the target is mapped here, else by WRITEs of a slot's size.
+func (e *peerEngine) Prefill(seed uint64, needPattern bool) error {
+	if e.remote != nil {
+		if !e.job.RW.Reads() {
+			// Nothing reads the pattern: lay down another one, so that
+			// verifying a write sees whether its bytes landed.
+			fillPattern(e.remote, ^seed, 0)
+			return nil
+		}
+		fillPattern(e.remote, seed, 0)
+		return nil
+	}
+	if !needPattern || !e.job.RW.Reads() {
+		return nil // Open checked the segment covers the window
+	}
+	at := uint64(e.slots) * e.slotSz
+	for off := uint64(0); off < e.region; off += e.slotSz {
+		n := min(e.slotSz, e.region-off)
+		fillPattern(e.memfd[at:at+n], seed, off)
+		if _, err := e.scratch(xfer.OpWrite, off, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close stops the lanes' goroutines, then closes their connections (which
+// closes the remote segments and releases the buffers in the daemon).
+func (e *peerEngine) Close() error {
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	e.stopLanes()
+	var errs []error
+	for _, l := range e.lanes {
+		errs = append(errs, l.c.Close())
+	}
+	e.lanes, e.remote, e.slotMem = nil, nil, nil
+	if e.memfd != nil {
+		errs = append(errs, shm.Unmap(e.memfd))
+		e.memfd = nil
+	}
+	return errors.Join(errs...)
+}
+
+// PeerEngineOf returns the engine of the jobs' tcp or rdma jobs ("" when
+// there are none; SpawnCheck refuses a mix).
+func PeerEngineOf(jobs []*Job) string {
+	for _, j := range jobs {
+		if isPeerEngine(j.Engine) {
+			return j.Engine
+		}
+	}
+	return ""
+}
+
+// NeedsOneDaemon reports whether some job runs through a single daemon
+// (local, uring, store).
+func NeedsOneDaemon(jobs []*Job) bool {
+	for _, j := range jobs {
+		if !isPeerEngine(j.Engine) && j.Engine != "mem" {
+			return true
+		}
+	}
+	return false
+}

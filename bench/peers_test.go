@@ -1,0 +1,164 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func spawnPeersForTest(t *testing.T, rdma string, jobs []*Job) *PeerPair {
+	t.Helper()
+	bin := buildDaemon(t)
+	p, err := SpawnPeers(PeerSpawn{Bin: bin, PoolSize: 64 << 20, RDMA: rdma, Jobs: jobs}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(); err != nil {
+			t.Errorf("peer daemons stop: %v", err)
+		}
+	})
+	return p
+}
+
+func runEnv(t *testing.T, env *Env, jobs []*Job) *Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := (&Runner{Env: env}).Run(ctx, jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// TestTCPEngineThroughTwoDaemons runs tcp jobs as clients of daemon B
+// against a buffer a client of daemon A exported, every byte checked by
+// crc32c where it landed: writes (several connections), random reads,
+// two clones sharing the segment with mixed sizes.
+func TestTCPEngineThroughTwoDaemons(t *testing.T) {
+	jobs := mustJobs(t, "--engine=tcp", "--verify=crc32c", "--size=4m",
+		"--name=w", "--rw=write", "--bs=1m", "--iodepth=4", "--batch=2",
+		"--name=r", "--rw=randread", "--bs=64k", "--iodepth=8", "--batch=4", "--stonewall",
+		"--name=rw", "--rw=randrw", "--bsrange=4k-256k", "--iodepth=4", "--batch=1", "--numjobs=2", "--stonewall")
+	p := spawnPeersForTest(t, "off", jobs)
+	if len(p.Mem[p.Target]) != 8<<20 {
+		t.Fatalf("exported %d bytes for %s, want 8 MiB (2 clones × 4 MiB)", len(p.Mem[p.Target]), p.Target)
+	}
+	env := &Env{}
+	p.Env(env)
+	// The write job alone first: prefill laid another pattern down, so
+	// the exported buffer holds the job's pattern only if its writes
+	// landed there.
+	checkMoved(t, runEnv(t, env, jobs[:1]))
+	exp := make([]byte, 4<<20)
+	fillPattern(exp, jobs[0].RandSeed, 0)
+	if string(p.Mem[p.Target][:4<<20]) != string(exp) {
+		t.Fatal("the exported buffer does not hold what the write job wrote")
+	}
+	checkMoved(t, runEnv(t, env, jobs[1:]))
+}
+
+// TestTCPEngineWithoutMapping addresses the target only through the
+// daemons, as a run without --spawn does: prefill by WRITEs, write
+// verification by reading back.
+func TestTCPEngineWithoutMapping(t *testing.T) {
+	jobs := mustJobs(t, "--engine=tcp", "--verify=crc32c", "--size=2m", "--target="+SpawnTargetID+"/"+SpawnSegment,
+		"--name=w", "--rw=randwrite", "--bs=128k", "--iodepth=4", "--batch=2",
+		"--name=r", "--rw=read", "--bs=4k", "--iodepth=1", "--stonewall")
+	p := spawnPeersForTest(t, "off", jobs)
+	res := runEnv(t, &Env{PeerSocket: p.B.Socket}, jobs)
+	checkMoved(t, res)
+
+	// A segment nobody exported fails with ErrNoTarget naming it.
+	bad := mustJobs(t, "--name=x", "--engine=tcp", "--size=1m", "--target="+SpawnTargetID+"/nothere")
+	_, err := (&Runner{Env: &Env{PeerSocket: p.B.Socket}}).Run(context.Background(), bad)
+	if !errors.Is(err, ErrNoTarget) || !strings.Contains(err.Error(), "nothere") {
+		t.Errorf("unexported target: %v", err)
+	}
+}
+
+// TestTCPEngineVerifyCatchesCorruption changes the exported buffer behind
+// the daemons' back after prefill and expects a read to fail verification.
+func TestTCPEngineVerifyCatchesCorruption(t *testing.T) {
+	jobs := mustJobs(t, "--name=r", "--engine=tcp", "--verify=crc32c", "--size=1m", "--rw=read", "--bs=64k")
+	p := spawnPeersForTest(t, "off", jobs)
+	env := &Env{}
+	p.Env(env)
+	eng, err := NewEngine(env, jobs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(jobs[0], 0, eng)
+	if err := w.open(); err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	p.Mem[p.Target][5*64<<10+7] ^= 0xff
+	var stop atomicBool
+	err = w.run(&stop.b)
+	if err == nil || !strings.Contains(err.Error(), "verify") {
+		t.Fatalf("run error = %v, want a verify failure", err)
+	}
+}
+
+// TestRDMAEngineWithoutDevice: rdma = on on a host without an RDMA device
+// stops daemon A at start-up, and SpawnPeers says so at once.
+func TestRDMAEngineWithoutDevice(t *testing.T) {
+	if ents, _ := os.ReadDir("/sys/class/infiniband"); len(ents) > 0 {
+		t.Skipf("this host has RDMA devices (%d in /sys/class/infiniband); the failure path needs none", len(ents))
+	}
+	bin := buildDaemon(t)
+	jobs := mustJobs(t, "--name=r", "--engine=rdma", "--size=1m", "--rw=write")
+	start := time.Now()
+	p, err := SpawnPeers(PeerSpawn{Bin: bin, PoolSize: 64 << 20, RDMA: "on", Jobs: jobs}, nil)
+	if err == nil {
+		p.Stop()
+		t.Fatal("rdma = on started without an RDMA device")
+	}
+	if !errors.Is(err, ErrDaemon) || !strings.Contains(err.Error(), "rdma = on") || !strings.Contains(err.Error(), "--rdma on") {
+		t.Errorf("error does not name the rdma start-up failure: %v", err)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("failing took %v", d)
+	}
+}
+
+func TestPeerOptions(t *testing.T) {
+	o, jobs, err := ParseArgs([]string{"--spawn", "--peer-host", "10.0.0.2", "--name=a", "--engine=tcp"})
+	if err != nil || o.PeerHost != "10.0.0.2" || jobs[0].Target != "" {
+		t.Fatalf("tcp without target under --spawn: %v %+v", err, o)
+	}
+	if err := CheckTargets(jobs); !errors.Is(err, ErrMissingOption) || !strings.Contains(err.Error(), "target") {
+		t.Errorf("CheckTargets without target: %v", err)
+	}
+	if err := SpawnCheck(jobs); err != nil {
+		t.Errorf("SpawnCheck tcp: %v", err)
+	}
+	if _, _, err := ParseArgs([]string{"--peer-host", "a b", "--name=a"}); !errors.Is(err, ErrBadValue) {
+		t.Errorf("bad --peer-host: %v", err)
+	}
+	if _, _, err := ParseArgs([]string{"--name=a", "--engine=tcp", "--target=p/s/x"}); !errors.Is(err, ErrBadValue) {
+		t.Errorf("target with two slashes: %v", err)
+	}
+	jobs = mustJobs(t, "--name=a", "--engine=tcp", "--target=p/s", "--name=b", "--engine=rdma", "--target=p/s")
+	if err := SpawnCheck(jobs); !errors.Is(err, ErrBadValue) || !strings.Contains(err.Error(), "separately") {
+		t.Errorf("tcp and rdma in one spawned run: %v", err)
+	}
+	jobs = mustJobs(t, "--name=a", "--engine=tcp", "--target=p/s", "--name=b", "--engine=tcp", "--target=q/s")
+	if err := SpawnCheck(jobs); !errors.Is(err, ErrBadValue) || !strings.Contains(err.Error(), "q") {
+		t.Errorf("two target peers in one spawned run: %v", err)
+	}
+	if err := CheckTargets(jobs); err != nil {
+		t.Errorf("CheckTargets with targets: %v", err)
+	}
+	if PeerEngineOf(jobs) != "tcp" || NeedsOneDaemon(jobs) {
+		t.Errorf("PeerEngineOf/NeedsOneDaemon of tcp jobs")
+	}
+}
