@@ -46,9 +46,10 @@ type rdmaPlane struct {
 
 	links atomic.Pointer[map[string]*rdmaLink] // copy on write, under mu
 
-	jobs chan *tcp.Remote
-	stop chan struct{}
-	wg   sync.WaitGroup
+	jobs   chan *tcp.Remote
+	retire chan *rdmaLink // links whose peer runs a new epoch
+	stop   chan struct{}
+	wg     sync.WaitGroup
 
 	// mu guards links' writers, accepted, said and closed.
 	mu       sync.Mutex
@@ -125,7 +126,7 @@ func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.
 func newPlane(dev *rdma.Device, reg *rdma.Region, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) *rdmaPlane {
 	p := &rdmaPlane{
 		log: log, dev: dev, reg: reg, pool: pool, node: peers.node, peers: peers, poolID: pool.ID(),
-		jobs: make(chan *tcp.Remote, 64), stop: make(chan struct{}),
+		jobs: make(chan *tcp.Remote, 64), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
 	}
 	empty := map[string]*rdmaLink{}
@@ -169,6 +170,8 @@ func (p *rdmaPlane) worker() {
 		select {
 		case <-p.stop:
 			return
+		case l := <-p.retire:
+			p.retireLink(l)
 		case r := <-p.jobs:
 			if e, ok := failedPeer[r.Peer()]; ok && e == r.Epoch() {
 				continue
@@ -199,6 +202,46 @@ func (p *rdmaPlane) worker() {
 	}
 }
 
+// retireLink drops a link whose peer restarted: requests to the old
+// epoch's segments go to tcp (which refuses them), the new epoch's get a
+// new link.
+func (p *rdmaPlane) retireLink(l *rdmaLink) {
+	p.mu.Lock()
+	old := *p.links.Load()
+	if old[l.peer] != l || p.closed {
+		p.mu.Unlock()
+		return
+	}
+	m := make(map[string]*rdmaLink, len(old))
+	for k, v := range old {
+		if k != l.peer {
+			m[k] = v
+		}
+	}
+	p.links.Store(&m)
+	p.mu.Unlock()
+	_ = l.tr.Close()
+	p.log.Info("rdma link closed: the peer runs a new epoch", "peer", l.peer, "epoch", fmt.Sprintf("%#x", l.epoch))
+}
+
+// epochChannel is a link's peer channel: exchanges pinned to the epoch the
+// link was made with, so that its queue pairs never reconnect to a
+// restarted peer (whose pool and keys are new); a stale epoch retires the
+// link.
+type epochChannel struct{ l *rdmaLink }
+
+func (c epochChannel) Exchange(peer, kind string, req []byte, timeout time.Duration) ([]byte, error) {
+	p := c.l.p
+	resp, err := p.node.ExchangeAt(peer, c.l.epoch, kind, req, timeout)
+	if errors.Is(err, tcp.ErrStaleEpoch) {
+		select {
+		case p.retire <- c.l:
+		default:
+		}
+	}
+	return resp, err
+}
+
 // link returns peer's link of epoch, connecting it when there is none.
 func (p *rdmaPlane) link(peer string, epoch uint64) (*rdmaLink, error) {
 	if l := (*p.links.Load())[peer]; l != nil && l.epoch == epoch {
@@ -212,7 +255,7 @@ func (p *rdmaPlane) resolve(l *rdmaLink, r *tcp.Remote) error {
 	if _, ok := (*l.segs.Load())[r]; ok {
 		return nil
 	}
-	resp, err := p.node.Exchange(r.Peer(), segmentExchange, []byte(r.Name()), 0)
+	resp, err := p.node.ExchangeAt(r.Peer(), l.epoch, segmentExchange, []byte(r.Name()), 0)
 	if err != nil {
 		return err
 	}
@@ -253,8 +296,9 @@ func (p *rdmaPlane) connect(peer string, epoch uint64) (*rdmaLink, error) {
 		return nil, err
 	}
 	tr.AddLocal(p.poolID, p.reg)
+	l := &rdmaLink{p: p, peer: peer, epoch: epoch, tr: tr, tcp: p.peers.tr}
 	start := time.Now()
-	if err := tr.Connect(rdma.ChannelPeer{Ch: p.node, ID: peer}); err != nil {
+	if err := tr.Connect(rdma.ChannelPeer{Ch: epochChannel{l}, ID: peer}); err != nil {
 		_ = tr.Close()
 		return nil, err
 	}
@@ -263,7 +307,7 @@ func (p *rdmaPlane) connect(peer string, epoch uint64) (*rdmaLink, error) {
 		_ = tr.Close()
 		return nil, fmt.Errorf("peer exposed %d regions, want its pool", len(regs))
 	}
-	l := &rdmaLink{p: p, peer: peer, epoch: epoch, tr: tr, tcp: p.peers.tr, pool: regs[0]}
+	l.pool = regs[0]
 	segs, ids := map[*tcp.Remote]segWindow{}, map[xfer.SegmentID]struct{}{}
 	l.segs.Store(&segs)
 	l.ids.Store(&ids)

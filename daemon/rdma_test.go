@@ -30,6 +30,8 @@ type rdmaPair struct {
 	src, dst     uint64         // d2 pool blocks
 	block        uint64
 	expMem, wMem []byte
+	key          string
+	mut          func(*Config)
 }
 
 func startRDMAPair(t *testing.T, mode string) *rdmaPair {
@@ -40,7 +42,7 @@ func startRDMAPair(t *testing.T, mode string) *rdmaPair {
 		c.RDMA = mode
 		c.RDMADevice = os.Getenv("RXE_DEV")
 	}
-	p := &rdmaPair{block: 4 << 20}
+	p := &rdmaPair{block: 4 << 20, key: key, mut: mut}
 	p.d1 = startPeerWith(t, "d1", key, "", mut)
 	p.d2 = startPeerWith(t, "d2", key, "", mut, p.d1.peer())
 	p.exp = p.d1.dial(t, "exporter")
@@ -285,5 +287,58 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 	}
 	if c := strings.Count(p.d2.log.String(), "peer requests from the pool use rdma"); c != 1 {
 		t.Fatalf("the choice for d1 was logged %d times", c)
+	}
+
+	// d1 restarts on its address (a new epoch, a new pool registration):
+	// the old link is retired, the old segment fails, and the reopened one
+	// gets a new link.
+	addr := p.d1.d.PeerAddr()
+	if err := p.d1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	old := p.rs
+	p.d1 = startPeerWith(t, "d1", p.key, addr, p.mut)
+	p.exp = p.d1.dial(t, "exporter-2")
+	pi, _ := p.exp.Pool()
+	offs, err := p.exp.AllocBlocks(nil, 1, p.block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.expOff, p.expMem = offs[0], p.exp.PoolBytes()
+	if _, err := p.exp.ExportSegment("kv", pi.Segment, p.expOff, p.block, client.RightRead|client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	w = xfer.Request{Op: xfer.OpWrite, Local: p.pool, LocalOffset: p.src, Target: old.ID, Length: 4096}
+	if sum, err := p.wr.Transfer([]xfer.Request{w}, 20*time.Second, res); err != nil || res[0] == nil || sum.Completed != 0 {
+		t.Fatalf("WRITE to the old epoch's segment: %v, %v, %+v (want it Failed)", err, res[0], sum)
+	}
+	if p.rs, err = p.wr.OpenRemote("d1/kv", client.RightRead|client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	// Requests go over tcp until the new link is up and the segment
+	// resolved behind them.
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		before := tcpBytes(p.d2)
+		if err := p.roundTrip(rng, 4096, 0); err != nil {
+			t.Fatal(err)
+		}
+		if tcpBytes(p.d2) == before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("requests still on tcp after the restart:\n%s", p.d2.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if c := strings.Count(p.d2.log.String(), "rdma link up"); c != 2 {
+		t.Fatalf("%d rdma links made for two epochs of d1", c)
+	}
+	before := tcpBytes(p.d2)
+	if err := p.roundTrip(rng, 1<<20, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if moved := tcpBytes(p.d2) - before; moved != 0 {
+		t.Fatalf("after the restart 1 MiB each way moved %d bytes over tcp", moved)
 	}
 }

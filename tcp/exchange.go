@@ -62,6 +62,13 @@ func (n *Node) handler(kind string) Handler {
 // ErrExchange (the handler failed, with its reason), xfer.ErrTimeout,
 // ErrConnLost, xfer.ErrClosed.
 func (n *Node) Exchange(peerID, kind string, req []byte, timeout time.Duration) ([]byte, error) {
+	return n.ExchangeAt(peerID, 0, kind, req, timeout)
+}
+
+// ExchangeAt is Exchange with the peer pinned to epoch: a peer that runs
+// another epoch (it restarted) does not run the handler and the call
+// fails with ErrStaleEpoch. Epoch 0 accepts any.
+func (n *Node) ExchangeAt(peerID string, epoch uint64, kind string, req []byte, timeout time.Duration) ([]byte, error) {
 	if n.closed.Load() {
 		return nil, xfer.ErrClosed
 	}
@@ -91,7 +98,7 @@ func (n *Node) Exchange(peerID, kind string, req []byte, timeout time.Duration) 
 	if err != nil {
 		return nil, err
 	}
-	putHeader(pd.hdr[:], &header{typ: tExchReq, id: pd.id, metaLen: uint16(len(meta))})
+	putHeader(pd.hdr[:], &header{typ: tExchReq, id: pd.id, arg: epoch, metaLen: uint16(len(meta))})
 	pd.bufs[0], pd.bufs[1] = pd.hdr[:], meta
 	c.send(pd, 2)
 	timer := time.NewTimer(timeout)
@@ -123,6 +130,8 @@ func (n *Node) Exchange(peerID, kind string, req []byte, timeout time.Duration) 
 		return pd.token, nil
 	case stNotFound:
 		return nil, fmt.Errorf("%w: %q on %s", ErrNoHandler, kind, peerID)
+	case stPermission:
+		return nil, fmt.Errorf("%w: exchange %q: %s no longer runs epoch %#x", ErrStaleEpoch, kind, peerID, epoch)
 	case stInvalid:
 		return nil, fmt.Errorf("%w: exchange %q refused by %s: %s", xfer.ErrInvalid, kind, peerID, pd.token)
 	}
@@ -137,6 +146,11 @@ func (c *conn) onExchange(h *header, meta []byte) error {
 		return err
 	}
 	n := c.n
+	if h.arg != 0 && h.arg != n.epoch {
+		c.refusedRequest("exchange "+kind, fmt.Errorf("%w: addressed to epoch %#x", ErrStaleEpoch, h.arg))
+		c.writeFrame(&header{typ: tExchResp, id: h.id, status: stPermission}, nil)
+		return nil
+	}
 	hf := n.handler(kind)
 	if hf == nil {
 		c.refusedRequest("exchange "+kind, ErrNoHandler)

@@ -116,6 +116,19 @@ func TestExchange(t *testing.T) {
 		t.Fatalf("a late answer dropped the connection:\n%s", a.logs.String())
 	}
 
+	// Pinned to the peer's epoch: the right one works, another is stale
+	// and the handler does not run.
+	before = calls.Load()
+	if _, err := a.ExchangeAt("bravo", b.Epoch(), "echo", []byte("y"), time.Second); err != nil {
+		t.Fatalf("exchange at the peer's epoch: %v", err)
+	}
+	if _, err := a.ExchangeAt("bravo", b.Epoch()+1, "echo", []byte("y"), time.Second); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("exchange at another epoch: %v, want ErrStaleEpoch", err)
+	}
+	if calls.Load() != before+1 {
+		t.Fatalf("handler ran %d times for one current and one stale exchange", calls.Load()-before)
+	}
+
 	// Removing the handler turns it off.
 	if err := b.Handle("echo", nil); err != nil {
 		t.Fatal(err)

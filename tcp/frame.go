@@ -36,7 +36,7 @@ const (
 	tWriteResp                       // status; n = bytes written
 	tNotify                          // meta = u16 token length, token, payload
 	tNotifyAck                       // status
-	tExchReq                         // meta = kind (str8), request body
+	tExchReq                         // arg = the peer's epoch expected (0: any); meta = kind (str8), request body
 	tExchResp                        // status; meta = response body, or the reason when failed
 	tMax
 )
