@@ -122,6 +122,18 @@ func (s *Server) Lookup(name string) (xfer.MemSegment, error) {
 	return e.view, nil
 }
 
+// Granted reports the rights (RightRead | RightWrite) the segment
+// exported as name grants to peers.
+func (s *Server) Granted(name string) (uint8, bool) {
+	s.exp.mu.Lock()
+	defer s.exp.mu.Unlock()
+	e := s.exp.m[name]
+	if e == nil {
+		return 0, false
+	}
+	return e.rights, true
+}
+
 // Deliver queues a notification a peer attached to a WRITE into the
 // segment exported as name, for every connection subscribed to it. It
 // fails, queueing nothing, when the name is not exported, nobody

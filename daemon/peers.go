@@ -34,8 +34,8 @@ type peerPlane struct {
 }
 
 var (
-	_ tcp.Exporter      = (*peerPlane)(nil)
-	_ control.PeerPlane = (*peerPlane)(nil)
+	_ tcp.RightsExporter = (*peerPlane)(nil)
+	_ control.PeerPlane  = (*peerPlane)(nil)
 )
 
 func newPeerPlane(cfg Config, log *slog.Logger) (*peerPlane, error) {
@@ -82,6 +82,17 @@ func (p *peerPlane) Lookup(name string) (xfer.MemSegment, error) {
 		return nil, fmt.Errorf("%w: %q (not serving yet)", tcp.ErrNotFound, name)
 	}
 	return s.Lookup(name)
+}
+
+// Granted implements tcp.RightsExporter: a peer may open an export only
+// with the rights its owner granted when exporting it.
+func (p *peerPlane) Granted(name string) (tcp.Rights, bool) {
+	s := p.srv.Load()
+	if s == nil {
+		return 0, false
+	}
+	r, ok := s.Granted(name)
+	return tcp.Rights(r), ok
 }
 
 // Deliver implements tcp.Exporter: the notification goes to the

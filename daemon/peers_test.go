@@ -195,6 +195,24 @@ func TestPeerPlaneThreeDaemons(t *testing.T) {
 	if _, err := b.OpenRemote("d9/kv", client.RightRead); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("open on an unknown peer: %v, want NOT_FOUND", err)
 	}
+	// An export grants only what its owner said: a read-only export
+	// cannot be opened for writing.
+	if _, err := a.ExportSegment("kv-ro", abuf.ID, 0, 4096, client.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.OpenRemote("d1/kv-ro", client.RightRead|client.RightWrite); !errors.Is(err, client.ErrPermissionDenied) {
+		t.Fatalf("open of a read-only export for writing: %v, want PERMISSION_DENIED", err)
+	}
+	ro, err := b.OpenRemote("d1/kv-ro", client.RightRead)
+	if err != nil {
+		t.Fatalf("open of a read-only export for reading: %v", err)
+	}
+	if err := b.CloseRemote(ro.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.UnexportSegment("kv-ro"); err != nil {
+		t.Fatal(err)
+	}
 
 	// Notifications.
 	sub := d1.dial(t, "subscriber")

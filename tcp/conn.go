@@ -465,6 +465,14 @@ func (c *conn) onOpen(h *header, meta []byte) error {
 		c.writeFrame(&out, nil)
 		return nil
 	}
+	if re, ok := n.exp.(RightsExporter); ok {
+		if granted, ok := re.Granted(name); !ok || Rights(h.flags)&^granted != 0 {
+			out.status = stPermission
+			c.refusedRequest("open "+name, fmt.Errorf("%w: rights %d asked, %d granted", xfer.ErrPermission, h.flags, granted))
+			c.writeFrame(&out, nil)
+			return nil
+		}
+	}
 	t := token{name: name, rights: Rights(h.flags), expiry: time.Now().Add(n.cfg.TokenTTL).UnixNano(),
 		issuer: n.cfg.DaemonID, epoch: n.epoch}
 	tok := t.sign(n.tokKey)
