@@ -92,6 +92,11 @@ func referenceFor(j *Job, metric string) (*reference, error) {
 			command: fmt.Sprintf("iperf3 -c 127.0.0.1 -t %d -l %d -P %d -J", secs, j.BSMax, streams),
 			run: func(ctx context.Context) (float64, error) {
 				bps, err := RunIperf3(ctx, secs, j.BSMax, streams)
+				if metric == "iops" {
+					// Messages of bs bytes per second: a streaming
+					// bound, not round trips.
+					return bps / 8 / float64(j.BSMax), err
+				}
 				return bps / 8, err
 			}}, nil
 	case "rdma":

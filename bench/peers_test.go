@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -160,5 +161,21 @@ func TestPeerOptions(t *testing.T) {
 	}
 	if PeerEngineOf(jobs) != "tcp" || NeedsOneDaemon(jobs) {
 		t.Errorf("PeerEngineOf/NeedsOneDaemon of tcp jobs")
+	}
+}
+
+// TestTCPReferenceStreams: the tcp baseline runs iperf3 with as many
+// streams as the daemons' connections per peer and says so.
+func TestTCPReferenceStreams(t *testing.T) {
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		t.Skip("iperf3 is not installed (make deps installs it)")
+	}
+	jobs := mustJobs(t, "--name=t", "--engine=tcp", "--bs=1m", "--numjobs=2")
+	ref, err := referenceFor(jobs[0], metricOf(jobs[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(ref.command, "-P 4 ") || !strings.Contains(ref.name, "4 connections per peer") {
+		t.Errorf("tcp reference %q: %q", ref.name, ref.command)
 	}
 }
