@@ -107,7 +107,16 @@ func referenceFor(j *Job, metric string) (*reference, error) {
 		if _, err := exec.LookPath(tool); err != nil {
 			return nil, ToolMissing(tool + " (perftest)")
 		}
-		return nil, fmt.Errorf("%w: %s needs an RDMA device on both sides; tcbench does not drive it yet", ErrEngineUnavailable, tool)
+		secs := max(1, int(j.Runtime/time.Second))
+		return &reference{name: tool + " (perftest, first RDMA device)",
+			command: fmt.Sprintf("%s -s %d -D %d --report_gbits 127.0.0.1", tool, j.BSMax, secs),
+			run: func(ctx context.Context) (float64, error) {
+				gbps, err := RunPerftest(ctx, tool, secs, j.BSMax)
+				if metric == "iops" {
+					return gbps * 1e9 / 8 / float64(j.BSMax), err
+				}
+				return gbps * 1e9 / 8, err
+			}}, nil
 	}
 	return nil, fmt.Errorf("%w: no reference tool for engine %s", ErrEngineUnavailable, j.Engine)
 }
@@ -429,4 +438,75 @@ func WriteBaselineMarkdown(w io.Writer, bs []BaselineResult) error {
 
 func mdEscape(s string) string {
 	return strings.NewReplacer("|", "\\|", "\n", " ").Replace(s)
+}
+
+// RunPerftest runs a perftest bandwidth tool (ib_write_bw, ib_read_bw) as a
+// one-off server and a client against it over loopback (the RDMA itself
+// goes through the first device), and returns the average Gbit/s.
+func RunPerftest(ctx context.Context, tool string, secs int, size uint64) (float64, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	common := []string{"-s", strconv.FormatUint(size, 10), "-D", strconv.Itoa(secs), "--report_gbits", "-p", port}
+	var srvOut bytes.Buffer
+	srv := exec.CommandContext(ctx, tool, common...)
+	srv.Stdout, srv.Stderr = &srvOut, &srvOut
+	if err := srv.Start(); err != nil {
+		return 0, fmt.Errorf("%w: %s server: %w", ErrToolOutput, tool, err)
+	}
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Wait() }()
+	defer func() {
+		srv.Process.Kill()
+		<-srvDone
+	}()
+	var lastErr error
+	for attempt := 0; attempt < 50; attempt++ {
+		select {
+		case err := <-srvDone:
+			srvDone <- err
+			return 0, fmt.Errorf("%w: %s server exited (%v): %s", ErrToolOutput, tool, err, strings.TrimSpace(srvOut.String()))
+		default:
+		}
+		out, err := exec.CommandContext(ctx, tool, append(common, "127.0.0.1")...).CombinedOutput()
+		gbps, perr := ParsePerftest(out)
+		if perr == nil {
+			return gbps, nil
+		}
+		lastErr = fmt.Errorf("%w (exit: %v)", perr, err)
+		if !strings.Contains(string(out), "connect") {
+			return 0, lastErr
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return 0, lastErr
+}
+
+// ParsePerftest reads the result line of a perftest bandwidth tool run
+// with --report_gbits ("#bytes #iterations BW peak BW average MsgRate") and
+// returns the average Gbit/s.
+func ParsePerftest(out []byte) (float64, error) {
+	lines := strings.Split(string(out), "\n")
+	for i, line := range lines {
+		if !strings.Contains(line, "BW average[Gb/sec]") || i+1 >= len(lines) {
+			continue
+		}
+		f := strings.Fields(lines[i+1])
+		if len(f) < 4 {
+			break
+		}
+		v, err := strconv.ParseFloat(f[3], 64)
+		if err != nil || v <= 0 {
+			break
+		}
+		return v, nil
+	}
+	msg := strings.TrimSpace(string(out))
+	if len(msg) > 300 {
+		msg = msg[len(msg)-300:]
+	}
+	return 0, fmt.Errorf("%w: perftest printed no Gb/sec result: %s", ErrToolOutput, msg)
 }

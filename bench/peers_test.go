@@ -179,3 +179,35 @@ func TestTCPReferenceStreams(t *testing.T) {
 		t.Errorf("tcp reference %q: %q", ref.name, ref.command)
 	}
 }
+
+func TestParsePerftest(t *testing.T) {
+	out := []byte(` RDMA_Write BW Test
+---------------------------------------------------------------------------------------
+ #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
+ 1048576    9132             0.00               12.76                0.001521
+---------------------------------------------------------------------------------------
+`)
+	if v, err := ParsePerftest(out); err != nil || v != 12.76 {
+		t.Errorf("ParsePerftest = %v, %v; want 12.76", v, err)
+	}
+	if _, err := ParsePerftest([]byte("No IB devices found\n")); !errors.Is(err, ErrToolOutput) || !strings.Contains(err.Error(), "No IB devices") {
+		t.Errorf("no result: %v", err)
+	}
+}
+
+// TestPerftestWithoutDevice: with perftest installed and no RDMA device,
+// the reference run fails with the tool's own words, promptly.
+func TestPerftestWithoutDevice(t *testing.T) {
+	if _, err := exec.LookPath("ib_write_bw"); err != nil {
+		t.Skip("ib_write_bw is not installed (make deps installs perftest)")
+	}
+	if ents, _ := os.ReadDir("/sys/class/infiniband"); len(ents) > 0 {
+		t.Skipf("this host has RDMA devices (%d in /sys/class/infiniband); the failure path needs none", len(ents))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := RunPerftest(ctx, "ib_write_bw", 1, 65536)
+	if !errors.Is(err, ErrToolOutput) || !strings.Contains(strings.ToLower(err.Error()), "device") {
+		t.Errorf("perftest without a device: %v", err)
+	}
+}

@@ -107,7 +107,7 @@ func spawnDaemon(bin string, poolSize uint64, allowedFiles, extra []string, log 
 			d.exited <- err
 			tail := d.logTail()
 			d.cleanup()
-			return nil, fmt.Errorf("%w: tensorcastd exited during start-up (%v): %s", ErrDaemon, err, tail)
+			return nil, fmt.Errorf("%w: tensorcastd exited during start-up (%v): %s\n--- its log ---\n%s", ErrDaemon, err, lastLine(tail), tail)
 		default:
 		}
 		if c, err := net.Dial("unix", d.Socket); err == nil {
@@ -230,4 +230,13 @@ func AllowedDirs(jobs []*Job) []string {
 		}
 	}
 	return dirs
+}
+
+// lastLine is the last non-empty line of s: a daemon's start-up error.
+func lastLine(s string) string {
+	s = strings.TrimRight(s, "\n")
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
 }
