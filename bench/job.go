@@ -108,6 +108,10 @@ type Job struct {
 	Daemon      string
 	Stonewall   bool
 	Goal        string // free text shown in the benchmark table (e.g. ">= 0.8x memcpy")
+	// PeerMem is where tcp and rdma jobs keep their bytes: "pool" (pool
+	// blocks on both daemons, which RDMA can carry) or "buffer" (client
+	// buffers); "" is pool for rdma, buffer for tcp.
+	PeerMem string
 
 	// Group is the reporting group: jobs of one group run concurrently, groups
 	// run one after the other (a stonewall starts a new group).
@@ -256,6 +260,13 @@ func init() {
 				return fmt.Errorf("%w: %q is not an unsigned integer", ErrBadValue, v)
 			}
 			j.RandSeed = n
+			return nil
+		}},
+		"peer_mem": {set: func(j *Job, v string) error {
+			if v != "pool" && v != "buffer" {
+				return fmt.Errorf("%w: %q (pool, buffer)", ErrBadValue, v)
+			}
+			j.PeerMem = v
 			return nil
 		}},
 		"goal": {set: func(j *Job, v string) error { j.Goal = v; return nil }},
@@ -658,4 +669,12 @@ func CheckTargets(jobs []*Job) error {
 		}
 	}
 	return nil
+}
+
+// PoolMem reports whether a tcp or rdma job keeps its bytes in pool blocks.
+func (j *Job) PoolMem() bool {
+	if j.PeerMem != "" {
+		return j.PeerMem == "pool"
+	}
+	return j.Engine == "rdma"
 }

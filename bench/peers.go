@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -77,7 +78,7 @@ func SpawnPeers(s PeerSpawn, log *slog.Logger) (p *PeerPair, err error) {
 		host = "127.0.0.1"
 	}
 	listen := net.JoinHostPort(host, "0")
-	aID, sizes := SpawnTargetID, map[string]uint64{}
+	aID, sizes, inPool := SpawnTargetID, map[string]uint64{}, map[string]bool{}
 	for _, j := range s.Jobs {
 		if !isPeerEngine(j.Engine) {
 			continue
@@ -88,6 +89,7 @@ func SpawnPeers(s PeerSpawn, log *slog.Logger) (p *PeerPair, err error) {
 		}
 		aID, _, _ = strings.Cut(t, "/")
 		sizes[t] = max(sizes[t], uint64(j.NumJobs)*j.Size)
+		inPool[t] = inPool[t] || j.PoolMem()
 	}
 	bID := SpawnClientID
 	if aID == bID {
@@ -124,6 +126,12 @@ func SpawnPeers(s PeerSpawn, log *slog.Logger) (p *PeerPair, err error) {
 	}
 	for t, size := range sizes {
 		_, seg, _ := strings.Cut(t, "/")
+		if inPool[t] {
+			if p.Mem[t], err = p.exportPool(seg, size); err != nil {
+				return p, fmt.Errorf("%w: export %s on %s: %w", ErrDaemon, seg, aID, err)
+			}
+			continue
+		}
 		buf, err := p.ctl.RegisterBuffer(size)
 		if err != nil {
 			return p, fmt.Errorf("%w: target buffer of %d bytes on %s: %w", ErrDaemon, size, aID, err)
@@ -140,6 +148,38 @@ func SpawnPeers(s PeerSpawn, log *slog.Logger) (p *PeerPair, err error) {
 	}
 	log.Info("spawned peer daemons", "target", aID, "peer_addr", addr, "client", bID, "rdma", s.RDMA)
 	return p, nil
+}
+
+// exportPool exports size bytes of A's pool as seg: contiguous blocks of
+// the largest class, held by the pair's client (an RDMA-capable target:
+// the pool is registered with the device, client buffers are not).
+func (p *PeerPair) exportPool(seg string, size uint64) ([]byte, error) {
+	pi, ok := p.ctl.Pool()
+	if !ok {
+		return nil, fmt.Errorf("the pool is not mapped")
+	}
+	var blk uint64
+	for _, c := range pi.BlockClasses {
+		blk = max(blk, c)
+	}
+	if blk == 0 {
+		return nil, fmt.Errorf("the pool reports no block sizes")
+	}
+	n := (size + blk - 1) / blk
+	offs, err := p.ctl.AllocBlocks(nil, int(n), blk)
+	if err != nil {
+		return nil, fmt.Errorf("%d pool blocks of %d bytes: %w", n, blk, err)
+	}
+	slices.Sort(offs)
+	for i := 1; i < len(offs); i++ {
+		if offs[i] != offs[i-1]+blk {
+			return nil, fmt.Errorf("%w: the daemon gave pool blocks that are not contiguous (at %d and %d); use peer_mem=buffer", ErrBadValue, offs[i-1], offs[i])
+		}
+	}
+	if _, err := p.ctl.ExportSegment(seg, pi.Segment, offs[0], size, client.RightRead|client.RightWrite); err != nil {
+		return nil, err
+	}
+	return p.ctl.PoolBytes()[offs[0] : offs[0]+size], nil
 }
 
 // Env points env's tcp and rdma jobs at the pair.
@@ -171,10 +211,11 @@ func (p *PeerPair) Stop() error {
 }
 
 // peerEngine runs a tcp or rdma job as a client of one daemon against a
-// segment another daemon exports ("peer/segment"). The slot buffers are one
-// client buffer (a sealed memfd) registered on every connection, plus one
-// scratch slot for prefill and read-back; each connection opens the remote
-// segment. A READ moves remote → slot, a WRITE slot → remote, carried by
+// segment another daemon exports ("peer/segment"). The slots, and one
+// scratch slot for prefill and read-back, are one client buffer (a sealed
+// memfd) every connection registers (peer_mem=buffer, tcp's default) or
+// pool blocks (peer_mem=pool, rdma's default: the pool is what the daemons
+// register with an RDMA device); each connection opens the remote segment. A READ moves remote → slot, a WRITE slot → remote, carried by
 // the daemons' peer plane (tcp, or RDMA when both daemons use it). Slots
 // are dealt to lanes a batch at a time, as for uring. Clone w addresses
 // [w*size, (w+1)*size) of the segment.
@@ -186,10 +227,11 @@ type peerEngine struct {
 	target  string
 	base    uint64
 	region  uint64
-	slots   int
 	slotSz  uint64
-	memfd   []byte   // the slot buffers' mapping, unmapped at Close
+	memfd   []byte   // buffer mode: the slot buffers' mapping, unmapped at Close
 	slotMem [][]byte // per slot: its buffer
+	scrOff  uint64   // the scratch slot's offset in lane 0's local segment
+	scrMem  []byte   // the scratch slot
 	remote  []byte   // the target as mapped here (--spawn), or nil
 	reqs    [1]xfer.Request
 	res     [1]error
@@ -231,7 +273,7 @@ func (e *peerEngine) Open(s EngineSpec) (err error) {
 	if e.target == "" {
 		return fmt.Errorf("%w: engine %s needs a target (peer/segment)", ErrMissingOption, j.Engine)
 	}
-	e.slots, e.slotSz, e.region = s.Slots, s.SlotSize, s.Region
+	e.slotSz, e.region = s.SlotSize, s.Region
 	e.base = uint64(s.Worker) * s.Region
 	if e.env != nil {
 		if m := e.env.TargetMem[e.target]; uint64(len(m)) >= e.base+s.Region {
@@ -247,45 +289,39 @@ func (e *peerEngine) Open(s EngineSpec) (err error) {
 	}
 
 	nl := laneCount(s.Slots, j.Batch)
-	size := uint64(s.Slots+1) * s.SlotSize
-	fd, err := shm.NewMemfd("tcbench-slots", size, true)
-	if err != nil {
-		return fmt.Errorf("slot buffers: %w", err)
-	}
-	defer unix.Close(fd)
-	e.memfd, err = shm.MapShared(fd, size)
-	if err != nil {
-		return fmt.Errorf("slot buffers: %w", err)
-	}
 	e.lanes = make([]*lane, 0, nl)
-	for i := range nl {
+	for range nl {
 		c, err := client.Dial(sock, client.Options{Name: "tcbench"})
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrEngineUnavailable, err)
 		}
-		l := &lane{c: c, t: c}
-		e.lanes = append(e.lanes, l)
-		if l.local, err = c.RegisterFD(fd, size); err != nil {
-			return fmt.Errorf("register buffer on connection %d: %w", i, err)
-		}
-		rs, err := c.OpenRemote(e.target, rights)
-		if err != nil {
-			return fmt.Errorf("%w: open %s on daemon %s: %w (the segment must be exported on that peer with these rights and the peer configured on this daemon; --spawn sets both up)",
-				ErrNoTarget, e.target, sock, err)
-		}
-		if rs.Size < e.base+s.Region {
-			return fmt.Errorf("%w: %s is %d bytes; clone %d needs [%d, %d)", ErrBadValue, e.target, rs.Size, s.Worker, e.base, e.base+s.Region)
-		}
-		l.target = rs.ID
+		e.lanes = append(e.lanes, &lane{c: c, t: c})
 	}
 	e.slotMem = make([][]byte, s.Slots)
 	slotOff := make([]uint64, s.Slots)
 	slotLane := make([]int, s.Slots)
 	per := (s.Slots + nl - 1) / nl
 	for i := range s.Slots {
-		slotOff[i] = uint64(i) * s.SlotSize
 		slotLane[i] = i / per
-		e.slotMem[i] = e.memfd[slotOff[i] : slotOff[i]+s.SlotSize]
+	}
+	if j.PoolMem() {
+		err = e.poolSlots(s, slotOff)
+	} else {
+		err = e.bufferSlots(s, slotOff)
+	}
+	if err != nil {
+		return err
+	}
+	for i, l := range e.lanes {
+		rs, err := l.c.OpenRemote(e.target, rights)
+		if err != nil {
+			return fmt.Errorf("%w: open %s on daemon %s: %w (the segment must be exported on that peer with these rights and the peer configured on this daemon; --spawn sets both up)",
+				ErrNoTarget, e.target, sock, err)
+		}
+		if rs.Size < e.base+s.Region {
+			return fmt.Errorf("%w: %s is %d bytes; clone %d needs [%d, %d) (connection %d)", ErrBadValue, e.target, rs.Size, s.Worker, e.base, e.base+s.Region, i)
+		}
+		l.target = rs.ID
 	}
 	capacity := int(min(max(e.lanes[0].c.Hello().Limits.MaxBatchCapacity, 1), 4096))
 	if j.Batch > capacity {
@@ -297,6 +333,79 @@ func (e *peerEngine) Open(s EngineSpec) (err error) {
 	return nil
 }
 
+// bufferSlots puts the slots and the scratch slot in one client buffer (a
+// sealed memfd) every connection registers.
+func (e *peerEngine) bufferSlots(s EngineSpec, slotOff []uint64) error {
+	size := uint64(s.Slots+1) * s.SlotSize
+	fd, err := shm.NewMemfd("tcbench-slots", size, true)
+	if err != nil {
+		return fmt.Errorf("slot buffers: %w", err)
+	}
+	defer unix.Close(fd)
+	e.memfd, err = shm.MapShared(fd, size)
+	if err != nil {
+		return fmt.Errorf("slot buffers: %w", err)
+	}
+	for i, l := range e.lanes {
+		if l.local, err = l.c.RegisterFD(fd, size); err != nil {
+			return fmt.Errorf("register buffer on connection %d: %w", i, err)
+		}
+	}
+	for i := range slotOff {
+		slotOff[i] = uint64(i) * s.SlotSize
+		e.slotMem[i] = e.memfd[slotOff[i] : slotOff[i]+s.SlotSize]
+	}
+	e.scrOff = uint64(s.Slots) * s.SlotSize
+	e.scrMem = e.memfd[e.scrOff : e.scrOff+s.SlotSize]
+	return nil
+}
+
+// poolSlots puts each slot in a pool block held by the connection that
+// sends its requests (a connection may touch only its own blocks), and the
+// scratch slot in one more block of the first connection.
+func (e *peerEngine) poolSlots(s EngineSpec, slotOff []uint64) error {
+	c0 := e.lanes[0].c
+	pi, ok := c0.Pool()
+	if !ok {
+		return fmt.Errorf("%w: the daemon's pool is not mapped", ErrEngineUnavailable)
+	}
+	var maxBlock uint64
+	for _, b := range pi.BlockClasses {
+		maxBlock = max(maxBlock, b)
+	}
+	if s.SlotSize > maxBlock {
+		return fmt.Errorf("%w: bs %d is larger than the pool's largest block %d (use peer_mem=buffer)", ErrBadValue, s.SlotSize, maxBlock)
+	}
+	pool := c0.PoolBytes()
+	nl := len(e.lanes)
+	per := (s.Slots + nl - 1) / nl
+	var offs []uint64
+	var err error
+	for i, l := range e.lanes {
+		l.local = pi.Segment
+		lo, hi := min(i*per, s.Slots), min((i+1)*per, s.Slots)
+		n := hi - lo
+		if i == 0 {
+			n++ // the scratch slot
+		}
+		if n == 0 {
+			continue
+		}
+		if offs, err = l.c.AllocBlocks(offs[:0], n, s.SlotSize); err != nil {
+			return fmt.Errorf("alloc %d pool blocks of %d bytes for slots: %w", n, s.SlotSize, err)
+		}
+		for k := lo; k < hi; k++ {
+			slotOff[k] = offs[k-lo]
+			e.slotMem[k] = pool[slotOff[k] : slotOff[k]+s.SlotSize]
+		}
+		if i == 0 {
+			e.scrOff = offs[n-1]
+			e.scrMem = pool[e.scrOff : e.scrOff+s.SlotSize]
+		}
+	}
+	return nil
+}
+
 func (e *peerEngine) Buffer(slot int) []byte { return e.slotMem[slot] }
 
 // scratch moves [off, off+n) of the clone's window between the scratch
@@ -304,7 +413,7 @@ func (e *peerEngine) Buffer(slot int) []byte { return e.slotMem[slot] }
 // (its calls are serialized with the lane's own).
 func (e *peerEngine) scratch(op xfer.Op, off, n uint64) ([]byte, error) {
 	l := e.lanes[0]
-	e.reqs[0] = xfer.Request{Op: op, Local: l.local, LocalOffset: uint64(e.slots) * e.slotSz,
+	e.reqs[0] = xfer.Request{Op: op, Local: l.local, LocalOffset: e.scrOff,
 		Target: l.target, TargetOffset: e.base + off, Length: n}
 	if _, err := l.c.Transfer(e.reqs[:], waitTimeout, e.res[:]); err != nil {
 		return nil, fmt.Errorf("%w: %s %d bytes at %d: %w", ErrIO, op, n, off, err)
@@ -312,8 +421,7 @@ func (e *peerEngine) scratch(op xfer.Op, off, n uint64) ([]byte, error) {
 	if e.res[0] != nil {
 		return nil, fmt.Errorf("%w: %s %d bytes at %d: %w", ErrIO, op, n, off, e.res[0])
 	}
-	at := uint64(e.slots) * e.slotSz
-	return e.memfd[at : at+n], nil
+	return e.scrMem[:n], nil
 }
 
 // Peek returns the target bytes [off, off+n): from the mapping when this
@@ -344,10 +452,9 @@ func (e *peerEngine) Prefill(seed uint64, needPattern bool) error {
 	if !needPattern || !e.job.RW.Reads() {
 		return nil // Open checked the segment covers the window
 	}
-	at := uint64(e.slots) * e.slotSz
 	for off := uint64(0); off < e.region; off += e.slotSz {
 		n := min(e.slotSz, e.region-off)
-		fillPattern(e.memfd[at:at+n], seed, off)
+		fillPattern(e.scrMem[:n], seed, off)
 		if _, err := e.scratch(xfer.OpWrite, off, n); err != nil {
 			return err
 		}
@@ -367,7 +474,7 @@ func (e *peerEngine) Close() error {
 	for _, l := range e.lanes {
 		errs = append(errs, l.c.Close())
 	}
-	e.lanes, e.remote, e.slotMem = nil, nil, nil
+	e.lanes, e.remote, e.slotMem, e.scrMem = nil, nil, nil, nil
 	if e.memfd != nil {
 		errs = append(errs, shm.Unmap(e.memfd))
 		e.memfd = nil

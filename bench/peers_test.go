@@ -66,6 +66,28 @@ func TestTCPEngineThroughTwoDaemons(t *testing.T) {
 	checkMoved(t, runEnv(t, env, jobs[1:]))
 }
 
+// TestTCPEnginePoolMem keeps the bytes in pool blocks on both daemons (as
+// rdma does by default): A exports contiguous pool blocks, B's slots are
+// pool blocks of the connection that sends them.
+func TestTCPEnginePoolMem(t *testing.T) {
+	jobs := mustJobs(t, "--engine=tcp", "--peer_mem=pool", "--verify=crc32c", "--size=8m",
+		"--name=w", "--rw=write", "--bs=1m", "--iodepth=4", "--batch=2",
+		"--name=r", "--rw=randread", "--bs=16k", "--iodepth=8", "--batch=4", "--numjobs=2", "--stonewall")
+	p := spawnPeersForTest(t, "off", jobs)
+	env := &Env{}
+	p.Env(env)
+	checkMoved(t, runEnv(t, env, jobs[:1]))
+	exp := make([]byte, 8<<20)
+	fillPattern(exp, jobs[0].RandSeed, 0)
+	if string(p.Mem[p.Target][:8<<20]) != string(exp) {
+		t.Fatal("the exported pool range does not hold what the write job wrote")
+	}
+	checkMoved(t, runEnv(t, env, jobs[1:]))
+	// Without the mapping: prefill by WRITEs and read-back from the pool
+	// scratch slot.
+	checkMoved(t, runEnv(t, &Env{PeerSocket: p.B.Socket, PeerTarget: p.Target}, jobs))
+}
+
 // TestTCPEngineWithoutMapping addresses the target only through the
 // daemons, as a run without --spawn does: prefill by WRITEs, write
 // verification by reading back.
@@ -158,6 +180,12 @@ func TestPeerOptions(t *testing.T) {
 	}
 	if err := CheckTargets(jobs); err != nil {
 		t.Errorf("CheckTargets with targets: %v", err)
+	}
+	if _, _, err := ParseArgs([]string{"--name=a", "--engine=tcp", "--peer_mem=disk"}); !errors.Is(err, ErrBadValue) {
+		t.Errorf("bad peer_mem: %v", err)
+	}
+	if jobs[0].PoolMem() || !mustJobs(t, "--name=r", "--engine=rdma")[0].PoolMem() || !mustJobs(t, "--name=p", "--engine=tcp", "--peer_mem=pool")[0].PoolMem() {
+		t.Error("peer_mem defaults: tcp buffer, rdma pool")
 	}
 	if PeerEngineOf(jobs) != "tcp" || NeedsOneDaemon(jobs) {
 		t.Errorf("PeerEngineOf/NeedsOneDaemon of tcp jobs")

@@ -24,6 +24,7 @@ Job options (fio's names; before the first --name they are global):
   rwmixread=N  bs=4k  bsrange=4k-64k  size=64m  iodepth=N  batch=N  numjobs=N
   runtime=10s  time_based  ramp_time=2s  target=peer/segment  filename=PATH
   direct=1  verify=crc32c  randseed=N  daemon=SOCKET  stonewall  goal=TEXT
+  peer_mem=pool|buffer (tcp/rdma: where both daemons keep the bytes; rdma: pool)
 
 Flags:
   --output-format=normal|json|terse   --output=FILE   --plot=FILE.svg
