@@ -166,12 +166,16 @@ func (p *rdmaPlane) worker() {
 	defer p.wg.Done()
 	failedPeer := map[string]uint64{}       // peer → epoch whose link failed
 	failedSeg := map[*tcp.Remote]struct{}{} // segments left on tcp
+	tick := time.NewTicker(linkCheckEvery)
+	defer tick.Stop()
 	for {
 		select {
 		case <-p.stop:
 			return
+		case <-tick.C:
+			p.checkLinks()
 		case l := <-p.retire:
-			p.retireLink(l)
+			p.retireLink(l, "the peer runs a new epoch")
 		case r := <-p.jobs:
 			if e, ok := failedPeer[r.Peer()]; ok && e == r.Epoch() {
 				continue
@@ -202,10 +206,36 @@ func (p *rdmaPlane) worker() {
 	}
 }
 
-// retireLink drops a link whose peer restarted: requests to the old
-// epoch's segments go to tcp (which refuses them), the new epoch's get a
-// new link.
-func (p *rdmaPlane) retireLink(l *rdmaLink) {
+// linkCheckEvery is how often the worker compares the links with the peer
+// plane's view of their peers.
+const linkCheckEvery = 250 * time.Millisecond
+
+// checkLinks retires the links whose peer lost its tcp session or runs
+// another epoch. A dead peer's queue pairs may not report the loss for a
+// long time (each work request waits out the transport's retries), so the
+// peer channel is the witness: closing the link fails what it has posted
+// at once, and later requests go to tcp, which fails them or, once the
+// peer is back, gets a new link made.
+func (p *rdmaPlane) checkLinks() {
+	links := *p.links.Load()
+	if len(links) == 0 {
+		return
+	}
+	for _, s := range p.node.Peers() {
+		l := links[s.ID]
+		switch {
+		case l == nil:
+		case s.Epoch != l.epoch:
+			p.retireLink(l, "the peer runs a new epoch")
+		case !s.Connected:
+			p.retireLink(l, "the peer's tcp session is gone")
+		}
+	}
+}
+
+// retireLink drops a link: requests to its segments go to tcp (which
+// refuses those of an old epoch), and a later use makes a new link.
+func (p *rdmaPlane) retireLink(l *rdmaLink, why string) {
 	p.mu.Lock()
 	old := *p.links.Load()
 	if old[l.peer] != l || p.closed {
@@ -221,7 +251,10 @@ func (p *rdmaPlane) retireLink(l *rdmaLink) {
 	p.links.Store(&m)
 	p.mu.Unlock()
 	_ = l.tr.Close()
-	p.log.Info("rdma link closed: the peer runs a new epoch", "peer", l.peer, "epoch", fmt.Sprintf("%#x", l.epoch))
+	p.mu.Lock()
+	delete(p.said, l.peer)
+	p.mu.Unlock()
+	p.log.Info("rdma link closed", "peer", l.peer, "epoch", fmt.Sprintf("%#x", l.epoch), "why", why)
 }
 
 // epochChannel is a link's peer channel: exchanges pinned to the epoch the

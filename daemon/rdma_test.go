@@ -288,6 +288,9 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 	if c := strings.Count(p.d2.log.String(), "peer requests from the pool use rdma"); c != 1 {
 		t.Fatalf("the choice for d1 was logged %d times", c)
 	}
+	if strings.Contains(p.d2.log.String(), "rdma link closed") {
+		t.Fatalf("a healthy link was retired:\n%s", p.d2.log.String())
+	}
 
 	// d1 restarts on its address (a new epoch, a new pool registration):
 	// the old link is retired, the old segment fails, and the reopened one
@@ -309,9 +312,16 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 		t.Fatal(err)
 	}
 	w = xfer.Request{Op: xfer.OpWrite, Local: p.pool, LocalOffset: p.src, Target: old.ID, Length: 4096}
+	t0 := time.Now()
 	if sum, err := p.wr.Transfer([]xfer.Request{w}, 20*time.Second, res); err != nil || res[0] == nil || sum.Completed != 0 {
 		t.Fatalf("WRITE to the old epoch's segment: %v, %v, %+v (want it Failed)", err, res[0], sum)
 	}
+	failedIn := time.Since(t0)
+	t.Logf("WRITE to the old epoch's segment failed after %v: %v", failedIn.Round(time.Millisecond), res[0])
+	if failedIn > 5*time.Second {
+		t.Fatalf("a WRITE to a restarted peer's old segment took %v to fail; d2 log:\n%s", failedIn, p.d2.log.String())
+	}
+	t0 = time.Now()
 	if p.rs, err = p.wr.OpenRemote("d1/kv", client.RightRead|client.RightWrite); err != nil {
 		t.Fatal(err)
 	}
@@ -331,6 +341,7 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	t.Logf("requests to the reopened segment on rdma after %v", time.Since(t0).Round(time.Millisecond))
 	if c := strings.Count(p.d2.log.String(), "rdma link up"); c != 2 {
 		t.Fatalf("%d rdma links made for two epochs of d1", c)
 	}
