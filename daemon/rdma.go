@@ -158,13 +158,21 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 	return nil
 }
 
+// linkRetry is how long a peer whose link could not be made stays on tcp
+// before the next attempt (a new epoch retries at once).
+const linkRetry = 30 * time.Second
+
 // worker connects links and resolves segments that route asked for. A
-// peer whose link failed stays on tcp until it runs a new epoch; a segment
+// peer whose link failed stays on tcp for linkRetry; a segment
 // that cannot be resolved (an export of a client's own buffer) stays on
 // tcp while the rest of its peer's requests use rdma.
 func (p *rdmaPlane) worker() {
 	defer p.wg.Done()
-	failedPeer := map[string]uint64{}       // peer → epoch whose link failed
+	type failure struct {
+		epoch uint64
+		at    time.Time
+	}
+	failedPeer := map[string]failure{}      // peer → its last failed link
 	failedSeg := map[*tcp.Remote]struct{}{} // segments left on tcp
 	tick := time.NewTicker(linkCheckEvery)
 	defer tick.Stop()
@@ -177,7 +185,7 @@ func (p *rdmaPlane) worker() {
 		case l := <-p.retire:
 			p.retireLink(l, "the peer runs a new epoch")
 		case r := <-p.jobs:
-			if e, ok := failedPeer[r.Peer()]; ok && e == r.Epoch() {
+			if f, ok := failedPeer[r.Peer()]; ok && f.epoch == r.Epoch() && time.Since(f.at) < linkRetry {
 				continue
 			}
 			if _, ok := failedSeg[r]; ok {
@@ -185,7 +193,7 @@ func (p *rdmaPlane) worker() {
 			}
 			l, err := p.link(r.Peer(), r.Epoch())
 			if err != nil {
-				failedPeer[r.Peer()] = r.Epoch()
+				failedPeer[r.Peer()] = failure{r.Epoch(), time.Now()}
 				p.say(r.Peer(), "tcp", err.Error())
 				continue
 			}
@@ -477,6 +485,8 @@ func (l *rdmaLink) Close() error { return nil }
 // Submit implements xfer.Transport: runs of tasks go to the rdma transport,
 // except those carrying a notification (tcp delivers it) and those the
 // remote segment's rights refuse (ended at once with xfer.ErrPermission).
+// Tasks the rdma transport does not take because it closed or has no
+// queue pair up go to tcp.
 func (l *rdmaLink) Submit(tasks []*xfer.Task) (int, error) {
 	done := 0
 	for done < len(tasks) {
@@ -496,6 +506,13 @@ func (l *rdmaLink) Submit(tasks []*xfer.Task) (int, error) {
 			n = i - done
 		default:
 			n, err = l.tr.Submit(tasks[done:i])
+			if err != nil && (errors.Is(err, xfer.ErrClosed) || errors.Is(err, rdma.ErrQPDown)) {
+				// The link was retired under us, or none of its queue
+				// pairs is up: what it did not take goes to tcp.
+				var m int
+				m, err = l.tcp.Submit(tasks[done+n : i])
+				n += m
+			}
 		}
 		done += n
 		if err != nil {
