@@ -88,10 +88,12 @@ func referenceFor(j *Job, metric string) (*reference, error) {
 		// As many streams as the daemons open per peer (peer_conns): the
 		// clones share them.
 		streams := DaemonPeerConns
+		// iperf3 writes at most MaxIperf3Length bytes per call.
+		length := min(j.BSMax, MaxIperf3Length)
 		return &reference{name: fmt.Sprintf("iperf3 -P %d (the daemons' %d connections per peer)", streams, DaemonPeerConns),
-			command: fmt.Sprintf("iperf3 -c 127.0.0.1 -t %d -l %d -P %d -J", secs, j.BSMax, streams),
+			command: fmt.Sprintf("iperf3 -c 127.0.0.1 -t %d -l %d -P %d -J", secs, length, streams),
 			run: func(ctx context.Context) (float64, error) {
-				bps, err := RunIperf3(ctx, secs, j.BSMax, streams)
+				bps, err := RunIperf3(ctx, secs, length, streams)
 				if metric == "iops" {
 					// Messages of bs bytes per second: a streaming
 					// bound, not round trips.
@@ -348,6 +350,9 @@ func ParseIperf3JSON(b []byte) (float64, error) {
 	}
 	return out.End.SumReceived.BitsPerSecond, nil
 }
+
+// MaxIperf3Length is the largest -l iperf3 accepts.
+const MaxIperf3Length = 1 << 20
 
 // RunIperf3 runs a one-off iperf3 server and a client against it on
 // loopback, and returns the received bits/s.

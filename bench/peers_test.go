@@ -206,6 +206,10 @@ func TestTCPReferenceStreams(t *testing.T) {
 	if !strings.Contains(ref.command, "-P 4 ") || !strings.Contains(ref.name, "4 connections per peer") {
 		t.Errorf("tcp reference %q: %q", ref.name, ref.command)
 	}
+	jobs = mustJobs(t, "--name=t", "--engine=tcp", "--bs=4m")
+	if ref, err = referenceFor(jobs[0], metricOf(jobs[0])); err != nil || !strings.Contains(ref.command, "-l 1048576 ") {
+		t.Errorf("4 MiB tcp reference: %v %+v", err, ref)
+	}
 }
 
 func TestParsePerftest(t *testing.T) {
