@@ -29,7 +29,7 @@ fi
   echo "Run $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) cores, $(uname -r), with:"
   echo
   echo '```'
-  echo "$*"
+  printf '%q ' "$@" | sed 's/ $//'; echo
   echo '```'
   echo
   if [ "$md" = 1 ]; then cat "$res"; else echo '```'; cat "$res"; echo '```'; fi
