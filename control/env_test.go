@@ -76,6 +76,16 @@ type hangTransport struct {
 }
 
 // finish ends every held task as completed.
+// deafHang makes the env's hang transport ignore Cancel, so held tasks
+// end only by finish or Close, and returns it.
+func (e *env) deafHang() *hangTransport {
+	h := e.tr.(*hangTransport)
+	h.mu.Lock()
+	h.deaf = true
+	h.mu.Unlock()
+	return h
+}
+
 func (h *hangTransport) finish() {
 	h.mu.Lock()
 	held := h.held

@@ -697,10 +697,7 @@ func TestRegisterFile(t *testing.T) {
 // freed while an abandoned task that may still write into them runs.
 func TestBlocksOutliveAbandonedTasks(t *testing.T) {
 	e := newEnv(t, true, func(c *Config, _ *Deps) { c.ReleaseWait = 2 * time.Second })
-	h := e.tr.(*hangTransport)
-	h.mu.Lock()
-	h.deaf = true
-	h.mu.Unlock()
+	h := e.deafHang()
 	c := dialRaw(t, e.sock)
 	fd := newMemfd(t, 1<<16)
 	seg := xfer.SegmentID(c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd).Segment)
@@ -760,10 +757,7 @@ func TestAuditLevels(t *testing.T) {
 // transport ends the task it can.
 func TestFreeBlockBusyWhileTransferInFlight(t *testing.T) {
 	e := newEnv(t, true)
-	h := e.tr.(*hangTransport)
-	h.mu.Lock()
-	h.deaf = true
-	h.mu.Unlock()
+	h := e.deafHang()
 	c := dialRaw(t, e.sock)
 	seg := registerBuffer(t, c, 1<<16)
 	offs := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 2, Size: 16384}).Offsets
@@ -794,10 +788,7 @@ func TestFreeBlockBusyWhileTransferInFlight(t *testing.T) {
 // it is freed when the transfer ends, not before and not never.
 func TestClosedConnectionBlockFreedAtLastDrop(t *testing.T) {
 	e := newEnv(t, true, func(c *Config, _ *Deps) { c.ReleaseWait = 50 * time.Millisecond })
-	h := e.tr.(*hangTransport)
-	h.mu.Lock()
-	h.deaf = true
-	h.mu.Unlock()
+	h := e.deafHang()
 	c := dialRaw(t, e.sock)
 	seg := registerBuffer(t, c, 1<<16)
 	offs := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 3, Size: 16384}).Offsets
