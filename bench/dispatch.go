@@ -159,10 +159,6 @@ func (d *dispatcher) Submit(ios []IO) (int, error) {
 			d.slots[io.Slot].left != 0 {
 			break
 		}
-		op := xfer.OpRead
-		if io.Op == OpWrite {
-			op = xfer.OpWrite
-		}
 		st := &d.slots[io.Slot]
 		st.length, st.err = io.Length, nil
 		for done := uint64(0); done < io.Length; {
@@ -171,7 +167,7 @@ func (d *dispatcher) Submit(ios []IO) (int, error) {
 				ln = s.SlotLane[io.Slot]
 			}
 			ls := d.lanes[ln]
-			ls.staged = append(ls.staged, part{slot: io.Slot, op: op, local: s.SlotOff[io.Slot] + done, target: d.targetBase + toff, length: l})
+			ls.staged = append(ls.staged, part{slot: io.Slot, op: io.Op, local: s.SlotOff[io.Slot] + done, target: d.targetBase + toff, length: l})
 			st.left++
 			done += l
 		}

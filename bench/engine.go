@@ -3,6 +3,8 @@ package bench
 import (
 	"fmt"
 	"log/slog"
+
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // IO is one request the runner hands an engine. Slot names the client
@@ -214,21 +216,12 @@ func (m *memEngine) Close() error {
 	return nil
 }
 
-// Op is a request's direction, as in the transfer engine: a read moves
+// Op is a request's direction, the transfer engine's own: a read moves
 // target → client buffer, a write client buffer → target.
-type Op uint8
+type Op = xfer.Op
 
+// The two directions.
 const (
-	OpRead Op = iota + 1
-	OpWrite
+	OpRead  = xfer.OpRead
+	OpWrite = xfer.OpWrite
 )
-
-func (o Op) String() string {
-	switch o {
-	case OpRead:
-		return "read"
-	case OpWrite:
-		return "write"
-	}
-	return "invalid"
-}

@@ -117,10 +117,15 @@ func fmtETA(d time.Duration) string {
 
 // humanBytes prints a byte count with binary units (fio's style: MiB).
 func humanBytes(v float64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"}
+	return scaledBytes(v, 1024, []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"})
+}
+
+// scaledBytes prints v in the largest of units (each base times the last)
+// that keeps it at least 1, with one decimal past bytes.
+func scaledBytes(v, base float64, units []string) string {
 	i := 0
-	for v >= 1024 && i < len(units)-1 {
-		v /= 1024
+	for v >= base && i < len(units)-1 {
+		v /= base
 		i++
 	}
 	if i == 0 {

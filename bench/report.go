@@ -360,16 +360,7 @@ func siCount(v float64) string {
 }
 
 func siBytes(v float64) string {
-	units := []string{"B", "kB", "MB", "GB", "TB", "PB"}
-	i := 0
-	for v >= 1000 && i < len(units)-1 {
-		v /= 1000
-		i++
-	}
-	if i == 0 {
-		return fmt.Sprintf("%.0f%s", v, units[i])
-	}
-	return fmt.Sprintf("%.1f%s", v, units[i])
+	return scaledBytes(v, 1000, []string{"B", "kB", "MB", "GB", "TB", "PB"})
 }
 
 // WriteTerse writes one semicolon-separated line per job clone. Fields:
