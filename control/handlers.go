@@ -696,25 +696,25 @@ func (c *conn) release() {
 		}
 	}
 	p := c.s.deps.Pool
+	exported := func(i int) bool { return c.exported(p.ID(), c.blocks.offs[i], c.blocks.sizes[i]) }
 	inFlight := c.pview.close(func(off uint64) bool {
 		i, _ := slices.BinarySearch(c.blocks.offs, off)
-		return !c.exported(p.ID(), off, c.blocks.sizes[i])
+		return !exported(i)
 	})
 	for i, off := range c.blocks.offs {
-		if inFlight[off] && !c.exported(p.ID(), off, c.blocks.sizes[i]) {
-			// A transfer abandoned with the connection still moves bytes
-			// in it; the last one to end frees it.
-			c.log.Warn("pool block left to its in-flight transfers; freed when they end", "offset", off)
-			continue
-		}
-		if c.exported(p.ID(), off, c.blocks.sizes[i]) {
+		switch {
+		case exported(i):
 			// A peer request stalled inside it past ReleaseWait; handing
 			// the block to another client could let its bytes land there.
 			c.log.Error("leaving a pool block allocated: a peer request still holds it", "offset", off)
-			continue
-		}
-		if err := p.Free(off); err != nil {
-			c.log.Warn("freeing a pool block of a closed connection failed", "offset", off, "err", err)
+		case inFlight[off]:
+			// A transfer abandoned with the connection still moves bytes
+			// in it; the last one to end frees it.
+			c.log.Warn("pool block left to its in-flight transfers; freed when they end", "offset", off)
+		default:
+			if err := p.Free(off); err != nil {
+				c.log.Warn("freeing a pool block of a closed connection failed", "offset", off, "err", err)
+			}
 		}
 	}
 	c.blocks = blockSet{}
