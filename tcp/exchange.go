@@ -91,36 +91,12 @@ func (n *Node) ExchangeAt(peerID string, epoch uint64, kind string, req []byte, 
 	}
 	meta := make([]byte, 0, 1+len(kind)+len(req))
 	meta = append(appendStr8(meta, kind), req...)
-	pd := &pending{node: n, kind: pkExchange, doneCh: make(chan struct{})}
-	pd.cb = pd.writeDone
-	pd.refs.Store(2)
-	c, err := n.register(p, pd, 0, false)
+	pd, err := n.roundTrip(p, pkExchange, header{typ: tExchReq, arg: epoch}, meta, timeout, true)
 	if err != nil {
 		return nil, err
 	}
-	putHeader(pd.hdr[:], &header{typ: tExchReq, id: pd.id, arg: epoch, metaLen: uint16(len(meta))})
-	pd.bufs[0], pd.bufs[1] = pd.hdr[:], meta
-	c.send(pd, 2)
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	select {
-	case <-pd.doneCh:
-	case <-timer.C:
-		p.mu.Lock()
-		if c.reqs[pd.id] == pd {
-			c.takeLocked(pd)
-			// A late answer is dropped, not taken for a protocol error.
-			if len(c.timedOut) < 4096 {
-				if c.timedOut == nil {
-					c.timedOut = make(map[uint64]struct{})
-				}
-				c.timedOut[pd.id] = struct{}{}
-			}
-			p.mu.Unlock()
-			return nil, fmt.Errorf("%w: exchange %q with %s: no answer within %v", xfer.ErrTimeout, kind, peerID, timeout)
-		}
-		p.mu.Unlock()
-		<-pd.doneCh
+	if pd == nil {
+		return nil, fmt.Errorf("%w: exchange %q with %s: no answer within %v", xfer.ErrTimeout, kind, peerID, timeout)
 	}
 	if pd.err != nil {
 		return nil, fmt.Errorf("exchange %q with %s: %w", kind, peerID, pd.err)

@@ -551,29 +551,12 @@ func (n *Node) Open(peerID, segment string, rights Rights) (*Remote, error) {
 	if err := n.ensureSession(p); err != nil {
 		return nil, err
 	}
-	pd := &pending{node: n, kind: pkOpen, doneCh: make(chan struct{})}
-	pd.cb = pd.writeDone
-	pd.refs.Store(2)
-	c, err := n.register(p, pd, 0, false)
+	pd, err := n.roundTrip(p, pkOpen, header{typ: tOpenReq, flags: uint16(rights)}, []byte(segment), n.cfg.RequestTimeout, false)
 	if err != nil {
 		return nil, err
 	}
-	putHeader(pd.hdr[:], &header{typ: tOpenReq, id: pd.id, flags: uint16(rights), metaLen: uint16(len(segment))})
-	pd.bufs[0], pd.bufs[1] = pd.hdr[:], []byte(segment)
-	c.send(pd, 2)
-	timer := time.NewTimer(n.cfg.RequestTimeout)
-	defer timer.Stop()
-	select {
-	case <-pd.doneCh:
-	case <-timer.C:
-		p.mu.Lock()
-		if c.reqs[pd.id] == pd {
-			c.takeLocked(pd)
-			p.mu.Unlock()
-			return nil, fmt.Errorf("%w: open %s/%s", xfer.ErrTimeout, peerID, segment)
-		}
-		p.mu.Unlock()
-		<-pd.doneCh
+	if pd == nil {
+		return nil, fmt.Errorf("%w: open %s/%s", xfer.ErrTimeout, peerID, segment)
 	}
 	if pd.err != nil {
 		return nil, fmt.Errorf("open %s/%s: %w", peerID, segment, pd.err)
@@ -593,6 +576,45 @@ func (n *Node) Open(peerID, segment string, rights Rights) (*Remote, error) {
 	n.remotes[r] = struct{}{}
 	n.mu.Unlock()
 	return r, nil
+}
+
+// roundTrip sends one control request (h with meta) to p and waits up to
+// timeout for its answer, which it returns. On timeout it takes the request
+// back and returns nil; with dropLate, the id is remembered so that an
+// answer arriving later is dropped rather than taken for a protocol error.
+func (n *Node) roundTrip(p *peer, kind pendKind, h header, meta []byte, timeout time.Duration, dropLate bool) (*pending, error) {
+	pd := &pending{node: n, kind: kind, doneCh: make(chan struct{})}
+	pd.cb = pd.writeDone
+	pd.refs.Store(2)
+	c, err := n.register(p, pd, 0, false)
+	if err != nil {
+		return nil, err
+	}
+	h.id, h.metaLen = pd.id, uint16(len(meta))
+	putHeader(pd.hdr[:], &h)
+	pd.bufs[0], pd.bufs[1] = pd.hdr[:], meta
+	c.send(pd, 2)
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-pd.doneCh:
+	case <-timer.C:
+		p.mu.Lock()
+		if c.reqs[pd.id] == pd {
+			c.takeLocked(pd)
+			if dropLate && len(c.timedOut) < 4096 {
+				if c.timedOut == nil {
+					c.timedOut = make(map[uint64]struct{})
+				}
+				c.timedOut[pd.id] = struct{}{}
+			}
+			p.mu.Unlock()
+			return nil, nil
+		}
+		p.mu.Unlock()
+		<-pd.doneCh
+	}
+	return pd, nil
 }
 
 func (n *Node) peerFor(id string) (*peer, error) {
