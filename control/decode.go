@@ -145,7 +145,7 @@ func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) (err error) {
 		var b tcproto.PollNotificationsRequest
 		b.Init(t.Bytes, t.Pos)
 		m.TimeoutMS, m.Max = b.TimeoutMs(), b.Max()
-	case tcproto.RequestBodyPeersRequest, tcproto.RequestBodySegmentsRequest:
+	case tcproto.RequestBodyPeersRequest, tcproto.RequestBodySegmentsRequest, tcproto.RequestBodyRdmaRequest:
 	default:
 		return fmt.Errorf("%w: unknown request body %d", ErrMalformed, m.Kind)
 	}
@@ -406,6 +406,8 @@ func DecodeResponse(buf []byte, lim DecodeLimits, m *Response) (err error) {
 			m.Segments = append(m.Segments, si)
 			return nil
 		})
+	case tcproto.ResponseBodyRdmaResponse:
+		err = decodeRDMA(&t, lim, &m.RDMA)
 	default:
 		return fmt.Errorf("%w: unknown response body %d", ErrMalformed, m.Kind)
 	}

@@ -49,6 +49,7 @@ func sampleRequests() []Request {
 		{Ctx: ctx, Kind: tcproto.RequestBodyPollNotificationsRequest, TimeoutMS: 50, Max: 16},
 		{Ctx: ctx, Kind: tcproto.RequestBodyPeersRequest},
 		{Ctx: ctx, Kind: tcproto.RequestBodySegmentsRequest},
+		{Ctx: ctx, Kind: tcproto.RequestBodyRdmaRequest},
 	}
 }
 
@@ -111,6 +112,8 @@ func TestResponseRoundTrip(t *testing.T) {
 		{RequestID: 13, Kind: tcproto.ResponseBodySegmentsResponse, Segments: []SegmentInfo{
 			{Name: []byte("kv"), Segment: 3, Size: 8, Rights: 3},
 			{Name: []byte("kv"), Peer: []byte("d2"), Segment: 15, Size: 9, Rights: 1, Epoch: 7}}},
+		{RequestID: 14, Kind: tcproto.ResponseBodyRdmaResponse, RDMA: sampleRDMA()},
+		{RequestID: 15, Kind: tcproto.ResponseBodyRdmaResponse, RDMA: RDMAInfo{State: RDMAOff, Reason: "rdma = off"}},
 	}
 	var got Response
 	for _, want := range cases {
@@ -320,6 +323,8 @@ func FuzzDecodeResponse(f *testing.F) {
 		Peers: []PeerInfo{{ID: []byte("d2"), Addr: []byte("a:1")}}})[FrameHeader:]...))
 	f.Add(append([]byte(nil), EncodeResponse(b, &Response{Kind: tcproto.ResponseBodySegmentsResponse,
 		Segments: []SegmentInfo{{Name: []byte("kv"), Peer: []byte("d2")}}})[FrameHeader:]...))
+	f.Add(append([]byte(nil), EncodeResponse(b, &Response{Kind: tcproto.ResponseBodyRdmaResponse,
+		RDMA: sampleRDMA()})[FrameHeader:]...))
 	f.Fuzz(func(t *testing.T, buf []byte) {
 		var m Response
 		if err := DecodeResponse(buf, DecodeLimits{}, &m); err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrLimit) {

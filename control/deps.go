@@ -91,7 +91,8 @@ type PeerPlane interface {
 // Deps are what the server serves from. Engine, Pool and Registry are
 // required; MapBuffer defaults to ShmMapBuffer; FileOpener is optional
 // (RegisterFile then answers UNAVAILABLE); Peers is optional (OpenRemote and
-// notifications then answer UNAVAILABLE; exports are still listed).
+// notifications then answer UNAVAILABLE; exports are still listed); RDMA
+// is optional.
 type Deps struct {
 	Engine     Engine
 	Pool       Pool
@@ -99,6 +100,9 @@ type Deps struct {
 	MapBuffer  MapBufferFunc
 	FileOpener FileOpener
 	Peers      PeerPlane
+	// RDMA reports the RDMA plane for tcctl rdma; optional (the answer is
+	// then "off").
+	RDMA RDMAReporter
 	// TransportStats appends the transports' features and counters (ring
 	// depths, flags in use) to dst for Stats; optional.
 	TransportStats func(dst []Counter) []Counter

@@ -147,6 +147,9 @@ func EncodeRequest(b *flatbuffers.Builder, m *Request) []byte {
 	case tcproto.RequestBodySegmentsRequest:
 		tcproto.SegmentsRequestStart(b)
 		body = tcproto.SegmentsRequestEnd(b)
+	case tcproto.RequestBodyRdmaRequest:
+		tcproto.RdmaRequestStart(b)
+		body = tcproto.RdmaRequestEnd(b)
 	}
 
 	tcproto.ContextStart(b)
@@ -458,6 +461,8 @@ func EncodeResponse(b *flatbuffers.Builder, m *Response) []byte {
 		tcproto.SegmentsResponseStart(b)
 		tcproto.SegmentsResponseAddSegments(b, v1)
 		body = tcproto.SegmentsResponseEnd(b)
+	case tcproto.ResponseBodyRdmaResponse:
+		body = encodeRDMA(b, &m.RDMA)
 	}
 	tcproto.ResponseStart(b)
 	tcproto.ResponseAddStatus(b, m.Status)

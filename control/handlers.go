@@ -129,6 +129,8 @@ func (c *conn) handle() ([]byte, int) {
 		err = c.peers()
 	case tcproto.RequestBodySegmentsRequest:
 		c.segmentsList()
+	case tcproto.RequestBodyRdmaRequest:
+		c.rdmaInfo()
 	default:
 		err = fmt.Errorf("%w: request body %d", ErrMalformed, m.Kind)
 	}

@@ -156,6 +156,7 @@ type Response struct {
 	Notifications   []Notification
 	Peers           []PeerInfo
 	Segments        []SegmentInfo
+	RDMA            RDMAInfo // Rdma
 }
 
 // DecodeLimits bound every count and length a decoder accepts.

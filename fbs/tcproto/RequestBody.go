@@ -32,6 +32,7 @@ const (
 	RequestBodyPollNotificationsRequest RequestBody = 22
 	RequestBodyPeersRequest             RequestBody = 23
 	RequestBodySegmentsRequest          RequestBody = 24
+	RequestBodyRdmaRequest              RequestBody = 25
 )
 
 var EnumNamesRequestBody = map[RequestBody]string{
@@ -60,6 +61,7 @@ var EnumNamesRequestBody = map[RequestBody]string{
 	RequestBodyPollNotificationsRequest: "PollNotificationsRequest",
 	RequestBodyPeersRequest:             "PeersRequest",
 	RequestBodySegmentsRequest:          "SegmentsRequest",
+	RequestBodyRdmaRequest:              "RdmaRequest",
 }
 
 var EnumValuesRequestBody = map[string]RequestBody{
@@ -88,6 +90,7 @@ var EnumValuesRequestBody = map[string]RequestBody{
 	"PollNotificationsRequest": RequestBodyPollNotificationsRequest,
 	"PeersRequest":             RequestBodyPeersRequest,
 	"SegmentsRequest":          RequestBodySegmentsRequest,
+	"RdmaRequest":              RequestBodyRdmaRequest,
 }
 
 func (v RequestBody) String() string {

@@ -32,6 +32,7 @@ const (
 	ResponseBodyPollNotificationsResponse ResponseBody = 22
 	ResponseBodyPeersResponse             ResponseBody = 23
 	ResponseBodySegmentsResponse          ResponseBody = 24
+	ResponseBodyRdmaResponse              ResponseBody = 25
 )
 
 var EnumNamesResponseBody = map[ResponseBody]string{
@@ -60,6 +61,7 @@ var EnumNamesResponseBody = map[ResponseBody]string{
 	ResponseBodyPollNotificationsResponse: "PollNotificationsResponse",
 	ResponseBodyPeersResponse:             "PeersResponse",
 	ResponseBodySegmentsResponse:          "SegmentsResponse",
+	ResponseBodyRdmaResponse:              "RdmaResponse",
 }
 
 var EnumValuesResponseBody = map[string]ResponseBody{
@@ -88,6 +90,7 @@ var EnumValuesResponseBody = map[string]ResponseBody{
 	"PollNotificationsResponse": ResponseBodyPollNotificationsResponse,
 	"PeersResponse":             ResponseBodyPeersResponse,
 	"SegmentsResponse":          ResponseBodySegmentsResponse,
+	"RdmaResponse":              ResponseBodyRdmaResponse,
 }
 
 func (v ResponseBody) String() string {
