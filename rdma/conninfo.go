@@ -97,17 +97,95 @@ func (c *ConnInfo) MarshalBinary() ([]byte, error) {
 	b = append(b, byte(c.MTU))
 	b = append(b, c.GID[:]...)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(c.Regions)))
-	for _, r := range c.Regions {
-		b = binary.LittleEndian.AppendUint64(b, r.Name)
-		b = binary.LittleEndian.AppendUint64(b, r.Addr)
-		b = binary.LittleEndian.AppendUint64(b, r.Size)
-		b = append(b, byte(len64(r.ChunkSize)))
-		b = binary.LittleEndian.AppendUint16(b, uint16(len(r.RKeys)))
-		for _, k := range r.RKeys {
-			b = binary.LittleEndian.AppendUint32(b, k)
-		}
+	for i := range c.Regions {
+		b = c.Regions[i].appendTo(b)
 	}
 	return b, nil
+}
+
+// appendTo appends the region's encoding (fields checked by the caller).
+func (r *RemoteRegion) appendTo(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(b, r.Name)
+	b = binary.LittleEndian.AppendUint64(b, r.Addr)
+	b = binary.LittleEndian.AppendUint64(b, r.Size)
+	b = append(b, byte(len64(r.ChunkSize)))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(r.RKeys)))
+	for _, k := range r.RKeys {
+		b = binary.LittleEndian.AppendUint32(b, k)
+	}
+	return b
+}
+
+// decodeRegion decodes one region's encoding from the front of b and
+// returns the bytes after it. Its fields are not cross-checked (table does).
+func decodeRegion(b []byte) (RemoteRegion, []byte, error) {
+	var r RemoteRegion
+	if len(b) < regionFixed {
+		return r, nil, fmt.Errorf("%w: region truncated", ErrConnInfo)
+	}
+	le := binary.LittleEndian
+	r.Name = le.Uint64(b)
+	r.Addr = le.Uint64(b[8:])
+	r.Size = le.Uint64(b[16:])
+	shift := b[24]
+	nk := int(le.Uint16(b[25:]))
+	b = b[regionFixed:]
+	if shift > 62 {
+		return r, nil, fmt.Errorf("%w: chunk shift %d", ErrConnInfo, shift)
+	}
+	r.ChunkSize = 1 << shift
+	if nk > MaxRegionKeys || len(b) < 4*nk {
+		return r, nil, fmt.Errorf("%w: %d keys for %d bytes", ErrConnInfo, nk, len(b))
+	}
+	r.RKeys = make([]uint32, nk)
+	for k := range nk {
+		r.RKeys[k] = le.Uint32(b[4*k:])
+	}
+	return r, b[4*nk:], nil
+}
+
+const (
+	regionMagic   = "TCRR"
+	regionVersion = 1
+)
+
+// MarshalBinary encodes one region on its own (versioned), as a daemon
+// describes an exported segment's registration to a peer. It fails with
+// ErrConnInfo when the fields disagree.
+func (r RemoteRegion) MarshalBinary() ([]byte, error) {
+	if len(r.RKeys) > MaxRegionKeys {
+		return nil, fmt.Errorf("%w: %d keys (max %d)", ErrConnInfo, len(r.RKeys), MaxRegionKeys)
+	}
+	if _, err := r.table(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConnInfo, err)
+	}
+	b := make([]byte, 0, len(regionMagic)+1+regionFixed+4*len(r.RKeys))
+	b = append(b, regionMagic...)
+	b = append(b, regionVersion)
+	return r.appendTo(b), nil
+}
+
+// UnmarshalBinary decodes what MarshalBinary produced; malformed input
+// fails with ErrConnInfo and leaves r unchanged.
+func (r *RemoteRegion) UnmarshalBinary(b []byte) error {
+	if len(b) < len(regionMagic)+1 || string(b[:len(regionMagic)]) != regionMagic {
+		return fmt.Errorf("%w: not a region description", ErrConnInfo)
+	}
+	if v := b[len(regionMagic)]; v != regionVersion {
+		return fmt.Errorf("%w: region version %d (know %d)", ErrConnInfo, v, regionVersion)
+	}
+	d, rest, err := decodeRegion(b[len(regionMagic)+1:])
+	if err != nil {
+		return err
+	}
+	if len(rest) != 0 {
+		return fmt.Errorf("%w: %d trailing bytes", ErrConnInfo, len(rest))
+	}
+	if _, err := d.table(); err != nil {
+		return fmt.Errorf("%w: %v", ErrConnInfo, err)
+	}
+	*r = d
+	return nil
 }
 
 // len64 is log2 of a power of two.
@@ -150,28 +228,10 @@ func (c *ConnInfo) UnmarshalBinary(b []byte) error {
 		d.Regions = make([]RemoteRegion, nr)
 	}
 	for i := range nr {
-		if len(b) < regionFixed {
-			return fmt.Errorf("%w: region %d truncated", ErrConnInfo, i)
+		var err error
+		if d.Regions[i], b, err = decodeRegion(b); err != nil {
+			return fmt.Errorf("region %d: %w", i, err)
 		}
-		r := &d.Regions[i]
-		r.Name = le.Uint64(b)
-		r.Addr = le.Uint64(b[8:])
-		r.Size = le.Uint64(b[16:])
-		shift := b[24]
-		nk := int(le.Uint16(b[25:]))
-		b = b[regionFixed:]
-		if shift > 62 {
-			return fmt.Errorf("%w: region %d chunk shift %d", ErrConnInfo, i, shift)
-		}
-		r.ChunkSize = 1 << shift
-		if nk > MaxRegionKeys || len(b) < 4*nk {
-			return fmt.Errorf("%w: region %d: %d keys for %d bytes", ErrConnInfo, i, nk, len(b))
-		}
-		r.RKeys = make([]uint32, nk)
-		for k := range nk {
-			r.RKeys[k] = le.Uint32(b[4*k:])
-		}
-		b = b[4*nk:]
 	}
 	if len(b) != 0 {
 		return fmt.Errorf("%w: %d trailing bytes", ErrConnInfo, len(b))

@@ -89,3 +89,75 @@ func FuzzConnInfo(f *testing.F) {
 		}
 	})
 }
+
+func TestRemoteRegionRoundTrip(t *testing.T) {
+	for _, r := range sampleConnInfo().Regions {
+		b, err := r.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d RemoteRegion
+		if err := d.UnmarshalBinary(b); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(r, d) {
+			t.Fatalf("round trip:\n got %+v\nwant %+v", d, r)
+		}
+	}
+	bad := RemoteRegion{Addr: 4096, Size: 8192, ChunkSize: 4096, RKeys: []uint32{1}}
+	if _, err := bad.MarshalBinary(); !errors.Is(err, ErrConnInfo) {
+		t.Errorf("marshal of 1 key for 2 chunks: err = %v, want ErrConnInfo", err)
+	}
+}
+
+func TestRemoteRegionRejects(t *testing.T) {
+	good, err := sampleConnInfo().Regions[0].MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mut := func(f func(b []byte) []byte) []byte { return f(bytes.Clone(good)) }
+	cases := map[string][]byte{
+		"empty":       nil,
+		"magic":       mut(func(b []byte) []byte { b[0] = 'X'; return b }),
+		"version":     mut(func(b []byte) []byte { b[4] = 2; return b }),
+		"short":       good[:5+regionFixed-1],
+		"truncated":   good[:len(good)-1],
+		"trailing":    append(bytes.Clone(good), 0),
+		"key count":   mut(func(b []byte) []byte { b[5+25] = 3; return b }),
+		"chunk shift": mut(func(b []byte) []byte { b[5+24] = 63; return b }),
+		"size":        mut(func(b []byte) []byte { b[5+23] = 0xff; return b }),
+	}
+	for name, b := range cases {
+		d := RemoteRegion{Name: 42}
+		if err := d.UnmarshalBinary(b); !errors.Is(err, ErrConnInfo) {
+			t.Errorf("%s: err = %v, want ErrConnInfo", name, err)
+		}
+		if d.Name != 42 {
+			t.Errorf("%s: failed decode changed the value", name)
+		}
+	}
+}
+
+func FuzzRemoteRegion(f *testing.F) {
+	for _, r := range sampleConnInfo().Regions {
+		b, _ := r.MarshalBinary()
+		f.Add(b)
+	}
+	f.Add([]byte("TCRR\x01"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var d RemoteRegion
+		if err := d.UnmarshalBinary(in); err != nil {
+			if !errors.Is(err, ErrConnInfo) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		out, err := d.MarshalBinary()
+		if err != nil {
+			t.Fatalf("decoded value does not encode: %v", err)
+		}
+		if !bytes.Equal(in, out) {
+			t.Fatalf("re-encoding differs:\n in %x\nout %x", in, out)
+		}
+	})
+}

@@ -75,10 +75,42 @@ func (t *keyTable) lookup(off, n uint64) (addr uint64, lkey, rkey uint32, span u
 	return t.addr + off, t.lkeys[i], t.rkeys[i], span, true
 }
 
+// Access is what a region's MRs let the peer do. Local use (the local side
+// of a READ or WRITE) is always allowed.
+type Access uint8
+
+const (
+	// AccessLocal grants the peer nothing: its rkeys are refused.
+	AccessLocal Access = 0
+	// AccessRemoteRead lets the peer RDMA READ the region.
+	AccessRemoteRead Access = 1 << 0
+	// AccessRemoteWrite lets the peer RDMA WRITE the region.
+	AccessRemoteWrite Access = 1 << 1
+	// AccessRemote is both.
+	AccessRemote = AccessRemoteRead | AccessRemoteWrite
+)
+
+// String names the access: "local", "remote-read", "remote-write" or
+// "remote-read+write".
+func (a Access) String() string {
+	switch a {
+	case AccessLocal:
+		return "local"
+	case AccessRemoteRead:
+		return "remote-read"
+	case AccessRemoteWrite:
+		return "remote-write"
+	case AccessRemote:
+		return "remote-read+write"
+	}
+	return fmt.Sprintf("access(%#x)", uint8(a))
+}
+
 // Region is a local segment's memory registration: one MR per chunk. The
 // hot path only looks ranges up; registering happens once per segment.
 type Region struct {
-	keys keyTable
+	keys   keyTable
+	access Access
 	// handles are the verbs layer's MR pointers, one per chunk.
 	handles []any
 }
@@ -88,6 +120,9 @@ func (r *Region) Addr() uint64 { return r.keys.addr }
 
 // Size is the region's length in bytes.
 func (r *Region) Size() uint64 { return r.keys.size }
+
+// Access is what the region's MRs let the peer do.
+func (r *Region) Access() Access { return r.access }
 
 // Chunks is how many MRs back the region.
 func (r *Region) Chunks() int { return r.keys.chunks() }

@@ -148,9 +148,14 @@ static int tc_query_gid(struct ibv_context *c, uint8_t port, int index, uint8_t 
 static struct ibv_pd *tc_alloc_pd(struct ibv_context *c) { return tc_alloc_pd_p(c); }
 static int tc_dealloc_pd(struct ibv_pd *pd) { return tc_rc(tc_dealloc_pd_p(pd)); }
 
-static struct ibv_mr *tc_reg_mr(struct ibv_pd *pd, uintptr_t addr, size_t len, uint32_t *lkey, uint32_t *rkey) {
-	struct ibv_mr *mr = tc_reg_mr_p(pd, (void *)addr, len,
-		IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+// tc_reg_mr registers [addr, addr+len) for local use plus, by remote_read
+// and remote_write, the peer's one-sided operations.
+static struct ibv_mr *tc_reg_mr(struct ibv_pd *pd, uintptr_t addr, size_t len, int remote_read, int remote_write,
+		uint32_t *lkey, uint32_t *rkey) {
+	int access = IBV_ACCESS_LOCAL_WRITE;
+	if (remote_read) access |= IBV_ACCESS_REMOTE_READ;
+	if (remote_write) access |= IBV_ACCESS_REMOTE_WRITE;
+	struct ibv_mr *mr = tc_reg_mr_p(pd, (void *)addr, len, access);
 	if (mr) { *lkey = mr->lkey; *rkey = mr->rkey; }
 	return mr;
 }
@@ -400,6 +405,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // The status table of wcstatus.go follows the C enum.
@@ -569,8 +576,18 @@ func (d *Device) Name() string { return d.name }
 func (d *Device) Addr() Addr { return d.addr }
 
 // Register registers mem (which must not be Go-heap memory: an mmap'd
-// segment) as one MR per Config.ChunkSize, RegisterWorkers at a time.
-func (d *Device) Register(mem []byte) (*Region, error) {
+// segment) as one MR per Config.ChunkSize, RegisterWorkers at a time, open
+// to the peer's READ and WRITE (RegisterAccess with AccessRemote).
+func (d *Device) Register(mem []byte) (*Region, error) { return d.RegisterAccess(mem, AccessRemote) }
+
+// RegisterAccess is Register with the remote access the MRs grant: a
+// region registered with AccessLocal can only be the local side of
+// requests, and the hardware refuses a peer's READ of a region without
+// AccessRemoteRead and its WRITE without AccessRemoteWrite.
+func (d *Device) RegisterAccess(mem []byte, access Access) (*Region, error) {
+	if access&^AccessRemote != 0 {
+		return nil, fmt.Errorf("%w: access %#x", xfer.ErrInvalid, uint8(access))
+	}
 	if len(mem) == 0 {
 		return nil, fmt.Errorf("%w: empty memory", ErrNotRegistered)
 	}
@@ -584,13 +601,17 @@ func (d *Device) Register(mem []byte) (*Region, error) {
 	base := uintptr(unsafe.Pointer(&mem[0]))
 	reg := func(off, n uint64) (uint32, uint32, any, error) {
 		var lkey, rkey C.uint32_t
-		mr, err := C.tc_reg_mr(d.pd, C.uintptr_t(base+uintptr(off)), C.size_t(n), &lkey, &rkey)
+		mr, err := C.tc_reg_mr(d.pd, C.uintptr_t(base+uintptr(off)), C.size_t(n),
+			C.int(access&AccessRemoteRead), C.int(access&AccessRemoteWrite), &lkey, &rkey)
 		if mr == nil {
 			return 0, 0, 0, os.NewSyscallError("ibv_reg_mr", err)
 		}
 		return uint32(lkey), uint32(rkey), mr, nil
 	}
 	r, err := registerRegion(uint64(base), uint64(len(mem)), d.cfg.ChunkSize, d.cfg.RegisterWorkers, reg, deregMR)
+	if err == nil {
+		r.access = access
+	}
 	if err != nil {
 		d.mu.Lock()
 		d.regions--

@@ -31,6 +31,9 @@ func (*Device) Addr() Addr { return Addr{} }
 // Register fails: this build has no verbs.
 func (*Device) Register([]byte) (*Region, error) { return nil, errNoCgo }
 
+// RegisterAccess fails: this build has no verbs.
+func (*Device) RegisterAccess([]byte, Access) (*Region, error) { return nil, errNoCgo }
+
 // Deregister fails: this build has no verbs.
 func (*Device) Deregister(*Region) error { return errNoCgo }
 
