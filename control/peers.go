@@ -91,6 +91,8 @@ type exportTable struct {
 	// then a connection's noteQueue.mu.
 	mu sync.Mutex
 	m  map[string]*export
+	// onEnd is called after an export ended (see SetUnexportHook).
+	onEnd atomic.Pointer[UnexportHook]
 }
 
 // noteQueue is a connection's bounded queue of notifications.
@@ -260,6 +262,9 @@ func (c *conn) dropExport(i int) {
 		if e.source == c.s.deps.Pool.ID() {
 			c.lingering = append(c.lingering, e)
 		}
+	}
+	if h := t.onEnd.Load(); h != nil {
+		(*h)(e.name, e.view)
 	}
 	c.log.Info("segment unexported", "name", e.name)
 }

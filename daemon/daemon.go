@@ -111,6 +111,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if d.peers != nil {
 		d.peers.srv.Store(d.server)
 	}
+	if d.rdma != nil {
+		d.server.SetUnexportHook(d.rdma.unexported)
+	}
 	return d, nil
 }
 

@@ -1,14 +1,12 @@
 package daemon
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/tcp"
@@ -16,11 +14,18 @@ import (
 )
 
 // Exchange kinds the RDMA plane serves on the peer channel, beside
-// rdma.ExchangeKind (queue-pair connection data).
-const segmentExchange = "rdma.segment"
+// rdma.ExchangeKind (queue-pair connection data): where an export lies and
+// its keys, and the owner's word that an export's keys are revoked.
+const (
+	segmentExchange = "rdma.segment"
+	revokeExchange  = "rdma.revoke"
+)
 
 // rdmaPlane is the daemon's RDMA end: the device, the pool's memory
-// registration (made once at start-up), one outbound link per peer (a
+// registration (made once at start-up, for local use only: no peer can
+// address the pool as a whole), one registration per export a peer asked
+// for (with the export's rights as its remote access, dropped when the
+// export ends; see rdma_exports.go), one outbound link per peer (a
 // transport this daemon dials and submits on) and one accepting transport
 // per peer (the peer's link lands there).
 //
@@ -56,6 +61,8 @@ type rdmaPlane struct {
 	accepted map[string]acceptedPeer
 	said     map[string]string // what was logged about each peer's transport
 	closed   bool
+
+	exports exportRegs
 }
 
 type acceptedPeer struct {
@@ -64,25 +71,22 @@ type acceptedPeer struct {
 }
 
 // rdmaLink is the transport the router returns for one peer's remote
-// targets when RDMA carries them. Tasks carrying a notification go to tcp,
-// which delivers it.
+// targets when RDMA carries them. A task carrying a notification moves by
+// RDMA too; the notification follows on the peer channel (rdma_notify.go).
 type rdmaLink struct {
 	p     *rdmaPlane
 	peer  string
 	epoch uint64 // the peer's epoch the link was made with
 	tr    *rdma.Transport
 	tcp   *peerTransport
-	// segs maps the remote segments the link resolved to their window of
-	// the peer's pool (copy on write, under mu).
-	segs atomic.Pointer[map[*tcp.Remote]segWindow]
+	// segs maps the remote segments the link resolved to their owner's
+	// registration of them (copy on write, under mu).
+	segs atomic.Pointer[map[*tcp.Remote]rdma.RemoteRegion]
 	// ids are the request segment ids the transport has tables for (copy
 	// on write, under mu).
-	ids  atomic.Pointer[map[xfer.SegmentID]struct{}]
-	mu   sync.Mutex
-	pool rdma.RemoteRegion
+	ids atomic.Pointer[map[xfer.SegmentID]struct{}]
+	mu  sync.Mutex
 }
-
-type segWindow struct{ off, size uint64 }
 
 var _ xfer.Transport = (*rdmaLink)(nil)
 
@@ -106,7 +110,7 @@ func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.
 		return nil, nil
 	}
 	start := time.Now()
-	reg, err := dev.Register(pool.Bytes()[:pool.Size()])
+	reg, err := dev.RegisterAccess(pool.Bytes()[:pool.Size()], rdma.AccessLocal)
 	if err != nil {
 		_ = dev.Close()
 		if cfg.RDMA == "on" {
@@ -115,7 +119,7 @@ func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.
 		log.Warn("rdma unavailable: registering the pool failed; peers use tcp", "err", err)
 		return nil, nil
 	}
-	log.Info("pool registered for rdma", "device", dev.Name(), "bytes", pool.Size(), "mrs", reg.Chunks(),
+	log.Info("pool registered for rdma (local access)", "device", dev.Name(), "bytes", pool.Size(), "mrs", reg.Chunks(),
 		"took", time.Since(start).Round(time.Microsecond).String())
 	p := newPlane(dev, reg, pool, peers, log)
 	return p, nil
@@ -128,11 +132,14 @@ func newPlane(dev *rdma.Device, reg *rdma.Region, pool xfer.MemSegment, peers *p
 		log: log, dev: dev, reg: reg, pool: pool, node: peers.node, peers: peers, poolID: pool.ID(),
 		jobs: make(chan *tcp.Remote, 64), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
+		exports: exportRegs{m: map[xfer.MemSegment]*exportReg{}},
 	}
 	empty := map[string]*rdmaLink{}
 	p.links.Store(&empty)
 	_ = p.node.Handle(rdma.ExchangeKind, rdma.Acceptor(p.accept))
 	_ = p.node.Handle(segmentExchange, p.serveSegment)
+	_ = p.node.Handle(revokeExchange, p.serveRevoke)
+	_ = p.node.Handle(notifyExchange, p.serveNotify)
 	p.wg.Add(1)
 	go p.worker()
 	return p
@@ -291,7 +298,8 @@ func (p *rdmaPlane) link(peer string, epoch uint64) (*rdmaLink, error) {
 	return p.connect(peer, epoch)
 }
 
-// resolve asks r's owner where in its pool r lies and records it.
+// resolve asks r's owner for its registration of r (address, size, keys)
+// and records it.
 func (p *rdmaPlane) resolve(l *rdmaLink, r *tcp.Remote) error {
 	if _, ok := (*l.segs.Load())[r]; ok {
 		return nil
@@ -300,22 +308,22 @@ func (p *rdmaPlane) resolve(l *rdmaLink, r *tcp.Remote) error {
 	if err != nil {
 		return err
 	}
-	if len(resp) != 16 {
-		return fmt.Errorf("answer of %d bytes", len(resp))
+	var reg rdma.RemoteRegion
+	if err := reg.UnmarshalBinary(resp); err != nil {
+		return err
 	}
-	w := segWindow{off: binary.LittleEndian.Uint64(resp), size: binary.LittleEndian.Uint64(resp[8:])}
-	if w.size != r.Size() || w.size == 0 || w.off >= l.pool.Size || w.size > l.pool.Size-w.off {
-		return fmt.Errorf("window %d+%d of a %d-byte pool for a %d-byte segment", w.off, w.size, l.pool.Size, r.Size())
+	if reg.Size != r.Size() {
+		return fmt.Errorf("registration of %d bytes for a %d-byte segment", reg.Size, r.Size())
 	}
 	l.mu.Lock()
 	old := *l.segs.Load()
-	m := make(map[*tcp.Remote]segWindow, len(old)+1)
+	m := make(map[*tcp.Remote]rdma.RemoteRegion, len(old)+1)
 	for k, v := range old {
 		if !closedRemote(k) {
 			m[k] = v
 		}
 	}
-	m[r] = w
+	m[r] = reg
 	l.segs.Store(&m)
 	l.mu.Unlock()
 	return nil
@@ -343,13 +351,7 @@ func (p *rdmaPlane) connect(peer string, epoch uint64) (*rdmaLink, error) {
 		_ = tr.Close()
 		return nil, err
 	}
-	regs := tr.PeerRegions()
-	if len(regs) != 1 {
-		_ = tr.Close()
-		return nil, fmt.Errorf("peer exposed %d regions, want its pool", len(regs))
-	}
-	l.pool = regs[0]
-	segs, ids := map[*tcp.Remote]segWindow{}, map[xfer.SegmentID]struct{}{}
+	segs, ids := map[*tcp.Remote]rdma.RemoteRegion{}, map[xfer.SegmentID]struct{}{}
 	l.segs.Store(&segs)
 	l.ids.Store(&ids)
 	p.mu.Lock()
@@ -408,38 +410,12 @@ func (p *rdmaPlane) accept(from string, epoch uint64) (*rdma.Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.Expose(uint64(p.poolID), p.reg)
 	if ok {
 		_ = a.t.Close()
 	}
 	p.accepted[from] = acceptedPeer{t: t, epoch: epoch}
 	p.log.Info("rdma: accepting a peer's queue pairs", "peer", from, "epoch", fmt.Sprintf("%#x", epoch))
 	return t, nil
-}
-
-// serveSegment answers where in the pool the segment exported under the
-// requested name lies: u64 offset, u64 size. An export outside the pool
-// (a client's own buffer) has no registration and is refused: the peer
-// then uses tcp for it.
-func (p *rdmaPlane) serveSegment(from string, _ uint64, req []byte) ([]byte, error) {
-	seg, err := p.peers.Lookup(string(req))
-	if err != nil {
-		return nil, err
-	}
-	if seg.ID() != p.poolID || !seg.Acquire() {
-		return nil, errors.New("not a pool segment")
-	}
-	defer seg.Release()
-	b, pb := seg.Bytes(), p.pool.Bytes()
-	if len(b) == 0 {
-		return nil, errors.New("empty segment")
-	}
-	off := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(pb))))
-	if off >= uint64(len(pb)) || uint64(len(b)) > uint64(len(pb))-off {
-		return nil, errors.New("not inside the pool")
-	}
-	out := binary.LittleEndian.AppendUint64(make([]byte, 0, 16), off)
-	return binary.LittleEndian.AppendUint64(out, seg.Size()), nil
 }
 
 // close stops the worker and closes every transport, the registration and
@@ -453,6 +429,8 @@ func (p *rdmaPlane) close() {
 	p.mu.Unlock()
 	_ = p.node.Handle(rdma.ExchangeKind, nil)
 	_ = p.node.Handle(segmentExchange, nil)
+	_ = p.node.Handle(revokeExchange, nil)
+	_ = p.node.Handle(notifyExchange, nil)
 	close(p.stop)
 	p.wg.Wait()
 	for peer, l := range *p.links.Load() {
@@ -465,6 +443,7 @@ func (p *rdmaPlane) close() {
 			p.log.Warn("closing rdma transport accepting a peer", "peer", peer, "err", err)
 		}
 	}
+	p.exports.closeAll(p)
 	if err := p.dev.Deregister(p.reg); err != nil {
 		p.log.Warn("deregistering the pool", "err", err)
 	}
@@ -483,8 +462,8 @@ func (l *rdmaLink) Cancel(t *xfer.Task) { l.tr.Cancel(t) }
 func (l *rdmaLink) Close() error { return nil }
 
 // Submit implements xfer.Transport: runs of tasks go to the rdma transport,
-// except those carrying a notification (tcp delivers it) and those the
-// remote segment's rights refuse (ended at once with xfer.ErrPermission).
+// a task carrying a notification on its own (submitNotified), and tasks the
+// remote segment's rights refuse end at once with xfer.ErrPermission.
 // Tasks the rdma transport does not take because it closed or has no
 // queue pair up go to tcp.
 func (l *rdmaLink) Submit(tasks []*xfer.Task) (int, error) {
@@ -497,6 +476,9 @@ func (l *rdmaLink) Submit(tasks []*xfer.Task) (int, error) {
 		var n int
 		var err error
 		switch route {
+		case viaNotify:
+			i = done + 1
+			n, err = l.submitNotified(tasks[done])
 		case viaTCP:
 			n, err = l.tcp.Submit(tasks[done:i])
 		case viaRefuse:
@@ -526,14 +508,12 @@ const (
 	viaRDMA = iota
 	viaTCP
 	viaRefuse
+	viaNotify
 )
 
 // classify picks where one task goes, adding the rdma transport's tables
 // for its segment ids the first time they are seen.
 func (l *rdmaLink) classify(t *xfer.Task) int {
-	if l.tcp.count.Load() != 0 && l.tcp.has(t.Req) {
-		return viaTCP
-	}
 	r, ok := t.Target.(*tcp.Remote)
 	if !ok {
 		return viaTCP
@@ -545,19 +525,26 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 	if r.Rights()&need == 0 {
 		return viaRefuse
 	}
+	reg, ok := (*l.segs.Load())[r]
+	if !ok {
+		return viaTCP // not resolved, or revoked by its owner
+	}
+	via := viaRDMA
+	if l.tcp.count.Load() != 0 && l.tcp.has(t.Req) {
+		via = viaNotify
+	}
 	ids := *l.ids.Load()
 	_, lok := ids[t.Req.Local]
 	_, tok := ids[t.Req.Target]
 	if lok && tok {
-		return viaRDMA
-	}
-	w, ok := (*l.segs.Load())[r]
-	if !ok {
-		return viaTCP
+		return via
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.tr.AddRemoteRange(t.Req.Target, l.pool, w.off, w.size); err != nil {
+	if _, ok := (*l.segs.Load())[r]; !ok {
+		return viaTCP
+	}
+	if err := l.tr.AddRemote(t.Req.Target, reg); err != nil {
 		return viaTCP
 	}
 	l.tr.AddLocal(t.Req.Local, l.p.reg)
@@ -568,7 +555,7 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 	}
 	m[t.Req.Local], m[t.Req.Target] = struct{}{}, struct{}{}
 	l.ids.Store(&m)
-	return viaRDMA
+	return via
 }
 
 // has reports whether a notification waits for req.

@@ -242,21 +242,39 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 		}
 		t.Logf("%d KiB write+read over rdma in %v", n>>10, time.Since(start))
 	}
-	// A notified WRITE still goes over tcp, which delivers the note.
+	// A notified WRITE moves its bytes by RDMA; the notification follows on
+	// the peer channel and the task completes on the owner's answer.
 	sub := p.d1.dial(t, "subscriber")
 	if err := sub.Subscribe("kv"); err != nil {
 		t.Fatal(err)
 	}
 	res := make([]error, 1)
-	w := xfer.Request{Op: xfer.OpWrite, Local: p.pool, LocalOffset: p.src, Target: p.rs.ID, Length: 4096}
+	fill(rng, p.wMem[p.src:p.src+1<<20])
+	w := xfer.Request{Op: xfer.OpWrite, Local: p.pool, LocalOffset: p.src, Target: p.rs.ID, Length: 1 << 20}
+	before := tcpBytes(p.d2)
 	if sum, err := p.wr.TransferNotify([]xfer.Request{w}, [][]byte{[]byte("ready")}, 10*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
 		t.Fatalf("notified WRITE: %v, %v, %+v", err, res[0], sum)
+	}
+	if moved := tcpBytes(p.d2) - before; moved >= 64<<10 {
+		t.Fatalf("a notified 1 MiB WRITE moved %d bytes over tcp", moved)
+	}
+	if !bytes.Equal(p.expMem[p.expOff:p.expOff+1<<20], p.wMem[p.src:p.src+1<<20]) {
+		t.Fatal("the notified WRITE did not land")
 	}
 	if notes, err := sub.PollNotifications(nil, 0, 0); err != nil || len(notes) != 1 || string(notes[0].Payload) != "ready" {
 		t.Fatalf("notification: %+v, %v", notes, err)
 	}
-	// An export of a client's own buffer has no registration: requests to
-	// it stay on tcp while the pool export keeps rdma.
+	// Fail closed: with nobody subscribed the owner refuses the
+	// notification and the writer's task fails, though its bytes landed.
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if sum, err := p.wr.TransferNotify([]xfer.Request{w}, [][]byte{[]byte("anyone?")}, 10*time.Second, res); err != nil || res[0] == nil || sum.Failed != 1 {
+		t.Fatalf("notification nobody subscribed to: %v, %v, %+v (want the task Failed)", err, res[0], sum)
+	}
+	t.Logf("refused notification over rdma: %v", res[0])
+	// An export of a client's own buffer is registered on its own like a
+	// pool export: once resolved, requests to it move over rdma too.
 	buf, err := p.exp.RegisterBuffer(1 << 20)
 	if err != nil {
 		t.Fatal(err)
@@ -268,19 +286,14 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fill(rng, p.wMem[p.src:p.src+4096])
-	w = xfer.Request{Op: xfer.OpWrite, Local: p.pool, LocalOffset: p.src, Target: own.ID, TargetOffset: 512, Length: 4096}
-	for i := 0; i < 3; i++ {
-		if sum, err := p.wr.Transfer([]xfer.Request{w}, 10*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
-			t.Fatalf("WRITE to a client buffer export: %v, %v, %+v", err, res[0], sum)
-		}
-		if !bytes.Equal(buf.Mem[512:512+4096], p.wMem[p.src:p.src+4096]) {
-			t.Fatal("WRITE to a client buffer export did not land")
-		}
-		time.Sleep(50 * time.Millisecond)
+	fill(rng, p.wMem[p.src:p.src+64<<10])
+	w = xfer.Request{Op: xfer.OpWrite, Local: p.pool, LocalOffset: p.src, Target: own.ID, TargetOffset: 512, Length: 64 << 10}
+	p.untilNoTCP(t, w)
+	if !bytes.Equal(buf.Mem[512:512+64<<10], p.wMem[p.src:p.src+64<<10]) {
+		t.Fatal("WRITE to a client buffer export did not land")
 	}
-	if !strings.Contains(p.d2.log.String(), "remote segment uses tcp") {
-		t.Fatalf("no word about the client buffer export:\n%s", p.d2.log.String())
+	if !strings.Contains(p.d1.log.String(), "export registered for rdma") {
+		t.Fatalf("d1 did not register the client buffer export:\n%s", p.d1.log.String())
 	}
 	if err := p.roundTrip(rng, 1<<20, 0); err != nil {
 		t.Fatal(err)
@@ -345,7 +358,7 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 	if c := strings.Count(p.d2.log.String(), "rdma link up"); c != 2 {
 		t.Fatalf("%d rdma links made for two epochs of d1", c)
 	}
-	before := tcpBytes(p.d2)
+	before = tcpBytes(p.d2)
 	if err := p.roundTrip(rng, 1<<20, 4096); err != nil {
 		t.Fatal(err)
 	}

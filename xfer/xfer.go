@@ -198,6 +198,12 @@ type Task struct {
 // transport without an engine.
 func (t *Task) SetCompleter(c Completer) { t.done = c }
 
+// Completer is what Done reports to. A transport that must act after a
+// task's bytes moved and before the engine sees it end (deliver a
+// notification) puts its own Completer in front for the task's flight and
+// restores this one before reporting.
+func (t *Task) Completer() Completer { return t.done }
+
 // Done ends a dispatched task: n bytes moved and nil, or the error that ended
 // it. A transport calls it exactly once per task that Submit dispatched.
 func (t *Task) Done(n uint64, err error) { t.done.TaskDone(t, n, err) }

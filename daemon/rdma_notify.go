@@ -1,0 +1,112 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Notified WRITEs over RDMA. The bytes move by RDMA WRITE; once its
+// completion says they were placed in the owner's memory, the notification
+// goes on the peer channel as an exchange, and the owner delivers it to the
+// export's subscribers before answering. The task completes only on that
+// answer: the same fail-closed contract as on tcp (a refusal fails the task
+// with tcp.ErrNotifyRejected, no answer by the deadline with
+// xfer.ErrTimeout, a lost session with its error). A failed WRITE sends no
+// notification.
+
+const notifyExchange = "rdma.notify"
+
+// notifyReq is the exchange body: u8 name length, name, payload.
+func notifyReq(name string, payload []byte) []byte {
+	b := make([]byte, 0, 1+len(name)+len(payload))
+	b = append(b, byte(len(name)))
+	b = append(b, name...)
+	return append(b, payload...)
+}
+
+// serveNotify delivers a peer's notification for one of this daemon's
+// exports, which must grant the peer write access (a notification rides a
+// WRITE).
+func (p *rdmaPlane) serveNotify(from string, _ uint64, req []byte) ([]byte, error) {
+	if len(req) < 1 || len(req) < 1+int(req[0]) {
+		return nil, fmt.Errorf("%w: notification of %d bytes", xfer.ErrInvalid, len(req))
+	}
+	name, payload := string(req[1:1+int(req[0])]), req[1+int(req[0]):]
+	if len(payload) > tcp.MaxNotify {
+		return nil, fmt.Errorf("%w: notification of %d bytes (max %d)", xfer.ErrInvalid, len(payload), tcp.MaxNotify)
+	}
+	if r, ok := p.peers.Granted(name); !ok || r&tcp.RightWrite == 0 {
+		return nil, fmt.Errorf("%w: %q is not exported for writing", xfer.ErrPermission, name)
+	}
+	if err := p.peers.Deliver(name, payload); err != nil {
+		return nil, err
+	}
+	return nil, nil
+}
+
+// rdmaNote stands in front of a notified task's Completer while its WRITE
+// is posted on the link.
+type rdmaNote struct {
+	l        *rdmaLink
+	orig     xfer.Completer
+	name     string
+	payload  []byte
+	deadline time.Time
+}
+
+// TaskDone implements xfer.Completer. It runs on the transport's poller,
+// so the exchange runs on its own goroutine.
+func (n *rdmaNote) TaskDone(t *xfer.Task, moved uint64, err error) {
+	t.SetCompleter(n.orig)
+	if err != nil {
+		t.Done(0, err)
+		return
+	}
+	go func() {
+		wait := time.Until(n.deadline)
+		if wait <= 0 {
+			t.Done(0, fmt.Errorf("%w: the notification's deadline passed during the WRITE", xfer.ErrTimeout))
+			return
+		}
+		p := n.l.p
+		_, err := p.node.ExchangeAt(n.l.peer, n.l.epoch, notifyExchange, notifyReq(n.name, n.payload), wait)
+		switch {
+		case err == nil:
+			t.Done(moved, nil)
+		case errors.Is(err, tcp.ErrExchange):
+			t.Done(0, fmt.Errorf("%w: %v", tcp.ErrNotifyRejected, err))
+		default:
+			t.Done(0, err)
+		}
+	}()
+}
+
+// submitNotified posts one notified WRITE on the link. A task the link does
+// not take gets its notification back and goes to tcp.
+func (l *rdmaLink) submitNotified(t *xfer.Task) (int, error) {
+	nt, ok := l.tcp.take(t.Req)
+	if !ok {
+		return l.tcp.Submit([]*xfer.Task{t})
+	}
+	r := t.Target.(*tcp.Remote)
+	note := &rdmaNote{l: l, orig: t.Completer(), name: r.Name(), payload: nt.payload, deadline: nt.deadline}
+	t.SetCompleter(note)
+	n, err := l.tr.Submit([]*xfer.Task{t})
+	if n == 1 {
+		return 1, nil
+	}
+	t.SetCompleter(note.orig)
+	if aerr := l.tcp.attach(t.Req, nt.payload, nt.deadline); aerr != nil {
+		t.Done(0, aerr)
+		return 1, nil
+	}
+	if errors.Is(err, xfer.ErrClosed) || errors.Is(err, rdma.ErrQPDown) {
+		return l.tcp.Submit([]*xfer.Task{t})
+	}
+	return 0, err
+}
