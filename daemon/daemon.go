@@ -72,12 +72,13 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	d.local = xfer.NewLocal(xfer.LocalConfig{}, log.With("component", "local"))
 	d.files = newFileTier(cfg, d.pool, log.With("component", "uring"))
 	rt := router{local: d.local, files: d.files}
+	rdmaReport := rdmaWithoutPeers()
 	if cfg.PeerListen != "" {
 		if d.peers, err = newPeerPlane(cfg, log.With("component", "peers")); err != nil {
 			return nil, err
 		}
 		rt.peers = d.peers.tr
-		if d.rdma, err = newRDMAPlane(cfg, d.pool, d.peers, log.With("component", "rdma")); err != nil {
+		if d.rdma, rdmaReport, err = openRDMA(cfg, d.pool, d.peers, log.With("component", "rdma")); err != nil {
 			return nil, err
 		}
 		rt.rdma = d.rdma
@@ -96,7 +97,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		Version:     Version,
 		PeerAddr:    d.PeerAddr(),
 	}
-	deps := control.Deps{Engine: d.engine, Pool: d.pool, Registry: d.reg}
+	deps := control.Deps{Engine: d.engine, Pool: d.pool, Registry: d.reg, RDMA: rdmaReport}
 	if d.files != nil {
 		deps.FileOpener = d.files
 		deps.TransportStats = d.files.counters

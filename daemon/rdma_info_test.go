@@ -1,0 +1,135 @@
+package daemon
+
+import (
+	"bytes"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/control"
+)
+
+// TestRDMAInfoReasonAtWarn: the report keeps why RDMA is off even when the
+// daemon logs at Warn, which hides the Info record saying so, and the
+// record stays hidden.
+func TestRDMAInfoReasonAtWarn(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg := testConfig(t.TempDir())
+	cfg.RDMA = "off"
+	p, r, err := openRDMA(cfg, nil, nil, log)
+	if err != nil || p != nil {
+		t.Fatalf("rdma = off: plane %v, err %v", p, err)
+	}
+	got := r.RDMAInfo()
+	if got.State != control.RDMAOff || !strings.Contains(got.Reason, "rdma off (rdma = off)") {
+		t.Fatalf("rdma = off reported as %s, %q", got.State, got.Reason)
+	}
+	if buf.Len() != 0 {
+		t.Fatalf("an Info record passed a Warn logger:\n%s", buf.String())
+	}
+	if r := rdmaWithoutPeers().RDMAInfo(); r.State != control.RDMAOff || !strings.Contains(r.Reason, "peer_listen") {
+		t.Fatalf("without a peer plane: %s, %q", r.State, r.Reason)
+	}
+}
+
+// rdmaPeer is id's row in info, or false.
+func rdmaPeer(info client.RDMAInfo, id string) (client.RDMAPeer, bool) {
+	for _, p := range info.Peers {
+		if p.ID == id {
+			return p, true
+		}
+	}
+	return client.RDMAPeer{}, false
+}
+
+// TestVerbsRDMAInfo: in the Soft-RoCE VM, what tcctl rdma reports is the
+// device, port and GID the VM set up, the pool's registration, and, once a
+// transfer has brought the link up, rdma as d1's transport at d2 (and d2's
+// link accepted at d1), which a transfer moving nothing over tcp confirms.
+func TestVerbsRDMAInfo(t *testing.T) {
+	dev := os.Getenv("RXE_DEV")
+	if dev == "" {
+		t.Skip("no RDMA device: RXE_DEV is unset (make test-rdma runs this in the Soft-RoCE VM)")
+	}
+	gidIndex, err := strconv.Atoi(os.Getenv("RXE_GID_INDEX"))
+	if err != nil {
+		t.Fatalf("RXE_GID_INDEX %q: %v", os.Getenv("RXE_GID_INDEX"), err)
+	}
+	ip, err := netip.ParseAddr(os.Getenv("RXE_IP"))
+	if err != nil {
+		t.Fatalf("RXE_IP %q: %v", os.Getenv("RXE_IP"), err)
+	}
+	port := 1
+	if s := os.Getenv("RXE_PORT"); s != "" {
+		if port, err = strconv.Atoi(s); err != nil {
+			t.Fatalf("RXE_PORT %q: %v", s, err)
+		}
+	}
+	p := startRDMAPair(t, "on")
+	info, err := p.wr.RDMA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("d2 before any transfer: %+v", info)
+	wantGID := netip.AddrFrom16(ip.As16()).String()
+	if info.State != client.RDMAEnabled || info.Reason != "" || info.Device != dev || int(info.Port) != port ||
+		info.GID != wantGID || int(info.GIDIndex) != gidIndex || info.MTU < 256 ||
+		info.PoolRegistered != uint64(p.d2.cfg.PoolSize) || info.PoolMRs < 1 {
+		t.Fatalf("d2 reports %+v; want device %s port %d, gid %s (index %d), a %d-byte pool registered",
+			info, dev, port, wantGID, gidIndex, p.d2.cfg.PoolSize)
+	}
+	if d1, ok := rdmaPeer(info, "d1"); !ok || d1.Transport != "tcp" || d1.Link != "none" {
+		t.Fatalf("before any transfer d2 reports d1 as %+v (listed %v); want tcp, no link", d1, ok)
+	}
+
+	// The first requests go over tcp and have the link set up behind them.
+	rng := rand.New(rand.NewPCG(3, 3))
+	var d1 client.RDMAPeer
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if err := p.roundTrip(rng, 4096, 0); err != nil {
+			t.Fatal(err)
+		}
+		if info, err = p.wr.RDMA(); err != nil {
+			t.Fatal(err)
+		}
+		if d1, _ = rdmaPeer(info, "d1"); d1.Transport == "rdma" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("d1 still reported as %+v:\n%s", d1, p.d2.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	epoch1 := p.d1.d.peers.node.Epoch()
+	if d1.Link != "up" || d1.Epoch == 0 || d1.Epoch != epoch1 || d1.QueuePairs == 0 || d1.Segments < 1 {
+		t.Fatalf("d2 reports d1 as %+v; want link up at d1's epoch %#x with queue pairs and the export resolved", d1, epoch1)
+	}
+	t.Logf("d2 once the link is up: %+v", info)
+	before := tcpBytes(p.d2)
+	if err := p.roundTrip(rng, 1<<20, 0); err != nil {
+		t.Fatal(err)
+	}
+	if moved := tcpBytes(p.d2) - before; moved != 0 {
+		t.Fatalf("reported rdma, but 1 MiB each way moved %d bytes over tcp", moved)
+	}
+
+	exp, err := p.exp.RDMA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch2 := p.d2.d.peers.node.Epoch()
+	if d2, ok := rdmaPeer(exp, "d2"); !ok || !d2.Accepting || d2.AcceptedEpoch != epoch2 || d2.Link != "none" {
+		t.Fatalf("d1 reports d2 as %+v (listed %v); want d2's link accepted at its epoch %#x, none of d1's own", d2, ok, epoch2)
+	}
+	if exp.Device != dev || exp.GID != wantGID {
+		t.Fatalf("d1 reports device %s gid %s", exp.Device, exp.GID)
+	}
+}
