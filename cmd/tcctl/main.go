@@ -5,6 +5,7 @@
 //	tcctl [--socket PATH] ping [-n COUNT] [-size BYTES]
 //	tcctl [--socket PATH] peers
 //	tcctl [--socket PATH] segments [--remote]
+//	tcctl [--socket PATH] rdma
 //
 // The socket defaults to $TENSORCAST_SOCKET, else
 // /run/tensorcast/tensorcastd.sock.
@@ -17,6 +18,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -40,6 +42,9 @@ commands:
   peers                   peer daemons: address, epoch, connection, bytes, errors
   segments [--remote]     segments exported to peers (--remote: the remote
                           segments opened through this daemon instead)
+  rdma                    RDMA: device, port and GID in use, the pool's
+                          registration, each peer's transport and link; or
+                          why RDMA is off or unavailable
 
 The socket is --socket, else $TENSORCAST_SOCKET, else ` + client.DefaultSocket + `.
 `
@@ -73,6 +78,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		err = peers(sock, rest, stdout)
 	case "segments":
 		err = segments(sock, rest, stdout, stderr)
+	case "rdma":
+		err = rdmaCmd(sock, rest, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -256,6 +263,49 @@ func segments(sock string, args []string, w, stderr io.Writer) error {
 		case !*remote && s.Peer == "":
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights))
 		}
+	}
+	return tw.Flush()
+}
+
+func rdmaCmd(sock string, args []string, w io.Writer) error {
+	if len(args) > 0 {
+		return fmt.Errorf("%w: rdma takes no arguments", errUsage)
+	}
+	c, err := dial(sock, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	r, err := c.RDMA()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "state:    %s\n", strings.ToLower(r.State.String()))
+	if r.State != client.RDMAEnabled {
+		fmt.Fprintf(w, "reason:   %s\n", r.Reason)
+		return nil
+	}
+	fmt.Fprintf(w, "device:   %s port %d\n", r.Device, r.Port)
+	fmt.Fprintf(w, "gid:      %s (index %d)\n", r.GID, r.GIDIndex)
+	fmt.Fprintf(w, "mtu:      %d\n", r.MTU)
+	fmt.Fprintf(w, "lid:      %d\n", r.LID)
+	fmt.Fprintf(w, "pool:     %s registered, %d MRs\n", bytesStr(r.PoolRegistered), r.PoolMRs)
+	if len(r.Peers) == 0 {
+		fmt.Fprintf(w, "peers:    none\n")
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PEER\tTRANSPORT\tLINK\tEPOCH\tQPS\tSEGMENTS\tACCEPTING")
+	for _, p := range r.Peers {
+		epoch, qps, acc := "-", "-", "no"
+		if p.Link == "up" {
+			epoch, qps = fmt.Sprintf("%#x", p.Epoch), strconv.FormatUint(uint64(p.QueuePairs), 10)
+		}
+		if p.Accepting {
+			acc = fmt.Sprintf("epoch %#x", p.AcceptedEpoch)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", p.ID, p.Transport, p.Link, epoch, qps, p.Segments, acc)
 	}
 	return tw.Flush()
 }

@@ -18,7 +18,14 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// The peer plane's event-loop library (in the daemon the rdma tests
+	// run) starts its worker pool's housekeeping goroutines at package
+	// init; they live for the process.
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"))
+}
 
 type router struct{ tr xfer.Transport }
 
@@ -52,6 +59,13 @@ func (fakePlane) Peers() []control.PeerInfo {
 
 func startDaemonWith(t *testing.T, peers control.PeerPlane) string {
 	t.Helper()
+	return startDaemonDeps(t, func(d *control.Deps) { d.Peers = peers })
+}
+
+// startDaemonDeps runs a control server on a real pool and engine, with
+// deps adjusting what else it serves from.
+func startDaemonDeps(t *testing.T, deps func(*control.Deps)) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "tcctl")
 	if err != nil {
 		t.Fatal(err)
@@ -66,8 +80,9 @@ func startDaemonWith(t *testing.T, peers control.PeerPlane) string {
 	tr := xfer.NewLocal(xfer.LocalConfig{Workers: 1}, log)
 	eng := xfer.NewEngine(xfer.Config{}, router{tr}, log)
 	sock := filepath.Join(dir, "d.sock")
-	srv, err := control.NewServer(control.Config{Socket: sock, DaemonID: "host-a", Version: "0.1"},
-		control.Deps{Engine: eng, Pool: pool, Registry: reg, Peers: peers}, log)
+	d := control.Deps{Engine: eng, Pool: pool, Registry: reg}
+	deps(&d)
+	srv, err := control.NewServer(control.Config{Socket: sock, DaemonID: "host-a", Version: "0.1"}, d, log)
 	if err != nil {
 		t.Fatal(err)
 	}

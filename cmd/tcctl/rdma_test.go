@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/daemon"
+	"github.com/tensorcast/tensorcast/rdma"
+)
+
+type fakeRDMA struct{ info control.RDMAInfo }
+
+func (f fakeRDMA) RDMAInfo() control.RDMAInfo { return f.info }
+
+// TestRDMATable: an enabled plane prints its device, port, GID and
+// registration, and a row per peer with its transport and link.
+func TestRDMATable(t *testing.T) {
+	info := control.RDMAInfo{State: control.RDMAEnabled, Device: "rxe0", Port: 1, GID: "::ffff:10.0.2.15", GIDIndex: 1,
+		MTU: 1024, PoolRegistered: 64 << 20, PoolMRs: 1, Peers: []control.RDMAPeer{
+			{ID: "decode-1", Transport: "rdma", Link: "up", Epoch: 0xabc, QueuePairs: 2, Segments: 3, Accepting: true, AcceptedEpoch: 0xdef},
+			{ID: "decode-2", Transport: "tcp", Link: "failed"},
+		}}
+	sock := startDaemonDeps(t, func(d *control.Deps) { d.RDMA = fakeRDMA{info} })
+	code, out, errs := tcctl(t, nil, "--socket", sock, "rdma")
+	if code != 0 {
+		t.Fatalf("rdma: %d %q", code, errs)
+	}
+	for _, want := range []string{"state:    enabled", "device:   rxe0 port 1", "gid:      ::ffff:10.0.2.15 (index 1)",
+		"mtu:      1024", "pool:     64MiB registered, 1 MRs"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("rdma output lacks %q:\n%s", want, out)
+		}
+	}
+	rows := map[string][]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], "decode-") {
+			rows[f[0]] = f
+		}
+	}
+	if r := rows["decode-1"]; strings.Join(r, " ") != "decode-1 rdma up 0xabc 2 3 epoch 0xdef" {
+		t.Fatalf("decode-1 row %q:\n%s", r, out)
+	}
+	if r := rows["decode-2"]; strings.Join(r, " ") != "decode-2 tcp failed - - 0 no" {
+		t.Fatalf("decode-2 row %q:\n%s", r, out)
+	}
+	if code, _, _ := tcctl(t, nil, "--socket", sock, "rdma", "extra"); code != 2 {
+		t.Fatalf("rdma with an argument: exit %d", code)
+	}
+}
+
+// startRealDaemon runs a tensorcastd (the daemon package, not a bare
+// control server) on 127.0.0.1 with rdma set to mode; peers false leaves
+// the peer plane off.
+func startRealDaemon(t *testing.T, mode string, peers bool) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "tcctl-d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg := daemon.Defaults()
+	cfg.Socket = filepath.Join(dir, "d.sock")
+	cfg.DataDir = filepath.Join(dir, "data")
+	cfg.PoolSize = 16 << 20
+	cfg.DrainTimeout = daemon.Duration(2 * time.Second)
+	cfg.DaemonID = "host-a"
+	cfg.RDMA = mode
+	if peers {
+		key := filepath.Join(dir, "cluster.key")
+		if err := os.WriteFile(key, []byte("tcctl rdma test key\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg.PeerListen, cfg.ClusterKeyFile = "127.0.0.1:0", key
+	}
+	d, err := daemon.New(cfg, slog.New(slog.DiscardHandler), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon Run: %v", err)
+		}
+	})
+	return cfg.Socket
+}
+
+// TestRDMAOffOrUnavailable: a real daemon without RDMA says which state
+// it is in and why, through the client and through tcctl.
+func TestRDMAOffOrUnavailable(t *testing.T) {
+	cases := []struct {
+		name, mode string
+		peers      bool
+		state      control.RDMAState
+		reason     string
+	}{
+		{"rdma = off", "off", true, client.RDMAOff, "rdma = off"},
+		{"no peer plane", "auto", false, client.RDMAOff, "peer_listen is not set"},
+	}
+	// rdma = auto on a host without a usable device: the reason is the
+	// error opening one.
+	if err := rdma.Available(); err != nil {
+		cases = append(cases, struct {
+			name, mode string
+			peers      bool
+			state      control.RDMAState
+			reason     string
+		}{"rdma = auto without a device", "auto", true, client.RDMAUnavailable, err.Error()})
+	} else {
+		t.Log("this host has an RDMA device: the unavailable case is not tried (TestVerbsRDMAInfo covers enabled)")
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := startRealDaemon(t, tc.mode, tc.peers)
+			c, err := client.Dial(sock, client.Options{Name: "rdma-test", NoPool: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			r, err := c.RDMA()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.State != tc.state || !strings.Contains(r.Reason, tc.reason) || r.Device != "" || len(r.Peers) != 0 {
+				t.Fatalf("state %s, reason %q, device %q, %d peers; want %s with %q", r.State, r.Reason, r.Device, len(r.Peers), tc.state, tc.reason)
+			}
+			code, out, errs := tcctl(t, nil, "--socket", sock, "rdma")
+			want := "state:    " + strings.ToLower(tc.state.String()) + "\nreason:   " + r.Reason + "\n"
+			if code != 0 || out != want {
+				t.Fatalf("tcctl rdma: %d %q %q, want %q", code, out, errs, want)
+			}
+			t.Logf("tcctl rdma:\n%s", out)
+		})
+	}
+}
