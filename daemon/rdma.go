@@ -27,14 +27,15 @@ const (
 // for (with the export's rights as its remote access, dropped when the
 // export ends; see rdma_exports.go), one outbound link per peer (a
 // transport this daemon dials and submits on) and one accepting transport
-// per peer (the peer's link lands there).
+// per peer (the peer's link lands there). Client buffers get a local
+// registration when first used (rdma_locals.go).
 //
 // The router asks route for each remote target: a request whose local side
-// is the pool and whose peer's link is up with the target segment resolved
-// goes to that link; anything else goes to tcp and, when the link or the
-// segment is missing, queues a job for the worker, which connects the link
-// over the peer channel and resolves the segment (where in the peer's pool
-// the export lies). Each peer's choice is logged once.
+// is the pool or a registered client buffer and whose peer's link is up
+// with the target segment resolved goes to that link; anything else goes to
+// tcp and queues a job for the worker, which registers the buffer, connects
+// the link over the peer channel and resolves the segment (asks its owner
+// for the export's registration). Each peer's choice is logged once.
 //
 // Ownership: the daemon creates it after the peer plane and closes it after
 // the engine, before the peer plane and the pool. It owns one goroutine,
@@ -52,6 +53,7 @@ type rdmaPlane struct {
 	links atomic.Pointer[map[string]*rdmaLink] // copy on write, under mu
 
 	jobs   chan *tcp.Remote
+	bufs   chan xfer.Segment // client buffers to register (rdma_locals.go)
 	retire chan *rdmaLink // links whose peer runs a new epoch
 	stop   chan struct{}
 	wg     sync.WaitGroup
@@ -63,6 +65,7 @@ type rdmaPlane struct {
 	closed   bool
 
 	exports exportRegs
+	locals  localRegs
 }
 
 type acceptedPeer struct {
@@ -130,7 +133,7 @@ func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.
 func newPlane(dev *rdma.Device, reg *rdma.Region, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) *rdmaPlane {
 	p := &rdmaPlane{
 		log: log, dev: dev, reg: reg, pool: pool, node: peers.node, peers: peers, poolID: pool.ID(),
-		jobs: make(chan *tcp.Remote, 64), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
+		jobs: make(chan *tcp.Remote, 64), bufs: make(chan xfer.Segment, 64), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
 		exports: exportRegs{m: map[xfer.MemSegment]*exportReg{}},
 	}
@@ -149,7 +152,11 @@ func newPlane(dev *rdma.Device, reg *rdma.Region, pool xfer.MemSegment, peers *p
 // local and target over, or nil for tcp. It does not allocate.
 func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 	r, ok := target.(*tcp.Remote)
-	if !ok || local.ID() != p.poolID {
+	if !ok {
+		return nil
+	}
+	if local.ID() != p.poolID && p.localRegion(local.ID()) == nil {
+		p.wantLocal(local)
 		return nil
 	}
 	l := (*p.links.Load())[r.Peer()]
@@ -169,10 +176,11 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 // before the next attempt (a new epoch retries at once).
 const linkRetry = 30 * time.Second
 
-// worker connects links and resolves segments that route asked for. A
-// peer whose link failed stays on tcp for linkRetry; a segment
-// that cannot be resolved (an export of a client's own buffer) stays on
-// tcp while the rest of its peer's requests use rdma.
+// worker registers client buffers, connects links and resolves segments
+// that route asked for. A peer whose link failed stays on tcp for
+// linkRetry; a segment that cannot be resolved (its owner could not
+// register it) or a buffer that could not be registered stays on tcp while
+// the rest of its peer's requests use rdma.
 func (p *rdmaPlane) worker() {
 	defer p.wg.Done()
 	type failure struct {
@@ -181,6 +189,7 @@ func (p *rdmaPlane) worker() {
 	}
 	failedPeer := map[string]failure{}      // peer → its last failed link
 	failedSeg := map[*tcp.Remote]struct{}{} // segments left on tcp
+	failedBuf := map[xfer.SegmentID]struct{}{}
 	tick := time.NewTicker(linkCheckEvery)
 	defer tick.Stop()
 	for {
@@ -191,6 +200,8 @@ func (p *rdmaPlane) worker() {
 			p.checkLinks()
 		case l := <-p.retire:
 			p.retireLink(l, "the peer runs a new epoch")
+		case b := <-p.bufs:
+			p.registerLocal(b, failedBuf)
 		case r := <-p.jobs:
 			if f, ok := failedPeer[r.Peer()]; ok && f.epoch == r.Epoch() && time.Since(f.at) < linkRetry {
 				continue
@@ -444,6 +455,7 @@ func (p *rdmaPlane) close() {
 		}
 	}
 	p.exports.closeAll(p)
+	p.locals.closeAll(p)
 	if err := p.dev.Deregister(p.reg); err != nil {
 		p.log.Warn("deregistering the pool", "err", err)
 	}
@@ -477,7 +489,6 @@ func (l *rdmaLink) Submit(tasks []*xfer.Task) (int, error) {
 		var err error
 		switch route {
 		case viaNotify:
-			i = done + 1
 			n, err = l.submitNotified(tasks[done])
 		case viaTCP:
 			n, err = l.tcp.Submit(tasks[done:i])
@@ -547,7 +558,11 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 	if err := l.tr.AddRemote(t.Req.Target, reg); err != nil {
 		return viaTCP
 	}
-	l.tr.AddLocal(t.Req.Local, l.p.reg)
+	lr := l.p.localRegion(t.Req.Local)
+	if lr == nil {
+		return viaTCP // a client buffer whose registration went away
+	}
+	l.tr.AddLocal(t.Req.Local, lr)
 	old := *l.ids.Load()
 	m := make(map[xfer.SegmentID]struct{}, len(old)+2)
 	for k := range old {

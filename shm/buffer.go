@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -15,6 +16,8 @@ type Buffer struct {
 	id   xfer.SegmentID
 	mem  []byte
 	refs refs
+	// onTeardown runs once, just before the mapping goes away.
+	onTeardown atomic.Pointer[func()]
 }
 
 var _ xfer.MemSegment = (*Buffer)(nil)
@@ -111,7 +114,20 @@ func (b *Buffer) Close() error {
 	return nil
 }
 
-func (b *Buffer) teardown() error { return unmap(b.mem) }
+func (b *Buffer) teardown() error {
+	if h := b.onTeardown.Swap(nil); h != nil {
+		(*h)()
+	}
+	return unmap(b.mem)
+}
+
+// SetTeardownHook has f run just before the mapping goes away (after
+// Close, when the last reference is released), on the goroutine that
+// releases it: something registered over the buffer's memory (an RDMA
+// memory registration) is released there. The caller must hold a
+// reference, so that the teardown cannot have happened yet; a later call
+// replaces f.
+func (b *Buffer) SetTeardownHook(f func()) { b.onTeardown.Store(&f) }
 
 // NewMemfd creates a close-on-exec, sealable memfd of size bytes, for
 // clients and tests. With seal it is sealed against shrinking and growing,

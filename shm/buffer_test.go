@@ -241,3 +241,46 @@ func TestNewMemfdAndMapShared(t *testing.T) {
 		t.Errorf("unsealed memfd has seals %#x, %v", seals, err)
 	}
 }
+
+func TestBufferTeardownHook(t *testing.T) {
+	for _, refHeld := range []bool{false, true} {
+		b, err := MapBuffer(14, mustMemfd(t, 16*kib, true), 16*kib, 16*kib)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !b.Acquire() {
+			t.Fatal("Acquire on an open buffer failed")
+		}
+		mem := b.Bytes()
+		calls, mappedAtCall := 0, false
+		b.SetTeardownHook(func() { calls++; mappedAtCall = isMapped(t, mem) })
+		if refHeld {
+			if !b.Acquire() {
+				t.Fatal("second Acquire failed")
+			}
+		}
+		b.Release()
+		if calls != 0 {
+			t.Fatalf("hook ran before Close (ref held %v)", refHeld)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if refHeld {
+			if calls != 0 {
+				t.Fatal("hook ran while a reference was held")
+			}
+			b.Release()
+		}
+		if calls != 1 || !mappedAtCall {
+			t.Fatalf("hook ran %d times, mapping present at the call: %v (ref held %v)", calls, mappedAtCall, refHeld)
+		}
+		if isMapped(t, mem) {
+			t.Fatal("mapping still there after the teardown")
+		}
+		_ = b.Close()
+		if calls != 1 {
+			t.Fatalf("hook ran %d times after a second Close", calls)
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package daemon
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Client buffers as the local side of RDMA requests. The first request
+// from a client's buffer to a peer goes over tcp and has the worker
+// register the buffer (local access only: peers reach it only through an
+// export's own registration). Later requests from it move by RDMA. The
+// registration lives as long as the buffer's mapping: the buffer's
+// teardown (its last reference dropped after it was unregistered, so no
+// work request uses it any more) removes it from the links and releases it
+// before the memory is unmapped.
+
+// teardownHooker is a client buffer that runs a hook before it unmaps
+// (shm.Buffer).
+type teardownHooker interface {
+	xfer.MemSegment
+	SetTeardownHook(func())
+}
+
+// maxLocalRegs bounds the client buffers registered at once; past it a
+// buffer's requests use tcp (logged).
+const maxLocalRegs = 4096
+
+// localRegs are the client buffers' registrations by segment id.
+type localRegs struct {
+	// m is read without a lock on the hot path; written under mu.
+	m  atomic.Pointer[map[xfer.SegmentID]*rdma.Region]
+	mu sync.Mutex
+}
+
+// localRegion is the registration requests from local segment id use: the
+// pool's, a client buffer's, or nil.
+func (p *rdmaPlane) localRegion(id xfer.SegmentID) *rdma.Region {
+	if id == p.poolID {
+		return p.reg
+	}
+	if m := p.locals.m.Load(); m != nil {
+		return (*m)[id]
+	}
+	return nil
+}
+
+// wantLocal queues seg for registration when it is a client buffer. It
+// never blocks: a full queue is tried again by a later request.
+func (p *rdmaPlane) wantLocal(seg xfer.Segment) {
+	if _, ok := seg.(teardownHooker); !ok {
+		return
+	}
+	select {
+	case p.bufs <- seg:
+	default:
+	}
+}
+
+// registerLocal is the worker's: registers a client buffer for local use.
+// failed remembers the buffers left on tcp.
+func (p *rdmaPlane) registerLocal(seg xfer.Segment, failed map[xfer.SegmentID]struct{}) {
+	id := seg.ID()
+	if _, ok := failed[id]; ok || p.localRegion(id) != nil {
+		return
+	}
+	b := seg.(teardownHooker)
+	if !b.Acquire() {
+		return // unregistered meanwhile
+	}
+	defer b.Release()
+	e := &p.locals
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	old := map[xfer.SegmentID]*rdma.Region{}
+	if m := e.m.Load(); m != nil {
+		old = *m
+	}
+	if len(old) >= maxLocalRegs {
+		failed[id] = struct{}{}
+		p.log.Warn("client buffer uses tcp: too many buffers registered for rdma", "segment", id, "max", maxLocalRegs)
+		return
+	}
+	start := time.Now()
+	reg, err := p.dev.RegisterAccess(b.Bytes(), rdma.AccessLocal)
+	if err != nil {
+		failed[id] = struct{}{}
+		p.log.Warn("client buffer uses tcp: registering it failed", "segment", id, "bytes", b.Size(), "err", err)
+		return
+	}
+	m := make(map[xfer.SegmentID]*rdma.Region, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[id] = reg
+	e.m.Store(&m)
+	// Set while the reference above is held: the teardown cannot have
+	// run yet.
+	b.SetTeardownHook(func() { p.dropLocal(id) })
+	p.log.Info("client buffer registered for rdma", "segment", id, "bytes", b.Size(),
+		"took", time.Since(start).Round(time.Microsecond).String())
+}
+
+// dropLocal is a client buffer's teardown: its registration leaves every
+// link and is released. A plane that closed released it already.
+func (p *rdmaPlane) dropLocal(id xfer.SegmentID) {
+	e := &p.locals
+	e.mu.Lock()
+	var reg *rdma.Region
+	if m := e.m.Load(); m != nil {
+		if reg = (*m)[id]; reg != nil {
+			nm := make(map[xfer.SegmentID]*rdma.Region, len(*m))
+			for k, v := range *m {
+				if k != id {
+					nm[k] = v
+				}
+			}
+			e.m.Store(&nm)
+		}
+	}
+	e.mu.Unlock()
+	if reg == nil {
+		return
+	}
+	for _, l := range *p.links.Load() {
+		l.forgetLocal(id)
+	}
+	if err := p.dev.Deregister(reg); err != nil {
+		p.log.Error("deregistering a client buffer", "segment", id, "err", err)
+		return
+	}
+	p.log.Debug("client buffer's rdma registration released", "segment", id)
+}
+
+// closeAll releases every client buffer's registration (the plane is
+// closing; its transports are closed already).
+func (e *localRegs) closeAll(p *rdmaPlane) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := e.m.Load()
+	if m == nil {
+		return
+	}
+	for id, reg := range *m {
+		if err := p.dev.Deregister(reg); err != nil {
+			p.log.Warn("deregistering a client buffer", "segment", id, "err", err)
+		}
+	}
+	e.m.Store(&map[xfer.SegmentID]*rdma.Region{})
+}
+
+// forgetLocal drops local segment id from the link's tables.
+func (l *rdmaLink) forgetLocal(id xfer.SegmentID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ids := *l.ids.Load()
+	if _, ok := ids[id]; !ok {
+		return
+	}
+	m := make(map[xfer.SegmentID]struct{}, len(ids))
+	for k := range ids {
+		if k != id {
+			m[k] = struct{}{}
+		}
+	}
+	l.ids.Store(&m)
+	l.tr.RemoveLocal(id)
+}
