@@ -54,7 +54,7 @@ type rdmaPlane struct {
 
 	jobs   chan *tcp.Remote
 	bufs   chan xfer.Segment // client buffers to register (rdma_locals.go)
-	retire chan *rdmaLink // links whose peer runs a new epoch
+	retire chan *rdmaLink    // links whose peer runs a new epoch
 	stop   chan struct{}
 	wg     sync.WaitGroup
 
