@@ -94,38 +94,38 @@ type rdmaLink struct {
 var _ xfer.Transport = (*rdmaLink)(nil)
 
 // newRDMAPlane opens the device and registers the pool, or returns nil
-// when RDMA is off or unusable here (logged once; peers then use tcp).
-// With rdma = on an unusable device is an error.
-func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) (*rdmaPlane, error) {
+// and why when RDMA is off or unusable here (logged once; peers then use
+// tcp). With rdma = on an unusable device is an error.
+func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) (*rdmaPlane, string, error) {
 	if cfg.RDMA == "off" {
 		log.Info("rdma off (rdma = off): peers use tcp")
-		return nil, nil
+		return nil, "rdma = off", nil
 	}
 	if peers == nil {
-		return nil, nil
+		return nil, "no peer plane (peer_listen is not set): RDMA is set up over it", nil
 	}
 	dev, err := rdma.Open(rdma.Config{Device: cfg.RDMADevice, GID: cfg.RDMAGID}, log)
 	if err != nil {
 		if cfg.RDMA == "on" {
-			return nil, fmt.Errorf("%w: rdma = on, rdma_device = %q, rdma_gid = %q: %v", ErrConfig, cfg.RDMADevice, cfg.RDMAGID, err)
+			return nil, "", fmt.Errorf("%w: rdma = on, rdma_device = %q, rdma_gid = %q: %v", ErrConfig, cfg.RDMADevice, cfg.RDMAGID, err)
 		}
 		log.Info("rdma unavailable: peers use tcp", "reason", err.Error())
-		return nil, nil
+		return nil, err.Error(), nil
 	}
 	start := time.Now()
 	reg, err := dev.RegisterAccess(pool.Bytes()[:pool.Size()], rdma.AccessLocal)
 	if err != nil {
 		_ = dev.Close()
 		if cfg.RDMA == "on" {
-			return nil, fmt.Errorf("%w: rdma = on: registering the pool: %v", ErrConfig, err)
+			return nil, "", fmt.Errorf("%w: rdma = on: registering the pool: %v", ErrConfig, err)
 		}
 		log.Warn("rdma unavailable: registering the pool failed; peers use tcp", "err", err)
-		return nil, nil
+		return nil, "registering the pool failed: " + err.Error(), nil
 	}
 	log.Info("pool registered for rdma (local access)", "device", dev.Name(), "bytes", pool.Size(), "mrs", reg.Chunks(),
 		"took", time.Since(start).Round(time.Microsecond).String())
 	p := newPlane(dev, reg, pool, peers, log)
-	return p, nil
+	return p, "", nil
 }
 
 // newPlane wires a plane over an opened device and registration and

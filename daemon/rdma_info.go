@@ -1,12 +1,9 @@
 package daemon
 
 import (
-	"context"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/rdma"
@@ -31,52 +28,20 @@ func rdmaWithoutPeers() *rdmaReport {
 	return &rdmaReport{state: control.RDMAOff, reason: "no peer plane (peer_listen is not set): RDMA is set up over it"}
 }
 
-// openRDMA is newRDMAPlane that also returns the report. When no plane is
-// made, newRDMAPlane has logged why (rdma = off, the device's open error,
-// the failed registration); the report keeps that record's text.
+// openRDMA is newRDMAPlane that also returns the report.
 func openRDMA(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) (*rdmaPlane, *rdmaReport, error) {
-	h := &whyHandler{next: log.Handler(), why: &lastRecord{}}
-	p, err := newRDMAPlane(cfg, pool, peers, slog.New(h))
-	h.why.done.Store(true)
+	p, why, err := newRDMAPlane(cfg, pool, peers, log)
 	if err != nil {
 		return nil, nil, err
 	}
 	if p != nil {
-		return p, &rdmaReport{p: p, port: openedPort(cfg, p.dev.Name()), state: control.RDMAEnabled}, nil
+		return p, &rdmaReport{p: p, port: p.dev.Port(), state: control.RDMAEnabled}, nil
 	}
-	h.why.mu.Lock()
-	r := &rdmaReport{state: control.RDMAUnavailable, reason: h.why.text}
-	h.why.mu.Unlock()
+	r := &rdmaReport{state: control.RDMAUnavailable, reason: why}
 	if cfg.RDMA == "off" {
 		r.state = control.RDMAOff
 	}
-	if r.reason == "" {
-		r.reason = "no usable RDMA device (the daemon's start-up log says why)"
-		if r.state == control.RDMAOff {
-			r.reason = "rdma = off"
-		}
-	}
 	return nil, r, nil
-}
-
-// openedPort is the port rdma.Open took on dev: with no rdma_device
-// configured, the device's first active port (rdma.Open picks the first
-// device with one); otherwise the default port. The rdma package does not
-// report it.
-func openedPort(cfg Config, dev string) int {
-	if cfg.RDMADevice == "" {
-		for _, d := range rdma.ListDevices() {
-			if d.Name != dev {
-				continue
-			}
-			for _, pi := range d.Ports {
-				if pi.Active() {
-					return pi.Port
-				}
-			}
-		}
-	}
-	return rdma.DefaultConfig().Port
 }
 
 // RDMAInfo implements control.RDMAReporter.
@@ -143,54 +108,4 @@ func (p *rdmaPlane) info(port int) control.RDMAInfo {
 	}
 	slices.SortFunc(out.Peers, func(x, y control.RDMAPeer) int { return strings.Compare(x.ID, y.ID) })
 	return out
-}
-
-// whyHandler passes records on to next and, until why.done, keeps the text
-// of the last one at Info or above, whatever level next logs at.
-type whyHandler struct {
-	next slog.Handler
-	why  *lastRecord // shared with the handlers WithAttrs and WithGroup make
-}
-
-// lastRecord is the text of the last record a whyHandler kept.
-type lastRecord struct {
-	done atomic.Bool // set once the plane is built: nothing more is kept
-	// mu guards text.
-	mu   sync.Mutex
-	text string
-}
-
-func (h *whyHandler) keeping(l slog.Level) bool { return l >= slog.LevelInfo && !h.why.done.Load() }
-
-func (h *whyHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return h.keeping(l) || h.next.Enabled(ctx, l)
-}
-
-func (h *whyHandler) Handle(ctx context.Context, r slog.Record) error {
-	if h.keeping(r.Level) {
-		var b strings.Builder
-		b.WriteString(r.Message)
-		sep := ": "
-		r.Attrs(func(a slog.Attr) bool {
-			b.WriteString(sep)
-			b.WriteString(a.Value.String())
-			sep = "; "
-			return true
-		})
-		h.why.mu.Lock()
-		h.why.text = b.String()
-		h.why.mu.Unlock()
-	}
-	if !h.next.Enabled(ctx, r.Level) {
-		return nil
-	}
-	return h.next.Handle(ctx, r)
-}
-
-func (h *whyHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return &whyHandler{next: h.next.WithAttrs(as), why: h.why}
-}
-
-func (h *whyHandler) WithGroup(name string) slog.Handler {
-	return &whyHandler{next: h.next.WithGroup(name), why: h.why}
 }

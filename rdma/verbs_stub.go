@@ -25,6 +25,9 @@ func Open(Config, *slog.Logger) (*Device, error) { return nil, errNoCgo }
 // Name is "".
 func (*Device) Name() string { return "" }
 
+// Port is 0.
+func (*Device) Port() int { return 0 }
+
 // Addr is the zero Addr.
 func (*Device) Addr() Addr { return Addr{} }
 
