@@ -75,6 +75,9 @@ type Config struct {
 	// RDMAGID overrides the RoCE v2 GID: a GID table index or an address
 	// ("" = the IPv4-mapped GID of the device's netdev).
 	RDMAGID string `toml:"rdma_gid"`
+	// RDMAQPs is how many RC queue pairs each peer's link spreads its
+	// requests over.
+	RDMAQPs int `toml:"rdma_qps"`
 }
 
 // PeerConfig is one configured peer daemon.
@@ -99,6 +102,7 @@ func Defaults() Config {
 		LogLevel:      "info",
 		DaemonID:      hostID(),
 		PeerConns:     4,
+		RDMAQPs:       2,
 		PeerSliceSize: 1 << 20,
 		RDMA:          "auto",
 	}
@@ -190,6 +194,9 @@ func (c *Config) validatePeers() error {
 	if len(c.RDMAGID) > 64 {
 		return badValue("rdma_gid", c.RDMAGID, "must be a GID index or an address")
 	}
+	if c.RDMAQPs < 1 || c.RDMAQPs > 64 {
+		return badValue("rdma_qps", strconv.Itoa(c.RDMAQPs), "must be between 1 and 64")
+	}
 	seen := map[string]bool{c.DaemonID: true}
 	for _, p := range c.Peers {
 		if err := checkDaemonID("peers.id", p.ID); err != nil {
@@ -276,6 +283,11 @@ func settings() []setting {
 		{"rdma", "TENSORCAST_RDMA", "RDMA between daemons: auto, on, off", str(func(c *Config) *string { return &c.RDMA })},
 		{"rdma_device", "TENSORCAST_RDMA_DEVICE", "RDMA device (default: the first with an active port)", str(func(c *Config) *string { return &c.RDMADevice })},
 		{"rdma_gid", "TENSORCAST_RDMA_GID", "RoCE v2 GID index or address (default: automatic)", str(func(c *Config) *string { return &c.RDMAGID })},
+		{"rdma_qps", "TENSORCAST_RDMA_QPS", "RC queue pairs per peer link", func(c *Config, s string) error {
+			n, err := strconv.Atoi(s)
+			c.RDMAQPs = n
+			return err
+		}},
 		{"peers", "TENSORCAST_PEERS", "peers as id=host:port, comma-separated (flag: repeatable --peer)", func(c *Config, s string) error {
 			c.Peers = c.Peers[:0]
 			for _, e := range strings.Split(s, ",") {

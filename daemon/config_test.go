@@ -158,6 +158,7 @@ peer_advertise = "10.0.0.1:7400"
 cluster_key_file = "/etc/tensorcast/cluster.key"
 peer_conns = 8
 peer_slice_size = "256KiB"
+rdma_qps = 4
 
 [[peers]]
 id = "decode-1"
@@ -173,7 +174,7 @@ addr = "10.0.0.3:7400"
 	}
 	want := []PeerConfig{{"decode-1", "10.0.0.2:7400"}, {"decode-2", "10.0.0.3:7400"}}
 	if c.DaemonID != "prefill-1" || c.PeerListen != "127.0.0.1:7400" || c.PeerAdvertise != "10.0.0.1:7400" ||
-		c.ClusterKeyFile != "/etc/tensorcast/cluster.key" || c.PeerConns != 8 || c.PeerSliceSize != 256<<10 ||
+		c.ClusterKeyFile != "/etc/tensorcast/cluster.key" || c.PeerConns != 8 || c.PeerSliceSize != 256<<10 || c.RDMAQPs != 4 ||
 		len(c.Peers) != 2 || c.Peers[0] != want[0] || c.Peers[1] != want[1] {
 		t.Fatalf("file values not applied: %+v", c)
 	}
@@ -194,7 +195,7 @@ addr = "10.0.0.3:7400"
 	}
 	// Defaults: no peer plane, the hostname as id, 4 connections, 1 MiB slices.
 	d := Defaults()
-	if d.PeerListen != "" || d.DaemonID == "" || d.PeerConns != 4 || d.PeerSliceSize != 1<<20 {
+	if d.PeerListen != "" || d.DaemonID == "" || d.PeerConns != 4 || d.PeerSliceSize != 1<<20 || d.RDMAQPs != 2 {
 		t.Fatalf("peer defaults: %+v", d)
 	}
 }
@@ -225,6 +226,8 @@ func TestPeerKeysValidation(t *testing.T) {
 		{"daemon_id", strings.Repeat("x", 65), func(c *Config) { c.DaemonID = strings.Repeat("x", 65) }},
 		{"peer_conns", "0", func(c *Config) { c.PeerConns = 0 }},
 		{"peer_conns", "65", func(c *Config) { c.PeerConns = 65 }},
+		{"rdma_qps", "0", func(c *Config) { c.RDMAQPs = 0 }},
+		{"rdma_qps", "65", func(c *Config) { c.RDMAQPs = 65 }},
 		{"peer_slice_size", "1KiB", func(c *Config) { c.PeerSliceSize = 1 << 10 }},
 		{"peer_slice_size", "128MiB", func(c *Config) { c.PeerSliceSize = 128 << 20 }},
 		{"peers.id", "d2", func(c *Config) { c.Peers = append(c.Peers, PeerConfig{"d2", "127.0.0.1:1"}) }},

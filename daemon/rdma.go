@@ -49,6 +49,7 @@ type rdmaPlane struct {
 	node   *tcp.Node
 	peers  *peerPlane
 	poolID xfer.SegmentID
+	qps    int // queue pairs per link (rdma_qps)
 
 	links atomic.Pointer[map[string]*rdmaLink] // copy on write, under mu
 
@@ -104,7 +105,7 @@ func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.
 	if peers == nil {
 		return nil, "no peer plane (peer_listen is not set): RDMA is set up over it", nil
 	}
-	dev, err := rdma.Open(rdma.Config{Device: cfg.RDMADevice, GID: cfg.RDMAGID}, log)
+	dev, err := rdma.Open(rdma.Config{Device: cfg.RDMADevice, GID: cfg.RDMAGID, QPs: cfg.RDMAQPs}, log)
 	if err != nil {
 		if cfg.RDMA == "on" {
 			return nil, "", fmt.Errorf("%w: rdma = on, rdma_device = %q, rdma_gid = %q: %v", ErrConfig, cfg.RDMADevice, cfg.RDMAGID, err)
@@ -125,6 +126,7 @@ func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.
 	log.Info("pool registered for rdma (local access)", "device", dev.Name(), "bytes", pool.Size(), "mrs", reg.Chunks(),
 		"took", time.Since(start).Round(time.Microsecond).String())
 	p := newPlane(dev, reg, pool, peers, log)
+	p.qps = cfg.RDMAQPs
 	return p, "", nil
 }
 

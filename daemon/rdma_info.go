@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/tensorcast/tensorcast/control"
-	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -89,7 +88,7 @@ func (p *rdmaPlane) info(port int) control.RDMAInfo {
 	for id, l := range links {
 		e := peer(id)
 		e.Link, e.Epoch = "up", l.epoch
-		e.QueuePairs = uint32(rdma.DefaultConfig().QPs)
+		e.QueuePairs = uint32(p.qps)
 		e.Segments = uint32(len(*l.segs.Load()))
 	}
 	for id, e := range byID {
