@@ -53,7 +53,7 @@ type reference struct {
 	run     func(ctx context.Context) (float64, error)
 }
 
-func referenceFor(j *Job, metric string) (*reference, error) {
+func referenceFor(env *Env, j *Job, metric string) (*reference, error) {
 	switch j.Engine {
 	case "local", "mem":
 		return &reference{name: "memcpy (in-process copy() loop)", command: "in-process copy() of bs-sized chunks",
@@ -110,10 +110,15 @@ func referenceFor(j *Job, metric string) (*reference, error) {
 			return nil, ToolMissing(tool + " (perftest)")
 		}
 		secs := max(1, int(j.Runtime/time.Second))
-		return &reference{name: tool + " (perftest, first RDMA device)",
-			command: fmt.Sprintf("%s -s %d -D %d --report_gbits 127.0.0.1", tool, j.BSMax, secs),
+		dev, where := perftestDevice(env), "first RDMA device"
+		if len(dev) > 0 {
+			where = strings.Join(dev, " ")
+		}
+		return &reference{name: tool + " (perftest, " + where + ")",
+			command: strings.Join(append(append([]string{tool}, dev...),
+				"-s", strconv.FormatUint(j.BSMax, 10), "-D", strconv.Itoa(secs), "--report_gbits", "127.0.0.1"), " "),
 			run: func(ctx context.Context) (float64, error) {
-				gbps, err := RunPerftest(ctx, tool, secs, j.BSMax)
+				gbps, err := RunPerftest(ctx, tool, secs, j.BSMax, dev...)
 				if metric == "iops" {
 					return gbps * 1e9 / 8 / float64(j.BSMax), err
 				}
@@ -133,7 +138,7 @@ func RunBaseline(ctx context.Context, r *Runner, j *Job, repeat int) (BaselineRe
 		br.Error = err.Error()
 		return br, nil, err
 	}
-	ref, err := referenceFor(j, metric)
+	ref, err := referenceFor(r.Env, j, metric)
 	if err != nil {
 		br.Error = err.Error()
 		return br, nil, err
@@ -445,17 +450,34 @@ func mdEscape(s string) string {
 	return strings.NewReplacer("|", "\\|", "\n", " ").Replace(s)
 }
 
+// perftestDevice is perftest's device and GID flags for env's --rdma-device
+// and --rdma-gid (-x takes an index only; a GID address is left to it).
+func perftestDevice(env *Env) []string {
+	var a []string
+	if env == nil {
+		return nil
+	}
+	if env.RDMADevice != "" {
+		a = append(a, "-d", env.RDMADevice)
+	}
+	if _, err := strconv.ParseUint(env.RDMAGID, 10, 8); err == nil {
+		a = append(a, "-x", env.RDMAGID)
+	}
+	return a
+}
+
 // RunPerftest runs a perftest bandwidth tool (ib_write_bw, ib_read_bw) as a
 // one-off server and a client against it over loopback (the RDMA itself
-// goes through the first device), and returns the average Gbit/s.
-func RunPerftest(ctx context.Context, tool string, secs int, size uint64) (float64, error) {
+// goes through the device dev names, -d and -x, else the first one), and
+// returns the average Gbit/s.
+func RunPerftest(ctx context.Context, tool string, secs int, size uint64, dev ...string) (float64, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 	l.Close()
-	common := []string{"-s", strconv.FormatUint(size, 10), "-D", strconv.Itoa(secs), "--report_gbits", "-p", port}
+	common := append(append([]string(nil), dev...), "-s", strconv.FormatUint(size, 10), "-D", strconv.Itoa(secs), "--report_gbits", "-p", port)
 	var srvOut bytes.Buffer
 	srv := exec.CommandContext(ctx, tool, common...)
 	srv.Stdout, srv.Stderr = &srvOut, &srvOut

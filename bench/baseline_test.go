@@ -150,16 +150,16 @@ func TestIperf3Real(t *testing.T) {
 func TestToolMissingSaysMakeDeps(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	jobs := mustJobs(t, "--name=u", "--engine=uring", "--filename=/tmp/x")
-	_, err := referenceFor(jobs[0], "iops")
+	_, err := referenceFor(nil, jobs[0], "iops")
 	if !errors.Is(err, ErrToolMissing) || !strings.Contains(err.Error(), "fio") || !strings.Contains(err.Error(), "make deps") {
 		t.Errorf("missing fio: %v", err)
 	}
 	jobs = mustJobs(t, "--name=t", "--engine=tcp", "--target=p/s")
-	if _, err := referenceFor(jobs[0], "bw_bytes"); !errors.Is(err, ErrToolMissing) || !strings.Contains(err.Error(), "iperf3") {
+	if _, err := referenceFor(nil, jobs[0], "bw_bytes"); !errors.Is(err, ErrToolMissing) || !strings.Contains(err.Error(), "iperf3") {
 		t.Errorf("missing iperf3: %v", err)
 	}
 	jobs = mustJobs(t, "--name=r", "--engine=rdma", "--target=p/s", "--rw=write")
-	if _, err := referenceFor(jobs[0], "bw_bytes"); !errors.Is(err, ErrToolMissing) || !strings.Contains(err.Error(), "ib_write_bw") {
+	if _, err := referenceFor(nil, jobs[0], "bw_bytes"); !errors.Is(err, ErrToolMissing) || !strings.Contains(err.Error(), "ib_write_bw") {
 		t.Errorf("missing perftest: %v", err)
 	}
 }

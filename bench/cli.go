@@ -21,6 +21,8 @@ type Options struct {
 	DaemonBin    string
 	PoolSize     uint64 // 0: sized from the jobs
 	PeerHost     string // --spawn: the address spawned peer daemons listen on ("" = 127.0.0.1)
+	RDMADevice   string // --spawn rdma daemons' and the perftest baseline's RDMA device ("" = automatic)
+	RDMAGID      string // their RoCE GID, an index or address ("" = automatic)
 	Baseline     bool
 	Repeat       int
 	Plot         string
@@ -56,6 +58,20 @@ var harnessFlags = map[string]harnessFlag{
 			return fmt.Errorf("%w: --peer-host %q is not a host name or address", ErrBadValue, v)
 		}
 		o.PeerHost = v
+		return nil
+	}},
+	"rdma-device": {set: func(o *Options, v string) error {
+		if v == "" || strings.ContainsAny(v, " /\t\n") || len(v) > 64 {
+			return fmt.Errorf("%w: --rdma-device %q is not a device name (e.g. mlx5_0, rxe0)", ErrBadValue, v)
+		}
+		o.RDMADevice = v
+		return nil
+	}},
+	"rdma-gid": {set: func(o *Options, v string) error {
+		if v == "" || strings.ContainsAny(v, " /\t\n") || len(v) > 64 {
+			return fmt.Errorf("%w: --rdma-gid %q is not a GID index or address", ErrBadValue, v)
+		}
+		o.RDMAGID = v
 		return nil
 	}},
 	"baseline": {flag: true, set: func(o *Options, v string) (err error) { o.Baseline, err = parseBool(v); return }},

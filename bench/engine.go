@@ -85,7 +85,11 @@ type Env struct {
 	// name, as mapped here: prefill and write verification use them
 	// directly. Read-only once the run starts.
 	TargetMem map[string][]byte
-	Logger    *slog.Logger
+	// RDMADevice and RDMAGID, when set, are given to perftest (-d, and -x
+	// for a GID index) by rdma baselines.
+	RDMADevice string
+	RDMAGID    string
+	Logger     *slog.Logger
 }
 
 func (e *Env) socket(j *Job) string {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -49,6 +50,9 @@ type PeerSpawn struct {
 	Host string
 	// RDMA is the daemons' rdma setting: off for tcp jobs, on for rdma.
 	RDMA string
+	// RDMADevice and RDMAGID are the daemons' rdma_device and rdma_gid
+	// ("": their defaults).
+	RDMADevice, RDMAGID string
 	// Jobs are the run's jobs; the tcp and rdma ones size the exports.
 	Jobs []*Job
 }
@@ -112,6 +116,12 @@ func SpawnPeers(s PeerSpawn, log *slog.Logger) (p *PeerPair, err error) {
 		return p, fmt.Errorf("%w: cluster key: %w", ErrDaemon, err)
 	}
 	common := []string{"--peer-listen", listen, "--cluster-key-file", keyFile, "--rdma", s.RDMA}
+	if s.RDMADevice != "" {
+		common = append(common, "--rdma-device", s.RDMADevice)
+	}
+	if s.RDMAGID != "" {
+		common = append(common, "--rdma-gid", s.RDMAGID)
+	}
 	p.A, err = spawnDaemon(s.Bin, s.PoolSize, nil, append([]string{"--daemon-id", aID}, common...), log)
 	if err != nil {
 		return p, fmt.Errorf("daemon %s (%s): %w", aID, strings.Join(common, " "), err)
@@ -327,10 +337,82 @@ func (e *peerEngine) Open(s EngineSpec) (err error) {
 	if j.Batch > capacity {
 		return fmt.Errorf("%w: batch %d is more than the daemon's batch capacity %d", ErrBadValue, j.Batch, capacity)
 	}
+	if j.Engine == "rdma" && j.PoolMem() {
+		if err := e.untilRDMA(slotOff, slotLane, rights); err != nil {
+			return err
+		}
+	}
 	e.targetBase = e.base
 	e.start(dispatchSpec{Slots: s.Slots, SlotSize: s.SlotSize, Region: s.Region, PartsPerIO: 1,
 		Capacity: capacity, SlotOff: slotOff, SlotLane: slotLane})
 	return nil
+}
+
+// rdmaReadyWait bounds how long an rdma job waits for its requests to
+// leave tcp.
+var rdmaReadyWait = 20 * time.Second
+
+// untilRDMA holds an rdma job until every connection's requests move by
+// RDMA. The daemon sends a peer request over tcp until its link to the
+// peer is up and the connection's remote segment resolved behind it, so
+// the first requests of each connection go over tcp; a measurement that
+// counted them would not be of rdma. Each connection repeats one small
+// request on a slot of its own (a READ, or a WRITE when it may not read,
+// before prefill lays the pattern down) until one moves less than its
+// length over the daemon's tcp session with the peer. Past rdmaReadyWait
+// the job fails: the daemons carry it over tcp.
+func (e *peerEngine) untilRDMA(slotOff []uint64, slotLane []int, rights uint8) error {
+	peer, _, _ := strings.Cut(e.target, "/")
+	n := min(e.slotSz, 4096, e.region)
+	op := xfer.OpRead
+	if rights&client.RightRead == 0 {
+		op = xfer.OpWrite
+	}
+	deadline := time.Now().Add(rdmaReadyWait)
+	res := make([]error, 1)
+	for i, l := range e.lanes {
+		slot := slices.Index(slotLane, i)
+		if slot < 0 {
+			continue // a lane with no slot sends nothing
+		}
+		req := []xfer.Request{{Op: op, Local: l.local, LocalOffset: slotOff[slot], Target: l.target, TargetOffset: e.base, Length: n}}
+		for tries := 1; ; tries++ {
+			before, err := peerTCPBytes(l.c, peer)
+			if err != nil {
+				return err
+			}
+			if _, err := l.c.Transfer(req, waitTimeout, res); err != nil || res[0] != nil {
+				return fmt.Errorf("%w: %s %d bytes (waiting for rdma, connection %d): %w", ErrIO, op, n, i, errors.Join(err, res[0]))
+			}
+			after, err := peerTCPBytes(l.c, peer)
+			if err != nil {
+				return err
+			}
+			if after-before < n {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%w: engine rdma: requests to %s still move over tcp after %v (%d tries on connection %d): the daemons have no rdma link to that peer (rdma = on on both, an RDMA device, the target in the exporter's pool; see their logs)",
+					ErrEngineUnavailable, peer, rdmaReadyWait, tries, i)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// peerTCPBytes is what the daemon moved over tcp to and from peer.
+func peerTCPBytes(c *client.Client, peer string) (uint64, error) {
+	ps, err := c.Peers()
+	if err != nil {
+		return 0, fmt.Errorf("%w: peers: %w", ErrEngineUnavailable, err)
+	}
+	for _, p := range ps {
+		if p.ID == peer {
+			return p.BytesIn + p.BytesOut, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: the daemon has no peer %q", ErrEngineUnavailable, peer)
 }
 
 // bufferSlots puts the slots and the scratch slot in one client buffer (a

@@ -140,12 +140,12 @@ func TestRDMAEngineWithoutDevice(t *testing.T) {
 	bin := buildDaemon(t)
 	jobs := mustJobs(t, "--name=r", "--engine=rdma", "--size=1m", "--rw=write")
 	start := time.Now()
-	p, err := SpawnPeers(PeerSpawn{Bin: bin, PoolSize: 64 << 20, RDMA: "on", Jobs: jobs}, nil)
+	p, err := SpawnPeers(PeerSpawn{Bin: bin, PoolSize: 64 << 20, RDMA: "on", RDMADevice: "rxe9", RDMAGID: "3", Jobs: jobs}, nil)
 	if err == nil {
 		p.Stop()
 		t.Fatal("rdma = on started without an RDMA device")
 	}
-	if !errors.Is(err, ErrDaemon) || !strings.Contains(err.Error(), "rdma = on") || !strings.Contains(err.Error(), "--rdma on") {
+	if !errors.Is(err, ErrDaemon) || !strings.Contains(err.Error(), "rdma = on") || !strings.Contains(err.Error(), "--rdma on --rdma-device rxe9 --rdma-gid 3") {
 		t.Errorf("error does not name the rdma start-up failure: %v", err)
 	}
 	if d := time.Since(start); d > 15*time.Second {
@@ -199,7 +199,7 @@ func TestTCPReferenceStreams(t *testing.T) {
 		t.Skip("iperf3 is not installed (make deps installs it)")
 	}
 	jobs := mustJobs(t, "--name=t", "--engine=tcp", "--bs=1m", "--numjobs=2")
-	ref, err := referenceFor(jobs[0], metricOf(jobs[0]))
+	ref, err := referenceFor(nil, jobs[0], metricOf(jobs[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestTCPReferenceStreams(t *testing.T) {
 		t.Errorf("tcp reference %q: %q", ref.name, ref.command)
 	}
 	jobs = mustJobs(t, "--name=t", "--engine=tcp", "--bs=4m")
-	if ref, err = referenceFor(jobs[0], metricOf(jobs[0])); err != nil || !strings.Contains(ref.command, "-l 1048576 ") {
+	if ref, err = referenceFor(nil, jobs[0], metricOf(jobs[0])); err != nil || !strings.Contains(ref.command, "-l 1048576 ") {
 		t.Errorf("4 MiB tcp reference: %v %+v", err, ref)
 	}
 }
@@ -241,5 +241,65 @@ func TestPerftestWithoutDevice(t *testing.T) {
 	_, err := RunPerftest(ctx, "ib_write_bw", 1, 65536)
 	if !errors.Is(err, ErrToolOutput) || !strings.Contains(strings.ToLower(err.Error()), "device") {
 		t.Errorf("perftest without a device: %v", err)
+	}
+}
+
+// TestRDMAEngineRefusesTCP: an rdma job whose requests stay on tcp (here
+// both daemons run with rdma = off, as they would without a link) fails
+// in Open, naming the peer, instead of reporting tcp figures as rdma.
+func TestRDMAEngineRefusesTCP(t *testing.T) {
+	jobs := mustJobs(t, "--name=w", "--engine=rdma", "--size=1m", "--rw=write", "--bs=64k", "--iodepth=4", "--batch=2")
+	p := spawnPeersForTest(t, "off", jobs)
+	defer func(d time.Duration) { rdmaReadyWait = d }(rdmaReadyWait)
+	rdmaReadyWait = 300 * time.Millisecond
+	env := &Env{}
+	p.Env(env)
+	start := time.Now()
+	_, err := (&Runner{Env: env}).Run(context.Background(), jobs)
+	if !errors.Is(err, ErrEngineUnavailable) || !strings.Contains(err.Error(), "still move over tcp") ||
+		!strings.Contains(err.Error(), SpawnTargetID) {
+		t.Fatalf("rdma job carried by tcp: %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("refusing took %v", d)
+	}
+	// The same job as tcp runs: the requests themselves were fine.
+	jobs[0].Engine = "tcp"
+	checkMoved(t, runEnv(t, env, jobs))
+}
+
+// TestRDMADeviceOptions: --rdma-device and --rdma-gid reach the perftest
+// baseline as -d and -x (an index only).
+func TestRDMADeviceOptions(t *testing.T) {
+	o, _, err := ParseArgs([]string{"--rdma-device", "rxe0", "--rdma-gid=1", "--name=r", "--engine=rdma"})
+	if err != nil || o.RDMADevice != "rxe0" || o.RDMAGID != "1" {
+		t.Fatalf("parse: %v %+v", err, o)
+	}
+	if _, _, err := ParseArgs([]string{"--rdma-device", "a/b", "--name=r"}); !errors.Is(err, ErrBadValue) {
+		t.Errorf("bad --rdma-device: %v", err)
+	}
+	for _, c := range []struct {
+		env  *Env
+		want string
+	}{
+		{nil, ""},
+		{&Env{RDMADevice: "rxe0", RDMAGID: "1"}, "-d rxe0 -x 1"},
+		{&Env{RDMADevice: "rxe0", RDMAGID: "::ffff:10.0.2.15"}, "-d rxe0"},
+		{&Env{RDMAGID: "2"}, "-x 2"},
+	} {
+		if got := strings.Join(perftestDevice(c.env), " "); got != c.want {
+			t.Errorf("perftestDevice(%+v) = %q, want %q", c.env, got, c.want)
+		}
+	}
+	if _, err := exec.LookPath("ib_write_bw"); err != nil {
+		t.Skip("perftest is not installed (make deps installs it)")
+	}
+	jobs := mustJobs(t, "--name=r", "--engine=rdma", "--rw=write", "--bs=64k", "--runtime=2s")
+	ref, err := referenceFor(&Env{RDMADevice: "rxe0", RDMAGID: "1"}, jobs[0], metricOf(jobs[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref.command != "ib_write_bw -d rxe0 -x 1 -s 65536 -D 2 --report_gbits 127.0.0.1" || !strings.Contains(ref.name, "-d rxe0") {
+		t.Errorf("rdma reference %q: %q", ref.name, ref.command)
 	}
 }

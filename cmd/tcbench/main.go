@@ -29,7 +29,8 @@ Job options (fio's names; before the first --name they are global):
 Flags:
   --output-format=normal|json|terse   --output=FILE   --plot=FILE.svg
   --spawn              start a private tensorcastd for the run (--daemon-bin, --pool-size);
-                       tcp/rdma jobs get two connected daemons (--peer-host, default 127.0.0.1)
+                       tcp/rdma jobs get two connected daemons (--peer-host, default 127.0.0.1;
+                       rdma: --rdma-device, --rdma-gid, which the perftest baseline uses too)
   --baseline           run the reference tool side by side (--repeat=N, A B A B ...)
   --dry-run            parse and print the jobs, run nothing
   --version  --help
@@ -84,7 +85,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		out = f
 	}
 
-	env := &bench.Env{Logger: log}
+	env := &bench.Env{Logger: log, RDMADevice: opts.RDMADevice, RDMAGID: opts.RDMAGID}
 	var daemon *bench.Daemon
 	var peers *bench.PeerPair
 	if opts.Spawn {
@@ -120,7 +121,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if eng == "rdma" {
 				rdma = "on"
 			}
-			peers, err = bench.SpawnPeers(bench.PeerSpawn{Bin: bin, PoolSize: pool, Host: opts.PeerHost, RDMA: rdma, Jobs: jobs}, log)
+			peers, err = bench.SpawnPeers(bench.PeerSpawn{Bin: bin, PoolSize: pool, Host: opts.PeerHost, RDMA: rdma,
+				RDMADevice: opts.RDMADevice, RDMAGID: opts.RDMAGID, Jobs: jobs}, log)
 			if err != nil {
 				if daemon != nil {
 					daemon.Stop()
