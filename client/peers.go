@@ -45,6 +45,9 @@ type SegmentInfo struct {
 	Size   uint64
 	Rights uint8
 	Epoch  uint64
+	// Transport is how a remote segment's requests travel (TransportAuto,
+	// TransportTCP, TransportRDMA).
+	Transport uint8
 }
 
 // RemoteSegment is a peer's segment opened with OpenRemote; ID is usable as
@@ -91,6 +94,22 @@ func (c *Client) UnexportSegment(name string, opts ...CallOption) error {
 // CloseRemote or the connection closes; after the peer restarts it must be
 // opened again.
 func (c *Client) OpenRemote(name string, rights uint8, opts ...CallOption) (RemoteSegment, error) {
+	return c.OpenRemoteVia(name, rights, TransportAuto, opts...)
+}
+
+// How requests to a remote segment travel (OpenRemoteVia).
+const (
+	// TransportAuto: RDMA when both daemons have a usable device, else tcp.
+	TransportAuto = control.TransportAuto
+	// TransportTCP: always tcp.
+	TransportTCP = control.TransportTCP
+	// TransportRDMA: RDMA or a failed request, never tcp. The open fails
+	// (UNAVAILABLE) when RDMA to the peer cannot be set up.
+	TransportRDMA = control.TransportRDMA
+)
+
+// OpenRemoteVia is OpenRemote with the transport its requests must use.
+func (c *Client) OpenRemoteVia(name string, rights, transport uint8, opts ...CallOption) (RemoteSegment, error) {
 	if name == "" {
 		return RemoteSegment{}, fmt.Errorf("%w: empty name", ErrInvalidArgument)
 	}
@@ -99,6 +118,7 @@ func (c *Client) OpenRemote(name string, rights uint8, opts ...CallOption) (Remo
 	c.start(tcproto.RequestBodyOpenRemoteRequest, opts)
 	c.req.Name = []byte(name)
 	c.req.Rights = rights
+	c.req.Transport = transport
 	if err := c.roundTrip(tcproto.ResponseBodyOpenRemoteResponse, -1, nil); err != nil {
 		return RemoteSegment{}, err
 	}
@@ -183,7 +203,7 @@ func (c *Client) Segments(opts ...CallOption) ([]SegmentInfo, error) {
 	out := make([]SegmentInfo, len(c.resp.Segments))
 	for i, s := range c.resp.Segments {
 		out[i] = SegmentInfo{Name: string(s.Name), Peer: string(s.Peer), ID: xfer.SegmentID(s.Segment), Size: s.Size,
-			Rights: s.Rights, Epoch: s.Epoch}
+			Rights: s.Rights, Epoch: s.Epoch, Transport: s.Transport}
 	}
 	return out, nil
 }

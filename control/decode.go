@@ -135,7 +135,7 @@ func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) (err error) {
 	case tcproto.RequestBodyOpenRemoteRequest:
 		var b tcproto.OpenRemoteRequest
 		b.Init(t.Bytes, t.Pos)
-		m.Rights = b.Rights()
+		m.Rights, m.Transport = b.Rights(), uint8(b.Transport())
 		m.Name, err = nameField(&t, 4, lim)
 	case tcproto.RequestBodyCloseRemoteRequest:
 		var b tcproto.CloseRemoteRequest
@@ -395,7 +395,7 @@ func DecodeResponse(buf []byte, lim DecodeLimits, m *Response) (err error) {
 		err = decodeTables(&t, 4, lim.MaxItems, func(tab *flatbuffers.Table) error {
 			var b tcproto.SegmentInfo
 			b.Init(tab.Bytes, tab.Pos)
-			si := SegmentInfo{Segment: b.SegmentId(), Size: b.Size(), Rights: b.Rights(), Epoch: b.Epoch()}
+			si := SegmentInfo{Segment: b.SegmentId(), Size: b.Size(), Rights: b.Rights(), Epoch: b.Epoch(), Transport: uint8(b.Transport())}
 			var err error
 			if si.Name, err = bytesField(tab, 4, maxName); err != nil {
 				return err

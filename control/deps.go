@@ -72,8 +72,9 @@ type RemoteSegment interface {
 // PeerPlane is the daemon's peer data plane as the server uses it.
 type PeerPlane interface {
 	// OpenRemote opens segment on daemon peer with rights (RightRead |
-	// RightWrite).
-	OpenRemote(peer, segment string, rights uint8) (RemoteSegment, error)
+	// RightWrite); transport (TransportAuto, TransportTCP, TransportRDMA)
+	// says how its requests travel.
+	OpenRemote(peer, segment string, rights, transport uint8) (RemoteSegment, error)
 	// AttachNotify makes the next dispatched WRITE equal to req carry
 	// payload, acknowledged by deadline; DetachNotify drops it if no task
 	// took it. The server keeps req unique while attached: its target is a

@@ -127,6 +127,7 @@ func EncodeRequest(b *flatbuffers.Builder, m *Request) []byte {
 		tcproto.OpenRemoteRequestStart(b)
 		tcproto.OpenRemoteRequestAddName(b, name)
 		tcproto.OpenRemoteRequestAddRights(b, m.Rights)
+		tcproto.OpenRemoteRequestAddTransport(b, tcproto.Transport(m.Transport))
 		body = tcproto.OpenRemoteRequestEnd(b)
 	case tcproto.RequestBodyCloseRemoteRequest:
 		tcproto.CloseRemoteRequestStart(b)
@@ -455,6 +456,7 @@ func EncodeResponse(b *flatbuffers.Builder, m *Response) []byte {
 			tcproto.SegmentInfoAddSize(b, si.Size)
 			tcproto.SegmentInfoAddRights(b, si.Rights)
 			tcproto.SegmentInfoAddEpoch(b, si.Epoch)
+			tcproto.SegmentInfoAddTransport(b, tcproto.Transport(si.Transport))
 			offs[i] = tcproto.SegmentInfoEnd(b)
 		}
 		v1 = tableVector(b, offs)

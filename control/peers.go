@@ -106,10 +106,11 @@ type noteQueue struct {
 
 // remote is a peer's segment a connection opened.
 type remote struct {
-	seg    RemoteSegment
-	peer   string
-	name   string
-	rights uint8
+	seg       RemoteSegment
+	peer      string
+	name      string
+	rights    uint8
+	transport uint8
 }
 
 // Lookup returns the segment exported under name; the peer plane calls it
@@ -385,22 +386,25 @@ func (c *conn) openRemote() error {
 	if !validRights(c.req.Rights) {
 		return fmt.Errorf("%w: rights %d", ErrMalformed, c.req.Rights)
 	}
+	if c.req.Transport > TransportRDMA {
+		return fmt.Errorf("%w: transport %d (want auto, tcp or rdma)", ErrMalformed, c.req.Transport)
+	}
 	c.mu.Lock()
 	held := len(c.remotes)
 	c.mu.Unlock()
 	if held >= c.s.cfg.Limits.MaxExports {
 		return fmt.Errorf("%w: %d remote segments open", ErrLimit, held)
 	}
-	rs, err := pp.OpenRemote(peer, seg, c.req.Rights)
+	rs, err := pp.OpenRemote(peer, seg, c.req.Rights, c.req.Transport)
 	if err != nil {
 		return err
 	}
 	id := c.s.deps.Registry.NextID()
 	c.mu.Lock()
-	c.remotes[id] = remote{seg: rs, peer: peer, name: seg, rights: c.req.Rights}
+	c.remotes[id] = remote{seg: rs, peer: peer, name: seg, rights: c.req.Rights, transport: c.req.Transport}
 	c.mu.Unlock()
 	c.log.Info("remote segment opened", "peer", peer, "name", seg, "segment", id, "size", rs.Size(),
-		"epoch", fmt.Sprintf("%#x", rs.Epoch()))
+		"epoch", fmt.Sprintf("%#x", rs.Epoch()), "transport", transportName(c.req.Transport))
 	c.resp.Kind = tcproto.ResponseBodyOpenRemoteResponse
 	c.resp.Segment, c.resp.Size, c.resp.Epoch = uint64(id), rs.Size(), rs.Epoch()
 	return nil
@@ -449,7 +453,7 @@ func (c *conn) segmentsList() {
 		sc.mu.Lock()
 		for id, r := range sc.remotes {
 			out = append(out, SegmentInfo{Name: []byte(r.name), Peer: []byte(r.peer), Segment: uint64(id),
-				Size: r.seg.Size(), Rights: r.rights, Epoch: r.seg.Epoch()})
+				Size: r.seg.Size(), Rights: r.rights, Epoch: r.seg.Epoch(), Transport: r.transport})
 		}
 		sc.mu.Unlock()
 	}
@@ -579,4 +583,15 @@ func (c *conn) queuedNotes() int {
 	c.notes.mu.Lock()
 	defer c.notes.mu.Unlock()
 	return len(c.notes.q)
+}
+
+// transportName names an OpenRemote transport for logs.
+func transportName(t uint8) string {
+	switch t {
+	case TransportTCP:
+		return "tcp"
+	case TransportRDMA:
+		return "rdma"
+	}
+	return "auto"
 }

@@ -2,6 +2,7 @@ package control
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,11 +34,12 @@ type fakePlane struct {
 	mu       sync.Mutex // guards the fields below
 	opened   []*fakeRemote
 	names    []string
+	via      []uint8
 	attached map[xfer.Request]string
 	detached int
 }
 
-func (p *fakePlane) OpenRemote(peer, segment string, rights uint8) (RemoteSegment, error) {
+func (p *fakePlane) OpenRemote(peer, segment string, rights, transport uint8) (RemoteSegment, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if peer != "d2" {
@@ -46,6 +48,7 @@ func (p *fakePlane) OpenRemote(peer, segment string, rights uint8) (RemoteSegmen
 	r := &fakeRemote{size: 1 << 20}
 	p.opened = append(p.opened, r)
 	p.names = append(p.names, peer+"/"+segment)
+	p.via = append(p.via, transport)
 	return r, nil
 }
 
@@ -300,6 +303,26 @@ func TestOpenRemoteAndNotifyAttach(t *testing.T) {
 
 	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyCloseRemoteRequest, Segment: 999}), tcproto.CodeNOT_FOUND)
 	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyCloseRemoteRequest, Segment: uint64(rid)}), tcproto.CodeOK)
+	// The transport asked for reaches the plane; an unknown one is refused.
+	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyOpenRemoteRequest, Name: []byte("d2/kv"), Rights: RightRead, Transport: 3}),
+		tcproto.CodeINVALID_ARGUMENT)
+	for _, via := range []uint8{TransportTCP, TransportRDMA} {
+		r := c.call(&Request{Kind: tcproto.RequestBodyOpenRemoteRequest, Name: []byte("d2/kv"), Rights: RightRead, Transport: via})
+		expectCode(t, r, tcproto.CodeOK)
+		id := r.Segment
+		r = c.call(&Request{Kind: tcproto.RequestBodySegmentsRequest})
+		i := slices.IndexFunc(r.Segments, func(si SegmentInfo) bool { return si.Segment == id })
+		if i < 0 || r.Segments[i].Transport != via {
+			t.Fatalf("segments after opening with transport %d: %+v", via, r.Segments)
+		}
+		expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyCloseRemoteRequest, Segment: id}), tcproto.CodeOK)
+	}
+	p.mu.Lock()
+	via := slices.Clone(p.via)
+	p.mu.Unlock()
+	if !slices.Equal(via, []uint8{TransportAuto, TransportTCP, TransportRDMA}) {
+		t.Fatalf("transports the plane was asked for: %v", via)
+	}
 	p.mu.Lock()
 	first := p.opened[0]
 	p.mu.Unlock()
@@ -310,7 +333,7 @@ func TestOpenRemoteAndNotifyAttach(t *testing.T) {
 	c.uc.Close()
 	e.waitIdle()
 	p.mu.Lock()
-	second := p.opened[1]
+	second := p.opened[3]
 	p.mu.Unlock()
 	if !second.closed.Load() {
 		t.Fatal("closing the connection did not close its remote segment")

@@ -64,7 +64,20 @@ type Request struct {
 	Length uint64 // ExportSegment: bytes (0 = to the end of a buffer)
 	Rights uint8  // ExportSegment, OpenRemote: RightRead | RightWrite
 	Max    uint32 // PollNotifications: most notifications to return
+	// Transport is OpenRemote's TransportAuto, TransportTCP or
+	// TransportRDMA.
+	Transport uint8
 }
+
+// How requests to a remote segment travel (OpenRemote).
+const (
+	// TransportAuto: RDMA when both daemons have a usable device, else tcp.
+	TransportAuto uint8 = 0
+	// TransportTCP: always tcp.
+	TransportTCP uint8 = 1
+	// TransportRDMA: RDMA or a failed request, never tcp.
+	TransportRDMA uint8 = 2
+)
 
 // Rights on a segment exported to peers or opened on one.
 const (
@@ -98,6 +111,7 @@ type SegmentInfo struct {
 	Size       uint64
 	Rights     uint8
 	Epoch      uint64
+	Transport  uint8 // remote segments: what OpenRemote asked for
 }
 
 // Counter is a named statistic.

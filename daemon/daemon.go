@@ -82,6 +82,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 			return nil, err
 		}
 		rt.rdma = d.rdma
+		d.peers.rdma, d.peers.noRDMA = d.rdma, rdmaReport.reason
 	}
 	d.engine = xfer.NewEngine(xfer.Config{}, rt, log.With("component", "engine"))
 

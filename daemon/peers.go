@@ -31,6 +31,10 @@ type peerPlane struct {
 	// srv is the control server; nil until New has built it, so peer
 	// requests that arrive before then find nothing exported.
 	srv atomic.Pointer[control.Server]
+	// rdma is the RDMA plane, or nil and noRDMA says why; New sets them
+	// before the control server serves.
+	rdma   *rdmaPlane
+	noRDMA string
 }
 
 var (
@@ -105,11 +109,26 @@ func (p *peerPlane) Deliver(name string, payload []byte) error {
 	return s.Deliver(name, payload)
 }
 
-// OpenRemote implements control.PeerPlane.
-func (p *peerPlane) OpenRemote(peer, segment string, rights uint8) (control.RemoteSegment, error) {
+// OpenRemote implements control.PeerPlane. With TransportRDMA the segment
+// is usable over RDMA when it returns (link up, registration resolved), or
+// the open fails UNAVAILABLE saying why.
+func (p *peerPlane) OpenRemote(peer, segment string, rights, transport uint8) (control.RemoteSegment, error) {
+	if transport == control.TransportRDMA && p.rdma == nil {
+		p.log.Info("remote segment refused: transport rdma asked for, and this daemon has no RDMA",
+			"peer", peer, "name", segment, "why", p.noRDMA)
+		return nil, fmt.Errorf("%w: %s/%s asked for transport rdma, and this daemon has no RDMA: %s",
+			control.ErrUnavailable, peer, segment, p.noRDMA)
+	}
 	r, err := p.node.Open(peer, segment, tcp.Rights(rights))
 	if err != nil {
 		return nil, peerError(err)
+	}
+	if transport != control.TransportAuto && p.rdma != nil {
+		if err := p.rdma.pin(r, transport); err != nil {
+			_ = r.Close()
+			p.log.Info("remote segment refused: transport rdma cannot be set up", "peer", peer, "name", segment, "err", err)
+			return nil, fmt.Errorf("%w: %s/%s with transport rdma: %w", control.ErrUnavailable, peer, segment, err)
+		}
 	}
 	return r, nil
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -55,6 +56,7 @@ type rdmaPlane struct {
 
 	jobs   chan *tcp.Remote
 	bufs   chan xfer.Segment // client buffers to register (rdma_locals.go)
+	prep   chan pinJob       // segments opened with transport rdma (rdma_pins.go)
 	retire chan *rdmaLink    // links whose peer runs a new epoch
 	stop   chan struct{}
 	wg     sync.WaitGroup
@@ -67,6 +69,7 @@ type rdmaPlane struct {
 
 	exports exportRegs
 	locals  localRegs
+	pins    pins
 }
 
 type acceptedPeer struct {
@@ -135,7 +138,7 @@ func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.
 func newPlane(dev *rdma.Device, reg *rdma.Region, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) *rdmaPlane {
 	p := &rdmaPlane{
 		log: log, dev: dev, reg: reg, pool: pool, node: peers.node, peers: peers, poolID: pool.ID(),
-		jobs: make(chan *tcp.Remote, 64), bufs: make(chan xfer.Segment, 64), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
+		jobs: make(chan *tcp.Remote, 64), bufs: make(chan xfer.Segment, 64), prep: make(chan pinJob), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
 		exports: exportRegs{m: map[xfer.MemSegment]*exportReg{}},
 	}
@@ -157,9 +160,20 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 	if !ok {
 		return nil
 	}
-	if local.ID() != p.poolID && p.localRegion(local.ID()) == nil {
-		p.wantLocal(local)
+	via := p.pinned(r)
+	if via == control.TransportTCP {
 		return nil
+	}
+	if local.ID() != p.poolID && p.localRegion(local.ID()) == nil {
+		if via != control.TransportRDMA {
+			p.wantLocal(local)
+			return nil
+		}
+		// The client asked for rdma: its buffer is registered now, on
+		// this request's way in.
+		if !p.registerLocal(local, nil) {
+			return rdmaLocalMissing
+		}
 	}
 	l := (*p.links.Load())[r.Peer()]
 	if l != nil && l.epoch == r.Epoch() {
@@ -170,6 +184,9 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 	select {
 	case p.jobs <- r:
 	default:
+	}
+	if via == control.TransportRDMA {
+		return rdmaLinkDown
 	}
 	return nil
 }
@@ -200,6 +217,9 @@ func (p *rdmaPlane) worker() {
 			return
 		case <-tick.C:
 			p.checkLinks()
+			p.prunePins()
+		case j := <-p.prep:
+			j.done <- p.prepare(j.r)
 		case l := <-p.retire:
 			p.retireLink(l, "the peer runs a new epoch")
 		case b := <-p.bufs:
@@ -494,6 +514,8 @@ func (l *rdmaLink) Submit(tasks []*xfer.Task) (int, error) {
 			n, err = l.submitNotified(tasks[done])
 		case viaTCP:
 			n, err = l.tcp.Submit(tasks[done:i])
+		case viaDown:
+			n, err = rdmaLinkDown.Submit(tasks[done:i])
 		case viaRefuse:
 			for _, t := range tasks[done:i] {
 				t.Done(0, fmt.Errorf("%w: %s/%s opened with rights %v", xfer.ErrPermission, l.peer, t.Target.(*tcp.Remote).Name(), t.Target.(*tcp.Remote).Rights()))
@@ -505,7 +527,7 @@ func (l *rdmaLink) Submit(tasks []*xfer.Task) (int, error) {
 				// The link was retired under us, or none of its queue
 				// pairs is up: what it did not take goes to tcp.
 				var m int
-				m, err = l.tcp.Submit(tasks[done+n : i])
+				m, err = l.fallback(tasks[done+n : i])
 				n += m
 			}
 		}
@@ -522,7 +544,40 @@ const (
 	viaTCP
 	viaRefuse
 	viaNotify
+	viaDown // opened with transport rdma, which cannot carry it now
 )
+
+// fallback sends to tcp what the rdma transport did not take, except the
+// tasks of segments opened with transport rdma, which fail.
+func (l *rdmaLink) fallback(ts []*xfer.Task) (int, error) {
+	if l.p.pins.n.Load() == 0 {
+		return l.tcp.Submit(ts)
+	}
+	done := 0
+	for done < len(ts) {
+		i := done
+		for i < len(ts) && !l.rdmaOnly(ts[i]) {
+			i++
+		}
+		if i > done {
+			n, err := l.tcp.Submit(ts[done:i])
+			done += n
+			if err != nil {
+				return done, err
+			}
+			continue
+		}
+		n, _ := rdmaLinkDown.Submit(ts[done : done+1])
+		done += n
+	}
+	return done, nil
+}
+
+// rdmaOnly reports whether t's target was opened with transport rdma.
+func (l *rdmaLink) rdmaOnly(t *xfer.Task) bool {
+	r, ok := t.Target.(*tcp.Remote)
+	return ok && l.p.pinned(r) == control.TransportRDMA
+}
 
 // classify picks where one task goes, adding the rdma transport's tables
 // for its segment ids the first time they are seen.
@@ -540,6 +595,9 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 	}
 	reg, ok := (*l.segs.Load())[r]
 	if !ok {
+		if l.rdmaOnly(t) {
+			return viaDown
+		}
 		return viaTCP // not resolved, or revoked by its owner
 	}
 	via := viaRDMA
@@ -562,6 +620,9 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 	}
 	lr := l.p.localRegion(t.Req.Local)
 	if lr == nil {
+		if l.rdmaOnly(t) {
+			return viaDown
+		}
 		return viaTCP // a client buffer whose registration went away
 	}
 	l.tr.AddLocal(t.Req.Local, lr)

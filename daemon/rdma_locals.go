@@ -60,16 +60,21 @@ func (p *rdmaPlane) wantLocal(seg xfer.Segment) {
 	}
 }
 
-// registerLocal is the worker's: registers a client buffer for local use.
-// failed remembers the buffers left on tcp.
-func (p *rdmaPlane) registerLocal(seg xfer.Segment, failed map[xfer.SegmentID]struct{}) {
+// registerLocal registers a client buffer for local use and reports
+// whether it is registered. The worker calls it with failed, which
+// remembers the buffers left on tcp; a request to a segment opened with
+// transport rdma calls it directly, with nil.
+func (p *rdmaPlane) registerLocal(seg xfer.Segment, failed map[xfer.SegmentID]struct{}) bool {
 	id := seg.ID()
-	if _, ok := failed[id]; ok || p.localRegion(id) != nil {
-		return
+	if _, ok := failed[id]; ok {
+		return false
 	}
-	b := seg.(teardownHooker)
-	if !b.Acquire() {
-		return // unregistered meanwhile
+	if p.localRegion(id) != nil {
+		return true
+	}
+	b, ok := seg.(teardownHooker)
+	if !ok || !b.Acquire() {
+		return false // not a client buffer, or unregistered meanwhile
 	}
 	defer b.Release()
 	e := &p.locals
@@ -79,17 +84,24 @@ func (p *rdmaPlane) registerLocal(seg xfer.Segment, failed map[xfer.SegmentID]st
 	if m := e.m.Load(); m != nil {
 		old = *m
 	}
+	if old[id] != nil {
+		return true
+	}
+	fail := func() bool {
+		if failed != nil {
+			failed[id] = struct{}{}
+		}
+		return false
+	}
 	if len(old) >= maxLocalRegs {
-		failed[id] = struct{}{}
-		p.log.Warn("client buffer uses tcp: too many buffers registered for rdma", "segment", id, "max", maxLocalRegs)
-		return
+		p.log.Warn("client buffer cannot use rdma: too many buffers registered", "segment", id, "max", maxLocalRegs)
+		return fail()
 	}
 	start := time.Now()
 	reg, err := p.dev.RegisterAccess(b.Bytes(), rdma.AccessLocal)
 	if err != nil {
-		failed[id] = struct{}{}
-		p.log.Warn("client buffer uses tcp: registering it failed", "segment", id, "bytes", b.Size(), "err", err)
-		return
+		p.log.Warn("client buffer cannot use rdma: registering it failed", "segment", id, "bytes", b.Size(), "err", err)
+		return fail()
 	}
 	m := make(map[xfer.SegmentID]*rdma.Region, len(old)+1)
 	for k, v := range old {
@@ -102,6 +114,7 @@ func (p *rdmaPlane) registerLocal(seg xfer.Segment, failed map[xfer.SegmentID]st
 	b.SetTeardownHook(func() { p.dropLocal(id) })
 	p.log.Info("client buffer registered for rdma", "segment", id, "bytes", b.Size(),
 		"took", time.Since(start).Round(time.Microsecond).String())
+	return true
 }
 
 // dropLocal is a client buffer's teardown: its registration leaves every

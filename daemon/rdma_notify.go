@@ -106,7 +106,7 @@ func (l *rdmaLink) submitNotified(t *xfer.Task) (int, error) {
 		return 1, nil
 	}
 	if errors.Is(err, xfer.ErrClosed) || errors.Is(err, rdma.ErrQPDown) {
-		return l.tcp.Submit([]*xfer.Task{t})
+		return l.fallback([]*xfer.Task{t})
 	}
 	return 0, err
 }

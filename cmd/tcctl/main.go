@@ -252,14 +252,15 @@ func segments(sock string, args []string, w, stderr io.Writer) error {
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if *remote {
-		fmt.Fprintln(tw, "PEER\tNAME\tID\tSIZE\tRIGHTS\tEPOCH")
+		fmt.Fprintln(tw, "PEER\tNAME\tID\tSIZE\tRIGHTS\tEPOCH\tTRANSPORT")
 	} else {
 		fmt.Fprintln(tw, "NAME\tSEGMENT\tSIZE\tRIGHTS")
 	}
 	for _, s := range ss {
 		switch {
 		case *remote && s.Peer != "":
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%#x\n", s.Peer, s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights), s.Epoch)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%#x\t%s\n", s.Peer, s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights), s.Epoch,
+				transportStr(s.Transport))
 		case !*remote && s.Peer == "":
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights))
 		}
@@ -331,4 +332,14 @@ func bytesStr(n uint64) string {
 		return fmt.Sprintf("%dKiB", n>>10)
 	}
 	return fmt.Sprintf("%dB", n)
+}
+
+func transportStr(t uint8) string {
+	switch t {
+	case client.TransportTCP:
+		return "tcp"
+	case client.TransportRDMA:
+		return "rdma"
+	}
+	return "auto"
 }

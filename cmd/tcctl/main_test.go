@@ -46,7 +46,7 @@ func (r fakeRemote) Release()           {}
 func (r fakeRemote) Epoch() uint64      { return 0xabc }
 func (r fakeRemote) Close() error       { return nil }
 
-func (fakePlane) OpenRemote(peer, segment string, rights uint8) (control.RemoteSegment, error) {
+func (fakePlane) OpenRemote(peer, segment string, rights, transport uint8) (control.RemoteSegment, error) {
 	return fakeRemote{size: 3 << 20}, nil
 }
 func (fakePlane) AttachNotify(xfer.Request, []byte, time.Time) error { return nil }

@@ -53,14 +53,29 @@ func (rcv *OpenRemoteRequest) MutateRights(n byte) bool {
 	return rcv._tab.MutateByteSlot(6, n)
 }
 
+func (rcv *OpenRemoteRequest) Transport() Transport {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(8))
+	if o != 0 {
+		return Transport(rcv._tab.GetByte(o + rcv._tab.Pos))
+	}
+	return 0
+}
+
+func (rcv *OpenRemoteRequest) MutateTransport(n Transport) bool {
+	return rcv._tab.MutateByteSlot(8, byte(n))
+}
+
 func OpenRemoteRequestStart(builder *flatbuffers.Builder) {
-	builder.StartObject(2)
+	builder.StartObject(3)
 }
 func OpenRemoteRequestAddName(builder *flatbuffers.Builder, name flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(0, flatbuffers.UOffsetT(name), 0)
 }
 func OpenRemoteRequestAddRights(builder *flatbuffers.Builder, rights byte) {
 	builder.PrependByteSlot(1, rights, 0)
+}
+func OpenRemoteRequestAddTransport(builder *flatbuffers.Builder, transport Transport) {
+	builder.PrependByteSlot(2, byte(transport), 0)
 }
 func OpenRemoteRequestEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

@@ -97,8 +97,20 @@ func (rcv *SegmentInfo) MutateEpoch(n uint64) bool {
 	return rcv._tab.MutateUint64Slot(14, n)
 }
 
+func (rcv *SegmentInfo) Transport() Transport {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(16))
+	if o != 0 {
+		return Transport(rcv._tab.GetByte(o + rcv._tab.Pos))
+	}
+	return 0
+}
+
+func (rcv *SegmentInfo) MutateTransport(n Transport) bool {
+	return rcv._tab.MutateByteSlot(16, byte(n))
+}
+
 func SegmentInfoStart(builder *flatbuffers.Builder) {
-	builder.StartObject(6)
+	builder.StartObject(7)
 }
 func SegmentInfoAddName(builder *flatbuffers.Builder, name flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(0, flatbuffers.UOffsetT(name), 0)
@@ -117,6 +129,9 @@ func SegmentInfoAddRights(builder *flatbuffers.Builder, rights byte) {
 }
 func SegmentInfoAddEpoch(builder *flatbuffers.Builder, epoch uint64) {
 	builder.PrependUint64Slot(5, epoch, 0)
+}
+func SegmentInfoAddTransport(builder *flatbuffers.Builder, transport Transport) {
+	builder.PrependByteSlot(6, byte(transport), 0)
 }
 func SegmentInfoEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()
