@@ -101,8 +101,8 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	deps := control.Deps{Engine: d.engine, Pool: d.pool, Registry: d.reg, RDMA: rdmaReport}
 	if d.files != nil {
 		deps.FileOpener = d.files
-		deps.TransportStats = d.files.counters
 	}
+	deps.TransportStats = d.transportCounters
 	if d.peers != nil {
 		deps.Peers = d.peers
 	}
@@ -276,4 +276,16 @@ func hostID() string {
 		return "tensorcastd"
 	}
 	return h
+}
+
+// transportCounters are the transports' counters for Stats: the io_uring
+// rings' and the RDMA plane's, whichever this daemon has.
+func (d *Daemon) transportCounters(dst []control.Counter) []control.Counter {
+	if d.files != nil {
+		dst = d.files.counters(dst)
+	}
+	if d.rdma != nil {
+		dst = d.rdma.counters(dst)
+	}
+	return dst
 }

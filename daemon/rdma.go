@@ -70,6 +70,7 @@ type rdmaPlane struct {
 	exports exportRegs
 	locals  localRegs
 	pins    pins
+	stats   rdmaStats
 }
 
 type acceptedPeer struct {
@@ -162,17 +163,19 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 	}
 	via := p.pinned(r)
 	if via == control.TransportTCP {
+		p.stats.toTCP.Add(1)
 		return nil
 	}
 	if local.ID() != p.poolID && p.localRegion(local.ID()) == nil {
 		if via != control.TransportRDMA {
 			p.wantLocal(local)
+			p.stats.toTCP.Add(1)
 			return nil
 		}
 		// The client asked for rdma: its buffer is registered now, on
 		// this request's way in.
 		if !p.registerLocal(local, nil) {
-			return rdmaLocalMissing
+			return p.localMissing()
 		}
 	}
 	l := (*p.links.Load())[r.Peer()]
@@ -186,8 +189,9 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 	default:
 	}
 	if via == control.TransportRDMA {
-		return rdmaLinkDown
+		return p.linkDown()
 	}
+	p.stats.toTCP.Add(1)
 	return nil
 }
 
@@ -302,6 +306,7 @@ func (p *rdmaPlane) retireLink(l *rdmaLink, why string) {
 	p.mu.Lock()
 	delete(p.said, l.peer)
 	p.mu.Unlock()
+	p.stats.linksClosed.Add(1)
 	p.log.Info("rdma link closed", "peer", l.peer, "epoch", fmt.Sprintf("%#x", l.epoch), "why", why)
 }
 
@@ -406,6 +411,7 @@ func (p *rdmaPlane) connect(peer string, epoch uint64) (*rdmaLink, error) {
 		// The peer restarted: its old queue pairs lead nowhere.
 		_ = prev.tr.Close()
 	}
+	p.stats.linksMade.Add(1)
 	p.log.Info("rdma link up", "peer", peer, "epoch", fmt.Sprintf("%#x", epoch), "took", time.Since(start).Round(time.Microsecond).String())
 	return l, nil
 }
@@ -514,15 +520,18 @@ func (l *rdmaLink) Submit(tasks []*xfer.Task) (int, error) {
 			n, err = l.submitNotified(tasks[done])
 		case viaTCP:
 			n, err = l.tcp.Submit(tasks[done:i])
+			l.p.stats.toTCP.Add(uint64(n))
 		case viaDown:
-			n, err = rdmaLinkDown.Submit(tasks[done:i])
+			n, err = l.p.linkDown().Submit(tasks[done:i])
 		case viaRefuse:
+			l.p.stats.refused.Add(uint64(i - done))
 			for _, t := range tasks[done:i] {
 				t.Done(0, fmt.Errorf("%w: %s/%s opened with rights %v", xfer.ErrPermission, l.peer, t.Target.(*tcp.Remote).Name(), t.Target.(*tcp.Remote).Rights()))
 			}
 			n = i - done
 		default:
 			n, err = l.tr.Submit(tasks[done:i])
+			l.p.stats.posted(tasks[done : done+n])
 			if err != nil && (errors.Is(err, xfer.ErrClosed) || errors.Is(err, rdma.ErrQPDown)) {
 				// The link was retired under us, or none of its queue
 				// pairs is up: what it did not take goes to tcp.
@@ -567,7 +576,7 @@ func (l *rdmaLink) fallback(ts []*xfer.Task) (int, error) {
 			}
 			continue
 		}
-		n, _ := rdmaLinkDown.Submit(ts[done : done+1])
+		n, _ := l.p.linkDown().Submit(ts[done : done+1])
 		done += n
 	}
 	return done, nil

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -164,6 +166,9 @@ func TestVerbsExportRightsEnforcedByOwner(t *testing.T) {
 	}
 	if _, _, ok := p.linkRegionOf(t, "kv"); ok {
 		t.Fatalf("d2 still holds d1/kv's keys after UnexportSegment returned:\n%s", p.d2.log.String())
+	}
+	if st, err := p.exp.Stats(); err != nil || !slices.Contains(st.Transports, control.Counter{Name: "rdma.exports_revoked", Value: 1}) {
+		t.Fatalf("d1 stats after one revocation: %v %+v", err, st.Transports)
 	}
 	if !strings.Contains(p.d1.log.String(), "export's rdma registration revoked") {
 		t.Fatalf("d1 did not log the revocation:\n%s", p.d1.log.String())

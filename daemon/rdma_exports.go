@@ -120,6 +120,7 @@ func (p *rdmaPlane) unexported(name string, seg xfer.MemSegment) {
 		p.log.Error("deregistering an unexported segment", "name", name, "err", err)
 		return
 	}
+	p.stats.revoked.Add(1)
 	p.log.Info("export's rdma registration revoked", "name", name, "peers", len(r.peers))
 }
 

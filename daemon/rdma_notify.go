@@ -75,6 +75,11 @@ func (n *rdmaNote) TaskDone(t *xfer.Task, moved uint64, err error) {
 		}
 		p := n.l.p
 		_, err := p.node.ExchangeAt(n.l.peer, n.l.epoch, notifyExchange, notifyReq(n.name, n.payload), wait)
+		if err == nil {
+			p.stats.notified.Add(1)
+		} else {
+			p.stats.notifyFail.Add(1)
+		}
 		switch {
 		case err == nil:
 			t.Done(moved, nil)

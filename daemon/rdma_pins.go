@@ -115,19 +115,26 @@ func errRDMAOnly(t *xfer.Task, why string) error {
 
 // rdmaOnly is the router's answer for a request to a segment opened with
 // TransportRDMA that cannot move by RDMA now: it fails the tasks.
-type rdmaOnly struct{ why string }
+type rdmaOnly struct {
+	why string
+	s   *rdmaStats
+}
 
 func (o rdmaOnly) Name() string      { return "rdma" }
 func (o rdmaOnly) Cancel(*xfer.Task) {}
 func (o rdmaOnly) Close() error      { return nil }
 func (o rdmaOnly) Submit(ts []*xfer.Task) (int, error) {
+	o.s.unavailable.Add(uint64(len(ts)))
 	for _, t := range ts {
 		t.Done(0, errRDMAOnly(t, o.why))
 	}
 	return len(ts), nil
 }
 
-var (
-	rdmaLinkDown     = rdmaOnly{why: "its rdma link is down"}
-	rdmaLocalMissing = rdmaOnly{why: "the local segment has no rdma registration"}
-)
+func (p *rdmaPlane) linkDown() rdmaOnly {
+	return rdmaOnly{why: "its rdma link is down", s: &p.stats}
+}
+
+func (p *rdmaPlane) localMissing() rdmaOnly {
+	return rdmaOnly{why: "the local segment has no rdma registration", s: &p.stats}
+}

@@ -79,6 +79,20 @@ func TestVerbsTransportPerSegment(t *testing.T) {
 		}
 		return tcpBytes(p.d2) - before, nil
 	}
+	stat := func(name string) uint64 {
+		t.Helper()
+		st, err := p.wr.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range st.Transports {
+			if c.Name == name {
+				return c.Value
+			}
+		}
+		t.Fatalf("no %s in tcctl stats: %+v", name, st.Transports)
+		return 0
+	}
 	buf, err := p.wr.RegisterBuffer(1 << 20)
 	if err != nil {
 		t.Fatal(err)
@@ -89,16 +103,27 @@ func TestVerbsTransportPerSegment(t *testing.T) {
 	if moved, err := move(p.pool, viaRDMA.ID, 1<<20); err != nil || moved >= 1<<20 {
 		t.Fatalf("pool WRITE to a transport-rdma segment: %v, %d bytes on tcp", err, moved)
 	}
+	tasks, toTCP := stat("rdma.tasks"), stat("rdma.to_tcp")
 	for range 3 {
 		if moved, err := move(p.pool, viaTCP.ID, 1<<20); err != nil || moved < 1<<20 {
 			t.Fatalf("WRITE to a transport-tcp segment with the link up: %v, %d bytes on tcp", err, moved)
 		}
+	}
+	if stat("rdma.tasks") != tasks || stat("rdma.to_tcp") != toTCP+3 {
+		t.Fatalf("after 3 transport-tcp WRITEs: rdma.tasks %d→%d, rdma.to_tcp %d→%d", tasks, stat("rdma.tasks"), toTCP, stat("rdma.to_tcp"))
+	}
+	if tasks < 2 || stat("rdma.bytes") < 2<<20 || stat("rdma.buffers_registered") != 1 || stat("rdma.links") != 1 {
+		t.Fatalf("rdma counters after 2 WRITEs of 1 MiB by rdma: tasks %d, bytes %d, buffers %d, links %d",
+			tasks, stat("rdma.bytes"), stat("rdma.buffers_registered"), stat("rdma.links"))
 	}
 	// The link goes down: rdma-only requests fail, auto ones use tcp.
 	l := (*p.d2.d.rdma.links.Load())["d1"]
 	p.d2.d.rdma.retireLink(l, "taken down by the test")
 	if _, err := move(p.pool, viaRDMA.ID, 4096); !errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("transport-rdma WRITE with the link down: %v, want UNAVAILABLE", err)
+	}
+	if stat("rdma.unavailable") == 0 || stat("rdma.links_closed") != 1 {
+		t.Fatalf("after the link went down: rdma.unavailable %d, rdma.links_closed %d", stat("rdma.unavailable"), stat("rdma.links_closed"))
 	}
 	if moved, err := move(p.pool, p.rs.ID, 64<<10); err != nil || moved < 64<<10 {
 		t.Fatalf("auto WRITE with the link down: %v, %d bytes on tcp", err, moved)

@@ -1,0 +1,61 @@
+package daemon
+
+import (
+	"sync/atomic"
+
+	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// rdmaStats are the RDMA plane's counters for `tcctl stats`: which
+// transport carried the requests to remote segments, and what the plane
+// set up and tore down.
+type rdmaStats struct {
+	tasks       atomic.Uint64 // requests posted on rdma links
+	bytes       atomic.Uint64 // their bytes
+	toTCP       atomic.Uint64 // requests to remote segments sent to tcp instead
+	unavailable atomic.Uint64 // requests failed: their segment is rdma-only and rdma could not carry them
+	refused     atomic.Uint64 // requests the segment's rights refused
+	notified    atomic.Uint64 // notifications delivered after an rdma WRITE
+	notifyFail  atomic.Uint64 // notifications refused or unanswered (their tasks failed)
+	linksMade   atomic.Uint64
+	linksClosed atomic.Uint64
+	revoked     atomic.Uint64 // export registrations revoked at unexport
+}
+
+// posted counts tasks handed to a link's rdma transport.
+func (s *rdmaStats) posted(ts []*xfer.Task) {
+	var b uint64
+	for _, t := range ts {
+		b += t.Req.Length
+	}
+	s.tasks.Add(uint64(len(ts)))
+	s.bytes.Add(b)
+}
+
+// counters appends the plane's counters and gauges to dst.
+func (p *rdmaPlane) counters(dst []control.Counter) []control.Counter {
+	s := &p.stats
+	p.exports.mu.Lock()
+	exports := len(p.exports.m)
+	p.exports.mu.Unlock()
+	bufs := 0
+	if m := p.locals.m.Load(); m != nil {
+		bufs = len(*m)
+	}
+	return append(dst,
+		control.Counter{Name: "rdma.links", Value: uint64(len(*p.links.Load()))},
+		control.Counter{Name: "rdma.links_made", Value: s.linksMade.Load()},
+		control.Counter{Name: "rdma.links_closed", Value: s.linksClosed.Load()},
+		control.Counter{Name: "rdma.tasks", Value: s.tasks.Load()},
+		control.Counter{Name: "rdma.bytes", Value: s.bytes.Load()},
+		control.Counter{Name: "rdma.to_tcp", Value: s.toTCP.Load()},
+		control.Counter{Name: "rdma.unavailable", Value: s.unavailable.Load()},
+		control.Counter{Name: "rdma.refused", Value: s.refused.Load()},
+		control.Counter{Name: "rdma.notified", Value: s.notified.Load()},
+		control.Counter{Name: "rdma.notify_failed", Value: s.notifyFail.Load()},
+		control.Counter{Name: "rdma.exports_registered", Value: uint64(exports)},
+		control.Counter{Name: "rdma.exports_revoked", Value: s.revoked.Load()},
+		control.Counter{Name: "rdma.buffers_registered", Value: uint64(bufs)},
+	)
+}
