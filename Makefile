@@ -63,8 +63,10 @@ bench: build
 	scripts/bench-section.sh --markdown micro "Foundation micro-benchmarks" scripts/bench-micro.sh 5 2s
 	scripts/bench-section.sh uring "io_uring transport vs fio (same file, same bs/iodepth)" scripts/bench-uring.sh /var/tmp/tcbench 3 10
 	scripts/bench-section.sh tcp "tcp transport vs iperf3 and a raw TCP ping-pong (loopback)" scripts/bench-tcp.sh 3 3
-	scripts/bench-section.sh rdma "rdma transport vs perftest on Soft-RoCE (qemu VM; ratios only)" \
-	  bash -c 'set -o pipefail; scripts/rdma-vm-test.sh | sed -n "/^rdma vs perftest/,\$$p"'
+	scripts/bench-section.sh rdma "rdma transport and tcbench vs perftest on Soft-RoCE (qemu VM; ratios only)" \
+	  bash -c 'set -o pipefail; RDMA_ROUNDS=5 RXE_TIMEOUT=1500 RDMA_TEST_RUN=XXX RDMA_DAEMON_RUN=- scripts/rdma-vm-test.sh | sed -n "/^rdma vs perftest/,\$$p"'
+	scripts/bench-section.sh rdma-register "Registering a 4 GiB region for RDMA (Soft-RoCE under qemu TCG)" \
+	  bash -c 'set -o pipefail; RXE_MEM=9728 RXE_REG_MB=4096 RXE_TIMEOUT=600 RDMA_TEST_RUN=TestVerbsRegisterLarge RDMA_BENCH=- RDMA_DAEMON_RUN=- scripts/rdma-vm-test.sh | grep -E "MR registration|^rdma \\(Soft"'
 
 clean:
 	rm -rf $(BIN) $(RUN_DIR)

@@ -19,8 +19,11 @@
 # tcbench), RDMA_BENCHTIME (default 1s),
 # RDMA_DAEMON_RUN (daemon test regexp, default 'Verbs|RDMA'; '-' for none),
 # RDMA_TCBENCH (1, or 0 for no tcbench), RDMA_TCBENCH_RUNTIME (each job's
-# measured time, default 1s; 0.5 s of ramp before it), RDMA_TCBENCH_REPEAT
-# (runs of each job, median reported; default 3),
+# measured time, default 1s; 0.5 s of ramp before it), RDMA_ROUNDS (rounds
+# of perftest, the transport's benchmarks and tcbench, one after the other
+# in the same VM, default 1; each figure is the median over the rounds and
+# each ratio the median of the rounds' ratios: on a shared 2-core host
+# under TCG single samples swing by 2x),
 # RXE_MEM (MiB, default 1536: the MR registration test takes 512 MiB),
 # RXE_REG_MB (default 512), RDMA_TEST_LOG (keep the console log there),
 # plus rxe-vm.sh's knobs.
@@ -47,28 +50,26 @@ fi
 tcbench=${RDMA_TCBENCH:-1}
 [ "$bench" = "-" ] && tcbench=0
 tcb_runtime=${RDMA_TCBENCH_RUNTIME:-1s}
-tcb_repeat=${RDMA_TCBENCH_REPEAT:-3}
+rounds=${RDMA_ROUNDS:-1}
 tcb_args=
 if [ "$tcbench" = 1 ]; then
   echo "test-rdma: building tensorcastd (cgo) and tcbench" >&2
   CGO_ENABLED=1 go build -o "$w/tensorcastd" ./cmd/tensorcastd
   CGO_ENABLED=1 go build -o "$w/tcbench" ./cmd/tcbench
-  # One tcbench run, one pair of daemons (64 MiB pools: both fit the VM
-  # beside nothing else, as the tests run after it), every job its own
-  # group (stonewall), the cases repeated in turn. The target is 8 MiB
-  # of daemon A's pool; the slots are pool blocks on B.
+  # One tcbench run a round, one pair of daemons (64 MiB pools: both fit
+  # the VM beside nothing else, as the tests run after it; one queue pair
+  # per link, as perftest uses), every job its own group (stonewall). The
+  # target is 8 MiB of daemon A's pool; the slots are pool blocks on B.
   tcb_args="--spawn --pool-size=64m --output-format=terse --engine=rdma --size=8m"
   tcb_args="$tcb_args --runtime=$tcb_runtime --time_based --ramp_time=500ms"
-  for r in $(seq 1 "$tcb_repeat"); do
-    tcb_args="$tcb_args --name=write64k.$r --stonewall --rw=write --bs=64k --iodepth=16 --batch=4"
-    tcb_args="$tcb_args --name=write1m.$r --stonewall --rw=write --bs=1m --iodepth=8 --batch=2"
-    tcb_args="$tcb_args --name=read64k.$r --stonewall --rw=read --bs=64k --iodepth=16 --batch=4"
-    tcb_args="$tcb_args --name=read1m.$r --stonewall --rw=read --bs=1m --iodepth=8 --batch=2"
-    tcb_args="$tcb_args --name=lat4k.$r --stonewall --rw=write --bs=4k --iodepth=1 --batch=1"
-    # The same latency job through one daemon's memcpy: the control
-    # path's own share, with no network in it.
-    tcb_args="$tcb_args --name=local4k.$r --stonewall --engine=local --rw=write --bs=4k --iodepth=1 --batch=1"
-  done
+  tcb_args="$tcb_args --name=write64k --stonewall --rw=write --bs=64k --iodepth=16 --batch=4"
+  tcb_args="$tcb_args --name=write1m --stonewall --rw=write --bs=1m --iodepth=8 --batch=2"
+  tcb_args="$tcb_args --name=read64k --stonewall --rw=read --bs=64k --iodepth=16 --batch=4"
+  tcb_args="$tcb_args --name=read1m --stonewall --rw=read --bs=1m --iodepth=8 --batch=2"
+  tcb_args="$tcb_args --name=lat4k --stonewall --rw=write --bs=4k --iodepth=1 --batch=1"
+  # The same latency job through one daemon's memcpy: the control path's
+  # own share, with no network in it.
+  tcb_args="$tcb_args --name=local4k --stonewall --engine=local --rw=write --bs=4k --iodepth=1 --batch=1"
 fi
 
 # The program the VM runs: perftest pairs (server in the background, client
@@ -87,26 +88,30 @@ perf() {
   cat /tmp/perf-client.out
   echo "PERFTEST-END"
 }
+rc=0
 if [ "${bench}" != "-" ]; then
-  perf ib_write_bw -s 65536 -n 1000 --report_gbits
-  perf ib_write_bw -s 1048576 -n 100 --report_gbits
-  perf ib_read_bw -s 65536 -n 1000 --report_gbits
-  perf ib_read_bw -s 1048576 -n 100 --report_gbits
-  perf ib_write_lat -s 4096 -n 1000
-fi
-if [ -x ./tcbench ]; then
-  t0=\$(cut -d. -f1 /proc/uptime)
-  ./tcbench --rdma-device \$RXE_DEV --rdma-gid \$RXE_GID_INDEX ${tcb_args} > /tmp/tcbench.out 2> /tmp/tcbench.err
-  tcb=\$?
-  echo "TCBENCH-RC=\$tcb TOOK=\$((\$(cut -d. -f1 /proc/uptime) - t0))s"
-  sed 's/^/TCBENCH /' /tmp/tcbench.out
-  tail -n 30 /tmp/tcbench.err | sed 's/^/TCBENCH-ERR /'
+  # Rounds: perftest, then the transport's benchmarks, then tcbench, so
+  # that each round's figures share the VM's state of the moment.
+  for round in \$(seq 1 ${rounds}); do
+    echo "ROUND \$round"
+    perf ib_write_bw -s 65536 -n 1000 --report_gbits
+    perf ib_write_bw -s 1048576 -n 100 --report_gbits
+    perf ib_read_bw -s 65536 -n 1000 --report_gbits
+    perf ib_read_bw -s 1048576 -n 100 --report_gbits
+    perf ib_write_lat -s 4096 -n 1000
+    ./rdma.test -test.run='^\$' -test.bench='${bench}' -test.benchtime=${benchtime} || rc=1
+    if [ -x ./tcbench ]; then
+      t0=\$(cut -d. -f1 /proc/uptime)
+      TENSORCAST_RDMA_QPS=1 ./tcbench --rdma-device \$RXE_DEV --rdma-gid \$RXE_GID_INDEX ${tcb_args} > /tmp/tcbench.out 2> /tmp/tcbench.err
+      tcb=\$?
+      echo "TCBENCH-RC=\$tcb TOOK=\$((\$(cut -d. -f1 /proc/uptime) - t0))s"
+      sed 's/^/TCBENCH /' /tmp/tcbench.out
+      tail -n 30 /tmp/tcbench.err | sed 's/^/TCBENCH-ERR /'
+    fi
+  done
 fi
 export RXE_REG_MB=${RXE_REG_MB:-512}
-benchflag="-test.bench=${bench} -test.benchtime=${benchtime}"
-[ "${bench}" = "-" ] && benchflag=""
-./rdma.test -test.v -test.count=1 -test.timeout=240s -test.run=${run} \$benchflag
-rc=\$?
+./rdma.test -test.v -test.count=1 -test.timeout=240s -test.run='${run}' || rc=1
 if [ -x ./daemon.test ]; then
   ./daemon.test -test.v -test.count=1 -test.timeout=120s -test.run='${daemon_run}' || rc=1
 fi
@@ -136,81 +141,91 @@ fail=$(grep -c '^ *--- FAIL' "$log" || true)
 skip=$(grep -c '^ *--- SKIP' "$log" || true)
 verbs_skipped=$(grep -E '^ *--- SKIP: (TestVerbs|TestABI)' "$log" || true)
 
-# Figures: perftest's and ours, side by side.
-perf_bw() { # tool size -> Gbit/s (BW average column)
-  awk -v t="$1" -v s="$2" '
-    $1 == "PERFTEST-BEGIN" && $2 == t && $4 == s { on = 1; next }
-    $1 == "PERFTEST-END" { on = 0 }
-    on && $1 == s && NF >= 4 { print $4; exit }' "$log"
+# Figures: perftest's and ours, side by side. Every extractor prints
+# "round value" lines; a figure is the median over the rounds and a ratio
+# the median of the rounds' own ratios.
+rounds_of() { # awk program body run on lines of the log -> "round value"
+  awk "\$1 == \"ROUND\" { r = \$2; next } $1" "$log"
 }
-perf_lat() { # 4096-byte ib_write_lat typical latency (usec)
-  awk '
-    $1 == "PERFTEST-BEGIN" && $2 == "ib_write_lat" { on = 1; next }
+perf_bw() { # tool size -> Gbit/s (BW average column)
+  rounds_of '$1 == "PERFTEST-BEGIN" { on = ($2 == "'"$1"'" && $4 == "'"$2"'"); next }
     $1 == "PERFTEST-END" { on = 0 }
-    on && $1 == "4096" && NF >= 5 { print $5; exit }' "$log"
+    on && $1 == "'"$2"'" && NF >= 4 { print r, $4; on = 0 }'
+}
+perf_rtt() { # 2 x ib_write_lat typical latency of 4096 bytes (usec): a round trip
+  rounds_of '$1 == "PERFTEST-BEGIN" { on = ($2 == "ib_write_lat"); next }
+    $1 == "PERFTEST-END" { on = 0 }
+    on && $1 == "4096" && NF >= 5 { print r, 2 * $5; on = 0 }'
 }
 ours() { # benchmark name, metric unit -> value
-  awk -v b="$1" -v u="$2" '$1 ~ "^"b"(-[0-9]+)?$" { for (i = 2; i < NF; i++) if ($(i+1) == u) { print $i; exit } }' "$log"
+  rounds_of '$1 ~ "^'"$1"'(-[0-9]+)?$" { for (i = 2; i < NF; i++) if ($(i+1) == "'"$2"'") { print r, $i; break } }'
 }
-num() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?$ ]] && echo "$1"; true; }
-ratio() { awk -v a="$(num "$1")" -v b="$(num "$2")" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
+tcb() { # tcbench job, bw|lat -> Gbit/s or median completion latency (usec)
+  rounds_of '/^TCBENCH tc1;/ {
+      n = split($0, f, ";"); if (f[3] != "'"$1"'" || f[5] != 0) next
+      L = (n - 5) / 2; s = ("'"$1"'" ~ /^read/) ? 5 : 5 + L
+      if ("'"$2"'" == "bw") { printf "%d %.4f\n", r, f[s + 2] * 1024 * 8 / 1e9; next }
+      for (i = s + 1; i <= s + L; i++) if (f[i] ~ /^50%=/) { sub(/^50%=/, "", f[i]); print r, f[i] }
+    }'
+}
+median() { awk '{ print $NF }' | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+ratios() { # two "round value" files -> per-round ratio lines
+  awk 'NR == FNR { a[$1] = $2; next } ($1 in a) && $2 + 0 > 0 { printf "%s %.4f\n", $1, a[$1] / $2 }' "$1" "$2"
+}
+row() { # label, ours file, perftest file, unit
+  local o p q
+  o=$(median < "$2"); p=$(median < "$3"); q=$(ratios "$2" "$3" | median)
+  [ -n "$q" ] && q=$(printf '%.2f' "$q")
+  printf '%-24s %10s %-5s %10s %-5s %7s  (%s rounds)\n' "$1" "${o:--}" "$4" "${p:--}" "$4" "${q:--}" "$(ratios "$2" "$3" | wc -l)"
+}
+fig=$w/fig; mkdir -p "$fig"
 
 if [ "$bench" != "-" ]; then
   echo
-  echo "rdma vs perftest on rxe0 loopback, same VM run (Soft-RoCE under qemu TCG: compare ratios only)"
-  printf '%-22s %14s %14s %8s\n' "case" "tensorcast" "perftest" "ratio"
+  echo "rdma vs perftest on rxe0 loopback, same VM run, ${rounds} round(s) alternating (Soft-RoCE under qemu TCG: compare ratios only)"
+  printf '%-24s %16s %16s %7s\n' "case" "tensorcast" "perftest" "ratio"
   for c in "write 64KiB:BenchmarkVerbsWriteBW/64KiB:ib_write_bw:65536" \
            "write 1MiB:BenchmarkVerbsWriteBW/1024KiB:ib_write_bw:1048576" \
            "read 64KiB:BenchmarkVerbsReadBW/64KiB:ib_read_bw:65536" \
            "read 1MiB:BenchmarkVerbsReadBW/1024KiB:ib_read_bw:1048576"; do
     IFS=: read -r name b tool size <<<"$c"
-    o=$(ours "$b" Gbit/s); p=$(perf_bw "$tool" "$size")
-    printf '%-22s %9s Gb/s %9s Gb/s %8s\n' "$name" "${o:--}" "${p:--}" "$(ratio "$o" "$p")"
+    ours "$b" Gbit/s > "$fig/o"; perf_bw "$tool" "$size" > "$fig/p"
+    row "$name" "$fig/o" "$fig/p" Gb/s
   done
-  o=$(ours BenchmarkVerbsWriteLat/4KiB us/op); p=$(perf_lat)
-  rt=$(awk -v p="$(num "$p")" 'BEGIN { if (p != "") printf "%.2f", 2 * p }')
-  printf '%-22s %11s us %11s us %8s\n' "write RTT 4KiB" "${o:--}" "${rt:--}" "$(ratio "$o" "$rt")"
+  ours BenchmarkVerbsWriteLat/4KiB us/op > "$fig/o"; perf_rtt > "$fig/rtt"
+  row "write RTT 4KiB" "$fig/o" "$fig/rtt" us
   echo "(tensorcast: Submit to Done of one WRITE in flight, a full round trip; perftest: 2 x ib_write_lat's"
-  echo " typical latency, which it reports as half its ping-pong round trip: ${p:--} us)"
+  echo " typical latency, which it reports as half its ping-pong round trip)"
 fi
 
-# tcbench's figures: the medians of its repeated jobs, beside the same
-# perftest runs.
-tcb_rc=$(sed -n 's/^TCBENCH-RC=\([0-9]*\) .*/\1/p' "$log" | tail -n 1)
-tcb_took=$(sed -n 's/^TCBENCH-RC=[0-9]* TOOK=\([0-9]*s\)$/\1/p' "$log" | tail -n 1)
-tcb() { # job case (name before the dot), bw|lat -> one value per run
-  awk -F';' -v c="$1" -v k="$2" '
-    $1 == "TCBENCH tc1" {
-      split($3, nm, "."); if (nm[1] != c || $5 != 0) next
-      L = (NF - 5) / 2; s = (c ~ /^read/) ? 5 : 5 + L
-      if (k == "bw") { printf "%.4f\n", $(s + 2) * 1024 * 8 / 1e9; next }
-      for (i = s + 1; i <= s + L; i++) if ($i ~ /^50%=/) { sub(/^50%=/, "", $i); print $i }
-    }' "$log"
-}
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# tcbench's figures beside the same rounds' perftest runs.
+tcb_rc=0
+for x in $(sed -n 's/^TCBENCH-RC=\([0-9]*\) .*/\1/p' "$log"); do [ "$x" = 0 ] || tcb_rc=$x; done
+grep -q '^TCBENCH-RC=' "$log" || tcb_rc=none
+tcb_took=$(sed -n 's/^TCBENCH-RC=[0-9]* TOOK=\([0-9]*\)s$/\1/p' "$log" | awk '{ t += $1 } END { print t "s" }')
 if [ "$tcbench" = 1 ]; then
   echo
-  echo "tcbench engine=rdma vs perftest, same VM run (two tensorcastd, pool to pool over rxe0; median of ${tcb_repeat} x ${tcb_runtime}; ${tcb_took:-?} in all)"
-  printf '%-22s %14s %14s %8s\n' "case" "tcbench" "perftest" "ratio"
+  echo "tcbench engine=rdma vs perftest, same VM run (two tensorcastd, pool to pool over rxe0, rdma_qps = 1 like perftest's one queue pair;"
+  echo " ${rounds} round(s) of ${tcb_runtime} a job; ${tcb_took:-?} in all)"
+  printf '%-24s %16s %16s %7s\n' "case" "tcbench" "perftest" "ratio"
   for c in "write 64KiB:write64k:ib_write_bw:65536:16/4" \
            "write 1MiB:write1m:ib_write_bw:1048576:8/2" \
            "read 64KiB:read64k:ib_read_bw:65536:16/4" \
            "read 1MiB:read1m:ib_read_bw:1048576:8/2"; do
     IFS=: read -r name job tool size qd <<<"$c"
-    o=$(tcb "$job" bw | median); p=$(perf_bw "$tool" "$size")
-    printf '%-22s %9s Gb/s %9s Gb/s %8s\n' "$name (qd $qd)" "${o:--}" "${p:--}" "$(ratio "$o" "$p")"
+    tcb "$job" bw > "$fig/o"; perf_bw "$tool" "$size" > "$fig/p"
+    row "$name (qd $qd)" "$fig/o" "$fig/p" Gb/s
   done
-  o=$(tcb lat4k lat | median); p=$(perf_lat)
-  rt=$(awk -v p="$(num "$p")" 'BEGIN { if (p != "") printf "%.2f", 2 * p }')
-  printf '%-22s %11s us %11s us %8s\n' "write 4KiB (qd 1)" "${o:--}" "${rt:--}" "$(ratio "$o" "$rt")"
-  o=$(tcb local4k lat | median)
-  printf '%-22s %11s us %14s %8s\n' "  engine=local (qd 1)" "${o:--}" "-" "-"
+  tcb lat4k lat > "$fig/o"
+  row "write 4KiB (qd 1)" "$fig/o" "$fig/rtt" us
+  tcb local4k lat > "$fig/l"
+  row "  engine=local (qd 1)" "$fig/l" "$fig/rtt" us
   echo "(bandwidth: iodepth/batch, one Transfer per batch through tensorcastd's control socket; latency: tcbench's"
   echo " median completion latency of one 4 KiB WRITE, Transfer call to answer, vs 2 x ib_write_lat typical as above;"
   echo " a latency ratio above 1 is tcbench slower; engine=local is the same job as a memcpy inside one daemon:"
   echo " the control path's share, no network)"
-  if [ "${tcb_rc:-x}" != 0 ]; then
-    echo "test-rdma: tcbench failed in the VM (status ${tcb_rc:-none}):" >&2
+  if [ "$tcb_rc" != 0 ]; then
+    echo "test-rdma: tcbench failed in the VM (status $tcb_rc):" >&2
     sed -n 's/^TCBENCH-ERR //p' "$log" >&2
   fi
 fi
@@ -218,7 +233,7 @@ fi
 echo
 status=ok
 if [ "$rc" != 0 ] || [ "$fail" != 0 ]; then status=FAIL; fi
-if [ "$tcbench" = 1 ] && [ "${tcb_rc:-x}" != 0 ]; then status=FAIL; fi
+if [ "$tcbench" = 1 ] && [ "$tcb_rc" != 0 ]; then status=FAIL; fi
 if [ -n "$verbs_skipped" ]; then
   echo "test-rdma: real-verbs tests skipped inside the VM:" >&2
   echo "$verbs_skipped" >&2
