@@ -33,7 +33,7 @@ cd "$(dirname "$0")/.."
 run=${RDMA_TEST_RUN:-.}
 bench=${RDMA_BENCH:-Verbs}
 benchtime=${RDMA_BENCHTIME:-1s}
-export RXE_MEM=${RXE_MEM:-1536} RXE_TIMEOUT=${RXE_TIMEOUT:-330} RXE_QUIET=${RXE_QUIET:-1}
+export RXE_MEM=${RXE_MEM:-1536} RXE_TIMEOUT=${RXE_TIMEOUT:-600} RXE_QUIET=${RXE_QUIET:-1}
 
 w=$(mktemp -d "${TMPDIR:-/tmp}/tc-rdma-test.XXXXXX")
 trap 'rm -rf "$w"' EXIT
@@ -113,7 +113,7 @@ fi
 export RXE_REG_MB=${RXE_REG_MB:-512}
 ./rdma.test -test.v -test.count=1 -test.timeout=240s -test.run='${run}' || rc=1
 if [ -x ./daemon.test ]; then
-  ./daemon.test -test.v -test.count=1 -test.timeout=120s -test.run='${daemon_run}' || rc=1
+  ./daemon.test -test.v -test.count=1 -test.timeout=300s -test.run='${daemon_run}' || rc=1
 fi
 exit \$rc
 EOF
