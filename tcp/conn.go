@@ -662,6 +662,7 @@ func (n *Node) reaper() {
 	defer tick.Stop()
 	var late []*pending
 	var stuck []*conn
+	var renewed time.Time
 	for {
 		select {
 		case <-n.done:
@@ -669,6 +670,10 @@ func (n *Node) reaper() {
 		case <-tick.C:
 		}
 		now := time.Now()
+		if now.Sub(renewed) >= renewCheckEvery {
+			renewed = now
+			n.renewDue(now)
+		}
 		n.mu.Lock()
 		for c := range n.handshaking {
 			if now.Sub(c.created) > n.cfg.HandshakeTimeout {

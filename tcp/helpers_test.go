@@ -247,6 +247,8 @@ var _ = fmt.Sprintf
 
 // cloneRemote copies r with another token.
 func cloneRemote(r *Remote, tok []byte) *Remote {
-	return &Remote{node: r.node, peer: r.peer, name: r.name, id: r.id, size: r.size, rights: r.rights,
-		epoch: r.epoch, expiry: r.expiry, token: tok}
+	c := &Remote{node: r.node, peer: r.peer, name: r.name, id: r.id, size: r.size, rights: r.rights, epoch: r.epoch}
+	cur := r.cred.Load()
+	c.cred.Store(&credential{token: tok, expiry: cur.expiry, got: cur.got})
+	return c
 }

@@ -146,6 +146,8 @@ type Node struct {
 
 	done       chan struct{} // closed when Close starts
 	reaperDone chan struct{}
+	// renewWG counts token renewals in flight (tokens.go); Close waits.
+	renewWG sync.WaitGroup
 	closeOnce  sync.Once
 	closed     atomic.Bool
 	// ready is set once addr, dir and cli are in place; the listener turns
@@ -433,6 +435,7 @@ func (n *Node) Close() error {
 		n.stopServer()
 		// The event loops are stopped, so no handler starts any more.
 		n.exchWG.Wait()
+		n.renewWG.Wait()
 		// Every connection is closed, so every request they carried has
 		// failed; what remains are Submit calls on their way out.
 		limit := time.Now().Add(n.cfg.HandshakeTimeout + n.cfg.RequestTimeout)
@@ -512,7 +515,7 @@ func (n *Node) Segments() []RemoteInfo {
 	out := make([]RemoteInfo, 0, len(n.remotes))
 	for r := range n.remotes {
 		out = append(out, RemoteInfo{Peer: r.peer.id, Name: r.name, ID: r.id, Size: r.size, Rights: r.rights,
-			Epoch: r.epoch, Expires: time.Unix(0, r.expiry)})
+			Epoch: r.epoch, Expires: time.Unix(0, r.cred.Load().expiry)})
 	}
 	return out
 }

@@ -233,6 +233,8 @@ func TestPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The token as issued; ro's own is renewed before it expires.
+	stale := cloneRemote(ro, ro.cred.Load().token)
 	one := func(tk *xfer.Task) error {
 		t.Helper()
 		return submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0].err
@@ -248,7 +250,7 @@ func TestPermissions(t *testing.T) {
 	}
 	// Owner-side checks: a token whose rights were widened by the holder
 	// fails its signature; the owner refuses it.
-	tok, _ := decodeToken(ro.token)
+	tok, _ := decodeToken(ro.cred.Load().token)
 	tok.rights = RightRead | RightWrite
 	forged := cloneRemote(ro, append(tok.body(nil), tok.mac...))
 	forged.rights = RightRead | RightWrite
@@ -256,7 +258,7 @@ func TestPermissions(t *testing.T) {
 		t.Fatalf("write with a forged token: %v", err)
 	}
 	// A token for another segment name (wrong scope) does not verify either.
-	tok2, _ := decodeToken(ro.token)
+	tok2, _ := decodeToken(ro.cred.Load().token)
 	tok2.name = "other"
 	scoped := cloneRemote(ro, tok2.sign([]byte("not the key")))
 	if err := one(mkTask(col, xfer.OpRead, local, 0, scoped, 0, 100)); !errors.Is(err, xfer.ErrPermission) {
@@ -265,7 +267,7 @@ func TestPermissions(t *testing.T) {
 	b.logs.waitContains(t, "refused peer request")
 	// Expiry.
 	time.Sleep(350 * time.Millisecond)
-	if err := one(mkTask(col, xfer.OpRead, local, 0, ro, 0, 100)); !errors.Is(err, xfer.ErrPermission) {
+	if err := one(mkTask(col, xfer.OpRead, local, 0, stale, 0, 100)); !errors.Is(err, xfer.ErrPermission) {
 		t.Fatalf("read with an expired token: %v", err)
 	}
 	// Bad tasks end with typed errors.
@@ -457,4 +459,50 @@ func TestStaleEpochRefusedBothWays(t *testing.T) {
 		t.Fatalf("stale peer dialing in: %v", err)
 	}
 	b3.logs.waitContains(t, "reason=\"stale epoch\"")
+}
+
+// TestTokenRenewal: a remote segment kept open outlives its owner's token
+// lifetime, its token renewed on the same terms before it expires; once the
+// owner stops exporting it, renewal fails (logged), the last token runs out
+// and requests fail with ErrPermission.
+func TestTokenRenewal(t *testing.T) {
+	const ttl = 400 * time.Millisecond
+	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{TokenTTL: ttl})
+	a, b := nodes[0], nodes[1]
+	r, err := a.Open("b", "seg", RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := newMemSeg(1, 1<<20)
+	col := newCollector(16)
+	read := func() error {
+		t.Helper()
+		return submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpRead, local, 0, r, 0, 4096)}, 5*time.Second)[0].err
+	}
+	seen := map[string]bool{string(r.cred.Load().token): true}
+	for end := time.Now().Add(4 * ttl); time.Now().Before(end); time.Sleep(25 * time.Millisecond) {
+		if err := read(); err != nil {
+			t.Fatalf("read %v after opening, token lifetime %v: %v", time.Since(end.Add(-4*ttl)).Round(time.Millisecond), ttl, err)
+		}
+		seen[string(r.cred.Load().token)] = true
+	}
+	if len(seen) < 4 {
+		t.Fatalf("%d tokens over four token lifetimes, want at least 4 (renewed before each expiry)", len(seen))
+	}
+	tk, err := decodeToken(r.cred.Load().token)
+	if err != nil || tk.name != "seg" || tk.rights != RightRead || tk.epoch != r.Epoch() {
+		t.Fatalf("renewed token %+v, %v: not on the terms of the open", tk, err)
+	}
+	if infos := a.Segments(); len(infos) != 1 || time.Until(infos[0].Expires) <= 0 {
+		t.Fatalf("segments after renewals: %+v", infos)
+	}
+	// The owner stops exporting: no renewal, then the token runs out.
+	b.exp.mu.Lock()
+	delete(b.exp.segs, "seg")
+	b.exp.mu.Unlock()
+	a.logs.waitContains(t, "could not renew a remote segment's token")
+	time.Sleep(ttl)
+	if err := read(); !errors.Is(err, xfer.ErrPermission) {
+		t.Fatalf("read %v after the owner stopped exporting: %v, want ErrPermission", ttl, err)
+	}
 }

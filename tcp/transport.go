@@ -3,7 +3,6 @@ package tcp
 import (
 	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -21,9 +20,10 @@ import (
 // Remote is a segment of a peer daemon, opened with Node.Open. It
 // implements xfer.Segment with Kind() == xfer.KindRemote and carries the
 // capability token its owner issued; every data request presents it. The
-// token expires after the owner's TokenTTL and dies with the owner's epoch:
-// requests with it then fail with xfer.ErrPermission and the segment must
-// be opened again.
+// token expires after the owner's TokenTTL; the node renews it before then
+// (tokens.go) for as long as the owner still grants it. It dies with the
+// owner's epoch: requests then fail with xfer.ErrPermission and the segment
+// must be opened again.
 type Remote struct {
 	node   *Node
 	peer   *peer
@@ -32,10 +32,21 @@ type Remote struct {
 	size   uint64
 	rights Rights
 	epoch  uint64
-	expiry int64
+	cred   atomic.Pointer[credential]
+	// renewing is set while a renewal is in flight; renewAfter (unix ns)
+	// holds the next attempt back after a failed one.
+	renewing   atomic.Bool
+	renewAfter atomic.Int64
+	closed     atomic.Bool
+	refs       atomic.Int64
+}
+
+// credential is a Remote's current token: the bytes requests present,
+// when it expires and when it was issued (as this node saw it).
+type credential struct {
 	token  []byte
-	closed atomic.Bool
-	refs   atomic.Int64
+	expiry int64
+	got    int64
 }
 
 var _ xfer.Segment = (*Remote)(nil)
@@ -365,8 +376,9 @@ func (n *Node) sendSlice(ts *taskState, off uint64, k uint32) error {
 		pd.release()
 		return err
 	}
-	putHeader(pd.hdr[:], &header{typ: typ, id: pd.id, arg: ts.toff + off, n: k, metaLen: uint16(len(r.token))})
-	pd.bufs[0], pd.bufs[1] = pd.hdr[:], r.token
+	tok := r.cred.Load().token
+	putHeader(pd.hdr[:], &header{typ: typ, id: pd.id, arg: ts.toff + off, n: k, metaLen: uint16(len(tok))})
+	pd.bufs[0], pd.bufs[1] = pd.hdr[:], tok
 	nb := 2
 	if typ == tWriteReq {
 		pd.bufs[2] = ts.local[off : off+uint64(k)]
@@ -515,14 +527,14 @@ func (n *Node) sendNotify(ts *taskState) error {
 	if time.Now().UnixNano() > ts.deadline {
 		return fmt.Errorf("%w: notification deadline passed before the data landed", xfer.ErrTimeout)
 	}
-	r := ts.r
-	meta := make([]byte, 0, 2+len(r.token)+len(ts.notify))
-	meta = binary.LittleEndian.AppendUint16(meta, uint16(len(r.token)))
-	meta = append(append(meta, r.token...), ts.notify...)
+	tok := ts.r.cred.Load().token
+	meta := make([]byte, 0, 2+len(tok)+len(ts.notify))
+	meta = binary.LittleEndian.AppendUint16(meta, uint16(len(tok)))
+	meta = append(append(meta, tok...), ts.notify...)
 	pd := &pending{node: n, kind: pkNotify, ts: ts, deadline: ts.deadline}
 	pd.cb = pd.writeDone
 	pd.refs.Store(2)
-	c, err := n.register(r.peer, pd, 0, false)
+	c, err := n.register(ts.r.peer, pd, 0, false)
 	if err != nil {
 		return err
 	}
@@ -548,30 +560,13 @@ func (n *Node) Open(peerID, segment string, rights Rights) (*Remote, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := n.ensureSession(p); err != nil {
-		return nil, err
-	}
-	pd, err := n.roundTrip(p, pkOpen, header{typ: tOpenReq, flags: uint16(rights)}, []byte(segment), n.cfg.RequestTimeout, false)
+	cred, t, size, err := n.openToken(p, segment, rights)
 	if err != nil {
 		return nil, err
 	}
-	if pd == nil {
-		return nil, fmt.Errorf("%w: open %s/%s", xfer.ErrTimeout, peerID, segment)
-	}
-	if pd.err != nil {
-		return nil, fmt.Errorf("open %s/%s: %w", peerID, segment, pd.err)
-	}
-	t, err := decodeToken(pd.token)
-	if err != nil {
-		return nil, fmt.Errorf("%w: open %s/%s: %w", ErrProtocol, peerID, segment, err)
-	}
-	m := hmac.New(sha256.New, n.tokKey)
-	m.Write(pd.token[:len(pd.token)-macLen])
-	if !hmac.Equal(m.Sum(nil), t.mac) || t.issuer != peerID || t.name != segment || t.rights != rights {
-		return nil, fmt.Errorf("%w: open %s/%s: the owner's token does not match the request", ErrProtocol, peerID, segment)
-	}
-	r := &Remote{node: n, peer: p, name: segment, id: xfer.SegmentID(n.segID.Add(1)), size: pd.size,
-		rights: rights, epoch: t.epoch, expiry: t.expiry, token: pd.token}
+	r := &Remote{node: n, peer: p, name: segment, id: xfer.SegmentID(n.segID.Add(1)), size: size,
+		rights: rights, epoch: t.epoch}
+	r.cred.Store(cred)
 	n.mu.Lock()
 	n.remotes[r] = struct{}{}
 	n.mu.Unlock()
