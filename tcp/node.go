@@ -147,9 +147,9 @@ type Node struct {
 	done       chan struct{} // closed when Close starts
 	reaperDone chan struct{}
 	// renewWG counts token renewals in flight (tokens.go); Close waits.
-	renewWG sync.WaitGroup
-	closeOnce  sync.Once
-	closed     atomic.Bool
+	renewWG   sync.WaitGroup
+	closeOnce sync.Once
+	closed    atomic.Bool
 	// ready is set once addr, dir and cli are in place; the listener turns
 	// connections away before that.
 	ready atomic.Bool
