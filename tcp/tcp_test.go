@@ -466,7 +466,7 @@ func TestStaleEpochRefusedBothWays(t *testing.T) {
 // owner stops exporting it, renewal fails (logged), the last token runs out
 // and requests fail with ErrPermission.
 func TestTokenRenewal(t *testing.T) {
-	const ttl = 400 * time.Millisecond
+	const ttl = time.Second
 	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{TokenTTL: ttl})
 	a, b := nodes[0], nodes[1]
 	r, err := a.Open("b", "seg", RightRead)
