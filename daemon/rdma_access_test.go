@@ -16,28 +16,7 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// untilNoTCP repeats req from the writer until one runs without payload on
-// tcp (the link is up and the target resolved behind the first ones).
-func (p *rdmaPair) untilNoTCP(t *testing.T, req xfer.Request) {
-	t.Helper()
-	res := make([]error, 1)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		before := tcpBytes(p.d2)
-		if sum, err := p.wr.Transfer([]xfer.Request{req}, 10*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
-			t.Fatalf("%v of %d bytes: %v, %v, %+v", req.Op, req.Length, err, res[0], sum)
-		}
-		if tcpBytes(p.d2)-before < req.Length {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("requests to segment %d still on tcp:\n%s", req.Target, p.d2.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// linkRegion is what d2's link to d1 learned about the export named name.
+// linkRegionOf is what d2's link to d1 learned about the export named name.
 func (p *rdmaPair) linkRegionOf(t *testing.T, name string) (*rdmaLink, rdma.RemoteRegion, bool) {
 	t.Helper()
 	l := (*p.d2.d.rdma.links.Load())["d1"]

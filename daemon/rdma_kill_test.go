@@ -189,26 +189,6 @@ func (p *rdmaPair) writerBlocks(t *testing.T) {
 	}
 }
 
-// untilRDMA repeats 4 KiB round trips until one moves no byte over tcp:
-// the link is up and the segment resolved.
-func (p *rdmaPair) untilRDMA(t *testing.T, rng *rand.Rand) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for {
-		before := tcpBytes(p.d2)
-		if err := p.roundTrip(rng, 4096, 0); err != nil {
-			t.Fatal(err)
-		}
-		if tcpBytes(p.d2) == before {
-			return time.Since(start)
-		}
-		if time.Since(start) > 20*time.Second {
-			t.Fatalf("requests to d1 still on tcp after 20 s:\n%s", p.d2.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestVerbsDaemonKilledMidTransfer: the exporting daemon d1 is a separate
 // process, SIGKILLed while a client of d2 has RDMA READs and WRITEs of
 // 4 MiB (the pool's largest block) to its export in flight. Every task

@@ -102,6 +102,47 @@ func (p *rdmaPair) roundTrip(rng *rand.Rand, n, toff uint64) error {
 	return nil
 }
 
+// untilRDMA repeats 4 KiB round trips until one moves no byte over tcp:
+// the link is up and the segment resolved.
+func (p *rdmaPair) untilRDMA(t *testing.T, rng *rand.Rand) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		before := tcpBytes(p.d2)
+		if err := p.roundTrip(rng, 4096, 0); err != nil {
+			t.Fatal(err)
+		}
+		if tcpBytes(p.d2) == before {
+			return time.Since(start)
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("requests to d1 still on tcp after 20 s:\n%s", p.d2.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// untilNoTCP repeats req from the writer until one runs without payload on
+// tcp (the link is up and the target resolved behind the first ones).
+func (p *rdmaPair) untilNoTCP(t *testing.T, req xfer.Request) {
+	t.Helper()
+	res := make([]error, 1)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		before := tcpBytes(p.d2)
+		if sum, err := p.wr.Transfer([]xfer.Request{req}, 10*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
+			t.Fatalf("%v of %d bytes: %v, %v, %+v", req.Op, req.Length, err, res[0], sum)
+		}
+		if tcpBytes(p.d2)-before < req.Length {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("requests to segment %d still on tcp:\n%s", req.Target, p.d2.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // tcpBytes is what d2's tcp node moved to and from its peers.
 func tcpBytes(d *peerDaemon) uint64 {
 	var n uint64
@@ -340,20 +381,7 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 	}
 	// Requests go over tcp until the new link is up and the segment
 	// resolved behind them.
-	deadline = time.Now().Add(20 * time.Second)
-	for {
-		before := tcpBytes(p.d2)
-		if err := p.roundTrip(rng, 4096, 0); err != nil {
-			t.Fatal(err)
-		}
-		if tcpBytes(p.d2) == before {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("requests still on tcp after the restart:\n%s", p.d2.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	p.untilRDMA(t, rng)
 	t.Logf("requests to the reopened segment on rdma after %v", time.Since(t0).Round(time.Millisecond))
 	if c := strings.Count(p.d2.log.String(), "rdma link up"); c != 2 {
 		t.Fatalf("%d rdma links made for two epochs of d1", c)
