@@ -71,6 +71,9 @@ type rdmaPlane struct {
 	locals  localRegs
 	pins    pins
 	stats   rdmaStats
+	// linkDown and localMissing fail requests of rdma-only segments
+	// (rdma_pins.go).
+	linkDown, localMissing *rdmaOnly
 }
 
 type acceptedPeer struct {
@@ -98,6 +101,9 @@ type rdmaLink struct {
 
 var _ xfer.Transport = (*rdmaLink)(nil)
 
+// noPeerPlane is why a daemon without a peer plane has no RDMA.
+const noPeerPlane = "no peer plane (peer_listen is not set): RDMA is set up over it"
+
 // newRDMAPlane opens the device and registers the pool, or returns nil
 // and why when RDMA is off or unusable here (logged once; peers then use
 // tcp). With rdma = on an unusable device is an error.
@@ -107,7 +113,7 @@ func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.
 		return nil, "rdma = off", nil
 	}
 	if peers == nil {
-		return nil, "no peer plane (peer_listen is not set): RDMA is set up over it", nil
+		return nil, noPeerPlane, nil
 	}
 	dev, err := rdma.Open(rdma.Config{Device: cfg.RDMADevice, GID: cfg.RDMAGID, QPs: cfg.RDMAQPs}, log)
 	if err != nil {
@@ -143,6 +149,7 @@ func newPlane(dev *rdma.Device, reg *rdma.Region, pool xfer.MemSegment, peers *p
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
 		exports: exportRegs{m: map[xfer.MemSegment]*exportReg{}},
 	}
+	p.linkDown, p.localMissing = rdmaOnlyFor(&p.stats)
 	empty := map[string]*rdmaLink{}
 	p.links.Store(&empty)
 	_ = p.node.Handle(rdma.ExchangeKind, rdma.Acceptor(p.accept))
@@ -175,7 +182,7 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 		// The client asked for rdma: its buffer is registered now, on
 		// this request's way in.
 		if !p.registerLocal(local, nil) {
-			return p.localMissing()
+			return p.localMissing
 		}
 	}
 	l := (*p.links.Load())[r.Peer()]
@@ -189,7 +196,7 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 	default:
 	}
 	if via == control.TransportRDMA {
-		return p.linkDown()
+		return p.linkDown
 	}
 	p.stats.toTCP.Add(1)
 	return nil
@@ -522,7 +529,7 @@ func (l *rdmaLink) Submit(tasks []*xfer.Task) (int, error) {
 			n, err = l.tcp.Submit(tasks[done:i])
 			l.p.stats.toTCP.Add(uint64(n))
 		case viaDown:
-			n, err = l.p.linkDown().Submit(tasks[done:i])
+			n, err = l.p.linkDown.Submit(tasks[done:i])
 		case viaRefuse:
 			l.p.stats.refused.Add(uint64(i - done))
 			for _, t := range tasks[done:i] {
@@ -576,7 +583,7 @@ func (l *rdmaLink) fallback(ts []*xfer.Task) (int, error) {
 			}
 			continue
 		}
-		n, _ := l.p.linkDown().Submit(ts[done : done+1])
+		n, _ := l.p.linkDown.Submit(ts[done : done+1])
 		done += n
 	}
 	return done, nil

@@ -15,7 +15,6 @@ import (
 // unavailable and why.
 type rdmaReport struct {
 	p      *rdmaPlane // nil: RDMA is off or unavailable
-	port   int        // the device port the plane uses
 	state  control.RDMAState
 	reason string
 }
@@ -24,7 +23,7 @@ var _ control.RDMAReporter = (*rdmaReport)(nil)
 
 // rdmaWithoutPeers is the report of a daemon without a peer plane.
 func rdmaWithoutPeers() *rdmaReport {
-	return &rdmaReport{state: control.RDMAOff, reason: "no peer plane (peer_listen is not set): RDMA is set up over it"}
+	return &rdmaReport{state: control.RDMAOff, reason: noPeerPlane}
 }
 
 // openRDMA is newRDMAPlane that also returns the report.
@@ -34,7 +33,7 @@ func openRDMA(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.Logg
 		return nil, nil, err
 	}
 	if p != nil {
-		return p, &rdmaReport{p: p, port: p.dev.Port(), state: control.RDMAEnabled}, nil
+		return p, &rdmaReport{p: p, state: control.RDMAEnabled}, nil
 	}
 	r := &rdmaReport{state: control.RDMAUnavailable, reason: why}
 	if cfg.RDMA == "off" {
@@ -48,16 +47,16 @@ func (r *rdmaReport) RDMAInfo() control.RDMAInfo {
 	if r.p == nil {
 		return control.RDMAInfo{State: r.state, Reason: r.reason}
 	}
-	return r.p.info(r.port)
+	return r.p.info()
 }
 
 // info reports the plane: its device and registration, and every peer the
 // peer plane knows or the RDMA plane has a link, an accepting transport or
 // a logged choice for. Not a hot path: it allocates.
-func (p *rdmaPlane) info(port int) control.RDMAInfo {
+func (p *rdmaPlane) info() control.RDMAInfo {
 	a := p.dev.Addr()
 	out := control.RDMAInfo{
-		State: control.RDMAEnabled, Device: p.dev.Name(), Port: uint32(port),
+		State: control.RDMAEnabled, Device: p.dev.Name(), Port: uint32(p.dev.Port()),
 		GID: a.GID.String(), GIDIndex: uint32(a.GIDIndex), MTU: uint32(a.MTU.Bytes()), LID: a.LID,
 		PoolRegistered: p.reg.Size(), PoolMRs: uint32(p.reg.Chunks()),
 	}

@@ -120,10 +120,10 @@ type rdmaOnly struct {
 	s   *rdmaStats
 }
 
-func (o rdmaOnly) Name() string      { return "rdma" }
-func (o rdmaOnly) Cancel(*xfer.Task) {}
-func (o rdmaOnly) Close() error      { return nil }
-func (o rdmaOnly) Submit(ts []*xfer.Task) (int, error) {
+func (o *rdmaOnly) Name() string      { return "rdma" }
+func (o *rdmaOnly) Cancel(*xfer.Task) {}
+func (o *rdmaOnly) Close() error      { return nil }
+func (o *rdmaOnly) Submit(ts []*xfer.Task) (int, error) {
 	o.s.unavailable.Add(uint64(len(ts)))
 	for _, t := range ts {
 		t.Done(0, errRDMAOnly(t, o.why))
@@ -131,10 +131,9 @@ func (o rdmaOnly) Submit(ts []*xfer.Task) (int, error) {
 	return len(ts), nil
 }
 
-func (p *rdmaPlane) linkDown() rdmaOnly {
-	return rdmaOnly{why: "its rdma link is down", s: &p.stats}
-}
-
-func (p *rdmaPlane) localMissing() rdmaOnly {
-	return rdmaOnly{why: "the local segment has no rdma registration", s: &p.stats}
+// rdmaOnlyFor makes a plane's two answers once, so that routing to them
+// does not allocate.
+func rdmaOnlyFor(s *rdmaStats) (linkDown, localMissing *rdmaOnly) {
+	return &rdmaOnly{why: "its rdma link is down", s: s},
+		&rdmaOnly{why: "the local segment has no rdma registration", s: s}
 }
