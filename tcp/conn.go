@@ -3,7 +3,6 @@ package tcp
 import (
 	"bytes"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -363,7 +362,6 @@ func (c *conn) onHello(meta []byte) error {
 		return c.refuse("peer claims this daemon's id", "claimed", hc.id)
 	}
 	hs := c.n.hello()
-	_, _ = rand.Read(hs.nonce[:])
 	c.metaC = append([]byte(nil), meta...)
 	c.metaS = hs.append(nil)
 	out := append(append([]byte(nil), c.metaS...), handshakeMAC(c.n.hsKey, labelServer, c.metaC, c.metaS)...)
