@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -301,12 +302,8 @@ func (p *rdmaPlane) retireLink(l *rdmaLink, why string) {
 		p.mu.Unlock()
 		return
 	}
-	m := make(map[string]*rdmaLink, len(old))
-	for k, v := range old {
-		if k != l.peer {
-			m[k] = v
-		}
-	}
+	m := maps.Clone(old)
+	delete(m, l.peer)
 	p.links.Store(&m)
 	p.mu.Unlock()
 	_ = l.tr.Close()
@@ -361,13 +358,8 @@ func (p *rdmaPlane) resolve(l *rdmaLink, r *tcp.Remote) error {
 		return fmt.Errorf("registration of %d bytes for a %d-byte segment", reg.Size, r.Size())
 	}
 	l.mu.Lock()
-	old := *l.segs.Load()
-	m := make(map[*tcp.Remote]rdma.RemoteRegion, len(old)+1)
-	for k, v := range old {
-		if !closedRemote(k) {
-			m[k] = v
-		}
-	}
+	m := maps.Clone(*l.segs.Load())
+	maps.DeleteFunc(m, func(k *tcp.Remote, _ rdma.RemoteRegion) bool { return closedRemote(k) })
 	m[r] = reg
 	l.segs.Store(&m)
 	l.mu.Unlock()
@@ -405,11 +397,7 @@ func (p *rdmaPlane) connect(peer string, epoch uint64) (*rdmaLink, error) {
 		_ = tr.Close()
 		return nil, xfer.ErrClosed
 	}
-	old := *p.links.Load()
-	m := make(map[string]*rdmaLink, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
+	m := maps.Clone(*p.links.Load())
 	prev := m[peer]
 	m[peer] = l
 	p.links.Store(&m)
@@ -642,11 +630,7 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 		return viaTCP // a client buffer whose registration went away
 	}
 	l.tr.AddLocal(t.Req.Local, lr)
-	old := *l.ids.Load()
-	m := make(map[xfer.SegmentID]struct{}, len(old)+2)
-	for k := range old {
-		m[k] = struct{}{}
-	}
+	m := maps.Clone(*l.ids.Load())
 	m[t.Req.Local], m[t.Req.Target] = struct{}{}, struct{}{}
 	l.ids.Store(&m)
 	return via

@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -153,29 +154,23 @@ func (e *exportRegs) closeAll(p *rdmaPlane) {
 func (l *rdmaLink) dropSegments(name string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	old := *l.segs.Load()
-	m := make(map[*tcp.Remote]rdma.RemoteRegion, len(old))
+	m := maps.Clone(*l.segs.Load())
+	ids := maps.Clone(*l.ids.Load())
 	var gone []xfer.SegmentID
-	for k, v := range old {
+	for k := range m {
 		if k.Name() == name {
+			delete(m, k)
+			delete(ids, k.ID())
 			gone = append(gone, k.ID())
-			continue
 		}
-		m[k] = v
 	}
 	if len(gone) == 0 {
 		return 0
 	}
 	l.segs.Store(&m)
-	ids := *l.ids.Load()
-	nids := make(map[xfer.SegmentID]struct{}, len(ids))
-	for k := range ids {
-		nids[k] = struct{}{}
-	}
+	l.ids.Store(&ids)
 	for _, id := range gone {
-		delete(nids, id)
 		l.tr.RemoveRemote(id)
 	}
-	l.ids.Store(&nids)
 	return len(gone)
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -103,10 +104,7 @@ func (p *rdmaPlane) registerLocal(seg xfer.Segment, failed map[xfer.SegmentID]st
 		p.log.Warn("client buffer cannot use rdma: registering it failed", "segment", id, "bytes", b.Size(), "err", err)
 		return fail()
 	}
-	m := make(map[xfer.SegmentID]*rdma.Region, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
+	m := maps.Clone(old)
 	m[id] = reg
 	e.m.Store(&m)
 	// Set while the reference above is held: the teardown cannot have
@@ -125,12 +123,8 @@ func (p *rdmaPlane) dropLocal(id xfer.SegmentID) {
 	var reg *rdma.Region
 	if m := e.m.Load(); m != nil {
 		if reg = (*m)[id]; reg != nil {
-			nm := make(map[xfer.SegmentID]*rdma.Region, len(*m))
-			for k, v := range *m {
-				if k != id {
-					nm[k] = v
-				}
-			}
+			nm := maps.Clone(*m)
+			delete(nm, id)
 			e.m.Store(&nm)
 		}
 	}
@@ -173,12 +167,8 @@ func (l *rdmaLink) forgetLocal(id xfer.SegmentID) {
 	if _, ok := ids[id]; !ok {
 		return
 	}
-	m := make(map[xfer.SegmentID]struct{}, len(ids))
-	for k := range ids {
-		if k != id {
-			m[k] = struct{}{}
-		}
-	}
+	m := maps.Clone(ids)
+	delete(m, id)
 	l.ids.Store(&m)
 	l.tr.RemoveLocal(id)
 }
