@@ -266,29 +266,30 @@ func (b *batch) prepare(t *Task, r Resolver) error {
 		l.Release()
 		return ErrNoSegment
 	}
+	t.Local, t.Target = l, tg
 	t.holdL, t.holdT = false, false
 	if h, ok := l.(RangeHolder); ok {
-		if !h.HoldRange(q.LocalOffset, q.Length) {
-			l.Release()
-			tg.Release()
-			return ErrNoSegment
+		t.holdL = h.HoldRange(q.LocalOffset, q.Length)
+		if !t.holdL {
+			return t.unprepare()
 		}
-		t.holdL = true
 	}
 	if h, ok := tg.(RangeHolder); ok {
-		if !h.HoldRange(q.TargetOffset, q.Length) {
-			if t.holdL {
-				l.(RangeHolder).DropRange(q.LocalOffset, q.Length)
-				t.holdL = false
-			}
-			l.Release()
-			tg.Release()
-			return ErrNoSegment
+		t.holdT = h.HoldRange(q.TargetOffset, q.Length)
+		if !t.holdT {
+			return t.unprepare()
 		}
-		t.holdT = true
 	}
-	t.Local, t.Target, t.tr = l, tg, tr
+	t.tr = tr
 	return nil
+}
+
+// unprepare undoes a prepare refused by a range holder: what was taken is
+// dropped and t goes back to naming no segments.
+func (t *Task) unprepare() error {
+	t.releaseSegs()
+	t.Local, t.Target, t.holdL, t.holdT = nil, nil, false, false
+	return ErrNoSegment
 }
 
 // releaseSegs drops what prepare took for t: held ranges, then references.
