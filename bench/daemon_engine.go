@@ -91,31 +91,16 @@ func (d *daemonEngine) Open(s EngineSpec) (err error) {
 	}()
 	sock := d.env.socket(d.job)
 	nl := laneCount(s.Slots, d.job.Batch)
-	clients := make([]*client.Client, 0, nl)
-	for range nl {
-		c, err := client.Dial(sock, client.Options{Name: "tcbench"})
-		if err != nil {
-			for _, c := range clients {
-				c.Close()
-			}
-			return fmt.Errorf("%w: %w", ErrEngineUnavailable, err)
-		}
-		clients = append(clients, c)
+	if err := d.dial(sock, nl); err != nil {
+		return err
 	}
-	d.lanes = make([]*lane, nl)
-	for i, c := range clients {
-		d.lanes[i] = &lane{c: c, t: c}
-	}
-	c0 := clients[0]
+	c0 := d.lanes[0].c
 	pool, ok := c0.Pool()
 	if !ok {
 		return fmt.Errorf("%w: the daemon's pool is not mapped", ErrEngineUnavailable)
 	}
 	d.pool = c0.PoolBytes()
-	maxBlock := uint64(0)
-	for _, b := range pool.BlockClasses {
-		maxBlock = max(maxBlock, b)
-	}
+	maxBlock := largestBlock(pool.BlockClasses)
 	if maxBlock == 0 {
 		maxBlock = 1 << 20
 	}

@@ -94,6 +94,30 @@ type dispatcher struct {
 	pending int // IOs submitted whose completion is not in ready yet
 }
 
+// dial opens n connections to the daemon at sock as the dispatcher's
+// lanes. On error the lanes dialed so far stay in d.lanes, for the
+// engine's Close to close.
+func (d *dispatcher) dial(sock string, n int) error {
+	d.lanes = make([]*lane, 0, n)
+	for range n {
+		c, err := client.Dial(sock, client.Options{Name: "tcbench"})
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrEngineUnavailable, err)
+		}
+		d.lanes = append(d.lanes, &lane{c: c, t: c})
+	}
+	return nil
+}
+
+// largestBlock is the largest of a pool's block classes (0 when it has none).
+func largestBlock(classes []uint64) uint64 {
+	var m uint64
+	for _, c := range classes {
+		m = max(m, c)
+	}
+	return m
+}
+
 // start sizes the queues and starts one goroutine per lane.
 func (d *dispatcher) start(s dispatchSpec) {
 	d.spec = s

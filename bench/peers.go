@@ -168,10 +168,7 @@ func (p *PeerPair) exportPool(seg string, size uint64) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("the pool is not mapped")
 	}
-	var blk uint64
-	for _, c := range pi.BlockClasses {
-		blk = max(blk, c)
-	}
+	blk := largestBlock(pi.BlockClasses)
 	if blk == 0 {
 		return nil, fmt.Errorf("the pool reports no block sizes")
 	}
@@ -299,13 +296,8 @@ func (e *peerEngine) Open(s EngineSpec) (err error) {
 	}
 
 	nl := laneCount(s.Slots, j.Batch)
-	e.lanes = make([]*lane, 0, nl)
-	for range nl {
-		c, err := client.Dial(sock, client.Options{Name: "tcbench"})
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrEngineUnavailable, err)
-		}
-		e.lanes = append(e.lanes, &lane{c: c, t: c})
+	if err := e.dial(sock, nl); err != nil {
+		return err
 	}
 	e.slotMem = make([][]byte, s.Slots)
 	slotOff := make([]uint64, s.Slots)
@@ -451,11 +443,7 @@ func (e *peerEngine) poolSlots(s EngineSpec, slotOff []uint64) error {
 	if !ok {
 		return fmt.Errorf("%w: the daemon's pool is not mapped", ErrEngineUnavailable)
 	}
-	var maxBlock uint64
-	for _, b := range pi.BlockClasses {
-		maxBlock = max(maxBlock, b)
-	}
-	if s.SlotSize > maxBlock {
+	if maxBlock := largestBlock(pi.BlockClasses); s.SlotSize > maxBlock {
 		return fmt.Errorf("%w: bs %d is larger than the pool's largest block %d (use peer_mem=buffer)", ErrBadValue, s.SlotSize, maxBlock)
 	}
 	pool := c0.PoolBytes()
