@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -361,28 +362,24 @@ func (t *Transport) AddRemoteRange(id xfer.SegmentID, r RemoteRegion, off, n uin
 
 // RemoveRemote forgets segment id as a target; later requests naming it
 // fail with ErrNotRegistered.
-func (t *Transport) RemoveRemote(id xfer.SegmentID) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	old := *t.remotes.Load()
-	m := make(map[xfer.SegmentID]*keyTable, len(old))
-	for k, v := range old {
-		if k != id {
-			m[k] = v
-		}
-	}
-	t.remotes.Store(&m)
-}
+func (t *Transport) RemoveRemote(id xfer.SegmentID) { t.swapTable(&t.remotes, id, nil) }
 
+// RemoveLocal forgets segment id as the local side of requests; later
+// requests naming it fail with ErrNotRegistered. Call it before the region
+// it was added with is deregistered.
+func (t *Transport) RemoveLocal(id xfer.SegmentID) { t.swapTable(&t.locals, id, nil) }
+
+// swapTable publishes a copy of *p with id's table set to kt, or removed
+// when kt is nil.
 func (t *Transport) swapTable(p *atomic.Pointer[map[xfer.SegmentID]*keyTable], id xfer.SegmentID, kt *keyTable) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	old := *p.Load()
-	m := make(map[xfer.SegmentID]*keyTable, len(old)+1)
-	for k, v := range old {
-		m[k] = v
+	m := maps.Clone(*p.Load())
+	if kt == nil {
+		delete(m, id)
+	} else {
+		m[id] = kt
 	}
-	m[id] = kt
 	p.Store(&m)
 }
 
