@@ -1,6 +1,7 @@
 package control
 
 import (
+	"cmp"
 	"log/slog"
 	"slices"
 	"sync"
@@ -58,7 +59,7 @@ func (v *poolView) HoldRange(off, n uint64) bool {
 	}
 	for ; i < len(v.blocks.offs) && v.blocks.offs[i] < end; i++ {
 		b := v.blocks.offs[i]
-		j, ok := slices.BinarySearchFunc(v.holds, b, func(h blockHold, o uint64) int { return cmpU64(h.off, o) })
+		j, ok := v.holdIndex(b)
 		if !ok {
 			v.holds = slices.Insert(v.holds, j, blockHold{off: b, size: v.blocks.sizes[i]})
 		}
@@ -74,7 +75,7 @@ func (v *poolView) DropRange(off, n uint64) {
 	end := off + n
 	var free []uint64
 	v.mu.Lock()
-	i, _ := slices.BinarySearchFunc(v.holds, off, func(h blockHold, o uint64) int { return cmpU64(h.off, o) })
+	i, _ := v.holdIndex(off)
 	if i == len(v.holds) || v.holds[i].off > off {
 		i--
 	}
@@ -100,7 +101,7 @@ func (v *poolView) DropRange(off, n uint64) {
 func (v *poolView) busy(off uint64) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	_, ok := slices.BinarySearchFunc(v.holds, off, func(h blockHold, o uint64) int { return cmpU64(h.off, o) })
+	_, ok := v.holdIndex(off)
 	return ok
 }
 
@@ -119,12 +120,8 @@ func (v *poolView) close(freeLater func(off uint64) bool) map[uint64]bool {
 	return held
 }
 
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+// holdIndex finds the hold of the block at off in v.holds (v.mu held):
+// its index and true, or where it would go and false.
+func (v *poolView) holdIndex(off uint64) (int, bool) {
+	return slices.BinarySearchFunc(v.holds, off, func(h blockHold, o uint64) int { return cmp.Compare(h.off, o) })
 }
