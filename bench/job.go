@@ -663,7 +663,7 @@ func ParseJobFile(file string, r io.Reader) ([]*Job, error) {
 // --spawn (which exports one) such a job has nothing to address.
 func CheckTargets(jobs []*Job) error {
 	for _, j := range jobs {
-		if (j.Engine == "tcp" || j.Engine == "rdma") && j.Target == "" {
+		if isPeerEngine(j.Engine) && j.Target == "" {
 			return &ParseError{File: j.Src.File, Line: j.Src.Line, Option: "target",
 				Err: fmt.Errorf("%w: engine %s needs a target (peer/segment exported on the peer; --spawn makes one)", ErrMissingOption, j.Engine)}
 		}
