@@ -404,7 +404,7 @@ func (c *conn) openRemote() error {
 	c.remotes[id] = remote{seg: rs, peer: peer, name: seg, rights: c.req.Rights, transport: c.req.Transport}
 	c.mu.Unlock()
 	c.log.Info("remote segment opened", "peer", peer, "name", seg, "segment", id, "size", rs.Size(),
-		"epoch", fmt.Sprintf("%#x", rs.Epoch()), "transport", transportName(c.req.Transport))
+		"epoch", fmt.Sprintf("%#x", rs.Epoch()), "transport", TransportName(c.req.Transport))
 	c.resp.Kind = tcproto.ResponseBodyOpenRemoteResponse
 	c.resp.Segment, c.resp.Size, c.resp.Epoch = uint64(id), rs.Size(), rs.Epoch()
 	return nil
@@ -585,8 +585,9 @@ func (c *conn) queuedNotes() int {
 	return len(c.notes.q)
 }
 
-// transportName names an OpenRemote transport for logs.
-func transportName(t uint8) string {
+// TransportName names an OpenRemote transport (TransportAuto, TransportTCP,
+// TransportRDMA) for logs and listings.
+func TransportName(t uint8) string {
 	switch t {
 	case TransportTCP:
 		return "tcp"

@@ -260,7 +260,7 @@ func segments(sock string, args []string, w, stderr io.Writer) error {
 		switch {
 		case *remote && s.Peer != "":
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%#x\t%s\n", s.Peer, s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights), s.Epoch,
-				transportStr(s.Transport))
+				control.TransportName(s.Transport))
 		case !*remote && s.Peer == "":
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights))
 		}
@@ -332,14 +332,4 @@ func bytesStr(n uint64) string {
 		return fmt.Sprintf("%dKiB", n>>10)
 	}
 	return fmt.Sprintf("%dB", n)
-}
-
-func transportStr(t uint8) string {
-	switch t {
-	case client.TransportTCP:
-		return "tcp"
-	case client.TransportRDMA:
-		return "rdma"
-	}
-	return "auto"
 }
