@@ -513,8 +513,7 @@ func (e *peerEngine) Prefill(seed uint64, needPattern bool) error {
 		if !e.job.RW.Reads() {
 			// Nothing reads the pattern: lay down another one, so that
 			// verifying a write sees whether its bytes landed.
-			fillPattern(e.remote, ^seed, 0)
-			return nil
+			seed = ^seed
 		}
 		fillPattern(e.remote, seed, 0)
 		return nil
