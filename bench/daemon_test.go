@@ -129,8 +129,8 @@ func TestLocalEngineVerifyCatchesCorruption(t *testing.T) {
 	de := eng.(*daemonEngine)
 	toff, _, _ := de.piece(3*64<<10+100, 1)
 	de.pool[toff] ^= 0xff
-	var stop atomicBool
-	err = w.run(&stop.b)
+	var stop atomic.Bool
+	err = w.run(&stop)
 	if err == nil || !strings.Contains(err.Error(), "verify") {
 		t.Fatalf("run error = %v, want a verify failure", err)
 	}

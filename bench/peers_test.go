@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -124,8 +125,8 @@ func TestTCPEngineVerifyCatchesCorruption(t *testing.T) {
 	}
 	defer eng.Close()
 	p.Mem[p.Target][5*64<<10+7] ^= 0xff
-	var stop atomicBool
-	err = w.run(&stop.b)
+	var stop atomic.Bool
+	err = w.run(&stop)
 	if err == nil || !strings.Contains(err.Error(), "verify") {
 		t.Fatalf("run error = %v, want a verify failure", err)
 	}

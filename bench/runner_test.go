@@ -313,8 +313,6 @@ func TestProgressLine(t *testing.T) {
 	}
 }
 
-type atomicBool struct{ b atomic.Bool }
-
 // TestWorkerSteadyStateAllocs checks that the runner allocates nothing per
 // request: a run of 4096 requests allocates no more than a handful of times.
 func TestWorkerSteadyStateAllocs(t *testing.T) {
