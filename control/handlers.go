@@ -659,7 +659,6 @@ func (c *conn) release() {
 	c.fds = nil
 	e := c.s.deps.Engine
 	deadline := time.Now().Add(c.s.cfg.ReleaseWait)
-	abandoned := false
 	for id := range c.batches {
 		err := e.Free(id)
 		if errors.Is(err, ErrBatchBusy) {
@@ -668,7 +667,6 @@ func (c *conn) release() {
 			if errors.Is(err, ErrBatchBusy) {
 				c.log.Warn("abandoning a busy batch of a closed connection", "batch", id)
 				e.Abandon(id)
-				abandoned = true
 				err = nil
 			}
 		}
@@ -677,9 +675,6 @@ func (c *conn) release() {
 		}
 	}
 	clear(c.batches)
-	if abandoned {
-		c.awaitRetired(time.Now().Add(c.s.cfg.ReleaseWait))
-	}
 	c.mu.Lock()
 	bufs, files := c.buffers, c.files
 	c.buffers, c.files = map[xfer.SegmentID]Buffer{}, map[xfer.SegmentID]FileSegment{}
@@ -721,23 +716,4 @@ func (c *conn) release() {
 	}
 	c.blocks = blockSet{}
 	c.log.Debug("connection resources released")
-}
-
-// awaitRetired gives abandoned tasks until deadline to end before the
-// connection's pool blocks are freed, so a copy still in flight cannot land
-// in a block already handed to another client. The engine reports retiring
-// batches only in total, so this waits for all of them; it is bounded by
-// ReleaseWait and runs only after an abandon.
-func (c *conn) awaitRetired(deadline time.Time) {
-	st, ok := c.s.deps.Engine.(interface{ Stats() xfer.EngineStats })
-	if !ok {
-		return
-	}
-	for st.Stats().BatchesRetiring > 0 {
-		if !time.Now().Before(deadline) {
-			c.log.Warn("abandoned tasks still running; freeing the connection's pool blocks anyway")
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
