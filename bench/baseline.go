@@ -356,18 +356,27 @@ func ParseIperf3JSON(b []byte) (float64, error) {
 	return out.End.SumReceived.BitsPerSecond, nil
 }
 
+// freeLoopbackPort is a tcp port on 127.0.0.1 that was free a moment ago,
+// for a reference tool's one-off server.
+func freeLoopbackPort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port), nil
+}
+
 // MaxIperf3Length is the largest -l iperf3 accepts.
 const MaxIperf3Length = 1 << 20
 
 // RunIperf3 runs a one-off iperf3 server and a client against it on
 // loopback, and returns the received bits/s.
 func RunIperf3(ctx context.Context, secs int, length uint64, streams int) (float64, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeLoopbackPort()
 	if err != nil {
 		return 0, err
 	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
 	srv := exec.CommandContext(ctx, "iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", port)
 	if err := srv.Start(); err != nil {
 		return 0, fmt.Errorf("%w: iperf3 server: %w", ErrToolOutput, err)
@@ -471,12 +480,10 @@ func perftestDevice(env *Env) []string {
 // goes through the device dev names, -d and -x, else the first one), and
 // returns the average Gbit/s.
 func RunPerftest(ctx context.Context, tool string, secs int, size uint64, dev ...string) (float64, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeLoopbackPort()
 	if err != nil {
 		return 0, err
 	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
 	common := append(append([]string(nil), dev...), "-s", strconv.FormatUint(size, 10), "-D", strconv.Itoa(secs), "--report_gbits", "-p", port)
 	var srvOut bytes.Buffer
 	srv := exec.CommandContext(ctx, tool, common...)
