@@ -3,7 +3,6 @@ package control
 import (
 	"bytes"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -69,7 +68,6 @@ func (v *exportView) close(limit time.Duration) bool {
 		if time.Now().After(deadline) {
 			return false
 		}
-		runtime.Gosched()
 		time.Sleep(100 * time.Microsecond)
 	}
 	return true
