@@ -81,9 +81,8 @@ type dispatcher struct {
 	// window of a shared remote segment).
 	targetBase uint64
 
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	started bool
+	stop chan struct{} // nil while the lanes' goroutines are not running
+	wg   sync.WaitGroup
 
 	// mu guards slots, ready and pending; cond (on mu) is signaled when
 	// ready grows.
@@ -135,7 +134,6 @@ func (d *dispatcher) start(s dispatchSpec) {
 		l.wake = make(chan struct{}, 1)
 	}
 	d.stop = make(chan struct{})
-	d.started = true
 	for _, l := range d.lanes {
 		d.wg.Add(1)
 		go func() {
@@ -148,12 +146,12 @@ func (d *dispatcher) start(s dispatchSpec) {
 // stopLanes stops every lane's goroutine and waits for them; a Transfer in
 // flight is let finish (it is bounded by waitTimeout).
 func (d *dispatcher) stopLanes() {
-	if !d.started {
+	if d.stop == nil {
 		return
 	}
-	d.started = false
 	close(d.stop)
 	d.wg.Wait()
+	d.stop = nil
 }
 
 // Synchronous: Submit only queues; requests complete on the lanes.
@@ -171,7 +169,7 @@ func (d *dispatcher) piece(off, left uint64) (toff, n uint64, ln int) {
 }
 
 func (d *dispatcher) Submit(ios []IO) (int, error) {
-	if !d.started {
+	if d.stop == nil {
 		return 0, fmt.Errorf("%w: engine not open", ErrBadValue)
 	}
 	s := &d.spec
