@@ -168,26 +168,19 @@ func nameField(t *flatbuffers.Table, slot flatbuffers.VOffsetT, lim DecodeLimits
 // decodeNotify reads the optional positional notify vector: empty, or one
 // entry per transfer request, each payload at most MaxNotify bytes.
 func decodeNotify(t *flatbuffers.Table, slot flatbuffers.VOffsetT, m *Request) error {
-	n, start, err := vecAt(t, slot, 4, len(m.Requests))
-	if err != nil {
-		return err
-	}
-	if n == 0 {
-		return nil
-	}
-	if n != len(m.Requests) {
-		return fmt.Errorf("%w: %d notify entries for %d requests", ErrMalformed, n, len(m.Requests))
-	}
-	var nt tcproto.Notify
-	for i := 0; i < n; i++ {
-		pos := start + flatbuffers.UOffsetT(i*4)
-		nt.Init(t.Bytes, flatbuffers.GetUOffsetT(t.Bytes[pos:])+pos)
-		tab := nt.Table()
+	err := decodeTables(t, slot, len(m.Requests), func(tab flatbuffers.Table) error {
 		p, err := bytesField(&tab, 4, MaxNotify)
 		if err != nil {
 			return err
 		}
 		m.Notify = append(m.Notify, p)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if n := len(m.Notify); n != 0 && n != len(m.Requests) {
+		return fmt.Errorf("%w: %d notify entries for %d requests", ErrMalformed, n, len(m.Requests))
 	}
 	return nil
 }
@@ -364,43 +357,43 @@ func DecodeResponse(buf []byte, lim DecodeLimits, m *Response) (err error) {
 		b.Init(t.Bytes, t.Pos)
 		m.Segment, m.Size, m.Epoch = b.SegmentId(), b.Size(), b.Epoch()
 	case tcproto.ResponseBodyPollNotificationsResponse:
-		err = decodeTables(&t, 4, lim.MaxItems, func(tab *flatbuffers.Table) error {
+		err = decodeTables(&t, 4, lim.MaxItems, func(tab flatbuffers.Table) error {
 			var nf Notification
 			var err error
-			if nf.Segment, err = bytesField(tab, 4, maxName); err != nil {
+			if nf.Segment, err = bytesField(&tab, 4, maxName); err != nil {
 				return err
 			}
-			if nf.Payload, err = bytesField(tab, 6, MaxNotify); err != nil {
+			if nf.Payload, err = bytesField(&tab, 6, MaxNotify); err != nil {
 				return err
 			}
 			m.Notifications = append(m.Notifications, nf)
 			return nil
 		})
 	case tcproto.ResponseBodyPeersResponse:
-		err = decodeTables(&t, 4, lim.MaxItems, func(tab *flatbuffers.Table) error {
+		err = decodeTables(&t, 4, lim.MaxItems, func(tab flatbuffers.Table) error {
 			var b tcproto.PeerInfo
 			b.Init(tab.Bytes, tab.Pos)
 			p := PeerInfo{Epoch: b.Epoch(), Connected: b.Connected(), BytesIn: b.BytesIn(), BytesOut: b.BytesOut(), Errors: b.Errors()}
 			var err error
-			if p.ID, err = bytesField(tab, 4, lim.MaxString); err != nil {
+			if p.ID, err = bytesField(&tab, 4, lim.MaxString); err != nil {
 				return err
 			}
-			if p.Addr, err = bytesField(tab, 6, lim.MaxString); err != nil {
+			if p.Addr, err = bytesField(&tab, 6, lim.MaxString); err != nil {
 				return err
 			}
 			m.Peers = append(m.Peers, p)
 			return nil
 		})
 	case tcproto.ResponseBodySegmentsResponse:
-		err = decodeTables(&t, 4, lim.MaxItems, func(tab *flatbuffers.Table) error {
+		err = decodeTables(&t, 4, lim.MaxItems, func(tab flatbuffers.Table) error {
 			var b tcproto.SegmentInfo
 			b.Init(tab.Bytes, tab.Pos)
 			si := SegmentInfo{Segment: b.SegmentId(), Size: b.Size(), Rights: b.Rights(), Epoch: b.Epoch(), Transport: uint8(b.Transport())}
 			var err error
-			if si.Name, err = bytesField(tab, 4, maxName); err != nil {
+			if si.Name, err = bytesField(&tab, 4, maxName); err != nil {
 				return err
 			}
-			if si.Peer, err = bytesField(tab, 6, lim.MaxString); err != nil {
+			if si.Peer, err = bytesField(&tab, 6, lim.MaxString); err != nil {
 				return err
 			}
 			m.Segments = append(m.Segments, si)
@@ -450,7 +443,7 @@ func decodeCounters(t *flatbuffers.Table, slot flatbuffers.VOffsetT, lim DecodeL
 
 // decodeTables walks the vector of tables at slot, checked against limit,
 // calling fn with each element's table.
-func decodeTables(t *flatbuffers.Table, slot flatbuffers.VOffsetT, limit int, fn func(*flatbuffers.Table) error) error {
+func decodeTables(t *flatbuffers.Table, slot flatbuffers.VOffsetT, limit int, fn func(flatbuffers.Table) error) error {
 	n, start, err := vecAt(t, slot, 4, limit)
 	if err != nil {
 		return err
@@ -458,7 +451,7 @@ func decodeTables(t *flatbuffers.Table, slot flatbuffers.VOffsetT, limit int, fn
 	for i := 0; i < n; i++ {
 		pos := start + flatbuffers.UOffsetT(i*4)
 		tab := flatbuffers.Table{Bytes: t.Bytes, Pos: flatbuffers.GetUOffsetT(t.Bytes[pos:]) + pos}
-		if err := fn(&tab); err != nil {
+		if err := fn(tab); err != nil {
 			return err
 		}
 	}

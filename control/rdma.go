@@ -164,7 +164,7 @@ func decodeRDMA(t *flatbuffers.Table, lim DecodeLimits, m *RDMAInfo) error {
 		}
 		*f.dst = string(s)
 	}
-	return decodeTables(t, 24, lim.MaxItems, func(tab *flatbuffers.Table) error {
+	return decodeTables(t, 24, lim.MaxItems, func(tab flatbuffers.Table) error {
 		var pb tcproto.RdmaPeer
 		pb.Init(tab.Bytes, tab.Pos)
 		p := RDMAPeer{Epoch: pb.Epoch(), QueuePairs: pb.QueuePairs(), Segments: pb.Segments(),
@@ -173,7 +173,7 @@ func decodeRDMA(t *flatbuffers.Table, lim DecodeLimits, m *RDMAInfo) error {
 			slot flatbuffers.VOffsetT
 			dst  *string
 		}{{4, &p.ID}, {6, &p.Transport}, {8, &p.Link}} {
-			s, err := bytesField(tab, f.slot, lim.MaxString)
+			s, err := bytesField(&tab, f.slot, lim.MaxString)
 			if err != nil {
 				return err
 			}
