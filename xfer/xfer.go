@@ -8,6 +8,7 @@ package xfer
 
 import (
 	"sync/atomic"
+	"time"
 )
 
 // SegmentID names a registered segment inside one daemon. Zero is never a
@@ -169,6 +170,18 @@ type Task struct {
 	// Tag is the transport's own slot for per-task state (a ring index, a
 	// work-request id, a peer sequence number). The engine never reads it.
 	Tag uint64
+	// Deadline is when the engine ends the task in StateTimeout if it is
+	// still live (zero: the engine set none). A transport that must wait
+	// for something before it can move the bytes (a session with a peer,
+	// a memory registration) waits no longer than this, and never on the
+	// submitting goroutine.
+	Deadline time.Time
+	// Notify is the notification a WRITE to a peer carries to the peer's
+	// subscribed client, nil for none. It is an argument of the submission,
+	// set by the engine before dispatch, and valid until the task's Done; a
+	// transport that keeps it longer copies it. A transport that cannot
+	// deliver notifications ends such a task with ErrNotSupported.
+	Notify []byte
 
 	done Completer
 	// Engine-private bookkeeping (owned by package xfer's engine).
