@@ -1,0 +1,242 @@
+package queue
+
+import (
+	"fmt"
+	"time"
+)
+
+// ClientRing is the client's side of one queue: it stages and submits SQEs
+// and reaps CQEs. It is not safe for concurrent use; a client serializes
+// its calls (one ring per thread is the intended use).
+type ClientRing struct {
+	mem    []byte
+	g      Geometry
+	id     uint64
+	w      words
+	sqMask uint32
+	cqMask uint32
+	spin   spinner
+
+	sqTail  uint32 // next slot to fill; entries before it up to published are staged
+	pubTail uint32 // the sq_tail last published
+	sqHead  uint32 // the daemon's sq_head, last read
+	cqHead  uint32 // next CQE to reap
+
+	// The data area is a byte ring: payloads are placed at dataTail and
+	// freed, in submission order, as the daemon takes their entries.
+	// slotData[i & sqMask] is dataTail just after entry i was staged.
+	dataHead, dataTail uint64
+	slotData           []uint64
+
+	// Wake-up counters, for tests and tcctl: doorbells rung and sleeps
+	// taken.
+	Doorbells, Sleeps uint64
+}
+
+// NewClientRing takes the client's side of a queue mapped at mem, after
+// checking that the header describes a valid queue that fits.
+func NewClientRing(mem []byte) (*ClientRing, error) {
+	g, id, err := readHeader(mem)
+	if err != nil {
+		return nil, err
+	}
+	q := &ClientRing{mem: mem[:g.Size], g: g, id: id, w: wordsOf(mem), sqMask: g.SQEntries - 1, cqMask: g.CQEntries - 1,
+		spin: newSpinner(50 * time.Microsecond), slotData: make([]uint64, g.SQEntries)}
+	q.sqHead = q.w.sqHead.Load()
+	q.sqTail, q.pubTail = q.w.sqTail.Load(), q.w.sqTail.Load()
+	q.cqHead = q.w.cqHead.Load()
+	return q, nil
+}
+
+// ID is the queue's id, as OpenQueue named it.
+func (q *ClientRing) ID() uint64 { return q.id }
+
+// Geometry is the queue's geometry.
+func (q *ClientRing) Geometry() Geometry { return q.g }
+
+// Err reports why the queue can take nothing more: ErrClosed, ErrBroken, or
+// nil while it works.
+func (q *ClientRing) Err() error {
+	s := q.w.state.Load()
+	switch {
+	case s&StateBroken != 0:
+		return ErrBroken
+	case s&StateClosed != 0:
+		return ErrClosed
+	}
+	return nil
+}
+
+// refreshHead reads the daemon's sq_head and frees the data the newly taken
+// entries referenced.
+func (q *ClientRing) refreshHead() {
+	h := q.w.sqHead.Load() // acquire
+	if h == q.sqHead || h-q.sqHead > q.sqTail-q.sqHead {
+		return // nothing new (or a value that cannot be: keep the last)
+	}
+	q.dataHead = q.slotData[(h-1)&q.sqMask]
+	q.sqHead = h
+}
+
+// Space is how many entries can be staged now.
+func (q *ClientRing) Space() int {
+	if q.sqTail-q.sqHead == q.g.SQEntries {
+		q.refreshHead()
+	}
+	return int(q.g.SQEntries - (q.sqTail - q.sqHead))
+}
+
+// Stage writes e into the next free slot without publishing it. With a
+// payload it copies the payload into the data area and points e at it
+// (NotifyOff/NotifyLen, SQEFlagNotify). It reports false when the ring has
+// no free slot, and ErrDataFull when the data area has no room for the
+// payload yet (the caller submits and waits for the daemon to take what is
+// staged).
+func (q *ClientRing) Stage(e *SQE, payload []byte) (bool, error) {
+	if q.Space() == 0 {
+		return false, nil
+	}
+	if payload != nil {
+		off, ok := q.place(len(payload))
+		if !ok {
+			q.refreshHead()
+			if off, ok = q.place(len(payload)); !ok {
+				return false, fmt.Errorf("%w: %d bytes", ErrDataFull, len(payload))
+			}
+		}
+		copy(q.mem[int(q.g.DataOff)+int(off):], payload)
+		e.Flags |= SQEFlagNotify
+		e.NotifyOff, e.NotifyLen = off, uint32(len(payload))
+	}
+	off := int(q.g.SQOff) + int(q.sqTail&q.sqMask)*SQESize
+	e.put(q.mem[off : off+SQESize])
+	q.slotData[q.sqTail&q.sqMask] = q.dataTail
+	q.sqTail++
+	return true, nil
+}
+
+// place reserves n contiguous bytes of the data area at dataTail, skipping
+// to the start when they would not fit before its end.
+func (q *ClientRing) place(n int) (uint32, bool) {
+	size := uint64(q.g.DataSize)
+	if uint64(n) > size {
+		return 0, false
+	}
+	pos := q.dataTail
+	if off := pos % size; off+uint64(n) > size {
+		pos += size - off
+	}
+	if pos+uint64(n)-q.dataHead > size {
+		return 0, false
+	}
+	q.dataTail = pos + uint64(n)
+	return uint32(pos % size), true
+}
+
+// Submit publishes the staged entries and rings the daemon's doorbell if
+// it sleeps waiting for them. It returns how many entries it published.
+func (q *ClientRing) Submit() int {
+	n := int(q.sqTail - q.pubTail)
+	if n == 0 {
+		return 0
+	}
+	q.w.sqTail.Store(q.sqTail) // release, and the full fence before the flag's load
+	q.pubTail = q.sqTail
+	if wake(q.w.sqFlags, FlagNeedWakeup, q.w.sqWake) {
+		q.Doorbells++
+	}
+	return n
+}
+
+// Ready is how many CQEs can be reaped now.
+func (q *ClientRing) Ready() int {
+	n := q.w.cqTail.Load() - q.cqHead // acquire
+	if n > q.g.CQEntries {
+		return 0 // a daemon cannot post that many; treat as none
+	}
+	return int(n)
+}
+
+// Reap moves up to len(out) ready CQEs into out without waiting and
+// returns how many. Reaping frees completion slots, so it rings the
+// daemon if it sleeps waiting for them.
+func (q *ClientRing) Reap(out []CQE) int {
+	n := min(q.Ready(), len(out))
+	if n == 0 {
+		return 0
+	}
+	for i := 0; i < n; i++ {
+		off := int(q.g.CQOff) + int((q.cqHead+uint32(i))&q.cqMask)*CQESize
+		out[i].get(q.mem[off : off+CQESize])
+	}
+	q.cqHead += uint32(n)
+	q.w.cqHead.Store(q.cqHead) // release: the entries are read
+	if wake(q.w.sqFlags, FlagCQWait, q.w.sqWake) {
+		q.Doorbells++
+	}
+	return n
+}
+
+// Wait waits until at least min CQEs are ready, the queue is closed or
+// broken, or timeout passes (negative: no limit). It spins briefly, then
+// sleeps on the completion word. It returns nil when min are ready,
+// ErrTimeout, or the queue's Err (after which Ready may still hold the
+// last completions).
+func (q *ClientRing) Wait(min int, timeout time.Duration) error {
+	if min <= 0 || q.Ready() >= min {
+		return nil
+	}
+	if min > int(q.g.CQEntries) {
+		return fmt.Errorf("%w: waiting for %d completions on a ring of %d", ErrGeometry, min, q.g.CQEntries)
+	}
+	var deadline time.Time
+	if timeout >= 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	if q.spin.begin(nil) {
+		found := false
+		for q.spin.more() {
+			if q.Ready() >= min {
+				found = true
+				break
+			}
+		}
+		q.spin.end(nil, found)
+		if found {
+			return nil
+		}
+	}
+	for {
+		if err := q.Err(); err != nil {
+			return err
+		}
+		v := q.w.cqWake.Load()
+		q.w.cqFlags.Or(FlagWaiting) // a full fence: the re-check sees a post before it
+		if q.Ready() >= min {
+			q.w.cqFlags.And(^FlagWaiting)
+			return nil
+		}
+		if err := q.Err(); err != nil {
+			q.w.cqFlags.And(^FlagWaiting)
+			return err
+		}
+		left := time.Duration(-1)
+		if !deadline.IsZero() {
+			if left = time.Until(deadline); left <= 0 {
+				q.w.cqFlags.And(^FlagWaiting)
+				return ErrTimeout
+			}
+		}
+		start := time.Now()
+		q.Sleeps++
+		if err := futexWait(q.w.cqWake, v, left); err != nil && err != ErrTimeout {
+			q.w.cqFlags.And(^FlagWaiting)
+			return err
+		}
+		if q.Ready() >= min {
+			q.w.cqFlags.And(^FlagWaiting)
+			q.spin.slept(time.Since(start))
+			return nil
+		}
+	}
+}

@@ -1,0 +1,276 @@
+package queue
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Why Take found nothing to take.
+type starve uint8
+
+const (
+	starveNone    starve = iota
+	starveEntries        // the submission ring is empty
+	starveCQ             // no completion slot is free for another request
+	starveBroken         // the client wrote an invalid index
+)
+
+// DaemonRing is the daemon's side of one queue: it takes SQEs and posts
+// CQEs. It keeps its own copy of the geometry and of both rings'
+// authoritative indices; the shared words are only ever read as claims.
+//
+// Concurrency: Take, Data, Publish and Sleep belong to the queue's one
+// worker goroutine. Post may be called from any goroutine (it takes the
+// completion lock). Kick and Close may be called from any goroutine.
+type DaemonRing struct {
+	mem    []byte
+	g      Geometry
+	w      words
+	sqMask uint32
+	cqMask uint32
+	spin   spinner
+
+	// Owned by the worker.
+	sqHead   uint32 // next entry to take
+	pubHead  uint32 // the sq_head last published
+	why      starve
+	spurious int // consecutive wake-ups that found nothing
+
+	closed atomic.Bool
+
+	// cqMu guards the fields below: completions are posted from the
+	// transports' goroutines.
+	cqMu     sync.Mutex
+	cqTail   uint32 // next CQE slot
+	cqSeen   uint32 // the client's cq_head, last valid and monotonic
+	inflight uint32 // taken entries whose CQE is not posted yet
+	posted   uint64
+}
+
+// NewDaemonRing lays out a new queue in mem (len >= g.Size, zeroed, shared
+// with the client) and returns the daemon's side.
+func NewDaemonRing(mem []byte, g Geometry, id uint64) *DaemonRing {
+	g.writeHeader(mem, id)
+	return &DaemonRing{mem: mem[:g.Size], g: g, w: wordsOf(mem), sqMask: g.SQEntries - 1, cqMask: g.CQEntries - 1,
+		spin: newSpinner(50 * time.Microsecond)}
+}
+
+// Geometry is the queue's geometry.
+func (r *DaemonRing) Geometry() Geometry { return r.g }
+
+// violate records an index the client wrote that the daemon refuses. The
+// queue takes nothing more; what is in flight still completes.
+func (r *DaemonRing) violate() {
+	r.w.violations.Add(1)
+	r.w.state.Or(StateBroken)
+	r.why = starveBroken
+}
+
+// Broken reports whether the client broke the queue with an invalid index.
+func (r *DaemonRing) Broken() bool { return r.w.state.Load()&StateBroken != 0 }
+
+// Violations is how many invalid indices the daemon refused.
+func (r *DaemonRing) Violations() uint32 { return r.w.violations.Load() }
+
+// cqFreeLocked is how many more requests may be in flight: completion
+// slots neither holding an unreaped CQE nor reserved. r.cqMu is held.
+func (r *DaemonRing) cqFreeLocked() uint32 {
+	h := r.w.cqHead.Load() // acquire: the client's reaps before it
+	if adv := h - r.cqSeen; adv <= r.cqTail-r.cqSeen {
+		r.cqSeen = h
+	} else {
+		// A head behind what the client already reaped, or past what was
+		// posted: refused, and the space it would free stays taken.
+		r.violate()
+	}
+	return r.g.CQEntries - (r.cqTail - r.cqSeen) - r.inflight
+}
+
+// Take copies up to len(dst) new SQEs into dst and returns how many. Each
+// taken entry has a completion slot reserved for it: the caller must Post
+// exactly one CQE for every entry it took. Entries are copied with atomic
+// loads before anything looks at them; their fields are still unchecked.
+// Data an entry references must be copied (Data) before Publish.
+func (r *DaemonRing) Take(dst []SQE) int {
+	r.why = starveNone
+	if r.closed.Load() || r.Broken() {
+		r.why = starveBroken
+		return 0
+	}
+	tail := r.w.sqTail.Load() // acquire: the client's entries before it
+	avail := tail - r.sqHead
+	if avail > r.g.SQEntries {
+		r.violate()
+		return 0
+	}
+	if avail == 0 {
+		r.why = starveEntries
+		return 0
+	}
+	n := min(avail, uint32(len(dst)))
+	r.cqMu.Lock()
+	if free := r.cqFreeLocked(); free < n {
+		n = free
+	}
+	r.inflight += n
+	r.cqMu.Unlock()
+	if r.Broken() {
+		r.why = starveBroken
+		r.unreserve(n)
+		return 0
+	}
+	if n == 0 {
+		r.why = starveCQ
+		return 0
+	}
+	var raw [SQESize]byte
+	for i := uint32(0); i < n; i++ {
+		off := int(r.g.SQOff) + int((r.sqHead+i)&r.sqMask)*SQESize
+		copySQE(&raw, r.mem[off:off+SQESize])
+		DecodeSQE(&raw, &dst[i])
+	}
+	r.sqHead += n
+	return int(n)
+}
+
+func (r *DaemonRing) unreserve(n uint32) {
+	r.cqMu.Lock()
+	r.inflight -= n
+	r.cqMu.Unlock()
+}
+
+// Data copies the n bytes at off in the data area into dst[:n] and reports
+// whether [off, off+n) lies inside the data area and fits dst.
+func (r *DaemonRing) Data(dst []byte, off, n uint32) bool {
+	if uint64(off)+uint64(n) > uint64(r.g.DataSize) || int(n) > len(dst) {
+		return false
+	}
+	base := int(r.g.DataOff) + int(off)
+	copy(dst[:n], r.mem[base:base+int(n)])
+	return true
+}
+
+// Publish tells the client which entries were taken: their slots, and the
+// data they referenced, may be reused.
+func (r *DaemonRing) Publish() {
+	if r.pubHead != r.sqHead {
+		r.w.sqHead.Store(r.sqHead) // release: the copies above are done
+		r.pubHead = r.sqHead
+	}
+}
+
+// Post writes one CQE for an entry taken earlier and wakes the client if it
+// sleeps. Any goroutine may call it, until the ring's memory is released.
+func (r *DaemonRing) Post(c *CQE) {
+	r.cqMu.Lock()
+	if invariants && (r.inflight == 0 || r.cqTail-r.cqSeen >= r.g.CQEntries) {
+		r.cqMu.Unlock()
+		panic("queue: invariant: a CQE posted without a reserved slot")
+	}
+	off := int(r.g.CQOff) + int(r.cqTail&r.cqMask)*CQESize
+	c.put(r.mem[off : off+CQESize])
+	r.cqTail++
+	r.inflight--
+	r.posted++
+	r.w.cqTail.Store(r.cqTail) // release, and the full fence before the flag's load
+	r.cqMu.Unlock()
+	wake(r.w.cqFlags, FlagWaiting, r.w.cqWake)
+}
+
+// Counts is the ring's completion-side state: requests in flight, CQEs
+// posted and not yet reaped, CQEs posted in all.
+func (r *DaemonRing) Counts() (inflight, unreaped uint32, posted uint64) {
+	r.cqMu.Lock()
+	defer r.cqMu.Unlock()
+	return r.inflight, r.cqTail - r.cqSeen, r.posted
+}
+
+// Idle spins briefly for new work after a Take found none, then sleeps
+// until the client rings, Kick is called, or timeout passes (negative: no
+// limit). It reports whether the worker should Take again (false once the
+// ring is closed or broken; the worker then only waits for what is in
+// flight).
+func (r *DaemonRing) Idle(timeout time.Duration) bool {
+	switch r.why {
+	case starveBroken:
+		return false
+	case starveNone:
+		return true
+	}
+	if r.closed.Load() {
+		return false
+	}
+	if r.spin.begin(daemonSpin) {
+		found := false
+		for r.spin.more() {
+			if r.ready() {
+				found = true
+				break
+			}
+		}
+		r.spin.end(daemonSpin, found)
+		if found {
+			return true
+		}
+	}
+	bit := FlagNeedWakeup
+	if r.why == starveCQ {
+		bit = FlagCQWait
+	}
+	v := r.w.sqWake.Load()
+	r.w.sqFlags.Or(bit) // a full fence: the re-check below sees a submit before it
+	if r.ready() || r.closed.Load() {
+		r.w.sqFlags.And(^bit)
+		return !r.closed.Load()
+	}
+	start := time.Now()
+	if r.spurious > 64 && timeout < 0 {
+		// The word keeps changing or waking us with nothing to take: a
+		// client ringing for nothing. Poll slowly instead of at its pace.
+		timeout = 10 * time.Millisecond
+	}
+	futexWait(r.w.sqWake, v, timeout) //nolint:errcheck // the caller re-checks either way
+	r.w.sqFlags.And(^bit)
+	if r.ready() {
+		r.spurious = 0
+		r.spin.slept(time.Since(start))
+	} else {
+		r.spurious++
+	}
+	return !r.closed.Load()
+}
+
+// ready reports whether Take would find something now, for the reason it
+// last found nothing.
+func (r *DaemonRing) ready() bool {
+	switch r.why {
+	case starveEntries:
+		return r.w.sqTail.Load() != r.sqHead
+	case starveCQ:
+		r.cqMu.Lock()
+		free := r.cqFreeLocked()
+		r.cqMu.Unlock()
+		return free > 0
+	}
+	return true
+}
+
+// Kick wakes the worker if it sleeps in Idle.
+func (r *DaemonRing) Kick() {
+	r.w.sqWake.Add(1)
+	futexWake(r.w.sqWake)
+}
+
+// Close marks the queue closed for both sides: Take takes nothing more, the
+// client sees StateClosed, and both sleepers are woken. Entries already
+// taken still get their CQEs (Post keeps working).
+func (r *DaemonRing) Close() {
+	if r.closed.Swap(true) {
+		return
+	}
+	r.w.state.Or(StateClosed)
+	r.Kick()
+	r.w.cqWake.Add(1)
+	futexWake(r.w.cqWake)
+}

@@ -1,0 +1,501 @@
+package queue
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// pair makes a queue on a real sealed memfd, mapped twice: the daemon's
+// mapping and the client's, as two processes would have them.
+func pair(t testing.TB, sq, cq, data uint32) (*DaemonRing, *ClientRing) {
+	t.Helper()
+	g, err := NewGeometry(sq, cq, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, fd, err := Create(7, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Map(fd, g.Size)
+	unix.Close(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Unmap(); err != nil {
+			t.Error(err)
+		}
+		if err := d.Release(); err != nil {
+			t.Error(err)
+		}
+	})
+	return d, c
+}
+
+func TestGeometry(t *testing.T) {
+	for _, tc := range []struct {
+		sq, cq, data   uint32
+		wantSQ, wantCQ uint32
+		wantData       uint32
+		wantErr        bool
+	}{
+		{0, 0, 0, DefaultSQ, 2 * DefaultSQ, DefaultDataSize, false},
+		{3, 0, 1, 4, 8, 4096, false},
+		{8, 17, 0, 8, 32, DefaultDataSize, false},
+		{1, 0, 0, 0, 0, 0, true},
+		{8, 15, 0, 0, 0, 0, true},
+		{MaxSQEntries + 1, 0, 0, 0, 0, 0, true},
+		{MaxSQEntries, 0, 0, MaxSQEntries, 2 * MaxSQEntries, DefaultDataSize, false},
+		{16, MaxCQEntries + 1, 0, 0, 0, 0, true},
+		{16, 0, MaxDataSize + 1, 0, 0, 0, true},
+	} {
+		g, err := NewGeometry(tc.sq, tc.cq, tc.data)
+		if tc.wantErr {
+			if !errors.Is(err, ErrGeometry) {
+				t.Errorf("NewGeometry(%d, %d, %d): %v, want ErrGeometry", tc.sq, tc.cq, tc.data, err)
+			}
+			continue
+		}
+		if err != nil || g.SQEntries != tc.wantSQ || g.CQEntries != tc.wantCQ || g.DataSize != tc.wantData {
+			t.Errorf("NewGeometry(%d, %d, %d) = %+v, %v", tc.sq, tc.cq, tc.data, g, err)
+			continue
+		}
+		if g.CQOff != g.SQOff+g.SQEntries*SQESize || g.DataOff%4096 != 0 || g.Size != uint64(g.DataOff)+uint64(g.DataSize) {
+			t.Errorf("layout of %+v overlaps or is misaligned", g)
+		}
+	}
+}
+
+func TestHeaderChecked(t *testing.T) {
+	d, c := pair(t, 8, 0, 0)
+	mem := c.mem
+	if _, err := NewClientRing(mem[:100]); !errors.Is(err, ErrGeometry) {
+		t.Errorf("short mapping: %v", err)
+	}
+	word(mem, offSQEntries).Store(6) // not a power of two
+	if _, err := NewClientRing(mem); !errors.Is(err, ErrGeometry) {
+		t.Errorf("bad sq_entries: %v", err)
+	}
+	word(mem, offSQEntries).Store(8)
+	word(mem, offMagic).Store(1)
+	if _, err := NewClientRing(mem); !errors.Is(err, ErrGeometry) {
+		t.Errorf("bad magic: %v", err)
+	}
+	word(mem, offMagic).Store(Magic)
+	// The daemon never reads the header back: scribbling it changes
+	// nothing of its geometry.
+	word(mem, offCQEntries).Store(1 << 30)
+	if g := d.Geometry(); g.CQEntries != 16 {
+		t.Errorf("daemon geometry follows the shared header: %+v", g)
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	d, c := pair(t, 8, 0, 4096)
+	for i := 0; i < 3; i++ {
+		e := SQE{Op: OpWrite, TimeoutUS: 1000, UserData: uint64(100 + i), Local: 1, LocalOff: 2, Target: 3, TargetOff: 4, Length: 5}
+		var payload []byte
+		if i == 1 {
+			payload = []byte("hello")
+		}
+		if ok, err := c.Stage(&e, payload); !ok || err != nil {
+			t.Fatalf("stage %d: %v %v", i, ok, err)
+		}
+	}
+	if n := c.Submit(); n != 3 {
+		t.Fatalf("submitted %d", n)
+	}
+	var got [8]SQE
+	if n := d.Take(got[:]); n != 3 {
+		t.Fatalf("took %d", n)
+	}
+	want := SQE{Op: OpWrite, TimeoutUS: 1000, UserData: 101, Local: 1, LocalOff: 2, Target: 3, TargetOff: 4, Length: 5,
+		Flags: SQEFlagNotify, NotifyLen: 5}
+	want.NotifyOff = got[1].NotifyOff
+	if got[1] != want {
+		t.Errorf("entry 1 = %+v, want %+v", got[1], want)
+	}
+	buf := make([]byte, 16)
+	if !d.Data(buf, got[1].NotifyOff, got[1].NotifyLen) || !bytes.Equal(buf[:5], []byte("hello")) {
+		t.Errorf("payload %q", buf[:5])
+	}
+	if d.Data(buf, 4090, 10) || d.Data(buf[:2], 0, 5) {
+		t.Error("Data accepted a range outside the data area or the destination")
+	}
+	d.Publish()
+	for i := 0; i < 3; i++ {
+		d.Post(&CQE{UserData: got[i].UserData, Result: uint64(i), Code: uint32(i), State: 3})
+	}
+	var cqes [8]CQE
+	if err := c.Wait(3, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Reap(cqes[:]); n != 3 || cqes[2] != (CQE{UserData: 102, Result: 2, Code: 2, State: 3}) {
+		t.Fatalf("reaped %d: %+v", n, cqes[:n])
+	}
+	if inflight, unreaped, posted := d.Counts(); inflight != 0 || posted != 3 {
+		t.Errorf("counts %d %d %d", inflight, unreaped, posted)
+	}
+	if c.Doorbells != 0 {
+		// The daemon never slept, so the client never needed to ring.
+		t.Errorf("%d doorbells while the daemon was awake", c.Doorbells)
+	}
+}
+
+// TestDataAreaReuse fills the data area, and checks that space comes back
+// as the daemon takes entries, never before.
+func TestDataAreaReuse(t *testing.T) {
+	d, c := pair(t, 8, 0, 4096)
+	p := make([]byte, 1500)
+	var e SQE
+	for i := 0; i < 2; i++ {
+		if ok, err := c.Stage(&SQE{}, p); !ok || err != nil {
+			t.Fatalf("stage %d: %v", i, err)
+		}
+	}
+	if _, err := c.Stage(&e, p); !errors.Is(err, ErrDataFull) {
+		t.Fatalf("third payload of 1500 in 4096: %v, want ErrDataFull", err)
+	}
+	c.Submit()
+	var got [8]SQE
+	if d.Take(got[:]) != 2 {
+		t.Fatal("take")
+	}
+	if _, err := c.Stage(&SQE{}, p); !errors.Is(err, ErrDataFull) {
+		t.Fatalf("data reused before the daemon published its head: %v", err)
+	}
+	d.Publish()
+	if ok, err := c.Stage(&SQE{}, p); !ok || err != nil {
+		t.Fatalf("after publish: %v %v", ok, err)
+	}
+	if _, err := c.Stage(&SQE{}, make([]byte, 5000)); !errors.Is(err, ErrDataFull) {
+		t.Fatalf("payload larger than the data area: %v", err)
+	}
+}
+
+// echo is a daemon worker for tests: it takes entries and posts a CQE for
+// each at once (Result = Length), until the ring is closed.
+func echo(d *DaemonRing, jitter bool, stop *atomic.Bool) {
+	var sqes [64]SQE
+	rng := rand.New(rand.NewPCG(1, 2))
+	for !stop.Load() {
+		n := d.Take(sqes[:rng.IntN(len(sqes))+1])
+		d.Publish()
+		for i := 0; i < n; i++ {
+			if jitter && rng.IntN(64) == 0 {
+				runtime.Gosched()
+			}
+			d.Post(&CQE{UserData: sqes[i].UserData, Result: sqes[i].Length, State: 3})
+		}
+		if n == 0 && !d.Idle(-1) {
+			return
+		}
+	}
+}
+
+// TestLostWakeupStress runs many submissions and completions, with random
+// batch sizes and pauses on both sides and each side's spinning on or off,
+// so every sleep and wake path runs. A lost wake-up shows as a Wait that
+// runs out of its (generous) time.
+func TestLostWakeupStress(t *testing.T) {
+	total := 1 << 21
+	if raceEnabled {
+		total = 1 << 20
+	}
+	if testing.Short() {
+		total = 1 << 16
+	}
+	for _, mode := range []struct {
+		name               string
+		daemonSpin, clSpin bool
+	}{{"spin", true, true}, {"nospin", false, false}, {"daemon-spins", true, false}, {"client-spins", false, true}} {
+		t.Run(mode.name, func(t *testing.T) {
+			d, c := pair(t, 64, 128, 0)
+			if !mode.daemonSpin {
+				d.spin = spinner{}
+			}
+			if !mode.clSpin {
+				c.spin = spinner{}
+			}
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() { defer wg.Done(); echo(d, true, &stop) }()
+			defer func() { stop.Store(true); d.Close(); wg.Wait() }()
+
+			rng := rand.New(rand.NewPCG(3, 4))
+			seen := make([]uint8, total)
+			var cqes [256]CQE
+			next, done, inflight := 0, 0, 0
+			for done < total {
+				for k := rng.IntN(48) + 1; k > 0 && next < total; k-- {
+					ok, err := c.Stage(&SQE{Op: OpNop, UserData: uint64(next), Length: uint64(next % 977)}, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !ok {
+						break
+					}
+					next++
+					inflight++
+				}
+				c.Submit()
+				if rng.IntN(16) == 0 {
+					runtime.Gosched()
+				}
+				min := 1 + rng.IntN(inflight)
+				if err := c.Wait(min, 20*time.Second); err != nil {
+					t.Fatalf("wait for %d of %d in flight after %d done: %v (lost wake-up?)", min, inflight, done, err)
+				}
+				n := c.Reap(cqes[:])
+				for _, e := range cqes[:n] {
+					if e.UserData >= uint64(total) || seen[e.UserData] != 0 || e.Result != e.UserData%977 {
+						t.Fatalf("bad or repeated completion %+v", e)
+					}
+					seen[e.UserData] = 1
+				}
+				done += n
+				inflight -= n
+			}
+			t.Logf("%d round trips: client doorbells %d, sleeps %d", total, c.Doorbells, c.Sleeps)
+		})
+	}
+}
+
+// TestCQBackpressure: a client that does not reap stops the daemon from
+// taking more than the completion ring holds; reaping lets it go on.
+func TestCQBackpressure(t *testing.T) {
+	d, c := pair(t, 4, 8, 0)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); echo(d, false, &stop) }()
+	defer func() { stop.Store(true); d.Close(); wg.Wait() }()
+
+	submitted := 0
+	for submitted < 12 {
+		if ok, _ := c.Stage(&SQE{Op: OpNop, UserData: uint64(submitted)}, nil); !ok {
+			break
+		}
+		submitted++
+		c.Submit()
+		if submitted <= 8 {
+			if err := c.Wait(submitted, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// 8 completions fill the ring; the 4 entries after them stay in the
+	// submission ring, untaken.
+	if submitted != 12 {
+		t.Fatalf("staged %d, want 12 (8 completed + 4 waiting)", submitted)
+	}
+	waitFor(t, func() bool { return d.w.sqFlags.Load()&FlagCQWait != 0 })
+	if got := c.Ready(); got != 8 {
+		t.Fatalf("%d completions ready, want exactly the ring's 8", got)
+	}
+	if inflight, unreaped, _ := d.Counts(); inflight != 0 || unreaped != 8 {
+		t.Fatalf("daemon: %d in flight, %d unreaped", inflight, unreaped)
+	}
+	var cqes [16]CQE
+	if n := c.Reap(cqes[:]); n != 8 {
+		t.Fatalf("reaped %d", n)
+	}
+	if err := c.Wait(4, 5*time.Second); err != nil {
+		t.Fatalf("after reaping, the waiting entries did not complete: %v", err)
+	}
+	if c.Doorbells == 0 {
+		t.Error("reaping a full ring did not ring the daemon that waited for room")
+	}
+}
+
+// waitFor polls cond (a condition set by another goroutine) until it holds,
+// failing after 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 10s")
+		}
+		runtime.Gosched()
+	}
+}
+
+func TestInvalidIndices(t *testing.T) {
+	t.Run("sq_tail past the ring", func(t *testing.T) {
+		d, c := pair(t, 8, 0, 0)
+		c.w.sqTail.Store(9)
+		var sqes [16]SQE
+		if n := d.Take(sqes[:]); n != 0 || !d.Broken() || d.Violations() != 1 {
+			t.Fatalf("took %d, broken %v, violations %d", n, d.Broken(), d.Violations())
+		}
+		if !errors.Is(c.Err(), ErrBroken) {
+			t.Errorf("client sees %v", c.Err())
+		}
+		if d.Idle(-1) {
+			t.Error("Idle on a broken ring asks for more Takes")
+		}
+	})
+	t.Run("sq_tail behind the head", func(t *testing.T) {
+		d, c := pair(t, 8, 0, 0)
+		c.Stage(&SQE{}, nil)
+		c.Submit()
+		var sqes [16]SQE
+		if d.Take(sqes[:]) != 1 {
+			t.Fatal("take")
+		}
+		c.w.sqTail.Store(0) // behind the head: 2^32-1 "entries"
+		if n := d.Take(sqes[:]); n != 0 || !d.Broken() {
+			t.Fatalf("took %d, broken %v", n, d.Broken())
+		}
+		d.Post(&CQE{UserData: 1}) // what was taken still completes
+		if c.Ready() != 1 {
+			t.Error("the CQE of an entry taken before the break was not posted")
+		}
+	})
+	t.Run("cq_head past the tail", func(t *testing.T) {
+		d, c := pair(t, 8, 0, 0)
+		c.w.cqHead.Store(100)
+		c.Stage(&SQE{}, nil)
+		c.Submit()
+		var sqes [16]SQE
+		if n := d.Take(sqes[:]); n != 0 || !d.Broken() {
+			t.Fatalf("took %d with a bogus cq_head, broken %v", n, d.Broken())
+		}
+	})
+}
+
+// TestHostileScribble: another goroutine rewrites the indices and the
+// entries with random words while the daemon takes; the daemon never takes
+// more than the ring holds or than completion slots allow, and never
+// crashes.
+func TestHostileScribble(t *testing.T) {
+	d, _ := pair(t, 16, 32, 0)
+	mem := d.mem
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(5, 6))
+		sq := int(d.g.SQOff)
+		for !stop.Load() {
+			switch rng.IntN(4) {
+			case 0:
+				d.w.sqTail.Store(d.w.sqHead.Load() + uint32(rng.IntN(20)))
+			case 1:
+				d.w.cqHead.Store(rng.Uint32())
+			default:
+				off := sq + 8*rng.IntN(16*SQESize/8)
+				(*atomic.Uint64)(unsafe.Pointer(&mem[off])).Store(rng.Uint64())
+			}
+		}
+	}()
+	var sqes [64]SQE
+	deadline := time.Now().Add(time.Second)
+	taken := 0
+	for time.Now().Before(deadline) && !d.Broken() {
+		n := d.Take(sqes[:])
+		if n > 16 {
+			t.Fatalf("took %d from a ring of 16", n)
+		}
+		taken += n
+		d.Publish()
+		for i := 0; i < n; i++ {
+			d.Post(&CQE{UserData: sqes[i].UserData})
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if inflight, unreaped, _ := d.Counts(); inflight != 0 || unreaped > 32 {
+		t.Fatalf("after the scribbling: %d in flight, %d unreaped in a ring of 32", inflight, unreaped)
+	}
+	t.Logf("took %d entries; broken %v after %d violations", taken, d.Broken(), d.Violations())
+}
+
+func TestCloseWakesBothSides(t *testing.T) {
+	d, c := pair(t, 8, 0, 0)
+	errs := make(chan error, 1)
+	idle := make(chan bool, 1)
+	go func() { errs <- c.Wait(1, -1) }()
+	go func() {
+		var sqes [4]SQE
+		d.Take(sqes[:])
+		idle <- d.Idle(-1)
+	}()
+	waitFor(t, func() bool { return c.w.cqFlags.Load()&FlagWaiting != 0 && d.w.sqFlags.Load()&FlagNeedWakeup != 0 })
+	d.Close()
+	if err := <-errs; !errors.Is(err, ErrClosed) {
+		t.Errorf("client wait: %v, want ErrClosed", err)
+	}
+	if <-idle {
+		t.Error("daemon Idle returned true on a closed ring")
+	}
+}
+
+func TestWaitTimeout(t *testing.T) {
+	_, c := pair(t, 8, 0, 0)
+	c.spin = spinner{}
+	start := time.Now()
+	if err := c.Wait(1, 20*time.Millisecond); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("wait: %v", err)
+	}
+	if time.Since(start) < 20*time.Millisecond {
+		t.Error("timed out early")
+	}
+}
+
+// TestNoAllocations: the hot calls of both sides allocate nothing.
+func TestNoAllocations(t *testing.T) {
+	d, c := pair(t, 64, 0, 0)
+	var sqes [64]SQE
+	var cqes [64]CQE
+	e := SQE{Op: OpRead, Length: 4096}
+	payload := []byte("x")
+	a := testing.AllocsPerRun(1000, func() {
+		for i := 0; i < 8; i++ {
+			e.UserData = uint64(i)
+			c.Stage(&e, payload)
+		}
+		c.Submit()
+		n := d.Take(sqes[:])
+		d.Publish()
+		for i := 0; i < n; i++ {
+			d.Post(&CQE{UserData: sqes[i].UserData})
+		}
+		c.Wait(8, time.Second)
+		c.Reap(cqes[:])
+	})
+	if a != 0 {
+		t.Errorf("%v allocations per round", a)
+	}
+}
+
+func BenchmarkRoundTrip(b *testing.B) {
+	d, c := pair(b, 256, 0, 0)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); echo(d, false, &stop) }()
+	defer func() { stop.Store(true); d.Close(); wg.Wait() }()
+	var cqes [64]CQE
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c.Stage(&SQE{Op: OpNop, UserData: uint64(i)}, nil)
+		c.Submit()
+		c.Wait(1, time.Second)
+		c.Reap(cqes[:])
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/roundtrip")
+}
