@@ -130,7 +130,7 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 		t := &b.tasks[start+i]
 		t.Req = reqs[i]
 		t.seq = seq
-		if err := b.prepare(t, r); err != nil {
+		if err := b.e.prepare(t, r); err != nil {
 			results[i] = err
 			t.err = err
 			t.state.Store(uint32(StateFailed))
@@ -154,19 +154,10 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 	// compacted in place: its write index never passes its read index.
 	b.dispatching.Store(seq)
 	bad := false
-	rest := acc
-	for len(rest) > 0 {
-		tr := rest[0].tr
-		grp := b.grp[:0]
-		keep := rest[:0]
-		for _, t := range rest {
-			if t.tr == tr {
-				grp = append(grp, t)
-			} else {
-				keep = append(keep, t)
-			}
-		}
-		rest = keep
+	for rest := acc; len(rest) > 0; {
+		var tr Transport
+		var grp []*Task
+		tr, grp, rest = nextGroup(rest, b.grp[:0])
 		if !b.dispatch(tr, grp) {
 			bad = true
 		}
@@ -230,7 +221,7 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 
 // prepare validates t.Req, resolves and references its segments and routes
 // it. On error nothing is held.
-func (b *batch) prepare(t *Task, r Resolver) error {
+func (e *Engine) prepare(t *Task, r Resolver) error {
 	q := &t.Req
 	if q.Op != OpRead && q.Op != OpWrite {
 		return ErrBadOp
@@ -249,10 +240,10 @@ func (b *batch) prepare(t *Task, r Resolver) error {
 	if !inBounds(q.LocalOffset, q.Length, l.Size()) || !inBounds(q.TargetOffset, q.Length, tg.Size()) {
 		return ErrOutOfBounds
 	}
-	if b.e.router == nil {
+	if e.router == nil {
 		return ErrNotSupported
 	}
-	tr, err := b.e.router.Route(l, tg)
+	tr, err := e.router.Route(l, tg)
 	if err != nil {
 		return err
 	}
@@ -306,6 +297,43 @@ func (t *Task) releaseSegs() {
 
 func inBounds(off, n, size uint64) bool { return off <= size && n <= size-off }
 
+// nextGroup moves the tasks of rest's first transport into grp, in order,
+// and compacts the others in place (the write index never passes the read
+// index); it returns that transport, its group and the others.
+func nextGroup(rest, grp []*Task) (Transport, []*Task, []*Task) {
+	tr := rest[0].tr
+	keep := rest[:0]
+	for _, t := range rest {
+		if t.tr == tr {
+			grp = append(grp, t)
+		} else {
+			keep = append(keep, t)
+		}
+	}
+	return tr, grp, keep
+}
+
+// dispatched checks what Transport.Submit returned for a group of size
+// tasks against the contract: k is how many tasks the transport owns now,
+// ok whether it kept the contract, and rerr the error that ends the tasks
+// it did not take (ErrTransport when it broke the contract or gave none).
+func dispatched(n, size int, err error) (k int, ok bool, rerr error) {
+	k, ok = n, true
+	switch {
+	case n < 0:
+		k, ok = 0, false
+	case n > size:
+		k, ok = size, false
+	case n < size && err == nil, n == size && err != nil:
+		ok = false
+	}
+	rerr = err
+	if !ok || rerr == nil {
+		rerr = ErrTransport
+	}
+	return k, ok, rerr
+}
+
 // dispatch hands grp to tr and rolls back what tr did not take. It reports
 // false when tr broke the count contract.
 func (b *batch) dispatch(tr Transport, grp []*Task) bool {
@@ -320,25 +348,9 @@ func (b *batch) dispatch(tr Transport, grp []*Task) bool {
 	b.owed.Add(int64(len(grp)))
 
 	n, err := tr.Submit(grp)
-
-	ok := true
-	k := n
-	switch {
-	case n < 0:
-		ok, k = false, 0
-	case n > len(grp):
-		ok, k = false, len(grp)
-	case n < len(grp) && err == nil:
-		ok = false
-	case n == len(grp) && err != nil:
-		ok = false
-	}
+	k, ok, rerr := dispatched(n, len(grp), err)
 	if !ok {
 		b.e.violation(tr, "dispatch count", n, len(grp))
-	}
-	rerr := err
-	if !ok || rerr == nil {
-		rerr = ErrTransport
 	}
 	for _, t := range grp[k:] {
 		if !t.owed.CompareAndSwap(1, 0) {

@@ -81,6 +81,7 @@ type BatchSummary struct {
 type EngineStats struct {
 	BatchesLive     int // allocated and not yet freed
 	BatchesRetiring int // freed or abandoned, still owed a Done by a transport
+	Streams         int // open streams (client queues)
 	Waiting         int64
 	Pending         int64
 	Completed       uint64
@@ -116,7 +117,8 @@ type Engine struct {
 	nextSlot  uint32   // slots[nextSlot:] were never used
 	live      int      // allocated, not freed
 	retiring  int      // freed, still owed a Done
-	retired   counts   // totals of recycled batches
+	retired   counts   // totals of recycled batches and closed streams
+	streams   map[*Stream]struct{}
 }
 
 // counts are the cumulative per-state totals kept per batch and retired
@@ -440,8 +442,44 @@ func (e *Engine) Close() error {
 		}
 		b.mu.Unlock()
 	}
-	e.log.Info("xfer engine closed", "canceled_tasks", canceled)
+	e.mu.Lock()
+	streams := make([]*Stream, 0, len(e.streams))
+	for st := range e.streams {
+		streams = append(streams, st)
+	}
+	e.mu.Unlock()
+	for _, st := range streams {
+		canceled += int(st.live.Load())
+		st.Close(ErrClosed)
+	}
+	e.log.Info("xfer engine closed", "canceled_tasks", canceled, "streams", len(streams))
 	return nil
+}
+
+// addStream registers an open stream for Close and Stats; false once the
+// engine is closed.
+func (e *Engine) addStream(s *Stream) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed.Load() {
+		return false
+	}
+	if e.streams == nil {
+		e.streams = make(map[*Stream]struct{})
+	}
+	e.streams[s] = struct{}{}
+	return true
+}
+
+// removeStream retires a closed stream's counters into the engine's.
+func (e *Engine) removeStream(s *Stream) {
+	st := s.Stats()
+	e.mu.Lock()
+	if _, ok := e.streams[s]; ok {
+		delete(e.streams, s)
+		e.retired.add(counts{completed: st.Completed, failed: st.Failed, timeout: st.Timeout, canceled: st.Canceled, bytes: st.Bytes})
+	}
+	e.mu.Unlock()
 }
 
 // Stats returns the engine's counters. It walks every slot and is meant for
@@ -472,6 +510,16 @@ func (e *Engine) Stats() EngineStats {
 		s.Timeout += c.timeout
 		s.Canceled += c.canceled
 		s.Bytes += c.bytes
+	}
+	for st := range e.streams {
+		c := st.Stats()
+		s.Streams++
+		s.Pending += c.Live
+		s.Completed += c.Completed
+		s.Failed += c.Failed
+		s.Timeout += c.Timeout
+		s.Canceled += c.Canceled
+		s.Bytes += c.Bytes
 	}
 	return s
 }

@@ -196,6 +196,8 @@ type Task struct {
 	tr Transport
 	// seq is the submit call that dispatched the task (see batch.seq).
 	seq uint32
+	// slot is the task's index in its Stream (stream tasks only).
+	slot uint32
 	// holdL and holdT say that Local / Target are RangeHolders holding the
 	// request's range; release drops it before releasing the segment.
 	holdL, holdT bool

@@ -1,0 +1,418 @@
+package xfer
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// StreamRequest is one request of a Stream: the transfer, the caller's name
+// for its completion, its deadline and the notification it carries.
+type StreamRequest struct {
+	Req      Request
+	UserData uint64
+	// Deadline ends the task in StateTimeout if it is still live then.
+	// Zero means Config.DefaultTimeout after the Submit.
+	Deadline time.Time
+	// Notify is the notification a WRITE to a peer carries (nil: none).
+	// Submit copies it.
+	Notify []byte
+}
+
+// StreamSink receives the end of every request a Stream accepted.
+type StreamSink interface {
+	// StreamDone is called exactly once per accepted request, with its
+	// user data, terminal state, the bytes moved and nil or the error that
+	// ended it. It must not block and must not call back into the stream;
+	// it may run on the submitting goroutine (inside Submit), on a
+	// transport's poller or on a deadline timer.
+	StreamDone(userData uint64, st State, n uint64, err error)
+}
+
+// Stream is a long-lived submission stream: the engine side of a client's
+// queue. Its task slots are allocated once and recycled, so a request
+// costs no batch allocation, no engine-wide lock and no allocation at all
+// in the steady state. Each request ends on its own (its completion goes to
+// the sink at once) and has its own deadline.
+//
+// A slot is reused only when both its task has ended (the sink was told)
+// and the transport that had it has called Done; a transport may still
+// touch a task after its deadline ended it, so until its Done the slot and
+// the task's segment references stay taken.
+//
+// Concurrency: Submit is called by one goroutine at a time (a queue's
+// worker); Close may race with it and with completions.
+type Stream struct {
+	e    *Engine
+	r    Resolver
+	sink StreamSink
+	// epoch is the zero of the slots' due times (monotonic).
+	epoch time.Time
+
+	// mu serializes Submit and Close and guards closed: Close never runs
+	// while a Submit has tasks Waiting or in Transport.Submit.
+	mu      sync.Mutex
+	closed  atomic.Bool // set under mu; read without it by recycle
+	broken  bool        // a transport broke the dispatch contract: no more slots are reused (guarded by freeMu)
+	scratch []*Task     // Submit's accepted tasks
+	taken   []uint32    // Submit's slots
+	grp     []*Task     // Submit's tasks of one transport
+
+	tasks []Task
+	slots []streamSlot
+
+	// freeMu guards free, the slots ready for reuse.
+	freeMu sync.Mutex
+	free   []uint32
+
+	held atomic.Int64 // slots not free
+	idle chan struct{}
+	once sync.Once
+
+	// Counters: current live tasks; cumulative ends by state and bytes.
+	live  atomic.Int64
+	cnt   [8]atomic.Uint64
+	bytes atomic.Uint64
+}
+
+// streamSlot is a task slot's stream state beside its Task.
+type streamSlot struct {
+	userData uint64
+	// refs: one for the end (the sink is told), one while a transport owns
+	// the task; the party that brings it to zero frees the slot.
+	refs   atomic.Int32
+	due    atomic.Int64 // deadline, ns since the stream's epoch
+	timer  *time.Timer
+	notify []byte
+}
+
+var _ Completer = (*Stream)(nil)
+
+// NewStream opens a stream of up to capacity requests in flight at once,
+// resolving segments with r and reporting ends to sink. capacity must be
+// in 1..Config.MaxBatchCapacity.
+func (e *Engine) NewStream(capacity int, r Resolver, sink StreamSink) (*Stream, error) {
+	if capacity <= 0 || capacity > e.cfg.MaxBatchCapacity || r == nil || sink == nil {
+		return nil, ErrInvalid
+	}
+	if e.closed.Load() {
+		return nil, ErrClosed
+	}
+	s := &Stream{
+		e: e, r: r, sink: sink, epoch: time.Now(),
+		tasks: make([]Task, capacity), slots: make([]streamSlot, capacity), free: make([]uint32, capacity),
+		scratch: make([]*Task, 0, capacity), taken: make([]uint32, 0, capacity), grp: make([]*Task, 0, capacity), idle: make(chan struct{}),
+	}
+	for i := range s.tasks {
+		s.tasks[i].done = s
+		s.tasks[i].slot = uint32(i)
+		s.free[i] = uint32(capacity - 1 - i)
+	}
+	if !e.addStream(s) {
+		return nil, ErrClosed
+	}
+	return s, nil
+}
+
+// Free is how many requests Submit can take now.
+func (s *Stream) Free() int {
+	s.freeMu.Lock()
+	defer s.freeMu.Unlock()
+	return len(s.free)
+}
+
+// Submit takes requests from reqs, as many as the stream has free slots
+// for, and returns how many it took: reqs[n:] are untouched. results must
+// have len(reqs); for i < n, results[i] is nil when reqs[i] was accepted
+// (the sink will hear of it exactly once) or the typed error that refused
+// it (ErrBadOp, ErrZeroLength, ErrNoSegment, ErrOutOfBounds, the Router's
+// error; the sink never hears of it). A request a transport refused at
+// dispatch stays accepted and ends Failed with the transport's error.
+//
+// A returned error is for the whole call and takes nothing: ErrClosed,
+// ErrInvalid (len(results) != len(reqs)), ErrTransport (a transport broke
+// the dispatch contract earlier on this stream, which is then unusable).
+func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
+	if len(results) != len(reqs) {
+		return 0, ErrInvalid
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() || s.e.closed.Load() {
+		return 0, ErrClosed
+	}
+	s.freeMu.Lock()
+	if s.broken {
+		s.freeMu.Unlock()
+		return 0, ErrTransport
+	}
+	n := min(len(reqs), len(s.free))
+	// Copied out: a refused request's slot goes back onto free below.
+	slots := append(s.taken[:0], s.free[len(s.free)-n:]...)
+	s.free = s.free[:len(s.free)-n]
+	s.freeMu.Unlock()
+	if n == 0 {
+		return 0, nil
+	}
+	s.held.Add(int64(n))
+	now := time.Now()
+	acc := s.scratch[:0]
+	for i := 0; i < n; i++ {
+		idx := slots[n-1-i]
+		t, sl := &s.tasks[idx], &s.slots[idx]
+		q := &reqs[i]
+		t.Req = q.Req
+		if err := s.e.prepare(t, s.r); err != nil {
+			results[i] = err
+			s.recycle(idx)
+			continue
+		}
+		results[i] = nil
+		d := q.Deadline
+		if d.IsZero() {
+			d = now.Add(s.e.cfg.DefaultTimeout)
+		}
+		t.Deadline = d
+		sl.due.Store(int64(d.Sub(s.epoch)))
+		sl.userData = q.UserData
+		t.Notify = nil
+		if q.Notify != nil {
+			sl.notify = append(sl.notify[:0], q.Notify...)
+			t.Notify = sl.notify
+		}
+		sl.refs.Store(1)
+		t.state.Store(uint32(StateWaiting))
+		acc = append(acc, t)
+	}
+	if len(acc) == 0 {
+		return n, nil
+	}
+	s.live.Add(int64(len(acc)))
+
+	bad := false
+	for rest := acc; len(rest) > 0; {
+		var tr Transport
+		var grp []*Task
+		tr, grp, rest = nextGroup(rest, s.grp[:0])
+		if !s.dispatch(tr, grp) {
+			bad = true
+		}
+	}
+	// Publish what the transports did: tasks still with a transport become
+	// Pending and get their deadline timer; results parked during dispatch
+	// end now.
+	for _, t := range acc {
+		d := t.Deadline.Sub(now) // read while the task cannot end under us
+	publish:
+		for {
+			switch State(t.state.Load()) {
+			case stateDispatching:
+				if !t.state.CompareAndSwap(uint32(stateDispatching), uint32(StatePending)) {
+					continue
+				}
+				s.arm(t.slot, d)
+			case stateParked:
+				s.end(t, stateParked, finalState(t.err), t.err, t.n)
+				s.unref(t)
+			case stateEnding:
+				continue // a Done is writing its result; a few instructions
+			}
+			break publish
+		}
+	}
+	if bad {
+		s.freeMu.Lock()
+		s.broken = true
+		s.freeMu.Unlock()
+	}
+	return n, nil
+}
+
+// dispatch hands grp to tr and ends what tr did not take. It reports false
+// when tr broke the count contract; the tasks it disowned then end Failed
+// with ErrTransport, and their slots are never reused (the transport may
+// still call Done on them).
+func (s *Stream) dispatch(tr Transport, grp []*Task) bool {
+	for _, t := range grp {
+		t.owed.Store(1)
+		s.slots[t.slot].refs.Add(1)
+		t.state.Store(uint32(stateDispatching))
+	}
+	n, err := tr.Submit(grp)
+	k, ok, rerr := dispatched(n, len(grp), err)
+	if !ok {
+		s.e.violation(tr, "dispatch count", n, len(grp))
+	}
+	for _, t := range grp[k:] {
+		if !t.owed.CompareAndSwap(1, 0) {
+			// Done came for a task the transport did not take: it
+			// released the task and parked its result.
+			s.e.violation(tr, "done for an undispatched task", n, len(grp))
+			ok = false
+			continue
+		}
+		t.releaseSegs()
+		if ok {
+			s.unref(t) // the transport's ref: it never had the task
+		}
+		s.end(t, stateDispatching, StateFailed, rerr, 0)
+		s.unref(t)
+	}
+	return ok
+}
+
+// arm starts slot idx's deadline timer, due in d. Timers are made once per
+// slot and reset per request; one left armed from an earlier request of
+// the slot finds its task ended or not yet due and does nothing. s.mu is
+// held.
+func (s *Stream) arm(idx uint32, d time.Duration) {
+	sl := &s.slots[idx]
+	if sl.timer == nil {
+		sl.timer = time.AfterFunc(d, func() { s.fire(idx) })
+		return
+	}
+	sl.timer.Reset(d)
+}
+
+// fire ends slot idx's task in Timeout if it is still Pending and due.
+func (s *Stream) fire(idx uint32) {
+	t, sl := &s.tasks[idx], &s.slots[idx]
+	if State(t.state.Load()) != StatePending || time.Since(s.epoch) < time.Duration(sl.due.Load()) {
+		return
+	}
+	if s.end(t, StatePending, StateTimeout, ErrTimeout, 0) {
+		t.tr.Cancel(t)
+		s.unref(t)
+	}
+}
+
+// TaskDone is the completion path of a dispatched task: it releases the
+// task's references exactly once and ends it, unless its deadline or Close
+// ended it first (a late Done then only releases).
+func (s *Stream) TaskDone(t *Task, n uint64, err error) {
+	if !t.owed.CompareAndSwap(1, 0) {
+		s.e.violations.Add(1)
+		s.e.log.Error("xfer: transport contract violation: Done for a stream task it does not own",
+			"transport", transportName(t.tr))
+		return
+	}
+	t.releaseSegs()
+	for {
+		if s.end(t, StatePending, finalState(err), err, n) {
+			s.unref(t)
+			break
+		}
+		if t.state.CompareAndSwap(uint32(stateDispatching), uint32(stateEnding)) {
+			t.err, t.n = err, n
+			t.state.Store(uint32(stateParked))
+			break
+		}
+		if st := State(t.state.Load()); st != StatePending && st != stateDispatching {
+			break // ended by its deadline or Close: a late Done
+		}
+	}
+	s.unref(t)
+}
+
+// end moves t from state from to the terminal state to and tells the sink.
+// It reports false when another party ended t first. The caller drops the
+// end's reference (unref) once it no longer touches t.
+func (s *Stream) end(t *Task, from, to State, err error, n uint64) bool {
+	if !t.state.CompareAndSwap(uint32(from), uint32(stateEnding)) {
+		return false
+	}
+	t.err, t.n = err, n
+	t.state.Store(uint32(to))
+	s.live.Add(-1)
+	s.cnt[to].Add(1)
+	if n != 0 {
+		s.bytes.Add(n)
+	}
+	s.sink.StreamDone(s.slots[t.slot].userData, to, n, err)
+	return true
+}
+
+// unref drops one of a slot's references; the last one frees the slot.
+func (s *Stream) unref(t *Task) {
+	v := s.slots[t.slot].refs.Add(-1)
+	if v > 0 {
+		return
+	}
+	if invariants && v < 0 {
+		panic("xfer: invariant: stream slot references below zero")
+	}
+	s.recycle(t.slot)
+}
+
+// recycle makes slot idx free again (unless the stream is broken).
+func (s *Stream) recycle(idx uint32) {
+	t := &s.tasks[idx]
+	t.Req = Request{}
+	t.Local, t.Target, t.tr, t.err, t.Notify = nil, nil, nil, nil, nil
+	t.Tag, t.n, t.Deadline = 0, 0, time.Time{}
+	t.state.Store(0)
+	s.freeMu.Lock()
+	broken := s.broken
+	if !broken {
+		s.free = append(s.free, idx)
+	}
+	s.freeMu.Unlock()
+	// With Close's store of closed and load of held, one of the two sees
+	// the other's write: the last slot and Close cannot both miss idle.
+	if s.held.Add(-1) == 0 && s.closed.Load() {
+		s.once.Do(func() { close(s.idle) })
+	}
+}
+
+// Close stops the stream: Submit fails with ErrClosed and every Pending
+// task ends Canceled (error err, ErrCanceled when nil) with its transport
+// asked to Cancel it. It does not wait for the transports' Done calls;
+// Idle is closed once they have all come and no slot is held. Close is
+// idempotent.
+func (s *Stream) Close(err error) {
+	if err == nil {
+		err = ErrCanceled
+	}
+	s.mu.Lock()
+	if s.closed.Swap(true) {
+		s.mu.Unlock()
+		return
+	}
+	for i := range s.tasks {
+		t := &s.tasks[i]
+		if State(t.state.Load()) == StatePending && s.end(t, StatePending, StateCanceled, err, 0) {
+			t.tr.Cancel(t)
+			s.unref(t)
+		}
+		if tm := s.slots[i].timer; tm != nil {
+			tm.Stop()
+		}
+	}
+	s.mu.Unlock()
+	if s.held.Load() == 0 {
+		s.once.Do(func() { close(s.idle) })
+	}
+	s.e.removeStream(s)
+}
+
+// Idle is closed once the stream is closed and no slot is held: no
+// transport holds one of its tasks and the sink will not be called again.
+func (s *Stream) Idle() <-chan struct{} { return s.idle }
+
+// StreamStats are a stream's counters: tasks live now, slots held (live
+// plus ended ones a transport still owes a Done), and cumulative ends.
+type StreamStats struct {
+	Live, Held                           int64
+	Completed, Failed, Timeout, Canceled uint64
+	Bytes                                uint64
+}
+
+// Stats returns the stream's counters.
+func (s *Stream) Stats() StreamStats {
+	return StreamStats{
+		Live: s.live.Load(), Held: s.held.Load(),
+		Completed: s.cnt[StateCompleted].Load(), Failed: s.cnt[StateFailed].Load(),
+		Timeout: s.cnt[StateTimeout].Load(), Canceled: s.cnt[StateCanceled].Load(),
+		Bytes: s.bytes.Load(),
+	}
+}

@@ -1,0 +1,364 @@
+package xfer
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// recSink records every StreamDone and fails the test on a second end of
+// the same user data.
+type recSink struct {
+	t    testing.TB
+	mu   sync.Mutex
+	ends map[uint64]State
+	errs map[uint64]error
+	n    int
+	ch   chan uint64 // every end, when set (buffered by the test)
+}
+
+func newRecSink(t testing.TB) *recSink {
+	return &recSink{t: t, ends: map[uint64]State{}, errs: map[uint64]error{}}
+}
+
+func (r *recSink) StreamDone(ud uint64, st State, n uint64, err error) {
+	r.mu.Lock()
+	if prev, dup := r.ends[ud]; dup {
+		r.mu.Unlock()
+		r.t.Errorf("user data %d ended twice: %v then %v", ud, prev, st)
+		return
+	}
+	if !st.Terminal() {
+		r.t.Errorf("user data %d ended in live state %v", ud, st)
+	}
+	r.ends[ud], r.errs[ud] = st, err
+	r.n++
+	ch := r.ch
+	r.mu.Unlock()
+	if ch != nil {
+		ch <- ud
+	}
+}
+
+func (r *recSink) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
+}
+
+func (r *recSink) state(ud uint64) (State, error, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, ok := r.ends[ud]
+	return st, r.errs[ud], ok
+}
+
+// streamReqs returns n valid 64-byte writes from a to b with user data
+// base..base+n-1.
+func (f *fixture) streamReqs(n int, base uint64, deadline time.Time) []StreamRequest {
+	rs := make([]StreamRequest, n)
+	for i, q := range f.reqs(n) {
+		rs[i] = StreamRequest{Req: q, UserData: base + uint64(i), Deadline: deadline}
+	}
+	return rs
+}
+
+func waitIdle(t testing.TB, s *Stream) {
+	t.Helper()
+	select {
+	case <-s.Idle():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("stream not idle: %+v", s.Stats())
+	}
+}
+
+func TestStreamSync(t *testing.T) {
+	f := newFixture(t, Config{}, oneRouter{&syncTr{}})
+	sink := newRecSink(t)
+	s, err := f.e.NewStream(8, f.reg, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 5; round++ {
+		reqs := f.streamReqs(8, uint64(round*8), time.Time{})
+		res := make([]error, len(reqs))
+		if n, err := s.Submit(reqs, res); n != 8 || err != nil {
+			t.Fatalf("round %d: took %d, %v", round, n, err)
+		}
+		for i, e := range res {
+			if e != nil {
+				t.Fatalf("request %d refused: %v", i, e)
+			}
+		}
+		if s.Free() != 8 {
+			t.Fatalf("round %d: %d slots free after every request ended inline, want 8", round, s.Free())
+		}
+	}
+	if sink.count() != 40 {
+		t.Fatalf("%d ends, want 40", sink.count())
+	}
+	if st, _, _ := sink.state(39); st != StateCompleted {
+		t.Errorf("state %v", st)
+	}
+	if st := s.Stats(); st.Completed != 40 || st.Bytes != 40*64 || st.Live != 0 || st.Held != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	s.Close(nil)
+	waitIdle(t, s)
+	checkRefs(t, f.a, f.b)
+	if es := f.e.Stats(); es.Completed != 40 || es.Streams != 0 {
+		t.Errorf("engine stats after the stream closed: %+v", es)
+	}
+}
+
+func TestStreamRefusedAndFull(t *testing.T) {
+	tr := &asyncTr{}
+	f := newFixture(t, Config{}, oneRouter{tr})
+	sink := newRecSink(t)
+	s, _ := f.e.NewStream(4, f.reg, sink)
+	reqs := f.streamReqs(6, 0, time.Time{})
+	reqs[1].Req.Target = 99            // no such segment
+	reqs[2].Req.Length = 0             // zero length
+	reqs[3].Req.TargetOffset = 1 << 20 // out of bounds
+	res := make([]error, len(reqs))
+	n, err := s.Submit(reqs, res)
+	if n != 4 || err != nil {
+		t.Fatalf("took %d, %v; want the 4 the stream has slots for", n, err)
+	}
+	if res[0] != nil || !errors.Is(res[1], ErrNoSegment) || !errors.Is(res[2], ErrZeroLength) || !errors.Is(res[3], ErrOutOfBounds) {
+		t.Fatalf("results %v", res[:4])
+	}
+	if s.Free() != 3 {
+		t.Fatalf("%d free: the refused requests' slots must come back at once", s.Free())
+	}
+	n, _ = s.Submit(reqs[4:], res[4:])
+	if n != 2 || s.Free() != 1 {
+		t.Fatalf("second submit took %d, %d free", n, s.Free())
+	}
+	if n, _ := s.Submit(f.streamReqs(2, 20, time.Time{}), res[:2]); n != 1 {
+		t.Fatalf("full stream took %d", n)
+	}
+	tr.finish(nil)
+	if sink.count() != 4 {
+		t.Fatalf("%d ends; the refused ones must not reach the sink", sink.count())
+	}
+	if _, _, ok := sink.state(20); !ok {
+		t.Error("the request taken into the last free slot did not end")
+	}
+	if _, _, ok := sink.state(1); ok {
+		t.Error("a refused request reached the sink")
+	}
+	s.Close(nil)
+	waitIdle(t, s)
+	checkRefs(t, f.a, f.b)
+}
+
+// TestStreamDeadline: a request past its deadline ends Timeout at once and
+// its transport is asked to cancel; its slot (and segment references) are
+// kept until the transport's late Done.
+func TestStreamDeadline(t *testing.T) {
+	tr := &asyncTr{}
+	f := newFixture(t, Config{}, oneRouter{tr})
+	sink := newRecSink(t)
+	sink.ch = make(chan uint64, 4)
+	s, _ := f.e.NewStream(2, f.reg, sink)
+	reqs := f.streamReqs(2, 10, time.Now().Add(20*time.Millisecond))
+	reqs[1].Deadline = time.Now().Add(time.Hour)
+	res := make([]error, 2)
+	if n, err := s.Submit(reqs, res); n != 2 || err != nil {
+		t.Fatal(n, err)
+	}
+	if ud := <-sink.ch; ud != 10 {
+		t.Fatalf("first end is %d, want the short deadline's 10", ud)
+	}
+	if st, err, _ := sink.state(10); st != StateTimeout || !errors.Is(err, ErrTimeout) {
+		t.Fatalf("ended %v %v", st, err)
+	}
+	if tr.canceledCount() != 1 {
+		t.Errorf("transport asked to cancel %d times", tr.canceledCount())
+	}
+	if s.Free() != 0 || f.b.refs.Load() != 2 {
+		t.Fatalf("slot or refs released before the transport's Done: free %d, refs %d", s.Free(), f.b.refs.Load())
+	}
+	tr.finish(nil) // a late Done for 10, a real one for 11
+	if st, _, _ := sink.state(11); st != StateCompleted {
+		t.Errorf("11 ended %v", st)
+	}
+	if s.Free() != 2 {
+		t.Errorf("%d free after both Dones", s.Free())
+	}
+	s.Close(nil)
+	waitIdle(t, s)
+	checkRefs(t, f.a, f.b)
+}
+
+// TestStreamSplitPoints: for every dispatch count k the transport can
+// return, with Close racing the Submit, every accepted request ends exactly
+// once, what was never dispatched ends Failed with the transport's error,
+// and nothing is leaked or released twice.
+func TestStreamSplitPoints(t *testing.T) {
+	const n = 8
+	for k := 0; k <= n; k++ {
+		for _, race := range []bool{false, true} {
+			tr := &asyncTr{limit: k, doneCancel: true}
+			if k == 0 {
+				tr.limit = -1
+			}
+			f := newFixture(t, Config{}, oneRouter{tr})
+			sink := newRecSink(t)
+			s, _ := f.e.NewStream(n, f.reg, sink)
+			var wg sync.WaitGroup
+			if race {
+				wg.Add(1)
+				tr.onSubmit = func([]*Task) {
+					go func() { defer wg.Done(); s.Close(nil) }()
+				}
+			}
+			res := make([]error, n)
+			took, err := s.Submit(f.streamReqs(n, 0, time.Time{}), res)
+			wg.Wait()
+			if err != nil && !errors.Is(err, ErrClosed) {
+				t.Fatalf("k=%d race=%v: %v", k, race, err)
+			}
+			if err == nil && took != n {
+				t.Fatalf("k=%d: took %d", k, took)
+			}
+			for i := k; i < took; i++ {
+				if st, e, ok := sink.state(uint64(i)); !ok || st != StateFailed || !errors.Is(e, errInjected) {
+					t.Fatalf("k=%d race=%v: undispatched request %d ended %v %v %v", k, race, i, st, e, ok)
+				}
+			}
+			tr.finish(nil)
+			s.Close(nil)
+			waitIdle(t, s)
+			if sink.count() != took {
+				t.Fatalf("k=%d race=%v: %d ends for %d accepted", k, race, sink.count(), took)
+			}
+			checkRefs(t, f.a, f.b)
+		}
+	}
+}
+
+// TestStreamDoneInsideSubmit: a transport that ends tasks before its Submit
+// returns has their results published by the Submit.
+func TestStreamDoneInsideSubmit(t *testing.T) {
+	tr := &asyncTr{doneInline: true, limit: 3}
+	f := newFixture(t, Config{}, oneRouter{tr})
+	sink := newRecSink(t)
+	s, _ := f.e.NewStream(5, f.reg, sink)
+	res := make([]error, 5)
+	s.Submit(f.streamReqs(5, 0, time.Time{}), res)
+	for i := uint64(0); i < 5; i++ {
+		st, _, ok := sink.state(i)
+		want := StateCompleted
+		if i >= 3 {
+			want = StateFailed
+		}
+		if !ok || st != want {
+			t.Errorf("request %d: %v %v, want %v", i, st, ok, want)
+		}
+	}
+	if s.Free() != 5 {
+		t.Errorf("%d free", s.Free())
+	}
+	checkRefs(t, f.a, f.b)
+}
+
+func TestStreamCloseCancels(t *testing.T) {
+	tr := &asyncTr{}
+	f := newFixture(t, Config{}, oneRouter{tr})
+	sink := newRecSink(t)
+	s, _ := f.e.NewStream(4, f.reg, sink)
+	res := make([]error, 4)
+	s.Submit(f.streamReqs(4, 0, time.Time{}), res)
+	s.Close(nil)
+	for i := uint64(0); i < 4; i++ {
+		if st, err, _ := sink.state(i); st != StateCanceled || !errors.Is(err, ErrCanceled) {
+			t.Fatalf("%d: %v %v", i, st, err)
+		}
+	}
+	if n, err := s.Submit(f.streamReqs(1, 9, time.Time{}), res[:1]); n != 0 || !errors.Is(err, ErrClosed) {
+		t.Fatalf("submit after close: %d %v", n, err)
+	}
+	select {
+	case <-s.Idle():
+		t.Fatal("idle while the transport still holds every task")
+	default:
+	}
+	tr.finish(nil)
+	waitIdle(t, s)
+	checkRefs(t, f.a, f.b)
+}
+
+func TestStreamEngineClose(t *testing.T) {
+	tr := &asyncTr{doneCancel: true}
+	f := newFixture(t, Config{}, oneRouter{tr})
+	sink := newRecSink(t)
+	s, _ := f.e.NewStream(4, f.reg, sink)
+	res := make([]error, 4)
+	s.Submit(f.streamReqs(4, 0, time.Time{}), res)
+	f.e.Close()
+	waitIdle(t, s)
+	for i := uint64(0); i < 4; i++ {
+		if st, err, _ := sink.state(i); st != StateCanceled || !errors.Is(err, ErrClosed) {
+			t.Fatalf("%d: %v %v", i, st, err)
+		}
+	}
+	if _, err := f.e.NewStream(1, f.reg, sink); !errors.Is(err, ErrClosed) {
+		t.Errorf("NewStream after Close: %v", err)
+	}
+	checkRefs(t, f.a, f.b)
+}
+
+func TestStreamContractViolation(t *testing.T) {
+	tr := &liarTr{n: func(l int) int { return l + 1 }, done: func(int) int { return 0 }}
+	f := newFixture(t, Config{}, oneRouter{tr})
+	sink := newRecSink(t)
+	s, _ := f.e.NewStream(4, f.reg, sink)
+	res := make([]error, 2)
+	s.Submit(f.streamReqs(2, 0, time.Time{}), res)
+	if n, err := s.Submit(f.streamReqs(2, 5, time.Time{}), res); n != 0 || !errors.Is(err, ErrTransport) {
+		t.Fatalf("after a contract violation: took %d, %v", n, err)
+	}
+	if f.e.Stats().Violations == 0 {
+		t.Error("violation not counted")
+	}
+}
+
+func TestStreamNoAllocations(t *testing.T) {
+	f := newFixture(t, Config{}, oneRouter{&syncTr{}})
+	s, _ := f.e.NewStream(64, f.reg, discardSink{})
+	reqs := f.streamReqs(32, 0, time.Now().Add(time.Hour))
+	reqs[3].Notify = []byte("note")
+	res := make([]error, len(reqs))
+	s.Submit(reqs, res) // first use grows the notify buffer
+	a := testing.AllocsPerRun(200, func() {
+		if n, err := s.Submit(reqs, res); n != len(reqs) || err != nil {
+			t.Fatal(n, err)
+		}
+	})
+	if a != 0 {
+		t.Errorf("%v allocations per submit of 32", a)
+	}
+}
+
+type discardSink struct{}
+
+func (discardSink) StreamDone(uint64, State, uint64, error) {}
+
+func BenchmarkStreamSubmit(b *testing.B) {
+	for _, batch := range []int{1, 32} {
+		b.Run("batch"+string(rune('0'+batch/10))+string(rune('0'+batch%10)), func(b *testing.B) {
+			f := newFixture(b, Config{}, oneRouter{&syncTr{}})
+			s, _ := f.e.NewStream(64, f.reg, discardSink{})
+			reqs := f.streamReqs(batch, 0, time.Time{})
+			res := make([]error, batch)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				s.Submit(reqs, res)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/req")
+		})
+	}
+}
