@@ -6,8 +6,9 @@ import (
 )
 
 // ClientRing is the client's side of one queue: it stages and submits SQEs
-// and reaps CQEs. It is not safe for concurrent use; a client serializes
-// its calls (one ring per thread is the intended use).
+// and reaps CQEs. Its submission side (Space, Stage, Submit) and its
+// completion side (Ready, Reap, Wait) may run on two goroutines at once;
+// each side's calls must be serialized by the caller.
 type ClientRing struct {
 	mem    []byte
 	g      Geometry
@@ -28,9 +29,11 @@ type ClientRing struct {
 	dataHead, dataTail uint64
 	slotData           []uint64
 
-	// Wake-up counters, for tests and tcctl: doorbells rung and sleeps
-	// taken.
-	Doorbells, Sleeps uint64
+	// Wake-up counters, for tests and tcctl: doorbells rung by Submit
+	// (owned by the submission side), and by Reap and sleeps taken in Wait
+	// (owned by the completion side).
+	SubmitDoorbells       uint64
+	ReapDoorbells, Sleeps uint64
 }
 
 // NewClientRing takes the client's side of a queue mapped at mem, after
@@ -143,7 +146,7 @@ func (q *ClientRing) Submit() int {
 	q.w.sqTail.Store(q.sqTail) // release, and the full fence before the flag's load
 	q.pubTail = q.sqTail
 	if wake(q.w.sqFlags, FlagNeedWakeup, q.w.sqWake) {
-		q.Doorbells++
+		q.SubmitDoorbells++
 	}
 	return n
 }
@@ -172,7 +175,7 @@ func (q *ClientRing) Reap(out []CQE) int {
 	q.cqHead += uint32(n)
 	q.w.cqHead.Store(q.cqHead) // release: the entries are read
 	if wake(q.w.sqFlags, FlagCQWait, q.w.sqWake) {
-		q.Doorbells++
+		q.ReapDoorbells++
 	}
 	return n
 }

@@ -256,7 +256,19 @@ func (r *DaemonRing) ready() bool {
 	return true
 }
 
-// Kick wakes the worker if it sleeps in Idle.
+// KickToken reads the worker's wake word, for WaitKick.
+func (r *DaemonRing) KickToken() uint32 { return r.w.sqWake.Load() }
+
+// WaitKick sleeps until the wake word changes from tok (Kick, Close, or a
+// client's doorbell), or timeout passes (negative: no limit). The worker
+// uses it to wait for something other than the rings: it reads tok,
+// checks its own condition, then waits, so a Kick between the check and
+// the wait is not lost. It may return early; the caller re-checks.
+func (r *DaemonRing) WaitKick(tok uint32, timeout time.Duration) {
+	futexWait(r.w.sqWake, tok, timeout) //nolint:errcheck // the caller re-checks either way
+}
+
+// Kick wakes the worker if it sleeps in Idle or WaitKick.
 func (r *DaemonRing) Kick() {
 	r.w.sqWake.Add(1)
 	futexWake(r.w.sqWake)

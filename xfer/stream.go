@@ -68,6 +68,10 @@ type Stream struct {
 	held atomic.Int64 // slots not free
 	idle chan struct{}
 	once sync.Once
+	// onFree is called (without locks) when a slot frees after a Submit
+	// found none for some of its requests; wantFree says one did.
+	onFree   func()
+	wantFree atomic.Bool
 
 	// Counters: current live tasks; cumulative ends by state and bytes.
 	live  atomic.Int64
@@ -114,6 +118,12 @@ func (e *Engine) NewStream(capacity int, r Resolver, sink StreamSink) (*Stream, 
 	return s, nil
 }
 
+// OnFree sets f to be called when a slot frees after a Submit that had no
+// slot for some of its requests, so a caller holding requests back can try
+// again. f runs on whatever goroutine freed the slot, without locks, and
+// must not block. Call it before the first Submit.
+func (s *Stream) OnFree(f func()) { s.onFree = f }
+
 // Free is how many requests Submit can take now.
 func (s *Stream) Free() int {
 	s.freeMu.Lock()
@@ -147,6 +157,9 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 		return 0, ErrTransport
 	}
 	n := min(len(reqs), len(s.free))
+	if n < len(reqs) {
+		s.wantFree.Store(true)
+	}
 	// Copied out: a refused request's slot goes back onto free below.
 	slots := append(s.taken[:0], s.free[len(s.free)-n:]...)
 	s.free = s.free[:len(s.free)-n]
@@ -357,6 +370,9 @@ func (s *Stream) recycle(idx uint32) {
 		s.free = append(s.free, idx)
 	}
 	s.freeMu.Unlock()
+	if !broken && s.onFree != nil && s.wantFree.Load() && s.wantFree.CompareAndSwap(true, false) {
+		s.onFree()
+	}
 	// With Close's store of closed and load of held, one of the two sees
 	// the other's write: the last slot and Close cannot both miss idle.
 	if s.held.Add(-1) == 0 && s.closed.Load() {

@@ -362,3 +362,28 @@ func BenchmarkStreamSubmit(b *testing.B) {
 		})
 	}
 }
+
+func TestStreamOnFree(t *testing.T) {
+	tr := &asyncTr{}
+	f := newFixture(t, Config{}, oneRouter{tr})
+	s, _ := f.e.NewStream(1, f.reg, newRecSink(t))
+	freed := make(chan struct{}, 4)
+	s.OnFree(func() { freed <- struct{}{} })
+	res := make([]error, 2)
+	s.Submit(f.streamReqs(1, 0, time.Time{}), res[:1]) // fits: no call later
+	tr.finish(nil)
+	select {
+	case <-freed:
+		t.Fatal("OnFree called though no Submit went short")
+	default:
+	}
+	if n, _ := s.Submit(f.streamReqs(2, 1, time.Time{}), res); n != 1 {
+		t.Fatalf("took %d", n)
+	}
+	tr.finish(nil)
+	select {
+	case <-freed:
+	default:
+		t.Fatal("OnFree not called when a slot freed after a short Submit")
+	}
+}
