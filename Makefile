@@ -7,7 +7,7 @@ PKGS      := ./...
 TEST_TIMEOUT ?= 20m
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all deps build run test test-go test-c test-rdma generate lint fuzz bench clean
+.PHONY: all deps build run test test-go test-c test-python test-rdma generate lint fuzz bench clean
 
 all: build
 
@@ -32,7 +32,7 @@ run: build
 	@mkdir -p $(RUN_DIR)
 	$(BIN)/tensorcastd --socket $(RUN_DIR)/tensorcastd.sock --data-dir $(RUN_DIR)/data
 
-test: .deps-check test-go test-c test-rdma
+test: .deps-check test-go test-c test-python test-rdma
 
 test-go:
 	$(GO) vet $(PKGS)
@@ -44,6 +44,18 @@ test-go:
 # libtensorcast under ASan/UBSan against real daemons (c/test).
 test-c: build
 	$(MAKE) -C c test TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd
+
+# The Python package (python/tests): on Debian's python3, which has numpy
+# and torch, then the core tests on the python3 first on PATH (it may be
+# another interpreter, without them). The cross-client test runs the C,
+# Python and Go clients against one daemon.
+PYTHON ?= /usr/bin/python3
+test-python: build
+	TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd TENSORCAST_COMPAT_C=$(CURDIR)/c/build/tc_compat \
+	  PYTHONPATH=python $(PYTHON) -m unittest discover -s python/tests -t python
+	@other=$$(command -v python3); if [ -n "$$other" ] && [ "$$(readlink -f $$other)" != "$$(readlink -f $(PYTHON))" ]; then \
+	  echo "test-python: core tests on $$other ($$($$other --version 2>&1))"; \
+	  TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd PYTHONPATH=python $$other -m unittest tests.test_core; fi
 
 # Real RDMA verbs over Soft-RoCE inside a qemu VM (see rdma/vmtest).
 test-rdma:
