@@ -188,8 +188,14 @@ static int blocked_in_poll(pid_t tid)
     if (n <= 0)
         return 0;
     buf[n] = 0;
+    if (buf[0] < '0' || buf[0] > '9')
+        return 0; /* "running" */
     long nr = strtol(buf, NULL, 10);
-    return (nr == SYS_poll || nr == SYS_ppoll) && buf[0] != 'r';
+#ifdef SYS_poll
+    if (nr == SYS_poll)
+        return 1;
+#endif
+    return nr == SYS_ppoll;
 }
 
 /* start_waiter starts w and returns once its call is blocked waiting for
