@@ -11,6 +11,7 @@
 // and flatbuffers' internal assertions (redirected below to an exception)
 // are caught at each entry point and become TC_ENOMEM and TC_EINTERNAL.
 
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -229,6 +230,18 @@ bool body(tcw_codec *w, const tcw_req *r, RequestBody &type, fb::Offset<void> &o
 
 const char *cstr(const fb::String *s) { return s ? s->c_str() : ""; }
 
+// u64s points out at v's elements, read in place: flatbuffers 2.0.8's
+// Verifier checks a vector's length word for alignment but not its
+// elements, so a malformed answer could put 8-byte elements at an address
+// they may not be loaded from. False then.
+bool u64s(const fb::Vector<uint64_t> *v, tcw_resp *out) {
+    if (!v) return true;
+    if (reinterpret_cast<uintptr_t>(v->data()) % alignof(uint64_t) != 0) return false;
+    out->u64s = v->data();
+    out->n_u64s = v->size();
+    return true;
+}
+
 tc_summary summary(const tcproto::BatchSummary *s) {
     tc_summary out{};
     if (s) {
@@ -289,17 +302,11 @@ int decode_body(tcw_codec *w, const tcproto::Response *r, tcw_resp *out) {
         auto *b = r->body_as_PoolInfoResponse();
         out->segment = b->segment_id();
         out->size = b->size();
-        if (auto *v = b->block_classes()) {
-            out->u64s = v->data();
-            out->n_u64s = v->size();
-        }
+        if (!u64s(b->block_classes(), out)) return TC_EPROTO;
         break;
     }
     case ResponseBody::AllocBlocksResponse:
-        if (auto *v = r->body_as_AllocBlocksResponse()->offsets()) {
-            out->u64s = v->data();
-            out->n_u64s = v->size();
-        }
+        if (!u64s(r->body_as_AllocBlocksResponse()->offsets(), out)) return TC_EPROTO;
         break;
     case ResponseBody::FreeBlocksResponse:
         if (auto *v = r->body_as_FreeBlocksResponse()->codes()) {

@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../src/codec.h" /* fuzz_answers drives the decoder directly */
 #include "check.h"
 #include "daemon.h"
 #include "tensorcast.h"
@@ -225,8 +226,33 @@ typedef struct relay {
     int mutate_at, close_at;
     void (*mutate)(uint8_t *frame, size_t *len);
     int mutated; /* set when mutate changed the frame */
+    int record;  /* keep a copy of every answer, for fuzz_answers */
     pthread_t th;
 } relay;
+
+/* Answers the daemons gave, recorded by relays: the seeds fuzz_answers
+ * mutates. */
+#define MAX_RECORDED 2048
+static struct {
+    uint8_t *frame;
+    size_t len;
+} recorded[MAX_RECORDED];
+static int n_recorded;
+static pthread_mutex_t recorded_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void record(const uint8_t *f, size_t n)
+{
+    pthread_mutex_lock(&recorded_mu);
+    if (n_recorded < MAX_RECORDED) {
+        uint8_t *copy = malloc(n);
+        if (copy) {
+            memcpy(copy, f, n);
+            recorded[n_recorded].frame = copy;
+            recorded[n_recorded++].len = n;
+        }
+    }
+    pthread_mutex_unlock(&recorded_mu);
+}
 
 static int relay_read(int fd, uint8_t **buf, size_t *len, int *fds, int *nfds)
 {
@@ -342,6 +368,8 @@ static void *relay_run(void *arg)
             free(f);
             break;
         }
+        if (r->record)
+            record(f, n);
         if (k == r->mutate_at && r->mutate) {
             size_t before = n;
             uint8_t *copy = malloc(n);
@@ -650,6 +678,7 @@ static void test_buffers(tc_conn *c, const tcd *d)
 
     /* An absent file is created at the size asked; with none, it has none. */
     snprintf(path, sizeof path, "%s/absent.bin", d->data);
+    unlink(path);
     CHECK_RC(tc_file_register(c, path, 0, 0, &file, NULL, NULL), TC_INVALID_ARGUMENT);
     tc_segment_id made;
     CHECK_RC(tc_file_register(c, path, 0, 65536, &made, &fsize, NULL), TC_OK);
@@ -967,6 +996,13 @@ static void test_peers(void)
     CHECK_RC(tc_segment_export(a, "r", ab->id, 0, 0, 7, NULL, NULL), TC_INVALID_ARGUMENT);
     CHECK_RC(tc_notify_subscribe(a, "kv", NULL), TC_OK);
     CHECK_RC(tc_notify_subscribe(a, "nothing", NULL), TC_NOT_FOUND);
+    /* A second subscriber, through a relay recording its answers. */
+    relay ra;
+    memset(&ra, 0, sizeof ra);
+    ra.record = 1;
+    relay_start(&ra, A.dir, A.socket);
+    tc_conn *ar = dial(ra.path, 10000);
+    CHECK_RC(tc_notify_subscribe(ar, "kv", NULL), TC_OK);
     CHECK_RC(tc_notify_subscribe(a, NULL, NULL), TC_INVALID_ARGUMENT);
 
     /* B opens it and writes into it with a notification. */
@@ -998,6 +1034,12 @@ static void test_peers(void)
         CHECK(ns[0].len == 13 && memcmp(ns[0].payload, "layer-7 ready", 13) == 0);
     }
     tc_free(ns);
+    CHECK_RC(tc_notify_poll(ar, 0, 5000, &ns, &n, NULL), TC_OK);
+    CHECK(n == 1 && ns && ns[0].len == 13);
+    tc_free(ns);
+    CHECK_RC(tc_segment_export(ar, "kv2", 999999, 0, 0, TC_RIGHT_READ, NULL, NULL), TC_NOT_FOUND);
+    tc_close(ar);
+    relay_join(&ra);
     CHECK_RC(tc_notify_poll(a, 0, 0, &ns, &n, NULL), TC_OK);
     CHECK(n == 0 && ns == NULL);
     CHECK_RC(tc_notify_poll(a, 0, 0, NULL, &n, NULL), TC_INVALID_ARGUMENT);
@@ -1012,6 +1054,23 @@ static void test_peers(void)
     CHECK(s.completed == 1 && s.transferred == 256 << 10);
     CHECK(matches((uint8_t *)bb->data + (512 << 10), 256 << 10, 31));
     CHECK_RC(tc_batch_free(b, batch, NULL), TC_OK);
+
+    /* B's remote calls, through a relay recording their answers. */
+    relay rb;
+    memset(&rb, 0, sizeof rb);
+    rb.record = 1;
+    relay_start(&rb, B.dir, B.socket);
+    tc_conn *br = dial(rb.path, 10000);
+    tc_remote rr;
+    CHECK_RC(tc_remote_open(br, "host-a/kv", TC_RIGHT_READ, TC_TRANSPORT_AUTO, &rr, NULL), TC_OK);
+    tc_buffer *brb;
+    REQUIRE(tc_buffer_create(br, 65536, &brb, NULL) == TC_OK);
+    tc_request rd = req(TC_OP_READ, brb->id, 0, rr.id, 4096, 65536);
+    CHECK_RC(tc_transfer(br, &rd, 1, NULL, 10000, &code, &state, NULL, NULL), TC_OK);
+    CHECK(code == TC_OK && matches(brb->data, 65536, 31));
+    CHECK_RC(tc_remote_close(br, rr.id, NULL), TC_OK);
+    tc_close(br);
+    relay_join(&rb);
 
     /* A frozen peer: B's WRITE stays pending, its batch cannot be freed,
      * and a call to the frozen daemon runs into its call timeout. */
@@ -1085,6 +1144,147 @@ static void test_remote_close(void)
     stop(&A);
 }
 
+/* ---- fuzzing the decoder -------------------------------------------------- */
+
+static uint64_t rnd_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+    uint64_t x = rnd_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return rnd_state = x;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+
+/* mutate changes f (n bytes, room for cap) in one of the ways a hostile or
+ * broken peer would, and returns its new length. */
+static size_t mutate(uint8_t *f, size_t n, size_t cap)
+{
+    switch (rnd() % 7) {
+    case 0: /* flip bits */
+        for (int k = 1 + (int)(rnd() % 4); k > 0; k--)
+            f[rnd() % n] ^= (uint8_t)(1u << (rnd() % 8));
+        break;
+    case 1: /* a byte set to an edge value */
+        f[rnd() % n] = (uint8_t[]){0, 1, 0x7f, 0x80, 0xff}[rnd() % 5];
+        break;
+    case 2: { /* an aligned word set to an offset-like value */
+        size_t at = (rnd() % (n / 4)) * 4;
+        uint32_t v[] = {0, 1, 4, (uint32_t)n, (uint32_t)n - 4, (uint32_t)n + 4, 0x7fffffff, 0xffffffff,
+                        (uint32_t)(rnd() % (2 * n))};
+        put32(f + at, v[rnd() % (sizeof v / sizeof v[0])]);
+        break;
+    }
+    case 3: /* cut short, the prefix saying so */
+        n = 4 + rnd() % (n - 4);
+        put32(f, (uint32_t)(n - 4));
+        break;
+    case 4: /* cut short, the prefix not saying so */
+        n = 4 + rnd() % (n - 4);
+        break;
+    case 5: /* grown with garbage, the prefix saying so */
+        while (n < cap && rnd() % 8)
+            f[n++] = (uint8_t)rnd();
+        put32(f, (uint32_t)(n - 4));
+        break;
+    default: { /* a span copied over another */
+        size_t len = 1 + rnd() % 16, from = rnd() % n, to = rnd() % n;
+        if (from + len <= n && to + len <= n)
+            memmove(f + to, f + from, len);
+        break;
+    }
+    }
+    return n;
+}
+
+/* touch reads everything a decoded answer points at, so the sanitizers
+ * see any view that reaches past the frame. */
+static uint64_t touch(const tcw_resp *r)
+{
+    uint64_t sum = strlen(r->message) + strlen(r->daemon_id ? r->daemon_id : "") +
+                   strlen(r->version ? r->version : "") + strlen(r->peer_addr ? r->peer_addr : "");
+    for (size_t i = 0; i < r->payload_len; i++)
+        sum += r->payload[i];
+    for (size_t i = 0; i < r->n_u64s; i++)
+        sum += r->u64s[i];
+    for (size_t i = 0; i < r->n_codes; i++)
+        sum += r->codes[i];
+    for (size_t i = 0; i < r->n_states; i++)
+        sum += r->states[i];
+    const tc_counters *g[4] = {&r->stats.pool, &r->stats.engine, &r->stats.connection, &r->stats.transports};
+    for (int k = 0; k < 4; k++)
+        for (size_t i = 0; i < g[k]->n; i++)
+            sum += strlen(g[k]->items[i].name) + g[k]->items[i].value;
+    for (size_t i = 0; i < r->n_notes; i++) {
+        sum += strlen(r->notes[i].segment);
+        for (size_t j = 0; j < r->notes[i].len; j++)
+            sum += r->notes[i].payload[j];
+    }
+    return sum;
+}
+
+/* fuzz_answers decodes every recorded answer as it came (each must
+ * decode), then many mutations of each (each must decode or be refused
+ * with TC_EPROTO; never crash or read outside the frame). */
+static void fuzz_answers(int rounds)
+{
+    tcw_codec *w = tcw_new();
+    REQUIRE(w);
+    REQUIRE(n_recorded > 50);
+    int kinds[64] = {0}, ok = 0, refused = 0;
+    volatile uint64_t sink = 0;
+    for (int i = 0; i < n_recorded; i++) {
+        size_t n = recorded[i].len, cap = n + 64;
+        uint8_t *f = malloc(cap);
+        REQUIRE(f);
+        memcpy(f, recorded[i].frame, n);
+        tcw_resp r;
+        CHECK_RC(tcw_decode(w, f, n, &r), TC_OK);
+        if (r.kind >= 0 && r.kind < 64)
+            kinds[r.kind] = 1;
+        sink += touch(&r);
+        free(f);
+        for (int k = 0; k < rounds; k++) {
+            uint8_t *m = malloc(cap);
+            REQUIRE(m);
+            memcpy(m, recorded[i].frame, n);
+            size_t mn = mutate(m, n, cap);
+            /* exactly mn bytes, so ASan sees a read past them */
+            uint8_t *exact = malloc(mn);
+            REQUIRE(exact);
+            memcpy(exact, m, mn);
+            free(m);
+            int rc = tcw_decode(w, exact, mn, &r);
+            CHECK(rc == TC_OK || rc == TC_EPROTO);
+            if (rc == TC_OK) {
+                sink += touch(&r);
+                ok++;
+            } else {
+                refused++;
+            }
+            free(exact);
+        }
+    }
+    int distinct = 0;
+    for (int k = 0; k < 64; k++)
+        distinct += kinds[k];
+    /* the seeds cover most bodies: Hello through PollNotifications */
+    CHECK(distinct >= 18);
+    CHECK(refused > 0 && ok > 0);
+    printf("tc_test: decoded %d recorded answers (%d bodies) and %d mutations: %d decoded, %d refused\n",
+           n_recorded, distinct, ok + refused, ok, refused);
+    (void)sink;
+    tcw_free(w);
+    for (int i = 0; i < n_recorded; i++)
+        free(recorded[i].frame);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -1107,12 +1307,29 @@ int main(int argc, char **argv)
     test_stats(c);
     test_threads(c);
     tc_close(c);
+
+    /* The same calls through a relay that records every answer. */
+    relay rec;
+    memset(&rec, 0, sizeof rec);
+    rec.record = 1;
+    relay_start(&rec, d.dir, d.socket);
+    c = dial(rec.path, 10000);
+    test_hello_pool(c);
+    test_ping(c);
+    test_blocks(c);
+    test_buffers(c, &d);
+    test_batches(c);
+    test_stats(c);
+    tc_close(c);
+    relay_join(&rec);
+
     test_bad_answers(&d);
     test_shutdown(&d);
     stop(&d);
 
     test_remote_close();
     test_peers();
+    fuzz_answers(500);
 
     if (check_failures) {
         fprintf(stderr, "tc_test: %d checks FAILED\n", check_failures);
