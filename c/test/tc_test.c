@@ -933,6 +933,62 @@ static void test_bad_answers(const tcd *d)
     relay_join(&r);
 }
 
+static volatile sig_atomic_t interrupts;
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+    interrupts++;
+}
+
+typedef struct poller {
+    tc_conn *c;
+    int rc;
+    size_t n;
+    volatile int done;
+} poller;
+
+static void *poll_300ms(void *arg)
+{
+    poller *p = arg;
+    tc_notification *ns = NULL;
+    p->rc = tc_notify_poll(p->c, 0, 300, &ns, &p->n, NULL);
+    tc_free(ns);
+    __atomic_store_n(&p->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Signals without SA_RESTART land on a thread waiting in the library: its
+ * system calls see EINTR, and the call still ends as the daemon answers,
+ * at its own timeout. */
+static void test_eintr(const tcd *d)
+{
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1; /* no SA_RESTART */
+    sigemptyset(&sa.sa_mask);
+    REQUIRE(sigaction(SIGUSR1, &sa, &old) == 0);
+    tc_conn *c = dial(d->socket, 0);
+    poller p = {c, -99, 0, 0};
+    pthread_t th;
+    int64_t t0 = now_ms();
+    REQUIRE(pthread_create(&th, NULL, poll_300ms, &p) == 0);
+    struct timespec gap = {0, 2000000};
+    while (!__atomic_load_n(&p.done, __ATOMIC_ACQUIRE)) {
+        pthread_kill(th, SIGUSR1); /* the signal source: every 2 ms until the call returns */
+        nanosleep(&gap, NULL);
+    }
+    pthread_join(th, NULL);
+    int64_t took = now_ms() - t0;
+    CHECK_RC(p.rc, TC_OK);
+    CHECK(p.n == 0);
+    CHECK(took >= 290 && took < 5000);
+    CHECK(interrupts > 10);
+    CHECK_RC(tc_ping(c, "after", 5, NULL), TC_OK);
+    tc_close(c);
+    sigaction(SIGUSR1, &old, NULL);
+}
+
 static void test_shutdown(const tcd *d)
 {
     tc_conn *c = dial(d->socket, 0);
@@ -1325,6 +1381,7 @@ int main(int argc, char **argv)
 
     test_bad_answers(&d);
     test_shutdown(&d);
+    test_eintr(&d);
     stop(&d);
 
     test_remote_close();
