@@ -213,6 +213,8 @@ static void start_waiter(waiter *w)
     }
 }
 
+static void put32(uint8_t *p, uint32_t v);
+
 /* ---- a relay that corrupts answers ---------------------------------------- */
 
 /* A relay between one client and a daemon. It forwards frames (and the fds
@@ -448,6 +450,36 @@ static void huge_frame(uint8_t *f, size_t *n)
 {
     f[0] = 0xff, f[1] = 0xff, f[2] = 0xff, f[3] = 0x7f;
     *n = 4;
+}
+
+static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* field returns where field slot of the table at t lies in f (n bytes), or
+ * NULL when absent: a minimal flatbuffers reader for the relay's edits. */
+static uint8_t *field(uint8_t *f, size_t n, uint8_t *t, int slot)
+{
+    int32_t so = (int32_t)get32(t);
+    uint8_t *vt = t - so;
+    if (vt < f + 4 || vt + 4 > f + n)
+        return NULL;
+    uint16_t vsize = (uint16_t)(vt[0] | vt[1] << 8);
+    if (4 + 2 * slot + 2 > vsize)
+        return NULL;
+    uint16_t off = (uint16_t)(vt[4 + 2 * slot] | vt[5 + 2 * slot] << 8);
+    return off ? t + off : NULL;
+}
+
+/* newer_version makes Hello's answer speak protocol version 2. */
+static void newer_version(uint8_t *f, size_t *n)
+{
+    uint8_t *root = f + 4 + get32(f + 4);
+    uint8_t *body = field(f, *n, root, 3); /* Response.body */
+    if (!body)
+        return;
+    uint8_t *hello = body + get32(body);
+    uint8_t *pv = field(f, *n, hello, 0); /* HelloResponse.protocol_version */
+    if (pv && get32(pv) == TC_PROTOCOL_VERSION)
+        put32(pv, TC_PROTOCOL_VERSION + 1);
 }
 
 static void truncated(uint8_t *f, size_t *n)
@@ -931,6 +963,44 @@ static void test_bad_answers(const tcd *d)
     CHECK_RC(tc_connect(&o, &c), TC_EPROTO);
     CHECK(c == NULL);
     relay_join(&r);
+
+    /* A daemon of another protocol version. */
+    memset(&r, 0, sizeof r);
+    r.mutate_at = 1;
+    r.mutate = newer_version;
+    relay_start(&r, d->dir, d->socket);
+    o.socket = r.path;
+    c = (tc_conn *)1;
+    CHECK_RC(tc_connect(&o, &c), TC_EVERSION);
+    CHECK(r.mutated);
+    CHECK(c == NULL);
+    relay_join(&r);
+}
+
+/* A daemon that does not allow this process's uid refuses the connection
+ * (an answer to no request); connect says so. */
+static void test_refused(void)
+{
+    char dir[] = "/tmp/tc-ctest-cfg-XXXXXX";
+    REQUIRE(mkdtemp(dir));
+    char cfg[64];
+    snprintf(cfg, sizeof cfg, "%s/tc.toml", dir);
+    FILE *f = fopen(cfg, "w");
+    REQUIRE(f);
+    fprintf(f, "allowed_uids = [%u]\n", (unsigned)getuid() + 4242);
+    fclose(f);
+    const char *args[] = {"--config", cfg, NULL};
+    tcd d;
+    start(&d, args);
+    tc_options o;
+    memset(&o, 0, sizeof o);
+    o.socket = d.socket;
+    tc_conn *c = (tc_conn *)1;
+    CHECK_RC(tc_connect(&o, &c), TC_PERMISSION_DENIED);
+    CHECK(c == NULL);
+    stop(&d);
+    unlink(cfg);
+    rmdir(dir);
 }
 
 static volatile sig_atomic_t interrupts;
@@ -1384,6 +1454,7 @@ int main(int argc, char **argv)
     test_eintr(&d);
     stop(&d);
 
+    test_refused();
     test_remote_close();
     test_peers();
     fuzz_answers(500);

@@ -134,6 +134,17 @@ class TestConnect(DaemonCase):
         self.assertEqual(e.exception.errno, errno.ENOENT)
         self.assertIn("No such file", str(e.exception))
 
+    def test_refused_uid(self) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            cfg = os.path.join(d, "tc.toml")
+            with open(cfg, "w") as f:
+                f.write(f"allowed_uids = [{os.getuid() + 4242}]\n")
+            refusing = Daemon(["--config", cfg]).start()
+            self.addCleanup(refusing.close)
+            with self.assertRaises(Error) as e:
+                tensorcast.connect(refusing.socket)
+            self.assertEqual(e.exception.code, Status.PERMISSION_DENIED)
+
     def test_hello_and_pool(self) -> None:
         c = self.connect()
         h = c.hello
