@@ -7,7 +7,7 @@ PKGS      := ./...
 TEST_TIMEOUT ?= 20m
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all deps build run test test-go test-rdma generate lint fuzz bench clean
+.PHONY: all deps build run test test-go test-c test-python test-rdma generate lint fuzz bench clean
 
 all: build
 
@@ -18,19 +18,21 @@ deps:
 # Quiet check used by build/run/test: runs deps only when a tool is missing.
 .deps-check:
 	@command -v flatc >/dev/null && command -v fio >/dev/null && command -v iperf3 >/dev/null \
+	  && command -v g++ >/dev/null && test -f /usr/include/flatbuffers/flatbuffers.h \
 	  && dpkg-query -W -f='$${Status}' libibverbs-dev 2>/dev/null | grep -q 'install ok installed' \
 	  || scripts/deps.sh
 
 build: .deps-check
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
+	$(MAKE) -C c
 
 # Starts the daemon in the foreground on embedded defaults: socket and data under ./run/.
 run: build
 	@mkdir -p $(RUN_DIR)
 	$(BIN)/tensorcastd --socket $(RUN_DIR)/tensorcastd.sock --data-dir $(RUN_DIR)/data
 
-test: .deps-check test-go test-rdma
+test: .deps-check test-go test-c test-python test-rdma
 
 test-go:
 	$(GO) vet $(PKGS)
@@ -39,12 +41,29 @@ test-go:
 	CGO_ENABLED=0 $(GO) build ./...
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x $(PKGS) >/dev/null
 
+# libtensorcast under ASan/UBSan against real daemons (c/test).
+test-c: build
+	$(MAKE) -C c test TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd
+
+# The Python package (python/tests): on Debian's python3, which has numpy
+# and torch, then the core tests on the python3 first on PATH (it may be
+# another interpreter, without them). The cross-client test runs the C,
+# Python and Go clients against one daemon.
+PYTHON ?= /usr/bin/python3
+test-python: build
+	TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd TENSORCAST_COMPAT_C=$(CURDIR)/c/build/tc_compat \
+	  PYTHONPATH=python $(PYTHON) -m unittest discover -s python/tests -t python
+	@other=$$(command -v python3); if [ -n "$$other" ] && [ "$$(readlink -f $$other)" != "$$(readlink -f $(PYTHON))" ]; then \
+	  echo "test-python: core tests on $$other ($$($$other --version 2>&1))"; \
+	  TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd PYTHONPATH=python $$other -m unittest tests.test_core; fi
+
 # Real RDMA verbs over Soft-RoCE inside a qemu VM (see rdma/vmtest).
 test-rdma:
 	@if [ -x scripts/rdma-vm-test.sh ]; then scripts/rdma-vm-test.sh; else echo "test-rdma: harness not present yet"; fi
 
 generate: .deps-check
 	$(GO) generate ./fbs/...
+	$(MAKE) -C c generate
 
 lint:
 	$(GO) vet $(PKGS)
@@ -70,3 +89,4 @@ bench: build
 
 clean:
 	rm -rf $(BIN) $(RUN_DIR)
+	$(MAKE) -C c clean

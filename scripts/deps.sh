@@ -6,8 +6,8 @@
 set -euo pipefail
 
 declare -A groups=(
-  [build]="flatbuffers-compiler pkg-config libibverbs-dev"
-  [test]="iproute2 e2fsprogs util-linux"
+  [build]="flatbuffers-compiler libflatbuffers-dev gcc g++ make pkg-config libibverbs-dev"
+  [test]="iproute2 e2fsprogs util-linux python3 python3-numpy python3-torch"
   [bench]="fio iperf3"
   [rdma]="qemu-system-x86 busybox-static cpio kmod gzip libibverbs1 ibverbs-providers ibverbs-utils perftest rdma-core"
 )

@@ -1,0 +1,81 @@
+/*
+ * internal.h - the connection and what its calls share.
+ */
+#ifndef TC_INTERNAL_H
+#define TC_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codec.h"
+#include "tensorcast.h"
+
+/* A buffer tc_buffer_create made: the public part first, so a tc_buffer *
+ * handed out is one of these. */
+struct tc_buf {
+    tc_buffer pub;
+    struct tc_buf *next;
+};
+
+struct tc_conn {
+    /* Set at connect and never changed after it: read without mu. */
+    char *socket;
+    tc_hello hello;
+    tc_pool pool;
+    uint32_t call_timeout_ms;
+    size_t max_answer;   /* largest answer frame accepted */
+    size_t max_request;  /* largest request frame the daemon takes */
+    char *lane;          /* default context */
+    uint32_t policy_version;
+    /* fd is the socket. It stays open until tc_close: a broken connection
+     * is shut down, not closed, so tc_shutdown (which takes no lock) never
+     * touches a number the process has reused. */
+    int fd;
+
+    /* mu serializes calls: it guards every field below and the socket's
+     * byte stream, for a call's whole round trip. */
+    pthread_mutex_t mu;
+    int broken; /* 0, or set once the stream's state is unknown */
+    uint64_t next_id;
+    tcw_codec *codec;
+    tcw_req req;   /* the request being made */
+    tcw_resp resp; /* the answer to it; its views point into rbuf */
+    uint8_t *rbuf;
+    size_t rcap;
+    struct tc_buf *buffers; /* made by tc_buffer_create, newest first */
+};
+
+/* The parts of a round trip that vary by call. */
+typedef struct tc_trip {
+    int send_fd;          /* passed with the request (SCM_RIGHTS), or -1 */
+    int *recv_fd;         /* set to an fd passed with the answer, or NULL */
+    uint32_t extra_ms;    /* added to the call timeout (calls that wait in the daemon) */
+    int64_t deadline_ns;  /* absolute CLOCK_MONOTONIC deadline instead of the call timeout; 0: none */
+} tc_trip;
+
+/* start locks c and prepares c->req for a call of kind with the context of
+ * o over the connection's defaults. Returns TC_OK with c locked, or
+ * TC_ECLOSED (unlocked) on a broken connection. */
+int tc__start(tc_conn *c, int kind, const tc_call_opts *o);
+
+/* finish unlocks c and returns rc. */
+int tc__finish(tc_conn *c, int rc);
+
+/* round_trip encodes c->req, sends it, reads the answer into c->resp and
+ * checks that it answers this request with body kind. A non-OK status is
+ * returned as its code. Any failure of the stream breaks the connection.
+ * Called with c locked. */
+int tc__round_trip(tc_conn *c, const tc_trip *t);
+
+/* broken marks c broken (shutting its socket down) and returns rc. */
+int tc__fail(tc_conn *c, int rc);
+
+/* positional checks that an answer has one result per item: TC_EPROTO
+ * (and a broken connection) otherwise. */
+int tc__positional(tc_conn *c, size_t got, size_t want);
+
+/* now_ns is CLOCK_MONOTONIC in nanoseconds. */
+int64_t tc__now_ns(void);
+
+#endif /* TC_INTERNAL_H */

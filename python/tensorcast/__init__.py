@@ -1,0 +1,74 @@
+"""tensorcast: the Python client of tensorcastd.
+
+Pure Python on ctypes over libtensorcast (the C client library); no
+third-party package is needed. numpy and torch are used when present, by the
+buffer protocol, for zero-copy arrays over the daemon's pool and over client
+buffers.
+
+    import tensorcast
+
+    with tensorcast.connect() as c:            # $TENSORCAST_SOCKET, then the default path
+        offs = c.alloc_blocks(4, 64 << 10)     # pool blocks, mapped here
+        c.pool.view[offs[0]:offs[0] + 5] = b"hello"
+        buf = c.create_buffer(1 << 20)         # a sealed memfd, registered
+        r = c.transfer([tensorcast.Request(tensorcast.Op.READ, buf.id, 0,
+                                           c.pool.segment, offs[0], 64 << 10)], timeout=5)
+        assert r.codes == [tensorcast.Status.OK]
+
+Calls that fail as a whole raise :class:`Error` (``.code`` is a
+:class:`Status`); batch calls return one :class:`Status` per item.
+"""
+
+from ._lib import path as library_path
+from .client import (
+    DEFAULT_SOCKET,
+    MAX_NOTIFY,
+    PROTOCOL_VERSION,
+    Buffer,
+    CallOptions,
+    Client,
+    Error,
+    Hello,
+    Limits,
+    Notification,
+    Op,
+    Pool,
+    Remote,
+    Request,
+    Rights,
+    Stats,
+    Status,
+    Summary,
+    TaskInfo,
+    TaskState,
+    TransferResult,
+    Transport,
+    connect,
+)
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "MAX_NOTIFY",
+    "PROTOCOL_VERSION",
+    "Buffer",
+    "CallOptions",
+    "Client",
+    "Error",
+    "Hello",
+    "Limits",
+    "Notification",
+    "Op",
+    "Pool",
+    "Remote",
+    "Request",
+    "Rights",
+    "Stats",
+    "Status",
+    "Summary",
+    "TaskInfo",
+    "TaskState",
+    "TransferResult",
+    "Transport",
+    "connect",
+    "library_path",
+]

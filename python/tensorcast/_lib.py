@@ -1,0 +1,230 @@
+"""Loading libtensorcast and declaring its C interface to ctypes.
+
+The library is looked for, in order:
+
+1. ``$TENSORCAST_LIB`` when set (and only there: a path that was asked for
+   and does not load is an error, not a reason to take another library);
+2. beside this package (an installed copy) and in the source tree's
+   ``c/build`` (after ``make build``);
+3. the system's library path (``libtensorcast.so``).
+
+Every function is called through :class:`ctypes.CDLL`, which releases the
+GIL for the duration of each foreign call: a call waiting in the daemon
+never blocks the interpreter's other threads.
+
+The structures below mirror ``c/include/tensorcast.h`` field for field.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from pathlib import Path
+from typing import Any, List, Tuple
+
+__all__ = ["lib", "path"]
+
+c_u8 = ctypes.c_uint8
+c_u32 = ctypes.c_uint32
+c_u64 = ctypes.c_uint64
+c_int = ctypes.c_int
+c_size = ctypes.c_size_t
+c_char_p = ctypes.c_char_p
+c_void_p = ctypes.c_void_p
+P = ctypes.POINTER
+
+
+class Options(ctypes.Structure):
+    _fields_ = [
+        ("socket", c_char_p),
+        ("name", c_char_p),
+        ("connect_timeout_ms", c_u32),
+        ("call_timeout_ms", c_u32),
+        ("max_frame", c_u32),
+        ("lane", c_char_p),
+        ("policy_version", c_u32),
+    ]
+
+
+class CallOpts(ctypes.Structure):
+    _fields_ = [
+        ("idempotency_key", c_char_p),
+        ("lane", c_char_p),
+        ("policy_version", c_u32),
+        ("qos", c_u8),
+        ("deadline_ms", c_u32),
+    ]
+
+
+class Limits(ctypes.Structure):
+    _fields_ = [
+        ("max_frame", c_u32),
+        ("max_buffers", c_u32),
+        ("max_blocks", c_u32),
+        ("max_batches", c_u32),
+        ("max_batch_capacity", c_u32),
+        ("max_requests", c_u32),
+        ("max_idempotency_keys", c_u32),
+    ]
+
+
+class Hello(ctypes.Structure):
+    _fields_ = [
+        ("protocol_version", c_u32),
+        ("daemon_id", c_char_p),
+        ("version", c_char_p),
+        ("peer_addr", c_char_p),
+        ("limits", Limits),
+    ]
+
+
+class Pool(ctypes.Structure):
+    _fields_ = [
+        ("segment", c_u64),
+        ("size", c_u64),
+        ("base", c_void_p),
+        ("fd", c_int),
+        ("block_classes", P(c_u64)),
+        ("n_block_classes", c_size),
+    ]
+
+
+class Buffer(ctypes.Structure):
+    _fields_ = [("id", c_u64), ("data", c_void_p), ("size", c_u64), ("fd", c_int)]
+
+
+class Request(ctypes.Structure):
+    _fields_ = [
+        ("local", c_u64),
+        ("local_offset", c_u64),
+        ("target", c_u64),
+        ("target_offset", c_u64),
+        ("length", c_u64),
+        ("op", c_u32),
+    ]
+
+
+class Notify(ctypes.Structure):
+    _fields_ = [("payload", c_void_p), ("len", c_size)]
+
+
+class TaskInfo(ctypes.Structure):
+    _fields_ = [("state", c_int), ("code", c_int), ("transferred", c_u64)]
+
+
+class Summary(ctypes.Structure):
+    _fields_ = [
+        ("total", c_u32),
+        ("waiting", c_u32),
+        ("pending", c_u32),
+        ("completed", c_u32),
+        ("failed", c_u32),
+        ("timeout", c_u32),
+        ("canceled", c_u32),
+        ("transferred", c_u64),
+    ]
+
+
+class Remote(ctypes.Structure):
+    _fields_ = [("id", c_u64), ("size", c_u64), ("epoch", c_u64)]
+
+
+class Notification(ctypes.Structure):
+    _fields_ = [("segment", c_char_p), ("payload", P(c_u8)), ("len", c_size)]
+
+
+class Counter(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("value", c_u64)]
+
+
+class Counters(ctypes.Structure):
+    _fields_ = [("items", P(Counter)), ("n", c_size)]
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [
+        ("pool", Counters),
+        ("engine", Counters),
+        ("connection", Counters),
+        ("transports", Counters),
+        ("connections", c_u32),
+    ]
+
+
+CO = P(CallOpts)
+
+# name: (argument types, result type); every call returns an int code
+# unless it says otherwise.
+_PROTOTYPES: dict[str, Tuple[List[Any], Any]] = {
+    "tc_strerror": ([c_int], c_char_p),
+    "tc_connect": ([P(Options), P(c_void_p)], c_int),
+    "tc_close": ([c_void_p], None),
+    "tc_shutdown": ([c_void_p], None),
+    "tc_hello_info": ([c_void_p], P(Hello)),
+    "tc_ping": ([c_void_p, c_void_p, c_size, CO], c_int),
+    "tc_stats_get": ([c_void_p, P(P(Stats)), CO], c_int),
+    "tc_free": ([c_void_p], None),
+    "tc_pool_info": ([c_void_p], P(Pool)),
+    "tc_blocks_alloc": ([c_void_p, c_u32, c_u64, P(c_u64), CO], c_int),
+    "tc_blocks_free": ([c_void_p, P(c_u64), c_size, P(c_int), CO], c_int),
+    "tc_buffer_create": ([c_void_p, c_u64, P(P(Buffer)), CO], c_int),
+    "tc_buffer_destroy": ([c_void_p, P(Buffer), CO], c_int),
+    "tc_buffer_register_fd": ([c_void_p, c_int, c_u64, P(c_u64), CO], c_int),
+    "tc_file_register": ([c_void_p, c_char_p, c_int, c_u64, P(c_u64), P(c_u64), CO], c_int),
+    "tc_segment_unregister": ([c_void_p, c_u64, CO], c_int),
+    "tc_locate": ([c_void_p, c_void_p, c_u64, P(c_u64), P(c_u64)], c_int),
+    "tc_batch_alloc": ([c_void_p, c_u32, P(c_u64), CO], c_int),
+    "tc_batch_submit": ([c_void_p, c_u64, P(Request), c_size, P(Notify), P(c_int), CO], c_int),
+    "tc_task_status": ([c_void_p, c_u64, c_u32, P(TaskInfo), CO], c_int),
+    "tc_batch_status": ([c_void_p, c_u64, P(Summary), CO], c_int),
+    "tc_batch_wait": ([c_void_p, c_u64, c_u32, P(Summary), CO], c_int),
+    "tc_batch_free": ([c_void_p, c_u64, CO], c_int),
+    "tc_transfer": ([c_void_p, P(Request), c_size, P(Notify), c_u32, P(c_int), P(c_int), P(Summary), CO], c_int),
+    "tc_segment_export": ([c_void_p, c_char_p, c_u64, c_u64, c_u64, ctypes.c_uint, P(c_u64), CO], c_int),
+    "tc_segment_unexport": ([c_void_p, c_char_p, CO], c_int),
+    "tc_remote_open": ([c_void_p, c_char_p, ctypes.c_uint, c_int, P(Remote), CO], c_int),
+    "tc_remote_close": ([c_void_p, c_u64, CO], c_int),
+    "tc_notify_subscribe": ([c_void_p, c_char_p, CO], c_int),
+    "tc_notify_poll": ([c_void_p, c_u32, c_u32, P(P(Notification)), P(c_size), CO], c_int),
+}
+
+
+def _candidates() -> List[Tuple[str, str]]:
+    env = os.environ.get("TENSORCAST_LIB")
+    if env:
+        return [("$TENSORCAST_LIB", env)]
+    here = Path(__file__).resolve().parent
+    found = ctypes.util.find_library("tensorcast")
+    return [
+        ("beside the package", str(here / "libtensorcast.so")),
+        ("the source tree (make build)", str(here.parent.parent / "c" / "build" / "libtensorcast.so")),
+        ("the system's library path", found or "libtensorcast.so"),
+    ]
+
+
+def _load() -> Tuple[ctypes.CDLL, str]:
+    tried = []
+    for where, p in _candidates():
+        if os.sep in p and not os.path.exists(p):
+            tried.append(f"{where}: {p}: no such file")
+            continue
+        try:
+            dll = ctypes.CDLL(p, use_errno=True)
+        except OSError as e:
+            tried.append(f"{where}: {p}: {e}")
+            continue
+        missing = [n for n in _PROTOTYPES if not hasattr(dll, n)]
+        if missing:
+            tried.append(f"{where}: {p}: lacks {', '.join(missing)} (another version of libtensorcast)")
+            continue
+        for name, (argtypes, restype) in _PROTOTYPES.items():
+            fn = getattr(dll, name)
+            fn.argtypes = argtypes
+            fn.restype = restype
+        return dll, p
+    raise ImportError("tensorcast: cannot load libtensorcast (run `make build`, or set TENSORCAST_LIB):\n  "
+                      + "\n  ".join(tried))
+
+
+lib, path = _load()

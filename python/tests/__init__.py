@@ -1,0 +1,1 @@
+"""Tests of the tensorcast Python package against real tensorcastd daemons."""
