@@ -309,10 +309,14 @@ func inBounds(off, n, size uint64) bool { return off <= size && n <= size-off }
 // dispatch hands grp to tr and rolls back what tr did not take. It reports
 // false when tr broke the count contract.
 func (b *batch) dispatch(tr Transport, grp []*Task) bool {
+	ms := &b.e.meters.get(tr.Name()).shards[b.idx%meterShards]
+	now := nanotime()
 	for _, t := range grp {
+		t.ms, t.start = ms, now
 		t.owed.Store(1)
 		t.state.Store(uint32(stateDispatching))
 	}
+	ms.dispatched.Add(uint64(len(grp)))
 	if v := b.cnt[StateWaiting].Add(-int64(len(grp))); invariants && v < 0 {
 		panic("xfer: invariant: waiting task count below zero")
 	}
@@ -340,6 +344,7 @@ func (b *batch) dispatch(tr Transport, grp []*Task) bool {
 	if !ok || rerr == nil {
 		rerr = ErrTransport
 	}
+	refused := uint64(0)
 	for _, t := range grp[k:] {
 		if !t.owed.CompareAndSwap(1, 0) {
 			// The transport called Done for a task it did not take; the
@@ -350,9 +355,14 @@ func (b *batch) dispatch(tr Transport, grp []*Task) bool {
 			ok = false
 			continue
 		}
+		refused++
 		t.releaseSegs()
 		b.owed.Add(-1)
 		b.end(t, stateDispatching, StateFailed, rerr, 0)
+	}
+	if refused > 0 {
+		ms.dispatched.Add(-refused)
+		ms.refused.Add(refused)
 	}
 	return ok
 }
@@ -439,6 +449,7 @@ func (b *batch) TaskDone(t *Task, n uint64, err error) {
 		}
 		return
 	}
+	t.ms.ended(t.start, n, err, b.e.cfg.ErrorCode)
 	t.releaseSegs()
 	for {
 		if b.end(t, StatePending, finalState(err), err, n) {
