@@ -14,6 +14,7 @@ require (
 
 require (
 	github.com/panjf2000/ants/v2 v2.11.3 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
 	github.com/vishvananda/netlink v1.1.0 // indirect
 	github.com/vishvananda/netns v0.0.0-20191106174202-0a2b9b5464df // indirect

@@ -6,7 +6,6 @@ import (
 	"time"
 )
 
-
 func statsOf(t *testing.T, e *Engine, name string) TransportStats {
 	t.Helper()
 	for _, s := range e.TransportStats() {
