@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -41,6 +42,9 @@ type Daemon struct {
 	rdma   *rdmaPlane // nil without a peer plane or a usable RDMA device
 	engine *xfer.Engine
 	server *control.Server
+
+	metrics    *metrics.Registry
+	metricsSrv *metrics.Server // nil with metrics_address off
 
 	// closeOnce guards the teardown in shutdown.
 	closeOnce sync.Once
@@ -84,7 +88,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		rt.rdma = d.rdma
 		d.peers.rdma, d.peers.noRDMA = d.rdma, rdmaReport.reason
 	}
-	d.engine = xfer.NewEngine(xfer.Config{}, rt, log.With("component", "engine"))
+	d.engine = xfer.NewEngine(xfer.Config{ErrorCode: d.errorCode}, rt, log.With("component", "engine"))
 
 	scfg := control.Config{
 		Socket:      cfg.Socket,
@@ -116,6 +120,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if d.rdma != nil {
 		d.server.SetUnexportHook(d.rdma.unexported)
 	}
+	if err := d.newMetrics(); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -123,10 +130,15 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 // drain_timeout and tears down. It returns nil after a clean drain.
 func (d *Daemon) Run(ctx context.Context) error {
 	d.server.Start()
+	metricsAddr := "off"
+	if d.metricsSrv != nil {
+		d.metricsSrv.Start()
+		metricsAddr = d.metricsSrv.Addr()
+	}
 	st := d.pool.Stats()
 	d.log.Info("tensorcastd ready", "version", Version, "socket", d.cfg.Socket,
 		"pool_size", Size(st.Size).String(), "hugepages", st.Hugepages, "data_dir", d.cfg.DataDir,
-		"file_tier", d.files != nil, "daemon_id", d.cfg.DaemonID, "peer_plane", d.peerAddr())
+		"file_tier", d.files != nil, "daemon_id", d.cfg.DaemonID, "peer_plane", d.peerAddr(), "metrics", metricsAddr)
 	if err := d.notify.Notify("READY=1\nSTATUS=serving on " + d.cfg.Socket); err != nil {
 		d.log.Warn("sd_notify READY failed", "err", err)
 	}
@@ -190,6 +202,12 @@ func (d *Daemon) shutdown() error {
 // closeParts closes whatever New built, in reverse order; safe on a
 // partially built daemon.
 func (d *Daemon) closeParts() {
+	// The endpoint goes first: its sources read the parts closed below.
+	if d.metricsSrv != nil {
+		if err := d.metricsSrv.Close(); err != nil {
+			d.log.Warn("closing metrics endpoint", "err", err)
+		}
+	}
 	if d.server != nil {
 		if err := d.server.Close(); err != nil {
 			d.log.Warn("closing control server", "err", err)
