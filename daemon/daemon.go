@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/ktrace"
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -45,6 +46,7 @@ type Daemon struct {
 
 	metrics    *metrics.Registry
 	metricsSrv *metrics.Server // nil with metrics_address off
+	kviews     *ktrace.Views   // nil with ebpf off or unavailable
 
 	// closeOnce guards the teardown in shutdown.
 	closeOnce sync.Once
@@ -119,6 +121,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}
 	if d.rdma != nil {
 		d.server.SetUnexportHook(d.rdma.unexported)
+	}
+	if err := d.openKernelViews(); err != nil {
+		return nil, err
 	}
 	if err := d.newMetrics(); err != nil {
 		return nil, err
@@ -208,6 +213,7 @@ func (d *Daemon) closeParts() {
 			d.log.Warn("closing metrics endpoint", "err", err)
 		}
 	}
+	d.closeKernelViews()
 	if d.server != nil {
 		if err := d.server.Close(); err != nil {
 			d.log.Warn("closing control server", "err", err)
@@ -305,5 +311,5 @@ func (d *Daemon) transportCounters(dst []control.Counter) []control.Counter {
 	if d.rdma != nil {
 		dst = d.rdma.counters(dst)
 	}
-	return dst
+	return d.kernelCounters(dst)
 }

@@ -24,6 +24,7 @@ func (d *Daemon) newMetrics() error {
 		{"control", d.collectControl},
 		{"uring", d.collectRings},
 		{"peers", d.collectPeers},
+		{"kernel", d.collectKernel},
 	} {
 		if err := d.metrics.Register(s.name, s.src); err != nil {
 			return err
