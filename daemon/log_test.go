@@ -242,4 +242,3 @@ func TestNoLogPerRequestAtDefaultLevel(t *testing.T) {
 		t.Fatalf("data-path calls logged at the default level:\n%s", strings.TrimPrefix(after, before))
 	}
 }
-
