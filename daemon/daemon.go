@@ -112,8 +112,23 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if d.peers != nil {
 		deps.Peers = d.peers
 	}
+	inherited, err := inheritedListener(getenv)
+	if err != nil {
+		return nil, err
+	}
+	if inherited != nil {
+		scfg.Listener = inherited
+		if addr := inherited.Addr().String(); addr != cfg.Socket {
+			log.Warn("serving on the socket systemd passed, not on the configured one", "inherited", addr, "socket", cfg.Socket)
+			d.cfg.Socket = addr
+		}
+		log.Info("control socket inherited from systemd (socket activation)", "socket", d.cfg.Socket)
+	}
 	d.server, err = control.NewServer(scfg, deps, log.With("component", "control"))
 	if err != nil {
+		if inherited != nil {
+			inherited.Close()
+		}
 		return nil, fmt.Errorf("control socket %s: %w", cfg.Socket, err)
 	}
 	if d.peers != nil {
