@@ -256,8 +256,20 @@ func parsePeer(s string) (PeerConfig, error) {
 }
 
 func badValue(key, value, why string) error {
-	return fmt.Errorf("%w: %s = %q: %s", ErrConfig, key, value, why)
+	return &KeyError{Key: key, Value: value, Why: why}
 }
+
+// KeyError is an invalid configuration value: which key, the value, and
+// why it is refused. It matches ErrConfig.
+type KeyError struct {
+	Key, Value, Why string
+}
+
+func (e *KeyError) Error() string {
+	return fmt.Sprintf("%v: %s = %q: %s", ErrConfig, e.Key, e.Value, e.Why)
+}
+
+func (e *KeyError) Unwrap() error { return ErrConfig }
 
 // setting is one configuration key: how to read it from a string (env and
 // flags) and where it lands.
