@@ -7,7 +7,7 @@ PKGS      := ./...
 TEST_TIMEOUT ?= 20m
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all deps build run test test-go test-rdma generate lint fuzz bench clean
+.PHONY: all deps build run install test test-go test-rdma generate lint fuzz bench clean
 
 all: build
 
@@ -15,15 +15,44 @@ all: build
 deps:
 	@scripts/deps.sh
 
-# Quiet check used by build/run/test: runs deps only when a tool is missing.
+# Quiet checks: deps.sh runs only when something is missing. build and run
+# need only the build group; test needs every group.
+.deps-build:
+	@command -v flatc >/dev/null && command -v pkg-config >/dev/null \
+	  && dpkg-query -W -f='$${Status}' libibverbs-dev 2>/dev/null | grep -q 'install ok installed' \
+	  || scripts/deps.sh build
+
 .deps-check:
 	@command -v flatc >/dev/null && command -v fio >/dev/null && command -v iperf3 >/dev/null \
+	  && command -v promtool >/dev/null && command -v systemd-analyze >/dev/null && command -v tmux >/dev/null \
 	  && dpkg-query -W -f='$${Status}' libibverbs-dev 2>/dev/null | grep -q 'install ok installed' \
 	  || scripts/deps.sh
 
-build: .deps-check
+build: .deps-build
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+# make install [PREFIX=/usr/local] [DESTDIR=] [SYSCONFDIR=/etc]: the
+# binaries, the systemd units (ExecStart pointed at PREFIX), the sysusers
+# file, the README, and the example config unless one is already there.
+PREFIX     ?= /usr/local
+SYSCONFDIR ?= /etc
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
+	  $(DESTDIR)$(PREFIX)/share/doc/tensorcast $(DESTDIR)$(SYSCONFDIR)/tensorcast
+	install -m 0755 $(BIN)/tensorcastd $(BIN)/tcctl $(BIN)/tcbench $(DESTDIR)$(PREFIX)/bin/
+	for u in tensorcastd.service tensorcastd.socket; do \
+	  sed -e 's|/usr/local/bin/|$(PREFIX)/bin/|g' -e 's|/etc/tensorcast/|$(SYSCONFDIR)/tensorcast/|g' \
+	    -e 's|/usr/local/share/doc/|$(PREFIX)/share/doc/|g' deploy/$$u > $(DESTDIR)$(UNITDIR)/$$u; \
+	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$u; done
+	install -m 0644 deploy/tensorcast.sysusers $(DESTDIR)$(SYSUSERSDIR)/tensorcast.conf
+	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/tensorcast/
+	install -m 0644 deploy/tensorcastd.toml $(DESTDIR)$(PREFIX)/share/doc/tensorcast/tensorcastd.toml.example
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/tensorcast/tensorcastd.toml ]; then \
+	  echo "install: keeping $(DESTDIR)$(SYSCONFDIR)/tensorcast/tensorcastd.toml (example in $(PREFIX)/share/doc/tensorcast)"; \
+	else install -m 0640 deploy/tensorcastd.toml $(DESTDIR)$(SYSCONFDIR)/tensorcast/tensorcastd.toml; fi
 
 # Starts the daemon in the foreground on embedded defaults: socket and data under ./run/.
 run: build
@@ -43,7 +72,7 @@ test-go:
 test-rdma:
 	@if [ -x scripts/rdma-vm-test.sh ]; then scripts/rdma-vm-test.sh; else echo "test-rdma: harness not present yet"; fi
 
-generate: .deps-check
+generate: .deps-build
 	$(GO) generate ./fbs/...
 
 lint:
