@@ -155,6 +155,8 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 	b.dispatching.Store(seq)
 	bad := false
 	rest := acc
+	// One meter clock reading for every group of the call.
+	start0 := nanotime()
 	for len(rest) > 0 {
 		tr := rest[0].tr
 		grp := b.grp[:0]
@@ -167,7 +169,7 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 			}
 		}
 		rest = keep
-		if !b.dispatch(tr, grp) {
+		if !b.dispatch(tr, grp, start0) {
 			bad = true
 		}
 	}
@@ -183,6 +185,9 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 	// Pending, results parked during dispatch become terminal. After a
 	// contract violation every task of the call ends Failed instead.
 	stillLive := false
+	// Tasks whose Done came during dispatch are metered here, in runs of
+	// one transport, with one clock reading for the call (meter.go).
+	var run meterRun
 	for i := start; i < end; i++ {
 		t := &b.tasks[i]
 		for {
@@ -203,6 +208,7 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 			}
 			if s == stateParked {
 				err, n := t.err, t.n
+				run.add(t, n, err, b.e.cfg.ErrorCode)
 				if bad {
 					err, n = ErrTransport, 0
 				}
@@ -218,6 +224,7 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 			break // terminal (refused, rolled back) or Pending already
 		}
 	}
+	run.flush()
 	if bad {
 		b.tainted = true
 		return ErrTransport
@@ -308,9 +315,8 @@ func inBounds(off, n, size uint64) bool { return off <= size && n <= size-off }
 
 // dispatch hands grp to tr and rolls back what tr did not take. It reports
 // false when tr broke the count contract.
-func (b *batch) dispatch(tr Transport, grp []*Task) bool {
+func (b *batch) dispatch(tr Transport, grp []*Task, now int64) bool {
 	ms := &b.e.meters.get(tr.Name()).shards[b.idx%meterShards]
-	now := nanotime()
 	for _, t := range grp {
 		t.ms, t.start = ms, now
 		t.owed.Store(1)
@@ -449,10 +455,13 @@ func (b *batch) TaskDone(t *Task, n uint64, err error) {
 		}
 		return
 	}
-	t.ms.ended(t.start, n, err, b.e.cfg.ErrorCode)
+	// The meter is read before the task can end: a parked task is metered
+	// by its submit call (which may then reuse it), the others here.
+	ms, start := t.ms, t.start
 	t.releaseSegs()
 	for {
 		if b.end(t, StatePending, finalState(err), err, n) {
+			ms.ended(start, n, err, b.e.cfg.ErrorCode)
 			break
 		}
 		if t.state.CompareAndSwap(uint32(stateDispatching), uint32(stateEnding)) {
@@ -461,7 +470,8 @@ func (b *batch) TaskDone(t *Task, n uint64, err error) {
 			break
 		}
 		if s := State(t.state.Load()); s != StatePending && s != stateDispatching {
-			break // ended by a deadline, Abandon or Close: late Done
+			ms.ended(start, n, err, b.e.cfg.ErrorCode) // ended by a deadline, Abandon or Close: late Done
+			break
 		}
 	}
 	v := b.owed.Add(-1)

@@ -137,3 +137,42 @@ func TestTransportMeterAllocs(t *testing.T) {
 		t.Fatalf("counts %+v, want %d requests", st, 8*202)
 	}
 }
+
+// failInline ends every other task inside Submit with ErrFault, the rest
+// with their length.
+type failInline struct{ syncTr }
+
+func (f *failInline) Name() string { return "failinline" }
+func (f *failInline) Submit(ts []*Task) (int, error) {
+	for i, t := range ts {
+		if i%2 == 1 {
+			t.Done(0, ErrFault)
+		} else {
+			t.Done(t.Req.Length, nil)
+		}
+	}
+	return len(ts), nil
+}
+
+// TestTransportMeterInline: completions inside Submit are metered by the
+// submit call in runs; counts, bytes and errors come out exact.
+func TestTransportMeterInline(t *testing.T) {
+	f := newFixture(t, Config{ErrorCode: func(err error) int {
+		if errors.Is(err, ErrFault) {
+			return 3
+		}
+		return 15
+	}}, oneRouter{&failInline{}})
+	id, _ := f.e.AllocateBatch(16)
+	res := make([]error, 7)
+	if err := f.e.Submit(id, f.reqs(7), f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	st := statsOf(t, f.e, "failinline")
+	if st.Requests != 7 || st.Bytes != 4*64 || st.Errors[3] != 3 || st.InFlight != 0 || st.Latency.Count() != 7 {
+		t.Fatalf("%+v", st)
+	}
+	if err := f.e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+}

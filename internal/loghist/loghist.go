@@ -58,6 +58,12 @@ func (h *Hist) Record(ns uint64) {
 	h.sum.Add(ns)
 }
 
+// RecordN adds n values of ns nanoseconds each.
+func (h *Hist) RecordN(ns, n uint64) {
+	h.counts[Index(ns)].Add(n)
+	h.sum.Add(ns * n)
+}
+
 // AddTo folds h into s. Counts are read one by one, so a fold that races
 // with Record may see a value in Count before it is in Sum; both are
 // monotonic.
