@@ -20,14 +20,16 @@ import (
 var Version = "0.1.0-dev"
 
 // Daemon is one running tensorcastd: the pool, the segment registry, the
-// engine and its transports, the control server.
+// engine and its transports, the control server, the metrics endpoint.
 //
 // Start-up order: pool, registry, transports (the peer plane's tcp node
 // when peer_listen is set, then RDMA with the pool registered), engine,
-// control socket, then READY. Shutdown runs the reverse: STOPPING, drain
-// the control server (no new work, in-flight requests finish, clients told
-// UNAVAILABLE), close the engine (pending tasks canceled), the RDMA
-// transports and device, the peer node, the other transports, the pool.
+// control socket (inherited from systemd when socket-activated), eBPF
+// views, metrics endpoint, then READY. Shutdown runs the reverse:
+// STOPPING, drain the control server (no new work, in-flight requests
+// finish, clients told UNAVAILABLE), close the metrics endpoint and the
+// eBPF views, the engine (pending tasks canceled), the RDMA transports and
+// device, the peer node, the other transports, the pool.
 type Daemon struct {
 	cfg    Config
 	log    *slog.Logger
