@@ -284,7 +284,6 @@ func (v *Views) Rings() []Ring {
 	if u == nil {
 		return nil
 	}
-	type kv struct{ ctx, bucket uint64 }
 	var key [16]byte
 	var val [16]byte
 	per := map[uint64]*loghist.Snapshot{}
