@@ -86,12 +86,18 @@ func (d *Daemon) peerRetransmits() []peerRetransmit {
 	if d.kviews == nil || d.peers == nil || !d.kviews.Has(ktrace.ViewTCP) {
 		return nil
 	}
-	byTuple := map[ktrace.Tuple]tcp.ConnAddr{}
-	for _, c := range d.peers.node.ConnAddrs() {
+	return matchRetransmits(d.peers.node.ConnAddrs(), d.kviews.Retransmits())
+}
+
+// matchRetransmits keeps the kernel's counts of the connections in conns,
+// each with its peer.
+func matchRetransmits(conns []tcp.ConnAddr, rs []ktrace.Retransmit) []peerRetransmit {
+	byTuple := make(map[ktrace.Tuple]tcp.ConnAddr, len(conns))
+	for _, c := range conns {
 		byTuple[ktrace.Tuple{Local: c.Local, Remote: c.Remote}] = c
 	}
 	var out []peerRetransmit
-	for _, r := range d.kviews.Retransmits() {
+	for _, r := range rs {
 		if c, ok := byTuple[r.Tuple]; ok {
 			out = append(out, peerRetransmit{conn: c, n: r.Count})
 		}

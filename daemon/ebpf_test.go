@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/ktrace"
+	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -150,4 +152,22 @@ func (b *syncBuf) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+func TestMatchRetransmits(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	conns := []tcp.ConnAddr{
+		{Peer: "b", Outbound: true, Local: ap("10.0.0.1:40000"), Remote: ap("10.0.0.2:7400")},
+		{Peer: "c", Outbound: false, Local: ap("10.0.0.1:7400"), Remote: ap("10.0.0.3:50000")},
+	}
+	rs := []ktrace.Retransmit{
+		{Tuple: ktrace.Tuple{Local: ap("10.0.0.1:40000"), Remote: ap("10.0.0.2:7400")}, Count: 3},
+		{Tuple: ktrace.Tuple{Local: ap("10.0.0.1:7400"), Remote: ap("10.0.0.3:50000")}, Count: 5},
+		{Tuple: ktrace.Tuple{Local: ap("10.0.0.2:7400"), Remote: ap("10.0.0.1:40000")}, Count: 9}, // the other end's view
+		{Tuple: ktrace.Tuple{Local: ap("10.0.0.1:22"), Remote: ap("10.0.0.9:6000")}, Count: 1},    // not a peer connection
+	}
+	got := matchRetransmits(conns, rs)
+	if len(got) != 2 || got[0].conn.Peer != "b" || got[0].n != 3 || got[1].conn.Peer != "c" || got[1].n != 5 {
+		t.Fatalf("matched %+v", got)
+	}
 }
