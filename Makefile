@@ -90,6 +90,8 @@ fuzz:
 bench: build
 	scripts/bench.sh
 	scripts/bench-section.sh --markdown micro "Foundation micro-benchmarks" scripts/bench-micro.sh 5 2s
+	scripts/bench-section.sh metrics-cost "Hot-path cost of the metrics (engine, local and control benchmarks before/after the meters, benchstat)" \
+	  scripts/bench-metrics-cost.sh 8 1s
 	scripts/bench-section.sh uring "io_uring transport vs fio (same file, same bs/iodepth)" scripts/bench-uring.sh /var/tmp/tcbench 3 10
 	scripts/bench-section.sh tcp "tcp transport vs iperf3 and a raw TCP ping-pong (loopback)" scripts/bench-tcp.sh 3 3
 	scripts/bench-section.sh rdma "rdma transport and tcbench vs perftest on Soft-RoCE (qemu VM; ratios only)" \
