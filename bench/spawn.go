@@ -67,7 +67,9 @@ func spawnDaemon(bin string, poolSize uint64, allowedFiles, extra []string, log 
 		return nil, fmt.Errorf("%w: %w", ErrDaemon, err)
 	}
 	d := &Daemon{Socket: filepath.Join(dir, "s.sock"), Dir: dir, log: log, exited: make(chan error, 1)}
-	d.Args = []string{"--socket", d.Socket, "--data-dir", filepath.Join(dir, "data"), "--pool-size", sizeArg(poolSize)}
+	// Spawned daemons run side by side: none binds the default metrics port.
+	d.Args = []string{"--socket", d.Socket, "--data-dir", filepath.Join(dir, "data"), "--pool-size", sizeArg(poolSize),
+		"--metrics-address", "off"}
 	d.Args = append(d.Args, extra...)
 	if len(allowedFiles) > 0 {
 		cfg := filepath.Join(dir, "tensorcastd.toml")

@@ -19,6 +19,7 @@ func fakeDaemon(mode string, args []string) int {
 	sock := fs.String("socket", "", "")
 	fs.String("data-dir", "", "")
 	fs.String("config", "", "")
+	fs.String("metrics-address", "", "")
 	pool := fs.String("pool-size", "", "")
 	if err := fs.Parse(args); err != nil || *sock == "" || *pool == "" {
 		return 2

@@ -355,6 +355,7 @@ func (c *conn) serveFrame(frame []byte) bool {
 		c.write(EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 		return false
 	}
+	c.s.reqs.count(c.req.Kind)
 	outFD := -1
 	var out []byte
 	if !c.s.beginRequest() {

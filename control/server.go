@@ -42,6 +42,10 @@ type Config struct {
 	DaemonID    string // reported by Hello
 	Version     string // reported by Hello
 	PeerAddr    string // reported by Hello: where the peer plane listens, if any
+	// Listener, when set, is an already listening socket to serve on (one
+	// inherited from systemd's socket activation) instead of creating
+	// Socket; the server closes it but never removes its file.
+	Listener *net.UnixListener
 	// DefaultWait bounds Wait and Transfer calls that name no timeout and
 	// no context deadline (default 30s).
 	DefaultWait time.Duration
@@ -129,6 +133,7 @@ type Server struct {
 	idle     chan struct{} // signalled when inflight drops to 0 while draining
 	nconns   atomic.Int64
 	nextConn atomic.Uint64
+	reqs     requestCounts // requests decoded, by kind (reqcount.go)
 
 	wg sync.WaitGroup // accept loop and connection goroutines
 
@@ -171,9 +176,12 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 			MaxOffsets:  cfg.Limits.MaxBlocks,
 		},
 	}
-	ln, err := listen(cfg.Socket, cfg.Mode)
-	if err != nil {
-		return nil, err
+	ln := cfg.Listener
+	if ln == nil {
+		var err error
+		if ln, err = listen(cfg.Socket, cfg.Mode); err != nil {
+			return nil, err
+		}
 	}
 	s.ln = ln
 	return s, nil

@@ -78,6 +78,14 @@ type Config struct {
 	// RDMAQPs is how many RC queue pairs each peer's link spreads its
 	// requests over.
 	RDMAQPs int `toml:"rdma_qps"`
+
+	// MetricsAddress is the host:port of the Prometheus endpoint
+	// (/metrics); "off" or "" serves none. Port 0 picks a free one.
+	MetricsAddress string `toml:"metrics_address"`
+	// EBPF is auto (load the kernel-side views when the daemon may and the
+	// kernel has the hooks, else say which is missing and run without),
+	// on (fail start-up without them) or off.
+	EBPF string `toml:"ebpf"`
 }
 
 // PeerConfig is one configured peer daemon.
@@ -105,6 +113,10 @@ func Defaults() Config {
 		RDMAQPs:       2,
 		PeerSliceSize: 1 << 20,
 		RDMA:          "auto",
+		// MetricsAddress: loopback, so nothing is exposed off the host
+		// until the operator says so.
+		MetricsAddress: "127.0.0.1:9464",
+		EBPF:           "auto",
 	}
 }
 
@@ -151,6 +163,9 @@ func (c *Config) Validate() error {
 		if !filepath.IsAbs(p) {
 			return badValue("allowed_files", p, "must be an absolute path")
 		}
+	}
+	if err := c.validateOps(); err != nil {
+		return err
 	}
 	return c.validatePeers()
 }
@@ -241,8 +256,20 @@ func parsePeer(s string) (PeerConfig, error) {
 }
 
 func badValue(key, value, why string) error {
-	return fmt.Errorf("%w: %s = %q: %s", ErrConfig, key, value, why)
+	return &KeyError{Key: key, Value: value, Why: why}
 }
+
+// KeyError is an invalid configuration value: which key, the value, and
+// why it is refused. It matches ErrConfig.
+type KeyError struct {
+	Key, Value, Why string
+}
+
+func (e *KeyError) Error() string {
+	return fmt.Sprintf("%v: %s = %q: %s", ErrConfig, e.Key, e.Value, e.Why)
+}
+
+func (e *KeyError) Unwrap() error { return ErrConfig }
 
 // setting is one configuration key: how to read it from a string (env and
 // flags) and where it lands.
@@ -288,6 +315,8 @@ func settings() []setting {
 			c.RDMAQPs = n
 			return err
 		}},
+		{"metrics_address", "TENSORCAST_METRICS_ADDRESS", `Prometheus endpoint host:port, or "off"`, str(func(c *Config) *string { return &c.MetricsAddress })},
+		{"ebpf", "TENSORCAST_EBPF", "kernel-side eBPF views: auto, on, off", str(func(c *Config) *string { return &c.EBPF })},
 		{"peers", "TENSORCAST_PEERS", "peers as id=host:port, comma-separated (flag: repeatable --peer)", func(c *Config, s string) error {
 			c.Peers = c.Peers[:0]
 			for _, e := range strings.Split(s, ",") {

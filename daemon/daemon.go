@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/ktrace"
+	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -18,14 +20,16 @@ import (
 var Version = "0.1.0-dev"
 
 // Daemon is one running tensorcastd: the pool, the segment registry, the
-// engine and its transports, the control server.
+// engine and its transports, the control server, the metrics endpoint.
 //
 // Start-up order: pool, registry, transports (the peer plane's tcp node
 // when peer_listen is set, then RDMA with the pool registered), engine,
-// control socket, then READY. Shutdown runs the reverse: STOPPING, drain
-// the control server (no new work, in-flight requests finish, clients told
-// UNAVAILABLE), close the engine (pending tasks canceled), the RDMA
-// transports and device, the peer node, the other transports, the pool.
+// control socket (inherited from systemd when socket-activated), eBPF
+// views, metrics endpoint, then READY. Shutdown runs the reverse:
+// STOPPING, drain the control server (no new work, in-flight requests
+// finish, clients told UNAVAILABLE), close the metrics endpoint and the
+// eBPF views, the engine (pending tasks canceled), the RDMA transports and
+// device, the peer node, the other transports, the pool.
 type Daemon struct {
 	cfg    Config
 	log    *slog.Logger
@@ -41,6 +45,10 @@ type Daemon struct {
 	rdma   *rdmaPlane // nil without a peer plane or a usable RDMA device
 	engine *xfer.Engine
 	server *control.Server
+
+	metrics    *metrics.Registry
+	metricsSrv *metrics.Server // nil with metrics_address off
+	kviews     *ktrace.Views   // nil with ebpf off or unavailable
 
 	// closeOnce guards the teardown in shutdown.
 	closeOnce sync.Once
@@ -84,7 +92,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		rt.rdma = d.rdma
 		d.peers.rdma, d.peers.noRDMA = d.rdma, rdmaReport.reason
 	}
-	d.engine = xfer.NewEngine(xfer.Config{}, rt, log.With("component", "engine"))
+	d.engine = xfer.NewEngine(xfer.Config{ErrorCode: d.errorCode}, rt, log.With("component", "engine"))
 
 	scfg := control.Config{
 		Socket:      cfg.Socket,
@@ -106,8 +114,23 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if d.peers != nil {
 		deps.Peers = d.peers
 	}
+	inherited, err := inheritedListener(getenv)
+	if err != nil {
+		return nil, err
+	}
+	if inherited != nil {
+		scfg.Listener = inherited
+		if addr := inherited.Addr().String(); addr != cfg.Socket {
+			log.Warn("serving on the socket systemd passed, not on the configured one", "inherited", addr, "socket", cfg.Socket)
+			d.cfg.Socket = addr
+		}
+		log.Info("control socket inherited from systemd (socket activation)", "socket", d.cfg.Socket)
+	}
 	d.server, err = control.NewServer(scfg, deps, log.With("component", "control"))
 	if err != nil {
+		if inherited != nil {
+			inherited.Close()
+		}
 		return nil, fmt.Errorf("control socket %s: %w", cfg.Socket, err)
 	}
 	if d.peers != nil {
@@ -116,6 +139,12 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if d.rdma != nil {
 		d.server.SetUnexportHook(d.rdma.unexported)
 	}
+	if err := d.openKernelViews(); err != nil {
+		return nil, err
+	}
+	if err := d.newMetrics(); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -123,10 +152,15 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 // drain_timeout and tears down. It returns nil after a clean drain.
 func (d *Daemon) Run(ctx context.Context) error {
 	d.server.Start()
+	metricsAddr := "off"
+	if d.metricsSrv != nil {
+		d.metricsSrv.Start()
+		metricsAddr = d.metricsSrv.Addr()
+	}
 	st := d.pool.Stats()
 	d.log.Info("tensorcastd ready", "version", Version, "socket", d.cfg.Socket,
 		"pool_size", Size(st.Size).String(), "hugepages", st.Hugepages, "data_dir", d.cfg.DataDir,
-		"file_tier", d.files != nil, "daemon_id", d.cfg.DaemonID, "peer_plane", d.peerAddr())
+		"file_tier", d.files != nil, "daemon_id", d.cfg.DaemonID, "peer_plane", d.peerAddr(), "metrics", metricsAddr)
 	if err := d.notify.Notify("READY=1\nSTATUS=serving on " + d.cfg.Socket); err != nil {
 		d.log.Warn("sd_notify READY failed", "err", err)
 	}
@@ -190,6 +224,13 @@ func (d *Daemon) shutdown() error {
 // closeParts closes whatever New built, in reverse order; safe on a
 // partially built daemon.
 func (d *Daemon) closeParts() {
+	// The endpoint goes first: its sources read the parts closed below.
+	if d.metricsSrv != nil {
+		if err := d.metricsSrv.Close(); err != nil {
+			d.log.Warn("closing metrics endpoint", "err", err)
+		}
+	}
+	d.closeKernelViews()
 	if d.server != nil {
 		if err := d.server.Close(); err != nil {
 			d.log.Warn("closing control server", "err", err)
@@ -287,5 +328,5 @@ func (d *Daemon) transportCounters(dst []control.Counter) []control.Counter {
 	if d.rdma != nil {
 		dst = d.rdma.counters(dst)
 	}
-	return dst
+	return d.kernelCounters(dst)
 }

@@ -27,6 +27,11 @@ func testConfig(dir string) Config {
 	c.DataDir = filepath.Join(dir, "data")
 	c.PoolSize = 16 << 20
 	c.DrainTimeout = Duration(2 * time.Second)
+	// Tests run daemons side by side: each binds a free port.
+	c.MetricsAddress = "127.0.0.1:0"
+	// Loading eBPF programs is what TestKernelViews tests; the rest run
+	// without.
+	c.EBPF = "off"
 	return c
 }
 

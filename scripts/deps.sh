@@ -3,11 +3,16 @@
 # with, but only those that are missing (a no-op on a prepared machine).
 #
 # usage: scripts/deps.sh [group...]   groups: build test bench rdma (default: all)
+#   build: what `make build` and `make run` need; test, bench, rdma: the rest
+#   of `make test` and `make bench`.
 set -euo pipefail
 
 declare -A groups=(
   [build]="flatbuffers-compiler libflatbuffers-dev gcc g++ make pkg-config libibverbs-dev"
-  [test]="iproute2 e2fsprogs util-linux python3 python3-numpy python3-torch"
+  # prometheus: promtool (check metrics); systemd: systemd-analyze (verify,
+  # security); tmux: tcctl top in a real terminal; python3 with numpy and
+  # torch: the Python package's tests.
+  [test]="iproute2 e2fsprogs util-linux prometheus systemd tmux python3 python3-numpy python3-torch"
   [bench]="fio iperf3"
   [rdma]="qemu-system-x86 busybox-static cpio kmod gzip libibverbs1 ibverbs-providers ibverbs-utils perftest rdma-core"
 )

@@ -154,11 +154,13 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 	// compacted in place: its write index never passes its read index.
 	b.dispatching.Store(seq)
 	bad := false
+	// One meter clock reading for every group of the call.
+	start0 := nanotime()
 	for rest := acc; len(rest) > 0; {
 		var tr Transport
 		var grp []*Task
 		tr, grp, rest = nextGroup(rest, b.grp[:0])
-		if !b.dispatch(tr, grp) {
+		if !b.dispatch(tr, grp, start0) {
 			bad = true
 		}
 	}
@@ -174,6 +176,9 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 	// Pending, results parked during dispatch become terminal. After a
 	// contract violation every task of the call ends Failed instead.
 	stillLive := false
+	// Tasks whose Done came during dispatch are metered here, in runs of
+	// one transport, with one clock reading for the call (meter.go).
+	var run meterRun
 	for i := start; i < end; i++ {
 		t := &b.tasks[i]
 		for {
@@ -194,6 +199,7 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 			}
 			if s == stateParked {
 				err, n := t.err, t.n
+				run.add(t, n, err, b.e.cfg.ErrorCode)
 				if bad {
 					err, n = ErrTransport, 0
 				}
@@ -209,6 +215,7 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 			break // terminal (refused, rolled back) or Pending already
 		}
 	}
+	run.flush()
 	if bad {
 		b.tainted = true
 		return ErrTransport
@@ -336,11 +343,14 @@ func dispatched(n, size int, err error) (k int, ok bool, rerr error) {
 
 // dispatch hands grp to tr and rolls back what tr did not take. It reports
 // false when tr broke the count contract.
-func (b *batch) dispatch(tr Transport, grp []*Task) bool {
+func (b *batch) dispatch(tr Transport, grp []*Task, now int64) bool {
+	ms := &b.e.meters.get(tr.Name()).shards[b.idx%meterShards]
 	for _, t := range grp {
+		t.ms, t.start = ms, now
 		t.owed.Store(1)
 		t.state.Store(uint32(stateDispatching))
 	}
+	ms.dispatched.Add(uint64(len(grp)))
 	if v := b.cnt[StateWaiting].Add(-int64(len(grp))); invariants && v < 0 {
 		panic("xfer: invariant: waiting task count below zero")
 	}
@@ -352,6 +362,7 @@ func (b *batch) dispatch(tr Transport, grp []*Task) bool {
 	if !ok {
 		b.e.violation(tr, "dispatch count", n, len(grp))
 	}
+	refused := uint64(0)
 	for _, t := range grp[k:] {
 		if !t.owed.CompareAndSwap(1, 0) {
 			// The transport called Done for a task it did not take; the
@@ -362,9 +373,14 @@ func (b *batch) dispatch(tr Transport, grp []*Task) bool {
 			ok = false
 			continue
 		}
+		refused++
 		t.releaseSegs()
 		b.owed.Add(-1)
 		b.end(t, stateDispatching, StateFailed, rerr, 0)
+	}
+	if refused > 0 {
+		ms.dispatched.Add(-refused)
+		ms.refused.Add(refused)
 	}
 	return ok
 }
@@ -451,9 +467,13 @@ func (b *batch) TaskDone(t *Task, n uint64, err error) {
 		}
 		return
 	}
+	// The meter is read before the task can end: a parked task is metered
+	// by its submit call (which may then reuse it), the others here.
+	ms, start := t.ms, t.start
 	t.releaseSegs()
 	for {
 		if b.end(t, StatePending, finalState(err), err, n) {
+			ms.ended(start, n, err, b.e.cfg.ErrorCode)
 			break
 		}
 		if t.state.CompareAndSwap(uint32(stateDispatching), uint32(stateEnding)) {
@@ -462,7 +482,8 @@ func (b *batch) TaskDone(t *Task, n uint64, err error) {
 			break
 		}
 		if s := State(t.state.Load()); s != StatePending && s != stateDispatching {
-			break // ended by a deadline, Abandon or Close: late Done
+			ms.ended(start, n, err, b.e.cfg.ErrorCode) // ended by a deadline, Abandon or Close: late Done
+			break
 		}
 	}
 	v := b.owed.Add(-1)

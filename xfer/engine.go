@@ -17,6 +17,11 @@ type Config struct {
 	MaxBatches       int           // live batches per engine (default 4096)
 	MaxBatchCapacity int           // tasks per batch (default 65536)
 	DefaultTimeout   time.Duration // deadline when a submit names none (default 30s)
+	// ErrorCode sorts a task's error into one of MaxErrorCodes codes for
+	// the per-transport error counters (TransportStats.Errors); it runs on
+	// the completion path of failed tasks only. Nil counts every error
+	// under code 0.
+	ErrorCode func(error) int
 }
 
 // Defaults of Config.
@@ -106,6 +111,8 @@ type Engine struct {
 
 	closed     atomic.Bool
 	violations atomic.Uint64
+	// meters are the per-transport counters (meter.go).
+	meters meterTable
 
 	// slots holds one batch object per slot ever used; a slot's object is
 	// reused by every batch allocated in it. Its length is fixed.

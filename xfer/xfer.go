@@ -198,6 +198,10 @@ type Task struct {
 	seq uint32
 	// slot is the task's index in its Stream (stream tasks only).
 	slot uint32
+	// ms is the meter shard of the transport it was dispatched to, start
+	// the meter clock then (meter.go); written before dispatch.
+	ms    *meterShard
+	start int64
 	// holdL and holdT say that Local / Target are RangeHolders holding the
 	// request's range; release drops it before releasing the segment.
 	holdL, holdT bool

@@ -1,7 +1,9 @@
 // Command tcctl is the admin and client CLI of tensorcastd.
 //
 //	tcctl [--socket PATH] info
-//	tcctl [--socket PATH] stats
+//	tcctl [--socket PATH] stats [--json]
+//	tcctl top [--metrics HOST:PORT] [--interval D] [-n FRAMES]
+//	tcctl config check FILE
 //	tcctl [--socket PATH] ping [-n COUNT] [-size BYTES]
 //	tcctl [--socket PATH] peers
 //	tcctl [--socket PATH] segments [--remote]
@@ -36,7 +38,13 @@ const usage = `usage: tcctl [--socket PATH] COMMAND [ARGS]
 
 commands:
   info                    daemon id, version, limits and pool
-  stats                   pool, engine and connection counters
+  stats [--json]          pool, engine and connection counters
+  top [--metrics HOST:PORT] [--interval D] [-n FRAMES]
+                          live view from the metrics endpoint: IOPS,
+                          throughput and latency percentiles per transport,
+                          peer and io_uring ring (kernel view)
+  config check FILE       validate a tensorcastd config file without
+                          starting anything: each error with key and line
   ping [-n COUNT] [-size BYTES]
                           round trips to the daemon, with latency stats
   peers                   peer daemons: address, epoch, connection, bytes, errors
@@ -71,7 +79,11 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case "info":
 		err = info(sock, stdout)
 	case "stats":
-		err = stats(sock, stdout)
+		err = stats(sock, rest, stdout, stderr)
+	case "top":
+		err = top(rest, getenv, stdout, stderr)
+	case "config":
+		err = configCmd(rest, stdout, stderr)
 	case "ping":
 		err = ping(sock, rest, stdout, stderr)
 	case "peers":
@@ -145,7 +157,13 @@ func info(sock string, w io.Writer) error {
 	return nil
 }
 
-func stats(sock string, w io.Writer) error {
+func stats(sock string, args []string, w, stderr io.Writer) error {
+	fs := flag.NewFlagSet("stats", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print the counters as one JSON object")
+	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+		return fmt.Errorf("%w: stats [--json]", errUsage)
+	}
 	c, err := dial(sock, false)
 	if err != nil {
 		return err
@@ -154,6 +172,9 @@ func stats(sock string, w io.Writer) error {
 	st, err := c.Stats()
 	if err != nil {
 		return err
+	}
+	if *asJSON {
+		return writeStatsJSON(w, st)
 	}
 	fmt.Fprintf(w, "connections %d\n", st.Connections)
 	for _, g := range []struct {

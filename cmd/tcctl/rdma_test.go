@@ -72,6 +72,7 @@ func startRealDaemon(t *testing.T, mode string, peers bool) string {
 	cfg.DrainTimeout = daemon.Duration(2 * time.Second)
 	cfg.DaemonID = "host-a"
 	cfg.RDMA = mode
+	cfg.MetricsAddress = "127.0.0.1:0"
 	if peers {
 		key := filepath.Join(dir, "cluster.key")
 		if err := os.WriteFile(key, []byte("tcctl rdma test key\n"), 0o600); err != nil {

@@ -32,7 +32,7 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "tensorcastd:", err)
 		return 2
 	}
-	log := daemon.NewLogger(cfg, os.Stderr)
+	log := daemon.NewLogger(cfg, os.Stderr, daemon.UnderJournal(os.Getenv, os.Stderr))
 	d, err := daemon.New(cfg, log, os.Getenv)
 	if err != nil {
 		log.Error("start-up failed", "err", err)

@@ -1,0 +1,173 @@
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/ktrace"
+	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// TestKernelViews runs a daemon with ebpf = on, moves blocks between the
+// pool and a file through io_uring, and checks that the kernel-side
+// histogram counted the SQEs the ring says it submitted, and that the
+// views show in the scrape and in tcctl stats.
+func TestKernelViews(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_BPF and CAP_PERFMON) to load the eBPF views")
+	}
+	if v, errs := ktrace.Open([]ktrace.View{ktrace.ViewUring}); v == nil {
+		t.Skipf("eBPF io_uring view unavailable here: %v", errs[ktrace.ViewUring])
+	} else {
+		v.Close()
+	}
+	cfg := testConfig(t.TempDir())
+	cfg.EBPF = "on"
+	var logBuf syncBuf
+	d, err := New(cfg, slog.New(slog.NewTextHandler(&logBuf, nil)), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.files == nil {
+		t.Skip("io_uring file tier not available on this kernel")
+	}
+	runDaemon(t, d)
+	if !strings.Contains(logBuf.String(), "ebpf views loaded") {
+		t.Fatalf("no load line in the log:\n%s", logBuf.String())
+	}
+	c, err := client.Dial(cfg.Socket, client.Options{Name: "ebpf-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pool, _ := c.Pool()
+	const blk = 64 << 10
+	fileID, _, err := c.RegisterFile(filepath.Join(cfg.DataDir, "k.bin"), true, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offs, err := c.AllocBlocks(nil, 4, blk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]xfer.Request, 4)
+	for i := range reqs {
+		reqs[i] = xfer.Request{Op: xfer.OpRead, Local: pool.Segment, LocalOffset: offs[i], Target: fileID, TargetOffset: uint64(i * blk), Length: blk}
+	}
+	res := make([]error, len(reqs))
+	for _, op := range []xfer.Op{xfer.OpWrite, xfer.OpRead, xfer.OpWrite} {
+		for i := range reqs {
+			reqs[i].Op = op
+		}
+		if s, err := c.Transfer(reqs, 5*time.Second, res); err != nil || int(s.Completed) != len(reqs) {
+			t.Fatalf("%v: %+v %v %v", op, s, err, res)
+		}
+	}
+	exp := scrapeMetrics(t, d.MetricsAddr())
+	sqes := sumSeries(t, exp, `tensorcast_uring_ring_sqes_total{ring="`)
+	kernel := sumSeries(t, exp, `tensorcast_kernel_uring_latency_seconds_count{ring="`)
+	wakeups := sumSeries(t, exp, `tensorcast_uring_ring_wakeups_total{ring="`)
+	// Besides the data SQEs the poller keeps a read of its wake-up eventfd
+	// armed in the ring; each such read completes only after a wake-up
+	// write, so the kernel counts every data SQE plus at most one
+	// completion per wake-up. (ktrace's own test counts NOPs exactly.)
+	if sqes != 12 || kernel < sqes || kernel > sqes+wakeups {
+		t.Fatalf("kernel counted %v completions; the ring submitted %v SQEs for 12 requests and had %v wake-ups:\n%s",
+			kernel, sqes, wakeups, exp)
+	}
+	if v := sample(t, exp, `tensorcast_ebpf_view_loaded{view="uring"}`); v != 1 {
+		t.Fatalf("uring view loaded = %v", v)
+	}
+	if v := sample(t, exp, `tensorcast_ebpf_view_loaded{view="tcp"}`); v != 0 {
+		t.Fatalf("tcp view loaded = %v without a peer plane", v)
+	}
+	st, err := c.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, ct := range st.Transports {
+		if strings.HasPrefix(ct.Name, "kernel.uring.ring") && strings.HasSuffix(ct.Name, ".completions") && float64(ct.Value) == kernel {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("tcctl stats lacks the kernel ring counters: %+v", st.Transports)
+	}
+}
+
+// sumSeries adds the values of every series whose line starts with prefix.
+func sumSeries(t *testing.T, exp, prefix string) float64 {
+	t.Helper()
+	var sum float64
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(prefix) + `[^}]*\} (\S+)$`)
+	for _, m := range re.FindAllStringSubmatch(exp, -1) {
+		v, err := strconv.ParseFloat(m[1], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+func TestViewErrorsOneLine(t *testing.T) {
+	want := []ktrace.View{ktrace.ViewUring, ktrace.ViewTCP}
+	capErr := errors.Join(ktrace.ErrNoCapability, errors.New("lacks CAP_BPF"))
+	got := viewErrors(want, map[ktrace.View]error{ktrace.ViewUring: capErr, ktrace.ViewTCP: capErr})
+	if strings.Count(got, "CAP_BPF") != 1 {
+		t.Fatalf("capability reason not said once: %q", got)
+	}
+	got = viewErrors(want, map[ktrace.View]error{ktrace.ViewTCP: errors.Join(ktrace.ErrNoHook, errors.New("tracepoint tcp_retransmit_skb"))})
+	if !strings.Contains(got, "tcp view") || !strings.Contains(got, "tcp_retransmit_skb") || strings.Contains(got, "uring") {
+		t.Fatalf("hook reason %q", got)
+	}
+}
+
+// syncBuf is a bytes.Buffer safe for a logger and a test to share.
+type syncBuf struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (b *syncBuf) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuf) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func TestMatchRetransmits(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	conns := []tcp.ConnAddr{
+		{Peer: "b", Outbound: true, Local: ap("10.0.0.1:40000"), Remote: ap("10.0.0.2:7400")},
+		{Peer: "c", Outbound: false, Local: ap("10.0.0.1:7400"), Remote: ap("10.0.0.3:50000")},
+	}
+	rs := []ktrace.Retransmit{
+		{Tuple: ktrace.Tuple{Local: ap("10.0.0.1:40000"), Remote: ap("10.0.0.2:7400")}, Count: 3},
+		{Tuple: ktrace.Tuple{Local: ap("10.0.0.1:7400"), Remote: ap("10.0.0.3:50000")}, Count: 5},
+		{Tuple: ktrace.Tuple{Local: ap("10.0.0.2:7400"), Remote: ap("10.0.0.1:40000")}, Count: 9}, // the other end's view
+		{Tuple: ktrace.Tuple{Local: ap("10.0.0.1:22"), Remote: ap("10.0.0.9:6000")}, Count: 1},    // not a peer connection
+	}
+	got := matchRetransmits(conns, rs)
+	if len(got) != 2 || got[0].conn.Peer != "b" || got[0].n != 3 || got[1].conn.Peer != "c" || got[1].n != 5 {
+		t.Fatalf("matched %+v", got)
+	}
+}

@@ -1,0 +1,159 @@
+package daemon
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/metrics"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// newMetrics builds the registry with every source this daemon has and
+// binds the endpoint (nil with metrics_address off). Sources read the
+// components' own counters at scrape time; nothing here runs per request.
+func (d *Daemon) newMetrics() error {
+	d.metrics = metrics.NewRegistry(metrics.ReadBuildInfo(Version))
+	for _, s := range []struct {
+		name string
+		src  metrics.SourceFunc
+	}{
+		{"transports", d.collectTransports},
+		{"engine", d.collectEngine},
+		{"pool", d.collectPool},
+		{"control", d.collectControl},
+		{"uring", d.collectRings},
+		{"peers", d.collectPeers},
+		{"kernel", d.collectKernel},
+	} {
+		if err := d.metrics.Register(s.name, s.src); err != nil {
+			return err
+		}
+	}
+	if d.cfg.MetricsOff() {
+		return nil
+	}
+	srv, err := metrics.Listen(d.cfg.MetricsAddress, d.metrics, d.log.With("component", "metrics"))
+	if err != nil {
+		return fmt.Errorf("%w: metrics_address = %q: %v", ErrConfig, d.cfg.MetricsAddress, err)
+	}
+	d.metricsSrv = srv
+	return nil
+}
+
+// Metrics is the daemon's registry: a component added later registers its
+// source here (see package metrics).
+func (d *Daemon) Metrics() *metrics.Registry { return d.metrics }
+
+// MetricsAddr is the bound address of the metrics endpoint, "" when off.
+func (d *Daemon) MetricsAddr() string {
+	if d.metricsSrv == nil {
+		return ""
+	}
+	return d.metricsSrv.Addr()
+}
+
+// errorCode sorts a task's error into the status code a client would see,
+// for the per-transport error counters.
+func (d *Daemon) errorCode(err error) int {
+	if d.peers != nil {
+		if c, ok := d.peers.Code(err); ok {
+			return int(c)
+		}
+	}
+	return int(control.CodeOf(err))
+}
+
+func (d *Daemon) collectTransports(e *metrics.Emit) {
+	for _, t := range d.engine.TransportStats() {
+		l := metrics.L("transport", t.Name)
+		e.Counter("tensorcast_transport_requests_total", "Requests the transport ended (success or error).", float64(t.Requests), l)
+		e.Counter("tensorcast_transport_bytes_total", "Bytes the transport reported moved.", float64(t.Bytes), l)
+		e.Counter("tensorcast_transport_refused_total", "Requests the transport refused at dispatch (queue full, closed).", float64(t.Refused), l)
+		e.Gauge("tensorcast_transport_in_flight", "Requests dispatched to the transport and not yet ended.", float64(t.InFlight), l)
+		for c, n := range t.Errors {
+			if n != 0 {
+				e.Counter("tensorcast_transport_errors_total", "Requests the transport ended with an error, by the code a client sees.",
+					float64(n), l, metrics.L("code", control.Code(c).String()))
+			}
+		}
+		e.LatencyHistogram("tensorcast_transport_latency_seconds", "Time from dispatch to the transport's completion.", &t.Latency, l)
+	}
+}
+
+func (d *Daemon) collectEngine(e *metrics.Emit) {
+	s := d.engine.Stats()
+	const tasks = "Tasks by state: waiting and pending now."
+	e.Gauge("tensorcast_engine_tasks", tasks, float64(s.Waiting), metrics.L("state", xfer.StateWaiting.String()))
+	e.Gauge("tensorcast_engine_tasks", tasks, float64(s.Pending), metrics.L("state", xfer.StatePending.String()))
+	const ended = "Tasks that ended, by terminal state."
+	for _, x := range []struct {
+		st xfer.State
+		n  uint64
+	}{{xfer.StateCompleted, s.Completed}, {xfer.StateFailed, s.Failed}, {xfer.StateTimeout, s.Timeout}, {xfer.StateCanceled, s.Canceled}} {
+		e.Counter("tensorcast_engine_tasks_ended_total", ended, float64(x.n), metrics.L("state", x.st.String()))
+	}
+	e.Gauge("tensorcast_engine_batches", "Batches: live (allocated), retiring (freed, still owed a completion).", float64(s.BatchesLive), metrics.L("state", "live"))
+	e.Gauge("tensorcast_engine_batches", "Batches: live (allocated), retiring (freed, still owed a completion).", float64(s.BatchesRetiring), metrics.L("state", "retiring"))
+	e.Counter("tensorcast_engine_bytes_total", "Bytes moved by ended tasks.", float64(s.Bytes))
+	e.Counter("tensorcast_engine_contract_violations_total", "Transport contract violations the engine caught.", float64(s.Violations))
+}
+
+func (d *Daemon) collectPool(e *metrics.Emit) {
+	s := d.pool.Stats()
+	e.Gauge("tensorcast_pool_size_bytes", "Size of the DRAM pool.", float64(s.Size))
+	e.Gauge("tensorcast_pool_used_bytes", "Pool bytes in live blocks, at their block size.", float64(s.Used))
+	e.Gauge("tensorcast_pool_requested_bytes", "Pool bytes the live blocks were asked for.", float64(s.Requested))
+	e.Gauge("tensorcast_pool_free_bytes", "Pool bytes in no live block.", float64(s.FreeBytes))
+	e.Gauge("tensorcast_pool_blocks", "Live pool blocks.", float64(s.Blocks))
+	e.Gauge("tensorcast_pool_slabs", "Slabs in the pool.", float64(s.Slabs))
+	e.Gauge("tensorcast_pool_free_slabs", "Slabs held by no block size class.", float64(s.FreeSlabs))
+	e.Gauge("tensorcast_pool_fragmentation_ratio", "Share of held slabs' bytes that carries no requested data (0..1).", s.Fragmentation)
+	e.Bool("tensorcast_pool_hugepages", "Whether the pool is backed by hugepages.", s.Hugepages)
+	for _, c := range s.Classes {
+		l := metrics.L("block_size", strconv.FormatUint(c.BlockSize, 10))
+		e.Gauge("tensorcast_pool_class_blocks", "Live blocks per block size class.", float64(c.Live), l)
+		e.Gauge("tensorcast_pool_class_free_blocks", "Unused blocks in the slabs a class holds.", float64(c.FreeBlocks), l)
+		e.Gauge("tensorcast_pool_class_slabs", "Slabs held per block size class.", float64(c.Slabs), l)
+	}
+}
+
+func (d *Daemon) collectControl(e *metrics.Emit) {
+	e.Gauge("tensorcast_control_clients", "Client connections on the control socket.", float64(d.server.Connections()))
+	for _, rc := range d.server.RequestCounts(nil) {
+		e.Counter("tensorcast_control_requests_total", "Control requests decoded, by message type.", float64(rc.Count), metrics.L("type", rc.Kind))
+	}
+}
+
+func (d *Daemon) collectRings(e *metrics.Emit) {
+	if d.files == nil {
+		return
+	}
+	for i, r := range d.files.t.Stats() {
+		l := metrics.L("ring", strconv.Itoa(i))
+		e.Gauge("tensorcast_uring_ring_entries", "Slots of the io_uring ring.", float64(r.Entries), l)
+		e.Gauge("tensorcast_uring_ring_in_flight", "Tasks holding a ring slot.", float64(r.InFlight), l)
+		e.Counter("tensorcast_uring_ring_sqes_total", "SQEs handed to the kernel.", float64(r.Submitted), l)
+		e.Counter("tensorcast_uring_ring_resubmits_total", "Short transfers and EAGAIN/EINTR retries.", float64(r.Resubmits), l)
+		e.Counter("tensorcast_uring_ring_enters_total", "io_uring_enter calls.", float64(r.Enters), l)
+		e.Counter("tensorcast_uring_ring_wakeups_total", "Wake-ups of a sleeping poller.", float64(r.Wakeups), l)
+		e.Counter("tensorcast_uring_ring_fixed_sqes_total", "SQEs that used a registered buffer.", float64(r.Fixed), l)
+	}
+}
+
+func (d *Daemon) collectPeers(e *metrics.Emit) {
+	if d.peers == nil {
+		return
+	}
+	for _, p := range d.peers.node.Peers() {
+		id := metrics.L("peer", metrics.SanitizeLabel(p.ID))
+		e.Counter("tensorcast_peer_received_bytes_total", "Payload bytes received from the peer.", float64(p.BytesIn), id)
+		e.Counter("tensorcast_peer_sent_bytes_total", "Payload bytes sent to the peer.", float64(p.BytesOut), id)
+		e.Counter("tensorcast_peer_errors_total", "Connections to the peer dropped for an error.", float64(p.Errors), id)
+		e.Bool("tensorcast_peer_connected", "Whether a session with the peer is up.", p.Connected, id)
+		e.Gauge("tensorcast_peer_connections", "Authenticated connections with the peer, by who dialed.", float64(p.Conns), id, metrics.L("direction", "outbound"))
+		e.Gauge("tensorcast_peer_connections", "Authenticated connections with the peer, by who dialed.", float64(p.Inbound), id, metrics.L("direction", "inbound"))
+		e.Gauge("tensorcast_peer_info", "The peer's address and the epoch (run) it is known by (always 1).", 1, id,
+			metrics.L("addr", metrics.SanitizeLabel(p.Addr)), metrics.L("epoch", fmt.Sprintf("%#x", p.Epoch)))
+	}
+}
