@@ -111,6 +111,7 @@ type Engine struct {
 
 	closed     atomic.Bool
 	violations atomic.Uint64
+	streamSeq  atomic.Uint32 // streams opened, to spread them over meter shards
 	// meters are the per-transport counters (meter.go).
 	meters meterTable
 

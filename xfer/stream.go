@@ -43,9 +43,10 @@ type StreamSink interface {
 // Concurrency: Submit is called by one goroutine at a time (a queue's
 // worker); Close may race with it and with completions.
 type Stream struct {
-	e    *Engine
-	r    Resolver
-	sink StreamSink
+	e     *Engine
+	r     Resolver
+	sink  StreamSink
+	shard uint32 // the meter shard its tasks count in
 	// epoch is the zero of the slots' due times (monotonic).
 	epoch time.Time
 
@@ -112,6 +113,7 @@ func (e *Engine) NewStream(capacity int, r Resolver, sink StreamSink) (*Stream, 
 		s.tasks[i].slot = uint32(i)
 		s.free[i] = uint32(capacity - 1 - i)
 	}
+	s.shard = uint32(e.streamSeq.Add(1) % meterShards)
 	if !e.addStream(s) {
 		return nil, ErrClosed
 	}
@@ -203,17 +205,19 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 	s.live.Add(int64(len(acc)))
 
 	bad := false
+	start0 := nanotime() // one meter clock reading for every group of the call
 	for rest := acc; len(rest) > 0; {
 		var tr Transport
 		var grp []*Task
 		tr, grp, rest = nextGroup(rest, s.grp[:0])
-		if !s.dispatch(tr, grp) {
+		if !s.dispatch(tr, grp, start0) {
 			bad = true
 		}
 	}
 	// Publish what the transports did: tasks still with a transport become
 	// Pending and get their deadline timer; results parked during dispatch
 	// end now.
+	var run meterRun // tasks whose Done came during dispatch (meter.go)
 	for _, t := range acc {
 		d := t.Deadline.Sub(now) // read while the task cannot end under us
 	publish:
@@ -225,6 +229,7 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 				}
 				s.arm(t.slot, d)
 			case stateParked:
+				run.add(t, t.n, t.err, s.e.cfg.ErrorCode)
 				s.end(t, stateParked, finalState(t.err), t.err, t.n)
 				s.unref(t)
 			case stateEnding:
@@ -233,6 +238,7 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 			break publish
 		}
 	}
+	run.flush()
 	if bad {
 		s.freeMu.Lock()
 		s.broken = true
@@ -245,16 +251,23 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 // when tr broke the count contract; the tasks it disowned then end Failed
 // with ErrTransport, and their slots are never reused (the transport may
 // still call Done on them).
-func (s *Stream) dispatch(tr Transport, grp []*Task) bool {
+func (s *Stream) dispatch(tr Transport, grp []*Task, now int64) bool {
+	ms := &s.e.meters.get(tr.Name()).shards[s.shard]
 	for _, t := range grp {
+		t.ms, t.start = ms, now
 		t.owed.Store(1)
 		s.slots[t.slot].refs.Add(1)
 		t.state.Store(uint32(stateDispatching))
 	}
+	ms.dispatched.Add(uint64(len(grp)))
 	n, err := tr.Submit(grp)
 	k, ok, rerr := dispatched(n, len(grp), err)
 	if !ok {
 		s.e.violation(tr, "dispatch count", n, len(grp))
+	}
+	if refused := uint64(len(grp) - k); refused > 0 {
+		ms.dispatched.Add(-refused)
+		ms.refused.Add(refused)
 	}
 	for _, t := range grp[k:] {
 		if !t.owed.CompareAndSwap(1, 0) {
@@ -309,9 +322,13 @@ func (s *Stream) TaskDone(t *Task, n uint64, err error) {
 			"transport", transportName(t.tr))
 		return
 	}
+	// The meter is read before the task can end: a parked task is metered
+	// by its Submit, the others here.
+	ms, start := t.ms, t.start
 	t.releaseSegs()
 	for {
 		if s.end(t, StatePending, finalState(err), err, n) {
+			ms.ended(start, n, err, s.e.cfg.ErrorCode)
 			s.unref(t)
 			break
 		}
@@ -321,7 +338,8 @@ func (s *Stream) TaskDone(t *Task, n uint64, err error) {
 			break
 		}
 		if st := State(t.state.Load()); st != StatePending && st != stateDispatching {
-			break // ended by its deadline or Close: a late Done
+			ms.ended(start, n, err, s.e.cfg.ErrorCode) // ended by its deadline or Close: a late Done
+			break
 		}
 	}
 	s.unref(t)
