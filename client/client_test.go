@@ -17,6 +17,7 @@ import (
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -91,7 +92,7 @@ func TestEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := c.Hello(); h.DaemonID != "d-1" || h.Version != "v-test" || h.ProtocolVersion != control.ProtocolVersion {
+	if h := c.Hello(); h.DaemonID != "d-1" || h.Version != "v-test" || h.ProtocolVersion != wire.ProtocolVersion {
 		t.Fatalf("hello %+v", h)
 	}
 	pi, ok := c.Pool()
@@ -265,7 +266,7 @@ func TestDialErrors(t *testing.T) {
 }
 
 // fakeDaemon answers Hello, then each later request with answer(req).
-func fakeDaemon(t *testing.T, answer func(*control.Request) control.Response) string {
+func fakeDaemon(t *testing.T, answer func(*wire.Request) wire.Response) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "tcfake")
 	if err != nil {
@@ -295,10 +296,10 @@ func fakeDaemon(t *testing.T, answer func(*control.Request) control.Response) st
 	return sock
 }
 
-func serveFake(c net.Conn, answer func(*control.Request) control.Response) {
+func serveFake(c net.Conn, answer func(*wire.Request) wire.Response) {
 	defer c.Close()
 	b := flatbuffers.NewBuilder(0)
-	var m control.Request
+	var m wire.Request
 	for {
 		var hdr [4]byte
 		if _, err := io.ReadFull(c, hdr[:]); err != nil {
@@ -308,19 +309,19 @@ func serveFake(c net.Conn, answer func(*control.Request) control.Response) {
 		if _, err := io.ReadFull(c, body); err != nil {
 			return
 		}
-		if err := control.DecodeRequest(body, control.DecodeLimits{}, &m); err != nil {
+		if err := wire.DecodeRequest(body, wire.DecodeLimits{}, &m); err != nil {
 			return
 		}
-		var r control.Response
-		if m.Kind == tcproto.RequestBodyHelloRequest {
-			r = control.Response{Kind: tcproto.ResponseBodyHelloResponse, DaemonID: []byte("fake")}
+		var r wire.Response
+		if _, hello := m.Body.(*wire.HelloRequest); hello {
+			r = wire.Response{Body: &wire.HelloResponse{DaemonID: []byte("fake")}}
 		} else {
 			r = answer(&m)
 		}
 		if r.RequestID == 0 {
 			r.RequestID = m.Ctx.RequestID
 		}
-		if _, err := c.Write(control.EncodeResponse(b, &r)); err != nil {
+		if _, err := c.Write(wire.EncodeResponse(b, &r)); err != nil {
 			return
 		}
 	}
@@ -332,31 +333,31 @@ func TestPositionalMismatch(t *testing.T) {
 	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: 2, Target: 1, Length: 1}, {Op: xfer.OpWrite, Local: 2, Target: 1, Length: 1}}
 	cases := []struct {
 		name string
-		ans  control.Response
+		ans  wire.Response
 		call func(c *Client) error
 	}{
-		{"submit one code for two", control.Response{Kind: tcproto.ResponseBodySubmitResponse, Codes: []control.Code{0}},
+		{"submit one code for two", wire.Response{Body: &wire.SubmitResponse{Codes: []wire.Code{0}}},
 			func(c *Client) error { return c.Submit(1, reqs, make([]error, 2)) }},
-		{"submit three codes for two", control.Response{Kind: tcproto.ResponseBodySubmitResponse, Codes: []control.Code{0, 0, 0}},
+		{"submit three codes for two", wire.Response{Body: &wire.SubmitResponse{Codes: []wire.Code{0, 0, 0}}},
 			func(c *Client) error { return c.Submit(1, reqs, make([]error, 2)) }},
-		{"transfer codes short", control.Response{Kind: tcproto.ResponseBodyTransferResponse, Codes: []control.Code{0},
-			States: []tcproto.TaskState{3, 3}},
+		{"transfer codes short", wire.Response{Body: &wire.TransferResponse{Codes: []wire.Code{0},
+			States: []tcproto.TaskState{3, 3}}},
 			func(c *Client) error { _, err := c.Transfer(reqs, 0, make([]error, 2)); return err }},
-		{"transfer states short", control.Response{Kind: tcproto.ResponseBodyTransferResponse, Codes: []control.Code{0, 0},
-			States: []tcproto.TaskState{3}},
+		{"transfer states short", wire.Response{Body: &wire.TransferResponse{Codes: []wire.Code{0, 0},
+			States: []tcproto.TaskState{3}}},
 			func(c *Client) error { _, err := c.Transfer(reqs, 0, make([]error, 2)); return err }},
-		{"free blocks short", control.Response{Kind: tcproto.ResponseBodyFreeBlocksResponse},
+		{"free blocks short", wire.Response{Body: &wire.FreeBlocksResponse{}},
 			func(c *Client) error { return c.FreeBlocks([]uint64{0, 1}, make([]error, 2)) }},
-		{"alloc blocks short", control.Response{Kind: tcproto.ResponseBodyAllocBlocksResponse, Offsets: []uint64{0}},
+		{"alloc blocks short", wire.Response{Body: &wire.AllocBlocksResponse{Offsets: []uint64{0}}},
 			func(c *Client) error { _, err := c.AllocBlocks(nil, 2, 4096); return err }},
-		{"wrong body", control.Response{Kind: tcproto.ResponseBodyPingResponse},
+		{"wrong body", wire.Response{Body: &wire.PingResponse{}},
 			func(c *Client) error { _, err := c.AllocBatch(1); return err }},
-		{"wrong request id", control.Response{RequestID: 999, Kind: tcproto.ResponseBodyAllocBatchResponse},
+		{"wrong request id", wire.Response{RequestID: 999, Body: &wire.AllocBatchResponse{}},
 			func(c *Client) error { _, err := c.AllocBatch(1); return err }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			sock := fakeDaemon(t, func(*control.Request) control.Response { return tc.ans })
+			sock := fakeDaemon(t, func(*wire.Request) wire.Response { return tc.ans })
 			c, err := Dial(sock, Options{NoPool: true})
 			if err != nil {
 				t.Fatal(err)
@@ -371,8 +372,8 @@ func TestPositionalMismatch(t *testing.T) {
 		})
 	}
 	// The matching count is a success, with per-item errors in place.
-	sock := fakeDaemon(t, func(*control.Request) control.Response {
-		return control.Response{Kind: tcproto.ResponseBodySubmitResponse, Codes: []control.Code{tcproto.CodeOK, tcproto.CodeNOT_FOUND}}
+	sock := fakeDaemon(t, func(*wire.Request) wire.Response {
+		return wire.Response{Body: &wire.SubmitResponse{Codes: []wire.Code{tcproto.CodeOK, tcproto.CodeNOT_FOUND}}}
 	})
 	c, err := Dial(sock, Options{NoPool: true})
 	if err != nil {
@@ -382,5 +383,58 @@ func TestPositionalMismatch(t *testing.T) {
 	res := make([]error, 2)
 	if err := c.Submit(1, reqs, res); err != nil || res[0] != nil || !errors.Is(res[1], ErrNotFound) {
 		t.Fatalf("submit: %v %v", err, res)
+	}
+}
+
+// TestSteadyStateAllocs: the hot calls allocate nothing once a client has
+// made them, client and daemon together (both run in this process).
+func TestSteadyStateAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts are noisy with -short runs of other tests")
+	}
+	d := startDaemon(t)
+	c, err := Dial(d.sock, Options{NoPool: true, CallTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf, err := c.RegisterBuffer(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offs, err := c.AllocBlocks(nil, 1, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.AllocBatch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: buf.ID, Target: poolID, TargetOffset: offs[0], Length: 4096}}
+	res := make([]error, 1)
+	if err := c.Submit(batch, reqs, res); err != nil || res[0] != nil {
+		t.Fatal(err, res[0])
+	}
+	payload := []byte("0123456789abcdef")
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"Wait", func() error { _, err := c.Wait(batch, time.Second); return err }},
+		{"TaskStatus", func() error { _, err := c.TaskStatus(batch, 0); return err }},
+		{"BatchStatus", func() error { _, err := c.BatchStatus(batch); return err }},
+		{"Ping", func() error { return c.Ping(payload) }},
+		{"Transfer", func() error { _, err := c.Transfer(reqs, time.Second, res); return err }},
+	} {
+		if err := tc.call(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if n := testing.AllocsPerRun(200, func() {
+			if err := tc.call(); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+		}); n != 0 {
+			t.Errorf("%s: %v allocations per call", tc.name, n)
+		}
 	}
 }

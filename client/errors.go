@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // Errors of the client. A daemon's status code comes back as a *StatusError
@@ -34,7 +34,7 @@ var (
 
 // StatusError is a non-OK status the daemon answered.
 type StatusError struct {
-	Code    control.Code
+	Code    wire.Code
 	Message string
 }
 
@@ -45,7 +45,7 @@ func (e *StatusError) Error() string {
 // Is matches the sentinel of e's code.
 func (e *StatusError) Is(target error) bool { return target == codeErr(e.Code) }
 
-func codeErr(c control.Code) error {
+func codeErr(c wire.Code) error {
 	switch c {
 	case tcproto.CodeINVALID_ARGUMENT:
 		return ErrInvalidArgument
@@ -70,7 +70,7 @@ func codeErr(c control.Code) error {
 }
 
 // itemErr is the error of one positional item: nil for OK.
-func itemErr(c control.Code) error {
+func itemErr(c wire.Code) error {
 	if c == tcproto.CodeOK {
 		return nil
 	}
