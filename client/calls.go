@@ -197,12 +197,14 @@ func (c *Client) BatchStatus(batch xfer.BatchID, opts ...CallOption) (Summary, e
 	return r.Summary, nil
 }
 
-// Wait waits up to timeout (0: the daemon's default) for batch's tasks to
-// end and returns its summary; Waiting+Pending > 0 means time ran out.
+// Wait waits up to timeout (0: the call's deadline, else the daemon's
+// default) for batch's tasks to end and returns its summary;
+// Waiting+Pending > 0 means time ran out.
 func (c *Client) Wait(batch xfer.BatchID, timeout time.Duration, opts ...CallOption) (Summary, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	*wire.SetRequest[wire.WaitRequest](c.start(opts)) = wire.WaitRequest{Batch: uint64(batch), TimeoutMS: millis(timeout)}
+	c.holdFor(timeout)
 	r, err := call[wire.WaitResponse](c, noFD, nil)
 	if err != nil {
 		return Summary{}, err
@@ -220,8 +222,8 @@ func (c *Client) FreeBatch(batch xfer.BatchID, opts ...CallOption) error {
 }
 
 // Transfer runs reqs in one message: the daemon allocates a batch, submits,
-// waits up to timeout (0: the call's deadline or the daemon's default) and
-// frees it. results[i] is nil when reqs[i] completed, else why not;
+// waits up to timeout (0: the call's deadline, else the daemon's default)
+// and frees it. results[i] is nil when reqs[i] completed, else why not;
 // results must have len(reqs) elements.
 func (c *Client) Transfer(reqs []xfer.Request, timeout time.Duration, results []error, opts ...CallOption) (Summary, error) {
 	return c.transfer(reqs, nil, timeout, results, opts)
@@ -235,9 +237,7 @@ func (c *Client) transfer(reqs []xfer.Request, notify [][]byte, timeout time.Dur
 	defer c.mu.Unlock()
 	*wire.SetRequest[wire.TransferRequestBody](c.start(opts)) = wire.TransferRequestBody{Requests: reqs, TimeoutMS: millis(timeout),
 		Notify: notify}
-	if timeout > 0 {
-		c.hold = timeout // let the socket wait as long as the daemon may
-	}
+	c.holdFor(timeout)
 	r, err := call[wire.TransferResponse](c, noFD, nil)
 	if err != nil {
 		return Summary{}, err

@@ -30,8 +30,12 @@ type Options struct {
 	Name        string        // client name sent with Hello (default: the program name)
 	NoPool      bool          // do not map the pool at Dial (admin tools)
 	DialTimeout time.Duration // default 5s
-	// CallTimeout bounds each call's socket I/O (default: none; Wait and
-	// Transfer bound themselves with their timeout).
+	// CallTimeout bounds each call's socket I/O (default: none). A call
+	// the daemon may hold by design (Wait, Transfer, PollNotifications) is
+	// given that long on top of what it may be held: its timeout, else the
+	// call's deadline (WithDeadline). Without either, the daemon's own
+	// default wait bounds it, which the client does not know, so the
+	// socket then has no deadline for that call.
 	CallTimeout time.Duration
 	MaxFrame    int    // largest response frame accepted (default 1 MiB)
 	Lane        string // default lane of every call's context
@@ -59,9 +63,10 @@ func WithPolicyVersion(v uint32) CallOption {
 // WithQoS sets the call's QoS class.
 func WithQoS(q uint8) CallOption { return func(c *wire.Context) { c.QoS = q } }
 
-// WithDeadline sets the call's deadline, relative to now.
+// WithDeadline sets the call's deadline, relative to now: a Wait or
+// Transfer without a timeout of its own waits that long.
 func WithDeadline(d time.Duration) CallOption {
-	return func(c *wire.Context) { c.DeadlineMS = uint32(d / time.Millisecond) }
+	return func(c *wire.Context) { c.DeadlineMS = millis(d) }
 }
 
 // Hello is what the daemon said at Dial.
@@ -128,7 +133,7 @@ type Client struct {
 	req  wire.Request
 	resp wire.Response
 	// hold is how long the daemon may hold the answer to c.req by design
-	// (a Transfer's timeout), added to CallTimeout.
+	// (a Wait's timeout), or unbounded; see Options.CallTimeout.
 	hold    time.Duration
 	rbuf    []byte
 	hdr     [wire.FrameHeader]byte
@@ -138,6 +143,9 @@ type Client struct {
 	closed  bool
 	buffers map[xfer.SegmentID][]byte // mappings of buffers this client created
 }
+
+// unbounded is a hold the client cannot bound: the daemon's default.
+const unbounded time.Duration = -1
 
 // Dial connects to the daemon at socket, says hello and, unless
 // opts.NoPool, maps the pool.
@@ -265,6 +273,20 @@ func (c *Client) start(opts []CallOption) *wire.Request {
 	return &c.req
 }
 
+// holdFor says the daemon may hold the current call for timeout or, when
+// it is 0, until the call's deadline; without either, for as long as its
+// own default, which the client does not know.
+func (c *Client) holdFor(timeout time.Duration) {
+	switch {
+	case timeout > 0:
+		c.hold = timeout + wire.TimeoutGrace
+	case c.req.Ctx.DeadlineMS > 0:
+		c.hold = time.Duration(c.req.Ctx.DeadlineMS)*time.Millisecond + wire.TimeoutGrace
+	default:
+		c.hold = unbounded
+	}
+}
+
 // fail marks the connection broken: after a protocol or I/O error its state
 // is unknown, so it is closed and every later call fails.
 func (c *Client) fail(err error) error {
@@ -304,7 +326,11 @@ func (c *Client) roundTrip(sendFD int, recvFD *int) error {
 	}
 	frame := wire.EncodeRequest(c.b, &c.req)
 	if c.opts.CallTimeout > 0 {
-		c.uc.SetDeadline(time.Now().Add(c.opts.CallTimeout + c.hold))
+		var d time.Time // no deadline: the daemon's own default bounds the call
+		if c.hold != unbounded {
+			d = time.Now().Add(c.opts.CallTimeout + c.hold)
+		}
+		c.uc.SetDeadline(d)
 	}
 	var err error
 	if sendFD != noFD {

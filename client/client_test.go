@@ -3,12 +3,14 @@ package client
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -265,7 +267,8 @@ func TestDialErrors(t *testing.T) {
 	}
 }
 
-// fakeDaemon answers Hello, then each later request with answer(req).
+// fakeDaemon answers Hello, then each later request with answer(req),
+// which may block until the test lets it answer.
 func fakeDaemon(t *testing.T, answer func(*wire.Request) wire.Response) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "tcfake")
@@ -277,20 +280,25 @@ func fakeDaemon(t *testing.T, answer func(*wire.Request) wire.Response) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
-		defer close(done)
+		defer wg.Done()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			serveFake(c, answer)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				serveFake(c, answer)
+			}()
 		}
 	}()
 	t.Cleanup(func() {
-		ln.Close()
-		<-done
+		ln.Close() // the connections end with their clients
+		wg.Wait()
 		os.RemoveAll(dir)
 	})
 	return sock
@@ -383,6 +391,90 @@ func TestPositionalMismatch(t *testing.T) {
 	res := make([]error, 2)
 	if err := c.Submit(1, reqs, res); err != nil || res[0] != nil || !errors.Is(res[1], ErrNotFound) {
 		t.Fatalf("submit: %v %v", err, res)
+	}
+}
+
+// TestCallTimeoutLeavesLongCalls: with CallTimeout set, a call the daemon
+// may hold by design (a Wait or Transfer up to its timeout, or up to the
+// call's deadline, or the daemon's own default; a PollNotifications that
+// waits) gets that long on top of CallTimeout, while every other call, and
+// one the daemon holds past its own bound, still fails at the deadline.
+func TestCallTimeoutLeavesLongCalls(t *testing.T) {
+	const (
+		callTimeout = 20 * time.Millisecond
+		// late is when the fake daemon answers, after it read the request:
+		// the daemon answering later than CallTimeout is what is tested.
+		late = 400 * time.Millisecond
+	)
+	sock := fakeDaemon(t, func(m *wire.Request) wire.Response {
+		<-time.After(late)
+		switch m.Body.(type) {
+		case *wire.WaitRequest:
+			return wire.Response{Body: &wire.WaitResponse{Summary: Summary{Total: 1, Completed: 1}}}
+		case *wire.TransferRequestBody:
+			return wire.Response{Body: &wire.TransferResponse{Codes: []wire.Code{tcproto.CodeOK},
+				States: []tcproto.TaskState{tcproto.TaskStateCOMPLETED}, Summary: Summary{Total: 1, Completed: 1}}}
+		case *wire.PollNotificationsRequest:
+			return wire.Response{Body: &wire.PollNotificationsResponse{}}
+		}
+		return wire.Response{Body: &wire.PingResponse{}}
+	})
+	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: 2, Target: 1, Length: 1}}
+	calls := []struct {
+		name string
+		ok   bool // answered late but within what the call allows
+		call func(c *Client) error
+	}{
+		{"wait with a timeout", true, func(c *Client) error {
+			s, err := c.Wait(1, 5*time.Second)
+			if err == nil && s.Completed != 1 {
+				err = fmt.Errorf("summary %+v", s)
+			}
+			return err
+		}},
+		{"transfer with no timeout: the daemon's default", true, func(c *Client) error {
+			_, err := c.Transfer(reqs, 0, make([]error, 1))
+			return err
+		}},
+		{"wait with no timeout but a deadline", true, func(c *Client) error {
+			_, err := c.Wait(1, 0, WithDeadline(5*time.Second))
+			return err
+		}},
+		{"poll waiting until the deadline", true, func(c *Client) error {
+			_, err := c.PollNotifications(nil, 1, 0, WithDeadline(5*time.Second))
+			return err
+		}},
+		{"ping", false, func(c *Client) error { return c.Ping(nil) }},
+		{"wait past its own timeout", false, func(c *Client) error {
+			_, err := c.Wait(1, 10*time.Millisecond)
+			return err
+		}},
+		{"poll that does not wait", false, func(c *Client) error {
+			_, err := c.PollNotifications(nil, 1, 0)
+			return err
+		}},
+	}
+	for _, tc := range calls {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Dial(sock, Options{NoPool: true, CallTimeout: callTimeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			start := time.Now()
+			err = tc.call(c)
+			took := time.Since(start)
+			switch {
+			case tc.ok && err != nil:
+				t.Fatalf("answered after %v: %v", took, err)
+			case tc.ok && took < late:
+				t.Fatalf("answered after %v, before the daemon's late answer", took)
+			case !tc.ok && !errors.Is(err, os.ErrDeadlineExceeded):
+				t.Fatalf("after %v: %v, want the socket deadline to end it", took, err)
+			case !tc.ok && took >= late:
+				t.Fatalf("failed only after %v, when the late answer came", took)
+			}
+		})
 	}
 }
 

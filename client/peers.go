@@ -156,8 +156,8 @@ func (c *Client) PollNotifications(dst []Notification, max int, timeout time.Dur
 	defer c.mu.Unlock()
 	m := wire.SetRequest[wire.PollNotificationsRequest](c.start(opts))
 	m.Max, m.TimeoutMS = uint32(max), millis(timeout)
-	if timeout > 0 {
-		c.hold = timeout
+	if timeout > 0 || c.req.Ctx.DeadlineMS > 0 {
+		c.holdFor(timeout) // else the daemon answers at once
 	}
 	r, err := call[wire.PollNotificationsResponse](c, noFD, nil)
 	if err != nil {
