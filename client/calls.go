@@ -30,6 +30,9 @@ func (c *Client) Ping(payload []byte, opts ...CallOption) error {
 // registers it with the daemon. The mapping lives until UnregisterBuffer or
 // Close.
 func (c *Client) RegisterBuffer(size uint64, opts ...CallOption) (*Buffer, error) {
+	if !sharedMemory {
+		return nil, fmt.Errorf("%w: memfd buffers need Linux", ErrNotSupported)
+	}
 	fd, err := shm.NewMemfd("tensorcast-client", size, true)
 	if err != nil {
 		return nil, err

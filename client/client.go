@@ -201,6 +201,9 @@ func (c *Client) sayHello() error {
 }
 
 func (c *Client) mapPool() error {
+	if !sharedMemory {
+		return fmt.Errorf("%w: mapping the pool needs Linux (dial with NoPool)", ErrNotSupported)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	wire.SetRequest[wire.PoolInfoRequest](c.start(nil))

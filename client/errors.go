@@ -6,6 +6,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // Errors of the client. A daemon's status code comes back as a *StatusError
@@ -30,6 +31,9 @@ var (
 	ErrClosed = errors.New("tensorcast: client closed")
 	// ErrNoPool: the client was dialed without mapping the pool.
 	ErrNoPool = errors.New("tensorcast: pool not mapped")
+	// ErrNotSupported: the call needs what this OS lacks (memfds and shared
+	// mappings are Linux's). It matches xfer.ErrNotSupported.
+	ErrNotSupported = fmt.Errorf("tensorcast: %w on this OS", xfer.ErrNotSupported)
 )
 
 // StatusError is a non-OK status the daemon answered.
