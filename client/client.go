@@ -55,13 +55,11 @@ func WithIdempotencyKey(key string) CallOption {
 // WithLane sets the call's lane.
 func WithLane(lane string) CallOption { return func(c *wire.Context) { c.Lane = []byte(lane) } }
 
-// WithPolicyVersion sets the call's policy version.
+// WithPolicyVersion sets the call's policy version; the daemon records it in
+// the audit record of every mutating call.
 func WithPolicyVersion(v uint32) CallOption {
 	return func(c *wire.Context) { c.PolicyVersion = v }
 }
-
-// WithQoS sets the call's QoS class.
-func WithQoS(q uint8) CallOption { return func(c *wire.Context) { c.QoS = q } }
 
 // WithDeadline sets the call's deadline, relative to now: a Wait or
 // Transfer without a timeout of its own waits that long.

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -528,5 +529,38 @@ func TestSteadyStateAllocs(t *testing.T) {
 		}); n != 0 {
 			t.Errorf("%s: %v allocations per call", tc.name, n)
 		}
+	}
+}
+
+// TestCallContext: every call carries the context its options set: the
+// client's default lane and policy version, or a call's own, which the
+// daemon audits.
+func TestCallContext(t *testing.T) {
+	got := make(chan wire.Context, 2)
+	sock := fakeDaemon(t, func(m *wire.Request) wire.Response {
+		ctx := m.Ctx
+		ctx.Lane = bytes.Clone(ctx.Lane)
+		ctx.IdempotencyKey = bytes.Clone(ctx.IdempotencyKey)
+		got <- ctx
+		return wire.Response{Body: &wire.PingResponse{}}
+	})
+	c, err := Dial(sock, Options{NoPool: true, Lane: "stream-first", PolicyVersion: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Ping(nil); err != nil {
+		t.Fatal(err)
+	}
+	if ctx := <-got; string(ctx.Lane) != "stream-first" || ctx.PolicyVersion != 4 || ctx.DeadlineMS != 0 || ctx.QoS != 0 {
+		t.Fatalf("default context %+v", ctx)
+	}
+	if err := c.Ping(nil, WithPolicyVersion(9), WithLane("catalog-first"), WithIdempotencyKey("k"),
+		WithDeadline(1500*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if ctx := <-got; string(ctx.Lane) != "catalog-first" || ctx.PolicyVersion != 9 || string(ctx.IdempotencyKey) != "k" ||
+		ctx.DeadlineMS != 1500 {
+		t.Fatalf("call's context %+v", ctx)
 	}
 }

@@ -400,7 +400,8 @@ func TestIdempotency(t *testing.T) {
 	other := key
 	other.Lane = []byte("catalog-first")
 	expectCode(t, c.callCtx(other, &wire.AllocBlocksRequest{N: 2, Size: 4096}), tcproto.CodeFAILED_PRECONDITION)
-	if !strings.Contains(e.logBuf.String(), "idempotency_key=alloc-1") || !strings.Contains(e.logBuf.String(), "lane=stream-first") {
+	if !strings.Contains(e.logBuf.String(), "idempotency_key=alloc-1") || !strings.Contains(e.logBuf.String(), "lane=stream-first") ||
+		!strings.Contains(e.logBuf.String(), "policy_version=1") {
 		t.Fatalf("no audit record with the audit keys:\n%s", e.logBuf.String())
 	}
 }
