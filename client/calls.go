@@ -6,8 +6,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -15,12 +15,12 @@ import (
 func (c *Client) Ping(payload []byte, opts ...CallOption) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyPingRequest, opts)
-	c.req.Payload = payload
-	if err := c.roundTrip(tcproto.ResponseBodyPingResponse, -1, nil); err != nil {
+	wire.SetRequest[wire.PingRequest](c.start(opts)).Payload = payload
+	r, err := call[wire.PingResponse](c, noFD, nil)
+	if err != nil {
 		return err
 	}
-	if string(c.resp.Payload) != string(payload) {
+	if string(r.Payload) != string(payload) {
 		return c.fail(fmt.Errorf("%w: ping payload changed", ErrProtocol))
 	}
 	return nil
@@ -30,6 +30,9 @@ func (c *Client) Ping(payload []byte, opts ...CallOption) error {
 // registers it with the daemon. The mapping lives until UnregisterBuffer or
 // Close.
 func (c *Client) RegisterBuffer(size uint64, opts ...CallOption) (*Buffer, error) {
+	if !sharedMemory {
+		return nil, fmt.Errorf("%w: memfd buffers need Linux", ErrNotSupported)
+	}
 	fd, err := shm.NewMemfd("tensorcast-client", size, true)
 	if err != nil {
 		return nil, err
@@ -56,12 +59,12 @@ func (c *Client) RegisterBuffer(size uint64, opts ...CallOption) (*Buffer, error
 func (c *Client) RegisterFD(fd int, size uint64, opts ...CallOption) (xfer.SegmentID, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyRegisterBufferRequest, opts)
-	c.req.Size = size
-	if err := c.roundTrip(tcproto.ResponseBodyRegisterBufferResponse, fd, nil); err != nil {
+	wire.SetRequest[wire.RegisterBufferRequest](c.start(opts)).Size = size
+	r, err := call[wire.RegisterBufferResponse](c, fd, nil)
+	if err != nil {
 		return 0, err
 	}
-	return xfer.SegmentID(c.resp.Segment), nil
+	return xfer.SegmentID(r.Segment), nil
 }
 
 // UnregisterBuffer unregisters a buffer or file segment; a buffer this
@@ -69,9 +72,8 @@ func (c *Client) RegisterFD(fd int, size uint64, opts ...CallOption) (xfer.Segme
 func (c *Client) UnregisterBuffer(id xfer.SegmentID, opts ...CallOption) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyUnregisterBufferRequest, opts)
-	c.req.Segment = uint64(id)
-	if err := c.roundTrip(tcproto.ResponseBodyUnregisterBufferResponse, -1, nil); err != nil {
+	wire.SetRequest[wire.UnregisterBufferRequest](c.start(opts)).Segment = uint64(id)
+	if _, err := call[wire.UnregisterBufferResponse](c, noFD, nil); err != nil {
 		return err
 	}
 	if mem, ok := c.buffers[id]; ok {
@@ -87,14 +89,12 @@ func (c *Client) UnregisterBuffer(id xfer.SegmentID, opts ...CallOption) error {
 func (c *Client) RegisterFile(path string, direct bool, size uint64, opts ...CallOption) (xfer.SegmentID, uint64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyRegisterFileRequest, opts)
-	c.req.Name = []byte(path)
-	c.req.Direct = direct
-	c.req.Size = size
-	if err := c.roundTrip(tcproto.ResponseBodyRegisterFileResponse, -1, nil); err != nil {
+	*wire.SetRequest[wire.RegisterFileRequest](c.start(opts)) = wire.RegisterFileRequest{Path: []byte(path), Direct: direct, Size: size}
+	r, err := call[wire.RegisterFileResponse](c, noFD, nil)
+	if err != nil {
 		return 0, 0, err
 	}
-	return xfer.SegmentID(c.resp.Segment), c.resp.Size, nil
+	return xfer.SegmentID(r.Segment), r.Size, nil
 }
 
 // AllocBlocks allocates n pool blocks of size bytes, all or nothing, and
@@ -105,21 +105,20 @@ func (c *Client) AllocBlocks(dst []uint64, n int, size uint64, opts ...CallOptio
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyAllocBlocksRequest, opts)
-	c.req.N = uint32(n)
-	c.req.Size = size
-	if err := c.roundTrip(tcproto.ResponseBodyAllocBlocksResponse, -1, nil); err != nil {
+	*wire.SetRequest[wire.AllocBlocksRequest](c.start(opts)) = wire.AllocBlocksRequest{N: uint32(n), Size: size}
+	r, err := call[wire.AllocBlocksResponse](c, noFD, nil)
+	if err != nil {
 		return dst, err
 	}
-	if err := c.positional(len(c.resp.Offsets), n); err != nil {
+	if err := c.positional(len(r.Offsets), n); err != nil {
 		return dst, err
 	}
-	for _, off := range c.resp.Offsets {
+	for _, off := range r.Offsets {
 		if c.poolMem != nil && (off >= uint64(len(c.poolMem)) || size > uint64(len(c.poolMem))-off) {
 			return dst, c.fail(fmt.Errorf("%w: block %d+%d outside the pool", ErrProtocol, off, size))
 		}
 	}
-	return append(dst, c.resp.Offsets...), nil
+	return append(dst, r.Offsets...), nil
 }
 
 // FreeBlocks frees pool blocks; results[i] is nil or why offs[i] was not
@@ -130,18 +129,12 @@ func (c *Client) FreeBlocks(offs []uint64, results []error, opts ...CallOption) 
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyFreeBlocksRequest, opts)
-	c.req.Offsets = append(c.req.Offsets, offs...)
-	if err := c.roundTrip(tcproto.ResponseBodyFreeBlocksResponse, -1, nil); err != nil {
+	wire.SetRequest[wire.FreeBlocksRequest](c.start(opts)).Offsets = offs
+	r, err := call[wire.FreeBlocksResponse](c, noFD, nil)
+	if err != nil {
 		return err
 	}
-	if err := c.positional(len(c.resp.Codes), len(offs)); err != nil {
-		return err
-	}
-	for i, code := range c.resp.Codes {
-		results[i] = itemErr(code)
-	}
-	return nil
+	return c.itemResults(r.Codes, results)
 }
 
 // AllocBatch allocates a batch of up to capacity tasks.
@@ -151,12 +144,12 @@ func (c *Client) AllocBatch(capacity int, opts ...CallOption) (xfer.BatchID, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyAllocBatchRequest, opts)
-	c.req.Capacity = uint32(capacity)
-	if err := c.roundTrip(tcproto.ResponseBodyAllocBatchResponse, -1, nil); err != nil {
+	wire.SetRequest[wire.AllocBatchRequest](c.start(opts)).Capacity = uint32(capacity)
+	r, err := call[wire.AllocBatchResponse](c, noFD, nil)
+	if err != nil {
 		return 0, err
 	}
-	return xfer.BatchID(c.resp.Batch), nil
+	return xfer.BatchID(r.Batch), nil
 }
 
 // Submit adds reqs to batch in one message; results[i] is nil when reqs[i]
@@ -172,20 +165,12 @@ func (c *Client) submit(batch xfer.BatchID, reqs []xfer.Request, notify [][]byte
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodySubmitRequest, opts)
-	c.req.Batch = uint64(batch)
-	c.req.Requests = append(c.req.Requests, reqs...)
-	c.req.Notify = notify
-	if err := c.roundTrip(tcproto.ResponseBodySubmitResponse, -1, nil); err != nil {
+	*wire.SetRequest[wire.SubmitRequest](c.start(opts)) = wire.SubmitRequest{Batch: uint64(batch), Requests: reqs, Notify: notify}
+	r, err := call[wire.SubmitResponse](c, noFD, nil)
+	if err != nil {
 		return err
 	}
-	if err := c.positional(len(c.resp.Codes), len(reqs)); err != nil {
-		return err
-	}
-	for i, code := range c.resp.Codes {
-		results[i] = itemErr(code)
-	}
-	return nil
+	return c.itemResults(r.Codes, results)
 }
 
 // TaskStatus returns task i of batch.
@@ -195,55 +180,54 @@ func (c *Client) TaskStatus(batch xfer.BatchID, i int, opts ...CallOption) (Task
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyTaskStatusRequest, opts)
-	c.req.Batch = uint64(batch)
-	c.req.Index = uint32(i)
-	if err := c.roundTrip(tcproto.ResponseBodyTaskStatusResponse, -1, nil); err != nil {
+	*wire.SetRequest[wire.TaskStatusRequest](c.start(opts)) = wire.TaskStatusRequest{Batch: uint64(batch), Index: uint32(i)}
+	r, err := call[wire.TaskStatusResponse](c, noFD, nil)
+	if err != nil {
 		return TaskStatus{}, err
 	}
-	t := c.resp.Task
-	return TaskStatus{State: xfer.State(t.State), Transferred: t.Transferred, Err: itemErr(t.Code)}, nil
+	return TaskStatus{State: xfer.State(r.State), Transferred: r.Transferred, Err: itemErr(r.Code)}, nil
 }
 
 // BatchStatus returns batch's summary.
 func (c *Client) BatchStatus(batch xfer.BatchID, opts ...CallOption) (Summary, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyBatchStatusRequest, opts)
-	c.req.Batch = uint64(batch)
-	if err := c.roundTrip(tcproto.ResponseBodyBatchStatusResponse, -1, nil); err != nil {
+	wire.SetRequest[wire.BatchStatusRequest](c.start(opts)).Batch = uint64(batch)
+	r, err := call[wire.BatchStatusResponse](c, noFD, nil)
+	if err != nil {
 		return Summary{}, err
 	}
-	return c.resp.Summary, nil
+	return r.Summary, nil
 }
 
-// Wait waits up to timeout (0: the daemon's default) for batch's tasks to
-// end and returns its summary; Waiting+Pending > 0 means time ran out.
+// Wait waits up to timeout (0: the call's deadline, else the daemon's
+// default) for batch's tasks to end and returns its summary;
+// Waiting+Pending > 0 means time ran out.
 func (c *Client) Wait(batch xfer.BatchID, timeout time.Duration, opts ...CallOption) (Summary, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyWaitRequest, opts)
-	c.req.Batch = uint64(batch)
-	c.req.TimeoutMS = millis(timeout)
-	if err := c.roundTrip(tcproto.ResponseBodyWaitResponse, -1, nil); err != nil {
+	*wire.SetRequest[wire.WaitRequest](c.start(opts)) = wire.WaitRequest{Batch: uint64(batch), TimeoutMS: millis(timeout)}
+	c.holdFor(timeout)
+	r, err := call[wire.WaitResponse](c, noFD, nil)
+	if err != nil {
 		return Summary{}, err
 	}
-	return c.resp.Summary, nil
+	return r.Summary, nil
 }
 
 // FreeBatch frees batch; it fails with ErrBusy while tasks are live.
 func (c *Client) FreeBatch(batch xfer.BatchID, opts ...CallOption) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyFreeBatchRequest, opts)
-	c.req.Batch = uint64(batch)
-	return c.roundTrip(tcproto.ResponseBodyFreeBatchResponse, -1, nil)
+	wire.SetRequest[wire.FreeBatchRequest](c.start(opts)).Batch = uint64(batch)
+	_, err := call[wire.FreeBatchResponse](c, noFD, nil)
+	return err
 }
 
 // Transfer runs reqs in one message: the daemon allocates a batch, submits,
-// waits up to timeout (0: the call's deadline or the daemon's default) and
-// frees it. results[i] is nil when reqs[i] completed, else why not; results
-// must have len(reqs) elements.
+// waits up to timeout (0: the call's deadline, else the daemon's default)
+// and frees it. results[i] is nil when reqs[i] completed, else why not;
+// results must have len(reqs) elements.
 func (c *Client) Transfer(reqs []xfer.Request, timeout time.Duration, results []error, opts ...CallOption) (Summary, error) {
 	return c.transfer(reqs, nil, timeout, results, opts)
 }
@@ -254,42 +238,54 @@ func (c *Client) transfer(reqs []xfer.Request, notify [][]byte, timeout time.Dur
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyTransferRequestBody, opts)
-	c.req.Requests = append(c.req.Requests, reqs...)
-	c.req.Notify = notify
-	c.req.TimeoutMS = millis(timeout)
-	if c.opts.CallTimeout > 0 && timeout > 0 {
-		// Let the socket wait as long as the daemon may.
-		defer func(d time.Duration) { c.opts.CallTimeout = d }(c.opts.CallTimeout)
-		c.opts.CallTimeout += timeout
-	}
-	if err := c.roundTrip(tcproto.ResponseBodyTransferResponse, -1, nil); err != nil {
+	*wire.SetRequest[wire.TransferRequestBody](c.start(opts)) = wire.TransferRequestBody{Requests: reqs, TimeoutMS: millis(timeout),
+		Notify: notify}
+	c.holdFor(timeout)
+	r, err := call[wire.TransferResponse](c, noFD, nil)
+	if err != nil {
 		return Summary{}, err
 	}
-	if err := c.positional(len(c.resp.Codes), len(reqs)); err != nil {
+	if err := c.positional(len(r.States), len(reqs)); err != nil {
 		return Summary{}, err
 	}
-	if err := c.positional(len(c.resp.States), len(reqs)); err != nil {
+	if err := c.itemResults(r.Codes, results); err != nil {
 		return Summary{}, err
 	}
-	for i, code := range c.resp.Codes {
-		results[i] = itemErr(code)
-	}
-	return c.resp.Summary, nil
+	return r.Summary, nil
 }
 
 // Stats returns the daemon's counters.
 func (c *Client) Stats(opts ...CallOption) (Stats, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyStatsRequest, opts)
-	if err := c.roundTrip(tcproto.ResponseBodyStatsResponse, -1, nil); err != nil {
+	wire.SetRequest[wire.StatsRequest](c.start(opts))
+	r, err := call[wire.StatsResponse](c, noFD, nil)
+	if err != nil {
 		return Stats{}, err
 	}
-	r := &c.resp
 	return Stats{Pool: append(r.Pool[:0:0], r.Pool...), Engine: append(r.Engine[:0:0], r.Engine...),
-		Connection: append(r.Conn[:0:0], r.Conn...), Transports: append(r.Transports[:0:0], r.Transports...),
+		Connection: append(r.Connection[:0:0], r.Connection...), Transports: append(r.Transports[:0:0], r.Transports...),
 		Connections: int(r.Connections)}, nil
+}
+
+// positional checks that a per-item answer has one result per item.
+func (c *Client) positional(got, want int) error {
+	if got != want {
+		return c.fail(fmt.Errorf("%w: %d results for %d items", ErrProtocol, got, want))
+	}
+	return nil
+}
+
+// itemResults turns an answer's per-item codes into results, after checking
+// there is one per item.
+func (c *Client) itemResults(codes []wire.Code, results []error) error {
+	if err := c.positional(len(codes), len(results)); err != nil {
+		return err
+	}
+	for i, code := range codes {
+		results[i] = itemErr(code)
+	}
+	return nil
 }
 
 func millis(d time.Duration) uint32 {

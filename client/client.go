@@ -16,9 +16,9 @@ import (
 	flatbuffers "github.com/google/flatbuffers/go"
 	"golang.org/x/sys/unix"
 
-	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -30,8 +30,12 @@ type Options struct {
 	Name        string        // client name sent with Hello (default: the program name)
 	NoPool      bool          // do not map the pool at Dial (admin tools)
 	DialTimeout time.Duration // default 5s
-	// CallTimeout bounds each call's socket I/O (default: none; Wait and
-	// Transfer bound themselves with their timeout).
+	// CallTimeout bounds each call's socket I/O (default: none). A call
+	// the daemon may hold by design (Wait, Transfer, PollNotifications) is
+	// given that long on top of what it may be held: its timeout, else the
+	// call's deadline (WithDeadline). Without either, the daemon's own
+	// default wait bounds it, which the client does not know, so the
+	// socket then has no deadline for that call.
 	CallTimeout time.Duration
 	MaxFrame    int    // largest response frame accepted (default 1 MiB)
 	Lane        string // default lane of every call's context
@@ -40,28 +44,27 @@ type Options struct {
 }
 
 // CallOption sets a field of one call's context.
-type CallOption func(*control.Context)
+type CallOption func(*wire.Context)
 
 // WithIdempotencyKey makes a mutating call idempotent: a retry with the same
 // key on the same connection returns the first result.
 func WithIdempotencyKey(key string) CallOption {
-	return func(c *control.Context) { c.IdempotencyKey = []byte(key) }
+	return func(c *wire.Context) { c.IdempotencyKey = []byte(key) }
 }
 
 // WithLane sets the call's lane.
-func WithLane(lane string) CallOption { return func(c *control.Context) { c.Lane = []byte(lane) } }
+func WithLane(lane string) CallOption { return func(c *wire.Context) { c.Lane = []byte(lane) } }
 
-// WithPolicyVersion sets the call's policy version.
+// WithPolicyVersion sets the call's policy version; the daemon records it in
+// the audit record of every mutating call.
 func WithPolicyVersion(v uint32) CallOption {
-	return func(c *control.Context) { c.PolicyVersion = v }
+	return func(c *wire.Context) { c.PolicyVersion = v }
 }
 
-// WithQoS sets the call's QoS class.
-func WithQoS(q uint8) CallOption { return func(c *control.Context) { c.QoS = q } }
-
-// WithDeadline sets the call's deadline, relative to now.
+// WithDeadline sets the call's deadline, relative to now: a Wait or
+// Transfer without a timeout of its own waits that long.
 func WithDeadline(d time.Duration) CallOption {
-	return func(c *control.Context) { c.DeadlineMS = uint32(d / time.Millisecond) }
+	return func(c *wire.Context) { c.DeadlineMS = millis(d) }
 }
 
 // Hello is what the daemon said at Dial.
@@ -69,7 +72,7 @@ type Hello struct {
 	DaemonID        string
 	Version         string
 	ProtocolVersion uint32
-	Limits          control.LimitsInfo
+	Limits          wire.LimitsInfo
 	// PeerAddr is where the daemon's peer plane listens; empty without one.
 	PeerAddr string
 }
@@ -96,14 +99,17 @@ type TaskStatus struct {
 }
 
 // Summary counts a batch's tasks by state.
-type Summary = control.Summary
+type Summary = wire.Summary
+
+// Counter is a named statistic.
+type Counter = wire.Counter
 
 // Stats is the daemon's counters.
 type Stats struct {
-	Pool        []control.Counter
-	Engine      []control.Counter
-	Connection  []control.Counter // this connection's holdings
-	Transports  []control.Counter // transports' features and counters
+	Pool        []Counter
+	Engine      []Counter
+	Connection  []Counter // this connection's holdings
+	Transports  []Counter // transports' features and counters
 	Connections int
 }
 
@@ -116,20 +122,28 @@ type Client struct {
 	pool    PoolInfo
 	poolMem []byte
 
+	lane []byte // opts.Lane, made once
+
 	// mu serializes calls and guards every field below.
-	mu      sync.Mutex
-	uc      *net.UnixConn
-	b       *flatbuffers.Builder
-	req     control.Request
-	resp    control.Response
+	mu   sync.Mutex
+	uc   *net.UnixConn
+	b    *flatbuffers.Builder
+	req  wire.Request
+	resp wire.Response
+	// hold is how long the daemon may hold the answer to c.req by design
+	// (a Wait's timeout), or unbounded; see Options.CallTimeout.
+	hold    time.Duration
 	rbuf    []byte
-	hdr     [control.FrameHeader]byte
+	hdr     [wire.FrameHeader]byte
 	oob     []byte
 	nextID  uint64
 	broken  error
 	closed  bool
 	buffers map[xfer.SegmentID][]byte // mappings of buffers this client created
 }
+
+// unbounded is a hold the client cannot bound: the daemon's default.
+const unbounded time.Duration = -1
 
 // Dial connects to the daemon at socket, says hello and, unless
 // opts.NoPool, maps the pool.
@@ -138,7 +152,7 @@ func Dial(socket string, opts Options) (*Client, error) {
 		opts.DialTimeout = 5 * time.Second
 	}
 	if opts.MaxFrame <= 0 {
-		opts.MaxFrame = control.DefaultMaxFrame
+		opts.MaxFrame = wire.DefaultMaxFrame
 	}
 	if opts.Name == "" && len(os.Args) > 0 {
 		opts.Name = os.Args[0]
@@ -151,6 +165,7 @@ func Dial(socket string, opts Options) (*Client, error) {
 	c := &Client{
 		socket:  socket,
 		opts:    opts,
+		lane:    []byte(opts.Lane),
 		uc:      nc.(*net.UnixConn),
 		b:       flatbuffers.NewBuilder(1024),
 		oob:     make([]byte, unix.CmsgSpace(4*4)),
@@ -172,36 +187,39 @@ func Dial(socket string, opts Options) (*Client, error) {
 func (c *Client) sayHello() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyHelloRequest, nil)
-	c.req.ProtocolVersion = control.ProtocolVersion
-	c.req.Name = []byte(c.opts.Name)
-	if err := c.roundTrip(tcproto.ResponseBodyHelloResponse, -1, nil); err != nil {
+	m := wire.SetRequest[wire.HelloRequest](c.start(nil))
+	m.ProtocolVersion, m.ClientName = wire.ProtocolVersion, []byte(c.opts.Name)
+	r, err := call[wire.HelloResponse](c, noFD, nil)
+	if err != nil {
 		return err
 	}
-	c.hello = Hello{DaemonID: string(c.resp.DaemonID), Version: string(c.resp.Version),
-		ProtocolVersion: c.resp.ProtocolVersion, Limits: c.resp.Limits, PeerAddr: string(c.resp.PeerAddr)}
+	c.hello = Hello{DaemonID: string(r.DaemonID), Version: string(r.Version),
+		ProtocolVersion: r.ProtocolVersion, Limits: r.Limits, PeerAddr: string(r.PeerAddr)}
 	return nil
 }
 
 func (c *Client) mapPool() error {
+	if !sharedMemory {
+		return fmt.Errorf("%w: mapping the pool needs Linux (dial with NoPool)", ErrNotSupported)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyPoolInfoRequest, nil)
-	fd := -1
-	if err := c.roundTrip(tcproto.ResponseBodyPoolInfoResponse, -1, &fd); err != nil {
+	wire.SetRequest[wire.PoolInfoRequest](c.start(nil))
+	fd := noFD
+	r, err := call[wire.PoolInfoResponse](c, noFD, &fd)
+	if err != nil {
 		return err
 	}
 	if fd < 0 {
 		return c.fail(fmt.Errorf("%w: PoolInfo came without the pool's fd", ErrProtocol))
 	}
 	defer unix.Close(fd)
-	mem, err := shm.MapShared(fd, c.resp.Size)
+	mem, err := shm.MapShared(fd, r.Size)
 	if err != nil {
 		return fmt.Errorf("tensorcast: mapping the pool: %w", err)
 	}
 	c.poolMem = mem
-	c.pool = PoolInfo{Segment: xfer.SegmentID(c.resp.Segment), Size: c.resp.Size,
-		BlockClasses: append([]uint64(nil), c.resp.BlockClasses...)}
+	c.pool = PoolInfo{Segment: xfer.SegmentID(r.Segment), Size: r.Size, BlockClasses: append([]uint64(nil), r.BlockClasses...)}
 	return nil
 }
 
@@ -244,18 +262,29 @@ func (c *Client) Close() error {
 	return errors.Join(errs...)
 }
 
-// start prepares c.req for a call of kind with the default context and opts.
-func (c *Client) start(kind control.Kind, opts []CallOption) {
+// start prepares c.req for a call with the default context and opts, and
+// returns it for its body to be set (wire.SetRequest).
+func (c *Client) start(opts []CallOption) *wire.Request {
 	c.nextID++
-	offs, reqs := c.req.Offsets[:0], c.req.Requests[:0]
-	c.req = control.Request{Kind: kind, Offsets: offs, Requests: reqs}
-	c.req.Ctx.RequestID = c.nextID
-	if c.opts.Lane != "" {
-		c.req.Ctx.Lane = []byte(c.opts.Lane)
-	}
-	c.req.Ctx.PolicyVersion = c.opts.PolicyVersion
+	c.req.Ctx = wire.Context{RequestID: c.nextID, Lane: c.lane, PolicyVersion: c.opts.PolicyVersion}
 	for _, o := range opts {
 		o(&c.req.Ctx)
+	}
+	c.hold = 0
+	return &c.req
+}
+
+// holdFor says the daemon may hold the current call for timeout or, when
+// it is 0, until the call's deadline; without either, for as long as its
+// own default, which the client does not know.
+func (c *Client) holdFor(timeout time.Duration) {
+	switch {
+	case timeout > 0:
+		c.hold = timeout + wire.TimeoutGrace
+	case c.req.Ctx.DeadlineMS > 0:
+		c.hold = time.Duration(c.req.Ctx.DeadlineMS)*time.Millisecond + wire.TimeoutGrace
+	default:
+		c.hold = unbounded
 	}
 }
 
@@ -269,20 +298,43 @@ func (c *Client) fail(err error) error {
 	return err
 }
 
-// roundTrip sends c.req (with sendFD when >= 0), reads the answer into
-// c.resp and checks it answers this request with body want. With recvFD it
-// also collects one fd passed with the answer. A non-OK status is returned
-// as a *StatusError.
-func (c *Client) roundTrip(want tcproto.ResponseBody, sendFD int, recvFD *int) error {
+// noFD is "no file descriptor" for call.
+const noFD = -1
+
+// call sends c.req (with sendFD when it is not noFD) and returns the
+// answer's body, a *T. With recvFD it also collects one fd passed with the
+// answer. A non-OK status is returned as a *StatusError; an answer to
+// another request or with another body breaks the connection.
+func call[T any, P interface {
+	*T
+	wire.ResponseBody
+}](c *Client, sendFD int, recvFD *int) (P, error) {
+	if err := c.roundTrip(sendFD, recvFD); err != nil {
+		return nil, err
+	}
+	p, ok := c.resp.Body.(P)
+	if !ok {
+		return nil, c.fail(fmt.Errorf("%w: %s answered with %s", ErrProtocol, c.req.Kind(), c.resp.Kind()))
+	}
+	return p, nil
+}
+
+// roundTrip sends c.req and reads the answer into c.resp; it fails unless
+// the answer is OK and for this request.
+func (c *Client) roundTrip(sendFD int, recvFD *int) error {
 	if c.broken != nil {
 		return c.broken
 	}
-	frame := control.EncodeRequest(c.b, &c.req)
+	frame := wire.EncodeRequest(c.b, &c.req)
 	if c.opts.CallTimeout > 0 {
-		c.uc.SetDeadline(time.Now().Add(c.opts.CallTimeout))
+		var d time.Time // no deadline: the daemon's own default bounds the call
+		if c.hold != unbounded {
+			d = time.Now().Add(c.opts.CallTimeout + c.hold)
+		}
+		c.uc.SetDeadline(d)
 	}
 	var err error
-	if sendFD >= 0 {
+	if sendFD != noFD {
 		var n int
 		n, _, err = c.uc.WriteMsgUnix(frame, unix.UnixRights(sendFD), nil)
 		if err == nil && n < len(frame) {
@@ -315,9 +367,6 @@ func (c *Client) roundTrip(want tcproto.ResponseBody, sendFD int, recvFD *int) e
 			c.fail(&StatusError{Code: r.Status, Message: string(r.Message)})
 		}
 		return &StatusError{Code: r.Status, Message: string(r.Message)}
-	}
-	if r.Kind != want {
-		return c.fail(fmt.Errorf("%w: %s answered with %s", ErrProtocol, c.req.Kind, r.Kind))
 	}
 	return nil
 }
@@ -368,16 +417,8 @@ func (c *Client) readResponse(recvFD *int) error {
 	if _, err := io.ReadFull(c.uc, c.rbuf); err != nil {
 		return fmt.Errorf("tensorcast: reading from %s: %w", c.socket, err)
 	}
-	if err := control.DecodeResponse(c.rbuf, control.DecodeLimits{}, &c.resp); err != nil {
+	if err := wire.DecodeResponse(c.rbuf, wire.DecodeLimits{}, &c.resp); err != nil {
 		return fmt.Errorf("%w: %w", ErrProtocol, err)
-	}
-	return nil
-}
-
-// positional checks that a per-item answer has one result per item.
-func (c *Client) positional(got, want int) error {
-	if got != want {
-		return c.fail(fmt.Errorf("%w: %d results for %d items", ErrProtocol, got, want))
 	}
 	return nil
 }

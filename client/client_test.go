@@ -1,14 +1,17 @@
 package client
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -91,7 +95,7 @@ func TestEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := c.Hello(); h.DaemonID != "d-1" || h.Version != "v-test" || h.ProtocolVersion != control.ProtocolVersion {
+	if h := c.Hello(); h.DaemonID != "d-1" || h.Version != "v-test" || h.ProtocolVersion != wire.ProtocolVersion {
 		t.Fatalf("hello %+v", h)
 	}
 	pi, ok := c.Pool()
@@ -264,8 +268,9 @@ func TestDialErrors(t *testing.T) {
 	}
 }
 
-// fakeDaemon answers Hello, then each later request with answer(req).
-func fakeDaemon(t *testing.T, answer func(*control.Request) control.Response) string {
+// fakeDaemon answers Hello, then each later request with answer(req),
+// which may block until the test lets it answer.
+func fakeDaemon(t *testing.T, answer func(*wire.Request) wire.Response) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "tcfake")
 	if err != nil {
@@ -276,29 +281,34 @@ func fakeDaemon(t *testing.T, answer func(*control.Request) control.Response) st
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
-		defer close(done)
+		defer wg.Done()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			serveFake(c, answer)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				serveFake(c, answer)
+			}()
 		}
 	}()
 	t.Cleanup(func() {
-		ln.Close()
-		<-done
+		ln.Close() // the connections end with their clients
+		wg.Wait()
 		os.RemoveAll(dir)
 	})
 	return sock
 }
 
-func serveFake(c net.Conn, answer func(*control.Request) control.Response) {
+func serveFake(c net.Conn, answer func(*wire.Request) wire.Response) {
 	defer c.Close()
 	b := flatbuffers.NewBuilder(0)
-	var m control.Request
+	var m wire.Request
 	for {
 		var hdr [4]byte
 		if _, err := io.ReadFull(c, hdr[:]); err != nil {
@@ -308,19 +318,19 @@ func serveFake(c net.Conn, answer func(*control.Request) control.Response) {
 		if _, err := io.ReadFull(c, body); err != nil {
 			return
 		}
-		if err := control.DecodeRequest(body, control.DecodeLimits{}, &m); err != nil {
+		if err := wire.DecodeRequest(body, wire.DecodeLimits{}, &m); err != nil {
 			return
 		}
-		var r control.Response
-		if m.Kind == tcproto.RequestBodyHelloRequest {
-			r = control.Response{Kind: tcproto.ResponseBodyHelloResponse, DaemonID: []byte("fake")}
+		var r wire.Response
+		if _, hello := m.Body.(*wire.HelloRequest); hello {
+			r = wire.Response{Body: &wire.HelloResponse{DaemonID: []byte("fake")}}
 		} else {
 			r = answer(&m)
 		}
 		if r.RequestID == 0 {
 			r.RequestID = m.Ctx.RequestID
 		}
-		if _, err := c.Write(control.EncodeResponse(b, &r)); err != nil {
+		if _, err := c.Write(wire.EncodeResponse(b, &r)); err != nil {
 			return
 		}
 	}
@@ -332,31 +342,31 @@ func TestPositionalMismatch(t *testing.T) {
 	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: 2, Target: 1, Length: 1}, {Op: xfer.OpWrite, Local: 2, Target: 1, Length: 1}}
 	cases := []struct {
 		name string
-		ans  control.Response
+		ans  wire.Response
 		call func(c *Client) error
 	}{
-		{"submit one code for two", control.Response{Kind: tcproto.ResponseBodySubmitResponse, Codes: []control.Code{0}},
+		{"submit one code for two", wire.Response{Body: &wire.SubmitResponse{Codes: []wire.Code{0}}},
 			func(c *Client) error { return c.Submit(1, reqs, make([]error, 2)) }},
-		{"submit three codes for two", control.Response{Kind: tcproto.ResponseBodySubmitResponse, Codes: []control.Code{0, 0, 0}},
+		{"submit three codes for two", wire.Response{Body: &wire.SubmitResponse{Codes: []wire.Code{0, 0, 0}}},
 			func(c *Client) error { return c.Submit(1, reqs, make([]error, 2)) }},
-		{"transfer codes short", control.Response{Kind: tcproto.ResponseBodyTransferResponse, Codes: []control.Code{0},
-			States: []tcproto.TaskState{3, 3}},
+		{"transfer codes short", wire.Response{Body: &wire.TransferResponse{Codes: []wire.Code{0},
+			States: []tcproto.TaskState{3, 3}}},
 			func(c *Client) error { _, err := c.Transfer(reqs, 0, make([]error, 2)); return err }},
-		{"transfer states short", control.Response{Kind: tcproto.ResponseBodyTransferResponse, Codes: []control.Code{0, 0},
-			States: []tcproto.TaskState{3}},
+		{"transfer states short", wire.Response{Body: &wire.TransferResponse{Codes: []wire.Code{0, 0},
+			States: []tcproto.TaskState{3}}},
 			func(c *Client) error { _, err := c.Transfer(reqs, 0, make([]error, 2)); return err }},
-		{"free blocks short", control.Response{Kind: tcproto.ResponseBodyFreeBlocksResponse},
+		{"free blocks short", wire.Response{Body: &wire.FreeBlocksResponse{}},
 			func(c *Client) error { return c.FreeBlocks([]uint64{0, 1}, make([]error, 2)) }},
-		{"alloc blocks short", control.Response{Kind: tcproto.ResponseBodyAllocBlocksResponse, Offsets: []uint64{0}},
+		{"alloc blocks short", wire.Response{Body: &wire.AllocBlocksResponse{Offsets: []uint64{0}}},
 			func(c *Client) error { _, err := c.AllocBlocks(nil, 2, 4096); return err }},
-		{"wrong body", control.Response{Kind: tcproto.ResponseBodyPingResponse},
+		{"wrong body", wire.Response{Body: &wire.PingResponse{}},
 			func(c *Client) error { _, err := c.AllocBatch(1); return err }},
-		{"wrong request id", control.Response{RequestID: 999, Kind: tcproto.ResponseBodyAllocBatchResponse},
+		{"wrong request id", wire.Response{RequestID: 999, Body: &wire.AllocBatchResponse{}},
 			func(c *Client) error { _, err := c.AllocBatch(1); return err }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			sock := fakeDaemon(t, func(*control.Request) control.Response { return tc.ans })
+			sock := fakeDaemon(t, func(*wire.Request) wire.Response { return tc.ans })
 			c, err := Dial(sock, Options{NoPool: true})
 			if err != nil {
 				t.Fatal(err)
@@ -371,8 +381,8 @@ func TestPositionalMismatch(t *testing.T) {
 		})
 	}
 	// The matching count is a success, with per-item errors in place.
-	sock := fakeDaemon(t, func(*control.Request) control.Response {
-		return control.Response{Kind: tcproto.ResponseBodySubmitResponse, Codes: []control.Code{tcproto.CodeOK, tcproto.CodeNOT_FOUND}}
+	sock := fakeDaemon(t, func(*wire.Request) wire.Response {
+		return wire.Response{Body: &wire.SubmitResponse{Codes: []wire.Code{tcproto.CodeOK, tcproto.CodeNOT_FOUND}}}
 	})
 	c, err := Dial(sock, Options{NoPool: true})
 	if err != nil {
@@ -382,5 +392,175 @@ func TestPositionalMismatch(t *testing.T) {
 	res := make([]error, 2)
 	if err := c.Submit(1, reqs, res); err != nil || res[0] != nil || !errors.Is(res[1], ErrNotFound) {
 		t.Fatalf("submit: %v %v", err, res)
+	}
+}
+
+// TestCallTimeoutLeavesLongCalls: with CallTimeout set, a call the daemon
+// may hold by design (a Wait or Transfer up to its timeout, or up to the
+// call's deadline, or the daemon's own default; a PollNotifications that
+// waits) gets that long on top of CallTimeout, while every other call, and
+// one the daemon holds past its own bound, still fails at the deadline.
+func TestCallTimeoutLeavesLongCalls(t *testing.T) {
+	const (
+		callTimeout = 20 * time.Millisecond
+		// late is when the fake daemon answers, after it read the request:
+		// the daemon answering later than CallTimeout is what is tested.
+		late = 400 * time.Millisecond
+	)
+	sock := fakeDaemon(t, func(m *wire.Request) wire.Response {
+		<-time.After(late)
+		switch m.Body.(type) {
+		case *wire.WaitRequest:
+			return wire.Response{Body: &wire.WaitResponse{Summary: Summary{Total: 1, Completed: 1}}}
+		case *wire.TransferRequestBody:
+			return wire.Response{Body: &wire.TransferResponse{Codes: []wire.Code{tcproto.CodeOK},
+				States: []tcproto.TaskState{tcproto.TaskStateCOMPLETED}, Summary: Summary{Total: 1, Completed: 1}}}
+		case *wire.PollNotificationsRequest:
+			return wire.Response{Body: &wire.PollNotificationsResponse{}}
+		}
+		return wire.Response{Body: &wire.PingResponse{}}
+	})
+	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: 2, Target: 1, Length: 1}}
+	calls := []struct {
+		name string
+		ok   bool // answered late but within what the call allows
+		call func(c *Client) error
+	}{
+		{"wait with a timeout", true, func(c *Client) error {
+			s, err := c.Wait(1, 5*time.Second)
+			if err == nil && s.Completed != 1 {
+				err = fmt.Errorf("summary %+v", s)
+			}
+			return err
+		}},
+		{"transfer with no timeout: the daemon's default", true, func(c *Client) error {
+			_, err := c.Transfer(reqs, 0, make([]error, 1))
+			return err
+		}},
+		{"wait with no timeout but a deadline", true, func(c *Client) error {
+			_, err := c.Wait(1, 0, WithDeadline(5*time.Second))
+			return err
+		}},
+		{"poll waiting until the deadline", true, func(c *Client) error {
+			_, err := c.PollNotifications(nil, 1, 0, WithDeadline(5*time.Second))
+			return err
+		}},
+		{"ping", false, func(c *Client) error { return c.Ping(nil) }},
+		{"wait past its own timeout", false, func(c *Client) error {
+			_, err := c.Wait(1, 10*time.Millisecond)
+			return err
+		}},
+		{"poll that does not wait", false, func(c *Client) error {
+			_, err := c.PollNotifications(nil, 1, 0)
+			return err
+		}},
+	}
+	for _, tc := range calls {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Dial(sock, Options{NoPool: true, CallTimeout: callTimeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			start := time.Now()
+			err = tc.call(c)
+			took := time.Since(start)
+			switch {
+			case tc.ok && err != nil:
+				t.Fatalf("answered after %v: %v", took, err)
+			case tc.ok && took < late:
+				t.Fatalf("answered after %v, before the daemon's late answer", took)
+			case !tc.ok && !errors.Is(err, os.ErrDeadlineExceeded):
+				t.Fatalf("after %v: %v, want the socket deadline to end it", took, err)
+			case !tc.ok && took >= late:
+				t.Fatalf("failed only after %v, when the late answer came", took)
+			}
+		})
+	}
+}
+
+// TestSteadyStateAllocs: the hot calls allocate nothing once a client has
+// made them, client and daemon together (both run in this process).
+func TestSteadyStateAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts are noisy with -short runs of other tests")
+	}
+	d := startDaemon(t)
+	c, err := Dial(d.sock, Options{NoPool: true, CallTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf, err := c.RegisterBuffer(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offs, err := c.AllocBlocks(nil, 1, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.AllocBatch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: buf.ID, Target: poolID, TargetOffset: offs[0], Length: 4096}}
+	res := make([]error, 1)
+	if err := c.Submit(batch, reqs, res); err != nil || res[0] != nil {
+		t.Fatal(err, res[0])
+	}
+	payload := []byte("0123456789abcdef")
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"Wait", func() error { _, err := c.Wait(batch, time.Second); return err }},
+		{"TaskStatus", func() error { _, err := c.TaskStatus(batch, 0); return err }},
+		{"BatchStatus", func() error { _, err := c.BatchStatus(batch); return err }},
+		{"Ping", func() error { return c.Ping(payload) }},
+		{"Transfer", func() error { _, err := c.Transfer(reqs, time.Second, res); return err }},
+	} {
+		if err := tc.call(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if n := testing.AllocsPerRun(200, func() {
+			if err := tc.call(); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+		}); n != 0 {
+			t.Errorf("%s: %v allocations per call", tc.name, n)
+		}
+	}
+}
+
+// TestCallContext: every call carries the context its options set: the
+// client's default lane and policy version, or a call's own, which the
+// daemon audits.
+func TestCallContext(t *testing.T) {
+	got := make(chan wire.Context, 2)
+	sock := fakeDaemon(t, func(m *wire.Request) wire.Response {
+		ctx := m.Ctx
+		ctx.Lane = bytes.Clone(ctx.Lane)
+		ctx.IdempotencyKey = bytes.Clone(ctx.IdempotencyKey)
+		got <- ctx
+		return wire.Response{Body: &wire.PingResponse{}}
+	})
+	c, err := Dial(sock, Options{NoPool: true, Lane: "stream-first", PolicyVersion: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Ping(nil); err != nil {
+		t.Fatal(err)
+	}
+	if ctx := <-got; string(ctx.Lane) != "stream-first" || ctx.PolicyVersion != 4 || ctx.DeadlineMS != 0 || ctx.QoS != 0 {
+		t.Fatalf("default context %+v", ctx)
+	}
+	if err := c.Ping(nil, WithPolicyVersion(9), WithLane("catalog-first"), WithIdempotencyKey("k"),
+		WithDeadline(1500*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if ctx := <-got; string(ctx.Lane) != "catalog-first" || ctx.PolicyVersion != 9 || string(ctx.IdempotencyKey) != "k" ||
+		ctx.DeadlineMS != 1500 {
+		t.Fatalf("call's context %+v", ctx)
 	}
 }

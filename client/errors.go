@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // Errors of the client. A daemon's status code comes back as a *StatusError
@@ -30,11 +31,14 @@ var (
 	ErrClosed = errors.New("tensorcast: client closed")
 	// ErrNoPool: the client was dialed without mapping the pool.
 	ErrNoPool = errors.New("tensorcast: pool not mapped")
+	// ErrNotSupported: the call needs what this OS lacks (memfds and shared
+	// mappings are Linux's). It matches xfer.ErrNotSupported.
+	ErrNotSupported = fmt.Errorf("tensorcast: %w on this OS", xfer.ErrNotSupported)
 )
 
 // StatusError is a non-OK status the daemon answered.
 type StatusError struct {
-	Code    control.Code
+	Code    wire.Code
 	Message string
 }
 
@@ -45,7 +49,7 @@ func (e *StatusError) Error() string {
 // Is matches the sentinel of e's code.
 func (e *StatusError) Is(target error) bool { return target == codeErr(e.Code) }
 
-func codeErr(c control.Code) error {
+func codeErr(c wire.Code) error {
 	switch c {
 	case tcproto.CodeINVALID_ARGUMENT:
 		return ErrInvalidArgument
@@ -70,7 +74,7 @@ func codeErr(c control.Code) error {
 }
 
 // itemErr is the error of one positional item: nil for OK.
-func itemErr(c control.Code) error {
+func itemErr(c wire.Code) error {
 	if c == tcproto.CodeOK {
 		return nil
 	}

@@ -5,19 +5,18 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tensorcast/tensorcast/control"
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // Rights on an exported or opened remote segment.
 const (
-	RightRead  = control.RightRead
-	RightWrite = control.RightWrite
+	RightRead  = wire.RightRead
+	RightWrite = wire.RightWrite
 )
 
 // MaxNotify is the largest notification a WRITE may carry.
-const MaxNotify = control.MaxNotify
+const MaxNotify = wire.MaxNotify
 
 // Notification is one notification a peer attached to a WRITE into a
 // segment this client subscribed to.
@@ -69,13 +68,13 @@ func (c *Client) ExportSegment(name string, segment xfer.SegmentID, off, length 
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyExportSegmentRequest, opts)
-	c.req.Name = []byte(name)
-	c.req.Segment, c.req.Offset, c.req.Length, c.req.Rights = uint64(segment), off, length, rights
-	if err := c.roundTrip(tcproto.ResponseBodyExportSegmentResponse, -1, nil); err != nil {
+	*wire.SetRequest[wire.ExportSegmentRequest](c.start(opts)) = wire.ExportSegmentRequest{Name: []byte(name),
+		Segment: uint64(segment), Offset: off, Length: length, Rights: rights}
+	r, err := call[wire.ExportSegmentResponse](c, noFD, nil)
+	if err != nil {
 		return 0, err
 	}
-	return c.resp.Size, nil
+	return r.Size, nil
 }
 
 // UnexportSegment ends an export of this client.
@@ -85,9 +84,9 @@ func (c *Client) UnexportSegment(name string, opts ...CallOption) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyUnexportSegmentRequest, opts)
-	c.req.Name = []byte(name)
-	return c.roundTrip(tcproto.ResponseBodyUnexportSegmentResponse, -1, nil)
+	wire.SetRequest[wire.UnexportSegmentRequest](c.start(opts)).Name = []byte(name)
+	_, err := call[wire.UnexportSegmentResponse](c, noFD, nil)
+	return err
 }
 
 // OpenRemote opens "peer/segment" with rights. The segment stays open until
@@ -100,12 +99,12 @@ func (c *Client) OpenRemote(name string, rights uint8, opts ...CallOption) (Remo
 // How requests to a remote segment travel (OpenRemoteVia).
 const (
 	// TransportAuto: RDMA when both daemons have a usable device, else tcp.
-	TransportAuto = control.TransportAuto
+	TransportAuto = wire.TransportAuto
 	// TransportTCP: always tcp.
-	TransportTCP = control.TransportTCP
+	TransportTCP = wire.TransportTCP
 	// TransportRDMA: RDMA or a failed request, never tcp. The open fails
 	// (UNAVAILABLE) when RDMA to the peer cannot be set up.
-	TransportRDMA = control.TransportRDMA
+	TransportRDMA = wire.TransportRDMA
 )
 
 // OpenRemoteVia is OpenRemote with the transport its requests must use.
@@ -115,23 +114,22 @@ func (c *Client) OpenRemoteVia(name string, rights, transport uint8, opts ...Cal
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyOpenRemoteRequest, opts)
-	c.req.Name = []byte(name)
-	c.req.Rights = rights
-	c.req.Transport = transport
-	if err := c.roundTrip(tcproto.ResponseBodyOpenRemoteResponse, -1, nil); err != nil {
+	*wire.SetRequest[wire.OpenRemoteRequest](c.start(opts)) = wire.OpenRemoteRequest{Name: []byte(name), Rights: rights,
+		Transport: transport}
+	r, err := call[wire.OpenRemoteResponse](c, noFD, nil)
+	if err != nil {
 		return RemoteSegment{}, err
 	}
-	return RemoteSegment{ID: xfer.SegmentID(c.resp.Segment), Size: c.resp.Size, Epoch: c.resp.Epoch}, nil
+	return RemoteSegment{ID: xfer.SegmentID(r.Segment), Size: r.Size, Epoch: r.Epoch}, nil
 }
 
 // CloseRemote closes a remote segment this client opened.
 func (c *Client) CloseRemote(id xfer.SegmentID, opts ...CallOption) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyCloseRemoteRequest, opts)
-	c.req.Segment = uint64(id)
-	return c.roundTrip(tcproto.ResponseBodyCloseRemoteResponse, -1, nil)
+	wire.SetRequest[wire.CloseRemoteRequest](c.start(opts)).Segment = uint64(id)
+	_, err := call[wire.CloseRemoteResponse](c, noFD, nil)
+	return err
 }
 
 // Subscribe makes this client receive the notifications peers attach to
@@ -142,9 +140,9 @@ func (c *Client) Subscribe(name string, opts ...CallOption) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodySubscribeRequest, opts)
-	c.req.Name = []byte(name)
-	return c.roundTrip(tcproto.ResponseBodySubscribeResponse, -1, nil)
+	wire.SetRequest[wire.SubscribeRequest](c.start(opts)).Name = []byte(name)
+	_, err := call[wire.SubscribeResponse](c, noFD, nil)
+	return err
 }
 
 // PollNotifications returns up to max queued notifications (max 0: as
@@ -156,20 +154,19 @@ func (c *Client) PollNotifications(dst []Notification, max int, timeout time.Dur
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyPollNotificationsRequest, opts)
-	c.req.Max = uint32(max)
-	c.req.TimeoutMS = millis(timeout)
-	if c.opts.CallTimeout > 0 && timeout > 0 {
-		defer func(d time.Duration) { c.opts.CallTimeout = d }(c.opts.CallTimeout)
-		c.opts.CallTimeout += timeout
+	m := wire.SetRequest[wire.PollNotificationsRequest](c.start(opts))
+	m.Max, m.TimeoutMS = uint32(max), millis(timeout)
+	if timeout > 0 || c.req.Ctx.DeadlineMS > 0 {
+		c.holdFor(timeout) // else the daemon answers at once
 	}
-	if err := c.roundTrip(tcproto.ResponseBodyPollNotificationsResponse, -1, nil); err != nil {
+	r, err := call[wire.PollNotificationsResponse](c, noFD, nil)
+	if err != nil {
 		return dst, err
 	}
-	if max > 0 && len(c.resp.Notifications) > max {
-		return dst, c.fail(fmt.Errorf("%w: %d notifications for at most %d", ErrProtocol, len(c.resp.Notifications), max))
+	if max > 0 && len(r.Notifications) > max {
+		return dst, c.fail(fmt.Errorf("%w: %d notifications for at most %d", ErrProtocol, len(r.Notifications), max))
 	}
-	for _, n := range c.resp.Notifications {
+	for _, n := range r.Notifications {
 		dst = append(dst, Notification{Segment: string(n.Segment), Payload: slices.Clone(n.Payload)})
 	}
 	return dst, nil
@@ -179,12 +176,13 @@ func (c *Client) PollNotifications(dst []Notification, max int, timeout time.Dur
 func (c *Client) Peers(opts ...CallOption) ([]Peer, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodyPeersRequest, opts)
-	if err := c.roundTrip(tcproto.ResponseBodyPeersResponse, -1, nil); err != nil {
+	wire.SetRequest[wire.PeersRequest](c.start(opts))
+	r, err := call[wire.PeersResponse](c, noFD, nil)
+	if err != nil {
 		return nil, err
 	}
-	out := make([]Peer, len(c.resp.Peers))
-	for i, p := range c.resp.Peers {
+	out := make([]Peer, len(r.Peers))
+	for i, p := range r.Peers {
 		out[i] = Peer{ID: string(p.ID), Addr: string(p.Addr), Epoch: p.Epoch, Connected: p.Connected,
 			BytesIn: p.BytesIn, BytesOut: p.BytesOut, Errors: p.Errors}
 	}
@@ -196,12 +194,13 @@ func (c *Client) Peers(opts ...CallOption) ([]Peer, error) {
 func (c *Client) Segments(opts ...CallOption) ([]SegmentInfo, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.start(tcproto.RequestBodySegmentsRequest, opts)
-	if err := c.roundTrip(tcproto.ResponseBodySegmentsResponse, -1, nil); err != nil {
+	wire.SetRequest[wire.SegmentsRequest](c.start(opts))
+	r, err := call[wire.SegmentsResponse](c, noFD, nil)
+	if err != nil {
 		return nil, err
 	}
-	out := make([]SegmentInfo, len(c.resp.Segments))
-	for i, s := range c.resp.Segments {
+	out := make([]SegmentInfo, len(r.Segments))
+	for i, s := range r.Segments {
 		out[i] = SegmentInfo{Name: string(s.Name), Peer: string(s.Peer), ID: xfer.SegmentID(s.Segment), Size: s.Size,
 			Rights: s.Rights, Epoch: s.Epoch, Transport: s.Transport}
 	}

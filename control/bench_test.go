@@ -9,16 +9,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // frameSizes returns the sizes of the request and response frames of a
 // call, to size the raw ping-pong it is compared with.
-func frameSizes(e *env, c *rawClient, m *Request) (req, resp int) {
-	req = len(EncodeRequest(c.b, m))
-	c.call(m)
-	r := c.resp
-	resp = len(EncodeResponse(c.b, &r))
+func frameSizes(e *env, c *rawClient, m *wire.Request) (req, resp int) {
+	req = len(wire.EncodeRequest(c.b, m))
+	c.call(m.Body)
+	resp = len(wire.EncodeResponse(c.b, &c.resp))
 	return req, resp
 }
 
@@ -71,22 +71,22 @@ func rawPingPong(b *testing.B, dir string, req, resp int) {
 	<-done
 }
 
-func taskStatusSetup(b *testing.B) (*env, *rawClient, *Request) {
+func taskStatusSetup(b *testing.B) (*env, *rawClient, *wire.Request) {
 	e := newEnv(b, false)
 	c := dialRaw(b, e.sock)
 	fd := newMemfd(b, 4096)
-	r := c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096}, fd)
+	r := c.call(&wire.RegisterBufferRequest{Size: 4096}, fd)
 	unix.Close(fd)
-	seg := xfer.SegmentID(r.Segment)
-	off := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096}).Offsets[0]
-	batch := c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1}).Batch
-	r = c.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: batch, Requests: []xfer.Request{
+	seg := xfer.SegmentID(body[wire.RegisterBufferResponse](b, r).Segment)
+	off := body[wire.AllocBlocksResponse](b, c.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})).Offsets[0]
+	batch := body[wire.AllocBatchResponse](b, c.call(&wire.AllocBatchRequest{Capacity: 1})).Batch
+	r = c.call(&wire.SubmitRequest{Batch: batch, Requests: []xfer.Request{
 		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: off, Length: 4096}}})
-	if r.Status != tcproto.CodeOK || r.Codes[0] != tcproto.CodeOK {
+	if r.Status != tcproto.CodeOK || body[wire.SubmitResponse](b, r).Codes[0] != tcproto.CodeOK {
 		b.Fatalf("submit: %+v", r)
 	}
-	c.call(&Request{Kind: tcproto.RequestBodyWaitRequest, Batch: batch})
-	return e, c, &Request{Kind: tcproto.RequestBodyTaskStatusRequest, Batch: batch}
+	c.call(&wire.WaitRequest{Batch: batch})
+	return e, c, &wire.Request{Body: &wire.TaskStatusRequest{Batch: batch}}
 }
 
 // BenchmarkRawPingPongTaskStatusSize is the raw socket reference for
@@ -107,11 +107,11 @@ func BenchmarkControlTaskStatus(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		c.id++
 		m.Ctx.RequestID = c.id
-		if err := c.send(EncodeRequest(c.b, m)); err != nil {
+		if err := c.send(wire.EncodeRequest(c.b, m)); err != nil {
 			b.Fatal(err)
 		}
 		r, _, err := c.recv()
-		if err != nil || r.Status != tcproto.CodeOK || r.Task.State != tcproto.TaskStateCOMPLETED {
+		if err != nil || r.Status != tcproto.CodeOK || body[wire.TaskStatusResponse](b, r).State != tcproto.TaskStateCOMPLETED {
 			b.Fatalf("%+v %v", r, err)
 		}
 	}
@@ -119,16 +119,16 @@ func BenchmarkControlTaskStatus(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "rt/s")
 }
 
-func transferSetup(b *testing.B) (*env, *rawClient, *Request) {
+func transferSetup(b *testing.B) (*env, *rawClient, *wire.Request) {
 	e := newEnv(b, false)
 	c := dialRaw(b, e.sock)
 	fd := newMemfd(b, 1<<16)
-	r := c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd)
+	r := c.call(&wire.RegisterBufferRequest{Size: 1 << 16}, fd)
 	unix.Close(fd)
-	seg := xfer.SegmentID(r.Segment)
-	r = c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096})
-	return e, c, &Request{Kind: tcproto.RequestBodyTransferRequestBody, Requests: []xfer.Request{
-		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: r.Offsets[0], Length: 4096}}}
+	seg := xfer.SegmentID(body[wire.RegisterBufferResponse](b, r).Segment)
+	r = c.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})
+	return e, c, &wire.Request{Body: &wire.TransferRequestBody{Requests: []xfer.Request{
+		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: body[wire.AllocBlocksResponse](b, r).Offsets[0], Length: 4096}}}}
 }
 
 // BenchmarkRawPingPongTransferSize is the raw socket reference for
@@ -150,11 +150,11 @@ func BenchmarkControlTransfer4K(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		c.id++
 		m.Ctx.RequestID = c.id
-		if err := c.send(EncodeRequest(c.b, m)); err != nil {
+		if err := c.send(wire.EncodeRequest(c.b, m)); err != nil {
 			b.Fatal(err)
 		}
 		r, _, err := c.recv()
-		if err != nil || r.Status != tcproto.CodeOK || r.Codes[0] != tcproto.CodeOK {
+		if err != nil || r.Status != tcproto.CodeOK || body[wire.TransferResponse](b, r).Codes[0] != tcproto.CodeOK {
 			b.Fatalf("%+v %v", r, err)
 		}
 	}
@@ -171,22 +171,22 @@ func TestServeAllocs(t *testing.T) {
 	e := newEnv(t, false)
 	c := dialRaw(t, e.sock)
 	fd := newMemfd(t, 4096)
-	r := c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096}, fd)
+	r := c.call(&wire.RegisterBufferRequest{Size: 4096}, fd)
 	unix.Close(fd)
-	seg := xfer.SegmentID(r.Segment)
-	off := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096}).Offsets[0]
-	batch := c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1}).Batch
-	c.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: batch, Requests: []xfer.Request{
+	seg := xfer.SegmentID(body[wire.RegisterBufferResponse](t, r).Segment)
+	off := body[wire.AllocBlocksResponse](t, c.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})).Offsets[0]
+	batch := body[wire.AllocBatchResponse](t, c.call(&wire.AllocBatchRequest{Capacity: 1})).Batch
+	c.call(&wire.SubmitRequest{Batch: batch, Requests: []xfer.Request{
 		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: off, Length: 4096}}})
-	c.call(&Request{Kind: tcproto.RequestBodyWaitRequest, Batch: batch})
-	for _, m := range []*Request{
-		{Kind: tcproto.RequestBodyTaskStatusRequest, Batch: batch},
-		{Kind: tcproto.RequestBodyPingRequest, Payload: []byte("0123456789abcdef")},
+	c.call(&wire.WaitRequest{Batch: batch})
+	for _, m := range []*wire.Request{
+		{Body: &wire.TaskStatusRequest{Batch: batch}},
+		{Body: &wire.PingRequest{Payload: []byte("0123456789abcdef")}},
 	} {
 		call := func() {
 			c.id++
 			m.Ctx.RequestID = c.id
-			if err := c.send(EncodeRequest(c.b, m)); err != nil {
+			if err := c.send(wire.EncodeRequest(c.b, m)); err != nil {
 				t.Fatal(err)
 			}
 			if r, _, err := c.recv(); err != nil || r.Status != tcproto.CodeOK {
@@ -195,7 +195,7 @@ func TestServeAllocs(t *testing.T) {
 		}
 		call()
 		if n := testing.AllocsPerRun(200, call); n > 0 {
-			t.Errorf("%s: %v allocations per round trip", m.Kind, n)
+			t.Errorf("%s: %v allocations per round trip", m.Kind(), n)
 		}
 	}
 }

@@ -7,8 +7,12 @@ import (
 	"syscall"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
+
+// Code is the status of a call or of one item of a batch call.
+type Code = wire.Code
 
 // CodeOf maps an error to the status code a client sees. It is the only such
 // mapping; it matches with errors.Is, so wrapped errors map by their cause.
@@ -16,7 +20,7 @@ func CodeOf(err error) Code {
 	switch {
 	case err == nil:
 		return tcproto.CodeOK
-	case errors.Is(err, ErrMalformed), errors.Is(err, ErrMissingFD), errors.Is(err, ErrUnexpectedFD),
+	case errors.Is(err, ErrMalformed), errors.Is(err, wire.ErrMalformed), errors.Is(err, ErrMissingFD), errors.Is(err, ErrUnexpectedFD),
 		errors.Is(err, xfer.ErrInvalid), errors.Is(err, syscall.EINVAL), errors.Is(err, syscall.EBADF):
 		return tcproto.CodeINVALID_ARGUMENT
 	case errors.Is(err, ErrNotFound), errors.Is(err, ErrBatchNotFound), errors.Is(err, fs.ErrNotExist):
@@ -25,7 +29,7 @@ func CodeOf(err error) Code {
 		return tcproto.CodeALREADY_EXISTS
 	case errors.Is(err, ErrBatchBusy):
 		return tcproto.CodeBUSY
-	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrLimit), errors.Is(err, ErrTooManyConns),
+	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrLimit), errors.Is(err, wire.ErrLimit), errors.Is(err, ErrTooManyConns),
 		errors.Is(err, ErrBatchFull), errors.Is(err, syscall.ENOMEM), errors.Is(err, syscall.ENOSPC),
 		errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE):
 		return tcproto.CodeRESOURCE_EXHAUSTED
@@ -43,34 +47,6 @@ func CodeOf(err error) Code {
 		return c
 	}
 	return tcproto.CodeINTERNAL
-}
-
-// message is the short generic text a client gets for a code; the detail
-// stays in the daemon's log.
-func message(c Code) string {
-	switch c {
-	case tcproto.CodeOK:
-		return ""
-	case tcproto.CodeINVALID_ARGUMENT:
-		return "invalid argument"
-	case tcproto.CodeNOT_FOUND:
-		return "not found"
-	case tcproto.CodeALREADY_EXISTS:
-		return "already exists"
-	case tcproto.CodeBUSY:
-		return "busy"
-	case tcproto.CodeRESOURCE_EXHAUSTED:
-		return "resource exhausted"
-	case tcproto.CodeFAILED_PRECONDITION:
-		return "failed precondition"
-	case tcproto.CodePERMISSION_DENIED:
-		return "permission denied"
-	case tcproto.CodeDEADLINE_EXCEEDED:
-		return "deadline exceeded"
-	case tcproto.CodeUNAVAILABLE:
-		return "unavailable"
-	}
-	return "internal error"
 }
 
 // codeForState is the code of a task in state st that ended with err.

@@ -10,12 +10,12 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	flatbuffers "github.com/google/flatbuffers/go"
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -33,13 +33,19 @@ type fdGroup struct {
 	lo, hi uint64
 }
 
+// cred is the connecting process as the kernel saw it (SO_PEERCRED).
+type cred struct {
+	Pid      int32
+	Uid, Gid uint32
+}
+
 // conn is one client connection. Everything but the fields under mu is
 // owned by the connection's serving goroutine.
 type conn struct {
 	s    *Server
 	uc   *net.UnixConn
 	raw  syscall.RawConn
-	cred unix.Ucred
+	cred cred
 	id   uint64
 	log  *slog.Logger
 
@@ -51,15 +57,11 @@ type conn struct {
 	oob        []byte
 	groups     []fdGroup
 	readFn     func(fd uintptr) bool
-	rmsg       unix.Msghdr // recvmsg arguments, kept here so a read allocates nothing
-	riov       unix.Iovec
-	rn, roobn  int
-	rflags     int
-	rerr       error
+	recv       recvState // the last recvmsg: its arguments and results
 
 	b     *flatbuffers.Builder
-	req   Request
-	resp  Response
+	req   wire.Request
+	resp  wire.Response
 	fds   []int // fds attributed to the current frame
 	errs  []error
 	codes []Code
@@ -114,19 +116,8 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 		notes:   noteQueue{wake: make(chan struct{}, 1)},
 		batches: make(map[BatchID]struct{}),
 	}
-	var cerr error
-	err = raw.Control(func(fd uintptr) {
-		var u *unix.Ucred
-		u, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-		if cerr == nil {
-			c.cred = *u
-		}
-	})
-	if err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, os.NewSyscallError("getsockopt SO_PEERCRED", err)
+	if c.cred, err = peerCred(raw); err != nil {
+		return nil, err
 	}
 	c.log = s.log.With("conn", c.id, "pid", c.cred.Pid, "uid", c.cred.Uid)
 	c.pview.Pool, c.pview.blocks, c.pview.log = s.deps.Pool, &c.blocks, c.log
@@ -136,32 +127,16 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 
 // refuse answers a connection that will not be served and closes it.
 func (c *conn) refuse(err error) {
-	c.resp = Response{Status: CodeOf(err), Message: []byte(message(CodeOf(err)))}
-	c.uc.Write(EncodeResponse(c.b, &c.resp)) //nolint:errcheck // closing anyway
+	c.fail(0, CodeOf(err))
+	c.uc.Write(wire.EncodeResponse(c.b, &c.resp)) //nolint:errcheck // closing anyway
 	c.uc.Close()
 }
 
-// recvmsg is one recvmsg(2) into rbuf[rend:] and oob, for RawConn.Read: it
-// reports false on EAGAIN so the poller waits for readability. unix.Recvmsg
-// would allocate its iovec and address per call; this reuses c.rmsg.
-func (c *conn) recvmsg(fd uintptr) bool {
-	p := c.rbuf[c.rend:]
-	c.riov.Base = &p[0]
-	c.riov.SetLen(len(p))
-	c.rmsg = unix.Msghdr{Iov: &c.riov, Control: &c.oob[0]}
-	c.rmsg.SetIovlen(1)
-	c.rmsg.SetControllen(len(c.oob))
-	n, _, errno := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&c.rmsg)), unix.MSG_CMSG_CLOEXEC)
-	if errno == unix.EAGAIN {
-		return false
-	}
-	c.rerr = nil
-	if errno != 0 {
-		c.rerr = errno
-		n = 0
-	}
-	c.rn, c.roobn, c.rflags = int(n), int(c.rmsg.Controllen), int(c.rmsg.Flags)
-	return true
+// fail makes c.resp the answer to request id with code and its generic
+// message (the detail stays in the log).
+func (c *conn) fail(id uint64, code Code) {
+	c.resp.Reset(id)
+	c.resp.Status, c.resp.Message = code, []byte(wire.StatusText(code))
 }
 
 // fill reads more bytes into rbuf[rend:], collecting any fds.
@@ -169,13 +144,14 @@ func (c *conn) fill() error {
 	if err := c.raw.Read(c.readFn); err != nil {
 		return err
 	}
-	if c.rerr != nil {
-		return os.NewSyscallError("recvmsg", c.rerr)
+	r := &c.recv
+	if r.err != nil {
+		return os.NewSyscallError("recvmsg", r.err)
 	}
 	lo := c.base + uint64(c.rend)
-	if c.roobn > 0 {
-		fds, err := parseRights(c.oob[:c.roobn])
-		if c.rflags&unix.MSG_CTRUNC != 0 && err == nil {
+	if r.oobn > 0 {
+		fds, err := parseRights(c.oob[:r.oobn])
+		if r.flags&unix.MSG_CTRUNC != 0 && err == nil {
 			err = fmt.Errorf("%w: control data truncated", ErrUnexpectedFD)
 		}
 		if err == nil && len(c.groups) >= maxFDGroups {
@@ -186,13 +162,13 @@ func (c *conn) fill() error {
 			return err
 		}
 		if len(fds) > 0 {
-			c.groups = append(c.groups, fdGroup{fds: fds, lo: lo, hi: lo + uint64(c.rn)})
+			c.groups = append(c.groups, fdGroup{fds: fds, lo: lo, hi: lo + uint64(r.n)})
 		}
 	}
-	if c.rn == 0 {
+	if r.n == 0 {
 		return io.EOF
 	}
-	c.rend += c.rn
+	c.rend += r.n
 	return nil
 }
 
@@ -226,8 +202,8 @@ func closeFDs(fds []int) {
 // The body aliases rbuf until the next call.
 func (c *conn) readFrame() ([]byte, error) {
 	c.closeStray()
-	for c.rend-c.rpos < FrameHeader {
-		if err := c.ensure(FrameHeader); err != nil {
+	for c.rend-c.rpos < wire.FrameHeader {
+		if err := c.ensure(wire.FrameHeader); err != nil {
 			return nil, err
 		}
 		if err := c.fill(); err != nil {
@@ -238,10 +214,10 @@ func (c *conn) readFrame() ([]byte, error) {
 	if n > c.s.cfg.MaxFrame {
 		return nil, fmt.Errorf("%w: %d bytes (max %d)", ErrFrameTooLarge, n, c.s.cfg.MaxFrame)
 	}
-	if err := c.ensure(FrameHeader + n); err != nil {
+	if err := c.ensure(wire.FrameHeader + n); err != nil {
 		return nil, err
 	}
-	for c.rend-c.rpos < FrameHeader+n {
+	for c.rend-c.rpos < wire.FrameHeader+n {
 		if err := c.fill(); err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil, io.ErrUnexpectedEOF
@@ -250,8 +226,8 @@ func (c *conn) readFrame() ([]byte, error) {
 		}
 	}
 	start := c.base + uint64(c.rpos)
-	frame := c.rbuf[c.rpos+FrameHeader : c.rpos+FrameHeader+n]
-	c.rpos += FrameHeader + n
+	frame := c.rbuf[c.rpos+wire.FrameHeader : c.rpos+wire.FrameHeader+n]
+	c.rpos += wire.FrameHeader + n
 	next := c.base + uint64(c.rpos)
 	c.fds = c.fds[:0]
 	for i := 0; i < len(c.groups); i++ {
@@ -337,8 +313,8 @@ func (c *conn) readFailed(err error) {
 		c.log.Debug("client disconnected")
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrUnexpectedFD):
 		c.log.Warn("closing connection: bad frame", "err", err)
-		c.resp = Response{Status: CodeOf(err), Message: []byte(message(CodeOf(err)))}
-		c.write(EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
+		c.fail(0, CodeOf(err))
+		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 	default:
 		c.log.Debug("closing connection", "err", err)
 	}
@@ -347,15 +323,15 @@ func (c *conn) readFailed(err error) {
 // serveFrame decodes and handles one frame and writes the answer; false
 // means the connection must close.
 func (c *conn) serveFrame(frame []byte) bool {
-	if err := DecodeRequest(frame, c.s.dlim, &c.req); err != nil {
+	if err := wire.DecodeRequest(frame, c.s.dlim, &c.req); err != nil {
 		closeFDs(c.fds)
 		c.fds = c.fds[:0]
 		c.log.Warn("closing connection: undecodable request", "err", err)
-		c.resp = Response{Status: CodeOf(err), Message: []byte(message(CodeOf(err)))}
-		c.write(EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
+		c.fail(0, CodeOf(err))
+		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 		return false
 	}
-	c.s.reqs.count(c.req.Kind)
+	c.s.reqs.count(c.req.Kind())
 	outFD := -1
 	var out []byte
 	if !c.s.beginRequest() {
@@ -380,7 +356,7 @@ func (c *conn) handleSafe() (out []byte, fd int) {
 		if r := recover(); r != nil {
 			closeFDs(c.fds)
 			c.fds = c.fds[:0]
-			c.log.Error("panic while serving a request", "kind", c.req.Kind.String(),
+			c.log.Error("panic while serving a request", "kind", c.req.Kind().String(),
 				"request_id", c.req.Ctx.RequestID, "panic", r, "stack", string(stack()))
 			out, fd = c.errorFrame(errPanic), -1
 		}
@@ -390,9 +366,8 @@ func (c *conn) handleSafe() (out []byte, fd int) {
 
 // errorFrame encodes an error response for the current request.
 func (c *conn) errorFrame(err error) []byte {
-	code := CodeOf(err)
-	c.resp = Response{RequestID: c.req.Ctx.RequestID, Status: code, Message: []byte(message(code))}
-	return EncodeResponse(c.b, &c.resp)
+	c.fail(c.req.Ctx.RequestID, CodeOf(err))
+	return wire.EncodeResponse(c.b, &c.resp)
 }
 
 // takeFD returns the one fd the current frame must carry.

@@ -3,6 +3,7 @@ package control
 import (
 	"time"
 
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -71,9 +72,9 @@ type RemoteSegment interface {
 
 // PeerPlane is the daemon's peer data plane as the server uses it.
 type PeerPlane interface {
-	// OpenRemote opens segment on daemon peer with rights (RightRead |
-	// RightWrite); transport (TransportAuto, TransportTCP, TransportRDMA)
-	// says how its requests travel.
+	// OpenRemote opens segment on daemon peer with rights (wire.RightRead
+	// | wire.RightWrite); transport (wire.TransportAuto, TransportTCP,
+	// TransportRDMA) says how its requests travel.
 	OpenRemote(peer, segment string, rights, transport uint8) (RemoteSegment, error)
 	// AttachNotify makes the next dispatched WRITE equal to req carry
 	// payload, acknowledged by deadline; DetachNotify drops it if no task
@@ -82,7 +83,7 @@ type PeerPlane interface {
 	AttachNotify(req xfer.Request, payload []byte, deadline time.Time) error
 	DetachNotify(req xfer.Request)
 	// Peers reports the known peers.
-	Peers() []PeerInfo
+	Peers() []wire.PeerInfo
 	// Code maps the plane's own errors (a lost connection, a rejected
 	// notification) to the code a client sees; false for errors it does
 	// not know.
@@ -106,5 +107,5 @@ type Deps struct {
 	RDMA RDMAReporter
 	// TransportStats appends the transports' features and counters (ring
 	// depths, flags in use) to dst for Stats; optional.
-	TransportStats func(dst []Counter) []Counter
+	TransportStats func(dst []wire.Counter) []wire.Counter
 }

@@ -18,8 +18,8 @@ import (
 	flatbuffers "github.com/google/flatbuffers/go"
 	"golang.org/x/sys/unix"
 
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -231,10 +231,11 @@ type rawClient struct {
 	t    testing.TB
 	uc   *net.UnixConn
 	b    *flatbuffers.Builder
-	resp Response
+	req  wire.Request
+	resp wire.Response
 	buf  []byte
 	oob  []byte
-	hdr  [FrameHeader]byte
+	hdr  [wire.FrameHeader]byte
 	id   uint64
 }
 
@@ -261,11 +262,11 @@ func (c *rawClient) send(frame []byte, fds ...int) error {
 }
 
 // recv reads one response frame.
-func (c *rawClient) recv() (*Response, []int, error) { return c.recvMsg(false) }
+func (c *rawClient) recv() (*wire.Response, []int, error) { return c.recvMsg(false) }
 
 // recvMsg reads one response frame and, with withFDs, the fds that came
 // with it.
-func (c *rawClient) recvMsg(withFDs bool) (*Response, []int, error) {
+func (c *rawClient) recvMsg(withFDs bool) (*wire.Response, []int, error) {
 	hdr := c.hdr[:]
 	var n, oobn int
 	var err error
@@ -298,32 +299,52 @@ func (c *rawClient) recvMsg(withFDs bool) (*Response, []int, error) {
 		closeFDs(fds)
 		return nil, nil, err
 	}
-	if err := DecodeResponse(c.buf, DecodeLimits{}, &c.resp); err != nil {
+	if err := wire.DecodeResponse(c.buf, wire.DecodeLimits{}, &c.resp); err != nil {
 		closeFDs(fds)
 		return nil, nil, err
 	}
 	return &c.resp, fds, nil
 }
 
-// call sends m (with fds) and returns the answer; fds that come back are
-// closed unless the caller asks for them with callFD.
-func (c *rawClient) call(m *Request, fds ...int) *Response {
+// call sends body (with fds) and returns the answer; fds that come back
+// are closed unless the caller asks for them with callFD.
+func (c *rawClient) call(body wire.RequestBody, fds ...int) *wire.Response {
 	c.t.Helper()
-	r, back := c.callFD(m, fds...)
+	return c.callCtx(wire.Context{}, body, fds...)
+}
+
+// callCtx is call with the request's context.
+func (c *rawClient) callCtx(ctx wire.Context, body wire.RequestBody, fds ...int) *wire.Response {
+	c.t.Helper()
+	r, back := c.exchange(ctx, body, fds)
 	closeFDs(back)
 	return r
 }
 
-func (c *rawClient) callFD(m *Request, fds ...int) (*Response, []int) {
+func (c *rawClient) callFD(body wire.RequestBody, fds ...int) (*wire.Response, []int) {
+	c.t.Helper()
+	return c.exchange(wire.Context{}, body, fds)
+}
+
+// send sends body under the next request id without reading the answer.
+func (c *rawClient) sendBody(body wire.RequestBody, fds ...int) error {
+	c.id++
+	c.req.Ctx, c.req.Body = wire.Context{RequestID: c.id}, body
+	return c.send(wire.EncodeRequest(c.b, &c.req), fds...)
+}
+
+func (c *rawClient) exchange(ctx wire.Context, body wire.RequestBody, fds []int) (*wire.Response, []int) {
 	c.t.Helper()
 	c.id++
-	m.Ctx.RequestID = c.id
-	if err := c.send(EncodeRequest(c.b, m), fds...); err != nil {
-		c.t.Fatalf("send %s: %v", m.Kind, err)
+	ctx.RequestID = c.id
+	c.req.Ctx, c.req.Body = ctx, body
+	if err := c.send(wire.EncodeRequest(c.b, &c.req), fds...); err != nil {
+		c.t.Fatalf("send %s: %v", body.Kind(), err)
 	}
-	r, back, err := c.recvMsg(m.Kind == tcproto.RequestBodyPoolInfoRequest)
+	_, pool := body.(*wire.PoolInfoRequest)
+	r, back, err := c.recvMsg(pool)
 	if err != nil {
-		c.t.Fatalf("recv for %s: %v", m.Kind, err)
+		c.t.Fatalf("recv for %s: %v", body.Kind(), err)
 	}
 	if r.RequestID != c.id {
 		c.t.Fatalf("answer for request %d, want %d", r.RequestID, c.id)
@@ -341,11 +362,25 @@ func (c *rawClient) expectClosed() {
 	}
 }
 
-func expectCode(t testing.TB, r *Response, want Code) {
+func expectCode(t testing.TB, r *wire.Response, want Code) {
 	t.Helper()
 	if r.Status != want {
 		t.Fatalf("status %s (%q), want %s", r.Status, r.Message, want)
 	}
+}
+
+// body returns r's body as a *T, failing the test when r is not an OK
+// answer with one.
+func body[T any, P interface {
+	*T
+	wire.ResponseBody
+}](t testing.TB, r *wire.Response) P {
+	t.Helper()
+	p, ok := r.Body.(P)
+	if !ok {
+		t.Fatalf("answer %s (%s %q), want a %T", r.Kind(), r.Status, r.Message, p)
+	}
+	return p
 }
 
 func newMemfd(t testing.TB, size uint64) int {
@@ -371,7 +406,7 @@ func runHelper(kind string) int {
 	case "ping":
 		// A refused peer is answered and closed before it sends: a failed
 		// send is expected then, the answer is what counts.
-		rc.send(EncodeRequest(rc.b, &Request{Ctx: Context{RequestID: 1}, Kind: tcproto.RequestBodyPingRequest}))
+		rc.sendBody(&wire.PingRequest{})
 		r, _, err := rc.recv()
 		if err != nil {
 			fmt.Println("recv:", err)
@@ -380,25 +415,25 @@ func runHelper(kind string) int {
 		fmt.Println("status", r.Status.String())
 		return 0
 	case "hold":
-		r := rc.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 8, Size: 16384})
-		fmt.Println("alloc", r.Status.String(), len(r.Offsets))
-		off := r.Offsets[0]
+		r := rc.call(&wire.AllocBlocksRequest{N: 8, Size: 16384})
+		fmt.Println("alloc", r.Status.String(), len(body[wire.AllocBlocksResponse](rc.t, r).Offsets))
+		off := body[wire.AllocBlocksResponse](rc.t, r).Offsets[0]
 		fd, err := shm.NewMemfd("helper", 1<<20, true)
 		if err != nil {
 			fmt.Println("memfd:", err)
 			return 2
 		}
-		r = rc.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 20}, fd)
+		r = rc.call(&wire.RegisterBufferRequest{Size: 1 << 20}, fd)
 		unix.Close(fd)
-		seg := r.Segment
+		seg := body[wire.RegisterBufferResponse](rc.t, r).Segment
 		fmt.Println("register", r.Status.String())
-		r = rc.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 4})
+		r = rc.call(&wire.AllocBatchRequest{Capacity: 4})
 		fmt.Println("batch", r.Status.String())
-		r = rc.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: r.Batch, Requests: []xfer.Request{
+		r = rc.call(&wire.SubmitRequest{Batch: body[wire.AllocBatchResponse](rc.t, r).Batch, Requests: []xfer.Request{
 			{Op: xfer.OpWrite, Local: xfer.SegmentID(seg), Target: testPoolID, TargetOffset: off, Length: 4096},
 			{Op: xfer.OpWrite, Local: xfer.SegmentID(seg), Target: testPoolID, TargetOffset: off, Length: hangLength},
 		}})
-		fmt.Println("submit", r.Status.String(), len(r.Codes))
+		fmt.Println("submit", r.Status.String(), len(body[wire.SubmitResponse](rc.t, r).Codes))
 		fmt.Println("ready")
 		bufio.NewReader(os.Stdin).ReadString('\n') // killed before this returns
 		return 0

@@ -2,16 +2,17 @@ package control
 
 import "errors"
 
-// Sentinel errors of the control protocol. Match them with errors.Is; the
+// Sentinel errors of the control server. Match them with errors.Is; the
 // server wraps them with detail for its log and answers the client with the
-// Code that CodeOf maps them to.
+// Code that CodeOf maps them to. A frame that does not decode fails with
+// wire.ErrMalformed or wire.ErrLimit.
 var (
-	// ErrMalformed: a frame is not a well-formed message (bad flatbuffer,
-	// unknown body, missing field).
+	// ErrMalformed: a request's arguments are not valid (a bad name, rights
+	// or range, a body the server does not serve).
 	ErrMalformed = errors.New("control: malformed message")
 	// ErrFrameTooLarge: a frame's length exceeds the configured maximum.
 	ErrFrameTooLarge = errors.New("control: frame too large")
-	// ErrLimit: a count or length in a message, or a per-connection quota,
+	// ErrLimit: a count or length in a request, or a per-connection quota,
 	// exceeds its configured limit.
 	ErrLimit = errors.New("control: limit exceeded")
 	// ErrMissingFD: a message that carries a file descriptor arrived

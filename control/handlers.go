@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -16,12 +17,12 @@ import (
 const waitSlice = 250 * time.Millisecond
 
 // timeoutGrace is how long a one-shot Transfer waits past its deadline for
-// the engine to end what is still live in Timeout.
-const timeoutGrace = 100 * time.Millisecond
+// the engine to end what is still live in Timeout; clients allow for it.
+const timeoutGrace = wire.TimeoutGrace
 
 // mutating reports whether a request changes what the connection holds or
 // moves data; those are audited and idempotent by key.
-func mutating(k Kind) bool {
+func mutating(k wire.RequestKind) bool {
 	switch k {
 	case tcproto.RequestBodyRegisterBufferRequest, tcproto.RequestBodyUnregisterBufferRequest,
 		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
@@ -37,7 +38,7 @@ func mutating(k Kind) bool {
 
 // dataPath reports whether a mutating request is one of the per-transfer
 // calls that are audited below AuditLevel.
-func dataPath(k Kind) bool {
+func dataPath(k wire.RequestKind) bool {
 	switch k {
 	case tcproto.RequestBodySubmitRequest, tcproto.RequestBodyTransferRequestBody,
 		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
@@ -51,17 +52,18 @@ func dataPath(k Kind) bool {
 // it (-1 for none).
 func (c *conn) handle() ([]byte, int) {
 	m := &c.req
-	if m.Kind != tcproto.RequestBodyRegisterBufferRequest && len(c.fds) > 0 {
+	kind := m.Kind()
+	if _, takesFD := m.Body.(*wire.RegisterBufferRequest); !takesFD && len(c.fds) > 0 {
 		closeFDs(c.fds)
 		c.fds = c.fds[:0]
-		c.log.Warn("file descriptor with a request that takes none", "kind", m.Kind.String(), "request_id", m.Ctx.RequestID)
+		c.log.Warn("file descriptor with a request that takes none", "kind", kind.String(), "request_id", m.Ctx.RequestID)
 		return c.errorFrame(ErrUnexpectedFD), -1
 	}
-	mut := mutating(m.Kind)
+	mut := mutating(kind)
 	keyed := mut && len(m.Ctx.IdempotencyKey) > 0
 	var h uint64
 	if keyed {
-		h = argsHash(m)
+		h = argsHash(c.b, m)
 		if e, ok := c.idem.get(m.Ctx.IdempotencyKey); ok {
 			closeFDs(c.fds)
 			c.fds = c.fds[:0]
@@ -71,68 +73,67 @@ func (c *conn) handle() ([]byte, int) {
 			}
 			c.audit(m, tcproto.CodeOK, true)
 			out := slices.Clone(e.frame)
-			tcproto.GetRootAsResponse(out[FrameHeader:], 0).MutateRequestId(m.Ctx.RequestID)
+			tcproto.GetRootAsResponse(out[wire.FrameHeader:], 0).MutateRequestId(m.Ctx.RequestID)
 			return out, -1
 		}
 	}
 
-	c.resp = Response{RequestID: m.Ctx.RequestID}
+	c.resp.Reset(m.Ctx.RequestID)
 	fd := -1
 	var err error
-	switch m.Kind {
-	case tcproto.RequestBodyHelloRequest:
-		c.hello()
-	case tcproto.RequestBodyPingRequest:
-		c.resp.Kind = tcproto.ResponseBodyPingResponse
-		c.resp.Payload = m.Payload
-	case tcproto.RequestBodyRegisterBufferRequest:
-		err = c.registerBuffer()
-	case tcproto.RequestBodyUnregisterBufferRequest:
-		err = c.unregister()
-	case tcproto.RequestBodyPoolInfoRequest:
+	switch b := m.Body.(type) {
+	case *wire.HelloRequest:
+		c.hello(b)
+	case *wire.PingRequest:
+		wire.SetResponse[wire.PingResponse](&c.resp).Payload = b.Payload
+	case *wire.RegisterBufferRequest:
+		err = c.registerBuffer(b)
+	case *wire.UnregisterBufferRequest:
+		err = c.unregister(b)
+	case *wire.PoolInfoRequest:
 		fd = c.poolInfo()
-	case tcproto.RequestBodyAllocBlocksRequest:
-		err = c.allocBlocks()
-	case tcproto.RequestBodyFreeBlocksRequest:
-		c.freeBlocks()
-	case tcproto.RequestBodyAllocBatchRequest:
-		err = c.allocBatch()
-	case tcproto.RequestBodySubmitRequest:
-		err = c.submit()
-	case tcproto.RequestBodyTaskStatusRequest:
-		err = c.taskStatus()
-	case tcproto.RequestBodyBatchStatusRequest:
-		err = c.batchStatus()
-	case tcproto.RequestBodyWaitRequest:
-		err = c.waitBatch()
-	case tcproto.RequestBodyFreeBatchRequest:
-		err = c.freeBatch()
-	case tcproto.RequestBodyTransferRequestBody:
-		err = c.transfer()
-	case tcproto.RequestBodyStatsRequest:
+	case *wire.AllocBlocksRequest:
+		err = c.allocBlocks(b)
+	case *wire.FreeBlocksRequest:
+		c.freeBlocks(b)
+	case *wire.AllocBatchRequest:
+		err = c.allocBatch(b)
+	case *wire.SubmitRequest:
+		err = c.submit(b)
+	case *wire.TaskStatusRequest:
+		err = c.taskStatus(b)
+	case *wire.BatchStatusRequest:
+		err = c.batchStatus(b)
+	case *wire.WaitRequest:
+		err = c.waitBatch(b)
+	case *wire.FreeBatchRequest:
+		err = c.freeBatch(b)
+	case *wire.TransferRequestBody:
+		err = c.transfer(b)
+	case *wire.StatsRequest:
 		c.stats()
-	case tcproto.RequestBodyRegisterFileRequest:
-		err = c.registerFile()
-	case tcproto.RequestBodyExportSegmentRequest:
-		err = c.exportSegment()
-	case tcproto.RequestBodyUnexportSegmentRequest:
-		err = c.unexportSegment()
-	case tcproto.RequestBodyOpenRemoteRequest:
-		err = c.openRemote()
-	case tcproto.RequestBodyCloseRemoteRequest:
-		err = c.closeRemote()
-	case tcproto.RequestBodySubscribeRequest:
-		err = c.subscribe()
-	case tcproto.RequestBodyPollNotificationsRequest:
-		err = c.pollNotifications()
-	case tcproto.RequestBodyPeersRequest:
+	case *wire.RegisterFileRequest:
+		err = c.registerFile(b)
+	case *wire.ExportSegmentRequest:
+		err = c.exportSegment(b)
+	case *wire.UnexportSegmentRequest:
+		err = c.unexportSegment(b)
+	case *wire.OpenRemoteRequest:
+		err = c.openRemote(b)
+	case *wire.CloseRemoteRequest:
+		err = c.closeRemote(b)
+	case *wire.SubscribeRequest:
+		err = c.subscribe(b)
+	case *wire.PollNotificationsRequest:
+		err = c.pollNotifications(b)
+	case *wire.PeersRequest:
 		err = c.peers()
-	case tcproto.RequestBodySegmentsRequest:
+	case *wire.SegmentsRequest:
 		c.segmentsList()
-	case tcproto.RequestBodyRdmaRequest:
+	case *wire.RDMARequest:
 		c.rdmaInfo()
 	default:
-		err = fmt.Errorf("%w: request body %d", ErrMalformed, m.Kind)
+		err = fmt.Errorf("%w: request body %s is not served", ErrMalformed, kind)
 	}
 	closeFDs(c.fds) // a handler that takes its fd leaves none
 	c.fds = c.fds[:0]
@@ -143,11 +144,11 @@ func (c *conn) handle() ([]byte, int) {
 		if code == tcproto.CodeINTERNAL {
 			lvl = slog.LevelError
 		}
-		c.log.Log(context.Background(), lvl, "request failed", "kind", m.Kind.String(),
+		c.log.Log(context.Background(), lvl, "request failed", "kind", kind.String(),
 			"request_id", m.Ctx.RequestID, "code", code.String(), "err", err)
-		c.resp = Response{RequestID: m.Ctx.RequestID, Status: code, Message: []byte(message(code))}
+		c.fail(m.Ctx.RequestID, code)
 	}
-	out := EncodeResponse(c.b, &c.resp)
+	out := wire.EncodeResponse(c.b, &c.resp)
 	if mut {
 		c.audit(m, code, false)
 	}
@@ -158,9 +159,9 @@ func (c *conn) handle() ([]byte, int) {
 }
 
 // audit records a mutating call with the audit keys.
-func (c *conn) audit(m *Request, code Code, replay bool) {
+func (c *conn) audit(m *wire.Request, code Code, replay bool) {
 	lvl := c.s.cfg.AuditLevel
-	if dataPath(m.Kind) {
+	if dataPath(m.Kind()) {
 		lvl -= 4
 	}
 	if !c.log.Enabled(context.Background(), lvl) {
@@ -171,7 +172,7 @@ func (c *conn) audit(m *Request, code Code, replay bool) {
 		slog.String("idempotency_key", string(m.Ctx.IdempotencyKey)),
 		slog.String("lane", string(m.Ctx.Lane)),
 		slog.Uint64("policy_version", uint64(m.Ctx.PolicyVersion)),
-		slog.String("op", m.Kind.String()),
+		slog.String("op", m.Kind().String()),
 		slog.String("code", code.String()),
 		slog.Bool("replay", replay))
 }
@@ -186,19 +187,19 @@ func (c *conn) deadline(timeoutMS uint32) time.Time {
 	return time.Now().Add(c.s.cfg.DefaultWait)
 }
 
-func (c *conn) hello() {
+func (c *conn) hello(m *wire.HelloRequest) {
 	l := &c.s.cfg.Limits
-	c.resp.Kind = tcproto.ResponseBodyHelloResponse
-	c.resp.ProtocolVersion = ProtocolVersion
-	c.resp.DaemonID = []byte(c.s.cfg.DaemonID)
-	c.resp.Version = []byte(c.s.cfg.Version)
-	c.resp.PeerAddr = []byte(c.s.cfg.PeerAddr)
-	c.resp.Limits = LimitsInfo{
+	r := wire.SetResponse[wire.HelloResponse](&c.resp)
+	r.ProtocolVersion = wire.ProtocolVersion
+	r.DaemonID = []byte(c.s.cfg.DaemonID)
+	r.Version = []byte(c.s.cfg.Version)
+	r.PeerAddr = []byte(c.s.cfg.PeerAddr)
+	r.Limits = wire.LimitsInfo{
 		MaxFrame: uint32(c.s.cfg.MaxFrame), MaxBuffers: uint32(l.MaxBuffers), MaxBlocks: uint32(l.MaxBlocks),
 		MaxBatches: uint32(l.MaxBatches), MaxBatchCapacity: uint32(l.MaxBatchCapacity),
 		MaxRequests: uint32(l.MaxRequests), MaxIdempotencyKeys: uint32(l.MaxIdempotencyKeys),
 	}
-	c.log.Debug("hello", "client", string(c.req.Name), "protocol_version", c.req.ProtocolVersion)
+	c.log.Debug("hello", "client", string(m.ClientName), "protocol_version", m.ProtocolVersion)
 }
 
 func (c *conn) segments() int {
@@ -207,15 +208,15 @@ func (c *conn) segments() int {
 	return len(c.buffers) + len(c.files)
 }
 
-func (c *conn) registerBuffer() error {
+func (c *conn) registerBuffer(m *wire.RegisterBufferRequest) error {
 	fd, err := c.takeFD()
 	if err != nil {
 		return err
 	}
 	lim := &c.s.cfg.Limits
-	if c.req.Size == 0 || c.req.Size > lim.MaxBufferSize {
+	if m.Size == 0 || m.Size > lim.MaxBufferSize {
 		closeFDs([]int{fd})
-		return fmt.Errorf("%w: buffer of %d bytes (max %d)", ErrLimit, c.req.Size, lim.MaxBufferSize)
+		return fmt.Errorf("%w: buffer of %d bytes (max %d)", ErrLimit, m.Size, lim.MaxBufferSize)
 	}
 	if c.segments() >= lim.MaxBuffers {
 		closeFDs([]int{fd})
@@ -223,7 +224,7 @@ func (c *conn) registerBuffer() error {
 	}
 	reg := c.s.deps.Registry
 	id := reg.NextID()
-	buf, err := c.s.deps.MapBuffer(id, fd, c.req.Size, lim.MaxBufferSize)
+	buf, err := c.s.deps.MapBuffer(id, fd, m.Size, lim.MaxBufferSize)
 	if err != nil {
 		return err
 	}
@@ -234,12 +235,11 @@ func (c *conn) registerBuffer() error {
 	c.mu.Lock()
 	c.buffers[id] = buf
 	c.mu.Unlock()
-	c.resp.Kind = tcproto.ResponseBodyRegisterBufferResponse
-	c.resp.Segment = uint64(id)
+	wire.SetResponse[wire.RegisterBufferResponse](&c.resp).Segment = uint64(id)
 	return nil
 }
 
-func (c *conn) registerFile() error {
+func (c *conn) registerFile(m *wire.RegisterFileRequest) error {
 	op := c.s.deps.FileOpener
 	if op == nil {
 		return fmt.Errorf("%w: no file opener configured", ErrUnavailable)
@@ -249,7 +249,7 @@ func (c *conn) registerFile() error {
 	}
 	reg := c.s.deps.Registry
 	id := reg.NextID()
-	f, err := op.OpenFile(id, string(c.req.Name), c.req.Direct, c.req.Size)
+	f, err := op.OpenFile(id, string(m.Path), m.Direct, m.Size)
 	if err != nil {
 		return err
 	}
@@ -260,14 +260,13 @@ func (c *conn) registerFile() error {
 	c.mu.Lock()
 	c.files[id] = f
 	c.mu.Unlock()
-	c.resp.Kind = tcproto.ResponseBodyRegisterFileResponse
-	c.resp.Segment = uint64(id)
-	c.resp.Size = f.Size()
+	r := wire.SetResponse[wire.RegisterFileResponse](&c.resp)
+	r.Segment, r.Size = uint64(id), f.Size()
 	return nil
 }
 
-func (c *conn) unregister() error {
-	id := xfer.SegmentID(c.req.Segment)
+func (c *conn) unregister(m *wire.UnregisterBufferRequest) error {
+	id := xfer.SegmentID(m.Segment)
 	c.mu.Lock()
 	b, isBuf := c.buffers[id]
 	f, isFile := c.files[id]
@@ -279,7 +278,7 @@ func (c *conn) unregister() error {
 	}
 	c.dropExportsOf(id)
 	c.s.deps.Registry.Remove(id)
-	c.resp.Kind = tcproto.ResponseBodyUnregisterBufferResponse
+	wire.SetResponse[wire.UnregisterBufferResponse](&c.resp)
 	if isBuf {
 		return b.Close()
 	}
@@ -288,17 +287,15 @@ func (c *conn) unregister() error {
 
 func (c *conn) poolInfo() int {
 	p := c.s.deps.Pool
-	c.resp.Kind = tcproto.ResponseBodyPoolInfoResponse
-	c.resp.Segment = uint64(p.ID())
-	c.resp.Size = p.Size()
-	c.resp.BlockClasses = blockClasses(p)
+	r := wire.SetResponse[wire.PoolInfoResponse](&c.resp)
+	r.Segment, r.Size, r.BlockClasses = uint64(p.ID()), p.Size(), blockClasses(p)
 	return p.Fd()
 }
 
-func (c *conn) allocBlocks() error {
-	n := int(c.req.N)
-	if n == 0 || c.req.Size == 0 {
-		return fmt.Errorf("%w: %d blocks of %d bytes", ErrMalformed, n, c.req.Size)
+func (c *conn) allocBlocks(m *wire.AllocBlocksRequest) error {
+	n := int(m.N)
+	if n == 0 || m.Size == 0 {
+		return fmt.Errorf("%w: %d blocks of %d bytes", ErrMalformed, n, m.Size)
 	}
 	if c.blocks.len()+n > c.s.cfg.Limits.MaxBlocks {
 		return fmt.Errorf("%w: %d blocks held, %d asked (max %d)", ErrLimit, c.blocks.len(), n, c.s.cfg.Limits.MaxBlocks)
@@ -306,25 +303,24 @@ func (c *conn) allocBlocks() error {
 	c.offs = slices.Grow(c.offs[:0], n)[:n]
 	offs := c.offs
 	p := c.s.deps.Pool
-	if err := p.AllocN(c.req.Size, offs); err != nil {
+	if err := p.AllocN(m.Size, offs); err != nil {
 		return err
 	}
 	for _, off := range offs {
 		size, ok := p.BlockSize(off)
 		if !ok {
-			size = c.req.Size
+			size = m.Size
 		}
 		c.blocks.add(off, size)
 	}
-	c.resp.Kind = tcproto.ResponseBodyAllocBlocksResponse
-	c.resp.Offsets = offs
+	wire.SetResponse[wire.AllocBlocksResponse](&c.resp).Offsets = offs
 	return nil
 }
 
-func (c *conn) freeBlocks() {
+func (c *conn) freeBlocks(m *wire.FreeBlocksRequest) {
 	c.codes = c.codes[:0]
 	p := c.s.deps.Pool
-	for _, off := range c.req.Offsets {
+	for _, off := range m.Offsets {
 		i, held := slices.BinarySearch(c.blocks.offs, off)
 		if !held {
 			c.codes = append(c.codes, tcproto.CodeNOT_FOUND)
@@ -347,30 +343,28 @@ func (c *conn) freeBlocks() {
 		}
 		c.codes = append(c.codes, CodeOf(err))
 	}
-	c.resp.Kind = tcproto.ResponseBodyFreeBlocksResponse
-	c.resp.Codes = c.codes
+	wire.SetResponse[wire.FreeBlocksResponse](&c.resp).Codes = c.codes
 }
 
-func (c *conn) allocBatch() error {
+func (c *conn) allocBatch(m *wire.AllocBatchRequest) error {
 	lim := &c.s.cfg.Limits
-	if c.req.Capacity == 0 || int(c.req.Capacity) > lim.MaxBatchCapacity {
-		return fmt.Errorf("%w: batch capacity %d (max %d)", ErrLimit, c.req.Capacity, lim.MaxBatchCapacity)
+	if m.Capacity == 0 || int(m.Capacity) > lim.MaxBatchCapacity {
+		return fmt.Errorf("%w: batch capacity %d (max %d)", ErrLimit, m.Capacity, lim.MaxBatchCapacity)
 	}
 	if len(c.batches) >= lim.MaxBatches {
 		return fmt.Errorf("%w: %d batches held", ErrLimit, lim.MaxBatches)
 	}
-	id, err := c.s.deps.Engine.AllocateBatch(int(c.req.Capacity))
+	id, err := c.s.deps.Engine.AllocateBatch(int(m.Capacity))
 	if err != nil {
 		return err
 	}
 	c.batches[id] = struct{}{}
-	c.resp.Kind = tcproto.ResponseBodyAllocBatchResponse
-	c.resp.Batch = uint64(id)
+	wire.SetResponse[wire.AllocBatchResponse](&c.resp).Batch = uint64(id)
 	return nil
 }
 
-func (c *conn) ownBatch() (BatchID, error) {
-	id := BatchID(c.req.Batch)
+func (c *conn) ownBatch(batch uint64) (BatchID, error) {
+	id := BatchID(batch)
 	if _, ok := c.batches[id]; !ok {
 		return 0, fmt.Errorf("%w: batch %d", ErrNotFound, id)
 	}
@@ -432,22 +426,22 @@ func (c *conn) submitOpts() SubmitOptions {
 	return SubmitOptions{Deadline: d, Resolver: c}
 }
 
-func (c *conn) submit() error {
-	id, err := c.ownBatch()
+func (c *conn) submit(m *wire.SubmitRequest) error {
+	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	if len(c.req.Requests) > c.s.cfg.Limits.MaxRequests {
-		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, len(c.req.Requests), c.s.cfg.Limits.MaxRequests)
+	if len(m.Requests) > c.s.cfg.Limits.MaxRequests {
+		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, len(m.Requests), c.s.cfg.Limits.MaxRequests)
 	}
-	c.scope(c.req.Requests)
+	c.scope(m.Requests)
 	opts := c.submitOpts()
 	nd := opts.Deadline
 	if nd.IsZero() {
 		nd = time.Now().Add(c.s.cfg.DefaultWait)
 	}
-	if c.attachNotify(nd) > 0 {
-		defer c.detachNotify()
+	if c.attachNotify(m.Notify, nd) > 0 {
+		defer c.detachNotify(m.Notify)
 	}
 	if err := c.s.deps.Engine.Submit(id, c.reqs, opts, c.errs); err != nil {
 		return err
@@ -457,17 +451,16 @@ func (c *conn) submit() error {
 			c.codes[i] = CodeOf(c.errs[i])
 		}
 	}
-	c.resp.Kind = tcproto.ResponseBodySubmitResponse
-	c.resp.Codes = c.codes
+	wire.SetResponse[wire.SubmitResponse](&c.resp).Codes = c.codes
 	return nil
 }
 
-func (c *conn) taskStatus() error {
-	id, err := c.ownBatch()
+func (c *conn) taskStatus(m *wire.TaskStatusRequest) error {
+	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	st, err := c.s.deps.Engine.Status(id, int(c.req.Index))
+	st, err := c.s.deps.Engine.Status(id, int(m.Index))
 	if err != nil {
 		return err
 	}
@@ -475,18 +468,19 @@ func (c *conn) taskStatus() error {
 	if st.State.Terminal() {
 		code = c.taskCode(st.State, st.Err)
 	}
-	c.resp.Kind = tcproto.ResponseBodyTaskStatusResponse
-	c.resp.Task = TaskInfo{State: tcproto.TaskState(st.State), Transferred: st.Transferred, Code: code}
+	*wire.SetResponse[wire.TaskStatusResponse](&c.resp) = wire.TaskStatusResponse{
+		State: tcproto.TaskState(st.State), Transferred: st.Transferred, Code: code}
 	return nil
 }
 
-func summaryFrom(s BatchSummary) Summary {
-	return Summary{uint32(s.Total), uint32(s.Waiting), uint32(s.Pending), uint32(s.Completed),
-		uint32(s.Failed), uint32(s.Timeout), uint32(s.Canceled), s.Transferred}
+func summaryFrom(s BatchSummary) wire.Summary {
+	return wire.Summary{Total: uint32(s.Total), Waiting: uint32(s.Waiting), Pending: uint32(s.Pending),
+		Completed: uint32(s.Completed), Failed: uint32(s.Failed), Timeout: uint32(s.Timeout), Canceled: uint32(s.Canceled),
+		Transferred: s.Transferred}
 }
 
-func (c *conn) batchStatus() error {
-	id, err := c.ownBatch()
+func (c *conn) batchStatus(m *wire.BatchStatusRequest) error {
+	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
@@ -494,8 +488,7 @@ func (c *conn) batchStatus() error {
 	if err != nil {
 		return err
 	}
-	c.resp.Kind = tcproto.ResponseBodyBatchStatusResponse
-	c.resp.Summary = summaryFrom(s)
+	wire.SetResponse[wire.BatchStatusResponse](&c.resp).Summary = summaryFrom(s)
 	return nil
 }
 
@@ -527,22 +520,21 @@ func (c *conn) wait(id BatchID, deadline time.Time, closing <-chan struct{}) (Ba
 	}
 }
 
-func (c *conn) waitBatch() error {
-	id, err := c.ownBatch()
+func (c *conn) waitBatch(m *wire.WaitRequest) error {
+	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	s, err := c.wait(id, c.deadline(c.req.TimeoutMS), c.s.closing)
+	s, err := c.wait(id, c.deadline(m.TimeoutMS), c.s.closing)
 	if err != nil {
 		return err
 	}
-	c.resp.Kind = tcproto.ResponseBodyWaitResponse
-	c.resp.Summary = summaryFrom(s)
+	wire.SetResponse[wire.WaitResponse](&c.resp).Summary = summaryFrom(s)
 	return nil
 }
 
-func (c *conn) freeBatch() error {
-	id, err := c.ownBatch()
+func (c *conn) freeBatch(m *wire.FreeBatchRequest) error {
+	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
@@ -550,13 +542,13 @@ func (c *conn) freeBatch() error {
 		return err
 	}
 	delete(c.batches, id)
-	c.resp.Kind = tcproto.ResponseBodyFreeBatchResponse
+	wire.SetResponse[wire.FreeBatchResponse](&c.resp)
 	return nil
 }
 
 // transfer is the one-shot call: allocate a batch, submit, wait, free.
-func (c *conn) transfer() error {
-	n := len(c.req.Requests)
+func (c *conn) transfer(m *wire.TransferRequestBody) error {
+	n := len(m.Requests)
 	if n > c.s.cfg.Limits.MaxBatchCapacity {
 		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, n, c.s.cfg.Limits.MaxBatchCapacity)
 	}
@@ -566,12 +558,12 @@ func (c *conn) transfer() error {
 		return err
 	}
 	c.batches[id] = struct{}{} // released on close should anything below fail hard
-	deadline := c.deadline(c.req.TimeoutMS)
-	c.scope(c.req.Requests)
-	attached := c.attachNotify(deadline) > 0
+	deadline := c.deadline(m.TimeoutMS)
+	c.scope(m.Requests)
+	attached := c.attachNotify(m.Notify, deadline) > 0
 	err = e.Submit(id, c.reqs, SubmitOptions{Deadline: deadline, Resolver: c}, c.errs)
 	if attached {
-		c.detachNotify()
+		c.detachNotify(m.Notify)
 	}
 	if err != nil {
 		c.dropBatch(id)
@@ -605,10 +597,7 @@ func (c *conn) transfer() error {
 		c.codes[i] = c.taskCode(st.State, st.Err)
 	}
 	c.dropBatch(id)
-	c.resp.Kind = tcproto.ResponseBodyTransferResponse
-	c.resp.Codes = c.codes
-	c.resp.States = states
-	c.resp.Summary = summaryFrom(sum)
+	*wire.SetResponse[wire.TransferResponse](&c.resp) = wire.TransferResponse{Codes: c.codes, States: states, Summary: summaryFrom(sum)}
 	return nil
 }
 
@@ -627,23 +616,22 @@ func (c *conn) dropBatch(id BatchID) {
 }
 
 func (c *conn) stats() {
-	c.resp.Kind = tcproto.ResponseBodyStatsResponse
-	c.resp.Pool = statsCounters(c.s.deps.Pool, c.resp.Pool[:0])
-	c.resp.Engine = statsCounters(c.s.deps.Engine, c.resp.Engine[:0])
-	c.resp.Connections = uint32(c.s.Connections())
-	c.resp.Transports = c.resp.Transports[:0]
+	r := wire.SetResponse[wire.StatsResponse](&c.resp)
+	r.Pool = statsCounters(c.s.deps.Pool, nil)
+	r.Engine = statsCounters(c.s.deps.Engine, nil)
+	r.Connections = uint32(c.s.Connections())
 	if f := c.s.deps.TransportStats; f != nil {
-		c.resp.Transports = f(c.resp.Transports)
+		r.Transports = f(nil)
 	}
-	c.resp.Conn = append(c.resp.Conn[:0],
-		Counter{"segments", uint64(c.segments())},
-		Counter{"blocks", uint64(c.blocks.len())},
-		Counter{"batches", uint64(len(c.batches))},
-		Counter{"idempotency_keys", uint64(len(c.idem.order))},
-		Counter{"exports", uint64(len(c.exports))},
-		Counter{"remotes", uint64(c.remoteCount())},
-		Counter{"notifications_queued", uint64(c.queuedNotes())},
-	)
+	r.Connection = []wire.Counter{
+		{Name: "segments", Value: uint64(c.segments())},
+		{Name: "blocks", Value: uint64(c.blocks.len())},
+		{Name: "batches", Value: uint64(len(c.batches))},
+		{Name: "idempotency_keys", Value: uint64(len(c.idem.order))},
+		{Name: "exports", Value: uint64(len(c.exports))},
+		{Name: "remotes", Value: uint64(c.remoteCount())},
+		{Name: "notifications_queued", Value: uint64(c.queuedNotes())},
+	}
 }
 
 // release frees everything the connection holds, whatever state it is in:

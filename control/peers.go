@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -97,7 +98,7 @@ type exportTable struct {
 type noteQueue struct {
 	// mu guards q.
 	mu sync.Mutex
-	q  []Notification
+	q  []wire.Notification
 	// wake has room for one token: Deliver leaves one when it queues.
 	wake chan struct{}
 }
@@ -123,7 +124,7 @@ func (s *Server) Lookup(name string) (xfer.MemSegment, error) {
 	return e.view, nil
 }
 
-// Granted reports the rights (RightRead | RightWrite) the segment
+// Granted reports the rights (wire.RightRead | wire.RightWrite) the segment
 // exported as name grants to peers.
 func (s *Server) Granted(name string) (uint8, bool) {
 	s.exp.mu.Lock()
@@ -141,8 +142,8 @@ func (s *Server) Granted(name string) (uint8, bool) {
 // subscribed, or a subscriber's queue is full: the writer then gets a
 // negative acknowledgement. It never blocks.
 func (s *Server) Deliver(name string, payload []byte) error {
-	if len(payload) > MaxNotify {
-		return fmt.Errorf("%w: notification of %d bytes (max %d)", ErrLimit, len(payload), MaxNotify)
+	if len(payload) > wire.MaxNotify {
+		return fmt.Errorf("%w: notification of %d bytes (max %d)", ErrLimit, len(payload), wire.MaxNotify)
 	}
 	s.exp.mu.Lock()
 	defer s.exp.mu.Unlock()
@@ -169,7 +170,7 @@ func (s *Server) Deliver(name string, payload []byte) error {
 			p = []byte{}
 		}
 		c.notes.mu.Lock()
-		c.notes.q = append(c.notes.q, Notification{Segment: seg, Payload: p})
+		c.notes.q = append(c.notes.q, wire.Notification{Segment: seg, Payload: p})
 		c.notes.mu.Unlock()
 		select {
 		case c.notes.wake <- struct{}{}:
@@ -179,21 +180,21 @@ func (s *Server) Deliver(name string, payload []byte) error {
 	return nil
 }
 
-func validRights(r uint8) bool { return r != 0 && r&^(RightRead|RightWrite) == 0 }
+func validRights(r uint8) bool { return r != 0 && r&^(wire.RightRead|wire.RightWrite) == 0 }
 
-func (c *conn) exportSegment() error {
-	name := string(c.req.Name)
+func (c *conn) exportSegment(m *wire.ExportSegmentRequest) error {
+	name := string(m.Name)
 	if len(name) > maxSegmentName || strings.Contains(name, "/") {
 		return fmt.Errorf("%w: export name %q (1..%d bytes, no '/')", ErrMalformed, name, maxSegmentName)
 	}
-	if !validRights(c.req.Rights) {
-		return fmt.Errorf("%w: rights %d", ErrMalformed, c.req.Rights)
+	if !validRights(m.Rights) {
+		return fmt.Errorf("%w: rights %d", ErrMalformed, m.Rights)
 	}
 	if len(c.exports) >= c.s.cfg.Limits.MaxExports {
 		return fmt.Errorf("%w: %d segments exported", ErrLimit, len(c.exports))
 	}
-	id := xfer.SegmentID(c.req.Segment)
-	off, n := c.req.Offset, c.req.Length
+	id := xfer.SegmentID(m.Segment)
+	off, n := m.Offset, m.Length
 	var parent xfer.MemSegment
 	if id == c.s.deps.Pool.ID() {
 		if n == 0 || !c.blocks.coversRange(off, n) {
@@ -216,7 +217,7 @@ func (c *conn) exportSegment() error {
 		parent = b
 	}
 	e := &export{name: name, owner: c, view: &exportView{parent: parent, off: off, size: n}, source: id,
-		rights: c.req.Rights, subs: make(map[*conn]struct{})}
+		rights: m.Rights, subs: make(map[*conn]struct{})}
 	t := &c.s.exp
 	t.mu.Lock()
 	if _, dup := t.m[name]; dup {
@@ -226,19 +227,18 @@ func (c *conn) exportSegment() error {
 	t.m[name] = e
 	t.mu.Unlock()
 	c.exports = append(c.exports, e)
-	c.log.Info("segment exported", "name", name, "segment", id, "offset", off, "size", n, "rights", c.req.Rights)
-	c.resp.Kind = tcproto.ResponseBodyExportSegmentResponse
-	c.resp.Size = n
+	c.log.Info("segment exported", "name", name, "segment", id, "offset", off, "size", n, "rights", m.Rights)
+	wire.SetResponse[wire.ExportSegmentResponse](&c.resp).Size = n
 	return nil
 }
 
-func (c *conn) unexportSegment() error {
-	i := slices.IndexFunc(c.exports, func(e *export) bool { return e.name == string(c.req.Name) })
+func (c *conn) unexportSegment(m *wire.UnexportSegmentRequest) error {
+	i := slices.IndexFunc(c.exports, func(e *export) bool { return e.name == string(m.Name) })
 	if i < 0 {
-		return fmt.Errorf("%w: this connection exports no %q", ErrNotFound, c.req.Name)
+		return fmt.Errorf("%w: this connection exports no %q", ErrNotFound, m.Name)
 	}
 	c.dropExport(i)
-	c.resp.Kind = tcproto.ResponseBodyUnexportSegmentResponse
+	wire.SetResponse[wire.UnexportSegmentResponse](&c.resp)
 	return nil
 }
 
@@ -292,8 +292,8 @@ func (c *conn) dropExportsOf(seg xfer.SegmentID) {
 	}
 }
 
-func (c *conn) subscribe() error {
-	name := string(c.req.Name)
+func (c *conn) subscribe(m *wire.SubscribeRequest) error {
+	name := string(m.Name)
 	if len(c.subs) >= c.s.cfg.Limits.MaxExports {
 		return fmt.Errorf("%w: %d subscriptions", ErrLimit, len(c.subs))
 	}
@@ -310,7 +310,7 @@ func (c *conn) subscribe() error {
 	c.smu.Lock()
 	c.subs[e] = struct{}{}
 	c.smu.Unlock()
-	c.resp.Kind = tcproto.ResponseBodySubscribeResponse
+	wire.SetResponse[wire.SubscribeResponse](&c.resp)
 	return nil
 }
 
@@ -324,19 +324,18 @@ func (c *conn) unsubscribed(e *export) {
 // maxPollItems bounds one PollNotifications answer.
 const maxPollItems = 1024
 
-func (c *conn) pollNotifications() error {
-	max := int(c.req.Max)
+func (c *conn) pollNotifications(m *wire.PollNotificationsRequest) error {
+	max := int(m.Max)
 	if max <= 0 || max > maxPollItems {
 		max = maxPollItems
 	}
 	// Keep the answer well inside a frame.
 	budget := c.s.cfg.MaxFrame/2 - 64
-	deadline := c.deadline(c.req.TimeoutMS)
-	if c.req.TimeoutMS == 0 && c.req.Ctx.DeadlineMS == 0 {
+	deadline := c.deadline(m.TimeoutMS)
+	if m.TimeoutMS == 0 && c.req.Ctx.DeadlineMS == 0 {
 		deadline = time.Now() // no timeout: do not wait
 	}
-	c.resp.Kind = tcproto.ResponseBodyPollNotificationsResponse
-	c.resp.Notifications = c.resp.Notifications[:0]
+	r := wire.SetResponse[wire.PollNotificationsResponse](&c.resp)
 	for {
 		c.notes.mu.Lock()
 		k := 0
@@ -348,7 +347,7 @@ func (c *conn) pollNotifications() error {
 			budget -= sz
 			k++
 		}
-		c.resp.Notifications = append(c.resp.Notifications, c.notes.q[:k]...)
+		r.Notifications = append(r.Notifications, c.notes.q[:k]...)
 		clear(c.notes.q[:k])
 		c.notes.q = c.notes.q[k:]
 		if len(c.notes.q) == 0 {
@@ -372,20 +371,20 @@ func (c *conn) pollNotifications() error {
 	}
 }
 
-func (c *conn) openRemote() error {
+func (c *conn) openRemote(m *wire.OpenRemoteRequest) error {
 	pp := c.s.deps.Peers
 	if pp == nil {
 		return fmt.Errorf("%w: no peer plane configured", ErrUnavailable)
 	}
-	peer, seg, ok := strings.Cut(string(c.req.Name), "/")
+	peer, seg, ok := strings.Cut(string(m.Name), "/")
 	if !ok || peer == "" || seg == "" || len(peer) > maxPeerID || len(seg) > maxSegmentName {
-		return fmt.Errorf("%w: remote name %q (want peer/segment)", ErrMalformed, c.req.Name)
+		return fmt.Errorf("%w: remote name %q (want peer/segment)", ErrMalformed, m.Name)
 	}
-	if !validRights(c.req.Rights) {
-		return fmt.Errorf("%w: rights %d", ErrMalformed, c.req.Rights)
+	if !validRights(m.Rights) {
+		return fmt.Errorf("%w: rights %d", ErrMalformed, m.Rights)
 	}
-	if c.req.Transport > TransportRDMA {
-		return fmt.Errorf("%w: transport %d (want auto, tcp or rdma)", ErrMalformed, c.req.Transport)
+	if m.Transport > wire.TransportRDMA {
+		return fmt.Errorf("%w: transport %d (want auto, tcp or rdma)", ErrMalformed, m.Transport)
 	}
 	c.mu.Lock()
 	held := len(c.remotes)
@@ -393,23 +392,22 @@ func (c *conn) openRemote() error {
 	if held >= c.s.cfg.Limits.MaxExports {
 		return fmt.Errorf("%w: %d remote segments open", ErrLimit, held)
 	}
-	rs, err := pp.OpenRemote(peer, seg, c.req.Rights, c.req.Transport)
+	rs, err := pp.OpenRemote(peer, seg, m.Rights, m.Transport)
 	if err != nil {
 		return err
 	}
 	id := c.s.deps.Registry.NextID()
 	c.mu.Lock()
-	c.remotes[id] = remote{seg: rs, peer: peer, name: seg, rights: c.req.Rights, transport: c.req.Transport}
+	c.remotes[id] = remote{seg: rs, peer: peer, name: seg, rights: m.Rights, transport: m.Transport}
 	c.mu.Unlock()
 	c.log.Info("remote segment opened", "peer", peer, "name", seg, "segment", id, "size", rs.Size(),
-		"epoch", fmt.Sprintf("%#x", rs.Epoch()), "transport", TransportName(c.req.Transport))
-	c.resp.Kind = tcproto.ResponseBodyOpenRemoteResponse
-	c.resp.Segment, c.resp.Size, c.resp.Epoch = uint64(id), rs.Size(), rs.Epoch()
+		"epoch", fmt.Sprintf("%#x", rs.Epoch()), "transport", wire.TransportName(m.Transport))
+	*wire.SetResponse[wire.OpenRemoteResponse](&c.resp) = wire.OpenRemoteResponse{Segment: uint64(id), Size: rs.Size(), Epoch: rs.Epoch()}
 	return nil
 }
 
-func (c *conn) closeRemote() error {
-	id := xfer.SegmentID(c.req.Segment)
+func (c *conn) closeRemote(m *wire.CloseRemoteRequest) error {
+	id := xfer.SegmentID(m.Segment)
 	c.mu.Lock()
 	r, ok := c.remotes[id]
 	delete(c.remotes, id)
@@ -417,7 +415,7 @@ func (c *conn) closeRemote() error {
 	if !ok {
 		return fmt.Errorf("%w: remote segment %d", ErrNotFound, id)
 	}
-	c.resp.Kind = tcproto.ResponseBodyCloseRemoteResponse
+	wire.SetResponse[wire.CloseRemoteResponse](&c.resp)
 	return r.seg.Close()
 }
 
@@ -426,19 +424,18 @@ func (c *conn) peers() error {
 	if pp == nil {
 		return fmt.Errorf("%w: no peer plane configured", ErrUnavailable)
 	}
-	c.resp.Kind = tcproto.ResponseBodyPeersResponse
-	c.resp.Peers = pp.Peers()
+	wire.SetResponse[wire.PeersResponse](&c.resp).Peers = pp.Peers()
 	return nil
 }
 
 // segmentsList reports the daemon's exported segments and the remote
 // segments its connections opened.
 func (c *conn) segmentsList() {
-	var out []SegmentInfo
+	var out []wire.SegmentInfo
 	t := &c.s.exp
 	t.mu.Lock()
 	for _, e := range t.m {
-		out = append(out, SegmentInfo{Name: []byte(e.name), Segment: uint64(e.source), Size: e.view.size, Rights: e.rights})
+		out = append(out, wire.SegmentInfo{Name: []byte(e.name), Segment: uint64(e.source), Size: e.view.size, Rights: e.rights})
 	}
 	t.mu.Unlock()
 	c.s.mu.Lock()
@@ -450,33 +447,32 @@ func (c *conn) segmentsList() {
 	for _, sc := range conns {
 		sc.mu.Lock()
 		for id, r := range sc.remotes {
-			out = append(out, SegmentInfo{Name: []byte(r.name), Peer: []byte(r.peer), Segment: uint64(id),
+			out = append(out, wire.SegmentInfo{Name: []byte(r.name), Peer: []byte(r.peer), Segment: uint64(id),
 				Size: r.seg.Size(), Rights: r.rights, Epoch: r.seg.Epoch(), Transport: r.transport})
 		}
 		sc.mu.Unlock()
 	}
-	slices.SortFunc(out, func(a, b SegmentInfo) int {
+	slices.SortFunc(out, func(a, b wire.SegmentInfo) int {
 		if d := bytes.Compare(a.Peer, b.Peer); d != 0 {
 			return d
 		}
 		return bytes.Compare(a.Name, b.Name)
 	})
-	c.resp.Kind = tcproto.ResponseBodySegmentsResponse
-	c.resp.Segments = out
+	wire.SetResponse[wire.SegmentsResponse](&c.resp).Segments = out
 }
 
 // attachNotify checks the notifications of the current Submit or
 // Transfer and hands them to the peer plane; refused items get their code
 // in c.codes and are neutralized in c.reqs like scope's. It returns how
 // many it attached (detachNotify undoes them after the engine's submit).
-func (c *conn) attachNotify(deadline time.Time) int {
-	if len(c.req.Notify) == 0 {
+func (c *conn) attachNotify(notify [][]byte, deadline time.Time) int {
+	if len(notify) == 0 {
 		return 0
 	}
 	pp := c.s.deps.Peers
 	attached := 0
 	var same map[xfer.Request]int
-	for i, p := range c.req.Notify {
+	for i, p := range notify {
 		if len(p) == 0 || c.codes[i] != tcproto.CodeOK {
 			continue
 		}
@@ -519,9 +515,9 @@ func (c *conn) attachNotify(deadline time.Time) int {
 }
 
 // detachNotify drops the notifications no dispatched task took.
-func (c *conn) detachNotify() {
+func (c *conn) detachNotify(notify [][]byte) {
 	pp := c.s.deps.Peers
-	for i, p := range c.req.Notify {
+	for i, p := range notify {
 		if len(p) > 0 && c.codes[i] == tcproto.CodeOK {
 			pp.DetachNotify(c.reqs[i])
 		}
@@ -581,16 +577,4 @@ func (c *conn) queuedNotes() int {
 	c.notes.mu.Lock()
 	defer c.notes.mu.Unlock()
 	return len(c.notes.q)
-}
-
-// TransportName names an OpenRemote transport (TransportAuto, TransportTCP,
-// TransportRDMA) for logs and listings.
-func TransportName(t uint8) string {
-	switch t {
-	case TransportTCP:
-		return "tcp"
-	case TransportRDMA:
-		return "rdma"
-	}
-	return "auto"
 }

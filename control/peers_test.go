@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -70,8 +71,8 @@ func (p *fakePlane) DetachNotify(req xfer.Request) {
 	}
 }
 
-func (p *fakePlane) Peers() []PeerInfo {
-	return []PeerInfo{{ID: []byte("d2"), Addr: []byte("127.0.0.1:1"), Epoch: 42, Connected: true}}
+func (p *fakePlane) Peers() []wire.PeerInfo {
+	return []wire.PeerInfo{{ID: []byte("d2"), Addr: []byte("127.0.0.1:1"), Epoch: 42, Connected: true}}
 }
 
 func (p *fakePlane) Code(error) (Code, bool) { return 0, false }
@@ -87,33 +88,33 @@ func registerBuffer(t *testing.T, c *rawClient, size uint64) xfer.SegmentID {
 	t.Helper()
 	fd := newMemfd(t, size)
 	defer unix.Close(fd)
-	r := c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: size}, fd)
+	r := c.call(&wire.RegisterBufferRequest{Size: size}, fd)
 	expectCode(t, r, tcproto.CodeOK)
-	return xfer.SegmentID(r.Segment)
+	return xfer.SegmentID(body[wire.RegisterBufferResponse](t, r).Segment)
 }
 
 func TestExportsAndNotifications(t *testing.T) {
 	e := newEnv(t, false, withPeers(&fakePlane{attached: map[xfer.Request]string{}}, 3))
 	owner := dialRaw(t, e.sock)
 	seg := registerBuffer(t, owner, 1<<16)
-	export := func(c *rawClient, name string, seg xfer.SegmentID, off, n uint64, rights uint8) *Response {
-		return c.call(&Request{Kind: tcproto.RequestBodyExportSegmentRequest, Name: []byte(name), Segment: uint64(seg),
+	export := func(c *rawClient, name string, seg xfer.SegmentID, off, n uint64, rights uint8) *wire.Response {
+		return c.call(&wire.ExportSegmentRequest{Name: []byte(name), Segment: uint64(seg),
 			Offset: off, Length: n, Rights: rights})
 	}
-	r := export(owner, "kv", seg, 4096, 0, RightRead|RightWrite)
+	r := export(owner, "kv", seg, 4096, 0, wire.RightRead|wire.RightWrite)
 	expectCode(t, r, tcproto.CodeOK)
-	if r.Size != 1<<16-4096 {
-		t.Fatalf("exported size %d", r.Size)
+	if body[wire.ExportSegmentResponse](t, r).Size != 1<<16-4096 {
+		t.Fatalf("exported size %d", body[wire.ExportSegmentResponse](t, r).Size)
 	}
 	other := dialRaw(t, e.sock)
 	oseg := registerBuffer(t, other, 4096)
-	expectCode(t, export(other, "kv", oseg, 0, 0, RightRead), tcproto.CodeALREADY_EXISTS)
-	expectCode(t, export(other, "a/b", oseg, 0, 0, RightRead), tcproto.CodeINVALID_ARGUMENT)
+	expectCode(t, export(other, "kv", oseg, 0, 0, wire.RightRead), tcproto.CodeALREADY_EXISTS)
+	expectCode(t, export(other, "a/b", oseg, 0, 0, wire.RightRead), tcproto.CodeINVALID_ARGUMENT)
 	expectCode(t, export(other, "r0", oseg, 0, 0, 0), tcproto.CodeINVALID_ARGUMENT)
-	expectCode(t, export(other, "big", oseg, 0, 8192, RightRead), tcproto.CodeINVALID_ARGUMENT)
-	expectCode(t, export(other, "theirs", seg, 0, 0, RightRead), tcproto.CodeNOT_FOUND)
-	expectCode(t, export(other, "pool", testPoolID, 0, 4096, RightRead), tcproto.CodePERMISSION_DENIED)
-	expectCode(t, other.call(&Request{Kind: tcproto.RequestBodyUnexportSegmentRequest, Name: []byte("kv")}), tcproto.CodeNOT_FOUND)
+	expectCode(t, export(other, "big", oseg, 0, 8192, wire.RightRead), tcproto.CodeINVALID_ARGUMENT)
+	expectCode(t, export(other, "theirs", seg, 0, 0, wire.RightRead), tcproto.CodeNOT_FOUND)
+	expectCode(t, export(other, "pool", testPoolID, 0, 4096, wire.RightRead), tcproto.CodePERMISSION_DENIED)
+	expectCode(t, other.call(&wire.UnexportSegmentRequest{Name: []byte("kv")}), tcproto.CodeNOT_FOUND)
 
 	v, err := e.srv.Lookup("kv")
 	if err != nil || v.Size() != 1<<16-4096 || len(v.Bytes()) != 1<<16-4096 {
@@ -127,8 +128,8 @@ func TestExportsAndNotifications(t *testing.T) {
 	}
 
 	// The subscriber's queue holds 3; a fourth is refused, nothing lost.
-	expectCode(t, other.call(&Request{Kind: tcproto.RequestBodySubscribeRequest, Name: []byte("nope")}), tcproto.CodeNOT_FOUND)
-	expectCode(t, other.call(&Request{Kind: tcproto.RequestBodySubscribeRequest, Name: []byte("kv")}), tcproto.CodeOK)
+	expectCode(t, other.call(&wire.SubscribeRequest{Name: []byte("nope")}), tcproto.CodeNOT_FOUND)
+	expectCode(t, other.call(&wire.SubscribeRequest{Name: []byte("kv")}), tcproto.CodeOK)
 	for i, p := range []string{"n1", "n2", "n3"} {
 		if err := e.srv.Deliver("kv", []byte(p)); err != nil {
 			t.Fatalf("Deliver %d: %v", i, err)
@@ -137,14 +138,14 @@ func TestExportsAndNotifications(t *testing.T) {
 	if err := e.srv.Deliver("kv", []byte("n4")); !errors.Is(err, ErrLimit) {
 		t.Fatalf("Deliver to a full queue: %v", err)
 	}
-	if err := e.srv.Deliver("kv", make([]byte, MaxNotify+1)); !errors.Is(err, ErrLimit) {
+	if err := e.srv.Deliver("kv", make([]byte, wire.MaxNotify+1)); !errors.Is(err, ErrLimit) {
 		t.Fatalf("Deliver of an oversized notification: %v", err)
 	}
 	poll := func(max, timeoutMS uint32) []string {
-		r := other.call(&Request{Kind: tcproto.RequestBodyPollNotificationsRequest, Max: max, TimeoutMS: timeoutMS})
+		r := other.call(&wire.PollNotificationsRequest{Max: max, TimeoutMS: timeoutMS})
 		expectCode(t, r, tcproto.CodeOK)
 		var out []string
-		for _, n := range r.Notifications {
+		for _, n := range body[wire.PollNotificationsResponse](t, r).Notifications {
 			if string(n.Segment) != "kv" {
 				t.Fatalf("notification for %q", n.Segment)
 			}
@@ -174,9 +175,9 @@ func TestExportsAndNotifications(t *testing.T) {
 
 	// Segments lists the export; unexport ends delivery and lookups, and
 	// waits for a peer request still holding the range.
-	r = other.call(&Request{Kind: tcproto.RequestBodySegmentsRequest})
-	if len(r.Segments) != 1 || string(r.Segments[0].Name) != "kv" || r.Segments[0].Segment != uint64(seg) || r.Segments[0].Rights != 3 {
-		t.Fatalf("segments: %+v", r.Segments)
+	r = other.call(&wire.SegmentsRequest{})
+	if len(body[wire.SegmentsResponse](t, r).Segments) != 1 || string(body[wire.SegmentsResponse](t, r).Segments[0].Name) != "kv" || body[wire.SegmentsResponse](t, r).Segments[0].Segment != uint64(seg) || body[wire.SegmentsResponse](t, r).Segments[0].Rights != 3 {
+		t.Fatalf("segments: %+v", body[wire.SegmentsResponse](t, r).Segments)
 	}
 	if !v.Acquire() {
 		t.Fatal("Acquire of a live export failed")
@@ -184,7 +185,7 @@ func TestExportsAndNotifications(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		expectCode(t, owner.call(&Request{Kind: tcproto.RequestBodyUnexportSegmentRequest, Name: []byte("kv")}), tcproto.CodeOK)
+		expectCode(t, owner.call(&wire.UnexportSegmentRequest{Name: []byte("kv")}), tcproto.CodeOK)
 	}()
 	time.Sleep(20 * time.Millisecond)
 	v.Release()
@@ -201,12 +202,12 @@ func TestExportsAndNotifications(t *testing.T) {
 
 	// Pool blocks: exportable when held, not freeable while exported;
 	// everything goes with the connection.
-	r = owner.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 16384})
-	off := r.Offsets[0]
-	expectCode(t, export(owner, "blk", testPoolID, off, 16384, RightWrite), tcproto.CodeOK)
-	r = owner.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: []uint64{off}})
-	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeFAILED_PRECONDITION {
-		t.Fatalf("free of an exported block: %+v", r.Codes)
+	r = owner.call(&wire.AllocBlocksRequest{N: 1, Size: 16384})
+	off := body[wire.AllocBlocksResponse](t, r).Offsets[0]
+	expectCode(t, export(owner, "blk", testPoolID, off, 16384, wire.RightWrite), tcproto.CodeOK)
+	r = owner.call(&wire.FreeBlocksRequest{Offsets: []uint64{off}})
+	if len(body[wire.FreeBlocksResponse](t, r).Codes) != 1 || body[wire.FreeBlocksResponse](t, r).Codes[0] != tcproto.CodeFAILED_PRECONDITION {
+		t.Fatalf("free of an exported block: %+v", body[wire.FreeBlocksResponse](t, r).Codes)
 	}
 	// A peer request that outlives unexport's wait keeps the block from
 	// being freed until it ends.
@@ -214,25 +215,25 @@ func TestExportsAndNotifications(t *testing.T) {
 	if err != nil || !bv.Acquire() {
 		t.Fatalf("Lookup blk: %v", err)
 	}
-	expectCode(t, owner.call(&Request{Kind: tcproto.RequestBodyUnexportSegmentRequest, Name: []byte("blk")}), tcproto.CodeOK)
-	r = owner.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: []uint64{off}})
-	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeFAILED_PRECONDITION {
-		t.Fatalf("free of a block a peer request still holds: %+v", r.Codes)
+	expectCode(t, owner.call(&wire.UnexportSegmentRequest{Name: []byte("blk")}), tcproto.CodeOK)
+	r = owner.call(&wire.FreeBlocksRequest{Offsets: []uint64{off}})
+	if len(body[wire.FreeBlocksResponse](t, r).Codes) != 1 || body[wire.FreeBlocksResponse](t, r).Codes[0] != tcproto.CodeFAILED_PRECONDITION {
+		t.Fatalf("free of a block a peer request still holds: %+v", body[wire.FreeBlocksResponse](t, r).Codes)
 	}
 	bv.Release()
-	r = owner.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: []uint64{off}})
-	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeOK {
-		t.Fatalf("free once the peer request ended: %+v", r.Codes)
+	r = owner.call(&wire.FreeBlocksRequest{Offsets: []uint64{off}})
+	if len(body[wire.FreeBlocksResponse](t, r).Codes) != 1 || body[wire.FreeBlocksResponse](t, r).Codes[0] != tcproto.CodeOK {
+		t.Fatalf("free once the peer request ended: %+v", body[wire.FreeBlocksResponse](t, r).Codes)
 	}
-	expectCode(t, export(owner, "kv2", seg, 0, 0, RightRead), tcproto.CodeOK)
-	expectCode(t, other.call(&Request{Kind: tcproto.RequestBodySubscribeRequest, Name: []byte("kv2")}), tcproto.CodeOK)
+	expectCode(t, export(owner, "kv2", seg, 0, 0, wire.RightRead), tcproto.CodeOK)
+	expectCode(t, other.call(&wire.SubscribeRequest{Name: []byte("kv2")}), tcproto.CodeOK)
 	// Unregistering a buffer unexports what came from it.
-	expectCode(t, owner.call(&Request{Kind: tcproto.RequestBodyUnregisterBufferRequest, Segment: uint64(seg)}), tcproto.CodeOK)
+	expectCode(t, owner.call(&wire.UnregisterBufferRequest{Segment: uint64(seg)}), tcproto.CodeOK)
 	if _, err := e.srv.Lookup("kv2"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Lookup after the buffer went: %v", err)
 	}
-	r = owner.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 16384})
-	expectCode(t, export(owner, "blk2", testPoolID, r.Offsets[0], 16384, RightWrite), tcproto.CodeOK)
+	r = owner.call(&wire.AllocBlocksRequest{N: 1, Size: 16384})
+	expectCode(t, export(owner, "blk2", testPoolID, body[wire.AllocBlocksResponse](t, r).Offsets[0], 16384, wire.RightWrite), tcproto.CodeOK)
 	owner.uc.Close()
 	other.uc.Close()
 	e.waitIdle()
@@ -246,38 +247,39 @@ func TestOpenRemoteAndNotifyAttach(t *testing.T) {
 	e := newEnv(t, false, withPeers(p, 0))
 	c := dialRaw(t, e.sock)
 	seg := registerBuffer(t, c, 1<<16)
-	open := func(name string, rights uint8) *Response {
-		return c.call(&Request{Kind: tcproto.RequestBodyOpenRemoteRequest, Name: []byte(name), Rights: rights})
+	open := func(name string, rights uint8) *wire.Response {
+		return c.call(&wire.OpenRemoteRequest{Name: []byte(name), Rights: rights})
 	}
-	expectCode(t, open("nopeer", RightRead), tcproto.CodeINVALID_ARGUMENT)
+	expectCode(t, open("nopeer", wire.RightRead), tcproto.CodeINVALID_ARGUMENT)
 	expectCode(t, open("d2/kv", 4), tcproto.CodeINVALID_ARGUMENT)
-	expectCode(t, open("d9/kv", RightRead), tcproto.CodeNOT_FOUND)
-	r := open("d2/kv", RightRead|RightWrite)
+	expectCode(t, open("d9/kv", wire.RightRead), tcproto.CodeNOT_FOUND)
+	r := open("d2/kv", wire.RightRead|wire.RightWrite)
 	expectCode(t, r, tcproto.CodeOK)
-	rid := xfer.SegmentID(r.Segment)
-	if r.Size != 1<<20 || r.Epoch != 42 || rid == 0 || rid == seg || rid == testPoolID {
-		t.Fatalf("open: %+v", r)
+	or := body[wire.OpenRemoteResponse](t, r)
+	rid := xfer.SegmentID(or.Segment)
+	if or.Size != 1<<20 || or.Epoch != 42 || rid == 0 || rid == seg || rid == testPoolID {
+		t.Fatalf("open: %+v", or)
 	}
-	r = c.call(&Request{Kind: tcproto.RequestBodyPeersRequest})
-	if len(r.Peers) != 1 || string(r.Peers[0].ID) != "d2" || !r.Peers[0].Connected {
-		t.Fatalf("peers: %+v", r.Peers)
+	r = c.call(&wire.PeersRequest{})
+	if len(body[wire.PeersResponse](t, r).Peers) != 1 || string(body[wire.PeersResponse](t, r).Peers[0].ID) != "d2" || !body[wire.PeersResponse](t, r).Peers[0].Connected {
+		t.Fatalf("peers: %+v", body[wire.PeersResponse](t, r).Peers)
 	}
-	r = c.call(&Request{Kind: tcproto.RequestBodySegmentsRequest})
-	if len(r.Segments) != 1 || string(r.Segments[0].Peer) != "d2" || r.Segments[0].Segment != uint64(rid) || r.Segments[0].Epoch != 42 {
-		t.Fatalf("segments: %+v", r.Segments)
+	r = c.call(&wire.SegmentsRequest{})
+	if len(body[wire.SegmentsResponse](t, r).Segments) != 1 || string(body[wire.SegmentsResponse](t, r).Segments[0].Peer) != "d2" || body[wire.SegmentsResponse](t, r).Segments[0].Segment != uint64(rid) || body[wire.SegmentsResponse](t, r).Segments[0].Epoch != 42 {
+		t.Fatalf("segments: %+v", body[wire.SegmentsResponse](t, r).Segments)
 	}
 
 	w := xfer.Request{Op: xfer.OpWrite, Local: seg, Target: rid, TargetOffset: 64, Length: 4096}
 	rd := xfer.Request{Op: xfer.OpRead, Local: seg, Target: rid, Length: 4096}
 	local := xfer.Request{Op: xfer.OpWrite, Local: seg, Target: seg, TargetOffset: 8192, Length: 16}
-	r = c.call(&Request{Kind: tcproto.RequestBodyTransferRequestBody, TimeoutMS: 2000,
+	r = c.call(&wire.TransferRequestBody{TimeoutMS: 2000,
 		Requests: []xfer.Request{w, rd, local, w}, Notify: [][]byte{[]byte("a"), []byte("b"), []byte("c"), nil}})
 	expectCode(t, r, tcproto.CodeOK)
 	// The READ and the local target may not carry one; the WRITE with a
 	// notification has an identical twin in the call, so it is refused too.
 	for i, want := range []Code{tcproto.CodeINVALID_ARGUMENT, tcproto.CodeINVALID_ARGUMENT, tcproto.CodeINVALID_ARGUMENT} {
-		if r.Codes[i] != want {
-			t.Fatalf("codes %v, want item %d %s", r.Codes, i, want)
+		if body[wire.TransferResponse](t, r).Codes[i] != want {
+			t.Fatalf("codes %v, want item %d %s", body[wire.TransferResponse](t, r).Codes, i, want)
 		}
 	}
 	p.mu.Lock()
@@ -286,11 +288,11 @@ func TestOpenRemoteAndNotifyAttach(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("%d notifications attached from refused items", n)
 	}
-	r = c.call(&Request{Kind: tcproto.RequestBodyTransferRequestBody, TimeoutMS: 2000,
+	r = c.call(&wire.TransferRequestBody{TimeoutMS: 2000,
 		Requests: []xfer.Request{w, local}, Notify: [][]byte{[]byte("layer 1"), nil}})
 	expectCode(t, r, tcproto.CodeOK)
-	if r.Codes[1] != tcproto.CodeOK {
-		t.Fatalf("local item beside a notification: %v", r.Codes)
+	if body[wire.TransferResponse](t, r).Codes[1] != tcproto.CodeOK {
+		t.Fatalf("local item beside a notification: %v", body[wire.TransferResponse](t, r).Codes)
 	}
 	p.mu.Lock()
 	got, detached := p.attached[w], p.detached
@@ -301,26 +303,26 @@ func TestOpenRemoteAndNotifyAttach(t *testing.T) {
 		t.Fatalf("attached %q, detached %d", got, detached)
 	}
 
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyCloseRemoteRequest, Segment: 999}), tcproto.CodeNOT_FOUND)
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyCloseRemoteRequest, Segment: uint64(rid)}), tcproto.CodeOK)
+	expectCode(t, c.call(&wire.CloseRemoteRequest{Segment: 999}), tcproto.CodeNOT_FOUND)
+	expectCode(t, c.call(&wire.CloseRemoteRequest{Segment: uint64(rid)}), tcproto.CodeOK)
 	// The transport asked for reaches the plane; an unknown one is refused.
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyOpenRemoteRequest, Name: []byte("d2/kv"), Rights: RightRead, Transport: 3}),
+	expectCode(t, c.call(&wire.OpenRemoteRequest{Name: []byte("d2/kv"), Rights: wire.RightRead, Transport: 3}),
 		tcproto.CodeINVALID_ARGUMENT)
-	for _, via := range []uint8{TransportTCP, TransportRDMA} {
-		r := c.call(&Request{Kind: tcproto.RequestBodyOpenRemoteRequest, Name: []byte("d2/kv"), Rights: RightRead, Transport: via})
+	for _, via := range []uint8{wire.TransportTCP, wire.TransportRDMA} {
+		r := c.call(&wire.OpenRemoteRequest{Name: []byte("d2/kv"), Rights: wire.RightRead, Transport: via})
 		expectCode(t, r, tcproto.CodeOK)
-		id := r.Segment
-		r = c.call(&Request{Kind: tcproto.RequestBodySegmentsRequest})
-		i := slices.IndexFunc(r.Segments, func(si SegmentInfo) bool { return si.Segment == id })
-		if i < 0 || r.Segments[i].Transport != via {
-			t.Fatalf("segments after opening with transport %d: %+v", via, r.Segments)
+		id := body[wire.OpenRemoteResponse](t, r).Segment
+		r = c.call(&wire.SegmentsRequest{})
+		i := slices.IndexFunc(body[wire.SegmentsResponse](t, r).Segments, func(si wire.SegmentInfo) bool { return si.Segment == id })
+		if i < 0 || body[wire.SegmentsResponse](t, r).Segments[i].Transport != via {
+			t.Fatalf("segments after opening with transport %d: %+v", via, body[wire.SegmentsResponse](t, r).Segments)
 		}
-		expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyCloseRemoteRequest, Segment: id}), tcproto.CodeOK)
+		expectCode(t, c.call(&wire.CloseRemoteRequest{Segment: id}), tcproto.CodeOK)
 	}
 	p.mu.Lock()
 	via := slices.Clone(p.via)
 	p.mu.Unlock()
-	if !slices.Equal(via, []uint8{TransportAuto, TransportTCP, TransportRDMA}) {
+	if !slices.Equal(via, []uint8{wire.TransportAuto, wire.TransportTCP, wire.TransportRDMA}) {
 		t.Fatalf("transports the plane was asked for: %v", via)
 	}
 	p.mu.Lock()
@@ -329,7 +331,7 @@ func TestOpenRemoteAndNotifyAttach(t *testing.T) {
 	if !first.closed.Load() {
 		t.Fatal("CloseRemote did not close the segment")
 	}
-	expectCode(t, open("d2/kv", RightRead), tcproto.CodeOK)
+	expectCode(t, open("d2/kv", wire.RightRead), tcproto.CodeOK)
 	c.uc.Close()
 	e.waitIdle()
 	p.mu.Lock()
@@ -344,19 +346,19 @@ func TestPeerCallsWithoutPlane(t *testing.T) {
 	e := newEnv(t, false)
 	c := dialRaw(t, e.sock)
 	seg := registerBuffer(t, c, 1<<16)
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyOpenRemoteRequest, Name: []byte("d2/kv"), Rights: RightRead}),
+	expectCode(t, c.call(&wire.OpenRemoteRequest{Name: []byte("d2/kv"), Rights: wire.RightRead}),
 		tcproto.CodeUNAVAILABLE)
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPeersRequest}), tcproto.CodeUNAVAILABLE)
-	r := c.call(&Request{Kind: tcproto.RequestBodyTransferRequestBody, TimeoutMS: 2000,
+	expectCode(t, c.call(&wire.PeersRequest{}), tcproto.CodeUNAVAILABLE)
+	r := c.call(&wire.TransferRequestBody{TimeoutMS: 2000,
 		Requests: []xfer.Request{{Op: xfer.OpWrite, Local: seg, Target: seg, TargetOffset: 4096, Length: 16}},
 		Notify:   [][]byte{[]byte("x")}})
 	expectCode(t, r, tcproto.CodeOK)
-	if r.Codes[0] != tcproto.CodeUNAVAILABLE {
-		t.Fatalf("notification without a peer plane: %v", r.Codes)
+	if body[wire.TransferResponse](t, r).Codes[0] != tcproto.CodeUNAVAILABLE {
+		t.Fatalf("notification without a peer plane: %v", body[wire.TransferResponse](t, r).Codes)
 	}
 	// Exports work without a plane (nothing reaches them, but they list).
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyExportSegmentRequest, Name: []byte("kv"), Segment: uint64(seg),
-		Rights: RightRead}), tcproto.CodeOK)
+	expectCode(t, c.call(&wire.ExportSegmentRequest{Name: []byte("kv"), Segment: uint64(seg),
+		Rights: wire.RightRead}), tcproto.CodeOK)
 	c.uc.Close()
 	e.waitIdle()
 }

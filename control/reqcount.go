@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // requestCounts counts the requests a server decoded, by message kind: a
@@ -11,7 +12,7 @@ import (
 // and no allocation. Scrapes read it with RequestCounts.
 type requestCounts [256]atomic.Uint64
 
-func (r *requestCounts) count(k Kind) { r[uint8(k)].Add(1) }
+func (r *requestCounts) count(k wire.RequestKind) { r[uint8(k)].Add(1) }
 
 // RequestCount is the number of requests of one kind served so far.
 type RequestCount struct {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // TestRequestCounts: every decoded request is counted once under its kind,
@@ -15,10 +16,10 @@ func TestRequestCounts(t *testing.T) {
 	e := newEnv(t, false)
 	c := dialRaw(t, e.sock)
 	for range 3 {
-		expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+		expectCode(t, c.call(&wire.PingRequest{}), tcproto.CodeOK)
 	}
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyStatsRequest}), tcproto.CodeOK)
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyFreeBatchRequest, Batch: 12345}), tcproto.CodeNOT_FOUND)
+	expectCode(t, c.call(&wire.StatsRequest{}), tcproto.CodeOK)
+	expectCode(t, c.call(&wire.FreeBatchRequest{Batch: 12345}), tcproto.CodeNOT_FOUND)
 	got := map[string]uint64{}
 	for _, rc := range e.srv.RequestCounts(nil) {
 		got[rc.Kind] = rc.Count
@@ -52,7 +53,7 @@ func TestServeInheritedListener(t *testing.T) {
 		t.Fatalf("server created %s although it was given a listener", e.sock)
 	}
 	c := dialRaw(t, path)
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+	expectCode(t, c.call(&wire.PingRequest{}), tcproto.CodeOK)
 	c.uc.Close()
 	if err := e.srv.Close(); err != nil {
 		t.Fatal(err)

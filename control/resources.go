@@ -1,8 +1,13 @@
 package control
 
 import (
+	"encoding/binary"
 	"hash/fnv"
 	"slices"
+
+	flatbuffers "github.com/google/flatbuffers/go"
+
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // blockSet is the pool blocks one connection holds: sorted start offsets
@@ -78,52 +83,14 @@ func (t *idemTable) put(key []byte, e idemEntry, limit int) {
 	}
 }
 
-// argsHash hashes what makes a mutating call: its kind, lane and arguments.
-func argsHash(m *Request) uint64 {
+// argsHash hashes what makes a mutating call: its kind, lane and
+// arguments (the body's bytes as wire encodes them, equal for equal
+// arguments). It builds in b.
+func argsHash(b *flatbuffers.Builder, m *wire.Request) uint64 {
 	h := fnv.New64a()
-	var b [8]byte
-	u64 := func(v uint64) {
-		for i := range b {
-			b[i] = byte(v >> (8 * i))
-		}
-		h.Write(b[:])
-	}
-	u64(uint64(m.Kind))
-	u64(uint64(len(m.Ctx.Lane)))
+	h.Write(binary.LittleEndian.AppendUint64([]byte{byte(m.Kind())}, uint64(len(m.Ctx.Lane))))
 	h.Write(m.Ctx.Lane)
-	u64(m.Size)
-	u64(m.Segment)
-	u64(uint64(m.N))
-	u64(uint64(m.Capacity))
-	u64(m.Batch)
-	u64(uint64(m.TimeoutMS))
-	u64(uint64(len(m.Name)))
-	h.Write(m.Name)
-	if m.Direct {
-		u64(1)
-	}
-	u64(uint64(len(m.Offsets)))
-	for _, o := range m.Offsets {
-		u64(o)
-	}
-	u64(m.Offset)
-	u64(m.Length)
-	u64(uint64(m.Rights))
-	u64(uint64(len(m.Notify)))
-	for _, p := range m.Notify {
-		u64(uint64(len(p)))
-		h.Write(p)
-	}
-	u64(uint64(len(m.Requests)))
-	for i := range m.Requests {
-		r := &m.Requests[i]
-		u64(uint64(r.Op))
-		u64(uint64(r.Local))
-		u64(r.LocalOffset)
-		u64(uint64(r.Target))
-		u64(r.TargetOffset)
-		u64(r.Length)
-	}
+	h.Write(wire.EncodeBody(b, m))
 	return h.Sum64()
 }
 

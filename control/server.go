@@ -1,6 +1,7 @@
-// Package control is tensorcastd's client protocol: the unix-socket server,
-// the framing (u32 little-endian length + flatbuffer), the one decoder of
-// outside bytes, the per-connection resources and their release.
+// Package control is tensorcastd's server of the client protocol: the
+// unix-socket listener and its peer checks, the framing of each connection
+// (reads with the fds that come along), the handlers of the messages that
+// package wire decodes, and the per-connection resources and their release.
 package control
 
 import (
@@ -15,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // Limits bound what one connection may hold and send.
@@ -69,7 +72,7 @@ func (c *Config) setDefaults() error {
 		c.Mode = 0o660
 	}
 	if c.MaxFrame == 0 {
-		c.MaxFrame = DefaultMaxFrame
+		c.MaxFrame = wire.DefaultMaxFrame
 	}
 	if c.MaxFrame < 64 || c.MaxFrame > 1<<30 {
 		return fmt.Errorf("%w: MaxFrame %d (want 64..1GiB)", ErrConfig, c.MaxFrame)
@@ -124,7 +127,7 @@ type Server struct {
 	cfg  Config
 	deps Deps
 	log  *slog.Logger
-	dlim DecodeLimits
+	dlim wire.DecodeLimits
 	ln   *net.UnixListener
 
 	closing  chan struct{} // closed by Close: long waits give up
@@ -171,7 +174,7 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 		idle:    make(chan struct{}, 1),
 		conns:   make(map[*conn]struct{}),
 		exp:     exportTable{m: make(map[string]*export)},
-		dlim: DecodeLimits{
+		dlim: wire.DecodeLimits{
 			MaxRequests: max(cfg.Limits.MaxRequests, cfg.Limits.MaxBatchCapacity),
 			MaxOffsets:  cfg.Limits.MaxBlocks,
 		},

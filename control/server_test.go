@@ -18,26 +18,27 @@ import (
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
 func TestHelloPingStats(t *testing.T) {
 	e := newEnv(t, false)
 	c := dialRaw(t, e.sock)
-	r := c.call(&Request{Kind: tcproto.RequestBodyHelloRequest, ProtocolVersion: ProtocolVersion, Name: []byte("t")})
+	r := c.call(&wire.HelloRequest{ProtocolVersion: wire.ProtocolVersion, ClientName: []byte("t")})
 	expectCode(t, r, tcproto.CodeOK)
-	if string(r.DaemonID) != "test-daemon" || r.ProtocolVersion != ProtocolVersion || r.Limits.MaxFrame != DefaultMaxFrame {
+	if string(body[wire.HelloResponse](t, r).DaemonID) != "test-daemon" || body[wire.HelloResponse](t, r).ProtocolVersion != wire.ProtocolVersion || body[wire.HelloResponse](t, r).Limits.MaxFrame != wire.DefaultMaxFrame {
 		t.Fatalf("hello: %+v", r)
 	}
-	r = c.call(&Request{Kind: tcproto.RequestBodyPingRequest, Payload: []byte("0123456789")})
+	r = c.call(&wire.PingRequest{Payload: []byte("0123456789")})
 	expectCode(t, r, tcproto.CodeOK)
-	if string(r.Payload) != "0123456789" {
-		t.Fatalf("ping payload %q", r.Payload)
+	if string(body[wire.PingResponse](t, r).Payload) != "0123456789" {
+		t.Fatalf("ping payload %q", body[wire.PingResponse](t, r).Payload)
 	}
-	c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 3, Size: 4096})
-	r = c.call(&Request{Kind: tcproto.RequestBodyStatsRequest})
+	c.call(&wire.AllocBlocksRequest{N: 3, Size: 4096})
+	r = c.call(&wire.StatsRequest{})
 	expectCode(t, r, tcproto.CodeOK)
-	find := func(cs []Counter, name string) (uint64, bool) {
+	find := func(cs []wire.Counter, name string) (uint64, bool) {
 		for _, c := range cs {
 			if c.Name == name {
 				return c.Value, true
@@ -45,17 +46,17 @@ func TestHelloPingStats(t *testing.T) {
 		}
 		return 0, false
 	}
-	if v, ok := find(r.Pool, "blocks"); !ok || v != 3 {
-		t.Fatalf("pool blocks counter %d %v in %+v", v, ok, r.Pool)
+	if v, ok := find(body[wire.StatsResponse](t, r).Pool, "blocks"); !ok || v != 3 {
+		t.Fatalf("pool blocks counter %d %v in %+v", v, ok, body[wire.StatsResponse](t, r).Pool)
 	}
-	if v, ok := find(r.Conn, "blocks"); !ok || v != 3 {
+	if v, ok := find(body[wire.StatsResponse](t, r).Connection, "blocks"); !ok || v != 3 {
 		t.Fatalf("connection blocks counter %d %v", v, ok)
 	}
-	if _, ok := find(r.Engine, "batches_live"); !ok {
-		t.Fatalf("no engine counters: %+v", r.Engine)
+	if _, ok := find(body[wire.StatsResponse](t, r).Engine, "batches_live"); !ok {
+		t.Fatalf("no engine counters: %+v", body[wire.StatsResponse](t, r).Engine)
 	}
-	if r.Connections != 1 {
-		t.Fatalf("connections %d", r.Connections)
+	if body[wire.StatsResponse](t, r).Connections != 1 {
+		t.Fatalf("connections %d", body[wire.StatsResponse](t, r).Connections)
 	}
 	fi, err := os.Stat(e.sock)
 	if err != nil || fi.Mode().Perm() != 0o660 {
@@ -76,24 +77,24 @@ func TestCopyThroughPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer shm.Unmap(mem)
-	r := c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: size}, fd)
+	r := c.call(&wire.RegisterBufferRequest{Size: size}, fd)
 	unix.Close(fd)
 	expectCode(t, r, tcproto.CodeOK)
-	seg := xfer.SegmentID(r.Segment)
+	seg := xfer.SegmentID(body[wire.RegisterBufferResponse](t, r).Segment)
 	for i := 0; i < size/2; i++ {
 		mem[i] = byte(i*7 + i>>8)
 	}
-	r = c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 8, Size: 64 << 10})
+	r = c.call(&wire.AllocBlocksRequest{N: 8, Size: 64 << 10})
 	expectCode(t, r, tcproto.CodeOK)
-	offs := append([]uint64(nil), r.Offsets...)
+	offs := append([]uint64(nil), body[wire.AllocBlocksResponse](t, r).Offsets...)
 	var in, out []xfer.Request
 	for i, off := range offs {
 		in = append(in, xfer.Request{Op: xfer.OpWrite, Local: seg, LocalOffset: uint64(i) << 16, Target: testPoolID, TargetOffset: off, Length: 64 << 10})
 		out = append(out, xfer.Request{Op: xfer.OpRead, Local: seg, LocalOffset: size/2 + uint64(i)<<16, Target: testPoolID, TargetOffset: off, Length: 64 << 10})
 	}
-	r = c.call(&Request{Kind: tcproto.RequestBodyTransferRequestBody, Requests: in})
+	r = c.call(&wire.TransferRequestBody{Requests: in})
 	expectCode(t, r, tcproto.CodeOK)
-	if len(r.Codes) != len(in) || r.Summary.Completed != uint32(len(in)) || r.Summary.Transferred != size/2 {
+	if len(body[wire.TransferResponse](t, r).Codes) != len(in) || body[wire.TransferResponse](t, r).Summary.Completed != uint32(len(in)) || body[wire.TransferResponse](t, r).Summary.Transferred != size/2 {
 		t.Fatalf("transfer in: %+v", r)
 	}
 	// The pool bytes, seen from the daemon's side, are the pattern.
@@ -106,34 +107,34 @@ func TestCopyThroughPool(t *testing.T) {
 		}
 	}
 	// Back out with the batch calls.
-	r = c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: uint32(len(out))})
+	r = c.call(&wire.AllocBatchRequest{Capacity: uint32(len(out))})
 	expectCode(t, r, tcproto.CodeOK)
-	batch := r.Batch
-	r = c.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: batch, Requests: out})
+	batch := body[wire.AllocBatchResponse](t, r).Batch
+	r = c.call(&wire.SubmitRequest{Batch: batch, Requests: out})
 	expectCode(t, r, tcproto.CodeOK)
-	for i, code := range r.Codes {
+	for i, code := range body[wire.SubmitResponse](t, r).Codes {
 		if code != tcproto.CodeOK {
 			t.Fatalf("submit item %d: %s", i, code)
 		}
 	}
-	r = c.call(&Request{Kind: tcproto.RequestBodyWaitRequest, Batch: batch, TimeoutMS: 5000})
+	r = c.call(&wire.WaitRequest{Batch: batch, TimeoutMS: 5000})
 	expectCode(t, r, tcproto.CodeOK)
-	if r.Summary.Completed != uint32(len(out)) {
-		t.Fatalf("wait: %+v", r.Summary)
+	if body[wire.WaitResponse](t, r).Summary.Completed != uint32(len(out)) {
+		t.Fatalf("wait: %+v", body[wire.WaitResponse](t, r).Summary)
 	}
-	r = c.call(&Request{Kind: tcproto.RequestBodyTaskStatusRequest, Batch: batch, Index: 3})
-	if r.Task.State != tcproto.TaskStateCOMPLETED || r.Task.Transferred != 64<<10 || r.Task.Code != tcproto.CodeOK {
-		t.Fatalf("task status %+v", r.Task)
+	r = c.call(&wire.TaskStatusRequest{Batch: batch, Index: 3})
+	if body[wire.TaskStatusResponse](t, r).State != tcproto.TaskStateCOMPLETED || body[wire.TaskStatusResponse](t, r).Transferred != 64<<10 || body[wire.TaskStatusResponse](t, r).Code != tcproto.CodeOK {
+		t.Fatalf("task status %+v", *body[wire.TaskStatusResponse](t, r))
 	}
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyFreeBatchRequest, Batch: batch}), tcproto.CodeOK)
+	expectCode(t, c.call(&wire.FreeBatchRequest{Batch: batch}), tcproto.CodeOK)
 	for i := 0; i < size/2; i++ {
 		if mem[size/2+i] != mem[i] {
 			t.Fatalf("byte %d: %d after the round trip, want %d", i, mem[size/2+i], mem[i])
 		}
 	}
-	r = c.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: append(offs, 1<<40)})
+	r = c.call(&wire.FreeBlocksRequest{Offsets: append(offs, 1<<40)})
 	expectCode(t, r, tcproto.CodeOK)
-	for i, code := range r.Codes {
+	for i, code := range body[wire.FreeBlocksResponse](t, r).Codes {
 		want := tcproto.CodeOK
 		if i == len(offs) {
 			want = tcproto.CodeNOT_FOUND
@@ -142,7 +143,7 @@ func TestCopyThroughPool(t *testing.T) {
 			t.Fatalf("free item %d: %s, want %s", i, code, want)
 		}
 	}
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyUnregisterBufferRequest, Segment: uint64(seg)}), tcproto.CodeOK)
+	expectCode(t, c.call(&wire.UnregisterBufferRequest{Segment: uint64(seg)}), tcproto.CodeOK)
 	if e.pool.Stats().Blocks != 0 || e.reg.Len() != 1 {
 		t.Fatalf("after freeing: %d blocks, %d segments", e.pool.Stats().Blocks, e.reg.Len())
 	}
@@ -151,22 +152,22 @@ func TestCopyThroughPool(t *testing.T) {
 func TestPoolInfoPassesMemfd(t *testing.T) {
 	e := newEnv(t, false)
 	c := dialRaw(t, e.sock)
-	r, fds := c.callFD(&Request{Kind: tcproto.RequestBodyPoolInfoRequest})
+	r, fds := c.callFD(&wire.PoolInfoRequest{})
 	expectCode(t, r, tcproto.CodeOK)
 	if len(fds) != 1 {
 		t.Fatalf("%d fds with PoolInfo", len(fds))
 	}
 	defer closeFDs(fds)
-	if r.Segment != uint64(testPoolID) || r.Size != testPoolSz || len(r.BlockClasses) == 0 || r.BlockClasses[0] != testMinBlk {
+	if body[wire.PoolInfoResponse](t, r).Segment != uint64(testPoolID) || body[wire.PoolInfoResponse](t, r).Size != testPoolSz || len(body[wire.PoolInfoResponse](t, r).BlockClasses) == 0 || body[wire.PoolInfoResponse](t, r).BlockClasses[0] != testMinBlk {
 		t.Fatalf("pool info %+v", r)
 	}
-	mem, err := shm.MapShared(fds[0], r.Size)
+	mem, err := shm.MapShared(fds[0], body[wire.PoolInfoResponse](t, r).Size)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer shm.Unmap(mem)
-	r = c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096})
-	off := r.Offsets[0]
+	r = c.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})
+	off := body[wire.AllocBlocksResponse](t, r).Offsets[0]
 	copy(mem[off:], "written in place by the client")
 	if got := string(e.pool.Bytes()[off : off+30]); got != "written in place by the client" {
 		t.Fatalf("daemon sees %q", got)
@@ -177,22 +178,22 @@ func TestScopeAndLimits(t *testing.T) {
 	e := newEnv(t, false, func(c *Config, _ *Deps) { c.Limits.MaxBlocks = 4; c.Limits.MaxBatches = 1 })
 	a, b := dialRaw(t, e.sock), dialRaw(t, e.sock)
 	fd := newMemfd(t, 1<<16)
-	r := a.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd)
+	r := a.call(&wire.RegisterBufferRequest{Size: 1 << 16}, fd)
 	unix.Close(fd)
 	expectCode(t, r, tcproto.CodeOK)
-	segA := xfer.SegmentID(r.Segment)
-	r = a.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096})
-	offA := r.Offsets[0]
+	segA := xfer.SegmentID(body[wire.RegisterBufferResponse](t, r).Segment)
+	r = a.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})
+	offA := body[wire.AllocBlocksResponse](t, r).Offsets[0]
 	fd = newMemfd(t, 1<<16)
-	r = b.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd)
+	r = b.call(&wire.RegisterBufferRequest{Size: 1 << 16}, fd)
 	unix.Close(fd)
-	segB := xfer.SegmentID(r.Segment)
-	r = b.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096})
-	offB := r.Offsets[0]
+	segB := xfer.SegmentID(body[wire.RegisterBufferResponse](t, r).Segment)
+	r = b.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})
+	offB := body[wire.AllocBlocksResponse](t, r).Offsets[0]
 
 	// b may not name a's buffer nor a's block; out of bounds and zero
 	// length are refused; one good request in the middle still runs.
-	r = b.call(&Request{Kind: tcproto.RequestBodyTransferRequestBody, Requests: []xfer.Request{
+	r = b.call(&wire.TransferRequestBody{Requests: []xfer.Request{
 		{Op: xfer.OpWrite, Local: segA, Target: testPoolID, TargetOffset: offB, Length: 16},
 		{Op: xfer.OpWrite, Local: segB, Target: testPoolID, TargetOffset: offA, Length: 16},
 		{Op: xfer.OpWrite, Local: segB, Target: testPoolID, TargetOffset: offB, Length: 16},
@@ -203,31 +204,31 @@ func TestScopeAndLimits(t *testing.T) {
 	expectCode(t, r, tcproto.CodeOK)
 	want := []Code{tcproto.CodeNOT_FOUND, tcproto.CodePERMISSION_DENIED, tcproto.CodeOK,
 		tcproto.CodePERMISSION_DENIED, tcproto.CodeINVALID_ARGUMENT, tcproto.CodeINVALID_ARGUMENT}
-	if len(r.Codes) != len(want) {
-		t.Fatalf("%d codes for %d requests", len(r.Codes), len(want))
+	if len(body[wire.TransferResponse](t, r).Codes) != len(want) {
+		t.Fatalf("%d codes for %d requests", len(body[wire.TransferResponse](t, r).Codes), len(want))
 	}
 	for i := range want {
-		if r.Codes[i] != want[i] {
-			t.Errorf("request %d: %s, want %s", i, r.Codes[i], want[i])
+		if body[wire.TransferResponse](t, r).Codes[i] != want[i] {
+			t.Errorf("request %d: %s, want %s", i, body[wire.TransferResponse](t, r).Codes[i], want[i])
 		}
 	}
-	if r.Summary.Completed != 1 {
-		t.Errorf("summary %+v", r.Summary)
+	if body[wire.TransferResponse](t, r).Summary.Completed != 1 {
+		t.Errorf("summary %+v", body[wire.TransferResponse](t, r).Summary)
 	}
 	// b may not free a's block, unregister a's buffer or use a's batch.
-	r = b.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: []uint64{offA}})
-	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeNOT_FOUND {
-		t.Fatalf("free of another's block: %+v", r.Codes)
+	r = b.call(&wire.FreeBlocksRequest{Offsets: []uint64{offA}})
+	if len(body[wire.FreeBlocksResponse](t, r).Codes) != 1 || body[wire.FreeBlocksResponse](t, r).Codes[0] != tcproto.CodeNOT_FOUND {
+		t.Fatalf("free of another's block: %+v", body[wire.FreeBlocksResponse](t, r).Codes)
 	}
-	expectCode(t, b.call(&Request{Kind: tcproto.RequestBodyUnregisterBufferRequest, Segment: uint64(segA)}), tcproto.CodeNOT_FOUND)
-	r = a.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1})
+	expectCode(t, b.call(&wire.UnregisterBufferRequest{Segment: uint64(segA)}), tcproto.CodeNOT_FOUND)
+	r = a.call(&wire.AllocBatchRequest{Capacity: 1})
 	expectCode(t, r, tcproto.CodeOK)
-	expectCode(t, b.call(&Request{Kind: tcproto.RequestBodyWaitRequest, Batch: r.Batch}), tcproto.CodeNOT_FOUND)
+	expectCode(t, b.call(&wire.WaitRequest{Batch: body[wire.AllocBatchResponse](t, r).Batch}), tcproto.CodeNOT_FOUND)
 	// Per-connection limits.
-	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1}), tcproto.CodeRESOURCE_EXHAUSTED)
-	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 4, Size: 4096}), tcproto.CodeRESOURCE_EXHAUSTED)
-	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 3, Size: 4096}), tcproto.CodeOK)
-	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyRegisterFileRequest, Name: []byte("/x")}), tcproto.CodeUNAVAILABLE)
+	expectCode(t, a.call(&wire.AllocBatchRequest{Capacity: 1}), tcproto.CodeRESOURCE_EXHAUSTED)
+	expectCode(t, a.call(&wire.AllocBlocksRequest{N: 4, Size: 4096}), tcproto.CodeRESOURCE_EXHAUSTED)
+	expectCode(t, a.call(&wire.AllocBlocksRequest{N: 3, Size: 4096}), tcproto.CodeOK)
+	expectCode(t, a.call(&wire.RegisterFileRequest{Path: []byte("/x")}), tcproto.CodeUNAVAILABLE)
 	if e.pool.Stats().Blocks != 5 {
 		t.Fatalf("pool blocks %d", e.pool.Stats().Blocks)
 	}
@@ -236,7 +237,7 @@ func TestScopeAndLimits(t *testing.T) {
 func TestFramingErrors(t *testing.T) {
 	e := newEnv(t, false, func(c *Config, _ *Deps) { c.MaxFrame = 4096 })
 	good := dialRaw(t, e.sock)
-	ping := &Request{Kind: tcproto.RequestBodyPingRequest}
+	ping := &wire.Request{Body: &wire.PingRequest{}}
 	expectCode(t, good.call(ping), tcproto.CodeOK)
 
 	t.Run("oversized", func(t *testing.T) {
@@ -267,7 +268,7 @@ func TestFramingErrors(t *testing.T) {
 	})
 	t.Run("truncated then EOF", func(t *testing.T) {
 		c := dialRaw(t, e.sock)
-		frame := EncodeRequest(c.b, ping)
+		frame := wire.EncodeRequest(c.b, ping)
 		c.send(frame[:len(frame)-3])
 		c.uc.CloseWrite()
 		c.expectClosed()
@@ -286,7 +287,7 @@ func TestFramingErrors(t *testing.T) {
 		c := dialRaw(t, e.sock)
 		var all []byte
 		for i := 1; i <= 50; i++ {
-			all = append(all, EncodeRequest(c.b, &Request{Ctx: Context{RequestID: uint64(i)}, Kind: tcproto.RequestBodyPingRequest})...)
+			all = append(all, wire.EncodeRequest(c.b, &wire.Request{Ctx: wire.Context{RequestID: uint64(i)}, Body: &wire.PingRequest{}})...)
 		}
 		c.send(all)
 		for i := 1; i <= 50; i++ {
@@ -303,35 +304,35 @@ func TestFramingErrors(t *testing.T) {
 func TestFDRules(t *testing.T) {
 	e := newEnv(t, false)
 	c := dialRaw(t, e.sock)
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK) // accepted by now
+	expectCode(t, c.call(&wire.PingRequest{}), tcproto.CodeOK) // accepted by now
 	before, _ := handleFDs()
 
 	// Missing fd.
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096}), tcproto.CodeINVALID_ARGUMENT)
+	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 4096}), tcproto.CodeINVALID_ARGUMENT)
 	// Unexpected fd: refused, and the server closes its copy.
 	fd := newMemfd(t, 4096)
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}, fd), tcproto.CodeINVALID_ARGUMENT)
+	expectCode(t, c.call(&wire.PingRequest{}, fd), tcproto.CodeINVALID_ARGUMENT)
 	// Two fds where one is expected.
 	fd2 := newMemfd(t, 4096)
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096}, fd, fd2), tcproto.CodeINVALID_ARGUMENT)
+	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 4096}, fd, fd2), tcproto.CodeINVALID_ARGUMENT)
 	// Wrong fd: a pipe is not mappable; an unsealed memfd is refused.
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 		t.Fatal(err)
 	}
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096}, p[0]), tcproto.CodeINVALID_ARGUMENT)
+	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 4096}, p[0]), tcproto.CodeINVALID_ARGUMENT)
 	unsealed, err := shm.NewMemfd("unsealed", 4096, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096}, unsealed), tcproto.CodeINVALID_ARGUMENT)
+	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 4096}, unsealed), tcproto.CodeINVALID_ARGUMENT)
 	// Declared size larger than the memfd.
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 8192}, fd), tcproto.CodeINVALID_ARGUMENT)
+	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 8192}, fd), tcproto.CodeINVALID_ARGUMENT)
 	// An fd sent with the second of two frames in one write goes with it.
 	var two []byte
-	two = append(two, EncodeRequest(c.b, &Request{Ctx: Context{RequestID: 100}, Kind: tcproto.RequestBodyPingRequest})...)
+	two = append(two, wire.EncodeRequest(c.b, &wire.Request{Ctx: wire.Context{RequestID: 100}, Body: &wire.PingRequest{}})...)
 	c.send(two)
-	frame := EncodeRequest(c.b, &Request{Ctx: Context{RequestID: 101}, Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 4096})
+	frame := wire.EncodeRequest(c.b, &wire.Request{Ctx: wire.Context{RequestID: 101}, Body: &wire.RegisterBufferRequest{Size: 4096}})
 	c.send(frame, fd)
 	for _, want := range []uint64{100, 101} {
 		r, _, err := c.recv()
@@ -352,11 +353,11 @@ func TestFDRules(t *testing.T) {
 		t.Fatalf("fds before %v, after %v", before, after)
 	}
 	// Still served.
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+	expectCode(t, c.call(&wire.PingRequest{}), tcproto.CodeOK)
 	// A stray fd, sent with the second half of a frame (so with no frame's
 	// first bytes), goes with no request and is closed.
 	stray := newMemfd(t, 4096)
-	ping := EncodeRequest(c.b, &Request{Ctx: Context{RequestID: 200}, Kind: tcproto.RequestBodyPingRequest})
+	ping := wire.EncodeRequest(c.b, &wire.Request{Ctx: wire.Context{RequestID: 200}, Body: &wire.PingRequest{}})
 	half := len(ping) / 2
 	c.send(ping[:half])
 	time.Sleep(20 * time.Millisecond) // let the server read the first half alone
@@ -365,7 +366,7 @@ func TestFDRules(t *testing.T) {
 	if r, _, err := c.recv(); err != nil || r.RequestID != 200 || r.Status != tcproto.CodeOK {
 		t.Fatalf("split ping: %+v %v", r, err)
 	}
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+	expectCode(t, c.call(&wire.PingRequest{}), tcproto.CodeOK)
 	if after, _ := handleFDs(); len(after) > len(before) {
 		t.Fatalf("stray fd kept: before %v, after %v", before, after)
 	}
@@ -380,14 +381,14 @@ func TestFDRules(t *testing.T) {
 func TestIdempotency(t *testing.T) {
 	e := newEnv(t, false)
 	c := dialRaw(t, e.sock)
-	key := Context{IdempotencyKey: []byte("alloc-1"), Lane: []byte("stream-first"), PolicyVersion: 1}
-	r := c.call(&Request{Ctx: key, Kind: tcproto.RequestBodyAllocBlocksRequest, N: 2, Size: 4096})
+	key := wire.Context{IdempotencyKey: []byte("alloc-1"), Lane: []byte("stream-first"), PolicyVersion: 1}
+	r := c.callCtx(key, &wire.AllocBlocksRequest{N: 2, Size: 4096})
 	expectCode(t, r, tcproto.CodeOK)
-	first := append([]uint64(nil), r.Offsets...)
-	r = c.call(&Request{Ctx: key, Kind: tcproto.RequestBodyAllocBlocksRequest, N: 2, Size: 4096})
+	first := append([]uint64(nil), body[wire.AllocBlocksResponse](t, r).Offsets...)
+	r = c.callCtx(key, &wire.AllocBlocksRequest{N: 2, Size: 4096})
 	expectCode(t, r, tcproto.CodeOK)
-	if len(r.Offsets) != 2 || r.Offsets[0] != first[0] || r.Offsets[1] != first[1] {
-		t.Fatalf("retry got %v, first %v", r.Offsets, first)
+	if len(body[wire.AllocBlocksResponse](t, r).Offsets) != 2 || body[wire.AllocBlocksResponse](t, r).Offsets[0] != first[0] || body[wire.AllocBlocksResponse](t, r).Offsets[1] != first[1] {
+		t.Fatalf("retry got %v, first %v", body[wire.AllocBlocksResponse](t, r).Offsets, first)
 	}
 	if r.RequestID != c.id {
 		t.Fatalf("replayed answer carries request id %d, want %d", r.RequestID, c.id)
@@ -395,11 +396,12 @@ func TestIdempotency(t *testing.T) {
 	if n := e.pool.Stats().Blocks; n != 2 {
 		t.Fatalf("retry allocated again: %d blocks", n)
 	}
-	expectCode(t, c.call(&Request{Ctx: key, Kind: tcproto.RequestBodyAllocBlocksRequest, N: 3, Size: 4096}), tcproto.CodeFAILED_PRECONDITION)
+	expectCode(t, c.callCtx(key, &wire.AllocBlocksRequest{N: 3, Size: 4096}), tcproto.CodeFAILED_PRECONDITION)
 	other := key
 	other.Lane = []byte("catalog-first")
-	expectCode(t, c.call(&Request{Ctx: other, Kind: tcproto.RequestBodyAllocBlocksRequest, N: 2, Size: 4096}), tcproto.CodeFAILED_PRECONDITION)
-	if !strings.Contains(e.logBuf.String(), "idempotency_key=alloc-1") || !strings.Contains(e.logBuf.String(), "lane=stream-first") {
+	expectCode(t, c.callCtx(other, &wire.AllocBlocksRequest{N: 2, Size: 4096}), tcproto.CodeFAILED_PRECONDITION)
+	if !strings.Contains(e.logBuf.String(), "idempotency_key=alloc-1") || !strings.Contains(e.logBuf.String(), "lane=stream-first") ||
+		!strings.Contains(e.logBuf.String(), "policy_version=1") {
 		t.Fatalf("no audit record with the audit keys:\n%s", e.logBuf.String())
 	}
 }
@@ -412,14 +414,14 @@ func (panicEngine) Status(BatchID, int) (TaskStatus, error) { panic("injected") 
 func TestPanicBecomesInternal(t *testing.T) {
 	e := newEnv(t, false, func(_ *Config, d *Deps) { d.Engine = panicEngine{d.Engine} })
 	c := dialRaw(t, e.sock)
-	r := c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1})
+	r := c.call(&wire.AllocBatchRequest{Capacity: 1})
 	expectCode(t, r, tcproto.CodeOK)
-	r = c.call(&Request{Kind: tcproto.RequestBodyTaskStatusRequest, Batch: r.Batch})
+	r = c.call(&wire.TaskStatusRequest{Batch: body[wire.AllocBatchResponse](t, r).Batch})
 	expectCode(t, r, tcproto.CodeINTERNAL)
 	if string(r.Message) != "internal error" {
 		t.Fatalf("client sees %q", r.Message)
 	}
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+	expectCode(t, c.call(&wire.PingRequest{}), tcproto.CodeOK)
 	if !strings.Contains(e.logBuf.String(), "injected") {
 		t.Fatal("panic not logged")
 	}
@@ -429,21 +431,21 @@ func TestReleaseOnClose(t *testing.T) {
 	e := newEnv(t, true)
 	c := dialRaw(t, e.sock)
 	fd := newMemfd(t, 1<<16)
-	r := c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd)
+	r := c.call(&wire.RegisterBufferRequest{Size: 1 << 16}, fd)
 	unix.Close(fd)
-	seg := xfer.SegmentID(r.Segment)
-	r = c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 5, Size: 16384})
-	off := r.Offsets[0]
-	r = c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 2})
-	busy := r.Batch
-	r = c.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: busy, Requests: []xfer.Request{
+	seg := xfer.SegmentID(body[wire.RegisterBufferResponse](t, r).Segment)
+	r = c.call(&wire.AllocBlocksRequest{N: 5, Size: 16384})
+	off := body[wire.AllocBlocksResponse](t, r).Offsets[0]
+	r = c.call(&wire.AllocBatchRequest{Capacity: 2})
+	busy := body[wire.AllocBatchResponse](t, r).Batch
+	r = c.call(&wire.SubmitRequest{Batch: busy, Requests: []xfer.Request{
 		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: off, Length: hangLength},
 	}})
-	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeOK {
+	if len(body[wire.SubmitResponse](t, r).Codes) != 1 || body[wire.SubmitResponse](t, r).Codes[0] != tcproto.CodeOK {
 		t.Fatalf("submit: %+v", r)
 	}
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyFreeBatchRequest, Batch: busy}), tcproto.CodeBUSY)
-	c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 2})
+	expectCode(t, c.call(&wire.FreeBatchRequest{Batch: busy}), tcproto.CodeBUSY)
+	c.call(&wire.AllocBatchRequest{Capacity: 2})
 	if e.eng.Stats().BatchesLive != 2 || e.pool.Stats().Blocks != 5 || e.reg.Len() != 2 {
 		t.Fatal("resources not taken")
 	}
@@ -546,7 +548,7 @@ func TestPeerCredentials(t *testing.T) {
 		if got := run(65534, 65534); got != "status PERMISSION_DENIED" {
 			t.Fatalf("uid 65534 got %q", got)
 		}
-		expectCode(t, good.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+		expectCode(t, good.call(&wire.PingRequest{}), tcproto.CodeOK)
 		if got := run(0, 0); got != "status OK" {
 			t.Fatalf("root got %q", got)
 		}
@@ -559,14 +561,14 @@ func TestPeerCredentials(t *testing.T) {
 func TestMaxConns(t *testing.T) {
 	e := newEnv(t, false, func(c *Config, _ *Deps) { c.MaxConns = 1 })
 	a := dialRaw(t, e.sock)
-	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+	expectCode(t, a.call(&wire.PingRequest{}), tcproto.CodeOK)
 	b := dialRaw(t, e.sock)
 	r, _, err := b.recv()
 	if err != nil {
 		t.Fatal(err)
 	}
 	expectCode(t, r, tcproto.CodeRESOURCE_EXHAUSTED)
-	expectCode(t, a.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeOK)
+	expectCode(t, a.call(&wire.PingRequest{}), tcproto.CodeOK)
 }
 
 func TestStaleSocketAndInUse(t *testing.T) {
@@ -601,15 +603,15 @@ func TestDrain(t *testing.T) {
 	e := newEnv(t, true)
 	a, b := dialRaw(t, e.sock), dialRaw(t, e.sock)
 	fd := newMemfd(t, 1<<16)
-	r := a.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd)
+	r := a.call(&wire.RegisterBufferRequest{Size: 1 << 16}, fd)
 	unix.Close(fd)
-	seg := xfer.SegmentID(r.Segment)
-	r = a.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 16384})
-	off := r.Offsets[0]
+	seg := xfer.SegmentID(body[wire.RegisterBufferResponse](t, r).Segment)
+	r = a.call(&wire.AllocBlocksRequest{N: 1, Size: 16384})
+	off := body[wire.AllocBlocksResponse](t, r).Offsets[0]
 	// a is inside a one-shot Transfer that will not end by itself.
 	a.id++
-	a.send(EncodeRequest(a.b, &Request{Ctx: Context{RequestID: a.id}, Kind: tcproto.RequestBodyTransferRequestBody, TimeoutMS: 60000,
-		Requests: []xfer.Request{{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: off, Length: hangLength}}}))
+	a.send(wire.EncodeRequest(a.b, &wire.Request{Ctx: wire.Context{RequestID: a.id}, Body: &wire.TransferRequestBody{TimeoutMS: 60000,
+		Requests: []xfer.Request{{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: off, Length: hangLength}}}}))
 	deadline := time.Now().Add(testTimeout)
 	for e.srv.inflight.Load() == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
@@ -622,7 +624,7 @@ func TestDrain(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	// New work is answered UNAVAILABLE while a's request is in flight.
-	expectCode(t, b.call(&Request{Kind: tcproto.RequestBodyPingRequest}), tcproto.CodeUNAVAILABLE)
+	expectCode(t, b.call(&wire.PingRequest{}), tcproto.CodeUNAVAILABLE)
 	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("drain: %v", err)
 	}
@@ -666,22 +668,22 @@ func TestRegisterFile(t *testing.T) {
 	op := opener{opened: make(chan *fileSeg, 2)}
 	e := newEnv(t, false, func(_ *Config, d *Deps) { d.FileOpener = op })
 	c := dialRaw(t, e.sock)
-	expectCode(t, c.call(&Request{Kind: tcproto.RequestBodyRegisterFileRequest, Name: []byte("/etc/shadow"), Direct: true}), tcproto.CodeNOT_FOUND)
-	r := c.call(&Request{Kind: tcproto.RequestBodyRegisterFileRequest, Name: []byte("/data/kv.bin"), Direct: true})
+	expectCode(t, c.call(&wire.RegisterFileRequest{Path: []byte("/etc/shadow"), Direct: true}), tcproto.CodeNOT_FOUND)
+	r := c.call(&wire.RegisterFileRequest{Path: []byte("/data/kv.bin"), Direct: true})
 	expectCode(t, r, tcproto.CodeOK)
 	f := <-op.opened
-	if r.Segment != uint64(f.id) || r.Size != 1<<20 {
+	if body[wire.RegisterFileResponse](t, r).Segment != uint64(f.id) || body[wire.RegisterFileResponse](t, r).Size != 1<<20 {
 		t.Fatalf("register file: %+v", r)
 	}
 	if s, ok := e.reg.Resolve(f.id); !ok || s != xfer.Segment(f) {
 		t.Fatal("file segment not registered")
 	}
 	// Out of the file's bounds is refused before the engine sees it.
-	off := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096}).Offsets[0]
-	r = c.call(&Request{Kind: tcproto.RequestBodyTransferRequestBody, Requests: []xfer.Request{
+	off := body[wire.AllocBlocksResponse](t, c.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})).Offsets[0]
+	r = c.call(&wire.TransferRequestBody{Requests: []xfer.Request{
 		{Op: xfer.OpRead, Local: testPoolID, LocalOffset: off, Target: f.id, TargetOffset: 1 << 20, Length: 4096}}})
-	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeINVALID_ARGUMENT {
-		t.Fatalf("out of bounds: %+v", r.Codes)
+	if len(body[wire.TransferResponse](t, r).Codes) != 1 || body[wire.TransferResponse](t, r).Codes[0] != tcproto.CodeINVALID_ARGUMENT {
+		t.Fatalf("out of bounds: %+v", body[wire.TransferResponse](t, r).Codes)
 	}
 	// Closing the connection closes and unregisters the file.
 	c.uc.Close()
@@ -700,14 +702,14 @@ func TestBlocksOutliveAbandonedTasks(t *testing.T) {
 	h := e.deafHang()
 	c := dialRaw(t, e.sock)
 	fd := newMemfd(t, 1<<16)
-	seg := xfer.SegmentID(c.call(&Request{Kind: tcproto.RequestBodyRegisterBufferRequest, Size: 1 << 16}, fd).Segment)
+	seg := xfer.SegmentID(body[wire.RegisterBufferResponse](t, c.call(&wire.RegisterBufferRequest{Size: 1 << 16}, fd)).Segment)
 	unix.Close(fd)
-	off := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 16384}).Offsets[0]
-	batch := c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1}).Batch
-	r := c.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: batch, Requests: []xfer.Request{
+	off := body[wire.AllocBlocksResponse](t, c.call(&wire.AllocBlocksRequest{N: 1, Size: 16384})).Offsets[0]
+	batch := body[wire.AllocBatchResponse](t, c.call(&wire.AllocBatchRequest{Capacity: 1})).Batch
+	r := c.call(&wire.SubmitRequest{Batch: batch, Requests: []xfer.Request{
 		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: off, Length: hangLength}}})
-	if r.Codes[0] != tcproto.CodeOK {
-		t.Fatalf("submit %+v", r.Codes)
+	if body[wire.SubmitResponse](t, r).Codes[0] != tcproto.CodeOK {
+		t.Fatalf("submit %+v", body[wire.SubmitResponse](t, r).Codes)
 	}
 	c.uc.Close()
 	// The connection waits ReleaseWait for the batch, abandons it, and
@@ -725,9 +727,9 @@ func TestBlocksOutliveAbandonedTasks(t *testing.T) {
 func TestAuditLevels(t *testing.T) {
 	e := newEnv(t, false)
 	c := dialRaw(t, e.sock)
-	ctx := Context{IdempotencyKey: []byte("k-alloc"), Lane: []byte("stream-first")}
-	expectCode(t, c.call(&Request{Ctx: ctx, Kind: tcproto.RequestBodyAllocBlocksRequest, N: 1, Size: 4096}), tcproto.CodeOK)
-	c.call(&Request{Ctx: Context{IdempotencyKey: []byte("k-file")}, Kind: tcproto.RequestBodyRegisterFileRequest, Name: []byte("/nonexistent")})
+	ctx := wire.Context{IdempotencyKey: []byte("k-alloc"), Lane: []byte("stream-first")}
+	expectCode(t, c.callCtx(ctx, &wire.AllocBlocksRequest{N: 1, Size: 4096}), tcproto.CodeOK)
+	c.callCtx(wire.Context{IdempotencyKey: []byte("k-file")}, &wire.RegisterFileRequest{Path: []byte("/nonexistent")})
 	var data, hold bool
 	for _, line := range strings.Split(e.logBuf.String(), "\n") {
 		if !strings.Contains(line, "msg=audit") {
@@ -760,24 +762,24 @@ func TestFreeBlockBusyWhileTransferInFlight(t *testing.T) {
 	h := e.deafHang()
 	c := dialRaw(t, e.sock)
 	seg := registerBuffer(t, c, 1<<16)
-	offs := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 2, Size: 16384}).Offsets
-	r := c.call(&Request{Kind: tcproto.RequestBodyTransferRequestBody, TimeoutMS: 50, Requests: []xfer.Request{
+	offs := body[wire.AllocBlocksResponse](t, c.call(&wire.AllocBlocksRequest{N: 2, Size: 16384})).Offsets
+	r := c.call(&wire.TransferRequestBody{TimeoutMS: 50, Requests: []xfer.Request{
 		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: offs[0], Length: hangLength}}})
-	if r.Summary.Timeout != 1 {
-		t.Fatalf("transfer summary %+v, want 1 timed out", r.Summary)
+	if body[wire.TransferResponse](t, r).Summary.Timeout != 1 {
+		t.Fatalf("transfer summary %+v, want 1 timed out", body[wire.TransferResponse](t, r).Summary)
 	}
-	r = c.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: offs})
+	r = c.call(&wire.FreeBlocksRequest{Offsets: offs})
 	expectCode(t, r, tcproto.CodeOK)
-	if len(r.Codes) != 2 || r.Codes[0] != tcproto.CodeBUSY || r.Codes[1] != tcproto.CodeOK {
-		t.Fatalf("free codes %v, want [BUSY OK]: the timed-out transfer's block must stay", r.Codes)
+	if len(body[wire.FreeBlocksResponse](t, r).Codes) != 2 || body[wire.FreeBlocksResponse](t, r).Codes[0] != tcproto.CodeBUSY || body[wire.FreeBlocksResponse](t, r).Codes[1] != tcproto.CodeOK {
+		t.Fatalf("free codes %v, want [BUSY OK]: the timed-out transfer's block must stay", body[wire.FreeBlocksResponse](t, r).Codes)
 	}
 	if n := e.pool.Stats().Blocks; n != 1 {
 		t.Fatalf("%d pool blocks, want the busy one only", n)
 	}
 	h.finish()
-	r = c.call(&Request{Kind: tcproto.RequestBodyFreeBlocksRequest, Offsets: offs[:1]})
-	if len(r.Codes) != 1 || r.Codes[0] != tcproto.CodeOK {
-		t.Fatalf("free after the transport let go: %v", r.Codes)
+	r = c.call(&wire.FreeBlocksRequest{Offsets: offs[:1]})
+	if len(body[wire.FreeBlocksResponse](t, r).Codes) != 1 || body[wire.FreeBlocksResponse](t, r).Codes[0] != tcproto.CodeOK {
+		t.Fatalf("free after the transport let go: %v", body[wire.FreeBlocksResponse](t, r).Codes)
 	}
 	c.uc.Close()
 	e.waitIdle()
@@ -791,12 +793,12 @@ func TestClosedConnectionBlockFreedAtLastDrop(t *testing.T) {
 	h := e.deafHang()
 	c := dialRaw(t, e.sock)
 	seg := registerBuffer(t, c, 1<<16)
-	offs := c.call(&Request{Kind: tcproto.RequestBodyAllocBlocksRequest, N: 3, Size: 16384}).Offsets
-	batch := c.call(&Request{Kind: tcproto.RequestBodyAllocBatchRequest, Capacity: 1}).Batch
-	r := c.call(&Request{Kind: tcproto.RequestBodySubmitRequest, Batch: batch, Requests: []xfer.Request{
+	offs := body[wire.AllocBlocksResponse](t, c.call(&wire.AllocBlocksRequest{N: 3, Size: 16384})).Offsets
+	batch := body[wire.AllocBatchResponse](t, c.call(&wire.AllocBatchRequest{Capacity: 1})).Batch
+	r := c.call(&wire.SubmitRequest{Batch: batch, Requests: []xfer.Request{
 		{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: offs[1], Length: hangLength}}})
-	if r.Codes[0] != tcproto.CodeOK {
-		t.Fatalf("submit %+v", r.Codes)
+	if body[wire.SubmitResponse](t, r).Codes[0] != tcproto.CodeOK {
+		t.Fatalf("submit %+v", body[wire.SubmitResponse](t, r).Codes)
 	}
 	c.uc.Close()
 	deadline := time.Now().Add(testTimeout)

@@ -7,6 +7,7 @@ import (
 	"unicode"
 
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -14,7 +15,7 @@ import (
 // (the pool's shm.PoolStats, the engine's xfer.EngineStats): every numeric
 // field, named in snake_case, nested structs and slices flattened with
 // dotted names. Stats are not a hot path.
-func statsCounters(v any, dst []Counter) []Counter {
+func statsCounters(v any, dst []wire.Counter) []wire.Counter {
 	switch s := v.(type) {
 	case interface{ Stats() shm.PoolStats }:
 		return flatten("", reflect.ValueOf(s.Stats()), dst)
@@ -39,7 +40,7 @@ func blockClasses(p any) []uint64 {
 	return out
 }
 
-func flatten(prefix string, v reflect.Value, dst []Counter) []Counter {
+func flatten(prefix string, v reflect.Value, dst []wire.Counter) []wire.Counter {
 	switch v.Kind() {
 	case reflect.Struct:
 		t := v.Type()
@@ -53,21 +54,21 @@ func flatten(prefix string, v reflect.Value, dst []Counter) []Counter {
 			dst = flatten(join(prefix, strconv.Itoa(i)), v.Index(i), dst)
 		}
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		dst = append(dst, Counter{prefix, v.Uint()})
+		dst = append(dst, wire.Counter{Name: prefix, Value: v.Uint()})
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		if n := v.Int(); n >= 0 {
-			dst = append(dst, Counter{prefix, uint64(n)})
+			dst = append(dst, wire.Counter{Name: prefix, Value: uint64(n)})
 		}
 	case reflect.Bool:
 		var n uint64
 		if v.Bool() {
 			n = 1
 		}
-		dst = append(dst, Counter{prefix, n})
+		dst = append(dst, wire.Counter{Name: prefix, Value: n})
 	case reflect.Float32, reflect.Float64:
 		// Ratios travel in parts per million.
 		if f := v.Float(); f >= 0 {
-			dst = append(dst, Counter{prefix + "_ppm", uint64(f * 1e6)})
+			dst = append(dst, wire.Counter{Name: prefix + "_ppm", Value: uint64(f * 1e6)})
 		}
 	}
 	return dst

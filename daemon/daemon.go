@@ -13,6 +13,7 @@ import (
 	"github.com/tensorcast/tensorcast/ktrace"
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -321,7 +322,7 @@ func hostID() string {
 
 // transportCounters are the transports' counters for Stats: the io_uring
 // rings' and the RDMA plane's, whichever this daemon has.
-func (d *Daemon) transportCounters(dst []control.Counter) []control.Counter {
+func (d *Daemon) transportCounters(dst []wire.Counter) []wire.Counter {
 	if d.files != nil {
 		dst = d.files.counters(dst)
 	}

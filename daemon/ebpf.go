@@ -6,10 +6,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/ktrace"
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // openKernelViews loads the eBPF views this daemon has a use for: io_uring
@@ -135,22 +135,22 @@ func (d *Daemon) collectKernel(e *metrics.Emit) {
 }
 
 // kernelCounters are the eBPF views' figures for tcctl stats.
-func (d *Daemon) kernelCounters(dst []control.Counter) []control.Counter {
+func (d *Daemon) kernelCounters(dst []wire.Counter) []wire.Counter {
 	if d.kviews == nil {
 		return dst
 	}
 	for _, r := range d.kviews.Rings() {
 		p := "kernel.uring.ring" + strconv.Itoa(r.ID) + "."
 		dst = append(dst,
-			control.Counter{Name: p + "completions", Value: r.Latency.Count()},
-			control.Counter{Name: p + "p99_ns", Value: uint64(r.Latency.Quantile(0.99))})
+			wire.Counter{Name: p + "completions", Value: r.Latency.Count()},
+			wire.Counter{Name: p + "p99_ns", Value: uint64(r.Latency.Quantile(0.99))})
 	}
 	per := map[string]uint64{}
 	for _, r := range d.peerRetransmits() {
 		per[r.conn.Peer] += r.n
 	}
 	for p, n := range per {
-		dst = append(dst, control.Counter{Name: "kernel.tcp.retransmits." + p, Value: n})
+		dst = append(dst, wire.Counter{Name: "kernel.tcp.retransmits." + p, Value: n})
 	}
 	return dst
 }

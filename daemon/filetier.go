@@ -8,6 +8,7 @@ import (
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/uring"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -58,7 +59,7 @@ func (f *fileTier) transport() xfer.Transport { return f.t }
 
 // counters reports the ring features in use and each ring's queue depth
 // and counters, for `tcctl stats`.
-func (f *fileTier) counters(dst []control.Counter) []control.Counter {
+func (f *fileTier) counters(dst []wire.Counter) []wire.Counter {
 	flag := func(b bool) uint64 {
 		if b {
 			return 1
@@ -67,23 +68,23 @@ func (f *fileTier) counters(dst []control.Counter) []control.Counter {
 	}
 	ft := f.t.Features()
 	dst = append(dst,
-		control.Counter{Name: "uring.single_issuer", Value: flag(ft.SingleIssuer)},
-		control.Counter{Name: "uring.defer_taskrun", Value: flag(ft.DeferTaskrun)},
-		control.Counter{Name: "uring.coop_taskrun", Value: flag(ft.CoopTaskrun)},
-		control.Counter{Name: "uring.sqpoll", Value: flag(ft.SQPoll)},
-		control.Counter{Name: "uring.fixed_buffers", Value: flag(ft.FixedBuffers)},
-		control.Counter{Name: "uring.fixed_files", Value: flag(ft.FixedFiles)},
+		wire.Counter{Name: "uring.single_issuer", Value: flag(ft.SingleIssuer)},
+		wire.Counter{Name: "uring.defer_taskrun", Value: flag(ft.DeferTaskrun)},
+		wire.Counter{Name: "uring.coop_taskrun", Value: flag(ft.CoopTaskrun)},
+		wire.Counter{Name: "uring.sqpoll", Value: flag(ft.SQPoll)},
+		wire.Counter{Name: "uring.fixed_buffers", Value: flag(ft.FixedBuffers)},
+		wire.Counter{Name: "uring.fixed_files", Value: flag(ft.FixedFiles)},
 	)
 	for i, r := range f.t.Stats() {
 		p := "uring.ring" + strconv.Itoa(i) + "."
 		dst = append(dst,
-			control.Counter{Name: p + "entries", Value: uint64(r.Entries)},
-			control.Counter{Name: p + "in_flight", Value: uint64(r.InFlight)},
-			control.Counter{Name: p + "submitted", Value: r.Submitted},
-			control.Counter{Name: p + "completed", Value: r.Completed},
-			control.Counter{Name: p + "failed", Value: r.Failed},
-			control.Counter{Name: p + "resubmits", Value: r.Resubmits},
-			control.Counter{Name: p + "fixed", Value: r.Fixed},
+			wire.Counter{Name: p + "entries", Value: uint64(r.Entries)},
+			wire.Counter{Name: p + "in_flight", Value: uint64(r.InFlight)},
+			wire.Counter{Name: p + "submitted", Value: r.Submitted},
+			wire.Counter{Name: p + "completed", Value: r.Completed},
+			wire.Counter{Name: p + "failed", Value: r.Failed},
+			wire.Counter{Name: p + "resubmits", Value: r.Resubmits},
+			wire.Counter{Name: p + "fixed", Value: r.Fixed},
 		)
 	}
 	return dst

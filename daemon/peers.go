@@ -13,6 +13,7 @@ import (
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -113,7 +114,7 @@ func (p *peerPlane) Deliver(name string, payload []byte) error {
 // is usable over RDMA when it returns (link up, registration resolved), or
 // the open fails UNAVAILABLE saying why.
 func (p *peerPlane) OpenRemote(peer, segment string, rights, transport uint8) (control.RemoteSegment, error) {
-	if transport == control.TransportRDMA && p.rdma == nil {
+	if transport == wire.TransportRDMA && p.rdma == nil {
 		p.log.Info("remote segment refused: transport rdma asked for, and this daemon has no RDMA",
 			"peer", peer, "name", segment, "why", p.noRDMA)
 		return nil, fmt.Errorf("%w: %s/%s asked for transport rdma, and this daemon has no RDMA: %s",
@@ -123,7 +124,7 @@ func (p *peerPlane) OpenRemote(peer, segment string, rights, transport uint8) (c
 	if err != nil {
 		return nil, peerError(err)
 	}
-	if transport != control.TransportAuto && p.rdma != nil {
+	if transport != wire.TransportAuto && p.rdma != nil {
 		if err := p.rdma.pin(r, transport); err != nil {
 			_ = r.Close()
 			p.log.Info("remote segment refused: transport rdma cannot be set up", "peer", peer, "name", segment, "err", err)
@@ -155,18 +156,18 @@ func (p *peerPlane) AttachNotify(req xfer.Request, payload []byte, deadline time
 func (p *peerPlane) DetachNotify(req xfer.Request) { p.tr.take(req) }
 
 // Peers implements control.PeerPlane.
-func (p *peerPlane) Peers() []control.PeerInfo {
+func (p *peerPlane) Peers() []wire.PeerInfo {
 	ps := p.node.Peers()
-	out := make([]control.PeerInfo, len(ps))
+	out := make([]wire.PeerInfo, len(ps))
 	for i, s := range ps {
-		out[i] = control.PeerInfo{ID: []byte(s.ID), Addr: []byte(s.Addr), Epoch: s.Epoch, Connected: s.Connected,
+		out[i] = wire.PeerInfo{ID: []byte(s.ID), Addr: []byte(s.Addr), Epoch: s.Epoch, Connected: s.Connected,
 			BytesIn: s.BytesIn, BytesOut: s.BytesOut, Errors: s.Errors}
 	}
 	return out
 }
 
 // Code implements control.PeerPlane.
-func (p *peerPlane) Code(err error) (control.Code, bool) {
+func (p *peerPlane) Code(err error) (wire.Code, bool) {
 	switch {
 	case errors.Is(err, tcp.ErrNotFound), errors.Is(err, tcp.ErrUnknownPeer):
 		return tcproto.CodeNOT_FOUND, true

@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -170,12 +170,12 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 		return nil
 	}
 	via := p.pinned(r)
-	if via == control.TransportTCP {
+	if via == wire.TransportTCP {
 		p.stats.toTCP.Add(1)
 		return nil
 	}
 	if local.ID() != p.poolID && p.localRegion(local.ID()) == nil {
-		if via != control.TransportRDMA {
+		if via != wire.TransportRDMA {
 			p.wantLocal(local)
 			p.stats.toTCP.Add(1)
 			return nil
@@ -196,7 +196,7 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 	case p.jobs <- r:
 	default:
 	}
-	if via == control.TransportRDMA {
+	if via == wire.TransportRDMA {
 		return p.linkDown
 	}
 	p.stats.toTCP.Add(1)
@@ -580,7 +580,7 @@ func (l *rdmaLink) fallback(ts []*xfer.Task) (int, error) {
 // rdmaOnly reports whether t's target was opened with transport rdma.
 func (l *rdmaLink) rdmaOnly(t *xfer.Task) bool {
 	r, ok := t.Target.(*tcp.Remote)
-	return ok && l.p.pinned(r) == control.TransportRDMA
+	return ok && l.p.pinned(r) == wire.TransportRDMA
 }
 
 // classify picks where one task goes, adding the rdma transport's tables

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
-	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -146,7 +146,7 @@ func TestVerbsExportRightsEnforcedByOwner(t *testing.T) {
 	if _, _, ok := p.linkRegionOf(t, "kv"); ok {
 		t.Fatalf("d2 still holds d1/kv's keys after UnexportSegment returned:\n%s", p.d2.log.String())
 	}
-	if st, err := p.exp.Stats(); err != nil || !slices.Contains(st.Transports, control.Counter{Name: "rdma.exports_revoked", Value: 1}) {
+	if st, err := p.exp.Stats(); err != nil || !slices.Contains(st.Transports, wire.Counter{Name: "rdma.exports_revoked", Value: 1}) {
 		t.Fatalf("d1 stats after one revocation: %v %+v", err, st.Transports)
 	}
 	if !strings.Contains(p.d1.log.String(), "export's rdma registration revoked") {

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -15,7 +16,7 @@ import (
 // unavailable and why.
 type rdmaReport struct {
 	p      *rdmaPlane // nil: RDMA is off or unavailable
-	state  control.RDMAState
+	state  wire.RDMAState
 	reason string
 }
 
@@ -23,7 +24,7 @@ var _ control.RDMAReporter = (*rdmaReport)(nil)
 
 // rdmaWithoutPeers is the report of a daemon without a peer plane.
 func rdmaWithoutPeers() *rdmaReport {
-	return &rdmaReport{state: control.RDMAOff, reason: noPeerPlane}
+	return &rdmaReport{state: wire.RDMAOff, reason: noPeerPlane}
 }
 
 // openRDMA is newRDMAPlane that also returns the report.
@@ -33,19 +34,19 @@ func openRDMA(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.Logg
 		return nil, nil, err
 	}
 	if p != nil {
-		return p, &rdmaReport{p: p, state: control.RDMAEnabled}, nil
+		return p, &rdmaReport{p: p, state: wire.RDMAEnabled}, nil
 	}
-	r := &rdmaReport{state: control.RDMAUnavailable, reason: why}
+	r := &rdmaReport{state: wire.RDMAUnavailable, reason: why}
 	if cfg.RDMA == "off" {
-		r.state = control.RDMAOff
+		r.state = wire.RDMAOff
 	}
 	return nil, r, nil
 }
 
 // RDMAInfo implements control.RDMAReporter.
-func (r *rdmaReport) RDMAInfo() control.RDMAInfo {
+func (r *rdmaReport) RDMAInfo() wire.RDMAResponse {
 	if r.p == nil {
-		return control.RDMAInfo{State: r.state, Reason: r.reason}
+		return wire.RDMAResponse{State: r.state, Reason: r.reason}
 	}
 	return r.p.info()
 }
@@ -53,18 +54,18 @@ func (r *rdmaReport) RDMAInfo() control.RDMAInfo {
 // info reports the plane: its device and registration, and every peer the
 // peer plane knows or the RDMA plane has a link, an accepting transport or
 // a logged choice for. Not a hot path: it allocates.
-func (p *rdmaPlane) info() control.RDMAInfo {
+func (p *rdmaPlane) info() wire.RDMAResponse {
 	a := p.dev.Addr()
-	out := control.RDMAInfo{
-		State: control.RDMAEnabled, Device: p.dev.Name(), Port: uint32(p.dev.Port()),
+	out := wire.RDMAResponse{
+		State: wire.RDMAEnabled, Device: p.dev.Name(), Port: uint32(p.dev.Port()),
 		GID: a.GID.String(), GIDIndex: uint32(a.GIDIndex), MTU: uint32(a.MTU.Bytes()), LID: a.LID,
 		PoolRegistered: p.reg.Size(), PoolMRs: uint32(p.reg.Chunks()),
 	}
-	byID := map[string]*control.RDMAPeer{}
-	peer := func(id string) *control.RDMAPeer {
+	byID := map[string]*wire.RDMAPeer{}
+	peer := func(id string) *wire.RDMAPeer {
 		e := byID[id]
 		if e == nil {
-			e = &control.RDMAPeer{ID: id}
+			e = &wire.RDMAPeer{ID: id}
 			byID[id] = e
 		}
 		return e
@@ -104,6 +105,6 @@ func (p *rdmaPlane) info() control.RDMAInfo {
 		}
 		out.Peers = append(out.Peers, *e)
 	}
-	slices.SortFunc(out.Peers, func(x, y control.RDMAPeer) int { return strings.Compare(x.ID, y.ID) })
+	slices.SortFunc(out.Peers, func(x, y wire.RDMAPeer) int { return strings.Compare(x.ID, y.ID) })
 	return out
 }

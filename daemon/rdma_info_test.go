@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
-	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // TestRDMAInfoReason: a daemon without a plane reports why, whatever
@@ -27,13 +27,13 @@ func TestRDMAInfoReason(t *testing.T) {
 		t.Fatalf("rdma = off: plane %v, err %v", p, err)
 	}
 	got := r.RDMAInfo()
-	if got.State != control.RDMAOff || got.Reason != "rdma = off" {
+	if got.State != wire.RDMAOff || got.Reason != "rdma = off" {
 		t.Fatalf("rdma = off reported as %s, %q", got.State, got.Reason)
 	}
 	if buf.Len() != 0 {
 		t.Fatalf("an Info record passed a Warn logger:\n%s", buf.String())
 	}
-	if r := rdmaWithoutPeers().RDMAInfo(); r.State != control.RDMAOff || !strings.Contains(r.Reason, "peer_listen") {
+	if r := rdmaWithoutPeers().RDMAInfo(); r.State != wire.RDMAOff || !strings.Contains(r.Reason, "peer_listen") {
 		t.Fatalf("without a peer plane: %s, %q", r.State, r.Reason)
 	}
 }

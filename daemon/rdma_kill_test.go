@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
-	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -167,7 +167,7 @@ func (c *childDaemon) dialExporter(t *testing.T, p *rdmaPair) string {
 }
 
 // counter is the named counter's value, or -1 when the daemon reports none.
-func counter(cs []control.Counter, name string) int64 {
+func counter(cs []wire.Counter, name string) int64 {
 	for _, c := range cs {
 		if c.Name == name {
 			return int64(c.Value)
@@ -341,7 +341,7 @@ func TestVerbsDaemonKilledMidTransfer(t *testing.T) {
 		}
 		leaks := []string{}
 		for _, c := range []struct {
-			set  []control.Counter
+			set  []wire.Counter
 			name string
 			want int64
 		}{

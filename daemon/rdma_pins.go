@@ -8,6 +8,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -24,7 +25,7 @@ const pinWait = 20 * time.Second
 
 // pins are the remote segments opened with a transport other than auto.
 type pins struct {
-	m sync.Map     // *tcp.Remote → uint8 (control.TransportTCP or TransportRDMA)
+	m sync.Map     // *tcp.Remote → uint8 (wire.TransportTCP or TransportRDMA)
 	n atomic.Int64 // entries in m: routing skips the lookup while 0
 }
 
@@ -37,7 +38,7 @@ type pinJob struct {
 // pin records how r's requests travel; with TransportRDMA it first has the
 // worker connect the link and resolve r, failing when it cannot.
 func (p *rdmaPlane) pin(r *tcp.Remote, via uint8) error {
-	if via == control.TransportRDMA {
+	if via == wire.TransportRDMA {
 		j := pinJob{r: r, done: make(chan error, 1)}
 		timer := time.NewTimer(pinWait)
 		defer timer.Stop()
@@ -77,16 +78,16 @@ func (p *rdmaPlane) prepare(r *tcp.Remote) error {
 	return nil
 }
 
-// pinned is how r's requests travel (control.TransportAuto when not
+// pinned is how r's requests travel (wire.TransportAuto when not
 // pinned). It does not allocate.
 func (p *rdmaPlane) pinned(r *tcp.Remote) uint8 {
 	if p.pins.n.Load() == 0 {
-		return control.TransportAuto
+		return wire.TransportAuto
 	}
 	if v, ok := p.pins.m.Load(r); ok {
 		return v.(uint8)
 	}
-	return control.TransportAuto
+	return wire.TransportAuto
 }
 
 // prunePins forgets the pins of closed remote segments (the worker's tick).

@@ -3,7 +3,7 @@ package daemon
 import (
 	"sync/atomic"
 
-	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -34,7 +34,7 @@ func (s *rdmaStats) posted(ts []*xfer.Task) {
 }
 
 // counters appends the plane's counters and gauges to dst.
-func (p *rdmaPlane) counters(dst []control.Counter) []control.Counter {
+func (p *rdmaPlane) counters(dst []wire.Counter) []wire.Counter {
 	s := &p.stats
 	p.exports.mu.Lock()
 	exports := len(p.exports.m)
@@ -44,18 +44,18 @@ func (p *rdmaPlane) counters(dst []control.Counter) []control.Counter {
 		bufs = len(*m)
 	}
 	return append(dst,
-		control.Counter{Name: "rdma.links", Value: uint64(len(*p.links.Load()))},
-		control.Counter{Name: "rdma.links_made", Value: s.linksMade.Load()},
-		control.Counter{Name: "rdma.links_closed", Value: s.linksClosed.Load()},
-		control.Counter{Name: "rdma.tasks", Value: s.tasks.Load()},
-		control.Counter{Name: "rdma.bytes", Value: s.bytes.Load()},
-		control.Counter{Name: "rdma.to_tcp", Value: s.toTCP.Load()},
-		control.Counter{Name: "rdma.unavailable", Value: s.unavailable.Load()},
-		control.Counter{Name: "rdma.refused", Value: s.refused.Load()},
-		control.Counter{Name: "rdma.notified", Value: s.notified.Load()},
-		control.Counter{Name: "rdma.notify_failed", Value: s.notifyFail.Load()},
-		control.Counter{Name: "rdma.exports_registered", Value: uint64(exports)},
-		control.Counter{Name: "rdma.exports_revoked", Value: s.revoked.Load()},
-		control.Counter{Name: "rdma.buffers_registered", Value: uint64(bufs)},
+		wire.Counter{Name: "rdma.links", Value: uint64(len(*p.links.Load()))},
+		wire.Counter{Name: "rdma.links_made", Value: s.linksMade.Load()},
+		wire.Counter{Name: "rdma.links_closed", Value: s.linksClosed.Load()},
+		wire.Counter{Name: "rdma.tasks", Value: s.tasks.Load()},
+		wire.Counter{Name: "rdma.bytes", Value: s.bytes.Load()},
+		wire.Counter{Name: "rdma.to_tcp", Value: s.toTCP.Load()},
+		wire.Counter{Name: "rdma.unavailable", Value: s.unavailable.Load()},
+		wire.Counter{Name: "rdma.refused", Value: s.refused.Load()},
+		wire.Counter{Name: "rdma.notified", Value: s.notified.Load()},
+		wire.Counter{Name: "rdma.notify_failed", Value: s.notifyFail.Load()},
+		wire.Counter{Name: "rdma.exports_registered", Value: uint64(exports)},
+		wire.Counter{Name: "rdma.exports_revoked", Value: s.revoked.Load()},
+		wire.Counter{Name: "rdma.buffers_registered", Value: uint64(bufs)},
 	)
 }

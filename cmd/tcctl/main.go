@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
-	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 func main() {
@@ -179,7 +179,7 @@ func stats(sock string, args []string, w, stderr io.Writer) error {
 	fmt.Fprintf(w, "connections %d\n", st.Connections)
 	for _, g := range []struct {
 		name string
-		cs   []control.Counter
+		cs   []wire.Counter
 	}{{"pool", st.Pool}, {"engine", st.Engine}, {"transport", st.Transports}} {
 		for _, c := range g.cs {
 			fmt.Fprintf(w, "%s.%s %d\n", g.name, c.Name, c.Value)
@@ -281,7 +281,7 @@ func segments(sock string, args []string, w, stderr io.Writer) error {
 		switch {
 		case *remote && s.Peer != "":
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%#x\t%s\n", s.Peer, s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights), s.Epoch,
-				control.TransportName(s.Transport))
+				wire.TransportName(s.Transport))
 		case !*remote && s.Peer == "":
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights))
 		}

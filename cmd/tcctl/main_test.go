@@ -15,6 +15,7 @@ import (
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -51,9 +52,9 @@ func (fakePlane) OpenRemote(peer, segment string, rights, transport uint8) (cont
 }
 func (fakePlane) AttachNotify(xfer.Request, []byte, time.Time) error { return nil }
 func (fakePlane) DetachNotify(xfer.Request)                          {}
-func (fakePlane) Code(error) (control.Code, bool)                    { return 0, false }
-func (fakePlane) Peers() []control.PeerInfo {
-	return []control.PeerInfo{{ID: []byte("decode-1"), Addr: []byte("10.0.0.2:7400"), Epoch: 0xabc, Connected: true,
+func (fakePlane) Code(error) (wire.Code, bool)                       { return 0, false }
+func (fakePlane) Peers() []wire.PeerInfo {
+	return []wire.PeerInfo{{ID: []byte("decode-1"), Addr: []byte("10.0.0.2:7400"), Epoch: 0xabc, Connected: true,
 		BytesIn: 10, BytesOut: 20, Errors: 1}}
 }
 

@@ -7,8 +7,8 @@ import (
 	"io"
 
 	"github.com/tensorcast/tensorcast/client"
-	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/daemon"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // statsJSON is `tcctl stats --json`: every group as an object of counter
@@ -21,7 +21,7 @@ type statsJSON struct {
 	Transports  map[string]uint64 `json:"transports"`
 }
 
-func counterMap(cs []control.Counter) map[string]uint64 {
+func counterMap(cs []wire.Counter) map[string]uint64 {
 	m := make(map[string]uint64, len(cs))
 	for _, c := range cs {
 		m[c.Name] = c.Value

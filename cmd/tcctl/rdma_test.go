@@ -13,17 +13,18 @@ import (
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/daemon"
 	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
-type fakeRDMA struct{ info control.RDMAInfo }
+type fakeRDMA struct{ info wire.RDMAResponse }
 
-func (f fakeRDMA) RDMAInfo() control.RDMAInfo { return f.info }
+func (f fakeRDMA) RDMAInfo() wire.RDMAResponse { return f.info }
 
 // TestRDMATable: an enabled plane prints its device, port, GID and
 // registration, and a row per peer with its transport and link.
 func TestRDMATable(t *testing.T) {
-	info := control.RDMAInfo{State: control.RDMAEnabled, Device: "rxe0", Port: 1, GID: "::ffff:10.0.2.15", GIDIndex: 1,
-		MTU: 1024, PoolRegistered: 64 << 20, PoolMRs: 1, Peers: []control.RDMAPeer{
+	info := wire.RDMAResponse{State: wire.RDMAEnabled, Device: "rxe0", Port: 1, GID: "::ffff:10.0.2.15", GIDIndex: 1,
+		MTU: 1024, PoolRegistered: 64 << 20, PoolMRs: 1, Peers: []wire.RDMAPeer{
 			{ID: "decode-1", Transport: "rdma", Link: "up", Epoch: 0xabc, QueuePairs: 2, Segments: 3, Accepting: true, AcceptedEpoch: 0xdef},
 			{ID: "decode-2", Transport: "tcp", Link: "failed"},
 		}}
@@ -102,7 +103,7 @@ func TestRDMAOffOrUnavailable(t *testing.T) {
 	cases := []struct {
 		name, mode string
 		peers      bool
-		state      control.RDMAState
+		state      wire.RDMAState
 		reason     string
 	}{
 		{"rdma = off", "off", true, client.RDMAOff, "rdma = off"},
@@ -114,7 +115,7 @@ func TestRDMAOffOrUnavailable(t *testing.T) {
 		cases = append(cases, struct {
 			name, mode string
 			peers      bool
-			state      control.RDMAState
+			state      wire.RDMAState
 			reason     string
 		}{"rdma = auto without a device", "auto", true, client.RDMAUnavailable, err.Error()})
 	} else {

@@ -33,6 +33,8 @@ const (
 	RequestBodyPeersRequest             RequestBody = 23
 	RequestBodySegmentsRequest          RequestBody = 24
 	RequestBodyRdmaRequest              RequestBody = 25
+	RequestBodyOpenQueueRequest         RequestBody = 26
+	RequestBodyCloseQueueRequest        RequestBody = 27
 )
 
 var EnumNamesRequestBody = map[RequestBody]string{
@@ -62,6 +64,8 @@ var EnumNamesRequestBody = map[RequestBody]string{
 	RequestBodyPeersRequest:             "PeersRequest",
 	RequestBodySegmentsRequest:          "SegmentsRequest",
 	RequestBodyRdmaRequest:              "RdmaRequest",
+	RequestBodyOpenQueueRequest:         "OpenQueueRequest",
+	RequestBodyCloseQueueRequest:        "CloseQueueRequest",
 }
 
 var EnumValuesRequestBody = map[string]RequestBody{
@@ -91,6 +95,8 @@ var EnumValuesRequestBody = map[string]RequestBody{
 	"PeersRequest":             RequestBodyPeersRequest,
 	"SegmentsRequest":          RequestBodySegmentsRequest,
 	"RdmaRequest":              RequestBodyRdmaRequest,
+	"OpenQueueRequest":         RequestBodyOpenQueueRequest,
+	"CloseQueueRequest":        RequestBodyCloseQueueRequest,
 }
 
 func (v RequestBody) String() string {

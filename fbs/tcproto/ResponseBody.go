@@ -33,6 +33,8 @@ const (
 	ResponseBodyPeersResponse             ResponseBody = 23
 	ResponseBodySegmentsResponse          ResponseBody = 24
 	ResponseBodyRdmaResponse              ResponseBody = 25
+	ResponseBodyOpenQueueResponse         ResponseBody = 26
+	ResponseBodyCloseQueueResponse        ResponseBody = 27
 )
 
 var EnumNamesResponseBody = map[ResponseBody]string{
@@ -62,6 +64,8 @@ var EnumNamesResponseBody = map[ResponseBody]string{
 	ResponseBodyPeersResponse:             "PeersResponse",
 	ResponseBodySegmentsResponse:          "SegmentsResponse",
 	ResponseBodyRdmaResponse:              "RdmaResponse",
+	ResponseBodyOpenQueueResponse:         "OpenQueueResponse",
+	ResponseBodyCloseQueueResponse:        "CloseQueueResponse",
 }
 
 var EnumValuesResponseBody = map[string]ResponseBody{
@@ -91,6 +95,8 @@ var EnumValuesResponseBody = map[string]ResponseBody{
 	"PeersResponse":             ResponseBodyPeersResponse,
 	"SegmentsResponse":          ResponseBodySegmentsResponse,
 	"RdmaResponse":              ResponseBodyRdmaResponse,
+	"OpenQueueResponse":         ResponseBodyOpenQueueResponse,
+	"CloseQueueResponse":        ResponseBodyCloseQueueResponse,
 }
 
 func (v ResponseBody) String() string {
