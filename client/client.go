@@ -140,6 +140,7 @@ type Client struct {
 	broken  error
 	closed  bool
 	buffers map[xfer.SegmentID][]byte // mappings of buffers this client created
+	queues  map[*Queue]struct{}       // queues open, released at Close
 }
 
 // unbounded is a hold the client cannot bound: the daemon's default.
@@ -170,6 +171,7 @@ func Dial(socket string, opts Options) (*Client, error) {
 		b:       flatbuffers.NewBuilder(1024),
 		oob:     make([]byte, unix.CmsgSpace(4*4)),
 		buffers: make(map[xfer.SegmentID][]byte),
+		queues:  make(map[*Queue]struct{}),
 	}
 	if err := c.sayHello(); err != nil {
 		c.uc.Close()
@@ -251,6 +253,10 @@ func (c *Client) Close() error {
 		errs = append(errs, err)
 	}
 	c.broken = ErrClosed
+	for q := range c.queues {
+		errs = append(errs, q.release())
+		delete(c.queues, q)
+	}
 	for id, mem := range c.buffers {
 		errs = append(errs, shm.Unmap(mem))
 		delete(c.buffers, id)

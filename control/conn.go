@@ -89,6 +89,10 @@ type conn struct {
 	// Owned by the serving goroutine.
 	blocks  blockSet
 	batches map[BatchID]struct{}
+	queues  map[uint64]*cqueue
+	// passFD is an fd this connection made for the answer being sent (a
+	// queue's memfd): closed once the answer is written, -1 when none.
+	passFD  int
 	idem    idemTable
 	exports []*export // what this connection exported
 	// lingering are unexported pool ranges a peer request still held
@@ -115,6 +119,8 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 		subs:    make(map[*export]struct{}),
 		notes:   noteQueue{wake: make(chan struct{}, 1)},
 		batches: make(map[BatchID]struct{}),
+		queues:  make(map[uint64]*cqueue),
+		passFD:  -1,
 	}
 	if c.cred, err = peerCred(raw); err != nil {
 		return nil, err
@@ -342,7 +348,12 @@ func (c *conn) serveFrame(frame []byte) bool {
 		out, outFD = c.handleSafe()
 		c.s.endRequest()
 	}
-	if err := c.write(out, outFD); err != nil {
+	err := c.write(out, outFD)
+	if c.passFD >= 0 {
+		closeFDs([]int{c.passFD}) // the client has its own copy now (or never will)
+		c.passFD = -1
+	}
+	if err != nil {
 		c.log.Debug("closing connection: write failed", "err", err)
 		return false
 	}
@@ -359,6 +370,10 @@ func (c *conn) handleSafe() (out []byte, fd int) {
 			c.log.Error("panic while serving a request", "kind", c.req.Kind().String(),
 				"request_id", c.req.Ctx.RequestID, "panic", r, "stack", string(stack()))
 			out, fd = c.errorFrame(errPanic), -1
+			if c.passFD >= 0 {
+				closeFDs([]int{c.passFD})
+				c.passFD = -1
+			}
 		}
 	}()
 	return c.handle()

@@ -17,6 +17,8 @@ type Engine interface {
 	Wait(id BatchID, deadline time.Time) (BatchSummary, error)
 	Free(id BatchID) error
 	Abandon(id BatchID)
+	// NewStream opens the engine side of a client queue.
+	NewStream(capacity int, r Resolver, sink xfer.StreamSink) (*xfer.Stream, error)
 }
 
 // Pool is the daemon's DRAM pool as the server uses it; *shm.Pool

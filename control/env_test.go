@@ -341,8 +341,12 @@ func (c *rawClient) exchange(ctx wire.Context, body wire.RequestBody, fds []int)
 	if err := c.send(wire.EncodeRequest(c.b, &c.req), fds...); err != nil {
 		c.t.Fatalf("send %s: %v", body.Kind(), err)
 	}
-	_, pool := body.(*wire.PoolInfoRequest)
-	r, back, err := c.recvMsg(pool)
+	var withFD bool
+	switch body.(type) {
+	case *wire.PoolInfoRequest, *wire.OpenQueueRequest:
+		withFD = true
+	}
+	r, back, err := c.recvMsg(withFD)
 	if err != nil {
 		c.t.Fatalf("recv for %s: %v", body.Kind(), err)
 	}
@@ -437,6 +441,9 @@ func runHelper(kind string) int {
 		fmt.Println("ready")
 		bufio.NewReader(os.Stdin).ReadString('\n') // killed before this returns
 		return 0
+	}
+	if strings.HasPrefix(kind, "queue-") {
+		return runQueueHelper(kind)
 	}
 	fmt.Println("unknown helper", kind)
 	return 2

@@ -30,7 +30,8 @@ func mutating(k wire.RequestKind) bool {
 		tcproto.RequestBodyFreeBatchRequest, tcproto.RequestBodyTransferRequestBody,
 		tcproto.RequestBodyRegisterFileRequest, tcproto.RequestBodyExportSegmentRequest,
 		tcproto.RequestBodyUnexportSegmentRequest, tcproto.RequestBodyOpenRemoteRequest,
-		tcproto.RequestBodyCloseRemoteRequest, tcproto.RequestBodySubscribeRequest:
+		tcproto.RequestBodyCloseRemoteRequest, tcproto.RequestBodySubscribeRequest,
+		tcproto.RequestBodyOpenQueueRequest, tcproto.RequestBodyCloseQueueRequest:
 		return true
 	}
 	return false
@@ -60,7 +61,7 @@ func (c *conn) handle() ([]byte, int) {
 		return c.errorFrame(ErrUnexpectedFD), -1
 	}
 	mut := mutating(kind)
-	keyed := mut && len(m.Ctx.IdempotencyKey) > 0
+	keyed := mut && len(m.Ctx.IdempotencyKey) > 0 && kind != tcproto.RequestBodyOpenQueueRequest
 	var h uint64
 	if keyed {
 		h = argsHash(c.b, m)
@@ -132,6 +133,10 @@ func (c *conn) handle() ([]byte, int) {
 		c.segmentsList()
 	case *wire.RDMARequest:
 		c.rdmaInfo()
+	case *wire.OpenQueueRequest:
+		fd, err = c.openQueue(b)
+	case *wire.CloseQueueRequest:
+		err = c.closeQueue(b)
 	default:
 		err = fmt.Errorf("%w: request body %s is not served", ErrMalformed, kind)
 	}
@@ -632,12 +637,19 @@ func (c *conn) stats() {
 		{Name: "remotes", Value: uint64(c.remoteCount())},
 		{Name: "notifications_queued", Value: uint64(c.queuedNotes())},
 	}
+	r.Connection = c.queueCounters(r.Connection)
 }
 
 // release frees everything the connection holds, whatever state it is in:
 // stray fds, batches (abandoning those still busy after ReleaseWait),
 // registered segments and pool blocks.
 func (c *conn) release() {
+	// Queues first: their workers resolve the segments and blocks released
+	// below, and what they have in flight ends Canceled with its CQE.
+	for id, q := range c.queues {
+		q.close()
+		delete(c.queues, id)
+	}
 	c.releasePeers()
 	for _, g := range c.groups {
 		closeFDs(g.fds)
@@ -702,6 +714,6 @@ func (c *conn) release() {
 			}
 		}
 	}
-	c.blocks = blockSet{}
+	c.blocks.reset()
 	c.log.Debug("connection resources released")
 }

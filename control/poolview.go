@@ -18,9 +18,9 @@ import (
 //     allocated and frees each one when its last hold drops.
 type poolView struct {
 	Pool
-	// blocks is the connection's blockSet. HoldRange reads it; the engine
-	// calls HoldRange only from Submit, on the serving goroutine that also
-	// owns blocks.
+	// blocks is the connection's blockSet. HoldRange reads it under its
+	// lock: the engine calls HoldRange from Submit, on the serving goroutine
+	// (batch calls) or on a queue's worker.
 	blocks *blockSet
 	log    *slog.Logger
 
@@ -44,7 +44,10 @@ type blockHold struct {
 // blocks (checked before submit too) and any hold after the connection
 // closed.
 func (v *poolView) HoldRange(off, n uint64) bool {
-	if !v.blocks.coversRange(off, n) {
+	// Lock order: the block set (shared), then v.mu.
+	v.blocks.mu.RLock()
+	defer v.blocks.mu.RUnlock()
+	if !v.blocks.coversRangeLocked(off, n) {
 		return false
 	}
 	end := off + n

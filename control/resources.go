@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"hash/fnv"
 	"slices"
+	"sync"
 
 	flatbuffers "github.com/google/flatbuffers/go"
 
@@ -12,7 +13,13 @@ import (
 
 // blockSet is the pool blocks one connection holds: sorted start offsets
 // and their sizes, so a request's range can be checked against them.
+//
+// Only the connection's serving goroutine changes it (add, remove, reset,
+// under mu) and it reads it without the lock; the connection's queue
+// workers check requests against it concurrently (covers, coversRange and
+// the pool view's holds, under mu shared).
 type blockSet struct {
+	mu    sync.RWMutex
 	offs  []uint64
 	sizes []uint64
 }
@@ -20,12 +27,16 @@ type blockSet struct {
 func (s *blockSet) len() int { return len(s.offs) }
 
 func (s *blockSet) add(off, size uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	i, _ := slices.BinarySearch(s.offs, off)
 	s.offs = slices.Insert(s.offs, i, off)
 	s.sizes = slices.Insert(s.sizes, i, size)
 }
 
 func (s *blockSet) remove(off uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	i, ok := slices.BinarySearch(s.offs, off)
 	if !ok {
 		return false
@@ -35,8 +46,17 @@ func (s *blockSet) remove(off uint64) bool {
 	return true
 }
 
+// reset forgets every block.
+func (s *blockSet) reset() {
+	s.mu.Lock()
+	s.offs, s.sizes = nil, nil
+	s.mu.Unlock()
+}
+
 // covers reports whether [off, off+n) lies inside one held block.
 func (s *blockSet) covers(off, n uint64) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	i, found := slices.BinarySearch(s.offs, off)
 	if !found {
 		if i == 0 {
@@ -97,6 +117,13 @@ func argsHash(b *flatbuffers.Builder, m *wire.Request) uint64 {
 // coversRange reports whether [off, off+n) lies inside held blocks that
 // follow each other without a gap.
 func (s *blockSet) coversRange(off, n uint64) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.coversRangeLocked(off, n)
+}
+
+// coversRangeLocked is coversRange with s.mu held (shared or not).
+func (s *blockSet) coversRangeLocked(off, n uint64) bool {
 	end := off + n
 	if end < off {
 		return false

@@ -31,6 +31,9 @@ type Limits struct {
 	MaxIdempotencyKeys int    // remembered idempotency keys, oldest evicted (default 1024)
 	MaxExports         int    // exported segments, opened remote ones and subscriptions (default 64 each)
 	MaxNotifications   int    // queued notifications; a full queue refuses more (default 1024)
+	MaxQueues          int    // shared-memory queues open (default 16)
+	MaxQueueEntries    int    // submission entries of one queue (default 4096; its completion ring may be up to 4x that)
+	MaxQueueData       int    // bytes of one queue's data area (default 4 MiB)
 }
 
 // Config configures a Server. Zero values take the defaults named per field.
@@ -96,6 +99,8 @@ func (c *Config) setDefaults() error {
 		{&l.MaxBatches, 64, "MaxBatches"}, {&l.MaxBatchCapacity, 4096, "MaxBatchCapacity"},
 		{&l.MaxRequests, 4096, "MaxRequests"}, {&l.MaxIdempotencyKeys, 1024, "MaxIdempotencyKeys"},
 		{&l.MaxExports, 64, "MaxExports"}, {&l.MaxNotifications, 1024, "MaxNotifications"},
+		{&l.MaxQueues, 16, "MaxQueues"}, {&l.MaxQueueEntries, 4096, "MaxQueueEntries"},
+		{&l.MaxQueueData, 4 << 20, "MaxQueueData"},
 	} {
 		if *f.p == 0 {
 			*f.p = f.def
@@ -130,13 +135,14 @@ type Server struct {
 	dlim wire.DecodeLimits
 	ln   *net.UnixListener
 
-	closing  chan struct{} // closed by Close: long waits give up
-	draining atomic.Bool   // new requests are answered UNAVAILABLE
-	inflight atomic.Int64  // requests being served
-	idle     chan struct{} // signalled when inflight drops to 0 while draining
-	nconns   atomic.Int64
-	nextConn atomic.Uint64
-	reqs     requestCounts // requests decoded, by kind (reqcount.go)
+	closing   chan struct{} // closed by Close: long waits give up
+	draining  atomic.Bool   // new requests are answered UNAVAILABLE
+	inflight  atomic.Int64  // requests being served
+	idle      chan struct{} // signalled when inflight drops to 0 while draining
+	nconns    atomic.Int64
+	nextConn  atomic.Uint64
+	nextQueue atomic.Uint64
+	reqs      requestCounts // requests decoded, by kind (reqcount.go)
 
 	wg sync.WaitGroup // accept loop and connection goroutines
 

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,6 +29,9 @@ type ClientRing struct {
 	// slotData[i & sqMask] is dataTail just after entry i was staged.
 	dataHead, dataTail uint64
 	slotData           []uint64
+
+	// interrupted is set by Interrupt: Wait returns ErrClosed.
+	interrupted atomic.Bool
 
 	// Wake-up counters, for tests and tcctl: doorbells rung by Submit
 	// (owned by the submission side), and by Reap and sleeps taken in Wait
@@ -57,9 +61,21 @@ func (q *ClientRing) ID() uint64 { return q.id }
 // Geometry is the queue's geometry.
 func (q *ClientRing) Geometry() Geometry { return q.g }
 
+// Interrupt makes a Wait on another goroutine, and every later one, return
+// ErrClosed: the client is tearing the queue down. It wakes the waiter
+// through the completion word itself, which the client may write too.
+func (q *ClientRing) Interrupt() {
+	q.interrupted.Store(true)
+	q.w.cqWake.Add(1)
+	futexWake(q.w.cqWake)
+}
+
 // Err reports why the queue can take nothing more: ErrClosed, ErrBroken, or
 // nil while it works.
 func (q *ClientRing) Err() error {
+	if q.interrupted.Load() {
+		return ErrClosed
+	}
 	s := q.w.state.Load()
 	switch {
 	case s&StateBroken != 0:

@@ -274,6 +274,9 @@ func (r *DaemonRing) Kick() {
 	futexWake(r.w.sqWake)
 }
 
+// Closed reports whether Close was called.
+func (r *DaemonRing) Closed() bool { return r.closed.Load() }
+
 // Close marks the queue closed for both sides: Take takes nothing more, the
 // client sees StateClosed, and both sleepers are woken. Entries already
 // taken still get their CQEs (Post keeps working).

@@ -1,0 +1,297 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/queue"
+	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// takeMax bounds the entries one Take copies.
+const takeMax = 256
+
+// cqueue is one queue a connection opened: the shared rings, the engine
+// stream its requests run on, and the worker goroutine that moves entries
+// from one to the other.
+//
+// Goroutines: the worker is started by openQueue and owned by the cqueue.
+// close stops it: close the ring (the worker's Take finds nothing and its
+// sleep is woken), wait for the worker, close the stream (what is in flight
+// ends Canceled, each with its CQE). The mapping is released once the
+// stream is idle (no transport holds a task, so nothing can post), by a
+// goroutine that gives up at server close, leaving the mapping to the
+// process's exit rather than unmapping memory a stalled transport might
+// still complete into.
+type cqueue struct {
+	c    *conn
+	id   uint64
+	ring *queue.DaemonRing
+	st   *xfer.Stream
+	done chan struct{} // closed when the worker returns
+	once sync.Once
+
+	// Owned by the worker.
+	sqes  []queue.SQE
+	reqs  []xfer.StreamRequest
+	pend  []xfer.StreamRequest // accepted by the checks, waiting for a stream slot
+	res   []error
+	notes [][]byte
+}
+
+var _ xfer.StreamSink = (*cqueue)(nil)
+
+// StreamDone implements xfer.StreamSink: the request's CQE.
+func (q *cqueue) StreamDone(ud uint64, st xfer.State, n uint64, err error) {
+	q.ring.Post(&queue.CQE{UserData: ud, Result: n, Code: uint32(codeForState(st, err)), State: uint8(st)})
+}
+
+// refuse posts the CQE of an entry refused before it reached the engine.
+func (q *cqueue) refuse(ud uint64, code Code) {
+	q.ring.Post(&queue.CQE{UserData: ud, Code: uint32(code), State: uint8(xfer.StateFailed)})
+}
+
+// newQueue makes a queue of geometry g for c and starts its worker.
+func newQueue(c *conn, id uint64, g queue.Geometry) (*cqueue, int, error) {
+	ring, fd, err := queue.Create(id, g)
+	if err != nil {
+		return nil, -1, err
+	}
+	q := &cqueue{c: c, id: id, ring: ring, done: make(chan struct{})}
+	// As many stream slots as completion slots: the ring bounds what is in
+	// flight, and slots of requests ended early (a deadline) stay held
+	// until their transport's Done.
+	q.st, err = c.s.deps.Engine.NewStream(int(g.CQEntries), c, q)
+	if err != nil {
+		closeFDs([]int{fd})
+		return nil, -1, errors.Join(err, ring.Release())
+	}
+	q.st.OnFree(ring.Kick)
+	n := min(int(g.SQEntries), takeMax)
+	q.sqes = make([]queue.SQE, n)
+	q.reqs = make([]xfer.StreamRequest, 0, n)
+	q.res = make([]error, n)
+	q.notes = make([][]byte, n)
+	go q.work()
+	return q, fd, nil
+}
+
+// work takes entries until the ring is closed or broken.
+func (q *cqueue) work() {
+	defer close(q.done)
+	for {
+		if len(q.pend) > 0 {
+			if !q.submit() {
+				break
+			}
+			continue
+		}
+		n := q.ring.Take(q.sqes)
+		if n == 0 {
+			if !q.ring.Idle(-1) {
+				break
+			}
+			continue
+		}
+		q.prepare(q.sqes[:n])
+		q.ring.Publish()
+		if !q.submit() {
+			break
+		}
+	}
+	// Entries taken but never given to the engine still get their CQEs.
+	for _, r := range q.pend {
+		q.refuse(r.UserData, tcproto.CodeUNAVAILABLE)
+	}
+	q.pend = q.pend[:0]
+	if q.ring.Broken() {
+		q.c.log.Warn("queue broken by the client: an index past its ring", "queue", q.id, "violations", q.ring.Violations())
+	}
+}
+
+// prepare checks and converts taken entries into q.pend. An entry that
+// fails a check is answered at once: the copy is what is checked and what
+// is used.
+func (q *cqueue) prepare(sqes []queue.SQE) {
+	now := time.Now()
+	q.pend = q.pend[:0]
+	for i := range sqes {
+		e := &sqes[i]
+		if e.Op == queue.OpNop {
+			q.ring.Post(&queue.CQE{UserData: e.UserData, State: uint8(xfer.StateCompleted)})
+			continue
+		}
+		r, code := q.request(e, i)
+		if code != tcproto.CodeOK {
+			q.refuse(e.UserData, code)
+			continue
+		}
+		timeout := q.c.s.cfg.DefaultWait
+		if e.TimeoutUS > 0 {
+			timeout = time.Duration(e.TimeoutUS) * time.Microsecond
+		}
+		r.Deadline = now.Add(timeout)
+		q.pend = append(q.pend, r)
+	}
+}
+
+// request checks one entry the way a Submit's request is checked (op,
+// flags, segments this connection may touch, bounds) and copies its
+// notification out of the data area.
+func (q *cqueue) request(e *queue.SQE, i int) (xfer.StreamRequest, Code) {
+	r := xfer.StreamRequest{UserData: e.UserData, Req: xfer.Request{Op: xfer.Op(e.Op), Local: xfer.SegmentID(e.Local),
+		LocalOffset: e.LocalOff, Target: xfer.SegmentID(e.Target), TargetOffset: e.TargetOff, Length: e.Length}}
+	if (e.Op != queue.OpRead && e.Op != queue.OpWrite) || e.Flags&^queue.SQEFlagNotify != 0 {
+		return r, tcproto.CodeINVALID_ARGUMENT
+	}
+	if code := q.c.checkSide(r.Req.Local, r.Req.LocalOffset, r.Req.Length); code != tcproto.CodeOK {
+		return r, code
+	}
+	if code := q.c.checkSide(r.Req.Target, r.Req.TargetOffset, r.Req.Length); code != tcproto.CodeOK {
+		return r, code
+	}
+	if e.Flags&queue.SQEFlagNotify != 0 {
+		if e.Op != queue.OpWrite || e.NotifyLen > wire.MaxNotify {
+			return r, tcproto.CodeINVALID_ARGUMENT
+		}
+		buf := q.notes[i]
+		if cap(buf) < int(e.NotifyLen) {
+			buf = make([]byte, wire.MaxNotify)
+			q.notes[i] = buf
+		}
+		if !q.ring.Data(buf, e.NotifyOff, e.NotifyLen) {
+			return r, tcproto.CodeINVALID_ARGUMENT
+		}
+		r.Notify = buf[:e.NotifyLen]
+	}
+	return r, tcproto.CodeOK
+}
+
+// submit gives q.pend to the stream, as much as it has slots for. It
+// waits for slots while some are left; false means the queue is closing.
+func (q *cqueue) submit() bool {
+	for len(q.pend) > 0 {
+		res := q.res[:len(q.pend)]
+		n, err := q.st.Submit(q.pend, res)
+		if err != nil {
+			code := CodeOf(err)
+			for _, r := range q.pend {
+				q.refuse(r.UserData, code)
+			}
+			q.pend = q.pend[:0]
+			return !errors.Is(err, xfer.ErrClosed)
+		}
+		for i, e := range res[:n] {
+			if e != nil {
+				q.refuse(q.pend[i].UserData, CodeOf(e))
+			}
+		}
+		q.pend = q.pend[:copy(q.pend, q.pend[n:])]
+		if len(q.pend) == 0 {
+			return true
+		}
+		// Every slot is held (requests past their deadline whose transport
+		// has not answered yet): wait for one, or for close.
+		tok := q.ring.KickToken()
+		if q.st.Free() == 0 {
+			q.ring.WaitKick(tok, -1)
+		}
+		if q.closing() {
+			return false
+		}
+	}
+	return true
+}
+
+func (q *cqueue) closing() bool {
+	select {
+	case <-q.c.s.closing:
+		return true
+	default:
+	}
+	return q.ring.Closed()
+}
+
+// close stops the queue (see cqueue); it returns once the worker is gone.
+// What is in flight ends Canceled, each with a CQE; the mapping goes when
+// the last transport has answered.
+func (q *cqueue) close() {
+	q.once.Do(func() {
+		q.ring.Close()
+		<-q.done
+		q.st.Close(fmt.Errorf("%w: queue closed", xfer.ErrCanceled))
+		go func() {
+			select {
+			case <-q.st.Idle():
+				if err := q.ring.Release(); err != nil {
+					q.c.log.Warn("unmapping a closed queue failed", "queue", q.id, "err", err)
+				}
+			case <-q.c.s.closing:
+			}
+		}()
+	})
+}
+
+// openQueue makes a queue for this connection and returns its memfd for
+// the answer; it is closed once the answer is sent (conn.passFD). OpenQueue
+// is not idempotent by key: an fd cannot be replayed.
+func (c *conn) openQueue(m *wire.OpenQueueRequest) (int, error) {
+	lim := &c.s.cfg.Limits
+	if len(c.queues) >= lim.MaxQueues {
+		return -1, fmt.Errorf("%w: %d queues open (max %d)", ErrLimit, len(c.queues), lim.MaxQueues)
+	}
+	if m.SQEntries == 0 || int(m.SQEntries) > lim.MaxQueueEntries || int64(m.CQEntries) > 4*int64(lim.MaxQueueEntries) ||
+		int64(m.DataSize) > int64(lim.MaxQueueData) {
+		return -1, fmt.Errorf("%w: queue of %d/%d entries and %d data bytes (max %d entries, %d bytes)",
+			ErrLimit, m.SQEntries, m.CQEntries, m.DataSize, lim.MaxQueueEntries, lim.MaxQueueData)
+	}
+	g, err := queue.NewGeometry(m.SQEntries, m.CQEntries, m.DataSize)
+	if err != nil {
+		return -1, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	id := c.s.nextQueue.Add(1)
+	q, fd, err := newQueue(c, id, g)
+	if err != nil {
+		return -1, err
+	}
+	c.queues[id] = q
+	c.passFD = fd
+	*wire.SetResponse[wire.OpenQueueResponse](&c.resp) = wire.OpenQueueResponse{Queue: id,
+		SQEntries: g.SQEntries, CQEntries: g.CQEntries, DataSize: g.DataSize, Size: g.Size}
+	c.log.Debug("queue opened", "queue", id, "sq_entries", g.SQEntries, "cq_entries", g.CQEntries, "data_size", g.DataSize)
+	return fd, nil
+}
+
+// closeQueue closes one of this connection's queues.
+func (c *conn) closeQueue(m *wire.CloseQueueRequest) error {
+	q, ok := c.queues[m.Queue]
+	if !ok {
+		return fmt.Errorf("%w: queue %d", ErrNotFound, m.Queue)
+	}
+	delete(c.queues, m.Queue)
+	q.close()
+	wire.SetResponse[wire.CloseQueueResponse](&c.resp)
+	return nil
+}
+
+// queueCounters are this connection's queues' counters for Stats.
+func (c *conn) queueCounters(dst []wire.Counter) []wire.Counter {
+	var inflight, unreaped, violations uint32
+	var posted uint64
+	for _, q := range c.queues {
+		i, u, p := q.ring.Counts()
+		inflight, unreaped, posted = inflight+i, unreaped+u, posted+p
+		violations += q.ring.Violations()
+	}
+	return append(dst,
+		wire.Counter{Name: "queues", Value: uint64(len(c.queues))},
+		wire.Counter{Name: "queue_inflight", Value: uint64(inflight)},
+		wire.Counter{Name: "queue_unreaped", Value: uint64(unreaped)},
+		wire.Counter{Name: "queue_completions", Value: posted},
+		wire.Counter{Name: "queue_violations", Value: uint64(violations)},
+	)
+}
