@@ -58,6 +58,13 @@ type SubmitOptions struct {
 	// Resolver maps the requests' segment ids (typically the caller's own
 	// segments plus the pool). It is required.
 	Resolver Resolver
+	// Notify is positional with the requests: Notify[i] is the
+	// notification reqs[i] carries to the target's subscribed client (see
+	// Task.Notify), nil for none. An empty Notify means none for the whole
+	// call; otherwise its length must equal len(reqs) (ErrInvalid for the
+	// whole call). The engine hands each slice to the task as it is: the
+	// caller must not change or reuse its bytes until the task has ended.
+	Notify [][]byte
 }
 
 // TaskStatus is one task's state as Engine.Status reports it. Transferred
@@ -218,9 +225,13 @@ func (e *Engine) lock(id BatchID) (*batch, error) {
 // (they are Failed at once), so task i of the call is Status(id, start+i)
 // where start is BatchSummary.Total before the call.
 //
+// Before dispatch each task gets its effective deadline (opts.Deadline, or
+// now + Config.DefaultTimeout) in Task.Deadline and its notification, if
+// any, in Task.Notify; both are cleared when the batch's slot is reused.
+//
 // A returned error is for the whole call: ErrBatchNotFound, ErrBatchFull
-// (over capacity), ErrClosed, ErrInvalid (len(results) != len(reqs) or no
-// Resolver), ErrTimeout (the deadline already passed) leave the batch
+// (over capacity), ErrClosed, ErrInvalid (len(results) != len(reqs),
+// len(opts.Notify) neither 0 nor len(reqs), or no Resolver), ErrTimeout (the deadline already passed) leave the batch
 // unchanged. ErrTransport (a transport broke the dispatch contract) means
 // every task of the call has already ended Failed and been rolled back; the
 // results then stay as they were filled.
@@ -228,7 +239,7 @@ func (e *Engine) lock(id BatchID) (*batch, error) {
 // Tasks a transport refused at dispatch (Transport.Submit returned n <
 // len) stay accepted and end Failed with the transport's error.
 func (e *Engine) Submit(id BatchID, reqs []Request, opts SubmitOptions, results []error) error {
-	if len(results) != len(reqs) {
+	if len(results) != len(reqs) || len(opts.Notify) != 0 && len(opts.Notify) != len(reqs) {
 		return ErrInvalid
 	}
 	b, err := e.lock(id)
@@ -248,15 +259,15 @@ func (e *Engine) Submit(id BatchID, reqs []Request, opts SubmitOptions, results 
 	if opts.Resolver == nil {
 		return ErrInvalid
 	}
-	// The clock is read only when a deadline must be checked or armed.
-	var now time.Time
-	if !opts.Deadline.IsZero() {
-		now = time.Now()
-		if !opts.Deadline.After(now) {
-			return ErrTimeout
-		}
+	// The clock is read once per call: every task carries its deadline.
+	now := time.Now()
+	deadline := opts.Deadline
+	if deadline.IsZero() {
+		deadline = now.Add(e.cfg.DefaultTimeout)
+	} else if !deadline.After(now) {
+		return ErrTimeout
 	}
-	return b.submit(reqs, opts.Resolver, opts.Deadline, now, results)
+	return b.submit(reqs, opts.Resolver, opts.Notify, deadline, now, results)
 }
 
 // Status reports task i of batch id in O(1). ErrBatchNotFound for an
