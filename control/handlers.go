@@ -442,13 +442,7 @@ func (c *conn) submit() error {
 	}
 	c.scope(c.req.Requests)
 	opts := c.submitOpts()
-	nd := opts.Deadline
-	if nd.IsZero() {
-		nd = time.Now().Add(c.s.cfg.DefaultWait)
-	}
-	if c.attachNotify(nd) > 0 {
-		defer c.detachNotify()
-	}
+	opts.Notify = c.notifyArgs()
 	if err := c.s.deps.Engine.Submit(id, c.reqs, opts, c.errs); err != nil {
 		return err
 	}
@@ -568,11 +562,7 @@ func (c *conn) transfer() error {
 	c.batches[id] = struct{}{} // released on close should anything below fail hard
 	deadline := c.deadline(c.req.TimeoutMS)
 	c.scope(c.req.Requests)
-	attached := c.attachNotify(deadline) > 0
-	err = e.Submit(id, c.reqs, SubmitOptions{Deadline: deadline, Resolver: c}, c.errs)
-	if attached {
-		c.detachNotify()
-	}
+	err = e.Submit(id, c.reqs, SubmitOptions{Deadline: deadline, Resolver: c, Notify: c.notifyArgs()}, c.errs)
 	if err != nil {
 		c.dropBatch(id)
 		return err

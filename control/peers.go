@@ -465,67 +465,24 @@ func (c *conn) segmentsList() {
 	c.resp.Segments = out
 }
 
-// attachNotify checks the notifications of the current Submit or
-// Transfer and hands them to the peer plane; refused items get their code
-// in c.codes and are neutralized in c.reqs like scope's. It returns how
-// many it attached (detachNotify undoes them after the engine's submit).
-func (c *conn) attachNotify(deadline time.Time) int {
+// notifyArgs is the positional Notify of the current Submit or Transfer
+// for the engine (SubmitOptions.Notify): nil when the call carries none,
+// else one entry per request, nil where a request carries none. Each
+// payload is copied: the frame's buffer is reused for the next frame while
+// the task, which holds its notification until it ends, is still in
+// flight. Whether a request may carry one (a WRITE to a peer's segment)
+// is its transport's to say, at its position.
+func (c *conn) notifyArgs() [][]byte {
 	if len(c.req.Notify) == 0 {
-		return 0
+		return nil
 	}
-	pp := c.s.deps.Peers
-	attached := 0
-	var same map[xfer.Request]int
-	for i, p := range c.req.Notify {
-		if len(p) == 0 || c.codes[i] != tcproto.CodeOK {
-			continue
-		}
-		q := c.reqs[i]
-		code := tcproto.CodeOK
-		c.mu.Lock()
-		_, isRemote := c.remotes[q.Target]
-		c.mu.Unlock()
-		switch {
-		case pp == nil:
-			code = tcproto.CodeUNAVAILABLE
-		case q.Op != xfer.OpWrite || !isRemote:
-			code = tcproto.CodeINVALID_ARGUMENT
-		}
-		if code == tcproto.CodeOK {
-			if same == nil {
-				same = make(map[xfer.Request]int, len(c.reqs))
-				for j := range c.reqs {
-					same[c.reqs[j]]++
-				}
-			}
-			// A request identical to another of the call could take the
-			// other's notification; such calls are refused.
-			if same[q] > 1 {
-				code = tcproto.CodeINVALID_ARGUMENT
-			}
-		}
-		if code == tcproto.CodeOK {
-			if err := pp.AttachNotify(q, p, deadline); err != nil {
-				code = CodeOf(err)
-			} else {
-				attached++
-				continue
-			}
-		}
-		c.codes[i] = code
-		c.reqs[i] = xfer.Request{Op: q.Op}
-	}
-	return attached
-}
-
-// detachNotify drops the notifications no dispatched task took.
-func (c *conn) detachNotify() {
-	pp := c.s.deps.Peers
+	out := make([][]byte, len(c.req.Notify))
 	for i, p := range c.req.Notify {
 		if len(p) > 0 && c.codes[i] == tcproto.CodeOK {
-			pp.DetachNotify(c.reqs[i])
+			out[i] = slices.Clone(p)
 		}
 	}
+	return out
 }
 
 // releasePeers drops what the connection holds of the peer plane:

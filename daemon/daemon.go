@@ -11,6 +11,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -77,7 +78,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		if d.peers, err = newPeerPlane(cfg, log.With("component", "peers")); err != nil {
 			return nil, err
 		}
-		rt.peers = d.peers.tr
+		rt.peers = d.peers.node
 		if d.rdma, rdmaReport, err = openRDMA(cfg, d.pool, d.peers, log.With("component", "rdma")); err != nil {
 			return nil, err
 		}
@@ -242,8 +243,8 @@ func (d *Daemon) PeerAddr() string {
 type router struct {
 	local *xfer.Local
 	files *fileTier
-	peers *peerTransport // nil without a peer plane
-	rdma  *rdmaPlane     // nil without RDMA
+	peers *tcp.Node  // nil without a peer plane
+	rdma  *rdmaPlane // nil without RDMA
 }
 
 func (r router) Route(local, target xfer.Segment) (xfer.Transport, error) {

@@ -112,6 +112,10 @@ func (p *peerDaemon) stop() error {
 
 func (p *peerDaemon) peer() PeerConfig { return PeerConfig{ID: p.cfg.DaemonID, Addr: p.d.PeerAddr()} }
 
+// dialsIn lists peer id without an address: accepted when it dials in (a
+// daemon refuses ids it does not list).
+func dialsIn(id string) PeerConfig { return PeerConfig{ID: id} }
+
 func (p *peerDaemon) dial(t testing.TB, name string) *client.Client {
 	t.Helper()
 	c, err := client.Dial(p.cfg.Socket, client.Options{Name: name, CallTimeout: 30 * time.Second})
@@ -136,7 +140,7 @@ func fill(rng *rand.Rand, b []byte) {
 func TestPeerPlaneThreeDaemons(t *testing.T) {
 	keyDir := t.TempDir()
 	key := writeKey(t, keyDir, "cluster.key", "tensorcast test cluster key")
-	d1 := startPeer(t, "d1", key, "")
+	d1 := startPeer(t, "d1", key, "", dialsIn("d2"), dialsIn("d3"))
 	d2 := startPeer(t, "d2", key, "", d1.peer())
 	d3 := startPeer(t, "d3", key, "", d1.peer(), d2.peer())
 
@@ -415,7 +419,7 @@ func writeReadRandom(d *peerDaemon, seed int, exported []byte, size uint64) erro
 // the survivor reconnects: a fresh OpenRemote works, the old id fails.
 func TestPeerStoppedAndRestarted(t *testing.T) {
 	key := writeKey(t, t.TempDir(), "cluster.key", "restart cluster key")
-	d1 := startPeer(t, "d1", key, "")
+	d1 := startPeer(t, "d1", key, "", dialsIn("d2"))
 	addr := d1.d.PeerAddr()
 	d2 := startPeer(t, "d2", key, "", d1.peer())
 
@@ -505,7 +509,7 @@ func TestPeerStoppedAndRestarted(t *testing.T) {
 	}
 
 	// Restart d1 on the same address: a new epoch.
-	d1b := startPeer(t, "d1", key, addr)
+	d1b := startPeer(t, "d1", key, addr, dialsIn("d2"))
 	a2 := d1b.dial(t, "exporter-2")
 	abuf2, err := a2.RegisterBuffer(size)
 	if err != nil {
@@ -547,7 +551,7 @@ func TestPeerStoppedAndRestarted(t *testing.T) {
 // refused, and that the refusal is logged by the daemon it tried.
 func TestPeerWrongClusterKey(t *testing.T) {
 	dir := t.TempDir()
-	d1 := startPeer(t, "d1", writeKey(t, dir, "right.key", "the right key"), "")
+	d1 := startPeer(t, "d1", writeKey(t, dir, "right.key", "the right key"), "", dialsIn("d2"))
 	d2 := startPeer(t, "d2", writeKey(t, dir, "wrong.key", "a wrong key"), "", d1.peer())
 	a := d1.dial(t, "exporter")
 	buf, err := a.RegisterBuffer(1 << 20)

@@ -90,7 +90,7 @@ type rdmaLink struct {
 	peer  string
 	epoch uint64 // the peer's epoch the link was made with
 	tr    *rdma.Transport
-	tcp   *peerTransport
+	tcp   *tcp.Node // where what rdma does not carry goes
 	// segs maps the remote segments the link resolved to their owner's
 	// registration of them (copy on write, under mu).
 	segs atomic.Pointer[map[*tcp.Remote]rdma.RemoteRegion]
@@ -382,7 +382,7 @@ func (p *rdmaPlane) connect(peer string, epoch uint64) (*rdmaLink, error) {
 		return nil, err
 	}
 	tr.AddLocal(p.poolID, p.reg)
-	l := &rdmaLink{p: p, peer: peer, epoch: epoch, tr: tr, tcp: p.peers.tr}
+	l := &rdmaLink{p: p, peer: peer, epoch: epoch, tr: tr, tcp: p.node}
 	start := time.Now()
 	if err := tr.Connect(rdma.ChannelPeer{Ch: epochChannel{l}, ID: peer}); err != nil {
 		_ = tr.Close()
@@ -605,7 +605,7 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 		return viaTCP // not resolved, or revoked by its owner
 	}
 	via := viaRDMA
-	if l.tcp.count.Load() != 0 && l.tcp.has(t.Req) {
+	if t.Notify != nil {
 		via = viaNotify
 	}
 	ids := *l.ids.Load()
@@ -634,12 +634,4 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 	m[t.Req.Local], m[t.Req.Target] = struct{}{}, struct{}{}
 	l.ids.Store(&m)
 	return via
-}
-
-// has reports whether a notification waits for req.
-func (t *peerTransport) has(req xfer.Request) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	_, ok := t.notes[req]
-	return ok
 }

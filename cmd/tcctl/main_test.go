@@ -49,8 +49,6 @@ func (r fakeRemote) Close() error       { return nil }
 func (fakePlane) OpenRemote(peer, segment string, rights, transport uint8) (control.RemoteSegment, error) {
 	return fakeRemote{size: 3 << 20}, nil
 }
-func (fakePlane) AttachNotify(xfer.Request, []byte, time.Time) error { return nil }
-func (fakePlane) DetachNotify(xfer.Request)                          {}
 func (fakePlane) Code(error) (control.Code, bool)                    { return 0, false }
 func (fakePlane) Peers() []control.PeerInfo {
 	return []control.PeerInfo{{ID: []byte("decode-1"), Addr: []byte("10.0.0.2:7400"), Epoch: 0xabc, Connected: true,
