@@ -637,7 +637,8 @@ func (c *conn) stats() {
 }
 
 // release frees everything the connection holds, whatever state it is in:
-// stray fds, batches (abandoning those still busy after ReleaseWait),
+// stray fds, batches (abandoning those still busy after ReleaseWait, or at
+// once when the server closes: a drain gave them their time already),
 // registered segments and pool blocks.
 func (c *conn) release() {
 	c.releasePeers()
@@ -652,7 +653,9 @@ func (c *conn) release() {
 	for id := range c.batches {
 		err := e.Free(id)
 		if errors.Is(err, ErrBatchBusy) {
-			c.wait(id, deadline, nil) //nolint:errcheck // Free below says how it ended
+			if !c.s.isClosing() {
+				c.wait(id, deadline, c.s.closing) //nolint:errcheck // Free below says how it ended
+			}
 			err = e.Free(id)
 			if errors.Is(err, ErrBatchBusy) {
 				c.log.Warn("abandoning a busy batch of a closed connection", "batch", id)

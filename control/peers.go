@@ -256,7 +256,14 @@ func (c *conn) dropExport(i int) {
 	for sc := range subs {
 		sc.unsubscribed(e)
 	}
-	if !e.view.close(c.s.cfg.ReleaseWait) {
+	wait := c.s.cfg.ReleaseWait
+	if c.s.isClosing() {
+		// The peer plane is closed or closing with the daemon; a request
+		// still inside the range keeps the memory it references alive
+		// (its reference), and a pool range lingers (below).
+		wait = 0
+	}
+	if !e.view.close(wait) {
 		c.log.Warn("peer requests still in an unexported range", "name", e.name)
 		if e.source == c.s.deps.Pool.ID() {
 			c.lingering = append(c.lingering, e)

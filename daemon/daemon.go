@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -23,10 +22,12 @@ var Version = "0.1.0-dev"
 //
 // Start-up order: pool, registry, transports (the peer plane's tcp node
 // when peer_listen is set, then RDMA with the pool registered), engine,
-// control socket, then READY. Shutdown runs the reverse: STOPPING, drain
-// the control server (no new work, in-flight requests finish, clients told
-// UNAVAILABLE), close the engine (pending tasks canceled), the RDMA
-// transports and device, the peer node, the other transports, the pool.
+// control socket, then READY. Shutdown is STOPPING, then the bounded drain
+// (drain.go): no new work (clients told UNAVAILABLE), the transports get
+// drain_timeout to finish, what is left is abandoned and logged, and the
+// parts close (engine, peer node, control server, RDMA, files, local
+// transport, pool) within drain_timeout plus a small grace, whatever a
+// transport does.
 type Daemon struct {
 	cfg    Config
 	log    *slog.Logger
@@ -163,28 +164,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	err := d.shutdown()
 	close(stop)
 	wg.Wait()
-	return err
-}
-
-// shutdown drains the control server within drain_timeout, then closes the
-// engine, the transports and the pool. A drain that runs out of time is
-// logged and the rest still runs: nothing is left open.
-func (d *Daemon) shutdown() error {
-	var err error
-	d.closeOnce.Do(func() {
-		start := time.Now()
-		dctx, cancel := context.WithTimeout(context.Background(), time.Duration(d.cfg.DrainTimeout))
-		derr := d.server.Drain(dctx)
-		cancel()
-		if derr != nil && !errors.Is(derr, context.DeadlineExceeded) {
-			err = derr
-		}
-		if derr != nil {
-			d.log.Warn("drain did not finish in time; canceling what is left", "err", derr)
-		}
-		d.closeParts()
-		d.log.Info("tensorcastd stopped", "took", time.Since(start).Round(time.Millisecond).String())
-	})
 	return err
 }
 

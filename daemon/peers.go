@@ -20,8 +20,10 @@ import (
 // its WRITE as the task's Notify, which the node (or the rdma link) reads
 // from the task.
 //
-// Ownership: the daemon creates it in New (after the pool) and closes it in
-// closeParts after the engine and before the other transports. The node's
+// Ownership: the daemon creates it in New (after the pool) and closes it
+// right after the engine (drain.go: closing the node ends every dial,
+// handshake and peer wait that a control call or the RDMA plane may still
+// sit in), before the control server and the other transports. The node's
 // goroutines are its own (see package tcp); peerPlane starts none.
 type peerPlane struct {
 	node *tcp.Node

@@ -40,7 +40,7 @@ const (
 // for the export's registration). Each peer's choice is logged once.
 //
 // Ownership: the daemon creates it after the peer plane and closes it after
-// the engine, before the peer plane and the pool. It owns two goroutines,
+// the engine, the peer node and the control server, before the pool. It owns two goroutines,
 // the worker and the registration queue's (rdma_regs.go); close stops them
 // (close(stop), close the queue, join), then closes the links' and the
 // accepting transports, deregisters the pool and closes the device.

@@ -48,6 +48,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -456,12 +457,21 @@ func (n *Node) boundAddr() (string, error) {
 
 func (n *Node) stopServer() {
 	n.cancel()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := n.srvEng.Stop(ctx); err != nil {
+	// Engine.Stop starts the shutdown and then polls for its end every
+	// 500 ms; it gets a done context, and the end is awaited on Run's
+	// return (Run returns once the event loops have stopped) instead.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := n.srvEng.Stop(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		n.log.Warn("stopping peer listener", "err", err)
 	}
-	<-n.srvDone
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
+	case <-n.srvDone:
+	case <-t.C:
+		n.log.Error("peer listener's event loops did not stop within 10 s")
+	}
 }
 
 // Name implements xfer.Transport.

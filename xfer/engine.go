@@ -487,6 +487,35 @@ func (e *Engine) Stats() EngineStats {
 	return s
 }
 
+// Outstanding counts, by transport, the dispatched tasks whose Done has
+// not arrived yet, those of freed and abandoned batches included (a task
+// the engine already ended by its deadline, Abandon or Close is still
+// outstanding until its transport lets go of it). The transports are the
+// Router's, as it returned them. It walks every slot and task: it is for
+// shutdown (what a drain would abandon) and diagnostics, not hot paths.
+func (e *Engine) Outstanding() map[Transport]int {
+	e.mu.Lock()
+	n := int(e.nextSlot)
+	e.mu.Unlock()
+	out := make(map[Transport]int)
+	for i := 0; i < n; i++ {
+		b := e.slots[i].Load()
+		if b == nil {
+			continue
+		}
+		b.mu.Lock()
+		if b.owed.Load()&(freedBit-1) != 0 {
+			for j := range b.tasks[:b.used] {
+				if t := &b.tasks[j]; t.owed.Load() == 1 && t.tr != nil {
+					out[t.tr]++
+				}
+			}
+		}
+		b.mu.Unlock()
+	}
+	return out
+}
+
 // recycle returns b's slot to the free list once it is freed and owes no
 // Done. Exactly one caller gets here per freed batch (see batch.release).
 func (e *Engine) recycle(b *batch) {

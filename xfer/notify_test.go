@@ -138,3 +138,44 @@ func TestLocalRefusesNotify(t *testing.T) {
 		checkRefs(t, f.a, f.b)
 	}
 }
+
+// TestOutstanding: the engine counts, per transport, the dispatched tasks
+// still owed a Done, through a deadline, an Abandon and a Free, and forgets
+// each once its transport ends it.
+func TestOutstanding(t *testing.T) {
+	slow, fast := &asyncTr{name: "slow"}, &syncTr{}
+	rt := routeFunc(func(_, tg Segment) (Transport, error) {
+		if tg.ID() == 2 {
+			return slow, nil
+		}
+		return fast, nil
+	})
+	f := newFixture(t, Config{}, rt)
+	id, err := f.e.AllocateBatch(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := f.reqs(3)
+	reqs[2].Target = 1 // to the fast transport
+	res := make([]error, 3)
+	if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.e.Outstanding(); len(got) != 1 || got[slow] != 2 {
+		t.Fatalf("outstanding after submit: %v, want 2 on slow", got)
+	}
+	// Abandoned: the engine ends them Canceled, the transport still owes.
+	f.e.Abandon(id)
+	if got := f.e.Outstanding(); got[slow] != 2 {
+		t.Fatalf("outstanding after Abandon: %v, want 2 on slow", got)
+	}
+	slow.finish(nil)
+	if got := f.e.Outstanding(); len(got) != 0 {
+		t.Fatalf("outstanding after the transport ended them: %v", got)
+	}
+	checkRefs(t, f.a, f.b)
+}
+
+type routeFunc func(local, target Segment) (Transport, error)
+
+func (r routeFunc) Route(l, t Segment) (Transport, error) { return r(l, t) }
