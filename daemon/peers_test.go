@@ -678,3 +678,30 @@ func TestNotificationsAreArguments(t *testing.T) {
 	}
 	poll("four", "four")
 }
+
+// TestUnlistedPeerRefused: a daemon with the right cluster key under an id
+// the other does not list is refused (the client's open fails
+// UNAVAILABLE) and the refusal is logged by the daemon that refused it.
+func TestUnlistedPeerRefused(t *testing.T) {
+	key := writeKey(t, t.TempDir(), "cluster.key", "listed peers only")
+	d1 := startPeer(t, "d1", key, "") // lists nobody
+	a := d1.dial(t, "exporter")
+	buf, err := a.RegisterBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ExportSegment("kv", buf.ID, 0, 0, client.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	d2 := startPeer(t, "d2", key, "", d1.peer())
+	b := d2.dial(t, "stranger")
+	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("open from a daemon d1 does not list: %v, want UNAVAILABLE", err)
+	}
+	if logs := d1.log.String(); !strings.Contains(logs, `reason="daemon id not among this daemon's peers"`) || !strings.Contains(logs, "claimed=d2") {
+		t.Fatalf("d1 did not log the refusal:\n%s", logs)
+	}
+	if ps, err := d1.dial(t, "lister").Peers(); err != nil || len(ps) != 0 {
+		t.Fatalf("d1's peers after refusing d2: %+v, %v", ps, err)
+	}
+}
