@@ -510,8 +510,13 @@ func (p *rdmaPlane) close() {
 // Name implements xfer.Transport.
 func (l *rdmaLink) Name() string { return "rdma" }
 
-// Cancel implements xfer.Transport (posted RDMA work is not withdrawn).
-func (l *rdmaLink) Cancel(t *xfer.Task) { l.tr.Cancel(t) }
+// Cancel implements xfer.Transport: posted RDMA work is not withdrawn; a
+// task the link handed to tcp and still waiting in the node's queue ends
+// at once (the node ignores tasks it does not hold).
+func (l *rdmaLink) Cancel(t *xfer.Task) {
+	l.tr.Cancel(t)
+	l.tcp.Cancel(t)
+}
 
 // Close implements xfer.Transport; the plane closes the link's transport.
 func (l *rdmaLink) Close() error { return nil }
