@@ -122,7 +122,8 @@ func SpawnPeers(s PeerSpawn, log *slog.Logger) (p *PeerPair, err error) {
 	if s.RDMAGID != "" {
 		common = append(common, "--rdma-gid", s.RDMAGID)
 	}
-	p.A, err = spawnDaemon(s.Bin, s.PoolSize, nil, append([]string{"--daemon-id", aID}, common...), log)
+	// A accepts only the daemons it lists: B, which dials in.
+	p.A, err = spawnDaemon(s.Bin, s.PoolSize, nil, append([]string{"--daemon-id", aID, "--peer", bID + "="}, common...), log)
 	if err != nil {
 		return p, fmt.Errorf("daemon %s (%s): %w", aID, strings.Join(common, " "), err)
 	}

@@ -78,12 +78,6 @@ type PeerPlane interface {
 	// | wire.RightWrite); transport (wire.TransportAuto, TransportTCP,
 	// TransportRDMA) says how its requests travel.
 	OpenRemote(peer, segment string, rights, transport uint8) (RemoteSegment, error)
-	// AttachNotify makes the next dispatched WRITE equal to req carry
-	// payload, acknowledged by deadline; DetachNotify drops it if no task
-	// took it. The server keeps req unique while attached: its target is a
-	// remote segment only one connection names.
-	AttachNotify(req xfer.Request, payload []byte, deadline time.Time) error
-	DetachNotify(req xfer.Request)
 	// Peers reports the known peers.
 	Peers() []wire.PeerInfo
 	// Code maps the plane's own errors (a lost connection, a rejected

@@ -441,13 +441,7 @@ func (c *conn) submit(m *wire.SubmitRequest) error {
 	}
 	c.scope(m.Requests)
 	opts := c.submitOpts()
-	nd := opts.Deadline
-	if nd.IsZero() {
-		nd = time.Now().Add(c.s.cfg.DefaultWait)
-	}
-	if c.attachNotify(m.Notify, nd) > 0 {
-		defer c.detachNotify(m.Notify)
-	}
+	opts.Notify = c.notifyArgs(m.Notify)
 	if err := c.s.deps.Engine.Submit(id, c.reqs, opts, c.errs); err != nil {
 		return err
 	}
@@ -565,11 +559,7 @@ func (c *conn) transfer(m *wire.TransferRequestBody) error {
 	c.batches[id] = struct{}{} // released on close should anything below fail hard
 	deadline := c.deadline(m.TimeoutMS)
 	c.scope(m.Requests)
-	attached := c.attachNotify(m.Notify, deadline) > 0
-	err = e.Submit(id, c.reqs, SubmitOptions{Deadline: deadline, Resolver: c}, c.errs)
-	if attached {
-		c.detachNotify(m.Notify)
-	}
+	err = e.Submit(id, c.reqs, SubmitOptions{Deadline: deadline, Resolver: c, Notify: c.notifyArgs(m.Notify)}, c.errs)
 	if err != nil {
 		c.dropBatch(id)
 		return err
@@ -641,7 +631,8 @@ func (c *conn) stats() {
 }
 
 // release frees everything the connection holds, whatever state it is in:
-// stray fds, batches (abandoning those still busy after ReleaseWait),
+// stray fds, batches (abandoning those still busy after ReleaseWait, or at
+// once when the server closes: a drain gave them their time already),
 // registered segments and pool blocks.
 func (c *conn) release() {
 	// Queues first: their workers resolve the segments and blocks released
@@ -662,7 +653,9 @@ func (c *conn) release() {
 	for id := range c.batches {
 		err := e.Free(id)
 		if errors.Is(err, ErrBatchBusy) {
-			c.wait(id, deadline, nil) //nolint:errcheck // Free below says how it ended
+			if !c.s.isClosing() {
+				c.wait(id, deadline, c.s.closing) //nolint:errcheck // Free below says how it ended
+			}
 			err = e.Free(id)
 			if errors.Is(err, ErrBatchBusy) {
 				c.log.Warn("abandoning a busy batch of a closed connection", "batch", id)

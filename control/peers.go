@@ -256,7 +256,14 @@ func (c *conn) dropExport(i int) {
 	for sc := range subs {
 		sc.unsubscribed(e)
 	}
-	if !e.view.close(c.s.cfg.ReleaseWait) {
+	wait := c.s.cfg.ReleaseWait
+	if c.s.isClosing() {
+		// The peer plane is closed or closing with the daemon; a request
+		// still inside the range keeps the memory it references alive
+		// (its reference), and a pool range lingers (below).
+		wait = 0
+	}
+	if !e.view.close(wait) {
 		c.log.Warn("peer requests still in an unexported range", "name", e.name)
 		if e.source == c.s.deps.Pool.ID() {
 			c.lingering = append(c.lingering, e)
@@ -461,67 +468,24 @@ func (c *conn) segmentsList() {
 	wire.SetResponse[wire.SegmentsResponse](&c.resp).Segments = out
 }
 
-// attachNotify checks the notifications of the current Submit or
-// Transfer and hands them to the peer plane; refused items get their code
-// in c.codes and are neutralized in c.reqs like scope's. It returns how
-// many it attached (detachNotify undoes them after the engine's submit).
-func (c *conn) attachNotify(notify [][]byte, deadline time.Time) int {
+// notifyArgs is the positional Notify of the current Submit or Transfer
+// for the engine (SubmitOptions.Notify): nil when the call carries none,
+// else one entry per request, nil where a request carries none. Each
+// payload is copied: the frame's buffer is reused for the next frame while
+// the task, which holds its notification until it ends, is still in
+// flight. Whether a request may carry one (a WRITE to a peer's segment)
+// is its transport's to say, at its position.
+func (c *conn) notifyArgs(notify [][]byte) [][]byte {
 	if len(notify) == 0 {
-		return 0
+		return nil
 	}
-	pp := c.s.deps.Peers
-	attached := 0
-	var same map[xfer.Request]int
-	for i, p := range notify {
-		if len(p) == 0 || c.codes[i] != tcproto.CodeOK {
-			continue
-		}
-		q := c.reqs[i]
-		code := tcproto.CodeOK
-		c.mu.Lock()
-		_, isRemote := c.remotes[q.Target]
-		c.mu.Unlock()
-		switch {
-		case pp == nil:
-			code = tcproto.CodeUNAVAILABLE
-		case q.Op != xfer.OpWrite || !isRemote:
-			code = tcproto.CodeINVALID_ARGUMENT
-		}
-		if code == tcproto.CodeOK {
-			if same == nil {
-				same = make(map[xfer.Request]int, len(c.reqs))
-				for j := range c.reqs {
-					same[c.reqs[j]]++
-				}
-			}
-			// A request identical to another of the call could take the
-			// other's notification; such calls are refused.
-			if same[q] > 1 {
-				code = tcproto.CodeINVALID_ARGUMENT
-			}
-		}
-		if code == tcproto.CodeOK {
-			if err := pp.AttachNotify(q, p, deadline); err != nil {
-				code = CodeOf(err)
-			} else {
-				attached++
-				continue
-			}
-		}
-		c.codes[i] = code
-		c.reqs[i] = xfer.Request{Op: q.Op}
-	}
-	return attached
-}
-
-// detachNotify drops the notifications no dispatched task took.
-func (c *conn) detachNotify(notify [][]byte) {
-	pp := c.s.deps.Peers
+	out := make([][]byte, len(notify))
 	for i, p := range notify {
 		if len(p) > 0 && c.codes[i] == tcproto.CodeOK {
-			pp.DetachNotify(c.reqs[i])
+			out[i] = slices.Clone(p)
 		}
 	}
+	return out
 }
 
 // releasePeers drops what the connection holds of the peer plane:

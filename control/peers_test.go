@@ -32,12 +32,10 @@ func (r *fakeRemote) Close() error       { r.closed.Store(true); return nil }
 
 // fakePlane records what the server asks of the peer plane.
 type fakePlane struct {
-	mu       sync.Mutex // guards the fields below
-	opened   []*fakeRemote
-	names    []string
-	via      []uint8
-	attached map[xfer.Request]string
-	detached int
+	mu     sync.Mutex // guards the fields below
+	opened []*fakeRemote
+	names  []string
+	via    []uint8
 }
 
 func (p *fakePlane) OpenRemote(peer, segment string, rights, transport uint8) (RemoteSegment, error) {
@@ -51,24 +49,6 @@ func (p *fakePlane) OpenRemote(peer, segment string, rights, transport uint8) (R
 	p.names = append(p.names, peer+"/"+segment)
 	p.via = append(p.via, transport)
 	return r, nil
-}
-
-func (p *fakePlane) AttachNotify(req xfer.Request, payload []byte, deadline time.Time) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if deadline.IsZero() {
-		return xfer.ErrInvalid
-	}
-	p.attached[req] = string(payload)
-	return nil
-}
-
-func (p *fakePlane) DetachNotify(req xfer.Request) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, ok := p.attached[req]; ok {
-		p.detached++
-	}
 }
 
 func (p *fakePlane) Peers() []wire.PeerInfo {
@@ -94,7 +74,7 @@ func registerBuffer(t *testing.T, c *rawClient, size uint64) xfer.SegmentID {
 }
 
 func TestExportsAndNotifications(t *testing.T) {
-	e := newEnv(t, false, withPeers(&fakePlane{attached: map[xfer.Request]string{}}, 3))
+	e := newEnv(t, false, withPeers(&fakePlane{}, 3))
 	owner := dialRaw(t, e.sock)
 	seg := registerBuffer(t, owner, 1<<16)
 	export := func(c *rawClient, name string, seg xfer.SegmentID, off, n uint64, rights uint8) *wire.Response {
@@ -242,8 +222,8 @@ func TestExportsAndNotifications(t *testing.T) {
 	}
 }
 
-func TestOpenRemoteAndNotifyAttach(t *testing.T) {
-	p := &fakePlane{attached: map[xfer.Request]string{}}
+func TestOpenRemoteAndNotifyArgs(t *testing.T) {
+	p := &fakePlane{}
 	e := newEnv(t, false, withPeers(p, 0))
 	c := dialRaw(t, e.sock)
 	seg := registerBuffer(t, c, 1<<16)
@@ -269,39 +249,40 @@ func TestOpenRemoteAndNotifyAttach(t *testing.T) {
 		t.Fatalf("segments: %+v", body[wire.SegmentsResponse](t, r).Segments)
 	}
 
-	w := xfer.Request{Op: xfer.OpWrite, Local: seg, Target: rid, TargetOffset: 64, Length: 4096}
-	rd := xfer.Request{Op: xfer.OpRead, Local: seg, Target: rid, Length: 4096}
+	// Notifications travel with their requests, positionally, to the
+	// transport, which says whether it can carry them: here the test
+	// router sends everything to the local transport, which carries none,
+	// so each notified item fails UNAVAILABLE (xfer.ErrNoNotify) at its own
+	// position, a twin included, and the plain local item beside them
+	// completes.
 	local := xfer.Request{Op: xfer.OpWrite, Local: seg, Target: seg, TargetOffset: 8192, Length: 16}
 	r = c.call(&wire.TransferRequestBody{TimeoutMS: 2000,
-		Requests: []xfer.Request{w, rd, local, w}, Notify: [][]byte{[]byte("a"), []byte("b"), []byte("c"), nil}})
+		Requests: []xfer.Request{local, local, local}, Notify: [][]byte{[]byte("a"), nil, []byte("a")}})
 	expectCode(t, r, tcproto.CodeOK)
-	// The READ and the local target may not carry one; the WRITE with a
-	// notification has an identical twin in the call, so it is refused too.
-	for i, want := range []Code{tcproto.CodeINVALID_ARGUMENT, tcproto.CodeINVALID_ARGUMENT, tcproto.CodeINVALID_ARGUMENT} {
+	for i, want := range []Code{tcproto.CodeUNAVAILABLE, tcproto.CodeOK, tcproto.CodeUNAVAILABLE} {
 		if body[wire.TransferResponse](t, r).Codes[i] != want {
 			t.Fatalf("codes %v, want item %d %s", body[wire.TransferResponse](t, r).Codes, i, want)
 		}
 	}
-	p.mu.Lock()
-	n := len(p.attached)
-	p.mu.Unlock()
-	if n != 0 {
-		t.Fatalf("%d notifications attached from refused items", n)
+	if st := body[wire.TransferResponse](t, r).States; st[1] != tcproto.TaskStateCOMPLETED || st[0] != tcproto.TaskStateFAILED {
+		t.Fatalf("states %v", st)
 	}
-	r = c.call(&wire.TransferRequestBody{TimeoutMS: 2000,
-		Requests: []xfer.Request{w, local}, Notify: [][]byte{[]byte("layer 1"), nil}})
+	// The same through Submit: one code per item at submit time (all
+	// accepted), the notified ones Failed in their status.
+	r = c.call(&wire.AllocBatchRequest{Capacity: 4})
 	expectCode(t, r, tcproto.CodeOK)
-	if body[wire.TransferResponse](t, r).Codes[1] != tcproto.CodeOK {
-		t.Fatalf("local item beside a notification: %v", body[wire.TransferResponse](t, r).Codes)
+	batch := body[wire.AllocBatchResponse](t, r).Batch
+	r = c.call(&wire.SubmitRequest{Batch: batch,
+		Requests: []xfer.Request{local, local}, Notify: [][]byte{nil, []byte("b")}})
+	expectCode(t, r, tcproto.CodeOK)
+	for i, want := range []tcproto.TaskState{tcproto.TaskStateCOMPLETED, tcproto.TaskStateFAILED} {
+		r = c.call(&wire.TaskStatusRequest{Batch: batch, Index: uint32(i)})
+		expectCode(t, r, tcproto.CodeOK)
+		if got := body[wire.TaskStatusResponse](t, r); got.State != want {
+			t.Fatalf("submitted item %d: %+v, want %v", i, got, want)
+		}
 	}
-	p.mu.Lock()
-	got, detached := p.attached[w], p.detached
-	p.mu.Unlock()
-	// The test router sends remote targets to the local transport, which
-	// refuses them, so the attachment is detached after the submit.
-	if got != "layer 1" || detached != 1 {
-		t.Fatalf("attached %q, detached %d", got, detached)
-	}
+	expectCode(t, c.call(&wire.FreeBatchRequest{Batch: batch}), tcproto.CodeOK)
 
 	expectCode(t, c.call(&wire.CloseRemoteRequest{Segment: 999}), tcproto.CodeNOT_FOUND)
 	expectCode(t, c.call(&wire.CloseRemoteRequest{Segment: uint64(rid)}), tcproto.CodeOK)

@@ -282,6 +282,16 @@ func (s *Server) acceptLoop() error {
 	}
 }
 
+// isClosing reports whether Close has started.
+func (s *Server) isClosing() bool {
+	select {
+	case <-s.closing:
+		return true
+	default:
+		return false
+	}
+}
+
 func (s *Server) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -368,26 +378,35 @@ func (s *Server) endRequest() {
 	}
 }
 
-// Drain stops accepting, answers new requests UNAVAILABLE, waits until the
-// requests in flight are answered or ctx ends, then closes every connection
-// (releasing what each holds). It returns ctx's error if ctx ended first.
+// Drain is Quiesce, then Close: it stops accepting, answers new requests
+// UNAVAILABLE, waits until the requests in flight are answered or ctx
+// ends, then closes every connection (releasing what each holds). It
+// returns ctx's error if ctx ended first.
 func (s *Server) Drain(ctx context.Context) error {
+	err := s.Quiesce(ctx)
+	if cerr := s.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Quiesce stops accepting, answers new requests UNAVAILABLE and waits
+// until the requests in flight are answered or ctx ends (it returns ctx's
+// error then). The connections stay open, with what they hold: Close ends
+// them. It is the first half of a drain that has more to wait for (the
+// transports) before the connections go.
+func (s *Server) Quiesce(ctx context.Context) error {
 	s.draining.Store(true)
 	s.ln.Close()
-	var err error
 	for s.inflight.Load() > 0 {
 		select {
 		case <-s.idle:
 			continue
 		case <-ctx.Done():
-			err = ctx.Err()
+			return ctx.Err()
 		}
-		break
 	}
-	if cerr := s.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return nil
 }
 
 // Close stops accepting, closes every connection, releases what they hold

@@ -62,6 +62,9 @@ type Config struct {
 	// (mode 0600); required with peer_listen.
 	ClusterKeyFile string `toml:"cluster_key_file"`
 	// Peers are the other daemons: [[peers]] id = "...", addr = "host:port".
+	// Only the daemons listed here (or in the directory) are accepted on
+	// the peer port. A peer listed without an addr is accepted when it
+	// dials in and dialed at the address it advertises then.
 	Peers []PeerConfig `toml:"peers"`
 	// PeerConns is the number of connections per peer.
 	PeerConns int `toml:"peer_conns"`
@@ -221,6 +224,9 @@ func (c *Config) validatePeers() error {
 			return badValue("peers.id", p.ID, "appears twice or names this daemon")
 		}
 		seen[p.ID] = true
+		if p.Addr == "" {
+			continue // accepted when it dials in; see Config.Peers
+		}
 		if err := checkHostPort("peers.addr", p.Addr); err != nil {
 			return err
 		}
@@ -246,11 +252,12 @@ func checkHostPort(key, v string) error {
 	return nil
 }
 
-// parsePeer reads one --peer / TENSORCAST_PEERS entry: id=host:port.
+// parsePeer reads one --peer / TENSORCAST_PEERS entry: id=host:port, or
+// id= for a peer accepted when it dials in.
 func parsePeer(s string) (PeerConfig, error) {
 	id, addr, ok := strings.Cut(strings.TrimSpace(s), "=")
 	if !ok {
-		return PeerConfig{}, fmt.Errorf("want id=host:port, got %q", s)
+		return PeerConfig{}, fmt.Errorf("want id=host:port (or id= for a peer that dials in), got %q", s)
 	}
 	return PeerConfig{ID: id, Addr: addr}, nil
 }
@@ -317,7 +324,7 @@ func settings() []setting {
 		}},
 		{"metrics_address", "TENSORCAST_METRICS_ADDRESS", `Prometheus endpoint host:port, or "off"`, str(func(c *Config) *string { return &c.MetricsAddress })},
 		{"ebpf", "TENSORCAST_EBPF", "kernel-side eBPF views: auto, on, off", str(func(c *Config) *string { return &c.EBPF })},
-		{"peers", "TENSORCAST_PEERS", "peers as id=host:port, comma-separated (flag: repeatable --peer)", func(c *Config, s string) error {
+		{"peers", "TENSORCAST_PEERS", "peers as id=host:port (id= for one that dials in), comma-separated (flag: repeatable --peer)", func(c *Config, s string) error {
 			c.Peers = c.Peers[:0]
 			for _, e := range strings.Split(s, ",") {
 				if strings.TrimSpace(e) == "" {

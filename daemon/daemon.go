@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -26,11 +26,12 @@ var Version = "0.1.0-dev"
 // Start-up order: pool, registry, transports (the peer plane's tcp node
 // when peer_listen is set, then RDMA with the pool registered), engine,
 // control socket (inherited from systemd when socket-activated), eBPF
-// views, metrics endpoint, then READY. Shutdown runs the reverse:
-// STOPPING, drain the control server (no new work, in-flight requests
-// finish, clients told UNAVAILABLE), close the metrics endpoint and the
-// eBPF views, the engine (pending tasks canceled), the RDMA transports and
-// device, the peer node, the other transports, the pool.
+// views, metrics endpoint, then READY. Shutdown is STOPPING, then the
+// bounded drain (drain.go): no new work (clients told UNAVAILABLE), the
+// transports get drain_timeout to finish, what is left is abandoned and
+// logged, and the parts close (metrics endpoint and eBPF views, engine,
+// peer node, control server, RDMA, files, local transport, pool) within
+// drain_timeout plus a small grace, whatever a transport does.
 type Daemon struct {
 	cfg    Config
 	log    *slog.Logger
@@ -86,7 +87,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		if d.peers, err = newPeerPlane(cfg, log.With("component", "peers")); err != nil {
 			return nil, err
 		}
-		rt.peers = d.peers.tr
+		rt.peers = d.peers.node
 		if d.rdma, rdmaReport, err = openRDMA(cfg, d.pool, d.peers, log.With("component", "rdma")); err != nil {
 			return nil, err
 		}
@@ -200,28 +201,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return err
 }
 
-// shutdown drains the control server within drain_timeout, then closes the
-// engine, the transports and the pool. A drain that runs out of time is
-// logged and the rest still runs: nothing is left open.
-func (d *Daemon) shutdown() error {
-	var err error
-	d.closeOnce.Do(func() {
-		start := time.Now()
-		dctx, cancel := context.WithTimeout(context.Background(), time.Duration(d.cfg.DrainTimeout))
-		derr := d.server.Drain(dctx)
-		cancel()
-		if derr != nil && !errors.Is(derr, context.DeadlineExceeded) {
-			err = derr
-		}
-		if derr != nil {
-			d.log.Warn("drain did not finish in time; canceling what is left", "err", derr)
-		}
-		d.closeParts()
-		d.log.Info("tensorcastd stopped", "took", time.Since(start).Round(time.Millisecond).String())
-	})
-	return err
-}
-
 // closeParts closes whatever New built, in reverse order; safe on a
 // partially built daemon.
 func (d *Daemon) closeParts() {
@@ -284,8 +263,8 @@ func (d *Daemon) PeerAddr() string {
 type router struct {
 	local *xfer.Local
 	files *fileTier
-	peers *peerTransport // nil without a peer plane
-	rdma  *rdmaPlane     // nil without RDMA
+	peers *tcp.Node  // nil without a peer plane
+	rdma  *rdmaPlane // nil without RDMA
 }
 
 func (r router) Route(local, target xfer.Segment) (xfer.Transport, error) {

@@ -4,10 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/directory"
@@ -17,17 +14,20 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// peerPlane is the daemon's end of the peer data plane: the tcp node, the
-// transport the router sends remote targets to, and the glue that lets the
-// control server export segments to peers (tcp.Exporter) and open theirs
-// (control.PeerPlane).
+// peerPlane is the daemon's end of the peer data plane: the tcp node (the
+// transport the router sends remote targets to when RDMA does not carry
+// them) and the glue that lets the control server export segments to peers
+// (tcp.Exporter) and open theirs (control.PeerPlane). A notification rides
+// its WRITE as the task's Notify, which the node (or the rdma link) reads
+// from the task.
 //
-// Ownership: the daemon creates it in New (after the pool) and closes it in
-// closeParts after the engine and before the other transports. The node's
+// Ownership: the daemon creates it in New (after the pool) and closes it
+// right after the engine (drain.go: closing the node ends every dial,
+// handshake and peer wait that a control call or the RDMA plane may still
+// sit in), before the control server and the other transports. The node's
 // goroutines are its own (see package tcp); peerPlane starts none.
 type peerPlane struct {
 	node *tcp.Node
-	tr   *peerTransport
 	log  *slog.Logger
 	// srv is the control server; nil until New has built it, so peer
 	// requests that arrive before then find nothing exported.
@@ -62,7 +62,6 @@ func newPeerPlane(cfg Config, log *slog.Logger) (*peerPlane, error) {
 		return nil, fmt.Errorf("peer plane (peer_listen = %q, cluster_key_file = %q): %w", cfg.PeerListen, cfg.ClusterKeyFile, err)
 	}
 	p.node = node
-	p.tr = &peerTransport{node: node, notes: make(map[xfer.Request]note)}
 	ids := make([]string, len(cfg.Peers))
 	for i, pc := range cfg.Peers {
 		ids[i] = pc.ID + "=" + pc.Addr
@@ -147,14 +146,6 @@ func peerError(err error) error {
 	return fmt.Errorf("%w: %w", control.ErrUnavailable, err)
 }
 
-// AttachNotify implements control.PeerPlane.
-func (p *peerPlane) AttachNotify(req xfer.Request, payload []byte, deadline time.Time) error {
-	return p.tr.attach(req, payload, deadline)
-}
-
-// DetachNotify implements control.PeerPlane.
-func (p *peerPlane) DetachNotify(req xfer.Request) { p.tr.take(req) }
-
 // Peers implements control.PeerPlane.
 func (p *peerPlane) Peers() []wire.PeerInfo {
 	ps := p.node.Peers()
@@ -179,104 +170,3 @@ func (p *peerPlane) Code(err error) (wire.Code, bool) {
 	}
 	return 0, false
 }
-
-// note is a notification waiting for the task of its request.
-type note struct {
-	payload  []byte
-	deadline time.Time
-}
-
-// peerTransport is the transport the router returns for remote targets:
-// the node's, plus the hand-over of notifications. The control server
-// attaches a notification to a request before the engine's submit; the
-// engine dispatches on the submitting goroutine, so the task carrying that
-// request is handed to the node with the notification set on it. A
-// request with a notification is unique while attached (its target is a
-// remote segment id that only one connection names, and that connection
-// submits one call at a time and refuses duplicates within a call).
-type peerTransport struct {
-	node *tcp.Node
-	// count is len(notes), read without mu so calls without notifications
-	// take no lock.
-	count atomic.Int64
-	// mu guards notes.
-	mu    sync.Mutex
-	notes map[xfer.Request]note
-}
-
-var _ xfer.Transport = (*peerTransport)(nil)
-
-func (t *peerTransport) attach(req xfer.Request, payload []byte, deadline time.Time) error {
-	if len(payload) > tcp.MaxNotify {
-		return fmt.Errorf("%w: notification of %d bytes (max %d)", xfer.ErrInvalid, len(payload), tcp.MaxNotify)
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if _, dup := t.notes[req]; dup {
-		return fmt.Errorf("%w: a notification is attached to this request already", xfer.ErrInvalid)
-	}
-	t.notes[req] = note{payload: slices.Clone(payload), deadline: deadline}
-	t.count.Add(1)
-	return nil
-}
-
-func (t *peerTransport) take(req xfer.Request) (note, bool) {
-	if t.count.Load() == 0 {
-		return note{}, false
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n, ok := t.notes[req]
-	if ok {
-		delete(t.notes, req)
-		t.count.Add(-1)
-	}
-	return n, ok
-}
-
-// Name implements xfer.Transport.
-func (t *peerTransport) Name() string { return t.node.Name() }
-
-// Submit implements xfer.Transport: it sets each task's notification on
-// the node and hands the tasks over. A task whose notification cannot be
-// set is ended with that error (never sent without it).
-func (t *peerTransport) Submit(tasks []*xfer.Task) (int, error) {
-	if t.count.Load() == 0 {
-		return t.node.Submit(tasks)
-	}
-	done := 0
-	for done < len(tasks) {
-		i := done
-		var failed error
-		for ; i < len(tasks); i++ {
-			nt, ok := t.take(tasks[i].Req)
-			if !ok {
-				continue
-			}
-			if err := t.node.SetNotify(tasks[i], nt.payload, nt.deadline); err != nil {
-				failed = err
-				break
-			}
-		}
-		n, err := t.node.Submit(tasks[done:i])
-		if err != nil {
-			for _, x := range tasks[done+n : i] {
-				t.node.ClearNotify(x)
-			}
-			return done + n, err
-		}
-		done = i
-		if failed != nil {
-			tasks[i].Done(0, failed)
-			done = i + 1
-		}
-	}
-	return len(tasks), nil
-}
-
-// Cancel implements xfer.Transport.
-func (t *peerTransport) Cancel(task *xfer.Task) { t.node.Cancel(task) }
-
-// Close implements xfer.Transport. The node is closed by the daemon (after
-// the engine), not through the transport.
-func (t *peerTransport) Close() error { return nil }

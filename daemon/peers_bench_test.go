@@ -17,7 +17,7 @@ func BenchmarkPeerTransfer(b *testing.B) {
 		b.Run(op.String(), func(b *testing.B) {
 			key := writeKey(b, b.TempDir(), "cluster.key", "bench cluster key")
 			slices := func(c *Config) { c.PeerSliceSize = 1 << 20; c.PoolSize = 64 << 20 }
-			d1 := startPeerWith(b, "d1", key, "", slices)
+			d1 := startPeerWith(b, "d1", key, "", slices, dialsIn("d2"))
 			d2 := startPeerWith(b, "d2", key, "", slices, d1.peer())
 			const chunk, n = 1 << 20, 16
 			a := d1.dial(b, "exporter")

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -112,6 +113,10 @@ func (p *peerDaemon) stop() error {
 
 func (p *peerDaemon) peer() PeerConfig { return PeerConfig{ID: p.cfg.DaemonID, Addr: p.d.PeerAddr()} }
 
+// dialsIn lists peer id without an address: accepted when it dials in (a
+// daemon refuses ids it does not list).
+func dialsIn(id string) PeerConfig { return PeerConfig{ID: id} }
+
 func (p *peerDaemon) dial(t testing.TB, name string) *client.Client {
 	t.Helper()
 	c, err := client.Dial(p.cfg.Socket, client.Options{Name: name, CallTimeout: 30 * time.Second})
@@ -136,7 +141,7 @@ func fill(rng *rand.Rand, b []byte) {
 func TestPeerPlaneThreeDaemons(t *testing.T) {
 	keyDir := t.TempDir()
 	key := writeKey(t, keyDir, "cluster.key", "tensorcast test cluster key")
-	d1 := startPeer(t, "d1", key, "")
+	d1 := startPeer(t, "d1", key, "", dialsIn("d2"), dialsIn("d3"))
 	d2 := startPeer(t, "d2", key, "", d1.peer())
 	d3 := startPeer(t, "d3", key, "", d1.peer(), d2.peer())
 
@@ -415,7 +420,7 @@ func writeReadRandom(d *peerDaemon, seed int, exported []byte, size uint64) erro
 // the survivor reconnects: a fresh OpenRemote works, the old id fails.
 func TestPeerStoppedAndRestarted(t *testing.T) {
 	key := writeKey(t, t.TempDir(), "cluster.key", "restart cluster key")
-	d1 := startPeer(t, "d1", key, "")
+	d1 := startPeer(t, "d1", key, "", dialsIn("d2"))
 	addr := d1.d.PeerAddr()
 	d2 := startPeer(t, "d2", key, "", d1.peer())
 
@@ -505,7 +510,7 @@ func TestPeerStoppedAndRestarted(t *testing.T) {
 	}
 
 	// Restart d1 on the same address: a new epoch.
-	d1b := startPeer(t, "d1", key, addr)
+	d1b := startPeer(t, "d1", key, addr, dialsIn("d2"))
 	a2 := d1b.dial(t, "exporter-2")
 	abuf2, err := a2.RegisterBuffer(size)
 	if err != nil {
@@ -547,7 +552,7 @@ func TestPeerStoppedAndRestarted(t *testing.T) {
 // refused, and that the refusal is logged by the daemon it tried.
 func TestPeerWrongClusterKey(t *testing.T) {
 	dir := t.TempDir()
-	d1 := startPeer(t, "d1", writeKey(t, dir, "right.key", "the right key"), "")
+	d1 := startPeer(t, "d1", writeKey(t, dir, "right.key", "the right key"), "", dialsIn("d2"))
 	d2 := startPeer(t, "d2", writeKey(t, dir, "wrong.key", "a wrong key"), "", d1.peer())
 	a := d1.dial(t, "exporter")
 	buf, err := a.RegisterBuffer(1 << 20)
@@ -578,5 +583,125 @@ func TestPeerWrongClusterKey(t *testing.T) {
 	cfg.DaemonID, cfg.PeerListen, cfg.ClusterKeyFile = "d3", "127.0.0.1:0", loose
 	if _, err := New(cfg, discardLogger(), env(nil)); err == nil || !strings.Contains(err.Error(), "cluster_key_file") {
 		t.Fatalf("New with a group/other-readable key: %v", err)
+	}
+}
+
+// TestNotificationsAreArguments: a notification is an argument of its
+// WRITE, not a side table matched on the request. Two identical notified
+// WRITEs in one call both deliver their own notification (through Transfer
+// and through the batch calls); a notified WRITE to a local target fails
+// at its own position (UNAVAILABLE: the local transport carries none)
+// while its neighbours complete.
+func TestNotificationsAreArguments(t *testing.T) {
+	key := writeKey(t, t.TempDir(), "cluster.key", "notify cluster key")
+	d1 := startPeer(t, "d1", key, "", dialsIn("d2"))
+	d2 := startPeer(t, "d2", key, "", d1.peer())
+	a := d1.dial(t, "exporter")
+	abuf, err := a.RegisterBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	sub := d1.dial(t, "subscriber")
+	if err := sub.Subscribe("kv"); err != nil {
+		t.Fatal(err)
+	}
+	b := d2.dial(t, "writer")
+	rs, err := b.OpenRemote("d1/kv", client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := b.RegisterBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(rand.New(rand.NewPCG(1, 9)), src.Mem)
+	w := xfer.Request{Op: xfer.OpWrite, Local: src.ID, Target: rs.ID, TargetOffset: 4096, Length: 8192}
+	local := xfer.Request{Op: xfer.OpWrite, Local: src.ID, Target: src.ID, TargetOffset: 512 << 10, Length: 4096}
+	poll := func(want ...string) {
+		t.Helper()
+		var got []string
+		deadline := time.Now().Add(5 * time.Second)
+		for len(got) < len(want) && time.Now().Before(deadline) {
+			notes, err := sub.PollNotifications(nil, 0, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range notes {
+				got = append(got, string(n.Payload))
+			}
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Fatalf("delivered %q, want %q", got, want)
+		}
+	}
+
+	res := make([]error, 4)
+	sum, err := b.TransferNotify([]xfer.Request{w, w, local, w}, [][]byte{[]byte("one"), []byte("two"), []byte("three"), nil},
+		10*time.Second, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0] != nil || res[1] != nil || res[3] != nil || !errors.Is(res[2], client.ErrUnavailable) || sum.Completed != 3 || sum.Failed != 1 {
+		t.Fatalf("Transfer: %v, %+v; want the twins and the plain WRITE completed, the local notified one UNAVAILABLE", res, sum)
+	}
+	poll("one", "two")
+	if !bytes.Equal(abuf.Mem[4096:4096+8192], src.Mem[:8192]) {
+		t.Fatal("the notified WRITEs' bytes did not land")
+	}
+
+	// The batch calls: accepted at submit, ended by status.
+	batch, err := b.AllocBatch(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SubmitNotify(batch, []xfer.Request{w, local, w}, [][]byte{[]byte("four"), []byte("five"), []byte("four")}, res[:3]); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res[:3] {
+		if r != nil {
+			t.Fatalf("submit item %d refused: %v", i, r)
+		}
+	}
+	if sum, err := b.Wait(batch, 10*time.Second); err != nil || sum.Completed != 2 || sum.Failed != 1 {
+		t.Fatalf("Wait: %+v, %v", sum, err)
+	}
+	if st, err := b.TaskStatus(batch, 1); err != nil || st.State != xfer.StateFailed || !errors.Is(st.Err, client.ErrUnavailable) {
+		t.Fatalf("notified WRITE to a local target: %+v, %v", st, err)
+	}
+	if err := b.FreeBatch(batch); err != nil {
+		t.Fatal(err)
+	}
+	poll("four", "four")
+}
+
+// TestUnlistedPeerRefused: a daemon with the right cluster key under an id
+// the other does not list is refused (the client's open fails
+// UNAVAILABLE) and the refusal is logged by the daemon that refused it.
+func TestUnlistedPeerRefused(t *testing.T) {
+	key := writeKey(t, t.TempDir(), "cluster.key", "listed peers only")
+	d1 := startPeer(t, "d1", key, "") // lists nobody
+	a := d1.dial(t, "exporter")
+	buf, err := a.RegisterBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ExportSegment("kv", buf.ID, 0, 0, client.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	d2 := startPeer(t, "d2", key, "", d1.peer())
+	b := d2.dial(t, "stranger")
+	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("open from a daemon d1 does not list: %v, want UNAVAILABLE", err)
+	}
+	if logs := d1.log.String(); !strings.Contains(logs, `reason="daemon id not among this daemon's peers"`) || !strings.Contains(logs, "claimed=d2") {
+		t.Fatalf("d1 did not log the refusal:\n%s", logs)
+	}
+	if ps, err := d1.dial(t, "lister").Peers(); err != nil || len(ps) != 0 {
+		t.Fatalf("d1's peers after refusing d2: %+v, %v", ps, err)
 	}
 }

@@ -40,9 +40,10 @@ const (
 // for the export's registration). Each peer's choice is logged once.
 //
 // Ownership: the daemon creates it after the peer plane and closes it after
-// the engine, before the peer plane and the pool. It owns one goroutine,
-// the worker; close stops it (close(stop), join), then closes the links'
-// and the accepting transports, deregisters the pool and closes the device.
+// the engine, the peer node and the control server, before the pool. It owns two goroutines,
+// the worker and the registration queue's (rdma_regs.go); close stops them
+// (close(stop), close the queue, join), then closes the links' and the
+// accepting transports, deregisters the pool and closes the device.
 type rdmaPlane struct {
 	log    *slog.Logger
 	dev    *rdma.Device
@@ -56,9 +57,9 @@ type rdmaPlane struct {
 	links atomic.Pointer[map[string]*rdmaLink] // copy on write, under mu
 
 	jobs   chan *tcp.Remote
-	bufs   chan xfer.Segment // client buffers to register (rdma_locals.go)
-	prep   chan pinJob       // segments opened with transport rdma (rdma_pins.go)
-	retire chan *rdmaLink    // links whose peer runs a new epoch
+	regs   *regQueue      // client buffers to register (rdma_regs.go)
+	prep   chan pinJob    // segments opened with transport rdma (rdma_pins.go)
+	retire chan *rdmaLink // links whose peer runs a new epoch
 	stop   chan struct{}
 	wg     sync.WaitGroup
 
@@ -90,7 +91,7 @@ type rdmaLink struct {
 	peer  string
 	epoch uint64 // the peer's epoch the link was made with
 	tr    *rdma.Transport
-	tcp   *peerTransport
+	tcp   *tcp.Node // where what rdma does not carry goes
 	// segs maps the remote segments the link resolved to their owner's
 	// registration of them (copy on write, under mu).
 	segs atomic.Pointer[map[*tcp.Remote]rdma.RemoteRegion]
@@ -146,19 +147,24 @@ func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.
 func newPlane(dev *rdma.Device, reg *rdma.Region, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) *rdmaPlane {
 	p := &rdmaPlane{
 		log: log, dev: dev, reg: reg, pool: pool, node: peers.node, peers: peers, poolID: pool.ID(),
-		jobs: make(chan *tcp.Remote, 64), bufs: make(chan xfer.Segment, 64), prep: make(chan pinJob), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
+		jobs: make(chan *tcp.Remote, 64), prep: make(chan pinJob), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
 		exports: exportRegs{m: map[xfer.MemSegment]*exportReg{}},
 	}
 	p.linkDown, p.localMissing = rdmaOnlyFor(&p.stats)
+	p.regs = newRegQueue(log, p.registerLocal, p.routeRegistered)
 	empty := map[string]*rdmaLink{}
 	p.links.Store(&empty)
 	_ = p.node.Handle(rdma.ExchangeKind, rdma.Acceptor(p.accept))
 	_ = p.node.Handle(segmentExchange, p.serveSegment)
 	_ = p.node.Handle(revokeExchange, p.serveRevoke)
 	_ = p.node.Handle(notifyExchange, p.serveNotify)
-	p.wg.Add(1)
+	p.wg.Add(2)
 	go p.worker()
+	go func() {
+		defer p.wg.Done()
+		p.regs.run()
+	}()
 	return p
 }
 
@@ -180,11 +186,12 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 			p.stats.toTCP.Add(1)
 			return nil
 		}
-		// The client asked for rdma: its buffer is registered now, on
-		// this request's way in.
-		if !p.registerLocal(local, nil) {
+		// The client asked for rdma: the request waits for its buffer's
+		// registration in the queue, off the submit path.
+		if _, ok := local.(teardownHooker); !ok || p.regs.hasFailed(local.ID()) {
 			return p.localMissing
 		}
+		return p.regs
 	}
 	l := (*p.links.Load())[r.Peer()]
 	if l != nil && l.epoch == r.Epoch() {
@@ -203,12 +210,26 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 	return nil
 }
 
+// routeRegistered is where a task that waited for its buffer's
+// registration goes once the registration ended: where route sends it
+// now (a buffer still unregistered fails it rather than waiting again).
+func (p *rdmaPlane) routeRegistered(t *xfer.Task) xfer.Transport {
+	tr := p.route(t.Local, t.Target)
+	switch {
+	case tr == xfer.Transport(p.regs):
+		return p.localMissing
+	case tr == nil:
+		return p.node // an auto segment: tcp carries it
+	}
+	return tr
+}
+
 // linkRetry is how long a peer whose link could not be made stays on tcp
 // before the next attempt (a new epoch retries at once).
 const linkRetry = 30 * time.Second
 
-// worker registers client buffers, connects links and resolves segments
-// that route asked for. A peer whose link failed stays on tcp for
+// worker connects links and resolves segments that route asked for (the
+// registration queue registers client buffers). A peer whose link failed stays on tcp for
 // linkRetry; a segment that cannot be resolved (its owner could not
 // register it) or a buffer that could not be registered stays on tcp while
 // the rest of its peer's requests use rdma.
@@ -220,22 +241,20 @@ func (p *rdmaPlane) worker() {
 	}
 	failedPeer := map[string]failure{}      // peer → its last failed link
 	failedSeg := map[*tcp.Remote]struct{}{} // segments left on tcp
-	failedBuf := map[xfer.SegmentID]struct{}{}
 	tick := time.NewTicker(linkCheckEvery)
 	defer tick.Stop()
 	for {
 		select {
 		case <-p.stop:
 			return
-		case <-tick.C:
+		case now := <-tick.C:
 			p.checkLinks()
 			p.prunePins()
+			p.regs.expire(now)
 		case j := <-p.prep:
 			j.done <- p.prepare(j.r)
 		case l := <-p.retire:
 			p.retireLink(l, "the peer runs a new epoch")
-		case b := <-p.bufs:
-			p.registerLocal(b, failedBuf)
 		case r := <-p.jobs:
 			if f, ok := failedPeer[r.Peer()]; ok && f.epoch == r.Epoch() && time.Since(f.at) < linkRetry {
 				continue
@@ -382,7 +401,7 @@ func (p *rdmaPlane) connect(peer string, epoch uint64) (*rdmaLink, error) {
 		return nil, err
 	}
 	tr.AddLocal(p.poolID, p.reg)
-	l := &rdmaLink{p: p, peer: peer, epoch: epoch, tr: tr, tcp: p.peers.tr}
+	l := &rdmaLink{p: p, peer: peer, epoch: epoch, tr: tr, tcp: p.node}
 	start := time.Now()
 	if err := tr.Connect(rdma.ChannelPeer{Ch: epochChannel{l}, ID: peer}); err != nil {
 		_ = tr.Close()
@@ -466,6 +485,7 @@ func (p *rdmaPlane) close() {
 	_ = p.node.Handle(revokeExchange, nil)
 	_ = p.node.Handle(notifyExchange, nil)
 	close(p.stop)
+	p.regs.close()
 	p.wg.Wait()
 	for peer, l := range *p.links.Load() {
 		if err := l.tr.Close(); err != nil {
@@ -490,8 +510,13 @@ func (p *rdmaPlane) close() {
 // Name implements xfer.Transport.
 func (l *rdmaLink) Name() string { return "rdma" }
 
-// Cancel implements xfer.Transport (posted RDMA work is not withdrawn).
-func (l *rdmaLink) Cancel(t *xfer.Task) { l.tr.Cancel(t) }
+// Cancel implements xfer.Transport: posted RDMA work is not withdrawn; a
+// task the link handed to tcp and still waiting in the node's queue ends
+// at once (the node ignores tasks it does not hold).
+func (l *rdmaLink) Cancel(t *xfer.Task) {
+	l.tr.Cancel(t)
+	l.tcp.Cancel(t)
+}
 
 // Close implements xfer.Transport; the plane closes the link's transport.
 func (l *rdmaLink) Close() error { return nil }
@@ -605,7 +630,7 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 		return viaTCP // not resolved, or revoked by its owner
 	}
 	via := viaRDMA
-	if l.tcp.count.Load() != 0 && l.tcp.has(t.Req) {
+	if t.Notify != nil {
 		via = viaNotify
 	}
 	ids := *l.ids.Load()
@@ -634,12 +659,4 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 	m[t.Req.Local], m[t.Req.Target] = struct{}{}, struct{}{}
 	l.ids.Store(&m)
 	return via
-}
-
-// has reports whether a notification waits for req.
-func (t *peerTransport) has(req xfer.Request) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	_, ok := t.notes[req]
-	return ok
 }

@@ -41,6 +41,7 @@ func runChildDaemon(t *testing.T, dir string) {
 	cfg := testConfig(dir)
 	cfg.DaemonID = "d1"
 	cfg.PeerListen = os.Getenv(childListenEnv)
+	cfg.Peers = []PeerConfig{{ID: "d2"}} // d2 dials in
 	cfg.ClusterKeyFile = os.Getenv(childKeyEnv)
 	cfg.PeerSliceSize = 64 << 10
 	cfg.PoolSize = killPool

@@ -11,13 +11,14 @@ import (
 )
 
 // Client buffers as the local side of RDMA requests. The first request
-// from a client's buffer to a peer goes over tcp and has the worker
-// register the buffer (local access only: peers reach it only through an
-// export's own registration). Later requests from it move by RDMA. The
-// registration lives as long as the buffer's mapping: the buffer's
-// teardown (its last reference dropped after it was unregistered, so no
-// work request uses it any more) removes it from the links and releases it
-// before the memory is unmapped.
+// from a client's buffer to a peer goes over tcp and has the registration
+// queue (rdma_regs.go) register the buffer (local access only: peers reach
+// it only through an export's own registration); a request of a segment
+// opened with transport rdma waits in that queue instead. Later requests
+// from it move by RDMA. The registration lives as long as the buffer's
+// mapping: the buffer's teardown (its last reference dropped after it was
+// unregistered, so no work request uses it any more) removes it from the
+// links and releases it before the memory is unmapped.
 
 // teardownHooker is a client buffer that runs a hook before it unmaps
 // (shm.Buffer).
@@ -55,21 +56,16 @@ func (p *rdmaPlane) wantLocal(seg xfer.Segment) {
 	if _, ok := seg.(teardownHooker); !ok {
 		return
 	}
-	select {
-	case p.bufs <- seg:
-	default:
-	}
+	p.regs.want(seg)
 }
 
 // registerLocal registers a client buffer for local use and reports
-// whether it is registered. The worker calls it with failed, which
-// remembers the buffers left on tcp; a request to a segment opened with
-// transport rdma calls it directly, with nil.
-func (p *rdmaPlane) registerLocal(seg xfer.Segment, failed map[xfer.SegmentID]struct{}) bool {
+// whether it is registered. Only the registration queue's goroutine calls
+// it, so no two registrations of one buffer race; locals.mu is not held
+// while the device registers (that takes seconds for a large buffer, and
+// a buffer's teardown takes the lock).
+func (p *rdmaPlane) registerLocal(seg xfer.Segment) bool {
 	id := seg.ID()
-	if _, ok := failed[id]; ok {
-		return false
-	}
 	if p.localRegion(id) != nil {
 		return true
 	}
@@ -80,33 +76,30 @@ func (p *rdmaPlane) registerLocal(seg xfer.Segment, failed map[xfer.SegmentID]st
 	defer b.Release()
 	e := &p.locals
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	old := map[xfer.SegmentID]*rdma.Region{}
+	n := 0
 	if m := e.m.Load(); m != nil {
-		old = *m
+		n = len(*m)
 	}
-	if old[id] != nil {
-		return true
-	}
-	fail := func() bool {
-		if failed != nil {
-			failed[id] = struct{}{}
-		}
-		return false
-	}
-	if len(old) >= maxLocalRegs {
+	e.mu.Unlock()
+	if n >= maxLocalRegs {
 		p.log.Warn("client buffer cannot use rdma: too many buffers registered", "segment", id, "max", maxLocalRegs)
-		return fail()
+		return false
 	}
 	start := time.Now()
 	reg, err := p.dev.RegisterAccess(b.Bytes(), rdma.AccessLocal)
 	if err != nil {
 		p.log.Warn("client buffer cannot use rdma: registering it failed", "segment", id, "bytes", b.Size(), "err", err)
-		return fail()
+		return false
+	}
+	e.mu.Lock()
+	old := map[xfer.SegmentID]*rdma.Region{}
+	if m := e.m.Load(); m != nil {
+		old = *m
 	}
 	m := maps.Clone(old)
 	m[id] = reg
 	e.m.Store(&m)
+	e.mu.Unlock()
 	// Set while the reference above is held: the teardown cannot have
 	// run yet.
 	b.SetTeardownHook(func() { p.dropLocal(id) })

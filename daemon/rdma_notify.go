@@ -50,7 +50,10 @@ func (p *rdmaPlane) serveNotify(from string, _ uint64, req []byte) ([]byte, erro
 }
 
 // rdmaNote stands in front of a notified task's Completer while its WRITE
-// is posted on the link.
+// is posted on the link. It holds the task's notification meanwhile: the
+// rdma transport carries none (a task with Notify set is refused there),
+// so the link takes it off the task for the WRITE's flight and puts it
+// back before the task ends.
 type rdmaNote struct {
 	l        *rdmaLink
 	orig     xfer.Completer
@@ -63,6 +66,7 @@ type rdmaNote struct {
 // so the exchange runs on its own goroutine.
 func (n *rdmaNote) TaskDone(t *xfer.Task, moved uint64, err error) {
 	t.SetCompleter(n.orig)
+	t.Notify = n.payload
 	if err != nil {
 		t.Done(0, err)
 		return
@@ -92,24 +96,23 @@ func (n *rdmaNote) TaskDone(t *xfer.Task, moved uint64, err error) {
 }
 
 // submitNotified posts one notified WRITE on the link. A task the link does
-// not take gets its notification back and goes to tcp.
+// not take gets its notification back and goes to tcp, which carries it
+// itself.
 func (l *rdmaLink) submitNotified(t *xfer.Task) (int, error) {
-	nt, ok := l.tcp.take(t.Req)
-	if !ok {
-		return l.tcp.Submit([]*xfer.Task{t})
-	}
 	r := t.Target.(*tcp.Remote)
-	note := &rdmaNote{l: l, orig: t.Completer(), name: r.Name(), payload: nt.payload, deadline: nt.deadline}
+	deadline := t.Deadline
+	if deadline.IsZero() {
+		deadline = time.Now().Add(xfer.DefaultTimeout)
+	}
+	note := &rdmaNote{l: l, orig: t.Completer(), name: r.Name(), payload: t.Notify, deadline: deadline}
+	t.Notify = nil
 	t.SetCompleter(note)
 	n, err := l.tr.Submit([]*xfer.Task{t})
 	if n == 1 {
 		return 1, nil
 	}
 	t.SetCompleter(note.orig)
-	if aerr := l.tcp.attach(t.Req, nt.payload, nt.deadline); aerr != nil {
-		t.Done(0, aerr)
-		return 1, nil
-	}
+	t.Notify = note.payload
 	if errors.Is(err, xfer.ErrClosed) || errors.Is(err, rdma.ErrQPDown) {
 		return l.fallback([]*xfer.Task{t})
 	}

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -143,5 +144,79 @@ func TestVerbsTransportPerSegment(t *testing.T) {
 			t.Fatalf("the transport-rdma segment did not move by RDMA again:\n%s", p.d2.log.String())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestVerbsRegistrationOffSubmitPath: a large client buffer's first
+// requests to a segment opened with transport rdma wait for its
+// registration off the submit path. Submit returns at once; a request with
+// a deadline shorter than the registration ends Timeout at its deadline;
+// the others, submitted in two calls while it registers, share the one
+// registration and complete by RDMA once it is done; meanwhile pool
+// requests on the same link keep moving.
+func TestVerbsRegistrationOffSubmitPath(t *testing.T) {
+	if os.Getenv("RXE_DEV") == "" {
+		t.Skip("no RDMA device: RXE_DEV is unset (make test-rdma runs this in the Soft-RoCE VM)")
+	}
+	p := startRDMAPair(t, "on")
+	viaRDMA, err := p.wr.OpenRemoteVia("d1/kv", client.RightRead|client.RightWrite, client.TransportRDMA)
+	if err != nil {
+		t.Fatalf("OpenRemoteVia rdma: %v\n%s", err, p.d2.log.String())
+	}
+	const size = 256 << 20 // registers for a second or more on Soft-RoCE under TCG
+	buf, err := p.wr.RegisterBuffer(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(rand.New(rand.NewPCG(6, 6)), buf.Mem[:1<<20])
+	w := func(off uint64) xfer.Request {
+		return xfer.Request{Op: xfer.OpWrite, Local: buf.ID, LocalOffset: off, Target: viaRDMA.ID, TargetOffset: off, Length: 64 << 10}
+	}
+	submit := func(deadline time.Duration, reqs ...xfer.Request) xfer.BatchID {
+		t.Helper()
+		b, err := p.wr.AllocBatch(len(reqs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := make([]error, len(reqs))
+		start := time.Now()
+		if err := p.wr.Submit(b, reqs, res, client.WithDeadline(deadline)); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took > 200*time.Millisecond {
+			t.Fatalf("Submit from a buffer being registered took %v", took)
+		}
+		return b
+	}
+	start := time.Now()
+	short := submit(100*time.Millisecond, w(0))
+	b1 := submit(60*time.Second, w(64<<10), w(128<<10))
+	b2 := submit(60*time.Second, w(192<<10))
+	if sum, err := p.wr.Wait(short, 10*time.Second); err != nil || sum.Timeout != 1 {
+		t.Fatalf("request with a 100 ms deadline behind a registration: %+v, %v", sum, err)
+	}
+	timedOut := time.Since(start)
+	// Pool requests keep moving by RDMA while the buffer registers.
+	if err := p.roundTrip(rand.New(rand.NewPCG(7, 7)), 64<<10, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []xfer.BatchID{b1, b2} {
+		if sum, err := p.wr.Wait(b, 60*time.Second); err != nil || sum.Completed != sum.Total {
+			t.Fatalf("requests that waited for the registration: %+v, %v\n%s", sum, err, p.d2.log.String())
+		}
+	}
+	registered := time.Since(start)
+	if got := crc32.Checksum(p.expMem[p.expOff+64<<10:p.expOff+256<<10], castagnoli); got != crc32.Checksum(buf.Mem[64<<10:256<<10], castagnoli) {
+		t.Fatal("bytes written from the registered buffer differ")
+	}
+	if n := strings.Count(p.d2.log.String(), "client buffer registered for rdma"); n != 1 {
+		t.Fatalf("buffer registered %d times, want once:\n%s", n, p.d2.log.String())
+	}
+	t.Logf("the short request timed out after %v; the %d MiB buffer's requests completed after %v",
+		timedOut.Round(time.Millisecond), size>>20, registered.Round(time.Millisecond))
+	for _, b := range []xfer.BatchID{short, b1, b2} {
+		if err := p.wr.FreeBatch(b); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

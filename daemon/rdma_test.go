@@ -43,7 +43,7 @@ func startRDMAPair(t *testing.T, mode string) *rdmaPair {
 		c.RDMADevice = os.Getenv("RXE_DEV")
 	}
 	p := &rdmaPair{block: 4 << 20, key: key, mut: mut}
-	p.d1 = startPeerWith(t, "d1", key, "", mut)
+	p.d1 = startPeerWith(t, "d1", key, "", mut, dialsIn("d2"))
 	p.d2 = startPeerWith(t, "d2", key, "", mut, p.d1.peer())
 	p.exp = p.d1.dial(t, "exporter")
 	pi, ok := p.exp.Pool()
@@ -354,7 +354,7 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := p.rs
-	p.d1 = startPeerWith(t, "d1", p.key, addr, p.mut)
+	p.d1 = startPeerWith(t, "d1", p.key, addr, p.mut, dialsIn("d2"))
 	p.exp = p.d1.dial(t, "exporter-2")
 	pi, _ := p.exp.Pool()
 	offs, err := p.exp.AllocBlocks(nil, 1, p.block)

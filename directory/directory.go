@@ -57,6 +57,9 @@ func validID(id string) error {
 }
 
 // NewEmbedded returns a directory holding self and the configured peers.
+// A peer may be listed without an address: it is known (its daemon may
+// dial in) but cannot be dialed until an Update gives it one (the peer
+// plane does, from the address the peer advertises when it dials in).
 func NewEmbedded(self Peer, peers []Peer) (*Embedded, error) {
 	if err := validID(self.ID); err != nil {
 		return nil, err
@@ -66,9 +69,6 @@ func NewEmbedded(self Peer, peers []Peer) (*Embedded, error) {
 	for _, p := range peers {
 		if err := validID(p.ID); err != nil {
 			return nil, err
-		}
-		if p.Addr == "" {
-			return nil, fmt.Errorf("%w: peer %q has no address", ErrInvalid, p.ID)
 		}
 		if _, dup := d.peers[p.ID]; dup {
 			return nil, fmt.Errorf("%w: duplicate id %q", ErrInvalid, p.ID)

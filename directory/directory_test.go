@@ -66,7 +66,6 @@ func TestEmbeddedInvalid(t *testing.T) {
 	}{
 		{"empty self", Peer{}, nil},
 		{"long id", Peer{ID: strings.Repeat("x", MaxIDLen+1)}, nil},
-		{"peer without addr", Peer{ID: "a"}, []Peer{{ID: "b"}}},
 		{"duplicate", Peer{ID: "a"}, []Peer{{ID: "b", Addr: "x:1"}, {ID: "b", Addr: "x:2"}}},
 		{"peer equals self", Peer{ID: "a"}, []Peer{{ID: "a", Addr: "x:1"}}},
 	}
@@ -74,6 +73,27 @@ func TestEmbeddedInvalid(t *testing.T) {
 		if _, err := NewEmbedded(c.self, c.peers); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: err = %v, want ErrInvalid", c.name, err)
 		}
+	}
+}
+
+// TestEmbeddedPeerWithoutAddress: a configured peer may have no address
+// yet; it is listed, and the first Update with an address gives it one.
+func TestEmbeddedPeerWithoutAddress(t *testing.T) {
+	d, err := NewEmbedded(Peer{ID: "a", Addr: "127.0.0.1:1"}, []Peer{{ID: "b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := d.Lookup("b"); !ok || p.Addr != "" {
+		t.Fatalf("b = %+v, %v; want it listed without an address", p, ok)
+	}
+	if err := d.Update(Peer{ID: "b", Epoch: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Update(Peer{ID: "b", Addr: "127.0.0.1:2"}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := d.Lookup("b"); p.Addr != "127.0.0.1:2" || p.Epoch != 3 {
+		t.Fatalf("b after updates = %+v", p)
 	}
 }
 

@@ -570,7 +570,9 @@ func (t *Transport) forceRetire(q *queuePair, err error) {
 // Submit posts tasks in order, spreading them over the queue pairs that
 // are up, and returns how many it dispatched (see xfer.Transport). A task
 // that fails validation is dispatched and ended at once with an error
-// wrapping xfer.ErrInvalid or ErrNotRegistered. When every queue pair is
+// wrapping xfer.ErrInvalid or ErrNotRegistered, one that carries a
+// notification with xfer.ErrNoNotify (the caller sends notifications on
+// its peer channel). When every queue pair is
 // full or down it waits up to SubmitWait, then returns ErrQueueFull (or
 // ErrQPDown). Called from a completion callback (on the poller), it can
 // only take what fits at once: the room it would wait for is freed by
@@ -645,9 +647,14 @@ func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task, locals, remotes map
 		lt, rt := locals[tk.Req.Local], remotes[tk.Req.Target]
 		var err error
 		plan := q.plan[:0]
-		if lt == nil || rt == nil {
+		switch {
+		case tk.Notify != nil:
+			// Notifications travel on the peer channel (the daemon's
+			// link sends them once the WRITE completed), never here.
+			err = xfer.ErrNoNotify
+		case lt == nil || rt == nil:
 			err = fmt.Errorf("%w: segment %d or %d", ErrNotRegistered, tk.Req.Local, tk.Req.Target)
-		} else {
+		default:
 			plan, err = planTask(plan, tk, lt, rt, t.cfg.MaxMessage)
 			if err == nil && len(plan) > len(q.slots) {
 				err = fmt.Errorf("%w: %d bytes need %d work requests; a send queue holds %d",

@@ -193,7 +193,12 @@ func TestFakeInvalidTasksEndTyped(t *testing.T) {
 		xfer.Request{Op: xfer.OpRead, Local: 77, Target: segRemote, Length: 10},
 		xfer.Request{Op: 0, Local: segLocal, Target: segRemote, Length: 10},
 		xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: 1 << 16, Target: segRemote, Length: 1},
+		xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, Length: 10},
 	)
+	// A valid WRITE carrying a notification: this transport has no channel
+	// to send it on, so the task fails rather than moving without it.
+	notified := tasks[len(tasks)-1]
+	notified.Notify = []byte("x")
 	n, err := a.t.Submit(tasks)
 	if n != len(tasks) || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
@@ -205,6 +210,10 @@ func TestFakeInvalidTasksEndTyped(t *testing.T) {
 		switch {
 		case i == 1 && err != nil:
 			t.Errorf("valid task failed: %v", err)
+		case tk == notified:
+			if !errors.Is(err, xfer.ErrNotSupported) || r.n[tk] != 0 {
+				t.Errorf("notified task: %d bytes, err = %v, want ErrNotSupported and nothing moved", r.n[tk], err)
+			}
 		case i != 1 && !errors.Is(err, xfer.ErrInvalid) && !errors.Is(err, ErrNotRegistered):
 			t.Errorf("task %d: err = %v, want ErrInvalid or ErrNotRegistered", i, err)
 		}

@@ -52,6 +52,9 @@ type conn struct {
 	tok     tokCache
 
 	dataReqs atomic.Uint64 // data requests served (server side)
+	// rxEvents counts the event-loop wake-ups that brought bytes on a
+	// client connection: the reaper's witness that the peer still answers.
+	rxEvents atomic.Uint64
 
 	// Client connections are written directly from the submitting
 	// goroutine while gnet has nothing queued for them; a partial write
@@ -72,6 +75,10 @@ type conn struct {
 	inflight int64
 	closed   bool
 	dropping bool // the reaper asked it to close
+	// The reaper's view of rxEvents: the count it last saw and since when
+	// (unix ns) it has not changed.
+	seenRx uint64
+	quiet  int64
 }
 
 // rxState is the payload being received (loop-only).
@@ -170,6 +177,7 @@ type cliHandler struct {
 
 func (h *cliHandler) OnTraffic(g gnet.Conn) gnet.Action {
 	c := g.Context().(*conn)
+	c.rxEvents.Add(1)
 	act := c.onTraffic()
 	if act == gnet.None && g.OutboundBuffered() == 0 {
 		c.wmu.Lock()
@@ -286,6 +294,27 @@ func (c *conn) onTraffic() gnet.Action {
 // errRefused: the handshake was refused and already logged.
 var errRefused = errors.New("refused")
 
+// Reasons a peer that proved the cluster key is refused (see the package
+// doc).
+const (
+	reasonUnknownID = "daemon id not among this daemon's peers"
+	reasonIDInUse   = "daemon id held by a live session of another epoch"
+)
+
+// liveLocked reports whether the peer's current session is live: outbound
+// connections up, or inbound ones of its current epoch open. p.mu is held.
+func (p *peer) liveLocked() bool {
+	if len(p.sess) > 0 {
+		return true
+	}
+	for c := range p.inbound {
+		if c.epoch == p.epoch {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *conn) handle(h *header, meta []byte) error {
 	if h.typ == tRefuse {
 		c.n.log.Warn("peer refused us", append(c.logger(), "reason", string(meta))...)
@@ -338,9 +367,10 @@ const (
 	labelClient = "tensorcast client"
 )
 
-// refuse logs a refusal, tells the peer why and ends the connection.
+// refuse logs a refusal (rate-limited per reason, see refusalLog), tells
+// the peer why and ends the connection. reason is a fixed string.
 func (c *conn) refuse(reason string, kv ...any) error {
-	c.n.log.Warn("refusing peer", append(append(c.logger(), "reason", reason), kv...)...)
+	c.n.refusals.note(c.n.log, reason, time.Now(), append(c.logger(), kv...)...)
 	c.writeFrame(&header{typ: tRefuse, metaLen: uint16(len(reason))}, []byte(reason))
 	return errRefused
 }
@@ -380,11 +410,20 @@ func (c *conn) onAuth(meta []byte) error {
 		return c.refuse("authentication failed (wrong cluster key?)", "claimed", hc.id)
 	}
 	n := c.n
+	if _, known := n.dir.Lookup(hc.id); !known {
+		return c.refuse(reasonUnknownID, "claimed", hc.id)
+	}
 	p := n.peer(hc.id, true)
 	p.mu.Lock()
 	if p.isRetiredLocked(hc.epoch) {
 		p.mu.Unlock()
 		return c.refuse("stale epoch", "claimed", hc.id, "epoch", fmt.Sprintf("%#x", hc.epoch))
+	}
+	if p.epoch != 0 && hc.epoch != p.epoch && p.liveLocked() {
+		held := p.epoch
+		p.mu.Unlock()
+		return c.refuse(reasonIDInUse, "claimed", hc.id, "epoch", fmt.Sprintf("%#x", hc.epoch),
+			"live_epoch", fmt.Sprintf("%#x", held))
 	}
 	old := p.adoptEpochLocked(hc.epoch)
 	p.blob = hc.blob
@@ -652,14 +691,23 @@ func (c *conn) takeLocked(pd *pending) {
 	}
 }
 
+// stallGrace is how long a connection with a request past its task's
+// deadline may stay silent before the reaper drops it. A peer that keeps
+// answering is never dropped for deadlines alone: its late answers only
+// release what the ended tasks held.
+const stallGrace = time.Second
+
 // reaper enforces deadlines that no frame will: handshakes that stall,
-// requests a peer never answers, notifications not acknowledged in time.
+// requests a peer never answers, notifications not acknowledged in time,
+// tasks that waited in a peer's queue past their deadline, connections
+// that went silent with requests past their deadline.
 func (n *Node) reaper() {
 	defer close(n.reaperDone)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	var late []*pending
 	var stuck []*conn
+	var peers []*peer
 	var renewed time.Time
 	for {
 		select {
@@ -672,27 +720,34 @@ func (n *Node) reaper() {
 			renewed = now
 			n.renewDue(now)
 		}
+		n.refusals.flush(n.log, now)
 		n.mu.Lock()
 		for c := range n.handshaking {
 			if now.Sub(c.created) > n.cfg.HandshakeTimeout {
 				delete(n.handshaking, c)
 				stuck = append(stuck, c)
-				n.log.Warn("refusing peer: handshake timed out", "remote", c.g.RemoteAddr().String())
+				n.refusals.note(n.log, "handshake timed out", now, "remote", c.g.RemoteAddr().String())
 			}
 		}
-		peers := make([]*peer, 0, len(n.peers))
+		peers = peers[:0]
 		for _, p := range n.peers {
 			peers = append(peers, p)
 		}
 		n.mu.Unlock()
 		reqLimit := now.Add(-n.cfg.RequestTimeout).UnixNano()
+		ns := now.UnixNano()
+		stallLimit := ns - int64(stallGrace)
 		for _, p := range peers {
+			n.expireQueued(p, ns)
 			p.mu.Lock()
 			for _, c := range p.sess {
 				if c.dropping {
 					continue
 				}
-				var old bool
+				if rx := c.rxEvents.Load(); rx != c.seenRx || c.quiet == 0 {
+					c.seenRx, c.quiet = rx, ns
+				}
+				var old, stalled bool
 				for id, pd := range c.reqs {
 					switch pd.kind {
 					case pkNotify:
@@ -710,14 +765,28 @@ func (n *Node) reaper() {
 						if pd.sent < reqLimit {
 							old = true
 						}
+						// A request past its task's deadline on a
+						// connection silent for stallGrace: the peer has
+						// stopped answering (it may keep the connection
+						// open, stopped or wedged).
+						if pd.isData() && pd.ts.deadline < stallLimit && c.quiet < stallLimit {
+							stalled = true
+						}
 					}
 				}
-				if old {
+				switch {
+				case old:
 					c.dropping = true
 					stuck = append(stuck, c)
 					p.errs.Add(1)
 					n.log.Warn("dropping peer connection", "peer", p.id, "reason",
 						fmt.Sprintf("a request got no answer within %v", n.cfg.RequestTimeout))
+				case stalled:
+					c.dropping = true
+					stuck = append(stuck, c)
+					p.errs.Add(1)
+					n.log.Warn("dropping peer connection", "peer", p.id, "reason",
+						fmt.Sprintf("requests past their deadline and nothing received for %v", stallGrace))
 				}
 			}
 			p.mu.Unlock()

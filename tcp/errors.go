@@ -26,6 +26,10 @@ var (
 	ErrRefused = errors.New("tcp: refused by peer")
 	// ErrUnknownPeer: the directory has no such peer.
 	ErrUnknownPeer = errors.New("tcp: unknown peer")
+	// ErrBacklog: the peer's queue holds Config.MaxQueued tasks already
+	// (its session is not up, or its window is full); the task was not
+	// sent.
+	ErrBacklog = errors.New("tcp: too many tasks waiting for the peer")
 	// ErrConnLost: the connection carrying a request broke.
 	ErrConnLost = errors.New("tcp: connection lost")
 	// ErrNotFound: the peer exports no segment of that name.

@@ -177,10 +177,14 @@ func startNode(t testing.TB, cfg Config) *testNode {
 	return &testNode{Node: n, exp: exp, logs: lb}
 }
 
-// link tells a about b.
+// link tells a about b (where to dial it) and b about a (so that b
+// accepts a: a node refuses daemon ids its directory does not list).
 func link(t testing.TB, a, b *testNode) {
 	t.Helper()
 	if err := a.Directory().Update(directory.Peer{ID: b.ID(), Addr: b.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Directory().Update(directory.Peer{ID: a.ID(), Addr: a.Addr()}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -143,6 +143,7 @@ func netnsChild(role string) int {
 	switch role {
 	case "server":
 		cfg.DaemonID, cfg.Listen = "b", netnsAddrB+":"+netnsPort
+		cfg.Peers = []directory.Peer{{ID: "a"}} // accepted; its address comes with its hello
 		exp := newExporter()
 		exp.add("seg", newMemSeg(1, 64<<20))
 		n, err := NewNode(cfg, exp, log)

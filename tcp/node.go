@@ -5,14 +5,41 @@
 // requests, sliced and striped over several connections per peer, with
 // bounded in-flight bytes per connection and per peer.
 //
+// Nothing blocks the submitting goroutine. Submit sends what the peer's
+// session and flow-control window take at once; a task whose peer has no
+// session yet, or no room, waits in the peer's queue (bounded by
+// Config.MaxQueued; past it a task fails with ErrBacklog) and the peer's
+// pump goroutine sends it when the session is up and room frees. A waiting
+// task ends at its own deadline (xfer.Task.Deadline) or RequestTimeout,
+// whichever comes first, or when its dial fails; Cancel ends a waiting
+// task at once. Dials and handshakes run only on the pump, bounded by
+// HandshakeTimeout and canceled by Close.
+//
 // Goroutines and stop order. A Node owns: the gnet server engine (its Run
 // goroutine and event loops), the gnet client (event loops for the
-// connections this node dialed) and one reaper goroutine (request and
-// notification deadlines, handshake timeouts). Close stops them in this
-// order: refuse new work and wake waiters (done channel), stop the reaper,
-// stop the client (every dialed connection closes and fails what it
-// carried), stop the server engine, wait for running exchange handlers
-// (see Handle), then wait until no task is outstanding.
+// connections this node dialed), one reaper goroutine (request,
+// notification and queue deadlines, handshake timeouts, stalled
+// connections) and one pump goroutine per peer it has sent to (started on
+// first use, see pump.go). Close stops them in this order: refuse new work,
+// wake waiters and cancel dials in progress (done channel, context), stop
+// the reaper, wait for the pumps, fail the tasks still queued, stop the
+// client (every dialed connection closes and fails what it carried), stop
+// the server engine, wait for running exchange handlers (see Handle), then
+// wait until no task is outstanding.
+//
+// Peers. Only daemons the directory lists (Config.Peers, or entries added
+// to the Directory) are accepted on the listener; any other id is refused
+// after authentication, and refusals are logged at most once per
+// refuseLogEvery with a count. One daemon id holds one session at a time:
+// a peer that dials in under an id whose session is live (outbound
+// connections up, or inbound ones of the current epoch open) with another
+// epoch is refused until that session is gone. Epochs are random, so a
+// newer one cannot be told from an older one; refusing is the rule that
+// never lets a second holder of the cluster key push a working peer out.
+// A peer that restarted is accepted once its old connections have closed
+// (at once when it exited; within peerKeepAlive's probes when its host
+// vanished). A session this node dials itself, to the directory's address,
+// adopts the epoch it is answered with.
 package tcp
 
 import (
@@ -21,6 +48,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -69,12 +97,17 @@ type Config struct {
 	// MaxPeerInflightBytes bounds them per peer (default ConnsPerPeer ×
 	// MaxInflightBytes).
 	MaxPeerInflightBytes int64
-	// HandshakeTimeout bounds dialing plus the handshake (default 5s).
+	// HandshakeTimeout bounds dialing plus the handshake of one connection
+	// (default 5s).
 	HandshakeTimeout time.Duration
-	// RequestTimeout bounds one request's round trip and Submit's wait for
-	// flow-control room (default 30s). A connection with a request older
+	// RequestTimeout bounds one request's round trip and a task's wait in
+	// its peer's queue (default 30s). A connection with a request older
 	// than this is dropped and its requests fail.
 	RequestTimeout time.Duration
+	// MaxQueued bounds the tasks that may wait for one peer's session or
+	// flow-control room (default 16384); past it a task fails at once with
+	// ErrBacklog.
+	MaxQueued int
 	// TokenTTL is how long capability tokens this node issues stay valid
 	// (default 10 minutes).
 	TokenTTL time.Duration
@@ -110,6 +143,8 @@ type PeerStats struct {
 	Connected bool
 	Conns     int // outbound connections in the session
 	Inbound   int // authenticated connections the peer dialed
+	Queued    int // tasks waiting for a session or for flow-control room
+	InFlight  int // requests sent and not yet answered
 	BytesIn   uint64
 	BytesOut  uint64
 	Errors    uint64
@@ -146,6 +181,13 @@ type Node struct {
 
 	done       chan struct{} // closed when Close starts
 	reaperDone chan struct{}
+	// ctx is canceled when Close starts; dials and handshakes run under it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// pumpWG counts the peers' pump goroutines (pump.go); Close waits.
+	pumpWG sync.WaitGroup
+	// refusals rate-limits the log of refused peers.
+	refusals refusalLog
 	// renewWG counts token renewals in flight (tokens.go); Close waits.
 	renewWG   sync.WaitGroup
 	closeOnce sync.Once
@@ -161,13 +203,11 @@ type Node struct {
 	nextID atomic.Uint64
 	segID  atomic.Uint64
 
-	// mu guards peers, remotes, handshaking and notifies.
+	// mu guards peers, remotes and handshaking.
 	mu          sync.Mutex
 	peers       map[string]*peer
 	remotes     map[*Remote]struct{}
 	handshaking map[*conn]struct{} // inbound connections not yet authenticated
-	notifies    map[*xfer.Task]notifyReq
-	notifyCount atomic.Int32 // len(notifies), read without mu by Submit
 
 	// hmu guards handlers.
 	hmu      sync.RWMutex
@@ -231,6 +271,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.TokenTTL == 0 {
 		c.TokenTTL = 10 * time.Minute
+	}
+	if c.MaxQueued == 0 {
+		c.MaxQueued = 16384
+	}
+	if c.MaxQueued < 1 || c.MaxQueued > 1<<20 {
+		return bad("MaxQueued", c.MaxQueued, "must be 1..1048576")
 	}
 	if c.HandshakeTimeout < 0 || c.RequestTimeout < 0 || c.TokenTTL < 0 {
 		return bad("timeouts", "negative", "must be positive")
@@ -313,10 +359,10 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		peers:       make(map[string]*peer),
 		remotes:     make(map[*Remote]struct{}),
 		handshaking: make(map[*conn]struct{}),
-		notifies:    make(map[*xfer.Task]notifyReq),
 		handlers:    make(map[string]Handler),
 		exchSem:     make(chan struct{}, maxExchangeHandlers),
 	}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.pendPool.New = func() any { p := new(pending); p.cb = p.writeDone; p.node = n; return p }
 	n.taskPool.New = func() any { return new(taskState) }
 
@@ -327,6 +373,7 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		gnet.WithLogger(gnetLogger{n.log}),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithReuseAddr(true),
+		gnet.WithTCPKeepAlive(peerKeepAlive),
 	}
 	booted := make(chan struct{})
 	srv := &srvHandler{n: n, booted: booted}
@@ -336,6 +383,7 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 	select {
 	case <-booted:
 	case err := <-n.srvDone:
+		n.cancel()
 		return nil, fmt.Errorf("tcp: listen on %s: %w", cfg.Listen, err)
 	}
 	bound, err := n.boundAddr()
@@ -408,12 +456,22 @@ func (n *Node) boundAddr() (string, error) {
 }
 
 func (n *Node) stopServer() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := n.srvEng.Stop(ctx); err != nil {
+	n.cancel()
+	// Engine.Stop starts the shutdown and then polls for its end every
+	// 500 ms; it gets a done context, and the end is awaited on Run's
+	// return (Run returns once the event loops have stopped) instead.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := n.srvEng.Stop(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		n.log.Warn("stopping peer listener", "err", err)
 	}
-	<-n.srvDone
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
+	case <-n.srvDone:
+	case <-t.C:
+		n.log.Error("peer listener's event loops did not stop within 10 s")
+	}
 }
 
 // Name implements xfer.Transport.
@@ -427,8 +485,13 @@ func (n *Node) Close() error {
 		n.lifeMu.Lock()
 		n.closed.Store(true)
 		close(n.done)
+		n.cancel()
 		n.lifeMu.Unlock()
 		<-n.reaperDone
+		// The pumps see done (a dial in progress fails: its context is
+		// canceled), so nothing is sent or dialed any more.
+		n.pumpWG.Wait()
+		queued := n.failQueued(xfer.ErrClosed)
 		if err := n.cli.Stop(); err != nil {
 			n.log.Warn("stopping client loops", "err", err)
 		}
@@ -437,8 +500,9 @@ func (n *Node) Close() error {
 		n.exchWG.Wait()
 		n.renewWG.Wait()
 		// Every connection is closed, so every request they carried has
-		// failed; what remains are Submit calls on their way out.
-		limit := time.Now().Add(n.cfg.HandshakeTimeout + n.cfg.RequestTimeout)
+		// failed, and every queued task too; what remains are Submit
+		// calls on their way out, which find the node closed.
+		limit := time.Now().Add(closeWait)
 		for n.active.Load() > 0 {
 			if time.Now().After(limit) {
 				n.log.Error("tasks still outstanding after close", "count", n.active.Load())
@@ -446,16 +510,13 @@ func (n *Node) Close() error {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		n.mu.Lock()
-		for t := range n.notifies {
-			delete(n.notifies, t)
-		}
-		n.notifyCount.Store(0)
-		n.mu.Unlock()
-		n.log.Info("tcp node closed")
+		n.log.Info("tcp node closed", "queued_tasks_failed", queued)
 	})
 	return nil
 }
+
+// closeWait bounds Close's wait for Submit calls on their way out.
+const closeWait = time.Second
 
 // peer returns the state of peer id, creating it when create is set.
 func (n *Node) peer(id string, create bool) *peer {
@@ -463,7 +524,8 @@ func (n *Node) peer(id string, create bool) *peer {
 	defer n.mu.Unlock()
 	p := n.peers[id]
 	if p == nil && create {
-		p = &peer{id: id, inbound: make(map[*conn]struct{})}
+		p = &peer{id: id, inbound: make(map[*conn]struct{}), kick: make(chan struct{}, 1),
+			queued: make(map[*xfer.Task]*taskState)}
 		n.peers[id] = p
 	}
 	return p
@@ -479,7 +541,10 @@ func (n *Node) Peers() []PeerStats {
 		s := PeerStats{ID: dp.ID, Addr: dp.Addr, Epoch: dp.Epoch}
 		if p := n.peer(dp.ID, false); p != nil {
 			p.mu.Lock()
-			s.Conns, s.Inbound = len(p.sess), len(p.inbound)
+			s.Conns, s.Inbound, s.Queued = len(p.sess), len(p.inbound), len(p.queued)
+			for _, c := range p.sess {
+				s.InFlight += len(c.reqs)
+			}
 			if p.epoch != 0 {
 				s.Epoch = p.epoch
 			}
@@ -526,19 +591,33 @@ type peer struct {
 	bytesIn, bytesOut, errs atomic.Uint64
 	slice                   atomic.Int64 // slice size agreed with the current session
 
-	// mu guards the fields below, and the reqs, inflight, timedOut and
-	// closed fields of this peer's connections.
+	// kick wakes the peer's pump (capacity 1, never closed).
+	kick chan struct{}
+
+	// mu guards the fields below, the reqs, inflight, timedOut, closed,
+	// dropping and stall fields of this peer's connections, and the queue
+	// fields of the task states in queued.
 	mu       sync.Mutex
 	epoch    uint64   // current epoch, 0 until a handshake told us
 	blob     []byte   // opaque data from the peer's last handshake
 	retired  []uint64 // epochs a newer one replaced (bounded)
 	sess     []*conn  // outbound connections carrying our requests
 	inbound  map[*conn]struct{}
-	dialing  chan struct{} // closed when the dial in progress ends
-	dialErr  error
 	inflight int64
 	wake     chan struct{} // closed when credit frees; nil while nobody waits
 	rr       int
+
+	// The queue (pump.go): tasks that wait for a session or for room,
+	// oldest first, and every task the pump holds, by task (for Cancel).
+	head, tail *taskState
+	queued     map[*xfer.Task]*taskState
+	expiry     int64 // earliest expires in the list (unix ns), 0 when empty
+	pumping    bool  // the pump goroutine runs
+	// wantDial asks the pump for a session; sessWait is closed when the
+	// dial it asked for ended, with dialErr its error.
+	wantDial bool
+	sessWait chan struct{}
+	dialErr  error
 }
 
 const maxRetired = 16

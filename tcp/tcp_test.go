@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -309,9 +310,7 @@ func TestNotifications(t *testing.T) {
 	}
 	b.exp.mu.Unlock()
 	tk := mkTask(col, xfer.OpWrite, local, 0, r, 0, 300<<10)
-	if err := a.SetNotify(tk, []byte("kv-ready"), time.Now().Add(2*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	tk.Notify, tk.Deadline = []byte("kv-ready"), time.Now().Add(2*time.Second)
 	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; d.err != nil || d.n != 300<<10 {
 		t.Fatalf("notified write: n=%d err=%v", d.n, d.err)
 	}
@@ -324,7 +323,7 @@ func TestNotifications(t *testing.T) {
 	b.exp.deliver = func(string, []byte) error { return errors.New("no subscriber") }
 	b.exp.mu.Unlock()
 	tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
-	_ = a.SetNotify(tk, []byte("x"), time.Now().Add(2*time.Second))
+	tk.Notify, tk.Deadline = []byte("x"), time.Now().Add(2*time.Second)
 	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; !errors.Is(d.err, ErrNotifyRejected) {
 		t.Fatalf("negative ACK ended with %v", d.err)
 	}
@@ -335,7 +334,7 @@ func TestNotifications(t *testing.T) {
 	b.exp.deliver = func(string, []byte) error { time.Sleep(300 * time.Millisecond); return nil }
 	b.exp.mu.Unlock()
 	tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
-	_ = a.SetNotify(tk, []byte("slow"), time.Now().Add(100*time.Millisecond))
+	tk.Notify, tk.Deadline = []byte("slow"), time.Now().Add(100*time.Millisecond)
 	start := time.Now()
 	d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]
 	if !errors.Is(d.err, xfer.ErrTimeout) || time.Since(start) > 290*time.Millisecond {
@@ -353,20 +352,32 @@ func TestNotifications(t *testing.T) {
 		t.Fatalf("a late ACK dropped the connection:\n%s", a.logs.String())
 	}
 
-	// Bad notifications.
-	if err := a.SetNotify(tk, make([]byte, MaxNotify+1), time.Now().Add(time.Second)); !errors.Is(err, xfer.ErrInvalid) {
-		t.Fatalf("oversized notification: %v", err)
+	// Bad notifications end their task, typed.
+	big := mkTask(col, xfer.OpWrite, local, 0, r, 0, 10)
+	big.Notify, big.Deadline = make([]byte, MaxNotify+1), time.Now().Add(time.Second)
+	if d := submitWait(t, a.Node, col, []*xfer.Task{big}, 5*time.Second)[0]; !errors.Is(d.err, xfer.ErrInvalid) {
+		t.Fatalf("oversized notification: %v", d.err)
 	}
 	rd := mkTask(col, xfer.OpRead, local, 0, r, 0, 10)
-	_ = a.SetNotify(rd, []byte("x"), time.Now().Add(time.Second))
+	rd.Notify, rd.Deadline = []byte("x"), time.Now().Add(time.Second)
 	if d := submitWait(t, a.Node, col, []*xfer.Task{rd}, 5*time.Second)[0]; !errors.Is(d.err, xfer.ErrInvalid) {
 		t.Fatalf("notification on a read: %v", d.err)
 	}
-	a.mu.Lock()
-	left := len(a.notifies)
-	a.mu.Unlock()
-	if left != 0 {
-		t.Fatalf("%d notification entries left behind", left)
+
+	// Two identical notified WRITEs in one call each carry their own.
+	twin := []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096), mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)}
+	twin[0].Notify, twin[0].Deadline = []byte("first"), time.Now().Add(2*time.Second)
+	twin[1].Notify, twin[1].Deadline = []byte("second"), time.Now().Add(2*time.Second)
+	for _, d := range submitWait(t, a.Node, col, twin, 5*time.Second) {
+		if d.err != nil {
+			t.Fatalf("identical notified write: %v", d.err)
+		}
+	}
+	b.exp.mu.Lock()
+	notes := slices.Clone(b.exp.notes)
+	b.exp.mu.Unlock()
+	if !slices.Contains(notes, "seg:first") || !slices.Contains(notes, "seg:second") {
+		t.Fatalf("identical notified writes delivered %v", notes)
 	}
 }
 
@@ -436,6 +447,7 @@ func TestStaleEpochRefusedBothWays(t *testing.T) {
 	}
 	b1.Close()
 	b2 := startNode(t, Config{DaemonID: "b", ClusterKeyFile: key, Epoch: e2, Listen: addr})
+	link(t, a, b2)
 	b2.exp.add("x", newMemSeg(1, 10))
 	if !waitFor(3*time.Second, func() bool { _, err := a.Open("b", "x", RightRead); return err == nil }) {
 		t.Fatal("no session with the restarted peer")

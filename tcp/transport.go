@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"encoding/binary"
@@ -169,18 +170,32 @@ func (pd *pending) finish(moved uint64, err error) {
 
 // taskState follows one task through its slices (and its notification).
 type taskState struct {
-	n         *Node
-	t         *xfer.Task
-	r         *Remote
-	local     []byte // the task's local range
-	toff      uint64
-	op        xfer.Op
-	left      atomic.Int64 // slices outstanding, +1 while Submit still sends
-	moved     atomic.Uint64
-	err       atomic.Pointer[error]
-	notify    []byte
-	deadline  int64
-	hasNotify bool
+	n     *Node
+	t     *xfer.Task
+	r     *Remote
+	local []byte // the task's local range
+	toff  uint64
+	op    xfer.Op
+	// left counts the slices sent and not yet answered, +1 for the hold of
+	// whoever still sends the task (the submitting goroutine or the pump).
+	left  atomic.Int64
+	moved atomic.Uint64
+	err   atomic.Pointer[error]
+	// notify is the task's notification (Task.Notify, nil for none),
+	// deadline the task's deadline (unix ns) for the notification's ACK and
+	// for the stall check.
+	notify   []byte
+	deadline int64
+	// sent is the offset of the next slice to send; only the task's
+	// current sender touches it.
+	sent uint64
+
+	// Queue fields, guarded by the peer's mu while the task is in
+	// peer.queued (pump.go).
+	prev, next *taskState
+	listed     bool  // in the peer's list (false while the pump holds it)
+	expires    int64 // unix ns: the wait in the queue ends in a timeout
+	canceled   bool  // Cancel came while the pump held it
 }
 
 func (ts *taskState) setErr(err error) { ts.err.CompareAndSwap(nil, &err) }
@@ -203,7 +218,7 @@ func (ts *taskState) end() {
 	if p := ts.err.Load(); p != nil {
 		err = *p
 	}
-	if err == nil && ts.hasNotify {
+	if err == nil && ts.notify != nil {
 		if err = ts.n.sendNotify(ts); err == nil {
 			return
 		}
@@ -213,72 +228,65 @@ func (ts *taskState) end() {
 
 func (ts *taskState) complete(err error) {
 	n, t, moved := ts.n, ts.t, ts.moved.Load()
-	ts.t, ts.r, ts.local, ts.notify, ts.hasNotify = nil, nil, nil, nil, false
-	ts.err.Store(nil)
-	ts.moved.Store(0)
+	*ts = taskState{}
 	n.taskPool.Put(ts)
 	t.Done(moved, err)
 	n.active.Add(-1)
 }
 
-type notifyReq struct {
-	payload  []byte
-	deadline time.Time
+// stopSending is the end of the sender's part: the slices not sent are
+// given up (with err, unless nil) and the sender's hold is dropped, so the
+// task ends once the slices in flight are answered.
+func (ts *taskState) stopSending(err error) {
+	if err != nil {
+		ts.setErr(err)
+	}
+	ts.part(0, nil)
 }
 
-// SetNotify attaches a notification to a WRITE task before it is
-// submitted: once the task's data has landed, the target daemon delivers
-// payload (at most MaxNotify bytes, copied here) through its
-// Exporter.Deliver, and the task completes only on the target's positive
-// ACK before deadline. A negative ACK fails it (ErrNotifyRejected), no ACK
-// by the deadline ends it with xfer.ErrTimeout, a broken connection fails
-// it (ErrConnLost). Submit consumes the entry when it dispatches the task;
-// ClearNotify drops an entry for a task that will not be submitted.
-func (n *Node) SetNotify(t *xfer.Task, payload []byte, deadline time.Time) error {
-	if t == nil || len(payload) > MaxNotify || deadline.IsZero() {
-		return fmt.Errorf("%w: notification of %d bytes (max %d) needs a task and a deadline", xfer.ErrInvalid, len(payload), MaxNotify)
+// Cancel implements xfer.Transport. A task still waiting in its peer's
+// queue ends at once with xfer.ErrCanceled (after the slices it already
+// sent are answered); one whose slices are all on the wire ends within
+// its deadline plus stallGrace (a silent connection is dropped), within
+// RequestTimeout in any case, and its notification by its deadline.
+func (n *Node) Cancel(t *xfer.Task) {
+	r, ok := t.Target.(*Remote)
+	if !ok || r == nil || r.node != n {
+		return
 	}
-	if n.closed.Load() {
-		return xfer.ErrClosed
+	p := r.peer
+	p.mu.Lock()
+	ts := p.queued[t]
+	if ts == nil {
+		p.mu.Unlock()
+		return
 	}
-	nr := notifyReq{payload: append([]byte(nil), payload...), deadline: deadline}
-	n.mu.Lock()
-	if _, ok := n.notifies[t]; !ok {
-		n.notifyCount.Add(1)
+	if !ts.listed {
+		// The pump holds it; it gives it up when it puts it down.
+		ts.canceled = true
+		p.mu.Unlock()
+		return
 	}
-	n.notifies[t] = nr
-	n.mu.Unlock()
-	return nil
+	p.unlinkLocked(ts)
+	p.mu.Unlock()
+	ts.stopSending(fmt.Errorf("%w: while waiting for peer %s", xfer.ErrCanceled, p.id))
 }
-
-// ClearNotify drops the notification attached to t, if any.
-func (n *Node) ClearNotify(t *xfer.Task) { n.takeNotify(t) }
-
-func (n *Node) takeNotify(t *xfer.Task) (notifyReq, bool) {
-	if n.notifyCount.Load() == 0 {
-		return notifyReq{}, false
-	}
-	n.mu.Lock()
-	nr, ok := n.notifies[t]
-	if ok {
-		delete(n.notifies, t)
-		n.notifyCount.Add(-1)
-	}
-	n.mu.Unlock()
-	return nr, ok
-}
-
-// Cancel implements xfer.Transport. It is a no-op: every request ends
-// within RequestTimeout (a connection with an older request is dropped)
-// and every notification by its deadline.
-func (n *Node) Cancel(*xfer.Task) {}
 
 // Submit implements xfer.Transport. task.Local must be an xfer.MemSegment
-// and task.Target a *Remote of this node. Submit sends each task's slices,
-// waiting for flow-control room at most RequestTimeout; it dials a peer
-// without a live session (bounded by HandshakeTimeout). Every task it
-// returns in tasks[:n] ends with exactly one Done; validation failures end
-// with a typed error.
+// and task.Target a *Remote of this node. Submit never waits: it sends
+// what the peer's session and flow-control window take now and queues the
+// rest for the peer's pump (see the package doc), which dials a peer
+// without a live session. Every task it returns in tasks[:n] ends with
+// exactly one Done; validation failures end with a typed error, a task
+// past the peer's queue bound with ErrBacklog.
+//
+// A task with Notify set must be a WRITE with at most MaxNotify bytes of
+// notification: once its data has landed, the target daemon delivers the
+// notification through its Exporter.Deliver, and the task completes only
+// on the target's positive ACK before the task's Deadline (RequestTimeout
+// from dispatch when it has none). A negative ACK fails it
+// (ErrNotifyRejected), no ACK by the deadline ends it with xfer.ErrTimeout,
+// a broken connection fails it (ErrConnLost).
 func (n *Node) Submit(tasks []*xfer.Task) (int, error) {
 	for i, t := range tasks {
 		n.active.Add(1)
@@ -297,7 +305,6 @@ func (n *Node) fail(t *xfer.Task, err error) {
 }
 
 func (n *Node) dispatch(t *xfer.Task) {
-	nr, hasNotify := n.takeNotify(t)
 	r, ok := t.Target.(*Remote)
 	if !ok || r == nil || r.node != n {
 		n.fail(t, fmt.Errorf("%w: target is not a remote segment of this node", xfer.ErrInvalid))
@@ -326,42 +333,90 @@ func (n *Node) dispatch(t *xfer.Task) {
 		n.fail(t, fmt.Errorf("%w: %d bytes at local %d / target %d outside the segments", xfer.ErrInvalid, q.Length, q.LocalOffset, q.TargetOffset))
 		return
 	}
-	if hasNotify && q.Op != xfer.OpWrite {
-		n.fail(t, fmt.Errorf("%w: a notification rides only on a WRITE", xfer.ErrInvalid))
+	if t.Notify != nil && (q.Op != xfer.OpWrite || len(t.Notify) > MaxNotify) {
+		n.fail(t, fmt.Errorf("%w: a notification (at most %d bytes, this one %d) rides only on a WRITE",
+			xfer.ErrInvalid, MaxNotify, len(t.Notify)))
 		return
 	}
 	if r.rights&need == 0 {
 		n.fail(t, fmt.Errorf("%w: %s/%s opened with rights %v", xfer.ErrPermission, r.peer.id, r.name, r.rights))
 		return
 	}
-	if err := n.ensureSession(r.peer); err != nil {
-		n.fail(t, err)
-		return
-	}
 	ts := n.taskPool.Get().(*taskState)
 	ts.n, ts.t, ts.r, ts.op, ts.toff = n, t, r, q.Op, q.TargetOffset
 	ts.local = lb[q.LocalOffset : q.LocalOffset+q.Length]
-	if hasNotify {
-		ts.hasNotify, ts.notify, ts.deadline = true, nr.payload, nr.deadline.UnixNano()
+	ts.notify = t.Notify
+	if t.Deadline.IsZero() {
+		ts.deadline = time.Now().Add(n.cfg.RequestTimeout).UnixNano()
+	} else {
+		ts.deadline = t.Deadline.UnixNano()
 	}
-	slice := uint64(r.peer.slice.Load())
-	count := int64((q.Length + slice - 1) / slice)
-	ts.left.Store(count + 1)
-	var sent int64
-	for off := uint64(0); off < q.Length; off += slice {
-		if err := n.sendSlice(ts, off, uint32(min(slice, q.Length-off))); err != nil {
-			ts.setErr(err)
-			break
+	ts.left.Store(1)
+	p := r.peer
+	p.mu.Lock()
+	if p.head == nil && len(p.sess) > 0 {
+		// Nothing waits ahead of it: send what fits now.
+		p.mu.Unlock()
+		if n.sendSome(ts) == sentAll {
+			ts.stopSending(nil)
+			return
 		}
-		sent++
+		p.mu.Lock()
+		n.enqueueLocked(p, ts, true)
+		p.mu.Unlock()
+		return
 	}
-	if sent < count {
-		ts.left.Add(-(count - sent))
-	}
-	ts.part(0, nil)
+	n.enqueueLocked(p, ts, false)
+	p.mu.Unlock()
 }
 
-func (n *Node) sendSlice(ts *taskState, off uint64, k uint32) error {
+// sendState is how far sendSome got with a task.
+type sendState uint8
+
+const (
+	sentAll   sendState = iota // nothing left to send (or a failure stopped it)
+	needRoom                   // the flow-control window is full
+	needDials                  // the peer has no usable session
+)
+
+// sendSome sends ts's slices from ts.sent on for as long as the peer's
+// session and window take them, without waiting. The sender's hold on ts
+// stays with the caller, who drops it (stopSending) once it is done with
+// ts: with sentAll at once, otherwise when it gives up the rest; ts.sent
+// says where to resume.
+func (n *Node) sendSome(ts *taskState) sendState {
+	p := ts.r.peer
+	length := uint64(len(ts.local))
+	for ts.sent < length {
+		if ts.err.Load() != nil {
+			// A slice already failed: the task fails, the rest need not go.
+			return sentAll
+		}
+		slice := uint64(p.slice.Load())
+		if slice == 0 {
+			return needDials // no session has told us its frame size
+		}
+		k := uint32(min(slice, length-ts.sent))
+		ts.left.Add(1)
+		st, err := n.sendSlice(ts, ts.sent, k)
+		if err != nil || st != sentAll {
+			ts.left.Add(-1)
+			if err != nil {
+				ts.setErr(err)
+				return sentAll
+			}
+			return st
+		}
+		ts.sent += uint64(k)
+	}
+	return sentAll
+}
+
+// sendSlice sends k bytes at off of ts's range as one request. sentAll
+// means it went out; needRoom / needDials that it did not (nothing taken);
+// an error, whatever the state, that the task cannot go on (the node is
+// closed).
+func (n *Node) sendSlice(ts *taskState, off uint64, k uint32) (sendState, error) {
 	r := ts.r
 	pd := n.pendPool.Get().(*pending)
 	pd.kind, pd.ts, pd.loff, pd.n = pkRead, ts, off, k
@@ -370,11 +425,11 @@ func (n *Node) sendSlice(ts *taskState, off uint64, k uint32) error {
 		pd.kind, typ = pkWrite, tWriteReq
 	}
 	pd.refs.Store(2)
-	c, err := n.register(r.peer, pd, int64(k), true)
-	if err != nil {
+	c, st, err := n.tryRegister(r.peer, pd, int64(k))
+	if c == nil {
 		pd.refs.Store(1)
 		pd.release()
-		return err
+		return st, err
 	}
 	tok := r.cred.Load().token
 	putHeader(pd.hdr[:], &header{typ: typ, id: pd.id, arg: ts.toff + off, n: k, metaLen: uint16(len(tok))})
@@ -386,7 +441,7 @@ func (n *Node) sendSlice(ts *taskState, off uint64, k uint32) error {
 		r.peer.bytesOut.Add(uint64(k))
 	}
 	c.send(pd, nb)
-	return nil
+	return sentAll, nil
 }
 
 // send writes pd's frame on a client connection: straight to the socket
@@ -459,68 +514,63 @@ func trimIovec(bufs [][]byte, n int) [][]byte {
 	return bufs
 }
 
-// register puts pd on one of the peer's connections. Data requests take
-// credit (ln bytes) on the least-loaded connection with room, waiting for
-// room at most RequestTimeout.
-func (n *Node) register(p *peer, pd *pending, ln int64, credit bool) (*conn, error) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
+// tryRegister puts data request pd, of ln bytes, on the least-loaded of
+// the peer's connections with room in its window and the peer's. It never
+// waits: with no room it returns needRoom, with no session needDials, and
+// an error once the node is closed.
+func (n *Node) tryRegister(p *peer, pd *pending, ln int64) (*conn, sendState, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n.closed.Load() {
+		return nil, needDials, xfer.ErrClosed
+	}
+	var best *conn
+	live := false
+	for i := range p.sess {
+		c := p.sess[(p.rr+i)%len(p.sess)]
+		if c.dropping {
+			continue
 		}
-	}()
-	for {
-		p.mu.Lock()
-		if n.closed.Load() {
-			p.mu.Unlock()
-			return nil, xfer.ErrClosed
-		}
-		if len(p.sess) == 0 {
-			p.mu.Unlock()
-			return nil, fmt.Errorf("%w: no session with peer %s", ErrConnLost, p.id)
-		}
-		var best *conn
-		for i := range p.sess {
-			c := p.sess[(p.rr+i)%len(p.sess)]
-			if c.dropping {
-				continue
-			}
-			if !credit {
-				best = c
-				break
-			}
-			if c.inflight+ln <= c.window && (best == nil || c.inflight < best.inflight) {
-				best = c
-			}
-		}
-		if best != nil && (!credit || p.inflight+ln <= n.cfg.MaxPeerInflightBytes) {
-			p.rr++
-			pd.id = n.nextID.Add(1)
-			pd.sent = time.Now().UnixNano()
-			best.reqs[pd.id] = pd
-			if credit {
-				best.inflight += ln
-				p.inflight += ln
-			}
-			p.mu.Unlock()
-			return best, nil
-		}
-		if p.wake == nil {
-			p.wake = make(chan struct{})
-		}
-		w := p.wake
-		p.mu.Unlock()
-		if timer == nil {
-			timer = time.NewTimer(n.cfg.RequestTimeout)
-		}
-		select {
-		case <-w:
-		case <-timer.C:
-			return nil, fmt.Errorf("%w: no flow-control room toward %s within %v", xfer.ErrTimeout, p.id, n.cfg.RequestTimeout)
-		case <-n.done:
-			return nil, xfer.ErrClosed
+		live = true
+		if c.inflight+ln <= c.window && (best == nil || c.inflight < best.inflight) {
+			best = c
 		}
 	}
+	if !live {
+		return nil, needDials, nil
+	}
+	if best == nil || p.inflight+ln > n.cfg.MaxPeerInflightBytes {
+		return nil, needRoom, nil
+	}
+	p.rr++
+	pd.id = n.nextID.Add(1)
+	pd.sent = time.Now().UnixNano()
+	best.reqs[pd.id] = pd
+	best.inflight += ln
+	p.inflight += ln
+	return best, sentAll, nil
+}
+
+// register puts control request pd (no credit) on one of the peer's
+// connections, or fails when the peer has no session.
+func (n *Node) register(p *peer, pd *pending) (*conn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n.closed.Load() {
+		return nil, xfer.ErrClosed
+	}
+	for i := range p.sess {
+		c := p.sess[(p.rr+i)%len(p.sess)]
+		if c.dropping {
+			continue
+		}
+		p.rr++
+		pd.id = n.nextID.Add(1)
+		pd.sent = time.Now().UnixNano()
+		c.reqs[pd.id] = pd
+		return c, nil
+	}
+	return nil, fmt.Errorf("%w: no session with peer %s", ErrConnLost, p.id)
 }
 
 func (n *Node) sendNotify(ts *taskState) error {
@@ -534,7 +584,7 @@ func (n *Node) sendNotify(ts *taskState) error {
 	pd := &pending{node: n, kind: pkNotify, ts: ts, deadline: ts.deadline}
 	pd.cb = pd.writeDone
 	pd.refs.Store(2)
-	c, err := n.register(ts.r.peer, pd, 0, false)
+	c, err := n.register(ts.r.peer, pd)
 	if err != nil {
 		return err
 	}
@@ -581,7 +631,7 @@ func (n *Node) roundTrip(p *peer, kind pendKind, h header, meta []byte, timeout 
 	pd := &pending{node: n, kind: kind, doneCh: make(chan struct{})}
 	pd.cb = pd.writeDone
 	pd.refs.Store(2)
-	c, err := n.register(p, pd, 0, false)
+	c, err := n.register(p, pd)
 	if err != nil {
 		return nil, err
 	}
@@ -619,49 +669,15 @@ func (n *Node) peerFor(id string) (*peer, error) {
 	return n.peer(id, true), nil
 }
 
-// ensureSession makes sure the peer has outbound connections, dialing them
-// when it has none; concurrent callers share one dial.
-func (n *Node) ensureSession(p *peer) error {
-	for {
-		p.mu.Lock()
-		if len(p.sess) > 0 {
-			p.mu.Unlock()
-			return nil
-		}
-		if ch := p.dialing; ch != nil {
-			p.mu.Unlock()
-			select {
-			case <-ch:
-			case <-n.done:
-				return xfer.ErrClosed
-			}
-			p.mu.Lock()
-			err, live := p.dialErr, len(p.sess) > 0
-			p.mu.Unlock()
-			if live {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			continue
-		}
-		ch := make(chan struct{})
-		p.dialing = ch
-		p.mu.Unlock()
-		err := n.dial(p)
-		p.mu.Lock()
-		p.dialing, p.dialErr = nil, err
-		close(ch)
-		p.mu.Unlock()
-		return err
-	}
-}
-
+// dial opens the peer's session: ConnsPerPeer connections, each dialed and
+// authenticated within HandshakeTimeout. Only the peer's pump calls it.
 func (n *Node) dial(p *peer) error {
 	dp, ok := n.dir.Lookup(p.id)
-	if !ok || dp.Addr == "" {
+	if !ok {
 		return fmt.Errorf("%w: %q", ErrUnknownPeer, p.id)
+	}
+	if dp.Addr == "" {
+		return fmt.Errorf("%w: %q has no address yet (it is accepted when it dials in, and tells its address then)", ErrUnknownPeer, p.id)
 	}
 	conns := make([]*conn, 0, n.cfg.ConnsPerPeer)
 	closeAll := func() {
@@ -709,7 +725,9 @@ func (n *Node) peerSeen(p *peer, addr string, epoch uint64, old []*conn) {
 		_ = c.g.Close()
 	}
 	upd := directory.Peer{ID: p.id, Epoch: epoch}
-	if _, known := n.dir.Lookup(p.id); !known {
+	if dp, known := n.dir.Lookup(p.id); known && dp.Addr == "" {
+		// Listed without an address: the one it advertises is where to
+		// dial it.
 		upd.Addr = addr
 	}
 	if err := n.dir.Update(upd); err != nil {
@@ -720,14 +738,24 @@ func (n *Node) peerSeen(p *peer, addr string, epoch uint64, old []*conn) {
 // dialOne connects, authenticates and hands the connection to the event
 // loops.
 func (n *Node) dialOne(p *peer, addr string) (*conn, hello, error) {
-	d := net.Dialer{Timeout: n.cfg.HandshakeTimeout}
-	nc, err := d.Dial("tcp", addr)
+	d := net.Dialer{Timeout: n.cfg.HandshakeTimeout,
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: peerKeepAlive, Interval: peerKeepAlive / 5, Count: 5}}
+	nc, err := d.DialContext(n.ctx, "tcp", addr)
 	if err != nil {
+		if n.closed.Load() {
+			return nil, hello{}, xfer.ErrClosed
+		}
 		return nil, hello{}, fmt.Errorf("%w: dial %s at %s: %w", ErrConnLost, p.id, addr, err)
 	}
+	// Close interrupts a handshake the peer never answers.
+	stop := context.AfterFunc(n.ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
 	hs, err := n.clientHandshake(nc, p)
+	stop()
 	if err != nil {
 		nc.Close()
+		if n.closed.Load() {
+			return nil, hs, xfer.ErrClosed
+		}
 		return nil, hs, err
 	}
 	c := &conn{n: n, role: roleClient, created: time.Now(), peer: p, epoch: hs.epoch, reqs: make(map[uint64]*pending),

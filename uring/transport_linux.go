@@ -269,7 +269,8 @@ func (t *Transport) Stats() []RingStats {
 
 // Submit dispatches tasks in order (see xfer.Transport). Invalid tasks are
 // dispatched and end at once with an error matching xfer.ErrInvalid (or
-// xfer.ErrPermission). A full ring makes Submit wait up to
+// xfer.ErrPermission); a task carrying a notification ends with
+// xfer.ErrNoNotify (xfer.ErrNotSupported). A full ring makes Submit wait up to
 // Config.SubmitWait for room, then return ErrQueueFull for the rest. Submit
 // may be called from Task.Done callbacks, but then must not submit more
 // tasks than it was handed back, or it waits for room only its own
@@ -751,6 +752,10 @@ type prepared struct {
 // resolve validates a task and works out its SQE parameters.
 func (t *Transport) resolve(task *xfer.Task, p *prepared) error {
 	req := &task.Req
+	if task.Notify != nil {
+		// A file has nobody to deliver a notification to.
+		return xfer.ErrNoNotify
+	}
 	switch req.Op {
 	case xfer.OpRead:
 		p.op = opRead

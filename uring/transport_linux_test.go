@@ -452,6 +452,11 @@ func TestBadRequests(t *testing.T) {
 		}(), xfer.ErrInvalid},
 		{"other transport's file", newTask(rec, xfer.OpRead, pool, 0, fOther, 0, 1), xfer.ErrInvalid},
 		{"write to read-only", newTask(rec, xfer.OpWrite, pool, 0, ro, 0, 1), xfer.ErrPermission},
+		{"notified write", func() *xfer.Task {
+			x := newTask(rec, xfer.OpWrite, pool, 0, f, 0, 4096)
+			x.Notify = []byte("nobody reads a file's notifications")
+			return x
+		}(), xfer.ErrNotSupported},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := runOne(t, tr, rec, tc.task)

@@ -97,6 +97,7 @@ func (b *batch) reset(capacity int) {
 			t.Req = Request{}
 			t.Local, t.Target, t.tr, t.err = nil, nil, nil, nil
 			t.Tag, t.n, t.seq = 0, 0, 0
+			t.Deadline, t.Notify = time.Time{}, nil
 			t.state.Store(0)
 			t.owed.Store(0)
 		}
@@ -113,8 +114,10 @@ func (b *batch) reset(capacity int) {
 	b.id = BatchID(uint64(b.gen)<<32 | uint64(b.idx) + 1)
 }
 
-// submit runs Engine.Submit once the call is checked. b.mu is held.
-func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, results []error) error {
+// submit runs Engine.Submit once the call is checked: notify is empty or
+// positional with reqs, deadline is the call's effective deadline (never
+// zero) and now when the clock was read. b.mu is held.
+func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, now time.Time, results []error) error {
 	start := b.used
 	end := start + len(reqs)
 	b.used = end
@@ -130,6 +133,10 @@ func (b *batch) submit(reqs []Request, r Resolver, deadline, now time.Time, resu
 		t := &b.tasks[start+i]
 		t.Req = reqs[i]
 		t.seq = seq
+		t.Deadline = deadline
+		if len(notify) != 0 {
+			t.Notify = notify[i]
+		}
 		if err := b.e.prepare(t, r); err != nil {
 			results[i] = err
 			t.err = err
@@ -590,16 +597,9 @@ type call struct {
 	armed      bool      // guarded by b.mu
 }
 
-// arm starts the deadline timer of tasks[start:end]: deadline, or
-// Config.DefaultTimeout from now when it is zero. now is zero when the
-// clock has not been read yet. b.mu is held.
+// arm starts the deadline timer of tasks[start:end] at deadline; now is
+// when the call read the clock. b.mu is held.
 func (b *batch) arm(start, end int, deadline, now time.Time) {
-	if now.IsZero() {
-		now = time.Now()
-	}
-	if deadline.IsZero() {
-		deadline = now.Add(b.e.cfg.DefaultTimeout)
-	}
 	var c *call
 	if b.ncalls < len(b.calls) {
 		c = b.calls[b.ncalls]

@@ -63,6 +63,13 @@ type SubmitOptions struct {
 	// Resolver maps the requests' segment ids (typically the caller's own
 	// segments plus the pool). It is required.
 	Resolver Resolver
+	// Notify is positional with the requests: Notify[i] is the
+	// notification reqs[i] carries to the target's subscribed client (see
+	// Task.Notify), nil for none. An empty Notify means none for the whole
+	// call; otherwise its length must equal len(reqs) (ErrInvalid for the
+	// whole call). The engine hands each slice to the task as it is: the
+	// caller must not change or reuse its bytes until the task has ended.
+	Notify [][]byte
 }
 
 // TaskStatus is one task's state as Engine.Status reports it. Transferred
@@ -228,9 +235,13 @@ func (e *Engine) lock(id BatchID) (*batch, error) {
 // (they are Failed at once), so task i of the call is Status(id, start+i)
 // where start is BatchSummary.Total before the call.
 //
+// Before dispatch each task gets its effective deadline (opts.Deadline, or
+// now + Config.DefaultTimeout) in Task.Deadline and its notification, if
+// any, in Task.Notify; both are cleared when the batch's slot is reused.
+//
 // A returned error is for the whole call: ErrBatchNotFound, ErrBatchFull
-// (over capacity), ErrClosed, ErrInvalid (len(results) != len(reqs) or no
-// Resolver), ErrTimeout (the deadline already passed) leave the batch
+// (over capacity), ErrClosed, ErrInvalid (len(results) != len(reqs),
+// len(opts.Notify) neither 0 nor len(reqs), or no Resolver), ErrTimeout (the deadline already passed) leave the batch
 // unchanged. ErrTransport (a transport broke the dispatch contract) means
 // every task of the call has already ended Failed and been rolled back; the
 // results then stay as they were filled.
@@ -238,7 +249,7 @@ func (e *Engine) lock(id BatchID) (*batch, error) {
 // Tasks a transport refused at dispatch (Transport.Submit returned n <
 // len) stay accepted and end Failed with the transport's error.
 func (e *Engine) Submit(id BatchID, reqs []Request, opts SubmitOptions, results []error) error {
-	if len(results) != len(reqs) {
+	if len(results) != len(reqs) || len(opts.Notify) != 0 && len(opts.Notify) != len(reqs) {
 		return ErrInvalid
 	}
 	b, err := e.lock(id)
@@ -258,15 +269,15 @@ func (e *Engine) Submit(id BatchID, reqs []Request, opts SubmitOptions, results 
 	if opts.Resolver == nil {
 		return ErrInvalid
 	}
-	// The clock is read only when a deadline must be checked or armed.
-	var now time.Time
-	if !opts.Deadline.IsZero() {
-		now = time.Now()
-		if !opts.Deadline.After(now) {
-			return ErrTimeout
-		}
+	// The clock is read once per call: every task carries its deadline.
+	now := time.Now()
+	deadline := opts.Deadline
+	if deadline.IsZero() {
+		deadline = now.Add(e.cfg.DefaultTimeout)
+	} else if !deadline.After(now) {
+		return ErrTimeout
 	}
-	return b.submit(reqs, opts.Resolver, opts.Deadline, now, results)
+	return b.submit(reqs, opts.Resolver, opts.Notify, deadline, now, results)
 }
 
 // Status reports task i of batch id in O(1). ErrBatchNotFound for an
@@ -530,6 +541,35 @@ func (e *Engine) Stats() EngineStats {
 		s.Bytes += c.Bytes
 	}
 	return s
+}
+
+// Outstanding counts, by transport, the dispatched tasks whose Done has
+// not arrived yet, those of freed and abandoned batches included (a task
+// the engine already ended by its deadline, Abandon or Close is still
+// outstanding until its transport lets go of it). The transports are the
+// Router's, as it returned them. It walks every slot and task: it is for
+// shutdown (what a drain would abandon) and diagnostics, not hot paths.
+func (e *Engine) Outstanding() map[Transport]int {
+	e.mu.Lock()
+	n := int(e.nextSlot)
+	e.mu.Unlock()
+	out := make(map[Transport]int)
+	for i := 0; i < n; i++ {
+		b := e.slots[i].Load()
+		if b == nil {
+			continue
+		}
+		b.mu.Lock()
+		if b.owed.Load()&(freedBit-1) != 0 {
+			for j := range b.tasks[:b.used] {
+				if t := &b.tasks[j]; t.owed.Load() == 1 && t.tr != nil {
+					out[t.tr]++
+				}
+			}
+		}
+		b.mu.Unlock()
+	}
+	return out
 }
 
 // recycle returns b's slot to the free list once it is freed and owes no

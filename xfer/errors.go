@@ -53,6 +53,11 @@ var (
 	// ErrOutOfBounds: offset+length is past the end of a segment. It matches
 	// ErrInvalid.
 	ErrOutOfBounds error = &invalidError{"xfer: out of segment bounds"}
+
+	// ErrNoNotify: a task carries a notification (Task.Notify) and its
+	// transport has nobody to deliver it to (a local copy, a file). It
+	// matches ErrNotSupported.
+	ErrNoNotify error = &notSupportedError{"xfer: this transport carries no notifications"}
 )
 
 // invalidError is a refinement of ErrInvalid: errors.Is matches both the
@@ -61,3 +66,9 @@ type invalidError struct{ msg string }
 
 func (e *invalidError) Error() string        { return e.msg }
 func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
+
+// notSupportedError is a refinement of ErrNotSupported.
+type notSupportedError struct{ msg string }
+
+func (e *notSupportedError) Error() string        { return e.msg }
+func (e *notSupportedError) Is(target error) bool { return target == ErrNotSupported }

@@ -123,7 +123,9 @@ func (l *Local) Faults() uint64 { return l.faults.Load() }
 
 // Submit takes every task (it only refuses work once closed: 0,
 // ErrClosed). A task whose segments are not MemSegments ends with
-// ErrNotSupported, one out of their bounds with ErrOutOfBounds. Small
+// ErrNotSupported, one out of their bounds with ErrOutOfBounds, one that
+// carries a notification (Task.Notify) with ErrNoNotify, which matches
+// ErrNotSupported: a local copy has nobody to deliver it to. Small
 // submits are copied before Submit returns; larger ones are split into
 // chunks queued for the workers, which the submitting goroutine helps copy
 // (it never waits for queue room).
@@ -159,7 +161,7 @@ func (l *Local) Submit(tasks []*Task) (int, error) {
 	var first localChunk
 	queued := 0
 	for _, t := range tasks {
-		if _, _, err := spans(t, 0, t.Req.Length); err != nil {
+		if _, _, err := checkedSpans(t, 0, t.Req.Length); err != nil {
 			t.Done(0, err)
 			continue
 		}
@@ -199,7 +201,7 @@ func (l *Local) copyInline(tasks []*Task) {
 	old := debug.SetPanicOnFault(true)
 	defer debug.SetPanicOnFault(old)
 	for _, t := range tasks {
-		dst, src, err := spans(t, 0, t.Req.Length)
+		dst, src, err := checkedSpans(t, 0, t.Req.Length)
 		if err == nil {
 			err = copyGuarded(dst, src)
 		}
@@ -262,6 +264,15 @@ func (l *Local) Close() error {
 	l.mu.Unlock()
 	l.wg.Wait()
 	return nil
+}
+
+// checkedSpans is spans for a task as it arrives: one that carries a
+// notification is refused.
+func checkedSpans(t *Task, off, n uint64) (dst, src []byte, err error) {
+	if t.Notify != nil {
+		return nil, nil, ErrNoNotify
+	}
+	return spans(t, off, n)
 }
 
 // spans returns the destination and source of bytes [off, off+n) of t's

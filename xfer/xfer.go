@@ -171,10 +171,12 @@ type Task struct {
 	// work-request id, a peer sequence number). The engine never reads it.
 	Tag uint64
 	// Deadline is when the engine ends the task in StateTimeout if it is
-	// still live (zero: the engine set none). A transport that must wait
-	// for something before it can move the bytes (a session with a peer,
-	// a memory registration) waits no longer than this, and never on the
-	// submitting goroutine.
+	// still live. The engine always sets it (the call's deadline, or now +
+	// Config.DefaultTimeout); it is zero only for a task driven without an
+	// engine, and a transport then applies its own bound. A transport that
+	// must wait for something before it can move the bytes (a session with
+	// a peer, a memory registration) waits no longer than this, and never
+	// on the submitting goroutine.
 	Deadline time.Time
 	// Notify is the notification a WRITE to a peer carries to the peer's
 	// subscribed client, nil for none. It is an argument of the submission,

@@ -50,9 +50,7 @@ func (r fakeRemote) Close() error       { return nil }
 func (fakePlane) OpenRemote(peer, segment string, rights, transport uint8) (control.RemoteSegment, error) {
 	return fakeRemote{size: 3 << 20}, nil
 }
-func (fakePlane) AttachNotify(xfer.Request, []byte, time.Time) error { return nil }
-func (fakePlane) DetachNotify(xfer.Request)                          {}
-func (fakePlane) Code(error) (wire.Code, bool)                       { return 0, false }
+func (fakePlane) Code(error) (wire.Code, bool) { return 0, false }
 func (fakePlane) Peers() []wire.PeerInfo {
 	return []wire.PeerInfo{{ID: []byte("decode-1"), Addr: []byte("10.0.0.2:7400"), Epoch: 0xabc, Connected: true,
 		BytesIn: 10, BytesOut: 20, Errors: 1}}

@@ -1,0 +1,292 @@
+package tcp
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// muteListener accepts TCP connections and never says a word: a peer
+// whose kernel completes the connect while the daemon itself is stopped.
+func muteListener(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex // guards held
+	var held []net.Conn
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return ln
+}
+
+// remoteAt stands in for a segment opened on peer id before its session
+// went away (Open itself needs a session).
+func remoteAt(n *testNode, id string) *Remote {
+	r := &Remote{node: n.Node, peer: n.peer(id, true), name: "seg", id: 77, size: 1 << 20, rights: RightRead | RightWrite}
+	r.cred.Store(&credential{token: []byte("token"), expiry: time.Now().Add(time.Hour).UnixNano()})
+	return r
+}
+
+// TestSubmitNeverWaitsForADial: the peer accepts connections and never
+// answers a handshake. Submit returns at once; each task ends at its own
+// deadline with xfer.ErrTimeout, one Canceled ends at once, the ones past
+// the queue bound fail ErrBacklog at once; Close interrupts the dial still
+// hanging (and an Open waiting for it) instead of waiting out
+// HandshakeTimeout.
+func TestSubmitNeverWaitsForADial(t *testing.T) {
+	kf := writeKey(t, t.TempDir(), "k", "secret")
+	const queue, over = 50, 3
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, HandshakeTimeout: 20 * time.Second,
+		RequestTimeout: 30 * time.Second, MaxQueued: queue})
+	ln := muteListener(t)
+	_ = a.Directory().Update(dirPeer("mute", ln.Addr().String()))
+	r := remoteAt(a, "mute")
+	local := newMemSeg(1, 1<<20)
+	var mu sync.Mutex // guards endAt
+	endAt := map[*xfer.Task]time.Time{}
+	col := newCollector(queue + over)
+	stamp := completerFunc(func(tk *xfer.Task, n uint64, err error) {
+		mu.Lock()
+		endAt[tk] = time.Now()
+		mu.Unlock()
+		col.TaskDone(tk, n, err)
+	})
+	const wait = time.Second
+	deadline := time.Now().Add(wait)
+	tasks := make([]*xfer.Task, queue+over)
+	for i := range tasks {
+		op := xfer.OpWrite
+		if i%2 == 1 {
+			op = xfer.OpRead
+		}
+		tasks[i] = mkTask(col, op, local, uint64(i)*4096, r, uint64(i)*4096, 4096)
+		tasks[i].SetCompleter(stamp)
+		tasks[i].Deadline = deadline
+	}
+	start := time.Now()
+	k, err := a.Submit(tasks)
+	took := time.Since(start)
+	if k != len(tasks) || err != nil {
+		t.Fatalf("Submit = %d, %v", k, err)
+	}
+	if took > wait/4 {
+		t.Fatalf("Submit took %v against a peer that never answers (the tasks' deadline is %v away)", took, wait)
+	}
+	canceled := tasks[7]
+	a.Cancel(canceled)
+
+	ends := map[*xfer.Task]done{}
+	for _, d := range col.wait(t, len(tasks), 10*time.Second) {
+		ends[d.t] = d
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, tk := range tasks {
+		d, el := ends[tk], endAt[tk].Sub(start)
+		switch {
+		case i >= queue:
+			// Refused at once, and never queued.
+			if !errors.Is(d.err, ErrBacklog) || el > wait/4 {
+				t.Errorf("task %d past the bound of %d: %v after %v, want ErrBacklog at once", i, queue, d.err, el)
+			}
+		case tk == canceled:
+			if !errors.Is(d.err, xfer.ErrCanceled) || el > wait/4 {
+				t.Errorf("canceled task: %v after %v, want ErrCanceled at once", d.err, el)
+			}
+		default:
+			// At the deadline, well before the dial's 20 s.
+			if !errors.Is(d.err, xfer.ErrTimeout) || el < wait || el > wait+500*time.Millisecond {
+				t.Errorf("task %d: %v after %v, want ErrTimeout at its deadline (%v)", i, d.err, el, wait)
+			}
+		}
+	}
+	if st := a.Peers(); len(st) != 1 || st[0].Queued != 0 || st[0].Connected {
+		t.Fatalf("peer after every task ended: %+v", st)
+	}
+
+	// Open waits for the same dial, which still hangs; Close ends both.
+	opened := make(chan error, 1)
+	go func() { _, err := a.Open("mute", "seg", RightRead); opened <- err }()
+	pm := a.peer("mute", false)
+	if !waitFor(5*time.Second, func() bool {
+		pm.mu.Lock()
+		defer pm.mu.Unlock()
+		return pm.sessWait != nil
+	}) {
+		t.Fatal("Open did not wait for the dial")
+	}
+	start = time.Now()
+	a.Close()
+	if el := time.Since(start); el > time.Second {
+		t.Fatalf("Close took %v with a handshake hanging", el)
+	}
+	if err := <-opened; !errors.Is(err, xfer.ErrClosed) {
+		t.Fatalf("Open waiting for the hanging dial: %v, want ErrClosed", err)
+	}
+	if a.active.Load() != 0 {
+		t.Fatalf("%d tasks outstanding after Close", a.active.Load())
+	}
+}
+
+// TestStalledPeerEndsTasksByDeadline: the peer completes the handshake and
+// then answers nothing, its connections open (a stopped process). 1,024
+// WRITEs: Submit returns at once; the ones that fit the flow-control
+// window go on the wire, the rest wait in the queue. Every task ends soon
+// after its deadline, long before RequestTimeout: the waiting ones with
+// xfer.ErrTimeout, the ones on the wire once their silent connection is
+// dropped.
+func TestStalledPeerEndsTasksByDeadline(t *testing.T) {
+	key := []byte("k")
+	kf := writeKey(t, t.TempDir(), "k", string(key))
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, SliceSize: 64 << 10, RequestTimeout: 30 * time.Second})
+	fake := newFakePeer(t, "stopped", key, func(net.Conn, header, []byte) bool { return true })
+	_ = a.Directory().Update(dirPeer("stopped", fake.ln.Addr().String()))
+	r, err := a.Open("stopped", "seg", RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1024
+	local := newMemSeg(1, n*4096)
+	col := newCollector(n)
+	const wait = 800 * time.Millisecond
+	deadline := time.Now().Add(wait)
+	tasks := make([]*xfer.Task, n)
+	for i := range tasks {
+		tasks[i] = mkTask(col, xfer.OpWrite, local, uint64(i)*4096, r, uint64(i)*4096, 4096)
+		tasks[i].Deadline = deadline
+	}
+	start := time.Now()
+	if k, err := a.Submit(tasks); k != n || err != nil {
+		t.Fatalf("Submit = %d, %v", k, err)
+	}
+	if took := time.Since(start); took > wait/4 {
+		t.Fatalf("Submit of %d tasks to a silent peer took %v", n, took)
+	}
+	if st := a.Peers(); len(st) != 1 || st[0].Queued == 0 || st[0].InFlight == 0 {
+		t.Fatalf("want some tasks on the wire and some queued: %+v", st)
+	}
+	var timedOut, lost int
+	for _, d := range col.wait(t, n, 10*time.Second) {
+		switch {
+		case errors.Is(d.err, xfer.ErrTimeout):
+			timedOut++
+		case errors.Is(d.err, ErrConnLost):
+			lost++
+		default:
+			t.Fatalf("task to a silent peer ended with %v", d.err)
+		}
+	}
+	if el := time.Since(start); el > wait+stallGrace+time.Second {
+		t.Fatalf("tasks ended %v after Submit; deadline %v, stall grace %v", el, wait, stallGrace)
+	}
+	if timedOut == 0 || lost == 0 {
+		t.Fatalf("%d timed out waiting, %d lost on the wire; want both kinds", timedOut, lost)
+	}
+	a.logs.waitContains(t, "requests past their deadline and nothing received")
+}
+
+// TestPeerAdmission: a key holder under an id the directory does not list
+// is refused (and the refusals are logged once, not once each); an id
+// whose session is live cannot be taken by a second session of another
+// epoch; once that session is gone, it can.
+func TestPeerAdmission(t *testing.T) {
+	key := []byte("cluster")
+	kf := writeKey(t, t.TempDir(), "k", string(key))
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf})
+	b.exp.add("seg", newMemSeg(5, 1<<20))
+	for i := 0; i < 5; i++ {
+		_, h, meta := rawHandshake(t, b, key, "stranger", 42)
+		if h.typ != tRefuse || string(meta) != reasonUnknownID {
+			t.Fatalf("unlisted id: frame %d %q, want a refusal %q", h.typ, meta, reasonUnknownID)
+		}
+	}
+	if got := strings.Count(b.logs.String(), reasonUnknownID); got != 1 {
+		t.Fatalf("5 refusals logged %d times, want once (rate-limited):\n%s", got, b.logs.String())
+	}
+	if p := b.peer("stranger", false); p != nil {
+		t.Fatal("a refused id left peer state behind")
+	}
+
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf})
+	link(t, a, b)
+	if _, err := a.Open("b", "seg", RightRead); err != nil {
+		t.Fatal(err)
+	}
+	_, h, meta := rawHandshake(t, b, key, "a", 42)
+	if h.typ != tRefuse || string(meta) != reasonIDInUse {
+		t.Fatalf("second session under a's live id: frame %d %q, want a refusal %q", h.typ, meta, reasonIDInUse)
+	}
+	if p := b.Peers(); len(p) != 1 || p[0].Epoch != a.Epoch() {
+		t.Fatalf("b's view of a after the refusal: %+v (a runs %#x)", p, a.Epoch())
+	}
+	a.Close()
+	pa := b.peer("a", false)
+	if !waitFor(5*time.Second, func() bool {
+		pa.mu.Lock()
+		defer pa.mu.Unlock()
+		return !pa.liveLocked()
+	}) {
+		t.Fatal("b still counts a's session live after a closed")
+	}
+	if _, h, meta := rawHandshake(t, b, key, "a", 42); h.typ != tAuthOK {
+		t.Fatalf("a's id once its session is gone: frame %d %q, want accepted", h.typ, meta)
+	}
+}
+
+// TestRefusalLogRateLimit drives the refusal log with a fake clock: the
+// first refusal of a reason is logged at once, the next ones within
+// refuseLogEvery only counted, and the count comes out with the next line.
+func TestRefusalLogRateLimit(t *testing.T) {
+	var out logBuf
+	log := slog.New(slog.NewTextHandler(&out, nil))
+	var r refusalLog
+	t0 := time.Unix(1000, 0)
+	r.note(log, "wrong key", t0, "remote", "10.0.0.1:1")
+	r.note(log, "wrong key", t0.Add(time.Second), "remote", "10.0.0.2:1")
+	r.note(log, "wrong key", t0.Add(2*time.Second), "remote", "10.0.0.3:1")
+	r.note(log, "stale epoch", t0.Add(2*time.Second))
+	r.flush(log, t0.Add(5*time.Second))
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "refused=1") || !strings.Contains(lines[1], `reason="stale epoch"`) {
+		t.Fatalf("before the interval: %q", lines)
+	}
+	r.flush(log, t0.Add(refuseLogEvery+time.Second))
+	lines = strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[2], `reason="wrong key"`) || !strings.Contains(lines[2], "refused=2") ||
+		!strings.Contains(lines[2], "10.0.0.3:1") {
+		t.Fatalf("after the interval: %q", lines)
+	}
+	r.flush(log, t0.Add(3*refuseLogEvery))
+	if n := strings.Count(out.String(), "\n"); n != 3 {
+		t.Fatalf("a flush with nothing counted logged: %q", out.String())
+	}
+}

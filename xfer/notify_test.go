@@ -1,0 +1,181 @@
+package xfer
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestSubmitCarriesNotifyAndDeadline: the engine hands each task its
+// effective deadline and its positional notification before dispatch, a
+// Notify of the wrong length refuses the whole call without touching the
+// batch, and a recycled slot carries neither into the next batch.
+func TestSubmitCarriesNotifyAndDeadline(t *testing.T) {
+	type seen struct {
+		notify   string
+		has      bool
+		deadline time.Time
+	}
+	var got []seen
+	tr := &asyncTr{doneInline: true, onSubmit: func(ts []*Task) {
+		for _, tk := range ts {
+			got = append(got, seen{string(tk.Notify), tk.Notify != nil, tk.Deadline})
+		}
+	}}
+	f := newFixture(t, Config{DefaultTimeout: time.Hour}, oneRouter{tr})
+	id, err := f.e.AllocateBatch(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A mismatched Notify is refused for the whole call: nothing is used.
+	res := make([]error, 3)
+	bad := f.opts
+	bad.Notify = [][]byte{[]byte("only one")}
+	if err := f.e.Submit(id, f.reqs(3), bad, res); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Notify of 1 for 3 requests: %v, want ErrInvalid", err)
+	}
+	if s, _ := f.e.BatchStatus(id); s.Total != 0 || len(got) != 0 {
+		t.Fatalf("a refused call changed the batch: %+v, transport saw %d tasks", s, len(got))
+	}
+
+	// Positional: entries 0 and 2 carry one, entry 1 none (nil), and an
+	// empty but non-nil payload is a notification too.
+	deadline := time.Now().Add(time.Minute).Truncate(time.Millisecond)
+	opts := f.opts
+	opts.Deadline = deadline
+	opts.Notify = [][]byte{[]byte("layer-0"), nil, {}}
+	before := time.Now()
+	if err := f.e.Submit(id, f.reqs(3), opts, res); err != nil {
+		t.Fatal(err)
+	}
+	want := []seen{{"layer-0", true, deadline}, {"", false, deadline}, {"", true, deadline}}
+	if len(got) != len(want) {
+		t.Fatalf("transport saw %d tasks, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i].notify != want[i].notify || got[i].has != want[i].has || !got[i].deadline.Equal(want[i].deadline) {
+			t.Fatalf("task %d arrived as %+v, want %+v", i, got[i], want[i])
+		}
+	}
+
+	// No deadline in the call: each task carries now + DefaultTimeout.
+	got = got[:0]
+	if err := f.e.Submit(id, f.reqs(1), f.opts, res[:1]); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	if len(got) != 1 || got[0].has || got[0].deadline.Before(before.Add(time.Hour)) || got[0].deadline.After(after.Add(time.Hour)) {
+		t.Fatalf("task without a call deadline arrived as %+v, want none and now+1h", got)
+	}
+	if err := f.e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+
+	// The slot's next batch starts clean, whatever the last one carried.
+	id, err = f.e.AllocateBatch(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := f.e.lock(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range b.tasks {
+		if b.tasks[i].Notify != nil || !b.tasks[i].Deadline.IsZero() {
+			b.mu.Unlock()
+			t.Fatalf("recycled task %d still carries %q / %v", i, b.tasks[i].Notify, b.tasks[i].Deadline)
+		}
+	}
+	b.mu.Unlock()
+	if err := f.e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	checkRefs(t, f.a, f.b)
+}
+
+// TestLocalRefusesNotify: a notified WRITE between two local segments
+// fails ErrNotSupported at its own position; its neighbours move, on both
+// of the local transport's paths (inline and chunked).
+func TestLocalRefusesNotify(t *testing.T) {
+	for _, inline := range []int64{-1, 1 << 20} {
+		l := NewLocal(LocalConfig{Workers: 1, InlineBytes: inline, ChunkBytes: 4096}, nil)
+		f := newFixture(t, Config{}, oneRouter{l})
+		id, err := f.e.AllocateBatch(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy(f.a.buf, "abcdefgh")
+		f.a.buf[64], f.a.buf[128] = 'X', 'Y'
+		opts := f.opts
+		opts.Notify = [][]byte{nil, []byte("nobody to tell"), nil}
+		res := make([]error, 3)
+		if err := f.e.Submit(id, f.reqs(3), opts, res); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.e.Wait(id, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []State{StateCompleted, StateFailed, StateCompleted} {
+			st := f.status(t, id, i)
+			if st.State != want {
+				t.Fatalf("inline %d: task %d ended %v (%v), want %v", inline, i, st.State, st.Err, want)
+			}
+			if want == StateFailed && (!errors.Is(st.Err, ErrNotSupported) || !errors.Is(st.Err, ErrNoNotify)) {
+				t.Fatalf("inline %d: notified task ended with %v, want ErrNotSupported", inline, st.Err)
+			}
+		}
+		if string(f.b.buf[:8]) != "abcdefgh" || f.b.buf[64] != 0 || f.b.buf[128] != 'Y' {
+			t.Fatalf("inline %d: target holds %q, %q, %q: the notified WRITE moved bytes or a neighbour did not",
+				inline, f.b.buf[:8], f.b.buf[64], f.b.buf[128])
+		}
+		if err := f.e.Free(id); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		checkRefs(t, f.a, f.b)
+	}
+}
+
+// TestOutstanding: the engine counts, per transport, the dispatched tasks
+// still owed a Done, through a deadline, an Abandon and a Free, and forgets
+// each once its transport ends it.
+func TestOutstanding(t *testing.T) {
+	slow, fast := &asyncTr{name: "slow"}, &syncTr{}
+	rt := routeFunc(func(_, tg Segment) (Transport, error) {
+		if tg.ID() == 2 {
+			return slow, nil
+		}
+		return fast, nil
+	})
+	f := newFixture(t, Config{}, rt)
+	id, err := f.e.AllocateBatch(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := f.reqs(3)
+	reqs[2].Target = 1 // to the fast transport
+	res := make([]error, 3)
+	if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.e.Outstanding(); len(got) != 1 || got[slow] != 2 {
+		t.Fatalf("outstanding after submit: %v, want 2 on slow", got)
+	}
+	// Abandoned: the engine ends them Canceled, the transport still owes.
+	f.e.Abandon(id)
+	if got := f.e.Outstanding(); got[slow] != 2 {
+		t.Fatalf("outstanding after Abandon: %v, want 2 on slow", got)
+	}
+	slow.finish(nil)
+	if got := f.e.Outstanding(); len(got) != 0 {
+		t.Fatalf("outstanding after the transport ended them: %v", got)
+	}
+	checkRefs(t, f.a, f.b)
+}
+
+type routeFunc func(local, target Segment) (Transport, error)
+
+func (r routeFunc) Route(l, t Segment) (Transport, error) { return r(l, t) }
