@@ -21,7 +21,7 @@ func TestPeerMetrics(t *testing.T) {
 			c.EBPF = "auto"
 		}
 	}
-	d1 := startPeerWith(t, "d1", key, "", ebpf)
+	d1 := startPeerWith(t, "d1", key, "", ebpf, PeerConfig{ID: "d2"}) // d2 dials in
 	d2 := startPeerWith(t, "d2", key, "", ebpf, d1.peer())
 	a := d1.dial(t, "exporter")
 	abuf, err := a.RegisterBuffer(1 << 20)

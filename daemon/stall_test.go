@@ -81,6 +81,7 @@ func startProcDaemon(t *testing.T, id, key string, extra ...string) *procDaemon 
 		fmt.Sprintf("cluster_key_file = %q", key),
 		`peer_slice_size = "64KiB"`,
 		`rdma = "off"`,
+		`metrics_address = "off"`, // side by side with the other daemons of the test
 	}
 	path := filepath.Join(dir, "tensorcastd.toml")
 	if err := os.WriteFile(path, []byte(strings.Join(append(conf, extra...), "\n")+"\n"), 0o600); err != nil {
