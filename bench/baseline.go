@@ -20,7 +20,7 @@ type BaselineResult struct {
 	Job              string    `json:"job"`
 	Engine           string    `json:"engine"`
 	Reference        string    `json:"reference"`
-	Metric           string    `json:"metric"` // "bw_bytes" or "iops"
+	Metric           string    `json:"metric"` // "bw_bytes", "iops" or "lat_p50" (ns; the ratio is then lower-is-better)
 	Goal             string    `json:"goal,omitempty"`
 	Tensorcast       []float64 `json:"tensorcast_runs"`
 	Ref              []float64 `json:"reference_runs"`
@@ -34,6 +34,9 @@ type BaselineResult struct {
 // metricOf says what a job is judged by: IOPS below 64 KiB blocks,
 // bandwidth from there.
 func metricOf(j *Job) string {
+	if j.Metric != "" {
+		return j.Metric
+	}
 	if j.BSMax < 64<<10 {
 		return "iops"
 	}
@@ -56,6 +59,9 @@ type reference struct {
 func referenceFor(env *Env, j *Job, metric string) (*reference, error) {
 	switch j.Engine {
 	case "local", "mem":
+		if metric == "lat_p50" {
+			return pingPongRef("unix", j, metric), nil
+		}
 		return &reference{name: "memcpy (in-process copy() loop)", command: "in-process copy() of bs-sized chunks",
 			run: func(ctx context.Context) (float64, error) {
 				bw, iops, err := MemcpyLoop(ctx, j)
@@ -81,6 +87,11 @@ func referenceFor(env *Env, j *Job, metric string) (*reference, error) {
 				return fioFigure(out, metric)
 			}}, nil
 	case "tcp":
+		if j.IODepth == 1 && (metric == "lat_p50" || j.BSMax < 64<<10) {
+			// One request at a time is a round trip: the reference is a
+			// raw socket doing the same.
+			return pingPongRef("tcp", j, metric), nil
+		}
 		if _, err := exec.LookPath("iperf3"); err != nil {
 			return nil, ToolMissing("iperf3")
 		}
@@ -160,12 +171,17 @@ func RunBaseline(ctx context.Context, r *Runner, j *Job, repeat int) (BaselineRe
 		g := res.Groups[0]
 		sec := g.Runtime.Seconds()
 		v := 0.0
-		if sec > 0 {
-			if metric == "iops" {
-				v = float64(g.Read.IOs+g.Write.IOs) / sec
-			} else {
-				v = float64(g.Read.Bytes+g.Write.Bytes) / sec
-			}
+		switch {
+		case metric == "lat_p50":
+			var h Histogram
+			h.Merge(&g.Read.Lat)
+			h.Merge(&g.Write.Lat)
+			v = float64(h.Percentile(50))
+		case sec <= 0:
+		case metric == "iops":
+			v = float64(g.Read.IOs+g.Write.IOs) / sec
+		default:
+			v = float64(g.Read.Bytes+g.Write.Bytes) / sec
 		}
 		br.Tensorcast = append(br.Tensorcast, v)
 		rv, err := ref.run(ctx)
@@ -181,6 +197,27 @@ func RunBaseline(ctx context.Context, r *Runner, j *Job, repeat int) (BaselineRe
 		br.Ratio = br.TensorcastMedian / br.ReferenceMedian
 	}
 	return br, last, nil
+}
+
+// pingPongRef is a raw socket ping-pong of bs bytes between two processes
+// (PingPong), for the job's runtime: round trips per second, or their p50.
+func pingPongRef(network string, j *Job, metric string) *reference {
+	d := max(j.Runtime, time.Second)
+	name := "unix-socket ping-pong between two processes"
+	if network == "tcp" {
+		name = "raw TCP ping-pong between two processes (loopback, TCP_NODELAY)"
+	}
+	return &reference{name: name, command: fmt.Sprintf("tcbench's %s ping-pong, %d bytes each way, %v", network, j.BSMax, d),
+		run: func(ctx context.Context) (float64, error) {
+			rate, h, err := PingPong(ctx, network, j.BSMax, d)
+			if err != nil {
+				return 0, err
+			}
+			if metric == "lat_p50" {
+				return float64(h.Percentile(50)), nil
+			}
+			return rate, nil
+		}}
 }
 
 // MemcpyLoop is the local engine's reference: numjobs goroutines each copy
@@ -405,8 +442,11 @@ func RunIperf3(ctx context.Context, secs int, length uint64, streams int) (float
 }
 
 func fmtFigure(metric string, v float64) string {
-	if metric == "iops" {
+	switch metric {
+	case "iops":
 		return siCount(v) + " IOPS"
+	case "lat_p50":
+		return fmt.Sprintf("p50 %.1f µs", v/1e3)
 	}
 	return humanBytes(v) + "/s"
 }

@@ -97,10 +97,9 @@ func checkMoved(t *testing.T, res *Result) {
 }
 
 // TestLocalEngineAgainstDaemon runs the local engine as a real client of a
-// spawned tensorcastd, with every byte checked by crc32c: one connection
-// (iodepth = batch), several connections (iodepth > batch), requests that
-// straddle pool blocks held by different connections (bsrange), and two
-// clones.
+// spawned tensorcastd, with every byte checked by crc32c: iodepth equal to
+// and larger than the batch, requests that straddle pool blocks (bsrange),
+// and two clones.
 func TestLocalEngineAgainstDaemon(t *testing.T) {
 	jobs := mustJobs(t, "--engine=local", "--verify=crc32c", "--size=8m",
 		"--name=w-transfer", "--rw=write", "--bs=1m", "--iodepth=4", "--batch=4",
@@ -127,7 +126,7 @@ func TestLocalEngineVerifyCatchesCorruption(t *testing.T) {
 	}
 	defer eng.Close()
 	de := eng.(*daemonEngine)
-	toff, _, _ := de.piece(3*64<<10+100, 1)
+	toff, _ := de.piece(3*64<<10+100, 1)
 	de.pool[toff] ^= 0xff
 	var stop atomic.Bool
 	err = w.run(&stop)
@@ -179,28 +178,30 @@ func TestUringFileNotAllowed(t *testing.T) {
 	}
 }
 
-// countingLane wraps a lane's connection and records how many Transfers
-// were in flight at once across lanes.
-type countingLane struct {
-	t              transferer
-	active, maxSet *atomic.Int32
+// countingQueue wraps an engine's queue and records the most requests it
+// had submitted and not yet reaped at once.
+type countingQueue struct {
+	q           queuer
+	out, maxOut int
 }
 
-func (c countingLane) Transfer(reqs []xfer.Request, timeout time.Duration, results []error, opts ...client.CallOption) (client.Summary, error) {
-	a := c.active.Add(1)
-	defer c.active.Add(-1)
-	for {
-		m := c.maxSet.Load()
-		if a <= m || c.maxSet.CompareAndSwap(m, a) {
-			break
-		}
-	}
-	return c.t.Transfer(reqs, timeout, results, opts...)
+func (c *countingQueue) Submit(reqs []xfer.Request, ud []uint64) (int, error) {
+	n, err := c.q.Submit(reqs, ud)
+	c.out += n
+	c.maxOut = max(c.maxOut, c.out)
+	return n, err
 }
 
-// TestUringEngineDepthThroughDaemon: iodepth 32 in batches of 8 opens four
-// connections to a spawned tensorcastd, the daemon counts them, more than
-// one batch is in flight at once, and closing the engine closes them all.
+func (c *countingQueue) Reap(out []client.Completion, min int, timeout time.Duration) (int, error) {
+	n, err := c.q.Reap(out, min, timeout)
+	c.out -= n
+	return n, err
+}
+
+// TestUringEngineDepthThroughDaemon: iodepth 32 in batches of 8 runs on
+// one connection with one queue to a spawned tensorcastd (the daemon
+// counts the connection and the queue), all 32 requests are in the daemon
+// at once, and closing the engine closes them.
 func TestUringEngineDepthThroughDaemon(t *testing.T) {
 	dir, err := os.MkdirTemp("/var/tmp", "tcbench-uring-")
 	if err != nil {
@@ -230,17 +231,15 @@ func TestUringEngineDepthThroughDaemon(t *testing.T) {
 		eng.Close()
 		t.Fatal(err)
 	}
-	if st.Connections != 4+1 {
-		t.Errorf("daemon counts %d connections with the engine open, want 4 lanes + this one", st.Connections)
+	if st.Connections != 1+1 {
+		t.Errorf("daemon counts %d connections with the engine open, want the engine's one + this one", st.Connections)
 	}
 	de := eng.(*daemonEngine)
-	var active, most atomic.Int32
-	for _, l := range de.lanes {
-		l.t = countingLane{t: l.t, active: &active, maxSet: &most}
-	}
+	cq := &countingQueue{q: de.q}
+	de.q = cq
 	ios := make([]IO, 8)
 	out := make([]Completion, 32)
-	for round := 0; round < 50 && most.Load() < 2; round++ {
+	for round := 0; round < 20; round++ {
 		for b := 0; b < 4; b++ {
 			for k := range ios {
 				s := b*8 + k
@@ -262,8 +261,8 @@ func TestUringEngineDepthThroughDaemon(t *testing.T) {
 			}
 		}
 	}
-	if most.Load() < 2 {
-		t.Errorf("at most %d Transfer in flight at once through the daemon; want several", most.Load())
+	if cq.maxOut != 32 {
+		t.Errorf("at most %d requests in the daemon at once; want the whole iodepth, 32", cq.maxOut)
 	}
 	if err := eng.Close(); err != nil {
 		t.Fatal(err)

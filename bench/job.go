@@ -108,6 +108,10 @@ type Job struct {
 	Daemon      string
 	Stonewall   bool
 	Goal        string // free text shown in the benchmark table (e.g. ">= 0.8x memcpy")
+	// Metric is what --baseline compares: "iops", "bw_bytes", or "lat_p50"
+	// (the median latency, lower is better); "" is IOPS below 64 KiB
+	// blocks and bandwidth from there.
+	Metric string
 	// PeerMem is where tcp and rdma jobs keep their bytes: "pool" (pool
 	// blocks on both daemons, which RDMA can carry) or "buffer" (client
 	// buffers); "" is pool for rdma, buffer for tcp.
@@ -270,6 +274,18 @@ func init() {
 			return nil
 		}},
 		"goal": {set: func(j *Job, v string) error { j.Goal = v; return nil }},
+		"metric": {set: func(j *Job, v string) error {
+			switch v {
+			case "iops", "bw", "bw_bytes", "lat_p50":
+			default:
+				return fmt.Errorf("%w: %q (iops, bw, lat_p50)", ErrBadValue, v)
+			}
+			if v == "bw" {
+				v = "bw_bytes"
+			}
+			j.Metric = v
+			return nil
+		}},
 	}
 }
 

@@ -232,18 +232,18 @@ type peerEngine struct {
 	job *Job
 	dispatcher
 
-	target  string
-	base    uint64
-	region  uint64
-	slotSz  uint64
-	memfd   []byte   // buffer mode: the slot buffers' mapping, unmapped at Close
-	slotMem [][]byte // per slot: its buffer
-	scrOff  uint64   // the scratch slot's offset in lane 0's local segment
-	scrMem  []byte   // the scratch slot
-	remote  []byte   // the target as mapped here (--spawn), or nil
-	reqs    [1]xfer.Request
-	res     [1]error
-	closed  bool
+	remoteName string // peer/segment the job opens
+	base       uint64
+	region     uint64
+	slotSz     uint64
+	memfd      []byte   // buffer mode: the slot buffers' mapping, unmapped at Close
+	slotMem    [][]byte // per slot: its buffer
+	scrOff     uint64   // the scratch slot's offset in lane 0's local segment
+	scrMem     []byte   // the scratch slot
+	remote     []byte   // the target as mapped here (--spawn), or nil
+	reqs       [1]xfer.Request
+	res        [1]error
+	opened     bool
 }
 
 var (
@@ -259,9 +259,10 @@ func newPeerEngine(env *Env, job *Job) (Engine, error) {
 func (e *peerEngine) Name() string { return e.job.Engine }
 
 func (e *peerEngine) Open(s EngineSpec) (err error) {
-	if e.closed || e.lanes != nil {
+	if e.opened {
 		return fmt.Errorf("%w: engine opened twice", ErrBadValue)
 	}
+	e.opened = true
 	defer func() {
 		if err != nil {
 			e.Close()
@@ -269,22 +270,22 @@ func (e *peerEngine) Open(s EngineSpec) (err error) {
 	}()
 	j := e.job
 	sock := j.Daemon
-	e.target = j.Target
+	e.remoteName = j.Target
 	if e.env != nil {
 		if e.env.PeerSocket != "" {
 			sock = e.env.PeerSocket
 		}
-		if e.target == "" {
-			e.target = e.env.PeerTarget
+		if e.remoteName == "" {
+			e.remoteName = e.env.PeerTarget
 		}
 	}
-	if e.target == "" {
+	if e.remoteName == "" {
 		return fmt.Errorf("%w: engine %s needs a target (peer/segment)", ErrMissingOption, j.Engine)
 	}
 	e.slotSz, e.region = s.SlotSize, s.Region
 	e.base = uint64(s.Worker) * s.Region
 	if e.env != nil {
-		if m := e.env.TargetMem[e.target]; uint64(len(m)) >= e.base+s.Region {
+		if m := e.env.TargetMem[e.remoteName]; uint64(len(m)) >= e.base+s.Region {
 			e.remote = m[e.base : e.base+s.Region]
 		}
 	}
@@ -296,17 +297,11 @@ func (e *peerEngine) Open(s EngineSpec) (err error) {
 		rights |= client.RightWrite // prefill writes the pattern
 	}
 
-	nl := laneCount(s.Slots, j.Batch)
-	if err := e.dial(sock, nl); err != nil {
+	if err := e.dial(sock); err != nil {
 		return err
 	}
 	e.slotMem = make([][]byte, s.Slots)
 	slotOff := make([]uint64, s.Slots)
-	slotLane := make([]int, s.Slots)
-	per := (s.Slots + nl - 1) / nl
-	for i := range s.Slots {
-		slotLane[i] = i / per
-	}
 	if j.PoolMem() {
 		err = e.poolSlots(s, slotOff)
 	} else {
@@ -315,30 +310,22 @@ func (e *peerEngine) Open(s EngineSpec) (err error) {
 	if err != nil {
 		return err
 	}
-	for i, l := range e.lanes {
-		rs, err := l.c.OpenRemote(e.target, rights)
-		if err != nil {
-			return fmt.Errorf("%w: open %s on daemon %s: %w (the segment must be exported on that peer with these rights and the peer configured on this daemon; --spawn sets both up)",
-				ErrNoTarget, e.target, sock, err)
-		}
-		if rs.Size < e.base+s.Region {
-			return fmt.Errorf("%w: %s is %d bytes; clone %d needs [%d, %d) (connection %d)", ErrBadValue, e.target, rs.Size, s.Worker, e.base, e.base+s.Region, i)
-		}
-		l.target = rs.ID
+	rs, err := e.c.OpenRemote(e.remoteName, rights)
+	if err != nil {
+		return fmt.Errorf("%w: open %s on daemon %s: %w (the segment must be exported on that peer with these rights and the peer configured on this daemon; --spawn sets both up)",
+			ErrNoTarget, e.remoteName, sock, err)
 	}
-	capacity := int(min(max(e.lanes[0].c.Hello().Limits.MaxBatchCapacity, 1), 4096))
-	if j.Batch > capacity {
-		return fmt.Errorf("%w: batch %d is more than the daemon's batch capacity %d", ErrBadValue, j.Batch, capacity)
+	if rs.Size < e.base+s.Region {
+		return fmt.Errorf("%w: %s is %d bytes; clone %d needs [%d, %d)", ErrBadValue, e.remoteName, rs.Size, s.Worker, e.base, e.base+s.Region)
 	}
-	if j.Engine == "rdma" && j.PoolMem() {
-		if err := e.untilRDMA(slotOff, slotLane, rights); err != nil {
+	e.dispatcher.target = rs.ID
+	if j.Engine == "rdma" && j.PoolMem() && s.Slots > 0 {
+		if err := e.untilRDMA(slotOff[0], rights); err != nil {
 			return err
 		}
 	}
 	e.targetBase = e.base
-	e.start(dispatchSpec{Slots: s.Slots, SlotSize: s.SlotSize, Region: s.Region, PartsPerIO: 1,
-		Capacity: capacity, SlotOff: slotOff, SlotLane: slotLane})
-	return nil
+	return e.start(dispatchSpec{Slots: s.Slots, SlotSize: s.SlotSize, Region: s.Region, PartsPerIO: 1, SlotOff: slotOff})
 }
 
 // rdmaReadyWait bounds how long an rdma job waits for its requests to
@@ -354,8 +341,8 @@ var rdmaReadyWait = 20 * time.Second
 // before prefill lays the pattern down) until one moves less than its
 // length over the daemon's tcp session with the peer. Past rdmaReadyWait
 // the job fails: the daemons carry it over tcp.
-func (e *peerEngine) untilRDMA(slotOff []uint64, slotLane []int, rights uint8) error {
-	peer, _, _ := strings.Cut(e.target, "/")
+func (e *peerEngine) untilRDMA(slotOff uint64, rights uint8) error {
+	peer, _, _ := strings.Cut(e.remoteName, "/")
 	n := min(e.slotSz, 4096, e.region)
 	op := xfer.OpRead
 	if rights&client.RightRead == 0 {
@@ -363,35 +350,28 @@ func (e *peerEngine) untilRDMA(slotOff []uint64, slotLane []int, rights uint8) e
 	}
 	deadline := time.Now().Add(rdmaReadyWait)
 	res := make([]error, 1)
-	for i, l := range e.lanes {
-		slot := slices.Index(slotLane, i)
-		if slot < 0 {
-			continue // a lane with no slot sends nothing
+	req := []xfer.Request{{Op: op, Local: e.local, LocalOffset: slotOff, Target: e.dispatcher.target, TargetOffset: e.base, Length: n}}
+	for tries := 1; ; tries++ {
+		before, err := peerTCPBytes(e.c, peer)
+		if err != nil {
+			return err
 		}
-		req := []xfer.Request{{Op: op, Local: l.local, LocalOffset: slotOff[slot], Target: l.target, TargetOffset: e.base, Length: n}}
-		for tries := 1; ; tries++ {
-			before, err := peerTCPBytes(l.c, peer)
-			if err != nil {
-				return err
-			}
-			if _, err := l.c.Transfer(req, waitTimeout, res); err != nil || res[0] != nil {
-				return fmt.Errorf("%w: %s %d bytes (waiting for rdma, connection %d): %w", ErrIO, op, n, i, errors.Join(err, res[0]))
-			}
-			after, err := peerTCPBytes(l.c, peer)
-			if err != nil {
-				return err
-			}
-			if after-before < n {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%w: engine rdma: requests to %s still move over tcp after %v (%d tries on connection %d): the daemons have no rdma link to that peer (rdma = on on both, an RDMA device, the target in the exporter's pool; see their logs)",
-					ErrEngineUnavailable, peer, rdmaReadyWait, tries, i)
-			}
-			time.Sleep(20 * time.Millisecond)
+		if _, err := e.c.Transfer(req, waitTimeout, res); err != nil || res[0] != nil {
+			return fmt.Errorf("%w: %s %d bytes (waiting for rdma): %w", ErrIO, op, n, errors.Join(err, res[0]))
 		}
+		after, err := peerTCPBytes(e.c, peer)
+		if err != nil {
+			return err
+		}
+		if after-before < n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: engine rdma: requests to %s still move over tcp after %v (%d tries): the daemons have no rdma link to that peer (rdma = on on both, an RDMA device, the target in the exporter's pool; see their logs)",
+				ErrEngineUnavailable, peer, rdmaReadyWait, tries)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return nil
 }
 
 // peerTCPBytes is what the daemon moved over tcp to and from peer.
@@ -409,7 +389,7 @@ func peerTCPBytes(c *client.Client, peer string) (uint64, error) {
 }
 
 // bufferSlots puts the slots and the scratch slot in one client buffer (a
-// sealed memfd) every connection registers.
+// sealed memfd) the connection registers.
 func (e *peerEngine) bufferSlots(s EngineSpec, slotOff []uint64) error {
 	size := uint64(s.Slots+1) * s.SlotSize
 	fd, err := shm.NewMemfd("tcbench-slots", size, true)
@@ -421,10 +401,8 @@ func (e *peerEngine) bufferSlots(s EngineSpec, slotOff []uint64) error {
 	if err != nil {
 		return fmt.Errorf("slot buffers: %w", err)
 	}
-	for i, l := range e.lanes {
-		if l.local, err = l.c.RegisterFD(fd, size); err != nil {
-			return fmt.Errorf("register buffer on connection %d: %w", i, err)
-		}
+	if e.local, err = e.c.RegisterFD(fd, size); err != nil {
+		return fmt.Errorf("register buffer: %w", err)
 	}
 	for i := range slotOff {
 		slotOff[i] = uint64(i) * s.SlotSize
@@ -435,58 +413,40 @@ func (e *peerEngine) bufferSlots(s EngineSpec, slotOff []uint64) error {
 	return nil
 }
 
-// poolSlots puts each slot in a pool block held by the connection that
-// sends its requests (a connection may touch only its own blocks), and the
-// scratch slot in one more block of the first connection.
+// poolSlots puts each slot, and the scratch slot, in a pool block of the
+// connection.
 func (e *peerEngine) poolSlots(s EngineSpec, slotOff []uint64) error {
-	c0 := e.lanes[0].c
-	pi, ok := c0.Pool()
+	pi, ok := e.c.Pool()
 	if !ok {
 		return fmt.Errorf("%w: the daemon's pool is not mapped", ErrEngineUnavailable)
 	}
 	if maxBlock := largestBlock(pi.BlockClasses); s.SlotSize > maxBlock {
 		return fmt.Errorf("%w: bs %d is larger than the pool's largest block %d (use peer_mem=buffer)", ErrBadValue, s.SlotSize, maxBlock)
 	}
-	pool := c0.PoolBytes()
-	nl := len(e.lanes)
-	per := (s.Slots + nl - 1) / nl
-	var offs []uint64
-	var err error
-	for i, l := range e.lanes {
-		l.local = pi.Segment
-		lo, hi := min(i*per, s.Slots), min((i+1)*per, s.Slots)
-		n := hi - lo
-		if i == 0 {
-			n++ // the scratch slot
-		}
-		if n == 0 {
-			continue
-		}
-		if offs, err = l.c.AllocBlocks(offs[:0], n, s.SlotSize); err != nil {
-			return fmt.Errorf("alloc %d pool blocks of %d bytes for slots: %w", n, s.SlotSize, err)
-		}
-		for k := lo; k < hi; k++ {
-			slotOff[k] = offs[k-lo]
-			e.slotMem[k] = pool[slotOff[k] : slotOff[k]+s.SlotSize]
-		}
-		if i == 0 {
-			e.scrOff = offs[n-1]
-			e.scrMem = pool[e.scrOff : e.scrOff+s.SlotSize]
-		}
+	pool := e.c.PoolBytes()
+	e.local = pi.Segment
+	offs, err := e.c.AllocBlocks(nil, s.Slots+1, s.SlotSize)
+	if err != nil {
+		return fmt.Errorf("alloc %d pool blocks of %d bytes for slots: %w", s.Slots+1, s.SlotSize, err)
 	}
+	for k := range s.Slots {
+		slotOff[k] = offs[k]
+		e.slotMem[k] = pool[slotOff[k] : slotOff[k]+s.SlotSize]
+	}
+	e.scrOff = offs[s.Slots]
+	e.scrMem = pool[e.scrOff : e.scrOff+s.SlotSize]
 	return nil
 }
 
 func (e *peerEngine) Buffer(slot int) []byte { return e.slotMem[slot] }
 
 // scratch moves [off, off+n) of the clone's window between the scratch
-// slot and the remote segment with one Transfer on the first connection
-// (its calls are serialized with the lane's own).
+// slot and the remote segment with one Transfer on the connection (a
+// control call beside the queue, made between the runner's IOs).
 func (e *peerEngine) scratch(op xfer.Op, off, n uint64) ([]byte, error) {
-	l := e.lanes[0]
-	e.reqs[0] = xfer.Request{Op: op, Local: l.local, LocalOffset: e.scrOff,
-		Target: l.target, TargetOffset: e.base + off, Length: n}
-	if _, err := l.c.Transfer(e.reqs[:], waitTimeout, e.res[:]); err != nil {
+	e.reqs[0] = xfer.Request{Op: op, Local: e.local, LocalOffset: e.scrOff,
+		Target: e.dispatcher.target, TargetOffset: e.base + off, Length: n}
+	if _, err := e.c.Transfer(e.reqs[:], waitTimeout, e.res[:]); err != nil {
 		return nil, fmt.Errorf("%w: %s %d bytes at %d: %w", ErrIO, op, n, off, err)
 	}
 	if e.res[0] != nil {
@@ -498,7 +458,7 @@ func (e *peerEngine) scratch(op xfer.Op, off, n uint64) ([]byte, error) {
 // Peek returns the target bytes [off, off+n): from the mapping when this
 // process exported the target, else read back through the daemons.
 func (e *peerEngine) Peek(off, n uint64) ([]byte, error) {
-	if e.lanes == nil || off > e.region || n > e.region-off || n > e.slotSz {
+	if e.c == nil || off > e.region || n > e.region-off || n > e.slotSz {
 		return nil, fmt.Errorf("%w: peek out of bounds", ErrBadValue)
 	}
 	if e.remote != nil {
@@ -532,19 +492,11 @@ func (e *peerEngine) Prefill(seed uint64, needPattern bool) error {
 	return nil
 }
 
-// Close stops the lanes' goroutines, then closes their connections (which
-// closes the remote segments and releases the buffers in the daemon).
+// Close closes the queue and the connection (which closes the remote
+// segment and releases the buffers in the daemon).
 func (e *peerEngine) Close() error {
-	if e.closed {
-		return nil
-	}
-	e.closed = true
-	e.stopLanes()
-	var errs []error
-	for _, l := range e.lanes {
-		errs = append(errs, l.c.Close())
-	}
-	e.lanes, e.remote, e.slotMem, e.scrMem = nil, nil, nil, nil
+	errs := []error{e.closeQueue()}
+	e.remote, e.slotMem, e.scrMem = nil, nil, nil
 	if e.memfd != nil {
 		errs = append(errs, shm.Unmap(e.memfd))
 		e.memfd = nil

@@ -24,6 +24,7 @@ Job options (fio's names; before the first --name they are global):
   rwmixread=N  bs=4k  bsrange=4k-64k  size=64m  iodepth=N  batch=N  numjobs=N
   runtime=10s  time_based  ramp_time=2s  target=peer/segment  filename=PATH
   direct=1  verify=crc32c  randseed=N  daemon=SOCKET  stonewall  goal=TEXT
+  metric=iops|bw|lat_p50 (what --baseline compares; default IOPS below 64k, else bw)
   peer_mem=pool|buffer (tcp/rdma: where both daemons keep the bytes; rdma: pool)
 
 Flags:
@@ -40,6 +41,9 @@ tcbench summarize RESULT.json...   prints the Markdown benchmark table of
 `
 
 func main() {
+	if bench.ServePingPong() {
+		return // this process was the far side of a ping-pong reference
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
