@@ -17,7 +17,7 @@ deps:
 
 # Quiet check used by build/run/test: runs deps only when a tool is missing.
 .deps-check:
-	@command -v flatc >/dev/null && command -v fio >/dev/null && command -v iperf3 >/dev/null \
+	@command -v flatc >/dev/null && command -v fio >/dev/null && command -v iperf3 >/dev/null && command -v etcd >/dev/null \
 	  && dpkg-query -W -f='$${Status}' libibverbs-dev 2>/dev/null | grep -q 'install ok installed' \
 	  || scripts/deps.sh
 

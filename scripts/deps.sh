@@ -7,7 +7,7 @@ set -euo pipefail
 
 declare -A groups=(
   [build]="flatbuffers-compiler pkg-config libibverbs-dev"
-  [test]="iproute2 e2fsprogs util-linux"
+  [test]="iproute2 e2fsprogs util-linux etcd-server"
   [bench]="fio iperf3"
   [rdma]="qemu-system-x86 busybox-static cpio kmod gzip libibverbs1 ibverbs-providers ibverbs-utils perftest rdma-core"
 )
