@@ -558,7 +558,8 @@ func (d *Dir) shut(revoke bool) {
 		d.state, d.since = directory.StateClosed, d.cfg.Clock()
 		d.smu.Unlock()
 		if revoke && lease != 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), d.cfg.DialTimeout)
+			// Bounded: with etcd unreachable the lease lapses by itself.
+			ctx, cancel := context.WithTimeout(context.Background(), min(d.cfg.DialTimeout, 2*time.Second))
 			d.requests.Add(1)
 			if _, err := d.cli.Revoke(ctx, lease); err != nil {
 				d.log.Warn("could not revoke the directory lease; the registration lapses with its TTL",
