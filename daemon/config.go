@@ -78,6 +78,9 @@ type Config struct {
 	// RDMAQPs is how many RC queue pairs each peer's link spreads its
 	// requests over.
 	RDMAQPs int `toml:"rdma_qps"`
+
+	// DirectoryConfig is where daemons find each other (config_directory.go).
+	DirectoryConfig
 }
 
 // PeerConfig is one configured peer daemon.
@@ -105,6 +108,8 @@ func Defaults() Config {
 		RDMAQPs:       2,
 		PeerSliceSize: 1 << 20,
 		RDMA:          "auto",
+
+		DirectoryConfig: directoryDefaults(),
 	}
 }
 
@@ -152,7 +157,10 @@ func (c *Config) Validate() error {
 			return badValue("allowed_files", p, "must be an absolute path")
 		}
 	}
-	return c.validatePeers()
+	if err := c.validatePeers(); err != nil {
+		return err
+	}
+	return c.validateDirectory()
 }
 
 // validatePeers checks the peer plane's keys.
@@ -255,7 +263,7 @@ func settings() []setting {
 	str := func(dst func(*Config) *string) func(*Config, string) error {
 		return func(c *Config, s string) error { *dst(c) = s; return nil }
 	}
-	return []setting{
+	return append([]setting{
 		{"socket", "TENSORCAST_SOCKET", "control socket path", str(func(c *Config) *string { return &c.Socket })},
 		{"socket_mode", "TENSORCAST_SOCKET_MODE", "control socket mode (octal)", func(c *Config, s string) error { return c.SocketMode.UnmarshalText([]byte(s)) }},
 		{"data_dir", "TENSORCAST_DATA_DIR", "state directory", str(func(c *Config) *string { return &c.DataDir })},
@@ -302,7 +310,7 @@ func settings() []setting {
 			}
 			return nil
 		}},
-	}
+	}, directorySettings()...)
 }
 
 // Load builds the configuration from defaults, the file named by --config
