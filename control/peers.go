@@ -226,6 +226,9 @@ func (c *conn) exportSegment() error {
 	t.m[name] = e
 	t.mu.Unlock()
 	c.exports = append(c.exports, e)
+	if cat := c.s.deps.Catalog; cat != nil {
+		cat.Exported(name, n, c.req.Rights)
+	}
 	c.log.Info("segment exported", "name", name, "segment", id, "offset", off, "size", n, "rights", c.req.Rights)
 	c.resp.Kind = tcproto.ResponseBodyExportSegmentResponse
 	c.resp.Size = n
@@ -253,6 +256,9 @@ func (c *conn) dropExport(i int) {
 	subs := e.subs
 	e.subs = nil
 	t.mu.Unlock()
+	if cat := c.s.deps.Catalog; cat != nil {
+		cat.Unexported(e.name)
+	}
 	for sc := range subs {
 		sc.unsubscribed(e)
 	}
@@ -393,7 +399,14 @@ func (c *conn) openRemote() error {
 	if held >= c.s.cfg.Limits.MaxExports {
 		return fmt.Errorf("%w: %d remote segments open", ErrLimit, held)
 	}
-	rs, err := pp.OpenRemote(peer, seg, c.req.Rights, c.req.Transport)
+	var rs RemoteSegment
+	var err error
+	if lo, ok := pp.(LaneOpener); ok {
+		rs, err = lo.OpenRemoteIn(OpenContext{Lane: string(c.req.Ctx.Lane), PolicyVersion: c.req.Ctx.PolicyVersion},
+			peer, seg, c.req.Rights, c.req.Transport)
+	} else {
+		rs, err = pp.OpenRemote(peer, seg, c.req.Rights, c.req.Transport)
+	}
 	if err != nil {
 		return err
 	}
