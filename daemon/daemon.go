@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/directory/etcd"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -37,6 +38,7 @@ type Daemon struct {
 	reg    *xfer.Registry
 	local  *xfer.Local
 	files  *fileTier
+	dir    *etcd.Dir  // nil with the embedded directory
 	peers  *peerPlane // nil without peer_listen
 	rdma   *rdmaPlane // nil without a peer plane or a usable RDMA device
 	engine *xfer.Engine
@@ -73,8 +75,11 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	d.files = newFileTier(cfg, d.pool, log.With("component", "uring"))
 	rt := router{local: d.local, files: d.files}
 	rdmaReport := rdmaWithoutPeers()
+	if d.dir, err = openDirectory(cfg, log); err != nil {
+		return nil, err
+	}
 	if cfg.PeerListen != "" {
-		if d.peers, err = newPeerPlane(cfg, log.With("component", "peers")); err != nil {
+		if d.peers, err = newPeerPlane(cfg, peerDirectory(d.dir), log.With("component", "peers")); err != nil {
 			return nil, err
 		}
 		rt.peers = d.peers.tr
@@ -83,6 +88,11 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		}
 		rt.rdma = d.rdma
 		d.peers.rdma, d.peers.noRDMA = d.rdma, rdmaReport.reason
+		if d.dir != nil {
+			if err := d.joinDirectory(); err != nil {
+				return nil, err
+			}
+		}
 	}
 	d.engine = xfer.NewEngine(xfer.Config{}, rt, log.With("component", "engine"))
 
@@ -105,6 +115,10 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	deps.TransportStats = d.transportCounters
 	if d.peers != nil {
 		deps.Peers = d.peers
+	}
+	if d.dir != nil {
+		deps.Peers = &dirPlane{peerPlane: d.peers, dir: d.dir}
+		deps.Catalog, deps.Directory = d.dir, d.dir
 	}
 	d.server, err = control.NewServer(scfg, deps, log.With("component", "control"))
 	if err != nil {
@@ -206,6 +220,9 @@ func (d *Daemon) closeParts() {
 	if d.peers != nil {
 		d.peers.close()
 	}
+	if d.dir != nil {
+		d.dir.Close()
+	}
 	if d.files != nil {
 		d.files.Close()
 	}
@@ -287,5 +304,5 @@ func (d *Daemon) transportCounters(dst []control.Counter) []control.Counter {
 	if d.rdma != nil {
 		dst = d.rdma.counters(dst)
 	}
-	return dst
+	return d.directoryCounters(dst)
 }
