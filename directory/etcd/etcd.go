@@ -499,8 +499,24 @@ func (d *Dir) Requests() uint64 { return d.requests.Load() }
 // store is the Dir as the cache's fallback Store.
 type store struct{ d *Dir }
 
+// errDown is the store's answer while the directory knows etcd is down:
+// the lookup fails closed at once rather than waiting out a read that the
+// feed has been failing at for longer than the budget (the feed and the
+// prober notice when etcd is back).
+func (d *Dir) errDown() error {
+	d.smu.Lock()
+	defer d.smu.Unlock()
+	if d.state != directory.StateDown {
+		return nil
+	}
+	return fmt.Errorf("etcd has not answered since %s", d.since.UTC().Format(time.RFC3339))
+}
+
 func (s *store) GetMember(ctx context.Context, id string) (directory.Member, int64, int64, bool, error) {
 	d := s.d
+	if err := d.errDown(); err != nil {
+		return directory.Member{}, 0, 0, false, err
+	}
 	d.requests.Add(1)
 	resp, err := d.cli.Get(clientv3.WithRequireLeader(ctx), d.memberKey(id))
 	if err != nil {
@@ -519,6 +535,9 @@ func (s *store) GetMember(ctx context.Context, id string) (directory.Member, int
 
 func (s *store) GetExport(ctx context.Context, owner, name string) (directory.Export, int64, bool, error) {
 	d := s.d
+	if err := d.errDown(); err != nil {
+		return directory.Export{}, 0, false, err
+	}
 	d.requests.Add(1)
 	resp, err := d.cli.Get(clientv3.WithRequireLeader(ctx), d.exportKey(owner, name))
 	if err != nil {

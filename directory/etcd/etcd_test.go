@@ -298,3 +298,26 @@ func TestEtcdDown(t *testing.T) {
 		t.Fatalf("a fresh member's view after the recovery: %+v %+v", c.Cache().Members(), c.Cache().Exports())
 	}
 }
+
+// TestCrashAfterOutage: after etcd came back and the registration moved
+// to a new lease, a crash is seen within the TTL (no lease of the old
+// registration is left behind).
+func TestCrashAfterOutage(t *testing.T) {
+	srv := etcdtest.Start(t)
+	a := open(t, srv, "a", nil)
+	join(t, a, 1)
+	b := open(t, srv, "b", nil)
+	join(t, b, 2)
+	waitFor(t, 5*time.Second, "b sees a", func() bool { return epochOf(b, "a") == 1 })
+	srv.Stop()
+	waitFor(t, 5*time.Second, "a's keep-alives lapse", func() bool { return a.log.count("registration lost") == 1 })
+	srv.Restart()
+	waitFor(t, 10*time.Second, "a registers again", func() bool { return a.log.count("registered in the directory again") == 1 })
+	waitFor(t, 10*time.Second, "b current", func() bool { return b.State() == directory.StateUp })
+	start := time.Now()
+	a.Abandon()
+	waitFor(t, 10*time.Second, "b sees a's lease lapse", func() bool { return epochOf(b, "a") == 0 })
+	if took := time.Since(start); took > a.cfg.LeaseTTL+time.Second {
+		t.Fatalf("crash after an outage seen after %v", took)
+	}
+}
