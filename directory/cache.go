@@ -74,7 +74,7 @@ type Cache struct {
 	// mu guards the fields below.
 	mu      sync.RWMutex
 	members map[string]*memberEntry
-	exports map[string]*exportEntry // by owner/name
+	exports map[exportKey]*exportEntry
 	// primed is set once a full listing was loaded; before that, absence
 	// proves nothing.
 	primed bool
@@ -126,6 +126,12 @@ type memberEntry struct {
 	observedWhen time.Time
 }
 
+// exportKey names an export in the cache (a struct, so that a lookup
+// builds no string).
+type exportKey struct{ owner, name string }
+
+func keyOf(e *Export) exportKey { return exportKey{e.Owner, e.Name} }
+
 type exportEntry struct {
 	e         Export
 	rev       int64
@@ -148,7 +154,7 @@ func NewCache(cfg CacheConfig) (*Cache, error) {
 		cfg.RefreshTimeout = min(cfg.Budget, 2*time.Second)
 	}
 	return &Cache{budget: cfg.Budget, store: cfg.Store, timeout: cfg.RefreshTimeout, now: cfg.Clock,
-		members: make(map[string]*memberEntry), exports: make(map[string]*exportEntry)}, nil
+		members: make(map[string]*memberEntry), exports: make(map[exportKey]*exportEntry)}, nil
 }
 
 // Budget is the staleness budget.
@@ -187,7 +193,7 @@ func (c *Cache) Load(members []Event, rev int64) {
 	defer c.mu.Unlock()
 	old := c.members
 	c.members = make(map[string]*memberEntry, len(members))
-	c.exports = make(map[string]*exportEntry)
+	c.exports = make(map[exportKey]*exportEntry)
 	for _, ev := range members {
 		switch {
 		case ev.Member != nil:
@@ -197,7 +203,7 @@ func (c *Cache) Load(members []Event, rev int64) {
 			}
 			c.members[ev.Member.ID] = e
 		case ev.Export != nil:
-			c.exports[ev.Export.Key()] = &exportEntry{e: *ev.Export, rev: ev.Rev}
+			c.exports[keyOf(ev.Export)] = &exportEntry{e: *ev.Export, rev: ev.Rev}
 		}
 	}
 	c.primed, c.syncedAt, c.rev = true, now, rev
@@ -222,7 +228,7 @@ func (c *Cache) Apply(ev Event) {
 		e := &memberEntry{m: *ev.Member, lease: ev.Lease, rev: ev.Rev}
 		c.members[id] = e
 	case ev.Export != nil:
-		k := ev.Export.Key()
+		k := keyOf(ev.Export)
 		cur := c.exports[k]
 		if cur != nil && cur.rev > ev.Rev {
 			return
@@ -294,7 +300,7 @@ func (c *Cache) member(id string, now time.Time) (e memberEntry, ok bool, age ti
 	return *p, true, c.entryAgeLocked(now, p.confirmed, p.suspect)
 }
 
-func (c *Cache) export(key string, now time.Time) (e exportEntry, ok bool, age time.Duration) {
+func (c *Cache) export(key exportKey, now time.Time) (e exportEntry, ok bool, age time.Duration) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	p := c.exports[key]
@@ -383,13 +389,13 @@ func (c *Cache) ResolveMember(ctx context.Context, lane Lane, id string) (Member
 // the posture of ResolveMember.
 func (c *Cache) ResolveExport(ctx context.Context, lane Lane, owner, name string) (ExportView, error) {
 	c.st.lookups.Add(1)
-	key := owner + "/" + name
-	e, ok, age := c.export(key, c.now())
+	k := exportKey{owner, name}
+	e, ok, age := c.export(k, c.now())
 	if age <= c.budget {
 		c.st.hits.Add(1)
 		if !ok {
 			c.st.notFound.Add(1)
-			return ExportView{Age: age, Source: SourceCache}, fmt.Errorf("%w: no export %q in the directory (%s)", ErrNotFound, key, fmtAge(age))
+			return ExportView{Age: age, Source: SourceCache}, fmt.Errorf("%w: no export %q in the directory (%s)", ErrNotFound, owner+"/"+name, fmtAge(age))
 		}
 		return ExportView{Export: e.e, Age: age, Source: SourceCache}, nil
 	}
@@ -398,14 +404,14 @@ func (c *Cache) ResolveExport(ctx context.Context, lane Lane, owner, name string
 		if !ok {
 			c.st.unavailable.Add(1)
 			return ExportView{Age: age, Source: SourcePeer}, fmt.Errorf("%w: export %q is not in the directory cache, which is %s (budget %v), and a %s lookup does not wait on the store",
-				ErrUnavailable, key, fmtAge(age), c.budget, lane)
+				ErrUnavailable, owner+"/"+name, fmtAge(age), c.budget, lane)
 		}
 		return ExportView{Export: e.e, Age: age, Source: SourcePeer}, nil
 	}
 	c.st.fallbackStore.Add(1)
 	if c.store == nil {
 		c.st.unavailable.Add(1)
-		return ExportView{Age: age, Source: SourceStore}, fmt.Errorf("%w: the directory entry for %q is %s (budget %v) and there is no store to refresh from", ErrUnavailable, key, fmtAge(age), c.budget)
+		return ExportView{Age: age, Source: SourceStore}, fmt.Errorf("%w: the directory entry for %q is %s (budget %v) and there is no store to refresh from", ErrUnavailable, owner+"/"+name, fmtAge(age), c.budget)
 	}
 	rctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
@@ -413,21 +419,21 @@ func (c *Cache) ResolveExport(ctx context.Context, lane Lane, owner, name string
 	x, rev, found, err := c.store.GetExport(rctx, owner, name)
 	if err != nil {
 		c.st.unavailable.Add(1)
-		return ExportView{Age: age, Source: SourceStore}, fmt.Errorf("%w: the directory entry for %q is %s (budget %v) and the store did not answer: %v", ErrUnavailable, key, fmtAge(age), c.budget, err)
+		return ExportView{Age: age, Source: SourceStore}, fmt.Errorf("%w: the directory entry for %q is %s (budget %v) and the store did not answer: %v", ErrUnavailable, owner+"/"+name, fmtAge(age), c.budget, err)
 	}
 	now := c.now()
 	c.mu.Lock()
-	if cur := c.exports[key]; cur == nil || cur.rev <= rev {
+	if cur := c.exports[k]; cur == nil || cur.rev <= rev {
 		if found {
-			c.exports[key] = &exportEntry{e: x, rev: rev, confirmed: now}
+			c.exports[k] = &exportEntry{e: x, rev: rev, confirmed: now}
 		} else {
-			c.exports[key] = &exportEntry{e: Export{Owner: owner, Name: name}, rev: rev, gone: true, goneAt: now}
+			c.exports[k] = &exportEntry{e: Export{Owner: owner, Name: name}, rev: rev, gone: true, goneAt: now}
 		}
 	}
 	c.mu.Unlock()
 	if !found {
 		c.st.notFound.Add(1)
-		return ExportView{Source: SourceStore}, fmt.Errorf("%w: no export %q registered", ErrNotFound, key)
+		return ExportView{Source: SourceStore}, fmt.Errorf("%w: no export %q registered", ErrNotFound, owner+"/"+name)
 	}
 	return ExportView{Export: x, Source: SourceStore}, nil
 }
@@ -477,7 +483,7 @@ func (c *Cache) Unreachable(id string) bool {
 func (c *Cache) ExportGone(owner, name string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e := c.exports[owner+"/"+name]
+	e := c.exports[exportKey{owner, name}]
 	if e == nil || e.gone || e.suspect {
 		return false
 	}

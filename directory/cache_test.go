@@ -275,3 +275,25 @@ func TestParseLane(t *testing.T) {
 		}
 	}
 }
+
+// TestCacheHitAllocs: a hit allocates nothing (lookups run per open, many
+// per second on a busy host).
+func TestCacheHitAllocs(t *testing.T) {
+	clk := newFakeClock()
+	c := newTestCache(t, &fakeStore{}, clk)
+	a := member("a", 1)
+	x := Export{Owner: "a", Name: "w", Size: 4096, Rights: RightRead, Epoch: 1, Generation: 1}
+	c.Load([]Event{{Member: &a, Rev: 1}, {Export: &x, Rev: 2}}, 2)
+	ctx := context.Background()
+	n := testing.AllocsPerRun(1000, func() {
+		if _, err := c.ResolveMember(ctx, LaneStreamFirst, "a"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ResolveExport(ctx, LaneCatalogFirst, "a", "w"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n != 0 {
+		t.Fatalf("a cache hit allocates %v times", n)
+	}
+}
