@@ -321,3 +321,35 @@ func TestCrashAfterOutage(t *testing.T) {
 		t.Fatalf("crash after an outage seen after %v", took)
 	}
 }
+
+// TestTLS: with etcd serving https and asking for client certificates, a
+// directory with the CA, certificate and key files joins and sees the
+// others; without the client certificate it cannot register; files that
+// are missing or hold no certificate are refused at Open.
+func TestTLS(t *testing.T) {
+	srv := etcdtest.StartTLS(t)
+	f := srv.TLS()
+	withTLS := func(c *Config) { c.CAFile, c.CertFile, c.KeyFile = f.CA, f.ClientCert, f.ClientKey }
+	a := open(t, srv, "a", withTLS)
+	join(t, a, 1)
+	b := open(t, srv, "b", withTLS)
+	join(t, b, 2)
+	if epochOf(b, "a") != 1 {
+		t.Fatalf("b over TLS: %+v", b.Cache().Members())
+	}
+	noCert := open(t, srv, "c", func(c *Config) { c.CAFile = f.CA; c.DialTimeout = 500 * time.Millisecond })
+	if err := noCert.Join(context.Background(), directory.Member{ID: "c", Epoch: 3, Addr: "127.0.0.1:1"}); !errors.Is(err, directory.ErrUnavailable) {
+		t.Fatalf("join without a client certificate: %v", err)
+	}
+	for _, c := range []Config{
+		{CAFile: "/nonexistent/ca.pem"},
+		{CAFile: f.ClientKey}, // a key, not a certificate
+		{CAFile: f.CA, CertFile: f.ClientCert, KeyFile: "/nonexistent/key.pem"},
+		{CAFile: f.CA, CertFile: f.ClientCert},
+	} {
+		c.Endpoints, c.Self = srv.Endpoints(), "x"
+		if _, err := Open(c); !errors.Is(err, directory.ErrConfig) {
+			t.Errorf("Open with %+v: %v, want ErrConfig", c, err)
+		}
+	}
+}

@@ -28,8 +28,9 @@ var Binary = "/usr/bin/etcd"
 type Server struct {
 	t       testing.TB
 	dataDir string
-	client  string // http://127.0.0.1:port
+	client  string // http://127.0.0.1:port (https:// with TLS)
 	peer    string
+	tls     *TLSFiles
 
 	// mu guards the fields below.
 	mu   sync.Mutex
@@ -61,19 +62,33 @@ func (s *syncBuffer) String() string {
 
 // Start runs etcd until the test ends. It skips the test, saying what is
 // missing, when the etcd binary is not installed.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { return start(t, false) }
+
+// StartTLS is Start with etcd serving https and asking for client
+// certificates signed by a CA the test made (Server.TLS has the files).
+func StartTLS(t testing.TB) *Server { return start(t, true) }
+
+func start(t testing.TB, withTLS bool) *Server {
 	t.Helper()
 	if _, err := os.Stat(Binary); err != nil {
 		t.Skipf("etcd is not installed (%s: %v): apt-get install etcd-server, or scripts/deps.sh test", Binary, err)
 	}
 	s := &Server{t: t, dataDir: filepath.Join(t.TempDir(), "etcd")}
+	scheme := "http"
+	if withTLS {
+		files, err := makeTLS(t.TempDir())
+		if err != nil {
+			t.Fatalf("etcd TLS files: %v", err)
+		}
+		s.tls, scheme = files, "https"
+	}
 	var err error
 	for try := 0; try < 3; try++ {
 		var cp, pp int
 		if cp, pp, err = twoPorts(); err != nil {
 			continue
 		}
-		s.client = fmt.Sprintf("http://127.0.0.1:%d", cp)
+		s.client = fmt.Sprintf("%s://127.0.0.1:%d", scheme, cp)
 		s.peer = fmt.Sprintf("http://127.0.0.1:%d", pp)
 		if err = s.start(); err == nil {
 			break
@@ -107,6 +122,10 @@ func twoPorts() (int, int, error) {
 	return ports[0], ports[1], nil
 }
 
+// TLS is the CA, server and client files of a StartTLS server (nil for
+// Start).
+func (s *Server) TLS() *TLSFiles { return s.tls }
+
 // Endpoint is the client URL.
 func (s *Server) Endpoint() string { return s.client }
 
@@ -120,21 +139,26 @@ func (s *Server) start() error {
 		return nil
 	}
 	out := &syncBuffer{}
-	cmd := exec.Command(Binary,
+	args := []string{
 		"--name", "test",
 		"--data-dir", s.dataDir,
 		"--listen-client-urls", s.client,
 		"--advertise-client-urls", s.client,
 		"--listen-peer-urls", s.peer,
 		"--initial-advertise-peer-urls", s.peer,
-		"--initial-cluster", "test="+s.peer,
+		"--initial-cluster", "test=" + s.peer,
 		"--initial-cluster-state", "new",
 		// Fast elections, so that a restarted member serves at once and
 		// short leases (1s) are allowed.
 		"--heartbeat-interval", "10",
 		"--election-timeout", "100",
 		"--logger", "zap", "--log-level", "warn",
-	)
+	}
+	if f := s.tls; f != nil {
+		args = append(args, "--cert-file", f.ServerCert, "--key-file", f.ServerKey,
+			"--trusted-ca-file", f.CA, "--client-cert-auth")
+	}
+	cmd := exec.Command(Binary, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = append(os.Environ(), "ETCD_UNSUPPORTED_ARCH=")
 	// The member dies with the test process.
@@ -162,6 +186,13 @@ func (s *Server) start() error {
 func (s *Server) awaitHealthy(done chan struct{}, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	c := http.Client{Timeout: time.Second}
+	if s.tls != nil {
+		tc, err := s.tls.clientConfig()
+		if err != nil {
+			return err
+		}
+		c.Transport = &http.Transport{TLSClientConfig: tc}
+	}
 	for {
 		select {
 		case <-done:
