@@ -99,6 +99,7 @@ func (d *Daemon) directoryCounters(dst []control.Counter) []control.Counter {
 		control.Counter{Name: "directory_fallbacks_peer", Value: s.FallbackPeer},
 		control.Counter{Name: "directory_unavailable", Value: s.Unavailable},
 		control.Counter{Name: "directory_corrections", Value: s.Corrections},
+		control.Counter{Name: "directory_dropped", Value: s.Dropped},
 		control.Counter{Name: "directory_etcd_requests", Value: d.dir.Requests()},
 	)
 }

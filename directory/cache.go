@@ -15,6 +15,14 @@ import (
 // store: older than any budget.
 const Never = time.Duration(math.MaxInt64)
 
+// Bounds on what the cache holds: the store is shared, and what other
+// daemons wrote there is outside input. Records past them are dropped and
+// counted (CacheStats.Dropped); their lookups fall back or fail.
+const (
+	MaxMembers = 1 << 16
+	MaxExports = 1 << 20
+)
+
 // Clock reads the time. The cache measures ages with it, so tests move the
 // staleness budget by moving a clock instead of sleeping.
 type Clock func() time.Time
@@ -88,7 +96,7 @@ type Cache struct {
 
 // cacheCounters are the cache's counters, read by Stats.
 type cacheCounters struct {
-	lookups, hits, notFound, fallbackStore, fallbackPeer, unavailable, corrections, storeReads atomic.Uint64
+	lookups, hits, notFound, fallbackStore, fallbackPeer, unavailable, corrections, storeReads, dropped atomic.Uint64
 }
 
 // CacheStats are the cache's counters and state.
@@ -108,6 +116,9 @@ type CacheStats struct {
 	Corrections uint64
 	// StoreReads counts reads of the store on fallbacks.
 	StoreReads uint64
+	// Dropped counts records not kept because the cache was full
+	// (MaxMembers, MaxExports).
+	Dropped uint64
 	// Age is the time since the feed last proved the cache current (Never
 	// before the first listing); Rev the store revision it reflects.
 	Age              time.Duration
@@ -196,6 +207,8 @@ func (c *Cache) Load(members []Event, rev int64) {
 	c.exports = make(map[exportKey]*exportEntry)
 	for _, ev := range members {
 		switch {
+		case ev.Member != nil && len(c.members) >= MaxMembers, ev.Export != nil && len(c.exports) >= MaxExports:
+			c.st.dropped.Add(1)
 		case ev.Member != nil:
 			e := &memberEntry{m: *ev.Member, lease: ev.Lease, rev: ev.Rev}
 			if o := old[ev.Member.ID]; o != nil && o.observed != 0 {
@@ -225,6 +238,10 @@ func (c *Cache) Apply(ev Event) {
 			delete(c.members, id)
 			return
 		}
+		if cur == nil && len(c.members) >= MaxMembers {
+			c.st.dropped.Add(1)
+			return
+		}
 		e := &memberEntry{m: *ev.Member, lease: ev.Lease, rev: ev.Rev}
 		c.members[id] = e
 	case ev.Export != nil:
@@ -235,6 +252,10 @@ func (c *Cache) Apply(ev Event) {
 		}
 		if ev.Delete {
 			delete(c.exports, k)
+			return
+		}
+		if cur == nil && len(c.exports) >= MaxExports {
+			c.st.dropped.Add(1)
 			return
 		}
 		c.exports[k] = &exportEntry{e: *ev.Export, rev: ev.Rev}
@@ -366,7 +387,7 @@ func (c *Cache) ResolveMember(ctx context.Context, lane Lane, id string) (Member
 	now := c.now()
 	c.mu.Lock()
 	cur := c.members[id]
-	if cur == nil || cur.rev <= rev {
+	if (cur == nil && len(c.members) < MaxMembers) || (cur != nil && cur.rev <= rev) {
 		if found {
 			ne := &memberEntry{m: m, lease: lease, rev: rev, confirmed: now}
 			if cur != nil {
@@ -423,7 +444,7 @@ func (c *Cache) ResolveExport(ctx context.Context, lane Lane, owner, name string
 	}
 	now := c.now()
 	c.mu.Lock()
-	if cur := c.exports[k]; cur == nil || cur.rev <= rev {
+	if cur := c.exports[k]; (cur == nil && len(c.exports) < MaxExports) || (cur != nil && cur.rev <= rev) {
 		if found {
 			c.exports[k] = &exportEntry{e: x, rev: rev, confirmed: now}
 		} else {
@@ -560,5 +581,6 @@ func (c *Cache) Stats() CacheStats {
 	s.Lookups, s.Hits, s.NotFound = c.st.lookups.Load(), c.st.hits.Load(), c.st.notFound.Load()
 	s.FallbackStore, s.FallbackPeer = c.st.fallbackStore.Load(), c.st.fallbackPeer.Load()
 	s.Unavailable, s.Corrections, s.StoreReads = c.st.unavailable.Load(), c.st.corrections.Load(), c.st.storeReads.Load()
+	s.Dropped = c.st.dropped.Load()
 	return s
 }

@@ -3,6 +3,7 @@ package directory
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -295,5 +296,23 @@ func TestCacheHitAllocs(t *testing.T) {
 	})
 	if n != 0 {
 		t.Fatalf("a cache hit allocates %v times", n)
+	}
+}
+
+// TestCacheBounded: the store is outside input; the cache keeps at most
+// MaxMembers members and counts what it drops.
+func TestCacheBounded(t *testing.T) {
+	c := newTestCache(t, &fakeStore{}, newFakeClock())
+	evs := make([]Event, MaxMembers+10)
+	ms := make([]Member, len(evs))
+	for i := range evs {
+		ms[i] = member(fmt.Sprint("m", i), 1)
+		evs[i] = Event{Member: &ms[i], Rev: int64(i + 1)}
+	}
+	c.Load(evs, int64(len(evs)))
+	extra := member("late", 1)
+	c.Apply(Event{Member: &extra, Rev: int64(len(evs) + 1)})
+	if s := c.Stats(); s.Members != MaxMembers || s.Dropped != 11 {
+		t.Fatalf("members %d, dropped %d", s.Members, s.Dropped)
 	}
 }
