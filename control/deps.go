@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -86,6 +87,30 @@ type PeerPlane interface {
 	Code(err error) (Code, bool)
 }
 
+// OpenContext is what a request's context says about how to open a
+// remote segment: its lane (which chooses the directory's posture) and
+// policy version, as the client sent them.
+type OpenContext struct {
+	Lane          string
+	PolicyVersion uint32
+}
+
+// LaneOpener is a PeerPlane that takes the request's context into account
+// when it opens a remote segment (the multi-host directory's posture).
+// When Peers implements it, OpenRemote goes through OpenRemoteIn.
+type LaneOpener interface {
+	OpenRemoteIn(ctx OpenContext, peer, segment string, rights, transport uint8) (RemoteSegment, error)
+}
+
+// ExportCatalog is told about the daemon's exports so that daemons that
+// do not list this one in their config can find them (the multi-host
+// directory's catalog). Both calls come from the exporting connection's
+// goroutine and must not wait on the network.
+type ExportCatalog interface {
+	Exported(name string, size uint64, rights uint8)
+	Unexported(name string)
+}
+
 // Deps are what the server serves from. Engine, Pool and Registry are
 // required; MapBuffer defaults to ShmMapBuffer; FileOpener is optional
 // (RegisterFile then answers UNAVAILABLE); Peers is optional (OpenRemote and
@@ -104,4 +129,8 @@ type Deps struct {
 	// TransportStats appends the transports' features and counters (ring
 	// depths, flags in use) to dst for Stats; optional.
 	TransportStats func(dst []wire.Counter) []wire.Counter
+	// Catalog is told about exports (the multi-host directory); optional.
+	Catalog ExportCatalog
+	// Directory reports the directory for tcctl directory; optional.
+	Directory directory.Reporter
 }

@@ -227,6 +227,9 @@ func (c *conn) exportSegment(m *wire.ExportSegmentRequest) error {
 	t.m[name] = e
 	t.mu.Unlock()
 	c.exports = append(c.exports, e)
+	if cat := c.s.deps.Catalog; cat != nil {
+		cat.Exported(name, n, m.Rights)
+	}
 	c.log.Info("segment exported", "name", name, "segment", id, "offset", off, "size", n, "rights", m.Rights)
 	wire.SetResponse[wire.ExportSegmentResponse](&c.resp).Size = n
 	return nil
@@ -253,6 +256,9 @@ func (c *conn) dropExport(i int) {
 	subs := e.subs
 	e.subs = nil
 	t.mu.Unlock()
+	if cat := c.s.deps.Catalog; cat != nil {
+		cat.Unexported(e.name)
+	}
 	for sc := range subs {
 		sc.unsubscribed(e)
 	}
@@ -399,7 +405,14 @@ func (c *conn) openRemote(m *wire.OpenRemoteRequest) error {
 	if held >= c.s.cfg.Limits.MaxExports {
 		return fmt.Errorf("%w: %d remote segments open", ErrLimit, held)
 	}
-	rs, err := pp.OpenRemote(peer, seg, m.Rights, m.Transport)
+	var rs RemoteSegment
+	var err error
+	if lo, ok := pp.(LaneOpener); ok {
+		rs, err = lo.OpenRemoteIn(OpenContext{Lane: string(c.req.Ctx.Lane), PolicyVersion: c.req.Ctx.PolicyVersion},
+			peer, seg, m.Rights, m.Transport)
+	} else {
+		rs, err = pp.OpenRemote(peer, seg, m.Rights, m.Transport)
+	}
 	if err != nil {
 		return err
 	}

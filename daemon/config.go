@@ -89,6 +89,8 @@ type Config struct {
 	// kernel has the hooks, else say which is missing and run without),
 	// on (fail start-up without them) or off.
 	EBPF string `toml:"ebpf"`
+	// DirectoryConfig is where daemons find each other (config_directory.go).
+	DirectoryConfig
 }
 
 // PeerConfig is one configured peer daemon.
@@ -120,6 +122,8 @@ func Defaults() Config {
 		// until the operator says so.
 		MetricsAddress: "127.0.0.1:9464",
 		EBPF:           "auto",
+
+		DirectoryConfig: directoryDefaults(),
 	}
 }
 
@@ -170,7 +174,10 @@ func (c *Config) Validate() error {
 	if err := c.validateOps(); err != nil {
 		return err
 	}
-	return c.validatePeers()
+	if err := c.validatePeers(); err != nil {
+		return err
+	}
+	return c.validateDirectory()
 }
 
 // validatePeers checks the peer plane's keys.
@@ -289,7 +296,7 @@ func settings() []setting {
 	str := func(dst func(*Config) *string) func(*Config, string) error {
 		return func(c *Config, s string) error { *dst(c) = s; return nil }
 	}
-	return []setting{
+	return append([]setting{
 		{"socket", "TENSORCAST_SOCKET", "control socket path", str(func(c *Config) *string { return &c.Socket })},
 		{"socket_mode", "TENSORCAST_SOCKET_MODE", "control socket mode (octal)", func(c *Config, s string) error { return c.SocketMode.UnmarshalText([]byte(s)) }},
 		{"data_dir", "TENSORCAST_DATA_DIR", "state directory", str(func(c *Config) *string { return &c.DataDir })},
@@ -338,7 +345,7 @@ func settings() []setting {
 			}
 			return nil
 		}},
-	}
+	}, directorySettings()...)
 }
 
 // Load builds the configuration from defaults, the file named by --config

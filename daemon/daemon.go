@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/directory/etcd"
 	"github.com/tensorcast/tensorcast/ktrace"
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/shm"
-	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -43,6 +44,7 @@ type Daemon struct {
 	reg    *xfer.Registry
 	local  *xfer.Local
 	files  *fileTier
+	dir    *etcd.Dir  // nil with the embedded directory
 	peers  *peerPlane // nil without peer_listen
 	rdma   *rdmaPlane // nil without a peer plane or a usable RDMA device
 	engine *xfer.Engine
@@ -83,8 +85,11 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	d.files = newFileTier(cfg, d.pool, log.With("component", "uring"))
 	rt := router{local: d.local, files: d.files}
 	rdmaReport := rdmaWithoutPeers()
+	if d.dir, err = openDirectory(cfg, log); err != nil {
+		return nil, err
+	}
 	if cfg.PeerListen != "" {
-		if d.peers, err = newPeerPlane(cfg, log.With("component", "peers")); err != nil {
+		if d.peers, err = newPeerPlane(cfg, peerDirectory(d.dir), log.With("component", "peers")); err != nil {
 			return nil, err
 		}
 		rt.peers = d.peers.node
@@ -93,6 +98,11 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		}
 		rt.rdma = d.rdma
 		d.peers.rdma, d.peers.noRDMA = d.rdma, rdmaReport.reason
+		if d.dir != nil {
+			if err := d.joinDirectory(); err != nil {
+				return nil, err
+			}
+		}
 	}
 	d.engine = xfer.NewEngine(xfer.Config{ErrorCode: d.errorCode}, rt, log.With("component", "engine"))
 
@@ -115,6 +125,10 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	deps.TransportStats = d.transportCounters
 	if d.peers != nil {
 		deps.Peers = d.peers
+	}
+	if d.dir != nil {
+		deps.Peers = &dirPlane{peerPlane: d.peers, dir: d.dir}
+		deps.Catalog, deps.Directory = d.dir, d.dir
 	}
 	inherited, err := inheritedListener(getenv)
 	if err != nil {
@@ -227,6 +241,9 @@ func (d *Daemon) closeParts() {
 	if d.peers != nil {
 		d.peers.close()
 	}
+	if d.dir != nil {
+		d.dir.Close()
+	}
 	if d.files != nil {
 		d.files.Close()
 	}
@@ -308,5 +325,5 @@ func (d *Daemon) transportCounters(dst []wire.Counter) []wire.Counter {
 	if d.rdma != nil {
 		dst = d.rdma.counters(dst)
 	}
-	return d.kernelCounters(dst)
+	return d.directoryCounters(d.kernelCounters(dst))
 }

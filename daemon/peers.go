@@ -43,7 +43,7 @@ var (
 	_ control.PeerPlane  = (*peerPlane)(nil)
 )
 
-func newPeerPlane(cfg Config, log *slog.Logger) (*peerPlane, error) {
+func newPeerPlane(cfg Config, dir directory.Directory, log *slog.Logger) (*peerPlane, error) {
 	p := &peerPlane{log: log}
 	peers := make([]directory.Peer, len(cfg.Peers))
 	for i, pc := range cfg.Peers {
@@ -57,6 +57,7 @@ func newPeerPlane(cfg Config, log *slog.Logger) (*peerPlane, error) {
 		ConnsPerPeer:   cfg.PeerConns,
 		SliceSize:      int(cfg.PeerSliceSize),
 		Peers:          peers,
+		Directory:      dir,
 	}, p, log)
 	if err != nil {
 		return nil, fmt.Errorf("peer plane (peer_listen = %q, cluster_key_file = %q): %w", cfg.PeerListen, cfg.ClusterKeyFile, err)

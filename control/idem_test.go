@@ -1,0 +1,92 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSharedIdem: a key is bound daemon wide to the lane and arguments of
+// its first use; its answer is replayed only to the connection that got
+// it; another connection is refused while that one lives and runs afresh
+// once it closed; keys expire and the table stays bounded.
+func TestSharedIdem(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { return now }
+	tab := newSharedIdem(3, time.Minute, clock)
+	k, stream, catalog := []byte("k1"), []byte("stream-first"), []byte("catalog-first")
+	const h, conn1, conn2 = 77, 1, 2
+
+	if v, _, _ := tab.check(k, stream, h, conn1); v != idemRun {
+		t.Fatalf("new key: %v", v)
+	}
+	tab.record(k, stream, h, conn1, []byte("answer-1"))
+	v, frame, _ := tab.check(k, stream, h, conn1)
+	if v != idemReplay || string(frame) != "answer-1" {
+		t.Fatalf("same connection retry: %v %q", v, frame)
+	}
+	for _, c := range []struct {
+		name       string
+		lane       []byte
+		hash, conn uint64
+		want       string
+	}{
+		{"other lane, same connection", catalog, h + 1, conn1, `bound to lane "stream-first"`},
+		{"other lane, other connection", catalog, h + 1, conn2, `bound to lane "stream-first"`},
+		{"other arguments", stream, h + 2, conn2, "other arguments"},
+		{"same call, other live connection", stream, h, conn2, "in use by connection 1"},
+	} {
+		v, _, err := tab.check(k, c.lane, c.hash, c.conn)
+		if v != idemRefuse || !errors.Is(err, ErrIdempotencyConflict) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v %v, want a refusal saying %q", c.name, v, err, c.want)
+		}
+	}
+	tab.closed(conn1)
+	if v, _, _ := tab.check(k, stream, h, conn2); v != idemRun {
+		t.Fatalf("same call after the owner closed: %v, want a fresh run", v)
+	}
+	if v, _, err := tab.check(k, catalog, h+1, conn2); v != idemRefuse {
+		t.Fatalf("other lane after the owner closed: %v %v, want refused (the key keeps its lane)", v, err)
+	}
+	tab.record(k, stream, h, conn2, []byte("answer-2"))
+	if v, frame, _ := tab.check(k, stream, h, conn2); v != idemReplay || string(frame) != "answer-2" {
+		t.Fatalf("rerun's answer: %v %q", v, frame)
+	}
+
+	// Expiry.
+	now = now.Add(time.Minute)
+	if v, _, _ := tab.check(k, catalog, h+1, conn2); v != idemRun {
+		t.Fatalf("expired key: %v, want run", v)
+	}
+	// Bound: the oldest goes first.
+	for i := range 5 {
+		tab.record([]byte(fmt.Sprint("b", i)), stream, uint64(i), conn2, nil)
+	}
+	if n := tab.len(); n != 3 {
+		t.Fatalf("table holds %d keys, limit 3", n)
+	}
+	if v, _, _ := tab.check([]byte("b0"), catalog, 0, conn2); v != idemRun {
+		t.Fatal("the oldest key was not evicted")
+	}
+	if v, _, _ := tab.check([]byte("b4"), catalog, 4, conn2); v != idemRefuse {
+		t.Fatal("the newest key was evicted")
+	}
+	// Keys that expire and come back leave no stale slot behind that
+	// would evict them early.
+	tab2 := newSharedIdem(2, time.Second, clock)
+	for range 100 {
+		tab2.record([]byte("x"), stream, 1, conn1, nil)
+		now = now.Add(2 * time.Second)
+		tab2.check([]byte("x"), stream, 1, conn1) // expires it
+	}
+	tab2.record([]byte("x"), stream, 1, conn1, nil)
+	tab2.record([]byte("y"), stream, 1, conn1, nil)
+	if v, _, _ := tab2.check([]byte("x"), stream, 1, conn1); v != idemReplay {
+		t.Fatal("a stale slot evicted a live key")
+	}
+	if len(tab2.order) > 2*2+16+1 {
+		t.Fatalf("order grew to %d slots", len(tab2.order))
+	}
+}

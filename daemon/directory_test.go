@@ -1,0 +1,399 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/directory/etcdtest"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// testClock is a clock the test moves; the daemons' staleness budget
+// reads it.
+type testClock struct {
+	mu sync.Mutex // guards t
+	t  time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// etcdCluster is daemons sharing one etcd, the cluster key and a clock.
+type etcdCluster struct {
+	t   *testing.T
+	srv *etcdtest.Server
+	key string
+	clk *testClock
+}
+
+func newEtcdCluster(t *testing.T) *etcdCluster {
+	srv := etcdtest.Start(t)
+	return &etcdCluster{t: t, srv: srv, key: writeKey(t, t.TempDir(), "cluster.key", "tensorcast directory test key"),
+		clk: &testClock{t: time.Unix(1_700_000_000, 0)}}
+}
+
+func (e *etcdCluster) withEtcd(listen string, mut func(*Config)) func(*Config) {
+	return func(c *Config) {
+		c.Directory = "etcd"
+		c.EtcdEndpoints = e.srv.Endpoints()
+		c.EtcdPrefix = "/t/"
+		c.EtcdLeaseTTL = Duration(time.Second)
+		c.StalenessBudget = Duration(2 * time.Second)
+		c.clock = e.clk.Now
+		if listen != "" {
+			c.PeerListen = listen
+		}
+		if mut != nil {
+			mut(c)
+		}
+	}
+}
+
+// start runs a daemon with the etcd directory and no configured peers.
+func (e *etcdCluster) start(id string, mut func(*Config)) *peerDaemon {
+	e.t.Helper()
+	return startPeerWith(e.t, id, e.key, "", e.withEtcd("", mut))
+}
+
+// sees waits until d's directory holds id at epoch (0: does not hold id).
+func sees(t *testing.T, d *peerDaemon, id string, epoch uint64) {
+	t.Helper()
+	ok := etcdtest.WaitFor(context.Background(), 10*time.Second, func() bool {
+		m, found := d.d.dir.Cache().Peek(id)
+		if epoch == 0 {
+			return !found
+		}
+		return found && m.Epoch == epoch
+	})
+	if !ok {
+		t.Fatalf("%s's directory never showed %s at epoch %#x: %+v", d.cfg.DaemonID, id, epoch, d.d.dir.Cache().Members())
+	}
+}
+
+func epochOf(d *peerDaemon) uint64 { return d.d.peers.node.Epoch() }
+
+// exportBuffer registers a buffer on c and exports it as name.
+func exportBuffer(t *testing.T, c *client.Client, name string, size uint64) *client.Buffer {
+	t.Helper()
+	b, err := c.RegisterBuffer(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ExportSegment(name, b.ID, 0, 0, client.RightRead|client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// roundTrip writes 64 KiB of pattern into the remote segment and reads it
+// back through buf.
+func roundTrip(c *client.Client, buf *client.Buffer, remote xfer.SegmentID, pattern byte) error {
+	for i := range 64 << 10 {
+		buf.Mem[i] = pattern + byte(i)
+	}
+	res := make([]error, 1)
+	w := xfer.Request{Op: xfer.OpWrite, Local: buf.ID, Target: remote, Length: 64 << 10}
+	if _, err := c.Transfer([]xfer.Request{w}, 10*time.Second, res); err != nil || res[0] != nil {
+		return errors.Join(err, res[0])
+	}
+	r := xfer.Request{Op: xfer.OpRead, Local: buf.ID, LocalOffset: 64 << 10, Target: remote, Length: 64 << 10}
+	if _, err := c.Transfer([]xfer.Request{r}, 10*time.Second, res); err != nil || res[0] != nil {
+		return errors.Join(err, res[0])
+	}
+	if !bytes.Equal(buf.Mem[:64<<10], buf.Mem[64<<10:128<<10]) {
+		return errors.New("the bytes read back differ from those written")
+	}
+	return nil
+}
+
+// TestDirectoryOpenUnlisted: with the etcd directory, a daemon opens an
+// export of a daemon its config does not name: the member and its export
+// are found through etcd, the owner issues the token, the bytes move.
+// The member and its export show in the other's directory with their
+// epochs, and the stats carry the directory's counters.
+func TestDirectoryOpenUnlisted(t *testing.T) {
+	e := newEtcdCluster(t)
+	d1 := e.start("d1", nil)
+	d2 := e.start("d2", nil)
+	sees(t, d2, "d1", epochOf(d1))
+	a := d1.dial(t, "exporter")
+	exportBuffer(t, a, "kv", 1<<20)
+	ok := etcdtest.WaitFor(context.Background(), 10*time.Second, func() bool {
+		v, err := d2.d.dir.ResolveExport(context.Background(), directory.LaneCatalogFirst, "d1", "kv")
+		return err == nil && v.Export.Size == 1<<20 && v.Export.Epoch == epochOf(d1)
+	})
+	if !ok {
+		t.Fatalf("d2's catalog never showed d1/kv: %+v", d2.d.dir.Cache().Exports())
+	}
+	b := d2.dial(t, "opener")
+	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.Epoch != epochOf(d1) {
+		t.Fatalf("opened at epoch %#x, d1 runs %#x", rs.Epoch, epochOf(d1))
+	}
+	buf, err := b.RegisterBuffer(256 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := roundTrip(b, buf, rs.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.OpenRemote("d9/kv", client.RightRead); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("unknown daemon: %v, want NOT_FOUND", err)
+	}
+	if _, err := b.OpenRemote("d1/kv", client.RightRead, client.WithLane("fast-lane")); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Fatalf("unknown lane: %v, want INVALID_ARGUMENT", err)
+	}
+	st, err := b.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint64{}
+	for _, c := range st.Transports {
+		got[c.Name] = c.Value
+	}
+	if got["directory_up"] != 1 || got["directory_members"] != 2 || got["directory_hits"] == 0 || got["directory_etcd_requests"] == 0 {
+		t.Fatalf("directory counters in stats: %v", got)
+	}
+	status := d2.d.dir.Status(context.Background())
+	if status.State != directory.StateUp || len(status.Members) != 2 || status.Members[0].LeaseLeft < 0 {
+		t.Fatalf("status: %+v", status)
+	}
+}
+
+// TestDirectoryIDCollision: a second daemon with the id of a live one
+// does not start, and says who holds the id.
+func TestDirectoryIDCollision(t *testing.T) {
+	e := newEtcdCluster(t)
+	d1 := e.start("d1", nil)
+	dir := t.TempDir()
+	cfg := testConfig(dir)
+	cfg.DaemonID, cfg.PeerListen, cfg.ClusterKeyFile = "d1", "127.0.0.1:0", e.key
+	e.withEtcd("", nil)(&cfg)
+	var logs lockedBuffer
+	_, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), env(nil))
+	if !errors.Is(err, directory.ErrIDInUse) {
+		t.Fatalf("second d1: %v", err)
+	}
+	if !strings.Contains(err.Error(), d1.d.PeerAddr()) || !strings.Contains(err.Error(), "daemon_id") {
+		t.Fatalf("refusal does not say who holds the id and which key to change: %v", err)
+	}
+	// The holder is untouched.
+	d2 := e.start("d2", nil)
+	sees(t, d2, "d1", epochOf(d1))
+}
+
+// TestDirectoryRestartEpoch: a daemon that restarts registers a new epoch;
+// a segment opened at the old epoch is refused by the owner (its token
+// names the old epoch), and opening it again works at the new one.
+func TestDirectoryRestartEpoch(t *testing.T) {
+	e := newEtcdCluster(t)
+	d1 := e.start("d1", nil)
+	d2 := e.start("d2", nil)
+	sees(t, d2, "d1", epochOf(d1))
+	exportBuffer(t, d1.dial(t, "exporter"), "kv", 1<<20)
+	b := d2.dial(t, "opener")
+	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := b.RegisterBuffer(256 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := roundTrip(b, buf, rs.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	old := epochOf(d1)
+	if err := d1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	sees(t, d2, "d1", 0) // left: the lease was revoked
+	d1b := e.start("d1", nil)
+	sees(t, d2, "d1", epochOf(d1b))
+	if epochOf(d1b) == old {
+		t.Fatal("the restarted daemon kept its epoch")
+	}
+	exportBuffer(t, d1b.dial(t, "exporter"), "kv", 1<<20)
+	err = roundTrip(b, buf, rs.ID, 2)
+	if !errors.Is(err, client.ErrPermissionDenied) {
+		t.Fatalf("a segment opened at the old epoch: %v, want PERMISSION_DENIED", err)
+	}
+	rs2, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs2.Epoch != epochOf(d1b) {
+		t.Fatalf("reopened at %#x, want %#x", rs2.Epoch, epochOf(d1b))
+	}
+	if err := roundTrip(b, buf, rs2.ID, 3); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDirectoryEtcdDown: with etcd stopped, an open segment keeps moving
+// bytes; within the budget opens are served from the cache; past it a
+// catalog-first open fails UNAVAILABLE, a stream-first one goes to the
+// peer (whose handshake and token answer), and one for a daemon the
+// cache does not know fails UNAVAILABLE. etcd back, the directory
+// recovers by itself and catalog-first opens work again.
+func TestDirectoryEtcdDown(t *testing.T) {
+	e := newEtcdCluster(t)
+	d1 := e.start("d1", nil)
+	d2 := e.start("d2", nil)
+	sees(t, d2, "d1", epochOf(d1))
+	a := d1.dial(t, "exporter")
+	exportBuffer(t, a, "kv", 1<<20)
+	exportBuffer(t, a, "kv2", 1<<20)
+	b := d2.dial(t, "opener")
+	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := b.RegisterBuffer(256 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	e.srv.Stop()
+	if err := roundTrip(b, buf, rs.ID, 1); err != nil {
+		t.Fatalf("open segment with etcd down: %v", err)
+	}
+	e.clk.Advance(time.Second)
+	r2, err := b.OpenRemote("d1/kv2", client.RightRead)
+	if err != nil {
+		t.Fatalf("catalog-first open within the budget, etcd down: %v", err)
+	}
+	_ = b.CloseRemote(r2.ID)
+	// That open confirmed d1's entry at the peer (its epoch as the cache
+	// has it), so the entry is as old as that open.
+	e.clk.Advance(2500 * time.Millisecond)
+	if _, err := b.OpenRemote("d1/kv2", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("catalog-first open past the budget, etcd down: %v, want UNAVAILABLE", err)
+	}
+	r3, err := b.OpenRemote("d1/kv2", client.RightRead, client.WithLane("stream-first"))
+	if err != nil {
+		t.Fatalf("stream-first open past the budget (the peer answers): %v", err)
+	}
+	if _, err := b.OpenRemote("d7/kv", client.RightRead, client.WithLane("stream-first")); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("stream-first open of an unknown daemon past the budget: %v, want UNAVAILABLE", err)
+	}
+	if err := roundTrip(b, buf, rs.ID, 2); err != nil {
+		t.Fatalf("open segment, etcd down past the budget: %v", err)
+	}
+	if !etcdtest.WaitFor(context.Background(), 5*time.Second, func() bool { return d2.d.dir.State() == directory.StateDown }) {
+		t.Fatal("d2 never noticed the outage")
+	}
+	_ = b.CloseRemote(r3.ID)
+
+	e.srv.Restart()
+	if !etcdtest.WaitFor(context.Background(), 10*time.Second, func() bool { return d2.d.dir.State() == directory.StateUp }) {
+		t.Fatal("d2 never recovered")
+	}
+	if _, err := b.OpenRemote("d1/kv2", client.RightRead); err != nil {
+		t.Fatalf("catalog-first open after recovery: %v", err)
+	}
+	if n := strings.Count(d2.log.String(), "etcd unreachable: lookups"); n != 1 {
+		t.Fatalf("outage logged %d times", n)
+	}
+}
+
+// TestDirectoryStaleEntryFenced: the cache's entry for d1 is out of date
+// (etcd is down, so it cannot hear otherwise) and the peer's fencing
+// decides. First d1 restarts on the same address with a new epoch: the
+// handshake shows the new epoch, the open works there, the old epoch's
+// segment is refused, and the entry is corrected. Then another daemon
+// takes the address: it does not answer as d1, the open fails
+// UNAVAILABLE saying so, and the entry is marked stale.
+func TestDirectoryStaleEntryFenced(t *testing.T) {
+	e := newEtcdCluster(t)
+	d1 := e.start("d1", nil)
+	d2 := e.start("d2", nil)
+	sees(t, d2, "d1", epochOf(d1))
+	exportBuffer(t, d1.dial(t, "exporter"), "kv", 1<<20)
+	b := d2.dial(t, "opener")
+	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := b.RegisterBuffer(256 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, old := d1.d.PeerAddr(), epochOf(d1)
+
+	// etcd down: nothing d1 does now reaches d2's cache.
+	e.srv.Stop()
+	if err := d1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// d1 again, on its address, with a new epoch; it cannot register (etcd
+	// is down), so it runs on the embedded directory.
+	d1b := startPeerWith(t, "d1", e.key, addr, nil)
+	exportBuffer(t, d1b.dial(t, "exporter"), "kv", 1<<20)
+	if m, ok := d2.d.dir.Cache().Peek("d1"); !ok || m.Epoch != old {
+		t.Fatalf("d2's entry for d1 = %+v %v, want the old epoch", m, ok)
+	}
+	corrections := d2.d.dir.Cache().Stats().Corrections
+	e.clk.Advance(3 * time.Second) // past the budget: stream-first goes to the peer
+	rs2, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite, client.WithLane("stream-first"))
+	if err != nil {
+		t.Fatalf("stream-first open at the stale address: %v", err)
+	}
+	if rs2.Epoch != epochOf(d1b) {
+		t.Fatalf("opened at %#x, the peer runs %#x", rs2.Epoch, epochOf(d1b))
+	}
+	if err := roundTrip(b, buf, rs2.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := roundTrip(b, buf, rs.ID, 2); !errors.Is(err, client.ErrPermissionDenied) {
+		t.Fatalf("segment of the old epoch: %v, want PERMISSION_DENIED", err)
+	}
+	if got := d2.d.dir.Cache().Stats().Corrections; got != corrections+1 {
+		t.Fatalf("corrections %d → %d, want one more", corrections, got)
+	}
+
+	// Now another daemon on d1's address.
+	if err := d1b.stop(); err != nil {
+		t.Fatal(err)
+	}
+	startPeerWith(t, "d3", e.key, addr, nil)
+	// A catalog-first lookup of the suspect entry would go to etcd (down):
+	// it fails closed without dialing.
+	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("catalog-first open of a suspect entry with etcd down: %v, want UNAVAILABLE", err)
+	}
+	_, err = b.OpenRemote("d1/kv", client.RightRead, client.WithLane("stream-first"))
+	if !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("stream-first open where another daemon answers: %v, want UNAVAILABLE", err)
+	}
+	if !strings.Contains(d2.log.String(), `answered as daemon \"d3\"`) {
+		t.Fatalf("d2 did not log why:\n%s", d2.log)
+	}
+	// etcd back: d1's registration lapses (its lease was never revoked),
+	// and the cache learns it from the store.
+	e.srv.Restart()
+	sees(t, d2, "d1", 0)
+	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("open of a daemon that left, cache corrected: %v, want NOT_FOUND", err)
+	}
+}

@@ -1,0 +1,595 @@
+// Package etcd is the multi-host backend of the directory: daemons register
+// in etcd under leases they keep alive, publish their exports beside their
+// registration, and serve lookups from a bounded-stale cache (see
+// directory.Cache) that a watch of the same prefix keeps current.
+//
+// Layout under the prefix (default "/tensorcast/"):
+//
+//	members/<id>            a directory.Member, under the daemon's lease
+//	exports/<id>/<name>     a directory.Export, under the same lease
+//
+// A registration is created by a transaction on the key's create revision
+// (it exists only if nobody holds the key), so two live daemons never hold
+// one id: the second is refused. A daemon that stops renewing its lease
+// drops out when the lease lapses, its exports with it.
+//
+// What the directory says is advice (a route, not a permission): the
+// owning peer's handshake and its tokens decide, and what they show
+// corrects the cache. With etcd unreachable, sessions and the transfers on
+// them go on; lookups are answered from the cache within the staleness
+// budget and fail with directory.ErrUnavailable beyond it.
+//
+// Goroutines and stop order. A Dir owns three goroutines: the feed (list,
+// then watch, relist on a broken watch), the prober (progress requests on
+// the watch and the outage check) and, after Join, the keeper (lease
+// keep-alive, re-registration, the export catalog). Close cancels their
+// context, waits for all three, revokes the lease (the registration and
+// the exports disappear at once) and closes the client.
+package etcd
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/tensorcast/tensorcast/directory"
+)
+
+// Defaults.
+const (
+	DefaultPrefix   = "/tensorcast/"
+	DefaultBudget   = 2 * time.Second
+	DefaultLeaseTTL = 10 * time.Second
+	defaultDial     = 5 * time.Second
+	defaultRetry    = 500 * time.Millisecond
+	// maxStatusLeases bounds the lease reads one Status makes.
+	maxStatusLeases = 256
+)
+
+// Config configures a Dir.
+type Config struct {
+	// Endpoints are etcd's client URLs. Required.
+	Endpoints []string
+	// Prefix is where the directory lives in etcd; default DefaultPrefix.
+	// It must start and end with '/'.
+	Prefix string
+	// CAFile, CertFile and KeyFile are the TLS files for https endpoints:
+	// the CA that signs etcd's certificate, and this daemon's client
+	// certificate and key (both or neither).
+	CAFile, CertFile, KeyFile string
+	// Budget is the staleness budget (default DefaultBudget).
+	Budget time.Duration
+	// LeaseTTL is the registration's lease, whole seconds (default
+	// DefaultLeaseTTL).
+	LeaseTTL time.Duration
+	// DialTimeout bounds reaching etcd for Join and each read of a
+	// listing (default 5s).
+	DialTimeout time.Duration
+	// JoinWait is how long Join waits for a previous holder of the id to
+	// lapse before refusing (default LeaseTTL + 1s): a daemon restarted
+	// after a crash waits for its old lease, a live holder renews its lease
+	// and is never displaced.
+	JoinWait time.Duration
+	// ProgressEvery is how often the feed asks etcd to prove it current
+	// (default Budget/4, at least 10ms).
+	ProgressEvery time.Duration
+	// RetryEvery is the pause before a failed listing, registration or
+	// catalog write is tried again (default 500ms).
+	RetryEvery time.Duration
+	// Clock measures ages against the budget (default time.Now).
+	Clock directory.Clock
+	// Self is this daemon's id; Static the peers its config names, kept
+	// beside the registered members.
+	Self   string
+	Static []directory.Peer
+	// Log defaults to discarding.
+	Log *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	bad := func(key string, v any, why string) error {
+		return fmt.Errorf("%w: %s = %v: %s", directory.ErrConfig, key, v, why)
+	}
+	if len(c.Endpoints) == 0 {
+		return bad("etcd_endpoints", "[]", "at least one endpoint is needed")
+	}
+	for _, e := range c.Endpoints {
+		if !strings.HasPrefix(e, "http://") && !strings.HasPrefix(e, "https://") {
+			return bad("etcd_endpoints", e, "must be an http:// or https:// URL")
+		}
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if !strings.HasPrefix(c.Prefix, "/") || !strings.HasSuffix(c.Prefix, "/") || len(c.Prefix) > 128 {
+		return bad("etcd_prefix", c.Prefix, "must start and end with '/' (at most 128 bytes)")
+	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return bad("etcd_cert_file", c.CertFile, "etcd_cert_file and etcd_key_file go together")
+	}
+	if c.Budget == 0 {
+		c.Budget = DefaultBudget
+	}
+	if c.Budget < 0 {
+		return bad("staleness_budget", c.Budget, "must be positive")
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.LeaseTTL < time.Second || c.LeaseTTL%time.Second != 0 {
+		return bad("etcd_lease_ttl", c.LeaseTTL, "must be whole seconds, at least 1s")
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = defaultDial
+	}
+	if c.JoinWait <= 0 {
+		c.JoinWait = c.LeaseTTL + time.Second
+	}
+	if c.ProgressEvery <= 0 {
+		c.ProgressEvery = max(c.Budget/4, 10*time.Millisecond)
+	}
+	if c.RetryEvery <= 0 {
+		c.RetryEvery = defaultRetry
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// tlsConfig builds the client's TLS from the files; nil without any.
+func (c *Config) tlsConfig() (*tls.Config, error) {
+	if c.CAFile == "" && c.CertFile == "" {
+		return nil, nil
+	}
+	t := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: etcd_ca_file = %q: %v", directory.ErrConfig, c.CAFile, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: etcd_ca_file = %q: no PEM certificate in it", directory.ErrConfig, c.CAFile)
+		}
+		t.RootCAs = pool
+	}
+	if c.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: etcd_cert_file = %q, etcd_key_file = %q: %v", directory.ErrConfig, c.CertFile, c.KeyFile, err)
+		}
+		t.Certificates = []tls.Certificate{cert}
+	}
+	return t, nil
+}
+
+// Dir is the etcd-backed directory of one daemon. It implements
+// directory.Directory (the transports' address book) and
+// directory.Reporter.
+type Dir struct {
+	cfg    Config
+	log    *slog.Logger
+	cli    *clientv3.Client
+	cache  *directory.Cache
+	static *directory.Embedded // this daemon, configured and observed peers
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// joined is set by a successful Join (the keeper runs).
+	joined    atomic.Bool
+	closeOnce sync.Once
+	closed    atomic.Bool
+
+	// curWatch is the watch in progress, for the prober (nil between
+	// watches).
+	curWatch atomic.Pointer[watchCtx]
+
+	// requests counts the requests this directory sent to etcd
+	// (keep-alives and progress requests included).
+	requests atomic.Uint64
+
+	// smu guards the fields below.
+	smu     sync.Mutex
+	state   string
+	since   time.Time
+	outages uint64
+	self    directory.Member
+	lease   clientv3.LeaseID
+
+	// pmu guards the catalog: what this daemon exports (desired) and what
+	// is written under the current lease (applied, name → generation).
+	pmu     sync.Mutex
+	desired map[string]directory.Export
+	applied map[string]uint64
+	gen     uint64
+	// kick wakes the keeper when desired changed (room for one).
+	kick chan struct{}
+	// primed is closed once the cache has its first listing.
+	primed     chan struct{}
+	primedOnce sync.Once
+}
+
+var (
+	_ directory.Directory = (*Dir)(nil)
+	_ directory.Reporter  = (*Dir)(nil)
+	_ directory.Store     = (*store)(nil)
+)
+
+// Open connects to etcd and starts the feed: the cache loads a listing of
+// the prefix and follows it. It does not register this daemon (Join does)
+// and does not wait for etcd: until the first listing, every lookup falls
+// back.
+func Open(cfg Config) (*Dir, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	tc, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	static, err := directory.NewEmbedded(directory.Peer{ID: cfg.Self}, cfg.Static)
+	if err != nil {
+		return nil, err
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            cfg.Endpoints,
+		DialTimeout:          cfg.DialTimeout,
+		DialKeepAliveTime:    cfg.LeaseTTL,
+		DialKeepAliveTimeout: cfg.DialTimeout,
+		TLS:                  tc,
+		Logger:               zap.NewNop(),
+		AutoSyncInterval:     0,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: etcd_endpoints = %v: %v", directory.ErrConfig, cfg.Endpoints, err)
+	}
+	d := &Dir{cfg: cfg, log: cfg.Log.With("component", "directory", "backend", "etcd"), cli: cli, static: static,
+		state: "connecting", since: cfg.Clock(), desired: make(map[string]directory.Export),
+		applied: make(map[string]uint64), kick: make(chan struct{}, 1), primed: make(chan struct{})}
+	d.cache, err = directory.NewCache(directory.CacheConfig{Budget: cfg.Budget, Store: &store{d}, Clock: cfg.Clock,
+		RefreshTimeout: min(cfg.Budget, cfg.DialTimeout)})
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	d.wg.Add(2)
+	go d.feed()
+	go d.prober()
+	d.log.Info("directory opened", "endpoints", cfg.Endpoints, "prefix", cfg.Prefix, "staleness_budget", cfg.Budget.String(),
+		"lease_ttl", cfg.LeaseTTL.String(), "tls", tc != nil)
+	return d, nil
+}
+
+// Cache is the directory's cache (lookups, corrections, counters).
+func (d *Dir) Cache() *directory.Cache { return d.cache }
+
+func (d *Dir) memberKey(id string) string { return d.cfg.Prefix + "members/" + id }
+func (d *Dir) exportKey(owner, name string) string {
+	return d.cfg.Prefix + "exports/" + owner + "/" + name
+}
+
+// parse turns a key and value of the prefix into a cache event; ok is
+// false for a key outside the layout or a record that does not decode (or
+// does not match its key), which is logged and skipped.
+func (d *Dir) parse(key, val []byte, del bool, lease, rev int64) (directory.Event, bool) {
+	k, found := strings.CutPrefix(string(key), d.cfg.Prefix)
+	if !found {
+		return directory.Event{}, false
+	}
+	ev := directory.Event{Delete: del, Lease: lease, Rev: rev}
+	switch {
+	case strings.HasPrefix(k, "members/"):
+		id := k[len("members/"):]
+		if del {
+			ev.Member = &directory.Member{ID: id}
+			return ev, true
+		}
+		m, err := directory.DecodeMember(val)
+		if err == nil && m.ID != id {
+			err = fmt.Errorf("record names %q", m.ID)
+		}
+		if err != nil {
+			d.log.Warn("directory record refused", "key", string(key), "err", err)
+			// What cannot be read is not believed: the entry goes.
+			ev.Delete, ev.Member = true, &directory.Member{ID: id}
+			return ev, true
+		}
+		ev.Member = &m
+		return ev, true
+	case strings.HasPrefix(k, "exports/"):
+		owner, name, ok := strings.Cut(k[len("exports/"):], "/")
+		if !ok {
+			return directory.Event{}, false
+		}
+		if del {
+			ev.Export = &directory.Export{Owner: owner, Name: name}
+			return ev, true
+		}
+		e, err := directory.DecodeExport(val)
+		if err == nil && (e.Owner != owner || e.Name != name) {
+			err = fmt.Errorf("record names %q", e.Key())
+		}
+		if err != nil {
+			d.log.Warn("directory record refused", "key", string(key), "err", err)
+			ev.Delete, ev.Export = true, &directory.Export{Owner: owner, Name: name}
+			return ev, true
+		}
+		ev.Export = &e
+		return ev, true
+	}
+	return directory.Event{}, false
+}
+
+// wait pauses for d or until the directory closes; false when it closed.
+func (d *Dir) wait(dur time.Duration) bool {
+	t := time.NewTimer(dur)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-d.ctx.Done():
+		return false
+	}
+}
+
+// feed keeps the cache current: a listing, then a watch from the
+// listing's revision; a broken watch (compacted, canceled, no leader)
+// starts over with a new listing.
+func (d *Dir) feed() {
+	defer d.wg.Done()
+	for d.ctx.Err() == nil {
+		rev, err := d.list()
+		if err != nil {
+			d.log.Debug("directory listing failed", "err", err)
+			if !d.wait(d.cfg.RetryEvery) {
+				return
+			}
+			continue
+		}
+		d.watch(rev)
+	}
+}
+
+func (d *Dir) list() (int64, error) {
+	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.DialTimeout)
+	defer cancel()
+	d.requests.Add(1)
+	resp, err := d.cli.Get(ctx, d.cfg.Prefix, clientv3.WithPrefix())
+	if err != nil {
+		return 0, err
+	}
+	evs := make([]directory.Event, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		if ev, ok := d.parse(kv.Key, kv.Value, false, kv.Lease, kv.ModRevision); ok && !ev.Delete {
+			evs = append(evs, ev)
+		}
+	}
+	d.cache.Load(evs, resp.Header.Revision)
+	d.primedOnce.Do(func() { close(d.primed) })
+	d.reachable()
+	return resp.Header.Revision, nil
+}
+
+// watchCtx is the context of the current watch: progress requests must be
+// sent on the watch's own stream.
+type watchCtx struct{ ctx context.Context }
+
+func (d *Dir) watch(rev int64) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(d.ctx))
+	defer cancel()
+	d.curWatch.Store(&watchCtx{wctx})
+	defer d.curWatch.Store(nil)
+	wch := d.cli.Watch(wctx, d.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	for resp := range wch {
+		if err := resp.Err(); err != nil {
+			d.log.Info("directory watch ended; listing again", "err", err)
+			return
+		}
+		for _, e := range resp.Events {
+			del := e.Type == mvccpb.DELETE
+			if ev, ok := d.parse(e.Kv.Key, e.Kv.Value, del, e.Kv.Lease, e.Kv.ModRevision); ok {
+				d.cache.Apply(ev)
+			}
+		}
+		d.cache.Synced(resp.Header.Revision)
+		d.reachable()
+	}
+}
+
+// prober asks etcd, every ProgressEvery, to prove the watch current (a
+// progress notification is a watch response, and so refreshes the
+// cache's age), and checks for an outage.
+func (d *Dir) prober() {
+	defer d.wg.Done()
+	t := time.NewTicker(d.cfg.ProgressEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.checkOutage()
+		w := d.curWatch.Load()
+		if w == nil {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(w.ctx, d.cfg.ProgressEvery)
+		d.requests.Add(1)
+		_ = d.cli.RequestProgress(pctx)
+		cancel()
+	}
+}
+
+// checkOutage moves the state to down, logging it once, when the cache
+// has not been proved current for longer than the budget.
+func (d *Dir) checkOutage() {
+	age := d.cache.Stats().Age
+	if age <= d.cfg.Budget {
+		return
+	}
+	d.smu.Lock()
+	defer d.smu.Unlock()
+	if d.state == directory.StateDown || d.state == directory.StateClosed {
+		return
+	}
+	if d.state == directory.StateUp {
+		d.outages++
+	}
+	prev := d.state
+	d.state, d.since = directory.StateDown, d.cfg.Clock()
+	what := "unreachable"
+	if prev == "connecting" {
+		what = "not reached yet"
+	}
+	d.log.Warn("etcd "+what+": lookups older than the staleness budget fail UNAVAILABLE until it answers; sessions and transfers go on",
+		"endpoints", d.cfg.Endpoints, "cache_age", fmtAge(age), "staleness_budget", d.cfg.Budget.String())
+}
+
+// reachable records that etcd answered; after an outage it logs, once,
+// that the directory recovered.
+func (d *Dir) reachable() {
+	d.smu.Lock()
+	defer d.smu.Unlock()
+	switch d.state {
+	case directory.StateUp, directory.StateClosed, directory.StateConflict:
+		return
+	case directory.StateDown:
+		d.log.Info("etcd reachable again: the directory cache is current", "down_for",
+			d.cfg.Clock().Sub(d.since).Round(time.Millisecond).String())
+	}
+	d.state, d.since = directory.StateUp, d.cfg.Clock()
+}
+
+func fmtAge(a time.Duration) string {
+	if a == directory.Never {
+		return "never"
+	}
+	return a.Round(time.Millisecond).String()
+}
+
+// State is the backend's state (directory.StateUp, StateDown, ...).
+func (d *Dir) State() string {
+	d.smu.Lock()
+	defer d.smu.Unlock()
+	return d.state
+}
+
+// Requests counts the requests sent to etcd so far.
+func (d *Dir) Requests() uint64 { return d.requests.Load() }
+
+// store is the Dir as the cache's fallback Store.
+type store struct{ d *Dir }
+
+// errDown is the store's answer while the directory knows etcd is down:
+// the lookup fails closed at once rather than waiting out a read that the
+// feed has been failing at for longer than the budget (the feed and the
+// prober notice when etcd is back).
+func (d *Dir) errDown() error {
+	d.smu.Lock()
+	defer d.smu.Unlock()
+	if d.state != directory.StateDown {
+		return nil
+	}
+	return fmt.Errorf("etcd has not answered since %s", d.since.UTC().Format(time.RFC3339))
+}
+
+func (s *store) GetMember(ctx context.Context, id string) (directory.Member, int64, int64, bool, error) {
+	d := s.d
+	if err := d.errDown(); err != nil {
+		return directory.Member{}, 0, 0, false, err
+	}
+	d.requests.Add(1)
+	resp, err := d.cli.Get(clientv3.WithRequireLeader(ctx), d.memberKey(id))
+	if err != nil {
+		return directory.Member{}, 0, 0, false, err
+	}
+	if len(resp.Kvs) == 0 {
+		return directory.Member{}, 0, resp.Header.Revision, false, nil
+	}
+	kv := resp.Kvs[0]
+	ev, ok := d.parse(kv.Key, kv.Value, false, kv.Lease, kv.ModRevision)
+	if !ok || ev.Delete {
+		return directory.Member{}, 0, resp.Header.Revision, false, nil
+	}
+	return *ev.Member, kv.Lease, kv.ModRevision, true, nil
+}
+
+func (s *store) GetExport(ctx context.Context, owner, name string) (directory.Export, int64, bool, error) {
+	d := s.d
+	if err := d.errDown(); err != nil {
+		return directory.Export{}, 0, false, err
+	}
+	d.requests.Add(1)
+	resp, err := d.cli.Get(clientv3.WithRequireLeader(ctx), d.exportKey(owner, name))
+	if err != nil {
+		return directory.Export{}, 0, false, err
+	}
+	if len(resp.Kvs) == 0 {
+		return directory.Export{}, resp.Header.Revision, false, nil
+	}
+	kv := resp.Kvs[0]
+	ev, ok := d.parse(kv.Key, kv.Value, false, kv.Lease, kv.ModRevision)
+	if !ok || ev.Delete {
+		return directory.Export{}, resp.Header.Revision, false, nil
+	}
+	return *ev.Export, kv.ModRevision, true, nil
+}
+
+// Close leaves the directory: it stops the goroutines, revokes the lease
+// (this daemon's registration and exports disappear at once) and closes
+// the client. Safe to call more than once.
+func (d *Dir) Close() error {
+	d.shut(true)
+	return nil
+}
+
+// Abandon stops as a crash would: the goroutines stop and the client
+// closes, but the lease is not revoked, so the registration lapses only
+// when its TTL runs out. For tests and the churn harness.
+func (d *Dir) Abandon() { d.shut(false) }
+
+func (d *Dir) shut(revoke bool) {
+	d.closeOnce.Do(func() {
+		d.closed.Store(true)
+		d.cancel()
+		d.wg.Wait()
+		d.smu.Lock()
+		lease := d.lease
+		d.state, d.since = directory.StateClosed, d.cfg.Clock()
+		d.smu.Unlock()
+		if revoke && lease != 0 {
+			// Bounded: with etcd unreachable the lease lapses by itself.
+			ctx, cancel := context.WithTimeout(context.Background(), min(d.cfg.DialTimeout, 2*time.Second))
+			d.requests.Add(1)
+			if _, err := d.cli.Revoke(ctx, lease); err != nil {
+				d.log.Warn("could not revoke the directory lease; the registration lapses with its TTL",
+					"lease_ttl", d.cfg.LeaseTTL.String(), "err", err)
+			} else {
+				d.log.Info("left the directory")
+			}
+			cancel()
+		}
+		if err := d.cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
+			d.log.Debug("closing the etcd client", "err", err)
+		}
+	})
+}
