@@ -1,0 +1,5 @@
+package store
+
+const crashChildEnv = "TENSORCAST_STORE_CRASH_CHILD"
+
+func crashChild() {}
