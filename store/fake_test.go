@@ -26,7 +26,9 @@ var (
 	_ aligner      = (*fakeFile)(nil)
 )
 
-func newFakeFile(size int) *fakeFile { return &fakeFile{id: 900, align: 4096, data: make([]byte, size)} }
+func newFakeFile(size int) *fakeFile {
+	return &fakeFile{id: 900, align: 4096, data: make([]byte, size)}
+}
 
 func (f *fakeFile) ID() xfer.SegmentID                 { return f.id }
 func (f *fakeFile) Kind() xfer.Kind                    { return xfer.KindFile }
@@ -62,7 +64,7 @@ type fakeTr struct {
 
 var _ xfer.Transport = (*fakeTr)(nil)
 
-func (f *fakeTr) Name() string     { return "fake" }
+func (f *fakeTr) Name() string      { return "fake" }
 func (f *fakeTr) Cancel(*xfer.Task) {}
 func (f *fakeTr) Close() error {
 	f.mu.Lock()
@@ -173,10 +175,24 @@ func (f *fakeTr) set(fn func(f *fakeTr)) {
 	f.mu.Unlock()
 }
 
-// isHeaderWrite reports whether t writes one sector from the staging
-// memory: a block, region or super header, or a zeroing.
+// isHeaderWrite reports whether t writes a block, region or super header
+// (one sector of staging memory that is not all zero).
 func isHeaderWrite(t *xfer.Task) bool {
-	return t.Req.Op == xfer.OpWrite && t.Local.Kind() == xfer.KindPool && t.Req.Local == stagingID
+	return t.Req.Op == xfer.OpWrite && t.Req.Local == stagingID && !isZeroWrite(t)
+}
+
+// isZeroWrite reports whether t zeroes a header sector.
+func isZeroWrite(t *xfer.Task) bool {
+	if t.Req.Op != xfer.OpWrite || t.Req.Local != stagingID {
+		return false
+	}
+	b := t.Local.(xfer.MemSegment).Bytes()[t.Req.LocalOffset : t.Req.LocalOffset+t.Req.Length]
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func isValueWrite(t *xfer.Task) bool {

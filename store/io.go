@@ -102,7 +102,10 @@ type ioTask struct {
 	state atomic.Uint32
 	// owed is 1 from dispatch until the transport's Done or the
 	// submitter's rollback claims the task: exactly one of them does.
-	owed   atomic.Uint32
+	owed atomic.Uint32
+	// dup is set by a second Done (or one for a task not owned): a
+	// contract violation.
+	dup    atomic.Bool
 	sent   bool   // dispatched (false for a tail the transport refused)
 	parkN  uint64 // result of a Done during Submit
 	parkE  error
@@ -275,6 +278,12 @@ func (t *tier2) freeTask(it *ioTask) {
 		it.waiters[i] = waitRec{}
 	}
 	it.nwait, it.nextWait, it.region = 0, -1, noRegion
+	if it.state.Load() == tsQuarantined {
+		// Never reused: the transport may still call Done on it. violation
+		// has already taken it out of the in-flight count.
+		t.s.ev.fire()
+		return
+	}
 	it.state.Store(tsFree)
 	t.ioMu.Lock()
 	t.freeTasks = append(t.freeTasks, it.idx)
@@ -317,13 +326,14 @@ func (t *tier2) reqSector(it *ioTask, op xfer.Op, fileOff uint64, zero bool) {
 // came during Submit is parked and handled here). A transport that breaks
 // the count contract fails every task of the submit, and what it may still
 // touch is quarantined.
-func (t *tier2) submit(its []*ioTask, xts *[]*xfer.Task) {
+func (t *tier2) submit(its []*ioTask, xts *[]*xfer.Task) error {
 	if len(its) == 0 {
-		return
+		return nil
 	}
 	x := (*xts)[:0]
 	for _, it := range its {
 		it.sent = true
+		it.dup.Store(false)
 		it.owed.Store(1)
 		it.state.Store(tsDispatching)
 		x = append(x, &it.xt)
@@ -333,7 +343,7 @@ func (t *tier2) submit(its []*ioTask, xts *[]*xfer.Task) {
 	clear(x)
 	if n < 0 || n > len(its) || n < len(its) && err == nil || n == len(its) && err != nil {
 		t.violation(its, fmt.Sprintf("Submit returned %d of %d (err %v)", n, len(its), err))
-		return
+		return ErrTransport
 	}
 	bad := false
 	for _, it := range its[n:] {
@@ -343,9 +353,14 @@ func (t *tier2) submit(its []*ioTask, xts *[]*xfer.Task) {
 			bad = true
 		}
 	}
+	for _, it := range its[:n] {
+		if it.dup.Load() {
+			bad = true
+		}
+	}
 	if bad {
-		t.violation(its, "Done for a task Submit did not take")
-		return
+		t.violation(its, "a second Done, or a Done for a task Submit did not take")
+		return ErrTransport
 	}
 	if err == nil {
 		err = ErrTransport // unreachable: n < len(its) implies err != nil
@@ -360,12 +375,13 @@ func (t *tier2) submit(its []*ioTask, xts *[]*xfer.Task) {
 		}
 		t.done(it, it.parkE)
 	}
+	return nil
 }
 
 // submitOne dispatches one task, with its own scratch.
 func (t *tier2) submitOne(it *ioTask) {
 	x := it.onex[:0]
-	t.submit(it.one[:], &x)
+	t.submit(it.one[:], &x) // a violation has failed the task already
 }
 
 // TaskDone is the completion of a dispatched task.
@@ -373,11 +389,10 @@ func (it *ioTask) TaskDone(_ *xfer.Task, n uint64, err error) {
 	t := it.t
 	if !it.owed.CompareAndSwap(1, 0) {
 		// A second Done, or one for a task the transport did not take or
-		// that was quarantined: nothing of ours is touched.
+		// that was quarantined: nothing of ours is touched. During its
+		// Submit the submitter sees dup and fails the whole submit.
 		t.s.c.violations.Add(1)
-		if st := it.state.Load(); st == tsDispatching {
-			return // the submitter sees the claim fail and fails the submit
-		}
+		it.dup.Store(true)
 		t.logViolation("Done for a task the transport does not own")
 		return
 	}
@@ -411,6 +426,7 @@ func (t *tier2) violation(its []*ioTask, what string) {
 			}
 		}
 		it.state.Store(tsQuarantined)
+		t.s.c.quarantinedTasks.Add(1)
 		t.inflight.Add(-1)
 		if t.draining.Load() && t.inflight.Load() == 0 {
 			t.drainOnce.Do(func() { close(t.drained) })

@@ -42,9 +42,10 @@ type region struct {
 	owner      []uint64 // per slot: shard<<32 | entry index, or noOwner
 	prev, next int32    // its class's list of regions with a free slot
 	// waitHead is the first task whose block header waits for this
-	// region's header (linked through ioTask.nextWait); opener is the task
-	// writing the region header.
+	// region's header (linked through ioTask.nextWait).
 	waitHead int32
+	// broken is why the region header could not be written (regBroken).
+	broken error
 }
 
 type l2class struct {

@@ -185,7 +185,7 @@ func (s *Store) evictL2(m *maintScratch) {
 	}
 	m.batch = batch
 	if len(batch) > 0 {
-		t.startInvals(batch, &m.xts)
+		t.startInvals(batch, &m.xts) // a violation has failed the tasks already
 		clear(batch)
 	}
 }
@@ -336,7 +336,7 @@ func (s *Store) writeback(m *maintScratch) {
 		}
 		t.wbInflight.Add(int32(len(batch)))
 		t.l2Short.Store(false)
-		t.startWrites(batch, &m.sub, &m.xts)
+		t.startWrites(batch, &m.sub, &m.xts) // a violation has failed the tasks already
 		clear(batch)
 		if noTask || t.l2Short.Load() {
 			return

@@ -11,11 +11,17 @@ import (
 // key, on every call. errs may be nil; when given it receives the detailed
 // error behind each code that is not OK (nil for OK).
 //
-// A call's returned error means it changed nothing: either the call itself
-// is bad (ErrBadCall: slice lengths disagree, too many keys) or the store or
-// session is closed (ErrClosed), and then every code is the same
-// (INVALID_ARGUMENT, UNAVAILABLE); or an all-or-nothing batch (Pin, Unpin)
-// was refused because of some of its keys, whose codes say why.
+// A call's returned error is about the call as a whole:
+//   - ErrBadCall (slice lengths disagree, too many keys) or ErrClosed (the
+//     store or session is closed): nothing was done and every code is the
+//     same (INVALID_ARGUMENT, UNAVAILABLE);
+//   - ErrNotApplied: an all-or-nothing batch (Pin, Unpin) was refused
+//     because of some of its keys, whose codes say why; nothing changed;
+//   - ErrTransport: the L2 transport broke the xfer.Transport contract on
+//     the call's dispatch; every key that needed L2 failed (INTERNAL, and
+//     its reservation, if any, is as before the call), the others' codes
+//     stand. The whole answer of the transport is discarded, never taken
+//     as a success.
 //
 // Calls that may wait for L2 (a durable Put or Commit, a Get or Read of a
 // key only on L2, a Remove of a key on L2) are asynchronous: with done !=
@@ -535,9 +541,9 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 		s.exit()
 		return false, nil
 	}
-	s.l2.startWrites(cl.its, &cl.sub, &cl.xts)
+	err = s.l2.startWrites(cl.its, &cl.sub, &cl.xts)
 	s.exit()
-	return cl.release(&s.calls), nil
+	return cl.release(&s.calls), err
 }
 
 // Put stores each key with a copy of its value (vals[i], which the call
@@ -611,9 +617,9 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 		s.exit()
 		return false, nil
 	}
-	s.l2.startWrites(cl.its, &cl.sub, &cl.xts)
+	err = s.l2.startWrites(cl.its, &cl.sub, &cl.xts)
 	s.exit()
-	return cl.release(&s.calls), nil
+	return cl.release(&s.calls), err
 }
 
 // dropReserved removes a reserved (or failed putting) entry and frees its
@@ -723,11 +729,12 @@ func (s *Store) endRead(cl *call) (bool, error) {
 		s.exit()
 		return false, nil
 	}
+	var err error
 	if len(cl.its) > 0 {
-		s.l2.startReads(cl.its, &cl.xts)
+		err = s.l2.startReads(cl.its, &cl.xts)
 	}
 	s.exit()
-	return cl.release(&s.calls), nil
+	return cl.release(&s.calls), err
 }
 
 // Read copies each stored key's value into dsts[i] (which must be at least
@@ -934,7 +941,7 @@ func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completio
 		s.exit()
 		return false, nil
 	}
-	s.l2.startInvals(cl.its, &cl.xts)
+	err = s.l2.startInvals(cl.its, &cl.xts)
 	s.exit()
-	return cl.release(&s.calls), nil
+	return cl.release(&s.calls), err
 }

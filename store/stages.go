@@ -19,7 +19,7 @@ var errRegionBroken = errors.New("store: the region's header could not be writte
 // written in the same submission), its block header in the task's staging
 // sector, then the value writes, all in one Submit. A key that gets no slot
 // ends at once.
-func (t *tier2) startWrites(its []*ioTask, sub *[]*ioTask, xts *[]*xfer.Task) {
+func (t *tier2) startWrites(its []*ioTask, sub *[]*ioTask, xts *[]*xfer.Task) error {
 	s := t.s
 	out := (*sub)[:0]
 	for _, it := range its {
@@ -30,6 +30,7 @@ func (t *tier2) startWrites(its []*ioTask, sub *[]*ioTask, xts *[]*xfer.Task) {
 		var ot *ioTask
 		if err == nil && opener != noRegion {
 			if ot = t.getTask(false); ot == nil {
+				t.regions[opener].broken = ErrNoIO
 				t.breakRegion(opener)
 				t.release(slot)
 				err = ErrNoIO
@@ -61,8 +62,9 @@ func (t *tier2) startWrites(its []*ioTask, sub *[]*ioTask, xts *[]*xfer.Task) {
 		out = append(out, it)
 	}
 	*sub = out
-	t.submit(out, xts)
+	err := t.submit(out, xts)
 	clear(out)
+	return err
 }
 
 // breakRegion marks a region whose header will not be written. t.mu is
@@ -98,9 +100,9 @@ func (t *tier2) writeDone(it *ioTask, err error) {
 			t.mu.Unlock()
 			return
 		case regBroken:
+			it.err = fmt.Errorf("%w: %w", errRegionBroken, r.broken)
 			t.release(it.slot)
 			t.mu.Unlock()
-			it.err = errRegionBroken
 			t.endWrite(it, false)
 			return
 		}
@@ -151,6 +153,7 @@ func (t *tier2) openDone(it *ioTask, err error) {
 	if err == nil {
 		r.state = regOpen
 	} else {
+		r.broken = err
 		t.breakRegion(it.region)
 	}
 	t.mu.Unlock()
@@ -285,7 +288,7 @@ func (t *tier2) endWriteback(it *ioTask, ok bool) {
 
 // startReads dispatches promotions: each reads a value from its slot
 // straight into the pool block reserved for it.
-func (t *tier2) startReads(its []*ioTask, xts *[]*xfer.Task) {
+func (t *tier2) startReads(its []*ioTask, xts *[]*xfer.Task) error {
 	for _, it := range its {
 		t.mu.Lock()
 		_, _, _, off := t.slotAt(it.slot)
@@ -293,7 +296,7 @@ func (t *tier2) startReads(its []*ioTask, xts *[]*xfer.Task) {
 		it.off = off
 		t.reqValue(it, xfer.OpRead, off+t.g.align)
 	}
-	t.submit(its, xts)
+	return t.submit(its, xts)
 }
 
 func (t *tier2) promoteDone(it *ioTask, err error) {
@@ -392,7 +395,7 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 }
 
 // startInvals dispatches header invalidations (Remove, L2 eviction).
-func (t *tier2) startInvals(its []*ioTask, xts *[]*xfer.Task) {
+func (t *tier2) startInvals(its []*ioTask, xts *[]*xfer.Task) error {
 	for _, it := range its {
 		t.mu.Lock()
 		_, _, _, off := t.slotAt(it.slot)
@@ -400,7 +403,7 @@ func (t *tier2) startInvals(its []*ioTask, xts *[]*xfer.Task) {
 		it.off = off
 		t.reqSector(it, xfer.OpWrite, off, true)
 	}
-	t.submit(its, xts)
+	return t.submit(its, xts)
 }
 
 func (t *tier2) invalDone(it *ioTask, err error) { t.endInval(it, err, true) }

@@ -341,6 +341,7 @@ type counters struct {
 	leasesExpired, removeFail, invalFail, prefixCut     atomic.Uint64
 	keys, l1Keys, l2Keys, pins, reserved, l2InvalFailed atomic.Uint64
 	dirtyOwed                                           atomic.Uint64 // values in L1 only still owed a writeback
+	quarantinedTasks                                    atomic.Uint64
 }
 
 // Stats are the store's figures, for the daemon to report.
@@ -384,6 +385,7 @@ type Stats struct {
 	TransportViolations uint64 // broken xfer.Transport contracts seen
 	QuarantinedBlocks   uint64 // pool blocks kept out of use after one
 	QuarantinedSlots    uint64 // L2 slots kept out of use
+	QuarantinedTasks    uint64 // I/O tasks kept out of use (IODepth is that much smaller)
 	FreeErrors          uint64 // pool frees that failed (a bug; logged)
 
 	IOInFlight int // L2 operations in flight
@@ -404,6 +406,7 @@ func (s *Store) Stats() Stats {
 		Recovered:          c.recovered.Load(), TornDropped: c.torn.Load(), CorruptDropped: c.corrupt.Load(),
 		DuplicatesDropped: c.dups.Load(), TransportViolations: c.violations.Load(),
 		QuarantinedBlocks: c.quarantinedBlocks.Load(), FreeErrors: c.freeErrors.Load(),
+		QuarantinedTasks: c.quarantinedTasks.Load(),
 	}
 	if t := s.l2; t != nil {
 		t.mu.Lock()
