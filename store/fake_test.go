@@ -18,7 +18,11 @@ type fakeFile struct {
 	align uint32
 	mu    sync.Mutex // guards data
 	data  []byte
-	refs  atomic.Int64
+	// null: a file of size bytes that holds nothing (reads give zeros,
+	// writes vanish), for measuring the index without the bytes.
+	null bool
+	size uint64
+	refs atomic.Int64
 }
 
 var (
@@ -32,7 +36,12 @@ func newFakeFile(size int) *fakeFile {
 
 func (f *fakeFile) ID() xfer.SegmentID                 { return f.id }
 func (f *fakeFile) Kind() xfer.Kind                    { return xfer.KindFile }
-func (f *fakeFile) Size() uint64                       { return uint64(len(f.data)) }
+func (f *fakeFile) Size() uint64 {
+	if f.null {
+		return f.size
+	}
+	return uint64(len(f.data))
+}
 func (f *fakeFile) Acquire() bool                      { f.refs.Add(1); return true }
 func (f *fakeFile) Release()                           { f.refs.Add(-1) }
 func (f *fakeFile) Alignment() (offset, memory uint32) { return f.align, f.align }
@@ -135,6 +144,13 @@ func (f *fakeTr) exec(t *xfer.Task) {
 		return
 	}
 	b := mem.Bytes()
+	if file.null {
+		if q.Op == xfer.OpRead {
+			clear(b[q.LocalOffset : q.LocalOffset+q.Length])
+		}
+		t.Done(q.Length, nil)
+		return
+	}
 	if q.TargetOffset+q.Length > uint64(len(file.data)) || q.LocalOffset+q.Length > uint64(len(b)) {
 		t.Done(0, fmt.Errorf("%w: fake: out of bounds %+v", xfer.ErrInvalid, q))
 		return

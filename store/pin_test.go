@@ -302,3 +302,22 @@ func TestSessionCloseReleases(t *testing.T) {
 	}
 	ss.Close() // idempotent
 }
+
+// TestLeaseHeapOrder: leases end in expiry order whatever order they were
+// taken in.
+func TestLeaseHeapOrder(t *testing.T) {
+	var h leaseHeap
+	at := []int64{50, 10, 40, 10, 90, 20, 70, 30, 60, 80}
+	for _, a := range at {
+		h.push(leaseRec{at: a})
+	}
+	slices.Sort(at)
+	for _, want := range at {
+		if got := h.pop().at; got != want {
+			t.Fatalf("popped %d, want %d", got, want)
+		}
+	}
+	if len(h) != 0 {
+		t.Fatal("heap not empty")
+	}
+}

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"container/heap"
 	"sync"
 )
 
@@ -143,24 +142,53 @@ type leaseRec struct {
 	lver uint32
 }
 
+// leaseHeap is a min-heap of lease records by expiry (typed, so pushing
+// allocates nothing once the slice has grown).
 type leaseHeap []leaseRec
 
-func (h leaseHeap) Len() int           { return len(h) }
-func (h leaseHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h leaseHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *leaseHeap) Push(x any)        { *h = append(*h, x.(leaseRec)) }
-func (h *leaseHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+func (h *leaseHeap) push(r leaseRec) {
+	*h = append(*h, r)
+	q := *h
+	for i := len(q) - 1; i > 0; {
+		p := (i - 1) / 2
+		if q[p].at <= q[i].at {
+			break
+		}
+		q[p], q[i] = q[i], q[p]
+		i = p
+	}
+}
+
+func (h *leaseHeap) pop() leaseRec {
+	q := *h
+	top := q[0]
+	last := len(q) - 1
+	q[0] = q[last]
+	q[last] = leaseRec{}
+	q = q[:last]
+	for i := 0; ; {
+		l, m := 2*i+1, i
+		if l < len(q) && q[l].at < q[m].at {
+			m = l
+		}
+		if r := l + 1; r < len(q) && q[r].at < q[m].at {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		q[m], q[i] = q[i], q[m]
+		i = m
+	}
+	*h = q
+	return top
 }
 
 // addLease records a lease expiring at (store nanoseconds).
 func (s *Store) addLease(ss *Session, r ref, lver uint32, at int64) {
 	s.leaseMu.Lock()
 	defer s.leaseMu.Unlock()
-	heap.Push(&s.leases, leaseRec{at: at, ss: ss, r: r, lver: lver})
+	s.leases.push(leaseRec{at: at, ss: ss, r: r, lver: lver})
 	if s.leaseAt == 0 || at < s.leaseAt {
 		s.armLeases(at)
 	}
@@ -188,14 +216,13 @@ func (s *Store) expireLeases() {
 	now := s.now()
 	s.leaseMu.Lock()
 	s.leaseAt = 0
-	due := s.expired[:0]
+	var due []leaseRec
 	for len(s.leases) > 0 && s.leases[0].at <= now {
-		due = append(due, heap.Pop(&s.leases).(leaseRec))
+		due = append(due, s.leases.pop())
 	}
 	if len(s.leases) > 0 {
 		s.armLeases(s.leases[0].at)
 	}
-	s.expired = due
 	s.leaseMu.Unlock()
 	for i := range due {
 		d := &due[i]

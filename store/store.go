@@ -75,7 +75,6 @@ type Store struct {
 	leases     leaseHeap
 	leaseTimer Timer
 	leaseAt    int64 // when leaseTimer fires; 0 when unarmed
-	expired    []leaseRec
 
 	// retryMu guards retries: failed writebacks waiting for their delay.
 	retryMu    sync.Mutex

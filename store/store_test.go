@@ -47,12 +47,17 @@ func mustCodes(t testing.TB, what string, codes []Code, want ...Code) {
 	}
 }
 
+// put puts keys with vals, in calls of at most MaxKeysPerCall keys.
 func (e *testEnv) put(ss *Session, keys, vals [][]byte, durable bool) []Code {
 	e.t.Helper()
 	codes := make([]Code, len(keys))
 	errs := make([]error, len(keys))
-	if _, err := ss.Put(keys, vals, durable, codes, errs, nil, 0); err != nil {
-		e.t.Fatalf("Put: %v", err)
+	step := e.s.cfg.MaxKeysPerCall
+	for i := 0; i < len(keys); i += step {
+		j := min(i+step, len(keys))
+		if _, err := ss.Put(keys[i:j], vals[i:j], durable, codes[i:j], errs[i:j], nil, 0); err != nil {
+			e.t.Fatalf("Put: %v", err)
+		}
 	}
 	return codes
 }
