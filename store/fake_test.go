@@ -34,8 +34,8 @@ func newFakeFile(size int) *fakeFile {
 	return &fakeFile{id: 900, align: 4096, data: make([]byte, size)}
 }
 
-func (f *fakeFile) ID() xfer.SegmentID                 { return f.id }
-func (f *fakeFile) Kind() xfer.Kind                    { return xfer.KindFile }
+func (f *fakeFile) ID() xfer.SegmentID { return f.id }
+func (f *fakeFile) Kind() xfer.Kind    { return xfer.KindFile }
 func (f *fakeFile) Size() uint64 {
 	if f.null {
 		return f.size

@@ -26,6 +26,7 @@ type tier2 struct {
 	g        l2geom
 	verify   bool
 	cfg      L2
+	owned    interface{ Close() error } // the file, when Open opened it
 
 	seq       atomic.Uint64 // last block sequence number handed out
 	fileNonce uint64
@@ -229,6 +230,11 @@ func (t *tier2) closeNow() error {
 		errs = append(errs, err)
 	}
 	t.file.Release()
+	if t.owned != nil {
+		if err := t.owned.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
