@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -367,4 +368,48 @@ func (e *testEnv) putAsync(ss *Session, keys [][]byte) []Code {
 		e.t.Fatalf("put: pending %v, %v", p, err)
 	}
 	return codes
+}
+
+// TestCloseBounded: Close returns after CloseTimeout even when the device
+// never answers, says so, and keeps the memory the device may still write
+// (the pool reference, the staging memory, the blocks in flight) rather
+// than release it under the I/O.
+func TestCloseBounded(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20), withCfg(func(c *Config) { c.CloseTimeout = 50 * time.Millisecond }))
+	ss := e.s.NewSession()
+	e.tr.set(func(f *fakeTr) { f.async = true })
+	rec := newRecorder()
+	codes := make([]Code, 2)
+	keys := keysN("c", 2)
+	if p, err := ss.Put(keys, valuesFor(keys, 100), true, codes, nil, rec, 0); !p || err != nil {
+		t.Fatalf("put: %v %v", p, err)
+	}
+	start := time.Now()
+	err := e.s.Close()
+	if err == nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("Close with I/O stuck: %v after %v", err, time.Since(start))
+	}
+	if b := e.pool.Stats().Blocks; b != 2 {
+		t.Fatalf("%d pool blocks, want the 2 still in flight kept", b)
+	}
+	// The device answers at last: the puts end, StoreDone is called once.
+	e.tr.set(func(f *fakeTr) { f.async = false })
+	e.tr.release()
+	<-rec.done
+	if rec.count(0) != 1 {
+		t.Fatal("StoreDone not called once")
+	}
+	// What Close kept, this test gives back (the process would keep it).
+	s := e.s
+	e.s = nil
+	if err := s.l2.closeNow(); err != nil {
+		t.Fatal(err)
+	}
+	s.pool.Release()
+	for _, c := range codes {
+		if c != OK {
+			t.Logf("a put that completed after Close: %v", c)
+		}
+	}
+	ss.Close()
 }

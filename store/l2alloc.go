@@ -24,11 +24,14 @@ const (
 
 const noRegion = -1
 
-// noOwner marks a free slot in region.owner; staleOwner one that holds a
-// block no key uses, about to be zeroed (recovery).
+// Marks in region.owner other than an entry: noOwner, a free slot;
+// staleOwner, one holding a block no key uses, about to be zeroed
+// (recovery); quarOwner, one kept out of use for good. An entry's mark is
+// below all three.
 const (
 	noOwner    = ^uint64(0)
 	staleOwner = ^uint64(0) - 1
+	quarOwner  = ^uint64(0) - 2
 )
 
 type region struct {
@@ -249,7 +252,7 @@ func (t *tier2) release(id uint32) {
 // the transport broke its contract while the slot was in flight).
 func (t *tier2) quarantine(id uint32) {
 	ri, _, j, _ := t.slotAt(id)
-	t.regions[ri].owner[j] = noOwner
+	t.regions[ri].owner[j] = quarOwner
 	t.quarantined++
 }
 

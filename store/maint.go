@@ -269,7 +269,7 @@ func (s *Store) evictRegion(c int, m *maintScratch, batch []*ioTask) []*ioTask {
 	if best != noRegion {
 		r := &t.regions[best]
 		for j, o := range r.owner {
-			if o < staleOwner {
+			if o < quarOwner {
 				m.owners = append(m.owners, o, uint64(t.slotID(best, uint32(j))))
 			}
 		}

@@ -444,7 +444,8 @@ func joinFree(cause, rollback error) error {
 	return fmt.Errorf("%w (and rolling back: %w)", cause, rollback)
 }
 
-// publish makes a reserved entry visible in L1. sh.mu is held.
+// publish makes a reserved entry visible in L1. sh.mu is held. The caller
+// kicks the maintenance loop (once per call) so that it writes back.
 func (s *Store) publish(sh *shard, idx uint32) {
 	e := sh.ent(idx)
 	e.state = stReady
@@ -453,7 +454,6 @@ func (s *Store) publish(sh *shard, idx uint32) {
 		e.flags |= fDirty
 		sh.dirtyAdd(idx)
 		s.c.dirtyOwed.Add(1)
-		s.kick()
 	}
 	sh.lruAdd(idx)
 	s.c.reserved.Add(^uint64(0))
@@ -475,6 +475,7 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 		return false, err
 	}
 	var cl *call
+	published := false
 	for i, k := range keys {
 		codes[i] = OK
 		setErr(errs, i, nil)
@@ -508,6 +509,7 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 			s.publish(sh, idx)
 			sh.mu.Unlock()
 			delete(ss.resv, r)
+			published = true
 			continue
 		}
 		if s.l2 == nil {
@@ -537,6 +539,9 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 		cl.its = append(cl.its, it)
 	}
 	ss.mu.Unlock()
+	if published && s.l2 != nil {
+		s.kick()
+	}
 	if cl == nil {
 		s.exit()
 		return false, nil
@@ -559,6 +564,7 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 	}
 	ss.mu.Unlock() // a copying put holds nothing of the session's
 	var cl *call
+	published := false
 	for i, k := range keys {
 		codes[i] = OK
 		setErr(errs, i, nil)
@@ -590,6 +596,7 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 		if !durable {
 			s.publish(sh, r.idx)
 			sh.mu.Unlock()
+			published = true
 			continue
 		}
 		it := s.l2.getTask(false)
@@ -612,6 +619,9 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 		it.cl, it.pos = cl, int32(i)
 		cl.left.Add(1)
 		cl.its = append(cl.its, it)
+	}
+	if published && s.l2 != nil {
+		s.kick()
 	}
 	if cl == nil {
 		s.exit()

@@ -196,20 +196,27 @@ func (s *Store) Close() error {
 		}
 		s.retryMu.Unlock()
 		var errs []error
+		drained := true
 		if s.l2 != nil {
 			if err := s.l2.drain(s.cfg.CloseTimeout); err != nil {
 				errs = append(errs, err)
+				drained = false
 			}
 		}
 		if err := s.freeL1(); err != nil {
 			errs = append(errs, err)
 		}
-		if s.l2 != nil {
-			if err := s.l2.closeNow(); err != nil {
-				errs = append(errs, err)
+		// After a drain that timed out the device may still write into the
+		// staging memory and the pool: both stay mapped (and the file
+		// open) for good rather than be reused under it.
+		if drained {
+			if s.l2 != nil {
+				if err := s.l2.closeNow(); err != nil {
+					errs = append(errs, err)
+				}
 			}
+			s.pool.Release()
 		}
-		s.pool.Release()
 		s.closeErr = errors.Join(errs...)
 		st := s.Stats()
 		s.log.Info("store closed", "keys", st.Keys, "tombstones", st.Tombstones,
