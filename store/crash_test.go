@@ -54,7 +54,11 @@ type uringEnv struct {
 }
 
 func openUring(dir string, cfg Config, f FileL2) (*uringEnv, error) {
-	pool, err := shm.NewPool(shm.PoolConfig{ID: poolID, Size: 64 << 20, Hugepages: shm.HugepagesOff,
+	return openUringPool(dir, 64<<20, cfg, f)
+}
+
+func openUringPool(dir string, poolSize uint64, cfg Config, f FileL2) (*uringEnv, error) {
+	pool, err := shm.NewPool(shm.PoolConfig{ID: poolID, Size: poolSize, Hugepages: shm.HugepagesOff,
 		MinBlock: 4096, MaxBlock: 256 << 10}, nil)
 	if err != nil {
 		return nil, err
