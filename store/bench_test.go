@@ -29,7 +29,7 @@ func benchEnv(b *testing.B, poolSize uint64, opts ...envOpt) (*testEnv, *Session
 	b.Helper()
 	e := newEnv(b, poolSize, opts...)
 	ss := e.s.NewSession()
-	b.Cleanup(ss.Close)
+	b.Cleanup(func() { ss.Close() })
 	return e, ss
 }
 

@@ -213,3 +213,57 @@ func TestRecoverRefusesForeignFile(t *testing.T) {
 		t.Fatal("the foreign file was written")
 	}
 }
+
+// TestPromotionShared: Gets and Reads of one L2-only key while its
+// promotion is in flight wait for that one read (up to the waiters a
+// promotion takes; the next gets BUSY), and each gets its pin or its copy.
+func TestPromotionShared(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	a, b := e.s.NewSession(), e.s.NewSession()
+	defer a.Close()
+	defer b.Close()
+	key := keysN("cold", 1)
+	val := valueFor(key[0], 7000)
+	mustCodes(t, "put", e.put(a, key, [][]byte{val}, true), OK)
+	e.dropL1()
+	reads := e.tr.reads.Load()
+	e.tr.set(func(f *fakeTr) { f.async = true })
+	rec := newRecorder()
+	la, lb := make([]Location, 1), make([]Location, 1)
+	ca, cb, cr, c5 := make([]Code, 1), make([]Code, 1), make([]Code, 1), make([]Code, 1)
+	if p, err := a.Get(key, la, ca, nil, rec, 1); !p || err != nil {
+		t.Fatal(p, err)
+	}
+	if p, err := b.Get(key, lb, cb, nil, rec, 2); !p || err != nil {
+		t.Fatal(p, err)
+	}
+	dst := [][]byte{make([]byte, 8000)}
+	lens := []uint64{0}
+	if p, err := e.s.Read(key, dst, lens, cr, nil, rec, 3); !p || err != nil {
+		t.Fatal(p, err)
+	}
+	if p, err := a.Get(key, make([]Location, 1), make([]Code, 1), nil, rec, 4); !p || err != nil {
+		t.Fatal(p, err)
+	}
+	if p, err := b.Get(key, make([]Location, 1), c5, nil, rec, 5); p || err != nil || c5[0] != Busy {
+		t.Fatalf("a fifth waiter: pending %v, %v, %v", p, err, c5[0])
+	}
+	e.tr.set(func(f *fakeTr) { f.async = false })
+	e.tr.release()
+	for range 4 {
+		<-rec.done
+	}
+	if got := e.tr.reads.Load() - reads; got != 1 {
+		t.Fatalf("%d device reads for one key, want 1", got)
+	}
+	mustCodes(t, "a", ca, OK)
+	mustCodes(t, "b", cb, OK)
+	mustCodes(t, "read", cr, OK)
+	if la[0] != lb[0] || !bytes.Equal(e.pool.Bytes()[la[0].Offset:la[0].Offset+la[0].Length], val) ||
+		!bytes.Equal(dst[0][:lens[0]], val) {
+		t.Fatal("waiters did not all get the value")
+	}
+	if e.s.pinsOf(string(key[0])) != 3 || e.s.Stats().Promotions != 1 {
+		t.Fatalf("pins %d, promotions %d", e.s.pinsOf(string(key[0])), e.s.Stats().Promotions)
+	}
+}

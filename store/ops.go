@@ -441,6 +441,9 @@ func joinFree(cause, rollback error) error {
 	if rollback == nil {
 		return cause
 	}
+	if cause == nil {
+		return rollback
+	}
 	return fmt.Errorf("%w (and rolling back: %w)", cause, rollback)
 }
 
@@ -554,7 +557,9 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 // Put stores each key with a copy of its value (vals[i], which the call
 // reads only while it runs). Without durable a key is visible when Put
 // returns; with durable once its block is on L2, and on failure the key is
-// not stored and L1 and its LRU order are as before the call. A key already
+// not stored and L1 and its LRU order are as before the call. (Taking the
+// key's pool block may have evicted clean values to make room, before the
+// write; they are still on L2, so no stored value is lost.) A key already
 // stored gets ALREADY_EXISTS, one with a put in flight BUSY; concurrent
 // puts of one key store it exactly once.
 func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
@@ -586,7 +591,7 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 			continue
 		}
 		if err := copyGuarded(s.poolMem[off:off+size], vals[i]); err != nil {
-			s.dropReserved(r)
+			err = joinFree(err, s.dropReserved(r))
 			codes[i] = CodeOf(err)
 			setErr(errs, i, err)
 			continue
@@ -602,9 +607,9 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 		it := s.l2.getTask(false)
 		if it == nil {
 			sh.mu.Unlock()
-			s.dropReserved(r)
-			codes[i] = Busy
-			setErr(errs, i, ErrNoIO)
+			err := joinFree(ErrNoIO, s.dropReserved(r))
+			codes[i] = CodeOf(err)
+			setErr(errs, i, err)
 			continue
 		}
 		e := sh.ent(r.idx)
@@ -830,19 +835,9 @@ func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []er
 // (returned, to be dispatched by the caller) unless one is in flight. sh.mu
 // is held on entry and released on return.
 func (s *Store) promote(sh *shard, idx uint32, r ref, w waitRec) (*ioTask, error) {
-	t := s.l2
 	e := sh.ent(idx)
 	if e.flags&fPromote != 0 {
-		it := &t.tasks[e.next]
-		if int(it.nwait) == len(it.waiters) {
-			sh.mu.Unlock()
-			return nil, ErrBusy
-		}
-		w.cl.left.Add(1)
-		it.waiters[it.nwait] = w
-		it.nwait++
-		sh.mu.Unlock()
-		return nil, nil
+		return nil, s.joinPromotion(sh, e, w)
 	}
 	size := e.size
 	sh.mu.Unlock()
@@ -852,13 +847,18 @@ func (s *Store) promote(sh *shard, idx uint32, r ref, w waitRec) (*ioTask, error
 	}
 	sh.mu.Lock()
 	e = sh.ent(idx)
-	if e.gen != r.gen || e.state != stReady || e.flags&(fL1|fPromote) != 0 {
-		// Changed while the lock was dropped (evicted, promoted, removed):
-		// the caller may retry.
+	switch {
+	case e.gen == r.gen && e.state == stReady && e.flags&fPromote != 0:
+		// Another call started it while the lock was dropped: wait for
+		// that one.
+		err := s.joinPromotion(sh, e, w)
+		return nil, joinFree(err, s.freeBlock(off, size))
+	case e.gen != r.gen || e.state != stReady || e.flags&fL1 != 0:
+		// Promoted, evicted or removed meanwhile: the caller may retry.
 		sh.mu.Unlock()
 		return nil, joinFree(ErrBusy, s.freeBlock(off, size))
 	}
-	it := t.getTask(false)
+	it := s.l2.getTask(false)
 	if it == nil {
 		sh.mu.Unlock()
 		return nil, joinFree(ErrNoIO, s.freeBlock(off, size))
@@ -873,6 +873,22 @@ func (s *Store) promote(sh *shard, idx uint32, r ref, w waitRec) (*ioTask, error
 	it.nwait = 1
 	sh.mu.Unlock()
 	return it, nil
+}
+
+// joinPromotion adds w to the waiters of e's promotion in flight; BUSY when
+// it has as many as it takes. sh.mu is held on entry and released on
+// return.
+func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
+	it := &s.l2.tasks[e.next]
+	if int(it.nwait) == len(it.waiters) {
+		sh.mu.Unlock()
+		return ErrBusy
+	}
+	w.cl.left.Add(1)
+	it.waiters[it.nwait] = w
+	it.nwait++
+	sh.mu.Unlock()
+	return nil
 }
 
 // Remove removes each key. An absent key is OK (remove is idempotent); a

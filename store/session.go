@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"sync"
 )
 
@@ -53,8 +54,9 @@ type planStep struct {
 // Close releases every pin and lease the session holds and aborts its
 // reservations. Durable commits in flight finish on their own (a commit
 // that then fails drops its reservation). Later calls on the session fail
-// with ErrClosed. It is idempotent.
-func (ss *Session) Close() {
+// with ErrClosed. It is idempotent; an error says that a reservation's
+// block could not be freed (a bug, also counted in Stats.FreeErrors).
+func (ss *Session) Close() error {
 	s := ss.s
 	entered := s.enter()
 	ss.mu.Lock()
@@ -63,20 +65,24 @@ func (ss *Session) Close() {
 		if entered {
 			s.exit()
 		}
-		return
+		return nil
 	}
 	ss.closed = true
+	var errs []error
 	if entered {
 		for r, h := range ss.holds {
 			s.unpinEntry(r, h.refs())
 		}
 		for r := range ss.resv {
-			s.abortReservation(r)
+			if err := s.abortReservation(r); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		s.exit()
 	}
 	clear(ss.holds)
 	clear(ss.resv)
+	return errors.Join(errs...)
 }
 
 // unpinEntry drops n pins from entry r; an entry whose last pin goes back
@@ -111,24 +117,24 @@ func (s *Store) relist(sh *shard, idx uint32) {
 // abortReservation drops a reservation of a closing session: a reserved
 // entry goes (its block is freed), one whose durable commit is in flight is
 // marked so that a failing commit drops it.
-func (s *Store) abortReservation(r ref) {
+func (s *Store) abortReservation(r ref) error {
 	sh := &s.shards[r.sh]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.ent(r.idx)
 	if e.gen != r.gen {
-		return
+		return nil
 	}
+	var err error
 	switch e.state {
 	case stReserved:
-		if err := s.freeBlock(e.l1, e.size); err != nil {
-			s.log.Error("store: abort reservation", "err", err)
-		}
+		err = s.freeBlock(e.l1, e.size)
 		s.c.reserved.Add(^uint64(0))
 		sh.remove(r.idx)
 	case stPutting:
 		e.flags |= fAbandon
 	}
+	return err
 }
 
 // Leases: one heap of (expiry, session, key) records for the whole store,

@@ -344,7 +344,7 @@ type counters struct {
 	durable, durableFail                                atomic.Uint64
 	recovered, torn, corrupt, dups, foreign             atomic.Uint64
 	violations, quarantinedBlocks, freeErrors, l1Full   atomic.Uint64
-	leasesExpired, removeFail, invalFail, prefixCut     atomic.Uint64
+	leasesExpired, removeFail, prefixCut                atomic.Uint64
 	keys, l1Keys, l2Keys, pins, reserved, l2InvalFailed atomic.Uint64
 	dirtyOwed                                           atomic.Uint64 // values in L1 only still owed a writeback
 	quarantinedTasks                                    atomic.Uint64
