@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -54,6 +55,8 @@ type fakeTr struct {
 	// inside Submit.
 	async bool
 	queue []*xfer.Task
+	// lifo releases the queue newest first.
+	lifo bool
 	// accept > 0 dispatches at most accept tasks per Submit, then refuses
 	// the rest with xfer.ErrClosed. 0 means no limit.
 	accept int
@@ -174,9 +177,13 @@ func (f *fakeTr) release() int {
 		f.mu.Lock()
 		q := f.queue
 		f.queue = nil
+		lifo := f.lifo
 		f.mu.Unlock()
 		if len(q) == 0 {
 			return n
+		}
+		if lifo {
+			slices.Reverse(q)
 		}
 		for _, t := range q {
 			f.exec(t)

@@ -51,6 +51,10 @@ type tier2 struct {
 	drained   chan struct{}
 	drainOnce sync.Once
 
+	// ready is the first task (linked through nextWait) whose block header
+	// write waits to be submitted off the completion path; guarded by mu.
+	ready int32
+
 	wbInflight atomic.Int32
 	l2Short    atomic.Bool // a writeback found no slot or no task: pause until room is made
 	violLogged atomic.Bool
@@ -191,7 +195,7 @@ func newTier2(s *Store, l2 *L2) (*tier2, error) {
 	n := s.cfg.IODepth
 	t := &tier2{
 		s: s, tr: cfg.Transport, file: cfg.File, verify: !cfg.NoVerifyReads, cfg: cfg,
-		tasks: make([]ioTask, n), freeTasks: make([]int32, 0, n), drained: make(chan struct{}),
+		tasks: make([]ioTask, n), freeTasks: make([]int32, 0, n), drained: make(chan struct{}), ready: -1,
 	}
 	t.g.align = align
 	stage, err := shm.NewPool(shm.PoolConfig{ID: cfg.StagingID, Size: uint64(n+1) * align, Hugepages: shm.HugepagesOff,
@@ -238,23 +242,43 @@ func (t *tier2) closeNow() error {
 	return errors.Join(errs...)
 }
 
-// drain waits until no task is in flight, at most timeout.
+// drain waits until no task is in flight, at most timeout. The
+// maintenance loop has stopped, so header writes handed to it are submitted
+// from here.
 func (t *tier2) drain(timeout time.Duration) error {
 	t.draining.Store(true)
-	if t.inflight.Load() == 0 {
+	var x []*xfer.Task
+	var batch []*ioTask
+	flushed := func() bool {
+		t.flushReady(&batch, &x)
+		return t.inflight.Load() == 0
+	}
+	if t.s.ev.waitUntil(flushed, timeout) {
 		return nil
 	}
-	tm := time.NewTimer(timeout)
-	defer tm.Stop()
-	select {
-	case <-t.drained:
-		return nil
-	case <-tm.C:
-		n := t.inflight.Load()
-		t.s.log.Error("store: L2 operations still in flight at close; their blocks stay allocated",
-			"in_flight", n, "timeout", timeout)
-		return fmt.Errorf("store: %d L2 operations still in flight after %v", n, timeout)
+	n := t.inflight.Load()
+	t.s.log.Error("store: L2 operations still in flight at close; their memory stays allocated",
+		"in_flight", n, "timeout", timeout)
+	return fmt.Errorf("store: %d L2 operations still in flight after %v", n, timeout)
+}
+
+// flushReady submits the block header writes handed off by openDone.
+func (t *tier2) flushReady(batch *[]*ioTask, xts *[]*xfer.Task) {
+	t.mu.Lock()
+	head := t.ready
+	t.ready = -1
+	t.mu.Unlock()
+	b := (*batch)[:0]
+	for w := head; w != -1; {
+		wt := &t.tasks[w]
+		w, wt.nextWait = wt.nextWait, -1
+		wt.stage = stgHeader
+		t.reqSector(wt, xfer.OpWrite, wt.off, false)
+		b = append(b, wt)
 	}
+	*batch = b
+	t.submit(b, xts) // a violation has failed the tasks already
+	clear(b)
 }
 
 // getTask takes a free task. Background work (writeback, eviction) leaves a

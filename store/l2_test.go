@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 const flushWait = 10 * time.Second
@@ -266,4 +269,58 @@ func TestPromotionShared(t *testing.T) {
 	if e.s.pinsOf(string(key[0])) != 3 || e.s.Stats().Promotions != 1 {
 		t.Fatalf("pins %d, promotions %d", e.s.pinsOf(string(key[0])), e.s.Stats().Promotions)
 	}
+}
+
+// TestRegionHeaderLast: when a new region's header write completes after
+// the values written into the region, their block headers wait for it
+// (never a block header in a region whose header is not on the device),
+// and then all go out: every put succeeds and survives a restart.
+func TestRegionHeaderLast(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	e.tr.set(func(f *fakeTr) { f.async, f.lifo = true, true })
+	keys := keysN("rh", 5)
+	vals := valuesFor(keys, 3000)
+	rec := newRecorder()
+	codes := make([]Code, 5)
+	errs := make([]error, 5)
+	if p, err := ss.Put(keys, vals, true, codes, errs, rec, 9); !p || err != nil {
+		t.Fatal(p, err)
+	}
+	var order []string
+	submitted := make(chan struct{}, 64)
+	e.tr.set(func(f *fakeTr) {
+		f.inSubmit = func() { submitted <- struct{}{} }
+		f.fail = func(t *xfer.Task) error {
+			switch {
+			case isValueWrite(t):
+				order = append(order, "value")
+			case isHeaderWrite(t) && (t.Req.TargetOffset-4096)%(1<<20) == 0:
+				order = append(order, "region")
+			case isHeaderWrite(t):
+				order = append(order, "block")
+			}
+			return nil
+		}
+	})
+	// Release what is queued until the call ends; the maintenance loop
+	// submits the waiting headers in between.
+	for done := false; !done; {
+		e.tr.release()
+		select {
+		case <-rec.done:
+			done = true
+		case <-submitted:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the put never ended; order so far %v", order)
+		}
+	}
+	mustCodes(t, "puts", codes, OK)
+	if i := slices.Index(order, "region"); i < 0 || slices.Contains(order[:i], "block") {
+		t.Fatalf("a block header was written before its region's: %v", order)
+	}
+	e.tr.set(func(f *fakeTr) { f.async, f.lifo, f.fail, f.inSubmit = false, false, nil, nil })
+	ss.Close()
+	e.reopen()
+	e.checkValues(keys, vals)
 }

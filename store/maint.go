@@ -37,6 +37,7 @@ func (s *Store) maintain() {
 		s.runRetries(&m)
 		s.evictL1()
 		if s.l2 != nil {
+			s.l2.flushReady(&m.batch, &m.xts)
 			s.evictL2(&m)
 			s.writeback(&m)
 		}

@@ -132,9 +132,12 @@ func (t *tier2) writeDone(it *ioTask, err error) {
 			t.release(it.slot)
 		} else {
 			t.quarantine(it.slot)
-			t.s.c.l2InvalFailed.Add(1)
 		}
 		t.mu.Unlock()
+		if err != nil {
+			t.s.rare(&t.s.c.l2InvalFailed, "store: could not zero a block header after its write failed; the slot stays out of use",
+				"slot", it.slot, "err", err)
+		}
 		t.endWrite(it, false)
 	}
 }
@@ -156,15 +159,32 @@ func (t *tier2) openDone(it *ioTask, err error) {
 		r.broken = err
 		t.breakRegion(it.region)
 	}
+	if err == nil && head != -1 {
+		// One header write for this completion goes at once; the others
+		// are handed to the maintenance loop, since a completion callback
+		// may submit only as many tasks as it was handed back.
+		if rest := t.tasks[head].nextWait; rest != -1 {
+			tail := rest
+			for t.tasks[tail].nextWait != -1 {
+				tail = t.tasks[tail].nextWait
+			}
+			t.tasks[tail].nextWait = t.ready
+			t.ready = rest
+			t.tasks[head].nextWait = -1
+		}
+	}
 	t.mu.Unlock()
 	t.freeTask(it)
+	if err == nil {
+		if head != -1 {
+			t.s.kick()
+			t.sendHeader(&t.tasks[head])
+		}
+		return
+	}
 	for w := head; w != -1; {
 		wt := &t.tasks[w]
 		w, wt.nextWait = wt.nextWait, -1
-		if err == nil {
-			t.sendHeader(wt)
-			continue
-		}
 		t.mu.Lock()
 		t.release(wt.slot)
 		t.mu.Unlock()
@@ -269,11 +289,8 @@ func (t *tier2) endWriteback(it *ioTask, ok bool) {
 	}
 	sh.mu.Unlock()
 	if tomb {
-		n := s.c.tombstones.Add(1)
-		if n <= 8 || n&(n-1) == 0 {
-			s.log.Warn("store: writeback gave up after its retry budget; the value stays in L1 only",
-				"key", fmt.Sprintf("%q", key), "tries", s.cfg.WritebackRetries+1, "err", it.err, "tombstones", n)
-		}
+		s.rare(&s.c.tombstones, "store: writeback gave up after its retry budget; the value stays in L1 only",
+			"key", fmt.Sprintf("%q", key), "tries", s.cfg.WritebackRetries+1, "err", it.err)
 	}
 	full := errors.Is(it.err, ErrL2Full) || errors.Is(it.err, ErrNoIO)
 	if full {
@@ -303,9 +320,9 @@ func (t *tier2) promoteDone(it *ioTask, err error) {
 	corrupt := false
 	if err == nil && t.verify {
 		if got := crc32c(t.s.poolMem[it.l1 : it.l1+uint64(it.size)]); got != it.crc {
-			err = fmt.Errorf("%w: slot %d: crc32c %#x, header says %#x", ErrCorrupt, it.slot, got, it.crc)
+			err = fmt.Errorf("%w: slot %d at file offset %d: crc32c %#x, header says %#x", ErrCorrupt, it.slot, it.off, got, it.crc)
 			corrupt = true
-			t.s.c.corruptReads.Add(1)
+			t.s.rare(&t.s.c.corruptReads, "store: a value read back from L2 does not match its checksum; the key is dropped", "err", err)
 		}
 	}
 	t.endPromote(it, err, true, corrupt)

@@ -318,6 +318,16 @@ func (s *Store) freeBlock(off uint64, size uint32) error {
 	return nil
 }
 
+// rare counts an event that deserves the operator's attention and logs it
+// the first 8 times and then at every power of two, with the count so far,
+// so a failing device cannot flood the log.
+func (s *Store) rare(c *atomic.Uint64, msg string, args ...any) {
+	n := c.Add(1)
+	if n <= 8 || n&(n-1) == 0 {
+		s.log.Warn(msg, append(args, "count", n)...)
+	}
+}
+
 // kick wakes the maintenance loop.
 func (s *Store) kick() {
 	select {
