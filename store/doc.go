@@ -25,6 +25,8 @@
 //	                  in the same call
 //	Pin, Unpin        counted pins, optionally timed (leases); all or nothing
 //	Store.Remove      idempotent; on L2 it is gone once its header is zeroed
+//	Store.Stat, List  the operator's view of a key, of keys by prefix
+//	Store.Flush       wait until nothing is owed a writeback
 //
 // Calls that may wait for the device (durable puts, promotions, removals
 // from L2) take a Completion: they return pending=true and call

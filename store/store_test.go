@@ -290,3 +290,44 @@ func TestReserveCommit(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestStatList: the operator's view of keys: size, tier, pins, in key
+// order, bounded.
+func TestStatList(t *testing.T) {
+	e := newEnv(t, 8<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("ls", 30)
+	mustCodes(t, "put", e.put(ss, keys[:20], valuesFor(keys[:20], 100), true), OK)
+	mustCodes(t, "put", e.put(ss, keys[20:], valuesFor(keys[20:], 100), false), OK)
+	mustCodes(t, "other", e.put(ss, keysN("zz", 3), valuesFor(keysN("zz", 3), 10), false), OK)
+	if err := ss.Pin(keys[3:4], 0, make([]Code, 1)); err != nil {
+		t.Fatal(err)
+	}
+	in, err := e.s.Stat(keys[3])
+	if err != nil || in.Size != 103 || !in.InL1 || !in.InL2 || in.Pins != 1 || in.Dirty {
+		t.Fatalf("stat durable: %+v %v", in, err)
+	}
+	in, err = e.s.Stat(keys[25])
+	if err != nil || in.InL2 || !in.Dirty {
+		t.Fatalf("stat plain: %+v %v", in, err)
+	}
+	if _, err := e.s.Stat([]byte("absent")); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("stat absent: %v", err)
+	}
+	got, more, err := e.s.List([]byte("ls-"), 25)
+	if err != nil || !more || len(got) != 25 {
+		t.Fatalf("list: %d keys, more %v, %v", len(got), more, err)
+	}
+	for i, ki := range got {
+		if !bytes.Equal(ki.Key, keys[i]) {
+			t.Fatalf("list[%d] = %s, want %s", i, ki.Key, keys[i])
+		}
+	}
+	if all, more, _ := e.s.List(nil, 1000); len(all) != 33 || more {
+		t.Fatalf("list all: %d, more %v", len(all), more)
+	}
+	if _, _, err := e.s.List(nil, 0); !errors.Is(err, ErrBadCall) {
+		t.Fatalf("list max 0: %v", err)
+	}
+}
