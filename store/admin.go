@@ -1,0 +1,82 @@
+package store
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+)
+
+// KeyInfo describes one stored key, for operators (tcctl stat, ls).
+type KeyInfo struct {
+	Key  []byte // a copy
+	Size uint64 // value length
+	InL1 bool   // the value is in the pool
+	InL2 bool   // the value is on L2
+	Pins uint32 // pins and active leases, over all sessions
+	// Dirty: in L1 only, a writeback owed; Tombstone: that writeback gave
+	// up.
+	Dirty, Tombstone bool
+}
+
+func (sh *shard) info(e *entry) KeyInfo {
+	return KeyInfo{
+		Key: bytes.Clone(sh.keyOf(e)), Size: uint64(e.size), InL1: e.flags&fL1 != 0, InL2: e.flags&fL2 != 0,
+		Pins: e.pins, Dirty: e.flags&(fDirty|fTomb) == fDirty, Tombstone: e.flags&fTomb != 0,
+	}
+}
+
+// Stat describes a stored key (ErrNotFound when it is not). Like Exists, it
+// changes nothing.
+func (s *Store) Stat(key []byte) (KeyInfo, error) {
+	if !s.validKey(key) {
+		return KeyInfo{}, ErrBadKey
+	}
+	if !s.enter() {
+		return KeyInfo{}, ErrClosed
+	}
+	defer s.exit()
+	h, sh, _ := s.hash(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	idx, ok := sh.find(h, key)
+	if !ok || sh.ent(idx).state != stReady {
+		return KeyInfo{}, ErrNotFound
+	}
+	return sh.info(sh.ent(idx)), nil
+}
+
+// List returns up to max stored keys that start with prefix (all keys for
+// an empty prefix), sorted, and whether there were more. It walks the whole
+// index one shard at a time, for operators; it is not a hot call and it
+// allocates. max is at most 100000.
+func (s *Store) List(prefix []byte, max int) ([]KeyInfo, bool, error) {
+	if max < 1 || max > 100000 {
+		return nil, false, fmt.Errorf("%w: max %d (want 1..100000)", ErrBadCall, max)
+	}
+	if !s.enter() {
+		return nil, false, ErrClosed
+	}
+	defer s.exit()
+	var out []KeyInfo
+	more := false
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for idx := uint32(0); idx < sh.nents; idx++ {
+			e := sh.ent(idx)
+			if e.state != stReady || !bytes.HasPrefix(sh.keyOf(e), prefix) {
+				continue
+			}
+			out = append(out, sh.info(e))
+		}
+		sh.mu.Unlock()
+		// Keep the max smallest keys seen so far, so the result is the
+		// first max keys in order whatever the shard layout.
+		if len(out) > max {
+			slices.SortFunc(out, func(a, b KeyInfo) int { return bytes.Compare(a.Key, b.Key) })
+			out, more = out[:max], true
+		}
+	}
+	slices.SortFunc(out, func(a, b KeyInfo) int { return bytes.Compare(a.Key, b.Key) })
+	return out, more, nil
+}

@@ -1,0 +1,120 @@
+package store
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// call is the record of one asynchronous call while some of its keys wait
+// for L2: where their results go, and how many are still owed. Records are
+// reused.
+type call struct {
+	codes []Code
+	errs  []error
+	locs  []Location
+	dsts  [][]byte
+	lens  []uint64
+	done  Completion
+	tag   uint64
+	// left counts the keys still owed a result, plus one for the calling
+	// goroutine until it has dispatched everything; whoever brings it to
+	// zero ends the call.
+	left atomic.Int32
+	// its and xts are the calling goroutine's scratch: the tasks it
+	// dispatches.
+	its  []*ioTask
+	sub  []*ioTask
+	xts  []*xfer.Task
+	w    *waiter // set when the caller blocks (done == nil)
+	next *call
+}
+
+// callPool is a free list of call records.
+type callPool struct {
+	mu   sync.Mutex // guards free
+	free *call
+}
+
+func (p *callPool) get(done Completion, tag uint64) *call {
+	p.mu.Lock()
+	c := p.free
+	if c != nil {
+		p.free = c.next
+		c.next = nil
+	}
+	p.mu.Unlock()
+	if c == nil {
+		c = &call{}
+	}
+	c.done, c.tag = done, tag
+	if done == nil {
+		c.w = waiterPool.Get().(*waiter)
+		c.done = c.w
+	}
+	c.left.Store(1)
+	return c
+}
+
+func (p *callPool) put(c *call) {
+	c.codes, c.errs, c.locs, c.dsts, c.lens, c.done, c.w = nil, nil, nil, nil, nil, nil, nil
+	clear(c.its)
+	c.its = c.its[:0]
+	clear(c.xts)
+	c.xts = c.xts[:0]
+	clear(c.sub)
+	c.sub = c.sub[:0]
+	p.mu.Lock()
+	c.next = p.free
+	p.free = c
+	p.mu.Unlock()
+}
+
+// result records key pos's outcome.
+func (c *call) result(pos int32, err error) {
+	c.codes[pos] = CodeOf(err)
+	if c.errs != nil {
+		c.errs[pos] = err
+	}
+}
+
+// finish1 ends one owed key; the last one ends the call.
+func (c *call) finish1(p *callPool) {
+	if c.left.Add(-1) == 0 {
+		d, tag := c.done, c.tag
+		if c.w == nil {
+			p.put(c)
+		}
+		// A blocking caller's record is recycled by the caller once it
+		// has woken up.
+		d.StoreDone(tag)
+	}
+}
+
+// release is the calling goroutine's end of the call: it reports whether
+// keys are still owed (StoreDone follows). A blocking caller waits here
+// instead, and then pending is false.
+func (c *call) release(p *callPool) (pending bool) {
+	if c.w != nil {
+		w := c.w
+		if c.left.Add(-1) != 0 {
+			<-w.ch
+		}
+		waiterPool.Put(w)
+		p.put(c)
+		return false
+	}
+	if c.left.Add(-1) == 0 {
+		p.put(c)
+		return false
+	}
+	return true
+}
+
+// waiter is the Completion of a blocking call.
+type waiter struct{ ch chan struct{} }
+
+func (w *waiter) StoreDone(uint64) { w.ch <- struct{}{} }
+
+var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan struct{}, 1)} }}

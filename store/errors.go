@@ -1,0 +1,75 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Sentinel errors of package store. Match them with errors.Is; returned
+// errors wrap them with detail.
+//
+// A call's returned error is for the whole call (its arguments, or the store
+// being closed): every code of the call then carries the same code. What
+// happened to one key is its code, plus, when the caller passed an errs
+// slice, the detailed error at the key's position.
+var (
+	// ErrClosed: the store or the session is closed (or closing). Matches
+	// xfer.ErrClosed.
+	ErrClosed = fmt.Errorf("store: %w", xfer.ErrClosed)
+	// ErrBadCall: the call's slices disagree in length, or it carries more
+	// keys than Config.MaxKeysPerCall. Nothing was done.
+	ErrBadCall = errors.New("store: malformed call")
+	// ErrConfig: a Config or L2 value is out of range.
+	ErrConfig = errors.New("store: invalid config")
+	// ErrNoL2: a durable put on a store without a second tier.
+	ErrNoL2 = errors.New("store: no L2 tier configured")
+
+	// Per-key errors (the detail behind a key's code).
+
+	// ErrBadKey: a key is empty or longer than Config.MaxKeyLen.
+	ErrBadKey = errors.New("store: key empty or too long")
+	// ErrBadSize: a value of size 0 or over Config.MaxValueSize.
+	ErrBadSize = errors.New("store: value size out of range")
+	// ErrShortBuffer: a destination is smaller than the value.
+	ErrShortBuffer = errors.New("store: destination smaller than the value")
+	// ErrFault: a copy touched memory that is no longer mapped.
+	ErrFault = errors.New("store: memory fault in a copy")
+	// ErrPinned: the key is pinned (Remove refuses it).
+	ErrPinned = errors.New("store: key is pinned")
+	// ErrBusy: the key has a put, a promotion, a writeback or a removal in
+	// flight; try again.
+	ErrBusy = errors.New("store: key busy")
+	// ErrExists: the key is already stored.
+	ErrExists = errors.New("store: key exists")
+	// ErrNotFound: the key is not stored.
+	ErrNotFound = errors.New("store: key not found")
+	// ErrNotReserved: a commit of a key this session has not reserved.
+	ErrNotReserved = errors.New("store: key not reserved by this session")
+	// ErrUnderflow: an unpin of a key this session does not hold pinned.
+	ErrUnderflow = errors.New("store: unpin below zero")
+	// ErrOverflow: a pin past Config.MaxPins on one key.
+	ErrOverflow = errors.New("store: pin count overflow")
+	// ErrNotApplied: another key of an all-or-nothing batch (Pin, Unpin)
+	// failed, so this one was not applied either.
+	ErrNotApplied = errors.New("store: batch not applied")
+	// ErrL1Full: the pool has no room the store may take, even after
+	// evicting what it could.
+	ErrL1Full = errors.New("store: L1 full")
+	// ErrL2Full: the second tier has no free slot of the needed size.
+	ErrL2Full = errors.New("store: L2 full")
+	// ErrNoIO: every I/O slot of the second tier is in use.
+	ErrNoIO = errors.New("store: L2 I/O slots exhausted")
+	// ErrCorrupt: a block read from L2 does not match its checksum; the key
+	// is dropped.
+	ErrCorrupt = errors.New("store: L2 block corrupt")
+	// ErrTransport: the L2 transport broke the xfer.Transport contract (a
+	// dispatch count outside 0..n, a short count without an error, a second
+	// Done). The call fails as a whole; what the transport may still touch is
+	// quarantined, never reused.
+	ErrTransport = fmt.Errorf("store: %w", xfer.ErrTransport)
+	// ErrL2Format: the L2 file has a superblock that is not tensorcast's or
+	// is damaged; the store refuses to overwrite it.
+	ErrL2Format = errors.New("store: L2 file format")
+)

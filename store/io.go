@@ -1,0 +1,510 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// tier2 is the L2 tier: the file, its transport, the space allocator and
+// the table of I/O tasks. Every L2 operation is one ioTask from the table
+// (no goroutine, no allocation per operation), moving through stages as its
+// completions arrive.
+type tier2 struct {
+	s        *Store
+	tr       xfer.Transport
+	file     xfer.Segment
+	stage    *shm.Pool // private staging memory: one sector per task, one zero sector
+	stageMem []byte
+	zeroOff  uint64
+	g        l2geom
+	verify   bool
+	cfg      L2
+	owned    interface{ Close() error } // the file, when Open opened it
+
+	seq       atomic.Uint64 // last block sequence number handed out
+	fileNonce uint64
+
+	// mu guards the space allocator: regions, classes, freeRegions and the
+	// byte counts.
+	mu          sync.Mutex
+	regions     []region
+	classes     []l2class
+	freeRegions []int32
+	used        uint64 // slot bytes in use
+	capacity    uint64 // slot bytes in all regions
+	evicting    uint64 // slot bytes being invalidated by eviction
+	quarantined uint64 // slots kept out of use
+
+	tasks []ioTask
+	// ioMu guards freeTasks.
+	ioMu      sync.Mutex
+	freeTasks []int32
+	inflight  atomic.Int32 // tasks taken and not yet free (quarantined ones excluded)
+	draining  atomic.Bool
+	drained   chan struct{}
+	drainOnce sync.Once
+
+	// ready is the first task (linked through nextWait) whose block header
+	// write waits to be submitted off the completion path; guarded by mu.
+	ready int32
+
+	wbInflight atomic.Int32
+	l2Short    atomic.Bool // a writeback found no slot or no task: pause until room is made
+	violLogged atomic.Bool
+
+	syncWG sync.WaitGroup // recovery's synchronous batches
+}
+
+// Task kinds.
+const (
+	kSync    uint8 = iota + 1 // recovery and format: a plain read or write
+	kPut                      // a durable put: value, then header
+	kWB                       // a writeback: value, then header
+	kPromote                  // an L2 → L1 read
+	kInval                    // overwrite a block header with zeros
+	kOpen                     // write a region header
+)
+
+// Stages of kPut and kWB.
+const (
+	stgValue  uint8 = iota // the value is being written
+	stgHeader              // the block header is being written (or waits for its region)
+	stgUndo                // the header write failed: the slot's header is being zeroed
+)
+
+// Task states (ioTask.state).
+const (
+	tsFree uint32 = iota
+	tsIdle
+	tsDispatching // inside Transport.Submit
+	tsPending     // dispatched
+	tsParked      // its Done came during Submit; the submitter handles it
+	tsQuarantined // the transport broke its contract on it: never reused
+)
+
+// waitRec is one caller waiting for a promotion: a Get (pin for ss) or a
+// Read (copy into the call's destination).
+type waitRec struct {
+	cl  *call
+	pos int32
+	ss  *Session
+	get bool
+}
+
+type ioTask struct {
+	xt        xfer.Task
+	t         *tier2
+	idx       int32
+	sectorOff uint64 // its staging sector
+
+	state atomic.Uint32
+	// owed is 1 from dispatch until the transport's Done or the
+	// submitter's rollback claims the task: exactly one of them does.
+	owed atomic.Uint32
+	// dup is set by a second Done (or one for a task not owned): a
+	// contract violation.
+	dup    atomic.Bool
+	sent   bool   // dispatched (false for a tail the transport refused)
+	parkN  uint64 // result of a Done during Submit
+	parkE  error
+	kind   uint8
+	stage  uint8
+	commit bool // kPut from Commit (the reservation stays on failure)
+	drop   bool // kInval of a corrupt block: the entry goes even if the write fails
+	ss     *Session
+	r      ref
+	l1     uint64
+	size   uint32
+	crc    uint32
+	slot   uint32
+	region int32
+	err    error // the first failure of a staged task
+	cl     *call
+	pos    int32
+	off    uint64 // file offset of the slot (or region) it works on
+
+	waiters  [4]waitRec
+	nwait    uint8
+	nextWait int32 // next task waiting for the same region header
+
+	one  [1]*ioTask
+	onex [1]*xfer.Task
+	// sync results (kSync)
+	syncErr error
+}
+
+var _ xfer.Completer = (*ioTask)(nil)
+
+// registrar is implemented by transports that take fixed buffers.
+type registrar interface {
+	RegisterBuffers(segs ...xfer.MemSegment) error
+	UnregisterBuffers(ids ...xfer.SegmentID) error
+}
+
+func newTier2(s *Store, l2 *L2) (*tier2, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: L2: "+format, append([]any{ErrConfig}, args...)...)
+	}
+	switch {
+	case l2.Transport == nil || l2.File == nil:
+		return nil, bad("a transport and a file are required")
+	case l2.File.Kind() != xfer.KindFile:
+		return nil, bad("segment %d is a %s segment, not a file", l2.File.ID(), l2.File.Kind())
+	case l2.StagingID == 0 || l2.StagingID == s.pool.ID() || l2.StagingID == l2.File.ID():
+		return nil, bad("StagingID %d (want a segment id of its own)", l2.StagingID)
+	case l2.HighWatermark != 0 && (l2.HighWatermark <= 0 || l2.HighWatermark > 1),
+		l2.LowWatermark != 0 && (l2.LowWatermark <= 0 || l2.LowWatermark >= 1):
+		return nil, bad("watermarks low=%v high=%v", l2.LowWatermark, l2.HighWatermark)
+	}
+	cfg := *l2
+	if cfg.HighWatermark == 0 {
+		cfg.HighWatermark = 0.95
+	}
+	if cfg.LowWatermark == 0 {
+		cfg.LowWatermark = 0.85
+	}
+	if cfg.LowWatermark >= cfg.HighWatermark {
+		return nil, bad("watermarks low=%v high=%v (want low < high)", cfg.LowWatermark, cfg.HighWatermark)
+	}
+	align := uint64(cfg.Align)
+	var offA, memA uint32 = 1, 1
+	if a, ok := cfg.File.(aligner); ok {
+		offA, memA = a.Alignment()
+	}
+	if align == 0 {
+		align = max(4096, uint64(offA), uint64(memA))
+	}
+	switch {
+	case align < 512 || align > 64<<10 || align&(align-1) != 0:
+		return nil, bad("Align=%d (want a power of two, 512..65536)", align)
+	case align%uint64(offA) != 0 || align%uint64(memA) != 0:
+		return nil, bad("Align=%d is not a multiple of the file's O_DIRECT alignment (offset %d, memory %d)", align, offA, memA)
+	case s.minBlock%uint64(memA) != 0:
+		return nil, bad("the pool's smallest block %d is not a multiple of the file's memory alignment %d", s.minBlock, memA)
+	}
+	if !cfg.File.Acquire() {
+		return nil, fmt.Errorf("store: L2 file: %w", ErrClosed)
+	}
+	n := s.cfg.IODepth
+	t := &tier2{
+		s: s, tr: cfg.Transport, file: cfg.File, verify: !cfg.NoVerifyReads, cfg: cfg,
+		tasks: make([]ioTask, n), freeTasks: make([]int32, 0, n), drained: make(chan struct{}), ready: -1,
+	}
+	t.g.align = align
+	stage, err := shm.NewPool(shm.PoolConfig{ID: cfg.StagingID, Size: uint64(n+1) * align, Hugepages: shm.HugepagesOff,
+		MinBlock: 1 << 20, MaxBlock: 1 << 20}, s.log.With("component", "store-staging"))
+	if err != nil {
+		cfg.File.Release()
+		return nil, fmt.Errorf("store: L2 staging memory: %w", err)
+	}
+	t.stage, t.stageMem = stage, stage.Bytes()
+	t.zeroOff = uint64(n) * align
+	if r, ok := t.tr.(registrar); ok {
+		if err := r.RegisterBuffers(stage); err != nil {
+			s.log.Info("store: staging memory not registered as fixed buffers", "err", err)
+		}
+	}
+	for i := n - 1; i >= 0; i-- {
+		it := &t.tasks[i]
+		it.t, it.idx, it.sectorOff = t, int32(i), uint64(i)*align
+		it.xt.SetCompleter(it)
+		it.one[0] = it
+		t.freeTasks = append(t.freeTasks, int32(i))
+	}
+	return t, nil
+}
+
+// closeNow releases what the tier holds. Nothing is in flight (or what is
+// was given up by drain).
+func (t *tier2) closeNow() error {
+	var errs []error
+	if r, ok := t.tr.(registrar); ok {
+		if err := r.UnregisterBuffers(t.stage.ID()); err != nil && !errors.Is(err, xfer.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	if err := t.stage.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	t.file.Release()
+	if t.owned != nil {
+		if err := t.owned.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// drain waits until no task is in flight, at most timeout. The
+// maintenance loop has stopped, so header writes handed to it are submitted
+// from here.
+func (t *tier2) drain(timeout time.Duration) error {
+	t.draining.Store(true)
+	var x []*xfer.Task
+	var batch []*ioTask
+	flushed := func() bool {
+		t.flushReady(&batch, &x)
+		return t.inflight.Load() == 0
+	}
+	if t.s.ev.waitUntil(flushed, timeout) {
+		return nil
+	}
+	n := t.inflight.Load()
+	t.s.log.Error("store: L2 operations still in flight at close; their memory stays allocated",
+		"in_flight", n, "timeout", timeout)
+	return fmt.Errorf("store: %d L2 operations still in flight after %v", n, timeout)
+}
+
+// flushReady submits the block header writes handed off by openDone.
+func (t *tier2) flushReady(batch *[]*ioTask, xts *[]*xfer.Task) {
+	t.mu.Lock()
+	head := t.ready
+	t.ready = -1
+	t.mu.Unlock()
+	b := (*batch)[:0]
+	for w := head; w != -1; {
+		wt := &t.tasks[w]
+		w, wt.nextWait = wt.nextWait, -1
+		wt.stage = stgHeader
+		t.reqSector(wt, xfer.OpWrite, wt.off, false)
+		b = append(b, wt)
+	}
+	*batch = b
+	t.submit(b, xts) // a violation has failed the tasks already
+	clear(b)
+}
+
+// getTask takes a free task. Background work (writeback, eviction) leaves a
+// quarter of the table to foreground calls.
+func (t *tier2) getTask(background bool) *ioTask {
+	t.ioMu.Lock()
+	n := len(t.freeTasks)
+	if n == 0 || background && n <= len(t.tasks)/4 {
+		t.ioMu.Unlock()
+		return nil
+	}
+	i := t.freeTasks[n-1]
+	t.freeTasks = t.freeTasks[:n-1]
+	t.ioMu.Unlock()
+	t.inflight.Add(1)
+	it := &t.tasks[i]
+	it.state.Store(tsIdle)
+	return it
+}
+
+func (t *tier2) freeTask(it *ioTask) {
+	it.kind, it.stage, it.commit, it.drop, it.sent = 0, 0, false, false, false
+	it.ss, it.cl, it.err, it.parkE, it.syncErr = nil, nil, nil, nil, nil
+	it.xt.Req = xfer.Request{}
+	it.xt.Local, it.xt.Target = nil, nil
+	for i := range it.waiters[:it.nwait] {
+		it.waiters[i] = waitRec{}
+	}
+	it.nwait, it.nextWait, it.region = 0, -1, noRegion
+	if it.state.Load() == tsQuarantined {
+		// Never reused: the transport may still call Done on it. violation
+		// has already taken it out of the in-flight count.
+		t.s.ev.fire()
+		return
+	}
+	it.state.Store(tsFree)
+	t.ioMu.Lock()
+	t.freeTasks = append(t.freeTasks, it.idx)
+	t.ioMu.Unlock()
+	if t.inflight.Add(-1) == 0 && t.draining.Load() {
+		t.drainOnce.Do(func() { close(t.drained) })
+	}
+	t.s.ev.fire()
+}
+
+// sector is the task's staging sector.
+func (t *tier2) sector(it *ioTask) []byte {
+	return t.stageMem[it.sectorOff : it.sectorOff+t.g.align]
+}
+
+// Request builders.
+
+func (t *tier2) reqValue(it *ioTask, op xfer.Op, fileOff uint64) {
+	a := t.g.align
+	it.xt.Req = xfer.Request{Op: op, Local: t.s.pool.ID(), LocalOffset: it.l1, Target: t.file.ID(),
+		TargetOffset: fileOff, Length: (uint64(it.size) + a - 1) &^ (a - 1)}
+	it.xt.Local, it.xt.Target = t.s.pool, t.file
+}
+
+// reqSector writes (or reads) one staging sector at fileOff; zero selects
+// the shared zero sector.
+func (t *tier2) reqSector(it *ioTask, op xfer.Op, fileOff uint64, zero bool) {
+	off := it.sectorOff
+	if zero {
+		off = t.zeroOff
+	}
+	it.xt.Req = xfer.Request{Op: op, Local: t.stage.ID(), LocalOffset: off, Target: t.file.ID(),
+		TargetOffset: fileOff, Length: t.g.align}
+	it.xt.Local, it.xt.Target = t.stage, t.file
+}
+
+// submit hands tasks (their requests filled) to the transport and settles
+// what the dispatched count says: the tail it did not take is rolled back
+// at once by this goroutine, the head by completions (a completion that
+// came during Submit is parked and handled here). A transport that breaks
+// the count contract fails every task of the submit, and what it may still
+// touch is quarantined.
+func (t *tier2) submit(its []*ioTask, xts *[]*xfer.Task) error {
+	if len(its) == 0 {
+		return nil
+	}
+	x := (*xts)[:0]
+	for _, it := range its {
+		it.sent = true
+		it.dup.Store(false)
+		it.owed.Store(1)
+		it.state.Store(tsDispatching)
+		x = append(x, &it.xt)
+	}
+	*xts = x
+	n, err := t.tr.Submit(x)
+	clear(x)
+	if n < 0 || n > len(its) || n < len(its) && err == nil || n == len(its) && err != nil {
+		t.violation(its, fmt.Sprintf("Submit returned %d of %d (err %v)", n, len(its), err))
+		return ErrTransport
+	}
+	bad := false
+	for _, it := range its[n:] {
+		if it.owed.CompareAndSwap(1, 0) {
+			it.sent = false // claimed: ours to roll back
+		} else {
+			bad = true
+		}
+	}
+	for _, it := range its[:n] {
+		if it.dup.Load() {
+			bad = true
+		}
+	}
+	if bad {
+		t.violation(its, "a second Done, or a Done for a task Submit did not take")
+		return ErrTransport
+	}
+	if err == nil {
+		err = ErrTransport // unreachable: n < len(its) implies err != nil
+	}
+	for _, it := range its[n:] {
+		it.state.Store(tsIdle)
+		t.done(it, err)
+	}
+	for _, it := range its[:n] {
+		if it.state.CompareAndSwap(tsDispatching, tsPending) {
+			continue
+		}
+		t.done(it, it.parkE)
+	}
+	return nil
+}
+
+// submitOne dispatches one task, with its own scratch.
+func (t *tier2) submitOne(it *ioTask) {
+	x := it.onex[:0]
+	t.submit(it.one[:], &x) // a violation has failed the task already
+}
+
+// TaskDone is the completion of a dispatched task.
+func (it *ioTask) TaskDone(_ *xfer.Task, n uint64, err error) {
+	t := it.t
+	if !it.owed.CompareAndSwap(1, 0) {
+		// A second Done, or one for a task the transport did not take or
+		// that was quarantined: nothing of ours is touched. During its
+		// Submit the submitter sees dup and fails the whole submit.
+		t.s.c.violations.Add(1)
+		it.dup.Store(true)
+		t.logViolation("Done for a task the transport does not own")
+		return
+	}
+	it.parkN, it.parkE = n, err
+	if it.state.CompareAndSwap(tsDispatching, tsParked) {
+		return
+	}
+	t.done(it, err)
+}
+
+func (t *tier2) logViolation(what string) {
+	if t.violLogged.CompareAndSwap(false, true) {
+		t.s.log.Error("store: L2 transport broke the xfer.Transport contract; affected blocks and slots are quarantined",
+			"transport", t.tr.Name(), "what", what)
+	}
+}
+
+// violation fails every task of a submit whose dispatch count was a lie.
+// None of them is reused: the transport may still call Done on them or
+// touch their memory, so the tasks, the L2 slots they wrote and the pool
+// blocks they read into are kept out of use for good.
+func (t *tier2) violation(its []*ioTask, what string) {
+	t.s.c.violations.Add(1)
+	t.logViolation(what)
+	for _, it := range its {
+		if it.sent && !it.owed.CompareAndSwap(1, 0) {
+			// Its Done claimed it and is parking it: wait the few
+			// instructions until it has.
+			for it.state.Load() == tsDispatching {
+				runtime.Gosched()
+			}
+		}
+		it.state.Store(tsQuarantined)
+		t.s.c.quarantinedTasks.Add(1)
+		t.inflight.Add(-1)
+		if t.draining.Load() && t.inflight.Load() == 0 {
+			t.drainOnce.Do(func() { close(t.drained) })
+		}
+		t.fail(it, ErrTransport)
+	}
+}
+
+// done advances a task whose current I/O ended with err.
+func (t *tier2) done(it *ioTask, err error) {
+	switch it.kind {
+	case kPut, kWB:
+		t.writeDone(it, err)
+	case kPromote:
+		t.promoteDone(it, err)
+	case kInval:
+		t.invalDone(it, err)
+	case kOpen:
+		t.openDone(it, err)
+	case kSync:
+		it.syncErr = err
+		t.syncWG.Done()
+	}
+}
+
+// fail ends a quarantined task: its key gets err, nothing it touched is
+// reused.
+func (t *tier2) fail(it *ioTask, err error) {
+	s := t.s
+	switch it.kind {
+	case kPut, kWB:
+		t.mu.Lock()
+		t.quarantine(it.slot)
+		t.mu.Unlock()
+		it.err = err
+		t.endWrite(it, false)
+	case kPromote:
+		s.c.quarantinedBlocks.Add(1)
+		t.endPromote(it, err, false, false)
+	case kInval:
+		t.mu.Lock()
+		t.quarantine(it.slot)
+		t.mu.Unlock()
+		t.endInval(it, err, false)
+	case kOpen:
+		t.openDone(it, err)
+	case kSync:
+		it.syncErr = err
+		t.syncWG.Done()
+	}
+}

@@ -1,0 +1,326 @@
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+const flushWait = 10 * time.Second
+
+func (e *testEnv) get(ss *Session, keys [][]byte) ([]Location, []Code, []error) {
+	e.t.Helper()
+	locs := make([]Location, len(keys))
+	codes := make([]Code, len(keys))
+	errs := make([]error, len(keys))
+	if _, err := ss.Get(keys, locs, codes, errs, nil, 0); err != nil {
+		e.t.Fatalf("Get: %v", err)
+	}
+	return locs, codes, errs
+}
+
+func (e *testEnv) dropL1() {
+	e.t.Helper()
+	e.s.evict(1<<62, 1<<20)
+	if st := e.s.Stats(); st.L1Keys != 0 {
+		e.t.Fatalf("%d keys still in L1 after evicting everything", st.L1Keys)
+	}
+}
+
+// TestDurableRecover: durable puts are on L2 when acknowledged; a new
+// store over the same file finds them all and reads back their bytes.
+func TestDurableRecover(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	keys := keysN("d", 40)
+	vals := valuesFor(keys, 3000)
+	vals[7] = valueFor(keys[7], 200<<10) // another slot size
+	mustCodes(t, "put", e.put(ss, keys, vals, true), OK)
+	if st := e.s.Stats(); st.L2Keys != 40 || st.DurablePuts != 40 || st.Dirty != 0 {
+		t.Fatalf("stats after durable put %+v", st)
+	}
+	ss.Close()
+	e.reopen()
+	st := e.s.Stats()
+	if st.Recovered != 40 || st.Keys != 40 || st.L1Keys != 0 || st.TornDropped != 0 {
+		t.Fatalf("stats after reopen %+v", st)
+	}
+	e.checkValues(keys, vals)
+	if st := e.s.Stats(); st.Promotions != 40 || st.L1Keys != 40 {
+		t.Fatalf("stats after read %+v", st)
+	}
+	// A durable put after recovery does not reuse a live slot.
+	ss = e.s.NewSession()
+	defer ss.Close()
+	more := keysN("m", 10)
+	mvals := valuesFor(more, 3000)
+	mustCodes(t, "put more", e.put(ss, more, mvals, true), OK)
+	e.reopen()
+	e.checkValues(append(keys, more...), append(vals, mvals...))
+}
+
+// TestWritebackEvictPromote: a plain put is written back in the
+// background; once on L2 it can leave L1, and a Get promotes it again
+// straight into a pool block, pinned.
+func TestWritebackEvictPromote(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("w", 20)
+	vals := valuesFor(keys, 5000)
+	mustCodes(t, "put", e.put(ss, keys, vals, false), OK)
+	if err := e.s.Flush(flushWait); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.s.Stats(); st.Writebacks != 20 || st.L2Keys != 20 || st.Dirty != 0 {
+		t.Fatalf("after flush %+v", st)
+	}
+	e.dropL1()
+	locs, codes, errs := e.get(ss, keys[:5])
+	mustCodes(t, "get L2-only", codes, OK)
+	for i, l := range locs {
+		if errs[i] != nil || !bytes.Equal(e.pool.Bytes()[l.Offset:l.Offset+l.Length], vals[i]) {
+			t.Fatalf("promoted %q: %v, bytes differ", keys[i], errs[i])
+		}
+	}
+	// Pinned promoted blocks are not evicted.
+	e.s.evict(1<<62, 1<<20)
+	if st := e.s.Stats(); st.L1Keys != 5 || st.Pins != 5 {
+		t.Fatalf("after evicting with 5 pinned: %+v", st)
+	}
+	e.checkValues(keys, vals) // the copying read promotes the rest
+	c := make([]Code, 5)
+	if err := ss.Unpin(keys[:5], c); err != nil {
+		t.Fatal(err)
+	}
+	// The writebacks and promotions used whole sectors of the file.
+	if st := e.s.Stats(); st.Promotions != 20 || st.PromotionFailures != 0 {
+		t.Fatalf("final %+v", st)
+	}
+}
+
+// TestRemoveL2Durable: a removed key does not come back after a restart.
+func TestRemoveL2Durable(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	keys := keysN("r", 6)
+	vals := valuesFor(keys, 100)
+	mustCodes(t, "put", e.put(ss, keys, vals, true), OK)
+	ss.Close()
+	codes := make([]Code, 3)
+	if _, err := e.s.Remove(keys[:3], codes, nil, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "remove", codes, OK)
+	e.reopen()
+	mustCodes(t, "after restart", e.exists(keys), NotFound, NotFound, NotFound, OK, OK, OK)
+	// Their slots are free again: as many puts fit as before.
+	if st := e.s.Stats(); st.L2Bytes != 3*2*4096 {
+		t.Fatalf("L2 bytes %d, want 3 slots of 8 KiB", st.L2Bytes)
+	}
+}
+
+// findHeader returns the file offset of the block header of key.
+func findHeader(t *testing.T, f *fakeFile, key []byte) uint64 {
+	t.Helper()
+	for off := 0; off+hdrMax <= len(f.data); off += int(f.align) {
+		h, err := decodeHeader(f.data[off:off+hdrMax], magicBlock)
+		if err == nil && bytes.Equal(h.key, key) {
+			return uint64(off)
+		}
+	}
+	t.Fatalf("no header for %q", key)
+	return 0
+}
+
+// TestRecoverTornAndCorrupt: a damaged header is dropped and counted at
+// open; a damaged value is caught when read back (and, with VerifyOnOpen,
+// at open), and its key dropped. Everything else survives.
+func TestRecoverTornAndCorrupt(t *testing.T) {
+	for _, verify := range []bool{false, true} {
+		t.Run(map[bool]string{false: "lazy", true: "verify-on-open"}[verify], func(t *testing.T) {
+			e := newEnv(t, 16<<20, withL2(32<<20))
+			e.l2.VerifyOnOpen = verify
+			ss := e.s.NewSession()
+			keys := keysN("t", 10)
+			vals := valuesFor(keys, 6000)
+			mustCodes(t, "put", e.put(ss, keys, vals, true), OK)
+			ss.Close()
+			torn := findHeader(t, e.file, keys[2])
+			e.file.data[torn+20] ^= 0xff // a torn or corrupt header write
+			bad := findHeader(t, e.file, keys[5])
+			e.file.data[bad+4096+100] ^= 0x01 // one bit of the value
+			e.reopen()
+			st := e.s.Stats()
+			if st.TornDropped != 1 {
+				t.Fatalf("torn dropped %d, want 1", st.TornDropped)
+			}
+			want := []Code{OK, OK, NotFound, OK, OK, OK, OK, OK, OK, OK}
+			if verify {
+				want[5] = NotFound
+				if st.CorruptDropped != 1 {
+					t.Fatalf("corrupt dropped %d, want 1", st.CorruptDropped)
+				}
+			}
+			mustCodes(t, "exists", e.exists(keys), want...)
+			_, codes := e.read(keys, 8000)
+			want[5] = Internal
+			if verify {
+				want[5] = NotFound
+			}
+			mustCodes(t, "read", codes, want...)
+			if !verify {
+				if st := e.s.Stats(); st.CorruptReads != 1 {
+					t.Fatalf("corrupt reads %d", st.CorruptReads)
+				}
+				mustCodes(t, "exists after the bad read", e.exists(keys[5:6]), NotFound)
+			}
+			// The slot of the corrupt block was zeroed: it is gone after
+			// another restart too, and the rest is intact.
+			e.reopen()
+			keep := slicesDelete(keys, 5, 2)
+			kvals := slicesDelete(vals, 5, 2)
+			e.checkValues(keep, kvals)
+			mustCodes(t, "gone", e.exists([][]byte{keys[2], keys[5]}), NotFound)
+		})
+	}
+}
+
+// slicesDelete returns s without elements i and j.
+func slicesDelete[T any](s []T, i, j int) []T {
+	var out []T
+	for k := range s {
+		if k != i && k != j {
+			out = append(out, s[k])
+		}
+	}
+	return out
+}
+
+// TestRecoverRefusesForeignFile: a file whose first sector is not a
+// tensorcast superblock is not overwritten.
+func TestRecoverRefusesForeignFile(t *testing.T) {
+	e := newEnv(t, 8<<20)
+	file := newFakeFile(8 << 20)
+	copy(file.data, "not a superblock")
+	_, err := New(e.cfg, e.pool, &L2{Transport: &fakeTr{}, File: file, StagingID: stagingID})
+	if !errors.Is(err, ErrL2Format) {
+		t.Fatalf("New on a foreign file: %v", err)
+	}
+	if binary.LittleEndian.Uint64(file.data) == 0 || string(file.data[:16]) != "not a superblock" {
+		t.Fatal("the foreign file was written")
+	}
+}
+
+// TestPromotionShared: Gets and Reads of one L2-only key while its
+// promotion is in flight wait for that one read (up to the waiters a
+// promotion takes; the next gets BUSY), and each gets its pin or its copy.
+func TestPromotionShared(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	a, b := e.s.NewSession(), e.s.NewSession()
+	defer a.Close()
+	defer b.Close()
+	key := keysN("cold", 1)
+	val := valueFor(key[0], 7000)
+	mustCodes(t, "put", e.put(a, key, [][]byte{val}, true), OK)
+	e.dropL1()
+	reads := e.tr.reads.Load()
+	e.tr.set(func(f *fakeTr) { f.async = true })
+	rec := newRecorder()
+	la, lb := make([]Location, 1), make([]Location, 1)
+	ca, cb, cr, c5 := make([]Code, 1), make([]Code, 1), make([]Code, 1), make([]Code, 1)
+	if p, err := a.Get(key, la, ca, nil, rec, 1); !p || err != nil {
+		t.Fatal(p, err)
+	}
+	if p, err := b.Get(key, lb, cb, nil, rec, 2); !p || err != nil {
+		t.Fatal(p, err)
+	}
+	dst := [][]byte{make([]byte, 8000)}
+	lens := []uint64{0}
+	if p, err := e.s.Read(key, dst, lens, cr, nil, rec, 3); !p || err != nil {
+		t.Fatal(p, err)
+	}
+	if p, err := a.Get(key, make([]Location, 1), make([]Code, 1), nil, rec, 4); !p || err != nil {
+		t.Fatal(p, err)
+	}
+	if p, err := b.Get(key, make([]Location, 1), c5, nil, rec, 5); p || err != nil || c5[0] != Busy {
+		t.Fatalf("a fifth waiter: pending %v, %v, %v", p, err, c5[0])
+	}
+	e.tr.set(func(f *fakeTr) { f.async = false })
+	e.tr.release()
+	for range 4 {
+		<-rec.done
+	}
+	if got := e.tr.reads.Load() - reads; got != 1 {
+		t.Fatalf("%d device reads for one key, want 1", got)
+	}
+	mustCodes(t, "a", ca, OK)
+	mustCodes(t, "b", cb, OK)
+	mustCodes(t, "read", cr, OK)
+	if la[0] != lb[0] || !bytes.Equal(e.pool.Bytes()[la[0].Offset:la[0].Offset+la[0].Length], val) ||
+		!bytes.Equal(dst[0][:lens[0]], val) {
+		t.Fatal("waiters did not all get the value")
+	}
+	if e.s.pinsOf(string(key[0])) != 3 || e.s.Stats().Promotions != 1 {
+		t.Fatalf("pins %d, promotions %d", e.s.pinsOf(string(key[0])), e.s.Stats().Promotions)
+	}
+}
+
+// TestRegionHeaderLast: when a new region's header write completes after
+// the values written into the region, their block headers wait for it
+// (never a block header in a region whose header is not on the device),
+// and then all go out: every put succeeds and survives a restart.
+func TestRegionHeaderLast(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	e.tr.set(func(f *fakeTr) { f.async, f.lifo = true, true })
+	keys := keysN("rh", 5)
+	vals := valuesFor(keys, 3000)
+	rec := newRecorder()
+	codes := make([]Code, 5)
+	errs := make([]error, 5)
+	if p, err := ss.Put(keys, vals, true, codes, errs, rec, 9); !p || err != nil {
+		t.Fatal(p, err)
+	}
+	var order []string
+	submitted := make(chan struct{}, 64)
+	e.tr.set(func(f *fakeTr) {
+		f.inSubmit = func() { submitted <- struct{}{} }
+		f.fail = func(t *xfer.Task) error {
+			switch {
+			case isValueWrite(t):
+				order = append(order, "value")
+			case isHeaderWrite(t) && (t.Req.TargetOffset-4096)%(1<<20) == 0:
+				order = append(order, "region")
+			case isHeaderWrite(t):
+				order = append(order, "block")
+			}
+			return nil
+		}
+	})
+	// Release what is queued until the call ends; the maintenance loop
+	// submits the waiting headers in between.
+	for done := false; !done; {
+		e.tr.release()
+		select {
+		case <-rec.done:
+			done = true
+		case <-submitted:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the put never ended; order so far %v", order)
+		}
+	}
+	mustCodes(t, "puts", codes, OK)
+	if i := slices.Index(order, "region"); i < 0 || slices.Contains(order[:i], "block") {
+		t.Fatalf("a block header was written before its region's: %v", order)
+	}
+	e.tr.set(func(f *fakeTr) { f.async, f.lifo, f.fail, f.inSubmit = false, false, nil, nil })
+	ss.Close()
+	e.reopen()
+	e.checkValues(keys, vals)
+}

@@ -1,0 +1,973 @@
+package store
+
+import (
+	"fmt"
+	"runtime/debug"
+	"time"
+)
+
+// Calls take caller-owned slices and fill caller-owned, positional results:
+// codes[i] (and errs[i], locs[i], lens[i]) is the result of keys[i], one per
+// key, on every call. errs may be nil; when given it receives the detailed
+// error behind each code that is not OK (nil for OK).
+//
+// A call's returned error is about the call as a whole:
+//   - ErrBadCall (slice lengths disagree, too many keys) or ErrClosed (the
+//     store or session is closed): nothing was done and every code is the
+//     same (INVALID_ARGUMENT, UNAVAILABLE);
+//   - ErrNotApplied: an all-or-nothing batch (Pin, Unpin) was refused
+//     because of some of its keys, whose codes say why; nothing changed;
+//   - ErrTransport: the L2 transport broke the xfer.Transport contract on
+//     the call's dispatch; every key that needed L2 failed (INTERNAL, and
+//     its reservation, if any, is as before the call), the others' codes
+//     stand. The whole answer of the transport is discarded, never taken
+//     as a success.
+//
+// Calls that may wait for L2 (a durable Put or Commit, a Get or Read of a
+// key only on L2, a Remove of a key on L2) are asynchronous: with done !=
+// nil they return pending=true when some keys are still in flight, and
+// done.StoreDone(tag) is then called once all results are final; until then
+// the caller must not touch the result slices. With done == nil they block
+// until every result is final and return pending=false. Keys are read only
+// during the call.
+
+func fill(codes []Code, c Code) {
+	for i := range codes {
+		codes[i] = c
+	}
+}
+
+func setErr(errs []error, i int, err error) {
+	if errs != nil {
+		errs[i] = err
+	}
+}
+
+// begin checks a call's shape and admits it; on error every code is set.
+func (s *Store) begin(n int, codes []Code, errs []error, others ...int) error {
+	if len(codes) != n || errs != nil && len(errs) != n || n > s.cfg.MaxKeysPerCall {
+		fill(codes, InvalidArgument)
+		return fmt.Errorf("%w: %d keys, %d codes, %d errs (at most %d keys)", ErrBadCall, n, len(codes), len(errs), s.cfg.MaxKeysPerCall)
+	}
+	for _, o := range others {
+		if o != n {
+			fill(codes, InvalidArgument)
+			return fmt.Errorf("%w: %d keys, a result or argument slice of %d", ErrBadCall, n, o)
+		}
+	}
+	if !s.enter() {
+		fill(codes, Unavailable)
+		return ErrClosed
+	}
+	return nil
+}
+
+// beginSession is begin for a session's call; it returns with ss.mu held.
+func (ss *Session) begin(n int, codes []Code, errs []error, others ...int) error {
+	s := ss.s
+	if err := s.begin(n, codes, errs, others...); err != nil {
+		return err
+	}
+	ss.mu.Lock()
+	if ss.closed {
+		ss.mu.Unlock()
+		s.exit()
+		fill(codes, Unavailable)
+		return ErrClosed
+	}
+	return nil
+}
+
+// visibleCode is the code a writer gets for a key that already has an
+// entry in state st.
+func busyOrExists(st uint8) error {
+	if st == stReady {
+		return ErrExists
+	}
+	return ErrBusy
+}
+
+// Exists reports for each key OK when it is stored (on either tier) and
+// NOT_FOUND otherwise. It changes nothing: no lease, pin or LRU position is
+// renewed by it.
+func (s *Store) Exists(keys [][]byte, codes []Code) error {
+	if err := s.begin(len(keys), codes, nil); err != nil {
+		return err
+	}
+	for i, k := range keys {
+		codes[i] = NotFound
+		if !s.validKey(k) {
+			codes[i] = InvalidArgument
+			continue
+		}
+		h, sh, _ := s.hash(k)
+		sh.mu.Lock()
+		if idx, ok := sh.find(h, k); ok && sh.ent(idx).state == stReady {
+			codes[i] = OK
+		}
+		sh.mu.Unlock()
+	}
+	s.exit()
+	return nil
+}
+
+// LookupPrefix returns how many leading keys are stored. With pin it also
+// pins them for the session in the same call, so that a Get that follows
+// cannot miss: the n keys are all present and pinned when it returns (each
+// is pinned as it is found, under its shard's lock, and a pin keeps it). A
+// key past MaxPins ends the prefix there. Without pin it changes nothing.
+func (ss *Session) LookupPrefix(keys [][]byte, pin bool) (int, error) {
+	s := ss.s
+	if len(keys) > s.cfg.MaxKeysPerCall {
+		return 0, fmt.Errorf("%w: %d keys (at most %d)", ErrBadCall, len(keys), s.cfg.MaxKeysPerCall)
+	}
+	if !s.enter() {
+		return 0, ErrClosed
+	}
+	defer s.exit()
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return 0, ErrClosed
+	}
+	n := 0
+	for _, k := range keys {
+		if !s.validKey(k) {
+			break
+		}
+		h, sh, si := s.hash(k)
+		sh.mu.Lock()
+		idx, ok := sh.find(h, k)
+		if !ok || sh.ent(idx).state != stReady {
+			sh.mu.Unlock()
+			break
+		}
+		if pin {
+			e := sh.ent(idx)
+			if e.pins >= s.cfg.MaxPins {
+				sh.mu.Unlock()
+				s.c.prefixCut.Add(1)
+				break
+			}
+			e.pins++
+			sh.lruDel(idx)
+			r := ref{si, idx, e.gen}
+			sh.mu.Unlock()
+			s.c.pins.Add(1)
+			h := ss.holds[r]
+			h.pins++
+			ss.holds[r] = h
+		} else {
+			sh.mu.Unlock()
+		}
+		n++
+	}
+	return n, nil
+}
+
+// Pin pins every key for the session, or none: an absent key (NOT_FOUND) or
+// one at MaxPins (RESOURCE_EXHAUSTED) fails the batch, the other keys get
+// FAILED_PRECONDITION and nothing changes. With ttl > 0 each pin is a lease
+// that ends by itself after ttl (a key holds at most one lease per session;
+// pinning it again with a TTL extends the lease, never shortens it). A
+// pinned key is never evicted, moved or removed.
+func (ss *Session) Pin(keys [][]byte, ttl time.Duration, codes []Code) error {
+	s := ss.s
+	if ttl < 0 || ttl > s.cfg.MaxLeaseTTL {
+		fill(codes, InvalidArgument)
+		return fmt.Errorf("%w: ttl %v (want 0..%v)", ErrBadCall, ttl, s.cfg.MaxLeaseTTL)
+	}
+	if err := ss.begin(len(keys), codes, nil); err != nil {
+		return err
+	}
+	defer s.exit()
+	defer ss.mu.Unlock()
+	now := s.now()
+	exp := now + int64(ttl)
+	plan := ss.plan[:0]
+	var first error
+	for i, k := range keys {
+		codes[i] = OK
+		if !s.validKey(k) {
+			codes[i] = InvalidArgument
+			first = firstErr(first, i, ErrBadKey)
+			continue
+		}
+		h, sh, si := s.hash(k)
+		sh.mu.Lock()
+		idx, ok := sh.find(h, k)
+		if !ok || sh.ent(idx).state != stReady {
+			sh.mu.Unlock()
+			codes[i] = NotFound
+			first = firstErr(first, i, ErrNotFound)
+			continue
+		}
+		e := sh.ent(idx)
+		r := ref{si, idx, e.gen}
+		prev, existed := ss.holds[r]
+		hd := prev
+		need := true
+		if ttl == 0 {
+			hd.pins++
+		} else if hd.lease != 0 {
+			need = false
+			if exp > hd.lease {
+				hd.lease = exp
+				hd.lver++
+			}
+		} else {
+			hd.lease = exp
+			hd.lver++
+		}
+		if need {
+			if e.pins >= s.cfg.MaxPins {
+				sh.mu.Unlock()
+				codes[i] = ResourceExhausted
+				first = firstErr(first, i, ErrOverflow)
+				continue
+			}
+			// Tentative: the entry stays on the LRU list until the batch
+			// is known to apply, so an undo leaves its position as it was.
+			// Eviction never takes a pinned entry.
+			e.pins++
+		}
+		sh.mu.Unlock()
+		ss.holds[r] = hd
+		plan = append(plan, planStep{r: r, prev: prev, existed: existed, entry: need})
+	}
+	ss.plan = plan
+	if first != nil {
+		for j := len(plan) - 1; j >= 0; j-- {
+			p := &plan[j]
+			if p.existed {
+				ss.holds[p.r] = p.prev
+			} else {
+				delete(ss.holds, p.r)
+			}
+			if p.entry {
+				sh := &s.shards[p.r.sh]
+				sh.mu.Lock()
+				sh.ent(p.r.idx).pins--
+				sh.mu.Unlock()
+			}
+		}
+		for i := range codes {
+			if codes[i] == OK {
+				codes[i] = FailedPrecondition
+			}
+		}
+		return first
+	}
+	for j := range plan {
+		p := &plan[j]
+		if p.entry {
+			sh := &s.shards[p.r.sh]
+			sh.mu.Lock()
+			sh.lruDel(p.r.idx)
+			sh.mu.Unlock()
+			s.c.pins.Add(1)
+		}
+		if ttl > 0 {
+			if hd := ss.holds[p.r]; hd.lver != p.prev.lver {
+				s.addLease(ss, p.r, hd.lver, hd.lease)
+			}
+		}
+	}
+	return nil
+}
+
+func firstErr(first error, i int, err error) error {
+	if first != nil {
+		return first
+	}
+	return fmt.Errorf("%w: key %d: %w", ErrNotApplied, i, err)
+}
+
+// Unpin drops one pin of the session from every key, or from none: a key
+// the session holds no pin or lease on (FAILED_PRECONDITION, an unpin below
+// zero) or an absent key (NOT_FOUND) fails the batch, the other keys get
+// FAILED_PRECONDITION and nothing changes. An unpin drops an untimed pin
+// first, then the key's lease.
+func (ss *Session) Unpin(keys [][]byte, codes []Code) error {
+	s := ss.s
+	if err := ss.begin(len(keys), codes, nil); err != nil {
+		return err
+	}
+	defer s.exit()
+	defer ss.mu.Unlock()
+	plan := ss.plan[:0]
+	var first error
+	for i, k := range keys {
+		codes[i] = OK
+		if !s.validKey(k) {
+			codes[i] = InvalidArgument
+			first = firstErr(first, i, ErrBadKey)
+			continue
+		}
+		h, sh, si := s.hash(k)
+		sh.mu.Lock()
+		idx, ok := sh.find(h, k)
+		var r ref
+		if ok {
+			r = ref{si, idx, sh.ent(idx).gen}
+		}
+		sh.mu.Unlock()
+		if !ok {
+			codes[i] = NotFound
+			first = firstErr(first, i, ErrNotFound)
+			continue
+		}
+		prev, existed := ss.holds[r]
+		hd := prev
+		switch {
+		case hd.pins > 0:
+			hd.pins--
+		case hd.lease != 0:
+			hd.lease = 0
+			hd.lver++
+		default:
+			codes[i] = FailedPrecondition
+			first = firstErr(first, i, ErrUnderflow)
+			continue
+		}
+		if hd.refs() == 0 {
+			delete(ss.holds, r)
+		} else {
+			ss.holds[r] = hd
+		}
+		plan = append(plan, planStep{r: r, prev: prev, existed: existed, entry: true})
+	}
+	ss.plan = plan
+	if first != nil {
+		for j := len(plan) - 1; j >= 0; j-- {
+			p := &plan[j]
+			if p.existed {
+				ss.holds[p.r] = p.prev
+			} else {
+				delete(ss.holds, p.r)
+			}
+		}
+		for i := range codes {
+			if codes[i] == OK {
+				codes[i] = FailedPrecondition
+			}
+		}
+		return first
+	}
+	for j := range plan {
+		s.unpinEntry(plan[j].r, 1)
+	}
+	return nil
+}
+
+// Reserve takes a pool block for each key, to be written in place by the
+// client at locs[i] and then committed with Commit. A key already stored
+// gets ALREADY_EXISTS, one with a put in flight BUSY; a size of 0 or over
+// MaxValueSize INVALID_ARGUMENT; a full L1 RESOURCE_EXHAUSTED. A
+// reservation is invisible to readers until committed, and goes when the
+// session closes.
+func (ss *Session) Reserve(keys [][]byte, sizes []uint64, locs []Location, codes []Code, errs []error) error {
+	s := ss.s
+	if err := ss.begin(len(keys), codes, errs, len(sizes), len(locs)); err != nil {
+		return err
+	}
+	defer s.exit()
+	defer ss.mu.Unlock()
+	for i, k := range keys {
+		locs[i] = Location{}
+		codes[i] = OK
+		setErr(errs, i, nil)
+		size := sizes[i]
+		if err := s.checkPut(k, size); err != nil {
+			codes[i] = CodeOf(err)
+			setErr(errs, i, err)
+			continue
+		}
+		r, off, err := s.reserve(k, size, 0)
+		if err != nil {
+			codes[i] = CodeOf(err)
+			setErr(errs, i, err)
+			continue
+		}
+		ss.resv[r] = struct{}{}
+		locs[i] = Location{Offset: off, Length: size}
+	}
+	return nil
+}
+
+func (s *Store) checkPut(k []byte, size uint64) error {
+	if !s.validKey(k) {
+		return ErrBadKey
+	}
+	if size == 0 || size > s.cfg.MaxValueSize {
+		return fmt.Errorf("%w: %d bytes (at most %d)", ErrBadSize, size, s.cfg.MaxValueSize)
+	}
+	return nil
+}
+
+// reserve inserts key k in state stReserved with a fresh pool block for
+// size bytes. No shard lock is held.
+func (s *Store) reserve(k []byte, size uint64, flags uint16) (ref, uint64, error) {
+	h, sh, si := s.hash(k)
+	sh.mu.Lock()
+	if idx, ok := sh.find(h, k); ok {
+		st := sh.ent(idx).state
+		sh.mu.Unlock()
+		return ref{}, 0, busyOrExists(st)
+	}
+	sh.mu.Unlock()
+	off, err := s.allocBlock(size)
+	if err != nil {
+		return ref{}, 0, err
+	}
+	sh.mu.Lock()
+	if idx, ok := sh.find(h, k); ok {
+		st := sh.ent(idx).state
+		sh.mu.Unlock()
+		return ref{}, 0, joinFree(busyOrExists(st), s.freeBlock(off, uint32(size)))
+	}
+	idx := sh.insert(h, k, stReserved)
+	e := sh.ent(idx)
+	e.l1, e.size, e.flags = off, uint32(size), flags
+	r := ref{si, idx, e.gen}
+	sh.mu.Unlock()
+	s.c.reserved.Add(1)
+	return r, off, nil
+}
+
+// joinFree combines an outcome with a failed rollback step, never dropping
+// either.
+func joinFree(cause, rollback error) error {
+	if rollback == nil {
+		return cause
+	}
+	if cause == nil {
+		return rollback
+	}
+	return fmt.Errorf("%w (and rolling back: %w)", cause, rollback)
+}
+
+// publish makes a reserved entry visible in L1. sh.mu is held. The caller
+// kicks the maintenance loop (once per call) so that it writes back.
+func (s *Store) publish(sh *shard, idx uint32) {
+	e := sh.ent(idx)
+	e.state = stReady
+	e.flags = e.flags&^fCopyPut | fL1
+	if s.l2 != nil {
+		e.flags |= fDirty
+		sh.dirtyAdd(idx)
+		s.c.dirtyOwed.Add(1)
+	}
+	sh.lruAdd(idx)
+	s.c.reserved.Add(^uint64(0))
+	s.c.keys.Add(1)
+	s.c.l1Keys.Add(1)
+}
+
+// Commit makes reserved keys visible. Without durable they are visible at
+// once in L1 (and written back to L2 later, when there is one). With
+// durable each key is written to L2 first and becomes visible (in both
+// tiers) only once its block is on the device; if that fails, the key's
+// reservation is exactly as before the call (same block, still owned by
+// the session, invisible) and L1 and its LRU order are untouched. A key not
+// reserved by this session gets FAILED_PRECONDITION, or ALREADY_EXISTS /
+// BUSY when it is stored / in flight.
+func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	s := ss.s
+	if err := ss.begin(len(keys), codes, errs); err != nil {
+		return false, err
+	}
+	var cl *call
+	published := false
+	for i, k := range keys {
+		codes[i] = OK
+		setErr(errs, i, nil)
+		if !s.validKey(k) {
+			codes[i] = InvalidArgument
+			setErr(errs, i, ErrBadKey)
+			continue
+		}
+		h, sh, si := s.hash(k)
+		sh.mu.Lock()
+		idx, ok := sh.find(h, k)
+		if !ok {
+			sh.mu.Unlock()
+			codes[i] = FailedPrecondition
+			setErr(errs, i, ErrNotReserved)
+			continue
+		}
+		e := sh.ent(idx)
+		r := ref{si, idx, e.gen}
+		if _, mine := ss.resv[r]; !mine || e.state != stReserved {
+			err := ErrNotReserved
+			if e.state == stReady || e.state == stPutting || e.state == stReserved && !mine {
+				err = busyOrExists(e.state)
+			}
+			sh.mu.Unlock()
+			codes[i] = CodeOf(err)
+			setErr(errs, i, err)
+			continue
+		}
+		if !durable {
+			s.publish(sh, idx)
+			sh.mu.Unlock()
+			delete(ss.resv, r)
+			published = true
+			continue
+		}
+		if s.l2 == nil {
+			sh.mu.Unlock()
+			codes[i] = FailedPrecondition
+			setErr(errs, i, ErrNoL2)
+			continue
+		}
+		it := s.l2.getTask(false)
+		if it == nil {
+			sh.mu.Unlock()
+			codes[i] = Busy
+			setErr(errs, i, ErrNoIO)
+			continue
+		}
+		e.state = stPutting
+		e.io++
+		it.kind, it.commit, it.r, it.l1, it.size = kPut, true, r, e.l1, e.size
+		it.ss = ss
+		sh.mu.Unlock()
+		if cl == nil {
+			cl = s.calls.get(done, tag)
+			cl.codes, cl.errs = codes, errs
+		}
+		it.cl, it.pos = cl, int32(i)
+		cl.left.Add(1)
+		cl.its = append(cl.its, it)
+	}
+	ss.mu.Unlock()
+	if published && s.l2 != nil {
+		s.kick()
+	}
+	if cl == nil {
+		s.exit()
+		return false, nil
+	}
+	err = s.l2.startWrites(cl.its, &cl.sub, &cl.xts)
+	s.exit()
+	return cl.release(&s.calls), err
+}
+
+// Put stores each key with a copy of its value (vals[i], which the call
+// reads only while it runs). Without durable a key is visible when Put
+// returns; with durable once its block is on L2, and on failure the key is
+// not stored and L1 and its LRU order are as before the call. (Taking the
+// key's pool block may have evicted clean values to make room, before the
+// write; they are still on L2, so no stored value is lost.) A key already
+// stored gets ALREADY_EXISTS, one with a put in flight BUSY; concurrent
+// puts of one key store it exactly once.
+func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	s := ss.s
+	if err := ss.begin(len(keys), codes, errs, len(vals)); err != nil {
+		return false, err
+	}
+	ss.mu.Unlock() // a copying put holds nothing of the session's
+	var cl *call
+	published := false
+	for i, k := range keys {
+		codes[i] = OK
+		setErr(errs, i, nil)
+		size := uint64(len(vals[i]))
+		if err := s.checkPut(k, size); err != nil {
+			codes[i] = CodeOf(err)
+			setErr(errs, i, err)
+			continue
+		}
+		if durable && s.l2 == nil {
+			codes[i] = FailedPrecondition
+			setErr(errs, i, ErrNoL2)
+			continue
+		}
+		r, off, err := s.reserve(k, size, fCopyPut)
+		if err != nil {
+			codes[i] = CodeOf(err)
+			setErr(errs, i, err)
+			continue
+		}
+		if err := copyGuarded(s.poolMem[off:off+size], vals[i]); err != nil {
+			err = joinFree(err, s.dropReserved(r))
+			codes[i] = CodeOf(err)
+			setErr(errs, i, err)
+			continue
+		}
+		sh := &s.shards[r.sh]
+		sh.mu.Lock()
+		if !durable {
+			s.publish(sh, r.idx)
+			sh.mu.Unlock()
+			published = true
+			continue
+		}
+		it := s.l2.getTask(false)
+		if it == nil {
+			sh.mu.Unlock()
+			err := joinFree(ErrNoIO, s.dropReserved(r))
+			codes[i] = CodeOf(err)
+			setErr(errs, i, err)
+			continue
+		}
+		e := sh.ent(r.idx)
+		e.state = stPutting
+		e.io++
+		it.kind, it.commit, it.r, it.l1, it.size = kPut, false, r, e.l1, e.size
+		sh.mu.Unlock()
+		if cl == nil {
+			cl = s.calls.get(done, tag)
+			cl.codes, cl.errs = codes, errs
+		}
+		it.cl, it.pos = cl, int32(i)
+		cl.left.Add(1)
+		cl.its = append(cl.its, it)
+	}
+	if published && s.l2 != nil {
+		s.kick()
+	}
+	if cl == nil {
+		s.exit()
+		return false, nil
+	}
+	err = s.l2.startWrites(cl.its, &cl.sub, &cl.xts)
+	s.exit()
+	return cl.release(&s.calls), err
+}
+
+// dropReserved removes a reserved (or failed putting) entry and frees its
+// block. No shard lock is held.
+func (s *Store) dropReserved(r ref) error {
+	sh := &s.shards[r.sh]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.ent(r.idx)
+	err := s.freeBlock(e.l1, e.size)
+	s.c.reserved.Add(^uint64(0))
+	sh.remove(r.idx)
+	return err
+}
+
+// copyGuarded copies src to dst, turning a fault (memory a client unmapped
+// or truncated under the copy) into ErrFault.
+func copyGuarded(dst, src []byte) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		if r := recover(); r != nil {
+			if _, ok := r.(interface{ Addr() uintptr }); ok {
+				err = ErrFault
+				return
+			}
+			panic(r)
+		}
+	}()
+	copy(dst, src)
+	return nil
+}
+
+// Get pins each stored key for the session and returns where its value
+// lies in the pool (locs[i]); the client reads it in place and Unpins it. A
+// key only on L2 is promoted first: a pool block is reserved, the value is
+// read into it (READ_FIXED) and checked, then pinned. A key that is not
+// stored gets NOT_FOUND; past MaxPins RESOURCE_EXHAUSTED; a promotion that
+// cannot start now BUSY.
+func (ss *Session) Get(keys [][]byte, locs []Location, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	s := ss.s
+	if err := ss.begin(len(keys), codes, errs, len(locs)); err != nil {
+		return false, err
+	}
+	var cl *call
+	for i, k := range keys {
+		locs[i] = Location{}
+		codes[i] = OK
+		setErr(errs, i, nil)
+		if !s.validKey(k) {
+			codes[i] = InvalidArgument
+			setErr(errs, i, ErrBadKey)
+			continue
+		}
+		h, sh, si := s.hash(k)
+		sh.mu.Lock()
+		idx, ok := sh.find(h, k)
+		if !ok || sh.ent(idx).state != stReady {
+			sh.mu.Unlock()
+			codes[i] = NotFound
+			setErr(errs, i, ErrNotFound)
+			continue
+		}
+		e := sh.ent(idx)
+		if e.pins >= s.cfg.MaxPins {
+			sh.mu.Unlock()
+			codes[i] = ResourceExhausted
+			setErr(errs, i, ErrOverflow)
+			continue
+		}
+		r := ref{si, idx, e.gen}
+		if e.flags&fL1 != 0 {
+			e.pins++
+			sh.lruDel(idx)
+			if e.flags&fInL2LRU != 0 {
+				sh.l2Touch(idx)
+			}
+			locs[i] = Location{Offset: e.l1, Length: uint64(e.size)}
+			sh.mu.Unlock()
+			s.c.pins.Add(1)
+			hd := ss.holds[r]
+			hd.pins++
+			ss.holds[r] = hd
+			continue
+		}
+		if cl == nil {
+			cl = s.calls.get(done, tag)
+			cl.codes, cl.errs, cl.locs = codes, errs, locs
+		}
+		it, err := s.promote(sh, idx, r, waitRec{cl: cl, pos: int32(i), ss: ss, get: true})
+		if err != nil {
+			codes[i] = CodeOf(err)
+			setErr(errs, i, err)
+			continue
+		}
+		if it != nil {
+			cl.its = append(cl.its, it)
+		}
+	}
+	ss.mu.Unlock()
+	return s.endRead(cl)
+}
+
+// endRead dispatches a read call's promotions and ends the call.
+func (s *Store) endRead(cl *call) (bool, error) {
+	if cl == nil {
+		s.exit()
+		return false, nil
+	}
+	var err error
+	if len(cl.its) > 0 {
+		err = s.l2.startReads(cl.its, &cl.xts)
+	}
+	s.exit()
+	return cl.release(&s.calls), err
+}
+
+// Read copies each stored key's value into dsts[i] (which must be at least
+// as long as the value; lens[i] is set to the value's length either way). A
+// key only on L2 is promoted first, as for Get. The copy holds a read
+// reference, so the block is neither evicted nor freed under it.
+func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	if err := s.begin(len(keys), codes, errs, len(dsts), len(lens)); err != nil {
+		return false, err
+	}
+	var cl *call
+	for i, k := range keys {
+		lens[i] = 0
+		codes[i] = OK
+		setErr(errs, i, nil)
+		if !s.validKey(k) {
+			codes[i] = InvalidArgument
+			setErr(errs, i, ErrBadKey)
+			continue
+		}
+		h, sh, si := s.hash(k)
+		sh.mu.Lock()
+		idx, ok := sh.find(h, k)
+		if !ok || sh.ent(idx).state != stReady {
+			sh.mu.Unlock()
+			codes[i] = NotFound
+			setErr(errs, i, ErrNotFound)
+			continue
+		}
+		e := sh.ent(idx)
+		lens[i] = uint64(e.size)
+		if uint64(len(dsts[i])) < uint64(e.size) {
+			sh.mu.Unlock()
+			codes[i] = InvalidArgument
+			setErr(errs, i, ErrShortBuffer)
+			continue
+		}
+		if e.io == ^uint16(0) {
+			sh.mu.Unlock()
+			codes[i] = Busy
+			setErr(errs, i, ErrBusy)
+			continue
+		}
+		r := ref{si, idx, e.gen}
+		if e.flags&fL1 != 0 {
+			e.io++
+			if e.flags&fInLRU != 0 {
+				sh.lruAdd(idx)
+			}
+			if e.flags&fInL2LRU != 0 {
+				sh.l2Touch(idx)
+			}
+			off, size := e.l1, uint64(e.size)
+			sh.mu.Unlock()
+			err := copyGuarded(dsts[i][:size], s.poolMem[off:off+size])
+			sh.mu.Lock()
+			e.io--
+			sh.mu.Unlock()
+			if err != nil {
+				codes[i] = CodeOf(err)
+				setErr(errs, i, err)
+			}
+			continue
+		}
+		if cl == nil {
+			cl = s.calls.get(done, tag)
+			cl.codes, cl.errs, cl.dsts, cl.lens = codes, errs, dsts, lens
+		}
+		it, err := s.promote(sh, idx, r, waitRec{cl: cl, pos: int32(i)})
+		if err != nil {
+			codes[i] = CodeOf(err)
+			setErr(errs, i, err)
+			continue
+		}
+		if it != nil {
+			cl.its = append(cl.its, it)
+		}
+	}
+	return s.endRead(cl)
+}
+
+// promote makes w wait for the promotion of L2-only entry idx, starting one
+// (returned, to be dispatched by the caller) unless one is in flight. sh.mu
+// is held on entry and released on return.
+func (s *Store) promote(sh *shard, idx uint32, r ref, w waitRec) (*ioTask, error) {
+	e := sh.ent(idx)
+	if e.flags&fPromote != 0 {
+		return nil, s.joinPromotion(sh, e, w)
+	}
+	size := e.size
+	sh.mu.Unlock()
+	off, err := s.allocBlock(uint64(size))
+	if err != nil {
+		return nil, err
+	}
+	sh.mu.Lock()
+	e = sh.ent(idx)
+	switch {
+	case e.gen == r.gen && e.state == stReady && e.flags&fPromote != 0:
+		// Another call started it while the lock was dropped: wait for
+		// that one.
+		err := s.joinPromotion(sh, e, w)
+		return nil, joinFree(err, s.freeBlock(off, size))
+	case e.gen != r.gen || e.state != stReady || e.flags&fL1 != 0:
+		// Promoted, evicted or removed meanwhile: the caller may retry.
+		sh.mu.Unlock()
+		return nil, joinFree(ErrBusy, s.freeBlock(off, size))
+	}
+	it := s.l2.getTask(false)
+	if it == nil {
+		sh.mu.Unlock()
+		return nil, joinFree(ErrNoIO, s.freeBlock(off, size))
+	}
+	e.flags |= fPromote
+	e.next = uint32(it.idx)
+	e.l1 = off
+	e.io++
+	it.kind, it.r, it.l1, it.size, it.slot, it.crc = kPromote, r, off, e.size, e.l2, e.crc
+	w.cl.left.Add(1)
+	it.waiters[0] = w
+	it.nwait = 1
+	sh.mu.Unlock()
+	return it, nil
+}
+
+// joinPromotion adds w to the waiters of e's promotion in flight; BUSY when
+// it has as many as it takes. sh.mu is held on entry and released on
+// return.
+func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
+	it := &s.l2.tasks[e.next]
+	if int(it.nwait) == len(it.waiters) {
+		sh.mu.Unlock()
+		return ErrBusy
+	}
+	w.cl.left.Add(1)
+	it.waiters[it.nwait] = w
+	it.nwait++
+	sh.mu.Unlock()
+	return nil
+}
+
+// Remove removes each key. An absent key is OK (remove is idempotent); a
+// pinned one FAILED_PRECONDITION; one with I/O in flight BUSY. A key on L2
+// is gone once its block header has been overwritten on the device, so it
+// does not come back after a restart; if that write fails the key stays
+// and its code and error say why.
+func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	if err := s.begin(len(keys), codes, errs); err != nil {
+		return false, err
+	}
+	var cl *call
+	for i, k := range keys {
+		codes[i] = OK
+		setErr(errs, i, nil)
+		if !s.validKey(k) {
+			codes[i] = InvalidArgument
+			setErr(errs, i, ErrBadKey)
+			continue
+		}
+		h, sh, si := s.hash(k)
+		sh.mu.Lock()
+		idx, ok := sh.find(h, k)
+		if !ok {
+			sh.mu.Unlock()
+			continue
+		}
+		e := sh.ent(idx)
+		var err error
+		switch {
+		case e.state == stReserved || e.state == stPutting:
+			// Not stored yet: absent to every reader, so removed.
+		case e.state == stDropping:
+			err = ErrBusy
+		case e.pins > 0:
+			err = ErrPinned
+		case e.io > 0 || e.flags&(fWB|fPromote) != 0:
+			err = ErrBusy
+		case e.flags&fL2 == 0:
+			if e.flags&(fDirty|fTomb) == fDirty {
+				s.c.dirtyOwed.Add(^uint64(0))
+			}
+			sh.unlistAll(idx)
+			ferr := s.freeBlock(e.l1, e.size)
+			s.c.keys.Add(^uint64(0))
+			s.c.l1Keys.Add(^uint64(0))
+			sh.remove(idx)
+			if ferr != nil {
+				err = fmt.Errorf("store: key removed, its block not freed: %w", ferr)
+			}
+		default:
+			it := s.l2.getTask(false)
+			if it == nil {
+				err = ErrNoIO
+				break
+			}
+			e.state = stDropping
+			sh.unlistAll(idx)
+			e.io++
+			if cl == nil {
+				cl = s.calls.get(done, tag)
+				cl.codes, cl.errs = codes, errs
+			}
+			it.kind, it.r, it.slot = kInval, ref{si, idx, e.gen}, e.l2
+			it.cl, it.pos = cl, int32(i)
+			cl.left.Add(1)
+			cl.its = append(cl.its, it)
+		}
+		sh.mu.Unlock()
+		if err != nil {
+			codes[i] = CodeOf(err)
+			setErr(errs, i, err)
+		}
+	}
+	if cl == nil {
+		s.exit()
+		return false, nil
+	}
+	err = s.l2.startInvals(cl.its, &cl.xts)
+	s.exit()
+	return cl.release(&s.calls), err
+}

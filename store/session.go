@@ -1,0 +1,253 @@
+package store
+
+import (
+	"errors"
+	"sync"
+)
+
+// ref names an entry: its shard, index and generation.
+type ref struct{ sh, idx, gen uint32 }
+
+func (r ref) packed() uint64 { return uint64(r.sh)<<32 | uint64(r.idx) }
+
+// hold is what one session holds on one key: untimed pins, and at most one
+// lease (a timed pin) that expires by itself. The entry's pin count carries
+// pins + 1 while lease != 0.
+type hold struct {
+	pins  uint32
+	lease int64  // expiry in store nanoseconds; 0 when there is no lease
+	lver  uint32 // bumped each time the lease changes; matches its heap record
+}
+
+func (h hold) refs() uint32 {
+	if h.lease != 0 {
+		return h.pins + 1
+	}
+	return h.pins
+}
+
+// Session owns pins, leases and reservations for one client connection.
+// Its methods are safe for concurrent use (a client's queues may share one
+// session); Close releases everything it holds.
+type Session struct {
+	s  *Store
+	id uint32
+
+	// mu guards the fields below. Lock order: mu, then a shard's mu.
+	mu     sync.Mutex
+	closed bool
+	holds  map[ref]hold
+	resv   map[ref]struct{} // keys reserved by Reserve and not yet committed
+	plan   []planStep       // Pin/Unpin's undo log, reused
+}
+
+// planStep is one key of an all-or-nothing Pin or Unpin: the hold before
+// the call changed it, and whether an entry pin was taken (Pin) or is to be
+// dropped (Unpin).
+type planStep struct {
+	r       ref
+	prev    hold
+	existed bool
+	entry   bool
+}
+
+// Close releases every pin and lease the session holds and aborts its
+// reservations. Durable commits in flight finish on their own (a commit
+// that then fails drops its reservation). Later calls on the session fail
+// with ErrClosed. It is idempotent; an error says that a reservation's
+// block could not be freed (a bug, also counted in Stats.FreeErrors).
+func (ss *Session) Close() error {
+	s := ss.s
+	entered := s.enter()
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		if entered {
+			s.exit()
+		}
+		return nil
+	}
+	ss.closed = true
+	var errs []error
+	if entered {
+		for r, h := range ss.holds {
+			s.unpinEntry(r, h.refs())
+		}
+		for r := range ss.resv {
+			if err := s.abortReservation(r); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		s.exit()
+	}
+	clear(ss.holds)
+	clear(ss.resv)
+	return errors.Join(errs...)
+}
+
+// unpinEntry drops n pins from entry r; an entry whose last pin goes back
+// on the L1 LRU list, at its head.
+func (s *Store) unpinEntry(r ref, n uint32) {
+	if n == 0 {
+		return
+	}
+	sh := &s.shards[r.sh]
+	sh.mu.Lock()
+	e := sh.ent(r.idx)
+	if invariants && (e.gen != r.gen || e.pins < n) {
+		panic("store: invariant: unpin of an entry that does not carry the pins")
+	}
+	e.pins -= n
+	s.c.pins.Add(^uint64(n - 1))
+	if e.pins == 0 {
+		s.relist(sh, r.idx)
+	}
+	sh.mu.Unlock()
+}
+
+// relist puts an unpinned, ready, resident entry back on the L1 LRU. sh.mu
+// is held.
+func (s *Store) relist(sh *shard, idx uint32) {
+	e := sh.ent(idx)
+	if e.pins == 0 && e.state == stReady && e.flags&fL1 != 0 && e.flags&fPromote == 0 {
+		sh.lruAdd(idx)
+	}
+}
+
+// abortReservation drops a reservation of a closing session: a reserved
+// entry goes (its block is freed), one whose durable commit is in flight is
+// marked so that a failing commit drops it.
+func (s *Store) abortReservation(r ref) error {
+	sh := &s.shards[r.sh]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.ent(r.idx)
+	if e.gen != r.gen {
+		return nil
+	}
+	var err error
+	switch e.state {
+	case stReserved:
+		err = s.freeBlock(e.l1, e.size)
+		s.c.reserved.Add(^uint64(0))
+		sh.remove(r.idx)
+	case stPutting:
+		e.flags |= fAbandon
+	}
+	return err
+}
+
+// Leases: one heap of (expiry, session, key) records for the whole store,
+// and one timer armed for the earliest. A renewed lease leaves its old
+// record behind, recognized as stale by its version.
+
+type leaseRec struct {
+	at   int64
+	ss   *Session
+	r    ref
+	lver uint32
+}
+
+// leaseHeap is a min-heap of lease records by expiry (typed, so pushing
+// allocates nothing once the slice has grown).
+type leaseHeap []leaseRec
+
+func (h *leaseHeap) push(r leaseRec) {
+	*h = append(*h, r)
+	q := *h
+	for i := len(q) - 1; i > 0; {
+		p := (i - 1) / 2
+		if q[p].at <= q[i].at {
+			break
+		}
+		q[p], q[i] = q[i], q[p]
+		i = p
+	}
+}
+
+func (h *leaseHeap) pop() leaseRec {
+	q := *h
+	top := q[0]
+	last := len(q) - 1
+	q[0] = q[last]
+	q[last] = leaseRec{}
+	q = q[:last]
+	for i := 0; ; {
+		l, m := 2*i+1, i
+		if l < len(q) && q[l].at < q[m].at {
+			m = l
+		}
+		if r := l + 1; r < len(q) && q[r].at < q[m].at {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		q[m], q[i] = q[i], q[m]
+		i = m
+	}
+	*h = q
+	return top
+}
+
+// addLease records a lease expiring at (store nanoseconds).
+func (s *Store) addLease(ss *Session, r ref, lver uint32, at int64) {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	s.leases.push(leaseRec{at: at, ss: ss, r: r, lver: lver})
+	if s.leaseAt == 0 || at < s.leaseAt {
+		s.armLeases(at)
+	}
+}
+
+// armLeases (re)arms the lease timer for at. leaseMu is held.
+func (s *Store) armLeases(at int64) {
+	if s.leaseTimer != nil {
+		s.leaseTimer.Stop()
+	}
+	s.leaseAt = at
+	d := at - s.now()
+	if d < 0 {
+		d = 0
+	}
+	s.leaseTimer = s.clock.AfterFunc(durationNS(d), s.expireLeases)
+}
+
+// expireLeases ends every lease that is due and re-arms the timer.
+func (s *Store) expireLeases() {
+	if !s.enter() {
+		return
+	}
+	defer s.exit()
+	now := s.now()
+	s.leaseMu.Lock()
+	s.leaseAt = 0
+	var due []leaseRec
+	for len(s.leases) > 0 && s.leases[0].at <= now {
+		due = append(due, s.leases.pop())
+	}
+	if len(s.leases) > 0 {
+		s.armLeases(s.leases[0].at)
+	}
+	s.leaseMu.Unlock()
+	for i := range due {
+		d := &due[i]
+		ss := d.ss
+		ss.mu.Lock()
+		if !ss.closed {
+			if h, ok := ss.holds[d.r]; ok && h.lease != 0 && h.lver == d.lver && h.lease <= now {
+				h.lease = 0
+				h.lver++
+				if h.pins == 0 {
+					delete(ss.holds, d.r)
+				} else {
+					ss.holds[d.r] = h
+				}
+				s.unpinEntry(d.r, 1)
+				s.c.leasesExpired.Add(1)
+			}
+		}
+		ss.mu.Unlock()
+		*d = leaseRec{}
+	}
+}

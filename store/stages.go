@@ -1,0 +1,497 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// The stages of L2 operations. Each runs on the goroutine that learned the
+// result of the previous I/O: a transport's completion goroutine, or the
+// submitting goroutine for a completion that came during Submit or for a
+// tail the transport refused. None blocks.
+
+var errRegionBroken = errors.New("store: the region's header could not be written")
+
+// startWrites begins durable puts and writebacks: each value's checksum,
+// its slot (giving a region to the slot size when needed, whose header is
+// written in the same submission), its block header in the task's staging
+// sector, then the value writes, all in one Submit. A key that gets no slot
+// ends at once.
+func (t *tier2) startWrites(its []*ioTask, sub *[]*ioTask, xts *[]*xfer.Task) error {
+	s := t.s
+	out := (*sub)[:0]
+	for _, it := range its {
+		it.crc = crc32c(s.poolMem[it.l1 : it.l1+uint64(it.size)])
+		c := t.g.classOf(uint64(it.size))
+		t.mu.Lock()
+		slot, opener, err := t.alloc(c, it.r.packed())
+		var ot *ioTask
+		if err == nil && opener != noRegion {
+			if ot = t.getTask(false); ot == nil {
+				t.regions[opener].broken = ErrNoIO
+				t.breakRegion(opener)
+				t.release(slot)
+				err = ErrNoIO
+			}
+		}
+		if err != nil {
+			t.mu.Unlock()
+			it.err = err
+			t.endWrite(it, false)
+			continue
+		}
+		ri, _, _, off := t.slotAt(slot)
+		nonce, units := t.regions[ri].nonce, t.classes[c].units
+		t.mu.Unlock()
+		it.slot, it.region, it.off, it.stage = slot, ri, off, stgValue
+		sh := &s.shards[it.r.sh]
+		sh.mu.Lock()
+		encodeHeader(t.sector(it), &header{magic: magicBlock, units: uint32(units), seq: t.seq.Add(1),
+			nonce: nonce, offset: off, valueLen: uint64(it.size), valueCRC: it.crc, key: sh.keyOf(sh.ent(it.r.idx))})
+		sh.mu.Unlock()
+		t.reqValue(it, xfer.OpWrite, off+t.g.align)
+		if ot != nil {
+			ot.kind, ot.region, ot.off = kOpen, opener, t.g.regionOff(opener)
+			encodeHeader(t.sector(ot), &header{magic: magicRegion, units: uint32(units), seq: t.fileNonce,
+				nonce: nonce, offset: ot.off})
+			t.reqSector(ot, xfer.OpWrite, ot.off, false)
+			out = append(out, ot)
+		}
+		out = append(out, it)
+	}
+	*sub = out
+	err := t.submit(out, xts)
+	clear(out)
+	return err
+}
+
+// breakRegion marks a region whose header will not be written. t.mu is
+// held.
+func (t *tier2) breakRegion(ri int32) {
+	r := &t.regions[ri]
+	r.state = regBroken
+	if r.listed {
+		t.unlink(ri)
+	}
+	if r.live == 0 {
+		t.unassign(ri)
+		t.freeRegions = append(t.freeRegions, ri)
+	}
+}
+
+func (t *tier2) writeDone(it *ioTask, err error) {
+	switch it.stage {
+	case stgValue:
+		if err != nil {
+			t.mu.Lock()
+			t.release(it.slot) // no header was written: the slot's header is still blank
+			t.mu.Unlock()
+			it.err = err
+			t.endWrite(it, false)
+			return
+		}
+		t.mu.Lock()
+		r := &t.regions[it.region]
+		switch r.state {
+		case regOpening:
+			it.nextWait, r.waitHead = r.waitHead, it.idx
+			t.mu.Unlock()
+			return
+		case regBroken:
+			it.err = fmt.Errorf("%w: %w", errRegionBroken, r.broken)
+			t.release(it.slot)
+			t.mu.Unlock()
+			t.endWrite(it, false)
+			return
+		}
+		t.mu.Unlock()
+		t.sendHeader(it)
+	case stgHeader:
+		if err == nil {
+			t.endWrite(it, true)
+			return
+		}
+		it.err = err
+		if !it.sent {
+			t.mu.Lock()
+			t.release(it.slot)
+			t.mu.Unlock()
+			t.endWrite(it, false)
+			return
+		}
+		// The header may be partly on the device: zero it before the slot
+		// is used again.
+		it.stage = stgUndo
+		t.reqSector(it, xfer.OpWrite, it.off, true)
+		t.submitOne(it)
+	case stgUndo:
+		t.mu.Lock()
+		if err == nil {
+			t.release(it.slot)
+		} else {
+			t.quarantine(it.slot)
+		}
+		t.mu.Unlock()
+		if err != nil {
+			t.s.rare(&t.s.c.l2InvalFailed, "store: could not zero a block header after its write failed; the slot stays out of use",
+				"slot", it.slot, "err", err)
+		}
+		t.endWrite(it, false)
+	}
+}
+
+func (t *tier2) sendHeader(it *ioTask) {
+	it.stage = stgHeader
+	t.reqSector(it, xfer.OpWrite, it.off, false)
+	t.submitOne(it)
+}
+
+func (t *tier2) openDone(it *ioTask, err error) {
+	t.mu.Lock()
+	r := &t.regions[it.region]
+	head := r.waitHead
+	r.waitHead = -1
+	if err == nil {
+		r.state = regOpen
+	} else {
+		r.broken = err
+		t.breakRegion(it.region)
+	}
+	if err == nil && head != -1 {
+		// One header write for this completion goes at once; the others
+		// are handed to the maintenance loop, since a completion callback
+		// may submit only as many tasks as it was handed back.
+		if rest := t.tasks[head].nextWait; rest != -1 {
+			tail := rest
+			for t.tasks[tail].nextWait != -1 {
+				tail = t.tasks[tail].nextWait
+			}
+			t.tasks[tail].nextWait = t.ready
+			t.ready = rest
+			t.tasks[head].nextWait = -1
+		}
+	}
+	t.mu.Unlock()
+	t.freeTask(it)
+	if err == nil {
+		if head != -1 {
+			t.s.kick()
+			t.sendHeader(&t.tasks[head])
+		}
+		return
+	}
+	for w := head; w != -1; {
+		wt := &t.tasks[w]
+		w, wt.nextWait = wt.nextWait, -1
+		t.mu.Lock()
+		t.release(wt.slot)
+		t.mu.Unlock()
+		wt.err = fmt.Errorf("%w: %w", errRegionBroken, err)
+		t.endWrite(wt, false)
+	}
+}
+
+// endWrite ends a durable put or a writeback. ok: its block is on the
+// device (the slot is the entry's now); else it.err says why and the slot
+// has been dealt with.
+func (t *tier2) endWrite(it *ioTask, ok bool) {
+	if it.kind == kWB {
+		t.endWriteback(it, ok)
+		return
+	}
+	s := t.s
+	ss := it.ss
+	if it.commit {
+		ss.mu.Lock()
+	}
+	sh := &s.shards[it.r.sh]
+	sh.mu.Lock()
+	idx := it.r.idx
+	e := sh.ent(idx)
+	e.io--
+	var ferr error
+	if ok {
+		e.state = stReady
+		e.flags = e.flags&^(fCopyPut|fAbandon) | fL1 | fL2
+		e.l2, e.crc = it.slot, it.crc
+		sh.lruAdd(idx)
+		sh.l2Touch(idx)
+		s.c.reserved.Add(^uint64(0))
+		s.c.keys.Add(1)
+		s.c.l1Keys.Add(1)
+		s.c.l2Keys.Add(1)
+		s.c.durable.Add(1)
+		if it.commit {
+			delete(ss.resv, it.r)
+		}
+	} else {
+		s.c.durableFail.Add(1)
+		if it.commit && e.flags&fAbandon == 0 {
+			e.state = stReserved // the reservation, exactly as before the commit
+		} else {
+			ferr = s.freeBlock(e.l1, e.size)
+			s.c.reserved.Add(^uint64(0))
+			sh.remove(idx)
+		}
+	}
+	sh.mu.Unlock()
+	if it.commit {
+		ss.mu.Unlock()
+	}
+	cl, pos, err := it.cl, it.pos, it.err
+	if !ok {
+		err = joinFree(err, ferr)
+	}
+	t.freeTask(it)
+	cl.result(pos, err)
+	cl.finish1(&s.calls)
+}
+
+func (t *tier2) endWriteback(it *ioTask, ok bool) {
+	s := t.s
+	sh := &s.shards[it.r.sh]
+	sh.mu.Lock()
+	idx := it.r.idx
+	e := sh.ent(idx)
+	e.io--
+	e.flags &^= fWB
+	tomb := false
+	switch {
+	case ok:
+		e.flags = e.flags&^fDirty | fL2
+		e.l2, e.crc, e.tries = it.slot, it.crc, 0
+		sh.l2Touch(idx)
+		s.c.l2Keys.Add(1)
+		s.c.writebacks.Add(1)
+		s.c.dirtyOwed.Add(^uint64(0))
+	case errors.Is(it.err, ErrL2Full) || errors.Is(it.err, ErrNoIO):
+		// Not the action failing: room is short. Back in line, no try
+		// counted; the loop pauses until room is made.
+		sh.dirtyAdd(idx)
+	default:
+		if e.tries < 255 {
+			e.tries++
+		}
+		if int(e.tries) > s.cfg.WritebackRetries {
+			e.flags |= fTomb
+			tomb = true
+			s.c.dirtyOwed.Add(^uint64(0))
+		} else {
+			s.c.wbRetries.Add(1)
+			s.addRetry(it.r, s.now()+int64(s.cfg.WritebackBackoff))
+		}
+	}
+	var key []byte
+	if tomb {
+		key = append([]byte(nil), sh.keyOf(e)...)
+	}
+	sh.mu.Unlock()
+	if tomb {
+		s.rare(&s.c.tombstones, "store: writeback gave up after its retry budget; the value stays in L1 only",
+			"key", fmt.Sprintf("%q", key), "tries", s.cfg.WritebackRetries+1, "err", it.err)
+	}
+	full := errors.Is(it.err, ErrL2Full) || errors.Is(it.err, ErrNoIO)
+	if full {
+		t.l2Short.Store(true)
+	}
+	t.wbInflight.Add(-1)
+	t.freeTask(it)
+	if !full {
+		s.kick()
+	}
+}
+
+// startReads dispatches promotions: each reads a value from its slot
+// straight into the pool block reserved for it.
+func (t *tier2) startReads(its []*ioTask, xts *[]*xfer.Task) error {
+	for _, it := range its {
+		t.mu.Lock()
+		_, _, _, off := t.slotAt(it.slot)
+		t.mu.Unlock()
+		it.off = off
+		t.reqValue(it, xfer.OpRead, off+t.g.align)
+	}
+	return t.submit(its, xts)
+}
+
+func (t *tier2) promoteDone(it *ioTask, err error) {
+	corrupt := false
+	if err == nil && t.verify {
+		if got := crc32c(t.s.poolMem[it.l1 : it.l1+uint64(it.size)]); got != it.crc {
+			err = fmt.Errorf("%w: slot %d at file offset %d: crc32c %#x, header says %#x", ErrCorrupt, it.slot, it.off, got, it.crc)
+			corrupt = true
+			t.s.rare(&t.s.c.corruptReads, "store: a value read back from L2 does not match its checksum; the key is dropped", "err", err)
+		}
+	}
+	t.endPromote(it, err, true, corrupt)
+}
+
+// endPromote ends a promotion: on success the entry is resident and every
+// waiter gets its pin or its copy. canFree is false when the block must be
+// kept out of use (a transport violation). A corrupt block's entry is
+// dropped and its slot zeroed by the same task.
+func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
+	s := t.s
+	sh := &s.shards[it.r.sh]
+	idx := it.r.idx
+	sh.mu.Lock()
+	e := sh.ent(idx)
+	e.flags &^= fPromote
+	e.next = nilIdx
+	e.io--
+	ws, nw := it.waiters, int(it.nwait)
+	var ferr error
+	if err == nil {
+		e.flags |= fL1
+		for _, w := range ws[:nw] {
+			if w.get {
+				e.pins++
+				s.c.pins.Add(1)
+			} else {
+				e.io++
+			}
+		}
+		s.relist(sh, idx)
+		sh.l2Touch(idx)
+		s.c.l1Keys.Add(1)
+		s.c.promotions.Add(1)
+	} else {
+		s.c.promoteFail.Add(1)
+		if canFree {
+			ferr = s.freeBlock(e.l1, e.size)
+		}
+		if corrupt {
+			e.state = stDropping
+			sh.unlistAll(idx)
+			e.io++
+		}
+	}
+	loc := Location{Offset: e.l1, Length: uint64(e.size)}
+	sh.mu.Unlock()
+	for _, w := range ws[:nw] {
+		switch {
+		case err != nil:
+			w.cl.result(w.pos, joinFree(err, ferr))
+		case w.get:
+			w.ss.mu.Lock()
+			if w.ss.closed {
+				w.ss.mu.Unlock()
+				s.unpinEntry(it.r, 1)
+				w.cl.result(w.pos, ErrClosed)
+				break
+			}
+			hd := w.ss.holds[it.r]
+			hd.pins++
+			w.ss.holds[it.r] = hd
+			w.ss.mu.Unlock()
+			w.cl.locs[w.pos] = loc
+			w.cl.result(w.pos, nil)
+		default:
+			cerr := copyGuarded(w.cl.dsts[w.pos][:loc.Length], s.poolMem[loc.Offset:loc.Offset+loc.Length])
+			w.cl.lens[w.pos] = loc.Length
+			sh.mu.Lock()
+			sh.ent(idx).io--
+			sh.mu.Unlock()
+			w.cl.result(w.pos, cerr)
+		}
+		w.cl.finish1(&s.calls)
+	}
+	for i := range it.waiters {
+		it.waiters[i] = waitRec{}
+	}
+	it.nwait = 0
+	if corrupt {
+		it.kind, it.drop, it.cl = kInval, true, nil
+		t.reqSector(it, xfer.OpWrite, it.off, true)
+		t.submitOne(it)
+		return
+	}
+	t.freeTask(it)
+}
+
+// startInvals dispatches header invalidations (Remove, L2 eviction).
+func (t *tier2) startInvals(its []*ioTask, xts *[]*xfer.Task) error {
+	for _, it := range its {
+		t.mu.Lock()
+		_, _, _, off := t.slotAt(it.slot)
+		t.mu.Unlock()
+		it.off = off
+		t.reqSector(it, xfer.OpWrite, off, true)
+	}
+	return t.submit(its, xts)
+}
+
+func (t *tier2) invalDone(it *ioTask, err error) { t.endInval(it, err, true) }
+
+// endInval ends an invalidation. When the header is zeroed (or the block
+// was corrupt anyway) the key goes; when the write failed the key stays as
+// it was, and a Remove reports why. canRelease is false after a transport
+// violation: the slot is kept out of use and the key goes.
+func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
+	s := t.s
+	sh := &s.shards[it.r.sh]
+	idx := it.r.idx
+	evict := it.cl == nil && !it.drop
+	sh.mu.Lock()
+	e := sh.ent(idx)
+	slotBytes := uint64(0)
+	t.mu.Lock()
+	if evict {
+		_, c, _, _ := t.slotAt(it.slot)
+		slotBytes = t.g.slotSize(c)
+		t.evicting -= slotBytes
+	}
+	gone := err == nil || it.drop || !canRelease
+	if gone {
+		switch {
+		case err == nil && canRelease:
+			t.release(it.slot)
+		case canRelease:
+			t.quarantine(it.slot)
+			s.c.l2InvalFailed.Add(1)
+		}
+	}
+	t.mu.Unlock()
+	var ferr error
+	if gone {
+		if e.flags&fL1 != 0 {
+			ferr = s.freeBlock(e.l1, e.size)
+			s.c.l1Keys.Add(^uint64(0))
+		}
+		s.c.keys.Add(^uint64(0))
+		s.c.l2Keys.Add(^uint64(0))
+		if evict {
+			s.c.evictL2.Add(1)
+		}
+		sh.unlistAll(idx)
+		sh.remove(idx)
+	} else {
+		e.state = stReady
+		e.io--
+		s.relist(sh, idx)
+		sh.l2Touch(idx)
+		if it.cl != nil {
+			s.c.removeFail.Add(1)
+		} else {
+			s.c.l2InvalFailed.Add(1)
+		}
+	}
+	sh.mu.Unlock()
+	cl, pos := it.cl, it.pos
+	t.freeTask(it)
+	if cl != nil {
+		if gone {
+			if !canRelease {
+				err = fmt.Errorf("store: key dropped, its L2 slot quarantined: %w", err)
+			} else {
+				err = nil
+			}
+		}
+		cl.result(pos, joinFree(err, ferr))
+		cl.finish1(&s.calls)
+	} else if evict {
+		s.kick()
+	}
+}

@@ -1,0 +1,206 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// waitFor waits for cond, re-checked whenever the store's background work
+// moves (no polling, no sleeps).
+func (e *testEnv) waitFor(what string, cond func() bool) {
+	e.t.Helper()
+	if !e.s.ev.waitUntil(cond, 10*time.Second) {
+		e.t.Fatalf("timed out waiting for %s; stats %+v", what, e.s.Stats())
+	}
+}
+
+// TestWritebackTombstone is seed 000's endless retry: a writeback target
+// that always fails. Each action is retried WritebackRetries times, on the
+// store's clock, then becomes a tombstone (counted, shown in Stats, never
+// retried again); the store keeps serving and the values stay readable
+// from L1.
+func TestWritebackTombstone(t *testing.T) {
+	const retries = 2
+	e := newEnv(t, 16<<20, withL2(32<<20), withCfg(func(c *Config) {
+		c.WritebackRetries, c.WritebackBackoff = retries, time.Second
+	}))
+	var mu sync.Mutex
+	attempts := map[uint64]int{} // value writes per pool block
+	e.tr.set(func(f *fakeTr) {
+		f.fail = func(t *xfer.Task) error {
+			if isValueWrite(t) {
+				mu.Lock()
+				attempts[t.Req.LocalOffset]++
+				mu.Unlock()
+				return errInjected
+			}
+			return nil
+		}
+	})
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("b", 3)
+	vals := valuesFor(keys, 2000)
+	mustCodes(t, "put", e.put(ss, keys, vals, false), OK)
+	for try := 1; try <= retries; try++ {
+		e.waitFor(fmt.Sprintf("retry %d scheduled", try), func() bool {
+			return e.s.Stats().WritebackRetries == uint64(3*try)
+		})
+		e.clk.Advance(time.Second)
+	}
+	e.waitFor("tombstones", func() bool { return e.s.Stats().Tombstones == 3 })
+	if err := e.s.Flush(flushWait); err != nil {
+		t.Fatalf("flush with only tombstones left: %v", err)
+	}
+	st := e.s.Stats()
+	if st.Writebacks != 0 || st.Dirty != 0 || st.WritebackRetries != 3*retries || st.IOInFlight != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	writes := e.tr.writes.Load()
+	done := e.tr.done.Load()
+	e.clk.Advance(time.Hour)
+	e.s.kick()
+	if err := e.s.Flush(flushWait); err != nil {
+		t.Fatal(err)
+	}
+	if e.tr.done.Load() != done || e.tr.writes.Load() != writes {
+		t.Fatal("a tombstone was retried")
+	}
+	mu.Lock()
+	if len(attempts) != 3 {
+		t.Fatalf("%d blocks written, want 3", len(attempts))
+	}
+	for off, n := range attempts {
+		if n != retries+1 {
+			t.Fatalf("block at %d written %d times, want %d", off, n, retries+1)
+		}
+	}
+	mu.Unlock()
+	// Healthy: the values read back from L1, new puts work (the failure
+	// was on value writes only, durable ones fail with a code).
+	e.checkValues(keys, vals)
+	more := keysN("c", 2)
+	mustCodes(t, "new put", e.put(ss, more, valuesFor(more, 10), false), OK)
+	mustCodes(t, "durable put to the failing target", e.put(ss, keysN("d", 1), valuesFor(keysN("d", 1), 10), true), Internal)
+	mustCodes(t, "exists", e.exists(append(keys, more...)), OK)
+	// A tombstoned value is evictable: it leaves the store, counted.
+	e.s.evict(1<<62, 1<<20)
+	if st := e.s.Stats(); st.DroppedUnwritten != 3 {
+		t.Fatalf("dropped unwritten %d", st.DroppedUnwritten)
+	}
+}
+
+// TestRemoveFailureReported is seed 002's batch_remove: a removal that
+// fails is reported per key (with its cause), never only logged; the key
+// stays, and removing it again once the device is back works.
+func TestRemoveFailureReported(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	keys := keysN("x", 3)
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 100), true), OK)
+	ss.Close()
+	e.tr.set(func(f *fakeTr) {
+		f.fail = func(t *xfer.Task) error {
+			if isZeroWrite(t) {
+				return errInjected
+			}
+			return nil
+		}
+	})
+	codes := make([]Code, 4)
+	errs := make([]error, 4)
+	rm := append(keys[:2:2], []byte("absent"), keys[2])
+	if _, err := e.s.Remove(rm[:3], codes[:3], errs[:3], nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "remove", codes[:3], Internal, Internal, OK)
+	if !errors.Is(errs[0], errInjected) || errs[2] != nil {
+		t.Fatalf("errs %v", errs)
+	}
+	mustCodes(t, "still there", e.exists(keys), OK)
+	if st := e.s.Stats(); st.RemoveFailures != 2 || st.Keys != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+	e.tr.set(func(f *fakeTr) { f.fail = nil })
+	if _, err := e.s.Remove(rm, codes, errs, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "remove again", codes, OK)
+	e.reopen()
+	mustCodes(t, "after restart", e.exists(keys), NotFound)
+}
+
+// TestPromotionRollback: a Get of L2-only keys whose reads are dispatched
+// only in part (the transport closing) gives the undispatched keys
+// UNAVAILABLE at once, frees their pool blocks, keeps the keys on L2, and
+// the next Get promotes them.
+func TestPromotionRollback(t *testing.T) {
+	for k := 0; k <= 4; k++ {
+		t.Run(fmt.Sprint(k), func(t *testing.T) {
+			e := newEnv(t, 16<<20, withL2(32<<20))
+			ss := e.s.NewSession()
+			defer ss.Close()
+			keys := keysN("g", 4)
+			vals := valuesFor(keys, 3000)
+			mustCodes(t, "put", e.put(ss, keys, vals, true), OK)
+			e.dropL1()
+			blocks := e.pool.Stats().Blocks
+			e.tr.set(func(f *fakeTr) {
+				f.accept = k
+				if k == 0 {
+					f.lie = func(int, error) (int, error) { return 0, xfer.ErrClosed }
+				}
+			})
+			_, codes, _ := e.get(ss, keys)
+			for i := range keys {
+				want := OK
+				if i >= k {
+					want = Unavailable
+				}
+				if codes[i] != want {
+					t.Fatalf("key %d: %v, want %v", i, codes[i], want)
+				}
+			}
+			if got := e.pool.Stats().Blocks; got != blocks+uint64(k) {
+				t.Fatalf("pool blocks %d, want %d (one per promoted key)", got, blocks+uint64(k))
+			}
+			e.tr.set(func(f *fakeTr) { f.accept, f.lie = 0, nil })
+			_, codes, _ = e.get(ss, keys)
+			mustCodes(t, "get again", codes, OK)
+			if err := ss.Unpin(keys, codes); err != nil {
+				t.Fatal(err)
+			}
+			if err := ss.Unpin(keys[:k], codes[:k]); err != nil {
+				t.Fatal(err)
+			}
+			if st := e.s.Stats(); st.Pins != 0 || st.PromotionFailures != uint64(4-k) {
+				t.Fatalf("stats %+v", st)
+			}
+		})
+	}
+}
+
+// TestReadErrors: the copying Get reports a destination that is too small
+// with the value's length, and copies nothing.
+func TestReadErrors(t *testing.T) {
+	e := newEnv(t, 8<<20)
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("q", 1)
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 500), false), OK)
+	dst := [][]byte{make([]byte, 100)}
+	lens := []uint64{0}
+	codes := []Code{OK}
+	errs := []error{nil}
+	if _, err := e.s.Read(keys, dst, lens, codes, errs, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if codes[0] != InvalidArgument || lens[0] != 500 || !errors.Is(errs[0], ErrShortBuffer) {
+		t.Fatalf("short dst: %v %d %v", codes[0], lens[0], errs[0])
+	}
+}
