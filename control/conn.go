@@ -89,7 +89,10 @@ type conn struct {
 	// Owned by the serving goroutine.
 	blocks  blockSet
 	batches map[BatchID]struct{}
-	queues  map[uint64]*cqueue
+	// qmu guards queues against stats scrapes; the serving goroutine
+	// owns the map and changes it under qmu.
+	qmu    sync.Mutex
+	queues map[uint64]*cqueue
 	// passFD is an fd this connection made for the answer being sent (a
 	// queue's memfd): closed once the answer is written, -1 when none.
 	passFD  int

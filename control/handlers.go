@@ -618,6 +618,14 @@ func (c *conn) stats() {
 	if f := c.s.deps.TransportStats; f != nil {
 		r.Transports = f(nil)
 	}
+	qt := c.s.QueueTotals()
+	r.Transports = append(r.Transports,
+		wire.Counter{Name: "queue.open", Value: qt.Open}, wire.Counter{Name: "queue.opened", Value: qt.Opened},
+		wire.Counter{Name: "queue.completions", Value: qt.Completions},
+		wire.Counter{Name: "queue.client_wakes", Value: qt.ClientWakes},
+		wire.Counter{Name: "queue.worker_sleeps", Value: qt.WorkerSleeps},
+		wire.Counter{Name: "queue.worker_spins", Value: qt.WorkerSpins},
+		wire.Counter{Name: "queue.violations", Value: qt.Violations})
 	r.Connection = []wire.Counter{
 		{Name: "segments", Value: uint64(c.segments())},
 		{Name: "blocks", Value: uint64(c.blocks.len())},
@@ -637,9 +645,12 @@ func (c *conn) stats() {
 func (c *conn) release() {
 	// Queues first: their workers resolve the segments and blocks released
 	// below, and what they have in flight ends Canceled with its CQE.
-	for id, q := range c.queues {
+	c.qmu.Lock()
+	queues := c.queues
+	c.queues = map[uint64]*cqueue{}
+	c.qmu.Unlock()
+	for _, q := range queues {
 		q.close()
-		delete(c.queues, id)
 	}
 	c.releasePeers()
 	for _, g := range c.groups {

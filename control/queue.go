@@ -224,6 +224,10 @@ func (q *cqueue) close() {
 		q.ring.Close()
 		<-q.done
 		q.st.Close(fmt.Errorf("%w: queue closed", xfer.ErrCanceled))
+		s := q.c.s
+		s.mu.Lock()
+		q.addTo(&s.closedQueues)
+		s.mu.Unlock()
 		go func() {
 			select {
 			case <-q.st.Idle():
@@ -258,7 +262,9 @@ func (c *conn) openQueue(m *wire.OpenQueueRequest) (int, error) {
 	if err != nil {
 		return -1, err
 	}
+	c.qmu.Lock()
 	c.queues[id] = q
+	c.qmu.Unlock()
 	c.passFD = fd
 	*wire.SetResponse[wire.OpenQueueResponse](&c.resp) = wire.OpenQueueResponse{Queue: id,
 		SQEntries: g.SQEntries, CQEntries: g.CQEntries, DataSize: g.DataSize, Size: g.Size}
@@ -272,7 +278,9 @@ func (c *conn) closeQueue(m *wire.CloseQueueRequest) error {
 	if !ok {
 		return fmt.Errorf("%w: queue %d", ErrNotFound, m.Queue)
 	}
+	c.qmu.Lock()
 	delete(c.queues, m.Queue)
+	c.qmu.Unlock()
 	q.close()
 	wire.SetResponse[wire.CloseQueueResponse](&c.resp)
 	return nil
@@ -281,11 +289,13 @@ func (c *conn) closeQueue(m *wire.CloseQueueRequest) error {
 // queueCounters are this connection's queues' counters for Stats.
 func (c *conn) queueCounters(dst []wire.Counter) []wire.Counter {
 	var inflight, unreaped, violations uint32
-	var posted uint64
+	var posted, wakes, sleeps uint64
 	for _, q := range c.queues {
 		i, u, p := q.ring.Counts()
 		inflight, unreaped, posted = inflight+i, unreaped+u, posted+p
 		violations += q.ring.Violations()
+		wakes += q.ring.WakeCounts.ClientWakes.Load()
+		sleeps += q.ring.WakeCounts.WorkerSleeps.Load()
 	}
 	return append(dst,
 		wire.Counter{Name: "queues", Value: uint64(len(c.queues))},
@@ -293,5 +303,43 @@ func (c *conn) queueCounters(dst []wire.Counter) []wire.Counter {
 		wire.Counter{Name: "queue_unreaped", Value: uint64(unreaped)},
 		wire.Counter{Name: "queue_completions", Value: posted},
 		wire.Counter{Name: "queue_violations", Value: uint64(violations)},
+		wire.Counter{Name: "queue_client_wakes", Value: wakes},
+		wire.Counter{Name: "queue_worker_sleeps", Value: sleeps},
 	)
+}
+
+// QueueTotals are the counters of every queue this server has served,
+// open or closed, for stats and metrics.
+type QueueTotals struct {
+	Open, Opened                                        uint64
+	Completions, ClientWakes, WorkerSleeps, WorkerSpins uint64
+	Violations                                          uint64
+}
+
+// queueTotals folds what closed queues left behind (closed) with the open
+// ones' counters. It walks the connections and is meant for scrapes.
+func (s *Server) QueueTotals() QueueTotals {
+	s.mu.Lock()
+	t := s.closedQueues
+	for c := range s.conns {
+		c.qmu.Lock()
+		for _, q := range c.queues {
+			q.addTo(&t)
+			t.Open++
+		}
+		c.qmu.Unlock()
+	}
+	s.mu.Unlock()
+	t.Opened = s.nextQueue.Load()
+	return t
+}
+
+// addTo adds q's counters to t.
+func (q *cqueue) addTo(t *QueueTotals) {
+	_, _, posted := q.ring.Counts()
+	t.Completions += posted
+	t.ClientWakes += q.ring.WakeCounts.ClientWakes.Load()
+	t.WorkerSleeps += q.ring.WakeCounts.WorkerSleeps.Load()
+	t.WorkerSpins += q.ring.WakeCounts.WorkerSpins.Load()
+	t.Violations += uint64(q.ring.Violations())
 }

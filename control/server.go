@@ -150,11 +150,13 @@ type Server struct {
 	exp exportTable
 
 	// mu guards the fields below.
-	mu       sync.Mutex
-	conns    map[*conn]struct{}
-	closed   bool
-	started  bool
-	serveErr error
+	mu    sync.Mutex
+	conns map[*conn]struct{}
+	// closedQueues are the counters closed queues left behind.
+	closedQueues QueueTotals
+	closed       bool
+	started      bool
+	serveErr     error
 }
 
 // NewServer checks cfg and deps, removes a stale socket file, creates the

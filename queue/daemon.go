@@ -31,6 +31,9 @@ type DaemonRing struct {
 	cqMask uint32
 	spin   spinner
 
+	// WakeCounts counts the ring's system calls (atomics: read by stats).
+	WakeCounts WakeCounts
+
 	// Owned by the worker.
 	sqHead   uint32 // next entry to take
 	pubHead  uint32 // the sq_head last published
@@ -175,7 +178,17 @@ func (r *DaemonRing) Post(c *CQE) {
 	r.posted++
 	r.w.cqTail.Store(r.cqTail) // release, and the full fence before the flag's load
 	r.cqMu.Unlock()
-	wake(r.w.cqFlags, FlagWaiting, r.w.cqWake)
+	if wake(r.w.cqFlags, FlagWaiting, r.w.cqWake) {
+		r.WakeCounts.ClientWakes.Add(1)
+	}
+}
+
+// WakeCounts are a ring's wake-up system calls and sleeps, for stats: the
+// queue makes none while both sides are busy.
+type WakeCounts struct {
+	ClientWakes  atomic.Uint64 // futex wakes of a client sleeping for completions
+	WorkerSleeps atomic.Uint64 // futex waits of the daemon's worker
+	WorkerSpins  atomic.Uint64 // spins that found work before sleeping
 }
 
 // Counts is the ring's completion-side state: requests in flight, CQEs
@@ -211,6 +224,7 @@ func (r *DaemonRing) Idle(timeout time.Duration) bool {
 		}
 		r.spin.end(daemonSpin, found)
 		if found {
+			r.WakeCounts.WorkerSpins.Add(1)
 			return true
 		}
 	}
@@ -230,6 +244,7 @@ func (r *DaemonRing) Idle(timeout time.Duration) bool {
 		// client ringing for nothing. Poll slowly instead of at its pace.
 		timeout = 10 * time.Millisecond
 	}
+	r.WakeCounts.WorkerSleeps.Add(1)
 	futexWait(r.w.sqWake, v, timeout) //nolint:errcheck // the caller re-checks either way
 	r.w.sqFlags.And(^bit)
 	if r.ready() {

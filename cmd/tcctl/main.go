@@ -4,7 +4,7 @@
 //	tcctl [--socket PATH] stats [--json]
 //	tcctl top [--metrics HOST:PORT] [--interval D] [-n FRAMES]
 //	tcctl config check FILE
-//	tcctl [--socket PATH] ping [-n COUNT] [-size BYTES]
+//	tcctl [--socket PATH] ping [-n COUNT] [-size BYTES] [--queue]
 //	tcctl [--socket PATH] peers
 //	tcctl [--socket PATH] segments [--remote]
 //	tcctl [--socket PATH] rdma
@@ -45,8 +45,9 @@ commands:
                           peer and io_uring ring (kernel view)
   config check FILE       validate a tensorcastd config file without
                           starting anything: each error with key and line
-  ping [-n COUNT] [-size BYTES]
+  ping [-n COUNT] [-size BYTES] [--queue]
                           round trips to the daemon, with latency stats
+                          (--queue: through a shared-memory queue)
   peers                   peer daemons: address, epoch, connection, bytes, errors
   segments [--remote]     segments exported to peers (--remote: the remote
                           segments opened through this daemon instead)
@@ -192,31 +193,45 @@ func ping(sock string, args []string, w, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ping", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	n := fs.Int("n", 1, "number of round trips")
-	size := fs.Int("size", 0, "payload bytes per ping")
+	size := fs.Int("size", 0, "payload bytes per ping (control socket only)")
+	viaQueue := fs.Bool("queue", false, "round trips through a shared-memory queue (no-op requests) instead of the control socket")
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
 	if *n < 1 || *n > 100_000_000 || *size < 0 || *size > 64<<10 {
 		return fmt.Errorf("%w: -n must be 1..1e8 and -size 0..65536", errUsage)
 	}
+	if *viaQueue && *size != 0 {
+		return fmt.Errorf("%w: a queue round trip carries no payload (-size is for the control socket)", errUsage)
+	}
 	c, err := dial(sock, false)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	payload := make([]byte, *size)
 	lat := make([]time.Duration, *n)
 	start := time.Now()
-	for i := range lat {
-		t0 := time.Now()
-		if err := c.Ping(payload); err != nil {
+	if *viaQueue {
+		if err := queuePings(c, lat); err != nil {
 			return err
 		}
-		lat[i] = time.Since(t0)
+	} else {
+		payload := make([]byte, *size)
+		for i := range lat {
+			t0 := time.Now()
+			if err := c.Ping(payload); err != nil {
+				return err
+			}
+			lat[i] = time.Since(t0)
+		}
 	}
 	total := time.Since(start)
+	via := "the control socket"
+	if *viaQueue {
+		via = "a queue"
+	}
 	if *n == 1 {
-		fmt.Fprintf(w, "pong from %s (%s): %v\n", c.Hello().DaemonID, sock, lat[0])
+		fmt.Fprintf(w, "pong from %s (%s) through %s: %v\n", c.Hello().DaemonID, sock, via, lat[0])
 		return nil
 	}
 	slices.Sort(lat)
@@ -225,9 +240,39 @@ func ping(sock string, args []string, w, stderr io.Writer) error {
 		sum += d
 	}
 	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-	fmt.Fprintf(w, "%d round trips to %s (%s), %d-byte payload\n", *n, c.Hello().DaemonID, sock, *size)
+	if *viaQueue {
+		fmt.Fprintf(w, "%d round trips to %s (%s) through a queue (no-op requests)\n", *n, c.Hello().DaemonID, sock)
+	} else {
+		fmt.Fprintf(w, "%d round trips to %s (%s), %d-byte payload\n", *n, c.Hello().DaemonID, sock, *size)
+	}
 	fmt.Fprintf(w, "min %v  avg %v  p50 %v  p99 %v  max %v  %.0f rt/s\n",
 		lat[0], sum/time.Duration(len(lat)), pct(0.50), pct(0.99), lat[len(lat)-1], float64(*n)/total.Seconds())
+	return nil
+}
+
+// queuePings times one no-op request at a time through a queue of c: the
+// latency of the queue itself (submit, the daemon's take, its completion,
+// the reap).
+func queuePings(c *client.Client, lat []time.Duration) error {
+	q, err := c.OpenQueue(2)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	cqes := make([]client.Completion, 1)
+	for i := range lat {
+		t0 := time.Now()
+		if ok, err := q.Nop(uint64(i)); err != nil || !ok {
+			return fmt.Errorf("queue nop %d: %v (room %v)", i, err, ok)
+		}
+		if _, err := q.Reap(cqes, 1, 10*time.Second); err != nil {
+			return fmt.Errorf("queue nop %d: %w", i, err)
+		}
+		if cqes[0].UserData != uint64(i) || cqes[0].Err() != nil {
+			return fmt.Errorf("queue nop %d completed as %+v", i, cqes[0])
+		}
+		lat[i] = time.Since(t0)
+	}
 	return nil
 }
 

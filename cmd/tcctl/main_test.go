@@ -133,6 +133,13 @@ func TestCommands(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "pong from host-a") {
 		t.Fatalf("single ping: %d %q", code, out)
 	}
+	code, out, errs = tcctl(t, nil, "--socket", sock, "ping", "-n", "500", "--queue")
+	if code != 0 || !strings.Contains(out, "500 round trips to host-a") || !strings.Contains(out, "through a queue") || !strings.Contains(out, "p50") {
+		t.Fatalf("ping --queue: %d %q %q", code, out, errs)
+	}
+	if code, _, errs = tcctl(t, nil, "--socket", sock, "ping", "--queue", "-size", "8"); code != 2 {
+		t.Fatalf("ping --queue -size: exit %d %q, want a usage error", code, errs)
+	}
 }
 
 func TestErrors(t *testing.T) {
