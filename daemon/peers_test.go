@@ -705,3 +705,72 @@ func TestUnlistedPeerRefused(t *testing.T) {
 		t.Fatalf("d1's peers after refusing d2: %+v, %v", ps, err)
 	}
 }
+
+// TestNotifiedWriteThroughQueue: a WRITE submitted on a queue with a
+// notification completes only after the owner acknowledged it: when its
+// CQE is reaped, the subscriber already has the notification (PollNotifications
+// answers at once), and the bytes have landed. Without a subscriber the
+// owner refuses it and the CQE says so.
+func TestNotifiedWriteThroughQueue(t *testing.T) {
+	key := writeKey(t, t.TempDir(), "cluster.key", "queue notify cluster key")
+	d1 := startPeer(t, "d1", key, "", dialsIn("d2"))
+	d2 := startPeer(t, "d2", key, "", d1.peer())
+	a := d1.dial(t, "exporter")
+	abuf, err := a.RegisterBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"kv", "quiet"} {
+		if _, err := a.ExportSegment(name, abuf.ID, 0, 0, client.RightWrite); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub := d1.dial(t, "subscriber")
+	if err := sub.Subscribe("kv"); err != nil {
+		t.Fatal(err)
+	}
+	b := d2.dial(t, "writer")
+	rs, err := b.OpenRemote("d1/kv", client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet, err := b.OpenRemote("d1/quiet", client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := b.RegisterBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(rand.New(rand.NewPCG(3, 3)), src.Mem)
+	q, err := b.OpenQueue(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cqes := make([]client.Completion, 4)
+	for i, note := range []string{"layer 0 ready", "layer 1 ready"} {
+		off := uint64(i) * 8192
+		w := xfer.Request{Op: xfer.OpWrite, Local: src.ID, LocalOffset: off, Target: rs.ID, TargetOffset: 64<<10 + off, Length: 8192}
+		if n, err := q.SubmitNotify([]xfer.Request{w}, [][]byte{[]byte(note)}, []uint64{uint64(i)}); n != 1 || err != nil {
+			t.Fatalf("submit %d: %d %v", i, n, err)
+		}
+		if n, err := q.Reap(cqes, 1, 10*time.Second); n != 1 || err != nil || cqes[0].Err() != nil || cqes[0].N != 8192 {
+			t.Fatalf("notified WRITE %d: %d %v %+v", i, n, err, cqes[0])
+		}
+		// The ACK came from the owner after it delivered: nothing to wait for.
+		notes, err := sub.PollNotifications(nil, 0, 0)
+		if err != nil || len(notes) != 1 || string(notes[0].Payload) != note {
+			t.Fatalf("after notified WRITE %d's completion the subscriber has %+v (%v), want %q at once", i, notes, err, note)
+		}
+		if !bytes.Equal(abuf.Mem[64<<10+off:64<<10+off+8192], src.Mem[off:off+8192]) {
+			t.Fatalf("notified WRITE %d's bytes did not land before its completion", i)
+		}
+	}
+	// Nobody subscribed to "quiet": the owner refuses the notification and
+	// the CQE fails (fail closed).
+	w := xfer.Request{Op: xfer.OpWrite, Local: src.ID, Target: quiet.ID, Length: 4096}
+	q.SubmitNotify([]xfer.Request{w}, [][]byte{[]byte("nobody listens")}, []uint64{9})
+	if n, err := q.Reap(cqes, 1, 10*time.Second); n != 1 || err != nil || cqes[0].Err() == nil || cqes[0].State != xfer.StateFailed {
+		t.Fatalf("notified WRITE nobody subscribed to: %d %v %+v, want a failure", n, err, cqes[0])
+	}
+}

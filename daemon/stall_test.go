@@ -69,6 +69,13 @@ type procDaemon struct {
 // it serves.
 func startProcDaemon(t *testing.T, id, key string, extra ...string) *procDaemon {
 	t.Helper()
+	return startProcDaemonRun(t, "TestStalledPeerDaemon", id, key, extra...)
+}
+
+// startProcDaemonRun is startProcDaemon from test run, whose body turns
+// the child into the daemon (see procDaemonEnv).
+func startProcDaemonRun(t *testing.T, run, id, key string, extra ...string) *procDaemon {
+	t.Helper()
 	dir := t.TempDir()
 	p := &procDaemon{id: id, socket: filepath.Join(dir, "tc.sock"), log: &lockedBuffer{},
 		ready: make(chan struct{}), exited: make(chan struct{})}
@@ -87,7 +94,7 @@ func startProcDaemon(t *testing.T, id, key string, extra ...string) *procDaemon 
 	if err := os.WriteFile(path, []byte(strings.Join(append(conf, extra...), "\n")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p.cmd = exec.Command(os.Args[0], "-test.run=^TestStalledPeerDaemon$")
+	p.cmd = exec.Command(os.Args[0], "-test.run=^"+run+"$")
 	// A race-enabled binary sleeps 1 s at exit (GORACE atexit_sleep_ms) to
 	// let late reports in; the test times the exit, so the child does not.
 	p.cmd.Env = append(os.Environ(), procDaemonEnv+"="+path, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
@@ -402,5 +409,139 @@ func TestStalledPeerDaemon(t *testing.T) {
 	case <-d1.exited:
 	case <-time.After(drain + 10*time.Second):
 		t.Fatalf("d1 did not stop after SIGCONT and SIGTERM\n%s", d1.log.String())
+	}
+}
+
+// TestStalledPeerQueue: the stalled peer of TestStalledPeerDaemon, through
+// a client's queue instead of the batch calls: 1,024 WRITEs are taken at
+// once and every one is answered by a CQE by its own deadline, none OK,
+// while another client of the same daemon keeps its latency.
+func TestStalledPeerQueue(t *testing.T) {
+	if path := os.Getenv(procDaemonEnv); path != "" {
+		runProcDaemon(path)
+		return
+	}
+	key := writeKey(t, t.TempDir(), "cluster.key", "stalled peer queue cluster key")
+	d1 := startProcDaemonRun(t, "TestStalledPeerQueue", "d1", key, "[[peers]]", `id = "d2"`)
+	exp := d1.dial(t, "exporter")
+	ebuf, err := exp.RegisterBuffer(8 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := exp.ExportSegment("kv", ebuf.ID, 0, 0, client.RightRead|client.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	d2 := startProcDaemonRun(t, "TestStalledPeerQueue", "d2", key, "[[peers]]", `id = "d1"`, fmt.Sprintf("addr = %q", exp.Hello().PeerAddr))
+	w := d2.dial(t, "writer")
+	pool, _ := w.Pool()
+	rs, err := w.OpenRemote("d1/kv", client.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const block, n, deadline = 64 << 10, 1024, 5 * time.Second
+	offs, err := w.AllocBlocks(nil, 16, block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := w.OpenQueue(n, client.WithRequestTimeout(deadline))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]xfer.Request, n)
+	uds := make([]uint64, n)
+	for i := range reqs {
+		reqs[i] = xfer.Request{Op: xfer.OpWrite, Local: pool.Segment, LocalOffset: offs[i%len(offs)], Target: rs.ID,
+			TargetOffset: uint64(i%128) * block, Length: block}
+		uds[i] = uint64(i)
+	}
+	// One WRITE while d1 answers, so that the session is up.
+	if k, err := q.Submit(reqs[:1], uds[:1]); k != 1 || err != nil {
+		t.Fatal(k, err)
+	}
+	cqes := make([]client.Completion, n)
+	if k, err := q.Reap(cqes, 1, 10*time.Second); k != 1 || err != nil || cqes[0].Err() != nil {
+		t.Fatalf("WRITE to d1 before it stops: %d %v %+v", k, err, cqes[0])
+	}
+
+	d1.signal(t, syscall.SIGSTOP)
+	defer d1.signal(t, syscall.SIGCONT)
+
+	l := d2.dial(t, "local")
+	lbuf, err := l.RegisterBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loffs, err := l.AllocBlocks(nil, 1, block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lq, err := l.OpenQueue(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopLocal := make(chan struct{})
+	type localRun struct {
+		n       int
+		slowest time.Duration
+		err     error
+	}
+	localDone := make(chan localRun, 1)
+	lpool, _ := l.Pool()
+	go func() {
+		var r localRun
+		lreq := []xfer.Request{{Op: xfer.OpWrite, Local: lbuf.ID, Target: lpool.Segment, TargetOffset: loffs[0], Length: block}}
+		lcq := make([]client.Completion, 1)
+		for {
+			select {
+			case <-stopLocal:
+				localDone <- r
+				return
+			default:
+			}
+			start := time.Now()
+			if _, err := lq.Submit(lreq, []uint64{1}); err != nil {
+				r.err = err
+				localDone <- r
+				return
+			}
+			if _, err := lq.Reap(lcq, 1, 5*time.Second); err != nil || lcq[0].Err() != nil {
+				r.err = fmt.Errorf("local request: %v %+v", err, lcq[0])
+				localDone <- r
+				return
+			}
+			r.n++
+			r.slowest = max(r.slowest, time.Since(start))
+		}
+	}()
+
+	start := time.Now()
+	if k, err := q.Submit(reqs, uds); k != n || err != nil {
+		t.Fatalf("queue submit to a stopped peer: %d of %d, %v", k, n, err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("queue Submit of %d requests to a stopped peer took %v", n, took)
+	}
+	for got := 0; got < n; {
+		k, err := q.Reap(cqes[got:], 1, 3*deadline)
+		if err != nil {
+			t.Fatalf("reap after %d of %d: %v", got, n, err)
+		}
+		for _, c := range cqes[got : got+k] {
+			if !errors.Is(c.Err(), client.ErrDeadlineExceeded) && !errors.Is(c.Err(), client.ErrUnavailable) {
+				t.Fatalf("queued WRITE %d to a stopped peer ended %+v, want DEADLINE_EXCEEDED or UNAVAILABLE", c.UserData, c)
+			}
+		}
+		got += k
+	}
+	ended := time.Since(start)
+	if ended > deadline+time.Second {
+		t.Fatalf("the queued requests ended %v after Submit; their deadline was %v", ended, deadline)
+	}
+	close(stopLocal)
+	if r := <-localDone; r.err != nil || r.n == 0 || r.slowest > time.Second {
+		t.Fatalf("local requests during the stall: %d done, slowest %v, err %v", r.n, r.slowest, r.err)
+	} else {
+		t.Logf("the stopped peer's %d queued requests all ended %v after Submit; meanwhile %d local requests, slowest %v",
+			n, ended.Round(time.Millisecond), r.n, r.slowest.Round(time.Millisecond))
 	}
 }
