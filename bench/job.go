@@ -94,20 +94,24 @@ type Job struct {
 	BSMin       uint64
 	BSMax       uint64
 	Size        uint64
-	IODepth     int
-	Batch       int
-	NumJobs     int
-	Runtime     time.Duration
-	TimeBased   bool
-	RampTime    time.Duration
-	Target      string
-	Filename    string
-	Direct      bool
-	Verify      string // "" or "crc32c"
-	RandSeed    uint64
-	Daemon      string
-	Stonewall   bool
-	Goal        string // free text shown in the benchmark table (e.g. ">= 0.8x memcpy")
+	// IOSize is how many bytes a job that is not time based moves in
+	// all (fio's io_size), over and over its region of Size bytes; 0 is
+	// Size (one pass).
+	IOSize    uint64
+	IODepth   int
+	Batch     int
+	NumJobs   int
+	Runtime   time.Duration
+	TimeBased bool
+	RampTime  time.Duration
+	Target    string
+	Filename  string
+	Direct    bool
+	Verify    string // "" or "crc32c"
+	RandSeed  uint64
+	Daemon    string
+	Stonewall bool
+	Goal      string // free text shown in the benchmark table (e.g. ">= 0.8x memcpy")
 	// Metric is what --baseline compares: "iops", "bw_bytes", or "lat_p50"
 	// (the median latency, lower is better); "" is IOPS below 64 KiB
 	// blocks and bandwidth from there.
@@ -202,6 +206,11 @@ func init() {
 		"size": {set: func(j *Job, v string) error {
 			n, err := parseSizeLimit(v, 1, MaxSize)
 			j.Size = n
+			return err
+		}},
+		"io_size": {set: func(j *Job, v string) error {
+			n, err := parseSizeLimit(v, 1, 1<<50)
+			j.IOSize = n
 			return err
 		}},
 		"iodepth": {set: func(j *Job, v string) error {

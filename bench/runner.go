@@ -369,6 +369,9 @@ func (w *worker) run(stop *atomic.Bool) error {
 	var budget uint64 // bytes still to issue in the measured phase; unused when time based
 	sizeBound := !j.TimeBased
 	budget = j.Size
+	if j.IOSize > 0 {
+		budget = j.IOSize
+	}
 	inflight := 0
 	measuring := measureFrom == 0
 	var firstErr error

@@ -339,3 +339,22 @@ func TestWorkerSteadyStateAllocs(t *testing.T) {
 		t.Errorf("%d allocations for %d requests", n, ios)
 	}
 }
+
+// TestIOSize: io_size bytes move over and over a smaller region, in
+// exactly io_size/bs IOs.
+func TestIOSize(t *testing.T) {
+	jobs := mustJobs(t, "--name=loop", "--engine=mem", "--rw=randread", "--bs=4k", "--size=64k", "--io_size=1m", "--iodepth=4")
+	res, err := (&Runner{}).Run(context.Background(), jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if j := res.Groups[0].Jobs[0]; j.Read.Bytes != 1<<20 || j.Read.IOs != 256 {
+		t.Fatalf("io_size=1m over size=64k moved %d bytes in %d IOs, want 1 MiB in 256", j.Read.Bytes, j.Read.IOs)
+	}
+	if _, _, err := ParseArgs([]string{"--name=x", "--io_size=0"}); err == nil {
+		t.Error("io_size=0 accepted")
+	}
+}

@@ -21,7 +21,7 @@ const usage = `usage: tcbench [flags] [--name=JOB --option=value ...] [jobfile.f
 
 Job options (fio's names; before the first --name they are global):
   engine=local|uring|tcp|rdma|store|mem  rw=read|write|randread|randwrite|randrw|rw
-  rwmixread=N  bs=4k  bsrange=4k-64k  size=64m  iodepth=N  batch=N  numjobs=N
+  rwmixread=N  bs=4k  bsrange=4k-64k  size=64m  io_size=4g  iodepth=N  batch=N  numjobs=N
   runtime=10s  time_based  ramp_time=2s  target=peer/segment  filename=PATH
   direct=1  verify=crc32c  randseed=N  daemon=SOCKET  stonewall  goal=TEXT
   metric=iops|bw|lat_p50 (what --baseline compares; default IOPS below 64k, else bw)
