@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	flatbuffers "github.com/google/flatbuffers/go"
@@ -69,6 +70,9 @@ type conn struct {
 	offs  []uint64
 	sts   []tcproto.TaskState
 
+	// segGen changes (under mu) whenever a segment is removed from the
+	// maps below, so that a queue's cache of resolved segments knows.
+	segGen atomic.Uint64
 	// mu guards the resources below: the engine may resolve segments from
 	// its own goroutines while the serving goroutine adds or removes them.
 	mu      sync.Mutex

@@ -277,6 +277,7 @@ func (c *conn) unregister(m *wire.UnregisterBufferRequest) error {
 	f, isFile := c.files[id]
 	delete(c.buffers, id)
 	delete(c.files, id)
+	c.segGen.Add(1)
 	c.mu.Unlock()
 	if !isBuf && !isFile {
 		return fmt.Errorf("%w: segment %d", ErrNotFound, id)
@@ -682,6 +683,7 @@ func (c *conn) release() {
 	c.mu.Lock()
 	bufs, files := c.buffers, c.files
 	c.buffers, c.files = map[xfer.SegmentID]Buffer{}, map[xfer.SegmentID]FileSegment{}
+	c.segGen.Add(1)
 	c.mu.Unlock()
 	reg := c.s.deps.Registry
 	for id, b := range bufs {

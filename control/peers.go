@@ -431,6 +431,7 @@ func (c *conn) closeRemote(m *wire.CloseRemoteRequest) error {
 	c.mu.Lock()
 	r, ok := c.remotes[id]
 	delete(c.remotes, id)
+	c.segGen.Add(1)
 	c.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: remote segment %d", ErrNotFound, id)
@@ -527,6 +528,7 @@ func (c *conn) releasePeers() {
 	c.mu.Lock()
 	rems := c.remotes
 	c.remotes = map[xfer.SegmentID]remote{}
+	c.segGen.Add(1)
 	c.mu.Unlock()
 	for _, r := range rems {
 		r.seg.Close() //nolint:errcheck // forgetting a remote segment cannot fail in a way to act on

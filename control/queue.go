@@ -36,14 +36,52 @@ type cqueue struct {
 	once sync.Once
 
 	// Owned by the worker.
-	sqes  []queue.SQE
-	reqs  []xfer.StreamRequest
-	pend  []xfer.StreamRequest // accepted by the checks, waiting for a stream slot
-	res   []error
-	notes [][]byte
+	// seen caches the connection's segments this queue's requests named
+	// (Resolve), valid while the connection's segGen is seenGen.
+	seen     [4]resolved
+	seenGen  uint64
+	seenNext int
+	sqes     []queue.SQE
+	reqs     []xfer.StreamRequest
+	pend     []xfer.StreamRequest // accepted by the checks, waiting for a stream slot
+	res      []error
+	notes    [][]byte
 }
 
-var _ xfer.StreamSink = (*cqueue)(nil)
+var (
+	_ xfer.StreamSink = (*cqueue)(nil)
+	_ xfer.Resolver   = (*cqueue)(nil)
+)
+
+type resolved struct {
+	id  xfer.SegmentID
+	seg xfer.Segment
+}
+
+// Resolve implements xfer.Resolver for the queue's stream: the
+// connection's Resolve, with the last few segments kept so that a request
+// naming the same buffer or file as the ones before it takes no lock. The
+// stream calls it from the worker only.
+func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
+	c := q.c
+	if id == c.s.deps.Pool.ID() {
+		return &c.pview, true
+	}
+	if g := c.segGen.Load(); g != q.seenGen {
+		q.seen, q.seenGen = [4]resolved{}, g
+	}
+	for i := range q.seen {
+		if q.seen[i].id == id && q.seen[i].seg != nil {
+			return q.seen[i].seg, true
+		}
+	}
+	seg, ok := c.Resolve(id)
+	if ok {
+		q.seen[q.seenNext] = resolved{id, seg}
+		q.seenNext = (q.seenNext + 1) % len(q.seen)
+	}
+	return seg, ok
+}
 
 // StreamDone implements xfer.StreamSink: the request's CQE.
 func (q *cqueue) StreamDone(ud uint64, st xfer.State, n uint64, err error) {
@@ -65,7 +103,7 @@ func newQueue(c *conn, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	// As many stream slots as completion slots: the ring bounds what is in
 	// flight, and slots of requests ended early (a deadline) stay held
 	// until their transport's Done.
-	q.st, err = c.s.deps.Engine.NewStream(int(g.CQEntries), c, q)
+	q.st, err = c.s.deps.Engine.NewStream(int(g.CQEntries), q, q)
 	if err != nil {
 		closeFDs([]int{fd})
 		return nil, -1, errors.Join(err, ring.Release())
@@ -139,20 +177,17 @@ func (q *cqueue) prepare(sqes []queue.SQE) {
 	}
 }
 
-// request checks one entry the way a Submit's request is checked (op,
-// flags, segments this connection may touch, bounds) and copies its
-// notification out of the data area.
+// request converts one entry into a stream request and copies its
+// notification out of the data area. What else a request must be (an op,
+// a length, segments this connection may touch, bounds, pool blocks it
+// holds) the engine checks as it takes the request: it resolves segments
+// through this connection only, and the pool view refuses ranges outside
+// the connection's blocks (PERMISSION_DENIED).
 func (q *cqueue) request(e *queue.SQE, i int) (xfer.StreamRequest, Code) {
 	r := xfer.StreamRequest{UserData: e.UserData, Req: xfer.Request{Op: xfer.Op(e.Op), Local: xfer.SegmentID(e.Local),
 		LocalOffset: e.LocalOff, Target: xfer.SegmentID(e.Target), TargetOffset: e.TargetOff, Length: e.Length}}
 	if (e.Op != queue.OpRead && e.Op != queue.OpWrite) || e.Flags&^queue.SQEFlagNotify != 0 {
 		return r, tcproto.CodeINVALID_ARGUMENT
-	}
-	if code := q.c.checkSide(r.Req.Local, r.Req.LocalOffset, r.Req.Length); code != tcproto.CodeOK {
-		return r, code
-	}
-	if code := q.c.checkSide(r.Req.Target, r.Req.TargetOffset, r.Req.Length); code != tcproto.CodeOK {
-		return r, code
 	}
 	if e.Flags&queue.SQEFlagNotify != 0 {
 		if e.Op != queue.OpWrite || e.NotifyLen > wire.MaxNotify {

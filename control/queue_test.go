@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -126,11 +127,12 @@ func TestQueueTransfers(t *testing.T) {
 	}
 
 	// Refusals: one per kind, each answered by its own CQE with its code.
+	maxOff := slices.Max(offs)
 	bad := []xfer.Request{
-		{Op: xfer.OpWrite, Local: buf.ID, Target: testPoolID, TargetOffset: offs[0] + 4096, Length: 64 << 10}, // past the block
-		{Op: 7, Local: buf.ID, Target: testPoolID, TargetOffset: offs[0], Length: 16},                         // no such op
-		{Op: xfer.OpWrite, Local: buf.ID, Target: testPoolID, TargetOffset: offs[0], Length: 0},               // nothing to move
-		{Op: xfer.OpWrite, Local: 999, Target: testPoolID, TargetOffset: offs[0], Length: 16},                 // unknown segment
+		{Op: xfer.OpWrite, Local: buf.ID, Target: testPoolID, TargetOffset: maxOff + 4096, Length: 64 << 10}, // past the blocks held
+		{Op: 7, Local: buf.ID, Target: testPoolID, TargetOffset: offs[0], Length: 16},                        // no such op
+		{Op: xfer.OpWrite, Local: buf.ID, Target: testPoolID, TargetOffset: offs[0], Length: 0},              // nothing to move
+		{Op: xfer.OpWrite, Local: 999, Target: testPoolID, TargetOffset: offs[0], Length: 16},                // unknown segment
 		{Op: xfer.OpRead, Local: buf.ID, LocalOffset: 1 << 20, Target: testPoolID, TargetOffset: offs[0], Length: 16},
 	}
 	want := []Code{tcproto.CodePERMISSION_DENIED, tcproto.CodeINVALID_ARGUMENT, tcproto.CodeINVALID_ARGUMENT,
@@ -144,6 +146,24 @@ func TestQueueTransfers(t *testing.T) {
 		if got[ud].Code != want[i] || got[ud].Err() == nil {
 			t.Errorf("bad request %d: %+v, want code %s", i, got[ud], want[i])
 		}
+	}
+	// A buffer unregistered after requests named it: the next request
+	// naming it is refused, not served from what the queue remembered.
+	buf2, err := c.RegisterBuffer(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	use := []xfer.Request{{Op: xfer.OpWrite, Local: buf2.ID, Target: testPoolID, TargetOffset: offs[0], Length: 4096}}
+	q.Submit(use, []uint64{250})
+	if got := reapAll(t, q, 1)[250]; got.Err() != nil {
+		t.Fatalf("request on a new buffer: %+v", got)
+	}
+	if err := c.UnregisterBuffer(buf2.ID); err != nil {
+		t.Fatal(err)
+	}
+	q.Submit(use, []uint64{251})
+	if got := reapAll(t, q, 1)[251]; got.Code != tcproto.CodeNOT_FOUND {
+		t.Fatalf("request on an unregistered buffer: %+v, want NOT_FOUND", got)
 	}
 	if ok, err := q.Nop(300); !ok || err != nil {
 		t.Fatal(ok, err)

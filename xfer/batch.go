@@ -294,7 +294,7 @@ func (e *Engine) prepare(t *Task, r Resolver) error {
 func (t *Task) unprepare() error {
 	t.releaseSegs()
 	t.Local, t.Target, t.holdL, t.holdT = nil, nil, false, false
-	return ErrNoSegment
+	return ErrRangeRefused
 }
 
 // releaseSegs drops what prepare took for t: held ranges, then references.

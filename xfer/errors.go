@@ -58,7 +58,18 @@ var (
 	// transport has nobody to deliver it to (a local copy, a file). It
 	// matches ErrNotSupported.
 	ErrNoNotify error = &notSupportedError{"xfer: this transport carries no notifications"}
+
+	// ErrRangeRefused: a segment that holds the ranges transfers use
+	// (RangeHolder) refused the request's range: the caller does not hold
+	// it, or the segment's owner is gone. It matches ErrPermission.
+	ErrRangeRefused error = &permissionError{"xfer: range refused by its segment"}
 )
+
+// permissionError is a refinement of ErrPermission.
+type permissionError struct{ msg string }
+
+func (e *permissionError) Error() string        { return e.msg }
+func (e *permissionError) Is(target error) bool { return target == ErrPermission }
 
 // invalidError is a refinement of ErrInvalid: errors.Is matches both the
 // refinement itself and ErrInvalid.
