@@ -1096,8 +1096,9 @@ static void test_peers(void)
     REQUIRE(kf >= 0 && write(kf, hex, 65) == 65);
     close(kf);
 
+    /* A accepts host-b when it dials in (a peer A does not list is refused). */
     const char *a_args[] = {"--daemon-id", "host-a", "--peer-listen", "127.0.0.1:0", "--cluster-key-file", key,
-                            "--rdma", "off", NULL};
+                            "--rdma", "off", "--peer", "host-b=", NULL};
     start(&A, a_args);
     tc_conn *a = dial(A.socket, 0);
     const char *addr = tc_hello_info(a)->peer_addr;

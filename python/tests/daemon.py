@@ -38,8 +38,9 @@ class Daemon:
         self.socket = os.path.join(self.dir, "s.sock")
         self.data = os.path.join(self.dir, "data")
         self.log = os.path.join(self.dir, "daemon.log")
+        # No metrics endpoint: several daemons run on one host.
         self.args: List[str] = [daemon_binary(), "--socket", self.socket, "--data-dir", self.data,
-                                "--pool-size", pool_size, "--hugepages", "off", *extra]
+                                "--pool-size", pool_size, "--hugepages", "off", "--metrics-address", "off", *extra]
         self.proc: Optional[subprocess.Popen[bytes]] = None
 
     def start(self) -> "Daemon":

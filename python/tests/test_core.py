@@ -379,7 +379,8 @@ class TestPeers(unittest.TestCase):
         with open(os.open(key, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write(os.urandom(32).hex() + "\n")
         common = ["--peer-listen", "127.0.0.1:0", "--cluster-key-file", key, "--rdma", "off"]
-        a = Daemon(["--daemon-id", "py-a", *common]).start()
+        # py-a accepts py-b when it dials in (a peer it does not list is refused).
+        a = Daemon(["--daemon-id", "py-a", "--peer", "py-b=", *common]).start()
         self.addCleanup(a.close)
         ca = tensorcast.connect(a.socket)
         self.addCleanup(ca.close)
