@@ -724,10 +724,11 @@ static size_t take(tc_queue *q, tc_cqe *out, size_t max)
     return n;
 }
 
-/* spin polls for min ready CQEs for the spinner's budget and adapts it: it
- * grows when a spin finds work, halves when it does not. It reads the clock
- * (vDSO, no system call) once every 32 polls. */
-static int spin(tc_queue *q, uint32_t min)
+/* spin polls for min ready CQEs for the spinner's budget (and not past
+ * deadline, 0: none) and adapts it: it grows when a spin finds work, halves
+ * when it does not. It reads the clock (vDSO, no system call) once every 32
+ * polls. */
+static int spin(tc_queue *q, uint32_t min, int64_t deadline)
 {
     struct spinner *s = &q->cq.spin;
     if (s->budget_ns < SPIN_MIN_NS)
@@ -746,6 +747,8 @@ static int spin(tc_queue *q, uint32_t min)
                 start = now;
             else if (now - start >= s->budget_ns)
                 break;
+            if (deadline && now >= deadline)
+                return 0; /* the caller's time ran out, not the budget: kept */
         }
     }
     if (found) {
@@ -784,7 +787,7 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
         int64_t now = tc__now_ns();
         deadline = timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
     }
-    if (queue_err(q) == TC_OK && spin(q, min))
+    if (queue_err(q) == TC_OK && spin(q, min, deadline))
         return TC_OK;
     for (;;) {
         int rc = queue_err(q);
