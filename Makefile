@@ -82,7 +82,7 @@ test-python: build
 	  PYTHONPATH=python $(PYTHON) -m unittest discover -s python/tests -t python
 	@other=$$(command -v python3); if [ -n "$$other" ] && [ "$$(readlink -f $$other)" != "$$(readlink -f $(PYTHON))" ]; then \
 	  echo "test-python: core tests on $$other ($$($$other --version 2>&1))"; \
-	  TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd PYTHONPATH=python $$other -m unittest tests.test_core; fi
+	  TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd PYTHONPATH=python $$other -m unittest tests.test_core tests.test_queue; fi
 
 # Real RDMA verbs over Soft-RoCE inside a qemu VM (see rdma/vmtest).
 test-rdma:
@@ -111,6 +111,8 @@ bench: build
 	  scripts/bench-metrics-cost.sh 8 1s
 	scripts/bench-section.sh uring "io_uring transport vs fio (same file, same bs/iodepth)" scripts/bench-uring.sh /var/tmp/tcbench 3 10
 	scripts/bench-section.sh tcp "tcp transport vs iperf3 and a raw TCP ping-pong (loopback)" scripts/bench-tcp.sh 3 3
+	scripts/bench-section.sh clib "libtensorcast vs the Go client: queue round trip at depth 1 (NOP, 4 KiB local WRITE)" \
+	  scripts/bench-clib.sh 5 200000
 	scripts/bench-section.sh rdma "rdma transport and tcbench vs perftest on Soft-RoCE (qemu VM; ratios only)" \
 	  bash -c 'set -o pipefail; RDMA_ROUNDS=5 RXE_TIMEOUT=1500 RDMA_TEST_RUN=XXX RDMA_DAEMON_RUN=- scripts/rdma-vm-test.sh | sed -n "/^rdma vs perftest/,\$$p"'
 	scripts/bench-section.sh rdma-register "Registering a 4 GiB region for RDMA (Soft-RoCE under qemu TCG)" \

@@ -283,13 +283,15 @@ typedef struct tc_stats {
 TC_API int tc_connect(const tc_options *opts, tc_conn **out);
 
 /* tc_close closes the connection (the daemon then releases everything it
- * held: blocks, batches, buffers, exports), unmaps the pool and destroys the
- * buffers tc_buffer_create made on it. NULL is a no-op. */
+ * held: blocks, batches, buffers, exports, queues), unmaps the pool, destroys
+ * the buffers tc_buffer_create made on it and releases its open queues.
+ * NULL is a no-op. */
 TC_API void tc_close(tc_conn *c);
 
 /* tc_shutdown shuts the connection's socket down without closing it: calls
- * blocked in other threads return TC_ECLOSED, later calls too. Safe from
- * any thread at any time before tc_close. */
+ * blocked in other threads return TC_ECLOSED, later calls too, and so do the
+ * connection's queues (tc_queue_shutdown). Safe from any thread at any time
+ * before tc_close. */
 TC_API void tc_shutdown(tc_conn *c);
 
 /* tc_hello_info returns what the daemon said at connect (valid until
@@ -432,14 +434,157 @@ TC_API int tc_notify_subscribe(tc_conn *c, const char *name, const tc_call_opts 
 TC_API int tc_notify_poll(tc_conn *c, uint32_t max, uint32_t timeout_ms, tc_notification **out,
                           size_t *n, const tc_call_opts *o);
 
+/* ---- Queues -------------------------------------------------------------- */
+
+/*
+ * A queue is a submission ring and a completion ring shared with the daemon
+ * (a sealed memfd the daemon makes and passes at tc_queue_open): the data
+ * path for many requests in flight on one connection. tc_queue_submit writes
+ * entries into the submission ring and publishes them; the daemon takes each
+ * one, checks it as it checks a batch's request, runs it and posts exactly one
+ * completion for it, in no particular order (user_data says which);
+ * tc_queue_reap takes completions.
+ *
+ * While both sides are busy neither makes a system call. A submit rings the
+ * daemon (a futex wake) only when the daemon sleeps for want of entries; a
+ * reap rings it only when it sleeps for want of completion-ring space; a reap
+ * with too little ready spins briefly (an adaptive budget of at most spin_us),
+ * then sleeps on a futex word in the mapping until the daemon posts.
+ *
+ * Backpressure: the daemon takes an entry only when a completion slot is free
+ * for it, counting those in flight. A client that stops reaping sees submit
+ * accept fewer entries (0 once the submission ring is full), never a lost
+ * completion.
+ *
+ * Threads: one thread at a time submits (tc_queue_submit,
+ * tc_queue_submit_notify, tc_queue_nop) and one at a time reaps
+ * (tc_queue_reap, tc_queue_wait); a submitting and a reaping thread may run at
+ * once. Each side has a mutex that serializes its calls from several threads
+ * (a reap that waits holds its side while it waits). A queue does not take
+ * its connection's mutex, except tc_queue_open and tc_queue_close, which make
+ * a round trip on the connection. tc_queue_shutdown may be called from any
+ * thread at any time before tc_queue_close; tc_queue_close must be the last
+ * call on a queue, and tc_close of its connection releases every queue still
+ * open on it (their tc_queue * are then invalid).
+ *
+ * Failure: TC_ECLOSED from a submit or a reap means the queue takes nothing
+ * more: tc_queue_shutdown or tc_shutdown was called, the daemon closed the
+ * queue (tc_queue_get_info's state says TC_QUEUE_CLOSED), the daemon refused
+ * an index this process wrote into the ring (TC_QUEUE_BROKEN), or the daemon
+ * went away. A reap that sleeps checks its connection for a hang-up at least
+ * every 200 ms, so a dead daemon ends a wait promptly. Submit makes no system
+ * call to find out: it accepts entries until the ring is full.
+ */
+
+typedef struct tc_queue tc_queue;
+
+/* The most submission entries a queue may have (the daemon may allow fewer:
+ * TC_RESOURCE_EXHAUSTED). */
+#define TC_QUEUE_MAX_ENTRIES 32768u
+
+/* tc_queue_opts.flags: TC_QUEUE_NOSPIN makes a reap sleep at once when too
+ * little is ready, without spinning first. */
+enum { TC_QUEUE_NOSPIN = 1 };
+
+/* Options of tc_queue_open. Zero-initialize; a zero field takes its default. */
+typedef struct tc_queue_opts {
+    uint32_t cq_entries;         /* completion ring; 0: twice the submission ring (its minimum) */
+    uint32_t data_size;          /* bytes for notification payloads in flight; 0: the daemon's default */
+    uint32_t request_timeout_us; /* each request's deadline, counted from when the daemon takes it;
+                                  * 0: the daemon's default */
+    uint32_t spin_us;            /* ceiling of a reap's adaptive spin; 0: 50, at most 1000 */
+    uint32_t flags;              /* TC_QUEUE_NOSPIN */
+} tc_queue_opts;
+
+/* One completion: the end of one submitted request. */
+typedef struct tc_cqe {
+    uint64_t user_data;   /* as submitted */
+    uint64_t transferred; /* bytes moved */
+    int code;             /* TC_OK, or why the request did not complete (the protocol's codes) */
+    int state;            /* its final TC_TASK_* state (TC_TASK_FAILED when refused before it ran) */
+} tc_cqe;
+
+/* tc_queue_info.state bits, written by the daemon. */
+enum { TC_QUEUE_CLOSED = 1, TC_QUEUE_BROKEN = 2 };
+
+/* A queue's geometry, as the daemon made it, and its counters. */
+typedef struct tc_queue_info {
+    uint64_t id;
+    uint32_t sq_entries; /* requests submitted and not yet taken by the daemon, at most */
+    uint32_t cq_entries; /* requests in flight, at most */
+    uint32_t data_size;
+    uint32_t state;            /* TC_QUEUE_CLOSED, TC_QUEUE_BROKEN */
+    uint64_t submitted;        /* entries published */
+    uint64_t reaped;           /* completions taken */
+    uint64_t submit_doorbells; /* futex wakes by submits (the daemon slept for entries) */
+    uint64_t reap_doorbells;   /* futex wakes by reaps (the daemon slept for completion slots) */
+    uint64_t sleeps;           /* futex waits by reaps and waits */
+    /* Sleeps that ran out their time slice (200 ms) and then found the
+     * completions they waited for: a wake-up that never came. 0 unless the
+     * daemon stalled for a whole slice just as it posted. */
+    uint64_t missed_wakeups;
+} tc_queue_info;
+
+/* tc_queue_open opens a queue of entries submission slots (1 ..
+ * TC_QUEUE_MAX_ENTRIES, rounded up to a power of two, at least 2) on c and
+ * maps it. The mapping's header is checked against the daemon's answer
+ * (TC_EPROTO, and a broken connection, when they differ). opts may be NULL. */
+TC_API int tc_queue_open(tc_conn *c, uint32_t entries, const tc_queue_opts *opts, tc_queue **out);
+
+/* tc_queue_submit queues reqs[i] with user_data[i], in order, and publishes
+ * them: *accepted is how many went in, fewer than n when the submission ring
+ * is full (reap, then submit the rest). Each accepted request gets exactly one
+ * completion. Nothing is checked here but the pointers: the daemon answers a
+ * request it refuses with a completion carrying the code. It never waits and,
+ * while the daemon is busy, makes no system call. */
+TC_API int tc_queue_submit(tc_queue *q, const tc_request *reqs, const uint64_t *user_data, size_t n,
+                           size_t *accepted);
+
+/* tc_queue_submit_notify is tc_queue_submit with notify[i] (len 0: none)
+ * carried by the WRITE reqs[i] to a peer's subscribed client; its completion
+ * comes only once the peer has acknowledged it. The payloads are copied into
+ * the queue's data area; a submission stops early (*accepted < n, TC_OK) when
+ * the area has no room until the daemon takes earlier entries. A payload over
+ * TC_MAX_NOTIFY is TC_INVALID_ARGUMENT, with the requests before it accepted. */
+TC_API int tc_queue_submit_notify(tc_queue *q, const tc_request *reqs, const tc_notify *notify,
+                                  const uint64_t *user_data, size_t n, size_t *accepted);
+
+/* tc_queue_nop queues a request that moves nothing and completes at once with
+ * TC_OK: a round trip through the queue itself. *accepted is 0 or 1. */
+TC_API int tc_queue_nop(tc_queue *q, uint64_t user_data, size_t *accepted);
+
+/* tc_queue_reap takes up to max completions into cqes and sets *n to how
+ * many. It waits until at least min are ready (min 0: it does not wait), at
+ * most timeout_ns (negative: no limit; 0: no wait). TC_OK: *n >= min.
+ * TC_DEADLINE_EXCEEDED: the time ran out first (*n < min; the queue is fine).
+ * TC_ECLOSED: the queue takes nothing more (see above); *n completions were
+ * still taken. min may not exceed max or the completion ring. */
+TC_API int tc_queue_reap(tc_queue *q, tc_cqe *cqes, size_t max, size_t min, int64_t timeout_ns,
+                         size_t *n);
+
+/* tc_queue_wait waits as tc_queue_reap does until at least min completions
+ * are ready, without taking them. */
+TC_API int tc_queue_wait(tc_queue *q, size_t min, int64_t timeout_ns);
+
+/* tc_queue_get_info fills *out with q's geometry, its state and its counters
+ * (each side's counters as of its last call). */
+TC_API void tc_queue_get_info(const tc_queue *q, tc_queue_info *out);
+
+/* tc_queue_shutdown stops q without releasing it: a reap waiting in another
+ * thread returns TC_ECLOSED, later submits and waits too (a reap still takes
+ * what is ready). Safe from any thread at any time before tc_queue_close. */
+TC_API void tc_queue_shutdown(tc_queue *q);
+
+/* tc_queue_close closes q: the daemon ends what is in flight on it
+ * (completions not yet reaped are lost) and q's memory is released, whatever
+ * the code (a broken connection has already dropped the queue: TC_ECLOSED).
+ * A reap waiting in another thread returns TC_ECLOSED first. NULL is a no-op. */
+TC_API int tc_queue_close(tc_queue *q);
+
 /*
  * Not yet in this header, and added beside the calls above when the daemon
- * serves them:
- *  - the shared-memory queue (OpenQueue/CloseQueue, issue 10): submission
- *    and completion rings mapped from a memfd, submit and reap without
- *    syscalls while both sides are busy;
- *  - the KV store calls (issue 11): put, get, exists, lookup-prefix, remove,
- *    pin and unpin, with positional per-key codes.
+ * serves them: the KV store calls (issue 11): put, get, exists,
+ * lookup-prefix, remove, pin and unpin, with positional per-key codes.
  */
 
 #ifdef __cplusplus

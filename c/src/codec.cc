@@ -67,6 +67,8 @@ TCW_TAG(TCW_OPEN_REMOTE, OpenRemote)
 TCW_TAG(TCW_CLOSE_REMOTE, CloseRemote)
 TCW_TAG(TCW_SUBSCRIBE, Subscribe)
 TCW_TAG(TCW_POLL_NOTIFICATIONS, PollNotifications)
+TCW_TAG(TCW_OPEN_QUEUE, OpenQueue)
+TCW_TAG(TCW_CLOSE_QUEUE, CloseQueue)
 #undef TCW_TAG
 
 static_assert(static_cast<int>(tcproto::Code::OK) == TC_OK, "code OK");
@@ -223,6 +225,12 @@ bool body(tcw_codec *w, const tcw_req *r, RequestBody &type, fb::Offset<void> &o
         return true;
     case TCW_POLL_NOTIFICATIONS:
         out = tcproto::CreatePollNotificationsRequest(b, r->timeout_ms, r->max).Union();
+        return true;
+    case TCW_OPEN_QUEUE:
+        out = tcproto::CreateOpenQueueRequest(b, r->sq_entries, r->cq_entries, r->data_size).Union();
+        return true;
+    case TCW_CLOSE_QUEUE:
+        out = tcproto::CreateCloseQueueRequest(b, r->queue).Union();
         return true;
     }
     return false;
@@ -394,9 +402,18 @@ int decode_body(tcw_codec *w, const tcproto::Response *r, tcw_resp *out) {
         }
         break;
     }
+    case ResponseBody::OpenQueueResponse: {
+        auto *b = r->body_as_OpenQueueResponse();
+        out->queue = b->queue_id();
+        out->sq_entries = b->sq_entries();
+        out->cq_entries = b->cq_entries();
+        out->data_size = b->data_size();
+        out->size = b->size();
+        break;
+    }
     default:
         // Bodies without fields (UnregisterBuffer, FreeBatch, Unexport,
-        // CloseRemote, Subscribe) and ones this library does not read
+        // CloseRemote, Subscribe, CloseQueue) and ones this library does not read
         // (Peers, Segments, Rdma, and any newer than it): the caller checks
         // the kind.
         break;

@@ -46,7 +46,11 @@ enum {
     TCW_OPEN_REMOTE = 19,
     TCW_CLOSE_REMOTE = 20,
     TCW_SUBSCRIBE = 21,
-    TCW_POLL_NOTIFICATIONS = 22
+    TCW_POLL_NOTIFICATIONS = 22,
+    /* 23..25 (Peers, Segments, Rdma) are operators' calls this library
+     * does not make. */
+    TCW_OPEN_QUEUE = 26,
+    TCW_CLOSE_QUEUE = 27
 };
 /* Each response body has the tag of its request (the unions are parallel). */
 
@@ -83,6 +87,10 @@ typedef struct tcw_req {
     int direct;              /* RegisterFile */
     uint8_t rights;          /* ExportSegment, OpenRemote */
     uint8_t transport;       /* OpenRemote */
+    uint32_t sq_entries;     /* OpenQueue */
+    uint32_t cq_entries;
+    uint32_t data_size;
+    uint64_t queue;          /* CloseQueue */
 } tcw_req;
 
 /* A decoded answer. Strings and vectors point into the frame it was
@@ -102,7 +110,7 @@ typedef struct tcw_resp {
     const uint8_t *payload; /* Ping */
     size_t payload_len;
     uint64_t segment; /* RegisterBuffer, PoolInfo, RegisterFile, OpenRemote */
-    uint64_t size;    /* PoolInfo, RegisterFile, ExportSegment, OpenRemote */
+    uint64_t size;    /* PoolInfo, RegisterFile, ExportSegment, OpenRemote, OpenQueue */
     uint64_t epoch;   /* OpenRemote */
     uint64_t batch;   /* AllocBatch */
     const uint64_t *u64s; /* PoolInfo: block classes; AllocBlocks: offsets */
@@ -116,6 +124,10 @@ typedef struct tcw_resp {
     tc_stats stats;      /* Stats: items in the codec's scratch */
     const tc_notification *notes; /* PollNotifications: in the codec's scratch */
     size_t n_notes;
+    uint64_t queue; /* OpenQueue; size is the mapping's */
+    uint32_t sq_entries;
+    uint32_t cq_entries;
+    uint32_t data_size;
 } tcw_resp;
 
 typedef struct tcw_codec tcw_codec;

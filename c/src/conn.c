@@ -450,6 +450,8 @@ int tc_connect(const tc_options *opts, tc_conn **out)
     c->fd = -1;
     c->pool.fd = -1;
     int err = pthread_mutex_init(&c->mu, NULL);
+    if (!err && (err = pthread_mutex_init(&c->qmu, NULL)))
+        pthread_mutex_destroy(&c->mu);
     if (err) {
         free(c);
         errno = err;
@@ -495,6 +497,7 @@ void tc_close(tc_conn *c)
 {
     if (!c)
         return;
+    tc__queues_release(c);
     while (c->buffers) {
         struct tc_buf *b = c->buffers;
         c->buffers = b->next;
@@ -517,6 +520,7 @@ void tc_close(tc_conn *c)
     free(c->rbuf);
     tcw_free(c->codec);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->qmu);
     free(c);
 }
 
@@ -524,6 +528,8 @@ void tc_shutdown(tc_conn *c)
 {
     if (c && c->fd >= 0)
         shutdown(c->fd, SHUT_RDWR);
+    if (c)
+        tc__queues_shutdown(c);
 }
 
 const tc_hello *tc_hello_info(const tc_conn *c) { return c ? &c->hello : NULL; }

@@ -44,6 +44,11 @@ struct tc_conn {
     uint8_t *rbuf;
     size_t rcap;
     struct tc_buf *buffers; /* made by tc_buffer_create, newest first */
+
+    /* qmu guards queues, the list of open queues (queue.c). It is taken
+     * alone (never with mu held across it), briefly, also by tc_shutdown. */
+    pthread_mutex_t qmu;
+    struct tc_queue *queues;
 };
 
 /* The parts of a round trip that vary by call. */
@@ -77,5 +82,11 @@ int tc__positional(tc_conn *c, size_t got, size_t want);
 
 /* now_ns is CLOCK_MONOTONIC in nanoseconds. */
 int64_t tc__now_ns(void);
+
+/* queues_shutdown stops every open queue of c (tc_queue_shutdown);
+ * queues_release releases them all without telling the daemon (tc_close:
+ * the connection's end releases them there). */
+void tc__queues_shutdown(tc_conn *c);
+void tc__queues_release(tc_conn *c);
 
 #endif /* TC_INTERNAL_H */

@@ -103,6 +103,10 @@ int tcd_start(tcd *d, const char *bin, const char *const *extra)
     argv[n++] = "32MiB";
     argv[n++] = "--hugepages";
     argv[n++] = "off";
+    /* Several daemons run on one host (and other tests' too): none takes
+     * the default metrics port. */
+    argv[n++] = "--metrics-address";
+    argv[n++] = "off";
     for (int i = 0; extra && extra[i] && n < 63; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;

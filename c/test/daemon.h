@@ -17,7 +17,8 @@ typedef struct tcd {
     char log[80];
 } tcd;
 
-/* tcd_start runs bin with the test defaults (a 32 MiB pool, no hugepages)
+/* tcd_start runs bin with the test defaults (a 32 MiB pool, no hugepages, no
+ * metrics endpoint)
  * and extra (NULL-terminated, may be NULL) and waits up to 20 s for it to
  * be ready. On failure it prints why (with the daemon's log) and returns -1. */
 int tcd_start(tcd *d, const char *bin, const char *const *extra);

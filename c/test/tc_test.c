@@ -31,11 +31,12 @@
 #include "../src/codec.h" /* fuzz_answers drives the decoder directly */
 #include "check.h"
 #include "daemon.h"
+#include "harness.h"
 #include "tensorcast.h"
 
 int check_failures;
 
-static const char *daemon_bin;
+const char *daemon_bin;
 static tcd *live[4];
 
 void fail_now(void)
@@ -49,7 +50,7 @@ void fail_now(void)
     exit(1);
 }
 
-static void start(tcd *d, const char *const *extra)
+void start(tcd *d, const char *const *extra)
 {
     REQUIRE(tcd_start(d, daemon_bin, extra) == 0);
     for (int i = 0; i < 4; i++)
@@ -59,7 +60,7 @@ static void start(tcd *d, const char *const *extra)
         }
 }
 
-static void forget(tcd *d)
+void forget(tcd *d)
 {
     for (int i = 0; i < 4; i++)
         if (live[i] == d)
@@ -67,21 +68,21 @@ static void forget(tcd *d)
 }
 
 /* stop stops a daemon that must exit cleanly. */
-static void stop(tcd *d)
+void stop(tcd *d)
 {
     forget(d);
     int st = tcd_stop(d);
     CHECK(st == 0);
 }
 
-static int64_t now_ms(void)
+int64_t now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static tc_conn *dial(const char *socket, uint32_t call_timeout_ms)
+tc_conn *dial(const char *socket, uint32_t call_timeout_ms)
 {
     tc_options o;
     memset(&o, 0, sizeof o);
@@ -99,7 +100,7 @@ static tc_conn *dial(const char *socket, uint32_t call_timeout_ms)
 
 /* fill writes seed's xorshift64 pattern, the one every client of the
  * compatibility test writes. */
-static void fill(void *p, size_t n, uint64_t seed)
+void fill(void *p, size_t n, uint64_t seed)
 {
     uint8_t *b = p;
     uint64_t x = seed ? seed : 1;
@@ -112,7 +113,7 @@ static void fill(void *p, size_t n, uint64_t seed)
     }
 }
 
-static int matches(const void *p, size_t n, uint64_t seed)
+int matches(const void *p, size_t n, uint64_t seed)
 {
     uint8_t *want = malloc(n);
     REQUIRE(want);
@@ -122,7 +123,7 @@ static int matches(const void *p, size_t n, uint64_t seed)
     return ok;
 }
 
-static tc_request req(uint32_t op, tc_segment_id local, uint64_t loff, tc_segment_id target, uint64_t toff,
+tc_request req(uint32_t op, tc_segment_id local, uint64_t loff, tc_segment_id target, uint64_t toff,
                       uint64_t len)
 {
     tc_request r;
@@ -136,7 +137,7 @@ static tc_request req(uint32_t op, tc_segment_id local, uint64_t loff, tc_segmen
     return r;
 }
 
-static uint64_t counter(const tc_counters *g, const char *name)
+uint64_t counter(const tc_counters *g, const char *name)
 {
     for (size_t i = 0; i < g->n; i++)
         if (strcmp(g->items[i].name, name) == 0)
@@ -175,9 +176,7 @@ static void *waiter_run(void *arg)
     return NULL;
 }
 
-/* blocked_in_poll reports whether thread tid sleeps in poll(2) or ppoll(2):
- * the library's wait for an answer that has been sent. */
-static int blocked_in_poll(pid_t tid)
+int blocked_in(pid_t tid, long nr)
 {
     char path[64], buf[128];
     snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
@@ -191,12 +190,18 @@ static int blocked_in_poll(pid_t tid)
     buf[n] = 0;
     if (buf[0] < '0' || buf[0] > '9')
         return 0; /* "running" */
-    long nr = strtol(buf, NULL, 10);
+    return strtol(buf, NULL, 10) == nr;
+}
+
+/* blocked_in_poll reports whether thread tid sleeps in poll(2) or ppoll(2):
+ * the library's wait for an answer that has been sent. */
+static int blocked_in_poll(pid_t tid)
+{
 #ifdef SYS_poll
-    if (nr == SYS_poll)
+    if (blocked_in(tid, SYS_poll))
         return 1;
 #endif
-    return nr == SYS_ppoll;
+    return blocked_in(tid, SYS_ppoll);
 }
 
 /* start_waiter starts w and returns once its call is blocked waiting for
@@ -213,24 +218,8 @@ static void start_waiter(waiter *w)
     }
 }
 
-static void put32(uint8_t *p, uint32_t v);
-
 /* ---- a relay that corrupts answers ---------------------------------------- */
 
-/* A relay between one client and a daemon. It forwards frames (and the fds
- * passed with them) both ways; the answer to request number mutate_at
- * (Hello is 1) goes through mutate first, and at request number close_at it
- * closes both sides instead of forwarding. */
-typedef struct relay {
-    char path[100];
-    const char *upstream;
-    int lfd;
-    int mutate_at, close_at;
-    void (*mutate)(uint8_t *frame, size_t *len);
-    int mutated; /* set when mutate changed the frame */
-    int record;  /* keep a copy of every answer, for fuzz_answers */
-    pthread_t th;
-} relay;
 
 /* Answers the daemons gave, recorded by relays: the seeds fuzz_answers
  * mutates. */
@@ -392,7 +381,7 @@ static void *relay_run(void *arg)
     return NULL;
 }
 
-static void relay_start(relay *r, const char *dir, const char *upstream)
+void relay_start(relay *r, const char *dir, const char *upstream)
 {
     snprintf(r->path, sizeof r->path, "%s/relay.sock", dir);
     unlink(r->path);
@@ -406,7 +395,7 @@ static void relay_start(relay *r, const char *dir, const char *upstream)
     REQUIRE(pthread_create(&r->th, NULL, relay_run, r) == 0);
 }
 
-static void relay_join(relay *r)
+void relay_join(relay *r)
 {
     pthread_join(r->th, NULL);
     close(r->lfd);
@@ -452,11 +441,11 @@ static void huge_frame(uint8_t *f, size_t *n)
     *n = 4;
 }
 
-static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 
 /* field returns where field slot of the table at t lies in f (n bytes), or
  * NULL when absent: a minimal flatbuffers reader for the relay's edits. */
-static uint8_t *field(uint8_t *f, size_t n, uint8_t *t, int slot)
+uint8_t *field(uint8_t *f, size_t n, uint8_t *t, int slot)
 {
     int32_t so = (int32_t)get32(t);
     uint8_t *vt = t - so;
@@ -1096,8 +1085,9 @@ static void test_peers(void)
     REQUIRE(kf >= 0 && write(kf, hex, 65) == 65);
     close(kf);
 
+    /* A accepts host-b when it dials in (a peer A does not list is refused). */
     const char *a_args[] = {"--daemon-id", "host-a", "--peer-listen", "127.0.0.1:0", "--cluster-key-file", key,
-                            "--rdma", "off", NULL};
+                            "--rdma", "off", "--peer", "host-b=", NULL};
     start(&A, a_args);
     tc_conn *a = dial(A.socket, 0);
     const char *addr = tc_hello_info(a)->peer_addr;
@@ -1168,6 +1158,7 @@ static void test_peers(void)
     relay_join(&ra);
     CHECK_RC(tc_notify_poll(a, 0, 0, &ns, &n, NULL), TC_OK);
     CHECK(n == 0 && ns == NULL);
+    test_queue_notify(b, rs.id, a, "kv");
     CHECK_RC(tc_notify_poll(a, 0, 0, NULL, &n, NULL), TC_INVALID_ARGUMENT);
 
     /* And reads it back through the batch calls. */
@@ -1283,7 +1274,7 @@ static uint64_t rnd(void)
     return rnd_state = x;
 }
 
-static void put32(uint8_t *p, uint32_t v)
+void put32(uint8_t *p, uint32_t v)
 {
     p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
 }
@@ -1419,6 +1410,7 @@ int main(int argc, char **argv)
     }
     daemon_bin = argv[1];
     signal(SIGPIPE, SIG_DFL); /* the library must never raise it */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     int64_t t0 = now_ms();
 
     tcd d;
@@ -1433,6 +1425,7 @@ int main(int argc, char **argv)
     test_stats(c);
     test_threads(c);
     tc_close(c);
+    test_queue(&d);
 
     /* The same calls through a relay that records every answer. */
     relay rec;
@@ -1446,16 +1439,19 @@ int main(int argc, char **argv)
     test_buffers(c, &d);
     test_batches(c);
     test_stats(c);
+    test_queue_basic(c);
     tc_close(c);
     relay_join(&rec);
 
     test_bad_answers(&d);
+    test_queue_answers(&d);
     test_shutdown(&d);
     test_eintr(&d);
     stop(&d);
 
     test_refused();
     test_remote_close();
+    test_queue_daemon_killed();
     test_peers();
     fuzz_answers(500);
 

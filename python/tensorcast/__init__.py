@@ -15,6 +15,10 @@ buffers.
                                            c.pool.segment, offs[0], 64 << 10)], timeout=5)
         assert r.codes == [tensorcast.Status.OK]
 
+The shared-memory queue (``c.open_queue(entries)``) keeps many requests in
+flight on one connection: ``q.submit(requests, user_data)`` and
+``q.reap(max, min=1, timeout=None)``, one :class:`Completion` per request.
+
 Calls that fail as a whole raise :class:`Error` (``.code`` is a
 :class:`Status`); batch calls return one :class:`Status` per item.
 """
@@ -45,6 +49,7 @@ from .client import (
     Transport,
     connect,
 )
+from .queues import Completion, Queue, QueueInfo
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -53,12 +58,15 @@ __all__ = [
     "Buffer",
     "CallOptions",
     "Client",
+    "Completion",
     "Error",
     "Hello",
     "Limits",
     "Notification",
     "Op",
     "Pool",
+    "Queue",
+    "QueueInfo",
     "Remote",
     "Request",
     "Rights",

@@ -152,6 +152,36 @@ class Stats(ctypes.Structure):
     ]
 
 
+class QueueOpts(ctypes.Structure):
+    _fields_ = [
+        ("cq_entries", c_u32),
+        ("data_size", c_u32),
+        ("request_timeout_us", c_u32),
+        ("spin_us", c_u32),
+        ("flags", c_u32),
+    ]
+
+
+class Cqe(ctypes.Structure):
+    _fields_ = [("user_data", c_u64), ("transferred", c_u64), ("code", c_int), ("state", c_int)]
+
+
+class QueueInfo(ctypes.Structure):
+    _fields_ = [
+        ("id", c_u64),
+        ("sq_entries", c_u32),
+        ("cq_entries", c_u32),
+        ("data_size", c_u32),
+        ("state", c_u32),
+        ("submitted", c_u64),
+        ("reaped", c_u64),
+        ("submit_doorbells", c_u64),
+        ("reap_doorbells", c_u64),
+        ("sleeps", c_u64),
+        ("missed_wakeups", c_u64),
+    ]
+
+
 CO = P(CallOpts)
 
 # name: (argument types, result type); every call returns an int code
@@ -187,6 +217,15 @@ _PROTOTYPES: dict[str, Tuple[List[Any], Any]] = {
     "tc_remote_close": ([c_void_p, c_u64, CO], c_int),
     "tc_notify_subscribe": ([c_void_p, c_char_p, CO], c_int),
     "tc_notify_poll": ([c_void_p, c_u32, c_u32, P(P(Notification)), P(c_size), CO], c_int),
+    "tc_queue_open": ([c_void_p, c_u32, P(QueueOpts), P(c_void_p)], c_int),
+    "tc_queue_submit": ([c_void_p, P(Request), P(c_u64), c_size, P(c_size)], c_int),
+    "tc_queue_submit_notify": ([c_void_p, P(Request), P(Notify), P(c_u64), c_size, P(c_size)], c_int),
+    "tc_queue_nop": ([c_void_p, c_u64, P(c_size)], c_int),
+    "tc_queue_reap": ([c_void_p, P(Cqe), c_size, c_size, ctypes.c_int64, P(c_size)], c_int),
+    "tc_queue_wait": ([c_void_p, c_size, ctypes.c_int64], c_int),
+    "tc_queue_get_info": ([c_void_p, P(QueueInfo)], None),
+    "tc_queue_shutdown": ([c_void_p], None),
+    "tc_queue_close": ([c_void_p], c_int),
 }
 
 

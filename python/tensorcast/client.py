@@ -10,10 +10,13 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._lib import lib
+
+if TYPE_CHECKING:
+    from .queues import Queue
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -243,6 +246,14 @@ def _ms(seconds: Optional[float], zero: int = 0) -> int:
     return min(max(1, math.ceil(seconds * 1000)), 1 << 31)
 
 
+def _us(seconds: Optional[float]) -> int:
+    """seconds as whole microseconds (at least 1 for a positive time, at
+    most what a u32 holds); None as zero."""
+    if seconds is None or seconds <= 0:
+        return 0
+    return min(max(1, math.ceil(seconds * 1e6)), (1 << 32) - 1)
+
+
 def _copts(o: Optional[CallOptions]) -> Optional[_lib.CallOpts]:
     if o is None:
         return None
@@ -406,6 +417,7 @@ class Client:
         self._active = 0
         self._closing = False
         self._buffers: "weakref.WeakSet[Buffer]" = weakref.WeakSet()
+        self._queues: "weakref.WeakSet[Queue]" = weakref.WeakSet()
         self._dial()
 
     def _dial(self) -> None:
@@ -483,6 +495,9 @@ class Client:
         for b in list(self._buffers):
             b._client = None
         self._buffers = weakref.WeakSet()
+        for q in list(self._queues):
+            q._detach()  # tc_close releases it
+        self._queues = weakref.WeakSet()
         lib.tc_close(conn)
 
     def reconnect(self) -> None:
@@ -626,6 +641,33 @@ class Client:
         for b in list(self._buffers):
             if b.registered:
                 yield b.id, b._base, b.size
+
+    # -- queues --------------------------------------------------------------
+
+    def open_queue(self, entries: int, cq_entries: int = 0, data_size: int = 0,
+                   request_timeout: Optional[float] = None, spin: bool = True, spin_us: int = 0) -> "Queue":
+        """A shared-memory queue of entries submission slots (rounded up to a
+        power of two) and cq_entries completion slots (0: twice as many, the
+        least): the path for many requests in flight. data_size sizes the
+        area notification payloads travel through (0: the daemon's
+        default); request_timeout (seconds) is each request's deadline (None:
+        the daemon's default); a reap spins up to spin_us microseconds (0:
+        50) before it sleeps, unless spin is False. The queue is a context
+        manager, and closes with the client."""
+        from .queues import Queue
+
+        if entries <= 0:
+            raise Error(Status.INVALID_ARGUMENT, f"open_queue({entries})")
+        o = _lib.QueueOpts(cq_entries, data_size, _us(request_timeout), spin_us, 0 if spin else 1)
+        raw = ctypes.c_void_p()
+        self._call(f"open_queue({entries})", lib.tc_queue_open, entries, ctypes.byref(o), ctypes.byref(raw))
+        try:
+            q = Queue(self, raw.value)
+        except BaseException:
+            lib.tc_queue_close(raw)
+            raise
+        self._queues.add(q)
+        return q
 
     # -- batches -------------------------------------------------------------
 

@@ -38,8 +38,9 @@ class Daemon:
         self.socket = os.path.join(self.dir, "s.sock")
         self.data = os.path.join(self.dir, "data")
         self.log = os.path.join(self.dir, "daemon.log")
+        # No metrics endpoint: several daemons run on one host.
         self.args: List[str] = [daemon_binary(), "--socket", self.socket, "--data-dir", self.data,
-                                "--pool-size", pool_size, "--hugepages", "off", *extra]
+                                "--pool-size", pool_size, "--hugepages", "off", "--metrics-address", "off", *extra]
         self.proc: Optional[subprocess.Popen[bytes]] = None
 
     def start(self) -> "Daemon":
@@ -110,26 +111,37 @@ class Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _syscall_of(native_id: int) -> str:
+    try:
+        with open(f"/proc/self/task/{native_id}/syscall") as f:
+            return f.read().split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def blocked_in_poll(native_id: int) -> bool:
     """Whether thread native_id of this process sleeps in poll(2)/ppoll(2):
     libtensorcast's wait for an answer it has sent for."""
-    try:
-        with open(f"/proc/self/task/{native_id}/syscall") as f:
-            first = f.read().split()[0]
-    except (OSError, IndexError):
-        return False
-    return first in _POLL_SYSCALLS.get(platform.machine(), ())
+    return _syscall_of(native_id) in _POLL_SYSCALLS.get(platform.machine(), ())
 
 
-# poll and ppoll by architecture.
+def blocked_in_futex(native_id: int) -> bool:
+    """Whether thread native_id sleeps in futex(2): a queue's reap waiting
+    for completions."""
+    return _syscall_of(native_id) == _FUTEX_SYSCALL.get(platform.machine())
+
+
+# poll and ppoll, and futex, by architecture.
 _POLL_SYSCALLS = {"x86_64": ("7", "271"), "aarch64": ("73",)}
+_FUTEX_SYSCALL = {"x86_64": "202", "aarch64": "98"}
 
 
-def wait_blocked(native_id: int, timeout: float = 10.0) -> None:
-    """Returns once thread native_id is blocked in poll (checked every
-    millisecond); raises after timeout."""
+def wait_blocked(native_id: int, timeout: float = 10.0, futex: bool = False) -> None:
+    """Returns once thread native_id is blocked in poll (futex: in futex),
+    checked every millisecond; raises after timeout."""
     deadline = time.monotonic() + timeout
-    while not blocked_in_poll(native_id):
+    blocked = blocked_in_futex if futex else blocked_in_poll
+    while not blocked(native_id):
         if time.monotonic() > deadline:
             raise AssertionError(f"thread {native_id} did not block in the library within {timeout} s")
         time.sleep(0.001)

@@ -65,7 +65,8 @@ class TestLibrary(unittest.TestCase):
                    "tc_hello": _lib.Hello, "tc_pool": _lib.Pool, "tc_buffer": _lib.Buffer,
                    "tc_request": _lib.Request, "tc_notify": _lib.Notify, "tc_task_info": _lib.TaskInfo,
                    "tc_summary": _lib.Summary, "tc_remote": _lib.Remote, "tc_notification": _lib.Notification,
-                   "tc_counter": _lib.Counter, "tc_counters": _lib.Counters, "tc_stats": _lib.Stats}
+                   "tc_counter": _lib.Counter, "tc_counters": _lib.Counters, "tc_stats": _lib.Stats,
+                   "tc_queue_opts": _lib.QueueOpts, "tc_cqe": _lib.Cqe, "tc_queue_info": _lib.QueueInfo}
         lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "tensorcast.h"', "int main(void) {"]
         want = []
         for cname, t in structs.items():
@@ -379,7 +380,8 @@ class TestPeers(unittest.TestCase):
         with open(os.open(key, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write(os.urandom(32).hex() + "\n")
         common = ["--peer-listen", "127.0.0.1:0", "--cluster-key-file", key, "--rdma", "off"]
-        a = Daemon(["--daemon-id", "py-a", *common]).start()
+        # py-a accepts py-b when it dials in (a peer it does not list is refused).
+        a = Daemon(["--daemon-id", "py-a", "--peer", "py-b=", *common]).start()
         self.addCleanup(a.close)
         ca = tensorcast.connect(a.socket)
         self.addCleanup(ca.close)
@@ -404,6 +406,15 @@ class TestPeers(unittest.TestCase):
         res = cb.transfer([Request(Op.READ, src.id, 512 << 10, r.id, 0, 128 << 10)], timeout=10)
         self.assertEqual(res.codes, [Status.OK])
         self.assertEqual(bytes(src.view[512 << 10:640 << 10]), pattern(1 << 20, 41)[:128 << 10])
+        # A notified WRITE through a queue: its completion comes once the
+        # peer acknowledged, and the payload arrives whole.
+        with cb.open_queue(8) as q:
+            self.assertEqual(q.submit([Request(Op.WRITE, src.id, 0, r.id, 256 << 10, 4096)], [7],
+                                      notify=[b"queued page"]), 1)
+            self.assertEqual(q.reap(min=1, timeout=10), [tensorcast.Completion(7, 4096, Status.OK,
+                                                                               TaskState.COMPLETED)])
+        self.assertEqual(ca.poll_notifications(max=4, timeout=5), [tensorcast.Notification("kv", b"queued page")])
+        self.assertEqual(bytes(target.view[256 << 10:(256 << 10) + 4096]), pattern(1 << 20, 41)[:4096])
         cb.close_remote(r.id)
         with self.assertRaises(Error) as e:
             cb.close_remote(r.id)

@@ -193,6 +193,18 @@ struct RdmaPeerBuilder;
 struct RdmaResponse;
 struct RdmaResponseBuilder;
 
+struct OpenQueueRequest;
+struct OpenQueueRequestBuilder;
+
+struct OpenQueueResponse;
+struct OpenQueueResponseBuilder;
+
+struct CloseQueueRequest;
+struct CloseQueueRequestBuilder;
+
+struct CloseQueueResponse;
+struct CloseQueueResponseBuilder;
+
 struct Request;
 struct RequestBuilder;
 
@@ -427,11 +439,13 @@ enum class RequestBody : uint8_t {
   PeersRequest = 23,
   SegmentsRequest = 24,
   RdmaRequest = 25,
+  OpenQueueRequest = 26,
+  CloseQueueRequest = 27,
   MIN = NONE,
-  MAX = RdmaRequest
+  MAX = CloseQueueRequest
 };
 
-inline const RequestBody (&EnumValuesRequestBody())[26] {
+inline const RequestBody (&EnumValuesRequestBody())[28] {
   static const RequestBody values[] = {
     RequestBody::NONE,
     RequestBody::HelloRequest,
@@ -458,13 +472,15 @@ inline const RequestBody (&EnumValuesRequestBody())[26] {
     RequestBody::PollNotificationsRequest,
     RequestBody::PeersRequest,
     RequestBody::SegmentsRequest,
-    RequestBody::RdmaRequest
+    RequestBody::RdmaRequest,
+    RequestBody::OpenQueueRequest,
+    RequestBody::CloseQueueRequest
   };
   return values;
 }
 
 inline const char * const *EnumNamesRequestBody() {
-  static const char * const names[27] = {
+  static const char * const names[29] = {
     "NONE",
     "HelloRequest",
     "PingRequest",
@@ -491,13 +507,15 @@ inline const char * const *EnumNamesRequestBody() {
     "PeersRequest",
     "SegmentsRequest",
     "RdmaRequest",
+    "OpenQueueRequest",
+    "CloseQueueRequest",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameRequestBody(RequestBody e) {
-  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::RdmaRequest)) return "";
+  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::CloseQueueRequest)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesRequestBody()[index];
 }
@@ -606,6 +624,14 @@ template<> struct RequestBodyTraits<tcproto::RdmaRequest> {
   static const RequestBody enum_value = RequestBody::RdmaRequest;
 };
 
+template<> struct RequestBodyTraits<tcproto::OpenQueueRequest> {
+  static const RequestBody enum_value = RequestBody::OpenQueueRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::CloseQueueRequest> {
+  static const RequestBody enum_value = RequestBody::CloseQueueRequest;
+};
+
 bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, RequestBody type);
 bool VerifyRequestBodyVector(flatbuffers::Verifier &verifier, const flatbuffers::Vector<flatbuffers::Offset<void>> *values, const flatbuffers::Vector<RequestBody> *types);
 
@@ -636,11 +662,13 @@ enum class ResponseBody : uint8_t {
   PeersResponse = 23,
   SegmentsResponse = 24,
   RdmaResponse = 25,
+  OpenQueueResponse = 26,
+  CloseQueueResponse = 27,
   MIN = NONE,
-  MAX = RdmaResponse
+  MAX = CloseQueueResponse
 };
 
-inline const ResponseBody (&EnumValuesResponseBody())[26] {
+inline const ResponseBody (&EnumValuesResponseBody())[28] {
   static const ResponseBody values[] = {
     ResponseBody::NONE,
     ResponseBody::HelloResponse,
@@ -667,13 +695,15 @@ inline const ResponseBody (&EnumValuesResponseBody())[26] {
     ResponseBody::PollNotificationsResponse,
     ResponseBody::PeersResponse,
     ResponseBody::SegmentsResponse,
-    ResponseBody::RdmaResponse
+    ResponseBody::RdmaResponse,
+    ResponseBody::OpenQueueResponse,
+    ResponseBody::CloseQueueResponse
   };
   return values;
 }
 
 inline const char * const *EnumNamesResponseBody() {
-  static const char * const names[27] = {
+  static const char * const names[29] = {
     "NONE",
     "HelloResponse",
     "PingResponse",
@@ -700,13 +730,15 @@ inline const char * const *EnumNamesResponseBody() {
     "PeersResponse",
     "SegmentsResponse",
     "RdmaResponse",
+    "OpenQueueResponse",
+    "CloseQueueResponse",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameResponseBody(ResponseBody e) {
-  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::RdmaResponse)) return "";
+  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::CloseQueueResponse)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesResponseBody()[index];
 }
@@ -813,6 +845,14 @@ template<> struct ResponseBodyTraits<tcproto::SegmentsResponse> {
 
 template<> struct ResponseBodyTraits<tcproto::RdmaResponse> {
   static const ResponseBody enum_value = ResponseBody::RdmaResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::OpenQueueResponse> {
+  static const ResponseBody enum_value = ResponseBody::OpenQueueResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::CloseQueueResponse> {
+  static const ResponseBody enum_value = ResponseBody::CloseQueueResponse;
 };
 
 bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj, ResponseBody type);
@@ -4417,6 +4457,218 @@ inline flatbuffers::Offset<RdmaResponse> CreateRdmaResponseDirect(
       peers__);
 }
 
+struct OpenQueueRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef OpenQueueRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_SQ_ENTRIES = 4,
+    VT_CQ_ENTRIES = 6,
+    VT_DATA_SIZE = 8
+  };
+  uint32_t sq_entries() const {
+    return GetField<uint32_t>(VT_SQ_ENTRIES, 0);
+  }
+  uint32_t cq_entries() const {
+    return GetField<uint32_t>(VT_CQ_ENTRIES, 0);
+  }
+  uint32_t data_size() const {
+    return GetField<uint32_t>(VT_DATA_SIZE, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyField<uint32_t>(verifier, VT_SQ_ENTRIES, 4) &&
+           VerifyField<uint32_t>(verifier, VT_CQ_ENTRIES, 4) &&
+           VerifyField<uint32_t>(verifier, VT_DATA_SIZE, 4) &&
+           verifier.EndTable();
+  }
+};
+
+struct OpenQueueRequestBuilder {
+  typedef OpenQueueRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_sq_entries(uint32_t sq_entries) {
+    fbb_.AddElement<uint32_t>(OpenQueueRequest::VT_SQ_ENTRIES, sq_entries, 0);
+  }
+  void add_cq_entries(uint32_t cq_entries) {
+    fbb_.AddElement<uint32_t>(OpenQueueRequest::VT_CQ_ENTRIES, cq_entries, 0);
+  }
+  void add_data_size(uint32_t data_size) {
+    fbb_.AddElement<uint32_t>(OpenQueueRequest::VT_DATA_SIZE, data_size, 0);
+  }
+  explicit OpenQueueRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<OpenQueueRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<OpenQueueRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<OpenQueueRequest> CreateOpenQueueRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint32_t sq_entries = 0,
+    uint32_t cq_entries = 0,
+    uint32_t data_size = 0) {
+  OpenQueueRequestBuilder builder_(_fbb);
+  builder_.add_data_size(data_size);
+  builder_.add_cq_entries(cq_entries);
+  builder_.add_sq_entries(sq_entries);
+  return builder_.Finish();
+}
+
+struct OpenQueueResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef OpenQueueResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_QUEUE_ID = 4,
+    VT_SQ_ENTRIES = 6,
+    VT_CQ_ENTRIES = 8,
+    VT_DATA_SIZE = 10,
+    VT_SIZE = 12
+  };
+  uint64_t queue_id() const {
+    return GetField<uint64_t>(VT_QUEUE_ID, 0);
+  }
+  uint32_t sq_entries() const {
+    return GetField<uint32_t>(VT_SQ_ENTRIES, 0);
+  }
+  uint32_t cq_entries() const {
+    return GetField<uint32_t>(VT_CQ_ENTRIES, 0);
+  }
+  uint32_t data_size() const {
+    return GetField<uint32_t>(VT_DATA_SIZE, 0);
+  }
+  uint64_t size() const {
+    return GetField<uint64_t>(VT_SIZE, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyField<uint64_t>(verifier, VT_QUEUE_ID, 8) &&
+           VerifyField<uint32_t>(verifier, VT_SQ_ENTRIES, 4) &&
+           VerifyField<uint32_t>(verifier, VT_CQ_ENTRIES, 4) &&
+           VerifyField<uint32_t>(verifier, VT_DATA_SIZE, 4) &&
+           VerifyField<uint64_t>(verifier, VT_SIZE, 8) &&
+           verifier.EndTable();
+  }
+};
+
+struct OpenQueueResponseBuilder {
+  typedef OpenQueueResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_queue_id(uint64_t queue_id) {
+    fbb_.AddElement<uint64_t>(OpenQueueResponse::VT_QUEUE_ID, queue_id, 0);
+  }
+  void add_sq_entries(uint32_t sq_entries) {
+    fbb_.AddElement<uint32_t>(OpenQueueResponse::VT_SQ_ENTRIES, sq_entries, 0);
+  }
+  void add_cq_entries(uint32_t cq_entries) {
+    fbb_.AddElement<uint32_t>(OpenQueueResponse::VT_CQ_ENTRIES, cq_entries, 0);
+  }
+  void add_data_size(uint32_t data_size) {
+    fbb_.AddElement<uint32_t>(OpenQueueResponse::VT_DATA_SIZE, data_size, 0);
+  }
+  void add_size(uint64_t size) {
+    fbb_.AddElement<uint64_t>(OpenQueueResponse::VT_SIZE, size, 0);
+  }
+  explicit OpenQueueResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<OpenQueueResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<OpenQueueResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<OpenQueueResponse> CreateOpenQueueResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint64_t queue_id = 0,
+    uint32_t sq_entries = 0,
+    uint32_t cq_entries = 0,
+    uint32_t data_size = 0,
+    uint64_t size = 0) {
+  OpenQueueResponseBuilder builder_(_fbb);
+  builder_.add_size(size);
+  builder_.add_queue_id(queue_id);
+  builder_.add_data_size(data_size);
+  builder_.add_cq_entries(cq_entries);
+  builder_.add_sq_entries(sq_entries);
+  return builder_.Finish();
+}
+
+struct CloseQueueRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef CloseQueueRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_QUEUE_ID = 4
+  };
+  uint64_t queue_id() const {
+    return GetField<uint64_t>(VT_QUEUE_ID, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyField<uint64_t>(verifier, VT_QUEUE_ID, 8) &&
+           verifier.EndTable();
+  }
+};
+
+struct CloseQueueRequestBuilder {
+  typedef CloseQueueRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_queue_id(uint64_t queue_id) {
+    fbb_.AddElement<uint64_t>(CloseQueueRequest::VT_QUEUE_ID, queue_id, 0);
+  }
+  explicit CloseQueueRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<CloseQueueRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<CloseQueueRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<CloseQueueRequest> CreateCloseQueueRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint64_t queue_id = 0) {
+  CloseQueueRequestBuilder builder_(_fbb);
+  builder_.add_queue_id(queue_id);
+  return builder_.Finish();
+}
+
+struct CloseQueueResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef CloseQueueResponseBuilder Builder;
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           verifier.EndTable();
+  }
+};
+
+struct CloseQueueResponseBuilder {
+  typedef CloseQueueResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  explicit CloseQueueResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<CloseQueueResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<CloseQueueResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<CloseQueueResponse> CreateCloseQueueResponse(
+    flatbuffers::FlatBufferBuilder &_fbb) {
+  CloseQueueResponseBuilder builder_(_fbb);
+  return builder_.Finish();
+}
+
 struct Request FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   typedef RequestBuilder Builder;
   enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
@@ -4508,6 +4760,12 @@ struct Request FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   }
   const tcproto::RdmaRequest *body_as_RdmaRequest() const {
     return body_type() == tcproto::RequestBody::RdmaRequest ? static_cast<const tcproto::RdmaRequest *>(body()) : nullptr;
+  }
+  const tcproto::OpenQueueRequest *body_as_OpenQueueRequest() const {
+    return body_type() == tcproto::RequestBody::OpenQueueRequest ? static_cast<const tcproto::OpenQueueRequest *>(body()) : nullptr;
+  }
+  const tcproto::CloseQueueRequest *body_as_CloseQueueRequest() const {
+    return body_type() == tcproto::RequestBody::CloseQueueRequest ? static_cast<const tcproto::CloseQueueRequest *>(body()) : nullptr;
   }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
@@ -4618,6 +4876,14 @@ template<> inline const tcproto::SegmentsRequest *Request::body_as<tcproto::Segm
 
 template<> inline const tcproto::RdmaRequest *Request::body_as<tcproto::RdmaRequest>() const {
   return body_as_RdmaRequest();
+}
+
+template<> inline const tcproto::OpenQueueRequest *Request::body_as<tcproto::OpenQueueRequest>() const {
+  return body_as_OpenQueueRequest();
+}
+
+template<> inline const tcproto::CloseQueueRequest *Request::body_as<tcproto::CloseQueueRequest>() const {
+  return body_as_CloseQueueRequest();
 }
 
 struct RequestBuilder {
@@ -4753,6 +5019,12 @@ struct Response FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const tcproto::RdmaResponse *body_as_RdmaResponse() const {
     return body_type() == tcproto::ResponseBody::RdmaResponse ? static_cast<const tcproto::RdmaResponse *>(body()) : nullptr;
   }
+  const tcproto::OpenQueueResponse *body_as_OpenQueueResponse() const {
+    return body_type() == tcproto::ResponseBody::OpenQueueResponse ? static_cast<const tcproto::OpenQueueResponse *>(body()) : nullptr;
+  }
+  const tcproto::CloseQueueResponse *body_as_CloseQueueResponse() const {
+    return body_type() == tcproto::ResponseBody::CloseQueueResponse ? static_cast<const tcproto::CloseQueueResponse *>(body()) : nullptr;
+  }
   uint64_t request_id() const {
     return GetField<uint64_t>(VT_REQUEST_ID, 0);
   }
@@ -4867,6 +5139,14 @@ template<> inline const tcproto::SegmentsResponse *Response::body_as<tcproto::Se
 
 template<> inline const tcproto::RdmaResponse *Response::body_as<tcproto::RdmaResponse>() const {
   return body_as_RdmaResponse();
+}
+
+template<> inline const tcproto::OpenQueueResponse *Response::body_as<tcproto::OpenQueueResponse>() const {
+  return body_as_OpenQueueResponse();
+}
+
+template<> inline const tcproto::CloseQueueResponse *Response::body_as<tcproto::CloseQueueResponse>() const {
+  return body_as_CloseQueueResponse();
 }
 
 struct ResponseBuilder {
@@ -5037,6 +5317,14 @@ inline bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, 
       auto ptr = reinterpret_cast<const tcproto::RdmaRequest *>(obj);
       return verifier.VerifyTable(ptr);
     }
+    case RequestBody::OpenQueueRequest: {
+      auto ptr = reinterpret_cast<const tcproto::OpenQueueRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::CloseQueueRequest: {
+      auto ptr = reinterpret_cast<const tcproto::CloseQueueRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
     default: return true;
   }
 }
@@ -5156,6 +5444,14 @@ inline bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj,
     }
     case ResponseBody::RdmaResponse: {
       auto ptr = reinterpret_cast<const tcproto::RdmaResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::OpenQueueResponse: {
+      auto ptr = reinterpret_cast<const tcproto::OpenQueueResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::CloseQueueResponse: {
+      auto ptr = reinterpret_cast<const tcproto::CloseQueueResponse *>(obj);
       return verifier.VerifyTable(ptr);
     }
     default: return true;

@@ -1,0 +1,867 @@
+/*
+ * queue.c - the shared-memory queue: the client's side of the rings the
+ * daemon makes at OpenQueue (queue/doc.go is the layout's specification).
+ *
+ * The mapping holds a header, the submission ring (SQEs of 64 bytes), the
+ * completion ring (CQEs of 32 bytes) and a data area for notification
+ * payloads. Each index is a free-running u32; entry i lives at
+ * i & (entries - 1). This side writes sq_tail and cq_head, the daemon
+ * sq_head and cq_tail. An index is written with a sequentially consistent
+ * atomic store after the entries it covers (release, and the full fence a
+ * doorbell needs before it reads the other side's flag), and the other
+ * side's index is read with an acquire load before the entries it covers.
+ *
+ * Wake-ups, both directions: a side that runs out of work reads the futex
+ * word it will sleep on, sets its flag with an atomic RMW (a full fence),
+ * checks for work once more and only then waits on the word with the value
+ * it read. The other side publishes its index (full fence), then reads the
+ * flag; if it is set it clears it, bumps the word and wakes it. Either the
+ * sleeper sees the new index or the waker sees the flag, and the bumped
+ * word makes a wait that had not begun return at once: no wake-up is lost.
+ * The daemon sets FLAG_NEED_WAKEUP in sq_flags when it sleeps for entries
+ * (a submit rings it) and FLAG_CQ_WAIT when it sleeps for completion slots
+ * (a reap rings it); this side sets FLAG_WAITING in cq_flags when a reap
+ * sleeps for completions (the daemon's post rings it). While neither flag
+ * is set no system call is made.
+ *
+ * The daemon is trusted more than a client, but its indices are still
+ * bounded: a cq_tail claiming more than the ring holds reads as nothing
+ * ready, and an sq_head outside what was published is ignored. The header
+ * is checked against the OpenQueue answer once, then never read again: the
+ * geometry used is this side's own copy.
+ *
+ * Threads: the submission side (sq below, under sq.mu) and the completion
+ * side (cq, under cq.mu) each live on their own cache line; a submitting
+ * and a reaping thread do not share a written line but the shared words.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the queue's layout is little-endian and is read in place"
+#endif
+
+/* The layout (queue/layout.go). */
+#define Q_MAGIC 0x31514354u /* "TCQ1" */
+#define Q_VERSION 1u
+#define Q_HEADER 4096u
+#define Q_SQE 64u
+#define Q_CQE 32u
+#define Q_MAX_CQ (1u << 16)
+#define Q_MAX_DATA (64u << 20)
+
+#define OFF_MAGIC 0x000
+#define OFF_VERSION 0x004
+#define OFF_SQ_ENTRIES 0x008
+#define OFF_CQ_ENTRIES 0x00c
+#define OFF_SQE_SIZE 0x010
+#define OFF_CQE_SIZE 0x014
+#define OFF_SQ_OFF 0x018
+#define OFF_CQ_OFF 0x01c
+#define OFF_DATA_OFF 0x020
+#define OFF_DATA_SIZE 0x024
+#define OFF_SIZE 0x028
+#define OFF_ID 0x030
+#define OFF_SQ_HEAD 0x040
+#define OFF_SQ_TAIL 0x080
+#define OFF_SQ_FLAGS 0x0c0
+#define OFF_SQ_WAKE 0x0c4
+#define OFF_CQ_HEAD 0x100
+#define OFF_CQ_TAIL 0x140
+#define OFF_CQ_FLAGS 0x180
+#define OFF_CQ_WAKE 0x184
+#define OFF_STATE 0x1c0
+
+#define FLAG_NEED_WAKEUP 1u /* sq_flags: the daemon sleeps until a submit */
+#define FLAG_CQ_WAIT 2u     /* sq_flags: the daemon sleeps until a reap frees slots */
+#define FLAG_WAITING 1u     /* cq_flags: this side sleeps until a completion */
+
+#define OP_NOP 3
+#define SQE_FLAG_NOTIFY 1
+
+/* A sleeping wait checks the connection for a hang-up this often: a daemon
+ * that died cannot wake the futex. */
+#define CHECK_NS (200 * 1000000LL)
+/* Spin budgets (the Go side's spinner, queue/spin.go). */
+#define SPIN_MIN_NS 1000LL
+#define SPIN_DEFAULT_US 50u
+#define SPIN_MAX_US 1000u
+
+/* One SQE and one CQE as they lie in the rings. */
+struct sqe {
+    uint8_t op;
+    uint8_t flags;
+    uint16_t reserved;
+    uint32_t timeout_us;
+    uint64_t user_data;
+    uint64_t local;
+    uint64_t local_off;
+    uint64_t target;
+    uint64_t target_off;
+    uint64_t length;
+    uint32_t notify_off;
+    uint32_t notify_len;
+};
+struct cqe {
+    uint64_t user_data;
+    uint64_t result;
+    uint32_t code;
+    uint8_t state;
+    uint8_t reserved[11];
+};
+typedef char sqe_is_64_bytes[sizeof(struct sqe) == Q_SQE ? 1 : -1];
+typedef char cqe_is_32_bytes[sizeof(struct cqe) == Q_CQE ? 1 : -1];
+
+/* A queue's sizes and where each part lies (queue.NewGeometry). */
+struct geom {
+    uint32_t sq_entries, cq_entries, data_size;
+    uint32_t sq_off, cq_off, data_off;
+    uint64_t size;
+};
+
+/* The adaptive spin budget of the completion side. */
+struct spinner {
+    int64_t budget_ns, max_ns;
+};
+
+struct tc_queue {
+    /* Set at open and never changed after it. */
+    tc_conn *c;
+    uint64_t id;
+    uint8_t *mem;
+    struct geom g;
+    uint32_t sq_mask, cq_mask;
+    uint32_t timeout_us;
+    uint32_t *sq_head, *sq_tail, *sq_flags, *sq_wake;
+    uint32_t *cq_head, *cq_tail, *cq_flags, *cq_wake;
+    uint32_t *state;
+    struct tc_queue *next; /* guarded by c->qmu */
+    int down;              /* atomic: tc_queue_shutdown was called */
+
+    /* The submission side: mu guards the fields after it. */
+    struct {
+        pthread_mutex_t mu;
+        uint32_t tail; /* next slot to fill; published up to pub */
+        uint32_t pub;  /* the sq_tail last published */
+        uint32_t head; /* the daemon's sq_head, last read */
+        /* The data area is a byte ring: payloads are placed at data_tail
+         * and freed, in submission order, as the daemon takes their
+         * entries; slot_data[i & sq_mask] is data_tail just after entry i
+         * was staged. */
+        uint64_t data_head, data_tail;
+        uint64_t *slot_data;
+        uint64_t submitted, doorbells; /* written atomically (relaxed) for get_info */
+    } sq __attribute__((aligned(64)));
+
+    /* The completion side: mu guards the fields after it. */
+    struct {
+        pthread_mutex_t mu;
+        uint32_t head; /* next CQE to reap */
+        struct spinner spin;
+        uint64_t reaped, doorbells, sleeps, missed; /* relaxed atomics, for get_info */
+    } cq __attribute__((aligned(64)));
+};
+
+/* ---- primitives ------------------------------------------------------------ */
+
+static uint32_t *word(uint8_t *mem, size_t off) { return (uint32_t *)(void *)(mem + off); }
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static void bump(uint64_t *counter) { __atomic_store_n(counter, *counter + 1, __ATOMIC_RELAXED); }
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+/* race_window widens, in the test build (TC_QUEUE_WIDEN_RACES), the moment
+ * where a wake-up would be lost if the protocol were wrong: a post landing
+ * between reading the futex word and setting the flag. A correct sleeper
+ * sees it in its re-check; one that skipped the re-check would sleep
+ * through its whole slice, which the tests count (missed_wakeups). */
+static inline void race_window(void)
+{
+#ifdef TC_QUEUE_WIDEN_RACES
+    for (int i = 0; i < 256; i++)
+        cpu_relax();
+#endif
+}
+
+/* The futex words are in a mapping shared with another process: the shared
+ * (not FUTEX_PRIVATE_FLAG) operations. */
+static int futex_wait(uint32_t *w, uint32_t val, int64_t ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000LL), .tv_nsec = (long)(ns % 1000000000LL)};
+    if (syscall(SYS_futex, w, FUTEX_WAIT, val, &ts, NULL, 0) == 0)
+        return 0;
+    return errno;
+}
+
+static void futex_wake(uint32_t *w)
+{
+    /* A wake of a valid, mapped word cannot fail; a sleeper's own slice
+     * bounds what a failure could cost. */
+    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* ring clears bit in *flags and, if it was set, bumps the futex word w and
+ * wakes whoever sleeps on it; it reports whether it did. It is called right
+ * after this side's sequentially consistent index store, so the flag is
+ * read after the index is visible. */
+static int ring(uint32_t *flags, uint32_t bit, uint32_t *w)
+{
+    if (!(__atomic_load_n(flags, __ATOMIC_SEQ_CST) & bit))
+        return 0;
+    if (!(__atomic_fetch_and(flags, ~bit, __ATOMIC_SEQ_CST) & bit))
+        return 0; /* another waker cleared it first */
+    __atomic_fetch_add(w, 1, __ATOMIC_SEQ_CST);
+    futex_wake(w);
+    return 1;
+}
+
+/* wake_waiter wakes a reap sleeping on q's completion word (used by
+ * shutdown, which this side may write too). */
+static void wake_waiter(tc_queue *q)
+{
+    __atomic_fetch_add(q->cq_wake, 1, __ATOMIC_SEQ_CST);
+    futex_wake(q->cq_wake);
+}
+
+/* queue_err is TC_ECLOSED once q takes nothing more. */
+static int queue_err(const tc_queue *q)
+{
+    if (__atomic_load_n(&q->down, __ATOMIC_ACQUIRE))
+        return TC_ECLOSED;
+    if (__atomic_load_n(q->state, __ATOMIC_ACQUIRE) & (TC_QUEUE_CLOSED | TC_QUEUE_BROKEN))
+        return TC_ECLOSED;
+    return TC_OK;
+}
+
+/* peer_gone reports whether the connection's socket has hung up (the
+ * daemon died or closed it, or it was shut down here). */
+static int peer_gone(const tc_conn *c)
+{
+    struct pollfd p = {.fd = c->fd, .events = POLLRDHUP, .revents = 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* ---- geometry ---------------------------------------------------------------- */
+
+static int pow2(uint32_t n) { return n && !(n & (n - 1)); }
+
+/* geometry lays out a queue of the given sizes as the daemon does, or
+ * reports -1 for sizes it never makes (an answer must give them rounded). */
+static int geometry(uint32_t sq, uint32_t cq, uint32_t data, struct geom *g)
+{
+    if (!pow2(sq) || sq < 2 || sq > TC_QUEUE_MAX_ENTRIES || !pow2(cq) || cq < 2 * sq || cq > Q_MAX_CQ ||
+        data == 0 || data % 4096 || data > Q_MAX_DATA)
+        return -1;
+    g->sq_entries = sq;
+    g->cq_entries = cq;
+    g->data_size = data;
+    g->sq_off = Q_HEADER;
+    g->cq_off = g->sq_off + sq * Q_SQE;
+    g->data_off = (g->cq_off + cq * Q_CQE + 4095) & ~4095u;
+    g->size = (uint64_t)g->data_off + data;
+    return 0;
+}
+
+/* header_matches checks the mapping's header against the layout g and the
+ * queue id the answer gave. */
+static int header_matches(const uint8_t *m, const struct geom *g, uint64_t id)
+{
+    return get32(m + OFF_MAGIC) == Q_MAGIC && get32(m + OFF_VERSION) == Q_VERSION &&
+           get32(m + OFF_SQ_ENTRIES) == g->sq_entries && get32(m + OFF_CQ_ENTRIES) == g->cq_entries &&
+           get32(m + OFF_SQE_SIZE) == Q_SQE && get32(m + OFF_CQE_SIZE) == Q_CQE &&
+           get32(m + OFF_SQ_OFF) == g->sq_off && get32(m + OFF_CQ_OFF) == g->cq_off &&
+           get32(m + OFF_DATA_OFF) == g->data_off && get32(m + OFF_DATA_SIZE) == g->data_size &&
+           get64(m + OFF_SIZE) == g->size && get64(m + OFF_ID) == id;
+}
+
+/* ---- open and close ----------------------------------------------------------- */
+
+/* close_call tells the daemon to close queue id. */
+static int close_call(tc_conn *c, uint64_t id)
+{
+    int rc = tc__start(c, TCW_CLOSE_QUEUE, NULL);
+    if (rc)
+        return rc;
+    c->req.queue = id;
+    tc_trip t = {.send_fd = -1};
+    return tc__finish(c, tc__round_trip(c, &t));
+}
+
+/* release frees q (unlinked, with no thread inside a call on it). */
+static void release(tc_queue *q)
+{
+    munmap(q->mem, (size_t)q->g.size);
+    pthread_mutex_destroy(&q->sq.mu);
+    pthread_mutex_destroy(&q->cq.mu);
+    free(q->sq.slot_data);
+    free(q);
+}
+
+/* map_queue maps fd (size bytes, as the answer said) and checks the
+ * header against g and id. */
+static int map_queue(int fd, const struct geom *g, uint64_t id, uint8_t **mem)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return TC_ESYS;
+    if (st.st_size < 0 || (uint64_t)st.st_size < g->size)
+        return TC_EPROTO; /* touching its end would fault */
+    void *m = mmap(NULL, (size_t)g->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+        return TC_ESYS;
+    if (!header_matches(m, g, id)) {
+        munmap(m, (size_t)g->size);
+        return TC_EPROTO;
+    }
+    *mem = m;
+    return TC_OK;
+}
+
+static tc_queue *new_queue(tc_conn *c, uint64_t id, const struct geom *g, uint8_t *mem, const tc_queue_opts *o)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, sizeof(tc_queue)))
+        return NULL;
+    tc_queue *q = p;
+    memset(q, 0, sizeof *q);
+    q->sq.slot_data = calloc(g->sq_entries, sizeof *q->sq.slot_data);
+    if (!q->sq.slot_data) {
+        free(q);
+        return NULL;
+    }
+    if (pthread_mutex_init(&q->sq.mu, NULL)) {
+        free(q->sq.slot_data);
+        free(q);
+        return NULL;
+    }
+    if (pthread_mutex_init(&q->cq.mu, NULL)) {
+        pthread_mutex_destroy(&q->sq.mu);
+        free(q->sq.slot_data);
+        free(q);
+        return NULL;
+    }
+    q->c = c;
+    q->id = id;
+    q->mem = mem;
+    q->g = *g;
+    q->sq_mask = g->sq_entries - 1;
+    q->cq_mask = g->cq_entries - 1;
+    q->timeout_us = o->request_timeout_us;
+    q->sq_head = word(mem, OFF_SQ_HEAD);
+    q->sq_tail = word(mem, OFF_SQ_TAIL);
+    q->sq_flags = word(mem, OFF_SQ_FLAGS);
+    q->sq_wake = word(mem, OFF_SQ_WAKE);
+    q->cq_head = word(mem, OFF_CQ_HEAD);
+    q->cq_tail = word(mem, OFF_CQ_TAIL);
+    q->cq_flags = word(mem, OFF_CQ_FLAGS);
+    q->cq_wake = word(mem, OFF_CQ_WAKE);
+    q->state = word(mem, OFF_STATE);
+    q->sq.head = __atomic_load_n(q->sq_head, __ATOMIC_ACQUIRE);
+    q->sq.tail = q->sq.pub = __atomic_load_n(q->sq_tail, __ATOMIC_ACQUIRE);
+    q->cq.head = __atomic_load_n(q->cq_head, __ATOMIC_ACQUIRE);
+    uint32_t spin = o->spin_us ? o->spin_us : SPIN_DEFAULT_US;
+    if (spin > SPIN_MAX_US)
+        spin = SPIN_MAX_US;
+    q->cq.spin.max_ns = (o->flags & TC_QUEUE_NOSPIN) ? 0 : (int64_t)spin * 1000;
+    q->cq.spin.budget_ns = q->cq.spin.max_ns / 2;
+    return q;
+}
+
+int tc_queue_open(tc_conn *c, uint32_t entries, const tc_queue_opts *opts, tc_queue **out)
+{
+    static const tc_queue_opts none;
+    if (!c || !out)
+        return TC_INVALID_ARGUMENT;
+    *out = NULL;
+    if (!opts)
+        opts = &none;
+    if (entries == 0 || entries > TC_QUEUE_MAX_ENTRIES || (opts->flags & ~(uint32_t)TC_QUEUE_NOSPIN))
+        return TC_INVALID_ARGUMENT;
+    if (entries < 2)
+        entries = 2;
+    int rc = tc__start(c, TCW_OPEN_QUEUE, NULL);
+    if (rc)
+        return rc;
+    c->req.sq_entries = entries;
+    c->req.cq_entries = opts->cq_entries;
+    c->req.data_size = opts->data_size;
+    int fd = -1;
+    tc_trip t = {.send_fd = -1, .recv_fd = &fd};
+    rc = tc__round_trip(c, &t);
+    if (rc)
+        return tc__finish(c, rc);
+    const tcw_resp *r = &c->resp;
+    uint64_t id = r->queue;
+    struct geom g;
+    uint8_t *mem = NULL;
+    if (fd < 0 || geometry(r->sq_entries, r->cq_entries, r->data_size, &g) < 0 || g.size != r->size ||
+        r->sq_entries < entries || r->cq_entries < opts->cq_entries)
+        rc = TC_EPROTO;
+    else
+        rc = map_queue(fd, &g, id, &mem);
+    if (fd >= 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+    }
+    if (rc == TC_EPROTO)
+        rc = tc__fail(c, rc); /* the daemon drops the queue with the connection */
+    if (rc == TC_ESYS) {
+        /* Nothing wrong with the stream: tell the daemon. */
+        int e = errno;
+        tc__finish(c, rc);
+        close_call(c, id);
+        errno = e;
+        return rc;
+    }
+    if (rc)
+        return tc__finish(c, rc);
+    tc__finish(c, TC_OK);
+
+    tc_queue *q = new_queue(c, id, &g, mem, opts);
+    if (!q) {
+        munmap(mem, (size_t)g.size);
+        close_call(c, id);
+        return TC_ENOMEM;
+    }
+    pthread_mutex_lock(&c->qmu);
+    q->next = c->queues;
+    c->queues = q;
+    pthread_mutex_unlock(&c->qmu);
+    *out = q;
+    return TC_OK;
+}
+
+void tc_queue_shutdown(tc_queue *q)
+{
+    if (!q)
+        return;
+    __atomic_store_n(&q->down, 1, __ATOMIC_RELEASE);
+    wake_waiter(q);
+}
+
+/* unlink takes q off its connection's list. */
+static void unlink_queue(tc_queue *q)
+{
+    tc_conn *c = q->c;
+    pthread_mutex_lock(&c->qmu);
+    for (tc_queue **p = &c->queues; *p; p = &(*p)->next)
+        if (*p == q) {
+            *p = q->next;
+            break;
+        }
+    pthread_mutex_unlock(&c->qmu);
+}
+
+int tc_queue_close(tc_queue *q)
+{
+    if (!q)
+        return TC_OK;
+    /* Stop this side first: a reap waiting in another thread leaves at
+     * once, even while the round trip below waits for the connection. */
+    tc_queue_shutdown(q);
+    int rc = close_call(q->c, q->id);
+    unlink_queue(q);
+    /* Wait for calls still inside either side to leave. */
+    pthread_mutex_lock(&q->sq.mu);
+    pthread_mutex_unlock(&q->sq.mu);
+    pthread_mutex_lock(&q->cq.mu);
+    pthread_mutex_unlock(&q->cq.mu);
+    release(q);
+    return rc;
+}
+
+void tc__queues_shutdown(tc_conn *c)
+{
+    pthread_mutex_lock(&c->qmu);
+    for (tc_queue *q = c->queues; q; q = q->next)
+        tc_queue_shutdown(q);
+    pthread_mutex_unlock(&c->qmu);
+}
+
+void tc__queues_release(tc_conn *c)
+{
+    pthread_mutex_lock(&c->qmu);
+    tc_queue *q = c->queues;
+    c->queues = NULL;
+    pthread_mutex_unlock(&c->qmu);
+    while (q) {
+        tc_queue *next = q->next;
+        release(q);
+        q = next;
+    }
+}
+
+void tc_queue_get_info(const tc_queue *q, tc_queue_info *out)
+{
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (!q)
+        return;
+    out->id = q->id;
+    out->sq_entries = q->g.sq_entries;
+    out->cq_entries = q->g.cq_entries;
+    out->data_size = q->g.data_size;
+    out->state = __atomic_load_n(q->state, __ATOMIC_ACQUIRE) & (TC_QUEUE_CLOSED | TC_QUEUE_BROKEN);
+    out->submitted = __atomic_load_n(&q->sq.submitted, __ATOMIC_RELAXED);
+    out->submit_doorbells = __atomic_load_n(&q->sq.doorbells, __ATOMIC_RELAXED);
+    out->reaped = __atomic_load_n(&q->cq.reaped, __ATOMIC_RELAXED);
+    out->reap_doorbells = __atomic_load_n(&q->cq.doorbells, __ATOMIC_RELAXED);
+    out->sleeps = __atomic_load_n(&q->cq.sleeps, __ATOMIC_RELAXED);
+    out->missed_wakeups = __atomic_load_n(&q->cq.missed, __ATOMIC_RELAXED);
+}
+
+/* ---- the submission side (q->sq.mu held) ---------------------------------------- */
+
+/* refresh_head reads the daemon's sq_head and frees the data the newly
+ * taken entries referenced. */
+static void refresh_head(tc_queue *q)
+{
+    uint32_t h = __atomic_load_n(q->sq_head, __ATOMIC_ACQUIRE); /* acquire: its copies are done */
+    if (h == q->sq.head || h - q->sq.head > q->sq.tail - q->sq.head)
+        return; /* nothing new, or a value that cannot be: keep the last */
+    q->sq.data_head = q->sq.slot_data[(h - 1) & q->sq_mask];
+    q->sq.head = h;
+}
+
+/* space is how many entries can be staged now. */
+static uint32_t space(tc_queue *q)
+{
+    if (q->sq.tail - q->sq.head == q->g.sq_entries)
+        refresh_head(q);
+    return q->g.sq_entries - (q->sq.tail - q->sq.head);
+}
+
+/* place reserves n contiguous bytes of the data area at data_tail, skipping
+ * to its start when they would not fit before its end; -1 when there is no
+ * room until the daemon takes earlier entries. */
+static int64_t place(tc_queue *q, size_t n)
+{
+    uint64_t size = q->g.data_size, pos = q->sq.data_tail, off = pos % size;
+    if (n > size)
+        return -1;
+    if (off + n > size)
+        pos += size - off;
+    if (pos + n - q->sq.data_head > size)
+        return -1;
+    q->sq.data_tail = pos + n;
+    return (int64_t)(pos % size);
+}
+
+/* stage writes one entry into the next free slot without publishing it:
+ * 1 staged, 0 the ring is full, -1 the data area has no room for payload. */
+static int stage(tc_queue *q, uint8_t op, const tc_request *r, uint64_t ud, const tc_notify *n)
+{
+    if (space(q) == 0)
+        return 0;
+    struct sqe e;
+    memset(&e, 0, sizeof e);
+    if (n && n->len) {
+        int64_t off = place(q, n->len);
+        if (off < 0) {
+            refresh_head(q);
+            if ((off = place(q, n->len)) < 0)
+                return -1;
+        }
+        memcpy(q->mem + q->g.data_off + (uint64_t)off, n->payload, n->len);
+        e.flags = SQE_FLAG_NOTIFY;
+        e.notify_off = (uint32_t)off;
+        e.notify_len = (uint32_t)n->len;
+    }
+    e.op = op;
+    e.timeout_us = q->timeout_us;
+    e.user_data = ud;
+    if (r) {
+        e.local = r->local;
+        e.local_off = r->local_offset;
+        e.target = r->target;
+        e.target_off = r->target_offset;
+        e.length = r->length;
+    }
+    /* Plain stores: the daemon reads the slot only after the tail's store
+     * below publishes it. */
+    memcpy(q->mem + q->g.sq_off + (size_t)(q->sq.tail & q->sq_mask) * Q_SQE, &e, sizeof e);
+    q->sq.slot_data[q->sq.tail & q->sq_mask] = q->sq.data_tail;
+    q->sq.tail++;
+    return 1;
+}
+
+/* publish publishes the staged entries and rings the daemon if it sleeps
+ * waiting for them. */
+static void publish(tc_queue *q)
+{
+    uint32_t n = q->sq.tail - q->sq.pub;
+    if (n == 0)
+        return;
+    /* Release: the entries above are visible before the tail; sequentially
+     * consistent: the flag's load below comes after it (the full fence a
+     * lost wake-up would need). */
+    __atomic_store_n(q->sq_tail, q->sq.tail, __ATOMIC_SEQ_CST);
+    q->sq.pub = q->sq.tail;
+    __atomic_store_n(&q->sq.submitted, q->sq.submitted + n, __ATOMIC_RELAXED);
+    if (ring(q->sq_flags, FLAG_NEED_WAKEUP, q->sq_wake))
+        bump(&q->sq.doorbells);
+}
+
+int tc_queue_submit_notify(tc_queue *q, const tc_request *reqs, const tc_notify *notify, const uint64_t *user_data,
+                           size_t n, size_t *accepted)
+{
+    if (accepted)
+        *accepted = 0;
+    if (!q || !accepted || (n && (!reqs || !user_data)))
+        return TC_INVALID_ARGUMENT;
+    pthread_mutex_lock(&q->sq.mu);
+    int rc = queue_err(q);
+    size_t k = 0;
+    for (; rc == TC_OK && k < n; k++) {
+        const tc_request *r = &reqs[k];
+        const tc_notify *nt = notify && notify[k].len ? &notify[k] : NULL;
+        if (nt && (nt->len > TC_MAX_NOTIFY || !nt->payload)) {
+            rc = TC_INVALID_ARGUMENT;
+            break;
+        }
+        /* An op the entry cannot carry goes as 0: the daemon refuses that
+         * request in its completion. */
+        uint8_t op = r->op <= 0xff ? (uint8_t)r->op : 0;
+        if (stage(q, op, r, user_data[k], nt) <= 0)
+            break; /* the ring or the data area frees as the daemon takes entries */
+    }
+    publish(q);
+    pthread_mutex_unlock(&q->sq.mu);
+    *accepted = k;
+    return rc;
+}
+
+int tc_queue_submit(tc_queue *q, const tc_request *reqs, const uint64_t *user_data, size_t n, size_t *accepted)
+{
+    return tc_queue_submit_notify(q, reqs, NULL, user_data, n, accepted);
+}
+
+int tc_queue_nop(tc_queue *q, uint64_t user_data, size_t *accepted)
+{
+    if (accepted)
+        *accepted = 0;
+    if (!q || !accepted)
+        return TC_INVALID_ARGUMENT;
+    pthread_mutex_lock(&q->sq.mu);
+    int rc = queue_err(q);
+    if (rc == TC_OK && stage(q, OP_NOP, NULL, user_data, NULL) > 0) {
+        publish(q);
+        *accepted = 1;
+    }
+    pthread_mutex_unlock(&q->sq.mu);
+    return rc;
+}
+
+/* ---- the completion side (q->cq.mu held) ---------------------------------------- */
+
+/* ready is how many CQEs can be reaped now. */
+static uint32_t ready(const tc_queue *q)
+{
+    uint32_t n = __atomic_load_n(q->cq_tail, __ATOMIC_ACQUIRE) - q->cq.head; /* acquire: the entries before it */
+    return n > q->g.cq_entries ? 0 : n; /* a daemon cannot post that many: none */
+}
+
+/* take moves up to max ready CQEs into out. Reaping frees completion slots,
+ * so it rings the daemon if it sleeps waiting for them. */
+static size_t take(tc_queue *q, tc_cqe *out, size_t max)
+{
+    uint32_t n = ready(q);
+    if (n > max)
+        n = (uint32_t)max;
+    if (n == 0)
+        return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        struct cqe e;
+        memcpy(&e, q->mem + q->g.cq_off + (size_t)((q->cq.head + i) & q->cq_mask) * Q_CQE, sizeof e);
+        out[i].user_data = e.user_data;
+        out[i].transferred = e.result;
+        out[i].code = e.code <= INT_MAX ? (int)e.code : TC_EPROTO;
+        out[i].state = e.state;
+    }
+    q->cq.head += n;
+    /* Release: the entries are read before the daemon may reuse their
+     * slots; sequentially consistent: the flag's load comes after it. */
+    __atomic_store_n(q->cq_head, q->cq.head, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&q->cq.reaped, q->cq.reaped + n, __ATOMIC_RELAXED);
+    if (ring(q->sq_flags, FLAG_CQ_WAIT, q->sq_wake))
+        bump(&q->cq.doorbells);
+    return n;
+}
+
+/* spin polls for min ready CQEs for the spinner's budget (and not past
+ * deadline, 0: none) and adapts it: it grows when a spin finds work, halves
+ * when it does not. It reads the clock (vDSO, no system call) once every 32
+ * polls. */
+static int spin(tc_queue *q, uint32_t min, int64_t deadline)
+{
+    struct spinner *s = &q->cq.spin;
+    if (s->budget_ns < SPIN_MIN_NS)
+        return 0;
+    int64_t start = 0;
+    int found = 0;
+    for (unsigned i = 1;; i++) {
+        if (ready(q) >= min) {
+            found = 1;
+            break;
+        }
+        cpu_relax();
+        if (i % 32 == 0) {
+            int64_t now = tc__now_ns();
+            if (!start)
+                start = now;
+            else if (now - start >= s->budget_ns)
+                break;
+            if (deadline && now >= deadline)
+                return 0; /* the caller's time ran out, not the budget: kept */
+        }
+    }
+    if (found) {
+        s->budget_ns += s->budget_ns / 2 + SPIN_MIN_NS;
+        if (s->budget_ns > s->max_ns)
+            s->budget_ns = s->max_ns;
+    } else {
+        s->budget_ns /= 2;
+    }
+    return found;
+}
+
+/* slept tells the spinner how long a sleep lasted before work came: one
+ * shorter than the spin ceiling would have been caught by spinning, so the
+ * budget grows back. */
+static void slept(struct spinner *s, int64_t ns)
+{
+    if (ns < s->max_ns) {
+        int64_t b = 2 * s->budget_ns;
+        if (b < 4 * SPIN_MIN_NS)
+            b = 4 * SPIN_MIN_NS;
+        s->budget_ns = b < s->max_ns ? b : s->max_ns;
+    }
+}
+
+/* wait_ready waits until min CQEs are ready (see tc_queue_reap): spin, then
+ * sleep on cq_wake in slices, checking the connection between them. */
+static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
+{
+    if (ready(q) >= min)
+        return TC_OK;
+    if (timeout_ns == 0)
+        return TC_DEADLINE_EXCEEDED;
+    int64_t deadline = 0;
+    if (timeout_ns > 0) {
+        int64_t now = tc__now_ns();
+        deadline = timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
+    }
+    if (queue_err(q) == TC_OK && spin(q, min, deadline))
+        return TC_OK;
+    for (;;) {
+        int rc = queue_err(q);
+        if (rc)
+            return rc;
+        uint32_t v = __atomic_load_n(q->cq_wake, __ATOMIC_SEQ_CST);
+        race_window();
+        /* An atomic RMW, a full fence: the re-check below sees any post the
+         * daemon made before it read the flag. */
+        __atomic_fetch_or(q->cq_flags, FLAG_WAITING, __ATOMIC_SEQ_CST);
+        if (ready(q) >= min)
+            break;
+        if ((rc = queue_err(q)))
+            goto out;
+        int64_t start = tc__now_ns(), slice = CHECK_NS;
+        if (deadline) {
+            int64_t left = deadline - start;
+            if (left <= 0) {
+                rc = TC_DEADLINE_EXCEEDED;
+                goto out;
+            }
+            if (left < slice)
+                slice = left;
+        }
+        bump(&q->cq.sleeps);
+        int err = futex_wait(q->cq_wake, v, slice);
+        if (ready(q) >= min) {
+            if (err == ETIMEDOUT)
+                bump(&q->cq.missed); /* posted while this slept, and not woken */
+            slept(&q->cq.spin, tc__now_ns() - start);
+            break;
+        }
+        if (err == ETIMEDOUT && peer_gone(q->c)) {
+            /* Nothing will be posted any more: submits say so too. */
+            __atomic_store_n(&q->down, 1, __ATOMIC_RELEASE);
+            rc = TC_ECLOSED;
+            goto out;
+        }
+        if (err && err != ETIMEDOUT && err != EAGAIN && err != EINTR) {
+            errno = err;
+            rc = TC_ESYS;
+            goto out;
+        }
+        continue;
+    out:
+        __atomic_fetch_and(q->cq_flags, ~FLAG_WAITING, __ATOMIC_SEQ_CST);
+        return rc;
+    }
+    __atomic_fetch_and(q->cq_flags, ~FLAG_WAITING, __ATOMIC_SEQ_CST);
+    return TC_OK;
+}
+
+int tc_queue_reap(tc_queue *q, tc_cqe *cqes, size_t max, size_t min, int64_t timeout_ns, size_t *n)
+{
+    if (n)
+        *n = 0;
+    if (!q || !n || (max && !cqes) || min > max || min > q->g.cq_entries)
+        return TC_INVALID_ARGUMENT;
+    pthread_mutex_lock(&q->cq.mu);
+    int rc = min ? wait_ready(q, (uint32_t)min, timeout_ns) : TC_OK;
+    size_t k = take(q, cqes, max);
+    pthread_mutex_unlock(&q->cq.mu);
+    *n = k;
+    if (rc == TC_OK && k < min)
+        rc = TC_DEADLINE_EXCEEDED; /* cannot be: ready only grows while this side holds mu */
+    return rc;
+}
+
+int tc_queue_wait(tc_queue *q, size_t min, int64_t timeout_ns)
+{
+    if (!q || min > q->g.cq_entries)
+        return TC_INVALID_ARGUMENT;
+    pthread_mutex_lock(&q->cq.mu);
+    int rc = min ? wait_ready(q, (uint32_t)min, timeout_ns) : TC_OK;
+    pthread_mutex_unlock(&q->cq.mu);
+    return rc;
+}
