@@ -42,6 +42,7 @@ type cqueue struct {
 	seenGen  uint64
 	seenNext int
 	sqes     []queue.SQE
+	answers  []queue.CQE // CQEs of entries prepare answered itself
 	reqs     []xfer.StreamRequest
 	pend     []xfer.StreamRequest // accepted by the checks, waiting for a stream slot
 	res      []error
@@ -111,6 +112,7 @@ func newQueue(c *conn, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	q.st.OnFree(ring.Kick)
 	n := min(int(g.SQEntries), takeMax)
 	q.sqes = make([]queue.SQE, n)
+	q.answers = make([]queue.CQE, 0, n)
 	q.reqs = make([]xfer.StreamRequest, 0, n)
 	q.res = make([]error, n)
 	q.notes = make([][]byte, n)
@@ -137,6 +139,12 @@ func (q *cqueue) work() {
 		}
 		q.prepare(q.sqes[:n])
 		q.ring.Publish()
+		// Answered only now, so that a client that reaps these first sees
+		// their entries' slots free.
+		for i := range q.answers {
+			q.ring.Post(&q.answers[i])
+		}
+		q.answers = q.answers[:0]
 		if !q.submit() {
 			break
 		}
@@ -152,20 +160,20 @@ func (q *cqueue) work() {
 }
 
 // prepare checks and converts taken entries into q.pend. An entry that
-// fails a check is answered at once: the copy is what is checked and what
-// is used.
+// fails a check, and a no-op, is answered from q.answers once the entries
+// are published: the copy is what is checked and what is used.
 func (q *cqueue) prepare(sqes []queue.SQE) {
 	now := time.Now()
 	q.pend = q.pend[:0]
 	for i := range sqes {
 		e := &sqes[i]
 		if e.Op == queue.OpNop {
-			q.ring.Post(&queue.CQE{UserData: e.UserData, State: uint8(xfer.StateCompleted)})
+			q.answers = append(q.answers, queue.CQE{UserData: e.UserData, State: uint8(xfer.StateCompleted)})
 			continue
 		}
 		r, code := q.request(e, i)
 		if code != tcproto.CodeOK {
-			q.refuse(e.UserData, code)
+			q.answers = append(q.answers, queue.CQE{UserData: e.UserData, Code: uint32(code), State: uint8(xfer.StateFailed)})
 			continue
 		}
 		timeout := q.c.s.cfg.DefaultWait
