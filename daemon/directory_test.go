@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/directory/etcdtest"
@@ -64,6 +67,23 @@ func (e *etcdCluster) withEtcd(listen string, mut func(*Config)) func(*Config) {
 			mut(c)
 		}
 	}
+}
+
+// keys counts the keys under prefix in etcd, read directly.
+func (e *etcdCluster) keys(prefix string) int64 {
+	e.t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp.Count
 }
 
 // start runs a daemon with the etcd directory and no configured peers.
@@ -227,7 +247,12 @@ func TestDirectoryRestartEpoch(t *testing.T) {
 	if err := d1.stop(); err != nil {
 		t.Fatal(err)
 	}
-	sees(t, d2, "d1", 0) // left: the lease was revoked
+	// A clean stop leaves: the lease is revoked before Run returns, not
+	// left to lapse a TTL later.
+	if n := e.keys("/t/members/d1"); n != 0 {
+		t.Fatal("d1's registration outlived its clean stop: the lease was not revoked")
+	}
+	sees(t, d2, "d1", 0)
 	d1b := e.start("d1", nil)
 	sees(t, d2, "d1", epochOf(d1b))
 	if epochOf(d1b) == old {

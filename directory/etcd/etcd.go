@@ -54,8 +54,10 @@ const (
 	DefaultLeaseTTL = 10 * time.Second
 	defaultDial     = 5 * time.Second
 	defaultRetry    = 500 * time.Millisecond
-	// maxStatusLeases bounds the lease reads one Status makes.
+	// maxStatusLeases bounds the lease reads one Status makes, and
+	// statusLeaseWait the time they take in all.
 	maxStatusLeases = 256
+	statusLeaseWait = 2 * time.Second
 )
 
 // Config configures a Dir.
@@ -555,7 +557,8 @@ func (s *store) GetExport(ctx context.Context, owner, name string) (directory.Ex
 }
 
 // Close leaves the directory: it stops the goroutines, revokes the lease
-// (this daemon's registration and exports disappear at once) and closes
+// (this daemon's registration and exports disappear at once; not tried
+// while etcd is known down, when the lease lapses with its TTL) and closes
 // the client. Safe to call more than once.
 func (d *Dir) Close() error {
 	d.shut(true)
@@ -573,9 +576,16 @@ func (d *Dir) shut(revoke bool) {
 		d.cancel()
 		d.wg.Wait()
 		d.smu.Lock()
-		lease := d.lease
+		lease, down := d.lease, d.state == directory.StateDown
 		d.state, d.since = directory.StateClosed, d.cfg.Clock()
 		d.smu.Unlock()
+		if revoke && lease != 0 && down {
+			// A revoke would wait out its timeout on an etcd that has
+			// not answered for longer than the budget.
+			d.log.Warn("etcd is unreachable: the directory lease is not revoked and lapses with its TTL",
+				"lease_ttl", d.cfg.LeaseTTL.String())
+			revoke = false
+		}
 		if revoke && lease != 0 {
 			// Bounded: with etcd unreachable the lease lapses by itself.
 			ctx, cancel := context.WithTimeout(context.Background(), min(d.cfg.DialTimeout, 2*time.Second))
