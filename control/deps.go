@@ -3,8 +3,8 @@ package control
 import (
 	"time"
 
-	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 

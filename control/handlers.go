@@ -133,6 +133,8 @@ func (c *conn) handle() ([]byte, int) {
 		c.segmentsList()
 	case *wire.RDMARequest:
 		c.rdmaInfo()
+	case *wire.DirectoryRequest:
+		err = c.directoryReport()
 	case *wire.OpenQueueRequest:
 		fd, err = c.openQueue(b)
 	case *wire.CloseQueueRequest:

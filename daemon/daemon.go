@@ -128,7 +128,10 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}
 	if d.dir != nil {
 		deps.Peers = &dirPlane{peerPlane: d.peers, dir: d.dir}
-		deps.Catalog, deps.Directory = d.dir, d.dir
+		deps.Catalog = d.dir
+	}
+	if deps.Directory, err = d.directoryReporter(); err != nil {
+		return nil, err
 	}
 	inherited, err := inheritedListener(getenv)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tensorcast/tensorcast/wire"
 	"log/slog"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/directory/etcd"
 	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // The multi-host directory in the daemon. With directory = etcd the
@@ -70,6 +70,27 @@ func (d *Daemon) joinDirectory() error {
 		return fmt.Errorf("directory = etcd (daemon_id = %q, etcd_endpoints = %v): %w", d.cfg.DaemonID, d.cfg.EtcdEndpoints, err)
 	}
 	return nil
+}
+
+// directoryReporter is what tcctl directory reports: the etcd directory,
+// else the peer plane's embedded one (the configured peers, with the
+// epochs their handshakes told), else, without a peer plane, the
+// configured peers alone.
+func (d *Daemon) directoryReporter() (directory.Reporter, error) {
+	if d.dir != nil {
+		return d.dir, nil
+	}
+	if d.peers != nil {
+		if r, ok := d.peers.node.Directory().(directory.Reporter); ok {
+			return r, nil
+		}
+		return nil, fmt.Errorf("the peer plane's directory %T cannot report itself", d.peers.node.Directory())
+	}
+	peers := make([]directory.Peer, len(d.cfg.Peers))
+	for i, pc := range d.cfg.Peers {
+		peers[i] = directory.Peer{ID: pc.ID, Addr: pc.Addr}
+	}
+	return directory.NewEmbedded(directory.Peer{ID: d.cfg.DaemonID}, peers)
 }
 
 // directoryCounters appends the directory's state and cache counters to
