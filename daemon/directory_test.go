@@ -422,3 +422,85 @@ func TestDirectoryStaleEntryFenced(t *testing.T) {
 		t.Fatalf("open of a daemon that left, cache corrected: %v, want NOT_FOUND", err)
 	}
 }
+
+// TestDirectoryHybridCacheFirst: past the staleness budget (etcd down, so
+// nothing refreshes the cache) a hybrid-cache-first open of a daemon the
+// cache knows goes to that peer, whose handshake and token answer, and
+// never to the store; one of a daemon the cache does not know goes to the
+// store instead (and fails closed, the store being down), where a
+// stream-first one does not wait on the store at all. Within the budget
+// all three lanes are served from the cache.
+func TestDirectoryHybridCacheFirst(t *testing.T) {
+	e := newEtcdCluster(t)
+	d1 := e.start("d1", nil)
+	d2 := e.start("d2", nil)
+	sees(t, d2, "d1", epochOf(d1))
+	exportBuffer(t, d1.dial(t, "exporter"), "kv", 1<<20)
+	b := d2.dial(t, "opener")
+	hybrid := client.WithLane("hybrid-cache-first")
+	st := func() directory.CacheStats { return d2.d.dir.Cache().Stats() }
+
+	before := st()
+	r, err := b.OpenRemote("d1/kv", client.RightRead, hybrid)
+	if err != nil {
+		t.Fatalf("hybrid-cache-first open within the budget: %v", err)
+	}
+	_ = b.CloseRemote(r.ID)
+	if s := st(); s.Hits != before.Hits+1 || s.FallbackPeer != before.FallbackPeer || s.StoreReads != before.StoreReads {
+		t.Fatalf("within the budget: hits %d→%d, peer fallbacks %d→%d, store reads %d→%d; want one hit",
+			before.Hits, s.Hits, before.FallbackPeer, s.FallbackPeer, before.StoreReads, s.StoreReads)
+	}
+
+	e.srv.Stop()
+	e.clk.Advance(3 * time.Second) // past the 2s budget; etcd cannot refresh it
+	before = st()
+	r, err = b.OpenRemote("d1/kv", client.RightRead|client.RightWrite, hybrid)
+	if err != nil {
+		t.Fatalf("hybrid-cache-first open of a cached daemon past the budget (the peer answers): %v", err)
+	}
+	if r.Epoch != epochOf(d1) {
+		t.Fatalf("opened at epoch %#x, d1 runs %#x", r.Epoch, epochOf(d1))
+	}
+	buf, err := b.RegisterBuffer(256 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := roundTrip(b, buf, r.ID, 1); err != nil {
+		t.Fatalf("segment opened through the peer: %v", err)
+	}
+	if s := st(); s.FallbackPeer != before.FallbackPeer+1 || s.StoreReads != before.StoreReads || s.Hits != before.Hits {
+		t.Fatalf("hybrid, cached, past the budget: peer fallbacks %d→%d, store reads %d→%d, hits %d→%d; want one peer fallback",
+			before.FallbackPeer, s.FallbackPeer, before.StoreReads, s.StoreReads, before.Hits, s.Hits)
+	}
+
+	// The peer confirmed d1 just now; age the entry past the budget again.
+	e.clk.Advance(3 * time.Second)
+	before = st()
+	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("catalog-first open past the budget, etcd down: %v, want UNAVAILABLE", err)
+	}
+	if s := st(); s.FallbackStore != before.FallbackStore+1 || s.StoreReads != before.StoreReads+1 {
+		t.Fatalf("catalog-first past the budget did not go to the store: store fallbacks %d→%d, reads %d→%d",
+			before.FallbackStore, s.FallbackStore, before.StoreReads, s.StoreReads)
+	}
+
+	before = st()
+	if _, err := b.OpenRemote("d7/kv", client.RightRead, hybrid); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("hybrid-cache-first open of an unknown daemon, etcd down: %v, want UNAVAILABLE", err)
+	}
+	if s := st(); s.FallbackStore != before.FallbackStore+1 || s.StoreReads != before.StoreReads+1 || s.FallbackPeer != before.FallbackPeer {
+		t.Fatalf("hybrid, not cached: store fallbacks %d→%d, reads %d→%d, peer fallbacks %d→%d; want it sent to the store",
+			before.FallbackStore, s.FallbackStore, before.StoreReads, s.StoreReads, before.FallbackPeer, s.FallbackPeer)
+	}
+	before = st()
+	if _, err := b.OpenRemote("d7/kv", client.RightRead, client.WithLane("stream-first")); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("stream-first open of an unknown daemon: %v, want UNAVAILABLE", err)
+	}
+	if s := st(); s.StoreReads != before.StoreReads || s.FallbackPeer != before.FallbackPeer+1 {
+		t.Fatalf("stream-first, not cached: store reads %d→%d, peer fallbacks %d→%d; it must not wait on the store",
+			before.StoreReads, s.StoreReads, before.FallbackPeer, s.FallbackPeer)
+	}
+	if err := roundTrip(b, buf, r.ID, 2); err != nil {
+		t.Fatalf("open segment after the refusals: %v", err)
+	}
+}
