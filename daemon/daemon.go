@@ -88,6 +88,13 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if d.dir, err = openDirectory(cfg, log); err != nil {
 		return nil, err
 	}
+	if d.dir != nil {
+		// Before the peer plane listens: a daemon refused for a held id
+		// never listens on its peer port.
+		if err := d.claimDirectory(); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.PeerListen != "" {
 		if d.peers, err = newPeerPlane(cfg, peerDirectory(d.dir), log.With("component", "peers")); err != nil {
 			return nil, err

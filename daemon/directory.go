@@ -15,12 +15,13 @@ import (
 )
 
 // The multi-host directory in the daemon. With directory = etcd the
-// daemon opens an etcd.Dir before its peer plane (the tcp node finds peers
-// in it), registers once the peer plane and RDMA are up (New fails when
-// another live daemon holds the id), tells it about every export (the
-// control server's catalog hook) and lets the request's lane choose how
-// OpenRemote may look a peer up (dirPlane). The directory closes after
-// the peer plane: leaving revokes the lease.
+// daemon opens an etcd.Dir and claims its id before its peer plane listens
+// (the tcp node finds peers in it; New fails there when another live
+// daemon holds the id), registers once the peer plane and RDMA are up,
+// tells it about every export (the control server's catalog hook) and
+// lets the request's lane choose how OpenRemote may look a peer up
+// (dirPlane). The directory closes after the peer plane: leaving revokes
+// the lease.
 
 // openDirectory opens the etcd directory when the config asks for it; nil
 // for the embedded one.
@@ -52,6 +53,17 @@ func peerDirectory(d *etcd.Dir) directory.Directory {
 		return nil
 	}
 	return d
+}
+
+// claimDirectory claims this daemon's id in etcd, before anything
+// listens: another live holder of the id stops start-up here.
+func (d *Daemon) claimDirectory() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(d.cfg.EtcdLeaseTTL)+30*time.Second)
+	defer cancel()
+	if err := d.dir.Claim(ctx); err != nil {
+		return fmt.Errorf("directory = etcd (daemon_id = %q, etcd_endpoints = %v): %w", d.cfg.DaemonID, d.cfg.EtcdEndpoints, err)
+	}
+	return nil
 }
 
 // joinDirectory registers this daemon: its id, epoch, peer address, RDMA

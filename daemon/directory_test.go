@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -201,18 +202,28 @@ func TestDirectoryOpenUnlisted(t *testing.T) {
 }
 
 // TestDirectoryIDCollision: a second daemon with the id of a live one
-// does not start, and says who holds the id.
+// does not start, and says who holds the id. It is refused before its
+// peer plane listens: its peer_listen is a port the test holds, and the
+// refusal is the id's, not the port's.
 func TestDirectoryIDCollision(t *testing.T) {
 	e := newEtcdCluster(t)
 	d1 := e.start("d1", nil)
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
 	dir := t.TempDir()
 	cfg := testConfig(dir)
-	cfg.DaemonID, cfg.PeerListen, cfg.ClusterKeyFile = "d1", "127.0.0.1:0", e.key
+	cfg.DaemonID, cfg.PeerListen, cfg.ClusterKeyFile = "d1", held.Addr().String(), e.key
 	e.withEtcd("", nil)(&cfg)
 	var logs lockedBuffer
-	_, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), env(nil))
+	_, err = New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), env(nil))
 	if !errors.Is(err, directory.ErrIDInUse) {
-		t.Fatalf("second d1: %v", err)
+		t.Fatalf("second d1 (peer_listen on a held port): %v, want the id refused before the port is tried", err)
+	}
+	if strings.Contains(logs.String(), "peer plane up") {
+		t.Fatalf("the refused daemon brought its peer plane up:\n%s", logs.String())
 	}
 	if !strings.Contains(err.Error(), d1.d.PeerAddr()) || !strings.Contains(err.Error(), "daemon_id") {
 		t.Fatalf("refusal does not say who holds the id and which key to change: %v", err)

@@ -7,10 +7,12 @@
 //
 //	members/<id>            a directory.Member, under the daemon's lease
 //	exports/<id>/<name>     a directory.Export, under the same lease
+//	claims/<id>             a daemon starting with the id (claim.go)
 //
 // A registration is created by a transaction on the key's create revision
 // (it exists only if nobody holds the key), so two live daemons never hold
-// one id: the second is refused. A daemon that stops renewing its lease
+// one id: the second is refused, before its peer plane listens when it
+// claimed the id first (Claim). A daemon that stops renewing its lease
 // drops out when the lease lapses, its exports with it.
 //
 // What the directory says is advice (a route, not a permission): the
@@ -194,7 +196,9 @@ type Dir struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	// joined is set by a successful Join (the keeper runs).
+	// claimed is set by Claim, joined by a successful Join (the keeper
+	// runs).
+	claimed   atomic.Bool
 	joined    atomic.Bool
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -213,7 +217,10 @@ type Dir struct {
 	since   time.Time
 	outages uint64
 	self    directory.Member
-	lease   clientv3.LeaseID
+	// lease is the registration's lease, or before Join the claim's;
+	// claimRev is the claim key's create revision while it is held.
+	lease    clientv3.LeaseID
+	claimRev int64
 
 	// pmu guards the catalog: what this daemon exports (desired) and what
 	// is written under the current lease (applied, name → generation).
