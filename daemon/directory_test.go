@@ -383,8 +383,9 @@ func TestDirectoryStaleEntryFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	// d1 again, on its address, with a new epoch; it cannot register (etcd
-	// is down), so it runs on the embedded directory.
-	d1b := startPeerWith(t, "d1", e.key, addr, nil)
+	// is down), so it runs on the embedded directory, listing d2 (a daemon
+	// accepts only the peer ids it knows).
+	d1b := startPeerWith(t, "d1", e.key, addr, nil, dialsIn("d2"))
 	exportBuffer(t, d1b.dial(t, "exporter"), "kv", 1<<20)
 	if m, ok := d2.d.dir.Cache().Peek("d1"); !ok || m.Epoch != old {
 		t.Fatalf("d2's entry for d1 = %+v %v, want the old epoch", m, ok)
@@ -412,7 +413,7 @@ func TestDirectoryStaleEntryFenced(t *testing.T) {
 	if err := d1b.stop(); err != nil {
 		t.Fatal(err)
 	}
-	startPeerWith(t, "d3", e.key, addr, nil)
+	startPeerWith(t, "d3", e.key, addr, nil, dialsIn("d2"))
 	// A catalog-first lookup of the suspect entry would go to etcd (down):
 	// it fails closed without dialing.
 	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {

@@ -21,7 +21,7 @@ import (
 //  4. closes everything, in an order where each step ends the waits of the
 //     next: the engine (pending tasks canceled), the peer node (dials,
 //     handshakes and peer requests end), the etcd directory (the lease
-//     revoked, at most 2s), the control server (connections
+//     revoked, at most 1s), the control server (connections
 //     released without waiting again), the RDMA plane, the file tier, the
 //     local transport, the pool.
 //

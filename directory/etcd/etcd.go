@@ -595,7 +595,7 @@ func (d *Dir) shut(revoke bool) {
 		}
 		if revoke && lease != 0 {
 			// Bounded: with etcd unreachable the lease lapses by itself.
-			ctx, cancel := context.WithTimeout(context.Background(), min(d.cfg.DialTimeout, 2*time.Second))
+			ctx, cancel := context.WithTimeout(context.Background(), min(d.cfg.DialTimeout, time.Second))
 			d.requests.Add(1)
 			if _, err := d.cli.Revoke(ctx, lease); err != nil {
 				d.log.Warn("could not revoke the directory lease; the registration lapses with its TTL",
