@@ -47,7 +47,12 @@ type Options struct {
 type CallOption func(*wire.Context)
 
 // WithIdempotencyKey makes a mutating call idempotent: a retry with the same
-// key on the same connection returns the first result.
+// key on the same connection returns the first result. The daemon binds
+// the key to the lane and arguments of its first use, on every
+// connection: the key under another lane or with other arguments fails
+// ErrFailedPrecondition, and so does the same call on another connection
+// while the first lives (it runs afresh there once the first closed).
+// OpenQueue is not idempotent by key (its answer carries a new fd).
 func WithIdempotencyKey(key string) CallOption {
 	return func(c *wire.Context) { c.IdempotencyKey = []byte(key) }
 }

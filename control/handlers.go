@@ -65,17 +65,15 @@ func (c *conn) handle() ([]byte, int) {
 	var h uint64
 	if keyed {
 		h = argsHash(c.b, m)
-		if e, ok := c.idem.get(m.Ctx.IdempotencyKey); ok {
+		if frame, err := c.idemLookup(m, h); frame != nil || err != nil {
 			closeFDs(c.fds)
 			c.fds = c.fds[:0]
-			if e.hash != h {
+			if err != nil {
 				c.audit(m, tcproto.CodeFAILED_PRECONDITION, true)
-				return c.errorFrame(ErrIdempotencyConflict), -1
+				return c.errorFrame(err), -1
 			}
 			c.audit(m, tcproto.CodeOK, true)
-			out := slices.Clone(e.frame)
-			tcproto.GetRootAsResponse(out[wire.FrameHeader:], 0).MutateRequestId(m.Ctx.RequestID)
-			return out, -1
+			return c.idemReplay(frame), -1
 		}
 	}
 
@@ -133,6 +131,8 @@ func (c *conn) handle() ([]byte, int) {
 		c.segmentsList()
 	case *wire.RDMARequest:
 		c.rdmaInfo()
+	case *wire.DirectoryRequest:
+		err = c.directoryReport()
 	case *wire.OpenQueueRequest:
 		fd, err = c.openQueue(b)
 	case *wire.CloseQueueRequest:
@@ -158,7 +158,7 @@ func (c *conn) handle() ([]byte, int) {
 		c.audit(m, code, false)
 	}
 	if keyed && code != tcproto.CodeUNAVAILABLE && code != tcproto.CodeINTERNAL {
-		c.idem.put(m.Ctx.IdempotencyKey, idemEntry{hash: h, frame: slices.Clone(out)}, c.s.cfg.Limits.MaxIdempotencyKeys)
+		c.idemRecord(m, h, out)
 	}
 	return out, fd
 }
@@ -721,5 +721,7 @@ func (c *conn) release() {
 		}
 	}
 	c.blocks.reset()
+	// Its keys may run afresh on another connection now.
+	c.s.idem.closed(c.id)
 	c.log.Debug("connection resources released")
 }

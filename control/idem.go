@@ -2,8 +2,12 @@ package control
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // The daemon-wide idempotency record. A connection's idemTable replays a
@@ -63,13 +67,34 @@ type sharedIdem struct {
 	m     map[string]*idemRecord
 	order []idemSlot // oldest first
 	seq   uint64
+	// byConn lists the keys each open connection recorded, so that its
+	// close touches only those (slots whose record moved on are skipped,
+	// and dropped when they outnumber the live ones).
+	byConn map[uint64]*connKeys
+}
+
+// connKeys is the keys one connection recorded; compacted when it grows
+// to next, so it holds at most about twice the live ones.
+type connKeys struct {
+	slots []idemSlot
+	next  int
+}
+
+// sharedIdemTTL is how long the daemon-wide table remembers a key after
+// its last recorded answer.
+const sharedIdemTTL = 10 * time.Minute
+
+// sharedIdemLimit is how many keys the daemon-wide table remembers: as
+// many as every connection's own table together, at most 2^20.
+func sharedIdemLimit(cfg *Config) int {
+	return min(cfg.MaxConns*cfg.Limits.MaxIdempotencyKeys, 1<<20)
 }
 
 func newSharedIdem(limit int, ttl time.Duration, now func() time.Time) *sharedIdem {
 	if now == nil {
 		now = time.Now
 	}
-	return &sharedIdem{limit: limit, ttl: ttl, now: now, m: make(map[string]*idemRecord)}
+	return &sharedIdem{limit: limit, ttl: ttl, now: now, m: make(map[string]*idemRecord), byConn: make(map[uint64]*connKeys)}
 }
 
 // check says what a call with key, lane and argument hash on connection
@@ -108,7 +133,8 @@ func (t *sharedIdem) record(key, lane []byte, hash, conn uint64, frame []byte) {
 	defer t.mu.Unlock()
 	k := string(key)
 	r := &idemRecord{lane: string(lane), hash: hash, conn: conn, frame: frame, at: t.now()}
-	if old, ok := t.m[k]; ok {
+	old, ok := t.m[k]
+	if ok {
 		r.seq = old.seq // keeps its place: the key's age is its first use
 	} else {
 		t.seq++
@@ -116,6 +142,9 @@ func (t *sharedIdem) record(key, lane []byte, hash, conn uint64, frame []byte) {
 		t.order = append(t.order, idemSlot{key: k, seq: r.seq})
 	}
 	t.m[k] = r
+	if !ok || old.conn != conn {
+		t.addConnKey(conn, idemSlot{key: k, seq: r.seq})
+	}
 	for len(t.m) > t.limit && len(t.order) > 0 {
 		s := t.order[0]
 		t.order = t.order[1:]
@@ -136,16 +165,44 @@ func (t *sharedIdem) record(key, lane []byte, hash, conn uint64, frame []byte) {
 	}
 }
 
+// addConnKey lists key under conn, compacting the list when most of its
+// slots no longer name a record of conn. With t.mu held.
+func (t *sharedIdem) addConnKey(conn uint64, s idemSlot) {
+	ck := t.byConn[conn]
+	if ck == nil {
+		ck = &connKeys{next: 64}
+		t.byConn[conn] = ck
+	}
+	ck.slots = append(ck.slots, s)
+	if len(ck.slots) < ck.next {
+		return
+	}
+	live := ck.slots[:0]
+	for _, s := range ck.slots {
+		if r, ok := t.m[s.key]; ok && r.seq == s.seq && r.conn == conn {
+			live = append(live, s)
+		}
+	}
+	clear(ck.slots[len(live):])
+	ck.slots, ck.next = live, 2*len(live)+64
+}
+
 // closed records that connection conn closed: its keys may run afresh on
-// another connection (still bound to their lane and arguments).
+// another connection (still bound to their lane and arguments), and their
+// answers, which name its released resources, are dropped.
 func (t *sharedIdem) closed(conn uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, r := range t.m {
-		if r.conn == conn {
-			r.connGone = true
+	ck := t.byConn[conn]
+	if ck == nil {
+		return
+	}
+	for _, s := range ck.slots {
+		if r, ok := t.m[s.key]; ok && r.seq == s.seq && r.conn == conn {
+			r.connGone, r.frame = true, nil
 		}
 	}
+	delete(t.byConn, conn)
 }
 
 // len is the number of keys remembered.
@@ -153,4 +210,46 @@ func (t *sharedIdem) len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.m)
+}
+
+// idemLookup says what a keyed call does before it runs: replay the
+// answer it got on this connection (frame), be refused (err: the key is
+// bound to another lane or other arguments, on this connection or any
+// other, or in use by another open connection), or run (neither).
+func (c *conn) idemLookup(m *wire.Request, hash uint64) (frame []byte, err error) {
+	key := m.Ctx.IdempotencyKey
+	if e, ok := c.idem.get(key); ok {
+		if e.hash != hash {
+			return nil, fmt.Errorf("%w: key %q was first used on this connection with another lane or other arguments",
+				ErrIdempotencyConflict, key)
+		}
+		return e.frame, nil
+	}
+	switch v, frame, err := c.s.idem.check(key, m.Ctx.Lane, hash, c.id); v {
+	case idemRefuse:
+		c.log.Info("idempotency key refused", "kind", m.Kind().String(), "request_id", m.Ctx.RequestID,
+			"lane", string(m.Ctx.Lane), "err", err)
+		return nil, err
+	case idemReplay:
+		// Evicted from this connection's table, still in the daemon's.
+		return frame, nil
+	}
+	return nil, nil
+}
+
+// idemRecord remembers the answer out to a keyed call, in this
+// connection's table and the daemon's (one copy, shared: neither changes
+// it).
+func (c *conn) idemRecord(m *wire.Request, hash uint64, out []byte) {
+	f := slices.Clone(out)
+	c.idem.put(m.Ctx.IdempotencyKey, idemEntry{hash: hash, frame: f}, c.s.cfg.Limits.MaxIdempotencyKeys)
+	c.s.idem.record(m.Ctx.IdempotencyKey, m.Ctx.Lane, hash, c.id, f)
+}
+
+// idemReplay is a recorded answer to the request being served: a copy
+// with its request id.
+func (c *conn) idemReplay(frame []byte) []byte {
+	out := slices.Clone(frame)
+	tcproto.GetRootAsResponse(out[wire.FrameHeader:], 0).MutateRequestId(c.req.Ctx.RequestID)
+	return out
 }

@@ -44,6 +44,9 @@ func TestSharedIdem(t *testing.T) {
 		}
 	}
 	tab.closed(conn1)
+	if r := tab.m[string(k)]; r.frame != nil || !r.connGone {
+		t.Fatalf("after its connection closed the record keeps its answer (%q) or its owner (gone %v)", r.frame, r.connGone)
+	}
 	if v, _, _ := tab.check(k, stream, h, conn2); v != idemRun {
 		t.Fatalf("same call after the owner closed: %v, want a fresh run", v)
 	}
@@ -88,5 +91,36 @@ func TestSharedIdem(t *testing.T) {
 	}
 	if len(tab2.order) > 2*2+16+1 {
 		t.Fatalf("order grew to %d slots", len(tab2.order))
+	}
+}
+
+// TestSharedIdemConnIndex: a connection's close touches only its own keys,
+// and the index of a long-lived connection whose keys were evicted stays
+// bounded by the live ones.
+func TestSharedIdemConnIndex(t *testing.T) {
+	tab := newSharedIdem(100, time.Hour, nil)
+	lane := []byte("stream-first")
+	for i := range 10000 {
+		tab.record([]byte(fmt.Sprint("a", i)), lane, 1, 5, []byte("answer"))
+	}
+	tab.record([]byte("b"), lane, 1, 6, []byte("other"))
+	if n := len(tab.byConn[5].slots); n > 2*100+64 {
+		t.Fatalf("connection 5 indexes %d keys; at most 100 are live", n)
+	}
+	tab.closed(5)
+	if _, ok := tab.byConn[5]; ok {
+		t.Fatal("the closed connection's index is kept")
+	}
+	if r := tab.m["b"]; r.connGone || string(r.frame) != "other" {
+		t.Fatalf("another connection's record changed by a close: %+v", r)
+	}
+	gone := 0
+	for _, r := range tab.m {
+		if r.conn == 5 && r.connGone && r.frame == nil {
+			gone++
+		}
+	}
+	if gone != 99 {
+		t.Fatalf("%d of connection 5's 99 live keys marked closed", gone)
 	}
 }

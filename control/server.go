@@ -148,6 +148,9 @@ type Server struct {
 
 	// exp is the daemon's exported segments; it has its own lock.
 	exp exportTable
+	// idem binds idempotency keys across connections (idem.go); it has
+	// its own lock.
+	idem *sharedIdem
 
 	// mu guards the fields below.
 	mu    sync.Mutex
@@ -182,6 +185,7 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 		idle:    make(chan struct{}, 1),
 		conns:   make(map[*conn]struct{}),
 		exp:     exportTable{m: make(map[string]*export)},
+		idem:    newSharedIdem(sharedIdemLimit(&cfg), sharedIdemTTL, nil),
 		dlim: wire.DecodeLimits{
 			MaxRequests: max(cfg.Limits.MaxRequests, cfg.Limits.MaxBatchCapacity),
 			MaxOffsets:  cfg.Limits.MaxBlocks,

@@ -88,6 +88,13 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if d.dir, err = openDirectory(cfg, log); err != nil {
 		return nil, err
 	}
+	if d.dir != nil {
+		// Before the peer plane listens: a daemon refused for a held id
+		// never listens on its peer port.
+		if err := d.claimDirectory(); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.PeerListen != "" {
 		if d.peers, err = newPeerPlane(cfg, peerDirectory(d.dir), log.With("component", "peers")); err != nil {
 			return nil, err
@@ -128,7 +135,10 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}
 	if d.dir != nil {
 		deps.Peers = &dirPlane{peerPlane: d.peers, dir: d.dir}
-		deps.Catalog, deps.Directory = d.dir, d.dir
+		deps.Catalog = d.dir
+	}
+	if deps.Directory, err = d.directoryReporter(); err != nil {
+		return nil, err
 	}
 	inherited, err := inheritedListener(getenv)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tensorcast/tensorcast/wire"
 	"log/slog"
 	"time"
 
@@ -12,15 +11,17 @@ import (
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/directory/etcd"
 	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // The multi-host directory in the daemon. With directory = etcd the
-// daemon opens an etcd.Dir before its peer plane (the tcp node finds peers
-// in it), registers once the peer plane and RDMA are up (New fails when
-// another live daemon holds the id), tells it about every export (the
-// control server's catalog hook) and lets the request's lane choose how
-// OpenRemote may look a peer up (dirPlane). The directory closes after
-// the peer plane: leaving revokes the lease.
+// daemon opens an etcd.Dir and claims its id before its peer plane listens
+// (the tcp node finds peers in it; New fails there when another live
+// daemon holds the id), registers once the peer plane and RDMA are up,
+// tells it about every export (the control server's catalog hook) and
+// lets the request's lane choose how OpenRemote may look a peer up
+// (dirPlane). The directory closes after the peer plane: leaving revokes
+// the lease.
 
 // openDirectory opens the etcd directory when the config asks for it; nil
 // for the embedded one.
@@ -54,6 +55,17 @@ func peerDirectory(d *etcd.Dir) directory.Directory {
 	return d
 }
 
+// claimDirectory claims this daemon's id in etcd, before anything
+// listens: another live holder of the id stops start-up here.
+func (d *Daemon) claimDirectory() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(d.cfg.EtcdLeaseTTL)+30*time.Second)
+	defer cancel()
+	if err := d.dir.Claim(ctx); err != nil {
+		return fmt.Errorf("directory = etcd (daemon_id = %q, etcd_endpoints = %v): %w", d.cfg.DaemonID, d.cfg.EtcdEndpoints, err)
+	}
+	return nil
+}
+
 // joinDirectory registers this daemon: its id, epoch, peer address, RDMA
 // addressing and capabilities.
 func (d *Daemon) joinDirectory() error {
@@ -70,6 +82,27 @@ func (d *Daemon) joinDirectory() error {
 		return fmt.Errorf("directory = etcd (daemon_id = %q, etcd_endpoints = %v): %w", d.cfg.DaemonID, d.cfg.EtcdEndpoints, err)
 	}
 	return nil
+}
+
+// directoryReporter is what tcctl directory reports: the etcd directory,
+// else the peer plane's embedded one (the configured peers, with the
+// epochs their handshakes told), else, without a peer plane, the
+// configured peers alone.
+func (d *Daemon) directoryReporter() (directory.Reporter, error) {
+	if d.dir != nil {
+		return d.dir, nil
+	}
+	if d.peers != nil {
+		if r, ok := d.peers.node.Directory().(directory.Reporter); ok {
+			return r, nil
+		}
+		return nil, fmt.Errorf("the peer plane's directory %T cannot report itself", d.peers.node.Directory())
+	}
+	peers := make([]directory.Peer, len(d.cfg.Peers))
+	for i, pc := range d.cfg.Peers {
+		peers[i] = directory.Peer{ID: pc.ID, Addr: pc.Addr}
+	}
+	return directory.NewEmbedded(directory.Peer{ID: d.cfg.DaemonID}, peers)
 }
 
 // directoryCounters appends the directory's state and cache counters to

@@ -5,10 +5,14 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/directory"
@@ -64,6 +68,23 @@ func (e *etcdCluster) withEtcd(listen string, mut func(*Config)) func(*Config) {
 			mut(c)
 		}
 	}
+}
+
+// keys counts the keys under prefix in etcd, read directly.
+func (e *etcdCluster) keys(prefix string) int64 {
+	e.t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp.Count
 }
 
 // start runs a daemon with the etcd directory and no configured peers.
@@ -181,18 +202,28 @@ func TestDirectoryOpenUnlisted(t *testing.T) {
 }
 
 // TestDirectoryIDCollision: a second daemon with the id of a live one
-// does not start, and says who holds the id.
+// does not start, and says who holds the id. It is refused before its
+// peer plane listens: its peer_listen is a port the test holds, and the
+// refusal is the id's, not the port's.
 func TestDirectoryIDCollision(t *testing.T) {
 	e := newEtcdCluster(t)
 	d1 := e.start("d1", nil)
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
 	dir := t.TempDir()
 	cfg := testConfig(dir)
-	cfg.DaemonID, cfg.PeerListen, cfg.ClusterKeyFile = "d1", "127.0.0.1:0", e.key
+	cfg.DaemonID, cfg.PeerListen, cfg.ClusterKeyFile = "d1", held.Addr().String(), e.key
 	e.withEtcd("", nil)(&cfg)
 	var logs lockedBuffer
-	_, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), env(nil))
+	_, err = New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), env(nil))
 	if !errors.Is(err, directory.ErrIDInUse) {
-		t.Fatalf("second d1: %v", err)
+		t.Fatalf("second d1 (peer_listen on a held port): %v, want the id refused before the port is tried", err)
+	}
+	if strings.Contains(logs.String(), "peer plane up") {
+		t.Fatalf("the refused daemon brought its peer plane up:\n%s", logs.String())
 	}
 	if !strings.Contains(err.Error(), d1.d.PeerAddr()) || !strings.Contains(err.Error(), "daemon_id") {
 		t.Fatalf("refusal does not say who holds the id and which key to change: %v", err)
@@ -227,7 +258,12 @@ func TestDirectoryRestartEpoch(t *testing.T) {
 	if err := d1.stop(); err != nil {
 		t.Fatal(err)
 	}
-	sees(t, d2, "d1", 0) // left: the lease was revoked
+	// A clean stop leaves: the lease is revoked before Run returns, not
+	// left to lapse a TTL later.
+	if n := e.keys("/t/members/d1"); n != 0 {
+		t.Fatal("d1's registration outlived its clean stop: the lease was not revoked")
+	}
+	sees(t, d2, "d1", 0)
 	d1b := e.start("d1", nil)
 	sees(t, d2, "d1", epochOf(d1b))
 	if epochOf(d1b) == old {
@@ -347,8 +383,9 @@ func TestDirectoryStaleEntryFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	// d1 again, on its address, with a new epoch; it cannot register (etcd
-	// is down), so it runs on the embedded directory.
-	d1b := startPeerWith(t, "d1", e.key, addr, nil)
+	// is down), so it runs on the embedded directory, listing d2 (a daemon
+	// accepts only the peer ids it knows).
+	d1b := startPeerWith(t, "d1", e.key, addr, nil, dialsIn("d2"))
 	exportBuffer(t, d1b.dial(t, "exporter"), "kv", 1<<20)
 	if m, ok := d2.d.dir.Cache().Peek("d1"); !ok || m.Epoch != old {
 		t.Fatalf("d2's entry for d1 = %+v %v, want the old epoch", m, ok)
@@ -376,7 +413,7 @@ func TestDirectoryStaleEntryFenced(t *testing.T) {
 	if err := d1b.stop(); err != nil {
 		t.Fatal(err)
 	}
-	startPeerWith(t, "d3", e.key, addr, nil)
+	startPeerWith(t, "d3", e.key, addr, nil, dialsIn("d2"))
 	// A catalog-first lookup of the suspect entry would go to etcd (down):
 	// it fails closed without dialing.
 	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
@@ -395,5 +432,87 @@ func TestDirectoryStaleEntryFenced(t *testing.T) {
 	sees(t, d2, "d1", 0)
 	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("open of a daemon that left, cache corrected: %v, want NOT_FOUND", err)
+	}
+}
+
+// TestDirectoryHybridCacheFirst: past the staleness budget (etcd down, so
+// nothing refreshes the cache) a hybrid-cache-first open of a daemon the
+// cache knows goes to that peer, whose handshake and token answer, and
+// never to the store; one of a daemon the cache does not know goes to the
+// store instead (and fails closed, the store being down), where a
+// stream-first one does not wait on the store at all. Within the budget
+// all three lanes are served from the cache.
+func TestDirectoryHybridCacheFirst(t *testing.T) {
+	e := newEtcdCluster(t)
+	d1 := e.start("d1", nil)
+	d2 := e.start("d2", nil)
+	sees(t, d2, "d1", epochOf(d1))
+	exportBuffer(t, d1.dial(t, "exporter"), "kv", 1<<20)
+	b := d2.dial(t, "opener")
+	hybrid := client.WithLane("hybrid-cache-first")
+	st := func() directory.CacheStats { return d2.d.dir.Cache().Stats() }
+
+	before := st()
+	r, err := b.OpenRemote("d1/kv", client.RightRead, hybrid)
+	if err != nil {
+		t.Fatalf("hybrid-cache-first open within the budget: %v", err)
+	}
+	_ = b.CloseRemote(r.ID)
+	if s := st(); s.Hits != before.Hits+1 || s.FallbackPeer != before.FallbackPeer || s.StoreReads != before.StoreReads {
+		t.Fatalf("within the budget: hits %d→%d, peer fallbacks %d→%d, store reads %d→%d; want one hit",
+			before.Hits, s.Hits, before.FallbackPeer, s.FallbackPeer, before.StoreReads, s.StoreReads)
+	}
+
+	e.srv.Stop()
+	e.clk.Advance(3 * time.Second) // past the 2s budget; etcd cannot refresh it
+	before = st()
+	r, err = b.OpenRemote("d1/kv", client.RightRead|client.RightWrite, hybrid)
+	if err != nil {
+		t.Fatalf("hybrid-cache-first open of a cached daemon past the budget (the peer answers): %v", err)
+	}
+	if r.Epoch != epochOf(d1) {
+		t.Fatalf("opened at epoch %#x, d1 runs %#x", r.Epoch, epochOf(d1))
+	}
+	buf, err := b.RegisterBuffer(256 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := roundTrip(b, buf, r.ID, 1); err != nil {
+		t.Fatalf("segment opened through the peer: %v", err)
+	}
+	if s := st(); s.FallbackPeer != before.FallbackPeer+1 || s.StoreReads != before.StoreReads || s.Hits != before.Hits {
+		t.Fatalf("hybrid, cached, past the budget: peer fallbacks %d→%d, store reads %d→%d, hits %d→%d; want one peer fallback",
+			before.FallbackPeer, s.FallbackPeer, before.StoreReads, s.StoreReads, before.Hits, s.Hits)
+	}
+
+	// The peer confirmed d1 just now; age the entry past the budget again.
+	e.clk.Advance(3 * time.Second)
+	before = st()
+	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("catalog-first open past the budget, etcd down: %v, want UNAVAILABLE", err)
+	}
+	if s := st(); s.FallbackStore != before.FallbackStore+1 || s.StoreReads != before.StoreReads+1 {
+		t.Fatalf("catalog-first past the budget did not go to the store: store fallbacks %d→%d, reads %d→%d",
+			before.FallbackStore, s.FallbackStore, before.StoreReads, s.StoreReads)
+	}
+
+	before = st()
+	if _, err := b.OpenRemote("d7/kv", client.RightRead, hybrid); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("hybrid-cache-first open of an unknown daemon, etcd down: %v, want UNAVAILABLE", err)
+	}
+	if s := st(); s.FallbackStore != before.FallbackStore+1 || s.StoreReads != before.StoreReads+1 || s.FallbackPeer != before.FallbackPeer {
+		t.Fatalf("hybrid, not cached: store fallbacks %d→%d, reads %d→%d, peer fallbacks %d→%d; want it sent to the store",
+			before.FallbackStore, s.FallbackStore, before.StoreReads, s.StoreReads, before.FallbackPeer, s.FallbackPeer)
+	}
+	before = st()
+	if _, err := b.OpenRemote("d7/kv", client.RightRead, client.WithLane("stream-first")); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("stream-first open of an unknown daemon: %v, want UNAVAILABLE", err)
+	}
+	if s := st(); s.StoreReads != before.StoreReads || s.FallbackPeer != before.FallbackPeer+1 {
+		t.Fatalf("stream-first, not cached: store reads %d→%d, peer fallbacks %d→%d; it must not wait on the store",
+			before.StoreReads, s.StoreReads, before.FallbackPeer, s.FallbackPeer)
+	}
+	if err := roundTrip(b, buf, r.ID, 2); err != nil {
+		t.Fatalf("open segment after the refusals: %v", err)
 	}
 }

@@ -20,7 +20,8 @@ import (
 //     wire and the tasks on each rdma link;
 //  4. closes everything, in an order where each step ends the waits of the
 //     next: the engine (pending tasks canceled), the peer node (dials,
-//     handshakes and peer requests end), the control server (connections
+//     handshakes and peer requests end), the etcd directory (the lease
+//     revoked, at most 1s), the control server (connections
 //     released without waiting again), the RDMA plane, the file tier, the
 //     local transport, the pool.
 //
@@ -165,6 +166,12 @@ func (d *Daemon) closeForShutdown(at func(string)) {
 	if d.peers != nil {
 		at("peer node")
 		d.peers.close()
+	}
+	if d.dir != nil {
+		// Leaving revokes the lease: the others see this daemon and its
+		// exports go at once, not a TTL later.
+		at("directory")
+		d.dir.Close()
 	}
 	at("control server")
 	if err := d.server.Close(); err != nil {

@@ -59,6 +59,9 @@ type Status struct {
 	// Published counts this daemon's exports in the catalog, Pending the
 	// ones not yet written (the store is down).
 	Published, Pending int
+	// Requests counts the requests sent to the store (keep-alives and
+	// progress requests included).
+	Requests uint64
 }
 
 // Reporter reports the directory for `tcctl directory`. Status may read

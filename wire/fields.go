@@ -379,6 +379,55 @@ func offsetVector(b *flatbuffers.Builder, offs []flatbuffers.UOffsetT) flatbuffe
 	return b.EndVector(len(offs))
 }
 
+// texts is a vector of at most limit strings, each at most size bytes,
+// decoded as copies into *v's storage; left out when empty.
+func texts(f *fields, slot int, v *[]string, limit, size int) {
+	switch f.pass {
+	case decoding:
+		if f.err != nil {
+			return
+		}
+		n, start, err := vecAt(&f.tab, vtableOffset(slot), 4, limit)
+		*v = (*v)[:0]
+		for i := 0; err == nil && i < n; i++ {
+			var s []byte
+			s, err = stringAt(f.tab.Bytes, start+flatbuffers.UOffsetT(i*4), size)
+			*v = append(*v, string(s))
+		}
+		f.fail(err)
+	case creating:
+		if len(*v) == 0 {
+			f.created(slot, 0)
+			return
+		}
+		d := f.depth
+		f.elems[d] = f.elems[d][:0]
+		for _, s := range *v {
+			f.elems[d] = append(f.elems[d], f.b.CreateString(s))
+		}
+		f.created(slot, offsetVector(f.b, f.elems[d]))
+	case adding:
+		f.addChild(slot)
+	}
+}
+
+// stringAt reads the string that the offset at pos (inside buf, checked by
+// the vector's read) points to, checked against buf and limit.
+func stringAt(buf []byte, pos flatbuffers.UOffsetT, limit int) ([]byte, error) {
+	at := uint64(pos) + uint64(flatbuffers.GetUOffsetT(buf[pos:]))
+	if at+4 > uint64(len(buf)) {
+		return nil, fmt.Errorf("%w: string past the end of the frame", ErrMalformed)
+	}
+	n := uint64(flatbuffers.GetUOffsetT(buf[at:]))
+	if n > uint64(limit) {
+		return nil, fmt.Errorf("%w: %d-byte string (limit %d)", ErrLimit, n, limit)
+	}
+	if at+4+n > uint64(len(buf)) {
+		return nil, fmt.Errorf("%w: string past the end of the frame", ErrMalformed)
+	}
+	return buf[at+4 : at+4+n], nil
+}
+
 // summary is a BatchSummary struct field, stored inline, always written.
 func summary(f *fields, slot int, v *Summary) {
 	switch f.pass {

@@ -19,6 +19,7 @@ var requests, responses = register(
 	call[PeersRequest, PeersResponse], call[SegmentsRequest, SegmentsResponse],
 	call[RDMARequest, RDMAResponse],
 	call[OpenQueueRequest, OpenQueueResponse], call[CloseQueueRequest, CloseQueueResponse],
+	call[DirectoryRequest, DirectoryResponse],
 )
 
 // maker makes the empty messages of one call.

@@ -50,6 +50,7 @@ func sampleRequests() []Request {
 			Transport: TransportRDMA}},
 		with(&OpenQueueRequest{SQEntries: 256, CQEntries: 512, DataSize: 1 << 20}),
 		with(&CloseQueueRequest{Queue: 1<<40 | 3}),
+		with(&DirectoryRequest{}),
 	}
 }
 
@@ -63,6 +64,21 @@ func sampleRDMA() *RDMAResponse {
 			{ID: "d1", Transport: "rdma", Link: "up", Epoch: 0x1234, QueuePairs: 2, Segments: 3, Accepting: true, AcceptedEpoch: 0x99},
 			{ID: "d3", Transport: "tcp", Link: "failed"},
 		}}
+}
+
+func sampleDirectory() *DirectoryResponse {
+	return &DirectoryResponse{Backend: "etcd", State: "up", SinceUnixMS: 1_700_000_000_123, Outages: 2,
+		Endpoints: []string{"http://10.0.0.1:2379", "http://10.0.0.2:2379"}, Prefix: "/tensorcast/", BudgetMS: 2000,
+		LeaseTTLMS: 10000, Self: "d1", Epoch: 0xabc,
+		Cache: DirectoryCache{Lookups: 100, Hits: 96, NotFound: 1, FallbackStore: 3, FallbackPeer: 1, Unavailable: 1,
+			Corrections: 1, StoreReads: 3, Dropped: 4, AgeMS: 120, Synced: true, Revision: 77, Members: 2, Exports: 5,
+			StoreRequests: 900},
+		Members: []DirectoryMember{
+			{ID: "d1", Epoch: 0xabc, Addr: "10.0.0.1:7400", Caps: []string{"tcp", "notify", "rdma"}, Self: true, AgeMS: 120,
+				LeaseLeftMS: 9000, LeaseKnown: true},
+			{ID: "d2", Epoch: 0xdef, Addr: "10.0.0.2:7400", Caps: []string{"tcp"}, AgeMS: 130},
+		},
+		MembersTotal: 3, Published: 4, Pending: 1}
 }
 
 // sampleResponses is a response of every kind with every field set. The
@@ -109,5 +125,8 @@ func sampleResponses() []Response {
 		{RequestID: 28, Body: &StatsResponse{Connections: 1}},
 		{RequestID: 29, Body: &OpenQueueResponse{Queue: 1<<40 | 3, SQEntries: 256, CQEntries: 512, DataSize: 1 << 20, Size: 3 << 20}},
 		{RequestID: 30, Body: &CloseQueueResponse{}},
+		{RequestID: 31, Body: sampleDirectory()},
+		{RequestID: 32, Body: &DirectoryResponse{Backend: "embedded", State: "static", Self: "d1",
+			Members: []DirectoryMember{{ID: "d1", Self: true}, {ID: "d2", Addr: "10.0.0.2:7400"}}, MembersTotal: 2}},
 	}
 }

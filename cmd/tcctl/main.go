@@ -8,6 +8,7 @@
 //	tcctl [--socket PATH] peers
 //	tcctl [--socket PATH] segments [--remote]
 //	tcctl [--socket PATH] rdma
+//	tcctl [--socket PATH] directory
 //
 // The socket defaults to $TENSORCAST_SOCKET, else
 // /run/tensorcast/tensorcastd.sock.
@@ -54,6 +55,9 @@ commands:
   rdma                    RDMA: device, port and GID in use, the pool's
                           registration, each peer's transport and link; or
                           why RDMA is off or unavailable
+  directory               the peer directory: backend and state, the cache's
+                          age, hit and fallback rates, each member's epoch
+                          and lease time left (embedded: the configured peers)
 
 The socket is --socket, else $TENSORCAST_SOCKET, else ` + client.DefaultSocket + `.
 `
@@ -93,6 +97,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		err = segments(sock, rest, stdout, stderr)
 	case "rdma":
 		err = rdmaCmd(sock, rest, stdout)
+	case "directory":
+		err = directoryCmd(sock, rest, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

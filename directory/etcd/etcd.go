@@ -7,10 +7,12 @@
 //
 //	members/<id>            a directory.Member, under the daemon's lease
 //	exports/<id>/<name>     a directory.Export, under the same lease
+//	claims/<id>             a daemon starting with the id (claim.go)
 //
 // A registration is created by a transaction on the key's create revision
 // (it exists only if nobody holds the key), so two live daemons never hold
-// one id: the second is refused. A daemon that stops renewing its lease
+// one id: the second is refused, before its peer plane listens when it
+// claimed the id first (Claim). A daemon that stops renewing its lease
 // drops out when the lease lapses, its exports with it.
 //
 // What the directory says is advice (a route, not a permission): the
@@ -54,8 +56,10 @@ const (
 	DefaultLeaseTTL = 10 * time.Second
 	defaultDial     = 5 * time.Second
 	defaultRetry    = 500 * time.Millisecond
-	// maxStatusLeases bounds the lease reads one Status makes.
+	// maxStatusLeases bounds the lease reads one Status makes, and
+	// statusLeaseWait the time they take in all.
 	maxStatusLeases = 256
+	statusLeaseWait = 2 * time.Second
 )
 
 // Config configures a Dir.
@@ -192,7 +196,9 @@ type Dir struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	// joined is set by a successful Join (the keeper runs).
+	// claimed is set by Claim, joined by a successful Join (the keeper
+	// runs).
+	claimed   atomic.Bool
 	joined    atomic.Bool
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -211,7 +217,10 @@ type Dir struct {
 	since   time.Time
 	outages uint64
 	self    directory.Member
-	lease   clientv3.LeaseID
+	// lease is the registration's lease, or before Join the claim's;
+	// claimRev is the claim key's create revision while it is held.
+	lease    clientv3.LeaseID
+	claimRev int64
 
 	// pmu guards the catalog: what this daemon exports (desired) and what
 	// is written under the current lease (applied, name → generation).
@@ -555,7 +564,8 @@ func (s *store) GetExport(ctx context.Context, owner, name string) (directory.Ex
 }
 
 // Close leaves the directory: it stops the goroutines, revokes the lease
-// (this daemon's registration and exports disappear at once) and closes
+// (this daemon's registration and exports disappear at once; not tried
+// while etcd is known down, when the lease lapses with its TTL) and closes
 // the client. Safe to call more than once.
 func (d *Dir) Close() error {
 	d.shut(true)
@@ -573,12 +583,19 @@ func (d *Dir) shut(revoke bool) {
 		d.cancel()
 		d.wg.Wait()
 		d.smu.Lock()
-		lease := d.lease
+		lease, down := d.lease, d.state == directory.StateDown
 		d.state, d.since = directory.StateClosed, d.cfg.Clock()
 		d.smu.Unlock()
+		if revoke && lease != 0 && down {
+			// A revoke would wait out its timeout on an etcd that has
+			// not answered for longer than the budget.
+			d.log.Warn("etcd is unreachable: the directory lease is not revoked and lapses with its TTL",
+				"lease_ttl", d.cfg.LeaseTTL.String())
+			revoke = false
+		}
 		if revoke && lease != 0 {
 			// Bounded: with etcd unreachable the lease lapses by itself.
-			ctx, cancel := context.WithTimeout(context.Background(), min(d.cfg.DialTimeout, 2*time.Second))
+			ctx, cancel := context.WithTimeout(context.Background(), min(d.cfg.DialTimeout, time.Second))
 			d.requests.Add(1)
 			if _, err := d.cli.Revoke(ctx, lease); err != nil {
 				d.log.Warn("could not revoke the directory lease; the registration lapses with its TTL",

@@ -16,13 +16,14 @@ import (
 // refuses more than 128 by default).
 const maxTxnOps = 64
 
-// Join registers this daemon as m under a new lease and starts keeping the
-// lease alive. It fails, and the daemon must not start, when etcd does not
-// answer within DialTimeout or when another live daemon holds m.ID: a
-// holder whose lease lapses within JoinWait (this daemon's previous run,
-// crashed) is waited for; one that renews its lease is not displaced, and
-// the error says who it is. Join returns once the cache has its first
-// listing.
+// Join registers this daemon as m and starts keeping its lease alive:
+// under the lease of this daemon's Claim when it made one and still holds
+// it, else under a new lease. It fails, and the daemon must not start,
+// when etcd does not answer within DialTimeout or when another live daemon
+// holds m.ID: a holder whose lease lapses within JoinWait (this daemon's
+// previous run, crashed) is waited for; one that renews its lease is not
+// displaced, and the error says who it is. Join returns once the cache
+// has its first listing.
 func (d *Dir) Join(ctx context.Context, m directory.Member) error {
 	if d.closed.Load() {
 		return directory.ErrClosed
@@ -34,7 +35,10 @@ func (d *Dir) Join(ctx context.Context, m directory.Member) error {
 		return fmt.Errorf("%w: joined already", directory.ErrInvalid)
 	}
 	m.Started = d.cfg.Clock().UnixMilli()
-	lease, _, err := d.register(ctx, m, false)
+	lease, claimed, err := d.registerClaimed(ctx, m)
+	if err == nil && !claimed {
+		lease, _, err = d.register(ctx, m, false)
+	}
 	if err != nil {
 		d.joined.Store(false)
 		return err
@@ -69,23 +73,13 @@ func (d *Dir) register(ctx context.Context, m directory.Member, takeover bool) (
 		return 0, 0, err
 	}
 	key := d.memberKey(m.ID)
-	grant := func() error {
-		rctx, cancel := context.WithTimeout(ctx, d.cfg.DialTimeout)
-		defer cancel()
-		d.requests.Add(1)
-		g, err := d.cli.Grant(clientv3.WithRequireLeader(rctx), int64(d.cfg.LeaseTTL/time.Second))
-		if err != nil {
-			return fmt.Errorf("%w: cannot register in etcd at %v: %v", directory.ErrUnavailable, d.cfg.Endpoints, err)
-		}
-		lease = g.ID
-		return nil
+	grant := func() (err error) {
+		lease, err = d.grant(ctx)
+		return err
 	}
 	// drop revokes the lease granted for an attempt that did not use it.
 	drop := func() {
-		rctx, cancel := context.WithTimeout(context.Background(), d.cfg.DialTimeout)
-		d.requests.Add(1)
-		_, _ = d.cli.Revoke(rctx, lease)
-		cancel()
+		d.revoke(lease)
 		lease = 0
 	}
 	fail := func(err error) (clientv3.LeaseID, clientv3.LeaseID, error) {

@@ -122,12 +122,15 @@ func (d *Dir) ExportGone(owner, name string) {
 }
 
 // Status implements directory.Reporter. It reads the lease time left of
-// up to 256 members from etcd, each within ctx and a second.
+// up to maxStatusLeases members from etcd, within ctx and statusLeaseWait
+// in all, and none while etcd is down: a report never waits long on the
+// store it reports on.
 func (d *Dir) Status(ctx context.Context) directory.Status {
 	d.smu.Lock()
 	st := directory.Status{Backend: "etcd", State: d.state, Since: d.since, Outages: d.outages,
 		Endpoints: slices.Clone(d.cfg.Endpoints), Prefix: d.cfg.Prefix, Budget: d.cfg.Budget, LeaseTTL: d.cfg.LeaseTTL,
 		Self: d.cfg.Self, Epoch: d.self.Epoch}
+	down := d.state == directory.StateDown
 	d.smu.Unlock()
 	st.Cache = d.cache.Stats()
 	d.pmu.Lock()
@@ -139,18 +142,27 @@ func (d *Dir) Status(ctx context.Context) directory.Status {
 		}
 	}
 	d.pmu.Unlock()
+	// Lease times are read from etcd, at most maxStatusLeases of them
+	// within statusLeaseWait in all; none while etcd is known down (each
+	// would wait out its timeout), and none after a read failed.
+	lctx, lcancel := context.WithTimeout(ctx, statusLeaseWait)
+	defer lcancel()
+	readLeases := !down && !d.closed.Load()
 	for i, mv := range d.cache.Members() {
 		ms := directory.MemberStatus{ID: mv.Member.ID, Epoch: mv.Member.Epoch, Addr: mv.Member.Addr, Caps: mv.Member.Caps,
 			Self: mv.Member.ID == d.cfg.Self, Age: mv.Age, LeaseLeft: -1}
-		if i < maxStatusLeases && mv.Lease != 0 && !d.closed.Load() {
-			rctx, cancel := context.WithTimeout(ctx, time.Second)
+		if readLeases && i < maxStatusLeases && mv.Lease != 0 {
 			d.requests.Add(1)
-			if ttl, err := d.cli.TimeToLive(rctx, clientv3.LeaseID(mv.Lease)); err == nil && ttl.TTL >= 0 {
+			ttl, err := d.cli.TimeToLive(lctx, clientv3.LeaseID(mv.Lease))
+			switch {
+			case err != nil:
+				readLeases = false
+			case ttl.TTL >= 0:
 				ms.LeaseLeft = time.Duration(ttl.TTL) * time.Second
 			}
-			cancel()
 		}
 		st.Members = append(st.Members, ms)
 	}
+	st.Requests = d.requests.Load()
 	return st
 }

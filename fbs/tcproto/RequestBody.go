@@ -35,6 +35,7 @@ const (
 	RequestBodyRdmaRequest              RequestBody = 25
 	RequestBodyOpenQueueRequest         RequestBody = 26
 	RequestBodyCloseQueueRequest        RequestBody = 27
+	RequestBodyDirectoryRequest         RequestBody = 28
 )
 
 var EnumNamesRequestBody = map[RequestBody]string{
@@ -66,6 +67,7 @@ var EnumNamesRequestBody = map[RequestBody]string{
 	RequestBodyRdmaRequest:              "RdmaRequest",
 	RequestBodyOpenQueueRequest:         "OpenQueueRequest",
 	RequestBodyCloseQueueRequest:        "CloseQueueRequest",
+	RequestBodyDirectoryRequest:         "DirectoryRequest",
 }
 
 var EnumValuesRequestBody = map[string]RequestBody{
@@ -97,6 +99,7 @@ var EnumValuesRequestBody = map[string]RequestBody{
 	"RdmaRequest":              RequestBodyRdmaRequest,
 	"OpenQueueRequest":         RequestBodyOpenQueueRequest,
 	"CloseQueueRequest":        RequestBodyCloseQueueRequest,
+	"DirectoryRequest":         RequestBodyDirectoryRequest,
 }
 
 func (v RequestBody) String() string {

@@ -35,6 +35,7 @@ const (
 	ResponseBodyRdmaResponse              ResponseBody = 25
 	ResponseBodyOpenQueueResponse         ResponseBody = 26
 	ResponseBodyCloseQueueResponse        ResponseBody = 27
+	ResponseBodyDirectoryResponse         ResponseBody = 28
 )
 
 var EnumNamesResponseBody = map[ResponseBody]string{
@@ -66,6 +67,7 @@ var EnumNamesResponseBody = map[ResponseBody]string{
 	ResponseBodyRdmaResponse:              "RdmaResponse",
 	ResponseBodyOpenQueueResponse:         "OpenQueueResponse",
 	ResponseBodyCloseQueueResponse:        "CloseQueueResponse",
+	ResponseBodyDirectoryResponse:         "DirectoryResponse",
 }
 
 var EnumValuesResponseBody = map[string]ResponseBody{
@@ -97,6 +99,7 @@ var EnumValuesResponseBody = map[string]ResponseBody{
 	"RdmaResponse":              ResponseBodyRdmaResponse,
 	"OpenQueueResponse":         ResponseBodyOpenQueueResponse,
 	"CloseQueueResponse":        ResponseBodyCloseQueueResponse,
+	"DirectoryResponse":         ResponseBodyDirectoryResponse,
 }
 
 func (v ResponseBody) String() string {

@@ -205,6 +205,18 @@ struct CloseQueueRequestBuilder;
 struct CloseQueueResponse;
 struct CloseQueueResponseBuilder;
 
+struct DirectoryRequest;
+struct DirectoryRequestBuilder;
+
+struct DirectoryMember;
+struct DirectoryMemberBuilder;
+
+struct DirectoryCache;
+struct DirectoryCacheBuilder;
+
+struct DirectoryResponse;
+struct DirectoryResponseBuilder;
+
 struct Request;
 struct RequestBuilder;
 
@@ -441,11 +453,12 @@ enum class RequestBody : uint8_t {
   RdmaRequest = 25,
   OpenQueueRequest = 26,
   CloseQueueRequest = 27,
+  DirectoryRequest = 28,
   MIN = NONE,
-  MAX = CloseQueueRequest
+  MAX = DirectoryRequest
 };
 
-inline const RequestBody (&EnumValuesRequestBody())[28] {
+inline const RequestBody (&EnumValuesRequestBody())[29] {
   static const RequestBody values[] = {
     RequestBody::NONE,
     RequestBody::HelloRequest,
@@ -474,13 +487,14 @@ inline const RequestBody (&EnumValuesRequestBody())[28] {
     RequestBody::SegmentsRequest,
     RequestBody::RdmaRequest,
     RequestBody::OpenQueueRequest,
-    RequestBody::CloseQueueRequest
+    RequestBody::CloseQueueRequest,
+    RequestBody::DirectoryRequest
   };
   return values;
 }
 
 inline const char * const *EnumNamesRequestBody() {
-  static const char * const names[29] = {
+  static const char * const names[30] = {
     "NONE",
     "HelloRequest",
     "PingRequest",
@@ -509,13 +523,14 @@ inline const char * const *EnumNamesRequestBody() {
     "RdmaRequest",
     "OpenQueueRequest",
     "CloseQueueRequest",
+    "DirectoryRequest",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameRequestBody(RequestBody e) {
-  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::CloseQueueRequest)) return "";
+  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::DirectoryRequest)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesRequestBody()[index];
 }
@@ -632,6 +647,10 @@ template<> struct RequestBodyTraits<tcproto::CloseQueueRequest> {
   static const RequestBody enum_value = RequestBody::CloseQueueRequest;
 };
 
+template<> struct RequestBodyTraits<tcproto::DirectoryRequest> {
+  static const RequestBody enum_value = RequestBody::DirectoryRequest;
+};
+
 bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, RequestBody type);
 bool VerifyRequestBodyVector(flatbuffers::Verifier &verifier, const flatbuffers::Vector<flatbuffers::Offset<void>> *values, const flatbuffers::Vector<RequestBody> *types);
 
@@ -664,11 +683,12 @@ enum class ResponseBody : uint8_t {
   RdmaResponse = 25,
   OpenQueueResponse = 26,
   CloseQueueResponse = 27,
+  DirectoryResponse = 28,
   MIN = NONE,
-  MAX = CloseQueueResponse
+  MAX = DirectoryResponse
 };
 
-inline const ResponseBody (&EnumValuesResponseBody())[28] {
+inline const ResponseBody (&EnumValuesResponseBody())[29] {
   static const ResponseBody values[] = {
     ResponseBody::NONE,
     ResponseBody::HelloResponse,
@@ -697,13 +717,14 @@ inline const ResponseBody (&EnumValuesResponseBody())[28] {
     ResponseBody::SegmentsResponse,
     ResponseBody::RdmaResponse,
     ResponseBody::OpenQueueResponse,
-    ResponseBody::CloseQueueResponse
+    ResponseBody::CloseQueueResponse,
+    ResponseBody::DirectoryResponse
   };
   return values;
 }
 
 inline const char * const *EnumNamesResponseBody() {
-  static const char * const names[29] = {
+  static const char * const names[30] = {
     "NONE",
     "HelloResponse",
     "PingResponse",
@@ -732,13 +753,14 @@ inline const char * const *EnumNamesResponseBody() {
     "RdmaResponse",
     "OpenQueueResponse",
     "CloseQueueResponse",
+    "DirectoryResponse",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameResponseBody(ResponseBody e) {
-  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::CloseQueueResponse)) return "";
+  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::DirectoryResponse)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesResponseBody()[index];
 }
@@ -853,6 +875,10 @@ template<> struct ResponseBodyTraits<tcproto::OpenQueueResponse> {
 
 template<> struct ResponseBodyTraits<tcproto::CloseQueueResponse> {
   static const ResponseBody enum_value = ResponseBody::CloseQueueResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::DirectoryResponse> {
+  static const ResponseBody enum_value = ResponseBody::DirectoryResponse;
 };
 
 bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj, ResponseBody type);
@@ -4669,6 +4695,588 @@ inline flatbuffers::Offset<CloseQueueResponse> CreateCloseQueueResponse(
   return builder_.Finish();
 }
 
+struct DirectoryRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef DirectoryRequestBuilder Builder;
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           verifier.EndTable();
+  }
+};
+
+struct DirectoryRequestBuilder {
+  typedef DirectoryRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  explicit DirectoryRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<DirectoryRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<DirectoryRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<DirectoryRequest> CreateDirectoryRequest(
+    flatbuffers::FlatBufferBuilder &_fbb) {
+  DirectoryRequestBuilder builder_(_fbb);
+  return builder_.Finish();
+}
+
+struct DirectoryMember FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef DirectoryMemberBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_ID = 4,
+    VT_EPOCH = 6,
+    VT_ADDR = 8,
+    VT_CAPS = 10,
+    VT_SELF = 12,
+    VT_AGE_MS = 14,
+    VT_LEASE_LEFT_MS = 16,
+    VT_LEASE_KNOWN = 18
+  };
+  const flatbuffers::String *id() const {
+    return GetPointer<const flatbuffers::String *>(VT_ID);
+  }
+  uint64_t epoch() const {
+    return GetField<uint64_t>(VT_EPOCH, 0);
+  }
+  const flatbuffers::String *addr() const {
+    return GetPointer<const flatbuffers::String *>(VT_ADDR);
+  }
+  const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *caps() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *>(VT_CAPS);
+  }
+  bool self() const {
+    return GetField<uint8_t>(VT_SELF, 0) != 0;
+  }
+  uint64_t age_ms() const {
+    return GetField<uint64_t>(VT_AGE_MS, 0);
+  }
+  uint64_t lease_left_ms() const {
+    return GetField<uint64_t>(VT_LEASE_LEFT_MS, 0);
+  }
+  bool lease_known() const {
+    return GetField<uint8_t>(VT_LEASE_KNOWN, 0) != 0;
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_ID) &&
+           verifier.VerifyString(id()) &&
+           VerifyField<uint64_t>(verifier, VT_EPOCH, 8) &&
+           VerifyOffset(verifier, VT_ADDR) &&
+           verifier.VerifyString(addr()) &&
+           VerifyOffset(verifier, VT_CAPS) &&
+           verifier.VerifyVector(caps()) &&
+           verifier.VerifyVectorOfStrings(caps()) &&
+           VerifyField<uint8_t>(verifier, VT_SELF, 1) &&
+           VerifyField<uint64_t>(verifier, VT_AGE_MS, 8) &&
+           VerifyField<uint64_t>(verifier, VT_LEASE_LEFT_MS, 8) &&
+           VerifyField<uint8_t>(verifier, VT_LEASE_KNOWN, 1) &&
+           verifier.EndTable();
+  }
+};
+
+struct DirectoryMemberBuilder {
+  typedef DirectoryMember Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_id(flatbuffers::Offset<flatbuffers::String> id) {
+    fbb_.AddOffset(DirectoryMember::VT_ID, id);
+  }
+  void add_epoch(uint64_t epoch) {
+    fbb_.AddElement<uint64_t>(DirectoryMember::VT_EPOCH, epoch, 0);
+  }
+  void add_addr(flatbuffers::Offset<flatbuffers::String> addr) {
+    fbb_.AddOffset(DirectoryMember::VT_ADDR, addr);
+  }
+  void add_caps(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> caps) {
+    fbb_.AddOffset(DirectoryMember::VT_CAPS, caps);
+  }
+  void add_self(bool self) {
+    fbb_.AddElement<uint8_t>(DirectoryMember::VT_SELF, static_cast<uint8_t>(self), 0);
+  }
+  void add_age_ms(uint64_t age_ms) {
+    fbb_.AddElement<uint64_t>(DirectoryMember::VT_AGE_MS, age_ms, 0);
+  }
+  void add_lease_left_ms(uint64_t lease_left_ms) {
+    fbb_.AddElement<uint64_t>(DirectoryMember::VT_LEASE_LEFT_MS, lease_left_ms, 0);
+  }
+  void add_lease_known(bool lease_known) {
+    fbb_.AddElement<uint8_t>(DirectoryMember::VT_LEASE_KNOWN, static_cast<uint8_t>(lease_known), 0);
+  }
+  explicit DirectoryMemberBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<DirectoryMember> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<DirectoryMember>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<DirectoryMember> CreateDirectoryMember(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::String> id = 0,
+    uint64_t epoch = 0,
+    flatbuffers::Offset<flatbuffers::String> addr = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> caps = 0,
+    bool self = false,
+    uint64_t age_ms = 0,
+    uint64_t lease_left_ms = 0,
+    bool lease_known = false) {
+  DirectoryMemberBuilder builder_(_fbb);
+  builder_.add_lease_left_ms(lease_left_ms);
+  builder_.add_age_ms(age_ms);
+  builder_.add_epoch(epoch);
+  builder_.add_caps(caps);
+  builder_.add_addr(addr);
+  builder_.add_id(id);
+  builder_.add_lease_known(lease_known);
+  builder_.add_self(self);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<DirectoryMember> CreateDirectoryMemberDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const char *id = nullptr,
+    uint64_t epoch = 0,
+    const char *addr = nullptr,
+    const std::vector<flatbuffers::Offset<flatbuffers::String>> *caps = nullptr,
+    bool self = false,
+    uint64_t age_ms = 0,
+    uint64_t lease_left_ms = 0,
+    bool lease_known = false) {
+  auto id__ = id ? _fbb.CreateString(id) : 0;
+  auto addr__ = addr ? _fbb.CreateString(addr) : 0;
+  auto caps__ = caps ? _fbb.CreateVector<flatbuffers::Offset<flatbuffers::String>>(*caps) : 0;
+  return tcproto::CreateDirectoryMember(
+      _fbb,
+      id__,
+      epoch,
+      addr__,
+      caps__,
+      self,
+      age_ms,
+      lease_left_ms,
+      lease_known);
+}
+
+struct DirectoryCache FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef DirectoryCacheBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_LOOKUPS = 4,
+    VT_HITS = 6,
+    VT_NOT_FOUND = 8,
+    VT_FALLBACK_STORE = 10,
+    VT_FALLBACK_PEER = 12,
+    VT_UNAVAILABLE = 14,
+    VT_CORRECTIONS = 16,
+    VT_STORE_READS = 18,
+    VT_DROPPED = 20,
+    VT_AGE_MS = 22,
+    VT_SYNCED = 24,
+    VT_REVISION = 26,
+    VT_MEMBERS = 28,
+    VT_EXPORTS = 30,
+    VT_STORE_REQUESTS = 32
+  };
+  uint64_t lookups() const {
+    return GetField<uint64_t>(VT_LOOKUPS, 0);
+  }
+  uint64_t hits() const {
+    return GetField<uint64_t>(VT_HITS, 0);
+  }
+  uint64_t not_found() const {
+    return GetField<uint64_t>(VT_NOT_FOUND, 0);
+  }
+  uint64_t fallback_store() const {
+    return GetField<uint64_t>(VT_FALLBACK_STORE, 0);
+  }
+  uint64_t fallback_peer() const {
+    return GetField<uint64_t>(VT_FALLBACK_PEER, 0);
+  }
+  uint64_t unavailable() const {
+    return GetField<uint64_t>(VT_UNAVAILABLE, 0);
+  }
+  uint64_t corrections() const {
+    return GetField<uint64_t>(VT_CORRECTIONS, 0);
+  }
+  uint64_t store_reads() const {
+    return GetField<uint64_t>(VT_STORE_READS, 0);
+  }
+  uint64_t dropped() const {
+    return GetField<uint64_t>(VT_DROPPED, 0);
+  }
+  uint64_t age_ms() const {
+    return GetField<uint64_t>(VT_AGE_MS, 0);
+  }
+  bool synced() const {
+    return GetField<uint8_t>(VT_SYNCED, 0) != 0;
+  }
+  uint64_t revision() const {
+    return GetField<uint64_t>(VT_REVISION, 0);
+  }
+  uint32_t members() const {
+    return GetField<uint32_t>(VT_MEMBERS, 0);
+  }
+  uint32_t exports() const {
+    return GetField<uint32_t>(VT_EXPORTS, 0);
+  }
+  uint64_t store_requests() const {
+    return GetField<uint64_t>(VT_STORE_REQUESTS, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyField<uint64_t>(verifier, VT_LOOKUPS, 8) &&
+           VerifyField<uint64_t>(verifier, VT_HITS, 8) &&
+           VerifyField<uint64_t>(verifier, VT_NOT_FOUND, 8) &&
+           VerifyField<uint64_t>(verifier, VT_FALLBACK_STORE, 8) &&
+           VerifyField<uint64_t>(verifier, VT_FALLBACK_PEER, 8) &&
+           VerifyField<uint64_t>(verifier, VT_UNAVAILABLE, 8) &&
+           VerifyField<uint64_t>(verifier, VT_CORRECTIONS, 8) &&
+           VerifyField<uint64_t>(verifier, VT_STORE_READS, 8) &&
+           VerifyField<uint64_t>(verifier, VT_DROPPED, 8) &&
+           VerifyField<uint64_t>(verifier, VT_AGE_MS, 8) &&
+           VerifyField<uint8_t>(verifier, VT_SYNCED, 1) &&
+           VerifyField<uint64_t>(verifier, VT_REVISION, 8) &&
+           VerifyField<uint32_t>(verifier, VT_MEMBERS, 4) &&
+           VerifyField<uint32_t>(verifier, VT_EXPORTS, 4) &&
+           VerifyField<uint64_t>(verifier, VT_STORE_REQUESTS, 8) &&
+           verifier.EndTable();
+  }
+};
+
+struct DirectoryCacheBuilder {
+  typedef DirectoryCache Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_lookups(uint64_t lookups) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_LOOKUPS, lookups, 0);
+  }
+  void add_hits(uint64_t hits) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_HITS, hits, 0);
+  }
+  void add_not_found(uint64_t not_found) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_NOT_FOUND, not_found, 0);
+  }
+  void add_fallback_store(uint64_t fallback_store) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_FALLBACK_STORE, fallback_store, 0);
+  }
+  void add_fallback_peer(uint64_t fallback_peer) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_FALLBACK_PEER, fallback_peer, 0);
+  }
+  void add_unavailable(uint64_t unavailable) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_UNAVAILABLE, unavailable, 0);
+  }
+  void add_corrections(uint64_t corrections) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_CORRECTIONS, corrections, 0);
+  }
+  void add_store_reads(uint64_t store_reads) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_STORE_READS, store_reads, 0);
+  }
+  void add_dropped(uint64_t dropped) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_DROPPED, dropped, 0);
+  }
+  void add_age_ms(uint64_t age_ms) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_AGE_MS, age_ms, 0);
+  }
+  void add_synced(bool synced) {
+    fbb_.AddElement<uint8_t>(DirectoryCache::VT_SYNCED, static_cast<uint8_t>(synced), 0);
+  }
+  void add_revision(uint64_t revision) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_REVISION, revision, 0);
+  }
+  void add_members(uint32_t members) {
+    fbb_.AddElement<uint32_t>(DirectoryCache::VT_MEMBERS, members, 0);
+  }
+  void add_exports(uint32_t exports) {
+    fbb_.AddElement<uint32_t>(DirectoryCache::VT_EXPORTS, exports, 0);
+  }
+  void add_store_requests(uint64_t store_requests) {
+    fbb_.AddElement<uint64_t>(DirectoryCache::VT_STORE_REQUESTS, store_requests, 0);
+  }
+  explicit DirectoryCacheBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<DirectoryCache> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<DirectoryCache>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<DirectoryCache> CreateDirectoryCache(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint64_t lookups = 0,
+    uint64_t hits = 0,
+    uint64_t not_found = 0,
+    uint64_t fallback_store = 0,
+    uint64_t fallback_peer = 0,
+    uint64_t unavailable = 0,
+    uint64_t corrections = 0,
+    uint64_t store_reads = 0,
+    uint64_t dropped = 0,
+    uint64_t age_ms = 0,
+    bool synced = false,
+    uint64_t revision = 0,
+    uint32_t members = 0,
+    uint32_t exports = 0,
+    uint64_t store_requests = 0) {
+  DirectoryCacheBuilder builder_(_fbb);
+  builder_.add_store_requests(store_requests);
+  builder_.add_revision(revision);
+  builder_.add_age_ms(age_ms);
+  builder_.add_dropped(dropped);
+  builder_.add_store_reads(store_reads);
+  builder_.add_corrections(corrections);
+  builder_.add_unavailable(unavailable);
+  builder_.add_fallback_peer(fallback_peer);
+  builder_.add_fallback_store(fallback_store);
+  builder_.add_not_found(not_found);
+  builder_.add_hits(hits);
+  builder_.add_lookups(lookups);
+  builder_.add_exports(exports);
+  builder_.add_members(members);
+  builder_.add_synced(synced);
+  return builder_.Finish();
+}
+
+struct DirectoryResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef DirectoryResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_BACKEND = 4,
+    VT_STATE = 6,
+    VT_SINCE_UNIX_MS = 8,
+    VT_OUTAGES = 10,
+    VT_ENDPOINTS = 12,
+    VT_PREFIX = 14,
+    VT_STALENESS_BUDGET_MS = 16,
+    VT_LEASE_TTL_MS = 18,
+    VT_SELF = 20,
+    VT_EPOCH = 22,
+    VT_CACHE = 24,
+    VT_MEMBERS = 26,
+    VT_MEMBERS_TOTAL = 28,
+    VT_PUBLISHED = 30,
+    VT_PENDING = 32
+  };
+  const flatbuffers::String *backend() const {
+    return GetPointer<const flatbuffers::String *>(VT_BACKEND);
+  }
+  const flatbuffers::String *state() const {
+    return GetPointer<const flatbuffers::String *>(VT_STATE);
+  }
+  uint64_t since_unix_ms() const {
+    return GetField<uint64_t>(VT_SINCE_UNIX_MS, 0);
+  }
+  uint64_t outages() const {
+    return GetField<uint64_t>(VT_OUTAGES, 0);
+  }
+  const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *endpoints() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *>(VT_ENDPOINTS);
+  }
+  const flatbuffers::String *prefix() const {
+    return GetPointer<const flatbuffers::String *>(VT_PREFIX);
+  }
+  uint64_t staleness_budget_ms() const {
+    return GetField<uint64_t>(VT_STALENESS_BUDGET_MS, 0);
+  }
+  uint64_t lease_ttl_ms() const {
+    return GetField<uint64_t>(VT_LEASE_TTL_MS, 0);
+  }
+  const flatbuffers::String *self() const {
+    return GetPointer<const flatbuffers::String *>(VT_SELF);
+  }
+  uint64_t epoch() const {
+    return GetField<uint64_t>(VT_EPOCH, 0);
+  }
+  const tcproto::DirectoryCache *cache() const {
+    return GetPointer<const tcproto::DirectoryCache *>(VT_CACHE);
+  }
+  const flatbuffers::Vector<flatbuffers::Offset<tcproto::DirectoryMember>> *members() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<tcproto::DirectoryMember>> *>(VT_MEMBERS);
+  }
+  uint32_t members_total() const {
+    return GetField<uint32_t>(VT_MEMBERS_TOTAL, 0);
+  }
+  uint32_t published() const {
+    return GetField<uint32_t>(VT_PUBLISHED, 0);
+  }
+  uint32_t pending() const {
+    return GetField<uint32_t>(VT_PENDING, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_BACKEND) &&
+           verifier.VerifyString(backend()) &&
+           VerifyOffset(verifier, VT_STATE) &&
+           verifier.VerifyString(state()) &&
+           VerifyField<uint64_t>(verifier, VT_SINCE_UNIX_MS, 8) &&
+           VerifyField<uint64_t>(verifier, VT_OUTAGES, 8) &&
+           VerifyOffset(verifier, VT_ENDPOINTS) &&
+           verifier.VerifyVector(endpoints()) &&
+           verifier.VerifyVectorOfStrings(endpoints()) &&
+           VerifyOffset(verifier, VT_PREFIX) &&
+           verifier.VerifyString(prefix()) &&
+           VerifyField<uint64_t>(verifier, VT_STALENESS_BUDGET_MS, 8) &&
+           VerifyField<uint64_t>(verifier, VT_LEASE_TTL_MS, 8) &&
+           VerifyOffset(verifier, VT_SELF) &&
+           verifier.VerifyString(self()) &&
+           VerifyField<uint64_t>(verifier, VT_EPOCH, 8) &&
+           VerifyOffset(verifier, VT_CACHE) &&
+           verifier.VerifyTable(cache()) &&
+           VerifyOffset(verifier, VT_MEMBERS) &&
+           verifier.VerifyVector(members()) &&
+           verifier.VerifyVectorOfTables(members()) &&
+           VerifyField<uint32_t>(verifier, VT_MEMBERS_TOTAL, 4) &&
+           VerifyField<uint32_t>(verifier, VT_PUBLISHED, 4) &&
+           VerifyField<uint32_t>(verifier, VT_PENDING, 4) &&
+           verifier.EndTable();
+  }
+};
+
+struct DirectoryResponseBuilder {
+  typedef DirectoryResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_backend(flatbuffers::Offset<flatbuffers::String> backend) {
+    fbb_.AddOffset(DirectoryResponse::VT_BACKEND, backend);
+  }
+  void add_state(flatbuffers::Offset<flatbuffers::String> state) {
+    fbb_.AddOffset(DirectoryResponse::VT_STATE, state);
+  }
+  void add_since_unix_ms(uint64_t since_unix_ms) {
+    fbb_.AddElement<uint64_t>(DirectoryResponse::VT_SINCE_UNIX_MS, since_unix_ms, 0);
+  }
+  void add_outages(uint64_t outages) {
+    fbb_.AddElement<uint64_t>(DirectoryResponse::VT_OUTAGES, outages, 0);
+  }
+  void add_endpoints(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> endpoints) {
+    fbb_.AddOffset(DirectoryResponse::VT_ENDPOINTS, endpoints);
+  }
+  void add_prefix(flatbuffers::Offset<flatbuffers::String> prefix) {
+    fbb_.AddOffset(DirectoryResponse::VT_PREFIX, prefix);
+  }
+  void add_staleness_budget_ms(uint64_t staleness_budget_ms) {
+    fbb_.AddElement<uint64_t>(DirectoryResponse::VT_STALENESS_BUDGET_MS, staleness_budget_ms, 0);
+  }
+  void add_lease_ttl_ms(uint64_t lease_ttl_ms) {
+    fbb_.AddElement<uint64_t>(DirectoryResponse::VT_LEASE_TTL_MS, lease_ttl_ms, 0);
+  }
+  void add_self(flatbuffers::Offset<flatbuffers::String> self) {
+    fbb_.AddOffset(DirectoryResponse::VT_SELF, self);
+  }
+  void add_epoch(uint64_t epoch) {
+    fbb_.AddElement<uint64_t>(DirectoryResponse::VT_EPOCH, epoch, 0);
+  }
+  void add_cache(flatbuffers::Offset<tcproto::DirectoryCache> cache) {
+    fbb_.AddOffset(DirectoryResponse::VT_CACHE, cache);
+  }
+  void add_members(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<tcproto::DirectoryMember>>> members) {
+    fbb_.AddOffset(DirectoryResponse::VT_MEMBERS, members);
+  }
+  void add_members_total(uint32_t members_total) {
+    fbb_.AddElement<uint32_t>(DirectoryResponse::VT_MEMBERS_TOTAL, members_total, 0);
+  }
+  void add_published(uint32_t published) {
+    fbb_.AddElement<uint32_t>(DirectoryResponse::VT_PUBLISHED, published, 0);
+  }
+  void add_pending(uint32_t pending) {
+    fbb_.AddElement<uint32_t>(DirectoryResponse::VT_PENDING, pending, 0);
+  }
+  explicit DirectoryResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<DirectoryResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<DirectoryResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<DirectoryResponse> CreateDirectoryResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::String> backend = 0,
+    flatbuffers::Offset<flatbuffers::String> state = 0,
+    uint64_t since_unix_ms = 0,
+    uint64_t outages = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> endpoints = 0,
+    flatbuffers::Offset<flatbuffers::String> prefix = 0,
+    uint64_t staleness_budget_ms = 0,
+    uint64_t lease_ttl_ms = 0,
+    flatbuffers::Offset<flatbuffers::String> self = 0,
+    uint64_t epoch = 0,
+    flatbuffers::Offset<tcproto::DirectoryCache> cache = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<tcproto::DirectoryMember>>> members = 0,
+    uint32_t members_total = 0,
+    uint32_t published = 0,
+    uint32_t pending = 0) {
+  DirectoryResponseBuilder builder_(_fbb);
+  builder_.add_epoch(epoch);
+  builder_.add_lease_ttl_ms(lease_ttl_ms);
+  builder_.add_staleness_budget_ms(staleness_budget_ms);
+  builder_.add_outages(outages);
+  builder_.add_since_unix_ms(since_unix_ms);
+  builder_.add_pending(pending);
+  builder_.add_published(published);
+  builder_.add_members_total(members_total);
+  builder_.add_members(members);
+  builder_.add_cache(cache);
+  builder_.add_self(self);
+  builder_.add_prefix(prefix);
+  builder_.add_endpoints(endpoints);
+  builder_.add_state(state);
+  builder_.add_backend(backend);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<DirectoryResponse> CreateDirectoryResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const char *backend = nullptr,
+    const char *state = nullptr,
+    uint64_t since_unix_ms = 0,
+    uint64_t outages = 0,
+    const std::vector<flatbuffers::Offset<flatbuffers::String>> *endpoints = nullptr,
+    const char *prefix = nullptr,
+    uint64_t staleness_budget_ms = 0,
+    uint64_t lease_ttl_ms = 0,
+    const char *self = nullptr,
+    uint64_t epoch = 0,
+    flatbuffers::Offset<tcproto::DirectoryCache> cache = 0,
+    const std::vector<flatbuffers::Offset<tcproto::DirectoryMember>> *members = nullptr,
+    uint32_t members_total = 0,
+    uint32_t published = 0,
+    uint32_t pending = 0) {
+  auto backend__ = backend ? _fbb.CreateString(backend) : 0;
+  auto state__ = state ? _fbb.CreateString(state) : 0;
+  auto endpoints__ = endpoints ? _fbb.CreateVector<flatbuffers::Offset<flatbuffers::String>>(*endpoints) : 0;
+  auto prefix__ = prefix ? _fbb.CreateString(prefix) : 0;
+  auto self__ = self ? _fbb.CreateString(self) : 0;
+  auto members__ = members ? _fbb.CreateVector<flatbuffers::Offset<tcproto::DirectoryMember>>(*members) : 0;
+  return tcproto::CreateDirectoryResponse(
+      _fbb,
+      backend__,
+      state__,
+      since_unix_ms,
+      outages,
+      endpoints__,
+      prefix__,
+      staleness_budget_ms,
+      lease_ttl_ms,
+      self__,
+      epoch,
+      cache,
+      members__,
+      members_total,
+      published,
+      pending);
+}
+
 struct Request FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   typedef RequestBuilder Builder;
   enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
@@ -4766,6 +5374,9 @@ struct Request FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   }
   const tcproto::CloseQueueRequest *body_as_CloseQueueRequest() const {
     return body_type() == tcproto::RequestBody::CloseQueueRequest ? static_cast<const tcproto::CloseQueueRequest *>(body()) : nullptr;
+  }
+  const tcproto::DirectoryRequest *body_as_DirectoryRequest() const {
+    return body_type() == tcproto::RequestBody::DirectoryRequest ? static_cast<const tcproto::DirectoryRequest *>(body()) : nullptr;
   }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
@@ -4884,6 +5495,10 @@ template<> inline const tcproto::OpenQueueRequest *Request::body_as<tcproto::Ope
 
 template<> inline const tcproto::CloseQueueRequest *Request::body_as<tcproto::CloseQueueRequest>() const {
   return body_as_CloseQueueRequest();
+}
+
+template<> inline const tcproto::DirectoryRequest *Request::body_as<tcproto::DirectoryRequest>() const {
+  return body_as_DirectoryRequest();
 }
 
 struct RequestBuilder {
@@ -5025,6 +5640,9 @@ struct Response FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const tcproto::CloseQueueResponse *body_as_CloseQueueResponse() const {
     return body_type() == tcproto::ResponseBody::CloseQueueResponse ? static_cast<const tcproto::CloseQueueResponse *>(body()) : nullptr;
   }
+  const tcproto::DirectoryResponse *body_as_DirectoryResponse() const {
+    return body_type() == tcproto::ResponseBody::DirectoryResponse ? static_cast<const tcproto::DirectoryResponse *>(body()) : nullptr;
+  }
   uint64_t request_id() const {
     return GetField<uint64_t>(VT_REQUEST_ID, 0);
   }
@@ -5147,6 +5765,10 @@ template<> inline const tcproto::OpenQueueResponse *Response::body_as<tcproto::O
 
 template<> inline const tcproto::CloseQueueResponse *Response::body_as<tcproto::CloseQueueResponse>() const {
   return body_as_CloseQueueResponse();
+}
+
+template<> inline const tcproto::DirectoryResponse *Response::body_as<tcproto::DirectoryResponse>() const {
+  return body_as_DirectoryResponse();
 }
 
 struct ResponseBuilder {
@@ -5325,6 +5947,10 @@ inline bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, 
       auto ptr = reinterpret_cast<const tcproto::CloseQueueRequest *>(obj);
       return verifier.VerifyTable(ptr);
     }
+    case RequestBody::DirectoryRequest: {
+      auto ptr = reinterpret_cast<const tcproto::DirectoryRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
     default: return true;
   }
 }
@@ -5452,6 +6078,10 @@ inline bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj,
     }
     case ResponseBody::CloseQueueResponse: {
       auto ptr = reinterpret_cast<const tcproto::CloseQueueResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::DirectoryResponse: {
+      auto ptr = reinterpret_cast<const tcproto::DirectoryResponse *>(obj);
       return verifier.VerifyTable(ptr);
     }
     default: return true;
