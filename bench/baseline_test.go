@@ -154,12 +154,33 @@ func TestToolMissingSaysMakeDeps(t *testing.T) {
 	if !errors.Is(err, ErrToolMissing) || !strings.Contains(err.Error(), "fio") || !strings.Contains(err.Error(), "make deps") {
 		t.Errorf("missing fio: %v", err)
 	}
-	jobs = mustJobs(t, "--name=t", "--engine=tcp", "--target=p/s")
+	jobs = mustJobs(t, "--name=t", "--engine=tcp", "--target=p/s", "--bs=1m", "--iodepth=4")
 	if _, err := referenceFor(nil, jobs[0], "bw_bytes"); !errors.Is(err, ErrToolMissing) || !strings.Contains(err.Error(), "iperf3") {
 		t.Errorf("missing iperf3: %v", err)
+	}
+	// One small request at a time is judged against a ping-pong, which
+	// needs no tool.
+	jobs = mustJobs(t, "--name=t1", "--engine=tcp", "--target=p/s", "--bs=4k", "--iodepth=1")
+	if ref, err := referenceFor(nil, jobs[0], "iops"); err != nil || !strings.Contains(ref.name, "ping-pong") {
+		t.Errorf("tcp at depth 1: %v, %v; want the raw TCP ping-pong", ref, err)
 	}
 	jobs = mustJobs(t, "--name=r", "--engine=rdma", "--target=p/s", "--rw=write")
 	if _, err := referenceFor(nil, jobs[0], "bw_bytes"); !errors.Is(err, ErrToolMissing) || !strings.Contains(err.Error(), "ib_write_bw") {
 		t.Errorf("missing perftest: %v", err)
+	}
+}
+
+// TestPingPong runs the ping-pong references against this test binary as
+// the far side (TestMain serves when asked): round trips happen, and the
+// histogram holds one latency per round trip.
+func TestPingPong(t *testing.T) {
+	for _, network := range []string{"unix", "tcp"} {
+		rate, h, err := PingPong(context.Background(), network, 4096, 200*time.Millisecond)
+		if err != nil {
+			t.Fatalf("%s: %v", network, err)
+		}
+		if rate <= 0 || h.Count() == 0 || float64(h.Count()) < rate*0.1 || h.Percentile(50) == 0 {
+			t.Fatalf("%s: %.0f round trips/s, %d latencies, p50 %d", network, rate, h.Count(), h.Percentile(50))
+		}
 	}
 }
