@@ -354,12 +354,15 @@ func (c *conn) queueCounters(dst []wire.Counter) []wire.Counter {
 // QueueTotals are the counters of every queue this server has served,
 // open or closed, for stats and metrics.
 type QueueTotals struct {
-	Open, Opened                                        uint64
+	Open, Opened uint64
+	// InFlight and Unreaped are the open queues' requests taken and not
+	// answered, and answers not reaped: their depth now.
+	InFlight, Unreaped                                  uint64
 	Completions, ClientWakes, WorkerSleeps, WorkerSpins uint64
 	Violations                                          uint64
 }
 
-// queueTotals folds what closed queues left behind (closed) with the open
+// QueueTotals folds what closed queues left behind (closed) with the open
 // ones' counters. It walks the connections and is meant for scrapes.
 func (s *Server) QueueTotals() QueueTotals {
 	s.mu.Lock()
@@ -368,7 +371,10 @@ func (s *Server) QueueTotals() QueueTotals {
 		c.qmu.Lock()
 		for _, q := range c.queues {
 			q.addTo(&t)
+			inflight, unreaped, _ := q.ring.Counts()
 			t.Open++
+			t.InFlight += uint64(inflight)
+			t.Unreaped += uint64(unreaped)
 		}
 		c.qmu.Unlock()
 	}

@@ -22,6 +22,7 @@ func (d *Daemon) newMetrics() error {
 		{"engine", d.collectEngine},
 		{"pool", d.collectPool},
 		{"control", d.collectControl},
+		{"queues", d.collectQueues},
 		{"uring", d.collectRings},
 		{"peers", d.collectPeers},
 		{"kernel", d.collectKernel},
@@ -123,6 +124,19 @@ func (d *Daemon) collectControl(e *metrics.Emit) {
 	for _, rc := range d.server.RequestCounts(nil) {
 		e.Counter("tensorcast_control_requests_total", "Control requests decoded, by message type.", float64(rc.Count), metrics.L("type", rc.Kind))
 	}
+}
+
+func (d *Daemon) collectQueues(e *metrics.Emit) {
+	q := d.server.QueueTotals()
+	e.Gauge("tensorcast_queues_open", "Shared-memory queues open.", float64(q.Open))
+	e.Counter("tensorcast_queues_opened_total", "Shared-memory queues opened.", float64(q.Opened))
+	e.Gauge("tensorcast_queue_in_flight", "Requests the open queues took and have not answered yet.", float64(q.InFlight))
+	e.Gauge("tensorcast_queue_unreaped", "Answers in the open queues' completion rings not reaped yet.", float64(q.Unreaped))
+	e.Counter("tensorcast_queue_completions_total", "Completions posted on queues.", float64(q.Completions))
+	e.Counter("tensorcast_queue_client_wakes_total", "Futex wakes of clients sleeping for completions.", float64(q.ClientWakes))
+	e.Counter("tensorcast_queue_worker_sleeps_total", "Sleeps of queue workers waiting for entries or room.", float64(q.WorkerSleeps))
+	e.Counter("tensorcast_queue_worker_spins_total", "Spins of queue workers that found work before sleeping.", float64(q.WorkerSpins))
+	e.Counter("tensorcast_queue_violations_total", "Invalid indices clients wrote into their queues.", float64(q.Violations))
 }
 
 func (d *Daemon) collectRings(e *metrics.Emit) {

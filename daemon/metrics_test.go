@@ -101,18 +101,44 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 		}
 	}
 
+	// And 7 requests through a queue: 3 copies and 4 no-ops.
+	q, err := c.OpenQueue(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.Submit(reqs[:3], []uint64{1, 2, 3}); n != 3 || err != nil {
+		t.Fatal(n, err)
+	}
+	for i := range 4 {
+		q.Nop(uint64(10 + i))
+	}
+	cqes := make([]client.Completion, 8)
+	for got := 0; got < 7; {
+		n, err := q.Reap(cqes[got:], 1, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += n
+	}
+
 	exp := scrapeMetrics(t, d.MetricsAddr())
 	want := map[string]float64{
-		`tensorcast_transport_requests_total{transport="local"}`:                   calls * per,
-		`tensorcast_transport_bytes_total{transport="local"}`:                      calls * per * size,
+		`tensorcast_transport_requests_total{transport="local"}`:                   calls*per + 3,
+		`tensorcast_transport_bytes_total{transport="local"}`:                      (calls*per + 3) * size,
+		`tensorcast_queues_open`:                                                   1,
+		`tensorcast_queues_opened_total`:                                           1,
+		`tensorcast_queue_completions_total`:                                       7,
+		`tensorcast_queue_in_flight`:                                               0,
+		`tensorcast_queue_unreaped`:                                                0,
+		`tensorcast_queue_violations_total`:                                        0,
 		`tensorcast_transport_in_flight{transport="local"}`:                        0,
 		`tensorcast_transport_refused_total{transport="local"}`:                    0,
-		`tensorcast_transport_latency_seconds_count{transport="local"}`:            calls * per,
-		`tensorcast_transport_latency_seconds_bucket{transport="local",le="+Inf"}`: calls * per,
-		`tensorcast_engine_tasks_ended_total{state="completed"}`:                   calls * per,
+		`tensorcast_transport_latency_seconds_count{transport="local"}`:            calls*per + 3,
+		`tensorcast_transport_latency_seconds_bucket{transport="local",le="+Inf"}`: calls*per + 3,
+		`tensorcast_engine_tasks_ended_total{state="completed"}`:                   calls*per + 3,
 		`tensorcast_engine_tasks_ended_total{state="failed"}`:                      0,
 		`tensorcast_engine_tasks{state="pending"}`:                                 0,
-		`tensorcast_engine_bytes_total`:                                            calls * per * size,
+		`tensorcast_engine_bytes_total`:                                            (calls*per + 3) * size,
 		`tensorcast_control_clients`:                                               1,
 		`tensorcast_control_requests_total{type="TransferRequestBody"}`:            calls,
 		`tensorcast_control_requests_total{type="AllocBlocksRequest"}`:             1,

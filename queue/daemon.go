@@ -196,6 +196,9 @@ type WakeCounts struct {
 func (r *DaemonRing) Counts() (inflight, unreaped uint32, posted uint64) {
 	r.cqMu.Lock()
 	defer r.cqMu.Unlock()
+	if !r.closed.Load() && r.mem != nil {
+		r.cqFreeLocked() // read what the client reaped since the last Take
+	}
 	return r.inflight, r.cqTail - r.cqSeen, r.posted
 }
 

@@ -265,3 +265,35 @@ func TestTopUnderTmux(t *testing.T) {
 		t.Fatalf("header row missing:\n%s", screen)
 	}
 }
+
+func plainOf(name string, v float64, gauge bool) *dto.MetricFamily {
+	m := &dto.Metric{Counter: &dto.Counter{Value: proto.Float64(v)}}
+	typ := dto.MetricType_COUNTER
+	if gauge {
+		m = &dto.Metric{Gauge: &dto.Gauge{Value: proto.Float64(v)}}
+		typ = dto.MetricType_GAUGE
+	}
+	return &dto.MetricFamily{Name: proto.String(name), Type: typ.Enum(), Metric: []*dto.Metric{m}}
+}
+
+// TestRenderQueues: the queue row shows open queues, completion and wake
+// rates from the difference of two scrapes, and the current depth.
+func TestRenderQueues(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	snap := func(at time.Time, comp, wakes float64) *snapshot {
+		return &snapshot{at: at, fams: map[string]*dto.MetricFamily{
+			"tensorcast_queues_open":               plainOf("tensorcast_queues_open", 2, true),
+			"tensorcast_queue_in_flight":           plainOf("tensorcast_queue_in_flight", 48, true),
+			"tensorcast_queue_unreaped":            plainOf("tensorcast_queue_unreaped", 3, true),
+			"tensorcast_queue_completions_total":   plainOf("tensorcast_queue_completions_total", comp, false),
+			"tensorcast_queue_client_wakes_total":  plainOf("tensorcast_queue_client_wakes_total", wakes, false),
+			"tensorcast_queue_worker_sleeps_total": plainOf("tensorcast_queue_worker_sleeps_total", 0, false),
+		}}
+	}
+	var out strings.Builder
+	render(&out, snap(t0, 1000, 10), snap(t0.Add(2*time.Second), 201000, 110), "test", 2)
+	row := regexp.MustCompile(`(?m)^\s*2\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$`).FindStringSubmatch(out.String())
+	if row == nil || row[1] != "100000" || row[2] != "48" || row[3] != "3" || row[4] != "50" || row[5] != "0" {
+		t.Fatalf("queue row %q, want 100000 CQE/s, 48 in flight, 3 unreaped, 50 wakes/s, 0 sleeps/s:\n%s", row, out.String())
+	}
+}

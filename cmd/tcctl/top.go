@@ -258,6 +258,18 @@ func render(w io.Writer, prev, cur *snapshot, addr string, frame int) {
 		}
 		tw.Flush()
 	}
+	// Queues.
+	if open := cur.values("tensorcast_queues_open", ""); open[""] > 0 {
+		fmt.Fprintln(w)
+		one := func(name string) float64 { return cur.values(name, "")[""] }
+		comp := rate(prev, cur, "tensorcast_queue_completions_total", "")
+		wakes := rate(prev, cur, "tensorcast_queue_client_wakes_total", "")
+		sleeps := rate(prev, cur, "tensorcast_queue_worker_sleeps_total", "")
+		fmt.Fprintln(tw, "QUEUES\tCQE/s\tIN FLIGHT\tUNREAPED\tCLIENT WAKES/s\tWORKER SLEEPS/s\t")
+		fmt.Fprintf(tw, "%.0f\t%s\t%.0f\t%.0f\t%s\t%s\t\n", open[""], r(comp, "", 1, "%.0f"), one("tensorcast_queue_in_flight"),
+			one("tensorcast_queue_unreaped"), r(wakes, "", 1, "%.0f"), r(sleeps, "", 1, "%.0f"))
+		tw.Flush()
+	}
 	// io_uring rings as the kernel saw them (eBPF view).
 	kc := cur.hist("tensorcast_kernel_uring_latency_seconds", "ring")
 	if len(kc) > 0 {
