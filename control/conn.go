@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	flatbuffers "github.com/google/flatbuffers/go"
 	"golang.org/x/sys/unix"
@@ -33,10 +34,13 @@ type fdGroup struct {
 	lo, hi uint64
 }
 
-// cred is the connecting process as the kernel saw it (SO_PEERCRED).
+// cred is the connecting process as the kernel saw it when it connected
+// (SO_PEERCRED, and SO_PEERGROUPS for its supplementary groups, read only
+// when some tenant is chosen by gid).
 type cred struct {
 	Pid      int32
 	Uid, Gid uint32
+	Groups   []uint32
 }
 
 // conn is one client connection. Everything but the fields under mu is
@@ -49,15 +53,24 @@ type conn struct {
 	id   uint64
 	log  *slog.Logger
 
+	// tenant is the peer's tenant and pool its pool, set at accept before
+	// serving starts; both nil for root or the daemon's uid let in without
+	// a tenant when the server has tenants (no pool then).
+	tenant *tenant
+	pool   Pool
+
 	// Read side: rbuf[rpos:rend] is unread; base is the stream offset of
 	// rbuf[0].
 	rbuf       []byte
 	rpos, rend int
 	base       uint64
-	oob        []byte
-	groups     []fdGroup
-	readFn     func(fd uintptr) bool
-	recv       recvState // the last recvmsg: its arguments and results
+	// armed: a read deadline of FrameTimeout is set for the frame that
+	// has started arriving.
+	armed  bool
+	oob    []byte
+	groups []fdGroup
+	readFn func(fd uintptr) bool
+	recv   recvState // the last recvmsg: its arguments and results
 
 	b     *flatbuffers.Builder
 	req   wire.Request
@@ -125,10 +138,35 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 	if c.cred, err = peerCred(raw); err != nil {
 		return nil, err
 	}
+	if s.needGroups {
+		if c.cred.Groups, err = peerGroups(raw, c.cred); err != nil {
+			return nil, err
+		}
+	}
 	c.log = s.log.With("conn", c.id, "pid", c.cred.Pid, "uid", c.cred.Uid)
-	c.pview.Pool, c.pview.blocks, c.pview.log = s.deps.Pool, &c.blocks, c.log
+	c.pview.blocks, c.pview.log = &c.blocks, c.log
 	c.readFn = c.recvmsg
 	return c, nil
+}
+
+// setTenant makes t the connection's tenant (nil: none, no pool).
+func (c *conn) setTenant(t *tenant) {
+	c.tenant = t
+	if t == nil {
+		return
+	}
+	c.pool = t.Pool
+	c.pview.Pool = t.Pool
+	c.log = c.log.With("tenant", t.Name)
+}
+
+// poolID is the id of the connection's pool, 0 (no segment's) when it has
+// none.
+func (c *conn) poolID() xfer.SegmentID {
+	if c.pool == nil {
+		return 0
+	}
+	return c.pool.ID()
 }
 
 // refuse answers a connection that will not be served and closes it.
@@ -205,14 +243,25 @@ func closeFDs(fds []int) {
 }
 
 // readFrame returns the next frame body and attributes fds to it (c.fds).
-// The body aliases rbuf until the next call.
+// The body aliases rbuf until the next call. Waiting for a frame's first
+// byte has no time limit; once it has come, the rest must come within
+// FrameTimeout (a read deadline, set only when the frame did not arrive
+// whole in one read).
 func (c *conn) readFrame() ([]byte, error) {
 	c.closeStray()
 	for c.rend-c.rpos < wire.FrameHeader {
 		if err := c.ensure(wire.FrameHeader); err != nil {
 			return nil, err
 		}
+		if c.rend > c.rpos {
+			if err := c.arm(); err != nil {
+				return nil, err
+			}
+		}
 		if err := c.fill(); err != nil {
+			if c.rend > c.rpos && errors.Is(err, io.EOF) {
+				return nil, io.ErrUnexpectedEOF
+			}
 			return nil, err
 		}
 	}
@@ -224,10 +273,19 @@ func (c *conn) readFrame() ([]byte, error) {
 		return nil, err
 	}
 	for c.rend-c.rpos < wire.FrameHeader+n {
+		if err := c.arm(); err != nil {
+			return nil, err
+		}
 		if err := c.fill(); err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil, io.ErrUnexpectedEOF
 			}
+			return nil, err
+		}
+	}
+	if c.armed {
+		c.armed = false
+		if err := c.uc.SetReadDeadline(time.Time{}); err != nil {
 			return nil, err
 		}
 	}
@@ -245,6 +303,16 @@ func (c *conn) readFrame() ([]byte, error) {
 		}
 	}
 	return frame, nil
+}
+
+// arm sets the read deadline by which the frame that has started must be
+// whole, once per frame.
+func (c *conn) arm() error {
+	if c.armed {
+		return nil
+	}
+	c.armed = true
+	return c.uc.SetReadDeadline(time.Now().Add(c.s.cfg.FrameTimeout))
 }
 
 // closeStray closes fds whose read was consumed entirely by earlier frames
@@ -317,6 +385,13 @@ func (c *conn) readFailed(err error) {
 	switch {
 	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
 		c.log.Debug("client disconnected")
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		c.s.logs.frameTimeout.event(slog.Uint64("conn", c.id), slog.Int("pid", int(c.cred.Pid)),
+			slog.Uint64("uid", uint64(c.cred.Uid)), slog.Int("buffered", c.rend-c.rpos),
+			slog.Duration("frame_timeout", c.s.cfg.FrameTimeout))
+		c.uc.SetWriteDeadline(time.Now().Add(c.s.cfg.FrameTimeout)) //nolint:errcheck // best effort
+		c.fail(0, tcproto.CodeDEADLINE_EXCEEDED)
+		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrUnexpectedFD):
 		c.log.Warn("closing connection: bad frame", "err", err)
 		c.fail(0, CodeOf(err))
@@ -332,6 +407,17 @@ func (c *conn) serveFrame(frame []byte) bool {
 	if err := wire.DecodeRequest(frame, c.s.dlim, &c.req); err != nil {
 		closeFDs(c.fds)
 		c.fds = c.fds[:0]
+		if errors.Is(err, wire.ErrLimit) && !errors.Is(err, wire.ErrMalformed) {
+			// The frame is whole and only breaks a limit: refuse this call,
+			// answering its id, and keep serving the connection.
+			c.log.Debug("request refused: breaks a decode limit", "request_id", c.req.Ctx.RequestID, "err", err)
+			c.fail(c.req.Ctx.RequestID, CodeOf(err))
+			if err := c.write(wire.EncodeResponse(c.b, &c.resp), -1); err != nil {
+				c.log.Debug("closing connection: write failed", "err", err)
+				return false
+			}
+			return true
+		}
 		c.log.Warn("closing connection: undecodable request", "err", err)
 		c.fail(0, CodeOf(err))
 		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
@@ -403,7 +489,7 @@ func (c *conn) takeFD() (int, error) {
 // Resolve implements Resolver scoped to this connection: the pool and the
 // segments this connection registered.
 func (c *conn) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
-	if id == c.s.deps.Pool.ID() {
+	if c.pool != nil && id == c.pool.ID() {
 		return &c.pview, true
 	}
 	c.mu.Lock()

@@ -3,8 +3,8 @@ package control
 import (
 	"time"
 
-	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -111,14 +111,19 @@ type ExportCatalog interface {
 	Unexported(name string)
 }
 
-// Deps are what the server serves from. Engine, Pool and Registry are
-// required; MapBuffer defaults to ShmMapBuffer; FileOpener is optional
+// Deps are what the server serves from. Engine, Registry and either Pool
+// (one default tenant) or Tenants (each with its pool) are required; MapBuffer defaults to ShmMapBuffer; FileOpener is optional
 // (RegisterFile then answers UNAVAILABLE); Peers is optional (OpenRemote and
 // notifications then answer UNAVAILABLE; exports are still listed); RDMA
 // is optional.
 type Deps struct {
-	Engine     Engine
-	Pool       Pool
+	Engine Engine
+	// Pool is the default tenant's pool when Tenants is empty; it must be
+	// nil when Tenants is set.
+	Pool Pool
+	// Tenants are the tenants, each with its pool (see Tenant); empty
+	// means one, DefaultTenant, of Config.AllowedUIDs/AllowedGIDs on Pool.
+	Tenants    []Tenant
 	Registry   Registry
 	MapBuffer  MapBufferFunc
 	FileOpener FileOpener
