@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/shm"
