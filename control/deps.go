@@ -64,6 +64,14 @@ type FileOpener interface {
 	OpenFile(id xfer.SegmentID, path string, direct bool, size uint64) (FileSegment, error)
 }
 
+// TenantFileOpener is a FileOpener that confines each tenant to its own
+// files. When Deps.FileOpener implements it, RegisterFile goes through
+// OpenFileFor with the connection's tenant ("" for a connection without
+// one).
+type TenantFileOpener interface {
+	OpenFileFor(tenant string, id xfer.SegmentID, path string, direct bool, size uint64) (FileSegment, error)
+}
+
 // RemoteSegment is a segment of a peer daemon opened through the peer
 // plane (*tcp.Remote). Its ID is the plane's own; the server names it to
 // its client by an id from the Registry.

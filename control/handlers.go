@@ -254,7 +254,17 @@ func (c *conn) registerFile(m *wire.RegisterFileRequest) error {
 	}
 	reg := c.s.deps.Registry
 	id := reg.NextID()
-	f, err := op.OpenFile(id, string(m.Path), m.Direct, m.Size)
+	var f FileSegment
+	var err error
+	if to, ok := op.(TenantFileOpener); ok {
+		name := ""
+		if c.tenant != nil {
+			name = c.tenant.Name
+		}
+		f, err = to.OpenFileFor(name, id, string(m.Path), m.Direct, m.Size)
+	} else {
+		f, err = op.OpenFile(id, string(m.Path), m.Direct, m.Size)
+	}
 	if err != nil {
 		return err
 	}

@@ -133,9 +133,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		DeniedUIDs:     cfg.DeniedUIDs,
 		FrameTimeout:   time.Duration(cfg.FrameTimeout),
 		AcceptStall:    time.Duration(cfg.AcceptStallTimeout),
-		DaemonID:    cfg.DaemonID,
-		Version:     Version,
-		PeerAddr:    d.PeerAddr(),
+		DaemonID:       cfg.DaemonID,
+		Version:        Version,
+		PeerAddr:       d.PeerAddr(),
 	}
 	deps := control.Deps{Engine: d.engine, Registry: d.reg, RDMA: rdmaReport}
 	if len(cfg.Tenants) == 0 {
