@@ -32,6 +32,9 @@ const (
 type fdGroup struct {
 	fds    []int
 	lo, hi uint64
+	// lost: the message carried fds the kernel could not install (the
+	// daemon was out of fds); fds holds those it did.
+	lost bool
 }
 
 // cred is the connecting process as the kernel saw it when it connected
@@ -76,6 +79,9 @@ type conn struct {
 	req   wire.Request
 	resp  wire.Response
 	fds   []int // fds attributed to the current frame
+	// fdsLost: fds sent with the current frame were lost (the daemon was
+	// out of fds); the frame is answered RESOURCE_EXHAUSTED.
+	fdsLost bool
 	errs  []error
 	codes []Code
 	reqs  []xfer.Request
@@ -193,10 +199,20 @@ func (c *conn) fill() error {
 		return os.NewSyscallError("recvmsg", r.err)
 	}
 	lo := c.base + uint64(c.rend)
-	if r.oobn > 0 {
+	if r.oobn > 0 || r.flags&unix.MSG_CTRUNC != 0 {
 		fds, err := parseRights(c.oob[:r.oobn])
+		// Truncated control data with room left in oob is the kernel
+		// failing to install the fds (the daemon is out of them: EMFILE):
+		// the frame they came with is refused RESOURCE_EXHAUSTED and the
+		// connection goes on. Truncation for want of room is a client
+		// sending more fds than any message takes.
+		lost := false
 		if r.flags&unix.MSG_CTRUNC != 0 && err == nil {
-			err = fmt.Errorf("%w: control data truncated", ErrUnexpectedFD)
+			if r.oobn+unix.CmsgSpace(4) <= len(c.oob) {
+				lost = true
+			} else {
+				err = fmt.Errorf("%w: control data truncated", ErrUnexpectedFD)
+			}
 		}
 		if err == nil && len(c.groups) >= maxFDGroups {
 			err = fmt.Errorf("%w: too many fd-carrying messages in flight", ErrUnexpectedFD)
@@ -205,8 +221,8 @@ func (c *conn) fill() error {
 			closeFDs(fds)
 			return err
 		}
-		if len(fds) > 0 {
-			c.groups = append(c.groups, fdGroup{fds: fds, lo: lo, hi: lo + uint64(r.n)})
+		if len(fds) > 0 || lost {
+			c.groups = append(c.groups, fdGroup{fds: fds, lo: lo, hi: lo + uint64(r.n), lost: lost})
 		}
 	}
 	if r.n == 0 {
@@ -293,11 +309,12 @@ func (c *conn) readFrame() ([]byte, error) {
 	frame := c.rbuf[c.rpos+wire.FrameHeader : c.rpos+wire.FrameHeader+n]
 	c.rpos += wire.FrameHeader + n
 	next := c.base + uint64(c.rpos)
-	c.fds = c.fds[:0]
+	c.fds, c.fdsLost = c.fds[:0], false
 	for i := 0; i < len(c.groups); i++ {
 		g := c.groups[i]
 		if g.lo <= start && start < g.hi && next >= g.hi {
 			c.fds = append(c.fds, g.fds...)
+			c.fdsLost = c.fdsLost || g.lost
 			c.groups = append(c.groups[:i], c.groups[i+1:]...)
 			i--
 		}
@@ -321,7 +338,9 @@ func (c *conn) closeStray() {
 	pos := c.base + uint64(c.rpos)
 	for i := 0; i < len(c.groups); i++ {
 		if c.groups[i].hi <= pos {
-			c.log.Warn("closing file descriptors sent without a frame", "n", len(c.groups[i].fds))
+			if len(c.groups[i].fds) > 0 {
+				c.log.Warn("closing file descriptors sent without a frame", "n", len(c.groups[i].fds))
+			}
 			closeFDs(c.groups[i].fds)
 			c.groups = append(c.groups[:i], c.groups[i+1:]...)
 			i--

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
@@ -54,6 +55,13 @@ func dataPath(k wire.RequestKind) bool {
 func (c *conn) handle() ([]byte, int) {
 	m := &c.req
 	kind := m.Kind()
+	if c.fdsLost {
+		closeFDs(c.fds)
+		c.fds, c.fdsLost = c.fds[:0], false
+		c.log.Warn("file descriptors sent with a request were lost: the daemon is out of file descriptors",
+			"kind", kind.String(), "request_id", m.Ctx.RequestID)
+		return c.errorFrame(fmt.Errorf("%w: file descriptor not received", syscall.EMFILE)), -1
+	}
 	if _, takesFD := m.Body.(*wire.RegisterBufferRequest); !takesFD && len(c.fds) > 0 {
 		closeFDs(c.fds)
 		c.fds = c.fds[:0]
@@ -640,6 +648,11 @@ func (c *conn) stats() {
 		r.Pool = c.s.tenantCounters(r.Pool)
 	}
 	r.Engine = statsCounters(c.s.deps.Engine, nil)
+	if n, ok := c.s.deps.Registry.(interface{ Len() int }); ok {
+		// Every registered segment (pools, buffers, files, remotes): what a
+		// leak check compares before and after a run.
+		r.Engine = append(r.Engine, wire.Counter{Name: "segments_registered", Value: uint64(n.Len())})
+	}
 	r.Connections = uint32(c.s.Connections())
 	if f := c.s.deps.TransportStats; f != nil {
 		r.Transports = f(nil)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/shm"
@@ -408,4 +410,43 @@ func runTenantHelper() int {
 	}
 	fmt.Println("done ok")
 	return 0
+}
+
+// TestFDLostToEMFILE: a RegisterBuffer whose memfd the daemon cannot
+// receive because it is out of file descriptors fails that call with
+// RESOURCE_EXHAUSTED and its request id; the connection stays, and the
+// same call succeeds once fds are back.
+func TestFDLostToEMFILE(t *testing.T) {
+	e := newEnv(t, false)
+	c := dialRaw(t, e.sock)
+	expectCode(t, c.call(&wire.PingRequest{}), tcproto.CodeOK)
+	fd := newMemfd(t, 1<<20)
+	defer unix.Close(fd)
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	// No new fd can be had below 3: stdin, stdout and stderr hold them.
+	low := unix.Rlimit{Cur: 3, Max: old.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	err := c.sendBody(&wire.RegisterBufferRequest{Size: 1 << 20}, fd)
+	var r *wire.Response
+	if err == nil {
+		r, _, err = c.recv()
+	}
+	if serr := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); serr != nil {
+		t.Fatal(serr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, r, tcproto.CodeRESOURCE_EXHAUSTED)
+	if r.RequestID != c.id {
+		t.Fatalf("answer for request %d, want %d", r.RequestID, c.id)
+	}
+	r = c.call(&wire.RegisterBufferRequest{Size: 1 << 20}, fd)
+	expectCode(t, r, tcproto.CodeOK)
+	expectCode(t, c.call(&wire.UnregisterBufferRequest{Segment: body[wire.RegisterBufferResponse](t, r).Segment}), tcproto.CodeOK)
 }

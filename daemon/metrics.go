@@ -128,6 +128,7 @@ func (d *Daemon) collectControl(e *metrics.Emit) {
 		e.Gauge("tensorcast_control_tenant_clients", "Client connections on the control socket, by tenant.", float64(u.Connections),
 			metrics.L("tenant", metrics.SanitizeLabel(u.Name)))
 	}
+	e.Gauge("tensorcast_segments_registered", "Segments registered: pools, client buffers, files, opened remote segments.", float64(d.reg.Len()))
 	e.Bool("tensorcast_healthy", "Whether the daemon can serve new clients (its watchdog keep-alives stop when not).", d.health() == nil)
 	for _, rc := range d.server.RequestCounts(nil) {
 		e.Counter("tensorcast_control_requests_total", "Control requests decoded, by message type.", float64(rc.Count), metrics.L("type", rc.Kind))
