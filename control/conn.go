@@ -75,18 +75,18 @@ type conn struct {
 	readFn func(fd uintptr) bool
 	recv   recvState // the last recvmsg: its arguments and results
 
-	b     *flatbuffers.Builder
-	req   wire.Request
-	resp  wire.Response
-	fds   []int // fds attributed to the current frame
+	b    *flatbuffers.Builder
+	req  wire.Request
+	resp wire.Response
+	fds  []int // fds attributed to the current frame
 	// fdsLost: fds sent with the current frame were lost (the daemon was
 	// out of fds); the frame is answered RESOURCE_EXHAUSTED.
 	fdsLost bool
-	errs  []error
-	codes []Code
-	reqs  []xfer.Request
-	offs  []uint64
-	sts   []tcproto.TaskState
+	errs    []error
+	codes   []Code
+	reqs    []xfer.Request
+	offs    []uint64
+	sts     []tcproto.TaskState
 
 	// mu guards the resources below: the engine may resolve segments from
 	// its own goroutines while the serving goroutine adds or removes them.

@@ -264,6 +264,15 @@ func (w *worker) session(c *client.Client, stop <-chan struct{}) error {
 				_, err = c.Transfer([]xfer.Request{{Op: xfer.OpRead, Local: buf.ID, LocalOffset: blk, Target: target, TargetOffset: at, Length: blk}}, opTimeout, res[1:])
 				return err
 			})
+			if err == nil && w.kind == kindTCP && res[0] != nil {
+				switch codeOf(res[0]) {
+				case "PERMISSION_DENIED", "NOT_FOUND":
+					// The peer restarted: the segment was opened at its old
+					// epoch. Open it again, as an engine would.
+					w.results(res[:1])
+					return res[0]
+				}
+			}
 			if err == nil {
 				w.results(res[:1])
 				if res[0] == nil {
