@@ -450,3 +450,88 @@ func TestFDLostToEMFILE(t *testing.T) {
 	expectCode(t, r, tcproto.CodeOK)
 	expectCode(t, c.call(&wire.UnregisterBufferRequest{Segment: body[wire.RegisterBufferResponse](t, r).Segment}), tcproto.CodeOK)
 }
+
+// TestStoreKeyNamespace: two tenants' equal keys are different store keys,
+// and a tenant strips only its own.
+func TestStoreKeyNamespace(t *testing.T) {
+	cfg := Config{}
+	pa, pb := &fakePoolID{id: 1}, &fakePoolID{id: 2}
+	ts, admin, err := buildTenants(&cfg, &Deps{Tenants: []Tenant{{Name: "a", UIDs: []uint32{1}, Pool: pa}, {Name: "b", UIDs: []uint32{2}, Pool: pb}}})
+	if err != nil || admin != nil || len(ts) != 2 {
+		t.Fatalf("buildTenants: %v %v %d", err, admin, len(ts))
+	}
+	ka, kb := ts[0].StoreKey(nil, []byte("k")), ts[1].StoreKey(nil, []byte("k"))
+	if string(ka) == string(kb) || len(ka) != StoreKeyPrefixLen+1 {
+		t.Fatalf("keys %q and %q", ka, kb)
+	}
+	if k, ok := ts[0].StripStoreKey(ka); !ok || string(k) != "k" {
+		t.Fatalf("a strips its own key to %q %v", k, ok)
+	}
+	if _, ok := ts[0].StripStoreKey(kb); ok {
+		t.Fatal("a strips b's key")
+	}
+	for _, bad := range [][]Tenant{
+		{{Name: "a", UIDs: []uint32{1}, Pool: pa}, {Name: "b", UIDs: []uint32{1}, Pool: pb}},
+		{{Name: "a", GIDs: []uint32{7}, Pool: pa}, {Name: "b", GIDs: []uint32{7}, Pool: pb}},
+		{{Name: "a", UIDs: []uint32{1}, Pool: pa}, {Name: "b", UIDs: []uint32{2}, Pool: pa}},
+		{{Name: "a", UIDs: []uint32{1}, Pool: pa}, {Name: "a", UIDs: []uint32{2}, Pool: pb}},
+		{{Name: "no/slash", UIDs: []uint32{1}, Pool: pa}},
+		{{Name: "a", UIDs: []uint32{1}}},
+	} {
+		if _, _, err := buildTenants(&cfg, &Deps{Tenants: bad}); !errors.Is(err, ErrConfig) {
+			t.Errorf("tenants %+v accepted: %v", bad, err)
+		}
+	}
+}
+
+// fakePoolID is a Pool that only has an id (for configuration checks).
+type fakePoolID struct {
+	Pool
+	id xfer.SegmentID
+}
+
+func (p *fakePoolID) ID() xfer.SegmentID { return p.id }
+
+// TestTenantOf: a uid listed by a tenant picks it; else the one tenant of
+// its primary or supplementary gids; two are ambiguous and refused; root
+// and the daemon's uid get in without a tenant unless denied; anyone else
+// is refused.
+func TestTenantOf(t *testing.T) {
+	pa, pb := &fakePoolID{id: 1}, &fakePoolID{id: 2}
+	cfg := Config{DeniedUIDs: []uint32{666}}
+	ts, admin, err := buildTenants(&cfg, &Deps{Tenants: []Tenant{
+		{Name: "a", UIDs: []uint32{1000}, GIDs: []uint32{50}, Pool: pa},
+		{Name: "b", GIDs: []uint32{60}, Pool: pb}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{cfg: cfg, tenants: ts, admin: admin}
+	for _, c := range []struct {
+		cr   cred
+		want string // tenant name, "-" for none, "refused"
+	}{
+		{cred{Uid: 1000, Gid: 60}, "a"}, // the uid wins over the gid
+		{cred{Uid: 2000, Gid: 50}, "a"},
+		{cred{Uid: 2000, Gid: 1, Groups: []uint32{9, 60}}, "b"},
+		{cred{Uid: 2000, Gid: 50, Groups: []uint32{60}}, "refused"}, // in both by group
+		{cred{Uid: 2000, Gid: 1}, "refused"},
+		{cred{Uid: 0, Gid: 0}, "-"},
+		{cred{Uid: uint32(os.Geteuid()), Gid: 1}, "-"},
+		{cred{Uid: 666, Gid: 50}, "refused"},
+	} {
+		tn, err := s.tenantOf(c.cr)
+		got := "-"
+		switch {
+		case err != nil:
+			got = "refused"
+			if !errors.Is(err, ErrPermission) {
+				t.Errorf("%+v: %v is not ErrPermission", c.cr, err)
+			}
+		case tn != nil:
+			got = tn.Name
+		}
+		if got != c.want {
+			t.Errorf("%+v: %s, want %s", c.cr, got, c.want)
+		}
+	}
+}

@@ -49,6 +49,23 @@ type tenant struct {
 	keyPrefix []byte
 }
 
+// # Store keys per tenant
+//
+// The store (being wired into the daemon) keeps its L1 values in a pool
+// that the client reads in place, so a tenant's values must live in that
+// tenant's pool: the daemon opens one store per tenant, over the tenant's
+// pool (store.Open(cfg, tenantPool, uring, its own L2 under
+// data_dir/tenants/NAME), and the control layer hands a connection's store
+// calls to c.tenant's store. Tenants' key spaces are then apart by
+// construction. Where one store serves several tenants all the same (an
+// L2 shared between them, say), the control layer namespaces every key
+// itself: StoreKey before any store call that takes keys (Put, Reserve,
+// Commit, Get, Exists, Remove, Pin, Unpin, LookupPrefix, Stat) and for List's
+// prefix, and StripStoreKey on every key a store call returns (List, Stat)
+// before it goes to the client, dropping those it refuses. A connection
+// without a tenant (c.tenant == nil: root or the daemon's uid when tenants
+// are configured) has no store, as it has no pool: errNoPool.
+
 // StoreKeyPrefixLen is the length of the namespace prefix StoreKey puts
 // before a client's key.
 const StoreKeyPrefixLen = 2

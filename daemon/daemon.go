@@ -84,7 +84,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	segs := make([]xfer.MemSegment, 0, len(cfg.tenantList()))
 	for _, t := range cfg.tenantList() {
 		size := cfg.tenantPoolSize(t)
-		p, err := shm.NewPool(shm.PoolConfig{ID: d.reg.NextID(), Size: uint64(size), Hugepages: cfg.Hugepages},
+		p, err := shm.NewPool(shm.PoolConfig{ID: d.reg.NextID(), Name: t.Name, Size: uint64(size), Hugepages: cfg.Hugepages},
 			log.With("component", "pool", "tenant", t.Name))
 		if err != nil {
 			return nil, fmt.Errorf("pool of tenant %q (pool_size = %s, hugepages = %s): %w", t.Name, size, cfg.Hugepages, err)
