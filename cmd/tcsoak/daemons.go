@@ -33,10 +33,9 @@ type daemon struct {
 
 	// mu guards the fields below.
 	mu       sync.Mutex
-	cmd      *exec.Cmd
-	exited   chan struct{} // closed when cmd has exited
-	restarts int
-	stopped  bool // SIGSTOPped now
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when cmd has exited
+	stopped bool          // SIGSTOPped now
 }
 
 // network is how the two daemons reach each other: a veth pair into a
