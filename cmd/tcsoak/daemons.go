@@ -32,7 +32,7 @@ type daemon struct {
 	logf    *os.File // its stderr, appended over restarts
 
 	// mu guards the fields below.
-	mu       sync.Mutex
+	mu      sync.Mutex
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed when cmd has exited
 	stopped bool          // SIGSTOPped now
