@@ -206,15 +206,6 @@ func needGroups(ts []*tenant) bool {
 	return slices.ContainsFunc(ts, func(t *tenant) bool { return len(t.GIDs) > 0 })
 }
 
-// Tenants reports each tenant's name and pool, in configuration order.
-func (s *Server) Tenants() []Tenant {
-	out := make([]Tenant, len(s.tenants))
-	for i, t := range s.tenants {
-		out[i] = t.Tenant
-	}
-	return out
-}
-
 // TenantUsage is one tenant's pool usage and connections, for stats and
 // metrics.
 type TenantUsage struct {
