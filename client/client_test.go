@@ -262,7 +262,7 @@ func TestDialErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/tensorcastd.sock") {
 		t.Fatalf("dial error does not name the socket: %v", err)
 	}
-	d := startDaemon(t, func(c *control.Config) { c.AllowedUIDs = []uint32{4242} })
+	d := startDaemon(t, func(c *control.Config) { c.DeniedUIDs = []uint32{uint32(os.Getuid())} })
 	if _, err := Dial(d.sock, Options{}); !errors.Is(err, ErrPermissionDenied) {
 		t.Fatalf("refused peer: %v", err)
 	}

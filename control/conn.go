@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	flatbuffers "github.com/google/flatbuffers/go"
 	"golang.org/x/sys/unix"
@@ -32,12 +33,18 @@ const (
 type fdGroup struct {
 	fds    []int
 	lo, hi uint64
+	// lost: the message carried fds the kernel could not install (the
+	// daemon was out of fds); fds holds those it did.
+	lost bool
 }
 
-// cred is the connecting process as the kernel saw it (SO_PEERCRED).
+// cred is the connecting process as the kernel saw it when it connected
+// (SO_PEERCRED, and SO_PEERGROUPS for its supplementary groups, read only
+// when some tenant is chosen by gid).
 type cred struct {
 	Pid      int32
 	Uid, Gid uint32
+	Groups   []uint32
 }
 
 // conn is one client connection. Everything but the fields under mu is
@@ -50,25 +57,37 @@ type conn struct {
 	id   uint64
 	log  *slog.Logger
 
+	// tenant is the peer's tenant and pool its pool, set at accept before
+	// serving starts; both nil for root or the daemon's uid let in without
+	// a tenant when the server has tenants (no pool then).
+	tenant *tenant
+	pool   Pool
+
 	// Read side: rbuf[rpos:rend] is unread; base is the stream offset of
 	// rbuf[0].
 	rbuf       []byte
 	rpos, rend int
 	base       uint64
-	oob        []byte
-	groups     []fdGroup
-	readFn     func(fd uintptr) bool
-	recv       recvState // the last recvmsg: its arguments and results
+	// armed: a read deadline of FrameTimeout is set for the frame that
+	// has started arriving.
+	armed  bool
+	oob    []byte
+	groups []fdGroup
+	readFn func(fd uintptr) bool
+	recv   recvState // the last recvmsg: its arguments and results
 
-	b     *flatbuffers.Builder
-	req   wire.Request
-	resp  wire.Response
-	fds   []int // fds attributed to the current frame
-	errs  []error
-	codes []Code
-	reqs  []xfer.Request
-	offs  []uint64
-	sts   []tcproto.TaskState
+	b    *flatbuffers.Builder
+	req  wire.Request
+	resp wire.Response
+	fds  []int // fds attributed to the current frame
+	// fdsLost: fds sent with the current frame were lost (the daemon was
+	// out of fds); the frame is answered RESOURCE_EXHAUSTED.
+	fdsLost bool
+	errs    []error
+	codes   []Code
+	reqs    []xfer.Request
+	offs    []uint64
+	sts     []tcproto.TaskState
 
 	// segGen changes (under mu) whenever a segment is removed from the
 	// maps below, so that a queue's cache of resolved segments knows.
@@ -132,10 +151,35 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 	if c.cred, err = peerCred(raw); err != nil {
 		return nil, err
 	}
+	if s.needGroups {
+		if c.cred.Groups, err = peerGroups(raw, c.cred); err != nil {
+			return nil, err
+		}
+	}
 	c.log = s.log.With("conn", c.id, "pid", c.cred.Pid, "uid", c.cred.Uid)
-	c.pview.Pool, c.pview.blocks, c.pview.log = s.deps.Pool, &c.blocks, c.log
+	c.pview.blocks, c.pview.log = &c.blocks, c.log
 	c.readFn = c.recvmsg
 	return c, nil
+}
+
+// setTenant makes t the connection's tenant (nil: none, no pool).
+func (c *conn) setTenant(t *tenant) {
+	c.tenant = t
+	if t == nil {
+		return
+	}
+	c.pool = t.Pool
+	c.pview.Pool = t.Pool
+	c.log = c.log.With("tenant", t.Name)
+}
+
+// poolID is the id of the connection's pool, 0 (no segment's) when it has
+// none.
+func (c *conn) poolID() xfer.SegmentID {
+	if c.pool == nil {
+		return 0
+	}
+	return c.pool.ID()
 }
 
 // refuse answers a connection that will not be served and closes it.
@@ -162,10 +206,20 @@ func (c *conn) fill() error {
 		return os.NewSyscallError("recvmsg", r.err)
 	}
 	lo := c.base + uint64(c.rend)
-	if r.oobn > 0 {
+	if r.oobn > 0 || r.flags&unix.MSG_CTRUNC != 0 {
 		fds, err := parseRights(c.oob[:r.oobn])
+		// Truncated control data with room left in oob is the kernel
+		// failing to install the fds (the daemon is out of them: EMFILE):
+		// the frame they came with is refused RESOURCE_EXHAUSTED and the
+		// connection goes on. Truncation for want of room is a client
+		// sending more fds than any message takes.
+		lost := false
 		if r.flags&unix.MSG_CTRUNC != 0 && err == nil {
-			err = fmt.Errorf("%w: control data truncated", ErrUnexpectedFD)
+			if r.oobn+unix.CmsgSpace(4) <= len(c.oob) {
+				lost = true
+			} else {
+				err = fmt.Errorf("%w: control data truncated", ErrUnexpectedFD)
+			}
 		}
 		if err == nil && len(c.groups) >= maxFDGroups {
 			err = fmt.Errorf("%w: too many fd-carrying messages in flight", ErrUnexpectedFD)
@@ -174,8 +228,8 @@ func (c *conn) fill() error {
 			closeFDs(fds)
 			return err
 		}
-		if len(fds) > 0 {
-			c.groups = append(c.groups, fdGroup{fds: fds, lo: lo, hi: lo + uint64(r.n)})
+		if len(fds) > 0 || lost {
+			c.groups = append(c.groups, fdGroup{fds: fds, lo: lo, hi: lo + uint64(r.n), lost: lost})
 		}
 	}
 	if r.n == 0 {
@@ -212,14 +266,25 @@ func closeFDs(fds []int) {
 }
 
 // readFrame returns the next frame body and attributes fds to it (c.fds).
-// The body aliases rbuf until the next call.
+// The body aliases rbuf until the next call. Waiting for a frame's first
+// byte has no time limit; once it has come, the rest must come within
+// FrameTimeout (a read deadline, set only when the frame did not arrive
+// whole in one read).
 func (c *conn) readFrame() ([]byte, error) {
 	c.closeStray()
 	for c.rend-c.rpos < wire.FrameHeader {
 		if err := c.ensure(wire.FrameHeader); err != nil {
 			return nil, err
 		}
+		if c.rend > c.rpos {
+			if err := c.arm(); err != nil {
+				return nil, err
+			}
+		}
 		if err := c.fill(); err != nil {
+			if c.rend > c.rpos && errors.Is(err, io.EOF) {
+				return nil, io.ErrUnexpectedEOF
+			}
 			return nil, err
 		}
 	}
@@ -231,6 +296,9 @@ func (c *conn) readFrame() ([]byte, error) {
 		return nil, err
 	}
 	for c.rend-c.rpos < wire.FrameHeader+n {
+		if err := c.arm(); err != nil {
+			return nil, err
+		}
 		if err := c.fill(); err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil, io.ErrUnexpectedEOF
@@ -238,20 +306,37 @@ func (c *conn) readFrame() ([]byte, error) {
 			return nil, err
 		}
 	}
+	if c.armed {
+		c.armed = false
+		if err := c.uc.SetReadDeadline(time.Time{}); err != nil {
+			return nil, err
+		}
+	}
 	start := c.base + uint64(c.rpos)
 	frame := c.rbuf[c.rpos+wire.FrameHeader : c.rpos+wire.FrameHeader+n]
 	c.rpos += wire.FrameHeader + n
 	next := c.base + uint64(c.rpos)
-	c.fds = c.fds[:0]
+	c.fds, c.fdsLost = c.fds[:0], false
 	for i := 0; i < len(c.groups); i++ {
 		g := c.groups[i]
 		if g.lo <= start && start < g.hi && next >= g.hi {
 			c.fds = append(c.fds, g.fds...)
+			c.fdsLost = c.fdsLost || g.lost
 			c.groups = append(c.groups[:i], c.groups[i+1:]...)
 			i--
 		}
 	}
 	return frame, nil
+}
+
+// arm sets the read deadline by which the frame that has started must be
+// whole, once per frame.
+func (c *conn) arm() error {
+	if c.armed {
+		return nil
+	}
+	c.armed = true
+	return c.uc.SetReadDeadline(time.Now().Add(c.s.cfg.FrameTimeout))
 }
 
 // closeStray closes fds whose read was consumed entirely by earlier frames
@@ -260,7 +345,9 @@ func (c *conn) closeStray() {
 	pos := c.base + uint64(c.rpos)
 	for i := 0; i < len(c.groups); i++ {
 		if c.groups[i].hi <= pos {
-			c.log.Warn("closing file descriptors sent without a frame", "n", len(c.groups[i].fds))
+			if len(c.groups[i].fds) > 0 {
+				c.log.Warn("closing file descriptors sent without a frame", "n", len(c.groups[i].fds))
+			}
 			closeFDs(c.groups[i].fds)
 			c.groups = append(c.groups[:i], c.groups[i+1:]...)
 			i--
@@ -324,6 +411,13 @@ func (c *conn) readFailed(err error) {
 	switch {
 	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
 		c.log.Debug("client disconnected")
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		c.s.logs.frameTimeout.event(slog.Uint64("conn", c.id), slog.Int("pid", int(c.cred.Pid)),
+			slog.Uint64("uid", uint64(c.cred.Uid)), slog.Int("buffered", c.rend-c.rpos),
+			slog.Duration("frame_timeout", c.s.cfg.FrameTimeout))
+		c.uc.SetWriteDeadline(time.Now().Add(c.s.cfg.FrameTimeout)) //nolint:errcheck // best effort
+		c.fail(0, tcproto.CodeDEADLINE_EXCEEDED)
+		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrUnexpectedFD):
 		c.log.Warn("closing connection: bad frame", "err", err)
 		c.fail(0, CodeOf(err))
@@ -339,6 +433,17 @@ func (c *conn) serveFrame(frame []byte) bool {
 	if err := wire.DecodeRequest(frame, c.s.dlim, &c.req); err != nil {
 		closeFDs(c.fds)
 		c.fds = c.fds[:0]
+		if errors.Is(err, wire.ErrLimit) && !errors.Is(err, wire.ErrMalformed) {
+			// The frame is whole and only breaks a limit: refuse this call,
+			// answering its id, and keep serving the connection.
+			c.log.Debug("request refused: breaks a decode limit", "request_id", c.req.Ctx.RequestID, "err", err)
+			c.fail(c.req.Ctx.RequestID, CodeOf(err))
+			if err := c.write(wire.EncodeResponse(c.b, &c.resp), -1); err != nil {
+				c.log.Debug("closing connection: write failed", "err", err)
+				return false
+			}
+			return true
+		}
 		c.log.Warn("closing connection: undecodable request", "err", err)
 		c.fail(0, CodeOf(err))
 		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
@@ -410,7 +515,7 @@ func (c *conn) takeFD() (int, error) {
 // Resolve implements Resolver scoped to this connection: the pool and the
 // segments this connection registered.
 func (c *conn) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
-	if id == c.s.deps.Pool.ID() {
+	if c.pool != nil && id == c.pool.ID() {
 		return &c.pview, true
 	}
 	c.mu.Lock()

@@ -64,6 +64,14 @@ type FileOpener interface {
 	OpenFile(id xfer.SegmentID, path string, direct bool, size uint64) (FileSegment, error)
 }
 
+// TenantFileOpener is a FileOpener that confines each tenant to its own
+// files. When Deps.FileOpener implements it, RegisterFile goes through
+// OpenFileFor with the connection's tenant ("" for a connection without
+// one).
+type TenantFileOpener interface {
+	OpenFileFor(tenant string, id xfer.SegmentID, path string, direct bool, size uint64) (FileSegment, error)
+}
+
 // RemoteSegment is a segment of a peer daemon opened through the peer
 // plane (*tcp.Remote). Its ID is the plane's own; the server names it to
 // its client by an id from the Registry.
@@ -111,14 +119,19 @@ type ExportCatalog interface {
 	Unexported(name string)
 }
 
-// Deps are what the server serves from. Engine, Pool and Registry are
-// required; MapBuffer defaults to ShmMapBuffer; FileOpener is optional
+// Deps are what the server serves from. Engine, Registry and either Pool
+// (one default tenant) or Tenants (each with its pool) are required; MapBuffer defaults to ShmMapBuffer; FileOpener is optional
 // (RegisterFile then answers UNAVAILABLE); Peers is optional (OpenRemote and
 // notifications then answer UNAVAILABLE; exports are still listed); RDMA
 // is optional.
 type Deps struct {
-	Engine     Engine
-	Pool       Pool
+	Engine Engine
+	// Pool is the default tenant's pool when Tenants is empty; it must be
+	// nil when Tenants is set.
+	Pool Pool
+	// Tenants are the tenants, each with its pool (see Tenant); empty
+	// means one, DefaultTenant, of Config.AllowedUIDs/AllowedGIDs on Pool.
+	Tenants    []Tenant
 	Registry   Registry
 	MapBuffer  MapBufferFunc
 	FileOpener FileOpener

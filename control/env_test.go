@@ -442,6 +442,9 @@ func runHelper(kind string) int {
 		bufio.NewReader(os.Stdin).ReadString('\n') // killed before this returns
 		return 0
 	}
+	if kind == "tenant" {
+		return runTenantHelper()
+	}
 	if strings.HasPrefix(kind, "queue-") {
 		return runQueueHelper(kind)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
@@ -54,6 +55,13 @@ func dataPath(k wire.RequestKind) bool {
 func (c *conn) handle() ([]byte, int) {
 	m := &c.req
 	kind := m.Kind()
+	if c.fdsLost {
+		closeFDs(c.fds)
+		c.fds, c.fdsLost = c.fds[:0], false
+		c.log.Warn("file descriptors sent with a request were lost: the daemon is out of file descriptors",
+			"kind", kind.String(), "request_id", m.Ctx.RequestID)
+		return c.errorFrame(fmt.Errorf("%w: file descriptor not received", syscall.EMFILE)), -1
+	}
 	if _, takesFD := m.Body.(*wire.RegisterBufferRequest); !takesFD && len(c.fds) > 0 {
 		closeFDs(c.fds)
 		c.fds = c.fds[:0]
@@ -90,7 +98,7 @@ func (c *conn) handle() ([]byte, int) {
 	case *wire.UnregisterBufferRequest:
 		err = c.unregister(b)
 	case *wire.PoolInfoRequest:
-		fd = c.poolInfo()
+		fd, err = c.poolInfo()
 	case *wire.AllocBlocksRequest:
 		err = c.allocBlocks(b)
 	case *wire.FreeBlocksRequest:
@@ -254,7 +262,17 @@ func (c *conn) registerFile(m *wire.RegisterFileRequest) error {
 	}
 	reg := c.s.deps.Registry
 	id := reg.NextID()
-	f, err := op.OpenFile(id, string(m.Path), m.Direct, m.Size)
+	var f FileSegment
+	var err error
+	if to, ok := op.(TenantFileOpener); ok {
+		name := ""
+		if c.tenant != nil {
+			name = c.tenant.Name
+		}
+		f, err = to.OpenFileFor(name, id, string(m.Path), m.Direct, m.Size)
+	} else {
+		f, err = op.OpenFile(id, string(m.Path), m.Direct, m.Size)
+	}
 	if err != nil {
 		return err
 	}
@@ -291,11 +309,19 @@ func (c *conn) unregister(m *wire.UnregisterBufferRequest) error {
 	return f.Close()
 }
 
-func (c *conn) poolInfo() int {
-	p := c.s.deps.Pool
+// errNoPool answers the pool calls of a connection without a tenant.
+var errNoPool = fmt.Errorf("%w: this user is in no tenant, so it has no pool", ErrPermission)
+
+// poolInfo answers with the connection's tenant's pool and passes its memfd:
+// the only pool this client can map.
+func (c *conn) poolInfo() (int, error) {
+	p := c.pool
+	if p == nil {
+		return -1, errNoPool
+	}
 	r := wire.SetResponse[wire.PoolInfoResponse](&c.resp)
 	r.Segment, r.Size, r.BlockClasses = uint64(p.ID()), p.Size(), blockClasses(p)
-	return p.Fd()
+	return p.Fd(), nil
 }
 
 func (c *conn) allocBlocks(m *wire.AllocBlocksRequest) error {
@@ -306,9 +332,12 @@ func (c *conn) allocBlocks(m *wire.AllocBlocksRequest) error {
 	if c.blocks.len()+n > c.s.cfg.Limits.MaxBlocks {
 		return fmt.Errorf("%w: %d blocks held, %d asked (max %d)", ErrLimit, c.blocks.len(), n, c.s.cfg.Limits.MaxBlocks)
 	}
+	p := c.pool
+	if p == nil {
+		return errNoPool
+	}
 	c.offs = slices.Grow(c.offs[:0], n)[:n]
 	offs := c.offs
-	p := c.s.deps.Pool
 	if err := p.AllocN(m.Size, offs); err != nil {
 		return err
 	}
@@ -325,7 +354,7 @@ func (c *conn) allocBlocks(m *wire.AllocBlocksRequest) error {
 
 func (c *conn) freeBlocks(m *wire.FreeBlocksRequest) {
 	c.codes = c.codes[:0]
-	p := c.s.deps.Pool
+	p := c.pool
 	for _, off := range m.Offsets {
 		i, held := slices.BinarySearch(c.blocks.offs, off)
 		if !held {
@@ -408,7 +437,7 @@ func (c *conn) checkSide(id xfer.SegmentID, off, n uint64) Code {
 	if n == 0 {
 		return tcproto.CodeINVALID_ARGUMENT
 	}
-	if id == c.s.deps.Pool.ID() {
+	if c.pool != nil && id == c.pool.ID() {
 		if !c.blocks.covers(off, n) {
 			return tcproto.CodePERMISSION_DENIED
 		}
@@ -613,8 +642,18 @@ func (c *conn) dropBatch(id BatchID) {
 
 func (c *conn) stats() {
 	r := wire.SetResponse[wire.StatsResponse](&c.resp)
-	r.Pool = statsCounters(c.s.deps.Pool, nil)
+	if c.pool != nil {
+		r.Pool = statsCounters(c.pool, nil)
+	}
+	if c.tenant == nil || c.s.isAdmin(c.cred.Uid) {
+		r.Pool = c.s.tenantCounters(r.Pool)
+	}
 	r.Engine = statsCounters(c.s.deps.Engine, nil)
+	if n, ok := c.s.deps.Registry.(interface{ Len() int }); ok {
+		// Every registered segment (pools, buffers, files, remotes): what a
+		// leak check compares before and after a run.
+		r.Engine = append(r.Engine, wire.Counter{Name: "segments_registered", Value: uint64(n.Len())})
+	}
 	r.Connections = uint32(c.s.Connections())
 	if f := c.s.deps.TransportStats; f != nil {
 		r.Transports = f(nil)
@@ -698,8 +737,8 @@ func (c *conn) release() {
 			c.log.Warn("closing a file of a closed connection failed", "segment", id, "err", err)
 		}
 	}
-	p := c.s.deps.Pool
-	exported := func(i int) bool { return c.exported(p.ID(), c.blocks.offs[i], c.blocks.sizes[i]) }
+	p := c.pool
+	exported := func(i int) bool { return c.exported(c.poolID(), c.blocks.offs[i], c.blocks.sizes[i]) }
 	inFlight := c.pview.close(func(off uint64) bool {
 		i, _ := slices.BinarySearch(c.blocks.offs, off)
 		return !exported(i)

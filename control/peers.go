@@ -196,11 +196,11 @@ func (c *conn) exportSegment(m *wire.ExportSegmentRequest) error {
 	id := xfer.SegmentID(m.Segment)
 	off, n := m.Offset, m.Length
 	var parent xfer.MemSegment
-	if id == c.s.deps.Pool.ID() {
+	if c.pool != nil && id == c.pool.ID() {
 		if n == 0 || !c.blocks.coversRange(off, n) {
 			return fmt.Errorf("%w: pool range [%d, +%d) is not held by this connection", ErrPermission, off, n)
 		}
-		parent = c.s.deps.Pool
+		parent = c.pool
 	} else {
 		c.mu.Lock()
 		b, ok := c.buffers[id]
@@ -271,7 +271,7 @@ func (c *conn) dropExport(i int) {
 	}
 	if !e.view.close(wait) {
 		c.log.Warn("peer requests still in an unexported range", "name", e.name)
-		if e.source == c.s.deps.Pool.ID() {
+		if e.source == c.poolID() {
 			c.lingering = append(c.lingering, e)
 		}
 	}
@@ -313,12 +313,17 @@ func (c *conn) subscribe(m *wire.SubscribeRequest) error {
 	t := &c.s.exp
 	t.mu.Lock()
 	e := t.m[name]
+	if e != nil && e.owner.tenant != c.tenant {
+		// Another tenant's notifications carry its data: not for this
+		// client, and not even that the name exists.
+		e = nil
+	}
 	if e != nil {
 		e.subs[c] = struct{}{}
 	}
 	t.mu.Unlock()
 	if e == nil {
-		return fmt.Errorf("%w: no segment exported as %q", ErrNotFound, name)
+		return fmt.Errorf("%w: no segment exported as %q (by this tenant)", ErrNotFound, name)
 	}
 	c.smu.Lock()
 	c.subs[e] = struct{}{}

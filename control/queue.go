@@ -65,7 +65,7 @@ type resolved struct {
 // stream calls it from the worker only.
 func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 	c := q.c
-	if id == c.s.deps.Pool.ID() {
+	if c.pool != nil && id == c.pool.ID() {
 		return &c.pview, true
 	}
 	if g := c.segGen.Load(); g != q.seenGen {

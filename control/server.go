@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/tensorcast/tensorcast/wire"
@@ -38,12 +39,35 @@ type Limits struct {
 
 // Config configures a Server. Zero values take the defaults named per field.
 type Config struct {
-	Socket      string      // unix socket path (required)
-	Mode        os.FileMode // socket file mode (default 0660)
-	MaxFrame    int         // largest frame body in bytes (default 1 MiB)
-	MaxConns    int         // concurrent connections (default 256)
-	AllowedUIDs []uint32    // peers allowed by uid (default: the daemon's uid and root)
-	AllowedGIDs []uint32    // peers allowed by primary gid (default: none)
+	Socket   string      // unix socket path (required)
+	Mode     os.FileMode // socket file mode (default 0660)
+	MaxFrame int         // largest frame body in bytes (default 1 MiB)
+	MaxConns int         // concurrent connections (default 256)
+	// MaxConnsPerUID bounds the connections of one uid, so that one local
+	// user cannot take every connection (default MaxConns/4, at least 1;
+	// at most MaxConns).
+	MaxConnsPerUID int
+	// AllowedUIDs and AllowedGIDs are the default tenant's users when
+	// Deps.Tenants is empty (default: the daemon's uid and root); a gid
+	// matches the peer's primary or any supplementary group. With
+	// Deps.Tenants they must be empty: each tenant lists its users.
+	AllowedUIDs []uint32
+	AllowedGIDs []uint32
+	// DeniedUIDs are refused whatever else says; root and the daemon's own
+	// uid, let in by default, are kept out only by naming them here.
+	DeniedUIDs []uint32
+	// FrameTimeout bounds how long a frame may take to arrive once its
+	// first byte has: a client that stops half-way through a frame is
+	// disconnected. A connection with no partial frame may stay idle
+	// (default 5s).
+	FrameTimeout time.Duration
+	// AcceptStall is how long accepting may keep failing (EMFILE and the
+	// like, retried with back-off) before Health reports the server down
+	// (default 30s).
+	AcceptStall time.Duration
+	// LogInterval is how often a kind of refusal or accept failure is
+	// logged at most, with a count (default 10s).
+	LogInterval time.Duration
 	Limits      Limits
 	DaemonID    string // reported by Hello
 	Version     string // reported by Hello
@@ -86,8 +110,23 @@ func (c *Config) setDefaults() error {
 	if c.MaxConns < 0 {
 		return fmt.Errorf("%w: MaxConns %d", ErrConfig, c.MaxConns)
 	}
-	if len(c.AllowedUIDs) == 0 {
-		c.AllowedUIDs = []uint32{uint32(os.Getuid()), 0}
+	if c.MaxConnsPerUID == 0 {
+		c.MaxConnsPerUID = max(1, c.MaxConns/4)
+	}
+	if c.MaxConnsPerUID < 0 || c.MaxConnsPerUID > c.MaxConns {
+		return fmt.Errorf("%w: MaxConnsPerUID %d (want 1..MaxConns %d)", ErrConfig, c.MaxConnsPerUID, c.MaxConns)
+	}
+	if c.FrameTimeout == 0 {
+		c.FrameTimeout = 5 * time.Second
+	}
+	if c.AcceptStall == 0 {
+		c.AcceptStall = 30 * time.Second
+	}
+	if c.LogInterval == 0 {
+		c.LogInterval = refusalInterval
+	}
+	if c.FrameTimeout < 0 || c.AcceptStall < 0 || c.LogInterval < 0 {
+		return fmt.Errorf("%w: negative FrameTimeout, AcceptStall or LogInterval", ErrConfig)
 	}
 	l := &c.Limits
 	for _, f := range []struct {
@@ -125,15 +164,22 @@ func (c *Config) setDefaults() error {
 //
 // Goroutines: Start runs the accept loop; each accepted connection runs one
 // serving goroutine. Close (or Drain) stops them in this order: close the
-// listener (the accept loop returns), close every connection (each serving
-// goroutine's read fails, it releases what the connection holds and
-// returns), then wait for all of them.
+// listener (the accept loop returns; one backing off after a failed accept
+// is woken by closing), close every connection (each serving goroutine's
+// read fails, it releases what the connection holds and returns), then
+// wait for all of them, then stop the refusal logs' timers.
 type Server struct {
 	cfg  Config
 	deps Deps
 	log  *slog.Logger
 	dlim wire.DecodeLimits
 	ln   *net.UnixListener
+
+	// tenants are the configured tenants; admin is the one root and the
+	// daemon's uid join when no tenant lists them (nil: no pool for them).
+	tenants    []*tenant
+	admin      *tenant
+	needGroups bool // some tenant is chosen by gid: read peers' groups
 
 	closing   chan struct{} // closed by Close: long waits give up
 	draining  atomic.Bool   // new requests are answered UNAVAILABLE
@@ -144,6 +190,18 @@ type Server struct {
 	nextQueue atomic.Uint64
 	reqs      requestCounts // requests decoded, by kind (reqcount.go)
 
+	// acceptFailing is when the current run of failed accepts began (unix
+	// nanoseconds), 0 while accepting works; acceptErr is the last error.
+	acceptFailing atomic.Int64
+	acceptErr     atomic.Pointer[error]
+
+	// Rate-limited logs: refusals by reason, accept failures, frames that
+	// did not complete in time.
+	logs struct {
+		setup, denied, maxConns, maxPerUID, draining *rateLog
+		acceptFail, acceptOK, frameTimeout           *rateLog
+	}
+
 	wg sync.WaitGroup // accept loop and connection goroutines
 
 	// exp is the daemon's exported segments; it has its own lock.
@@ -153,12 +211,14 @@ type Server struct {
 	idem *sharedIdem
 
 	// mu guards the fields below.
-	mu    sync.Mutex
-	conns map[*conn]struct{}
+	mu     sync.Mutex
+	conns  map[*conn]struct{}
+	perUID map[uint32]int // connections being served, by uid
 	// closedQueues are the counters closed queues left behind.
 	closedQueues QueueTotals
 	closed       bool
 	started      bool
+	stopped      bool // the accept loop returned
 	serveErr     error
 }
 
@@ -168,8 +228,12 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	if deps.Engine == nil || deps.Pool == nil || deps.Registry == nil {
-		return nil, fmt.Errorf("%w: Deps needs Engine, Pool and Registry", ErrConfig)
+	if deps.Engine == nil || deps.Registry == nil {
+		return nil, fmt.Errorf("%w: Deps needs Engine and Registry", ErrConfig)
+	}
+	tenants, admin, err := buildTenants(&cfg, &deps)
+	if err != nil {
+		return nil, err
 	}
 	if deps.MapBuffer == nil {
 		deps.MapBuffer = ShmMapBuffer
@@ -184,16 +248,28 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 		closing: make(chan struct{}),
 		idle:    make(chan struct{}, 1),
 		conns:   make(map[*conn]struct{}),
+		perUID:  make(map[uint32]int),
 		exp:     exportTable{m: make(map[string]*export)},
 		idem:    newSharedIdem(sharedIdemLimit(&cfg), sharedIdemTTL, nil),
+		tenants: tenants,
+		admin:   admin,
 		dlim: wire.DecodeLimits{
 			MaxRequests: max(cfg.Limits.MaxRequests, cfg.Limits.MaxBatchCapacity),
 			MaxOffsets:  cfg.Limits.MaxBlocks,
 		},
 	}
+	s.needGroups = needGroups(tenants)
+	every := cfg.LogInterval
+	s.logs.setup = newRateLog(log, slog.LevelWarn, "connection setup failed", every)
+	s.logs.denied = newRateLog(log, slog.LevelWarn, "peer refused: not allowed", every)
+	s.logs.maxConns = newRateLog(log, slog.LevelWarn, "peer refused: at max_conns", every)
+	s.logs.maxPerUID = newRateLog(log, slog.LevelWarn, "peer refused: its uid is at max_conns_per_uid", every)
+	s.logs.draining = newRateLog(log, slog.LevelInfo, "peer refused: draining", every)
+	s.logs.acceptFail = newRateLog(log, slog.LevelError, "accept failing; retrying with back-off", every)
+	s.logs.acceptOK = newRateLog(log, slog.LevelInfo, "accepting again after failed accepts", every)
+	s.logs.frameTimeout = newRateLog(log, slog.LevelWarn, "closing connection: frame not completed in time", every)
 	ln := cfg.Listener
 	if ln == nil {
-		var err error
 		if ln, err = listen(cfg.Socket, cfg.Mode); err != nil {
 			return nil, err
 		}
@@ -267,25 +343,122 @@ func (s *Server) Serve() error {
 	return s.acceptLoop()
 }
 
+// Back-off of the accept loop after a temporary failure: doubling from
+// acceptBackoffMin up to acceptBackoffMax while it keeps failing.
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// acceptLoop accepts until the listener closes. A temporary failure (out of
+// fds or memory: EMFILE, ENFILE, ENOBUFS, ENOMEM) is retried with back-off,
+// logged at most once per LogInterval; while accepting keeps failing for
+// AcceptStall, Health says the server cannot serve. Any other error stops
+// the loop, and Health says so.
 func (s *Server) acceptLoop() error {
+	var backoff time.Duration
+	var retry *time.Timer
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+		s.mu.Lock()
+		s.stopped = true
+		s.mu.Unlock()
+	}()
+	failures := 0
 	for {
 		uc, err := s.ln.AcceptUnix()
-		if err != nil {
-			if s.isClosed() || errors.Is(err, net.ErrClosed) {
-				return nil
+		if err == nil {
+			if backoff > 0 {
+				since := time.Unix(0, s.acceptFailing.Load())
+				s.acceptFailing.Store(0)
+				s.logs.acceptOK.event(slog.Int("failed_accepts", failures),
+					slog.Duration("failing_for", time.Since(since).Round(time.Millisecond)))
+				backoff, failures = 0, 0
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
+			s.accept(uc)
+			continue
+		}
+		if s.isClosed() || errors.Is(err, net.ErrClosed) {
+			return nil
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			continue
+		}
+		if !temporaryAccept(err) {
 			s.log.Error("accept failed; control server stops accepting", "err", err)
+			s.acceptErr.Store(&err)
 			s.mu.Lock()
 			s.serveErr = err
 			s.mu.Unlock()
 			return err
 		}
-		s.accept(uc)
+		failures++
+		s.acceptErr.Store(&err)
+		if backoff == 0 {
+			s.acceptFailing.Store(time.Now().UnixNano())
+			backoff = acceptBackoffMin
+		} else {
+			backoff = min(2*backoff, acceptBackoffMax)
+		}
+		s.logs.acceptFail.event(slog.String("err", err.Error()), slog.Duration("backoff", backoff),
+			slog.Int("connections", s.Connections()))
+		if retry == nil {
+			retry = time.NewTimer(backoff)
+		} else {
+			retry.Reset(backoff)
+		}
+		select {
+		case <-retry.C:
+		case <-s.closing:
+			return nil
+		}
 	}
+}
+
+// temporaryAccept reports whether an accept error is one that passes when
+// resources free up: out of file descriptors or memory, or a connection
+// that went away before it was accepted.
+func temporaryAccept(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM,
+		syscall.ECONNABORTED, syscall.EINTR, syscall.EPROTO} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// Health is nil while the server can serve new clients. Otherwise it says
+// why not: it was never started, its accept loop stopped on an error, or
+// accepting has kept failing for longer than AcceptStall (the daemon then
+// stops its watchdog keep-alives, so that systemd restarts it). After
+// Close or Drain it answers ErrClosed.
+func (s *Server) Health() error {
+	s.mu.Lock()
+	started, stopped, closed, serveErr := s.started, s.stopped, s.closed, s.serveErr
+	s.mu.Unlock()
+	switch {
+	case closed:
+		return ErrClosed
+	case serveErr != nil:
+		return fmt.Errorf("%w: accept loop stopped: %v", ErrUnavailable, serveErr)
+	case !started || stopped:
+		return fmt.Errorf("%w: not accepting", ErrUnavailable)
+	}
+	if since := s.acceptFailing.Load(); since != 0 {
+		if d := time.Since(time.Unix(0, since)); d > s.cfg.AcceptStall {
+			var last error
+			if p := s.acceptErr.Load(); p != nil {
+				last = *p
+			}
+			return fmt.Errorf("%w: accept failing for %s (accept_stall_timeout %s): %v",
+				ErrUnavailable, d.Round(time.Millisecond), s.cfg.AcceptStall, last)
+		}
+	}
+	return nil
 }
 
 // isClosing reports whether Close has started.
@@ -305,36 +478,48 @@ func (s *Server) isClosed() bool {
 }
 
 // accept checks the peer and starts its serving goroutine, or refuses it.
+// Refusals are logged at most once per LogInterval and reason, with a
+// count, so that a flood of them is a line per interval.
 func (s *Server) accept(uc *net.UnixConn) {
 	c, err := newConn(s, uc)
 	if err != nil {
-		s.log.Warn("connection setup failed", "err", err)
+		s.logs.setup.event(slog.String("err", err.Error()))
 		uc.Close()
 		return
 	}
-	if !s.allowed(c.cred.Uid, c.cred.Gid) {
-		s.log.Warn("peer refused", "pid", c.cred.Pid, "uid", c.cred.Uid, "gid", c.cred.Gid)
+	who := []slog.Attr{slog.Int("pid", int(c.cred.Pid)), slog.Uint64("uid", uint64(c.cred.Uid)), slog.Uint64("gid", uint64(c.cred.Gid))}
+	t, err := s.tenantOf(c.cred)
+	if err != nil {
+		s.logs.denied.event(append(who, slog.String("why", err.Error()))...)
 		c.refuse(ErrPermission)
 		return
 	}
+	c.setTenant(t)
 	if s.draining.Load() {
+		s.logs.draining.event(who...)
 		c.refuse(ErrUnavailable)
-		return
-	}
-	if s.nconns.Add(1) > int64(s.cfg.MaxConns) {
-		s.nconns.Add(-1)
-		s.log.Warn("peer refused: at MaxConns", "pid", c.cred.Pid, "max_conns", s.cfg.MaxConns)
-		c.refuse(ErrTooManyConns)
 		return
 	}
 	s.mu.Lock()
-	if s.closed {
+	switch {
+	case s.closed:
 		s.mu.Unlock()
-		s.nconns.Add(-1)
 		c.refuse(ErrUnavailable)
+		return
+	case len(s.conns) >= s.cfg.MaxConns:
+		s.mu.Unlock()
+		s.logs.maxConns.event(append(who, slog.Int("max_conns", s.cfg.MaxConns))...)
+		c.refuse(ErrTooManyConns)
+		return
+	case s.perUID[c.cred.Uid] >= s.cfg.MaxConnsPerUID:
+		s.mu.Unlock()
+		s.logs.maxPerUID.event(append(who, slog.Int("max_conns_per_uid", s.cfg.MaxConnsPerUID))...)
+		c.refuse(ErrTooManyConns)
 		return
 	}
 	s.conns[c] = struct{}{}
+	s.perUID[c.cred.Uid]++
+	s.nconns.Add(1)
 	s.wg.Add(1)
 	s.mu.Unlock()
 	go func() {
@@ -342,23 +527,12 @@ func (s *Server) accept(uc *net.UnixConn) {
 		c.serve()
 		s.mu.Lock()
 		delete(s.conns, c)
+		if s.perUID[c.cred.Uid]--; s.perUID[c.cred.Uid] <= 0 {
+			delete(s.perUID, c.cred.Uid)
+		}
 		s.mu.Unlock()
 		s.nconns.Add(-1)
 	}()
-}
-
-func (s *Server) allowed(uid, gid uint32) bool {
-	for _, u := range s.cfg.AllowedUIDs {
-		if u == uid {
-			return true
-		}
-	}
-	for _, g := range s.cfg.AllowedGIDs {
-		if g == gid {
-			return true
-		}
-	}
-	return false
 }
 
 // Connections is the number of connections being served.
@@ -441,5 +615,9 @@ func (s *Server) Close() error {
 		c.uc.Close()
 	}
 	s.wg.Wait()
+	for _, l := range []*rateLog{s.logs.setup, s.logs.denied, s.logs.maxConns, s.logs.maxPerUID, s.logs.draining,
+		s.logs.acceptFail, s.logs.acceptOK, s.logs.frameTimeout} {
+		l.stop()
+	}
 	return err
 }

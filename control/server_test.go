@@ -501,7 +501,7 @@ func TestKilledClientReleased(t *testing.T) {
 // PERMISSION_DENIED and is closed; allowed peers keep being served.
 func TestPeerCredentials(t *testing.T) {
 	t.Run("config excludes us", func(t *testing.T) {
-		e := newEnv(t, false, func(c *Config, _ *Deps) { c.AllowedUIDs = []uint32{54321} })
+		e := newEnv(t, false, func(c *Config, _ *Deps) { c.DeniedUIDs = []uint32{uint32(os.Getuid())} })
 		c := dialRaw(t, e.sock)
 		r, _, err := c.recv()
 		if err != nil {

@@ -37,8 +37,10 @@ type Config struct {
 	MaxConns int `toml:"max_conns"`
 	// MaxBufferSize bounds one client-registered buffer.
 	MaxBufferSize Size `toml:"max_buffer_size"`
-	// AllowedUIDs and AllowedGIDs may connect; empty means the daemon's own
-	// uid and root.
+	// AllowedUIDs and AllowedGIDs may connect (a gid matches the primary
+	// group or any supplementary one); root and the daemon's own uid always
+	// may, unless denied_uids names them. They are the default tenant's
+	// users; with [[tenants]] they must be empty.
 	AllowedUIDs []uint32 `toml:"allowed_uids"`
 	AllowedGIDs []uint32 `toml:"allowed_gids"`
 	// DrainTimeout bounds the shutdown drain.
@@ -91,6 +93,9 @@ type Config struct {
 	EBPF string `toml:"ebpf"`
 	// DirectoryConfig is where daemons find each other (config_directory.go).
 	DirectoryConfig
+	// AccessConfig is tenants, per-uid limits and the control socket's
+	// timeouts (config_access.go).
+	AccessConfig
 }
 
 // PeerConfig is one configured peer daemon.
@@ -124,6 +129,7 @@ func Defaults() Config {
 		EBPF:           "auto",
 
 		DirectoryConfig: directoryDefaults(),
+		AccessConfig:    accessDefaults(),
 	}
 }
 
@@ -175,6 +181,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.validatePeers(); err != nil {
+		return err
+	}
+	if err := c.validateAccess(); err != nil {
 		return err
 	}
 	return c.validateDirectory()
@@ -345,7 +354,7 @@ func settings() []setting {
 			}
 			return nil
 		}},
-	}, directorySettings()...)
+	}, append(directorySettings(), accessSettings()...)...)
 }
 
 // Load builds the configuration from defaults, the file named by --config

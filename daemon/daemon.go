@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorcast/tensorcast/control"
@@ -40,7 +41,10 @@ type Daemon struct {
 	// watchdog is the WATCHDOG=1 period; zero when systemd wants none.
 	watchdog time.Duration
 
-	pool   *shm.Pool
+	// pools are the tenants' pools, in the order of tenantList (one, the
+	// default tenant's, without [[tenants]]); names are the tenants' names.
+	pools  []*shm.Pool
+	names  []string
 	reg    *xfer.Registry
 	local  *xfer.Local
 	files  *fileTier
@@ -56,6 +60,9 @@ type Daemon struct {
 
 	// closeOnce guards the teardown in shutdown.
 	closeOnce sync.Once
+	// stopping is set when the shutdown starts: the watchdog no longer
+	// asks for health then.
+	stopping atomic.Bool
 }
 
 // New builds a daemon from a validated config. Nothing listens until Run.
@@ -74,15 +81,22 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}()
 
 	d.reg = xfer.NewRegistry()
-	d.pool, err = shm.NewPool(shm.PoolConfig{ID: d.reg.NextID(), Size: uint64(cfg.PoolSize), Hugepages: cfg.Hugepages}, log.With("component", "pool"))
-	if err != nil {
-		return nil, fmt.Errorf("pool (pool_size = %s, hugepages = %s): %w", cfg.PoolSize, cfg.Hugepages, err)
-	}
-	if err := d.reg.Add(d.pool); err != nil {
-		return nil, err
+	segs := make([]xfer.MemSegment, 0, len(cfg.tenantList()))
+	for _, t := range cfg.tenantList() {
+		size := cfg.tenantPoolSize(t)
+		p, err := shm.NewPool(shm.PoolConfig{ID: d.reg.NextID(), Name: t.Name, Size: uint64(size), Hugepages: cfg.Hugepages},
+			log.With("component", "pool", "tenant", t.Name))
+		if err != nil {
+			return nil, fmt.Errorf("pool of tenant %q (pool_size = %s, hugepages = %s): %w", t.Name, size, cfg.Hugepages, err)
+		}
+		d.pools, d.names = append(d.pools, p), append(d.names, t.Name)
+		segs = append(segs, p)
+		if err := d.reg.Add(p); err != nil {
+			return nil, err
+		}
 	}
 	d.local = xfer.NewLocal(xfer.LocalConfig{}, log.With("component", "local"))
-	d.files = newFileTier(cfg, d.pool, log.With("component", "uring"))
+	d.files = newFileTier(cfg, segs, log.With("component", "uring"))
 	rt := router{local: d.local, files: d.files}
 	rdmaReport := rdmaWithoutPeers()
 	if d.dir, err = openDirectory(cfg, log); err != nil {
@@ -100,7 +114,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 			return nil, err
 		}
 		rt.peers = d.peers.node
-		if d.rdma, rdmaReport, err = openRDMA(cfg, d.pool, d.peers, log.With("component", "rdma")); err != nil {
+		if d.rdma, rdmaReport, err = openRDMA(cfg, segs, d.peers, log.With("component", "rdma")); err != nil {
 			return nil, err
 		}
 		rt.rdma = d.rdma
@@ -121,11 +135,24 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		AllowedUIDs: cfg.AllowedUIDs,
 		AllowedGIDs: cfg.AllowedGIDs,
 		Limits:      control.Limits{MaxBufferSize: uint64(cfg.MaxBufferSize)},
-		DaemonID:    cfg.DaemonID,
-		Version:     Version,
-		PeerAddr:    d.PeerAddr(),
+
+		MaxConnsPerUID: cfg.MaxConnsPerUID,
+		DeniedUIDs:     cfg.DeniedUIDs,
+		FrameTimeout:   time.Duration(cfg.FrameTimeout),
+		AcceptStall:    time.Duration(cfg.AcceptStallTimeout),
+		DaemonID:       cfg.DaemonID,
+		Version:        Version,
+		PeerAddr:       d.PeerAddr(),
 	}
-	deps := control.Deps{Engine: d.engine, Pool: d.pool, Registry: d.reg, RDMA: rdmaReport}
+	deps := control.Deps{Engine: d.engine, Registry: d.reg, RDMA: rdmaReport}
+	if len(cfg.Tenants) == 0 {
+		deps.Pool = d.pools[0]
+	} else {
+		scfg.AllowedUIDs, scfg.AllowedGIDs = nil, nil
+		for i, t := range cfg.Tenants {
+			deps.Tenants = append(deps.Tenants, control.Tenant{Name: t.Name, UIDs: t.UIDs, GIDs: t.GIDs, Pool: d.pools[i]})
+		}
+	}
 	if d.files != nil {
 		deps.FileOpener = d.files
 	}
@@ -183,16 +210,21 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.metricsSrv.Start()
 		metricsAddr = d.metricsSrv.Addr()
 	}
-	st := d.pool.Stats()
+	var poolSize uint64
+	for _, p := range d.pools {
+		poolSize += p.Size()
+	}
 	d.log.Info("tensorcastd ready", "version", Version, "socket", d.cfg.Socket,
-		"pool_size", Size(st.Size).String(), "hugepages", st.Hugepages, "data_dir", d.cfg.DataDir,
+		"pool_size", Size(poolSize).String(), "tenants", d.names, "hugepages", d.pools[0].Hugepages(), "data_dir", d.cfg.DataDir,
 		"file_tier", d.files != nil, "daemon_id", d.cfg.DaemonID, "peer_plane", d.peerAddr(), "metrics", metricsAddr)
 	if err := d.notify.Notify("READY=1\nSTATUS=serving on " + d.cfg.Socket); err != nil {
 		d.log.Warn("sd_notify READY failed", "err", err)
 	}
 
 	// The watchdog goroutine is owned by Run: stopped (close(stop)) and
-	// waited for before Run returns.
+	// waited for before Run returns. It sends WATCHDOG=1 only while the
+	// daemon is healthy (health), so a daemon that cannot serve is
+	// restarted by systemd rather than kept alive.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	if d.watchdog > 0 {
@@ -201,11 +233,33 @@ func (d *Daemon) Run(ctx context.Context) error {
 			defer wg.Done()
 			t := time.NewTicker(d.watchdog)
 			defer t.Stop()
+			unhealthy := false
 			for {
 				select {
 				case <-stop:
 					return
 				case <-t.C:
+					var err error
+					if !d.stopping.Load() {
+						err = d.health() // a drain closes the server: not a fault
+					}
+					if err != nil {
+						if !unhealthy {
+							d.log.Error("daemon unhealthy: watchdog keep-alives stop, so that systemd restarts it", "err", err)
+							if nerr := d.notify.Notify("STATUS=unhealthy: " + err.Error()); nerr != nil {
+								d.log.Warn("sd_notify STATUS failed", "err", nerr)
+							}
+						}
+						unhealthy = true
+						continue
+					}
+					if unhealthy {
+						unhealthy = false
+						d.log.Info("daemon healthy again: watchdog keep-alives resume")
+						if nerr := d.notify.Notify("STATUS=serving on " + d.cfg.Socket); nerr != nil {
+							d.log.Warn("sd_notify STATUS failed", "err", nerr)
+						}
+					}
 					if err := d.notify.Notify("WATCHDOG=1"); err != nil {
 						d.log.Warn("sd_notify WATCHDOG failed", "err", err)
 					}
@@ -215,6 +269,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 
 	<-ctx.Done()
+	d.stopping.Store(true)
 	d.log.Info("shutting down: draining", "drain_timeout", d.cfg.DrainTimeout.String())
 	if err := d.notify.Notify("STOPPING=1"); err != nil {
 		d.log.Warn("sd_notify STOPPING failed", "err", err)
@@ -222,6 +277,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	err := d.shutdown()
 	close(stop)
 	wg.Wait()
+	d.notify.Close()
 	return err
 }
 
@@ -262,9 +318,23 @@ func (d *Daemon) closeParts() {
 			d.log.Warn("closing local transport", "err", err)
 		}
 	}
-	if d.pool != nil {
-		if err := d.pool.Close(); err != nil {
-			d.log.Warn("closing pool", "err", err)
+	d.closePools()
+}
+
+// health is nil while the daemon can serve new clients; otherwise why not
+// (its control server cannot accept: see control.Server.Health).
+func (d *Daemon) health() error {
+	if d.server == nil {
+		return control.ErrClosed
+	}
+	return d.server.Health()
+}
+
+// closePools closes the tenants' pools.
+func (d *Daemon) closePools() {
+	for i, p := range d.pools {
+		if err := p.Close(); err != nil {
+			d.log.Warn("closing pool", "tenant", d.names[i], "err", err)
 		}
 	}
 }

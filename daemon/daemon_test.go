@@ -13,6 +13,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if h := os.Getenv(helperEnv); h != "" {
+		os.Exit(runHelper(h))
+	}
 	// The peer plane's event-loop library starts its worker pool's
 	// housekeeping goroutines at package init; they live for the process.
 	goleak.VerifyTestMain(m,

@@ -189,8 +189,6 @@ func (d *Daemon) closeForShutdown(at func(string)) {
 	if err := d.local.Close(); err != nil {
 		d.log.Warn("closing local transport", "err", err)
 	}
-	at("pool")
-	if err := d.pool.Close(); err != nil {
-		d.log.Warn("closing pool", "err", err)
-	}
+	at("pools")
+	d.closePools()
 }

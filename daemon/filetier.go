@@ -1,28 +1,41 @@
 package daemon
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/tensorcast/tensorcast/control"
-	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// fileTier is the io_uring transport with the pool registered as fixed
-// buffers; it opens file segments for RegisterFile.
+// fileTier is the io_uring transport with the pools (one per tenant)
+// registered as fixed buffers; it opens file segments for RegisterFile.
 type fileTier struct {
 	t   *uring.Transport
 	log *slog.Logger
+	// tenants are, with [[tenants]], where each tenant's clients may open
+	// files (nil without: every client may open what the daemon may).
+	tenants map[string]tenantFiles
+}
+
+// tenantFiles is where one tenant's clients may open files: its own
+// directory and its allowed_files.
+type tenantFiles struct {
+	dir   string
+	paths []string
 }
 
 // newFileTier starts the io_uring transport. Files may be opened under
 // data_dir and under allowed_files (directories, or block devices). When
 // io_uring cannot start, the daemon runs without file segments and says so.
-func newFileTier(cfg Config, pool *shm.Pool, log *slog.Logger) *fileTier {
+func newFileTier(cfg Config, pools []xfer.MemSegment, log *slog.Logger) *fileTier {
 	ucfg := uring.Config{AllowedDirs: []string{cfg.DataDir}}
 	for _, p := range cfg.AllowedFiles {
 		if st, err := os.Stat(p); err == nil && st.Mode()&os.ModeDevice != 0 {
@@ -31,19 +44,85 @@ func newFileTier(cfg Config, pool *shm.Pool, log *slog.Logger) *fileTier {
 			ucfg.AllowedDirs = append(ucfg.AllowedDirs, p)
 		}
 	}
+	var tenants map[string]tenantFiles
+	if len(cfg.Tenants) > 0 {
+		tenants = map[string]tenantFiles{}
+		for _, tc := range cfg.Tenants {
+			dir := filepath.Join(cfg.DataDir, "tenants", tc.Name)
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				log.Warn("io_uring: cannot create a tenant's file directory: file segments are off", "tenant", tc.Name, "dir", dir, "err", err)
+				return nil
+			}
+			// Compare with resolved paths: the transport resolves what it
+			// opens.
+			tf := tenantFiles{dir: resolvePath(dir)}
+			for _, p := range tc.AllowedFiles {
+				tf.paths = append(tf.paths, resolvePath(p))
+			}
+			tenants[tc.Name] = tf
+			for _, p := range tc.AllowedFiles {
+				if st, err := os.Stat(p); err == nil && st.Mode()&os.ModeDevice != 0 {
+					ucfg.AllowedDevices = append(ucfg.AllowedDevices, p)
+				} else {
+					ucfg.AllowedDirs = append(ucfg.AllowedDirs, p)
+				}
+			}
+		}
+	}
 	t, err := uring.New(ucfg, log)
 	if err != nil {
 		log.Warn("io_uring unavailable: file segments are off", "err", err)
 		return nil
 	}
-	if err := t.RegisterBuffers(pool); err != nil {
+	if err := t.RegisterBuffers(pools...); err != nil {
 		// The transport already logged its fallback to plain READ/WRITE.
-		log.Info("pool not registered as fixed buffers", "err", err)
+		log.Info("pools not registered as fixed buffers", "err", err)
 	}
 	f := t.Features()
 	log.Info("file tier ready", "allowed_dirs", ucfg.AllowedDirs, "allowed_devices", ucfg.AllowedDevices,
 		"fixed_buffers", f.FixedBuffers, "single_issuer", f.SingleIssuer, "defer_taskrun", f.DeferTaskrun, "sqpoll", f.SQPoll)
-	return &fileTier{t: t, log: log}
+	return &fileTier{t: t, log: log, tenants: tenants}
+}
+
+// OpenFileFor implements control.TenantFileOpener: with [[tenants]], a
+// tenant's client opens files only in its own directory (where a relative
+// path is taken) and its allowed_files, so no tenant reaches another's
+// files; a connection without a tenant (root, the daemon's uid) and every
+// client without [[tenants]] open what OpenFile allows.
+func (f *fileTier) OpenFileFor(tenant string, id xfer.SegmentID, path string, direct bool, size uint64) (control.FileSegment, error) {
+	tf, ok := f.tenants[tenant]
+	if f.tenants == nil || tenant == "" {
+		return f.OpenFile(id, path, direct, size)
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w: tenant %q has no files", control.ErrPermission, tenant)
+	}
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(tf.dir, path)
+	}
+	seg, err := f.t.OpenFile(id, path, uring.FileOptions{Direct: direct, Size: size, Create: true})
+	if err != nil {
+		return nil, err
+	}
+	if !within(seg.Path(), tf.dir) && !slices.ContainsFunc(tf.paths, func(p string) bool { return seg.Path() == p || within(seg.Path(), p) }) {
+		seg.Close()
+		return nil, fmt.Errorf("%w: %s is outside tenant %q's files (%s and allowed_files)", control.ErrPermission, seg.Path(), tenant, tf.dir)
+	}
+	return seg, nil
+}
+
+// resolvePath is p with its symlinks resolved, or p when it cannot be.
+func resolvePath(p string) string {
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		return r
+	}
+	return p
+}
+
+// within reports whether path lies strictly inside dir.
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../") && !filepath.IsAbs(rel)
 }
 
 // OpenFile implements control.FileOpener.

@@ -100,27 +100,37 @@ func (d *Daemon) collectEngine(e *metrics.Emit) {
 	e.Counter("tensorcast_engine_contract_violations_total", "Transport contract violations the engine caught.", float64(s.Violations))
 }
 
+// collectPool reports each tenant's pool, labelled with the tenant.
 func (d *Daemon) collectPool(e *metrics.Emit) {
-	s := d.pool.Stats()
-	e.Gauge("tensorcast_pool_size_bytes", "Size of the DRAM pool.", float64(s.Size))
-	e.Gauge("tensorcast_pool_used_bytes", "Pool bytes in live blocks, at their block size.", float64(s.Used))
-	e.Gauge("tensorcast_pool_requested_bytes", "Pool bytes the live blocks were asked for.", float64(s.Requested))
-	e.Gauge("tensorcast_pool_free_bytes", "Pool bytes in no live block.", float64(s.FreeBytes))
-	e.Gauge("tensorcast_pool_blocks", "Live pool blocks.", float64(s.Blocks))
-	e.Gauge("tensorcast_pool_slabs", "Slabs in the pool.", float64(s.Slabs))
-	e.Gauge("tensorcast_pool_free_slabs", "Slabs held by no block size class.", float64(s.FreeSlabs))
-	e.Gauge("tensorcast_pool_fragmentation_ratio", "Share of held slabs' bytes that carries no requested data (0..1).", s.Fragmentation)
-	e.Bool("tensorcast_pool_hugepages", "Whether the pool is backed by hugepages.", s.Hugepages)
-	for _, c := range s.Classes {
-		l := metrics.L("block_size", strconv.FormatUint(c.BlockSize, 10))
-		e.Gauge("tensorcast_pool_class_blocks", "Live blocks per block size class.", float64(c.Live), l)
-		e.Gauge("tensorcast_pool_class_free_blocks", "Unused blocks in the slabs a class holds.", float64(c.FreeBlocks), l)
-		e.Gauge("tensorcast_pool_class_slabs", "Slabs held per block size class.", float64(c.Slabs), l)
+	for i, p := range d.pools {
+		s := p.Stats()
+		tn := metrics.L("tenant", metrics.SanitizeLabel(d.names[i]))
+		e.Gauge("tensorcast_pool_size_bytes", "Size of the tenant's DRAM pool (its quota).", float64(s.Size), tn)
+		e.Gauge("tensorcast_pool_used_bytes", "Pool bytes in live blocks, at their block size.", float64(s.Used), tn)
+		e.Gauge("tensorcast_pool_requested_bytes", "Pool bytes the live blocks were asked for.", float64(s.Requested), tn)
+		e.Gauge("tensorcast_pool_free_bytes", "Pool bytes in no live block.", float64(s.FreeBytes), tn)
+		e.Gauge("tensorcast_pool_blocks", "Live pool blocks.", float64(s.Blocks), tn)
+		e.Gauge("tensorcast_pool_slabs", "Slabs in the pool.", float64(s.Slabs), tn)
+		e.Gauge("tensorcast_pool_free_slabs", "Slabs held by no block size class.", float64(s.FreeSlabs), tn)
+		e.Gauge("tensorcast_pool_fragmentation_ratio", "Share of held slabs' bytes that carries no requested data (0..1).", s.Fragmentation, tn)
+		e.Bool("tensorcast_pool_hugepages", "Whether the pool is backed by hugepages.", s.Hugepages, tn)
+		for _, c := range s.Classes {
+			l := metrics.L("block_size", strconv.FormatUint(c.BlockSize, 10))
+			e.Gauge("tensorcast_pool_class_blocks", "Live blocks per block size class.", float64(c.Live), tn, l)
+			e.Gauge("tensorcast_pool_class_free_blocks", "Unused blocks in the slabs a class holds.", float64(c.FreeBlocks), tn, l)
+			e.Gauge("tensorcast_pool_class_slabs", "Slabs held per block size class.", float64(c.Slabs), tn, l)
+		}
 	}
 }
 
 func (d *Daemon) collectControl(e *metrics.Emit) {
 	e.Gauge("tensorcast_control_clients", "Client connections on the control socket.", float64(d.server.Connections()))
+	for _, u := range d.server.TenantUsage() {
+		e.Gauge("tensorcast_control_tenant_clients", "Client connections on the control socket, by tenant.", float64(u.Connections),
+			metrics.L("tenant", metrics.SanitizeLabel(u.Name)))
+	}
+	e.Gauge("tensorcast_segments_registered", "Segments registered: pools, client buffers, files, opened remote segments.", float64(d.reg.Len()))
+	e.Bool("tensorcast_healthy", "Whether the daemon can serve new clients (its watchdog keep-alives stop when not).", d.health() == nil)
 	for _, rc := range d.server.RequestCounts(nil) {
 		e.Counter("tensorcast_control_requests_total", "Control requests decoded, by message type.", float64(rc.Count), metrics.L("type", rc.Kind))
 	}

@@ -143,9 +143,11 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 		`tensorcast_control_requests_total{type="TransferRequestBody"}`:            calls,
 		`tensorcast_control_requests_total{type="AllocBlocksRequest"}`:             1,
 		`tensorcast_control_requests_total{type="RegisterBufferRequest"}`:          1,
-		`tensorcast_pool_blocks`:                                                   4,
-		`tensorcast_pool_size_bytes`:                                               float64(cfg.PoolSize),
-		`tensorcast_pool_class_blocks{block_size="65536"}`:                         4,
+		`tensorcast_pool_blocks{tenant="default"}`:                                 4,
+		`tensorcast_pool_size_bytes{tenant="default"}`:                             float64(cfg.PoolSize),
+		`tensorcast_pool_class_blocks{block_size="65536",tenant="default"}`:        4,
+		`tensorcast_control_tenant_clients{tenant="default"}`:                      1,
+		`tensorcast_healthy`: 1,
 	}
 	for series, v := range want {
 		if got := sample(t, exp, series); got != v {
@@ -155,7 +157,7 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 	if strings.Contains(exp, `tensorcast_transport_errors_total{transport="local"`) {
 		t.Errorf("errors counted for a workload without any:\n%s", exp)
 	}
-	for _, name := range []string{"tensorcast_build_info{", "tensorcast_pool_fragmentation_ratio ", "tensorcast_pool_used_bytes ", "go_goroutines ", "process_open_fds "} {
+	for _, name := range []string{"tensorcast_build_info{", "tensorcast_pool_fragmentation_ratio{", "tensorcast_pool_used_bytes{", "go_goroutines ", "process_open_fds "} {
 		if !strings.Contains(exp, name) {
 			t.Errorf("scrape lacks %s", name)
 		}

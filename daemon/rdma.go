@@ -45,14 +45,14 @@ const (
 // (close(stop), close the queue, join), then closes the links' and the
 // accepting transports, deregisters the pool and closes the device.
 type rdmaPlane struct {
-	log    *slog.Logger
-	dev    *rdma.Device
-	reg    *rdma.Region
-	pool   xfer.MemSegment
-	node   *tcp.Node
-	peers  *peerPlane
-	poolID xfer.SegmentID
-	qps    int // queue pairs per link (rdma_qps)
+	log *slog.Logger
+	dev *rdma.Device
+	// pools are the tenants' pools' registrations by segment id, each
+	// made once at start-up for local use (written by newPlane only).
+	pools map[xfer.SegmentID]*rdma.Region
+	node  *tcp.Node
+	peers *peerPlane
+	qps   int // queue pairs per link (rdma_qps)
 
 	links atomic.Pointer[map[string]*rdmaLink] // copy on write, under mu
 
@@ -106,10 +106,10 @@ var _ xfer.Transport = (*rdmaLink)(nil)
 // noPeerPlane is why a daemon without a peer plane has no RDMA.
 const noPeerPlane = "no peer plane (peer_listen is not set): RDMA is set up over it"
 
-// newRDMAPlane opens the device and registers the pool, or returns nil
-// and why when RDMA is off or unusable here (logged once; peers then use
-// tcp). With rdma = on an unusable device is an error.
-func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) (*rdmaPlane, string, error) {
+// newRDMAPlane opens the device and registers the pools (one per tenant),
+// or returns nil and why when RDMA is off or unusable here (logged once;
+// peers then use tcp). With rdma = on an unusable device is an error.
+func newRDMAPlane(cfg Config, pools []xfer.MemSegment, peers *peerPlane, log *slog.Logger) (*rdmaPlane, string, error) {
 	if cfg.RDMA == "off" {
 		log.Info("rdma off (rdma = off): peers use tcp")
 		return nil, "rdma = off", nil
@@ -125,28 +125,35 @@ func newRDMAPlane(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.
 		log.Info("rdma unavailable: peers use tcp", "reason", err.Error())
 		return nil, err.Error(), nil
 	}
-	start := time.Now()
-	reg, err := dev.RegisterAccess(pool.Bytes()[:pool.Size()], rdma.AccessLocal)
-	if err != nil {
-		_ = dev.Close()
-		if cfg.RDMA == "on" {
-			return nil, "", fmt.Errorf("%w: rdma = on: registering the pool: %v", ErrConfig, err)
+	regs := make(map[xfer.SegmentID]*rdma.Region, len(pools))
+	for _, pool := range pools {
+		start := time.Now()
+		reg, err := dev.RegisterAccess(pool.Bytes()[:pool.Size()], rdma.AccessLocal)
+		if err != nil {
+			for _, r := range regs {
+				_ = dev.Deregister(r)
+			}
+			_ = dev.Close()
+			if cfg.RDMA == "on" {
+				return nil, "", fmt.Errorf("%w: rdma = on: registering pool %d: %v", ErrConfig, pool.ID(), err)
+			}
+			log.Warn("rdma unavailable: registering a pool failed; peers use tcp", "segment", uint64(pool.ID()), "err", err)
+			return nil, "registering the pool failed: " + err.Error(), nil
 		}
-		log.Warn("rdma unavailable: registering the pool failed; peers use tcp", "err", err)
-		return nil, "registering the pool failed: " + err.Error(), nil
+		regs[pool.ID()] = reg
+		log.Info("pool registered for rdma (local access)", "device", dev.Name(), "segment", uint64(pool.ID()),
+			"bytes", pool.Size(), "mrs", reg.Chunks(), "took", time.Since(start).Round(time.Microsecond).String())
 	}
-	log.Info("pool registered for rdma (local access)", "device", dev.Name(), "bytes", pool.Size(), "mrs", reg.Chunks(),
-		"took", time.Since(start).Round(time.Microsecond).String())
-	p := newPlane(dev, reg, pool, peers, log)
+	p := newPlane(dev, regs, peers, log)
 	p.qps = cfg.RDMAQPs
 	return p, "", nil
 }
 
 // newPlane wires a plane over an opened device and registration and
 // starts its worker.
-func newPlane(dev *rdma.Device, reg *rdma.Region, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) *rdmaPlane {
+func newPlane(dev *rdma.Device, pools map[xfer.SegmentID]*rdma.Region, peers *peerPlane, log *slog.Logger) *rdmaPlane {
 	p := &rdmaPlane{
-		log: log, dev: dev, reg: reg, pool: pool, node: peers.node, peers: peers, poolID: pool.ID(),
+		log: log, dev: dev, pools: pools, node: peers.node, peers: peers,
 		jobs: make(chan *tcp.Remote, 64), prep: make(chan pinJob), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
 		exports: exportRegs{m: map[xfer.MemSegment]*exportReg{}},
@@ -180,7 +187,7 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 		p.stats.toTCP.Add(1)
 		return nil
 	}
-	if local.ID() != p.poolID && p.localRegion(local.ID()) == nil {
+	if p.localRegion(local.ID()) == nil {
 		if via != wire.TransportRDMA {
 			p.wantLocal(local)
 			p.stats.toTCP.Add(1)
@@ -400,7 +407,9 @@ func (p *rdmaPlane) connect(peer string, epoch uint64) (*rdmaLink, error) {
 	if err != nil {
 		return nil, err
 	}
-	tr.AddLocal(p.poolID, p.reg)
+	for id, reg := range p.pools {
+		tr.AddLocal(id, reg)
+	}
 	l := &rdmaLink{p: p, peer: peer, epoch: epoch, tr: tr, tcp: p.node}
 	start := time.Now()
 	if err := tr.Connect(rdma.ChannelPeer{Ch: epochChannel{l}, ID: peer}); err != nil {
@@ -499,8 +508,10 @@ func (p *rdmaPlane) close() {
 	}
 	p.exports.closeAll(p)
 	p.locals.closeAll(p)
-	if err := p.dev.Deregister(p.reg); err != nil {
-		p.log.Warn("deregistering the pool", "err", err)
+	for id, reg := range p.pools {
+		if err := p.dev.Deregister(reg); err != nil {
+			p.log.Warn("deregistering a pool", "segment", uint64(id), "err", err)
+		}
 	}
 	if err := p.dev.Close(); err != nil {
 		p.log.Warn("closing the rdma device", "err", err)

@@ -28,8 +28,8 @@ func rdmaWithoutPeers() *rdmaReport {
 }
 
 // openRDMA is newRDMAPlane that also returns the report.
-func openRDMA(cfg Config, pool xfer.MemSegment, peers *peerPlane, log *slog.Logger) (*rdmaPlane, *rdmaReport, error) {
-	p, why, err := newRDMAPlane(cfg, pool, peers, log)
+func openRDMA(cfg Config, pools []xfer.MemSegment, peers *peerPlane, log *slog.Logger) (*rdmaPlane, *rdmaReport, error) {
+	p, why, err := newRDMAPlane(cfg, pools, peers, log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -59,7 +59,10 @@ func (p *rdmaPlane) info() wire.RDMAResponse {
 	out := wire.RDMAResponse{
 		State: wire.RDMAEnabled, Device: p.dev.Name(), Port: uint32(p.dev.Port()),
 		GID: a.GID.String(), GIDIndex: uint32(a.GIDIndex), MTU: uint32(a.MTU.Bytes()), LID: a.LID,
-		PoolRegistered: p.reg.Size(), PoolMRs: uint32(p.reg.Chunks()),
+	}
+	for _, reg := range p.pools {
+		out.PoolRegistered += reg.Size()
+		out.PoolMRs += uint32(reg.Chunks())
 	}
 	byID := map[string]*wire.RDMAPeer{}
 	peer := func(id string) *wire.RDMAPeer {

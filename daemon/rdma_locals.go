@@ -39,10 +39,10 @@ type localRegs struct {
 }
 
 // localRegion is the registration requests from local segment id use: the
-// pool's, a client buffer's, or nil.
+// pool's (a tenant's), a client buffer's, or nil.
 func (p *rdmaPlane) localRegion(id xfer.SegmentID) *rdma.Region {
-	if id == p.poolID {
-		return p.reg
+	if r := p.pools[id]; r != nil {
+		return r
 	}
 	if m := p.locals.m.Load(); m != nil {
 		return (*m)[id]

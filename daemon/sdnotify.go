@@ -4,13 +4,23 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 )
 
 // Notifier speaks systemd's notify protocol on $NOTIFY_SOCKET. With no
 // socket configured (not started by systemd) every call is a no-op.
+//
+// It keeps one datagram socket connected to systemd's, opened on first use
+// and opened again after a failed send, so that a daemon out of file
+// descriptors can still say so (STATUS) and keep its keep-alives going
+// while it can serve.
 type Notifier struct {
 	addr *net.UnixAddr
+
+	// mu guards conn.
+	mu   sync.Mutex
+	conn *net.UnixConn
 }
 
 // NewNotifier reads NOTIFY_SOCKET through getenv. An abstract socket is
@@ -35,12 +45,32 @@ func (n *Notifier) Notify(state string) error {
 	if n.addr == nil {
 		return nil
 	}
-	c, err := net.DialUnix("unixgram", nil, n.addr)
-	if err != nil {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.conn == nil {
+		c, err := net.DialUnix("unixgram", nil, n.addr)
+		if err != nil {
+			return err
+		}
+		n.conn = c
+	}
+	if _, err := n.conn.Write([]byte(state)); err != nil {
+		n.conn.Close()
+		n.conn = nil
 		return err
 	}
-	defer c.Close()
-	_, err = c.Write([]byte(state))
+	return nil
+}
+
+// Close closes the notify socket; a later Notify opens it again.
+func (n *Notifier) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.conn == nil {
+		return nil
+	}
+	err := n.conn.Close()
+	n.conn = nil
 	return err
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"math/bits"
+	"strings"
 	"syscall"
 
 	"github.com/tensorcast/tensorcast/xfer"
@@ -37,6 +38,10 @@ const (
 // PoolConfig describes the daemon's DRAM pool.
 type PoolConfig struct {
 	ID xfer.SegmentID // the pool's segment id; not zero
+	// Name names the memfd (tensorcast-pool-NAME, as /proc/PID/maps and
+	// fd listings show it), e.g. the tenant's; empty uses the id. At most
+	// 64 bytes.
+	Name string
 	// Size is the pool's length in bytes, rounded up to a multiple of
 	// MaxBlock. With hugepages it must also be a multiple of HugepageSize:
 	// "auto" falls back to normal pages when it is not, "on" fails.
@@ -64,6 +69,9 @@ func (cfg PoolConfig) geometry() (size, minBlock, maxBlock uint64, mode string, 
 	}
 	if cfg.ID == 0 {
 		return 0, 0, 0, "", bad("segment id 0")
+	}
+	if len(cfg.Name) > 64 || strings.ContainsAny(cfg.Name, "/\x00") {
+		return 0, 0, 0, "", bad("name %q (at most 64 bytes, no '/' or NUL)", cfg.Name)
 	}
 	mode = cfg.Hugepages
 	switch mode {
@@ -127,6 +135,9 @@ func NewPool(cfg PoolConfig, log *slog.Logger) (*Pool, error) {
 		return nil, err
 	}
 	name := fmt.Sprintf("tensorcast-pool-%d", cfg.ID)
+	if cfg.Name != "" {
+		name = "tensorcast-pool-" + cfg.Name
+	}
 	fd, mem, huge := -1, []byte(nil), false
 	var why string
 	switch {

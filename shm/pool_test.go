@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"os"
@@ -35,6 +36,7 @@ func TestPoolConfig(t *testing.T) {
 		{"max above 1 GiB", PoolConfig{ID: 1, Size: 4 << 30, MaxBlock: 2 << 30}, ErrInvalidConfig},
 		{"too many blocks per slab", PoolConfig{ID: 1, Size: mib, MinBlock: 1, MaxBlock: mib}, ErrInvalidConfig},
 		{"size overflows", PoolConfig{ID: 1, Size: math.MaxUint64}, ErrInvalidConfig},
+		{"name with a slash", PoolConfig{ID: 1, Size: mib, Name: "a/b"}, ErrInvalidConfig},
 	} {
 		p, err := NewPool(tt.cfg, nil)
 		if !errors.Is(err, tt.want) {
@@ -59,6 +61,23 @@ func TestPoolDefaultsAndRounding(t *testing.T) {
 	st := p.Stats()
 	if len(st.Classes) != 11 || st.Classes[0].BlockSize != DefaultMinBlock || st.Classes[10].BlockSize != DefaultMaxBlock {
 		t.Fatalf("default classes: %+v", st.Classes)
+	}
+}
+
+// TestPoolNamed: a named pool's memfd carries the name, so an operator can
+// tell the tenants' pools apart in /proc.
+func TestPoolNamed(t *testing.T) {
+	p, err := NewPool(PoolConfig{ID: 4, Size: mib, Hugepages: HugepagesOff, Name: "team-a"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", p.Fd()))
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	if !strings.Contains(link, "memfd:tensorcast-pool-team-a") {
+		t.Fatalf("pool memfd is %q, want its name", link)
 	}
 }
 

@@ -16,9 +16,14 @@ func EncodeRequest(b *flatbuffers.Builder, m *Request) []byte { return encodeFra
 // It is the only place the daemon reads a request's flatbuffer: it checks
 // every offset, length and count against the frame and lim before use, and
 // turns a bounds-check panic of the flatbuffers runtime into ErrMalformed.
-// On error m is left in an unspecified state. m's bodies and slices are
-// reused; its byte slices alias buf.
+// On error m is left in an unspecified state, but for one case: an error
+// that matches ErrLimit and not ErrMalformed is a whole frame with a count
+// or length over lim (the field over it was not read), and m.Ctx.RequestID
+// is the request's id (0 when the frame carries none), so the daemon can
+// refuse that call alone and go on reading the connection. m's bodies and
+// slices are reused; its byte slices alias buf.
 func DecodeRequest(buf []byte, lim DecodeLimits, m *Request) error {
+	m.Ctx.RequestID = 0
 	if err := decodeFrame(buf, lim, &m.codec, m); err != nil {
 		return err
 	}

@@ -966,8 +966,10 @@ static void test_bad_answers(const tcd *d)
     relay_join(&r);
 }
 
-/* A daemon that does not allow this process's uid refuses the connection
- * (an answer to no request); connect says so. */
+/* A daemon that denies this process's uid refuses the connection (an
+ * answer to no request); connect says so. (allowed_uids alone would not:
+ * root and the daemon's own uid always get in unless denied_uids names
+ * them.) */
 static void test_refused(void)
 {
     char dir[] = "/tmp/tc-ctest-cfg-XXXXXX";
@@ -976,7 +978,7 @@ static void test_refused(void)
     snprintf(cfg, sizeof cfg, "%s/tc.toml", dir);
     FILE *f = fopen(cfg, "w");
     REQUIRE(f);
-    fprintf(f, "allowed_uids = [%u]\n", (unsigned)getuid() + 4242);
+    fprintf(f, "denied_uids = [%u]\nmetrics_address = \"off\"\n", (unsigned)getuid());
     fclose(f);
     const char *args[] = {"--config", cfg, NULL};
     tcd d;

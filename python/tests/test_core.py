@@ -139,7 +139,8 @@ class TestConnect(DaemonCase):
         with tempfile.TemporaryDirectory() as d:
             cfg = os.path.join(d, "tc.toml")
             with open(cfg, "w") as f:
-                f.write(f"allowed_uids = [{os.getuid() + 4242}]\n")
+                # allowed_uids alone would not refuse root or the daemon's uid
+                f.write(f"denied_uids = [{os.getuid()}]\nmetrics_address = \"off\"\n")
             refusing = Daemon(["--config", cfg]).start()
             self.addCleanup(refusing.close)
             with self.assertRaises(Error) as e:

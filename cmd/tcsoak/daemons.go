@@ -1,0 +1,347 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+)
+
+// daemon is one tensorcastd process of the soak, and how to start it again
+// after it was killed.
+type daemon struct {
+	name    string // "a" or "b": also its daemon_id
+	bin     string
+	dir     string
+	socket  string
+	config  string
+	metrics string   // host:port of its /metrics
+	netns   string   // network namespace it runs in ("" = the soak's)
+	logf    *os.File // its stderr, appended over restarts
+
+	// mu guards the fields below.
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when cmd has exited
+	stopped bool          // SIGSTOPped now
+}
+
+// network is how the two daemons reach each other: a veth pair into a
+// network namespace for b when the soak may make one (the link-cut fault
+// needs it), else loopback.
+type network struct {
+	ns       string // b's namespace, "" without one
+	hostVeth string
+	addrA    string
+	addrB    string
+	why      string // why there is no namespace
+}
+
+const (
+	vethAddrA = "10.233.91.1"
+	vethAddrB = "10.233.91.2"
+)
+
+func setupNetwork() (*network, error) {
+	n := &network{addrA: "127.0.0.1", addrB: "127.0.0.1"}
+	if os.Geteuid() != 0 {
+		n.why = "not root: no network namespace, so no link cut"
+		return n, nil
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		n.why = "no ip command (iproute2): no network namespace, so no link cut"
+		return n, nil
+	}
+	id := os.Getpid() % 100000
+	n.ns = fmt.Sprintf("tcsoak%d", id)
+	n.hostVeth = fmt.Sprintf("tcsa%d", id)
+	peerVeth := fmt.Sprintf("tcsb%d", id)
+	steps := [][]string{
+		{"ip", "netns", "add", n.ns},
+		{"ip", "link", "add", n.hostVeth, "type", "veth", "peer", "name", peerVeth, "netns", n.ns},
+		{"ip", "addr", "add", vethAddrA + "/24", "dev", n.hostVeth},
+		{"ip", "-n", n.ns, "addr", "add", vethAddrB + "/24", "dev", peerVeth},
+		{"ip", "link", "set", n.hostVeth, "up"},
+		{"ip", "-n", n.ns, "link", "set", peerVeth, "up"},
+		{"ip", "-n", n.ns, "link", "set", "lo", "up"},
+	}
+	for _, s := range steps {
+		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
+			n.teardown()
+			return nil, fmt.Errorf("%s: %v: %s", strings.Join(s, " "), err, out)
+		}
+	}
+	n.addrA, n.addrB = vethAddrA, vethAddrB
+	return n, nil
+}
+
+func (n *network) teardown() {
+	if n.ns != "" {
+		// Deleting the namespace deletes its veth end, and so the pair.
+		_ = exec.Command("ip", "netns", "del", n.ns).Run()
+	}
+}
+
+// link sets the host's end of the veth pair up or down.
+func (n *network) link(up bool) error {
+	state := "down"
+	if up {
+		state = "up"
+	}
+	if out, err := exec.Command("ip", "link", "set", n.hostVeth, state).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip link set %s %s: %v: %s", n.hostVeth, state, err, out)
+	}
+	return nil
+}
+
+// newDaemon writes a daemon's config; start runs it.
+func newDaemon(name, bin, work, key string, listen, peerName, peerAddr, metrics, netns string, extra []string) (*daemon, error) {
+	dir := filepath.Join(work, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	d := &daemon{name: name, bin: bin, dir: dir, socket: filepath.Join(dir, "tc.sock"),
+		config: filepath.Join(dir, "tensorcastd.toml"), metrics: metrics, netns: netns}
+	conf := []string{
+		fmt.Sprintf("socket = %q", d.socket),
+		fmt.Sprintf("data_dir = %q", filepath.Join(dir, "data")),
+		`pool_size = "64MiB"`,
+		`hugepages = "off"`,
+		fmt.Sprintf("daemon_id = %q", name),
+		fmt.Sprintf("peer_listen = %q", listen),
+		fmt.Sprintf("cluster_key_file = %q", key),
+		`rdma = "off"`,
+		`ebpf = "off"`,
+		`drain_timeout = "3s"`,
+		fmt.Sprintf("metrics_address = %q", metrics),
+		`log_format = "text"`,
+		"[[peers]]",
+		fmt.Sprintf("id = %q", peerName),
+		fmt.Sprintf("addr = %q", peerAddr),
+	}
+	// Top-level keys must come before the [[peers]] table.
+	conf = append(extra, conf...)
+	if err := os.WriteFile(d.config, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	d.logf = f
+	return d, nil
+}
+
+// start runs the daemon and waits until its socket answers.
+func (d *daemon) start() error {
+	var cmd *exec.Cmd
+	if d.netns != "" {
+		cmd = exec.Command("ip", "netns", "exec", d.netns, d.bin, "--config", d.config)
+	} else {
+		cmd = exec.Command(d.bin, "--config", d.config)
+	}
+	cmd.Stderr = d.logf
+	cmd.Stdout = d.logf
+	fmt.Fprintf(d.logf, "--- tcsoak: starting %s at %s\n", d.name, time.Now().Format(time.RFC3339Nano))
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	d.mu.Lock()
+	d.cmd, d.exited, d.stopped = cmd, exited, false
+	d.mu.Unlock()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := client.Dial(d.socket, client.Options{Name: "tcsoak-probe", NoPool: true, DialTimeout: time.Second, CallTimeout: 5 * time.Second})
+		if err == nil {
+			err = c.Ping(nil)
+			c.Close()
+			if err == nil {
+				return nil
+			}
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("daemon %s exited during start-up (see %s)", d.name, d.logf.Name())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("daemon %s not serving after 30s: %v", d.name, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// pid is the daemon's pid (ip netns exec execs it, so the command's pid is
+// the daemon's).
+func (d *daemon) pid() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil || d.cmd.Process == nil {
+		return 0
+	}
+	return d.cmd.Process.Pid
+}
+
+func (d *daemon) signal(sig syscall.Signal) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil || d.cmd.Process == nil {
+		return errors.New("not running")
+	}
+	switch sig {
+	case syscall.SIGSTOP:
+		d.stopped = true
+	case syscall.SIGCONT:
+		d.stopped = false
+	}
+	return d.cmd.Process.Signal(sig)
+}
+
+// kill SIGKILLs the daemon and waits until it is gone.
+func (d *daemon) kill() {
+	d.mu.Lock()
+	cmd, exited := d.cmd, d.exited
+	d.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	_ = cmd.Process.Kill()
+	<-exited
+}
+
+// stop SIGTERMs the daemon and waits (bounded) for it to exit; it reports
+// how long the exit took.
+func (d *daemon) stop(limit time.Duration) (time.Duration, error) {
+	d.mu.Lock()
+	cmd, exited := d.cmd, d.exited
+	d.mu.Unlock()
+	if cmd == nil {
+		return 0, nil
+	}
+	start := time.Now()
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+		return time.Since(start), nil
+	case <-time.After(limit):
+		d.kill()
+		return time.Since(start), fmt.Errorf("daemon %s did not exit within %v of SIGTERM", d.name, limit)
+	}
+}
+
+// usage is what a leak check compares: the process's and the daemon's own
+// counts.
+type usage struct {
+	FDs         int    `json:"fds"`
+	RSSKiB      uint64 `json:"rss_kib"`
+	Goroutines  int    `json:"goroutines"`
+	PoolBlocks  uint64 `json:"pool_blocks"`
+	PoolUsed    uint64 `json:"pool_used_bytes"`
+	Waiting     uint64 `json:"tasks_waiting"`
+	Pending     uint64 `json:"tasks_pending"`
+	Batches     uint64 `json:"batches_live"`
+	Segments    uint64 `json:"segments_registered"`
+	Connections int    `json:"connections"` // besides the probe's own
+	Pins        string `json:"pins"`
+}
+
+// measure reads the daemon's usage from /proc, its stats and its metrics.
+func (d *daemon) measure() (usage, error) {
+	var u usage
+	pid := d.pid()
+	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		return u, err
+	}
+	u.FDs = len(ents)
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+				f := strings.Fields(v)
+				if len(f) > 0 {
+					u.RSSKiB, _ = strconv.ParseUint(f[0], 10, 64)
+				}
+			}
+		}
+	}
+	c, err := client.Dial(d.socket, client.Options{Name: "tcsoak-measure", NoPool: true, CallTimeout: 10 * time.Second})
+	if err != nil {
+		return u, err
+	}
+	st, err := c.Stats()
+	c.Close()
+	if err != nil {
+		return u, err
+	}
+	u.Connections = st.Connections - 1
+	for _, x := range st.Pool {
+		switch x.Name {
+		case "blocks":
+			u.PoolBlocks += x.Value
+		case "used":
+			u.PoolUsed += x.Value
+		}
+	}
+	for _, x := range st.Engine {
+		switch x.Name {
+		case "waiting":
+			u.Waiting = x.Value
+		case "pending":
+			u.Pending = x.Value
+		case "batches_live":
+			u.Batches = x.Value
+		case "segments_registered":
+			u.Segments = x.Value
+		}
+	}
+	u.Pins = "n/a: the store is not wired into the daemon yet"
+	u.Goroutines, err = scrapeGauge(d.metrics, "go_goroutines")
+	return u, err
+}
+
+func scrapeGauge(addr, name string) (int, error) {
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := hc.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int(f), err
+		}
+	}
+	return 0, fmt.Errorf("no %s in %s/metrics", name, addr)
+}
+
+// freePort returns a TCP port free on host now.
+func freePort(host string) (int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,689 @@
+// Command tcsoak runs two tensorcastd daemons under mixed load for a while,
+// injects faults, and reports what every request ended with, what hung,
+// what leaked and what acknowledged writes were lost.
+//
+//	tcsoak -duration 10m [-bin bin/tensorcastd] [-work DIR] [-json report.json]
+//
+// Load: client processes of each kind (local copies, io_uring files, tcp to
+// the other daemon's export, shared-memory queues, writes to a small tmpfs,
+// connection churn; the store once it is wired into the daemon) against
+// both daemons, restarted when they die. Faults, in turn every
+// -fault-every: a client SIGKILLed; daemon b SIGSTOPped and resumed; the
+// link between the daemons cut and restored (b runs in its own network
+// namespace); ENOSPC on a's file target (the tmpfs filled); EMFILE on a
+// (its RLIMIT_NOFILE lowered to what it has open); daemon b SIGKILLed and
+// restarted, after which every write it acknowledged is read back from
+// its file.
+//
+// At the end the clients stop, the daemons must go idle (no connections,
+// pool blocks, tasks or batches) and are compared with their state before
+// the load: file descriptors, RSS, goroutines, segments. Then both get
+// SIGTERM and must exit within drain_timeout plus a second. The exit
+// status is 1 when anything hung, leaked or was lost.
+//
+// It needs root for the network namespace, the tmpfs and the rlimit fault;
+// without, those faults are skipped and the report says so.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/client"
+)
+
+func main() {
+	// Client process mode: re-executed by the soak itself.
+	kind := flag.String("client", "", "run as a client process of this kind (internal)")
+	socket := flag.String("socket", "", "client: the daemon's socket (internal)")
+	peer := flag.String("peer", "", "client: the other daemon's id (internal)")
+	cdir := flag.String("dir", "", "client: where its files go (internal)")
+	id := flag.Int("id", 0, "client: its number (internal)")
+
+	def := 10 * time.Minute
+	if v := os.Getenv("SOAK"); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			def = d
+		}
+	}
+	duration := flag.Duration("duration", def, "how long the load runs (env SOAK)")
+	bin := flag.String("bin", "", "tensorcastd binary (default: tensorcastd beside tcsoak)")
+	work := flag.String("work", "", "working directory (default: a new temporary one, removed after a clean run)")
+	perKind := flag.Int("clients", 2, "client processes per kind and daemon")
+	faultEvery := flag.Duration("fault-every", 20*time.Second, "time between faults")
+	jsonOut := flag.String("json", "", "also write the report as JSON here")
+	flag.Parse()
+	if *kind != "" {
+		os.Exit(runClient(*kind, *socket, *peer, *cdir, *id))
+	}
+	r, err := soak(*duration, *bin, *work, *perKind, *faultEvery)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tcsoak:", err)
+		os.Exit(2)
+	}
+	r.print(os.Stdout)
+	if *jsonOut != "" {
+		b, _ := json.MarshalIndent(r, "", "  ")
+		if err := os.WriteFile(*jsonOut, b, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "tcsoak:", err)
+		}
+	}
+	if !r.Clean() {
+		os.Exit(1)
+	}
+}
+
+// window is a time a daemon could not answer by design (stopped, killed).
+type window struct {
+	daemon     string
+	start, end time.Time
+}
+
+// Report is what a soak found.
+type Report struct {
+	Duration     string            `json:"duration"`
+	Clients      map[string]int    `json:"client_processes"` // kind@daemon -> incarnations started
+	Codes        map[string]uint64 `json:"codes"`            // kind/CODE -> requests
+	Faults       []string          `json:"faults"`
+	Skipped      []string          `json:"skipped"`
+	Hangs        []string          `json:"hangs"`
+	Leaks        []string          `json:"leaks"`
+	Before       map[string]usage  `json:"before"`
+	After        map[string]usage  `json:"after"`
+	DurableWrite durableReport     `json:"durable_writes"`
+	DurablePuts  string            `json:"durable_puts"`
+	Exit         map[string]string `json:"exit"` // daemon -> how long its SIGTERM took, or the failure
+	Corrupt      uint64            `json:"corrupt_reads"`
+}
+
+type durableReport struct {
+	Acknowledged uint64   `json:"acknowledged"`
+	Checks       int      `json:"checks_after_kill"`
+	Checked      uint64   `json:"slots_checked"`
+	Lost         uint64   `json:"lost"`
+	LostAt       []string `json:"lost_at,omitempty"`
+}
+
+// Clean reports whether nothing hung, leaked, was lost or read back wrong.
+func (r *Report) Clean() bool {
+	return len(r.Hangs) == 0 && len(r.Leaks) == 0 && r.DurableWrite.Lost == 0 && r.Corrupt == 0
+}
+
+func (r *Report) print(w *os.File) {
+	fmt.Fprintf(w, "tcsoak: %s of load\n\nrequests by final code:\n", r.Duration)
+	keys := make([]string, 0, len(r.Codes))
+	for k := range r.Codes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "  %-32s %d\n", k, r.Codes[k])
+	}
+	fmt.Fprintf(w, "\nclient processes started: %v\n", r.Clients)
+	fmt.Fprintf(w, "\nfaults injected (%d):\n", len(r.Faults))
+	for _, f := range r.Faults {
+		fmt.Fprintln(w, "  "+f)
+	}
+	for _, s := range r.Skipped {
+		fmt.Fprintln(w, "  skipped: "+s)
+	}
+	list := func(name string, xs []string) {
+		fmt.Fprintf(w, "\n%s: %d\n", name, len(xs))
+		for _, x := range xs {
+			fmt.Fprintln(w, "  "+x)
+		}
+	}
+	list("hangs past the deadline", r.Hangs)
+	list("leaks", r.Leaks)
+	for _, d := range []string{"a", "b"} {
+		fmt.Fprintf(w, "  %s before: %+v\n  %s after:  %+v\n", d, r.Before[d], d, r.After[d])
+	}
+	dw := r.DurableWrite
+	fmt.Fprintf(w, "\nacknowledged durable file writes: %d; checked after %d kill -9: %d slots, lost %d\n", dw.Acknowledged, dw.Checks, dw.Checked, dw.Lost)
+	fmt.Fprintf(w, "acknowledged durable puts: %s\n", r.DurablePuts)
+	fmt.Fprintf(w, "corrupt read-backs: %d\n", r.Corrupt)
+	fmt.Fprintf(w, "exit on SIGTERM: %v\n", r.Exit)
+	if r.Clean() {
+		fmt.Fprintln(w, "\nresult: 0 hangs, 0 leaks, 0 lost")
+	} else {
+		fmt.Fprintln(w, "\nresult: FAILED")
+	}
+}
+
+// soak is the whole run.
+func soak(duration time.Duration, bin, work string, perKind int, faultEvery time.Duration) (*Report, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	if bin == "" {
+		bin = filepath.Join(filepath.Dir(self), "tensorcastd")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return nil, fmt.Errorf("tensorcastd binary: %w (build it, or pass -bin)", err)
+	}
+	keep := work != ""
+	if work == "" {
+		if work, err = os.MkdirTemp("", "tcsoak"); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return nil, err
+	}
+	r := &Report{Duration: duration.String(), Clients: map[string]int{}, Codes: map[string]uint64{},
+		Before: map[string]usage{}, After: map[string]usage{}, Exit: map[string]string{}}
+
+	key := filepath.Join(work, "cluster.key")
+	if err := os.WriteFile(key, []byte("tcsoak cluster key "+strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		return nil, err
+	}
+	net, err := setupNetwork()
+	if err != nil {
+		return nil, err
+	}
+	defer net.teardown()
+	if net.ns == "" {
+		r.Skipped = append(r.Skipped, "link cut: "+net.why)
+	}
+	// The ENOSPC target: a small tmpfs that the fault fills.
+	enospcDir := filepath.Join(work, "enospc")
+	if err := os.MkdirAll(enospcDir, 0o755); err != nil {
+		return nil, err
+	}
+	haveTmpfs := false
+	if os.Geteuid() == 0 {
+		if err := unix.Mount("tcsoak", enospcDir, "tmpfs", 0, "size=48m"); err == nil {
+			haveTmpfs = true
+			defer unix.Unmount(enospcDir, unix.MNT_DETACH)
+		} else {
+			r.Skipped = append(r.Skipped, "ENOSPC: mounting a tmpfs: "+err.Error())
+		}
+	} else {
+		r.Skipped = append(r.Skipped, "ENOSPC: not root: no tmpfs to fill")
+	}
+
+	portA, err := freePort(net.addrA)
+	if err != nil {
+		return nil, err
+	}
+	metricsA, err := freePort("127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
+	portB, metricsB := 7481, 9481 // b's namespace is its own: any port is free there
+	if net.ns == "" {
+		if portB, err = freePort(net.addrB); err != nil {
+			return nil, err
+		}
+		if metricsB, err = freePort("127.0.0.1"); err != nil {
+			return nil, err
+		}
+	}
+	hostPort := func(h string, p int) string { return h + ":" + strconv.Itoa(p) }
+	metricsHostB := "127.0.0.1"
+	if net.ns != "" {
+		metricsHostB = net.addrB
+	}
+	a, err := newDaemon("a", bin, work, key, hostPort(net.addrA, portA), "b", hostPort(net.addrB, portB),
+		hostPort("127.0.0.1", metricsA), "", []string{fmt.Sprintf("allowed_files = [%q]", enospcDir)})
+	if err != nil {
+		return nil, err
+	}
+	b, err := newDaemon("b", bin, work, key, hostPort(net.addrB, portB), "a", hostPort(net.addrA, portA),
+		hostPort(metricsHostB, metricsB), net.ns, nil)
+	if err != nil {
+		return nil, err
+	}
+	daemons := map[string]*daemon{"a": a, "b": b}
+	for _, d := range []*daemon{a, b} {
+		if err := d.start(); err != nil {
+			return nil, err
+		}
+		defer d.kill()
+	}
+
+	stopAll := make(chan struct{})
+	var bg sync.WaitGroup
+	// The export the tcp clients of a open on b, held by a client of b
+	// and made again after b restarts.
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		exporter(b, stopAll)
+	}()
+	if err := waitExport(a, "b/soak-kv", 30*time.Second); err != nil {
+		return nil, err
+	}
+	time.Sleep(time.Second) // the peers' sessions settle before the baseline
+	for n, d := range daemons {
+		u, err := d.measure()
+		if err != nil {
+			return nil, fmt.Errorf("measuring %s before the load: %w", n, err)
+		}
+		r.Before[n] = u
+	}
+	du := newDurable(b)
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		du.run(stopAll)
+	}()
+
+	// The clients, restarted whenever they die.
+	type slot struct {
+		kind string
+		d    *daemon
+		dir  string
+		peer string
+	}
+	var slots []slot
+	for _, d := range []*daemon{a, b} {
+		other := "b"
+		if d == b {
+			other = "a"
+		}
+		for _, k := range []string{kindLocal, kindURing, kindQueue, kindChurn} {
+			for range perKind {
+				slots = append(slots, slot{k, d, filepath.Join(d.dir, "data"), other})
+			}
+		}
+	}
+	for range perKind {
+		slots = append(slots, slot{kindTCP, a, "", "b"})
+		if haveTmpfs {
+			slots = append(slots, slot{kindENOSPC, a, enospcDir, "b"})
+		}
+	}
+	r.Skipped = append(r.Skipped, "store traffic and durable puts: "+errStoreNotWired.Error()+" (storeClient in cmd/tcsoak/clients.go is the place)")
+	r.DurablePuts = "n/a: " + errStoreNotWired.Error()
+
+	var mu sync.Mutex // guards procs, ended, r.Clients, windows
+	procs := make([]*proc, len(slots))
+	var ended []*proc
+	var windows []window
+	nextID := 0
+	launch := func(i int) {
+		s := slots[i]
+		nextID++
+		p, err := startClient(self, s.kind, s.d, s.peer, s.dir, nextID)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "tcsoak: starting a client:", err)
+			return
+		}
+		procs[i] = p
+		r.Clients[s.kind+"@"+s.d.name]++
+	}
+	mu.Lock()
+	for i := range slots {
+		launch(i)
+	}
+	mu.Unlock()
+	// The supervisor restarts clients that died (killed, or crashed).
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopAll:
+				return
+			case <-t.C:
+			}
+			mu.Lock()
+			for i, p := range procs {
+				if p == nil {
+					launch(i)
+					continue
+				}
+				select {
+				case <-p.done:
+					ended = append(ended, p)
+					launch(i)
+				default:
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+
+	// Faults, in turn.
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	type fault struct {
+		name string
+		run  func() (string, error)
+	}
+	hold := 5 * time.Second
+	faults := []fault{
+		{"client SIGKILL", func() (string, error) {
+			mu.Lock()
+			i := rng.IntN(len(procs))
+			p := procs[i]
+			mu.Unlock()
+			if p == nil {
+				return "no client to kill", nil
+			}
+			p.kill()
+			return fmt.Sprintf("killed %s client %d of %s", p.kind, p.id, p.d.name), nil
+		}},
+		{"peer SIGSTOP", func() (string, error) {
+			start := time.Now()
+			if err := b.signal(syscall.SIGSTOP); err != nil {
+				return "", err
+			}
+			time.Sleep(hold)
+			err := b.signal(syscall.SIGCONT)
+			mu.Lock()
+			windows = append(windows, window{"b", start, time.Now()})
+			mu.Unlock()
+			return fmt.Sprintf("b stopped for %v", hold), err
+		}},
+		{"link cut", func() (string, error) {
+			if net.ns == "" {
+				return "skipped: " + net.why, nil
+			}
+			if err := net.link(false); err != nil {
+				return "", err
+			}
+			time.Sleep(hold)
+			return fmt.Sprintf("link a<->b down for %v", hold), net.link(true)
+		}},
+		{"ENOSPC", func() (string, error) {
+			if !haveTmpfs {
+				return "skipped: no tmpfs", nil
+			}
+			n, err := fill(filepath.Join(enospcDir, "filler"))
+			time.Sleep(hold)
+			os.Remove(filepath.Join(enospcDir, "filler"))
+			return fmt.Sprintf("a's file target full (%d MiB filler) for %v", n>>20, hold), err
+		}},
+		{"EMFILE", func() (string, error) {
+			if os.Geteuid() != 0 {
+				return "skipped: not root", nil
+			}
+			return emfile(a, hold)
+		}},
+		{"peer SIGKILL", func() (string, error) {
+			start := time.Now()
+			b.kill()
+			err := du.check()
+			time.Sleep(time.Second)
+			if serr := b.start(); serr != nil {
+				return "", serr
+			}
+			mu.Lock()
+			windows = append(windows, window{"b", start, time.Now()})
+			mu.Unlock()
+			// b's baseline stays its first start's: its clients are back
+			// already, which would hide what they leak.
+			return fmt.Sprintf("b killed and restarted in %v; acknowledged writes read back", time.Since(start).Round(time.Millisecond)), err
+		}},
+	}
+	end := time.Now().Add(duration)
+	next := 0
+	for time.Until(end) > 0 {
+		wait := min(faultEvery, time.Until(end))
+		time.Sleep(wait)
+		if time.Until(end) <= 0 {
+			break
+		}
+		f := faults[next%len(faults)]
+		next++
+		at := time.Now()
+		what, err := f.run()
+		line := fmt.Sprintf("%s %s: %s", at.Format("15:04:05"), f.name, what)
+		if err != nil {
+			line += " (error: " + err.Error() + ")"
+		}
+		r.Faults = append(r.Faults, line)
+	}
+
+	// Stop: no new clients, ask every client to finish, then stop the
+	// in-process ones.
+	close(stopAll)
+	bg.Wait()
+	mu.Lock()
+	all := append(ended, procs...)
+	mu.Unlock()
+	var fw sync.WaitGroup
+	for _, p := range all {
+		if p == nil {
+			continue
+		}
+		fw.Add(1)
+		go func() {
+			defer fw.Done()
+			p.finish(opTimeout + hangGrace + 5*time.Second)
+		}()
+	}
+	fw.Wait()
+	for _, p := range all {
+		if p == nil {
+			continue
+		}
+		rep := p.report()
+		for k, v := range rep.Codes {
+			r.Codes[k] += v
+			if strings.HasSuffix(k, "/CORRUPT") {
+				r.Corrupt += v
+			}
+		}
+		for _, l := range rep.Late {
+			if excused(windows, p, l) {
+				continue
+			}
+			r.Hangs = append(r.Hangs, fmt.Sprintf("%s client %d of %s: %s from %s, %s", p.kind, p.id, p.d.name, l.What,
+				time.UnixMilli(l.Start).Format("15:04:05.000"), lateFor(l)))
+		}
+	}
+	du.mu.Lock()
+	r.DurableWrite = durableReport{Acknowledged: du.writes, Checks: du.checks, Checked: du.checked, Lost: du.lost, LostAt: du.lostAt}
+	du.mu.Unlock()
+
+	// Idle, then compare.
+	for n, d := range daemons {
+		u, err := waitIdle(d, 30*time.Second)
+		r.After[n] = u
+		if err != nil {
+			r.Leaks = append(r.Leaks, fmt.Sprintf("%s: %v", n, err))
+		}
+		r.Leaks = append(r.Leaks, compare(n, r.Before[n], u)...)
+	}
+	for n, d := range daemons {
+		took, err := d.stop(3*time.Second + 5*time.Second)
+		switch {
+		case err != nil:
+			r.Exit[n] = err.Error()
+			r.Hangs = append(r.Hangs, n+": "+err.Error())
+		case took > 3*time.Second+time.Second:
+			r.Exit[n] = took.Round(time.Millisecond).String()
+			r.Hangs = append(r.Hangs, fmt.Sprintf("%s: SIGTERM took %v, over drain_timeout 3s plus 1s", n, took.Round(time.Millisecond)))
+		default:
+			r.Exit[n] = took.Round(time.Millisecond).String()
+		}
+	}
+	if r.Clean() && !keep {
+		defer os.RemoveAll(work)
+	} else {
+		fmt.Fprintf(os.Stderr, "tcsoak: daemon logs in %s/{a,b}/daemon.log\n", work)
+	}
+	return r, nil
+}
+
+// excused reports whether a late call overlapped a time its daemon was
+// stopped or dead on purpose (a call to a frozen daemon waits for it by
+// design; calls that cross to the other daemon must not).
+func excused(ws []window, p *proc, l lateOp) bool {
+	end := time.UnixMilli(l.End)
+	if l.End == 0 {
+		end = time.Now()
+	}
+	start := time.UnixMilli(l.Start)
+	for _, w := range ws {
+		if w.daemon == p.d.name && start.Before(w.end.Add(hangGrace)) && end.After(w.start) {
+			return true
+		}
+	}
+	return false
+}
+
+func lateFor(l lateOp) string {
+	if l.End == 0 {
+		return "still out when reported"
+	}
+	return "took " + time.UnixMilli(l.End).Sub(time.UnixMilli(l.Start)).Round(time.Millisecond).String()
+}
+
+// exporter keeps "soak-kv", a 16 MiB buffer of b, exported.
+func exporter(b *daemon, stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		c, err := client.Dial(b.socket, client.Options{Name: "tcsoak-exporter", NoPool: true, CallTimeout: 10 * time.Second})
+		if err != nil {
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		buf, err := c.RegisterBuffer(16 << 20)
+		if err == nil {
+			_, err = c.ExportSegment("soak-kv", buf.ID, 0, 0, client.RightRead|client.RightWrite)
+		}
+		for err == nil {
+			select {
+			case <-stop:
+				c.Close()
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+			err = c.Ping(nil)
+		}
+		c.Close()
+	}
+}
+
+// waitExport waits until a client of d can open name.
+func waitExport(d *daemon, name string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		c, err := client.Dial(d.socket, client.Options{Name: "tcsoak-probe", NoPool: true, CallTimeout: 10 * time.Second})
+		if err == nil {
+			_, err = c.OpenRemote(name, client.RightRead)
+			c.Close()
+			if err == nil {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not reachable from %s: %v", name, d.name, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// waitIdle waits until d holds nothing for any client and returns its
+// usage then.
+func waitIdle(d *daemon, limit time.Duration) (usage, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		u, err := d.measure()
+		if err == nil && u.Connections == 0 && u.PoolBlocks == 0 && u.Waiting+u.Pending == 0 && u.Batches == 0 {
+			return u, nil
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = fmt.Errorf("not idle %v after the clients left: %+v", limit, u)
+			}
+			return u, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// compare names what grew between an idle daemon before and after the load,
+// beyond what a warm process may grow (its heap, its peer sessions).
+func compare(name string, before, after usage) []string {
+	var out []string
+	check := func(what string, b, a, slack uint64) {
+		if a > b+slack {
+			out = append(out, fmt.Sprintf("%s: %s %d before, %d after (slack %d)", name, what, b, a, slack))
+		}
+	}
+	check("open fds", uint64(before.FDs), uint64(after.FDs), 8)
+	check("goroutines", uint64(before.Goroutines), uint64(after.Goroutines), 16)
+	check("segments", before.Segments, after.Segments, 0)
+	check("pool blocks", 0, after.PoolBlocks, 0)
+	check("tasks", 0, after.Waiting+after.Pending, 0)
+	check("batches", 0, after.Batches, 0)
+	check("RSS KiB", before.RSSKiB, after.RSSKiB, before.RSSKiB+256<<10)
+	return out
+}
+
+// fill writes zeros to path until the file system is full; it returns
+// how much it wrote.
+func fill(path string) (int64, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	var n int64
+	for {
+		k, err := f.Write(buf)
+		n += int64(k)
+		if err != nil {
+			if errors.Is(err, syscall.ENOSPC) {
+				return n, nil
+			}
+			return n, err
+		}
+	}
+}
+
+// emfile lowers d's RLIMIT_NOFILE to what it has open for hold, so every
+// accept and open fails with EMFILE, then gives it back.
+func emfile(d *daemon, hold time.Duration) (string, error) {
+	pid := d.pid()
+	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		return "", err
+	}
+	var old unix.Rlimit
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &old); err != nil {
+		return "", fmt.Errorf("prlimit: %w", err)
+	}
+	// Below 3 every fd is taken (stdin, stdout, stderr): no new one can be
+	// had, whatever holes there are above.
+	lim := unix.Rlimit{Cur: 3, Max: old.Max}
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+		return "", fmt.Errorf("prlimit: %w", err)
+	}
+	time.Sleep(hold)
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &old, nil); err != nil {
+		return "", fmt.Errorf("prlimit restore: %w", err)
+	}
+	// A new client is served again.
+	c, err := client.Dial(d.socket, client.Options{Name: "tcsoak-after-emfile", NoPool: true, CallTimeout: 10 * time.Second})
+	if err == nil {
+		err = c.Ping(nil)
+		c.Close()
+	}
+	return fmt.Sprintf("a (%d fds open) allowed no new fd for %v, then served a new client", len(ents), hold), err
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDurableCheck: acknowledged slots whose bytes are in the file pass, a
+// slot overwritten with other bytes is lost, an uncertain one is skipped.
+func TestDurableCheck(t *testing.T) {
+	dir := t.TempDir()
+	du := &durable{path: filepath.Join(dir, "durable.bin"), acked: map[int64]uint32{}, uncertain: map[int64]bool{}}
+	buf := make([]byte, 4*durSlot)
+	for slot, seed := range []uint32{11, 12, 13, 14} {
+		durPattern(buf[slot*durSlot:(slot+1)*durSlot], seed)
+		du.acked[int64(slot)] = seed
+	}
+	durPattern(buf[1*durSlot:2*durSlot], 99) // slot 1 lost its acknowledged write
+	durPattern(buf[3*durSlot:4*durSlot], 98) // slot 3 had a write out: either version
+	du.uncertain[3] = true
+	if err := os.WriteFile(du.path, buf, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := du.check(); err != nil {
+		t.Fatal(err)
+	}
+	if du.checked != 3 || du.lost != 1 || len(du.lostAt) != 1 || !strings.Contains(du.lostAt[0], "slot 1") {
+		t.Fatalf("checked %d, lost %d %v; want 3 checked, slot 1 lost", du.checked, du.lost, du.lostAt)
+	}
+}
+
+// TestExcused: a late call to a daemon overlapping its stop window is
+// excused; one to the other daemon, or outside the window, is a hang.
+func TestExcused(t *testing.T) {
+	t0 := time.Now()
+	ws := []window{{daemon: "b", start: t0, end: t0.Add(5 * time.Second)}}
+	onB, onA := &proc{d: &daemon{name: "b"}}, &proc{d: &daemon{name: "a"}}
+	during := lateOp{Start: t0.Add(time.Second).UnixMilli(), End: t0.Add(12 * time.Second).UnixMilli()}
+	later := lateOp{Start: t0.Add(30 * time.Second).UnixMilli(), End: t0.Add(45 * time.Second).UnixMilli()}
+	if !excused(ws, onB, during) {
+		t.Error("a call to b while b was stopped is not excused")
+	}
+	if excused(ws, onA, during) {
+		t.Error("a call to a is excused by b's stop")
+	}
+	if excused(ws, onB, later) {
+		t.Error("a call to b long after its stop is excused")
+	}
+}
+
+func TestCompare(t *testing.T) {
+	before := usage{FDs: 20, Goroutines: 20, Segments: 1, RSSKiB: 100 << 10}
+	if got := compare("a", before, before); len(got) != 0 {
+		t.Fatalf("no change reported as leaks: %v", got)
+	}
+	after := before
+	after.FDs, after.Segments, after.PoolBlocks = 40, 2, 3
+	got := strings.Join(compare("a", before, after), "\n")
+	for _, want := range []string{"open fds", "segments", "pool blocks"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("leak of %s not reported: %s", want, got)
+		}
+	}
+}
