@@ -73,12 +73,13 @@ func (e *etcdCluster) withEtcd(listen string, mut func(*Config)) func(*Config) {
 // keys counts the keys under prefix in etcd, read directly.
 func (e *etcdCluster) keys(prefix string) int64 {
 	e.t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: e.srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	// Generous bounds: the whole suite runs beside this under -race.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.srv.Endpoints(), DialTimeout: 15 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
@@ -154,6 +155,7 @@ func TestDirectoryOpenUnlisted(t *testing.T) {
 	d1 := e.start("d1", nil)
 	d2 := e.start("d2", nil)
 	sees(t, d2, "d1", epochOf(d1))
+	sees(t, d1, "d2", epochOf(d2)) // d1 accepts only the peers its directory knows
 	a := d1.dial(t, "exporter")
 	exportBuffer(t, a, "kv", 1<<20)
 	ok := etcdtest.WaitFor(context.Background(), 10*time.Second, func() bool {
@@ -241,6 +243,7 @@ func TestDirectoryRestartEpoch(t *testing.T) {
 	d1 := e.start("d1", nil)
 	d2 := e.start("d2", nil)
 	sees(t, d2, "d1", epochOf(d1))
+	sees(t, d1, "d2", epochOf(d2))
 	exportBuffer(t, d1.dial(t, "exporter"), "kv", 1<<20)
 	b := d2.dial(t, "opener")
 	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
@@ -297,6 +300,7 @@ func TestDirectoryEtcdDown(t *testing.T) {
 	d1 := e.start("d1", nil)
 	d2 := e.start("d2", nil)
 	sees(t, d2, "d1", epochOf(d1))
+	sees(t, d1, "d2", epochOf(d2)) // d1 accepts only the peers its directory knows
 	a := d1.dial(t, "exporter")
 	exportBuffer(t, a, "kv", 1<<20)
 	exportBuffer(t, a, "kv2", 1<<20)
@@ -365,6 +369,7 @@ func TestDirectoryStaleEntryFenced(t *testing.T) {
 	d1 := e.start("d1", nil)
 	d2 := e.start("d2", nil)
 	sees(t, d2, "d1", epochOf(d1))
+	sees(t, d1, "d2", epochOf(d2))
 	exportBuffer(t, d1.dial(t, "exporter"), "kv", 1<<20)
 	b := d2.dial(t, "opener")
 	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
@@ -447,6 +452,7 @@ func TestDirectoryHybridCacheFirst(t *testing.T) {
 	d1 := e.start("d1", nil)
 	d2 := e.start("d2", nil)
 	sees(t, d2, "d1", epochOf(d1))
+	sees(t, d1, "d2", epochOf(d2))
 	exportBuffer(t, d1.dial(t, "exporter"), "kv", 1<<20)
 	b := d2.dial(t, "opener")
 	hybrid := client.WithLane("hybrid-cache-first")
