@@ -19,6 +19,11 @@ var requests, responses = register(
 	call[PeersRequest, PeersResponse], call[SegmentsRequest, SegmentsResponse],
 	call[RDMARequest, RDMAResponse],
 	call[OpenQueueRequest, OpenQueueResponse], call[CloseQueueRequest, CloseQueueResponse],
+	call[StorePutRequest, StorePutResponse], call[StoreReadRequest, StoreReadResponse],
+	call[StoreRemoveRequest, StoreRemoveResponse], call[StorePinRequest, StorePinResponse],
+	call[StoreUnpinRequest, StoreUnpinResponse], call[StoreReserveRequest, StoreReserveResponse],
+	call[StoreCommitRequest, StoreCommitResponse], call[StoreStatRequest, StoreStatResponse],
+	call[StoreListRequest, StoreListResponse], call[StoreFlushRequest, StoreFlushResponse],
 )
 
 // maker makes the empty messages of one call.

@@ -35,6 +35,16 @@ const (
 	RequestBodyRdmaRequest              RequestBody = 25
 	RequestBodyOpenQueueRequest         RequestBody = 26
 	RequestBodyCloseQueueRequest        RequestBody = 27
+	RequestBodyStorePutRequest          RequestBody = 28
+	RequestBodyStoreReadRequest         RequestBody = 29
+	RequestBodyStoreRemoveRequest       RequestBody = 30
+	RequestBodyStorePinRequest          RequestBody = 31
+	RequestBodyStoreUnpinRequest        RequestBody = 32
+	RequestBodyStoreReserveRequest      RequestBody = 33
+	RequestBodyStoreCommitRequest       RequestBody = 34
+	RequestBodyStoreStatRequest         RequestBody = 35
+	RequestBodyStoreListRequest         RequestBody = 36
+	RequestBodyStoreFlushRequest        RequestBody = 37
 )
 
 var EnumNamesRequestBody = map[RequestBody]string{
@@ -66,6 +76,16 @@ var EnumNamesRequestBody = map[RequestBody]string{
 	RequestBodyRdmaRequest:              "RdmaRequest",
 	RequestBodyOpenQueueRequest:         "OpenQueueRequest",
 	RequestBodyCloseQueueRequest:        "CloseQueueRequest",
+	RequestBodyStorePutRequest:          "StorePutRequest",
+	RequestBodyStoreReadRequest:         "StoreReadRequest",
+	RequestBodyStoreRemoveRequest:       "StoreRemoveRequest",
+	RequestBodyStorePinRequest:          "StorePinRequest",
+	RequestBodyStoreUnpinRequest:        "StoreUnpinRequest",
+	RequestBodyStoreReserveRequest:      "StoreReserveRequest",
+	RequestBodyStoreCommitRequest:       "StoreCommitRequest",
+	RequestBodyStoreStatRequest:         "StoreStatRequest",
+	RequestBodyStoreListRequest:         "StoreListRequest",
+	RequestBodyStoreFlushRequest:        "StoreFlushRequest",
 }
 
 var EnumValuesRequestBody = map[string]RequestBody{
@@ -97,6 +117,16 @@ var EnumValuesRequestBody = map[string]RequestBody{
 	"RdmaRequest":              RequestBodyRdmaRequest,
 	"OpenQueueRequest":         RequestBodyOpenQueueRequest,
 	"CloseQueueRequest":        RequestBodyCloseQueueRequest,
+	"StorePutRequest":          RequestBodyStorePutRequest,
+	"StoreReadRequest":         RequestBodyStoreReadRequest,
+	"StoreRemoveRequest":       RequestBodyStoreRemoveRequest,
+	"StorePinRequest":          RequestBodyStorePinRequest,
+	"StoreUnpinRequest":        RequestBodyStoreUnpinRequest,
+	"StoreReserveRequest":      RequestBodyStoreReserveRequest,
+	"StoreCommitRequest":       RequestBodyStoreCommitRequest,
+	"StoreStatRequest":         RequestBodyStoreStatRequest,
+	"StoreListRequest":         RequestBodyStoreListRequest,
+	"StoreFlushRequest":        RequestBodyStoreFlushRequest,
 }
 
 func (v RequestBody) String() string {

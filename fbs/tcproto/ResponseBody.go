@@ -35,6 +35,16 @@ const (
 	ResponseBodyRdmaResponse              ResponseBody = 25
 	ResponseBodyOpenQueueResponse         ResponseBody = 26
 	ResponseBodyCloseQueueResponse        ResponseBody = 27
+	ResponseBodyStorePutResponse          ResponseBody = 28
+	ResponseBodyStoreReadResponse         ResponseBody = 29
+	ResponseBodyStoreRemoveResponse       ResponseBody = 30
+	ResponseBodyStorePinResponse          ResponseBody = 31
+	ResponseBodyStoreUnpinResponse        ResponseBody = 32
+	ResponseBodyStoreReserveResponse      ResponseBody = 33
+	ResponseBodyStoreCommitResponse       ResponseBody = 34
+	ResponseBodyStoreStatResponse         ResponseBody = 35
+	ResponseBodyStoreListResponse         ResponseBody = 36
+	ResponseBodyStoreFlushResponse        ResponseBody = 37
 )
 
 var EnumNamesResponseBody = map[ResponseBody]string{
@@ -66,6 +76,16 @@ var EnumNamesResponseBody = map[ResponseBody]string{
 	ResponseBodyRdmaResponse:              "RdmaResponse",
 	ResponseBodyOpenQueueResponse:         "OpenQueueResponse",
 	ResponseBodyCloseQueueResponse:        "CloseQueueResponse",
+	ResponseBodyStorePutResponse:          "StorePutResponse",
+	ResponseBodyStoreReadResponse:         "StoreReadResponse",
+	ResponseBodyStoreRemoveResponse:       "StoreRemoveResponse",
+	ResponseBodyStorePinResponse:          "StorePinResponse",
+	ResponseBodyStoreUnpinResponse:        "StoreUnpinResponse",
+	ResponseBodyStoreReserveResponse:      "StoreReserveResponse",
+	ResponseBodyStoreCommitResponse:       "StoreCommitResponse",
+	ResponseBodyStoreStatResponse:         "StoreStatResponse",
+	ResponseBodyStoreListResponse:         "StoreListResponse",
+	ResponseBodyStoreFlushResponse:        "StoreFlushResponse",
 }
 
 var EnumValuesResponseBody = map[string]ResponseBody{
@@ -97,6 +117,16 @@ var EnumValuesResponseBody = map[string]ResponseBody{
 	"RdmaResponse":              ResponseBodyRdmaResponse,
 	"OpenQueueResponse":         ResponseBodyOpenQueueResponse,
 	"CloseQueueResponse":        ResponseBodyCloseQueueResponse,
+	"StorePutResponse":          ResponseBodyStorePutResponse,
+	"StoreReadResponse":         ResponseBodyStoreReadResponse,
+	"StoreRemoveResponse":       ResponseBodyStoreRemoveResponse,
+	"StorePinResponse":          ResponseBodyStorePinResponse,
+	"StoreUnpinResponse":        ResponseBodyStoreUnpinResponse,
+	"StoreReserveResponse":      ResponseBodyStoreReserveResponse,
+	"StoreCommitResponse":       ResponseBodyStoreCommitResponse,
+	"StoreStatResponse":         ResponseBodyStoreStatResponse,
+	"StoreListResponse":         ResponseBodyStoreListResponse,
+	"StoreFlushResponse":        ResponseBodyStoreFlushResponse,
 }
 
 func (v ResponseBody) String() string {
