@@ -3,8 +3,9 @@ package control
 import (
 	"time"
 
-	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -133,4 +134,7 @@ type Deps struct {
 	Catalog ExportCatalog
 	// Directory reports the directory for tcctl directory; optional.
 	Directory directory.Reporter
+	// Store is the KV block store the store calls and queue ops serve;
+	// optional (they then answer UNAVAILABLE). The server never closes it.
+	Store *store.Store
 }

@@ -41,6 +41,7 @@ type cqueue struct {
 	pend  []xfer.StreamRequest // accepted by the checks, waiting for a stream slot
 	res   []error
 	notes [][]byte
+	store *qstore // the store ops' side, made at the first (queue_store.go)
 }
 
 var _ xfer.StreamSink = (*cqueue)(nil)
@@ -123,6 +124,10 @@ func (q *cqueue) prepare(sqes []queue.SQE) {
 		e := &sqes[i]
 		if e.Op == queue.OpNop {
 			q.ring.Post(&queue.CQE{UserData: e.UserData, State: uint8(xfer.StateCompleted)})
+			continue
+		}
+		if e.Op >= queue.OpStoreFirst {
+			q.storeOp(e)
 			continue
 		}
 		r, code := q.request(e, i)
@@ -227,6 +232,9 @@ func (q *cqueue) close() {
 		go func() {
 			select {
 			case <-q.st.Idle():
+				if !q.storeIdle() { // store calls in flight post their CQEs first
+					return
+				}
 				if err := q.ring.Release(); err != nil {
 					q.c.log.Warn("unmapping a closed queue failed", "queue", q.id, "err", err)
 				}

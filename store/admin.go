@@ -25,6 +25,9 @@ func (sh *shard) info(e *entry) KeyInfo {
 	}
 }
 
+// MaxKeysPerCall is the most keys one call may carry (Config.MaxKeysPerCall).
+func (s *Store) MaxKeysPerCall() int { return s.cfg.MaxKeysPerCall }
+
 // Stat describes a stored key (ErrNotFound when it is not). Like Exists, it
 // changes nothing.
 func (s *Store) Stat(key []byte) (KeyInfo, error) {
