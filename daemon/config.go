@@ -91,6 +91,8 @@ type Config struct {
 	EBPF string `toml:"ebpf"`
 	// DirectoryConfig is where daemons find each other (config_directory.go).
 	DirectoryConfig
+	// StoreConfig is the KV block store's (config_store.go).
+	StoreConfig
 }
 
 // PeerConfig is one configured peer daemon.
@@ -124,6 +126,7 @@ func Defaults() Config {
 		EBPF:           "auto",
 
 		DirectoryConfig: directoryDefaults(),
+		StoreConfig:     storeDefaults(),
 	}
 }
 
@@ -175,6 +178,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.validatePeers(); err != nil {
+		return err
+	}
+	if err := c.validateStore(); err != nil {
 		return err
 	}
 	return c.validateDirectory()
@@ -345,7 +351,7 @@ func settings() []setting {
 			}
 			return nil
 		}},
-	}, directorySettings()...)
+	}, append(directorySettings(), storeSettings()...)...)
 }
 
 // Load builds the configuration from defaults, the file named by --config

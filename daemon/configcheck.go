@@ -90,13 +90,22 @@ func decodeProblem(err error, text string) Problem {
 	return p
 }
 
-// resetKey sets the field tagged toml:"key" in c to its value in d.
+// resetKey sets the field tagged toml:"key" in c to its value in d,
+// looking into the embedded parts of Config (DirectoryConfig, StoreConfig)
+// too.
 func resetKey(c, d *Config, key string) bool {
-	cv, dv := reflect.ValueOf(c).Elem(), reflect.ValueOf(d).Elem()
+	return resetField(reflect.ValueOf(c).Elem(), reflect.ValueOf(d).Elem(), key)
+}
+
+func resetField(cv, dv reflect.Value, key string) bool {
 	t := cv.Type()
 	for i := range t.NumField() {
-		if t.Field(i).Tag.Get("toml") == key {
+		f := t.Field(i)
+		if f.Tag.Get("toml") == key {
 			cv.Field(i).Set(dv.Field(i))
+			return true
+		}
+		if f.Anonymous && f.Type.Kind() == reflect.Struct && resetField(cv.Field(i), dv.Field(i), key) {
 			return true
 		}
 	}

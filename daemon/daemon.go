@@ -13,6 +13,7 @@ import (
 	"github.com/tensorcast/tensorcast/ktrace"
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -26,12 +27,12 @@ var Version = "0.1.0-dev"
 //
 // Start-up order: pool, registry, transports (the peer plane's tcp node
 // when peer_listen is set, then RDMA with the pool registered), engine,
-// control socket (inherited from systemd when socket-activated), eBPF
+// the KV block store (its L2 through the file tier), control socket (inherited from systemd when socket-activated), eBPF
 // views, metrics endpoint, then READY. Shutdown is STOPPING, then the
 // bounded drain (drain.go): no new work (clients told UNAVAILABLE), the
 // transports get drain_timeout to finish, what is left is abandoned and
 // logged, and the parts close (metrics endpoint and eBPF views, engine,
-// peer node, control server, RDMA, files, local transport, pool) within
+// peer node, control server, store, RDMA, files, local transport, pool) within
 // drain_timeout plus a small grace, whatever a transport does.
 type Daemon struct {
 	cfg    Config
@@ -44,9 +45,10 @@ type Daemon struct {
 	reg    *xfer.Registry
 	local  *xfer.Local
 	files  *fileTier
-	dir    *etcd.Dir  // nil with the embedded directory
-	peers  *peerPlane // nil without peer_listen
-	rdma   *rdmaPlane // nil without a peer plane or a usable RDMA device
+	store  *store.Store // nil with store = off
+	dir    *etcd.Dir    // nil with the embedded directory
+	peers  *peerPlane   // nil without peer_listen
+	rdma   *rdmaPlane   // nil without a peer plane or a usable RDMA device
 	engine *xfer.Engine
 	server *control.Server
 
@@ -105,6 +107,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		}
 	}
 	d.engine = xfer.NewEngine(xfer.Config{ErrorCode: d.errorCode}, rt, log.With("component", "engine"))
+	if err := d.openStore(); err != nil {
+		return nil, err
+	}
 
 	scfg := control.Config{
 		Socket:      cfg.Socket,
@@ -118,7 +123,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		Version:     Version,
 		PeerAddr:    d.PeerAddr(),
 	}
-	deps := control.Deps{Engine: d.engine, Pool: d.pool, Registry: d.reg, RDMA: rdmaReport}
+	deps := control.Deps{Engine: d.engine, Pool: d.pool, Registry: d.reg, RDMA: rdmaReport, Store: d.store}
 	if d.files != nil {
 		deps.FileOpener = d.files
 	}
@@ -235,6 +240,7 @@ func (d *Daemon) closeParts() {
 			d.log.Warn("closing engine", "err", err)
 		}
 	}
+	d.closeStore()
 	if d.rdma != nil {
 		d.rdma.close()
 	}

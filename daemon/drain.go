@@ -21,8 +21,9 @@ import (
 //  4. closes everything, in an order where each step ends the waits of the
 //     next: the engine (pending tasks canceled), the peer node (dials,
 //     handshakes and peer requests end), the control server (connections
-//     released without waiting again), the RDMA plane, the file tier, the
-//     local transport, the pool.
+//     released without waiting again, their store sessions closed), the
+//     store (its L2 operations in flight end, bounded), the RDMA plane,
+//     the file tier, the local transport, the pool.
 //
 // Step 4 runs on a goroutine of its own and gets closeGrace past
 // drain_timeout: if a part does not close by then (a device registration
@@ -170,6 +171,8 @@ func (d *Daemon) closeForShutdown(at func(string)) {
 	if err := d.server.Close(); err != nil {
 		d.log.Warn("closing control server", "err", err)
 	}
+	at("store")
+	d.closeStore()
 	if d.rdma != nil {
 		at("rdma plane")
 		d.rdma.close()

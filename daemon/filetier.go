@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -17,6 +18,8 @@ import (
 type fileTier struct {
 	t   *uring.Transport
 	log *slog.Logger
+	// storeL2 is the store's L2 file, which clients may not open ("": none).
+	storeL2 string
 }
 
 // newFileTier starts the io_uring transport. Files may be opened under
@@ -48,6 +51,9 @@ func newFileTier(cfg Config, pool *shm.Pool, log *slog.Logger) *fileTier {
 
 // OpenFile implements control.FileOpener.
 func (f *fileTier) OpenFile(id xfer.SegmentID, path string, direct bool, size uint64) (control.FileSegment, error) {
+	if f.isStoreL2(path) {
+		return nil, fmt.Errorf("%w: %s", errStoreL2, path)
+	}
 	seg, err := f.t.OpenFile(id, path, uring.FileOptions{Direct: direct, Size: size, Create: true})
 	if err != nil {
 		return nil, err
