@@ -338,3 +338,30 @@ func TestStatList(t *testing.T) {
 		t.Fatalf("list max 0: %v", err)
 	}
 }
+
+// TestL1SlabsHeldByOtherSizes: under its capacity, with every slab of the
+// pool held by other block sizes, a put of a new size evicts cold values
+// until a slab comes free, instead of answering L1 full.
+func TestL1SlabsHeldByOtherSizes(t *testing.T) {
+	// Four slabs of 256 KiB: three full of 4 KiB values, one held by an
+	// 8 KiB value.
+	e := newEnv(t, 1<<20, withCfg(func(c *Config) { c.L1Capacity = 1 << 20 }))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	small := keysN("small", 192)
+	vals := make([][]byte, len(small))
+	for i := range vals {
+		vals[i] = valueFor(small[i], 4096)
+	}
+	mustCodes(t, "fill", e.put(ss, small, vals, false), OK)
+	mustCodes(t, "8 KiB", e.put(ss, keysN("mid", 1), [][]byte{make([]byte, 8192)}, false), OK)
+	if st := e.pool.Stats(); st.FreeSlabs != 0 {
+		t.Fatalf("%d slabs free after the fill", st.FreeSlabs)
+	}
+	big := keysN("big", 1)
+	mustCodes(t, "64 KiB with no slab free", e.put(ss, big, [][]byte{valueFor(big[0], 64<<10)}, false), OK)
+	if st := e.s.Stats(); st.L1Full != 0 || st.EvictionsL1 == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	e.checkValues(big, [][]byte{valueFor(big[0], 64<<10)})
+}
