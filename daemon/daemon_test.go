@@ -32,7 +32,6 @@ func testConfig(dir string) Config {
 	// Loading eBPF programs is what TestKernelViews tests; the rest run
 	// without.
 	c.EBPF = "off"
-	c.StoreL2Size = 64 << 20
 	return c
 }
 
