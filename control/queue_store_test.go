@@ -283,7 +283,7 @@ func TestStoreQueueRefusals(t *testing.T) {
 		{"fewer keys than counted", with(func(s *queue.SQE) { s.Count = 3 }), two, tcproto.CodeINVALID_ARGUMENT},
 		{"a key running past the list", good, two[:len(two)-1], tcproto.CodeINVALID_ARGUMENT},
 		{"list outside the data area", with(func(s *queue.SQE) { s.NotifyOff, s.NotifyLen = 8190, 7 }), two, tcproto.CodeINVALID_ARGUMENT},
-		{"list longer than the data area", with(func(s *queue.SQE) { s.NotifyOff, s.NotifyLen = 0, 1 << 20 }), two, tcproto.CodeINVALID_ARGUMENT},
+		{"list longer than the data area", with(func(s *queue.SQE) { s.NotifyOff, s.NotifyLen = 0, 1<<20 }), two, tcproto.CodeINVALID_ARGUMENT},
 		{"lookup with results", with(func(s *queue.SQE) { s.Op = queue.OpStoreLookupPrefix }), two, tcproto.CodeINVALID_ARGUMENT},
 		{"lookup with the durable flag", with(func(s *queue.SQE) {
 			s.Op, s.Flags, s.Local, s.LocalOff = queue.OpStoreLookupPrefix, queue.SQEFlagDurable, 0, 0
