@@ -365,3 +365,33 @@ func TestL1SlabsHeldByOtherSizes(t *testing.T) {
 	}
 	e.checkValues(big, [][]byte{valueFor(big[0], 64<<10)})
 }
+
+// TestEvictColdestFirst: eviction takes the coldest values of the whole
+// store, not all of one shard's: after evicting a tenth of the values, the
+// newest ones are all there and those evicted are the oldest.
+func TestEvictColdestFirst(t *testing.T) {
+	e := newEnv(t, 64<<20, withCfg(func(c *Config) { c.L1Capacity = 64 << 20 }))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("lru", 1000)
+	for i := range keys {
+		mustCodes(t, "put", e.put(ss, keys[i:i+1], [][]byte{valueFor(keys[i], 4096)}, false), OK)
+	}
+	if freed := e.s.evict(100*4096, 64); freed < 100*4096 {
+		t.Fatalf("freed %d bytes", freed)
+	}
+	codes := e.exists(keys)
+	old := 0
+	for i, c := range codes {
+		switch {
+		case c == OK:
+		case i >= 900:
+			t.Fatalf("key %d of the newest hundred was evicted", i)
+		case i < 300:
+			old++
+		}
+	}
+	if gone := 1000 - e.s.Stats().Keys; gone < 100 || old < int(gone)*9/10 {
+		t.Fatalf("%d evicted, %d of them among the oldest 300", gone, old)
+	}
+}
