@@ -118,23 +118,24 @@ func (s *Store) evictL1() {
 // that cannot be written back (no L2, or its writeback gave up) leaves the
 // store. It returns the bytes freed. No shard lock may be held.
 //
-// It goes round the shards taking a few of each one's coldest entries per
-// round, then a few more, so that what it evicts is close to the coldest
-// of the whole store: emptying one shard before looking at the next would
-// evict a value just put there while older ones stay elsewhere.
+// What it takes from each shard is in proportion to the shard's list: the
+// coldest 1/64 of every shard, then the next 1/32, and so on, so that what
+// goes is close to the coldest of the whole store (keys hash evenly over
+// the shards, so a shard's coldest entries are as old as its list is
+// long). Taking the coldest entry of every shard alike would evict a
+// value just put into a shard that holds few while older ones stay in
+// others.
 func (s *Store) evict(need uint64, scan int) uint64 {
 	var freed uint64
 	n := uint32(len(s.shards))
 	start := s.evictFrom.Add(1)
-	for depth := evictStep; freed < need; depth *= 2 {
-		depth = min(depth, scan)
-		looked := false
+	for frac := 64; frac >= 1 && freed < need; frac /= 2 {
 		for k := uint32(0); k < n && freed < need; k++ {
 			sh := &s.shards[(start+k)&(n-1)]
 			sh.mu.Lock()
+			quota := min(int(sh.lru.n)/frac, scan)
 			idx := sh.lru.tail
-			for c := 0; c < depth && idx != nilIdx && freed < need; c++ {
-				looked = true
+			for c := 0; c < quota && idx != nilIdx && freed < need; c++ {
 				e := sh.ent(idx)
 				prev := e.prev
 				freed += s.evictOne(sh, idx, e)
@@ -142,16 +143,9 @@ func (s *Store) evict(need uint64, scan int) uint64 {
 			}
 			sh.mu.Unlock()
 		}
-		if !looked || depth == scan {
-			break
-		}
 	}
 	return freed
 }
-
-// evictStep is how many of each shard's coldest entries evict looks at in
-// its first round (the next rounds look twice as deep).
-const evictStep = 8
 
 // evictOne evicts entry idx of sh if it may go and returns the pool bytes
 // that freed (0 when it stays). sh.mu is held.

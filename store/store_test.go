@@ -395,3 +395,22 @@ func TestEvictColdestFirst(t *testing.T) {
 		t.Fatalf("%d evicted, %d of them among the oldest 300", gone, old)
 	}
 }
+
+// TestEvictSparesFreshValues: a store at its capacity, with a few entries
+// per shard, takes room for each new batch from the oldest values, never
+// from the batch just put (a prefill's blocks are read right after).
+func TestEvictSparesFreshValues(t *testing.T) {
+	e := newEnv(t, 64<<20, withCfg(func(c *Config) { c.L1Capacity = 48 << 20 }))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	val := make([]byte, 256<<10-4096)
+	vals := [][]byte{val, val, val, val, val, val, val, val, val, val, val, val, val, val, val, val}
+	for round := 0; round < 400; round++ {
+		keys := keysN(fmt.Sprintf("r%d", round), 16)
+		mustCodes(t, "put", e.put(ss, keys, vals, false), OK)
+		mustCodes(t, fmt.Sprintf("round %d read back at once", round), e.exists(keys), OK)
+	}
+	if st := e.s.Stats(); st.EvictionsL1 < 16*300 || st.L1Full != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
