@@ -30,7 +30,10 @@ func (d *Daemon) openStore() error {
 		HighWatermark:    c.StoreHighWatermark,
 		LowWatermark:     c.StoreLowWatermark,
 		WritebackRetries: c.StoreWritebackRetries,
-		Log:              log,
+		// The drain bounds the whole shutdown; the store's wait for its L2
+		// operations in flight is bounded by it too.
+		CloseTimeout: time.Duration(d.cfg.DrainTimeout),
+		Log:          log,
 	}
 	if scfg.WritebackRetries == 0 {
 		scfg.WritebackRetries = -1 // the store's zero is its default; 0 here means none
