@@ -157,6 +157,12 @@ func (qs *qstore) start(e *queue.SQE) Code {
 		return tcproto.CodeOK
 	}
 	c := qs.get()
+	if c == nil {
+		// Cannot be: each call holds a completion slot and there are as
+		// many records. Refused rather than trusted.
+		buf.Release()
+		return tcproto.CodeBUSY
+	}
 	c.ud, c.op, c.n, c.res, c.buf, c.err = e.UserData, op, n, res, buf, nil
 	c.codes = slices.Grow(c.codes[:0], n)[:n]
 	c.locs = slices.Grow(c.locs[:0], n)[:n]
@@ -284,9 +290,13 @@ func (qs *qstore) end(c *storeCall) {
 }
 
 // get takes a free record (one always is: each call holds a completion
-// slot).
+// slot); nil if none.
 func (qs *qstore) get() *storeCall {
 	qs.mu.Lock()
+	if len(qs.free) == 0 {
+		qs.mu.Unlock()
+		return nil
+	}
 	i := qs.free[len(qs.free)-1]
 	qs.free = qs.free[:len(qs.free)-1]
 	qs.mu.Unlock()
