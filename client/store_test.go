@@ -127,3 +127,41 @@ func TestResultsCheck(t *testing.T) {
 		t.Errorf("unpin refused with a record missing: %v", err)
 	}
 }
+
+// FuzzResultsCheck: whatever bytes a daemon leaves in the results region
+// and whatever completion it posts, Check answers without panicking, and a
+// nil answer means every record is one the protocol allows with the
+// completion's count of OK keys.
+func FuzzResultsCheck(f *testing.F) {
+	good := make([]byte, 4*queue.StoreResultSize)
+	for i := 0; i < 4; i++ {
+		queue.PutStoreResult(good[i*queue.StoreResultSize:], uint8(i%2)*2, 4096, uint64(i)*8192)
+	}
+	f.Add(good, uint64(2), uint32(0), uint8(queue.OpStoreGet))
+	f.Add(good[:16], uint64(1), uint32(6), uint8(queue.OpStoreUnpin))
+	f.Add(make([]byte, 64), uint64(9), uint32(0), uint8(queue.OpStoreExists))
+	f.Fuzz(func(t *testing.T, mem []byte, n uint64, code uint32, op uint8) {
+		k := len(mem) / queue.StoreResultSize
+		if k == 0 {
+			return
+		}
+		r := &Results{c: &Client{poolMem: make([]byte, 1<<20)}, mem: mem[:k*queue.StoreResultSize], n: k, op: op}
+		err := r.Check(Completion{N: n, Code: wire.Code(code)})
+		if err != nil {
+			return
+		}
+		ok := uint64(0)
+		for i := 0; i < k; i++ {
+			c, _, _, zero := queue.StoreResult(r.mem[i*queue.StoreResultSize:])
+			if !zero || c > uint8(tcproto.CodeINTERNAL) {
+				t.Fatalf("record %d accepted: code %d", i, c)
+			}
+			if c == 0 {
+				ok++
+			}
+		}
+		if ok != n || code != 0 {
+			t.Fatalf("accepted %d OK records for a completion of %d (code %d)", ok, n, code)
+		}
+	})
+}
