@@ -29,7 +29,6 @@ type connStore struct {
 	keys  [][]byte
 	vals  [][]byte
 	lens  []uint64
-	sizes []uint64
 	locs  []store.Location
 	codes []store.Code
 	pos   []int

@@ -95,7 +95,7 @@ func getCmd(sock string, args []string, stdout, stderr io.Writer) error {
 
 func rmCmd(sock string, args []string, stderr io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: rm KEY...", errUsage)
+		return fmt.Errorf("%w: rm KEY [KEY ...]", errUsage)
 	}
 	c, err := dial(sock, false)
 	if err != nil {
