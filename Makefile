@@ -110,6 +110,8 @@ bench: build
 	scripts/bench-section.sh metrics-cost "Hot-path cost of the metrics (engine, local and control benchmarks before/after the meters, benchstat)" \
 	  scripts/bench-metrics-cost.sh 8 1s
 	scripts/bench-section.sh uring "io_uring transport vs fio (same file, same bs/iodepth)" scripts/bench-uring.sh /var/tmp/tcbench 3 10
+	scripts/bench-section.sh --markdown store-queue "KV block store through the queue (daemon in its own process) vs memcpy and fio" \
+	  scripts/bench-store-queue.sh 5 2s /var/tmp/tcbench-store-queue
 	scripts/bench-section.sh tcp "tcp transport vs iperf3 and a raw TCP ping-pong (loopback)" scripts/bench-tcp.sh 3 3
 	scripts/bench-section.sh clib "libtensorcast vs the Go client: queue round trip at depth 1 (NOP, 4 KiB local WRITE)" \
 	  scripts/bench-clib.sh 5 200000

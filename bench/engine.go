@@ -114,7 +114,6 @@ var unavailable = map[string]string{
 	"uring": "the uring engine is not wired into this build",
 	"tcp":   "tensorcastd does not connect to tcp peers yet (no peer configuration); a tcp job needs two connected daemons",
 	"rdma":  "tensorcastd does not connect to rdma peers yet; an rdma job needs two connected daemons on an RDMA device",
-	"store": "the store engine does not exist yet (tensorcastd has no store calls)",
 }
 
 // NewEngine makes an engine for job, or explains why it cannot.

@@ -107,6 +107,7 @@ type Job struct {
 	Target    string
 	Filename  string
 	Direct    bool
+	Durable   bool   // store: a write answers once its value is on L2
 	Verify    string // "" or "crc32c"
 	RandSeed  uint64
 	Daemon    string
@@ -246,6 +247,11 @@ func init() {
 		"direct": {flag: true, set: func(j *Job, v string) error {
 			b, err := parseBool(v)
 			j.Direct = b
+			return err
+		}},
+		"durable": {flag: true, set: func(j *Job, v string) error {
+			b, err := parseBool(v)
+			j.Durable = b
 			return err
 		}},
 		"stonewall": {flag: true, set: func(j *Job, v string) error {
@@ -585,6 +591,13 @@ func validate(j *Job) error {
 		}
 		if j.Direct && (j.BSMin%512 != 0 || j.BSMax%512 != 0) {
 			return bad("bs", fmt.Errorf("%w: direct I/O needs block sizes that are multiples of 512", ErrBadValue))
+		}
+	case "store":
+		if j.BSMin != j.BSMax {
+			return bad("bs", fmt.Errorf("%w: engine store needs one bs (a key is one block of the region)", ErrBadValue))
+		}
+		if j.Size%j.BSMax != 0 {
+			return bad("size", fmt.Errorf("%w: engine store needs a size that is a multiple of bs", ErrBadValue))
 		}
 	case "tcp", "rdma":
 		// A missing target is checked by CheckTargets: --spawn supplies one.

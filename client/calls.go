@@ -265,7 +265,7 @@ func (c *Client) Stats(opts ...CallOption) (Stats, error) {
 	}
 	return Stats{Pool: append(r.Pool[:0:0], r.Pool...), Engine: append(r.Engine[:0:0], r.Engine...),
 		Connection: append(r.Connection[:0:0], r.Connection...), Transports: append(r.Transports[:0:0], r.Transports...),
-		Connections: int(r.Connections)}, nil
+		Store: append(r.Store[:0:0], r.Store...), Connections: int(r.Connections)}, nil
 }
 
 // positional checks that a per-item answer has one result per item.

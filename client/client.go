@@ -115,6 +115,7 @@ type Stats struct {
 	Engine      []Counter
 	Connection  []Counter // this connection's holdings
 	Transports  []Counter // transports' features and counters
+	Store       []Counter // the KV block store's figures; none without a store
 	Connections int
 }
 
@@ -146,6 +147,8 @@ type Client struct {
 	closed  bool
 	buffers map[xfer.SegmentID][]byte // mappings of buffers this client created
 	queues  map[*Queue]struct{}       // queues open, released at Close
+
+	stg staging // PutBytes and GetBytes copy through it (store.go)
 }
 
 // unbounded is a hold the client cannot bound: the daemon's default.

@@ -5,6 +5,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -25,6 +26,10 @@ func codeOfExtra(err error) (Code, bool) {
 		return tcproto.CodeRESOURCE_EXHAUSTED, true
 	case errors.Is(err, xfer.ErrFault):
 		return tcproto.CodeFAILED_PRECONDITION, true
+	}
+	// The store's errors map by its own table (the protocol's codes).
+	if c := store.CodeOf(err); c != store.Internal {
+		return Code(c), true
 	}
 	return 0, false
 }

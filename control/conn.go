@@ -108,6 +108,8 @@ type conn struct {
 
 	// pview is the pool as this connection's requests resolve it.
 	pview poolView
+	// st is the connection's store session and scratch (store.go).
+	st connStore
 
 	// Owned by the serving goroutine.
 	blocks  blockSet

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -146,4 +147,8 @@ type Deps struct {
 	Catalog ExportCatalog
 	// Directory reports the directory for tcctl directory; optional.
 	Directory directory.Reporter
+	// Store is the default tenant's KV block store (without Tenants; each
+	// Tenant has its own), which the store calls and queue ops serve;
+	// optional (they then answer UNAVAILABLE). The server never closes it.
+	Store *store.Store
 }

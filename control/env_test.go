@@ -448,6 +448,9 @@ func runHelper(kind string) int {
 	if strings.HasPrefix(kind, "queue-") {
 		return runQueueHelper(kind)
 	}
+	if strings.HasPrefix(kind, "store-") {
+		return runStoreHelper(kind)
+	}
 	fmt.Println("unknown helper", kind)
 	return 2
 }

@@ -32,7 +32,9 @@ func mutating(k wire.RequestKind) bool {
 		tcproto.RequestBodyRegisterFileRequest, tcproto.RequestBodyExportSegmentRequest,
 		tcproto.RequestBodyUnexportSegmentRequest, tcproto.RequestBodyOpenRemoteRequest,
 		tcproto.RequestBodyCloseRemoteRequest, tcproto.RequestBodySubscribeRequest,
-		tcproto.RequestBodyOpenQueueRequest, tcproto.RequestBodyCloseQueueRequest:
+		tcproto.RequestBodyOpenQueueRequest, tcproto.RequestBodyCloseQueueRequest,
+		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStoreRemoveRequest, tcproto.RequestBodyStorePinRequest,
+		tcproto.RequestBodyStoreUnpinRequest, tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest:
 		return true
 	}
 	return false
@@ -44,7 +46,9 @@ func dataPath(k wire.RequestKind) bool {
 	switch k {
 	case tcproto.RequestBodySubmitRequest, tcproto.RequestBodyTransferRequestBody,
 		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
-		tcproto.RequestBodyAllocBatchRequest, tcproto.RequestBodyFreeBatchRequest:
+		tcproto.RequestBodyAllocBatchRequest, tcproto.RequestBodyFreeBatchRequest,
+		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStorePinRequest, tcproto.RequestBodyStoreUnpinRequest,
+		tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest:
 		return true
 	}
 	return false
@@ -145,6 +149,26 @@ func (c *conn) handle() ([]byte, int) {
 		fd, err = c.openQueue(b)
 	case *wire.CloseQueueRequest:
 		err = c.closeQueue(b)
+	case *wire.StorePutRequest:
+		err = c.storePut(b)
+	case *wire.StoreReadRequest:
+		err = c.storeRead(b)
+	case *wire.StoreRemoveRequest:
+		err = c.storeRemove(b)
+	case *wire.StorePinRequest:
+		err = c.storePin(b)
+	case *wire.StoreUnpinRequest:
+		err = c.storeUnpin(b)
+	case *wire.StoreReserveRequest:
+		err = c.storeReserve(b)
+	case *wire.StoreCommitRequest:
+		err = c.storeCommit(b)
+	case *wire.StoreStatRequest:
+		err = c.storeStat(b)
+	case *wire.StoreListRequest:
+		err = c.storeList(b)
+	case *wire.StoreFlushRequest:
+		err = c.storeFlush(b)
 	default:
 		err = fmt.Errorf("%w: request body %s is not served", ErrMalformed, kind)
 	}
@@ -676,6 +700,7 @@ func (c *conn) stats() {
 		{Name: "notifications_queued", Value: uint64(c.queuedNotes())},
 	}
 	r.Connection = c.queueCounters(r.Connection)
+	r.Store = c.storeCounters()
 }
 
 // release frees everything the connection holds, whatever state it is in:
@@ -692,6 +717,7 @@ func (c *conn) release() {
 	for _, q := range queues {
 		q.close()
 	}
+	c.closeStore() // its pins, leases and reservations; no queue can use it any more
 	c.releasePeers()
 	for _, g := range c.groups {
 		closeFDs(g.fds)

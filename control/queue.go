@@ -47,6 +47,7 @@ type cqueue struct {
 	pend     []xfer.StreamRequest // accepted by the checks, waiting for a stream slot
 	res      []error
 	notes    [][]byte
+	store    *qstore // the store ops' side, made at the first (queue_store.go)
 }
 
 var (
@@ -171,6 +172,10 @@ func (q *cqueue) prepare(sqes []queue.SQE) {
 			q.answers = append(q.answers, queue.CQE{UserData: e.UserData, State: uint8(xfer.StateCompleted)})
 			continue
 		}
+		if e.Op >= queue.OpStoreFirst {
+			q.storeOp(e)
+			continue
+		}
 		r, code := q.request(e, i)
 		if code != tcproto.CodeOK {
 			q.answers = append(q.answers, queue.CQE{UserData: e.UserData, Code: uint32(code), State: uint8(xfer.StateFailed)})
@@ -274,6 +279,9 @@ func (q *cqueue) close() {
 		go func() {
 			select {
 			case <-q.st.Idle():
+				if !q.storeIdle() { // store calls in flight post their CQEs first
+					return
+				}
 				if err := q.ring.Release(); err != nil {
 					q.c.log.Warn("unmapping a closed queue failed", "queue", q.id, "err", err)
 				}

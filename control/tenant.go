@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -30,6 +31,9 @@ type Tenant struct {
 	GIDs []uint32
 	// Pool is the tenant's own pool; required, one per tenant.
 	Pool Pool
+	// Store is the tenant's KV block store, over Pool; nil: none (store
+	// calls answer UNAVAILABLE).
+	Store *store.Store
 }
 
 // DefaultTenant is the tenant's name when Deps.Tenants is empty: the users
@@ -113,10 +117,10 @@ func buildTenants(cfg *Config, deps *Deps) ([]*tenant, *tenant, error) {
 		if deps.Pool == nil {
 			return nil, nil, fmt.Errorf("%w: Deps needs Pool or Tenants", ErrConfig)
 		}
-		list = []Tenant{{Name: DefaultTenant, UIDs: cfg.AllowedUIDs, GIDs: cfg.AllowedGIDs, Pool: deps.Pool}}
+		list = []Tenant{{Name: DefaultTenant, UIDs: cfg.AllowedUIDs, GIDs: cfg.AllowedGIDs, Pool: deps.Pool, Store: deps.Store}}
 	} else {
-		if deps.Pool != nil {
-			return nil, nil, fmt.Errorf("%w: Deps.Pool and Deps.Tenants both set (each tenant has its pool)", ErrConfig)
+		if deps.Pool != nil || deps.Store != nil {
+			return nil, nil, fmt.Errorf("%w: Deps.Pool or Deps.Store with Deps.Tenants (each tenant has its pool and store)", ErrConfig)
 		}
 		if len(cfg.AllowedUIDs) > 0 || len(cfg.AllowedGIDs) > 0 {
 			return nil, nil, fmt.Errorf("%w: AllowedUIDs/AllowedGIDs with Tenants: list the users in their tenants", ErrConfig)

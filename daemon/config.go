@@ -96,6 +96,8 @@ type Config struct {
 	// AccessConfig is tenants, per-uid limits and the control socket's
 	// timeouts (config_access.go).
 	AccessConfig
+	// StoreConfig is the KV block store's (config_store.go).
+	StoreConfig
 }
 
 // PeerConfig is one configured peer daemon.
@@ -130,6 +132,7 @@ func Defaults() Config {
 
 		DirectoryConfig: directoryDefaults(),
 		AccessConfig:    accessDefaults(),
+		StoreConfig:     storeDefaults(),
 	}
 }
 
@@ -184,6 +187,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.validateAccess(); err != nil {
+		return err
+	}
+	if err := c.validateStore(); err != nil {
 		return err
 	}
 	return c.validateDirectory()
@@ -354,7 +360,7 @@ func settings() []setting {
 			}
 			return nil
 		}},
-	}, append(directorySettings(), accessSettings()...)...)
+	}, append(append(directorySettings(), accessSettings()...), storeSettings()...)...)
 }
 
 // Load builds the configuration from defaults, the file named by --config

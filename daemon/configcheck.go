@@ -91,7 +91,8 @@ func decodeProblem(err error, text string) Problem {
 }
 
 // resetKey sets the field tagged toml:"key" in c to its value in d,
-// looking into the embedded key groups (DirectoryConfig, AccessConfig) too.
+// looking into the embedded key groups (DirectoryConfig, AccessConfig,
+// StoreConfig) too.
 func resetKey(c, d *Config, key string) bool {
 	return resetField(reflect.ValueOf(c).Elem(), reflect.ValueOf(d).Elem(), key)
 }
@@ -108,6 +109,9 @@ func resetField(cv, dv reflect.Value, key string) bool {
 		}
 		if f.Tag.Get("toml") == key {
 			cv.Field(i).Set(dv.Field(i))
+			return true
+		}
+		if f.Anonymous && f.Type.Kind() == reflect.Struct && resetField(cv.Field(i), dv.Field(i), key) {
 			return true
 		}
 	}

@@ -37,6 +37,11 @@ addr = "host-b:7400"
 id = "c"
 addr = "no-port"
 `, []Problem{{Key: "peers.addr", Line: 10}}},
+		{"bad store values, each found", `data_dir = "/srv/tc"
+store_l2_path = "/etc/kv.l2"
+store_l2_size = "1MiB"
+store_max_keys_per_call = 0
+`, []Problem{{Key: "store_l2_path", Line: 2}, {Key: "store_l2_size", Line: 3}, {Key: "store_max_keys_per_call", Line: 4}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/tensorcast/tensorcast/ktrace"
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -27,12 +28,12 @@ var Version = "0.1.0-dev"
 //
 // Start-up order: pool, registry, transports (the peer plane's tcp node
 // when peer_listen is set, then RDMA with the pool registered), engine,
-// control socket (inherited from systemd when socket-activated), eBPF
+// the KV block store (its L2 through the file tier), control socket (inherited from systemd when socket-activated), eBPF
 // views, metrics endpoint, then READY. Shutdown is STOPPING, then the
 // bounded drain (drain.go): no new work (clients told UNAVAILABLE), the
 // transports get drain_timeout to finish, what is left is abandoned and
 // logged, and the parts close (metrics endpoint and eBPF views, engine,
-// peer node, control server, RDMA, files, local transport, pool) within
+// peer node, control server, store, RDMA, files, local transport, pool) within
 // drain_timeout plus a small grace, whatever a transport does.
 type Daemon struct {
 	cfg    Config
@@ -43,11 +44,14 @@ type Daemon struct {
 
 	// pools are the tenants' pools, in the order of tenantList (one, the
 	// default tenant's, without [[tenants]]); names are the tenants' names.
-	pools  []*shm.Pool
-	names  []string
-	reg    *xfer.Registry
-	local  *xfer.Local
-	files  *fileTier
+	pools []*shm.Pool
+	names []string
+	reg   *xfer.Registry
+	local *xfer.Local
+	files *fileTier
+	// stores are the tenants' KV block stores, beside pools (each tenant's
+	// values live in its own pool); empty with store = off.
+	stores []*store.Store
 	dir    *etcd.Dir  // nil with the embedded directory
 	peers  *peerPlane // nil without peer_listen
 	rdma   *rdmaPlane // nil without a peer plane or a usable RDMA device
@@ -126,6 +130,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		}
 	}
 	d.engine = xfer.NewEngine(xfer.Config{ErrorCode: d.errorCode}, rt, log.With("component", "engine"))
+	if err := d.openStore(); err != nil {
+		return nil, err
+	}
 
 	scfg := control.Config{
 		Socket:      cfg.Socket,
@@ -146,11 +153,11 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}
 	deps := control.Deps{Engine: d.engine, Registry: d.reg, RDMA: rdmaReport}
 	if len(cfg.Tenants) == 0 {
-		deps.Pool = d.pools[0]
+		deps.Pool, deps.Store = d.pools[0], d.storeOf(0)
 	} else {
 		scfg.AllowedUIDs, scfg.AllowedGIDs = nil, nil
 		for i, t := range cfg.Tenants {
-			deps.Tenants = append(deps.Tenants, control.Tenant{Name: t.Name, UIDs: t.UIDs, GIDs: t.GIDs, Pool: d.pools[i]})
+			deps.Tenants = append(deps.Tenants, control.Tenant{Name: t.Name, UIDs: t.UIDs, GIDs: t.GIDs, Pool: d.pools[i], Store: d.storeOf(i)})
 		}
 	}
 	if d.files != nil {
@@ -301,6 +308,7 @@ func (d *Daemon) closeParts() {
 			d.log.Warn("closing engine", "err", err)
 		}
 	}
+	d.closeStore()
 	if d.rdma != nil {
 		d.rdma.close()
 	}

@@ -22,8 +22,9 @@ import (
 //     next: the engine (pending tasks canceled), the peer node (dials,
 //     handshakes and peer requests end), the etcd directory (the lease
 //     revoked, at most 1s), the control server (connections
-//     released without waiting again), the RDMA plane, the file tier, the
-//     local transport, the pool.
+//     released without waiting again, their store sessions closed), the
+//     store (its L2 operations in flight end, bounded), the RDMA plane,
+//     the file tier, the local transport, the pool.
 //
 // Step 4 runs on a goroutine of its own and gets closeGrace past
 // drain_timeout: if a part does not close by then (a device registration
@@ -177,6 +178,8 @@ func (d *Daemon) closeForShutdown(at func(string)) {
 	if err := d.server.Close(); err != nil {
 		d.log.Warn("closing control server", "err", err)
 	}
+	at("store")
+	d.closeStore()
 	if d.rdma != nil {
 		at("rdma plane")
 		d.rdma.close()

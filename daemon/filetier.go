@@ -23,6 +23,8 @@ type fileTier struct {
 	// tenants are, with [[tenants]], where each tenant's clients may open
 	// files (nil without: every client may open what the daemon may).
 	tenants map[string]tenantFiles
+	// storeL2 are the stores' L2 files, which clients may not open.
+	storeL2 []string
 }
 
 // tenantFiles is where one tenant's clients may open files: its own
@@ -127,6 +129,9 @@ func within(path, dir string) bool {
 
 // OpenFile implements control.FileOpener.
 func (f *fileTier) OpenFile(id xfer.SegmentID, path string, direct bool, size uint64) (control.FileSegment, error) {
+	if f.isStoreL2(path) {
+		return nil, fmt.Errorf("%w: %s", errStoreL2, path)
+	}
 	seg, err := f.t.OpenFile(id, path, uring.FileOptions{Direct: direct, Size: size, Create: true})
 	if err != nil {
 		return nil, err

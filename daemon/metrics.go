@@ -26,6 +26,7 @@ func (d *Daemon) newMetrics() error {
 		{"uring", d.collectRings},
 		{"peers", d.collectPeers},
 		{"kernel", d.collectKernel},
+		{"store", d.collectStore},
 	} {
 		if err := d.metrics.Register(s.name, s.src); err != nil {
 			return err

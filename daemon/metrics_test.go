@@ -147,7 +147,7 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 		`tensorcast_pool_size_bytes{tenant="default"}`:                             float64(cfg.PoolSize),
 		`tensorcast_pool_class_blocks{block_size="65536",tenant="default"}`:        4,
 		`tensorcast_control_tenant_clients{tenant="default"}`:                      1,
-		`tensorcast_healthy`: 1,
+		`tensorcast_healthy`:                                                       1,
 	}
 	for series, v := range want {
 		if got := sample(t, exp, series); got != v {

@@ -232,6 +232,7 @@ func TestTenantsTwoUIDs(t *testing.T) {
 	a := run(uidA, "fill=165", "file=a.bin", "other="+strconv.FormatUint(uint64(d.pools[1].ID()), 10))
 	b := run(uidB, "fill=0", "file="+filepath.Join(cfg.DataDir, "tenants", "a", "a.bin"),
 		"other="+strconv.FormatUint(uint64(d.pools[0].ID()), 10))
+
 	if a["seg"] != strconv.FormatUint(uint64(d.pools[0].ID()), 10) || a["size"] != strconv.Itoa(16<<20) {
 		t.Fatalf("tenant a mapped pool %s of %s bytes", a["seg"], a["size"])
 	}
@@ -254,6 +255,22 @@ func TestTenantsTwoUIDs(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(cfg.DataDir, "tenants", "a", "a.bin")); err != nil {
 		t.Fatalf("tenant a's file is not in its directory: %v", err)
+	}
+	// Each tenant has its own store over its own pool: b does not see the
+	// key a put, and b's value under the same key is b's alone.
+	if len(d.stores) != 2 {
+		t.Fatalf("%d stores for 2 tenants", len(d.stores))
+	}
+	a = run(uidA, "store_only=1", "put=from-a")
+	b = run(uidB, "store_only=1")
+	if a["put"] != "OK" || a["get"] != "from-a" || b["get"] != "NOT_FOUND" {
+		t.Fatalf("tenant a put %s and reads %q; tenant b reads %q, want NOT_FOUND", a["put"], a["get"], b["get"])
+	}
+	if b = run(uidB, "store_only=1", "put=from-b"); b["get"] != "from-b" {
+		t.Fatalf("tenant b reads %q under its own key", b["get"])
+	}
+	if a = run(uidA, "store_only=1"); a["get"] != "from-a" {
+		t.Fatalf("tenant a reads %q after b put under the same key, want its own from-a", a["get"])
 	}
 
 	c, err := client.Dial(cfg.Socket, client.Options{Name: "root", NoPool: true})
@@ -323,6 +340,21 @@ func runHelper(kind string) int {
 		return 2
 	}
 	defer c.Close()
+	// The store first (before the pool is filled): the tenant's own. Put
+	// TC_ARGS put= under "shared/key" if given, then say what it holds for
+	// this tenant.
+	if v := args["put"]; v != "" {
+		fmt.Println("put", code(c.PutBytes([]byte("shared/key"), []byte(v), false)))
+	}
+	if got, err := c.GetBytes([]byte("shared/key")); err == nil {
+		fmt.Println("get", string(got))
+	} else {
+		fmt.Println("get", code(err))
+	}
+	if args["store_only"] != "" {
+		fmt.Println("done ok")
+		return 0
+	}
 	info, _ := c.Pool()
 	fmt.Println("seg", info.Segment)
 	fmt.Println("size", info.Size)

@@ -134,6 +134,33 @@ func (q *ClientRing) Stage(e *SQE, payload []byte) (bool, error) {
 	return true, nil
 }
 
+// StageData writes e into the next free slot without publishing it, with
+// n contiguous bytes of the data area reserved for it (e.NotifyOff,
+// e.NotifyLen; e's flags are left as they are), and returns those bytes
+// for the caller to fill before Submit: a store op's key list is written
+// straight into the shared memory. It reports false when the ring has no
+// free slot, and ErrDataFull when the data area has no room for n bytes
+// yet.
+func (q *ClientRing) StageData(e *SQE, n int) ([]byte, bool, error) {
+	if q.Space() == 0 {
+		return nil, false, nil
+	}
+	off, ok := q.place(n)
+	if !ok {
+		q.refreshHead()
+		if off, ok = q.place(n); !ok {
+			return nil, false, fmt.Errorf("%w: %d bytes", ErrDataFull, n)
+		}
+	}
+	e.NotifyOff, e.NotifyLen = off, uint32(n)
+	slot := int(q.g.SQOff) + int(q.sqTail&q.sqMask)*SQESize
+	e.put(q.mem[slot : slot+SQESize])
+	q.slotData[q.sqTail&q.sqMask] = q.dataTail
+	q.sqTail++
+	base := int(q.g.DataOff) + int(off)
+	return q.mem[base : base+n : base+n], true, nil
+}
+
 // place reserves n contiguous bytes of the data area at dataTail, skipping
 // to the start when they would not fit before its end.
 func (q *ClientRing) place(n int) (uint32, bool) {

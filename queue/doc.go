@@ -40,8 +40,8 @@
 //
 // # Entries
 //
-// An SQE (64 bytes): u8 op, u8 flags, u16 reserved, u32 timeout in
-// microseconds (0: the queue's default), u64 user_data, u64 local segment,
+// An SQE (64 bytes): u8 op, u8 flags, u16 count (store ops; 0 otherwise),
+// u32 timeout in microseconds (0: the queue's default), u64 user_data, u64 local segment,
 // u64 local offset, u64 target segment, u64 target offset, u64 length,
 // u32 notification offset and u32 notification length in the data area
 // (with SQEFlagNotify). A CQE (32 bytes): u64 user_data, u64 result (bytes
@@ -53,6 +53,61 @@
 // an entry the client may reuse it and the data it referenced. Every SQE the
 // daemon takes yields exactly one CQE, in no particular order: user_data
 // says which.
+//
+// # Store calls
+//
+// Ops from 16 on (OpStoreFirst) are calls of the KV block store. Their keys
+// travel in the data area, their per-key results come back in a region of a
+// client buffer the SQE names, so that the client owns the results'
+// lifetime:
+//
+//	op          16 GET, 17 RESERVE, 18 COMMIT, 19 EXISTS, 20 LOOKUP_PREFIX, 21 UNPIN
+//	flags       SQEFlagDurable (0x2) on COMMIT, SQEFlagPin (0x4) on
+//	            LOOKUP_PREFIX; no other bit
+//	count       the number of keys, 1..65535 (the daemon's
+//	            store_max_keys_per_call bounds it further)
+//	timeout     ignored: a store call has no deadline
+//	local       the results region's segment: a client buffer of the
+//	            connection (0 for LOOKUP_PREFIX, which has no region)
+//	local_off   its offset in that buffer, a multiple of 8; count * 16 bytes
+//	            from there must lie inside the buffer, checked as a
+//	            transfer's local side is
+//	target, target_off  0
+//	length      RESERVE: the size of every key's value; 0 otherwise
+//	notify_off, notify_len  the key list in the data area: count keys,
+//	            each a u16 little-endian length and then its bytes,
+//	            nothing between keys and nothing after the last
+//
+// The daemon copies the key list out of the data area before it parses,
+// validates or uses a byte of it, and the store copies what it keeps: a key
+// the client rewrites while the call runs changes nothing the daemon does.
+//
+// The results region holds one 16-byte record per key, positionally:
+//
+//	0   u8   code (the control protocol's status codes)
+//	1   u8×3 zero
+//	4   u32  GET: the value's length; RESERVE: the size reserved; else 0
+//	8   u64  GET, RESERVE: the value's offset in the pool; else 0
+//
+// The daemon writes every record before it posts the CQE (for a durable
+// COMMIT or a GET that promotes from L2, once the store's asynchronous
+// completion came; the worker never waits for the device), and never reads
+// them. A client fills each record's code with StoreUnwritten (0xff)
+// before it submits: a record that still holds it, or whose zero bytes are
+// not zero, is a short answer, and so is a count of OK records other than
+// the CQE's result; the whole call then failed.
+//
+// The CQE's code is the whole call's: OK when the call ran (each key's code
+// says what happened to it); FAILED_PRECONDITION when an all-or-nothing
+// UNPIN was refused (its records say which keys refused it, the others
+// carry FAILED_PRECONDITION: nothing changed); another code when the call
+// failed as a whole (the records, when the region was valid, all carry
+// it), or when the SQE itself was refused (a bad op, flag, count, region
+// or key list: nothing is written). Its result is the number of keys whose
+// code is OK, or for LOOKUP_PREFIX the length of the prefix found (and,
+// with SQEFlagPin, pinned). Its state is COMPLETED with OK, else FAILED.
+// Pins a GET or LOOKUP_PREFIX took belong to the connection and go with
+// it; UNPIN releases them one by one.
 //
 // # Wake-ups
 //

@@ -15,20 +15,79 @@ const (
 	OpNop uint8 = 3
 )
 
+// Store ops: calls of the KV block store with their keys in the data area
+// and their per-key results in a client buffer (see the package doc, "Store
+// calls"). Every op from OpStoreFirst on is the store's.
+const (
+	OpStoreFirst uint8 = 16
+	// OpStoreGet pins each key for the connection and returns where its
+	// value lies in the pool (promoting a value only on L2 first).
+	OpStoreGet uint8 = 16
+	// OpStoreReserve reserves a pool block of Length bytes for each key,
+	// to be written in place and committed.
+	OpStoreReserve uint8 = 17
+	// OpStoreCommit makes reserved keys visible; with SQEFlagDurable once
+	// each value is on L2.
+	OpStoreCommit uint8 = 18
+	// OpStoreExists says which keys are stored; it renews nothing.
+	OpStoreExists uint8 = 19
+	// OpStoreLookupPrefix counts the leading keys that are stored; with
+	// SQEFlagPin it pins them for the connection in the same call. It has
+	// no results region: the CQE's result is the count.
+	OpStoreLookupPrefix uint8 = 20
+	// OpStoreUnpin drops one pin of the connection from every key, or from
+	// none: the release of a Get or a pinned LookupPrefix.
+	OpStoreUnpin uint8 = 21
+	OpStoreLast  uint8 = 21
+)
+
 // SQE flags.
 const (
 	// SQEFlagNotify: the WRITE carries a notification, NotifyLen bytes at
 	// NotifyOff in the data area.
 	SQEFlagNotify uint8 = 1 << 0
 
-	sqeFlagsKnown = SQEFlagNotify
+	// SQEFlagDurable: an OpStoreCommit completes once each value is on L2.
+	SQEFlagDurable uint8 = 1 << 1
+	// SQEFlagPin: an OpStoreLookupPrefix pins the prefix it found.
+	SQEFlagPin uint8 = 1 << 2
+
+	sqeFlagsKnown = SQEFlagNotify | SQEFlagDurable | SQEFlagPin
 )
+
+// StoreResultSize is the size of one key's record in a store op's results
+// region (see the package doc).
+const StoreResultSize = 16
+
+// StoreUnwritten is the code a client writes into every record before it
+// submits a store op: a record that still holds it after the completion was
+// never written, a short answer.
+const StoreUnwritten uint8 = 0xff
+
+// PutStoreResult writes one key's record at b[:StoreResultSize]: its code,
+// and for OpStoreGet and OpStoreReserve the value's length and offset in
+// the pool.
+func PutStoreResult(b []byte, code uint8, length uint32, offset uint64) {
+	_ = b[StoreResultSize-1]
+	b[0], b[1], b[2], b[3] = code, 0, 0, 0
+	binary.LittleEndian.PutUint32(b[4:], length)
+	binary.LittleEndian.PutUint64(b[8:], offset)
+}
+
+// StoreResult reads one key's record at b[:StoreResultSize]; ok is false
+// when its reserved bytes are not zero (not a record the daemon wrote).
+func StoreResult(b []byte) (code uint8, length uint32, offset uint64, ok bool) {
+	_ = b[StoreResultSize-1]
+	le := binary.LittleEndian
+	return b[0], le.Uint32(b[4:]), le.Uint64(b[8:]), b[1]|b[2]|b[3] == 0
+}
 
 // SQE is one submission entry as both sides see it in Go. Its wire form is
 // 64 bytes (see the package doc).
 type SQE struct {
 	Op        uint8
 	Flags     uint8
+	Count     uint16 // store ops: the number of keys
 	TimeoutUS uint32 // 0: the queue's default
 	UserData  uint64
 	Local     uint64 // segment id
@@ -36,6 +95,8 @@ type SQE struct {
 	Target    uint64 // segment id
 	TargetOff uint64
 	Length    uint64
+	// NotifyOff and NotifyLen are a range of the data area: a WRITE's
+	// notification (SQEFlagNotify), a store op's key list.
 	NotifyOff uint32
 	NotifyLen uint32
 }
@@ -53,7 +114,8 @@ type CQE struct {
 func (e *SQE) put(b []byte) {
 	_ = b[SQESize-1]
 	le := binary.LittleEndian
-	b[0], b[1], b[2], b[3] = e.Op, e.Flags, 0, 0
+	b[0], b[1] = e.Op, e.Flags
+	le.PutUint16(b[2:], e.Count)
 	le.PutUint32(b[4:], e.TimeoutUS)
 	le.PutUint64(b[8:], e.UserData)
 	le.PutUint64(b[16:], e.Local)
@@ -82,6 +144,7 @@ func copySQE(raw *[SQESize]byte, b []byte) {
 func DecodeSQE(raw *[SQESize]byte, e *SQE) {
 	le := binary.LittleEndian
 	e.Op, e.Flags = raw[0], raw[1]
+	e.Count = le.Uint16(raw[2:])
 	e.TimeoutUS = le.Uint32(raw[4:])
 	e.UserData = le.Uint64(raw[8:])
 	e.Local = le.Uint64(raw[16:])

@@ -499,3 +499,46 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/roundtrip")
 }
+
+// TestStoreEntry stages a store op with its key list written straight into
+// the data area: its count and flags reach the daemon, the data range is
+// the one filled, and a results record reads back as written.
+func TestStoreEntry(t *testing.T) {
+	d, c := pair(t, 4, 0, 4096)
+	e := SQE{Op: OpStoreCommit, Flags: SQEFlagDurable, Count: 513, UserData: 9, Local: 4, LocalOff: 64}
+	data, ok, err := c.StageData(&e, 10)
+	if !ok || err != nil || len(data) != 10 {
+		t.Fatalf("stage: %d bytes %v %v", len(data), ok, err)
+	}
+	copy(data, "keys-bytes")
+	c.Submit()
+	var got [4]SQE
+	if n := d.Take(got[:]); n != 1 {
+		t.Fatalf("took %d", n)
+	}
+	want := e
+	if got[0] != want || got[0].Count != 513 || got[0].NotifyLen != 10 {
+		t.Fatalf("entry %+v, want %+v", got[0], want)
+	}
+	buf := make([]byte, 10)
+	if !d.Data(buf, got[0].NotifyOff, got[0].NotifyLen) || string(buf) != "keys-bytes" {
+		t.Fatalf("key list %q", buf)
+	}
+	d.Publish()
+	d.Post(&CQE{UserData: 9})
+	// The data area is reused once the entry was taken; more than it holds
+	// is ErrDataFull.
+	if _, _, err := c.StageData(&SQE{Op: OpStoreGet}, 8192); !errors.Is(err, ErrDataFull) {
+		t.Fatalf("8 KiB in a 4 KiB area: %v", err)
+	}
+
+	rec := make([]byte, StoreResultSize)
+	PutStoreResult(rec, 4, 1<<20, 1<<33)
+	if code, l, off, ok := StoreResult(rec); code != 4 || l != 1<<20 || off != 1<<33 || !ok {
+		t.Fatalf("record %d %d %d %v", code, l, off, ok)
+	}
+	rec[2] = 1
+	if _, _, _, ok := StoreResult(rec); ok {
+		t.Fatal("a record with a reserved byte set read as written")
+	}
+}

@@ -25,6 +25,9 @@ func (sh *shard) info(e *entry) KeyInfo {
 	}
 }
 
+// MaxKeysPerCall is the most keys one call may carry (Config.MaxKeysPerCall).
+func (s *Store) MaxKeysPerCall() int { return s.cfg.MaxKeysPerCall }
+
 // Stat describes a stored key (ErrNotFound when it is not). Like Exists, it
 // changes nothing.
 func (s *Store) Stat(key []byte) (KeyInfo, error) {
@@ -50,6 +53,12 @@ func (s *Store) Stat(key []byte) (KeyInfo, error) {
 // index one shard at a time, for operators; it is not a hot call and it
 // allocates. max is at most 100000.
 func (s *Store) List(prefix []byte, max int) ([]KeyInfo, bool, error) {
+	return s.ListAfter(prefix, nil, max)
+}
+
+// ListAfter is List of the keys that sort after after (all of them for an
+// empty after): a listing longer than one answer goes on from its last key.
+func (s *Store) ListAfter(prefix, after []byte, max int) ([]KeyInfo, bool, error) {
 	if max < 1 || max > 100000 {
 		return nil, false, fmt.Errorf("%w: max %d (want 1..100000)", ErrBadCall, max)
 	}
@@ -64,7 +73,8 @@ func (s *Store) List(prefix []byte, max int) ([]KeyInfo, bool, error) {
 		sh.mu.Lock()
 		for idx := uint32(0); idx < sh.nents; idx++ {
 			e := sh.ent(idx)
-			if e.state != stReady || !bytes.HasPrefix(sh.keyOf(e), prefix) {
+			if e.state != stReady || !bytes.HasPrefix(sh.keyOf(e), prefix) ||
+				len(after) > 0 && bytes.Compare(sh.keyOf(e), after) <= 0 {
 				continue
 			}
 			out = append(out, sh.info(e))

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // events wakes goroutines waiting for the store's background work (Flush,
@@ -55,7 +57,8 @@ func (ev *events) waitUntil(cond func() bool, timeout time.Duration) bool {
 
 // Flush writes back every value that is in L1 only and waits until none is
 // owed a writeback any more (each is on L2, or has become a tombstone), at
-// most timeout. Writebacks waiting for a retry delay wait for it.
+// most timeout (then an error matching xfer.ErrTimeout). Writebacks
+// waiting for a retry delay wait for it.
 func (s *Store) Flush(timeout time.Duration) error {
 	if !s.enter() {
 		return ErrClosed
@@ -66,7 +69,7 @@ func (s *Store) Flush(timeout time.Duration) error {
 	}
 	s.kick()
 	if !s.ev.waitUntil(func() bool { return s.c.dirtyOwed.Load() == 0 }, timeout) {
-		return fmt.Errorf("store: flush: %d values still owed a writeback after %v", s.c.dirtyOwed.Load(), timeout)
+		return fmt.Errorf("store: flush: %w: %d values still owed a writeback after %v", xfer.ErrTimeout, s.c.dirtyOwed.Load(), timeout)
 	}
 	return nil
 }

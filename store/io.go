@@ -199,7 +199,7 @@ func newTier2(s *Store, l2 *L2) (*tier2, error) {
 	}
 	t.g.align = align
 	stage, err := shm.NewPool(shm.PoolConfig{ID: cfg.StagingID, Size: uint64(n+1) * align, Hugepages: shm.HugepagesOff,
-		MinBlock: 1 << 20, MaxBlock: 1 << 20}, s.log.With("component", "store-staging"))
+		MinBlock: 1 << 20, MaxBlock: 1 << 20}, s.log.With("part", "staging"))
 	if err != nil {
 		cfg.File.Release()
 		return nil, fmt.Errorf("store: L2 staging memory: %w", err)

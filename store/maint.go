@@ -117,48 +117,68 @@ func (s *Store) evictL1() {
 // unpinned with no I/O in flight; a clean one (on L2) leaves L1 only, one
 // that cannot be written back (no L2, or its writeback gave up) leaves the
 // store. It returns the bytes freed. No shard lock may be held.
+//
+// What it takes from each shard is in proportion to the shard's list: the
+// coldest 1/64 of every shard, then the next 1/32, and so on, so that what
+// goes is close to the coldest of the whole store (keys hash evenly over
+// the shards, so a shard's coldest entries are as old as its list is
+// long). Taking the coldest entry of every shard alike would evict a
+// value just put into a shard that holds few while older ones stay in
+// others.
 func (s *Store) evict(need uint64, scan int) uint64 {
 	var freed uint64
 	n := uint32(len(s.shards))
 	start := s.evictFrom.Add(1)
-	for k := uint32(0); k < n && freed < need; k++ {
-		sh := &s.shards[(start+k)&(n-1)]
-		sh.mu.Lock()
-		idx := sh.lru.tail
-		for c := 0; c < scan && idx != nilIdx && freed < need; c++ {
-			e := sh.ent(idx)
-			prev := e.prev
-			if e.pins == 0 && e.io == 0 && e.flags&fWB == 0 {
-				switch {
-				case e.flags&fL2 != 0:
-					if err := s.freeBlock(e.l1, e.size); err != nil {
-						s.log.Error("store: evict", "err", err)
-					}
-					e.flags &^= fL1
-					sh.lruDel(idx)
-					s.c.l1Keys.Add(^uint64(0))
-					s.c.evictL1.Add(1)
-					freed += s.blockBytes(uint64(e.size))
-				case s.l2 == nil || e.flags&fTomb != 0:
-					if e.flags&fTomb != 0 {
-						s.c.droppedUnwritten.Add(1)
-					}
-					if err := s.freeBlock(e.l1, e.size); err != nil {
-						s.log.Error("store: evict", "err", err)
-					}
-					freed += s.blockBytes(uint64(e.size))
-					sh.unlistAll(idx)
-					sh.remove(idx)
-					s.c.keys.Add(^uint64(0))
-					s.c.l1Keys.Add(^uint64(0))
-					s.c.evictL1.Add(1)
-				}
+	for frac := 64; frac >= 1 && freed < need; frac /= 2 {
+		for k := uint32(0); k < n && freed < need; k++ {
+			sh := &s.shards[(start+k)&(n-1)]
+			sh.mu.Lock()
+			quota := min(int(sh.lru.n)/frac, scan)
+			idx := sh.lru.tail
+			for c := 0; c < quota && idx != nilIdx && freed < need; c++ {
+				e := sh.ent(idx)
+				prev := e.prev
+				freed += s.evictOne(sh, idx, e)
+				idx = prev
 			}
-			idx = prev
+			sh.mu.Unlock()
 		}
-		sh.mu.Unlock()
 	}
 	return freed
+}
+
+// evictOne evicts entry idx of sh if it may go and returns the pool bytes
+// that freed (0 when it stays). sh.mu is held.
+func (s *Store) evictOne(sh *shard, idx uint32, e *entry) uint64 {
+	if e.pins != 0 || e.io != 0 || e.flags&fWB != 0 {
+		return 0
+	}
+	switch {
+	case e.flags&fL2 != 0:
+		if err := s.freeBlock(e.l1, e.size); err != nil {
+			s.log.Error("store: evict", "err", err)
+		}
+		e.flags &^= fL1
+		sh.lruDel(idx)
+		s.c.l1Keys.Add(^uint64(0))
+		s.c.evictL1.Add(1)
+		return s.blockBytes(uint64(e.size))
+	case s.l2 == nil || e.flags&fTomb != 0:
+		if e.flags&fTomb != 0 {
+			s.c.droppedUnwritten.Add(1)
+		}
+		if err := s.freeBlock(e.l1, e.size); err != nil {
+			s.log.Error("store: evict", "err", err)
+		}
+		freed := s.blockBytes(uint64(e.size))
+		sh.unlistAll(idx)
+		sh.remove(idx)
+		s.c.keys.Add(^uint64(0))
+		s.c.l1Keys.Add(^uint64(0))
+		s.c.evictL1.Add(1)
+		return freed
+	}
+	return 0
 }
 
 // evictL2 frees L2 slots: by LRU when usage is over the high watermark,

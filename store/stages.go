@@ -227,7 +227,6 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 			delete(ss.resv, it.r)
 		}
 	} else {
-		s.c.durableFail.Add(1)
 		if it.commit && e.flags&fAbandon == 0 {
 			e.state = stReserved // the reservation, exactly as before the commit
 		} else {
@@ -243,6 +242,9 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 	cl, pos, err := it.cl, it.pos, it.err
 	if !ok {
 		err = joinFree(err, ferr)
+		// Counted, and said in the log (rate-limited): a full or failing
+		// device shows there as well as in the key's code.
+		s.rare(&s.c.durableFail, "store: a durable put failed; the key is as before the call", "err", err)
 	}
 	t.freeTask(it)
 	cl.result(pos, err)

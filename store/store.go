@@ -287,6 +287,7 @@ func (s *Store) blockBytes(size uint64) uint64 {
 func (s *Store) allocBlock(size uint64) (uint64, error) {
 	bs := s.blockBytes(size)
 	for try := 0; ; try++ {
+		exhausted := false
 		if s.l1Bytes.Load()+bs <= s.cfg.L1Capacity {
 			off, err := s.pool.Alloc(s.allocSize(size))
 			if err == nil {
@@ -298,13 +299,22 @@ func (s *Store) allocBlock(size uint64) (uint64, error) {
 			if !errors.Is(err, shm.ErrPoolExhausted) {
 				return 0, err
 			}
+			exhausted = true
 		}
-		if try == 1 {
+		// At its capacity the store makes room for the block; under it,
+		// with the pool exhausted, the pool's slabs are held by other
+		// block sizes: evict up to a few slabs' worth (cold first), so
+		// that a slab comes free for this size.
+		if try == 1 && !exhausted || try == 3 {
 			s.kick()
 			s.c.l1Full.Add(1)
 			return 0, ErrL1Full
 		}
-		s.evict(2*bs, 64)
+		need, scan := 2*bs, 64
+		if exhausted {
+			need, scan = max(need, s.maxBlock<<try), 64<<try
+		}
+		s.evict(need, scan)
 	}
 }
 

@@ -308,8 +308,10 @@ func TestStatList(t *testing.T) {
 	if err != nil || in.Size != 103 || !in.InL1 || !in.InL2 || in.Pins != 1 || in.Dirty {
 		t.Fatalf("stat durable: %+v %v", in, err)
 	}
+	// A plain put is in L1, dirty until the background writeback (which may
+	// already have run) puts it on L2 too.
 	in, err = e.s.Stat(keys[25])
-	if err != nil || in.InL2 || !in.Dirty {
+	if err != nil || !in.InL1 || in.Dirty == in.InL2 {
 		t.Fatalf("stat plain: %+v %v", in, err)
 	}
 	if _, err := e.s.Stat([]byte("absent")); !errors.Is(err, ErrNotFound) {
@@ -327,7 +329,88 @@ func TestStatList(t *testing.T) {
 	if all, more, _ := e.s.List(nil, 1000); len(all) != 33 || more {
 		t.Fatalf("list all: %d, more %v", len(all), more)
 	}
+	// Paging on from the last key of an answer: the rest, in order.
+	rest, more, err := e.s.ListAfter([]byte("ls-"), got[len(got)-1].Key, 25)
+	if err != nil || more || len(rest) != 5 || !bytes.Equal(rest[0].Key, keys[25]) || !bytes.Equal(rest[4].Key, keys[29]) {
+		t.Fatalf("list after %s: %d keys, more %v, %v", got[len(got)-1].Key, len(rest), more, err)
+	}
 	if _, _, err := e.s.List(nil, 0); !errors.Is(err, ErrBadCall) {
 		t.Fatalf("list max 0: %v", err)
+	}
+}
+
+// TestL1SlabsHeldByOtherSizes: under its capacity, with every slab of the
+// pool held by other block sizes, a put of a new size evicts cold values
+// until a slab comes free, instead of answering L1 full.
+func TestL1SlabsHeldByOtherSizes(t *testing.T) {
+	// Four slabs of 256 KiB: three full of 4 KiB values, one held by an
+	// 8 KiB value.
+	e := newEnv(t, 1<<20, withCfg(func(c *Config) { c.L1Capacity = 1 << 20 }))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	small := keysN("small", 192)
+	vals := make([][]byte, len(small))
+	for i := range vals {
+		vals[i] = valueFor(small[i], 4096)
+	}
+	mustCodes(t, "fill", e.put(ss, small, vals, false), OK)
+	mustCodes(t, "8 KiB", e.put(ss, keysN("mid", 1), [][]byte{make([]byte, 8192)}, false), OK)
+	if st := e.pool.Stats(); st.FreeSlabs != 0 {
+		t.Fatalf("%d slabs free after the fill", st.FreeSlabs)
+	}
+	big := keysN("big", 1)
+	mustCodes(t, "64 KiB with no slab free", e.put(ss, big, [][]byte{valueFor(big[0], 64<<10)}, false), OK)
+	if st := e.s.Stats(); st.L1Full != 0 || st.EvictionsL1 == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	e.checkValues(big, [][]byte{valueFor(big[0], 64<<10)})
+}
+
+// TestEvictColdestFirst: eviction takes the coldest values of the whole
+// store, not all of one shard's: after evicting a tenth of the values, the
+// newest ones are all there and those evicted are the oldest.
+func TestEvictColdestFirst(t *testing.T) {
+	e := newEnv(t, 64<<20, withCfg(func(c *Config) { c.L1Capacity = 64 << 20 }))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("lru", 1000)
+	for i := range keys {
+		mustCodes(t, "put", e.put(ss, keys[i:i+1], [][]byte{valueFor(keys[i], 4096)}, false), OK)
+	}
+	if freed := e.s.evict(100*4096, 64); freed < 100*4096 {
+		t.Fatalf("freed %d bytes", freed)
+	}
+	codes := e.exists(keys)
+	old := 0
+	for i, c := range codes {
+		switch {
+		case c == OK:
+		case i >= 900:
+			t.Fatalf("key %d of the newest hundred was evicted", i)
+		case i < 300:
+			old++
+		}
+	}
+	if gone := 1000 - e.s.Stats().Keys; gone < 100 || old < int(gone)*9/10 {
+		t.Fatalf("%d evicted, %d of them among the oldest 300", gone, old)
+	}
+}
+
+// TestEvictSparesFreshValues: a store at its capacity, with a few entries
+// per shard, takes room for each new batch from the oldest values, never
+// from the batch just put (a prefill's blocks are read right after).
+func TestEvictSparesFreshValues(t *testing.T) {
+	e := newEnv(t, 64<<20, withCfg(func(c *Config) { c.L1Capacity = 48 << 20 }))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	val := make([]byte, 256<<10-4096)
+	vals := [][]byte{val, val, val, val, val, val, val, val, val, val, val, val, val, val, val, val}
+	for round := 0; round < 400; round++ {
+		keys := keysN(fmt.Sprintf("r%d", round), 16)
+		mustCodes(t, "put", e.put(ss, keys, vals, false), OK)
+		mustCodes(t, fmt.Sprintf("round %d read back at once", round), e.exists(keys), OK)
+	}
+	if st := e.s.Stats(); st.EvictionsL1 < 16*300 || st.L1Full != 0 {
+		t.Fatalf("stats %+v", st)
 	}
 }

@@ -11,7 +11,7 @@
 // Each body is a Go struct named after its table in the schema
 // (PingRequest, OpenQueueResponse, RDMAResponse for RdmaResponse), in the file of its call
 // (session.go, segments.go, batch.go, peers.go, rdma.go, queue.go,
-// directory.go). Beside
+// directory.go, store.go). Beside
 // it are its Kind (the union tag) and its fields method, which lists each
 // field once with its slot and its limit; the one list both encodes and
 // decodes it (fields.go). A call is registered by one line in registry.go.

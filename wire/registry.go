@@ -20,6 +20,11 @@ var requests, responses = register(
 	call[RDMARequest, RDMAResponse],
 	call[OpenQueueRequest, OpenQueueResponse], call[CloseQueueRequest, CloseQueueResponse],
 	call[DirectoryRequest, DirectoryResponse],
+	call[StorePutRequest, StorePutResponse], call[StoreReadRequest, StoreReadResponse],
+	call[StoreRemoveRequest, StoreRemoveResponse], call[StorePinRequest, StorePinResponse],
+	call[StoreUnpinRequest, StoreUnpinResponse], call[StoreReserveRequest, StoreReserveResponse],
+	call[StoreCommitRequest, StoreCommitResponse], call[StoreStatRequest, StoreStatResponse],
+	call[StoreListRequest, StoreListResponse], call[StoreFlushRequest, StoreFlushResponse],
 )
 
 // maker makes the empty messages of one call.

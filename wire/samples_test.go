@@ -1,6 +1,8 @@
 package wire
 
 import (
+	"bytes"
+
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -51,8 +53,25 @@ func sampleRequests() []Request {
 		with(&OpenQueueRequest{SQEntries: 256, CQEntries: 512, DataSize: 1 << 20}),
 		with(&CloseQueueRequest{Queue: 1<<40 | 3}),
 		with(&DirectoryRequest{}),
+		with(&StorePutRequest{Keys: sampleKeys, Values: sampleExtents, Durable: true}),
+		with(&StoreReadRequest{Keys: sampleKeys, Dests: sampleExtents}),
+		with(&StoreRemoveRequest{Keys: sampleKeys}),
+		with(&StorePinRequest{Keys: sampleKeys, TTLMS: 30000}),
+		with(&StoreUnpinRequest{Keys: sampleKeys}),
+		with(&StoreReserveRequest{Keys: sampleKeys, Sizes: []uint64{4096, 1 << 20, 7}}),
+		with(&StoreCommitRequest{Keys: sampleKeys, Durable: true}),
+		with(&StoreStatRequest{Key: []byte("blk/7")}),
+		with(&StoreListRequest{Prefix: []byte("blk/"), After: []byte("blk/3"), Max: 100}),
+		with(&StoreFlushRequest{TimeoutMS: 5000}),
+		with(&StoreRemoveRequest{Keys: [][]byte{{}, []byte("x")}}),
 	}
 }
+
+// sampleKeys are a store call's keys: an ordinary one, a 256-byte one and
+// one of binary bytes.
+var sampleKeys = [][]byte{[]byte("model-a/blk/00ff"), bytes.Repeat([]byte("k"), 256), {0, 1, 2, 0xff}}
+
+var sampleExtents = []Extent{{Segment: 5, Offset: 0, Length: 4096}, {Segment: 1, Offset: 1 << 30, Length: 1 << 20}, {Segment: 5, Offset: 8, Length: 7}}
 
 func sampleSummary() Summary {
 	return Summary{Total: 9, Waiting: 1, Pending: 2, Completed: 3, Failed: 1, Timeout: 1, Canceled: 1, Transferred: 1 << 33}
@@ -128,5 +147,18 @@ func sampleResponses() []Response {
 		{RequestID: 31, Body: sampleDirectory()},
 		{RequestID: 32, Body: &DirectoryResponse{Backend: "embedded", State: "static", Self: "d1",
 			Members: []DirectoryMember{{ID: "d1", Self: true}, {ID: "d2", Addr: "10.0.0.2:7400"}}, MembersTotal: 2}},
+		{RequestID: 33, Body: &StorePutResponse{Codes: []Code{0, 3, 4}}},
+		{RequestID: 34, Body: &StoreReadResponse{Codes: []Code{0, 2, 1}, Lengths: []uint64{4096, 0, 1 << 21}}},
+		{RequestID: 35, Body: &StoreRemoveResponse{Codes: []Code{0, 6}}},
+		{RequestID: 36, Body: &StorePinResponse{Codes: []Code{6, 2}}},
+		{RequestID: 37, Body: &StoreUnpinResponse{Codes: []Code{0}}},
+		{RequestID: 38, Body: &StoreReserveResponse{Codes: []Code{0, 5}, Offsets: []uint64{1 << 22, 0}}},
+		{RequestID: 39, Body: &StoreCommitResponse{Codes: []Code{0, 0, 4}}},
+		{RequestID: 40, Body: &StoreStatResponse{Info: StoreKeyInfo{Size: 1 << 18, InL1: true, InL2: true, Pins: 3, Dirty: false, Tombstone: true}}},
+		{RequestID: 41, Body: &StoreListResponse{Keys: []StoreKeyInfo{
+			{Key: []byte("blk/4"), Size: 4096, InL1: true, Dirty: true},
+			{Key: []byte("blk/5"), Size: 1, InL2: true, Pins: 1 << 20}}, More: true}},
+		{RequestID: 42, Body: &StoreFlushResponse{}},
+		{RequestID: 43, Body: &StatsResponse{Connections: 2, Store: []Counter{{"keys", 12}, {"l2_bytes", 1 << 30}}}},
 	}
 }

@@ -74,6 +74,7 @@ type StatsResponse struct {
 	Connections uint32
 	Connection  []Counter // the asking connection's holdings
 	Transports  []Counter // transports' features and counters
+	Store       []Counter // the KV block store's figures; none without a store
 }
 
 func (*StatsResponse) Kind() ResponseKind { return tcproto.ResponseBodyStatsResponse }
@@ -84,6 +85,7 @@ func (m *StatsResponse) fields(f *fields) {
 	scalar(f, 2, &m.Connections)
 	optTables(f, 3, &m.Connection, f.lim.MaxCounters)
 	optTables(f, 4, &m.Transports, f.lim.MaxCounters)
+	optTables(f, 5, &m.Store, f.lim.MaxCounters)
 }
 
 // Counter is a named statistic; stats are lists of them so either side may

@@ -9,6 +9,11 @@
 //	tcctl [--socket PATH] segments [--remote]
 //	tcctl [--socket PATH] rdma
 //	tcctl [--socket PATH] directory
+//	tcctl [--socket PATH] put [--durable] KEY FILE
+//	tcctl [--socket PATH] get KEY [FILE]
+//	tcctl [--socket PATH] rm KEY...
+//	tcctl [--socket PATH] ls [--prefix P]
+//	tcctl [--socket PATH] stat KEY
 //
 // The socket defaults to $TENSORCAST_SOCKET, else
 // /run/tensorcast/tensorcastd.sock.
@@ -58,6 +63,15 @@ commands:
   directory               the peer directory: backend and state, the cache's
                           age, hit and fallback rates, each member's epoch
                           and lease time left (embedded: the configured peers)
+  put [--durable] KEY FILE
+                          store FILE (- is stdin) under KEY in the KV block
+                          store; --durable: on L2 before it answers
+  get KEY [FILE]          write KEY's value to FILE (default stdout)
+  rm KEY...               remove keys (an absent key is a success)
+  ls [--prefix P]         stored keys: size, tier, pins
+  stat KEY                one key: size, tier, pins, writeback state
+                          The store commands exit 0 only on success and
+                          print the status code's name otherwise.
 
 The socket is --socket, else $TENSORCAST_SOCKET, else ` + client.DefaultSocket + `.
 `
@@ -99,6 +113,16 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		err = rdmaCmd(sock, rest, stdout)
 	case "directory":
 		err = directoryCmd(sock, rest, stdout)
+	case "put":
+		err = putCmd(sock, rest, stderr)
+	case "get":
+		err = getCmd(sock, rest, stdout, stderr)
+	case "rm":
+		err = rmCmd(sock, rest, stderr)
+	case "ls":
+		err = lsCmd(sock, rest, stdout, stderr)
+	case "stat":
+		err = statCmd(sock, rest, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -187,7 +211,7 @@ func stats(sock string, args []string, w, stderr io.Writer) error {
 	for _, g := range []struct {
 		name string
 		cs   []wire.Counter
-	}{{"pool", st.Pool}, {"engine", st.Engine}, {"transport", st.Transports}} {
+	}{{"pool", st.Pool}, {"engine", st.Engine}, {"transport", st.Transports}, {"store", st.Store}} {
 		for _, c := range g.cs {
 			fmt.Fprintf(w, "%s.%s %d\n", g.name, c.Name, c.Value)
 		}

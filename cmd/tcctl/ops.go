@@ -19,6 +19,7 @@ type statsJSON struct {
 	Engine      map[string]uint64 `json:"engine"`
 	Connection  map[string]uint64 `json:"connection"`
 	Transports  map[string]uint64 `json:"transports"`
+	Store       map[string]uint64 `json:"store"`
 }
 
 func counterMap(cs []wire.Counter) map[string]uint64 {
@@ -38,6 +39,7 @@ func writeStatsJSON(w io.Writer, st client.Stats) error {
 		Engine:      counterMap(st.Engine),
 		Connection:  counterMap(st.Connection),
 		Transports:  counterMap(st.Transports),
+		Store:       counterMap(st.Store),
 	})
 }
 

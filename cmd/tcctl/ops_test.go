@@ -266,7 +266,7 @@ func TestTopUnderTmux(t *testing.T) {
 	}
 }
 
-func plainOf(name string, v float64, gauge bool) *dto.MetricFamily {
+func unlabeledOf(name string, v float64, gauge bool) *dto.MetricFamily {
 	m := &dto.Metric{Counter: &dto.Counter{Value: proto.Float64(v)}}
 	typ := dto.MetricType_COUNTER
 	if gauge {
@@ -282,12 +282,12 @@ func TestRenderQueues(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	snap := func(at time.Time, comp, wakes float64) *snapshot {
 		return &snapshot{at: at, fams: map[string]*dto.MetricFamily{
-			"tensorcast_queues_open":               plainOf("tensorcast_queues_open", 2, true),
-			"tensorcast_queue_in_flight":           plainOf("tensorcast_queue_in_flight", 48, true),
-			"tensorcast_queue_unreaped":            plainOf("tensorcast_queue_unreaped", 3, true),
-			"tensorcast_queue_completions_total":   plainOf("tensorcast_queue_completions_total", comp, false),
-			"tensorcast_queue_client_wakes_total":  plainOf("tensorcast_queue_client_wakes_total", wakes, false),
-			"tensorcast_queue_worker_sleeps_total": plainOf("tensorcast_queue_worker_sleeps_total", 0, false),
+			"tensorcast_queues_open":               unlabeledOf("tensorcast_queues_open", 2, true),
+			"tensorcast_queue_in_flight":           unlabeledOf("tensorcast_queue_in_flight", 48, true),
+			"tensorcast_queue_unreaped":            unlabeledOf("tensorcast_queue_unreaped", 3, true),
+			"tensorcast_queue_completions_total":   unlabeledOf("tensorcast_queue_completions_total", comp, false),
+			"tensorcast_queue_client_wakes_total":  unlabeledOf("tensorcast_queue_client_wakes_total", wakes, false),
+			"tensorcast_queue_worker_sleeps_total": unlabeledOf("tensorcast_queue_worker_sleeps_total", 0, false),
 		}}
 	}
 	var out strings.Builder

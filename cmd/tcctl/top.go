@@ -286,6 +286,19 @@ func render(w io.Writer, prev, cur *snapshot, addr string, frame int) {
 		}
 		tw.Flush()
 	}
+	// The KV block store.
+	if keys := cur.values("tensorcast_store_keys", ""); len(keys) > 0 {
+		fmt.Fprintln(w)
+		tb := cur.values("tensorcast_store_tier_bytes", "tier")
+		promo := rate(prev, cur, "tensorcast_store_promotions_total", "")
+		wb := rate(prev, cur, "tensorcast_store_writebacks_total", "")
+		ev := rate(prev, cur, "tensorcast_store_evictions_total", "")
+		fmt.Fprintln(tw, "STORE	KEYS	L1 MB	L2 MB	PINS	DIRTY	PROMOTE/s	WRITEBACK/s	EVICT/s	TOMBSTONES	")
+		fmt.Fprintf(tw, "store	%.0f	%.1f	%.1f	%.0f	%.0f	%s	%s	%s	%.0f	\n", keys[""], tb["l1"]/1e6, tb["l2"]/1e6,
+			cur.values("tensorcast_store_pins", "")[""], cur.values("tensorcast_store_dirty", "")[""],
+			r(promo, "", 1, "%.0f"), r(wb, "", 1, "%.0f"), r(ev, "", 1, "%.0f"), cur.values("tensorcast_store_tombstones_total", "")[""])
+		tw.Flush()
+	}
 	if v := cur.values("tensorcast_ebpf_view_loaded", "view"); len(v) > 0 && v["uring"] == 0 && v["tcp"] == 0 {
 		fmt.Fprintln(w, "\n(kernel views off: see the daemon's start-up log)")
 	}

@@ -36,6 +36,16 @@ const (
 	RequestBodyOpenQueueRequest         RequestBody = 26
 	RequestBodyCloseQueueRequest        RequestBody = 27
 	RequestBodyDirectoryRequest         RequestBody = 28
+	RequestBodyStorePutRequest          RequestBody = 29
+	RequestBodyStoreReadRequest         RequestBody = 30
+	RequestBodyStoreRemoveRequest       RequestBody = 31
+	RequestBodyStorePinRequest          RequestBody = 32
+	RequestBodyStoreUnpinRequest        RequestBody = 33
+	RequestBodyStoreReserveRequest      RequestBody = 34
+	RequestBodyStoreCommitRequest       RequestBody = 35
+	RequestBodyStoreStatRequest         RequestBody = 36
+	RequestBodyStoreListRequest         RequestBody = 37
+	RequestBodyStoreFlushRequest        RequestBody = 38
 )
 
 var EnumNamesRequestBody = map[RequestBody]string{
@@ -68,6 +78,16 @@ var EnumNamesRequestBody = map[RequestBody]string{
 	RequestBodyOpenQueueRequest:         "OpenQueueRequest",
 	RequestBodyCloseQueueRequest:        "CloseQueueRequest",
 	RequestBodyDirectoryRequest:         "DirectoryRequest",
+	RequestBodyStorePutRequest:          "StorePutRequest",
+	RequestBodyStoreReadRequest:         "StoreReadRequest",
+	RequestBodyStoreRemoveRequest:       "StoreRemoveRequest",
+	RequestBodyStorePinRequest:          "StorePinRequest",
+	RequestBodyStoreUnpinRequest:        "StoreUnpinRequest",
+	RequestBodyStoreReserveRequest:      "StoreReserveRequest",
+	RequestBodyStoreCommitRequest:       "StoreCommitRequest",
+	RequestBodyStoreStatRequest:         "StoreStatRequest",
+	RequestBodyStoreListRequest:         "StoreListRequest",
+	RequestBodyStoreFlushRequest:        "StoreFlushRequest",
 }
 
 var EnumValuesRequestBody = map[string]RequestBody{
@@ -100,6 +120,16 @@ var EnumValuesRequestBody = map[string]RequestBody{
 	"OpenQueueRequest":         RequestBodyOpenQueueRequest,
 	"CloseQueueRequest":        RequestBodyCloseQueueRequest,
 	"DirectoryRequest":         RequestBodyDirectoryRequest,
+	"StorePutRequest":          RequestBodyStorePutRequest,
+	"StoreReadRequest":         RequestBodyStoreReadRequest,
+	"StoreRemoveRequest":       RequestBodyStoreRemoveRequest,
+	"StorePinRequest":          RequestBodyStorePinRequest,
+	"StoreUnpinRequest":        RequestBodyStoreUnpinRequest,
+	"StoreReserveRequest":      RequestBodyStoreReserveRequest,
+	"StoreCommitRequest":       RequestBodyStoreCommitRequest,
+	"StoreStatRequest":         RequestBodyStoreStatRequest,
+	"StoreListRequest":         RequestBodyStoreListRequest,
+	"StoreFlushRequest":        RequestBodyStoreFlushRequest,
 }
 
 func (v RequestBody) String() string {

@@ -36,6 +36,16 @@ const (
 	ResponseBodyOpenQueueResponse         ResponseBody = 26
 	ResponseBodyCloseQueueResponse        ResponseBody = 27
 	ResponseBodyDirectoryResponse         ResponseBody = 28
+	ResponseBodyStorePutResponse          ResponseBody = 29
+	ResponseBodyStoreReadResponse         ResponseBody = 30
+	ResponseBodyStoreRemoveResponse       ResponseBody = 31
+	ResponseBodyStorePinResponse          ResponseBody = 32
+	ResponseBodyStoreUnpinResponse        ResponseBody = 33
+	ResponseBodyStoreReserveResponse      ResponseBody = 34
+	ResponseBodyStoreCommitResponse       ResponseBody = 35
+	ResponseBodyStoreStatResponse         ResponseBody = 36
+	ResponseBodyStoreListResponse         ResponseBody = 37
+	ResponseBodyStoreFlushResponse        ResponseBody = 38
 )
 
 var EnumNamesResponseBody = map[ResponseBody]string{
@@ -68,6 +78,16 @@ var EnumNamesResponseBody = map[ResponseBody]string{
 	ResponseBodyOpenQueueResponse:         "OpenQueueResponse",
 	ResponseBodyCloseQueueResponse:        "CloseQueueResponse",
 	ResponseBodyDirectoryResponse:         "DirectoryResponse",
+	ResponseBodyStorePutResponse:          "StorePutResponse",
+	ResponseBodyStoreReadResponse:         "StoreReadResponse",
+	ResponseBodyStoreRemoveResponse:       "StoreRemoveResponse",
+	ResponseBodyStorePinResponse:          "StorePinResponse",
+	ResponseBodyStoreUnpinResponse:        "StoreUnpinResponse",
+	ResponseBodyStoreReserveResponse:      "StoreReserveResponse",
+	ResponseBodyStoreCommitResponse:       "StoreCommitResponse",
+	ResponseBodyStoreStatResponse:         "StoreStatResponse",
+	ResponseBodyStoreListResponse:         "StoreListResponse",
+	ResponseBodyStoreFlushResponse:        "StoreFlushResponse",
 }
 
 var EnumValuesResponseBody = map[string]ResponseBody{
@@ -100,6 +120,16 @@ var EnumValuesResponseBody = map[string]ResponseBody{
 	"OpenQueueResponse":         ResponseBodyOpenQueueResponse,
 	"CloseQueueResponse":        ResponseBodyCloseQueueResponse,
 	"DirectoryResponse":         ResponseBodyDirectoryResponse,
+	"StorePutResponse":          ResponseBodyStorePutResponse,
+	"StoreReadResponse":         ResponseBodyStoreReadResponse,
+	"StoreRemoveResponse":       ResponseBodyStoreRemoveResponse,
+	"StorePinResponse":          ResponseBodyStorePinResponse,
+	"StoreUnpinResponse":        ResponseBodyStoreUnpinResponse,
+	"StoreReserveResponse":      ResponseBodyStoreReserveResponse,
+	"StoreCommitResponse":       ResponseBodyStoreCommitResponse,
+	"StoreStatResponse":         ResponseBodyStoreStatResponse,
+	"StoreListResponse":         ResponseBodyStoreListResponse,
+	"StoreFlushResponse":        ResponseBodyStoreFlushResponse,
 }
 
 func (v ResponseBody) String() string {

@@ -125,8 +125,28 @@ func (rcv *StatsResponse) TransportsLength() int {
 	return 0
 }
 
+func (rcv *StatsResponse) Store(obj *Counter, j int) bool {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(14))
+	if o != 0 {
+		x := rcv._tab.Vector(o)
+		x += flatbuffers.UOffsetT(j) * 4
+		x = rcv._tab.Indirect(x)
+		obj.Init(rcv._tab.Bytes, x)
+		return true
+	}
+	return false
+}
+
+func (rcv *StatsResponse) StoreLength() int {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(14))
+	if o != 0 {
+		return rcv._tab.VectorLen(o)
+	}
+	return 0
+}
+
 func StatsResponseStart(builder *flatbuffers.Builder) {
-	builder.StartObject(5)
+	builder.StartObject(6)
 }
 func StatsResponseAddPool(builder *flatbuffers.Builder, pool flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(0, flatbuffers.UOffsetT(pool), 0)
@@ -153,6 +173,12 @@ func StatsResponseAddTransports(builder *flatbuffers.Builder, transports flatbuf
 	builder.PrependUOffsetTSlot(4, flatbuffers.UOffsetT(transports), 0)
 }
 func StatsResponseStartTransportsVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
+	return builder.StartVector(4, numElems, 4)
+}
+func StatsResponseAddStore(builder *flatbuffers.Builder, store flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(5, flatbuffers.UOffsetT(store), 0)
+}
+func StatsResponseStartStoreVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
 	return builder.StartVector(4, numElems, 4)
 }
 func StatsResponseEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {

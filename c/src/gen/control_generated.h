@@ -217,6 +217,71 @@ struct DirectoryCacheBuilder;
 struct DirectoryResponse;
 struct DirectoryResponseBuilder;
 
+struct StoreExtent;
+
+struct StorePutRequest;
+struct StorePutRequestBuilder;
+
+struct StorePutResponse;
+struct StorePutResponseBuilder;
+
+struct StoreReadRequest;
+struct StoreReadRequestBuilder;
+
+struct StoreReadResponse;
+struct StoreReadResponseBuilder;
+
+struct StoreRemoveRequest;
+struct StoreRemoveRequestBuilder;
+
+struct StoreRemoveResponse;
+struct StoreRemoveResponseBuilder;
+
+struct StorePinRequest;
+struct StorePinRequestBuilder;
+
+struct StorePinResponse;
+struct StorePinResponseBuilder;
+
+struct StoreUnpinRequest;
+struct StoreUnpinRequestBuilder;
+
+struct StoreUnpinResponse;
+struct StoreUnpinResponseBuilder;
+
+struct StoreReserveRequest;
+struct StoreReserveRequestBuilder;
+
+struct StoreReserveResponse;
+struct StoreReserveResponseBuilder;
+
+struct StoreCommitRequest;
+struct StoreCommitRequestBuilder;
+
+struct StoreCommitResponse;
+struct StoreCommitResponseBuilder;
+
+struct StoreStatRequest;
+struct StoreStatRequestBuilder;
+
+struct StoreStatResponse;
+struct StoreStatResponseBuilder;
+
+struct StoreListRequest;
+struct StoreListRequestBuilder;
+
+struct StoreKeyInfo;
+struct StoreKeyInfoBuilder;
+
+struct StoreListResponse;
+struct StoreListResponseBuilder;
+
+struct StoreFlushRequest;
+struct StoreFlushRequestBuilder;
+
+struct StoreFlushResponse;
+struct StoreFlushResponseBuilder;
+
 struct Request;
 struct RequestBuilder;
 
@@ -454,11 +519,21 @@ enum class RequestBody : uint8_t {
   OpenQueueRequest = 26,
   CloseQueueRequest = 27,
   DirectoryRequest = 28,
+  StorePutRequest = 29,
+  StoreReadRequest = 30,
+  StoreRemoveRequest = 31,
+  StorePinRequest = 32,
+  StoreUnpinRequest = 33,
+  StoreReserveRequest = 34,
+  StoreCommitRequest = 35,
+  StoreStatRequest = 36,
+  StoreListRequest = 37,
+  StoreFlushRequest = 38,
   MIN = NONE,
-  MAX = DirectoryRequest
+  MAX = StoreFlushRequest
 };
 
-inline const RequestBody (&EnumValuesRequestBody())[29] {
+inline const RequestBody (&EnumValuesRequestBody())[39] {
   static const RequestBody values[] = {
     RequestBody::NONE,
     RequestBody::HelloRequest,
@@ -488,13 +563,23 @@ inline const RequestBody (&EnumValuesRequestBody())[29] {
     RequestBody::RdmaRequest,
     RequestBody::OpenQueueRequest,
     RequestBody::CloseQueueRequest,
-    RequestBody::DirectoryRequest
+    RequestBody::DirectoryRequest,
+    RequestBody::StorePutRequest,
+    RequestBody::StoreReadRequest,
+    RequestBody::StoreRemoveRequest,
+    RequestBody::StorePinRequest,
+    RequestBody::StoreUnpinRequest,
+    RequestBody::StoreReserveRequest,
+    RequestBody::StoreCommitRequest,
+    RequestBody::StoreStatRequest,
+    RequestBody::StoreListRequest,
+    RequestBody::StoreFlushRequest
   };
   return values;
 }
 
 inline const char * const *EnumNamesRequestBody() {
-  static const char * const names[30] = {
+  static const char * const names[40] = {
     "NONE",
     "HelloRequest",
     "PingRequest",
@@ -524,13 +609,23 @@ inline const char * const *EnumNamesRequestBody() {
     "OpenQueueRequest",
     "CloseQueueRequest",
     "DirectoryRequest",
+    "StorePutRequest",
+    "StoreReadRequest",
+    "StoreRemoveRequest",
+    "StorePinRequest",
+    "StoreUnpinRequest",
+    "StoreReserveRequest",
+    "StoreCommitRequest",
+    "StoreStatRequest",
+    "StoreListRequest",
+    "StoreFlushRequest",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameRequestBody(RequestBody e) {
-  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::DirectoryRequest)) return "";
+  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::StoreFlushRequest)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesRequestBody()[index];
 }
@@ -651,6 +746,46 @@ template<> struct RequestBodyTraits<tcproto::DirectoryRequest> {
   static const RequestBody enum_value = RequestBody::DirectoryRequest;
 };
 
+template<> struct RequestBodyTraits<tcproto::StorePutRequest> {
+  static const RequestBody enum_value = RequestBody::StorePutRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::StoreReadRequest> {
+  static const RequestBody enum_value = RequestBody::StoreReadRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::StoreRemoveRequest> {
+  static const RequestBody enum_value = RequestBody::StoreRemoveRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::StorePinRequest> {
+  static const RequestBody enum_value = RequestBody::StorePinRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::StoreUnpinRequest> {
+  static const RequestBody enum_value = RequestBody::StoreUnpinRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::StoreReserveRequest> {
+  static const RequestBody enum_value = RequestBody::StoreReserveRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::StoreCommitRequest> {
+  static const RequestBody enum_value = RequestBody::StoreCommitRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::StoreStatRequest> {
+  static const RequestBody enum_value = RequestBody::StoreStatRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::StoreListRequest> {
+  static const RequestBody enum_value = RequestBody::StoreListRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::StoreFlushRequest> {
+  static const RequestBody enum_value = RequestBody::StoreFlushRequest;
+};
+
 bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, RequestBody type);
 bool VerifyRequestBodyVector(flatbuffers::Verifier &verifier, const flatbuffers::Vector<flatbuffers::Offset<void>> *values, const flatbuffers::Vector<RequestBody> *types);
 
@@ -684,11 +819,21 @@ enum class ResponseBody : uint8_t {
   OpenQueueResponse = 26,
   CloseQueueResponse = 27,
   DirectoryResponse = 28,
+  StorePutResponse = 29,
+  StoreReadResponse = 30,
+  StoreRemoveResponse = 31,
+  StorePinResponse = 32,
+  StoreUnpinResponse = 33,
+  StoreReserveResponse = 34,
+  StoreCommitResponse = 35,
+  StoreStatResponse = 36,
+  StoreListResponse = 37,
+  StoreFlushResponse = 38,
   MIN = NONE,
-  MAX = DirectoryResponse
+  MAX = StoreFlushResponse
 };
 
-inline const ResponseBody (&EnumValuesResponseBody())[29] {
+inline const ResponseBody (&EnumValuesResponseBody())[39] {
   static const ResponseBody values[] = {
     ResponseBody::NONE,
     ResponseBody::HelloResponse,
@@ -718,13 +863,23 @@ inline const ResponseBody (&EnumValuesResponseBody())[29] {
     ResponseBody::RdmaResponse,
     ResponseBody::OpenQueueResponse,
     ResponseBody::CloseQueueResponse,
-    ResponseBody::DirectoryResponse
+    ResponseBody::DirectoryResponse,
+    ResponseBody::StorePutResponse,
+    ResponseBody::StoreReadResponse,
+    ResponseBody::StoreRemoveResponse,
+    ResponseBody::StorePinResponse,
+    ResponseBody::StoreUnpinResponse,
+    ResponseBody::StoreReserveResponse,
+    ResponseBody::StoreCommitResponse,
+    ResponseBody::StoreStatResponse,
+    ResponseBody::StoreListResponse,
+    ResponseBody::StoreFlushResponse
   };
   return values;
 }
 
 inline const char * const *EnumNamesResponseBody() {
-  static const char * const names[30] = {
+  static const char * const names[40] = {
     "NONE",
     "HelloResponse",
     "PingResponse",
@@ -754,13 +909,23 @@ inline const char * const *EnumNamesResponseBody() {
     "OpenQueueResponse",
     "CloseQueueResponse",
     "DirectoryResponse",
+    "StorePutResponse",
+    "StoreReadResponse",
+    "StoreRemoveResponse",
+    "StorePinResponse",
+    "StoreUnpinResponse",
+    "StoreReserveResponse",
+    "StoreCommitResponse",
+    "StoreStatResponse",
+    "StoreListResponse",
+    "StoreFlushResponse",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameResponseBody(ResponseBody e) {
-  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::DirectoryResponse)) return "";
+  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::StoreFlushResponse)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesResponseBody()[index];
 }
@@ -879,6 +1044,46 @@ template<> struct ResponseBodyTraits<tcproto::CloseQueueResponse> {
 
 template<> struct ResponseBodyTraits<tcproto::DirectoryResponse> {
   static const ResponseBody enum_value = ResponseBody::DirectoryResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::StorePutResponse> {
+  static const ResponseBody enum_value = ResponseBody::StorePutResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::StoreReadResponse> {
+  static const ResponseBody enum_value = ResponseBody::StoreReadResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::StoreRemoveResponse> {
+  static const ResponseBody enum_value = ResponseBody::StoreRemoveResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::StorePinResponse> {
+  static const ResponseBody enum_value = ResponseBody::StorePinResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::StoreUnpinResponse> {
+  static const ResponseBody enum_value = ResponseBody::StoreUnpinResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::StoreReserveResponse> {
+  static const ResponseBody enum_value = ResponseBody::StoreReserveResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::StoreCommitResponse> {
+  static const ResponseBody enum_value = ResponseBody::StoreCommitResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::StoreStatResponse> {
+  static const ResponseBody enum_value = ResponseBody::StoreStatResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::StoreListResponse> {
+  static const ResponseBody enum_value = ResponseBody::StoreListResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::StoreFlushResponse> {
+  static const ResponseBody enum_value = ResponseBody::StoreFlushResponse;
 };
 
 bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj, ResponseBody type);
@@ -1007,6 +1212,35 @@ FLATBUFFERS_MANUALLY_ALIGNED_STRUCT(8) BatchSummary FLATBUFFERS_FINAL_CLASS {
   }
 };
 FLATBUFFERS_STRUCT_END(BatchSummary, 40);
+
+FLATBUFFERS_MANUALLY_ALIGNED_STRUCT(8) StoreExtent FLATBUFFERS_FINAL_CLASS {
+ private:
+  uint64_t segment_;
+  uint64_t offset_;
+  uint64_t length_;
+
+ public:
+  StoreExtent()
+      : segment_(0),
+        offset_(0),
+        length_(0) {
+  }
+  StoreExtent(uint64_t _segment, uint64_t _offset, uint64_t _length)
+      : segment_(flatbuffers::EndianScalar(_segment)),
+        offset_(flatbuffers::EndianScalar(_offset)),
+        length_(flatbuffers::EndianScalar(_length)) {
+  }
+  uint64_t segment() const {
+    return flatbuffers::EndianScalar(segment_);
+  }
+  uint64_t offset() const {
+    return flatbuffers::EndianScalar(offset_);
+  }
+  uint64_t length() const {
+    return flatbuffers::EndianScalar(length_);
+  }
+};
+FLATBUFFERS_STRUCT_END(StoreExtent, 24);
 
 struct Context FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   typedef ContextBuilder Builder;
@@ -2823,7 +3057,8 @@ struct StatsResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
     VT_ENGINE = 6,
     VT_CONNECTIONS = 8,
     VT_CONNECTION = 10,
-    VT_TRANSPORTS = 12
+    VT_TRANSPORTS = 12,
+    VT_STORE = 14
   };
   const flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>> *pool() const {
     return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>> *>(VT_POOL);
@@ -2840,6 +3075,9 @@ struct StatsResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>> *transports() const {
     return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>> *>(VT_TRANSPORTS);
   }
+  const flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>> *store() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>> *>(VT_STORE);
+  }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
            VerifyOffset(verifier, VT_POOL) &&
@@ -2855,6 +3093,9 @@ struct StatsResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
            VerifyOffset(verifier, VT_TRANSPORTS) &&
            verifier.VerifyVector(transports()) &&
            verifier.VerifyVectorOfTables(transports()) &&
+           VerifyOffset(verifier, VT_STORE) &&
+           verifier.VerifyVector(store()) &&
+           verifier.VerifyVectorOfTables(store()) &&
            verifier.EndTable();
   }
 };
@@ -2878,6 +3119,9 @@ struct StatsResponseBuilder {
   void add_transports(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>>> transports) {
     fbb_.AddOffset(StatsResponse::VT_TRANSPORTS, transports);
   }
+  void add_store(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>>> store) {
+    fbb_.AddOffset(StatsResponse::VT_STORE, store);
+  }
   explicit StatsResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
         : fbb_(_fbb) {
     start_ = fbb_.StartTable();
@@ -2895,8 +3139,10 @@ inline flatbuffers::Offset<StatsResponse> CreateStatsResponse(
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>>> engine = 0,
     uint32_t connections = 0,
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>>> connection = 0,
-    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>>> transports = 0) {
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>>> transports = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<tcproto::Counter>>> store = 0) {
   StatsResponseBuilder builder_(_fbb);
+  builder_.add_store(store);
   builder_.add_transports(transports);
   builder_.add_connection(connection);
   builder_.add_connections(connections);
@@ -2911,18 +3157,21 @@ inline flatbuffers::Offset<StatsResponse> CreateStatsResponseDirect(
     const std::vector<flatbuffers::Offset<tcproto::Counter>> *engine = nullptr,
     uint32_t connections = 0,
     const std::vector<flatbuffers::Offset<tcproto::Counter>> *connection = nullptr,
-    const std::vector<flatbuffers::Offset<tcproto::Counter>> *transports = nullptr) {
+    const std::vector<flatbuffers::Offset<tcproto::Counter>> *transports = nullptr,
+    const std::vector<flatbuffers::Offset<tcproto::Counter>> *store = nullptr) {
   auto pool__ = pool ? _fbb.CreateVector<flatbuffers::Offset<tcproto::Counter>>(*pool) : 0;
   auto engine__ = engine ? _fbb.CreateVector<flatbuffers::Offset<tcproto::Counter>>(*engine) : 0;
   auto connection__ = connection ? _fbb.CreateVector<flatbuffers::Offset<tcproto::Counter>>(*connection) : 0;
   auto transports__ = transports ? _fbb.CreateVector<flatbuffers::Offset<tcproto::Counter>>(*transports) : 0;
+  auto store__ = store ? _fbb.CreateVector<flatbuffers::Offset<tcproto::Counter>>(*store) : 0;
   return tcproto::CreateStatsResponse(
       _fbb,
       pool__,
       engine__,
       connections,
       connection__,
-      transports__);
+      transports__,
+      store__);
 }
 
 struct RegisterFileRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
@@ -5277,6 +5526,1302 @@ inline flatbuffers::Offset<DirectoryResponse> CreateDirectoryResponseDirect(
       pending);
 }
 
+struct StorePutRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StorePutRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEYS = 4,
+    VT_VALUES = 6,
+    VT_DURABLE = 8
+  };
+  const flatbuffers::Vector<uint8_t> *keys() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEYS);
+  }
+  const flatbuffers::Vector<const tcproto::StoreExtent *> *values() const {
+    return GetPointer<const flatbuffers::Vector<const tcproto::StoreExtent *> *>(VT_VALUES);
+  }
+  bool durable() const {
+    return GetField<uint8_t>(VT_DURABLE, 0) != 0;
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           VerifyOffset(verifier, VT_VALUES) &&
+           verifier.VerifyVector(values()) &&
+           VerifyField<uint8_t>(verifier, VT_DURABLE, 1) &&
+           verifier.EndTable();
+  }
+};
+
+struct StorePutRequestBuilder {
+  typedef StorePutRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys) {
+    fbb_.AddOffset(StorePutRequest::VT_KEYS, keys);
+  }
+  void add_values(flatbuffers::Offset<flatbuffers::Vector<const tcproto::StoreExtent *>> values) {
+    fbb_.AddOffset(StorePutRequest::VT_VALUES, values);
+  }
+  void add_durable(bool durable) {
+    fbb_.AddElement<uint8_t>(StorePutRequest::VT_DURABLE, static_cast<uint8_t>(durable), 0);
+  }
+  explicit StorePutRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StorePutRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StorePutRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StorePutRequest> CreateStorePutRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys = 0,
+    flatbuffers::Offset<flatbuffers::Vector<const tcproto::StoreExtent *>> values = 0,
+    bool durable = false) {
+  StorePutRequestBuilder builder_(_fbb);
+  builder_.add_values(values);
+  builder_.add_keys(keys);
+  builder_.add_durable(durable);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StorePutRequest> CreateStorePutRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *keys = nullptr,
+    const std::vector<tcproto::StoreExtent> *values = nullptr,
+    bool durable = false) {
+  auto keys__ = keys ? _fbb.CreateVector<uint8_t>(*keys) : 0;
+  auto values__ = values ? _fbb.CreateVectorOfStructs<tcproto::StoreExtent>(*values) : 0;
+  return tcproto::CreateStorePutRequest(
+      _fbb,
+      keys__,
+      values__,
+      durable);
+}
+
+struct StorePutResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StorePutResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_CODES = 4
+  };
+  const flatbuffers::Vector<tcproto::Code> *codes() const {
+    return GetPointer<const flatbuffers::Vector<tcproto::Code> *>(VT_CODES);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_CODES) &&
+           verifier.VerifyVector(codes()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StorePutResponseBuilder {
+  typedef StorePutResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_codes(flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes) {
+    fbb_.AddOffset(StorePutResponse::VT_CODES, codes);
+  }
+  explicit StorePutResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StorePutResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StorePutResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StorePutResponse> CreateStorePutResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes = 0) {
+  StorePutResponseBuilder builder_(_fbb);
+  builder_.add_codes(codes);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StorePutResponse> CreateStorePutResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<tcproto::Code> *codes = nullptr) {
+  auto codes__ = codes ? _fbb.CreateVector<tcproto::Code>(*codes) : 0;
+  return tcproto::CreateStorePutResponse(
+      _fbb,
+      codes__);
+}
+
+struct StoreReadRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreReadRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEYS = 4,
+    VT_DESTS = 6
+  };
+  const flatbuffers::Vector<uint8_t> *keys() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEYS);
+  }
+  const flatbuffers::Vector<const tcproto::StoreExtent *> *dests() const {
+    return GetPointer<const flatbuffers::Vector<const tcproto::StoreExtent *> *>(VT_DESTS);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           VerifyOffset(verifier, VT_DESTS) &&
+           verifier.VerifyVector(dests()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreReadRequestBuilder {
+  typedef StoreReadRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys) {
+    fbb_.AddOffset(StoreReadRequest::VT_KEYS, keys);
+  }
+  void add_dests(flatbuffers::Offset<flatbuffers::Vector<const tcproto::StoreExtent *>> dests) {
+    fbb_.AddOffset(StoreReadRequest::VT_DESTS, dests);
+  }
+  explicit StoreReadRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreReadRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreReadRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreReadRequest> CreateStoreReadRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys = 0,
+    flatbuffers::Offset<flatbuffers::Vector<const tcproto::StoreExtent *>> dests = 0) {
+  StoreReadRequestBuilder builder_(_fbb);
+  builder_.add_dests(dests);
+  builder_.add_keys(keys);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreReadRequest> CreateStoreReadRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *keys = nullptr,
+    const std::vector<tcproto::StoreExtent> *dests = nullptr) {
+  auto keys__ = keys ? _fbb.CreateVector<uint8_t>(*keys) : 0;
+  auto dests__ = dests ? _fbb.CreateVectorOfStructs<tcproto::StoreExtent>(*dests) : 0;
+  return tcproto::CreateStoreReadRequest(
+      _fbb,
+      keys__,
+      dests__);
+}
+
+struct StoreReadResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreReadResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_CODES = 4,
+    VT_LENGTHS = 6
+  };
+  const flatbuffers::Vector<tcproto::Code> *codes() const {
+    return GetPointer<const flatbuffers::Vector<tcproto::Code> *>(VT_CODES);
+  }
+  const flatbuffers::Vector<uint64_t> *lengths() const {
+    return GetPointer<const flatbuffers::Vector<uint64_t> *>(VT_LENGTHS);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_CODES) &&
+           verifier.VerifyVector(codes()) &&
+           VerifyOffset(verifier, VT_LENGTHS) &&
+           verifier.VerifyVector(lengths()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreReadResponseBuilder {
+  typedef StoreReadResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_codes(flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes) {
+    fbb_.AddOffset(StoreReadResponse::VT_CODES, codes);
+  }
+  void add_lengths(flatbuffers::Offset<flatbuffers::Vector<uint64_t>> lengths) {
+    fbb_.AddOffset(StoreReadResponse::VT_LENGTHS, lengths);
+  }
+  explicit StoreReadResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreReadResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreReadResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreReadResponse> CreateStoreReadResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint64_t>> lengths = 0) {
+  StoreReadResponseBuilder builder_(_fbb);
+  builder_.add_lengths(lengths);
+  builder_.add_codes(codes);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreReadResponse> CreateStoreReadResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<tcproto::Code> *codes = nullptr,
+    const std::vector<uint64_t> *lengths = nullptr) {
+  auto codes__ = codes ? _fbb.CreateVector<tcproto::Code>(*codes) : 0;
+  auto lengths__ = lengths ? _fbb.CreateVector<uint64_t>(*lengths) : 0;
+  return tcproto::CreateStoreReadResponse(
+      _fbb,
+      codes__,
+      lengths__);
+}
+
+struct StoreRemoveRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreRemoveRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEYS = 4
+  };
+  const flatbuffers::Vector<uint8_t> *keys() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEYS);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreRemoveRequestBuilder {
+  typedef StoreRemoveRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys) {
+    fbb_.AddOffset(StoreRemoveRequest::VT_KEYS, keys);
+  }
+  explicit StoreRemoveRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreRemoveRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreRemoveRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreRemoveRequest> CreateStoreRemoveRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys = 0) {
+  StoreRemoveRequestBuilder builder_(_fbb);
+  builder_.add_keys(keys);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreRemoveRequest> CreateStoreRemoveRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *keys = nullptr) {
+  auto keys__ = keys ? _fbb.CreateVector<uint8_t>(*keys) : 0;
+  return tcproto::CreateStoreRemoveRequest(
+      _fbb,
+      keys__);
+}
+
+struct StoreRemoveResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreRemoveResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_CODES = 4
+  };
+  const flatbuffers::Vector<tcproto::Code> *codes() const {
+    return GetPointer<const flatbuffers::Vector<tcproto::Code> *>(VT_CODES);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_CODES) &&
+           verifier.VerifyVector(codes()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreRemoveResponseBuilder {
+  typedef StoreRemoveResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_codes(flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes) {
+    fbb_.AddOffset(StoreRemoveResponse::VT_CODES, codes);
+  }
+  explicit StoreRemoveResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreRemoveResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreRemoveResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreRemoveResponse> CreateStoreRemoveResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes = 0) {
+  StoreRemoveResponseBuilder builder_(_fbb);
+  builder_.add_codes(codes);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreRemoveResponse> CreateStoreRemoveResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<tcproto::Code> *codes = nullptr) {
+  auto codes__ = codes ? _fbb.CreateVector<tcproto::Code>(*codes) : 0;
+  return tcproto::CreateStoreRemoveResponse(
+      _fbb,
+      codes__);
+}
+
+struct StorePinRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StorePinRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEYS = 4,
+    VT_TTL_MS = 6
+  };
+  const flatbuffers::Vector<uint8_t> *keys() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEYS);
+  }
+  uint32_t ttl_ms() const {
+    return GetField<uint32_t>(VT_TTL_MS, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           VerifyField<uint32_t>(verifier, VT_TTL_MS, 4) &&
+           verifier.EndTable();
+  }
+};
+
+struct StorePinRequestBuilder {
+  typedef StorePinRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys) {
+    fbb_.AddOffset(StorePinRequest::VT_KEYS, keys);
+  }
+  void add_ttl_ms(uint32_t ttl_ms) {
+    fbb_.AddElement<uint32_t>(StorePinRequest::VT_TTL_MS, ttl_ms, 0);
+  }
+  explicit StorePinRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StorePinRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StorePinRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StorePinRequest> CreateStorePinRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys = 0,
+    uint32_t ttl_ms = 0) {
+  StorePinRequestBuilder builder_(_fbb);
+  builder_.add_ttl_ms(ttl_ms);
+  builder_.add_keys(keys);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StorePinRequest> CreateStorePinRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *keys = nullptr,
+    uint32_t ttl_ms = 0) {
+  auto keys__ = keys ? _fbb.CreateVector<uint8_t>(*keys) : 0;
+  return tcproto::CreateStorePinRequest(
+      _fbb,
+      keys__,
+      ttl_ms);
+}
+
+struct StorePinResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StorePinResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_CODES = 4
+  };
+  const flatbuffers::Vector<tcproto::Code> *codes() const {
+    return GetPointer<const flatbuffers::Vector<tcproto::Code> *>(VT_CODES);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_CODES) &&
+           verifier.VerifyVector(codes()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StorePinResponseBuilder {
+  typedef StorePinResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_codes(flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes) {
+    fbb_.AddOffset(StorePinResponse::VT_CODES, codes);
+  }
+  explicit StorePinResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StorePinResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StorePinResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StorePinResponse> CreateStorePinResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes = 0) {
+  StorePinResponseBuilder builder_(_fbb);
+  builder_.add_codes(codes);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StorePinResponse> CreateStorePinResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<tcproto::Code> *codes = nullptr) {
+  auto codes__ = codes ? _fbb.CreateVector<tcproto::Code>(*codes) : 0;
+  return tcproto::CreateStorePinResponse(
+      _fbb,
+      codes__);
+}
+
+struct StoreUnpinRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreUnpinRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEYS = 4
+  };
+  const flatbuffers::Vector<uint8_t> *keys() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEYS);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreUnpinRequestBuilder {
+  typedef StoreUnpinRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys) {
+    fbb_.AddOffset(StoreUnpinRequest::VT_KEYS, keys);
+  }
+  explicit StoreUnpinRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreUnpinRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreUnpinRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreUnpinRequest> CreateStoreUnpinRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys = 0) {
+  StoreUnpinRequestBuilder builder_(_fbb);
+  builder_.add_keys(keys);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreUnpinRequest> CreateStoreUnpinRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *keys = nullptr) {
+  auto keys__ = keys ? _fbb.CreateVector<uint8_t>(*keys) : 0;
+  return tcproto::CreateStoreUnpinRequest(
+      _fbb,
+      keys__);
+}
+
+struct StoreUnpinResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreUnpinResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_CODES = 4
+  };
+  const flatbuffers::Vector<tcproto::Code> *codes() const {
+    return GetPointer<const flatbuffers::Vector<tcproto::Code> *>(VT_CODES);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_CODES) &&
+           verifier.VerifyVector(codes()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreUnpinResponseBuilder {
+  typedef StoreUnpinResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_codes(flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes) {
+    fbb_.AddOffset(StoreUnpinResponse::VT_CODES, codes);
+  }
+  explicit StoreUnpinResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreUnpinResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreUnpinResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreUnpinResponse> CreateStoreUnpinResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes = 0) {
+  StoreUnpinResponseBuilder builder_(_fbb);
+  builder_.add_codes(codes);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreUnpinResponse> CreateStoreUnpinResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<tcproto::Code> *codes = nullptr) {
+  auto codes__ = codes ? _fbb.CreateVector<tcproto::Code>(*codes) : 0;
+  return tcproto::CreateStoreUnpinResponse(
+      _fbb,
+      codes__);
+}
+
+struct StoreReserveRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreReserveRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEYS = 4,
+    VT_SIZES = 6
+  };
+  const flatbuffers::Vector<uint8_t> *keys() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEYS);
+  }
+  const flatbuffers::Vector<uint64_t> *sizes() const {
+    return GetPointer<const flatbuffers::Vector<uint64_t> *>(VT_SIZES);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           VerifyOffset(verifier, VT_SIZES) &&
+           verifier.VerifyVector(sizes()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreReserveRequestBuilder {
+  typedef StoreReserveRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys) {
+    fbb_.AddOffset(StoreReserveRequest::VT_KEYS, keys);
+  }
+  void add_sizes(flatbuffers::Offset<flatbuffers::Vector<uint64_t>> sizes) {
+    fbb_.AddOffset(StoreReserveRequest::VT_SIZES, sizes);
+  }
+  explicit StoreReserveRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreReserveRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreReserveRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreReserveRequest> CreateStoreReserveRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint64_t>> sizes = 0) {
+  StoreReserveRequestBuilder builder_(_fbb);
+  builder_.add_sizes(sizes);
+  builder_.add_keys(keys);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreReserveRequest> CreateStoreReserveRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *keys = nullptr,
+    const std::vector<uint64_t> *sizes = nullptr) {
+  auto keys__ = keys ? _fbb.CreateVector<uint8_t>(*keys) : 0;
+  auto sizes__ = sizes ? _fbb.CreateVector<uint64_t>(*sizes) : 0;
+  return tcproto::CreateStoreReserveRequest(
+      _fbb,
+      keys__,
+      sizes__);
+}
+
+struct StoreReserveResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreReserveResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_CODES = 4,
+    VT_OFFSETS = 6
+  };
+  const flatbuffers::Vector<tcproto::Code> *codes() const {
+    return GetPointer<const flatbuffers::Vector<tcproto::Code> *>(VT_CODES);
+  }
+  const flatbuffers::Vector<uint64_t> *offsets() const {
+    return GetPointer<const flatbuffers::Vector<uint64_t> *>(VT_OFFSETS);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_CODES) &&
+           verifier.VerifyVector(codes()) &&
+           VerifyOffset(verifier, VT_OFFSETS) &&
+           verifier.VerifyVector(offsets()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreReserveResponseBuilder {
+  typedef StoreReserveResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_codes(flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes) {
+    fbb_.AddOffset(StoreReserveResponse::VT_CODES, codes);
+  }
+  void add_offsets(flatbuffers::Offset<flatbuffers::Vector<uint64_t>> offsets) {
+    fbb_.AddOffset(StoreReserveResponse::VT_OFFSETS, offsets);
+  }
+  explicit StoreReserveResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreReserveResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreReserveResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreReserveResponse> CreateStoreReserveResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint64_t>> offsets = 0) {
+  StoreReserveResponseBuilder builder_(_fbb);
+  builder_.add_offsets(offsets);
+  builder_.add_codes(codes);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreReserveResponse> CreateStoreReserveResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<tcproto::Code> *codes = nullptr,
+    const std::vector<uint64_t> *offsets = nullptr) {
+  auto codes__ = codes ? _fbb.CreateVector<tcproto::Code>(*codes) : 0;
+  auto offsets__ = offsets ? _fbb.CreateVector<uint64_t>(*offsets) : 0;
+  return tcproto::CreateStoreReserveResponse(
+      _fbb,
+      codes__,
+      offsets__);
+}
+
+struct StoreCommitRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreCommitRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEYS = 4,
+    VT_DURABLE = 6
+  };
+  const flatbuffers::Vector<uint8_t> *keys() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEYS);
+  }
+  bool durable() const {
+    return GetField<uint8_t>(VT_DURABLE, 0) != 0;
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           VerifyField<uint8_t>(verifier, VT_DURABLE, 1) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreCommitRequestBuilder {
+  typedef StoreCommitRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys) {
+    fbb_.AddOffset(StoreCommitRequest::VT_KEYS, keys);
+  }
+  void add_durable(bool durable) {
+    fbb_.AddElement<uint8_t>(StoreCommitRequest::VT_DURABLE, static_cast<uint8_t>(durable), 0);
+  }
+  explicit StoreCommitRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreCommitRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreCommitRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreCommitRequest> CreateStoreCommitRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys = 0,
+    bool durable = false) {
+  StoreCommitRequestBuilder builder_(_fbb);
+  builder_.add_keys(keys);
+  builder_.add_durable(durable);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreCommitRequest> CreateStoreCommitRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *keys = nullptr,
+    bool durable = false) {
+  auto keys__ = keys ? _fbb.CreateVector<uint8_t>(*keys) : 0;
+  return tcproto::CreateStoreCommitRequest(
+      _fbb,
+      keys__,
+      durable);
+}
+
+struct StoreCommitResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreCommitResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_CODES = 4
+  };
+  const flatbuffers::Vector<tcproto::Code> *codes() const {
+    return GetPointer<const flatbuffers::Vector<tcproto::Code> *>(VT_CODES);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_CODES) &&
+           verifier.VerifyVector(codes()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreCommitResponseBuilder {
+  typedef StoreCommitResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_codes(flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes) {
+    fbb_.AddOffset(StoreCommitResponse::VT_CODES, codes);
+  }
+  explicit StoreCommitResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreCommitResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreCommitResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreCommitResponse> CreateStoreCommitResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes = 0) {
+  StoreCommitResponseBuilder builder_(_fbb);
+  builder_.add_codes(codes);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreCommitResponse> CreateStoreCommitResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<tcproto::Code> *codes = nullptr) {
+  auto codes__ = codes ? _fbb.CreateVector<tcproto::Code>(*codes) : 0;
+  return tcproto::CreateStoreCommitResponse(
+      _fbb,
+      codes__);
+}
+
+struct StoreStatRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreStatRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEY = 4
+  };
+  const flatbuffers::Vector<uint8_t> *key() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEY);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEY) &&
+           verifier.VerifyVector(key()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreStatRequestBuilder {
+  typedef StoreStatRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_key(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> key) {
+    fbb_.AddOffset(StoreStatRequest::VT_KEY, key);
+  }
+  explicit StoreStatRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreStatRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreStatRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreStatRequest> CreateStoreStatRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> key = 0) {
+  StoreStatRequestBuilder builder_(_fbb);
+  builder_.add_key(key);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreStatRequest> CreateStoreStatRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *key = nullptr) {
+  auto key__ = key ? _fbb.CreateVector<uint8_t>(*key) : 0;
+  return tcproto::CreateStoreStatRequest(
+      _fbb,
+      key__);
+}
+
+struct StoreStatResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreStatResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_SIZE = 4,
+    VT_IN_L1 = 6,
+    VT_IN_L2 = 8,
+    VT_PINS = 10,
+    VT_DIRTY = 12,
+    VT_TOMBSTONE = 14
+  };
+  uint64_t size() const {
+    return GetField<uint64_t>(VT_SIZE, 0);
+  }
+  bool in_l1() const {
+    return GetField<uint8_t>(VT_IN_L1, 0) != 0;
+  }
+  bool in_l2() const {
+    return GetField<uint8_t>(VT_IN_L2, 0) != 0;
+  }
+  uint32_t pins() const {
+    return GetField<uint32_t>(VT_PINS, 0);
+  }
+  bool dirty() const {
+    return GetField<uint8_t>(VT_DIRTY, 0) != 0;
+  }
+  bool tombstone() const {
+    return GetField<uint8_t>(VT_TOMBSTONE, 0) != 0;
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyField<uint64_t>(verifier, VT_SIZE, 8) &&
+           VerifyField<uint8_t>(verifier, VT_IN_L1, 1) &&
+           VerifyField<uint8_t>(verifier, VT_IN_L2, 1) &&
+           VerifyField<uint32_t>(verifier, VT_PINS, 4) &&
+           VerifyField<uint8_t>(verifier, VT_DIRTY, 1) &&
+           VerifyField<uint8_t>(verifier, VT_TOMBSTONE, 1) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreStatResponseBuilder {
+  typedef StoreStatResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_size(uint64_t size) {
+    fbb_.AddElement<uint64_t>(StoreStatResponse::VT_SIZE, size, 0);
+  }
+  void add_in_l1(bool in_l1) {
+    fbb_.AddElement<uint8_t>(StoreStatResponse::VT_IN_L1, static_cast<uint8_t>(in_l1), 0);
+  }
+  void add_in_l2(bool in_l2) {
+    fbb_.AddElement<uint8_t>(StoreStatResponse::VT_IN_L2, static_cast<uint8_t>(in_l2), 0);
+  }
+  void add_pins(uint32_t pins) {
+    fbb_.AddElement<uint32_t>(StoreStatResponse::VT_PINS, pins, 0);
+  }
+  void add_dirty(bool dirty) {
+    fbb_.AddElement<uint8_t>(StoreStatResponse::VT_DIRTY, static_cast<uint8_t>(dirty), 0);
+  }
+  void add_tombstone(bool tombstone) {
+    fbb_.AddElement<uint8_t>(StoreStatResponse::VT_TOMBSTONE, static_cast<uint8_t>(tombstone), 0);
+  }
+  explicit StoreStatResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreStatResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreStatResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreStatResponse> CreateStoreStatResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint64_t size = 0,
+    bool in_l1 = false,
+    bool in_l2 = false,
+    uint32_t pins = 0,
+    bool dirty = false,
+    bool tombstone = false) {
+  StoreStatResponseBuilder builder_(_fbb);
+  builder_.add_size(size);
+  builder_.add_pins(pins);
+  builder_.add_tombstone(tombstone);
+  builder_.add_dirty(dirty);
+  builder_.add_in_l2(in_l2);
+  builder_.add_in_l1(in_l1);
+  return builder_.Finish();
+}
+
+struct StoreListRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreListRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_PREFIX = 4,
+    VT_AFTER = 6,
+    VT_MAX = 8
+  };
+  const flatbuffers::Vector<uint8_t> *prefix() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_PREFIX);
+  }
+  const flatbuffers::Vector<uint8_t> *after() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_AFTER);
+  }
+  uint32_t max() const {
+    return GetField<uint32_t>(VT_MAX, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_PREFIX) &&
+           verifier.VerifyVector(prefix()) &&
+           VerifyOffset(verifier, VT_AFTER) &&
+           verifier.VerifyVector(after()) &&
+           VerifyField<uint32_t>(verifier, VT_MAX, 4) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreListRequestBuilder {
+  typedef StoreListRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_prefix(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> prefix) {
+    fbb_.AddOffset(StoreListRequest::VT_PREFIX, prefix);
+  }
+  void add_after(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> after) {
+    fbb_.AddOffset(StoreListRequest::VT_AFTER, after);
+  }
+  void add_max(uint32_t max) {
+    fbb_.AddElement<uint32_t>(StoreListRequest::VT_MAX, max, 0);
+  }
+  explicit StoreListRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreListRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreListRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreListRequest> CreateStoreListRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> prefix = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> after = 0,
+    uint32_t max = 0) {
+  StoreListRequestBuilder builder_(_fbb);
+  builder_.add_max(max);
+  builder_.add_after(after);
+  builder_.add_prefix(prefix);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreListRequest> CreateStoreListRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *prefix = nullptr,
+    const std::vector<uint8_t> *after = nullptr,
+    uint32_t max = 0) {
+  auto prefix__ = prefix ? _fbb.CreateVector<uint8_t>(*prefix) : 0;
+  auto after__ = after ? _fbb.CreateVector<uint8_t>(*after) : 0;
+  return tcproto::CreateStoreListRequest(
+      _fbb,
+      prefix__,
+      after__,
+      max);
+}
+
+struct StoreKeyInfo FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreKeyInfoBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEY = 4,
+    VT_SIZE = 6,
+    VT_IN_L1 = 8,
+    VT_IN_L2 = 10,
+    VT_PINS = 12,
+    VT_DIRTY = 14,
+    VT_TOMBSTONE = 16
+  };
+  const flatbuffers::Vector<uint8_t> *key() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEY);
+  }
+  uint64_t size() const {
+    return GetField<uint64_t>(VT_SIZE, 0);
+  }
+  bool in_l1() const {
+    return GetField<uint8_t>(VT_IN_L1, 0) != 0;
+  }
+  bool in_l2() const {
+    return GetField<uint8_t>(VT_IN_L2, 0) != 0;
+  }
+  uint32_t pins() const {
+    return GetField<uint32_t>(VT_PINS, 0);
+  }
+  bool dirty() const {
+    return GetField<uint8_t>(VT_DIRTY, 0) != 0;
+  }
+  bool tombstone() const {
+    return GetField<uint8_t>(VT_TOMBSTONE, 0) != 0;
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEY) &&
+           verifier.VerifyVector(key()) &&
+           VerifyField<uint64_t>(verifier, VT_SIZE, 8) &&
+           VerifyField<uint8_t>(verifier, VT_IN_L1, 1) &&
+           VerifyField<uint8_t>(verifier, VT_IN_L2, 1) &&
+           VerifyField<uint32_t>(verifier, VT_PINS, 4) &&
+           VerifyField<uint8_t>(verifier, VT_DIRTY, 1) &&
+           VerifyField<uint8_t>(verifier, VT_TOMBSTONE, 1) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreKeyInfoBuilder {
+  typedef StoreKeyInfo Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_key(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> key) {
+    fbb_.AddOffset(StoreKeyInfo::VT_KEY, key);
+  }
+  void add_size(uint64_t size) {
+    fbb_.AddElement<uint64_t>(StoreKeyInfo::VT_SIZE, size, 0);
+  }
+  void add_in_l1(bool in_l1) {
+    fbb_.AddElement<uint8_t>(StoreKeyInfo::VT_IN_L1, static_cast<uint8_t>(in_l1), 0);
+  }
+  void add_in_l2(bool in_l2) {
+    fbb_.AddElement<uint8_t>(StoreKeyInfo::VT_IN_L2, static_cast<uint8_t>(in_l2), 0);
+  }
+  void add_pins(uint32_t pins) {
+    fbb_.AddElement<uint32_t>(StoreKeyInfo::VT_PINS, pins, 0);
+  }
+  void add_dirty(bool dirty) {
+    fbb_.AddElement<uint8_t>(StoreKeyInfo::VT_DIRTY, static_cast<uint8_t>(dirty), 0);
+  }
+  void add_tombstone(bool tombstone) {
+    fbb_.AddElement<uint8_t>(StoreKeyInfo::VT_TOMBSTONE, static_cast<uint8_t>(tombstone), 0);
+  }
+  explicit StoreKeyInfoBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreKeyInfo> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreKeyInfo>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreKeyInfo> CreateStoreKeyInfo(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> key = 0,
+    uint64_t size = 0,
+    bool in_l1 = false,
+    bool in_l2 = false,
+    uint32_t pins = 0,
+    bool dirty = false,
+    bool tombstone = false) {
+  StoreKeyInfoBuilder builder_(_fbb);
+  builder_.add_size(size);
+  builder_.add_pins(pins);
+  builder_.add_key(key);
+  builder_.add_tombstone(tombstone);
+  builder_.add_dirty(dirty);
+  builder_.add_in_l2(in_l2);
+  builder_.add_in_l1(in_l1);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreKeyInfo> CreateStoreKeyInfoDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *key = nullptr,
+    uint64_t size = 0,
+    bool in_l1 = false,
+    bool in_l2 = false,
+    uint32_t pins = 0,
+    bool dirty = false,
+    bool tombstone = false) {
+  auto key__ = key ? _fbb.CreateVector<uint8_t>(*key) : 0;
+  return tcproto::CreateStoreKeyInfo(
+      _fbb,
+      key__,
+      size,
+      in_l1,
+      in_l2,
+      pins,
+      dirty,
+      tombstone);
+}
+
+struct StoreListResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreListResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEYS = 4,
+    VT_MORE = 6
+  };
+  const flatbuffers::Vector<flatbuffers::Offset<tcproto::StoreKeyInfo>> *keys() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<tcproto::StoreKeyInfo>> *>(VT_KEYS);
+  }
+  bool more() const {
+    return GetField<uint8_t>(VT_MORE, 0) != 0;
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           verifier.VerifyVectorOfTables(keys()) &&
+           VerifyField<uint8_t>(verifier, VT_MORE, 1) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreListResponseBuilder {
+  typedef StoreListResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<tcproto::StoreKeyInfo>>> keys) {
+    fbb_.AddOffset(StoreListResponse::VT_KEYS, keys);
+  }
+  void add_more(bool more) {
+    fbb_.AddElement<uint8_t>(StoreListResponse::VT_MORE, static_cast<uint8_t>(more), 0);
+  }
+  explicit StoreListResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreListResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreListResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreListResponse> CreateStoreListResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<tcproto::StoreKeyInfo>>> keys = 0,
+    bool more = false) {
+  StoreListResponseBuilder builder_(_fbb);
+  builder_.add_keys(keys);
+  builder_.add_more(more);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreListResponse> CreateStoreListResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<flatbuffers::Offset<tcproto::StoreKeyInfo>> *keys = nullptr,
+    bool more = false) {
+  auto keys__ = keys ? _fbb.CreateVector<flatbuffers::Offset<tcproto::StoreKeyInfo>>(*keys) : 0;
+  return tcproto::CreateStoreListResponse(
+      _fbb,
+      keys__,
+      more);
+}
+
+struct StoreFlushRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreFlushRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_TIMEOUT_MS = 4
+  };
+  uint32_t timeout_ms() const {
+    return GetField<uint32_t>(VT_TIMEOUT_MS, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyField<uint32_t>(verifier, VT_TIMEOUT_MS, 4) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreFlushRequestBuilder {
+  typedef StoreFlushRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_timeout_ms(uint32_t timeout_ms) {
+    fbb_.AddElement<uint32_t>(StoreFlushRequest::VT_TIMEOUT_MS, timeout_ms, 0);
+  }
+  explicit StoreFlushRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreFlushRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreFlushRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreFlushRequest> CreateStoreFlushRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint32_t timeout_ms = 0) {
+  StoreFlushRequestBuilder builder_(_fbb);
+  builder_.add_timeout_ms(timeout_ms);
+  return builder_.Finish();
+}
+
+struct StoreFlushResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreFlushResponseBuilder Builder;
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreFlushResponseBuilder {
+  typedef StoreFlushResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  explicit StoreFlushResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreFlushResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreFlushResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreFlushResponse> CreateStoreFlushResponse(
+    flatbuffers::FlatBufferBuilder &_fbb) {
+  StoreFlushResponseBuilder builder_(_fbb);
+  return builder_.Finish();
+}
+
 struct Request FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   typedef RequestBuilder Builder;
   enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
@@ -5377,6 +6922,36 @@ struct Request FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   }
   const tcproto::DirectoryRequest *body_as_DirectoryRequest() const {
     return body_type() == tcproto::RequestBody::DirectoryRequest ? static_cast<const tcproto::DirectoryRequest *>(body()) : nullptr;
+  }
+  const tcproto::StorePutRequest *body_as_StorePutRequest() const {
+    return body_type() == tcproto::RequestBody::StorePutRequest ? static_cast<const tcproto::StorePutRequest *>(body()) : nullptr;
+  }
+  const tcproto::StoreReadRequest *body_as_StoreReadRequest() const {
+    return body_type() == tcproto::RequestBody::StoreReadRequest ? static_cast<const tcproto::StoreReadRequest *>(body()) : nullptr;
+  }
+  const tcproto::StoreRemoveRequest *body_as_StoreRemoveRequest() const {
+    return body_type() == tcproto::RequestBody::StoreRemoveRequest ? static_cast<const tcproto::StoreRemoveRequest *>(body()) : nullptr;
+  }
+  const tcproto::StorePinRequest *body_as_StorePinRequest() const {
+    return body_type() == tcproto::RequestBody::StorePinRequest ? static_cast<const tcproto::StorePinRequest *>(body()) : nullptr;
+  }
+  const tcproto::StoreUnpinRequest *body_as_StoreUnpinRequest() const {
+    return body_type() == tcproto::RequestBody::StoreUnpinRequest ? static_cast<const tcproto::StoreUnpinRequest *>(body()) : nullptr;
+  }
+  const tcproto::StoreReserveRequest *body_as_StoreReserveRequest() const {
+    return body_type() == tcproto::RequestBody::StoreReserveRequest ? static_cast<const tcproto::StoreReserveRequest *>(body()) : nullptr;
+  }
+  const tcproto::StoreCommitRequest *body_as_StoreCommitRequest() const {
+    return body_type() == tcproto::RequestBody::StoreCommitRequest ? static_cast<const tcproto::StoreCommitRequest *>(body()) : nullptr;
+  }
+  const tcproto::StoreStatRequest *body_as_StoreStatRequest() const {
+    return body_type() == tcproto::RequestBody::StoreStatRequest ? static_cast<const tcproto::StoreStatRequest *>(body()) : nullptr;
+  }
+  const tcproto::StoreListRequest *body_as_StoreListRequest() const {
+    return body_type() == tcproto::RequestBody::StoreListRequest ? static_cast<const tcproto::StoreListRequest *>(body()) : nullptr;
+  }
+  const tcproto::StoreFlushRequest *body_as_StoreFlushRequest() const {
+    return body_type() == tcproto::RequestBody::StoreFlushRequest ? static_cast<const tcproto::StoreFlushRequest *>(body()) : nullptr;
   }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
@@ -5499,6 +7074,46 @@ template<> inline const tcproto::CloseQueueRequest *Request::body_as<tcproto::Cl
 
 template<> inline const tcproto::DirectoryRequest *Request::body_as<tcproto::DirectoryRequest>() const {
   return body_as_DirectoryRequest();
+}
+
+template<> inline const tcproto::StorePutRequest *Request::body_as<tcproto::StorePutRequest>() const {
+  return body_as_StorePutRequest();
+}
+
+template<> inline const tcproto::StoreReadRequest *Request::body_as<tcproto::StoreReadRequest>() const {
+  return body_as_StoreReadRequest();
+}
+
+template<> inline const tcproto::StoreRemoveRequest *Request::body_as<tcproto::StoreRemoveRequest>() const {
+  return body_as_StoreRemoveRequest();
+}
+
+template<> inline const tcproto::StorePinRequest *Request::body_as<tcproto::StorePinRequest>() const {
+  return body_as_StorePinRequest();
+}
+
+template<> inline const tcproto::StoreUnpinRequest *Request::body_as<tcproto::StoreUnpinRequest>() const {
+  return body_as_StoreUnpinRequest();
+}
+
+template<> inline const tcproto::StoreReserveRequest *Request::body_as<tcproto::StoreReserveRequest>() const {
+  return body_as_StoreReserveRequest();
+}
+
+template<> inline const tcproto::StoreCommitRequest *Request::body_as<tcproto::StoreCommitRequest>() const {
+  return body_as_StoreCommitRequest();
+}
+
+template<> inline const tcproto::StoreStatRequest *Request::body_as<tcproto::StoreStatRequest>() const {
+  return body_as_StoreStatRequest();
+}
+
+template<> inline const tcproto::StoreListRequest *Request::body_as<tcproto::StoreListRequest>() const {
+  return body_as_StoreListRequest();
+}
+
+template<> inline const tcproto::StoreFlushRequest *Request::body_as<tcproto::StoreFlushRequest>() const {
+  return body_as_StoreFlushRequest();
 }
 
 struct RequestBuilder {
@@ -5643,6 +7258,36 @@ struct Response FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const tcproto::DirectoryResponse *body_as_DirectoryResponse() const {
     return body_type() == tcproto::ResponseBody::DirectoryResponse ? static_cast<const tcproto::DirectoryResponse *>(body()) : nullptr;
   }
+  const tcproto::StorePutResponse *body_as_StorePutResponse() const {
+    return body_type() == tcproto::ResponseBody::StorePutResponse ? static_cast<const tcproto::StorePutResponse *>(body()) : nullptr;
+  }
+  const tcproto::StoreReadResponse *body_as_StoreReadResponse() const {
+    return body_type() == tcproto::ResponseBody::StoreReadResponse ? static_cast<const tcproto::StoreReadResponse *>(body()) : nullptr;
+  }
+  const tcproto::StoreRemoveResponse *body_as_StoreRemoveResponse() const {
+    return body_type() == tcproto::ResponseBody::StoreRemoveResponse ? static_cast<const tcproto::StoreRemoveResponse *>(body()) : nullptr;
+  }
+  const tcproto::StorePinResponse *body_as_StorePinResponse() const {
+    return body_type() == tcproto::ResponseBody::StorePinResponse ? static_cast<const tcproto::StorePinResponse *>(body()) : nullptr;
+  }
+  const tcproto::StoreUnpinResponse *body_as_StoreUnpinResponse() const {
+    return body_type() == tcproto::ResponseBody::StoreUnpinResponse ? static_cast<const tcproto::StoreUnpinResponse *>(body()) : nullptr;
+  }
+  const tcproto::StoreReserveResponse *body_as_StoreReserveResponse() const {
+    return body_type() == tcproto::ResponseBody::StoreReserveResponse ? static_cast<const tcproto::StoreReserveResponse *>(body()) : nullptr;
+  }
+  const tcproto::StoreCommitResponse *body_as_StoreCommitResponse() const {
+    return body_type() == tcproto::ResponseBody::StoreCommitResponse ? static_cast<const tcproto::StoreCommitResponse *>(body()) : nullptr;
+  }
+  const tcproto::StoreStatResponse *body_as_StoreStatResponse() const {
+    return body_type() == tcproto::ResponseBody::StoreStatResponse ? static_cast<const tcproto::StoreStatResponse *>(body()) : nullptr;
+  }
+  const tcproto::StoreListResponse *body_as_StoreListResponse() const {
+    return body_type() == tcproto::ResponseBody::StoreListResponse ? static_cast<const tcproto::StoreListResponse *>(body()) : nullptr;
+  }
+  const tcproto::StoreFlushResponse *body_as_StoreFlushResponse() const {
+    return body_type() == tcproto::ResponseBody::StoreFlushResponse ? static_cast<const tcproto::StoreFlushResponse *>(body()) : nullptr;
+  }
   uint64_t request_id() const {
     return GetField<uint64_t>(VT_REQUEST_ID, 0);
   }
@@ -5769,6 +7414,46 @@ template<> inline const tcproto::CloseQueueResponse *Response::body_as<tcproto::
 
 template<> inline const tcproto::DirectoryResponse *Response::body_as<tcproto::DirectoryResponse>() const {
   return body_as_DirectoryResponse();
+}
+
+template<> inline const tcproto::StorePutResponse *Response::body_as<tcproto::StorePutResponse>() const {
+  return body_as_StorePutResponse();
+}
+
+template<> inline const tcproto::StoreReadResponse *Response::body_as<tcproto::StoreReadResponse>() const {
+  return body_as_StoreReadResponse();
+}
+
+template<> inline const tcproto::StoreRemoveResponse *Response::body_as<tcproto::StoreRemoveResponse>() const {
+  return body_as_StoreRemoveResponse();
+}
+
+template<> inline const tcproto::StorePinResponse *Response::body_as<tcproto::StorePinResponse>() const {
+  return body_as_StorePinResponse();
+}
+
+template<> inline const tcproto::StoreUnpinResponse *Response::body_as<tcproto::StoreUnpinResponse>() const {
+  return body_as_StoreUnpinResponse();
+}
+
+template<> inline const tcproto::StoreReserveResponse *Response::body_as<tcproto::StoreReserveResponse>() const {
+  return body_as_StoreReserveResponse();
+}
+
+template<> inline const tcproto::StoreCommitResponse *Response::body_as<tcproto::StoreCommitResponse>() const {
+  return body_as_StoreCommitResponse();
+}
+
+template<> inline const tcproto::StoreStatResponse *Response::body_as<tcproto::StoreStatResponse>() const {
+  return body_as_StoreStatResponse();
+}
+
+template<> inline const tcproto::StoreListResponse *Response::body_as<tcproto::StoreListResponse>() const {
+  return body_as_StoreListResponse();
+}
+
+template<> inline const tcproto::StoreFlushResponse *Response::body_as<tcproto::StoreFlushResponse>() const {
+  return body_as_StoreFlushResponse();
 }
 
 struct ResponseBuilder {
@@ -5951,6 +7636,46 @@ inline bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, 
       auto ptr = reinterpret_cast<const tcproto::DirectoryRequest *>(obj);
       return verifier.VerifyTable(ptr);
     }
+    case RequestBody::StorePutRequest: {
+      auto ptr = reinterpret_cast<const tcproto::StorePutRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::StoreReadRequest: {
+      auto ptr = reinterpret_cast<const tcproto::StoreReadRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::StoreRemoveRequest: {
+      auto ptr = reinterpret_cast<const tcproto::StoreRemoveRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::StorePinRequest: {
+      auto ptr = reinterpret_cast<const tcproto::StorePinRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::StoreUnpinRequest: {
+      auto ptr = reinterpret_cast<const tcproto::StoreUnpinRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::StoreReserveRequest: {
+      auto ptr = reinterpret_cast<const tcproto::StoreReserveRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::StoreCommitRequest: {
+      auto ptr = reinterpret_cast<const tcproto::StoreCommitRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::StoreStatRequest: {
+      auto ptr = reinterpret_cast<const tcproto::StoreStatRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::StoreListRequest: {
+      auto ptr = reinterpret_cast<const tcproto::StoreListRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::StoreFlushRequest: {
+      auto ptr = reinterpret_cast<const tcproto::StoreFlushRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
     default: return true;
   }
 }
@@ -6082,6 +7807,46 @@ inline bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj,
     }
     case ResponseBody::DirectoryResponse: {
       auto ptr = reinterpret_cast<const tcproto::DirectoryResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::StorePutResponse: {
+      auto ptr = reinterpret_cast<const tcproto::StorePutResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::StoreReadResponse: {
+      auto ptr = reinterpret_cast<const tcproto::StoreReadResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::StoreRemoveResponse: {
+      auto ptr = reinterpret_cast<const tcproto::StoreRemoveResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::StorePinResponse: {
+      auto ptr = reinterpret_cast<const tcproto::StorePinResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::StoreUnpinResponse: {
+      auto ptr = reinterpret_cast<const tcproto::StoreUnpinResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::StoreReserveResponse: {
+      auto ptr = reinterpret_cast<const tcproto::StoreReserveResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::StoreCommitResponse: {
+      auto ptr = reinterpret_cast<const tcproto::StoreCommitResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::StoreStatResponse: {
+      auto ptr = reinterpret_cast<const tcproto::StoreStatResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::StoreListResponse: {
+      auto ptr = reinterpret_cast<const tcproto::StoreListResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::StoreFlushResponse: {
+      auto ptr = reinterpret_cast<const tcproto::StoreFlushResponse *>(obj);
       return verifier.VerifyTable(ptr);
     }
     default: return true;

@@ -1,0 +1,161 @@
+package daemon
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tensorcast/tensorcast/shm"
+)
+
+// StoreConfig is the KV block store's part of Config: L1 is the DRAM pool,
+// L2 a file (or block device) through io_uring, by default a file under
+// data_dir, so that a daemon started with no setup has a working store.
+// Its keys sit at the top level of the file.
+type StoreConfig struct {
+	// Store is on (the default) or off.
+	Store string `toml:"store"`
+	// StoreL2Path is the L2 file or block device: "" is data_dir/store.l2,
+	// "off" runs the store in DRAM only. It must lie under data_dir or
+	// allowed_files (which the file tier may open); clients may never
+	// register it as a file segment.
+	StoreL2Path string `toml:"store_l2_path"`
+	// StoreL2Size is the L2's size; a smaller regular file is extended
+	// (sparse) to it.
+	StoreL2Size Size `toml:"store_l2_size"`
+	// StoreL1Capacity is how much of the pool the store may hold (0: three
+	// quarters of pool_size); the rest stays for clients' blocks.
+	StoreL1Capacity Size `toml:"store_l1_capacity"`
+	// StoreHighWatermark and StoreLowWatermark are fractions of the L1
+	// capacity: over high, least recently used values are evicted (to L2,
+	// or dropped without one) until under low.
+	StoreHighWatermark float64 `toml:"store_high_watermark"`
+	StoreLowWatermark  float64 `toml:"store_low_watermark"`
+	// StoreMaxValueSize is the largest value (0: the pool's largest
+	// block).
+	StoreMaxValueSize Size `toml:"store_max_value_size"`
+	// StoreMaxKeysPerCall bounds the keys of one store call.
+	StoreMaxKeysPerCall int `toml:"store_max_keys_per_call"`
+	// StoreMaxLeaseTTL bounds a timed pin.
+	StoreMaxLeaseTTL Duration `toml:"store_max_lease_ttl"`
+	// StoreWritebackRetries is how often a failed L1→L2 writeback is
+	// retried before it becomes a tombstone (counted, logged, not retried).
+	StoreWritebackRetries int `toml:"store_writeback_retries"`
+}
+
+func storeDefaults() StoreConfig {
+	return StoreConfig{
+		Store:                 "on",
+		StoreL2Size:           1 << 30,
+		StoreHighWatermark:    0.95,
+		StoreLowWatermark:     0.85,
+		StoreMaxKeysPerCall:   1024,
+		StoreMaxLeaseTTL:      Duration(24 * time.Hour),
+		StoreWritebackRetries: 3,
+	}
+}
+
+// Bounds of the store's keys.
+const (
+	minStoreL2Size = 64 << 20
+	maxStoreKeys   = 1<<16 - 1 // a queue entry's key count is a u16
+)
+
+// storeL2 is the L2's path, "" for none.
+func (c *Config) storeL2() string {
+	switch c.StoreL2Path {
+	case "off":
+		return ""
+	case "":
+		return filepath.Join(c.DataDir, "store.l2")
+	}
+	return c.StoreL2Path
+}
+
+// validateStore checks the store's keys.
+func (c *Config) validateStore() error {
+	s := &c.StoreConfig
+	if s.Store != "on" && s.Store != "off" {
+		return badValue("store", s.Store, "must be on or off")
+	}
+	if p := s.StoreL2Path; p != "" && p != "off" {
+		if !filepath.IsAbs(p) {
+			return badValue("store_l2_path", p, `must be an absolute path, "off", or empty for data_dir/store.l2`)
+		}
+		if !c.fileTierMayOpen(p) {
+			return badValue("store_l2_path", p, "must lie under data_dir or allowed_files (the file tier opens nothing else)")
+		}
+	}
+	if s.StoreL2Size < minStoreL2Size || s.StoreL2Size > maxPoolSize<<4 {
+		return badValue("store_l2_size", s.StoreL2Size.String(), fmt.Sprintf("must be between %s and %s", Size(minStoreL2Size), Size(maxPoolSize<<4)))
+	}
+	if s.StoreL1Capacity != 0 && (s.StoreL1Capacity < 1<<20 || s.StoreL1Capacity > c.PoolSize) {
+		return badValue("store_l1_capacity", s.StoreL1Capacity.String(), "must be 0 (three quarters of pool_size) or between 1MiB and pool_size")
+	}
+	if !(s.StoreLowWatermark > 0 && s.StoreLowWatermark < s.StoreHighWatermark && s.StoreHighWatermark <= 1) {
+		return badValue("store_low_watermark", fmt.Sprintf("%g (high %g)", s.StoreLowWatermark, s.StoreHighWatermark),
+			"watermarks must be 0 < store_low_watermark < store_high_watermark <= 1")
+	}
+	if s.StoreMaxValueSize > shm.DefaultMaxBlock {
+		return badValue("store_max_value_size", s.StoreMaxValueSize.String(), fmt.Sprintf("must be at most the pool's largest block (%s); 0 is that", Size(shm.DefaultMaxBlock)))
+	}
+	if s.StoreMaxKeysPerCall < 1 || s.StoreMaxKeysPerCall > maxStoreKeys {
+		return badValue("store_max_keys_per_call", strconv.Itoa(s.StoreMaxKeysPerCall), fmt.Sprintf("must be between 1 and %d", maxStoreKeys))
+	}
+	if d := time.Duration(s.StoreMaxLeaseTTL); d < time.Second || d > 30*24*time.Hour {
+		return badValue("store_max_lease_ttl", s.StoreMaxLeaseTTL.String(), "must be between 1s and 720h")
+	}
+	if s.StoreWritebackRetries < 0 || s.StoreWritebackRetries > 1000 {
+		return badValue("store_writeback_retries", strconv.Itoa(s.StoreWritebackRetries), "must be between 0 and 1000")
+	}
+	return nil
+}
+
+// fileTierMayOpen reports whether p lies under data_dir or an entry of
+// allowed_files (or is one), which is what the file tier may open.
+func (c *Config) fileTierMayOpen(p string) bool {
+	for _, dir := range append([]string{c.DataDir}, c.AllowedFiles...) {
+		if rel, err := filepath.Rel(dir, p); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return true
+		}
+	}
+	return false
+}
+
+// storeSettings are the store's keys as environment variables and flags.
+func storeSettings() []setting {
+	str := func(dst func(*Config) *string) func(*Config, string) error {
+		return func(c *Config, s string) error { *dst(c) = s; return nil }
+	}
+	size := func(dst func(*Config) *Size) func(*Config, string) error {
+		return func(c *Config, s string) error { return dst(c).UnmarshalText([]byte(s)) }
+	}
+	num := func(dst func(*Config) *int) func(*Config, string) error {
+		return func(c *Config, s string) error {
+			n, err := strconv.Atoi(s)
+			*dst(c) = n
+			return err
+		}
+	}
+	frac := func(dst func(*Config) *float64) func(*Config, string) error {
+		return func(c *Config, s string) error {
+			f, err := strconv.ParseFloat(s, 64)
+			*dst(c) = f
+			return err
+		}
+	}
+	return []setting{
+		{"store", "TENSORCAST_STORE", "the KV block store: on or off", str(func(c *Config) *string { return &c.Store })},
+		{"store_l2_path", "TENSORCAST_STORE_L2_PATH", `the store's L2 file or device ("": data_dir/store.l2, "off": DRAM only)`, str(func(c *Config) *string { return &c.StoreL2Path })},
+		{"store_l2_size", "TENSORCAST_STORE_L2_SIZE", "the store's L2 size (e.g. 1GiB)", size(func(c *Config) *Size { return &c.StoreL2Size })},
+		{"store_l1_capacity", "TENSORCAST_STORE_L1_CAPACITY", "pool bytes the store may hold (0: three quarters of pool_size)", size(func(c *Config) *Size { return &c.StoreL1Capacity })},
+		{"store_high_watermark", "TENSORCAST_STORE_HIGH_WATERMARK", "L1 fraction over which the store evicts", frac(func(c *Config) *float64 { return &c.StoreHighWatermark })},
+		{"store_low_watermark", "TENSORCAST_STORE_LOW_WATERMARK", "L1 fraction eviction brings the store under", frac(func(c *Config) *float64 { return &c.StoreLowWatermark })},
+		{"store_max_value_size", "TENSORCAST_STORE_MAX_VALUE_SIZE", "largest value (0: the pool's largest block)", size(func(c *Config) *Size { return &c.StoreMaxValueSize })},
+		{"store_max_keys_per_call", "TENSORCAST_STORE_MAX_KEYS_PER_CALL", "most keys of one store call", num(func(c *Config) *int { return &c.StoreMaxKeysPerCall })},
+		{"store_max_lease_ttl", "TENSORCAST_STORE_MAX_LEASE_TTL", "longest timed pin (e.g. 24h)", func(c *Config, s string) error { return c.StoreMaxLeaseTTL.UnmarshalText([]byte(s)) }},
+		{"store_writeback_retries", "TENSORCAST_STORE_WRITEBACK_RETRIES", "retries of a failed writeback before it is a tombstone", num(func(c *Config) *int { return &c.StoreWritebackRetries })},
+	}
+}

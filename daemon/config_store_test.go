@@ -1,0 +1,90 @@
+package daemon
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestStoreConfig: the defaults give a store with an L2 file under
+// data_dir; the file, the environment and flags set its keys in the usual
+// precedence.
+func TestStoreConfig(t *testing.T) {
+	c, err := Load([]string{"--data-dir", "/srv/tc"}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Store != "on" || c.storeL2() != "/srv/tc/store.l2" || c.StoreL2Size != 1<<30 || c.StoreL1Capacity != 0 ||
+		c.StoreMaxKeysPerCall != 1024 || time.Duration(c.StoreMaxLeaseTTL) != 24*time.Hour {
+		t.Fatalf("defaults: %+v", c.StoreConfig)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "tc.toml")
+	writeFile(t, file, `
+data_dir = "/srv/tc"
+allowed_files = ["/mnt/nvme0"]
+store_l2_path = "/mnt/nvme0/kv.l2"
+store_l2_size = "64GiB"
+store_l1_capacity = "128MiB"
+store_high_watermark = 0.9
+store_low_watermark = 0.5
+store_max_keys_per_call = 4096
+store_writeback_retries = 0
+`)
+	c, err = Load([]string{"--config", file}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.storeL2() != "/mnt/nvme0/kv.l2" || c.StoreL2Size != 64<<30 || c.StoreL1Capacity != 128<<20 || c.StoreHighWatermark != 0.9 ||
+		c.StoreLowWatermark != 0.5 || c.StoreMaxKeysPerCall != 4096 || c.StoreWritebackRetries != 0 {
+		t.Fatalf("file: %+v", c.StoreConfig)
+	}
+	c, err = Load([]string{"--config", file, "--store-l2-path", "off", "--store-max-keys-per-call", "128"},
+		env(map[string]string{"TENSORCAST_STORE_L1_CAPACITY": "64MiB", "TENSORCAST_STORE_MAX_KEYS_PER_CALL": "2"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.storeL2() != "" || c.StoreL1Capacity != 64<<20 || c.StoreMaxKeysPerCall != 128 {
+		t.Fatalf("env and flags: %+v", c.StoreConfig)
+	}
+}
+
+// TestStoreConfigInvalid: every bad store value fails start-up with the
+// key and the value in the message.
+func TestStoreConfigInvalid(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{"store neither on nor off", []string{"--store", "maybe"}, nil, []string{"store", "maybe"}},
+		{"relative L2", []string{"--store-l2-path", "kv.l2"}, nil, []string{"store_l2_path", "kv.l2"}},
+		{"L2 outside data_dir", []string{"--store-l2-path", "/etc/kv.l2"}, nil, []string{"store_l2_path", "/etc/kv.l2", "allowed_files"}},
+		{"L2 beside data_dir", []string{"--data-dir", "/srv/tc", "--store-l2-path", "/srv/tc2/kv.l2"}, nil, []string{"store_l2_path", "/srv/tc2/kv.l2"}},
+		{"L2 too small", nil, map[string]string{"TENSORCAST_STORE_L2_SIZE": "1MiB"}, []string{"store_l2_size", "1MiB"}},
+		{"L2 size not a size", []string{"--store-l2-size", "big"}, nil, []string{"store_l2_size", "big"}},
+		{"L1 over the pool", []string{"--pool-size", "64MiB", "--store-l1-capacity", "1GiB"}, nil, []string{"store_l1_capacity", "1GiB"}},
+		{"watermarks crossed", []string{"--store-high-watermark", "0.5", "--store-low-watermark", "0.8"}, nil,
+			[]string{"store_low_watermark", "0.8", "0.5"}},
+		{"watermark not a number", nil, map[string]string{"TENSORCAST_STORE_HIGH_WATERMARK": "high"}, []string{"store_high_watermark", "high"}},
+		{"value over the largest block", []string{"--store-max-value-size", "8MiB"}, nil, []string{"store_max_value_size", "8MiB"}},
+		{"too many keys per call", []string{"--store-max-keys-per-call", "70000"}, nil, []string{"store_max_keys_per_call", "70000"}},
+		{"no keys per call", []string{"--store-max-keys-per-call", "0"}, nil, []string{"store_max_keys_per_call", "0"}},
+		{"lease too long", []string{"--store-max-lease-ttl", "1000h"}, nil, []string{"store_max_lease_ttl", "1000h"}},
+		{"retries negative", []string{"--store-writeback-retries", "-1"}, nil, []string{"store_writeback_retries", "-1"}},
+	}
+	for _, tc := range cases {
+		_, err := Load(tc.args, env(tc.env))
+		if err == nil {
+			t.Errorf("%s: accepted", tc.name)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q does not name %q", tc.name, err, w)
+			}
+		}
+	}
+}
