@@ -136,7 +136,8 @@ func TestStoreThroughDaemon(t *testing.T) {
 		t.Fatalf("store counters %v", m)
 	}
 	exp := scrapeMetrics(t, d.MetricsAddr())
-	for _, want := range []string{"tensorcast_store_keys 3", `tensorcast_store_tier_keys{tier="l2"} 3`, "tensorcast_store_durable_puts_total 3"} {
+	for _, want := range []string{`tensorcast_store_keys{tenant="default"} 3`, `tensorcast_store_tier_keys{tenant="default",tier="l2"} 3`,
+		`tensorcast_store_durable_puts_total{tenant="default"} 3`} {
 		if !strings.Contains(exp, want+"\n") {
 			t.Fatalf("the scrape lacks %q", want)
 		}
