@@ -51,8 +51,6 @@ const (
 	SQEFlagDurable uint8 = 1 << 1
 	// SQEFlagPin: an OpStoreLookupPrefix pins the prefix it found.
 	SQEFlagPin uint8 = 1 << 2
-
-	sqeFlagsKnown = SQEFlagNotify | SQEFlagDurable | SQEFlagPin
 )
 
 // StoreResultSize is the size of one key's record in a store op's results

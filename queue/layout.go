@@ -172,11 +172,6 @@ func word(mem []byte, off int) *atomic.Uint32 {
 	return (*atomic.Uint32)(unsafe.Pointer(&mem[off]))
 }
 
-// dword is the shared u64 at off (8-aligned), for atomic access.
-func dword(mem []byte, off int) *atomic.Uint64 {
-	return (*atomic.Uint64)(unsafe.Pointer(&mem[off]))
-}
-
 // words are the shared control words of one mapping.
 type words struct {
 	sqHead, sqTail, sqFlags, sqWake *atomic.Uint32
