@@ -115,6 +115,10 @@ bench: build
 	scripts/bench-section.sh tcp "tcp transport vs iperf3 and a raw TCP ping-pong (loopback)" scripts/bench-tcp.sh 3 3
 	scripts/bench-section.sh clib "libtensorcast vs the Go client: queue round trip at depth 1 (NOP, 4 KiB local WRITE)" \
 	  scripts/bench-clib.sh 5 200000
+	scripts/bench-section.sh --markdown syscalls "System calls per request through the queue, and daemon CPU per request" \
+	  scripts/bench-syscalls.sh 1000000
+	scripts/bench-section.sh directory "The etcd directory at 100 daemons: hit and fallback rates, lookups, churn, etcd down 30 s" \
+	  scripts/bench-directory.sh 100 120 30
 	scripts/bench-section.sh rdma "rdma transport and tcbench vs perftest on Soft-RoCE (qemu VM; ratios only)" \
 	  bash -c 'set -o pipefail; RDMA_ROUNDS=5 RXE_TIMEOUT=1500 RDMA_TEST_RUN=XXX RDMA_DAEMON_RUN=- scripts/rdma-vm-test.sh | sed -n "/^rdma vs perftest/,\$$p"'
 	scripts/bench-section.sh rdma-register "Registering a 4 GiB region for RDMA (Soft-RoCE under qemu TCG)" \
