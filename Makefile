@@ -82,7 +82,7 @@ test-python: build
 	  PYTHONPATH=python $(PYTHON) -m unittest discover -s python/tests -t python
 	@other=$$(command -v python3); if [ -n "$$other" ] && [ "$$(readlink -f $$other)" != "$$(readlink -f $(PYTHON))" ]; then \
 	  echo "test-python: core tests on $$other ($$($$other --version 2>&1))"; \
-	  TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd PYTHONPATH=python $$other -m unittest tests.test_core tests.test_queue; fi
+	  TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd PYTHONPATH=python $$other -m unittest tests.test_core tests.test_queue tests.test_store; fi
 
 # Real RDMA verbs over Soft-RoCE inside a qemu VM (see rdma/vmtest).
 test-rdma:
