@@ -45,7 +45,7 @@ from .errors import Error, Status
 if TYPE_CHECKING:
     from .client import CallOptions
 
-__all__ = ["Codes", "Extent", "Key", "KeyInfo", "PinnedValues", "Reservation", "StoreCalls"]
+__all__ = ["Codes", "Extent", "Key", "KeyInfo", "Locations", "PinnedValues", "Reservation", "StoreCalls"]
 
 Key = Union[str, bytes, bytearray, memoryview]
 
@@ -83,6 +83,15 @@ class Extent(NamedTuple):
     segment: int
     offset: int
     length: int
+
+
+class Locations(NamedTuple):
+    """Where the values of pinned keys lie in the daemon's pool
+    (:meth:`StoreCalls.get_locations`)."""
+
+    codes: List[Status]
+    offsets: List[int]
+    lengths: List[int]
 
 
 class Codes(List[Status]):
@@ -377,6 +386,47 @@ class StoreCalls:
             out.lengths.extend(lens)
         return out
 
+    def put_addresses(self, keys: Sequence[Key], addresses: Sequence[int], lengths: Sequence[int],
+                      durable: bool = False) -> List[Status]:
+        """put of raw memory: key i's value is lengths[i] bytes at address
+        addresses[i] of this process (an engine's host pool page, say),
+        which must stay valid for the call."""
+        n = len(keys)
+        if len(addresses) != n or len(lengths) != n:
+            raise Error(Status.INVALID_ARGUMENT, f"put_addresses: {len(addresses)} addresses, {len(lengths)} lengths "
+                        f"for {n} keys")
+        out: List[Status] = []
+        for lo, hi in _chunks(n, self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            m = hi - lo
+            ptrs, lens = (ctypes.c_void_p * m)(*addresses[lo:hi]), (ctypes.c_uint64 * m)(*lengths[lo:hi])
+            codes = (ctypes.c_int * m)()
+            self._check(self._run_kv("put", lib.tc_kv_put, ctypes.byref(ks), ptrs, lens, int(durable), codes),
+                        f"put of {m} keys")
+            out.extend(_status(c) for c in codes)
+        return out
+
+    def get_addresses(self, keys: Sequence[Key], addresses: Sequence[int], capacities: Sequence[int]) -> Codes:
+        """get into raw memory: key i's value is copied to addresses[i], at
+        most capacities[i] bytes of this process's memory, writable and valid
+        for the call."""
+        n = len(keys)
+        if len(addresses) != n or len(capacities) != n:
+            raise Error(Status.INVALID_ARGUMENT, f"get_addresses: {len(addresses)} addresses, {len(capacities)} "
+                        f"capacities for {n} keys")
+        out = Codes()
+        out.lengths = []
+        for lo, hi in _chunks(n, self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            m = hi - lo
+            ptrs, caps = (ctypes.c_void_p * m)(*addresses[lo:hi]), (ctypes.c_uint64 * m)(*capacities[lo:hi])
+            codes, lens = (ctypes.c_int * m)(), (ctypes.c_uint64 * m)()
+            self._check(self._run_kv("get", lib.tc_kv_read, ctypes.byref(ks), ptrs, caps, lens, codes),
+                        f"get of {m} keys")
+            out.extend(_status(c) for c in codes)
+            out.lengths.extend(lens)
+        return out
+
     def exists(self, keys: Sequence[Key]) -> List[bool]:
         """Whether each key is stored. It renews nothing (no lease, pin or
         recency)."""
@@ -479,6 +529,41 @@ class StoreCalls:
             ks, packed = _pack(keys[lo:hi])
             codes = (ctypes.c_int * (hi - lo))()
             self._check(self._run_kv("commit", lib.tc_kv_commit, ctypes.byref(ks), int(durable), codes), "commit")
+            out.extend(_status(c) for c in codes)
+        return out
+
+    def get_locations(self, keys: Sequence[Key]) -> "Locations":
+        """Pins each key and says where its value lies in the daemon's pool:
+        ``offsets[i]`` and ``lengths[i]`` (0 where ``codes[i]`` is not OK), to
+        be read in place through ``pool.view`` (or another client's mapping
+        of the same pool) and then given back with :meth:`release`."""
+        codes: List[Status] = []
+        offsets: List[int] = []
+        lengths: List[int] = []
+        for lo, hi in _chunks(len(keys), self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            m = hi - lo
+            cs, offs, lens = (ctypes.c_int * m)(), (ctypes.c_uint64 * m)(), (ctypes.c_uint64 * m)()
+            self._check(self._run_kv("get", lib.tc_kv_get, ctypes.byref(ks), offs, lens, cs), f"get of {m} keys")
+            codes.extend(_status(c) for c in cs)
+            offsets.extend(offs)
+            lengths.extend(lens)
+        return Locations(codes, offsets, lengths)
+
+    def release(self, keys: Sequence[Key]) -> List[Status]:
+        """Drops one pin of this client from every key, through the store's
+        queue: the release of :meth:`get_locations`, of
+        ``lookup_prefix(pin=True)`` and of :meth:`get_pinned`. All or nothing,
+        as :meth:`unpin`: when a key refuses it, its Status says why (and the
+        others FAILED_PRECONDITION) and nothing was unpinned."""
+        out: List[Status] = []
+        for lo, hi in _chunks(len(keys), self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            m = hi - lo
+            codes = (ctypes.c_int * m)(*([int(Status.FAILED_PRECONDITION)] * m))
+            rc = self._run_kv("unpin", lib.tc_kv_unpin, ctypes.byref(ks), codes)
+            if rc not in (0, Status.FAILED_PRECONDITION, Status.NOT_FOUND):
+                self._check(rc, f"unpin of {m} keys")
             out.extend(_status(c) for c in codes)
         return out
 
