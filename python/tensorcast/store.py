@@ -143,13 +143,17 @@ class _PyBuffer(ctypes.Structure):
     ]
 
 
+# The buffer calls take the Py_buffer by address: a _Spans holds one array
+# of them and passes each element's address, making no ctypes object per
+# value.
 _get_buffer = ctypes.pythonapi.PyObject_GetBuffer
-_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.c_int]
 _get_buffer.restype = ctypes.c_int
 _release_buffer = ctypes.pythonapi.PyBuffer_Release
-_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.argtypes = [ctypes.c_void_p]
 _release_buffer.restype = None
 _PyBUF_SIMPLE, _PyBUF_WRITABLE = 0, 1
+_PYBUF_SIZE = ctypes.sizeof(_PyBuffer)
 
 
 class _Spans:
@@ -158,39 +162,46 @@ class _Spans:
 
     def __init__(self, objs: Sequence[Any], writable: bool) -> None:
         n = len(objs)
-        self.held: List[Any] = []
+        self._bufs = (_PyBuffer * n)()
+        self._base = ctypes.addressof(self._bufs)
+        self._held: List[int] = []  # addresses of the Py_buffers to release
+        self._tensors: List[Any] = []
         ptrs: List[int] = [0] * n
         lens: List[int] = [0] * n
+        flags = _PyBUF_WRITABLE if writable else _PyBUF_SIMPLE
         try:
             for i, o in enumerate(objs):
-                ptrs[i], lens[i] = self._span(o, writable, i)
+                if hasattr(o, "data_ptr") and hasattr(o, "element_size"):  # a torch tensor
+                    ptrs[i], lens[i] = self._tensor(o, i)
+                    continue
+                at = self._base + i * _PYBUF_SIZE
+                try:
+                    _get_buffer(o, at, flags)
+                except (BufferError, TypeError, ValueError) as e:
+                    want = "a writable, contiguous buffer" if writable else "a contiguous buffer"
+                    raise Error(Status.INVALID_ARGUMENT,
+                                f"value {i} ({type(o).__name__}) is not {want}: {e}") from None
+                self._held.append(at)
+                b = self._bufs[i]
+                ptrs[i], lens[i] = b.buf or 0, b.len
         except BaseException:
             self.release()
             raise
         self.ptrs = (ctypes.c_void_p * n)(*ptrs)
         self.lens = (ctypes.c_uint64 * n)(*lens)
 
-    def _span(self, o: Any, writable: bool, i: int) -> Tuple[int, int]:
-        if hasattr(o, "data_ptr") and hasattr(o, "element_size"):  # a torch tensor
-            if o.device.type != "cpu" or not o.is_contiguous():
-                raise Error(Status.INVALID_ARGUMENT, f"value {i}: a tensor on {o.device}, "
-                            f"{'' if o.is_contiguous() else 'not '}contiguous (want a contiguous CPU tensor)")
-            self.held.append(o)
-            return int(o.data_ptr()), int(o.numel()) * int(o.element_size())
-        pb = _PyBuffer()
-        try:
-            _get_buffer(o, ctypes.byref(pb), _PyBUF_WRITABLE if writable else _PyBUF_SIMPLE)
-        except (BufferError, TypeError, ValueError) as e:
-            want = "a writable, contiguous buffer" if writable else "a contiguous buffer"
-            raise Error(Status.INVALID_ARGUMENT, f"value {i} ({type(o).__name__}) is not {want}: {e}") from None
-        self.held.append(pb)
-        return int(pb.buf or 0), int(pb.len)
+    def _tensor(self, o: Any, i: int) -> Tuple[int, int]:
+        if o.device.type != "cpu" or not o.is_contiguous():
+            raise Error(Status.INVALID_ARGUMENT, f"value {i}: a tensor on {o.device}, "
+                        f"{'' if o.is_contiguous() else 'not '}contiguous (want a contiguous CPU tensor)")
+        self._tensors.append(o)
+        return int(o.data_ptr()), int(o.numel()) * int(o.element_size())
 
     def release(self) -> None:
-        for h in self.held:
-            if isinstance(h, _PyBuffer):
-                _release_buffer(ctypes.byref(h))
-        self.held = []
+        for at in self._held:
+            _release_buffer(at)
+        self._held = []
+        self._tensors = []
 
 
 def _chunks(n: int, size: int) -> Iterator[Tuple[int, int]]:

@@ -143,12 +143,12 @@ class TestStore(DaemonCase):
         # it) cannot be released: unpinned all the same, and said.
         held = c.get_pinned([b"pin/0"])
         pb = store._PyBuffer()
-        store._get_buffer(held[0], ctypes.byref(pb), 0)
+        store._get_buffer(held[0], ctypes.addressof(pb), 0)
         with self.assertRaises(Error) as e:
             held.release()
         self.assertEqual(e.exception.code, Status.FAILED_PRECONDITION)
         self.assertEqual(c.stat(b"pin/0").pins, 0)
-        store._release_buffer(ctypes.byref(pb))
+        store._release_buffer(ctypes.addressof(pb))
 
     def test_pins_leases_and_prefix_pins(self) -> None:
         c = self.connect()
