@@ -619,7 +619,32 @@ void test_store_answers(const tcd *d)
             fprintf(stderr, "store answers: %s: %s\n", cases[i].what, tc_strerror(rc));
         CHECK_RC(rc, TC_EPROTO);
     }
-    (void)pool;
+    /* Random alterations: each answer verifies or is refused whole, and
+     * what verifies keeps its records inside the pool. */
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    int refused = 0, verified = 0;
+    for (int i = 0; i < 3000; i++) {
+        memcpy(reg, saved, sizeof saved);
+        tc_cqe bad = e;
+        for (int m = 0; m < 1 + i % 3; m++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            reg[x % sizeof saved] ^= (uint8_t)(1u << (x >> 32) % 8);
+        }
+        if (i % 7 == 0)
+            bad.transferred = x % 5;
+        if (i % 11 == 0)
+            bad.code = TC_FAILED_PRECONDITION;
+        int rc = tc_results_check(r, &bad, codes, offs, NULL);
+        CHECK(rc == TC_OK || rc == TC_EPROTO || rc == bad.code);
+        if (rc == TC_EPROTO) {
+            refused++;
+            continue;
+        }
+        verified++;
+        for (int j = 0; j < 3; j++)
+            CHECK(codes[j] != TC_OK || offs[j] < pool->size);
+    }
+    CHECK(refused > 0 && verified > 0);
     /* A prefix longer than the keys asked. */
     tc_cqe pe = {.user_data = 1, .transferred = 4, .code = TC_OK, .state = TC_TASK_COMPLETED};
     size_t found;
