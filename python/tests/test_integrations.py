@@ -154,6 +154,22 @@ class TestSGLang(unittest.TestCase):
         self.assertFalse(b.exists("old/1"))
         self.assertIsNone(b.get_stats())
 
+    def test_a_pool_that_does_not_fit_is_a_miss_logged_once(self) -> None:
+        pool = MHAHostPool()
+        lg = logging.getLogger("test.sglang.layout")
+        b = sglang.TensorcastStore(StorageConfig(), socket=self.daemon.socket, logger=lg)
+        self.addCleanup(b.close)
+        b.register_mem_pool_host(pool)
+        keys = chain(2, 6)
+        with self.assertLogs(lg, logging.WARNING) as logs:
+            # Indices of three pages for two keys: not a layout the backend
+            # can map, a miss for every page (and no exception).
+            self.assertEqual(b.batch_set_v1(keys, pool.indices(0, 3)), [False, False])
+            self.assertEqual(b.batch_set_v1(keys, pool.indices(0, 3)), [False, False])
+        self.assertEqual(len(logs.records), 1)
+        self.assertEqual(b.batch_set_v1(keys, pool.indices(0, 2)), [True, True])  # the connection stayed
+        self.assertEqual(b._link.counts["outages"], 0)
+
     def test_daemon_killed_and_restarted_mid_sequence(self) -> None:
         d = Daemon().start()
         self.addCleanup(d.close)

@@ -23,8 +23,9 @@ class Link:
     takes the exception a call raised: an error that leaves the connection's
     state unknown (a library code: closed, timed out, an answer that did not
     verify, a failed system call) drops the client, and the outage is logged
-    once, with the reconnection when it comes; any other error is logged once
-    per kind of call and code. ``on_connect(client)`` runs after each dial
+    once, with the reconnection when it comes; any other error (a protocol
+    code, an exception of another kind) is logged once per kind of call and
+    error, and the client stays. ``on_connect(client)`` runs after each dial
     (registering memory again, say); if it raises, the dial failed.
     """
 
@@ -44,7 +45,7 @@ class Link:
         self._dialing = False
         self._last_dial = float("-inf")
         self._down = False  # an outage was logged and has not ended
-        self._seen: Set[Tuple[str, int]] = set()
+        self._seen: Set[Tuple[str, object]] = set()
         self.counts: Dict[str, int] = {"dials": 0, "dial_failures": 0, "outages": 0, "errors": 0}
 
     def client(self) -> Optional[Client]:
@@ -87,8 +88,11 @@ class Link:
 
     def failed(self, what: str, err: BaseException, client: Optional[Client] = None) -> None:
         """err ended a call made on client (None: the current one)."""
+        # Only the library's own codes leave the connection's state unknown;
+        # a protocol code or an exception of another kind (a host pool
+        # whose layout does not fit, say) is about the call alone.
         code = int(err.code) if isinstance(err, Error) else None
-        broken = code is None or code < 0
+        broken = code is not None and code < 0
         drop: Optional[Client] = None
         outage = first = False
         with self._mu:
@@ -100,17 +104,17 @@ class Link:
                     self._down = outage = True
                     self.counts["outages"] += 1
             else:
-                key = (what, code if code is not None else -1000)
+                key = (what, code if code is not None else type(err).__name__)
                 first = key not in self._seen
                 self._seen.add(key)
         if drop is not None:
             drop.close()
         if outage:
             self.log.warning("tensorcast: %s failed (%s); the connection is dropped, answering misses until the "
-                             "daemon is back", what, err, exc_info=code is None)
+                             "daemon is back", what, err)
         if first:
-            self.log.warning("tensorcast: %s failed (%s); answering a miss (logged once for this call and code)",
-                             what, err)
+            self.log.warning("tensorcast: %s failed (%s); answering a miss (logged once for this call and kind of "
+                             "error)", what, err, exc_info=code is None)
 
     def reset(self) -> None:
         """Drops the client (closing the connection releases what it held)
