@@ -854,7 +854,9 @@ typedef struct tc_kv tc_kv;
 
 /* Options of tc_kv_open. Zero-initialize; a zero field takes its default. */
 typedef struct tc_kv_opts {
-    uint32_t max_keys;   /* most keys of one call; 0: 1024, the daemon's default bound */
+    uint32_t max_keys;   /* most keys of one call; 0: 1024, the daemon's default bound. The
+                          * tc_kv's data area holds key lists of max_keys keys of TC_MAX_KEY
+                          * bytes (at most about 1.4 MB): a longer list is TC_INVALID_ARGUMENT */
     uint32_t timeout_ms; /* bounds each call's wait; 0: none (a dead daemon still ends it) */
     uint32_t spin_us;    /* as tc_queue_opts */
     uint32_t flags;      /* TC_QUEUE_NOSPIN */

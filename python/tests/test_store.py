@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import time
 import unittest
-from typing import List
 
 import tensorcast
 from tensorcast import Error, Status, store
