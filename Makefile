@@ -82,7 +82,7 @@ test-python: build
 	  PYTHONPATH=python $(PYTHON) -m unittest discover -s python/tests -t python
 	@other=$$(command -v python3); if [ -n "$$other" ] && [ "$$(readlink -f $$other)" != "$$(readlink -f $(PYTHON))" ]; then \
 	  echo "test-python: core tests on $$other ($$($$other --version 2>&1))"; \
-	  TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd PYTHONPATH=python $$other -m unittest tests.test_core tests.test_queue; fi
+	  TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd PYTHONPATH=python $$other -m unittest tests.test_core tests.test_queue tests.test_store; fi
 
 # Real RDMA verbs over Soft-RoCE inside a qemu VM (see rdma/vmtest).
 test-rdma:
@@ -119,6 +119,8 @@ bench: build
 	  scripts/bench-syscalls.sh 1000000
 	scripts/bench-section.sh directory "The etcd directory at 100 daemons: hit and fallback rates, lookups, churn, etcd down 30 s" \
 	  scripts/bench-directory.sh 100 120 30
+	scripts/bench-section.sh --markdown python "The Python client's store calls vs numpy copying the same bytes, and the SGLang-shaped backend" \
+	  scripts/bench-python.sh 5 1
 	scripts/bench-section.sh rdma "rdma transport and tcbench vs perftest on Soft-RoCE (qemu VM; ratios only)" \
 	  bash -c 'set -o pipefail; RDMA_ROUNDS=5 RXE_TIMEOUT=1500 RDMA_TEST_RUN=XXX RDMA_DAEMON_RUN=- scripts/rdma-vm-test.sh | sed -n "/^rdma vs perftest/,\$$p"'
 	scripts/bench-section.sh rdma-register "Registering a 4 GiB region for RDMA (Soft-RoCE under qemu TCG)" \

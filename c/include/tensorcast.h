@@ -273,6 +273,7 @@ typedef struct tc_stats {
     tc_counters connection; /* this connection's holdings */
     tc_counters transports; /* transports' features and counters */
     uint32_t connections;
+    tc_counters store; /* the KV block store's figures (none without a store) */
 } tc_stats;
 
 /* ---- Connection ---------------------------------------------------------- */
@@ -581,11 +582,338 @@ TC_API void tc_queue_shutdown(tc_queue *q);
  * A reap waiting in another thread returns TC_ECLOSED first. NULL is a no-op. */
 TC_API int tc_queue_close(tc_queue *q);
 
+/* ---- The KV block store -------------------------------------------------- */
+
 /*
- * Not yet in this header, and added beside the calls above when the daemon
- * serves them: the KV store calls (issue 11): put, get, exists,
- * lookup-prefix, remove, pin and unpin, with positional per-key codes.
+ * The daemon's KV block store keeps values (KV-cache blocks) by key: in its
+ * pool (L1) and on an L2 file or device. Keys are 1 .. TC_MAX_KEY bytes;
+ * values 1 byte up to the daemon's store_max_value_size.
+ *
+ * Every batch call is positional: codes[i] (and offsets[i], lengths[i]) are
+ * key i's, for exactly the keys passed. A call that returns TC_OK ran, and
+ * each key's code says what happened to it (TC_NOT_FOUND, TC_ALREADY_EXISTS,
+ * TC_BUSY, TC_RESOURCE_EXHAUSTED, ...); any other return is about the whole
+ * call and leaves codes unspecified. An answer with another number of
+ * results, a location or length that does not fit what the call named, or
+ * (on a queue) a result the daemon never wrote fails the whole call with
+ * TC_EPROTO, and the connection is then broken (what the daemon did for the
+ * call is unknown; closing the connection releases it).
+ *
+ * Three ways in:
+ *
+ *  - On the control socket (tc_store_put .. tc_store_flush): copying put and
+ *    read between the store and memory the daemon can address (a buffer of
+ *    the connection or pool blocks it holds, named by tc_extent), remove,
+ *    pin with an optional TTL, unpin, reserve and commit, stat, list, flush.
+ *  - On a queue, asynchronously (tc_queue_store_*): the hot calls -- get
+ *    (pin each key and say where its value lies in the pool, to be read in
+ *    place), reserve (pool blocks to be written in place), commit, exists,
+ *    lookup_prefix (with an optional pin of the prefix found) and unpin --
+ *    with their keys in the queue's shared memory and their per-key results
+ *    in a tc_results region. Each call is one submission entry with one
+ *    completion; tc_results_check then validates it and copies the results
+ *    out.
+ *  - Through a tc_kv, synchronously: the same hot calls made on a queue of
+ *    the tc_kv's own, plus tc_kv_put and tc_kv_read, which copy values from
+ *    and into any memory of the process (reserve, copy, commit; get, copy,
+ *    unpin).
+ *
+ * Pins (from a get, a pinned lookup_prefix or tc_store_pin) and reservations
+ * belong to the connection and are released when it closes. A pinned value
+ * is never evicted or moved; an unpin that would go below zero is refused
+ * (all or nothing). Exists renews nothing.
+ *
+ * The control socket has no Exists or LookupPrefix call: those are queue
+ * calls only (tc_kv_exists, tc_kv_lookup_prefix).
  */
+
+/* The longest key the store accepts (a longer or empty key gets
+ * TC_INVALID_ARGUMENT as its code). */
+#define TC_MAX_KEY 256
+
+/* The most keys one call can carry. The daemon bounds it further
+ * (store_max_keys_per_call, 1024 unless configured): a call with more keys
+ * fails as a whole with TC_INVALID_ARGUMENT. */
+#define TC_MAX_KEYS 65535u
+
+/* One key: len bytes at data. */
+typedef struct tc_key {
+    const void *data;
+    size_t len;
+} tc_key;
+
+/* A store call's keys, in one of two forms: n keys in keys[0..n), or (keys
+ * NULL) packed, the protocol's key list as it travels: for each of the n
+ * keys a u16 little-endian length and then its bytes, nothing between keys
+ * and nothing after the last (packed_len bytes in all). The packed form
+ * saves the library a copy; it is checked to hold exactly n keys. n is
+ * 1 .. TC_MAX_KEYS. */
+typedef struct tc_keys {
+    size_t n;
+    const tc_key *keys;
+    const void *packed;
+    size_t packed_len;
+} tc_keys;
+
+/* tc_keys_packed_len is how many bytes keys take packed (the size of a
+ * buffer for tc_keys_pack), 0 when keys is not a valid key list. */
+TC_API size_t tc_keys_packed_len(const tc_keys *keys);
+
+/* tc_keys_pack writes keys packed into dst (cap bytes) and returns how many
+ * bytes it wrote, 0 when they do not fit or keys is not a valid key list. */
+TC_API size_t tc_keys_pack(const tc_keys *keys, void *dst, size_t cap);
+
+/* Where a copying store call's value lies, or where it goes: length bytes
+ * at offset in segment, a buffer of this connection (tc_buffer_create,
+ * tc_buffer_register_fd) or pool blocks it allocated (tc_blocks_alloc). */
+typedef struct tc_extent {
+    tc_segment_id segment;
+    uint64_t offset;
+    uint64_t length;
+} tc_extent;
+
+/* A stored key as tc_store_stat and tc_store_list describe it: its value's
+ * size, the tiers it is on, its pins over all connections, and whether it
+ * is still owed a writeback to L2 (dirty) or its writeback gave up
+ * (tombstone). key is set by tc_store_list only. */
+typedef struct tc_key_info {
+    const uint8_t *key;
+    size_t key_len;
+    uint64_t size;
+    uint32_t pins;
+    uint8_t in_l1;
+    uint8_t in_l2;
+    uint8_t dirty;
+    uint8_t tombstone;
+} tc_key_info;
+
+/* -- on the control socket -- */
+
+/* tc_store_put stores key i with a copy of the bytes values[i] names; with
+ * durable each key's code comes only once its value is on L2. A key already
+ * stored gets TC_ALREADY_EXISTS, one being put by another call TC_BUSY; an
+ * extent the connection does not hold TC_PERMISSION_DENIED or
+ * TC_NOT_FOUND. Durable puts wait for the device: with a call timeout set,
+ * it must allow for that. */
+TC_API int tc_store_put(tc_conn *c, const tc_keys *keys, const tc_extent *values, int durable, int *codes,
+                        const tc_call_opts *o);
+
+/* tc_store_read copies the value of key i into dests[i]; lengths[i] is the
+ * value's length (set also when dests[i] is too short, which is
+ * TC_INVALID_ARGUMENT, and 0 for a key that is not stored). */
+TC_API int tc_store_read(tc_conn *c, const tc_keys *keys, const tc_extent *dests, uint64_t *lengths, int *codes,
+                         const tc_call_opts *o);
+
+/* tc_store_remove removes keys; an absent key is TC_OK (remove is
+ * idempotent), a pinned one TC_FAILED_PRECONDITION. */
+TC_API int tc_store_remove(tc_conn *c, const tc_keys *keys, int *codes, const tc_call_opts *o);
+
+/* tc_store_pin pins every key for this connection, or none: when a key
+ * cannot be pinned (absent: TC_NOT_FOUND, too many pins:
+ * TC_RESOURCE_EXHAUSTED) the others get TC_FAILED_PRECONDITION and nothing
+ * changed. ttl_ms > 0 makes each pin a lease that ends by itself (the daemon
+ * bounds it: store_max_lease_ttl). */
+TC_API int tc_store_pin(tc_conn *c, const tc_keys *keys, uint32_t ttl_ms, int *codes, const tc_call_opts *o);
+
+/* tc_store_unpin drops one pin of this connection from every key, or from
+ * none (as tc_store_pin): a key this connection holds no pin on refuses
+ * it with TC_FAILED_PRECONDITION. */
+TC_API int tc_store_unpin(tc_conn *c, const tc_keys *keys, int *codes, const tc_call_opts *o);
+
+/* tc_store_reserve reserves a pool block of sizes[i] bytes for key i:
+ * offsets[i] is where it lies in the pool (tc_pool_info()->base + offset),
+ * to be written in place and then committed (0 where the code is not OK).
+ * A reservation is invisible to readers and goes with the connection
+ * unless committed. */
+TC_API int tc_store_reserve(tc_conn *c, const tc_keys *keys, const uint64_t *sizes, uint64_t *offsets, int *codes,
+                            const tc_call_opts *o);
+
+/* tc_store_commit makes keys this connection reserved visible; with durable
+ * once each value is on L2 (a key whose durable commit failed stays
+ * reserved, to be committed again). A key this connection did not reserve
+ * gets TC_FAILED_PRECONDITION. */
+TC_API int tc_store_commit(tc_conn *c, const tc_keys *keys, int durable, int *codes, const tc_call_opts *o);
+
+/* tc_store_stat describes one key (TC_NOT_FOUND when it is not stored); it
+ * changes nothing. out->key is NULL. */
+TC_API int tc_store_stat(tc_conn *c, const void *key, size_t len, tc_key_info *out, const tc_call_opts *o);
+
+/* tc_store_list lists up to max keys (0: as many as one answer holds) that
+ * start with prefix (plen bytes, may be 0) and sort after after (alen
+ * bytes, may be 0), in order. *out is one allocation of *n entries with
+ * their keys (NULL when none), freed with tc_free; *more says the listing
+ * goes on (ask again with after = the last key). */
+TC_API int tc_store_list(tc_conn *c, const void *prefix, size_t plen, const void *after, size_t alen, uint32_t max,
+                         tc_key_info **out, size_t *n, int *more, const tc_call_opts *o);
+
+/* tc_store_flush waits, at most timeout_ms (0: the daemon's default; pass
+ * one when a call timeout is set), until no value is owed a writeback to
+ * L2: TC_DEADLINE_EXCEEDED when some still are. */
+TC_API int tc_store_flush(tc_conn *c, uint32_t timeout_ms, const tc_call_opts *o);
+
+/* -- on a queue, asynchronously -- */
+
+/*
+ * A results region is where the daemon writes the per-key results of one
+ * store call on a queue: 16 bytes per key in a client buffer. The caller owns
+ * it: from the call that stages into it until its completion is reaped and
+ * checked with tc_results_check, it must not be staged into again, and the
+ * buffer must stay registered. Each tc_queue_store_* call stages one
+ * submission entry (its keys copied into the queue's data area) and
+ * publishes it; *accepted is 0 when the ring or the data area has no room
+ * now (reap, then call again), else 1, and the call then gets exactly one
+ * completion with user_data. A key list that can never fit the queue's data
+ * area, more keys than the region holds, or a region of another connection
+ * is TC_INVALID_ARGUMENT. The same threading rules as tc_queue_submit apply.
+ */
+typedef struct tc_results tc_results;
+
+/* tc_results_create makes a results region for calls of up to max_keys keys
+ * (1 .. TC_MAX_KEYS) in a buffer of its own (tc_buffer_create). */
+TC_API int tc_results_create(tc_conn *c, uint32_t max_keys, tc_results **out);
+
+/* tc_results_in makes a results region for up to max_keys keys at offset (a
+ * multiple of 8) in buf, a buffer tc_buffer_create made on c, which must
+ * outlive it. */
+TC_API int tc_results_in(tc_conn *c, const tc_buffer *buf, uint64_t offset, uint32_t max_keys, tc_results **out);
+
+/* tc_results_destroy frees r (and the buffer tc_results_create made for it).
+ * tc_close frees the regions still made on its connection. NULL is a
+ * no-op. */
+TC_API void tc_results_destroy(tc_results *r);
+
+/* tc_queue_store_get pins each key for this connection and writes where its
+ * value lies in the pool into r (read it in place, then unpin it). A value
+ * only on L2 is read into the pool first; the completion comes once it is
+ * there. */
+TC_API int tc_queue_store_get(tc_queue *q, const tc_keys *keys, tc_results *r, uint64_t user_data,
+                              size_t *accepted);
+
+/* tc_queue_store_reserve reserves a pool block of size bytes for each key
+ * (write it in place, then commit). */
+TC_API int tc_queue_store_reserve(tc_queue *q, const tc_keys *keys, uint64_t size, tc_results *r,
+                                  uint64_t user_data, size_t *accepted);
+
+/* tc_queue_store_commit makes reserved keys visible; with durable the
+ * completion comes once each value is on L2. */
+TC_API int tc_queue_store_commit(tc_queue *q, const tc_keys *keys, int durable, tc_results *r, uint64_t user_data,
+                                 size_t *accepted);
+
+/* tc_queue_store_exists says of each key whether it is stored (TC_OK) or not
+ * (TC_NOT_FOUND); it renews nothing. */
+TC_API int tc_queue_store_exists(tc_queue *q, const tc_keys *keys, tc_results *r, uint64_t user_data,
+                                 size_t *accepted);
+
+/* tc_queue_store_unpin drops one pin of this connection from every key, or
+ * from none: the release of a get or of a pinned lookup_prefix. */
+TC_API int tc_queue_store_unpin(tc_queue *q, const tc_keys *keys, tc_results *r, uint64_t user_data,
+                                size_t *accepted);
+
+/* tc_queue_store_lookup_prefix counts how many leading keys are stored; with
+ * pin it also pins them for this connection in the same call, so that a get
+ * of them cannot miss (unpin them after). It has no results region: the
+ * count is the completion's transferred (read it with tc_prefix_check). */
+TC_API int tc_queue_store_lookup_prefix(tc_queue *q, const tc_keys *keys, int pin, uint64_t user_data,
+                                        size_t *accepted);
+
+/* tc_results_check checks the completion cqe of the call staged into r last
+ * and copies its per-key results out: codes[i] (required), offsets[i] and
+ * lengths[i] (may be NULL; for a get the value's offset in the pool and its
+ * length, for a reserve the block's offset and the size reserved, else 0).
+ * It returns TC_OK when the call ran; the completion's code when the call
+ * failed as a whole: TC_FAILED_PRECONDITION for an unpin refused all or
+ * nothing (codes say which keys refused it), TC_NOT_FOUND for one refused
+ * over a key that is not stored (codes say so too: codes are filled
+ * whenever the daemon wrote every record), another code for an entry the
+ * daemon refused or a call that failed; TC_EPROTO when the answer
+ * is not whole (a record never written or with nonzero reserved bytes, a
+ * code that is none, a count of OK keys other than the completion's, a
+ * location outside the pool, a reservation of another size), and the
+ * connection is then broken. */
+TC_API int tc_results_check(tc_results *r, const tc_cqe *cqe, int *codes, uint64_t *offsets, uint64_t *lengths);
+
+/* tc_prefix_check checks the completion of a lookup_prefix of n keys:
+ * *found is the length of the prefix (pinned, if asked). TC_EPROTO (and a
+ * broken connection) for a count over n. */
+TC_API int tc_prefix_check(tc_queue *q, const tc_cqe *cqe, size_t n, size_t *found);
+
+/* -- through a tc_kv, synchronously -- */
+
+/*
+ * A tc_kv makes the store's hot calls synchronously on a queue of its own
+ * (with a results region of its own): each call stages its entry, submits it
+ * and waits for its completion, spinning briefly and then sleeping in the
+ * library. Calls on one tc_kv run one at a time (a mutex); threads that
+ * must not wait behind each other use a tc_kv each. A call that ran out of
+ * the tc_kv's timeout returns TC_ETIMEDOUT and the tc_kv takes no more calls
+ * (TC_ECLOSED; its late answer would land in the region): close it and
+ * open another. A daemon that went away ends a waiting call with
+ * TC_ECLOSED.
+ */
+typedef struct tc_kv tc_kv;
+
+/* Options of tc_kv_open. Zero-initialize; a zero field takes its default. */
+typedef struct tc_kv_opts {
+    uint32_t max_keys;   /* most keys of one call; 0: 1024, the daemon's default bound. The
+                          * tc_kv's data area holds key lists of max_keys keys of TC_MAX_KEY
+                          * bytes (at most about 1.4 MB): a longer list is TC_INVALID_ARGUMENT */
+    uint32_t timeout_ms; /* bounds each call's wait; 0: none (a dead daemon still ends it) */
+    uint32_t spin_us;    /* as tc_queue_opts */
+    uint32_t flags;      /* TC_QUEUE_NOSPIN */
+} tc_kv_opts;
+
+/* tc_kv_open opens a tc_kv on c: a queue (tc_queue_open) and a results
+ * region (tc_results_create) of its own. opts may be NULL. */
+TC_API int tc_kv_open(tc_conn *c, const tc_kv_opts *opts, tc_kv **out);
+
+/* tc_kv_close closes kv's queue and frees it. tc_close frees the tc_kvs still
+ * open on its connection. NULL is a no-op. */
+TC_API void tc_kv_close(tc_kv *kv);
+
+/* tc_kv_get pins each key and says where its value lies in the pool:
+ * offsets[i] and lengths[i] (may be NULL; 0 where the code is not OK). Read
+ * it in place at tc_pool_info()->base + offsets[i], then tc_kv_unpin it. */
+TC_API int tc_kv_get(tc_kv *kv, const tc_keys *keys, uint64_t *offsets, uint64_t *lengths, int *codes);
+
+/* tc_kv_reserve reserves a pool block of size bytes for each key: offsets[i]
+ * (may be NULL) is where it lies in the pool. Write it in place, then
+ * tc_kv_commit (or tc_store_commit) it. */
+TC_API int tc_kv_reserve(tc_kv *kv, const tc_keys *keys, uint64_t size, uint64_t *offsets, int *codes);
+
+/* tc_kv_commit makes reserved keys visible; with durable once each value is
+ * on L2. */
+TC_API int tc_kv_commit(tc_kv *kv, const tc_keys *keys, int durable, int *codes);
+
+/* tc_kv_exists says of each key whether it is stored: codes[i] TC_OK or
+ * TC_NOT_FOUND (TC_INVALID_ARGUMENT for a key the store cannot hold). */
+TC_API int tc_kv_exists(tc_kv *kv, const tc_keys *keys, int *codes);
+
+/* tc_kv_lookup_prefix says how many leading keys are stored; with pin they
+ * are also pinned for the connection (tc_kv_unpin the first *found keys
+ * after). */
+TC_API int tc_kv_lookup_prefix(tc_kv *kv, const tc_keys *keys, int pin, size_t *found);
+
+/* tc_kv_unpin drops one pin of the connection from every key, or from none:
+ * TC_FAILED_PRECONDITION (a key without a pin) or TC_NOT_FOUND (a key not
+ * stored), with codes saying which keys refused. */
+TC_API int tc_kv_unpin(tc_kv *kv, const tc_keys *keys, int *codes);
+
+/* tc_kv_put stores key i with a copy of lengths[i] bytes at values[i], any
+ * memory of this process: it reserves pool blocks (one call when every
+ * length is the same, else on the socket with a size per key), copies each
+ * value into its block and commits them, durable as asked. codes[i] is the
+ * reserve's code for a key that could not be reserved, else its commit's. A
+ * key whose commit failed stays reserved by the connection (a durable commit
+ * that failed on L2 can be committed again with tc_store_commit). */
+TC_API int tc_kv_put(tc_kv *kv, const tc_keys *keys, const void *const *values, const uint64_t *lengths,
+                     int durable, int *codes);
+
+/* tc_kv_read copies the value of key i into outs[i] (capacities[i] bytes of
+ * any memory of this process): it gets (pins) the keys, copies each value
+ * and unpins them. lengths[i] (may be NULL) is the value's length, also when
+ * capacities[i] is too short (TC_INVALID_ARGUMENT, nothing copied). */
+TC_API int tc_kv_read(tc_kv *kv, const tc_keys *keys, void *const *outs, const uint64_t *capacities,
+                      uint64_t *lengths, int *codes);
 
 #ifdef __cplusplus
 }

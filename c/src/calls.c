@@ -88,9 +88,9 @@ int tc_stats_get(tc_conn *c, tc_stats **out, const tc_call_opts *o)
     if (rc)
         return tc__finish(c, rc);
     const tc_stats *s = &c->resp.stats;
-    const tc_counters *g[4] = {&s->pool, &s->engine, &s->connection, &s->transports};
-    size_t total = g[0]->n + g[1]->n + g[2]->n + g[3]->n, bytes = sizeof(tc_stats);
-    for (int i = 0; i < 4; i++)
+    const tc_counters *g[5] = {&s->pool, &s->engine, &s->connection, &s->transports, &s->store};
+    size_t total = g[0]->n + g[1]->n + g[2]->n + g[3]->n + g[4]->n, bytes = sizeof(tc_stats);
+    for (int i = 0; i < 5; i++)
         bytes += group_bytes(g[i]);
     tc_stats *st = malloc(bytes);
     if (!st)
@@ -102,6 +102,7 @@ int tc_stats_get(tc_conn *c, tc_stats **out, const tc_call_opts *o)
     st->connection = copy_group(g[2], &items, &names);
     st->transports = copy_group(g[3], &items, &names);
     st->connections = s->connections;
+    st->store = copy_group(g[4], &items, &names);
     *out = st;
     return tc__finish(c, TC_OK);
 }
@@ -179,6 +180,14 @@ static struct tc_buf *find_buf(tc_conn *c, tc_segment_id id, const tc_buffer *pu
         if ((pub && &b->pub == pub) || (!pub && b->pub.id == id))
             return b;
     return NULL;
+}
+
+int tc__owns_buffer(tc_conn *c, const tc_buffer *buf)
+{
+    pthread_mutex_lock(&c->mu);
+    int ok = find_buf(c, 0, buf) != NULL;
+    pthread_mutex_unlock(&c->mu);
+    return ok;
 }
 
 static void unlink_buf(tc_conn *c, struct tc_buf *b)

@@ -30,6 +30,7 @@ struct codec_bug : std::exception {
 #include "gen/control_generated.h"
 
 #include "codec.h"
+#include "keys.h"
 
 #if !FLATBUFFERS_LITTLEENDIAN
 #error "libtensorcast reads verified flatbuffer vectors in place and needs a little-endian host"
@@ -69,6 +70,16 @@ TCW_TAG(TCW_SUBSCRIBE, Subscribe)
 TCW_TAG(TCW_POLL_NOTIFICATIONS, PollNotifications)
 TCW_TAG(TCW_OPEN_QUEUE, OpenQueue)
 TCW_TAG(TCW_CLOSE_QUEUE, CloseQueue)
+TCW_TAG(TCW_STORE_PUT, StorePut)
+TCW_TAG(TCW_STORE_READ, StoreRead)
+TCW_TAG(TCW_STORE_REMOVE, StoreRemove)
+TCW_TAG(TCW_STORE_PIN, StorePin)
+TCW_TAG(TCW_STORE_UNPIN, StoreUnpin)
+TCW_TAG(TCW_STORE_RESERVE, StoreReserve)
+TCW_TAG(TCW_STORE_COMMIT, StoreCommit)
+TCW_TAG(TCW_STORE_STAT, StoreStat)
+TCW_TAG(TCW_STORE_LIST, StoreList)
+TCW_TAG(TCW_STORE_FLUSH, StoreFlush)
 #undef TCW_TAG
 
 static_assert(static_cast<int>(tcproto::Code::OK) == TC_OK, "code OK");
@@ -89,6 +100,7 @@ static_assert(static_cast<int>(tcproto::Op::READ) == TC_OP_READ && static_cast<i
               "ops");
 static_assert(static_cast<int>(tcproto::Transport::RDMA) == TC_TRANSPORT_RDMA, "transports");
 static_assert(sizeof(tcproto::TransferRequest) == 48, "TransferRequest wire size");
+static_assert(sizeof(tcproto::StoreExtent) == 24, "StoreExtent wire size");
 
 // Verifier limits: answers nest at most a few tables deep.
 static constexpr fb::uoffset_t max_depth = 16;
@@ -101,6 +113,7 @@ struct tcw_codec {
     std::vector<fb::Offset<tcproto::Notify>> notify;
     std::vector<tc_counter> counters;
     std::vector<tc_notification> notes;
+    std::vector<tc_key_info> infos;
 };
 
 extern "C" tcw_codec *tcw_new(void) { return new (std::nothrow) tcw_codec(); }
@@ -139,6 +152,30 @@ fb::Offset<fb::Vector<fb::Offset<tcproto::Notify>>> notifies(tcw_codec *w, const
         w->notify.push_back(tcproto::CreateNotify(b, p));
     }
     return b.CreateVector(w->notify);
+}
+
+// keys builds a store call's packed key list (checked by the caller: its
+// packed length is r->keys_len).
+fb::Offset<fb::Vector<uint8_t>> keys(fb::FlatBufferBuilder &b, const tcw_req *r) {
+    uint8_t *dst = nullptr;
+    auto v = b.CreateUninitializedVector(r->keys_len, 1, &dst);
+    if (r->keys_len) tc__keys_put(r->keys, dst, r->keys_len);
+    return v;
+}
+
+fb::Offset<fb::Vector<const tcproto::StoreExtent *>> extents(fb::FlatBufferBuilder &b, const tcw_req *r) {
+    tcproto::StoreExtent *out = nullptr;
+    size_t n = r->keys->n;
+    auto v = b.CreateUninitializedVectorOfStructs<tcproto::StoreExtent>(n, &out);
+    for (size_t i = 0; i < n; i++) {
+        const tc_extent &e = r->extents[i];
+        out[i] = tcproto::StoreExtent(e.segment, e.offset, e.length);
+    }
+    return v;
+}
+
+fb::Offset<fb::Vector<uint8_t>> blob(fb::FlatBufferBuilder &b, const void *p, size_t n) {
+    return b.CreateVector(static_cast<const uint8_t *>(p), n);
 }
 
 // body builds kind's body; type is its union tag. False for a kind this
@@ -232,6 +269,48 @@ bool body(tcw_codec *w, const tcw_req *r, RequestBody &type, fb::Offset<void> &o
     case TCW_CLOSE_QUEUE:
         out = tcproto::CreateCloseQueueRequest(b, r->queue).Union();
         return true;
+    case TCW_STORE_PUT: {
+        auto k = keys(b, r);
+        auto e = extents(b, r);
+        out = tcproto::CreateStorePutRequest(b, k, e, r->durable != 0).Union();
+        return true;
+    }
+    case TCW_STORE_READ: {
+        auto k = keys(b, r);
+        auto e = extents(b, r);
+        out = tcproto::CreateStoreReadRequest(b, k, e).Union();
+        return true;
+    }
+    case TCW_STORE_REMOVE:
+        out = tcproto::CreateStoreRemoveRequest(b, keys(b, r)).Union();
+        return true;
+    case TCW_STORE_PIN:
+        out = tcproto::CreateStorePinRequest(b, keys(b, r), r->ttl_ms).Union();
+        return true;
+    case TCW_STORE_UNPIN:
+        out = tcproto::CreateStoreUnpinRequest(b, keys(b, r)).Union();
+        return true;
+    case TCW_STORE_RESERVE: {
+        auto k = keys(b, r);
+        auto z = b.CreateVector(r->sizes, r->keys->n);
+        out = tcproto::CreateStoreReserveRequest(b, k, z).Union();
+        return true;
+    }
+    case TCW_STORE_COMMIT:
+        out = tcproto::CreateStoreCommitRequest(b, keys(b, r), r->durable != 0).Union();
+        return true;
+    case TCW_STORE_STAT:
+        out = tcproto::CreateStoreStatRequest(b, blob(b, r->blob, r->blob_len)).Union();
+        return true;
+    case TCW_STORE_LIST: {
+        auto p = blob(b, r->blob, r->blob_len);
+        auto a = blob(b, r->blob2, r->blob2_len);
+        out = tcproto::CreateStoreListRequest(b, p, a, r->max).Union();
+        return true;
+    }
+    case TCW_STORE_FLUSH:
+        out = tcproto::CreateStoreFlushRequest(b, r->timeout_ms).Union();
+        return true;
     }
     return false;
 }
@@ -280,6 +359,18 @@ tc_counters counters(tcw_codec *w, const fb::Vector<fb::Offset<tcproto::Counter>
     g.items = w->counters.data() + start;
     g.n = v->size();
     return g;
+}
+
+// codes points out at a [Code] vector, read in place (one byte each).
+void codes(const fb::Vector<tcproto::Code> *v, tcw_resp *out) {
+    if (!v) return;
+    out->codes = reinterpret_cast<const uint8_t *>(v->data());
+    out->n_codes = v->size();
+}
+
+const uint8_t *bytes(const fb::Vector<uint8_t> *v, size_t *n) {
+    *n = v ? v->size() : 0;
+    return v ? v->data() : nullptr;
 }
 
 int decode_body(tcw_codec *w, const tcproto::Response *r, tcw_resp *out) {
@@ -360,12 +451,14 @@ int decode_body(tcw_codec *w, const tcproto::Response *r, tcw_resp *out) {
     case ResponseBody::StatsResponse: {
         auto *b = r->body_as_StatsResponse();
         w->counters.clear();
-        w->counters.reserve(count(b->pool()) + count(b->engine()) + count(b->connection()) + count(b->transports()));
+        w->counters.reserve(count(b->pool()) + count(b->engine()) + count(b->connection()) + count(b->transports()) +
+                            count(b->store()));
         out->stats.pool = counters(w, b->pool());
         out->stats.engine = counters(w, b->engine());
         out->stats.connection = counters(w, b->connection());
         out->stats.transports = counters(w, b->transports());
         out->stats.connections = b->connections();
+        out->stats.store = counters(w, b->store());
         break;
     }
     case ResponseBody::RegisterFileResponse: {
@@ -411,9 +504,69 @@ int decode_body(tcw_codec *w, const tcproto::Response *r, tcw_resp *out) {
         out->size = b->size();
         break;
     }
+    case ResponseBody::StorePutResponse:
+        codes(r->body_as_StorePutResponse()->codes(), out);
+        break;
+    case ResponseBody::StoreReadResponse: {
+        auto *b = r->body_as_StoreReadResponse();
+        codes(b->codes(), out);
+        if (!u64s(b->lengths(), out)) return TC_EPROTO;
+        break;
+    }
+    case ResponseBody::StoreRemoveResponse:
+        codes(r->body_as_StoreRemoveResponse()->codes(), out);
+        break;
+    case ResponseBody::StorePinResponse:
+        codes(r->body_as_StorePinResponse()->codes(), out);
+        break;
+    case ResponseBody::StoreUnpinResponse:
+        codes(r->body_as_StoreUnpinResponse()->codes(), out);
+        break;
+    case ResponseBody::StoreReserveResponse: {
+        auto *b = r->body_as_StoreReserveResponse();
+        codes(b->codes(), out);
+        if (!u64s(b->offsets(), out)) return TC_EPROTO;
+        break;
+    }
+    case ResponseBody::StoreCommitResponse:
+        codes(r->body_as_StoreCommitResponse()->codes(), out);
+        break;
+    case ResponseBody::StoreStatResponse: {
+        auto *b = r->body_as_StoreStatResponse();
+        out->info.size = b->size();
+        out->info.pins = b->pins();
+        out->info.in_l1 = b->in_l1();
+        out->info.in_l2 = b->in_l2();
+        out->info.dirty = b->dirty();
+        out->info.tombstone = b->tombstone();
+        break;
+    }
+    case ResponseBody::StoreListResponse: {
+        auto *b = r->body_as_StoreListResponse();
+        w->infos.clear();
+        if (auto *v = b->keys()) {
+            w->infos.reserve(v->size());
+            for (fb::uoffset_t i = 0; i < v->size(); i++) {
+                const tcproto::StoreKeyInfo *k = v->Get(i);
+                tc_key_info t{};
+                t.key = bytes(k->key(), &t.key_len);
+                t.size = k->size();
+                t.pins = k->pins();
+                t.in_l1 = k->in_l1();
+                t.in_l2 = k->in_l2();
+                t.dirty = k->dirty();
+                t.tombstone = k->tombstone();
+                w->infos.push_back(t);
+            }
+            out->infos = w->infos.data();
+            out->n_infos = w->infos.size();
+        }
+        out->more = b->more();
+        break;
+    }
     default:
         // Bodies without fields (UnregisterBuffer, FreeBatch, Unexport,
-        // CloseRemote, Subscribe, CloseQueue) and ones this library does not read
+        // CloseRemote, Subscribe, CloseQueue, StoreFlush) and ones this library does not read
         // (Peers, Segments, Rdma, and any newer than it): the caller checks
         // the kind.
         break;
@@ -424,7 +577,9 @@ int decode_body(tcw_codec *w, const tcproto::Response *r, tcw_resp *out) {
 }  // namespace
 
 extern "C" int tcw_encode(tcw_codec *w, const tcw_req *r, const uint8_t **frame, size_t *len) {
-    if (r->n_offsets > max_items || r->n_requests > max_items || r->payload_len > max_items) return TC_INVALID_ARGUMENT;
+    if (r->n_offsets > max_items || r->n_requests > max_items || r->payload_len > max_items ||
+        r->keys_len > max_items || r->blob_len > max_items || r->blob2_len > max_items)
+        return TC_INVALID_ARGUMENT;
     try {
         auto &b = w->b;
         b.Clear();

@@ -50,7 +50,18 @@ enum {
     /* 23..25 (Peers, Segments, Rdma) are operators' calls this library
      * does not make. */
     TCW_OPEN_QUEUE = 26,
-    TCW_CLOSE_QUEUE = 27
+    TCW_CLOSE_QUEUE = 27,
+    /* 28 (Directory) is an operators' call. */
+    TCW_STORE_PUT = 29,
+    TCW_STORE_READ = 30,
+    TCW_STORE_REMOVE = 31,
+    TCW_STORE_PIN = 32,
+    TCW_STORE_UNPIN = 33,
+    TCW_STORE_RESERVE = 34,
+    TCW_STORE_COMMIT = 35,
+    TCW_STORE_STAT = 36,
+    TCW_STORE_LIST = 37,
+    TCW_STORE_FLUSH = 38
 };
 /* Each response body has the tag of its request (the unions are parallel). */
 
@@ -91,6 +102,19 @@ typedef struct tcw_req {
     uint32_t cq_entries;
     uint32_t data_size;
     uint64_t queue;          /* CloseQueue */
+    /* The store's calls. keys is checked (keys.h), keys_len its packed
+     * length; extents and sizes have keys->n entries. */
+    const tc_keys *keys;
+    size_t keys_len;
+    const tc_extent *extents; /* StorePut, StoreRead */
+    const uint64_t *sizes;    /* StoreReserve */
+    int durable;              /* StorePut, StoreCommit */
+    uint32_t ttl_ms;          /* StorePin */
+    const void *blob;         /* StoreStat: the key; StoreList: the prefix */
+    size_t blob_len;
+    const void *blob2;        /* StoreList: after */
+    size_t blob2_len;
+    /* StoreList: max; StoreFlush: timeout_ms (the fields above). */
 } tcw_req;
 
 /* A decoded answer. Strings and vectors point into the frame it was
@@ -113,9 +137,10 @@ typedef struct tcw_resp {
     uint64_t size;    /* PoolInfo, RegisterFile, ExportSegment, OpenRemote, OpenQueue */
     uint64_t epoch;   /* OpenRemote */
     uint64_t batch;   /* AllocBatch */
-    const uint64_t *u64s; /* PoolInfo: block classes; AllocBlocks: offsets */
+    const uint64_t *u64s; /* PoolInfo: block classes; AllocBlocks, StoreReserve: offsets;
+                           * StoreRead: lengths */
     size_t n_u64s;
-    const uint8_t *codes; /* FreeBlocks, Submit, Transfer */
+    const uint8_t *codes; /* FreeBlocks, Submit, Transfer, the store's batch calls */
     size_t n_codes;
     const uint8_t *states; /* Transfer */
     size_t n_states;
@@ -128,6 +153,10 @@ typedef struct tcw_resp {
     uint32_t sq_entries;
     uint32_t cq_entries;
     uint32_t data_size;
+    tc_key_info info;          /* StoreStat */
+    const tc_key_info *infos;  /* StoreList: in the codec's scratch, keys in the frame */
+    size_t n_infos;
+    int more;                  /* StoreList */
 } tcw_resp;
 
 typedef struct tcw_codec tcw_codec;

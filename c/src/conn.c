@@ -497,6 +497,7 @@ void tc_close(tc_conn *c)
 {
     if (!c)
         return;
+    tc__store_release(c);
     tc__queues_release(c);
     while (c->buffers) {
         struct tc_buf *b = c->buffers;

@@ -45,10 +45,13 @@ struct tc_conn {
     size_t rcap;
     struct tc_buf *buffers; /* made by tc_buffer_create, newest first */
 
-    /* qmu guards queues, the list of open queues (queue.c). It is taken
-     * alone (never with mu held across it), briefly, also by tc_shutdown. */
+    /* qmu guards queues, the list of open queues (queue.c), and the
+     * store's results regions and tc_kvs (qstore.c). It is taken alone
+     * (never with mu held across it), briefly, also by tc_shutdown. */
     pthread_mutex_t qmu;
     struct tc_queue *queues;
+    struct tc_results *results;
+    struct tc_kv *kvs;
 };
 
 /* The parts of a round trip that vary by call. */
@@ -88,5 +91,28 @@ int64_t tc__now_ns(void);
  * the connection's end releases them there). */
 void tc__queues_shutdown(tc_conn *c);
 void tc__queues_release(tc_conn *c);
+
+/* One store entry for a queue (queue/doc.go, "Store calls"). */
+typedef struct tc__store_entry {
+    uint8_t op, flags;
+    uint64_t local, local_off; /* the results region */
+    uint64_t length;
+    uint64_t user_data;
+} tc__store_entry;
+
+/* queue_store stages se with keys (checked, len bytes packed) in the
+ * queue's data area and publishes it; *accepted is 0 when the ring or the
+ * data area has no room now. TC_INVALID_ARGUMENT when len exceeds the
+ * data area, TC_ECLOSED once the queue takes nothing more. */
+int tc__queue_store(tc_queue *q, const tc__store_entry *se, const tc_keys *keys, size_t len, size_t *accepted);
+tc_conn *tc__queue_conn(const tc_queue *q);
+uint32_t tc__queue_data_size(const tc_queue *q);
+
+/* store_release frees the results regions and tc_kvs still made on c,
+ * without their queues and buffers (tc_close releases those). */
+void tc__store_release(tc_conn *c);
+
+/* owns_buffer reports whether buf is a buffer tc_buffer_create made on c. */
+int tc__owns_buffer(tc_conn *c, const tc_buffer *buf);
 
 #endif /* TC_INTERNAL_H */

@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "keys.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the queue's layout is little-endian and is read in place"
@@ -102,7 +103,7 @@
 struct sqe {
     uint8_t op;
     uint8_t flags;
-    uint16_t reserved;
+    uint16_t count; /* store ops: the number of keys */
     uint32_t timeout_us;
     uint64_t user_data;
     uint64_t local;
@@ -621,6 +622,37 @@ static int stage(tc_queue *q, uint8_t op, const tc_request *r, uint64_t ud, cons
     return 1;
 }
 
+/* stage_store writes one store entry with its key list (len bytes, packed
+ * into the data area) into the next free slot without publishing it: 1
+ * staged, 0 the ring or the data area has no room now. */
+static int stage_store(tc_queue *q, const tc__store_entry *se, const tc_keys *keys, size_t len)
+{
+    if (space(q) == 0)
+        return 0;
+    int64_t off = place(q, len);
+    if (off < 0) {
+        refresh_head(q);
+        if ((off = place(q, len)) < 0)
+            return 0;
+    }
+    tc__keys_put(keys, q->mem + q->g.data_off + (uint64_t)off, len);
+    struct sqe e;
+    memset(&e, 0, sizeof e);
+    e.op = se->op;
+    e.flags = se->flags;
+    e.count = (uint16_t)keys->n;
+    e.user_data = se->user_data;
+    e.local = se->local;
+    e.local_off = se->local_off;
+    e.length = se->length;
+    e.notify_off = (uint32_t)off;
+    e.notify_len = (uint32_t)len;
+    memcpy(q->mem + q->g.sq_off + (size_t)(q->sq.tail & q->sq_mask) * Q_SQE, &e, sizeof e);
+    q->sq.slot_data[q->sq.tail & q->sq_mask] = q->sq.data_tail;
+    q->sq.tail++;
+    return 1;
+}
+
 /* publish publishes the staged entries and rings the daemon if it sleeps
  * waiting for them. */
 static void publish(tc_queue *q)
@@ -687,6 +719,25 @@ int tc_queue_nop(tc_queue *q, uint64_t user_data, size_t *accepted)
     pthread_mutex_unlock(&q->sq.mu);
     return rc;
 }
+
+int tc__queue_store(tc_queue *q, const tc__store_entry *se, const tc_keys *keys, size_t len, size_t *accepted)
+{
+    *accepted = 0;
+    if (len > q->g.data_size)
+        return TC_INVALID_ARGUMENT; /* can never fit the data area */
+    pthread_mutex_lock(&q->sq.mu);
+    int rc = queue_err(q);
+    if (rc == TC_OK && stage_store(q, se, keys, len) > 0) {
+        publish(q);
+        *accepted = 1;
+    }
+    pthread_mutex_unlock(&q->sq.mu);
+    return rc;
+}
+
+tc_conn *tc__queue_conn(const tc_queue *q) { return q->c; }
+
+uint32_t tc__queue_data_size(const tc_queue *q) { return q->g.data_size; }
 
 /* ---- the completion side (q->cq.mu held) ---------------------------------------- */
 

@@ -12,11 +12,21 @@
  *        tc_compat check SOCKET SEED OFFSET SIZE
  *          checks that the pool holds SEED's pattern at OFFSET, as written
  *          by another client, and prints one JSON line.
+ *        tc_compat store-write SOCKET PREFIX SEED SIZE
+ *          stores PREFIX/sock with a copying put on the socket (SEED's
+ *          pattern, from a buffer) and PREFIX/queue zero-copy through a queue
+ *          (reserve, SEED+1's pattern written in place, durable commit).
+ *        tc_compat store-check SOCKET PREFIX SEED SIZE
+ *          reads another client's keys back: a copying read on the socket, a
+ *          get in place through a queue (its raw results records), an unpin,
+ *          an exists and a lookup_prefix through the queue and a stat, and
+ *          prints one JSON line of what each answered.
  *
  * The pattern: xorshift64 (13, 7, 17) from SEED, each state stored
  * little-endian, 8 bytes at a time.
  */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,12 +98,251 @@ static int run_check(tc_conn *c, uint64_t seed, uint64_t off, uint64_t size)
     return ok ? 0 : 1;
 }
 
+/* ---- the store ----------------------------------------------------------------- */
+
+/* sha256, for the digests of the values read (FIPS 180-4). */
+static const uint32_t K256[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
+    0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+    0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
+    0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+    0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
+    0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+    0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+    0xc67178f2};
+
+static uint32_t ror(uint32_t x, int n) { return x >> n | x << (32 - n); }
+
+static void sha_block(uint32_t h[8], const uint8_t *p)
+{
+    uint32_t w[64];
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ror(w[i - 15], 7) ^ ror(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = k + (ror(e, 6) ^ ror(e, 11) ^ ror(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i];
+        uint32_t t2 = (ror(a, 2) ^ ror(a, 13) ^ ror(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        k = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+    }
+    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += k;
+}
+
+/* sha256_hex writes the digest of n bytes at p as 64 hex digits and a NUL. */
+static void sha256_hex(const uint8_t *p, size_t n, char out[65])
+{
+    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        sha_block(h, p + i);
+    uint8_t tail[128];
+    memset(tail, 0, sizeof tail);
+    size_t r = n - i;
+    memcpy(tail, p + i, r);
+    tail[r] = 0x80;
+    size_t tn = r + 9 <= 64 ? 64 : 128;
+    uint64_t bits = (uint64_t)n * 8;
+    for (int j = 0; j < 8; j++)
+        tail[tn - 1 - j] = (uint8_t)(bits >> (8 * j));
+    for (size_t j = 0; j < tn; j += 64)
+        sha_block(h, tail + j);
+    for (int j = 0; j < 8; j++)
+        snprintf(out + 8 * j, 9, "%08x", h[j]);
+}
+
+/* A JSON line being built. */
+static char line[16384];
+static size_t used;
+
+static void put(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line + used, sizeof line - used, fmt, ap);
+    va_end(ap);
+    if (n > 0 && (size_t)n < sizeof line - used)
+        used += (size_t)n;
+}
+
+/* one_call reaps the completion of the store op just staged (staged_rc,
+ * *accepted). */
+static int one_call(tc_queue *q, int staged_rc, const size_t *accepted, tc_cqe *cqe)
+{
+    if (staged_rc)
+        return staged_rc;
+    if (!*accepted)
+        return TC_BUSY;
+    size_t n;
+    int rc = tc_queue_reap(q, cqe, 1, 1, 10000000000LL, &n);
+    return rc ? rc : n == 1 ? TC_OK : TC_EINTERNAL;
+}
+
+static tc_keys keys_of(tc_key *k, char (*text)[96], const char *prefix, const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        snprintf(text[i], sizeof text[i], "%s/%s", prefix, names[i]);
+        k[i].data = text[i];
+        k[i].len = strlen(text[i]);
+    }
+    tc_keys ks = {.n = n, .keys = k};
+    return ks;
+}
+
+static int run_store_write(tc_conn *c, const char *prefix, uint64_t seed, uint64_t size)
+{
+    tc_key k[1];
+    char text[1][96];
+    static const char *const sock[] = {"sock"}, *const queue[] = {"queue"};
+    tc_buffer *b;
+    int rc = tc_buffer_create(c, size, &b, NULL), code;
+    if (rc)
+        return fail("buffer", rc);
+    fill(b->data, size, seed);
+    tc_keys ks = keys_of(k, text, prefix, sock, 1);
+    tc_extent v = {b->id, 0, size};
+    if ((rc = tc_store_put(c, &ks, &v, 0, &code, NULL)) || (rc = code))
+        return fail("store put", rc);
+    tc_queue *q;
+    tc_results *r;
+    if ((rc = tc_queue_open(c, 8, NULL, &q)) || (rc = tc_results_create(c, 4, &r)))
+        return fail("queue", rc);
+    ks = keys_of(k, text, prefix, queue, 1);
+    size_t acc = 0;
+    tc_cqe e;
+    uint64_t off;
+    rc = one_call(q, tc_queue_store_reserve(q, &ks, size, r, 1, &acc), &acc, &e);
+    if (rc || (rc = tc_results_check(r, &e, &code, &off, NULL)) || (rc = code))
+        return fail("reserve", rc);
+    fill((uint8_t *)tc_pool_info(c)->base + off, size, seed + 1);
+    rc = one_call(q, tc_queue_store_commit(q, &ks, 1, r, 2, &acc), &acc, &e);
+    if (rc || (rc = tc_results_check(r, &e, &code, NULL, NULL)) || (rc = code))
+        return fail("commit", rc);
+    printf("{\"client\": \"c\", \"ok\": true, \"size\": %" PRIu64 "}\n", size);
+    return 0;
+}
+
+static int run_store_check(tc_conn *c, const char *prefix, uint64_t seed, uint64_t size)
+{
+    static const char *const names[] = {"queue", "sock", "none"};
+    tc_key k[3];
+    char text[3][96];
+    tc_keys ks = keys_of(k, text, prefix, names, 3);
+    uint8_t *want[2] = {malloc(size), malloc(size)};
+    if (!want[0] || !want[1])
+        return fail("check", TC_ENOMEM);
+    fill(want[0], size, seed + 1);
+    fill(want[1], size, seed);
+    int ok = 1, rc, codes[3];
+    char sha[65];
+    used = 0;
+
+    /* A copying read on the socket. */
+    tc_buffer *b;
+    if ((rc = tc_buffer_create(c, 3 * size, &b, NULL)))
+        return fail("buffer", rc);
+    tc_extent d[3];
+    for (int i = 0; i < 3; i++)
+        d[i] = (tc_extent){b->id, (uint64_t)i * size, size};
+    uint64_t lens[3];
+    if ((rc = tc_store_read(c, &ks, d, lens, codes, NULL)))
+        return fail("store read", rc);
+    put("{\"client\": \"c\", \"ok\": @OK@, \"read_codes\": [%d, %d, %d], \"read_lengths\": [%" PRIu64 ", %" PRIu64
+        ", %" PRIu64 "], \"read_sha\": [",
+        codes[0], codes[1], codes[2], lens[0], lens[1], lens[2]);
+    for (int i = 0, first = 1; i < 3; i++) {
+        if (codes[i] != TC_OK)
+            continue;
+        const uint8_t *got = (const uint8_t *)b->data + (size_t)i * size;
+        sha256_hex(got, (size_t)lens[i], sha);
+        put("%s\"%s\"", first ? "" : ", ", sha);
+        first = 0;
+        ok &= i < 2 && lens[i] == size && memcmp(got, want[i], size) == 0;
+    }
+
+    /* A get in place through a queue: its results records as the daemon
+     * wrote them. */
+    tc_queue *q;
+    tc_buffer *rb;
+    tc_results *r;
+    if ((rc = tc_queue_open(c, 8, NULL, &q)) || (rc = tc_buffer_create(c, 4096, &rb, NULL)) ||
+        (rc = tc_results_in(c, rb, 0, 4, &r)))
+        return fail("queue", rc);
+    size_t acc = 0;
+    tc_cqe e;
+    uint64_t offs[3];
+    rc = one_call(q, tc_queue_store_get(q, &ks, r, 1, &acc), &acc, &e);
+    if (rc || (rc = tc_results_check(r, &e, codes, offs, lens)))
+        return fail("get", rc);
+    put("], \"get_records\": [");
+    for (int i = 0; i < 3; i++) {
+        put("%s\"", i ? ", " : "");
+        for (int j = 0; j < 16; j++)
+            put("%02x", ((const uint8_t *)rb->data)[i * 16 + j]);
+        put("\"");
+    }
+    put("], \"get_sha\": [");
+    const uint8_t *base = tc_pool_info(c)->base;
+    tc_key pk[3];
+    size_t np = 0;
+    for (int i = 0; i < 3; i++) {
+        if (codes[i] != TC_OK)
+            continue;
+        sha256_hex(base + offs[i], (size_t)lens[i], sha);
+        put("%s\"%s\"", np ? ", " : "", sha);
+        ok &= i < 2 && lens[i] == size && memcmp(base + offs[i], want[i], size) == 0;
+        pk[np++] = k[i];
+    }
+    if (np) {
+        tc_keys pks = {.n = np, .keys = pk};
+        rc = one_call(q, tc_queue_store_unpin(q, &pks, r, 2, &acc), &acc, &e);
+        if (rc || (rc = tc_results_check(r, &e, codes, NULL, NULL)))
+            return fail("unpin", rc);
+    }
+
+    /* Exists and lookup_prefix through the queue; a stat on the socket. */
+    rc = one_call(q, tc_queue_store_exists(q, &ks, r, 3, &acc), &acc, &e);
+    if (rc || (rc = tc_results_check(r, &e, codes, NULL, NULL)))
+        return fail("exists", rc);
+    put("], \"exists\": [%d, %d, %d]", codes[0], codes[1], codes[2]);
+    tc_key chain[3] = {k[1], k[0], k[2]};
+    tc_keys cks = {.n = 3, .keys = chain};
+    size_t found;
+    rc = one_call(q, tc_queue_store_lookup_prefix(q, &cks, 0, 4, &acc), &acc, &e);
+    if (rc || (rc = tc_prefix_check(q, &e, 3, &found)))
+        return fail("lookup prefix", rc);
+    tc_key_info info;
+    if ((rc = tc_store_stat(c, k[0].data, k[0].len, &info, NULL)))
+        return fail("stat", rc);
+    put(", \"prefix\": %zu, \"stat_size\": %" PRIu64 ", \"stat_l2\": %s}", found, info.size,
+        info.in_l2 ? "true" : "false");
+    char *at = strstr(line, "@OK@");
+    if (at) {
+        /* "true" fits; "false" needs one more byte. */
+        const char *v = ok ? "true" : "false";
+        memmove(at + strlen(v), at + 4, strlen(at + 4) + 1);
+        memcpy(at, v, strlen(v));
+    }
+    puts(line);
+    free(want[0]);
+    free(want[1]);
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     int wr = argc == 5 && strcmp(argv[1], "write") == 0;
     int ck = argc == 6 && strcmp(argv[1], "check") == 0;
-    if (!wr && !ck) {
-        fprintf(stderr, "usage: %s write SOCKET SEED SIZE | check SOCKET SEED OFFSET SIZE\n", argv[0]);
+    int sw = argc == 6 && strcmp(argv[1], "store-write") == 0;
+    int sc = argc == 6 && strcmp(argv[1], "store-check") == 0;
+    if (!wr && !ck && !sw && !sc) {
+        fprintf(stderr,
+                "usage: %s write SOCKET SEED SIZE | check SOCKET SEED OFFSET SIZE |\n"
+                "       store-write SOCKET PREFIX SEED SIZE | store-check SOCKET PREFIX SEED SIZE\n",
+                argv[0]);
         return 2;
     }
     tc_options o;
@@ -104,6 +353,12 @@ int main(int argc, char **argv)
     int rc = tc_connect(&o, &c);
     if (rc)
         return fail("connect", rc);
+    if (sw || sc) {
+        uint64_t seed = strtoull(argv[4], NULL, 0), size = strtoull(argv[5], NULL, 0);
+        rc = sw ? run_store_write(c, argv[3], seed, size) : run_store_check(c, argv[3], seed, size);
+        tc_close(c);
+        return rc;
+    }
     uint64_t seed = strtoull(argv[3], NULL, 0);
     if (wr)
         rc = run_write(c, seed, strtoull(argv[4], NULL, 0));

@@ -41,6 +41,10 @@ uint64_t counter(const tc_counters *g, const char *name);
  * call nr (/proc/self/task/TID/syscall). */
 int blocked_in(pid_t tid, long nr);
 
+/* blocked_in_poll reports whether thread tid sleeps in poll(2) or ppoll(2):
+ * the library's wait for an answer. */
+int blocked_in_poll(pid_t tid);
+
 /* A relay between one client and a daemon. It forwards frames (and the fds
  * passed with them) both ways; the answer to request number mutate_at
  * (Hello is 1) goes through mutate first, and at request number close_at it
@@ -64,6 +68,17 @@ void relay_join(relay *r);
 uint8_t *field(uint8_t *f, size_t n, uint8_t *t, int slot);
 uint32_t get32(const uint8_t *p);
 void put32(uint8_t *p, uint32_t v);
+
+/* Mutations of an answer holding five codes (OK, NOT_FOUND, OK, NOT_FOUND,
+ * OK): its vector made one short, or one long. */
+void short_codes(uint8_t *f, size_t *n);
+void long_codes(uint8_t *f, size_t *n);
+
+/* The store's tests (store.c). */
+void test_store(const tcd *d);
+void test_store_answers(const tcd *d);
+void test_store_daemon_killed(void);
+void test_store_basic(tc_conn *c);
 
 /* The queue's tests (queue.c). */
 void test_queue(const tcd *d);

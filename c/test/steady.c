@@ -14,7 +14,9 @@
  * (each reap takes what is done and submits as many again), checked
  * against the issue's goal of at most 0.1 system calls per request and no
  * allocation; then OPS/4 with one in flight, checked against no allocation
- * and at most two system calls per request. At depth 1 the daemon's worker
+ * and at most two system calls per request; then the store's hot calls
+ * through a tc_kv (put, exists, get and unpin, read), checked against no
+ * allocation. At depth 1 the daemon's worker
  * often sleeps between requests (its spin is short on a small host, and a
  * traced doorbell is slow), so each submit may have to ring it: a doorbell
  * and, now and then, a sleep of the reap are all the library may add.
@@ -178,6 +180,54 @@ static int run(const char *socket, unsigned depth, unsigned long ops, struct res
     return rc;
 }
 
+/* kv_steady makes rounds of the store's hot calls through a tc_kv (each
+ * round a put of a new key, exists, get and unpin, read) and returns how
+ * many allocations the measured rounds made, or -1 on a failure. */
+static long kv_steady(const char *socket, unsigned long rounds)
+{
+    tc_options o;
+    memset(&o, 0, sizeof o);
+    o.socket = socket;
+    o.name = "tc_steady";
+    tc_conn *c;
+    tc_kv *kv = NULL;
+    if (tc_connect(&o, &c))
+        return -1;
+    if (tc_kv_open(c, NULL, &kv)) {
+        tc_close(c);
+        return -1;
+    }
+    static uint8_t val[4096], out[4096];
+    char key[32];
+    tc_key k = {key, 0};
+    tc_keys ks = {.n = 1, .keys = &k};
+    const void *vp = val;
+    void *op = out;
+    uint64_t len = sizeof val, cap = sizeof out, off, got;
+    int code, rc = TC_OK;
+    unsigned long warm = rounds / 4, before = 0;
+    for (unsigned long i = 0; rc == TC_OK && i < warm + rounds; i++) {
+        if (i == warm)
+            before = __atomic_load_n(&allocs, __ATOMIC_RELAXED);
+        k.len = (size_t)snprintf(key, sizeof key, "steady/%lu", i);
+        memset(val, (int)(i & 0xff), sizeof val);
+        if ((rc = tc_kv_put(kv, &ks, &vp, &len, 0, &code)) || (rc = code) || (rc = tc_kv_exists(kv, &ks, &code)) ||
+            (rc = code) || (rc = tc_kv_get(kv, &ks, &off, &got, &code)) || (rc = code) ||
+            (rc = tc_kv_unpin(kv, &ks, &code)) || (rc = tc_kv_read(kv, &ks, &op, &cap, &got, &code)) || (rc = code))
+            break;
+        if (got != sizeof out || out[17] != (uint8_t)(i & 0xff))
+            rc = TC_EINTERNAL;
+    }
+    long n = (long)(__atomic_load_n(&allocs, __ATOMIC_RELAXED) - before);
+    tc_kv_close(kv);
+    tc_close(c);
+    if (rc) {
+        fprintf(stderr, "tc_steady: the store's calls: %s\n", tc_strerror(rc));
+        return -1;
+    }
+    return n;
+}
+
 /* ---- the tracer ------------------------------------------------------------------ */
 
 /* trace runs the child for one depth and counts the system calls it enters
@@ -312,6 +362,13 @@ int main(int argc, char **argv)
                     limits[i]);
             failed = 1;
         }
+    }
+    if (!failed) {
+        long n = kv_steady(d.socket, ops / 10);
+        printf("tc_steady: the store through a tc_kv: %lu rounds of put, exists, get, unpin and read, %ld allocations\n",
+               ops / 10, n);
+        if (n != 0)
+            failed = 1;
     }
     if (tcd_stop(&d) != 0)
         failed = 1;

@@ -195,7 +195,7 @@ int blocked_in(pid_t tid, long nr)
 
 /* blocked_in_poll reports whether thread tid sleeps in poll(2) or ppoll(2):
  * the library's wait for an answer that has been sent. */
-static int blocked_in_poll(pid_t tid)
+int blocked_in_poll(pid_t tid)
 {
 #ifdef SYS_poll
     if (blocked_in(tid, SYS_poll))
@@ -415,14 +415,14 @@ static uint8_t *find(uint8_t *f, size_t n, const uint8_t *pat, size_t pn)
  * NOT_FOUND, OK, a vector of 5. */
 static const uint8_t five_codes[] = {5, 0, 0, 0, 0, 2, 0, 2, 0};
 
-static void short_codes(uint8_t *f, size_t *n)
+void short_codes(uint8_t *f, size_t *n)
 {
     uint8_t *p = find(f, *n, five_codes, sizeof five_codes);
     if (p)
         p[0] = 4;
 }
 
-static void long_codes(uint8_t *f, size_t *n)
+void long_codes(uint8_t *f, size_t *n)
 {
     uint8_t *p = find(f, *n, five_codes, sizeof five_codes);
     if (p)
@@ -1336,10 +1336,17 @@ static uint64_t touch(const tcw_resp *r)
         sum += r->codes[i];
     for (size_t i = 0; i < r->n_states; i++)
         sum += r->states[i];
-    const tc_counters *g[4] = {&r->stats.pool, &r->stats.engine, &r->stats.connection, &r->stats.transports};
-    for (int k = 0; k < 4; k++)
+    const tc_counters *g[5] = {&r->stats.pool, &r->stats.engine, &r->stats.connection, &r->stats.transports,
+                               &r->stats.store};
+    for (int k = 0; k < 5; k++)
         for (size_t i = 0; i < g[k]->n; i++)
             sum += strlen(g[k]->items[i].name) + g[k]->items[i].value;
+    for (size_t i = 0; i < r->n_infos; i++) {
+        sum += r->infos[i].size + r->infos[i].pins;
+        for (size_t j = 0; j < r->infos[i].key_len; j++)
+            sum += r->infos[i].key[j];
+    }
+    sum += r->info.size + r->info.pins + (uint64_t)r->more;
     for (size_t i = 0; i < r->n_notes; i++) {
         sum += strlen(r->notes[i].segment);
         for (size_t j = 0; j < r->notes[i].len; j++)
@@ -1428,6 +1435,7 @@ int main(int argc, char **argv)
     test_threads(c);
     tc_close(c);
     test_queue(&d);
+    test_store(&d);
 
     /* The same calls through a relay that records every answer. */
     relay rec;
@@ -1442,11 +1450,13 @@ int main(int argc, char **argv)
     test_batches(c);
     test_stats(c);
     test_queue_basic(c);
+    test_store_basic(c);
     tc_close(c);
     relay_join(&rec);
 
     test_bad_answers(&d);
     test_queue_answers(&d);
+    test_store_answers(&d);
     test_shutdown(&d);
     test_eintr(&d);
     stop(&d);
@@ -1454,6 +1464,7 @@ int main(int argc, char **argv)
     test_refused();
     test_remote_close();
     test_queue_daemon_killed();
+    test_store_daemon_killed();
     test_peers();
     fuzz_answers(500);
 

@@ -10,6 +10,17 @@
 //	compat check SOCKET SEED OFFSET SIZE
 //	    checks that the pool holds SEED's pattern at OFFSET, as written by
 //	    another client, and prints one JSON line.
+//	compat store-write SOCKET PREFIX SEED SIZE
+//	    stores PREFIX/sock with a copying put on the socket (SEED's pattern,
+//	    from a buffer) and PREFIX/queue zero-copy through a queue (reserve,
+//	    SEED+1's pattern written in place, durable commit), and prints one
+//	    JSON line.
+//	compat store-check SOCKET PREFIX SEED SIZE
+//	    reads another client's keys back: a copying read on the socket and a
+//	    get in place through a queue (its results records, then an unpin), an
+//	    exists and a lookup_prefix through the queue and a stat, and prints
+//	    one JSON line of what each answered; every client's line about the
+//	    same keys must be the same.
 //
 // The pattern: xorshift64 (13, 7, 17) from SEED, each state stored
 // little-endian, 8 bytes at a time.
@@ -17,8 +28,11 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -124,10 +138,207 @@ func check(c *client.Client, seed, off, size uint64) int {
 	return 0
 }
 
+// storeReport is what store-check prints: the same fields, in the same
+// order, as the C and Python clients print.
+type storeReport struct {
+	Client      string   `json:"client"`
+	OK          bool     `json:"ok"`
+	Error       string   `json:"error,omitempty"`
+	ReadCodes   []int    `json:"read_codes"`
+	ReadLengths []uint64 `json:"read_lengths"`
+	ReadSHA     []string `json:"read_sha"`
+	GetRecords  []string `json:"get_records"`
+	GetSHA      []string `json:"get_sha"`
+	Exists      []int    `json:"exists"`
+	Prefix      uint64   `json:"prefix"`
+	StatSize    uint64   `json:"stat_size"`
+	StatL2      bool     `json:"stat_l2"`
+}
+
+func digest(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+func codeOf(err error) int {
+	var se *client.StatusError
+	if err == nil {
+		return 0
+	}
+	if errors.As(err, &se) {
+		return int(se.Code)
+	}
+	return -1
+}
+
+// call stages one store op with stage and reaps its completion.
+func call(q *client.Queue, stage func() (bool, error)) (client.Completion, error) {
+	ok, err := stage()
+	if err == nil && !ok {
+		err = fmt.Errorf("the queue took nothing")
+	}
+	if err != nil {
+		return client.Completion{}, err
+	}
+	out := make([]client.Completion, 1)
+	if _, err := q.Reap(out, 1, 10*time.Second); err != nil {
+		return client.Completion{}, err
+	}
+	return out[0], nil
+}
+
+func storeWrite(c *client.Client, prefix string, seed, size uint64) int {
+	sock, qk := [][]byte{[]byte(prefix + "/sock")}, [][]byte{[]byte(prefix + "/queue")}
+	buf, err := c.RegisterBuffer(size)
+	if err != nil {
+		return fail("buffer", err)
+	}
+	copy(buf.Mem, pattern(int(size), seed))
+	res := []error{nil}
+	if err := c.StorePut(sock, []client.Extent{{Segment: buf.ID, Length: size}}, false, res); err != nil || res[0] != nil {
+		return fail("store put", errors.Join(err, res[0]))
+	}
+	q, err := c.OpenQueue(8)
+	if err != nil {
+		return fail("queue", err)
+	}
+	r, err := c.NewResults(4)
+	if err != nil {
+		return fail("results", err)
+	}
+	comp, err := call(q, func() (bool, error) { return q.Reserve(qk, size, r, 1) })
+	if err == nil {
+		err = r.Check(comp)
+	}
+	if err == nil {
+		err = r.Err(0)
+	}
+	if err != nil {
+		return fail("reserve", err)
+	}
+	copy(r.Value(0), pattern(int(size), seed+1))
+	comp, err = call(q, func() (bool, error) { return q.Commit(qk, true, r, 2) })
+	if err == nil {
+		err = r.Check(comp)
+	}
+	if err == nil {
+		err = r.Err(0)
+	}
+	if err != nil {
+		return fail("commit", err)
+	}
+	emit(report{OK: true, Size: size})
+	return 0
+}
+
+func storeCheck(c *client.Client, prefix string, seed, size uint64) int {
+	keys := [][]byte{[]byte(prefix + "/queue"), []byte(prefix + "/sock"), []byte(prefix + "/none")}
+	want := [][]byte{pattern(int(size), seed+1), pattern(int(size), seed)}
+	rep := storeReport{Client: "go", OK: true}
+	bad := func(what string, err error) int {
+		rep.OK, rep.Error = false, fmt.Sprintf("%s: %v", what, err)
+		b, _ := json.Marshal(rep)
+		fmt.Println(string(b))
+		return 1
+	}
+	// A copying read on the socket.
+	buf, err := c.RegisterBuffer(3 * size)
+	if err != nil {
+		return bad("buffer", err)
+	}
+	dests := []client.Extent{{Segment: buf.ID, Length: size}, {Segment: buf.ID, Offset: size, Length: size},
+		{Segment: buf.ID, Offset: 2 * size, Length: size}}
+	lens, res := make([]uint64, 3), make([]error, 3)
+	if err := c.StoreRead(keys, dests, lens, res); err != nil {
+		return bad("store read", err)
+	}
+	for i := range keys {
+		rep.ReadCodes = append(rep.ReadCodes, codeOf(res[i]))
+		rep.ReadLengths = append(rep.ReadLengths, lens[i])
+		if res[i] == nil {
+			got := buf.Mem[uint64(i)*size : uint64(i)*size+lens[i]]
+			rep.ReadSHA = append(rep.ReadSHA, digest(got))
+			rep.OK = rep.OK && bytes.Equal(got, want[i])
+		}
+	}
+	// A get in place through a queue, its records, then the unpin.
+	q, err := c.OpenQueue(8)
+	if err != nil {
+		return bad("queue", err)
+	}
+	r, err := c.NewResults(4)
+	if err != nil {
+		return bad("results", err)
+	}
+	comp, err := call(q, func() (bool, error) { return q.Get(keys, r, 1) })
+	if err == nil {
+		err = r.Check(comp)
+	}
+	if err != nil {
+		return bad("get", err)
+	}
+	var pinned [][]byte
+	for i := range keys {
+		off, l := r.Location(i)
+		rec := make([]byte, 16)
+		rec[0] = byte(r.Code(i))
+		binary.LittleEndian.PutUint32(rec[4:], uint32(l))
+		binary.LittleEndian.PutUint64(rec[8:], off)
+		rep.GetRecords = append(rep.GetRecords, hex.EncodeToString(rec))
+		if r.Err(i) == nil {
+			rep.GetSHA = append(rep.GetSHA, digest(r.Value(i)))
+			rep.OK = rep.OK && bytes.Equal(r.Value(i), want[i])
+			pinned = append(pinned, keys[i])
+		}
+	}
+	if len(pinned) > 0 {
+		comp, err = call(q, func() (bool, error) { return q.Unpin(pinned, r, 2) })
+		if err == nil {
+			err = r.Check(comp)
+		}
+		if err != nil {
+			return bad("unpin", err)
+		}
+	}
+	// Exists and lookup_prefix through the queue; a stat on the socket.
+	comp, err = call(q, func() (bool, error) { return q.Exists(keys, r, 3) })
+	if err == nil {
+		err = r.Check(comp)
+	}
+	if err != nil {
+		return bad("exists", err)
+	}
+	for i := range keys {
+		rep.Exists = append(rep.Exists, int(r.Code(i)))
+	}
+	chain := [][]byte{keys[1], keys[0], keys[2]}
+	comp, err = call(q, func() (bool, error) { return q.LookupPrefix(chain, false, 4) })
+	if err == nil && comp.Code != 0 {
+		err = fmt.Errorf("code %d", comp.Code)
+	}
+	if err != nil {
+		return bad("lookup prefix", err)
+	}
+	rep.Prefix = comp.N
+	info, err := c.StoreStat(keys[0])
+	if err != nil {
+		return bad("stat", err)
+	}
+	rep.StatSize, rep.StatL2 = info.Size, info.InL2
+	b, _ := json.Marshal(rep)
+	fmt.Println(string(b))
+	if !rep.OK {
+		return 1
+	}
+	return 0
+}
+
 func main() {
 	a := os.Args[1:]
-	if !(len(a) == 4 && a[0] == "write") && !(len(a) == 5 && a[0] == "check") {
-		fmt.Fprintln(os.Stderr, "usage: compat write SOCKET SEED SIZE | compat check SOCKET SEED OFFSET SIZE")
+	store := len(a) == 5 && (a[0] == "store-write" || a[0] == "store-check")
+	if !(len(a) == 4 && a[0] == "write") && !(len(a) == 5 && a[0] == "check") && !store {
+		fmt.Fprintln(os.Stderr, "usage: compat write SOCKET SEED SIZE | compat check SOCKET SEED OFFSET SIZE |\n"+
+			"       compat store-write SOCKET PREFIX SEED SIZE | compat store-check SOCKET PREFIX SEED SIZE")
 		os.Exit(2)
 	}
 	c, err := client.Dial(a[1], client.Options{Name: "compat-go"})
@@ -135,10 +346,15 @@ func main() {
 		os.Exit(fail("connect", err))
 	}
 	var rc int
-	if a[0] == "write" {
+	switch a[0] {
+	case "write":
 		rc = write(c, num(a[2]), num(a[3]))
-	} else {
+	case "check":
 		rc = check(c, num(a[2]), num(a[3]), num(a[4]))
+	case "store-write":
+		rc = storeWrite(c, a[2], num(a[3]), num(a[4]))
+	case "store-check":
+		rc = storeCheck(c, a[2], num(a[3]), num(a[4]))
 	}
 	c.Close()
 	os.Exit(rc)

@@ -19,6 +19,12 @@ The shared-memory queue (``c.open_queue(entries)``) keeps many requests in
 flight on one connection: ``q.submit(requests, user_data)`` and
 ``q.reap(max, min=1, timeout=None)``, one :class:`Completion` per request.
 
+The KV block store: ``c.put(keys, values, durable=False)``, ``c.get(keys,
+outs)``, ``c.exists(keys)``, ``c.lookup_prefix(keys)``, ``c.remove(keys)``,
+and zero copy ``c.reserve(keys, sizes)`` (writable views into the pool, then
+``.commit()``) and ``with c.get_pinned(keys) as views`` (see
+:mod:`tensorcast.store`).
+
 Calls that fail as a whole raise :class:`Error` (``.code`` is a
 :class:`Status`); batch calls return one :class:`Status` per item.
 """
@@ -50,9 +56,11 @@ from .client import (
     connect,
 )
 from .queues import Completion, Queue, QueueInfo
+from .store import MAX_KEY, Codes, Extent, Key, KeyInfo, PinnedValues, Reservation
 
 __all__ = [
     "DEFAULT_SOCKET",
+    "MAX_KEY",
     "MAX_NOTIFY",
     "PROTOCOL_VERSION",
     "Buffer",
@@ -60,15 +68,21 @@ __all__ = [
     "Client",
     "Completion",
     "Error",
+    "Codes",
+    "Extent",
     "Hello",
+    "Key",
+    "KeyInfo",
     "Limits",
     "Notification",
     "Op",
+    "PinnedValues",
     "Pool",
     "Queue",
     "QueueInfo",
     "Remote",
     "Request",
+    "Reservation",
     "Rights",
     "Stats",
     "Status",

@@ -149,6 +149,7 @@ class Stats(ctypes.Structure):
         ("connection", Counters),
         ("transports", Counters),
         ("connections", c_u32),
+        ("store", Counters),
     ]
 
 
@@ -182,7 +183,41 @@ class QueueInfo(ctypes.Structure):
     ]
 
 
+class Key(ctypes.Structure):
+    _fields_ = [("data", c_void_p), ("len", c_size)]
+
+
+class Keys(ctypes.Structure):
+    # packed is a const void * in C; as c_char_p a bytes object assigned to
+    # it is referenced, not copied, and kept alive with the structure.
+    _fields_ = [("n", c_size), ("keys", P(Key)), ("packed", c_char_p), ("packed_len", c_size)]
+
+
+class Extent(ctypes.Structure):
+    _fields_ = [("segment", c_u64), ("offset", c_u64), ("length", c_u64)]
+
+
+class KeyInfo(ctypes.Structure):
+    _fields_ = [
+        ("key", P(c_u8)),
+        ("key_len", c_size),
+        ("size", c_u64),
+        ("pins", c_u32),
+        ("in_l1", c_u8),
+        ("in_l2", c_u8),
+        ("dirty", c_u8),
+        ("tombstone", c_u8),
+    ]
+
+
+class KvOpts(ctypes.Structure):
+    _fields_ = [("max_keys", c_u32), ("timeout_ms", c_u32), ("spin_us", c_u32), ("flags", c_u32)]
+
+
 CO = P(CallOpts)
+KS = P(Keys)
+PI = P(c_int)
+PU = P(c_u64)
 
 # name: (argument types, result type); every call returns an int code
 # unless it says otherwise.
@@ -226,6 +261,40 @@ _PROTOTYPES: dict[str, Tuple[List[Any], Any]] = {
     "tc_queue_get_info": ([c_void_p, P(QueueInfo)], None),
     "tc_queue_shutdown": ([c_void_p], None),
     "tc_queue_close": ([c_void_p], c_int),
+    "tc_keys_packed_len": ([KS], c_size),
+    "tc_keys_pack": ([KS, c_void_p, c_size], c_size),
+    "tc_store_put": ([c_void_p, KS, P(Extent), c_int, PI, CO], c_int),
+    "tc_store_read": ([c_void_p, KS, P(Extent), PU, PI, CO], c_int),
+    "tc_store_remove": ([c_void_p, KS, PI, CO], c_int),
+    "tc_store_pin": ([c_void_p, KS, c_u32, PI, CO], c_int),
+    "tc_store_unpin": ([c_void_p, KS, PI, CO], c_int),
+    "tc_store_reserve": ([c_void_p, KS, PU, PU, PI, CO], c_int),
+    "tc_store_commit": ([c_void_p, KS, c_int, PI, CO], c_int),
+    "tc_store_stat": ([c_void_p, c_char_p, c_size, P(KeyInfo), CO], c_int),
+    "tc_store_list": ([c_void_p, c_char_p, c_size, c_char_p, c_size, c_u32, P(P(KeyInfo)), P(c_size), PI, CO],
+                      c_int),
+    "tc_store_flush": ([c_void_p, c_u32, CO], c_int),
+    "tc_results_create": ([c_void_p, c_u32, P(c_void_p)], c_int),
+    "tc_results_in": ([c_void_p, P(Buffer), c_u64, c_u32, P(c_void_p)], c_int),
+    "tc_results_destroy": ([c_void_p], None),
+    "tc_queue_store_get": ([c_void_p, KS, c_void_p, c_u64, P(c_size)], c_int),
+    "tc_queue_store_reserve": ([c_void_p, KS, c_u64, c_void_p, c_u64, P(c_size)], c_int),
+    "tc_queue_store_commit": ([c_void_p, KS, c_int, c_void_p, c_u64, P(c_size)], c_int),
+    "tc_queue_store_exists": ([c_void_p, KS, c_void_p, c_u64, P(c_size)], c_int),
+    "tc_queue_store_unpin": ([c_void_p, KS, c_void_p, c_u64, P(c_size)], c_int),
+    "tc_queue_store_lookup_prefix": ([c_void_p, KS, c_int, c_u64, P(c_size)], c_int),
+    "tc_results_check": ([c_void_p, P(Cqe), PI, PU, PU], c_int),
+    "tc_prefix_check": ([c_void_p, P(Cqe), c_size, P(c_size)], c_int),
+    "tc_kv_open": ([c_void_p, P(KvOpts), P(c_void_p)], c_int),
+    "tc_kv_close": ([c_void_p], None),
+    "tc_kv_get": ([c_void_p, KS, PU, PU, PI], c_int),
+    "tc_kv_reserve": ([c_void_p, KS, c_u64, PU, PI], c_int),
+    "tc_kv_commit": ([c_void_p, KS, c_int, PI], c_int),
+    "tc_kv_exists": ([c_void_p, KS, PI], c_int),
+    "tc_kv_lookup_prefix": ([c_void_p, KS, c_int, P(c_size)], c_int),
+    "tc_kv_unpin": ([c_void_p, KS, PI], c_int),
+    "tc_kv_put": ([c_void_p, KS, P(c_void_p), PU, c_int, PI], c_int),
+    "tc_kv_read": ([c_void_p, KS, P(c_void_p), PU, PU, PI], c_int),
 }
 
 

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Iterator, List, NamedTuple, Optional, Seq
 
 from . import _lib
 from ._lib import lib
+from .errors import Error, Status
+from .store import DEFAULT_MAX_KEYS, StoreCalls
 
 if TYPE_CHECKING:
     from .queues import Queue
@@ -47,56 +49,6 @@ __all__ = [
 DEFAULT_SOCKET = "/run/tensorcast/tensorcastd.sock"
 MAX_NOTIFY = 4096
 PROTOCOL_VERSION = 1
-
-
-class Status(enum.IntEnum):
-    """A call's or an item's code: the protocol's (``enum Code`` in
-    fbs/control.fbs, 0..10) and libtensorcast's local ones (negative)."""
-
-    OK = 0
-    INVALID_ARGUMENT = 1
-    NOT_FOUND = 2
-    ALREADY_EXISTS = 3
-    BUSY = 4
-    RESOURCE_EXHAUSTED = 5
-    FAILED_PRECONDITION = 6
-    PERMISSION_DENIED = 7
-    DEADLINE_EXCEEDED = 8
-    UNAVAILABLE = 9
-    INTERNAL = 10
-    # Library-local: the connection broke or is closed; a connect or call
-    # timeout ran out; the daemon's answer did not check; a system call
-    # failed; out of memory; another protocol version; a library bug.
-    CLOSED = -1
-    TIMED_OUT = -2
-    PROTOCOL = -3
-    SYSTEM = -4
-    NO_MEMORY = -5
-    VERSION = -6
-    LIBRARY = -7
-
-    @classmethod
-    def _missing_(cls, value: object) -> Optional["Status"]:
-        # A code from a newer daemon: kept as it is, not mapped to another.
-        if isinstance(value, int):
-            m = int.__new__(cls, value)
-            m._name_ = f"CODE_{value}"
-            m._value_ = value
-            return m
-        return None
-
-
-class Error(Exception):
-    """A failed call. ``code`` is its :class:`Status`; ``errno`` is set for
-    :attr:`Status.SYSTEM`."""
-
-    def __init__(self, code: int, what: str, errno: int = 0) -> None:
-        self.code = Status(code)
-        self.errno = errno
-        text = lib.tc_strerror(int(code)).decode()
-        if self.code == Status.SYSTEM and errno:
-            text = f"{os.strerror(errno)}"
-        super().__init__(f"tensorcast: {what}: {text}")
 
 
 class Op(enum.IntEnum):
@@ -218,6 +170,7 @@ class Stats:
     connection: dict[str, int]
     transports: dict[str, int]
     connections: int
+    store: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -384,7 +337,7 @@ class Buffer:
         self.close()
 
 
-class Client:
+class Client(StoreCalls):
     """One connection to tensorcastd.
 
     Its methods may be called from several threads; the library serializes
@@ -393,6 +346,8 @@ class Client:
     holds it while it waits. Every call releases the GIL while it is in
     the library. Per-item results are lists of :class:`Status`, one per
     item, in order; a failure of the whole call raises :class:`Error`.
+    The KV block store's calls (put, get, exists, lookup_prefix, remove,
+    reserve, get_pinned, ...) are described in :mod:`tensorcast.store`.
     """
 
     def __init__(
@@ -405,7 +360,10 @@ class Client:
         max_frame: int = 0,
         lane: Optional[str] = None,
         policy_version: int = 0,
+        max_keys_per_call: int = DEFAULT_MAX_KEYS,
     ) -> None:
+        if not 1 <= max_keys_per_call <= 65535:
+            raise Error(Status.INVALID_ARGUMENT, f"max_keys_per_call {max_keys_per_call} (want 1..65535)")
         if socket is None:
             socket = os.environ.get("TENSORCAST_SOCKET") or DEFAULT_SOCKET
         self.socket: str = socket
@@ -418,6 +376,11 @@ class Client:
         self._closing = False
         self._buffers: "weakref.WeakSet[Buffer]" = weakref.WeakSet()
         self._queues: "weakref.WeakSet[Queue]" = weakref.WeakSet()
+        # The store's queue (a tc_kv), opened on first use under _kv_lock and
+        # freed by tc_close.
+        self._max_keys = max_keys_per_call
+        self._kv_lock = threading.Lock()
+        self._kv_ptr: Optional[int] = None
         self._dial()
 
     def _dial(self) -> None:
@@ -498,7 +461,27 @@ class Client:
         for q in list(self._queues):
             q._detach()  # tc_close releases it
         self._queues = weakref.WeakSet()
+        self._kv_ptr = None  # and the store's queue
         lib.tc_close(conn)
+
+    def _kv(self, conn: int) -> int:
+        """The store's queue, opened on first use (called between _enter and
+        _leave)."""
+        kv = self._kv_ptr
+        if kv is not None:
+            return kv
+        with self._kv_lock:
+            if self._kv_ptr is None:
+                o = _lib.KvOpts(self._max_keys, 0, 0, 0)
+                out = ctypes.c_void_p()
+                rc = lib.tc_kv_open(conn, ctypes.byref(o), ctypes.byref(out))
+                if rc:
+                    raise Error(rc, "open the store's queue", ctypes.get_errno())
+                self._kv_ptr = out.value
+            return self._kv_ptr  # type: ignore[return-value]
+
+    def _copts(self, opts: Optional["CallOptions"]) -> Any:
+        return _copts(opts)
 
     def reconnect(self) -> None:
         """Closes this connection and opens a new one with the same
@@ -544,7 +527,8 @@ class Client:
             def group(g: _lib.Counters) -> dict[str, int]:
                 return {g.items[i].name.decode(): g.items[i].value for i in range(g.n)}
 
-            return Stats(group(s.pool), group(s.engine), group(s.connection), group(s.transports), s.connections)
+            return Stats(group(s.pool), group(s.engine), group(s.connection), group(s.transports), s.connections,
+                         group(s.store))
         finally:
             lib.tc_free(out)
 
@@ -825,5 +809,5 @@ def connect(socket: Optional[str] = None, name: Optional[str] = None, **kwargs: 
     """Connects to tensorcastd at socket (default: $TENSORCAST_SOCKET, then
     the daemon's default path). The client is a context manager.
     Keyword arguments: connect_timeout, call_timeout (seconds), max_frame,
-    lane, policy_version."""
+    lane, policy_version, max_keys_per_call (most keys of one store call)."""
     return Client(socket, name, **kwargs)

@@ -1,18 +1,27 @@
 """The C, Python and Go clients against one daemon, byte for byte.
 
-Each client registers a buffer, writes a pattern in it (seed's xorshift64),
-moves it into a pool block with a WRITE, reads the block back into a second
-buffer with a READ and checks both; it then holds its connection, and so
-its block, while every other client checks the block's bytes through its
-own mapping of the daemon's pool. The C client is c/build/tc_compat
+Transfers: each client registers a buffer, writes a pattern in it (seed's
+xorshift64), moves it into a pool block with a WRITE, reads the block back
+into a second buffer with a READ and checks both; it then holds its
+connection, and so its block, while every other client checks the block's
+bytes through its own mapping of the daemon's pool.
+
+The store: each client stores two keys of its own, one with a copying put
+on the socket and one zero-copy through a queue (reserve, write in place,
+durable commit); then every client reads every client's keys back, on the
+socket and through a queue (a get in place, its results records, an unpin,
+an exists, a lookup_prefix) and stats one: for each writer the three
+readers' answers must be identical, records and digests included. The C client is c/build/tc_compat
 ($TENSORCAST_COMPAT_C), the Go client internal/compat (built here, or
 $TENSORCAST_COMPAT_GO), the Python client this package.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import struct
 import shutil
 import subprocess
 import tempfile
@@ -123,6 +132,85 @@ class TestCompat(unittest.TestCase):
                 assert p.stdin is not None
                 p.stdin.close()
                 self.assertEqual(p.wait(30), 0, f"{name} writer")
+
+
+    # -- the store ---------------------------------------------------------------
+
+    def python_store_write(self, c: tensorcast.Client, prefix: str, seed: int) -> None:
+        buf = c.create_buffer(SIZE)
+        buf.view[:] = pattern(SIZE, seed)
+        self.assertEqual(c.store_put([f"{prefix}/sock"], [(buf.id, 0, SIZE)]), [Status.OK])
+        r = c.reserve([f"{prefix}/queue"], SIZE)
+        self.assertEqual(r.codes, [Status.OK])
+        r.views[0][:] = pattern(SIZE, seed + 1)  # type: ignore[index]
+        self.assertEqual(r.commit(durable=True), [Status.OK])
+
+    def python_store_check(self, c: tensorcast.Client, prefix: str, seed: int) -> Dict[str, object]:
+        keys = [f"{prefix}/queue", f"{prefix}/sock", f"{prefix}/none"]
+        want = [pattern(SIZE, seed + 1), pattern(SIZE, seed)]
+        ok = True
+        buf = c.create_buffer(3 * SIZE)
+        r = c.store_read(keys, [(buf.id, i * SIZE, SIZE) for i in range(3)])
+        read_sha = []
+        for i, (st, n) in enumerate(zip(r, r.lengths)):
+            if st == Status.OK:
+                got = bytes(buf.view[i * SIZE:i * SIZE + n])
+                read_sha.append(hashlib.sha256(got).hexdigest())
+                ok = ok and i < 2 and got == want[i]
+        loc = c.get_locations(keys)
+        records, get_sha, pinned = [], [], []
+        for i, (st, off, n) in enumerate(zip(loc.codes, loc.offsets, loc.lengths)):
+            records.append(struct.pack("<B3xIQ", int(st), n, off).hex())
+            if st == Status.OK:
+                got = bytes(c.pool.view[off:off + n])
+                get_sha.append(hashlib.sha256(got).hexdigest())
+                ok = ok and i < 2 and got == want[i]
+                pinned.append(keys[i])
+        self.assertEqual(c.release(pinned), [Status.OK] * len(pinned))
+        exists = [int(Status.OK) if e else int(Status.NOT_FOUND) for e in c.exists(keys)]
+        info = c.stat(keys[0])
+        return {"client": "python", "ok": ok, "read_codes": [int(x) for x in r], "read_lengths": list(r.lengths),
+                "read_sha": read_sha, "get_records": records, "get_sha": get_sha, "exists": exists,
+                "prefix": c.lookup_prefix([keys[1], keys[0], keys[2]]), "stat_size": info.size,
+                "stat_l2": info.in_l2}
+
+    def test_same_store_answers_through_every_client(self) -> None:
+        sock = self.daemon.socket
+        seeds = {"c": 0x5C, "go": 0x560, "python": 0x59}
+        prefix = {name: f"compat-store/{name}" for name in seeds}
+        cmds = {"c": c_client(), "go": self.go}
+        with tensorcast.connect(sock, "compat-python") as py:
+            self.python_store_write(py, prefix["python"], seeds["python"])
+            for name, cmd in cmds.items():
+                out = subprocess.run(cmd + ["store-write", sock, prefix[name], str(seeds[name]), str(SIZE)],
+                                     capture_output=True, text=True, timeout=30)
+                self.assertEqual(out.returncode, 0, f"{name} store-write: {out.stdout} {out.stderr}")
+                self.assertTrue(json.loads(out.stdout.strip().splitlines()[-1])["ok"])
+            for writer in seeds:
+                reports = {"python": self.python_store_check(py, prefix[writer], seeds[writer])}
+                for name, cmd in cmds.items():
+                    out = subprocess.run(cmd + ["store-check", sock, prefix[writer], str(seeds[writer]), str(SIZE)],
+                                         capture_output=True, text=True, timeout=30)
+                    reports[name] = json.loads(out.stdout.strip().splitlines()[-1])
+                    self.assertEqual(out.returncode, 0, f"{name} reading {writer}'s keys: {reports[name]} {out.stderr}")
+                sha = [hashlib.sha256(pattern(SIZE, seeds[writer] + 1)).hexdigest(),
+                       hashlib.sha256(pattern(SIZE, seeds[writer])).hexdigest()]
+                for name, r in reports.items():
+                    self.assertEqual(r.pop("client"), name)
+                    self.assertTrue(r["ok"], f"{name} reading {writer}'s keys: {r}")
+                    self.assertEqual(r["read_codes"], [0, 0, int(Status.NOT_FOUND)])
+                    self.assertEqual(r["read_sha"], sha)
+                    self.assertEqual(r["get_sha"], sha)
+                    self.assertEqual((r["prefix"], r["stat_size"], r["stat_l2"]), (2, SIZE, True))
+                # Byte-exact: every client got the same answers, down to the
+                # results records (code, length, offset in the pool).
+                self.assertEqual(reports["c"], reports["python"], f"{writer}'s keys: C and Python")
+                self.assertEqual(reports["go"], reports["python"], f"{writer}'s keys: Go and Python")
+                self.assertEqual(py.stat(f"{prefix[writer]}/queue").pins, 0)  # every get was released
+            # A wrong seed must not check: the checkers compare bytes.
+            out = subprocess.run(c_client() + ["store-check", sock, prefix["go"], str(seeds["go"] + 1), str(SIZE)],
+                                 capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(out.returncode, 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,699 @@
+"""The KV block store's calls, as methods of :class:`tensorcast.Client`.
+
+The daemon's store keeps values (KV-cache blocks) by key in its pool and
+on its L2 file. Every batch call is positional: it returns one result per
+key, in order; a failure of the whole call raises :class:`Error`.
+
+    with tensorcast.connect() as c:
+        c.put([b"seq/0", b"seq/1"], [page0, page1])       # [Status.OK, Status.OK]
+        n = c.lookup_prefix([b"seq/0", b"seq/1", b"seq/2"])  # 2
+        with c.get_pinned([b"seq/0", b"seq/1"]) as views:    # read-only views into the pool
+            kv = torch.frombuffer(views[0], dtype=torch.bfloat16)
+        r = c.reserve([b"seq/2"], 256 << 10)              # writable views into the pool
+        r.views[0][:] = page2
+        r.commit(durable=True)
+
+Keys are ``bytes`` (or ``str``, encoded as UTF-8), 1 to 256 bytes. Values
+are any buffer-protocol objects (``bytes``, ``bytearray``, ``memoryview``,
+numpy arrays) or CPU torch tensors, C-contiguous.
+
+The hot calls go through a shared-memory queue the client opens on first
+use (libtensorcast's ``tc_kv``): ``put`` reserves pool blocks, copies each
+value into its block and commits them; ``get`` pins the values, copies them
+out and unpins them; ``exists``, ``lookup_prefix``, ``reserve``/``commit``
+and ``get_pinned`` are one queue operation each. ``remove``, ``pin``,
+``unpin``, ``stat``, ``list_keys``, ``flush`` and the extent copies
+(``store_put``, ``store_read``) use the control socket. Every call releases
+the GIL while it is in the library. A call with more keys than
+``max_keys_per_call`` (``connect``'s keyword, 1024 by default, the daemon's
+default bound) is made in several calls of at most that many keys, in
+order; all-or-nothing calls (``pin``, ``unpin``) are then all or nothing
+per part.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import math
+from typing import TYPE_CHECKING, Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from . import _lib
+from ._lib import lib
+from .errors import Error, Status
+
+if TYPE_CHECKING:
+    from .client import CallOptions
+
+__all__ = ["Codes", "Extent", "Key", "KeyInfo", "Locations", "PinnedValues", "Reservation", "StoreCalls"]
+
+Key = Union[str, bytes, bytearray, memoryview]
+
+MAX_KEY = 256
+_MAX_PACKED_KEY = 65535
+DEFAULT_MAX_KEYS = 1024
+
+# Status of each code, looked up without the enum's call per key.
+_STATUS = {int(s): s for s in Status}
+
+
+def _status(code: int) -> Status:
+    s = _STATUS.get(code)
+    return s if s is not None else Status(code)
+
+
+class KeyInfo(NamedTuple):
+    """A stored key: its value's size, the tiers it is on, its pins over all
+    clients, and whether it is still owed a writeback to L2 (dirty) or its
+    writeback gave up (tombstone)."""
+
+    key: bytes
+    size: int
+    in_l1: bool
+    in_l2: bool
+    pins: int
+    dirty: bool
+    tombstone: bool
+
+
+class Extent(NamedTuple):
+    """length bytes at offset in segment: a buffer of this client or pool
+    blocks it allocated (``store_put``, ``store_read``)."""
+
+    segment: int
+    offset: int
+    length: int
+
+
+class Locations(NamedTuple):
+    """Where the values of pinned keys lie in the daemon's pool
+    (:meth:`StoreCalls.get_locations`)."""
+
+    codes: List[Status]
+    offsets: List[int]
+    lengths: List[int]
+
+
+class Codes(List[Status]):
+    """One Status per key; after ``get``, ``lengths`` holds each value's
+    length (also for an output too short, whose Status is
+    INVALID_ARGUMENT; 0 for a key that is not stored)."""
+
+    lengths: List[int]
+
+
+def _key(k: Key) -> bytes:
+    if isinstance(k, bytes):
+        return k
+    if isinstance(k, str):
+        return k.encode()
+    return bytes(k)
+
+
+def _pack(keys: Sequence[Key]) -> Tuple[_lib.Keys, bytes]:
+    """keys as the protocol's packed key list, and the tc_keys naming it."""
+    parts: List[bytes] = []
+    for k in keys:
+        b = _key(k)
+        n = len(b)
+        if n > _MAX_PACKED_KEY:
+            raise Error(Status.INVALID_ARGUMENT, f"a {n}-byte key (the store takes at most {MAX_KEY})")
+        parts.append(n.to_bytes(2, "little"))
+        parts.append(b)
+    packed = b"".join(parts)
+    return _lib.Keys(len(keys), None, packed, len(packed)), packed
+
+
+class _PyBuffer(ctypes.Structure):
+    # CPython's Py_buffer (stable since 3.3, part of the limited API since
+    # 3.11). obj is a PyObject * that PyBuffer_Release drops; it is kept an
+    # integer here so that ctypes never counts references on it.
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+# The buffer calls take the Py_buffer by address: a _Spans holds one array
+# of them and passes each element's address, making no ctypes object per
+# value.
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.c_void_p]
+_release_buffer.restype = None
+_PyBUF_SIMPLE, _PyBUF_WRITABLE = 0, 1
+_PYBUF_SIZE = ctypes.sizeof(_PyBuffer)
+
+
+class _Spans:
+    """The memory of a list of objects, held for one call: addresses and
+    lengths as C arrays, the buffers exported until release()."""
+
+    def __init__(self, objs: Sequence[Any], writable: bool) -> None:
+        n = len(objs)
+        self._bufs = (_PyBuffer * n)()
+        self._base = ctypes.addressof(self._bufs)
+        self._held: List[int] = []  # addresses of the Py_buffers to release
+        self._tensors: List[Any] = []
+        ptrs: List[int] = [0] * n
+        lens: List[int] = [0] * n
+        flags = _PyBUF_WRITABLE if writable else _PyBUF_SIMPLE
+        try:
+            for i, o in enumerate(objs):
+                if hasattr(o, "data_ptr") and hasattr(o, "element_size"):  # a torch tensor
+                    ptrs[i], lens[i] = self._tensor(o, i)
+                    continue
+                at = self._base + i * _PYBUF_SIZE
+                try:
+                    _get_buffer(o, at, flags)
+                except (BufferError, TypeError, ValueError) as e:
+                    want = "a writable, contiguous buffer" if writable else "a contiguous buffer"
+                    raise Error(Status.INVALID_ARGUMENT,
+                                f"value {i} ({type(o).__name__}) is not {want}: {e}") from None
+                self._held.append(at)
+                b = self._bufs[i]
+                ptrs[i], lens[i] = b.buf or 0, b.len
+        except BaseException:
+            self.release()
+            raise
+        self.ptrs = (ctypes.c_void_p * n)(*ptrs)
+        self.lens = (ctypes.c_uint64 * n)(*lens)
+
+    def _tensor(self, o: Any, i: int) -> Tuple[int, int]:
+        if o.device.type != "cpu" or not o.is_contiguous():
+            raise Error(Status.INVALID_ARGUMENT, f"value {i}: a tensor on {o.device}, "
+                        f"{'' if o.is_contiguous() else 'not '}contiguous (want a contiguous CPU tensor)")
+        self._tensors.append(o)
+        return int(o.data_ptr()), int(o.numel()) * int(o.element_size())
+
+    def release(self) -> None:
+        for at in self._held:
+            _release_buffer(at)
+        self._held = []
+        self._tensors = []
+
+
+def _chunks(n: int, size: int) -> Iterator[Tuple[int, int]]:
+    for lo in range(0, n, size):
+        yield lo, min(lo + size, n)
+
+
+def _ms(seconds: Optional[float]) -> int:
+    if seconds is None or seconds <= 0:
+        return 0
+    return min(max(1, math.ceil(seconds * 1000)), (1 << 32) - 1)
+
+
+def _extents(ext: Sequence[Tuple[int, int, int]]) -> Any:
+    flat = array.array("Q")
+    for e in ext:
+        flat.extend((int(e[0]), int(e[1]), int(e[2])))
+    n = len(ext)
+    return (_lib.Extent * n).from_buffer(flat) if n else None, flat
+
+
+class Reservation:
+    """Pool blocks reserved for keys (:meth:`StoreCalls.reserve`): ``views``
+    are writable memoryviews of them (None for a key whose Status in
+    ``codes`` is not OK). Write the values in place, then :meth:`commit`.
+    A reservation not committed is released when the client closes (the
+    protocol has no other way to give one back)."""
+
+    def __init__(self, client: "StoreCalls", keys: List[bytes], codes: List[Status], offsets: List[int],
+                 sizes: List[int]) -> None:
+        self._client = client
+        self.keys = keys
+        self.codes = codes
+        self.offsets = offsets
+        self.views: List[Optional[memoryview]] = [
+            client.pool.view[o:o + z] if c == Status.OK else None for c, o, z in zip(codes, offsets, sizes)]
+        self.committed = False
+
+    def commit(self, durable: bool = False) -> List[Status]:
+        """Makes the reserved values visible (durable: once each is on L2)
+        and releases the views. One Status per key: a key that was not
+        reserved keeps its reserve's Status."""
+        if self.committed:
+            raise Error(Status.FAILED_PRECONDITION, "commit: the reservation was committed already")
+        idx = [i for i, c in enumerate(self.codes) if c == Status.OK]
+        out = list(self.codes)
+        if idx:
+            got = self._client.commit([self.keys[i] for i in idx], durable)
+            for i, c in zip(idx, got):
+                out[i] = c
+        self.committed = True
+        for v in self.views:
+            if v is not None:
+                v.release()
+        return out
+
+    def __enter__(self) -> "Reservation":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class PinnedValues(List[Optional[memoryview]]):
+    """The values of keys pinned by :meth:`StoreCalls.get_pinned`: one
+    read-only memoryview into the daemon's pool per key (None for a key
+    whose Status in ``codes`` is not OK), valid until :meth:`release` (or
+    the end of the ``with`` block) unpins them and releases the views."""
+
+    codes: List[Status]
+
+    def __init__(self, client: "StoreCalls", keys: List[bytes], codes: List[Status],
+                 views: List[Optional[memoryview]]) -> None:
+        super().__init__(views)
+        self._client: Optional[StoreCalls] = client
+        self._keys = keys
+        self.codes = codes
+
+    def release(self) -> None:
+        """Releases the views and unpins the values. A view still exported
+        (a numpy array made over it, say) cannot be released: the values are
+        unpinned all the same, then this raises."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        busy = 0
+        for v in self:
+            if v is not None:
+                try:
+                    v.release()
+                except BufferError:
+                    busy += 1
+        pinned = [k for k, c in zip(self._keys, self.codes) if c == Status.OK]
+        if pinned:
+            client._unpin_queue(pinned)
+        if busy:
+            raise Error(Status.FAILED_PRECONDITION, f"get_pinned: {busy} views still exported when unpinned "
+                        "(copy what must outlive the with block)")
+
+    def __enter__(self) -> "PinnedValues":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class StoreCalls:
+    """The store's calls of :class:`tensorcast.Client` (see the module's
+    doc)."""
+
+    pool: Any
+    _max_keys: int
+
+    # Provided by Client.
+    def _enter(self) -> int:
+        raise NotImplementedError
+
+    def _leave(self) -> None:
+        raise NotImplementedError
+
+    def _kv(self, conn: int) -> int:
+        raise NotImplementedError
+
+    def _copts(self, opts: Optional["CallOptions"]) -> Any:
+        raise NotImplementedError
+
+    # -- running calls -----------------------------------------------------
+
+    def _run_kv(self, what: str, fn: Any, *args: Any) -> int:
+        conn = self._enter()
+        try:
+            return int(fn(self._kv(conn), *args))
+        finally:
+            self._leave()
+
+    def _run_conn(self, fn: Any, *args: Any) -> int:
+        conn = self._enter()
+        try:
+            return int(fn(conn, *args))
+        finally:
+            self._leave()
+
+    @staticmethod
+    def _check(rc: int, what: str) -> None:
+        if rc:
+            raise Error(rc, what, ctypes.get_errno())
+
+    # -- the copying calls ---------------------------------------------------
+
+    def put(self, keys: Sequence[Key], values: Sequence[Any], durable: bool = False) -> List[Status]:
+        """Stores each key with a copy of its value: one Status per key (OK,
+        ALREADY_EXISTS, BUSY while another put of it is in flight,
+        RESOURCE_EXHAUSTED, INVALID_ARGUMENT for an empty value or a key the
+        store cannot hold). With durable each key's Status comes once its
+        value is on L2."""
+        n = len(keys)
+        if len(values) != n:
+            raise Error(Status.INVALID_ARGUMENT, f"put: {len(values)} values for {n} keys")
+        out: List[Status] = []
+        for lo, hi in _chunks(n, self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            spans = _Spans(values[lo:hi], writable=False)
+            codes = (ctypes.c_int * (hi - lo))()
+            try:
+                rc = self._run_kv("put", lib.tc_kv_put, ctypes.byref(ks), spans.ptrs, spans.lens, int(durable), codes)
+            finally:
+                spans.release()
+            self._check(rc, f"put of {hi - lo} keys")
+            out.extend(_status(c) for c in codes)
+        return out
+
+    def get(self, keys: Sequence[Key], outs: Sequence[Any]) -> Codes:
+        """Copies the value of each key into outs[i] (a writable buffer or a
+        CPU tensor at least as long as the value): one Status per key (OK,
+        NOT_FOUND, INVALID_ARGUMENT for an output too short), with each
+        value's length in ``.lengths``."""
+        n = len(keys)
+        if len(outs) != n:
+            raise Error(Status.INVALID_ARGUMENT, f"get: {len(outs)} outputs for {n} keys")
+        out = Codes()
+        out.lengths = []
+        for lo, hi in _chunks(n, self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            spans = _Spans(outs[lo:hi], writable=True)
+            m = hi - lo
+            codes, lens = (ctypes.c_int * m)(), (ctypes.c_uint64 * m)()
+            try:
+                rc = self._run_kv("get", lib.tc_kv_read, ctypes.byref(ks), spans.ptrs, spans.lens, lens, codes)
+            finally:
+                spans.release()
+            self._check(rc, f"get of {m} keys")
+            out.extend(_status(c) for c in codes)
+            out.lengths.extend(lens)
+        return out
+
+    def put_addresses(self, keys: Sequence[Key], addresses: Sequence[int], lengths: Sequence[int],
+                      durable: bool = False) -> List[Status]:
+        """put of raw memory: key i's value is lengths[i] bytes at address
+        addresses[i] of this process (an engine's host pool page, say),
+        which must stay valid for the call."""
+        n = len(keys)
+        if len(addresses) != n or len(lengths) != n:
+            raise Error(Status.INVALID_ARGUMENT, f"put_addresses: {len(addresses)} addresses, {len(lengths)} lengths "
+                        f"for {n} keys")
+        out: List[Status] = []
+        for lo, hi in _chunks(n, self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            m = hi - lo
+            ptrs, lens = (ctypes.c_void_p * m)(*addresses[lo:hi]), (ctypes.c_uint64 * m)(*lengths[lo:hi])
+            codes = (ctypes.c_int * m)()
+            self._check(self._run_kv("put", lib.tc_kv_put, ctypes.byref(ks), ptrs, lens, int(durable), codes),
+                        f"put of {m} keys")
+            out.extend(_status(c) for c in codes)
+        return out
+
+    def get_addresses(self, keys: Sequence[Key], addresses: Sequence[int], capacities: Sequence[int]) -> Codes:
+        """get into raw memory: key i's value is copied to addresses[i], at
+        most capacities[i] bytes of this process's memory, writable and valid
+        for the call."""
+        n = len(keys)
+        if len(addresses) != n or len(capacities) != n:
+            raise Error(Status.INVALID_ARGUMENT, f"get_addresses: {len(addresses)} addresses, {len(capacities)} "
+                        f"capacities for {n} keys")
+        out = Codes()
+        out.lengths = []
+        for lo, hi in _chunks(n, self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            m = hi - lo
+            ptrs, caps = (ctypes.c_void_p * m)(*addresses[lo:hi]), (ctypes.c_uint64 * m)(*capacities[lo:hi])
+            codes, lens = (ctypes.c_int * m)(), (ctypes.c_uint64 * m)()
+            self._check(self._run_kv("get", lib.tc_kv_read, ctypes.byref(ks), ptrs, caps, lens, codes),
+                        f"get of {m} keys")
+            out.extend(_status(c) for c in codes)
+            out.lengths.extend(lens)
+        return out
+
+    def exists(self, keys: Sequence[Key]) -> List[bool]:
+        """Whether each key is stored. It renews nothing (no lease, pin or
+        recency)."""
+        out: List[bool] = []
+        for lo, hi in _chunks(len(keys), self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            codes = (ctypes.c_int * (hi - lo))()
+            self._check(self._run_kv("exists", lib.tc_kv_exists, ctypes.byref(ks), codes), "exists")
+            out.extend(c == 0 for c in codes)
+        return out
+
+    def lookup_prefix(self, keys: Sequence[Key], pin: bool = False) -> int:
+        """How many leading keys of the chain are stored. With pin they are
+        also pinned for this client in the same call, so that a get of them
+        cannot miss (unpin ``keys[:n]`` after)."""
+        total = 0
+        for lo, hi in _chunks(len(keys), self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            found = ctypes.c_size_t()
+            self._check(self._run_kv("lookup_prefix", lib.tc_kv_lookup_prefix, ctypes.byref(ks), int(pin),
+                                     ctypes.byref(found)), "lookup_prefix")
+            total += found.value
+            if found.value < hi - lo:
+                break
+        return total
+
+    def remove(self, keys: Sequence[Key], opts: Optional["CallOptions"] = None) -> List[Status]:
+        """Removes keys: one Status per key (OK also for an absent key,
+        FAILED_PRECONDITION for a pinned one)."""
+        return self._socket_batch("remove", lib.tc_store_remove, keys, opts)
+
+    def pin(self, keys: Sequence[Key], ttl: Optional[float] = None,
+            opts: Optional["CallOptions"] = None) -> List[Status]:
+        """Pins every key for this client, or none (the keys that refused say
+        why, the others FAILED_PRECONDITION). With ttl (seconds) each pin is
+        a lease that ends by itself. Pins go when the client closes."""
+        return self._socket_batch("pin", lib.tc_store_pin, keys, opts, _ms(ttl))
+
+    def unpin(self, keys: Sequence[Key], opts: Optional["CallOptions"] = None) -> List[Status]:
+        """Drops one pin of this client from every key, or from none: a key
+        without a pin of this client (FAILED_PRECONDITION) or not stored
+        (NOT_FOUND) refuses it, the others FAILED_PRECONDITION."""
+        return self._socket_batch("unpin", lib.tc_store_unpin, keys, opts)
+
+    def _socket_batch(self, what: str, fn: Any, keys: Sequence[Key], opts: Optional["CallOptions"],
+                      *extra: Any) -> List[Status]:
+        out: List[Status] = []
+        co = self._copts(opts)
+        ref = ctypes.byref(co) if co is not None else None
+        for lo, hi in _chunks(len(keys), self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            codes = (ctypes.c_int * (hi - lo))()
+            self._check(self._run_conn(fn, ctypes.byref(ks), *extra, codes, ref), what)
+            out.extend(_status(c) for c in codes)
+        return out
+
+    def _unpin_queue(self, keys: Sequence[Key]) -> None:
+        """Unpins keys this client pinned (get_pinned's release), through the
+        queue."""
+        for lo, hi in _chunks(len(keys), self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            codes = (ctypes.c_int * (hi - lo))()
+            self._check(self._run_kv("unpin", lib.tc_kv_unpin, ctypes.byref(ks), codes), f"unpin of {hi - lo} keys")
+
+    # -- zero copy ------------------------------------------------------------
+
+    def reserve(self, keys: Sequence[Key], sizes: Union[int, Sequence[int]]) -> Reservation:
+        """Reserves a pool block of sizes[i] bytes (or sizes, for every key)
+        for each key: the Reservation's ``views`` are writable memoryviews
+        into the daemon's pool to write the values in place, then
+        ``.commit(durable=False)``. ``codes`` says which keys could not be
+        reserved (ALREADY_EXISTS, BUSY, RESOURCE_EXHAUSTED, ...)."""
+        n = len(keys)
+        zs = [int(sizes)] * n if isinstance(sizes, int) else [int(z) for z in sizes]
+        if len(zs) != n:
+            raise Error(Status.INVALID_ARGUMENT, f"reserve: {len(zs)} sizes for {n} keys")
+        kb = [_key(k) for k in keys]
+        codes: List[Status] = []
+        offsets: List[int] = []
+        for lo, hi in _chunks(n, self._max_keys):
+            ks, packed = _pack(kb[lo:hi])
+            m = hi - lo
+            cs, offs = (ctypes.c_int * m)(), (ctypes.c_uint64 * m)()
+            part = zs[lo:hi]
+            if all(z == part[0] for z in part):
+                rc = self._run_kv("reserve", lib.tc_kv_reserve, ctypes.byref(ks), part[0], offs, cs)
+            else:  # sizes that differ: the socket's reserve has one per key
+                sz = (ctypes.c_uint64 * m)(*part)
+                rc = self._run_conn(lib.tc_store_reserve, ctypes.byref(ks), sz, offs, cs, None)
+            self._check(rc, f"reserve of {m} keys")
+            codes.extend(_status(c) for c in cs)
+            offsets.extend(offs)
+        return Reservation(self, kb, codes, offsets, zs)
+
+    def commit(self, keys: Sequence[Key], durable: bool = False) -> List[Status]:
+        """Makes keys this client reserved visible; with durable once each
+        value is on L2 (a key whose durable commit failed stays reserved)."""
+        out: List[Status] = []
+        for lo, hi in _chunks(len(keys), self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            codes = (ctypes.c_int * (hi - lo))()
+            self._check(self._run_kv("commit", lib.tc_kv_commit, ctypes.byref(ks), int(durable), codes), "commit")
+            out.extend(_status(c) for c in codes)
+        return out
+
+    def get_locations(self, keys: Sequence[Key]) -> "Locations":
+        """Pins each key and says where its value lies in the daemon's pool:
+        ``offsets[i]`` and ``lengths[i]`` (0 where ``codes[i]`` is not OK), to
+        be read in place through ``pool.view`` (or another client's mapping
+        of the same pool) and then given back with :meth:`release`."""
+        codes: List[Status] = []
+        offsets: List[int] = []
+        lengths: List[int] = []
+        for lo, hi in _chunks(len(keys), self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            m = hi - lo
+            cs, offs, lens = (ctypes.c_int * m)(), (ctypes.c_uint64 * m)(), (ctypes.c_uint64 * m)()
+            self._check(self._run_kv("get", lib.tc_kv_get, ctypes.byref(ks), offs, lens, cs), f"get of {m} keys")
+            codes.extend(_status(c) for c in cs)
+            offsets.extend(offs)
+            lengths.extend(lens)
+        return Locations(codes, offsets, lengths)
+
+    def release(self, keys: Sequence[Key]) -> List[Status]:
+        """Drops one pin of this client from every key, through the store's
+        queue: the release of :meth:`get_locations`, of
+        ``lookup_prefix(pin=True)`` and of :meth:`get_pinned`. All or nothing,
+        as :meth:`unpin`: when a key refuses it, its Status says why (and the
+        others FAILED_PRECONDITION) and nothing was unpinned."""
+        out: List[Status] = []
+        for lo, hi in _chunks(len(keys), self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            m = hi - lo
+            codes = (ctypes.c_int * m)(*([int(Status.FAILED_PRECONDITION)] * m))
+            rc = self._run_kv("unpin", lib.tc_kv_unpin, ctypes.byref(ks), codes)
+            if rc not in (0, Status.FAILED_PRECONDITION, Status.NOT_FOUND):
+                self._check(rc, f"unpin of {m} keys")
+            out.extend(_status(c) for c in codes)
+        return out
+
+    def get_pinned(self, keys: Sequence[Key]) -> PinnedValues:
+        """Pins each key and gives read-only memoryviews of the values where
+        they lie in the daemon's pool, without a copy. Use it as a context
+        manager: the views are released and the keys unpinned on exit.
+
+            with c.get_pinned(keys) as views:
+                for v in views: ...            # None where views.codes[i] is not OK
+        """
+        kb = [_key(k) for k in keys]
+        codes: List[Status] = []
+        views: List[Optional[memoryview]] = []
+        pv = self.pool.view
+        done = 0
+        try:
+            for lo, hi in _chunks(len(kb), self._max_keys):
+                ks, packed = _pack(kb[lo:hi])
+                m = hi - lo
+                cs, offs, lens = (ctypes.c_int * m)(), (ctypes.c_uint64 * m)(), (ctypes.c_uint64 * m)()
+                self._check(self._run_kv("get", lib.tc_kv_get, ctypes.byref(ks), offs, lens, cs), f"get of {m} keys")
+                for c, o, z in zip(cs, offs, lens):
+                    st = _status(c)
+                    codes.append(st)
+                    views.append(pv[o:o + z].toreadonly() if st == Status.OK else None)
+                done = hi
+        except BaseException:
+            # The parts that went through hold pins: give them back.
+            pinned = [k for k, c in zip(kb[:done], codes) if c == Status.OK]
+            if pinned:
+                try:
+                    self._unpin_queue(pinned)
+                except Error:
+                    pass  # the connection failed: its pins went with it
+            raise
+        return PinnedValues(self, kb, codes, views)
+
+    # -- copies through extents ---------------------------------------------------
+
+    def store_put(self, keys: Sequence[Key], extents: Sequence[Tuple[int, int, int]], durable: bool = False,
+                  opts: Optional["CallOptions"] = None) -> List[Status]:
+        """Stores each key with a copy of the bytes extents[i] names
+        (segment, offset, length: a buffer of this client or pool blocks it
+        holds), copied by the daemon, on the control socket."""
+        n = len(keys)
+        if len(extents) != n:
+            raise Error(Status.INVALID_ARGUMENT, f"store_put: {len(extents)} extents for {n} keys")
+        co = self._copts(opts)
+        ref = ctypes.byref(co) if co is not None else None
+        out: List[Status] = []
+        for lo, hi in _chunks(n, self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            ext, flat = _extents(extents[lo:hi])
+            codes = (ctypes.c_int * (hi - lo))()
+            self._check(self._run_conn(lib.tc_store_put, ctypes.byref(ks), ext, int(durable), codes, ref), "store_put")
+            out.extend(_status(c) for c in codes)
+        return out
+
+    def store_read(self, keys: Sequence[Key], extents: Sequence[Tuple[int, int, int]],
+                   opts: Optional["CallOptions"] = None) -> Codes:
+        """Copies the value of each key into the memory extents[i] names (as
+        store_put), by the daemon: one Status per key, lengths in
+        ``.lengths``."""
+        n = len(keys)
+        if len(extents) != n:
+            raise Error(Status.INVALID_ARGUMENT, f"store_read: {len(extents)} extents for {n} keys")
+        co = self._copts(opts)
+        ref = ctypes.byref(co) if co is not None else None
+        out = Codes()
+        out.lengths = []
+        for lo, hi in _chunks(n, self._max_keys):
+            ks, packed = _pack(keys[lo:hi])
+            ext, flat = _extents(extents[lo:hi])
+            m = hi - lo
+            codes, lens = (ctypes.c_int * m)(), (ctypes.c_uint64 * m)()
+            self._check(self._run_conn(lib.tc_store_read, ctypes.byref(ks), ext, lens, codes, ref), "store_read")
+            out.extend(_status(c) for c in codes)
+            out.lengths.extend(lens)
+        return out
+
+    # -- operators' calls -------------------------------------------------------------
+
+    def stat(self, key: Key, opts: Optional["CallOptions"] = None) -> KeyInfo:
+        """Describes one key; Error(Status.NOT_FOUND) when it is not stored.
+        It changes nothing."""
+        k = _key(key)
+        info = _lib.KeyInfo()
+        co = self._copts(opts)
+        self._check(self._run_conn(lib.tc_store_stat, k, len(k), ctypes.byref(info),
+                                   ctypes.byref(co) if co is not None else None), f"stat {k!r}")
+        return KeyInfo(k, info.size, bool(info.in_l1), bool(info.in_l2), info.pins, bool(info.dirty),
+                       bool(info.tombstone))
+
+    def list_keys(self, prefix: Key = b"", after: Key = b"", max: int = 0,
+                  opts: Optional["CallOptions"] = None) -> Tuple[List[KeyInfo], bool]:
+        """Up to max stored keys (0: as many as one answer holds) that start
+        with prefix and sort after after, in order, and whether the listing
+        goes on (ask again with after set to the last key)."""
+        p, a = _key(prefix), _key(after)
+        out = ctypes.POINTER(_lib.KeyInfo)()
+        n, more = ctypes.c_size_t(), ctypes.c_int()
+        co = self._copts(opts)
+        self._check(self._run_conn(lib.tc_store_list, p, len(p), a, len(a), max, ctypes.byref(out), ctypes.byref(n),
+                                   ctypes.byref(more), ctypes.byref(co) if co is not None else None), "list_keys")
+        try:
+            keys = []
+            for i in range(n.value):
+                e = out[i]
+                keys.append(KeyInfo(ctypes.string_at(e.key, e.key_len), e.size, bool(e.in_l1), bool(e.in_l2), e.pins,
+                                    bool(e.dirty), bool(e.tombstone)))
+            return keys, bool(more.value)
+        finally:
+            lib.tc_free(out)
+
+    def flush(self, timeout: Optional[float] = None, opts: Optional["CallOptions"] = None) -> None:
+        """Waits, at most timeout seconds (None: the daemon's default), until
+        no value is owed a writeback to L2 (Error DEADLINE_EXCEEDED when
+        some still are)."""
+        co = self._copts(opts)
+        self._check(self._run_conn(lib.tc_store_flush, _ms(timeout), ctypes.byref(co) if co is not None else None),
+                    "flush")
