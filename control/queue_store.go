@@ -255,8 +255,12 @@ func (qs *qstore) end(c *storeCall) {
 	case c.err == nil, errors.Is(c.err, store.ErrTransport):
 		// The call ran; each key's code says the rest (keys a broken
 		// transport touched carry INTERNAL).
+	case errors.Is(c.err, store.ErrNotApplied):
+		// An all-or-nothing batch refused: nothing changed, whichever key
+		// refused it (and why: its record says).
+		code = tcproto.CodeFAILED_PRECONDITION
 	default:
-		code = CodeOf(c.err) // all or nothing refused: FAILED_PRECONDITION
+		code = CodeOf(c.err)
 	}
 	ok := 0
 	loc := c.op == queue.OpStoreGet || c.op == queue.OpStoreReserve

@@ -148,6 +148,14 @@ func TestStoreQueueOps(t *testing.T) {
 		t.Fatalf("unpin below zero: %v %+v", err, cq)
 	}
 	wantCodes(t, "unpin below zero", res, tcproto.CodeFAILED_PRECONDITION, tcproto.CodeFAILED_PRECONDITION)
+	// A key that is not stored refuses the whole batch too: the call's code
+	// is FAILED_PRECONDITION (nothing changed), the key's own says why.
+	absent := [][]byte{[]byte("never stored"), keys[6]}
+	cq, err = qcall(t, q, res, 11, func() (bool, error) { return q.Unpin(absent, res, 11) })
+	if cq.Code != tcproto.CodeFAILED_PRECONDITION || cq.N != 0 {
+		t.Fatalf("unpin of an absent key: %v %+v, want the batch refused with FAILED_PRECONDITION", err, cq)
+	}
+	wantCodes(t, "unpin of an absent key", res, tcproto.CodeNOT_FOUND, tcproto.CodeFAILED_PRECONDITION)
 
 	// Fill L1 (1 MiB) with durable puts until keys[0] is only on L2, then
 	// Get it: a promotion, read back into the pool with its exact bytes.

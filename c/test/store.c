@@ -294,8 +294,8 @@ static void queue_calls(tc_conn *c, const char *socket)
     CHECK(info.pins == 1);
     /* Unpin all or nothing: q/7 is not stored, so nothing is unpinned. */
     e = run(q, tc_queue_store_unpin(q, k, r, 45, &acc));
-    CHECK(e.code == TC_NOT_FOUND && e.transferred == 0);
-    CHECK_RC(tc_results_check(r, &e, codes, NULL, NULL), TC_NOT_FOUND);
+    CHECK(e.code == TC_FAILED_PRECONDITION && e.transferred == 0);
+    CHECK_RC(tc_results_check(r, &e, codes, NULL, NULL), TC_FAILED_PRECONDITION);
     CHECK(codes[0] == TC_FAILED_PRECONDITION && codes[1] == TC_NOT_FOUND && codes[2] == TC_FAILED_PRECONDITION);
     CHECK_RC(tc_store_stat(c, "q/2", 3, &info, NULL), TC_OK);
     CHECK(info.pins == 1);
@@ -442,7 +442,7 @@ static void kv_calls(tc_conn *c)
     CHECK_RC(tc_kv_get(kv, k, offs, lens, codes), TC_OK);
     CHECK(codes[0] == TC_OK && matches((uint8_t *)pool->base + offs[0], 3 * VAL, 301));
     CHECK(codes[2] == TC_NOT_FOUND);
-    CHECK_RC(tc_kv_unpin(kv, k, codes), TC_NOT_FOUND); /* kv/9 is not stored: nothing unpinned */
+    CHECK_RC(tc_kv_unpin(kv, k, codes), TC_FAILED_PRECONDITION); /* kv/9 is not stored: nothing unpinned */
     CHECK(codes[0] == TC_FAILED_PRECONDITION && codes[2] == TC_NOT_FOUND);
     int pinned[3] = {11, 2, 3};
     k = keys_of(&s, "kv/", pinned, 3);
