@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -305,7 +306,7 @@ func TestFDRules(t *testing.T) {
 	e := newEnv(t, false)
 	c := dialRaw(t, e.sock)
 	expectCode(t, c.call(&wire.PingRequest{}), tcproto.CodeOK) // accepted by now
-	before, _ := handleFDs()
+	before, _ := testutil.HandleFDs()
 
 	// Missing fd.
 	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 4096}), tcproto.CodeINVALID_ARGUMENT)
@@ -348,7 +349,7 @@ func TestFDRules(t *testing.T) {
 	}
 	// The daemon holds exactly one mapping now and no stray fd: its fd
 	// table is back where it was (the mapping needs no fd).
-	after, _ := handleFDs()
+	after, _ := testutil.HandleFDs()
 	if len(after) > len(before) {
 		t.Fatalf("fds before %v, after %v", before, after)
 	}
@@ -367,7 +368,7 @@ func TestFDRules(t *testing.T) {
 		t.Fatalf("split ping: %+v %v", r, err)
 	}
 	expectCode(t, c.call(&wire.PingRequest{}), tcproto.CodeOK)
-	if after, _ := handleFDs(); len(after) > len(before) {
+	if after, _ := testutil.HandleFDs(); len(after) > len(before) {
 		t.Fatalf("stray fd kept: before %v, after %v", before, after)
 	}
 	if !strings.Contains(e.logBuf.String(), "closing file descriptors sent without a frame") {
