@@ -207,7 +207,7 @@ func TestQueueDeadline(t *testing.T) {
 	if err := c.FreeBlocks(offs, res); err != nil || !errors.Is(res[0], client.ErrBusy) {
 		t.Errorf("freeing a block a timed-out request still holds: %v %v", err, res[0])
 	}
-	h.finish()
+	h.Finish()
 	waitFor(t, func() bool {
 		c.FreeBlocks(offs, res)
 		return res[0] == nil

@@ -719,7 +719,7 @@ func TestBlocksOutliveAbandonedTasks(t *testing.T) {
 	if n := e.pool.Stats().Blocks; n != 1 {
 		t.Fatalf("%d pool blocks while the abandoned task runs, want 1", n)
 	}
-	h.finish()
+	h.Finish()
 	e.waitIdle()
 }
 
@@ -777,7 +777,7 @@ func TestFreeBlockBusyWhileTransferInFlight(t *testing.T) {
 	if n := e.pool.Stats().Blocks; n != 1 {
 		t.Fatalf("%d pool blocks, want the busy one only", n)
 	}
-	h.finish()
+	h.Finish()
 	r = c.call(&wire.FreeBlocksRequest{Offsets: offs[:1]})
 	if len(body[wire.FreeBlocksResponse](t, r).Codes) != 1 || body[wire.FreeBlocksResponse](t, r).Codes[0] != tcproto.CodeOK {
 		t.Fatalf("free after the transport let go: %v", body[wire.FreeBlocksResponse](t, r).Codes)
@@ -813,6 +813,6 @@ func TestClosedConnectionBlockFreedAtLastDrop(t *testing.T) {
 	if n := e.pool.Stats().Blocks; n != 1 {
 		t.Fatalf("in-flight block freed before its transfer ended (%d blocks)", n)
 	}
-	h.finish()
+	h.Finish()
 	e.waitIdle()
 }
