@@ -158,6 +158,14 @@ func (e *env) waitIdle() {
 	}
 }
 
+// waitReleased waits until the server serves no connection: each one
+// served has then released what it held (a connection is counted until
+// its release returns).
+func (e *env) waitReleased() {
+	e.t.Helper()
+	waitFor(e.t, func() bool { return e.srv.Connections() == 0 })
+}
+
 // rawClient speaks frames directly, for protocol edge cases.
 type rawClient struct {
 	t    testing.TB
@@ -191,6 +199,31 @@ func (c *rawClient) send(frame []byte, fds ...int) error {
 	}
 	_, _, err := c.uc.WriteMsgUnix(frame, unix.UnixRights(fds...), nil)
 	return err
+}
+
+// waitConsumed waits until the server has read every byte sent so far:
+// for a unix stream socket, SIOCOUTQ is what the peer has not consumed.
+func (c *rawClient) waitConsumed() {
+	c.t.Helper()
+	raw, err := c.uc.SyscallConn()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	deadline := time.Now().Add(testTimeout)
+	for {
+		var n int
+		var ierr error
+		if err := raw.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil || ierr != nil {
+			c.t.Fatalf("SIOCOUTQ: %v %v", err, ierr)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("the server left %d bytes unread", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // recv reads one response frame.

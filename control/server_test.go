@@ -361,7 +361,7 @@ func TestFDRules(t *testing.T) {
 	ping := wire.EncodeRequest(c.b, &wire.Request{Ctx: wire.Context{RequestID: 200}, Body: &wire.PingRequest{}})
 	half := len(ping) / 2
 	c.send(ping[:half])
-	time.Sleep(20 * time.Millisecond) // let the server read the first half alone
+	c.waitConsumed() // the server read the first half alone
 	c.send(ping[half:], stray)
 	unix.Close(stray)
 	if r, _, err := c.recv(); err != nil || r.RequestID != 200 || r.Status != tcproto.CodeOK {
@@ -699,7 +699,7 @@ func TestRegisterFile(t *testing.T) {
 // TestBlocksOutliveAbandonedTasks: a closed connection's pool blocks are not
 // freed while an abandoned task that may still write into them runs.
 func TestBlocksOutliveAbandonedTasks(t *testing.T) {
-	e := newEnv(t, true, func(c *Config, _ *Deps) { c.ReleaseWait = 2 * time.Second })
+	e := newEnv(t, true, func(c *Config, _ *Deps) { c.ReleaseWait = 100 * time.Millisecond })
 	h := e.deafHang()
 	c := dialRaw(t, e.sock)
 	fd := newMemfd(t, 1<<16)
@@ -714,8 +714,12 @@ func TestBlocksOutliveAbandonedTasks(t *testing.T) {
 	}
 	c.uc.Close()
 	// The connection waits ReleaseWait for the batch, abandons it, and
-	// then waits again for the abandoned task: the block stays allocated.
-	time.Sleep(3 * time.Second)
+	// releases the rest: the block stays allocated, for the abandoned task
+	// that still runs to free when it ends.
+	e.waitReleased()
+	if st := e.eng.Stats(); st.BatchesLive != 0 || st.BatchesRetiring != 1 {
+		t.Fatalf("engine %+v after the connection's release, want its batch abandoned and still owed a Done", st)
+	}
 	if n := e.pool.Stats().Blocks; n != 1 {
 		t.Fatalf("%d pool blocks while the abandoned task runs, want 1", n)
 	}
@@ -802,16 +806,11 @@ func TestClosedConnectionBlockFreedAtLastDrop(t *testing.T) {
 		t.Fatalf("submit %+v", body[wire.SubmitResponse](t, r).Codes)
 	}
 	c.uc.Close()
-	deadline := time.Now().Add(testTimeout)
-	for e.pool.Stats().Blocks != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d blocks after close, want only the one in flight", e.pool.Stats().Blocks)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	time.Sleep(100 * time.Millisecond)
+	// Once the connection's release has returned, only the transfer's end
+	// can free the block it holds.
+	e.waitReleased()
 	if n := e.pool.Stats().Blocks; n != 1 {
-		t.Fatalf("in-flight block freed before its transfer ended (%d blocks)", n)
+		t.Fatalf("%d blocks after the connection's release, want only the one in flight", n)
 	}
 	h.Finish()
 	e.waitIdle()
