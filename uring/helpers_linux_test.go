@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // TestMain checks that the package's tests leak no goroutine, descriptor or
@@ -66,11 +67,11 @@ func openFDs() map[string]string {
 	return out
 }
 
-// memSeg is an xfer.MemSegment over anonymous, page-aligned memory.
+// memSeg is the shared counting segment over anonymous, page-aligned
+// memory (which O_DIRECT needs); mem is its bytes.
 type memSeg struct {
-	id   xfer.SegmentID
-	mem  []byte
-	refs atomic.Int64
+	*xfertest.Segment
+	mem []byte
 }
 
 func newMemSeg(t testing.TB, id xfer.SegmentID, size int) *memSeg {
@@ -79,17 +80,9 @@ func newMemSeg(t testing.TB, id xfer.SegmentID, size int) *memSeg {
 	if err != nil {
 		t.Fatalf("mmap %d: %v", size, err)
 	}
-	s := &memSeg{id: id, mem: mem}
 	t.Cleanup(func() { unix.Munmap(mem) })
-	return s
+	return &memSeg{Segment: xfertest.SegmentOf(id, xfer.KindPool, mem), mem: mem}
 }
-
-func (s *memSeg) ID() xfer.SegmentID { return s.id }
-func (s *memSeg) Kind() xfer.Kind    { return xfer.KindPool }
-func (s *memSeg) Size() uint64       { return uint64(len(s.mem)) }
-func (s *memSeg) Acquire() bool      { s.refs.Add(1); return true }
-func (s *memSeg) Release()           { s.refs.Add(-1) }
-func (s *memSeg) Bytes() []byte      { return s.mem }
 
 // recorder is a fake xfer.Completer: it counts every Done per task and
 // keeps the last result.
