@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
@@ -23,24 +24,11 @@ import (
 // ring.
 func TestMain(m *testing.M) {
 	probe() // the cached probe is process-wide, not a leak
-	// Start the runtime's network poller (its epoll and eventfd stay open
-	// for the life of the process) before taking the baseline.
-	if r, w, err := os.Pipe(); err == nil {
-		r.Close()
-		w.Close()
-	}
-	before := openFDs()
+	testutil.WarmFDs()
+	before := testutil.OpenFDs()
 	code := m.Run()
 	if code == 0 {
-		var leaked []string
-		for fd, link := range openFDs() {
-			// The testing package itself opens /dev/null during m.Run; ""
-			// is the directory being listed.
-			if before[fd] != link && link != os.DevNull && link != "" {
-				leaked = append(leaked, fmt.Sprintf("fd %s -> %s", fd, link))
-			}
-		}
-		if len(leaked) > 0 {
+		if leaked := before.Leaked(); len(leaked) > 0 {
 			fmt.Fprintf(os.Stderr, "descriptor leak (io_uring instances show as anon_inode:[io_uring]):\n  %s\n",
 				strings.Join(leaked, "\n  "))
 			code = 1
@@ -51,20 +39,6 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-// openFDs maps this process's descriptors to what they refer to.
-func openFDs() map[string]string {
-	out := map[string]string{}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return out
-	}
-	for _, e := range ents {
-		l, _ := os.Readlink("/proc/self/fd/" + e.Name())
-		out[e.Name()] = l
-	}
-	return out
 }
 
 // memSeg is the shared counting segment over anonymous, page-aligned
