@@ -187,10 +187,6 @@ func TestStatesReached(t *testing.T) {
 	}
 }
 
-type routerFunc func(l, t xfer.Segment) (xfer.Transport, error)
-
-func (f routerFunc) Route(l, t xfer.Segment) (xfer.Transport, error) { return f(l, t) }
-
 func TestSubmitRefusals(t *testing.T) {
 	tr := syncTr()
 	f := newFixture(t, xfer.Config{MaxBatchCapacity: 16}, xfertest.RouteAll(tr))

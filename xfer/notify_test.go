@@ -175,7 +175,3 @@ func TestOutstanding(t *testing.T) {
 	}
 	xfertest.CheckRefs(t, f.a, f.b)
 }
-
-type routeFunc func(local, target xfer.Segment) (xfer.Transport, error)
-
-func (r routeFunc) Route(l, t xfer.Segment) (xfer.Transport, error) { return r(l, t) }

@@ -279,7 +279,8 @@ func TestSegment(t *testing.T) {
 	if s.ID() != 4 || s.Kind() != xfer.KindClient || s.Size() != 10 || len(s.Bytes()) != 10 {
 		t.Fatalf("segment %d %v %d", s.ID(), s.Kind(), s.Size())
 	}
-	if !s.Acquire() || !s.Acquire() || s.Refs() != 2 {
+	first, second := s.Acquire(), s.Acquire()
+	if !first || !second || s.Refs() != 2 {
 		t.Fatalf("refs %d", s.Refs())
 	}
 	s.Close()
