@@ -315,7 +315,9 @@ func TestPermissions(t *testing.T) {
 			t.Fatalf("bad task ended with %v", d.err)
 		}
 	}
-	if seg := b.exp.segs["seg"]; seg.refs.Load() != 0 {
+	// The owner drops a read's reference after it sent the answer: wait
+	// for the last one.
+	if seg := b.exp.segs["seg"]; !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 0 }) {
 		t.Fatalf("segment refs %d", seg.refs.Load())
 	}
 }
