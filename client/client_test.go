@@ -22,13 +22,10 @@ import (
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 const poolID = xfer.SegmentID(1)
-
-type router struct{ tr xfer.Transport }
-
-func (r router) Route(_, _ xfer.Segment) (xfer.Transport, error) { return r.tr, nil }
 
 type daemon struct {
 	sock string
@@ -55,7 +52,7 @@ func startDaemon(t testing.TB, cfgs ...func(*control.Config)) *daemon {
 	d.reg = xfer.NewRegistry()
 	d.reg.Add(d.pool)
 	tr := xfer.NewLocal(xfer.LocalConfig{Workers: 1}, log)
-	d.eng = xfer.NewEngine(xfer.Config{}, router{tr}, log)
+	d.eng = xfer.NewEngine(xfer.Config{}, xfertest.RouteAll(tr), log)
 	cfg := control.Config{Socket: d.sock, DaemonID: "d-1", Version: "v-test"}
 	for _, f := range cfgs {
 		f(&cfg)

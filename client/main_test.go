@@ -7,10 +7,12 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
-	before, err := handleFDs()
+	before, err := testutil.HandleFDs()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "listing fds:", err)
 		os.Exit(1)
@@ -23,28 +25,12 @@ func TestMain(m *testing.M) {
 		}
 	}
 	if code == 0 {
-		if after, err := handleFDs(); err == nil && len(after) > len(before) {
+		if after, err := testutil.HandleFDs(); err == nil && len(after) > len(before) {
 			fmt.Fprintf(os.Stderr, "fd leak: sockets and memfds before %v, after %v\n", before, after)
 			code = 1
 		}
 	}
 	os.Exit(code)
-}
-
-// handleFDs lists this process's open sockets and memfds.
-func handleFDs() ([]string, error) {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, e := range ents {
-		l, err := os.Readlink("/proc/self/fd/" + e.Name())
-		if err == nil && (strings.HasPrefix(l, "socket:") || strings.HasPrefix(l, "/memfd:")) {
-			out = append(out, e.Name()+"="+l)
-		}
-	}
-	return out, nil
 }
 
 // mappings counts this process's shared mappings of memfds.

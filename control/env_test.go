@@ -21,6 +21,7 @@ import (
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 const (
@@ -62,96 +63,27 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-type router struct{ tr xfer.Transport }
-
-func (r router) Route(_, _ xfer.Segment) (xfer.Transport, error) { return r.tr, nil }
-
-// hangTransport copies like the local transport but holds every task of
-// length hangLength until it is canceled or the transport closes.
-type hangTransport struct {
-	mu   sync.Mutex // guards held, done, deaf
-	held map[*xfer.Task]struct{}
-	done bool
-	deaf bool // Cancel is ignored: held tasks end only by finish or Close
+// hangTransport returns the transport of newEnv(t, true): it copies like
+// the local transport, inside Submit, but holds every task of length
+// hangLength until it is canceled or the transport closes (or Finish ends
+// it, as completed, without moving its bytes).
+func hangTransport() *xfertest.Transport {
+	return xfertest.New(xfertest.Config{Name: "hang", Inline: true, CancelEnds: true,
+		Hold: func(t *xfer.Task) bool { return t.Req.Length == hangLength },
+		Move: func(t *xfer.Task) (uint64, error) {
+			if t.Req.Length == hangLength { // a held task that Finish ends
+				return t.Req.Length, nil
+			}
+			return xfertest.Copy(t)
+		}})
 }
 
-// finish ends every held task as completed.
 // deafHang makes the env's hang transport ignore Cancel, so held tasks
-// end only by finish or Close, and returns it.
-func (e *env) deafHang() *hangTransport {
-	h := e.tr.(*hangTransport)
-	h.mu.Lock()
-	h.deaf = true
-	h.mu.Unlock()
+// end only by Finish or Close, and returns it.
+func (e *env) deafHang() *xfertest.Transport {
+	h := e.tr.(*xfertest.Transport)
+	h.Update(func(c *xfertest.Config) { c.CancelEnds = false })
 	return h
-}
-
-func (h *hangTransport) finish() {
-	h.mu.Lock()
-	held := h.held
-	h.held = map[*xfer.Task]struct{}{}
-	h.mu.Unlock()
-	for t := range held {
-		t.Done(t.Req.Length, nil)
-	}
-}
-
-func (h *hangTransport) Name() string { return "hang" }
-
-func (h *hangTransport) Submit(tasks []*xfer.Task) (int, error) {
-	h.mu.Lock()
-	if h.done {
-		h.mu.Unlock()
-		return 0, xfer.ErrClosed
-	}
-	var now []*xfer.Task
-	for _, t := range tasks {
-		if t.Req.Length == hangLength {
-			h.held[t] = struct{}{}
-		} else {
-			now = append(now, t)
-		}
-	}
-	h.mu.Unlock()
-	for _, t := range now {
-		l, tg := t.Local.(xfer.MemSegment), t.Target.(xfer.MemSegment)
-		lb := l.Bytes()[t.Req.LocalOffset : t.Req.LocalOffset+t.Req.Length]
-		tb := tg.Bytes()[t.Req.TargetOffset : t.Req.TargetOffset+t.Req.Length]
-		if t.Req.Op == xfer.OpWrite {
-			copy(tb, lb)
-		} else {
-			copy(lb, tb)
-		}
-		t.Done(t.Req.Length, nil)
-	}
-	return len(tasks), nil
-}
-
-func (h *hangTransport) Cancel(t *xfer.Task) {
-	h.mu.Lock()
-	_, ok := h.held[t]
-	if h.deaf {
-		ok = false
-	}
-	if ok {
-		delete(h.held, t)
-	}
-	h.mu.Unlock()
-	if ok {
-		t.Done(0, xfer.ErrCanceled)
-	}
-}
-
-func (h *hangTransport) Close() error {
-	h.mu.Lock()
-	h.done = true
-	held := h.held
-	h.held = map[*xfer.Task]struct{}{}
-	h.mu.Unlock()
-	for t := range held {
-		t.Done(0, xfer.ErrClosed)
-	}
-	return nil
 }
 
 type envOpt func(*Config, *Deps)
@@ -175,11 +107,11 @@ func newEnv(t testing.TB, hang bool, opts ...envOpt) *env {
 		t.Fatal(err)
 	}
 	if hang {
-		e.tr = &hangTransport{held: map[*xfer.Task]struct{}{}}
+		e.tr = hangTransport()
 	} else {
 		e.tr = xfer.NewLocal(xfer.LocalConfig{Workers: 1}, log)
 	}
-	e.eng = xfer.NewEngine(xfer.Config{}, router{e.tr}, log)
+	e.eng = xfer.NewEngine(xfer.Config{}, xfertest.RouteAll(e.tr), log)
 	cfg := Config{Socket: e.sock, DaemonID: "test-daemon", Version: "test", ReleaseWait: 100 * time.Millisecond}
 	deps := Deps{Engine: e.eng, Pool: e.pool, Registry: e.reg}
 	for _, o := range opts {
@@ -226,6 +158,14 @@ func (e *env) waitIdle() {
 	}
 }
 
+// waitReleased waits until the server serves no connection: each one
+// served has then released what it held (a connection is counted until
+// its release returns).
+func (e *env) waitReleased() {
+	e.t.Helper()
+	waitFor(e.t, func() bool { return e.srv.Connections() == 0 })
+}
+
 // rawClient speaks frames directly, for protocol edge cases.
 type rawClient struct {
 	t    testing.TB
@@ -259,6 +199,31 @@ func (c *rawClient) send(frame []byte, fds ...int) error {
 	}
 	_, _, err := c.uc.WriteMsgUnix(frame, unix.UnixRights(fds...), nil)
 	return err
+}
+
+// waitConsumed waits until the server has read every byte sent so far:
+// for a unix stream socket, SIOCOUTQ is what the peer has not consumed.
+func (c *rawClient) waitConsumed() {
+	c.t.Helper()
+	raw, err := c.uc.SyscallConn()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	deadline := time.Now().Add(testTimeout)
+	for {
+		var n int
+		var ierr error
+		if err := raw.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil || ierr != nil {
+			c.t.Fatalf("SIOCOUTQ: %v %v", err, ierr)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("the server left %d bytes unread", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // recv reads one response frame.

@@ -430,34 +430,45 @@ func (c *conn) ownBatch(batch uint64) (BatchID, error) {
 	return id, nil
 }
 
-// scope checks that every request names only segments this connection may
-// touch, within bounds. A refused request gets its code in c.codes and is
-// replaced in c.reqs by one naming segment 0, which no resolver knows, so
-// the engine refuses it in its place and positions stay aligned.
-func (c *conn) scope(reqs []xfer.Request) (refused int) {
+// stageRequests copies reqs into c.reqs for the engine, each checked by
+// checkRequest: a refused request gets its code in c.codes (OK for the
+// others) and is replaced in c.reqs by its standIn, so that the engine
+// refuses it in its place and positions stay aligned. c.errs is cleared
+// for the engine's results.
+func (c *conn) stageRequests(reqs []xfer.Request) {
 	n := len(reqs)
 	c.reqs = append(c.reqs[:0], reqs...)
 	c.codes = slices.Grow(c.codes[:0], n)[:n]
 	c.errs = slices.Grow(c.errs[:0], n)[:n]
 	for i := range c.reqs {
 		c.errs[i] = nil
-		code := c.checkSide(c.reqs[i].Local, c.reqs[i].LocalOffset, c.reqs[i].Length)
-		if code == tcproto.CodeOK {
-			code = c.checkSide(c.reqs[i].Target, c.reqs[i].TargetOffset, c.reqs[i].Length)
-		}
-		if code == tcproto.CodeOK && c.reqs[i].Op != xfer.OpRead && c.reqs[i].Op != xfer.OpWrite {
-			code = tcproto.CodeINVALID_ARGUMENT
-		}
+		code := c.checkRequest(&c.reqs[i])
 		c.codes[i] = code
 		if code != tcproto.CodeOK {
-			c.reqs[i] = xfer.Request{Op: c.reqs[i].Op}
-			refused++
+			c.reqs[i] = standIn(c.reqs[i])
 		}
 	}
-	return refused
 }
 
-func (c *conn) checkSide(id xfer.SegmentID, off, n uint64) Code {
+// checkRequest says whether this connection may make q: both its sides
+// (local first) pass mayTouch, and its op is a read or a write
+// (INVALID_ARGUMENT).
+func (c *conn) checkRequest(q *xfer.Request) Code {
+	code := c.mayTouch(q.Local, q.LocalOffset, q.Length)
+	if code == tcproto.CodeOK {
+		code = c.mayTouch(q.Target, q.TargetOffset, q.Length)
+	}
+	if code == tcproto.CodeOK && q.Op != xfer.OpRead && q.Op != xfer.OpWrite {
+		code = tcproto.CodeINVALID_ARGUMENT
+	}
+	return code
+}
+
+// mayTouch checks n bytes at off of segment id: n is not zero
+// (INVALID_ARGUMENT); in the pool, they lie within the connection's own
+// blocks (PERMISSION_DENIED); any other segment is one the connection can
+// resolve (NOT_FOUND), and they lie within it (INVALID_ARGUMENT).
+func (c *conn) mayTouch(id xfer.SegmentID, off, n uint64) Code {
 	if n == 0 {
 		return tcproto.CodeINVALID_ARGUMENT
 	}
@@ -477,6 +488,11 @@ func (c *conn) checkSide(id xfer.SegmentID, off, n uint64) Code {
 	return tcproto.CodeOK
 }
 
+// standIn is what the engine is given in place of a refused request q: a
+// request naming segment 0, which no resolver knows, so that the engine
+// refuses it at q's position without touching anything.
+func standIn(q xfer.Request) xfer.Request { return xfer.Request{Op: q.Op} }
+
 func (c *conn) submitOpts() SubmitOptions {
 	var d time.Time
 	if c.req.Ctx.DeadlineMS > 0 {
@@ -493,7 +509,7 @@ func (c *conn) submit(m *wire.SubmitRequest) error {
 	if len(m.Requests) > c.s.cfg.Limits.MaxRequests {
 		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, len(m.Requests), c.s.cfg.Limits.MaxRequests)
 	}
-	c.scope(m.Requests)
+	c.stageRequests(m.Requests)
 	opts := c.submitOpts()
 	opts.Notify = c.notifyArgs(m.Notify)
 	if err := c.s.deps.Engine.Submit(id, c.reqs, opts, c.errs); err != nil {
@@ -612,7 +628,7 @@ func (c *conn) transfer(m *wire.TransferRequestBody) error {
 	}
 	c.batches[id] = struct{}{} // released on close should anything below fail hard
 	deadline := c.deadline(m.TimeoutMS)
-	c.scope(m.Requests)
+	c.stageRequests(m.Requests)
 	err = e.Submit(id, c.reqs, SubmitOptions{Deadline: deadline, Resolver: c, Notify: c.notifyArgs(m.Notify)}, c.errs)
 	if err != nil {
 		c.dropBatch(id)

@@ -3,10 +3,11 @@ package control
 import (
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // helperEnv makes the test binary run a helper client instead of the tests
@@ -18,7 +19,7 @@ func TestMain(m *testing.M) {
 	if h := os.Getenv(helperEnv); h != "" {
 		os.Exit(runHelper(h))
 	}
-	before, err := handleFDs()
+	before, err := testutil.HandleFDs()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "listing fds:", err)
 		os.Exit(1)
@@ -31,32 +32,11 @@ func TestMain(m *testing.M) {
 		}
 	}
 	if code == 0 {
-		after, err := handleFDs()
+		after, err := testutil.HandleFDs()
 		if err == nil && len(after) > len(before) {
 			fmt.Fprintf(os.Stderr, "fd leak: sockets and memfds open before the tests %v, after %v\n", before, after)
 			code = 1
 		}
 	}
 	os.Exit(code)
-}
-
-// handleFDs lists this process's open sockets and memfds: the handles the
-// code under test opens (the test runtime's own pipes and files are left
-// out).
-func handleFDs() ([]string, error) {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, e := range ents {
-		l, err := os.Readlink("/proc/self/fd/" + e.Name())
-		if err != nil {
-			continue
-		}
-		if strings.HasPrefix(l, "socket:") || strings.HasPrefix(l, "/memfd:") {
-			out = append(out, e.Name()+"="+l)
-		}
-	}
-	return out, nil
 }

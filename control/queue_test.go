@@ -20,6 +20,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/queue"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
@@ -206,7 +207,7 @@ func TestQueueDeadline(t *testing.T) {
 	if err := c.FreeBlocks(offs, res); err != nil || !errors.Is(res[0], client.ErrBusy) {
 		t.Errorf("freeing a block a timed-out request still holds: %v %v", err, res[0])
 	}
-	h.finish()
+	h.Finish()
 	waitFor(t, func() bool {
 		c.FreeBlocks(offs, res)
 		return res[0] == nil
@@ -285,7 +286,7 @@ func TestQueueAllocations(t *testing.T) {
 // what they were.
 func TestQueueClientKilled(t *testing.T) {
 	e := newEnv(t, true)
-	fdsBefore, _ := handleFDs()
+	fdsBefore, _ := testutil.HandleFDs()
 	cmd, out := startHelper(t, e, "queue-hold")
 	waitLine(t, out, "ready")
 	waitFor(t, func() bool { return e.eng.Stats().Pending == 4096 })
@@ -294,7 +295,7 @@ func TestQueueClientKilled(t *testing.T) {
 	e.waitIdle()
 	waitFor(t, func() bool { st := e.eng.Stats(); return st.Streams == 0 && st.Pending == 0 })
 	waitFor(t, func() bool {
-		after, _ := handleFDs()
+		after, _ := testutil.HandleFDs()
 		return len(after) <= len(fdsBefore)
 	})
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -305,7 +306,7 @@ func TestFDRules(t *testing.T) {
 	e := newEnv(t, false)
 	c := dialRaw(t, e.sock)
 	expectCode(t, c.call(&wire.PingRequest{}), tcproto.CodeOK) // accepted by now
-	before, _ := handleFDs()
+	before, _ := testutil.HandleFDs()
 
 	// Missing fd.
 	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 4096}), tcproto.CodeINVALID_ARGUMENT)
@@ -348,7 +349,7 @@ func TestFDRules(t *testing.T) {
 	}
 	// The daemon holds exactly one mapping now and no stray fd: its fd
 	// table is back where it was (the mapping needs no fd).
-	after, _ := handleFDs()
+	after, _ := testutil.HandleFDs()
 	if len(after) > len(before) {
 		t.Fatalf("fds before %v, after %v", before, after)
 	}
@@ -360,14 +361,14 @@ func TestFDRules(t *testing.T) {
 	ping := wire.EncodeRequest(c.b, &wire.Request{Ctx: wire.Context{RequestID: 200}, Body: &wire.PingRequest{}})
 	half := len(ping) / 2
 	c.send(ping[:half])
-	time.Sleep(20 * time.Millisecond) // let the server read the first half alone
+	c.waitConsumed() // the server read the first half alone
 	c.send(ping[half:], stray)
 	unix.Close(stray)
 	if r, _, err := c.recv(); err != nil || r.RequestID != 200 || r.Status != tcproto.CodeOK {
 		t.Fatalf("split ping: %+v %v", r, err)
 	}
 	expectCode(t, c.call(&wire.PingRequest{}), tcproto.CodeOK)
-	if after, _ := handleFDs(); len(after) > len(before) {
+	if after, _ := testutil.HandleFDs(); len(after) > len(before) {
 		t.Fatalf("stray fd kept: before %v, after %v", before, after)
 	}
 	if !strings.Contains(e.logBuf.String(), "closing file descriptors sent without a frame") {
@@ -698,7 +699,7 @@ func TestRegisterFile(t *testing.T) {
 // TestBlocksOutliveAbandonedTasks: a closed connection's pool blocks are not
 // freed while an abandoned task that may still write into them runs.
 func TestBlocksOutliveAbandonedTasks(t *testing.T) {
-	e := newEnv(t, true, func(c *Config, _ *Deps) { c.ReleaseWait = 2 * time.Second })
+	e := newEnv(t, true, func(c *Config, _ *Deps) { c.ReleaseWait = 100 * time.Millisecond })
 	h := e.deafHang()
 	c := dialRaw(t, e.sock)
 	fd := newMemfd(t, 1<<16)
@@ -713,12 +714,16 @@ func TestBlocksOutliveAbandonedTasks(t *testing.T) {
 	}
 	c.uc.Close()
 	// The connection waits ReleaseWait for the batch, abandons it, and
-	// then waits again for the abandoned task: the block stays allocated.
-	time.Sleep(3 * time.Second)
+	// releases the rest: the block stays allocated, for the abandoned task
+	// that still runs to free when it ends.
+	e.waitReleased()
+	if st := e.eng.Stats(); st.BatchesLive != 0 || st.BatchesRetiring != 1 {
+		t.Fatalf("engine %+v after the connection's release, want its batch abandoned and still owed a Done", st)
+	}
 	if n := e.pool.Stats().Blocks; n != 1 {
 		t.Fatalf("%d pool blocks while the abandoned task runs, want 1", n)
 	}
-	h.finish()
+	h.Finish()
 	e.waitIdle()
 }
 
@@ -776,7 +781,7 @@ func TestFreeBlockBusyWhileTransferInFlight(t *testing.T) {
 	if n := e.pool.Stats().Blocks; n != 1 {
 		t.Fatalf("%d pool blocks, want the busy one only", n)
 	}
-	h.finish()
+	h.Finish()
 	r = c.call(&wire.FreeBlocksRequest{Offsets: offs[:1]})
 	if len(body[wire.FreeBlocksResponse](t, r).Codes) != 1 || body[wire.FreeBlocksResponse](t, r).Codes[0] != tcproto.CodeOK {
 		t.Fatalf("free after the transport let go: %v", body[wire.FreeBlocksResponse](t, r).Codes)
@@ -801,17 +806,12 @@ func TestClosedConnectionBlockFreedAtLastDrop(t *testing.T) {
 		t.Fatalf("submit %+v", body[wire.SubmitResponse](t, r).Codes)
 	}
 	c.uc.Close()
-	deadline := time.Now().Add(testTimeout)
-	for e.pool.Stats().Blocks != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d blocks after close, want only the one in flight", e.pool.Stats().Blocks)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	time.Sleep(100 * time.Millisecond)
+	// Once the connection's release has returned, only the transfer's end
+	// can free the block it holds.
+	e.waitReleased()
 	if n := e.pool.Stats().Blocks; n != 1 {
-		t.Fatalf("in-flight block freed before its transfer ended (%d blocks)", n)
+		t.Fatalf("%d blocks after the connection's release, want only the one in flight", n)
 	}
-	h.finish()
+	h.Finish()
 	e.waitIdle()
 }

@@ -84,15 +84,20 @@ func TestPoolFileRoundTrip(t *testing.T) {
 	}
 
 	// A misaligned O_DIRECT request fails that item, positionally.
+	res := make([]error, 2)
 	sum, err := c.Transfer([]xfer.Request{
 		{Op: xfer.OpRead, Local: pool.Segment, LocalOffset: offs[1], Target: fileID, TargetOffset: 0, Length: 4096},
 		{Op: xfer.OpRead, Local: pool.Segment, LocalOffset: offs[1], Target: fileID, TargetOffset: 7, Length: 4096},
-	}, 10*time.Second, make([]error, 2))
+	}, 10*time.Second, res)
 	if err != nil {
 		t.Fatalf("transfer with one misaligned request: %v", err)
 	}
-	if sum.Completed != 1 || sum.Completed+sum.Failed != 2 {
+	if sum.Completed != 1 || sum.Failed != 1 {
 		t.Fatalf("misaligned request not failed alone: %+v", sum)
+	}
+	// At its own position: the aligned item before it completed.
+	if res[0] != nil || !errors.Is(res[1], client.ErrInvalidArgument) {
+		t.Fatalf("results %v, want [nil, INVALID_ARGUMENT]", res)
 	}
 
 	// Stats shows the ring features in use and each ring's queue depth.

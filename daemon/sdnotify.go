@@ -36,9 +36,6 @@ func NewNotifier(getenv func(string) string) *Notifier {
 	return &Notifier{addr: &net.UnixAddr{Name: path, Net: "unixgram"}}
 }
 
-// Enabled reports whether a notify socket is configured.
-func (n *Notifier) Enabled() bool { return n.addr != nil }
-
 // Notify sends one state string ("READY=1", "STOPPING=1", "WATCHDOG=1",
 // "STATUS=..."). A send failure is returned; callers log it.
 func (n *Notifier) Notify(state string) error {

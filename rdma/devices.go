@@ -91,25 +91,3 @@ func FirstActive(devs []DeviceInfo) (string, int, bool) {
 	}
 	return "", 0, false
 }
-
-// DeviceForNetdev is the RDMA device serving a network device (rdmamap).
-func DeviceForNetdev(netdev string) (string, error) {
-	return rdmamap.GetRdmaDeviceForNetdevice(netdev)
-}
-
-// PortCounters are a port's traffic and error counters (counters and
-// hw_counters in sysfs, through rdmamap), by name.
-func PortCounters(dev string, port int) (map[string]uint64, error) {
-	st, err := rdmamap.GetRdmaSysfsAllStats(dev, port)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]uint64, len(st.Stats)+len(st.HwStats))
-	for _, e := range st.Stats {
-		out[e.Name] = e.Value
-	}
-	for _, e := range st.HwStats {
-		out[e.Name] = e.Value
-	}
-	return out, nil
-}

@@ -100,13 +100,6 @@ static struct ibv_context *tc_open(const char *name, char *found, size_t foundle
 	return ctx;
 }
 
-static int tc_device_count(void) {
-	int n = 0;
-	struct ibv_device **l = tc_get_device_list_p(&n);
-	if (l) tc_free_device_list_p(l);
-	return n;
-}
-
 static int tc_close_device(struct ibv_context *c) { return tc_rc(tc_close_device_p(c)); }
 
 struct tc_caps { int max_qp_wr, max_cqe, max_qp_rd_atom, max_qp_init_rd_atom; uint64_t max_mr_size; };
@@ -460,18 +453,6 @@ func loadLibrary() error {
 
 // noLibraryLogged makes "libibverbs not found" appear once per process.
 var noLibraryLogged sync.Once
-
-// Available reports whether libibverbs loads and lists at least one
-// device: nil, or an error wrapping xfer.ErrNotSupported that says why not.
-func Available() error {
-	if err := loadLibrary(); err != nil {
-		return err
-	}
-	if C.tc_device_count() == 0 {
-		return fmt.Errorf("%w: libibverbs lists none", ErrNoDevice)
-	}
-	return nil
-}
 
 // Device is an opened RDMA device port with its protection domain. Regions
 // and transports made from it belong to it and must be released before

@@ -36,19 +36,18 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-// openDevice opens the test device or skips (fails inside the VM).
+// openDevice opens the test device or skips when the host has no
+// libibverbs or no RDMA device (fails inside the VM, and on a device that
+// is there but does not open).
 func openDevice(tb testing.TB, cfg Config) *Device {
 	tb.Helper()
 	dev := os.Getenv("RXE_DEV")
-	if err := Available(); err != nil {
-		if dev != "" {
-			tb.Fatalf("RXE_DEV=%s but verbs are unavailable: %v", dev, err)
-		}
-		tb.Skipf("no RDMA device; run make test-rdma (%v)", err)
-	}
 	cfg.Device = dev
 	d, err := Open(cfg, testLogger())
 	if err != nil {
+		if dev == "" && (errors.Is(err, ErrNoLibrary) || len(ListDevices()) == 0) {
+			tb.Skipf("no RDMA device; run make test-rdma (%v)", err)
+		}
 		tb.Fatalf("Open %q: %v", dev, err)
 	}
 	tb.Cleanup(func() {
@@ -503,9 +502,6 @@ func TestVerbsDiscovery(t *testing.T) {
 		if !slices.Contains(found.Ports[0].Netdevs, nd) {
 			t.Errorf("port netdevs %v lack %s", found.Ports[0].Netdevs, nd)
 		}
-		if d, err := DeviceForNetdev(nd); err != nil || d != name {
-			t.Errorf("DeviceForNetdev(%s) = %q, %v; want %s", nd, d, err, name)
-		}
 	}
 	if ip := os.Getenv("RXE_IP"); ip != "" {
 		if got := p.d.Addr().GID.String(); got != "::ffff:"+ip {
@@ -515,25 +511,8 @@ func TestVerbsDiscovery(t *testing.T) {
 			t.Errorf("chosen GID index %d, the harness found %s", p.d.Addr().GIDIndex, idx)
 		}
 	}
-	before, err := PortCounters(name, 1)
-	if err != nil || len(before) == 0 {
-		t.Fatalf("PortCounters = %v, %v", before, err)
-	}
-	r := newRecorder()
-	run(t, p.a, r, tasksOf(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, Length: 256 << 10}))
-	time.Sleep(200 * time.Millisecond) // the kernel caches hw counters for a short lifespan
-	after, _ := PortCounters(name, 1)
-	grew := 0
-	for k, v := range after {
-		if v > before[k] {
-			grew++
-		}
-	}
-	if grew == 0 {
-		t.Errorf("no port counter moved with 256 KiB written: %v", after)
-	}
-	t.Logf("device %s port 1 netdevs %v, gid %s (index %d), mtu %d, %d counters (%d moved)",
-		name, found.Ports[0].Netdevs, p.d.Addr().GID, p.d.Addr().GIDIndex, p.d.Addr().MTU.Bytes(), len(after), grew)
+	t.Logf("device %s port 1 netdevs %v, gid %s (index %d), mtu %d",
+		name, found.Ports[0].Netdevs, p.d.Addr().GID, p.d.Addr().GIDIndex, p.d.Addr().MTU.Bytes())
 }
 
 func TestVerbsSteadyStateAllocs(t *testing.T) {

@@ -13,9 +13,6 @@ import (
 // (or off Linux): RDMA is absent and the daemon uses tcp.
 var errNoCgo = fmt.Errorf("rdma: built without cgo or not on linux: %w", xfer.ErrNotSupported)
 
-// Available reports why RDMA cannot be used: in this build, always.
-func Available() error { return errNoCgo }
-
 // Device is an opened RDMA device; this build cannot open one.
 type Device struct{}
 

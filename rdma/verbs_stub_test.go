@@ -14,7 +14,4 @@ func TestStubNotSupported(t *testing.T) {
 	if _, err := Open(Config{}, slog.Default()); !errors.Is(err, xfer.ErrNotSupported) {
 		t.Fatalf("Open = %v, want ErrNotSupported", err)
 	}
-	if err := Available(); !errors.Is(err, xfer.ErrNotSupported) {
-		t.Fatalf("Available = %v", err)
-	}
 }

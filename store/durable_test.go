@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // recorder is a Completion that counts StoreDone per tag.
@@ -91,8 +92,8 @@ func TestDurableFailureLeavesL1(t *testing.T) {
 			if name == "region" {
 				size = 100 << 10
 			}
-			e.tr.set(func(f *fakeTr) {
-				f.fail = func(t *xfer.Task) error {
+			e.tr.Update(func(c *xfertest.Config) {
+				c.Err = func(t *xfer.Task) error {
 					if match(t) {
 						return errInjected
 					}
@@ -130,7 +131,7 @@ func TestDurableFailureLeavesL1(t *testing.T) {
 			}
 			mustCodes(t, "failed durable commit", codes, Internal)
 			e.mustSame("after a failed durable commit", resv)
-			e.tr.set(func(f *fakeTr) { f.fail = nil })
+			e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
 			if _, err := ss.Commit(nk, true, codes, errs, nil, 0); err != nil {
 				t.Fatal(err)
 			}
@@ -161,14 +162,14 @@ func TestRollbackAtEverySplitPoint(t *testing.T) {
 				keys := keysN("s", n)
 				vals := valuesFor(keys, 3000)
 				var closed chan error
-				e.tr.set(func(f *fakeTr) {
-					f.async = true
-					f.accept = k
+				e.tr.Update(func(c *xfertest.Config) {
+					c.Inline = false
+					c.Limit = k
 					if k == 0 {
-						f.lie = func(int, error) (int, error) { return 0, xfer.ErrClosed }
+						c.Lie = func(int, error) (int, error) { return 0, xfer.ErrClosed }
 					}
 					if withClose {
-						f.inSubmit = func() {
+						c.AfterSubmit = func() {
 							if closed == nil {
 								closed = make(chan error, 1)
 								go func() { closed <- e.s.Close() }()
@@ -193,9 +194,9 @@ func TestRollbackAtEverySplitPoint(t *testing.T) {
 				if pending != (k > 1) {
 					t.Fatalf("pending %v with %d dispatched", pending, k)
 				}
-				e.tr.set(func(f *fakeTr) { f.accept, f.lie, f.inSubmit = 0, nil, nil })
+				e.tr.Update(func(c *xfertest.Config) { c.Limit, c.Lie, c.AfterSubmit = 0, nil, nil })
 				e.tr.release()
-				e.tr.set(func(f *fakeTr) { f.async = false })
+				e.tr.Update(func(c *xfertest.Config) { c.Inline = true })
 				if pending {
 					if tag := <-rec.done; tag != 7 {
 						t.Fatalf("tag %d", tag)
@@ -257,13 +258,13 @@ func TestTransportContractViolations(t *testing.T) {
 		"negative":            func(n int, err error) (int, error) { return -1, xfer.ErrClosed },
 		"full with error":     func(n int, err error) (int, error) { return n, errInjected },
 	}
-	run := func(t *testing.T, setup func(f *fakeTr)) {
+	run := func(t *testing.T, setup func(c *xfertest.Config)) {
 		e := newEnv(t, 16<<20, withL2(32<<20))
 		ss := e.s.NewSession()
 		defer ss.Close()
 		keys := keysN("v", 4)
 		vals := valuesFor(keys, 3000)
-		e.tr.set(setup)
+		e.tr.Update(setup)
 		codes := make([]Code, 4)
 		errs := make([]error, 4)
 		_, err := ss.Put(keys, vals, true, codes, errs, nil, 0)
@@ -281,7 +282,7 @@ func TestTransportContractViolations(t *testing.T) {
 			t.Fatalf("stats %+v", st)
 		}
 		mustCodes(t, "absent", e.exists(keys), NotFound)
-		e.tr.set(func(f *fakeTr) { f.lie, f.fail, f.async = nil, nil, false })
+		e.tr.Update(func(c *xfertest.Config) { c.Lie, c.Err, c.Inline = nil, nil, true })
 		mustCodes(t, "put again", e.put(ss, keys, vals, true), OK)
 		e.checkValues(keys, vals)
 		if st := e.s.Stats(); st.QuarantinedSlots == 0 {
@@ -289,11 +290,11 @@ func TestTransportContractViolations(t *testing.T) {
 		}
 	}
 	for name, lie := range lies {
-		t.Run(name, func(t *testing.T) { run(t, func(f *fakeTr) { f.lie = lie }) })
+		t.Run(name, func(t *testing.T) { run(t, func(c *xfertest.Config) { c.Lie = lie }) })
 	}
 	t.Run("second Done", func(t *testing.T) {
-		run(t, func(f *fakeTr) {
-			f.fail = func(t *xfer.Task) error {
+		run(t, func(c *xfertest.Config) {
+			c.Err = func(t *xfer.Task) error {
 				t.Done(t.Req.Length, nil) // the fake then calls Done again
 				return nil
 			}
@@ -346,7 +347,7 @@ func TestConcurrentPutsOneKey(t *testing.T) {
 	e := newEnv(t, 16<<20, withL2(32<<20))
 	ss := e.s.NewSession()
 	defer ss.Close()
-	e.tr.set(func(f *fakeTr) { f.async = true })
+	e.tr.Update(func(c *xfertest.Config) { c.Inline = false })
 	key := [][]byte{[]byte("k")}
 	rec := newRecorder()
 	codes := make([]Code, 1)
@@ -354,7 +355,7 @@ func TestConcurrentPutsOneKey(t *testing.T) {
 		t.Fatalf("first put: pending %v, %v", p, err)
 	}
 	mustCodes(t, "second while in flight", e.putAsync(ss, key), Busy)
-	e.tr.set(func(f *fakeTr) { f.async = false })
+	e.tr.Update(func(c *xfertest.Config) { c.Inline = true })
 	e.tr.release()
 	<-rec.done
 	mustCodes(t, "first", codes, OK)
@@ -377,7 +378,7 @@ func (e *testEnv) putAsync(ss *Session, keys [][]byte) []Code {
 func TestCloseBounded(t *testing.T) {
 	e := newEnv(t, 16<<20, withL2(32<<20), withCfg(func(c *Config) { c.CloseTimeout = 50 * time.Millisecond }))
 	ss := e.s.NewSession()
-	e.tr.set(func(f *fakeTr) { f.async = true })
+	e.tr.Update(func(c *xfertest.Config) { c.Inline = false })
 	rec := newRecorder()
 	codes := make([]Code, 2)
 	keys := keysN("c", 2)
@@ -393,7 +394,7 @@ func TestCloseBounded(t *testing.T) {
 		t.Fatalf("%d pool blocks, want the 2 still in flight kept", b)
 	}
 	// The device answers at last: the puts end, StoreDone is called once.
-	e.tr.set(func(f *fakeTr) { f.async = false })
+	e.tr.Update(func(c *xfertest.Config) { c.Inline = true })
 	e.tr.release()
 	<-rec.done
 	if rec.count(0) != 1 {

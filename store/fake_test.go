@@ -3,13 +3,13 @@ package store
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // fakeFile is an in-memory file segment: it outlives stores opened on it,
@@ -47,155 +47,66 @@ func (f *fakeFile) Acquire() bool                      { f.refs.Add(1); return t
 func (f *fakeFile) Release()                           { f.refs.Add(-1) }
 func (f *fakeFile) Alignment() (offset, memory uint32) { return f.align, f.align }
 
-// fakeTr is a transport over fakeFiles with fault injection. By default it
-// moves bytes and completes each task inside Submit.
-type fakeTr struct {
-	mu sync.Mutex // guards the fields below
-	// async queues dispatched tasks until release; otherwise they end
-	// inside Submit.
-	async bool
-	queue []*xfer.Task
-	// lifo releases the queue newest first.
-	lifo bool
-	// accept > 0 dispatches at most accept tasks per Submit, then refuses
-	// the rest with xfer.ErrClosed. 0 means no limit.
-	accept int
-	// fail, when it returns an error, ends the task with it (no bytes
-	// move).
-	fail func(t *xfer.Task) error
-	// lie, when set, replaces Submit's return values: the tasks it says it
-	// took (n) are handled as usual, the rest left alone.
-	lie func(n int, err error) (int, error)
-	// inSubmit runs inside every Submit, before it returns.
-	inSubmit func()
-	closed   bool
-
-	submits, done atomic.Int64
+// fakeL2 is the store tests' L2 device: the shared xfertest transport,
+// carrying out each task as a read or write of a fakeFile. By default it
+// ends each task inside Submit; with Inline off it holds them until
+// release. A Limit refuses the rest of a Submit with xfer.ErrClosed.
+type fakeL2 struct {
+	*xfertest.Transport
 	writes, reads atomic.Int64
 }
 
-var _ xfer.Transport = (*fakeTr)(nil)
-
-func (f *fakeTr) Name() string      { return "fake" }
-func (f *fakeTr) Cancel(*xfer.Task) {}
-func (f *fakeTr) Close() error {
-	f.mu.Lock()
-	f.closed = true
-	q := f.queue
-	f.queue = nil
-	f.mu.Unlock()
-	for _, t := range q {
-		f.done.Add(1)
-		t.Done(0, xfer.ErrClosed)
-	}
-	return nil
+func newFakeL2() *fakeL2 {
+	d := &fakeL2{}
+	d.Transport = xfertest.New(xfertest.Config{Name: "fake", Inline: true, LimitErr: xfer.ErrClosed, Move: d.move})
+	return d
 }
 
-func (f *fakeTr) Submit(ts []*xfer.Task) (int, error) {
-	f.submits.Add(1)
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
-		return 0, xfer.ErrClosed
-	}
-	n, err := len(ts), error(nil)
-	if f.accept > 0 && n > f.accept {
-		n, err = f.accept, xfer.ErrClosed
-	}
-	if f.lie != nil {
-		n, err = f.lie(n, err)
-	}
-	take := max(0, min(n, len(ts)))
-	async, hook := f.async, f.inSubmit
-	if async {
-		f.queue = append(f.queue, ts[:take]...)
-	}
-	f.mu.Unlock()
-	if !async {
-		for _, t := range ts[:take] {
-			f.exec(t)
-		}
-	}
-	if hook != nil {
-		hook()
-	}
-	return n, err
-}
-
-// exec moves a task's bytes and ends it.
-func (f *fakeTr) exec(t *xfer.Task) {
-	f.mu.Lock()
-	fail := f.fail
-	f.mu.Unlock()
-	f.done.Add(1)
-	if fail != nil {
-		if err := fail(t); err != nil {
-			t.Done(0, err)
-			return
-		}
-	}
+// move moves a task's bytes between its memory and its fakeFile.
+func (d *fakeL2) move(t *xfer.Task) (uint64, error) {
 	q := t.Req
 	file, ok := t.Target.(*fakeFile)
 	mem, ok2 := t.Local.(xfer.MemSegment)
 	if !ok || !ok2 {
-		t.Done(0, fmt.Errorf("%w: fake: bad segments", xfer.ErrInvalid))
-		return
+		return 0, fmt.Errorf("%w: fake: bad segments", xfer.ErrInvalid)
 	}
 	a := uint64(file.align)
 	if q.TargetOffset%a != 0 || q.Length%a != 0 || q.LocalOffset%a != 0 {
-		t.Done(0, fmt.Errorf("%w: fake: misaligned %+v", xfer.ErrInvalid, q))
-		return
+		return 0, fmt.Errorf("%w: fake: misaligned %+v", xfer.ErrInvalid, q)
 	}
 	b := mem.Bytes()
 	if file.null {
 		if q.Op == xfer.OpRead {
 			clear(b[q.LocalOffset : q.LocalOffset+q.Length])
 		}
-		t.Done(q.Length, nil)
-		return
+		return q.Length, nil
 	}
 	if q.TargetOffset+q.Length > uint64(len(file.data)) || q.LocalOffset+q.Length > uint64(len(b)) {
-		t.Done(0, fmt.Errorf("%w: fake: out of bounds %+v", xfer.ErrInvalid, q))
-		return
+		return 0, fmt.Errorf("%w: fake: out of bounds %+v", xfer.ErrInvalid, q)
 	}
 	file.mu.Lock()
 	if q.Op == xfer.OpWrite {
 		copy(file.data[q.TargetOffset:q.TargetOffset+q.Length], b[q.LocalOffset:q.LocalOffset+q.Length])
-		f.writes.Add(1)
+		d.writes.Add(1)
 	} else {
 		copy(b[q.LocalOffset:q.LocalOffset+q.Length], file.data[q.TargetOffset:q.TargetOffset+q.Length])
-		f.reads.Add(1)
+		d.reads.Add(1)
 	}
 	file.mu.Unlock()
-	t.Done(q.Length, nil)
+	return q.Length, nil
 }
 
-// release ends every queued task (async mode).
-func (f *fakeTr) release() int {
+// release carries out every held task, and those held while it runs, until
+// none is left, and returns how many it ended.
+func (d *fakeL2) release() int {
 	n := 0
 	for {
-		f.mu.Lock()
-		q := f.queue
-		f.queue = nil
-		lifo := f.lifo
-		f.mu.Unlock()
-		if len(q) == 0 {
+		k := d.Finish()
+		if k == 0 {
 			return n
 		}
-		if lifo {
-			slices.Reverse(q)
-		}
-		for _, t := range q {
-			f.exec(t)
-			n++
-		}
+		n += k
 	}
-}
-
-func (f *fakeTr) set(fn func(f *fakeTr)) {
-	f.mu.Lock()
-	fn(f)
-	f.mu.Unlock()
 }
 
 // isHeaderWrite reports whether t writes a block, region or super header
@@ -234,7 +145,7 @@ type testEnv struct {
 	t    testing.TB
 	pool *shm.Pool
 	file *fakeFile
-	tr   *fakeTr
+	tr   *fakeL2
 	cfg  Config
 	l2   *L2
 	s    *Store
@@ -246,7 +157,7 @@ type envOpt func(e *testEnv)
 func withL2(size int) envOpt {
 	return func(e *testEnv) {
 		e.file = newFakeFile(size)
-		e.tr = &fakeTr{}
+		e.tr = newFakeL2()
 		e.l2 = &L2{Transport: e.tr, File: e.file, StagingID: stagingID, RegionSize: 1 << 20}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 const flushWait = 10 * time.Second
@@ -208,7 +209,7 @@ func TestRecoverRefusesForeignFile(t *testing.T) {
 	e := newEnv(t, 8<<20)
 	file := newFakeFile(8 << 20)
 	copy(file.data, "not a superblock")
-	_, err := New(e.cfg, e.pool, &L2{Transport: &fakeTr{}, File: file, StagingID: stagingID})
+	_, err := New(e.cfg, e.pool, &L2{Transport: newFakeL2(), File: file, StagingID: stagingID})
 	if !errors.Is(err, ErrL2Format) {
 		t.Fatalf("New on a foreign file: %v", err)
 	}
@@ -230,7 +231,7 @@ func TestPromotionShared(t *testing.T) {
 	mustCodes(t, "put", e.put(a, key, [][]byte{val}, true), OK)
 	e.dropL1()
 	reads := e.tr.reads.Load()
-	e.tr.set(func(f *fakeTr) { f.async = true })
+	e.tr.Update(func(c *xfertest.Config) { c.Inline = false })
 	rec := newRecorder()
 	la, lb := make([]Location, 1), make([]Location, 1)
 	ca, cb, cr, c5 := make([]Code, 1), make([]Code, 1), make([]Code, 1), make([]Code, 1)
@@ -251,7 +252,7 @@ func TestPromotionShared(t *testing.T) {
 	if p, err := b.Get(key, make([]Location, 1), c5, nil, rec, 5); p || err != nil || c5[0] != Busy {
 		t.Fatalf("a fifth waiter: pending %v, %v, %v", p, err, c5[0])
 	}
-	e.tr.set(func(f *fakeTr) { f.async = false })
+	e.tr.Update(func(c *xfertest.Config) { c.Inline = true })
 	e.tr.release()
 	for range 4 {
 		<-rec.done
@@ -278,7 +279,7 @@ func TestPromotionShared(t *testing.T) {
 func TestRegionHeaderLast(t *testing.T) {
 	e := newEnv(t, 16<<20, withL2(32<<20))
 	ss := e.s.NewSession()
-	e.tr.set(func(f *fakeTr) { f.async, f.lifo = true, true })
+	e.tr.Update(func(c *xfertest.Config) { c.Inline, c.LIFO = false, true })
 	keys := keysN("rh", 5)
 	vals := valuesFor(keys, 3000)
 	rec := newRecorder()
@@ -289,9 +290,9 @@ func TestRegionHeaderLast(t *testing.T) {
 	}
 	var order []string
 	submitted := make(chan struct{}, 64)
-	e.tr.set(func(f *fakeTr) {
-		f.inSubmit = func() { submitted <- struct{}{} }
-		f.fail = func(t *xfer.Task) error {
+	e.tr.Update(func(c *xfertest.Config) {
+		c.AfterSubmit = func() { submitted <- struct{}{} }
+		c.Err = func(t *xfer.Task) error {
 			switch {
 			case isValueWrite(t):
 				order = append(order, "value")
@@ -319,7 +320,7 @@ func TestRegionHeaderLast(t *testing.T) {
 	if i := slices.Index(order, "region"); i < 0 || slices.Contains(order[:i], "block") {
 		t.Fatalf("a block header was written before its region's: %v", order)
 	}
-	e.tr.set(func(f *fakeTr) { f.async, f.lifo, f.fail, f.inSubmit = false, false, nil, nil })
+	e.tr.Update(func(c *xfertest.Config) { c.Inline, c.LIFO, c.Err, c.AfterSubmit = true, false, nil, nil })
 	ss.Close()
 	e.reopen()
 	e.checkValues(keys, vals)

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // TestMain checks that the package's tests leak no goroutine and no
@@ -15,18 +17,13 @@ func TestMain(m *testing.M) {
 		crashChild()
 		return
 	}
-	if f, err := os.CreateTemp("", "store-fdwarm"); err == nil {
-		_ = os.Remove(f.Name())
-		_ = f.Close()
-	}
-	before := openFDs()
+	testutil.WarmFDs()
+	before := testutil.OpenFDs()
 	code := m.Run()
 	if code == 0 {
-		for fd, link := range openFDs() {
-			if before[fd] != link && link != os.DevNull && link != "" {
-				fmt.Fprintf(os.Stderr, "descriptor leak: fd %s -> %s\n", fd, link)
-				code = 1
-			}
+		for _, l := range before.Leaked() {
+			fmt.Fprintf(os.Stderr, "descriptor leak: %s\n", l)
+			code = 1
 		}
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintf(os.Stderr, "goroutine leak: %v\n", err)
@@ -34,17 +31,4 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-func openFDs() map[string]string {
-	out := map[string]string{}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return out
-	}
-	for _, e := range ents {
-		l, _ := os.Readlink("/proc/self/fd/" + e.Name())
-		out[e.Name()] = l
-	}
-	return out
 }

@@ -49,7 +49,7 @@ func TestIndexMemoryPerKey(t *testing.T) {
 	slot := uint64(2 * 4096)
 	e := newEnv(t, 8<<20, func(e *testEnv) {
 		e.file = &fakeFile{id: 900, align: 4096, null: true, size: 4096 + uint64(n)*slot*11/10 + 128<<20}
-		e.tr = &fakeTr{}
+		e.tr = newFakeL2()
 		e.l2 = &L2{Transport: e.tr, File: e.file, StagingID: stagingID}
 	})
 	var key [keyLen]byte

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // TestStress runs every call at once from several goroutines over a small
@@ -29,15 +30,15 @@ func TestStress(t *testing.T) {
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 2))
 	kick := make(chan struct{}, 1)
-	e.tr.set(func(f *fakeTr) {
-		f.async = true
-		f.inSubmit = func() {
+	e.tr.Update(func(c *xfertest.Config) {
+		c.Inline = false
+		c.AfterSubmit = func() {
 			select {
 			case kick <- struct{}{}:
 			default:
 			}
 		}
-		f.fail = func(*xfer.Task) error {
+		c.Err = func(*xfer.Task) error {
 			rnd.Lock()
 			defer rnd.Unlock()
 			if failOn.Load() && r.IntN(20) == 0 {
@@ -179,7 +180,7 @@ func TestStress(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	t.Logf("stats: %+v", st)
-	e.tr.set(func(f *fakeTr) { f.async, f.inSubmit, f.fail = false, nil, nil })
+	e.tr.Update(func(c *xfertest.Config) { c.Inline, c.AfterSubmit, c.Err = true, nil, nil })
 	e.reopen()
 	e.s.check(t)
 	// What is on L2 reads back intact after the restart.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // waitFor waits for cond, re-checked whenever the store's background work
@@ -31,8 +32,8 @@ func TestWritebackTombstone(t *testing.T) {
 	}))
 	var mu sync.Mutex
 	attempts := map[uint64]int{} // value writes per pool block
-	e.tr.set(func(f *fakeTr) {
-		f.fail = func(t *xfer.Task) error {
+	e.tr.Update(func(c *xfertest.Config) {
+		c.Err = func(t *xfer.Task) error {
 			if isValueWrite(t) {
 				mu.Lock()
 				attempts[t.Req.LocalOffset]++
@@ -62,13 +63,13 @@ func TestWritebackTombstone(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	writes := e.tr.writes.Load()
-	done := e.tr.done.Load()
+	done := int64(e.tr.Ended())
 	e.clk.Advance(time.Hour)
 	e.s.kick()
 	if err := e.s.Flush(flushWait); err != nil {
 		t.Fatal(err)
 	}
-	if e.tr.done.Load() != done || e.tr.writes.Load() != writes {
+	if int64(e.tr.Ended()) != done || e.tr.writes.Load() != writes {
 		t.Fatal("a tombstone was retried")
 	}
 	mu.Lock()
@@ -104,8 +105,8 @@ func TestRemoveFailureReported(t *testing.T) {
 	keys := keysN("x", 3)
 	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 100), true), OK)
 	ss.Close()
-	e.tr.set(func(f *fakeTr) {
-		f.fail = func(t *xfer.Task) error {
+	e.tr.Update(func(c *xfertest.Config) {
+		c.Err = func(t *xfer.Task) error {
 			if isZeroWrite(t) {
 				return errInjected
 			}
@@ -126,7 +127,7 @@ func TestRemoveFailureReported(t *testing.T) {
 	if st := e.s.Stats(); st.RemoveFailures != 2 || st.Keys != 3 {
 		t.Fatalf("stats %+v", st)
 	}
-	e.tr.set(func(f *fakeTr) { f.fail = nil })
+	e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
 	if _, err := e.s.Remove(rm, codes, errs, nil, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -150,10 +151,10 @@ func TestPromotionRollback(t *testing.T) {
 			mustCodes(t, "put", e.put(ss, keys, vals, true), OK)
 			e.dropL1()
 			blocks := e.pool.Stats().Blocks
-			e.tr.set(func(f *fakeTr) {
-				f.accept = k
+			e.tr.Update(func(c *xfertest.Config) {
+				c.Limit = k
 				if k == 0 {
-					f.lie = func(int, error) (int, error) { return 0, xfer.ErrClosed }
+					c.Lie = func(int, error) (int, error) { return 0, xfer.ErrClosed }
 				}
 			})
 			_, codes, _ := e.get(ss, keys)
@@ -169,7 +170,7 @@ func TestPromotionRollback(t *testing.T) {
 			if got := e.pool.Stats().Blocks; got != blocks+uint64(k) {
 				t.Fatalf("pool blocks %d, want %d (one per promoted key)", got, blocks+uint64(k))
 			}
-			e.tr.set(func(f *fakeTr) { f.accept, f.lie = 0, nil })
+			e.tr.Update(func(c *xfertest.Config) { c.Limit, c.Lie = 0, nil })
 			_, codes, _ = e.get(ss, keys)
 			mustCodes(t, "get again", codes, OK)
 			if err := ss.Unpin(keys, codes); err != nil {

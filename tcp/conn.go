@@ -446,7 +446,7 @@ func (c *conn) onAuth(meta []byte) error {
 // acquired segment, or the status to answer with.
 func (c *conn) authorize(tok []byte, need Rights, off uint64, ln uint32) (xfer.MemSegment, uint16, error) {
 	n := c.n
-	now := time.Now()
+	now := n.tokenNow()
 	var name string
 	var rights Rights
 	if c.tok.raw != nil && bytes.Equal(tok, c.tok.raw) && now.UnixNano() < c.tok.expiry {
@@ -510,7 +510,7 @@ func (c *conn) onOpen(h *header, meta []byte) error {
 			return nil
 		}
 	}
-	t := token{name: name, rights: Rights(h.flags), expiry: time.Now().Add(n.cfg.TokenTTL).UnixNano(),
+	t := token{name: name, rights: Rights(h.flags), expiry: n.tokenNow().Add(n.cfg.TokenTTL).UnixNano(),
 		issuer: n.cfg.DaemonID, epoch: n.epoch}
 	tok := t.sign(n.tokKey)
 	out.arg, out.metaLen = seg.Size(), uint16(len(tok))
@@ -555,7 +555,7 @@ func (c *conn) onNotify(h *header, meta []byte) error {
 	}
 	out := header{typ: tNotifyAck, id: h.id}
 	n := c.n
-	t, err := verifyToken(tok, n.tokKey, n.cfg.DaemonID, n.epoch, RightWrite, time.Now())
+	t, err := verifyToken(tok, n.tokKey, n.cfg.DaemonID, n.epoch, RightWrite, n.tokenNow())
 	if err != nil {
 		c.refusedRequest("notify", err)
 		out.status = stPermission
@@ -718,7 +718,7 @@ func (n *Node) reaper() {
 		now := time.Now()
 		if now.Sub(renewed) >= renewCheckEvery {
 			renewed = now
-			n.renewDue(now)
+			n.renewDue(n.tokenNow())
 		}
 		n.refusals.flush(n.log, now)
 		n.mu.Lock()

@@ -111,6 +111,9 @@ type Config struct {
 	// TokenTTL is how long capability tokens this node issues stay valid
 	// (default 10 minutes).
 	TokenTTL time.Duration
+	// tokenClock, when set (by tests), is the clock tokens are issued,
+	// checked and renewed by; nil is the wall clock.
+	tokenClock func() time.Time
 	// Epoch identifies this run of the daemon. Zero (the default) draws a
 	// random one, new at every start.
 	Epoch uint64

@@ -2,16 +2,19 @@ package tcp
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -19,11 +22,26 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(netnsRoleEnv); role != "" {
 		os.Exit(netnsChild(role))
 	}
-	// gnet's package-level worker pool starts two goroutines at program
-	// init that live as long as the process; everything else must be gone.
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"))
+	testutil.WarmFDs()
+	before := testutil.OpenFDs()
+	code := m.Run()
+	if code == 0 {
+		// Listeners, connections and the event loops' epolls are fds.
+		for _, l := range before.Leaked() {
+			fmt.Fprintf(os.Stderr, "descriptor leak: %s\n", l)
+			code = 1
+		}
+		// gnet's package-level worker pool starts two goroutines at
+		// program init that live as long as the process; everything else
+		// must be gone.
+		if err := goleak.Find(
+			goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
+			goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock")); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutine leak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 func TestKeyFileAndConfig(t *testing.T) {
@@ -216,8 +234,16 @@ func TestStripingUsesEveryConnection(t *testing.T) {
 	}
 }
 
+// tokenClock is the clock a test cluster's tokens are issued, checked and
+// renewed by: the wall clock, moved forward by what the test advanced it.
+type tokenClock struct{ ahead atomic.Int64 }
+
+func (c *tokenClock) Now() time.Time          { return time.Now().Add(time.Duration(c.ahead.Load())) }
+func (c *tokenClock) Advance(d time.Duration) { c.ahead.Add(int64(d)) }
+
 func TestPermissions(t *testing.T) {
-	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{TokenTTL: 300 * time.Millisecond})
+	clk := &tokenClock{}
+	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{TokenTTL: time.Minute, tokenClock: clk.Now})
 	a, b := nodes[0], nodes[1]
 	if _, err := a.Open("b", "nope", RightRead); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("open of an unexported segment: %v", err)
@@ -266,8 +292,12 @@ func TestPermissions(t *testing.T) {
 		t.Fatalf("read with a token for another segment: %v", err)
 	}
 	b.logs.waitContains(t, "refused peer request")
-	// Expiry.
-	time.Sleep(350 * time.Millisecond)
+	// Expiry: the token as issued works until its lifetime has passed on
+	// the owner's clock, and not after.
+	if err := one(mkTask(col, xfer.OpRead, local, 0, stale, 0, 100)); err != nil {
+		t.Fatalf("read with the token as issued, within its lifetime: %v", err)
+	}
+	clk.Advance(time.Minute)
 	if err := one(mkTask(col, xfer.OpRead, local, 0, stale, 0, 100)); !errors.Is(err, xfer.ErrPermission) {
 		t.Fatalf("read with an expired token: %v", err)
 	}
@@ -285,13 +315,17 @@ func TestPermissions(t *testing.T) {
 			t.Fatalf("bad task ended with %v", d.err)
 		}
 	}
-	if seg := b.exp.segs["seg"]; seg.refs.Load() != 0 {
+	// The owner drops a read's reference after it sent the answer: wait
+	// for the last one.
+	if seg := b.exp.segs["seg"]; !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 0 }) {
 		t.Fatalf("segment refs %d", seg.refs.Load())
 	}
 }
 
 func TestNotifications(t *testing.T) {
-	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{})
+	// One connection: the write after the late ACK follows it on the wire,
+	// so the ACK has been handled when that write's answer is.
+	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{ConnsPerPeer: 1})
 	a, b := nodes[0], nodes[1]
 	r, err := a.Open("b", "seg", RightWrite)
 	if err != nil {
@@ -329,21 +363,27 @@ func TestNotifications(t *testing.T) {
 	}
 
 	// No ACK by the deadline → timeout; the late ACK is ignored and the
-	// connection keeps serving.
+	// connection keeps serving. The delivery holds the ACK back until the
+	// task has timed out.
+	delivering, late := make(chan struct{}, 1), make(chan struct{})
 	b.exp.mu.Lock()
-	b.exp.deliver = func(string, []byte) error { time.Sleep(300 * time.Millisecond); return nil }
+	b.exp.deliver = func(string, []byte) error { delivering <- struct{}{}; <-late; return nil }
 	b.exp.mu.Unlock()
 	tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
 	tk.Notify, tk.Deadline = []byte("slow"), time.Now().Add(100*time.Millisecond)
-	start := time.Now()
 	d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]
-	if !errors.Is(d.err, xfer.ErrTimeout) || time.Since(start) > 290*time.Millisecond {
-		t.Fatalf("missing ACK ended with %v after %v", d.err, time.Since(start))
+	if !errors.Is(d.err, xfer.ErrTimeout) {
+		t.Fatalf("missing ACK ended with %v", d.err)
 	}
-	time.Sleep(400 * time.Millisecond)
+	select {
+	case <-delivering: // the notification reached its owner; only its ACK is missing
+	case <-time.After(5 * time.Second):
+		t.Fatal("the timed-out notification never reached the owner's delivery")
+	}
 	b.exp.mu.Lock()
 	b.exp.deliver = nil
 	b.exp.mu.Unlock()
+	close(late) // the ACK goes out now, after its task ended
 	tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
 	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; d.err != nil {
 		t.Fatalf("write after a late ACK: %v", d.err)
@@ -478,8 +518,9 @@ func TestStaleEpochRefusedBothWays(t *testing.T) {
 // owner stops exporting it, renewal fails (logged), the last token runs out
 // and requests fail with ErrPermission.
 func TestTokenRenewal(t *testing.T) {
-	const ttl = time.Second
-	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{TokenTTL: ttl})
+	const ttl = time.Minute
+	clk := &tokenClock{}
+	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{TokenTTL: ttl, tokenClock: clk.Now})
 	a, b := nodes[0], nodes[1]
 	r, err := a.Open("b", "seg", RightRead)
 	if err != nil {
@@ -491,15 +532,23 @@ func TestTokenRenewal(t *testing.T) {
 		t.Helper()
 		return submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpRead, local, 0, r, 0, 4096)}, 5*time.Second)[0].err
 	}
+	// Each step moves the clock 0.7 of a lifetime on: into the last third
+	// of the token's life, where it is renewed before it expires.
+	step := ttl * 7 / 10
 	seen := map[string]bool{string(r.cred.Load().token): true}
-	for end := time.Now().Add(4 * ttl); time.Now().Before(end); time.Sleep(25 * time.Millisecond) {
+	for i := 1; i <= 6; i++ {
+		old := string(r.cred.Load().token)
+		clk.Advance(step)
+		if !waitFor(10*time.Second, func() bool { return string(r.cred.Load().token) != old }) {
+			t.Fatalf("token not renewed %v after opening, token lifetime %v", time.Duration(i)*step, ttl)
+		}
 		if err := read(); err != nil {
-			t.Fatalf("read %v after opening, token lifetime %v: %v", time.Since(end.Add(-4*ttl)).Round(time.Millisecond), ttl, err)
+			t.Fatalf("read %v after opening, token lifetime %v: %v", time.Duration(i)*step, ttl, err)
 		}
 		seen[string(r.cred.Load().token)] = true
 	}
-	if len(seen) < 4 {
-		t.Fatalf("%d tokens over four token lifetimes, want at least 4 (renewed before each expiry)", len(seen))
+	if len(seen) != 7 {
+		t.Fatalf("%d tokens over four token lifetimes, want 7 (renewed before each expiry)", len(seen))
 	}
 	tk, err := decodeToken(r.cred.Load().token)
 	if err != nil || tk.name != "seg" || tk.rights != RightRead || tk.epoch != r.Epoch() {
@@ -512,8 +561,9 @@ func TestTokenRenewal(t *testing.T) {
 	b.exp.mu.Lock()
 	delete(b.exp.segs, "seg")
 	b.exp.mu.Unlock()
+	clk.Advance(step)
 	a.logs.waitContains(t, "could not renew a remote segment's token")
-	time.Sleep(ttl)
+	clk.Advance(ttl)
 	if err := read(); !errors.Is(err, xfer.ErrPermission) {
 		t.Fatalf("read %v after the owner stopped exporting: %v, want ErrPermission", ttl, err)
 	}

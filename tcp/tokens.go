@@ -19,6 +19,14 @@ import (
 // runs out and requests fail with xfer.ErrPermission as before. A failed
 // renewal is logged and retried after renewRetry while the token lasts.
 
+// tokenNow is the time tokens are issued, checked and renewed by.
+func (n *Node) tokenNow() time.Time {
+	if n.cfg.tokenClock != nil {
+		return n.cfg.tokenClock()
+	}
+	return time.Now()
+}
+
 // renewRetry is the pause after a failed renewal; renewCheckEvery is how
 // often the reaper looks for tokens due.
 const (
@@ -52,7 +60,7 @@ func (n *Node) openToken(p *peer, segment string, rights Rights) (*credential, t
 	if !hmac.Equal(m.Sum(nil), t.mac) || t.issuer != p.id || t.name != segment || t.rights != rights {
 		return nil, token{}, 0, fmt.Errorf("%w: open %s/%s: the owner's token does not match the request", ErrProtocol, p.id, segment)
 	}
-	return &credential{token: pd.token, expiry: t.expiry, got: time.Now().UnixNano()}, t, pd.size, nil
+	return &credential{token: pd.token, expiry: t.expiry, got: n.tokenNow().UnixNano()}, t, pd.size, nil
 }
 
 // renewDue starts a renewal for every open remote segment whose token is
@@ -101,7 +109,7 @@ func (n *Node) renew(r *Remote) {
 			t.epoch, size, r.epoch, r.size)
 	}
 	if err != nil {
-		r.renewAfter.Store(time.Now().Add(renewRetry).UnixNano())
+		r.renewAfter.Store(n.tokenNow().Add(renewRetry).UnixNano())
 		n.log.Warn("could not renew a remote segment's token; it stops working when the token expires",
 			"peer", r.peer.id, "segment", r.name, "expires", time.Unix(0, r.cred.Load().expiry).UTC().Format(time.RFC3339), "err", err)
 		return

@@ -4,6 +4,9 @@ package uring
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,16 +31,38 @@ func pipeFile(t *testing.T, tr *Transport) *File {
 	return f
 }
 
+// waitInKernel waits until n requests are in ring 0's SQ and the kernel
+// has taken every SQE of it (its fdinfo shows the SQ head at the tail): a
+// read of an empty pipe is then parked in the kernel, its poll armed by
+// the io_uring_enter that took it.
 func waitInKernel(t *testing.T, tr *Transport, n uint64) {
 	t.Helper()
+	info := fmt.Sprintf("/proc/self/fdinfo/%d", tr.rings[0].raw.fd)
 	deadline := time.Now().Add(5 * time.Second)
-	for tr.Stats()[0].Submitted < n {
+	for {
+		b, err := os.ReadFile(info)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head, tail := fdinfoField(b, "SqHead:"), fdinfoField(b, "SqTail:")
+		if tr.Stats()[0].Submitted >= n && head != "" && head == tail {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("request never reached the kernel: %+v", tr.Stats()[0])
+			t.Fatalf("requests never taken by the kernel: %+v, SQ head %s tail %s", tr.Stats()[0], head, tail)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(10 * time.Millisecond) // let the kernel arm its poll
+}
+
+// fdinfoField is the value of the fdinfo line that starts with key.
+func fdinfoField(info []byte, key string) string {
+	for _, l := range strings.Split(string(info), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == key {
+			return f[1]
+		}
+	}
+	return ""
 }
 
 // TestCancelInKernel: Cancel of a request parked in the kernel ends it with

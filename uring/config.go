@@ -82,13 +82,6 @@ type testHooks struct {
 	noDrainCancel bool // Close does not cancel in-flight requests
 }
 
-// DefaultConfig returns the defaults.
-func DefaultConfig() Config {
-	var c Config
-	c.setDefaults()
-	return c
-}
-
 func (c *Config) setDefaults() {
 	if c.Rings == 0 {
 		c.Rings = 1

@@ -19,6 +19,12 @@
 // Config.DrainTimeout passes, unmaps and closes its ring and exits; Close
 // waits for every poller, then closes the files opened through it.
 //
+// Task.Tag, for this transport, names the slot a dispatched task holds:
+// the ring's index in the transport in the high 32 bits, the slot's index
+// in that ring's slot table in the low 32. Submit writes it when it takes
+// the slot; Cancel decodes it and acts only if that slot still holds the
+// task (it may have completed and been reused).
+//
 // Only Linux has io_uring; elsewhere New returns an error matching
 // xfer.ErrNotSupported.
 package uring

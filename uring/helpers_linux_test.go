@@ -15,31 +15,20 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // TestMain checks that the package's tests leak no goroutine, descriptor or
 // ring.
 func TestMain(m *testing.M) {
 	probe() // the cached probe is process-wide, not a leak
-	// Start the runtime's network poller (its epoll and eventfd stay open
-	// for the life of the process) before taking the baseline.
-	if r, w, err := os.Pipe(); err == nil {
-		r.Close()
-		w.Close()
-	}
-	before := openFDs()
+	testutil.WarmFDs()
+	before := testutil.OpenFDs()
 	code := m.Run()
 	if code == 0 {
-		var leaked []string
-		for fd, link := range openFDs() {
-			// The testing package itself opens /dev/null during m.Run; ""
-			// is the directory being listed.
-			if before[fd] != link && link != os.DevNull && link != "" {
-				leaked = append(leaked, fmt.Sprintf("fd %s -> %s", fd, link))
-			}
-		}
-		if len(leaked) > 0 {
+		if leaked := before.Leaked(); len(leaked) > 0 {
 			fmt.Fprintf(os.Stderr, "descriptor leak (io_uring instances show as anon_inode:[io_uring]):\n  %s\n",
 				strings.Join(leaked, "\n  "))
 			code = 1
@@ -52,25 +41,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// openFDs maps this process's descriptors to what they refer to.
-func openFDs() map[string]string {
-	out := map[string]string{}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return out
-	}
-	for _, e := range ents {
-		l, _ := os.Readlink("/proc/self/fd/" + e.Name())
-		out[e.Name()] = l
-	}
-	return out
-}
-
-// memSeg is an xfer.MemSegment over anonymous, page-aligned memory.
+// memSeg is the shared counting segment over anonymous, page-aligned
+// memory (which O_DIRECT needs); mem is its bytes.
 type memSeg struct {
-	id   xfer.SegmentID
-	mem  []byte
-	refs atomic.Int64
+	*xfertest.Segment
+	mem []byte
 }
 
 func newMemSeg(t testing.TB, id xfer.SegmentID, size int) *memSeg {
@@ -79,17 +54,9 @@ func newMemSeg(t testing.TB, id xfer.SegmentID, size int) *memSeg {
 	if err != nil {
 		t.Fatalf("mmap %d: %v", size, err)
 	}
-	s := &memSeg{id: id, mem: mem}
 	t.Cleanup(func() { unix.Munmap(mem) })
-	return s
+	return &memSeg{Segment: xfertest.SegmentOf(id, xfer.KindPool, mem), mem: mem}
 }
-
-func (s *memSeg) ID() xfer.SegmentID { return s.id }
-func (s *memSeg) Kind() xfer.Kind    { return xfer.KindPool }
-func (s *memSeg) Size() uint64       { return uint64(len(s.mem)) }
-func (s *memSeg) Acquire() bool      { s.refs.Add(1); return true }
-func (s *memSeg) Release()           { s.refs.Add(-1) }
-func (s *memSeg) Bytes() []byte      { return s.mem }
 
 // recorder is a fake xfer.Completer: it counts every Done per task and
 // keeps the last result.

@@ -581,7 +581,8 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := New(Config{AllowedDirs: []string{"/nonexistent/tensorcast"}}, nil); !errors.Is(err, ErrConfig) {
 		t.Errorf("missing AllowedDirs: %v", err)
 	}
-	d := DefaultConfig()
+	var d Config
+	d.setDefaults()
 	if d.Rings != 1 || d.Entries != 256 || d.SQPoll || d.DrainTimeout != 5*time.Second {
 		t.Errorf("defaults %+v", d)
 	}

@@ -1,9 +1,12 @@
-package xfer
+package xfer_test
 
 import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // BenchmarkSubmitStatus measures the engine's own cost per request: one
@@ -12,9 +15,7 @@ import (
 func BenchmarkSubmitStatus(b *testing.B) {
 	for _, n := range []int{1, 32, 256} {
 		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
-			f := newFixture(b, Config{}, oneRouter{&syncTr{}})
-			f.a.buf = make([]byte, n*64)
-			f.b.buf = make([]byte, n*64)
+			f := newFixture(b, xfer.Config{}, xfertest.RouteAll(syncTr()), withSize(n*64))
 			reqs := f.reqs(n)
 			res := make([]error, n)
 			b.ReportAllocs()
@@ -28,7 +29,7 @@ func BenchmarkSubmitStatus(b *testing.B) {
 					b.Fatal(err)
 				}
 				for i := range n {
-					if st, _ := f.e.Status(id, i); st.State != StateCompleted {
+					if st, _ := f.e.Status(id, i); st.State != xfer.StateCompleted {
 						b.Fatal(st.State)
 					}
 				}
@@ -65,16 +66,14 @@ func BenchmarkLocalCopy(b *testing.B) {
 				}
 			})
 			b.Run("local/"+name, func(b *testing.B) {
-				l := NewLocal(LocalConfig{}, nil)
+				l := xfer.NewLocal(xfer.LocalConfig{}, nil)
 				defer l.Close()
-				f := newFixture(b, Config{}, oneRouter{l})
-				f.a.buf = make([]byte, size*depth)
-				f.b.buf = make([]byte, size*depth)
-				fill(f.a.buf, 1)
-				fill(f.b.buf, 2)
-				reqs := make([]Request, depth)
+				f := newFixture(b, xfer.Config{}, xfertest.RouteAll(l), withSize(size*depth))
+				fill(f.a.Bytes(), 1)
+				fill(f.b.Bytes(), 2)
+				reqs := make([]xfer.Request, depth)
 				for k := range reqs {
-					reqs[k] = Request{Op: OpWrite, Local: 1, LocalOffset: uint64(k * size), Target: 2, TargetOffset: uint64(k * size), Length: uint64(size)}
+					reqs[k] = xfer.Request{Op: xfer.OpWrite, Local: 1, LocalOffset: uint64(k * size), Target: 2, TargetOffset: uint64(k * size), Length: uint64(size)}
 				}
 				res := make([]error, depth)
 				// One batch takes many submits; it is recycled when full.
@@ -117,16 +116,14 @@ func BenchmarkLocalVsCopy(b *testing.B) {
 	for _, size := range []int{64 << 10, 1 << 20} {
 		for _, depth := range []int{1, 16} {
 			b.Run(fmt.Sprintf("size=%dKiB/depth=%d", size>>10, depth), func(b *testing.B) {
-				l := NewLocal(LocalConfig{}, nil)
+				l := xfer.NewLocal(xfer.LocalConfig{}, nil)
 				defer l.Close()
-				f := newFixture(b, Config{}, oneRouter{l})
 				slot := size * depth
 				nslots := max(workingSet/slot, 4)
-				f.a.buf = make([]byte, slot*nslots)
-				f.b.buf = make([]byte, slot*nslots)
-				fill(f.a.buf, 1)
-				fill(f.b.buf, 2)
-				reqs := make([]Request, depth)
+				f := newFixture(b, xfer.Config{}, xfertest.RouteAll(l), withSize(slot*nslots))
+				fill(f.a.Bytes(), 1)
+				fill(f.b.Bytes(), 2)
+				reqs := make([]xfer.Request, depth)
 				res := make([]error, depth)
 				const capacity = 1024
 				id, _ := f.e.AllocateBatch(capacity)
@@ -135,7 +132,7 @@ func BenchmarkLocalVsCopy(b *testing.B) {
 				viaLocal := func(base int) {
 					for k := range reqs {
 						off := uint64(base + k*size)
-						reqs[k] = Request{Op: OpWrite, Local: 1, LocalOffset: off, Target: 2, TargetOffset: off, Length: uint64(size)}
+						reqs[k] = xfer.Request{Op: xfer.OpWrite, Local: 1, LocalOffset: off, Target: 2, TargetOffset: off, Length: uint64(size)}
 					}
 					if used+depth > capacity {
 						if err := f.e.Free(id); err != nil {
@@ -158,7 +155,7 @@ func BenchmarkLocalVsCopy(b *testing.B) {
 					t0 := time.Now()
 					for k := range depth {
 						o := base + k*size
-						copy(f.b.buf[o:o+size], f.a.buf[o:o+size])
+						copy(f.b.Bytes()[o:o+size], f.a.Bytes()[o:o+size])
 					}
 					tCopy += time.Since(t0)
 				}

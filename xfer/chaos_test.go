@@ -1,4 +1,4 @@
-package xfer
+package xfer_test
 
 import (
 	"errors"
@@ -6,6 +6,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // chaosTr is a transport that, per Submit call, picks at random: how many
@@ -15,17 +18,17 @@ import (
 type chaosTr struct {
 	mu     sync.Mutex
 	rng    *rand.Rand
-	held   []*Task
+	held   []*xfer.Task
 	closed bool
 }
 
 func (c *chaosTr) Name() string { return "chaos" }
 
-func (c *chaosTr) Submit(ts []*Task) (int, error) {
+func (c *chaosTr) Submit(ts []*xfer.Task) (int, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return 0, ErrClosed
+		return 0, xfer.ErrClosed
 	}
 	k := c.rng.IntN(len(ts) + 1)
 	mode := c.rng.IntN(20)
@@ -40,7 +43,7 @@ func (c *chaosTr) Submit(ts []*Task) (int, error) {
 	if inline {
 		for _, t := range ts[:k] {
 			if t.Req.Length%3 == 0 {
-				t.Done(0, errInjected)
+				t.Done(0, xfertest.ErrInjected)
 			} else {
 				t.Done(t.Req.Length, nil)
 			}
@@ -62,16 +65,16 @@ func (c *chaosTr) Submit(ts []*Task) (int, error) {
 		if k < len(ts) {
 			// Done for a task it did not take, then an honest count.
 			ts[k].Done(0, nil)
-			return k, errInjected
+			return k, xfertest.ErrInjected
 		}
 	}
 	if k < len(ts) {
-		return k, errInjected
+		return k, xfertest.ErrInjected
 	}
 	return k, nil
 }
 
-func (c *chaosTr) Cancel(t *Task) {
+func (c *chaosTr) Cancel(t *xfer.Task) {
 	c.mu.Lock()
 	found := false
 	if c.rng.IntN(2) == 0 {
@@ -85,14 +88,14 @@ func (c *chaosTr) Cancel(t *Task) {
 	}
 	c.mu.Unlock()
 	if found {
-		t.Done(0, ErrCanceled)
+		t.Done(0, xfer.ErrCanceled)
 	}
 }
 
 // endSome ends a random part of the held tasks.
 func (c *chaosTr) endSome() {
 	c.mu.Lock()
-	var end []*Task
+	var end []*xfer.Task
 	keep := c.held[:0]
 	for _, t := range c.held {
 		if c.rng.IntN(2) == 0 {
@@ -115,7 +118,7 @@ func (c *chaosTr) Close() error {
 	c.held = nil
 	c.mu.Unlock()
 	for _, t := range held {
-		t.Done(0, ErrClosed)
+		t.Done(0, xfer.ErrClosed)
 	}
 	return nil
 }
@@ -132,7 +135,7 @@ func TestChaos(t *testing.T) {
 	violations := uint64(0)
 	for seed := uint64(1); seed <= uint64(rounds); seed++ {
 		tr := &chaosTr{rng: rand.New(rand.NewPCG(seed, 99))}
-		f := newFixture(t, Config{MaxBatches: 6, DefaultTimeout: 15 * time.Millisecond}, oneRouter{tr})
+		f := newFixture(t, xfer.Config{MaxBatches: 6, DefaultTimeout: 15 * time.Millisecond}, xfertest.RouteAll(tr))
 		stop := make(chan struct{})
 		var ender sync.WaitGroup
 		ender.Add(1)
@@ -156,7 +159,7 @@ func TestChaos(t *testing.T) {
 				res := make([]error, 8)
 				for i := 0; i < 40; i++ {
 					id, err := f.e.AllocateBatch(32)
-					if errors.Is(err, ErrClosed) {
+					if errors.Is(err, xfer.ErrClosed) {
 						return
 					}
 					if err != nil {
@@ -174,9 +177,9 @@ func TestChaos(t *testing.T) {
 						if rng.IntN(3) == 0 {
 							opts.Deadline = time.Now().Add(time.Duration(1+rng.IntN(5)) * time.Millisecond)
 						}
-						if err := f.e.Submit(id, reqs, opts, res[:n]); err == nil || err == ErrTransport {
+						if err := f.e.Submit(id, reqs, opts, res[:n]); err == nil || err == xfer.ErrTransport {
 							total += n
-						} else if !errors.Is(err, ErrClosed) && !errors.Is(err, ErrTimeout) {
+						} else if !errors.Is(err, xfer.ErrClosed) && !errors.Is(err, xfer.ErrTimeout) {
 							t.Errorf("Submit: %v", err)
 						}
 					}
@@ -219,7 +222,7 @@ func TestChaos(t *testing.T) {
 			t.Fatalf("Close took %v", el)
 		}
 		tr.Close()
-		checkRefs(t, f.a, f.b)
+		xfertest.CheckRefs(t, f.a, f.b)
 		st := f.e.Stats()
 		if st.BatchesLive != 0 || st.BatchesRetiring != 0 || st.Waiting != 0 || st.Pending != 0 {
 			t.Fatalf("seed %d: stats %+v", seed, st)

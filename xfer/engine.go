@@ -134,6 +134,11 @@ type Engine struct {
 	retiring  int      // freed, still owed a Done
 	retired   counts   // totals of recycled batches and closed streams
 	streams   map[*Stream]struct{}
+
+	// waitParked, when set (by tests, before the engine is used), is
+	// called by Wait each time it has put itself on a batch's waiters,
+	// just before it sleeps.
+	waitParked func(BatchID)
 }
 
 // counts are the cumulative per-state totals kept per batch and retired
@@ -351,6 +356,9 @@ func (e *Engine) Wait(id BatchID, deadline time.Time) (BatchSummary, error) {
 		b.waiters = append(b.waiters, ch)
 		b.waitMu.Unlock()
 		b.mu.Unlock()
+		if e.waitParked != nil {
+			e.waitParked(id)
+		}
 
 		if deadline.IsZero() {
 			<-ch // wakeWaiters took ch off the list and sent once

@@ -1,4 +1,4 @@
-package xfer
+package xfer_test
 
 import (
 	"context"
@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 func TestMain(m *testing.M) {
@@ -19,18 +23,18 @@ func TestMain(m *testing.M) {
 }
 
 func TestRegistry(t *testing.T) {
-	r := NewRegistry()
-	s1, s2 := newSeg(5, 10), newSeg(7, 10)
+	r := xfer.NewRegistry()
+	s1, s2 := xfertest.NewSegment(5, 10), xfertest.NewSegment(7, 10)
 	if err := r.Add(s1); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Add(newSeg(5, 1)); !errors.Is(err, ErrExists) {
+	if err := r.Add(xfertest.NewSegment(5, 1)); !errors.Is(err, xfer.ErrExists) {
 		t.Fatalf("duplicate Add: %v, want ErrExists", err)
 	}
-	if err := r.Add(newSeg(0, 1)); !errors.Is(err, ErrInvalid) {
+	if err := r.Add(xfertest.NewSegment(0, 1)); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("zero id Add: %v, want ErrInvalid", err)
 	}
-	if err := r.Add(nil); !errors.Is(err, ErrInvalid) {
+	if err := r.Add(nil); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("nil Add: %v, want ErrInvalid", err)
 	}
 	if err := r.Add(s2); err != nil {
@@ -47,13 +51,13 @@ func TestRegistry(t *testing.T) {
 	if b <= a {
 		t.Fatalf("NextID not monotonic: %d then %d", a, b)
 	}
-	if s, ok := r.Resolve(5); !ok || s != Segment(s1) {
+	if s, ok := r.Resolve(5); !ok || s != xfer.Segment(s1) {
 		t.Fatalf("Resolve(5) = %v, %v", s, ok)
 	}
 	if allocs := testing.AllocsPerRun(100, func() { r.Resolve(7) }); allocs != 0 {
 		t.Fatalf("Resolve allocates %v times", allocs)
 	}
-	if s, ok := r.Remove(5); !ok || s != Segment(s1) {
+	if s, ok := r.Remove(5); !ok || s != xfer.Segment(s1) {
 		t.Fatalf("Remove(5) = %v, %v", s, ok)
 	}
 	if _, ok := r.Remove(5); ok {
@@ -70,29 +74,28 @@ func TestRegistry(t *testing.T) {
 // TestStatesReached drives a task into each state and checks what Status
 // and BatchStatus report.
 func TestStatesReached(t *testing.T) {
-	tA := &asyncTr{name: "a"}
-	tB := &asyncTr{name: "b"}
 	var waitingSeen int64 = -1
 	var f *fixture
 	// While transport a dispatches, the tasks routed to b are Waiting.
-	tA.onSubmit = func([]*Task) { waitingSeen = f.e.Stats().Waiting }
-	r := routerFunc(func(l, _ Segment) (Transport, error) {
+	tA := xfertest.New(xfertest.Config{Name: "a", OnSubmit: func([]*xfer.Task) { waitingSeen = f.e.Stats().Waiting }})
+	tB := xfertest.New(xfertest.Config{Name: "b"})
+	r := xfertest.RouterFunc(func(l, _ xfer.Segment) (xfer.Transport, error) {
 		if l.ID() == 1 {
 			return tA, nil
 		}
 		return tB, nil
 	})
-	f = newFixture(t, Config{}, r)
+	f = newFixture(t, xfer.Config{}, r)
 	id, err := f.e.AllocateBatch(8)
 	if err != nil {
 		t.Fatal(err)
 	}
-	reqs := []Request{
-		{Op: OpWrite, Local: 1, Target: 2, Length: 8},  // a: completes
-		{Op: OpWrite, Local: 2, Target: 1, Length: 8},  // b: fails
-		{Op: 9, Local: 1, Target: 2, Length: 8},        // refused
-		{Op: OpRead, Local: 1, Target: 2, Length: 8},   // a: stays pending, then canceled by Abandon
-		{Op: OpRead, Local: 2, Target: 1, Length: 800}, // b: pending, times out
+	reqs := []xfer.Request{
+		{Op: xfer.OpWrite, Local: 1, Target: 2, Length: 8},  // a: completes
+		{Op: xfer.OpWrite, Local: 2, Target: 1, Length: 8},  // b: fails
+		{Op: 9, Local: 1, Target: 2, Length: 8},             // refused
+		{Op: xfer.OpRead, Local: 1, Target: 2, Length: 8},   // a: stays pending, then canceled by Abandon
+		{Op: xfer.OpRead, Local: 2, Target: 1, Length: 800}, // b: pending, times out
 	}
 	res := make([]error, len(reqs))
 	if err := f.e.Submit(id, reqs, f.opts, res); err != nil {
@@ -101,131 +104,120 @@ func TestStatesReached(t *testing.T) {
 	if waitingSeen != 2 {
 		t.Fatalf("Waiting tasks seen while the first transport dispatched: %d, want 2", waitingSeen)
 	}
-	if !errors.Is(res[2], ErrBadOp) || !errors.Is(res[2], ErrInvalid) || res[0] != nil || res[1] != nil || res[3] != nil || res[4] != nil {
+	if !errors.Is(res[2], xfer.ErrBadOp) || !errors.Is(res[2], xfer.ErrInvalid) || res[0] != nil || res[1] != nil || res[3] != nil || res[4] != nil {
 		t.Fatalf("results = %v", res)
 	}
 	for i := 0; i < 5; i++ {
-		want := StatePending
+		want := xfer.StatePending
 		if i == 2 {
-			want = StateFailed
+			want = xfer.StateFailed
 		}
 		if st := f.status(t, id, i); st.State != want {
 			t.Fatalf("task %d: %v, want %v", i, st.State, want)
 		}
 	}
 	// End task 0 (Completed) and task 1 (Failed) by hand.
-	tA.mu.Lock()
-	t0, t3 := tA.held[0], tA.held[1]
-	tA.held = tA.held[1:]
-	tA.mu.Unlock()
-	tB.mu.Lock()
-	t1, t4 := tB.held[0], tB.held[1]
-	tB.held = tB.held[1:]
-	tB.mu.Unlock()
-	_ = t3
+	if tA.Held() != 2 || tB.Held() != 2 {
+		t.Fatalf("held a=%d b=%d, want 2 and 2", tA.Held(), tB.Held())
+	}
+	t0, t1 := tA.Take(1)[0], tB.Take(1)[0]
 	t0.Done(8, nil)
-	t1.Done(3, errInjected)
-	if st := f.status(t, id, 0); st.State != StateCompleted || st.Transferred != 8 || st.Err != nil {
+	t1.Done(3, xfertest.ErrInjected)
+	if st := f.status(t, id, 0); st.State != xfer.StateCompleted || st.Transferred != 8 || st.Err != nil {
 		t.Fatalf("task 0: %+v", st)
 	}
-	if st := f.status(t, id, 1); st.State != StateFailed || !errors.Is(st.Err, errInjected) || st.Transferred != 3 {
+	if st := f.status(t, id, 1); st.State != xfer.StateFailed || !errors.Is(st.Err, xfertest.ErrInjected) || st.Transferred != 3 {
 		t.Fatalf("task 1: %+v", st)
 	}
 	// Timeout: the second submit's deadline passes while task 5 is pending.
 	res1 := make([]error, 1)
-	if err := f.e.Submit(id, []Request{{Op: OpRead, Local: 2, Target: 1, Length: 16}},
-		SubmitOptions{Resolver: f.reg, Deadline: time.Now().Add(30 * time.Millisecond)}, res1); err != nil {
+	if err := f.e.Submit(id, []xfer.Request{{Op: xfer.OpRead, Local: 2, Target: 1, Length: 16}},
+		xfer.SubmitOptions{Resolver: f.reg, Deadline: time.Now().Add(30 * time.Millisecond)}, res1); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for f.status(t, id, 5).State != StateTimeout {
+	for f.status(t, id, 5).State != xfer.StateTimeout {
 		if time.Now().After(deadline) {
 			t.Fatal("task 5 never timed out")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if st := f.status(t, id, 5); !errors.Is(st.Err, ErrTimeout) {
+	if st := f.status(t, id, 5); !errors.Is(st.Err, xfer.ErrTimeout) {
 		t.Fatalf("task 5: %+v", st)
 	}
-	if tB.canceledCount() != 1 {
-		t.Fatalf("transport b saw %d cancels, want 1", tB.canceledCount())
+	if tB.Cancels() != 1 {
+		t.Fatalf("transport b saw %d cancels, want 1", tB.Cancels())
 	}
 	// Task 4 (first submit, 30 s deadline) is unaffected by the second
 	// submit's timer.
-	if st := f.status(t, id, 4); st.State != StatePending {
+	if st := f.status(t, id, 4); st.State != xfer.StatePending {
 		t.Fatalf("task 4: %v, want pending", st.State)
 	}
 	sum, err := f.e.BatchStatus(id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := BatchSummary{Total: 6, Pending: 2, Completed: 1, Failed: 2, Timeout: 1, Transferred: 11}
+	want := xfer.BatchSummary{Total: 6, Pending: 2, Completed: 1, Failed: 2, Timeout: 1, Transferred: 11}
 	if sum != want {
 		t.Fatalf("summary %+v, want %+v", sum, want)
 	}
-	if err := f.e.Free(id); !errors.Is(err, ErrBatchBusy) {
+	if err := f.e.Free(id); !errors.Is(err, xfer.ErrBatchBusy) {
 		t.Fatalf("Free of a busy batch: %v", err)
 	}
 	if sum2, _ := f.e.BatchStatus(id); sum2 != want {
 		t.Fatalf("busy Free changed the batch: %+v", sum2)
 	}
 	f.e.Abandon(id)
-	if _, err := f.e.Status(id, 0); !errors.Is(err, ErrBatchNotFound) {
+	if _, err := f.e.Status(id, 0); !errors.Is(err, xfer.ErrBatchNotFound) {
 		t.Fatalf("Status after Abandon: %v", err)
 	}
 	// The abandoned tasks were canceled; the late Dones only release.
-	if tA.canceledCount() != 1 || tB.canceledCount() != 2 {
-		t.Fatalf("cancels a=%d b=%d, want 1 and 2", tA.canceledCount(), tB.canceledCount())
+	if tA.Cancels() != 1 || tB.Cancels() != 2 {
+		t.Fatalf("cancels a=%d b=%d, want 1 and 2", tA.Cancels(), tB.Cancels())
 	}
 	st := f.e.Stats()
 	if st.Canceled != 2 || st.Timeout != 1 || st.Completed != 1 || st.Failed != 2 || st.BatchesRetiring != 1 || st.BatchesLive != 0 {
 		t.Fatalf("stats %+v", st)
 	}
-	tA.finish(nil)
-	tB.finish(nil)
-	_ = t4
-	checkRefs(t, f.a, f.b)
+	tA.Finish()
+	tB.Finish()
+	xfertest.CheckRefs(t, f.a, f.b)
 	if st := f.e.Stats(); st.BatchesRetiring != 0 || st.Canceled != 2 || st.Pending != 0 {
 		t.Fatalf("stats after late Dones %+v", st)
 	}
 }
 
-type routerFunc func(l, t Segment) (Transport, error)
-
-func (f routerFunc) Route(l, t Segment) (Transport, error) { return f(l, t) }
-
 func TestSubmitRefusals(t *testing.T) {
-	tr := &syncTr{}
-	f := newFixture(t, Config{MaxBatchCapacity: 16}, oneRouter{tr})
-	if _, err := f.e.AllocateBatch(0); !errors.Is(err, ErrInvalid) {
+	tr := syncTr()
+	f := newFixture(t, xfer.Config{MaxBatchCapacity: 16}, xfertest.RouteAll(tr))
+	if _, err := f.e.AllocateBatch(0); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("AllocateBatch(0): %v", err)
 	}
-	if _, err := f.e.AllocateBatch(17); !errors.Is(err, ErrInvalid) {
+	if _, err := f.e.AllocateBatch(17); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("AllocateBatch(17): %v", err)
 	}
 	id, err := f.e.AllocateBatch(4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.a.closing.Store(false)
-	closing := newSeg(3, 64)
-	closing.closing.Store(true)
+	closing := xfertest.NewSegment(3, 64)
+	closing.Close()
 	if err := f.reg.Add(closing); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
 		name string
-		req  Request
+		req  xfer.Request
 		want error
 	}{
-		{"bad op", Request{Op: 0, Local: 1, Target: 2, Length: 1}, ErrBadOp},
-		{"zero length", Request{Op: OpRead, Local: 1, Target: 2}, ErrZeroLength},
-		{"unknown local", Request{Op: OpRead, Local: 99, Target: 2, Length: 1}, ErrNoSegment},
-		{"unknown target", Request{Op: OpRead, Local: 1, Target: 0, Length: 1}, ErrNoSegment},
-		{"closing target", Request{Op: OpRead, Local: 1, Target: 3, Length: 1}, ErrNoSegment},
-		{"past end", Request{Op: OpRead, Local: 1, LocalOffset: 1 << 16, Target: 2, Length: 1}, ErrOutOfBounds},
-		{"offset overflow", Request{Op: OpWrite, Local: 1, Target: 2, TargetOffset: math.MaxUint64, Length: 2}, ErrOutOfBounds},
-		{"length overflow", Request{Op: OpWrite, Local: 1, LocalOffset: 8, Target: 2, Length: math.MaxUint64 - 4}, ErrOutOfBounds},
+		{"bad op", xfer.Request{Op: 0, Local: 1, Target: 2, Length: 1}, xfer.ErrBadOp},
+		{"zero length", xfer.Request{Op: xfer.OpRead, Local: 1, Target: 2}, xfer.ErrZeroLength},
+		{"unknown local", xfer.Request{Op: xfer.OpRead, Local: 99, Target: 2, Length: 1}, xfer.ErrNoSegment},
+		{"unknown target", xfer.Request{Op: xfer.OpRead, Local: 1, Target: 0, Length: 1}, xfer.ErrNoSegment},
+		{"closing target", xfer.Request{Op: xfer.OpRead, Local: 1, Target: 3, Length: 1}, xfer.ErrNoSegment},
+		{"past end", xfer.Request{Op: xfer.OpRead, Local: 1, LocalOffset: 1 << 16, Target: 2, Length: 1}, xfer.ErrOutOfBounds},
+		{"offset overflow", xfer.Request{Op: xfer.OpWrite, Local: 1, Target: 2, TargetOffset: math.MaxUint64, Length: 2}, xfer.ErrOutOfBounds},
+		{"length overflow", xfer.Request{Op: xfer.OpWrite, Local: 1, LocalOffset: 8, Target: 2, Length: math.MaxUint64 - 4}, xfer.ErrOutOfBounds},
 	}
 	for _, c := range cases {
 		bid, err := f.e.AllocateBatch(1)
@@ -233,88 +225,88 @@ func TestSubmitRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		res := []error{nil}
-		if err := f.e.Submit(bid, []Request{c.req}, f.opts, res); err != nil {
+		if err := f.e.Submit(bid, []xfer.Request{c.req}, f.opts, res); err != nil {
 			t.Fatalf("%s: call error %v", c.name, err)
 		}
-		if !errors.Is(res[0], c.want) || !errors.Is(res[0], ErrInvalid) && !errors.Is(res[0], ErrNoSegment) {
+		if !errors.Is(res[0], c.want) || !errors.Is(res[0], xfer.ErrInvalid) && !errors.Is(res[0], xfer.ErrNoSegment) {
 			t.Fatalf("%s: result %v, want %v", c.name, res[0], c.want)
 		}
-		if st := f.status(t, bid, 0); st.State != StateFailed || !errors.Is(st.Err, c.want) {
+		if st := f.status(t, bid, 0); st.State != xfer.StateFailed || !errors.Is(st.Err, c.want) {
 			t.Fatalf("%s: status %+v", c.name, st)
 		}
 		if err := f.e.Free(bid); err != nil {
 			t.Fatal(err)
 		}
 	}
-	checkRefs(t, f.a, f.b, closing)
-	if tr.submits.Load() != 0 {
-		t.Fatalf("refused requests reached the transport %d times", tr.submits.Load())
+	xfertest.CheckRefs(t, f.a, f.b, closing)
+	if tr.Submits() != 0 {
+		t.Fatalf("refused requests reached the transport %d times", tr.Submits())
 	}
 
 	// Whole-call errors change nothing.
 	res := make([]error, 5)
-	if err := f.e.Submit(id, f.reqs(5), f.opts, res); !errors.Is(err, ErrBatchFull) {
+	if err := f.e.Submit(id, f.reqs(5), f.opts, res); !errors.Is(err, xfer.ErrBatchFull) {
 		t.Fatalf("over capacity: %v", err)
 	}
-	if err := f.e.Submit(id, f.reqs(2), f.opts, res); !errors.Is(err, ErrInvalid) {
+	if err := f.e.Submit(id, f.reqs(2), f.opts, res); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("len mismatch: %v", err)
 	}
-	if err := f.e.Submit(id, f.reqs(2), SubmitOptions{}, res[:2]); !errors.Is(err, ErrInvalid) {
+	if err := f.e.Submit(id, f.reqs(2), xfer.SubmitOptions{}, res[:2]); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("no resolver: %v", err)
 	}
-	if err := f.e.Submit(id, f.reqs(2), SubmitOptions{Resolver: f.reg, Deadline: time.Now().Add(-time.Second)}, res[:2]); !errors.Is(err, ErrTimeout) {
+	if err := f.e.Submit(id, f.reqs(2), xfer.SubmitOptions{Resolver: f.reg, Deadline: time.Now().Add(-time.Second)}, res[:2]); !errors.Is(err, xfer.ErrTimeout) {
 		t.Fatalf("past deadline: %v", err)
 	}
-	for _, bad := range []BatchID{0, 1, BatchID(math.MaxUint64), id + 1<<32} {
-		if err := f.e.Submit(bad, f.reqs(1), f.opts, res[:1]); !errors.Is(err, ErrBatchNotFound) {
+	for _, bad := range []xfer.BatchID{0, 1, xfer.BatchID(math.MaxUint64), id + 1<<32} {
+		if err := f.e.Submit(bad, f.reqs(1), f.opts, res[:1]); !errors.Is(err, xfer.ErrBatchNotFound) {
 			t.Fatalf("Submit(%#x): %v", bad, err)
 		}
-		if _, err := f.e.Status(bad, 0); !errors.Is(err, ErrBatchNotFound) {
+		if _, err := f.e.Status(bad, 0); !errors.Is(err, xfer.ErrBatchNotFound) {
 			t.Fatalf("Status(%#x): %v", bad, err)
 		}
-		if _, err := f.e.Wait(bad, time.Time{}); !errors.Is(err, ErrBatchNotFound) {
+		if _, err := f.e.Wait(bad, time.Time{}); !errors.Is(err, xfer.ErrBatchNotFound) {
 			t.Fatalf("Wait(%#x): %v", bad, err)
 		}
-		if err := f.e.Free(bad); !errors.Is(err, ErrBatchNotFound) {
+		if err := f.e.Free(bad); !errors.Is(err, xfer.ErrBatchNotFound) {
 			t.Fatalf("Free(%#x): %v", bad, err)
 		}
 		f.e.Abandon(bad)
 	}
-	if sum, _ := f.e.BatchStatus(id); sum != (BatchSummary{}) {
+	if sum, _ := f.e.BatchStatus(id); sum != (xfer.BatchSummary{}) {
 		t.Fatalf("refused calls changed the batch: %+v", sum)
 	}
-	if _, err := f.e.Status(id, 0); !errors.Is(err, ErrInvalid) {
+	if _, err := f.e.Status(id, 0); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("Status past Total: %v", err)
 	}
-	if _, err := f.e.Status(id, -1); !errors.Is(err, ErrInvalid) {
+	if _, err := f.e.Status(id, -1); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("Status(-1): %v", err)
 	}
 	// Capacity is exact: 4 fit, the 5th does not.
 	if err := f.e.Submit(id, f.reqs(4), f.opts, res[:4]); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.e.Submit(id, f.reqs(1), f.opts, res[:1]); !errors.Is(err, ErrBatchFull) {
+	if err := f.e.Submit(id, f.reqs(1), f.opts, res[:1]); !errors.Is(err, xfer.ErrBatchFull) {
 		t.Fatalf("one past capacity: %v", err)
 	}
 	if err := f.e.Free(id); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.e.Free(id); !errors.Is(err, ErrBatchNotFound) {
+	if err := f.e.Free(id); !errors.Is(err, xfer.ErrBatchNotFound) {
 		t.Fatalf("double Free: %v", err)
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 
 	// A router error refuses the request with that error.
-	g := newFixture(t, Config{}, errRouter{ErrNotSupported})
+	g := newFixture(t, xfer.Config{}, xfertest.RefuseAll(xfer.ErrNotSupported))
 	bid, _ := g.e.AllocateBatch(1)
-	if err := g.e.Submit(bid, g.reqs(1), g.opts, res[:1]); err != nil || !errors.Is(res[0], ErrNotSupported) {
+	if err := g.e.Submit(bid, g.reqs(1), g.opts, res[:1]); err != nil || !errors.Is(res[0], xfer.ErrNotSupported) {
 		t.Fatalf("router refusal: %v, %v", err, res[0])
 	}
-	checkRefs(t, g.a, g.b)
+	xfertest.CheckRefs(t, g.a, g.b)
 }
 
 func TestBatchLimitAndReuse(t *testing.T) {
-	f := newFixture(t, Config{MaxBatches: 2}, oneRouter{&syncTr{}})
+	f := newFixture(t, xfer.Config{MaxBatches: 2}, xfertest.RouteAll(syncTr()))
 	a, err := f.e.AllocateBatch(4)
 	if err != nil {
 		t.Fatal(err)
@@ -322,7 +314,7 @@ func TestBatchLimitAndReuse(t *testing.T) {
 	if _, err := f.e.AllocateBatch(4); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.e.AllocateBatch(4); !errors.Is(err, ErrBatchLimit) {
+	if _, err := f.e.AllocateBatch(4); !errors.Is(err, xfer.ErrBatchLimit) {
 		t.Fatalf("third batch: %v", err)
 	}
 	if err := f.e.Free(a); err != nil {
@@ -335,7 +327,7 @@ func TestBatchLimitAndReuse(t *testing.T) {
 	if c == a {
 		t.Fatal("a recycled slot handed out the freed id again")
 	}
-	if _, err := f.e.Status(a, 0); !errors.Is(err, ErrBatchNotFound) {
+	if _, err := f.e.Status(a, 0); !errors.Is(err, xfer.ErrBatchNotFound) {
 		t.Fatalf("old id after reuse: %v", err)
 	}
 	res := make([]error, 8)
@@ -345,14 +337,14 @@ func TestBatchLimitAndReuse(t *testing.T) {
 	if sum, _ := f.e.Wait(c, time.Time{}); sum.Completed != 8 || sum.Total != 8 || sum.Transferred != 8*64 {
 		t.Fatalf("summary %+v", sum)
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
 // TestTimeoutLateDone: a timed-out batch ends in Timeout without hanging,
 // and its slot is not reused until the transport's late Done arrives.
 func TestTimeoutLateDone(t *testing.T) {
-	tr := &asyncTr{}
-	f := newFixture(t, Config{MaxBatches: 1, DefaultTimeout: 40 * time.Millisecond}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{})
+	f := newFixture(t, xfer.Config{MaxBatches: 1, DefaultTimeout: 40 * time.Millisecond}, xfertest.RouteAll(tr))
 	id, _ := f.e.AllocateBatch(16)
 	res := make([]error, 16)
 	if err := f.e.Submit(id, f.reqs(16), f.opts, res); err != nil {
@@ -369,21 +361,21 @@ func TestTimeoutLateDone(t *testing.T) {
 	if el := time.Since(start); el > 5*time.Second {
 		t.Fatalf("timeout took %v", el)
 	}
-	if tr.canceledCount() != 16 {
-		t.Fatalf("%d cancels, want 16", tr.canceledCount())
+	if tr.Cancels() != 16 {
+		t.Fatalf("%d cancels, want 16", tr.Cancels())
 	}
 	// The transport still owes 16 Dones: refs stay held.
-	if f.a.refs.Load() != 16 {
-		t.Fatalf("refs %d before the late Dones, want 16", f.a.refs.Load())
+	if f.a.Refs() != 16 {
+		t.Fatalf("refs %d before the late Dones, want 16", f.a.Refs())
 	}
 	if err := f.e.Free(id); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.e.AllocateBatch(1); !errors.Is(err, ErrBatchLimit) {
+	if _, err := f.e.AllocateBatch(1); !errors.Is(err, xfer.ErrBatchLimit) {
 		t.Fatalf("slot reused while Dones are owed: %v", err)
 	}
-	tr.finish(nil) // late: must only release
-	checkRefs(t, f.a, f.b)
+	tr.Finish() // late: must only release
+	xfertest.CheckRefs(t, f.a, f.b)
 	st := f.e.Stats()
 	if st.Timeout != 16 || st.Completed != 0 || st.BatchesRetiring != 0 {
 		t.Fatalf("stats %+v", st)
@@ -394,40 +386,72 @@ func TestTimeoutLateDone(t *testing.T) {
 }
 
 func TestWaitDeadline(t *testing.T) {
-	tr := &asyncTr{}
-	f := newFixture(t, Config{}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	id, _ := f.e.AllocateBatch(2)
 	res := make([]error, 2)
 	if err := f.e.Submit(id, f.reqs(2), f.opts, res); err != nil {
 		t.Fatal(err)
 	}
 	sum, err := f.e.Wait(id, time.Now().Add(20*time.Millisecond))
-	if !errors.Is(err, ErrTimeout) || sum.Pending != 2 {
+	if !errors.Is(err, xfer.ErrTimeout) || sum.Pending != 2 {
 		t.Fatalf("Wait: %+v, %v", sum, err)
 	}
-	if st := f.status(t, id, 0); st.State != StatePending {
+	if st := f.status(t, id, 0); st.State != xfer.StatePending {
 		t.Fatalf("a Wait timeout changed a task: %v", st.State)
 	}
-	// A waiter is woken by the last completion, not by polling.
-	done := make(chan BatchSummary)
+	// A waiter is woken by the last completion, not by polling: it parks
+	// once, with both tasks pending and no deadline, so only a wake-up
+	// can end its sleep; the first completion leaves it asleep (the batch
+	// is still live); the last one takes it off the batch's waiters before
+	// it returns, and the waiter returns without parking again.
+	parked := make(chan xfer.BatchID, 8)
+	xfer.SetWaitParked(f.e, func(b xfer.BatchID) { parked <- b })
+	done := make(chan xfer.BatchSummary, 1)
 	go func() {
 		s, _ := f.e.Wait(id, time.Time{})
 		done <- s
 	}()
-	time.Sleep(10 * time.Millisecond)
-	tr.finish(nil)
+	select {
+	case b := <-parked:
+		if b != id {
+			t.Fatalf("parked on batch %#x, want %#x", b, id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter never parked")
+	}
+	ts := tr.Take(-1)
+	if len(ts) != 2 {
+		t.Fatalf("%d tasks held, want 2", len(ts))
+	}
+	ts[0].Done(64, nil)
+	select {
+	case s := <-done:
+		t.Fatalf("waiter returned %+v with a task still pending", s)
+	default:
+	}
+	if n, err := xfer.Waiters(f.e, id); n != 1 || err != nil {
+		t.Fatalf("%d waiters asleep after the first completion (%v), want 1", n, err)
+	}
+	ts[1].Done(64, nil)
+	if n, err := xfer.Waiters(f.e, id); n != 0 || err != nil {
+		t.Fatalf("%d waiters still asleep when the last completion returned (%v), want it woken", n, err)
+	}
 	select {
 	case s := <-done:
 		if s.Completed != 2 {
 			t.Fatalf("woken with %+v", s)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("waiter not woken")
+		t.Fatal("waiter not woken by the last completion")
+	}
+	if n := len(parked); n != 0 {
+		t.Fatalf("the waiter parked %d more times: woken before the last completion", n)
 	}
 	if err := f.e.Free(id); err != nil {
 		t.Fatal(err)
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
 // TestRollback: a transport that dispatches k of n and then fails, for
@@ -438,11 +462,8 @@ func TestRollback(t *testing.T) {
 	for _, inline := range []bool{true, false} {
 		for _, race := range []bool{false, true} {
 			for k := 0; k <= n; k++ {
-				tr := &asyncTr{limit: k, doneInline: inline}
-				if k == 0 {
-					tr.limit = -1
-				}
-				f := newFixture(t, Config{}, oneRouter{tr})
+				tr := xfertest.New(xfertest.Config{Limit: takeAtMost(k), Inline: inline})
+				f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 				id, _ := f.e.AllocateBatch(n)
 				res := make([]error, n)
 				var wg sync.WaitGroup
@@ -462,16 +483,16 @@ func TestRollback(t *testing.T) {
 					t.Fatalf("k=%d: Close took %v", k, closeTook)
 				}
 				if err != nil {
-					if !race || !errors.Is(err, ErrClosed) {
+					if !race || !errors.Is(err, xfer.ErrClosed) {
 						t.Fatalf("k=%d inline=%v: Submit: %v", k, inline, err)
 					}
-					checkRefs(t, f.a, f.b)
+					xfertest.CheckRefs(t, f.a, f.b)
 					continue
 				}
 				// The owner closes the transports after the engine.
 				f.e.Close()
 				tr.Close()
-				checkRefs(t, f.a, f.b)
+				xfertest.CheckRefs(t, f.a, f.b)
 				sum, err := f.e.Wait(id, time.Now().Add(5*time.Second))
 				if err != nil {
 					t.Fatalf("k=%d: Wait: %v", k, err)
@@ -484,10 +505,10 @@ func TestRollback(t *testing.T) {
 					if !st.State.Terminal() {
 						t.Fatalf("k=%d: task %d %v", k, i, st.State)
 					}
-					if i >= k && (st.State != StateFailed || !errors.Is(st.Err, errInjected)) {
+					if i >= k && (st.State != xfer.StateFailed || !errors.Is(st.Err, xfertest.ErrInjected)) {
 						t.Fatalf("k=%d: undispatched task %d: %+v", k, i, st)
 					}
-					if i < k && inline && st.State != StateCompleted {
+					if i < k && inline && st.State != xfer.StateCompleted {
 						t.Fatalf("k=%d: dispatched task %d: %+v", k, i, st)
 					}
 				}
@@ -515,18 +536,17 @@ func TestContractViolations(t *testing.T) {
 		{"too many", &liarTr{n: func(l int) int { return l + 1 }, done: all}},
 		{"negative", &liarTr{n: func(int) int { return -1 }, done: func(int) int { return 0 }}},
 		{"negative after Dones", &liarTr{n: func(int) int { return -1 }, done: func(int) int { return 2 }}},
-		{"all with error", &liarTr{n: all, done: all, err: errInjected}},
+		{"all with error", &liarTr{n: all, done: all, err: xfertest.ErrInjected}},
 		{"second Done", &liarTr{n: all, done: all, double: true}},
-		{"Done past the count", &liarTr{n: func(int) int { return 1 }, done: all, err: errInjected}},
+		{"Done past the count", &liarTr{n: func(int) int { return 1 }, done: all, err: xfertest.ErrInjected}},
 	}
 	for _, c := range cases {
-		f := newFixture(t, Config{}, oneRouter{c.tr})
 		logs := &countHandler{}
-		f.e.log = slog.New(logs)
+		f := newFixture(t, xfer.Config{}, xfertest.RouteAll(c.tr), withLog(slog.New(logs)))
 		id, _ := f.e.AllocateBatch(n)
 		res := make([]error, n)
 		err := f.e.Submit(id, f.reqs(n), f.opts, res)
-		if !errors.Is(err, ErrTransport) {
+		if !errors.Is(err, xfer.ErrTransport) {
 			t.Fatalf("%s: Submit: %v, want ErrTransport", c.name, err)
 		}
 		if got := logs.errors.Load(); got != 1 {
@@ -540,14 +560,14 @@ func TestContractViolations(t *testing.T) {
 			t.Fatalf("%s: summary %+v, want all %d Failed", c.name, sum, n)
 		}
 		for i := 0; i < n; i++ {
-			if st := f.status(t, id, i); st.State != StateFailed || st.Err == nil {
+			if st := f.status(t, id, i); st.State != xfer.StateFailed || st.Err == nil {
 				t.Fatalf("%s: task %d %+v", c.name, i, st)
 			}
 		}
 		if v := f.e.Stats().Violations; v == 0 {
 			t.Fatalf("%s: violation not counted", c.name)
 		}
-		checkRefs(t, f.a, f.b)
+		xfertest.CheckRefs(t, f.a, f.b)
 		if err := f.e.Free(id); err != nil {
 			t.Fatal(err)
 		}
@@ -557,20 +577,18 @@ func TestContractViolations(t *testing.T) {
 // TestLateSecondDone: a second Done after the call returned is counted
 // and ignored; refs are not released twice.
 func TestLateSecondDone(t *testing.T) {
-	tr := &asyncTr{}
-	f := newFixture(t, Config{}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	id, _ := f.e.AllocateBatch(1)
 	res := make([]error, 1)
 	if err := f.e.Submit(id, f.reqs(1), f.opts, res); err != nil {
 		t.Fatal(err)
 	}
-	tr.mu.Lock()
-	task := tr.held[0]
-	tr.mu.Unlock()
-	tr.finish(nil)
-	task.Done(1, errInjected)
-	checkRefs(t, f.a, f.b)
-	if st := f.status(t, id, 0); st.State != StateCompleted {
+	task := tr.Take(1)[0]
+	task.Done(64, nil)
+	task.Done(1, xfertest.ErrInjected)
+	xfertest.CheckRefs(t, f.a, f.b)
+	if st := f.status(t, id, 0); st.State != xfer.StateCompleted {
 		t.Fatalf("second Done changed the state: %+v", st)
 	}
 	if f.e.Stats().Violations != 1 {
@@ -579,29 +597,35 @@ func TestLateSecondDone(t *testing.T) {
 }
 
 func TestAbandonAndClose(t *testing.T) {
-	tr := &asyncTr{doneCancel: true}
-	f := newFixture(t, Config{}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{CancelEnds: true})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	a, _ := f.e.AllocateBatch(4)
 	b, _ := f.e.AllocateBatch(4)
 	res := make([]error, 4)
-	for _, id := range []BatchID{a, b} {
+	for _, id := range []xfer.BatchID{a, b} {
 		if err := f.e.Submit(id, f.reqs(4), f.opts, res); err != nil {
 			t.Fatal(err)
 		}
 	}
 	f.e.Abandon(a)
-	if err := f.e.Free(a); !errors.Is(err, ErrBatchNotFound) {
+	if err := f.e.Free(a); !errors.Is(err, xfer.ErrBatchNotFound) {
 		t.Fatalf("Free after Abandon: %v", err)
 	}
-	if tr.canceledCount() != 4 || tr.heldCount() != 4 {
-		t.Fatalf("cancels %d held %d", tr.canceledCount(), tr.heldCount())
+	if tr.Cancels() != 4 || tr.Held() != 4 {
+		t.Fatalf("cancels %d held %d", tr.Cancels(), tr.Held())
 	}
+	parked := make(chan struct{}, 1)
+	xfer.SetWaitParked(f.e, func(xfer.BatchID) { parked <- struct{}{} })
 	waited := make(chan error)
 	go func() {
 		_, err := f.e.Wait(b, time.Time{})
 		waited <- err
 	}()
-	time.Sleep(5 * time.Millisecond)
+	select { // Close must wake a sleeping waiter
+	case <-parked:
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter never parked")
+	}
 	start := time.Now()
 	if err := f.e.Close(); err != nil {
 		t.Fatal(err)
@@ -613,14 +637,14 @@ func TestAbandonAndClose(t *testing.T) {
 		t.Fatalf("Wait across Close: %v", err)
 	}
 	for i := 0; i < 4; i++ {
-		if st := f.status(t, b, i); st.State != StateCanceled || !errors.Is(st.Err, ErrClosed) {
+		if st := f.status(t, b, i); st.State != xfer.StateCanceled || !errors.Is(st.Err, xfer.ErrClosed) {
 			t.Fatalf("task %d after Close: %+v", i, st)
 		}
 	}
-	if _, err := f.e.AllocateBatch(1); !errors.Is(err, ErrClosed) {
+	if _, err := f.e.AllocateBatch(1); !errors.Is(err, xfer.ErrClosed) {
 		t.Fatalf("AllocateBatch after Close: %v", err)
 	}
-	if err := f.e.Submit(b, f.reqs(1), f.opts, res[:1]); !errors.Is(err, ErrClosed) {
+	if err := f.e.Submit(b, f.reqs(1), f.opts, res[:1]); !errors.Is(err, xfer.ErrClosed) {
 		t.Fatalf("Submit after Close: %v", err)
 	}
 	if err := f.e.Close(); err != nil {
@@ -629,7 +653,7 @@ func TestAbandonAndClose(t *testing.T) {
 	if err := f.e.Free(b); err != nil {
 		t.Fatal(err)
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 	if st := f.e.Stats(); st.Canceled != 8 || st.BatchesLive != 0 || st.BatchesRetiring != 0 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -637,19 +661,22 @@ func TestAbandonAndClose(t *testing.T) {
 
 // TestGroupingOrder: tasks reach each transport in request order.
 func TestGroupingOrder(t *testing.T) {
-	trs := []*asyncTr{{doneInline: true}, {doneInline: true}, {doneInline: true}}
-	r := routerFunc(func(l, tg Segment) (Transport, error) {
+	var trs []*xfertest.Transport
+	for range 3 {
+		trs = append(trs, xfertest.New(xfertest.Config{Inline: true, Record: true}))
+	}
+	r := xfertest.RouterFunc(func(l, tg xfer.Segment) (xfer.Transport, error) {
 		return trs[(l.ID()+tg.ID())%3], nil
 	})
-	f := newFixture(t, Config{}, r)
-	for id := SegmentID(3); id <= 5; id++ {
-		if err := f.reg.Add(newSeg(id, 1<<10)); err != nil {
+	f := newFixture(t, xfer.Config{}, r)
+	for id := xfer.SegmentID(3); id <= 5; id++ {
+		if err := f.reg.Add(xfertest.NewSegment(id, 1<<10)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var reqs []Request
+	var reqs []xfer.Request
 	for i := 0; i < 60; i++ {
-		reqs = append(reqs, Request{Op: OpRead, Local: SegmentID(1 + i%5), Target: SegmentID(1 + (i/5)%5), Length: uint64(i + 1)})
+		reqs = append(reqs, xfer.Request{Op: xfer.OpRead, Local: xfer.SegmentID(1 + i%5), Target: xfer.SegmentID(1 + (i/5)%5), Length: uint64(i + 1)})
 	}
 	id, _ := f.e.AllocateBatch(len(reqs))
 	res := make([]error, len(reqs))
@@ -658,17 +685,17 @@ func TestGroupingOrder(t *testing.T) {
 	}
 	total := 0
 	for ti, tr := range trs {
-		if tr.submitCalls != 1 {
-			t.Fatalf("transport %d: %d Submit calls, want 1", ti, tr.submitCalls)
+		if tr.Submits() != 1 {
+			t.Fatalf("transport %d: %d Submit calls, want 1", ti, tr.Submits())
 		}
 		last := uint64(0)
-		for _, q := range tr.seenReqs {
-			if (q.Local+q.Target)%3 != SegmentID(ti) || q.Length <= last {
+		for _, q := range tr.Requests() {
+			if (q.Local+q.Target)%3 != xfer.SegmentID(ti) || q.Length <= last {
 				t.Fatalf("transport %d got %+v after length %d", ti, q, last)
 			}
 			last = q.Length
 		}
-		total += len(tr.seenReqs)
+		total += len(tr.Requests())
 	}
 	if total != len(reqs) {
 		t.Fatalf("%d requests dispatched, want %d", total, len(reqs))
@@ -681,7 +708,7 @@ func TestGroupingOrder(t *testing.T) {
 // TestSteadyStateAllocs: Allocate+Submit+Status+Wait+Free on a reused
 // batch table allocates nothing.
 func TestSteadyStateAllocs(t *testing.T) {
-	f := newFixture(t, Config{}, oneRouter{&syncTr{}})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(syncTr()))
 	reqs := f.reqs(64)
 	res := make([]error, len(reqs))
 	run := func() {
@@ -693,7 +720,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 			panic(err)
 		}
 		for i := range reqs {
-			if st, _ := f.e.Status(id, i); st.State != StateCompleted {
+			if st, _ := f.e.Status(id, i); st.State != xfer.StateCompleted {
 				panic(st.State)
 			}
 		}
@@ -708,14 +735,14 @@ func TestSteadyStateAllocs(t *testing.T) {
 	if a := testing.AllocsPerRun(200, run); a != 0 {
 		t.Fatalf("steady state allocates %v times per batch of %d", a, len(reqs))
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
 // TestConcurrentStress runs many clients against one engine with tasks
 // that complete, fail, time out or get abandoned on other goroutines.
 func TestConcurrentStress(t *testing.T) {
-	tr := &asyncTr{doneCancel: true}
-	f := newFixture(t, Config{MaxBatches: 8, DefaultTimeout: 20 * time.Millisecond}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{CancelEnds: true})
+	f := newFixture(t, xfer.Config{MaxBatches: 8, DefaultTimeout: 20 * time.Millisecond}, xfertest.RouteAll(tr))
 	stop := make(chan struct{})
 	var finisher sync.WaitGroup
 	finisher.Add(1)
@@ -728,9 +755,9 @@ func TestConcurrentStress(t *testing.T) {
 			case <-time.After(time.Millisecond):
 			}
 			if i%3 == 0 {
-				tr.finish(errInjected)
+				tr.Fail(xfertest.ErrInjected)
 			} else {
-				tr.finish(nil)
+				tr.Finish()
 			}
 		}
 	}()
@@ -742,7 +769,7 @@ func TestConcurrentStress(t *testing.T) {
 			res := make([]error, 8)
 			for i := 0; i < 60; i++ {
 				id, err := f.e.AllocateBatch(16)
-				if errors.Is(err, ErrBatchLimit) {
+				if errors.Is(err, xfer.ErrBatchLimit) {
 					time.Sleep(time.Millisecond)
 					continue
 				}
@@ -774,7 +801,7 @@ func TestConcurrentStress(t *testing.T) {
 	finisher.Wait()
 	f.e.Close()
 	tr.Close()
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 	st := f.e.Stats()
 	if st.BatchesLive != 0 || st.BatchesRetiring != 0 || st.Pending != 0 || st.Waiting != 0 {
 		t.Fatalf("stats %+v", st)
@@ -782,7 +809,7 @@ func TestConcurrentStress(t *testing.T) {
 }
 
 func TestRegistryConcurrent(t *testing.T) {
-	r := NewRegistry()
+	r := xfer.NewRegistry()
 	var wg sync.WaitGroup
 	for g := 0; g < 4; g++ {
 		wg.Add(1)
@@ -790,7 +817,7 @@ func TestRegistryConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 200; i++ {
 				id := r.NextID()
-				if err := r.Add(newSeg(id, 1)); err != nil {
+				if err := r.Add(xfertest.NewSegment(id, 1)); err != nil {
 					t.Error(err)
 					return
 				}
@@ -812,25 +839,24 @@ func TestRegistryConcurrent(t *testing.T) {
 }
 
 func TestNilRouter(t *testing.T) {
-	f := newFixture(t, Config{}, nil)
+	f := newFixture(t, xfer.Config{}, nil)
 	id, _ := f.e.AllocateBatch(1)
 	res := make([]error, 1)
-	if err := f.e.Submit(id, f.reqs(1), f.opts, res); err != nil || !errors.Is(res[0], ErrNotSupported) {
+	if err := f.e.Submit(id, f.reqs(1), f.opts, res); err != nil || !errors.Is(res[0], xfer.ErrNotSupported) {
 		t.Fatalf("nil router: %v, %v", err, res[0])
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
 func TestTableShrink(t *testing.T) {
-	f := newFixture(t, Config{MaxBatches: 1}, oneRouter{&syncTr{}})
-	id, _ := f.e.AllocateBatch(4 * shrinkTasks)
+	f := newFixture(t, xfer.Config{MaxBatches: 1}, xfertest.RouteAll(syncTr()))
+	id, _ := f.e.AllocateBatch(4 * xfer.ShrinkTasks)
 	if err := f.e.Free(id); err != nil {
 		t.Fatal(err)
 	}
 	id, _ = f.e.AllocateBatch(16)
-	b := f.e.slots[0].Load()
-	if c := cap(b.tasks); c != 16 {
-		t.Fatalf("table of %d tasks kept for a batch of 16", c)
+	if c, err := xfer.TaskTableCap(f.e, id); c != 16 || err != nil {
+		t.Fatalf("table of %d tasks kept for a batch of 16 (%v)", c, err)
 	}
 	res := make([]error, 16)
 	if err := f.e.Submit(id, f.reqs(16), f.opts, res); err != nil {
@@ -844,8 +870,8 @@ func TestTableShrink(t *testing.T) {
 	}
 	// A modestly larger table is kept.
 	id, _ = f.e.AllocateBatch(8)
-	if c := cap(b.tasks); c != 16 {
-		t.Fatalf("table of 16 not reused: %d", c)
+	if c, err := xfer.TaskTableCap(f.e, id); c != 16 || err != nil {
+		t.Fatalf("table of 16 not reused: %d (%v)", c, err)
 	}
 	_ = f.e.Free(id)
 }
@@ -865,30 +891,30 @@ func (h *countHandler) WithGroup(string) slog.Handler      { return h }
 
 // holdLiar takes every task but reports -1: it breaks the contract and
 // keeps tasks the engine rolled back.
-type holdLiar struct{ held []*Task }
+type holdLiar struct{ held []*xfer.Task }
 
 func (h *holdLiar) Name() string { return "hold-liar" }
-func (h *holdLiar) Submit(ts []*Task) (int, error) {
+func (h *holdLiar) Submit(ts []*xfer.Task) (int, error) {
 	h.held = append(h.held, ts...)
 	return -1, nil
 }
-func (h *holdLiar) Cancel(*Task) {}
-func (h *holdLiar) Close() error { return nil }
+func (h *holdLiar) Cancel(*xfer.Task) {}
+func (h *holdLiar) Close() error      { return nil }
 
 // TestTaintedBatchNotReused: after a contract violation the batch's task
 // memory is never handed to a new batch, so Dones the broken transport
 // makes later cannot touch anyone else's tasks.
 func TestTaintedBatchNotReused(t *testing.T) {
 	liar := &holdLiar{}
-	good := &asyncTr{}
-	var tr Transport = liar
-	f := newFixture(t, Config{MaxBatches: 1}, routerFunc(func(_, _ Segment) (Transport, error) { return tr, nil }))
+	good := xfertest.New(xfertest.Config{})
+	var tr xfer.Transport = liar
+	f := newFixture(t, xfer.Config{MaxBatches: 1}, xfertest.RouterFunc(func(_, _ xfer.Segment) (xfer.Transport, error) { return tr, nil }))
 	id, _ := f.e.AllocateBatch(4)
 	res := make([]error, 4)
-	if err := f.e.Submit(id, f.reqs(4), f.opts, res); !errors.Is(err, ErrTransport) {
+	if err := f.e.Submit(id, f.reqs(4), f.opts, res); !errors.Is(err, xfer.ErrTransport) {
 		t.Fatalf("Submit: %v", err)
 	}
-	checkRefs(t, f.a, f.b) // rolled back: none was taken by the count
+	xfertest.CheckRefs(t, f.a, f.b) // rolled back: none was taken by the count
 	if err := f.e.Free(id); err != nil {
 		t.Fatal(err)
 	}
@@ -903,62 +929,60 @@ func TestTaintedBatchNotReused(t *testing.T) {
 	if err := f.e.Submit(id2, f.reqs(4), f.opts, res); err != nil {
 		t.Fatal(err)
 	}
+	fresh := good.Take(-1)
 	for _, old := range liar.held {
-		if old == good.held[0] {
+		if slices.Contains(fresh, old) {
 			t.Fatal("a tainted task was reused")
 		}
 		old.Done(64, nil) // late and unowned: counted, ignored
 	}
 	for i := 0; i < 4; i++ {
-		if st := f.status(t, id2, i); st.State != StatePending {
+		if st := f.status(t, id2, i); st.State != xfer.StatePending {
 			t.Fatalf("new batch task %d: %v", i, st.State)
 		}
 	}
-	if f.a.refs.Load() != 4 || f.a.neg.Load() {
-		t.Fatalf("refs %d, want 4 (the new batch's)", f.a.refs.Load())
+	if f.a.Refs() != 4 || f.a.Underflowed() {
+		t.Fatalf("refs %d, want 4 (the new batch's)", f.a.Refs())
 	}
-	good.finish(nil)
+	for _, tk := range fresh {
+		tk.Done(tk.Req.Length, nil)
+	}
 	if s, _ := f.e.Wait(id2, time.Time{}); s.Completed != 4 {
 		t.Fatalf("summary %+v", s)
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 	if v := f.e.Stats().Violations; v != 5 {
 		t.Fatalf("violations %d, want 5 (the count and 4 unowned Dones)", v)
 	}
 }
 
-// chanTr hands tasks to a goroutine that ends them, so Wait has to sleep.
-type chanTr struct{ q chan *Task }
-
-func (c *chanTr) Name() string { return "chan" }
-func (c *chanTr) Submit(ts []*Task) (int, error) {
-	for _, t := range ts {
-		c.q <- t
-	}
-	return len(ts), nil
-}
-func (c *chanTr) Cancel(*Task) {}
-func (c *chanTr) Close() error { return nil }
-
 // TestSleepingWaitAllocs: with completions on another goroutine, the
 // steady-state Submit + Wait (sleeping, with and without a deadline) +
-// Free cycle allocates nothing.
+// Free cycle allocates nothing. The tasks end only once Wait has parked,
+// so every Wait sleeps.
 func TestSleepingWaitAllocs(t *testing.T) {
-	tr := &chanTr{q: make(chan *Task, 64)}
+	tr := xfertest.New(xfertest.Config{})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
+	parked := make(chan struct{}, 1)
+	xfer.SetWaitParked(f.e, func(xfer.BatchID) { parked <- struct{}{} })
+	stop := make(chan struct{})
 	var done sync.WaitGroup
 	done.Add(1)
-	go func() {
+	go func() { // the transport's completions, each after the waiter parked
 		defer done.Done()
-		for task := range tr.q {
-			time.Sleep(50 * time.Microsecond)
-			task.Done(task.Req.Length, nil)
+		for {
+			select {
+			case <-parked:
+				tr.Finish()
+			case <-stop:
+				return
+			}
 		}
 	}()
 	defer func() {
-		close(tr.q)
+		close(stop)
 		done.Wait()
 	}()
-	f := newFixture(t, Config{}, oneRouter{tr})
 	reqs := f.reqs(4)
 	res := make([]error, len(reqs))
 	for _, withDeadline := range []bool{false, true} {
@@ -992,5 +1016,5 @@ func TestSleepingWaitAllocs(t *testing.T) {
 			t.Errorf("deadline=%v: %v allocations per batch, want <= %v", withDeadline, a, limit)
 		}
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }

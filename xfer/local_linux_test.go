@@ -1,4 +1,4 @@
-package xfer
+package xfer_test
 
 import (
 	"errors"
@@ -6,17 +6,20 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // memfdSeg is a MemSegment over a shared mapping of a memfd, like a client
 // buffer; shrinking the memfd makes the mapping's tail fault.
 type memfdSeg struct {
-	countSeg
+	*xfertest.Segment
 	fd  int
 	mem []byte
 }
 
-func newMemfdSeg(t *testing.T, id SegmentID, size int) *memfdSeg {
+func newMemfdSeg(t *testing.T, id xfer.SegmentID, size int) *memfdSeg {
 	t.Helper()
 	fd, err := unix.MemfdCreate("tensorcast-xfer-test", unix.MFD_CLOEXEC)
 	if err != nil {
@@ -31,7 +34,7 @@ func newMemfdSeg(t *testing.T, id SegmentID, size int) *memfdSeg {
 		unix.Close(fd)
 		t.Fatal(err)
 	}
-	s := &memfdSeg{countSeg: countSeg{id: id, kind: KindClient, buf: mem}, fd: fd, mem: mem}
+	s := &memfdSeg{Segment: xfertest.SegmentOf(id, xfer.KindClient, mem), fd: fd, mem: mem}
 	t.Cleanup(func() {
 		unix.Munmap(mem)
 		unix.Close(fd)
@@ -45,18 +48,18 @@ func TestLocalFault(t *testing.T) {
 	const size = 1 << 20
 	for _, p := range []struct {
 		name string
-		cfg  LocalConfig
+		cfg  xfer.LocalConfig
 	}{
-		{"inline", LocalConfig{InlineBytes: 2 * size}},
-		{"workers", LocalConfig{InlineBytes: -1, ChunkBytes: 64 << 10}},
+		{"inline", xfer.LocalConfig{InlineBytes: 2 * size}},
+		{"workers", xfer.LocalConfig{InlineBytes: -1, ChunkBytes: 64 << 10}},
 	} {
 		t.Run(p.name, func(t *testing.T) {
-			l := NewLocal(p.cfg, nil)
+			l := xfer.NewLocal(p.cfg, nil)
 			defer l.Close()
-			f := newFixture(t, Config{}, oneRouter{l})
+			f := newFixture(t, xfer.Config{}, xfertest.RouteAll(l))
 			client := newMemfdSeg(t, 3, size)
-			pool := newSeg(4, 3*size)
-			for _, s := range []Segment{client, pool} {
+			pool := xfertest.NewSegment(4, 3*size)
+			for _, s := range []xfer.Segment{client, pool} {
 				if err := f.reg.Add(s); err != nil {
 					t.Fatal(err)
 				}
@@ -66,11 +69,11 @@ func TestLocalFault(t *testing.T) {
 			if err := unix.Ftruncate(client.fd, size/2); err != nil {
 				t.Fatal(err)
 			}
-			reqs := []Request{
-				{Op: OpWrite, Local: 3, Target: 4, Length: size / 4},                                                  // within the file
-				{Op: OpWrite, Local: 3, Target: 4, TargetOffset: size, Length: size},                                  // runs past it (read fault)
-				{Op: OpRead, Local: 3, LocalOffset: size / 2, Target: 4, TargetOffset: 2 * size, Length: 4096},        // write fault
-				{Op: OpRead, Local: 3, LocalOffset: size/2 - 8, Target: 4, TargetOffset: 2*size + 8192, Length: 4096}, // straddles the end
+			reqs := []xfer.Request{
+				{Op: xfer.OpWrite, Local: 3, Target: 4, Length: size / 4},                                                  // within the file
+				{Op: xfer.OpWrite, Local: 3, Target: 4, TargetOffset: size, Length: size},                                  // runs past it (read fault)
+				{Op: xfer.OpRead, Local: 3, LocalOffset: size / 2, Target: 4, TargetOffset: 2 * size, Length: 4096},        // write fault
+				{Op: xfer.OpRead, Local: 3, LocalOffset: size/2 - 8, Target: 4, TargetOffset: 2*size + 8192, Length: 4096}, // straddles the end
 			}
 			id, _ := f.e.AllocateBatch(len(reqs))
 			res := make([]error, len(reqs))
@@ -84,18 +87,18 @@ func TestLocalFault(t *testing.T) {
 			if sum.Completed != 1 || sum.Failed != 3 {
 				t.Fatalf("summary %+v", sum)
 			}
-			if st := f.status(t, id, 0); st.State != StateCompleted {
+			if st := f.status(t, id, 0); st.State != xfer.StateCompleted {
 				t.Fatalf("task within the file: %+v", st)
 			}
 			for i := 1; i < len(reqs); i++ {
-				if st := f.status(t, id, i); st.State != StateFailed || !errors.Is(st.Err, ErrFault) {
+				if st := f.status(t, id, i); st.State != xfer.StateFailed || !errors.Is(st.Err, xfer.ErrFault) {
 					t.Fatalf("task %d: %+v", i, st)
 				}
 			}
 			if l.Faults() != 3 {
 				t.Fatalf("Faults() = %d, want 3", l.Faults())
 			}
-			checkRefs(t, &client.countSeg, pool, f.a, f.b)
+			xfertest.CheckRefs(t, client.Segment, pool, f.a, f.b)
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package xfer
+package xfer_test
 
 import (
 	"bytes"
@@ -8,6 +8,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 func fill(b []byte, seed uint64) {
@@ -31,53 +34,51 @@ func TestLocalCopyExact(t *testing.T) {
 	offs := []uint64{0, 1, 4093}
 	paths := []struct {
 		name string
-		cfg  LocalConfig
+		cfg  xfer.LocalConfig
 	}{
-		{"default", LocalConfig{}},
-		{"workers", LocalConfig{InlineBytes: -1, ChunkBytes: 64 << 10, Workers: 3, QueueLen: 4}},
+		{"default", xfer.LocalConfig{}},
+		{"workers", xfer.LocalConfig{InlineBytes: -1, ChunkBytes: 64 << 10, Workers: 3, QueueLen: 4}},
 	}
 	for _, p := range paths {
 		t.Run(p.name, func(t *testing.T) {
-			l := NewLocal(p.cfg, nil)
+			l := xfer.NewLocal(p.cfg, nil)
 			defer l.Close()
-			f := newFixture(t, Config{}, oneRouter{l})
-			f.a.buf = make([]byte, segSize)
-			f.b.buf = make([]byte, segSize)
+			f := newFixture(t, xfer.Config{}, xfertest.RouteAll(l), withSize(segSize))
 			id, _ := f.e.AllocateBatch(len(sizes) * len(offs) * 2)
 			res := make([]error, 1)
 			seed := uint64(1)
 			for _, n := range sizes {
 				for _, lo := range offs {
 					to := (lo * 7) % 5000
-					for _, op := range []Op{OpRead, OpWrite} {
+					for _, op := range []xfer.Op{xfer.OpRead, xfer.OpWrite} {
 						seed++
-						fill(f.a.buf, seed)
-						fill(f.b.buf, seed+1000)
-						wantA := bytes.Clone(f.a.buf)
-						wantB := bytes.Clone(f.b.buf)
-						if op == OpRead {
+						fill(f.a.Bytes(), seed)
+						fill(f.b.Bytes(), seed+1000)
+						wantA := bytes.Clone(f.a.Bytes())
+						wantB := bytes.Clone(f.b.Bytes())
+						if op == xfer.OpRead {
 							copy(wantA[lo:lo+n], wantB[to:to+n])
 						} else {
 							copy(wantB[to:to+n], wantA[lo:lo+n])
 						}
-						r := Request{Op: op, Local: 1, LocalOffset: lo, Target: 2, TargetOffset: to, Length: n}
-						if err := f.e.Submit(id, []Request{r}, f.opts, res); err != nil || res[0] != nil {
+						r := xfer.Request{Op: op, Local: 1, LocalOffset: lo, Target: 2, TargetOffset: to, Length: n}
+						if err := f.e.Submit(id, []xfer.Request{r}, f.opts, res); err != nil || res[0] != nil {
 							t.Fatalf("%+v: %v %v", r, err, res[0])
 						}
 						if _, err := f.e.Wait(id, time.Now().Add(10*time.Second)); err != nil {
 							t.Fatal(err)
 						}
 						sum, _ := f.e.BatchStatus(id)
-						if st := f.status(t, id, sum.Total-1); st.State != StateCompleted || st.Transferred != n {
+						if st := f.status(t, id, sum.Total-1); st.State != xfer.StateCompleted || st.Transferred != n {
 							t.Fatalf("%+v: %+v", r, st)
 						}
-						if !bytes.Equal(f.a.buf, wantA) || !bytes.Equal(f.b.buf, wantB) {
+						if !bytes.Equal(f.a.Bytes(), wantA) || !bytes.Equal(f.b.Bytes(), wantB) {
 							t.Fatalf("%s %+v: bytes differ", p.name, r)
 						}
 					}
 				}
 			}
-			checkRefs(t, f.a, f.b)
+			xfertest.CheckRefs(t, f.a, f.b)
 		})
 	}
 }
@@ -85,15 +86,13 @@ func TestLocalCopyExact(t *testing.T) {
 // TestLocalManyTasks sends one submit of many tasks over the worker path
 // and closes the transport right after: Close drains every queued chunk.
 func TestLocalManyTasks(t *testing.T) {
-	l := NewLocal(LocalConfig{ChunkBytes: 16 << 10, QueueLen: 8}, nil)
-	f := newFixture(t, Config{}, oneRouter{l})
+	l := xfer.NewLocal(xfer.LocalConfig{ChunkBytes: 16 << 10, QueueLen: 8}, nil)
 	const n, sz = 64, 33 << 10
-	f.a.buf = make([]byte, n*sz)
-	f.b.buf = make([]byte, n*sz)
-	fill(f.a.buf, 7)
-	reqs := make([]Request, n)
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(l), withSize(n*sz))
+	fill(f.a.Bytes(), 7)
+	reqs := make([]xfer.Request, n)
 	for i := range reqs {
-		reqs[i] = Request{Op: OpWrite, Local: 1, LocalOffset: uint64(i * sz), Target: 2, TargetOffset: uint64((n - 1 - i) * sz), Length: sz}
+		reqs[i] = xfer.Request{Op: xfer.OpWrite, Local: 1, LocalOffset: uint64(i * sz), Target: 2, TargetOffset: uint64((n - 1 - i) * sz), Length: sz}
 	}
 	id, _ := f.e.AllocateBatch(n)
 	res := make([]error, n)
@@ -108,24 +107,24 @@ func TestLocalManyTasks(t *testing.T) {
 		t.Fatalf("%+v %v", sum, err)
 	}
 	for i := 0; i < n; i++ {
-		if !bytes.Equal(f.a.buf[i*sz:(i+1)*sz], f.b.buf[(n-1-i)*sz:(n-i)*sz]) {
+		if !bytes.Equal(f.a.Bytes()[i*sz:(i+1)*sz], f.b.Bytes()[(n-1-i)*sz:(n-i)*sz]) {
 			t.Fatalf("task %d: bytes differ", i)
 		}
 	}
 	if err := f.e.Submit(id, nil, f.opts, nil); err != nil {
 		t.Fatal(err)
 	}
-	if k, err := l.Submit([]*Task{{}}); k != 0 || !errors.Is(err, ErrClosed) {
+	if k, err := l.Submit([]*xfer.Task{{}}); k != 0 || !errors.Is(err, xfer.ErrClosed) {
 		t.Fatalf("Submit after Close: %d %v", k, err)
 	}
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
-// plainSeg is a segment without memory.
-type plainSeg struct{ countSeg }
+// plainSeg is a segment without memory: its Bytes is not a MemSegment's.
+type plainSeg struct{ *xfertest.Segment }
 
 func (s *plainSeg) Bytes() {}
 
@@ -135,30 +134,30 @@ type doneRec struct {
 	got int
 }
 
-func (d *doneRec) TaskDone(_ *Task, n uint64, err error) { d.n, d.err = n, err; d.got++ }
+func (d *doneRec) TaskDone(_ *xfer.Task, n uint64, err error) { d.n, d.err = n, err; d.got++ }
 
 // TestLocalRejects drives the transport without an engine: tasks it cannot
 // do end with a typed error, never a panic.
 func TestLocalRejects(t *testing.T) {
-	l := NewLocal(LocalConfig{}, nil)
+	l := xfer.NewLocal(xfer.LocalConfig{}, nil)
 	defer l.Close()
-	mem := newSeg(1, 100)
-	nomem := &plainSeg{countSeg{id: 2}}
+	mem := xfertest.NewSegment(1, 100)
+	nomem := &plainSeg{xfertest.SegmentOf(2, xfer.KindPool, nil)}
 	cases := []struct {
 		name string
-		task Task
+		task xfer.Task
 		want error
 	}{
-		{"not memory", Task{Req: Request{Op: OpRead, Length: 1}, Local: mem, Target: nomem}, ErrNotSupported},
-		{"past end", Task{Req: Request{Op: OpRead, LocalOffset: 99, Length: 2}, Local: mem, Target: mem}, ErrOutOfBounds},
-		{"huge", Task{Req: Request{Op: OpWrite, TargetOffset: 1, Length: 1 << 62}, Local: mem, Target: mem}, ErrOutOfBounds},
-		{"bad op", Task{Req: Request{Op: 7, Length: 1}, Local: mem, Target: mem}, ErrBadOp},
+		{"not memory", xfer.Task{Req: xfer.Request{Op: xfer.OpRead, Length: 1}, Local: mem, Target: nomem}, xfer.ErrNotSupported},
+		{"past end", xfer.Task{Req: xfer.Request{Op: xfer.OpRead, LocalOffset: 99, Length: 2}, Local: mem, Target: mem}, xfer.ErrOutOfBounds},
+		{"huge", xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, TargetOffset: 1, Length: 1 << 62}, Local: mem, Target: mem}, xfer.ErrOutOfBounds},
+		{"bad op", xfer.Task{Req: xfer.Request{Op: 7, Length: 1}, Local: mem, Target: mem}, xfer.ErrBadOp},
 	}
 	for i := range cases {
 		c := &cases[i]
 		var d doneRec
 		c.task.SetCompleter(&d)
-		if k, err := l.Submit([]*Task{&c.task}); k != 1 || err != nil {
+		if k, err := l.Submit([]*xfer.Task{&c.task}); k != 1 || err != nil {
 			t.Fatalf("%s: Submit %d %v", c.name, k, err)
 		}
 		deadline := time.Now().Add(5 * time.Second)
@@ -172,22 +171,22 @@ func TestLocalRejects(t *testing.T) {
 }
 
 func ExampleEngine() {
-	reg := NewRegistry()
-	pool := newSeg(reg.NextID(), 1<<20)
-	client := newSeg(reg.NextID(), 1<<20)
+	reg := xfer.NewRegistry()
+	pool := xfertest.NewSegment(reg.NextID(), 1<<20)
+	client := xfertest.NewSegment(reg.NextID(), 1<<20)
 	_ = reg.Add(pool)
 	_ = reg.Add(client)
-	local := NewLocal(LocalConfig{}, nil)
-	e := NewEngine(Config{}, oneRouter{local}, nil)
+	local := xfer.NewLocal(xfer.LocalConfig{}, nil)
+	e := xfer.NewEngine(xfer.Config{}, xfertest.RouteAll(local), nil)
 	id, _ := e.AllocateBatch(2)
-	copy(client.buf, "hello")
+	copy(client.Bytes(), "hello")
 	res := make([]error, 2)
-	_ = e.Submit(id, []Request{
-		{Op: OpWrite, Local: client.ID(), Target: pool.ID(), TargetOffset: 4096, Length: 5},
-		{Op: OpWrite, Local: client.ID(), Target: pool.ID(), TargetOffset: 1 << 20, Length: 5},
-	}, SubmitOptions{Resolver: reg}, res)
+	_ = e.Submit(id, []xfer.Request{
+		{Op: xfer.OpWrite, Local: client.ID(), Target: pool.ID(), TargetOffset: 4096, Length: 5},
+		{Op: xfer.OpWrite, Local: client.ID(), Target: pool.ID(), TargetOffset: 1 << 20, Length: 5},
+	}, xfer.SubmitOptions{Resolver: reg}, res)
 	sum, _ := e.Wait(id, time.Time{})
-	fmt.Println(sum.Completed, sum.Failed, res[1], string(pool.buf[4096:4101]))
+	fmt.Println(sum.Completed, sum.Failed, res[1], string(pool.Bytes()[4096:4101]))
 	_ = e.Free(id)
 	_ = e.Close()
 	_ = local.Close()
@@ -197,13 +196,13 @@ func ExampleEngine() {
 // TestLocalAllocs: the engine plus the local transport allocate nothing per
 // request, on either path.
 func TestLocalAllocs(t *testing.T) {
-	for _, cfg := range []LocalConfig{{}, {InlineBytes: -1, ChunkBytes: 4096}} {
+	for _, cfg := range []xfer.LocalConfig{{}, {InlineBytes: -1, ChunkBytes: 4096}} {
 		limit := 0.0
 		if raceEnabled {
 			limit = 1 // sync.Pool drops some of what Wait puts back
 		}
-		l := NewLocal(cfg, nil)
-		f := newFixture(t, Config{}, oneRouter{l})
+		l := xfer.NewLocal(cfg, nil)
+		f := newFixture(t, xfer.Config{}, xfertest.RouteAll(l))
 		reqs := f.reqs(16)
 		res := make([]error, len(reqs))
 		run := func() {
@@ -226,7 +225,7 @@ func TestLocalAllocs(t *testing.T) {
 			t.Errorf("%+v: %v allocations per batch of %d, want <= %v", cfg, a, len(reqs), limit)
 		}
 		l.Close()
-		checkRefs(t, f.a, f.b)
+		xfertest.CheckRefs(t, f.a, f.b)
 	}
 }
 
@@ -235,10 +234,10 @@ func TestLocalAllocs(t *testing.T) {
 // transport refused it) and every ref comes back.
 func TestLocalCloseRace(t *testing.T) {
 	for round := 0; round < 20; round++ {
-		l := NewLocal(LocalConfig{InlineBytes: 1024, ChunkBytes: 4096, Workers: 2, QueueLen: 2}, nil)
-		f := newFixture(t, Config{}, oneRouter{l})
+		l := xfer.NewLocal(xfer.LocalConfig{InlineBytes: 1024, ChunkBytes: 4096, Workers: 2, QueueLen: 2}, nil)
+		f := newFixture(t, xfer.Config{}, xfertest.RouteAll(l))
 		var wg sync.WaitGroup
-		ids := make([]BatchID, 4)
+		ids := make([]xfer.BatchID, 4)
 		for c := range ids {
 			ids[c], _ = f.e.AllocateBatch(64)
 			wg.Add(1)
@@ -267,7 +266,7 @@ func TestLocalCloseRace(t *testing.T) {
 				t.Fatalf("round %d: %+v %v", round, sum, err)
 			}
 			for i := 0; i < 64; i++ {
-				if st := f.status(t, id, i); st.State == StateFailed && !errors.Is(st.Err, ErrClosed) {
+				if st := f.status(t, id, i); st.State == xfer.StateFailed && !errors.Is(st.Err, xfer.ErrClosed) {
 					t.Fatalf("task %d: %+v", i, st)
 				}
 			}
@@ -275,7 +274,7 @@ func TestLocalCloseRace(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		checkRefs(t, f.a, f.b)
+		xfertest.CheckRefs(t, f.a, f.b)
 		f.e.Close()
 	}
 }

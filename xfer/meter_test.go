@@ -1,12 +1,15 @@
-package xfer
+package xfer_test
 
 import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
-func statsOf(t *testing.T, e *Engine, name string) TransportStats {
+func statsOf(t *testing.T, e *xfer.Engine, name string) xfer.TransportStats {
 	t.Helper()
 	for _, s := range e.TransportStats() {
 		if s.Name == name {
@@ -14,22 +17,22 @@ func statsOf(t *testing.T, e *Engine, name string) TransportStats {
 		}
 	}
 	t.Fatalf("no transport stats for %q in %+v", name, e.TransportStats())
-	return TransportStats{}
+	return xfer.TransportStats{}
 }
 
 // TestTransportMeter drives one transport through every way a dispatched
 // task can end and checks the exact per-transport counts.
 func TestTransportMeter(t *testing.T) {
-	tr := &asyncTr{name: "fake", limit: 3}
-	codes := map[error]int{errInjected: 5, ErrFault: 6}
-	f := newFixture(t, Config{ErrorCode: func(err error) int {
+	tr := xfertest.New(xfertest.Config{Name: "fake", Limit: 3})
+	codes := map[error]int{xfertest.ErrInjected: 5, xfer.ErrFault: 6}
+	f := newFixture(t, xfer.Config{ErrorCode: func(err error) int {
 		for e, c := range codes {
 			if errors.Is(err, e) {
 				return c
 			}
 		}
 		return 15
-	}}, oneRouter{tr})
+	}}, xfertest.RouteAll(tr))
 	id, err := f.e.AllocateBatch(16)
 	if err != nil {
 		t.Fatal(err)
@@ -44,13 +47,10 @@ func TestTransportMeter(t *testing.T) {
 		t.Fatalf("after dispatch: in flight %d refused %d requests %d, want 3 2 0", st.InFlight, st.Refused, st.Requests)
 	}
 	// Two end well, one with a fault.
-	tr.mu.Lock()
-	held := tr.held
-	tr.held = nil
-	tr.mu.Unlock()
+	held := tr.Take(-1)
 	held[0].Done(64, nil)
 	held[1].Done(64, nil)
-	held[2].Done(0, ErrFault)
+	held[2].Done(0, xfer.ErrFault)
 	st = statsOf(t, f.e, "fake")
 	if st.InFlight != 0 || st.Requests != 3 || st.Bytes != 128 || st.Refused != 2 {
 		t.Fatalf("after Done: %+v", st)
@@ -73,15 +73,15 @@ func TestTransportMeter(t *testing.T) {
 	if err := f.e.Free(id); err != nil {
 		t.Fatal(err)
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
 // TestTransportMeterLateDone: a task that timed out is still the
 // transport's until its Done; that Done counts once, with the transport's
 // own result.
 func TestTransportMeterLateDone(t *testing.T) {
-	tr := &asyncTr{name: "slow"}
-	f := newFixture(t, Config{}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{Name: "slow"})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	id, _ := f.e.AllocateBatch(4)
 	res := make([]error, 2)
 	opts := f.opts
@@ -96,7 +96,7 @@ func TestTransportMeterLateDone(t *testing.T) {
 	if st := statsOf(t, f.e, "slow"); st.InFlight != 2 || st.Requests != 0 {
 		t.Fatalf("timed-out tasks the transport still holds: %+v", st)
 	}
-	tr.finish(nil)
+	tr.Finish()
 	st := statsOf(t, f.e, "slow")
 	if st.InFlight != 0 || st.Requests != 2 || st.Bytes != 128 {
 		t.Fatalf("after the late Done: %+v", st)
@@ -114,7 +114,7 @@ func TestTransportMeterLateDone(t *testing.T) {
 // TestTransportMeterAllocs: metering adds no allocation to the
 // steady-state submit path.
 func TestTransportMeterAllocs(t *testing.T) {
-	f := newFixture(t, Config{}, oneRouter{&syncTr{}})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(syncTr()))
 	reqs := f.reqs(8)
 	res := make([]error, len(reqs))
 	run := func() {
@@ -138,31 +138,22 @@ func TestTransportMeterAllocs(t *testing.T) {
 	}
 }
 
-// failInline ends every other task inside Submit with ErrFault, the rest
-// with their length.
-type failInline struct{ syncTr }
-
-func (f *failInline) Name() string { return "failinline" }
-func (f *failInline) Submit(ts []*Task) (int, error) {
-	for i, t := range ts {
-		if i%2 == 1 {
-			t.Done(0, ErrFault)
-		} else {
-			t.Done(t.Req.Length, nil)
-		}
-	}
-	return len(ts), nil
-}
-
 // TestTransportMeterInline: completions inside Submit are metered by the
 // submit call in runs; counts, bytes and errors come out exact.
 func TestTransportMeterInline(t *testing.T) {
-	f := newFixture(t, Config{ErrorCode: func(err error) int {
-		if errors.Is(err, ErrFault) {
+	f := newFixture(t, xfer.Config{ErrorCode: func(err error) int {
+		if errors.Is(err, xfer.ErrFault) {
 			return 3
 		}
 		return 15
-	}}, oneRouter{&failInline{}})
+	}}, xfertest.RouteAll(xfertest.New(xfertest.Config{Name: "failinline", Inline: true,
+		// Every other task (f.reqs puts task i at offset 64*i) fails.
+		Err: func(t *xfer.Task) error {
+			if t.Req.LocalOffset/64%2 == 1 {
+				return xfer.ErrFault
+			}
+			return nil
+		}})))
 	id, _ := f.e.AllocateBatch(16)
 	res := make([]error, 7)
 	if err := f.e.Submit(id, f.reqs(7), f.opts, res); err != nil {

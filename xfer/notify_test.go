@@ -1,9 +1,12 @@
-package xfer
+package xfer_test
 
 import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // TestSubmitCarriesNotifyAndDeadline: the engine hands each task its
@@ -17,12 +20,12 @@ func TestSubmitCarriesNotifyAndDeadline(t *testing.T) {
 		deadline time.Time
 	}
 	var got []seen
-	tr := &asyncTr{doneInline: true, onSubmit: func(ts []*Task) {
+	tr := xfertest.New(xfertest.Config{Inline: true, OnSubmit: func(ts []*xfer.Task) {
 		for _, tk := range ts {
 			got = append(got, seen{string(tk.Notify), tk.Notify != nil, tk.Deadline})
 		}
-	}}
-	f := newFixture(t, Config{DefaultTimeout: time.Hour}, oneRouter{tr})
+	}})
+	f := newFixture(t, xfer.Config{DefaultTimeout: time.Hour}, xfertest.RouteAll(tr))
 	id, err := f.e.AllocateBatch(8)
 	if err != nil {
 		t.Fatal(err)
@@ -32,7 +35,7 @@ func TestSubmitCarriesNotifyAndDeadline(t *testing.T) {
 	res := make([]error, 3)
 	bad := f.opts
 	bad.Notify = [][]byte{[]byte("only one")}
-	if err := f.e.Submit(id, f.reqs(3), bad, res); !errors.Is(err, ErrInvalid) {
+	if err := f.e.Submit(id, f.reqs(3), bad, res); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("Notify of 1 for 3 requests: %v, want ErrInvalid", err)
 	}
 	if s, _ := f.e.BatchStatus(id); s.Total != 0 || len(got) != 0 {
@@ -77,21 +80,18 @@ func TestSubmitCarriesNotifyAndDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := f.e.lock(id)
+	err = xfer.EachTask(f.e, id, func(i int, tk *xfer.Task) {
+		if tk.Notify != nil || !tk.Deadline.IsZero() {
+			t.Errorf("recycled task %d still carries %q / %v", i, tk.Notify, tk.Deadline)
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range b.tasks {
-		if b.tasks[i].Notify != nil || !b.tasks[i].Deadline.IsZero() {
-			b.mu.Unlock()
-			t.Fatalf("recycled task %d still carries %q / %v", i, b.tasks[i].Notify, b.tasks[i].Deadline)
-		}
-	}
-	b.mu.Unlock()
 	if err := f.e.Free(id); err != nil {
 		t.Fatal(err)
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
 // TestLocalRefusesNotify: a notified WRITE between two local segments
@@ -99,14 +99,14 @@ func TestSubmitCarriesNotifyAndDeadline(t *testing.T) {
 // of the local transport's paths (inline and chunked).
 func TestLocalRefusesNotify(t *testing.T) {
 	for _, inline := range []int64{-1, 1 << 20} {
-		l := NewLocal(LocalConfig{Workers: 1, InlineBytes: inline, ChunkBytes: 4096}, nil)
-		f := newFixture(t, Config{}, oneRouter{l})
+		l := xfer.NewLocal(xfer.LocalConfig{Workers: 1, InlineBytes: inline, ChunkBytes: 4096}, nil)
+		f := newFixture(t, xfer.Config{}, xfertest.RouteAll(l))
 		id, err := f.e.AllocateBatch(3)
 		if err != nil {
 			t.Fatal(err)
 		}
-		copy(f.a.buf, "abcdefgh")
-		f.a.buf[64], f.a.buf[128] = 'X', 'Y'
+		copy(f.a.Bytes(), "abcdefgh")
+		f.a.Bytes()[64], f.a.Bytes()[128] = 'X', 'Y'
 		opts := f.opts
 		opts.Notify = [][]byte{nil, []byte("nobody to tell"), nil}
 		res := make([]error, 3)
@@ -116,18 +116,18 @@ func TestLocalRefusesNotify(t *testing.T) {
 		if _, err := f.e.Wait(id, time.Now().Add(5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		for i, want := range []State{StateCompleted, StateFailed, StateCompleted} {
+		for i, want := range []xfer.State{xfer.StateCompleted, xfer.StateFailed, xfer.StateCompleted} {
 			st := f.status(t, id, i)
 			if st.State != want {
 				t.Fatalf("inline %d: task %d ended %v (%v), want %v", inline, i, st.State, st.Err, want)
 			}
-			if want == StateFailed && (!errors.Is(st.Err, ErrNotSupported) || !errors.Is(st.Err, ErrNoNotify)) {
+			if want == xfer.StateFailed && (!errors.Is(st.Err, xfer.ErrNotSupported) || !errors.Is(st.Err, xfer.ErrNoNotify)) {
 				t.Fatalf("inline %d: notified task ended with %v, want ErrNotSupported", inline, st.Err)
 			}
 		}
-		if string(f.b.buf[:8]) != "abcdefgh" || f.b.buf[64] != 0 || f.b.buf[128] != 'Y' {
+		if string(f.b.Bytes()[:8]) != "abcdefgh" || f.b.Bytes()[64] != 0 || f.b.Bytes()[128] != 'Y' {
 			t.Fatalf("inline %d: target holds %q, %q, %q: the notified WRITE moved bytes or a neighbour did not",
-				inline, f.b.buf[:8], f.b.buf[64], f.b.buf[128])
+				inline, f.b.Bytes()[:8], f.b.Bytes()[64], f.b.Bytes()[128])
 		}
 		if err := f.e.Free(id); err != nil {
 			t.Fatal(err)
@@ -135,7 +135,7 @@ func TestLocalRefusesNotify(t *testing.T) {
 		if err := l.Close(); err != nil {
 			t.Fatal(err)
 		}
-		checkRefs(t, f.a, f.b)
+		xfertest.CheckRefs(t, f.a, f.b)
 	}
 }
 
@@ -143,14 +143,14 @@ func TestLocalRefusesNotify(t *testing.T) {
 // still owed a Done, through a deadline, an Abandon and a Free, and forgets
 // each once its transport ends it.
 func TestOutstanding(t *testing.T) {
-	slow, fast := &asyncTr{name: "slow"}, &syncTr{}
-	rt := routeFunc(func(_, tg Segment) (Transport, error) {
+	slow, fast := xfertest.New(xfertest.Config{Name: "slow"}), syncTr()
+	rt := xfertest.RouterFunc(func(_, tg xfer.Segment) (xfer.Transport, error) {
 		if tg.ID() == 2 {
 			return slow, nil
 		}
 		return fast, nil
 	})
-	f := newFixture(t, Config{}, rt)
+	f := newFixture(t, xfer.Config{}, rt)
 	id, err := f.e.AllocateBatch(8)
 	if err != nil {
 		t.Fatal(err)
@@ -169,13 +169,9 @@ func TestOutstanding(t *testing.T) {
 	if got := f.e.Outstanding(); got[slow] != 2 {
 		t.Fatalf("outstanding after Abandon: %v, want 2 on slow", got)
 	}
-	slow.finish(nil)
+	slow.Finish()
 	if got := f.e.Outstanding(); len(got) != 0 {
 		t.Fatalf("outstanding after the transport ended them: %v", got)
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
-
-type routeFunc func(local, target Segment) (Transport, error)
-
-func (r routeFunc) Route(l, t Segment) (Transport, error) { return r(l, t) }

@@ -1,5 +1,5 @@
 //go:build !race
 
-package xfer
+package xfer_test
 
 const raceEnabled = false

@@ -1,6 +1,6 @@
 //go:build race
 
-package xfer
+package xfer_test
 
 // raceEnabled trims the largest copy sizes from tests whose cost the race
 // detector multiplies.

@@ -1,25 +1,28 @@
-package xfer
+package xfer_test
 
 import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
-// holdSeg is a countSeg that also tracks the ranges transfers hold on it,
+// holdSeg is a counting segment that also tracks the ranges transfers hold on it,
 // and can refuse new holds.
 type holdSeg struct {
-	*countSeg
+	*xfertest.Segment
 	mu     sync.Mutex // guards the fields below
 	held   map[[2]uint64]int
 	refuse bool
 	bad    bool // a DropRange without a matching HoldRange
 }
 
-var _ RangeHolder = (*holdSeg)(nil)
+var _ xfer.RangeHolder = (*holdSeg)(nil)
 
-func newHoldSeg(id SegmentID) *holdSeg {
-	return &holdSeg{countSeg: newSeg(id, 1<<16), held: map[[2]uint64]int{}}
+func newHoldSeg(id xfer.SegmentID) *holdSeg {
+	return &holdSeg{Segment: xfertest.NewSegment(id, 1<<16), held: map[[2]uint64]int{}}
 }
 
 func (s *holdSeg) HoldRange(off, n uint64) bool {
@@ -28,7 +31,7 @@ func (s *holdSeg) HoldRange(off, n uint64) bool {
 	if s.refuse {
 		return false
 	}
-	if s.refs.Load() <= 0 {
+	if s.Refs() <= 0 {
 		s.bad = true // held before Acquire
 	}
 	s.held[[2]uint64{off, n}]++
@@ -43,7 +46,7 @@ func (s *holdSeg) DropRange(off, n uint64) {
 		s.bad = true
 		return
 	}
-	if s.refs.Load() <= 0 {
+	if s.Refs() <= 0 {
 		s.bad = true // dropped after Release
 	}
 	if s.held[k]--; s.held[k] == 0 {
@@ -67,24 +70,24 @@ func (s *holdSeg) check(t *testing.T, what string, wantHolds int) {
 	bad := s.bad
 	s.mu.Unlock()
 	if bad {
-		t.Fatalf("%s: segment %d saw an unmatched or misordered DropRange", what, s.id)
+		t.Fatalf("%s: segment %d saw an unmatched or misordered DropRange", what, s.ID())
 	}
 	if h := s.holds(); h != wantHolds {
-		t.Fatalf("%s: segment %d holds %d ranges, want %d", what, s.id, h, wantHolds)
+		t.Fatalf("%s: segment %d holds %d ranges, want %d", what, s.ID(), h, wantHolds)
 	}
 }
 
-func holdFixture(t *testing.T, tr Transport) (*fixture, *holdSeg, *holdSeg) {
+func holdFixture(t *testing.T, tr xfer.Transport) (*fixture, *holdSeg, *holdSeg) {
 	t.Helper()
-	f := &fixture{e: NewEngine(Config{}, oneRouter{tr}, nil), reg: NewRegistry()}
+	f := &fixture{e: xfer.NewEngine(xfer.Config{}, xfertest.RouteAll(tr), nil), reg: xfer.NewRegistry()}
 	a, b := newHoldSeg(1), newHoldSeg(2)
-	for _, s := range []Segment{a, b} {
+	for _, s := range []xfer.Segment{a, b} {
 		if err := f.reg.Add(s); err != nil {
 			t.Fatal(err)
 		}
 	}
-	f.a, f.b = a.countSeg, b.countSeg
-	f.opts = SubmitOptions{Resolver: f.reg}
+	f.a, f.b = a.Segment, b.Segment
+	f.opts = xfer.SubmitOptions{Resolver: f.reg}
 	t.Cleanup(func() { f.e.Close() })
 	return f, a, b
 }
@@ -93,7 +96,7 @@ func holdFixture(t *testing.T, tr Transport) (*fixture, *holdSeg, *holdSeg) {
 // task, on both sides, and dropped exactly once on every path.
 func TestRangeHoldsFollowTasks(t *testing.T) {
 	t.Run("completion", func(t *testing.T) {
-		tr := &asyncTr{}
+		tr := xfertest.New(xfertest.Config{})
 		f, a, b := holdFixture(t, tr)
 		id, _ := f.e.AllocateBatch(8)
 		res := make([]error, 4)
@@ -105,32 +108,29 @@ func TestRangeHoldsFollowTasks(t *testing.T) {
 		if err := f.e.Free(id); err == nil {
 			t.Fatal("freed a batch whose ranges are in flight")
 		}
-		tr.finish(nil)
+		tr.Finish()
 		a.check(t, "after completion", 0)
 		b.check(t, "after completion", 0)
-		if a.refs.Load() != 0 || b.refs.Load() != 0 {
-			t.Fatalf("refs left: %d %d", a.refs.Load(), b.refs.Load())
+		if a.Refs() != 0 || b.Refs() != 0 {
+			t.Fatalf("refs left: %d %d", a.Refs(), b.Refs())
 		}
 	})
 	t.Run("partial dispatch", func(t *testing.T) {
 		for k := 0; k <= 4; k++ {
-			tr := &asyncTr{limit: k}
-			if k == 0 {
-				tr.limit = -1
-			}
+			tr := xfertest.New(xfertest.Config{Limit: takeAtMost(k)})
 			f, a, b := holdFixture(t, tr)
 			id, _ := f.e.AllocateBatch(8)
 			if err := f.e.Submit(id, f.reqs(4), f.opts, make([]error, 4)); err != nil {
 				t.Fatal(err)
 			}
 			a.check(t, "undispatched rolled back", k)
-			tr.finish(nil)
+			tr.Finish()
 			a.check(t, "dispatched completed", 0)
 			b.check(t, "dispatched completed", 0)
 		}
 	})
 	t.Run("target refuses", func(t *testing.T) {
-		tr := &asyncTr{doneInline: true}
+		tr := xfertest.New(xfertest.Config{Inline: true})
 		f, a, b := holdFixture(t, tr)
 		b.mu.Lock()
 		b.refuse = true
@@ -147,12 +147,12 @@ func TestRangeHoldsFollowTasks(t *testing.T) {
 		}
 		a.check(t, "local side after the target refused", 0)
 		b.check(t, "target refused", 0)
-		if a.refs.Load() != 0 || b.refs.Load() != 0 {
-			t.Fatalf("refs left after refusal: %d %d", a.refs.Load(), b.refs.Load())
+		if a.Refs() != 0 || b.Refs() != 0 {
+			t.Fatalf("refs left after refusal: %d %d", a.Refs(), b.Refs())
 		}
 	})
 	t.Run("timeout then late done", func(t *testing.T) {
-		tr := &asyncTr{}
+		tr := xfertest.New(xfertest.Config{})
 		f, a, _ := holdFixture(t, tr)
 		id, _ := f.e.AllocateBatch(8)
 		opts := f.opts
@@ -166,7 +166,7 @@ func TestRangeHoldsFollowTasks(t *testing.T) {
 		// Timed out, but the transport still owns the tasks: their bytes
 		// may still move, so the ranges stay held until Done.
 		a.check(t, "timed out, transport still owes Done", 3)
-		tr.finish(nil)
+		tr.Finish()
 		a.check(t, "late Done", 0)
 	})
 }

@@ -1,10 +1,13 @@
-package xfer
+package xfer_test
 
 import (
 	"errors"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // recSink records every StreamDone and fails the test on a second end of
@@ -12,17 +15,17 @@ import (
 type recSink struct {
 	t    testing.TB
 	mu   sync.Mutex
-	ends map[uint64]State
+	ends map[uint64]xfer.State
 	errs map[uint64]error
 	n    int
 	ch   chan uint64 // every end, when set (buffered by the test)
 }
 
 func newRecSink(t testing.TB) *recSink {
-	return &recSink{t: t, ends: map[uint64]State{}, errs: map[uint64]error{}}
+	return &recSink{t: t, ends: map[uint64]xfer.State{}, errs: map[uint64]error{}}
 }
 
-func (r *recSink) StreamDone(ud uint64, st State, n uint64, err error) {
+func (r *recSink) StreamDone(ud uint64, st xfer.State, n uint64, err error) {
 	r.mu.Lock()
 	if prev, dup := r.ends[ud]; dup {
 		r.mu.Unlock()
@@ -47,7 +50,7 @@ func (r *recSink) count() int {
 	return r.n
 }
 
-func (r *recSink) state(ud uint64) (State, error, bool) {
+func (r *recSink) state(ud uint64) (xfer.State, error, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st, ok := r.ends[ud]
@@ -56,15 +59,15 @@ func (r *recSink) state(ud uint64) (State, error, bool) {
 
 // streamReqs returns n valid 64-byte writes from a to b with user data
 // base..base+n-1.
-func (f *fixture) streamReqs(n int, base uint64, deadline time.Time) []StreamRequest {
-	rs := make([]StreamRequest, n)
+func (f *fixture) streamReqs(n int, base uint64, deadline time.Time) []xfer.StreamRequest {
+	rs := make([]xfer.StreamRequest, n)
 	for i, q := range f.reqs(n) {
-		rs[i] = StreamRequest{Req: q, UserData: base + uint64(i), Deadline: deadline}
+		rs[i] = xfer.StreamRequest{Req: q, UserData: base + uint64(i), Deadline: deadline}
 	}
 	return rs
 }
 
-func waitIdle(t testing.TB, s *Stream) {
+func waitIdle(t testing.TB, s *xfer.Stream) {
 	t.Helper()
 	select {
 	case <-s.Idle():
@@ -74,7 +77,7 @@ func waitIdle(t testing.TB, s *Stream) {
 }
 
 func TestStreamSync(t *testing.T) {
-	f := newFixture(t, Config{}, oneRouter{&syncTr{}})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(syncTr()))
 	sink := newRecSink(t)
 	s, err := f.e.NewStream(8, f.reg, sink)
 	if err != nil {
@@ -98,7 +101,7 @@ func TestStreamSync(t *testing.T) {
 	if sink.count() != 40 {
 		t.Fatalf("%d ends, want 40", sink.count())
 	}
-	if st, _, _ := sink.state(39); st != StateCompleted {
+	if st, _, _ := sink.state(39); st != xfer.StateCompleted {
 		t.Errorf("state %v", st)
 	}
 	if st := s.Stats(); st.Completed != 40 || st.Bytes != 40*64 || st.Live != 0 || st.Held != 0 {
@@ -109,15 +112,15 @@ func TestStreamSync(t *testing.T) {
 	}
 	s.Close(nil)
 	waitIdle(t, s)
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 	if es := f.e.Stats(); es.Completed != 40 || es.Streams != 0 {
 		t.Errorf("engine stats after the stream closed: %+v", es)
 	}
 }
 
 func TestStreamRefusedAndFull(t *testing.T) {
-	tr := &asyncTr{}
-	f := newFixture(t, Config{}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	sink := newRecSink(t)
 	s, _ := f.e.NewStream(4, f.reg, sink)
 	reqs := f.streamReqs(6, 0, time.Time{})
@@ -129,7 +132,7 @@ func TestStreamRefusedAndFull(t *testing.T) {
 	if n != 4 || err != nil {
 		t.Fatalf("took %d, %v; want the 4 the stream has slots for", n, err)
 	}
-	if res[0] != nil || !errors.Is(res[1], ErrNoSegment) || !errors.Is(res[2], ErrZeroLength) || !errors.Is(res[3], ErrOutOfBounds) {
+	if res[0] != nil || !errors.Is(res[1], xfer.ErrNoSegment) || !errors.Is(res[2], xfer.ErrZeroLength) || !errors.Is(res[3], xfer.ErrOutOfBounds) {
 		t.Fatalf("results %v", res[:4])
 	}
 	if s.Free() != 3 {
@@ -142,7 +145,7 @@ func TestStreamRefusedAndFull(t *testing.T) {
 	if n, _ := s.Submit(f.streamReqs(2, 20, time.Time{}), res[:2]); n != 1 {
 		t.Fatalf("full stream took %d", n)
 	}
-	tr.finish(nil)
+	tr.Finish()
 	if sink.count() != 4 {
 		t.Fatalf("%d ends; the refused ones must not reach the sink", sink.count())
 	}
@@ -154,15 +157,15 @@ func TestStreamRefusedAndFull(t *testing.T) {
 	}
 	s.Close(nil)
 	waitIdle(t, s)
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
 // TestStreamDeadline: a request past its deadline ends Timeout at once and
 // its transport is asked to cancel; its slot (and segment references) are
 // kept until the transport's late Done.
 func TestStreamDeadline(t *testing.T) {
-	tr := &asyncTr{}
-	f := newFixture(t, Config{}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	sink := newRecSink(t)
 	sink.ch = make(chan uint64, 4)
 	s, _ := f.e.NewStream(2, f.reg, sink)
@@ -175,17 +178,17 @@ func TestStreamDeadline(t *testing.T) {
 	if ud := <-sink.ch; ud != 10 {
 		t.Fatalf("first end is %d, want the short deadline's 10", ud)
 	}
-	if st, err, _ := sink.state(10); st != StateTimeout || !errors.Is(err, ErrTimeout) {
+	if st, err, _ := sink.state(10); st != xfer.StateTimeout || !errors.Is(err, xfer.ErrTimeout) {
 		t.Fatalf("ended %v %v", st, err)
 	}
-	if tr.canceledCount() != 1 {
-		t.Errorf("transport asked to cancel %d times", tr.canceledCount())
+	if tr.Cancels() != 1 {
+		t.Errorf("transport asked to cancel %d times", tr.Cancels())
 	}
-	if s.Free() != 0 || f.b.refs.Load() != 2 {
-		t.Fatalf("slot or refs released before the transport's Done: free %d, refs %d", s.Free(), f.b.refs.Load())
+	if s.Free() != 0 || f.b.Refs() != 2 {
+		t.Fatalf("slot or refs released before the transport's Done: free %d, refs %d", s.Free(), f.b.Refs())
 	}
-	tr.finish(nil) // a late Done for 10, a real one for 11
-	if st, _, _ := sink.state(11); st != StateCompleted {
+	tr.Finish() // a late Done for 10, a real one for 11
+	if st, _, _ := sink.state(11); st != xfer.StateCompleted {
 		t.Errorf("11 ended %v", st)
 	}
 	if s.Free() != 2 {
@@ -193,7 +196,7 @@ func TestStreamDeadline(t *testing.T) {
 	}
 	s.Close(nil)
 	waitIdle(t, s)
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
 // TestStreamSplitPoints: for every dispatch count k the transport can
@@ -204,41 +207,40 @@ func TestStreamSplitPoints(t *testing.T) {
 	const n = 8
 	for k := 0; k <= n; k++ {
 		for _, race := range []bool{false, true} {
-			tr := &asyncTr{limit: k, doneCancel: true}
-			if k == 0 {
-				tr.limit = -1
-			}
-			f := newFixture(t, Config{}, oneRouter{tr})
+			tr := xfertest.New(xfertest.Config{Limit: takeAtMost(k), CancelEnds: true})
+			f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 			sink := newRecSink(t)
 			s, _ := f.e.NewStream(n, f.reg, sink)
 			var wg sync.WaitGroup
 			if race {
 				wg.Add(1)
-				tr.onSubmit = func([]*Task) {
-					go func() { defer wg.Done(); s.Close(nil) }()
-				}
+				tr.Update(func(c *xfertest.Config) {
+					c.OnSubmit = func([]*xfer.Task) {
+						go func() { defer wg.Done(); s.Close(nil) }()
+					}
+				})
 			}
 			res := make([]error, n)
 			took, err := s.Submit(f.streamReqs(n, 0, time.Time{}), res)
 			wg.Wait()
-			if err != nil && !errors.Is(err, ErrClosed) {
+			if err != nil && !errors.Is(err, xfer.ErrClosed) {
 				t.Fatalf("k=%d race=%v: %v", k, race, err)
 			}
 			if err == nil && took != n {
 				t.Fatalf("k=%d: took %d", k, took)
 			}
 			for i := k; i < took; i++ {
-				if st, e, ok := sink.state(uint64(i)); !ok || st != StateFailed || !errors.Is(e, errInjected) {
+				if st, e, ok := sink.state(uint64(i)); !ok || st != xfer.StateFailed || !errors.Is(e, xfertest.ErrInjected) {
 					t.Fatalf("k=%d race=%v: undispatched request %d ended %v %v %v", k, race, i, st, e, ok)
 				}
 			}
-			tr.finish(nil)
+			tr.Finish()
 			s.Close(nil)
 			waitIdle(t, s)
 			if sink.count() != took {
 				t.Fatalf("k=%d race=%v: %d ends for %d accepted", k, race, sink.count(), took)
 			}
-			checkRefs(t, f.a, f.b)
+			xfertest.CheckRefs(t, f.a, f.b)
 		}
 	}
 }
@@ -246,17 +248,17 @@ func TestStreamSplitPoints(t *testing.T) {
 // TestStreamDoneInsideSubmit: a transport that ends tasks before its Submit
 // returns has their results published by the Submit.
 func TestStreamDoneInsideSubmit(t *testing.T) {
-	tr := &asyncTr{doneInline: true, limit: 3}
-	f := newFixture(t, Config{}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{Inline: true, Limit: 3})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	sink := newRecSink(t)
 	s, _ := f.e.NewStream(5, f.reg, sink)
 	res := make([]error, 5)
 	s.Submit(f.streamReqs(5, 0, time.Time{}), res)
 	for i := uint64(0); i < 5; i++ {
 		st, _, ok := sink.state(i)
-		want := StateCompleted
+		want := xfer.StateCompleted
 		if i >= 3 {
-			want = StateFailed
+			want = xfer.StateFailed
 		}
 		if !ok || st != want {
 			t.Errorf("request %d: %v %v, want %v", i, st, ok, want)
@@ -265,23 +267,23 @@ func TestStreamDoneInsideSubmit(t *testing.T) {
 	if s.Free() != 5 {
 		t.Errorf("%d free", s.Free())
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
 func TestStreamCloseCancels(t *testing.T) {
-	tr := &asyncTr{}
-	f := newFixture(t, Config{}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	sink := newRecSink(t)
 	s, _ := f.e.NewStream(4, f.reg, sink)
 	res := make([]error, 4)
 	s.Submit(f.streamReqs(4, 0, time.Time{}), res)
 	s.Close(nil)
 	for i := uint64(0); i < 4; i++ {
-		if st, err, _ := sink.state(i); st != StateCanceled || !errors.Is(err, ErrCanceled) {
+		if st, err, _ := sink.state(i); st != xfer.StateCanceled || !errors.Is(err, xfer.ErrCanceled) {
 			t.Fatalf("%d: %v %v", i, st, err)
 		}
 	}
-	if n, err := s.Submit(f.streamReqs(1, 9, time.Time{}), res[:1]); n != 0 || !errors.Is(err, ErrClosed) {
+	if n, err := s.Submit(f.streamReqs(1, 9, time.Time{}), res[:1]); n != 0 || !errors.Is(err, xfer.ErrClosed) {
 		t.Fatalf("submit after close: %d %v", n, err)
 	}
 	select {
@@ -289,14 +291,14 @@ func TestStreamCloseCancels(t *testing.T) {
 		t.Fatal("idle while the transport still holds every task")
 	default:
 	}
-	tr.finish(nil)
+	tr.Finish()
 	waitIdle(t, s)
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
 func TestStreamEngineClose(t *testing.T) {
-	tr := &asyncTr{doneCancel: true}
-	f := newFixture(t, Config{}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{CancelEnds: true})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	sink := newRecSink(t)
 	s, _ := f.e.NewStream(4, f.reg, sink)
 	res := make([]error, 4)
@@ -304,24 +306,24 @@ func TestStreamEngineClose(t *testing.T) {
 	f.e.Close()
 	waitIdle(t, s)
 	for i := uint64(0); i < 4; i++ {
-		if st, err, _ := sink.state(i); st != StateCanceled || !errors.Is(err, ErrClosed) {
+		if st, err, _ := sink.state(i); st != xfer.StateCanceled || !errors.Is(err, xfer.ErrClosed) {
 			t.Fatalf("%d: %v %v", i, st, err)
 		}
 	}
-	if _, err := f.e.NewStream(1, f.reg, sink); !errors.Is(err, ErrClosed) {
+	if _, err := f.e.NewStream(1, f.reg, sink); !errors.Is(err, xfer.ErrClosed) {
 		t.Errorf("NewStream after Close: %v", err)
 	}
-	checkRefs(t, f.a, f.b)
+	xfertest.CheckRefs(t, f.a, f.b)
 }
 
 func TestStreamContractViolation(t *testing.T) {
 	tr := &liarTr{n: func(l int) int { return l + 1 }, done: func(int) int { return 0 }}
-	f := newFixture(t, Config{}, oneRouter{tr})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	sink := newRecSink(t)
 	s, _ := f.e.NewStream(4, f.reg, sink)
 	res := make([]error, 2)
 	s.Submit(f.streamReqs(2, 0, time.Time{}), res)
-	if n, err := s.Submit(f.streamReqs(2, 5, time.Time{}), res); n != 0 || !errors.Is(err, ErrTransport) {
+	if n, err := s.Submit(f.streamReqs(2, 5, time.Time{}), res); n != 0 || !errors.Is(err, xfer.ErrTransport) {
 		t.Fatalf("after a contract violation: took %d, %v", n, err)
 	}
 	if f.e.Stats().Violations == 0 {
@@ -330,7 +332,7 @@ func TestStreamContractViolation(t *testing.T) {
 }
 
 func TestStreamNoAllocations(t *testing.T) {
-	f := newFixture(t, Config{}, oneRouter{&syncTr{}})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(syncTr()))
 	s, _ := f.e.NewStream(64, f.reg, discardSink{})
 	reqs := f.streamReqs(32, 0, time.Now().Add(time.Hour))
 	reqs[3].Notify = []byte("note")
@@ -348,12 +350,12 @@ func TestStreamNoAllocations(t *testing.T) {
 
 type discardSink struct{}
 
-func (discardSink) StreamDone(uint64, State, uint64, error) {}
+func (discardSink) StreamDone(uint64, xfer.State, uint64, error) {}
 
 func BenchmarkStreamSubmit(b *testing.B) {
 	for _, batch := range []int{1, 32} {
 		b.Run("batch"+string(rune('0'+batch/10))+string(rune('0'+batch%10)), func(b *testing.B) {
-			f := newFixture(b, Config{}, oneRouter{&syncTr{}})
+			f := newFixture(b, xfer.Config{}, xfertest.RouteAll(syncTr()))
 			s, _ := f.e.NewStream(64, f.reg, discardSink{})
 			reqs := f.streamReqs(batch, 0, time.Time{})
 			res := make([]error, batch)
@@ -367,14 +369,14 @@ func BenchmarkStreamSubmit(b *testing.B) {
 }
 
 func TestStreamOnFree(t *testing.T) {
-	tr := &asyncTr{}
-	f := newFixture(t, Config{}, oneRouter{tr})
+	tr := xfertest.New(xfertest.Config{})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	s, _ := f.e.NewStream(1, f.reg, newRecSink(t))
 	freed := make(chan struct{}, 4)
 	s.OnFree(func() { freed <- struct{}{} })
 	res := make([]error, 2)
 	s.Submit(f.streamReqs(1, 0, time.Time{}), res[:1]) // fits: no call later
-	tr.finish(nil)
+	tr.Finish()
 	select {
 	case <-freed:
 		t.Fatal("OnFree called though no Submit went short")
@@ -383,7 +385,7 @@ func TestStreamOnFree(t *testing.T) {
 	if n, _ := s.Submit(f.streamReqs(2, 1, time.Time{}), res); n != 1 {
 		t.Fatalf("took %d", n)
 	}
-	tr.finish(nil)
+	tr.Finish()
 	select {
 	case <-freed:
 	default:

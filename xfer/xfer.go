@@ -167,8 +167,12 @@ type Task struct {
 	Req    Request
 	Local  Segment
 	Target Segment
-	// Tag is the transport's own slot for per-task state (a ring index, a
-	// work-request id, a peer sequence number). The engine never reads it.
+	// Tag is the transport's own slot for per-task state: zero when the
+	// engine dispatches a task, and never read by the engine. Its layout is the transport's,
+	// documented where the transport writes it: Local's counts the chunks
+	// left and a failure bit (local.go), uring's names the ring and slot
+	// the task holds (uring's package doc). The tcp and rdma transports
+	// keep per-task state in their own tables and leave it alone.
 	Tag uint64
 	// Deadline is when the engine ends the task in StateTimeout if it is
 	// still live. The engine always sets it (the call's deadline, or now +

@@ -17,6 +17,7 @@ import (
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 func TestMain(m *testing.M) {
@@ -27,10 +28,6 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
 		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"))
 }
-
-type router struct{ tr xfer.Transport }
-
-func (r router) Route(_, _ xfer.Segment) (xfer.Transport, error) { return r.tr, nil }
 
 func startDaemon(t *testing.T) string { return startDaemonWith(t, nil) }
 
@@ -77,7 +74,7 @@ func startDaemonDeps(t *testing.T, deps func(*control.Deps)) string {
 	reg := xfer.NewRegistry()
 	reg.Add(pool)
 	tr := xfer.NewLocal(xfer.LocalConfig{Workers: 1}, log)
-	eng := xfer.NewEngine(xfer.Config{}, router{tr}, log)
+	eng := xfer.NewEngine(xfer.Config{}, xfertest.RouteAll(tr), log)
 	sock := filepath.Join(dir, "d.sock")
 	d := control.Deps{Engine: eng, Pool: pool, Registry: reg}
 	deps(&d)

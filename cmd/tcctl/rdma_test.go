@@ -111,7 +111,7 @@ func TestRDMAOffOrUnavailable(t *testing.T) {
 	}
 	// rdma = auto on a host without a usable device: the reason is the
 	// error opening one.
-	if err := rdma.Available(); err != nil {
+	if dev, err := rdma.Open(rdma.Config{}, slog.New(slog.DiscardHandler)); err != nil {
 		cases = append(cases, struct {
 			name, mode string
 			peers      bool
@@ -119,6 +119,7 @@ func TestRDMAOffOrUnavailable(t *testing.T) {
 			reason     string
 		}{"rdma = auto without a device", "auto", true, client.RDMAUnavailable, err.Error()})
 	} else {
+		dev.Close()
 		t.Log("this host has an RDMA device: the unavailable case is not tried (TestVerbsRDMAInfo covers enabled)")
 	}
 	for _, tc := range cases {
