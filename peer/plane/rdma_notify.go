@@ -1,4 +1,4 @@
-package daemon
+package plane
 
 import (
 	"errors"
@@ -40,10 +40,10 @@ func (p *rdmaPlane) serveNotify(from string, _ uint64, req []byte) ([]byte, erro
 	if len(payload) > tcp.MaxNotify {
 		return nil, fmt.Errorf("%w: notification of %d bytes (max %d)", xfer.ErrInvalid, len(payload), tcp.MaxNotify)
 	}
-	if r, ok := p.peers.Granted(name); !ok || r&tcp.RightWrite == 0 {
+	if r, ok := p.exported.Granted(name); !ok || tcp.Rights(r)&tcp.RightWrite == 0 {
 		return nil, fmt.Errorf("%w: %q is not exported for writing", xfer.ErrPermission, name)
 	}
-	if err := p.peers.Deliver(name, payload); err != nil {
+	if err := p.exported.Deliver(name, payload); err != nil {
 		return nil, err
 	}
 	return nil, nil
