@@ -111,6 +111,13 @@ type PeerPlane interface {
 	Code(err error) (Code, bool)
 }
 
+// RDMAReporter reports the daemon's RDMA plane, or why it has none
+// (*plane.Plane, plane.RDMAOff). It is called once per Rdma request, from
+// the connection's goroutine.
+type RDMAReporter interface {
+	RDMAInfo() wire.RDMAResponse
+}
+
 // Deps are what the server serves from. Engine, Registry and either Pool
 // (one default tenant) or Tenants (each with its pool) are required;
 // MapBuffer defaults to mapping the memfd with package shm; FileOpener is

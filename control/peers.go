@@ -210,6 +210,21 @@ func (c *conn) peers() error {
 	return nil
 }
 
+// rdmaInfo answers Rdma. It never fails: without a reporter the answer is
+// "off", with the reason; an answer too long for a frame loses peers.
+func (c *conn) rdmaInfo() {
+	r := wire.SetResponse[wire.RDMAResponse](&c.resp)
+	rep := c.s.deps.RDMA
+	if rep == nil {
+		*r = wire.RDMAResponse{State: wire.RDMAOff, Reason: "the daemon reports no RDMA plane"}
+		return
+	}
+	*r = rep.RDMAInfo()
+	if n := r.Fit(c.s.cfg.MaxFrame / 2); n > 0 {
+		c.log.Warn("rdma answer cut short", "peers", len(r.Peers)+n, "sent", len(r.Peers))
+	}
+}
+
 // segmentsList reports the daemon's exported segments and the remote
 // segments its connections opened.
 func (c *conn) segmentsList() {
