@@ -77,14 +77,6 @@ func tasksOf(r *recorder, reqs ...xfer.Request) []*xfer.Task {
 	return out
 }
 
-func pattern(n int, seed byte) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i*7) + seed
-	}
-	return b
-}
-
 type chanCompleter chan struct{}
 
 func (c chanCompleter) TaskDone(*xfer.Task, uint64, error) { c <- struct{}{} }
