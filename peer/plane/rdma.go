@@ -24,16 +24,16 @@ const (
 	revokeExchange  = "rdma.revoke"
 )
 
-// rdmaPlane is the daemon's RDMA end: the device, the pool's memory
-// registration (made once at start-up, for local use only: no peer can
-// address the pool as a whole), one registration per export a peer asked
+// rdmaPlane is the daemon's RDMA end: the device, the pools' memory
+// registrations (made once at start-up, for local use only: no peer can
+// address a pool as a whole), one registration per export a peer asked
 // for (with the export's rights as its remote access, dropped when the
 // export ends; see rdma_exports.go), one outbound link per peer (a
 // transport this daemon dials and submits on) and one accepting transport
 // per peer (the peer's link lands there). Client buffers get a local
 // registration when first used (rdma_locals.go).
 //
-// The router asks route for each remote target: a request whose local side
+// Plane.Route asks route for each remote target: a request whose local side
 // is the pool or a registered client buffer and whose peer's link is up
 // with the target segment resolved goes to that link; anything else goes to
 // tcp and queues a job for the worker, which registers the buffer, connects
