@@ -296,6 +296,18 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 		}
 		t.Logf("%d KiB write+read over rdma in %v", n>>10, time.Since(start))
 	}
+	// tcctl stats carries the peer plane's RDMA counters.
+	st, err := p.wr.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stat := map[string]uint64{}
+	for _, c := range st.Transports {
+		stat[c.Name] = c.Value
+	}
+	if stat["rdma.links"] != 1 || stat["rdma.tasks"] < uint64(2*len(rdmaSizes)) || stat["rdma.bytes"] < 2*(4<<20) {
+		t.Fatalf("d2's stats after %d round trips by rdma: %+v", len(rdmaSizes), st.Transports)
+	}
 	// A notified WRITE moves its bytes by RDMA; the notification follows on
 	// the peer channel and the task completes on the owner's answer.
 	sub := p.d1.dial(t, "subscriber")
