@@ -461,3 +461,31 @@ func TestLookupPath(t *testing.T) {
 		t.Fatalf("%d references left", buf.refs.Load())
 	}
 }
+
+// BenchmarkPeerRequestLookup is what every peer request costs the table:
+// the lookup by name, the reference and its release, from many event
+// loops at once over a table of many exports.
+func BenchmarkPeerRequestLookup(b *testing.B) {
+	x := NewExports(nil)
+	buf := &memSeg{id: 1, b: make([]byte, 1<<16)}
+	names := make([]string, 256)
+	for i := range names {
+		names[i] = fmt.Sprintf("kv%d", i)
+		if _, err := x.Export(names[i], "", buf, 0, 4096, wire.RightRead|wire.RightWrite); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			seg, err := x.Lookup(names[i%len(names)])
+			if err != nil || !seg.Acquire() {
+				b.Error("lookup failed")
+				return
+			}
+			seg.Release()
+			i++
+		}
+	})
+}
