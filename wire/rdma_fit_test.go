@@ -17,7 +17,7 @@ func TestRDMAFit(t *testing.T) {
 		t.Fatalf("an answer that fits lost %d peers (%d left)", n, len(whole.Peers))
 	}
 	long := RDMAResponse{State: RDMAUnavailable, Reason: strings.Repeat("x", MaxRDMAReason+100)}
-	if long.Fit(1<<20); len(long.Reason) != MaxRDMAReason {
+	if long.Fit(1 << 20); len(long.Reason) != MaxRDMAReason {
 		t.Fatalf("reason of %d bytes after Fit", len(long.Reason))
 	}
 	const budget = 64 << 10
