@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -26,20 +27,18 @@ func codeOfExtra(err error) (Code, bool) {
 		return tcproto.CodeRESOURCE_EXHAUSTED, true
 	case errors.Is(err, xfer.ErrFault):
 		return tcproto.CodeFAILED_PRECONDITION, true
+	case errors.Is(err, peer.ErrNotFound):
+		return tcproto.CodeNOT_FOUND, true
+	case errors.Is(err, peer.ErrInvalid):
+		return tcproto.CodeINVALID_ARGUMENT, true
+	case errors.Is(err, peer.ErrLimit):
+		return tcproto.CodeRESOURCE_EXHAUSTED, true
+	case errors.Is(err, peer.ErrUnavailable):
+		return tcproto.CodeUNAVAILABLE, true
 	}
 	// The store's errors map by its own table (the protocol's codes).
 	if c := store.CodeOf(err); c != store.Internal {
 		return Code(c), true
 	}
 	return 0, false
-}
-
-// ShmMapBuffer is the MapBufferFunc over shm.MapBuffer, the default when
-// Deps.MapBuffer is nil.
-func ShmMapBuffer(id xfer.SegmentID, fd int, size, limit uint64) (Buffer, error) {
-	b, err := shm.MapBuffer(id, fd, size, limit)
-	if err != nil {
-		return nil, err
-	}
-	return b, nil
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -99,12 +100,9 @@ type conn struct {
 	files   map[xfer.SegmentID]FileSegment
 	remotes map[xfer.SegmentID]remote
 
-	// smu guards subs: the exports this connection receives notifications
-	// of (an owner's unexport removes itself from here).
-	smu  sync.Mutex
-	subs map[*export]struct{}
-	// notes is the queue Deliver fills and PollNotifications drains.
-	notes noteQueue
+	// inbox is the queue of the notifications of the exports the
+	// connection subscribed to, which PollNotifications drains.
+	inbox *peer.Inbox
 
 	// pview is the pool as this connection's requests resolve it.
 	pview poolView
@@ -122,11 +120,11 @@ type conn struct {
 	// queue's memfd): closed once the answer is written, -1 when none.
 	passFD  int
 	idem    idemTable
-	exports []*export // what this connection exported
+	exports []*peer.Export // what this connection exported
 	// lingering are unexported pool ranges a peer request still held
 	// when unexport gave up waiting; their blocks are not freed while it
 	// does.
-	lingering []*export
+	lingering []*peer.Export
 }
 
 func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
@@ -144,8 +142,6 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 		buffers: make(map[xfer.SegmentID]Buffer),
 		files:   make(map[xfer.SegmentID]FileSegment),
 		remotes: make(map[xfer.SegmentID]remote),
-		subs:    make(map[*export]struct{}),
-		notes:   noteQueue{wake: make(chan struct{}, 1)},
 		batches: make(map[BatchID]struct{}),
 		queues:  make(map[uint64]*cqueue),
 		passFD:  -1,
@@ -158,6 +154,7 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 			return nil, err
 		}
 	}
+	c.inbox = peer.NewInbox(fmt.Sprintf("connection %d", c.id), s.cfg.Limits.MaxNotifications)
 	c.log = s.log.With("conn", c.id, "pid", c.cred.Pid, "uid", c.cred.Uid)
 	c.pview.blocks, c.pview.log = &c.blocks, c.log
 	c.readFn = c.recvmsg

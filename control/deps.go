@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -53,6 +55,16 @@ type Buffer interface {
 // largest size the server accepts.
 type MapBufferFunc func(id xfer.SegmentID, fd int, size, limit uint64) (Buffer, error)
 
+// mapShmBuffer is the MapBufferFunc over shm.MapBuffer, the default when
+// Deps.MapBuffer is nil.
+func mapShmBuffer(id xfer.SegmentID, fd int, size, limit uint64) (Buffer, error) {
+	b, err := shm.MapBuffer(id, fd, size, limit)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
 // FileSegment is a file or block device opened for transfers.
 type FileSegment interface {
 	xfer.Segment
@@ -76,18 +88,21 @@ type TenantFileOpener interface {
 // RemoteSegment is a segment of a peer daemon opened through the peer
 // plane (*tcp.Remote). Its ID is the plane's own; the server names it to
 // its client by an id from the Registry.
-type RemoteSegment interface {
-	xfer.Segment
-	Epoch() uint64
-	Close() error
-}
+type RemoteSegment = peer.RemoteSegment
 
-// PeerPlane is the daemon's peer data plane as the server uses it.
+// OpenContext is what a request's context says about how to open a remote
+// segment: its lane and policy version, as the client sent them.
+type OpenContext = peer.OpenContext
+
+// PeerPlane is the daemon's peer data plane as the server uses it;
+// *peer.Plane implements it.
 type PeerPlane interface {
-	// OpenRemote opens segment on daemon peer with rights (wire.RightRead
-	// | wire.RightWrite); transport (wire.TransportAuto, TransportTCP,
-	// TransportRDMA) says how its requests travel.
-	OpenRemote(peer, segment string, rights, transport uint8) (RemoteSegment, error)
+	// OpenRemote opens segment on daemon peerID with rights
+	// (wire.RightRead | wire.RightWrite); transport (wire.TransportAuto,
+	// TransportTCP, TransportRDMA) says how its requests travel, and ctx
+	// how the peer may be looked up (the directory's posture for its
+	// lane).
+	OpenRemote(ctx OpenContext, peerID, segment string, rights, transport uint8) (RemoteSegment, error)
 	// Peers reports the known peers.
 	Peers() []wire.PeerInfo
 	// Code maps the plane's own errors (a lost connection, a rejected
@@ -96,33 +111,18 @@ type PeerPlane interface {
 	Code(err error) (Code, bool)
 }
 
-// OpenContext is what a request's context says about how to open a
-// remote segment: its lane (which chooses the directory's posture) and
-// policy version, as the client sent them.
-type OpenContext struct {
-	Lane          string
-	PolicyVersion uint32
-}
-
-// LaneOpener is a PeerPlane that takes the request's context into account
-// when it opens a remote segment (the multi-host directory's posture).
-// When Peers implements it, OpenRemote goes through OpenRemoteIn.
-type LaneOpener interface {
-	OpenRemoteIn(ctx OpenContext, peer, segment string, rights, transport uint8) (RemoteSegment, error)
-}
-
-// ExportCatalog is told about the daemon's exports so that daemons that
-// do not list this one in their config can find them (the multi-host
-// directory's catalog). Both calls come from the exporting connection's
-// goroutine and must not wait on the network.
-type ExportCatalog interface {
-	Exported(name string, size uint64, rights uint8)
-	Unexported(name string)
+// RDMAReporter reports the daemon's RDMA plane, or why it has none
+// (*plane.Plane, plane.RDMAOff). It is called once per Rdma request, from
+// the connection's goroutine.
+type RDMAReporter interface {
+	RDMAInfo() wire.RDMAResponse
 }
 
 // Deps are what the server serves from. Engine, Registry and either Pool
-// (one default tenant) or Tenants (each with its pool) are required; MapBuffer defaults to ShmMapBuffer; FileOpener is optional
-// (RegisterFile then answers UNAVAILABLE); Peers is optional (OpenRemote and
+// (one default tenant) or Tenants (each with its pool) are required;
+// MapBuffer defaults to mapping the memfd with package shm; FileOpener is
+// optional (RegisterFile then answers UNAVAILABLE); Exports defaults to a
+// table of the server's own; Peers is optional (OpenRemote and
 // notifications then answer UNAVAILABLE; exports are still listed); RDMA
 // is optional.
 type Deps struct {
@@ -136,15 +136,17 @@ type Deps struct {
 	Registry   Registry
 	MapBuffer  MapBufferFunc
 	FileOpener FileOpener
-	Peers      PeerPlane
+	// Exports is the daemon's export table, which the peer plane serves
+	// peers from; the server exports, unexports and subscribes in it on
+	// its clients' behalf.
+	Exports *peer.Exports
+	Peers   PeerPlane
 	// RDMA reports the RDMA plane for tcctl rdma; optional (the answer is
 	// then "off").
 	RDMA RDMAReporter
 	// TransportStats appends the transports' features and counters (ring
 	// depths, flags in use) to dst for Stats; optional.
 	TransportStats func(dst []wire.Counter) []wire.Counter
-	// Catalog is told about exports (the multi-host directory); optional.
-	Catalog ExportCatalog
 	// Directory reports the directory for tcctl directory; optional.
 	Directory directory.Reporter
 	// Store is the default tenant's KV block store (without Tenants; each

@@ -713,7 +713,7 @@ func (c *conn) stats() {
 		{Name: "idempotency_keys", Value: uint64(len(c.idem.order))},
 		{Name: "exports", Value: uint64(len(c.exports))},
 		{Name: "remotes", Value: uint64(c.remoteCount())},
-		{Name: "notifications_queued", Value: uint64(c.queuedNotes())},
+		{Name: "notifications_queued", Value: uint64(c.inbox.Len())},
 	}
 	r.Connection = c.queueCounters(r.Connection)
 	r.Store = c.storeCounters()

@@ -4,104 +4,13 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
-
-// maxSegmentName and maxPeerID bound the parts of "peer/segment".
-const (
-	maxSegmentName = 255
-	maxPeerID      = 64
-)
-
-// exportView is the part of a connection's segment (a registered buffer or
-// a range of its pool blocks) that peers reach under an exported name. It
-// counts its own references so that unexporting waits for the peer
-// requests still touching it before the range goes back to its owner.
-type exportView struct {
-	parent    xfer.MemSegment
-	off, size uint64
-	closed    atomic.Bool
-	refs      atomic.Int64
-}
-
-var _ xfer.MemSegment = (*exportView)(nil)
-
-func (v *exportView) ID() xfer.SegmentID { return v.parent.ID() }
-func (v *exportView) Kind() xfer.Kind    { return v.parent.Kind() }
-func (v *exportView) Size() uint64       { return v.size }
-func (v *exportView) Bytes() []byte      { return v.parent.Bytes()[v.off : v.off+v.size] }
-
-func (v *exportView) Acquire() bool {
-	if v.closed.Load() {
-		return false
-	}
-	v.refs.Add(1)
-	if v.closed.Load() {
-		v.refs.Add(-1)
-		return false
-	}
-	if !v.parent.Acquire() {
-		v.refs.Add(-1)
-		return false
-	}
-	return true
-}
-
-func (v *exportView) Release() {
-	v.parent.Release()
-	v.refs.Add(-1)
-}
-
-// close refuses new references and waits up to limit for the ones held
-// (peer requests copying into or out of the range); it reports whether
-// they all ended.
-func (v *exportView) close(limit time.Duration) bool {
-	v.closed.Store(true)
-	deadline := time.Now().Add(limit)
-	for v.refs.Load() > 0 {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
-	return true
-}
-
-// export is one exported segment.
-type export struct {
-	name   string
-	owner  *conn
-	view   *exportView
-	source xfer.SegmentID // the owner's buffer, or the pool
-	rights uint8
-	subs   map[*conn]struct{} // guarded by exportTable.mu
-}
-
-// exportTable is the daemon's exported segments by name.
-type exportTable struct {
-	// mu guards m and every export's subs. Lock order: exportTable.mu,
-	// then a connection's noteQueue.mu.
-	mu sync.Mutex
-	m  map[string]*export
-	// onEnd is called after an export ended (see SetUnexportHook).
-	onEnd atomic.Pointer[UnexportHook]
-}
-
-// noteQueue is a connection's bounded queue of notifications.
-type noteQueue struct {
-	// mu guards q.
-	mu sync.Mutex
-	q  []wire.Notification
-	// wake has room for one token: Deliver leaves one when it queues.
-	wake chan struct{}
-}
 
 // remote is a peer's segment a connection opened.
 type remote struct {
@@ -112,82 +21,12 @@ type remote struct {
 	transport uint8
 }
 
-// Lookup returns the segment exported under name; the peer plane calls it
-// for every request a peer makes.
-func (s *Server) Lookup(name string) (xfer.MemSegment, error) {
-	s.exp.mu.Lock()
-	e := s.exp.m[name]
-	s.exp.mu.Unlock()
-	if e == nil {
-		return nil, fmt.Errorf("%w: no segment exported as %q", ErrNotFound, name)
-	}
-	return e.view, nil
-}
-
-// Granted reports the rights (wire.RightRead | wire.RightWrite) the segment
-// exported as name grants to peers.
-func (s *Server) Granted(name string) (uint8, bool) {
-	s.exp.mu.Lock()
-	defer s.exp.mu.Unlock()
-	e := s.exp.m[name]
-	if e == nil {
-		return 0, false
-	}
-	return e.rights, true
-}
-
-// Deliver queues a notification a peer attached to a WRITE into the
-// segment exported as name, for every connection subscribed to it. It
-// fails, queueing nothing, when the name is not exported, nobody
-// subscribed, or a subscriber's queue is full: the writer then gets a
-// negative acknowledgement. It never blocks.
-func (s *Server) Deliver(name string, payload []byte) error {
-	if len(payload) > wire.MaxNotify {
-		return fmt.Errorf("%w: notification of %d bytes (max %d)", ErrLimit, len(payload), wire.MaxNotify)
-	}
-	s.exp.mu.Lock()
-	defer s.exp.mu.Unlock()
-	e := s.exp.m[name]
-	if e == nil {
-		return fmt.Errorf("%w: no segment exported as %q", ErrNotFound, name)
-	}
-	if len(e.subs) == 0 {
-		return fmt.Errorf("%w: nobody subscribed to %q", ErrNotFound, name)
-	}
-	limit := s.cfg.Limits.MaxNotifications
-	for c := range e.subs {
-		c.notes.mu.Lock()
-		full := len(c.notes.q) >= limit
-		c.notes.mu.Unlock()
-		if full {
-			return fmt.Errorf("%w: notification queue of connection %d is full (%d)", ErrLimit, c.id, limit)
-		}
-	}
-	seg := []byte(name)
-	for c := range e.subs {
-		p := slices.Clone(payload)
-		if p == nil {
-			p = []byte{}
-		}
-		c.notes.mu.Lock()
-		c.notes.q = append(c.notes.q, wire.Notification{Segment: seg, Payload: p})
-		c.notes.mu.Unlock()
-		select {
-		case c.notes.wake <- struct{}{}:
-		default:
-		}
-	}
-	return nil
-}
-
-func validRights(r uint8) bool { return r != 0 && r&^(wire.RightRead|wire.RightWrite) == 0 }
-
 func (c *conn) exportSegment(m *wire.ExportSegmentRequest) error {
 	name := string(m.Name)
-	if len(name) > maxSegmentName || strings.Contains(name, "/") {
-		return fmt.Errorf("%w: export name %q (1..%d bytes, no '/')", ErrMalformed, name, maxSegmentName)
+	if err := peer.CheckName(name); err != nil {
+		return err
 	}
-	if !validRights(m.Rights) {
+	if !peer.ValidRights(m.Rights) {
 		return fmt.Errorf("%w: rights %d", ErrMalformed, m.Rights)
 	}
 	if len(c.exports) >= c.s.cfg.Limits.MaxExports {
@@ -211,32 +50,20 @@ func (c *conn) exportSegment(m *wire.ExportSegmentRequest) error {
 		if n == 0 && off < b.Size() {
 			n = b.Size() - off
 		}
-		if end := off + n; n == 0 || end < off || end > b.Size() {
-			return fmt.Errorf("%w: range [%d, +%d) outside buffer %d of %d bytes", ErrMalformed, off, n, id, b.Size())
-		}
 		parent = b
 	}
-	e := &export{name: name, owner: c, view: &exportView{parent: parent, off: off, size: n}, source: id,
-		rights: m.Rights, subs: make(map[*conn]struct{})}
-	t := &c.s.exp
-	t.mu.Lock()
-	if _, dup := t.m[name]; dup {
-		t.mu.Unlock()
-		return fmt.Errorf("%w: segment name %q is exported already", xfer.ErrExists, name)
+	e, err := c.s.exports.Export(name, c.tenantName(), parent, off, n, m.Rights)
+	if err != nil {
+		return err
 	}
-	t.m[name] = e
-	t.mu.Unlock()
 	c.exports = append(c.exports, e)
-	if cat := c.s.deps.Catalog; cat != nil {
-		cat.Exported(name, n, m.Rights)
-	}
 	c.log.Info("segment exported", "name", name, "segment", id, "offset", off, "size", n, "rights", m.Rights)
 	wire.SetResponse[wire.ExportSegmentResponse](&c.resp).Size = n
 	return nil
 }
 
 func (c *conn) unexportSegment(m *wire.UnexportSegmentRequest) error {
-	i := slices.IndexFunc(c.exports, func(e *export) bool { return e.name == string(m.Name) })
+	i := slices.IndexFunc(c.exports, func(e *peer.Export) bool { return e.Name() == string(m.Name) })
 	if i < 0 {
 		return fmt.Errorf("%w: this connection exports no %q", ErrNotFound, m.Name)
 	}
@@ -245,23 +72,12 @@ func (c *conn) unexportSegment(m *wire.UnexportSegmentRequest) error {
 	return nil
 }
 
-// dropExport removes c.exports[i] from the table (its subscribers stop
-// receiving) and waits for the peer requests still in its range.
+// dropExport ends c.exports[i] (its subscribers stop receiving, what RDMA
+// registered for it is revoked) after the peer requests still in its
+// range, waiting up to ReleaseWait for them.
 func (c *conn) dropExport(i int) {
 	e := c.exports[i]
 	c.exports = slices.Delete(c.exports, i, i+1)
-	t := &c.s.exp
-	t.mu.Lock()
-	delete(t.m, e.name)
-	subs := e.subs
-	e.subs = nil
-	t.mu.Unlock()
-	if cat := c.s.deps.Catalog; cat != nil {
-		cat.Unexported(e.name)
-	}
-	for sc := range subs {
-		sc.unsubscribed(e)
-	}
 	wait := c.s.cfg.ReleaseWait
 	if c.s.isClosing() {
 		// The peer plane is closed or closing with the daemon; a request
@@ -269,79 +85,52 @@ func (c *conn) dropExport(i int) {
 		// (its reference), and a pool range lingers (below).
 		wait = 0
 	}
-	if !e.view.close(wait) {
-		c.log.Warn("peer requests still in an unexported range", "name", e.name)
-		if e.source == c.poolID() {
+	if !e.End(wait) {
+		c.log.Warn("peer requests still in an unexported range", "name", e.Name())
+		if e.Source() == c.poolID() {
 			c.lingering = append(c.lingering, e)
 		}
 	}
-	if h := t.onEnd.Load(); h != nil {
-		(*h)(e.name, e.view)
-	}
-	c.log.Info("segment unexported", "name", e.name)
+	c.log.Info("segment unexported", "name", e.Name())
 }
 
 // exported reports whether an export of c, or an unexported pool range a
 // peer request still holds, overlaps [off, off+n) of seg.
 func (c *conn) exported(seg xfer.SegmentID, off, n uint64) bool {
-	overlaps := func(e *export) bool {
-		return e.source == seg && off < e.view.off+e.view.size && e.view.off < off+n
+	overlaps := func(e *peer.Export) bool { return e.Overlaps(seg, off, n) }
+	if slices.ContainsFunc(c.exports, overlaps) {
+		return true
 	}
-	for _, e := range c.exports {
-		if overlaps(e) {
-			return true
-		}
-	}
-	c.lingering = slices.DeleteFunc(c.lingering, func(e *export) bool { return e.view.refs.Load() == 0 })
+	c.lingering = slices.DeleteFunc(c.lingering, func(e *peer.Export) bool { return !e.Busy() })
 	return slices.ContainsFunc(c.lingering, overlaps)
 }
 
 // dropExportsOf unexports everything c exported from segment seg.
 func (c *conn) dropExportsOf(seg xfer.SegmentID) {
 	for i := len(c.exports) - 1; i >= 0; i-- {
-		if c.exports[i].source == seg {
+		if c.exports[i].Source() == seg {
 			c.dropExport(i)
 		}
 	}
 }
 
 func (c *conn) subscribe(m *wire.SubscribeRequest) error {
-	name := string(m.Name)
-	if len(c.subs) >= c.s.cfg.Limits.MaxExports {
-		return fmt.Errorf("%w: %d subscriptions", ErrLimit, len(c.subs))
+	if n := c.inbox.Subscriptions(); n >= c.s.cfg.Limits.MaxExports {
+		return fmt.Errorf("%w: %d subscriptions", ErrLimit, n)
 	}
-	t := &c.s.exp
-	t.mu.Lock()
-	e := t.m[name]
-	if e != nil && e.owner.tenant != c.tenant {
-		// Another tenant's notifications carry its data: not for this
-		// client, and not even that the name exists.
-		e = nil
+	if err := c.s.exports.Subscribe(string(m.Name), c.tenantName(), c.inbox); err != nil {
+		return err
 	}
-	if e != nil {
-		e.subs[c] = struct{}{}
-	}
-	t.mu.Unlock()
-	if e == nil {
-		return fmt.Errorf("%w: no segment exported as %q (by this tenant)", ErrNotFound, name)
-	}
-	c.smu.Lock()
-	c.subs[e] = struct{}{}
-	c.smu.Unlock()
 	wire.SetResponse[wire.SubscribeResponse](&c.resp)
 	return nil
-}
-
-// unsubscribed forgets e, which its owner unexported.
-func (c *conn) unsubscribed(e *export) {
-	c.smu.Lock()
-	delete(c.subs, e)
-	c.smu.Unlock()
 }
 
 // maxPollItems bounds one PollNotifications answer.
 const maxPollItems = 1024
 
+// pollNotifications answers with what the connection's inbox holds,
+// sleeping until a notification is queued (or the call's deadline, or a
+// drain) when it holds none.
 func (c *conn) pollNotifications(m *wire.PollNotificationsRequest) error {
 	max := int(m.Max)
 	if max <= 0 || max > maxPollItems {
@@ -355,37 +144,10 @@ func (c *conn) pollNotifications(m *wire.PollNotificationsRequest) error {
 	}
 	r := wire.SetResponse[wire.PollNotificationsResponse](&c.resp)
 	for {
-		c.notes.mu.Lock()
-		k := 0
-		for k < len(c.notes.q) && k < max {
-			sz := len(c.notes.q[k].Segment) + len(c.notes.q[k].Payload) + 32
-			if k > 0 && sz > budget {
-				break
-			}
-			budget -= sz
-			k++
-		}
-		r.Notifications = append(r.Notifications, c.notes.q[:k]...)
-		clear(c.notes.q[:k])
-		c.notes.q = c.notes.q[k:]
-		if len(c.notes.q) == 0 {
-			c.notes.q = nil
-		}
-		c.notes.mu.Unlock()
-		if k > 0 {
+		r.Notifications = c.inbox.Take(r.Notifications, max, budget)
+		if len(r.Notifications) > 0 || c.s.draining.Load() || !c.inbox.Wait(deadline, c.s.quiesced) {
 			return nil
 		}
-		wait := time.Until(deadline)
-		if wait <= 0 || c.s.draining.Load() {
-			return nil
-		}
-		t := time.NewTimer(min(wait, waitSlice))
-		select {
-		case <-c.notes.wake:
-		case <-t.C:
-		case <-c.s.closing:
-		}
-		t.Stop()
 	}
 }
 
@@ -394,11 +156,11 @@ func (c *conn) openRemote(m *wire.OpenRemoteRequest) error {
 	if pp == nil {
 		return fmt.Errorf("%w: no peer plane configured", ErrUnavailable)
 	}
-	peer, seg, ok := strings.Cut(string(m.Name), "/")
-	if !ok || peer == "" || seg == "" || len(peer) > maxPeerID || len(seg) > maxSegmentName {
-		return fmt.Errorf("%w: remote name %q (want peer/segment)", ErrMalformed, m.Name)
+	peerID, seg, err := peer.SplitRemote(string(m.Name))
+	if err != nil {
+		return err
 	}
-	if !validRights(m.Rights) {
+	if !peer.ValidRights(m.Rights) {
 		return fmt.Errorf("%w: rights %d", ErrMalformed, m.Rights)
 	}
 	if m.Transport > wire.TransportRDMA {
@@ -410,22 +172,16 @@ func (c *conn) openRemote(m *wire.OpenRemoteRequest) error {
 	if held >= c.s.cfg.Limits.MaxExports {
 		return fmt.Errorf("%w: %d remote segments open", ErrLimit, held)
 	}
-	var rs RemoteSegment
-	var err error
-	if lo, ok := pp.(LaneOpener); ok {
-		rs, err = lo.OpenRemoteIn(OpenContext{Lane: string(c.req.Ctx.Lane), PolicyVersion: c.req.Ctx.PolicyVersion},
-			peer, seg, m.Rights, m.Transport)
-	} else {
-		rs, err = pp.OpenRemote(peer, seg, m.Rights, m.Transport)
-	}
+	rs, err := pp.OpenRemote(OpenContext{Lane: string(c.req.Ctx.Lane), PolicyVersion: c.req.Ctx.PolicyVersion},
+		peerID, seg, m.Rights, m.Transport)
 	if err != nil {
 		return err
 	}
 	id := c.s.deps.Registry.NextID()
 	c.mu.Lock()
-	c.remotes[id] = remote{seg: rs, peer: peer, name: seg, rights: m.Rights, transport: m.Transport}
+	c.remotes[id] = remote{seg: rs, peer: peerID, name: seg, rights: m.Rights, transport: m.Transport}
 	c.mu.Unlock()
-	c.log.Info("remote segment opened", "peer", peer, "name", seg, "segment", id, "size", rs.Size(),
+	c.log.Info("remote segment opened", "peer", peerID, "name", seg, "segment", id, "size", rs.Size(),
 		"epoch", fmt.Sprintf("%#x", rs.Epoch()), "transport", wire.TransportName(m.Transport))
 	*wire.SetResponse[wire.OpenRemoteResponse](&c.resp) = wire.OpenRemoteResponse{Segment: uint64(id), Size: rs.Size(), Epoch: rs.Epoch()}
 	return nil
@@ -454,16 +210,25 @@ func (c *conn) peers() error {
 	return nil
 }
 
+// rdmaInfo answers Rdma. It never fails: without a reporter the answer is
+// "off", with the reason; an answer too long for a frame loses peers.
+func (c *conn) rdmaInfo() {
+	r := wire.SetResponse[wire.RDMAResponse](&c.resp)
+	rep := c.s.deps.RDMA
+	if rep == nil {
+		*r = wire.RDMAResponse{State: wire.RDMAOff, Reason: "the daemon reports no RDMA plane"}
+		return
+	}
+	*r = rep.RDMAInfo()
+	if n := r.Fit(c.s.cfg.MaxFrame / 2); n > 0 {
+		c.log.Warn("rdma answer cut short", "peers", len(r.Peers)+n, "sent", len(r.Peers))
+	}
+}
+
 // segmentsList reports the daemon's exported segments and the remote
 // segments its connections opened.
 func (c *conn) segmentsList() {
-	var out []wire.SegmentInfo
-	t := &c.s.exp
-	t.mu.Lock()
-	for _, e := range t.m {
-		out = append(out, wire.SegmentInfo{Name: []byte(e.name), Segment: uint64(e.source), Size: e.view.size, Rights: e.rights})
-	}
-	t.mu.Unlock()
+	out := c.s.exports.List(nil)
 	c.s.mu.Lock()
 	conns := make([]*conn, 0, len(c.s.conns))
 	for sc := range c.s.conns {
@@ -512,21 +277,7 @@ func (c *conn) notifyArgs(notify [][]byte) [][]byte {
 // in their ranges) and opened remote segments. It runs before the
 // connection's buffers and pool blocks are released.
 func (c *conn) releasePeers() {
-	c.smu.Lock()
-	subs := c.subs
-	c.subs = map[*export]struct{}{}
-	c.smu.Unlock()
-	t := &c.s.exp
-	t.mu.Lock()
-	for e := range subs {
-		if e.subs != nil {
-			delete(e.subs, c)
-		}
-	}
-	t.mu.Unlock()
-	c.notes.mu.Lock()
-	c.notes.q = nil
-	c.notes.mu.Unlock()
+	c.inbox.Close()
 	for i := len(c.exports) - 1; i >= 0; i-- {
 		c.dropExport(i)
 	}
@@ -557,8 +308,11 @@ func (c *conn) remoteCount() int {
 	return len(c.remotes)
 }
 
-func (c *conn) queuedNotes() int {
-	c.notes.mu.Lock()
-	defer c.notes.mu.Unlock()
-	return len(c.notes.q)
+// tenantName is the connection's tenant's name, "" for a connection
+// without one: exports and subscriptions match on it.
+func (c *conn) tenantName() string {
+	if c.tenant == nil {
+		return ""
+	}
+	return c.tenant.Name
 }

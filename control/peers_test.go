@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -38,7 +39,7 @@ type fakePlane struct {
 	via    []uint8
 }
 
-func (p *fakePlane) OpenRemote(peer, segment string, rights, transport uint8) (RemoteSegment, error) {
+func (p *fakePlane) OpenRemote(_ OpenContext, peer, segment string, rights, transport uint8) (RemoteSegment, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if peer != "d2" {
@@ -64,6 +65,17 @@ func withPeers(p PeerPlane, maxNotes int) envOpt {
 	}
 }
 
+func withExports(x *peer.Exports) envOpt {
+	return func(_ *Config, d *Deps) { d.Exports = x }
+}
+
+// catalogEvents is a peer.Catalog that says when each name leaves the
+// table: the moment an export's end starts waiting for its peer requests.
+type catalogEvents struct{ unexported chan string }
+
+func (c catalogEvents) Exported(string, uint64, uint8) {}
+func (c catalogEvents) Unexported(name string)         { c.unexported <- name }
+
 func registerBuffer(t *testing.T, c *rawClient, size uint64) xfer.SegmentID {
 	t.Helper()
 	fd := newMemfd(t, size)
@@ -74,7 +86,9 @@ func registerBuffer(t *testing.T, c *rawClient, size uint64) xfer.SegmentID {
 }
 
 func TestExportsAndNotifications(t *testing.T) {
-	e := newEnv(t, false, withPeers(&fakePlane{}, 3))
+	cat := catalogEvents{unexported: make(chan string, 16)}
+	exp := peer.NewExports(cat)
+	e := newEnv(t, false, withPeers(&fakePlane{}, 3), withExports(exp))
 	owner := dialRaw(t, e.sock)
 	seg := registerBuffer(t, owner, 1<<16)
 	export := func(c *rawClient, name string, seg xfer.SegmentID, off, n uint64, rights uint8) *wire.Response {
@@ -96,14 +110,14 @@ func TestExportsAndNotifications(t *testing.T) {
 	expectCode(t, export(other, "pool", testPoolID, 0, 4096, wire.RightRead), tcproto.CodePERMISSION_DENIED)
 	expectCode(t, other.call(&wire.UnexportSegmentRequest{Name: []byte("kv")}), tcproto.CodeNOT_FOUND)
 
-	v, err := e.srv.Lookup("kv")
+	v, err := exp.Lookup("kv")
 	if err != nil || v.Size() != 1<<16-4096 || len(v.Bytes()) != 1<<16-4096 {
 		t.Fatalf("Lookup: %v, %v", v, err)
 	}
-	if _, err := e.srv.Lookup("nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := exp.Lookup("nope"); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Lookup of an unknown name: %v", err)
 	}
-	if err := e.srv.Deliver("kv", []byte("x")); !errors.Is(err, ErrNotFound) {
+	if err := exp.Deliver("kv", []byte("x")); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Deliver without subscribers: %v", err)
 	}
 
@@ -111,14 +125,14 @@ func TestExportsAndNotifications(t *testing.T) {
 	expectCode(t, other.call(&wire.SubscribeRequest{Name: []byte("nope")}), tcproto.CodeNOT_FOUND)
 	expectCode(t, other.call(&wire.SubscribeRequest{Name: []byte("kv")}), tcproto.CodeOK)
 	for i, p := range []string{"n1", "n2", "n3"} {
-		if err := e.srv.Deliver("kv", []byte(p)); err != nil {
+		if err := exp.Deliver("kv", []byte(p)); err != nil {
 			t.Fatalf("Deliver %d: %v", i, err)
 		}
 	}
-	if err := e.srv.Deliver("kv", []byte("n4")); !errors.Is(err, ErrLimit) {
+	if err := exp.Deliver("kv", []byte("n4")); !errors.Is(err, peer.ErrLimit) {
 		t.Fatalf("Deliver to a full queue: %v", err)
 	}
-	if err := e.srv.Deliver("kv", make([]byte, wire.MaxNotify+1)); !errors.Is(err, ErrLimit) {
+	if err := exp.Deliver("kv", make([]byte, wire.MaxNotify+1)); !errors.Is(err, peer.ErrLimit) {
 		t.Fatalf("Deliver of an oversized notification: %v", err)
 	}
 	poll := func(max, timeoutMS uint32) []string {
@@ -143,14 +157,23 @@ func TestExportsAndNotifications(t *testing.T) {
 	if got := poll(0, 60); len(got) != 0 || time.Since(start) < 50*time.Millisecond {
 		t.Fatalf("empty poll: %v after %v", got, time.Since(start))
 	}
-	// A waiting poll wakes on delivery.
-	go func() {
-		time.Sleep(50 * time.Millisecond)
-		e.srv.Deliver("kv", []byte("late")) //nolint:errcheck // the poll checks it arrived
-	}()
+	// A poll that waits answers with what is delivered meanwhile, long
+	// before its timeout (that it sleeps until the wake-up, rather than
+	// polling, is the inbox's test in package peer).
+	if err := other.sendBody(&wire.PollNotificationsRequest{TimeoutMS: 60000}); err != nil {
+		t.Fatal(err)
+	}
 	start = time.Now()
-	if got := poll(0, 5000); strings.Join(got, ",") != "late" || time.Since(start) > 3*time.Second {
-		t.Fatalf("waiting poll: %v after %v", got, time.Since(start))
+	if err := exp.Deliver("kv", []byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	r, _, err = other.recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, r, tcproto.CodeOK)
+	if n := body[wire.PollNotificationsResponse](t, r).Notifications; len(n) != 1 || string(n[0].Payload) != "late" || time.Since(start) > 30*time.Second {
+		t.Fatalf("waiting poll: %+v after %v", n, time.Since(start))
 	}
 
 	// Segments lists the export; unexport ends delivery and lookups, and
@@ -162,21 +185,45 @@ func TestExportsAndNotifications(t *testing.T) {
 	if !v.Acquire() {
 		t.Fatal("Acquire of a live export failed")
 	}
-	done := make(chan struct{})
+	// The unexport's answer is read on its own goroutine, which notes
+	// whether the range was released by then.
+	released := make(chan struct{})
+	type answer struct {
+		r     *wire.Response
+		early bool
+	}
+	done := make(chan answer, 1)
 	go func() {
-		defer close(done)
-		expectCode(t, owner.call(&wire.UnexportSegmentRequest{Name: []byte("kv")}), tcproto.CodeOK)
+		r := owner.call(&wire.UnexportSegmentRequest{Name: []byte("kv")})
+		select {
+		case <-released:
+			done <- answer{r: r}
+		default:
+			done <- answer{r: r, early: true}
+		}
 	}()
-	time.Sleep(20 * time.Millisecond)
+	// The name leaves the table first (the catalog hears of it); then the
+	// unexport waits for the reference this test holds.
+	if name := <-cat.unexported; name != "kv" {
+		t.Fatalf("catalog told %q left, want kv", name)
+	}
+	if _, err := exp.Lookup("kv"); !errors.Is(err, peer.ErrNotFound) {
+		t.Fatalf("Lookup while the unexport waits: %v", err)
+	}
+	close(released)
 	v.Release()
-	<-done
+	a := <-done
+	expectCode(t, a.r, tcproto.CodeOK)
+	if a.early {
+		t.Fatal("UnexportSegment answered before the peer request released the range")
+	}
 	if v.Acquire() {
 		t.Fatal("Acquire of an unexported segment succeeded")
 	}
-	if _, err := e.srv.Lookup("kv"); !errors.Is(err, ErrNotFound) {
+	if _, err := exp.Lookup("kv"); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Lookup after unexport: %v", err)
 	}
-	if err := e.srv.Deliver("kv", nil); !errors.Is(err, ErrNotFound) {
+	if err := exp.Deliver("kv", nil); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Deliver after unexport: %v", err)
 	}
 
@@ -191,7 +238,7 @@ func TestExportsAndNotifications(t *testing.T) {
 	}
 	// A peer request that outlives unexport's wait keeps the block from
 	// being freed until it ends.
-	bv, err := e.srv.Lookup("blk")
+	bv, err := exp.Lookup("blk")
 	if err != nil || !bv.Acquire() {
 		t.Fatalf("Lookup blk: %v", err)
 	}
@@ -209,7 +256,7 @@ func TestExportsAndNotifications(t *testing.T) {
 	expectCode(t, other.call(&wire.SubscribeRequest{Name: []byte("kv2")}), tcproto.CodeOK)
 	// Unregistering a buffer unexports what came from it.
 	expectCode(t, owner.call(&wire.UnregisterBufferRequest{Segment: uint64(seg)}), tcproto.CodeOK)
-	if _, err := e.srv.Lookup("kv2"); !errors.Is(err, ErrNotFound) {
+	if _, err := exp.Lookup("kv2"); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Lookup after the buffer went: %v", err)
 	}
 	r = owner.call(&wire.AllocBlocksRequest{N: 1, Size: 16384})
@@ -217,7 +264,7 @@ func TestExportsAndNotifications(t *testing.T) {
 	owner.uc.Close()
 	other.uc.Close()
 	e.waitIdle()
-	if _, err := e.srv.Lookup("blk2"); !errors.Is(err, ErrNotFound) {
+	if _, err := exp.Lookup("blk2"); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Lookup after the owner closed: %v", err)
 	}
 }

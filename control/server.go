@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
@@ -181,14 +182,18 @@ type Server struct {
 	admin      *tenant
 	needGroups bool // some tenant is chosen by gid: read peers' groups
 
-	closing   chan struct{} // closed by Close: long waits give up
-	draining  atomic.Bool   // new requests are answered UNAVAILABLE
-	inflight  atomic.Int64  // requests being served
-	idle      chan struct{} // signalled when inflight drops to 0 while draining
-	nconns    atomic.Int64
-	nextConn  atomic.Uint64
-	nextQueue atomic.Uint64
-	reqs      requestCounts // requests decoded, by kind (reqcount.go)
+	closing  chan struct{} // closed by Close: long waits give up
+	draining atomic.Bool   // new requests are answered UNAVAILABLE
+	// quiesced is closed by Quiesce or Close (quiesceOnce): waits for a
+	// client's events (PollNotifications) end.
+	quiesced    chan struct{}
+	quiesceOnce sync.Once
+	inflight    atomic.Int64  // requests being served
+	idle        chan struct{} // signalled when inflight drops to 0 while draining
+	nconns      atomic.Int64
+	nextConn    atomic.Uint64
+	nextQueue   atomic.Uint64
+	reqs        requestCounts // requests decoded, by kind (reqcount.go)
 
 	// acceptFailing is when the current run of failed accepts began (unix
 	// nanoseconds), 0 while accepting works; acceptErr is the last error.
@@ -204,8 +209,9 @@ type Server struct {
 
 	wg sync.WaitGroup // accept loop and connection goroutines
 
-	// exp is the daemon's exported segments; it has its own lock.
-	exp exportTable
+	// exports is the daemon's export table (Deps.Exports); it has its own
+	// locks.
+	exports *peer.Exports
 	// idem binds idempotency keys across connections (idem.go); it has
 	// its own lock.
 	idem *sharedIdem
@@ -236,23 +242,27 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	if deps.MapBuffer == nil {
-		deps.MapBuffer = ShmMapBuffer
+		deps.MapBuffer = mapShmBuffer
+	}
+	if deps.Exports == nil {
+		deps.Exports = peer.NewExports(nil)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
-		cfg:     cfg,
-		deps:    deps,
-		log:     log,
-		closing: make(chan struct{}),
-		idle:    make(chan struct{}, 1),
-		conns:   make(map[*conn]struct{}),
-		perUID:  make(map[uint32]int),
-		exp:     exportTable{m: make(map[string]*export)},
-		idem:    newSharedIdem(sharedIdemLimit(&cfg), sharedIdemTTL, nil),
-		tenants: tenants,
-		admin:   admin,
+		cfg:      cfg,
+		deps:     deps,
+		log:      log,
+		closing:  make(chan struct{}),
+		idle:     make(chan struct{}, 1),
+		conns:    make(map[*conn]struct{}),
+		perUID:   make(map[uint32]int),
+		exports:  deps.Exports,
+		quiesced: make(chan struct{}),
+		idem:     newSharedIdem(sharedIdemLimit(&cfg), sharedIdemTTL, nil),
+		tenants:  tenants,
+		admin:    admin,
 		dlim: wire.DecodeLimits{
 			MaxRequests: max(cfg.Limits.MaxRequests, cfg.Limits.MaxBatchCapacity),
 			MaxOffsets:  cfg.Limits.MaxBlocks,
@@ -577,6 +587,7 @@ func (s *Server) Drain(ctx context.Context) error {
 // transports) before the connections go.
 func (s *Server) Quiesce(ctx context.Context) error {
 	s.draining.Store(true)
+	s.quiesceOnce.Do(func() { close(s.quiesced) })
 	s.ln.Close()
 	for s.inflight.Load() > 0 {
 		select {
@@ -602,6 +613,7 @@ func (s *Server) Close() error {
 	s.closed = true
 	close(s.closing)
 	s.draining.Store(true)
+	s.quiesceOnce.Do(func() { close(s.quiesced) })
 	conns := make([]*conn, 0, len(s.conns))
 	for c := range s.conns {
 		conns = append(conns, c)

@@ -1,6 +1,11 @@
-// Package daemon wires tensorcastd together: configuration, the pool, the
-// transfer engine and its transports, the control socket, and the process
-// lifecycle under systemd (READY, WATCHDOG, STOPPING, bounded drain).
+// Package daemon wires tensorcastd together: configuration (file, flags,
+// environment), the parts it builds from it in order (the tenants' pools,
+// the segment registry, the transports: local, the io_uring file tier, the
+// export table and the peer plane of package peer/plane; the transfer
+// engine and its router, the KV block store, the control server, the
+// metrics endpoint and eBPF views), and the process lifecycle under
+// systemd (READY, WATCHDOG, STOPPING, the bounded drain and the order the
+// parts close in). What each part does is its own package's.
 package daemon
 
 import (

@@ -13,9 +13,10 @@ import (
 	"github.com/tensorcast/tensorcast/directory/etcd"
 	"github.com/tensorcast/tensorcast/ktrace"
 	"github.com/tensorcast/tensorcast/metrics"
+	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/peer/plane"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
-	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -26,14 +27,15 @@ var Version = "0.1.0-dev"
 // Daemon is one running tensorcastd: the pool, the segment registry, the
 // engine and its transports, the control server, the metrics endpoint.
 //
-// Start-up order: pool, registry, transports (the peer plane's tcp node
-// when peer_listen is set, then RDMA with the pool registered), engine,
+// Start-up order: pool, registry, transports (the export table, then the
+// peer plane when peer_listen is set: its tcp node, then RDMA with the
+// pools registered), engine,
 // the KV block store (its L2 through the file tier), control socket (inherited from systemd when socket-activated), eBPF
 // views, metrics endpoint, then READY. Shutdown is STOPPING, then the
 // bounded drain (drain.go): no new work (clients told UNAVAILABLE), the
 // transports get drain_timeout to finish, what is left is abandoned and
 // logged, and the parts close (metrics endpoint and eBPF views, engine,
-// peer node, control server, store, RDMA, files, local transport, pool) within
+// peer node, control server, store, the peer plane's RDMA, files, local transport, pool) within
 // drain_timeout plus a small grace, whatever a transport does.
 type Daemon struct {
 	cfg    Config
@@ -52,11 +54,13 @@ type Daemon struct {
 	// stores are the tenants' KV block stores, beside pools (each tenant's
 	// values live in its own pool); empty with store = off.
 	stores []*store.Store
-	dir    *etcd.Dir  // nil with the embedded directory
-	peers  *peerPlane // nil without peer_listen
-	rdma   *rdmaPlane // nil without a peer plane or a usable RDMA device
-	engine *xfer.Engine
-	server *control.Server
+	dir    *etcd.Dir // nil with the embedded directory
+	// exports is the daemon's export table: the control server exports
+	// into it, the peer plane serves peers from it.
+	exports *peer.Exports
+	peers   *plane.Plane // nil without peer_listen
+	engine  *xfer.Engine
+	server  *control.Server
 
 	metrics    *metrics.Registry
 	metricsSrv *metrics.Server // nil with metrics_address off
@@ -102,10 +106,10 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	d.local = xfer.NewLocal(xfer.LocalConfig{}, log.With("component", "local"))
 	d.files = newFileTier(cfg, segs, log.With("component", "uring"))
 	rt := router{local: d.local, files: d.files}
-	rdmaReport := rdmaWithoutPeers()
 	if d.dir, err = openDirectory(cfg, log); err != nil {
 		return nil, err
 	}
+	d.exports = peer.NewExports(catalogOf(d.dir))
 	if d.dir != nil {
 		// Before the peer plane listens: a daemon refused for a held id
 		// never listens on its peer port.
@@ -114,15 +118,10 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		}
 	}
 	if cfg.PeerListen != "" {
-		if d.peers, err = newPeerPlane(cfg, peerDirectory(d.dir), log.With("component", "peers")); err != nil {
+		if d.peers, err = newPeerPlane(cfg, d.dir, segs, d.exports, log); err != nil {
 			return nil, err
 		}
-		rt.peers = d.peers.node
-		if d.rdma, rdmaReport, err = openRDMA(cfg, segs, d.peers, log.With("component", "rdma")); err != nil {
-			return nil, err
-		}
-		rt.rdma = d.rdma
-		d.peers.rdma, d.peers.noRDMA = d.rdma, rdmaReport.reason
+		rt.peers = d.peers
 		if d.dir != nil {
 			if err := d.joinDirectory(); err != nil {
 				return nil, err
@@ -151,7 +150,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		Version:        Version,
 		PeerAddr:       d.PeerAddr(),
 	}
-	deps := control.Deps{Engine: d.engine, Registry: d.reg, RDMA: rdmaReport}
+	deps := control.Deps{Engine: d.engine, Registry: d.reg, Exports: d.exports, RDMA: plane.NoPlane}
 	if len(cfg.Tenants) == 0 {
 		deps.Pool, deps.Store = d.pools[0], d.storeOf(0)
 	} else {
@@ -165,11 +164,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}
 	deps.TransportStats = d.transportCounters
 	if d.peers != nil {
-		deps.Peers = d.peers
-	}
-	if d.dir != nil {
-		deps.Peers = &dirPlane{peerPlane: d.peers, dir: d.dir}
-		deps.Catalog = d.dir
+		deps.Peers, deps.RDMA = d.peers, d.peers
 	}
 	if deps.Directory, err = d.directoryReporter(); err != nil {
 		return nil, err
@@ -192,12 +187,6 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 			inherited.Close()
 		}
 		return nil, fmt.Errorf("control socket %s: %w", cfg.Socket, err)
-	}
-	if d.peers != nil {
-		d.peers.srv.Store(d.server)
-	}
-	if d.rdma != nil {
-		d.server.SetUnexportHook(d.rdma.unexported)
 	}
 	if err := d.openKernelViews(); err != nil {
 		return nil, err
@@ -309,11 +298,8 @@ func (d *Daemon) closeParts() {
 		}
 	}
 	d.closeStore()
-	if d.rdma != nil {
-		d.rdma.close()
-	}
 	if d.peers != nil {
-		d.peers.close()
+		d.peers.Close()
 	}
 	if d.dir != nil {
 		d.dir.Close()
@@ -352,7 +338,7 @@ func (d *Daemon) peerAddr() string {
 	if d.peers == nil {
 		return "off"
 	}
-	return d.peers.node.Addr()
+	return d.peers.Node().Addr()
 }
 
 // PeerAddr is the address the peer plane listens on ("" without one).
@@ -360,16 +346,17 @@ func (d *Daemon) PeerAddr() string {
 	if d.peers == nil {
 		return ""
 	}
-	return d.peers.node.Addr()
+	return d.peers.Node().Addr()
 }
 
-// router sends memory↔memory requests to the local transport and requests
-// whose target is a file to the io_uring tier.
+// router sends memory↔memory requests to the local transport, requests
+// whose target is a file to the io_uring tier and those whose target is a
+// peer's segment to the peer plane's transport for it (its rdma link, or
+// tcp).
 type router struct {
 	local *xfer.Local
 	files *fileTier
-	peers *tcp.Node  // nil without a peer plane
-	rdma  *rdmaPlane // nil without RDMA
+	peers *plane.Plane // nil without a peer plane
 }
 
 func (r router) Route(local, target xfer.Segment) (xfer.Transport, error) {
@@ -384,13 +371,8 @@ func (r router) Route(local, target xfer.Segment) (xfer.Transport, error) {
 			return r.files.transport(), nil
 		}
 	case xfer.KindRemote:
-		if r.rdma != nil {
-			if l := r.rdma.route(local, target); l != nil {
-				return l, nil
-			}
-		}
 		if r.peers != nil {
-			return r.peers, nil
+			return r.peers.Route(local, target), nil
 		}
 	}
 	return nil, fmt.Errorf("%w: no transport for %s segments on this daemon", xfer.ErrNotSupported, target.Kind())
@@ -410,8 +392,8 @@ func (d *Daemon) transportCounters(dst []wire.Counter) []wire.Counter {
 	if d.files != nil {
 		dst = d.files.counters(dst)
 	}
-	if d.rdma != nil {
-		dst = d.rdma.counters(dst)
+	if d.peers != nil {
+		dst = d.peers.Counters(dst)
 	}
 	return d.directoryCounters(d.kernelCounters(dst))
 }

@@ -412,7 +412,7 @@ func runChurn(b *testing.B) {
 				events = append(events, "restart "+id+" failed: "+err.Error())
 				continue
 			}
-			ep := d.d.peers.node.Epoch()
+			ep := d.d.peers.Node().Epoch()
 			if etcdtest.WaitFor(context.Background(), *dbTTL+10*time.Second, func() bool {
 				m, ok := obs.d.dir.Cache().Peek(id)
 				return ok && m.Epoch == ep
@@ -434,7 +434,7 @@ func runChurn(b *testing.B) {
 				events = append(events, "add "+id+" failed: "+err.Error())
 				continue
 			}
-			ep := d.d.peers.node.Epoch()
+			ep := d.d.peers.Node().Epoch()
 			if etcdtest.WaitFor(context.Background(), 10*time.Second, func() bool {
 				m, ok := obs.d.dir.Cache().Peek(id)
 				return ok && m.Epoch == ep

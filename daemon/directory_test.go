@@ -109,7 +109,7 @@ func sees(t *testing.T, d *peerDaemon, id string, epoch uint64) {
 	}
 }
 
-func epochOf(d *peerDaemon) uint64 { return d.d.peers.node.Epoch() }
+func epochOf(d *peerDaemon) uint64 { return d.d.peers.Node().Epoch() }
 
 // exportBuffer registers a buffer on c and exports it as name.
 func exportBuffer(t *testing.T, c *client.Client, name string, size uint64) *client.Buffer {

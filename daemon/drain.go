@@ -108,34 +108,29 @@ func (d *Daemon) logAbandoned() {
 		return
 	}
 	byName := map[string]int{}
-	byLink := map[string]int{}
 	total := 0
 	for tr, n := range out {
 		byName[tr.Name()] += n
 		total += n
-		if l, ok := tr.(*rdmaLink); ok {
-			byLink[l.peer] += n
-		}
 	}
 	d.log.Warn("drain_timeout passed: abandoning the tasks still in flight", "tasks", total,
 		"drain_timeout", d.cfg.DrainTimeout.String())
 	for _, name := range sortedKeys(byName) {
 		d.log.Warn("abandoned tasks", "transport", name, "tasks", byName[name])
 	}
-	if d.peers != nil {
-		for _, p := range d.peers.node.Peers() {
-			if p.Queued+p.InFlight > 0 {
-				d.log.Warn("abandoned peer requests", "peer", p.ID, "transport", "tcp", "queued", p.Queued, "in_flight", p.InFlight)
-			}
+	if d.peers == nil {
+		return
+	}
+	peers, waiting := d.peers.Abandoned(out)
+	for _, p := range peers {
+		if p.Transport == "tcp" {
+			d.log.Warn("abandoned peer requests", "peer", p.Peer, "transport", "tcp", "queued", p.Queued, "in_flight", p.InFlight)
+		} else {
+			d.log.Warn("abandoned peer requests", "peer", p.Peer, "transport", p.Transport, "tasks", p.InFlight)
 		}
 	}
-	for _, peer := range sortedKeys(byLink) {
-		d.log.Warn("abandoned peer requests", "peer", peer, "transport", "rdma", "tasks", byLink[peer])
-	}
-	if d.rdma != nil {
-		if n := d.rdma.regs.waiters(); n > 0 {
-			d.log.Warn("abandoned tasks waiting for a buffer's rdma registration", "tasks", n)
-		}
+	if waiting > 0 {
+		d.log.Warn("abandoned tasks waiting for a buffer's rdma registration", "tasks", waiting)
 	}
 }
 
@@ -166,7 +161,7 @@ func (d *Daemon) closeForShutdown(at func(string)) {
 	}
 	if d.peers != nil {
 		at("peer node")
-		d.peers.close()
+		d.peers.Stop()
 	}
 	if d.dir != nil {
 		// Leaving revokes the lease: the others see this daemon and its
@@ -180,9 +175,9 @@ func (d *Daemon) closeForShutdown(at func(string)) {
 	}
 	at("store")
 	d.closeStore()
-	if d.rdma != nil {
+	if d.peers != nil {
 		at("rdma plane")
-		d.rdma.close()
+		d.peers.Close()
 	}
 	if d.files != nil {
 		at("file tier")

@@ -86,7 +86,7 @@ func (d *Daemon) peerRetransmits() []peerRetransmit {
 	if d.kviews == nil || d.peers == nil || !d.kviews.Has(ktrace.ViewTCP) {
 		return nil
 	}
-	return matchRetransmits(d.peers.node.ConnAddrs(), d.kviews.Retransmits())
+	return matchRetransmits(d.peers.Node().ConnAddrs(), d.kviews.Retransmits())
 }
 
 // matchRetransmits keeps the kernel's counts of the connections in conns,

@@ -170,7 +170,7 @@ func (d *Daemon) collectPeers(e *metrics.Emit) {
 	if d.peers == nil {
 		return
 	}
-	for _, p := range d.peers.node.Peers() {
+	for _, p := range d.peers.Node().Peers() {
 		id := metrics.L("peer", metrics.SanitizeLabel(p.ID))
 		e.Counter("tensorcast_peer_received_bytes_total", "Payload bytes received from the peer.", float64(p.BytesIn), id)
 		e.Counter("tensorcast_peer_sent_bytes_total", "Payload bytes sent to the peer.", float64(p.BytesOut), id)

@@ -1,42 +1,15 @@
 package daemon
 
 import (
-	"bytes"
-	"log/slog"
 	"math/rand/v2"
 	"net/netip"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
-	"github.com/tensorcast/tensorcast/wire"
 )
-
-// TestRDMAInfoReason: a daemon without a plane reports why, whatever
-// level it logs at.
-func TestRDMAInfoReason(t *testing.T) {
-	var buf bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	cfg := testConfig(t.TempDir())
-	cfg.RDMA = "off"
-	p, r, err := openRDMA(cfg, nil, nil, log)
-	if err != nil || p != nil {
-		t.Fatalf("rdma = off: plane %v, err %v", p, err)
-	}
-	got := r.RDMAInfo()
-	if got.State != wire.RDMAOff || got.Reason != "rdma = off" {
-		t.Fatalf("rdma = off reported as %s, %q", got.State, got.Reason)
-	}
-	if buf.Len() != 0 {
-		t.Fatalf("an Info record passed a Warn logger:\n%s", buf.String())
-	}
-	if r := rdmaWithoutPeers().RDMAInfo(); r.State != wire.RDMAOff || !strings.Contains(r.Reason, "peer_listen") {
-		t.Fatalf("without a peer plane: %s, %q", r.State, r.Reason)
-	}
-}
 
 // rdmaPeer is id's row in info, or false.
 func rdmaPeer(info client.RDMAInfo, id string) (client.RDMAPeer, bool) {
@@ -107,7 +80,7 @@ func TestVerbsRDMAInfo(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	epoch1 := p.d1.d.peers.node.Epoch()
+	epoch1 := p.d1.d.peers.Node().Epoch()
 	if d1.Link != "up" || d1.Epoch == 0 || d1.Epoch != epoch1 || d1.QueuePairs == 0 || d1.Segments < 1 {
 		t.Fatalf("d2 reports d1 as %+v; want link up at d1's epoch %#x with queue pairs and the export resolved", d1, epoch1)
 	}
@@ -124,7 +97,7 @@ func TestVerbsRDMAInfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	epoch2 := p.d2.d.peers.node.Epoch()
+	epoch2 := p.d2.d.peers.Node().Epoch()
 	if d2, ok := rdmaPeer(exp, "d2"); !ok || !d2.Accepting || d2.AcceptedEpoch != epoch2 || d2.Link != "none" {
 		t.Fatalf("d1 reports d2 as %+v (listed %v); want d2's link accepted at its epoch %#x, none of d1's own", d2, ok, epoch2)
 	}

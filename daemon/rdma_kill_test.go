@@ -367,7 +367,7 @@ func TestVerbsDaemonKilledMidTransfer(t *testing.T) {
 	// The tasks may fail before the link check sees the lost session
 	// (the queue pairs report first); the link goes within a few checks.
 	for deadline := time.Now().Add(5 * time.Second); ; {
-		n := len(*p.d2.d.rdma.links.Load())
+		n := rdmaCounter(t, p.d2, "rdma.links")
 		if n == 0 && strings.Contains(p.d2.log.String(), "rdma link closed") {
 			break
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -143,10 +144,22 @@ func (p *rdmaPair) untilNoTCP(t *testing.T, req xfer.Request) {
 	}
 }
 
+// rdmaCounter is the value of d's RDMA counter name (tcctl stats).
+func rdmaCounter(t testing.TB, d *peerDaemon, name string) uint64 {
+	t.Helper()
+	for _, c := range d.d.peers.Counters(nil) {
+		if c.Name == name {
+			return c.Value
+		}
+	}
+	t.Fatalf("%s has no counter %s", d.cfg.DaemonID, name)
+	return 0
+}
+
 // tcpBytes is what d2's tcp node moved to and from its peers.
 func tcpBytes(d *peerDaemon) uint64 {
 	var n uint64
-	for _, s := range d.d.peers.node.Peers() {
+	for _, s := range d.d.peers.Node().Peers() {
 		n += s.BytesIn + s.BytesOut
 	}
 	return n
@@ -178,8 +191,8 @@ func TestRDMAUnavailableUsesTCP(t *testing.T) {
 		if c := strings.Count(d.log.String(), "rdma unavailable: peers use tcp"); c != 1 {
 			t.Fatalf("%s logged the fallback %d times:\n%s", d.cfg.DaemonID, c, d.log.String())
 		}
-		if d.d.rdma != nil {
-			t.Fatalf("%s has an rdma plane without a device", d.cfg.DaemonID)
+		if st := d.d.peers.RDMAInfo().State; st != wire.RDMAUnavailable {
+			t.Fatalf("%s reports rdma %s without a device, want unavailable", d.cfg.DaemonID, st)
 		}
 	}
 }
@@ -189,7 +202,7 @@ func TestRDMAUnavailableUsesTCP(t *testing.T) {
 func TestRDMAConfig(t *testing.T) {
 	key := writeKey(t, t.TempDir(), "cluster.key", "k")
 	off := startPeerWith(t, "d1", key, "", func(c *Config) { c.RDMA = "off" })
-	if !strings.Contains(off.log.String(), "rdma off (rdma = off): peers use tcp") || off.d.rdma != nil {
+	if !strings.Contains(off.log.String(), "rdma off (rdma = off): peers use tcp") || off.d.peers.RDMAInfo().State != wire.RDMAOff {
 		t.Fatalf("rdma = off:\n%s", off.log.String())
 	}
 	if os.Getenv("RXE_DEV") == "" {
@@ -282,6 +295,18 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 			t.Fatalf("%d bytes each way moved %d bytes over tcp", n, moved)
 		}
 		t.Logf("%d KiB write+read over rdma in %v", n>>10, time.Since(start))
+	}
+	// tcctl stats carries the peer plane's RDMA counters.
+	st, err := p.wr.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stat := map[string]uint64{}
+	for _, c := range st.Transports {
+		stat[c.Name] = c.Value
+	}
+	if stat["rdma.links"] != 1 || stat["rdma.tasks"] < uint64(2*len(rdmaSizes)) || stat["rdma.bytes"] < 2*(4<<20) {
+		t.Fatalf("d2's stats after %d round trips by rdma: %+v", len(rdmaSizes), st.Transports)
 	}
 	// A notified WRITE moves its bytes by RDMA; the notification follows on
 	// the peer channel and the task completes on the owner's answer.

@@ -17,7 +17,12 @@
 //   - the work-request plan (planner): tasks become linked lists of RDMA
 //     READ/WRITE work requests with selective signalling;
 //   - Transport, an xfer.Transport over a set of connected queue pairs with
-//     one completion poller per completion queue.
+//     one completion poller per completion queue;
+//   - the verbs boundary under a Transport and a Region (QueuePair,
+//     CompletionQueue, NewTransport, NewRegion): libibverbs implements it
+//     in verbs_linux.go, and package rdmatest implements it in memory, so
+//     that the code above this package runs its tests without a device.
 //
-// Real verbs are tested over Soft-RoCE inside a VM: make test-rdma.
+// The transport's logic is tested over rdmatest (fabric_test.go); real
+// verbs over Soft-RoCE inside a VM: make test-rdma.
 package rdma

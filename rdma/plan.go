@@ -12,27 +12,11 @@ const (
 	opRead  uint8 = 2 // IBV_WR_RDMA_READ
 )
 
-// workRequest is one RDMA READ or WRITE with a single scatter/gather entry.
-// Its layout is shared with the C side (struct tc_wr in verbs_linux.go;
-// a test checks size and offsets), so the transport fills the posting
-// buffer in place.
-type workRequest struct {
-	id       uint64 // wr_id: the send-queue sequence number
-	laddr    uint64
-	raddr    uint64
-	length   uint32
-	lkey     uint32
-	rkey     uint32
-	op       uint8
-	signaled uint8
-	_        [2]byte
-}
-
 // planTask appends the work requests of one task to out: the request split
 // wherever the local or the remote registration changes chunk or the
 // length exceeds maxMsg. It returns out unchanged and an error wrapping
 // xfer.ErrInvalid or ErrNotRegistered when the task cannot be planned.
-func planTask(out []workRequest, t *xfer.Task, local, remote *keyTable, maxMsg uint64) ([]workRequest, error) {
+func planTask(out []WorkRequest, t *xfer.Task, local, remote *keyTable, maxMsg uint64) ([]WorkRequest, error) {
 	r := &t.Req
 	var op uint8
 	switch r.Op {
@@ -58,7 +42,7 @@ func planTask(out []workRequest, t *xfer.Task, local, remote *keyTable, maxMsg u
 			return out[:start], fmt.Errorf("%w: target range %d+%d of segment %d", ErrNotRegistered, r.TargetOffset, r.Length, r.Target)
 		}
 		n := min(lspan, rspan, maxMsg)
-		out = append(out, workRequest{
+		out = append(out, WorkRequest{
 			laddr: laddr, raddr: raddr, length: uint32(n),
 			lkey: lkey, rkey: rkey, op: op,
 		})
@@ -73,7 +57,7 @@ func planTask(out []workRequest, t *xfer.Task, local, remote *keyTable, maxMsg u
 // completion: every nth and the last. An unsignalled request is retired by
 // the next signalled completion after it (RC queues complete in order).
 // It returns how many are signalled.
-func markSignals(wrs []workRequest, every int) int {
+func markSignals(wrs []WorkRequest, every int) int {
 	every = max(every, 1)
 	n := 0
 	for i := range wrs {

@@ -24,7 +24,7 @@ func TestPlanTask(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []workRequest{
+	want := []WorkRequest{
 		{laddr: 0x100000 + chunk - 100, raddr: 0x900000 + 2*chunk - 300, length: 100, lkey: 10, rkey: 21, op: opWrite},
 		{laddr: 0x100000 + chunk, raddr: 0x900000 + 2*chunk - 200, length: 200, lkey: 11, rkey: 21, op: opWrite},
 		{laddr: 0x100000 + chunk + 200, raddr: 0x900000 + 2*chunk, length: 700, lkey: 11, rkey: 22, op: opWrite},
@@ -42,7 +42,7 @@ func TestPlanTask(t *testing.T) {
 		t.Errorf("2 MiB read split at the chunk and at 600 KiB: %+v", wrs)
 	}
 
-	prefix := []workRequest{{id: 1}}
+	prefix := []WorkRequest{{id: 1}}
 	for name, tk := range map[string]*xfer.Task{
 		"zero length":  task(xfer.OpWrite, 0, 0, 0),
 		"bad op":       {Req: xfer.Request{Op: 9, Length: 1}},
@@ -72,7 +72,7 @@ func TestMarkSignals(t *testing.T) {
 		{0, 4, ""},
 	}
 	for _, c := range cases {
-		wrs := make([]workRequest, c.n)
+		wrs := make([]WorkRequest, c.n)
 		for i := range wrs {
 			wrs[i].signaled = 1 // stale flags from a previous use are cleared
 		}

@@ -111,8 +111,10 @@ func (a Access) String() string {
 type Region struct {
 	keys   keyTable
 	access Access
-	// handles are the verbs layer's MR pointers, one per chunk.
+	// handles are the verbs layer's MR pointers, one per chunk; dereg
+	// releases one.
 	handles []any
+	dereg   DeregisterFunc
 }
 
 // Addr is the address of the region's first byte.
@@ -144,22 +146,15 @@ func (r *Region) Remote(name uint64) RemoteRegion {
 	}
 }
 
-// registerFunc registers [off, off+n) of a region and returns the MR's keys
-// and an opaque handle for deregFunc.
-type registerFunc func(off, n uint64) (lkey, rkey uint32, handle any, err error)
-
-// deregFunc releases one registration.
-type deregFunc func(handle any) error
-
 // registerRegion registers [addr, addr+size) chunk by chunk on up to
 // workers goroutines (all of them joined before it returns). On any failure
 // the chunks already registered are released and the first error returned.
-func registerRegion(addr, size, chunk uint64, workers int, reg registerFunc, dereg deregFunc) (*Region, error) {
+func registerRegion(addr, size, chunk uint64, workers int, reg RegisterFunc, dereg DeregisterFunc) (*Region, error) {
 	keys, err := newKeyTable(addr, size, chunk)
 	if err != nil {
 		return nil, err
 	}
-	r := &Region{keys: keys, handles: make([]any, keys.chunks())}
+	r := &Region{keys: keys, handles: make([]any, keys.chunks()), dereg: dereg}
 	errs := make([]error, keys.chunks())
 	workers = max(1, min(workers, keys.chunks()))
 	next := make(chan int, keys.chunks())
@@ -196,14 +191,16 @@ func registerRegion(addr, size, chunk uint64, workers int, reg registerFunc, der
 	return r, nil
 }
 
-// release deregisters every chunk; it returns the first error.
-func (r *Region) release(dereg deregFunc) error {
+// Release deregisters every chunk with the DeregisterFunc the region was
+// made with and returns the first error; a second call releases nothing.
+// Device.Deregister calls it; call it only on a region from NewRegion.
+func (r *Region) Release() error {
 	var first error
 	for i, h := range r.handles {
 		if h == nil {
 			continue
 		}
-		if err := dereg(h); err != nil && first == nil {
+		if err := r.dereg(h); err != nil && first == nil {
 			first = err
 		}
 		r.handles[i] = nil

@@ -97,7 +97,7 @@ func TestRegisterRegionParallel(t *testing.T) {
 	if rem.ChunkSize != chunk || len(rem.RKeys) != 6 || rem.RKeys[5] != 2005 {
 		t.Errorf("Remote = %+v", rem)
 	}
-	if err := r.release(dereg); err != nil || freed.Load() != 6 {
+	if err := r.Release(); err != nil || freed.Load() != 6 {
 		t.Errorf("release: %v, freed %d", err, freed.Load())
 	}
 }

@@ -149,49 +149,6 @@ type Addr struct {
 	MTU MTU
 }
 
-// completion is one work completion as the verbs layer reports it.
-type completion struct {
-	id      uint64
-	status  uint32
-	vendor  uint32
-	byteLen uint32
-	_       uint32
-}
-
-// qpVerbs is what the transport needs of one queue pair; verbs_linux.go
-// implements it over libibverbs and the tests use a fake.
-type qpVerbs interface {
-	// wrBuf is the posting buffer (SendDepth entries) that post reads.
-	wrBuf() []workRequest
-	// post posts wrBuf()[:n] as one linked list and returns how many the
-	// provider took (n, unless err is non-nil).
-	post(n int) (int, error)
-	// connect takes the queue pair from any state through RESET, INIT and
-	// RTR to RTS, receiving from remote and sending from local.PSN.
-	connect(local, remote *ConnInfo) error
-	// fail moves the queue pair to the error state: its posted work
-	// requests complete with IBV_WC_WR_FLUSH_ERR.
-	fail() error
-	// reset moves it to RESET: whatever it had posted is dropped.
-	reset() error
-	qpn() uint32
-	destroy() error
-}
-
-// cqVerbs is a completion queue with its completion channel.
-type cqVerbs interface {
-	// poll fills wcs and returns how many it filled.
-	poll(wcs []completion) (int, error)
-	// arm asks for an event on the next completion.
-	arm() error
-	// wait blocks until an armed event arrives (true) or wake was called
-	// (false).
-	wait() (bool, error)
-	// wake makes a blocked or the next wait return false.
-	wake()
-	destroy() error
-}
-
 // Queue-pair states (queuePair.state).
 const (
 	qpIdle   = iota // created, never connected
@@ -213,7 +170,7 @@ type slot struct {
 // queuePair is one RC queue pair with its send-queue bookkeeping.
 type queuePair struct {
 	idx  int
-	v    qpVerbs
+	v    QueuePair
 	errs *completionErrors
 
 	mu sync.Mutex // guards every field below
@@ -224,7 +181,7 @@ type queuePair struct {
 	head, tail uint64
 	state      int
 	curErr     error         // error of the task being retired (tasks retire in order)
-	plan       []workRequest // scratch for planning one task
+	plan       []WorkRequest // scratch for planning one task
 	local      ConnInfo
 	remote     ConnInfo
 }
@@ -259,7 +216,7 @@ type Transport struct {
 	name string
 	cfg  Config
 	log  *slog.Logger
-	cq   cqVerbs
+	cq   CompletionQueue
 	qps  []*queuePair
 	addr Addr
 	// release frees what the verbs layer allocated for the transport, after
@@ -285,7 +242,7 @@ type Transport struct {
 	closeErr  error
 
 	// Poller-owned scratch, preallocated.
-	wcs  []completion
+	wcs  []WorkCompletion
 	done []doneTask
 }
 
@@ -299,13 +256,13 @@ var _ xfer.Transport = (*Transport)(nil)
 
 // newTransport assembles a transport over queue pairs and a completion
 // queue the verbs layer created, and starts its goroutines.
-func newTransport(name string, cfg Config, log *slog.Logger, addr Addr, cq cqVerbs, qps []qpVerbs, release func()) *Transport {
+func newTransport(name string, cfg Config, log *slog.Logger, addr Addr, cq CompletionQueue, qps []QueuePair, release func()) *Transport {
 	t := &Transport{
 		name: name, cfg: cfg, log: log, addr: addr, cq: cq, release: release,
 		room:      make(chan struct{}, 1),
 		reconnect: make(chan int, len(qps)),
 		stop:      make(chan struct{}),
-		wcs:       make([]completion, cfg.PollBatch),
+		wcs:       make([]WorkCompletion, cfg.PollBatch),
 		done:      make([]doneTask, 0, cfg.PollBatch*cfg.SendDepth),
 	}
 	empty := map[xfer.SegmentID]*keyTable{}
@@ -315,7 +272,7 @@ func newTransport(name string, cfg Config, log *slog.Logger, addr Addr, cq cqVer
 		t.qps = append(t.qps, &queuePair{
 			idx: i, v: v, errs: newCompletionErrors(i),
 			slots: make([]slot, cfg.SendDepth), mask: uint64(cfg.SendDepth - 1),
-			plan: make([]workRequest, 0, cfg.SendDepth),
+			plan: make([]WorkRequest, 0, cfg.SendDepth),
 		})
 	}
 	t.wg.Add(2)
@@ -445,10 +402,10 @@ func (t *Transport) bringUp(q *queuePair, exchange func(ConnInfo) (ConnInfo, err
 	inflight := q.head != q.tail
 	q.mu.Unlock()
 	if wasUp && inflight {
-		_ = q.v.fail()
+		_ = q.v.Fail()
 	}
 	t.drain(q, t.cfg.ConnectTimeout)
-	if err := q.v.reset(); err != nil {
+	if err := q.v.Reset(); err != nil {
 		t.setState(q, qpDown)
 		return fmt.Errorf("%w: reset qp %d: %v", ErrConnect, q.idx, err)
 	}
@@ -456,7 +413,7 @@ func (t *Transport) bringUp(q *queuePair, exchange func(ConnInfo) (ConnInfo, err
 
 	t.mu.Lock()
 	local := ConnInfo{
-		QPIndex: uint16(q.idx), QPN: q.v.qpn(), PSN: rand.Uint32() & 0xffffff,
+		QPIndex: uint16(q.idx), QPN: q.v.QPN(), PSN: rand.Uint32() & 0xffffff,
 		LID: t.addr.LID, MTU: t.addr.MTU, GID: t.addr.GID, Regions: append([]RemoteRegion(nil), t.exposed...),
 	}
 	t.mu.Unlock()
@@ -468,7 +425,7 @@ func (t *Transport) bringUp(q *queuePair, exchange func(ConnInfo) (ConnInfo, err
 		t.setState(q, qpDown)
 		return fmt.Errorf("%w: exchange for qp %d: %w", ErrConnect, q.idx, err)
 	}
-	if err := q.v.connect(&local, &remote); err != nil {
+	if err := q.v.Connect(&local, &remote); err != nil {
 		t.setState(q, qpDown)
 		return fmt.Errorf("%w: qp %d to %s qpn %#x: %v", ErrConnect, q.idx, remote.GID, remote.QPN, err)
 	}
@@ -480,7 +437,7 @@ func (t *Transport) bringUp(q *queuePair, exchange func(ConnInfo) (ConnInfo, err
 	q.mu.Unlock()
 	if probe {
 		if err := t.probe(q); err != nil {
-			_ = q.v.fail()
+			_ = q.v.Fail()
 			t.setState(q, qpDown)
 			return fmt.Errorf("%w: qp %d to %s: %v", ErrConnect, q.idx, remote.GID, err)
 		}
@@ -498,10 +455,10 @@ func (t *Transport) probe(q *queuePair) error {
 		q.mu.Unlock()
 		return ErrQueueFull
 	}
-	buf := q.v.wrBuf()
-	buf[0] = workRequest{id: uint64(q.idx)<<seqBits | q.head&(1<<seqBits-1), op: opWrite, signaled: 1}
+	buf := q.v.WorkRequests()
+	buf[0] = WorkRequest{id: uint64(q.idx)<<seqBits | q.head&(1<<seqBits-1), op: opWrite, signaled: 1}
 	q.slots[q.head&q.mask] = slot{probe: ch, first: true, last: true}
-	_, err := q.v.post(1)
+	_, err := q.v.Post(1)
 	if err == nil {
 		q.head++
 	}
@@ -640,7 +597,7 @@ func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task, locals, remotes map
 		}
 		return 0, false, nil
 	}
-	buf := q.v.wrBuf()
+	buf := q.v.WorkRequests()
 	free := len(q.slots) - int(q.head-q.tail)
 	nw, taken := 0, 0
 	for _, tk := range tasks {
@@ -680,12 +637,12 @@ func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task, locals, remotes map
 	}
 	if nw > 0 {
 		markSignals(buf[:nw], t.cfg.SignalEvery)
-		posted, err := q.v.post(nw)
+		posted, err := q.v.Post(nw)
 		if err != nil {
 			// The provider took buf[:posted]. Fail the queue pair so those
 			// flush; end the rest here: the task cut in two ends with its
 			// last posted piece, the ones not posted at all right away.
-			_ = q.v.fail()
+			_ = q.v.Fail()
 			q.state = qpDown
 			perr := fmt.Errorf("%w: ibv_post_send: %v", ErrQPDown, err)
 			for i := posted; i < nw; i++ {
@@ -717,7 +674,7 @@ func (t *Transport) pollLoop() {
 	defer t.wg.Done()
 	var idle time.Time // when the queue was first seen empty; zero while busy
 	for {
-		n, err := t.cq.poll(t.wcs)
+		n, err := t.cq.Poll(t.wcs)
 		if err != nil {
 			t.log.Error("rdma: ibv_poll_cq failed; stopping the poller", "err", err)
 			return
@@ -738,16 +695,16 @@ func (t *Transport) pollLoop() {
 			}
 			idle = time.Time{}
 		}
-		if err := t.cq.arm(); err != nil {
+		if err := t.cq.Arm(); err != nil {
 			t.log.Error("rdma: ibv_req_notify_cq failed; stopping the poller", "err", err)
 			return
 		}
 		// A completion that arrived before arming raised no event.
-		if n, _ = t.cq.poll(t.wcs); n > 0 {
+		if n, _ = t.cq.Poll(t.wcs); n > 0 {
 			t.handle(t.wcs[:n])
 			continue
 		}
-		ok, err := t.cq.wait()
+		ok, err := t.cq.Wait()
 		if err != nil {
 			t.log.Error("rdma: completion channel failed; stopping the poller", "err", err)
 			return
@@ -760,7 +717,7 @@ func (t *Transport) pollLoop() {
 
 // handle retires what a batch of completions covers and ends the tasks
 // whose last work request it retired.
-func (t *Transport) handle(wcs []completion) {
+func (t *Transport) handle(wcs []WorkCompletion) {
 	done := t.done[:0]
 	for i := range wcs {
 		c := &wcs[i]
@@ -871,7 +828,7 @@ func (t *Transport) reconnectLoop() {
 
 // failQP moves queue pair i to the error state, as a fatal device error
 // would: its posted work flushes and it is reconnected.
-func (t *Transport) failQP(i int) error { return t.qps[i].v.fail() }
+func (t *Transport) failQP(i int) error { return t.qps[i].v.Fail() }
 
 // Cancel does nothing: posted RDMA work cannot be withdrawn; the task ends
 // when its work completes or its queue pair fails.
@@ -888,21 +845,21 @@ func (t *Transport) Close() error {
 			q.mu.Lock()
 			q.state = qpClosed
 			q.mu.Unlock()
-			_ = q.v.fail()
+			_ = q.v.Fail()
 		}
 		for _, q := range t.qps {
 			t.drain(q, t.cfg.ConnectTimeout)
 		}
 		close(t.stop)
-		t.cq.wake()
+		t.cq.Wake()
 		t.wg.Wait()
 		var errs []error
 		for _, q := range t.qps {
-			errs = append(errs, q.v.reset())
+			errs = append(errs, q.v.Reset())
 			t.forceRetire(q, fmt.Errorf("rdma: %w", xfer.ErrClosed))
-			errs = append(errs, q.v.destroy())
+			errs = append(errs, q.v.Destroy())
 		}
-		errs = append(errs, t.cq.destroy())
+		errs = append(errs, t.cq.Destroy())
 		if t.release != nil {
 			t.release()
 		}

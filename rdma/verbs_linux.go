@@ -230,7 +230,7 @@ static int tc_take_event(struct tc_cq *q) {
 	return 1;
 }
 
-// struct tc_wr mirrors Go's workRequest.
+// struct tc_wr mirrors Go's WorkRequest.
 struct tc_wr { uint64_t id, laddr, raddr; uint32_t length, lkey, rkey; uint8_t op, signaled, pad[2]; };
 
 // tc_qp is a queue pair with its posting buffers.
@@ -411,7 +411,7 @@ var _ = [1]struct{}{}[WCRetryExcErr-C.IBV_WC_RETRY_EXC_ERR]
 // abiCheck compares the Go mirrors of struct tc_wr and struct tc_wc with
 // the C layout.
 func abiCheck() error {
-	var w workRequest
+	var w WorkRequest
 	wr := []uintptr{unsafe.Offsetof(w.id), unsafe.Offsetof(w.laddr), unsafe.Offsetof(w.raddr),
 		unsafe.Offsetof(w.length), unsafe.Offsetof(w.lkey), unsafe.Offsetof(w.rkey),
 		unsafe.Offsetof(w.op), unsafe.Offsetof(w.signaled), unsafe.Sizeof(w)}
@@ -420,7 +420,7 @@ func abiCheck() error {
 			return fmt.Errorf("rdma: struct tc_wr field %d at %d in C, %d in Go", i, c, off)
 		}
 	}
-	var c completion
+	var c WorkCompletion
 	wc := []uintptr{unsafe.Offsetof(c.id), unsafe.Offsetof(c.status), unsafe.Offsetof(c.vendor),
 		unsafe.Offsetof(c.byteLen), unsafe.Sizeof(c)}
 	for i, off := range wc {
@@ -589,10 +589,7 @@ func (d *Device) RegisterAccess(mem []byte, access Access) (*Region, error) {
 		}
 		return uint32(lkey), uint32(rkey), mr, nil
 	}
-	r, err := registerRegion(uint64(base), uint64(len(mem)), d.cfg.ChunkSize, d.cfg.RegisterWorkers, reg, deregMR)
-	if err == nil {
-		r.access = access
-	}
+	r, err := NewRegion(uint64(base), uint64(len(mem)), d.cfg.ChunkSize, access, d.cfg.RegisterWorkers, reg, deregMR)
 	if err != nil {
 		d.mu.Lock()
 		d.regions--
@@ -615,7 +612,7 @@ func deregMR(h any) error {
 
 // Deregister releases a region's MRs. No transport may still use it.
 func (d *Device) Deregister(r *Region) error {
-	err := r.release(deregMR)
+	err := r.Release()
 	d.mu.Lock()
 	d.regions--
 	d.mu.Unlock()
@@ -657,18 +654,18 @@ func (d *Device) NewTransport() (*Transport, error) {
 	cq := &verbsCQ{q: ccq, efd: efd}
 	cq.fds = []unix.PollFd{{Fd: int32(C.tc_cq_fd(ccq)), Events: unix.POLLIN}, {Fd: int32(efd), Events: unix.POLLIN}}
 	rd := min(16, int(d.caps.max_qp_rd_atom), int(d.caps.max_qp_init_rd_atom))
-	var qps []qpVerbs
+	var qps []QueuePair
 	for range cfg.QPs {
 		cqp, errno := C.tc_create_qp(d.pd, ccq, C.int(depth))
 		if cqp == nil {
 			for _, q := range qps {
-				_ = q.destroy()
+				_ = q.Destroy()
 			}
-			_ = cq.destroy()
+			_ = cq.Destroy()
 			return fail(os.NewSyscallError("ibv_create_qp", errno))
 		}
 		q := &verbsQP{q: cqp, port: d.cfg.Port, gidIndex: d.addr.GIDIndex, cfg: cfg, rdAtom: max(rd, 1)}
-		q.buf = unsafe.Slice((*workRequest)(unsafe.Pointer(C.tc_wrs(cqp))), depth)
+		q.buf = unsafe.Slice((*WorkRequest)(unsafe.Pointer(C.tc_wrs(cqp))), depth)
 		qps = append(qps, q)
 	}
 	release := func() {
@@ -701,10 +698,10 @@ func (d *Device) Close() error {
 	return errors.Join(errs...)
 }
 
-// verbsQP implements qpVerbs over a libibverbs queue pair.
+// verbsQP implements QueuePair over a libibverbs queue pair.
 type verbsQP struct {
 	q        *C.struct_tc_qp
-	buf      []workRequest // over the C posting buffer
+	buf      []WorkRequest // over the C posting buffer
 	port     int
 	gidIndex int
 	rdAtom   int
@@ -712,9 +709,9 @@ type verbsQP struct {
 	posted   C.int // tc_post's out parameter; used under the queue pair's lock
 }
 
-func (q *verbsQP) wrBuf() []workRequest { return q.buf }
+func (q *verbsQP) WorkRequests() []WorkRequest { return q.buf }
 
-func (q *verbsQP) post(n int) (int, error) {
+func (q *verbsQP) Post(n int) (int, error) {
 	// posted lives in q: a pointer to a local would escape per call.
 	if r, err := C.tc_post(q.q, C.int(n), &q.posted); r != 0 {
 		return int(q.posted), os.NewSyscallError("ibv_post_send", err)
@@ -722,7 +719,7 @@ func (q *verbsQP) post(n int) (int, error) {
 	return n, nil
 }
 
-func (q *verbsQP) connect(local, remote *ConnInfo) error {
+func (q *verbsQP) Connect(local, remote *ConnInfo) error {
 	if r, err := C.tc_modify_state(q.q, C.IBV_QPS_RESET); r != 0 {
 		return os.NewSyscallError("ibv_modify_qp RESET", err)
 	}
@@ -740,23 +737,23 @@ func (q *verbsQP) connect(local, remote *ConnInfo) error {
 	return nil
 }
 
-func (q *verbsQP) fail() error {
+func (q *verbsQP) Fail() error {
 	if r, err := C.tc_modify_state(q.q, C.IBV_QPS_ERR); r != 0 {
 		return os.NewSyscallError("ibv_modify_qp ERR", err)
 	}
 	return nil
 }
 
-func (q *verbsQP) reset() error {
+func (q *verbsQP) Reset() error {
 	if r, err := C.tc_modify_state(q.q, C.IBV_QPS_RESET); r != 0 {
 		return os.NewSyscallError("ibv_modify_qp RESET", err)
 	}
 	return nil
 }
 
-func (q *verbsQP) qpn() uint32 { return uint32(C.tc_qpn(q.q)) }
+func (q *verbsQP) QPN() uint32 { return uint32(C.tc_qpn(q.q)) }
 
-func (q *verbsQP) destroy() error {
+func (q *verbsQP) Destroy() error {
 	if r, err := C.tc_destroy_qp(q.q); r != 0 {
 		return os.NewSyscallError("ibv_destroy_qp", err)
 	}
@@ -764,7 +761,7 @@ func (q *verbsQP) destroy() error {
 	return nil
 }
 
-// verbsCQ implements cqVerbs: a completion queue whose channel fd is
+// verbsCQ implements CompletionQueue: a completion queue whose channel fd is
 // non-blocking, waited on with poll(2) together with an eventfd that wake
 // writes (and nobody reads: once woken, every later wait returns false).
 type verbsCQ struct {
@@ -773,7 +770,7 @@ type verbsCQ struct {
 	fds []unix.PollFd // preallocated for wait
 }
 
-func (c *verbsCQ) poll(wcs []completion) (int, error) {
+func (c *verbsCQ) Poll(wcs []WorkCompletion) (int, error) {
 	n, err := C.tc_poll(c.q, (*C.struct_tc_wc)(unsafe.Pointer(&wcs[0])), C.int(len(wcs)))
 	if n < 0 {
 		return 0, os.NewSyscallError("ibv_poll_cq", err)
@@ -781,14 +778,14 @@ func (c *verbsCQ) poll(wcs []completion) (int, error) {
 	return int(n), nil
 }
 
-func (c *verbsCQ) arm() error {
+func (c *verbsCQ) Arm() error {
 	if r, err := C.tc_arm(c.q); r != 0 {
 		return os.NewSyscallError("ibv_req_notify_cq", err)
 	}
 	return nil
 }
 
-func (c *verbsCQ) wait() (bool, error) {
+func (c *verbsCQ) Wait() (bool, error) {
 	for {
 		c.fds[0].Revents, c.fds[1].Revents = 0, 0
 		_, err := unix.Poll(c.fds, -1)
@@ -810,12 +807,12 @@ func (c *verbsCQ) wait() (bool, error) {
 	}
 }
 
-func (c *verbsCQ) wake() {
+func (c *verbsCQ) Wake() {
 	var one = [8]byte{1}
 	_, _ = unix.Write(c.efd, one[:])
 }
 
-func (c *verbsCQ) destroy() error {
+func (c *verbsCQ) Destroy() error {
 	var errs []error
 	if r, err := C.tc_destroy_cq(c.q); r != 0 {
 		errs = append(errs, os.NewSyscallError("ibv_destroy_cq", err))

@@ -85,3 +85,23 @@ func (m *RDMAPeer) fields(f *fields) {
 	flag(f, 6, &m.Accepting)
 	scalar(f, 7, &m.AcceptedEpoch)
 }
+
+// Fit cuts the answer to what encodes in about maxBytes: the reason to
+// MaxRDMAReason bytes, then the peers past the budget (each counts its
+// strings and a fixed overhead; the rest of the answer 256 bytes and its
+// own strings). It returns how many peers it dropped.
+func (m *RDMAResponse) Fit(maxBytes int) int {
+	if len(m.Reason) > MaxRDMAReason {
+		m.Reason = m.Reason[:MaxRDMAReason]
+	}
+	budget := maxBytes - 256 - len(m.Reason) - len(m.Device) - len(m.GID)
+	for i, p := range m.Peers {
+		budget -= len(p.ID) + len(p.Transport) + len(p.Link) + 96
+		if budget < 0 {
+			dropped := len(m.Peers) - i
+			m.Peers = m.Peers[:i]
+			return dropped
+		}
+	}
+	return 0
+}

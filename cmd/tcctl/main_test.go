@@ -44,7 +44,7 @@ func (r fakeRemote) Release()           {}
 func (r fakeRemote) Epoch() uint64      { return 0xabc }
 func (r fakeRemote) Close() error       { return nil }
 
-func (fakePlane) OpenRemote(peer, segment string, rights, transport uint8) (control.RemoteSegment, error) {
+func (fakePlane) OpenRemote(_ control.OpenContext, peer, segment string, rights, transport uint8) (control.RemoteSegment, error) {
 	return fakeRemote{size: 3 << 20}, nil
 }
 func (fakePlane) Code(error) (wire.Code, bool) { return 0, false }

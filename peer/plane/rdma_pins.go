@@ -1,4 +1,4 @@
-package daemon
+package plane
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -107,11 +107,11 @@ func (p *rdmaPlane) prunePins() {
 // errRDMAOnly is why a request to a segment opened with TransportRDMA
 // failed instead of going to tcp.
 func errRDMAOnly(t *xfer.Task, why string) error {
-	peer := "?"
+	name := "?"
 	if r, ok := t.Target.(*tcp.Remote); ok {
-		peer = r.Peer() + "/" + r.Name()
+		name = r.Peer() + "/" + r.Name()
 	}
-	return fmt.Errorf("%w: %s was opened with transport rdma and %s", control.ErrUnavailable, peer, why)
+	return fmt.Errorf("%w: %s was opened with transport rdma and %s", peer.ErrUnavailable, name, why)
 }
 
 // rdmaOnly is the router's answer for a request to a segment opened with

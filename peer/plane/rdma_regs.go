@@ -1,4 +1,4 @@
-package daemon
+package plane
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -261,7 +261,7 @@ func (q *regQueue) handOn(ts []*xfer.Task) {
 			n = 0
 		}
 		if n < k && err == nil {
-			err = fmt.Errorf("%w: %s took %d of %d tasks", control.ErrUnavailable, tr.Name(), n, k)
+			err = fmt.Errorf("%w: %s took %d of %d tasks", peer.ErrUnavailable, tr.Name(), n, k)
 		}
 		for _, t := range ts[n:k] {
 			t.Done(0, err)

@@ -1,4 +1,4 @@
-package daemon
+package plane
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -30,7 +31,7 @@ type exportRegs struct {
 	// mu guards m and serializes registering with revoking, so that an
 	// export is never registered after its revocation.
 	mu sync.Mutex
-	m  map[xfer.MemSegment]*exportReg
+	m  map[*peer.Export]*exportReg
 }
 
 type exportReg struct {
@@ -54,19 +55,17 @@ func accessOf(r tcp.Rights) rdma.Access {
 
 // serveSegment answers a peer's question about the export named in req
 // with its registration (rdma.RemoteRegion's encoding), registering it the
-// first time it is asked for.
+// first time it is asked for; the export's end revokes it.
 func (p *rdmaPlane) serveSegment(from string, _ uint64, req []byte) ([]byte, error) {
 	name := string(req)
-	seg, err := p.peers.Lookup(name)
-	if err != nil {
-		return nil, err
+	x := p.exported.Get(name)
+	if x == nil {
+		return nil, fmt.Errorf("%w: no segment exported as %q", tcp.ErrNotFound, name)
 	}
-	rights, ok := p.peers.Granted(name)
-	if !ok || rights == 0 {
-		return nil, fmt.Errorf("%w: %q grants no rights", tcp.ErrNotFound, name)
-	}
+	rights := tcp.Rights(x.Rights())
 	// The reference keeps the export from ending while it is registered:
 	// its end waits for it, then revokes what was registered here.
+	seg := x.Segment()
 	if !seg.Acquire() {
 		return nil, fmt.Errorf("%w: %q is being unexported", tcp.ErrNotFound, name)
 	}
@@ -78,15 +77,20 @@ func (p *rdmaPlane) serveSegment(from string, _ uint64, req []byte) ([]byte, err
 	e := &p.exports
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	r := e.m[seg]
+	r := e.m[x]
 	if r == nil {
 		start := time.Now()
 		reg, err := p.dev.RegisterAccess(b, accessOf(rights))
 		if err != nil {
 			return nil, fmt.Errorf("registering export %q: %w", name, err)
 		}
+		if !x.OnEnd(func() { p.exportEnded(x) }) {
+			// Unexported while it registered: nobody gets these keys.
+			_ = p.dev.Deregister(reg)
+			return nil, fmt.Errorf("%w: %q is being unexported", tcp.ErrNotFound, name)
+		}
 		r = &exportReg{name: name, reg: reg, peers: map[string]struct{}{}}
-		e.m[seg] = r
+		e.m[x] = r
 		p.log.Info("export registered for rdma", "name", name, "bytes", len(b), "access", accessOf(rights).String(),
 			"took", time.Since(start).Round(time.Microsecond).String())
 	}
@@ -94,17 +98,21 @@ func (p *rdmaPlane) serveSegment(from string, _ uint64, req []byte) ([]byte, err
 	return r.reg.Remote(0).MarshalBinary()
 }
 
-// unexported is the control server's hook when an export ends: the peers
-// that hold its keys drop them, then its registration is released.
-func (p *rdmaPlane) unexported(name string, seg xfer.MemSegment) {
+// exportEnded runs when an export the plane registered ends (after the
+// peer requests in its range drained): the peers that hold its keys drop
+// them, then its registration is released, so that when the unexport
+// answers no peer can reach the range any more. A plane that closed
+// released it already.
+func (p *rdmaPlane) exportEnded(x *peer.Export) {
 	e := &p.exports
 	e.mu.Lock()
-	r := e.m[seg]
-	delete(e.m, seg)
+	r := e.m[x]
+	delete(e.m, x)
 	e.mu.Unlock()
 	if r == nil {
 		return
 	}
+	name := r.name
 	var wg sync.WaitGroup
 	for peer := range r.peers {
 		wg.Add(1)

@@ -1,4 +1,4 @@
-package daemon
+package plane
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
@@ -23,36 +24,39 @@ const (
 	revokeExchange  = "rdma.revoke"
 )
 
-// rdmaPlane is the daemon's RDMA end: the device, the pool's memory
-// registration (made once at start-up, for local use only: no peer can
-// address the pool as a whole), one registration per export a peer asked
+// rdmaPlane is the daemon's RDMA end: the device, the pools' memory
+// registrations (made once at start-up, for local use only: no peer can
+// address a pool as a whole), one registration per export a peer asked
 // for (with the export's rights as its remote access, dropped when the
 // export ends; see rdma_exports.go), one outbound link per peer (a
 // transport this daemon dials and submits on) and one accepting transport
 // per peer (the peer's link lands there). Client buffers get a local
 // registration when first used (rdma_locals.go).
 //
-// The router asks route for each remote target: a request whose local side
+// Plane.Route asks route for each remote target: a request whose local side
 // is the pool or a registered client buffer and whose peer's link is up
 // with the target segment resolved goes to that link; anything else goes to
 // tcp and queues a job for the worker, which registers the buffer, connects
 // the link over the peer channel and resolves the segment (asks its owner
 // for the export's registration). Each peer's choice is logged once.
 //
-// Ownership: the daemon creates it after the peer plane and closes it after
-// the engine, the peer node and the control server, before the pool. It owns two goroutines,
-// the worker and the registration queue's (rdma_regs.go); close stops them
-// (close(stop), close the queue, join), then closes the links' and the
-// accepting transports, deregisters the pool and closes the device.
+// Ownership: the Plane creates it after its node and closes it in
+// Plane.Close (after the engine, the node and the control server, before
+// the pools). It owns two goroutines, the worker and the registration
+// queue's (rdma_regs.go); close stops them (close(stop), close the queue,
+// join), then closes the links' and the accepting transports, deregisters
+// the pools and closes the device.
 type rdmaPlane struct {
 	log *slog.Logger
-	dev *rdma.Device
+	dev Device
 	// pools are the tenants' pools' registrations by segment id, each
 	// made once at start-up for local use (written by newPlane only).
 	pools map[xfer.SegmentID]*rdma.Region
 	node  *tcp.Node
-	peers *peerPlane
-	qps   int // queue pairs per link (rdma_qps)
+	// exported is the daemon's export table, which peers resolve exports
+	// in and deliver notifications to.
+	exported *peer.Exports
+	qps      int // queue pairs per link (rdma_qps)
 
 	links atomic.Pointer[map[string]*rdmaLink] // copy on write, under mu
 
@@ -103,24 +107,29 @@ type rdmaLink struct {
 
 var _ xfer.Transport = (*rdmaLink)(nil)
 
-// noPeerPlane is why a daemon without a peer plane has no RDMA.
-const noPeerPlane = "no peer plane (peer_listen is not set): RDMA is set up over it"
-
 // newRDMAPlane opens the device and registers the pools (one per tenant),
 // or returns nil and why when RDMA is off or unusable here (logged once;
-// peers then use tcp). With rdma = on an unusable device is an error.
-func newRDMAPlane(cfg Config, pools []xfer.MemSegment, peers *peerPlane, log *slog.Logger) (*rdmaPlane, string, error) {
-	if cfg.RDMA == "off" {
+// peers then use tcp). With Mode on an unusable device is an error
+// wrapping ErrRDMARequired.
+func newRDMAPlane(cfg RDMAConfig, pools []xfer.MemSegment, node *tcp.Node, exports *peer.Exports, log *slog.Logger) (*rdmaPlane, string, error) {
+	if cfg.Mode == "off" {
 		log.Info("rdma off (rdma = off): peers use tcp")
 		return nil, "rdma = off", nil
 	}
-	if peers == nil {
-		return nil, noPeerPlane, nil
+	open := cfg.Open
+	if open == nil {
+		open = func(c rdma.Config, log *slog.Logger) (Device, error) {
+			d, err := rdma.Open(c, log)
+			if err != nil {
+				return nil, err // not a non-nil Device holding a nil *rdma.Device
+			}
+			return d, nil
+		}
 	}
-	dev, err := rdma.Open(rdma.Config{Device: cfg.RDMADevice, GID: cfg.RDMAGID, QPs: cfg.RDMAQPs}, log)
+	dev, err := open(rdma.Config{Device: cfg.Device, GID: cfg.GID, QPs: cfg.QPs}, log)
 	if err != nil {
-		if cfg.RDMA == "on" {
-			return nil, "", fmt.Errorf("%w: rdma = on, rdma_device = %q, rdma_gid = %q: %v", ErrConfig, cfg.RDMADevice, cfg.RDMAGID, err)
+		if cfg.Mode == "on" {
+			return nil, "", fmt.Errorf("%w: rdma = on, rdma_device = %q, rdma_gid = %q: %v", ErrRDMARequired, cfg.Device, cfg.GID, err)
 		}
 		log.Info("rdma unavailable: peers use tcp", "reason", err.Error())
 		return nil, err.Error(), nil
@@ -134,8 +143,8 @@ func newRDMAPlane(cfg Config, pools []xfer.MemSegment, peers *peerPlane, log *sl
 				_ = dev.Deregister(r)
 			}
 			_ = dev.Close()
-			if cfg.RDMA == "on" {
-				return nil, "", fmt.Errorf("%w: rdma = on: registering pool %d: %v", ErrConfig, pool.ID(), err)
+			if cfg.Mode == "on" {
+				return nil, "", fmt.Errorf("%w: rdma = on: registering pool %d: %v", ErrRDMARequired, pool.ID(), err)
 			}
 			log.Warn("rdma unavailable: registering a pool failed; peers use tcp", "segment", uint64(pool.ID()), "err", err)
 			return nil, "registering the pool failed: " + err.Error(), nil
@@ -144,19 +153,19 @@ func newRDMAPlane(cfg Config, pools []xfer.MemSegment, peers *peerPlane, log *sl
 		log.Info("pool registered for rdma (local access)", "device", dev.Name(), "segment", uint64(pool.ID()),
 			"bytes", pool.Size(), "mrs", reg.Chunks(), "took", time.Since(start).Round(time.Microsecond).String())
 	}
-	p := newPlane(dev, regs, peers, log)
-	p.qps = cfg.RDMAQPs
+	p := newPlane(dev, regs, node, exports, log)
+	p.qps = cfg.QPs
 	return p, "", nil
 }
 
 // newPlane wires a plane over an opened device and registration and
 // starts its worker.
-func newPlane(dev *rdma.Device, pools map[xfer.SegmentID]*rdma.Region, peers *peerPlane, log *slog.Logger) *rdmaPlane {
+func newPlane(dev Device, pools map[xfer.SegmentID]*rdma.Region, node *tcp.Node, exports *peer.Exports, log *slog.Logger) *rdmaPlane {
 	p := &rdmaPlane{
-		log: log, dev: dev, pools: pools, node: peers.node, peers: peers,
+		log: log, dev: dev, pools: pools, node: node, exported: exports,
 		jobs: make(chan *tcp.Remote, 64), prep: make(chan pinJob), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
-		exports: exportRegs{m: map[xfer.MemSegment]*exportReg{}},
+		exports: exportRegs{m: map[*peer.Export]*exportReg{}},
 	}
 	p.linkDown, p.localMissing = rdmaOnlyFor(&p.stats)
 	p.regs = newRegQueue(log, p.registerLocal, p.routeRegistered)
@@ -561,8 +570,12 @@ func (l *rdmaLink) Submit(tasks []*xfer.Task) (int, error) {
 			}
 			n = i - done
 		default:
+			// Count before handing them over: a dispatched task may end,
+			// and be reused, before Submit returns; those it did not
+			// dispatch are still the caller's.
+			b := lengths(tasks[done:i])
 			n, err = l.tr.Submit(tasks[done:i])
-			l.p.stats.posted(tasks[done : done+n])
+			l.p.stats.posted(n, b-lengths(tasks[done+n:i]))
 			if err != nil && (errors.Is(err, xfer.ErrClosed) || errors.Is(err, rdma.ErrQPDown)) {
 				// The link was retired under us, or none of its queue
 				// pairs is up: what it did not take goes to tcp.

@@ -1,4 +1,4 @@
-package daemon
+package plane
 
 import (
 	"sync/atomic"
@@ -23,14 +23,19 @@ type rdmaStats struct {
 	revoked     atomic.Uint64 // export registrations revoked at unexport
 }
 
-// posted counts tasks handed to a link's rdma transport.
-func (s *rdmaStats) posted(ts []*xfer.Task) {
+// posted counts n tasks of bytes handed to a link's rdma transport.
+func (s *rdmaStats) posted(n int, bytes uint64) {
+	s.tasks.Add(uint64(n))
+	s.bytes.Add(bytes)
+}
+
+// lengths is the bytes of ts's requests.
+func lengths(ts []*xfer.Task) uint64 {
 	var b uint64
 	for _, t := range ts {
 		b += t.Req.Length
 	}
-	s.tasks.Add(uint64(len(ts)))
-	s.bytes.Add(b)
+	return b
 }
 
 // counters appends the plane's counters and gauges to dst.

@@ -1,54 +1,36 @@
-package daemon
+package plane
 
 import (
-	"log/slog"
 	"slices"
 	"strings"
 
-	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/wire"
-	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// rdmaReport is what `tcctl rdma` shows (control.RDMAReporter): the RDMA
-// plane's device, port and GID, the pool's registration and each peer's
-// link; or, for a daemon without a plane, whether RDMA is off or
-// unavailable and why.
-type rdmaReport struct {
-	p      *rdmaPlane // nil: RDMA is off or unavailable
-	state  wire.RDMAState
-	reason string
+// RDMAOff is the RDMA report of a daemon whose peer plane runs no RDMA,
+// saying why (control.RDMAReporter).
+type RDMAOff string
+
+// NoPlane is the report of a daemon without a peer plane.
+const NoPlane RDMAOff = "no peer plane (peer_listen is not set): RDMA is set up over it"
+
+// RDMAInfo reports RDMA off, and why.
+func (r RDMAOff) RDMAInfo() wire.RDMAResponse {
+	return wire.RDMAResponse{State: wire.RDMAOff, Reason: string(r)}
 }
 
-var _ control.RDMAReporter = (*rdmaReport)(nil)
-
-// rdmaWithoutPeers is the report of a daemon without a peer plane.
-func rdmaWithoutPeers() *rdmaReport {
-	return &rdmaReport{state: wire.RDMAOff, reason: noPeerPlane}
-}
-
-// openRDMA is newRDMAPlane that also returns the report.
-func openRDMA(cfg Config, pools []xfer.MemSegment, peers *peerPlane, log *slog.Logger) (*rdmaPlane, *rdmaReport, error) {
-	p, why, err := newRDMAPlane(cfg, pools, peers, log)
-	if err != nil {
-		return nil, nil, err
+// RDMAInfo is what `tcctl rdma` shows (control.RDMAReporter): the RDMA
+// plane's device, port and GID, the pools' registration and each peer's
+// link; or, without an RDMA plane, whether RDMA is off or unavailable and
+// why.
+func (p *Plane) RDMAInfo() wire.RDMAResponse {
+	switch {
+	case p.rdma != nil:
+		return p.rdma.info()
+	case p.rdmaOff:
+		return wire.RDMAResponse{State: wire.RDMAOff, Reason: p.noRDMA}
 	}
-	if p != nil {
-		return p, &rdmaReport{p: p, state: wire.RDMAEnabled}, nil
-	}
-	r := &rdmaReport{state: wire.RDMAUnavailable, reason: why}
-	if cfg.RDMA == "off" {
-		r.state = wire.RDMAOff
-	}
-	return nil, r, nil
-}
-
-// RDMAInfo implements control.RDMAReporter.
-func (r *rdmaReport) RDMAInfo() wire.RDMAResponse {
-	if r.p == nil {
-		return wire.RDMAResponse{State: r.state, Reason: r.reason}
-	}
-	return r.p.info()
+	return wire.RDMAResponse{State: wire.RDMAUnavailable, Reason: p.noRDMA}
 }
 
 // info reports the plane: its device and registration, and every peer the

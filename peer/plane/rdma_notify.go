@@ -1,4 +1,4 @@
-package daemon
+package plane
 
 import (
 	"errors"
@@ -29,21 +29,32 @@ func notifyReq(name string, payload []byte) []byte {
 	return append(b, payload...)
 }
 
+// parseNotify decodes an exchange body a peer sent (notifyReq's): the
+// export's name and the payload, which aliases req; xfer.ErrInvalid when
+// it is truncated or the payload is over tcp.MaxNotify.
+func parseNotify(req []byte) (name string, payload []byte, err error) {
+	if len(req) < 1 || len(req) < 1+int(req[0]) {
+		return "", nil, fmt.Errorf("%w: notification of %d bytes", xfer.ErrInvalid, len(req))
+	}
+	name, payload = string(req[1:1+int(req[0])]), req[1+int(req[0]):]
+	if len(payload) > tcp.MaxNotify {
+		return "", nil, fmt.Errorf("%w: notification of %d bytes (max %d)", xfer.ErrInvalid, len(payload), tcp.MaxNotify)
+	}
+	return name, payload, nil
+}
+
 // serveNotify delivers a peer's notification for one of this daemon's
 // exports, which must grant the peer write access (a notification rides a
 // WRITE).
 func (p *rdmaPlane) serveNotify(from string, _ uint64, req []byte) ([]byte, error) {
-	if len(req) < 1 || len(req) < 1+int(req[0]) {
-		return nil, fmt.Errorf("%w: notification of %d bytes", xfer.ErrInvalid, len(req))
+	name, payload, err := parseNotify(req)
+	if err != nil {
+		return nil, err
 	}
-	name, payload := string(req[1:1+int(req[0])]), req[1+int(req[0]):]
-	if len(payload) > tcp.MaxNotify {
-		return nil, fmt.Errorf("%w: notification of %d bytes (max %d)", xfer.ErrInvalid, len(payload), tcp.MaxNotify)
-	}
-	if r, ok := p.peers.Granted(name); !ok || r&tcp.RightWrite == 0 {
+	if r, ok := p.exported.Granted(name); !ok || tcp.Rights(r)&tcp.RightWrite == 0 {
 		return nil, fmt.Errorf("%w: %q is not exported for writing", xfer.ErrPermission, name)
 	}
-	if err := p.peers.Deliver(name, payload); err != nil {
+	if err := p.exported.Deliver(name, payload); err != nil {
 		return nil, err
 	}
 	return nil, nil

@@ -1,0 +1,491 @@
+package peer
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// memSeg is a client buffer as the table sees it, counting references.
+type memSeg struct {
+	id     xfer.SegmentID
+	b      []byte
+	refs   atomic.Int64
+	closed atomic.Bool
+}
+
+func (s *memSeg) ID() xfer.SegmentID { return s.id }
+func (s *memSeg) Kind() xfer.Kind    { return xfer.KindClient }
+func (s *memSeg) Size() uint64       { return uint64(len(s.b)) }
+func (s *memSeg) Bytes() []byte      { return s.b }
+func (s *memSeg) Release()           { s.refs.Add(-1) }
+func (s *memSeg) Acquire() bool {
+	if s.closed.Load() {
+		return false
+	}
+	s.refs.Add(1)
+	return true
+}
+
+// catalog records what it is told.
+type catalog struct {
+	mu     sync.Mutex // guards events
+	events []string
+}
+
+func (c *catalog) Exported(name string, size uint64, rights uint8) {
+	c.mu.Lock()
+	c.events = append(c.events, fmt.Sprintf("+%s:%d:%d", name, size, rights))
+	c.mu.Unlock()
+}
+
+func (c *catalog) Unexported(name string) {
+	c.mu.Lock()
+	c.events = append(c.events, "-"+name)
+	c.mu.Unlock()
+}
+
+func (c *catalog) got() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.events)
+}
+
+func TestNames(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{{"kv", true}, {strings.Repeat("x", MaxSegmentName), true}, {"", false}, {"a/b", false},
+		{strings.Repeat("x", MaxSegmentName+1), false}} {
+		if err := CheckName(c.name); (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrInvalid)) {
+			t.Errorf("CheckName(%q) = %v", c.name, err)
+		}
+	}
+	for r, ok := range map[uint8]bool{0: false, 1: true, 2: true, 3: true, 4: false, 7: false} {
+		if ValidRights(r) != ok {
+			t.Errorf("ValidRights(%d) = %v", r, !ok)
+		}
+	}
+	for _, c := range []struct{ in, peer, seg string }{
+		{"d2/kv", "d2", "kv"}, {"d2/a/b", "d2", "a/b"}, {"nopeer", "", ""}, {"/kv", "", ""}, {"d2/", "", ""},
+		{strings.Repeat("p", MaxPeerID+1) + "/kv", "", ""}, {"d2/" + strings.Repeat("s", MaxSegmentName+1), "", ""},
+	} {
+		p, s, err := SplitRemote(c.in)
+		if p != c.peer || s != c.seg || (err != nil) != (c.peer == "") || (err != nil && !errors.Is(err, ErrInvalid)) {
+			t.Errorf("SplitRemote(%q) = %q, %q, %v", c.in, p, s, err)
+		}
+	}
+}
+
+// TestExportTable: what Export refuses, what Lookup, Granted and List
+// answer, the catalog's view, and a range that peers reach exactly.
+func TestExportTable(t *testing.T) {
+	cat := &catalog{}
+	x := NewExports(cat)
+	buf := &memSeg{id: 5, b: make([]byte, 1<<16)}
+	for i := range buf.b {
+		buf.b[i] = byte(i)
+	}
+	e, err := x.Export("kv", "t1", buf, 4096, 8192, wire.RightRead|wire.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Name() != "kv" || e.Source() != 5 || e.Size() != 8192 || e.Rights() != 3 {
+		t.Fatalf("export: %q %d %d %d", e.Name(), e.Source(), e.Size(), e.Rights())
+	}
+	for _, c := range []struct {
+		name      string
+		off, n    uint64
+		rights    uint8
+		want      error
+		wantWords string
+	}{
+		{"kv", 0, 1, wire.RightRead, xfer.ErrExists, "exported already"},
+		{"a/b", 0, 1, wire.RightRead, ErrInvalid, "name"},
+		{"r0", 0, 1, 0, ErrInvalid, "rights"},
+		{"big", 0, 1<<16 + 1, wire.RightRead, ErrInvalid, "outside"},
+		{"wrap", 1 << 63, 1 << 63, wire.RightRead, ErrInvalid, "outside"},
+		{"none", 0, 0, wire.RightRead, ErrInvalid, "outside"},
+	} {
+		if _, err := x.Export(c.name, "t1", buf, c.off, c.n, c.rights); !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.wantWords) {
+			t.Errorf("Export(%q, %d, %d, %d) = %v, want %v", c.name, c.off, c.n, c.rights, err, c.want)
+		}
+	}
+	v, err := x.Lookup("kv")
+	if err != nil || v.Size() != 8192 || len(v.Bytes()) != 8192 || v.Bytes()[0] != byte(4096%256) || v.ID() != 5 {
+		t.Fatalf("Lookup: %v, %v", v, err)
+	}
+	if _, err := x.Lookup("nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Lookup of an unknown name: %v", err)
+	}
+	if r, ok := x.Granted("kv"); !ok || r != 3 {
+		t.Fatalf("Granted: %d, %v", r, ok)
+	}
+	if _, ok := x.Granted("nope"); ok {
+		t.Fatal("Granted of an unknown name")
+	}
+	if !e.Overlaps(5, 0, 4097) || e.Overlaps(5, 0, 4096) || e.Overlaps(5, 12288, 1) || !e.Overlaps(5, 12287, 1) || e.Overlaps(6, 4096, 1) {
+		t.Fatal("Overlaps is wrong about [4096, 12288) of segment 5")
+	}
+	if _, err := x.Export("ro", "t1", buf, 0, 4096, wire.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	l := x.List(nil)
+	slices.SortFunc(l, func(a, b wire.SegmentInfo) int { return strings.Compare(string(a.Name), string(b.Name)) })
+	if len(l) != 2 || string(l[0].Name) != "kv" || l[0].Size != 8192 || l[0].Rights != 3 || l[0].Segment != 5 || string(l[1].Name) != "ro" {
+		t.Fatalf("List: %+v", l)
+	}
+	if !e.End(0) {
+		t.Fatal("End with no peer request reported some still in the range")
+	}
+	if _, err := x.Lookup("kv"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Lookup after End: %v", err)
+	}
+	if v.Acquire() {
+		t.Fatal("the ended export's range still takes references")
+	}
+	if !e.End(0) {
+		t.Fatal("a second End")
+	}
+	// The name is free again.
+	if _, err := x.Export("kv", "t1", buf, 0, 4096, wire.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	if got := cat.got(); !slices.Equal(got, []string{"+kv:8192:3", "+ro:4096:1", "-kv", "+kv:4096:1"}) {
+		t.Fatalf("catalog heard %v", got)
+	}
+	if buf.refs.Load() != 0 {
+		t.Fatalf("%d references left on the buffer", buf.refs.Load())
+	}
+}
+
+// TestEndWaitsForPeerRequests: ending an export takes its name at once and
+// refuses new references, then waits for the peer request that holds its
+// range, and only then runs what OnEnd registered (the RDMA plane's
+// revocation) and returns. In a synctest bubble: End is seen blocked until
+// the release, and time does not move while it waits.
+func TestEndWaitsForPeerRequests(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		x := NewExports(nil)
+		buf := &memSeg{id: 1, b: make([]byte, 4096)}
+		e, err := x.Export("kv", "", buf, 0, 4096, wire.RightWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seg := e.Segment()
+		if !seg.Acquire() {
+			t.Fatal("Acquire of a live export")
+		}
+		var mu sync.Mutex // guards events
+		var events []string
+		note := func(s string) {
+			mu.Lock()
+			events = append(events, s)
+			mu.Unlock()
+		}
+		if !e.OnEnd(func() { note("revoked") }) {
+			t.Fatal("OnEnd on a live export")
+		}
+		start := time.Now()
+		done := make(chan bool, 1)
+		go func() { done <- e.End(time.Hour) }()
+		synctest.Wait() // End is durably blocked, or it returned
+		select {
+		case <-done:
+			t.Fatal("End returned while a peer request held the range")
+		default:
+		}
+		if _, err := x.Lookup("kv"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Lookup while End waits: %v", err)
+		}
+		if seg.Acquire() {
+			t.Fatal("a new reference was taken while End waits")
+		}
+		if !e.Busy() {
+			t.Fatal("not Busy while a peer request holds the range")
+		}
+		if e.OnEnd(func() { note("late") }) {
+			t.Fatal("OnEnd accepted while the export ends")
+		}
+		note("released")
+		seg.Release()
+		if !<-done {
+			t.Fatal("End reported the peer request still in the range after it ended")
+		}
+		mu.Lock()
+		got := slices.Clone(events)
+		mu.Unlock()
+		if !slices.Equal(got, []string{"released", "revoked"}) {
+			t.Fatalf("events %v, want the release before the revocation", got)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("End took %v of the bubble's clock: it polled instead of waiting for the release", d)
+		}
+		if e.Busy() || buf.refs.Load() != 0 {
+			t.Fatalf("after the release: busy %v, %d references on the buffer", e.Busy(), buf.refs.Load())
+		}
+	})
+}
+
+// TestEndGivesUp: a peer request that outlives End's wait leaves the range
+// Busy (its owner must not reuse it) until it ends; End returns at its
+// limit, not before.
+func TestEndGivesUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		x := NewExports(nil)
+		e, err := x.Export("blk", "", &memSeg{id: 1, b: make([]byte, 4096)}, 0, 4096, wire.RightWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seg := e.Segment()
+		seg.Acquire()
+		revoked := false
+		e.OnEnd(func() { revoked = true })
+		start := time.Now()
+		if e.End(time.Second) {
+			t.Fatal("End reported the range free while a reference is held")
+		}
+		if d := time.Since(start); d != time.Second {
+			t.Fatalf("End gave up after %v, want its 1s limit", d)
+		}
+		if !revoked || !e.Busy() {
+			t.Fatalf("after giving up: revoked %v, busy %v", revoked, e.Busy())
+		}
+		seg.Release()
+		if e.Busy() {
+			t.Fatal("still busy after the last reference went")
+		}
+		if !e.End(0) {
+			t.Fatal("a later End still sees the range held")
+		}
+	})
+}
+
+// TestInboxWakesOnDelivery: a Wait sleeps until a notification is queued
+// and returns at that instant (the bubble's clock does not move: it is
+// woken, it does not poll); without one it returns false at its deadline.
+func TestInboxWakesOnDelivery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		x := NewExports(nil)
+		if _, err := x.Export("kv", "t", &memSeg{id: 1, b: make([]byte, 64)}, 0, 64, wire.RightWrite); err != nil {
+			t.Fatal(err)
+		}
+		in := NewInbox("connection 1", 8)
+		if err := x.Subscribe("kv", "t", in); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		woke := make(chan bool, 1)
+		go func() { woke <- in.Wait(start.Add(time.Hour), nil) }()
+		synctest.Wait()
+		select {
+		case <-woke:
+			t.Fatal("Wait returned with nothing queued")
+		default:
+		}
+		if err := x.Deliver("kv", []byte("ready")); err != nil {
+			t.Fatal(err)
+		}
+		if !<-woke {
+			t.Fatal("Wait did not report the delivery")
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("woken after %v of the bubble's clock, want at once", d)
+		}
+		if got := in.Take(nil, 10, 1<<20); len(got) != 1 || string(got[0].Payload) != "ready" || string(got[0].Segment) != "kv" {
+			t.Fatalf("Take: %+v", got)
+		}
+		if in.Wait(time.Now().Add(time.Minute), nil) || time.Since(start) != time.Minute {
+			t.Fatalf("an empty Wait returned true or not at its deadline (%v)", time.Since(start))
+		}
+		stop := make(chan struct{})
+		go func() { woke <- in.Wait(time.Now().Add(time.Hour), stop) }()
+		synctest.Wait()
+		close(stop)
+		if <-woke {
+			t.Fatal("a stopped Wait reported a notification")
+		}
+		if in.Wait(time.Now(), nil) {
+			t.Fatal("a Wait past its deadline reported a notification")
+		}
+	})
+}
+
+// TestDeliver: a notification reaches every subscriber of its export, or
+// none: a full queue, an oversized payload, an export nobody subscribed to
+// and an unknown name are refused and queue nothing; subscribing is only
+// for the owner's tenant; a closed inbox and an ended export deliver no
+// more; Take keeps to its count and byte budget.
+func TestDeliver(t *testing.T) {
+	x := NewExports(nil)
+	buf := &memSeg{id: 1, b: make([]byte, 64)}
+	e, err := x.Export("kv", "t1", buf, 0, 64, wire.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Export("other", "t1", buf, 0, 64, wire.RightWrite); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Deliver("kv", []byte("x")); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Deliver without subscribers: %v", err)
+	}
+	if err := x.Deliver("nope", []byte("x")); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Deliver to an unknown name: %v", err)
+	}
+	a, b := NewInbox("a", 2), NewInbox("b", 3)
+	if err := x.Subscribe("kv", "t2", a); !errors.Is(err, ErrNotFound) || strings.Contains(err.Error(), "t1") {
+		t.Fatalf("Subscribe from another tenant: %v", err)
+	}
+	if err := x.Subscribe("nope", "t1", a); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Subscribe to an unknown name: %v", err)
+	}
+	for _, in := range []*Inbox{a, b} {
+		if err := x.Subscribe("kv", "t1", in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := x.Subscribe("other", "t1", b); err != nil {
+		t.Fatal(err)
+	}
+	payload := []byte("n1")
+	if err := x.Deliver("kv", payload); err != nil {
+		t.Fatal(err)
+	}
+	payload[0] = 'X' // the queued copy is the inbox's own
+	if err := x.Deliver("kv", []byte("n2")); err != nil {
+		t.Fatal(err)
+	}
+	// a is full: nothing goes anywhere, b included.
+	if err := x.Deliver("kv", []byte("n3")); !errors.Is(err, ErrLimit) {
+		t.Fatalf("Deliver to a full queue: %v", err)
+	}
+	if err := x.Deliver("kv", make([]byte, wire.MaxNotify+1)); !errors.Is(err, ErrLimit) {
+		t.Fatalf("Deliver of an oversized notification: %v", err)
+	}
+	if a.Len() != 2 || b.Len() != 2 || a.Subscriptions() != 1 || b.Subscriptions() != 2 {
+		t.Fatalf("queued %d and %d, subscriptions %d and %d", a.Len(), b.Len(), a.Subscriptions(), b.Subscriptions())
+	}
+	take := func(in *Inbox, max, budget int) string {
+		var s []string
+		for _, n := range in.Take(nil, max, budget) {
+			s = append(s, string(n.Segment)+"="+string(n.Payload))
+		}
+		return strings.Join(s, ",")
+	}
+	if got := take(a, 1, 1<<20); got != "kv=n1" {
+		t.Fatalf("a's first: %s", got)
+	}
+	// The first always comes, the next only within the budget.
+	if got := take(b, 10, 1); got != "kv=n1" {
+		t.Fatalf("b within a 1-byte budget: %s", got)
+	}
+	if err := x.Deliver("other", nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := take(b, 10, 1<<20); got != "kv=n2,other=" {
+		t.Fatalf("b's rest: %s", got)
+	}
+	b.Close()
+	if err := x.Subscribe("kv", "t1", b); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Subscribe of a closed inbox: %v", err)
+	}
+	if err := x.Deliver("other", []byte("gone")); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Deliver once the only subscriber closed: %v", err)
+	}
+	e.End(0)
+	if a.Subscriptions() != 0 {
+		t.Fatalf("a still subscribed to an ended export (%d)", a.Subscriptions())
+	}
+	if err := x.Deliver("kv", []byte("late")); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Deliver after End: %v", err)
+	}
+	if got := take(a, 10, 1<<20); got != "kv=n2" {
+		t.Fatalf("a after the end: %s", got)
+	}
+}
+
+// TestLookupPath: a peer request's lookup, reference and release do not
+// allocate, and lookups run beside exports and ends of other names (the
+// race detector watches the shards).
+func TestLookupPath(t *testing.T) {
+	x := NewExports(nil)
+	buf := &memSeg{id: 1, b: make([]byte, 1<<16)}
+	if _, err := x.Export("kv", "", buf, 0, 1<<16, wire.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	if allocs := testing.AllocsPerRun(100, func() {
+		seg, err := x.Lookup("kv")
+		if err != nil || !seg.Acquire() {
+			t.Fatal("lookup failed")
+		}
+		if _, ok := x.Granted("kv"); !ok {
+			t.Fatal("no rights")
+		}
+		seg.Release()
+	}); allocs != 0 {
+		t.Fatalf("Lookup, Granted, Acquire, Release: %v allocations, want 0", allocs)
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2000 {
+				seg, err := x.Lookup("kv")
+				if err != nil || !seg.Acquire() {
+					t.Error("a lookup beside other names' exports failed")
+					return
+				}
+				seg.Release()
+			}
+		}()
+	}
+	for i := range 200 {
+		e, err := x.Export(fmt.Sprintf("n%d", i), "", buf, 0, 4096, wire.RightRead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.End(0)
+	}
+	wg.Wait()
+	if buf.refs.Load() != 0 {
+		t.Fatalf("%d references left", buf.refs.Load())
+	}
+}
+
+// BenchmarkPeerRequestLookup is what every peer request costs the table:
+// the lookup by name, the reference and its release, from many event
+// loops at once over a table of many exports.
+func BenchmarkPeerRequestLookup(b *testing.B) {
+	x := NewExports(nil)
+	buf := &memSeg{id: 1, b: make([]byte, 1<<16)}
+	names := make([]string, 256)
+	for i := range names {
+		names[i] = fmt.Sprintf("kv%d", i)
+		if _, err := x.Export(names[i], "", buf, 0, 4096, wire.RightRead|wire.RightWrite); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			seg, err := x.Lookup(names[i%len(names)])
+			if err != nil || !seg.Acquire() {
+				b.Error("lookup failed")
+				return
+			}
+			seg.Release()
+			i++
+		}
+	})
+}

@@ -1,0 +1,20 @@
+package peer
+
+import "github.com/tensorcast/tensorcast/xfer"
+
+// RemoteSegment is a segment of a peer daemon opened through the peer
+// plane (*tcp.Remote): its ID is the plane's own, its Epoch the owner's
+// run.
+type RemoteSegment interface {
+	xfer.Segment
+	Epoch() uint64
+	Close() error
+}
+
+// OpenContext is what a request's context says about how to open a
+// remote segment: its lane (which chooses the directory's posture) and
+// policy version, as the client sent them.
+type OpenContext struct {
+	Lane          string
+	PolicyVersion uint32
+}
