@@ -79,7 +79,7 @@ type rdmaPlane struct {
 	stats   rdmaStats
 	// linkDown and localMissing fail requests of rdma-only segments
 	// (rdma_pins.go).
-	linkDown, localMissing *rdmaOnly
+	linkDown, localMissing *rdmaRefusal
 }
 
 type acceptedPeer struct {
@@ -167,7 +167,7 @@ func newPlane(dev Device, pools map[xfer.SegmentID]*rdma.Region, node *tcp.Node,
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
 		exports: exportRegs{m: map[*peer.Export]*exportReg{}},
 	}
-	p.linkDown, p.localMissing = rdmaOnlyFor(&p.stats)
+	p.linkDown, p.localMissing = rdmaRefusals(&p.stats)
 	p.regs = newRegQueue(log, p.registerLocal, p.routeRegistered)
 	empty := map[string]*rdmaLink{}
 	p.links.Store(&empty)

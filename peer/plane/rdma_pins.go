@@ -114,17 +114,17 @@ func errRDMAOnly(t *xfer.Task, why string) error {
 	return fmt.Errorf("%w: %s was opened with transport rdma and %s", peer.ErrUnavailable, name, why)
 }
 
-// rdmaOnly is the router's answer for a request to a segment opened with
+// rdmaRefusal is the router's answer for a request to a segment opened with
 // TransportRDMA that cannot move by RDMA now: it fails the tasks.
-type rdmaOnly struct {
+type rdmaRefusal struct {
 	why string
 	s   *rdmaStats
 }
 
-func (o *rdmaOnly) Name() string      { return "rdma" }
-func (o *rdmaOnly) Cancel(*xfer.Task) {}
-func (o *rdmaOnly) Close() error      { return nil }
-func (o *rdmaOnly) Submit(ts []*xfer.Task) (int, error) {
+func (o *rdmaRefusal) Name() string      { return "rdma" }
+func (o *rdmaRefusal) Cancel(*xfer.Task) {}
+func (o *rdmaRefusal) Close() error      { return nil }
+func (o *rdmaRefusal) Submit(ts []*xfer.Task) (int, error) {
 	o.s.unavailable.Add(uint64(len(ts)))
 	for _, t := range ts {
 		t.Done(0, errRDMAOnly(t, o.why))
@@ -132,9 +132,9 @@ func (o *rdmaOnly) Submit(ts []*xfer.Task) (int, error) {
 	return len(ts), nil
 }
 
-// rdmaOnlyFor makes a plane's two answers once, so that routing to them
+// rdmaRefusals makes a plane's two answers once, so that routing to them
 // does not allocate.
-func rdmaOnlyFor(s *rdmaStats) (linkDown, localMissing *rdmaOnly) {
-	return &rdmaOnly{why: "its rdma link is down", s: s},
-		&rdmaOnly{why: "the local segment has no rdma registration", s: s}
+func rdmaRefusals(s *rdmaStats) (linkDown, localMissing *rdmaRefusal) {
+	return &rdmaRefusal{why: "its rdma link is down", s: s},
+		&rdmaRefusal{why: "the local segment has no rdma registration", s: s}
 }
