@@ -186,7 +186,11 @@ func (q *ClientRing) Submit() int {
 	if n == 0 {
 		return 0
 	}
-	q.w.sqTail.Store(q.sqTail) // release, and the full fence before the flag's load
+	// A swap, not a store: the publication must be ordered before the
+	// flag's load below (store-load), and only a read-modify-write is a
+	// full fence everywhere. Under the race detector an atomic store is a
+	// release only, and TestLostWakeupStress lost wake-ups with it.
+	q.w.sqTail.Swap(q.sqTail)
 	q.pubTail = q.sqTail
 	if wake(q.w.sqFlags, FlagNeedWakeup, q.w.sqWake) {
 		q.SubmitDoorbells++
@@ -216,7 +220,7 @@ func (q *ClientRing) Reap(out []CQE) int {
 		out[i].get(q.mem[off : off+CQESize])
 	}
 	q.cqHead += uint32(n)
-	q.w.cqHead.Store(q.cqHead) // release: the entries are read
+	q.w.cqHead.Swap(q.cqHead) // release, and a full fence before the flag's load (see Submit)
 	if wake(q.w.sqFlags, FlagCQWait, q.w.sqWake) {
 		q.ReapDoorbells++
 	}

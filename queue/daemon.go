@@ -176,7 +176,7 @@ func (r *DaemonRing) Post(c *CQE) {
 	r.cqTail++
 	r.inflight--
 	r.posted++
-	r.w.cqTail.Store(r.cqTail) // release, and the full fence before the flag's load
+	r.w.cqTail.Swap(r.cqTail) // release, and a full fence before the flag's load (a swap: see ClientRing.Submit)
 	r.cqMu.Unlock()
 	if wake(r.w.cqFlags, FlagWaiting, r.w.cqWake) {
 		r.WakeCounts.ClientWakes.Add(1)

@@ -34,8 +34,10 @@
 //	data_off data_size bytes the client manages: notification payloads, keys
 //
 // Each index is a free-running u32; entry i lives at i & (entries-1). A
-// side writes its own index with a sequentially consistent atomic store
-// (release at least) after the entries it covers, and reads the other
+// side writes its own index after the entries it covers with a
+// sequentially consistent atomic write (the Go side uses a swap, a
+// read-modify-write, so that it is a full fence under every
+// implementation, the race detector's included), and reads the other
 // side's with an atomic load (acquire).
 //
 // # Entries
@@ -112,8 +114,9 @@
 // # Wake-ups
 //
 // Each side spins briefly when it runs out of work, then sleeps on the other
-// side's doorbell. Before sleeping it reads its futex word, sets its flag,
-// (the atomic store is a full fence) and checks once more for work; only
+// side's doorbell. Before sleeping it reads its futex word, sets its flag
+// with an atomic read-modify-write (a full fence) and checks once more for
+// work; only
 // then does it wait on the futex word with the value it read. The other side
 // publishes its index (a full fence), then reads the flag; if the flag is
 // set it clears it, bumps the futex word and wakes it. Either the sleeper
