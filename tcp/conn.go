@@ -7,11 +7,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -56,11 +58,13 @@ type conn struct {
 	// client connection: the reaper's witness that the peer still answers.
 	rxEvents atomic.Uint64
 
-	// Client connections are written directly from the submitting
-	// goroutine while gnet has nothing queued for them; a partial write
-	// hands the rest to the event loop (AsyncWritev), and direct writes
-	// resume only once the loop has flushed everything (checked on the
-	// loop when an answer arrives, which follows the last request).
+	// fd is the connection's socket. The event loop reads payloads from
+	// it straight into their destination (readDirect). Client connections
+	// are also written directly from the submitting goroutine while gnet
+	// has nothing queued for them; a partial write hands the rest to the
+	// event loop (AsyncWritev), and direct writes resume only once the
+	// loop has flushed everything (checked on the loop when an answer
+	// arrives, which follows the last request).
 	fd int
 	// wmu guards asyncMode, asyncQueued and fdClosed, and is held across
 	// each direct write.
@@ -136,7 +140,7 @@ func (h *srvHandler) OnOpen(g gnet.Conn) ([]byte, gnet.Action) {
 	if !h.n.ready.Load() {
 		return nil, gnet.Close
 	}
-	c := &conn{n: h.n, g: g, role: roleServer, created: time.Now()}
+	c := &conn{n: h.n, g: g, role: roleServer, created: time.Now(), fd: g.Fd()}
 	g.SetContext(c)
 	h.n.mu.Lock()
 	h.n.handshaking[c] = struct{}{}
@@ -237,17 +241,21 @@ func (c *conn) onTraffic() gnet.Action {
 	g := c.g
 	for {
 		if c.rx.left > 0 {
-			avail := g.InboundBuffered()
-			if avail == 0 {
-				return gnet.None
-			}
-			k := min(avail, c.rx.left)
-			if c.rx.dst != nil {
-				m, _ := g.Read(c.rx.dst[:k])
-				c.rx.dst = c.rx.dst[m:]
-				k = m
-			} else {
-				k, _ = g.Discard(k)
+			var k int
+			switch avail := g.InboundBuffered(); {
+			case avail > 0 && c.rx.dst != nil:
+				k, _ = g.Read(c.rx.dst[:min(avail, c.rx.left)])
+				c.rx.dst = c.rx.dst[k:]
+			case avail > 0:
+				k, _ = g.Discard(min(avail, c.rx.left))
+			case c.rx.dst != nil:
+				// What the event loop read is used up: the rest of the
+				// payload goes from the socket straight to its
+				// destination, without a copy through the loop's buffer.
+				var err error
+				if k, err = c.readDirect(); err != nil {
+					return c.drop(err)
+				}
 			}
 			if k <= 0 {
 				return gnet.None
@@ -288,6 +296,30 @@ func (c *conn) onTraffic() gnet.Action {
 			}
 			return c.drop(err)
 		}
+	}
+}
+
+// readDirect reads the rest of the payload being received from the socket
+// into its destination, in one read: a short one means the socket had no
+// more for now, and the event loop calls again when it has (its poller is
+// level-triggered). It returns 0 when nothing was there, and an error when
+// the connection ended mid-frame. Called on the event loop only, so the fd
+// is open.
+func (c *conn) readDirect() (int, error) {
+	for {
+		k, err := unix.Read(c.fd, c.rx.dst[:c.rx.left])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return 0, nil
+		case err != nil:
+			return 0, fmt.Errorf("%w: %d payload bytes still due: %w", ErrConnLost, c.rx.left, os.NewSyscallError("read", err))
+		case k == 0:
+			return 0, fmt.Errorf("%w: closed by the peer with %d payload bytes still due", ErrConnLost, c.rx.left)
+		}
+		c.rx.dst = c.rx.dst[k:]
+		return k, nil
 	}
 }
 

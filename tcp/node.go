@@ -675,5 +675,7 @@ func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...),
 func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...), "src", "gnet") }
 
 // readBufferCap is the per-event-loop read buffer: one read syscall moves
-// up to this much, and payload is copied from it straight into segments.
+// up to this much. The payload bytes a read brings with their frame's
+// header are copied from it into their destination; the rest of a payload
+// is read from the socket straight into it (conn.readDirect).
 var readBufferCap = 256 << 10
