@@ -75,6 +75,7 @@ type conn struct {
 
 	// Guarded by peer.mu (client connections):
 	reqs     map[uint64]*pending
+	due      dueHeap[*pending]   // the requests in reqs, by when the reaper looks at them (reaper.go)
 	timedOut map[uint64]struct{} // ids whose answer no longer matters
 	inflight int64
 	closed   bool
@@ -83,6 +84,11 @@ type conn struct {
 	// (unix ns) it has not changed.
 	seenRx uint64
 	quiet  int64
+
+	// Guarded by Node.mu (server connections being authenticated): when
+	// the handshake times out (unix ns) and the slot in Node.handshaking.
+	hsDue int64
+	dslot int32
 }
 
 // rxState is the payload being received (loop-only).
@@ -141,9 +147,10 @@ func (h *srvHandler) OnOpen(g gnet.Conn) ([]byte, gnet.Action) {
 		return nil, gnet.Close
 	}
 	c := &conn{n: h.n, g: g, role: roleServer, created: time.Now(), fd: g.Fd()}
+	c.hsDue = addSat(addSat(c.created.UnixNano(), int64(h.n.cfg.HandshakeTimeout)), 1)
 	g.SetContext(c)
 	h.n.mu.Lock()
-	h.n.handshaking[c] = struct{}{}
+	h.n.handshaking.push(c)
 	h.n.mu.Unlock()
 	return nil, gnet.None
 }
@@ -162,7 +169,7 @@ func (h *srvHandler) OnClose(g gnet.Conn, err error) gnet.Action {
 		c.rx.seg = nil
 	}
 	h.n.mu.Lock()
-	delete(h.n.handshaking, c)
+	h.n.handshaking.remove(c)
 	h.n.mu.Unlock()
 	if p := c.peer; p != nil {
 		p.mu.Lock()
@@ -208,6 +215,7 @@ func (h *cliHandler) OnClose(g gnet.Conn, err error) gnet.Action {
 	c.closed = true
 	reqs := c.reqs
 	c.reqs = nil
+	c.due.reset()
 	for _, pd := range reqs {
 		if pd.isData() {
 			p.inflight -= int64(pd.n)
@@ -464,7 +472,7 @@ func (c *conn) onAuth(meta []byte) error {
 	p.wakeLocked()
 	p.mu.Unlock()
 	n.mu.Lock()
-	delete(n.handshaking, c)
+	n.handshaking.remove(c)
 	n.mu.Unlock()
 	c.metaC, c.metaS = nil, nil
 	n.peerSeen(p, hc.addr, hc.epoch, old)
@@ -716,121 +724,10 @@ func (c *conn) handleResponse(h *header, meta []byte) error {
 // caller holds c.peer.mu.
 func (c *conn) takeLocked(pd *pending) {
 	delete(c.reqs, pd.id)
+	c.due.remove(pd)
 	if pd.isData() {
 		c.inflight -= int64(pd.n)
 		c.peer.inflight -= int64(pd.n)
 		c.peer.wakeLocked()
-	}
-}
-
-// stallGrace is how long a connection with a request past its task's
-// deadline may stay silent before the reaper drops it. A peer that keeps
-// answering is never dropped for deadlines alone: its late answers only
-// release what the ended tasks held.
-const stallGrace = time.Second
-
-// reaper enforces deadlines that no frame will: handshakes that stall,
-// requests a peer never answers, notifications not acknowledged in time,
-// tasks that waited in a peer's queue past their deadline, connections
-// that went silent with requests past their deadline.
-func (n *Node) reaper() {
-	defer close(n.reaperDone)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	var late []*pending
-	var stuck []*conn
-	var peers []*peer
-	var renewed time.Time
-	for {
-		select {
-		case <-n.done:
-			return
-		case <-tick.C:
-		}
-		now := time.Now()
-		if now.Sub(renewed) >= renewCheckEvery {
-			renewed = now
-			n.renewDue(now)
-		}
-		n.refusals.flush(n.log, now)
-		n.mu.Lock()
-		for c := range n.handshaking {
-			if now.Sub(c.created) > n.cfg.HandshakeTimeout {
-				delete(n.handshaking, c)
-				stuck = append(stuck, c)
-				n.refusals.note(n.log, "handshake timed out", now, "remote", c.g.RemoteAddr().String())
-			}
-		}
-		peers = peers[:0]
-		for _, p := range n.peers {
-			peers = append(peers, p)
-		}
-		n.mu.Unlock()
-		reqLimit := now.Add(-n.cfg.RequestTimeout).UnixNano()
-		ns := now.UnixNano()
-		stallLimit := ns - int64(stallGrace)
-		for _, p := range peers {
-			n.expireQueued(p, ns)
-			p.mu.Lock()
-			for _, c := range p.sess {
-				if c.dropping {
-					continue
-				}
-				if rx := c.rxEvents.Load(); rx != c.seenRx || c.quiet == 0 {
-					c.seenRx, c.quiet = rx, ns
-				}
-				var old, stalled bool
-				for id, pd := range c.reqs {
-					switch pd.kind {
-					case pkNotify:
-						if now.UnixNano() > pd.deadline {
-							delete(c.reqs, id)
-							if len(c.timedOut) < 4096 {
-								if c.timedOut == nil {
-									c.timedOut = make(map[uint64]struct{})
-								}
-								c.timedOut[id] = struct{}{}
-							}
-							late = append(late, pd)
-						}
-					default:
-						if pd.sent < reqLimit {
-							old = true
-						}
-						// A request past its task's deadline on a
-						// connection silent for stallGrace: the peer has
-						// stopped answering (it may keep the connection
-						// open, stopped or wedged).
-						if pd.isData() && pd.ts.deadline < stallLimit && c.quiet < stallLimit {
-							stalled = true
-						}
-					}
-				}
-				switch {
-				case old:
-					c.dropping = true
-					stuck = append(stuck, c)
-					p.errs.Add(1)
-					n.log.Warn("dropping peer connection", "peer", p.id, "reason",
-						fmt.Sprintf("a request got no answer within %v", n.cfg.RequestTimeout))
-				case stalled:
-					c.dropping = true
-					stuck = append(stuck, c)
-					p.errs.Add(1)
-					n.log.Warn("dropping peer connection", "peer", p.id, "reason",
-						fmt.Sprintf("requests past their deadline and nothing received for %v", stallGrace))
-				}
-			}
-			p.mu.Unlock()
-		}
-		for _, c := range stuck {
-			_ = c.g.Close()
-		}
-		for _, pd := range late {
-			pd.finish(0, fmt.Errorf("%w: notification not acknowledged before its deadline", xfer.ErrTimeout))
-		}
-		clear(late)
-		clear(stuck)
-		late, stuck = late[:0], stuck[:0]
 	}
 }

@@ -207,7 +207,7 @@ type Node struct {
 	mu          sync.Mutex
 	peers       map[string]*peer
 	remotes     map[*Remote]struct{}
-	handshaking map[*conn]struct{} // inbound connections not yet authenticated
+	handshaking dueHeap[*conn] // inbound connections not yet authenticated, by handshake deadline
 
 	// hmu guards handlers.
 	hmu      sync.RWMutex
@@ -346,21 +346,20 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		epoch = binary.LittleEndian.Uint64(b[:])
 	}
 	n := &Node{
-		cfg:         cfg,
-		log:         log.With("component", "tcp", "daemon", cfg.DaemonID),
-		exp:         exp,
-		hsKey:       deriveKey(key, "tensorcast handshake v1"),
-		tokKey:      deriveKey(key, "tensorcast token v1"),
-		epoch:       epoch,
-		lim:         limits{maxPayload: uint32(cfg.MaxFrame), maxMeta: 8192},
-		srvDone:     make(chan error, 1),
-		done:        make(chan struct{}),
-		reaperDone:  make(chan struct{}),
-		peers:       make(map[string]*peer),
-		remotes:     make(map[*Remote]struct{}),
-		handshaking: make(map[*conn]struct{}),
-		handlers:    make(map[string]Handler),
-		exchSem:     make(chan struct{}, maxExchangeHandlers),
+		cfg:        cfg,
+		log:        log.With("component", "tcp", "daemon", cfg.DaemonID),
+		exp:        exp,
+		hsKey:      deriveKey(key, "tensorcast handshake v1"),
+		tokKey:     deriveKey(key, "tensorcast token v1"),
+		epoch:      epoch,
+		lim:        limits{maxPayload: uint32(cfg.MaxFrame), maxMeta: 8192},
+		srvDone:    make(chan error, 1),
+		done:       make(chan struct{}),
+		reaperDone: make(chan struct{}),
+		peers:      make(map[string]*peer),
+		remotes:    make(map[*Remote]struct{}),
+		handlers:   make(map[string]Handler),
+		exchSem:    make(chan struct{}, maxExchangeHandlers),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.pendPool.New = func() any { p := new(pending); p.cb = p.writeDone; p.node = n; return p }
@@ -594,9 +593,10 @@ type peer struct {
 	// kick wakes the peer's pump (capacity 1, never closed).
 	kick chan struct{}
 
-	// mu guards the fields below, the reqs, inflight, timedOut, closed,
-	// dropping and stall fields of this peer's connections, and the queue
-	// fields of the task states in queued.
+	// mu guards the fields below, the reqs, due, inflight, timedOut,
+	// closed, dropping and stall fields of this peer's connections (and
+	// the due fields of their requests), and the queue fields of the task
+	// states in queued.
 	mu       sync.Mutex
 	epoch    uint64   // current epoch, 0 until a handshake told us
 	blob     []byte   // opaque data from the peer's last handshake
@@ -608,11 +608,12 @@ type peer struct {
 	rr       int
 
 	// The queue (pump.go): tasks that wait for a session or for room,
-	// oldest first, and every task the pump holds, by task (for Cancel).
+	// oldest first, the same tasks by when their wait ends (for the
+	// reaper), and every task the pump holds, by task (for Cancel).
 	head, tail *taskState
+	waits      dueHeap[*taskState]
 	queued     map[*xfer.Task]*taskState
-	expiry     int64 // earliest expires in the list (unix ns), 0 when empty
-	pumping    bool  // the pump goroutine runs
+	pumping    bool // the pump goroutine runs
 	// wantDial asks the pump for a session; sessWait is closed when the
 	// dial it asked for ended, with dialErr its error.
 	wantDial bool

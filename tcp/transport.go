@@ -119,6 +119,8 @@ type pending struct {
 	c        *conn // set when the frame went through the event loop
 	sent     int64 // unix ns, for RequestTimeout
 	deadline int64 // unix ns, notifications
+	due      int64 // unix ns: when the reaper looks at it (reaper.go); guarded by the peer's mu
+	dslot    int32 // its slot in its connection's due heap
 	hdr      [hdrLen]byte
 	bufs     [3][]byte
 	refs     atomic.Int32
@@ -195,8 +197,12 @@ type taskState struct {
 	prev, next *taskState
 	listed     bool  // in the peer's list (false while the pump holds it)
 	expires    int64 // unix ns: the wait in the queue ends in a timeout
+	dslot      int32 // its slot in peer.waits while listed
 	canceled   bool  // Cancel came while the pump held it
 }
+
+func (ts *taskState) dueAt() int64    { return ts.expires }
+func (ts *taskState) dueSlot() *int32 { return &ts.dslot }
 
 func (ts *taskState) setErr(err error) { ts.err.CompareAndSwap(nil, &err) }
 
@@ -545,7 +551,7 @@ func (n *Node) tryRegister(p *peer, pd *pending, ln int64) (*conn, sendState, er
 	p.rr++
 	pd.id = n.nextID.Add(1)
 	pd.sent = time.Now().UnixNano()
-	best.reqs[pd.id] = pd
+	best.addLocked(pd)
 	best.inflight += ln
 	p.inflight += ln
 	return best, sentAll, nil
@@ -567,7 +573,7 @@ func (n *Node) register(p *peer, pd *pending) (*conn, error) {
 		p.rr++
 		pd.id = n.nextID.Add(1)
 		pd.sent = time.Now().UnixNano()
-		c.reqs[pd.id] = pd
+		c.addLocked(pd)
 		return c, nil
 	}
 	return nil, fmt.Errorf("%w: no session with peer %s", ErrConnLost, p.id)
@@ -647,11 +653,8 @@ func (n *Node) roundTrip(p *peer, kind pendKind, h header, meta []byte, timeout 
 		p.mu.Lock()
 		if c.reqs[pd.id] == pd {
 			c.takeLocked(pd)
-			if dropLate && len(c.timedOut) < 4096 {
-				if c.timedOut == nil {
-					c.timedOut = make(map[uint64]struct{})
-				}
-				c.timedOut[pd.id] = struct{}{}
+			if dropLate {
+				c.rememberLateLocked(pd.id)
 			}
 			p.mu.Unlock()
 			return nil, nil
