@@ -58,20 +58,19 @@ type conn struct {
 	// client connection: the reaper's witness that the peer still answers.
 	rxEvents atomic.Uint64
 
-	// fd is the connection's socket. The event loop reads payloads from
-	// it straight into their destination (readDirect). Client connections
-	// are also written directly from the submitting goroutine while gnet
-	// has nothing queued for them; a partial write hands the rest to the
-	// event loop (AsyncWritev), and direct writes resume only once the
-	// loop has flushed everything (checked on the loop when an answer
-	// arrives, which follows the last request).
+	// fd is the connection's socket, which gnet owns; the event loop reads
+	// payloads from it straight into their destination (readDirect).
 	fd int
-	// wmu guards asyncMode, asyncQueued and fdClosed, and is held across
-	// each direct write.
-	wmu         sync.Mutex
-	asyncMode   bool
-	asyncQueued int  // AsyncWritev calls whose callback has not run
-	fdClosed    bool // set in OnClose, which gnet calls before closing fd
+
+	// The write side of a client connection (writer.go). wmu guards wq,
+	// fdClosed and the use of wfd outside the writer; wlock is held by the
+	// writer across each write.
+	wmu      sync.Mutex
+	wq       wlist // frames waiting for the writer, in order
+	fdClosed bool  // set by stopWriter (OnClose): nothing more is written
+	wfd      int   // the writer's duplicate of the socket; it closes it
+	wkick    chan struct{}
+	wlock    sync.Mutex
 
 	// Guarded by peer.mu (client connections):
 	reqs     map[uint64]*pending
@@ -189,15 +188,7 @@ type cliHandler struct {
 func (h *cliHandler) OnTraffic(g gnet.Conn) gnet.Action {
 	c := g.Context().(*conn)
 	c.rxEvents.Add(1)
-	act := c.onTraffic()
-	if act == gnet.None && g.OutboundBuffered() == 0 {
-		c.wmu.Lock()
-		if c.asyncMode && c.asyncQueued == 0 {
-			c.asyncMode = false
-		}
-		c.wmu.Unlock()
-	}
-	return act
+	return c.onTraffic()
 }
 
 func (h *cliHandler) OnClose(g gnet.Conn, err error) gnet.Action {
@@ -205,11 +196,8 @@ func (h *cliHandler) OnClose(g gnet.Conn, err error) gnet.Action {
 	if c == nil {
 		return gnet.None
 	}
-	// No direct write may touch the fd once gnet is about to close it
-	// (the number could be reused).
-	c.wmu.Lock()
-	c.fdClosed = true
-	c.wmu.Unlock()
+	// Nothing is written once the requests fail below (writer.go).
+	c.stopWriter()
 	p := c.peer
 	p.mu.Lock()
 	c.closed = true

@@ -19,13 +19,16 @@
 // goroutine and event loops), the gnet client (event loops for the
 // connections this node dialed), one reaper goroutine (request,
 // notification and queue deadlines, handshake timeouts, stalled
-// connections) and one pump goroutine per peer it has sent to (started on
-// first use, see pump.go). Close stops them in this order: refuse new work,
-// wake waiters and cancel dials in progress (done channel, context), stop
-// the reaper, wait for the pumps, fail the tasks still queued, stop the
-// client (every dialed connection closes and fails what it carried), stop
-// the server engine, wait for running exchange handlers (see Handle), then
-// wait until no task is outstanding.
+// connections; see reaper.go), one pump goroutine per peer it has sent to
+// (started on first use, see pump.go) and one writer goroutine per dialed
+// connection (the large frames and the rest of partial writes, see
+// writer.go). Close stops them in this order: refuse new work, wake
+// waiters and cancel dials in progress (done channel, context), stop the
+// reaper, wait for the pumps, fail the tasks still queued, stop the client
+// (every dialed connection closes, which stops its writer, and fails what
+// it carried), wait for the writers, stop the server engine, wait for
+// running exchange handlers (see Handle), then wait until no task is
+// outstanding.
 //
 // Peers. Only daemons the directory lists (Config.Peers, or entries added
 // to the Directory) are accepted on the listener; any other id is refused
@@ -186,6 +189,9 @@ type Node struct {
 	cancel context.CancelFunc
 	// pumpWG counts the peers' pump goroutines (pump.go); Close waits.
 	pumpWG sync.WaitGroup
+	// writerWG counts the writers of dialed connections (writer.go); Close
+	// waits once the connections are closed.
+	writerWG sync.WaitGroup
 	// refusals rate-limits the log of refused peers.
 	refusals refusalLog
 	// renewWG counts token renewals in flight (tokens.go); Close waits.
@@ -362,7 +368,7 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		exchSem:    make(chan struct{}, maxExchangeHandlers),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.pendPool.New = func() any { p := new(pending); p.cb = p.writeDone; p.node = n; return p }
+	n.pendPool.New = func() any { return &pending{node: n} }
 	n.taskPool.New = func() any { return new(taskState) }
 
 	opts := []gnet.Option{
@@ -494,6 +500,8 @@ func (n *Node) Close() error {
 		if err := n.cli.Stop(); err != nil {
 			n.log.Warn("stopping client loops", "err", err)
 		}
+		// Every dialed connection is closed, which stopped its writer.
+		n.writerWG.Wait()
 		n.stopServer()
 		// The event loops are stopped, so no handler starts any more.
 		n.exchWG.Wait()
