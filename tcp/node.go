@@ -686,5 +686,7 @@ func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...),
 // readBufferCap is the per-event-loop read buffer: one read syscall moves
 // up to this much. The payload bytes a read brings with their frame's
 // header are copied from it into their destination; the rest of a payload
-// is read from the socket straight into it (conn.readDirect).
-var readBufferCap = 256 << 10
+// is read from the socket straight into it (conn.readDirect). So it is
+// sized for many small frames at once (sixteen 4 KiB answers), not for
+// large payloads, which it would only make copy more of.
+var readBufferCap = 64 << 10
