@@ -166,9 +166,11 @@ func (c *conn) stopWriter() {
 	}
 	c.wmu.Unlock()
 	c.kickWriter()
-	// A write in progress is non-blocking and ends soon.
+	// Wait out a write in progress (the writer holds wlock across each);
+	// it is non-blocking and ends soon. Later ones see fdClosed.
 	c.wlock.Lock()
-	c.wlock.Unlock() //nolint:staticcheck // an empty critical section: waits for the writer's
+	//lint:ignore SA2001 the empty critical section is the wait
+	c.wlock.Unlock()
 }
 
 // writer writes the connection's queue until the connection closes; then
