@@ -156,3 +156,26 @@ func BenchmarkRawPingPong(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkReaperLook: one reaper look at a connection with many requests
+// outstanding and none due costs the same however many there are (the old
+// reaper walked every request each tick, under the peer's lock).
+func BenchmarkReaperLook(b *testing.B) {
+	for _, outstanding := range []int{16, 4096, 65536} {
+		b.Run(fmt.Sprintf("outstanding=%d", outstanding), func(b *testing.B) {
+			n := &Node{cfg: Config{RequestTimeout: 30 * time.Second}}
+			c := &conn{n: n, reqs: make(map[uint64]*pending, outstanding)}
+			now := time.Now().UnixNano()
+			for i := 0; i < outstanding; i++ {
+				c.addLocked(&pending{kind: pkWrite, id: uint64(i + 1), sent: now,
+					ts: &taskState{deadline: now + int64(time.Duration(i)*time.Microsecond) + int64(time.Second)}})
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if late, why := c.expireLocked(now, nil); len(late) != 0 || why != "" {
+					b.Fatal("something expired")
+				}
+			}
+		})
+	}
+}

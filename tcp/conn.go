@@ -7,11 +7,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -56,21 +58,23 @@ type conn struct {
 	// client connection: the reaper's witness that the peer still answers.
 	rxEvents atomic.Uint64
 
-	// Client connections are written directly from the submitting
-	// goroutine while gnet has nothing queued for them; a partial write
-	// hands the rest to the event loop (AsyncWritev), and direct writes
-	// resume only once the loop has flushed everything (checked on the
-	// loop when an answer arrives, which follows the last request).
+	// fd is the connection's socket, which gnet owns; the event loop reads
+	// payloads from it straight into their destination (readDirect).
 	fd int
-	// wmu guards asyncMode, asyncQueued and fdClosed, and is held across
-	// each direct write.
-	wmu         sync.Mutex
-	asyncMode   bool
-	asyncQueued int  // AsyncWritev calls whose callback has not run
-	fdClosed    bool // set in OnClose, which gnet calls before closing fd
+
+	// The write side of a client connection (writer.go). wmu guards wq,
+	// fdClosed and the use of wfd outside the writer; wlock is held by the
+	// writer across each write.
+	wmu      sync.Mutex
+	wq       wlist // frames waiting for the writer, in order
+	fdClosed bool  // set by stopWriter (OnClose): nothing more is written
+	wfd      int   // the writer's duplicate of the socket; it closes it
+	wkick    chan struct{}
+	wlock    sync.Mutex
 
 	// Guarded by peer.mu (client connections):
 	reqs     map[uint64]*pending
+	due      dueHeap[*pending]   // the requests in reqs, by when the reaper looks at them (reaper.go)
 	timedOut map[uint64]struct{} // ids whose answer no longer matters
 	inflight int64
 	closed   bool
@@ -79,6 +83,11 @@ type conn struct {
 	// (unix ns) it has not changed.
 	seenRx uint64
 	quiet  int64
+
+	// Guarded by Node.mu (server connections being authenticated): when
+	// the handshake times out (unix ns) and the slot in Node.handshaking.
+	hsDue int64
+	dslot int32
 }
 
 // rxState is the payload being received (loop-only).
@@ -136,10 +145,11 @@ func (h *srvHandler) OnOpen(g gnet.Conn) ([]byte, gnet.Action) {
 	if !h.n.ready.Load() {
 		return nil, gnet.Close
 	}
-	c := &conn{n: h.n, g: g, role: roleServer, created: time.Now()}
+	c := &conn{n: h.n, g: g, role: roleServer, created: time.Now(), fd: g.Fd()}
+	c.hsDue = addSat(addSat(c.created.UnixNano(), int64(h.n.cfg.HandshakeTimeout)), 1)
 	g.SetContext(c)
 	h.n.mu.Lock()
-	h.n.handshaking[c] = struct{}{}
+	h.n.handshaking.push(c)
 	h.n.mu.Unlock()
 	return nil, gnet.None
 }
@@ -158,7 +168,7 @@ func (h *srvHandler) OnClose(g gnet.Conn, err error) gnet.Action {
 		c.rx.seg = nil
 	}
 	h.n.mu.Lock()
-	delete(h.n.handshaking, c)
+	h.n.handshaking.remove(c)
 	h.n.mu.Unlock()
 	if p := c.peer; p != nil {
 		p.mu.Lock()
@@ -178,15 +188,7 @@ type cliHandler struct {
 func (h *cliHandler) OnTraffic(g gnet.Conn) gnet.Action {
 	c := g.Context().(*conn)
 	c.rxEvents.Add(1)
-	act := c.onTraffic()
-	if act == gnet.None && g.OutboundBuffered() == 0 {
-		c.wmu.Lock()
-		if c.asyncMode && c.asyncQueued == 0 {
-			c.asyncMode = false
-		}
-		c.wmu.Unlock()
-	}
-	return act
+	return c.onTraffic()
 }
 
 func (h *cliHandler) OnClose(g gnet.Conn, err error) gnet.Action {
@@ -194,16 +196,14 @@ func (h *cliHandler) OnClose(g gnet.Conn, err error) gnet.Action {
 	if c == nil {
 		return gnet.None
 	}
-	// No direct write may touch the fd once gnet is about to close it
-	// (the number could be reused).
-	c.wmu.Lock()
-	c.fdClosed = true
-	c.wmu.Unlock()
+	// Nothing is written once the requests fail below (writer.go).
+	c.stopWriter()
 	p := c.peer
 	p.mu.Lock()
 	c.closed = true
 	reqs := c.reqs
 	c.reqs = nil
+	c.due.reset()
 	for _, pd := range reqs {
 		if pd.isData() {
 			p.inflight -= int64(pd.n)
@@ -237,17 +237,21 @@ func (c *conn) onTraffic() gnet.Action {
 	g := c.g
 	for {
 		if c.rx.left > 0 {
-			avail := g.InboundBuffered()
-			if avail == 0 {
-				return gnet.None
-			}
-			k := min(avail, c.rx.left)
-			if c.rx.dst != nil {
-				m, _ := g.Read(c.rx.dst[:k])
-				c.rx.dst = c.rx.dst[m:]
-				k = m
-			} else {
-				k, _ = g.Discard(k)
+			var k int
+			switch avail := g.InboundBuffered(); {
+			case avail > 0 && c.rx.dst != nil:
+				k, _ = g.Read(c.rx.dst[:min(avail, c.rx.left)])
+				c.rx.dst = c.rx.dst[k:]
+			case avail > 0:
+				k, _ = g.Discard(min(avail, c.rx.left))
+			case c.rx.dst != nil:
+				// What the event loop read is used up: the rest of the
+				// payload goes from the socket straight to its
+				// destination, without a copy through the loop's buffer.
+				var err error
+				if k, err = c.readDirect(); err != nil {
+					return c.drop(err)
+				}
 			}
 			if k <= 0 {
 				return gnet.None
@@ -288,6 +292,30 @@ func (c *conn) onTraffic() gnet.Action {
 			}
 			return c.drop(err)
 		}
+	}
+}
+
+// readDirect reads the rest of the payload being received from the socket
+// into its destination, in one read: a short one means the socket had no
+// more for now, and the event loop calls again when it has (its poller is
+// level-triggered). It returns 0 when nothing was there, and an error when
+// the connection ended mid-frame. Called on the event loop only, so the fd
+// is open.
+func (c *conn) readDirect() (int, error) {
+	for {
+		k, err := unix.Read(c.fd, c.rx.dst[:c.rx.left])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return 0, nil
+		case err != nil:
+			return 0, fmt.Errorf("%w: %d payload bytes still due: %w", ErrConnLost, c.rx.left, os.NewSyscallError("read", err))
+		case k == 0:
+			return 0, fmt.Errorf("%w: closed by the peer with %d payload bytes still due", ErrConnLost, c.rx.left)
+		}
+		c.rx.dst = c.rx.dst[k:]
+		return k, nil
 	}
 }
 
@@ -432,7 +460,7 @@ func (c *conn) onAuth(meta []byte) error {
 	p.wakeLocked()
 	p.mu.Unlock()
 	n.mu.Lock()
-	delete(n.handshaking, c)
+	n.handshaking.remove(c)
 	n.mu.Unlock()
 	c.metaC, c.metaS = nil, nil
 	n.peerSeen(p, hc.addr, hc.epoch, old)
@@ -684,121 +712,10 @@ func (c *conn) handleResponse(h *header, meta []byte) error {
 // caller holds c.peer.mu.
 func (c *conn) takeLocked(pd *pending) {
 	delete(c.reqs, pd.id)
+	c.due.remove(pd)
 	if pd.isData() {
 		c.inflight -= int64(pd.n)
 		c.peer.inflight -= int64(pd.n)
 		c.peer.wakeLocked()
-	}
-}
-
-// stallGrace is how long a connection with a request past its task's
-// deadline may stay silent before the reaper drops it. A peer that keeps
-// answering is never dropped for deadlines alone: its late answers only
-// release what the ended tasks held.
-const stallGrace = time.Second
-
-// reaper enforces deadlines that no frame will: handshakes that stall,
-// requests a peer never answers, notifications not acknowledged in time,
-// tasks that waited in a peer's queue past their deadline, connections
-// that went silent with requests past their deadline.
-func (n *Node) reaper() {
-	defer close(n.reaperDone)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	var late []*pending
-	var stuck []*conn
-	var peers []*peer
-	var renewed time.Time
-	for {
-		select {
-		case <-n.done:
-			return
-		case <-tick.C:
-		}
-		now := time.Now()
-		if now.Sub(renewed) >= renewCheckEvery {
-			renewed = now
-			n.renewDue(n.tokenNow())
-		}
-		n.refusals.flush(n.log, now)
-		n.mu.Lock()
-		for c := range n.handshaking {
-			if now.Sub(c.created) > n.cfg.HandshakeTimeout {
-				delete(n.handshaking, c)
-				stuck = append(stuck, c)
-				n.refusals.note(n.log, "handshake timed out", now, "remote", c.g.RemoteAddr().String())
-			}
-		}
-		peers = peers[:0]
-		for _, p := range n.peers {
-			peers = append(peers, p)
-		}
-		n.mu.Unlock()
-		reqLimit := now.Add(-n.cfg.RequestTimeout).UnixNano()
-		ns := now.UnixNano()
-		stallLimit := ns - int64(stallGrace)
-		for _, p := range peers {
-			n.expireQueued(p, ns)
-			p.mu.Lock()
-			for _, c := range p.sess {
-				if c.dropping {
-					continue
-				}
-				if rx := c.rxEvents.Load(); rx != c.seenRx || c.quiet == 0 {
-					c.seenRx, c.quiet = rx, ns
-				}
-				var old, stalled bool
-				for id, pd := range c.reqs {
-					switch pd.kind {
-					case pkNotify:
-						if now.UnixNano() > pd.deadline {
-							delete(c.reqs, id)
-							if len(c.timedOut) < 4096 {
-								if c.timedOut == nil {
-									c.timedOut = make(map[uint64]struct{})
-								}
-								c.timedOut[id] = struct{}{}
-							}
-							late = append(late, pd)
-						}
-					default:
-						if pd.sent < reqLimit {
-							old = true
-						}
-						// A request past its task's deadline on a
-						// connection silent for stallGrace: the peer has
-						// stopped answering (it may keep the connection
-						// open, stopped or wedged).
-						if pd.isData() && pd.ts.deadline < stallLimit && c.quiet < stallLimit {
-							stalled = true
-						}
-					}
-				}
-				switch {
-				case old:
-					c.dropping = true
-					stuck = append(stuck, c)
-					p.errs.Add(1)
-					n.log.Warn("dropping peer connection", "peer", p.id, "reason",
-						fmt.Sprintf("a request got no answer within %v", n.cfg.RequestTimeout))
-				case stalled:
-					c.dropping = true
-					stuck = append(stuck, c)
-					p.errs.Add(1)
-					n.log.Warn("dropping peer connection", "peer", p.id, "reason",
-						fmt.Sprintf("requests past their deadline and nothing received for %v", stallGrace))
-				}
-			}
-			p.mu.Unlock()
-		}
-		for _, c := range stuck {
-			_ = c.g.Close()
-		}
-		for _, pd := range late {
-			pd.finish(0, fmt.Errorf("%w: notification not acknowledged before its deadline", xfer.ErrTimeout))
-		}
-		clear(late)
-		clear(stuck)
-		late, stuck = late[:0], stuck[:0]
 	}
 }

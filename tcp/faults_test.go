@@ -558,6 +558,20 @@ func TestCloseRacingSubmit(t *testing.T) {
 		wg.Add(1)
 		go func(g int) {
 			defer wg.Done()
+			// One READ and one WRITE of the goroutine in flight at a time:
+			// each kind lands in one range (the READs in the local segment,
+			// the WRITEs in the target), and two landing at once (on two
+			// connections' event loops) would race on its bytes.
+			var turn [2]chan struct{}
+			var ccs [2]completerFunc
+			for k := range turn {
+				turn[k] = make(chan struct{}, 1)
+				turn[k] <- struct{}{}
+				ccs[k] = func(tk *xfer.Task, n uint64, err error) {
+					cc.TaskDone(tk, n, err)
+					turn[k] <- struct{}{}
+				}
+			}
 			for i := 0; ; i++ {
 				op := xfer.OpWrite
 				if i%2 == 1 {
@@ -569,7 +583,8 @@ func TestCloseRacingSubmit(t *testing.T) {
 				off := uint64(g)*(4<<20) + uint64(i%2)*(2<<20)
 				tk := &xfer.Task{Req: xfer.Request{Op: op, LocalOffset: off, TargetOffset: off, Length: 2 << 20},
 					Local: local, Target: r}
-				tk.SetCompleter(cc)
+				<-turn[i%2]
+				tk.SetCompleter(ccs[i%2])
 				k, err := a.Submit([]*xfer.Task{tk})
 				dispatched.Add(int64(k))
 				if k == 0 {

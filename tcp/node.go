@@ -19,13 +19,16 @@
 // goroutine and event loops), the gnet client (event loops for the
 // connections this node dialed), one reaper goroutine (request,
 // notification and queue deadlines, handshake timeouts, stalled
-// connections) and one pump goroutine per peer it has sent to (started on
-// first use, see pump.go). Close stops them in this order: refuse new work,
-// wake waiters and cancel dials in progress (done channel, context), stop
-// the reaper, wait for the pumps, fail the tasks still queued, stop the
-// client (every dialed connection closes and fails what it carried), stop
-// the server engine, wait for running exchange handlers (see Handle), then
-// wait until no task is outstanding.
+// connections; see reaper.go), one pump goroutine per peer it has sent to
+// (started on first use, see pump.go) and one writer goroutine per dialed
+// connection (the large frames and the rest of partial writes, see
+// writer.go). Close stops them in this order: refuse new work, wake
+// waiters and cancel dials in progress (done channel, context), stop the
+// reaper, wait for the pumps, fail the tasks still queued, stop the client
+// (every dialed connection closes, which stops its writer, and fails what
+// it carried), wait for the writers, stop the server engine, wait for
+// running exchange handlers (see Handle), then wait until no task is
+// outstanding.
 //
 // Peers. Only daemons the directory lists (Config.Peers, or entries added
 // to the Directory) are accepted on the listener; any other id is refused
@@ -189,6 +192,9 @@ type Node struct {
 	cancel context.CancelFunc
 	// pumpWG counts the peers' pump goroutines (pump.go); Close waits.
 	pumpWG sync.WaitGroup
+	// writerWG counts the writers of dialed connections (writer.go); Close
+	// waits once the connections are closed.
+	writerWG sync.WaitGroup
 	// refusals rate-limits the log of refused peers.
 	refusals refusalLog
 	// renewWG counts token renewals in flight (tokens.go); Close waits.
@@ -210,7 +216,7 @@ type Node struct {
 	mu          sync.Mutex
 	peers       map[string]*peer
 	remotes     map[*Remote]struct{}
-	handshaking map[*conn]struct{} // inbound connections not yet authenticated
+	handshaking dueHeap[*conn] // inbound connections not yet authenticated, by handshake deadline
 
 	// hmu guards handlers.
 	hmu      sync.RWMutex
@@ -349,24 +355,23 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		epoch = binary.LittleEndian.Uint64(b[:])
 	}
 	n := &Node{
-		cfg:         cfg,
-		log:         log.With("component", "tcp", "daemon", cfg.DaemonID),
-		exp:         exp,
-		hsKey:       deriveKey(key, "tensorcast handshake v1"),
-		tokKey:      deriveKey(key, "tensorcast token v1"),
-		epoch:       epoch,
-		lim:         limits{maxPayload: uint32(cfg.MaxFrame), maxMeta: 8192},
-		srvDone:     make(chan error, 1),
-		done:        make(chan struct{}),
-		reaperDone:  make(chan struct{}),
-		peers:       make(map[string]*peer),
-		remotes:     make(map[*Remote]struct{}),
-		handshaking: make(map[*conn]struct{}),
-		handlers:    make(map[string]Handler),
-		exchSem:     make(chan struct{}, maxExchangeHandlers),
+		cfg:        cfg,
+		log:        log.With("component", "tcp", "daemon", cfg.DaemonID),
+		exp:        exp,
+		hsKey:      deriveKey(key, "tensorcast handshake v1"),
+		tokKey:     deriveKey(key, "tensorcast token v1"),
+		epoch:      epoch,
+		lim:        limits{maxPayload: uint32(cfg.MaxFrame), maxMeta: 8192},
+		srvDone:    make(chan error, 1),
+		done:       make(chan struct{}),
+		reaperDone: make(chan struct{}),
+		peers:      make(map[string]*peer),
+		remotes:    make(map[*Remote]struct{}),
+		handlers:   make(map[string]Handler),
+		exchSem:    make(chan struct{}, maxExchangeHandlers),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.pendPool.New = func() any { p := new(pending); p.cb = p.writeDone; p.node = n; return p }
+	n.pendPool.New = func() any { return &pending{node: n} }
 	n.taskPool.New = func() any { return new(taskState) }
 
 	opts := []gnet.Option{
@@ -498,6 +503,8 @@ func (n *Node) Close() error {
 		if err := n.cli.Stop(); err != nil {
 			n.log.Warn("stopping client loops", "err", err)
 		}
+		// Every dialed connection is closed, which stopped its writer.
+		n.writerWG.Wait()
 		n.stopServer()
 		// The event loops are stopped, so no handler starts any more.
 		n.exchWG.Wait()
@@ -597,9 +604,10 @@ type peer struct {
 	// kick wakes the peer's pump (capacity 1, never closed).
 	kick chan struct{}
 
-	// mu guards the fields below, the reqs, inflight, timedOut, closed,
-	// dropping and stall fields of this peer's connections, and the queue
-	// fields of the task states in queued.
+	// mu guards the fields below, the reqs, due, inflight, timedOut,
+	// closed, dropping and stall fields of this peer's connections (and
+	// the due fields of their requests), and the queue fields of the task
+	// states in queued.
 	mu       sync.Mutex
 	epoch    uint64   // current epoch, 0 until a handshake told us
 	blob     []byte   // opaque data from the peer's last handshake
@@ -611,11 +619,12 @@ type peer struct {
 	rr       int
 
 	// The queue (pump.go): tasks that wait for a session or for room,
-	// oldest first, and every task the pump holds, by task (for Cancel).
+	// oldest first, the same tasks by when their wait ends (for the
+	// reaper), and every task the pump holds, by task (for Cancel).
 	head, tail *taskState
+	waits      dueHeap[*taskState]
 	queued     map[*xfer.Task]*taskState
-	expiry     int64 // earliest expires in the list (unix ns), 0 when empty
-	pumping    bool  // the pump goroutine runs
+	pumping    bool // the pump goroutine runs
 	// wantDial asks the pump for a session; sessWait is closed when the
 	// dial it asked for ended, with dialErr its error.
 	wantDial bool
@@ -678,5 +687,9 @@ func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...),
 func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error(fmt.Sprintf(f, a...), "src", "gnet") }
 
 // readBufferCap is the per-event-loop read buffer: one read syscall moves
-// up to this much, and payload is copied from it straight into segments.
-var readBufferCap = 256 << 10
+// up to this much. The payload bytes a read brings with their frame's
+// header are copied from it into their destination; the rest of a payload
+// is read from the socket straight into it (conn.readDirect). So it is
+// sized for many small frames at once (sixteen 4 KiB answers), not for
+// large payloads, which it would only make copy more of.
+var readBufferCap = 64 << 10

@@ -52,9 +52,7 @@ func (n *Node) enqueueLocked(p *peer, ts *taskState, force bool) {
 		p.head = ts
 	}
 	p.tail = ts
-	if p.expiry == 0 || ts.expires < p.expiry {
-		p.expiry = ts.expires
-	}
+	p.waits.push(ts)
 	n.startPumpLocked(p)
 }
 
@@ -67,9 +65,7 @@ func (p *peer) pushFrontLocked(ts *taskState) {
 		p.tail = ts
 	}
 	p.head = ts
-	if p.expiry == 0 || ts.expires < p.expiry {
-		p.expiry = ts.expires
-	}
+	p.waits.push(ts)
 }
 
 // unlinkLocked takes a listed ts out of the list and out of queued. p.mu
@@ -93,9 +89,7 @@ func (p *peer) takeLocked(ts *taskState) {
 		p.tail = ts.prev
 	}
 	ts.prev, ts.next, ts.listed = nil, nil, false
-	if p.head == nil {
-		p.expiry = 0
-	}
+	p.waits.remove(ts)
 }
 
 // startPumpLocked starts p's pump if it does not run, and wakes it. p.mu is
@@ -265,27 +259,14 @@ func (n *Node) ensureSession(p *peer) error {
 }
 
 // expireQueued ends the listed tasks of p whose wait is over (the reaper
-// calls it when p.expiry has passed).
+// calls it every tick; it looks only at the tasks that are due).
 func (n *Node) expireQueued(p *peer, now int64) {
 	var late []*taskState
 	p.mu.Lock()
-	if p.expiry == 0 || now < p.expiry {
-		p.mu.Unlock()
-		return
-	}
-	next := int64(0)
-	for ts := p.head; ts != nil; {
-		after := ts.next
-		if ts.expires <= now {
-			p.unlinkLocked(ts)
-			late = append(late, ts)
-		} else if next == 0 || ts.expires < next {
-			next = ts.expires
-		}
-		ts = after
-	}
-	if p.head != nil {
-		p.expiry = next
+	for p.waits.len() > 0 && p.waits.min().expires <= now {
+		ts := p.waits.min()
+		p.unlinkLocked(ts)
+		late = append(late, ts)
 	}
 	p.mu.Unlock()
 	for _, ts := range late {

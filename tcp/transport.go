@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -108,7 +107,7 @@ const (
 
 // pending is one request on the wire, registered in its connection's
 // table until answered. Data requests are pooled: one reference belongs to
-// the write callback, one to whoever ends the request.
+// the frame's write (writer.go), one to whoever ends the request.
 type pending struct {
 	node     *Node
 	kind     pendKind
@@ -116,13 +115,18 @@ type pending struct {
 	ts       *taskState
 	loff     uint64 // offset in ts.local
 	n        uint32
-	c        *conn // set when the frame went through the event loop
 	sent     int64 // unix ns, for RequestTimeout
 	deadline int64 // unix ns, notifications
+	due      int64 // unix ns: when the reaper looks at it (reaper.go); guarded by the peer's mu
+	dslot    int32 // its slot in its connection's due heap
 	hdr      [hdrLen]byte
 	bufs     [3][]byte
 	refs     atomic.Int32
-	cb       gnet.AsyncCallback // pd.writeDone, bound once
+	// iov is what of bufs is still to be written and wnext the next frame
+	// in its connection's write queue (writer.go); guarded by the
+	// connection's wmu while queued.
+	iov   [][]byte
+	wnext *pending
 
 	// open and exchange requests
 	doneCh chan struct{}
@@ -134,22 +138,12 @@ type pending struct {
 
 func (pd *pending) isData() bool { return pd.kind == pkRead || pd.kind == pkWrite }
 
-func (pd *pending) writeDone(gnet.Conn, error) error {
-	c := pd.c
-	c.wmu.Lock()
-	c.asyncQueued--
-	c.wmu.Unlock()
-	pd.release()
-	return nil
-}
-
 func (pd *pending) release() {
 	if pd.refs.Add(-1) != 0 || !pd.isData() {
 		return
 	}
 	n := pd.node
-	cb := pd.cb
-	*pd = pending{node: n, cb: cb}
+	*pd = pending{node: n}
 	n.pendPool.Put(pd)
 }
 
@@ -195,8 +189,12 @@ type taskState struct {
 	prev, next *taskState
 	listed     bool  // in the peer's list (false while the pump holds it)
 	expires    int64 // unix ns: the wait in the queue ends in a timeout
+	dslot      int32 // its slot in peer.waits while listed
 	canceled   bool  // Cancel came while the pump held it
 }
+
+func (ts *taskState) dueAt() int64    { return ts.expires }
+func (ts *taskState) dueSlot() *int32 { return &ts.dslot }
 
 func (ts *taskState) setErr(err error) { ts.err.CompareAndSwap(nil, &err) }
 
@@ -444,76 +442,6 @@ func (n *Node) sendSlice(ts *taskState, off uint64, k uint32) (sendState, error)
 	return sentAll, nil
 }
 
-// send writes pd's frame on a client connection: straight to the socket
-// when nothing is queued on the event loop, otherwise (or for the rest of
-// a partial write) through the loop, keeping frames in order. It drops the
-// write reference of pd when the bytes are in the kernel or in gnet's
-// buffer.
-func (c *conn) send(pd *pending, nb int) {
-	bufs := pd.bufs[:nb]
-	c.wmu.Lock()
-	if c.fdClosed {
-		// Closed under us; the close ends the request.
-		c.wmu.Unlock()
-		pd.release()
-		return
-	}
-	if !c.asyncMode {
-		total := 0
-		for _, b := range bufs {
-			total += len(b)
-		}
-		var n int
-		var err error
-		for {
-			n, err = unix.Writev(c.fd, bufs)
-			if err != unix.EINTR {
-				break
-			}
-		}
-		if err == nil && n == total {
-			c.wmu.Unlock()
-			pd.release()
-			return
-		}
-		if err != nil && err != unix.EAGAIN {
-			c.wmu.Unlock()
-			// The connection is broken; its close ends the request.
-			c.n.log.Debug("peer connection write failed", "peer", c.peer.id, "err", err)
-			_ = c.g.Close()
-			pd.release()
-			return
-		}
-		if n > 0 {
-			bufs = trimIovec(bufs, n)
-		}
-	}
-	c.asyncMode = true
-	c.asyncQueued++
-	pd.c = c
-	c.wmu.Unlock()
-	if err := c.g.AsyncWritev(bufs, pd.cb); err != nil {
-		// The loop is gone; so is the connection, whose close ends the
-		// request.
-		c.wmu.Lock()
-		c.asyncQueued--
-		c.wmu.Unlock()
-		pd.release()
-	}
-}
-
-// trimIovec drops the first n bytes of bufs, in place.
-func trimIovec(bufs [][]byte, n int) [][]byte {
-	for len(bufs) > 0 && n >= len(bufs[0]) {
-		n -= len(bufs[0])
-		bufs = bufs[1:]
-	}
-	if len(bufs) > 0 {
-		bufs[0] = bufs[0][n:]
-	}
-	return bufs
-}
-
 // tryRegister puts data request pd, of ln bytes, on the least-loaded of
 // the peer's connections with room in its window and the peer's. It never
 // waits: with no room it returns needRoom, with no session needDials, and
@@ -545,7 +473,7 @@ func (n *Node) tryRegister(p *peer, pd *pending, ln int64) (*conn, sendState, er
 	p.rr++
 	pd.id = n.nextID.Add(1)
 	pd.sent = time.Now().UnixNano()
-	best.reqs[pd.id] = pd
+	best.addLocked(pd)
 	best.inflight += ln
 	p.inflight += ln
 	return best, sentAll, nil
@@ -567,7 +495,7 @@ func (n *Node) register(p *peer, pd *pending) (*conn, error) {
 		p.rr++
 		pd.id = n.nextID.Add(1)
 		pd.sent = time.Now().UnixNano()
-		c.reqs[pd.id] = pd
+		c.addLocked(pd)
 		return c, nil
 	}
 	return nil, fmt.Errorf("%w: no session with peer %s", ErrConnLost, p.id)
@@ -582,7 +510,6 @@ func (n *Node) sendNotify(ts *taskState) error {
 	meta = binary.LittleEndian.AppendUint16(meta, uint16(len(tok)))
 	meta = append(append(meta, tok...), ts.notify...)
 	pd := &pending{node: n, kind: pkNotify, ts: ts, deadline: ts.deadline}
-	pd.cb = pd.writeDone
 	pd.refs.Store(2)
 	c, err := n.register(ts.r.peer, pd)
 	if err != nil {
@@ -629,7 +556,6 @@ func (n *Node) Open(peerID, segment string, rights Rights) (*Remote, error) {
 // answer arriving later is dropped rather than taken for a protocol error.
 func (n *Node) roundTrip(p *peer, kind pendKind, h header, meta []byte, timeout time.Duration, dropLate bool) (*pending, error) {
 	pd := &pending{node: n, kind: kind, doneCh: make(chan struct{})}
-	pd.cb = pd.writeDone
 	pd.refs.Store(2)
 	c, err := n.register(p, pd)
 	if err != nil {
@@ -647,11 +573,8 @@ func (n *Node) roundTrip(p *peer, kind pendKind, h header, meta []byte, timeout 
 		p.mu.Lock()
 		if c.reqs[pd.id] == pd {
 			c.takeLocked(pd)
-			if dropLate && len(c.timedOut) < 4096 {
-				if c.timedOut == nil {
-					c.timedOut = make(map[uint64]struct{})
-				}
-				c.timedOut[pd.id] = struct{}{}
+			if dropLate {
+				c.rememberLateLocked(pd.id)
 			}
 			p.mu.Unlock()
 			return nil, nil
@@ -759,18 +682,29 @@ func (n *Node) dialOne(p *peer, addr string) (*conn, hello, error) {
 		return nil, hs, err
 	}
 	c := &conn{n: n, role: roleClient, created: time.Now(), peer: p, epoch: hs.epoch, reqs: make(map[uint64]*pending),
-		window: min(n.cfg.MaxInflightBytes, int64(min(hs.window, 1<<62)))}
+		window: min(n.cfg.MaxInflightBytes, int64(min(hs.window, 1<<62))), wkick: make(chan struct{}, 1)}
+	// The writer's own descriptor, taken before gnet takes the socket
+	// (writer.go).
+	if c.wfd, err = writerFD(nc); err != nil {
+		nc.Close()
+		return nil, hs, fmt.Errorf("%w: connection to %s: %w", ErrConnLost, p.id, err)
+	}
 	n.lifeMu.RLock()
 	if n.closed.Load() {
 		n.lifeMu.RUnlock()
 		nc.Close()
+		c.closeWriterFD()
 		return nil, hs, xfer.ErrClosed
 	}
 	_, err = n.cli.EnrollContext(nc, c)
-	n.lifeMu.RUnlock()
 	if err != nil || c.g == nil {
+		n.lifeMu.RUnlock()
+		c.closeWriterFD()
 		return nil, hs, fmt.Errorf("%w: enroll connection to %s: %v", ErrConnLost, p.id, err)
 	}
+	n.writerWG.Add(1)
+	go c.writer()
+	n.lifeMu.RUnlock()
 	return c, hs, nil
 }
 

@@ -33,6 +33,10 @@ func run() int {
 		return 2
 	}
 	log := daemon.NewLogger(cfg, os.Stderr, daemon.UnderJournal(os.Getenv, os.Stderr))
+	if before, after := setProcs(os.Getenv); after != before {
+		log.Info("Go processors beyond the CPUs, for goroutines blocked in system calls (GOMAXPROCS overrides)",
+			"cpus", before, "gomaxprocs", after)
+	}
 	d, err := daemon.New(cfg, log, os.Getenv)
 	if err != nil {
 		log.Error("start-up failed", "err", err)
