@@ -2,8 +2,9 @@ package store
 
 import (
 	"fmt"
-	"runtime/debug"
 	"time"
+
+	"github.com/tensorcast/tensorcast/internal/faultcopy"
 )
 
 // Calls take caller-owned slices and fill caller-owned, positional results:
@@ -662,19 +663,10 @@ func (s *Store) dropReserved(r ref) error {
 
 // copyGuarded copies src to dst, turning a fault (memory a client unmapped
 // or truncated under the copy) into ErrFault.
-func copyGuarded(dst, src []byte) (err error) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if r := recover(); r != nil {
-			if _, ok := r.(interface{ Addr() uintptr }); ok {
-				err = ErrFault
-				return
-			}
-			panic(r)
-		}
-	}()
-	copy(dst, src)
+func copyGuarded(dst, src []byte) error {
+	if !faultcopy.Guarded(dst, src) {
+		return ErrFault
+	}
 	return nil
 }
 
