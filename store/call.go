@@ -71,6 +71,13 @@ func (p *callPool) put(c *call) {
 	p.mu.Unlock()
 }
 
+// add makes key i's result wait for it, an L2 task the caller dispatches.
+func (c *call) add(it *ioTask, i int) {
+	it.cl, it.pos = c, int32(i)
+	c.left.Add(1)
+	c.its = append(c.its, it)
+}
+
 // result records key pos's outcome.
 func (c *call) result(pos int32, err error) {
 	c.codes[pos] = CodeOf(err)

@@ -2,8 +2,9 @@ package store
 
 import (
 	"fmt"
-	"runtime/debug"
 	"time"
+
+	"github.com/tensorcast/tensorcast/internal/faultcopy"
 )
 
 // Calls take caller-owned slices and fill caller-owned, positional results:
@@ -37,10 +38,18 @@ func fill(codes []Code, c Code) {
 	}
 }
 
-func setErr(errs []error, i int, err error) {
+// setResult sets key i's code and, when errs is given, the error behind
+// it.
+func setResult(codes []Code, errs []error, i int, c Code, err error) {
+	codes[i] = c
 	if errs != nil {
 		errs[i] = err
 	}
+}
+
+// setError sets key i's result from err.
+func setError(codes []Code, errs []error, i int, err error) {
+	setResult(codes, errs, i, CodeOf(err), err)
 }
 
 // begin checks a call's shape and admits it; on error every code is set.
@@ -87,6 +96,79 @@ func busyOrExists(st uint8) error {
 	return ErrBusy
 }
 
+// lock finds key k's entry, in any state but free, and returns with k's
+// shard locked: the shard and, when k has an entry (found), its ref. A key
+// that is not valid gets ErrBadKey, and nothing is locked.
+func (s *Store) lock(k []byte) (sh *shard, r ref, found bool, err error) {
+	if !s.validKey(k) {
+		return nil, ref{}, false, ErrBadKey
+	}
+	h, sh, si := s.hash(k)
+	sh.mu.Lock()
+	idx, found := sh.find(h, k)
+	if !found {
+		return sh, ref{}, false, nil
+	}
+	return sh, ref{si, idx, sh.ent(idx).gen}, true, nil
+}
+
+// lookup finds stored key k (its entry in stReady) and returns with its
+// shard locked. Otherwise nothing is locked and it returns k's code and
+// error: INVALID_ARGUMENT and ErrBadKey for a key that is not valid,
+// NOT_FOUND and ErrNotFound for one that is not stored.
+func (s *Store) lookup(k []byte) (*shard, ref, Code, error) {
+	sh, r, found, err := s.lock(k)
+	if err != nil {
+		return nil, ref{}, InvalidArgument, err
+	}
+	if !found || sh.ent(r.idx).state != stReady {
+		sh.mu.Unlock()
+		return nil, ref{}, NotFound, ErrNotFound
+	}
+	return sh, r, OK, nil
+}
+
+// pinLocked pins stored entry r for the session; a pinned entry is off
+// the LRU list. sh.mu is held on entry and released on return.
+func (ss *Session) pinLocked(sh *shard, r ref) {
+	e := sh.ent(r.idx)
+	e.pins++
+	sh.lruDel(r.idx)
+	sh.mu.Unlock()
+	ss.s.c.pins.Add(1)
+	hd := ss.holds[r]
+	hd.pins++
+	ss.holds[r] = hd
+}
+
+// newCall takes a call record for results (codes, errs) that L2 I/O will
+// make final.
+func (s *Store) newCall(done Completion, tag uint64, codes []Code, errs []error) *call {
+	cl := s.calls.get(done, tag)
+	cl.codes, cl.errs = codes, errs
+	return cl
+}
+
+// dispatch starts the L2 I/O of kind k (kPut, kPromote or kInval) that a
+// call gathered in cl, nil when every result is already final, ends the
+// call's admission, and says whether results are still pending.
+func (s *Store) dispatch(cl *call, k uint8) (pending bool, err error) {
+	if cl == nil {
+		s.exit()
+		return false, nil
+	}
+	switch {
+	case k == kPut:
+		err = s.l2.startWrites(cl.its, &cl.sub, &cl.xts)
+	case k == kInval:
+		err = s.l2.startInvals(cl.its, &cl.xts)
+	case len(cl.its) > 0:
+		err = s.l2.startReads(cl.its, &cl.xts)
+	}
+	s.exit()
+	return cl.release(&s.calls), err
+}
+
 // Exists reports for each key OK when it is stored (on either tier) and
 // NOT_FOUND otherwise. It changes nothing: no lease, pin or LRU position is
 // renewed by it.
@@ -95,17 +177,11 @@ func (s *Store) Exists(keys [][]byte, codes []Code) error {
 		return err
 	}
 	for i, k := range keys {
-		codes[i] = NotFound
-		if !s.validKey(k) {
-			codes[i] = InvalidArgument
-			continue
+		sh, _, c, _ := s.lookup(k)
+		if c == OK {
+			sh.mu.Unlock()
 		}
-		h, sh, _ := s.hash(k)
-		sh.mu.Lock()
-		if idx, ok := sh.find(h, k); ok && sh.ent(idx).state == stReady {
-			codes[i] = OK
-		}
-		sh.mu.Unlock()
+		codes[i] = c
 	}
 	s.exit()
 	return nil
@@ -132,31 +208,17 @@ func (ss *Session) LookupPrefix(keys [][]byte, pin bool) (int, error) {
 	}
 	n := 0
 	for _, k := range keys {
-		if !s.validKey(k) {
-			break
-		}
-		h, sh, si := s.hash(k)
-		sh.mu.Lock()
-		idx, ok := sh.find(h, k)
-		if !ok || sh.ent(idx).state != stReady {
-			sh.mu.Unlock()
+		sh, r, _, err := s.lookup(k)
+		if err != nil {
 			break
 		}
 		if pin {
-			e := sh.ent(idx)
-			if e.pins >= s.cfg.MaxPins {
+			if sh.ent(r.idx).pins >= s.cfg.MaxPins {
 				sh.mu.Unlock()
 				s.c.prefixCut.Add(1)
 				break
 			}
-			e.pins++
-			sh.lruDel(idx)
-			r := ref{si, idx, e.gen}
-			sh.mu.Unlock()
-			s.c.pins.Add(1)
-			h := ss.holds[r]
-			h.pins++
-			ss.holds[r] = h
+			ss.pinLocked(sh, r)
 		} else {
 			sh.mu.Unlock()
 		}
@@ -188,22 +250,13 @@ func (ss *Session) Pin(keys [][]byte, ttl time.Duration, codes []Code) error {
 	var first error
 	for i, k := range keys {
 		codes[i] = OK
-		if !s.validKey(k) {
-			codes[i] = InvalidArgument
-			first = firstErr(first, i, ErrBadKey)
+		sh, r, c, err := s.lookup(k)
+		if err != nil {
+			codes[i] = c
+			first = firstErr(first, i, err)
 			continue
 		}
-		h, sh, si := s.hash(k)
-		sh.mu.Lock()
-		idx, ok := sh.find(h, k)
-		if !ok || sh.ent(idx).state != stReady {
-			sh.mu.Unlock()
-			codes[i] = NotFound
-			first = firstErr(first, i, ErrNotFound)
-			continue
-		}
-		e := sh.ent(idx)
-		r := ref{si, idx, e.gen}
+		e := sh.ent(r.idx)
 		prev, existed := ss.holds[r]
 		hd := prev
 		need := true
@@ -237,25 +290,16 @@ func (ss *Session) Pin(keys [][]byte, ttl time.Duration, codes []Code) error {
 	}
 	ss.plan = plan
 	if first != nil {
-		for j := len(plan) - 1; j >= 0; j-- {
-			p := &plan[j]
-			if p.existed {
-				ss.holds[p.r] = p.prev
-			} else {
-				delete(ss.holds, p.r)
-			}
-			if p.entry {
+		for j := range plan {
+			if p := &plan[j]; p.entry {
 				sh := &s.shards[p.r.sh]
 				sh.mu.Lock()
 				sh.ent(p.r.idx).pins--
 				sh.mu.Unlock()
 			}
 		}
-		for i := range codes {
-			if codes[i] == OK {
-				codes[i] = FailedPrecondition
-			}
-		}
+		ss.undoHolds(plan)
+		notApplied(codes)
 		return first
 	}
 	for j := range plan {
@@ -283,6 +327,28 @@ func firstErr(first error, i int, err error) error {
 	return fmt.Errorf("%w: key %d: %w", ErrNotApplied, i, err)
 }
 
+// undoHolds puts back, last first, the session's holds that plan changed.
+func (ss *Session) undoHolds(plan []planStep) {
+	for j := len(plan) - 1; j >= 0; j-- {
+		p := &plan[j]
+		if p.existed {
+			ss.holds[p.r] = p.prev
+		} else {
+			delete(ss.holds, p.r)
+		}
+	}
+}
+
+// notApplied gives FAILED_PRECONDITION to the keys of a batch refused as a
+// whole that were not refused themselves.
+func notApplied(codes []Code) {
+	for i := range codes {
+		if codes[i] == OK {
+			codes[i] = FailedPrecondition
+		}
+	}
+}
+
 // Unpin drops one pin of the session from every key, or from none: a key
 // the session holds no pin or lease on (FAILED_PRECONDITION, an unpin below
 // zero) or an absent key (NOT_FOUND) fails the batch, the other keys get
@@ -299,20 +365,14 @@ func (ss *Session) Unpin(keys [][]byte, codes []Code) error {
 	var first error
 	for i, k := range keys {
 		codes[i] = OK
-		if !s.validKey(k) {
+		sh, r, found, err := s.lock(k)
+		if err != nil {
 			codes[i] = InvalidArgument
-			first = firstErr(first, i, ErrBadKey)
+			first = firstErr(first, i, err)
 			continue
 		}
-		h, sh, si := s.hash(k)
-		sh.mu.Lock()
-		idx, ok := sh.find(h, k)
-		var r ref
-		if ok {
-			r = ref{si, idx, sh.ent(idx).gen}
-		}
 		sh.mu.Unlock()
-		if !ok {
+		if !found {
 			codes[i] = NotFound
 			first = firstErr(first, i, ErrNotFound)
 			continue
@@ -339,19 +399,8 @@ func (ss *Session) Unpin(keys [][]byte, codes []Code) error {
 	}
 	ss.plan = plan
 	if first != nil {
-		for j := len(plan) - 1; j >= 0; j-- {
-			p := &plan[j]
-			if p.existed {
-				ss.holds[p.r] = p.prev
-			} else {
-				delete(ss.holds, p.r)
-			}
-		}
-		for i := range codes {
-			if codes[i] == OK {
-				codes[i] = FailedPrecondition
-			}
-		}
+		ss.undoHolds(plan)
+		notApplied(codes)
 		return first
 	}
 	for j := range plan {
@@ -375,18 +424,15 @@ func (ss *Session) Reserve(keys [][]byte, sizes []uint64, locs []Location, codes
 	defer ss.mu.Unlock()
 	for i, k := range keys {
 		locs[i] = Location{}
-		codes[i] = OK
-		setErr(errs, i, nil)
+		setResult(codes, errs, i, OK, nil)
 		size := sizes[i]
 		if err := s.checkPut(k, size); err != nil {
-			codes[i] = CodeOf(err)
-			setErr(errs, i, err)
+			setError(codes, errs, i, err)
 			continue
 		}
 		r, off, err := s.reserve(k, size, 0)
 		if err != nil {
-			codes[i] = CodeOf(err)
-			setErr(errs, i, err)
+			setError(codes, errs, i, err)
 			continue
 		}
 		ss.resv[r] = struct{}{}
@@ -480,36 +526,29 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 	var cl *call
 	published := false
 	for i, k := range keys {
-		codes[i] = OK
-		setErr(errs, i, nil)
-		if !s.validKey(k) {
-			codes[i] = InvalidArgument
-			setErr(errs, i, ErrBadKey)
+		setResult(codes, errs, i, OK, nil)
+		sh, r, found, err := s.lock(k)
+		if err != nil {
+			setResult(codes, errs, i, InvalidArgument, err)
 			continue
 		}
-		h, sh, si := s.hash(k)
-		sh.mu.Lock()
-		idx, ok := sh.find(h, k)
-		if !ok {
+		if !found {
 			sh.mu.Unlock()
-			codes[i] = FailedPrecondition
-			setErr(errs, i, ErrNotReserved)
+			setResult(codes, errs, i, FailedPrecondition, ErrNotReserved)
 			continue
 		}
-		e := sh.ent(idx)
-		r := ref{si, idx, e.gen}
+		e := sh.ent(r.idx)
 		if _, mine := ss.resv[r]; !mine || e.state != stReserved {
 			err := ErrNotReserved
 			if e.state == stReady || e.state == stPutting || e.state == stReserved && !mine {
 				err = busyOrExists(e.state)
 			}
 			sh.mu.Unlock()
-			codes[i] = CodeOf(err)
-			setErr(errs, i, err)
+			setError(codes, errs, i, err)
 			continue
 		}
 		if !durable {
-			s.publish(sh, idx)
+			s.publish(sh, r.idx)
 			sh.mu.Unlock()
 			delete(ss.resv, r)
 			published = true
@@ -517,15 +556,13 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 		}
 		if s.l2 == nil {
 			sh.mu.Unlock()
-			codes[i] = FailedPrecondition
-			setErr(errs, i, ErrNoL2)
+			setResult(codes, errs, i, FailedPrecondition, ErrNoL2)
 			continue
 		}
 		it := s.l2.getTask(false)
 		if it == nil {
 			sh.mu.Unlock()
-			codes[i] = Busy
-			setErr(errs, i, ErrNoIO)
+			setResult(codes, errs, i, Busy, ErrNoIO)
 			continue
 		}
 		e.state = stPutting
@@ -534,24 +571,15 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 		it.ss = ss
 		sh.mu.Unlock()
 		if cl == nil {
-			cl = s.calls.get(done, tag)
-			cl.codes, cl.errs = codes, errs
+			cl = s.newCall(done, tag, codes, errs)
 		}
-		it.cl, it.pos = cl, int32(i)
-		cl.left.Add(1)
-		cl.its = append(cl.its, it)
+		cl.add(it, i)
 	}
 	ss.mu.Unlock()
 	if published && s.l2 != nil {
 		s.kick()
 	}
-	if cl == nil {
-		s.exit()
-		return false, nil
-	}
-	err = s.l2.startWrites(cl.its, &cl.sub, &cl.xts)
-	s.exit()
-	return cl.release(&s.calls), err
+	return s.dispatch(cl, kPut)
 }
 
 // Put stores each key with a copy of its value (vals[i], which the call
@@ -571,29 +599,23 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 	var cl *call
 	published := false
 	for i, k := range keys {
-		codes[i] = OK
-		setErr(errs, i, nil)
+		setResult(codes, errs, i, OK, nil)
 		size := uint64(len(vals[i]))
 		if err := s.checkPut(k, size); err != nil {
-			codes[i] = CodeOf(err)
-			setErr(errs, i, err)
+			setError(codes, errs, i, err)
 			continue
 		}
 		if durable && s.l2 == nil {
-			codes[i] = FailedPrecondition
-			setErr(errs, i, ErrNoL2)
+			setResult(codes, errs, i, FailedPrecondition, ErrNoL2)
 			continue
 		}
 		r, off, err := s.reserve(k, size, fCopyPut)
 		if err != nil {
-			codes[i] = CodeOf(err)
-			setErr(errs, i, err)
+			setError(codes, errs, i, err)
 			continue
 		}
 		if err := copyGuarded(s.poolMem[off:off+size], vals[i]); err != nil {
-			err = joinFree(err, s.dropReserved(r))
-			codes[i] = CodeOf(err)
-			setErr(errs, i, err)
+			setError(codes, errs, i, joinFree(err, s.dropReserved(r)))
 			continue
 		}
 		sh := &s.shards[r.sh]
@@ -607,9 +629,7 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 		it := s.l2.getTask(false)
 		if it == nil {
 			sh.mu.Unlock()
-			err := joinFree(ErrNoIO, s.dropReserved(r))
-			codes[i] = CodeOf(err)
-			setErr(errs, i, err)
+			setError(codes, errs, i, joinFree(ErrNoIO, s.dropReserved(r)))
 			continue
 		}
 		e := sh.ent(r.idx)
@@ -618,23 +638,14 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 		it.kind, it.commit, it.r, it.l1, it.size = kPut, false, r, e.l1, e.size
 		sh.mu.Unlock()
 		if cl == nil {
-			cl = s.calls.get(done, tag)
-			cl.codes, cl.errs = codes, errs
+			cl = s.newCall(done, tag, codes, errs)
 		}
-		it.cl, it.pos = cl, int32(i)
-		cl.left.Add(1)
-		cl.its = append(cl.its, it)
+		cl.add(it, i)
 	}
 	if published && s.l2 != nil {
 		s.kick()
 	}
-	if cl == nil {
-		s.exit()
-		return false, nil
-	}
-	err = s.l2.startWrites(cl.its, &cl.sub, &cl.xts)
-	s.exit()
-	return cl.release(&s.calls), err
+	return s.dispatch(cl, kPut)
 }
 
 // dropReserved removes a reserved (or failed putting) entry and frees its
@@ -652,19 +663,10 @@ func (s *Store) dropReserved(r ref) error {
 
 // copyGuarded copies src to dst, turning a fault (memory a client unmapped
 // or truncated under the copy) into ErrFault.
-func copyGuarded(dst, src []byte) (err error) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if r := recover(); r != nil {
-			if _, ok := r.(interface{ Addr() uintptr }); ok {
-				err = ErrFault
-				return
-			}
-			panic(r)
-		}
-	}()
-	copy(dst, src)
+func copyGuarded(dst, src []byte) error {
+	if !faultcopy.Guarded(dst, src) {
+		return ErrFault
+	}
 	return nil
 }
 
@@ -682,74 +684,35 @@ func (ss *Session) Get(keys [][]byte, locs []Location, codes []Code, errs []erro
 	var cl *call
 	for i, k := range keys {
 		locs[i] = Location{}
-		codes[i] = OK
-		setErr(errs, i, nil)
-		if !s.validKey(k) {
-			codes[i] = InvalidArgument
-			setErr(errs, i, ErrBadKey)
+		sh, r, c, err := s.lookup(k)
+		setResult(codes, errs, i, c, err)
+		if err != nil {
 			continue
 		}
-		h, sh, si := s.hash(k)
-		sh.mu.Lock()
-		idx, ok := sh.find(h, k)
-		if !ok || sh.ent(idx).state != stReady {
-			sh.mu.Unlock()
-			codes[i] = NotFound
-			setErr(errs, i, ErrNotFound)
-			continue
-		}
-		e := sh.ent(idx)
+		e := sh.ent(r.idx)
 		if e.pins >= s.cfg.MaxPins {
 			sh.mu.Unlock()
-			codes[i] = ResourceExhausted
-			setErr(errs, i, ErrOverflow)
+			setResult(codes, errs, i, ResourceExhausted, ErrOverflow)
 			continue
 		}
-		r := ref{si, idx, e.gen}
 		if e.flags&fL1 != 0 {
-			e.pins++
-			sh.lruDel(idx)
 			if e.flags&fInL2LRU != 0 {
-				sh.l2Touch(idx)
+				sh.l2Touch(r.idx)
 			}
 			locs[i] = Location{Offset: e.l1, Length: uint64(e.size)}
-			sh.mu.Unlock()
-			s.c.pins.Add(1)
-			hd := ss.holds[r]
-			hd.pins++
-			ss.holds[r] = hd
+			ss.pinLocked(sh, r)
 			continue
 		}
 		if cl == nil {
-			cl = s.calls.get(done, tag)
-			cl.codes, cl.errs, cl.locs = codes, errs, locs
+			cl = s.newCall(done, tag, codes, errs)
+			cl.locs = locs
 		}
-		it, err := s.promote(sh, idx, r, waitRec{cl: cl, pos: int32(i), ss: ss, get: true})
-		if err != nil {
-			codes[i] = CodeOf(err)
-			setErr(errs, i, err)
-			continue
-		}
-		if it != nil {
-			cl.its = append(cl.its, it)
+		if err := s.promote(sh, r, waitRec{cl: cl, pos: int32(i), ss: ss, get: true}); err != nil {
+			setError(codes, errs, i, err)
 		}
 	}
 	ss.mu.Unlock()
-	return s.endRead(cl)
-}
-
-// endRead dispatches a read call's promotions and ends the call.
-func (s *Store) endRead(cl *call) (bool, error) {
-	if cl == nil {
-		s.exit()
-		return false, nil
-	}
-	var err error
-	if len(cl.its) > 0 {
-		err = s.l2.startReads(cl.its, &cl.xts)
-	}
-	s.exit()
-	return cl.release(&s.calls), err
+	return s.dispatch(cl, kPromote)
 }
 
 // Read copies each stored key's value into dsts[i] (which must be at least
@@ -763,44 +726,30 @@ func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []er
 	var cl *call
 	for i, k := range keys {
 		lens[i] = 0
-		codes[i] = OK
-		setErr(errs, i, nil)
-		if !s.validKey(k) {
-			codes[i] = InvalidArgument
-			setErr(errs, i, ErrBadKey)
+		sh, r, c, err := s.lookup(k)
+		setResult(codes, errs, i, c, err)
+		if err != nil {
 			continue
 		}
-		h, sh, si := s.hash(k)
-		sh.mu.Lock()
-		idx, ok := sh.find(h, k)
-		if !ok || sh.ent(idx).state != stReady {
-			sh.mu.Unlock()
-			codes[i] = NotFound
-			setErr(errs, i, ErrNotFound)
-			continue
-		}
-		e := sh.ent(idx)
+		e := sh.ent(r.idx)
 		lens[i] = uint64(e.size)
 		if uint64(len(dsts[i])) < uint64(e.size) {
 			sh.mu.Unlock()
-			codes[i] = InvalidArgument
-			setErr(errs, i, ErrShortBuffer)
+			setResult(codes, errs, i, InvalidArgument, ErrShortBuffer)
 			continue
 		}
 		if e.io == ^uint16(0) {
 			sh.mu.Unlock()
-			codes[i] = Busy
-			setErr(errs, i, ErrBusy)
+			setResult(codes, errs, i, Busy, ErrBusy)
 			continue
 		}
-		r := ref{si, idx, e.gen}
 		if e.flags&fL1 != 0 {
 			e.io++
 			if e.flags&fInLRU != 0 {
-				sh.lruAdd(idx)
+				sh.lruAdd(r.idx)
 			}
 			if e.flags&fInL2LRU != 0 {
-				sh.l2Touch(idx)
+				sh.l2Touch(r.idx)
 			}
 			off, size := e.l1, uint64(e.size)
 			sh.mu.Unlock()
@@ -809,59 +758,52 @@ func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []er
 			e.io--
 			sh.mu.Unlock()
 			if err != nil {
-				codes[i] = CodeOf(err)
-				setErr(errs, i, err)
+				setError(codes, errs, i, err)
 			}
 			continue
 		}
 		if cl == nil {
-			cl = s.calls.get(done, tag)
-			cl.codes, cl.errs, cl.dsts, cl.lens = codes, errs, dsts, lens
+			cl = s.newCall(done, tag, codes, errs)
+			cl.dsts, cl.lens = dsts, lens
 		}
-		it, err := s.promote(sh, idx, r, waitRec{cl: cl, pos: int32(i)})
-		if err != nil {
-			codes[i] = CodeOf(err)
-			setErr(errs, i, err)
-			continue
-		}
-		if it != nil {
-			cl.its = append(cl.its, it)
+		if err := s.promote(sh, r, waitRec{cl: cl, pos: int32(i)}); err != nil {
+			setError(codes, errs, i, err)
 		}
 	}
-	return s.endRead(cl)
+	return s.dispatch(cl, kPromote)
 }
 
-// promote makes w wait for the promotion of L2-only entry idx, starting one
-// (returned, to be dispatched by the caller) unless one is in flight. sh.mu
-// is held on entry and released on return.
-func (s *Store) promote(sh *shard, idx uint32, r ref, w waitRec) (*ioTask, error) {
-	e := sh.ent(idx)
+// promote makes w wait for the promotion of L2-only entry r, starting one
+// (added to w's call, to be dispatched by the caller) unless one is in
+// flight. sh.mu is held on entry and released on return.
+func (s *Store) promote(sh *shard, r ref, w waitRec) error {
+	e := sh.ent(r.idx)
 	if e.flags&fPromote != 0 {
-		return nil, s.joinPromotion(sh, e, w)
+		return s.joinPromotion(sh, e, w)
 	}
 	size := e.size
 	sh.mu.Unlock()
 	off, err := s.allocBlock(uint64(size))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	sh.mu.Lock()
-	e = sh.ent(idx)
+	e = sh.ent(r.idx)
 	switch {
 	case e.gen == r.gen && e.state == stReady && e.flags&fPromote != 0:
 		// Another call started it while the lock was dropped: wait for
 		// that one.
 		err := s.joinPromotion(sh, e, w)
-		return nil, joinFree(err, s.freeBlock(off, size))
+		return joinFree(err, s.freeBlock(off, size))
 	case e.gen != r.gen || e.state != stReady || e.flags&fL1 != 0:
 		// Promoted, evicted or removed meanwhile: the caller may retry.
 		sh.mu.Unlock()
-		return nil, joinFree(ErrBusy, s.freeBlock(off, size))
+		return joinFree(ErrBusy, s.freeBlock(off, size))
 	}
 	it := s.l2.getTask(false)
 	if it == nil {
 		sh.mu.Unlock()
-		return nil, joinFree(ErrNoIO, s.freeBlock(off, size))
+		return joinFree(ErrNoIO, s.freeBlock(off, size))
 	}
 	e.flags |= fPromote
 	e.next = uint32(it.idx)
@@ -872,7 +814,8 @@ func (s *Store) promote(sh *shard, idx uint32, r ref, w waitRec) (*ioTask, error
 	it.waiters[0] = w
 	it.nwait = 1
 	sh.mu.Unlock()
-	return it, nil
+	w.cl.its = append(w.cl.its, it)
+	return nil
 }
 
 // joinPromotion adds w to the waiters of e's promotion in flight; BUSY when
@@ -902,72 +845,61 @@ func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completio
 	}
 	var cl *call
 	for i, k := range keys {
-		codes[i] = OK
-		setErr(errs, i, nil)
-		if !s.validKey(k) {
-			codes[i] = InvalidArgument
-			setErr(errs, i, ErrBadKey)
-			continue
+		sh, r, found, err := s.lock(k)
+		var it *ioTask
+		if found {
+			it, err = s.removeLocked(sh, r)
 		}
-		h, sh, si := s.hash(k)
-		sh.mu.Lock()
-		idx, ok := sh.find(h, k)
-		if !ok {
+		if sh != nil {
 			sh.mu.Unlock()
-			continue
 		}
-		e := sh.ent(idx)
-		var err error
-		switch {
-		case e.state == stReserved || e.state == stPutting:
-			// Not stored yet: absent to every reader, so removed.
-		case e.state == stDropping:
-			err = ErrBusy
-		case e.pins > 0:
-			err = ErrPinned
-		case e.io > 0 || e.flags&(fWB|fPromote) != 0:
-			err = ErrBusy
-		case e.flags&fL2 == 0:
-			if e.flags&(fDirty|fTomb) == fDirty {
-				s.c.dirtyOwed.Add(^uint64(0))
-			}
-			sh.unlistAll(idx)
-			ferr := s.freeBlock(e.l1, e.size)
-			s.c.keys.Add(^uint64(0))
-			s.c.l1Keys.Add(^uint64(0))
-			sh.remove(idx)
-			if ferr != nil {
-				err = fmt.Errorf("store: key removed, its block not freed: %w", ferr)
-			}
-		default:
-			it := s.l2.getTask(false)
-			if it == nil {
-				err = ErrNoIO
-				break
-			}
-			e.state = stDropping
-			sh.unlistAll(idx)
-			e.io++
+		setError(codes, errs, i, err)
+		if it != nil {
 			if cl == nil {
-				cl = s.calls.get(done, tag)
-				cl.codes, cl.errs = codes, errs
+				cl = s.newCall(done, tag, codes, errs)
 			}
-			it.kind, it.r, it.slot = kInval, ref{si, idx, e.gen}, e.l2
-			it.cl, it.pos = cl, int32(i)
-			cl.left.Add(1)
-			cl.its = append(cl.its, it)
-		}
-		sh.mu.Unlock()
-		if err != nil {
-			codes[i] = CodeOf(err)
-			setErr(errs, i, err)
+			cl.add(it, i)
 		}
 	}
-	if cl == nil {
-		s.exit()
-		return false, nil
+	return s.dispatch(cl, kInval)
+}
+
+// removeLocked removes entry r, or starts its removal from L2: then it
+// returns the task that overwrites the key's block header, for the caller
+// to dispatch. An entry not stored yet is absent to every reader, so
+// removed already. sh.mu is held.
+func (s *Store) removeLocked(sh *shard, r ref) (*ioTask, error) {
+	e := sh.ent(r.idx)
+	switch {
+	case e.state == stReserved || e.state == stPutting:
+		return nil, nil
+	case e.state == stDropping:
+		return nil, ErrBusy
+	case e.pins > 0:
+		return nil, ErrPinned
+	case e.io > 0 || e.flags&(fWB|fPromote) != 0:
+		return nil, ErrBusy
+	case e.flags&fL2 == 0:
+		if e.flags&(fDirty|fTomb) == fDirty {
+			s.c.dirtyOwed.Add(^uint64(0))
+		}
+		sh.unlistAll(r.idx)
+		ferr := s.freeBlock(e.l1, e.size)
+		s.c.keys.Add(^uint64(0))
+		s.c.l1Keys.Add(^uint64(0))
+		sh.remove(r.idx)
+		if ferr != nil {
+			return nil, fmt.Errorf("store: key removed, its block not freed: %w", ferr)
+		}
+		return nil, nil
 	}
-	err = s.l2.startInvals(cl.its, &cl.xts)
-	s.exit()
-	return cl.release(&s.calls), err
+	it := s.l2.getTask(false)
+	if it == nil {
+		return nil, ErrNoIO
+	}
+	e.state = stDropping
+	sh.unlistAll(r.idx)
+	e.io++
+	it.kind, it.r, it.slot = kInval, r, e.l2
+	return it, nil
 }

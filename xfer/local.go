@@ -6,6 +6,8 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+
+	"github.com/tensorcast/tensorcast/internal/faultcopy"
 )
 
 // LocalConfig sizes the local transport. Zero fields take their defaults.
@@ -304,18 +306,10 @@ func spans(t *Task, off, n uint64) (dst, src []byte, err error) {
 }
 
 // copyGuarded copies src to dst and turns a memory fault (the goroutine
-// must have SetPanicOnFault on) into ErrFault. Any other panic is not ours
-// to hide and goes on.
-func copyGuarded(dst, src []byte) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			if _, ok := r.(interface{ Addr() uintptr }); ok {
-				err = ErrFault
-				return
-			}
-			panic(r)
-		}
-	}()
-	copy(dst, src)
+// must have SetPanicOnFault on) into ErrFault.
+func copyGuarded(dst, src []byte) error {
+	if !faultcopy.Copy(dst, src) {
+		return ErrFault
+	}
 	return nil
 }

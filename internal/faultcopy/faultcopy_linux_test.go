@@ -1,0 +1,71 @@
+package faultcopy
+
+import (
+	"bytes"
+	"runtime/debug"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// shrunk maps a memfd of size bytes and shrinks it to half: the mapping's
+// second half then faults, as a client's buffer does when the client
+// truncates it under a copy.
+func shrunk(t *testing.T, size int) []byte {
+	t.Helper()
+	fd, err := unix.MemfdCreate("tensorcast-faultcopy-test", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Skipf("memfd_create unavailable: %v", err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	for i := range mem {
+		mem[i] = byte(i)
+	}
+	if err := unix.Ftruncate(fd, int64(size/2)); err != nil {
+		t.Fatal(err)
+	}
+	return mem
+}
+
+func TestCopy(t *testing.T) {
+	const size = 1 << 16
+	for _, c := range []struct {
+		name  string
+		copy  func(dst, src []byte) bool
+		armed bool // the goroutine sets SetPanicOnFault itself, as a worker does
+	}{
+		{"Guarded", Guarded, false},
+		{"Copy", Copy, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.armed {
+				defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+			}
+			mem := shrunk(t, size)
+			buf := make([]byte, size/2)
+			if !c.copy(buf, mem[:size/2]) {
+				t.Fatal("a copy of mapped memory reported a fault")
+			}
+			if !bytes.Equal(buf, mem[:size/2]) {
+				t.Fatal("the copy differs from its source")
+			}
+			if c.copy(buf, mem[size/4:size/4+size/2]) {
+				t.Fatal("a read past the truncated end reported no fault")
+			}
+			if c.copy(mem[size/2:], buf) {
+				t.Fatal("a write past the truncated end reported no fault")
+			}
+			if !c.armed && debug.SetPanicOnFault(false) {
+				t.Fatal("Guarded left SetPanicOnFault on")
+			}
+		})
+	}
+}
