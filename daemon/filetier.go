@@ -169,6 +169,8 @@ func (f *fileTier) counters(dst []wire.Counter) []wire.Counter {
 			wire.Counter{Name: p + "failed", Value: r.Failed},
 			wire.Counter{Name: p + "resubmits", Value: r.Resubmits},
 			wire.Counter{Name: p + "fixed", Value: r.Fixed},
+			wire.Counter{Name: p + "enters", Value: r.Enters},
+			wire.Counter{Name: p + "wakeups", Value: r.Wakeups},
 		)
 	}
 	return dst

@@ -6,8 +6,13 @@
 // Shape: a Transport owns Config.Rings rings. Each ring has one poller
 // goroutine, locked to its OS thread, that is the ring's only issuer: it
 // creates the ring (so SINGLE_ISSUER and DEFER_TASKRUN apply), registers
-// buffers and files on it, turns dispatched tasks into SQEs, enters the
-// kernel once per batch, reaps completions in batches and calls Task.Done.
+// buffers and files on it, turns dispatched tasks into SQEs and calls
+// Task.Done for what completes. It works in small steps (Config.Batch):
+// reap a few completions, end their tasks, hand the kernel what those Done
+// callbacks and Submit queued, a few SQEs per io_uring_enter, and sleep in
+// the kernel only when the CQ is empty and nothing waits to be submitted.
+// Requests that complete together are thus not resubmitted together in
+// one burst, which a device then also serves and completes as one.
 // Submit, from any goroutine, validates tasks, takes a slot from the ring's
 // preallocated slot table and queues the slot for the poller, waking it
 // through an eventfd only when it sleeps in the kernel. There is no

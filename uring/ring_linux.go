@@ -187,6 +187,12 @@ func (r *rawRing) Reap(cqes []CQE) int {
 	return n
 }
 
+// cqReady reports how many completions wait in the CQ.
+func (r *rawRing) cqReady() uint32 {
+	// atomic: the kernel advances the tail; the head is ours.
+	return atomic.LoadUint32(r.cqTail) - atomic.LoadUint32(r.cqHead)
+}
+
 // enter submits toSubmit SQEs and, when wait is set, waits for at least
 // one completion (or the timeout, if ts is non-nil and the kernel supports
 // EXT_ARG). EINTR and EAGAIN/EBUSY are returned as is for the caller to retry.

@@ -93,6 +93,7 @@ func New(cfg Config, log *slog.Logger) (*Transport, error) {
 		return nil, err
 	}
 	cfg.Entries = roundPow2(cfg.Entries)
+	cfg.Batch = min(cfg.Batch, int(cfg.Entries))
 	p := probe()
 	if p.err != nil {
 		return nil, fmt.Errorf("%w: io_uring_setup: %w", ErrNotSupported, p.err)
@@ -583,7 +584,7 @@ func newRing(t *Transport, id int, flags uint32) *ring {
 		slots: make([]slot, n),
 		free:  make([]int32, 0, n), pending: make([]int32, 0, n), cancels: make([]int32, 0, n),
 		work: make([]int32, 0, n), cwork: make([]int32, 0, n), resub: make([]int32, 0, n),
-		cqes: make([]CQE, 2*n), fin: make([]finished, 0, n),
+		cqes: make([]CQE, t.cfg.Batch), fin: make([]finished, 0, n),
 	}
 	for i := n - 1; i >= 0; i-- {
 		r.free = append(r.free, int32(i))
@@ -1026,9 +1027,12 @@ func (r *ring) loop() {
 				e.userData = udCancel
 			}
 		}
+		// At most Config.Batch requests go to the kernel per enter: the
+		// rest wait in resub for the next pass, which enters without
+		// sleeping (see Config.Batch).
 		k := 0
 		for _, idx := range r.resub {
-			if !r.prepIO(idx) {
+			if k == r.t.cfg.Batch || !r.prepIO(idx) {
 				break
 			}
 			k++
@@ -1056,7 +1060,11 @@ func (r *ring) loop() {
 			}
 		}
 		toSubmit := r.raw.flush()
-		wait := len(r.resub) == 0
+		// Completions still in the CQ are reaped before the poller
+		// sleeps; a pass with nothing to submit and completions to reap
+		// does not enter at all.
+		ready := r.raw.cqReady() > 0
+		wait := len(r.resub) == 0 && !ready
 		if wait {
 			r.mu.Lock()
 			if len(r.pending) > 0 || len(r.cmds) > 0 || len(r.cancels) > 0 || r.closing != draining {
@@ -1071,8 +1079,11 @@ func (r *ring) loop() {
 			ts = unix.NsecToTimespec(int64(time.Until(deadline)))
 			tsp = &ts
 		}
-		r.nEnters.Add(1)
-		_, errno := r.raw.enter(toSubmit, wait, tsp)
+		var errno unix.Errno
+		if toSubmit > 0 || !ready {
+			r.nEnters.Add(1)
+			_, errno = r.raw.enter(toSubmit, wait, tsp)
+		}
 		if wait {
 			r.mu.Lock()
 			r.sleeping = false
@@ -1089,14 +1100,12 @@ func (r *ring) loop() {
 			}
 			runtime.Gosched()
 		}
-		for {
-			n := r.raw.Reap(r.cqes)
-			for i := 0; i < n; i++ {
-				r.complete(&r.cqes[i], draining)
-			}
-			if n < len(r.cqes) {
-				break
-			}
+		// A bounded reap: what the Done callbacks submit, and what Submit
+		// queued meanwhile, reaches the kernel before the next Batch
+		// completions are looked at.
+		n := r.raw.Reap(r.cqes)
+		for i := 0; i < n; i++ {
+			r.complete(&r.cqes[i], draining)
 		}
 		r.flushFinished()
 	}

@@ -4,6 +4,7 @@ package uring
 
 import (
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
 	"os"
@@ -112,6 +113,7 @@ func TestIntegrityModes(t *testing.T) {
 		{"plain", Config{DeferTaskrun: Off, SingleIssuer: Off, CoopTaskrun: Off}, true},
 		{"two-rings", Config{Rings: 2}, true},
 		{"no-fixed-files", Config{NoFixedFiles: true}, true},
+		{"batch-1", Config{Batch: 1}, true},
 		{"sqpoll", Config{SQPoll: true, SQPollIdle: 10 * time.Millisecond}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -137,8 +139,15 @@ func openTestFile(t *testing.T, tr *Transport, dir string, direct bool, size uin
 	return f
 }
 
-// TestShortIO truncates completions so the remainder path must finish them.
+// TestShortIO truncates completions so the remainder path must finish them,
+// with the default poller step and with one completion per step.
 func TestShortIO(t *testing.T) {
+	for _, batch := range []int{0, 1} {
+		t.Run(fmt.Sprintf("batch-%d", batch), func(t *testing.T) { shortIO(t, batch) })
+	}
+}
+
+func shortIO(t *testing.T, batch int) {
 	dir := t.TempDir()
 	var cut atomic.Int64
 	hooks := &testHooks{result: func(op uint8, res int32) int32 {
@@ -148,7 +157,7 @@ func TestShortIO(t *testing.T) {
 		}
 		return res
 	}}
-	tr := newTransport(t, Config{AllowedDirs: []string{dir}, hooks: hooks})
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}, Batch: batch, hooks: hooks})
 	f := openTestFile(t, tr, dir, true, 8<<20)
 	pool := newMemSeg(t, 2, 4<<20)
 	for i := range pool.mem[:1<<20] {
@@ -243,6 +252,39 @@ func TestBackpressure(t *testing.T) {
 	}
 	if st := tr.Stats()[0]; st.Entries != 8 || st.InFlight != 0 || st.Completed != 1000 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestBatchBoundsEnter: one Submit of 32 tasks reaches the kernel in steps
+// of at most Config.Batch SQEs per io_uring_enter, and every task still
+// ends once with its bytes.
+func TestBatchBoundsEnter(t *testing.T) {
+	dir := t.TempDir()
+	const tasks, batch = 32, 2
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}, Entries: 64, Batch: batch})
+	f := openTestFile(t, tr, dir, true, 4<<20)
+	pool := newMemSeg(t, 2, tasks*4096)
+	rec := newRecorder()
+	ts := make([]*xfer.Task, tasks)
+	for i := range ts {
+		ts[i] = newTask(rec, xfer.OpRead, pool, uint64(i)*4096, f, uint64(i)*8192, 4096)
+	}
+	before := tr.Stats()[0].Enters
+	if n, err := tr.Submit(ts); n != tasks || err != nil {
+		t.Fatalf("Submit = %d, %v", n, err)
+	}
+	rec.waitDone(t, tasks, 10*time.Second)
+	for i, task := range ts {
+		if calls, moved, err := rec.result(task); calls != 1 || moved != 4096 || err != nil {
+			t.Fatalf("task %d: calls=%d n=%d err=%v", i, calls, moved, err)
+		}
+	}
+	st := tr.Stats()[0]
+	if st.Submitted != tasks {
+		t.Fatalf("submitted %d SQEs, want %d", st.Submitted, tasks)
+	}
+	if enters := st.Enters - before; enters < tasks/batch {
+		t.Fatalf("%d SQEs went to the kernel in %d io_uring_enter calls: more than Batch=%d per call", tasks, enters, batch)
 	}
 }
 
@@ -569,7 +611,7 @@ func TestConfigValidation(t *testing.T) {
 	for _, c := range []Config{
 		{Rings: -1}, {Rings: 65}, {Entries: 1}, {Entries: 1 << 20}, {DrainTimeout: -1},
 		{SubmitWait: -1}, {MaxFixedBuffers: -2}, {MaxFixedFiles: 1 << 20},
-		{DeferTaskrun: On, SingleIssuer: Off}, {CoopTaskrun: 7},
+		{DeferTaskrun: On, SingleIssuer: Off}, {CoopTaskrun: 7}, {Batch: -1}, {Batch: 1 << 20},
 	} {
 		if tr, err := New(c, nil); !errors.Is(err, ErrConfig) || !errors.Is(err, xfer.ErrInvalid) {
 			if tr != nil {
@@ -583,7 +625,7 @@ func TestConfigValidation(t *testing.T) {
 	}
 	var d Config
 	d.setDefaults()
-	if d.Rings != 1 || d.Entries != 256 || d.SQPoll || d.DrainTimeout != 5*time.Second {
+	if d.Rings != 1 || d.Entries != 256 || d.Batch != 4 || d.SQPoll || d.DrainTimeout != 5*time.Second {
 		t.Errorf("defaults %+v", d)
 	}
 }

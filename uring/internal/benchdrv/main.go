@@ -92,15 +92,17 @@ func main() {
 		fixed   = flag.Bool("fixed", false, "registered buffers and files")
 		size    = flag.Uint64("size", 0, "bytes of the file to use (0: all)")
 		direct  = flag.Bool("direct", true, "O_DIRECT")
+		batch   = flag.Int("batch", 0, "Config.Batch: completions reaped, and requests submitted, per poller step (0: the default)")
+		taskrun = flag.String("taskrun", "auto", "ring setup: auto, defer (SINGLE_ISSUER|DEFER_TASKRUN), coop (COOP_TASKRUN) or none")
 	)
 	flag.Parse()
-	if err := run(*path, *rw, *bs, *depth, *runtime, *fixed, *size, *direct); err != nil {
+	if err := run(*path, *rw, *bs, *depth, *runtime, *fixed, *size, *direct, *taskrun, *batch); err != nil {
 		fmt.Fprintln(os.Stderr, "benchdrv:", err)
 		os.Exit(1)
 	}
 }
 
-func run(path, rw string, bs uint64, depth int, runtime time.Duration, fixed bool, size uint64, direct bool) error {
+func run(path, rw string, bs uint64, depth int, runtime time.Duration, fixed bool, size uint64, direct bool, taskrun string, batch int) error {
 	if path == "" || bs == 0 || depth < 1 {
 		return fmt.Errorf("need -file, -bs > 0 and -iodepth >= 1")
 	}
@@ -126,6 +128,18 @@ func run(path, rw string, bs uint64, depth int, runtime time.Duration, fixed boo
 		AllowedDirs:    []string{filepath.Dir(abs)},
 		NoFixedBuffers: !fixed,
 		NoFixedFiles:   !fixed,
+		Batch:          batch,
+	}
+	switch taskrun {
+	case "auto":
+	case "defer":
+		cfg.SingleIssuer, cfg.DeferTaskrun = uring.On, uring.On
+	case "coop":
+		cfg.DeferTaskrun, cfg.CoopTaskrun = uring.Off, uring.On
+	case "none":
+		cfg.SingleIssuer, cfg.DeferTaskrun, cfg.CoopTaskrun = uring.Off, uring.Off, uring.Off
+	default:
+		return fmt.Errorf("unknown -taskrun %q", taskrun)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	tr, err := uring.New(cfg, log)
@@ -189,8 +203,14 @@ func run(path, rw string, bs uint64, depth int, runtime time.Duration, fixed boo
 	user := tvSec(ru1.Utime) - tvSec(ru0.Utime)
 	sys := tvSec(ru1.Stime) - tvSec(ru0.Stime)
 	feat := tr.Features()
-	fmt.Printf("ops=%d bytes=%d seconds=%.3f iops=%.0f mbps=%.1f cpu_user=%.3f cpu_sys=%.3f fixed_buffers=%v defer_taskrun=%v\n",
-		ops, bytes, elapsed, float64(ops)/elapsed, float64(bytes)/elapsed/1e6, user, sys, feat.FixedBuffers && fixed, feat.DeferTaskrun)
+	var enters, wakeups uint64
+	for _, s := range tr.Stats() {
+		enters += s.Enters
+		wakeups += s.Wakeups
+	}
+	fmt.Printf("ops=%d bytes=%d seconds=%.3f iops=%.0f mbps=%.1f cpu_user=%.3f cpu_sys=%.3f fixed_buffers=%v defer_taskrun=%v coop_taskrun=%v enters_per_op=%.3f wakeups_per_op=%.3f\n",
+		ops, bytes, elapsed, float64(ops)/elapsed, float64(bytes)/elapsed/1e6, user, sys, feat.FixedBuffers && fixed, feat.DeferTaskrun,
+		feat.CoopTaskrun, float64(enters)/float64(max(ops, 1)), float64(wakeups)/float64(max(ops, 1)))
 	return nil
 }
 
