@@ -121,6 +121,8 @@ bench: build
 	  scripts/bench-directory.sh 100 120 30
 	scripts/bench-section.sh --markdown python "The Python client's store calls vs numpy copying the same bytes, and the SGLang-shaped backend" \
 	  scripts/bench-python.sh 5 1
+	scripts/bench-section.sh --markdown compare "Before and after the restructuring (issue 14): the same jobs through both builds, one run" \
+	  scripts/bench-compare.sh 0c15c63
 	scripts/bench-section.sh rdma "rdma transport and tcbench vs perftest on Soft-RoCE (qemu VM; ratios only)" \
 	  bash -c 'set -o pipefail; RDMA_ROUNDS=5 RXE_TIMEOUT=1500 RDMA_TEST_RUN=XXX RDMA_DAEMON_RUN=- scripts/rdma-vm-test.sh | sed -n "/^rdma vs perftest/,\$$p"'
 	scripts/bench-section.sh rdma-register "Registering a 4 GiB region for RDMA (Soft-RoCE under qemu TCG)" \
