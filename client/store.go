@@ -147,8 +147,8 @@ func (c *Client) StoreUnpin(keys [][]byte, results []error, opts ...CallOption) 
 
 // StoreReserve reserves a pool block of sizes[i] bytes for keys[i]:
 // offsets[i] is where it lies in the pool (PoolBytes), to be written in
-// place and then committed (StoreCommit, Queue.Commit). A reservation
-// goes with the connection unless committed.
+// place and then committed (StoreCommit, Queue.Commit) or given back
+// (StoreAbort). A reservation goes with the connection unless committed.
 func (c *Client) StoreReserve(keys [][]byte, sizes []uint64, offsets []uint64, results []error, opts ...CallOption) error {
 	if err := checkKeys(keys, len(results)); err != nil {
 		return err
@@ -186,6 +186,28 @@ func (c *Client) StoreCommit(keys [][]byte, durable bool, results []error, opts 
 	defer c.mu.Unlock()
 	*wire.SetRequest[wire.StoreCommitRequest](c.start(opts)) = wire.StoreCommitRequest{Keys: keys, Durable: durable}
 	r, err := call[wire.StoreCommitResponse](c, noFD, nil)
+	if err != nil {
+		return err
+	}
+	return c.itemResults(r.Codes, results)
+}
+
+// StoreAbort gives back reservations of this connection without
+// committing them (a write that failed, a request cancelled): each key's
+// pool block is freed at once and its result is nil. A key this
+// connection has not reserved (never, or committed or aborted already, or
+// reserved by another connection, which this call never touches) gets
+// ErrFailedPrecondition, one whose durable commit is in flight ErrBusy;
+// keys are independent. Reservations left unaborted go when the
+// connection closes.
+func (c *Client) StoreAbort(keys [][]byte, results []error, opts ...CallOption) error {
+	if err := checkKeys(keys, len(results)); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	wire.SetRequest[wire.StoreAbortRequest](c.start(opts)).Keys = keys
+	r, err := call[wire.StoreAbortResponse](c, noFD, nil)
 	if err != nil {
 		return err
 	}

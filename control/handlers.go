@@ -34,7 +34,8 @@ func mutating(k wire.RequestKind) bool {
 		tcproto.RequestBodyCloseRemoteRequest, tcproto.RequestBodySubscribeRequest,
 		tcproto.RequestBodyOpenQueueRequest, tcproto.RequestBodyCloseQueueRequest,
 		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStoreRemoveRequest, tcproto.RequestBodyStorePinRequest,
-		tcproto.RequestBodyStoreUnpinRequest, tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest:
+		tcproto.RequestBodyStoreUnpinRequest, tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest,
+		tcproto.RequestBodyStoreAbortRequest:
 		return true
 	}
 	return false
@@ -48,7 +49,7 @@ func dataPath(k wire.RequestKind) bool {
 		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
 		tcproto.RequestBodyAllocBatchRequest, tcproto.RequestBodyFreeBatchRequest,
 		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStorePinRequest, tcproto.RequestBodyStoreUnpinRequest,
-		tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest:
+		tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest, tcproto.RequestBodyStoreAbortRequest:
 		return true
 	}
 	return false
@@ -163,6 +164,8 @@ func (c *conn) handle() ([]byte, int) {
 		err = c.storeReserve(b)
 	case *wire.StoreCommitRequest:
 		err = c.storeCommit(b)
+	case *wire.StoreAbortRequest:
+		err = c.storeAbort(b)
 	case *wire.StoreStatRequest:
 		err = c.storeStat(b)
 	case *wire.StoreListRequest:

@@ -286,6 +286,22 @@ func (c *conn) storeCommit(m *wire.StoreCommitRequest) error {
 	return nil
 }
 
+// storeAbort gives back reservations of the connection's session, each
+// key on its own; a batch the store refuses as a whole (too many keys, an
+// invalid one) is answered INVALID_ARGUMENT.
+func (c *conn) storeAbort(m *wire.StoreAbortRequest) error {
+	_, ss, err := c.session()
+	if err != nil {
+		return err
+	}
+	codes := c.storeCodes(len(m.Keys))
+	if err = c.storeErr(ss.Abort(m.Keys, codes, nil)); err != nil {
+		return err
+	}
+	wire.SetResponse[wire.StoreAbortResponse](&c.resp).Codes = c.codesOf(codes)
+	return nil
+}
+
 func keyInfo(k store.KeyInfo, withKey bool) wire.StoreKeyInfo {
 	w := wire.StoreKeyInfo{Size: k.Size, InL1: k.InL1, InL2: k.InL2, Pins: k.Pins, Dirty: k.Dirty, Tombstone: k.Tombstone}
 	if withKey {
@@ -366,7 +382,7 @@ func StoreCounters(st store.Stats, dst []wire.Counter) []wire.Counter {
 		name string
 		v    uint64
 	}{
-		{"keys", st.Keys}, {"l1_keys", st.L1Keys}, {"l2_keys", st.L2Keys}, {"reserved", st.Reserved},
+		{"keys", st.Keys}, {"l1_keys", st.L1Keys}, {"l2_keys", st.L2Keys}, {"reserved", st.Reserved}, {"aborted", st.Aborted},
 		{"l1_bytes", st.L1Bytes}, {"l1_capacity", st.L1Capacity}, {"l2_bytes", st.L2Bytes}, {"l2_capacity", st.L2Capacity},
 		{"pins", st.Pins}, {"dirty", st.Dirty},
 		{"evictions_l1", st.EvictionsL1}, {"evictions_l2", st.EvictionsL2}, {"dropped_unwritten", st.DroppedUnwritten},

@@ -298,3 +298,46 @@ func TestStoreUnavailable(t *testing.T) {
 		t.Fatalf("queue op: %+v", cq)
 	}
 }
+
+// TestStoreAbortOnSocket: Abort on the control socket answers one code
+// per key (OK for the connection's reservation, FAILED_PRECONDITION for
+// another connection's, which it leaves alone), and a batch over the
+// store's key limit is refused whole with INVALID_ARGUMENT, as Commit is.
+func TestStoreAbortOnSocket(t *testing.T) {
+	e := newStoreEnv(t, false, store.Config{MaxKeysPerCall: 4})
+	a, err := client.Dial(e.sock, client.Options{Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := client.Dial(e.sock, client.Options{Name: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	res := make([]error, 5)
+	offs := make([]uint64, 1)
+	if err := a.StoreReserve([][]byte{[]byte("ra")}, []uint64{4096}, offs, res[:1]); err != nil || res[0] != nil {
+		t.Fatalf("reserve: %v %v", err, res[0])
+	}
+	if err := b.StoreReserve([][]byte{[]byte("rb")}, []uint64{4096}, offs, res[:1]); err != nil || res[0] != nil {
+		t.Fatalf("reserve: %v %v", err, res[0])
+	}
+	five := keysOf("x", 5)
+	if err := a.StoreCommit(five, false, res); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Fatalf("commit of 5 keys (limit 4): %v", err)
+	}
+	if err := a.StoreAbort(five, res); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Fatalf("abort of 5 keys (limit 4): %v", err)
+	}
+	if err := a.StoreAbort([][]byte{[]byte("rb"), []byte("ra")}, res[:2]); err != nil {
+		t.Fatal(err)
+	}
+	wantResults(t, "abort", res[:2], tcproto.CodeFAILED_PRECONDITION, tcproto.CodeOK)
+	if st := e.s.Stats(); st.Reserved != 1 || st.Aborted != 1 {
+		t.Fatalf("store stats %+v", st)
+	}
+	if err := b.StoreCommit([][]byte{[]byte("rb")}, false, res[:1]); err != nil || res[0] != nil {
+		t.Fatalf("b's commit after a's abort: %v %v", err, res[0])
+	}
+}

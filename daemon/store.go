@@ -172,6 +172,7 @@ func (d *Daemon) collectOneStore(e *metrics.Emit, st *store.Store, tenantName st
 		{"tensorcast_store_dropped_unwritten_total", "Values evicted from L1 whose writeback had become a tombstone.", s.DroppedUnwritten},
 		{"tensorcast_store_durable_puts_total", "Durable puts acknowledged (on L2).", s.DurablePuts},
 		{"tensorcast_store_durable_failures_total", "Durable puts that failed and were rolled back.", s.DurableFailures},
+		{"tensorcast_store_aborted_total", "Reservations given back uncommitted by the client (StoreAbort).", s.Aborted},
 		{"tensorcast_store_promotions_total", "Values read from L2 back into the pool.", s.Promotions},
 		{"tensorcast_store_promotion_failures_total", "Reads of values from L2 that failed.", s.PromotionFailures},
 		{"tensorcast_store_corrupt_reads_total", "Values read from L2 whose checksum did not match (dropped).", s.CorruptReads},

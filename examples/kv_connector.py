@@ -96,11 +96,13 @@ def main() -> int:
         new = [i for i, p in enumerate(present) if not p]
         stored = 0
         if new:
-            r = c.reserve([hashes_a[i] for i in new], block_bytes)
-            for i, v in zip(new, r.views):
-                if v is not None:
-                    torch.frombuffer(v, dtype=torch.bfloat16).copy_(blocks_a[i])
-            codes = r.commit()
+            # A copy that fails leaves the with block by an exception: the
+            # reservation is then aborted, its pool blocks free at once.
+            with c.reserve([hashes_a[i] for i in new], block_bytes) as r:
+                for i, v in zip(new, r.views):
+                    if v is not None:
+                        torch.frombuffer(v, dtype=torch.bfloat16).copy_(blocks_a[i])
+                codes = r.commit()
             stored = sum(s == tensorcast.Status.OK for s in codes)
             failed = [s for s in codes if s not in (tensorcast.Status.OK, tensorcast.Status.ALREADY_EXISTS)]
             if failed:

@@ -13,10 +13,13 @@
 // code. A returned error is about the call as a whole (see ops.go).
 //
 // A Session (one per client connection) owns pins, leases and reservations;
-// Session.Close releases all of them.
+// Session.Close releases all of them (and Session.Abort its reservations of
+// some keys, before then).
 //
 //	Reserve, Commit   zero-copy put: pool blocks for the client to write in
 //	                  place, then made visible (durable: on L2 first)
+//	Abort             gives reservations back uncommitted (their blocks
+//	                  freed at once, as a closing session frees them)
 //	Put               copying put from caller-owned buffers
 //	Get               pin and return pool locations (promoting L2-only keys)
 //	Store.Read        copy into caller-owned buffers (promoting likewise)

@@ -45,7 +45,8 @@ var (
 	ErrExists = errors.New("store: key exists")
 	// ErrNotFound: the key is not stored.
 	ErrNotFound = errors.New("store: key not found")
-	// ErrNotReserved: a commit of a key this session has not reserved.
+	// ErrNotReserved: a commit or abort of a key this session has not
+	// reserved (or has committed or aborted already).
 	ErrNotReserved = errors.New("store: key not reserved by this session")
 	// ErrUnderflow: an unpin of a key this session does not hold pinned.
 	ErrUnderflow = errors.New("store: unpin below zero")

@@ -582,6 +582,61 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 	return s.dispatch(cl, kPut)
 }
 
+// Abort gives back reservations without committing them: each key this
+// session reserved (Reserve) and has not committed is released, its pool
+// block freed as a closing session frees it, and gets OK. Any other key
+// gets FAILED_PRECONDITION (ErrNotReserved) and nothing changes: one never
+// reserved, committed or aborted already, or reserved by another session,
+// which this call never touches. A key whose durable commit is in flight
+// gets BUSY and its commit goes on. Keys are independent (not all or
+// nothing); a batch with an invalid key (empty, over MaxKeyLen) is refused
+// as a whole, like one with too many keys: ErrBadCall, every code
+// INVALID_ARGUMENT, nothing changed. An error in errs[i] with code INTERNAL
+// says that a released reservation's block could not be freed (a bug, also
+// counted in Stats.FreeErrors).
+func (ss *Session) Abort(keys [][]byte, codes []Code, errs []error) error {
+	s := ss.s
+	for i, k := range keys {
+		if !s.validKey(k) {
+			fill(codes, InvalidArgument)
+			return fmt.Errorf("%w: key %d: %w", ErrBadCall, i, ErrBadKey)
+		}
+	}
+	if err := ss.begin(len(keys), codes, errs); err != nil {
+		return err
+	}
+	defer s.exit()
+	defer ss.mu.Unlock()
+	for i, k := range keys {
+		setResult(codes, errs, i, OK, nil)
+		sh, r, found, _ := s.lock(k)
+		if !found {
+			sh.mu.Unlock()
+			setResult(codes, errs, i, FailedPrecondition, ErrNotReserved)
+			continue
+		}
+		st := sh.ent(r.idx).state
+		sh.mu.Unlock()
+		_, mine := ss.resv[r]
+		switch {
+		case !mine || st != stReserved && st != stPutting:
+			setResult(codes, errs, i, FailedPrecondition, ErrNotReserved)
+		case st == stPutting:
+			setResult(codes, errs, i, Busy, ErrBusy)
+		default:
+			// ss.mu is held, so the reservation is still this session's
+			// and still stReserved (only a Commit of this session moves
+			// it on): abortReservation frees it.
+			delete(ss.resv, r)
+			s.c.aborted.Add(1)
+			if err := s.abortReservation(r); err != nil {
+				setResult(codes, errs, i, Internal, err)
+			}
+		}
+	}
+	return nil
+}
+
 // Put stores each key with a copy of its value (vals[i], which the call
 // reads only while it runs). Without durable a key is visible when Put
 // returns; with durable once its block is on L2, and on failure the key is

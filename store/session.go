@@ -114,9 +114,10 @@ func (s *Store) relist(sh *shard, idx uint32) {
 	}
 }
 
-// abortReservation drops a reservation of a closing session: a reserved
-// entry goes (its block is freed), one whose durable commit is in flight is
-// marked so that a failing commit drops it.
+// abortReservation drops a reservation of a closing session, or one given
+// back by Session.Abort: a reserved entry goes (its block is freed), one
+// whose durable commit is in flight is marked so that a failing commit
+// drops it (Abort answers BUSY for those and never gets here with one).
 func (s *Store) abortReservation(r ref) error {
 	sh := &s.shards[r.sh]
 	sh.mu.Lock()

@@ -368,6 +368,7 @@ type counters struct {
 	keys, l1Keys, l2Keys, pins, reserved, l2InvalFailed atomic.Uint64
 	dirtyOwed                                           atomic.Uint64 // values in L1 only still owed a writeback
 	quarantinedTasks                                    atomic.Uint64
+	aborted                                             atomic.Uint64 // reservations given back by Session.Abort
 }
 
 // Stats are the store's figures, for the daemon to report.
@@ -376,6 +377,7 @@ type Stats struct {
 	L1Keys   uint64 // keys with their value in the pool
 	L2Keys   uint64 // keys with their value on L2
 	Reserved uint64 // reservations and puts in flight
+	Aborted  uint64 // reservations given back by Session.Abort (not those of closed sessions)
 
 	L1Bytes, L1Capacity uint64 // pool bytes held (at block size), and the limit
 	L2Bytes, L2Capacity uint64 // L2 slot bytes in use, and the total
@@ -432,7 +434,7 @@ func (s *Store) Stats() Stats {
 		Recovered:          c.recovered.Load(), TornDropped: c.torn.Load(), CorruptDropped: c.corrupt.Load(),
 		DuplicatesDropped: c.dups.Load(), TransportViolations: c.violations.Load(),
 		QuarantinedBlocks: c.quarantinedBlocks.Load(), FreeErrors: c.freeErrors.Load(),
-		QuarantinedTasks: c.quarantinedTasks.Load(),
+		QuarantinedTasks: c.quarantinedTasks.Load(), Aborted: c.aborted.Load(),
 	}
 	if t := s.l2; t != nil {
 		t.mu.Lock()

@@ -25,6 +25,7 @@ var requests, responses = register(
 	call[StoreUnpinRequest, StoreUnpinResponse], call[StoreReserveRequest, StoreReserveResponse],
 	call[StoreCommitRequest, StoreCommitResponse], call[StoreStatRequest, StoreStatResponse],
 	call[StoreListRequest, StoreListResponse], call[StoreFlushRequest, StoreFlushResponse],
+	call[StoreAbortRequest, StoreAbortResponse],
 )
 
 // maker makes the empty messages of one call.

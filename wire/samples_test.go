@@ -64,6 +64,7 @@ func sampleRequests() []Request {
 		with(&StoreListRequest{Prefix: []byte("blk/"), After: []byte("blk/3"), Max: 100}),
 		with(&StoreFlushRequest{TimeoutMS: 5000}),
 		with(&StoreRemoveRequest{Keys: [][]byte{{}, []byte("x")}}),
+		with(&StoreAbortRequest{Keys: sampleKeys}),
 	}
 }
 
@@ -160,5 +161,6 @@ func sampleResponses() []Response {
 			{Key: []byte("blk/5"), Size: 1, InL2: true, Pins: 1 << 20}}, More: true}},
 		{RequestID: 42, Body: &StoreFlushResponse{}},
 		{RequestID: 43, Body: &StatsResponse{Connections: 2, Store: []Counter{{"keys", 12}, {"l2_bytes", 1 << 30}}}},
+		{RequestID: 44, Body: &StoreAbortResponse{Codes: []Code{0, 6, 4}}},
 	}
 }

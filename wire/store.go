@@ -175,6 +175,21 @@ func (*StoreCommitResponse) Kind() ResponseKind { return tcproto.ResponseBodySto
 
 func (m *StoreCommitResponse) fields(f *fields) { list(f, 0, &m.Codes, f.lim.MaxOffsets) }
 
+// StoreAbortRequest gives back reservations of the connection without
+// committing them, each key on its own.
+type StoreAbortRequest struct{ Keys [][]byte }
+
+func (*StoreAbortRequest) Kind() RequestKind { return tcproto.RequestBodyStoreAbortRequest }
+
+func (m *StoreAbortRequest) fields(f *fields) { keyList(f, 0, &m.Keys) }
+
+// StoreAbortResponse has one code per key.
+type StoreAbortResponse struct{ Codes []Code }
+
+func (*StoreAbortResponse) Kind() ResponseKind { return tcproto.ResponseBodyStoreAbortResponse }
+
+func (m *StoreAbortResponse) fields(f *fields) { list(f, 0, &m.Codes, f.lim.MaxOffsets) }
+
 // StoreStatRequest describes one key.
 type StoreStatRequest struct{ Key []byte }
 

@@ -604,7 +604,8 @@ TC_API int tc_queue_close(tc_queue *q);
  *  - On the control socket (tc_store_put .. tc_store_flush): copying put and
  *    read between the store and memory the daemon can address (a buffer of
  *    the connection or pool blocks it holds, named by tc_extent), remove,
- *    pin with an optional TTL, unpin, reserve and commit, stat, list, flush.
+ *    pin with an optional TTL, unpin, reserve, commit and abort, stat, list,
+ *    flush.
  *  - On a queue, asynchronously (tc_queue_store_*): the hot calls -- get
  *    (pin each key and say where its value lies in the pool, to be read in
  *    place), reserve (pool blocks to be written in place), commit, exists,
@@ -724,7 +725,7 @@ TC_API int tc_store_unpin(tc_conn *c, const tc_keys *keys, int *codes, const tc_
  * offsets[i] is where it lies in the pool (tc_pool_info()->base + offset),
  * to be written in place and then committed (0 where the code is not OK).
  * A reservation is invisible to readers and goes with the connection
- * unless committed. */
+ * unless committed, or before then with tc_store_abort. */
 TC_API int tc_store_reserve(tc_conn *c, const tc_keys *keys, const uint64_t *sizes, uint64_t *offsets, int *codes,
                             const tc_call_opts *o);
 
@@ -733,6 +734,18 @@ TC_API int tc_store_reserve(tc_conn *c, const tc_keys *keys, const uint64_t *siz
  * reserved, to be committed again). A key this connection did not reserve
  * gets TC_FAILED_PRECONDITION. */
 TC_API int tc_store_commit(tc_conn *c, const tc_keys *keys, int durable, int *codes, const tc_call_opts *o);
+
+/* tc_store_abort gives back reservations of this connection without
+ * committing them (a write that failed, a request cancelled): codes[i] is
+ * TC_OK when key i's reservation was released (its pool block is freed at
+ * once: do not touch the memory at its offset any more), TC_BUSY while its
+ * durable commit is in flight, and TC_FAILED_PRECONDITION for a key this
+ * connection has not reserved (never, committed or aborted already, or
+ * another connection's, which this call never touches). Keys are
+ * independent. A batch with an invalid key (empty, over 256 bytes) or too
+ * many keys is refused whole: the call returns TC_INVALID_ARGUMENT and
+ * nothing changes. */
+TC_API int tc_store_abort(tc_conn *c, const tc_keys *keys, int *codes, const tc_call_opts *o);
 
 /* tc_store_stat describes one key (TC_NOT_FOUND when it is not stored); it
  * changes nothing. out->key is NULL. */

@@ -80,6 +80,7 @@ TCW_TAG(TCW_STORE_COMMIT, StoreCommit)
 TCW_TAG(TCW_STORE_STAT, StoreStat)
 TCW_TAG(TCW_STORE_LIST, StoreList)
 TCW_TAG(TCW_STORE_FLUSH, StoreFlush)
+TCW_TAG(TCW_STORE_ABORT, StoreAbort)
 #undef TCW_TAG
 
 static_assert(static_cast<int>(tcproto::Code::OK) == TC_OK, "code OK");
@@ -298,6 +299,9 @@ bool body(tcw_codec *w, const tcw_req *r, RequestBody &type, fb::Offset<void> &o
     }
     case TCW_STORE_COMMIT:
         out = tcproto::CreateStoreCommitRequest(b, keys(b, r), r->durable != 0).Union();
+        return true;
+    case TCW_STORE_ABORT:
+        out = tcproto::CreateStoreAbortRequest(b, keys(b, r)).Union();
         return true;
     case TCW_STORE_STAT:
         out = tcproto::CreateStoreStatRequest(b, blob(b, r->blob, r->blob_len)).Union();
@@ -530,6 +534,9 @@ int decode_body(tcw_codec *w, const tcproto::Response *r, tcw_resp *out) {
     }
     case ResponseBody::StoreCommitResponse:
         codes(r->body_as_StoreCommitResponse()->codes(), out);
+        break;
+    case ResponseBody::StoreAbortResponse:
+        codes(r->body_as_StoreAbortResponse()->codes(), out);
         break;
     case ResponseBody::StoreStatResponse: {
         auto *b = r->body_as_StoreStatResponse();

@@ -61,7 +61,8 @@ enum {
     TCW_STORE_COMMIT = 35,
     TCW_STORE_STAT = 36,
     TCW_STORE_LIST = 37,
-    TCW_STORE_FLUSH = 38
+    TCW_STORE_FLUSH = 38,
+    TCW_STORE_ABORT = 39
 };
 /* Each response body has the tag of its request (the unions are parallel). */
 

@@ -1,6 +1,6 @@
 /*
  * store.c - the KV block store's calls on the control socket: put, read,
- * remove, pin, unpin, reserve, commit, stat, list, flush.
+ * remove, pin, unpin, reserve, commit, abort, stat, list, flush.
  *
  * Each batch call checks its key list (keys.h) before it takes the
  * connection; the codec packs it straight into the frame. The answer must
@@ -153,6 +153,14 @@ int tc_store_commit(tc_conn *c, const tc_keys *keys, int durable, int *codes, co
     if (rc)
         return rc;
     c->req.durable = durable != 0;
+    return tc__finish(c, answer(c, 0, codes));
+}
+
+int tc_store_abort(tc_conn *c, const tc_keys *keys, int *codes, const tc_call_opts *o)
+{
+    int rc = begin(c, TCW_STORE_ABORT, keys, codes, o);
+    if (rc)
+        return rc;
     return tc__finish(c, answer(c, 0, codes));
 }
 

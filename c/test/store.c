@@ -1,7 +1,8 @@
 /*
  * store.c - the KV block store's calls against real daemons: the socket
  * calls (put and read through buffers and pool blocks, remove, pin with a
- * TTL, unpin all or nothing, reserve and commit, stat, list, flush), the
+ * TTL, unpin all or nothing, reserve and commit or abort, stat, list,
+ * flush), the
  * queue's store ops with their results regions, tc_kv (get in place, put
  * and read copying), key lists in both forms, answers that are not whole
  * (short, long, unwritten, with nonzero reserved bytes, outside the pool),
@@ -230,6 +231,84 @@ static void socket_calls(tc_conn *c)
     CHECK_RC(tc_store_stat(c, NULL, 3, &info, NULL), TC_INVALID_ARGUMENT);
     CHECK_RC(tc_buffer_destroy(c, src, NULL), TC_OK);
     CHECK_RC(tc_buffer_destroy(c, dst, NULL), TC_OK);
+}
+
+/* socket_abort: reservations given back with tc_store_abort free their
+ * blocks at once (the store's l1_bytes and reserved as before, aborted
+ * counted); a key never reserved, another connection's reservation (left
+ * alone: it commits after) and one aborted already get
+ * TC_FAILED_PRECONDITION; a commit after the abort finds nothing and the key
+ * can be reserved again; an invalid key refuses the whole batch. */
+static void socket_abort(tc_conn *c, const char *socket)
+{
+    const tc_pool *pool = tc_pool_info(c);
+    tc_conn *other = dial(socket, 10000);
+    keyset s, t;
+    int codes[4];
+    uint64_t offs[4], sizes[4] = {VAL, 3 * VAL, VAL, VAL};
+    CHECK_RC(tc_store_reserve(other, one_key(&t, "abort/theirs"), sizes, offs, codes, NULL), TC_OK);
+    CHECK(codes[0] == TC_OK);
+    fill((uint8_t *)pool->base + offs[0], VAL, 77);
+
+    tc_stats *st;
+    REQUIRE(tc_stats_get(c, &st, NULL) == TC_OK);
+    uint64_t l1 = counter(&st->store, "l1_bytes"), reserved = counter(&st->store, "reserved");
+    uint64_t aborted = counter(&st->store, "aborted");
+    tc_free(st);
+    CHECK(aborted != UINT64_MAX);
+
+    int mine[2] = {0, 1};
+    CHECK_RC(tc_store_reserve(c, keys_of(&s, "abort/", mine, 2), sizes, offs, codes, NULL), TC_OK);
+    CHECK(all_ok(codes, 2));
+    fill((uint8_t *)pool->base + offs[1], 3 * VAL, 1); /* written in place, then given up */
+
+    tc_key four[4] = {{"abort/0", 7}, {"abort/never", 11}, {"abort/theirs", 12}, {"abort/1", 7}};
+    tc_keys fk = {4, four, NULL, 0};
+    CHECK_RC(tc_store_abort(c, &fk, codes, NULL), TC_OK);
+    CHECK(codes[0] == TC_OK && codes[1] == TC_FAILED_PRECONDITION && codes[2] == TC_FAILED_PRECONDITION &&
+          codes[3] == TC_OK);
+    REQUIRE(tc_stats_get(c, &st, NULL) == TC_OK);
+    CHECK(counter(&st->store, "l1_bytes") == l1);
+    CHECK(counter(&st->store, "reserved") == reserved);
+    CHECK(counter(&st->store, "aborted") == aborted + 2);
+    tc_free(st);
+
+    const tc_keys *k = keys_of(&s, "abort/", mine, 2);
+    CHECK_RC(tc_store_abort(c, k, codes, NULL), TC_OK); /* twice */
+    CHECK(codes[0] == TC_FAILED_PRECONDITION && codes[1] == TC_FAILED_PRECONDITION);
+    CHECK_RC(tc_store_commit(c, k, 0, codes, NULL), TC_OK); /* nothing to commit */
+    CHECK(codes[0] == TC_FAILED_PRECONDITION && codes[1] == TC_FAILED_PRECONDITION);
+    tc_key_info info;
+    CHECK_RC(tc_store_stat(c, "abort/1", 7, &info, NULL), TC_NOT_FOUND);
+
+    /* The other connection's reservation is intact. */
+    CHECK_RC(tc_store_commit(other, one_key(&t, "abort/theirs"), 0, codes, NULL), TC_OK);
+    CHECK(codes[0] == TC_OK);
+    CHECK_RC(tc_store_stat(c, "abort/theirs", 12, &info, NULL), TC_OK);
+    CHECK(info.size == VAL);
+
+    /* Reserved again and committed: the key is free. */
+    CHECK_RC(tc_store_reserve(c, one_key(&s, "abort/0"), sizes, offs, codes, NULL), TC_OK);
+    CHECK(codes[0] == TC_OK);
+    fill((uint8_t *)pool->base + offs[0], VAL, 3);
+    CHECK_RC(tc_store_commit(c, one_key(&s, "abort/0"), 0, codes, NULL), TC_OK);
+    CHECK(codes[0] == TC_OK);
+
+    /* An invalid key refuses the whole batch; the valid one stays reserved. */
+    CHECK_RC(tc_store_reserve(c, one_key(&s, "abort/1"), sizes, offs, codes, NULL), TC_OK);
+    CHECK(codes[0] == TC_OK);
+    char longkey[300];
+    memset(longkey, 'k', sizeof longkey);
+    tc_key bad[2] = {{"abort/1", 7}, {longkey, sizeof longkey}};
+    tc_keys bk = {2, bad, NULL, 0};
+    CHECK_RC(tc_store_abort(c, &bk, codes, NULL), TC_INVALID_ARGUMENT);
+    CHECK_RC(tc_store_abort(c, one_key(&s, "abort/1"), codes, NULL), TC_OK); /* still reserved */
+    CHECK(codes[0] == TC_OK);
+
+    CHECK_RC(tc_store_abort(NULL, k, codes, NULL), TC_INVALID_ARGUMENT);
+    CHECK_RC(tc_store_abort(c, k, NULL, NULL), TC_INVALID_ARGUMENT);
+    CHECK_RC(tc_store_abort(c, NULL, codes, NULL), TC_INVALID_ARGUMENT);
+    tc_close(other);
 }
 
 /* ---- the queue ----------------------------------------------------------------- */
@@ -487,6 +566,7 @@ void test_store(const tcd *d)
 {
     tc_conn *c = dial(d->socket, 10000);
     socket_calls(c);
+    socket_abort(c, d->socket);
     queue_calls(c, d->socket);
     kv_calls(c);
     tc_close(c);
@@ -537,6 +617,9 @@ void test_store_basic(tc_conn *c)
     CHECK_RC(tc_store_commit(c, rk, 0, codes, NULL), TC_OK);
     CHECK(all_ok(codes, 2));
     CHECK_RC(tc_store_remove(c, rk, codes, NULL), TC_OK);
+    CHECK_RC(tc_store_reserve(c, one_key(&s, "rec/4"), sizes, offs, codes, NULL), TC_OK);
+    CHECK_RC(tc_store_abort(c, one_key(&s, "rec/4"), codes, NULL), TC_OK);
+    CHECK(codes[0] == TC_OK);
     CHECK_RC(tc_store_flush(c, 10000, NULL), TC_OK);
     CHECK_RC(tc_buffer_destroy(c, b, NULL), TC_OK);
 }

@@ -46,6 +46,7 @@ const (
 	RequestBodyStoreStatRequest         RequestBody = 36
 	RequestBodyStoreListRequest         RequestBody = 37
 	RequestBodyStoreFlushRequest        RequestBody = 38
+	RequestBodyStoreAbortRequest        RequestBody = 39
 )
 
 var EnumNamesRequestBody = map[RequestBody]string{
@@ -88,6 +89,7 @@ var EnumNamesRequestBody = map[RequestBody]string{
 	RequestBodyStoreStatRequest:         "StoreStatRequest",
 	RequestBodyStoreListRequest:         "StoreListRequest",
 	RequestBodyStoreFlushRequest:        "StoreFlushRequest",
+	RequestBodyStoreAbortRequest:        "StoreAbortRequest",
 }
 
 var EnumValuesRequestBody = map[string]RequestBody{
@@ -130,6 +132,7 @@ var EnumValuesRequestBody = map[string]RequestBody{
 	"StoreStatRequest":         RequestBodyStoreStatRequest,
 	"StoreListRequest":         RequestBodyStoreListRequest,
 	"StoreFlushRequest":        RequestBodyStoreFlushRequest,
+	"StoreAbortRequest":        RequestBodyStoreAbortRequest,
 }
 
 func (v RequestBody) String() string {

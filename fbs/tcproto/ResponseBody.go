@@ -46,6 +46,7 @@ const (
 	ResponseBodyStoreStatResponse         ResponseBody = 36
 	ResponseBodyStoreListResponse         ResponseBody = 37
 	ResponseBodyStoreFlushResponse        ResponseBody = 38
+	ResponseBodyStoreAbortResponse        ResponseBody = 39
 )
 
 var EnumNamesResponseBody = map[ResponseBody]string{
@@ -88,6 +89,7 @@ var EnumNamesResponseBody = map[ResponseBody]string{
 	ResponseBodyStoreStatResponse:         "StoreStatResponse",
 	ResponseBodyStoreListResponse:         "StoreListResponse",
 	ResponseBodyStoreFlushResponse:        "StoreFlushResponse",
+	ResponseBodyStoreAbortResponse:        "StoreAbortResponse",
 }
 
 var EnumValuesResponseBody = map[string]ResponseBody{
@@ -130,6 +132,7 @@ var EnumValuesResponseBody = map[string]ResponseBody{
 	"StoreStatResponse":         ResponseBodyStoreStatResponse,
 	"StoreListResponse":         ResponseBodyStoreListResponse,
 	"StoreFlushResponse":        ResponseBodyStoreFlushResponse,
+	"StoreAbortResponse":        ResponseBodyStoreAbortResponse,
 }
 
 func (v ResponseBody) String() string {

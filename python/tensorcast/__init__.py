@@ -22,7 +22,7 @@ flight on one connection: ``q.submit(requests, user_data)`` and
 The KV block store: ``c.put(keys, values, durable=False)``, ``c.get(keys,
 outs)``, ``c.exists(keys)``, ``c.lookup_prefix(keys)``, ``c.remove(keys)``,
 and zero copy ``c.reserve(keys, sizes)`` (writable views into the pool, then
-``.commit()``) and ``with c.get_pinned(keys) as views`` (see
+``.commit()``, or ``.abort()`` to give them back) and ``with c.get_pinned(keys) as views`` (see
 :mod:`tensorcast.store`).
 
 Calls that fail as a whole raise :class:`Error` (``.code`` is a

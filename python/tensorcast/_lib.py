@@ -270,6 +270,7 @@ _PROTOTYPES: dict[str, Tuple[List[Any], Any]] = {
     "tc_store_unpin": ([c_void_p, KS, PI, CO], c_int),
     "tc_store_reserve": ([c_void_p, KS, PU, PU, PI, CO], c_int),
     "tc_store_commit": ([c_void_p, KS, c_int, PI, CO], c_int),
+    "tc_store_abort": ([c_void_p, KS, PI, CO], c_int),
     "tc_store_stat": ([c_void_p, c_char_p, c_size, P(KeyInfo), CO], c_int),
     "tc_store_list": ([c_void_p, c_char_p, c_size, c_char_p, c_size, c_u32, P(P(KeyInfo)), P(c_size), PI, CO],
                       c_int),

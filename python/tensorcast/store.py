@@ -9,9 +9,9 @@ key, in order; a failure of the whole call raises :class:`Error`.
         n = c.lookup_prefix([b"seq/0", b"seq/1", b"seq/2"])  # 2
         with c.get_pinned([b"seq/0", b"seq/1"]) as views:    # read-only views into the pool
             kv = torch.frombuffer(views[0], dtype=torch.bfloat16)
-        r = c.reserve([b"seq/2"], 256 << 10)              # writable views into the pool
-        r.views[0][:] = page2
-        r.commit(durable=True)
+        with c.reserve([b"seq/2"], 256 << 10) as r:      # writable views into the pool
+            r.views[0][:] = page2                          # an exception here aborts r
+            r.commit(durable=True)
 
 Keys are ``bytes`` (or ``str``, encoded as UTF-8), 1 to 256 bytes. Values
 are any buffer-protocol objects (``bytes``, ``bytearray``, ``memoryview``,
@@ -22,7 +22,7 @@ use (libtensorcast's ``tc_kv``): ``put`` reserves pool blocks, copies each
 value into its block and commits them; ``get`` pins the values, copies them
 out and unpins them; ``exists``, ``lookup_prefix``, ``reserve``/``commit``
 and ``get_pinned`` are one queue operation each. ``remove``, ``pin``,
-``unpin``, ``stat``, ``list_keys``, ``flush`` and the extent copies
+``unpin``, ``abort``, ``stat``, ``list_keys``, ``flush`` and the extent copies
 (``store_put``, ``store_read``) use the control socket. Every call releases
 the GIL while it is in the library. A call with more keys than
 ``max_keys_per_call`` (``connect``'s keyword, 1024 by default, the daemon's
@@ -226,9 +226,13 @@ def _extents(ext: Sequence[Tuple[int, int, int]]) -> Any:
 class Reservation:
     """Pool blocks reserved for keys (:meth:`StoreCalls.reserve`): ``views``
     are writable memoryviews of them (None for a key whose Status in
-    ``codes`` is not OK). Write the values in place, then :meth:`commit`.
-    A reservation not committed is released when the client closes (the
-    protocol has no other way to give one back)."""
+    ``codes`` is not OK). Write the values in place, then :meth:`commit`;
+    or, when the values will not be stored after all (a write that failed,
+    a request cancelled), :meth:`abort`, which gives the blocks back at
+    once. As a context manager, a reservation left neither committed nor
+    aborted when the ``with`` block ends (by an exception, or by forgetting
+    to commit) is aborted. One never committed nor aborted is released when
+    the client closes."""
 
     def __init__(self, client: "StoreCalls", keys: List[bytes], codes: List[Status], offsets: List[int],
                  sizes: List[int]) -> None:
@@ -239,13 +243,30 @@ class Reservation:
         self.views: List[Optional[memoryview]] = [
             client.pool.view[o:o + z] if c == Status.OK else None for c, o, z in zip(codes, offsets, sizes)]
         self.committed = False
+        self.aborted = False
+
+    def _done(self, what: str) -> None:
+        if self.committed or self.aborted:
+            state = "committed" if self.committed else "aborted"
+            raise Error(Status.FAILED_PRECONDITION, f"{what}: the reservation was {state} already")
+
+    def _release_views(self) -> int:
+        """Releases the views; returns how many are still exported (a numpy
+        array made over one, say), which cannot be."""
+        busy = 0
+        for v in self.views:
+            if v is not None:
+                try:
+                    v.release()
+                except BufferError:
+                    busy += 1
+        return busy
 
     def commit(self, durable: bool = False) -> List[Status]:
         """Makes the reserved values visible (durable: once each is on L2)
         and releases the views. One Status per key: a key that was not
         reserved keeps its reserve's Status."""
-        if self.committed:
-            raise Error(Status.FAILED_PRECONDITION, "commit: the reservation was committed already")
+        self._done("commit")
         idx = [i for i, c in enumerate(self.codes) if c == Status.OK]
         out = list(self.codes)
         if idx:
@@ -258,11 +279,37 @@ class Reservation:
                 v.release()
         return out
 
+    def abort(self) -> List[Status]:
+        """Gives the reserved blocks back without committing them: the views
+        are released first (the blocks are the pool's again once this
+        returns; memory still exported from a view must not be written any
+        more), then each key reserved is released. One Status per key: OK
+        for a key given back, a key that was not reserved keeps its
+        reserve's Status. Raises FAILED_PRECONDITION when the reservation
+        was committed or aborted already, or when a view was still exported
+        (the keys are aborted all the same)."""
+        self._done("abort")
+        self.aborted = True
+        busy = self._release_views()
+        idx = [i for i, c in enumerate(self.codes) if c == Status.OK]
+        out = list(self.codes)
+        if idx:
+            got = self._client.abort([self.keys[i] for i in idx])
+            for i, c in zip(idx, got):
+                out[i] = c
+        if busy:
+            raise Error(Status.FAILED_PRECONDITION, f"abort: {busy} views still exported when the blocks were "
+                        "given back (do not write through them)")
+        return out
+
     def __enter__(self) -> "Reservation":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        pass
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: object) -> None:
+        # Ending with an exception, the blocks are given back and the
+        # exception goes on (an abort that fails raises with it as context).
+        if not (self.committed or self.aborted):
+            self.abort()
 
 
 class PinnedValues(List[Optional[memoryview]]):
@@ -542,6 +589,17 @@ class StoreCalls:
             self._check(self._run_kv("commit", lib.tc_kv_commit, ctypes.byref(ks), int(durable), codes), "commit")
             out.extend(_status(c) for c in codes)
         return out
+
+    def abort(self, keys: Sequence[Key], opts: Optional["CallOptions"] = None) -> List[Status]:
+        """Gives back reservations of this client without committing them
+        (their pool blocks are freed at once): OK for each key given back,
+        FAILED_PRECONDITION for a key this client has not reserved (never,
+        committed or aborted already, or another client's, which this never
+        touches), BUSY while its durable commit is in flight. Keys are
+        independent; a key that is not valid (empty, over 256 bytes) refuses
+        its call with INVALID_ARGUMENT. :meth:`Reservation.abort` is the
+        usual way in."""
+        return self._socket_batch("abort", lib.tc_store_abort, keys, opts)
 
     def get_locations(self, keys: Sequence[Key]) -> "Locations":
         """Pins each key and says where its value lies in the daemon's pool:

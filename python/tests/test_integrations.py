@@ -259,14 +259,19 @@ class TestVLLM(unittest.TestCase):
         self.assertEqual(worker.stat(key).pins, 0)
         self.assertEqual(m.prepare_load([b"never"]).ok, [False])
 
-        # A store that failed: its reservations are abandoned, then given
-        # back by a reconnect once abandon_limit of them are held.
+        # A store that failed: its reservations are given back at once by
+        # an abort (counted by the daemon), with no reconnect.
         lost = self.hashes(2, 3)
         out = m.prepare_store(lost)
         assert out is not None
+        owner = m._owner
+        self.assertEqual(worker.stats().store["reserved"], 2)
         m.complete_store(lost, success=False)
+        self.assertEqual(worker.stats().store["reserved"], 0)
+        self.assertEqual(worker.stats().store["aborted"], 2)
+        self.assertIs(m._owner, owner)  # the same connection: aborted, not reconnected
         self.assertEqual(m.lookup(lost), 0)
-        self.assertEqual(m.abandoned, 0)  # two: given back already
+        self.assertEqual(m.abandoned, 0)
         out = m.prepare_store(lost)  # the keys are free again (not BUSY)
         assert out is not None
         self.assertEqual(out.block_hashes_to_store, lost)

@@ -117,6 +117,74 @@ class TestStore(DaemonCase):
         self.assertEqual(c.stat(b"rs/b").size, 3000)
         self.assertEqual(c.commit([b"rs/never"]), [Status.FAILED_PRECONDITION])
 
+    def test_reserve_abort(self) -> None:
+        # A daemon of its own: the store's figures are this test's alone.
+        d = Daemon().start()
+        self.addCleanup(d.close)
+        c = tensorcast.connect(d.socket, "test_abort")
+        self.addCleanup(c.close)
+
+        def figures() -> tuple:
+            st = c.stats().store
+            return st["l1_bytes"], st["reserved"], st["aborted"]
+
+        before = figures()
+        r = c.reserve([b"ab/0", b"ab/1"], VAL)
+        self.assertEqual(r.codes, [OK, OK])
+        r.views[0][:] = pattern(VAL, 1)  # type: ignore[index]
+        self.assertNotEqual(figures()[:2], before[:2])
+        self.assertEqual(r.abort(), [OK, OK])
+        self.assertTrue(r.aborted)
+        self.assertEqual(figures(), (before[0], before[1], before[2] + 2))  # the blocks are back
+        with self.assertRaises(ValueError):
+            r.views[0][0]  # released by the abort
+        for again in (r.abort, r.commit):
+            with self.assertRaises(Error) as e:
+                again()
+            self.assertEqual(e.exception.code, Status.FAILED_PRECONDITION)
+        self.assertEqual(c.commit([b"ab/0"]), [Status.FAILED_PRECONDITION])  # nothing left to commit
+        self.assertEqual(c.abort([b"ab/0", b"ab/never"]), [Status.FAILED_PRECONDITION] * 2)
+        self.assertEqual(c.exists([b"ab/0", b"ab/1"]), [False, False])
+
+        # Sizes that differ (the socket's reserve), and a key not reserved:
+        # it keeps its reserve's Status.
+        c.put([b"ab/taken"], [b"x"])
+        before = figures()
+        r = c.reserve([b"ab/0", b"ab/taken", b"ab/1"], [100, 10, 3000])
+        self.assertEqual(r.codes, [OK, Status.ALREADY_EXISTS, OK])
+        self.assertEqual(r.abort(), [OK, Status.ALREADY_EXISTS, OK])
+        self.assertEqual(figures()[:2], before[:2])
+
+        # A with block that raises aborts; one that forgets to commit too;
+        # one that commits stores.
+        with self.assertRaises(RuntimeError):
+            with c.reserve([b"ab/0"], VAL) as r:
+                r.views[0][:] = pattern(VAL, 2)  # type: ignore[index]
+                raise RuntimeError("the engine preempted the sequence")
+        self.assertTrue(r.aborted)
+        with c.reserve([b"ab/0"], VAL) as r:
+            pass
+        self.assertTrue(r.aborted)
+        self.assertEqual(figures(), (before[0], before[1], before[2] + 4))
+        with c.reserve([b"ab/0"], VAL) as r:
+            r.views[0][:] = pattern(VAL, 3)  # type: ignore[index]
+            self.assertEqual(r.commit(), [OK])
+        self.assertFalse(r.aborted)
+        out = [bytearray(VAL)]
+        self.assertEqual(c.get([b"ab/0"], out), [OK])
+        self.assertEqual(bytes(out[0]), pattern(VAL, 3))
+
+        # Another client's reservation is not this one's to abort.
+        other = tensorcast.connect(d.socket, "test_abort_other")
+        self.addCleanup(other.close)
+        theirs = other.reserve([b"ab/theirs"], VAL)
+        self.assertEqual(c.abort([b"ab/theirs"]), [Status.FAILED_PRECONDITION])
+        self.assertEqual(theirs.commit(), [OK])
+
+        with self.assertRaises(Error) as e:
+            c.abort([b"ab/1", b"k" * 300])  # a key over 256 bytes refuses the call
+        self.assertEqual(e.exception.code, Status.INVALID_ARGUMENT)
+
     def test_get_pinned(self) -> None:
         c = self.connect()
         c.put([b"pin/0", b"pin/1"], [pattern(VAL, 20), pattern(VAL, 21)])

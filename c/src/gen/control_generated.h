@@ -261,6 +261,12 @@ struct StoreCommitRequestBuilder;
 struct StoreCommitResponse;
 struct StoreCommitResponseBuilder;
 
+struct StoreAbortRequest;
+struct StoreAbortRequestBuilder;
+
+struct StoreAbortResponse;
+struct StoreAbortResponseBuilder;
+
 struct StoreStatRequest;
 struct StoreStatRequestBuilder;
 
@@ -529,11 +535,12 @@ enum class RequestBody : uint8_t {
   StoreStatRequest = 36,
   StoreListRequest = 37,
   StoreFlushRequest = 38,
+  StoreAbortRequest = 39,
   MIN = NONE,
-  MAX = StoreFlushRequest
+  MAX = StoreAbortRequest
 };
 
-inline const RequestBody (&EnumValuesRequestBody())[39] {
+inline const RequestBody (&EnumValuesRequestBody())[40] {
   static const RequestBody values[] = {
     RequestBody::NONE,
     RequestBody::HelloRequest,
@@ -573,13 +580,14 @@ inline const RequestBody (&EnumValuesRequestBody())[39] {
     RequestBody::StoreCommitRequest,
     RequestBody::StoreStatRequest,
     RequestBody::StoreListRequest,
-    RequestBody::StoreFlushRequest
+    RequestBody::StoreFlushRequest,
+    RequestBody::StoreAbortRequest
   };
   return values;
 }
 
 inline const char * const *EnumNamesRequestBody() {
-  static const char * const names[40] = {
+  static const char * const names[41] = {
     "NONE",
     "HelloRequest",
     "PingRequest",
@@ -619,13 +627,14 @@ inline const char * const *EnumNamesRequestBody() {
     "StoreStatRequest",
     "StoreListRequest",
     "StoreFlushRequest",
+    "StoreAbortRequest",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameRequestBody(RequestBody e) {
-  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::StoreFlushRequest)) return "";
+  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::StoreAbortRequest)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesRequestBody()[index];
 }
@@ -786,6 +795,10 @@ template<> struct RequestBodyTraits<tcproto::StoreFlushRequest> {
   static const RequestBody enum_value = RequestBody::StoreFlushRequest;
 };
 
+template<> struct RequestBodyTraits<tcproto::StoreAbortRequest> {
+  static const RequestBody enum_value = RequestBody::StoreAbortRequest;
+};
+
 bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, RequestBody type);
 bool VerifyRequestBodyVector(flatbuffers::Verifier &verifier, const flatbuffers::Vector<flatbuffers::Offset<void>> *values, const flatbuffers::Vector<RequestBody> *types);
 
@@ -829,11 +842,12 @@ enum class ResponseBody : uint8_t {
   StoreStatResponse = 36,
   StoreListResponse = 37,
   StoreFlushResponse = 38,
+  StoreAbortResponse = 39,
   MIN = NONE,
-  MAX = StoreFlushResponse
+  MAX = StoreAbortResponse
 };
 
-inline const ResponseBody (&EnumValuesResponseBody())[39] {
+inline const ResponseBody (&EnumValuesResponseBody())[40] {
   static const ResponseBody values[] = {
     ResponseBody::NONE,
     ResponseBody::HelloResponse,
@@ -873,13 +887,14 @@ inline const ResponseBody (&EnumValuesResponseBody())[39] {
     ResponseBody::StoreCommitResponse,
     ResponseBody::StoreStatResponse,
     ResponseBody::StoreListResponse,
-    ResponseBody::StoreFlushResponse
+    ResponseBody::StoreFlushResponse,
+    ResponseBody::StoreAbortResponse
   };
   return values;
 }
 
 inline const char * const *EnumNamesResponseBody() {
-  static const char * const names[40] = {
+  static const char * const names[41] = {
     "NONE",
     "HelloResponse",
     "PingResponse",
@@ -919,13 +934,14 @@ inline const char * const *EnumNamesResponseBody() {
     "StoreStatResponse",
     "StoreListResponse",
     "StoreFlushResponse",
+    "StoreAbortResponse",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameResponseBody(ResponseBody e) {
-  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::StoreFlushResponse)) return "";
+  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::StoreAbortResponse)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesResponseBody()[index];
 }
@@ -1084,6 +1100,10 @@ template<> struct ResponseBodyTraits<tcproto::StoreListResponse> {
 
 template<> struct ResponseBodyTraits<tcproto::StoreFlushResponse> {
   static const ResponseBody enum_value = ResponseBody::StoreFlushResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::StoreAbortResponse> {
+  static const ResponseBody enum_value = ResponseBody::StoreAbortResponse;
 };
 
 bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj, ResponseBody type);
@@ -6346,6 +6366,108 @@ inline flatbuffers::Offset<StoreCommitResponse> CreateStoreCommitResponseDirect(
       codes__);
 }
 
+struct StoreAbortRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreAbortRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEYS = 4
+  };
+  const flatbuffers::Vector<uint8_t> *keys() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEYS);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreAbortRequestBuilder {
+  typedef StoreAbortRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys) {
+    fbb_.AddOffset(StoreAbortRequest::VT_KEYS, keys);
+  }
+  explicit StoreAbortRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreAbortRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreAbortRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreAbortRequest> CreateStoreAbortRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys = 0) {
+  StoreAbortRequestBuilder builder_(_fbb);
+  builder_.add_keys(keys);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreAbortRequest> CreateStoreAbortRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *keys = nullptr) {
+  auto keys__ = keys ? _fbb.CreateVector<uint8_t>(*keys) : 0;
+  return tcproto::CreateStoreAbortRequest(
+      _fbb,
+      keys__);
+}
+
+struct StoreAbortResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef StoreAbortResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_CODES = 4
+  };
+  const flatbuffers::Vector<tcproto::Code> *codes() const {
+    return GetPointer<const flatbuffers::Vector<tcproto::Code> *>(VT_CODES);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_CODES) &&
+           verifier.VerifyVector(codes()) &&
+           verifier.EndTable();
+  }
+};
+
+struct StoreAbortResponseBuilder {
+  typedef StoreAbortResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_codes(flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes) {
+    fbb_.AddOffset(StoreAbortResponse::VT_CODES, codes);
+  }
+  explicit StoreAbortResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<StoreAbortResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<StoreAbortResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<StoreAbortResponse> CreateStoreAbortResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<tcproto::Code>> codes = 0) {
+  StoreAbortResponseBuilder builder_(_fbb);
+  builder_.add_codes(codes);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<StoreAbortResponse> CreateStoreAbortResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<tcproto::Code> *codes = nullptr) {
+  auto codes__ = codes ? _fbb.CreateVector<tcproto::Code>(*codes) : 0;
+  return tcproto::CreateStoreAbortResponse(
+      _fbb,
+      codes__);
+}
+
 struct StoreStatRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   typedef StoreStatRequestBuilder Builder;
   enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
@@ -6953,6 +7075,9 @@ struct Request FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const tcproto::StoreFlushRequest *body_as_StoreFlushRequest() const {
     return body_type() == tcproto::RequestBody::StoreFlushRequest ? static_cast<const tcproto::StoreFlushRequest *>(body()) : nullptr;
   }
+  const tcproto::StoreAbortRequest *body_as_StoreAbortRequest() const {
+    return body_type() == tcproto::RequestBody::StoreAbortRequest ? static_cast<const tcproto::StoreAbortRequest *>(body()) : nullptr;
+  }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
            VerifyOffset(verifier, VT_CTX) &&
@@ -7114,6 +7239,10 @@ template<> inline const tcproto::StoreListRequest *Request::body_as<tcproto::Sto
 
 template<> inline const tcproto::StoreFlushRequest *Request::body_as<tcproto::StoreFlushRequest>() const {
   return body_as_StoreFlushRequest();
+}
+
+template<> inline const tcproto::StoreAbortRequest *Request::body_as<tcproto::StoreAbortRequest>() const {
+  return body_as_StoreAbortRequest();
 }
 
 struct RequestBuilder {
@@ -7288,6 +7417,9 @@ struct Response FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const tcproto::StoreFlushResponse *body_as_StoreFlushResponse() const {
     return body_type() == tcproto::ResponseBody::StoreFlushResponse ? static_cast<const tcproto::StoreFlushResponse *>(body()) : nullptr;
   }
+  const tcproto::StoreAbortResponse *body_as_StoreAbortResponse() const {
+    return body_type() == tcproto::ResponseBody::StoreAbortResponse ? static_cast<const tcproto::StoreAbortResponse *>(body()) : nullptr;
+  }
   uint64_t request_id() const {
     return GetField<uint64_t>(VT_REQUEST_ID, 0);
   }
@@ -7454,6 +7586,10 @@ template<> inline const tcproto::StoreListResponse *Response::body_as<tcproto::S
 
 template<> inline const tcproto::StoreFlushResponse *Response::body_as<tcproto::StoreFlushResponse>() const {
   return body_as_StoreFlushResponse();
+}
+
+template<> inline const tcproto::StoreAbortResponse *Response::body_as<tcproto::StoreAbortResponse>() const {
+  return body_as_StoreAbortResponse();
 }
 
 struct ResponseBuilder {
@@ -7676,6 +7812,10 @@ inline bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, 
       auto ptr = reinterpret_cast<const tcproto::StoreFlushRequest *>(obj);
       return verifier.VerifyTable(ptr);
     }
+    case RequestBody::StoreAbortRequest: {
+      auto ptr = reinterpret_cast<const tcproto::StoreAbortRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
     default: return true;
   }
 }
@@ -7847,6 +7987,10 @@ inline bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj,
     }
     case ResponseBody::StoreFlushResponse: {
       auto ptr = reinterpret_cast<const tcproto::StoreFlushResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::StoreAbortResponse: {
+      auto ptr = reinterpret_cast<const tcproto::StoreAbortResponse *>(obj);
       return verifier.VerifyTable(ptr);
     }
     default: return true;

@@ -28,9 +28,11 @@ and a later call reconnects. Pins and reservations belong to the connection
 and went with it.
 
 A reservation that is not committed (``complete_store(success=False)``, or a
-store that fails) cannot be given back by the protocol, only by closing the
-connection: the manager counts such blocks and, once ``abandon_limit`` of
-them are held and no load or store is in flight, reconnects to release them.
+commit that fails) is given back at once with the store's abort, so its pool
+blocks are free again and its keys can be stored by the next attempt. Only
+when the abort itself cannot be made (the daemon is failing) are the blocks
+counted as abandoned: once ``abandon_limit`` of them are held and no load or
+store is in flight, the manager reconnects, which releases them.
 """
 
 from __future__ import annotations
@@ -152,6 +154,21 @@ class TensorcastOffloadingManager:
             held[k] = n - 1
         return True
 
+    def _abort(self, c: Client, keys: List[bytes]) -> None:
+        """Gives back reservations this manager will not commit; those the
+        abort cannot reach (the daemon failing) are counted abandoned."""
+        try:
+            codes = c.abort(keys)
+        except Exception as e:  # noqa: BLE001
+            self._link.failed("complete_store", e, c)
+            codes = [Status.UNAVAILABLE] * len(keys)
+        # OK: given back; FAILED_PRECONDITION: not reserved any more (its
+        # commit ended it). Anything else is still held.
+        held = sum(1 for st in codes if st not in (Status.OK, Status.FAILED_PRECONDITION))
+        if held:
+            with self._mu:
+                self._abandoned += held
+
     def _maybe_release_abandoned(self) -> None:
         """Reconnects (which gives back every reservation of the connection)
         once abandon_limit blocks are abandoned and nothing is in flight."""
@@ -266,26 +283,33 @@ class TensorcastOffloadingManager:
 
     def complete_store(self, block_hashes: Iterable[Any], success: bool = True) -> None:
         """With success, commits the blocks prepare_store reserved (durable:
-        once on L2), after which they are loadable; without, abandons them
+        once on L2), after which they are loadable; without, aborts them
         (see the module's doc)."""
         hashes = list(block_hashes)
         keys = self._keys(hashes)
         with self._mu:
             c = self._owner
             mine = [(h, k) for h, k in zip(hashes, keys) if self._take(self._reserved, k)]
+        if mine and c is not None and not c.closed:
             if not success:
-                self._abandoned += len(mine)
-        if mine and success and c is not None and not c.closed:
+                self._abort(c, [k for _, k in mine])
+                self._maybe_release_abandoned()
+                return
             try:
                 codes = c.commit([k for _, k in mine], durable=self.durable)
             except Exception as e:  # noqa: BLE001
                 self._link.failed("complete_store", e, c)
                 codes = [Status.CLOSED] * len(mine)
             stored = [h for (h, _), st in zip(mine, codes) if st == Status.OK]
-            failed = len(mine) - len(stored)
-            if failed:
+            # A key whose commit failed may still be reserved (a durable
+            # commit that failed on L2 leaves it so): give it back. The
+            # others are refused by the abort, harmlessly.
+            failed = [k for (_, k), st in zip(mine, codes) if st != Status.OK]
+            if failed and not c.closed:
+                self._abort(c, failed)
+            elif failed:
                 with self._mu:
-                    self._abandoned += failed
+                    self._abandoned += len(failed)
             if stored and self._events is not None:
                 with self._mu:
                     self._events.append(OffloadingEvent(stored, self.block_size, TensorcastLoadStoreSpec.medium(),
@@ -303,8 +327,8 @@ class TensorcastOffloadingManager:
 
     @property
     def abandoned(self) -> int:
-        """Reserved blocks never committed, held until the connection
-        closes."""
+        """Reserved blocks neither committed nor given back by an abort,
+        held until the connection closes."""
         with self._mu:
             return self._abandoned
 
