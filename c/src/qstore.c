@@ -608,9 +608,16 @@ int tc_kv_put(tc_kv *kv, const tc_keys *keys, const void *const *values, const u
     tc_keys sub;
     subset(kv, keys, k, &sub);
     rc = kv_run(kv, OP_COMMIT, durable ? FLAG_DURABLE : 0, &sub, 0, kv->codes, NULL, NULL);
-    if (rc == TC_OK)
+    if (rc == TC_OK) {
         for (size_t j = 0; j < k; j++)
             codes[kv->pos[j]] = kv->codes[j];
+    } else {
+        /* The commit as a whole failed: give the reservations back rather
+         * than leave them held until the connection closes. Keys the
+         * daemon did commit after all answer FAILED_PRECONDITION and stay;
+         * the call's own error is what the caller gets either way. */
+        (void)tc_store_abort(kv->c, &sub, kv->codes, NULL);
+    }
     return kv_end(kv, rc);
 }
 
