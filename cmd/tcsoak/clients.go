@@ -27,7 +27,7 @@ const (
 	kindQueue  = "queue"  // buffer <-> pool through a shared-memory queue
 	kindENOSPC = "enospc" // pool -> files on a small tmpfs that the ENOSPC fault fills
 	kindChurn  = "churn"  // connect, take resources, leave without freeing
-	kindStore  = "store"  // the KV store: not run until the store is wired (storeClient)
+	kindStore  = "store"  // the KV store: put, read back, reserve and abort, remove (storeSession)
 )
 
 // opTimeout is every request's deadline; a call that has not returned
@@ -214,7 +214,7 @@ func (w *worker) session(c *client.Client, stop <-chan struct{}) error {
 		}
 		target, targetSize = rs.ID, rs.Size
 	case kindStore:
-		return storeClient(c)
+		return w.storeSession(c, buf, stop)
 	}
 	var q *client.Queue
 	if w.kind == kindQueue {
@@ -368,16 +368,97 @@ func (w *worker) enospcRound(c *client.Client, pool xfer.SegmentID, off uint64, 
 	return nil
 }
 
-// storeClient is where the store's traffic goes (Reserve/Commit durable
-// puts, Get, Pin/Unpin, LookupPrefix) once the store is wired into the
-// daemon: then it must also record each acknowledged durable put, so that
-// checkDurable can read them back after a kill -9. Until then the kind is
-// not started (see main.go).
-func storeClient(c *client.Client) error {
-	return fmt.Errorf("store traffic: %w", errStoreNotWired)
+// storeSession is the store's traffic: rounds of copying Puts of 8 keys
+// (16 KiB values from a registered buffer, under fresh keys), a Read of the
+// same keys compared with what was put, a zero-copy Reserve that is given
+// back with Abort, and a Remove of all but one key of the round. Keys are the client's own, so another
+// client never overwrites them; a key the store evicted under pressure
+// reads NOT_FOUND, which is counted, not a corruption. Puts are not
+// durable here: acknowledged durable puts across a kill -9 are what the
+// file writer on b checks.
+func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan struct{}) error {
+	const nkeys, vlen = 8, 16 << 10
+	keys := make([][]byte, nkeys)
+	vals := make([]client.Extent, nkeys)
+	dests := make([]client.Extent, nkeys)
+	lengths := make([]uint64, nkeys)
+	res := make([]error, nkeys)
+	sizes := []uint64{vlen, vlen}
+	roffs := make([]uint64, 2)
+	for i := range nkeys {
+		vals[i] = client.Extent{Segment: buf.ID, Offset: uint64(i) * vlen, Length: vlen}
+		dests[i] = client.Extent{Segment: buf.ID, Offset: (nkeys + uint64(i)) * vlen, Length: vlen}
+	}
+	for n := 0; ; n++ {
+		select {
+		case <-stop:
+			return errStop
+		default:
+		}
+		for i := range nkeys {
+			keys[i] = fmt.Appendf(keys[i][:0], "soak/%d/%d/%d", w.id, n, i)
+			seed := byte(w.rng.Uint32())
+			v := buf.Mem[i*vlen : (i+1)*vlen]
+			for k := range v {
+				v[k] = seed + byte(k)
+			}
+		}
+		put := make([]bool, nkeys)
+		err := w.timed("store put+read", func() error {
+			if err := c.StorePut(keys, vals, false, res); err != nil {
+				return err
+			}
+			w.results(res)
+			for i, e := range res {
+				put[i] = e == nil
+			}
+			clear(buf.Mem[nkeys*vlen : 2*nkeys*vlen])
+			return c.StoreRead(keys, dests, lengths, res)
+		})
+		if err != nil {
+			return err
+		}
+		for i, e := range res {
+			if !put[i] {
+				continue
+			}
+			w.count(codeOf(e), 1)
+			if e == nil {
+				w.verify(lengths[i] == vlen, buf.Mem[(nkeys+i)*vlen:(nkeys+i+1)*vlen], buf.Mem[i*vlen:(i+1)*vlen])
+				if lengths[i] != vlen {
+					w.count("CORRUPT", 1)
+				}
+			}
+		}
+		if n%4 == 3 {
+			rk := [][]byte{fmt.Appendf(nil, "soak/%d/r%d", w.id, n), fmt.Appendf(nil, "soak/%d/r%d+", w.id, n)}
+			err = w.timed("store reserve+abort", func() error {
+				if err := c.StoreReserve(rk, sizes, roffs, res[:2]); err != nil {
+					return err
+				}
+				w.results(res[:2])
+				reserved := res[0] == nil || res[1] == nil
+				if !reserved {
+					return nil
+				}
+				if err := c.StoreAbort(rk, res[:2]); err != nil {
+					return err
+				}
+				w.results(res[:2])
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		// Most keys are removed again; one in eight stays, so the store
+		// fills up and evicts.
+		if err := w.timed("store remove", func() error { return c.StoreRemove(keys[1:], res[1:]) }); err != nil {
+			return err
+		}
+		w.results(res[1:])
+	}
 }
-
-var errStoreNotWired = errors.New("the store is not wired into the daemon yet")
 
 // proc is one client process under the supervisor.
 type proc struct {

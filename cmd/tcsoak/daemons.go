@@ -260,8 +260,10 @@ type usage struct {
 	Pending     uint64 `json:"tasks_pending"`
 	Batches     uint64 `json:"batches_live"`
 	Segments    uint64 `json:"segments_registered"`
-	Connections int    `json:"connections"` // besides the probe's own
-	Pins        string `json:"pins"`
+	Connections int    `json:"connections"`    // besides the probe's own
+	StorePins   int    `json:"store_pins"`     // pins and leases, all tenants
+	StoreRsv    int    `json:"store_reserved"` // reservations and puts in flight
+	StoreL1     uint64 `json:"store_l1_bytes"` // pool bytes the store's values hold (at block size)
 }
 
 // measure reads the daemon's usage from /proc, its stats and its metrics.
@@ -313,12 +315,33 @@ func (d *daemon) measure() (usage, error) {
 			u.Segments = x.Value
 		}
 	}
-	u.Pins = "n/a: the store is not wired into the daemon yet"
-	u.Goroutines, err = scrapeGauge(d.metrics, "go_goroutines")
+	if u.Goroutines, err = scrapeGauge(d.metrics, "go_goroutines"); err != nil {
+		return u, err
+	}
+	if u.StorePins, err = scrapeGauge(d.metrics, "tensorcast_store_pins"); err != nil {
+		return u, err
+	}
+	if u.StoreRsv, err = scrapeGauge(d.metrics, "tensorcast_store_reserved"); err != nil {
+		return u, err
+	}
+	l1, err := scrapeGauge(d.metrics, `tensorcast_store_tier_bytes`, `tier="l1"`)
+	u.StoreL1 = uint64(l1)
 	return u, err
 }
 
-func scrapeGauge(addr, name string) (int, error) {
+// clientPool is the pool bytes held for clients: what the store's values
+// hold stays after the clients leave, and is not a leak.
+func (u usage) clientPool() uint64 {
+	if u.PoolUsed < u.StoreL1 {
+		return 0
+	}
+	return u.PoolUsed - u.StoreL1
+}
+
+// scrapeGauge reads a gauge from the daemon's metrics, summing its series
+// (one per tenant); with labels given, only series whose labels contain
+// each of them.
+func scrapeGauge(addr, name string, labels ...string) (int, error) {
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := hc.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -327,13 +350,48 @@ func scrapeGauge(addr, name string) (int, error) {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	// A gauge with labels (one series per tenant) is summed.
+	sum, found := 0.0, false
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return int(f), err
+		l := sc.Text()
+		rest, ok := strings.CutPrefix(l, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		if rest[0] == '{' {
+			i := strings.IndexByte(rest, '}')
+			if i < 0 {
+				continue
+			}
+			if !containsAll(rest[:i], labels) {
+				continue
+			}
+			rest = rest[i+1:]
+		} else if len(labels) > 0 {
+			continue
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s in %s/metrics: %w", name, addr, err)
+		}
+		sum, found = sum+f, true
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	if !found {
+		return 0, fmt.Errorf("no %s in %s/metrics", name, addr)
+	}
+	return int(sum), nil
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, x := range subs {
+		if !strings.Contains(s, x) {
+			return false
 		}
 	}
-	return 0, fmt.Errorf("no %s in %s/metrics", name, addr)
+	return true
 }
 
 // freePort returns a TCP port free on host now.

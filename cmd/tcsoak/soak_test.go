@@ -56,10 +56,16 @@ func TestCompare(t *testing.T) {
 	if got := compare("a", before, before); len(got) != 0 {
 		t.Fatalf("no change reported as leaks: %v", got)
 	}
+	kept := before
+	kept.PoolUsed, kept.StoreL1 = 1<<20, 1<<20
+	if got := compare("a", before, kept); len(got) != 0 {
+		t.Fatalf("pool bytes the store's values hold reported as leaks: %v", got)
+	}
 	after := before
-	after.FDs, after.Segments, after.PoolBlocks = 40, 2, 3
+	after.FDs, after.Segments, after.PoolUsed, after.StoreL1 = 40, 2, 3<<20, 1<<20
+	after.StorePins, after.StoreRsv = 1, 2
 	got := strings.Join(compare("a", before, after), "\n")
-	for _, want := range []string{"open fds", "segments", "pool blocks"} {
+	for _, want := range []string{"open fds", "segments", "pool bytes held for clients", "store pins", "store reservations"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("leak of %s not reported: %s", want, got)
 		}
