@@ -228,8 +228,8 @@ if [ "$tcbench" = 1 ]; then
   row "write 4KiB (qd 1)" "$fig/o" "$fig/rtt" us
   tcb local4k lat > "$fig/l"
   row "  engine=local (qd 1)" "$fig/l" "$fig/rtt" us
-  echo "(bandwidth: iodepth/batch, one Transfer per batch through tensorcastd's control socket; latency: tcbench's"
-  echo " median completion latency of one 4 KiB WRITE, Transfer call to answer, vs 2 x ib_write_lat typical as above;"
+  echo "(bandwidth: iodepth/batch, one client connection and its shared-memory queue per job; latency: tcbench's"
+  echo " median completion latency of one 4 KiB WRITE, submit to completion, vs 2 x ib_write_lat typical as above;"
   echo " a latency ratio above 1 is tcbench slower; engine=local is the same job as a memcpy inside one daemon:"
   echo " the control path's share, no network)"
   if [ "$tcb_rc" != 0 ]; then
