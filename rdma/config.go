@@ -1,7 +1,7 @@
 package rdma
 
 // Config: what tunes a device and its transports, with the defaults and
-// the checks New applies.
+// the checks Open and NewTransport apply.
 
 import (
 	"fmt"
