@@ -5,8 +5,8 @@ import (
 	"log/slog"
 )
 
-// The verbs layer under a Transport and a Region. verbs_linux.go and
-// verbs_queue_linux.go implement it over libibverbs (Device.NewTransport,
+// The verbs layer under a Transport and a Region. verbs_linux.go
+// implements it over libibverbs (Device.NewTransport,
 // Device.RegisterAccess); package rdmatest implements it in memory, so
 // that code above this package (the daemon's peer plane) is tested without
 // a device. A user of a transport never calls these: they are the

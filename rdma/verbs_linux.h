@@ -1,5 +1,5 @@
 // Declarations of verbs_linux.c, included by the cgo preamble of
-// verbs_linux.go: the structs Go shares with C (struct tc_wr and struct
+// verbs_linux.go (the only Go file that calls C): the structs Go shares with C (struct tc_wr and struct
 // tc_wc mirror WorkRequest and WorkCompletion; abiCheck compares them) and
 // the helpers Go calls.
 
