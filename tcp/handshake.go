@@ -26,20 +26,6 @@ const (
 	reasonIDInUse   = "daemon id held by a live session of another epoch"
 )
 
-// liveLocked reports whether the peer's current session is live: outbound
-// connections up, or inbound ones of its current epoch open. p.mu is held.
-func (p *peer) liveLocked() bool {
-	if len(p.sess) > 0 {
-		return true
-	}
-	for c := range p.inbound {
-		if c.epoch == p.epoch {
-			return true
-		}
-	}
-	return false
-}
-
 // handshakeMAC binds both hellos (ids, epochs, addresses, blobs, nonces).
 func handshakeMAC(key []byte, label string, metaC, metaS []byte) []byte {
 	m := hmac.New(sha256.New, key)
