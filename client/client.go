@@ -1,6 +1,9 @@
 // Package client is the Go client of tensorcastd's control protocol. A
 // Client is one connection; Dial says hello and maps the daemon's DRAM pool,
-// so callers write into pool blocks in place.
+// so callers write into pool blocks in place. Each call of the protocol is a
+// method (calls.go, peers.go, store.go, rdma.go, directory.go); OpenQueue
+// opens a Queue, the shared rings of package queue, with the store's hot
+// calls on it (store_queue.go). It imports no server package.
 package client
 
 import (

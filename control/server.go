@@ -1,7 +1,3 @@
-// Package control is tensorcastd's server of the client protocol: the
-// unix-socket listener and its peer checks, the framing of each connection
-// (reads with the fds that come along), the handlers of the messages that
-// package wire decodes, and the per-connection resources and their release.
 package control
 
 import (

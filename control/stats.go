@@ -1,5 +1,8 @@
 package control
 
+// The Stats call: the counters of the pool, engine, transports, queues,
+// store and connection.
+
 import (
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
@@ -32,4 +35,43 @@ func blockClasses(p any) []uint64 {
 		out[i] = cl[i].BlockSize
 	}
 	return out
+}
+
+func (c *conn) stats() {
+	r := wire.SetResponse[wire.StatsResponse](&c.resp)
+	if c.pool != nil {
+		r.Pool = statsCounters(c.pool, nil)
+	}
+	if c.tenant == nil || c.s.isAdmin(c.cred.Uid) {
+		r.Pool = c.s.tenantCounters(r.Pool)
+	}
+	r.Engine = statsCounters(c.s.deps.Engine, nil)
+	if n, ok := c.s.deps.Registry.(interface{ Len() int }); ok {
+		// Every registered segment (pools, buffers, files, remotes): what a
+		// leak check compares before and after a run.
+		r.Engine = append(r.Engine, wire.Counter{Name: "segments_registered", Value: uint64(n.Len())})
+	}
+	r.Connections = uint32(c.s.Connections())
+	if f := c.s.deps.TransportStats; f != nil {
+		r.Transports = f(nil)
+	}
+	qt := c.s.QueueTotals()
+	r.Transports = append(r.Transports,
+		wire.Counter{Name: "queue.open", Value: qt.Open}, wire.Counter{Name: "queue.opened", Value: qt.Opened},
+		wire.Counter{Name: "queue.completions", Value: qt.Completions},
+		wire.Counter{Name: "queue.client_wakes", Value: qt.ClientWakes},
+		wire.Counter{Name: "queue.worker_sleeps", Value: qt.WorkerSleeps},
+		wire.Counter{Name: "queue.worker_spins", Value: qt.WorkerSpins},
+		wire.Counter{Name: "queue.violations", Value: qt.Violations})
+	r.Connection = []wire.Counter{
+		{Name: "segments", Value: uint64(c.segments())},
+		{Name: "blocks", Value: uint64(c.blocks.len())},
+		{Name: "batches", Value: uint64(len(c.batches))},
+		{Name: "idempotency_keys", Value: uint64(len(c.idem.order))},
+		{Name: "exports", Value: uint64(len(c.exports))},
+		{Name: "remotes", Value: uint64(c.remoteCount())},
+		{Name: "notifications_queued", Value: uint64(c.inbox.Len())},
+	}
+	r.Connection = c.queueCounters(r.Connection)
+	r.Store = c.storeCounters()
 }

@@ -20,8 +20,9 @@
 //     one completion poller per completion queue;
 //   - the verbs boundary under a Transport and a Region (QueuePair,
 //     CompletionQueue, NewTransport, NewRegion): libibverbs implements it
-//     in verbs_linux.go, and package rdmatest implements it in memory, so
-//     that the code above this package runs its tests without a device.
+//     in verbs_linux.go (its C side in verbs_linux.c), and package rdmatest
+//     implements it in memory, so that the code above this package runs its
+//     tests without a device.
 //
 // The transport's logic is tested over rdmatest (fabric_test.go); real
 // verbs over Soft-RoCE inside a VM: make test-rdma.

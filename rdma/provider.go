@@ -5,15 +5,16 @@ import (
 	"log/slog"
 )
 
-// The verbs layer under a Transport and a Region. verbs_linux.go implements
-// it over libibverbs (Device.NewTransport, Device.RegisterAccess); package
-// rdmatest implements it in memory, so that code above this package (the
-// daemon's peer plane) is tested without a device. A user of a transport
-// never calls these: they are the boundary a provider plugs in at.
+// The verbs layer under a Transport and a Region. verbs_linux.go
+// implements it over libibverbs (Device.NewTransport,
+// Device.RegisterAccess); package rdmatest implements it in memory, so
+// that code above this package (the daemon's peer plane) is tested without
+// a device. A user of a transport never calls these: they are the
+// boundary a provider plugs in at.
 
 // WorkRequest is one RDMA READ or WRITE with a single scatter/gather
 // entry, as the transport fills a queue pair's posting buffer. Its layout
-// is shared with the C side (struct tc_wr in verbs_linux.go; a test checks
+// is shared with the C side (struct tc_wr in verbs_linux.h; a test checks
 // size and offsets), so its fields are private and a provider reads them
 // through the methods.
 type WorkRequest struct {
@@ -51,7 +52,7 @@ func (w *WorkRequest) Len() uint32 { return w.length }
 func (w *WorkRequest) Signaled() bool { return w.signaled != 0 }
 
 // WorkCompletion is one work completion as the verbs layer reports it
-// (struct tc_wc in verbs_linux.go mirrors it).
+// (struct tc_wc in verbs_linux.h mirrors it).
 type WorkCompletion struct {
 	id      uint64
 	status  uint32

@@ -18,27 +18,12 @@ cd "$(dirname "$0")/.."
 for f in bin/tensorcastd bin/tcctl c/build/tc_qbench; do
 	[ -x "$f" ] || { echo "bench-clib: no $f (make build)" >&2; exit 1; }
 done
-work=$(mktemp -d)
-daemon_pid=""
-cleanup() {
-	if [ -n "$daemon_pid" ]; then
-		kill "$daemon_pid" 2>/dev/null || true
-		wait "$daemon_pid" 2>/dev/null || true
-	fi
-	rm -rf "$work"
-}
-trap cleanup EXIT
+. scripts/lib/daemon.sh
+bench_workdir
 
 go test -c -o "$work/client.test" ./client/ >/dev/null
 sock=$work/d.sock
-bin/tensorcastd --socket "$sock" --data-dir "$work/data" --pool-size 64MiB --hugepages off \
-	--metrics-address off >"$work/daemon.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 100); do
-	bin/tcctl --socket "$sock" ping -n 1 >/dev/null 2>&1 && break
-	sleep 0.1
-done
-bin/tcctl --socket "$sock" ping -n 1 >/dev/null || { cat "$work/daemon.log" >&2; exit 1; }
+daemon_serve "$sock" --pool-size 64MiB
 
 # Each prints "nop NS" and "write4k NS" (ns per request).
 c_run() { c/build/tc_qbench "$sock" "$OPS"; }

@@ -18,25 +18,10 @@ for f in bin/tensorcastd bin/tcctl c/build/libtensorcast.so; do
 	[ -x "$f" ] || [ -f "$f" ] || { echo "bench-python: no $f (make build)" >&2; exit 1; }
 done
 "$PYTHON" -c 'import numpy, torch' 2>/dev/null || { echo "bench-python: $PYTHON lacks numpy or torch (make deps)" >&2; exit 1; }
-work=$(mktemp -d)
-daemon_pid=""
-cleanup() {
-	if [ -n "$daemon_pid" ]; then
-		kill "$daemon_pid" 2>/dev/null || true
-		wait "$daemon_pid" 2>/dev/null || true
-	fi
-	rm -rf "$work"
-}
-trap cleanup EXIT
+. scripts/lib/daemon.sh
+bench_workdir
 
 sock=$work/d.sock
-bin/tensorcastd --socket "$sock" --data-dir "$work/data" --pool-size 1GiB --hugepages off \
-	--metrics-address off --store-l2-path off >"$work/daemon.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 100); do
-	bin/tcctl --socket "$sock" ping -n 1 >/dev/null 2>&1 && break
-	sleep 0.1
-done
-bin/tcctl --socket "$sock" ping -n 1 >/dev/null || { cat "$work/daemon.log" >&2; exit 1; }
+daemon_serve "$sock" --pool-size 1GiB --store-l2-path off
 
 PYTHONPATH=python "$PYTHON" python/bench/store.py "$sock" "$ROUNDS" "$SECONDS_PER_RUN"

@@ -1,55 +1,12 @@
-// Package tcp is the peer data plane over TCP: the transport every fleet
-// without RDMA runs on. One Node per daemon listens for peers and dials them
-// on gnet event loops, authenticates both sides with the cluster key,
-// hands out capability tokens for exported segments and moves READ and WRITE
-// requests, sliced and striped over several connections per peer, with
-// bounded in-flight bytes per connection and per peer.
-//
-// Nothing blocks the submitting goroutine. Submit sends what the peer's
-// session and flow-control window take at once; a task whose peer has no
-// session yet, or no room, waits in the peer's queue (bounded by
-// Config.MaxQueued; past it a task fails with ErrBacklog) and the peer's
-// pump goroutine sends it when the session is up and room frees. A waiting
-// task ends at its own deadline (xfer.Task.Deadline) or RequestTimeout,
-// whichever comes first, or when its dial fails; Cancel ends a waiting
-// task at once. Dials and handshakes run only on the pump, bounded by
-// HandshakeTimeout and canceled by Close.
-//
-// Goroutines and stop order. A Node owns: the gnet server engine (its Run
-// goroutine and event loops), the gnet client (event loops for the
-// connections this node dialed), one reaper goroutine (request,
-// notification and queue deadlines, handshake timeouts, stalled
-// connections; see reaper.go), one pump goroutine per peer it has sent to
-// (started on first use, see pump.go) and one writer goroutine per dialed
-// connection (the large frames and the rest of partial writes, see
-// writer.go). Close stops them in this order: refuse new work, wake
-// waiters and cancel dials in progress (done channel, context), stop the
-// reaper, wait for the pumps, fail the tasks still queued, stop the client
-// (every dialed connection closes, which stops its writer, and fails what
-// it carried), wait for the writers, stop the server engine, wait for
-// running exchange handlers (see Handle), then wait until no task is
-// outstanding.
-//
-// Peers. Only daemons the directory lists (Config.Peers, or entries added
-// to the Directory) are accepted on the listener; any other id is refused
-// after authentication, and refusals are logged at most once per
-// refuseLogEvery with a count. One daemon id holds one session at a time:
-// a peer that dials in under an id whose session is live (outbound
-// connections up, or inbound ones of the current epoch open) with another
-// epoch is refused until that session is gone. Epochs are random, so a
-// newer one cannot be told from an older one; refusing is the rule that
-// never lets a second holder of the cluster key push a working peer out.
-// A peer that restarted is accepted once its old connections have closed
-// (at once when it exited; within peerKeepAlive's probes when its host
-// vanished). A session this node dials itself, to the directory's address,
-// adopts the epoch it is answered with.
 package tcp
+
+// The Node: NewNode (listener, client, reaper), its accessors, Close in
+// the package's stop order, and what it reports about peers and the
+// remote segments it opened.
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -57,7 +14,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,66 +24,6 @@ import (
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/xfer"
 )
-
-// MaxNotify is the largest notification payload a WRITE may carry.
-const MaxNotify = 4096
-
-// Config configures a Node. Zero values take the documented defaults.
-type Config struct {
-	// DaemonID names this daemon among its peers (1..64 bytes). Required.
-	DaemonID string
-	// Listen is the host:port of the peer listener ("127.0.0.1:0" picks a
-	// free port). Required.
-	Listen string
-	// Advertise is the address peers are told to dial; default: the bound
-	// listen address.
-	Advertise string
-	// ClusterKeyFile holds the shared cluster key. Required; refused when
-	// empty or readable by group or others.
-	ClusterKeyFile string
-	// ConnsPerPeer is how many connections carry requests to each peer
-	// (default 4).
-	ConnsPerPeer int
-	// SliceSize is the largest payload of one frame; bigger requests are
-	// cut into slices striped across connections (default 1 MiB).
-	SliceSize int
-	// MaxFrame is the largest payload a peer's frame may claim (default and
-	// minimum: SliceSize).
-	MaxFrame int
-	// MaxInflightBytes bounds the bytes of requests in flight on one
-	// connection (default 4 × SliceSize, minimum SliceSize).
-	MaxInflightBytes int64
-	// MaxPeerInflightBytes bounds them per peer (default ConnsPerPeer ×
-	// MaxInflightBytes).
-	MaxPeerInflightBytes int64
-	// HandshakeTimeout bounds dialing plus the handshake of one connection
-	// (default 5s).
-	HandshakeTimeout time.Duration
-	// RequestTimeout bounds one request's round trip and a task's wait in
-	// its peer's queue (default 30s). A connection with a request older
-	// than this is dropped and its requests fail.
-	RequestTimeout time.Duration
-	// MaxQueued bounds the tasks that may wait for one peer's session or
-	// flow-control room (default 16384); past it a task fails at once with
-	// ErrBacklog.
-	MaxQueued int
-	// TokenTTL is how long capability tokens this node issues stay valid
-	// (default 10 minutes).
-	TokenTTL time.Duration
-	// tokenClock, when set (by tests), is the clock tokens are issued,
-	// checked and renewed by; nil is the wall clock.
-	tokenClock func() time.Time
-	// Epoch identifies this run of the daemon. Zero (the default) draws a
-	// random one, new at every start.
-	Epoch uint64
-	// Blob is opaque data sent to peers in the handshake (RDMA connection
-	// data); at most 1024 bytes.
-	Blob []byte
-	// Peers are the configured peers, used when Directory is nil.
-	Peers []directory.Peer
-	// Directory finds peers; default: an embedded directory of Peers.
-	Directory directory.Directory
-}
 
 // Exporter is what the daemon implements to serve peers.
 type Exporter interface {
@@ -231,106 +127,6 @@ type Node struct {
 }
 
 var _ xfer.Transport = (*Node)(nil)
-
-func (c *Config) setDefaults() error {
-	bad := func(key string, v any, why string) error {
-		return fmt.Errorf("%w: %s = %v: %s", ErrConfig, key, v, why)
-	}
-	if c.DaemonID == "" || len(c.DaemonID) > maxIDLen {
-		return bad("DaemonID", strconv.Quote(c.DaemonID), "must be 1..64 bytes")
-	}
-	if c.Listen == "" {
-		return bad("Listen", `""`, "required")
-	}
-	if c.ConnsPerPeer == 0 {
-		c.ConnsPerPeer = 4
-	}
-	if c.ConnsPerPeer < 1 || c.ConnsPerPeer > 64 {
-		return bad("ConnsPerPeer", c.ConnsPerPeer, "must be 1..64")
-	}
-	if c.SliceSize == 0 {
-		c.SliceSize = 1 << 20
-	}
-	if c.SliceSize < 4096 || c.SliceSize > 64<<20 {
-		return bad("SliceSize", c.SliceSize, "must be 4 KiB..64 MiB")
-	}
-	if c.MaxFrame == 0 {
-		c.MaxFrame = c.SliceSize
-	}
-	if c.MaxFrame < c.SliceSize || c.MaxFrame > 64<<20 {
-		return bad("MaxFrame", c.MaxFrame, "must be SliceSize..64 MiB")
-	}
-	if c.MaxInflightBytes == 0 {
-		c.MaxInflightBytes = 4 * int64(c.SliceSize)
-	}
-	if c.MaxInflightBytes < int64(c.SliceSize) {
-		return bad("MaxInflightBytes", c.MaxInflightBytes, "must be at least SliceSize")
-	}
-	if c.MaxPeerInflightBytes == 0 {
-		c.MaxPeerInflightBytes = int64(c.ConnsPerPeer) * c.MaxInflightBytes
-	}
-	if c.MaxPeerInflightBytes < int64(c.SliceSize) {
-		return bad("MaxPeerInflightBytes", c.MaxPeerInflightBytes, "must be at least SliceSize")
-	}
-	if c.HandshakeTimeout == 0 {
-		c.HandshakeTimeout = 5 * time.Second
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = 30 * time.Second
-	}
-	if c.TokenTTL == 0 {
-		c.TokenTTL = 10 * time.Minute
-	}
-	if c.MaxQueued == 0 {
-		c.MaxQueued = 16384
-	}
-	if c.MaxQueued < 1 || c.MaxQueued > 1<<20 {
-		return bad("MaxQueued", c.MaxQueued, "must be 1..1048576")
-	}
-	if c.HandshakeTimeout < 0 || c.RequestTimeout < 0 || c.TokenTTL < 0 {
-		return bad("timeouts", "negative", "must be positive")
-	}
-	if len(c.Blob) > maxBlobLen {
-		return bad("Blob", len(c.Blob), "must be at most 1024 bytes")
-	}
-	return nil
-}
-
-// readClusterKey loads the cluster key, refusing a file that group or
-// others can read or write, or an empty one.
-func readClusterKey(path string) ([]byte, error) {
-	if path == "" {
-		return nil, fmt.Errorf("%w: ClusterKeyFile not set", ErrKeyFile)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrKeyFile, err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrKeyFile, err)
-	}
-	if st.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("%w: %s has mode %v; group/other access must be off (chmod 600)", ErrKeyFile, path, st.Mode().Perm())
-	}
-	buf := make([]byte, 4096)
-	k, err := f.Read(buf)
-	if err != nil && k == 0 {
-		return nil, fmt.Errorf("%w: %s is empty", ErrKeyFile, path)
-	}
-	key := []byte(strings.TrimSpace(string(buf[:k])))
-	if len(key) == 0 {
-		return nil, fmt.Errorf("%w: %s is empty", ErrKeyFile, path)
-	}
-	return key, nil
-}
-
-func deriveKey(master []byte, label string) []byte {
-	m := hmac.New(sha256.New, master)
-	m.Write([]byte(label))
-	return m.Sum(nil)
-}
 
 // NewNode validates cfg, loads the cluster key, starts the listener and
 // the client event loops, and returns a running Node.
@@ -593,87 +389,6 @@ func (n *Node) Segments() []RemoteInfo {
 			Epoch: r.epoch, Expires: time.Unix(0, r.cred.Load().expiry)})
 	}
 	return out
-}
-
-// peer is the state kept about one peer daemon.
-type peer struct {
-	id                      string
-	bytesIn, bytesOut, errs atomic.Uint64
-	slice                   atomic.Int64 // slice size agreed with the current session
-
-	// kick wakes the peer's pump (capacity 1, never closed).
-	kick chan struct{}
-
-	// mu guards the fields below, the reqs, due, inflight, timedOut,
-	// closed, dropping and stall fields of this peer's connections (and
-	// the due fields of their requests), and the queue fields of the task
-	// states in queued.
-	mu       sync.Mutex
-	epoch    uint64   // current epoch, 0 until a handshake told us
-	blob     []byte   // opaque data from the peer's last handshake
-	retired  []uint64 // epochs a newer one replaced (bounded)
-	sess     []*conn  // outbound connections carrying our requests
-	inbound  map[*conn]struct{}
-	inflight int64
-	wake     chan struct{} // closed when credit frees; nil while nobody waits
-	rr       int
-
-	// The queue (pump.go): tasks that wait for a session or for room,
-	// oldest first, the same tasks by when their wait ends (for the
-	// reaper), and every task the pump holds, by task (for Cancel).
-	head, tail *taskState
-	waits      dueHeap[*taskState]
-	queued     map[*xfer.Task]*taskState
-	pumping    bool // the pump goroutine runs
-	// wantDial asks the pump for a session; sessWait is closed when the
-	// dial it asked for ended, with dialErr its error.
-	wantDial bool
-	sessWait chan struct{}
-	dialErr  error
-}
-
-const maxRetired = 16
-
-func (p *peer) isRetiredLocked(e uint64) bool {
-	for _, r := range p.retired {
-		if r == e {
-			return true
-		}
-	}
-	return false
-}
-
-// adoptEpochLocked records that the peer runs epoch e. A new epoch
-// replaces the old session: the returned connections belong to the old
-// one and must be closed by the caller.
-func (p *peer) adoptEpochLocked(e uint64) (old []*conn) {
-	if p.epoch == e {
-		return nil
-	}
-	if p.epoch != 0 {
-		if len(p.retired) == maxRetired {
-			copy(p.retired, p.retired[1:])
-			p.retired = p.retired[:maxRetired-1]
-		}
-		p.retired = append(p.retired, p.epoch)
-		old = append(old, p.sess...)
-		p.sess = nil
-		for c := range p.inbound {
-			if c.epoch != e {
-				old = append(old, c)
-			}
-		}
-	}
-	p.epoch = e
-	return old
-}
-
-// wakeLocked tells credit waiters that something changed.
-func (p *peer) wakeLocked() {
-	if p.wake != nil {
-		close(p.wake)
-		p.wake = nil
-	}
 }
 
 // gnetLogger routes the event-loop library's log lines to the node's

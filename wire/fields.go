@@ -342,29 +342,18 @@ func tableList[T any, P interface {
 		if f.err != nil {
 			return
 		}
-		n, start, err := vecAt(&f.tab, vtableOffset(slot), 4, limit)
 		*v = (*v)[:0]
 		outer := f.tab
 		var zero T
-		for i := 0; err == nil && f.err == nil && i < n; i++ {
-			pos := start + flatbuffers.UOffsetT(i*4)
+		offsetsAt(f, slot, limit, func(i int, pos flatbuffers.UOffsetT) error {
 			f.tab = flatbuffers.Table{Bytes: outer.Bytes, Pos: pos + flatbuffers.GetUOffsetT(outer.Bytes[pos:])}
 			*v = append(*v, zero)
 			P(&(*v)[i]).fields(f)
-		}
+			return f.err
+		})
 		f.tab = outer
-		f.fail(err)
 	case creating:
-		if len(*v) == 0 && omitEmpty {
-			f.created(slot, 0)
-			return
-		}
-		d := f.depth
-		f.elems[d] = f.elems[d][:0]
-		for i := range *v {
-			f.elems[d] = append(f.elems[d], f.build(P(&(*v)[i])))
-		}
-		f.created(slot, offsetVector(f.b, f.elems[d]))
+		createOffsets(f, slot, len(*v), omitEmpty, func(i int) flatbuffers.UOffsetT { return f.build(P(&(*v)[i])) })
 	case adding:
 		f.addChild(slot)
 	}
@@ -379,6 +368,33 @@ func offsetVector(b *flatbuffers.Builder, offs []flatbuffers.UOffsetT) flatbuffe
 	return b.EndVector(len(offs))
 }
 
+// offsetsAt decodes the vector of at most limit offsets (to tables or
+// strings) in slot: elem gets each element's index and the position of its
+// offset, in order, until one fails; the first error fails f.
+func offsetsAt(f *fields, slot, limit int, elem func(i int, pos flatbuffers.UOffsetT) error) {
+	n, start, err := vecAt(&f.tab, vtableOffset(slot), 4, limit)
+	for i := 0; err == nil && i < n; i++ {
+		err = elem(i, start+flatbuffers.UOffsetT(i*4))
+	}
+	f.fail(err)
+}
+
+// createOffsets creates the vector of n tables or strings that elem
+// creates (elem(i) for each, in order) and records it for slot; with
+// omitEmpty, an empty one is left out.
+func createOffsets(f *fields, slot, n int, omitEmpty bool, elem func(i int) flatbuffers.UOffsetT) {
+	if n == 0 && omitEmpty {
+		f.created(slot, 0)
+		return
+	}
+	d := f.depth
+	f.elems[d] = f.elems[d][:0]
+	for i := 0; i < n; i++ {
+		f.elems[d] = append(f.elems[d], elem(i))
+	}
+	f.created(slot, offsetVector(f.b, f.elems[d]))
+}
+
 // texts is a vector of at most limit strings, each at most size bytes,
 // decoded as copies into *v's storage; left out when empty.
 func texts(f *fields, slot int, v *[]string, limit, size int) {
@@ -387,25 +403,14 @@ func texts(f *fields, slot int, v *[]string, limit, size int) {
 		if f.err != nil {
 			return
 		}
-		n, start, err := vecAt(&f.tab, vtableOffset(slot), 4, limit)
 		*v = (*v)[:0]
-		for i := 0; err == nil && i < n; i++ {
-			var s []byte
-			s, err = stringAt(f.tab.Bytes, start+flatbuffers.UOffsetT(i*4), size)
+		offsetsAt(f, slot, limit, func(_ int, pos flatbuffers.UOffsetT) error {
+			s, err := stringAt(f.tab.Bytes, pos, size)
 			*v = append(*v, string(s))
-		}
-		f.fail(err)
+			return err
+		})
 	case creating:
-		if len(*v) == 0 {
-			f.created(slot, 0)
-			return
-		}
-		d := f.depth
-		f.elems[d] = f.elems[d][:0]
-		for _, s := range *v {
-			f.elems[d] = append(f.elems[d], f.b.CreateString(s))
-		}
-		f.created(slot, offsetVector(f.b, f.elems[d]))
+		createOffsets(f, slot, len(*v), true, func(i int) flatbuffers.UOffsetT { return f.b.CreateString((*v)[i]) })
 	case adding:
 		f.addChild(slot)
 	}
@@ -491,38 +496,28 @@ func notify(f *fields, slot int, v *[][]byte, n int) {
 		if f.err != nil {
 			return
 		}
-		k, start, err := vecAt(&f.tab, vtableOffset(slot), 4, n)
 		*v = (*v)[:0]
-		for i := 0; err == nil && i < k; i++ {
-			pos := start + flatbuffers.UOffsetT(i*4)
+		offsetsAt(f, slot, n, func(_ int, pos flatbuffers.UOffsetT) error {
 			tab := flatbuffers.Table{Bytes: f.tab.Bytes, Pos: pos + flatbuffers.GetUOffsetT(f.tab.Bytes[pos:])}
-			var p []byte
-			p, err = bytesField(&tab, vtableOffset(0), MaxNotify)
+			p, err := bytesField(&tab, vtableOffset(0), MaxNotify)
 			*v = append(*v, p)
-		}
-		f.fail(err)
+			return err
+		})
 		if f.reading() && len(*v) != 0 && len(*v) != n {
 			f.fail(fmt.Errorf("%w: %d notify entries for %d requests", ErrMalformed, len(*v), n))
 		}
 	case creating:
-		if len(*v) == 0 {
-			f.created(slot, 0)
-			return
-		}
-		d := f.depth
-		f.elems[d] = f.elems[d][:0]
-		for _, p := range *v {
+		createOffsets(f, slot, len(*v), true, func(i int) flatbuffers.UOffsetT {
 			var c flatbuffers.UOffsetT
-			if len(p) > 0 {
+			if p := (*v)[i]; len(p) > 0 {
 				c = f.b.CreateByteVector(p)
 			}
 			tcproto.NotifyStart(f.b)
 			if c != 0 {
 				tcproto.NotifyAddPayload(f.b, c)
 			}
-			f.elems[d] = append(f.elems[d], tcproto.NotifyEnd(f.b))
-		}
-		f.created(slot, offsetVector(f.b, f.elems[d]))
+			return tcproto.NotifyEnd(f.b)
+		})
 	case adding:
 		f.addChild(slot)
 	}

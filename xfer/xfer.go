@@ -1,6 +1,9 @@
-// Package xfer is the transfer engine: segments, requests, the batch
-// lifecycle, task states and the Transport contract that every data path
-// (local copy, io_uring, tcp, rdma) implements.
+// Package xfer is the transfer engine: segments and their Registry,
+// requests, the batch lifecycle and task states (Engine), the long-lived
+// task streams that serve a client's queue (Stream), the per-transport
+// meters, and the Transport contract that every data path (local copy,
+// io_uring, tcp, rdma) implements, with the local copy transport itself
+// (Local).
 //
 // Everything in this package is plain Go; syscalls and cgo live in the
 // transport packages.

@@ -1,0 +1,100 @@
+package control
+
+// What a closing connection gives back: release frees its queues, store
+// handles, peers, batches, segments and pool blocks.
+
+import (
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// release frees everything the connection holds, whatever state it is in:
+// stray fds, batches (abandoning those still busy after ReleaseWait, or at
+// once when the server closes: a drain gave them their time already),
+// registered segments and pool blocks.
+func (c *conn) release() {
+	// Queues first: their workers resolve the segments and blocks released
+	// below, and what they have in flight ends Canceled with its CQE.
+	c.qmu.Lock()
+	queues := c.queues
+	c.queues = map[uint64]*cqueue{}
+	c.qmu.Unlock()
+	for _, q := range queues {
+		q.close()
+	}
+	c.closeStore() // its pins, leases and reservations; no queue can use it any more
+	c.releasePeers()
+	for _, g := range c.groups {
+		closeFDs(g.fds)
+	}
+	c.groups = nil
+	closeFDs(c.fds)
+	c.fds = nil
+	e := c.s.deps.Engine
+	deadline := time.Now().Add(c.s.cfg.ReleaseWait)
+	for id := range c.batches {
+		err := e.Free(id)
+		if errors.Is(err, ErrBatchBusy) {
+			if !c.s.isClosing() {
+				c.wait(id, deadline, c.s.closing) //nolint:errcheck // Free below says how it ended
+			}
+			err = e.Free(id)
+			if errors.Is(err, ErrBatchBusy) {
+				c.log.Warn("abandoning a busy batch of a closed connection", "batch", id)
+				e.Abandon(id)
+				err = nil
+			}
+		}
+		if err != nil {
+			c.log.Warn("freeing a batch of a closed connection failed", "batch", id, "err", err)
+		}
+	}
+	clear(c.batches)
+	c.mu.Lock()
+	bufs, files := c.buffers, c.files
+	c.buffers, c.files = map[xfer.SegmentID]Buffer{}, map[xfer.SegmentID]FileSegment{}
+	c.segGen.Add(1)
+	c.mu.Unlock()
+	reg := c.s.deps.Registry
+	for id, b := range bufs {
+		reg.Remove(id)
+		if err := b.Close(); err != nil {
+			c.log.Warn("closing a buffer of a closed connection failed", "segment", id, "err", err)
+		}
+	}
+	for id, f := range files {
+		reg.Remove(id)
+		if err := f.Close(); err != nil {
+			c.log.Warn("closing a file of a closed connection failed", "segment", id, "err", err)
+		}
+	}
+	p := c.pool
+	exported := func(i int) bool { return c.exported(c.poolID(), c.blocks.offs[i], c.blocks.sizes[i]) }
+	inFlight := c.pview.close(func(off uint64) bool {
+		i, _ := slices.BinarySearch(c.blocks.offs, off)
+		return !exported(i)
+	})
+	for i, off := range c.blocks.offs {
+		switch {
+		case exported(i):
+			// A peer request stalled inside it past ReleaseWait; handing
+			// the block to another client could let its bytes land there.
+			c.log.Error("leaving a pool block allocated: a peer request still holds it", "offset", off)
+		case inFlight[off]:
+			// A transfer abandoned with the connection still moves bytes
+			// in it; the last one to end frees it.
+			c.log.Warn("pool block left to its in-flight transfers; freed when they end", "offset", off)
+		default:
+			if err := p.Free(off); err != nil {
+				c.log.Warn("freeing a pool block of a closed connection failed", "offset", off, "err", err)
+			}
+		}
+	}
+	c.blocks.reset()
+	// Its keys may run afresh on another connection now.
+	c.s.idem.closed(c.id)
+	c.log.Debug("connection resources released")
+}

@@ -1,0 +1,46 @@
+// Package tcp is the peer data plane over TCP: the transport every fleet
+// without RDMA runs on. One Node per daemon listens for peers and dials them
+// on gnet event loops, authenticates both sides with the cluster key,
+// hands out capability tokens for exported segments and moves READ and WRITE
+// requests, sliced and striped over several connections per peer, with
+// bounded in-flight bytes per connection and per peer.
+//
+// Nothing blocks the submitting goroutine. Submit sends what the peer's
+// session and flow-control window take at once; a task whose peer has no
+// session yet, or no room, waits in the peer's queue (bounded by
+// Config.MaxQueued; past it a task fails with ErrBacklog) and the peer's
+// pump goroutine sends it when the session is up and room frees. A waiting
+// task ends at its own deadline (xfer.Task.Deadline) or RequestTimeout,
+// whichever comes first, or when its dial fails; Cancel ends a waiting
+// task at once. Dials and handshakes run only on the pump, bounded by
+// HandshakeTimeout and canceled by Close.
+//
+// Goroutines and stop order. A Node owns: the gnet server engine (its Run
+// goroutine and event loops), the gnet client (event loops for the
+// connections this node dialed), one reaper goroutine (request,
+// notification and queue deadlines, handshake timeouts, stalled
+// connections; see reaper.go), one pump goroutine per peer it has sent to
+// (started on first use, see pump.go) and one writer goroutine per dialed
+// connection (the large frames and the rest of partial writes, see
+// writer.go). Close stops them in this order: refuse new work, wake
+// waiters and cancel dials in progress (done channel, context), stop the
+// reaper, wait for the pumps, fail the tasks still queued, stop the client
+// (every dialed connection closes, which stops its writer, and fails what
+// it carried), wait for the writers, stop the server engine, wait for
+// running exchange handlers (see Handle), then wait until no task is
+// outstanding.
+//
+// Peers. Only daemons the directory lists (Config.Peers, or entries added
+// to the Directory) are accepted on the listener; any other id is refused
+// after authentication, and refusals are logged at most once per
+// refuseLogEvery with a count. One daemon id holds one session at a time:
+// a peer that dials in under an id whose session is live (outbound
+// connections up, or inbound ones of the current epoch open) with another
+// epoch is refused until that session is gone. Epochs are random, so a
+// newer one cannot be told from an older one; refusing is the rule that
+// never lets a second holder of the cluster key push a working peer out.
+// A peer that restarted is accepted once its old connections have closed
+// (at once when it exited; within peerKeepAlive's probes when its host
+// vanished). A session this node dials itself, to the directory's address,
+// adopts the epoch it is answered with.
+package tcp

@@ -1,0 +1,453 @@
+//go:build linux
+
+package uring
+
+// The poller: one goroutine per ring, locked to the OS thread that created
+// the ring and is its single issuer. It owns the ring, runs registration
+// commands, moves queued slots into the SQ and reaps CQEs, and tears the ring
+// down on Close.
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// slot is one task in flight on a ring. Submit fills a free slot under
+// ring.mu and queues it; from then on only the poller touches the fields
+// above task, until the slot is freed again under ring.mu.
+type slot struct {
+	addr      uintptr // memory address of the request's first byte
+	localBase uintptr // base of the local segment's mapping
+	localID   xfer.SegmentID
+	off       uint64 // file offset of the request's first byte
+	total     uint64
+	done      uint64
+	fd        int32 // file descriptor, or fixed-file index when fixedFile
+	fixedFile bool
+	op        uint8
+	retries   uint8
+	inKernel  bool // an SQE for it is in the kernel
+
+	canceled atomic.Bool // set by Cancel; read by the poller
+	// guarded by ring.mu:
+	task         *xfer.Task
+	cancelQueued bool
+}
+
+type finished struct {
+	idx  int32
+	task *xfer.Task
+	n    uint64
+	err  error
+}
+
+type cmdKind uint8
+
+const (
+	cmdBuffer cmdKind = iota + 1
+	cmdFile
+)
+
+// command is a registration the poller runs on the ring's issuer thread.
+type command struct {
+	kind  cmdKind
+	idx   uint32
+	iov   []unix.Iovec
+	fd    int32
+	reply chan error // nil: fire and forget
+	after func()     // run by the poller after an asynchronous command
+}
+
+type ringSetup struct {
+	err             error
+	fixedBufs       bool
+	fixedFiles      bool
+	bufErr, fileErr error
+}
+
+// ring is one io_uring with its poller. The poller goroutine owns raw and
+// every field marked poller-only; it is started by New and stopped by Close
+// (closing flag + eventfd wake-up, then Close waits on exited).
+type ring struct {
+	t     *Transport
+	id    int
+	flags uint32
+
+	efd     int    // eventfd that wakes a sleeping poller
+	wakeMem []byte // one page: [0:8] the eventfd write value, [8:16] the read buffer
+
+	stop   chan struct{} // closed by Close: wakes Submit waiting for room
+	room   chan struct{} // the poller signals freed slots to a waiting Submit
+	exited chan struct{} // closed by the poller when the ring is torn down
+
+	slots []slot
+
+	// mu guards the fields below, and slot.task/cancelQueued.
+	mu       sync.Mutex
+	free     []int32 // free slot indices (stack)
+	pending  []int32 // slots queued by Submit for the poller
+	cancels  []int32 // slots Cancel asked about
+	cmds     []*command
+	sleeping bool // the poller is (about to be) waiting in the kernel
+	wakeSent bool // an eventfd wake-up is outstanding
+	closing  bool
+	waiters  int // Submit calls waiting for room
+
+	// poller-only:
+	raw       *rawRing
+	work      []int32
+	cwork     []int32
+	resub     []int32
+	cqes      []CQE
+	fin       []finished
+	inflight  int // slots taken from pending and not yet finished
+	inKernel  int
+	wakeArmed bool
+	closeErr  error
+	warnedErr bool
+
+	nSubmitted, nCompleted, nFailed, nResubmits, nEnters, nWakeups, nFixed atomic.Uint64
+}
+
+func newRing(t *Transport, id int, flags uint32) *ring {
+	n := int(t.cfg.Entries)
+	r := &ring{
+		t: t, id: id, flags: flags, efd: -1,
+		stop: make(chan struct{}), room: make(chan struct{}, 1), exited: make(chan struct{}),
+		slots: make([]slot, n),
+		free:  make([]int32, 0, n), pending: make([]int32, 0, n), cancels: make([]int32, 0, n),
+		work: make([]int32, 0, n), cwork: make([]int32, 0, n), resub: make([]int32, 0, n),
+		cqes: make([]CQE, t.cfg.Batch), fin: make([]finished, 0, n),
+	}
+	for i := n - 1; i >= 0; i-- {
+		r.free = append(r.free, int32(i))
+	}
+	return r
+}
+
+// run is the poller. It locks itself to its OS thread for its whole life:
+// that thread creates the ring and is its single issuer.
+func (r *ring) run(ready chan<- ringSetup) {
+	runtime.LockOSThread()
+	// The thread is never unlocked: it exits with the goroutine, taking
+	// its io_uring task context with it after the ring is gone.
+	defer close(r.exited)
+	setup := r.setup()
+	if setup.err != nil {
+		// New never adds this ring, so Close will not see it: release
+		// what setup took here.
+		if r.raw != nil {
+			r.raw.close()
+		}
+		if r.efd >= 0 {
+			unix.Close(r.efd)
+		}
+		if r.wakeMem != nil {
+			unix.Munmap(r.wakeMem)
+		}
+		ready <- setup
+		return
+	}
+	ready <- setup
+	r.loop()
+	r.teardown()
+}
+
+func (r *ring) setup() ringSetup {
+	var rs ringSetup
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		rs.err = os.NewSyscallError("eventfd", err)
+		return rs
+	}
+	r.efd = efd
+	r.wakeMem, err = unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		rs.err = os.NewSyscallError("mmap", err)
+		return rs
+	}
+	r.wakeMem[0] = 1
+	sq := r.t.cfg.Entries * 2
+	raw, err := newRawRing(sq, sq*2, r.flags, uint32(r.t.cfg.SQPollIdle.Milliseconds()))
+	if err != nil {
+		rs.err = fmt.Errorf("uring: ring %d: %w", r.id, err)
+		return rs
+	}
+	r.raw = raw
+	if r.t.fixedBufs.Load() {
+		reg := rsrcRegister{nr: uint32(r.t.cfg.MaxFixedBuffers), flags: rsrcRegisterSparse}
+		rs.bufErr = sysRegister(raw.fd, regBuffers2, unsafe.Pointer(&reg), uint32(unsafe.Sizeof(reg)))
+		rs.fixedBufs = rs.bufErr == nil
+	}
+	if r.t.fixedFiles.Load() {
+		reg := rsrcRegister{nr: uint32(r.t.cfg.MaxFixedFiles), flags: rsrcRegisterSparse}
+		rs.fileErr = sysRegister(raw.fd, regFiles2, unsafe.Pointer(&reg), uint32(unsafe.Sizeof(reg)))
+		rs.fixedFiles = rs.fileErr == nil
+	}
+	return rs
+}
+
+func (r *ring) teardown() {
+	r.closeErr = r.raw.close()
+	r.mu.Lock()
+	cmds := r.cmds
+	r.cmds = nil
+	r.mu.Unlock()
+	for _, c := range cmds {
+		if c.reply != nil {
+			c.reply <- xfer.ErrClosed
+		}
+	}
+}
+
+// wakeLocked, with mu held, reports whether the caller must write the
+// eventfd after unlocking: only when the poller sleeps and no wake-up is
+// already on its way.
+func (r *ring) wakeLocked() bool {
+	if r.sleeping && !r.wakeSent {
+		r.wakeSent = true
+		return true
+	}
+	return false
+}
+
+func (r *ring) wake() {
+	// The eventfd counter cannot overflow at one write per sleep; EAGAIN
+	// would mean it is already readable, which wakes the poller anyway.
+	unix.Write(r.efd, r.wakeMem[0:8])
+}
+
+// do runs a registration command on the poller and waits for its result.
+func (r *ring) do(c *command) error {
+	c.reply = make(chan error, 1)
+	r.mu.Lock()
+	if r.closing {
+		r.mu.Unlock()
+		return xfer.ErrClosed
+	}
+	r.cmds = append(r.cmds, c)
+	wake := r.wakeLocked()
+	r.mu.Unlock()
+	if wake {
+		r.wake()
+	}
+	return <-c.reply
+}
+
+// post queues a registration command without waiting; false if the ring is
+// closing (the ring's teardown then drops the registration anyway).
+func (r *ring) post(c *command) bool {
+	r.mu.Lock()
+	if r.closing {
+		r.mu.Unlock()
+		return false
+	}
+	r.cmds = append(r.cmds, c)
+	wake := r.wakeLocked()
+	r.mu.Unlock()
+	if wake {
+		r.wake()
+	}
+	return true
+}
+
+func (r *ring) exec(c *command) error {
+	var err error
+	switch c.kind {
+	case cmdBuffer:
+		up := rsrcUpdate2{offset: c.idx, data: uint64(uintptr(unsafe.Pointer(&c.iov[0]))), nr: uint32(len(c.iov))}
+		err = sysRegister(r.raw.fd, regBuffersUpdate, unsafe.Pointer(&up), uint32(unsafe.Sizeof(up)))
+		runtime.KeepAlive(c.iov)
+	case cmdFile:
+		fds := [1]int32{c.fd}
+		up := rsrcUpdate2{offset: c.idx, data: uint64(uintptr(unsafe.Pointer(&fds[0]))), nr: 1}
+		err = sysRegister(r.raw.fd, regFilesUpdate2, unsafe.Pointer(&up), uint32(unsafe.Sizeof(up)))
+		runtime.KeepAlive(&fds)
+	}
+	if c.reply != nil {
+		c.reply <- err
+	}
+	if c.after != nil {
+		c.after()
+	}
+	return err
+}
+
+var errClosedInFlight = fmt.Errorf("uring: transport closed with the request in flight: %w", xfer.ErrClosed)
+
+func (r *ring) loop() {
+	var (
+		draining  bool
+		cancelAll bool
+		deadline  time.Time
+		ts        unix.Timespec
+	)
+	for {
+		r.mu.Lock()
+		r.work = append(r.work[:0], r.pending...)
+		r.pending = r.pending[:0]
+		r.cwork = append(r.cwork[:0], r.cancels...)
+		r.cancels = r.cancels[:0]
+		var cmds []*command
+		if len(r.cmds) > 0 {
+			cmds = r.cmds
+			r.cmds = nil
+		}
+		closing := r.closing
+		r.mu.Unlock()
+
+		for _, c := range cmds {
+			r.exec(c)
+		}
+		if closing && !draining {
+			draining = true
+			deadline = time.Now().Add(r.t.cfg.DrainTimeout)
+			// Queued remainders never reach the kernel again.
+			for _, idx := range r.resub {
+				s := &r.slots[idx]
+				r.finish(idx, s.done, errClosedInFlight)
+			}
+			r.resub = r.resub[:0]
+		}
+		for _, idx := range r.work {
+			r.inflight++
+			switch {
+			case draining:
+				r.finish(idx, 0, xfer.ErrClosed)
+			case r.slots[idx].canceled.Load():
+				r.finish(idx, 0, xfer.ErrCanceled)
+			default:
+				r.resub = append(r.resub, idx)
+			}
+		}
+		if draining {
+			if !cancelAll && r.inKernel > 0 && (r.t.cfg.hooks == nil || !r.t.cfg.hooks.noDrainCancel) {
+				if e := r.raw.getSQE(); e != nil {
+					e.opcode = opAsyncCancel
+					e.fd = -1
+					e.opFlags = asyncCancelAll | asyncCancelAny
+					e.userData = udCancel
+					cancelAll = true
+				}
+			}
+		} else {
+			for _, idx := range r.cwork {
+				if !r.slots[idx].inKernel {
+					continue
+				}
+				e := r.raw.getSQE()
+				if e == nil {
+					break
+				}
+				e.opcode = opAsyncCancel
+				e.fd = -1
+				e.addr = uint64(idx)
+				e.userData = udCancel
+			}
+		}
+		// At most Config.Batch requests go to the kernel per enter: the
+		// rest wait in resub for the next pass, which enters without
+		// sleeping (see Config.Batch).
+		k := 0
+		for _, idx := range r.resub {
+			if k == r.t.cfg.Batch || !r.prepIO(idx) {
+				break
+			}
+			k++
+		}
+		r.resub = r.resub[:copy(r.resub, r.resub[k:])]
+		if !r.wakeArmed && !draining {
+			if e := r.raw.getSQE(); e != nil {
+				e.opcode = opRead
+				e.fd = int32(r.efd)
+				e.addr = uint64(uintptr(unsafe.Pointer(&r.wakeMem[8])))
+				e.len = 8
+				e.userData = udWake
+				r.wakeArmed = true
+			}
+		}
+		r.flushFinished()
+
+		if draining {
+			if r.inflight == 0 {
+				return
+			}
+			if !time.Now().Before(deadline) {
+				r.abandon()
+				return
+			}
+		}
+		toSubmit := r.raw.flush()
+		// Completions still in the CQ are reaped before the poller
+		// sleeps; a pass with nothing to submit and completions to reap
+		// does not enter at all.
+		ready := r.raw.cqReady() > 0
+		wait := len(r.resub) == 0 && !ready
+		if wait {
+			r.mu.Lock()
+			if len(r.pending) > 0 || len(r.cmds) > 0 || len(r.cancels) > 0 || r.closing != draining {
+				wait = false
+			} else {
+				r.sleeping = true
+			}
+			r.mu.Unlock()
+		}
+		var tsp *unix.Timespec
+		if draining && wait {
+			ts = unix.NsecToTimespec(int64(time.Until(deadline)))
+			tsp = &ts
+		}
+		var errno unix.Errno
+		if toSubmit > 0 || !ready {
+			r.nEnters.Add(1)
+			_, errno = r.raw.enter(toSubmit, wait, tsp)
+		}
+		if wait {
+			r.mu.Lock()
+			r.sleeping = false
+			r.mu.Unlock()
+		}
+		switch errno {
+		case 0, unix.EINTR, unix.ETIME:
+		case unix.EAGAIN, unix.EBUSY:
+			// The kernel is short of room for completions: reap first.
+		default:
+			if !r.warnedErr {
+				r.warnedErr = true
+				r.t.log.Error("uring: io_uring_enter failed", "ring", r.id, "err", os.NewSyscallError("io_uring_enter", errno))
+			}
+			runtime.Gosched()
+		}
+		// A bounded reap: what the Done callbacks submit, and what Submit
+		// queued meanwhile, reaches the kernel before the next Batch
+		// completions are looked at.
+		n := r.raw.Reap(r.cqes)
+		for i := 0; i < n; i++ {
+			r.complete(&r.cqes[i], draining)
+		}
+		r.flushFinished()
+	}
+}
+
+// abandon ends every task still in the kernel with ErrClosed after the
+// drain deadline. The kernel keeps the pages pinned until it is done.
+func (r *ring) abandon() {
+	for i := range r.slots {
+		s := &r.slots[i]
+		if s.inKernel {
+			s.inKernel = false
+			r.inKernel--
+			r.finish(int32(i), s.done, errClosedInFlight)
+		}
+	}
+	r.flushFinished()
+}
