@@ -177,7 +177,7 @@ func TestStalledPeerEndsTasksByDeadline(t *testing.T) {
 	const n = 1024
 	local := newMemSeg(1, n*4096)
 	col := newCollector(n)
-	const wait = 800 * time.Millisecond
+	const wait = 1500 * time.Millisecond
 	deadline := time.Now().Add(wait)
 	tasks := make([]*xfer.Task, n)
 	for i := range tasks {
@@ -188,8 +188,11 @@ func TestStalledPeerEndsTasksByDeadline(t *testing.T) {
 	if k, err := a.Submit(tasks); k != n || err != nil {
 		t.Fatalf("Submit = %d, %v", k, err)
 	}
-	if took := time.Since(start); took > wait/4 {
-		t.Fatalf("Submit of %d tasks to a silent peer took %v", n, took)
+	// No task can end before its deadline (the peer answers nothing), so
+	// one that has ended means Submit waited for the deadline: an event,
+	// not a stopwatch, and loaded machines do not fail it.
+	if ended := col.count.Load(); ended != 0 {
+		t.Fatalf("Submit of %d tasks to a silent peer returned after %d of them had ended (%v)", n, ended, time.Since(start))
 	}
 	if st := a.Peers(); len(st) != 1 || st[0].Queued == 0 || st[0].InFlight == 0 {
 		t.Fatalf("want some tasks on the wire and some queued: %+v", st)
@@ -205,7 +208,8 @@ func TestStalledPeerEndsTasksByDeadline(t *testing.T) {
 			t.Fatalf("task to a silent peer ended with %v", d.err)
 		}
 	}
-	if el := time.Since(start); el > wait+stallGrace+time.Second {
+	// Long before RequestTimeout (30 s); the slack is for a loaded machine.
+	if el := time.Since(start); el > wait+stallGrace+5*time.Second {
 		t.Fatalf("tasks ended %v after Submit; deadline %v, stall grace %v", el, wait, stallGrace)
 	}
 	if timedOut == 0 || lost == 0 {
