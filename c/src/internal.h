@@ -54,6 +54,16 @@ struct tc_conn {
     struct tc_kv *kvs;
 };
 
+/* TC__LIST_PUSH puts node at the head of one of c's lists that qmu guards
+ * (queues, results, kvs). */
+#define TC__LIST_PUSH(c, head, node) \
+    do { \
+        pthread_mutex_lock(&(c)->qmu); \
+        (node)->next = (c)->head; \
+        (c)->head = (node); \
+        pthread_mutex_unlock(&(c)->qmu); \
+    } while (0)
+
 /* The parts of a round trip that vary by call. */
 typedef struct tc_trip {
     int send_fd;          /* passed with the request (SCM_RIGHTS), or -1 */

@@ -92,10 +92,7 @@ static uint64_t get64(const uint8_t *p)
 
 static void link_results(tc_results *r)
 {
-    pthread_mutex_lock(&r->c->qmu);
-    r->next = r->c->results;
-    r->c->results = r;
-    pthread_mutex_unlock(&r->c->qmu);
+    TC__LIST_PUSH(r->c, results, r);
 }
 
 static void unlink_results(tc_results *r)
@@ -376,10 +373,7 @@ int tc_kv_open(tc_conn *c, const tc_kv_opts *opts, tc_kv **out)
         free_kv(kv);
         return rc;
     }
-    pthread_mutex_lock(&c->qmu);
-    kv->next = c->kvs;
-    c->kvs = kv;
-    pthread_mutex_unlock(&c->qmu);
+    TC__LIST_PUSH(c, kvs, kv);
     *out = kv;
     return TC_OK;
 }

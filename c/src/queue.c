@@ -459,10 +459,7 @@ int tc_queue_open(tc_conn *c, uint32_t entries, const tc_queue_opts *opts, tc_qu
         close_call(c, id);
         return TC_ENOMEM;
     }
-    pthread_mutex_lock(&c->qmu);
-    q->next = c->queues;
-    c->queues = q;
-    pthread_mutex_unlock(&c->qmu);
+    TC__LIST_PUSH(c, queues, q);
     *out = q;
     return TC_OK;
 }

@@ -68,6 +68,18 @@ int tc_store_put(tc_conn *c, const tc_keys *keys, const tc_extent *values, int d
     return tc__finish(c, answer(c, 0, codes));
 }
 
+/* trip_u64s makes the call and checks that its answer holds a code and a
+ * number for each of the n keys. */
+static int trip_u64s(tc_conn *c, size_t n)
+{
+    int rc = trip(c, 0);
+    if (rc == TC_OK)
+        rc = tc__positional(c, c->resp.n_codes, n);
+    if (rc == TC_OK)
+        rc = tc__positional(c, c->resp.n_u64s, n);
+    return rc;
+}
+
 int tc_store_read(tc_conn *c, const tc_keys *keys, const tc_extent *dests, uint64_t *lengths, int *codes,
                   const tc_call_opts *o)
 {
@@ -78,11 +90,7 @@ int tc_store_read(tc_conn *c, const tc_keys *keys, const tc_extent *dests, uint6
         return rc;
     c->req.extents = dests;
     size_t n = keys->n;
-    rc = trip(c, 0);
-    if (rc == TC_OK)
-        rc = tc__positional(c, c->resp.n_codes, n);
-    if (rc == TC_OK)
-        rc = tc__positional(c, c->resp.n_u64s, n);
+    rc = trip_u64s(c, n);
     for (size_t i = 0; rc == TC_OK && i < n; i++)
         if (c->resp.codes[i] == TC_OK && c->resp.u64s[i] > dests[i].length)
             rc = tc__fail(c, TC_EPROTO); /* more copied than the destination holds */
@@ -129,11 +137,7 @@ int tc_store_reserve(tc_conn *c, const tc_keys *keys, const uint64_t *sizes, uin
         return rc;
     c->req.sizes = sizes;
     size_t n = keys->n;
-    rc = trip(c, 0);
-    if (rc == TC_OK)
-        rc = tc__positional(c, c->resp.n_codes, n);
-    if (rc == TC_OK)
-        rc = tc__positional(c, c->resp.n_u64s, n);
+    rc = trip_u64s(c, n);
     for (size_t i = 0; rc == TC_OK && i < n; i++) {
         uint64_t off = c->resp.u64s[i];
         if (c->resp.codes[i] == TC_OK && (off >= c->pool.size || sizes[i] > c->pool.size - off))

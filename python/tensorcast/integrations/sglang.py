@@ -272,6 +272,16 @@ class TensorcastStore:
             return 0
         return found // self._parts
 
+    def _pages(self, c: Any, keys: List[str], host_indices: Any):
+        """The object keys of pages keys, their buffers in the host pool at
+        host_indices, and those buffers as pool extents when they lie in
+        memory the daemon knows (else None: the calls then go by address)."""
+        pk = self._page_keys(keys)
+        ptrs, sizes = self._meta(host_indices)
+        if len(ptrs) != len(pk):
+            raise ValueError(f"{len(ptrs)} page buffers for {len(keys)} pages of {self._parts} objects")
+        return pk, ptrs, sizes, self._locate(c, ptrs, sizes)
+
     def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         """Stores the pages keys from the host pool at host_indices: True for
         each page now stored (by this call or before it)."""
@@ -283,11 +293,7 @@ class TensorcastStore:
             self.counters["pages_set_failed"] += n
             return [False] * n
         try:
-            pk = self._page_keys(keys)
-            ptrs, sizes = self._meta(host_indices)
-            if len(ptrs) != len(pk):
-                raise ValueError(f"{len(ptrs)} page buffers for {n} pages of {self._parts} objects")
-            ext = self._locate(c, ptrs, sizes)
+            pk, ptrs, sizes, ext = self._pages(c, keys, host_indices)
             if ext is not None:
                 codes = c.store_put(pk, ext, durable=self.durable)
             else:
@@ -313,11 +319,7 @@ class TensorcastStore:
             self.counters["pages_missed"] += n
             return [False] * n
         try:
-            pk = self._page_keys(keys)
-            ptrs, sizes = self._meta(host_indices)
-            if len(ptrs) != len(pk):
-                raise ValueError(f"{len(ptrs)} page buffers for {n} pages of {self._parts} objects")
-            ext = self._locate(c, ptrs, sizes)
+            pk, ptrs, sizes, ext = self._pages(c, keys, host_indices)
             if ext is not None:
                 r = c.store_read(pk, ext)
             else:
