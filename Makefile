@@ -107,8 +107,8 @@ fuzz:
 bench: build
 	scripts/bench.sh
 	scripts/bench-section.sh --markdown micro "Foundation micro-benchmarks" scripts/bench-micro.sh 5 2s
-	scripts/bench-section.sh metrics-cost "Hot-path cost of the metrics (engine, local and control benchmarks before/after the meters, benchstat)" \
-	  scripts/bench-metrics-cost.sh 8 1s ba67f3e^ ba67f3e
+	scripts/bench-section.sh metrics-cost "Hot-path cost of the metrics (engine, local and control benchmarks without and with the meters, benchstat)" \
+	  scripts/bench-metrics-cost.sh 8 1s
 	scripts/bench-section.sh uring "io_uring transport vs fio (same file, same bs/iodepth)" scripts/bench-uring.sh /var/tmp/tcbench 3 10
 	scripts/bench-section.sh --markdown store-queue "KV block store through the queue (daemon in its own process) vs memcpy and fio" \
 	  scripts/bench-store-queue.sh 5 2s /var/tmp/tcbench-store-queue

@@ -357,7 +357,7 @@ func (b *batch) dispatch(tr Transport, grp []*Task, now int64) bool {
 		t.owed.Store(1)
 		t.state.Store(uint32(stateDispatching))
 	}
-	ms.dispatched.Add(uint64(len(grp)))
+	ms.sent(uint64(len(grp)))
 	if v := b.cnt[StateWaiting].Add(-int64(len(grp))); invariants && v < 0 {
 		panic("xfer: invariant: waiting task count below zero")
 	}
@@ -385,10 +385,7 @@ func (b *batch) dispatch(tr Transport, grp []*Task, now int64) bool {
 		b.owed.Add(-1)
 		b.end(t, stateDispatching, StateFailed, rerr, 0)
 	}
-	if refused > 0 {
-		ms.dispatched.Add(-refused)
-		ms.refused.Add(refused)
-	}
+	ms.refuse(refused)
 	return ok
 }
 

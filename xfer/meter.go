@@ -102,10 +102,34 @@ func (mt *meterTable) get(name string) *meter {
 // reads only the monotonic clock).
 var epoch = time.Now()
 
-func nanotime() int64 { return int64(time.Since(epoch)) }
+func nanotime() int64 {
+	if !metersOn {
+		return 0
+	}
+	return int64(time.Since(epoch))
+}
+
+// sent counts n tasks handed to the transport's Submit.
+func (s *meterShard) sent(n uint64) {
+	if metersOn {
+		s.dispatched.Add(n)
+	}
+}
+
+// refuse moves n tasks the transport's Submit refused from dispatched to
+// refused.
+func (s *meterShard) refuse(n uint64) {
+	if metersOn && n > 0 {
+		s.dispatched.Add(-n)
+		s.refused.Add(n)
+	}
+}
 
 // ended records the Done of a task the meter dispatched.
 func (s *meterShard) ended(start int64, n uint64, err error, code func(error) int) {
+	if !metersOn {
+		return
+	}
 	if err != nil {
 		s.errored(err, code)
 	}
@@ -131,6 +155,9 @@ type meterRun struct {
 }
 
 func (r *meterRun) add(t *Task, n uint64, err error, code func(error) int) {
+	if !metersOn {
+		return
+	}
 	if t.ms != r.ms || t.start != r.start {
 		r.flush()
 		r.ms, r.start = t.ms, t.start
@@ -143,7 +170,7 @@ func (r *meterRun) add(t *Task, n uint64, err error, code func(error) int) {
 }
 
 func (r *meterRun) flush() {
-	if r.n == 0 {
+	if !metersOn || r.n == 0 {
 		return
 	}
 	if r.now == 0 {

@@ -259,16 +259,13 @@ func (s *Stream) dispatch(tr Transport, grp []*Task, now int64) bool {
 		s.slots[t.slot].refs.Add(1)
 		t.state.Store(uint32(stateDispatching))
 	}
-	ms.dispatched.Add(uint64(len(grp)))
+	ms.sent(uint64(len(grp)))
 	n, err := tr.Submit(grp)
 	k, ok, rerr := dispatched(n, len(grp), err)
 	if !ok {
 		s.e.violation(tr, "dispatch count", n, len(grp))
 	}
-	if refused := uint64(len(grp) - k); refused > 0 {
-		ms.dispatched.Add(-refused)
-		ms.refused.Add(refused)
-	}
+	ms.refuse(uint64(len(grp) - k))
 	for _, t := range grp[k:] {
 		if !t.owed.CompareAndSwap(1, 0) {
 			// Done came for a task the transport did not take: it
