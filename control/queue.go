@@ -146,6 +146,10 @@ func (q *cqueue) work() {
 			q.ring.Post(&q.answers[i])
 		}
 		q.answers = q.answers[:0]
+		if q.store != nil && q.store.deferred > 0 {
+			q.store.answered(q.store.deferred)
+			q.store.deferred = 0
+		}
 		if !q.submit() {
 			break
 		}

@@ -34,6 +34,8 @@ type qstore struct {
 	// Owned by the worker: the copied key list and its keys.
 	keyBuf []byte
 	keys   [][]byte
+	// deferred counts calls answered in q.answers, not posted yet.
+	deferred int32
 
 	// calls has one slot per completion-ring entry (what is in flight is
 	// bounded by the ring); a slot's record is made on first use and
@@ -153,7 +155,9 @@ func (qs *qstore) start(e *queue.SQE) Code {
 		if code != tcproto.CodeOK {
 			st = xfer.StateFailed
 		}
-		qs.q.ring.Post(&queue.CQE{UserData: e.UserData, Result: uint64(k), Code: uint32(code), State: uint8(st)})
+		// Answered after the worker publishes sq_head (work), as a
+		// synchronous answer must be: see end.
+		qs.q.answers = append(qs.q.answers, queue.CQE{UserData: e.UserData, Result: uint64(k), Code: uint32(code), State: uint8(st)})
 		return tcproto.CodeOK
 	}
 	c := qs.get()
@@ -189,7 +193,8 @@ func (qs *qstore) start(e *queue.SQE) Code {
 	}
 	c.err = err
 	if !pending || c.left.Add(-1) == 0 {
-		qs.end(c)
+		qs.q.answers = append(qs.q.answers, qs.end(c))
+		qs.deferred++ // answered by work once posted
 	}
 	return tcproto.CodeOK
 }
@@ -243,13 +248,20 @@ func (c *conn) resultsRegion(id xfer.SegmentID, off uint64, n int) ([]byte, xfer
 func (qs *qstore) StoreDone(tag uint64) {
 	c := qs.calls[tag]
 	if c.left.Add(-1) == 0 {
-		qs.end(c)
+		cqe := qs.end(c)
+		qs.q.ring.Post(&cqe)
+		qs.answered(1)
 	}
 }
 
-// end writes a call's results into the client's buffer, posts its CQE and
-// frees its record.
-func (qs *qstore) end(c *storeCall) {
+// end writes a call's results into the client's buffer, frees its record
+// and returns its CQE. A call that ends on the worker, while it prepares
+// what it took, is answered only after the worker publishes sq_head (work
+// posts q.answers then): a client that reaped the answer first would find
+// the entry's slot and key bytes still taken, and could wait for a
+// completion with nothing in flight. A call ending later (StoreDone) is
+// posted at once.
+func (qs *qstore) end(c *storeCall) queue.CQE {
 	code := tcproto.CodeOK
 	switch {
 	case c.err == nil, errors.Is(c.err, store.ErrTransport):
@@ -284,8 +296,13 @@ func (qs *qstore) end(c *storeCall) {
 	ud := c.ud
 	c.res, c.buf, c.err = nil, nil, nil
 	qs.put(c)
-	qs.q.ring.Post(&queue.CQE{UserData: ud, Result: uint64(ok), Code: uint32(code), State: uint8(st)})
-	if qs.inflight.Add(-1) == 0 {
+	return queue.CQE{UserData: ud, Result: uint64(ok), Code: uint32(code), State: uint8(st)}
+}
+
+// answered counts n calls whose CQEs are posted: the queue may close once
+// none is left.
+func (qs *qstore) answered(n int32) {
+	if qs.inflight.Add(-n) == 0 {
 		select {
 		case qs.idle <- struct{}{}:
 		default:
