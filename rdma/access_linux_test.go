@@ -92,9 +92,9 @@ func TestVerbsRegisterAccess(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		r.wait(t, 1)
-		r.check(t, tasks)
-		return r.errs[tasks[0]]
+		r.Wait(t, 1)
+		r.Check(t, tasks)
+		return r.Err(tasks[0])
 	}
 	refused := func(err error, what string) {
 		t.Helper()

@@ -147,8 +147,8 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 					t0 := time.Now()
 					run(t, tr, r, w)
 					wdur := time.Since(t0)
-					if err := r.errs[w[0]]; err != nil || r.n[w[0]] != uint64(n) {
-						t.Fatalf("WRITE: n %d, %v", r.n[w[0]], err)
+					if err := r.Err(w[0]); err != nil || r.N(w[0]) != uint64(n) {
+						t.Fatalf("WRITE: n %d, %v", r.N(w[0]), err)
 					}
 					at := winOff + toff
 					if got := crc32.Checksum(peer.pool[at:at+uint64(n)], castagnoli); got != want {
@@ -160,8 +160,8 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 					t0 = time.Now()
 					run(t, tr, r, rd)
 					rdur := time.Since(t0)
-					if err := r.errs[rd[0]]; err != nil || r.n[rd[0]] != uint64(n) {
-						t.Fatalf("READ: n %d, %v", r.n[rd[0]], err)
+					if err := r.Err(rd[0]); err != nil || r.N(rd[0]) != uint64(n) {
+						t.Fatalf("READ: n %d, %v", r.N(rd[0]), err)
 					}
 					if got := crc32.Checksum(me.pool[loff:loff+uint64(n)], castagnoli); got != want {
 						t.Fatalf("READ: crc32c %08x read back, %08x written", got, want)

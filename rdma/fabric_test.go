@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,65 +18,17 @@ import (
 	"github.com/tensorcast/tensorcast/rdma/rdmatest"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // The transport's logic over rdmatest's in-memory fabric: everything but
 // the verbs themselves, which verbs_linux_test.go covers in the Soft-RoCE
 // VM.
 
-// recorder is a Completer that checks every task ends exactly once.
-type recorder struct {
-	mu    sync.Mutex // guards the fields below
-	ends  map[*xfer.Task]int
-	n     map[*xfer.Task]uint64
-	errs  map[*xfer.Task]error
-	count int
-	ch    chan struct{}
-}
+// recorder records how tasks ended (xfertest.Recorder).
+type recorder = xfertest.Recorder
 
-func newRecorder() *recorder {
-	return &recorder{ends: map[*xfer.Task]int{}, n: map[*xfer.Task]uint64{}, errs: map[*xfer.Task]error{}, ch: make(chan struct{}, 1<<16)}
-}
-
-func (r *recorder) TaskDone(t *xfer.Task, n uint64, err error) {
-	r.mu.Lock()
-	r.ends[t]++
-	r.n[t], r.errs[t] = n, err
-	r.count++
-	r.mu.Unlock()
-	r.ch <- struct{}{}
-}
-
-// wait waits for k more ends.
-func (r *recorder) wait(t *testing.T, k int) {
-	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for range k {
-		select {
-		case <-r.ch:
-		case <-timeout:
-			t.Fatalf("timed out waiting for task ends")
-		}
-	}
-}
-
-// result is how tk ended.
-func (r *recorder) result(tk *xfer.Task) (uint64, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.n[tk], r.errs[tk]
-}
-
-func (r *recorder) check(t *testing.T, tasks []*xfer.Task) {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for i, tk := range tasks {
-		if r.ends[tk] != 1 {
-			t.Errorf("task %d ended %d times", i, r.ends[tk])
-		}
-	}
-}
+func newRecorder() *recorder { return xfertest.NewRecorder() }
 
 func tasksOf(r xfer.Completer, reqs ...xfer.Request) []*xfer.Task {
 	out := make([]*xfer.Task, len(reqs))
@@ -178,10 +129,10 @@ func TestFakeWriteReadSignalled(t *testing.T) {
 	if n != len(tasks) || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
-	r.wait(t, len(tasks))
-	r.check(t, tasks)
+	r.Wait(t, len(tasks))
+	r.Check(t, tasks)
 	for i, tk := range tasks {
-		if n, err := r.result(tk); n != tk.Req.Length || err != nil {
+		if n, err := r.Result(tk); n != tk.Req.Length || err != nil {
 			t.Fatalf("task %d: n %d err %v", i, n, err)
 		}
 	}
@@ -204,7 +155,7 @@ func TestFakeWriteReadSignalled(t *testing.T) {
 	if n, err := a.t.Submit(rt); n != 1 || err != nil {
 		t.Fatalf("Submit read = %d, %v", n, err)
 	}
-	r.wait(t, 1)
+	r.Wait(t, 1)
 	if !bytes.Equal(la[512<<10:768<<10], rb[:256<<10]) {
 		t.Fatal("read bytes differ")
 	}
@@ -232,10 +183,10 @@ func TestFakeInvalidTasksEndTyped(t *testing.T) {
 	if n != len(tasks) || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
-	r.wait(t, len(tasks))
-	r.check(t, tasks)
+	r.Wait(t, len(tasks))
+	r.Check(t, tasks)
 	for i, tk := range tasks {
-		moved, err := r.result(tk)
+		moved, err := r.Result(tk)
 		switch {
 		case i == 1 && err != nil:
 			t.Errorf("valid task failed: %v", err)
@@ -263,12 +214,12 @@ func TestFakeQPErrorFailsInFlightAndRecovers(t *testing.T) {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
 	a.dev.FailQueuePairs()
-	r.wait(t, 2)
-	r.check(t, tasks)
+	r.Wait(t, 2)
+	r.Check(t, tasks)
 	a.dev.Release() // the reconnect probe (maybe posted already) must run
 	for i, tk := range tasks {
 		var ce *rdma.CompletionError
-		moved, err := r.result(tk)
+		moved, err := r.Result(tk)
 		if !errors.As(err, &ce) || ce.Status != rdma.WCWRFlushErr ||
 			!strings.Contains(err.Error(), "IBV_WC_WR_FLUSH_ERR") || !errors.Is(err, rdma.ErrCompletion) {
 			t.Errorf("task %d: err = %v, want IBV_WC_WR_FLUSH_ERR", i, err)
@@ -283,8 +234,8 @@ func TestFakeQPErrorFailsInFlightAndRecovers(t *testing.T) {
 	if n, err := a.t.Submit(more); n != 1 || err != nil {
 		t.Fatalf("Submit after recovery = %d, %v", n, err)
 	}
-	r.wait(t, 1)
-	if _, err := r.result(more[0]); err != nil || !bytes.Equal(la, rb) {
+	r.Wait(t, 1)
+	if _, err := r.Result(more[0]); err != nil || !bytes.Equal(la, rb) {
 		t.Fatalf("after recovery: %v", err)
 	}
 	if b.dev.Stats().Connects == conns {
@@ -310,22 +261,20 @@ func TestFakeQueueFullAndClose(t *testing.T) {
 	if err := a.t.Close(); err != nil {
 		t.Fatal(err)
 	}
-	r.check(t, tasks[:8])
-	r.mu.Lock()
-	if r.count != 8 {
-		t.Errorf("%d tasks ended, want the 8 dispatched", r.count)
+	r.Check(t, tasks[:8])
+	if r.Count() != 8 {
+		t.Errorf("%d tasks ended, want the 8 dispatched", r.Count())
 	}
 	for _, tk := range tasks[8:] {
-		if r.ends[tk] != 0 {
+		if r.Ends(tk) != 0 {
 			t.Error("a task that was not dispatched ended")
 		}
 	}
 	for _, tk := range tasks[:8] {
-		if r.errs[tk] == nil {
+		if r.Err(tk) == nil {
 			t.Error("held task ended without error at Close")
 		}
 	}
-	r.mu.Unlock()
 	if n, err := a.t.Submit(tasks[8:]); n != 0 || !errors.Is(err, xfer.ErrClosed) {
 		t.Errorf("Submit after Close = %d, %v", n, err)
 	}
@@ -427,8 +376,8 @@ func TestFabricEnforcesKeys(t *testing.T) {
 		if n, err := a.t.Submit(tk); n != 1 || err != nil {
 			t.Fatalf("Submit %+v = %d, %v", req, n, err)
 		}
-		r.wait(t, 1)
-		_, err := r.result(tk[0])
+		r.Wait(t, 1)
+		_, err := r.Result(tk[0])
 		return err
 	}
 	wantStatus := func(err error, st rdma.WCStatus, what string) {
@@ -502,14 +451,14 @@ func moveAndCheck(t *testing.T, a *side, seg xfer.SegmentID, la []byte, n uint64
 	if k, err := a.t.Submit(w); k != 1 || err != nil {
 		t.Fatalf("Submit write = %d, %v", k, err)
 	}
-	r.wait(t, 1)
+	r.Wait(t, 1)
 	rd := tasksOf(r, xfer.Request{Op: xfer.OpRead, Local: segLocal, LocalOffset: n, Target: seg, Length: n})
 	if k, err := a.t.Submit(rd); k != 1 || err != nil {
 		t.Fatalf("Submit read = %d, %v", k, err)
 	}
-	r.wait(t, 1)
+	r.Wait(t, 1)
 	for _, tk := range append(w, rd...) {
-		if moved, err := r.result(tk); err != nil || moved != n {
+		if moved, err := r.Result(tk); err != nil || moved != n {
 			t.Fatalf("task %+v: n %d err %v", tk.Req, moved, err)
 		}
 	}
@@ -560,8 +509,8 @@ func TestChannelPeerOverFakes(t *testing.T) {
 	if k, err := a.t.Submit(over); k != 1 || err != nil {
 		t.Fatalf("Submit = %d, %v", k, err)
 	}
-	r.wait(t, 1)
-	if _, err := r.result(over[0]); !errors.Is(err, rdma.ErrNotRegistered) {
+	r.Wait(t, 1)
+	if _, err := r.Result(over[0]); !errors.Is(err, rdma.ErrNotRegistered) {
 		t.Fatalf("write past the window: %v, want ErrNotRegistered", err)
 	}
 	for _, bad := range [][2]uint64{{0, 0}, {1 << 20, 1}, {1<<20 - 4, 5}} {
@@ -574,8 +523,8 @@ func TestChannelPeerOverFakes(t *testing.T) {
 	if k, err := a.t.Submit(gone); k != 1 || err != nil {
 		t.Fatalf("Submit = %d, %v", k, err)
 	}
-	r.wait(t, 1)
-	if _, err := r.result(gone[0]); !errors.Is(err, rdma.ErrNotRegistered) {
+	r.Wait(t, 1)
+	if _, err := r.Result(gone[0]); !errors.Is(err, rdma.ErrNotRegistered) {
 		t.Fatalf("removed target: %v", err)
 	}
 	runtime.KeepAlive(la)
@@ -719,8 +668,8 @@ func TestRemoveLocal(t *testing.T) {
 		if k, err := a.t.Submit(gone); k != 1 || err != nil {
 			t.Fatalf("Submit = %d, %v", k, err)
 		}
-		r.wait(t, 1)
-		if _, err := r.result(gone[0]); !errors.Is(err, rdma.ErrNotRegistered) {
+		r.Wait(t, 1)
+		if _, err := r.Result(gone[0]); !errors.Is(err, rdma.ErrNotRegistered) {
 			t.Fatalf("%v from a removed local segment: %v, want ErrNotRegistered", op, fmt.Sprint(err))
 		}
 	}

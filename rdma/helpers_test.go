@@ -9,59 +9,15 @@ package rdma
 import (
 	"errors"
 	"fmt"
-	"sync"
-	"testing"
-	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
-// recorder is a Completer that checks every task ends exactly once.
-type recorder struct {
-	mu    sync.Mutex // guards the fields below
-	ends  map[*xfer.Task]int
-	n     map[*xfer.Task]uint64
-	errs  map[*xfer.Task]error
-	count int
-	ch    chan struct{}
-}
+// recorder records how tasks ended (xfertest.Recorder).
+type recorder = xfertest.Recorder
 
-func newRecorder() *recorder {
-	return &recorder{ends: map[*xfer.Task]int{}, n: map[*xfer.Task]uint64{}, errs: map[*xfer.Task]error{}, ch: make(chan struct{}, 1<<16)}
-}
-
-func (r *recorder) TaskDone(t *xfer.Task, n uint64, err error) {
-	r.mu.Lock()
-	r.ends[t]++
-	r.n[t], r.errs[t] = n, err
-	r.count++
-	r.mu.Unlock()
-	r.ch <- struct{}{}
-}
-
-// wait waits for k more ends.
-func (r *recorder) wait(t *testing.T, k int) {
-	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for range k {
-		select {
-		case <-r.ch:
-		case <-timeout:
-			t.Fatalf("timed out waiting for task ends")
-		}
-	}
-}
-
-func (r *recorder) check(t *testing.T, tasks []*xfer.Task) {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for i, tk := range tasks {
-		if r.ends[tk] != 1 {
-			t.Errorf("task %d ended %d times", i, r.ends[tk])
-		}
-	}
-}
+func newRecorder() *recorder { return xfertest.NewRecorder() }
 
 const (
 	segLocal  xfer.SegmentID = 1

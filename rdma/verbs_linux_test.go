@@ -138,7 +138,7 @@ func run(tb testing.TB, tr *Transport, r *recorder, tasks []*xfer.Task) {
 			tb.Fatalf("Submit: %v", err)
 		}
 	}
-	r.wait(tb.(*testing.T), len(tasks))
+	r.Wait(tb.(*testing.T), len(tasks))
 }
 
 func TestVerbsWriteReadCRC(t *testing.T) {
@@ -157,8 +157,8 @@ func TestVerbsWriteReadCRC(t *testing.T) {
 			start := time.Now()
 			run(t, p.a, r, w)
 			wdur := time.Since(start)
-			if err := r.errs[w[0]]; err != nil || r.n[w[0]] != uint64(n) {
-				t.Fatalf("WRITE: n %d, %v", r.n[w[0]], err)
+			if err := r.Err(w[0]); err != nil || r.N(w[0]) != uint64(n) {
+				t.Fatalf("WRITE: n %d, %v", r.N(w[0]), err)
 			}
 			if got := crc32.Checksum(p.rb[roff:roff+uint64(n)], castagnoli); got != want {
 				t.Fatalf("WRITE: crc32c %08x at the target, %08x at the source", got, want)
@@ -169,7 +169,7 @@ func TestVerbsWriteReadCRC(t *testing.T) {
 			start = time.Now()
 			run(t, p.a, r, rd)
 			rdur := time.Since(start)
-			if err := r.errs[rd[0]]; err != nil {
+			if err := r.Err(rd[0]); err != nil {
 				t.Fatalf("READ: %v", err)
 			}
 			if got := crc32.Checksum(p.la[loff:loff+uint64(n)], castagnoli); got != want {
@@ -193,10 +193,10 @@ func TestVerbsManySmallSignalled(t *testing.T) {
 	}
 	tasks := tasksOf(r, reqs...)
 	run(t, p.a, r, tasks)
-	r.check(t, tasks)
+	r.Check(t, tasks)
 	for i, tk := range tasks {
-		if r.errs[tk] != nil {
-			t.Fatalf("task %d: %v", i, r.errs[tk])
+		if r.Err(tk) != nil {
+			t.Fatalf("task %d: %v", i, r.Err(tk))
 		}
 	}
 	if !bytes.Equal(p.la[:1000*4096], p.rb[:1000*4096]) {
@@ -221,11 +221,11 @@ func TestVerbsQPErrorFailsInFlightAndRecovers(t *testing.T) {
 	if err := p.a.failQP(0); err != nil {
 		t.Fatalf("forcing the queue pair to ERR: %v", err)
 	}
-	r.wait(t, len(tasks))
-	r.check(t, tasks)
+	r.Wait(t, len(tasks))
+	r.Check(t, tasks)
 	failed := 0
 	for i, tk := range tasks {
-		err := r.errs[tk]
+		err := r.Err(tk)
 		if err == nil {
 			continue // finished before the error
 		}
@@ -241,7 +241,7 @@ func TestVerbsQPErrorFailsInFlightAndRecovers(t *testing.T) {
 	if failed == 0 {
 		t.Fatal("no task was in flight when the queue pair failed")
 	}
-	t.Logf("%d of %d tasks failed with the queue pair (first: %v)", failed, len(tasks), r.errs[tasks[len(tasks)-1]])
+	t.Logf("%d of %d tasks failed with the queue pair (first: %v)", failed, len(tasks), r.Err(tasks[len(tasks)-1]))
 
 	deadline := time.Now().Add(20 * time.Second)
 	for !qpIsUp(p.a, 0) {
@@ -260,8 +260,8 @@ func TestVerbsQPErrorFailsInFlightAndRecovers(t *testing.T) {
 	run(t, p.a, r, again[:1])
 	run(t, p.a, r, again[1:])
 	for _, tk := range again {
-		if r.errs[tk] != nil {
-			t.Fatalf("after recovery: %v", r.errs[tk])
+		if r.Err(tk) != nil {
+			t.Fatalf("after recovery: %v", r.Err(tk))
 		}
 	}
 	if !bytes.Equal(p.la[:1<<20], p.la[2<<20:3<<20]) {
