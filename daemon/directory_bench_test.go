@@ -19,6 +19,10 @@ import (
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/directory/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // The churn harness: many daemons in this process on one etcd, a Zipf
@@ -336,23 +340,73 @@ func runChurn(b *testing.B) {
 	rng := rand.New(rand.NewSource(99))
 	tick := time.NewTicker(churn)
 	defer tick.Stop()
+	// Each kill's time to leave etcd (its member key deleted, seen by a
+	// watch of the harness's own) and the observer's cache, so that a
+	// slow one says which of the two was slow.
+	// It reconnects as fast as the daemons do (gRPC's default backoff
+	// would find etcd back seconds late, and blame etcd for it).
+	watcher, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints(), DialTimeout: 15 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: *dbTTL / 3}})}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer watcher.Close()
+	var goneMu sync.Mutex
+	var goneSaid []string
 	watchGone := func(id string, since time.Time) {
-		wg.Add(1)
+		wg.Add(2)
+		etcdGone := make(chan time.Duration, 1)
+		leftAt := make(chan time.Duration, 1)
+		go func() {
+			defer wg.Done()
+			wctx, cancel := context.WithTimeout(context.Background(), *dbTTL+*dbOutage+10*time.Second)
+			defer cancel()
+			key := "/bench/members/" + id
+			r, err := watcher.Get(wctx, key)
+			if err == nil && len(r.Kvs) == 1 {
+				if ttl, err := watcher.TimeToLive(wctx, clientv3.LeaseID(r.Kvs[0].Lease)); err == nil {
+					leftAt <- time.Duration(ttl.TTL) * time.Second
+				}
+			}
+			close(leftAt)
+			if err == nil && len(r.Kvs) == 0 {
+				etcdGone <- time.Since(since)
+				return
+			} else if err == nil {
+				for resp := range watcher.Watch(wctx, key, clientv3.WithRev(r.Header.Revision+1), clientv3.WithFilterPut()) {
+					if len(resp.Events) > 0 {
+						etcdGone <- time.Since(since)
+						return
+					}
+				}
+			}
+			etcdGone <- -1
+		}()
 		go func() {
 			defer wg.Done()
 			if etcdtest.WaitFor(context.Background(), *dbTTL+*dbOutage+10*time.Second, func() bool {
 				_, ok := obs.d.dir.Cache().Peek(id)
 				return !ok
 			}) {
+				took := time.Since(since)
 				// A lease still alive when etcd went down is renewed by its
 				// restart (as after any leader change): such a kill is not
 				// a measure of the TTL.
 				ds, up := downSince.Load(), upAgain.Load()
 				if ds == 0 || since.Add(*dbTTL+time.Second).UnixNano() < ds || (up != 0 && since.UnixNano() > up) {
-					goneLat.add(time.Since(since))
+					goneLat.add(took)
 				} else {
 					outageGone.Add(1)
 				}
+				e := <-etcdGone
+				left, ok := <-leftAt
+				if !ok {
+					left = -1
+				}
+				goneMu.Lock()
+				goneSaid = append(goneSaid, fmt.Sprintf("%s (lease TTL left at the kill %v) gone from etcd %v, from the observer %v", id, left, e.Round(time.Millisecond), took.Round(time.Millisecond)))
+				goneMu.Unlock()
 			}
 		}()
 	}
@@ -513,4 +567,9 @@ func runChurn(b *testing.B) {
 	fmt.Fprintf(w, "  etcd down past budget: %d lookups, %d failed closed or went to the peer; false successes: %d\n",
 		cnt.outageLookups.Load(), cnt.outageClosed.Load(), cnt.falseSuccess.Load())
 	fmt.Fprintf(w, "  churn: %s\n", strings.Join(events, ", "))
+	goneMu.Lock()
+	for _, g := range goneSaid {
+		fmt.Fprintf(w, "  killed %s\n", g)
+	}
+	goneMu.Unlock()
 }

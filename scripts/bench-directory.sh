@@ -27,4 +27,4 @@ ulimit -n 65536 2>/dev/null || true
 go test -count=1 -run '^$' -bench '^BenchmarkDirectoryChurn$' -benchtime=1x -timeout 60m ./daemon \
 	-args -dirbench.report -dirbench.daemons="$DAEMONS" -dirbench.duration="${SECS}s" -dirbench.outage="${OUTAGE}s" \
 	-dirbench.ttl=3s -dirbench.budget=2s -dirbench.exports=8 -dirbench.workers=8 ${DIRBENCH_FLAGS:-} |
-	sed -n '/^directory churn/,/^  churn:/p;/^--- FAIL/,$p'
+	sed -n '/^directory churn/,/^  churn:/p;/^  killed /p;/^--- FAIL/,$p'

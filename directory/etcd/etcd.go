@@ -45,6 +45,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/tensorcast/tensorcast/directory"
 )
@@ -265,6 +267,15 @@ func Open(cfg Config) (*Dir, error) {
 		TLS:                  tc,
 		Logger:               zap.NewNop(),
 		AutoSyncInterval:     0,
+		// gRPC's default reconnect backoff grows to two minutes: a daemon
+		// would find etcd back long after its lease's TTL, and so lose a
+		// registration etcd's restart renewed (keeper, resume). Retry at
+		// least three times a TTL, with jitter.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{BaseDelay: min(100*time.Millisecond, cfg.LeaseTTL/3), Multiplier: 1.6, Jitter: 0.2,
+				MaxDelay: cfg.LeaseTTL / 3},
+			MinConnectTimeout: cfg.DialTimeout,
+		})},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: etcd_endpoints = %v: %v", directory.ErrConfig, cfg.Endpoints, err)

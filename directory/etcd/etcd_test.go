@@ -267,7 +267,7 @@ func TestEtcdDown(t *testing.T) {
 	waitFor(t, 5*time.Second, "b notices the outage", func() bool { return b.State() == directory.StateDown })
 	// Let the prober run a few more rounds: the outage is said once.
 	clk.Advance(time.Second)
-	waitFor(t, 5*time.Second, "a's keep-alives lapse", func() bool { return a.log.count("registration lost") == 1 })
+	waitFor(t, 5*time.Second, "a's keep-alives lapse", func() bool { return a.log.count("directory keep-alives ended") == 1 })
 	if n := b.log.count("etcd unreachable: lookups"); n != 1 {
 		t.Fatalf("outage logged %d times:\n%s", n, b.log)
 	}
@@ -277,7 +277,11 @@ func TestEtcdDown(t *testing.T) {
 
 	srv.Restart()
 	waitFor(t, 10*time.Second, "b recovers", func() bool { return b.State() == directory.StateUp })
-	waitFor(t, 10*time.Second, "a registers again", func() bool { return a.log.count("registered in the directory again") == 1 })
+	// etcd's restart renewed a's lease: a keeps it, and writes nothing.
+	waitFor(t, 10*time.Second, "a finds its lease kept", func() bool { return a.log.count("the registration stands") == 1 })
+	if n := a.log.count("registration lost"); n != 0 {
+		t.Fatalf("a registered again though etcd kept its lease:\n%s", a.log)
+	}
 	if v, err := b.ResolveMember(ctx, directory.LaneCatalogFirst, "a"); err != nil || v.Source != directory.SourceCache || v.Member.Epoch != 1 {
 		t.Fatalf("after recovery: %+v %v", v, err)
 	}
@@ -288,9 +292,8 @@ func TestEtcdDown(t *testing.T) {
 	if n := b.log.count("etcd reachable again"); n != 1 {
 		t.Fatalf("recovery logged %d times", n)
 	}
-	// a's old lease (renewed by etcd's restart) was revoked after the
-	// registration moved: a is there once, and stays after that lease's
-	// TTL.
+	// a is there once, and stays after its lease's TTL: its keep-alives
+	// resumed.
 	clk.Advance(100 * time.Millisecond)
 	c := open(t, srv, "c", nil)
 	join(t, c, 3)
@@ -299,9 +302,9 @@ func TestEtcdDown(t *testing.T) {
 	}
 }
 
-// TestCrashAfterOutage: after etcd came back and the registration moved
-// to a new lease, a crash is seen within the TTL (no lease of the old
-// registration is left behind).
+// TestCrashAfterOutage: after etcd came back and a resumed its kept
+// lease, a crash is seen within the TTL (the keep-alives that ended in
+// the outage hold nothing up).
 func TestCrashAfterOutage(t *testing.T) {
 	srv := etcdtest.Start(t)
 	a := open(t, srv, "a", nil)
@@ -310,9 +313,9 @@ func TestCrashAfterOutage(t *testing.T) {
 	join(t, b, 2)
 	waitFor(t, 5*time.Second, "b sees a", func() bool { return epochOf(b, "a") == 1 })
 	srv.Stop()
-	waitFor(t, 5*time.Second, "a's keep-alives lapse", func() bool { return a.log.count("registration lost") == 1 })
+	waitFor(t, 5*time.Second, "a's keep-alives lapse", func() bool { return a.log.count("directory keep-alives ended") == 1 })
 	srv.Restart()
-	waitFor(t, 10*time.Second, "a registers again", func() bool { return a.log.count("registered in the directory again") == 1 })
+	waitFor(t, 10*time.Second, "a finds its lease kept", func() bool { return a.log.count("the registration stands") == 1 })
 	waitFor(t, 10*time.Second, "b current", func() bool { return b.State() == directory.StateUp })
 	start := time.Now()
 	a.Abandon()
@@ -352,4 +355,42 @@ func TestTLS(t *testing.T) {
 			t.Errorf("Open with %+v: %v, want ErrConfig", c, err)
 		}
 	}
+}
+
+// TestLeaseRevokedRegistersAgain: a lease etcd no longer holds (revoked
+// here, as a lapse while this daemon was cut off would leave it) ends the
+// keep-alives, the check finds it gone, and the daemon registers again
+// under a new lease, with its catalog.
+func TestLeaseRevokedRegistersAgain(t *testing.T) {
+	ctx := context.Background()
+	srv := etcdtest.Start(t)
+	a := open(t, srv, "a", nil)
+	join(t, a, 1)
+	a.Exported("kv", 4096, directory.RightRead)
+	b := open(t, srv, "b", nil)
+	join(t, b, 2)
+	waitFor(t, 5*time.Second, "b sees a and a/kv", func() bool { return epochOf(b, "a") == 1 && len(b.Cache().Exports()) == 1 })
+	a.smu.Lock()
+	old := a.lease
+	a.smu.Unlock()
+	if _, err := b.cli.Revoke(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a registers again", func() bool { return a.log.count("registered in the directory again") == 1 })
+	if n := a.log.count("registration lost"); n != 1 {
+		t.Fatalf("registration lost logged %d times:\n%s", n, a.log)
+	}
+	if n := a.log.count("the registration stands"); n != 0 {
+		t.Fatalf("a kept a revoked lease:\n%s", a.log)
+	}
+	a.smu.Lock()
+	cur := a.lease
+	a.smu.Unlock()
+	if cur == old || cur == 0 {
+		t.Fatalf("lease after registering again %x (before %x)", cur, old)
+	}
+	waitFor(t, 5*time.Second, "b sees a and a/kv again", func() bool {
+		v, err := b.ResolveExport(ctx, directory.LaneCatalogFirst, "a", "kv")
+		return epochOf(b, "a") == 1 && err == nil && v.Source == directory.SourceCache
+	})
 }

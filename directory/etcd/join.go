@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/tensorcast/tensorcast/directory"
@@ -224,7 +225,15 @@ func (d *Dir) keeper(lease clientv3.LeaseID) {
 		if d.ctx.Err() != nil {
 			return
 		}
-		d.log.Warn("directory registration lost (etcd unreachable for longer than the lease, or the lease was revoked); registering again",
+		d.log.Warn("directory keep-alives ended (etcd unreachable for longer than the lease, or the lease was revoked); checking the lease",
+			"lease_ttl", d.cfg.LeaseTTL.String())
+		switch d.resume(lease) {
+		case leaseKept:
+			continue
+		case leaseClosed:
+			return
+		}
+		d.log.Warn("directory registration lost: etcd no longer holds its lease; registering again",
 			"lease_ttl", d.cfg.LeaseTTL.String())
 		d.pmu.Lock()
 		clear(d.applied)
@@ -232,6 +241,45 @@ func (d *Dir) keeper(lease clientv3.LeaseID) {
 		lease = d.reregister()
 		if lease == 0 {
 			return
+		}
+	}
+}
+
+type leaseFate int
+
+const (
+	leaseKept leaseFate = iota
+	leaseGone
+	leaseClosed
+)
+
+// resume asks etcd, until it answers or the directory closes, whether it
+// still holds the lease whose keep-alives ended. An etcd restart renews
+// every lease it had (as any leader change does), so when the keep-alives
+// ended because etcd itself was down, the registration stands as it was
+// once etcd answers again within the lease's TTL: keeping it spares etcd
+// a new lease, a member write and the whole catalog from every daemon at
+// once, just as it comes back. A lease etcd let lapse (this daemon was cut
+// off while etcd ran on) is gone: the caller registers again.
+func (d *Dir) resume(lease clientv3.LeaseID) leaseFate {
+	for {
+		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.DialTimeout)
+		d.requests.Add(1)
+		_, err := d.cli.KeepAliveOnce(clientv3.WithRequireLeader(ctx), lease)
+		cancel()
+		switch {
+		case err == nil:
+			d.log.Info("etcd answered and still holds the directory lease; the registration stands",
+				"lease", fmt.Sprintf("%x", int64(lease)))
+			return leaseKept
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			return leaseGone
+		case d.ctx.Err() != nil:
+			return leaseClosed
+		}
+		d.log.Debug("directory lease check failed; trying again", "err", err)
+		if !d.wait(d.cfg.RetryEvery) {
+			return leaseClosed
 		}
 	}
 }
