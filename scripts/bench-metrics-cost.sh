@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench-metrics-cost.sh - what the metrics cost the hot path: the engine's
-# per-transport meters (a clock read per dispatch group and per completion,
-# a few uncontended atomic adds per task) and the control server's per-kind
-# request counter (one atomic add per request), measured as the engine,
+# per-transport meters (a clock read per completion, or per submit call for
+# the tasks that end inside it, and a few uncontended atomic adds) and the
+# control server's per-kind request counter (one atomic add per request),
+# measured as the engine,
 # local-transport and control round-trip benchmarks without the meters and
 # with them, alternating COUNT times, compared with benchstat.
 #

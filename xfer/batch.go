@@ -42,11 +42,12 @@ type batch struct {
 	gen      uint32
 	seq      uint32 // last submit call number
 	capacity int
-	used     int     // tasks[:used] were submitted
-	tasks    []Task  // len >= capacity; tasks[i].b == this batch
-	scratch  []*Task // per-call scratch: accepted tasks, then the ones not yet grouped
-	grp      []*Task // per-call scratch: the tasks of one transport
-	calls    []*call // deadline records, reused; calls[:ncalls] in use
+	used     int        // tasks[:used] were submitted
+	tasks    []Task     // len >= capacity; tasks[i].b == this batch
+	scratch  []*Task    // per-call scratch: accepted tasks, then the ones not yet grouped
+	grp      []*Task    // per-call scratch: the tasks of one transport
+	mc       meterCache // kept across the slot's batches
+	calls    []*call    // deadline records, reused; calls[:ncalls] in use
 	ncalls   int
 	// tainted: a transport broke the dispatch contract on this batch, so it
 	// may still hold tasks it disowned. A tainted batch object (and its
@@ -161,8 +162,9 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 	// compacted in place: its write index never passes its read index.
 	b.dispatching.Store(seq)
 	bad := false
-	// One meter clock reading for every group of the call.
-	start0 := nanotime()
+	// Every group of the call is metered from the call's clock reading,
+	// the one its deadline was taken from.
+	start0 := meterTime(now)
 	for rest := acc; len(rest) > 0; {
 		var tr Transport
 		var grp []*Task
@@ -206,7 +208,7 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 			}
 			if s == stateParked {
 				err, n := t.err, t.n
-				run.add(t, n, err, b.e.cfg.ErrorCode)
+				run.add(b.e, t, n, err)
 				if bad {
 					err, n = ErrTransport, 0
 				}
@@ -222,7 +224,7 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 			break // terminal (refused, rolled back) or Pending already
 		}
 	}
-	run.flush()
+	run.flush(b.e)
 	if bad {
 		b.tainted = true
 		return ErrTransport
@@ -351,9 +353,11 @@ func dispatched(n, size int, err error) (k int, ok bool, rerr error) {
 // dispatch hands grp to tr and rolls back what tr did not take. It reports
 // false when tr broke the count contract.
 func (b *batch) dispatch(tr Transport, grp []*Task, now int64) bool {
-	ms := &b.e.meters.get(tr.Name()).shards[b.idx%meterShards]
+	ms := b.mc.shard(&b.e.meters, tr, b.idx)
 	for _, t := range grp {
-		t.ms, t.start = ms, now
+		if metersOn {
+			t.ms, t.start = ms, now
+		}
 		t.owed.Store(1)
 		t.state.Store(uint32(stateDispatching))
 	}
@@ -477,7 +481,7 @@ func (b *batch) TaskDone(t *Task, n uint64, err error) {
 	t.releaseSegs()
 	for {
 		if b.end(t, StatePending, finalState(err), err, n) {
-			ms.ended(start, n, err, b.e.cfg.ErrorCode)
+			b.e.ended(ms, start, n, err)
 			break
 		}
 		if t.state.CompareAndSwap(uint32(stateDispatching), uint32(stateEnding)) {
@@ -486,7 +490,7 @@ func (b *batch) TaskDone(t *Task, n uint64, err error) {
 			break
 		}
 		if s := State(t.state.Load()); s != StatePending && s != stateDispatching {
-			ms.ended(start, n, err, b.e.cfg.ErrorCode) // ended by a deadline, Abandon or Close: late Done
+			b.e.ended(ms, start, n, err) // ended by a deadline, Abandon or Close: late Done
 			break
 		}
 	}
@@ -632,7 +636,7 @@ func (c *call) fire() {
 	b := c.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !c.armed || time.Now().Before(c.due) {
+	if !c.armed || b.e.now().Before(c.due) {
 		return
 	}
 	c.armed = false

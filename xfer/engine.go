@@ -139,6 +139,9 @@ type Engine struct {
 	// called by Wait each time it has put itself on a batch's waiters,
 	// just before it sleeps.
 	waitParked func(BatchID)
+	// clock, when set (by tests, before the engine is used), replaces
+	// time.Now for the submit calls, the deadline checks and the meters.
+	clock func() time.Time
 }
 
 // counts are the cumulative per-state totals kept per batch and retired
@@ -274,8 +277,9 @@ func (e *Engine) Submit(id BatchID, reqs []Request, opts SubmitOptions, results 
 	if opts.Resolver == nil {
 		return ErrInvalid
 	}
-	// The clock is read once per call: every task carries its deadline.
-	now := time.Now()
+	// The clock is read once per call: every task carries its deadline,
+	// and the meters take it as the tasks' dispatch time.
+	now := e.now()
 	deadline := opts.Deadline
 	if deadline.IsZero() {
 		deadline = now.Add(e.cfg.DefaultTimeout)

@@ -1,5 +1,7 @@
 package xfer
 
+import "time"
+
 // What the external tests (package xfer_test) see of the engine's insides.
 
 // ShrinkTasks is the size up to which task tables are always kept.
@@ -45,3 +47,10 @@ func Waiters(e *Engine, id BatchID) (int, error) {
 	defer b.waitMu.Unlock()
 	return len(b.waiters), nil
 }
+
+// SetClock makes e read its clock (submit calls, deadline checks, the
+// meters) from now. Set it before e is used.
+func SetClock(e *Engine, now func() time.Time) { e.clock = now }
+
+// MetersOn says whether the meters are built in (not -tags nometers).
+const MetersOn = metersOn

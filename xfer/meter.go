@@ -13,7 +13,10 @@ import (
 // (metrics scrapes, tcctl). A meter is split into meterShards shards, one
 // per group of batch slots, so that completions of different clients'
 // batches on different cores do not share a cache line; each record is a
-// few uncontended atomic adds, never a lock or an allocation.
+// few uncontended atomic adds, never a lock or an allocation. A task's
+// start is its submit call's clock reading (the one its deadline is taken
+// from), so dispatch reads no clock; its end is read once per Done, or once
+// per submit call for the tasks that end inside it.
 
 // MaxErrorCodes bounds the codes Config.ErrorCode may return.
 const MaxErrorCodes = 16
@@ -37,7 +40,10 @@ type TransportStats struct {
 	InFlight uint64
 	// Errors counts ended tasks by Config.ErrorCode of their error.
 	Errors [MaxErrorCodes]uint64
-	// Latency is dispatch to Done, in nanoseconds; its count is Requests.
+	// Latency is from the submit call that dispatched the task to its
+	// Done, in nanoseconds; its count is Requests. A call's tasks share
+	// its start: the clock reading it takes for its deadlines, before it
+	// resolves and routes them.
 	Latency loghist.Snapshot
 }
 
@@ -97,14 +103,51 @@ func (mt *meterTable) get(name string) *meter {
 	return m
 }
 
+// meterCache is one submitter's (a batch slot's or a stream's) last
+// transport and its meter, so that a dispatch group to the transport of the
+// one before skips the lookup by name. It is guarded by the submitter's
+// lock; it keeps that transport reachable until another replaces it.
+type meterCache struct {
+	tr Transport
+	m  *meter
+}
+
+// shard returns the shard i of tr's meter; nil without the meters.
+func (c *meterCache) shard(mt *meterTable, tr Transport, i uint32) *meterShard {
+	if !metersOn {
+		return nil
+	}
+	if c.m == nil || c.tr != tr {
+		c.tr, c.m = tr, mt.get(tr.Name())
+	}
+	return &c.m.shards[i%meterShards]
+}
+
 // epoch is the origin of the engine's meter clock: monotonic nanoseconds
-// since process start, one vDSO clock read (time.Since of a monotonic time
-// reads only the monotonic clock).
+// since process start.
 var epoch = time.Now()
 
-func nanotime() int64 {
+// meterTime is t on the meter clock. t must carry a monotonic reading (as
+// time.Now's do): the difference is then taken from the monotonic readings
+// alone, with no clock read.
+func meterTime(t time.Time) int64 { return int64(t.Sub(epoch)) }
+
+// now is the engine's clock: time.Now, or the clock a test injected.
+func (e *Engine) now() time.Time {
+	if e.clock != nil {
+		return e.clock()
+	}
+	return time.Now()
+}
+
+// meterNow reads the meter clock: one vDSO clock read (time.Since of a
+// monotonic time reads only the monotonic clock), none without the meters.
+func (e *Engine) meterNow() int64 {
 	if !metersOn {
 		return 0
+	}
+	if e.clock != nil {
+		return meterTime(e.clock())
 	}
 	return int64(time.Since(epoch))
 }
@@ -125,22 +168,23 @@ func (s *meterShard) refuse(n uint64) {
 	}
 }
 
-// ended records the Done of a task the meter dispatched.
-func (s *meterShard) ended(start int64, n uint64, err error, code func(error) int) {
+// ended records the Done of a task the meter shard ms dispatched at start
+// (on the meter clock), read here once per Done.
+func (e *Engine) ended(ms *meterShard, start int64, n uint64, err error) {
 	if !metersOn {
 		return
 	}
 	if err != nil {
-		s.errored(err, code)
+		ms.errored(err, e.cfg.ErrorCode)
 	}
 	if n != 0 {
-		s.bytes.Add(n)
+		ms.bytes.Add(n)
 	}
-	d := nanotime() - start
+	d := e.meterNow() - start
 	if d < 0 {
 		d = 0
 	}
-	s.lat.Record(uint64(d))
+	ms.lat.Record(uint64(d))
 }
 
 // meterRun meters, in the submit call's publish loop, the tasks whose Done
@@ -154,27 +198,27 @@ type meterRun struct {
 	n, bytes uint64
 }
 
-func (r *meterRun) add(t *Task, n uint64, err error, code func(error) int) {
+func (r *meterRun) add(e *Engine, t *Task, n uint64, err error) {
 	if !metersOn {
 		return
 	}
 	if t.ms != r.ms || t.start != r.start {
-		r.flush()
+		r.flush(e)
 		r.ms, r.start = t.ms, t.start
 	}
 	r.n++
 	r.bytes += n
 	if err != nil {
-		t.ms.errored(err, code)
+		t.ms.errored(err, e.cfg.ErrorCode)
 	}
 }
 
-func (r *meterRun) flush() {
+func (r *meterRun) flush(e *Engine) {
 	if !metersOn || r.n == 0 {
 		return
 	}
 	if r.now == 0 {
-		r.now = nanotime()
+		r.now = e.meterNow()
 	}
 	d := r.now - r.start
 	if d < 0 {

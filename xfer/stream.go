@@ -58,6 +58,7 @@ type Stream struct {
 	scratch []*Task     // Submit's accepted tasks
 	taken   []uint32    // Submit's slots
 	grp     []*Task     // Submit's tasks of one transport
+	mc      meterCache  // the meter of the last transport dispatched to
 
 	tasks []Task
 	slots []streamSlot
@@ -104,7 +105,7 @@ func (e *Engine) NewStream(capacity int, r Resolver, sink StreamSink) (*Stream, 
 		return nil, ErrClosed
 	}
 	s := &Stream{
-		e: e, r: r, sink: sink, epoch: time.Now(),
+		e: e, r: r, sink: sink, epoch: e.now(),
 		tasks: make([]Task, capacity), slots: make([]streamSlot, capacity), free: make([]uint32, capacity),
 		scratch: make([]*Task, 0, capacity), taken: make([]uint32, 0, capacity), grp: make([]*Task, 0, capacity), idle: make(chan struct{}),
 	}
@@ -170,7 +171,7 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 		return 0, nil
 	}
 	s.held.Add(int64(n))
-	now := time.Now()
+	now := s.e.now()
 	acc := s.scratch[:0]
 	for i := 0; i < n; i++ {
 		idx := slots[n-1-i]
@@ -205,7 +206,7 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 	s.live.Add(int64(len(acc)))
 
 	bad := false
-	start0 := nanotime() // one meter clock reading for every group of the call
+	start0 := meterTime(now) // every group is metered from the call's clock reading
 	for rest := acc; len(rest) > 0; {
 		var tr Transport
 		var grp []*Task
@@ -229,7 +230,7 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 				}
 				s.arm(t.slot, d)
 			case stateParked:
-				run.add(t, t.n, t.err, s.e.cfg.ErrorCode)
+				run.add(s.e, t, t.n, t.err)
 				s.end(t, stateParked, finalState(t.err), t.err, t.n)
 				s.unref(t)
 			case stateEnding:
@@ -238,7 +239,7 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 			break publish
 		}
 	}
-	run.flush()
+	run.flush(s.e)
 	if bad {
 		s.freeMu.Lock()
 		s.broken = true
@@ -252,9 +253,11 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 // with ErrTransport, and their slots are never reused (the transport may
 // still call Done on them).
 func (s *Stream) dispatch(tr Transport, grp []*Task, now int64) bool {
-	ms := &s.e.meters.get(tr.Name()).shards[s.shard]
+	ms := s.mc.shard(&s.e.meters, tr, s.shard)
 	for _, t := range grp {
-		t.ms, t.start = ms, now
+		if metersOn {
+			t.ms, t.start = ms, now
+		}
 		t.owed.Store(1)
 		s.slots[t.slot].refs.Add(1)
 		t.state.Store(uint32(stateDispatching))
@@ -300,7 +303,7 @@ func (s *Stream) arm(idx uint32, d time.Duration) {
 // fire ends slot idx's task in Timeout if it is still Pending and due.
 func (s *Stream) fire(idx uint32) {
 	t, sl := &s.tasks[idx], &s.slots[idx]
-	if State(t.state.Load()) != StatePending || time.Since(s.epoch) < time.Duration(sl.due.Load()) {
+	if State(t.state.Load()) != StatePending || s.e.now().Sub(s.epoch) < time.Duration(sl.due.Load()) {
 		return
 	}
 	if s.end(t, StatePending, StateTimeout, ErrTimeout, 0) {
@@ -325,7 +328,7 @@ func (s *Stream) TaskDone(t *Task, n uint64, err error) {
 	t.releaseSegs()
 	for {
 		if s.end(t, StatePending, finalState(err), err, n) {
-			ms.ended(start, n, err, s.e.cfg.ErrorCode)
+			s.e.ended(ms, start, n, err)
 			s.unref(t)
 			break
 		}
@@ -335,7 +338,7 @@ func (s *Stream) TaskDone(t *Task, n uint64, err error) {
 			break
 		}
 		if st := State(t.state.Load()); st != StatePending && st != stateDispatching {
-			ms.ended(start, n, err, s.e.cfg.ErrorCode) // ended by its deadline or Close: a late Done
+			s.e.ended(ms, start, n, err) // ended by its deadline or Close: a late Done
 			break
 		}
 	}
