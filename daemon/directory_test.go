@@ -111,19 +111,6 @@ func sees(t *testing.T, d *peerDaemon, id string, epoch uint64) {
 
 func epochOf(d *peerDaemon) uint64 { return d.d.peers.Node().Epoch() }
 
-// exportBuffer registers a buffer on c and exports it as name.
-func exportBuffer(t *testing.T, c *client.Client, name string, size uint64) *client.Buffer {
-	t.Helper()
-	b, err := c.RegisterBuffer(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.ExportSegment(name, b.ID, 0, 0, client.RightRead|client.RightWrite); err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // pair starts d1 and d2 on e's directory and waits until each lists the
 // other (a daemon accepts only the peers its directory knows); exporter,
 // a client of d1, exports a 1 MiB buffer as "kv", and opener is a client of
@@ -135,7 +122,7 @@ func (e *etcdCluster) pair() (d1, d2 *peerDaemon, exporter, opener *client.Clien
 	sees(e.t, d2, "d1", epochOf(d1))
 	sees(e.t, d1, "d2", epochOf(d2))
 	exporter = d1.dial(e.t, "exporter")
-	exportBuffer(e.t, exporter, "kv", 1<<20)
+	exportBuffer(e.t, exporter, 1<<20, client.RightRead|client.RightWrite, "kv")
 	return d1, d2, exporter, d2.dial(e.t, "opener")
 }
 
@@ -143,15 +130,7 @@ func (e *etcdCluster) pair() (d1, d2 *peerDaemon, exporter, opener *client.Clien
 // to move its bytes through (roundTrip).
 func openRW(t *testing.T, c *client.Client, name string) (client.RemoteSegment, *client.Buffer) {
 	t.Helper()
-	rs, err := c.OpenRemote(name, client.RightRead|client.RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf, err := c.RegisterBuffer(256 << 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rs, buf
+	return openRemote(t, c, name, client.RightRead|client.RightWrite), newBuffer(t, c, 256<<10)
 }
 
 // roundTrip writes 64 KiB of pattern into the remote segment and reads it
@@ -276,7 +255,7 @@ func TestDirectoryRestartEpoch(t *testing.T) {
 	if epochOf(d1b) == old {
 		t.Fatal("the restarted daemon kept its epoch")
 	}
-	exportBuffer(t, d1b.dial(t, "exporter"), "kv", 1<<20)
+	exportBuffer(t, d1b.dial(t, "exporter"), 1<<20, client.RightRead|client.RightWrite, "kv")
 	err := roundTrip(b, buf, rs.ID, 2)
 	if !errors.Is(err, client.ErrPermissionDenied) {
 		t.Fatalf("a segment opened at the old epoch: %v, want PERMISSION_DENIED", err)
@@ -302,7 +281,7 @@ func TestDirectoryRestartEpoch(t *testing.T) {
 func TestDirectoryEtcdDown(t *testing.T) {
 	e := newEtcdCluster(t)
 	_, d2, a, b := e.pair()
-	exportBuffer(t, a, "kv2", 1<<20)
+	exportBuffer(t, a, 1<<20, client.RightRead|client.RightWrite, "kv2")
 	rs, buf := openRW(t, b, "d1/kv")
 
 	e.srv.Stop()
@@ -370,7 +349,7 @@ func TestDirectoryStaleEntryFenced(t *testing.T) {
 	// is down), so it runs on the embedded directory, listing d2 (a daemon
 	// accepts only the peer ids it knows).
 	d1b := startPeerWith(t, "d1", e.key, addr, nil, dialsIn("d2"))
-	exportBuffer(t, d1b.dial(t, "exporter"), "kv", 1<<20)
+	exportBuffer(t, d1b.dial(t, "exporter"), 1<<20, client.RightRead|client.RightWrite, "kv")
 	if m, ok := d2.d.dir.Cache().Peek("d1"); !ok || m.Epoch != old {
 		t.Fatalf("d2's entry for d1 = %+v %v, want the old epoch", m, ok)
 	}
