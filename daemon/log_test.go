@@ -97,16 +97,7 @@ func TestAuditOncePerMutatingCall(t *testing.T) {
 	var logBuf syncBuf
 	lc := cfg
 	lc.LogFormat, lc.LogLevel = "json", "debug"
-	d, err := New(cfg, NewLogger(lc, &logBuf, false), env(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDaemon(t, d)
-	c, err := client.Dial(cfg.Socket, client.Options{Name: "audit"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	_, c := startClient(t, cfg, NewLogger(lc, &logBuf, false), "audit")
 	pool, _ := c.Pool()
 	n := 0
 	keys := func(op string) []client.CallOption {
@@ -192,25 +183,9 @@ func TestAuditOncePerMutatingCall(t *testing.T) {
 func TestNoLogPerRequestAtDefaultLevel(t *testing.T) {
 	cfg := testConfig(t.TempDir())
 	var logBuf syncBuf
-	d, err := New(cfg, NewLogger(cfg, &logBuf, false), env(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDaemon(t, d)
-	c, err := client.Dial(cfg.Socket, client.Options{Name: "quiet"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	_, c := startClient(t, cfg, NewLogger(cfg, &logBuf, false), "quiet")
 	pool, _ := c.Pool()
-	buf, err := c.RegisterBuffer(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	offs, err := c.AllocBlocks(nil, 1, 64<<10)
-	if err != nil {
-		t.Fatal(err)
-	}
+	buf, offs := newBuffer(t, c, 1<<20), allocBlocks(t, c, 1, 64<<10)
 	if _, err := c.Stats(); err != nil {
 		t.Fatal(err)
 	}
