@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,21 +12,14 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // runDaemon runs d until the test ends.
 func runDaemon(t *testing.T, d *Daemon) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon Run: %v", err)
-		}
-	})
+	testutil.Run(t, "daemon Run", d.Run)
 }
 
 // startClient runs a daemon on cfg, logging to log, until the test ends
