@@ -111,17 +111,26 @@ func sees(t *testing.T, d *peerDaemon, id string, epoch uint64) {
 
 func epochOf(d *peerDaemon) uint64 { return d.d.peers.Node().Epoch() }
 
-// exportBuffer registers a buffer on c and exports it as name.
-func exportBuffer(t *testing.T, c *client.Client, name string, size uint64) *client.Buffer {
+// pair starts d1 and d2 on e's directory and waits until each lists the
+// other (a daemon accepts only the peers its directory knows); exporter,
+// a client of d1, exports a 1 MiB buffer as "kv", and opener is a client of
+// d2.
+func (e *etcdCluster) pair() (d1, d2 *peerDaemon, exporter, opener *client.Client) {
+	e.t.Helper()
+	d1 = e.start("d1", nil)
+	d2 = e.start("d2", nil)
+	sees(e.t, d2, "d1", epochOf(d1))
+	sees(e.t, d1, "d2", epochOf(d2))
+	exporter = d1.dial(e.t, "exporter")
+	exportBuffer(e.t, exporter, 1<<20, client.RightRead|client.RightWrite, "kv")
+	return d1, d2, exporter, d2.dial(e.t, "opener")
+}
+
+// openRW opens remote name read-write from c, with a 256 KiB buffer of c's
+// to move its bytes through (roundTrip).
+func openRW(t *testing.T, c *client.Client, name string) (client.RemoteSegment, *client.Buffer) {
 	t.Helper()
-	b, err := c.RegisterBuffer(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.ExportSegment(name, b.ID, 0, 0, client.RightRead|client.RightWrite); err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return openRemote(t, c, name, client.RightRead|client.RightWrite), newBuffer(t, c, 256<<10)
 }
 
 // roundTrip writes 64 KiB of pattern into the remote segment and reads it
@@ -151,13 +160,7 @@ func roundTrip(c *client.Client, buf *client.Buffer, remote xfer.SegmentID, patt
 // The member and its export show in the other's directory with their
 // epochs, and the stats carry the directory's counters.
 func TestDirectoryOpenUnlisted(t *testing.T) {
-	e := newEtcdCluster(t)
-	d1 := e.start("d1", nil)
-	d2 := e.start("d2", nil)
-	sees(t, d2, "d1", epochOf(d1))
-	sees(t, d1, "d2", epochOf(d2)) // d1 accepts only the peers its directory knows
-	a := d1.dial(t, "exporter")
-	exportBuffer(t, a, "kv", 1<<20)
+	d1, d2, _, b := newEtcdCluster(t).pair()
 	ok := etcdtest.WaitFor(context.Background(), 10*time.Second, func() bool {
 		v, err := d2.d.dir.ResolveExport(context.Background(), directory.LaneCatalogFirst, "d1", "kv")
 		return err == nil && v.Export.Size == 1<<20 && v.Export.Epoch == epochOf(d1)
@@ -165,17 +168,9 @@ func TestDirectoryOpenUnlisted(t *testing.T) {
 	if !ok {
 		t.Fatalf("d2's catalog never showed d1/kv: %+v", d2.d.dir.Cache().Exports())
 	}
-	b := d2.dial(t, "opener")
-	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs, buf := openRW(t, b, "d1/kv")
 	if rs.Epoch != epochOf(d1) {
 		t.Fatalf("opened at epoch %#x, d1 runs %#x", rs.Epoch, epochOf(d1))
-	}
-	buf, err := b.RegisterBuffer(256 << 10)
-	if err != nil {
-		t.Fatal(err)
 	}
 	if err := roundTrip(b, buf, rs.ID, 1); err != nil {
 		t.Fatal(err)
@@ -240,20 +235,8 @@ func TestDirectoryIDCollision(t *testing.T) {
 // names the old epoch), and opening it again works at the new one.
 func TestDirectoryRestartEpoch(t *testing.T) {
 	e := newEtcdCluster(t)
-	d1 := e.start("d1", nil)
-	d2 := e.start("d2", nil)
-	sees(t, d2, "d1", epochOf(d1))
-	sees(t, d1, "d2", epochOf(d2))
-	exportBuffer(t, d1.dial(t, "exporter"), "kv", 1<<20)
-	b := d2.dial(t, "opener")
-	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf, err := b.RegisterBuffer(256 << 10)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d1, d2, _, b := e.pair()
+	rs, buf := openRW(t, b, "d1/kv")
 	if err := roundTrip(b, buf, rs.ID, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -272,8 +255,8 @@ func TestDirectoryRestartEpoch(t *testing.T) {
 	if epochOf(d1b) == old {
 		t.Fatal("the restarted daemon kept its epoch")
 	}
-	exportBuffer(t, d1b.dial(t, "exporter"), "kv", 1<<20)
-	err = roundTrip(b, buf, rs.ID, 2)
+	exportBuffer(t, d1b.dial(t, "exporter"), 1<<20, client.RightRead|client.RightWrite, "kv")
+	err := roundTrip(b, buf, rs.ID, 2)
 	if !errors.Is(err, client.ErrPermissionDenied) {
 		t.Fatalf("a segment opened at the old epoch: %v, want PERMISSION_DENIED", err)
 	}
@@ -297,22 +280,9 @@ func TestDirectoryRestartEpoch(t *testing.T) {
 // recovers by itself and catalog-first opens work again.
 func TestDirectoryEtcdDown(t *testing.T) {
 	e := newEtcdCluster(t)
-	d1 := e.start("d1", nil)
-	d2 := e.start("d2", nil)
-	sees(t, d2, "d1", epochOf(d1))
-	sees(t, d1, "d2", epochOf(d2)) // d1 accepts only the peers its directory knows
-	a := d1.dial(t, "exporter")
-	exportBuffer(t, a, "kv", 1<<20)
-	exportBuffer(t, a, "kv2", 1<<20)
-	b := d2.dial(t, "opener")
-	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf, err := b.RegisterBuffer(256 << 10)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, d2, a, b := e.pair()
+	exportBuffer(t, a, 1<<20, client.RightRead|client.RightWrite, "kv2")
+	rs, buf := openRW(t, b, "d1/kv")
 
 	e.srv.Stop()
 	if err := roundTrip(b, buf, rs.ID, 1); err != nil {
@@ -366,20 +336,8 @@ func TestDirectoryEtcdDown(t *testing.T) {
 // UNAVAILABLE saying so, and the entry is marked stale.
 func TestDirectoryStaleEntryFenced(t *testing.T) {
 	e := newEtcdCluster(t)
-	d1 := e.start("d1", nil)
-	d2 := e.start("d2", nil)
-	sees(t, d2, "d1", epochOf(d1))
-	sees(t, d1, "d2", epochOf(d2))
-	exportBuffer(t, d1.dial(t, "exporter"), "kv", 1<<20)
-	b := d2.dial(t, "opener")
-	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf, err := b.RegisterBuffer(256 << 10)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d1, d2, _, b := e.pair()
+	rs, buf := openRW(t, b, "d1/kv")
 	addr, old := d1.d.PeerAddr(), epochOf(d1)
 
 	// etcd down: nothing d1 does now reaches d2's cache.
@@ -391,7 +349,7 @@ func TestDirectoryStaleEntryFenced(t *testing.T) {
 	// is down), so it runs on the embedded directory, listing d2 (a daemon
 	// accepts only the peer ids it knows).
 	d1b := startPeerWith(t, "d1", e.key, addr, nil, dialsIn("d2"))
-	exportBuffer(t, d1b.dial(t, "exporter"), "kv", 1<<20)
+	exportBuffer(t, d1b.dial(t, "exporter"), 1<<20, client.RightRead|client.RightWrite, "kv")
 	if m, ok := d2.d.dir.Cache().Peek("d1"); !ok || m.Epoch != old {
 		t.Fatalf("d2's entry for d1 = %+v %v, want the old epoch", m, ok)
 	}
@@ -449,12 +407,7 @@ func TestDirectoryStaleEntryFenced(t *testing.T) {
 // all three lanes are served from the cache.
 func TestDirectoryHybridCacheFirst(t *testing.T) {
 	e := newEtcdCluster(t)
-	d1 := e.start("d1", nil)
-	d2 := e.start("d2", nil)
-	sees(t, d2, "d1", epochOf(d1))
-	sees(t, d1, "d2", epochOf(d2))
-	exportBuffer(t, d1.dial(t, "exporter"), "kv", 1<<20)
-	b := d2.dial(t, "opener")
+	d1, d2, _, b := e.pair()
 	hybrid := client.WithLane("hybrid-cache-first")
 	st := func() directory.CacheStats { return d2.d.dir.Cache().Stats() }
 

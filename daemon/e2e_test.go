@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"math/rand/v2"
 	"path/filepath"
@@ -13,37 +12,13 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// startDaemon runs a daemon under dir until the test ends.
-func startDaemon(t *testing.T, cfg Config) {
-	t.Helper()
-	d, err := New(cfg, discardLogger(), env(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon Run: %v", err)
-		}
-	})
-}
-
 // TestPoolFileRoundTrip moves bytes pool → file (O_DIRECT, io_uring) → pool
 // through the real socket and checks every byte, then checks that a file
 // outside the allowed directories is refused.
 func TestPoolFileRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	cfg := testConfig(dir)
-	startDaemon(t, cfg)
-
-	c, err := client.Dial(cfg.Socket, client.Options{Name: "e2e"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	_, c := startClient(t, cfg, discardLogger(), "e2e")
 	pool, ok := c.Pool()
 	if !ok {
 		t.Fatal("pool not mapped")

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"net/netip"
@@ -10,7 +9,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,7 +34,7 @@ func TestKernelViews(t *testing.T) {
 	cfg := testConfig(t.TempDir())
 	cfg.EBPF = "on"
 	cfg.StoreL2Path = "off" // the store's own L2 I/O would add to the ring's count
-	var logBuf syncBuf
+	var logBuf lockedBuffer
 	d, err := New(cfg, slog.New(slog.NewTextHandler(&logBuf, nil)), env(nil))
 	if err != nil {
 		t.Fatal(err)
@@ -135,24 +133,6 @@ func TestViewErrorsOneLine(t *testing.T) {
 	if !strings.Contains(got, "tcp view") || !strings.Contains(got, "tcp_retransmit_skb") || strings.Contains(got, "uring") {
 		t.Fatalf("hook reason %q", got)
 	}
-}
-
-// syncBuf is a bytes.Buffer safe for a logger and a test to share.
-type syncBuf struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *syncBuf) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuf) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func TestMatchRetransmits(t *testing.T) {

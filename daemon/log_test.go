@@ -16,7 +16,7 @@ import (
 
 func TestJournalLogger(t *testing.T) {
 	for _, format := range []string{"text", "json"} {
-		var b syncBuf
+		var b lockedBuffer
 		c := Defaults()
 		c.LogFormat = format
 		log := NewLogger(c, &b, true).With("component", "test")
@@ -45,7 +45,7 @@ func TestJournalLogger(t *testing.T) {
 		}
 	}
 	// Outside the journal: times, no prefixes.
-	var b syncBuf
+	var b lockedBuffer
 	NewLogger(Defaults(), &b, false).Info("plain")
 	if s := b.String(); !strings.HasPrefix(s, "time=") || strings.HasPrefix(s, "<") {
 		t.Fatalf("plain line %q", s)
@@ -94,19 +94,10 @@ func auditRecords(t *testing.T, log string) []map[string]any {
 // are not audited.
 func TestAuditOncePerMutatingCall(t *testing.T) {
 	cfg := testConfig(t.TempDir())
-	var logBuf syncBuf
+	var logBuf lockedBuffer
 	lc := cfg
 	lc.LogFormat, lc.LogLevel = "json", "debug"
-	d, err := New(cfg, NewLogger(lc, &logBuf, false), env(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDaemon(t, d)
-	c, err := client.Dial(cfg.Socket, client.Options{Name: "audit"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	_, c := startClient(t, cfg, NewLogger(lc, &logBuf, false), "audit")
 	pool, _ := c.Pool()
 	n := 0
 	keys := func(op string) []client.CallOption {
@@ -191,26 +182,10 @@ func TestAuditOncePerMutatingCall(t *testing.T) {
 // of data-path calls logs nothing.
 func TestNoLogPerRequestAtDefaultLevel(t *testing.T) {
 	cfg := testConfig(t.TempDir())
-	var logBuf syncBuf
-	d, err := New(cfg, NewLogger(cfg, &logBuf, false), env(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDaemon(t, d)
-	c, err := client.Dial(cfg.Socket, client.Options{Name: "quiet"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	var logBuf lockedBuffer
+	_, c := startClient(t, cfg, NewLogger(cfg, &logBuf, false), "quiet")
 	pool, _ := c.Pool()
-	buf, err := c.RegisterBuffer(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	offs, err := c.AllocBlocks(nil, 1, 64<<10)
-	if err != nil {
-		t.Fatal(err)
-	}
+	buf, offs := newBuffer(t, c, 1<<20), allocBlocks(t, c, 1, 64<<10)
 	if _, err := c.Stats(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,8 @@
 package daemon
 
 import (
-	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"os/exec"
 	"regexp"
@@ -12,21 +12,41 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // runDaemon runs d until the test ends.
 func runDaemon(t *testing.T, d *Daemon) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon Run: %v", err)
-		}
-	})
+	testutil.Run(t, "daemon Run", d.Run)
+}
+
+// startClient runs a daemon on cfg, logging to log, until the test ends
+// and returns it with a client of it named name.
+func startClient(t *testing.T, cfg Config, log *slog.Logger, name string) (*Daemon, *client.Client) {
+	t.Helper()
+	d, err := New(cfg, log, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDaemon(t, d)
+	c, err := client.Dial(cfg.Socket, client.Options{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return d, c
+}
+
+// allocBlocks allocates n pool blocks of size bytes on c.
+func allocBlocks(t *testing.T, c *client.Client, n int, size uint64) []uint64 {
+	t.Helper()
+	offs, err := c.AllocBlocks(nil, n, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return offs
 }
 
 func scrapeMetrics(t *testing.T, addr string) string {
@@ -66,26 +86,9 @@ func sample(t *testing.T, exp, series string) float64 {
 // is installed.
 func TestMetricsAfterKnownWorkload(t *testing.T) {
 	cfg := testConfig(t.TempDir())
-	d, err := New(cfg, discardLogger(), env(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDaemon(t, d)
-
-	c, err := client.Dial(cfg.Socket, client.Options{Name: "metrics-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	d, c := startClient(t, cfg, discardLogger(), "metrics-test")
 	pool, _ := c.Pool()
-	buf, err := c.RegisterBuffer(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	offs, err := c.AllocBlocks(nil, 4, 64<<10)
-	if err != nil {
-		t.Fatal(err)
-	}
+	buf, offs := newBuffer(t, c, 1<<20), allocBlocks(t, c, 4, 64<<10)
 	// 5 one-shot transfers of 4 requests of 64 KiB: 20 requests, 1310720 bytes.
 	const calls, per, size = 5, 4, 64 << 10
 	reqs := make([]xfer.Request, per)

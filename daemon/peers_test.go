@@ -127,6 +127,58 @@ func (p *peerDaemon) dial(t testing.TB, name string) *client.Client {
 	return c
 }
 
+// startPair runs d1 and d2 on one cluster key (keyText): d1 accepts d2
+// dialing in, d2 knows d1's address.
+func startPair(t testing.TB, keyText string) (d1, d2 *peerDaemon) {
+	t.Helper()
+	key := writeKey(t, t.TempDir(), "cluster.key", keyText)
+	d1 = startPeer(t, "d1", key, "", dialsIn("d2"))
+	return d1, startPeer(t, "d2", key, "", d1.peer())
+}
+
+// newBuffer registers a buffer of size bytes on c.
+func newBuffer(t testing.TB, c *client.Client, size uint64) *client.Buffer {
+	t.Helper()
+	b, err := c.RegisterBuffer(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// exportBuffer registers a buffer of size bytes on c and exports the whole
+// of it under each of names with rights.
+func exportBuffer(t testing.TB, c *client.Client, size uint64, rights uint8, names ...string) *client.Buffer {
+	t.Helper()
+	b := newBuffer(t, c, size)
+	for _, name := range names {
+		if n, err := c.ExportSegment(name, b.ID, 0, 0, rights); err != nil || n != size {
+			t.Fatalf("ExportSegment %s: %d, %v; want the whole %d bytes", name, n, err, size)
+		}
+	}
+	return b
+}
+
+// openRemote opens name from c with rights.
+func openRemote(t testing.TB, c *client.Client, name string, rights uint8) client.RemoteSegment {
+	t.Helper()
+	rs, err := c.OpenRemote(name, rights)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+// subscriber is a client of d subscribed to the notifications of name.
+func subscriber(t testing.TB, d *peerDaemon, name string) *client.Client {
+	t.Helper()
+	sub := d.dial(t, "subscriber")
+	if err := sub.Subscribe(name); err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
 func fill(rng *rand.Rand, b []byte) {
 	for i := range b {
 		b[i] = byte(rng.Uint32())
@@ -150,13 +202,7 @@ func TestPeerPlaneThreeDaemons(t *testing.T) {
 	if h := a.Hello(); h.PeerAddr == "" || h.PeerAddr != d1.d.PeerAddr() || h.DaemonID != "d1" {
 		t.Fatalf("hello: %+v, want peer address %s", h, d1.d.PeerAddr())
 	}
-	abuf, err := a.RegisterBuffer(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightRead|client.RightWrite); err != nil || n != size {
-		t.Fatalf("ExportSegment: %d, %v", n, err)
-	}
+	abuf := exportBuffer(t, a, size, client.RightRead|client.RightWrite, "kv")
 	if _, err := a.ExportSegment("kv", abuf.ID, 0, 4096, client.RightRead); !errors.Is(err, client.ErrAlreadyExists) {
 		t.Fatalf("second export of one name: %v, want ALREADY_EXISTS", err)
 	}
@@ -186,10 +232,7 @@ func TestPeerPlaneThreeDaemons(t *testing.T) {
 	if err != nil || len(segs) != 1 || segs[0].Name != "kv" || segs[0].Peer != "" || segs[0].Size != size {
 		t.Fatalf("d1 segments: %+v, %v", segs, err)
 	}
-	rs, err := b.OpenRemote("d1/kv", client.RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs := openRemote(t, b, "d1/kv", client.RightWrite)
 	segs, err = b.Segments()
 	if err != nil || len(segs) != 1 || segs[0].Peer != "d1" || segs[0].ID != rs.ID || segs[0].Epoch != rs.Epoch {
 		t.Fatalf("d2 segments: %+v, %v (opened %+v)", segs, err, rs)
@@ -220,14 +263,8 @@ func TestPeerPlaneThreeDaemons(t *testing.T) {
 	}
 
 	// Notifications.
-	sub := d1.dial(t, "subscriber")
-	if err := sub.Subscribe("kv"); err != nil {
-		t.Fatal(err)
-	}
-	src, err := b.RegisterBuffer(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sub := subscriber(t, d1, "kv")
+	src := newBuffer(t, b, 1<<20)
 	fill(rand.New(rand.NewPCG(7, 7)), src.Mem)
 	w := xfer.Request{Op: xfer.OpWrite, Local: src.ID, Target: rs.ID, TargetOffset: 8192, Length: 4096}
 	res := make([]error, 1)
@@ -258,10 +295,7 @@ func TestPeerPlaneThreeDaemons(t *testing.T) {
 	if _, err := a.ExportSegment("quiet", abuf.ID, 1<<20, 1<<20, client.RightWrite); err != nil {
 		t.Fatal(err)
 	}
-	qs, err := b.OpenRemote("d1/quiet", client.RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
+	qs := openRemote(t, b, "d1/quiet", client.RightWrite)
 	wq := xfer.Request{Op: xfer.OpWrite, Local: src.ID, Target: qs.ID, Length: 4096}
 	sum, err = b.TransferNotify([]xfer.Request{wq}, [][]byte{[]byte("anyone?")}, 10*time.Second, res)
 	if err != nil || res[0] == nil || sum.Failed != 1 {
@@ -419,29 +453,14 @@ func writeReadRandom(d *peerDaemon, seed int, exported []byte, size uint64) erro
 // and its batch frees. After a restart on the same address (a new epoch)
 // the survivor reconnects: a fresh OpenRemote works, the old id fails.
 func TestPeerStoppedAndRestarted(t *testing.T) {
-	key := writeKey(t, t.TempDir(), "cluster.key", "restart cluster key")
-	d1 := startPeer(t, "d1", key, "", dialsIn("d2"))
+	d1, d2 := startPair(t, "restart cluster key")
 	addr := d1.d.PeerAddr()
-	d2 := startPeer(t, "d2", key, "", d1.peer())
 
 	const size = 8 << 20
-	a := d1.dial(t, "exporter")
-	abuf, err := a.RegisterBuffer(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightRead|client.RightWrite); err != nil {
-		t.Fatal(err)
-	}
+	exportBuffer(t, d1.dial(t, "exporter"), size, client.RightRead|client.RightWrite, "kv")
 	b := d2.dial(t, "writer")
-	rs, err := b.OpenRemote("d1/kv", client.RightRead|client.RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := b.RegisterBuffer(size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs := openRemote(t, b, "d1/kv", client.RightRead|client.RightWrite)
+	src := newBuffer(t, b, size)
 	fill(rand.New(rand.NewPCG(3, 4)), src.Mem)
 
 	// Stream batches of 8 × 1 MiB until one fails; stop d1 meanwhile.
@@ -510,15 +529,8 @@ func TestPeerStoppedAndRestarted(t *testing.T) {
 	}
 
 	// Restart d1 on the same address: a new epoch.
-	d1b := startPeer(t, "d1", key, addr, dialsIn("d2"))
-	a2 := d1b.dial(t, "exporter-2")
-	abuf2, err := a2.RegisterBuffer(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a2.ExportSegment("kv", abuf2.ID, 0, 0, client.RightRead|client.RightWrite); err != nil {
-		t.Fatal(err)
-	}
+	d1b := startPeer(t, "d1", d1.cfg.ClusterKeyFile, addr, dialsIn("d2"))
+	abuf2 := exportBuffer(t, d1b.dial(t, "exporter-2"), size, client.RightRead|client.RightWrite, "kv")
 	res := make([]error, 1)
 	w := xfer.Request{Op: xfer.OpWrite, Local: src.ID, Target: rs.ID, TargetOffset: 4096, Length: 128 << 10}
 	if sum, err := b.Transfer([]xfer.Request{w}, 10*time.Second, res); err != nil || res[0] == nil || sum.Completed != 0 {
@@ -554,14 +566,7 @@ func TestPeerWrongClusterKey(t *testing.T) {
 	dir := t.TempDir()
 	d1 := startPeer(t, "d1", writeKey(t, dir, "right.key", "the right key"), "", dialsIn("d2"))
 	d2 := startPeer(t, "d2", writeKey(t, dir, "wrong.key", "a wrong key"), "", d1.peer())
-	a := d1.dial(t, "exporter")
-	buf, err := a.RegisterBuffer(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.ExportSegment("kv", buf.ID, 0, 0, client.RightRead); err != nil {
-		t.Fatal(err)
-	}
+	exportBuffer(t, d1.dial(t, "exporter"), 1<<20, client.RightRead, "kv")
 	b := d2.dial(t, "intruder")
 	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("open with a wrong cluster key: %v, want UNAVAILABLE", err)
@@ -593,30 +598,12 @@ func TestPeerWrongClusterKey(t *testing.T) {
 // at its own position (UNAVAILABLE: the local transport carries none)
 // while its neighbours complete.
 func TestNotificationsAreArguments(t *testing.T) {
-	key := writeKey(t, t.TempDir(), "cluster.key", "notify cluster key")
-	d1 := startPeer(t, "d1", key, "", dialsIn("d2"))
-	d2 := startPeer(t, "d2", key, "", d1.peer())
-	a := d1.dial(t, "exporter")
-	abuf, err := a.RegisterBuffer(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightWrite); err != nil {
-		t.Fatal(err)
-	}
-	sub := d1.dial(t, "subscriber")
-	if err := sub.Subscribe("kv"); err != nil {
-		t.Fatal(err)
-	}
+	d1, d2 := startPair(t, "notify cluster key")
+	abuf := exportBuffer(t, d1.dial(t, "exporter"), 1<<20, client.RightWrite, "kv")
+	sub := subscriber(t, d1, "kv")
 	b := d2.dial(t, "writer")
-	rs, err := b.OpenRemote("d1/kv", client.RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := b.RegisterBuffer(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs := openRemote(t, b, "d1/kv", client.RightWrite)
+	src := newBuffer(t, b, 1<<20)
 	fill(rand.New(rand.NewPCG(1, 9)), src.Mem)
 	w := xfer.Request{Op: xfer.OpWrite, Local: src.ID, Target: rs.ID, TargetOffset: 4096, Length: 8192}
 	local := xfer.Request{Op: xfer.OpWrite, Local: src.ID, Target: src.ID, TargetOffset: 512 << 10, Length: 4096}
@@ -685,14 +672,7 @@ func TestNotificationsAreArguments(t *testing.T) {
 func TestUnlistedPeerRefused(t *testing.T) {
 	key := writeKey(t, t.TempDir(), "cluster.key", "listed peers only")
 	d1 := startPeer(t, "d1", key, "") // lists nobody
-	a := d1.dial(t, "exporter")
-	buf, err := a.RegisterBuffer(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.ExportSegment("kv", buf.ID, 0, 0, client.RightRead); err != nil {
-		t.Fatal(err)
-	}
+	exportBuffer(t, d1.dial(t, "exporter"), 1<<20, client.RightRead, "kv")
 	d2 := startPeer(t, "d2", key, "", d1.peer())
 	b := d2.dial(t, "stranger")
 	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
@@ -712,36 +692,13 @@ func TestUnlistedPeerRefused(t *testing.T) {
 // answers at once), and the bytes have landed. Without a subscriber the
 // owner refuses it and the CQE says so.
 func TestNotifiedWriteThroughQueue(t *testing.T) {
-	key := writeKey(t, t.TempDir(), "cluster.key", "queue notify cluster key")
-	d1 := startPeer(t, "d1", key, "", dialsIn("d2"))
-	d2 := startPeer(t, "d2", key, "", d1.peer())
-	a := d1.dial(t, "exporter")
-	abuf, err := a.RegisterBuffer(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"kv", "quiet"} {
-		if _, err := a.ExportSegment(name, abuf.ID, 0, 0, client.RightWrite); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sub := d1.dial(t, "subscriber")
-	if err := sub.Subscribe("kv"); err != nil {
-		t.Fatal(err)
-	}
+	d1, d2 := startPair(t, "queue notify cluster key")
+	abuf := exportBuffer(t, d1.dial(t, "exporter"), 1<<20, client.RightWrite, "kv", "quiet")
+	sub := subscriber(t, d1, "kv")
 	b := d2.dial(t, "writer")
-	rs, err := b.OpenRemote("d1/kv", client.RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	quiet, err := b.OpenRemote("d1/quiet", client.RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := b.RegisterBuffer(1 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs := openRemote(t, b, "d1/kv", client.RightWrite)
+	quiet := openRemote(t, b, "d1/quiet", client.RightWrite)
+	src := newBuffer(t, b, 1<<20)
 	fill(rand.New(rand.NewPCG(3, 3)), src.Mem)
 	q, err := b.OpenQueue(8)
 	if err != nil {

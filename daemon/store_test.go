@@ -19,10 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // Environment that makes this test binary a child of the store tests: a
@@ -532,42 +531,6 @@ func requireIOURing(t *testing.T) {
 	}
 }
 
-// mountSmallExt4 mounts a 16 MiB ext4 file system on a loop device and
-// returns its mount point; it skips, naming what is missing, without root
-// or the tools.
-func mountSmallExt4(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: needs root (uid 0) for losetup and mount")
-	}
-	for _, tool := range []string{"mkfs.ext4", "losetup", "truncate"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipped: %s not installed (packages e2fsprogs, util-linux, coreutils)", tool)
-		}
-	}
-	base := t.TempDir()
-	img, mnt := filepath.Join(base, "fs.img"), filepath.Join(base, "mnt")
-	if err := os.Mkdir(mnt, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	run := func(name string, args ...string) string {
-		out, err := exec.Command(name, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-		}
-		return string(out)
-	}
-	run("truncate", "-s", "16M", img)
-	run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", img)
-	loop := strings.TrimSpace(run("losetup", "--find", "--show", img))
-	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
-	if err := unix.Mount(loop, mnt, "ext4", 0, ""); err != nil {
-		t.Skipf("skipped: mounting a loop ext4 failed (no loop devices in this container?): %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
-	return mnt
-}
-
 // TestStoreL2FullThroughProtocol: an L2 larger than its file system
 // fills; the durable put that does not fit gets RESOURCE_EXHAUSTED as its
 // own result, on the socket and on the queue (where the reservation stays
@@ -575,7 +538,7 @@ func mountSmallExt4(t *testing.T) string {
 // serving what it stored.
 func TestStoreL2FullThroughProtocol(t *testing.T) {
 	requireIOURing(t)
-	mnt := mountSmallExt4(t)
+	mnt := testutil.MountSmallExt4(t)
 	cfg := testConfig(t.TempDir())
 	cfg.DataDir = filepath.Join(mnt, "data")
 	cfg.PoolSize = 64 << 20

@@ -3,51 +3,11 @@ package store
 import (
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
-
-// mountSmallExt4 mounts a 16 MiB ext4 file system on a loop device and
-// returns its mount point; it skips, naming what is missing, without root or
-// the tools.
-func mountSmallExt4(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: needs root (uid 0) for losetup and mount")
-	}
-	for _, tool := range []string{"mkfs.ext4", "losetup", "truncate"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipped: %s not installed (packages e2fsprogs, util-linux, coreutils)", tool)
-		}
-	}
-	base := t.TempDir()
-	img, mnt := filepath.Join(base, "fs.img"), filepath.Join(base, "mnt")
-	if err := os.Mkdir(mnt, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	run := func(name string, args ...string) string {
-		out, err := exec.Command(name, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-		}
-		return string(out)
-	}
-	run("truncate", "-s", "16M", img)
-	run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", img)
-	loop := run("losetup", "--find", "--show", img)
-	loop = loop[:len(loop)-1]
-	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
-	if err := unix.Mount(loop, mnt, "ext4", 0, ""); err != nil {
-		t.Skipf("skipped: mounting a loop ext4 failed (no loop devices in this container?): %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
-	return mnt
-}
 
 // TestENOSPC: an L2 file larger than its file system: the durable put that
 // does not fit gets RESOURCE_EXHAUSTED with ENOSPC as its error, nothing of
@@ -55,7 +15,7 @@ func mountSmallExt4(t *testing.T) string {
 // allocated on the device) takes the next put.
 func TestENOSPC(t *testing.T) {
 	requireUring(t)
-	mnt := mountSmallExt4(t)
+	mnt := testutil.MountSmallExt4(t)
 	u, err := openUring(mnt, Config{}, FileL2{Size: 64 << 20, RegionSize: 4 << 20})
 	if err != nil {
 		t.Fatal(err)

@@ -261,42 +261,39 @@ func (sh *shard) unlink(l *list, idx uint32, second bool) {
 	l.n--
 }
 
-// lruAdd puts a resident, ready, unpinned entry at the head of the L1 LRU.
-func (sh *shard) lruAdd(idx uint32) {
+// toHead puts idx at the head of l, the list that flag marks an entry as
+// on, taking it off l first if it is there.
+func (sh *shard) toHead(l *list, idx uint32, second bool, flag uint16) {
 	e := sh.ent(idx)
-	if e.flags&fInLRU != 0 {
-		sh.unlink(&sh.lru, idx, false)
+	if e.flags&flag != 0 {
+		sh.unlink(l, idx, second)
 	}
-	sh.push(&sh.lru, idx, false)
-	e.flags |= fInLRU
+	sh.push(l, idx, second)
+	e.flags |= flag
 }
 
-func (sh *shard) lruDel(idx uint32) {
+// takeOff takes idx off l, the list that flag marks an entry as on, if it
+// is there.
+func (sh *shard) takeOff(l *list, idx uint32, second bool, flag uint16) {
 	e := sh.ent(idx)
-	if e.flags&fInLRU != 0 {
-		sh.unlink(&sh.lru, idx, false)
-		e.flags &^= fInLRU
+	if e.flags&flag != 0 {
+		sh.unlink(l, idx, second)
+		e.flags &^= flag
 	}
 }
+
+// lruAdd puts a resident, ready, unpinned entry at the head of the L1 LRU.
+func (sh *shard) lruAdd(idx uint32) { sh.toHead(&sh.lru, idx, false, fInLRU) }
+
+func (sh *shard) lruDel(idx uint32) { sh.takeOff(&sh.lru, idx, false, fInLRU) }
 
 // l2Touch puts an entry on L2 at the head of the L2 list.
-func (sh *shard) l2Touch(idx uint32) {
-	e := sh.ent(idx)
-	if e.flags&fInL2LRU != 0 {
-		sh.unlink(&sh.l2lru, idx, true)
-	}
-	sh.push(&sh.l2lru, idx, true)
-	e.flags |= fInL2LRU
-}
+func (sh *shard) l2Touch(idx uint32) { sh.toHead(&sh.l2lru, idx, true, fInL2LRU) }
 
-func (sh *shard) l2Del(idx uint32) {
-	e := sh.ent(idx)
-	if e.flags&fInL2LRU != 0 {
-		sh.unlink(&sh.l2lru, idx, true)
-		e.flags &^= fInL2LRU
-	}
-}
+func (sh *shard) l2Del(idx uint32) { sh.takeOff(&sh.l2lru, idx, true, fInL2LRU) }
 
+// dirtyAdd queues an entry on the dirty FIFO once: one already on it keeps
+// its place.
 func (sh *shard) dirtyAdd(idx uint32) {
 	e := sh.ent(idx)
 	if e.flags&fInDirty == 0 {
@@ -305,13 +302,7 @@ func (sh *shard) dirtyAdd(idx uint32) {
 	}
 }
 
-func (sh *shard) dirtyDel(idx uint32) {
-	e := sh.ent(idx)
-	if e.flags&fInDirty != 0 {
-		sh.unlink(&sh.dirty, idx, true)
-		e.flags &^= fInDirty
-	}
-}
+func (sh *shard) dirtyDel(idx uint32) { sh.takeOff(&sh.dirty, idx, true, fInDirty) }
 
 // unlistAll takes idx off every list it is on.
 func (sh *shard) unlistAll(idx uint32) {

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -104,30 +105,7 @@ func TestDirectRefused(t *testing.T) {
 // TestENOSPC fills a small loop-mounted ext4 file system: the write that
 // does not fit ends with an error matching syscall.ENOSPC.
 func TestENOSPC(t *testing.T) {
-	requireRoot(t, "mkfs.ext4", "losetup")
-	base := t.TempDir()
-	img := filepath.Join(base, "fs.img")
-	mnt := filepath.Join(base, "mnt")
-	if err := os.Mkdir(mnt, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	run := func(name string, args ...string) string {
-		out, err := exec.Command(name, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-		}
-		return string(out)
-	}
-	run("truncate", "-s", "16M", img)
-	run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", img)
-	loop := run("losetup", "--find", "--show", img)
-	loop = loop[:len(loop)-1]
-	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
-	if err := unix.Mount(loop, mnt, "ext4", 0, ""); err != nil {
-		t.Fatalf("mount %s: %v", loop, err)
-	}
-	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
-
+	mnt := testutil.MountSmallExt4(t)
 	tr := newTransport(t, Config{AllowedDirs: []string{mnt}})
 	f, err := tr.OpenFile(1, filepath.Join(mnt, "big"), FileOptions{Direct: true, Create: true, Size: 64 << 20})
 	if err != nil {

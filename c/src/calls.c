@@ -3,10 +3,10 @@
  * buffers, files, the batch lifecycle, exports, remote segments and
  * notifications.
  *
- * Each call checks its arguments, takes the connection (tc__start), fills
- * c->req, makes the round trip, checks the answer's counts and copies it
- * out before releasing the connection (tc__finish): views into the answer
- * do not outlive the call.
+ * Each call checks its arguments and names its request's body; tc__call
+ * takes the connection, makes the round trip and has the call's decoder
+ * (tc__decode) check the answer's counts and copy it out before it releases
+ * the connection: views into the answer do not outlive the call.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,37 +17,54 @@
 
 #include "internal.h"
 
-static const tc_trip plain = {.send_fd = -1};
+/* The decoders of the answers that are one value. */
 
-/* trip is a round trip without fds, waiting in the daemon up to wait_ms
- * beyond the call timeout. */
-static int trip(tc_conn *c, uint32_t wait_ms)
+static int get_segment(tc_conn *c, void *out)
 {
-    tc_trip t = plain;
-    t.extra_ms = wait_ms;
-    return tc__round_trip(c, &t);
+    *(tc_segment_id *)out = c->resp.segment;
+    return TC_OK;
 }
 
-static void copy_codes(int *dst, const uint8_t *src, size_t n)
+static int get_size(tc_conn *c, void *out)
 {
-    for (size_t i = 0; i < n; i++)
-        dst[i] = src[i];
+    *(uint64_t *)out = c->resp.size;
+    return TC_OK;
+}
+
+static int get_batch(tc_conn *c, void *out)
+{
+    *(tc_batch_id *)out = c->resp.batch;
+    return TC_OK;
+}
+
+static int get_task(tc_conn *c, void *out)
+{
+    *(tc_task_info *)out = c->resp.task;
+    return TC_OK;
+}
+
+static int get_summary(tc_conn *c, void *out)
+{
+    *(tc_summary *)out = c->resp.summary;
+    return TC_OK;
+}
+
+/* echoed checks that a ping's answer carries its payload back. */
+static int echoed(tc_conn *c, void *unused)
+{
+    (void)unused;
+    size_t len = c->req.payload_len;
+    if (c->resp.payload_len != len || (len && memcmp(c->resp.payload, c->req.payload, len) != 0))
+        return tc__fail(c, TC_EPROTO);
+    return TC_OK;
 }
 
 int tc_ping(tc_conn *c, const void *payload, size_t len, const tc_call_opts *o)
 {
     if (!c || (len && !payload))
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_PING, o);
-    if (rc)
-        return rc;
-    c->req.payload = payload;
-    c->req.payload_len = len;
-    rc = trip(c, 0);
-    if (rc == TC_OK &&
-        (c->resp.payload_len != len || (len && memcmp(c->resp.payload, payload, len) != 0)))
-        rc = tc__fail(c, TC_EPROTO);
-    return tc__finish(c, rc);
+    const tcw_req r = {.kind = TCW_PING, .payload = payload, .payload_len = len};
+    return tc__call(c, &r, echoed, NULL, o);
 }
 
 /* ---- stats --------------------------------------------------------------- */
@@ -76,17 +93,9 @@ static tc_counters copy_group(const tc_counters *g, tc_counter **items, char **n
     return out;
 }
 
-int tc_stats_get(tc_conn *c, tc_stats **out, const tc_call_opts *o)
+/* copy_stats copies the answer's counters into one block, *(tc_stats **)out. */
+static int copy_stats(tc_conn *c, void *out)
 {
-    if (!c || !out)
-        return TC_INVALID_ARGUMENT;
-    *out = NULL;
-    int rc = tc__start(c, TCW_STATS, o);
-    if (rc)
-        return rc;
-    rc = trip(c, 0);
-    if (rc)
-        return tc__finish(c, rc);
     const tc_stats *s = &c->resp.stats;
     const tc_counters *g[5] = {&s->pool, &s->engine, &s->connection, &s->transports, &s->store};
     size_t total = g[0]->n + g[1]->n + g[2]->n + g[3]->n + g[4]->n, bytes = sizeof(tc_stats);
@@ -94,7 +103,7 @@ int tc_stats_get(tc_conn *c, tc_stats **out, const tc_call_opts *o)
         bytes += group_bytes(g[i]);
     tc_stats *st = malloc(bytes);
     if (!st)
-        return tc__finish(c, TC_ENOMEM);
+        return TC_ENOMEM;
     tc_counter *items = (tc_counter *)(st + 1);
     char *names = (char *)(items + total);
     st->pool = copy_group(g[0], &items, &names);
@@ -103,64 +112,61 @@ int tc_stats_get(tc_conn *c, tc_stats **out, const tc_call_opts *o)
     st->transports = copy_group(g[3], &items, &names);
     st->connections = s->connections;
     st->store = copy_group(g[4], &items, &names);
-    *out = st;
-    return tc__finish(c, TC_OK);
+    *(tc_stats **)out = st;
+    return TC_OK;
+}
+
+int tc_stats_get(tc_conn *c, tc_stats **out, const tc_call_opts *o)
+{
+    if (!c || !out)
+        return TC_INVALID_ARGUMENT;
+    *out = NULL;
+    const tcw_req r = {.kind = TCW_STATS};
+    return tc__call(c, &r, copy_stats, out, o);
 }
 
 /* ---- pool blocks --------------------------------------------------------- */
 
-int tc_blocks_alloc(tc_conn *c, uint32_t n, uint64_t size, uint64_t *offsets, const tc_call_opts *o)
+/* get_blocks checks that each block allocated lies inside the pool and
+ * copies their offsets into out. */
+static int get_blocks(tc_conn *c, void *out)
 {
-    if (!c || n == 0 || n > (1u << 31) || size == 0 || !offsets)
-        return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_ALLOC_BLOCKS, o);
-    if (rc)
-        return rc;
-    c->req.n = n;
-    c->req.size = size;
-    rc = trip(c, 0);
-    if (rc == TC_OK)
-        rc = tc__positional(c, c->resp.n_u64s, n);
+    size_t n = c->req.n;
+    uint64_t size = c->req.size;
+    int rc = tc__positional(c, c->resp.n_u64s, n);
     for (size_t i = 0; rc == TC_OK && i < n; i++) {
         uint64_t off = c->resp.u64s[i];
         if (off >= c->pool.size || size > c->pool.size - off)
             rc = tc__fail(c, TC_EPROTO); /* a block outside the pool */
     }
     if (rc == TC_OK)
-        memcpy(offsets, c->resp.u64s, n * sizeof *offsets);
-    return tc__finish(c, rc);
+        memcpy(out, c->resp.u64s, n * sizeof(uint64_t));
+    return rc;
+}
+
+int tc_blocks_alloc(tc_conn *c, uint32_t n, uint64_t size, uint64_t *offsets, const tc_call_opts *o)
+{
+    if (!c || n == 0 || n > (1u << 31) || size == 0 || !offsets)
+        return TC_INVALID_ARGUMENT;
+    const tcw_req r = {.kind = TCW_ALLOC_BLOCKS, .n = n, .size = size};
+    return tc__call(c, &r, get_blocks, offsets, o);
+}
+
+/* block_codes decodes a code per block freed. */
+static int block_codes(tc_conn *c, void *codes)
+{
+    return tc__codes(c, codes, c->req.n_offsets);
 }
 
 int tc_blocks_free(tc_conn *c, const uint64_t *offsets, size_t n, int *codes, const tc_call_opts *o)
 {
     if (!c || n == 0 || !offsets || !codes)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_FREE_BLOCKS, o);
-    if (rc)
-        return rc;
-    c->req.offsets = offsets;
-    c->req.n_offsets = n;
-    rc = trip(c, 0);
-    if (rc == TC_OK)
-        rc = tc__positional(c, c->resp.n_codes, n);
-    if (rc == TC_OK)
-        copy_codes(codes, c->resp.codes, n);
-    return tc__finish(c, rc);
+    const tcw_req r = {.kind = TCW_FREE_BLOCKS, .offsets = offsets, .n_offsets = n};
+    return tc__call(c, &r, block_codes, codes, o);
 }
 
 /* ---- buffers and files --------------------------------------------------- */
-
-/* register_fd registers fd as a buffer of size bytes; c is locked. */
-static int register_fd(tc_conn *c, int fd, uint64_t size, tc_segment_id *id)
-{
-    c->req.size = size;
-    tc_trip t = plain;
-    t.send_fd = fd;
-    int rc = tc__round_trip(c, &t);
-    if (rc == TC_OK)
-        *id = c->resp.segment;
-    return rc;
-}
 
 int tc_buffer_register_fd(tc_conn *c, int fd, uint64_t size, tc_segment_id *id, const tc_call_opts *o)
 {
@@ -168,10 +174,8 @@ int tc_buffer_register_fd(tc_conn *c, int fd, uint64_t size, tc_segment_id *id, 
      * committed to the frame; refuse it here. */
     if (!c || fd < 0 || fcntl(fd, F_GETFD) < 0 || size == 0 || !id)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_REGISTER_BUFFER, o);
-    if (rc)
-        return rc;
-    return tc__finish(c, register_fd(c, fd, size, id));
+    const tcw_req r = {.kind = TCW_REGISTER_BUFFER, .size = size};
+    return tc__call_fd(c, &r, fd, get_segment, id, o);
 }
 
 static struct tc_buf *find_buf(tc_conn *c, tc_segment_id id, const tc_buffer *pub)
@@ -228,6 +232,17 @@ static int new_memfd(struct tc_buf *b, uint64_t size)
     return TC_OK;
 }
 
+/* keep_buffer takes the buffer out (a struct tc_buf) as registered: its
+ * segment, and into the connection's list. */
+static int keep_buffer(tc_conn *c, void *out)
+{
+    struct tc_buf *b = out;
+    b->pub.id = c->resp.segment;
+    b->next = c->buffers;
+    c->buffers = b;
+    return TC_OK;
+}
+
 int tc_buffer_create(tc_conn *c, uint64_t size, tc_buffer **out, const tc_call_opts *o)
 {
     if (!c || !out)
@@ -240,31 +255,16 @@ int tc_buffer_create(tc_conn *c, uint64_t size, tc_buffer **out, const tc_call_o
         return TC_ENOMEM;
     b->pub.fd = -1;
     int rc = new_memfd(b, size);
+    if (rc == TC_OK) {
+        const tcw_req r = {.kind = TCW_REGISTER_BUFFER, .size = size};
+        rc = tc__call_fd(c, &r, b->pub.fd, keep_buffer, b, o);
+    }
     if (rc) {
         drop_buf(b);
         return rc;
     }
-    if ((rc = tc__start(c, TCW_REGISTER_BUFFER, o))) {
-        drop_buf(b);
-        return rc;
-    }
-    rc = register_fd(c, b->pub.fd, size, &b->pub.id);
-    if (rc == TC_OK) {
-        b->next = c->buffers;
-        c->buffers = b;
-        *out = &b->pub;
-    }
-    tc__finish(c, rc);
-    if (rc)
-        drop_buf(b);
-    return rc;
-}
-
-/* unregister unregisters segment id; c is locked. */
-static int unregister(tc_conn *c, tc_segment_id id)
-{
-    c->req.segment = id;
-    return trip(c, 0);
+    *out = &b->pub;
+    return TC_OK;
 }
 
 int tc_buffer_destroy(tc_conn *c, tc_buffer *buf, const tc_call_opts *o)
@@ -278,9 +278,8 @@ int tc_buffer_destroy(tc_conn *c, tc_buffer *buf, const tc_call_opts *o)
     pthread_mutex_unlock(&c->mu);
     if (!b)
         return TC_INVALID_ARGUMENT; /* not a buffer of this connection */
-    int rc = tc__start(c, TCW_UNREGISTER_BUFFER, o);
-    if (rc == TC_OK)
-        rc = tc__finish(c, unregister(c, b->pub.id));
+    const tcw_req r = {.kind = TCW_UNREGISTER_BUFFER, .segment = b->pub.id};
+    int rc = tc__call(c, &r, NULL, NULL, o);
     drop_buf(b);
     return rc;
 }
@@ -289,12 +288,31 @@ int tc_segment_unregister(tc_conn *c, tc_segment_id id, const tc_call_opts *o)
 {
     if (!c)
         return TC_INVALID_ARGUMENT;
+    /* Not tc__call: the check is made under the same hold of c as the
+     * call, so no buffer tc_buffer_create makes between them slips by. */
     int rc = tc__start(c, TCW_UNREGISTER_BUFFER, o);
     if (rc)
         return rc;
     if (find_buf(c, id, NULL))
         return tc__finish(c, TC_INVALID_ARGUMENT); /* tc_buffer_destroy's */
-    return tc__finish(c, unregister(c, id));
+    c->req.segment = id;
+    const tc_trip t = {.send_fd = -1};
+    return tc__finish(c, tc__round_trip(c, &t));
+}
+
+/* Where a file's registration goes: its segment, and its size (or NULL). */
+struct file_out {
+    tc_segment_id *id;
+    uint64_t *size;
+};
+
+static int registered(tc_conn *c, void *out)
+{
+    const struct file_out *f = out;
+    *f->id = c->resp.segment;
+    if (f->size)
+        *f->size = c->resp.size;
+    return TC_OK;
 }
 
 int tc_file_register(tc_conn *c, const char *path, int direct, uint64_t size, tc_segment_id *id,
@@ -302,19 +320,9 @@ int tc_file_register(tc_conn *c, const char *path, int direct, uint64_t size, tc
 {
     if (!c || !path || !*path || !id)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_REGISTER_FILE, o);
-    if (rc)
-        return rc;
-    c->req.name = path;
-    c->req.direct = direct;
-    c->req.size = size;
-    rc = trip(c, 0);
-    if (rc == TC_OK) {
-        *id = c->resp.segment;
-        if (size_out)
-            *size_out = c->resp.size;
-    }
-    return tc__finish(c, rc);
+    const tcw_req r = {.kind = TCW_REGISTER_FILE, .name = path, .direct = direct, .size = size};
+    struct file_out f = {id, size_out};
+    return tc__call(c, &r, registered, &f, o);
 }
 
 /* within reports whether [p, p+len) lies inside [base, base+size). */
@@ -365,14 +373,14 @@ int tc_batch_alloc(tc_conn *c, uint32_t capacity, tc_batch_id *out, const tc_cal
 {
     if (!c || capacity == 0 || capacity > (1u << 31) || !out)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_ALLOC_BATCH, o);
-    if (rc)
-        return rc;
-    c->req.capacity = capacity;
-    rc = trip(c, 0);
-    if (rc == TC_OK)
-        *out = c->resp.batch;
-    return tc__finish(c, rc);
+    const tcw_req r = {.kind = TCW_ALLOC_BATCH, .capacity = capacity};
+    return tc__call(c, &r, get_batch, out, o);
+}
+
+/* request_codes decodes a code per request submitted. */
+static int request_codes(tc_conn *c, void *codes)
+{
+    return tc__codes(c, codes, c->req.n_requests);
 }
 
 int tc_batch_submit(tc_conn *c, tc_batch_id batch, const tc_request *reqs, size_t n, const tc_notify *notify,
@@ -383,73 +391,61 @@ int tc_batch_submit(tc_conn *c, tc_batch_id batch, const tc_request *reqs, size_
     int rc = check_requests(reqs, n, notify, codes);
     if (rc)
         return rc;
-    if ((rc = tc__start(c, TCW_SUBMIT, o)))
-        return rc;
-    c->req.batch = batch;
-    c->req.requests = reqs;
-    c->req.n_requests = n;
-    c->req.notify = notify;
-    rc = trip(c, 0);
-    if (rc == TC_OK)
-        rc = tc__positional(c, c->resp.n_codes, n);
-    if (rc == TC_OK)
-        copy_codes(codes, c->resp.codes, n);
-    return tc__finish(c, rc);
+    const tcw_req r = {.kind = TCW_SUBMIT, .batch = batch, .requests = reqs, .n_requests = n, .notify = notify};
+    return tc__call(c, &r, request_codes, codes, o);
 }
 
 int tc_task_status(tc_conn *c, tc_batch_id batch, uint32_t index, tc_task_info *out, const tc_call_opts *o)
 {
     if (!c || !out || index > (1u << 31))
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_TASK_STATUS, o);
-    if (rc)
-        return rc;
-    c->req.batch = batch;
-    c->req.index = index;
-    rc = trip(c, 0);
-    if (rc == TC_OK)
-        *out = c->resp.task;
-    return tc__finish(c, rc);
+    const tcw_req r = {.kind = TCW_TASK_STATUS, .batch = batch, .index = index};
+    return tc__call(c, &r, get_task, out, o);
 }
 
 int tc_batch_status(tc_conn *c, tc_batch_id batch, tc_summary *out, const tc_call_opts *o)
 {
     if (!c || !out)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_BATCH_STATUS, o);
-    if (rc)
-        return rc;
-    c->req.batch = batch;
-    rc = trip(c, 0);
-    if (rc == TC_OK)
-        *out = c->resp.summary;
-    return tc__finish(c, rc);
+    const tcw_req r = {.kind = TCW_BATCH_STATUS, .batch = batch};
+    return tc__call(c, &r, get_summary, out, o);
 }
 
 int tc_batch_wait(tc_conn *c, tc_batch_id batch, uint32_t timeout_ms, tc_summary *out, const tc_call_opts *o)
 {
     if (!c || !out)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_WAIT, o);
-    if (rc)
-        return rc;
-    c->req.batch = batch;
-    c->req.timeout_ms = timeout_ms;
-    rc = trip(c, timeout_ms);
-    if (rc == TC_OK)
-        *out = c->resp.summary;
-    return tc__finish(c, rc);
+    const tcw_req r = {.kind = TCW_WAIT, .batch = batch, .timeout_ms = timeout_ms};
+    return tc__call(c, &r, get_summary, out, o);
 }
 
 int tc_batch_free(tc_conn *c, tc_batch_id batch, const tc_call_opts *o)
 {
     if (!c)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_FREE_BATCH, o);
-    if (rc)
-        return rc;
-    c->req.batch = batch;
-    return tc__finish(c, trip(c, 0));
+    const tcw_req r = {.kind = TCW_FREE_BATCH, .batch = batch};
+    return tc__call(c, &r, NULL, NULL, o);
+}
+
+/* Where a transfer's answer goes: codes and states (or NULL) a code per
+ * request, and its summary (or NULL). */
+struct transfer_out {
+    int *codes, *states;
+    tc_summary *summary;
+};
+
+static int transferred(tc_conn *c, void *out)
+{
+    const struct transfer_out *t = out;
+    size_t n = c->req.n_requests;
+    int rc = tc__positional(c, c->resp.n_states, n);
+    if (rc == TC_OK)
+        rc = tc__codes(c, t->codes, n);
+    for (size_t i = 0; rc == TC_OK && t->states && i < n; i++)
+        t->states[i] = c->resp.states[i];
+    if (rc == TC_OK && t->summary)
+        *t->summary = c->resp.summary;
+    return rc;
 }
 
 int tc_transfer(tc_conn *c, const tc_request *reqs, size_t n, const tc_notify *notify, uint32_t timeout_ms,
@@ -460,25 +456,10 @@ int tc_transfer(tc_conn *c, const tc_request *reqs, size_t n, const tc_notify *n
     int rc = check_requests(reqs, n, notify, codes);
     if (rc)
         return rc;
-    if ((rc = tc__start(c, TCW_TRANSFER, o)))
-        return rc;
-    c->req.requests = reqs;
-    c->req.n_requests = n;
-    c->req.notify = notify;
-    c->req.timeout_ms = timeout_ms;
-    rc = trip(c, timeout_ms);
-    if (rc == TC_OK)
-        rc = tc__positional(c, c->resp.n_codes, n);
-    if (rc == TC_OK)
-        rc = tc__positional(c, c->resp.n_states, n);
-    if (rc == TC_OK) {
-        copy_codes(codes, c->resp.codes, n);
-        if (states)
-            copy_codes(states, c->resp.states, n);
-        if (summary)
-            *summary = c->resp.summary;
-    }
-    return tc__finish(c, rc);
+    const tcw_req r = {
+        .kind = TCW_TRANSFER, .requests = reqs, .n_requests = n, .notify = notify, .timeout_ms = timeout_ms};
+    struct transfer_out t = {codes, states, summary};
+    return tc__call(c, &r, transferred, &t, o);
 }
 
 /* ---- peers --------------------------------------------------------------- */
@@ -488,18 +469,13 @@ int tc_segment_export(tc_conn *c, const char *name, tc_segment_id segment, uint6
 {
     if (!c || !name || !*name || rights > 0xff)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_EXPORT_SEGMENT, o);
-    if (rc)
-        return rc;
-    c->req.name = name;
-    c->req.segment = segment;
-    c->req.offset = offset;
-    c->req.length = length;
-    c->req.rights = (uint8_t)rights;
-    rc = trip(c, 0);
-    if (rc == TC_OK && size_out)
-        *size_out = c->resp.size;
-    return tc__finish(c, rc);
+    const tcw_req r = {.kind = TCW_EXPORT_SEGMENT,
+                       .name = name,
+                       .segment = segment,
+                       .offset = offset,
+                       .length = length,
+                       .rights = (uint8_t)rights};
+    return tc__call(c, &r, size_out ? get_size : NULL, size_out, o);
 }
 
 /* named makes a call whose body is one name. */
@@ -507,11 +483,8 @@ static int named(tc_conn *c, int kind, const char *name, const tc_call_opts *o)
 {
     if (!c || !name || !*name)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, kind, o);
-    if (rc)
-        return rc;
-    c->req.name = name;
-    return tc__finish(c, trip(c, 0));
+    const tcw_req r = {.kind = kind, .name = name};
+    return tc__call(c, &r, NULL, NULL, o);
 }
 
 int tc_segment_unexport(tc_conn *c, const char *name, const tc_call_opts *o)
@@ -524,62 +497,53 @@ int tc_notify_subscribe(tc_conn *c, const char *name, const tc_call_opts *o)
     return named(c, TCW_SUBSCRIBE, name, o);
 }
 
+static int get_remote(tc_conn *c, void *out)
+{
+    tc_remote *rem = out;
+    rem->id = c->resp.segment;
+    rem->size = c->resp.size;
+    rem->epoch = c->resp.epoch;
+    return TC_OK;
+}
+
 int tc_remote_open(tc_conn *c, const char *name, unsigned rights, int transport, tc_remote *out,
                    const tc_call_opts *o)
 {
     if (!c || !name || !*name || rights > 0xff || transport < 0 || transport > 0xff || !out)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_OPEN_REMOTE, o);
-    if (rc)
-        return rc;
-    c->req.name = name;
-    c->req.rights = (uint8_t)rights;
-    c->req.transport = (uint8_t)transport;
-    rc = trip(c, 0);
-    if (rc == TC_OK) {
-        out->id = c->resp.segment;
-        out->size = c->resp.size;
-        out->epoch = c->resp.epoch;
-    }
-    return tc__finish(c, rc);
+    const tcw_req r = {
+        .kind = TCW_OPEN_REMOTE, .name = name, .rights = (uint8_t)rights, .transport = (uint8_t)transport};
+    return tc__call(c, &r, get_remote, out, o);
 }
 
 int tc_remote_close(tc_conn *c, tc_segment_id id, const tc_call_opts *o)
 {
     if (!c)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_CLOSE_REMOTE, o);
-    if (rc)
-        return rc;
-    c->req.segment = id;
-    return tc__finish(c, trip(c, 0));
+    const tcw_req r = {.kind = TCW_CLOSE_REMOTE, .segment = id};
+    return tc__call(c, &r, NULL, NULL, o);
 }
 
-int tc_notify_poll(tc_conn *c, uint32_t max, uint32_t timeout_ms, tc_notification **out, size_t *n,
-                   const tc_call_opts *o)
+/* Where a poll's notifications go: one block at *out, *n of them. */
+struct notes_out {
+    tc_notification **out;
+    size_t *n;
+};
+
+static int copy_notes(tc_conn *c, void *out)
 {
-    if (!c || !out || !n)
-        return TC_INVALID_ARGUMENT;
-    *out = NULL;
-    *n = 0;
-    int rc = tc__start(c, TCW_POLL_NOTIFICATIONS, o);
-    if (rc)
-        return rc;
-    c->req.max = max;
-    c->req.timeout_ms = timeout_ms;
-    rc = trip(c, timeout_ms);
-    if (rc == TC_OK && max > 0 && c->resp.n_notes > max)
-        rc = tc__fail(c, TC_EPROTO);
+    const struct notes_out *d = out;
     size_t k = c->resp.n_notes;
+    int rc = tc__at_most(c, k, c->req.max);
     if (rc || k == 0)
-        return tc__finish(c, rc);
+        return rc;
     const tc_notification *src = c->resp.notes;
     size_t bytes = k * sizeof(tc_notification);
     for (size_t i = 0; i < k; i++)
         bytes += strlen(src[i].segment) + 1 + src[i].len;
     tc_notification *dst = malloc(bytes);
     if (!dst)
-        return tc__finish(c, TC_ENOMEM);
+        return TC_ENOMEM;
     char *p = (char *)(dst + k);
     for (size_t i = 0; i < k; i++) {
         size_t sl = strlen(src[i].segment) + 1;
@@ -592,7 +556,19 @@ int tc_notify_poll(tc_conn *c, uint32_t max, uint32_t timeout_ms, tc_notificatio
         dst[i].len = src[i].len;
         p += src[i].len;
     }
-    *out = dst;
-    *n = k;
-    return tc__finish(c, TC_OK);
+    *d->out = dst;
+    *d->n = k;
+    return TC_OK;
+}
+
+int tc_notify_poll(tc_conn *c, uint32_t max, uint32_t timeout_ms, tc_notification **out, size_t *n,
+                   const tc_call_opts *o)
+{
+    if (!c || !out || !n)
+        return TC_INVALID_ARGUMENT;
+    *out = NULL;
+    *n = 0;
+    const tcw_req r = {.kind = TCW_POLL_NOTIFICATIONS, .max = max, .timeout_ms = timeout_ms};
+    struct notes_out d = {out, n};
+    return tc__call(c, &r, copy_notes, &d, o);
 }

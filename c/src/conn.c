@@ -56,28 +56,29 @@ int tc__fail(tc_conn *c, int rc)
     return rc;
 }
 
-int tc__start(tc_conn *c, int kind, const tc_call_opts *o)
+/* start locks c and sets c->req to body (its kind and body fields) with
+ * the call's context: o over the connection's defaults. */
+static int start(tc_conn *c, const tcw_req *body, const tc_call_opts *o)
 {
     pthread_mutex_lock(&c->mu);
     if (c->broken) {
         pthread_mutex_unlock(&c->mu);
         return TC_ECLOSED;
     }
-    memset(&c->req, 0, sizeof c->req);
-    c->req.kind = kind;
+    c->req = *body;
     c->req.request_id = ++c->next_id;
-    c->req.lane = c->lane;
-    c->req.policy_version = c->policy_version;
-    if (o) {
-        c->req.idempotency_key = o->idempotency_key;
-        if (o->lane)
-            c->req.lane = o->lane;
-        if (o->policy_version)
-            c->req.policy_version = o->policy_version;
-        c->req.qos = o->qos;
-        c->req.deadline_ms = o->deadline_ms;
-    }
+    c->req.lane = o && o->lane ? o->lane : c->lane;
+    c->req.policy_version = o && o->policy_version ? o->policy_version : c->policy_version;
+    c->req.idempotency_key = o ? o->idempotency_key : NULL;
+    c->req.qos = o ? o->qos : 0;
+    c->req.deadline_ms = o ? o->deadline_ms : 0;
     return TC_OK;
+}
+
+int tc__start(tc_conn *c, int kind, const tc_call_opts *o)
+{
+    const tcw_req body = {.kind = kind};
+    return start(c, &body, o);
 }
 
 int tc__finish(tc_conn *c, int rc)
@@ -86,9 +87,39 @@ int tc__finish(tc_conn *c, int rc)
     return rc;
 }
 
+int tc__call_fd(tc_conn *c, const tcw_req *req, int send_fd, tc__decode decode, void *out, const tc_call_opts *o)
+{
+    int rc = start(c, req, o);
+    if (rc)
+        return rc;
+    tc_trip t = {.send_fd = send_fd, .extra_ms = req->timeout_ms};
+    rc = tc__round_trip(c, &t);
+    if (rc == TC_OK && decode)
+        rc = decode(c, out);
+    return tc__finish(c, rc);
+}
+
+int tc__call(tc_conn *c, const tcw_req *req, tc__decode decode, void *out, const tc_call_opts *o)
+{
+    return tc__call_fd(c, req, -1, decode, out, o);
+}
+
 int tc__positional(tc_conn *c, size_t got, size_t want)
 {
     return got == want ? TC_OK : tc__fail(c, TC_EPROTO);
+}
+
+int tc__at_most(tc_conn *c, size_t got, uint32_t max)
+{
+    return max == 0 || got <= max ? TC_OK : tc__fail(c, TC_EPROTO);
+}
+
+int tc__codes(tc_conn *c, int *codes, size_t n)
+{
+    int rc = tc__positional(c, c->resp.n_codes, n);
+    for (size_t i = 0; rc == TC_OK && i < n; i++)
+        codes[i] = c->resp.codes[i];
+    return rc;
 }
 
 /* wait_io waits until the socket is ready for ev or deadline (0: none)

@@ -80,6 +80,22 @@ int tc__start(tc_conn *c, int kind, const tc_call_opts *o);
 /* finish unlocks c and returns rc. */
 int tc__finish(tc_conn *c, int rc);
 
+/* A call's decoder: it copies what the answer in c->resp says into out
+ * (views into the answer do not outlive the call), checking its counts and
+ * bounds; a malformed answer fails the call (tc__fail). Called with c
+ * locked, once the answer is TC_OK. It may read c->req, the request being
+ * answered. */
+typedef int (*tc__decode)(tc_conn *c, void *out);
+
+/* call makes one call of req's kind with req's body (its context comes from
+ * o over the connection's defaults, as tc__start sets it): it takes c, makes
+ * the round trip, has decode (when not NULL) copy the answer into out and
+ * releases c. A call that waits in the daemon (req->timeout_ms) is given
+ * that much beyond the call timeout. call_fd passes send_fd with the
+ * request. */
+int tc__call(tc_conn *c, const tcw_req *req, tc__decode decode, void *out, const tc_call_opts *o);
+int tc__call_fd(tc_conn *c, const tcw_req *req, int send_fd, tc__decode decode, void *out, const tc_call_opts *o);
+
 /* round_trip encodes c->req, sends it, reads the answer into c->resp and
  * checks that it answers this request with body kind. A non-OK status is
  * returned as its code. Any failure of the stream breaks the connection.
@@ -92,6 +108,14 @@ int tc__fail(tc_conn *c, int rc);
 /* positional checks that an answer has one result per item: TC_EPROTO
  * (and a broken connection) otherwise. */
 int tc__positional(tc_conn *c, size_t got, size_t want);
+
+/* at_most checks that an answer has no more items than the call asked for
+ * (max; 0: no limit): TC_EPROTO (and a broken connection) otherwise. */
+int tc__at_most(tc_conn *c, size_t got, uint32_t max);
+
+/* codes checks that an answer has n codes (tc__positional) and copies them
+ * into codes. */
+int tc__codes(tc_conn *c, int *codes, size_t n);
 
 /* now_ns is CLOCK_MONOTONIC in nanoseconds. */
 int64_t tc__now_ns(void);

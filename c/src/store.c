@@ -15,44 +15,31 @@
 #include "internal.h"
 #include "keys.h"
 
-static const tc_trip plain = {.send_fd = -1};
-
-static int trip(tc_conn *c, uint32_t wait_ms)
-{
-    tc_trip t = plain;
-    t.extra_ms = wait_ms;
-    return tc__round_trip(c, &t);
-}
-
-/* begin checks a batch call's connection, keys and codes, takes the
- * connection and sets the request's keys. */
-static int begin(tc_conn *c, int kind, const tc_keys *keys, const int *codes, const tc_call_opts *o)
+/* keyed makes the batch call r over keys once it has checked the
+ * connection, the keys (keys.h) and codes; decode copies the answer, a code
+ * per key and what goes with it. */
+static int keyed(tc_conn *c, tcw_req *r, const tc_keys *keys, const int *codes, tc__decode decode, void *out,
+                 const tc_call_opts *o)
 {
     if (!c || !codes)
         return TC_INVALID_ARGUMENT;
-    size_t len = tc__keys_len(keys);
-    if (len == 0)
+    r->keys_len = tc__keys_len(keys);
+    if (r->keys_len == 0)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, kind, o);
-    if (rc)
-        return rc;
-    c->req.keys = keys;
-    c->req.keys_len = len;
-    return TC_OK;
+    r->keys = keys;
+    return tc__call(c, r, decode, out, o);
 }
 
-/* answer makes the round trip and checks and copies the answer's codes,
- * one per key. */
-static int answer(tc_conn *c, uint32_t wait_ms, int *codes)
+/* key_codes decodes a code per key. */
+static int key_codes(tc_conn *c, void *codes)
 {
-    size_t n = c->req.keys->n;
-    int rc = trip(c, wait_ms);
-    if (rc == TC_OK)
-        rc = tc__positional(c, c->resp.n_codes, n);
-    if (rc == TC_OK)
-        for (size_t i = 0; i < n; i++)
-            codes[i] = c->resp.codes[i];
-    return rc;
+    return tc__codes(c, codes, c->req.keys->n);
+}
+
+/* coded makes a batch call whose answer is a code per key. */
+static int coded(tc_conn *c, tcw_req *r, const tc_keys *keys, int *codes, const tc_call_opts *o)
+{
+    return keyed(c, r, keys, codes, key_codes, codes, o);
 }
 
 int tc_store_put(tc_conn *c, const tc_keys *keys, const tc_extent *values, int durable, int *codes,
@@ -60,23 +47,44 @@ int tc_store_put(tc_conn *c, const tc_keys *keys, const tc_extent *values, int d
 {
     if (!values)
         return TC_INVALID_ARGUMENT;
-    int rc = begin(c, TCW_STORE_PUT, keys, codes, o);
-    if (rc)
-        return rc;
-    c->req.extents = values;
-    c->req.durable = durable != 0;
-    return tc__finish(c, answer(c, 0, codes));
+    tcw_req r = {.kind = TCW_STORE_PUT, .extents = values, .durable = durable != 0};
+    return coded(c, &r, keys, codes, o);
 }
 
-/* trip_u64s makes the call and checks that its answer holds a code and a
- * number for each of the n keys. */
-static int trip_u64s(tc_conn *c, size_t n)
+/* Where a read's or a reservation's answer goes: a code and a number per
+ * key. */
+struct u64s_out {
+    int *codes;
+    uint64_t *u64s;
+};
+
+/* fits reports whether key i's number, of a key that succeeded, is one the
+ * call allows: a read's length no more than its destination holds, a
+ * reservation's offset inside the pool. */
+static int fits(const tc_conn *c, size_t i)
 {
-    int rc = trip(c, 0);
-    if (rc == TC_OK)
-        rc = tc__positional(c, c->resp.n_codes, n);
+    uint64_t v = c->resp.u64s[i];
+    if (c->req.kind == TCW_STORE_READ)
+        return v <= c->req.extents[i].length;
+    return v < c->pool.size && c->req.sizes[i] <= c->pool.size - v;
+}
+
+/* key_u64s decodes a read's or a reservation's answer: a code and a number
+ * (fits) per key; a key that failed has no offset (0). */
+static int key_u64s(tc_conn *c, void *out)
+{
+    const struct u64s_out *d = out;
+    size_t n = c->req.keys->n;
+    int rc = tc__positional(c, c->resp.n_codes, n);
     if (rc == TC_OK)
         rc = tc__positional(c, c->resp.n_u64s, n);
+    for (size_t i = 0; rc == TC_OK && i < n; i++)
+        if (c->resp.codes[i] == TC_OK && !fits(c, i))
+            rc = tc__fail(c, TC_EPROTO);
+    for (size_t i = 0; rc == TC_OK && i < n; i++) {
+        d->codes[i] = c->resp.codes[i];
+        d->u64s[i] = c->req.kind == TCW_STORE_RESERVE && d->codes[i] != TC_OK ? 0 : c->resp.u64s[i];
+    }
     return rc;
 }
 
@@ -85,46 +93,27 @@ int tc_store_read(tc_conn *c, const tc_keys *keys, const tc_extent *dests, uint6
 {
     if (!dests || !lengths)
         return TC_INVALID_ARGUMENT;
-    int rc = begin(c, TCW_STORE_READ, keys, codes, o);
-    if (rc)
-        return rc;
-    c->req.extents = dests;
-    size_t n = keys->n;
-    rc = trip_u64s(c, n);
-    for (size_t i = 0; rc == TC_OK && i < n; i++)
-        if (c->resp.codes[i] == TC_OK && c->resp.u64s[i] > dests[i].length)
-            rc = tc__fail(c, TC_EPROTO); /* more copied than the destination holds */
-    if (rc == TC_OK)
-        for (size_t i = 0; i < n; i++) {
-            codes[i] = c->resp.codes[i];
-            lengths[i] = c->resp.u64s[i];
-        }
-    return tc__finish(c, rc);
+    tcw_req r = {.kind = TCW_STORE_READ, .extents = dests};
+    struct u64s_out d = {codes, lengths};
+    return keyed(c, &r, keys, codes, key_u64s, &d, o);
 }
 
 int tc_store_remove(tc_conn *c, const tc_keys *keys, int *codes, const tc_call_opts *o)
 {
-    int rc = begin(c, TCW_STORE_REMOVE, keys, codes, o);
-    if (rc)
-        return rc;
-    return tc__finish(c, answer(c, 0, codes));
+    tcw_req r = {.kind = TCW_STORE_REMOVE};
+    return coded(c, &r, keys, codes, o);
 }
 
 int tc_store_pin(tc_conn *c, const tc_keys *keys, uint32_t ttl_ms, int *codes, const tc_call_opts *o)
 {
-    int rc = begin(c, TCW_STORE_PIN, keys, codes, o);
-    if (rc)
-        return rc;
-    c->req.ttl_ms = ttl_ms;
-    return tc__finish(c, answer(c, 0, codes));
+    tcw_req r = {.kind = TCW_STORE_PIN, .ttl_ms = ttl_ms};
+    return coded(c, &r, keys, codes, o);
 }
 
 int tc_store_unpin(tc_conn *c, const tc_keys *keys, int *codes, const tc_call_opts *o)
 {
-    int rc = begin(c, TCW_STORE_UNPIN, keys, codes, o);
-    if (rc)
-        return rc;
-    return tc__finish(c, answer(c, 0, codes));
+    tcw_req r = {.kind = TCW_STORE_UNPIN};
+    return coded(c, &r, keys, codes, o);
 }
 
 int tc_store_reserve(tc_conn *c, const tc_keys *keys, const uint64_t *sizes, uint64_t *offsets, int *codes,
@@ -132,58 +121,77 @@ int tc_store_reserve(tc_conn *c, const tc_keys *keys, const uint64_t *sizes, uin
 {
     if (!sizes || !offsets)
         return TC_INVALID_ARGUMENT;
-    int rc = begin(c, TCW_STORE_RESERVE, keys, codes, o);
-    if (rc)
-        return rc;
-    c->req.sizes = sizes;
-    size_t n = keys->n;
-    rc = trip_u64s(c, n);
-    for (size_t i = 0; rc == TC_OK && i < n; i++) {
-        uint64_t off = c->resp.u64s[i];
-        if (c->resp.codes[i] == TC_OK && (off >= c->pool.size || sizes[i] > c->pool.size - off))
-            rc = tc__fail(c, TC_EPROTO); /* a reservation outside the pool */
-    }
-    if (rc == TC_OK)
-        for (size_t i = 0; i < n; i++) {
-            codes[i] = c->resp.codes[i];
-            offsets[i] = codes[i] == TC_OK ? c->resp.u64s[i] : 0;
-        }
-    return tc__finish(c, rc);
+    tcw_req r = {.kind = TCW_STORE_RESERVE, .sizes = sizes};
+    struct u64s_out d = {codes, offsets};
+    return keyed(c, &r, keys, codes, key_u64s, &d, o);
 }
 
 int tc_store_commit(tc_conn *c, const tc_keys *keys, int durable, int *codes, const tc_call_opts *o)
 {
-    int rc = begin(c, TCW_STORE_COMMIT, keys, codes, o);
-    if (rc)
-        return rc;
-    c->req.durable = durable != 0;
-    return tc__finish(c, answer(c, 0, codes));
+    tcw_req r = {.kind = TCW_STORE_COMMIT, .durable = durable != 0};
+    return coded(c, &r, keys, codes, o);
 }
 
 int tc_store_abort(tc_conn *c, const tc_keys *keys, int *codes, const tc_call_opts *o)
 {
-    int rc = begin(c, TCW_STORE_ABORT, keys, codes, o);
-    if (rc)
-        return rc;
-    return tc__finish(c, answer(c, 0, codes));
+    tcw_req r = {.kind = TCW_STORE_ABORT};
+    return coded(c, &r, keys, codes, o);
+}
+
+/* key_info copies a stat's answer into out, without the key (the caller's). */
+static int key_info(tc_conn *c, void *out)
+{
+    tc_key_info *info = out;
+    *info = c->resp.info;
+    info->key = NULL;
+    info->key_len = 0;
+    return TC_OK;
 }
 
 int tc_store_stat(tc_conn *c, const void *key, size_t len, tc_key_info *out, const tc_call_opts *o)
 {
     if (!c || !out || len > TC__MAX_PACKED_KEY || (len && !key))
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_STORE_STAT, o);
+    const tcw_req r = {.kind = TCW_STORE_STAT, .blob = key, .blob_len = len};
+    return tc__call(c, &r, key_info, out, o);
+}
+
+/* Where a list's answer goes: one block of keys at *out, *n of them, and
+ * whether there are more. */
+struct list_out {
+    tc_key_info **out;
+    size_t *n;
+    int *more;
+};
+
+static int copy_list(tc_conn *c, void *out)
+{
+    const struct list_out *d = out;
+    size_t k = c->resp.n_infos;
+    int rc = tc__at_most(c, k, c->req.max); /* no more keys than asked */
     if (rc)
         return rc;
-    c->req.blob = key;
-    c->req.blob_len = len;
-    rc = trip(c, 0);
-    if (rc == TC_OK) {
-        *out = c->resp.info;
-        out->key = NULL;
-        out->key_len = 0;
+    if (k > 0) {
+        const tc_key_info *src = c->resp.infos;
+        size_t bytes = k * sizeof(tc_key_info);
+        for (size_t i = 0; i < k; i++)
+            bytes += src[i].key_len;
+        tc_key_info *dst = malloc(bytes);
+        if (!dst)
+            return TC_ENOMEM;
+        uint8_t *p = (uint8_t *)(dst + k);
+        for (size_t i = 0; i < k; i++) {
+            dst[i] = src[i];
+            if (src[i].key_len)
+                memcpy(p, src[i].key, src[i].key_len);
+            dst[i].key = p;
+            p += src[i].key_len;
+        }
+        *d->out = dst;
+        *d->n = k;
     }
-    return tc__finish(c, rc);
+    *d->more = c->resp.more;
+    return TC_OK;
 }
 
 int tc_store_list(tc_conn *c, const void *prefix, size_t plen, const void *after, size_t alen, uint32_t max,
@@ -195,51 +203,20 @@ int tc_store_list(tc_conn *c, const void *prefix, size_t plen, const void *after
     *out = NULL;
     *n = 0;
     *more = 0;
-    int rc = tc__start(c, TCW_STORE_LIST, o);
-    if (rc)
-        return rc;
-    c->req.blob = prefix;
-    c->req.blob_len = plen;
-    c->req.blob2 = after;
-    c->req.blob2_len = alen;
-    c->req.max = max;
-    rc = trip(c, 0);
-    size_t k = c->resp.n_infos;
-    if (rc == TC_OK && max > 0 && k > max)
-        rc = tc__fail(c, TC_EPROTO); /* more keys than asked */
-    if (rc || k == 0) {
-        if (rc == TC_OK)
-            *more = c->resp.more;
-        return tc__finish(c, rc);
-    }
-    const tc_key_info *src = c->resp.infos;
-    size_t bytes = k * sizeof(tc_key_info);
-    for (size_t i = 0; i < k; i++)
-        bytes += src[i].key_len;
-    tc_key_info *dst = malloc(bytes);
-    if (!dst)
-        return tc__finish(c, TC_ENOMEM);
-    uint8_t *p = (uint8_t *)(dst + k);
-    for (size_t i = 0; i < k; i++) {
-        dst[i] = src[i];
-        if (src[i].key_len)
-            memcpy(p, src[i].key, src[i].key_len);
-        dst[i].key = p;
-        p += src[i].key_len;
-    }
-    *out = dst;
-    *n = k;
-    *more = c->resp.more;
-    return tc__finish(c, TC_OK);
+    const tcw_req r = {.kind = TCW_STORE_LIST,
+                       .blob = prefix,
+                       .blob_len = plen,
+                       .blob2 = after,
+                       .blob2_len = alen,
+                       .max = max};
+    struct list_out d = {out, n, more};
+    return tc__call(c, &r, copy_list, &d, o);
 }
 
 int tc_store_flush(tc_conn *c, uint32_t timeout_ms, const tc_call_opts *o)
 {
     if (!c)
         return TC_INVALID_ARGUMENT;
-    int rc = tc__start(c, TCW_STORE_FLUSH, o);
-    if (rc)
-        return rc;
-    c->req.timeout_ms = timeout_ms;
-    return tc__finish(c, trip(c, timeout_ms));
+    const tcw_req r = {.kind = TCW_STORE_FLUSH, .timeout_ms = timeout_ms};
+    return tc__call(c, &r, NULL, NULL, o);
 }

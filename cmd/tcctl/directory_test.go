@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,37 +19,17 @@ import (
 // mut adjusting its config; it returns the socket.
 func startDirDaemon(t *testing.T, id, key string, mut func(*daemon.Config)) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "tcctl-dir")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	cfg := daemon.Defaults()
-	cfg.Socket = filepath.Join(dir, "d.sock")
-	cfg.DataDir = filepath.Join(dir, "data")
-	cfg.PoolSize = 16 << 20
-	cfg.DrainTimeout = daemon.Duration(2 * time.Second)
-	cfg.DaemonID, cfg.RDMA, cfg.MetricsAddress = id, "off", "off"
-	cfg.PeerListen, cfg.ClusterKeyFile = "127.0.0.1:0", key
-	if mut != nil {
-		mut(&cfg)
-	}
-	d, err := daemon.New(cfg, slog.New(slog.DiscardHandler), func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon %s Run: %v", id, err)
+	_, cfg := startTensorcastd(t, func(c *daemon.Config) {
+		c.DaemonID, c.RDMA, c.MetricsAddress = id, "off", "off"
+		c.PeerListen, c.ClusterKeyFile = "127.0.0.1:0", key
+		if mut != nil {
+			mut(c)
 		}
 	})
 	return cfg.Socket
 }
 
+// clusterKey writes a cluster key file readable by its owner only.
 func clusterKey(t *testing.T) string {
 	t.Helper()
 	key := filepath.Join(t.TempDir(), "cluster.key")

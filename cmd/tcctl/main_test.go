@@ -14,6 +14,8 @@ import (
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/daemon"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -91,6 +93,31 @@ func startDaemonDeps(t *testing.T, deps func(*control.Deps)) string {
 		os.RemoveAll(dir)
 	})
 	return sock
+}
+
+// startTensorcastd runs a tensorcastd (the daemon package, not a bare
+// control server) until the test ends, on small defaults under a short
+// temporary directory (a unix socket's path must be short), mut adjusting
+// its config. It returns the daemon and the config it runs on.
+func startTensorcastd(t *testing.T, mut func(*daemon.Config)) (*daemon.Daemon, daemon.Config) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "tcctl-d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg := daemon.Defaults()
+	cfg.Socket = filepath.Join(dir, "d.sock")
+	cfg.DataDir = filepath.Join(dir, "data")
+	cfg.PoolSize = 16 << 20
+	cfg.DrainTimeout = daemon.Duration(2 * time.Second)
+	mut(&cfg)
+	d, err := daemon.New(cfg, slog.New(slog.DiscardHandler), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Run(t, "daemon "+cfg.DaemonID+" Run", d.Run)
+	return d, cfg
 }
 
 func tcctl(t *testing.T, env map[string]string, args ...string) (int, string, string) {

@@ -2,10 +2,8 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -123,30 +121,9 @@ func TestRenderRates(t *testing.T) {
 // returns its socket and metrics address.
 func startMetricsDaemon(t *testing.T) (string, string) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "tcctl-top")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	cfg := daemon.Defaults()
-	cfg.Socket = filepath.Join(dir, "d.sock")
-	cfg.DataDir = filepath.Join(dir, "data")
-	cfg.PoolSize = 16 << 20
-	cfg.DrainTimeout = daemon.Duration(2 * time.Second)
-	cfg.MetricsAddress = "127.0.0.1:0"
-	cfg.EBPF = "off"
-	d, err := daemon.New(cfg, slog.New(slog.DiscardHandler), func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
-		}
+	d, cfg := startTensorcastd(t, func(c *daemon.Config) {
+		c.MetricsAddress = "127.0.0.1:0"
+		c.EBPF = "off"
 	})
 	return cfg.Socket, d.MetricsAddr()
 }

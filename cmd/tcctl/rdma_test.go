@@ -1,13 +1,9 @@
 package main
 
 import (
-	"context"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/control"
@@ -56,42 +52,16 @@ func TestRDMATable(t *testing.T) {
 	}
 }
 
-// startRealDaemon runs a tensorcastd (the daemon package, not a bare
-// control server) on 127.0.0.1 with rdma set to mode; peers false leaves
-// the peer plane off.
+// startRealDaemon runs a tensorcastd on 127.0.0.1 with rdma set to mode;
+// peers false leaves the peer plane off.
 func startRealDaemon(t *testing.T, mode string, peers bool) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "tcctl-d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	cfg := daemon.Defaults()
-	cfg.Socket = filepath.Join(dir, "d.sock")
-	cfg.DataDir = filepath.Join(dir, "data")
-	cfg.PoolSize = 16 << 20
-	cfg.DrainTimeout = daemon.Duration(2 * time.Second)
-	cfg.DaemonID = "host-a"
-	cfg.RDMA = mode
-	cfg.MetricsAddress = "127.0.0.1:0"
-	if peers {
-		key := filepath.Join(dir, "cluster.key")
-		if err := os.WriteFile(key, []byte("tcctl rdma test key\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		cfg.PeerListen, cfg.ClusterKeyFile = "127.0.0.1:0", key
-	}
-	d, err := daemon.New(cfg, slog.New(slog.DiscardHandler), func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon Run: %v", err)
+	_, cfg := startTensorcastd(t, func(c *daemon.Config) {
+		c.DaemonID = "host-a"
+		c.RDMA = mode
+		c.MetricsAddress = "127.0.0.1:0"
+		if peers {
+			c.PeerListen, c.ClusterKeyFile = "127.0.0.1:0", clusterKey(t)
 		}
 	})
 	return cfg.Socket

@@ -1,7 +1,10 @@
-// Package testutil holds what several packages' TestMains share: the
-// listings of this process's descriptors that their leak checks compare
-// before and after the tests. The descriptors are read from /proc/self/fd;
-// where there is none, the listings fail or come back empty.
+// Package testutil holds what several packages' tests share: the listings
+// of this process's descriptors that their TestMains' leak checks compare
+// before and after the tests, a small loop-mounted ext4 file system for
+// the tests of a full disk (MountSmallExt4), and a run loop (a daemon's
+// Run) kept going until the test ends (Run). The descriptors are read
+// from /proc/self/fd; where there is none, the listings fail or come back
+// empty.
 package testutil
 
 import (
