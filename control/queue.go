@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
@@ -122,6 +123,10 @@ func newQueue(c *conn, id uint64, g queue.Geometry) (*cqueue, int, error) {
 }
 
 // work takes entries until the ring is closed or broken.
+// testHookPublish, when set by a test, runs on the worker between
+// preparing the entries it took and publishing sq_head.
+var testHookPublish atomic.Pointer[func()]
+
 func (q *cqueue) work() {
 	defer close(q.done)
 	for {
@@ -139,6 +144,9 @@ func (q *cqueue) work() {
 			continue
 		}
 		q.prepare(q.sqes[:n])
+		if h := testHookPublish.Load(); h != nil {
+			(*h)()
+		}
 		q.ring.Publish()
 		// Answered only now, so that a client that reaps these first sees
 		// their entries' slots free.
@@ -146,9 +154,12 @@ func (q *cqueue) work() {
 			q.ring.Post(&q.answers[i])
 		}
 		q.answers = q.answers[:0]
-		if q.store != nil && q.store.deferred > 0 {
-			q.store.answered(q.store.deferred)
-			q.store.deferred = 0
+		if q.store != nil {
+			if q.store.deferred > 0 {
+				q.store.answered(q.store.deferred)
+				q.store.deferred = 0
+			}
+			q.store.published()
 		}
 		if !q.submit() {
 			break

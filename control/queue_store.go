@@ -36,6 +36,10 @@ type qstore struct {
 	keys   [][]byte
 	// deferred counts calls answered in q.answers, not posted yet.
 	deferred int32
+	// held lists the pending calls of the entries being prepared: the
+	// worker keeps its share of each (storeCall.left) until it has
+	// published sq_head (published).
+	held []*storeCall
 
 	// calls has one slot per completion-ring entry (what is in flight is
 	// bounded by the ring); a slot's record is made on first use and
@@ -70,8 +74,9 @@ type storeCall struct {
 	res   []byte       // the results region, in the client's buffer
 	buf   xfer.Segment // that buffer, held until the results are written
 	err   error        // the call's own error
-	// left is 2 while a pending call has neither returned nor completed:
-	// whichever of the two comes last ends it.
+	// left is 2 while a pending call has neither been published by the
+	// worker (sq_head past its entry) nor completed: whichever of the two
+	// comes last ends it.
 	left atomic.Int32
 }
 
@@ -192,11 +197,30 @@ func (qs *qstore) start(e *queue.SQE) Code {
 		err = qs.ss.Unpin(keys, c.codes)
 	}
 	c.err = err
-	if !pending || c.left.Add(-1) == 0 {
+	if !pending {
 		qs.q.answers = append(qs.q.answers, qs.end(c))
 		qs.deferred++ // answered by work once posted
+		return tcproto.CodeOK
 	}
+	// A pending call may complete before the worker publishes sq_head: it
+	// is answered no sooner than that (published), like a synchronous one.
+	qs.held = append(qs.held, c)
 	return tcproto.CodeOK
+}
+
+// published drops the worker's share of the pending calls it started,
+// once sq_head is published past their entries; a call that completed
+// meanwhile is answered now.
+func (qs *qstore) published() {
+	for i, c := range qs.held {
+		qs.held[i] = nil
+		if c.left.Add(-1) == 0 {
+			cqe := qs.end(c)
+			qs.q.ring.Post(&cqe)
+			qs.answered(1)
+		}
+	}
+	qs.held = qs.held[:0]
 }
 
 // copyKeys copies e's key list out of the data area into the worker's own
@@ -252,15 +276,21 @@ func (qs *qstore) StoreDone(tag uint64) {
 		qs.q.ring.Post(&cqe)
 		qs.answered(1)
 	}
+	if h := testHookStoreDone.Load(); h != nil {
+		(*h)()
+	}
 }
 
+// testHookStoreDone, when set by a test, runs at the end of StoreDone.
+var testHookStoreDone atomic.Pointer[func()]
+
 // end writes a call's results into the client's buffer, frees its record
-// and returns its CQE. A call that ends on the worker, while it prepares
-// what it took, is answered only after the worker publishes sq_head (work
-// posts q.answers then): a client that reaped the answer first would find
+// and returns its CQE. No call is answered before the worker publishes
+// sq_head past its entry: a client that reaped the answer first would find
 // the entry's slot and key bytes still taken, and could wait for a
-// completion with nothing in flight. A call ending later (StoreDone) is
-// posted at once.
+// completion with nothing in flight. A call that ends on the worker is
+// posted from q.answers after Publish; a pending one by whichever of
+// published and StoreDone comes last.
 func (qs *qstore) end(c *storeCall) queue.CQE {
 	code := tcproto.CodeOK
 	switch {

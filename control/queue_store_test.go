@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -517,5 +518,75 @@ func TestStoreQueueAllocations(t *testing.T) {
 	// The daemon runs in this process, so the count covers both sides.
 	if a := testing.AllocsPerRun(200, round); a != 0 {
 		t.Errorf("%v allocations per round of 7 store ops, client and daemon", a)
+	}
+}
+
+// TestStoreQueuePendingAnsweredAfterPublish: a pending call (a durable
+// commit) that completes while the worker still holds the entries it took
+// (sq_head not yet published) is answered only once sq_head is: a client
+// that reaped it first would find the entry's slot still taken.
+func TestStoreQueuePendingAnsweredAfterPublish(t *testing.T) {
+	e := newStoreEnv(t, true, store.Config{L1Capacity: 1 << 20})
+	c, q := queueClient(t, e.env, 32)
+	res, err := c.NewResults(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := keysOf("held", 1)
+	if cq, err := qcall(t, q, res, 1, func() (bool, error) { return q.Reserve(keys, 4096, res, 1) }); err != nil || cq.N != 1 {
+		t.Fatalf("reserve: %v %+v", err, cq)
+	}
+	copy(res.Value(0), "held value")
+
+	inPrepare, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{}, 1)
+	var armed atomic.Bool
+	armed.Store(true)
+	beforePublish := func() {
+		if armed.CompareAndSwap(true, false) {
+			close(inPrepare)
+			<-release
+		}
+	}
+	storeDone := func() {
+		select {
+		case done <- struct{}{}:
+		default:
+		}
+	}
+	testHookPublish.Store(&beforePublish)
+	testHookStoreDone.Store(&storeDone)
+	t.Cleanup(func() { testHookPublish.Store(nil); testHookStoreDone.Store(nil) })
+	unblocked := false
+	defer func() {
+		if !unblocked {
+			close(release)
+		}
+	}()
+
+	if ok, err := q.Commit(keys, true, res, 2); !ok || err != nil {
+		t.Fatalf("submit the durable commit: %v %v", ok, err)
+	}
+	wait := func(ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(testTimeout):
+			t.Fatalf("%s within %v", what, testTimeout)
+		}
+	}
+	wait(inPrepare, "the worker took the commit")
+	wait(done, "the durable commit went pending and completed")
+	cqes := make([]client.Completion, 4)
+	if n, err := q.Reap(cqes, 0, 0); n != 0 || err != nil {
+		t.Fatalf("answered before sq_head was published: %d %+v %v", n, cqes[:n], err)
+	}
+	close(release)
+	unblocked = true
+	cq := reapAll(t, q, 1)[2]
+	if err := res.Check(cq); err != nil || cq.N != 1 || cq.State != xfer.StateCompleted {
+		t.Fatalf("durable commit: %v %+v", err, cq)
+	}
+	if in, err := c.StoreStat(keys[0]); err != nil || !in.InL2 {
+		t.Fatalf("the durable commit is not on L2: %+v %v", in, err)
 	}
 }
