@@ -30,12 +30,32 @@ type Clock func() time.Time
 // Store is where the cache goes back to when an entry is past the budget
 // and the lane allows waiting on it. Each call is one read of the store.
 type Store interface {
-	// GetMember reads the registration of daemon id; found is false when
-	// there is none. rev is the record's modification revision (or, when
-	// not found, the store's revision at the read), lease its lease.
-	GetMember(ctx context.Context, id string) (m Member, lease, rev int64, found bool, err error)
+	// GetMember reads the registration of daemon id.
+	GetMember(ctx context.Context, id string) (MemberRead, error)
 	// GetExport reads the catalog entry of owner/name.
-	GetExport(ctx context.Context, owner, name string) (e Export, rev int64, found bool, err error)
+	GetExport(ctx context.Context, owner, name string) (ExportRead, error)
+}
+
+// MemberRead is what one read of the store found for a daemon.
+type MemberRead struct {
+	// Found is false when the store holds no (readable) registration.
+	Found  bool
+	Member Member
+	// Lease is the record's lease, Rev its modification revision (both 0
+	// when not found).
+	Lease, Rev int64
+	// At is the store's revision the read saw (etcd's response header
+	// revision): the answer, found or not, holds as of At. The cache
+	// writes a read back only if no feed event it applied is newer.
+	At int64
+}
+
+// ExportRead is what one read of the store found for a catalog entry,
+// with the revisions of MemberRead.
+type ExportRead struct {
+	Found   bool
+	Export  Export
+	Rev, At int64
 }
 
 // Event is one change the store's feed reports, in revision order.
@@ -87,7 +107,10 @@ type Cache struct {
 	// proves nothing.
 	primed bool
 	// syncedAt is when the feed last proved the whole cache current (an
-	// event or a progress report), at revision rev.
+	// event or a progress report). rev is the store revision the feed has
+	// delivered everything up to: the cache knows every key as of rev (a
+	// key without an entry is absent at rev), and the keys a fallback read
+	// wrote as of that read's revision (an entry's at).
 	syncedAt time.Time
 	rev      int64
 
@@ -127,8 +150,11 @@ type CacheStats struct {
 }
 
 type memberEntry struct {
-	m            Member
-	lease, rev   int64
+	m          Member
+	lease, rev int64
+	// at is the store revision a fallback read that wrote the entry saw
+	// (0 for the feed's entries, which are known as of the cache's rev).
+	at           int64
 	confirmed    time.Time // a read or the peer itself confirmed it
 	suspect      bool      // a peer contradicted it: stale until rewritten
 	gone         bool      // a read found no record (tombstone until the feed passes rev)
@@ -145,7 +171,7 @@ func keyOf(e *Export) exportKey { return exportKey{e.Owner, e.Name} }
 
 type exportEntry struct {
 	e         Export
-	rev       int64
+	rev, at   int64
 	confirmed time.Time
 	suspect   bool
 	gone      bool
@@ -197,7 +223,9 @@ func (c *Cache) entryAgeLocked(now, confirmed time.Time, suspect bool) time.Dura
 	return ageSince(now, t)
 }
 
-// Load replaces the whole cache with a listing of the store at rev.
+// Load replaces the whole cache with a listing of the store at rev. A
+// fallback read in flight that saw an older revision is not written back
+// over it.
 func (c *Cache) Load(members []Event, rev int64) {
 	now := c.now()
 	c.mu.Lock()
@@ -227,6 +255,12 @@ func (c *Cache) Load(members []Event, rev int64) {
 func (c *Cache) Apply(ev Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// The feed has delivered ev, whatever becomes of it here: a fallback
+	// read older than ev.Rev no longer says anything new (a delete leaves
+	// no entry behind, so the revision is all that remembers it).
+	if ev.Rev > c.rev {
+		c.rev = ev.Rev
+	}
 	switch {
 	case ev.Member != nil:
 		id := ev.Member.ID
@@ -260,9 +294,24 @@ func (c *Cache) Apply(ev Event) {
 		}
 		c.exports[k] = &exportEntry{e: *ev.Export, rev: ev.Rev}
 	}
-	if ev.Rev > c.rev {
-		c.rev = ev.Rev
-	}
+}
+
+// readOutdatedLocked reports whether a fallback read that saw store
+// revision at, and found the record of revision rec (found), is older
+// than what the cache knows of its key: the key's entry has revision
+// curRev and was written by a read that saw curAt (both 0 without an
+// entry, curAt 0 for the feed's entries).
+//
+// The read ran without the lock, so the feed may have passed it. A delete,
+// or a listing without the key, leaves no entry behind; the cache's rev
+// (every key as of rev) is what says the key is gone since. Comparing the
+// read's own revision with the feed's, rather than keeping tombstones of
+// deletes for as long as a read may take, is exact whatever made the read
+// late (a slow store, a Load meanwhile) and adds nothing to bound or
+// sweep. A record older than the entry's is outdated too, whatever at
+// says.
+func (c *Cache) readOutdatedLocked(at, rec int64, found bool, curAt, curRev int64) bool {
+	return at < c.rev || at < curAt || (found && rec < curRev)
 }
 
 // Synced records that the feed has delivered everything up to rev: the
@@ -350,7 +399,9 @@ func fmtAge(d time.Duration) string {
 // ErrUnavailable when the store does not answer in time), stream-first
 // answers SourcePeer with the cache's last entry for the caller to confirm
 // at the peer (ErrUnavailable when there is none), hybrid-cache-first does
-// the latter when it has an entry and the former otherwise.
+// the latter when it has an entry and the former otherwise. What a store
+// read found is written back unless the feed delivered a newer revision
+// while it was in flight (readOutdatedLocked).
 func (c *Cache) ResolveMember(ctx context.Context, lane Lane, id string) (MemberView, error) {
 	c.st.lookups.Add(1)
 	e, ok, age := c.member(id, c.now())
@@ -379,31 +430,45 @@ func (c *Cache) ResolveMember(ctx context.Context, lane Lane, id string) (Member
 	rctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	c.st.storeReads.Add(1)
-	m, lease, rev, found, err := c.store.GetMember(rctx, id)
+	r, err := c.store.GetMember(rctx, id)
 	if err != nil {
 		c.st.unavailable.Add(1)
 		return MemberView{Age: age, Source: SourceStore}, fmt.Errorf("%w: the directory entry for %q is %s (budget %v) and the store did not answer: %v", ErrUnavailable, id, fmtAge(age), c.budget, err)
 	}
+	at := max(r.At, r.Rev) // the record is at least as new as itself
 	now := c.now()
 	c.mu.Lock()
 	cur := c.members[id]
-	if (cur == nil && len(c.members) < MaxMembers) || (cur != nil && cur.rev <= rev) {
-		if found {
-			ne := &memberEntry{m: m, lease: lease, rev: rev, confirmed: now}
-			if cur != nil {
-				ne.observed, ne.observedWhen = cur.observed, cur.observedWhen
-			}
-			c.members[id] = ne
-		} else {
-			c.members[id] = &memberEntry{m: Member{ID: id}, rev: rev, gone: true, goneAt: now}
+	var curAt, curRev int64
+	if cur != nil {
+		curAt, curRev = cur.at, cur.rev
+	}
+	switch {
+	case c.readOutdatedLocked(at, r.Rev, r.Found, curAt, curRev):
+		// The cache knows the key as of a later revision: the read is not
+		// written back. Finding the very record the cache holds still
+		// proves that record current now, and a suspect one right (until
+		// a peer says otherwise again), or it would fall back forever.
+		if cur != nil && r.Found && !cur.gone && cur.rev == r.Rev {
+			cur.confirmed, cur.suspect = now, false
 		}
+	case cur == nil && len(c.members) >= MaxMembers:
+		c.st.dropped.Add(1)
+	case r.Found:
+		ne := &memberEntry{m: r.Member, lease: r.Lease, rev: r.Rev, at: at, confirmed: now}
+		if cur != nil {
+			ne.observed, ne.observedWhen = cur.observed, cur.observedWhen
+		}
+		c.members[id] = ne
+	default:
+		c.members[id] = &memberEntry{m: Member{ID: id}, rev: at, at: at, gone: true, goneAt: now}
 	}
 	c.mu.Unlock()
-	if !found {
+	if !r.Found {
 		c.st.notFound.Add(1)
 		return MemberView{Source: SourceStore}, fmt.Errorf("%w: no daemon %q registered", ErrNotFound, id)
 	}
-	return MemberView{Member: m, Source: SourceStore, Lease: lease}, nil
+	return MemberView{Member: r.Member, Source: SourceStore, Lease: r.Lease}, nil
 }
 
 // ResolveExport looks the export owner/name up for a request in lane, with
@@ -437,26 +502,38 @@ func (c *Cache) ResolveExport(ctx context.Context, lane Lane, owner, name string
 	rctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	c.st.storeReads.Add(1)
-	x, rev, found, err := c.store.GetExport(rctx, owner, name)
+	r, err := c.store.GetExport(rctx, owner, name)
 	if err != nil {
 		c.st.unavailable.Add(1)
 		return ExportView{Age: age, Source: SourceStore}, fmt.Errorf("%w: the directory entry for %q is %s (budget %v) and the store did not answer: %v", ErrUnavailable, owner+"/"+name, fmtAge(age), c.budget, err)
 	}
+	at := max(r.At, r.Rev)
 	now := c.now()
 	c.mu.Lock()
-	if cur := c.exports[k]; (cur == nil && len(c.exports) < MaxExports) || (cur != nil && cur.rev <= rev) {
-		if found {
-			c.exports[k] = &exportEntry{e: x, rev: rev, confirmed: now}
-		} else {
-			c.exports[k] = &exportEntry{e: Export{Owner: owner, Name: name}, rev: rev, gone: true, goneAt: now}
+	cur := c.exports[k]
+	var curAt, curRev int64
+	if cur != nil {
+		curAt, curRev = cur.at, cur.rev
+	}
+	switch {
+	case c.readOutdatedLocked(at, r.Rev, r.Found, curAt, curRev):
+		// As in ResolveMember: not written back; the same record confirms.
+		if cur != nil && r.Found && !cur.gone && cur.rev == r.Rev {
+			cur.confirmed, cur.suspect = now, false
 		}
+	case cur == nil && len(c.exports) >= MaxExports:
+		c.st.dropped.Add(1)
+	case r.Found:
+		c.exports[k] = &exportEntry{e: r.Export, rev: r.Rev, at: at, confirmed: now}
+	default:
+		c.exports[k] = &exportEntry{e: Export{Owner: owner, Name: name}, rev: at, at: at, gone: true, goneAt: now}
 	}
 	c.mu.Unlock()
-	if !found {
+	if !r.Found {
 		c.st.notFound.Add(1)
 		return ExportView{Source: SourceStore}, fmt.Errorf("%w: no export %q registered", ErrNotFound, owner+"/"+name)
 	}
-	return ExportView{Export: x, Source: SourceStore}, nil
+	return ExportView{Export: r.Export, Source: SourceStore}, nil
 }
 
 // Observe records what daemon id itself showed (its handshake, or the

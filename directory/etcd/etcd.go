@@ -532,46 +532,50 @@ func (d *Dir) errDown() error {
 	return fmt.Errorf("etcd has not answered since %s", d.since.UTC().Format(time.RFC3339))
 }
 
-func (s *store) GetMember(ctx context.Context, id string) (directory.Member, int64, int64, bool, error) {
+// GetMember reads id's registration; the read's revision is the
+// response header's (the store's revision the read was served at), so
+// that the cache can tell it from what its watch delivered since.
+func (s *store) GetMember(ctx context.Context, id string) (directory.MemberRead, error) {
 	d := s.d
 	if err := d.errDown(); err != nil {
-		return directory.Member{}, 0, 0, false, err
+		return directory.MemberRead{}, err
 	}
 	d.requests.Add(1)
 	resp, err := d.cli.Get(clientv3.WithRequireLeader(ctx), d.memberKey(id))
 	if err != nil {
-		return directory.Member{}, 0, 0, false, err
+		return directory.MemberRead{}, err
 	}
+	r := directory.MemberRead{At: resp.Header.Revision}
 	if len(resp.Kvs) == 0 {
-		return directory.Member{}, 0, resp.Header.Revision, false, nil
+		return r, nil
 	}
 	kv := resp.Kvs[0]
-	ev, ok := d.parse(kv.Key, kv.Value, false, kv.Lease, kv.ModRevision)
-	if !ok || ev.Delete {
-		return directory.Member{}, 0, resp.Header.Revision, false, nil
+	if ev, ok := d.parse(kv.Key, kv.Value, false, kv.Lease, kv.ModRevision); ok && !ev.Delete {
+		r.Found, r.Member, r.Lease, r.Rev = true, *ev.Member, kv.Lease, kv.ModRevision
 	}
-	return *ev.Member, kv.Lease, kv.ModRevision, true, nil
+	return r, nil
 }
 
-func (s *store) GetExport(ctx context.Context, owner, name string) (directory.Export, int64, bool, error) {
+// GetExport reads the catalog entry owner/name, like GetMember.
+func (s *store) GetExport(ctx context.Context, owner, name string) (directory.ExportRead, error) {
 	d := s.d
 	if err := d.errDown(); err != nil {
-		return directory.Export{}, 0, false, err
+		return directory.ExportRead{}, err
 	}
 	d.requests.Add(1)
 	resp, err := d.cli.Get(clientv3.WithRequireLeader(ctx), d.exportKey(owner, name))
 	if err != nil {
-		return directory.Export{}, 0, false, err
+		return directory.ExportRead{}, err
 	}
+	r := directory.ExportRead{At: resp.Header.Revision}
 	if len(resp.Kvs) == 0 {
-		return directory.Export{}, resp.Header.Revision, false, nil
+		return r, nil
 	}
 	kv := resp.Kvs[0]
-	ev, ok := d.parse(kv.Key, kv.Value, false, kv.Lease, kv.ModRevision)
-	if !ok || ev.Delete {
-		return directory.Export{}, resp.Header.Revision, false, nil
+	if ev, ok := d.parse(kv.Key, kv.Value, false, kv.Lease, kv.ModRevision); ok && !ev.Delete {
+		r.Found, r.Export, r.Rev = true, *ev.Export, kv.ModRevision
 	}
-	return *ev.Export, kv.ModRevision, true, nil
+	return r, nil
 }
 
 // Close leaves the directory: it stops the goroutines, revokes the lease
