@@ -408,6 +408,10 @@ func (d *Dir) list() (int64, error) {
 	return resp.Header.Revision, nil
 }
 
+// caughtUp says whether a watch response of n events, the last at
+// revision last, carries everything up to its header revision hdr.
+func caughtUp(n int, last, hdr int64) bool { return n == 0 || last >= hdr }
+
 // watchCtx is the context of the current watch: progress requests must be
 // sent on the watch's own stream.
 type watchCtx struct{ ctx context.Context }
@@ -423,13 +427,25 @@ func (d *Dir) watch(rev int64) {
 			d.log.Info("directory watch ended; listing again", "err", err)
 			return
 		}
+		last := int64(0)
 		for _, e := range resp.Events {
 			del := e.Type == mvccpb.DELETE
 			if ev, ok := d.parse(e.Kv.Key, e.Kv.Value, del, e.Kv.Lease, e.Kv.ModRevision); ok {
 				d.cache.Apply(ev)
 			}
+			last = e.Kv.ModRevision
 		}
-		d.cache.Synced(resp.Header.Revision)
+		// A watch that is catching up (it started far behind, or fell
+		// behind) gets its events in batches whose header is etcd's
+		// current revision, with more still to come: such a batch proves
+		// the cache current only up to its last event, which Apply has
+		// recorded. Only a response that carries everything up to its
+		// header (a live event, or a progress notification, which etcd
+		// sends only to a watch that has caught up) refreshes the cache's
+		// age.
+		if caughtUp(len(resp.Events), last, resp.Header.Revision) {
+			d.cache.Synced(resp.Header.Revision)
+		}
 		d.reachable()
 	}
 }

@@ -57,3 +57,24 @@ func TestStoreReadRevisions(t *testing.T) {
 		t.Fatalf("GetExport of nothing = %+v, %v; want at %d", e, err, now)
 	}
 }
+
+// TestCaughtUp: only a watch response that carries every event up to its
+// header revision refreshes the cache's age; a catch-up batch, whose
+// header is etcd's current revision with events still to come, does not.
+func TestCaughtUp(t *testing.T) {
+	for _, c := range []struct {
+		n         int
+		last, hdr int64
+		want      bool
+	}{
+		{0, 0, 40, true},      // a progress notification
+		{1, 40, 40, true},     // a live event
+		{3, 40, 40, true},     // a live transaction's events
+		{1000, 39, 40, false}, // a catch-up batch with more to come
+		{1, 12, 40, false},
+	} {
+		if got := caughtUp(c.n, c.last, c.hdr); got != c.want {
+			t.Errorf("caughtUp(%d events, last %d, header %d) = %v, want %v", c.n, c.last, c.hdr, got, c.want)
+		}
+	}
+}
