@@ -149,4 +149,17 @@ void tc__store_release(tc_conn *c);
 /* owns_buffer reports whether buf is a buffer tc_buffer_create made on c. */
 int tc__owns_buffer(tc_conn *c, const tc_buffer *buf);
 
+/* copy_values copies a batch of values out of the pool into the caller's
+ * memory (copy.c): with memcpy when the batch is under TC__STREAM_MIN
+ * bytes in all, else with non-temporal stores for each value of at least
+ * TC__STREAM_VALUE_MIN bytes, fenced before it returns. */
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t len;
+} tc__span;
+#define TC__STREAM_MIN ((uint64_t)4 << 20)
+#define TC__STREAM_VALUE_MIN ((size_t)4096)
+void tc__copy_values(const tc__span *spans, size_t n, uint64_t total);
+
 #endif /* TC_INTERNAL_H */

@@ -71,6 +71,7 @@ struct tc_kv {
     int *codes;
     uint64_t *offs, *lens;
     size_t *pos;
+    tc__span *spans;
     uint8_t *sub;
 };
 
@@ -316,6 +317,7 @@ static void free_kv(tc_kv *kv)
     free(kv->offs);
     free(kv->lens);
     free(kv->pos);
+    free(kv->spans);
     free(kv->sub);
     free(kv);
 }
@@ -354,8 +356,9 @@ int tc_kv_open(tc_conn *c, const tc_kv_opts *opts, tc_kv **out)
     kv->offs = calloc(max, sizeof *kv->offs);
     kv->lens = calloc(max, sizeof *kv->lens);
     kv->pos = calloc(max, sizeof *kv->pos);
+    kv->spans = calloc(max, sizeof *kv->spans);
     kv->sub = malloc(list);
-    if (!kv->codes || !kv->offs || !kv->lens || !kv->pos || !kv->sub) {
+    if (!kv->codes || !kv->offs || !kv->lens || !kv->pos || !kv->spans || !kv->sub) {
         free_kv(kv);
         return TC_ENOMEM;
     }
@@ -594,6 +597,8 @@ int tc_kv_put(tc_kv *kv, const tc_keys *keys, const void *const *values, const u
     for (size_t i = 0; i < n; i++) {
         if (codes[i] != TC_OK)
             continue;
+        /* memcpy: reserved blocks are often ones just freed, still in the
+         * cache (copy.c says why a read streams instead). */
         memcpy(base + kv->offs[i], values[i], (size_t)lengths[i]);
         kv->pos[k++] = i;
     }
@@ -631,18 +636,22 @@ int tc_kv_read(tc_kv *kv, const tc_keys *keys, void *const *outs, const uint64_t
     if (rc)
         return kv_end(kv, rc);
     const uint8_t *base = tc_pool_info(kv->c)->base;
-    size_t k = 0;
+    size_t k = 0, m = 0;
+    uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (lengths)
             lengths[i] = kv->lens[i];
         if (codes[i] != TC_OK)
             continue;
         kv->pos[k++] = i; /* pinned: unpinned below, copied or not */
-        if (kv->lens[i] > capacities[i])
+        if (kv->lens[i] > capacities[i]) {
             codes[i] = TC_INVALID_ARGUMENT;
-        else
-            memcpy(outs[i], base + kv->offs[i], (size_t)kv->lens[i]);
+            continue;
+        }
+        kv->spans[m++] = (tc__span){outs[i], base + kv->offs[i], (size_t)kv->lens[i]};
+        total += kv->lens[i];
     }
+    tc__copy_values(kv->spans, m, total);
     if (k == 0)
         return kv_end(kv, TC_OK);
     tc_keys sub;

@@ -562,6 +562,53 @@ static void kv_calls(tc_conn *c)
     tc_kv_close(kv);
 }
 
+/* A read of a batch past TC__STREAM_MIN (4 MiB) takes copy.c's
+ * non-temporal path: values of odd sizes, some under its per-value
+ * minimum, into destinations that are not 16-byte aligned, arrive whole
+ * and touch no byte around them. */
+static void kv_large_read(tc_conn *c)
+{
+    tc_kv *kv;
+    tc_kv_opts o;
+    memset(&o, 0, sizeof o);
+    o.max_keys = 8;
+    o.timeout_ms = 10000;
+    REQUIRE(tc_kv_open(c, &o, &kv) == TC_OK);
+    enum { N = 6 };
+    const uint64_t sizes[N] = {(1u << 20) + 3, 1u << 20, 100, (2u << 20) - 1, 5, 1u << 20};
+    uint8_t *vals[N], *outs[N];
+    void *dsts[N];
+    uint64_t caps[N], lens[N];
+    int codes[N], ids[N];
+    for (int i = 0; i < N; i++) {
+        ids[i] = i;
+        vals[i] = malloc(sizes[i]);
+        outs[i] = malloc(sizes[i] + 2);
+        REQUIRE(vals[i] && outs[i]);
+        fill(vals[i], sizes[i], 700 + (uint64_t)i);
+        memset(outs[i], 0xa5, sizes[i] + 2);
+        dsts[i] = outs[i] + 1;
+        caps[i] = sizes[i];
+    }
+    keyset s;
+    const tc_keys *k = keys_of(&s, "big/", ids, N);
+    CHECK_RC(tc_kv_put(kv, k, (const void *const *)vals, sizes, 0, codes), TC_OK);
+    CHECK(all_ok(codes, N));
+    CHECK_RC(tc_kv_read(kv, k, (void *const *)dsts, caps, lens, codes), TC_OK);
+    CHECK(all_ok(codes, N));
+    for (int i = 0; i < N; i++) {
+        CHECK(lens[i] == sizes[i]);
+        CHECK(matches(outs[i] + 1, sizes[i], 700 + (uint64_t)i));
+        CHECK(outs[i][0] == 0xa5 && outs[i][sizes[i] + 1] == 0xa5);
+    }
+    CHECK_RC(tc_store_remove(c, k, codes, NULL), TC_OK);
+    for (int i = 0; i < N; i++) {
+        free(vals[i]);
+        free(outs[i]);
+    }
+    tc_kv_close(kv);
+}
+
 void test_store(const tcd *d)
 {
     tc_conn *c = dial(d->socket, 10000);
@@ -569,6 +616,7 @@ void test_store(const tcd *d)
     socket_abort(c, d->socket);
     queue_calls(c, d->socket);
     kv_calls(c);
+    kv_large_read(c);
     tc_close(c);
 
     /* tc_close frees what is still open: a tc_kv and a region (ASan's leak
