@@ -7,6 +7,10 @@
 # its store in DRAM) on Debian's python3 with numpy and torch. Prints a
 # Markdown section on stdout.
 #
+# The pool is on 4 KiB pages; POOL_PAGES=huge puts it on 2 MiB hugepages,
+# reserved for the run (as root) and given back after it, as a GPU host
+# would give them. The section says which the pool had.
+#
 # usage: scripts/bench-python.sh [ROUNDS (default 5)] [SECONDS per run (default 1)]
 # Run it on a quiet machine; `make build` first (make bench does).
 set -euo pipefail
@@ -22,6 +26,18 @@ done
 bench_workdir
 
 sock=$work/d.sock
-daemon_serve "$sock" --pool-size 1GiB --store-l2-path off
+pages=(--hugepages off)
+if [ "${POOL_PAGES:-normal}" = huge ]; then
+	nr=/proc/sys/vm/nr_hugepages
+	[ -w "$nr" ] || { echo "bench-python: reserving hugepages needs root ($nr); POOL_PAGES=normal runs without them" >&2; exit 1; }
+	before=$(cat "$nr")
+	trap 'echo "$before" >"$nr"; bench_cleanup' EXIT
+	echo $((before + 520)) >"$nr" # 1 GiB of 2 MiB pages, and a few for the queue
+	pages=(--hugepages on)
+fi
+daemon_serve "$sock" --pool-size 1GiB --store-l2-path off "${pages[@]}"
+BENCH_POOL_PAGES=$(sed -n 's/.*shm pool mapped.* pages=\("[^"]*"\|[a-z0-9]*\).*/\1/p' "$work/daemon.log" | tr -d '"' | head -1)
+[ -n "$BENCH_POOL_PAGES" ] || { echo "bench-python: the daemon's log does not say how its pool is paged" >&2; cat "$work/daemon.log" >&2; exit 1; }
+export BENCH_POOL_PAGES
 
 PYTHONPATH=python "$PYTHON" python/bench/store.py "$sock" "$ROUNDS" "$SECONDS_PER_RUN"

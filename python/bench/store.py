@@ -29,6 +29,7 @@ usage: PYTHONPATH=python python3 python/bench/store.py SOCKET [ROUNDS] [SECONDS 
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -238,7 +239,8 @@ def main() -> int:
     srows = sglang_cases(socket, rn, rounds)
     print(f"Python {sys.version.split()[0]}, numpy {numpy.__version__}, torch {torch.__version__}; blocks of "
           f"{BLOCK >> 10} KiB, {BATCH} keys per call; medians of {rounds} runs of {seconds:g} s, each alternating "
-          "with numpy's copy of the same bytes (64 MiB spans). The daemon keeps the store in DRAM (L2 off).")
+          "with numpy's copy of the same bytes (64 MiB spans). The daemon keeps the store in DRAM (L2 off); its pool "
+          f"is on {os.environ.get('BENCH_POOL_PAGES', 'unknown')} pages.")
     print()
     print("| measurement | store GB/s | numpy copy GB/s | ratio | goal |")
     print("| --- | ---: | ---: | ---: | --- |")
