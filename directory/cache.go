@@ -149,17 +149,23 @@ type CacheStats struct {
 	Members, Exports int
 }
 
-type memberEntry struct {
-	m          Member
-	lease, rev int64
+// entryState is what the cache knows of an entry, member or export.
+type entryState struct {
+	rev int64 // the record's revision (a tombstone's: the read's)
 	// at is the store revision a fallback read that wrote the entry saw
 	// (0 for the feed's entries, which are known as of the cache's rev).
-	at           int64
-	confirmed    time.Time // a read or the peer itself confirmed it
-	suspect      bool      // a peer contradicted it: stale until rewritten
-	gone         bool      // a read found no record (tombstone until the feed passes rev)
-	goneAt       time.Time // when the read found nothing
-	observed     uint64    // the epoch the peer itself last showed, if any
+	at        int64
+	confirmed time.Time // a read or the peer itself confirmed it
+	suspect   bool      // a peer contradicted it: stale until rewritten
+	gone      bool      // a read found no record (tombstone until the feed passes rev)
+	goneAt    time.Time // when the read found nothing
+}
+
+type memberEntry struct {
+	entryState
+	m            Member
+	lease        int64
+	observed     uint64 // the epoch the peer itself last showed, if any
 	observedWhen time.Time
 }
 
@@ -170,12 +176,8 @@ type exportKey struct{ owner, name string }
 func keyOf(e *Export) exportKey { return exportKey{e.Owner, e.Name} }
 
 type exportEntry struct {
-	e         Export
-	rev, at   int64
-	confirmed time.Time
-	suspect   bool
-	gone      bool
-	goneAt    time.Time
+	entryState
+	e Export
 }
 
 // NewCache returns an empty cache: every lookup falls back until the feed
@@ -238,13 +240,13 @@ func (c *Cache) Load(members []Event, rev int64) {
 		case ev.Member != nil && len(c.members) >= MaxMembers, ev.Export != nil && len(c.exports) >= MaxExports:
 			c.st.dropped.Add(1)
 		case ev.Member != nil:
-			e := &memberEntry{m: *ev.Member, lease: ev.Lease, rev: ev.Rev}
+			e := &memberEntry{m: *ev.Member, lease: ev.Lease, entryState: entryState{rev: ev.Rev}}
 			if o := old[ev.Member.ID]; o != nil && o.observed != 0 {
 				e.observed, e.observedWhen = o.observed, o.observedWhen
 			}
 			c.members[ev.Member.ID] = e
 		case ev.Export != nil:
-			c.exports[keyOf(ev.Export)] = &exportEntry{e: *ev.Export, rev: ev.Rev}
+			c.exports[keyOf(ev.Export)] = &exportEntry{e: *ev.Export, entryState: entryState{rev: ev.Rev}}
 		}
 	}
 	c.primed, c.syncedAt, c.rev = true, now, rev
@@ -276,7 +278,7 @@ func (c *Cache) Apply(ev Event) {
 			c.st.dropped.Add(1)
 			return
 		}
-		e := &memberEntry{m: *ev.Member, lease: ev.Lease, rev: ev.Rev}
+		e := &memberEntry{m: *ev.Member, lease: ev.Lease, entryState: entryState{rev: ev.Rev}}
 		c.members[id] = e
 	case ev.Export != nil:
 		k := keyOf(ev.Export)
@@ -292,7 +294,7 @@ func (c *Cache) Apply(ev Event) {
 			c.st.dropped.Add(1)
 			return
 		}
-		c.exports[k] = &exportEntry{e: *ev.Export, rev: ev.Rev}
+		c.exports[k] = &exportEntry{e: *ev.Export, entryState: entryState{rev: ev.Rev}}
 	}
 }
 
@@ -312,6 +314,36 @@ func (c *Cache) Apply(ev Event) {
 // says.
 func (c *Cache) readOutdatedLocked(at, rec int64, found bool, curAt, curRev int64) bool {
 	return at < c.rev || at < curAt || (found && rec < curRev)
+}
+
+// writeBackLocked says whether a store read (of the store at revision at,
+// finding a record of revision rec or none) is written over cur, the
+// entry the cache holds (nil: none; full: no room for another). A read the
+// cache knows to be outdated is not; finding the very record the cache
+// holds still proves that record current now, and a suspect one right
+// (until a peer says otherwise again), or it would fall back forever.
+func (c *Cache) writeBackLocked(cur *entryState, at, rec int64, found, full bool, now time.Time) bool {
+	var curAt, curRev int64
+	if cur != nil {
+		curAt, curRev = cur.at, cur.rev
+	}
+	switch {
+	case c.readOutdatedLocked(at, rec, found, curAt, curRev):
+		if cur != nil && found && !cur.gone && cur.rev == rec {
+			cur.confirmed, cur.suspect = now, false
+		}
+		return false
+	case cur == nil && full:
+		c.st.dropped.Add(1)
+		return false
+	}
+	return true
+}
+
+// tombstone is the entry of a read, of the store at revision at, that
+// found no record.
+func tombstone(at int64, now time.Time) entryState {
+	return entryState{rev: at, at: at, gone: true, goneAt: now}
 }
 
 // Synced records that the feed has delivered everything up to rev: the
@@ -439,29 +471,20 @@ func (c *Cache) ResolveMember(ctx context.Context, lane Lane, id string) (Member
 	now := c.now()
 	c.mu.Lock()
 	cur := c.members[id]
-	var curAt, curRev int64
+	var cs *entryState
 	if cur != nil {
-		curAt, curRev = cur.at, cur.rev
+		cs = &cur.entryState
 	}
 	switch {
-	case c.readOutdatedLocked(at, r.Rev, r.Found, curAt, curRev):
-		// The cache knows the key as of a later revision: the read is not
-		// written back. Finding the very record the cache holds still
-		// proves that record current now, and a suspect one right (until
-		// a peer says otherwise again), or it would fall back forever.
-		if cur != nil && r.Found && !cur.gone && cur.rev == r.Rev {
-			cur.confirmed, cur.suspect = now, false
-		}
-	case cur == nil && len(c.members) >= MaxMembers:
-		c.st.dropped.Add(1)
+	case !c.writeBackLocked(cs, at, r.Rev, r.Found, len(c.members) >= MaxMembers, now):
 	case r.Found:
-		ne := &memberEntry{m: r.Member, lease: r.Lease, rev: r.Rev, at: at, confirmed: now}
+		ne := &memberEntry{m: r.Member, lease: r.Lease, entryState: entryState{rev: r.Rev, at: at, confirmed: now}}
 		if cur != nil {
 			ne.observed, ne.observedWhen = cur.observed, cur.observedWhen
 		}
 		c.members[id] = ne
 	default:
-		c.members[id] = &memberEntry{m: Member{ID: id}, rev: at, at: at, gone: true, goneAt: now}
+		c.members[id] = &memberEntry{m: Member{ID: id}, entryState: tombstone(at, now)}
 	}
 	c.mu.Unlock()
 	if !r.Found {
@@ -511,22 +534,16 @@ func (c *Cache) ResolveExport(ctx context.Context, lane Lane, owner, name string
 	now := c.now()
 	c.mu.Lock()
 	cur := c.exports[k]
-	var curAt, curRev int64
+	var cs *entryState
 	if cur != nil {
-		curAt, curRev = cur.at, cur.rev
+		cs = &cur.entryState
 	}
 	switch {
-	case c.readOutdatedLocked(at, r.Rev, r.Found, curAt, curRev):
-		// As in ResolveMember: not written back; the same record confirms.
-		if cur != nil && r.Found && !cur.gone && cur.rev == r.Rev {
-			cur.confirmed, cur.suspect = now, false
-		}
-	case cur == nil && len(c.exports) >= MaxExports:
-		c.st.dropped.Add(1)
+	case !c.writeBackLocked(cs, at, r.Rev, r.Found, len(c.exports) >= MaxExports, now):
 	case r.Found:
-		c.exports[k] = &exportEntry{e: r.Export, rev: r.Rev, at: at, confirmed: now}
+		c.exports[k] = &exportEntry{e: r.Export, entryState: entryState{rev: r.Rev, at: at, confirmed: now}}
 	default:
-		c.exports[k] = &exportEntry{e: Export{Owner: owner, Name: name}, rev: at, at: at, gone: true, goneAt: now}
+		c.exports[k] = &exportEntry{e: Export{Owner: owner, Name: name}, entryState: tombstone(at, now)}
 	}
 	c.mu.Unlock()
 	if !r.Found {

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "codec.h"
 #include "tensorcast.h"
@@ -148,6 +149,22 @@ void tc__store_release(tc_conn *c);
 
 /* owns_buffer reports whether buf is a buffer tc_buffer_create made on c. */
 int tc__owns_buffer(tc_conn *c, const tc_buffer *buf);
+
+/* get32 and get64 read a little-endian (the host's) word at any
+ * alignment: shared memory's, which the other side may have laid out. */
+static inline uint32_t tc__get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline uint64_t tc__get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 
 /* copy_values copies a batch of values out of the pool into the caller's
  * memory (copy.c): with memcpy when the batch is under TC__STREAM_MIN

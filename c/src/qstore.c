@@ -75,20 +75,6 @@ struct tc_kv {
     uint8_t *sub;
 };
 
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 /* ---- results regions ------------------------------------------------------- */
 
 static void link_results(tc_results *r)
@@ -276,7 +262,7 @@ int tc_results_check(tc_results *r, const tc_cqe *cqe, int *codes, uint64_t *off
         ok++;
         if (!loc)
             continue;
-        uint64_t len = get32(rec + 4), off = get64(rec + 8);
+        uint64_t len = tc__get32(rec + 4), off = tc__get64(rec + 8);
         if (off >= pool || len > pool - off || (r->op == OP_RESERVE && len != r->size))
             return broken(r->c);
     }
@@ -287,9 +273,9 @@ int tc_results_check(tc_results *r, const tc_cqe *cqe, int *codes, uint64_t *off
         int code = rec[0];
         codes[i] = code;
         if (offsets)
-            offsets[i] = loc && code == TC_OK ? get64(rec + 8) : 0;
+            offsets[i] = loc && code == TC_OK ? tc__get64(rec + 8) : 0;
         if (lengths)
-            lengths[i] = loc && code == TC_OK ? get32(rec + 4) : 0;
+            lengths[i] = loc && code == TC_OK ? tc__get32(rec + 4) : 0;
     }
     return cqe->code;
 }

@@ -178,20 +178,6 @@ struct tc_queue {
 
 static uint32_t *word(uint8_t *mem, size_t off) { return (uint32_t *)(void *)(mem + off); }
 
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 static void bump(uint64_t *counter) { __atomic_store_n(counter, *counter + 1, __ATOMIC_RELAXED); }
 
 static inline void cpu_relax(void)
@@ -301,12 +287,12 @@ static int geometry(uint32_t sq, uint32_t cq, uint32_t data, struct geom *g)
  * queue id the answer gave. */
 static int header_matches(const uint8_t *m, const struct geom *g, uint64_t id)
 {
-    return get32(m + OFF_MAGIC) == Q_MAGIC && get32(m + OFF_VERSION) == Q_VERSION &&
-           get32(m + OFF_SQ_ENTRIES) == g->sq_entries && get32(m + OFF_CQ_ENTRIES) == g->cq_entries &&
-           get32(m + OFF_SQE_SIZE) == Q_SQE && get32(m + OFF_CQE_SIZE) == Q_CQE &&
-           get32(m + OFF_SQ_OFF) == g->sq_off && get32(m + OFF_CQ_OFF) == g->cq_off &&
-           get32(m + OFF_DATA_OFF) == g->data_off && get32(m + OFF_DATA_SIZE) == g->data_size &&
-           get64(m + OFF_SIZE) == g->size && get64(m + OFF_ID) == id;
+    return tc__get32(m + OFF_MAGIC) == Q_MAGIC && tc__get32(m + OFF_VERSION) == Q_VERSION &&
+           tc__get32(m + OFF_SQ_ENTRIES) == g->sq_entries && tc__get32(m + OFF_CQ_ENTRIES) == g->cq_entries &&
+           tc__get32(m + OFF_SQE_SIZE) == Q_SQE && tc__get32(m + OFF_CQE_SIZE) == Q_CQE &&
+           tc__get32(m + OFF_SQ_OFF) == g->sq_off && tc__get32(m + OFF_CQ_OFF) == g->cq_off &&
+           tc__get32(m + OFF_DATA_OFF) == g->data_off && tc__get32(m + OFF_DATA_SIZE) == g->data_size &&
+           tc__get64(m + OFF_SIZE) == g->size && tc__get64(m + OFF_ID) == id;
 }
 
 /* ---- open and close ----------------------------------------------------------- */

@@ -29,68 +29,23 @@ Calls that fail as a whole raise :class:`Error` (``.code`` is a
 :class:`Status`); batch calls return one :class:`Status` per item.
 """
 
+from . import client as _client
 from ._lib import path as library_path
-from .client import (
-    DEFAULT_SOCKET,
-    MAX_NOTIFY,
-    PROTOCOL_VERSION,
-    Buffer,
-    CallOptions,
-    Client,
-    Error,
-    Hello,
-    Limits,
-    Notification,
-    Op,
-    Pool,
-    Remote,
-    Request,
-    Rights,
-    Stats,
-    Status,
-    Summary,
-    TaskInfo,
-    TaskState,
-    TransferResult,
-    Transport,
-    connect,
-)
+from .client import *  # noqa: F401,F403 (the names of client.__all__)
 from .queues import Completion, Queue, QueueInfo
 from .store import MAX_KEY, Codes, Extent, Key, KeyInfo, PinnedValues, Reservation
 
 __all__ = [
-    "DEFAULT_SOCKET",
-    "MAX_KEY",
-    "MAX_NOTIFY",
-    "PROTOCOL_VERSION",
-    "Buffer",
-    "CallOptions",
-    "Client",
-    "Completion",
-    "Error",
+    *_client.__all__,
     "Codes",
+    "Completion",
     "Extent",
-    "Hello",
     "Key",
     "KeyInfo",
-    "Limits",
-    "Notification",
-    "Op",
+    "MAX_KEY",
     "PinnedValues",
-    "Pool",
     "Queue",
     "QueueInfo",
-    "Remote",
-    "Request",
     "Reservation",
-    "Rights",
-    "Stats",
-    "Status",
-    "Summary",
-    "TaskInfo",
-    "TaskState",
-    "TransferResult",
-    "Transport",
-    "connect",
     "library_path",
 ]

@@ -101,6 +101,15 @@ class TestLibrary(unittest.TestCase):
         self.assertEqual(e.code, Status.BUSY)
         self.assertIn("busy", str(e))
 
+    def test_package_names(self) -> None:
+        # What the package exports is there, once, and holds the calls an
+        # engine reaches for.
+        names = tensorcast.__all__
+        self.assertEqual(len(names), len(set(names)))
+        self.assertEqual([n for n in names if not hasattr(tensorcast, n)], [])
+        for n in ("connect", "Client", "Status", "Error", "Queue", "Reservation", "PinnedValues", "library_path"):
+            self.assertIn(n, names)
+
     def test_missing_library_is_named(self) -> None:
         import subprocess
         import sys
