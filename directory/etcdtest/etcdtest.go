@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -175,16 +176,30 @@ func (s *Server) start() error {
 	cmd := exec.Command(Binary, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = append(os.Environ(), "ETCD_UNSUPPORTED_ARCH=")
-	// The member dies with the test process.
+	// The member dies with the test process. The kernel sends Pdeathsig
+	// when the thread that forked the child exits, not the process; Go
+	// ends threads (one a goroutine locked and left, as the uring pollers
+	// do when a daemon stops), so etcd is started from a thread locked for
+	// as long as etcd runs, or it could be killed mid-test.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
+	started := make(chan error, 1)
 	done := make(chan struct{})
 	go func() {
-		_ = cmd.Wait()
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		if err := cmd.Wait(); err != nil {
+			fmt.Fprintf(out, "etcdtest: etcd ended: %v\n", err)
+		}
 		close(done)
 	}()
+	if err := <-started; err != nil {
+		return err
+	}
 	s.cmd, s.done, s.out = cmd, done, out
 	if err := s.awaitHealthy(done, 15*time.Second); err != nil {
 		_ = cmd.Process.Kill()
