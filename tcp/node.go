@@ -192,6 +192,17 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 	}
 	bound, err := n.boundAddr()
 	if err != nil {
+		// gnet calls OnBoot before it starts its event loops; one that
+		// failed to start (out of descriptors, say) has closed the
+		// listener, and Run's error, due at once, says why.
+		t := time.NewTimer(time.Second)
+		select {
+		case rerr := <-n.srvDone:
+			t.Stop()
+			n.cancel()
+			return nil, fmt.Errorf("tcp: listen on %s: the event loops did not start: %w (%v)", cfg.Listen, rerr, err)
+		case <-t.C:
+		}
 		n.stopServer()
 		return nil, err
 	}
