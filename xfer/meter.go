@@ -16,16 +16,20 @@ import (
 //     bytes) are kept per submitter, a batch slot or a stream, in plain
 //     fields beside its meterCache, under the lock that already serializes
 //     its submit calls. They go to the transport's shared atomics only when
-//     the submitter dispatches to another transport, its stream closes, or
-//     a fold takes the submitter's lock to collect them. A lone request
-//     that ends inside Submit thus costs no atomic operation at all.
+//     the submitter dispatches to another transport, its stream closes or
+//     its tainted batch object is replaced, or a fold takes the
+//     submitter's lock to collect them. A lone request that ends inside
+//     Submit thus costs no atomic operation at all. (Fewer atomics per
+//     call, an end counted without its dispatch for instance, would let a
+//     fold racing an asynchronous Done see more ends than dispatches; the
+//     submitter's lock orders them instead.)
 //   - A Done after Submit returned (on whatever goroutine) adds to its
 //     meter shard's atomics: the task's end, its bytes, its error's code.
 //     A meter is split into meterShards shards, one per group of
 //     submitters, so that completions on different cores do not share a
 //     cache line.
-//   - Latency is sampled: about one submit call in sampleEvery, picked at
-//     random per submitter, times its tasks, those ending inside Submit
+//   - Latency is sampled: about one submit call in SampleEvery, picked at
+//     random per submitter (see SampleEvery), times its tasks, those ending inside Submit
 //     (one clock reading for the call) and those ending later (one per
 //     Done) alike. A task's start is its call's clock reading, the one its
 //     deadline is taken from; a task of an unsampled call carries start 0
@@ -37,6 +41,8 @@ import (
 // the rest. Every task whose Done it counted was dispatched before, and
 // that dispatch is in a submitter's counts or already in a shard's by the
 // time the submitter's lock is taken, so InFlight never goes below zero.
+// The price is that a scrape waits out a submit call in progress on each
+// submitter, never the other way round for longer than a few adds.
 
 // MaxErrorCodes bounds the codes Config.ErrorCode may return.
 const MaxErrorCodes = 16
