@@ -79,9 +79,16 @@ func (d *Daemon) collectTransports(e *metrics.Emit) {
 					float64(n), l, metrics.L("code", control.Code(c).String()))
 			}
 		}
-		e.LatencyHistogram("tensorcast_transport_latency_seconds", "Time from dispatch to the transport's completion.", &t.Latency, l)
+		e.LatencyHistogram("tensorcast_transport_latency_seconds", transportLatencyHelp, &t.Latency, l)
 	}
 }
+
+// transportLatencyHelp: the engine times a sample of the submit calls
+// (xfer.TransportStats.Latency), so the histogram's count is not the
+// requests'.
+var transportLatencyHelp = "Time from dispatch to the transport's completion, for a sample of the submit calls: about 1 in " +
+	strconv.Itoa(xfer.SampleEvery) + ", every request of a sampled call. Its _count is about 1/" + strconv.Itoa(xfer.SampleEvery) +
+	" of tensorcast_transport_requests_total, which counts every request."
 
 func (d *Daemon) collectEngine(e *metrics.Emit) {
 	s := d.engine.Stats()

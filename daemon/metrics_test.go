@@ -126,36 +126,43 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 
 	exp := scrapeMetrics(t, d.MetricsAddr())
 	want := map[string]float64{
-		`tensorcast_transport_requests_total{transport="local"}`:                   calls*per + 3,
-		`tensorcast_transport_bytes_total{transport="local"}`:                      (calls*per + 3) * size,
-		`tensorcast_queues_open`:                                                   1,
-		`tensorcast_queues_opened_total`:                                           1,
-		`tensorcast_queue_completions_total`:                                       7,
-		`tensorcast_queue_in_flight`:                                               0,
-		`tensorcast_queue_unreaped`:                                                0,
-		`tensorcast_queue_violations_total`:                                        0,
-		`tensorcast_transport_in_flight{transport="local"}`:                        0,
-		`tensorcast_transport_refused_total{transport="local"}`:                    0,
-		`tensorcast_transport_latency_seconds_count{transport="local"}`:            calls*per + 3,
-		`tensorcast_transport_latency_seconds_bucket{transport="local",le="+Inf"}`: calls*per + 3,
-		`tensorcast_engine_tasks_ended_total{state="completed"}`:                   calls*per + 3,
-		`tensorcast_engine_tasks_ended_total{state="failed"}`:                      0,
-		`tensorcast_engine_tasks{state="pending"}`:                                 0,
-		`tensorcast_engine_bytes_total`:                                            (calls*per + 3) * size,
-		`tensorcast_control_clients`:                                               1,
-		`tensorcast_control_requests_total{type="TransferRequestBody"}`:            calls,
-		`tensorcast_control_requests_total{type="AllocBlocksRequest"}`:             1,
-		`tensorcast_control_requests_total{type="RegisterBufferRequest"}`:          1,
-		`tensorcast_pool_blocks{tenant="default"}`:                                 4,
-		`tensorcast_pool_size_bytes{tenant="default"}`:                             float64(cfg.PoolSize),
-		`tensorcast_pool_class_blocks{block_size="65536",tenant="default"}`:        4,
-		`tensorcast_control_tenant_clients{tenant="default"}`:                      1,
-		`tensorcast_healthy`:                                                       1,
+		`tensorcast_transport_requests_total{transport="local"}`:            calls*per + 3,
+		`tensorcast_transport_bytes_total{transport="local"}`:               (calls*per + 3) * size,
+		`tensorcast_queues_open`:                                            1,
+		`tensorcast_queues_opened_total`:                                    1,
+		`tensorcast_queue_completions_total`:                                7,
+		`tensorcast_queue_in_flight`:                                        0,
+		`tensorcast_queue_unreaped`:                                         0,
+		`tensorcast_queue_violations_total`:                                 0,
+		`tensorcast_transport_in_flight{transport="local"}`:                 0,
+		`tensorcast_transport_refused_total{transport="local"}`:             0,
+		`tensorcast_engine_tasks_ended_total{state="completed"}`:            calls*per + 3,
+		`tensorcast_engine_tasks_ended_total{state="failed"}`:               0,
+		`tensorcast_engine_tasks{state="pending"}`:                          0,
+		`tensorcast_engine_bytes_total`:                                     (calls*per + 3) * size,
+		`tensorcast_control_clients`:                                        1,
+		`tensorcast_control_requests_total{type="TransferRequestBody"}`:     calls,
+		`tensorcast_control_requests_total{type="AllocBlocksRequest"}`:      1,
+		`tensorcast_control_requests_total{type="RegisterBufferRequest"}`:   1,
+		`tensorcast_pool_blocks{tenant="default"}`:                          4,
+		`tensorcast_pool_size_bytes{tenant="default"}`:                      float64(cfg.PoolSize),
+		`tensorcast_pool_class_blocks{block_size="65536",tenant="default"}`: 4,
+		`tensorcast_control_tenant_clients{tenant="default"}`:               1,
+		`tensorcast_healthy`:                                                1,
 	}
 	for series, v := range want {
 		if got := sample(t, exp, series); got != v {
 			t.Errorf("%s = %v, want %v", series, got, v)
 		}
+	}
+	// The latency histogram is a sample of the submit calls (1 in
+	// xfer.SampleEvery, each with all its requests): at most every request.
+	lc := sample(t, exp, `tensorcast_transport_latency_seconds_count{transport="local"}`)
+	if lc > calls*per+3 || sample(t, exp, `tensorcast_transport_latency_seconds_bucket{transport="local",le="+Inf"}`) != lc {
+		t.Errorf("latency count %v, want at most %d and equal to the +Inf bucket", lc, calls*per+3)
+	}
+	if !strings.Contains(exp, "# HELP tensorcast_transport_latency_seconds") || !strings.Contains(exp, "for a sample of the submit calls: about 1 in 16") {
+		t.Errorf("the latency histogram's help does not say it is sampled")
 	}
 	if strings.Contains(exp, `tensorcast_transport_errors_total{transport="local"`) {
 		t.Errorf("errors counted for a workload without any:\n%s", exp)

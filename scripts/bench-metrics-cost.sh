@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # bench-metrics-cost.sh - what the metrics cost the hot path: the engine's
-# per-transport meters (a clock read per completion, or per submit call for
-# the tasks that end inside it, and a few uncontended atomic adds) and the
-# control server's per-kind request counter (one atomic add per request),
-# measured as the engine,
+# per-transport meters (plain counts under the submitter's lock for tasks
+# that end inside Submit, a few uncontended atomic adds per later Done, and
+# a clock read only for the 1 in 16 submit calls whose latency is sampled;
+# xfer/meter.go) and the control server's per-kind request counter (one
+# atomic add per request), measured as the engine,
 # local-transport and control round-trip benchmarks without the meters and
 # with them, alternating COUNT times, compared with benchstat.
 #

@@ -163,8 +163,8 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 	b.dispatching.Store(seq)
 	bad := false
 	// Every group of the call is metered from the call's clock reading,
-	// the one its deadline was taken from.
-	start0 := meterTime(now)
+	// the one its deadline was taken from, when the call is sampled.
+	start0 := b.mc.start(b.e, now)
 	for rest := acc; len(rest) > 0; {
 		var tr Transport
 		var grp []*Task
@@ -186,8 +186,8 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 	// contract violation every task of the call ends Failed instead.
 	stillLive := false
 	// Tasks whose Done came during dispatch are metered here, in runs of
-	// one transport, with one clock reading for the call (meter.go).
-	var run meterRun
+	// one transport, with one clock reading for a sampled call (meter.go).
+	run := meterRun{start: start0}
 	for i := start; i < end; i++ {
 		t := &b.tasks[i]
 		for {
@@ -208,7 +208,7 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 			}
 			if s == stateParked {
 				err, n := t.err, t.n
-				run.add(b.e, t, n, err)
+				run.add(b.e, &b.mc, t, n, err)
 				if bad {
 					err, n = ErrTransport, 0
 				}
@@ -224,7 +224,7 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 			break // terminal (refused, rolled back) or Pending already
 		}
 	}
-	run.flush(b.e)
+	run.flush(b.e, &b.mc)
 	if bad {
 		b.tainted = true
 		return ErrTransport
@@ -351,17 +351,17 @@ func dispatched(n, size int, err error) (k int, ok bool, rerr error) {
 }
 
 // dispatch hands grp to tr and rolls back what tr did not take. It reports
-// false when tr broke the count contract.
-func (b *batch) dispatch(tr Transport, grp []*Task, now int64) bool {
+// false when tr broke the count contract. start is the call's meter
+// start (0: not sampled).
+func (b *batch) dispatch(tr Transport, grp []*Task, start int64) bool {
 	ms := b.mc.shard(&b.e.meters, tr, b.idx)
 	for _, t := range grp {
 		if metersOn {
-			t.ms, t.start = ms, now
+			t.ms, t.start = ms, start
 		}
 		t.owed.Store(1)
 		t.state.Store(uint32(stateDispatching))
 	}
-	ms.sent(uint64(len(grp)))
 	if v := b.cnt[StateWaiting].Add(-int64(len(grp))); invariants && v < 0 {
 		panic("xfer: invariant: waiting task count below zero")
 	}
@@ -373,7 +373,7 @@ func (b *batch) dispatch(tr Transport, grp []*Task, now int64) bool {
 	if !ok {
 		b.e.violation(tr, "dispatch count", n, len(grp))
 	}
-	refused := uint64(0)
+	refused := 0
 	for _, t := range grp[k:] {
 		if !t.owed.CompareAndSwap(1, 0) {
 			// The transport called Done for a task it did not take; the
@@ -389,7 +389,7 @@ func (b *batch) dispatch(tr Transport, grp []*Task, now int64) bool {
 		b.owed.Add(-1)
 		b.end(t, stateDispatching, StateFailed, rerr, 0)
 	}
-	ms.refuse(refused)
+	b.mc.dispatched(len(grp)-refused, refused)
 	return ok
 }
 
@@ -543,9 +543,14 @@ func (b *batch) retire() (release bool) {
 		return true
 	}
 	e.retired.add(b.counts())
+	// Its meter counts go to the shards first: a fold finds the fresh
+	// object in the slot, not this one.
+	b.mc.flush()
 	// The fresh object continues the slot's generations, so no id of the
 	// old one is handed out again.
-	e.slots[b.idx].Store(&batch{e: e, idx: b.idx, gen: b.gen})
+	nb := &batch{e: e, idx: b.idx, gen: b.gen}
+	nb.mc.seed(uint64(b.idx))
+	e.slots[b.idx].Store(nb)
 	e.freeSlots = append(e.freeSlots, b.idx)
 	return false
 }

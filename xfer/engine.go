@@ -142,6 +142,10 @@ type Engine struct {
 	// clock, when set (by tests, before the engine is used), replaces
 	// time.Now for the submit calls, the deadline checks and the meters.
 	clock func() time.Time
+	// sample, when set (by tests, before the engine is used), replaces
+	// the meters' sampler: it says whether each submit call that
+	// dispatches is timed (meter.go).
+	sample func() bool
 }
 
 // counts are the cumulative per-state totals kept per batch and retired
@@ -206,6 +210,7 @@ func (e *Engine) AllocateBatch(capacity int) (BatchID, error) {
 	b := e.slots[idx].Load()
 	if b == nil {
 		b = &batch{e: e, idx: idx}
+		b.mc.seed(uint64(idx))
 		e.slots[idx].Store(b)
 	}
 	b.mu.Lock()

@@ -54,3 +54,8 @@ func SetClock(e *Engine, now func() time.Time) { e.clock = now }
 
 // MetersOn says whether the meters are built in (not -tags nometers).
 const MetersOn = metersOn
+
+// SetSampler makes e ask pick, once per submit call that dispatches,
+// whether the meters time that call's tasks, instead of its submitters'
+// pseudo-random sequences. Set it before e is used.
+func SetSampler(e *Engine, pick func() bool) { e.sample = pick }

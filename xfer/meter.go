@@ -8,15 +8,41 @@ import (
 	"github.com/tensorcast/tensorcast/internal/loghist"
 )
 
-// Per-transport meters: what the engine saw each transport do, recorded on
-// the dispatch and completion paths and folded by Engine.TransportStats
-// (metrics scrapes, tcctl). A meter is split into meterShards shards, one
-// per group of batch slots, so that completions of different clients'
-// batches on different cores do not share a cache line; each record is a
-// few uncontended atomic adds, never a lock or an allocation. A task's
-// start is its submit call's clock reading (the one its deadline is taken
-// from), so dispatch reads no clock; its end is read once per Done, or once
-// per submit call for the tasks that end inside it.
+// Per-transport meters: what the engine saw each transport do, folded by
+// Engine.TransportStats at scrape time (metrics, tcctl). The hot path pays
+// for them as little as it can:
+//
+//   - Counts (dispatched, refused, ended inside their submit call, their
+//     bytes) are kept per submitter, a batch slot or a stream, in plain
+//     fields beside its meterCache, under the lock that already serializes
+//     its submit calls. They go to the transport's shared atomics only when
+//     the submitter dispatches to another transport, its stream closes or
+//     its tainted batch object is replaced, or a fold takes the
+//     submitter's lock to collect them. A lone request that ends inside
+//     Submit thus costs no atomic operation at all. (Fewer atomics per
+//     call, an end counted without its dispatch for instance, would let a
+//     fold racing an asynchronous Done see more ends than dispatches; the
+//     submitter's lock orders them instead.)
+//   - A Done after Submit returned (on whatever goroutine) adds to its
+//     meter shard's atomics: the task's end, its bytes, its error's code.
+//     A meter is split into meterShards shards, one per group of
+//     submitters, so that completions on different cores do not share a
+//     cache line.
+//   - Latency is sampled: about one submit call in SampleEvery, picked at
+//     random per submitter (see SampleEvery), times its tasks, those ending inside Submit
+//     (one clock reading for the call) and those ending later (one per
+//     Done) alike. A task's start is its call's clock reading, the one its
+//     deadline is taken from; a task of an unsampled call carries start 0
+//     and no clock is read for it. Requests, Bytes, Errors and InFlight
+//     stay exact; only the histogram is a sample.
+//
+// The fold is exact: it reads the shards' Done counts, then takes every
+// submitter's lock in turn to move its counts to the shards, then reads
+// the rest. Every task whose Done it counted was dispatched before, and
+// that dispatch is in a submitter's counts or already in a shard's by the
+// time the submitter's lock is taken, so InFlight never goes below zero.
+// The price is that a scrape waits out a submit call in progress on each
+// submitter, never the other way round for longer than a few adds.
 
 // MaxErrorCodes bounds the codes Config.ErrorCode may return.
 const MaxErrorCodes = 16
@@ -26,6 +52,15 @@ const MaxErrorCodes = 16
 const maxMeters = 16
 
 const meterShards = 8
+
+// SampleEvery: about one submit call in SampleEvery has its tasks'
+// latencies recorded in TransportStats.Latency. Each call is picked with
+// probability 1/SampleEvery from its submitter's pseudo-random sequence,
+// not every SampleEvery-th call, so that a client whose calls follow a
+// period (a read, then a write) is sampled across its whole pattern.
+const SampleEvery = 1 << sampleShift
+
+const sampleShift = 4
 
 // TransportStats is one transport's counters as the engine saw them.
 type TransportStats struct {
@@ -41,19 +76,23 @@ type TransportStats struct {
 	// Errors counts ended tasks by Config.ErrorCode of their error.
 	Errors [MaxErrorCodes]uint64
 	// Latency is from the submit call that dispatched the task to its
-	// Done, in nanoseconds; its count is Requests. A call's tasks share
-	// its start: the clock reading it takes for its deadlines, before it
-	// resolves and routes them.
+	// Done, in nanoseconds, for the tasks of a sample of the submit calls:
+	// about one in SampleEvery, every task of a sampled call. Its count is
+	// therefore about Requests/SampleEvery, not Requests. A call's tasks
+	// share its start: the clock reading it takes for its deadlines, before
+	// it resolves and routes them.
 	Latency loghist.Snapshot
 }
 
 // meterShard is one shard of a transport's counters.
 type meterShard struct {
-	dispatched atomic.Uint64 // tasks handed to Submit, less those it refused
+	dispatched atomic.Uint64 // tasks Submit took
 	refused    atomic.Uint64
+	inline     atomic.Uint64 // tasks that ended inside their submit call
+	done       atomic.Uint64 // tasks whose Done came after their submit call
 	bytes      atomic.Uint64
 	errs       [MaxErrorCodes]atomic.Uint64
-	lat        loghist.Hist // one count per Done: the number of ended tasks
+	lat        loghist.Hist // the sampled calls' tasks
 	_          [64]byte     // keeps the next shard's hot words off this one's lines
 }
 
@@ -103,24 +142,95 @@ func (mt *meterTable) get(name string) *meter {
 	return m
 }
 
-// meterCache is one submitter's (a batch slot's or a stream's) last
-// transport and its meter, so that a dispatch group to the transport of the
-// one before skips the lookup by name. It is guarded by the submitter's
-// lock; it keeps that transport reachable until another replaces it.
+// meterCache is one submitter's (a batch slot's or a stream's) meter
+// state: its last transport and that transport's meter shard, so that a
+// dispatch group to the transport of the one before skips the lookup by
+// name; the counts of that shard not yet added to its atomics; and the
+// sampler's state. It is guarded by the submitter's lock (batch.mu,
+// Stream.mu); it keeps that transport reachable until another replaces
+// it.
 type meterCache struct {
 	tr Transport
-	m  *meter
+	ms *meterShard
+	// Counts for ms, moved to its atomics by flush.
+	sent, refused, inline, bytes uint64
+	// rng is the sampler's state (a 64-bit LCG; its top bits decide).
+	rng uint64
 }
 
-// shard returns the shard i of tr's meter; nil without the meters.
+// shard returns the shard i of tr's meter, first flushing the counts of
+// the transport before; nil without the meters.
 func (c *meterCache) shard(mt *meterTable, tr Transport, i uint32) *meterShard {
 	if !metersOn {
 		return nil
 	}
-	if c.m == nil || c.tr != tr {
-		c.tr, c.m = tr, mt.get(tr.Name())
+	if c.ms == nil || c.tr != tr {
+		c.flush()
+		c.tr, c.ms = tr, &mt.get(tr.Name()).shards[i%meterShards]
 	}
-	return &c.m.shards[i%meterShards]
+	return c.ms
+}
+
+// flush adds the submitter's counts to its shard's atomics. Dispatched
+// counts go first: a fold reads inline ends before dispatched ones, so
+// it never sees an end without its dispatch.
+func (c *meterCache) flush() {
+	if !metersOn || c.ms == nil {
+		return
+	}
+	if c.sent != 0 {
+		c.ms.dispatched.Add(c.sent)
+	}
+	if c.refused != 0 {
+		c.ms.refused.Add(c.refused)
+	}
+	if c.inline != 0 {
+		c.ms.inline.Add(c.inline)
+	}
+	if c.bytes != 0 {
+		c.ms.bytes.Add(c.bytes)
+	}
+	c.sent, c.refused, c.inline, c.bytes = 0, 0, 0, 0
+}
+
+// dispatched counts, for the group just handed to the transport of the
+// current shard, the tasks it took and those it refused.
+func (c *meterCache) dispatched(took, refused int) {
+	if metersOn {
+		c.sent += uint64(took)
+		c.refused += uint64(refused)
+	}
+}
+
+// seed starts the sampler's sequence for the submitter numbered i.
+func (c *meterCache) seed(i uint64) {
+	// splitmix64's finalizer spreads consecutive numbers over the state.
+	z := i + 0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	c.rng = z ^ z>>31
+}
+
+// start is the meter start of the submit call about to dispatch, whose
+// clock reading is now: now on the meter clock (at least 1) when the
+// sampler picks the call, 0 (not timed) when it does not.
+func (c *meterCache) start(e *Engine, now time.Time) int64 {
+	if !metersOn {
+		return 0
+	}
+	var pick bool
+	if e.sample != nil {
+		pick = e.sample()
+	} else {
+		// An LCG's top bits are its most random; four of them all zero
+		// is a 1 in 16 chance.
+		c.rng = c.rng*6364136223846793005 + 1442695040888963407
+		pick = c.rng>>(64-sampleShift) == 0
+	}
+	if !pick {
+		return 0
+	}
+	return max(meterTime(now), 1)
 }
 
 // epoch is the origin of the engine's meter clock: monotonic nanoseconds
@@ -152,24 +262,9 @@ func (e *Engine) meterNow() int64 {
 	return int64(time.Since(epoch))
 }
 
-// sent counts n tasks handed to the transport's Submit.
-func (s *meterShard) sent(n uint64) {
-	if metersOn {
-		s.dispatched.Add(n)
-	}
-}
-
-// refuse moves n tasks the transport's Submit refused from dispatched to
-// refused.
-func (s *meterShard) refuse(n uint64) {
-	if metersOn && n > 0 {
-		s.dispatched.Add(-n)
-		s.refused.Add(n)
-	}
-}
-
-// ended records the Done of a task the meter shard ms dispatched at start
-// (on the meter clock), read here once per Done.
+// ended records the Done, after its submit call, of a task the meter
+// shard ms dispatched at start (on the meter clock; 0 when its call was
+// not sampled, and then no clock is read).
 func (e *Engine) ended(ms *meterShard, start int64, n uint64, err error) {
 	if !metersOn {
 		return
@@ -180,31 +275,37 @@ func (e *Engine) ended(ms *meterShard, start int64, n uint64, err error) {
 	if n != 0 {
 		ms.bytes.Add(n)
 	}
-	d := e.meterNow() - start
-	if d < 0 {
-		d = 0
+	ms.done.Add(1)
+	if start != 0 {
+		d := e.meterNow() - start
+		if d < 0 {
+			d = 0
+		}
+		ms.lat.Record(uint64(d))
 	}
-	ms.lat.Record(uint64(d))
 }
 
 // meterRun meters, in the submit call's publish loop, the tasks whose Done
-// came while they were being dispatched (inline completions): consecutive
-// tasks of one meter shard and one dispatch time share a latency, so a run
-// costs one clock reading and three atomic adds however long it is.
+// came while they were being dispatched (inline completions). All tasks of
+// a call share its start, so consecutive tasks of one meter shard share a
+// latency: a run of a sampled call costs one clock reading for the call
+// and two atomic adds however long it is. The counts of a run on the
+// submitter's current shard go to its meterCache (no atomic); those of a
+// shard dispatched to earlier in the call, to that shard's atomics.
 type meterRun struct {
+	start    int64 // the call's meter start (0: not sampled)
+	now      int64 // 0 until a sampled run needs it
 	ms       *meterShard
-	start    int64
-	now      int64 // 0 until the first task needs it
 	n, bytes uint64
 }
 
-func (r *meterRun) add(e *Engine, t *Task, n uint64, err error) {
+func (r *meterRun) add(e *Engine, c *meterCache, t *Task, n uint64, err error) {
 	if !metersOn {
 		return
 	}
-	if t.ms != r.ms || t.start != r.start {
-		r.flush(e)
-		r.ms, r.start = t.ms, t.start
+	if t.ms != r.ms {
+		r.flush(e, c)
+		r.ms = t.ms
 	}
 	r.n++
 	r.bytes += n
@@ -213,20 +314,26 @@ func (r *meterRun) add(e *Engine, t *Task, n uint64, err error) {
 	}
 }
 
-func (r *meterRun) flush(e *Engine) {
+// flush meters the run so far.
+func (r *meterRun) flush(e *Engine, c *meterCache) {
 	if !metersOn || r.n == 0 {
 		return
 	}
-	if r.now == 0 {
-		r.now = e.meterNow()
+	if r.start != 0 {
+		if r.now == 0 {
+			r.now = e.meterNow()
+		}
+		d := max(r.now-r.start, 0)
+		r.ms.lat.RecordN(uint64(d), r.n)
 	}
-	d := r.now - r.start
-	if d < 0 {
-		d = 0
-	}
-	r.ms.lat.RecordN(uint64(d), r.n)
-	if r.bytes != 0 {
-		r.ms.bytes.Add(r.bytes)
+	if r.ms == c.ms {
+		c.inline += r.n
+		c.bytes += r.bytes
+	} else {
+		r.ms.inline.Add(r.n)
+		if r.bytes != 0 {
+			r.ms.bytes.Add(r.bytes)
+		}
 	}
 	r.n, r.bytes = 0, 0
 }
@@ -244,22 +351,33 @@ func (s *meterShard) errored(err error, code func(error) int) {
 }
 
 // TransportStats folds every transport meter, in the order the transports
-// were first dispatched to. It is meant for scrapes, not hot paths.
+// were first dispatched to. It takes every batch slot's and stream's lock
+// in turn (waiting out a submit call in progress there): it is meant for
+// scrapes, not hot paths.
 func (e *Engine) TransportStats() []TransportStats {
 	l := e.meters.list.Load()
 	if l == nil {
 		return nil
 	}
 	out := make([]TransportStats, len(*l))
+	// Ends after the submit call are read before the submitters' counts
+	// are collected (meter.go's header says why InFlight then never goes
+	// below zero); the rest after.
+	done := make([]uint64, len(*l))
+	for i, m := range *l {
+		for j := range m.shards {
+			done[i] += m.shards[j].done.Load()
+		}
+	}
+	e.flushMeters()
 	for i, m := range *l {
 		st := &out[i]
 		st.Name = m.name
-		// Ended counts are read before dispatched ones: every task ended
-		// was dispatched first, so InFlight never goes below zero.
+		var dispatched, inline uint64
 		for j := range m.shards {
-			m.shards[j].lat.AddTo(&st.Latency)
+			s := &m.shards[j]
+			inline += s.inline.Load() // before dispatched: see meterCache.flush
 		}
-		var dispatched uint64
 		for j := range m.shards {
 			s := &m.shards[j]
 			dispatched += s.dispatched.Load()
@@ -268,11 +386,43 @@ func (e *Engine) TransportStats() []TransportStats {
 			for c := range s.errs {
 				st.Errors[c] += s.errs[c].Load()
 			}
+			s.lat.AddTo(&st.Latency)
 		}
-		st.Requests = st.Latency.Count()
-		if dispatched > st.Requests {
+		st.Requests = done[i] + inline
+		if dispatched >= st.Requests {
 			st.InFlight = dispatched - st.Requests
+		} else if invariants {
+			panic("xfer: invariant: a transport ended more tasks than it was given")
 		}
 	}
 	return out
+}
+
+// flushMeters moves every submitter's meter counts to the shared shards,
+// under each submitter's lock in turn. A stream closed meanwhile flushed
+// its own before it left e.streams; a batch object replaced in its slot
+// (tainted), before it was replaced.
+func (e *Engine) flushMeters() {
+	if !metersOn {
+		return
+	}
+	e.mu.Lock()
+	n := int(e.nextSlot)
+	streams := make([]*Stream, 0, len(e.streams))
+	for s := range e.streams {
+		streams = append(streams, s)
+	}
+	e.mu.Unlock()
+	for i := 0; i < n; i++ {
+		if b := e.slots[i].Load(); b != nil {
+			b.mu.Lock()
+			b.mc.flush()
+			b.mu.Unlock()
+		}
+	}
+	for _, s := range streams {
+		s.mu.Lock()
+		s.mc.flush()
+		s.mu.Unlock()
+	}
 }

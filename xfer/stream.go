@@ -114,7 +114,9 @@ func (e *Engine) NewStream(capacity int, r Resolver, sink StreamSink) (*Stream, 
 		s.tasks[i].slot = uint32(i)
 		s.free[i] = uint32(capacity - 1 - i)
 	}
-	s.shard = uint32(e.streamSeq.Add(1) % meterShards)
+	seq := e.streamSeq.Add(1)
+	s.shard = seq % meterShards
+	s.mc.seed(1<<32 | uint64(seq))
 	if !e.addStream(s) {
 		return nil, ErrClosed
 	}
@@ -206,7 +208,7 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 	s.live.Add(int64(len(acc)))
 
 	bad := false
-	start0 := meterTime(now) // every group is metered from the call's clock reading
+	start0 := s.mc.start(s.e, now) // every group is metered from the call's clock reading, when sampled
 	for rest := acc; len(rest) > 0; {
 		var tr Transport
 		var grp []*Task
@@ -218,7 +220,7 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 	// Publish what the transports did: tasks still with a transport become
 	// Pending and get their deadline timer; results parked during dispatch
 	// end now.
-	var run meterRun // tasks whose Done came during dispatch (meter.go)
+	run := meterRun{start: start0} // tasks whose Done came during dispatch (meter.go)
 	for _, t := range acc {
 		d := t.Deadline.Sub(now) // read while the task cannot end under us
 	publish:
@@ -230,7 +232,7 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 				}
 				s.arm(t.slot, d)
 			case stateParked:
-				run.add(s.e, t, t.n, t.err)
+				run.add(s.e, &s.mc, t, t.n, t.err)
 				s.end(t, stateParked, finalState(t.err), t.err, t.n)
 				s.unref(t)
 			case stateEnding:
@@ -239,7 +241,7 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 			break publish
 		}
 	}
-	run.flush(s.e)
+	run.flush(s.e, &s.mc)
 	if bad {
 		s.freeMu.Lock()
 		s.broken = true
@@ -252,31 +254,32 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 // when tr broke the count contract; the tasks it disowned then end Failed
 // with ErrTransport, and their slots are never reused (the transport may
 // still call Done on them).
-func (s *Stream) dispatch(tr Transport, grp []*Task, now int64) bool {
+func (s *Stream) dispatch(tr Transport, grp []*Task, start int64) bool {
 	ms := s.mc.shard(&s.e.meters, tr, s.shard)
 	for _, t := range grp {
 		if metersOn {
-			t.ms, t.start = ms, now
+			t.ms, t.start = ms, start
 		}
 		t.owed.Store(1)
 		s.slots[t.slot].refs.Add(1)
 		t.state.Store(uint32(stateDispatching))
 	}
-	ms.sent(uint64(len(grp)))
 	n, err := tr.Submit(grp)
 	k, ok, rerr := dispatched(n, len(grp), err)
 	if !ok {
 		s.e.violation(tr, "dispatch count", n, len(grp))
 	}
-	ms.refuse(uint64(len(grp) - k))
+	refused := 0
 	for _, t := range grp[k:] {
 		if !t.owed.CompareAndSwap(1, 0) {
 			// Done came for a task the transport did not take: it
-			// released the task and parked its result.
+			// released the task and parked its result, which the
+			// meters count as a dispatched task that ended inline.
 			s.e.violation(tr, "done for an undispatched task", n, len(grp))
 			ok = false
 			continue
 		}
+		refused++
 		t.releaseSegs()
 		if ok {
 			s.unref(t) // the transport's ref: it never had the task
@@ -284,6 +287,7 @@ func (s *Stream) dispatch(tr Transport, grp []*Task, now int64) bool {
 		s.end(t, stateDispatching, StateFailed, rerr, 0)
 		s.unref(t)
 	}
+	s.mc.dispatched(len(grp)-refused, refused)
 	return ok
 }
 
@@ -422,6 +426,9 @@ func (s *Stream) Close(err error) {
 			tm.Stop()
 		}
 	}
+	// No submit call follows: the meter counts go to the shards before
+	// the stream leaves the engine's list, which a fold walks.
+	s.mc.flush()
 	s.mu.Unlock()
 	if s.held.Load() == 0 {
 		s.once.Do(func() { close(s.idle) })

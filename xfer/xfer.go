@@ -208,7 +208,8 @@ type Task struct {
 	// slot is the task's index in its Stream (stream tasks only).
 	slot uint32
 	// ms is the meter shard of the transport it was dispatched to, start
-	// the meter clock then (meter.go); written before dispatch.
+	// its submit call's meter clock reading, 0 when that call's latency is
+	// not sampled (meter.go); written before dispatch.
 	ms    *meterShard
 	start int64
 	// holdL and holdT say that Local / Target are RangeHolders holding the

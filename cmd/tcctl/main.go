@@ -47,8 +47,9 @@ commands:
   stats [--json]          pool, engine and connection counters
   top [--metrics HOST:PORT] [--interval D] [-n FRAMES]
                           live view from the metrics endpoint: IOPS,
-                          throughput and latency percentiles per transport,
-                          peer and io_uring ring (kernel view)
+                          throughput and latency percentiles (of sampled
+                          calls) per transport, peer and io_uring ring
+                          (kernel view)
   config check FILE       validate a tensorcastd config file without
                           starting anything: each error with key and line
   ping [-n COUNT] [-size BYTES] [--queue]

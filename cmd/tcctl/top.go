@@ -17,6 +17,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // top shows, refreshing in place, what the daemon's metrics endpoint says
@@ -241,6 +243,9 @@ func render(w io.Writer, prev, cur *snapshot, addr string, frame int) {
 		fmt.Fprintln(tw, "(no transfers yet)\t\t\t\t\t\t\t\t")
 	}
 	tw.Flush()
+	if len(hc) > 0 {
+		fmt.Fprintf(w, "(transport percentiles: a sample of the submit calls, about 1 in %d)\n", xfer.SampleEvery)
+	}
 	// Peers.
 	if conn := cur.values("tensorcast_peer_connected", "peer"); len(conn) > 0 {
 		fmt.Fprintln(w)
