@@ -64,7 +64,8 @@ func wantCodes(t *testing.T, what string, res *client.Results, want ...wire.Code
 // its release, an unpin below zero refused all or nothing, and a Get of a
 // value only on L2, whose completion comes once it has been read back.
 func TestStoreQueueOps(t *testing.T) {
-	e := newStoreEnv(t, true, store.Config{L1Capacity: 1 << 20})
+	// The whole L1 may be one session's reservations: the test fills it.
+	e := newStoreEnv(t, true, store.Config{L1Capacity: 1 << 20, MaxSessionReserved: 1 << 20})
 	c, q := queueClient(t, e.env, 32)
 	res, err := c.NewResults(64)
 	if err != nil {

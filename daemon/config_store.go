@@ -36,6 +36,11 @@ type StoreConfig struct {
 	// StoreMaxValueSize is the largest value (0: the pool's largest
 	// block).
 	StoreMaxValueSize Size `toml:"store_max_value_size"`
+	// StoreMaxSessionReserved bounds the bytes one client session may hold
+	// reserved and not yet committed (0: a quarter of the L1 capacity):
+	// reservations cannot be evicted, so one client's could otherwise
+	// take the pool from everyone's values.
+	StoreMaxSessionReserved Size `toml:"store_max_session_reserved"`
 	// StoreMaxKeysPerCall bounds the keys of one store call.
 	StoreMaxKeysPerCall int `toml:"store_max_keys_per_call"`
 	// StoreMaxLeaseTTL bounds a timed pin.
@@ -101,6 +106,10 @@ func (c *Config) validateStore() error {
 	if s.StoreMaxValueSize > shm.DefaultMaxBlock {
 		return badValue("store_max_value_size", s.StoreMaxValueSize.String(), fmt.Sprintf("must be at most the pool's largest block (%s); 0 is that", Size(shm.DefaultMaxBlock)))
 	}
+	if s.StoreMaxSessionReserved != 0 && (s.StoreMaxSessionReserved < Size(shm.DefaultMaxBlock) || s.StoreMaxSessionReserved > c.PoolSize) {
+		return badValue("store_max_session_reserved", s.StoreMaxSessionReserved.String(),
+			fmt.Sprintf("must be 0 (a quarter of the L1 capacity) or between the largest value (%s) and pool_size", Size(shm.DefaultMaxBlock)))
+	}
 	if s.StoreMaxKeysPerCall < 1 || s.StoreMaxKeysPerCall > maxStoreKeys {
 		return badValue("store_max_keys_per_call", strconv.Itoa(s.StoreMaxKeysPerCall), fmt.Sprintf("must be between 1 and %d", maxStoreKeys))
 	}
@@ -154,6 +163,7 @@ func storeSettings() []setting {
 		{"store_high_watermark", "TENSORCAST_STORE_HIGH_WATERMARK", "L1 fraction over which the store evicts", frac(func(c *Config) *float64 { return &c.StoreHighWatermark })},
 		{"store_low_watermark", "TENSORCAST_STORE_LOW_WATERMARK", "L1 fraction eviction brings the store under", frac(func(c *Config) *float64 { return &c.StoreLowWatermark })},
 		{"store_max_value_size", "TENSORCAST_STORE_MAX_VALUE_SIZE", "largest value (0: the pool's largest block)", size(func(c *Config) *Size { return &c.StoreMaxValueSize })},
+		{"store_max_session_reserved", "TENSORCAST_STORE_MAX_SESSION_RESERVED", "bytes one client may hold reserved and not committed (0: a quarter of store_l1_capacity)", size(func(c *Config) *Size { return &c.StoreMaxSessionReserved })},
 		{"store_max_keys_per_call", "TENSORCAST_STORE_MAX_KEYS_PER_CALL", "most keys of one store call", num(func(c *Config) *int { return &c.StoreMaxKeysPerCall })},
 		{"store_max_lease_ttl", "TENSORCAST_STORE_MAX_LEASE_TTL", "longest timed pin (e.g. 24h)", func(c *Config, s string) error { return c.StoreMaxLeaseTTL.UnmarshalText([]byte(s)) }},
 		{"store_writeback_retries", "TENSORCAST_STORE_WRITEBACK_RETRIES", "retries of a failed writeback before it is a tombstone", num(func(c *Config) *int { return &c.StoreWritebackRetries })},

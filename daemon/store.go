@@ -56,13 +56,14 @@ func (d *Daemon) openStore() error {
 func (d *Daemon) openOneStore(pool *shm.Pool, path string, log *slog.Logger) (*store.Store, error) {
 	c := &d.cfg.StoreConfig
 	scfg := store.Config{
-		MaxKeysPerCall:   c.StoreMaxKeysPerCall,
-		MaxValueSize:     uint64(c.StoreMaxValueSize),
-		MaxLeaseTTL:      time.Duration(c.StoreMaxLeaseTTL),
-		L1Capacity:       uint64(c.StoreL1Capacity),
-		HighWatermark:    c.StoreHighWatermark,
-		LowWatermark:     c.StoreLowWatermark,
-		WritebackRetries: c.StoreWritebackRetries,
+		MaxKeysPerCall:     c.StoreMaxKeysPerCall,
+		MaxValueSize:       uint64(c.StoreMaxValueSize),
+		MaxSessionReserved: uint64(c.StoreMaxSessionReserved),
+		MaxLeaseTTL:        time.Duration(c.StoreMaxLeaseTTL),
+		L1Capacity:         uint64(c.StoreL1Capacity),
+		HighWatermark:      c.StoreHighWatermark,
+		LowWatermark:       c.StoreLowWatermark,
+		WritebackRetries:   c.StoreWritebackRetries,
 		// The drain bounds the whole shutdown; the store's wait for its L2
 		// operations in flight is bounded by it too.
 		CloseTimeout: time.Duration(d.cfg.DrainTimeout),

@@ -316,3 +316,59 @@ func TestAbortRacesClose(t *testing.T) {
 	mustCodes(t, "the other session's commit", c, OK)
 	e.s.check(t)
 }
+
+// TestSessionReserveLimit: a session holds at most MaxSessionReserved
+// bytes of reservations (at block size); the key past it is refused
+// RESOURCE_EXHAUSTED with ErrReserveLimit and nothing else changes; a
+// commit, an abort and the session's close each give the budget back;
+// another session's budget is its own.
+func TestSessionReserveLimit(t *testing.T) {
+	e := newEnv(t, 8<<20, withCfg(func(c *Config) { c.MaxSessionReserved = 3 * 8192 }))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	reserve := func(ss *Session, keys [][]byte, size uint64) ([]Code, []error) {
+		t.Helper()
+		sizes := make([]uint64, len(keys))
+		for i := range sizes {
+			sizes[i] = size
+		}
+		codes, errs := make([]Code, len(keys)), make([]error, len(keys))
+		if err := ss.Reserve(keys, sizes, make([]Location, len(keys)), codes, errs); err != nil {
+			t.Fatal(err)
+		}
+		return codes, errs
+	}
+	// 5000 bytes take an 8 KiB block: three fit, the fourth does not.
+	keys := keysN("r", 4)
+	codes, errs := reserve(ss, keys, 5000)
+	mustCodes(t, "reserve past the limit", codes, OK, OK, OK, ResourceExhausted)
+	if !errors.Is(errs[3], ErrReserveLimit) {
+		t.Fatalf("the refused key's error: %v", errs[3])
+	}
+	if st := e.s.Stats(); st.Reserved != 3 {
+		t.Fatalf("%d reservations after the refusal, want 3", st.Reserved)
+	}
+	// Another session is not held back by this one's reservations.
+	other := e.s.NewSession()
+	mustCodes(t, "another session", first(reserve(other, keysN("o", 3), 5000)), OK, OK, OK)
+	other.Close()
+	// A commit gives one back.
+	cc := make([]Code, 1)
+	if _, err := ss.Commit(keys[:1], false, cc, nil, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "commit", cc, OK)
+	mustCodes(t, "reserve after a commit", first(reserve(ss, keys[3:4], 5000)), OK)
+	mustCodes(t, "reserve at the limit again", first(reserve(ss, keysN("s", 1), 5000)), ResourceExhausted)
+	// An abort gives one back.
+	ac, _ := e.abort(ss, keys[1:2])
+	mustCodes(t, "abort", ac, OK)
+	mustCodes(t, "reserve after an abort", first(reserve(ss, keysN("s", 1), 5000)), OK)
+	// Close gives all back: a new session of the same client starts empty.
+	ss.Close()
+	ss2 := e.s.NewSession()
+	defer ss2.Close()
+	mustCodes(t, "a new session", first(reserve(ss2, keysN("n", 3), 5000)), OK, OK, OK)
+}
+
+func first[A, B any](a A, _ B) A { return a }

@@ -66,7 +66,7 @@ func CodeOf(err error) Code {
 		return AlreadyExists
 	case errors.Is(err, ErrBusy), errors.Is(err, ErrNoIO):
 		return Busy
-	case errors.Is(err, ErrL1Full), errors.Is(err, ErrL2Full), errors.Is(err, ErrOverflow),
+	case errors.Is(err, ErrL1Full), errors.Is(err, ErrL2Full), errors.Is(err, ErrOverflow), errors.Is(err, ErrReserveLimit),
 		errors.Is(err, shm.ErrPoolExhausted), errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return ResourceExhausted
 	case errors.Is(err, ErrPinned), errors.Is(err, ErrNotReserved), errors.Is(err, ErrUnderflow),

@@ -43,6 +43,12 @@ type Config struct {
 	// LowWatermark (defaults 0.95 and 0.85).
 	L1Capacity                  uint64
 	HighWatermark, LowWatermark float64
+	// MaxSessionReserved is the most bytes (at block size) one session may
+	// hold reserved and not yet committed or aborted (default a quarter of
+	// L1Capacity). A Reserve past it fails for that key with
+	// ErrReserveLimit: one client's reservations, which cannot be evicted,
+	// never take the pool from the others' values.
+	MaxSessionReserved uint64
 
 	// WritebackRetries is how often a failed L1→L2 writeback is retried
 	// before it becomes a tombstone (default 3; negative means none).
@@ -129,6 +135,9 @@ func (c *Config) setDefaults(poolSize, maxBlock uint64) {
 	}
 	if c.L1Capacity == 0 {
 		c.L1Capacity = poolSize / 4 * 3
+	}
+	if c.MaxSessionReserved == 0 {
+		c.MaxSessionReserved = c.L1Capacity / 4
 	}
 	if c.HighWatermark == 0 {
 		c.HighWatermark = 0.95

@@ -58,6 +58,9 @@ var (
 	// ErrL1Full: the pool has no room the store may take, even after
 	// evicting what it could.
 	ErrL1Full = errors.New("store: L1 full")
+	// ErrReserveLimit: the session holds Config.MaxSessionReserved bytes of
+	// reservations already.
+	ErrReserveLimit = errors.New("store: the session's reservations are at their limit")
 	// ErrL2Full: the second tier has no free slot of the needed size.
 	ErrL2Full = errors.New("store: L2 full")
 	// ErrNoIO: every I/O slot of the second tier is in use.

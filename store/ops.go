@@ -430,12 +430,19 @@ func (ss *Session) Reserve(keys [][]byte, sizes []uint64, locs []Location, codes
 			setError(codes, errs, i, err)
 			continue
 		}
+		bs := s.blockBytes(size)
+		if ss.resvBytes+bs > s.cfg.MaxSessionReserved {
+			setError(codes, errs, i, fmt.Errorf("%w: %d bytes reserved, %d more asked (at most %d per session)",
+				ErrReserveLimit, ss.resvBytes, bs, s.cfg.MaxSessionReserved))
+			continue
+		}
 		r, off, err := s.reserve(k, size, 0)
 		if err != nil {
 			setError(codes, errs, i, err)
 			continue
 		}
-		ss.resv[r] = struct{}{}
+		ss.resv[r] = bs
+		ss.resvBytes += bs
 		locs[i] = Location{Offset: off, Length: size}
 	}
 	return nil
@@ -550,7 +557,7 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 		if !durable {
 			s.publish(sh, r.idx)
 			sh.mu.Unlock()
-			delete(ss.resv, r)
+			ss.unreserve(r)
 			published = true
 			continue
 		}
@@ -627,7 +634,7 @@ func (ss *Session) Abort(keys [][]byte, codes []Code, errs []error) error {
 			// ss.mu is held, so the reservation is still this session's
 			// and still stReserved (only a Commit of this session moves
 			// it on): abortReservation frees it.
-			delete(ss.resv, r)
+			ss.unreserve(r)
 			s.c.aborted.Add(1)
 			if err := s.abortReservation(r); err != nil {
 				setResult(codes, errs, i, Internal, err)

@@ -37,8 +37,10 @@ type Session struct {
 	mu     sync.Mutex
 	closed bool
 	holds  map[ref]hold
-	resv   map[ref]struct{} // keys reserved by Reserve and not yet committed
-	plan   []planStep       // Pin/Unpin's undo log, reused
+	resv   map[ref]uint64 // keys reserved by Reserve and not yet committed: their block bytes
+	// resvBytes is the sum of resv (bounded by Config.MaxSessionReserved).
+	resvBytes uint64
+	plan      []planStep // Pin/Unpin's undo log, reused
 }
 
 // planStep is one key of an all-or-nothing Pin or Unpin: the hold before
@@ -82,7 +84,17 @@ func (ss *Session) Close() error {
 	}
 	clear(ss.holds)
 	clear(ss.resv)
+	ss.resvBytes = 0
 	return errors.Join(errs...)
+}
+
+// unreserve forgets reservation r (committed, aborted or dropped). ss.mu
+// is held.
+func (ss *Session) unreserve(r ref) {
+	if b, ok := ss.resv[r]; ok {
+		ss.resvBytes -= b
+		delete(ss.resv, r)
+	}
 }
 
 // unpinEntry drops n pins from entry r; an entry whose last pin goes back

@@ -224,7 +224,7 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 		s.c.l2Keys.Add(1)
 		s.c.durable.Add(1)
 		if it.commit {
-			delete(ss.resv, it.r)
+			ss.unreserve(it.r)
 		}
 	} else {
 		if it.commit && e.flags&fAbandon == 0 {

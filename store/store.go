@@ -353,7 +353,7 @@ func (s *Store) now() int64 { return int64(s.clock.Now().Sub(s.base)) }
 // client connection. Close it when the client goes; that releases what it
 // holds.
 func (s *Store) NewSession() *Session {
-	return &Session{s: s, id: s.sessions.Add(1), holds: make(map[ref]hold), resv: make(map[ref]struct{})}
+	return &Session{s: s, id: s.sessions.Add(1), holds: make(map[ref]hold), resv: make(map[ref]uint64)}
 }
 
 // counters are the store's event counts.
