@@ -456,14 +456,21 @@ static void queue_calls(tc_conn *c, const char *socket)
 
 /* ---- tc_kv ---------------------------------------------------------------------- */
 
-static void kv_calls(tc_conn *c)
+/* open_kv opens a tc_kv of max_keys keys per call on c. */
+static tc_kv *open_kv(tc_conn *c, uint32_t max_keys)
 {
     tc_kv *kv;
     tc_kv_opts o;
     memset(&o, 0, sizeof o);
-    o.max_keys = 16;
+    o.max_keys = max_keys;
     o.timeout_ms = 10000;
     REQUIRE(tc_kv_open(c, &o, &kv) == TC_OK);
+    return kv;
+}
+
+static void kv_calls(tc_conn *c)
+{
+    tc_kv *kv = open_kv(c, 16);
     keyset s;
     int codes[8];
     uint64_t offs[8], lens[8];
@@ -568,12 +575,7 @@ static void kv_calls(tc_conn *c)
  * and touch no byte around them. */
 static void kv_large_read(tc_conn *c)
 {
-    tc_kv *kv;
-    tc_kv_opts o;
-    memset(&o, 0, sizeof o);
-    o.max_keys = 8;
-    o.timeout_ms = 10000;
-    REQUIRE(tc_kv_open(c, &o, &kv) == TC_OK);
+    tc_kv *kv = open_kv(c, 8);
     enum { N = 6 };
     /* 4 MiB and 97 bytes in all, in blocks of 4 MiB and 8 KiB: within the
      * session's reservations (a quarter of the test daemon's L1). */
