@@ -21,6 +21,7 @@ import (
 	"github.com/tensorcast/tensorcast/directory/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 )
@@ -207,6 +208,37 @@ func runChurn(b *testing.B) {
 		b.Fatalf("observer sees %+v", obs.d.dir.Cache().Stats())
 	}
 	startup := time.Since(startAll)
+	// The process's descriptors, sampled each second: 100 daemons in one
+	// process share its limit, and a daemon that cannot get one fails to
+	// start (its listener, say) for a reason that is not the directory's.
+	var fdPeak atomic.Int64
+	var fdLimit unix.Rlimit
+	_ = unix.Getrlimit(unix.RLIMIT_NOFILE, &fdLimit)
+	fdStop := make(chan struct{})
+	fdDone := make(chan struct{})
+	go func() {
+		defer close(fdDone)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			if ents, err := os.ReadDir("/proc/self/fd"); err == nil && int64(len(ents)) > fdPeak.Load() {
+				fdPeak.Store(int64(len(ents)))
+			}
+			select {
+			case <-fdStop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	defer func() {
+		select {
+		case <-fdStop:
+		default:
+			close(fdStop)
+		}
+		<-fdDone
+	}()
 
 	var cnt benchCounts
 	var outageGone atomic.Int64
@@ -566,6 +598,13 @@ func runChurn(b *testing.B) {
 	}
 	fmt.Fprintf(w, "  etcd down past budget: %d lookups, %d failed closed or went to the peer; false successes: %d\n",
 		cnt.outageLookups.Load(), cnt.outageClosed.Load(), cnt.falseSuccess.Load())
+	close(fdStop)
+	<-fdDone
+	fmt.Fprintf(w, "  descriptors of the process:        peak %d (limit %d)\n", fdPeak.Load(), fdLimit.Cur)
+	if fdLimit.Cur > 0 && uint64(fdPeak.Load()) >= fdLimit.Cur*95/100 {
+		fmt.Fprintf(w, "  (the process neared its descriptor limit: a daemon that failed to start or register in this run may have\n"+
+			"   lacked one; all the daemons share this one process, where each would have its own)\n")
+	}
 	fmt.Fprintf(w, "  churn: %s\n", strings.Join(events, ", "))
 	goneMu.Lock()
 	for _, g := range goneSaid {
