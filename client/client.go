@@ -221,6 +221,7 @@ func (c *Client) mapPool() error {
 	fd := noFD
 	r, err := call[wire.PoolInfoResponse](c, noFD, &fd)
 	if err != nil {
+		closeFD(fd) // a refused answer that came with one anyway
 		return err
 	}
 	if fd < 0 {
@@ -317,6 +318,13 @@ func (c *Client) fail(err error) error {
 
 // noFD is "no file descriptor" for call.
 const noFD = -1
+
+// closeFD closes fd unless it is noFD.
+func closeFD(fd int) {
+	if fd != noFD {
+		unix.Close(fd)
+	}
+}
 
 // call sends c.req (with sendFD when it is not noFD) and returns the
 // answer's body, a *T. With recvFD it also collects one fd passed with the

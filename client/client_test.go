@@ -16,9 +16,11 @@ import (
 	"time"
 
 	flatbuffers "github.com/google/flatbuffers/go"
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -269,6 +271,14 @@ func TestDialErrors(t *testing.T) {
 // which may block until the test lets it answer.
 func fakeDaemon(t *testing.T, answer func(*wire.Request) wire.Response) string {
 	t.Helper()
+	return fakeDaemonFD(t, func(m *wire.Request) (wire.Response, int) { return answer(m), -1 }, nil)
+}
+
+// fakeDaemonFD is fakeDaemon whose answers may carry an fd (passed with
+// SCM_RIGHTS, then closed here, and then a token sent on closed if it is
+// not nil; -1: none).
+func fakeDaemonFD(t *testing.T, answer func(*wire.Request) (wire.Response, int), closed chan<- struct{}) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "tcfake")
 	if err != nil {
 		t.Fatal(err)
@@ -290,7 +300,7 @@ func fakeDaemon(t *testing.T, answer func(*wire.Request) wire.Response) string {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				serveFake(c, answer)
+				serveFake(c, answer, closed)
 			}()
 		}
 	}()
@@ -302,7 +312,7 @@ func fakeDaemon(t *testing.T, answer func(*wire.Request) wire.Response) string {
 	return sock
 }
 
-func serveFake(c net.Conn, answer func(*wire.Request) wire.Response) {
+func serveFake(c net.Conn, answer func(*wire.Request) (wire.Response, int), closed chan<- struct{}) {
 	defer c.Close()
 	b := flatbuffers.NewBuilder(0)
 	var m wire.Request
@@ -319,17 +329,80 @@ func serveFake(c net.Conn, answer func(*wire.Request) wire.Response) {
 			return
 		}
 		var r wire.Response
+		fd := -1
 		if _, hello := m.Body.(*wire.HelloRequest); hello {
 			r = wire.Response{Body: &wire.HelloResponse{DaemonID: []byte("fake")}}
 		} else {
-			r = answer(&m)
+			r, fd = answer(&m)
 		}
 		if r.RequestID == 0 {
 			r.RequestID = m.Ctx.RequestID
 		}
-		if _, err := c.Write(wire.EncodeResponse(b, &r)); err != nil {
+		frame := wire.EncodeResponse(b, &r)
+		var err error
+		if fd >= 0 {
+			_, _, err = c.(*net.UnixConn).WriteMsgUnix(frame, unix.UnixRights(fd), nil)
+			unix.Close(fd)
+			if closed != nil {
+				closed <- struct{}{}
+			}
+		} else {
+			_, err = c.Write(frame)
+		}
+		if err != nil {
 			return
 		}
+	}
+}
+
+// TestRefusedAnswerFDClosed: an error answer that comes with an fd (to
+// OpenQueue, whose answer carries one, and to PoolInfo's) fails the call,
+// and the fd it brought is closed, not kept.
+func TestRefusedAnswerFDClosed(t *testing.T) {
+	closed := make(chan struct{}, 4)
+	sock := fakeDaemonFD(t, func(m *wire.Request) (wire.Response, int) {
+		fd, err := shm.NewMemfd("refused-answer", 4096, true)
+		if err != nil {
+			t.Error(err)
+			return wire.Response{Status: tcproto.CodeINTERNAL}, -1
+		}
+		return wire.Response{Status: tcproto.CodeRESOURCE_EXHAUSTED, Message: []byte("no")}, fd
+	}, closed)
+	held := func() int {
+		t.Helper()
+		<-closed // the fake's own copy
+		fds, err := testutil.HandleFDs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, f := range fds {
+			if strings.Contains(f, "refused-answer") {
+				n++
+			}
+		}
+		return n
+	}
+	// Dial maps the pool: its PoolInfo is refused.
+	if c, err := Dial(sock, Options{Name: "refused", CallTimeout: 5 * time.Second}); !errors.Is(err, ErrResourceExhausted) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("dial whose PoolInfo is refused: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if n := held(); n != 0 {
+		t.Fatalf("%d fds of a refused PoolInfo answer kept", n)
+	}
+	c, err := Dial(sock, Options{Name: "refused", CallTimeout: 5 * time.Second, NoPool: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.OpenQueue(64); !errors.Is(err, ErrResourceExhausted) {
+		t.Fatalf("OpenQueue refused: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if n := held(); n != 0 {
+		t.Fatalf("%d fds of a refused OpenQueue answer kept", n)
 	}
 }
 

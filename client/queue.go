@@ -114,6 +114,7 @@ func (c *Client) OpenQueue(entries int, opts ...QueueOption) (*Queue, error) {
 	}
 	c.mu.Unlock()
 	if err != nil {
+		closeFD(fd) // a refused answer that came with one anyway
 		return nil, err
 	}
 	ring, err := queue.Map(fd, resp.Size)
