@@ -517,3 +517,42 @@ func TestQueueSlotsFreeOnAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestSubmitGroup: the worker gives the stream at most groupBytes of
+// small requests per Submit, so that an inline copy answers in small
+// bursts; large requests in a row go in one Submit, as before.
+func TestSubmitGroup(t *testing.T) {
+	reqs := func(sizes ...uint64) []xfer.StreamRequest {
+		out := make([]xfer.StreamRequest, len(sizes))
+		for i, s := range sizes {
+			out[i].Req.Length = s
+		}
+		return out
+	}
+	many := func(n int, size uint64) []uint64 {
+		s := make([]uint64, n)
+		for i := range s {
+			s[i] = size
+		}
+		return s
+	}
+	for _, c := range []struct {
+		name  string
+		sizes []uint64
+		want  int
+	}{
+		{"16 x 64 KiB", many(16, 64<<10), 4},
+		{"100 x 4 KiB", many(100, 4<<10), 64},
+		{"under the bound", many(3, 4<<10), 3},
+		{"one larger than the bound, then a small one", []uint64{1 << 20, 4 << 10}, 1},
+		{"large ones in a row go together", many(8, 1<<20), 8},
+		{"small ones stop before a large one", []uint64{4 << 10, 4 << 10, 1 << 20}, 2},
+		{"the bound exactly", many(2, 128<<10), 2},
+		{"just past it", []uint64{128 << 10, 128 << 10, 1}, 2},
+		{"zero-length requests", many(5, 0), 5},
+	} {
+		if got := submitGroup(reqs(c.sizes...)); got != c.want {
+			t.Errorf("%s: a group of %d, want %d", c.name, got, c.want)
+		}
+	}
+}
