@@ -122,11 +122,11 @@ func newQueue(c *conn, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	return q, fd, nil
 }
 
-// work takes entries until the ring is closed or broken.
 // testHookPublish, when set by a test, runs on the worker between
 // preparing the entries it took and publishing sq_head.
 var testHookPublish atomic.Pointer[func()]
 
+// work takes entries until the ring is closed or broken.
 func (q *cqueue) work() {
 	defer close(q.done)
 	for {
@@ -155,10 +155,6 @@ func (q *cqueue) work() {
 		}
 		q.answers = q.answers[:0]
 		if q.store != nil {
-			if q.store.deferred > 0 {
-				q.store.answered(q.store.deferred)
-				q.store.deferred = 0
-			}
 			q.store.published()
 		}
 		if !q.submit() {

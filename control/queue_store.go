@@ -34,11 +34,9 @@ type qstore struct {
 	// Owned by the worker: the copied key list and its keys.
 	keyBuf []byte
 	keys   [][]byte
-	// deferred counts calls answered in q.answers, not posted yet.
-	deferred int32
-	// held lists the pending calls of the entries being prepared: the
-	// worker keeps its share of each (storeCall.left) until it has
-	// published sq_head (published).
+	// held lists the calls of the entries being prepared: the worker
+	// keeps its share of each (storeCall.left) until it has published
+	// sq_head (published).
 	held []*storeCall
 
 	// calls has one slot per completion-ring entry (what is in flight is
@@ -74,9 +72,9 @@ type storeCall struct {
 	res   []byte       // the results region, in the client's buffer
 	buf   xfer.Segment // that buffer, held until the results are written
 	err   error        // the call's own error
-	// left is 2 while a pending call has neither been published by the
-	// worker (sq_head past its entry) nor completed: whichever of the two
-	// comes last ends it.
+	// left is 2 while a call has neither been published by the worker
+	// (sq_head past its entry) nor completed: whichever of the two comes
+	// last ends it. A call that did not go pending has completed already.
 	left atomic.Int32
 }
 
@@ -198,19 +196,17 @@ func (qs *qstore) start(e *queue.SQE) Code {
 	}
 	c.err = err
 	if !pending {
-		qs.q.answers = append(qs.q.answers, qs.end(c))
-		qs.deferred++ // answered by work once posted
-		return tcproto.CodeOK
+		c.left.Add(-1) // no completion will come
 	}
-	// A pending call may complete before the worker publishes sq_head: it
-	// is answered no sooner than that (published), like a synchronous one.
+	// Answered no sooner than the worker publishes sq_head (published),
+	// even when it has completed already.
 	qs.held = append(qs.held, c)
 	return tcproto.CodeOK
 }
 
-// published drops the worker's share of the pending calls it started,
-// once sq_head is published past their entries; a call that completed
-// meanwhile is answered now.
+// published drops the worker's share of the calls it started, once
+// sq_head is published past their entries; a call that has completed is
+// answered now.
 func (qs *qstore) published() {
 	for i, c := range qs.held {
 		qs.held[i] = nil
@@ -288,9 +284,8 @@ var testHookStoreDone atomic.Pointer[func()]
 // and returns its CQE. No call is answered before the worker publishes
 // sq_head past its entry: a client that reaped the answer first would find
 // the entry's slot and key bytes still taken, and could wait for a
-// completion with nothing in flight. A call that ends on the worker is
-// posted from q.answers after Publish; a pending one by whichever of
-// published and StoreDone comes last.
+// completion with nothing in flight. Whichever of published and StoreDone
+// comes last posts it.
 func (qs *qstore) end(c *storeCall) queue.CQE {
 	code := tcproto.CodeOK
 	switch {

@@ -161,6 +161,22 @@ type entryState struct {
 	goneAt    time.Time // when the read found nothing
 }
 
+// state is e's entryState; nil without an entry.
+func (e *memberEntry) state() *entryState {
+	if e == nil {
+		return nil
+	}
+	return &e.entryState
+}
+
+// state is e's entryState; nil without an entry.
+func (e *exportEntry) state() *entryState {
+	if e == nil {
+		return nil
+	}
+	return &e.entryState
+}
+
 type memberEntry struct {
 	entryState
 	m            Member
@@ -298,37 +314,28 @@ func (c *Cache) Apply(ev Event) {
 	}
 }
 
-// readOutdatedLocked reports whether a fallback read that saw store
-// revision at, and found the record of revision rec (found), is older
-// than what the cache knows of its key: the key's entry has revision
-// curRev and was written by a read that saw curAt (both 0 without an
-// entry, curAt 0 for the feed's entries).
-//
-// The read ran without the lock, so the feed may have passed it. A delete,
-// or a listing without the key, leaves no entry behind; the cache's rev
-// (every key as of rev) is what says the key is gone since. Comparing the
-// read's own revision with the feed's, rather than keeping tombstones of
-// deletes for as long as a read may take, is exact whatever made the read
-// late (a slow store, a Load meanwhile) and adds nothing to bound or
-// sweep. A record older than the entry's is outdated too, whatever at
-// says.
-func (c *Cache) readOutdatedLocked(at, rec int64, found bool, curAt, curRev int64) bool {
-	return at < c.rev || at < curAt || (found && rec < curRev)
-}
-
 // writeBackLocked says whether a store read (of the store at revision at,
 // finding a record of revision rec or none) is written over cur, the
-// entry the cache holds (nil: none; full: no room for another). A read the
-// cache knows to be outdated is not; finding the very record the cache
-// holds still proves that record current now, and a suspect one right
-// (until a peer says otherwise again), or it would fall back forever.
+// entry the cache holds (nil: none; full: no room for another).
+//
+// The read ran without the lock, so the feed may have passed it: it is
+// outdated if the feed has delivered a later revision (the cache's rev:
+// every key as of rev, so a delete or a listing without the key, which
+// leave no entry behind, are remembered by it), if a later read wrote the
+// entry (its at), or if it found a record older than the entry's.
+// Comparing revisions, rather than keeping tombstones of deletes for as
+// long as a read may take, is exact whatever made the read late and adds
+// nothing to bound or sweep. An outdated read is not written back; but
+// finding the very record the cache holds still proves that record
+// current now, and a suspect one right (until a peer says otherwise
+// again), or it would fall back forever.
 func (c *Cache) writeBackLocked(cur *entryState, at, rec int64, found, full bool, now time.Time) bool {
 	var curAt, curRev int64
 	if cur != nil {
 		curAt, curRev = cur.at, cur.rev
 	}
 	switch {
-	case c.readOutdatedLocked(at, rec, found, curAt, curRev):
+	case at < c.rev || at < curAt || found && rec < curRev:
 		if cur != nil && found && !cur.gone && cur.rev == rec {
 			cur.confirmed, cur.suspect = now, false
 		}
@@ -433,7 +440,7 @@ func fmtAge(d time.Duration) string {
 // at the peer (ErrUnavailable when there is none), hybrid-cache-first does
 // the latter when it has an entry and the former otherwise. What a store
 // read found is written back unless the feed delivered a newer revision
-// while it was in flight (readOutdatedLocked).
+// while it was in flight (writeBackLocked).
 func (c *Cache) ResolveMember(ctx context.Context, lane Lane, id string) (MemberView, error) {
 	c.st.lookups.Add(1)
 	e, ok, age := c.member(id, c.now())
@@ -471,12 +478,8 @@ func (c *Cache) ResolveMember(ctx context.Context, lane Lane, id string) (Member
 	now := c.now()
 	c.mu.Lock()
 	cur := c.members[id]
-	var cs *entryState
-	if cur != nil {
-		cs = &cur.entryState
-	}
 	switch {
-	case !c.writeBackLocked(cs, at, r.Rev, r.Found, len(c.members) >= MaxMembers, now):
+	case !c.writeBackLocked(cur.state(), at, r.Rev, r.Found, len(c.members) >= MaxMembers, now):
 	case r.Found:
 		ne := &memberEntry{m: r.Member, lease: r.Lease, entryState: entryState{rev: r.Rev, at: at, confirmed: now}}
 		if cur != nil {
@@ -534,12 +537,8 @@ func (c *Cache) ResolveExport(ctx context.Context, lane Lane, owner, name string
 	now := c.now()
 	c.mu.Lock()
 	cur := c.exports[k]
-	var cs *entryState
-	if cur != nil {
-		cs = &cur.entryState
-	}
 	switch {
-	case !c.writeBackLocked(cs, at, r.Rev, r.Found, len(c.exports) >= MaxExports, now):
+	case !c.writeBackLocked(cur.state(), at, r.Rev, r.Found, len(c.exports) >= MaxExports, now):
 	case r.Found:
 		c.exports[k] = &exportEntry{e: r.Export, entryState: entryState{rev: r.Rev, at: at, confirmed: now}}
 	default:
