@@ -119,6 +119,13 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 		if err := writePieces(c2, cut[:len(cut)/2], 65536); err != nil {
 			t.Fatal(err)
 		}
+		// The node holds the segment while the payload is due; only once it
+		// does is a zero count below the release rather than the state from
+		// before the frame (and only then are the writes below ordered
+		// after this connection's).
+		if !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 1 }) {
+			t.Fatalf("segment refs %d while a payload is due", seg.refs.Load())
+		}
 		c2.Close()
 		if !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 0 }) {
 			t.Fatalf("segment refs %d after a payload cut short", seg.refs.Load())
