@@ -10,9 +10,10 @@
 //     (Plane.Code) and what the directory lists about this daemon
 //     (Plane.Member);
 //   - the RDMA plane, when a device is usable (rdma.go): one link per peer,
-//     a composite transport (rdmaLink) that sends what RDMA cannot carry to
-//     tcp; the worker goroutine that brings links up and retires them,
-//     and resolves remote segments; the pools' local registrations (made
+//     a composite transport (rdmaLink, rdma_link.go) that sends what RDMA
+//     cannot carry to tcp; the worker goroutine that brings links up and
+//     retires them, and resolves remote segments (rdma_lifecycle.go); the
+//     pools' local registrations (made
 //     once at start-up), the client buffers' (off the submit path, in a
 //     registration queue: rdma_regs.go, rdma_locals.go), and one per
 //     export a peer resolved, with the export's rights as its remote
