@@ -96,6 +96,11 @@ type Config struct {
 	// kernel has the hooks, else say which is missing and run without),
 	// on (fail start-up without them) or off.
 	EBPF string `toml:"ebpf"`
+	// EBPFUringSample is how many io_uring requests there are, on
+	// average, for each one the uring view times (1 times all). Timing a
+	// request costs the kernel a map update and delete; the others cost
+	// one read and one test.
+	EBPFUringSample int `toml:"ebpf_uring_sample"`
 	// DirectoryConfig is where daemons find each other (config_directory.go).
 	DirectoryConfig
 	// AccessConfig is tenants, per-uid limits and the control socket's
@@ -132,8 +137,9 @@ func Defaults() Config {
 		RDMA:          "auto",
 		// MetricsAddress: loopback, so nothing is exposed off the host
 		// until the operator says so.
-		MetricsAddress: "127.0.0.1:9464",
-		EBPF:           "auto",
+		MetricsAddress:  "127.0.0.1:9464",
+		EBPF:            "auto",
+		EBPFUringSample: 16,
 
 		DirectoryConfig: directoryDefaults(),
 		AccessConfig:    accessDefaults(),
@@ -351,6 +357,11 @@ func settings() []setting {
 		}},
 		{"metrics_address", "TENSORCAST_METRICS_ADDRESS", `Prometheus endpoint host:port, or "off"`, str(func(c *Config) *string { return &c.MetricsAddress })},
 		{"ebpf", "TENSORCAST_EBPF", "kernel-side eBPF views: auto, on, off", str(func(c *Config) *string { return &c.EBPF })},
+		{"ebpf_uring_sample", "TENSORCAST_EBPF_URING_SAMPLE", "the io_uring view times one request in N (1: all)", func(c *Config, s string) error {
+			n, err := strconv.Atoi(s)
+			c.EBPFUringSample = n
+			return err
+		}},
 		{"peers", "TENSORCAST_PEERS", "peers as id=host:port (id= for one that dials in), comma-separated (flag: repeatable --peer)", func(c *Config, s string) error {
 			c.Peers = c.Peers[:0]
 			for _, e := range strings.Split(s, ",") {

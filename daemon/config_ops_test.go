@@ -33,6 +33,8 @@ func TestOpsKeys(t *testing.T) {
 		{[]string{"--metrics-address", "9464"}, []string{"metrics_address", `"9464"`, "host:port"}},
 		{[]string{"--metrics-address", "localhost:99999"}, []string{"metrics_address", "localhost:99999"}},
 		{[]string{"--ebpf", "maybe"}, []string{"ebpf", "maybe", "auto, on or off"}},
+		{[]string{"--ebpf-uring-sample", "0"}, []string{"ebpf_uring_sample", "1..65536"}},
+		{[]string{"--ebpf-uring-sample", "70000"}, []string{"ebpf_uring_sample", "70000"}},
 	} {
 		_, err := Load(tc.args, env(nil))
 		if err == nil || !errors.Is(err, ErrConfig) {

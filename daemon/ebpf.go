@@ -9,6 +9,7 @@ import (
 	"github.com/tensorcast/tensorcast/ktrace"
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
@@ -31,7 +32,7 @@ func (d *Daemon) openKernelViews() error {
 	if len(want) == 0 {
 		return nil
 	}
-	v, errs := ktrace.Open(want)
+	v, errs := ktrace.Open(want, ktrace.Options{UringFlag: uring.TracedUserData})
 	d.kviews = v
 	if len(errs) == 0 {
 		d.log.Info("ebpf views loaded", "views", want)
@@ -120,7 +121,7 @@ func (d *Daemon) collectKernel(e *metrics.Emit) {
 		return
 	}
 	for _, r := range d.kviews.Rings() {
-		e.LatencyHistogram("tensorcast_kernel_uring_latency_seconds", "io_uring submit to completion as the kernel saw it, per ring of this process.",
+		e.LatencyHistogram("tensorcast_kernel_uring_latency_seconds", "io_uring submit to completion as the kernel saw it, per ring of this process: a sample, about one request in ebpf_uring_sample (tensorcast_uring_ring_traced_sqes_total counts them).",
 			&r.Latency, metrics.L("ring", strconv.Itoa(r.ID)))
 	}
 	for _, r := range d.peerRetransmits() {

@@ -20,19 +20,29 @@ import (
 
 // TestKernelViews runs a daemon with ebpf = on, moves blocks between the
 // pool and a file through io_uring, and checks that the kernel-side
-// histogram counted the SQEs the ring says it submitted, and that the
-// views show in the scrape and in tcctl stats.
+// histogram counted exactly the SQEs the ring picked for it: every data
+// SQE with ebpf_uring_sample = 1, and never the poller's own wake-up
+// reads; and that the views show in the scrape and in tcctl stats.
 func TestKernelViews(t *testing.T) {
+	t.Run("every request", func(t *testing.T) { kernelViews(t, 1, 12) })
+	t.Run("one in 16", func(t *testing.T) { kernelViews(t, 16, 480) })
+}
+
+// kernelViews moves n 64 KiB blocks between the pool and a file, in
+// Transfers of 4, alternating writes and reads, with ebpf_uring_sample =
+// every.
+func kernelViews(t *testing.T, every, n int) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CAP_BPF and CAP_PERFMON) to load the eBPF views")
 	}
-	if v, errs := ktrace.Open([]ktrace.View{ktrace.ViewUring}); v == nil {
+	if v, errs := ktrace.Open([]ktrace.View{ktrace.ViewUring}, ktrace.Options{}); v == nil {
 		t.Skipf("eBPF io_uring view unavailable here: %v", errs[ktrace.ViewUring])
 	} else {
 		v.Close()
 	}
 	cfg := testConfig(t.TempDir())
 	cfg.EBPF = "on"
+	cfg.EBPFUringSample = every
 	cfg.StoreL2Path = "off" // the store's own L2 I/O would add to the ring's count
 	var logBuf lockedBuffer
 	d, err := New(cfg, slog.New(slog.NewTextHandler(&logBuf, nil)), env(nil))
@@ -66,7 +76,11 @@ func TestKernelViews(t *testing.T) {
 		reqs[i] = xfer.Request{Op: xfer.OpRead, Local: pool.Segment, LocalOffset: offs[i], Target: fileID, TargetOffset: uint64(i * blk), Length: blk}
 	}
 	res := make([]error, len(reqs))
-	for _, op := range []xfer.Op{xfer.OpWrite, xfer.OpRead, xfer.OpWrite} {
+	for k := range n / len(reqs) {
+		op := xfer.OpWrite
+		if k%2 == 1 {
+			op = xfer.OpRead
+		}
 		for i := range reqs {
 			reqs[i].Op = op
 		}
@@ -77,14 +91,19 @@ func TestKernelViews(t *testing.T) {
 	exp := scrapeMetrics(t, d.MetricsAddr())
 	sqes := sumSeries(t, exp, `tensorcast_uring_ring_sqes_total{ring="`)
 	kernel := sumSeries(t, exp, `tensorcast_kernel_uring_latency_seconds_count{ring="`)
-	wakeups := sumSeries(t, exp, `tensorcast_uring_ring_wakeups_total{ring="`)
-	// Besides the data SQEs the poller keeps a read of its wake-up eventfd
-	// armed in the ring; each such read completes only after a wake-up
-	// write, so the kernel counts every data SQE plus at most one
-	// completion per wake-up. (ktrace's own test counts NOPs exactly.)
-	if sqes != 12 || kernel < sqes || kernel > sqes+wakeups {
-		t.Fatalf("kernel counted %v completions; the ring submitted %v SQEs for 12 requests and had %v wake-ups:\n%s",
-			kernel, sqes, wakeups, exp)
+	traced := sumSeries(t, exp, `tensorcast_uring_ring_traced_sqes_total{ring="`)
+	// The poller's wake-up eventfd reads are SQEs too, never picked: the
+	// kernel counts exactly the picked data SQEs.
+	want := float64(n)
+	if every > 1 {
+		want = traced
+		if traced < float64(n/every/3) || traced > float64(3*n/every) {
+			t.Fatalf("%v of %d SQEs picked at one in %d", traced, n, every)
+		}
+	}
+	if sqes != float64(n) || traced != want || kernel != traced {
+		t.Fatalf("kernel counted %v completions; the ring submitted %v SQEs for %d requests and picked %v:\n%s",
+			kernel, sqes, n, traced, exp)
 	}
 	if v := sample(t, exp, `tensorcast_ebpf_view_loaded{view="uring"}`); v != 1 {
 		t.Fatalf("uring view loaded = %v", v)

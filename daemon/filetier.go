@@ -39,6 +39,9 @@ type tenantFiles struct {
 // io_uring cannot start, the daemon runs without file segments and says so.
 func newFileTier(cfg Config, pools []xfer.MemSegment, log *slog.Logger) *fileTier {
 	ucfg := uring.Config{AllowedDirs: []string{cfg.DataDir}}
+	if cfg.EBPF != "off" {
+		ucfg.TraceEvery = cfg.EBPFUringSample
+	}
 	for _, p := range cfg.AllowedFiles {
 		if st, err := os.Stat(p); err == nil && st.Mode()&os.ModeDevice != 0 {
 			ucfg.AllowedDevices = append(ucfg.AllowedDevices, p)
@@ -169,6 +172,7 @@ func (f *fileTier) counters(dst []wire.Counter) []wire.Counter {
 			wire.Counter{Name: p + "failed", Value: r.Failed},
 			wire.Counter{Name: p + "resubmits", Value: r.Resubmits},
 			wire.Counter{Name: p + "fixed", Value: r.Fixed},
+			wire.Counter{Name: p + "traced", Value: r.Traced},
 			wire.Counter{Name: p + "enters", Value: r.Enters},
 			wire.Counter{Name: p + "wakeups", Value: r.Wakeups},
 		)

@@ -170,6 +170,7 @@ func (d *Daemon) collectRings(e *metrics.Emit) {
 		e.Counter("tensorcast_uring_ring_enters_total", "io_uring_enter calls.", float64(r.Enters), l)
 		e.Counter("tensorcast_uring_ring_wakeups_total", "Wake-ups of a sleeping poller.", float64(r.Wakeups), l)
 		e.Counter("tensorcast_uring_ring_fixed_sqes_total", "SQEs that used a registered buffer.", float64(r.Fixed), l)
+		e.Counter("tensorcast_uring_ring_traced_sqes_total", "SQEs picked for the kernel-side latency view (ebpf_uring_sample).", float64(r.Traced), l)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"os"
 	"slices"
@@ -51,13 +52,16 @@ type tcpView struct {
 // Open loads the views in want. It returns the views it could load, and
 // for each one it could not, an error in errs (matching ErrNoCapability or
 // ErrNoHook, naming what is missing). v is nil only when none loaded.
-func Open(want []View) (v *Views, errs map[View]error) {
+func Open(want []View, opts Options) (v *Views, errs map[View]error) {
 	errs = map[View]error{}
 	fail := func(err error) (*Views, map[View]error) {
 		for _, w := range want {
 			errs[w] = err
 		}
 		return nil, errs
+	}
+	if bits.OnesCount64(opts.UringFlag) > 1 {
+		return fail(fmt.Errorf("ktrace: Options.UringFlag %#x is more than one bit", opts.UringFlag))
 	}
 	if err := checkCapabilities(); err != nil {
 		return fail(err)
@@ -70,7 +74,7 @@ func Open(want []View) (v *Views, errs map[View]error) {
 	for _, w := range want {
 		switch w {
 		case ViewUring:
-			v.uring, err = openUring(k)
+			v.uring, err = openUring(k, opts.UringFlag)
 		case ViewTCP:
 			v.tcp, err = openTCP(k)
 		default:
@@ -168,7 +172,7 @@ func ownPidNS() (pidNS, error) {
 	return pidNS{dev: st.Dev, ino: st.Ino, tgid: uint32(os.Getpid())}, nil
 }
 
-func openUring(k *kernelTypes) (_ *uringView, err error) {
+func openUring(k *kernelTypes, flag uint64) (_ *uringView, err error) {
 	for _, tp := range []string{"io_uring_submit_req", "io_uring_complete"} {
 		if err := k.hasTracepoint(tp); err != nil {
 			return nil, err
@@ -215,8 +219,8 @@ func openUring(k *kernelTypes) (_ *uringView, err error) {
 		tp, name string
 		ins      asm.Instructions
 	}{
-		{"io_uring_complete", "tc_uring_done", uringComplete(o, u.start, u.hist)},
-		{"io_uring_submit_req", "tc_uring_submit", uringSubmit(o, ns, u.start)},
+		{"io_uring_complete", "tc_uring_done", uringComplete(o, flag, u.start, u.hist)},
+		{"io_uring_submit_req", "tc_uring_submit", uringSubmit(o, ns, flag, u.start)},
 	} {
 		prog, err := newProgram(p.name, p.ins)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -13,12 +14,16 @@ import (
 )
 
 // openOrSkip loads view w or skips the test naming what is missing.
-func openOrSkip(t *testing.T, w View) *Views {
+func openOrSkip(t *testing.T, w View, opts ...Options) *Views {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CAP_BPF and CAP_PERFMON) to load eBPF programs")
 	}
-	v, errs := Open([]View{w})
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	v, errs := Open([]View{w}, o)
 	if err := errs[w]; err != nil {
 		if errors.Is(err, ErrNoCapability) || errors.Is(err, ErrNoHook) {
 			t.Skipf("eBPF view %s unavailable: %v", w, err)
@@ -68,6 +73,27 @@ func TestUringLatencyCounts(t *testing.T) {
 	// unbounded bucket.
 	if rs[0].Latency.Counts[loghist.Buckets-1] != 0 {
 		t.Errorf("NOP latencies past %v ns: %v", loghist.Bound(loghist.Buckets-2), rs[0].Latency.Counts)
+	}
+}
+
+// TestUringFlagTimesOnlyFlagged: with Options.UringFlag the view counts
+// exactly the requests whose user_data carries the bit.
+func TestUringFlagTimesOnlyFlagged(t *testing.T) {
+	const flag = 1 << 60
+	v := openOrSkip(t, ViewUring, Options{UringFlag: flag})
+	r := newNopRing(t, 32)
+	r.nops(t, 20, 0)
+	r.nops(t, 12, flag)
+	r.nops(t, 7, 100)
+	if rs := v.Rings(); len(rs) != 1 || rs[0].Latency.Count() != 12 {
+		t.Fatalf("after 12 flagged NOPs among 39: %+v", rs)
+	}
+}
+
+func TestOpenRefusesAFlagOfTwoBits(t *testing.T) {
+	v, errs := Open([]View{ViewUring}, Options{UringFlag: 3})
+	if v != nil || errs[ViewUring] == nil || !strings.Contains(errs[ViewUring].Error(), "more than one bit") {
+		t.Fatalf("Open with a two-bit flag: %v, %v", v, errs)
 	}
 }
 

@@ -6,7 +6,7 @@ package ktrace
 type Views struct{}
 
 // Open reports every view as unsupported on this OS.
-func Open(want []View) (*Views, map[View]error) {
+func Open(want []View, _ Options) (*Views, map[View]error) {
 	errs := map[View]error{}
 	for _, w := range want {
 		errs[w] = ErrNotSupported

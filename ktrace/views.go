@@ -15,6 +15,15 @@ const (
 	ViewTCP   View = "tcp"   // TCP retransmits per connection
 )
 
+// Options tune the views.
+type Options struct {
+	// UringFlag, when not 0, is a single bit of an io_uring request's
+	// user_data: the uring view then times only the requests that carry
+	// it (see uring.Config.TraceEvery), and the others cost the programs
+	// one read and one test. 0 times every request of this process.
+	UringFlag uint64
+}
+
 // Ring is one io_uring ring of this process as the kernel saw it.
 type Ring struct {
 	// ID numbers the rings in the order this package first saw them

@@ -69,10 +69,10 @@ func (r *ring) complete(c *CQE, draining bool) {
 		return
 	case c.UserData == udCancel:
 		return
-	case c.UserData >= uint64(len(r.slots)):
+	case c.UserData&^TracedUserData >= uint64(len(r.slots)):
 		return
 	}
-	idx := int32(c.UserData)
+	idx := int32(c.UserData &^ TracedUserData)
 	s := &r.slots[idx]
 	if !s.inKernel {
 		if invariants {

@@ -77,6 +77,11 @@ type Config struct {
 	// NoFixedBuffers / NoFixedFiles turn registration off (plain READ and
 	// WRITE with the file's own descriptor).
 	NoFixedBuffers, NoFixedFiles bool
+	// TraceEvery picks about one data SQE in TraceEvery, at random gaps
+	// (so that no periodic pattern of requests is always or never picked),
+	// to carry TracedUserData for the kernel-side latency view. 1 picks
+	// every SQE; 0, the default, none.
+	TraceEvery int
 
 	// hooks are test-only fault injection points; nil in production.
 	hooks *testHooks
@@ -132,6 +137,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: SubmitWait=%v", ErrConfig, c.SubmitWait)
 	case c.MaxFixedBuffers < 0 || c.MaxFixedBuffers > 16384:
 		return fmt.Errorf("%w: MaxFixedBuffers=%d (want 0..16384)", ErrConfig, c.MaxFixedBuffers)
+	case c.TraceEvery < 0 || c.TraceEvery > 1<<16:
+		return fmt.Errorf("%w: TraceEvery=%d (want 0..65536)", ErrConfig, c.TraceEvery)
 	case c.MaxFixedFiles < 0 || c.MaxFixedFiles > 65536:
 		return fmt.Errorf("%w: MaxFixedFiles=%d (want 0..65536)", ErrConfig, c.MaxFixedFiles)
 	case c.DeferTaskrun == On && c.SingleIssuer == Off:
@@ -184,4 +191,5 @@ type RingStats struct {
 	Enters    uint64 // io_uring_enter calls
 	Wakeups   uint64 // eventfd wake-ups of a sleeping poller
 	Fixed     uint64 // SQEs that used a registered buffer
+	Traced    uint64 // SQEs that carried TracedUserData (Config.TraceEvery)
 }

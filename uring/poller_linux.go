@@ -9,6 +9,7 @@ package uring
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"sync"
@@ -35,7 +36,8 @@ type slot struct {
 	fixedFile bool
 	op        uint8
 	retries   uint8
-	inKernel  bool // an SQE for it is in the kernel
+	inKernel  bool   // an SQE for it is in the kernel
+	ud        uint64 // that SQE's user_data (what a cancel names)
 
 	canceled atomic.Bool // set by Cancel; read by the poller
 	// guarded by ring.mu:
@@ -115,7 +117,12 @@ type ring struct {
 	closeErr  error
 	warnedErr bool
 
-	nSubmitted, nCompleted, nFailed, nResubmits, nEnters, nWakeups, nFixed atomic.Uint64
+	// traceIn counts down the data SQEs until the next one to carry
+	// TracedUserData; rng draws the gaps (poller-only).
+	traceIn uint32
+	rng     uint64
+
+	nSubmitted, nCompleted, nFailed, nResubmits, nEnters, nWakeups, nFixed, nTraced atomic.Uint64
 }
 
 func newRing(t *Transport, id int, flags uint32) *ring {
@@ -131,7 +138,35 @@ func newRing(t *Transport, id int, flags uint32) *ring {
 	for i := n - 1; i >= 0; i-- {
 		r.free = append(r.free, int32(i))
 	}
+	r.rng = rand.Uint64() | 1
+	r.traceIn = r.traceGap()
 	return r
+}
+
+// traceGap draws how many data SQEs from this one the next traced one is:
+// uniform in 1..2*TraceEvery-1, TraceEvery on average; 0 when none is.
+func (r *ring) traceGap() uint32 {
+	every := uint64(r.t.cfg.TraceEvery)
+	if every <= 1 {
+		return uint32(every)
+	}
+	r.rng ^= r.rng << 13 // xorshift64
+	r.rng ^= r.rng >> 7
+	r.rng ^= r.rng << 17
+	return uint32(1 + r.rng%(2*every-1))
+}
+
+// userData is the user_data of slot idx's next SQE.
+func (r *ring) userData(idx int32) uint64 {
+	if r.traceIn == 0 {
+		return uint64(idx)
+	}
+	if r.traceIn--; r.traceIn > 0 {
+		return uint64(idx)
+	}
+	r.traceIn = r.traceGap()
+	r.nTraced.Add(1)
+	return uint64(idx) | TracedUserData
 }
 
 // run is the poller. It locks itself to its OS thread for its whole life:
@@ -350,7 +385,7 @@ func (r *ring) loop() {
 				}
 				e.opcode = opAsyncCancel
 				e.fd = -1
-				e.addr = uint64(idx)
+				e.addr = r.slots[idx].ud
 				e.userData = udCancel
 			}
 		}

@@ -219,7 +219,8 @@ func (r *ring) prepIO(idx int32) bool {
 		}
 	}
 	e.len = uint32(n)
-	e.userData = uint64(idx)
+	e.userData = r.userData(idx)
+	s.ud = e.userData
 	s.inKernel = true
 	r.inKernel++
 	r.nSubmitted.Add(1)

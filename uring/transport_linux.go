@@ -32,6 +32,12 @@ const (
 	udCancel = 1 << 61
 )
 
+// TracedUserData is the bit a data SQE's user_data carries when the ring
+// picked it for the kernel-side latency view (Config.TraceEvery; package
+// ktrace times only the requests that carry it). The rest of user_data is
+// the slot index; the wake-up and cancel SQEs never carry it.
+const TracedUserData = 1 << 60
+
 // Transport is the io_uring xfer.Transport. Create it with New; it is safe
 // for concurrent use.
 type Transport struct {
@@ -252,7 +258,7 @@ func (t *Transport) Stats() []RingStats {
 			Entries: uint32(len(r.slots)), InFlight: inflight,
 			Submitted: r.nSubmitted.Load(), Completed: r.nCompleted.Load(), Failed: r.nFailed.Load(),
 			Resubmits: r.nResubmits.Load(), Enters: r.nEnters.Load(), Wakeups: r.nWakeups.Load(),
-			Fixed: r.nFixed.Load(),
+			Fixed: r.nFixed.Load(), Traced: r.nTraced.Load(),
 		}
 	}
 	return out
