@@ -65,10 +65,10 @@ func fdinfoField(info []byte, key string) string {
 	return ""
 }
 
-// TestCancelInKernel: Cancel of a request parked in the kernel ends it with
-// ErrCanceled through IORING_OP_ASYNC_CANCEL.
-func TestCancelInKernel(t *testing.T) {
-	tr := newTransport(t, Config{})
+// parkedRead submits a 4 KiB read of an empty pipe and waits until the
+// kernel has taken it: it stays there until canceled.
+func parkedRead(t *testing.T, tr *Transport) (*recorder, *xfer.Task) {
+	t.Helper()
 	f := pipeFile(t, tr)
 	pool := newMemSeg(t, 2, 1<<20)
 	rec := newRecorder()
@@ -77,13 +77,28 @@ func TestCancelInKernel(t *testing.T) {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
 	waitInKernel(t, tr, 1)
-	if rec.doneCnt.Load() != 0 {
-		t.Fatal("read of an empty pipe completed")
-	}
-	tr.Cancel(task)
-	rec.waitDone(t, 1, 5*time.Second)
-	if calls, n, err := rec.result(task); calls != 1 || n != 0 || !errors.Is(err, xfer.ErrCanceled) {
-		t.Fatalf("calls=%d n=%d err=%v", calls, n, err)
+	return rec, task
+}
+
+// TestCancelInKernel: Cancel of a request parked in the kernel ends it with
+// ErrCanceled through IORING_OP_ASYNC_CANCEL. A cancel names the SQE by its
+// user_data, so a request picked for the kernel-side latency view (its
+// user_data carries TracedUserData) is canceled too.
+func TestCancelInKernel(t *testing.T) {
+	for _, every := range []int{0, 1} {
+		tr := newTransport(t, Config{TraceEvery: every})
+		rec, task := parkedRead(t, tr)
+		if rec.doneCnt.Load() != 0 {
+			t.Fatal("read of an empty pipe completed")
+		}
+		if st := tr.Stats()[0]; st.Traced != uint64(every) {
+			t.Fatalf("TraceEvery %d: %d SQEs traced", every, st.Traced)
+		}
+		tr.Cancel(task)
+		rec.waitDone(t, 1, 5*time.Second)
+		if calls, n, err := rec.result(task); calls != 1 || n != 0 || !errors.Is(err, xfer.ErrCanceled) {
+			t.Fatalf("TraceEvery %d: calls=%d n=%d err=%v", every, calls, n, err)
+		}
 	}
 }
 
@@ -127,14 +142,7 @@ func TestCloseDrainTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := pipeFile(t, tr)
-	pool := newMemSeg(t, 2, 1<<20)
-	rec := newRecorder()
-	task := newTask(rec, xfer.OpRead, pool, 0, f, 0, 4096)
-	if n, err := tr.Submit([]*xfer.Task{task}); n != 1 {
-		t.Fatalf("Submit = %d, %v", n, err)
-	}
-	waitInKernel(t, tr, 1)
+	rec, task := parkedRead(t, tr)
 	start := time.Now()
 	if err := tr.Close(); err != nil {
 		t.Fatal(err)
