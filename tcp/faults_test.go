@@ -478,18 +478,16 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 		off := uint64(i%32) * (2 << 20)
 		tasks = append(tasks, mkTask(col, xfer.OpWrite, local, off, r, off, 2<<20))
 	}
+	// The first write b serves stalls the event loop serving it for
+	// 300 ms, so the requests on that loop's connections wait there
+	// however fast the rest goes. Then the connection with the oldest
+	// unanswered request is reset: a's socket closes with SO_LINGER 0, so
+	// a loses what it had in flight there and b sees a reset.
+	b.exp.stall.Store(int64(300 * time.Millisecond))
+	reset := make(chan bool, 1)
 	go func() {
-		// Stall one of b's event loops, then reset the connection on
-		// which a has the most bytes in flight: a's socket closes with
-		// SO_LINGER 0, so a loses what it had in flight there and b sees a
-		// reset.
-		pa, pb := a.peer("b", false), b.peer("a", false)
-		for pb.bytesIn.Load() < 4<<20 {
-			time.Sleep(time.Millisecond)
-		}
-		b.exp.stall.Store(int64(300 * time.Millisecond))
-		time.Sleep(20 * time.Millisecond)
-		for {
+		pa := a.peer("b", false)
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 			time.Sleep(time.Millisecond)
 			// The connection with the oldest unanswered request is one
 			// the stalled loop serves.
@@ -507,13 +505,19 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 				_ = best.g.SetLinger(0)
 				_ = best.g.Close()
 				pa.mu.Unlock()
+				reset <- true
 				return
 			}
 			pa.mu.Unlock()
 		}
+		reset <- false
 	}()
 	var failed int
-	for _, d := range submitWait(t, a.Node, col, tasks, 20*time.Second) {
+	done := submitWait(t, a.Node, col, tasks, 20*time.Second)
+	if !<-reset {
+		t.Fatal("no request waited on the stalled event loop")
+	}
+	for _, d := range done {
 		if d.err != nil {
 			failed++
 			if !errors.Is(d.err, ErrConnLost) {
