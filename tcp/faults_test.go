@@ -406,8 +406,12 @@ func TestPeerKilledMidTransferAndRestarted(t *testing.T) {
 	for i := 0; i < 32; i++ {
 		tasks = append(tasks, mkTask(col, xfer.OpWrite, local, uint64(i)*(2<<20), r, uint64(i)*(2<<20), 2<<20))
 	}
+	// The first write b serves stalls the event loop serving it (the
+	// exporter's Lookup sleeps): b dies with that loop's requests in
+	// flight, however fast the rest went.
+	b.exp.stall.Store(int64(time.Second))
 	go func() {
-		for b.peer("a", false) == nil || b.peer("a", false).bytesIn.Load() < 4<<20 {
+		for b.exp.stall.Load() != 0 {
 			time.Sleep(time.Millisecond)
 		}
 		b.Close()
