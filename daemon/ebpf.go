@@ -35,7 +35,7 @@ func (d *Daemon) openKernelViews() error {
 	v, errs := ktrace.Open(want, ktrace.Options{UringFlag: uring.TracedUserData})
 	d.kviews = v
 	if len(errs) == 0 {
-		d.log.Info("ebpf views loaded", "views", want)
+		d.log.Info("ebpf views loaded", "views", want, "uring_sample", fmt.Sprintf("1 in %d", d.cfg.EBPFUringSample))
 		return nil
 	}
 	reason := viewErrors(want, errs)
