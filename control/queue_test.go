@@ -485,12 +485,8 @@ func runQueueHelper(kind string) int {
 // until it holds; it fails after testTimeout.
 func waitFor(t testing.TB, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within the test timeout")
-		}
-		time.Sleep(time.Millisecond)
+	if !testutil.WaitFor(testTimeout, cond) {
+		t.Fatal("condition not reached within the test timeout")
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -323,12 +324,8 @@ func TestCQBackpressure(t *testing.T) {
 // failing after 10 s.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10s")
-		}
-		runtime.Gosched()
+	if !testutil.WaitFor(10*time.Second, cond) {
+		t.Fatal("condition not reached in 10s")
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -123,16 +124,7 @@ func (l *logBuf) String() string {
 }
 
 // waitFor polls cond until it holds or d passes.
-func waitFor(d time.Duration, cond func() bool) bool {
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
-		if cond() {
-			return true
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return cond()
-}
+var waitFor = testutil.WaitFor
 
 func (l *logBuf) waitContains(t *testing.T, what string) {
 	t.Helper()

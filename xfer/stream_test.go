@@ -2,11 +2,11 @@ package xfer_test
 
 import (
 	"errors"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
@@ -66,18 +66,6 @@ func (f *fixture) streamReqs(n int, base uint64, deadline time.Time) []xfer.Stre
 		rs[i] = xfer.StreamRequest{Req: q, UserData: base + uint64(i), Deadline: deadline}
 	}
 	return rs
-}
-
-// eventually reports whether cond holds within 5 s, polling it: for what
-// another goroutine does after the event the test waited for.
-func eventually(cond func() bool) bool {
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			return false
-		}
-		runtime.Gosched()
-	}
-	return true
 }
 
 func waitIdle(t testing.TB, s *xfer.Stream) {
@@ -196,7 +184,7 @@ func TestStreamDeadline(t *testing.T) {
 	}
 	// The timer ends the task (which the sink saw), then asks the
 	// transport to cancel it, then drops its own reference to the slot.
-	if !eventually(func() bool { return tr.Cancels() == 1 }) {
+	if !testutil.WaitFor(5*time.Second, func() bool { return tr.Cancels() == 1 }) {
 		t.Errorf("transport asked to cancel %d times", tr.Cancels())
 	}
 	if s.Free() != 0 || f.b.Refs() != 2 {
@@ -206,7 +194,7 @@ func TestStreamDeadline(t *testing.T) {
 	if st, _, _ := sink.state(11); st != xfer.StateCompleted {
 		t.Errorf("11 ended %v", st)
 	}
-	if !eventually(func() bool { return s.Free() == 2 }) {
+	if !testutil.WaitFor(5*time.Second, func() bool { return s.Free() == 2 }) {
 		t.Errorf("%d free after both Dones", s.Free())
 	}
 	s.Close(nil)
