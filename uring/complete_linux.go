@@ -69,10 +69,12 @@ func (r *ring) complete(c *CQE, draining bool) {
 		return
 	case c.UserData == udCancel:
 		return
-	case c.UserData&^TracedUserData >= uint64(len(r.slots)):
+	}
+	ud := c.UserData &^ TracedUserData
+	if ud >= uint64(len(r.slots)) {
 		return
 	}
-	idx := int32(c.UserData &^ TracedUserData)
+	idx := int32(ud)
 	s := &r.slots[idx]
 	if !s.inKernel {
 		if invariants {

@@ -118,9 +118,8 @@ type ring struct {
 	warnedErr bool
 
 	// traceIn counts down the data SQEs until the next one to carry
-	// TracedUserData; rng draws the gaps (poller-only).
+	// TracedUserData (poller-only).
 	traceIn uint32
-	rng     uint64
 
 	nSubmitted, nCompleted, nFailed, nResubmits, nEnters, nWakeups, nFixed, nTraced atomic.Uint64
 }
@@ -138,7 +137,6 @@ func newRing(t *Transport, id int, flags uint32) *ring {
 	for i := n - 1; i >= 0; i-- {
 		r.free = append(r.free, int32(i))
 	}
-	r.rng = rand.Uint64() | 1
 	r.traceIn = r.traceGap()
 	return r
 }
@@ -150,10 +148,7 @@ func (r *ring) traceGap() uint32 {
 	if every <= 1 {
 		return uint32(every)
 	}
-	r.rng ^= r.rng << 13 // xorshift64
-	r.rng ^= r.rng >> 7
-	r.rng ^= r.rng << 17
-	return uint32(1 + r.rng%(2*every-1))
+	return uint32(1 + rand.Uint64N(2*every-1))
 }
 
 // userData is the user_data of slot idx's next SQE.
