@@ -123,6 +123,12 @@ bench: build
 	  scripts/bench-python.sh 5 1
 	scripts/bench-section.sh --markdown compare "Before and after the restructuring (issue 14): the same jobs through both builds, one run" \
 	  scripts/bench-compare.sh 0c15c63
+	scripts/bench-section.sh --markdown queue-groups "The queue worker's 256 KiB Submit groups: local copies before (6faf278) and after, one run" \
+	  scripts/bench-compare.sh 6faf278 examples/jobs/local-64k.fio examples/jobs/local-1m.fio
+	scripts/bench-section.sh --markdown session-compare "The io_uring view's sample and the large writes alone (1ed66da before): uring and local 1 MiB, one run" \
+	  scripts/bench-compare.sh 1ed66da examples/jobs/uring-1m-seqread.fio examples/jobs/uring-1m-seqwrite.fio examples/jobs/local-1m.fio examples/jobs/uring-4k-randread.fio
+	scripts/bench-section.sh --markdown ebpf-cost "What the kernel-side io_uring view costs the I/O it watches: off, one request in 16 timed, every request timed" \
+	  scripts/bench-ebpf-cost.sh 3
 	scripts/bench-section.sh rdma "rdma transport and tcbench vs perftest on Soft-RoCE (qemu VM; ratios only)" \
 	  bash -c 'set -o pipefail; RDMA_ROUNDS=5 RXE_TIMEOUT=1500 RDMA_TEST_RUN=XXX RDMA_DAEMON_RUN=- scripts/rdma-vm-test.sh | sed -n "/^rdma vs perftest/,\$$p"'
 	scripts/bench-section.sh rdma-register "Registering a 4 GiB region for RDMA (Soft-RoCE under qemu TCG)" \
