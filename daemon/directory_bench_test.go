@@ -231,14 +231,8 @@ func runChurn(b *testing.B) {
 			}
 		}
 	}()
-	defer func() {
-		select {
-		case <-fdStop:
-		default:
-			close(fdStop)
-		}
-		<-fdDone
-	}()
+	stopFDs := sync.OnceFunc(func() { close(fdStop); <-fdDone })
+	defer stopFDs()
 
 	var cnt benchCounts
 	var outageGone atomic.Int64
@@ -598,8 +592,7 @@ func runChurn(b *testing.B) {
 	}
 	fmt.Fprintf(w, "  etcd down past budget: %d lookups, %d failed closed or went to the peer; false successes: %d\n",
 		cnt.outageLookups.Load(), cnt.outageClosed.Load(), cnt.falseSuccess.Load())
-	close(fdStop)
-	<-fdDone
+	stopFDs()
 	fmt.Fprintf(w, "  descriptors of the process:        peak %d (limit %d)\n", fdPeak.Load(), fdLimit.Cur)
 	if fdLimit.Cur > 0 && uint64(fdPeak.Load()) >= fdLimit.Cur*95/100 {
 		fmt.Fprintf(w, "  (the process neared its descriptor limit: a daemon that failed to start or register in this run may have\n"+
