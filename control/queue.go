@@ -270,21 +270,20 @@ func (q *cqueue) submit() bool {
 	return true
 }
 
-// groupBytes bounds the bytes of one Submit of requests smaller than it.
-// A transport that copies inline (the local one) ends a call's tasks only
-// when the call returns, so a pass of sixteen 64 KiB copies would answer
-// in one burst some 50 µs after it began: past the client's spin, which
-// then sleeps and costs this worker a wake-up for each burst. Groups of
-// this size answer about every ten microseconds, and small requests still
-// go many to a call. Reads of this size or more go together, as many as
-// come in a row: a call of more than the local transport's inline bytes
-// spreads its copy over the workers, which a large read needs to keep up
-// with copy() (its source, the pool, is mostly out of cache). A write of
-// this size or more goes alone: one core's stores keep up with copy(),
-// and each write then answers as soon as it is copied, so the client
-// refills the queue while the next is copied (8 × 1 MiB local writes,
-// the two builds alternating: 0.81-0.93x copy() alone, 0.70-0.75x
-// together; tcp and uring 1 MiB writes the same either way, on 2 vCPUs).
+// groupBytes bounds the bytes of one Submit of requests smaller than it,
+// and is the size from which a request is large. The stream answers each
+// task as its transport ends it, even inside Submit, so a group's first
+// copies are answered while the rest are still being copied; the bound
+// keeps a pass of small copies short all the same, so that this worker
+// comes back to the ring every few microseconds. Reads of this size or
+// more go together, as many as come in a row: a call of more than the
+// local transport's inline bytes spreads its copy over the workers, which
+// a large read needs to keep up with copy() (its source, the pool, is
+// mostly out of cache). A write of this size or more goes alone: one
+// core's stores keep up with copy(), and alone it stays under the inline
+// bytes, so no copy worker is woken for it (8 × 1 MiB local writes, the
+// two builds alternating: 0.81-0.93x copy() alone, 0.70-0.75x together;
+// tcp and uring 1 MiB writes the same either way, on 2 vCPUs).
 const groupBytes = 256 << 10
 
 // submitGroup is how many of reqs (at least one) the next Submit takes.

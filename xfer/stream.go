@@ -218,30 +218,17 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 		}
 	}
 	// Publish what the transports did: tasks still with a transport become
-	// Pending and get their deadline timer; results parked during dispatch
-	// end now.
-	run := meterRun{start: start0} // tasks whose Done came during dispatch (meter.go)
+	// Pending and get their deadline timer. A task whose Done came during
+	// dispatch has ended already, and its slot may be free again: only its
+	// atomic state and due time are read here (a free slot is not taken
+	// again while s.mu is held).
 	for _, t := range acc {
-		d := t.Deadline.Sub(now) // read while the task cannot end under us
-	publish:
-		for {
-			switch State(t.state.Load()) {
-			case stateDispatching:
-				if !t.state.CompareAndSwap(uint32(stateDispatching), uint32(StatePending)) {
-					continue
-				}
-				s.arm(t.slot, d)
-			case stateParked:
-				run.add(s.e, &s.mc, t, t.n, t.err)
-				s.end(t, stateParked, finalState(t.err), t.err, t.n)
-				s.unref(t)
-			case stateEnding:
-				continue // a Done is writing its result; a few instructions
+		for State(t.state.Load()) == stateDispatching {
+			if t.state.CompareAndSwap(uint32(stateDispatching), uint32(StatePending)) {
+				s.arm(t.slot, time.Duration(s.slots[t.slot].due.Load())-now.Sub(s.epoch))
 			}
-			break publish
 		}
 	}
-	run.flush(s.e, &s.mc)
 	if bad {
 		s.freeMu.Lock()
 		s.broken = true
@@ -272,9 +259,9 @@ func (s *Stream) dispatch(tr Transport, grp []*Task, start int64) bool {
 	refused := 0
 	for _, t := range grp[k:] {
 		if !t.owed.CompareAndSwap(1, 0) {
-			// Done came for a task the transport did not take: it
-			// released the task and parked its result, which the
-			// meters count as a dispatched task that ended inline.
+			// Done came for a task the transport did not take: that
+			// Done ended the task (the sink heard of it once) and the
+			// meters counted it as a dispatched task.
 			s.e.violation(tr, "done for an undispatched task", n, len(grp))
 			ok = false
 			continue
@@ -326,19 +313,19 @@ func (s *Stream) TaskDone(t *Task, n uint64, err error) {
 			"transport", transportName(t.tr))
 		return
 	}
-	// The meter is read before the task can end: a parked task is metered
-	// by its Submit, the others here.
+	// The meter is read before the task can end: once it has, its slot
+	// may be taken again.
 	ms, start := t.ms, t.start
 	t.releaseSegs()
 	for {
-		if s.end(t, StatePending, finalState(err), err, n) {
+		// A Done during dispatch (a transport that copies inline) ends the
+		// task at once too: its CQE goes out while the rest of the call is
+		// still copying, so the client refills the queue meanwhile. The
+		// dispatch check still sees it (owed is 0) if the transport then
+		// says it never took the task.
+		if s.end(t, StatePending, finalState(err), err, n) || s.end(t, stateDispatching, finalState(err), err, n) {
 			s.e.ended(ms, start, n, err)
 			s.unref(t)
-			break
-		}
-		if t.state.CompareAndSwap(uint32(stateDispatching), uint32(stateEnding)) {
-			t.err, t.n = err, n
-			t.state.Store(uint32(stateParked))
 			break
 		}
 		if st := State(t.state.Load()); st != StatePending && st != stateDispatching {

@@ -395,3 +395,63 @@ func TestStreamOnFree(t *testing.T) {
 		t.Fatal("OnFree not called when a slot freed after a short Submit")
 	}
 }
+
+// watchTr ends each task inside Submit and records, after each Done, how
+// many ends the sink had heard of: a task that a transport finished while
+// the call goes on is answered at once, not when the call returns.
+type watchTr struct {
+	sink  *recSink
+	heard []int
+}
+
+func (w *watchTr) Name() string { return "watch" }
+func (w *watchTr) Submit(ts []*xfer.Task) (int, error) {
+	for _, t := range ts {
+		t.Done(t.Req.Length, nil)
+		w.heard = append(w.heard, w.sink.count())
+	}
+	return len(ts), nil
+}
+func (w *watchTr) Cancel(*xfer.Task) {}
+func (w *watchTr) Close() error      { return nil }
+
+func TestStreamInlineDoneAnsweredAtOnce(t *testing.T) {
+	sink := newRecSink(t)
+	tr := &watchTr{sink: sink}
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
+	s, _ := f.e.NewStream(4, f.reg, sink)
+	res := make([]error, 4)
+	if n, err := s.Submit(f.streamReqs(4, 0, time.Time{}), res); n != 4 || err != nil {
+		t.Fatalf("submit: %d %v", n, err)
+	}
+	for i, h := range tr.heard {
+		if h != i+1 {
+			t.Fatalf("after the Done of task %d the sink had heard of %d ends, want %d (heard: %v)", i, h, i+1, tr.heard)
+		}
+	}
+	if s.Free() != 4 {
+		t.Errorf("%d slots free after every task ended, want 4", s.Free())
+	}
+	xfertest.CheckRefs(t, f.a, f.b)
+}
+
+// A transport that ends every task inside Submit but then says it took
+// none broke the count contract: each task still ends exactly once (the
+// sink fails the test on a second end), and the stream takes no more.
+func TestStreamDoneThenDisowned(t *testing.T) {
+	tr := &liarTr{n: func(int) int { return 0 }, done: func(l int) int { return l }}
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
+	sink := newRecSink(t)
+	s, _ := f.e.NewStream(4, f.reg, sink)
+	res := make([]error, 3)
+	s.Submit(f.streamReqs(3, 0, time.Time{}), res)
+	if sink.count() != 3 {
+		t.Fatalf("%d ends, want 3", sink.count())
+	}
+	if f.e.Stats().Violations == 0 {
+		t.Error("violation not counted")
+	}
+	if n, err := s.Submit(f.streamReqs(1, 9, time.Time{}), res[:1]); n != 0 || !errors.Is(err, xfer.ErrTransport) {
+		t.Fatalf("after a contract violation: took %d, %v", n, err)
+	}
+}
