@@ -43,7 +43,7 @@ for side in base head; do
 done
 for i in $(seq "$COUNT"); do
   for side in base head; do
-    (cd xfer && "$work/xfer-$side.test" -test.run '^$' -test.bench 'SubmitStatus|LocalCopy/local' \
+    (cd xfer && "$work/xfer-$side.test" -test.run '^$' -test.bench 'SubmitStatus|StreamSubmit|LocalCopy/local' \
       -test.benchtime "$BT" -test.count 1 -test.benchmem) | grep '^Benchmark' >>"$work/$side.txt"
     (cd control && "$work/control-$side.test" -test.run '^$' -test.bench 'ControlTaskStatus|ControlTransfer4K' \
       -test.benchtime "$BT" -test.count 1 -test.benchmem) | grep '^Benchmark' >>"$work/$side.txt"

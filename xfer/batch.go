@@ -19,6 +19,10 @@ const (
 	// stateEnding: one goroutine won the right to end the task and is
 	// writing its result; the terminal state follows.
 	stateEnding
+	// stateAnswered (streams only): the transport called Done before its
+	// Submit returned and the sink has been told; n and err hold the
+	// result, which the submitting call meters before it frees the slot.
+	stateAnswered
 )
 
 // shrinkTasks: task tables up to this size are always kept for reuse.

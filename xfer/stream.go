@@ -218,17 +218,30 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 		}
 	}
 	// Publish what the transports did: tasks still with a transport become
-	// Pending and get their deadline timer. A task whose Done came during
-	// dispatch has ended already, and its slot may be free again: only its
-	// atomic state and due time are read here (a free slot is not taken
-	// again while s.mu is held).
+	// Pending and get their deadline timer; tasks answered during dispatch
+	// are metered and drop their end's reference.
+	run := meterRun{start: start0} // tasks whose Done came during dispatch (meter.go)
 	for _, t := range acc {
-		for State(t.state.Load()) == stateDispatching {
-			if t.state.CompareAndSwap(uint32(stateDispatching), uint32(StatePending)) {
-				s.arm(t.slot, time.Duration(s.slots[t.slot].due.Load())-now.Sub(s.epoch))
+		d := t.Deadline.Sub(now) // read while the task's slot cannot be freed under us
+	publish:
+		for {
+			switch State(t.state.Load()) {
+			case stateDispatching:
+				if !t.state.CompareAndSwap(uint32(stateDispatching), uint32(StatePending)) {
+					continue
+				}
+				s.arm(t.slot, d)
+			case stateAnswered:
+				run.add(s.e, &s.mc, t, t.n, t.err)
+				t.state.Store(uint32(finalState(t.err)))
+				s.unref(t)
+			case stateEnding:
+				continue // a Done is writing its result; a few instructions
 			}
+			break publish
 		}
 	}
+	run.flush(s.e, &s.mc)
 	if bad {
 		s.freeMu.Lock()
 		s.broken = true
@@ -318,14 +331,19 @@ func (s *Stream) TaskDone(t *Task, n uint64, err error) {
 	ms, start := t.ms, t.start
 	t.releaseSegs()
 	for {
-		// A Done during dispatch (a transport that copies inline) ends the
-		// task at once too: its CQE goes out while the rest of the call is
-		// still copying, so the client refills the queue meanwhile. The
-		// dispatch check still sees it (owed is 0) if the transport then
-		// says it never took the task.
-		if s.end(t, StatePending, finalState(err), err, n) || s.end(t, stateDispatching, finalState(err), err, n) {
+		if s.end(t, StatePending, finalState(err), err, n) {
 			s.e.ended(ms, start, n, err)
 			s.unref(t)
+			break
+		}
+		// A Done during dispatch (a transport that copies inline) is
+		// answered at once too: its CQE goes out while the rest of the call
+		// is still copying, so the client refills the queue meanwhile. The
+		// task keeps its end's reference: the submitting call meters it
+		// (without an atomic per task) and frees its slot. The dispatch
+		// check still sees it (owed is 0) if the transport then says it
+		// never took the task.
+		if s.endAs(t, stateDispatching, finalState(err), stateAnswered, err, n) {
 			break
 		}
 		if st := State(t.state.Load()); st != StatePending && st != stateDispatching {
@@ -340,11 +358,17 @@ func (s *Stream) TaskDone(t *Task, n uint64, err error) {
 // It reports false when another party ended t first. The caller drops the
 // end's reference (unref) once it no longer touches t.
 func (s *Stream) end(t *Task, from, to State, err error, n uint64) bool {
+	return s.endAs(t, from, to, to, err, n)
+}
+
+// endAs is end, leaving t in state mark (to, or stateAnswered) while it
+// counts and reports terminal state to.
+func (s *Stream) endAs(t *Task, from, to, mark State, err error, n uint64) bool {
 	if !t.state.CompareAndSwap(uint32(from), uint32(stateEnding)) {
 		return false
 	}
 	t.err, t.n = err, n
-	t.state.Store(uint32(to))
+	t.state.Store(uint32(mark))
 	s.live.Add(-1)
 	s.cnt[to].Add(1)
 	if n != 0 {
