@@ -161,7 +161,7 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 	if lc > calls*per+3 || sample(t, exp, `tensorcast_transport_latency_seconds_bucket{transport="local",le="+Inf"}`) != lc {
 		t.Errorf("latency count %v, want at most %d and equal to the +Inf bucket", lc, calls*per+3)
 	}
-	if !strings.Contains(exp, "# HELP tensorcast_transport_latency_seconds") || !strings.Contains(exp, "for a sample of the submit calls: about 1 in 16") {
+	if !strings.Contains(exp, "# HELP tensorcast_transport_latency_seconds") || !strings.Contains(exp, "for a sample of the submit calls: about 1 in "+strconv.Itoa(xfer.SampleEvery)) {
 		t.Errorf("the latency histogram's help does not say it is sampled")
 	}
 	if strings.Contains(exp, `tensorcast_transport_errors_total{transport="local"`) {

@@ -54,13 +54,13 @@ const maxMeters = 16
 const meterShards = 8
 
 // SampleEvery: about one submit call in SampleEvery has its tasks'
-// latencies recorded in TransportStats.Latency. Each call is picked with
-// probability 1/SampleEvery from its submitter's pseudo-random sequence,
+// latencies recorded in TransportStats.Latency. The gaps between sampled
+// calls are drawn from its submitter's pseudo-random sequence (nextGap),
 // not every SampleEvery-th call, so that a client whose calls follow a
 // period (a read, then a write) is sampled across its whole pattern.
 const SampleEvery = 1 << sampleShift
 
-const sampleShift = 4
+const sampleShift = 6
 
 // TransportStats is one transport's counters as the engine saw them.
 type TransportStats struct {
@@ -154,7 +154,9 @@ type meterCache struct {
 	ms *meterShard
 	// Counts for ms, moved to its atomics by flush.
 	sent, refused, inline, bytes uint64
-	// rng is the sampler's state (a 64-bit LCG; its top bits decide).
+	// gap is how many submit calls are left until the next sampled one;
+	// rng (a 64-bit LCG) draws each gap when a call is sampled.
+	gap uint32
 	rng uint64
 }
 
@@ -209,6 +211,15 @@ func (c *meterCache) seed(i uint64) {
 	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
 	z = (z ^ z>>27) * 0x94d049bb133111eb
 	c.rng = z ^ z>>31
+	c.nextGap()
+}
+
+// nextGap draws the calls until the next sampled one: uniform in
+// 1..2*SampleEvery-1, so one call in SampleEvery is sampled on average,
+// at gaps that follow no period.
+func (c *meterCache) nextGap() {
+	c.rng = c.rng*6364136223846793005 + 1442695040888963407
+	c.gap = 1 + uint32(c.rng>>32)%(2*SampleEvery-1)
 }
 
 // start is the meter start of the submit call about to dispatch, whose
@@ -218,17 +229,15 @@ func (c *meterCache) start(e *Engine, now time.Time) int64 {
 	if !metersOn {
 		return 0
 	}
-	var pick bool
 	if e.sample != nil {
-		pick = e.sample()
-	} else {
-		// An LCG's top bits are its most random; four of them all zero
-		// is a 1 in 16 chance.
-		c.rng = c.rng*6364136223846793005 + 1442695040888963407
-		pick = c.rng>>(64-sampleShift) == 0
-	}
-	if !pick {
+		if !e.sample() {
+			return 0
+		}
+	} else if c.gap > 1 {
+		c.gap-- // the common case: one compare and one decrement
 		return 0
+	} else {
+		c.nextGap()
 	}
 	return max(meterTime(now), 1)
 }

@@ -461,8 +461,8 @@ func TestTransportMeterLeavers(t *testing.T) {
 // call goes to one transport and the rest to another, which a sampler
 // counting calls would give all its samples or none. Requests stay exact.
 // The sequences are deterministic (seeded per submitter), so the test
-// cannot flake; its bounds are six standard deviations of a fair 1 in 16
-// draw wide, so any seeds pass them.
+// cannot flake; its bounds are six standard deviations of a fair 1 in
+// SampleEvery draw wide, so any seeds pass them.
 func TestTransportMeterSampler(t *testing.T) {
 	needMeters(t)
 	rare := xfertest.New(xfertest.Config{Name: "rare", Inline: true})
@@ -471,7 +471,7 @@ func TestTransportMeterSampler(t *testing.T) {
 	f := newFixture(t, xfer.Config{}, xfertest.RouterFunc(func(l, tg xfer.Segment) (xfer.Transport, error) {
 		return route.Load(), nil
 	}))
-	const calls = 4096
+	const calls = 256 * xfer.SampleEvery // 16 calls to rare per sample expected
 	reqs := f.reqs(1)
 	res := make([]error, 1)
 	id, _ := f.e.AllocateBatch(calls)
@@ -489,7 +489,7 @@ func TestTransportMeterSampler(t *testing.T) {
 	if r.Requests != calls/16 || c.Requests != calls-calls/16 {
 		t.Fatalf("requests %d and %d, want %d and %d", r.Requests, c.Requests, calls/16, calls-calls/16)
 	}
-	// Expected samples: 16 ± 3.9 and 240 ± 15 (binomial, p = 1/16).
+	// Expected samples: 16 ± 3.9 and 240 ± 15 (binomial, p = 1/SampleEvery).
 	if n := r.Latency.Count(); n < 1 || n > 40 {
 		t.Errorf("%d of the %d calls to rare timed, want about %d", n, r.Requests, r.Requests/xfer.SampleEvery)
 	}

@@ -110,7 +110,7 @@ func TestRenderRates(t *testing.T) {
 	if row[3] != "3.0µs" || row[4] != "4.0µs" {
 		t.Fatalf("p50 %s p99 %s, want 3.0µs and 4.0µs (inside the 2-4 µs bucket):\n%s", row[3], row[4], out.String())
 	}
-	if !strings.Contains(out.String(), "a sample of the submit calls, about 1 in 16") {
+	if !strings.Contains(out.String(), fmt.Sprintf("a sample of the submit calls, about 1 in %d", xfer.SampleEvery)) {
 		t.Fatalf("the frame does not say the transport percentiles are sampled:\n%s", out.String())
 	}
 	var first strings.Builder
