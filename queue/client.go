@@ -48,7 +48,7 @@ func NewClientRing(mem []byte) (*ClientRing, error) {
 		return nil, err
 	}
 	q := &ClientRing{mem: mem[:g.Size], g: g, id: id, w: wordsOf(mem), sqMask: g.SQEntries - 1, cqMask: g.CQEntries - 1,
-		spin: newSpinner(50 * time.Microsecond), slotData: make([]uint64, g.SQEntries)}
+		spin: newSpinner(spinCeiling), slotData: make([]uint64, g.SQEntries)}
 	q.sqHead = q.w.sqHead.Load()
 	q.sqTail, q.pubTail = q.w.sqTail.Load(), q.w.sqTail.Load()
 	q.cqHead = q.w.cqHead.Load()

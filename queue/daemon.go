@@ -56,7 +56,7 @@ type DaemonRing struct {
 func NewDaemonRing(mem []byte, g Geometry, id uint64) *DaemonRing {
 	g.writeHeader(mem, id)
 	return &DaemonRing{mem: mem[:g.Size], g: g, w: wordsOf(mem), sqMask: g.SQEntries - 1, cqMask: g.CQEntries - 1,
-		spin: newSpinner(50 * time.Microsecond)}
+		spin: newSpinner(spinCeiling)}
 }
 
 // Geometry is the queue's geometry.

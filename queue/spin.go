@@ -7,12 +7,18 @@ import (
 )
 
 // spinner is an adaptive spin budget: how long a side polls for work before
-// it sleeps. It grows when polling pays (work came while spinning, or a
-// sleep was woken soon after it began) and shrinks when it does not, so an
-// idle or slow queue sleeps at once and a busy one makes no system call.
-// On a small host a spinning thread takes a whole core from the
-// transports, so budgets are short (tens of microseconds) and the daemon
-// lets only a few of its queues spin at once (spinSlots).
+// it sleeps. It learns how long the side's waits last: a wait that ended
+// within the spin ceiling, whether by the spin or by a wake-up soon after
+// the sleep began, sets the budget to a little more than that wait, so the
+// next one like it is caught without a system call on either side; a wait
+// longer than the ceiling halves the budget, so an idle or slow queue soon
+// sleeps at once. (Only growing or halving the budget would not settle:
+// waits a little longer than the budget halve it, and the short sleeps
+// that follow only double it back, so such waits would pay both a spin
+// and a wake-up each time.) On a small host a spinning thread takes a
+// whole core from the transports, so the ceiling is short (a 1 MiB copy,
+// about a hundred microseconds) and the daemon lets only a few of its
+// queues spin at once (spinSlots).
 type spinner struct {
 	budget time.Duration
 	max    time.Duration
@@ -21,9 +27,16 @@ type spinner struct {
 	start time.Time
 	iter  int
 	slot  bool
+	spun  time.Duration // how long the last spin that found nothing lasted
 }
 
 const spinMin = time.Microsecond
+
+// spinCeiling bounds every spin of a ring's side: one 1 MiB copy (30-50
+// µs at copy() rates of 20-35 GiB/s) with room, so a side waiting on a
+// stream of such copies catches each. A wait longer than it, a device's
+// or a network's round trip, halves the budget instead of feeding it.
+const spinCeiling = 100 * time.Microsecond
 
 func newSpinner(max time.Duration) spinner { return spinner{budget: max / 2, max: max} }
 
@@ -52,6 +65,7 @@ var daemonSpin = func() *spinSlots {
 // begin starts a spin; false means spinning is off for now (no budget, or
 // no slot) and the caller should sleep at once.
 func (s *spinner) begin(slots *spinSlots) bool {
+	s.spun = 0
 	if s.budget < spinMin {
 		return false
 	}
@@ -88,18 +102,24 @@ func (s *spinner) end(slots *spinSlots, found bool) {
 		slots.give()
 		s.slot = false
 	}
+	s.spun = 0
 	if found {
 		s.budget = min(s.budget+s.budget/2+spinMin, s.max)
-	} else {
-		s.budget /= 2
+		return
 	}
+	if !s.start.IsZero() {
+		s.spun = time.Since(s.start)
+	}
+	s.budget /= 2
 }
 
-// slept tells the spinner how long a sleep lasted before work woke it: a
-// wake that came within the spin ceiling means spinning would have caught
-// it, so the budget grows back.
+// slept tells the spinner how long a sleep lasted before work woke it.
+// With the spin before it, that is how long the wait was: one the spin
+// ceiling covers sets the budget a quarter above it, so that a spin would
+// catch the next like it.
 func (s *spinner) slept(d time.Duration) {
-	if d < s.max {
-		s.budget = min(max(2*s.budget, spinMin*4), s.max)
+	if w := s.spun + d; w <= s.max {
+		s.budget = min(w+w/4+spinMin, s.max)
 	}
+	s.spun = 0
 }
