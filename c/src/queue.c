@@ -96,7 +96,7 @@
 #define CHECK_NS (200 * 1000000LL)
 /* Spin budgets (the Go side's spinner, queue/spin.go). */
 #define SPIN_MIN_NS 1000LL
-#define SPIN_DEFAULT_US 50u
+#define SPIN_DEFAULT_US 100u
 #define SPIN_MAX_US 1000u
 
 /* One SQE and one CQE as they lie in the rings. */
@@ -131,9 +131,10 @@ struct geom {
     uint64_t size;
 };
 
-/* The adaptive spin budget of the completion side. */
+/* The adaptive spin budget of the completion side; spun_ns is how long the
+ * last spin that found nothing lasted. */
 struct spinner {
-    int64_t budget_ns, max_ns;
+    int64_t budget_ns, max_ns, spun_ns;
 };
 
 struct tc_queue {
@@ -759,12 +760,14 @@ static size_t take(tc_queue *q, tc_cqe *out, size_t max)
 }
 
 /* spin polls for min ready CQEs for the spinner's budget (and not past
- * deadline, 0: none) and adapts it: it grows when a spin finds work, halves
- * when it does not. It reads the clock (vDSO, no system call) once every 32
- * polls. */
+ * deadline, 0: none) and adapts it as queue/spin.go does: it grows when a
+ * spin finds work and halves when it does not, until slept says how long
+ * the wait really was. It reads the clock (vDSO, no system call) once
+ * every 32 polls. */
 static int spin(tc_queue *q, uint32_t min, int64_t deadline)
 {
     struct spinner *s = &q->cq.spin;
+    s->spun_ns = 0;
     if (s->budget_ns < SPIN_MIN_NS)
         return 0;
     int64_t start = 0;
@@ -790,20 +793,24 @@ static int spin(tc_queue *q, uint32_t min, int64_t deadline)
         if (s->budget_ns > s->max_ns)
             s->budget_ns = s->max_ns;
     } else {
+        if (start)
+            s->spun_ns = tc__now_ns() - start;
         s->budget_ns /= 2;
     }
     return found;
 }
 
-/* slept tells the spinner how long a sleep lasted before work came: one
- * shorter than the spin ceiling would have been caught by spinning, so the
- * budget grows back. */
+/* slept tells the spinner how long a sleep lasted before work came. With
+ * the spin before it, that is the wait: one within the spin ceiling sets
+ * the budget a quarter above it, so that a spin catches the next like it
+ * (growing and halving alone never settle on waits a little longer than
+ * the budget). */
 static void slept(struct spinner *s, int64_t ns)
 {
-    if (ns < s->max_ns) {
-        int64_t b = 2 * s->budget_ns;
-        if (b < 4 * SPIN_MIN_NS)
-            b = 4 * SPIN_MIN_NS;
+    int64_t w = s->spun_ns + ns;
+    s->spun_ns = 0;
+    if (w <= s->max_ns) {
+        int64_t b = w + w / 4 + SPIN_MIN_NS;
         s->budget_ns = b < s->max_ns ? b : s->max_ns;
     }
 }
