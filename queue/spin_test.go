@@ -31,7 +31,7 @@ func (s *spinner) wait(t *testing.T, w time.Duration) (caught bool) {
 // short sleep and halving it on a miss never got there.)
 func TestSpinnerLearnsWaitsWithinTheCeiling(t *testing.T) {
 	s := newSpinner(spinCeiling)
-	const w = 70 * time.Microsecond // above the start budget (half the ceiling)
+	const w = spinCeiling * 7 / 10 // above the start budget (half the ceiling)
 	if s.wait(t, w) {
 		t.Fatalf("a %v wait caught by a %v budget", w, spinCeiling/2)
 	}

@@ -493,7 +493,7 @@ typedef struct tc_queue_opts {
     uint32_t data_size;          /* bytes for notification payloads in flight; 0: the daemon's default */
     uint32_t request_timeout_us; /* each request's deadline, counted from when the daemon takes it;
                                   * 0: the daemon's default */
-    uint32_t spin_us;            /* ceiling of a reap's adaptive spin; 0: 100, at most 1000 */
+    uint32_t spin_us;            /* ceiling of a reap's adaptive spin; 0: 50, at most 1000 */
     uint32_t flags;              /* TC_QUEUE_NOSPIN */
 } tc_queue_opts;
 

@@ -96,7 +96,7 @@
 #define CHECK_NS (200 * 1000000LL)
 /* Spin budgets (the Go side's spinner, queue/spin.go). */
 #define SPIN_MIN_NS 1000LL
-#define SPIN_DEFAULT_US 100u
+#define SPIN_DEFAULT_US 50u
 #define SPIN_MAX_US 1000u
 
 /* One SQE and one CQE as they lie in the rings. */

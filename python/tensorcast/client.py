@@ -636,7 +636,7 @@ class Client(StoreCalls):
         area notification payloads travel through (0: the daemon's
         default); request_timeout (seconds) is each request's deadline (None:
         the daemon's default); a reap spins up to spin_us microseconds (0:
-        100) before it sleeps, unless spin is False. The queue is a context
+        50) before it sleeps, unless spin is False. The queue is a context
         manager, and closes with the client."""
         from .queues import Queue
 
