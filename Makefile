@@ -129,6 +129,8 @@ bench: build
 	  scripts/bench-compare.sh 1ed66da examples/jobs/uring-1m-seqread.fio examples/jobs/uring-1m-seqwrite.fio examples/jobs/local-1m.fio examples/jobs/uring-4k-randread.fio
 	scripts/bench-section.sh --markdown ebpf-cost "What the kernel-side io_uring view costs the I/O it watches: off, one request in 16 timed, every request timed" \
 	  scripts/bench-ebpf-cost.sh 3
+	scripts/bench-section.sh --markdown answer-compare "Answers inside Submit and the learned spin budget (831b1b1 before): local, tcp and uring, one run" \
+	  scripts/bench-compare.sh 831b1b1 examples/jobs/local-1m.fio examples/jobs/local-64k.fio examples/jobs/tcp-4k-randread-qd1.fio examples/jobs/uring-4k-randread.fio
 	scripts/bench-section.sh rdma "rdma transport and tcbench vs perftest on Soft-RoCE (qemu VM; ratios only)" \
 	  bash -c 'set -o pipefail; RDMA_ROUNDS=5 RXE_TIMEOUT=1500 RDMA_TEST_RUN=XXX RDMA_DAEMON_RUN=- scripts/rdma-vm-test.sh | sed -n "/^rdma vs perftest/,\$$p"'
 	scripts/bench-section.sh rdma-register "Registering a 4 GiB region for RDMA (Soft-RoCE under qemu TCG)" \
