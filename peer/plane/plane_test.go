@@ -13,6 +13,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/shm"
@@ -555,12 +556,17 @@ func testTransportPerSegment(t *testing.T, devs *devices) {
 	if moved, err := move(poolID, viaRDMA, 1<<20); err != nil || moved >= 1<<20 {
 		t.Fatalf("pool WRITE to a transport-rdma segment: %v, %d bytes on tcp", err, moved)
 	}
+	// A link counts what it handed to a transport once that transport's
+	// Submit returns, which may be after the request's Done: wait for the
+	// counts to catch up with what the test saw end.
+	testutil.WaitFor(5*time.Second, func() bool { return p.d2.counter(t, "rdma.tasks") >= 2 })
 	tasks, toTCP := p.d2.counter(t, "rdma.tasks"), p.d2.counter(t, "rdma.to_tcp")
 	for range 3 {
 		if moved, err := move(poolID, viaTCP, 1<<20); err != nil || moved < 1<<20 {
 			t.Fatalf("WRITE to a transport-tcp segment with the link up: %v, %d bytes on tcp", err, moved)
 		}
 	}
+	testutil.WaitFor(5*time.Second, func() bool { return p.d2.counter(t, "rdma.to_tcp") >= toTCP+3 })
 	if p.d2.counter(t, "rdma.tasks") != tasks || p.d2.counter(t, "rdma.to_tcp") != toTCP+3 {
 		t.Fatalf("after 3 transport-tcp WRITEs: rdma.tasks %d→%d, rdma.to_tcp %d→%d",
 			tasks, p.d2.counter(t, "rdma.tasks"), toTCP, p.d2.counter(t, "rdma.to_tcp"))
