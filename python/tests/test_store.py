@@ -11,7 +11,7 @@ import unittest
 import tensorcast
 from tensorcast import Error, Status, store
 
-from .daemon import Daemon, blocked_in_futex
+from .daemon import Daemon, wait_blocked
 from .test_core import DaemonCase, pattern
 from .test_queue import Reaper
 
@@ -272,7 +272,9 @@ class TestStore(DaemonCase):
             for i in range(20000):
                 n += i
             self.assertTrue(t.is_alive())
-            self.assertTrue(blocked_in_futex(t.native))
+            # Still waiting: the reap wakes every 200 ms to check the
+            # connection, so it is waited for in futex again, not sampled.
+            wait_blocked(t.native, timeout=5, futex=True)
         finally:
             d.thaw()
         t.join(10)
