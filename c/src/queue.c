@@ -807,8 +807,7 @@ static int spin(tc_queue *q, uint32_t min, int64_t deadline)
  * the budget). */
 static void slept(struct spinner *s, int64_t ns)
 {
-    int64_t w = s->spun_ns + ns;
-    s->spun_ns = 0;
+    int64_t w = s->spun_ns + ns; /* spin() zeroes spun_ns at each wait */
     if (w <= s->max_ns) {
         int64_t b = w + w / 4 + SPIN_MIN_NS;
         s->budget_ns = b < s->max_ns ? b : s->max_ns;
