@@ -425,7 +425,7 @@ type QueueTotals struct {
 	// answered, and answers not reaped: their depth now.
 	InFlight, Unreaped                                  uint64
 	Completions, ClientWakes, WorkerSleeps, WorkerSpins uint64
-	Violations                                          uint64
+	WorkerPrewakes, Violations                          uint64
 }
 
 // QueueTotals folds what closed queues left behind (closed) with the open
@@ -456,5 +456,6 @@ func (q *cqueue) addTo(t *QueueTotals) {
 	t.ClientWakes += q.ring.WakeCounts.ClientWakes.Load()
 	t.WorkerSleeps += q.ring.WakeCounts.WorkerSleeps.Load()
 	t.WorkerSpins += q.ring.WakeCounts.WorkerSpins.Load()
+	t.WorkerPrewakes += q.ring.WakeCounts.WorkerPrewakes.Load()
 	t.Violations += uint64(q.ring.Violations())
 }

@@ -62,6 +62,7 @@ func (c *conn) stats() {
 		wire.Counter{Name: "queue.client_wakes", Value: qt.ClientWakes},
 		wire.Counter{Name: "queue.worker_sleeps", Value: qt.WorkerSleeps},
 		wire.Counter{Name: "queue.worker_spins", Value: qt.WorkerSpins},
+		wire.Counter{Name: "queue.worker_prewakes", Value: qt.WorkerPrewakes},
 		wire.Counter{Name: "queue.violations", Value: qt.Violations})
 	r.Connection = []wire.Counter{
 		{Name: "segments", Value: uint64(c.segments())},

@@ -154,6 +154,7 @@ func (d *Daemon) collectQueues(e *metrics.Emit) {
 	e.Counter("tensorcast_queue_client_wakes_total", "Futex wakes of clients sleeping for completions.", float64(q.ClientWakes))
 	e.Counter("tensorcast_queue_worker_sleeps_total", "Sleeps of queue workers waiting for entries or room.", float64(q.WorkerSleeps))
 	e.Counter("tensorcast_queue_worker_spins_total", "Spins of queue workers that found work before sleeping.", float64(q.WorkerSpins))
+	e.Counter("tensorcast_queue_worker_prewakes_total", "Wakes of sleeping queue workers by a completion that left their queue with nothing in flight.", float64(q.WorkerPrewakes))
 	e.Counter("tensorcast_queue_violations_total", "Invalid indices clients wrote into their queues.", float64(q.Violations))
 }
 

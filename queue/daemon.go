@@ -30,6 +30,17 @@ type DaemonRing struct {
 	sqMask uint32
 	cqMask uint32
 	spin   spinner
+	// respin is the spin after a pre-wake (see Post): it learns how long
+	// a client takes from the completion that emptied its queue to its
+	// next entry.
+	respin spinner
+
+	// idling is set while the worker sleeps in Idle for new entries, and
+	// prewoken when Post woke it for the entry that should follow a
+	// completion. Both are the daemon's own: the shared flag words are the
+	// client's to scribble on.
+	idling   atomic.Bool
+	prewoken atomic.Bool
 
 	// WakeCounts counts the ring's system calls (atomics: read by stats).
 	WakeCounts WakeCounts
@@ -56,7 +67,7 @@ type DaemonRing struct {
 func NewDaemonRing(mem []byte, g Geometry, id uint64) *DaemonRing {
 	g.writeHeader(mem, id)
 	return &DaemonRing{mem: mem[:g.Size], g: g, w: wordsOf(mem), sqMask: g.SQEntries - 1, cqMask: g.CQEntries - 1,
-		spin: newSpinner(spinCeiling)}
+		spin: newSpinner(spinCeiling), respin: newSpinner(spinCeiling)}
 }
 
 // Geometry is the queue's geometry.
@@ -165,6 +176,16 @@ func (r *DaemonRing) Publish() {
 
 // Post writes one CQE for an entry taken earlier and wakes the client if it
 // sleeps. Any goroutine may call it, until the ring's memory is released.
+//
+// A CQE that leaves nothing in flight also wakes the worker if it sleeps
+// for entries (a pre-wake): that client's next move can only be to
+// submit, typically a client that keeps one request in flight and submits
+// the next as soon as it reaps. Woken now, beside the client, the worker
+// spins for that entry instead of being woken by its doorbell only after
+// the client has woken, which put two wake-ups one after the other on
+// every such request's path. It costs a futex wake per emptying
+// completion while the worker sleeps, and a short spin (respin) that
+// learns the client's pace and stops when the client does not follow.
 func (r *DaemonRing) Post(c *CQE) {
 	r.cqMu.Lock()
 	if invariants && (r.inflight == 0 || r.cqTail-r.cqSeen >= r.g.CQEntries) {
@@ -177,9 +198,16 @@ func (r *DaemonRing) Post(c *CQE) {
 	r.inflight--
 	r.posted++
 	r.w.cqTail.Swap(r.cqTail) // release, and a full fence before the flag's load (a swap: see ClientRing.Submit)
+	emptied := r.inflight == 0
 	r.cqMu.Unlock()
 	if wake(r.w.cqFlags, FlagWaiting, r.w.cqWake) {
 		r.WakeCounts.ClientWakes.Add(1)
+	}
+	if emptied && r.idling.Load() {
+		r.prewoken.Store(true)
+		r.w.sqWake.Add(1)
+		futexWake(r.w.sqWake)
+		r.WakeCounts.WorkerPrewakes.Add(1)
 	}
 }
 
@@ -189,6 +217,9 @@ type WakeCounts struct {
 	ClientWakes  atomic.Uint64 // futex wakes of a client sleeping for completions
 	WorkerSleeps atomic.Uint64 // futex waits of the daemon's worker
 	WorkerSpins  atomic.Uint64 // spins that found work before sleeping
+	// WorkerPrewakes are futex wakes of the worker by a completion that
+	// left nothing in flight (see DaemonRing.Post).
+	WorkerPrewakes atomic.Uint64
 }
 
 // Counts is the ring's completion-side state: requests in flight, CQEs
@@ -217,15 +248,21 @@ func (r *DaemonRing) Idle(timeout time.Duration) bool {
 	if r.closed.Load() {
 		return false
 	}
-	if r.spin.begin(daemonSpin) {
+	// After a pre-wake the wait is for the client's next entry, which
+	// respin learns; otherwise it is whatever the queue's pace is.
+	sp := &r.spin
+	if r.prewoken.Swap(false) && r.why == starveEntries {
+		sp = &r.respin
+	}
+	if sp.begin(daemonSpin) {
 		found := false
-		for r.spin.more() {
+		for sp.more() {
 			if r.ready() {
 				found = true
 				break
 			}
 		}
-		r.spin.end(daemonSpin, found)
+		sp.end(daemonSpin, found)
 		if found {
 			r.WakeCounts.WorkerSpins.Add(1)
 			return true
@@ -236,9 +273,14 @@ func (r *DaemonRing) Idle(timeout time.Duration) bool {
 		bit = FlagCQWait
 	}
 	v := r.w.sqWake.Load()
+	idling := r.why == starveEntries
+	if idling {
+		r.idling.Store(true) // before the re-check: a Post after it pre-wakes
+	}
 	r.w.sqFlags.Or(bit) // a full fence: the re-check below sees a submit before it
 	if r.ready() || r.closed.Load() {
 		r.w.sqFlags.And(^bit)
+		r.idling.Store(false)
 		return !r.closed.Load()
 	}
 	start := time.Now()
@@ -250,10 +292,18 @@ func (r *DaemonRing) Idle(timeout time.Duration) bool {
 	r.WakeCounts.WorkerSleeps.Add(1)
 	futexWait(r.w.sqWake, v, timeout) //nolint:errcheck // the caller re-checks either way
 	r.w.sqFlags.And(^bit)
-	if r.ready() {
+	if idling {
+		r.idling.Store(false)
+	}
+	switch {
+	case r.ready():
 		r.spurious = 0
-		r.spin.slept(time.Since(start))
-	} else {
+		r.prewoken.Store(false) // the entry came: nothing to spin for
+		sp.slept(time.Since(start))
+	case r.prewoken.Load():
+		// Woken for the entry a completion announced; the next Idle
+		// spins for it (respin). Not a client ringing for nothing.
+	default:
 		r.spurious++
 	}
 	return !r.closed.Load()
