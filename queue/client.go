@@ -227,6 +227,9 @@ func (q *ClientRing) Reap(out []CQE) int {
 	return n
 }
 
+// waitBits are the cq_flags bits of a client sleeping for a target.
+const waitBits = FlagWaiting | FlagWaitTarget
+
 // Wait waits until at least min CQEs are ready, the queue is closed or
 // broken, or timeout passes (negative: no limit). It spins briefly, then
 // sleeps on the completion word. It returns nil when min are ready,
@@ -261,30 +264,34 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 			return err
 		}
 		v := q.w.cqWake.Load()
-		q.w.cqFlags.Or(FlagWaiting) // a full fence: the re-check sees a post before it
+		// Woken once, when the min-th completion is posted (the target
+		// is written before the flags' full fence, so a daemon that sees
+		// the flag sees the target too).
+		q.w.cqTarget.Store(q.cqHead + uint32(min))
+		q.w.cqFlags.Or(waitBits) // a full fence: the re-check sees a post before it
 		if q.Ready() >= min {
-			q.w.cqFlags.And(^FlagWaiting)
+			q.w.cqFlags.And(^waitBits)
 			return nil
 		}
 		if err := q.Err(); err != nil {
-			q.w.cqFlags.And(^FlagWaiting)
+			q.w.cqFlags.And(^waitBits)
 			return err
 		}
 		left := time.Duration(-1)
 		if !deadline.IsZero() {
 			if left = time.Until(deadline); left <= 0 {
-				q.w.cqFlags.And(^FlagWaiting)
+				q.w.cqFlags.And(^waitBits)
 				return ErrTimeout
 			}
 		}
 		start := time.Now()
 		q.Sleeps++
 		if err := futexWait(q.w.cqWake, v, left); err != nil && err != ErrTimeout {
-			q.w.cqFlags.And(^FlagWaiting)
+			q.w.cqFlags.And(^waitBits)
 			return err
 		}
 		if q.Ready() >= min {
-			q.w.cqFlags.And(^FlagWaiting)
+			q.w.cqFlags.And(^waitBits)
 			q.spin.slept(time.Since(start))
 			return nil
 		}

@@ -198,9 +198,9 @@ func (r *DaemonRing) Post(c *CQE) {
 	r.inflight--
 	r.posted++
 	r.w.cqTail.Swap(r.cqTail) // release, and a full fence before the flag's load (a swap: see ClientRing.Submit)
-	emptied := r.inflight == 0
+	emptied, tail := r.inflight == 0, r.cqTail
 	r.cqMu.Unlock()
-	if wake(r.w.cqFlags, FlagWaiting, r.w.cqWake) {
+	if r.clientWants(tail, emptied) && wake(r.w.cqFlags, FlagWaiting|FlagWaitTarget, r.w.cqWake) {
 		r.WakeCounts.ClientWakes.Add(1)
 	}
 	if emptied && r.idling.Load() {
@@ -209,6 +209,23 @@ func (r *DaemonRing) Post(c *CQE) {
 		futexWake(r.w.sqWake)
 		r.WakeCounts.WorkerPrewakes.Add(1)
 	}
+}
+
+// clientWants reports whether a client sleeping for completions wants to be
+// woken by the CQE that moved cq_tail to tail: it sleeps for every CQE
+// (FlagWaiting alone), or for a target tail has reached, or emptied says
+// that no more CQEs will come until it submits. The target is the client's
+// word, read after cq_tail was published; whatever it holds, the client
+// is woken no later than when its queue empties.
+func (r *DaemonRing) clientWants(tail uint32, emptied bool) bool {
+	f := r.w.cqFlags.Load()
+	if f&FlagWaiting == 0 {
+		return false
+	}
+	if f&FlagWaitTarget == 0 || emptied {
+		return true
+	}
+	return int32(tail-r.w.cqTarget.Load()) >= 0
 }
 
 // WakeCounts are a ring's wake-up system calls and sleeps, for stats: the

@@ -27,6 +27,7 @@
 //	0x140  u32 cq_tail    written by the daemon, read by the client
 //	0x180  u32 cq_flags   set by the client before it sleeps (FlagWaiting)
 //	0x184  u32 cq_wake    the futex word the client sleeps on
+//	0x188  u32 cq_target  written by the client before it sleeps with FlagWaitTarget
 //	0x1c0  u32 state      written by the daemon: StateClosed, StateBroken
 //	0x1c4  u32 violations written by the daemon: entries or indices it refused
 //	sq_off   sq_entries SQEs of 64 bytes
@@ -127,7 +128,19 @@
 // The daemon sets FlagNeedWakeup when it sleeps for want of entries and
 // FlagCQWait when it sleeps for want of completion-ring space (the client
 // then rings after reaping). The client sets FlagWaiting when it sleeps for
-// completions.
+// completions. A client that waits for several sets FlagWaitTarget with
+// it, after writing to cq_target the cq_tail it waits for: the daemon then
+// wakes it only once cq_tail reaches that index, or when the CQE it posts
+// leaves nothing in flight (no more will come), instead of once per CQE,
+// each of which would send the client back to sleep. A target that is
+// never reached therefore costs the client only its own wait.
+//
+// The daemon also wakes its own worker, without a doorbell, when a CQE
+// leaves the queue with nothing in flight and the worker sleeps for
+// entries (DaemonRing.Post): the client's next move can then only be a
+// submission, and the worker spins for it while the client wakes, instead
+// of waking only after the client has. Whether the worker sleeps is the
+// daemon's own state for this, never the shared flags.
 //
 // # Hostile memory
 //

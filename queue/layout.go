@@ -38,6 +38,7 @@ const (
 	offCQTail    = 0x140
 	offCQFlags   = 0x180
 	offCQWake    = 0x184
+	offCQTarget  = 0x188
 	offState     = 0x1c0
 	offViolation = 0x1c4
 )
@@ -51,6 +52,10 @@ const (
 	FlagCQWait uint32 = 1 << 1
 	// FlagWaiting (cq_flags): the client sleeps until a completion comes.
 	FlagWaiting uint32 = 1 << 0
+	// FlagWaitTarget (cq_flags, with FlagWaiting): the client sleeps until
+	// cq_tail reaches cq_target, not for every completion. A client that
+	// sets only FlagWaiting is woken by each one.
+	FlagWaitTarget uint32 = 1 << 1
 )
 
 // Bits of the state word, written by the daemon.
@@ -176,6 +181,7 @@ func word(mem []byte, off int) *atomic.Uint32 {
 type words struct {
 	sqHead, sqTail, sqFlags, sqWake *atomic.Uint32
 	cqHead, cqTail, cqFlags, cqWake *atomic.Uint32
+	cqTarget                        *atomic.Uint32
 	state, violations               *atomic.Uint32
 }
 
@@ -183,6 +189,7 @@ func wordsOf(mem []byte) words {
 	return words{
 		sqHead: word(mem, offSQHead), sqTail: word(mem, offSQTail), sqFlags: word(mem, offSQFlags), sqWake: word(mem, offSQWake),
 		cqHead: word(mem, offCQHead), cqTail: word(mem, offCQTail), cqFlags: word(mem, offCQFlags), cqWake: word(mem, offCQWake),
+		cqTarget: word(mem, offCQTarget),
 		state: word(mem, offState), violations: word(mem, offViolation),
 	}
 }

@@ -615,3 +615,74 @@ func TestPrewake(t *testing.T) {
 		t.Fatal("the entry the spin found is not there")
 	}
 }
+
+// TestWaitTargetWakesOnce: a client sleeping for several completions is
+// woken by the post that makes them ready, not by each one before it.
+func TestWaitTargetWakesOnce(t *testing.T) {
+	d, c := pair(t, 8, 0, 0)
+	c.spin = spinner{} // sleep at once
+	for i := 0; i < 5; i++ {
+		if ok, err := c.Stage(&SQE{Op: OpNop, UserData: uint64(i)}, nil); !ok || err != nil {
+			t.Fatalf("stage: %v %v", ok, err)
+		}
+	}
+	c.Submit()
+	var sqes [8]SQE
+	if n := d.Take(sqes[:]); n != 5 {
+		t.Fatalf("took %d", n)
+	}
+	d.Publish()
+	errs := make(chan error, 1)
+	go func() { errs <- c.Wait(4, 10*time.Second) }()
+	waitFor(t, func() bool { return c.w.cqFlags.Load()&waitBits == waitBits })
+	for i := 0; i < 3; i++ {
+		d.Post(&CQE{UserData: uint64(i)})
+	}
+	if w := d.WakeCounts.ClientWakes.Load(); w != 0 {
+		t.Fatalf("%d client wakes for 3 of the 4 completions it waits for", w)
+	}
+	select {
+	case err := <-errs:
+		t.Fatalf("Wait(4) returned with 3 ready: %v", err)
+	default:
+	}
+	d.Post(&CQE{UserData: 3})
+	if err := <-errs; err != nil {
+		t.Fatalf("Wait(4): %v", err)
+	}
+	if w := d.WakeCounts.ClientWakes.Load(); w != 1 {
+		t.Errorf("%d client wakes, want 1", w)
+	}
+	if c.Ready() != 4 || c.w.cqFlags.Load()&waitBits != 0 {
+		t.Errorf("ready %d, flags %#x after the wait", c.Ready(), c.w.cqFlags.Load())
+	}
+}
+
+// TestClientWants: what the client's flags and target ask for decides the
+// wake-up; a target that is never reached (a client's mistake or
+// scribble) still gets the client woken when nothing is left in flight,
+// and a client that sets no target is woken by every completion.
+func TestClientWants(t *testing.T) {
+	d, c := pair(t, 8, 0, 0)
+	for _, tc := range []struct {
+		flags, target, tail uint32
+		emptied, want       bool
+	}{
+		{0, 0, 5, true, false},                 // not sleeping
+		{FlagWaiting, 100, 5, false, true},     // no target: every completion
+		{waitBits, 6, 5, false, false},         // short of the target
+		{waitBits, 5, 5, false, true},          // reached
+		{waitBits, 3, 5, false, true},          // passed
+		{waitBits, 0xfffffffe, 1, false, true}, // reached across the wrap
+		{waitBits, 5 + 1<<30, 5, false, false}, // far ahead: never reached...
+		{waitBits, 5 + 1<<30, 5, true, true},   // ...but woken once the queue empties
+		{FlagWaitTarget, 5, 5, false, false},   // a target without FlagWaiting: not sleeping
+		{waitBits | 1<<7, 5, 5, false, true},   // other bits are ignored
+	} {
+		c.w.cqFlags.Store(tc.flags)
+		c.w.cqTarget.Store(tc.target)
+		if got := d.clientWants(tc.tail, tc.emptied); got != tc.want {
+			t.Errorf("flags %#x target %d tail %d emptied %v: wants %v, want %v", tc.flags, tc.target, tc.tail, tc.emptied, got, tc.want)
+		}
+	}
+}

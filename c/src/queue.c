@@ -21,8 +21,10 @@
  * The daemon sets FLAG_NEED_WAKEUP in sq_flags when it sleeps for entries
  * (a submit rings it) and FLAG_CQ_WAIT when it sleeps for completion slots
  * (a reap rings it); this side sets FLAG_WAITING in cq_flags when a reap
- * sleeps for completions (the daemon's post rings it). While neither flag
- * is set no system call is made.
+ * sleeps for completions (the daemon's post rings it), with
+ * FLAG_WAIT_TARGET and the cq_tail it waits for in cq_target, so that only
+ * the post that reaches it (or leaves nothing in flight) rings. While
+ * neither flag is set no system call is made.
  *
  * The daemon is trusted more than a client, but its indices are still
  * bounded: a cq_tail claiming more than the ring holds reads as nothing
@@ -82,11 +84,14 @@
 #define OFF_CQ_TAIL 0x140
 #define OFF_CQ_FLAGS 0x180
 #define OFF_CQ_WAKE 0x184
+#define OFF_CQ_TARGET 0x188
 #define OFF_STATE 0x1c0
 
 #define FLAG_NEED_WAKEUP 1u /* sq_flags: the daemon sleeps until a submit */
 #define FLAG_CQ_WAIT 2u     /* sq_flags: the daemon sleeps until a reap frees slots */
 #define FLAG_WAITING 1u     /* cq_flags: this side sleeps until a completion */
+#define FLAG_WAIT_TARGET 2u /* cq_flags, with FLAG_WAITING: ... until cq_tail reaches cq_target */
+#define WAIT_BITS (FLAG_WAITING | FLAG_WAIT_TARGET)
 
 #define OP_NOP 3
 #define SQE_FLAG_NOTIFY 1
@@ -146,7 +151,7 @@ struct tc_queue {
     uint32_t sq_mask, cq_mask;
     uint32_t timeout_us;
     uint32_t *sq_head, *sq_tail, *sq_flags, *sq_wake;
-    uint32_t *cq_head, *cq_tail, *cq_flags, *cq_wake;
+    uint32_t *cq_head, *cq_tail, *cq_flags, *cq_wake, *cq_target;
     uint32_t *state;
     struct tc_queue *next; /* guarded by c->qmu */
     int down;              /* atomic: tc_queue_shutdown was called */
@@ -377,6 +382,7 @@ static tc_queue *new_queue(tc_conn *c, uint64_t id, const struct geom *g, uint8_
     q->cq_tail = word(mem, OFF_CQ_TAIL);
     q->cq_flags = word(mem, OFF_CQ_FLAGS);
     q->cq_wake = word(mem, OFF_CQ_WAKE);
+    q->cq_target = word(mem, OFF_CQ_TARGET);
     q->state = word(mem, OFF_STATE);
     q->sq.head = __atomic_load_n(q->sq_head, __ATOMIC_ACQUIRE);
     q->sq.tail = q->sq.pub = __atomic_load_n(q->sq_tail, __ATOMIC_ACQUIRE);
@@ -835,9 +841,13 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
             return rc;
         uint32_t v = __atomic_load_n(q->cq_wake, __ATOMIC_SEQ_CST);
         race_window();
+        /* Woken once, by the post that makes min ready (or empties the
+         * queue), not by each one: the target is written before the flags'
+         * fence, so a daemon that sees the flag sees the target. */
+        __atomic_store_n(q->cq_target, q->cq.head + min, __ATOMIC_SEQ_CST);
         /* An atomic RMW, a full fence: the re-check below sees any post the
          * daemon made before it read the flag. */
-        __atomic_fetch_or(q->cq_flags, FLAG_WAITING, __ATOMIC_SEQ_CST);
+        __atomic_fetch_or(q->cq_flags, WAIT_BITS, __ATOMIC_SEQ_CST);
         if (ready(q) >= min)
             break;
         if ((rc = queue_err(q)))
@@ -873,10 +883,10 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
         }
         continue;
     out:
-        __atomic_fetch_and(q->cq_flags, ~FLAG_WAITING, __ATOMIC_SEQ_CST);
+        __atomic_fetch_and(q->cq_flags, ~WAIT_BITS, __ATOMIC_SEQ_CST);
         return rc;
     }
-    __atomic_fetch_and(q->cq_flags, ~FLAG_WAITING, __ATOMIC_SEQ_CST);
+    __atomic_fetch_and(q->cq_flags, ~WAIT_BITS, __ATOMIC_SEQ_CST);
     return TC_OK;
 }
 
