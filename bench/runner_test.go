@@ -358,3 +358,47 @@ func TestIOSize(t *testing.T) {
 		t.Error("io_size=0 accepted")
 	}
 }
+
+// minEngine records the min of every Reap.
+type minEngine struct {
+	memEngine
+	mins []int
+}
+
+func (m *minEngine) Reap(min int, out []Completion) (int, error) {
+	m.mins = append(m.mins, min)
+	return m.memEngine.Reap(min, out)
+}
+
+// TestReapWaitsForTheNextBatch: with iodepth in flight, the worker waits
+// for the completions its next batch needs at once, as fio's
+// iodepth_batch_complete_min (which the baseline sets to batch) does, not
+// for one at a time.
+func TestReapWaitsForTheNextBatch(t *testing.T) {
+	eng := &minEngine{}
+	engines["min-test"] = func(*Env, *Job) (Engine, error) { return eng, nil }
+	defer delete(engines, "min-test")
+	jobs := mustJobs(t, "--name=a", "--engine=mem", "--rw=randread", "--bs=4k", "--size=1m", "--iodepth=8", "--batch=4")
+	jobs[0].Engine = "min-test"
+	res, err := (&Runner{}).Run(context.Background(), jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Err(); err != nil {
+		t.Fatal(err)
+	}
+	four := 0
+	for _, m := range eng.mins {
+		if m < 1 || m > 4 {
+			t.Fatalf("Reap(min=%d) with batch 4", m)
+		}
+		if m == 4 {
+			four++
+		}
+	}
+	// The mem engine completes at once, so one such reap takes all 8 in
+	// flight: one whole-batch reap per 8 IOs.
+	if ios := res.Groups[0].Read.IOs; four < int(ios)/8-2 {
+		t.Errorf("%d of %d reaps waited for a whole batch of 4 over %d IOs", four, len(eng.mins), ios)
+	}
+}
