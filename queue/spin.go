@@ -99,6 +99,13 @@ func (s *spinner) more() bool {
 	return now.Sub(s.start) < s.budget
 }
 
+// progress restarts the spin's window: part of what the side waits for has
+// come, so the budget measures the gap between arrivals, not the whole
+// wait. A side waiting for several completions that keep coming spins
+// through them, and sleeps only when they pause for longer than the
+// budget.
+func (s *spinner) progress() { s.start = time.Time{} }
+
 // end finishes a spin begun with begin; found says whether work came.
 func (s *spinner) end(slots *spinSlots, found bool) {
 	if s.slot {

@@ -778,10 +778,18 @@ static int spin(tc_queue *q, uint32_t min, int64_t deadline)
         return 0;
     int64_t start = 0;
     int found = 0;
+    uint32_t last = ready(q);
     for (unsigned i = 1;; i++) {
-        if (ready(q) >= min) {
+        uint32_t r = ready(q);
+        if (r >= min) {
             found = 1;
             break;
+        }
+        if (r != last) {
+            /* Completions are coming: the budget is for the gap between
+             * them, so the window restarts (the deadline still holds). */
+            last = r;
+            start = 0;
         }
         cpu_relax();
         if (i % 32 == 0) {
