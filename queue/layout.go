@@ -190,7 +190,7 @@ func wordsOf(mem []byte) words {
 		sqHead: word(mem, offSQHead), sqTail: word(mem, offSQTail), sqFlags: word(mem, offSQFlags), sqWake: word(mem, offSQWake),
 		cqHead: word(mem, offCQHead), cqTail: word(mem, offCQTail), cqFlags: word(mem, offCQFlags), cqWake: word(mem, offCQWake),
 		cqTarget: word(mem, offCQTarget),
-		state: word(mem, offState), violations: word(mem, offViolation),
+		state:    word(mem, offState), violations: word(mem, offViolation),
 	}
 }
 

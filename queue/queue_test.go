@@ -686,3 +686,43 @@ func TestClientWants(t *testing.T) {
 		}
 	}
 }
+
+// TestSpinThroughArrivals: a client waiting for 4 completions that come
+// one by one, each well within its spin budget but all four taking longer
+// than it, spins through them and never sleeps. The spinner's clock is the
+// test's: each reading advances it 1 ms and, every 10 ms, the daemon posts
+// one more completion, so without the spin's restart at each arrival the
+// budget (25 ms) runs out after two, the client sleeps, and nothing posts
+// the rest.
+func TestSpinThroughArrivals(t *testing.T) {
+	d, c := pair(t, 8, 0, 0)
+	for i := 0; i < 4; i++ {
+		if ok, err := c.Stage(&SQE{Op: OpNop, UserData: uint64(i)}, nil); !ok || err != nil {
+			t.Fatalf("stage: %v %v", ok, err)
+		}
+	}
+	c.Submit()
+	var sqes [8]SQE
+	if n := d.Take(sqes[:]); n != 4 {
+		t.Fatalf("took %d", n)
+	}
+	d.Publish()
+	base := time.Unix(1000, 0)
+	ticks, posted := 0, 0
+	spinClock = func() time.Time {
+		ticks++
+		if ticks%10 == 0 && posted < 4 {
+			d.Post(&CQE{UserData: uint64(posted)})
+			posted++
+		}
+		return base.Add(time.Duration(ticks) * time.Millisecond)
+	}
+	defer func() { spinClock = time.Now }()
+	c.spin = spinner{budget: 25 * time.Millisecond, max: 25 * time.Millisecond}
+	if err := c.Wait(4, 2*time.Second); err != nil {
+		t.Fatalf("Wait(4): %v after %d posted (slept %d times)", err, posted, c.Sleeps)
+	}
+	if c.Sleeps != 0 || posted != 4 {
+		t.Errorf("slept %d times, %d posted", c.Sleeps, posted)
+	}
+}

@@ -31,6 +31,9 @@ type spinner struct {
 
 const spinMin = time.Microsecond
 
+// spinClock is the spinners' clock (a test's, to drive a spin).
+var spinClock = time.Now
+
 // spinCeiling bounds every spin of a ring's side: about one 1 MiB copy
 // (30-50 µs at copy() rates of 20-35 GiB/s), so a side waiting on a stream
 // of such copies catches most. It is no longer because a wait for work
@@ -91,7 +94,7 @@ func (s *spinner) more() bool {
 		return true
 	}
 	runtime.Gosched()
-	now := time.Now()
+	now := spinClock()
 	if s.start.IsZero() {
 		s.start = now
 		return true
@@ -117,7 +120,7 @@ func (s *spinner) end(slots *spinSlots, found bool) {
 		return
 	}
 	if !s.start.IsZero() {
-		s.spun = time.Since(s.start)
+		s.spun = spinClock().Sub(s.start)
 	}
 	s.budget /= 2
 }
