@@ -69,7 +69,6 @@ type dispatcher struct {
 	cqes    []client.Completion
 	ready   []Completion
 	pending int // IOs submitted whose completion is not in ready yet
-	queued  int // parts in the queue whose CQE has not come yet
 	closed  bool
 }
 
@@ -179,7 +178,6 @@ func (d *dispatcher) flush() error {
 		d.uds = append(d.uds, uint64(p.slot))
 	}
 	n, err := d.q.Submit(d.reqs, d.uds)
-	d.queued += n
 	d.backlog = d.backlog[:copy(d.backlog, d.backlog[n:])]
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrIO, err)
@@ -189,24 +187,15 @@ func (d *dispatcher) flush() error {
 
 // Reap waits until min completions are ready (or nothing more is in
 // flight) and moves up to len(out) of them to out.
-func (d *dispatcher) Reap(atLeast int, out []Completion) (int, error) {
+func (d *dispatcher) Reap(min int, out []Completion) (int, error) {
 	if d.q == nil || d.closed {
 		return 0, fmt.Errorf("%w: engine not open", ErrBadValue)
 	}
-	for len(d.ready) < atLeast && d.pending > 0 {
+	for len(d.ready) < min && d.pending > 0 {
 		if err := d.flush(); err != nil {
 			return 0, err
 		}
-		// Each IO still to come needs at least one CQE: wait for that
-		// many at once (never more than the queue holds), so the client
-		// is woken once for them, not once per CQE.
-		want := max(1, atLeast-len(d.ready))
-		if want > d.queued {
-			want = max(1, d.queued)
-		}
-		want = min(want, len(d.cqes))
-		k, err := d.q.Reap(d.cqes, want, waitTimeout)
-		d.queued = max(0, d.queued-k) // a CQE that is not ours is a daemon bug, not a count
+		k, err := d.q.Reap(d.cqes, 1, waitTimeout)
 		for _, c := range d.cqes[:k] {
 			d.complete(c)
 		}

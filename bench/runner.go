@@ -447,14 +447,7 @@ func (w *worker) run(stop *atomic.Bool) error {
 		if inflight == 0 {
 			continue
 		}
-		// Wait for what the next batch needs, as fio does with
-		// iodepth_batch_complete_min (the reference's own setting), or
-		// for one completion when the job is winding down.
-		need := 1
-		if !stopping {
-			need = max(1, min(j.Batch-len(w.free), inflight))
-		}
-		got, err := w.eng.Reap(need, w.comps)
+		got, err := w.eng.Reap(1, w.comps)
 		if err != nil {
 			// The engine cannot reap: what is in flight is lost to it.
 			if firstErr == nil {
