@@ -227,6 +227,33 @@ func (q *ClientRing) Reap(out []CQE) int {
 	return n
 }
 
+// spinFor spins, within the learned budget, until min CQEs are ready,
+// for as long as completions keep arriving within it (see
+// spinner.progress) and the deadline allows.
+func (q *ClientRing) spinFor(min int, deadline time.Time) bool {
+	if !q.spin.begin(nil) {
+		return false
+	}
+	found := false
+	last := q.Ready()
+	for q.spin.more() {
+		r := q.Ready()
+		if r >= min {
+			found = true
+			break
+		}
+		if r != last {
+			last = r
+			if !deadline.IsZero() && !time.Now().Before(deadline) {
+				break
+			}
+			q.spin.progress()
+		}
+	}
+	q.spin.end(nil, found)
+	return found
+}
+
 // waitBits are the cq_flags bits of a client sleeping for a target.
 const waitBits = FlagWaiting | FlagWaitTarget
 
@@ -246,39 +273,25 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 	if timeout >= 0 {
 		deadline = time.Now().Add(timeout)
 	}
-	if q.spin.begin(nil) {
-		found := false
-		last := q.Ready()
-		for q.spin.more() {
-			r := q.Ready()
-			if r >= min {
-				found = true
-				break
-			}
-			if r != last {
-				// Completions are coming: spin on for the rest, within
-				// the caller's time.
-				last = r
-				if !deadline.IsZero() && !time.Now().Before(deadline) {
-					break
-				}
-				q.spin.progress()
-			}
-		}
-		q.spin.end(nil, found)
-		if found {
+	for {
+		if q.spinFor(min, deadline) {
 			return nil
 		}
-	}
-	for {
 		if err := q.Err(); err != nil {
 			return err
 		}
 		v := q.w.cqWake.Load()
-		// Woken once, when the min-th completion is posted (the target
-		// is written before the flags' full fence, so a daemon that sees
-		// the flag sees the target too).
-		q.w.cqTarget.Store(q.cqHead + uint32(min))
+		// Woken once, by the completion before the min-th, so that this
+		// side is awake and spinning when the last one comes rather than
+		// waking only after it (one wake-up either way, but off the
+		// path of the last); by the min-th when only one is missing.
+		// The target is written before the flags' full fence, so a
+		// daemon that sees the flag sees the target too.
+		target := uint32(min)
+		if min-q.Ready() >= 2 {
+			target--
+		}
+		q.w.cqTarget.Store(q.cqHead + target)
 		q.w.cqFlags.Or(waitBits) // a full fence: the re-check sees a post before it
 		if q.Ready() >= min {
 			q.w.cqFlags.And(^waitBits)
@@ -295,16 +308,21 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 				return ErrTimeout
 			}
 		}
-		start := time.Now()
+		start, before := time.Now(), q.Ready()
 		q.Sleeps++
 		if err := futexWait(q.w.cqWake, v, left); err != nil && err != ErrTimeout {
 			q.w.cqFlags.And(^waitBits)
 			return err
 		}
-		if q.Ready() >= min {
-			q.w.cqFlags.And(^waitBits)
-			q.spin.slept(time.Since(start))
-			return nil
+		q.w.cqFlags.And(^waitBits)
+		if r := q.Ready(); r > before {
+			// The sleep covered r-before arrivals: what the spin
+			// should learn is the gap between them, not the whole
+			// sleep, or a wait for many would stop the spin for good.
+			q.spin.slept(time.Since(start) / time.Duration(r-before))
+			if r >= min {
+				return nil
+			}
 		}
 	}
 }

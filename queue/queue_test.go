@@ -617,7 +617,9 @@ func TestPrewake(t *testing.T) {
 }
 
 // TestWaitTargetWakesOnce: a client sleeping for several completions is
-// woken by the post that makes them ready, not by each one before it.
+// not woken by each post: only by the one before the last it waits for
+// (so that it is awake, spinning, when the last comes) and, with its spin
+// off as here, by the last.
 func TestWaitTargetWakesOnce(t *testing.T) {
 	d, c := pair(t, 8, 0, 0)
 	c.spin = spinner{} // sleep at once
@@ -634,13 +636,21 @@ func TestWaitTargetWakesOnce(t *testing.T) {
 	d.Publish()
 	errs := make(chan error, 1)
 	go func() { errs <- c.Wait(4, 10*time.Second) }()
-	waitFor(t, func() bool { return c.w.cqFlags.Load()&waitBits == waitBits })
-	for i := 0; i < 3; i++ {
+	sleepingFor := func(n uint32) bool {
+		return c.w.cqFlags.Load()&waitBits == waitBits && c.w.cqTarget.Load()-c.cqHead == n
+	}
+	waitFor(t, func() bool { return sleepingFor(3) })
+	for i := 0; i < 2; i++ {
 		d.Post(&CQE{UserData: uint64(i)})
 	}
 	if w := d.WakeCounts.ClientWakes.Load(); w != 0 {
-		t.Fatalf("%d client wakes for 3 of the 4 completions it waits for", w)
+		t.Fatalf("%d client wakes for 2 of the 4 completions it waits for", w)
 	}
+	d.Post(&CQE{UserData: 2})
+	if w := d.WakeCounts.ClientWakes.Load(); w != 1 {
+		t.Fatalf("%d client wakes after the third of 4, want 1 (the one before the last)", w)
+	}
+	waitFor(t, func() bool { return sleepingFor(4) }) // no spin: it sleeps for the last
 	select {
 	case err := <-errs:
 		t.Fatalf("Wait(4) returned with 3 ready: %v", err)
@@ -650,8 +660,8 @@ func TestWaitTargetWakesOnce(t *testing.T) {
 	if err := <-errs; err != nil {
 		t.Fatalf("Wait(4): %v", err)
 	}
-	if w := d.WakeCounts.ClientWakes.Load(); w != 1 {
-		t.Errorf("%d client wakes, want 1", w)
+	if w := d.WakeCounts.ClientWakes.Load(); w != 2 {
+		t.Errorf("%d client wakes, want 2", w)
 	}
 	if c.Ready() != 4 || c.w.cqFlags.Load()&waitBits != 0 {
 		t.Errorf("ready %d, flags %#x after the wait", c.Ready(), c.w.cqFlags.Load())

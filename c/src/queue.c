@@ -841,18 +841,21 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
         int64_t now = tc__now_ns();
         deadline = timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
     }
-    if (queue_err(q) == TC_OK && spin(q, min, deadline))
-        return TC_OK;
     for (;;) {
         int rc = queue_err(q);
         if (rc)
             return rc;
+        if (spin(q, min, deadline))
+            return TC_OK;
         uint32_t v = __atomic_load_n(q->cq_wake, __ATOMIC_SEQ_CST);
         race_window();
-        /* Woken once, by the post that makes min ready (or empties the
-         * queue), not by each one: the target is written before the flags'
-         * fence, so a daemon that sees the flag sees the target. */
-        __atomic_store_n(q->cq_target, q->cq.head + min, __ATOMIC_SEQ_CST);
+        /* Woken once, not by each post: by the one before the min-th, so
+         * that the spin above catches the last (by the min-th when only
+         * one is missing), or when the queue empties. The target is
+         * written before the flags' fence, so a daemon that sees the flag
+         * sees the target. */
+        uint32_t want = min - ready(q) >= 2 ? min - 1 : min;
+        __atomic_store_n(q->cq_target, q->cq.head + want, __ATOMIC_SEQ_CST);
         /* An atomic RMW, a full fence: the re-check below sees any post the
          * daemon made before it read the flag. */
         __atomic_fetch_or(q->cq_flags, WAIT_BITS, __ATOMIC_SEQ_CST);
@@ -861,6 +864,7 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
         if ((rc = queue_err(q)))
             goto out;
         int64_t start = tc__now_ns(), slice = CHECK_NS;
+        uint32_t before = ready(q);
         if (deadline) {
             int64_t left = deadline - start;
             if (left <= 0) {
@@ -872,10 +876,14 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
         }
         bump(&q->cq.sleeps);
         int err = futex_wait(q->cq_wake, v, slice);
+        __atomic_fetch_and(q->cq_flags, ~WAIT_BITS, __ATOMIC_SEQ_CST);
         if (ready(q) >= min) {
             if (err == ETIMEDOUT)
                 bump(&q->cq.missed); /* posted while this slept, and not woken */
-            slept(&q->cq.spin, tc__now_ns() - start);
+            /* The spin learns the gap between the arrivals the sleep
+             * covered, not the whole sleep (a wait for many would stop it). */
+            uint32_t got = ready(q) - before;
+            slept(&q->cq.spin, (tc__now_ns() - start) / (got ? got : 1));
             break;
         }
         if (err == ETIMEDOUT && peer_gone(q->c)) {
