@@ -131,6 +131,10 @@ bench: build
 	  scripts/bench-ebpf-cost.sh 3
 	scripts/bench-section.sh --markdown answer-compare "Answers inside Submit and the learned spin budget (831b1b1 before): local, tcp and uring, one run" \
 	  scripts/bench-compare.sh 831b1b1 examples/jobs/local-1m.fio examples/jobs/local-64k.fio examples/jobs/tcp-4k-randread-qd1.fio examples/jobs/uring-4k-randread.fio
+	scripts/bench-section.sh --markdown prewake-compare "A completion that empties a queue wakes its worker (f07dc5c before): tcp and local at depth 1, uring, local and tcp under load, one run" \
+	  env REPEAT=5 scripts/bench-compare.sh f07dc5c examples/jobs/tcp-4k-randread-qd1.fio examples/jobs/local-4k-qd1.fio examples/jobs/uring-4k-randread.fio examples/jobs/local-1m.fio examples/jobs/tcp-1m-write.fio
+	scripts/bench-section.sh --markdown wait-target-compare "The clients' wait target and arrival-aware spin (18616b6 before; tcbench reaps one at a time): local, uring, tcp, one run" \
+	  scripts/bench-compare.sh 18616b6 examples/jobs/local-1m.fio examples/jobs/local-64k.fio examples/jobs/uring-4k-randread.fio examples/jobs/uring-1m-seqread.fio examples/jobs/tcp-1m-write.fio
 	scripts/bench-section.sh rdma "rdma transport and tcbench vs perftest on Soft-RoCE (qemu VM; ratios only)" \
 	  bash -c 'set -o pipefail; RDMA_ROUNDS=5 RXE_TIMEOUT=1500 RDMA_TEST_RUN=XXX RDMA_DAEMON_RUN=- scripts/rdma-vm-test.sh | sed -n "/^rdma vs perftest/,\$$p"'
 	scripts/bench-section.sh rdma-register "Registering a 4 GiB region for RDMA (Soft-RoCE under qemu TCG)" \
