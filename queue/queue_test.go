@@ -623,17 +623,7 @@ func TestPrewake(t *testing.T) {
 func TestWaitTargetWakesOnce(t *testing.T) {
 	d, c := pair(t, 8, 0, 0)
 	c.spin = spinner{} // sleep at once
-	for i := 0; i < 5; i++ {
-		if ok, err := c.Stage(&SQE{Op: OpNop, UserData: uint64(i)}, nil); !ok || err != nil {
-			t.Fatalf("stage: %v %v", ok, err)
-		}
-	}
-	c.Submit()
-	var sqes [8]SQE
-	if n := d.Take(sqes[:]); n != 5 {
-		t.Fatalf("took %d", n)
-	}
-	d.Publish()
+	inFlight(t, d, c, 5)
 	errs := make(chan error, 1)
 	go func() { errs <- c.Wait(4, 10*time.Second) }()
 	sleepingFor := func(n uint32) bool {
@@ -706,17 +696,7 @@ func TestClientWants(t *testing.T) {
 // the rest.
 func TestSpinThroughArrivals(t *testing.T) {
 	d, c := pair(t, 8, 0, 0)
-	for i := 0; i < 4; i++ {
-		if ok, err := c.Stage(&SQE{Op: OpNop, UserData: uint64(i)}, nil); !ok || err != nil {
-			t.Fatalf("stage: %v %v", ok, err)
-		}
-	}
-	c.Submit()
-	var sqes [8]SQE
-	if n := d.Take(sqes[:]); n != 4 {
-		t.Fatalf("took %d", n)
-	}
-	d.Publish()
+	inFlight(t, d, c, 4)
 	base := time.Unix(1000, 0)
 	ticks, posted := 0, 0
 	spinClock = func() time.Time {
@@ -735,4 +715,21 @@ func TestSpinThroughArrivals(t *testing.T) {
 	if c.Sleeps != 0 || posted != 4 {
 		t.Errorf("slept %d times, %d posted", c.Sleeps, posted)
 	}
+}
+
+// inFlight has the client submit n NOPs and the daemon take them, so that
+// n requests are in flight with no CQE posted.
+func inFlight(t *testing.T, d *DaemonRing, c *ClientRing, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if ok, err := c.Stage(&SQE{Op: OpNop, UserData: uint64(i)}, nil); !ok || err != nil {
+			t.Fatalf("stage: %v %v", ok, err)
+		}
+	}
+	c.Submit()
+	var sqes [8]SQE
+	if got := d.Take(sqes[:]); got != n {
+		t.Fatalf("took %d of %d", got, n)
+	}
+	d.Publish()
 }
