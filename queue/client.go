@@ -310,11 +310,11 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		}
 		start, before := time.Now(), q.Ready()
 		q.Sleeps++
-		if err := futexWait(q.w.cqWake, v, left); err != nil && err != ErrTimeout {
-			q.w.cqFlags.And(^waitBits)
+		err := futexWait(q.w.cqWake, v, left)
+		q.w.cqFlags.And(^waitBits)
+		if err != nil && err != ErrTimeout {
 			return err
 		}
-		q.w.cqFlags.And(^waitBits)
 		if r := q.Ready(); r > before {
 			// The sleep covered r-before arrivals: what the spin
 			// should learn is the gap between them, not the whole

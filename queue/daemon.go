@@ -200,13 +200,12 @@ func (r *DaemonRing) Post(c *CQE) {
 	r.w.cqTail.Swap(r.cqTail) // release, and a full fence before the flag's load (a swap: see ClientRing.Submit)
 	emptied, tail := r.inflight == 0, r.cqTail
 	r.cqMu.Unlock()
-	if r.clientWants(tail, emptied) && wake(r.w.cqFlags, FlagWaiting|FlagWaitTarget, r.w.cqWake) {
+	if r.clientWants(tail, emptied) && wake(r.w.cqFlags, waitBits, r.w.cqWake) {
 		r.WakeCounts.ClientWakes.Add(1)
 	}
 	if emptied && r.idling.Load() {
 		r.prewoken.Store(true)
-		r.w.sqWake.Add(1)
-		futexWake(r.w.sqWake)
+		r.Kick()
 		r.WakeCounts.WorkerPrewakes.Add(1)
 	}
 }
@@ -290,11 +289,8 @@ func (r *DaemonRing) Idle(timeout time.Duration) bool {
 		bit = FlagCQWait
 	}
 	v := r.w.sqWake.Load()
-	idling := r.why == starveEntries
-	if idling {
-		r.idling.Store(true) // before the re-check: a Post after it pre-wakes
-	}
-	r.w.sqFlags.Or(bit) // a full fence: the re-check below sees a submit before it
+	r.idling.Store(r.why == starveEntries) // before the re-check: a Post after it pre-wakes
+	r.w.sqFlags.Or(bit)                    // a full fence: the re-check below sees a submit before it
 	if r.ready() || r.closed.Load() {
 		r.w.sqFlags.And(^bit)
 		r.idling.Store(false)
@@ -309,9 +305,7 @@ func (r *DaemonRing) Idle(timeout time.Duration) bool {
 	r.WakeCounts.WorkerSleeps.Add(1)
 	futexWait(r.w.sqWake, v, timeout) //nolint:errcheck // the caller re-checks either way
 	r.w.sqFlags.And(^bit)
-	if idling {
-		r.idling.Store(false)
-	}
+	r.idling.Store(false)
 	switch {
 	case r.ready():
 		r.spurious = 0

@@ -547,17 +547,8 @@ func TestStoreEntry(t *testing.T) {
 func TestPrewake(t *testing.T) {
 	d, c := pair(t, 8, 0, 0)
 	d.spin = spinner{} // sleep at once, so the test sees the sleeps
-	for i := 0; i < 2; i++ {
-		if ok, err := c.Stage(&SQE{Op: OpWrite, UserData: uint64(i), Length: 1}, nil); !ok || err != nil {
-			t.Fatalf("stage: %v %v", ok, err)
-		}
-	}
-	c.Submit()
+	inFlight(t, d, c, 2)
 	var sqes [8]SQE
-	if n := d.Take(sqes[:]); n != 2 {
-		t.Fatalf("took %d", n)
-	}
-	d.Publish()
 	if d.Take(sqes[:]) != 0 {
 		t.Fatal("took entries that were never submitted")
 	}
