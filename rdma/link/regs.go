@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"fmt"
@@ -35,10 +35,10 @@ import (
 type regQueue struct {
 	log *slog.Logger
 	// register registers seg and reports whether it is registered
-	// (rdmaPlane.registerLocal); only run calls it.
+	// (Links.registerLocal); only run calls it.
 	register func(seg xfer.Segment) bool
 	// route is where a waiting task goes once its buffer's registration
-	// ended (rdmaPlane.routeRegistered).
+	// ended (Links.routeRegistered).
 	route func(t *xfer.Task) xfer.Transport
 
 	wake chan struct{} // capacity 1: a job was queued

@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"sync/atomic"
@@ -38,8 +38,8 @@ func lengths(ts []*xfer.Task) uint64 {
 	return b
 }
 
-// counters appends the plane's counters and gauges to dst.
-func (p *rdmaPlane) counters(dst []wire.Counter) []wire.Counter {
+// Counters appends the links' counters and gauges to dst (tcctl stats).
+func (p *Links) Counters(dst []wire.Counter) []wire.Counter {
 	s := &p.stats
 	p.exports.mu.Lock()
 	exports := len(p.exports.m)

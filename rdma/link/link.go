@@ -1,4 +1,4 @@
-package plane
+package link
 
 // The link: the transport one peer's remote targets get when RDMA carries
 // them, and how it splits a submission between the rdma transport, the
@@ -19,9 +19,9 @@ import (
 
 // rdmaLink is the transport the router returns for one peer's remote
 // targets when RDMA carries them. A task carrying a notification moves by
-// RDMA too; the notification follows on the peer channel (rdma_notify.go).
+// RDMA too; the notification follows on the peer channel (notify.go).
 type rdmaLink struct {
-	p     *rdmaPlane
+	p     *Links
 	peer  string
 	epoch uint64 // the peer's epoch the link was made with
 	tr    *rdma.Transport

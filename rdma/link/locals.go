@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"maps"
@@ -12,7 +12,7 @@ import (
 
 // Client buffers as the local side of RDMA requests. The first request
 // from a client's buffer to a peer goes over tcp and has the registration
-// queue (rdma_regs.go) register the buffer (local access only: peers reach
+// queue (regs.go) register the buffer (local access only: peers reach
 // it only through an export's own registration); a request of a segment
 // opened with transport rdma waits in that queue instead. Later requests
 // from it move by RDMA. The registration lives as long as the buffer's
@@ -40,7 +40,7 @@ type localRegs struct {
 
 // localRegion is the registration requests from local segment id use: the
 // pool's (a tenant's), a client buffer's, or nil.
-func (p *rdmaPlane) localRegion(id xfer.SegmentID) *rdma.Region {
+func (p *Links) localRegion(id xfer.SegmentID) *rdma.Region {
 	if r := p.pools[id]; r != nil {
 		return r
 	}
@@ -52,7 +52,7 @@ func (p *rdmaPlane) localRegion(id xfer.SegmentID) *rdma.Region {
 
 // wantLocal queues seg for registration when it is a client buffer. It
 // never blocks: a full queue is tried again by a later request.
-func (p *rdmaPlane) wantLocal(seg xfer.Segment) {
+func (p *Links) wantLocal(seg xfer.Segment) {
 	if _, ok := seg.(teardownHooker); !ok {
 		return
 	}
@@ -64,7 +64,7 @@ func (p *rdmaPlane) wantLocal(seg xfer.Segment) {
 // it, so no two registrations of one buffer race; locals.mu is not held
 // while the device registers (that takes seconds for a large buffer, and
 // a buffer's teardown takes the lock).
-func (p *rdmaPlane) registerLocal(seg xfer.Segment) bool {
+func (p *Links) registerLocal(seg xfer.Segment) bool {
 	id := seg.ID()
 	if p.localRegion(id) != nil {
 		return true
@@ -110,7 +110,7 @@ func (p *rdmaPlane) registerLocal(seg xfer.Segment) bool {
 
 // dropLocal is a client buffer's teardown: its registration leaves every
 // link and is released. A plane that closed released it already.
-func (p *rdmaPlane) dropLocal(id xfer.SegmentID) {
+func (p *Links) dropLocal(id xfer.SegmentID) {
 	e := &p.locals
 	e.mu.Lock()
 	var reg *rdma.Region
@@ -137,7 +137,7 @@ func (p *rdmaPlane) dropLocal(id xfer.SegmentID) {
 
 // closeAll releases every client buffer's registration (the plane is
 // closing; its transports are closed already).
-func (e *localRegs) closeAll(p *rdmaPlane) {
+func (e *localRegs) closeAll(p *Links) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	m := e.m.Load()

@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"errors"
@@ -46,7 +46,7 @@ func parseNotify(req []byte) (name string, payload []byte, err error) {
 // serveNotify delivers a peer's notification for one of this daemon's
 // exports, which must grant the peer write access (a notification rides a
 // WRITE).
-func (p *rdmaPlane) serveNotify(from string, _ uint64, req []byte) ([]byte, error) {
+func (p *Links) serveNotify(from string, _ uint64, req []byte) ([]byte, error) {
 	name, payload, err := parseNotify(req)
 	if err != nil {
 		return nil, err
