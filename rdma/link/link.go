@@ -181,7 +181,7 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 	if err := l.tr.AddRemote(t.Req.Target, reg); err != nil {
 		return viaTCP
 	}
-	lr := l.p.localRegion(t.Req.Local)
+	lr := l.p.localRegion(t.Local)
 	if lr == nil {
 		if l.rdmaOnly(t) {
 			return viaDown

@@ -205,7 +205,7 @@ func (p *Links) Route(local, target xfer.Segment) xfer.Transport {
 		p.stats.toTCP.Add(1)
 		return nil
 	}
-	if p.localRegion(local.ID()) == nil {
+	if p.localRegion(local) == nil {
 		if via != wire.TransportRDMA {
 			p.wantLocal(local)
 			p.stats.toTCP.Add(1)
@@ -213,7 +213,7 @@ func (p *Links) Route(local, target xfer.Segment) xfer.Transport {
 		}
 		// The client asked for rdma: the request waits for its buffer's
 		// registration in the queue, off the submit path.
-		if _, ok := local.(teardownHooker); !ok || p.regs.hasFailed(local.ID()) {
+		if b, _ := clientBuffer(local); b == nil || p.regs.hasFailed(local.ID()) {
 			return p.localMissing
 		}
 		return p.regs

@@ -415,7 +415,7 @@ func testClientBuffer(t *testing.T, devs *devices) {
 	}
 	p.d2.log.waitFor(t, "client buffer registered for rdma", 30*time.Second)
 	p.d2.untilRDMA(t, p.kvRemote, xfer.Request{Op: xfer.OpWrite, Local: bufID, Target: p.kv, Length: 1 << 20})
-	if p.d2.p.rdma.localRegion(bufID) == nil {
+	if p.d2.p.rdma.localRegion(buf) == nil {
 		t.Fatal("the client buffer has no registration after an rdma WRITE from it")
 	}
 	for _, n := range rdmaSizes {
@@ -453,7 +453,7 @@ func testClientBuffer(t *testing.T, devs *devices) {
 	if err := buf.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if p.d2.p.rdma.localRegion(bufID) != nil || p.d2.counter(t, "rdma.buffers_registered") != 0 {
+	if p.d2.p.rdma.localRegion(buf) != nil || p.d2.counter(t, "rdma.buffers_registered") != 0 {
 		t.Fatal("the unregistered buffer's rdma registration is still there")
 	}
 	if _, ok := (*p.d2.link("d1").ids.Load())[bufID]; ok {

@@ -3,7 +3,6 @@ package link
 import (
 	"maps"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/tensorcast/tensorcast/rdma"
@@ -15,37 +14,62 @@ import (
 // queue (regs.go) register the buffer (local access only: peers reach
 // it only through an export's own registration); a request of a segment
 // opened with transport rdma waits in that queue instead. Later requests
-// from it move by RDMA. The registration lives as long as the buffer's
-// mapping: the buffer's teardown (its last reference dropped after it was
-// unregistered, so no work request uses it any more) removes it from the
-// links and releases it before the memory is unmapped.
-
-// teardownHooker is a client buffer that runs a hook before it unmaps
-// (shm.Buffer).
-type teardownHooker interface {
-	xfer.MemSegment
-	SetTeardownHook(func())
-}
+// from it move by RDMA. The registration lives in the buffer's RDMA slot
+// (xfer.SlotRDMA) as long as the buffer's mapping: the buffer's teardown
+// (its last reference dropped after it was unregistered, so no work
+// request uses it any more) releases it, which removes it from the links
+// and deregisters it before the memory is unmapped.
 
 // maxLocalRegs bounds the client buffers registered at once; past it a
 // buffer's requests use tcp (logged).
 const maxLocalRegs = 4096
 
-// localRegs are the client buffers' registrations by segment id.
+// localRegs are the client buffers' registrations the links made, for
+// Close and the counters; the hot path reads each from its buffer's slot.
 type localRegs struct {
-	// m is read without a lock on the hot path; written under mu.
-	m  atomic.Pointer[map[xfer.SegmentID]*rdma.Region]
+	// mu guards m.
 	mu sync.Mutex
+	m  map[*localReg]struct{}
 }
 
-// localRegion is the registration requests from local segment id use: the
-// pool's (a tenant's), a client buffer's, or nil.
-func (p *Links) localRegion(id xfer.SegmentID) *rdma.Region {
-	if r := p.pools[id]; r != nil {
+// localReg is a client buffer's registration, in the buffer's RDMA slot.
+type localReg struct {
+	p    *Links
+	id   xfer.SegmentID
+	regs *xfer.Regs // the buffer's slots
+	reg  *rdma.Region
+}
+
+var _ xfer.Registration = (*localReg)(nil)
+
+// Release implements xfer.Registration: the buffer's teardown.
+func (r *localReg) Release() { r.p.dropLocal(r) }
+
+// clientBuffer is seg as a client buffer that can carry an RDMA
+// registration, or nil.
+func clientBuffer(seg xfer.Segment) (xfer.MemSegment, *xfer.Regs) {
+	b, ok := seg.(xfer.MemSegment)
+	if !ok || seg.Kind() != xfer.KindClient {
+		return nil, nil
+	}
+	regs := xfer.RegsOf(seg)
+	if regs == nil {
+		return nil, nil
+	}
+	return b, regs
+}
+
+// localRegion is the registration requests from local segment seg use: the
+// pool's (a tenant's), a client buffer's, or nil. It does not lock or
+// allocate.
+func (p *Links) localRegion(seg xfer.Segment) *rdma.Region {
+	if r := p.pools[seg.ID()]; r != nil {
 		return r
 	}
-	if m := p.locals.m.Load(); m != nil {
-		return (*m)[id]
+	if regs := xfer.RegsOf(seg); regs != nil {
+		if r, ok := regs.Load(xfer.SlotRDMA).(*localReg); ok && r.p == p {
+			return r.reg
+		}
 	}
 	return nil
 }
@@ -53,7 +77,7 @@ func (p *Links) localRegion(id xfer.SegmentID) *rdma.Region {
 // wantLocal queues seg for registration when it is a client buffer. It
 // never blocks: a full queue is tried again by a later request.
 func (p *Links) wantLocal(seg xfer.Segment) {
-	if _, ok := seg.(teardownHooker); !ok {
+	if b, _ := clientBuffer(seg); b == nil {
 		return
 	}
 	p.regs.want(seg)
@@ -66,20 +90,17 @@ func (p *Links) wantLocal(seg xfer.Segment) {
 // a buffer's teardown takes the lock).
 func (p *Links) registerLocal(seg xfer.Segment) bool {
 	id := seg.ID()
-	if p.localRegion(id) != nil {
+	if p.localRegion(seg) != nil {
 		return true
 	}
-	b, ok := seg.(teardownHooker)
-	if !ok || !b.Acquire() {
+	b, regs := clientBuffer(seg)
+	if b == nil || !b.Acquire() {
 		return false // not a client buffer, or unregistered meanwhile
 	}
 	defer b.Release()
 	e := &p.locals
 	e.mu.Lock()
-	n := 0
-	if m := e.m.Load(); m != nil {
-		n = len(*m)
-	}
+	n := len(e.m)
 	e.mu.Unlock()
 	if n >= maxLocalRegs {
 		p.log.Warn("client buffer cannot use rdma: too many buffers registered", "segment", id, "max", maxLocalRegs)
@@ -91,65 +112,67 @@ func (p *Links) registerLocal(seg xfer.Segment) bool {
 		p.log.Warn("client buffer cannot use rdma: registering it failed", "segment", id, "bytes", b.Size(), "err", err)
 		return false
 	}
+	r := &localReg{p: p, id: id, regs: regs, reg: reg}
 	e.mu.Lock()
-	old := map[xfer.SegmentID]*rdma.Region{}
-	if m := e.m.Load(); m != nil {
-		old = *m
+	if e.m == nil {
+		e.m = map[*localReg]struct{}{}
 	}
-	m := maps.Clone(old)
-	m[id] = reg
-	e.m.Store(&m)
+	e.m[r] = struct{}{}
 	e.mu.Unlock()
 	// Set while the reference above is held: the teardown cannot have
 	// run yet.
-	b.SetTeardownHook(func() { p.dropLocal(id) })
+	if !regs.Set(xfer.SlotRDMA, r) {
+		p.log.Warn("client buffer cannot use rdma: its rdma slot is taken", "segment", id)
+		p.dropLocal(r)
+		return false
+	}
 	p.log.Info("client buffer registered for rdma", "segment", id, "bytes", b.Size(),
 		"took", time.Since(start).Round(time.Microsecond).String())
 	return true
 }
 
 // dropLocal is a client buffer's teardown: its registration leaves every
-// link and is released. A plane that closed released it already.
-func (p *Links) dropLocal(id xfer.SegmentID) {
+// link and is released. Links that closed released it already.
+func (p *Links) dropLocal(r *localReg) {
 	e := &p.locals
 	e.mu.Lock()
-	var reg *rdma.Region
-	if m := e.m.Load(); m != nil {
-		if reg = (*m)[id]; reg != nil {
-			nm := maps.Clone(*m)
-			delete(nm, id)
-			e.m.Store(&nm)
-		}
-	}
+	_, ok := e.m[r]
+	delete(e.m, r)
 	e.mu.Unlock()
-	if reg == nil {
+	if !ok {
 		return
 	}
 	for _, l := range *p.links.Load() {
-		l.forgetLocal(id)
+		l.forgetLocal(r.id)
 	}
-	if err := p.dev.Deregister(reg); err != nil {
-		p.log.Error("deregistering a client buffer", "segment", id, "err", err)
+	if err := p.dev.Deregister(r.reg); err != nil {
+		p.log.Error("deregistering a client buffer", "segment", r.id, "err", err)
 		return
 	}
-	p.log.Debug("client buffer's rdma registration released", "segment", id)
+	p.log.Debug("client buffer's rdma registration released", "segment", r.id)
 }
 
-// closeAll releases every client buffer's registration (the plane is
-// closing; its transports are closed already).
+// closeAll takes every client buffer's registration back from its buffer
+// and releases it (the links are closing; their transports are closed
+// already).
 func (e *localRegs) closeAll(p *Links) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	m := e.m.Load()
-	if m == nil {
-		return
-	}
-	for id, reg := range *m {
-		if err := p.dev.Deregister(reg); err != nil {
-			p.log.Warn("deregistering a client buffer", "segment", id, "err", err)
+	for r := range e.m {
+		// A buffer tearing down meanwhile finds r gone from m.
+		r.regs.Drop(xfer.SlotRDMA, r)
+		if err := p.dev.Deregister(r.reg); err != nil {
+			p.log.Warn("deregistering a client buffer", "segment", r.id, "err", err)
 		}
 	}
-	e.m.Store(&map[xfer.SegmentID]*rdma.Region{})
+	clear(e.m)
+}
+
+// registered is how many client buffers are registered.
+func (e *localRegs) registered() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.m)
 }
 
 // forgetLocal drops local segment id from the link's tables.

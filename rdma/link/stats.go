@@ -44,10 +44,7 @@ func (p *Links) Counters(dst []wire.Counter) []wire.Counter {
 	p.exports.mu.Lock()
 	exports := len(p.exports.m)
 	p.exports.mu.Unlock()
-	bufs := 0
-	if m := p.locals.m.Load(); m != nil {
-		bufs = len(*m)
-	}
+	bufs := p.locals.registered()
 	return append(dst,
 		wire.Counter{Name: "rdma.links", Value: uint64(len(*p.links.Load()))},
 		wire.Counter{Name: "rdma.links_made", Value: s.linksMade.Load()},
