@@ -26,10 +26,10 @@ import (
 // ring.mu and queues it; from then on only the poller touches the fields
 // above task, until the slot is freed again under ring.mu.
 type slot struct {
-	addr      uintptr // memory address of the request's first byte
-	localBase uintptr // base of the local segment's mapping
-	localID   xfer.SegmentID
-	off       uint64 // file offset of the request's first byte
+	addr      uintptr    // memory address of the request's first byte
+	localBase uintptr    // base of the local segment's mapping
+	regs      *xfer.Regs // the local segment's registrations, or nil
+	off       uint64     // file offset of the request's first byte
 	total     uint64
 	done      uint64
 	fd        int32 // file descriptor, or fixed-file index when fixedFile
