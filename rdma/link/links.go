@@ -72,6 +72,11 @@ type Links struct {
 	said     map[string]string // what was logged about each peer's transport
 	closed   bool
 
+	// notesMu guards notes, the notified WRITEs' reusable notes
+	// (notify.go).
+	notesMu sync.Mutex
+	notes   []*rdmaNote
+
 	exports exportRegs
 	locals  localRegs
 	pins    pins

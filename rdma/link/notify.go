@@ -3,7 +3,6 @@ package link
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/tcp"
@@ -12,12 +11,16 @@ import (
 
 // Notified WRITEs over RDMA. The bytes move by RDMA WRITE; once its
 // completion says they were placed in the owner's memory, the notification
-// goes on the peer channel as an exchange, and the owner delivers it to the
-// export's subscribers before answering. The task completes only on that
-// answer: the same fail-closed contract as on tcp (a refusal fails the task
-// with tcp.ErrNotifyRejected, no answer by the deadline with
-// xfer.ErrTimeout, a lost session with its error). A failed WRITE sends no
-// notification.
+// goes on the peer channel in the tcp node's own notification frame
+// (tcp.Node.Notify), as a notified WRITE's over tcp does, and the owner
+// delivers it to the export's subscribers before answering. The task
+// completes only on that answer: the same fail-closed contract as on tcp
+// (a refusal fails the task with tcp.ErrNotifyRejected, no answer by the
+// deadline with xfer.ErrTimeout, a lost session with its error). A failed
+// WRITE sends no notification.
+//
+// The owner still serves notifications sent as an exchange
+// (notifyExchange), which daemons of the previous release send.
 
 const notifyExchange = "rdma.notify"
 
@@ -60,70 +63,88 @@ func (p *Links) serveNotify(from string, _ uint64, req []byte) ([]byte, error) {
 	return nil, nil
 }
 
-// rdmaNote stands in front of a notified task's Completer while its WRITE
-// is posted on the link. It holds the task's notification meanwhile: the
-// rdma transport carries none (a task with Notify set is refused there),
-// so the link takes it off the task for the WRITE's flight and puts it
-// back before the task ends.
+// rdmaNote stands in front of a notified task's Completer from its post
+// on the link until it ends. The rdma transport carries no notification (a
+// task with Notify set is refused there), so the link takes it off the
+// task for the WRITE's flight; once the WRITE completed, the note puts it
+// back and hands the task to the tcp node, which sends only the
+// notification (tcp.Node.Notify) and ends the task on the owner's answer.
+// Notes are reused (Links.note): the path starts no goroutine and, warm,
+// allocates nothing.
 type rdmaNote struct {
-	l        *rdmaLink
-	orig     xfer.Completer
-	name     string
-	payload  []byte
-	deadline time.Time
+	l       *rdmaLink
+	orig    xfer.Completer
+	payload []byte
+	sent    bool          // the WRITE completed: the notification is out
+	one     [1]*xfer.Task // the submission, without a slice to allocate
 }
 
-// TaskDone implements xfer.Completer. It runs on the transport's poller,
-// so the exchange runs on its own goroutine.
+// TaskDone implements xfer.Completer. It runs twice: on the rdma poller
+// when the WRITE ends, and again when the notification's answer ends the
+// task (on the tcp node's goroutines, or within Notify).
 func (n *rdmaNote) TaskDone(t *xfer.Task, moved uint64, err error) {
-	t.SetCompleter(n.orig)
-	t.Notify = n.payload
-	if err != nil {
-		t.Done(0, err)
+	l := n.l
+	if !n.sent && err == nil {
+		n.sent = true
+		t.Notify = n.payload
+		l.tcp.Notify(t, moved)
 		return
 	}
-	go func() {
-		wait := time.Until(n.deadline)
-		if wait <= 0 {
-			t.Done(0, fmt.Errorf("%w: the notification's deadline passed during the WRITE", xfer.ErrTimeout))
-			return
-		}
-		p := n.l.p
-		_, err := p.node.ExchangeAt(n.l.peer, n.l.epoch, notifyExchange, notifyReq(n.name, n.payload), wait)
+	if n.sent {
 		if err == nil {
-			p.stats.notified.Add(1)
+			l.p.stats.notified.Add(1)
 		} else {
-			p.stats.notifyFail.Add(1)
+			l.p.stats.notifyFail.Add(1)
+			moved = 0 // a failed notification fails its task whole
 		}
-		switch {
-		case err == nil:
-			t.Done(moved, nil)
-		case errors.Is(err, tcp.ErrExchange):
-			t.Done(0, fmt.Errorf("%w: %v", tcp.ErrNotifyRejected, err))
-		default:
-			t.Done(0, err)
-		}
-	}()
+	}
+	orig := n.orig
+	t.SetCompleter(orig)
+	t.Notify = n.payload
+	l.p.putNote(n)
+	t.Done(moved, err)
+}
+
+// note is a reset note for a task of link l.
+func (p *Links) note(l *rdmaLink) *rdmaNote {
+	p.notesMu.Lock()
+	var n *rdmaNote
+	if k := len(p.notes); k > 0 {
+		n = p.notes[k-1]
+		p.notes = p.notes[:k-1]
+	}
+	p.notesMu.Unlock()
+	if n == nil {
+		n = new(rdmaNote)
+	}
+	n.l = l
+	return n
+}
+
+// putNote takes a note back once its task ended.
+func (p *Links) putNote(n *rdmaNote) {
+	*n = rdmaNote{}
+	p.notesMu.Lock()
+	p.notes = append(p.notes, n)
+	p.notesMu.Unlock()
 }
 
 // submitNotified posts one notified WRITE on the link. A task the link does
 // not take gets its notification back and goes to tcp, which carries it
 // itself.
 func (l *rdmaLink) submitNotified(t *xfer.Task) (int, error) {
-	r := t.Target.(*tcp.Remote)
-	deadline := t.Deadline
-	if deadline.IsZero() {
-		deadline = time.Now().Add(xfer.DefaultTimeout)
-	}
-	note := &rdmaNote{l: l, orig: t.Completer(), name: r.Name(), payload: t.Notify, deadline: deadline}
+	note := l.p.note(l)
+	note.orig, note.payload = t.Completer(), t.Notify
+	note.one[0] = t
 	t.Notify = nil
 	t.SetCompleter(note)
-	n, err := l.tr.Submit([]*xfer.Task{t})
+	n, err := l.tr.Submit(note.one[:])
 	if n == 1 {
 		return 1, nil
 	}
 	t.SetCompleter(note.orig)
 	t.Notify = note.payload
+	l.p.putNote(note)
 	if errors.Is(err, xfer.ErrClosed) || errors.Is(err, rdma.ErrQPDown) {
 		return l.fallback([]*xfer.Task{t})
 	}

@@ -92,7 +92,10 @@ func (l *logSink) waitForN(t *testing.T, s string, n int, d time.Duration) {
 // devices is where a test's planes get their RDMA devices.
 type devices struct {
 	fab *rdmatest.Fabric // nil: the host's device, RXE_DEV
-	mu  sync.Mutex       // guards opened
+	// deliver, when set, is where the planes' tcp nodes deliver the
+	// notifications peers send, instead of their export tables.
+	deliver func(name string, payload []byte) error
+	mu      sync.Mutex // guards opened
 	// opened are the fabric's devices by daemon id.
 	opened map[string]*rdmatest.Device
 }
@@ -236,7 +239,7 @@ func startSideAt(t *testing.T, id, key, listen string, devs *devices, peers ...d
 	s.segs[poolID] = s.pool
 	s.exports = peer.NewExports(nil)
 	node, err := tcp.NewNode(tcp.Config{DaemonID: id, Listen: listen, ClusterKeyFile: key, ConnsPerPeer: 1,
-		SliceSize: 64 << 10, Peers: peers}, nodeExports{s.exports}, log)
+		SliceSize: 64 << 10, Peers: peers}, nodeExports{s.exports, devs.deliver}, log)
 	if err != nil {
 		t.Fatalf("%s: %v", id, err)
 	}
@@ -307,8 +310,20 @@ func (s *side) open(t *testing.T, name string, rights, transport uint8) (xfer.Se
 	return s.add(rs), rs
 }
 
-// nodeExports is the export table as the tcp node serves peers from it.
-type nodeExports struct{ *peer.Exports }
+// nodeExports is the export table as the tcp node serves peers from it;
+// deliver, when set, takes the notifications instead.
+type nodeExports struct {
+	*peer.Exports
+	deliver func(name string, payload []byte) error
+}
+
+// Deliver implements tcp.Exporter.
+func (x nodeExports) Deliver(name string, payload []byte) error {
+	if x.deliver != nil {
+		return x.deliver(name, payload)
+	}
+	return x.Exports.Deliver(name, payload)
+}
 
 // Granted implements tcp.RightsExporter.
 func (x nodeExports) Granted(name string) (tcp.Rights, bool) {
