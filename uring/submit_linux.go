@@ -141,6 +141,7 @@ func (r *ring) submit(tasks []*xfer.Task) (int, error) {
 		s.off, s.total, s.done = p.off, p.total, 0
 		s.fd, s.fixedFile, s.op = p.fd, p.fixedFile, p.op
 		s.retries, s.inKernel = 0, false
+		s.gen.Add(1)
 		s.task = task
 		task.Tag = uint64(r.id)<<32 | uint64(idx)
 		r.pending = append(r.pending, idx)

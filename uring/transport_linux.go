@@ -35,7 +35,7 @@ const (
 // TracedUserData is the bit a data SQE's user_data carries when the ring
 // picked it for the kernel-side latency view (Config.TraceEvery; package
 // ktrace times only the requests that carry it). The rest of user_data is
-// the slot index; the wake-up and cancel SQEs never carry it.
+// the slot and its generation; the wake-up and cancel SQEs never carry it.
 const TracedUserData = 1 << 60
 
 // Transport is the io_uring xfer.Transport. Create it with New; it is safe
@@ -308,7 +308,7 @@ func (t *Transport) Cancel(task *xfer.Task) {
 	if s.task == task && !s.cancelQueued {
 		s.cancelQueued = true
 		s.canceled.Store(true)
-		r.cancels = append(r.cancels, int32(si))
+		r.cancels = append(r.cancels, slotRef(int32(si), s.gen.Load()))
 		wake = r.wakeLocked()
 	}
 	r.mu.Unlock()
