@@ -219,9 +219,13 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 	}
 	// Publish what the transports did: tasks still with a transport become
 	// Pending and get their deadline timer; tasks answered during dispatch
-	// are metered and drop their end's reference.
+	// are metered and drop their end's reference. The tasks are found by
+	// the slots taken, in request order: grouping by transport reordered
+	// acc in place. A slot whose request was refused is free again, and its
+	// task in no state that publishing changes.
 	run := meterRun{start: start0} // tasks whose Done came during dispatch (meter.go)
-	for _, t := range acc {
+	for i := range n {
+		t := &s.tasks[slots[n-1-i]]
 		d := t.Deadline.Sub(now) // read while the task's slot cannot be freed under us
 	publish:
 		for {
