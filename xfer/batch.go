@@ -149,20 +149,10 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 	b.live.Add(int64(len(acc)))
 	b.cnt[StateWaiting].Add(int64(len(acc)))
 
-	// Dispatch grouped by transport, each group in request order. rest is
-	// compacted in place: its write index never passes its read index.
-	bad := false
 	// Every group of the call is metered from the call's clock reading,
 	// the one its deadline was taken from, when the call is sampled.
 	start0 := b.mc.start(b.e, now)
-	for rest := acc; len(rest) > 0; {
-		var tr Transport
-		var grp []*Task
-		tr, grp, rest = nextGroup(rest, b.grp[:0])
-		if !b.dispatch(tr, grp, start0) {
-			bad = true
-		}
-	}
+	bad := !dispatchGroups(b, acc, b.grp, start0)
 
 	// Publish what the transports did: tasks still with a transport become
 	// Pending, results parked during dispatch become terminal. After a
@@ -296,20 +286,39 @@ func (t *Task) releaseSegs() {
 
 func inBounds(off, n, size uint64) bool { return off <= size && n <= size-off }
 
-// nextGroup moves the tasks of rest's first transport into grp, in order,
-// and compacts the others in place (the write index never passes the read
-// index); it returns that transport, its group and the others.
-func nextGroup(rest, grp []*Task) (Transport, []*Task, []*Task) {
-	tr := rest[0].tr
-	keep := rest[:0]
-	for _, t := range rest {
-		if t.tr == tr {
-			grp = append(grp, t)
-		} else {
-			keep = append(keep, t)
+// groupDispatcher is a batch or a Stream, as dispatchGroups sees it.
+type groupDispatcher interface {
+	// dispatch hands grp, tasks all routed to tr, to it (Dispatch) and
+	// rolls back what tr did not take. It reports false when tr broke the
+	// dispatch contract. start is the call's meter start (0: not
+	// sampled).
+	dispatch(tr Transport, grp []*Task, start int64) bool
+}
+
+// dispatchGroups dispatches the accepted tasks of a submit call through
+// o, one group per transport, each group in request order, with grp as
+// scratch (its capacity at least len(acc)). It reorders acc: the tasks of
+// the transports not yet dispatched are compacted in place (the write
+// index never passes the read index). It reports false when a transport
+// broke the dispatch contract.
+func dispatchGroups(o groupDispatcher, acc, grp []*Task, start int64) bool {
+	kept := true
+	for rest := acc; len(rest) > 0; {
+		tr := rest[0].tr
+		g, others := grp[:0], rest[:0]
+		for _, t := range rest {
+			if t.tr == tr {
+				g = append(g, t)
+			} else {
+				others = append(others, t)
+			}
+		}
+		rest = others
+		if !o.dispatch(tr, g, start) {
+			kept = false
 		}
 	}
-	return tr, grp, keep
+	return kept
 }
 
 // dispatch hands grp to tr and rolls back what tr did not take. It reports

@@ -207,16 +207,8 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 	}
 	s.live.Add(int64(len(acc)))
 
-	bad := false
 	start0 := s.mc.start(s.e, now) // every group is metered from the call's clock reading, when sampled
-	for rest := acc; len(rest) > 0; {
-		var tr Transport
-		var grp []*Task
-		tr, grp, rest = nextGroup(rest, s.grp[:0])
-		if !s.dispatch(tr, grp, start0) {
-			bad = true
-		}
-	}
+	bad := !dispatchGroups(s, acc, s.grp, start0)
 	// Publish what the transports did: tasks still with a transport become
 	// Pending and get their deadline timer; tasks answered during dispatch
 	// are metered and drop their end's reference. The tasks are found by
