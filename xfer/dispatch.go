@@ -78,7 +78,7 @@ type Dispatched struct {
 	// tasks the transport owns: tasks[:K].
 	N, K int
 	// Err ends the tasks given back: Submit's error, or ErrTransport when
-	// the transport broke the contract or gave no error.
+	// the count broke the contract or came without an error.
 	Err error
 	// Broke is Kept, or the first way the call broke the contract.
 	Broke Breach
