@@ -92,8 +92,8 @@ func (d Dispatched) Kept() bool { return d.Broke == Kept }
 // given back (Undispatched: the caller releases it and ends it with d.Err)
 // or, when the transport broke the contract, ended by a Done that came for
 // it anyway (its completer released it). The caller sets its own task
-// states before the call: a Done may come before Submit returns. It does
-// not allocate.
+// states before the call: a Done may come before Submit returns. Dispatch
+// itself allocates nothing.
 func Dispatch(tr Transport, tasks []*Task) Dispatched {
 	for _, t := range tasks {
 		t.owed.Store(owedDone | owedSettling)

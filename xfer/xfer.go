@@ -3,7 +3,8 @@
 // task streams that serve a client's queue (Stream), the per-transport
 // meters, and the Transport contract that every data path (local copy,
 // io_uring, tcp, rdma) implements, with the local copy transport itself
-// (Local).
+// (Local), and the caller's side of that contract (Dispatch), through
+// which batches, streams and the store hand tasks to a transport.
 //
 // Everything in this package is plain Go; syscalls and cgo live in the
 // transport packages.
