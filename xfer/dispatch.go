@@ -10,11 +10,11 @@ package xfer
 //     transport's: each ends by exactly one Done, whose completer releases
 //     what the caller took for it. tasks[n:] were never dispatched:
 //     Dispatch gives them back (Task.Undispatched) and the caller releases
-//     them itself, at once, with the error Submit gave.
+//     them itself, at once, and ends them with Dispatched.Err.
 //   - A transport that answers a count its error or the number of tasks
 //     contradicts (negative, past the end, short without an error, full
 //     with one), calls Done for a task of tasks[n:], or calls Done twice
-//     for a task before Submit returns, broke the contract: the whole call
+//     for a task before Dispatch returns, broke the contract: the whole call
 //     is an error, whatever the tasks' own results said. Dispatched.Broke
 //     says which; the caller fails every task of the call and quarantines
 //     what the transport may still touch.
@@ -53,8 +53,9 @@ const (
 	BadCount
 	// DoneUndispatched: a Done came for a task the count did not take.
 	DoneUndispatched
-	// SecondDone: a second Done came for a task before Submit returned.
-	// Its completer has already counted and reported it (ClaimDone).
+	// SecondDone: a second Done came for a task before Dispatch
+	// returned. Its completer refused it (DoneStray) and left the report
+	// to the call.
 	SecondDone
 )
 
@@ -147,8 +148,8 @@ const (
 // ClaimDone is the completion path's half of the ledger; a Completer's
 // TaskDone calls it first. Only the Done it finds owed (DoneOwed) releases
 // what was taken for t, so that happens exactly once. Any other Done (a
-// second one, one for a task the transport did not take or was disowned
-// of) touches nothing of t's.
+// second one, or one for a task the transport did not take or the caller
+// took back) touches nothing of t's.
 func (t *Task) ClaimDone() DoneClaim {
 	for {
 		v := t.owed.Load()
