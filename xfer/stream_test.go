@@ -493,3 +493,27 @@ func TestStreamTwoTransports(t *testing.T) {
 	waitIdle(t, s)
 	xfertest.CheckRefs(t, f.a, f.b)
 }
+
+// A transport that ends a task twice inside Submit broke the contract as
+// much as one that miscounts: the task ends once, and the stream takes no
+// more.
+func TestStreamSecondDone(t *testing.T) {
+	tr := &liarTr{n: func(l int) int { return l }, done: func(l int) int { return l }, double: true}
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
+	sink := newRecSink(t)
+	s, _ := f.e.NewStream(4, f.reg, sink)
+	res := make([]error, 2)
+	if n, err := s.Submit(f.streamReqs(2, 0, time.Time{}), res); n != 2 || err != nil {
+		t.Fatalf("submit: took %d, %v", n, err)
+	}
+	if sink.count() != 2 {
+		t.Fatalf("%d ends, want 2", sink.count())
+	}
+	if v := f.e.Stats().Violations; v != 2 {
+		t.Errorf("%d violations counted, want 2 (one a second Done)", v)
+	}
+	if n, err := s.Submit(f.streamReqs(1, 5, time.Time{}), res[:1]); n != 0 || !errors.Is(err, xfer.ErrTransport) {
+		t.Fatalf("after a second Done: took %d, %v", n, err)
+	}
+	xfertest.CheckRefs(t, f.a, f.b)
+}
