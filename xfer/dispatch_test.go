@@ -74,8 +74,8 @@ func (c *ledgerCaller) check(t *testing.T, what string, ts []*xfer.Task) {
 }
 
 // TestDispatchLies: every way a transport can answer a Submit, honest or
-// not, through the xfertest liar (Config.Lie) and the engine tests' liar
-// (Dones it did not owe): what Dispatch reports, which tasks it gives back,
+// not, through the xfertest double (Config.Lie for its count, its hooks for
+// Dones it did not owe): what Dispatch reports, which tasks it gives back,
 // and that each task is released exactly once.
 func TestDispatchLies(t *testing.T) {
 	const n = 4
@@ -101,11 +101,16 @@ func TestDispatchLies(t *testing.T) {
 		{name: "full with error", k: n, broke: xfer.BadCount, err: xfer.ErrTransport,
 			tr: xfertest.New(xfertest.Config{Inline: true, Lie: func(n int, _ error) (int, error) { return n, xfertest.ErrInjected }})},
 		{name: "Done past the count", k: 1, broke: xfer.DoneUndispatched, err: xfertest.ErrInjected,
-			tr: &liarTr{n: func(int) int { return 1 }, done: func(l int) int { return l }, err: xfertest.ErrInjected}},
+			tr: xfertest.New(xfertest.Config{Inline: true, OnSubmit: doneFrom(1),
+				Lie: func(int, error) (int, error) { return 1, xfertest.ErrInjected }})},
 		{name: "second Done", k: n, broke: xfer.SecondDone, err: xfer.ErrTransport, strays: n,
-			tr: &liarTr{n: func(l int) int { return l }, done: func(l int) int { return l }, double: true}},
+			tr: xfertest.New(xfertest.Config{Inline: true, Err: func(t *xfer.Task) error {
+				t.Done(t.Req.Length, nil) // the transport then ends it again
+				return nil
+			}})},
 		{name: "negative after Dones", k: 0, broke: xfer.BadCount, err: xfer.ErrTransport,
-			tr: &liarTr{n: func(int) int { return -1 }, done: func(int) int { return 2 }}},
+			tr: xfertest.New(xfertest.Config{OnSubmit: doneFrom(n - 2),
+				Lie: func(int, error) (int, error) { return -1, nil }})},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -141,6 +146,16 @@ func TestDispatchLies(t *testing.T) {
 			}
 			c.check(t, tc.name+", then a late Done", c.ptrs)
 		})
+	}
+}
+
+// doneFrom is a Config.OnSubmit that ends the tasks from i on before the
+// transport takes any: Dones for tasks its count will not take.
+func doneFrom(i int) func(ts []*xfer.Task) {
+	return func(ts []*xfer.Task) {
+		for _, t := range ts[i:] {
+			t.Done(t.Req.Length, nil)
+		}
 	}
 }
 
