@@ -6,8 +6,7 @@
 //     from the daemon's export table (package peer), and opening other
 //     daemons' segments as "peer/segment" (Plane.OpenRemote), through the
 //     multi-host directory's Resolver when there is one, as the request's
-//     lane allows; the mapping of the plane's errors to client codes
-//     (Plane.Code) and what the directory lists about this daemon
+//     lane allows; and what the directory lists about this daemon
 //     (Plane.Member);
 //   - the choice of RDMA at start-up (RDMAConfig's mode) and, when a
 //     device is usable, package rdma/link's Links, which Route asks first

@@ -98,7 +98,7 @@ func (p *Links) serveSegment(from string, _ uint64, req []byte) ([]byte, error) 
 	return r.reg.Remote(0).MarshalBinary()
 }
 
-// exportEnded runs when an export the plane registered ends (after the
+// exportEnded runs when an export the links registered ends (after the
 // peer requests in its range drained): the peers that hold its keys drop
 // them, then its registration is released, so that when the unexport
 // answers no peer can reach the range any more. A plane that closed
@@ -144,7 +144,7 @@ func (p *Links) serveRevoke(from string, _ uint64, req []byte) ([]byte, error) {
 	return nil, nil
 }
 
-// closeAll releases every export's registration (the plane is closing; the
+// closeAll releases every export's registration (the links are closing; the
 // transports are closed already).
 func (e *exportRegs) closeAll(p *Links) {
 	e.mu.Lock()

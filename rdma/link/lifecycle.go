@@ -1,6 +1,6 @@
 package link
 
-// The links' lifecycle on the plane's worker: connecting a link to a peer
+// The links' lifecycle on their worker: connecting a link to a peer
 // and resolving its segments off the submit path, retiring links whose peer
 // restarted or went away, and the acceptor's side of a peer's queue pairs.
 

@@ -48,7 +48,7 @@ func (l *rdmaLink) Cancel(t *xfer.Task) {
 	l.tcp.Cancel(t)
 }
 
-// Close implements xfer.Transport; the plane closes the link's transport.
+// Close implements xfer.Transport; Links.Close closes the link's transport.
 func (l *rdmaLink) Close() error { return nil }
 
 // Submit implements xfer.Transport: runs of tasks go to the rdma transport,

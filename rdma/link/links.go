@@ -14,7 +14,7 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// Exchange kinds the RDMA plane serves on the peer channel, beside
+// Exchange kinds the links serve on the peer channel, beside
 // rdma.ExchangeKind (queue-pair connection data): where an export lies and
 // its keys, and the owner's word that an export's keys are revoked.
 const (

@@ -7,8 +7,8 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// rdmaStats are the RDMA plane's counters for `tcctl stats`: which
-// transport carried the requests to remote segments, and what the plane
+// rdmaStats are the links' counters for `tcctl stats`: which
+// transport carried the requests to remote segments, and what the links
 // set up and tore down.
 type rdmaStats struct {
 	tasks       atomic.Uint64 // requests posted on rdma links
