@@ -95,8 +95,10 @@ func (n *rdmaNote) TaskDone(t *xfer.Task, moved uint64, err error) {
 			l.p.stats.notified.Add(1)
 		} else {
 			l.p.stats.notifyFail.Add(1)
-			moved = 0 // a failed notification fails its task whole
 		}
+	}
+	if err != nil {
+		moved = 0 // a failed WRITE or notification fails its task whole
 	}
 	orig := n.orig
 	t.SetCompleter(orig)
