@@ -44,7 +44,7 @@ type Daemon struct {
 	// watchdog is the WATCHDOG=1 period; zero when systemd wants none.
 	watchdog time.Duration
 
-	// pools are the tenants' pools, in the order of tenantList (one, the
+	// pools are the tenants' pools, in the order of TenantList (one, the
 	// default tenant's, without [[tenants]]); names are the tenants' names.
 	pools []*shm.Pool
 	names []string
@@ -89,9 +89,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}()
 
 	d.reg = xfer.NewRegistry()
-	segs := make([]xfer.MemSegment, 0, len(cfg.tenantList()))
-	for _, t := range cfg.tenantList() {
-		size := cfg.tenantPoolSize(t)
+	segs := make([]xfer.MemSegment, 0, len(cfg.TenantList()))
+	for _, t := range cfg.TenantList() {
+		size := cfg.TenantPoolSize(t)
 		p, err := shm.NewPool(shm.PoolConfig{ID: d.reg.NextID(), Name: t.Name, Size: uint64(size), Hugepages: cfg.Hugepages},
 			log.With("component", "pool", "tenant", t.Name))
 		if err != nil {
@@ -376,14 +376,6 @@ func (r router) Route(local, target xfer.Segment) (xfer.Transport, error) {
 		}
 	}
 	return nil, fmt.Errorf("%w: no transport for %s segments on this daemon", xfer.ErrNotSupported, target.Kind())
-}
-
-func hostID() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		return "tensorcastd"
-	}
-	return h
 }
 
 // transportCounters are the transports' counters for Stats: the io_uring
