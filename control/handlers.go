@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"syscall"
-	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/wire"
@@ -87,51 +86,55 @@ func (c *conn) handle() ([]byte, int) {
 	c.resp.Reset(m.Ctx.RequestID)
 	fd := -1
 	var err error
+	ss, r, ctx := c.ss, &c.resp, &m.Ctx
 	switch b := m.Body.(type) {
 	case *wire.HelloRequest:
 		c.hello(b)
 	case *wire.PingRequest:
-		wire.SetResponse[wire.PingResponse](&c.resp).Payload = b.Payload
+		wire.SetResponse[wire.PingResponse](r).Payload = b.Payload
 	case *wire.RegisterBufferRequest:
-		err = c.registerBuffer(b)
+		if fd, err = c.takeFD(); err == nil {
+			err = ss.RegisterBuffer(b, fd, r)
+		}
+		fd = -1
 	case *wire.UnregisterBufferRequest:
-		err = c.unregister(b)
+		err = ss.Unregister(b, r)
 	case *wire.PoolInfoRequest:
-		fd, err = c.poolInfo()
+		fd, err = ss.PoolInfo(r)
 	case *wire.AllocBlocksRequest:
-		err = c.allocBlocks(b)
+		err = ss.AllocBlocks(b, r)
 	case *wire.FreeBlocksRequest:
-		c.freeBlocks(b)
+		ss.FreeBlocks(b, r)
 	case *wire.AllocBatchRequest:
-		err = c.allocBatch(b)
+		err = ss.AllocBatch(b, r)
 	case *wire.SubmitRequest:
-		err = c.submit(b)
+		err = ss.Submit(ctx, b, r)
 	case *wire.TaskStatusRequest:
-		err = c.taskStatus(b)
+		err = ss.TaskStatus(b, r)
 	case *wire.BatchStatusRequest:
-		err = c.batchStatus(b)
+		err = ss.BatchStatus(b, r)
 	case *wire.WaitRequest:
-		err = c.waitBatch(b)
+		err = ss.Wait(ctx, b, r)
 	case *wire.FreeBatchRequest:
-		err = c.freeBatch(b)
+		err = ss.FreeBatch(b, r)
 	case *wire.TransferRequestBody:
-		err = c.transfer(b)
+		err = ss.Transfer(ctx, b, r)
 	case *wire.StatsRequest:
 		c.stats()
 	case *wire.RegisterFileRequest:
-		err = c.registerFile(b)
+		err = ss.RegisterFile(b, r)
 	case *wire.ExportSegmentRequest:
-		err = c.exportSegment(b)
+		err = ss.ExportSegment(b, r)
 	case *wire.UnexportSegmentRequest:
-		err = c.unexportSegment(b)
+		err = ss.UnexportSegment(b, r)
 	case *wire.OpenRemoteRequest:
-		err = c.openRemote(b)
+		err = ss.OpenRemote(ctx, b, r)
 	case *wire.CloseRemoteRequest:
-		err = c.closeRemote(b)
+		err = ss.CloseRemote(b, r)
 	case *wire.SubscribeRequest:
-		err = c.subscribe(b)
+		err = ss.Subscribe(b, r)
 	case *wire.PollNotificationsRequest:
-		err = c.pollNotifications(b)
+		err = ss.PollNotifications(ctx, b, r)
 	case *wire.PeersRequest:
 		err = c.peers()
 	case *wire.SegmentsRequest:
@@ -141,31 +144,33 @@ func (c *conn) handle() ([]byte, int) {
 	case *wire.DirectoryRequest:
 		err = c.directoryReport()
 	case *wire.OpenQueueRequest:
-		fd, err = c.openQueue(b)
+		if fd, err = ss.OpenQueue(b, r); err == nil {
+			c.passFD = fd // closed once the answer is sent
+		}
 	case *wire.CloseQueueRequest:
-		err = c.closeQueue(b)
+		err = ss.CloseQueue(b, r)
 	case *wire.StorePutRequest:
-		err = c.storePut(b)
+		err = ss.StorePut(b, r)
 	case *wire.StoreReadRequest:
-		err = c.storeRead(b)
+		err = ss.StoreRead(b, r)
 	case *wire.StoreRemoveRequest:
-		err = c.storeRemove(b)
+		err = ss.StoreRemove(b, r)
 	case *wire.StorePinRequest:
-		err = c.storePin(b)
+		err = ss.StorePin(b, r)
 	case *wire.StoreUnpinRequest:
-		err = c.storeUnpin(b)
+		err = ss.StoreUnpin(b, r)
 	case *wire.StoreReserveRequest:
-		err = c.storeReserve(b)
+		err = ss.StoreReserve(b, r)
 	case *wire.StoreCommitRequest:
-		err = c.storeCommit(b)
+		err = ss.StoreCommit(b, r)
 	case *wire.StoreAbortRequest:
-		err = c.storeAbort(b)
+		err = ss.StoreAbort(b, r)
 	case *wire.StoreStatRequest:
-		err = c.storeStat(b)
+		err = ss.StoreStat(b, r)
 	case *wire.StoreListRequest:
-		err = c.storeList(b)
+		err = ss.StoreList(b, r)
 	case *wire.StoreFlushRequest:
-		err = c.storeFlush(b)
+		err = ss.StoreFlush(b, r)
 	default:
 		err = fmt.Errorf("%w: request body %s is not served", ErrMalformed, kind)
 	}
@@ -209,16 +214,6 @@ func (c *conn) audit(m *wire.Request, code Code, replay bool) {
 		slog.String("op", m.Kind().String()),
 		slog.String("code", code.String()),
 		slog.Bool("replay", replay))
-}
-
-func (c *conn) deadline(timeoutMS uint32) time.Time {
-	switch {
-	case timeoutMS > 0:
-		return time.Now().Add(time.Duration(timeoutMS) * time.Millisecond)
-	case c.req.Ctx.DeadlineMS > 0:
-		return time.Now().Add(time.Duration(c.req.Ctx.DeadlineMS) * time.Millisecond)
-	}
-	return time.Now().Add(c.s.cfg.DefaultWait)
 }
 
 func (c *conn) hello(m *wire.HelloRequest) {

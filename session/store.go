@@ -1,4 +1,4 @@
-package control
+package session
 
 import (
 	"errors"
@@ -41,43 +41,43 @@ type connStore struct {
 // session is the connection's store session, made on first use; it fails
 // with UNAVAILABLE on a daemon without a store. The serving goroutine and
 // the queue workers call it.
-func (c *conn) session() (*store.Store, *store.Session, error) {
-	if c.tenant == nil {
+func (s *Session) storeSession() (*store.Store, *store.Session, error) {
+	if s.pool == nil {
 		return nil, nil, errNoPool
 	}
-	s := c.tenant.Store
-	if s == nil {
+	kv := s.store
+	if kv == nil {
 		return nil, nil, fmt.Errorf("%w: this daemon runs no store", ErrUnavailable)
 	}
-	c.st.once.Do(func() { c.st.ss = s.NewSession() })
-	if c.st.ss == nil {
+	s.st.once.Do(func() { s.st.ss = kv.NewSession() })
+	if s.st.ss == nil {
 		return nil, nil, fmt.Errorf("%w: connection released", ErrClosed)
 	}
-	return s, c.st.ss, nil
+	return kv, s.st.ss, nil
 }
 
 // closeStore closes the connection's session, releasing its pins, leases
 // and reservations. It runs in release, after the queues are closed (no
 // worker can make a session any more).
-func (c *conn) closeStore() {
-	c.st.once.Do(func() {}) // no session made from here on
-	if c.st.ss == nil {
+func (s *Session) closeStore() {
+	s.st.once.Do(func() {}) // no session made from here on
+	if s.st.ss == nil {
 		return
 	}
-	if err := c.st.ss.Close(); err != nil {
-		c.log.Error("closing the store session freed a reservation badly", "err", err)
+	if err := s.st.ss.Close(); err != nil {
+		s.log.Error("closing the store session freed a reservation badly", "err", err)
 	}
 }
 
 // storeErr is the answer to a store call that returned err: nil when the
 // call ran and its codes say what happened (all or nothing refused, a
 // transport broken on some keys, which carry INTERNAL), else err.
-func (c *conn) storeErr(err error) error {
+func (s *Session) storeErr(err error) error {
 	switch {
 	case err == nil, errors.Is(err, store.ErrNotApplied):
 		return nil
 	case errors.Is(err, store.ErrTransport):
-		c.log.Error("store: the L2 transport broke its contract during a call", "err", err)
+		s.log.Error("store: the L2 transport broke its contract during a call", "err", err)
 		return nil
 	}
 	return err
@@ -85,8 +85,8 @@ func (c *conn) storeErr(err error) error {
 
 // memOf resolves a copying call's extent to the bytes it names: pool
 // blocks this connection holds, or a client buffer of it (a reference is
-// taken and kept in c.st.held until the call ends). Its code says why not.
-func (c *conn) memOf(e wire.Extent) ([]byte, Code) {
+// taken and kept in s.st.held until the call ends). Its code says why not.
+func (s *Session) memOf(e wire.Extent) ([]byte, Code) {
 	if e.Length == 0 {
 		return nil, tcproto.CodeINVALID_ARGUMENT
 	}
@@ -94,17 +94,17 @@ func (c *conn) memOf(e wire.Extent) ([]byte, Code) {
 	if end < e.Offset {
 		return nil, tcproto.CodeINVALID_ARGUMENT
 	}
-	if p := c.pool; p != nil && e.Segment == p.ID() {
-		if !c.blocks.covers(e.Offset, e.Length) {
+	if p := s.pool; p != nil && e.Segment == p.ID() {
+		if !s.blocks.covers(e.Offset, e.Length) {
 			return nil, tcproto.CodePERMISSION_DENIED
 		}
 		return p.Bytes()[e.Offset:end:end], tcproto.CodeOK
 	}
-	c.mu.Lock()
-	b, ok := c.buffers[e.Segment]
-	_, file := c.files[e.Segment]
-	_, remote := c.remotes[e.Segment]
-	c.mu.Unlock()
+	s.mu.Lock()
+	b, ok := s.buffers[e.Segment]
+	_, file := s.files[e.Segment]
+	_, remote := s.remotes[e.Segment]
+	s.mu.Unlock()
 	switch {
 	case file || remote:
 		return nil, tcproto.CodeINVALID_ARGUMENT // a copying call moves memory only
@@ -115,29 +115,29 @@ func (c *conn) memOf(e wire.Extent) ([]byte, Code) {
 	case !b.Acquire():
 		return nil, tcproto.CodeUNAVAILABLE
 	}
-	c.st.held = append(c.st.held, b)
+	s.st.held = append(s.st.held, b)
 	return b.Bytes()[e.Offset:end:end], tcproto.CodeOK
 }
 
 // releaseHeld drops the buffer references a copying call took.
-func (c *conn) releaseHeld() {
-	for i, b := range c.st.held {
+func (s *Session) releaseHeld() {
+	for i, b := range s.st.held {
 		b.Release()
-		c.st.held[i] = nil
+		s.st.held[i] = nil
 	}
-	c.st.held = c.st.held[:0]
+	s.st.held = s.st.held[:0]
 }
 
 // resolveExtents checks every key's extent and compacts the keys whose
-// extent resolved into c.st.keys and c.st.vals (their positions in pos);
+// extent resolved into s.st.keys and s.st.vals (their positions in pos);
 // out gets the code of each refused key and OK for the others.
-func (c *conn) resolveExtents(keys [][]byte, ext []wire.Extent) {
-	st := &c.st
+func (s *Session) resolveExtents(keys [][]byte, ext []wire.Extent) {
+	st := &s.st
 	n := len(keys)
 	st.out = slices.Grow(st.out[:0], n)[:n]
 	st.keys, st.vals, st.pos = st.keys[:0], st.vals[:0], st.pos[:0]
 	for i, e := range ext {
-		mem, code := c.memOf(e)
+		mem, code := s.memOf(e)
 		st.out[i] = code
 		if code == tcproto.CodeOK {
 			st.keys = append(st.keys, keys[i])
@@ -151,8 +151,8 @@ func (c *conn) resolveExtents(keys [][]byte, ext []wire.Extent) {
 }
 
 // scatter puts the codes of the compacted keys back in their positions.
-func (c *conn) scatter() []Code {
-	st := &c.st
+func (s *Session) scatter() []Code {
+	st := &s.st
 	for j, i := range st.pos {
 		st.out[i] = Code(st.codes[j])
 	}
@@ -160,145 +160,152 @@ func (c *conn) scatter() []Code {
 }
 
 // codesOf converts a whole call's store codes for the answer.
-func (c *conn) codesOf(codes []store.Code) []Code {
+func (s *Session) codesOf(codes []store.Code) []Code {
 	n := len(codes)
-	c.st.out = slices.Grow(c.st.out[:0], n)[:n]
+	s.st.out = slices.Grow(s.st.out[:0], n)[:n]
 	for i, k := range codes {
-		c.st.out[i] = Code(k)
+		s.st.out[i] = Code(k)
 	}
-	return c.st.out
+	return s.st.out
 }
 
-func (c *conn) storeCodes(n int) []store.Code {
-	c.st.codes = slices.Grow(c.st.codes[:0], n)[:n]
-	return c.st.codes
+func (s *Session) storeCodes(n int) []store.Code {
+	s.st.codes = slices.Grow(s.st.codes[:0], n)[:n]
+	return s.st.codes
 }
 
-func (c *conn) storePut(m *wire.StorePutRequest) error {
-	_, ss, err := c.session()
+// StorePut puts keys with values copied from the session's memory.
+func (s *Session) StorePut(m *wire.StorePutRequest, r *wire.Response) error {
+	_, ss, err := s.storeSession()
 	if err != nil {
 		return err
 	}
-	c.resolveExtents(m.Keys, m.Values)
-	defer c.releaseHeld()
-	_, err = ss.Put(c.st.keys, c.st.vals, m.Durable, c.st.codes, nil, nil, 0)
-	if err = c.storeErr(err); err != nil {
+	s.resolveExtents(m.Keys, m.Values)
+	defer s.releaseHeld()
+	_, err = ss.Put(s.st.keys, s.st.vals, m.Durable, s.st.codes, nil, nil, 0)
+	if err = s.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StorePutResponse](&c.resp).Codes = c.scatter()
+	wire.SetResponse[wire.StorePutResponse](r).Codes = s.scatter()
 	return nil
 }
 
-func (c *conn) storeRead(m *wire.StoreReadRequest) error {
-	s, _, err := c.session()
+// StoreRead copies keys' values into the session's memory.
+func (s *Session) StoreRead(m *wire.StoreReadRequest, r *wire.Response) error {
+	kv, _, err := s.storeSession()
 	if err != nil {
 		return err
 	}
-	c.resolveExtents(m.Keys, m.Dests)
-	defer c.releaseHeld()
-	_, err = s.Read(c.st.keys, c.st.vals, c.st.lens, c.st.codes, nil, nil, 0)
-	if err = c.storeErr(err); err != nil {
+	s.resolveExtents(m.Keys, m.Dests)
+	defer s.releaseHeld()
+	_, err = kv.Read(s.st.keys, s.st.vals, s.st.lens, s.st.codes, nil, nil, 0)
+	if err = s.storeErr(err); err != nil {
 		return err
 	}
 	n := len(m.Keys)
-	c.st.offs = slices.Grow(c.st.offs[:0], n)[:n]
-	clear(c.st.offs)
-	for j, i := range c.st.pos {
-		c.st.offs[i] = c.st.lens[j]
+	s.st.offs = slices.Grow(s.st.offs[:0], n)[:n]
+	clear(s.st.offs)
+	for j, i := range s.st.pos {
+		s.st.offs[i] = s.st.lens[j]
 	}
-	r := wire.SetResponse[wire.StoreReadResponse](&c.resp)
-	r.Codes, r.Lengths = c.scatter(), c.st.offs
+	a := wire.SetResponse[wire.StoreReadResponse](r)
+	a.Codes, a.Lengths = s.scatter(), s.st.offs
 	return nil
 }
 
-func (c *conn) storeRemove(m *wire.StoreRemoveRequest) error {
-	s, _, err := c.session()
+// StoreRemove removes keys.
+func (s *Session) StoreRemove(m *wire.StoreRemoveRequest, r *wire.Response) error {
+	kv, _, err := s.storeSession()
 	if err != nil {
 		return err
 	}
-	codes := c.storeCodes(len(m.Keys))
-	_, err = s.Remove(m.Keys, codes, nil, nil, 0)
-	if err = c.storeErr(err); err != nil {
+	codes := s.storeCodes(len(m.Keys))
+	_, err = kv.Remove(m.Keys, codes, nil, nil, 0)
+	if err = s.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreRemoveResponse](&c.resp).Codes = c.codesOf(codes)
+	wire.SetResponse[wire.StoreRemoveResponse](r).Codes = s.codesOf(codes)
 	return nil
 }
 
-func (c *conn) storePin(m *wire.StorePinRequest) error {
-	_, ss, err := c.session()
+// StorePin pins keys for the session.
+func (s *Session) StorePin(m *wire.StorePinRequest, r *wire.Response) error {
+	_, ss, err := s.storeSession()
 	if err != nil {
 		return err
 	}
-	codes := c.storeCodes(len(m.Keys))
+	codes := s.storeCodes(len(m.Keys))
 	err = ss.Pin(m.Keys, time.Duration(m.TTLMS)*time.Millisecond, codes)
-	if err = c.storeErr(err); err != nil {
+	if err = s.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StorePinResponse](&c.resp).Codes = c.codesOf(codes)
+	wire.SetResponse[wire.StorePinResponse](r).Codes = s.codesOf(codes)
 	return nil
 }
 
-func (c *conn) storeUnpin(m *wire.StoreUnpinRequest) error {
-	_, ss, err := c.session()
+// StoreUnpin drops the session's pins of keys.
+func (s *Session) StoreUnpin(m *wire.StoreUnpinRequest, r *wire.Response) error {
+	_, ss, err := s.storeSession()
 	if err != nil {
 		return err
 	}
-	codes := c.storeCodes(len(m.Keys))
-	if err = c.storeErr(ss.Unpin(m.Keys, codes)); err != nil {
+	codes := s.storeCodes(len(m.Keys))
+	if err = s.storeErr(ss.Unpin(m.Keys, codes)); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreUnpinResponse](&c.resp).Codes = c.codesOf(codes)
+	wire.SetResponse[wire.StoreUnpinResponse](r).Codes = s.codesOf(codes)
 	return nil
 }
 
-func (c *conn) storeReserve(m *wire.StoreReserveRequest) error {
-	_, ss, err := c.session()
+// StoreReserve reserves pool blocks for keys, for the session to fill and commit.
+func (s *Session) StoreReserve(m *wire.StoreReserveRequest, r *wire.Response) error {
+	_, ss, err := s.storeSession()
 	if err != nil {
 		return err
 	}
 	n := len(m.Keys)
-	codes := c.storeCodes(n)
-	c.st.locs = slices.Grow(c.st.locs[:0], n)[:n]
-	if err = c.storeErr(ss.Reserve(m.Keys, m.Sizes, c.st.locs, codes, nil)); err != nil {
+	codes := s.storeCodes(n)
+	s.st.locs = slices.Grow(s.st.locs[:0], n)[:n]
+	if err = s.storeErr(ss.Reserve(m.Keys, m.Sizes, s.st.locs, codes, nil)); err != nil {
 		return err
 	}
-	c.st.offs = slices.Grow(c.st.offs[:0], n)[:n]
-	for i, l := range c.st.locs {
-		c.st.offs[i] = l.Offset
+	s.st.offs = slices.Grow(s.st.offs[:0], n)[:n]
+	for i, l := range s.st.locs {
+		s.st.offs[i] = l.Offset
 	}
-	r := wire.SetResponse[wire.StoreReserveResponse](&c.resp)
-	r.Codes, r.Offsets = c.codesOf(codes), c.st.offs
+	a := wire.SetResponse[wire.StoreReserveResponse](r)
+	a.Codes, a.Offsets = s.codesOf(codes), s.st.offs
 	return nil
 }
 
-func (c *conn) storeCommit(m *wire.StoreCommitRequest) error {
-	_, ss, err := c.session()
+// StoreCommit commits keys the session reserved.
+func (s *Session) StoreCommit(m *wire.StoreCommitRequest, r *wire.Response) error {
+	_, ss, err := s.storeSession()
 	if err != nil {
 		return err
 	}
-	codes := c.storeCodes(len(m.Keys))
+	codes := s.storeCodes(len(m.Keys))
 	_, err = ss.Commit(m.Keys, m.Durable, codes, nil, nil, 0)
-	if err = c.storeErr(err); err != nil {
+	if err = s.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreCommitResponse](&c.resp).Codes = c.codesOf(codes)
+	wire.SetResponse[wire.StoreCommitResponse](r).Codes = s.codesOf(codes)
 	return nil
 }
 
-// storeAbort gives back reservations of the connection's session, each
-// key on its own; a batch the store refuses as a whole (too many keys, an
+// StoreAbort gives back reservations of the session, each key on its
+// own; a batch the store refuses as a whole (too many keys, an
 // invalid one) is answered INVALID_ARGUMENT.
-func (c *conn) storeAbort(m *wire.StoreAbortRequest) error {
-	_, ss, err := c.session()
+func (s *Session) StoreAbort(m *wire.StoreAbortRequest, r *wire.Response) error {
+	_, ss, err := s.storeSession()
 	if err != nil {
 		return err
 	}
-	codes := c.storeCodes(len(m.Keys))
-	if err = c.storeErr(ss.Abort(m.Keys, codes, nil)); err != nil {
+	codes := s.storeCodes(len(m.Keys))
+	if err = s.storeErr(ss.Abort(m.Keys, codes, nil)); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreAbortResponse](&c.resp).Codes = c.codesOf(codes)
+	wire.SetResponse[wire.StoreAbortResponse](r).Codes = s.codesOf(codes)
 	return nil
 }
 
@@ -310,16 +317,17 @@ func keyInfo(k store.KeyInfo, withKey bool) wire.StoreKeyInfo {
 	return w
 }
 
-func (c *conn) storeStat(m *wire.StoreStatRequest) error {
-	s, _, err := c.session()
+// StoreStat reports one key.
+func (s *Session) StoreStat(m *wire.StoreStatRequest, r *wire.Response) error {
+	kv, _, err := s.storeSession()
 	if err != nil {
 		return err
 	}
-	k, err := s.Stat(m.Key)
+	k, err := kv.Stat(m.Key)
 	if err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreStatResponse](&c.resp).Info = keyInfo(k, false)
+	wire.SetResponse[wire.StoreStatResponse](r).Info = keyInfo(k, false)
 	return nil
 }
 
@@ -328,51 +336,53 @@ func (c *conn) storeStat(m *wire.StoreStatRequest) error {
 // is cut so that its answer fits the frame.
 const listEntryBytes = 384
 
-func (c *conn) storeList(m *wire.StoreListRequest) error {
-	s, _, err := c.session()
+// StoreList lists keys by prefix.
+func (s *Session) StoreList(m *wire.StoreListRequest, r *wire.Response) error {
+	kv, _, err := s.storeSession()
 	if err != nil {
 		return err
 	}
 	max := int(m.Max)
-	if most := c.s.cfg.MaxFrame/listEntryBytes - 1; max == 0 || max > most {
+	if most := s.h.MaxFrame/listEntryBytes - 1; max == 0 || max > most {
 		max = most
 	}
-	keys, more, err := s.ListAfter(m.Prefix, m.After, max)
+	keys, more, err := kv.ListAfter(m.Prefix, m.After, max)
 	if err != nil {
 		return err
 	}
-	c.st.info = c.st.info[:0]
+	s.st.info = s.st.info[:0]
 	for _, k := range keys {
-		c.st.info = append(c.st.info, keyInfo(k, true))
+		s.st.info = append(s.st.info, keyInfo(k, true))
 	}
-	r := wire.SetResponse[wire.StoreListResponse](&c.resp)
-	r.Keys, r.More = c.st.info, more
+	a := wire.SetResponse[wire.StoreListResponse](r)
+	a.Keys, a.More = s.st.info, more
 	return nil
 }
 
-func (c *conn) storeFlush(m *wire.StoreFlushRequest) error {
-	s, _, err := c.session()
+// StoreFlush waits for the store's writebacks.
+func (s *Session) StoreFlush(m *wire.StoreFlushRequest, r *wire.Response) error {
+	kv, _, err := s.storeSession()
 	if err != nil {
 		return err
 	}
-	d := c.s.cfg.DefaultWait
+	d := s.h.DefaultWait
 	if m.TimeoutMS > 0 {
 		d = time.Duration(m.TimeoutMS) * time.Millisecond
 	}
-	if err := s.Flush(d); err != nil {
+	if err := kv.Flush(d); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreFlushResponse](&c.resp)
+	wire.SetResponse[wire.StoreFlushResponse](r)
 	return nil
 }
 
-// storeCounters are the store's figures for Stats; none without a store.
-func (c *conn) storeCounters() []wire.Counter {
-	if c.tenant == nil || c.tenant.Store == nil {
+// StoreFigures are the session's store's figures for Stats; none without
+// a store.
+func (s *Session) StoreFigures() []wire.Counter {
+	if s.store == nil {
 		return nil
 	}
-	s := c.tenant.Store
-	return StoreCounters(s.Stats(), nil)
+	return StoreCounters(s.store.Stats(), nil)
 }
 
 // StoreCounters appends the store's figures to dst, as Stats reports them

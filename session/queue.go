@@ -1,13 +1,15 @@
-package control
+package session
 
 import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testhook"
 	"github.com/tensorcast/tensorcast/queue"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -29,7 +31,7 @@ const takeMax = 256
 // process's exit rather than unmapping memory a stalled transport might
 // still complete into.
 type cqueue struct {
-	c    *conn
+	s    *Session
 	id   uint64
 	ring *queue.DaemonRing
 	st   *xfer.Stream
@@ -66,11 +68,11 @@ type resolved struct {
 // naming the same buffer or file as the ones before it takes no lock. The
 // stream calls it from the worker only.
 func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
-	c := q.c
-	if c.pool != nil && id == c.pool.ID() {
-		return &c.pview, true
+	s := q.s
+	if s.pool != nil && id == s.pool.ID() {
+		return &s.pview, true
 	}
-	if g := c.segGen.Load(); g != q.seenGen {
+	if g := s.segGen.Load(); g != q.seenGen {
 		q.seen, q.seenGen = [4]resolved{}, g
 	}
 	for i := range q.seen {
@@ -78,7 +80,7 @@ func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 			return q.seen[i].seg, true
 		}
 	}
-	seg, ok := c.Resolve(id)
+	seg, ok := s.Resolve(id)
 	if ok {
 		q.seen[q.seenNext] = resolved{id, seg}
 		q.seenNext = (q.seenNext + 1) % len(q.seen)
@@ -88,7 +90,7 @@ func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 
 // StreamDone implements xfer.StreamSink: the request's CQE.
 func (q *cqueue) StreamDone(ud uint64, st xfer.State, n uint64, err error) {
-	q.ring.Post(&queue.CQE{UserData: ud, Result: n, Code: uint32(codeForState(st, err)), State: uint8(st)})
+	q.ring.Post(&queue.CQE{UserData: ud, Result: n, Code: uint32(CodeForState(st, err)), State: uint8(st)})
 }
 
 // refuse posts the CQE of an entry refused before it reached the engine.
@@ -97,18 +99,18 @@ func (q *cqueue) refuse(ud uint64, code Code) {
 }
 
 // newQueue makes a queue of geometry g for c and starts its worker.
-func newQueue(c *conn, id uint64, g queue.Geometry) (*cqueue, int, error) {
+func newQueue(s *Session, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	ring, fd, err := queue.Create(id, g)
 	if err != nil {
 		return nil, -1, err
 	}
-	q := &cqueue{c: c, id: id, ring: ring, done: make(chan struct{})}
+	q := &cqueue{s: s, id: id, ring: ring, done: make(chan struct{})}
 	// As many stream slots as completion slots: the ring bounds what is in
 	// flight, and slots of requests ended early (a deadline) stay held
 	// until their transport's Done.
-	q.st, err = c.s.deps.Engine.NewStream(int(g.CQEntries), q, q)
+	q.st, err = s.h.Engine.NewStream(int(g.CQEntries), q, q)
 	if err != nil {
-		closeFDs([]int{fd})
+		unix.Close(fd) //nolint:errcheck // nothing to do about it
 		return nil, -1, errors.Join(err, ring.Release())
 	}
 	q.st.OnFree(ring.Kick)
@@ -121,10 +123,6 @@ func newQueue(c *conn, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	go q.work()
 	return q, fd, nil
 }
-
-// testHookPublish, when set by a test, runs on the worker between
-// preparing the entries it took and publishing sq_head.
-var testHookPublish atomic.Pointer[func()]
 
 // work takes entries until the ring is closed or broken.
 func (q *cqueue) work() {
@@ -144,7 +142,7 @@ func (q *cqueue) work() {
 			continue
 		}
 		q.prepare(q.sqes[:n])
-		if h := testHookPublish.Load(); h != nil {
+		if h := testhook.QueuePublish.Load(); h != nil {
 			(*h)()
 		}
 		q.ring.Publish()
@@ -167,7 +165,7 @@ func (q *cqueue) work() {
 	}
 	q.pend = q.pend[:0]
 	if q.ring.Broken() {
-		q.c.log.Warn("queue broken by the client: an index past its ring", "queue", q.id, "violations", q.ring.Violations())
+		q.s.log.Warn("queue broken by the client: an index past its ring", "queue", q.id, "violations", q.ring.Violations())
 	}
 }
 
@@ -192,7 +190,7 @@ func (q *cqueue) prepare(sqes []queue.SQE) {
 			q.answers = append(q.answers, queue.CQE{UserData: e.UserData, Code: uint32(code), State: uint8(xfer.StateFailed)})
 			continue
 		}
-		timeout := q.c.s.cfg.DefaultWait
+		timeout := q.s.h.DefaultWait
 		if e.TimeoutUS > 0 {
 			timeout = time.Duration(e.TimeoutUS) * time.Microsecond
 		}
@@ -315,7 +313,7 @@ func submitGroup(reqs []xfer.StreamRequest) int {
 
 func (q *cqueue) closing() bool {
 	select {
-	case <-q.c.s.closing:
+	case <-q.s.h.Closing:
 		return true
 	default:
 	}
@@ -330,10 +328,10 @@ func (q *cqueue) close() {
 		q.ring.Close()
 		<-q.done
 		q.st.Close(fmt.Errorf("%w: queue closed", xfer.ErrCanceled))
-		s := q.c.s
-		s.mu.Lock()
-		q.addTo(&s.closedQueues)
-		s.mu.Unlock()
+		h := q.s.h
+		h.mu.Lock()
+		q.addTo(&h.closedQueues)
+		h.mu.Unlock()
 		go func() {
 			select {
 			case <-q.st.Idle():
@@ -341,21 +339,21 @@ func (q *cqueue) close() {
 					return
 				}
 				if err := q.ring.Release(); err != nil {
-					q.c.log.Warn("unmapping a closed queue failed", "queue", q.id, "err", err)
+					q.s.log.Warn("unmapping a closed queue failed", "queue", q.id, "err", err)
 				}
-			case <-q.c.s.closing:
+			case <-q.s.h.Closing:
 			}
 		}()
 	})
 }
 
-// openQueue makes a queue for this connection and returns its memfd for
-// the answer; it is closed once the answer is sent (conn.passFD). OpenQueue
-// is not idempotent by key: an fd cannot be replayed.
-func (c *conn) openQueue(m *wire.OpenQueueRequest) (int, error) {
-	lim := &c.s.cfg.Limits
-	if len(c.queues) >= lim.MaxQueues {
-		return -1, fmt.Errorf("%w: %d queues open (max %d)", ErrLimit, len(c.queues), lim.MaxQueues)
+// OpenQueue makes a queue for this session and returns its memfd for the
+// answer; the caller closes it once the answer is sent. OpenQueue is not
+// idempotent by key: an fd cannot be replayed.
+func (s *Session) OpenQueue(m *wire.OpenQueueRequest, r *wire.Response) (int, error) {
+	lim := &s.h.Limits
+	if len(s.queues) >= lim.MaxQueues {
+		return -1, fmt.Errorf("%w: %d queues open (max %d)", ErrLimit, len(s.queues), lim.MaxQueues)
 	}
 	if m.SQEntries == 0 || int(m.SQEntries) > lim.MaxQueueEntries || int64(m.CQEntries) > 4*int64(lim.MaxQueueEntries) ||
 		int64(m.DataSize) > int64(lim.MaxQueueData) {
@@ -366,40 +364,39 @@ func (c *conn) openQueue(m *wire.OpenQueueRequest) (int, error) {
 	if err != nil {
 		return -1, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	id := c.s.nextQueue.Add(1)
-	q, fd, err := newQueue(c, id, g)
+	id := s.h.nextQueue.Add(1)
+	q, fd, err := newQueue(s, id, g)
 	if err != nil {
 		return -1, err
 	}
-	c.qmu.Lock()
-	c.queues[id] = q
-	c.qmu.Unlock()
-	c.passFD = fd
-	*wire.SetResponse[wire.OpenQueueResponse](&c.resp) = wire.OpenQueueResponse{Queue: id,
+	s.qmu.Lock()
+	s.queues[id] = q
+	s.qmu.Unlock()
+	*wire.SetResponse[wire.OpenQueueResponse](r) = wire.OpenQueueResponse{Queue: id,
 		SQEntries: g.SQEntries, CQEntries: g.CQEntries, DataSize: g.DataSize, Size: g.Size}
-	c.log.Debug("queue opened", "queue", id, "sq_entries", g.SQEntries, "cq_entries", g.CQEntries, "data_size", g.DataSize)
+	s.log.Debug("queue opened", "queue", id, "sq_entries", g.SQEntries, "cq_entries", g.CQEntries, "data_size", g.DataSize)
 	return fd, nil
 }
 
-// closeQueue closes one of this connection's queues.
-func (c *conn) closeQueue(m *wire.CloseQueueRequest) error {
-	q, ok := c.queues[m.Queue]
+// CloseQueue closes one of this session's queues.
+func (s *Session) CloseQueue(m *wire.CloseQueueRequest, r *wire.Response) error {
+	q, ok := s.queues[m.Queue]
 	if !ok {
 		return fmt.Errorf("%w: queue %d", ErrNotFound, m.Queue)
 	}
-	c.qmu.Lock()
-	delete(c.queues, m.Queue)
-	c.qmu.Unlock()
+	s.qmu.Lock()
+	delete(s.queues, m.Queue)
+	s.qmu.Unlock()
 	q.close()
-	wire.SetResponse[wire.CloseQueueResponse](&c.resp)
+	wire.SetResponse[wire.CloseQueueResponse](r)
 	return nil
 }
 
 // queueCounters are this connection's queues' counters for Stats.
-func (c *conn) queueCounters(dst []wire.Counter) []wire.Counter {
+func (s *Session) queueCounters(dst []wire.Counter) []wire.Counter {
 	var inflight, unreaped, violations uint32
 	var posted, wakes, sleeps uint64
-	for _, q := range c.queues {
+	for _, q := range s.queues {
 		i, u, p := q.ring.Counts()
 		inflight, unreaped, posted = inflight+i, unreaped+u, posted+p
 		violations += q.ring.Violations()
@@ -407,7 +404,7 @@ func (c *conn) queueCounters(dst []wire.Counter) []wire.Counter {
 		sleeps += q.ring.WakeCounts.WorkerSleeps.Load()
 	}
 	return append(dst,
-		wire.Counter{Name: "queues", Value: uint64(len(c.queues))},
+		wire.Counter{Name: "queues", Value: uint64(len(s.queues))},
 		wire.Counter{Name: "queue_inflight", Value: uint64(inflight)},
 		wire.Counter{Name: "queue_unreaped", Value: uint64(unreaped)},
 		wire.Counter{Name: "queue_completions", Value: posted},
@@ -417,7 +414,7 @@ func (c *conn) queueCounters(dst []wire.Counter) []wire.Counter {
 	)
 }
 
-// QueueTotals are the counters of every queue this server has served,
+// QueueTotals are the counters of every queue a server has served,
 // open or closed, for stats and metrics.
 type QueueTotals struct {
 	Open, Opened uint64
@@ -428,25 +425,28 @@ type QueueTotals struct {
 	WorkerPrewakes, Violations                          uint64
 }
 
-// QueueTotals folds what closed queues left behind (closed) with the open
-// ones' counters. It walks the connections and is meant for scrapes.
-func (s *Server) QueueTotals() QueueTotals {
-	s.mu.Lock()
-	t := s.closedQueues
-	for c := range s.conns {
-		c.qmu.Lock()
-		for _, q := range c.queues {
-			q.addTo(&t)
-			inflight, unreaped, _ := q.ring.Counts()
-			t.Open++
-			t.InFlight += uint64(inflight)
-			t.Unreaped += uint64(unreaped)
-		}
-		c.qmu.Unlock()
-	}
-	s.mu.Unlock()
-	t.Opened = s.nextQueue.Load()
+// QueueTotals is what the queues of the sessions closed so far left
+// behind, and how many queues were ever opened; a scrape adds the open
+// ones with AddQueueTotals.
+func (h *Host) QueueTotals() QueueTotals {
+	h.mu.Lock()
+	t := h.closedQueues
+	h.mu.Unlock()
+	t.Opened = h.nextQueue.Load()
 	return t
+}
+
+// AddQueueTotals adds the session's open queues to t.
+func (s *Session) AddQueueTotals(t *QueueTotals) {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	for _, q := range s.queues {
+		q.addTo(t)
+		inflight, unreaped, _ := q.ring.Counts()
+		t.Open++
+		t.InFlight += uint64(inflight)
+		t.Unreaped += uint64(unreaped)
+	}
 }
 
 // addTo adds q's counters to t.

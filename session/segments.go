@@ -1,0 +1,195 @@
+package session
+
+// The handlers of segments and pool blocks: RegisterBuffer, RegisterFile,
+// UnregisterBuffer, PoolInfo, AllocBlocks and FreeBlocks.
+
+import (
+	"fmt"
+	"slices"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+func (s *Session) segments() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.buffers) + len(s.files)
+}
+
+// RegisterBuffer maps the client's memfd fd as a buffer segment of the
+// session. It takes fd, whatever it returns.
+func (s *Session) RegisterBuffer(m *wire.RegisterBufferRequest, fd int, r *wire.Response) error {
+	lim := &s.h.Limits
+	if m.Size == 0 || m.Size > lim.MaxBufferSize {
+		unix.Close(fd) //nolint:errcheck // nothing to do about it
+		return fmt.Errorf("%w: buffer of %d bytes (max %d)", ErrLimit, m.Size, lim.MaxBufferSize)
+	}
+	if s.segments() >= lim.MaxBuffers {
+		unix.Close(fd) //nolint:errcheck // nothing to do about it
+		return fmt.Errorf("%w: %d segments held", ErrLimit, lim.MaxBuffers)
+	}
+	reg := s.h.Registry
+	id := reg.NextID()
+	buf, err := s.h.MapBuffer(id, fd, m.Size, lim.MaxBufferSize)
+	if err != nil {
+		return err
+	}
+	if err := reg.Add(buf); err != nil {
+		buf.Close()
+		return err
+	}
+	s.mu.Lock()
+	s.buffers[id] = buf
+	s.mu.Unlock()
+	wire.SetResponse[wire.RegisterBufferResponse](r).Segment = uint64(id)
+	return nil
+}
+
+// RegisterFile opens a file as a segment of the session.
+func (s *Session) RegisterFile(m *wire.RegisterFileRequest, r *wire.Response) error {
+	op := s.h.FileOpener
+	if op == nil {
+		return fmt.Errorf("%w: no file opener configured", ErrUnavailable)
+	}
+	if s.segments() >= s.h.Limits.MaxBuffers {
+		return fmt.Errorf("%w: %d segments held", ErrLimit, s.h.Limits.MaxBuffers)
+	}
+	reg := s.h.Registry
+	id := reg.NextID()
+	var f FileSegment
+	var err error
+	if to, ok := op.(TenantFileOpener); ok {
+		f, err = to.OpenFileFor(s.tenant, id, string(m.Path), m.Direct, m.Size)
+	} else {
+		f, err = op.OpenFile(id, string(m.Path), m.Direct, m.Size)
+	}
+	if err != nil {
+		return err
+	}
+	if err := reg.Add(f); err != nil {
+		f.Close()
+		return err
+	}
+	s.mu.Lock()
+	s.files[id] = f
+	s.mu.Unlock()
+	a := wire.SetResponse[wire.RegisterFileResponse](r)
+	a.Segment, a.Size = uint64(id), f.Size()
+	return nil
+}
+
+// Unregister drops a buffer or file segment of the session.
+func (s *Session) Unregister(m *wire.UnregisterBufferRequest, r *wire.Response) error {
+	id := xfer.SegmentID(m.Segment)
+	s.mu.Lock()
+	b, isBuf := s.buffers[id]
+	f, isFile := s.files[id]
+	delete(s.buffers, id)
+	delete(s.files, id)
+	s.segGen.Add(1)
+	s.mu.Unlock()
+	if !isBuf && !isFile {
+		return fmt.Errorf("%w: segment %d", ErrNotFound, id)
+	}
+	s.dropExportsOf(id)
+	s.h.Registry.Remove(id)
+	wire.SetResponse[wire.UnregisterBufferResponse](r)
+	if isBuf {
+		return b.Close()
+	}
+	return f.Close()
+}
+
+// errNoPool answers the pool calls of a connection without a tenant.
+var errNoPool = fmt.Errorf("%w: this user is in no tenant, so it has no pool", ErrPermission)
+
+// PoolInfo answers with the session's tenant's pool and returns its memfd
+// to pass with the answer: the only pool this client can map.
+func (s *Session) PoolInfo(r *wire.Response) (int, error) {
+	p := s.pool
+	if p == nil {
+		return -1, errNoPool
+	}
+	a := wire.SetResponse[wire.PoolInfoResponse](r)
+	a.Segment, a.Size, a.BlockClasses = uint64(p.ID()), p.Size(), blockClasses(p)
+	return p.Fd(), nil
+}
+
+// AllocBlocks allocates pool blocks to the session.
+func (s *Session) AllocBlocks(m *wire.AllocBlocksRequest, r *wire.Response) error {
+	n := int(m.N)
+	if n == 0 || m.Size == 0 {
+		return fmt.Errorf("%w: %d blocks of %d bytes", ErrMalformed, n, m.Size)
+	}
+	if s.blocks.len()+n > s.h.Limits.MaxBlocks {
+		return fmt.Errorf("%w: %d blocks held, %d asked (max %d)", ErrLimit, s.blocks.len(), n, s.h.Limits.MaxBlocks)
+	}
+	p := s.pool
+	if p == nil {
+		return errNoPool
+	}
+	s.offs = slices.Grow(s.offs[:0], n)[:n]
+	offs := s.offs
+	if err := p.AllocN(m.Size, offs); err != nil {
+		return err
+	}
+	for _, off := range offs {
+		size, ok := p.BlockSize(off)
+		if !ok {
+			size = m.Size
+		}
+		s.blocks.add(off, size)
+	}
+	wire.SetResponse[wire.AllocBlocksResponse](r).Offsets = offs
+	return nil
+}
+
+// FreeBlocks gives pool blocks of the session back, each on its own.
+func (s *Session) FreeBlocks(m *wire.FreeBlocksRequest, r *wire.Response) {
+	s.codes = s.codes[:0]
+	p := s.pool
+	for _, off := range m.Offsets {
+		i, held := slices.BinarySearch(s.blocks.offs, off)
+		if !held {
+			s.codes = append(s.codes, tcproto.CodeNOT_FOUND)
+			continue
+		}
+		if s.exported(p.ID(), off, s.blocks.sizes[i]) {
+			// Peers may be writing into it: unexport first.
+			s.codes = append(s.codes, tcproto.CodeFAILED_PRECONDITION)
+			continue
+		}
+		if s.pview.busy(off) {
+			// A transfer of this connection still moves bytes in it
+			// (possibly past its deadline): free it once that ends.
+			s.codes = append(s.codes, tcproto.CodeBUSY)
+			continue
+		}
+		err := p.Free(off)
+		if err == nil {
+			s.blocks.remove(off)
+		}
+		s.codes = append(s.codes, CodeOf(err))
+	}
+	wire.SetResponse[wire.FreeBlocksResponse](r).Codes = s.codes
+}
+
+// blockClasses returns the pool's block sizes, smallest first, when the
+// pool reports them.
+func blockClasses(p any) []uint64 {
+	s, ok := p.(interface{ Stats() shm.PoolStats })
+	if !ok {
+		return nil
+	}
+	cl := s.Stats().Classes
+	out := make([]uint64, len(cl))
+	for i := range cl {
+		out[i] = cl[i].BlockSize
+	}
+	return out
+}
