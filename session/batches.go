@@ -23,26 +23,26 @@ const waitSlice = 250 * time.Millisecond
 const timeoutGrace = wire.TimeoutGrace
 
 // AllocBatch allocates a batch for the session.
-func (s *Session) AllocBatch(m *wire.AllocBatchRequest, r *wire.Response) error {
-	lim := &s.h.Limits
+func (c *Session) AllocBatch(m *wire.AllocBatchRequest, r *wire.Response) error {
+	lim := &c.h.Limits
 	if m.Capacity == 0 || int(m.Capacity) > lim.MaxBatchCapacity {
 		return fmt.Errorf("%w: batch capacity %d (max %d)", ErrLimit, m.Capacity, lim.MaxBatchCapacity)
 	}
-	if len(s.batches) >= lim.MaxBatches {
+	if len(c.batches) >= lim.MaxBatches {
 		return fmt.Errorf("%w: %d batches held", ErrLimit, lim.MaxBatches)
 	}
-	id, err := s.h.Engine.AllocateBatch(int(m.Capacity))
+	id, err := c.h.Engine.AllocateBatch(int(m.Capacity))
 	if err != nil {
 		return err
 	}
-	s.batches[id] = struct{}{}
+	c.batches[id] = struct{}{}
 	wire.SetResponse[wire.AllocBatchResponse](r).Batch = uint64(id)
 	return nil
 }
 
-func (s *Session) ownBatch(batch uint64) (BatchID, error) {
+func (c *Session) ownBatch(batch uint64) (BatchID, error) {
 	id := BatchID(batch)
-	if _, ok := s.batches[id]; !ok {
+	if _, ok := c.batches[id]; !ok {
 		return 0, fmt.Errorf("%w: batch %d", ErrNotFound, id)
 	}
 	return id, nil
@@ -53,17 +53,17 @@ func (s *Session) ownBatch(batch uint64) (BatchID, error) {
 // others) and is replaced in s.reqs by its standIn, so that the engine
 // refuses it in its place and positions stay aligned. s.errs is cleared
 // for the engine's results.
-func (s *Session) stageRequests(reqs []xfer.Request) {
+func (c *Session) stageRequests(reqs []xfer.Request) {
 	n := len(reqs)
-	s.reqs = append(s.reqs[:0], reqs...)
-	s.codes = slices.Grow(s.codes[:0], n)[:n]
-	s.errs = slices.Grow(s.errs[:0], n)[:n]
-	for i := range s.reqs {
-		s.errs[i] = nil
-		code := s.checkRequest(&s.reqs[i])
-		s.codes[i] = code
+	c.reqs = append(c.reqs[:0], reqs...)
+	c.codes = slices.Grow(c.codes[:0], n)[:n]
+	c.errs = slices.Grow(c.errs[:0], n)[:n]
+	for i := range c.reqs {
+		c.errs[i] = nil
+		code := c.checkRequest(&c.reqs[i])
+		c.codes[i] = code
 		if code != tcproto.CodeOK {
-			s.reqs[i] = standIn(s.reqs[i])
+			c.reqs[i] = standIn(c.reqs[i])
 		}
 	}
 }
@@ -71,10 +71,10 @@ func (s *Session) stageRequests(reqs []xfer.Request) {
 // checkRequest says whether this connection may make q: both its sides
 // (local first) pass mayTouch, and its op is a read or a write
 // (INVALID_ARGUMENT).
-func (s *Session) checkRequest(q *xfer.Request) Code {
-	code := s.mayTouch(q.Local, q.LocalOffset, q.Length)
+func (c *Session) checkRequest(q *xfer.Request) Code {
+	code := c.mayTouch(q.Local, q.LocalOffset, q.Length)
 	if code == tcproto.CodeOK {
-		code = s.mayTouch(q.Target, q.TargetOffset, q.Length)
+		code = c.mayTouch(q.Target, q.TargetOffset, q.Length)
 	}
 	if code == tcproto.CodeOK && q.Op != xfer.OpRead && q.Op != xfer.OpWrite {
 		code = tcproto.CodeINVALID_ARGUMENT
@@ -86,17 +86,17 @@ func (s *Session) checkRequest(q *xfer.Request) Code {
 // (INVALID_ARGUMENT); in the pool, they lie within the connection's own
 // blocks (PERMISSION_DENIED); any other segment is one the connection can
 // resolve (NOT_FOUND), and they lie within it (INVALID_ARGUMENT).
-func (s *Session) mayTouch(id xfer.SegmentID, off, n uint64) Code {
+func (c *Session) mayTouch(id xfer.SegmentID, off, n uint64) Code {
 	if n == 0 {
 		return tcproto.CodeINVALID_ARGUMENT
 	}
-	if s.pool != nil && id == s.pool.ID() {
-		if !s.blocks.covers(off, n) {
+	if c.pool != nil && id == c.pool.ID() {
+		if !c.blocks.covers(off, n) {
 			return tcproto.CodePERMISSION_DENIED
 		}
 		return tcproto.CodeOK
 	}
-	seg, ok := s.Resolve(id)
+	seg, ok := c.Resolve(id)
 	if !ok {
 		return tcproto.CodeNOT_FOUND
 	}
@@ -111,51 +111,51 @@ func (s *Session) mayTouch(id xfer.SegmentID, off, n uint64) Code {
 // refuses it at q's position without touching anything.
 func standIn(q xfer.Request) xfer.Request { return xfer.Request{Op: q.Op} }
 
-func (s *Session) submitOpts(ctx *wire.Context) SubmitOptions {
+func (c *Session) submitOpts(ctx *wire.Context) SubmitOptions {
 	var d time.Time
 	if ctx.DeadlineMS > 0 {
 		d = time.Now().Add(time.Duration(ctx.DeadlineMS) * time.Millisecond)
 	}
-	return SubmitOptions{Deadline: d, Resolver: s}
+	return SubmitOptions{Deadline: d, Resolver: c}
 }
 
 // Submit submits requests to one of the session's batches.
-func (s *Session) Submit(ctx *wire.Context, m *wire.SubmitRequest, r *wire.Response) error {
-	id, err := s.ownBatch(m.Batch)
+func (c *Session) Submit(ctx *wire.Context, m *wire.SubmitRequest, r *wire.Response) error {
+	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	if len(m.Requests) > s.h.Limits.MaxRequests {
-		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, len(m.Requests), s.h.Limits.MaxRequests)
+	if len(m.Requests) > c.h.Limits.MaxRequests {
+		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, len(m.Requests), c.h.Limits.MaxRequests)
 	}
-	s.stageRequests(m.Requests)
-	opts := s.submitOpts(ctx)
-	opts.Notify = s.notifyArgs(m.Notify)
-	if err := s.h.Engine.Submit(id, s.reqs, opts, s.errs); err != nil {
+	c.stageRequests(m.Requests)
+	opts := c.submitOpts(ctx)
+	opts.Notify = c.notifyArgs(m.Notify)
+	if err := c.h.Engine.Submit(id, c.reqs, opts, c.errs); err != nil {
 		return err
 	}
-	for i := range s.codes {
-		if s.codes[i] == tcproto.CodeOK {
-			s.codes[i] = CodeOf(s.errs[i])
+	for i := range c.codes {
+		if c.codes[i] == tcproto.CodeOK {
+			c.codes[i] = CodeOf(c.errs[i])
 		}
 	}
-	wire.SetResponse[wire.SubmitResponse](r).Codes = s.codes
+	wire.SetResponse[wire.SubmitResponse](r).Codes = c.codes
 	return nil
 }
 
 // TaskStatus reports one task of one of the session's batches.
-func (s *Session) TaskStatus(m *wire.TaskStatusRequest, r *wire.Response) error {
-	id, err := s.ownBatch(m.Batch)
+func (c *Session) TaskStatus(m *wire.TaskStatusRequest, r *wire.Response) error {
+	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	st, err := s.h.Engine.Status(id, int(m.Index))
+	st, err := c.h.Engine.Status(id, int(m.Index))
 	if err != nil {
 		return err
 	}
 	code := tcproto.CodeOK
 	if st.State.Terminal() {
-		code = s.taskCode(st.State, st.Err)
+		code = c.taskCode(st.State, st.Err)
 	}
 	*wire.SetResponse[wire.TaskStatusResponse](r) = wire.TaskStatusResponse{
 		State: tcproto.TaskState(st.State), Transferred: st.Transferred, Code: code}
@@ -169,12 +169,12 @@ func summaryFrom(b BatchSummary) wire.Summary {
 }
 
 // BatchStatus reports one of the session's batches.
-func (s *Session) BatchStatus(m *wire.BatchStatusRequest, r *wire.Response) error {
-	id, err := s.ownBatch(m.Batch)
+func (c *Session) BatchStatus(m *wire.BatchStatusRequest, r *wire.Response) error {
+	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	sum, err := s.h.Engine.BatchStatus(id)
+	sum, err := c.h.Engine.BatchStatus(id)
 	if err != nil {
 		return err
 	}
@@ -185,8 +185,8 @@ func (s *Session) BatchStatus(m *wire.BatchStatusRequest, r *wire.Response) erro
 // wait waits for batch id until deadline, in slices so a closing server
 // is noticed. Running out of time is not an error: the summary says what is
 // still live.
-func (s *Session) wait(id BatchID, deadline time.Time, closing <-chan struct{}) (BatchSummary, error) {
-	e := s.h.Engine
+func (c *Session) wait(id BatchID, deadline time.Time, closing <-chan struct{}) (BatchSummary, error) {
+	e := c.h.Engine
 	for {
 		step := deadline
 		if t := time.Now().Add(waitSlice); t.Before(step) {
@@ -211,12 +211,12 @@ func (s *Session) wait(id BatchID, deadline time.Time, closing <-chan struct{}) 
 }
 
 // Wait waits for one of the session's batches.
-func (s *Session) Wait(ctx *wire.Context, m *wire.WaitRequest, r *wire.Response) error {
-	id, err := s.ownBatch(m.Batch)
+func (c *Session) Wait(ctx *wire.Context, m *wire.WaitRequest, r *wire.Response) error {
+	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	sum, err := s.wait(id, s.deadline(ctx, m.TimeoutMS), s.h.Closing)
+	sum, err := c.wait(id, c.deadline(ctx, m.TimeoutMS), c.h.Closing)
 	if err != nil {
 		return err
 	}
@@ -225,80 +225,80 @@ func (s *Session) Wait(ctx *wire.Context, m *wire.WaitRequest, r *wire.Response)
 }
 
 // FreeBatch frees one of the session's batches.
-func (s *Session) FreeBatch(m *wire.FreeBatchRequest, r *wire.Response) error {
-	id, err := s.ownBatch(m.Batch)
+func (c *Session) FreeBatch(m *wire.FreeBatchRequest, r *wire.Response) error {
+	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	if err := s.h.Engine.Free(id); err != nil {
+	if err := c.h.Engine.Free(id); err != nil {
 		return err
 	}
-	delete(s.batches, id)
+	delete(c.batches, id)
 	wire.SetResponse[wire.FreeBatchResponse](r)
 	return nil
 }
 
 // Transfer is the one-shot call: allocate a batch, submit, wait, free.
-func (s *Session) Transfer(ctx *wire.Context, m *wire.TransferRequestBody, r *wire.Response) error {
+func (c *Session) Transfer(ctx *wire.Context, m *wire.TransferRequestBody, r *wire.Response) error {
 	n := len(m.Requests)
-	if n > s.h.Limits.MaxBatchCapacity {
-		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, n, s.h.Limits.MaxBatchCapacity)
+	if n > c.h.Limits.MaxBatchCapacity {
+		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, n, c.h.Limits.MaxBatchCapacity)
 	}
-	e := s.h.Engine
+	e := c.h.Engine
 	id, err := e.AllocateBatch(n)
 	if err != nil {
 		return err
 	}
-	s.batches[id] = struct{}{} // released on close should anything below fail hard
-	deadline := s.deadline(ctx, m.TimeoutMS)
-	s.stageRequests(m.Requests)
-	err = e.Submit(id, s.reqs, SubmitOptions{Deadline: deadline, Resolver: s, Notify: s.notifyArgs(m.Notify)}, s.errs)
+	c.batches[id] = struct{}{} // released on close should anything below fail hard
+	deadline := c.deadline(ctx, m.TimeoutMS)
+	c.stageRequests(m.Requests)
+	err = e.Submit(id, c.reqs, SubmitOptions{Deadline: deadline, Resolver: c, Notify: c.notifyArgs(m.Notify)}, c.errs)
 	if err != nil {
-		s.dropBatch(id)
+		c.dropBatch(id)
 		return err
 	}
 	// The engine's deadline timer ends live tasks in Timeout at deadline;
 	// waiting a little past it lets the answer say Timeout, not Pending.
-	sum, err := s.wait(id, deadline.Add(timeoutGrace), s.h.Closing)
+	sum, err := c.wait(id, deadline.Add(timeoutGrace), c.h.Closing)
 	if err != nil {
-		s.dropBatch(id)
+		c.dropBatch(id)
 		return err
 	}
-	s.sts = slices.Grow(s.sts[:0], n)[:n]
-	states := s.sts
-	for i := range s.codes {
-		if s.codes[i] != tcproto.CodeOK {
+	c.sts = slices.Grow(c.sts[:0], n)[:n]
+	states := c.sts
+	for i := range c.codes {
+		if c.codes[i] != tcproto.CodeOK {
 			states[i] = tcproto.TaskStateINVALID
 			continue
 		}
-		if s.errs[i] != nil {
-			s.codes[i] = CodeOf(s.errs[i])
+		if c.errs[i] != nil {
+			c.codes[i] = CodeOf(c.errs[i])
 			states[i] = tcproto.TaskStateINVALID
 			continue
 		}
 		st, err := e.Status(id, i)
 		if err != nil {
-			s.codes[i] = CodeOf(err)
+			c.codes[i] = CodeOf(err)
 			continue
 		}
 		states[i] = tcproto.TaskState(st.State)
-		s.codes[i] = s.taskCode(st.State, st.Err)
+		c.codes[i] = c.taskCode(st.State, st.Err)
 	}
-	s.dropBatch(id)
-	*wire.SetResponse[wire.TransferResponse](r) = wire.TransferResponse{Codes: s.codes, States: states, Summary: summaryFrom(sum)}
+	c.dropBatch(id)
+	*wire.SetResponse[wire.TransferResponse](r) = wire.TransferResponse{Codes: c.codes, States: states, Summary: summaryFrom(sum)}
 	return nil
 }
 
 // dropBatch frees a batch the server allocated itself, abandoning it when
 // tasks are still live (the engine then frees it once they end).
-func (s *Session) dropBatch(id BatchID) {
-	e := s.h.Engine
+func (c *Session) dropBatch(id BatchID) {
+	e := c.h.Engine
 	if err := e.Free(id); err != nil {
 		if errors.Is(err, ErrBatchBusy) {
 			e.Abandon(id)
 		} else {
-			s.log.Warn("freeing a batch failed", "batch", id, "err", err)
+			c.log.Warn("freeing a batch failed", "batch", id, "err", err)
 		}
 	}
-	delete(s.batches, id)
+	delete(c.batches, id)
 }

@@ -31,7 +31,7 @@ const takeMax = 256
 // process's exit rather than unmapping memory a stalled transport might
 // still complete into.
 type cqueue struct {
-	s    *Session
+	c    *Session
 	id   uint64
 	ring *queue.DaemonRing
 	st   *xfer.Stream
@@ -68,11 +68,11 @@ type resolved struct {
 // naming the same buffer or file as the ones before it takes no lock. The
 // stream calls it from the worker only.
 func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
-	s := q.s
-	if s.pool != nil && id == s.pool.ID() {
-		return &s.pview, true
+	c := q.c
+	if c.pool != nil && id == c.pool.ID() {
+		return &c.pview, true
 	}
-	if g := s.segGen.Load(); g != q.seenGen {
+	if g := c.segGen.Load(); g != q.seenGen {
 		q.seen, q.seenGen = [4]resolved{}, g
 	}
 	for i := range q.seen {
@@ -80,7 +80,7 @@ func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 			return q.seen[i].seg, true
 		}
 	}
-	seg, ok := s.Resolve(id)
+	seg, ok := c.Resolve(id)
 	if ok {
 		q.seen[q.seenNext] = resolved{id, seg}
 		q.seenNext = (q.seenNext + 1) % len(q.seen)
@@ -99,16 +99,16 @@ func (q *cqueue) refuse(ud uint64, code Code) {
 }
 
 // newQueue makes a queue of geometry g for c and starts its worker.
-func newQueue(s *Session, id uint64, g queue.Geometry) (*cqueue, int, error) {
+func newQueue(c *Session, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	ring, fd, err := queue.Create(id, g)
 	if err != nil {
 		return nil, -1, err
 	}
-	q := &cqueue{s: s, id: id, ring: ring, done: make(chan struct{})}
+	q := &cqueue{c: c, id: id, ring: ring, done: make(chan struct{})}
 	// As many stream slots as completion slots: the ring bounds what is in
 	// flight, and slots of requests ended early (a deadline) stay held
 	// until their transport's Done.
-	q.st, err = s.h.Engine.NewStream(int(g.CQEntries), q, q)
+	q.st, err = c.h.Engine.NewStream(int(g.CQEntries), q, q)
 	if err != nil {
 		unix.Close(fd) //nolint:errcheck // nothing to do about it
 		return nil, -1, errors.Join(err, ring.Release())
@@ -165,7 +165,7 @@ func (q *cqueue) work() {
 	}
 	q.pend = q.pend[:0]
 	if q.ring.Broken() {
-		q.s.log.Warn("queue broken by the client: an index past its ring", "queue", q.id, "violations", q.ring.Violations())
+		q.c.log.Warn("queue broken by the client: an index past its ring", "queue", q.id, "violations", q.ring.Violations())
 	}
 }
 
@@ -190,7 +190,7 @@ func (q *cqueue) prepare(sqes []queue.SQE) {
 			q.answers = append(q.answers, queue.CQE{UserData: e.UserData, Code: uint32(code), State: uint8(xfer.StateFailed)})
 			continue
 		}
-		timeout := q.s.h.DefaultWait
+		timeout := q.c.h.DefaultWait
 		if e.TimeoutUS > 0 {
 			timeout = time.Duration(e.TimeoutUS) * time.Microsecond
 		}
@@ -313,7 +313,7 @@ func submitGroup(reqs []xfer.StreamRequest) int {
 
 func (q *cqueue) closing() bool {
 	select {
-	case <-q.s.h.Closing:
+	case <-q.c.h.Closing:
 		return true
 	default:
 	}
@@ -328,7 +328,7 @@ func (q *cqueue) close() {
 		q.ring.Close()
 		<-q.done
 		q.st.Close(fmt.Errorf("%w: queue closed", xfer.ErrCanceled))
-		h := q.s.h
+		h := q.c.h
 		h.mu.Lock()
 		q.addTo(&h.closedQueues)
 		h.mu.Unlock()
@@ -339,9 +339,9 @@ func (q *cqueue) close() {
 					return
 				}
 				if err := q.ring.Release(); err != nil {
-					q.s.log.Warn("unmapping a closed queue failed", "queue", q.id, "err", err)
+					q.c.log.Warn("unmapping a closed queue failed", "queue", q.id, "err", err)
 				}
-			case <-q.s.h.Closing:
+			case <-q.c.h.Closing:
 			}
 		}()
 	})
@@ -350,10 +350,10 @@ func (q *cqueue) close() {
 // OpenQueue makes a queue for this session and returns its memfd for the
 // answer; the caller closes it once the answer is sent. OpenQueue is not
 // idempotent by key: an fd cannot be replayed.
-func (s *Session) OpenQueue(m *wire.OpenQueueRequest, r *wire.Response) (int, error) {
-	lim := &s.h.Limits
-	if len(s.queues) >= lim.MaxQueues {
-		return -1, fmt.Errorf("%w: %d queues open (max %d)", ErrLimit, len(s.queues), lim.MaxQueues)
+func (c *Session) OpenQueue(m *wire.OpenQueueRequest, r *wire.Response) (int, error) {
+	lim := &c.h.Limits
+	if len(c.queues) >= lim.MaxQueues {
+		return -1, fmt.Errorf("%w: %d queues open (max %d)", ErrLimit, len(c.queues), lim.MaxQueues)
 	}
 	if m.SQEntries == 0 || int(m.SQEntries) > lim.MaxQueueEntries || int64(m.CQEntries) > 4*int64(lim.MaxQueueEntries) ||
 		int64(m.DataSize) > int64(lim.MaxQueueData) {
@@ -364,39 +364,39 @@ func (s *Session) OpenQueue(m *wire.OpenQueueRequest, r *wire.Response) (int, er
 	if err != nil {
 		return -1, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	id := s.h.nextQueue.Add(1)
-	q, fd, err := newQueue(s, id, g)
+	id := c.h.nextQueue.Add(1)
+	q, fd, err := newQueue(c, id, g)
 	if err != nil {
 		return -1, err
 	}
-	s.qmu.Lock()
-	s.queues[id] = q
-	s.qmu.Unlock()
+	c.qmu.Lock()
+	c.queues[id] = q
+	c.qmu.Unlock()
 	*wire.SetResponse[wire.OpenQueueResponse](r) = wire.OpenQueueResponse{Queue: id,
 		SQEntries: g.SQEntries, CQEntries: g.CQEntries, DataSize: g.DataSize, Size: g.Size}
-	s.log.Debug("queue opened", "queue", id, "sq_entries", g.SQEntries, "cq_entries", g.CQEntries, "data_size", g.DataSize)
+	c.log.Debug("queue opened", "queue", id, "sq_entries", g.SQEntries, "cq_entries", g.CQEntries, "data_size", g.DataSize)
 	return fd, nil
 }
 
 // CloseQueue closes one of this session's queues.
-func (s *Session) CloseQueue(m *wire.CloseQueueRequest, r *wire.Response) error {
-	q, ok := s.queues[m.Queue]
+func (c *Session) CloseQueue(m *wire.CloseQueueRequest, r *wire.Response) error {
+	q, ok := c.queues[m.Queue]
 	if !ok {
 		return fmt.Errorf("%w: queue %d", ErrNotFound, m.Queue)
 	}
-	s.qmu.Lock()
-	delete(s.queues, m.Queue)
-	s.qmu.Unlock()
+	c.qmu.Lock()
+	delete(c.queues, m.Queue)
+	c.qmu.Unlock()
 	q.close()
 	wire.SetResponse[wire.CloseQueueResponse](r)
 	return nil
 }
 
 // queueCounters are this connection's queues' counters for Stats.
-func (s *Session) queueCounters(dst []wire.Counter) []wire.Counter {
+func (c *Session) queueCounters(dst []wire.Counter) []wire.Counter {
 	var inflight, unreaped, violations uint32
 	var posted, wakes, sleeps uint64
-	for _, q := range s.queues {
+	for _, q := range c.queues {
 		i, u, p := q.ring.Counts()
 		inflight, unreaped, posted = inflight+i, unreaped+u, posted+p
 		violations += q.ring.Violations()
@@ -404,7 +404,7 @@ func (s *Session) queueCounters(dst []wire.Counter) []wire.Counter {
 		sleeps += q.ring.WakeCounts.WorkerSleeps.Load()
 	}
 	return append(dst,
-		wire.Counter{Name: "queues", Value: uint64(len(s.queues))},
+		wire.Counter{Name: "queues", Value: uint64(len(c.queues))},
 		wire.Counter{Name: "queue_inflight", Value: uint64(inflight)},
 		wire.Counter{Name: "queue_unreaped", Value: uint64(unreaped)},
 		wire.Counter{Name: "queue_completions", Value: posted},
@@ -437,10 +437,10 @@ func (h *Host) QueueTotals() QueueTotals {
 }
 
 // AddQueueTotals adds the session's open queues to t.
-func (s *Session) AddQueueTotals(t *QueueTotals) {
-	s.qmu.Lock()
-	defer s.qmu.Unlock()
-	for _, q := range s.queues {
+func (c *Session) AddQueueTotals(t *QueueTotals) {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	for _, q := range c.queues {
 		q.addTo(t)
 		inflight, unreaped, _ := q.ring.Counts()
 		t.Open++

@@ -81,7 +81,7 @@ type storeCall struct {
 
 // newQStore makes q's store side, or says why there is none.
 func newQStore(q *cqueue) (*qstore, Code) {
-	s, ss, err := q.s.storeSession()
+	s, ss, err := q.c.storeSession()
 	if err != nil {
 		return nil, CodeOf(err)
 	}
@@ -141,7 +141,7 @@ func (qs *qstore) start(e *queue.SQE) Code {
 		}
 	} else {
 		var code Code
-		if res, buf, code = qs.q.s.resultsRegion(xfer.SegmentID(e.Local), e.LocalOff, n); code != tcproto.CodeOK {
+		if res, buf, code = qs.q.c.resultsRegion(xfer.SegmentID(e.Local), e.LocalOff, n); code != tcproto.CodeOK {
 			return code
 		}
 	}
@@ -238,19 +238,19 @@ func (qs *qstore) copyKeys(e *queue.SQE, n int) ([][]byte, bool) {
 // resultsRegion resolves a store op's results region: n records at off in
 // a client buffer of this connection, 8-aligned and inside it (the checks
 // of a transfer's local side); the buffer is held until released.
-func (s *Session) resultsRegion(id xfer.SegmentID, off uint64, n int) ([]byte, xfer.Segment, Code) {
+func (c *Session) resultsRegion(id xfer.SegmentID, off uint64, n int) ([]byte, xfer.Segment, Code) {
 	size := uint64(n) * queue.StoreResultSize
 	if off%8 != 0 {
 		return nil, nil, tcproto.CodeINVALID_ARGUMENT
 	}
-	if s.pool != nil && id == s.pool.ID() {
+	if c.pool != nil && id == c.pool.ID() {
 		return nil, nil, tcproto.CodeINVALID_ARGUMENT // results go to a client buffer, never the pool
 	}
-	s.mu.Lock()
-	b, ok := s.buffers[id]
-	_, file := s.files[id]
-	_, remote := s.remotes[id]
-	s.mu.Unlock()
+	c.mu.Lock()
+	b, ok := c.buffers[id]
+	_, file := c.files[id]
+	_, remote := c.remotes[id]
+	c.mu.Unlock()
 	switch {
 	case file || remote:
 		return nil, nil, tcproto.CodeINVALID_ARGUMENT
@@ -373,5 +373,5 @@ func (qs *qstore) wait(closing <-chan struct{}) bool {
 
 // storeIdle is wait for a queue that may have made no store side.
 func (q *cqueue) storeIdle() bool {
-	return q.store == nil || q.store.wait(q.s.h.Closing)
+	return q.store == nil || q.store.wait(q.c.h.Closing)
 }

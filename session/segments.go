@@ -15,27 +15,27 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-func (s *Session) segments() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.buffers) + len(s.files)
+func (c *Session) segments() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.buffers) + len(c.files)
 }
 
 // RegisterBuffer maps the client's memfd fd as a buffer segment of the
 // session. It takes fd, whatever it returns.
-func (s *Session) RegisterBuffer(m *wire.RegisterBufferRequest, fd int, r *wire.Response) error {
-	lim := &s.h.Limits
+func (c *Session) RegisterBuffer(m *wire.RegisterBufferRequest, fd int, r *wire.Response) error {
+	lim := &c.h.Limits
 	if m.Size == 0 || m.Size > lim.MaxBufferSize {
 		unix.Close(fd) //nolint:errcheck // nothing to do about it
 		return fmt.Errorf("%w: buffer of %d bytes (max %d)", ErrLimit, m.Size, lim.MaxBufferSize)
 	}
-	if s.segments() >= lim.MaxBuffers {
+	if c.segments() >= lim.MaxBuffers {
 		unix.Close(fd) //nolint:errcheck // nothing to do about it
 		return fmt.Errorf("%w: %d segments held", ErrLimit, lim.MaxBuffers)
 	}
-	reg := s.h.Registry
+	reg := c.h.Registry
 	id := reg.NextID()
-	buf, err := s.h.MapBuffer(id, fd, m.Size, lim.MaxBufferSize)
+	buf, err := c.h.MapBuffer(id, fd, m.Size, lim.MaxBufferSize)
 	if err != nil {
 		return err
 	}
@@ -43,28 +43,28 @@ func (s *Session) RegisterBuffer(m *wire.RegisterBufferRequest, fd int, r *wire.
 		buf.Close()
 		return err
 	}
-	s.mu.Lock()
-	s.buffers[id] = buf
-	s.mu.Unlock()
+	c.mu.Lock()
+	c.buffers[id] = buf
+	c.mu.Unlock()
 	wire.SetResponse[wire.RegisterBufferResponse](r).Segment = uint64(id)
 	return nil
 }
 
 // RegisterFile opens a file as a segment of the session.
-func (s *Session) RegisterFile(m *wire.RegisterFileRequest, r *wire.Response) error {
-	op := s.h.FileOpener
+func (c *Session) RegisterFile(m *wire.RegisterFileRequest, r *wire.Response) error {
+	op := c.h.FileOpener
 	if op == nil {
 		return fmt.Errorf("%w: no file opener configured", ErrUnavailable)
 	}
-	if s.segments() >= s.h.Limits.MaxBuffers {
-		return fmt.Errorf("%w: %d segments held", ErrLimit, s.h.Limits.MaxBuffers)
+	if c.segments() >= c.h.Limits.MaxBuffers {
+		return fmt.Errorf("%w: %d segments held", ErrLimit, c.h.Limits.MaxBuffers)
 	}
-	reg := s.h.Registry
+	reg := c.h.Registry
 	id := reg.NextID()
 	var f FileSegment
 	var err error
 	if to, ok := op.(TenantFileOpener); ok {
-		f, err = to.OpenFileFor(s.tenant, id, string(m.Path), m.Direct, m.Size)
+		f, err = to.OpenFileFor(c.tenant, id, string(m.Path), m.Direct, m.Size)
 	} else {
 		f, err = op.OpenFile(id, string(m.Path), m.Direct, m.Size)
 	}
@@ -75,29 +75,29 @@ func (s *Session) RegisterFile(m *wire.RegisterFileRequest, r *wire.Response) er
 		f.Close()
 		return err
 	}
-	s.mu.Lock()
-	s.files[id] = f
-	s.mu.Unlock()
+	c.mu.Lock()
+	c.files[id] = f
+	c.mu.Unlock()
 	a := wire.SetResponse[wire.RegisterFileResponse](r)
 	a.Segment, a.Size = uint64(id), f.Size()
 	return nil
 }
 
 // Unregister drops a buffer or file segment of the session.
-func (s *Session) Unregister(m *wire.UnregisterBufferRequest, r *wire.Response) error {
+func (c *Session) Unregister(m *wire.UnregisterBufferRequest, r *wire.Response) error {
 	id := xfer.SegmentID(m.Segment)
-	s.mu.Lock()
-	b, isBuf := s.buffers[id]
-	f, isFile := s.files[id]
-	delete(s.buffers, id)
-	delete(s.files, id)
-	s.segGen.Add(1)
-	s.mu.Unlock()
+	c.mu.Lock()
+	b, isBuf := c.buffers[id]
+	f, isFile := c.files[id]
+	delete(c.buffers, id)
+	delete(c.files, id)
+	c.segGen.Add(1)
+	c.mu.Unlock()
 	if !isBuf && !isFile {
 		return fmt.Errorf("%w: segment %d", ErrNotFound, id)
 	}
-	s.dropExportsOf(id)
-	s.h.Registry.Remove(id)
+	c.dropExportsOf(id)
+	c.h.Registry.Remove(id)
 	wire.SetResponse[wire.UnregisterBufferResponse](r)
 	if isBuf {
 		return b.Close()
@@ -110,8 +110,8 @@ var errNoPool = fmt.Errorf("%w: this user is in no tenant, so it has no pool", E
 
 // PoolInfo answers with the session's tenant's pool and returns its memfd
 // to pass with the answer: the only pool this client can map.
-func (s *Session) PoolInfo(r *wire.Response) (int, error) {
-	p := s.pool
+func (c *Session) PoolInfo(r *wire.Response) (int, error) {
+	p := c.pool
 	if p == nil {
 		return -1, errNoPool
 	}
@@ -121,20 +121,20 @@ func (s *Session) PoolInfo(r *wire.Response) (int, error) {
 }
 
 // AllocBlocks allocates pool blocks to the session.
-func (s *Session) AllocBlocks(m *wire.AllocBlocksRequest, r *wire.Response) error {
+func (c *Session) AllocBlocks(m *wire.AllocBlocksRequest, r *wire.Response) error {
 	n := int(m.N)
 	if n == 0 || m.Size == 0 {
 		return fmt.Errorf("%w: %d blocks of %d bytes", ErrMalformed, n, m.Size)
 	}
-	if s.blocks.len()+n > s.h.Limits.MaxBlocks {
-		return fmt.Errorf("%w: %d blocks held, %d asked (max %d)", ErrLimit, s.blocks.len(), n, s.h.Limits.MaxBlocks)
+	if c.blocks.len()+n > c.h.Limits.MaxBlocks {
+		return fmt.Errorf("%w: %d blocks held, %d asked (max %d)", ErrLimit, c.blocks.len(), n, c.h.Limits.MaxBlocks)
 	}
-	p := s.pool
+	p := c.pool
 	if p == nil {
 		return errNoPool
 	}
-	s.offs = slices.Grow(s.offs[:0], n)[:n]
-	offs := s.offs
+	c.offs = slices.Grow(c.offs[:0], n)[:n]
+	offs := c.offs
 	if err := p.AllocN(m.Size, offs); err != nil {
 		return err
 	}
@@ -143,40 +143,40 @@ func (s *Session) AllocBlocks(m *wire.AllocBlocksRequest, r *wire.Response) erro
 		if !ok {
 			size = m.Size
 		}
-		s.blocks.add(off, size)
+		c.blocks.add(off, size)
 	}
 	wire.SetResponse[wire.AllocBlocksResponse](r).Offsets = offs
 	return nil
 }
 
 // FreeBlocks gives pool blocks of the session back, each on its own.
-func (s *Session) FreeBlocks(m *wire.FreeBlocksRequest, r *wire.Response) {
-	s.codes = s.codes[:0]
-	p := s.pool
+func (c *Session) FreeBlocks(m *wire.FreeBlocksRequest, r *wire.Response) {
+	c.codes = c.codes[:0]
+	p := c.pool
 	for _, off := range m.Offsets {
-		i, held := slices.BinarySearch(s.blocks.offs, off)
+		i, held := slices.BinarySearch(c.blocks.offs, off)
 		if !held {
-			s.codes = append(s.codes, tcproto.CodeNOT_FOUND)
+			c.codes = append(c.codes, tcproto.CodeNOT_FOUND)
 			continue
 		}
-		if s.exported(p.ID(), off, s.blocks.sizes[i]) {
+		if c.exported(p.ID(), off, c.blocks.sizes[i]) {
 			// Peers may be writing into it: unexport first.
-			s.codes = append(s.codes, tcproto.CodeFAILED_PRECONDITION)
+			c.codes = append(c.codes, tcproto.CodeFAILED_PRECONDITION)
 			continue
 		}
-		if s.pview.busy(off) {
+		if c.pview.busy(off) {
 			// A transfer of this connection still moves bytes in it
 			// (possibly past its deadline): free it once that ends.
-			s.codes = append(s.codes, tcproto.CodeBUSY)
+			c.codes = append(c.codes, tcproto.CodeBUSY)
 			continue
 		}
 		err := p.Free(off)
 		if err == nil {
-			s.blocks.remove(off)
+			c.blocks.remove(off)
 		}
-		s.codes = append(s.codes, CodeOf(err))
+		c.codes = append(c.codes, CodeOf(err))
 	}
-	wire.SetResponse[wire.FreeBlocksResponse](r).Codes = s.codes
+	wire.SetResponse[wire.FreeBlocksResponse](r).Codes = c.codes
 }
 
 // blockClasses returns the pool's block sizes, smallest first, when the

@@ -82,8 +82,8 @@ func (h *Host) closing() bool {
 // session, its exports and subscriptions. It is the resolver and range
 // holder the engine calls back for the client's transfers.
 //
-// The connection's serving goroutine makes the calls (the handlers, New,
-// Close); the engine, transports and queue workers call Resolve and the
+// Its methods name it c, the client. The connection's serving goroutine
+// makes the calls (the handlers, New, Close); the engine, transports and queue workers call Resolve and the
 // pool view from their own goroutines.
 type Session struct {
 	h   *Host
@@ -138,7 +138,7 @@ type Session struct {
 
 // New makes the session of connection id; log is its logger.
 func New(h *Host, id uint64, log *slog.Logger) *Session {
-	s := &Session{
+	c := &Session{
 		h:       h,
 		id:      id,
 		log:     log,
@@ -148,43 +148,43 @@ func New(h *Host, id uint64, log *slog.Logger) *Session {
 		batches: make(map[BatchID]struct{}),
 		queues:  make(map[uint64]*cqueue),
 	}
-	s.inbox = peer.NewInbox(fmt.Sprintf("connection %d", id), h.Limits.MaxNotifications)
-	s.pview.blocks, s.pview.log = &s.blocks, log
-	return s
+	c.inbox = peer.NewInbox(fmt.Sprintf("connection %d", id), h.Limits.MaxNotifications)
+	c.pview.blocks, c.pview.log = &c.blocks, log
+	return c
 }
 
 // SetTenant makes the session's tenant name, with its pool and store (nil
 // pool: no tenant, no pool), and its logger log. It is called once,
 // before the first handler.
-func (s *Session) SetTenant(name string, pool Pool, st *store.Store, log *slog.Logger) {
-	s.tenant, s.pool, s.store, s.log = name, pool, st, log
-	s.pview.Pool, s.pview.log = pool, log
+func (c *Session) SetTenant(name string, pool Pool, st *store.Store, log *slog.Logger) {
+	c.tenant, c.pool, c.store, c.log = name, pool, st, log
+	c.pview.Pool, c.pview.log = pool, log
 }
 
 // poolID is the id of the session's pool, 0 (no segment's) when it has
 // none.
-func (s *Session) poolID() xfer.SegmentID {
-	if s.pool == nil {
+func (c *Session) poolID() xfer.SegmentID {
+	if c.pool == nil {
 		return 0
 	}
-	return s.pool.ID()
+	return c.pool.ID()
 }
 
 // Resolve implements xfer.Resolver scoped to this session: the pool and
 // the segments this session registered.
-func (s *Session) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
-	if s.pool != nil && id == s.pool.ID() {
-		return &s.pview, true
+func (c *Session) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
+	if c.pool != nil && id == c.pool.ID() {
+		return &c.pview, true
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if b, ok := s.buffers[id]; ok {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if b, ok := c.buffers[id]; ok {
 		return b, true
 	}
-	if f, ok := s.files[id]; ok {
+	if f, ok := c.files[id]; ok {
 		return f, true
 	}
-	if r, ok := s.remotes[id]; ok {
+	if r, ok := c.remotes[id]; ok {
 		return r.seg, true
 	}
 	return nil, false
@@ -193,31 +193,31 @@ func (s *Session) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 var _ xfer.Resolver = (*Session)(nil)
 
 // deadline is when a call with timeoutMS (0: none) in context ctx ends.
-func (s *Session) deadline(ctx *wire.Context, timeoutMS uint32) time.Time {
+func (c *Session) deadline(ctx *wire.Context, timeoutMS uint32) time.Time {
 	switch {
 	case timeoutMS > 0:
 		return time.Now().Add(time.Duration(timeoutMS) * time.Millisecond)
 	case ctx.DeadlineMS > 0:
 		return time.Now().Add(time.Duration(ctx.DeadlineMS) * time.Millisecond)
 	}
-	return time.Now().Add(s.h.DefaultWait)
+	return time.Now().Add(c.h.DefaultWait)
 }
 
 // Counters appends the session's figures for Stats to dst: what it holds
 // and its queues' counters. idempotencyKeys is the connection's count of
 // remembered keys, which the server keeps, listed among them.
-func (s *Session) Counters(dst []wire.Counter, idempotencyKeys int) []wire.Counter {
+func (c *Session) Counters(dst []wire.Counter, idempotencyKeys int) []wire.Counter {
 	dst = append(dst,
-		wire.Counter{Name: "segments", Value: uint64(s.segments())},
-		wire.Counter{Name: "blocks", Value: uint64(s.blocks.len())},
-		wire.Counter{Name: "batches", Value: uint64(len(s.batches))},
+		wire.Counter{Name: "segments", Value: uint64(c.segments())},
+		wire.Counter{Name: "blocks", Value: uint64(c.blocks.len())},
+		wire.Counter{Name: "batches", Value: uint64(len(c.batches))},
 		wire.Counter{Name: "idempotency_keys", Value: uint64(idempotencyKeys)},
-		wire.Counter{Name: "exports", Value: uint64(len(s.exports))},
-		wire.Counter{Name: "remotes", Value: uint64(s.remoteCount())},
-		wire.Counter{Name: "notifications_queued", Value: uint64(s.inbox.Len())},
+		wire.Counter{Name: "exports", Value: uint64(len(c.exports))},
+		wire.Counter{Name: "remotes", Value: uint64(c.remoteCount())},
+		wire.Counter{Name: "notifications_queued", Value: uint64(c.inbox.Len())},
 	)
-	return s.queueCounters(dst)
+	return c.queueCounters(dst)
 }
 
 // Pool is the session's pool, nil without a tenant.
-func (s *Session) Pool() Pool { return s.pool }
+func (c *Session) Pool() Pool { return c.pool }

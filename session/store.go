@@ -41,43 +41,43 @@ type connStore struct {
 // session is the connection's store session, made on first use; it fails
 // with UNAVAILABLE on a daemon without a store. The serving goroutine and
 // the queue workers call it.
-func (s *Session) storeSession() (*store.Store, *store.Session, error) {
-	if s.pool == nil {
+func (c *Session) storeSession() (*store.Store, *store.Session, error) {
+	if c.pool == nil {
 		return nil, nil, errNoPool
 	}
-	kv := s.store
+	kv := c.store
 	if kv == nil {
 		return nil, nil, fmt.Errorf("%w: this daemon runs no store", ErrUnavailable)
 	}
-	s.st.once.Do(func() { s.st.ss = kv.NewSession() })
-	if s.st.ss == nil {
+	c.st.once.Do(func() { c.st.ss = kv.NewSession() })
+	if c.st.ss == nil {
 		return nil, nil, fmt.Errorf("%w: connection released", ErrClosed)
 	}
-	return kv, s.st.ss, nil
+	return kv, c.st.ss, nil
 }
 
 // closeStore closes the connection's session, releasing its pins, leases
 // and reservations. It runs in release, after the queues are closed (no
 // worker can make a session any more).
-func (s *Session) closeStore() {
-	s.st.once.Do(func() {}) // no session made from here on
-	if s.st.ss == nil {
+func (c *Session) closeStore() {
+	c.st.once.Do(func() {}) // no session made from here on
+	if c.st.ss == nil {
 		return
 	}
-	if err := s.st.ss.Close(); err != nil {
-		s.log.Error("closing the store session freed a reservation badly", "err", err)
+	if err := c.st.ss.Close(); err != nil {
+		c.log.Error("closing the store session freed a reservation badly", "err", err)
 	}
 }
 
 // storeErr is the answer to a store call that returned err: nil when the
 // call ran and its codes say what happened (all or nothing refused, a
 // transport broken on some keys, which carry INTERNAL), else err.
-func (s *Session) storeErr(err error) error {
+func (c *Session) storeErr(err error) error {
 	switch {
 	case err == nil, errors.Is(err, store.ErrNotApplied):
 		return nil
 	case errors.Is(err, store.ErrTransport):
-		s.log.Error("store: the L2 transport broke its contract during a call", "err", err)
+		c.log.Error("store: the L2 transport broke its contract during a call", "err", err)
 		return nil
 	}
 	return err
@@ -86,7 +86,7 @@ func (s *Session) storeErr(err error) error {
 // memOf resolves a copying call's extent to the bytes it names: pool
 // blocks this connection holds, or a client buffer of it (a reference is
 // taken and kept in s.st.held until the call ends). Its code says why not.
-func (s *Session) memOf(e wire.Extent) ([]byte, Code) {
+func (c *Session) memOf(e wire.Extent) ([]byte, Code) {
 	if e.Length == 0 {
 		return nil, tcproto.CodeINVALID_ARGUMENT
 	}
@@ -94,17 +94,17 @@ func (s *Session) memOf(e wire.Extent) ([]byte, Code) {
 	if end < e.Offset {
 		return nil, tcproto.CodeINVALID_ARGUMENT
 	}
-	if p := s.pool; p != nil && e.Segment == p.ID() {
-		if !s.blocks.covers(e.Offset, e.Length) {
+	if p := c.pool; p != nil && e.Segment == p.ID() {
+		if !c.blocks.covers(e.Offset, e.Length) {
 			return nil, tcproto.CodePERMISSION_DENIED
 		}
 		return p.Bytes()[e.Offset:end:end], tcproto.CodeOK
 	}
-	s.mu.Lock()
-	b, ok := s.buffers[e.Segment]
-	_, file := s.files[e.Segment]
-	_, remote := s.remotes[e.Segment]
-	s.mu.Unlock()
+	c.mu.Lock()
+	b, ok := c.buffers[e.Segment]
+	_, file := c.files[e.Segment]
+	_, remote := c.remotes[e.Segment]
+	c.mu.Unlock()
 	switch {
 	case file || remote:
 		return nil, tcproto.CodeINVALID_ARGUMENT // a copying call moves memory only
@@ -115,29 +115,29 @@ func (s *Session) memOf(e wire.Extent) ([]byte, Code) {
 	case !b.Acquire():
 		return nil, tcproto.CodeUNAVAILABLE
 	}
-	s.st.held = append(s.st.held, b)
+	c.st.held = append(c.st.held, b)
 	return b.Bytes()[e.Offset:end:end], tcproto.CodeOK
 }
 
 // releaseHeld drops the buffer references a copying call took.
-func (s *Session) releaseHeld() {
-	for i, b := range s.st.held {
+func (c *Session) releaseHeld() {
+	for i, b := range c.st.held {
 		b.Release()
-		s.st.held[i] = nil
+		c.st.held[i] = nil
 	}
-	s.st.held = s.st.held[:0]
+	c.st.held = c.st.held[:0]
 }
 
 // resolveExtents checks every key's extent and compacts the keys whose
 // extent resolved into s.st.keys and s.st.vals (their positions in pos);
 // out gets the code of each refused key and OK for the others.
-func (s *Session) resolveExtents(keys [][]byte, ext []wire.Extent) {
-	st := &s.st
+func (c *Session) resolveExtents(keys [][]byte, ext []wire.Extent) {
+	st := &c.st
 	n := len(keys)
 	st.out = slices.Grow(st.out[:0], n)[:n]
 	st.keys, st.vals, st.pos = st.keys[:0], st.vals[:0], st.pos[:0]
 	for i, e := range ext {
-		mem, code := s.memOf(e)
+		mem, code := c.memOf(e)
 		st.out[i] = code
 		if code == tcproto.CodeOK {
 			st.keys = append(st.keys, keys[i])
@@ -151,8 +151,8 @@ func (s *Session) resolveExtents(keys [][]byte, ext []wire.Extent) {
 }
 
 // scatter puts the codes of the compacted keys back in their positions.
-func (s *Session) scatter() []Code {
-	st := &s.st
+func (c *Session) scatter() []Code {
+	st := &c.st
 	for j, i := range st.pos {
 		st.out[i] = Code(st.codes[j])
 	}
@@ -160,152 +160,152 @@ func (s *Session) scatter() []Code {
 }
 
 // codesOf converts a whole call's store codes for the answer.
-func (s *Session) codesOf(codes []store.Code) []Code {
+func (c *Session) codesOf(codes []store.Code) []Code {
 	n := len(codes)
-	s.st.out = slices.Grow(s.st.out[:0], n)[:n]
+	c.st.out = slices.Grow(c.st.out[:0], n)[:n]
 	for i, k := range codes {
-		s.st.out[i] = Code(k)
+		c.st.out[i] = Code(k)
 	}
-	return s.st.out
+	return c.st.out
 }
 
-func (s *Session) storeCodes(n int) []store.Code {
-	s.st.codes = slices.Grow(s.st.codes[:0], n)[:n]
-	return s.st.codes
+func (c *Session) storeCodes(n int) []store.Code {
+	c.st.codes = slices.Grow(c.st.codes[:0], n)[:n]
+	return c.st.codes
 }
 
 // StorePut puts keys with values copied from the session's memory.
-func (s *Session) StorePut(m *wire.StorePutRequest, r *wire.Response) error {
-	_, ss, err := s.storeSession()
+func (c *Session) StorePut(m *wire.StorePutRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
-	s.resolveExtents(m.Keys, m.Values)
-	defer s.releaseHeld()
-	_, err = ss.Put(s.st.keys, s.st.vals, m.Durable, s.st.codes, nil, nil, 0)
-	if err = s.storeErr(err); err != nil {
+	c.resolveExtents(m.Keys, m.Values)
+	defer c.releaseHeld()
+	_, err = ss.Put(c.st.keys, c.st.vals, m.Durable, c.st.codes, nil, nil, 0)
+	if err = c.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StorePutResponse](r).Codes = s.scatter()
+	wire.SetResponse[wire.StorePutResponse](r).Codes = c.scatter()
 	return nil
 }
 
 // StoreRead copies keys' values into the session's memory.
-func (s *Session) StoreRead(m *wire.StoreReadRequest, r *wire.Response) error {
-	kv, _, err := s.storeSession()
+func (c *Session) StoreRead(m *wire.StoreReadRequest, r *wire.Response) error {
+	kv, _, err := c.storeSession()
 	if err != nil {
 		return err
 	}
-	s.resolveExtents(m.Keys, m.Dests)
-	defer s.releaseHeld()
-	_, err = kv.Read(s.st.keys, s.st.vals, s.st.lens, s.st.codes, nil, nil, 0)
-	if err = s.storeErr(err); err != nil {
+	c.resolveExtents(m.Keys, m.Dests)
+	defer c.releaseHeld()
+	_, err = kv.Read(c.st.keys, c.st.vals, c.st.lens, c.st.codes, nil, nil, 0)
+	if err = c.storeErr(err); err != nil {
 		return err
 	}
 	n := len(m.Keys)
-	s.st.offs = slices.Grow(s.st.offs[:0], n)[:n]
-	clear(s.st.offs)
-	for j, i := range s.st.pos {
-		s.st.offs[i] = s.st.lens[j]
+	c.st.offs = slices.Grow(c.st.offs[:0], n)[:n]
+	clear(c.st.offs)
+	for j, i := range c.st.pos {
+		c.st.offs[i] = c.st.lens[j]
 	}
 	a := wire.SetResponse[wire.StoreReadResponse](r)
-	a.Codes, a.Lengths = s.scatter(), s.st.offs
+	a.Codes, a.Lengths = c.scatter(), c.st.offs
 	return nil
 }
 
 // StoreRemove removes keys.
-func (s *Session) StoreRemove(m *wire.StoreRemoveRequest, r *wire.Response) error {
-	kv, _, err := s.storeSession()
+func (c *Session) StoreRemove(m *wire.StoreRemoveRequest, r *wire.Response) error {
+	kv, _, err := c.storeSession()
 	if err != nil {
 		return err
 	}
-	codes := s.storeCodes(len(m.Keys))
+	codes := c.storeCodes(len(m.Keys))
 	_, err = kv.Remove(m.Keys, codes, nil, nil, 0)
-	if err = s.storeErr(err); err != nil {
+	if err = c.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreRemoveResponse](r).Codes = s.codesOf(codes)
+	wire.SetResponse[wire.StoreRemoveResponse](r).Codes = c.codesOf(codes)
 	return nil
 }
 
 // StorePin pins keys for the session.
-func (s *Session) StorePin(m *wire.StorePinRequest, r *wire.Response) error {
-	_, ss, err := s.storeSession()
+func (c *Session) StorePin(m *wire.StorePinRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
-	codes := s.storeCodes(len(m.Keys))
+	codes := c.storeCodes(len(m.Keys))
 	err = ss.Pin(m.Keys, time.Duration(m.TTLMS)*time.Millisecond, codes)
-	if err = s.storeErr(err); err != nil {
+	if err = c.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StorePinResponse](r).Codes = s.codesOf(codes)
+	wire.SetResponse[wire.StorePinResponse](r).Codes = c.codesOf(codes)
 	return nil
 }
 
 // StoreUnpin drops the session's pins of keys.
-func (s *Session) StoreUnpin(m *wire.StoreUnpinRequest, r *wire.Response) error {
-	_, ss, err := s.storeSession()
+func (c *Session) StoreUnpin(m *wire.StoreUnpinRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
-	codes := s.storeCodes(len(m.Keys))
-	if err = s.storeErr(ss.Unpin(m.Keys, codes)); err != nil {
+	codes := c.storeCodes(len(m.Keys))
+	if err = c.storeErr(ss.Unpin(m.Keys, codes)); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreUnpinResponse](r).Codes = s.codesOf(codes)
+	wire.SetResponse[wire.StoreUnpinResponse](r).Codes = c.codesOf(codes)
 	return nil
 }
 
 // StoreReserve reserves pool blocks for keys, for the session to fill and commit.
-func (s *Session) StoreReserve(m *wire.StoreReserveRequest, r *wire.Response) error {
-	_, ss, err := s.storeSession()
+func (c *Session) StoreReserve(m *wire.StoreReserveRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
 	n := len(m.Keys)
-	codes := s.storeCodes(n)
-	s.st.locs = slices.Grow(s.st.locs[:0], n)[:n]
-	if err = s.storeErr(ss.Reserve(m.Keys, m.Sizes, s.st.locs, codes, nil)); err != nil {
+	codes := c.storeCodes(n)
+	c.st.locs = slices.Grow(c.st.locs[:0], n)[:n]
+	if err = c.storeErr(ss.Reserve(m.Keys, m.Sizes, c.st.locs, codes, nil)); err != nil {
 		return err
 	}
-	s.st.offs = slices.Grow(s.st.offs[:0], n)[:n]
-	for i, l := range s.st.locs {
-		s.st.offs[i] = l.Offset
+	c.st.offs = slices.Grow(c.st.offs[:0], n)[:n]
+	for i, l := range c.st.locs {
+		c.st.offs[i] = l.Offset
 	}
 	a := wire.SetResponse[wire.StoreReserveResponse](r)
-	a.Codes, a.Offsets = s.codesOf(codes), s.st.offs
+	a.Codes, a.Offsets = c.codesOf(codes), c.st.offs
 	return nil
 }
 
 // StoreCommit commits keys the session reserved.
-func (s *Session) StoreCommit(m *wire.StoreCommitRequest, r *wire.Response) error {
-	_, ss, err := s.storeSession()
+func (c *Session) StoreCommit(m *wire.StoreCommitRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
-	codes := s.storeCodes(len(m.Keys))
+	codes := c.storeCodes(len(m.Keys))
 	_, err = ss.Commit(m.Keys, m.Durable, codes, nil, nil, 0)
-	if err = s.storeErr(err); err != nil {
+	if err = c.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreCommitResponse](r).Codes = s.codesOf(codes)
+	wire.SetResponse[wire.StoreCommitResponse](r).Codes = c.codesOf(codes)
 	return nil
 }
 
 // StoreAbort gives back reservations of the session, each key on its
 // own; a batch the store refuses as a whole (too many keys, an
 // invalid one) is answered INVALID_ARGUMENT.
-func (s *Session) StoreAbort(m *wire.StoreAbortRequest, r *wire.Response) error {
-	_, ss, err := s.storeSession()
+func (c *Session) StoreAbort(m *wire.StoreAbortRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
-	codes := s.storeCodes(len(m.Keys))
-	if err = s.storeErr(ss.Abort(m.Keys, codes, nil)); err != nil {
+	codes := c.storeCodes(len(m.Keys))
+	if err = c.storeErr(ss.Abort(m.Keys, codes, nil)); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreAbortResponse](r).Codes = s.codesOf(codes)
+	wire.SetResponse[wire.StoreAbortResponse](r).Codes = c.codesOf(codes)
 	return nil
 }
 
@@ -318,8 +318,8 @@ func keyInfo(k store.KeyInfo, withKey bool) wire.StoreKeyInfo {
 }
 
 // StoreStat reports one key.
-func (s *Session) StoreStat(m *wire.StoreStatRequest, r *wire.Response) error {
-	kv, _, err := s.storeSession()
+func (c *Session) StoreStat(m *wire.StoreStatRequest, r *wire.Response) error {
+	kv, _, err := c.storeSession()
 	if err != nil {
 		return err
 	}
@@ -337,35 +337,35 @@ func (s *Session) StoreStat(m *wire.StoreStatRequest, r *wire.Response) error {
 const listEntryBytes = 384
 
 // StoreList lists keys by prefix.
-func (s *Session) StoreList(m *wire.StoreListRequest, r *wire.Response) error {
-	kv, _, err := s.storeSession()
+func (c *Session) StoreList(m *wire.StoreListRequest, r *wire.Response) error {
+	kv, _, err := c.storeSession()
 	if err != nil {
 		return err
 	}
 	max := int(m.Max)
-	if most := s.h.MaxFrame/listEntryBytes - 1; max == 0 || max > most {
+	if most := c.h.MaxFrame/listEntryBytes - 1; max == 0 || max > most {
 		max = most
 	}
 	keys, more, err := kv.ListAfter(m.Prefix, m.After, max)
 	if err != nil {
 		return err
 	}
-	s.st.info = s.st.info[:0]
+	c.st.info = c.st.info[:0]
 	for _, k := range keys {
-		s.st.info = append(s.st.info, keyInfo(k, true))
+		c.st.info = append(c.st.info, keyInfo(k, true))
 	}
 	a := wire.SetResponse[wire.StoreListResponse](r)
-	a.Keys, a.More = s.st.info, more
+	a.Keys, a.More = c.st.info, more
 	return nil
 }
 
 // StoreFlush waits for the store's writebacks.
-func (s *Session) StoreFlush(m *wire.StoreFlushRequest, r *wire.Response) error {
-	kv, _, err := s.storeSession()
+func (c *Session) StoreFlush(m *wire.StoreFlushRequest, r *wire.Response) error {
+	kv, _, err := c.storeSession()
 	if err != nil {
 		return err
 	}
-	d := s.h.DefaultWait
+	d := c.h.DefaultWait
 	if m.TimeoutMS > 0 {
 		d = time.Duration(m.TimeoutMS) * time.Millisecond
 	}
@@ -378,11 +378,11 @@ func (s *Session) StoreFlush(m *wire.StoreFlushRequest, r *wire.Response) error 
 
 // StoreFigures are the session's store's figures for Stats; none without
 // a store.
-func (s *Session) StoreFigures() []wire.Counter {
-	if s.store == nil {
+func (c *Session) StoreFigures() []wire.Counter {
+	if c.store == nil {
 		return nil
 	}
-	return StoreCounters(s.store.Stats(), nil)
+	return StoreCounters(c.store.Stats(), nil)
 }
 
 // StoreCounters appends the store's figures to dst, as Stats reports them
