@@ -14,7 +14,6 @@ import (
 	flatbuffers "github.com/google/flatbuffers/go"
 	"golang.org/x/sys/unix"
 
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/session"
 	"github.com/tensorcast/tensorcast/wire"
 )
@@ -361,7 +360,7 @@ func (c *conn) readFailed(err error) {
 			slog.Uint64("uid", uint64(c.cred.Uid)), slog.Int("buffered", c.rend-c.rpos),
 			slog.Duration("frame_timeout", c.s.cfg.FrameTimeout))
 		c.uc.SetWriteDeadline(time.Now().Add(c.s.cfg.FrameTimeout)) //nolint:errcheck // best effort
-		c.fail(0, tcproto.CodeDEADLINE_EXCEEDED)
+		c.fail(0, codeDeadlineExceeded)
 		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrUnexpectedFD):
 		c.log.Warn("closing connection: bad frame", "err", err)

@@ -10,43 +10,8 @@ import (
 	"log/slog"
 	"syscall"
 
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/wire"
 )
-
-// mutating reports whether a request changes what the connection holds or
-// moves data; those are audited and idempotent by key.
-func mutating(k wire.RequestKind) bool {
-	switch k {
-	case tcproto.RequestBodyRegisterBufferRequest, tcproto.RequestBodyUnregisterBufferRequest,
-		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
-		tcproto.RequestBodyAllocBatchRequest, tcproto.RequestBodySubmitRequest,
-		tcproto.RequestBodyFreeBatchRequest, tcproto.RequestBodyTransferRequestBody,
-		tcproto.RequestBodyRegisterFileRequest, tcproto.RequestBodyExportSegmentRequest,
-		tcproto.RequestBodyUnexportSegmentRequest, tcproto.RequestBodyOpenRemoteRequest,
-		tcproto.RequestBodyCloseRemoteRequest, tcproto.RequestBodySubscribeRequest,
-		tcproto.RequestBodyOpenQueueRequest, tcproto.RequestBodyCloseQueueRequest,
-		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStoreRemoveRequest, tcproto.RequestBodyStorePinRequest,
-		tcproto.RequestBodyStoreUnpinRequest, tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest,
-		tcproto.RequestBodyStoreAbortRequest:
-		return true
-	}
-	return false
-}
-
-// dataPath reports whether a mutating request is one of the per-transfer
-// calls that are audited below AuditLevel.
-func dataPath(k wire.RequestKind) bool {
-	switch k {
-	case tcproto.RequestBodySubmitRequest, tcproto.RequestBodyTransferRequestBody,
-		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
-		tcproto.RequestBodyAllocBatchRequest, tcproto.RequestBodyFreeBatchRequest,
-		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStorePinRequest, tcproto.RequestBodyStoreUnpinRequest,
-		tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest, tcproto.RequestBodyStoreAbortRequest:
-		return true
-	}
-	return false
-}
 
 // handle serves c.req and returns the answer frame and the fd to pass with
 // it (-1 for none).
@@ -67,7 +32,7 @@ func (c *conn) handle() ([]byte, int) {
 		return c.errorFrame(ErrUnexpectedFD), -1
 	}
 	mut := mutating(kind)
-	keyed := mut && len(m.Ctx.IdempotencyKey) > 0 && kind != tcproto.RequestBodyOpenQueueRequest
+	keyed := mut && len(m.Ctx.IdempotencyKey) > 0 && kind != kindOpenQueue
 	var h uint64
 	if keyed {
 		h = argsHash(c.b, m)
@@ -75,10 +40,10 @@ func (c *conn) handle() ([]byte, int) {
 			closeFDs(c.fds)
 			c.fds = c.fds[:0]
 			if err != nil {
-				c.audit(m, tcproto.CodeFAILED_PRECONDITION, true)
+				c.audit(m, codeFailedPrecondition, true)
 				return c.errorFrame(err), -1
 			}
-			c.audit(m, tcproto.CodeOK, true)
+			c.audit(m, codeOK, true)
 			return c.idemReplay(frame), -1
 		}
 	}
@@ -176,11 +141,11 @@ func (c *conn) handle() ([]byte, int) {
 	}
 	closeFDs(c.fds) // a handler that takes its fd leaves none
 	c.fds = c.fds[:0]
-	code := tcproto.CodeOK
+	code := codeOK
 	if err != nil {
 		code = CodeOf(err)
 		lvl := slog.LevelDebug
-		if code == tcproto.CodeINTERNAL {
+		if code == codeInternal {
 			lvl = slog.LevelError
 		}
 		c.log.Log(context.Background(), lvl, "request failed", "kind", kind.String(),
@@ -191,7 +156,7 @@ func (c *conn) handle() ([]byte, int) {
 	if mut {
 		c.audit(m, code, false)
 	}
-	if keyed && code != tcproto.CodeUNAVAILABLE && code != tcproto.CodeINTERNAL {
+	if keyed && code != codeUnavailable && code != codeInternal {
 		c.idemRecord(m, h, out)
 	}
 	return out, fd

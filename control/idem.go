@@ -10,7 +10,6 @@ import (
 
 	flatbuffers "github.com/google/flatbuffers/go"
 
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
@@ -254,7 +253,7 @@ func (c *conn) idemRecord(m *wire.Request, hash uint64, out []byte) {
 // with its request id.
 func (c *conn) idemReplay(frame []byte) []byte {
 	out := slices.Clone(frame)
-	tcproto.GetRootAsResponse(out[wire.FrameHeader:], 0).MutateRequestId(c.req.Ctx.RequestID)
+	setRequestID(out, c.req.Ctx.RequestID)
 	return out
 }
 
