@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"syscall"
 
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
@@ -143,7 +144,7 @@ func (c *conn) handle() ([]byte, int) {
 	c.fds = c.fds[:0]
 	code := codeOK
 	if err != nil {
-		code = CodeOf(err)
+		code = status.CodeOf(err)
 		lvl := slog.LevelDebug
 		if code == codeInternal {
 			lvl = slog.LevelError

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -136,7 +137,7 @@ func (c *Session) Submit(ctx *wire.Context, m *wire.SubmitRequest, r *wire.Respo
 	}
 	for i := range c.codes {
 		if c.codes[i] == tcproto.CodeOK {
-			c.codes[i] = CodeOf(c.errs[i])
+			c.codes[i] = status.CodeOf(c.errs[i])
 		}
 	}
 	wire.SetResponse[wire.SubmitResponse](r).Codes = c.codes
@@ -155,7 +156,7 @@ func (c *Session) TaskStatus(m *wire.TaskStatusRequest, r *wire.Response) error 
 	}
 	code := tcproto.CodeOK
 	if st.State.Terminal() {
-		code = c.taskCode(st.State, st.Err)
+		code = status.ForState(st.State, st.Err)
 	}
 	*wire.SetResponse[wire.TaskStatusResponse](r) = wire.TaskStatusResponse{
 		State: tcproto.TaskState(st.State), Transferred: st.Transferred, Code: code}
@@ -272,17 +273,17 @@ func (c *Session) Transfer(ctx *wire.Context, m *wire.TransferRequestBody, r *wi
 			continue
 		}
 		if c.errs[i] != nil {
-			c.codes[i] = CodeOf(c.errs[i])
+			c.codes[i] = status.CodeOf(c.errs[i])
 			states[i] = tcproto.TaskStateINVALID
 			continue
 		}
 		st, err := e.Status(id, i)
 		if err != nil {
-			c.codes[i] = CodeOf(err)
+			c.codes[i] = status.CodeOf(err)
 			continue
 		}
 		states[i] = tcproto.TaskState(st.State)
-		c.codes[i] = c.taskCode(st.State, st.Err)
+		c.codes[i] = status.ForState(st.State, st.Err)
 	}
 	c.dropBatch(id)
 	*wire.SetResponse[wire.TransferResponse](r) = wire.TransferResponse{Codes: c.codes, States: states, Summary: summaryFrom(sum)}

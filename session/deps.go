@@ -103,8 +103,4 @@ type PeerPlane interface {
 	OpenRemote(ctx OpenContext, peerID, segment string, rights, transport uint8) (RemoteSegment, error)
 	// Peers reports the known peers.
 	Peers() []wire.PeerInfo
-	// Code maps the plane's own errors (a lost connection, a rejected
-	// notification) to the code a client sees; false for errors it does
-	// not know.
-	Code(err error) (Code, bool)
 }

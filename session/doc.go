@@ -56,29 +56,29 @@
 // # A queue READ, end to end
 //
 // A client's READ of a pool range into its own buffer, submitted through
-// a queue, crosses five packages: queue, session, xfer, shm and
-// internal/faultcopy; every call back lands in the session, which owns the
-// request from its SQE to its CQE.
+// a queue, travels through four packages, client, queue, session and xfer
+// (five with a transport of its own package: uring for a file, tcp or rdma
+// for a peer's segment), and calls three leaves that hold no part of it:
+// shm (the mappings' memory), internal/faultcopy (the copy) and status
+// (its code). Every call back lands in the session, which owns the request
+// from its SQE to its CQE; none lands in control or daemon.
 //
-//  1. queue: the client writes the SQE into the submission ring and wakes
-//     the worker (queue/doc.go has the wake-up protocol).
-//  2. session: the worker (cqueue.work) takes the SQEs (DaemonRing.Take,
-//     package queue) into its own copy, checks each (request), publishes
-//     sq_head and gives the requests to its stream (submit).
+//  1. client, queue: the client writes the SQE into the submission ring
+//     and wakes the worker (queue/doc.go has the wake-up protocol).
+//  2. session: the worker (cqueue.work) takes the SQEs (DaemonRing.Take)
+//     into its own copy, checks each (request), publishes sq_head and gives
+//     the requests to its stream (submit).
 //  3. xfer: Stream.Submit resolves both segments through the session
 //     (cqueue.Resolve: the pool view, or the session's buffer, a
 //     *shm.Buffer), takes a hold on the pool range (poolView.HoldRange),
 //     routes by the target's kind (KindRouter: memory to the local
 //     transport) and dispatches.
 //  4. xfer: the local transport copies the bytes between the two mappings
-//     (package shm's memory; internal/faultcopy turns a fault into an
-//     error), inline or on its copy workers, and ends the task.
+//     (faultcopy turns a fault into an error), inline or on its copy
+//     workers, and ends the task.
 //  5. xfer: the stream ends the request: its range hold drops
 //     (poolView.DropRange) and its sink is told (cqueue.StreamDone).
-//  6. session: StreamDone maps the state to a code and posts the CQE
-//     (DaemonRing.Post, package queue), waking the client if it sleeps.
-//
-// A READ from a file takes the io_uring transport (package uring) instead
-// of the local one and no faultcopy: five packages again. A READ from a
-// peer's segment adds the peer plane's transport.
+//  6. session, queue: StreamDone takes the code of the state
+//     (status.ForState) and posts the CQE (DaemonRing.Post), waking the
+//     client if it sleeps; the client reaps it.
 package session

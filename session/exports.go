@@ -245,17 +245,6 @@ func (c *Session) releasePeers() {
 	}
 }
 
-// taskCode is codeForState, with the peer plane's errors mapped by the
-// plane.
-func (c *Session) taskCode(st xfer.State, err error) Code {
-	if st == xfer.StateFailed && err != nil && c.h.Peers != nil && CodeOf(err) == tcproto.CodeINTERNAL {
-		if code, ok := c.h.Peers.Code(err); ok {
-			return code
-		}
-	}
-	return CodeForState(st, err)
-}
-
 func (c *Session) remoteCount() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -174,7 +175,7 @@ func (c *Session) FreeBlocks(m *wire.FreeBlocksRequest, r *wire.Response) {
 		if err == nil {
 			c.blocks.remove(off)
 		}
-		c.codes = append(c.codes, CodeOf(err))
+		c.codes = append(c.codes, status.CodeOf(err))
 	}
 	wire.SetResponse[wire.FreeBlocksResponse](r).Codes = c.codes
 }
