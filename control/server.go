@@ -461,16 +461,6 @@ func (s *Server) Health() error {
 	return nil
 }
 
-// isClosing reports whether Close has started.
-func (s *Server) isClosing() bool {
-	select {
-	case <-s.closing:
-		return true
-	default:
-		return false
-	}
-}
-
 func (s *Server) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

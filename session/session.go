@@ -83,15 +83,17 @@ func (h *Host) closing() bool {
 // holder the engine calls back for the client's transfers.
 //
 // Its methods name it c, the client. The connection's serving goroutine
-// makes the calls (the handlers, New, Close); the engine, transports and queue workers call Resolve and the
-// pool view from their own goroutines.
+// makes the calls (New, SetTenant, the handlers, Close); the engine, the
+// transports and the queue workers call Resolve and the pool view from
+// their own goroutines.
 type Session struct {
 	h   *Host
 	id  uint64
 	log *slog.Logger
 
-	// tenant names the client's tenant ("" for none) and pool and store
-	// are its; set before the first call, nil without a tenant.
+	// tenant names the client's tenant ("" for none); pool and store are
+	// its, nil without a tenant. SetTenant sets them before the first
+	// handler.
 	tenant string
 	pool   Pool
 	store  *store.Store
