@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -105,9 +106,8 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 		}
 		// The release of the segment after the last payload orders its
 		// bytes before this read (for the race detector too).
-		if !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 0 }) {
-			t.Fatalf("segment refs %d after the writes", seg.refs.Load())
-		}
+		testutil.Eventually(t, 5*time.Second, func() bool { return seg.refs.Load() == 0 },
+			"segment refs %v after the writes", testutil.Lazy(seg.refs.Load))
 		if !bytes.Equal(seg.b, src) {
 			t.Fatal("the segment differs from what was written")
 		}
@@ -123,13 +123,11 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 		// does is a zero count below the release rather than the state from
 		// before the frame (and only then are the writes below ordered
 		// after this connection's).
-		if !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 1 }) {
-			t.Fatalf("segment refs %d while a payload is due", seg.refs.Load())
-		}
+		testutil.Eventually(t, 5*time.Second, func() bool { return seg.refs.Load() == 1 },
+			"segment refs %v while a payload is due", testutil.Lazy(seg.refs.Load))
 		c2.Close()
-		if !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 0 }) {
-			t.Fatalf("segment refs %d after a payload cut short", seg.refs.Load())
-		}
+		testutil.Eventually(t, 5*time.Second, func() bool { return seg.refs.Load() == 0 },
+			"segment refs %v after a payload cut short", testutil.Lazy(seg.refs.Load))
 		for id := uint64(5); id <= 6; id++ {
 			_ = writePieces(c, frame(id, 0, 1<<20), 1<<20)
 			h, _, _, err := readFrame(c)
@@ -137,7 +135,9 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 				t.Fatalf("write after the cut: %+v %v", h, err)
 			}
 		}
-		if !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 0 }) || !bytes.Equal(seg.b, src) {
+		testutil.Eventually(t, 5*time.Second, func() bool { return seg.refs.Load() == 0 },
+			"segment refs %v after the later writes", testutil.Lazy(seg.refs.Load))
+		if !bytes.Equal(seg.b, src) {
 			t.Fatal("the segment differs after the later writes")
 		}
 	})

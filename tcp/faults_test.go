@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -300,9 +301,8 @@ func TestServerDropsBadClients(t *testing.T) {
 		}
 	}()
 	b.logs.waitContains(t, "flow-control window")
-	if !waitFor(3*time.Second, func() bool { return seg.refs.Load() == 0 }) {
-		t.Fatalf("segment refs %d after the drop", seg.refs.Load())
-	}
+	testutil.Eventually(t, 3*time.Second, func() bool { return seg.refs.Load() == 0 },
+		"segment refs %v after the drop", testutil.Lazy(seg.refs.Load))
 
 	// The node serves on.
 	r, err := a.Open("b", "seg", RightRead)
@@ -368,7 +368,21 @@ func TestFlowControlBoundsInflight(t *testing.T) {
 	start := time.Now()
 	res := make(chan error, 1)
 	go func() { _, err := a.Submit(tasks); res <- err }()
-	time.Sleep(400 * time.Millisecond)
+	// The sender stops at the window: a waits for credit with the peer's
+	// window in flight, and the peer receives that much, no more.
+	pa := a.peer("sink", false)
+	inflight := func() int64 {
+		pa.mu.Lock()
+		defer pa.mu.Unlock()
+		if pa.wake == nil {
+			return -1 // not waiting for credit
+		}
+		return pa.inflight
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return inflight() == 3*slice },
+		"a waiting for credit with the window of %d in flight (in flight now: %v, -1 when not waiting)", 3*slice, testutil.Lazy(inflight))
+	testutil.Eventually(t, 5*time.Second, func() bool { return fake.payload.Load() >= 3*slice },
+		"the peer receiving the window of %d bytes (received: %v)", 3*slice, testutil.Lazy(fake.payload.Load))
 	if got := fake.payload.Load(); got != 3*slice {
 		t.Fatalf("peer received %d payload bytes while nothing was answered, want the window of %d", got, 3*slice)
 	}
@@ -411,8 +425,9 @@ func TestPeerKilledMidTransferAndRestarted(t *testing.T) {
 	// flight, however fast the rest went.
 	b.exp.stall.Store(int64(time.Second))
 	go func() {
-		for b.exp.stall.Load() != 0 {
-			time.Sleep(time.Millisecond)
+		select {
+		case <-b.exp.stalled:
+		case <-time.After(10 * time.Second): // the wait for the tasks below fails the test
 		}
 		b.Close()
 	}()
@@ -604,7 +619,10 @@ func TestCloseRacingSubmit(t *testing.T) {
 			}
 		}(g)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Close while the goroutines submit: once each of them saw a task end
+	// (the next of its tasks is then on its way), transfers are under way.
+	testutil.Eventually(t, 10*time.Second, func() bool { return doneCount.Load() >= 8 },
+		"8 tasks ended before Close (ended: %v)", testutil.Lazy(doneCount.Load))
 	start := time.Now()
 	a.Close()
 	if el := time.Since(start); el > 3*time.Second {

@@ -59,12 +59,13 @@ type exporter struct {
 	deliver  func(seg string, payload []byte) error
 	notifyCh chan string
 	// stall, when set, makes the next Lookup sleep that long (stalling an
-	// event loop of the owner).
-	stall atomic.Int64
+	// event loop of the owner); stalled has a value once that sleep began.
+	stall   atomic.Int64
+	stalled chan struct{}
 }
 
 func newExporter() *exporter {
-	return &exporter{segs: map[string]*memSeg{}, notifyCh: make(chan string, 64)}
+	return &exporter{segs: map[string]*memSeg{}, notifyCh: make(chan string, 64), stalled: make(chan struct{}, 1)}
 }
 
 func (e *exporter) add(name string, s *memSeg) {
@@ -75,7 +76,11 @@ func (e *exporter) add(name string, s *memSeg) {
 
 func (e *exporter) Lookup(name string) (xfer.MemSegment, error) {
 	if d := e.stall.Swap(0); d > 0 {
-		time.Sleep(time.Duration(d))
+		select {
+		case e.stalled <- struct{}{}:
+		default:
+		}
+		time.Sleep(time.Duration(d)) // the fault: an event loop of the owner stops this long
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -123,14 +128,10 @@ func (l *logBuf) String() string {
 	return l.b.String()
 }
 
-// waitFor polls cond until it holds or d passes.
-var waitFor = testutil.WaitFor
-
 func (l *logBuf) waitContains(t *testing.T, what string) {
 	t.Helper()
-	if !waitFor(3*time.Second, func() bool { return strings.Contains(l.String(), what) }) {
-		t.Fatalf("log does not contain %q:\n%s", what, l.String())
-	}
+	testutil.Eventually(t, 3*time.Second, func() bool { return strings.Contains(l.String(), what) },
+		"the log containing %q:\n%s", what, l)
 }
 
 func writeKey(t testing.TB, dir, name, key string) string {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -139,13 +140,11 @@ func TestSubmitNeverWaitsForADial(t *testing.T) {
 	opened := make(chan error, 1)
 	go func() { _, err := a.Open("mute", "seg", RightRead); opened <- err }()
 	pm := a.peer("mute", false)
-	if !waitFor(5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		pm.mu.Lock()
 		defer pm.mu.Unlock()
 		return pm.sessWait != nil
-	}) {
-		t.Fatal("Open did not wait for the dial")
-	}
+	}, "Open waiting for the dial")
 	start = time.Now()
 	a.Close()
 	if el := time.Since(start); el > 5*time.Second {
@@ -256,13 +255,11 @@ func TestPeerAdmission(t *testing.T) {
 	}
 	a.Close()
 	pa := b.peer("a", false)
-	if !waitFor(5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		pa.mu.Lock()
 		defer pa.mu.Unlock()
 		return !pa.liveLocked()
-	}) {
-		t.Fatal("b still counts a's session live after a closed")
-	}
+	}, "b counting a's session gone after a closed")
 	if _, h, meta := rawHandshake(t, b, key, "a", 42); h.typ != tAuthOK {
 		t.Fatalf("a's id once its session is gone: frame %d %q, want accepted", h.typ, meta)
 	}

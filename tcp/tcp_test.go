@@ -201,9 +201,9 @@ func TestIntegrityTwoAndThreeNodes(t *testing.T) {
 			for _, n := range nodes {
 				// The owner drops a request's reference after it answered:
 				// the last one may still be on its way back.
-				if s := n.exp.segs["seg"]; !waitFor(5*time.Second, func() bool { return s.refs.Load() == 0 }) {
-					t.Fatalf("%s: exported segment refs = %d after the transfers", n.ID(), s.refs.Load())
-				}
+				s := n.exp.segs["seg"]
+				testutil.Eventually(t, 5*time.Second, func() bool { return s.refs.Load() == 0 },
+					"%s: exported segment refs = %v after the transfers", n.ID(), testutil.Lazy(s.refs.Load))
 			}
 		})
 	}
@@ -319,9 +319,8 @@ func TestPermissions(t *testing.T) {
 	}
 	// The owner drops a read's reference after it sent the answer: wait
 	// for the last one.
-	if seg := b.exp.segs["seg"]; !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 0 }) {
-		t.Fatalf("segment refs %d", seg.refs.Load())
-	}
+	seg := b.exp.segs["seg"]
+	testutil.Eventually(t, 5*time.Second, func() bool { return seg.refs.Load() == 0 }, "segment refs %v", testutil.Lazy(seg.refs.Load))
 }
 
 func TestNotifications(t *testing.T) {
@@ -491,9 +490,8 @@ func TestStaleEpochRefusedBothWays(t *testing.T) {
 	b2 := startNode(t, Config{DaemonID: "b", ClusterKeyFile: key, Epoch: e2, Listen: addr})
 	link(t, a, b2)
 	b2.exp.add("x", newMemSeg(1, 10))
-	if !waitFor(3*time.Second, func() bool { _, err := a.Open("b", "x", RightRead); return err == nil }) {
-		t.Fatal("no session with the restarted peer")
-	}
+	testutil.Eventually(t, 3*time.Second, func() bool { _, err := a.Open("b", "x", RightRead); return err == nil },
+		"a session with the restarted peer")
 	if p := a.Peers()[0]; p.Epoch != e2 {
 		t.Fatalf("epoch after restart %#x", p.Epoch)
 	}
@@ -501,12 +499,10 @@ func TestStaleEpochRefusedBothWays(t *testing.T) {
 	// A peer coming back with the retired epoch is refused, both ways.
 	b3 := startNode(t, Config{DaemonID: "b", ClusterKeyFile: key, Epoch: e1, Listen: addr})
 	link(t, b3, a)
-	if !waitFor(3*time.Second, func() bool {
+	testutil.Eventually(t, 3*time.Second, func() bool {
 		_, err := a.Open("b", "x", RightRead)
 		return errors.Is(err, ErrStaleEpoch)
-	}) {
-		t.Fatal("stale epoch not refused by the dialer")
-	}
+	}, "the stale epoch refused by the dialer")
 	a.logs.waitContains(t, "reason=\"stale epoch\"")
 	b3.logs.waitContains(t, "peer refused us")
 	if _, err := b3.Open("a", "x", RightRead); !errors.Is(err, ErrRefused) {
@@ -541,9 +537,8 @@ func TestTokenRenewal(t *testing.T) {
 	for i := 1; i <= 6; i++ {
 		old := string(r.cred.Load().token)
 		clk.Advance(step)
-		if !waitFor(10*time.Second, func() bool { return string(r.cred.Load().token) != old }) {
-			t.Fatalf("token not renewed %v after opening, token lifetime %v", time.Duration(i)*step, ttl)
-		}
+		testutil.Eventually(t, 10*time.Second, func() bool { return string(r.cred.Load().token) != old },
+			"token renewed %v after opening, token lifetime %v", time.Duration(i)*step, ttl)
 		if err := read(); err != nil {
 			t.Fatalf("read %v after opening, token lifetime %v: %v", time.Duration(i)*step, ttl, err)
 		}

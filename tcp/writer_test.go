@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -80,9 +81,8 @@ func TestWriterBlockedOnAFullSocket(t *testing.T) {
 	}
 	close(stop)
 	fake.close()
-	if !waitFor(2*time.Second, func() bool { return openFDs(t) <= before }) {
-		t.Fatalf("%d descriptors open after close, %d before", openFDs(t), before)
-	}
+	testutil.Eventually(t, 2*time.Second, func() bool { return openFDs(t) <= before },
+		"%v descriptors open after close, %d before", testutil.Lazy(func() int { return openFDs(t) }), before)
 }
 
 // TestLargeFrameAllocations: a 1 MiB WRITE, which its connection's writer
