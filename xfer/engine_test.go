@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
@@ -135,13 +136,8 @@ func TestStatesReached(t *testing.T) {
 		xfer.SubmitOptions{Resolver: f.reg, Deadline: time.Now().Add(30 * time.Millisecond)}, res1); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for f.status(t, id, 5).State != xfer.StateTimeout {
-		if time.Now().After(deadline) {
-			t.Fatal("task 5 never timed out")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return f.status(t, id, 5).State == xfer.StateTimeout },
+		"task 5 timing out")
 	if st := f.status(t, id, 5); !errors.Is(st.Err, xfer.ErrTimeout) {
 		t.Fatalf("task 5: %+v", st)
 	}

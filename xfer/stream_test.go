@@ -184,9 +184,8 @@ func TestStreamDeadline(t *testing.T) {
 	}
 	// The timer ends the task (which the sink saw), then asks the
 	// transport to cancel it, then drops its own reference to the slot.
-	if !testutil.WaitFor(5*time.Second, func() bool { return tr.Cancels() == 1 }) {
-		t.Errorf("transport asked to cancel %d times", tr.Cancels())
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return tr.Cancels() == 1 },
+		"the transport asked to cancel once (asked %v times)", testutil.Lazy(tr.Cancels))
 	if s.Free() != 0 || f.b.Refs() != 2 {
 		t.Fatalf("slot or refs released before the transport's Done: free %d, refs %d", s.Free(), f.b.Refs())
 	}
@@ -194,9 +193,8 @@ func TestStreamDeadline(t *testing.T) {
 	if st, _, _ := sink.state(11); st != xfer.StateCompleted {
 		t.Errorf("11 ended %v", st)
 	}
-	if !testutil.WaitFor(5*time.Second, func() bool { return s.Free() == 2 }) {
-		t.Errorf("%d free after both Dones", s.Free())
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return s.Free() == 2 },
+		"2 free after both Dones (free: %v)", testutil.Lazy(s.Free))
 	s.Close(nil)
 	waitIdle(t, s)
 	xfertest.CheckRefs(t, f.a, f.b)
