@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -243,13 +244,7 @@ func TestVerbsQPErrorFailsInFlightAndRecovers(t *testing.T) {
 	}
 	t.Logf("%d of %d tasks failed with the queue pair (first: %v)", failed, len(tasks), r.Err(tasks[len(tasks)-1]))
 
-	deadline := time.Now().Add(20 * time.Second)
-	for !qpIsUp(p.a, 0) {
-		if time.Now().After(deadline) {
-			t.Fatal("queue pair not re-established within 20s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, 20*time.Second, func() bool { return qpIsUp(p.a, 0) }, "the queue pair re-established")
 	for i := range 1 << 20 {
 		p.la[i] = byte(i * 31)
 	}

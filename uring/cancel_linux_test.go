@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -38,21 +39,16 @@ func pipeFile(t *testing.T, tr *Transport) *File {
 func waitInKernel(t *testing.T, tr *Transport, n uint64) {
 	t.Helper()
 	info := fmt.Sprintf("/proc/self/fdinfo/%d", tr.rings[0].raw.fd)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var head, tail string
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		b, err := os.ReadFile(info)
 		if err != nil {
 			t.Fatal(err)
 		}
-		head, tail := fdinfoField(b, "SqHead:"), fdinfoField(b, "SqTail:")
-		if tr.Stats()[0].Submitted >= n && head != "" && head == tail {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("requests never taken by the kernel: %+v, SQ head %s tail %s", tr.Stats()[0], head, tail)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		head, tail = fdinfoField(b, "SqHead:"), fdinfoField(b, "SqTail:")
+		return tr.Stats()[0].Submitted >= n && head != "" && head == tail
+	}, "requests taken by the kernel: %v, SQ head %v tail %v", testutil.Lazy(func() any { return tr.Stats()[0] }),
+		testutil.Lazy(func() string { return head }), testutil.Lazy(func() string { return tail }))
 }
 
 // fdinfoField is the value of the fdinfo line that starts with key.

@@ -101,13 +101,8 @@ func (r *recorder) result(t *xfer.Task) (calls int, n uint64, err error) {
 // waitDone waits until count tasks have ended.
 func (r *recorder) waitDone(t testing.TB, count int64, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for r.doneCnt.Load() < count {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d tasks ended within %v", r.doneCnt.Load(), count, timeout)
-		}
-		time.Sleep(200 * time.Microsecond)
-	}
+	testutil.Eventually(t, timeout, func() bool { return r.doneCnt.Load() >= count },
+		"%d tasks ended (ended: %v)", count, testutil.Lazy(r.doneCnt.Load))
 }
 
 func newTask(rec xfer.Completer, op xfer.Op, local xfer.MemSegment, loff uint64, f *File, foff, length uint64) *xfer.Task {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -348,10 +349,8 @@ func TestCloseInFlight(t *testing.T) {
 		dispatched <- n
 	}()
 	// Let some hundreds reach the kernel, then close.
-	deadline := time.Now().Add(5 * time.Second)
-	for tr.Stats()[0].Submitted < 300 && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Microsecond)
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return tr.Stats()[0].Submitted >= 300 },
+		"300 requests submitted to the kernel (submitted: %v)", testutil.Lazy(func() uint64 { return tr.Stats()[0].Submitted }))
 	start := time.Now()
 	if err := tr.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
@@ -690,22 +689,15 @@ func TestFileLifecycle(t *testing.T) {
 	if tr.fdOpen(f) == nil {
 		t.Fatal("descriptor still open after last Release")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		g, err := tr.OpenFile(2, filepath.Join(dir, "b"), FileOptions{Create: true, Size: 4096})
 		if err != nil {
 			t.Fatal(err)
 		}
 		fixed := g.Fixed()
 		g.Close()
-		if fixed {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("fixed-file slot never came back")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return fixed
+	}, "the fixed-file slot coming back")
 }
 
 func TestFeatures(t *testing.T) {
