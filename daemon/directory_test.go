@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,37 +20,18 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// testClock is a clock the test moves; the daemons' staleness budget
-// reads it.
-type testClock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // etcdCluster is daemons sharing one etcd, the cluster key and a clock.
 type etcdCluster struct {
 	t   *testing.T
 	srv *etcdtest.Server
 	key string
-	clk *testClock
+	clk *testutil.Clock // the daemons' staleness budget reads it
 }
 
 func newEtcdCluster(t *testing.T) *etcdCluster {
 	srv := etcdtest.Start(t)
 	return &etcdCluster{t: t, srv: srv, key: writeKey(t, t.TempDir(), "cluster.key", "tensorcast directory test key"),
-		clk: &testClock{t: time.Unix(1_700_000_000, 0)}}
+		clk: testutil.NewClock(time.Unix(1_700_000_000, 0))}
 }
 
 func (e *etcdCluster) withEtcd(listen string, mut func(*Config)) func(*Config) {

@@ -39,24 +39,6 @@ func (l *logBuf) String() string {
 	return l.b.String()
 }
 
-// fakeClock is a clock tests move by hand.
-type fakeClock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 type testDir struct {
 	*Dir
 	log *logBuf
@@ -230,7 +212,7 @@ func TestExportCatalog(t *testing.T) {
 func TestEtcdDown(t *testing.T) {
 	ctx := context.Background()
 	srv := etcdtest.Start(t)
-	clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	clk := testutil.NewClock(time.Unix(1_700_000_000, 0))
 	withClock := func(c *Config) { c.Clock = clk.Now; c.ProgressEvery = 20 * time.Millisecond }
 	a := open(t, srv, "a", withClock)
 	join(t, a, 1)
