@@ -318,7 +318,7 @@ func TestStreamEngineClose(t *testing.T) {
 }
 
 func TestStreamContractViolation(t *testing.T) {
-	tr := &liarTr{n: func(l int) int { return l + 1 }, done: func(int) int { return 0 }}
+	tr := xfertest.New(xfertest.Config{Name: "liar", Lie: says(func(l int) int { return l + 1 }, nil)}) // holds what it takes
 	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	sink := newRecSink(t)
 	s, _ := f.e.NewStream(4, f.reg, sink)
@@ -437,7 +437,7 @@ func TestStreamInlineDoneAnsweredAtOnce(t *testing.T) {
 // none broke the count contract: each task still ends exactly once (the
 // sink fails the test on a second end), and the stream takes no more.
 func TestStreamDoneThenDisowned(t *testing.T) {
-	tr := &liarTr{n: func(int) int { return 0 }, done: func(l int) int { return l }}
+	tr := xfertest.New(xfertest.Config{Name: "liar", Inline: true, Disown: true, Lie: says(func(int) int { return 0 }, nil)})
 	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	sink := newRecSink(t)
 	s, _ := f.e.NewStream(4, f.reg, sink)
