@@ -22,6 +22,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // These tests need a real RDMA device. `make test-rdma` runs them inside a
@@ -512,13 +513,12 @@ func TestVerbsDiscovery(t *testing.T) {
 
 func TestVerbsSteadyStateAllocs(t *testing.T) {
 	p := newVerbsPair(t, Config{QPs: 1}, 1<<20)
-	ch := make(chan struct{}, 64)
-	c := chanCompleter(ch)
+	ch := make(xfertest.Chan, 64)
 	tasks := make([]*xfer.Task, 16)
 	for i := range tasks {
 		tasks[i] = &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: uint64(i) * 4096,
 			Target: segRemote, TargetOffset: uint64(i) * 4096, Length: 4096}}
-		tasks[i].SetCompleter(c)
+		tasks[i].SetCompleter(ch)
 	}
 	round := func() {
 		if n, err := p.a.Submit(tasks); n != len(tasks) || err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // rdmaSizes go up to a pool block.
@@ -253,10 +254,6 @@ func (p *pair) linkRegionOf(t *testing.T, name string) (*rdmaLink, rdma.RemoteRe
 	return l, rdma.RemoteRegion{}, false
 }
 
-type errCompleter chan error
-
-func (c errCompleter) TaskDone(_ *xfer.Task, _ uint64, err error) { c <- err }
-
 // postOnLink posts one request on the link's own transport against reg,
 // past every check the requesting plane makes: only the owner's device
 // stands between it and the owner's memory. Submit waits for a queue pair
@@ -268,7 +265,7 @@ func postOnLink(t *testing.T, l *rdmaLink, id xfer.SegmentID, reg rdma.RemoteReg
 	}
 	defer l.tr.RemoveRemote(id)
 	req.Target = id
-	done := make(errCompleter, 1)
+	done := make(xfertest.Chan, 1)
 	task := &xfer.Task{Req: req}
 	task.SetCompleter(done)
 	var last error
@@ -283,8 +280,8 @@ func postOnLink(t *testing.T, l *rdmaLink, id xfer.SegmentID, reg rdma.RemoteReg
 	timer := time.NewTimer(30 * time.Second)
 	defer timer.Stop()
 	select {
-	case err := <-done:
-		return err
+	case e := <-done:
+		return e.Err
 	case <-timer.C:
 		t.Fatalf("%v posted on the link did not end", req.Op)
 		return nil
