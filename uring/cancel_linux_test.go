@@ -14,6 +14,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // pipeFile makes a File over the read end of an empty pipe: a read on it
@@ -63,7 +64,7 @@ func fdinfoField(info []byte, key string) string {
 
 // parkedRead submits a 4 KiB read of an empty pipe and waits until the
 // kernel has taken it: it stays there until canceled.
-func parkedRead(t *testing.T, tr *Transport) (*recorder, *xfer.Task) {
+func parkedRead(t *testing.T, tr *Transport) (*xfertest.Recorder, *xfer.Task) {
 	t.Helper()
 	f := pipeFile(t, tr)
 	pool := newMemSeg(t, 2, 1<<20)
@@ -84,15 +85,15 @@ func TestCancelInKernel(t *testing.T) {
 	for _, every := range []int{0, 1} {
 		tr := newTransport(t, Config{TraceEvery: every})
 		rec, task := parkedRead(t, tr)
-		if rec.doneCnt.Load() != 0 {
+		if int64(rec.Count()) != 0 {
 			t.Fatal("read of an empty pipe completed")
 		}
 		if st := tr.Stats()[0]; st.Traced != uint64(every) {
 			t.Fatalf("TraceEvery %d: %d SQEs traced", every, st.Traced)
 		}
 		tr.Cancel(task)
-		rec.waitDone(t, 1, 5*time.Second)
-		if calls, n, err := rec.result(task); calls != 1 || n != 0 || !errors.Is(err, xfer.ErrCanceled) {
+		waitEnded(t, rec, 1, 5*time.Second)
+		if calls, n, err := result(rec, task); calls != 1 || n != 0 || !errors.Is(err, xfer.ErrCanceled) {
 			t.Fatalf("TraceEvery %d: calls=%d n=%d err=%v", every, calls, n, err)
 		}
 	}
@@ -124,7 +125,7 @@ func TestCloseCancelsInKernel(t *testing.T) {
 		t.Fatalf("Close took %v with a 20 s drain timeout: in-kernel requests were not canceled", d)
 	}
 	for i, task := range tasks {
-		if calls, _, err := rec.result(task); calls != 1 || !errors.Is(err, xfer.ErrClosed) {
+		if calls, _, err := result(rec, task); calls != 1 || !errors.Is(err, xfer.ErrClosed) {
 			t.Fatalf("task %d: calls=%d err=%v", i, calls, err)
 		}
 	}
@@ -147,7 +148,7 @@ func TestCloseDrainTimeout(t *testing.T) {
 	if d < 150*time.Millisecond || d > 3*time.Second {
 		t.Fatalf("Close took %v, want about the 200 ms drain timeout", d)
 	}
-	if calls, _, err := rec.result(task); calls != 1 || !errors.Is(err, xfer.ErrClosed) {
+	if calls, _, err := result(rec, task); calls != 1 || !errors.Is(err, xfer.ErrClosed) {
 		t.Fatalf("calls=%d err=%v", calls, err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // TestZeroAllocs: a steady-state submit/complete cycle allocates nothing,
@@ -31,7 +32,7 @@ func TestZeroAllocs(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		rec := &recorder{noMaps: true, doneCh: make(chan struct{}, 64)}
+		rec := make(xfertest.Chan, 64)
 		tasks := make([]*xfer.Task, 16)
 		for i := range tasks {
 			op := xfer.OpRead
@@ -46,7 +47,7 @@ func TestZeroAllocs(t *testing.T) {
 				panic(err)
 			}
 			for range tasks {
-				<-rec.doneCh
+				<-rec
 			}
 		}
 		cycle() // warm up

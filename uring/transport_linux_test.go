@@ -17,6 +17,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -245,9 +246,9 @@ func TestBackpressure(t *testing.T) {
 	if n != len(tasks) || err != nil {
 		t.Fatalf("Submit = %d, %v; stats %+v", n, err, tr.Stats())
 	}
-	rec.waitDone(t, int64(len(tasks)), 30*time.Second)
+	waitEnded(t, rec, int64(len(tasks)), 30*time.Second)
 	for i, task := range tasks {
-		if calls, moved, err := rec.result(task); calls != 1 || moved != 4096 || err != nil {
+		if calls, moved, err := result(rec, task); calls != 1 || moved != 4096 || err != nil {
 			t.Fatalf("task %d: calls=%d n=%d err=%v", i, calls, moved, err)
 		}
 	}
@@ -274,9 +275,9 @@ func TestBatchBoundsEnter(t *testing.T) {
 	if n, err := tr.Submit(ts); n != tasks || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
-	rec.waitDone(t, tasks, 10*time.Second)
+	waitEnded(t, rec, tasks, 10*time.Second)
 	for i, task := range ts {
-		if calls, moved, err := rec.result(task); calls != 1 || moved != 4096 || err != nil {
+		if calls, moved, err := result(rec, task); calls != 1 || moved != 4096 || err != nil {
 			t.Fatalf("task %d: calls=%d n=%d err=%v", i, calls, moved, err)
 		}
 	}
@@ -295,22 +296,22 @@ func TestQueueFullBound(t *testing.T) {
 	dir := t.TempDir()
 	block := make(chan struct{})
 	rec := newRecorder()
-	rec.onDone = func(*xfer.Task, uint64, error) { <-block } // holds the poller
+	hold := xfertest.Func(func(t *xfer.Task, n uint64, err error) { rec.TaskDone(t, n, err); <-block }) // holds the poller
 	tr := newTransport(t, Config{AllowedDirs: []string{dir}, Entries: 2, SubmitWait: 100 * time.Millisecond})
 	f := openTestFile(t, tr, dir, true, 1<<20)
 	pool := newMemSeg(t, 2, 1<<20)
 	tasks := make([]*xfer.Task, 10)
 	for i := range tasks {
-		tasks[i] = newTask(rec, xfer.OpRead, pool, 0, f, 0, 4096)
+		tasks[i] = newTask(hold, xfer.OpRead, pool, 0, f, 0, 4096)
 	}
 	n, err := tr.Submit(tasks)
 	if !errors.Is(err, ErrQueueFull) || n < 2 || n >= len(tasks) {
 		t.Fatalf("Submit = %d, %v; want 2..9 and ErrQueueFull", n, err)
 	}
 	close(block)
-	rec.waitDone(t, int64(n), 10*time.Second)
+	waitEnded(t, rec, int64(n), 10*time.Second)
 	for i, task := range tasks {
-		calls, _, _ := rec.result(task)
+		calls, _, _ := result(rec, task)
 		if i < n && calls != 1 || i >= n && calls != 0 {
 			t.Fatalf("task %d (n=%d) ended %d times", i, n, calls)
 		}
@@ -359,12 +360,12 @@ func TestCloseInFlight(t *testing.T) {
 		t.Fatalf("Close took %v", d)
 	}
 	n := <-dispatched
-	if int(rec.doneCnt.Load()) != n {
-		t.Fatalf("dispatched %d, ended %d", n, rec.doneCnt.Load())
+	if int(int64(rec.Count())) != n {
+		t.Fatalf("dispatched %d, ended %d", n, int64(rec.Count()))
 	}
 	closed := 0
 	for i, task := range tasks {
-		calls, _, err := rec.result(task)
+		calls, _, err := result(rec, task)
 		if i < n && calls != 1 || i >= n && calls != 0 {
 			t.Fatalf("task %d (n=%d) ended %d times", i, n, calls)
 		}
@@ -395,19 +396,20 @@ func TestCancel(t *testing.T) {
 	// Hold the poller inside the first Done so the next tasks stay queued.
 	entered, release := make(chan struct{}), make(chan struct{})
 	var first atomic.Bool
-	rec.onDone = func(*xfer.Task, uint64, error) {
+	hold := xfertest.Func(func(t *xfer.Task, n uint64, err error) {
+		rec.TaskDone(t, n, err)
 		if first.CompareAndSwap(false, true) {
 			close(entered)
 			<-release
 		}
-	}
-	if n, err := tr.Submit([]*xfer.Task{newTask(rec, xfer.OpRead, pool, 0, f, 0, 4096)}); n != 1 {
+	})
+	if n, err := tr.Submit([]*xfer.Task{newTask(hold, xfer.OpRead, pool, 0, f, 0, 4096)}); n != 1 {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
 	<-entered
 	queued := make([]*xfer.Task, 16)
 	for i := range queued {
-		queued[i] = newTask(rec, xfer.OpWrite, pool, uint64(i)<<20, f, uint64(i)<<20, 1<<20)
+		queued[i] = newTask(hold, xfer.OpWrite, pool, uint64(i)<<20, f, uint64(i)<<20, 1<<20)
 	}
 	if n, err := tr.Submit(queued); n != len(queued) || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
@@ -416,9 +418,9 @@ func TestCancel(t *testing.T) {
 		tr.Cancel(task)
 	}
 	close(release)
-	rec.waitDone(t, int64(1+len(queued)), 10*time.Second)
+	waitEnded(t, rec, int64(1+len(queued)), 10*time.Second)
 	for i, task := range queued {
-		if calls, moved, err := rec.result(task); calls != 1 || moved != 0 || !errors.Is(err, xfer.ErrCanceled) {
+		if calls, moved, err := result(rec, task); calls != 1 || moved != 0 || !errors.Is(err, xfer.ErrCanceled) {
 			t.Fatalf("queued task %d: calls=%d n=%d err=%v", i, calls, moved, err)
 		}
 	}
@@ -427,9 +429,9 @@ func TestCancel(t *testing.T) {
 	// still ends exactly once, canceled or with its full result.
 	inflight := make([]*xfer.Task, 48)
 	for i := range inflight {
-		inflight[i] = newTask(rec, xfer.OpWrite, pool, uint64(i)<<20, f, uint64(i)<<20, 1<<20)
+		inflight[i] = newTask(hold, xfer.OpWrite, pool, uint64(i)<<20, f, uint64(i)<<20, 1<<20)
 	}
-	before := rec.doneCnt.Load()
+	before := int64(rec.Count())
 	if n, err := tr.Submit(inflight); n != len(inflight) || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
@@ -438,10 +440,10 @@ func TestCancel(t *testing.T) {
 	}
 	tr.Cancel(&xfer.Task{Tag: 1<<40 | 7}) // unknown: ignored
 	tr.Cancel(nil)
-	rec.waitDone(t, before+int64(len(inflight)), 10*time.Second)
+	waitEnded(t, rec, before+int64(len(inflight)), 10*time.Second)
 	canceled := 0
 	for i, task := range inflight {
-		calls, moved, err := rec.result(task)
+		calls, moved, err := result(rec, task)
 		switch {
 		case calls != 1:
 			t.Fatalf("task %d ended %d times", i, calls)
@@ -508,12 +510,12 @@ func TestBadRequests(t *testing.T) {
 	}
 	// A nil task stops dispatch with an error; nothing before it is lost.
 	good := newTask(rec, xfer.OpRead, pool, 0, f, 0, 10)
-	before := rec.doneCnt.Load()
+	before := int64(rec.Count())
 	n, err := tr.Submit([]*xfer.Task{good, nil, good})
 	if n != 1 || !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("Submit with nil = %d, %v", n, err)
 	}
-	rec.waitDone(t, before+1, 5*time.Second)
+	waitEnded(t, rec, before+1, 5*time.Second)
 }
 
 func TestMisalignedDirect(t *testing.T) {
