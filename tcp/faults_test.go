@@ -504,39 +504,32 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 	// unanswered request is reset: a's socket closes with SO_LINGER 0, so
 	// a loses what it had in flight there and b sees a reset.
 	b.exp.stall.Store(int64(300 * time.Millisecond))
-	reset := make(chan bool, 1)
-	go func() {
-		pa := a.peer("b", false)
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond)
-			// The connection with the oldest unanswered request is one
-			// the stalled loop serves.
-			pa.mu.Lock()
-			var best *conn
-			oldest := time.Now().Add(-15 * time.Millisecond).UnixNano()
-			for _, c := range pa.sess {
-				for _, pd := range c.reqs {
-					if pd.sent < oldest {
-						oldest, best = pd.sent, c
-					}
+	if k, err := a.Submit(tasks); k != len(tasks) || err != nil {
+		t.Fatalf("Submit = %d, %v", k, err)
+	}
+	pa := a.peer("b", false)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		// The connection with the oldest unanswered request is one the
+		// stalled loop serves.
+		pa.mu.Lock()
+		defer pa.mu.Unlock()
+		var best *conn
+		oldest := time.Now().Add(-15 * time.Millisecond).UnixNano()
+		for _, c := range pa.sess {
+			for _, pd := range c.reqs {
+				if pd.sent < oldest {
+					oldest, best = pd.sent, c
 				}
 			}
-			if best != nil {
-				_ = best.g.SetLinger(0)
-				_ = best.g.Close()
-				pa.mu.Unlock()
-				reset <- true
-				return
-			}
-			pa.mu.Unlock()
 		}
-		reset <- false
-	}()
+		if best != nil {
+			_ = best.g.SetLinger(0)
+			_ = best.g.Close()
+		}
+		return best != nil
+	}, "a request waiting on the stalled event loop, to reset its connection")
 	var failed int
-	done := submitWait(t, a.Node, col, tasks, 20*time.Second)
-	if !<-reset {
-		t.Fatal("no request waited on the stalled event loop")
-	}
+	done := col.Next(t, len(tasks), 20*time.Second)
 	for _, d := range done {
 		if d.Err != nil {
 			failed++
