@@ -35,15 +35,3 @@ func Lazy[T any](f func() T) fmt.Formatter { return lazy[T](f) }
 type lazy[T any] func() T
 
 func (f lazy[T]) Format(s fmt.State, verb rune) { fmt.Fprintf(s, fmt.FormatString(s, verb), f()) }
-
-// WaitFor polls cond until it holds or d passes; it reports whether it
-// held. Eventually replaces it; the last callers move with control's tests.
-func WaitFor(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); !cond(); {
-		if time.Now().After(end) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return true
-}
