@@ -893,8 +893,6 @@ func (h *countHandler) Handle(_ context.Context, r slog.Record) error {
 func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *countHandler) WithGroup(string) slog.Handler      { return h }
 
-
-
 // TestTaintedBatchNotReused: after a contract violation the batch's task
 // memory is never handed to a new batch, so Dones the broken transport
 // makes later cannot touch anyone else's tasks.
