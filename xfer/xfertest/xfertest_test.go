@@ -351,7 +351,8 @@ func TestThroughEngine(t *testing.T) {
 // allocates nothing once their slices have grown.
 func TestSteadyStateAllocs(t *testing.T) {
 	a, b := xfertest.NewSegment(1, 64), xfertest.NewSegment(2, 64)
-	e := &countDone{}
+	var dones int
+	e := xfertest.Func(func(*xfer.Task, uint64, error) { dones++ })
 	ts := make([]*xfer.Task, 8)
 	for i := range ts {
 		ts[i] = &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, Length: 8}, Local: a, Target: b}
@@ -368,11 +369,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, run); n != 0 {
 		t.Fatalf("%v allocations per round", n)
 	}
-	if e.n != 16*102 { // run, AllocsPerRun's warm-up, 100 runs
-		t.Fatalf("%d Dones", e.n)
+	if dones != 16*102 { // run, AllocsPerRun's warm-up, 100 runs
+		t.Fatalf("%d Dones", dones)
 	}
 }
-
-type countDone struct{ n int }
-
-func (c *countDone) TaskDone(*xfer.Task, uint64, error) { c.n++ }
