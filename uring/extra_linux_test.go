@@ -184,8 +184,8 @@ func TestBlockDevice(t *testing.T) {
 	if err := tr.RegisterBuffers(pool); err != nil {
 		t.Fatal(err)
 	}
-	for i := range pool.mem[:64<<10] {
-		pool.mem[i] = byte(i*13 + 1)
+	for i := range pool.Bytes()[:64<<10] {
+		pool.Bytes()[i] = byte(i*13 + 1)
 	}
 	rec := newRecorder()
 	off := uint64(8<<20 - 64<<10) // the device's last 64 KiB
@@ -195,7 +195,7 @@ func TestBlockDevice(t *testing.T) {
 	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 512<<10, f, off, 64<<10)); err != nil || n != 64<<10 {
 		t.Fatalf("read: %d %v", n, err)
 	}
-	if crc32.Checksum(pool.mem[:64<<10], castagnoli) != crc32.Checksum(pool.mem[512<<10:576<<10], castagnoli) {
+	if crc32.Checksum(pool.Bytes()[:64<<10], castagnoli) != crc32.Checksum(pool.Bytes()[512<<10:576<<10], castagnoli) {
 		t.Fatal("device data differs")
 	}
 	if _, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 0, f, 8<<20, 512)); !errors.Is(err, xfer.ErrInvalid) {

@@ -39,21 +39,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// memSeg is the shared counting segment over anonymous, page-aligned
-// memory (which O_DIRECT needs); mem is its bytes.
-type memSeg struct {
-	*xfertest.Segment
-	mem []byte
-}
-
-func newMemSeg(t testing.TB, id xfer.SegmentID, size int) *memSeg {
+// newMemSeg returns the shared counting segment over anonymous,
+// page-aligned memory (which O_DIRECT needs), unmapped when t ends.
+func newMemSeg(t testing.TB, id xfer.SegmentID, size int) *xfertest.Segment {
 	t.Helper()
 	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		t.Fatalf("mmap %d: %v", size, err)
 	}
 	t.Cleanup(func() { unix.Munmap(mem) })
-	return &memSeg{Segment: xfertest.SegmentOf(id, xfer.KindPool, mem), mem: mem}
+	return xfertest.SegmentOf(id, xfer.KindPool, mem)
 }
 
 func newRecorder() *xfertest.Recorder { return xfertest.NewRecorder() }

@@ -42,8 +42,8 @@ func integrity(t *testing.T, cfg Config, direct, register bool, rounds int) *Tra
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, uint64(len(t.Name()))))
-	for i := range pool.mem[:8<<20] {
-		pool.mem[i] = byte(rng.Uint32())
+	for i := range pool.Bytes()[:8<<20] {
+		pool.Bytes()[i] = byte(rng.Uint32())
 	}
 	rec := newRecorder()
 	const blk = 4096
@@ -66,13 +66,13 @@ func integrity(t *testing.T, cfg Config, direct, register bool, rounds int) *Tra
 		if n, err := runOne(t, tr, rec, w); err != nil || n != x.length {
 			t.Fatalf("write %+v: n=%d err=%v", x, n, err)
 		}
-		clear(pool.mem[x.dst : x.dst+x.length])
+		clear(pool.Bytes()[x.dst : x.dst+x.length])
 		r := newTask(rec, xfer.OpRead, pool, x.dst, f, x.off, x.length)
 		if n, err := runOne(t, tr, rec, r); err != nil || n != x.length {
 			t.Fatalf("read %+v: n=%d err=%v", x, n, err)
 		}
-		want := crc32.Checksum(pool.mem[x.src:x.src+x.length], castagnoli)
-		got := crc32.Checksum(pool.mem[x.dst:x.dst+x.length], castagnoli)
+		want := crc32.Checksum(pool.Bytes()[x.src:x.src+x.length], castagnoli)
+		got := crc32.Checksum(pool.Bytes()[x.dst:x.dst+x.length], castagnoli)
 		if want != got {
 			t.Fatalf("crc32c mismatch for %+v: wrote %08x read %08x", x, want, got)
 		}
@@ -162,8 +162,8 @@ func shortIO(t *testing.T, batch int) {
 	tr := newTransport(t, Config{AllowedDirs: []string{dir}, Batch: batch, hooks: hooks})
 	f := openTestFile(t, tr, dir, true, 8<<20)
 	pool := newMemSeg(t, 2, 4<<20)
-	for i := range pool.mem[:1<<20] {
-		pool.mem[i] = byte(i * 7)
+	for i := range pool.Bytes()[:1<<20] {
+		pool.Bytes()[i] = byte(i * 7)
 	}
 	rec := newRecorder()
 	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpWrite, pool, 0, f, 1<<20, 1<<20)); err != nil || n != 1<<20 {
@@ -172,7 +172,7 @@ func shortIO(t *testing.T, batch int) {
 	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 2<<20, f, 1<<20, 1<<20)); err != nil || n != 1<<20 {
 		t.Fatalf("read: %d %v", n, err)
 	}
-	if crc32.Checksum(pool.mem[:1<<20], castagnoli) != crc32.Checksum(pool.mem[2<<20:3<<20], castagnoli) {
+	if crc32.Checksum(pool.Bytes()[:1<<20], castagnoli) != crc32.Checksum(pool.Bytes()[2<<20:3<<20], castagnoli) {
 		t.Fatal("data differs after short transfers")
 	}
 	if cut.Load() == 0 || tr.Stats()[0].Resubmits == 0 {
