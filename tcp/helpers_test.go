@@ -140,7 +140,16 @@ func startNode(t testing.TB, cfg Config) *testNode {
 	if err != nil {
 		t.Fatalf("NewNode %s: %v", cfg.DaemonID, err)
 	}
-	t.Cleanup(func() { n.Close() })
+	t.Cleanup(func() {
+		n.Close()
+		exp.mu.Lock()
+		defer exp.mu.Unlock()
+		for name, s := range exp.segs {
+			if s.Underflowed() {
+				t.Errorf("%s: exported segment %q released below zero", cfg.DaemonID, name)
+			}
+		}
+	})
 	return &testNode{Node: n, exp: exp, logs: lb}
 }
 
