@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // TestNotifyAlone: Notify sends only a task's notification, for bytes
@@ -20,8 +21,8 @@ func TestNotifyAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 1<<20)
-	col := newCollector(4)
+	local := xfertest.NewSegment(1, 1<<20)
+	col := xfertest.NewRecorder()
 	out := func() uint64 {
 		for _, p := range a.Peers() {
 			if p.ID == "b" {
@@ -34,8 +35,8 @@ func TestNotifyAlone(t *testing.T) {
 	tk := mkTask(col, xfer.OpWrite, local, 0, r, 0, 64<<10)
 	tk.Notify, tk.Deadline = []byte("ready"), time.Now().Add(5*time.Second)
 	a.Notify(tk, 64<<10)
-	if d := col.wait(t, 1, 5*time.Second)[0]; d.err != nil || d.n != 64<<10 {
-		t.Fatalf("notification alone: n=%d err=%v", d.n, d.err)
+	if d := col.Next(t, 1, 5*time.Second)[0]; d.Err != nil || d.N != 64<<10 {
+		t.Fatalf("notification alone: n=%d err=%v", d.N, d.Err)
 	}
 	if got := <-b.exp.notifyCh; got != "seg:ready" {
 		t.Fatalf("delivered %q", got)
@@ -50,8 +51,8 @@ func TestNotifyAlone(t *testing.T) {
 	tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
 	tk.Notify, tk.Deadline = []byte("x"), time.Now().Add(5*time.Second)
 	a.Notify(tk, 4096)
-	if d := col.wait(t, 1, 5*time.Second)[0]; !errors.Is(d.err, ErrNotifyRejected) {
-		t.Fatalf("negative ACK: n=%d err=%v", d.n, d.err)
+	if d := col.Next(t, 1, 5*time.Second)[0]; !errors.Is(d.Err, ErrNotifyRejected) {
+		t.Fatalf("negative ACK: n=%d err=%v", d.N, d.Err)
 	}
 
 	for _, bad := range []*xfer.Task{
@@ -62,8 +63,8 @@ func TestNotifyAlone(t *testing.T) {
 			bad.Notify = []byte("x")
 		}
 		a.Notify(bad, 4096)
-		if d := col.wait(t, 1, 5*time.Second)[0]; !errors.Is(d.err, xfer.ErrInvalid) {
-			t.Fatalf("%v with notification %q: %v, want xfer.ErrInvalid", bad.Req.Op, bad.Notify, d.err)
+		if d := col.Next(t, 1, 5*time.Second)[0]; !errors.Is(d.Err, xfer.ErrInvalid) {
+			t.Fatalf("%v with notification %q: %v, want xfer.ErrInvalid", bad.Req.Op, bad.Notify, d.Err)
 		}
 	}
 }

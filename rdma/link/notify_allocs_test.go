@@ -6,12 +6,8 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
-
-// doneChan is a Completer that sends each task's error.
-type doneChan chan error
-
-func (c doneChan) TaskDone(_ *xfer.Task, _ uint64, err error) { c <- err }
 
 // TestNotifiedWriteAllocations: a notified WRITE on an rdma link, from
 // post to the owner's answer, allocates nothing once warm: the link's note
@@ -36,7 +32,7 @@ func TestNotifiedWriteAllocations(t *testing.T) {
 	if l == nil {
 		t.Fatal("d2 has no rdma link to d1")
 	}
-	done := make(doneChan, 1)
+	done := make(xfertest.Chan, 1)
 	task := &xfer.Task{Req: w, Local: p.d2.pool, Target: p.kvRemote}
 	one := []*xfer.Task{task}
 	payload := []byte("ready")
@@ -48,8 +44,8 @@ func TestNotifiedWriteAllocations(t *testing.T) {
 		if n, err := l.Submit(one); n != 1 {
 			t.Fatalf("Submit = %d, %v", n, err)
 		}
-		if err := <-done; err != nil {
-			t.Fatalf("notified WRITE: %v", err)
+		if e := <-done; e.Err != nil {
+			t.Fatalf("notified WRITE: %v", e.Err)
 		}
 	}
 	for range 50 { // warm the notes and the tcp node's pools
