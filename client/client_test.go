@@ -41,6 +41,13 @@ type daemon struct {
 // local transport.
 func startDaemon(t testing.TB, cfgs ...func(*control.Config)) *daemon {
 	t.Helper()
+	return startDaemonOn(t, xfer.NewLocal(xfer.LocalConfig{Workers: 1}, slog.New(slog.DiscardHandler)), cfgs...)
+}
+
+// startDaemonOn runs a control server on the real pool, registry and
+// engine, whose transfers all go to tr; the daemon closes tr.
+func startDaemonOn(t testing.TB, tr xfer.Transport, cfgs ...func(*control.Config)) *daemon {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "tccl")
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +60,6 @@ func startDaemon(t testing.TB, cfgs ...func(*control.Config)) *daemon {
 	}
 	d.reg = xfer.NewRegistry()
 	d.reg.Add(d.pool)
-	tr := xfer.NewLocal(xfer.LocalConfig{Workers: 1}, log)
 	d.eng = xfer.NewEngine(xfer.Config{}, xfertest.RouteAll(tr), log)
 	cfg := control.Config{Socket: d.sock, DaemonID: "d-1", Version: "v-test"}
 	for _, f := range cfgs {
