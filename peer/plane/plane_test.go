@@ -17,9 +17,9 @@ import (
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
-	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
