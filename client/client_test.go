@@ -93,6 +93,21 @@ func (d *daemon) waitReleased(t testing.TB) {
 	}
 }
 
+// write4K registers a 4 KiB buffer and allocates a 4 KiB pool block on c,
+// and returns the WRITE of the one into the other.
+func write4K(tb testing.TB, c *Client) xfer.Request {
+	tb.Helper()
+	buf, err := c.RegisterBuffer(4096)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	offs, err := c.AllocBlocks(nil, 1, 4096)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return xfer.Request{Op: xfer.OpWrite, Local: buf.ID, Target: poolID, TargetOffset: offs[0], Length: 4096}
+}
+
 func TestEndToEnd(t *testing.T) {
 	d := startDaemon(t)
 	maps := mappings(t)
@@ -567,19 +582,11 @@ func TestSteadyStateAllocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	buf, err := c.RegisterBuffer(4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	offs, err := c.AllocBlocks(nil, 1, 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reqs := []xfer.Request{write4K(t, c)}
 	batch, err := c.AllocBatch(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: buf.ID, Target: poolID, TargetOffset: offs[0], Length: 4096}}
 	res := make([]error, 1)
 	if err := c.Submit(batch, reqs, res); err != nil || res[0] != nil {
 		t.Fatal(err, res[0])

@@ -46,15 +46,7 @@ func TestTransportErrorCodes(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cl.Close()
-			buf, err := cl.RegisterBuffer(4096)
-			if err != nil {
-				t.Fatal(err)
-			}
-			offs, err := cl.AllocBlocks(nil, 1, 4096)
-			if err != nil {
-				t.Fatal(err)
-			}
-			reqs := []xfer.Request{{Op: xfer.OpWrite, Local: buf.ID, Target: poolID, TargetOffset: offs[0], Length: 4096}}
+			reqs := []xfer.Request{write4K(t, cl)}
 
 			results := make([]error, 1)
 			if _, err := cl.Transfer(reqs, 10*time.Second, results); err != nil {
