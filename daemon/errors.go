@@ -1,9 +1,9 @@
 package daemon
 
-import "github.com/tensorcast/tensorcast/xfer"
+import "github.com/tensorcast/tensorcast/daemon/config"
 
 var (
 	// ErrConfig: a configuration value is invalid; the message names the key
-	// and the value. Matches xfer.ErrInvalid, a start-up error.
-	ErrConfig = xfer.Categorized(xfer.ErrInvalid, "config")
+	// and the value.
+	ErrConfig = config.ErrConfig
 )

@@ -12,6 +12,7 @@ import (
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/daemon"
+	"github.com/tensorcast/tensorcast/daemon/config"
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/ktrace"
@@ -19,6 +20,7 @@ import (
 	"github.com/tensorcast/tensorcast/peer/plane"
 	"github.com/tensorcast/tensorcast/queue"
 	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/session"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/store"
@@ -163,9 +165,6 @@ var everyError = map[string]struct {
 	"store.ErrUnderflow":    {store.ErrUnderflow, tcproto.CodeFAILED_PRECONDITION},
 	// control
 	"control.ErrAddrInUse":           {control.ErrAddrInUse, tcproto.CodeALREADY_EXISTS},
-	"control.ErrBatchBusy":           {control.ErrBatchBusy, tcproto.CodeBUSY},
-	"control.ErrBatchFull":           {control.ErrBatchFull, tcproto.CodeRESOURCE_EXHAUSTED},
-	"control.ErrBatchNotFound":       {control.ErrBatchNotFound, tcproto.CodeNOT_FOUND},
 	"control.ErrClosed":              {control.ErrClosed, tcproto.CodeUNAVAILABLE},
 	"control.ErrConfig":              {control.ErrConfig, tcproto.CodeINVALID_ARGUMENT},
 	"control.ErrFrameTooLarge":       {control.ErrFrameTooLarge, tcproto.CodeRESOURCE_EXHAUSTED},
@@ -179,9 +178,20 @@ var everyError = map[string]struct {
 	"control.ErrTooManyConns":        {control.ErrTooManyConns, tcproto.CodeRESOURCE_EXHAUSTED},
 	"control.ErrUnavailable":         {control.ErrUnavailable, tcproto.CodeUNAVAILABLE},
 	"control.ErrUnexpectedFD":        {control.ErrUnexpectedFD, tcproto.CodeINVALID_ARGUMENT},
+	// session
+	"session.ErrBatchBusy":     {session.ErrBatchBusy, tcproto.CodeBUSY},
+	"session.ErrBatchFull":     {session.ErrBatchFull, tcproto.CodeRESOURCE_EXHAUSTED},
+	"session.ErrBatchNotFound": {session.ErrBatchNotFound, tcproto.CodeNOT_FOUND},
+	"session.ErrClosed":        {session.ErrClosed, tcproto.CodeUNAVAILABLE},
+	"session.ErrLimit":         {session.ErrLimit, tcproto.CodeRESOURCE_EXHAUSTED},
+	"session.ErrMalformed":     {session.ErrMalformed, tcproto.CodeINVALID_ARGUMENT},
+	"session.ErrNotFound":      {session.ErrNotFound, tcproto.CodeNOT_FOUND},
+	"session.ErrPermission":    {session.ErrPermission, tcproto.CodePERMISSION_DENIED},
+	"session.ErrUnavailable":   {session.ErrUnavailable, tcproto.CodeUNAVAILABLE},
 	// daemon
 	"daemon.ErrConfig":          {daemon.ErrConfig, tcproto.CodeINVALID_ARGUMENT},
 	"daemon.ErrShutdownTimeout": {daemon.ErrShutdownTimeout, tcproto.CodeDEADLINE_EXCEEDED},
+	"daemon/config.ErrConfig":   {config.ErrConfig, tcproto.CodeINVALID_ARGUMENT},
 	// ktrace
 	"ktrace.ErrNoCapability": {ktrace.ErrNoCapability, tcproto.CodePERMISSION_DENIED},
 	"ktrace.ErrNoHook":       {ktrace.ErrNoHook, tcproto.CodeUNAVAILABLE},
