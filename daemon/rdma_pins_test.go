@@ -18,7 +18,7 @@ import (
 // served over tcp), and one opened with transport tcp works.
 func TestOpenRemoteTransportWithoutRDMA(t *testing.T) {
 	if os.Getenv("RXE_DEV") != "" {
-		t.Skip("RXE_DEV is set: this host has RDMA (peer/plane's TestVerbsTransportPerSegment covers it)")
+		t.Skip("RXE_DEV is set: this host has RDMA (rdma/link's TestVerbsTransportPerSegment covers it)")
 	}
 	p := startRDMAPair(t, "auto")
 	_, err := p.wr.OpenRemoteVia("d1/kv", client.RightRead|client.RightWrite, client.TransportRDMA)

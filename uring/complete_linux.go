@@ -70,12 +70,16 @@ func (r *ring) complete(c *CQE, draining bool) {
 	case c.UserData == udCancel:
 		return
 	}
-	ud := c.UserData &^ TracedUserData
-	if ud >= uint64(len(r.slots)) {
+	ui, gen := refSlot(c.UserData &^ TracedUserData)
+	if ui >= uint64(len(r.slots)) {
 		return
 	}
-	idx := int32(ud)
+	idx := int32(ui)
 	s := &r.slots[idx]
+	if !s.current(gen) {
+		// For a task the slot held before: never the one it holds now.
+		return
+	}
 	if !s.inKernel {
 		if invariants {
 			panic(fmt.Sprintf("uring invariant: completion for slot %d that is not in the kernel", idx))

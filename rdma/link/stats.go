@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"sync/atomic"
@@ -7,8 +7,8 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// rdmaStats are the RDMA plane's counters for `tcctl stats`: which
-// transport carried the requests to remote segments, and what the plane
+// rdmaStats are the links' counters for `tcctl stats`: which
+// transport carried the requests to remote segments, and what the links
 // set up and tore down.
 type rdmaStats struct {
 	tasks       atomic.Uint64 // requests posted on rdma links
@@ -38,16 +38,13 @@ func lengths(ts []*xfer.Task) uint64 {
 	return b
 }
 
-// counters appends the plane's counters and gauges to dst.
-func (p *rdmaPlane) counters(dst []wire.Counter) []wire.Counter {
+// Counters appends the links' counters and gauges to dst (tcctl stats).
+func (p *Links) Counters(dst []wire.Counter) []wire.Counter {
 	s := &p.stats
 	p.exports.mu.Lock()
 	exports := len(p.exports.m)
 	p.exports.mu.Unlock()
-	bufs := 0
-	if m := p.locals.m.Load(); m != nil {
-		bufs = len(*m)
-	}
+	bufs := p.locals.registered()
 	return append(dst,
 		wire.Counter{Name: "rdma.links", Value: uint64(len(*p.links.Load()))},
 		wire.Counter{Name: "rdma.links_made", Value: s.linksMade.Load()},

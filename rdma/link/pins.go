@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"fmt"
@@ -37,7 +37,7 @@ type pinJob struct {
 
 // pin records how r's requests travel; with TransportRDMA it first has the
 // worker connect the link and resolve r, failing when it cannot.
-func (p *rdmaPlane) pin(r *tcp.Remote, via uint8) error {
+func (p *Links) Pin(r *tcp.Remote, via uint8) error {
 	if via == wire.TransportRDMA {
 		j := pinJob{r: r, done: make(chan error, 1)}
 		timer := time.NewTimer(pinWait)
@@ -66,7 +66,7 @@ func (p *rdmaPlane) pin(r *tcp.Remote, via uint8) error {
 
 // prepare is the worker's part of pin: the link to r's peer and r's
 // registration, made now whatever earlier attempts gave.
-func (p *rdmaPlane) prepare(r *tcp.Remote) error {
+func (p *Links) prepare(r *tcp.Remote) error {
 	l, err := p.link(r.Peer(), r.Epoch())
 	if err != nil {
 		return fmt.Errorf("rdma link to %s: %w", r.Peer(), err)
@@ -80,7 +80,7 @@ func (p *rdmaPlane) prepare(r *tcp.Remote) error {
 
 // pinned is how r's requests travel (wire.TransportAuto when not
 // pinned). It does not allocate.
-func (p *rdmaPlane) pinned(r *tcp.Remote) uint8 {
+func (p *Links) pinned(r *tcp.Remote) uint8 {
 	if p.pins.n.Load() == 0 {
 		return wire.TransportAuto
 	}
@@ -91,7 +91,7 @@ func (p *rdmaPlane) pinned(r *tcp.Remote) uint8 {
 }
 
 // prunePins forgets the pins of closed remote segments (the worker's tick).
-func (p *rdmaPlane) prunePins() {
+func (p *Links) prunePins() {
 	if p.pins.n.Load() == 0 {
 		return
 	}

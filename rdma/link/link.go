@@ -1,4 +1,4 @@
-package plane
+package link
 
 // The link: the transport one peer's remote targets get when RDMA carries
 // them, and how it splits a submission between the rdma transport, the
@@ -19,9 +19,9 @@ import (
 
 // rdmaLink is the transport the router returns for one peer's remote
 // targets when RDMA carries them. A task carrying a notification moves by
-// RDMA too; the notification follows on the peer channel (rdma_notify.go).
+// RDMA too; the notification follows on the peer channel (notify.go).
 type rdmaLink struct {
-	p     *rdmaPlane
+	p     *Links
 	peer  string
 	epoch uint64 // the peer's epoch the link was made with
 	tr    *rdma.Transport
@@ -48,7 +48,7 @@ func (l *rdmaLink) Cancel(t *xfer.Task) {
 	l.tcp.Cancel(t)
 }
 
-// Close implements xfer.Transport; the plane closes the link's transport.
+// Close implements xfer.Transport; Links.Close closes the link's transport.
 func (l *rdmaLink) Close() error { return nil }
 
 // Submit implements xfer.Transport: runs of tasks go to the rdma transport,
@@ -181,7 +181,7 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 	if err := l.tr.AddRemote(t.Req.Target, reg); err != nil {
 		return viaTCP
 	}
-	lr := l.p.localRegion(t.Req.Local)
+	lr := l.p.localRegion(t.Local)
 	if lr == nil {
 		if l.rdmaOnly(t) {
 			return viaDown

@@ -1,6 +1,6 @@
-package plane
+package link
 
-// The links' lifecycle on the plane's worker: connecting a link to a peer
+// The links' lifecycle on their worker: connecting a link to a peer
 // and resolving its segments off the submit path, retiring links whose peer
 // restarted or went away, and the acceptor's side of a peer's queue pairs.
 
@@ -20,7 +20,7 @@ import (
 // linkRetry; a segment that cannot be resolved (its owner could not
 // register it) or a buffer that could not be registered stays on tcp while
 // the rest of its peer's requests use rdma.
-func (p *rdmaPlane) worker() {
+func (p *Links) worker() {
 	defer p.wg.Done()
 	type failure struct {
 		epoch uint64
@@ -82,7 +82,7 @@ const linkCheckEvery = 250 * time.Millisecond
 // peer channel is the witness: closing the link fails what it has posted
 // at once, and later requests go to tcp, which fails them or, once the
 // peer is back, gets a new link made.
-func (p *rdmaPlane) checkLinks() {
+func (p *Links) checkLinks() {
 	links := *p.links.Load()
 	if len(links) == 0 {
 		return
@@ -101,7 +101,7 @@ func (p *rdmaPlane) checkLinks() {
 
 // retireLink drops a link: requests to its segments go to tcp (which
 // refuses those of an old epoch), and a later use makes a new link.
-func (p *rdmaPlane) retireLink(l *rdmaLink, why string) {
+func (p *Links) retireLink(l *rdmaLink, why string) {
 	p.mu.Lock()
 	old := *p.links.Load()
 	if old[l.peer] != l || p.closed {
@@ -139,7 +139,7 @@ func (c epochChannel) Exchange(peer, kind string, req []byte, timeout time.Durat
 }
 
 // link returns peer's link of epoch, connecting it when there is none.
-func (p *rdmaPlane) link(peer string, epoch uint64) (*rdmaLink, error) {
+func (p *Links) link(peer string, epoch uint64) (*rdmaLink, error) {
 	if l := (*p.links.Load())[peer]; l != nil && l.epoch == epoch {
 		return l, nil
 	}
@@ -148,7 +148,7 @@ func (p *rdmaPlane) link(peer string, epoch uint64) (*rdmaLink, error) {
 
 // resolve asks r's owner for its registration of r (address, size, keys)
 // and records it.
-func (p *rdmaPlane) resolve(l *rdmaLink, r *tcp.Remote) error {
+func (p *Links) resolve(l *rdmaLink, r *tcp.Remote) error {
 	if _, ok := (*l.segs.Load())[r]; ok {
 		return nil
 	}
@@ -182,7 +182,7 @@ func closedRemote(r *tcp.Remote) bool {
 }
 
 // connect makes the link to peer at epoch, replacing an older one.
-func (p *rdmaPlane) connect(peer string, epoch uint64) (*rdmaLink, error) {
+func (p *Links) connect(peer string, epoch uint64) (*rdmaLink, error) {
 	tr, err := p.dev.NewTransport()
 	if err != nil {
 		return nil, err
@@ -221,7 +221,7 @@ func (p *rdmaPlane) connect(peer string, epoch uint64) (*rdmaLink, error) {
 
 // say logs, once per peer and change, which transport carries its
 // requests and why.
-func (p *rdmaPlane) say(peer, transport, why string) {
+func (p *Links) say(peer, transport, why string) {
 	p.mu.Lock()
 	was := p.said[peer]
 	p.said[peer] = transport
@@ -238,7 +238,7 @@ func (p *rdmaPlane) say(peer, transport, why string) {
 
 // accept is the acceptor's lookup: the transport a peer's link lands on,
 // made on first use and remade when the peer restarts.
-func (p *rdmaPlane) accept(from string, epoch uint64) (*rdma.Transport, error) {
+func (p *Links) accept(from string, epoch uint64) (*rdma.Transport, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"fmt"
@@ -23,22 +23,22 @@ import (
 //     that fails it UNAVAILABLE).
 //
 // A waiting task ends early when the engine cancels it (its deadline, or
-// its client left), when the plane's tick finds its deadline past, or
-// when the plane closes; a buffer whose registration failed fails its
+// its client left), when the links' tick finds its deadline past, or
+// when the links close; a buffer whose registration failed fails its
 // waiters and is not tried again (its requests then fail UNAVAILABLE, or
 // use tcp when their segment allows it).
 //
-// Ownership: the plane creates the queue and starts run on a goroutine it
+// Ownership: Links creates the queue and starts run on a goroutine it
 // counts in its WaitGroup; close stops it: refuse new work and fail the
 // waiters (closed, under mu), then close(stop) and wait for run to return
 // (after the registration in progress, which cannot be interrupted).
 type regQueue struct {
 	log *slog.Logger
 	// register registers seg and reports whether it is registered
-	// (rdmaPlane.registerLocal); only run calls it.
+	// (Links.registerLocal); only run calls it.
 	register func(seg xfer.Segment) bool
 	// route is where a waiting task goes once its buffer's registration
-	// ended (rdmaPlane.routeRegistered).
+	// ended (Links.routeRegistered).
 	route func(t *xfer.Task) xfer.Transport
 
 	wake chan struct{} // capacity 1: a job was queued
@@ -176,10 +176,10 @@ func (q *regQueue) drop(t *xfer.Task) bool {
 	return true
 }
 
-// Close implements xfer.Transport; the plane closes the queue itself.
+// Close implements xfer.Transport; Links closes the queue itself.
 func (q *regQueue) Close() error { return nil }
 
-// expire ends the waiting tasks whose deadline passed (the plane's tick;
+// expire ends the waiting tasks whose deadline passed (the links' tick;
 // the engine's own deadline cancels them sooner).
 func (q *regQueue) expire(now time.Time) {
 	var late []*xfer.Task

@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// Exchange kinds the RDMA plane serves on the peer channel, beside
+// Exchange kinds the links serve on the peer channel, beside
 // rdma.ExchangeKind (queue-pair connection data): where an export lies and
 // its keys, and the owner's word that an export's keys are revoked.
 const (
@@ -22,33 +22,34 @@ const (
 	revokeExchange  = "rdma.revoke"
 )
 
-// rdmaPlane is the daemon's RDMA end: the device, the pools' memory
-// registrations (made once at start-up, for local use only: no peer can
-// address a pool as a whole), one registration per export a peer asked
+// Links is the daemon's RDMA end of the peer plane: the device, the pools'
+// memory registrations (made once at start-up, for local use only: no peer
+// can address a pool as a whole), one registration per export a peer asked
 // for (with the export's rights as its remote access, dropped when the
-// export ends; see rdma_exports.go), one outbound link per peer (a
-// transport this daemon dials and submits on) and one accepting transport
-// per peer (the peer's link lands there). Client buffers get a local
-// registration when first used (rdma_locals.go).
+// export ends; see exports.go), one outbound link per peer (a transport
+// this daemon dials and submits on) and one accepting transport per peer
+// (the peer's link lands there). Client buffers get a local registration
+// when first used, kept on the buffer itself (locals.go).
 //
-// Plane.Route asks route for each remote target: a request whose local side
-// is the pool or a registered client buffer and whose peer's link is up
-// with the target segment resolved goes to that link; anything else goes to
-// tcp and queues a job for the worker, which registers the buffer, connects
-// the link over the peer channel and resolves the segment (asks its owner
-// for the export's registration). Each peer's choice is logged once.
+// The peer plane asks Route for each remote target: a request whose local
+// side is the pool or a registered client buffer and whose peer's link is
+// up with the target segment resolved goes to that link; anything else
+// goes to tcp and queues a job for the worker, which registers the buffer,
+// connects the link over the peer channel and resolves the segment (asks
+// its owner for the export's registration). Each peer's choice is logged
+// once.
 //
-// Ownership: the Plane creates it after its node and closes it in
-// Plane.Close (after the engine, the node and the control server, before
-// the pools). It owns two goroutines, the worker and the registration
-// queue's (rdma_regs.go); close stops them (close(stop), close the queue,
-// join), then closes the links' and the accepting transports, deregisters
-// the pools and closes the device.
-type rdmaPlane struct {
+// Ownership: the peer plane creates it after its node and closes it (after
+// the engine, the node and the control server, before the pools). It owns
+// two goroutines, the worker and the registration queue's (regs.go); Close
+// stops them (close(stop), close the queue, join), then closes the links'
+// and the accepting transports, deregisters the pools and closes the
+// device.
+type Links struct {
 	log *slog.Logger
 	dev Device
 	// pools are the tenants' pools' registrations by segment id, each
-	// made once at start-up for local use (written by newPlane only).
+	// made once at start-up for local use (written by newLinks only).
 	pools map[xfer.SegmentID]*rdma.Region
 	node  *tcp.Node
 	// exported is the daemon's export table, which peers resolve exports
@@ -59,8 +60,8 @@ type rdmaPlane struct {
 	links atomic.Pointer[map[string]*rdmaLink] // copy on write, under mu
 
 	jobs   chan *tcp.Remote
-	regs   *regQueue      // client buffers to register (rdma_regs.go)
-	prep   chan pinJob    // segments opened with transport rdma (rdma_pins.go)
+	regs   *regQueue      // client buffers to register (regs.go)
+	prep   chan pinJob    // segments opened with transport rdma (pins.go)
 	retire chan *rdmaLink // links whose peer runs a new epoch
 	stop   chan struct{}
 	wg     sync.WaitGroup
@@ -71,12 +72,17 @@ type rdmaPlane struct {
 	said     map[string]string // what was logged about each peer's transport
 	closed   bool
 
+	// notesMu guards notes, the notified WRITEs' reusable notes
+	// (notify.go).
+	notesMu sync.Mutex
+	notes   []*rdmaNote
+
 	exports exportRegs
 	locals  localRegs
 	pins    pins
 	stats   rdmaStats
 	// linkDown and localMissing fail requests of rdma-only segments
-	// (rdma_pins.go).
+	// (pins.go).
 	linkDown, localMissing *rdmaRefusal
 }
 
@@ -85,11 +91,41 @@ type acceptedPeer struct {
 	epoch uint64
 }
 
-// newRDMAPlane opens the device and registers the pools (one per tenant),
-// or returns nil and why when RDMA is off or unusable here (logged once;
-// peers then use tcp). With Mode on an unusable device is an error
-// wrapping ErrRDMARequired.
-func newRDMAPlane(cfg RDMAConfig, pools []xfer.MemSegment, node *tcp.Node, exports *peer.Exports, log *slog.Logger) (*rdmaPlane, string, error) {
+// Config configures the links.
+type Config struct {
+	// Mode is "auto" (RDMA when a device is usable, else tcp, saying so),
+	// "on" (New fails without a usable device) or "off".
+	Mode string
+	// Device and GID choose the device and its RoCE v2 GID ("": the first
+	// active one, automatic); QPs is the queue pairs per peer link (0: 2).
+	Device, GID string
+	QPs         int
+	// Open opens the device (default: rdma.Open); tests pass an
+	// rdmatest fabric's.
+	Open func(rdma.Config, *slog.Logger) (Device, error)
+	// Log is the RDMA side's logger (default: the peer plane's).
+	Log *slog.Logger
+}
+
+// Device is the RDMA device the links run on: *rdma.Device, or a device
+// of an rdmatest fabric.
+type Device interface {
+	Name() string
+	Port() int
+	Addr() rdma.Addr
+	RegisterAccess(mem []byte, access rdma.Access) (*rdma.Region, error)
+	Deregister(r *rdma.Region) error
+	NewTransport() (*rdma.Transport, error)
+	Close() error
+}
+
+var _ Device = (*rdma.Device)(nil)
+
+// New opens the device and registers the pools (one per tenant), or
+// returns nil and why when RDMA is off or unusable here (logged once;
+// peers then use tcp). With Mode on an unusable device is an error, which
+// the peer plane reports as RDMA required.
+func New(cfg Config, pools []xfer.MemSegment, node *tcp.Node, exports *peer.Exports, log *slog.Logger) (*Links, string, error) {
 	if cfg.Mode == "off" {
 		log.Info("rdma off (rdma = off): peers use tcp")
 		return nil, "rdma = off", nil
@@ -107,7 +143,7 @@ func newRDMAPlane(cfg RDMAConfig, pools []xfer.MemSegment, node *tcp.Node, expor
 	dev, err := open(rdma.Config{Device: cfg.Device, GID: cfg.GID, QPs: cfg.QPs}, log)
 	if err != nil {
 		if cfg.Mode == "on" {
-			return nil, "", fmt.Errorf("%w: rdma = on, rdma_device = %q, rdma_gid = %q: %v", ErrRDMARequired, cfg.Device, cfg.GID, err)
+			return nil, "", fmt.Errorf("rdma = on, rdma_device = %q, rdma_gid = %q: %v", cfg.Device, cfg.GID, err)
 		}
 		log.Info("rdma unavailable: peers use tcp", "reason", err.Error())
 		return nil, err.Error(), nil
@@ -122,7 +158,7 @@ func newRDMAPlane(cfg RDMAConfig, pools []xfer.MemSegment, node *tcp.Node, expor
 			}
 			_ = dev.Close()
 			if cfg.Mode == "on" {
-				return nil, "", fmt.Errorf("%w: rdma = on: registering pool %d: %v", ErrRDMARequired, pool.ID(), err)
+				return nil, "", fmt.Errorf("rdma = on: registering pool %d: %v", pool.ID(), err)
 			}
 			log.Warn("rdma unavailable: registering a pool failed; peers use tcp", "segment", uint64(pool.ID()), "err", err)
 			return nil, "registering the pool failed: " + err.Error(), nil
@@ -131,15 +167,15 @@ func newRDMAPlane(cfg RDMAConfig, pools []xfer.MemSegment, node *tcp.Node, expor
 		log.Info("pool registered for rdma (local access)", "device", dev.Name(), "segment", uint64(pool.ID()),
 			"bytes", pool.Size(), "mrs", reg.Chunks(), "took", time.Since(start).Round(time.Microsecond).String())
 	}
-	p := newPlane(dev, regs, node, exports, log)
+	p := newLinks(dev, regs, node, exports, log)
 	p.qps = cfg.QPs
 	return p, "", nil
 }
 
-// newPlane wires a plane over an opened device and registration and
-// starts its worker.
-func newPlane(dev Device, pools map[xfer.SegmentID]*rdma.Region, node *tcp.Node, exports *peer.Exports, log *slog.Logger) *rdmaPlane {
-	p := &rdmaPlane{
+// newLinks wires the links over an opened device and the pools'
+// registrations and starts their goroutines.
+func newLinks(dev Device, pools map[xfer.SegmentID]*rdma.Region, node *tcp.Node, exports *peer.Exports, log *slog.Logger) *Links {
+	p := &Links{
 		log: log, dev: dev, pools: pools, node: node, exported: exports,
 		jobs: make(chan *tcp.Remote, 64), prep: make(chan pinJob), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
@@ -162,9 +198,9 @@ func newPlane(dev Device, pools map[xfer.SegmentID]*rdma.Region, node *tcp.Node,
 	return p
 }
 
-// route is the router's question: the link to send a request between
+// Route is the peer plane's question: the link to send a request between
 // local and target over, or nil for tcp. It does not allocate.
-func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
+func (p *Links) Route(local, target xfer.Segment) xfer.Transport {
 	r, ok := target.(*tcp.Remote)
 	if !ok {
 		return nil
@@ -174,7 +210,7 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 		p.stats.toTCP.Add(1)
 		return nil
 	}
-	if p.localRegion(local.ID()) == nil {
+	if p.localRegion(local) == nil {
 		if via != wire.TransportRDMA {
 			p.wantLocal(local)
 			p.stats.toTCP.Add(1)
@@ -182,7 +218,7 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 		}
 		// The client asked for rdma: the request waits for its buffer's
 		// registration in the queue, off the submit path.
-		if _, ok := local.(teardownHooker); !ok || p.regs.hasFailed(local.ID()) {
+		if b, _ := clientBuffer(local); b == nil || p.regs.hasFailed(local.ID()) {
 			return p.localMissing
 		}
 		return p.regs
@@ -207,8 +243,8 @@ func (p *rdmaPlane) route(local, target xfer.Segment) xfer.Transport {
 // routeRegistered is where a task that waited for its buffer's
 // registration goes once the registration ended: where route sends it
 // now (a buffer still unregistered fails it rather than waiting again).
-func (p *rdmaPlane) routeRegistered(t *xfer.Task) xfer.Transport {
-	tr := p.route(t.Local, t.Target)
+func (p *Links) routeRegistered(t *xfer.Task) xfer.Transport {
+	tr := p.Route(t.Local, t.Target)
 	switch {
 	case tr == xfer.Transport(p.regs):
 		return p.localMissing
@@ -222,10 +258,10 @@ func (p *rdmaPlane) routeRegistered(t *xfer.Task) xfer.Transport {
 // before the next attempt (a new epoch retries at once).
 const linkRetry = 30 * time.Second
 
-// close stops the worker and closes every transport, the registration and
+// Close stops the worker and closes every transport, the registrations and
 // the device. Call it after the engine (no more submits) and before the
 // pool is unmapped.
-func (p *rdmaPlane) close() {
+func (p *Links) Close() {
 	p.mu.Lock()
 	p.closed = true
 	accepted := p.accepted
@@ -258,4 +294,16 @@ func (p *rdmaPlane) close() {
 	if err := p.dev.Close(); err != nil {
 		p.log.Warn("closing the rdma device", "err", err)
 	}
+}
+
+// Waiting is how many tasks wait for a client buffer's registration.
+func (p *Links) Waiting() int { return p.regs.waiters() }
+
+// PeerOf reports the peer whose link tr is, when tr is one of the links
+// Route returns.
+func PeerOf(tr xfer.Transport) (string, bool) {
+	if l, ok := tr.(*rdmaLink); ok {
+		return l.peer, true
+	}
+	return "", false
 }

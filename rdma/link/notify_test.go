@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"bytes"
@@ -21,12 +21,13 @@ import (
 	"github.com/tensorcast/tensorcast/rdma/rdmatest"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // Two daemons' peer planes in one process, each with its tcp node, export
-// table, pool and an engine that routes remote targets to it: d1 exports,
-// d2 writes and reads. Their RDMA devices come from an rdmatest fabric
+// table, pool, links and an engine that routes remote targets to them: d1
+// exports, d2 writes and reads. Their RDMA devices come from an rdmatest fabric
 // (the TestFabric* tests, anywhere) or are the host's (the TestVerbs*
 // tests, which make test-rdma runs in the Soft-RoCE VM).
 
@@ -91,7 +92,10 @@ func (l *logSink) waitForN(t *testing.T, s string, n int, d time.Duration) {
 // devices is where a test's planes get their RDMA devices.
 type devices struct {
 	fab *rdmatest.Fabric // nil: the host's device, RXE_DEV
-	mu  sync.Mutex       // guards opened
+	// deliver, when set, is where the planes' tcp nodes deliver the
+	// notifications peers send, instead of their export tables.
+	deliver func(name string, payload []byte) error
+	mu      sync.Mutex // guards opened
 	// opened are the fabric's devices by daemon id.
 	opened map[string]*rdmatest.Device
 }
@@ -113,8 +117,8 @@ func verbs(t *testing.T) *devices {
 
 // config is the RDMA config of daemon id: rdma = on, on this source's
 // device.
-func (d *devices) config(id string) RDMAConfig {
-	c := RDMAConfig{Mode: "on"}
+func (d *devices) config(id string) Config {
+	c := Config{Mode: "on"}
 	if d.fab == nil {
 		c.Device = os.Getenv("RXE_DEV")
 		return c
@@ -136,6 +140,49 @@ func (d *devices) fabricDevice(id string) *rdmatest.Device {
 	return d.opened[id]
 }
 
+// plane is one daemon's peer plane as these tests need it: its tcp node
+// and its links, routed and opened through as package peer/plane does.
+type plane struct {
+	node *tcp.Node
+	rdma *Links
+}
+
+// Node is the plane's tcp node.
+func (p *plane) Node() *tcp.Node { return p.node }
+
+// Counters are the links' counters.
+func (p *plane) Counters(dst []wire.Counter) []wire.Counter { return p.rdma.Counters(dst) }
+
+// Route is the link Route gives, else the tcp node.
+func (p *plane) Route(local, target xfer.Segment) xfer.Transport {
+	if l := p.rdma.Route(local, target); l != nil {
+		return l
+	}
+	return p.node
+}
+
+// OpenRemote opens segment on peerID, pinned to transport unless it is
+// auto.
+func (p *plane) OpenRemote(peerID, segment string, rights, transport uint8) (*tcp.Remote, error) {
+	r, err := p.node.Open(peerID, segment, tcp.Rights(rights))
+	if err != nil {
+		return nil, err
+	}
+	if transport != wire.TransportAuto {
+		if err := p.rdma.Pin(r, transport); err != nil {
+			_ = r.Close()
+			return nil, fmt.Errorf("%w: %s/%s with transport rdma: %w", peer.ErrUnavailable, peerID, segment, err)
+		}
+	}
+	return r, nil
+}
+
+// Close closes the links, then the node.
+func (p *plane) Close() {
+	p.rdma.Close()
+	_ = p.node.Close()
+}
+
 // side is one daemon's peer plane. Request segment ids are the side's own
 // (as a daemon's registry's are): its pool is 1, remote segments it opens
 // are 1000 and up.
@@ -144,7 +191,7 @@ type side struct {
 	log     *logSink
 	exports *peer.Exports
 	pool    *shm.Pool
-	p       *Plane
+	p       *plane
 	eng     *xfer.Engine
 
 	mu     sync.Mutex // guards segs and nextID
@@ -191,15 +238,17 @@ func startSideAt(t *testing.T, id, key, listen string, devs *devices, peers ...d
 	})
 	s.segs[poolID] = s.pool
 	s.exports = peer.NewExports(nil)
-	cfg := Config{
-		Node: tcp.Config{DaemonID: id, Listen: listen, ClusterKeyFile: key, ConnsPerPeer: 1,
-			SliceSize: 64 << 10, Peers: peers},
-		RDMA:  devs.config(id),
-		Pools: []xfer.MemSegment{s.pool},
-	}
-	if s.p, err = New(cfg, s.exports, log); err != nil {
+	node, err := tcp.NewNode(tcp.Config{DaemonID: id, Listen: listen, ClusterKeyFile: key, ConnsPerPeer: 1,
+		SliceSize: 64 << 10, Peers: peers}, nodeExports{s.exports, devs.deliver}, log)
+	if err != nil {
 		t.Fatalf("%s: %v", id, err)
 	}
+	links, why, err := New(devs.config(id), []xfer.MemSegment{s.pool}, node, s.exports, log)
+	if err != nil || links == nil {
+		_ = node.Close()
+		t.Fatalf("%s: no links (%s): %v", id, why, err)
+	}
+	s.p = &plane{node: node, rdma: links}
 	s.stops = append(s.stops, func() {
 		s.p.Close()
 		if dev := devs.fabricDevice(id); dev != nil {
@@ -218,7 +267,7 @@ func startSideAt(t *testing.T, id, key, listen string, devs *devices, peers ...d
 }
 
 // remoteRoute sends every request to the plane's transport for its target.
-type remoteRoute struct{ p *Plane }
+type remoteRoute struct{ p *plane }
 
 func (r remoteRoute) Route(local, target xfer.Segment) (xfer.Transport, error) {
 	if target.Kind() != xfer.KindRemote {
@@ -253,12 +302,33 @@ func (s *side) open(t *testing.T, name string, rights, transport uint8) (xfer.Se
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := s.p.OpenRemote(peer.OpenContext{}, pid, seg, rights, transport)
+	rs, err := s.p.OpenRemote(pid, seg, rights, transport)
 	if err != nil {
 		t.Fatalf("%s: OpenRemote %s: %v\n%s", s.id, name, err, s.log.String())
 	}
 	t.Cleanup(func() { rs.Close() })
-	return s.add(rs), rs.(*tcp.Remote)
+	return s.add(rs), rs
+}
+
+// nodeExports is the export table as the tcp node serves peers from it;
+// deliver, when set, takes the notifications instead.
+type nodeExports struct {
+	*peer.Exports
+	deliver func(name string, payload []byte) error
+}
+
+// Deliver implements tcp.Exporter.
+func (x nodeExports) Deliver(name string, payload []byte) error {
+	if x.deliver != nil {
+		return x.deliver(name, payload)
+	}
+	return x.Exports.Deliver(name, payload)
+}
+
+// Granted implements tcp.RightsExporter.
+func (x nodeExports) Granted(name string) (tcp.Rights, bool) {
+	r, ok := x.Exports.Granted(name)
+	return tcp.Rights(r), ok
 }
 
 // transfer runs reqs (notify positional, or nil) in one batch and returns

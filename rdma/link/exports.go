@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"errors"
@@ -56,7 +56,7 @@ func accessOf(r tcp.Rights) rdma.Access {
 // serveSegment answers a peer's question about the export named in req
 // with its registration (rdma.RemoteRegion's encoding), registering it the
 // first time it is asked for; the export's end revokes it.
-func (p *rdmaPlane) serveSegment(from string, _ uint64, req []byte) ([]byte, error) {
+func (p *Links) serveSegment(from string, _ uint64, req []byte) ([]byte, error) {
 	name := string(req)
 	x := p.exported.Get(name)
 	if x == nil {
@@ -98,12 +98,12 @@ func (p *rdmaPlane) serveSegment(from string, _ uint64, req []byte) ([]byte, err
 	return r.reg.Remote(0).MarshalBinary()
 }
 
-// exportEnded runs when an export the plane registered ends (after the
+// exportEnded runs when an export the links registered ends (after the
 // peer requests in its range drained): the peers that hold its keys drop
 // them, then its registration is released, so that when the unexport
 // answers no peer can reach the range any more. A plane that closed
 // released it already.
-func (p *rdmaPlane) exportEnded(x *peer.Export) {
+func (p *Links) exportEnded(x *peer.Export) {
 	e := &p.exports
 	e.mu.Lock()
 	r := e.m[x]
@@ -135,7 +135,7 @@ func (p *rdmaPlane) exportEnded(x *peer.Export) {
 
 // serveRevoke is a peer's word that its export named in req ended: the
 // link to that peer stops using the export's keys.
-func (p *rdmaPlane) serveRevoke(from string, _ uint64, req []byte) ([]byte, error) {
+func (p *Links) serveRevoke(from string, _ uint64, req []byte) ([]byte, error) {
 	if l := (*p.links.Load())[from]; l != nil {
 		if n := l.dropSegments(string(req)); n > 0 {
 			p.log.Info("peer revoked an export's rdma keys", "peer", from, "name", string(req), "segments", n)
@@ -144,9 +144,9 @@ func (p *rdmaPlane) serveRevoke(from string, _ uint64, req []byte) ([]byte, erro
 	return nil, nil
 }
 
-// closeAll releases every export's registration (the plane is closing; the
+// closeAll releases every export's registration (the links are closing; the
 // transports are closed already).
-func (e *exportRegs) closeAll(p *rdmaPlane) {
+func (e *exportRegs) closeAll(p *Links) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for seg, r := range e.m {

@@ -1,4 +1,4 @@
-package plane
+package link
 
 import (
 	"slices"
@@ -7,36 +7,11 @@ import (
 	"github.com/tensorcast/tensorcast/wire"
 )
 
-// RDMAOff is the RDMA report of a daemon whose peer plane runs no RDMA,
-// saying why (control.RDMAReporter).
-type RDMAOff string
-
-// NoPlane is the report of a daemon without a peer plane.
-const NoPlane RDMAOff = "no peer plane (peer_listen is not set): RDMA is set up over it"
-
-// RDMAInfo reports RDMA off, and why.
-func (r RDMAOff) RDMAInfo() wire.RDMAResponse {
-	return wire.RDMAResponse{State: wire.RDMAOff, Reason: string(r)}
-}
-
-// RDMAInfo is what `tcctl rdma` shows (control.RDMAReporter): the RDMA
-// plane's device, port and GID, the pools' registration and each peer's
-// link; or, without an RDMA plane, whether RDMA is off or unavailable and
-// why.
-func (p *Plane) RDMAInfo() wire.RDMAResponse {
-	switch {
-	case p.rdma != nil:
-		return p.rdma.info()
-	case p.rdmaOff:
-		return wire.RDMAResponse{State: wire.RDMAOff, Reason: p.noRDMA}
-	}
-	return wire.RDMAResponse{State: wire.RDMAUnavailable, Reason: p.noRDMA}
-}
-
-// info reports the plane: its device and registration, and every peer the
-// peer plane knows or the RDMA plane has a link, an accepting transport or
-// a logged choice for. Not a hot path: it allocates.
-func (p *rdmaPlane) info() wire.RDMAResponse {
+// Info is what `tcctl rdma` shows: the device and the pools'
+// registration, and every peer the tcp node knows or the links have a
+// link, an accepting transport or a logged choice for. Not a hot path: it
+// allocates.
+func (p *Links) Info() wire.RDMAResponse {
 	a := p.dev.Addr()
 	out := wire.RDMAResponse{
 		State: wire.RDMAEnabled, Device: p.dev.Name(), Port: uint32(p.dev.Port()),

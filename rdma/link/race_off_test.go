@@ -1,0 +1,5 @@
+//go:build !race
+
+package link
+
+const raceEnabled = false
