@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/invariants"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -110,7 +111,7 @@ func TestLargeFrameAllocations(t *testing.T) {
 		}
 	})
 	limit := 0.0
-	if raceEnabled {
+	if invariants.RaceEnabled {
 		limit = 4
 	}
 	if allocs > limit {

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/tensorcast/tensorcast/internal/invariants"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
@@ -1009,7 +1010,7 @@ func TestSleepingWaitAllocs(t *testing.T) {
 		// The race detector makes sync.Pool drop a share of what is put
 		// back, so there a pooled timer is sometimes made anew.
 		limit := 0.0
-		if raceEnabled {
+		if invariants.RaceEnabled {
 			limit = 1
 		}
 		if a := testing.AllocsPerRun(50, run); a > limit {
