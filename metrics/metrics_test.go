@@ -10,12 +10,11 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	"github.com/tensorcast/tensorcast/internal/loghist"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 func testRegistry(t *testing.T) *Registry {
 	t.Helper()

@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
@@ -23,22 +21,7 @@ import (
 // TestMain checks that the package's tests leak no goroutine, descriptor or
 // ring.
 func TestMain(m *testing.M) {
-	probe() // the cached probe is process-wide, not a leak
-	testutil.WarmFDs()
-	before := testutil.OpenFDs()
-	code := m.Run()
-	if code == 0 {
-		if leaked := before.Leaked(); len(leaked) > 0 {
-			fmt.Fprintf(os.Stderr, "descriptor leak (io_uring instances show as anon_inode:[io_uring]):\n  %s\n",
-				strings.Join(leaked, "\n  "))
-			code = 1
-		}
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goroutine leak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testutil.Main(m, testutil.Warm(func() { probe() })) // the cached probe is process-wide, not a leak
 }
 
 // memSeg is the shared counting segment over anonymous, page-aligned
