@@ -33,7 +33,7 @@ func openFDs(t *testing.T) int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		t.Skipf("no /proc/self/fd to count descriptors: %v", err)
+		t.Fatal(err)
 	}
 	return len(ents)
 }

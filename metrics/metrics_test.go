@@ -78,10 +78,7 @@ func TestExposition(t *testing.T) {
 // TestPromtool lints the exposition with promtool (Debian's prometheus
 // package) when it is installed.
 func TestPromtool(t *testing.T) {
-	path, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Skip("promtool not installed (Debian package prometheus; scripts/deps.sh test)")
-	}
+	path := testutil.Command(t, "promtool", "prometheus")
 	lint(t, path, scrape(t, testRegistry(t)))
 }
 

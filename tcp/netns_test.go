@@ -41,12 +41,7 @@ func run(t *testing.T, args ...string) {
 }
 
 func TestCutLinkInNetns(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces (ip netns add)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs the ip command (iproute2) for network namespaces")
-	}
+	testutil.Require(t, testutil.Netns)
 	id := os.Getpid() % 100000
 	nsA, nsB := fmt.Sprintf("tcA%d", id), fmt.Sprintf("tcB%d", id)
 	vA, vB := fmt.Sprintf("tcva%d", id), fmt.Sprintf("tcvb%d", id)

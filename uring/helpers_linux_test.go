@@ -5,7 +5,6 @@ package uring
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -109,9 +108,7 @@ func newTransport(t testing.TB, cfg Config) *Transport {
 		cfg.AllowedDirs = []string{t.TempDir()}
 	}
 	tr, err := New(cfg, nil)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
+	testutil.RequireSupported(t, testutil.IOUring, err)
 	t.Cleanup(func() { tr.Close() })
 	return tr
 }
@@ -130,18 +127,6 @@ func runOne(t testing.TB, tr *Transport, rec *recorder, task *xfer.Task) (uint64
 		t.Fatalf("task ended %d times", calls)
 	}
 	return moved, terr
-}
-
-func requireRoot(t *testing.T, tools ...string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: needs root (uid 0) for mount/losetup")
-	}
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipped: %s not installed (package e2fsprogs/util-linux)", tool)
-		}
-	}
 }
 
 // fdOpen reports whether f's descriptor still refers to f's path.

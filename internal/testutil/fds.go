@@ -1,10 +1,14 @@
 // Package testutil holds what several packages' tests share: their
 // TestMain (Main), which checks that the tests leak no goroutine and no
 // descriptor; the listings of this process's descriptors it compares
-// before and after the tests; a small loop-mounted ext4 file system for
-// the tests of a full disk (MountSmallExt4); and a run loop (a daemon's
-// Run) kept going until the test ends (Run). The descriptors are read from
-// /proc/self/fd; where they cannot be listed, the listings fail.
+// before and after the tests; Require and its kin, which skip a test that
+// needs a machine feature this machine lacks (root, io_uring, network
+// namespaces, mounts, eBPF, the tools make deps installs, etcd, an RDMA
+// device), or fail it where the environment says the machine provides it
+// (ProvidesEnv); a small loop-mounted ext4 file system for the tests of a
+// full disk (MountSmallExt4); and a run loop (a daemon's Run) kept going
+// until the test ends (Run). The descriptors are read from /proc/self/fd;
+// where they cannot be listed, the listings fail.
 package testutil
 
 import (

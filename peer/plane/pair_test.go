@@ -98,9 +98,7 @@ func fabric() *devices {
 // inside the Soft-RoCE VM; elsewhere the test skips.
 func verbs(t *testing.T) *devices {
 	t.Helper()
-	if os.Getenv("RXE_DEV") == "" {
-		t.Skip("no RDMA device: RXE_DEV is unset (make test-rdma runs this in the Soft-RoCE VM)")
-	}
+	testutil.Require(t, testutil.RDMA)
 	return &devices{}
 }
 
