@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -134,7 +135,7 @@ func (c *conn) submit(m *wire.SubmitRequest) error {
 	}
 	for i := range c.codes {
 		if c.codes[i] == tcproto.CodeOK {
-			c.codes[i] = CodeOf(c.errs[i])
+			c.codes[i] = status.CodeOf(c.errs[i])
 		}
 	}
 	wire.SetResponse[wire.SubmitResponse](&c.resp).Codes = c.codes
@@ -152,7 +153,7 @@ func (c *conn) taskStatus(m *wire.TaskStatusRequest) error {
 	}
 	code := tcproto.CodeOK
 	if st.State.Terminal() {
-		code = c.taskCode(st.State, st.Err)
+		code = status.ForState(st.State, st.Err)
 	}
 	*wire.SetResponse[wire.TaskStatusResponse](&c.resp) = wire.TaskStatusResponse{
 		State: tcproto.TaskState(st.State), Transferred: st.Transferred, Code: code}
@@ -266,17 +267,17 @@ func (c *conn) transfer(m *wire.TransferRequestBody) error {
 			continue
 		}
 		if c.errs[i] != nil {
-			c.codes[i] = CodeOf(c.errs[i])
+			c.codes[i] = status.CodeOf(c.errs[i])
 			states[i] = tcproto.TaskStateINVALID
 			continue
 		}
 		st, err := e.Status(id, i)
 		if err != nil {
-			c.codes[i] = CodeOf(err)
+			c.codes[i] = status.CodeOf(err)
 			continue
 		}
 		states[i] = tcproto.TaskState(st.State)
-		c.codes[i] = c.taskCode(st.State, st.Err)
+		c.codes[i] = status.ForState(st.State, st.Err)
 	}
 	c.dropBatch(id)
 	*wire.SetResponse[wire.TransferResponse](&c.resp) = wire.TransferResponse{Codes: c.codes, States: states, Summary: summaryFrom(sum)}

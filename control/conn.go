@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -183,7 +185,7 @@ func (c *conn) poolID() xfer.SegmentID {
 
 // refuse answers a connection that will not be served and closes it.
 func (c *conn) refuse(err error) {
-	c.fail(0, CodeOf(err))
+	c.fail(0, status.CodeOf(err))
 	c.uc.Write(wire.EncodeResponse(c.b, &c.resp)) //nolint:errcheck // closing anyway
 	c.uc.Close()
 }
@@ -419,7 +421,7 @@ func (c *conn) readFailed(err error) {
 		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrUnexpectedFD):
 		c.log.Warn("closing connection: bad frame", "err", err)
-		c.fail(0, CodeOf(err))
+		c.fail(0, status.CodeOf(err))
 		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 	default:
 		c.log.Debug("closing connection", "err", err)
@@ -436,7 +438,7 @@ func (c *conn) serveFrame(frame []byte) bool {
 			// The frame is whole and only breaks a limit: refuse this call,
 			// answering its id, and keep serving the connection.
 			c.log.Debug("request refused: breaks a decode limit", "request_id", c.req.Ctx.RequestID, "err", err)
-			c.fail(c.req.Ctx.RequestID, CodeOf(err))
+			c.fail(c.req.Ctx.RequestID, status.CodeOf(err))
 			if err := c.write(wire.EncodeResponse(c.b, &c.resp), -1); err != nil {
 				c.log.Debug("closing connection: write failed", "err", err)
 				return false
@@ -444,7 +446,7 @@ func (c *conn) serveFrame(frame []byte) bool {
 			return true
 		}
 		c.log.Warn("closing connection: undecodable request", "err", err)
-		c.fail(0, CodeOf(err))
+		c.fail(0, status.CodeOf(err))
 		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 		return false
 	}
@@ -479,7 +481,7 @@ func (c *conn) handleSafe() (out []byte, fd int) {
 			closeFDs(c.fds)
 			c.fds = c.fds[:0]
 			c.log.Error("panic while serving a request", "kind", c.req.Kind().String(),
-				"request_id", c.req.Ctx.RequestID, "panic", r, "stack", string(stack()))
+				"request_id", c.req.Ctx.RequestID, "panic", r, "stack", string(debug.Stack()))
 			out, fd = c.errorFrame(errPanic), -1
 			if c.passFD >= 0 {
 				closeFDs([]int{c.passFD})
@@ -492,7 +494,7 @@ func (c *conn) handleSafe() (out []byte, fd int) {
 
 // errorFrame encodes an error response for the current request.
 func (c *conn) errorFrame(err error) []byte {
-	c.fail(c.req.Ctx.RequestID, CodeOf(err))
+	c.fail(c.req.Ctx.RequestID, status.CodeOf(err))
 	return wire.EncodeResponse(c.b, &c.resp)
 }
 

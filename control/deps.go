@@ -105,10 +105,6 @@ type PeerPlane interface {
 	OpenRemote(ctx OpenContext, peerID, segment string, rights, transport uint8) (RemoteSegment, error)
 	// Peers reports the known peers.
 	Peers() []wire.PeerInfo
-	// Code maps the plane's own errors (a lost connection, a rejected
-	// notification) to the code a client sees; false for errors it does
-	// not know.
-	Code(err error) (Code, bool)
 }
 
 // RDMAReporter reports the daemon's RDMA plane, or why it has none

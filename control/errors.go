@@ -1,6 +1,11 @@
 package control
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
+)
 
 // Sentinel errors of the control server. Match them with errors.Is; the
 // server wraps them with detail for its log and answers the client with the
@@ -9,34 +14,34 @@ import "errors"
 var (
 	// ErrMalformed: a request's arguments are not valid (a bad name, rights
 	// or range, a body the server does not serve).
-	ErrMalformed = errors.New("control: malformed message")
+	ErrMalformed = xfer.Categorized(xfer.ErrInvalid, "control: malformed message")
 	// ErrFrameTooLarge: a frame's length exceeds the configured maximum.
-	ErrFrameTooLarge = errors.New("control: frame too large")
+	ErrFrameTooLarge = xfer.Categorized(xfer.ErrBackpressure, "control: frame too large")
 	// ErrLimit: a count or length in a request, or a per-connection quota,
 	// exceeds its configured limit.
-	ErrLimit = errors.New("control: limit exceeded")
+	ErrLimit = xfer.Categorized(xfer.ErrBackpressure, "control: limit exceeded")
 	// ErrMissingFD: a message that carries a file descriptor arrived
 	// without one.
-	ErrMissingFD = errors.New("control: file descriptor missing")
+	ErrMissingFD = xfer.Categorized(xfer.ErrInvalid, "control: file descriptor missing")
 	// ErrUnexpectedFD: a file descriptor arrived with a message that takes
 	// none, or more than one arrived.
-	ErrUnexpectedFD = errors.New("control: unexpected file descriptor")
+	ErrUnexpectedFD = xfer.Categorized(xfer.ErrInvalid, "control: unexpected file descriptor")
 	// ErrNotFound: the message names a segment, block or batch that this
 	// connection does not hold.
-	ErrNotFound = errors.New("control: not found")
+	ErrNotFound = xfer.Categorized(xfer.ErrNotFound, "control: not found")
 	// ErrPermission: the peer may not use this daemon, or may not touch the
 	// named resource.
-	ErrPermission = errors.New("control: permission denied")
+	ErrPermission = xfer.Categorized(xfer.ErrPermission, "control: permission denied")
 	// ErrUnavailable: the daemon is draining or closed, or a dependency the
 	// message needs (a file opener, the pool) is not configured.
-	ErrUnavailable = errors.New("control: unavailable")
+	ErrUnavailable = xfer.Categorized(xfer.ErrUnavailable, "control: unavailable")
 	// ErrIdempotencyConflict: an idempotency key was reused with different
 	// arguments or another lane.
-	ErrIdempotencyConflict = errors.New("control: idempotency key reused with different arguments")
+	ErrIdempotencyConflict = xfer.Categorized(xfer.ErrPrecondition, "control: idempotency key reused with different arguments")
 	// ErrTooManyConns: the server is at MaxConns.
-	ErrTooManyConns = errors.New("control: too many connections")
+	ErrTooManyConns = xfer.Categorized(xfer.ErrBackpressure, "control: too many connections")
 	// ErrClosed: the server or client is closed.
-	ErrClosed = errors.New("control: closed")
+	ErrClosed = xfer.Categorized(xfer.ErrUnavailable, "control: closed")
 	// ErrAddrInUse: another daemon is serving on the socket path.
 	ErrAddrInUse = errors.New("control: socket in use by a running daemon")
 	// ErrConfig: a Config value is invalid.
@@ -45,3 +50,7 @@ var (
 	// request (wrong body, wrong number of positional results).
 	ErrProtocol = errors.New("control: protocol violation")
 )
+
+// Code is the status of a call or of one item of a batch call; package
+// status maps an error to it.
+type Code = wire.Code

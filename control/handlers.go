@@ -7,6 +7,7 @@ package control
 import (
 	"context"
 	"fmt"
+	"github.com/tensorcast/tensorcast/status"
 	"log/slog"
 	"syscall"
 	"time"
@@ -173,7 +174,7 @@ func (c *conn) handle() ([]byte, int) {
 	c.fds = c.fds[:0]
 	code := tcproto.CodeOK
 	if err != nil {
-		code = CodeOf(err)
+		code = status.CodeOf(err)
 		lvl := slog.LevelDebug
 		if code == tcproto.CodeINTERNAL {
 			lvl = slog.LevelError

@@ -291,17 +291,6 @@ func (c *conn) releasePeers() {
 	}
 }
 
-// taskCode is codeForState, with the peer plane's errors mapped by the
-// plane.
-func (c *conn) taskCode(st xfer.State, err error) Code {
-	if st == xfer.StateFailed && err != nil && c.s.deps.Peers != nil && CodeOf(err) == tcproto.CodeINTERNAL {
-		if code, ok := c.s.deps.Peers.Code(err); ok {
-			return code
-		}
-	}
-	return codeForState(st, err)
-}
-
 func (c *conn) remoteCount() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

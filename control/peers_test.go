@@ -56,8 +56,6 @@ func (p *fakePlane) Peers() []wire.PeerInfo {
 	return []wire.PeerInfo{{ID: []byte("d2"), Addr: []byte("127.0.0.1:1"), Epoch: 42, Connected: true}}
 }
 
-func (p *fakePlane) Code(error) (Code, bool) { return 0, false }
-
 func withPeers(p PeerPlane, maxNotes int) envOpt {
 	return func(c *Config, d *Deps) {
 		d.Peers = p

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/queue"
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -88,7 +89,7 @@ func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 
 // StreamDone implements xfer.StreamSink: the request's CQE.
 func (q *cqueue) StreamDone(ud uint64, st xfer.State, n uint64, err error) {
-	q.ring.Post(&queue.CQE{UserData: ud, Result: n, Code: uint32(codeForState(st, err)), State: uint8(st)})
+	q.ring.Post(&queue.CQE{UserData: ud, Result: n, Code: uint32(status.ForState(st, err)), State: uint8(st)})
 }
 
 // refuse posts the CQE of an entry refused before it reached the engine.
@@ -238,7 +239,7 @@ func (q *cqueue) submit() bool {
 		res := q.res[:g]
 		n, err := q.st.Submit(q.pend[:g], res)
 		if err != nil {
-			code := CodeOf(err)
+			code := status.CodeOf(err)
 			for _, r := range q.pend {
 				q.refuse(r.UserData, code)
 			}
@@ -247,7 +248,7 @@ func (q *cqueue) submit() bool {
 		}
 		for i, e := range res[:n] {
 			if e != nil {
-				q.refuse(q.pend[i].UserData, CodeOf(e))
+				q.refuse(q.pend[i].UserData, status.CodeOf(e))
 			}
 		}
 		q.pend = q.pend[:copy(q.pend, q.pend[n:])]

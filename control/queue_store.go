@@ -8,6 +8,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/queue"
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -82,7 +83,7 @@ type storeCall struct {
 func newQStore(q *cqueue) (*qstore, Code) {
 	s, ss, err := q.c.session()
 	if err != nil {
-		return nil, CodeOf(err)
+		return nil, status.CodeOf(err)
 	}
 	g := q.ring.Geometry()
 	qs := &qstore{q: q, s: s, ss: ss, maxKeys: min(s.MaxKeysPerCall(), 1<<16-1),
@@ -153,7 +154,7 @@ func (qs *qstore) start(e *queue.SQE) Code {
 	}
 	if op == queue.OpStoreLookupPrefix {
 		k, err := qs.ss.LookupPrefix(keys, e.Flags&queue.SQEFlagPin != 0)
-		code := CodeOf(err)
+		code := status.CodeOf(err)
 		st := xfer.StateCompleted
 		if code != tcproto.CodeOK {
 			st = xfer.StateFailed
@@ -297,7 +298,7 @@ func (qs *qstore) end(c *storeCall) queue.CQE {
 		// refused it (and why: its record says).
 		code = tcproto.CodeFAILED_PRECONDITION
 	default:
-		code = CodeOf(c.err)
+		code = status.CodeOf(c.err)
 	}
 	ok := 0
 	loc := c.op == queue.OpStoreGet || c.op == queue.OpStoreReserve

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -173,7 +174,7 @@ func (c *conn) freeBlocks(m *wire.FreeBlocksRequest) {
 		if err == nil {
 			c.blocks.remove(off)
 		}
-		c.codes = append(c.codes, CodeOf(err))
+		c.codes = append(c.codes, status.CodeOf(err))
 	}
 	wire.SetResponse[wire.FreeBlocksResponse](&c.resp).Codes = c.codes
 }

@@ -4,8 +4,9 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/metrics"
+	"github.com/tensorcast/tensorcast/status"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -57,14 +58,7 @@ func (d *Daemon) MetricsAddr() string {
 
 // errorCode sorts a task's error into the status code a client would see,
 // for the per-transport error counters.
-func (d *Daemon) errorCode(err error) int {
-	if d.peers != nil {
-		if c, ok := d.peers.Code(err); ok {
-			return int(c)
-		}
-	}
-	return int(control.CodeOf(err))
-}
+func (d *Daemon) errorCode(err error) int { return int(status.CodeOf(err)) }
 
 func (d *Daemon) collectTransports(e *metrics.Emit) {
 	for _, t := range d.engine.TransportStats() {
@@ -76,7 +70,7 @@ func (d *Daemon) collectTransports(e *metrics.Emit) {
 		for c, n := range t.Errors {
 			if n != 0 {
 				e.Counter("tensorcast_transport_errors_total", "Requests the transport ended with an error, by the code a client sees.",
-					float64(n), l, metrics.L("code", control.Code(c).String()))
+					float64(n), l, metrics.L("code", wire.Code(c).String()))
 			}
 		}
 		e.LatencyHistogram("tensorcast_transport_latency_seconds", transportLatencyHelp, &t.Latency, l)

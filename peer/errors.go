@@ -1,6 +1,8 @@
 package peer
 
-import "errors"
+import (
+	"github.com/tensorcast/tensorcast/xfer"
+)
 
 // Sentinel errors of package peer. Match them with errors.Is; they are
 // wrapped with detail where they are returned. The control server maps
@@ -9,15 +11,15 @@ import "errors"
 var (
 	// ErrNotFound: no segment is exported under the name (or not to the
 	// asker's tenant), nobody subscribed to it, or the peer is unknown.
-	ErrNotFound = errors.New("peer: not found")
+	ErrNotFound = xfer.Categorized(xfer.ErrNotFound, "peer: not found")
 	// ErrInvalid: a name, rights value or lane is not valid.
-	ErrInvalid = errors.New("peer: invalid argument")
+	ErrInvalid = xfer.Categorized(xfer.ErrInvalid, "peer: invalid argument")
 	// ErrLimit: a notification is larger than wire.MaxNotify, or a
 	// subscriber's queue is full.
-	ErrLimit = errors.New("peer: limit exceeded")
+	ErrLimit = xfer.Categorized(xfer.ErrBackpressure, "peer: limit exceeded")
 	// ErrUnavailable: the plane cannot serve the request now: transport
 	// rdma asked for where there is no RDMA or it cannot carry the
 	// request, the directory cannot answer, a peer did not answer as
 	// itself.
-	ErrUnavailable = errors.New("peer: unavailable")
+	ErrUnavailable = xfer.Categorized(xfer.ErrUnavailable, "peer: unavailable")
 )

@@ -15,29 +15,29 @@ var (
 	// to map or index).
 	ErrInvalidConfig = errors.New("shm: invalid pool config")
 	// ErrInvalidID: a segment id of zero.
-	ErrInvalidID = errors.New("shm: segment id 0")
+	ErrInvalidID = xfer.Categorized(xfer.ErrInvalid, "shm: segment id 0")
 	// ErrInvalidSize: a size of zero (an allocation or a buffer).
-	ErrInvalidSize = errors.New("shm: invalid size")
+	ErrInvalidSize = xfer.Categorized(xfer.ErrInvalid, "shm: invalid size")
 	// ErrTooLarge: an allocation larger than MaxBlock, or a buffer larger
 	// than the caller's limit.
-	ErrTooLarge = errors.New("shm: size too large")
+	ErrTooLarge = xfer.Categorized(xfer.ErrBackpressure, "shm: size too large")
 	// ErrPoolExhausted: no free block of the class and no free slab.
-	ErrPoolExhausted = errors.New("shm: pool exhausted")
+	ErrPoolExhausted = xfer.Categorized(xfer.ErrBackpressure, "shm: pool exhausted")
 	// ErrBadFree: Free of an offset that is not a live block (never
 	// allocated, already freed, or not the start of a block).
-	ErrBadFree = errors.New("shm: free of an unknown or already freed block")
+	ErrBadFree = xfer.Categorized(xfer.ErrNotFound, "shm: free of an unknown or already freed block")
 	// ErrClosed: the pool or buffer is closed (or closing).
 	ErrClosed = fmt.Errorf("shm: %w", xfer.ErrClosed)
 	// ErrNoHugepages: hugepages were required ("on") but could not be had.
 	ErrNoHugepages = errors.New("shm: hugepages unavailable")
 	// ErrNotMappable: a passed fd is neither a memfd nor a regular file
 	// (pipe, socket, device, directory, ...).
-	ErrNotMappable = errors.New("shm: fd is not a memfd or regular file")
+	ErrNotMappable = xfer.Categorized(xfer.ErrInvalid, "shm: fd is not a memfd or regular file")
 	// ErrShortFile: the passed file is shorter than the declared size.
-	ErrShortFile = errors.New("shm: file shorter than the declared size")
+	ErrShortFile = xfer.Categorized(xfer.ErrInvalid, "shm: file shorter than the declared size")
 	// ErrUnsealed: a passed memfd lacks F_SEAL_SHRINK, so its owner could
 	// truncate it under a transfer.
-	ErrUnsealed = errors.New("shm: memfd not sealed against shrinking")
+	ErrUnsealed = xfer.Categorized(xfer.ErrInvalid, "shm: memfd not sealed against shrinking")
 	// ErrNotSupported: this system has no memfd/mmap support for shm. It
 	// also matches xfer.ErrNotSupported.
 	ErrNotSupported = fmt.Errorf("shm: %w", xfer.ErrNotSupported)

@@ -20,51 +20,51 @@ var (
 	ErrClosed = fmt.Errorf("store: %w", xfer.ErrClosed)
 	// ErrBadCall: the call's slices disagree in length, or it carries more
 	// keys than Config.MaxKeysPerCall. Nothing was done.
-	ErrBadCall = errors.New("store: malformed call")
+	ErrBadCall = xfer.Categorized(xfer.ErrInvalid, "store: malformed call")
 	// ErrConfig: a Config or L2 value is out of range.
 	ErrConfig = errors.New("store: invalid config")
 	// ErrNoL2: a durable put on a store without a second tier.
-	ErrNoL2 = errors.New("store: no L2 tier configured")
+	ErrNoL2 = xfer.Categorized(xfer.ErrPrecondition, "store: no L2 tier configured")
 
 	// Per-key errors (the detail behind a key's code).
 
 	// ErrBadKey: a key is empty or longer than Config.MaxKeyLen.
-	ErrBadKey = errors.New("store: key empty or too long")
+	ErrBadKey = xfer.Categorized(xfer.ErrInvalid, "store: key empty or too long")
 	// ErrBadSize: a value of size 0 or over Config.MaxValueSize.
-	ErrBadSize = errors.New("store: value size out of range")
+	ErrBadSize = xfer.Categorized(xfer.ErrInvalid, "store: value size out of range")
 	// ErrShortBuffer: a destination is smaller than the value.
-	ErrShortBuffer = errors.New("store: destination smaller than the value")
+	ErrShortBuffer = xfer.Categorized(xfer.ErrInvalid, "store: destination smaller than the value")
 	// ErrFault: a copy touched memory that is no longer mapped.
-	ErrFault = errors.New("store: memory fault in a copy")
+	ErrFault = xfer.Categorized(xfer.ErrPrecondition, "store: memory fault in a copy")
 	// ErrPinned: the key is pinned (Remove refuses it).
-	ErrPinned = errors.New("store: key is pinned")
+	ErrPinned = xfer.Categorized(xfer.ErrPrecondition, "store: key is pinned")
 	// ErrBusy: the key has a put, a promotion, a writeback or a removal in
 	// flight; try again.
-	ErrBusy = errors.New("store: key busy")
+	ErrBusy = xfer.Categorized(xfer.ErrBusy, "store: key busy")
 	// ErrExists: the key is already stored.
-	ErrExists = errors.New("store: key exists")
+	ErrExists = xfer.Categorized(xfer.ErrAlreadyExists, "store: key exists")
 	// ErrNotFound: the key is not stored.
-	ErrNotFound = errors.New("store: key not found")
+	ErrNotFound = xfer.Categorized(xfer.ErrNotFound, "store: key not found")
 	// ErrNotReserved: a commit or abort of a key this session has not
 	// reserved (or has committed or aborted already).
-	ErrNotReserved = errors.New("store: key not reserved by this session")
+	ErrNotReserved = xfer.Categorized(xfer.ErrPrecondition, "store: key not reserved by this session")
 	// ErrUnderflow: an unpin of a key this session does not hold pinned.
-	ErrUnderflow = errors.New("store: unpin below zero")
+	ErrUnderflow = xfer.Categorized(xfer.ErrPrecondition, "store: unpin below zero")
 	// ErrOverflow: a pin past Config.MaxPins on one key.
-	ErrOverflow = errors.New("store: pin count overflow")
+	ErrOverflow = xfer.Categorized(xfer.ErrBackpressure, "store: pin count overflow")
 	// ErrNotApplied: another key of an all-or-nothing batch (Pin, Unpin)
 	// failed, so this one was not applied either.
-	ErrNotApplied = errors.New("store: batch not applied")
+	ErrNotApplied = xfer.Categorized(xfer.ErrPrecondition, "store: batch not applied")
 	// ErrL1Full: the pool has no room the store may take, even after
 	// evicting what it could.
-	ErrL1Full = errors.New("store: L1 full")
+	ErrL1Full = xfer.Categorized(xfer.ErrBackpressure, "store: L1 full")
 	// ErrReserveLimit: the session holds Config.MaxSessionReserved bytes of
 	// reservations already.
-	ErrReserveLimit = errors.New("store: the session's reservations are at their limit")
+	ErrReserveLimit = xfer.Categorized(xfer.ErrBackpressure, "store: the session's reservations are at their limit")
 	// ErrL2Full: the second tier has no free slot of the needed size.
-	ErrL2Full = errors.New("store: L2 full")
+	ErrL2Full = xfer.Categorized(xfer.ErrBackpressure, "store: L2 full")
 	// ErrNoIO: every I/O slot of the second tier is in use.
-	ErrNoIO = errors.New("store: L2 I/O slots exhausted")
+	ErrNoIO = xfer.Categorized(xfer.ErrBusy, "store: L2 I/O slots exhausted")
 	// ErrCorrupt: a block read from L2 does not match its checksum; the key
 	// is dropped.
 	ErrCorrupt = errors.New("store: L2 block corrupt")

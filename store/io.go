@@ -104,14 +104,10 @@ type ioTask struct {
 	idx       int32
 	sectorOff uint64 // its staging sector
 
-	state atomic.Uint32
-	// owed is 1 from dispatch until the transport's Done or the
-	// submitter's rollback claims the task: exactly one of them does.
-	owed atomic.Uint32
-	// dup is set by a second Done (or one for a task not owned): a
-	// contract violation.
-	dup    atomic.Bool
-	sent   bool   // dispatched (false for a tail the transport refused)
+	// state is the task's stage in the table; who owns it once
+	// dispatched (the transport or this tier) is xt's dispatch ledger
+	// (xfer.Dispatch).
+	state  atomic.Uint32
 	parkN  uint64 // result of a Done during Submit
 	parkE  error
 	kind   uint8
@@ -300,7 +296,7 @@ func (t *tier2) getTask(background bool) *ioTask {
 }
 
 func (t *tier2) freeTask(it *ioTask) {
-	it.kind, it.stage, it.commit, it.drop, it.sent = 0, 0, false, false, false
+	it.kind, it.stage, it.commit, it.drop = 0, 0, false, false
 	it.ss, it.cl, it.err, it.parkE, it.syncErr = nil, nil, nil, nil, nil
 	it.xt.Req = xfer.Request{}
 	it.xt.Local, it.xt.Target = nil, nil
@@ -350,56 +346,33 @@ func (t *tier2) reqSector(it *ioTask, op xfer.Op, fileOff uint64, zero bool) {
 	it.xt.Local, it.xt.Target = t.stage, t.file
 }
 
-// submit hands tasks (their requests filled) to the transport and settles
-// what the dispatched count says: the tail it did not take is rolled back
-// at once by this goroutine, the head by completions (a completion that
-// came during Submit is parked and handled here). A transport that breaks
-// the count contract fails every task of the submit, and what it may still
-// touch is quarantined.
+// submit hands tasks (their requests filled) to the transport through
+// xfer.Dispatch and settles what the dispatched count says: the tail it
+// did not take is rolled back at once by this goroutine, the head by
+// completions (a completion that came during Submit is parked and handled
+// here). A transport that breaks the contract fails every task of the
+// submit, and what it may still touch is quarantined.
 func (t *tier2) submit(its []*ioTask, xts *[]*xfer.Task) error {
 	if len(its) == 0 {
 		return nil
 	}
 	x := (*xts)[:0]
 	for _, it := range its {
-		it.sent = true
-		it.dup.Store(false)
-		it.owed.Store(1)
 		it.state.Store(tsDispatching)
 		x = append(x, &it.xt)
 	}
 	*xts = x
-	n, err := t.tr.Submit(x)
+	d := xfer.Dispatch(t.tr, x)
 	clear(x)
-	if n < 0 || n > len(its) || n < len(its) && err == nil || n == len(its) && err != nil {
-		t.violation(its, fmt.Sprintf("Submit returned %d of %d (err %v)", n, len(its), err))
+	if !d.Kept() {
+		t.violation(its, fmt.Sprintf("%v (Submit returned %d of %d)", d.Broke, d.N, len(its)))
 		return ErrTransport
 	}
-	bad := false
-	for _, it := range its[n:] {
-		if it.owed.CompareAndSwap(1, 0) {
-			it.sent = false // claimed: ours to roll back
-		} else {
-			bad = true
-		}
-	}
-	for _, it := range its[:n] {
-		if it.dup.Load() {
-			bad = true
-		}
-	}
-	if bad {
-		t.violation(its, "a second Done, or a Done for a task Submit did not take")
-		return ErrTransport
-	}
-	if err == nil {
-		err = ErrTransport // unreachable: n < len(its) implies err != nil
-	}
-	for _, it := range its[n:] {
+	for _, it := range its[d.K:] {
 		it.state.Store(tsIdle)
-		t.done(it, err)
+		t.done(it, d.Err)
 	}
-	for _, it := range its[:n] {
+	for _, it := range its[:d.K] {
 		if it.state.CompareAndSwap(tsDispatching, tsPending) {
 			continue
 		}
@@ -417,13 +390,14 @@ func (t *tier2) submitOne(it *ioTask) {
 // TaskDone is the completion of a dispatched task.
 func (it *ioTask) TaskDone(_ *xfer.Task, n uint64, err error) {
 	t := it.t
-	if !it.owed.CompareAndSwap(1, 0) {
+	if c := it.xt.ClaimDone(); c != xfer.DoneOwed {
 		// A second Done, or one for a task the transport did not take or
-		// that was quarantined: nothing of ours is touched. During its
-		// Submit the submitter sees dup and fails the whole submit.
+		// that was quarantined: nothing of ours is touched. One during its
+		// Submit fails the whole submit, which reports it.
 		t.s.c.violations.Add(1)
-		it.dup.Store(true)
-		t.logViolation("Done for a task the transport does not own")
+		if c == xfer.DoneLate {
+			t.logViolation("Done for a task the transport does not own")
+		}
 		return
 	}
 	it.parkN, it.parkE = n, err
@@ -448,7 +422,7 @@ func (t *tier2) violation(its []*ioTask, what string) {
 	t.s.c.violations.Add(1)
 	t.logViolation(what)
 	for _, it := range its {
-		if it.sent && !it.owed.CompareAndSwap(1, 0) {
+		if !it.xt.Reclaim() {
 			// Its Done claimed it and is parking it: wait the few
 			// instructions until it has.
 			for it.state.Load() == tsDispatching {

@@ -114,7 +114,7 @@ func (t *tier2) writeDone(it *ioTask, err error) {
 			return
 		}
 		it.err = err
-		if !it.sent {
+		if it.xt.Undispatched() {
 			t.mu.Lock()
 			t.release(it.slot)
 			t.mu.Unlock()

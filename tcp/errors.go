@@ -1,6 +1,10 @@
 package tcp
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
 
 // Sentinel errors of the TCP transport. Match them with errors.Is. Transfer
 // failures are additionally wrapped so that xfer's sentinels (ErrPermission,
@@ -12,30 +16,30 @@ var (
 	// group or others.
 	ErrKeyFile = errors.New("tcp: unusable cluster key file")
 	// ErrFrame: a peer sent a malformed or oversized frame.
-	ErrFrame = errors.New("tcp: malformed frame")
+	ErrFrame = xfer.Categorized(xfer.ErrUnavailable, "tcp: malformed frame")
 	// ErrProtocol: a peer broke the protocol (unknown request id, a count
 	// that does not match the request, a frame out of sequence, a
 	// flow-control violation).
-	ErrProtocol = errors.New("tcp: protocol violation")
+	ErrProtocol = xfer.Categorized(xfer.ErrUnavailable, "tcp: protocol violation")
 	// ErrAuth: the peer handshake failed authentication (wrong cluster key,
 	// unexpected daemon id).
-	ErrAuth = errors.New("tcp: peer authentication failed")
+	ErrAuth = xfer.Categorized(xfer.ErrUnavailable, "tcp: peer authentication failed")
 	// ErrStaleEpoch: a peer presented an epoch that a newer one replaced.
-	ErrStaleEpoch = errors.New("tcp: stale epoch")
+	ErrStaleEpoch = xfer.Categorized(xfer.ErrUnavailable, "tcp: stale epoch")
 	// ErrRefused: the peer refused the handshake (its reason is logged).
-	ErrRefused = errors.New("tcp: refused by peer")
+	ErrRefused = xfer.Categorized(xfer.ErrUnavailable, "tcp: refused by peer")
 	// ErrUnknownPeer: the directory has no such peer.
-	ErrUnknownPeer = errors.New("tcp: unknown peer")
+	ErrUnknownPeer = xfer.Categorized(xfer.ErrNotFound, "tcp: unknown peer")
 	// ErrBacklog: the peer's queue holds Config.MaxQueued tasks already
 	// (its session is not up, or its window is full); the task was not
 	// sent.
 	ErrBacklog = errors.New("tcp: too many tasks waiting for the peer")
 	// ErrConnLost: the connection carrying a request broke.
-	ErrConnLost = errors.New("tcp: connection lost")
+	ErrConnLost = xfer.Categorized(xfer.ErrUnavailable, "tcp: connection lost")
 	// ErrNotFound: the peer exports no segment of that name.
-	ErrNotFound = errors.New("tcp: segment not found")
+	ErrNotFound = xfer.Categorized(xfer.ErrNotFound, "tcp: segment not found")
 	// ErrNotifyRejected: the target answered a notification negatively.
-	ErrNotifyRejected = errors.New("tcp: notification rejected by target")
+	ErrNotifyRejected = xfer.Categorized(xfer.ErrPrecondition, "tcp: notification rejected by target")
 	// ErrNoHandler: the peer has no exchange handler for the kind asked
 	// for (the feature is off there, or it runs an older daemon).
 	ErrNoHandler = errors.New("tcp: peer has no handler for this exchange")

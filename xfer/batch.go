@@ -46,7 +46,6 @@ type batch struct {
 	mu       sync.Mutex
 	id       BatchID // 0 while the slot is free or retiring
 	gen      uint32
-	seq      uint32 // last submit call number
 	capacity int
 	used     int        // tasks[:used] were submitted
 	tasks    []Task     // len >= capacity; tasks[i].b == this batch
@@ -60,11 +59,6 @@ type batch struct {
 	// task table) is never reused; see retire.
 	tainted bool
 
-	// dispatching is the seq of the Submit call inside Transport.Submit (0
-	// when none); violated is set by a Done that breaks the contract for a
-	// task of that call.
-	dispatching atomic.Uint32
-	violated    atomic.Bool
 	// live counts Waiting and Pending tasks; the Done that brings it to 0
 	// wakes waiters.
 	live atomic.Int64
@@ -103,7 +97,7 @@ func (b *batch) reset(capacity int) {
 			t := &b.tasks[i]
 			t.Req = Request{}
 			t.Local, t.Target, t.tr, t.err = nil, nil, nil, nil
-			t.Tag, t.n, t.seq = 0, 0, 0
+			t.Tag, t.n = 0, 0
 			t.Deadline, t.Notify = time.Time{}, nil
 			t.state.Store(0)
 			t.owed.Store(0)
@@ -113,7 +107,6 @@ func (b *batch) reset(capacity int) {
 	b.used = 0
 	b.live.Store(0)
 	b.owed.Store(0)
-	b.violated.Store(false)
 	b.gen++
 	if b.gen == 0 {
 		b.gen = 1
@@ -128,18 +121,12 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 	start := b.used
 	end := start + len(reqs)
 	b.used = end
-	b.seq++
-	if b.seq == 0 {
-		b.seq = 1
-	}
-	seq := b.seq
 
 	acc := b.scratch[:0]
 	refused := 0
 	for i := range reqs {
 		t := &b.tasks[start+i]
 		t.Req = reqs[i]
-		t.seq = seq
 		t.Deadline = deadline
 		if len(notify) != 0 {
 			t.Notify = notify[i]
@@ -164,28 +151,10 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 	b.live.Add(int64(len(acc)))
 	b.cnt[StateWaiting].Add(int64(len(acc)))
 
-	// Dispatch grouped by transport, each group in request order. rest is
-	// compacted in place: its write index never passes its read index.
-	b.dispatching.Store(seq)
-	bad := false
 	// Every group of the call is metered from the call's clock reading,
 	// the one its deadline was taken from, when the call is sampled.
 	start0 := b.mc.start(b.e, now)
-	for rest := acc; len(rest) > 0; {
-		var tr Transport
-		var grp []*Task
-		tr, grp, rest = nextGroup(rest, b.grp[:0])
-		if !b.dispatch(tr, grp, start0) {
-			bad = true
-		}
-	}
-	b.dispatching.Store(0)
-	if b.violated.Swap(false) && !bad {
-		// A second Done (or a Done for a task it did not take) during
-		// this call; the count violations above were already logged.
-		bad = true
-		b.e.violation(nil, "second Done", len(acc), len(acc))
-	}
+	bad := !dispatchGroups(b, acc, b.grp, start0)
 
 	// Publish what the transports did: tasks still with a transport become
 	// Pending, results parked during dispatch become terminal. After a
@@ -319,45 +288,43 @@ func (t *Task) releaseSegs() {
 
 func inBounds(off, n, size uint64) bool { return off <= size && n <= size-off }
 
-// nextGroup moves the tasks of rest's first transport into grp, in order,
-// and compacts the others in place (the write index never passes the read
-// index); it returns that transport, its group and the others.
-func nextGroup(rest, grp []*Task) (Transport, []*Task, []*Task) {
-	tr := rest[0].tr
-	keep := rest[:0]
-	for _, t := range rest {
-		if t.tr == tr {
-			grp = append(grp, t)
-		} else {
-			keep = append(keep, t)
-		}
-	}
-	return tr, grp, keep
+// groupDispatcher is a batch or a Stream, as dispatchGroups sees it.
+type groupDispatcher interface {
+	// dispatch hands grp, tasks all routed to tr, to it (Dispatch) and
+	// rolls back what tr did not take. It reports false when tr broke the
+	// dispatch contract. start is the call's meter start (0: not
+	// sampled).
+	dispatch(tr Transport, grp []*Task, start int64) bool
 }
 
-// dispatched checks what Transport.Submit returned for a group of size
-// tasks against the contract: k is how many tasks the transport owns now,
-// ok whether it kept the contract, and rerr the error that ends the tasks
-// it did not take (ErrTransport when it broke the contract or gave none).
-func dispatched(n, size int, err error) (k int, ok bool, rerr error) {
-	k, ok = n, true
-	switch {
-	case n < 0:
-		k, ok = 0, false
-	case n > size:
-		k, ok = size, false
-	case n < size && err == nil, n == size && err != nil:
-		ok = false
+// dispatchGroups dispatches the accepted tasks of a submit call through
+// o, one group per transport, each group in request order, with grp as
+// scratch (its capacity at least len(acc)). It reorders acc: the tasks of
+// the transports not yet dispatched are compacted in place (the write
+// index never passes the read index). It reports false when a transport
+// broke the dispatch contract.
+func dispatchGroups(o groupDispatcher, acc, grp []*Task, start int64) bool {
+	kept := true
+	for rest := acc; len(rest) > 0; {
+		tr := rest[0].tr
+		g, others := grp[:0], rest[:0]
+		for _, t := range rest {
+			if t.tr == tr {
+				g = append(g, t)
+			} else {
+				others = append(others, t)
+			}
+		}
+		rest = others
+		if !o.dispatch(tr, g, start) {
+			kept = false
+		}
 	}
-	rerr = err
-	if !ok || rerr == nil {
-		rerr = ErrTransport
-	}
-	return k, ok, rerr
+	return kept
 }
 
 // dispatch hands grp to tr and rolls back what tr did not take. It reports
-// false when tr broke the count contract. start is the call's meter
+// false when tr broke the dispatch contract. start is the call's meter
 // start (0: not sampled).
 func (b *batch) dispatch(tr Transport, grp []*Task, start int64) bool {
 	ms := b.mc.shard(&b.e.meters, tr, b.idx)
@@ -365,7 +332,6 @@ func (b *batch) dispatch(tr Transport, grp []*Task, start int64) bool {
 		if metersOn {
 			t.ms, t.start = ms, start
 		}
-		t.owed.Store(1)
 		t.state.Store(uint32(stateDispatching))
 	}
 	if v := b.cnt[StateWaiting].Add(-int64(len(grp))); invariants.Enabled && v < 0 {
@@ -374,43 +340,33 @@ func (b *batch) dispatch(tr Transport, grp []*Task, start int64) bool {
 	b.cnt[StatePending].Add(int64(len(grp)))
 	b.owed.Add(int64(len(grp)))
 
-	n, err := tr.Submit(grp)
-	k, ok, rerr := dispatched(n, len(grp), err)
-	if !ok {
-		b.e.violation(tr, "dispatch count", n, len(grp))
-	}
+	d := Dispatch(tr, grp)
+	b.e.violation(tr, d, len(grp))
 	refused := 0
-	for _, t := range grp[k:] {
-		if !t.owed.CompareAndSwap(1, 0) {
-			// The transport called Done for a task it did not take; the
-			// Done released the refs and parked the task.
-			if ok {
-				b.e.violation(tr, "done for an undispatched task", n, len(grp))
-			}
-			ok = false
-			continue
+	for _, t := range grp[d.K:] {
+		// A task not given back was ended by a Done that came for it
+		// anyway (d says so): that Done released it and parked it.
+		if t.Undispatched() {
+			refused++
+			b.owed.Add(-1)
+			t.releaseSegs()
+			b.end(t, stateDispatching, StateFailed, d.Err, 0)
 		}
-		refused++
-		t.releaseSegs()
-		b.owed.Add(-1)
-		b.end(t, stateDispatching, StateFailed, rerr, 0)
 	}
 	b.mc.dispatched(len(grp)-refused, refused)
-	return ok
+	return d.Kept()
 }
 
 // end moves t from state from to the terminal state to with result (err,
 // n), updating the counters and waking waiters when the batch goes idle.
 // It reports false when another party ended t first.
 func (b *batch) end(t *Task, from, to State, err error, n uint64) bool {
-	if !t.state.CompareAndSwap(uint32(from), uint32(stateEnding)) {
-		return false
-	}
 	if invariants.Enabled && !to.Terminal() {
 		panic("xfer: invariant: end to a live state")
 	}
-	t.err, t.n = err, n
-	t.state.Store(uint32(to))
+	if !t.finish(from, to, err, n) {
+		return false
+	}
 	if v := b.cnt[StatePending].Add(-1); invariants.Enabled && v < 0 {
 		panic("xfer: invariant: pending task count below zero")
 	}
@@ -424,6 +380,24 @@ func (b *batch) end(t *Task, from, to State, err error, n uint64) bool {
 		panic("xfer: invariant: live task count below zero")
 	}
 	return true
+}
+
+// finish moves t from state from to stateEnding, writes its result and
+// leaves it in state mark. It reports false when another party moved t out
+// of from first.
+func (t *Task) finish(from, mark State, err error, n uint64) bool {
+	if !t.state.CompareAndSwap(uint32(from), uint32(stateEnding)) {
+		return false
+	}
+	t.err, t.n = err, n
+	t.state.Store(uint32(mark))
+	return true
+}
+
+// park keeps the result of a Done during dispatch for the submit call,
+// which publishes it once it has checked the dispatch count.
+func (b *batch) park(t *Task, err error, n uint64) bool {
+	return t.finish(stateDispatching, stateParked, err, n)
 }
 
 func finalState(err error) State {
@@ -470,35 +444,8 @@ func (b *batch) unwait(ch chan struct{}) {
 // task's refs exactly once and ends it, unless a deadline, Abandon or
 // Close ended it first (a late Done then only releases). It takes no lock.
 func (b *batch) TaskDone(t *Task, n uint64, err error) {
-	if !t.owed.CompareAndSwap(1, 0) {
-		// A second Done, or a Done for a task the transport never took.
-		b.e.violations.Add(1)
-		if seq := b.dispatching.Load(); seq != 0 && t.seq == seq {
-			b.violated.Store(true)
-		} else {
-			b.e.log.Error("xfer: transport contract violation: Done for a task it does not own",
-				"transport", transportName(t.tr))
-		}
+	if b.e.done(b, t, n, err) == doneRefused {
 		return
-	}
-	// The meter is read before the task can end: a parked task is metered
-	// by its submit call (which may then reuse it), the others here.
-	ms, start := t.ms, t.start
-	t.releaseSegs()
-	for {
-		if b.end(t, StatePending, finalState(err), err, n) {
-			b.e.ended(ms, start, n, err)
-			break
-		}
-		if t.state.CompareAndSwap(uint32(stateDispatching), uint32(stateEnding)) {
-			t.err, t.n = err, n
-			t.state.Store(uint32(stateParked))
-			break
-		}
-		if s := State(t.state.Load()); s != StatePending && s != stateDispatching {
-			b.e.ended(ms, start, n, err) // ended by a deadline, Abandon or Close: late Done
-			break
-		}
 	}
 	v := b.owed.Add(-1)
 	if v == freedBit {

@@ -579,7 +579,7 @@ func (e *Engine) Outstanding() map[Transport]int {
 		b.mu.Lock()
 		if b.owed.Load()&(freedBit-1) != 0 {
 			for j := range b.tasks[:b.used] {
-				if t := &b.tasks[j]; t.owed.Load() == 1 && t.tr != nil {
+				if t := &b.tasks[j]; t.outstanding() && t.tr != nil {
 					out[t.tr]++
 				}
 			}
@@ -600,12 +600,74 @@ func (e *Engine) recycle(b *batch) {
 	e.mu.Unlock()
 }
 
-// violation records a Transport contract violation.
-func (e *Engine) violation(tr Transport, what string, n, want int) {
-	if tr != nil {
-		// A second Done was already counted by TaskDone.
+// violation records how tr broke the Transport contract in a Submit call
+// of size tasks, if it did. A second Done was counted by the completer
+// that refused it (claimDone).
+func (e *Engine) violation(tr Transport, d Dispatched, size int) {
+	if d.Kept() {
+		return
+	}
+	if d.Broke != SecondDone {
 		e.violations.Add(1)
 	}
 	e.log.Error("xfer: transport contract violation; failing the whole call",
-		"transport", transportName(tr), "violation", what, "n", n, "len", want)
+		"transport", transportName(tr), "violation", d.Broke.String(), "n", d.N, "len", size)
+}
+
+// taskOwner is the owner of an engine task, a batch or a Stream, as the
+// completion path (Engine.done) sees it.
+type taskOwner interface {
+	// end moves t from state from to the terminal state to with result
+	// (err, n). It reports false when another party moved t out of from
+	// first.
+	end(t *Task, from, to State, err error, n uint64) bool
+	// park hands the result of a Done that came while t's submit call
+	// still dispatches it (stateDispatching) to that call. It reports
+	// false when t is no longer in that state.
+	park(t *Task, err error, n uint64) bool
+}
+
+// What Engine.done did with a Done.
+type doneResult uint8
+
+const (
+	doneRefused doneResult = iota // not owed (Task.ClaimDone): touched nothing
+	doneEnded                     // ended the Pending task
+	doneParked                    // parked the result for the submit call
+	doneLate                      // the task had already ended: released it only
+)
+
+// done is the completion path of the tasks of a batch or a Stream: it
+// releases what was taken for t exactly once (the Done the transport owed
+// does it) and ends t with (n, err) through its owner o, or parks the
+// result for its submit call, unless a deadline, Abandon or Close ended t
+// first. A Done that was not owed is counted, and logged unless its
+// Dispatch call reports it.
+func (e *Engine) done(o taskOwner, t *Task, n uint64, err error) doneResult {
+	if c := t.ClaimDone(); c != DoneOwed {
+		e.violations.Add(1)
+		if c == DoneLate {
+			e.log.Error("xfer: transport contract violation: Done for a task it does not own",
+				"transport", transportName(t.tr))
+		}
+		return doneRefused
+	}
+	// The meter is read before the task can end: a parked task is metered
+	// by its submit call, the others here, and once a task has ended its
+	// memory may be taken again.
+	ms, start := t.ms, t.start
+	t.releaseSegs()
+	for {
+		if o.end(t, StatePending, finalState(err), err, n) {
+			e.ended(ms, start, n, err)
+			return doneEnded
+		}
+		if o.park(t, err, n) {
+			return doneParked
+		}
+		if s := State(t.state.Load()); s != StatePending && s != stateDispatching {
+			e.ended(ms, start, n, err) // a late Done
+			return doneLate
+		}
+	}
 }

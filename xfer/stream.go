@@ -209,21 +209,17 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 	}
 	s.live.Add(int64(len(acc)))
 
-	bad := false
 	start0 := s.mc.start(s.e, now) // every group is metered from the call's clock reading, when sampled
-	for rest := acc; len(rest) > 0; {
-		var tr Transport
-		var grp []*Task
-		tr, grp, rest = nextGroup(rest, s.grp[:0])
-		if !s.dispatch(tr, grp, start0) {
-			bad = true
-		}
-	}
+	bad := !dispatchGroups(s, acc, s.grp, start0)
 	// Publish what the transports did: tasks still with a transport become
 	// Pending and get their deadline timer; tasks answered during dispatch
-	// are metered and drop their end's reference.
+	// are metered and drop their end's reference. The tasks are found by
+	// the slots taken, in request order: grouping by transport reordered
+	// acc in place. A slot whose request was refused is free again, and its
+	// task in no state that publishing changes.
 	run := meterRun{start: start0} // tasks whose Done came during dispatch (meter.go)
-	for _, t := range acc {
+	for i := range n {
+		t := &s.tasks[slots[n-1-i]]
 		d := t.Deadline.Sub(now) // read while the task's slot cannot be freed under us
 	publish:
 		for {
@@ -253,44 +249,38 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 }
 
 // dispatch hands grp to tr and ends what tr did not take. It reports false
-// when tr broke the count contract; the tasks it disowned then end Failed
-// with ErrTransport, and their slots are never reused (the transport may
-// still call Done on them).
+// when tr broke the dispatch contract; the tasks it did not take then end
+// Failed with ErrTransport, and their slots are never reused (the
+// transport may still call Done on them).
 func (s *Stream) dispatch(tr Transport, grp []*Task, start int64) bool {
 	ms := s.mc.shard(&s.e.meters, tr, s.shard)
 	for _, t := range grp {
 		if metersOn {
 			t.ms, t.start = ms, start
 		}
-		t.owed.Store(1)
 		s.slots[t.slot].refs.Add(1)
 		t.state.Store(uint32(stateDispatching))
 	}
-	n, err := tr.Submit(grp)
-	k, ok, rerr := dispatched(n, len(grp), err)
-	if !ok {
-		s.e.violation(tr, "dispatch count", n, len(grp))
-	}
+	d := Dispatch(tr, grp)
+	s.e.violation(tr, d, len(grp))
 	refused := 0
-	for _, t := range grp[k:] {
-		if !t.owed.CompareAndSwap(1, 0) {
-			// Done came for a task the transport did not take: that
-			// Done ended the task (the sink heard of it once) and the
-			// meters counted it as a dispatched task.
-			s.e.violation(tr, "done for an undispatched task", n, len(grp))
-			ok = false
+	for _, t := range grp[d.K:] {
+		// A task not given back was ended by a Done that came for it
+		// anyway (d says so): the sink heard of it once, and the meters
+		// counted it as dispatched.
+		if !t.Undispatched() {
 			continue
 		}
 		refused++
 		t.releaseSegs()
-		if ok {
+		if d.Kept() {
 			s.unref(t) // the transport's ref: it never had the task
 		}
-		s.end(t, stateDispatching, StateFailed, rerr, 0)
+		s.end(t, stateDispatching, StateFailed, d.Err, 0)
 		s.unref(t)
 	}
 	s.mc.dispatched(len(grp)-refused, refused)
-	return ok
+	return d.Kept()
 }
 
 // arm starts slot idx's deadline timer, due in d. Timers are made once per
@@ -322,38 +312,23 @@ func (s *Stream) fire(idx uint32) {
 // task's references exactly once and ends it, unless its deadline or Close
 // ended it first (a late Done then only releases).
 func (s *Stream) TaskDone(t *Task, n uint64, err error) {
-	if !t.owed.CompareAndSwap(1, 0) {
-		s.e.violations.Add(1)
-		s.e.log.Error("xfer: transport contract violation: Done for a stream task it does not own",
-			"transport", transportName(t.tr))
+	switch s.e.done(s, t, n, err) {
+	case doneRefused:
 		return
+	case doneEnded:
+		s.unref(t) // the end's
 	}
-	// The meter is read before the task can end: once it has, its slot
-	// may be taken again.
-	ms, start := t.ms, t.start
-	t.releaseSegs()
-	for {
-		if s.end(t, StatePending, finalState(err), err, n) {
-			s.e.ended(ms, start, n, err)
-			s.unref(t)
-			break
-		}
-		// A Done during dispatch (a transport that copies inline) is
-		// answered at once too: its CQE goes out while the rest of the call
-		// is still copying, so the client refills the queue meanwhile. The
-		// task keeps its end's reference: the submitting call meters it
-		// (without an atomic per task) and frees its slot. The dispatch
-		// check still sees it (owed is 0) if the transport then says it
-		// never took the task.
-		if s.endAs(t, stateDispatching, finalState(err), stateAnswered, err, n) {
-			break
-		}
-		if st := State(t.state.Load()); st != StatePending && st != stateDispatching {
-			s.e.ended(ms, start, n, err) // ended by its deadline or Close: a late Done
-			break
-		}
-	}
-	s.unref(t)
+	s.unref(t) // the transport's
+}
+
+// park answers a Done during dispatch (a transport that copies inline) at
+// once too: its CQE goes out while the rest of the call is still copying,
+// so the client refills the queue meanwhile. The task keeps its end's
+// reference: the submitting call meters it (without an atomic per task)
+// and frees its slot. Dispatch still finds the task claimed if the
+// transport then says it never took it.
+func (s *Stream) park(t *Task, err error, n uint64) bool {
+	return s.endAs(t, stateDispatching, finalState(err), stateAnswered, err, n)
 }
 
 // end moves t from state from to the terminal state to and tells the sink.
@@ -366,11 +341,9 @@ func (s *Stream) end(t *Task, from, to State, err error, n uint64) bool {
 // endAs is end, leaving t in state mark (to, or stateAnswered) while it
 // counts and reports terminal state to.
 func (s *Stream) endAs(t *Task, from, to, mark State, err error, n uint64) bool {
-	if !t.state.CompareAndSwap(uint32(from), uint32(stateEnding)) {
+	if !t.finish(from, mark, err, n) {
 		return false
 	}
-	t.err, t.n = err, n
-	t.state.Store(uint32(mark))
 	s.live.Add(-1)
 	s.cnt[to].Add(1)
 	if n != 0 {

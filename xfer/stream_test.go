@@ -455,3 +455,68 @@ func TestStreamDoneThenDisowned(t *testing.T) {
 		t.Fatalf("after a contract violation: took %d, %v", n, err)
 	}
 }
+
+// A Submit whose requests go to two transports dispatches one group per
+// transport; every task is published, so each slot frees once its task
+// ends and the stream goes idle after Close.
+func TestStreamTwoTransports(t *testing.T) {
+	ta := xfertest.New(xfertest.Config{Name: "a"})
+	tb := xfertest.New(xfertest.Config{Name: "b"})
+	f := newFixture(t, xfer.Config{}, xfertest.RouterFunc(func(l, _ xfer.Segment) (xfer.Transport, error) {
+		if l.ID() == 1 {
+			return ta, nil
+		}
+		return tb, nil
+	}))
+	sink := newRecSink(t)
+	s, _ := f.e.NewStream(4, f.reg, sink)
+	reqs := f.streamReqs(4, 0, time.Now().Add(time.Hour))
+	for _, i := range []int{1, 3} {
+		reqs[i].Req.Local, reqs[i].Req.Target = 2, 1
+	}
+	res := make([]error, 4)
+	if n, err := s.Submit(reqs, res); n != 4 || err != nil {
+		t.Fatalf("submit: %d %v", n, err)
+	}
+	if ta.Held() != 2 || tb.Held() != 2 {
+		t.Fatalf("held %d and %d, want 2 and 2", ta.Held(), tb.Held())
+	}
+	ta.Finish()
+	tb.Finish()
+	if sink.count() != 4 {
+		t.Fatalf("%d ends, want 4", sink.count())
+	}
+	if st := s.Stats(); s.Free() != 4 || st.Held != 0 || st.Completed != 4 {
+		t.Fatalf("%d slots free, stats %+v; want 4 free, none held, 4 completed", s.Free(), st)
+	}
+	s.Close(nil)
+	waitIdle(t, s)
+	xfertest.CheckRefs(t, f.a, f.b)
+}
+
+// A transport that ends a task twice inside Submit broke the contract as
+// much as one that miscounts: the task ends once, and the stream takes no
+// more.
+func TestStreamSecondDone(t *testing.T) {
+	tr := xfertest.New(xfertest.Config{Inline: true, Err: func(t *xfer.Task) error {
+		t.Done(t.Req.Length, nil) // the transport then ends it again
+		return nil
+	}})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
+	sink := newRecSink(t)
+	s, _ := f.e.NewStream(4, f.reg, sink)
+	res := make([]error, 2)
+	if n, err := s.Submit(f.streamReqs(2, 0, time.Time{}), res); n != 2 || err != nil {
+		t.Fatalf("submit: took %d, %v", n, err)
+	}
+	if sink.count() != 2 {
+		t.Fatalf("%d ends, want 2", sink.count())
+	}
+	if v := f.e.Stats().Violations; v != 2 {
+		t.Errorf("%d violations counted, want 2 (one a second Done)", v)
+	}
+	if n, err := s.Submit(f.streamReqs(1, 5, time.Time{}), res[:1]); n != 0 || !errors.Is(err, xfer.ErrTransport) {
+		t.Fatalf("after a second Done: took %d, %v", n, err)
+	}
+	xfertest.CheckRefs(t, f.a, f.b)
+}

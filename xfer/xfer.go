@@ -3,7 +3,8 @@
 // task streams that serve a client's queue (Stream), the per-transport
 // meters, and the Transport contract that every data path (local copy,
 // io_uring, tcp, rdma) implements, with the local copy transport itself
-// (Local).
+// (Local), and the caller's side of that contract (Dispatch), through
+// which batches, streams and the store hand tasks to a transport.
 //
 // Everything in this package is plain Go; syscalls and cgo live in the
 // transport packages.
@@ -193,18 +194,17 @@ type Task struct {
 	Notify []byte
 
 	done Completer
+	// owed is the task's dispatch ledger (dispatch.go), whoever
+	// dispatches it: from Dispatch until the transport's Done or the
+	// caller's rollback claims it, and the claim is what releases what was
+	// taken for the task, so that happens exactly once.
+	owed atomic.Uint32
 	// Engine-private bookkeeping (owned by package xfer's engine).
 	state atomic.Uint32
-	// owed is 1 from dispatch until the transport's Done (or the engine's
-	// rollback of an undispatched task) claims it; that claim is what
-	// releases the task's segment refs, so they are released exactly once.
-	owed atomic.Uint32
 	// b is the batch that owns the task; tr the transport it was routed to.
 	// Both are written by the submitting goroutine before dispatch.
 	b  *batch
 	tr Transport
-	// seq is the submit call that dispatched the task (see batch.seq).
-	seq uint32
 	// slot is the task's index in its Stream (stream tasks only).
 	slot uint32
 	// ms is the meter shard of the transport it was dispatched to, start

@@ -9,7 +9,6 @@ import (
 	"sync"
 
 	"github.com/tensorcast/tensorcast/directory"
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/tcp"
@@ -233,22 +232,6 @@ func (p *Plane) Peers() []wire.PeerInfo {
 			BytesIn: s.BytesIn, BytesOut: s.BytesOut, Errors: s.Errors}
 	}
 	return out
-}
-
-// Code maps the plane's own errors (a lost connection, a rejected
-// notification) to the code a client sees; false for errors it does not
-// know.
-func (p *Plane) Code(err error) (wire.Code, bool) {
-	switch {
-	case errors.Is(err, tcp.ErrNotFound), errors.Is(err, tcp.ErrUnknownPeer):
-		return tcproto.CodeNOT_FOUND, true
-	case errors.Is(err, tcp.ErrNotifyRejected):
-		return tcproto.CodeFAILED_PRECONDITION, true
-	case errors.Is(err, tcp.ErrConnLost), errors.Is(err, tcp.ErrAuth), errors.Is(err, tcp.ErrRefused),
-		errors.Is(err, tcp.ErrStaleEpoch), errors.Is(err, tcp.ErrProtocol), errors.Is(err, tcp.ErrFrame):
-		return tcproto.CodeUNAVAILABLE, true
-	}
-	return 0, false
 }
 
 // Member is this daemon as the directory lists it: its id, epoch, peer

@@ -17,6 +17,7 @@ import (
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -142,7 +143,7 @@ func testOverRDMA(t *testing.T, devs *devices) {
 	in.Close()
 	fill(rng, p.wMem(p.src, 1<<20))
 	err := p.d2.transfer(t, []xfer.Request{w}, [][]byte{[]byte("anyone?")}, 10*time.Second)[0]
-	if code, ok := p.d2.p.Code(err); !ok || code != tcproto.CodeFAILED_PRECONDITION {
+	if code := status.CodeOf(err); code != tcproto.CodeFAILED_PRECONDITION {
 		t.Fatalf("notification nobody subscribed to: %v (code %v), want the task failed FAILED_PRECONDITION", err, code)
 	}
 	if !bytes.Equal(p.expMem(0, 1<<20), p.wMem(p.src, 1<<20)) || p.d2.counter(t, "rdma.notify_failed") != 1 {
@@ -379,7 +380,7 @@ func testExportRights(t *testing.T, devs *devices) {
 	wantRemAccessErr(t, postOnLink(t, l, 1<<40+2, kvReg, xfer.Request{Op: xfer.OpRead, Local: poolID, LocalOffset: p.dst, Length: 4096}),
 		"READ with an unexported segment's old keys")
 	err := p.d2.do(t, xfer.Request{Op: xfer.OpRead, Local: poolID, LocalOffset: p.dst, Target: p.kv, Length: 4096})
-	if code, ok := p.d2.p.Code(err); !ok || code != tcproto.CodeNOT_FOUND {
+	if code := status.CodeOf(err); code != tcproto.CodeNOT_FOUND {
 		t.Fatalf("READ of the unexported segment: %v (code %v), want NOT_FOUND from its owner", err, code)
 	}
 	// The link survives the refusals: the read-only export still moves

@@ -1,0 +1,84 @@
+package status_test
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"syscall"
+	"testing"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/status"
+	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Each category maps to its code, wrapped or not, and so does a package's
+// sentinel declared in it.
+func TestCodeOfCategories(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want wire.Code
+	}{
+		{nil, tcproto.CodeOK},
+		{xfer.ErrInvalid, tcproto.CodeINVALID_ARGUMENT},
+		{xfer.ErrNotFound, tcproto.CodeNOT_FOUND},
+		{xfer.ErrAlreadyExists, tcproto.CodeALREADY_EXISTS},
+		{xfer.ErrBusy, tcproto.CodeBUSY},
+		{xfer.ErrBackpressure, tcproto.CodeRESOURCE_EXHAUSTED},
+		{xfer.ErrPrecondition, tcproto.CodeFAILED_PRECONDITION},
+		{xfer.ErrPermission, tcproto.CodePERMISSION_DENIED},
+		{xfer.ErrTimeout, tcproto.CodeDEADLINE_EXCEEDED},
+		{xfer.ErrUnavailable, tcproto.CodeUNAVAILABLE},
+		{xfer.ErrClosed, tcproto.CodeUNAVAILABLE},
+		{xfer.ErrCanceled, tcproto.CodeUNAVAILABLE},
+		{xfer.ErrNotSupported, tcproto.CodeUNAVAILABLE},
+		{xfer.ErrTransport, tcproto.CodeINTERNAL},
+		{errors.New("anything else"), tcproto.CodeINTERNAL},
+		{fmt.Errorf("detail: %w", xfer.ErrBatchBusy), tcproto.CodeBUSY},
+		{xfer.Categorized(xfer.ErrBackpressure, "some: queue full"), tcproto.CodeRESOURCE_EXHAUSTED},
+		{wire.ErrMalformed, tcproto.CodeINVALID_ARGUMENT},
+		{wire.ErrLimit, tcproto.CodeRESOURCE_EXHAUSTED},
+		{&fs.PathError{Op: "open", Path: "/x", Err: syscall.ENOENT}, tcproto.CodeNOT_FOUND},
+		{&fs.PathError{Op: "open", Path: "/x", Err: syscall.EACCES}, tcproto.CodePERMISSION_DENIED},
+		{syscall.EMFILE, tcproto.CodeRESOURCE_EXHAUSTED},
+		{syscall.EINVAL, tcproto.CodeINVALID_ARGUMENT},
+	} {
+		if got := status.CodeOf(c.err); got != c.want {
+			t.Errorf("CodeOf(%v) = %s, want %s", c.err, got, c.want)
+		}
+	}
+}
+
+// A categorized sentinel keeps its own message and identity.
+func TestCategorized(t *testing.T) {
+	e := xfer.Categorized(xfer.ErrNotFound, "pkg: thing not found")
+	if e.Error() != "pkg: thing not found" {
+		t.Errorf("message %q", e.Error())
+	}
+	w := fmt.Errorf("op: %w", e)
+	if !errors.Is(w, e) || !errors.Is(w, xfer.ErrNotFound) || errors.Is(w, xfer.ErrInvalid) {
+		t.Errorf("errors.Is on %v: itself %v, its category %v, another category %v",
+			w, errors.Is(w, e), errors.Is(w, xfer.ErrNotFound), errors.Is(w, xfer.ErrInvalid))
+	}
+}
+
+func TestForState(t *testing.T) {
+	for _, c := range []struct {
+		st   xfer.State
+		err  error
+		want wire.Code
+	}{
+		{xfer.StateCompleted, nil, tcproto.CodeOK},
+		{xfer.StateTimeout, xfer.ErrTimeout, tcproto.CodeDEADLINE_EXCEEDED},
+		{xfer.StatePending, nil, tcproto.CodeDEADLINE_EXCEEDED},
+		{xfer.StateWaiting, nil, tcproto.CodeDEADLINE_EXCEEDED},
+		{xfer.StateCanceled, xfer.ErrCanceled, tcproto.CodeUNAVAILABLE},
+		{xfer.StateFailed, nil, tcproto.CodeINTERNAL},
+		{xfer.StateFailed, xfer.ErrNoSegment, tcproto.CodeNOT_FOUND},
+	} {
+		if got := status.ForState(c.st, c.err); got != c.want {
+			t.Errorf("ForState(%v, %v) = %s, want %s", c.st, c.err, got, c.want)
+		}
+	}
+}
