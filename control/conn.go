@@ -9,19 +9,15 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	flatbuffers "github.com/google/flatbuffers/go"
 	"golang.org/x/sys/unix"
 
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
-	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/session"
 	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
-	"github.com/tensorcast/tensorcast/xfer"
 )
 
 const (
@@ -50,8 +46,9 @@ type cred struct {
 	Groups   []uint32
 }
 
-// conn is one client connection. Everything but the fields under mu is
-// owned by the connection's serving goroutine.
+// conn is one client connection: its framing, fds and idempotency record,
+// owned by the connection's serving goroutine, and its session, which the
+// handlers dispatch to.
 type conn struct {
 	s    *Server
 	uc   *net.UnixConn
@@ -60,11 +57,12 @@ type conn struct {
 	id   uint64
 	log  *slog.Logger
 
-	// tenant is the peer's tenant and pool its pool, set at accept before
-	// serving starts; both nil for root or the daemon's uid let in without
-	// a tenant when the server has tenants (no pool then).
+	// tenant is the peer's tenant, set at accept before serving starts;
+	// nil for root or the daemon's uid let in without a tenant when the
+	// server has tenants (no pool then).
 	tenant *tenant
-	pool   Pool
+	// ss is what the client holds: the handlers' data plane.
+	ss *session.Session
 
 	// Read side: rbuf[rpos:rend] is unread; base is the stream offset of
 	// rbuf[0].
@@ -86,47 +84,10 @@ type conn struct {
 	// fdsLost: fds sent with the current frame were lost (the daemon was
 	// out of fds); the frame is answered RESOURCE_EXHAUSTED.
 	fdsLost bool
-	errs    []error
-	codes   []Code
-	reqs    []xfer.Request
-	offs    []uint64
-	sts     []tcproto.TaskState
-
-	// segGen changes (under mu) whenever a segment is removed from the
-	// maps below, so that a queue's cache of resolved segments knows.
-	segGen atomic.Uint64
-	// mu guards the resources below: the engine may resolve segments from
-	// its own goroutines while the serving goroutine adds or removes them.
-	mu      sync.Mutex
-	buffers map[xfer.SegmentID]Buffer
-	files   map[xfer.SegmentID]FileSegment
-	remotes map[xfer.SegmentID]remote
-
-	// inbox is the queue of the notifications of the exports the
-	// connection subscribed to, which PollNotifications drains.
-	inbox *peer.Inbox
-
-	// pview is the pool as this connection's requests resolve it.
-	pview poolView
-	// st is the connection's store session and scratch (store.go).
-	st connStore
-
-	// Owned by the serving goroutine.
-	blocks  blockSet
-	batches map[BatchID]struct{}
-	// qmu guards queues against stats scrapes; the serving goroutine
-	// owns the map and changes it under qmu.
-	qmu    sync.Mutex
-	queues map[uint64]*cqueue
 	// passFD is an fd this connection made for the answer being sent (a
 	// queue's memfd): closed once the answer is written, -1 when none.
-	passFD  int
-	idem    idemTable
-	exports []*peer.Export // what this connection exported
-	// lingering are unexported pool ranges a peer request still held
-	// when unexport gave up waiting; their blocks are not freed while it
-	// does.
-	lingering []*peer.Export
+	passFD int
+	idem   idemTable
 }
 
 func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
@@ -135,18 +96,13 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 		return nil, err
 	}
 	c := &conn{
-		s:       s,
-		uc:      uc,
-		raw:     raw,
-		id:      s.nextConn.Add(1),
-		oob:     make([]byte, unix.CmsgSpace(oobSize)),
-		b:       flatbuffers.NewBuilder(1024),
-		buffers: make(map[xfer.SegmentID]Buffer),
-		files:   make(map[xfer.SegmentID]FileSegment),
-		remotes: make(map[xfer.SegmentID]remote),
-		batches: make(map[BatchID]struct{}),
-		queues:  make(map[uint64]*cqueue),
-		passFD:  -1,
+		s:      s,
+		uc:     uc,
+		raw:    raw,
+		id:     s.nextConn.Add(1),
+		oob:    make([]byte, unix.CmsgSpace(oobSize)),
+		b:      flatbuffers.NewBuilder(1024),
+		passFD: -1,
 	}
 	if c.cred, err = peerCred(raw); err != nil {
 		return nil, err
@@ -156,9 +112,8 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 			return nil, err
 		}
 	}
-	c.inbox = peer.NewInbox(fmt.Sprintf("connection %d", c.id), s.cfg.Limits.MaxNotifications)
 	c.log = s.log.With("conn", c.id, "pid", c.cred.Pid, "uid", c.cred.Uid)
-	c.pview.blocks, c.pview.log = &c.blocks, c.log
+	c.ss = session.New(s.host, c.id, c.log)
 	c.readFn = c.recvmsg
 	return c, nil
 }
@@ -169,18 +124,8 @@ func (c *conn) setTenant(t *tenant) {
 	if t == nil {
 		return
 	}
-	c.pool = t.Pool
-	c.pview.Pool = t.Pool
 	c.log = c.log.With("tenant", t.Name)
-}
-
-// poolID is the id of the connection's pool, 0 (no segment's) when it has
-// none.
-func (c *conn) poolID() xfer.SegmentID {
-	if c.pool == nil {
-		return 0
-	}
-	return c.pool.ID()
+	c.ss.SetTenant(t.Name, t.Pool, t.Store, c.log)
 }
 
 // refuse answers a connection that will not be served and closes it.
@@ -417,7 +362,7 @@ func (c *conn) readFailed(err error) {
 			slog.Uint64("uid", uint64(c.cred.Uid)), slog.Int("buffered", c.rend-c.rpos),
 			slog.Duration("frame_timeout", c.s.cfg.FrameTimeout))
 		c.uc.SetWriteDeadline(time.Now().Add(c.s.cfg.FrameTimeout)) //nolint:errcheck // best effort
-		c.fail(0, tcproto.CodeDEADLINE_EXCEEDED)
+		c.fail(0, codeDeadlineExceeded)
 		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrUnexpectedFD):
 		c.log.Warn("closing connection: bad frame", "err", err)
@@ -513,25 +458,19 @@ func (c *conn) takeFD() (int, error) {
 	return -1, fmt.Errorf("%w: more than one", ErrUnexpectedFD)
 }
 
-// Resolve implements Resolver scoped to this connection: the pool and the
-// segments this connection registered.
-func (c *conn) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
-	if c.pool != nil && id == c.pool.ID() {
-		return &c.pview, true
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if b, ok := c.buffers[id]; ok {
-		return b, true
-	}
-	if f, ok := c.files[id]; ok {
-		return f, true
-	}
-	if r, ok := c.remotes[id]; ok {
-		return r.seg, true
-	}
-	return nil, false
-}
-
 // errPanic stands for a recovered panic in CodeOf.
 var errPanic = errors.New("control: internal error")
+
+// release frees everything the connection holds: what its session holds
+// (see session.Session.Close), then the fds of frames never served; its
+// idempotency keys may then run afresh on another connection.
+func (c *conn) release() {
+	c.ss.Close()
+	for _, g := range c.groups {
+		closeFDs(g.fds)
+	}
+	c.groups = nil
+	closeFDs(c.fds)
+	c.fds = nil
+	c.s.idem.closed(c.id)
+}

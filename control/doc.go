@@ -3,18 +3,16 @@
 //     which tenant (pool, limits) that user belongs to (server.go, tenant.go);
 //   - the framing of each connection, reads with the fds that come along
 //     (conn.go, conn_linux.go);
-//   - the handlers of the messages that package wire decodes: handlers.go
-//     dispatches, audits and makes mutating calls idempotent by key (idem.go
-//     holds the daemon-wide record); segments and pool blocks
-//     (segment_handlers.go), batches and transfers (batch_handlers.go), peers
-//     (peers.go), the store (store.go), the directory report (directory.go)
-//     and Stats (stats.go);
-//   - the workers that serve the queues clients open (queue.go, with the
-//     store's queue calls in queue_store.go);
-//   - the per-connection resources and their release (resources.go,
-//     poolview.go, release.go).
+//   - the dispatch of the messages that package wire decodes to the
+//     connection's session (package session: what the client holds, and
+//     the data plane it drives), with the audit of mutating calls and
+//     their idempotency by key (handlers.go; idem.go holds the daemon-wide
+//     record);
+//   - the daemon-wide calls: Hello, Stats (stats.go), peers, RDMA and
+//     segments (peerinfo.go) and the directory report (directory.go).
 //
-// What it drives is passed in at construction (Deps): the transfer engine,
-// the pools, the segment registry, the export table (package peer), the
-// peer plane, the directory and the store.
+// What it serves from is passed in at construction (Deps): the transfer
+// engine, the pools, the segment registry, the export table (package
+// peer), the peer plane, the directory and the store; the sessions get
+// theirs through a session.Host.
 package control

@@ -7,48 +7,12 @@ package control
 import (
 	"context"
 	"fmt"
-	"github.com/tensorcast/tensorcast/status"
 	"log/slog"
 	"syscall"
-	"time"
 
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
 )
-
-// mutating reports whether a request changes what the connection holds or
-// moves data; those are audited and idempotent by key.
-func mutating(k wire.RequestKind) bool {
-	switch k {
-	case tcproto.RequestBodyRegisterBufferRequest, tcproto.RequestBodyUnregisterBufferRequest,
-		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
-		tcproto.RequestBodyAllocBatchRequest, tcproto.RequestBodySubmitRequest,
-		tcproto.RequestBodyFreeBatchRequest, tcproto.RequestBodyTransferRequestBody,
-		tcproto.RequestBodyRegisterFileRequest, tcproto.RequestBodyExportSegmentRequest,
-		tcproto.RequestBodyUnexportSegmentRequest, tcproto.RequestBodyOpenRemoteRequest,
-		tcproto.RequestBodyCloseRemoteRequest, tcproto.RequestBodySubscribeRequest,
-		tcproto.RequestBodyOpenQueueRequest, tcproto.RequestBodyCloseQueueRequest,
-		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStoreRemoveRequest, tcproto.RequestBodyStorePinRequest,
-		tcproto.RequestBodyStoreUnpinRequest, tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest,
-		tcproto.RequestBodyStoreAbortRequest:
-		return true
-	}
-	return false
-}
-
-// dataPath reports whether a mutating request is one of the per-transfer
-// calls that are audited below AuditLevel.
-func dataPath(k wire.RequestKind) bool {
-	switch k {
-	case tcproto.RequestBodySubmitRequest, tcproto.RequestBodyTransferRequestBody,
-		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
-		tcproto.RequestBodyAllocBatchRequest, tcproto.RequestBodyFreeBatchRequest,
-		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStorePinRequest, tcproto.RequestBodyStoreUnpinRequest,
-		tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest, tcproto.RequestBodyStoreAbortRequest:
-		return true
-	}
-	return false
-}
 
 // handle serves c.req and returns the answer frame and the fd to pass with
 // it (-1 for none).
@@ -69,7 +33,7 @@ func (c *conn) handle() ([]byte, int) {
 		return c.errorFrame(ErrUnexpectedFD), -1
 	}
 	mut := mutating(kind)
-	keyed := mut && len(m.Ctx.IdempotencyKey) > 0 && kind != tcproto.RequestBodyOpenQueueRequest
+	keyed := mut && len(m.Ctx.IdempotencyKey) > 0 && kind != kindOpenQueue
 	var h uint64
 	if keyed {
 		h = argsHash(c.b, m)
@@ -77,10 +41,10 @@ func (c *conn) handle() ([]byte, int) {
 			closeFDs(c.fds)
 			c.fds = c.fds[:0]
 			if err != nil {
-				c.audit(m, tcproto.CodeFAILED_PRECONDITION, true)
+				c.audit(m, codeFailedPrecondition, true)
 				return c.errorFrame(err), -1
 			}
-			c.audit(m, tcproto.CodeOK, true)
+			c.audit(m, codeOK, true)
 			return c.idemReplay(frame), -1
 		}
 	}
@@ -88,51 +52,55 @@ func (c *conn) handle() ([]byte, int) {
 	c.resp.Reset(m.Ctx.RequestID)
 	fd := -1
 	var err error
+	ss, r, ctx := c.ss, &c.resp, &m.Ctx
 	switch b := m.Body.(type) {
 	case *wire.HelloRequest:
 		c.hello(b)
 	case *wire.PingRequest:
-		wire.SetResponse[wire.PingResponse](&c.resp).Payload = b.Payload
+		wire.SetResponse[wire.PingResponse](r).Payload = b.Payload
 	case *wire.RegisterBufferRequest:
-		err = c.registerBuffer(b)
+		if fd, err = c.takeFD(); err == nil {
+			err = ss.RegisterBuffer(b, fd, r)
+		}
+		fd = -1
 	case *wire.UnregisterBufferRequest:
-		err = c.unregister(b)
+		err = ss.Unregister(b, r)
 	case *wire.PoolInfoRequest:
-		fd, err = c.poolInfo()
+		fd, err = ss.PoolInfo(r)
 	case *wire.AllocBlocksRequest:
-		err = c.allocBlocks(b)
+		err = ss.AllocBlocks(b, r)
 	case *wire.FreeBlocksRequest:
-		c.freeBlocks(b)
+		ss.FreeBlocks(b, r)
 	case *wire.AllocBatchRequest:
-		err = c.allocBatch(b)
+		err = ss.AllocBatch(b, r)
 	case *wire.SubmitRequest:
-		err = c.submit(b)
+		err = ss.Submit(ctx, b, r)
 	case *wire.TaskStatusRequest:
-		err = c.taskStatus(b)
+		err = ss.TaskStatus(b, r)
 	case *wire.BatchStatusRequest:
-		err = c.batchStatus(b)
+		err = ss.BatchStatus(b, r)
 	case *wire.WaitRequest:
-		err = c.waitBatch(b)
+		err = ss.Wait(ctx, b, r)
 	case *wire.FreeBatchRequest:
-		err = c.freeBatch(b)
+		err = ss.FreeBatch(b, r)
 	case *wire.TransferRequestBody:
-		err = c.transfer(b)
+		err = ss.Transfer(ctx, b, r)
 	case *wire.StatsRequest:
 		c.stats()
 	case *wire.RegisterFileRequest:
-		err = c.registerFile(b)
+		err = ss.RegisterFile(b, r)
 	case *wire.ExportSegmentRequest:
-		err = c.exportSegment(b)
+		err = ss.ExportSegment(b, r)
 	case *wire.UnexportSegmentRequest:
-		err = c.unexportSegment(b)
+		err = ss.UnexportSegment(b, r)
 	case *wire.OpenRemoteRequest:
-		err = c.openRemote(b)
+		err = ss.OpenRemote(ctx, b, r)
 	case *wire.CloseRemoteRequest:
-		err = c.closeRemote(b)
+		err = ss.CloseRemote(b, r)
 	case *wire.SubscribeRequest:
-		err = c.subscribe(b)
+		err = ss.Subscribe(b, r)
 	case *wire.PollNotificationsRequest:
-		err = c.pollNotifications(b)
+		err = ss.PollNotifications(ctx, b, r)
 	case *wire.PeersRequest:
 		err = c.peers()
 	case *wire.SegmentsRequest:
@@ -142,41 +110,43 @@ func (c *conn) handle() ([]byte, int) {
 	case *wire.DirectoryRequest:
 		err = c.directoryReport()
 	case *wire.OpenQueueRequest:
-		fd, err = c.openQueue(b)
+		if fd, err = ss.OpenQueue(b, r); err == nil {
+			c.passFD = fd // closed once the answer is sent
+		}
 	case *wire.CloseQueueRequest:
-		err = c.closeQueue(b)
+		err = ss.CloseQueue(b, r)
 	case *wire.StorePutRequest:
-		err = c.storePut(b)
+		err = ss.StorePut(b, r)
 	case *wire.StoreReadRequest:
-		err = c.storeRead(b)
+		err = ss.StoreRead(b, r)
 	case *wire.StoreRemoveRequest:
-		err = c.storeRemove(b)
+		err = ss.StoreRemove(b, r)
 	case *wire.StorePinRequest:
-		err = c.storePin(b)
+		err = ss.StorePin(b, r)
 	case *wire.StoreUnpinRequest:
-		err = c.storeUnpin(b)
+		err = ss.StoreUnpin(b, r)
 	case *wire.StoreReserveRequest:
-		err = c.storeReserve(b)
+		err = ss.StoreReserve(b, r)
 	case *wire.StoreCommitRequest:
-		err = c.storeCommit(b)
+		err = ss.StoreCommit(b, r)
 	case *wire.StoreAbortRequest:
-		err = c.storeAbort(b)
+		err = ss.StoreAbort(b, r)
 	case *wire.StoreStatRequest:
-		err = c.storeStat(b)
+		err = ss.StoreStat(b, r)
 	case *wire.StoreListRequest:
-		err = c.storeList(b)
+		err = ss.StoreList(b, r)
 	case *wire.StoreFlushRequest:
-		err = c.storeFlush(b)
+		err = ss.StoreFlush(b, r)
 	default:
 		err = fmt.Errorf("%w: request body %s is not served", ErrMalformed, kind)
 	}
 	closeFDs(c.fds) // a handler that takes its fd leaves none
 	c.fds = c.fds[:0]
-	code := tcproto.CodeOK
+	code := codeOK
 	if err != nil {
 		code = status.CodeOf(err)
 		lvl := slog.LevelDebug
-		if code == tcproto.CodeINTERNAL {
+		if code == codeInternal {
 			lvl = slog.LevelError
 		}
 		c.log.Log(context.Background(), lvl, "request failed", "kind", kind.String(),
@@ -187,7 +157,7 @@ func (c *conn) handle() ([]byte, int) {
 	if mut {
 		c.audit(m, code, false)
 	}
-	if keyed && code != tcproto.CodeUNAVAILABLE && code != tcproto.CodeINTERNAL {
+	if keyed && code != codeUnavailable && code != codeInternal {
 		c.idemRecord(m, h, out)
 	}
 	return out, fd
@@ -210,16 +180,6 @@ func (c *conn) audit(m *wire.Request, code Code, replay bool) {
 		slog.String("op", m.Kind().String()),
 		slog.String("code", code.String()),
 		slog.Bool("replay", replay))
-}
-
-func (c *conn) deadline(timeoutMS uint32) time.Time {
-	switch {
-	case timeoutMS > 0:
-		return time.Now().Add(time.Duration(timeoutMS) * time.Millisecond)
-	case c.req.Ctx.DeadlineMS > 0:
-		return time.Now().Add(time.Duration(c.req.Ctx.DeadlineMS) * time.Millisecond)
-	}
-	return time.Now().Add(c.s.cfg.DefaultWait)
 }
 
 func (c *conn) hello(m *wire.HelloRequest) {

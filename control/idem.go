@@ -1,12 +1,15 @@
 package control
 
 import (
+	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	flatbuffers "github.com/google/flatbuffers/go"
+
 	"github.com/tensorcast/tensorcast/wire"
 )
 
@@ -250,6 +253,49 @@ func (c *conn) idemRecord(m *wire.Request, hash uint64, out []byte) {
 // with its request id.
 func (c *conn) idemReplay(frame []byte) []byte {
 	out := slices.Clone(frame)
-	tcproto.GetRootAsResponse(out[wire.FrameHeader:], 0).MutateRequestId(c.req.Ctx.RequestID)
+	setRequestID(out, c.req.Ctx.RequestID)
 	return out
+}
+
+// idemEntry is the first answer to a mutating call with an idempotency key.
+type idemEntry struct {
+	hash  uint64
+	frame []byte
+}
+
+// idemTable remembers answers by idempotency key, evicting the oldest.
+type idemTable struct {
+	m     map[string]idemEntry
+	order []string
+}
+
+func (t *idemTable) get(key []byte) (idemEntry, bool) {
+	e, ok := t.m[string(key)]
+	return e, ok
+}
+
+func (t *idemTable) put(key []byte, e idemEntry, limit int) {
+	if t.m == nil {
+		t.m = make(map[string]idemEntry)
+	}
+	k := string(key)
+	if _, ok := t.m[k]; !ok {
+		t.order = append(t.order, k)
+	}
+	t.m[k] = e
+	for len(t.order) > limit {
+		delete(t.m, t.order[0])
+		t.order = t.order[1:]
+	}
+}
+
+// argsHash hashes what makes a mutating call: its kind, lane and
+// arguments (the body's bytes as wire encodes them, equal for equal
+// arguments). It builds in b.
+func argsHash(b *flatbuffers.Builder, m *wire.Request) uint64 {
+	h := fnv.New64a()
+	h.Write(binary.LittleEndian.AppendUint64([]byte{byte(m.Kind())}, uint64(len(m.Ctx.Lane))))
+	h.Write(m.Ctx.Lane)
+	h.Write(wire.EncodeBody(b, m))
+	return h.Sum64()
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testhook"
 	"github.com/tensorcast/tensorcast/queue"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
@@ -554,9 +555,9 @@ func TestStoreQueuePendingAnsweredAfterPublish(t *testing.T) {
 		default:
 		}
 	}
-	testHookPublish.Store(&beforePublish)
-	testHookStoreDone.Store(&storeDone)
-	t.Cleanup(func() { testHookPublish.Store(nil); testHookStoreDone.Store(nil) })
+	testhook.QueuePublish.Store(&beforePublish)
+	testhook.StoreDone.Store(&storeDone)
+	t.Cleanup(func() { testhook.QueuePublish.Store(nil); testhook.StoreDone.Store(nil) })
 	unblocked := false
 	defer func() {
 		if !unblocked {

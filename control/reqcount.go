@@ -3,7 +3,6 @@ package control
 import (
 	"sync/atomic"
 
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
@@ -25,11 +24,7 @@ type RequestCount struct {
 func (s *Server) RequestCounts(dst []RequestCount) []RequestCount {
 	for i := range s.reqs {
 		if n := s.reqs[i].Load(); n != 0 {
-			name, ok := tcproto.EnumNamesRequestBody[tcproto.RequestBody(i)]
-			if !ok {
-				name = "unknown"
-			}
-			dst = append(dst, RequestCount{Kind: name, Count: n})
+			dst = append(dst, RequestCount{Kind: kindName(uint8(i)), Count: n})
 		}
 	}
 	return dst

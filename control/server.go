@@ -15,24 +15,13 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/session"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
-// Limits bound what one connection may hold and send.
-type Limits struct {
-	MaxBuffers         int    // registered buffers and files (default 64)
-	MaxBufferSize      uint64 // bytes of one registered buffer (default 64 GiB)
-	MaxBlocks          int    // pool blocks held (default 65536)
-	MaxBatches         int    // batches held (default 64)
-	MaxBatchCapacity   int    // tasks per batch, and requests per Transfer (default 4096)
-	MaxRequests        int    // requests per Submit (default 4096)
-	MaxIdempotencyKeys int    // remembered idempotency keys, oldest evicted (default 1024)
-	MaxExports         int    // exported segments, opened remote ones and subscriptions (default 64 each)
-	MaxNotifications   int    // queued notifications; a full queue refuses more (default 1024)
-	MaxQueues          int    // shared-memory queues open (default 16)
-	MaxQueueEntries    int    // submission entries of one queue (default 4096; its completion ring may be up to 4x that)
-	MaxQueueData       int    // bytes of one queue's data area (default 4 MiB)
-}
+// Limits bound what one connection may hold and send: its session's
+// limits.
+type Limits = session.Limits
 
 // Config configures a Server. Zero values take the defaults named per field.
 type Config struct {
@@ -188,7 +177,6 @@ type Server struct {
 	idle        chan struct{} // signalled when inflight drops to 0 while draining
 	nconns      atomic.Int64
 	nextConn    atomic.Uint64
-	nextQueue   atomic.Uint64
 	reqs        requestCounts // requests decoded, by kind (reqcount.go)
 
 	// acceptFailing is when the current run of failed accepts began (unix
@@ -208,20 +196,20 @@ type Server struct {
 	// exports is the daemon's export table (Deps.Exports); it has its own
 	// locks.
 	exports *peer.Exports
+	// host is what the connections' sessions share; it has its own lock.
+	host *session.Host
 	// idem binds idempotency keys across connections (idem.go); it has
 	// its own lock.
 	idem *sharedIdem
 
 	// mu guards the fields below.
-	mu     sync.Mutex
-	conns  map[*conn]struct{}
-	perUID map[uint32]int // connections being served, by uid
-	// closedQueues are the counters closed queues left behind.
-	closedQueues QueueTotals
-	closed       bool
-	started      bool
-	stopped      bool // the accept loop returned
-	serveErr     error
+	mu       sync.Mutex
+	conns    map[*conn]struct{}
+	perUID   map[uint32]int // connections being served, by uid
+	closed   bool
+	started  bool
+	stopped  bool // the accept loop returned
+	serveErr error
 }
 
 // NewServer checks cfg and deps, removes a stale socket file, creates the
@@ -238,7 +226,7 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	if deps.MapBuffer == nil {
-		deps.MapBuffer = mapShmBuffer
+		deps.MapBuffer = session.MapShmBuffer
 	}
 	if deps.Exports == nil {
 		deps.Exports = peer.NewExports(nil)
@@ -265,6 +253,12 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 		},
 	}
 	s.needGroups = needGroups(tenants)
+	s.host = &session.Host{
+		Limits: cfg.Limits, MaxFrame: cfg.MaxFrame, DefaultWait: cfg.DefaultWait, ReleaseWait: cfg.ReleaseWait,
+		Engine: deps.Engine, Registry: deps.Registry, MapBuffer: deps.MapBuffer, FileOpener: deps.FileOpener,
+		Exports: deps.Exports, Peers: deps.Peers,
+		Closing: s.closing, Quiesced: s.quiesced, Draining: s.draining.Load,
+	}
 	every := cfg.LogInterval
 	s.logs.setup = newRateLog(log, slog.LevelWarn, "connection setup failed", every)
 	s.logs.denied = newRateLog(log, slog.LevelWarn, "peer refused: not allowed", every)
@@ -467,16 +461,6 @@ func (s *Server) Health() error {
 	return nil
 }
 
-// isClosing reports whether Close has started.
-func (s *Server) isClosing() bool {
-	select {
-	case <-s.closing:
-		return true
-	default:
-		return false
-	}
-}
-
 func (s *Server) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -628,4 +612,19 @@ func (s *Server) Close() error {
 		l.stop()
 	}
 	return err
+}
+
+// QueueTotals are the counters of every queue a server has served.
+type QueueTotals = session.QueueTotals
+
+// QueueTotals folds what closed queues left behind with the open ones'
+// counters. It walks the connections and is meant for scrapes.
+func (s *Server) QueueTotals() QueueTotals {
+	s.mu.Lock()
+	t := s.host.QueueTotals()
+	for c := range s.conns {
+		c.ss.AddQueueTotals(&t)
+	}
+	s.mu.Unlock()
+	return t
 }

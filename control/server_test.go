@@ -410,7 +410,7 @@ func TestIdempotency(t *testing.T) {
 // panicEngine panics in Status, to check a panic costs one request only.
 type panicEngine struct{ Engine }
 
-func (panicEngine) Status(BatchID, int) (TaskStatus, error) { panic("injected") }
+func (panicEngine) Status(xfer.BatchID, int) (xfer.TaskStatus, error) { panic("injected") }
 
 func TestPanicBecomesInternal(t *testing.T) {
 	e := newEnv(t, false, func(_ *Config, d *Deps) { d.Engine = panicEngine{d.Engine} })

@@ -22,25 +22,10 @@ func statsCounters(v any, dst []wire.Counter) []wire.Counter {
 	return dst
 }
 
-// blockClasses returns the pool's block sizes, smallest first, when the
-// pool reports them.
-func blockClasses(p any) []uint64 {
-	s, ok := p.(interface{ Stats() shm.PoolStats })
-	if !ok {
-		return nil
-	}
-	cl := s.Stats().Classes
-	out := make([]uint64, len(cl))
-	for i := range cl {
-		out[i] = cl[i].BlockSize
-	}
-	return out
-}
-
 func (c *conn) stats() {
 	r := wire.SetResponse[wire.StatsResponse](&c.resp)
-	if c.pool != nil {
-		r.Pool = statsCounters(c.pool, nil)
+	if p := c.ss.Pool(); p != nil {
+		r.Pool = statsCounters(p, nil)
 	}
 	if c.tenant == nil || c.s.isAdmin(c.cred.Uid) {
 		r.Pool = c.s.tenantCounters(r.Pool)
@@ -64,15 +49,6 @@ func (c *conn) stats() {
 		wire.Counter{Name: "queue.worker_spins", Value: qt.WorkerSpins},
 		wire.Counter{Name: "queue.worker_prewakes", Value: qt.WorkerPrewakes},
 		wire.Counter{Name: "queue.violations", Value: qt.Violations})
-	r.Connection = []wire.Counter{
-		{Name: "segments", Value: uint64(c.segments())},
-		{Name: "blocks", Value: uint64(c.blocks.len())},
-		{Name: "batches", Value: uint64(len(c.batches))},
-		{Name: "idempotency_keys", Value: uint64(len(c.idem.order))},
-		{Name: "exports", Value: uint64(len(c.exports))},
-		{Name: "remotes", Value: uint64(c.remoteCount())},
-		{Name: "notifications_queued", Value: uint64(c.inbox.Len())},
-	}
-	r.Connection = c.queueCounters(r.Connection)
-	r.Store = c.storeCounters()
+	r.Connection = c.ss.Counters(nil, len(c.idem.order))
+	r.Store = c.ss.StoreFigures()
 }

@@ -44,7 +44,7 @@ type Daemon struct {
 	// watchdog is the WATCHDOG=1 period; zero when systemd wants none.
 	watchdog time.Duration
 
-	// pools are the tenants' pools, in the order of tenantList (one, the
+	// pools are the tenants' pools, in the order of TenantList (one, the
 	// default tenant's, without [[tenants]]); names are the tenants' names.
 	pools []*shm.Pool
 	names []string
@@ -89,9 +89,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}()
 
 	d.reg = xfer.NewRegistry()
-	segs := make([]xfer.MemSegment, 0, len(cfg.tenantList()))
-	for _, t := range cfg.tenantList() {
-		size := cfg.tenantPoolSize(t)
+	segs := make([]xfer.MemSegment, 0, len(cfg.TenantList()))
+	for _, t := range cfg.TenantList() {
+		size := cfg.TenantPoolSize(t)
 		p, err := shm.NewPool(shm.PoolConfig{ID: d.reg.NextID(), Name: t.Name, Size: uint64(size), Hugepages: cfg.Hugepages},
 			log.With("component", "pool", "tenant", t.Name))
 		if err != nil {
@@ -105,7 +105,13 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}
 	d.local = xfer.NewLocal(xfer.LocalConfig{}, log.With("component", "local"))
 	d.files = newFileTier(cfg, segs, log.With("component", "uring"))
-	rt := router{local: d.local, files: d.files}
+	// Memory↔memory requests go to the local transport, those whose target
+	// is a file to the io_uring tier and those whose target is a peer's
+	// segment to the peer plane's transport for it (its rdma link, or tcp).
+	rt := xfer.KindRouter{Mem: d.local}
+	if d.files != nil {
+		rt.File = d.files.transport()
+	}
 	if d.dir, err = openDirectory(cfg, log); err != nil {
 		return nil, err
 	}
@@ -121,7 +127,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		if d.peers, err = newPeerPlane(cfg, d.dir, segs, d.exports, log); err != nil {
 			return nil, err
 		}
-		rt.peers = d.peers
+		rt.Remote = d.peers
 		if d.dir != nil {
 			if err := d.joinDirectory(); err != nil {
 				return nil, err
@@ -347,43 +353,6 @@ func (d *Daemon) PeerAddr() string {
 		return ""
 	}
 	return d.peers.Node().Addr()
-}
-
-// router sends memory↔memory requests to the local transport, requests
-// whose target is a file to the io_uring tier and those whose target is a
-// peer's segment to the peer plane's transport for it (its rdma link, or
-// tcp).
-type router struct {
-	local *xfer.Local
-	files *fileTier
-	peers *plane.Plane // nil without a peer plane
-}
-
-func (r router) Route(local, target xfer.Segment) (xfer.Transport, error) {
-	if _, ok := local.(xfer.MemSegment); !ok {
-		return nil, fmt.Errorf("%w: local side of a request must be memory, not %s", xfer.ErrInvalid, local.Kind())
-	}
-	switch target.Kind() {
-	case xfer.KindPool, xfer.KindClient:
-		return r.local, nil
-	case xfer.KindFile:
-		if r.files != nil {
-			return r.files.transport(), nil
-		}
-	case xfer.KindRemote:
-		if r.peers != nil {
-			return r.peers.Route(local, target), nil
-		}
-	}
-	return nil, fmt.Errorf("%w: no transport for %s segments on this daemon", xfer.ErrNotSupported, target.Kind())
-}
-
-func hostID() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		return "tensorcastd"
-	}
-	return h
 }
 
 // transportCounters are the transports' counters for Stats: the io_uring

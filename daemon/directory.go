@@ -34,7 +34,7 @@ func openDirectory(cfg Config, log *slog.Logger) (*etcd.Dir, error) {
 		Endpoints: cfg.EtcdEndpoints, Prefix: cfg.EtcdPrefix,
 		CAFile: cfg.EtcdCAFile, CertFile: cfg.EtcdCertFile, KeyFile: cfg.EtcdKeyFile,
 		Budget: time.Duration(cfg.StalenessBudget), LeaseTTL: time.Duration(cfg.EtcdLeaseTTL),
-		Self: cfg.DaemonID, Static: static, Log: log, Clock: cfg.clock,
+		Self: cfg.DaemonID, Static: static, Log: log, Clock: cfg.Clock,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("directory = etcd (etcd_endpoints = %v): %w", cfg.EtcdEndpoints, err)

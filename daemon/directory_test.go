@@ -60,7 +60,7 @@ func (e *etcdCluster) withEtcd(listen string, mut func(*Config)) func(*Config) {
 		c.EtcdPrefix = "/t/"
 		c.EtcdLeaseTTL = Duration(time.Second)
 		c.StalenessBudget = Duration(2 * time.Second)
-		c.clock = e.clk.Now
+		c.Clock = e.clk.Now
 		if listen != "" {
 			c.PeerListen = listen
 		}

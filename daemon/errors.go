@@ -1,9 +1,9 @@
 package daemon
 
-import "errors"
+import "github.com/tensorcast/tensorcast/daemon/config"
 
 var (
 	// ErrConfig: a configuration value is invalid; the message names the key
 	// and the value.
-	ErrConfig = errors.New("config")
+	ErrConfig = config.ErrConfig
 )

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -10,15 +9,9 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-)
 
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("bad log level %q", s)
-	}
-	return l, nil
-}
+	"github.com/tensorcast/tensorcast/daemon/config"
+)
 
 // NewLogger builds the daemon's one logger from the config (log_format
 // text or json, log_level); every package gets it (or a child of it)
@@ -27,7 +20,7 @@ func parseLevel(s string) (slog.Level, error) {
 // "<7>" debug to "<3>" error, which journald takes as the entry's level
 // and strips.
 func NewLogger(c Config, w io.Writer, journal bool) *slog.Logger {
-	lvl, err := parseLevel(c.LogLevel)
+	lvl, err := config.ParseLevel(c.LogLevel)
 	if err != nil {
 		lvl = slog.LevelInfo
 	}

@@ -30,7 +30,7 @@ func (d *Daemon) openStore() error {
 	}
 	for i, pool := range d.pools {
 		tlog := log
-		path := d.cfg.storeL2()
+		path := d.cfg.StoreL2()
 		if len(d.cfg.Tenants) > 0 {
 			tlog = log.With("tenant", d.names[i])
 			if path != "" {

@@ -66,11 +66,11 @@
 // tensorcastd opens one store at start-up (daemon/store.go: L1 in its
 // pool, L2 data_dir/store.l2 through the file tier's io_uring transport by
 // default, the store_* config keys) and closes it in the drain after the
-// control server. Each client connection has one Session (control/store.go),
+// control server. Each client connection has one Session (session/store.go),
 // closed with the connection. The socket carries the copying calls and the
 // operator's (wire/store.go); a queue carries Get, Reserve, Commit, Exists,
 // LookupPrefix and Unpin with their keys in its shared memory
-// (control/queue_store.go; the encoding is package queue's), and a call
+// (session/queue_store.go; the encoding is package queue's), and a call
 // that waits for the device ends through its Completion.
 //
 // # Concurrency

@@ -7,7 +7,7 @@ import (
 	"io"
 
 	"github.com/tensorcast/tensorcast/client"
-	"github.com/tensorcast/tensorcast/daemon"
+	"github.com/tensorcast/tensorcast/daemon/config"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
@@ -54,7 +54,7 @@ func configCmd(args []string, w, stderr io.Writer) error {
 		return fmt.Errorf("%w: config check FILE", errUsage)
 	}
 	path := fs.Arg(0)
-	problems, err := daemon.CheckFile(path)
+	problems, err := config.CheckFile(path)
 	if err != nil {
 		return err
 	}

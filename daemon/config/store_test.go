@@ -1,4 +1,4 @@
-package daemon
+package config
 
 import (
 	"path/filepath"
@@ -15,7 +15,7 @@ func TestStoreConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Store != "on" || c.storeL2() != "/srv/tc/store.l2" || c.StoreL2Size != 1<<30 || c.StoreL1Capacity != 0 ||
+	if c.Store != "on" || c.StoreL2() != "/srv/tc/store.l2" || c.StoreL2Size != 1<<30 || c.StoreL1Capacity != 0 ||
 		c.StoreMaxKeysPerCall != 1024 || time.Duration(c.StoreMaxLeaseTTL) != 24*time.Hour {
 		t.Fatalf("defaults: %+v", c.StoreConfig)
 	}
@@ -36,7 +36,7 @@ store_writeback_retries = 0
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.storeL2() != "/mnt/nvme0/kv.l2" || c.StoreL2Size != 64<<30 || c.StoreL1Capacity != 128<<20 || c.StoreHighWatermark != 0.9 ||
+	if c.StoreL2() != "/mnt/nvme0/kv.l2" || c.StoreL2Size != 64<<30 || c.StoreL1Capacity != 128<<20 || c.StoreHighWatermark != 0.9 ||
 		c.StoreLowWatermark != 0.5 || c.StoreMaxKeysPerCall != 4096 || c.StoreWritebackRetries != 0 {
 		t.Fatalf("file: %+v", c.StoreConfig)
 	}
@@ -45,7 +45,7 @@ store_writeback_retries = 0
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.storeL2() != "" || c.StoreL1Capacity != 64<<20 || c.StoreMaxKeysPerCall != 128 {
+	if c.StoreL2() != "" || c.StoreL1Capacity != 64<<20 || c.StoreMaxKeysPerCall != 128 {
 		t.Fatalf("env and flags: %+v", c.StoreConfig)
 	}
 }

@@ -1,4 +1,4 @@
-package daemon
+package config
 
 import (
 	"errors"
@@ -139,7 +139,7 @@ func writeFile(t *testing.T, p, s string) {
 }
 
 func TestShippedExampleConfigLoads(t *testing.T) {
-	c, err := Load([]string{"--config", "../deploy/tensorcastd.toml"}, env(nil))
+	c, err := Load([]string{"--config", "../../deploy/tensorcastd.toml"}, env(nil))
 	if err != nil {
 		t.Fatalf("deploy/tensorcastd.toml: %v", err)
 	}

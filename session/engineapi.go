@@ -1,11 +1,11 @@
-package control
+package session
 
 import (
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// The engine types the server's Engine interface speaks; *xfer.Engine
+// The engine types a session's Engine interface speaks; *xfer.Engine
 // implements it.
 type (
 	BatchID       = xfer.BatchID

@@ -1,4 +1,4 @@
-package daemon
+package config
 
 import (
 	"errors"
@@ -34,11 +34,11 @@ allowed_files = ["/mnt/b"]
 		len(c.DeniedUIDs) != 2 || c.DeniedUIDs[1] != 7 || len(c.Tenants) != 2 {
 		t.Fatalf("loaded %+v", c.AccessConfig)
 	}
-	if c.tenantPoolSize(c.Tenants[0]) != 64<<20 || c.tenantPoolSize(c.Tenants[1]) != c.PoolSize {
-		t.Fatalf("tenant pool sizes %v %v", c.tenantPoolSize(c.Tenants[0]), c.tenantPoolSize(c.Tenants[1]))
+	if c.TenantPoolSize(c.Tenants[0]) != 64<<20 || c.TenantPoolSize(c.Tenants[1]) != c.PoolSize {
+		t.Fatalf("tenant pool sizes %v %v", c.TenantPoolSize(c.Tenants[0]), c.TenantPoolSize(c.Tenants[1]))
 	}
-	if d := Defaults(); len(d.tenantList()) != 1 || d.tenantList()[0].Name != "default" {
-		t.Fatalf("default tenants %+v", d.tenantList())
+	if d := Defaults(); len(d.TenantList()) != 1 || d.TenantList()[0].Name != "default" {
+		t.Fatalf("default tenants %+v", d.TenantList())
 	}
 
 	for _, tc := range []struct {

@@ -1,7 +1,6 @@
-package control
+package session
 
 import (
-	"bytes"
 	"fmt"
 	"slices"
 	"time"
@@ -21,7 +20,9 @@ type remote struct {
 	transport uint8
 }
 
-func (c *conn) exportSegment(m *wire.ExportSegmentRequest) error {
+// ExportSegment exports a range of the session's pool blocks or of a
+// buffer of it to peers, under a name.
+func (c *Session) ExportSegment(m *wire.ExportSegmentRequest, r *wire.Response) error {
 	name := string(m.Name)
 	if err := peer.CheckName(name); err != nil {
 		return err
@@ -29,7 +30,7 @@ func (c *conn) exportSegment(m *wire.ExportSegmentRequest) error {
 	if !peer.ValidRights(m.Rights) {
 		return fmt.Errorf("%w: rights %d", ErrMalformed, m.Rights)
 	}
-	if len(c.exports) >= c.s.cfg.Limits.MaxExports {
+	if len(c.exports) >= c.h.Limits.MaxExports {
 		return fmt.Errorf("%w: %d segments exported", ErrLimit, len(c.exports))
 	}
 	id := xfer.SegmentID(m.Segment)
@@ -52,34 +53,35 @@ func (c *conn) exportSegment(m *wire.ExportSegmentRequest) error {
 		}
 		parent = b
 	}
-	e, err := c.s.exports.Export(name, c.tenantName(), parent, off, n, m.Rights)
+	e, err := c.h.Exports.Export(name, c.tenant, parent, off, n, m.Rights)
 	if err != nil {
 		return err
 	}
 	c.exports = append(c.exports, e)
 	c.log.Info("segment exported", "name", name, "segment", id, "offset", off, "size", n, "rights", m.Rights)
-	wire.SetResponse[wire.ExportSegmentResponse](&c.resp).Size = n
+	wire.SetResponse[wire.ExportSegmentResponse](r).Size = n
 	return nil
 }
 
-func (c *conn) unexportSegment(m *wire.UnexportSegmentRequest) error {
+// UnexportSegment ends one of the session's exports.
+func (c *Session) UnexportSegment(m *wire.UnexportSegmentRequest, r *wire.Response) error {
 	i := slices.IndexFunc(c.exports, func(e *peer.Export) bool { return e.Name() == string(m.Name) })
 	if i < 0 {
 		return fmt.Errorf("%w: this connection exports no %q", ErrNotFound, m.Name)
 	}
 	c.dropExport(i)
-	wire.SetResponse[wire.UnexportSegmentResponse](&c.resp)
+	wire.SetResponse[wire.UnexportSegmentResponse](r)
 	return nil
 }
 
-// dropExport ends c.exports[i] (its subscribers stop receiving, what RDMA
+// dropExport ends s.exports[i] (its subscribers stop receiving, what RDMA
 // registered for it is revoked) after the peer requests still in its
 // range, waiting up to ReleaseWait for them.
-func (c *conn) dropExport(i int) {
+func (c *Session) dropExport(i int) {
 	e := c.exports[i]
 	c.exports = slices.Delete(c.exports, i, i+1)
-	wait := c.s.cfg.ReleaseWait
-	if c.s.isClosing() {
+	wait := c.h.ReleaseWait
+	if c.h.closing() {
 		// The peer plane is closed or closing with the daemon; a request
 		// still inside the range keeps the memory it references alive
 		// (its reference), and a pool range lingers (below).
@@ -96,7 +98,7 @@ func (c *conn) dropExport(i int) {
 
 // exported reports whether an export of c, or an unexported pool range a
 // peer request still holds, overlaps [off, off+n) of seg.
-func (c *conn) exported(seg xfer.SegmentID, off, n uint64) bool {
+func (c *Session) exported(seg xfer.SegmentID, off, n uint64) bool {
 	overlaps := func(e *peer.Export) bool { return e.Overlaps(seg, off, n) }
 	if slices.ContainsFunc(c.exports, overlaps) {
 		return true
@@ -106,7 +108,7 @@ func (c *conn) exported(seg xfer.SegmentID, off, n uint64) bool {
 }
 
 // dropExportsOf unexports everything c exported from segment seg.
-func (c *conn) dropExportsOf(seg xfer.SegmentID) {
+func (c *Session) dropExportsOf(seg xfer.SegmentID) {
 	for i := len(c.exports) - 1; i >= 0; i-- {
 		if c.exports[i].Source() == seg {
 			c.dropExport(i)
@@ -114,45 +116,47 @@ func (c *conn) dropExportsOf(seg xfer.SegmentID) {
 	}
 }
 
-func (c *conn) subscribe(m *wire.SubscribeRequest) error {
-	if n := c.inbox.Subscriptions(); n >= c.s.cfg.Limits.MaxExports {
+// Subscribe subscribes the session to an export's notifications.
+func (c *Session) Subscribe(m *wire.SubscribeRequest, r *wire.Response) error {
+	if n := c.inbox.Subscriptions(); n >= c.h.Limits.MaxExports {
 		return fmt.Errorf("%w: %d subscriptions", ErrLimit, n)
 	}
-	if err := c.s.exports.Subscribe(string(m.Name), c.tenantName(), c.inbox); err != nil {
+	if err := c.h.Exports.Subscribe(string(m.Name), c.tenant, c.inbox); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.SubscribeResponse](&c.resp)
+	wire.SetResponse[wire.SubscribeResponse](r)
 	return nil
 }
 
 // maxPollItems bounds one PollNotifications answer.
 const maxPollItems = 1024
 
-// pollNotifications answers with what the connection's inbox holds,
+// PollNotifications answers with what the session's inbox holds,
 // sleeping until a notification is queued (or the call's deadline, or a
 // drain) when it holds none.
-func (c *conn) pollNotifications(m *wire.PollNotificationsRequest) error {
+func (c *Session) PollNotifications(ctx *wire.Context, m *wire.PollNotificationsRequest, r *wire.Response) error {
 	max := int(m.Max)
 	if max <= 0 || max > maxPollItems {
 		max = maxPollItems
 	}
 	// Keep the answer well inside a frame.
-	budget := c.s.cfg.MaxFrame/2 - 64
-	deadline := c.deadline(m.TimeoutMS)
-	if m.TimeoutMS == 0 && c.req.Ctx.DeadlineMS == 0 {
+	budget := c.h.MaxFrame/2 - 64
+	deadline := c.deadline(ctx, m.TimeoutMS)
+	if m.TimeoutMS == 0 && ctx.DeadlineMS == 0 {
 		deadline = time.Now() // no timeout: do not wait
 	}
-	r := wire.SetResponse[wire.PollNotificationsResponse](&c.resp)
+	a := wire.SetResponse[wire.PollNotificationsResponse](r)
 	for {
-		r.Notifications = c.inbox.Take(r.Notifications, max, budget)
-		if len(r.Notifications) > 0 || c.s.draining.Load() || !c.inbox.Wait(deadline, c.s.quiesced) {
+		a.Notifications = c.inbox.Take(a.Notifications, max, budget)
+		if len(a.Notifications) > 0 || c.h.Draining() || !c.inbox.Wait(deadline, c.h.Quiesced) {
 			return nil
 		}
 	}
 }
 
-func (c *conn) openRemote(m *wire.OpenRemoteRequest) error {
-	pp := c.s.deps.Peers
+// OpenRemote opens a segment of a peer daemon for the session.
+func (c *Session) OpenRemote(ctx *wire.Context, m *wire.OpenRemoteRequest, r *wire.Response) error {
+	pp := c.h.Peers
 	if pp == nil {
 		return fmt.Errorf("%w: no peer plane configured", ErrUnavailable)
 	}
@@ -169,87 +173,37 @@ func (c *conn) openRemote(m *wire.OpenRemoteRequest) error {
 	c.mu.Lock()
 	held := len(c.remotes)
 	c.mu.Unlock()
-	if held >= c.s.cfg.Limits.MaxExports {
+	if held >= c.h.Limits.MaxExports {
 		return fmt.Errorf("%w: %d remote segments open", ErrLimit, held)
 	}
-	rs, err := pp.OpenRemote(OpenContext{Lane: string(c.req.Ctx.Lane), PolicyVersion: c.req.Ctx.PolicyVersion},
+	rs, err := pp.OpenRemote(OpenContext{Lane: string(ctx.Lane), PolicyVersion: ctx.PolicyVersion},
 		peerID, seg, m.Rights, m.Transport)
 	if err != nil {
 		return err
 	}
-	id := c.s.deps.Registry.NextID()
+	id := c.h.Registry.NextID()
 	c.mu.Lock()
 	c.remotes[id] = remote{seg: rs, peer: peerID, name: seg, rights: m.Rights, transport: m.Transport}
 	c.mu.Unlock()
 	c.log.Info("remote segment opened", "peer", peerID, "name", seg, "segment", id, "size", rs.Size(),
 		"epoch", fmt.Sprintf("%#x", rs.Epoch()), "transport", wire.TransportName(m.Transport))
-	*wire.SetResponse[wire.OpenRemoteResponse](&c.resp) = wire.OpenRemoteResponse{Segment: uint64(id), Size: rs.Size(), Epoch: rs.Epoch()}
+	*wire.SetResponse[wire.OpenRemoteResponse](r) = wire.OpenRemoteResponse{Segment: uint64(id), Size: rs.Size(), Epoch: rs.Epoch()}
 	return nil
 }
 
-func (c *conn) closeRemote(m *wire.CloseRemoteRequest) error {
+// CloseRemote closes a remote segment the session opened.
+func (c *Session) CloseRemote(m *wire.CloseRemoteRequest, r *wire.Response) error {
 	id := xfer.SegmentID(m.Segment)
 	c.mu.Lock()
-	r, ok := c.remotes[id]
+	rem, ok := c.remotes[id]
 	delete(c.remotes, id)
 	c.segGen.Add(1)
 	c.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: remote segment %d", ErrNotFound, id)
 	}
-	wire.SetResponse[wire.CloseRemoteResponse](&c.resp)
-	return r.seg.Close()
-}
-
-func (c *conn) peers() error {
-	pp := c.s.deps.Peers
-	if pp == nil {
-		return fmt.Errorf("%w: no peer plane configured", ErrUnavailable)
-	}
-	wire.SetResponse[wire.PeersResponse](&c.resp).Peers = pp.Peers()
-	return nil
-}
-
-// rdmaInfo answers Rdma. It never fails: without a reporter the answer is
-// "off", with the reason; an answer too long for a frame loses peers.
-func (c *conn) rdmaInfo() {
-	r := wire.SetResponse[wire.RDMAResponse](&c.resp)
-	rep := c.s.deps.RDMA
-	if rep == nil {
-		*r = wire.RDMAResponse{State: wire.RDMAOff, Reason: "the daemon reports no RDMA plane"}
-		return
-	}
-	*r = rep.RDMAInfo()
-	if n := r.Fit(c.s.cfg.MaxFrame / 2); n > 0 {
-		c.log.Warn("rdma answer cut short", "peers", len(r.Peers)+n, "sent", len(r.Peers))
-	}
-}
-
-// segmentsList reports the daemon's exported segments and the remote
-// segments its connections opened.
-func (c *conn) segmentsList() {
-	out := c.s.exports.List(nil)
-	c.s.mu.Lock()
-	conns := make([]*conn, 0, len(c.s.conns))
-	for sc := range c.s.conns {
-		conns = append(conns, sc)
-	}
-	c.s.mu.Unlock()
-	for _, sc := range conns {
-		sc.mu.Lock()
-		for id, r := range sc.remotes {
-			out = append(out, wire.SegmentInfo{Name: []byte(r.name), Peer: []byte(r.peer), Segment: uint64(id),
-				Size: r.seg.Size(), Rights: r.rights, Epoch: r.seg.Epoch(), Transport: r.transport})
-		}
-		sc.mu.Unlock()
-	}
-	slices.SortFunc(out, func(a, b wire.SegmentInfo) int {
-		if d := bytes.Compare(a.Peer, b.Peer); d != 0 {
-			return d
-		}
-		return bytes.Compare(a.Name, b.Name)
-	})
-	wire.SetResponse[wire.SegmentsResponse](&c.resp).Segments = out
+	wire.SetResponse[wire.CloseRemoteResponse](r)
+	return rem.seg.Close()
 }
 
 // notifyArgs is the positional Notify of the current Submit or Transfer
@@ -259,7 +213,7 @@ func (c *conn) segmentsList() {
 // the task, which holds its notification until it ends, is still in
 // flight. Whether a request may carry one (a WRITE to a peer's segment)
 // is its transport's to say, at its position.
-func (c *conn) notifyArgs(notify [][]byte) [][]byte {
+func (c *Session) notifyArgs(notify [][]byte) [][]byte {
 	if len(notify) == 0 {
 		return nil
 	}
@@ -276,7 +230,7 @@ func (c *conn) notifyArgs(notify [][]byte) [][]byte {
 // subscriptions, queued notifications, exports (waiting for peer requests
 // in their ranges) and opened remote segments. It runs before the
 // connection's buffers and pool blocks are released.
-func (c *conn) releasePeers() {
+func (c *Session) releasePeers() {
 	c.inbox.Close()
 	for i := len(c.exports) - 1; i >= 0; i-- {
 		c.dropExport(i)
@@ -291,17 +245,19 @@ func (c *conn) releasePeers() {
 	}
 }
 
-func (c *conn) remoteCount() int {
+func (c *Session) remoteCount() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.remotes)
 }
 
-// tenantName is the connection's tenant's name, "" for a connection
-// without one: exports and subscriptions match on it.
-func (c *conn) tenantName() string {
-	if c.tenant == nil {
-		return ""
+// Remotes appends to dst the remote segments the session opened.
+func (c *Session) Remotes(dst []wire.SegmentInfo) []wire.SegmentInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, r := range c.remotes {
+		dst = append(dst, wire.SegmentInfo{Name: []byte(r.name), Peer: []byte(r.peer), Segment: uint64(id),
+			Size: r.seg.Size(), Rights: r.rights, Epoch: r.seg.Epoch(), Transport: r.transport})
 	}
-	return c.tenant.Name
+	return dst
 }

@@ -1,13 +1,15 @@
-package control
+package session
 
 import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testhook"
 	"github.com/tensorcast/tensorcast/queue"
 	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
@@ -30,7 +32,7 @@ const takeMax = 256
 // process's exit rather than unmapping memory a stalled transport might
 // still complete into.
 type cqueue struct {
-	c    *conn
+	c    *Session
 	id   uint64
 	ring *queue.DaemonRing
 	st   *xfer.Stream
@@ -98,7 +100,7 @@ func (q *cqueue) refuse(ud uint64, code Code) {
 }
 
 // newQueue makes a queue of geometry g for c and starts its worker.
-func newQueue(c *conn, id uint64, g queue.Geometry) (*cqueue, int, error) {
+func newQueue(c *Session, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	ring, fd, err := queue.Create(id, g)
 	if err != nil {
 		return nil, -1, err
@@ -107,9 +109,9 @@ func newQueue(c *conn, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	// As many stream slots as completion slots: the ring bounds what is in
 	// flight, and slots of requests ended early (a deadline) stay held
 	// until their transport's Done.
-	q.st, err = c.s.deps.Engine.NewStream(int(g.CQEntries), q, q)
+	q.st, err = c.h.Engine.NewStream(int(g.CQEntries), q, q)
 	if err != nil {
-		closeFDs([]int{fd})
+		unix.Close(fd) //nolint:errcheck // nothing to do about it
 		return nil, -1, errors.Join(err, ring.Release())
 	}
 	q.st.OnFree(ring.Kick)
@@ -122,10 +124,6 @@ func newQueue(c *conn, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	go q.work()
 	return q, fd, nil
 }
-
-// testHookPublish, when set by a test, runs on the worker between
-// preparing the entries it took and publishing sq_head.
-var testHookPublish atomic.Pointer[func()]
 
 // work takes entries until the ring is closed or broken.
 func (q *cqueue) work() {
@@ -145,7 +143,7 @@ func (q *cqueue) work() {
 			continue
 		}
 		q.prepare(q.sqes[:n])
-		if h := testHookPublish.Load(); h != nil {
+		if h := testhook.QueuePublish.Load(); h != nil {
 			(*h)()
 		}
 		q.ring.Publish()
@@ -193,7 +191,7 @@ func (q *cqueue) prepare(sqes []queue.SQE) {
 			q.answers = append(q.answers, queue.CQE{UserData: e.UserData, Code: uint32(code), State: uint8(xfer.StateFailed)})
 			continue
 		}
-		timeout := q.c.s.cfg.DefaultWait
+		timeout := q.c.h.DefaultWait
 		if e.TimeoutUS > 0 {
 			timeout = time.Duration(e.TimeoutUS) * time.Microsecond
 		}
@@ -316,7 +314,7 @@ func submitGroup(reqs []xfer.StreamRequest) int {
 
 func (q *cqueue) closing() bool {
 	select {
-	case <-q.c.s.closing:
+	case <-q.c.h.Closing:
 		return true
 	default:
 	}
@@ -331,10 +329,10 @@ func (q *cqueue) close() {
 		q.ring.Close()
 		<-q.done
 		q.st.Close(fmt.Errorf("%w: queue closed", xfer.ErrCanceled))
-		s := q.c.s
-		s.mu.Lock()
-		q.addTo(&s.closedQueues)
-		s.mu.Unlock()
+		h := q.c.h
+		h.mu.Lock()
+		q.addTo(&h.closedQueues)
+		h.mu.Unlock()
 		go func() {
 			select {
 			case <-q.st.Idle():
@@ -344,17 +342,17 @@ func (q *cqueue) close() {
 				if err := q.ring.Release(); err != nil {
 					q.c.log.Warn("unmapping a closed queue failed", "queue", q.id, "err", err)
 				}
-			case <-q.c.s.closing:
+			case <-q.c.h.Closing:
 			}
 		}()
 	})
 }
 
-// openQueue makes a queue for this connection and returns its memfd for
-// the answer; it is closed once the answer is sent (conn.passFD). OpenQueue
-// is not idempotent by key: an fd cannot be replayed.
-func (c *conn) openQueue(m *wire.OpenQueueRequest) (int, error) {
-	lim := &c.s.cfg.Limits
+// OpenQueue makes a queue for this session and returns its memfd for the
+// answer; the caller closes it once the answer is sent. OpenQueue is not
+// idempotent by key: an fd cannot be replayed.
+func (c *Session) OpenQueue(m *wire.OpenQueueRequest, r *wire.Response) (int, error) {
+	lim := &c.h.Limits
 	if len(c.queues) >= lim.MaxQueues {
 		return -1, fmt.Errorf("%w: %d queues open (max %d)", ErrLimit, len(c.queues), lim.MaxQueues)
 	}
@@ -367,7 +365,7 @@ func (c *conn) openQueue(m *wire.OpenQueueRequest) (int, error) {
 	if err != nil {
 		return -1, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	id := c.s.nextQueue.Add(1)
+	id := c.h.nextQueue.Add(1)
 	q, fd, err := newQueue(c, id, g)
 	if err != nil {
 		return -1, err
@@ -375,15 +373,14 @@ func (c *conn) openQueue(m *wire.OpenQueueRequest) (int, error) {
 	c.qmu.Lock()
 	c.queues[id] = q
 	c.qmu.Unlock()
-	c.passFD = fd
-	*wire.SetResponse[wire.OpenQueueResponse](&c.resp) = wire.OpenQueueResponse{Queue: id,
+	*wire.SetResponse[wire.OpenQueueResponse](r) = wire.OpenQueueResponse{Queue: id,
 		SQEntries: g.SQEntries, CQEntries: g.CQEntries, DataSize: g.DataSize, Size: g.Size}
 	c.log.Debug("queue opened", "queue", id, "sq_entries", g.SQEntries, "cq_entries", g.CQEntries, "data_size", g.DataSize)
 	return fd, nil
 }
 
-// closeQueue closes one of this connection's queues.
-func (c *conn) closeQueue(m *wire.CloseQueueRequest) error {
+// CloseQueue closes one of this session's queues.
+func (c *Session) CloseQueue(m *wire.CloseQueueRequest, r *wire.Response) error {
 	q, ok := c.queues[m.Queue]
 	if !ok {
 		return fmt.Errorf("%w: queue %d", ErrNotFound, m.Queue)
@@ -392,12 +389,12 @@ func (c *conn) closeQueue(m *wire.CloseQueueRequest) error {
 	delete(c.queues, m.Queue)
 	c.qmu.Unlock()
 	q.close()
-	wire.SetResponse[wire.CloseQueueResponse](&c.resp)
+	wire.SetResponse[wire.CloseQueueResponse](r)
 	return nil
 }
 
 // queueCounters are this connection's queues' counters for Stats.
-func (c *conn) queueCounters(dst []wire.Counter) []wire.Counter {
+func (c *Session) queueCounters(dst []wire.Counter) []wire.Counter {
 	var inflight, unreaped, violations uint32
 	var posted, wakes, sleeps uint64
 	for _, q := range c.queues {
@@ -418,7 +415,7 @@ func (c *conn) queueCounters(dst []wire.Counter) []wire.Counter {
 	)
 }
 
-// QueueTotals are the counters of every queue this server has served,
+// QueueTotals are the counters of every queue a server has served,
 // open or closed, for stats and metrics.
 type QueueTotals struct {
 	Open, Opened uint64
@@ -429,25 +426,28 @@ type QueueTotals struct {
 	WorkerPrewakes, Violations                          uint64
 }
 
-// QueueTotals folds what closed queues left behind (closed) with the open
-// ones' counters. It walks the connections and is meant for scrapes.
-func (s *Server) QueueTotals() QueueTotals {
-	s.mu.Lock()
-	t := s.closedQueues
-	for c := range s.conns {
-		c.qmu.Lock()
-		for _, q := range c.queues {
-			q.addTo(&t)
-			inflight, unreaped, _ := q.ring.Counts()
-			t.Open++
-			t.InFlight += uint64(inflight)
-			t.Unreaped += uint64(unreaped)
-		}
-		c.qmu.Unlock()
-	}
-	s.mu.Unlock()
-	t.Opened = s.nextQueue.Load()
+// QueueTotals is what the queues of the sessions closed so far left
+// behind, and how many queues were ever opened; a scrape adds the open
+// ones with AddQueueTotals.
+func (h *Host) QueueTotals() QueueTotals {
+	h.mu.Lock()
+	t := h.closedQueues
+	h.mu.Unlock()
+	t.Opened = h.nextQueue.Load()
 	return t
+}
+
+// AddQueueTotals adds the session's open queues to t.
+func (c *Session) AddQueueTotals(t *QueueTotals) {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	for _, q := range c.queues {
+		q.addTo(t)
+		inflight, unreaped, _ := q.ring.Counts()
+		t.Open++
+		t.InFlight += uint64(inflight)
+		t.Unreaped += uint64(unreaped)
+	}
 }
 
 // addTo adds q's counters to t.

@@ -1,6 +1,6 @@
-package control
+package session
 
-// What a closing connection gives back: release frees its queues, store
+// What a closing session gives back: Close frees its queues, store
 // handles, peers, batches, segments and pool blocks.
 
 import (
@@ -11,11 +11,14 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// release frees everything the connection holds, whatever state it is in:
-// stray fds, batches (abandoning those still busy after ReleaseWait, or at
-// once when the server closes: a drain gave them their time already),
-// registered segments and pool blocks.
-func (c *conn) release() {
+// Close frees everything the session holds, whatever state it is in, in
+// this order: its queues (their workers stopped, what they have in flight
+// ended Canceled with its CQE), its store session, its peers (inbox,
+// exports, remote segments), its batches (abandoning those still busy
+// after ReleaseWait, or at once when the server closes: a drain gave them
+// their time already), its registered segments and its pool blocks. The
+// serving goroutine calls it once, after the last handler.
+func (c *Session) Close() {
 	// Queues first: their workers resolve the segments and blocks released
 	// below, and what they have in flight ends Canceled with its CQE.
 	c.qmu.Lock()
@@ -27,19 +30,13 @@ func (c *conn) release() {
 	}
 	c.closeStore() // its pins, leases and reservations; no queue can use it any more
 	c.releasePeers()
-	for _, g := range c.groups {
-		closeFDs(g.fds)
-	}
-	c.groups = nil
-	closeFDs(c.fds)
-	c.fds = nil
-	e := c.s.deps.Engine
-	deadline := time.Now().Add(c.s.cfg.ReleaseWait)
+	e := c.h.Engine
+	deadline := time.Now().Add(c.h.ReleaseWait)
 	for id := range c.batches {
 		err := e.Free(id)
 		if errors.Is(err, ErrBatchBusy) {
-			if !c.s.isClosing() {
-				c.wait(id, deadline, c.s.closing) //nolint:errcheck // Free below says how it ended
+			if !c.h.closing() {
+				c.wait(id, deadline, c.h.Closing) //nolint:errcheck // Free below says how it ended
 			}
 			err = e.Free(id)
 			if errors.Is(err, ErrBatchBusy) {
@@ -58,7 +55,7 @@ func (c *conn) release() {
 	c.buffers, c.files = map[xfer.SegmentID]Buffer{}, map[xfer.SegmentID]FileSegment{}
 	c.segGen.Add(1)
 	c.mu.Unlock()
-	reg := c.s.deps.Registry
+	reg := c.h.Registry
 	for id, b := range bufs {
 		reg.Remove(id)
 		if err := b.Close(); err != nil {
@@ -94,7 +91,5 @@ func (c *conn) release() {
 		}
 	}
 	c.blocks.reset()
-	// Its keys may run afresh on another connection now.
-	c.s.idem.closed(c.id)
 	c.log.Debug("connection resources released")
 }

@@ -1,4 +1,4 @@
-package control
+package session
 
 // The handlers of segments and pool blocks: RegisterBuffer, RegisterFile,
 // UnregisterBuffer, PoolInfo, AllocBlocks and FreeBlocks.
@@ -7,35 +7,36 @@ import (
 	"fmt"
 	"slices"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-func (c *conn) segments() int {
+func (c *Session) segments() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.buffers) + len(c.files)
 }
 
-func (c *conn) registerBuffer(m *wire.RegisterBufferRequest) error {
-	fd, err := c.takeFD()
-	if err != nil {
-		return err
-	}
-	lim := &c.s.cfg.Limits
+// RegisterBuffer maps the client's memfd fd as a buffer segment of the
+// session. It takes fd, whatever it returns.
+func (c *Session) RegisterBuffer(m *wire.RegisterBufferRequest, fd int, r *wire.Response) error {
+	lim := &c.h.Limits
 	if m.Size == 0 || m.Size > lim.MaxBufferSize {
-		closeFDs([]int{fd})
+		unix.Close(fd) //nolint:errcheck // nothing to do about it
 		return fmt.Errorf("%w: buffer of %d bytes (max %d)", ErrLimit, m.Size, lim.MaxBufferSize)
 	}
 	if c.segments() >= lim.MaxBuffers {
-		closeFDs([]int{fd})
+		unix.Close(fd) //nolint:errcheck // nothing to do about it
 		return fmt.Errorf("%w: %d segments held", ErrLimit, lim.MaxBuffers)
 	}
-	reg := c.s.deps.Registry
+	reg := c.h.Registry
 	id := reg.NextID()
-	buf, err := c.s.deps.MapBuffer(id, fd, m.Size, lim.MaxBufferSize)
+	buf, err := c.h.MapBuffer(id, fd, m.Size, lim.MaxBufferSize)
 	if err != nil {
 		return err
 	}
@@ -46,28 +47,25 @@ func (c *conn) registerBuffer(m *wire.RegisterBufferRequest) error {
 	c.mu.Lock()
 	c.buffers[id] = buf
 	c.mu.Unlock()
-	wire.SetResponse[wire.RegisterBufferResponse](&c.resp).Segment = uint64(id)
+	wire.SetResponse[wire.RegisterBufferResponse](r).Segment = uint64(id)
 	return nil
 }
 
-func (c *conn) registerFile(m *wire.RegisterFileRequest) error {
-	op := c.s.deps.FileOpener
+// RegisterFile opens a file as a segment of the session.
+func (c *Session) RegisterFile(m *wire.RegisterFileRequest, r *wire.Response) error {
+	op := c.h.FileOpener
 	if op == nil {
 		return fmt.Errorf("%w: no file opener configured", ErrUnavailable)
 	}
-	if c.segments() >= c.s.cfg.Limits.MaxBuffers {
-		return fmt.Errorf("%w: %d segments held", ErrLimit, c.s.cfg.Limits.MaxBuffers)
+	if c.segments() >= c.h.Limits.MaxBuffers {
+		return fmt.Errorf("%w: %d segments held", ErrLimit, c.h.Limits.MaxBuffers)
 	}
-	reg := c.s.deps.Registry
+	reg := c.h.Registry
 	id := reg.NextID()
 	var f FileSegment
 	var err error
 	if to, ok := op.(TenantFileOpener); ok {
-		name := ""
-		if c.tenant != nil {
-			name = c.tenant.Name
-		}
-		f, err = to.OpenFileFor(name, id, string(m.Path), m.Direct, m.Size)
+		f, err = to.OpenFileFor(c.tenant, id, string(m.Path), m.Direct, m.Size)
 	} else {
 		f, err = op.OpenFile(id, string(m.Path), m.Direct, m.Size)
 	}
@@ -81,12 +79,13 @@ func (c *conn) registerFile(m *wire.RegisterFileRequest) error {
 	c.mu.Lock()
 	c.files[id] = f
 	c.mu.Unlock()
-	r := wire.SetResponse[wire.RegisterFileResponse](&c.resp)
-	r.Segment, r.Size = uint64(id), f.Size()
+	a := wire.SetResponse[wire.RegisterFileResponse](r)
+	a.Segment, a.Size = uint64(id), f.Size()
 	return nil
 }
 
-func (c *conn) unregister(m *wire.UnregisterBufferRequest) error {
+// Unregister drops a buffer or file segment of the session.
+func (c *Session) Unregister(m *wire.UnregisterBufferRequest, r *wire.Response) error {
 	id := xfer.SegmentID(m.Segment)
 	c.mu.Lock()
 	b, isBuf := c.buffers[id]
@@ -99,8 +98,8 @@ func (c *conn) unregister(m *wire.UnregisterBufferRequest) error {
 		return fmt.Errorf("%w: segment %d", ErrNotFound, id)
 	}
 	c.dropExportsOf(id)
-	c.s.deps.Registry.Remove(id)
-	wire.SetResponse[wire.UnregisterBufferResponse](&c.resp)
+	c.h.Registry.Remove(id)
+	wire.SetResponse[wire.UnregisterBufferResponse](r)
 	if isBuf {
 		return b.Close()
 	}
@@ -110,25 +109,26 @@ func (c *conn) unregister(m *wire.UnregisterBufferRequest) error {
 // errNoPool answers the pool calls of a connection without a tenant.
 var errNoPool = fmt.Errorf("%w: this user is in no tenant, so it has no pool", ErrPermission)
 
-// poolInfo answers with the connection's tenant's pool and passes its memfd:
-// the only pool this client can map.
-func (c *conn) poolInfo() (int, error) {
+// PoolInfo answers with the session's tenant's pool and returns its memfd
+// to pass with the answer: the only pool this client can map.
+func (c *Session) PoolInfo(r *wire.Response) (int, error) {
 	p := c.pool
 	if p == nil {
 		return -1, errNoPool
 	}
-	r := wire.SetResponse[wire.PoolInfoResponse](&c.resp)
-	r.Segment, r.Size, r.BlockClasses = uint64(p.ID()), p.Size(), blockClasses(p)
+	a := wire.SetResponse[wire.PoolInfoResponse](r)
+	a.Segment, a.Size, a.BlockClasses = uint64(p.ID()), p.Size(), blockClasses(p)
 	return p.Fd(), nil
 }
 
-func (c *conn) allocBlocks(m *wire.AllocBlocksRequest) error {
+// AllocBlocks allocates pool blocks to the session.
+func (c *Session) AllocBlocks(m *wire.AllocBlocksRequest, r *wire.Response) error {
 	n := int(m.N)
 	if n == 0 || m.Size == 0 {
 		return fmt.Errorf("%w: %d blocks of %d bytes", ErrMalformed, n, m.Size)
 	}
-	if c.blocks.len()+n > c.s.cfg.Limits.MaxBlocks {
-		return fmt.Errorf("%w: %d blocks held, %d asked (max %d)", ErrLimit, c.blocks.len(), n, c.s.cfg.Limits.MaxBlocks)
+	if c.blocks.len()+n > c.h.Limits.MaxBlocks {
+		return fmt.Errorf("%w: %d blocks held, %d asked (max %d)", ErrLimit, c.blocks.len(), n, c.h.Limits.MaxBlocks)
 	}
 	p := c.pool
 	if p == nil {
@@ -146,11 +146,12 @@ func (c *conn) allocBlocks(m *wire.AllocBlocksRequest) error {
 		}
 		c.blocks.add(off, size)
 	}
-	wire.SetResponse[wire.AllocBlocksResponse](&c.resp).Offsets = offs
+	wire.SetResponse[wire.AllocBlocksResponse](r).Offsets = offs
 	return nil
 }
 
-func (c *conn) freeBlocks(m *wire.FreeBlocksRequest) {
+// FreeBlocks gives pool blocks of the session back, each on its own.
+func (c *Session) FreeBlocks(m *wire.FreeBlocksRequest, r *wire.Response) {
 	c.codes = c.codes[:0]
 	p := c.pool
 	for _, off := range m.Offsets {
@@ -176,5 +177,20 @@ func (c *conn) freeBlocks(m *wire.FreeBlocksRequest) {
 		}
 		c.codes = append(c.codes, status.CodeOf(err))
 	}
-	wire.SetResponse[wire.FreeBlocksResponse](&c.resp).Codes = c.codes
+	wire.SetResponse[wire.FreeBlocksResponse](r).Codes = c.codes
+}
+
+// blockClasses returns the pool's block sizes, smallest first, when the
+// pool reports them.
+func blockClasses(p any) []uint64 {
+	s, ok := p.(interface{ Stats() shm.PoolStats })
+	if !ok {
+		return nil
+	}
+	cl := s.Stats().Classes
+	out := make([]uint64, len(cl))
+	for i := range cl {
+		out[i] = cl[i].BlockSize
+	}
+	return out
 }

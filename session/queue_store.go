@@ -1,4 +1,4 @@
-package control
+package session
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testhook"
 	"github.com/tensorcast/tensorcast/queue"
 	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/store"
@@ -81,7 +82,7 @@ type storeCall struct {
 
 // newQStore makes q's store side, or says why there is none.
 func newQStore(q *cqueue) (*qstore, Code) {
-	s, ss, err := q.c.session()
+	s, ss, err := q.c.storeSession()
 	if err != nil {
 		return nil, status.CodeOf(err)
 	}
@@ -238,7 +239,7 @@ func (qs *qstore) copyKeys(e *queue.SQE, n int) ([][]byte, bool) {
 // resultsRegion resolves a store op's results region: n records at off in
 // a client buffer of this connection, 8-aligned and inside it (the checks
 // of a transfer's local side); the buffer is held until released.
-func (c *conn) resultsRegion(id xfer.SegmentID, off uint64, n int) ([]byte, xfer.Segment, Code) {
+func (c *Session) resultsRegion(id xfer.SegmentID, off uint64, n int) ([]byte, xfer.Segment, Code) {
 	size := uint64(n) * queue.StoreResultSize
 	if off%8 != 0 {
 		return nil, nil, tcproto.CodeINVALID_ARGUMENT
@@ -273,13 +274,10 @@ func (qs *qstore) StoreDone(tag uint64) {
 		qs.q.ring.Post(&cqe)
 		qs.answered(1)
 	}
-	if h := testHookStoreDone.Load(); h != nil {
+	if h := testhook.StoreDone.Load(); h != nil {
 		(*h)()
 	}
 }
-
-// testHookStoreDone, when set by a test, runs at the end of StoreDone.
-var testHookStoreDone atomic.Pointer[func()]
 
 // end writes a call's results into the client's buffer, frees its record
 // and returns its CQE. No call is answered before the worker publishes
@@ -376,5 +374,5 @@ func (qs *qstore) wait(closing <-chan struct{}) bool {
 
 // storeIdle is wait for a queue that may have made no store side.
 func (q *cqueue) storeIdle() bool {
-	return q.store == nil || q.store.wait(q.c.s.closing)
+	return q.store == nil || q.store.wait(q.c.h.Closing)
 }

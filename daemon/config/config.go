@@ -6,12 +6,13 @@
 // metrics endpoint and eBPF views), and the process lifecycle under
 // systemd (READY, WATCHDOG, STOPPING, the bounded drain and the order the
 // parts close in). What each part does is its own package's.
-package daemon
+package config
 
 import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -183,7 +184,7 @@ func (c *Config) Validate() error {
 	case c.LogFormat != "text" && c.LogFormat != "json":
 		return badValue("log_format", c.LogFormat, "must be text or json")
 	}
-	if _, err := parseLevel(c.LogLevel); err != nil {
+	if _, err := ParseLevel(c.LogLevel); err != nil {
 		return badValue("log_level", c.LogLevel, "must be debug, info, warn or error")
 	}
 	for _, p := range c.AllowedFiles {
@@ -533,4 +534,22 @@ func (m *FileMode) UnmarshalText(b []byte) error {
 	}
 	*m = FileMode(v)
 	return nil
+}
+
+// hostID is the default daemon_id: the host's name.
+func hostID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "tensorcastd"
+	}
+	return h
+}
+
+// ParseLevel parses a log_level value.
+func ParseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("bad log level %q", s)
+	}
+	return l, nil
 }

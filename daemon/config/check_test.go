@@ -1,4 +1,4 @@
-package daemon
+package config
 
 import (
 	"path/filepath"
@@ -45,7 +45,7 @@ store_max_keys_per_call = 0
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p := filepath.Join("..", "deploy", "tensorcastd.toml")
+			p := filepath.Join("..", "..", "deploy", "tensorcastd.toml")
 			if tc.body != "" || tc.want != nil {
 				p = filepath.Join(dir, tc.name+".toml")
 				writeFile(t, p, tc.body)

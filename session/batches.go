@@ -1,4 +1,4 @@
-package control
+package session
 
 // The handlers of batches and transfers: AllocBatch, Submit, TaskStatus,
 // BatchStatus, Wait, FreeBatch and the one-shot Transfer, with the checks
@@ -23,24 +23,25 @@ const waitSlice = 250 * time.Millisecond
 // the engine to end what is still live in Timeout; clients allow for it.
 const timeoutGrace = wire.TimeoutGrace
 
-func (c *conn) allocBatch(m *wire.AllocBatchRequest) error {
-	lim := &c.s.cfg.Limits
+// AllocBatch allocates a batch for the session.
+func (c *Session) AllocBatch(m *wire.AllocBatchRequest, r *wire.Response) error {
+	lim := &c.h.Limits
 	if m.Capacity == 0 || int(m.Capacity) > lim.MaxBatchCapacity {
 		return fmt.Errorf("%w: batch capacity %d (max %d)", ErrLimit, m.Capacity, lim.MaxBatchCapacity)
 	}
 	if len(c.batches) >= lim.MaxBatches {
 		return fmt.Errorf("%w: %d batches held", ErrLimit, lim.MaxBatches)
 	}
-	id, err := c.s.deps.Engine.AllocateBatch(int(m.Capacity))
+	id, err := c.h.Engine.AllocateBatch(int(m.Capacity))
 	if err != nil {
 		return err
 	}
 	c.batches[id] = struct{}{}
-	wire.SetResponse[wire.AllocBatchResponse](&c.resp).Batch = uint64(id)
+	wire.SetResponse[wire.AllocBatchResponse](r).Batch = uint64(id)
 	return nil
 }
 
-func (c *conn) ownBatch(batch uint64) (BatchID, error) {
+func (c *Session) ownBatch(batch uint64) (BatchID, error) {
 	id := BatchID(batch)
 	if _, ok := c.batches[id]; !ok {
 		return 0, fmt.Errorf("%w: batch %d", ErrNotFound, id)
@@ -48,12 +49,12 @@ func (c *conn) ownBatch(batch uint64) (BatchID, error) {
 	return id, nil
 }
 
-// stageRequests copies reqs into c.reqs for the engine, each checked by
-// checkRequest: a refused request gets its code in c.codes (OK for the
-// others) and is replaced in c.reqs by its standIn, so that the engine
-// refuses it in its place and positions stay aligned. c.errs is cleared
+// stageRequests copies reqs into s.reqs for the engine, each checked by
+// checkRequest: a refused request gets its code in s.codes (OK for the
+// others) and is replaced in s.reqs by its standIn, so that the engine
+// refuses it in its place and positions stay aligned. s.errs is cleared
 // for the engine's results.
-func (c *conn) stageRequests(reqs []xfer.Request) {
+func (c *Session) stageRequests(reqs []xfer.Request) {
 	n := len(reqs)
 	c.reqs = append(c.reqs[:0], reqs...)
 	c.codes = slices.Grow(c.codes[:0], n)[:n]
@@ -71,7 +72,7 @@ func (c *conn) stageRequests(reqs []xfer.Request) {
 // checkRequest says whether this connection may make q: both its sides
 // (local first) pass mayTouch, and its op is a read or a write
 // (INVALID_ARGUMENT).
-func (c *conn) checkRequest(q *xfer.Request) Code {
+func (c *Session) checkRequest(q *xfer.Request) Code {
 	code := c.mayTouch(q.Local, q.LocalOffset, q.Length)
 	if code == tcproto.CodeOK {
 		code = c.mayTouch(q.Target, q.TargetOffset, q.Length)
@@ -86,7 +87,7 @@ func (c *conn) checkRequest(q *xfer.Request) Code {
 // (INVALID_ARGUMENT); in the pool, they lie within the connection's own
 // blocks (PERMISSION_DENIED); any other segment is one the connection can
 // resolve (NOT_FOUND), and they lie within it (INVALID_ARGUMENT).
-func (c *conn) mayTouch(id xfer.SegmentID, off, n uint64) Code {
+func (c *Session) mayTouch(id xfer.SegmentID, off, n uint64) Code {
 	if n == 0 {
 		return tcproto.CodeINVALID_ARGUMENT
 	}
@@ -111,26 +112,27 @@ func (c *conn) mayTouch(id xfer.SegmentID, off, n uint64) Code {
 // refuses it at q's position without touching anything.
 func standIn(q xfer.Request) xfer.Request { return xfer.Request{Op: q.Op} }
 
-func (c *conn) submitOpts() SubmitOptions {
+func (c *Session) submitOpts(ctx *wire.Context) SubmitOptions {
 	var d time.Time
-	if c.req.Ctx.DeadlineMS > 0 {
-		d = time.Now().Add(time.Duration(c.req.Ctx.DeadlineMS) * time.Millisecond)
+	if ctx.DeadlineMS > 0 {
+		d = time.Now().Add(time.Duration(ctx.DeadlineMS) * time.Millisecond)
 	}
 	return SubmitOptions{Deadline: d, Resolver: c}
 }
 
-func (c *conn) submit(m *wire.SubmitRequest) error {
+// Submit submits requests to one of the session's batches.
+func (c *Session) Submit(ctx *wire.Context, m *wire.SubmitRequest, r *wire.Response) error {
 	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	if len(m.Requests) > c.s.cfg.Limits.MaxRequests {
-		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, len(m.Requests), c.s.cfg.Limits.MaxRequests)
+	if len(m.Requests) > c.h.Limits.MaxRequests {
+		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, len(m.Requests), c.h.Limits.MaxRequests)
 	}
 	c.stageRequests(m.Requests)
-	opts := c.submitOpts()
+	opts := c.submitOpts(ctx)
 	opts.Notify = c.notifyArgs(m.Notify)
-	if err := c.s.deps.Engine.Submit(id, c.reqs, opts, c.errs); err != nil {
+	if err := c.h.Engine.Submit(id, c.reqs, opts, c.errs); err != nil {
 		return err
 	}
 	for i := range c.codes {
@@ -138,16 +140,17 @@ func (c *conn) submit(m *wire.SubmitRequest) error {
 			c.codes[i] = status.CodeOf(c.errs[i])
 		}
 	}
-	wire.SetResponse[wire.SubmitResponse](&c.resp).Codes = c.codes
+	wire.SetResponse[wire.SubmitResponse](r).Codes = c.codes
 	return nil
 }
 
-func (c *conn) taskStatus(m *wire.TaskStatusRequest) error {
+// TaskStatus reports one task of one of the session's batches.
+func (c *Session) TaskStatus(m *wire.TaskStatusRequest, r *wire.Response) error {
 	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	st, err := c.s.deps.Engine.Status(id, int(m.Index))
+	st, err := c.h.Engine.Status(id, int(m.Index))
 	if err != nil {
 		return err
 	}
@@ -155,39 +158,40 @@ func (c *conn) taskStatus(m *wire.TaskStatusRequest) error {
 	if st.State.Terminal() {
 		code = status.ForState(st.State, st.Err)
 	}
-	*wire.SetResponse[wire.TaskStatusResponse](&c.resp) = wire.TaskStatusResponse{
+	*wire.SetResponse[wire.TaskStatusResponse](r) = wire.TaskStatusResponse{
 		State: tcproto.TaskState(st.State), Transferred: st.Transferred, Code: code}
 	return nil
 }
 
-func summaryFrom(s BatchSummary) wire.Summary {
-	return wire.Summary{Total: uint32(s.Total), Waiting: uint32(s.Waiting), Pending: uint32(s.Pending),
-		Completed: uint32(s.Completed), Failed: uint32(s.Failed), Timeout: uint32(s.Timeout), Canceled: uint32(s.Canceled),
-		Transferred: s.Transferred}
+func summaryFrom(b BatchSummary) wire.Summary {
+	return wire.Summary{Total: uint32(b.Total), Waiting: uint32(b.Waiting), Pending: uint32(b.Pending),
+		Completed: uint32(b.Completed), Failed: uint32(b.Failed), Timeout: uint32(b.Timeout), Canceled: uint32(b.Canceled),
+		Transferred: b.Transferred}
 }
 
-func (c *conn) batchStatus(m *wire.BatchStatusRequest) error {
+// BatchStatus reports one of the session's batches.
+func (c *Session) BatchStatus(m *wire.BatchStatusRequest, r *wire.Response) error {
 	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	s, err := c.s.deps.Engine.BatchStatus(id)
+	sum, err := c.h.Engine.BatchStatus(id)
 	if err != nil {
 		return err
 	}
-	wire.SetResponse[wire.BatchStatusResponse](&c.resp).Summary = summaryFrom(s)
+	wire.SetResponse[wire.BatchStatusResponse](r).Summary = summaryFrom(sum)
 	return nil
 }
 
 // wait waits for batch id until deadline, in slices so a closing server
 // is noticed. Running out of time is not an error: the summary says what is
 // still live.
-func (c *conn) wait(id BatchID, deadline time.Time, closing <-chan struct{}) (BatchSummary, error) {
-	e := c.s.deps.Engine
+func (c *Session) wait(id BatchID, deadline time.Time, closing <-chan struct{}) (BatchSummary, error) {
+	e := c.h.Engine
 	for {
 		step := deadline
-		if s := time.Now().Add(waitSlice); s.Before(step) {
-			step = s
+		if t := time.Now().Add(waitSlice); t.Before(step) {
+			step = t
 		}
 		sum, err := e.Wait(id, step)
 		if err != nil && !errors.Is(err, xfer.ErrTimeout) {
@@ -207,45 +211,47 @@ func (c *conn) wait(id BatchID, deadline time.Time, closing <-chan struct{}) (Ba
 	}
 }
 
-func (c *conn) waitBatch(m *wire.WaitRequest) error {
+// Wait waits for one of the session's batches.
+func (c *Session) Wait(ctx *wire.Context, m *wire.WaitRequest, r *wire.Response) error {
 	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	s, err := c.wait(id, c.deadline(m.TimeoutMS), c.s.closing)
+	sum, err := c.wait(id, c.deadline(ctx, m.TimeoutMS), c.h.Closing)
 	if err != nil {
 		return err
 	}
-	wire.SetResponse[wire.WaitResponse](&c.resp).Summary = summaryFrom(s)
+	wire.SetResponse[wire.WaitResponse](r).Summary = summaryFrom(sum)
 	return nil
 }
 
-func (c *conn) freeBatch(m *wire.FreeBatchRequest) error {
+// FreeBatch frees one of the session's batches.
+func (c *Session) FreeBatch(m *wire.FreeBatchRequest, r *wire.Response) error {
 	id, err := c.ownBatch(m.Batch)
 	if err != nil {
 		return err
 	}
-	if err := c.s.deps.Engine.Free(id); err != nil {
+	if err := c.h.Engine.Free(id); err != nil {
 		return err
 	}
 	delete(c.batches, id)
-	wire.SetResponse[wire.FreeBatchResponse](&c.resp)
+	wire.SetResponse[wire.FreeBatchResponse](r)
 	return nil
 }
 
-// transfer is the one-shot call: allocate a batch, submit, wait, free.
-func (c *conn) transfer(m *wire.TransferRequestBody) error {
+// Transfer is the one-shot call: allocate a batch, submit, wait, free.
+func (c *Session) Transfer(ctx *wire.Context, m *wire.TransferRequestBody, r *wire.Response) error {
 	n := len(m.Requests)
-	if n > c.s.cfg.Limits.MaxBatchCapacity {
-		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, n, c.s.cfg.Limits.MaxBatchCapacity)
+	if n > c.h.Limits.MaxBatchCapacity {
+		return fmt.Errorf("%w: %d requests (max %d)", ErrLimit, n, c.h.Limits.MaxBatchCapacity)
 	}
-	e := c.s.deps.Engine
+	e := c.h.Engine
 	id, err := e.AllocateBatch(n)
 	if err != nil {
 		return err
 	}
 	c.batches[id] = struct{}{} // released on close should anything below fail hard
-	deadline := c.deadline(m.TimeoutMS)
+	deadline := c.deadline(ctx, m.TimeoutMS)
 	c.stageRequests(m.Requests)
 	err = e.Submit(id, c.reqs, SubmitOptions{Deadline: deadline, Resolver: c, Notify: c.notifyArgs(m.Notify)}, c.errs)
 	if err != nil {
@@ -254,7 +260,7 @@ func (c *conn) transfer(m *wire.TransferRequestBody) error {
 	}
 	// The engine's deadline timer ends live tasks in Timeout at deadline;
 	// waiting a little past it lets the answer say Timeout, not Pending.
-	sum, err := c.wait(id, deadline.Add(timeoutGrace), c.s.closing)
+	sum, err := c.wait(id, deadline.Add(timeoutGrace), c.h.Closing)
 	if err != nil {
 		c.dropBatch(id)
 		return err
@@ -280,14 +286,14 @@ func (c *conn) transfer(m *wire.TransferRequestBody) error {
 		c.codes[i] = status.ForState(st.State, st.Err)
 	}
 	c.dropBatch(id)
-	*wire.SetResponse[wire.TransferResponse](&c.resp) = wire.TransferResponse{Codes: c.codes, States: states, Summary: summaryFrom(sum)}
+	*wire.SetResponse[wire.TransferResponse](r) = wire.TransferResponse{Codes: c.codes, States: states, Summary: summaryFrom(sum)}
 	return nil
 }
 
 // dropBatch frees a batch the server allocated itself, abandoning it when
 // tasks are still live (the engine then frees it once they end).
-func (c *conn) dropBatch(id BatchID) {
-	e := c.s.deps.Engine
+func (c *Session) dropBatch(id BatchID) {
+	e := c.h.Engine
 	if err := e.Free(id); err != nil {
 		if errors.Is(err, ErrBatchBusy) {
 			e.Abandon(id)

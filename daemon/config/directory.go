@@ -1,4 +1,4 @@
-package daemon
+package config
 
 import (
 	"net/url"
@@ -31,8 +31,9 @@ type DirectoryConfig struct {
 	// ones fall back as the request's lane allows, or fail UNAVAILABLE.
 	StalenessBudget Duration `toml:"staleness_budget"`
 
-	// clock measures the staleness budget (nil: time.Now); tests move it.
-	clock func() time.Time
+	// Clock measures the staleness budget (nil: time.Now); tests move it.
+	// It is no key of the file.
+	Clock func() time.Time `toml:"-"`
 }
 
 func directoryDefaults() DirectoryConfig {

@@ -1,4 +1,4 @@
-package control
+package session
 
 import (
 	"errors"
@@ -41,25 +41,25 @@ type connStore struct {
 // session is the connection's store session, made on first use; it fails
 // with UNAVAILABLE on a daemon without a store. The serving goroutine and
 // the queue workers call it.
-func (c *conn) session() (*store.Store, *store.Session, error) {
-	if c.tenant == nil {
+func (c *Session) storeSession() (*store.Store, *store.Session, error) {
+	if c.pool == nil {
 		return nil, nil, errNoPool
 	}
-	s := c.tenant.Store
-	if s == nil {
+	kv := c.store
+	if kv == nil {
 		return nil, nil, fmt.Errorf("%w: this daemon runs no store", ErrUnavailable)
 	}
-	c.st.once.Do(func() { c.st.ss = s.NewSession() })
+	c.st.once.Do(func() { c.st.ss = kv.NewSession() })
 	if c.st.ss == nil {
 		return nil, nil, fmt.Errorf("%w: connection released", ErrClosed)
 	}
-	return s, c.st.ss, nil
+	return kv, c.st.ss, nil
 }
 
 // closeStore closes the connection's session, releasing its pins, leases
 // and reservations. It runs in release, after the queues are closed (no
 // worker can make a session any more).
-func (c *conn) closeStore() {
+func (c *Session) closeStore() {
 	c.st.once.Do(func() {}) // no session made from here on
 	if c.st.ss == nil {
 		return
@@ -72,7 +72,7 @@ func (c *conn) closeStore() {
 // storeErr is the answer to a store call that returned err: nil when the
 // call ran and its codes say what happened (all or nothing refused, a
 // transport broken on some keys, which carry INTERNAL), else err.
-func (c *conn) storeErr(err error) error {
+func (c *Session) storeErr(err error) error {
 	switch {
 	case err == nil, errors.Is(err, store.ErrNotApplied):
 		return nil
@@ -85,8 +85,8 @@ func (c *conn) storeErr(err error) error {
 
 // memOf resolves a copying call's extent to the bytes it names: pool
 // blocks this connection holds, or a client buffer of it (a reference is
-// taken and kept in c.st.held until the call ends). Its code says why not.
-func (c *conn) memOf(e wire.Extent) ([]byte, Code) {
+// taken and kept in s.st.held until the call ends). Its code says why not.
+func (c *Session) memOf(e wire.Extent) ([]byte, Code) {
 	if e.Length == 0 {
 		return nil, tcproto.CodeINVALID_ARGUMENT
 	}
@@ -120,7 +120,7 @@ func (c *conn) memOf(e wire.Extent) ([]byte, Code) {
 }
 
 // releaseHeld drops the buffer references a copying call took.
-func (c *conn) releaseHeld() {
+func (c *Session) releaseHeld() {
 	for i, b := range c.st.held {
 		b.Release()
 		c.st.held[i] = nil
@@ -129,9 +129,9 @@ func (c *conn) releaseHeld() {
 }
 
 // resolveExtents checks every key's extent and compacts the keys whose
-// extent resolved into c.st.keys and c.st.vals (their positions in pos);
+// extent resolved into s.st.keys and s.st.vals (their positions in pos);
 // out gets the code of each refused key and OK for the others.
-func (c *conn) resolveExtents(keys [][]byte, ext []wire.Extent) {
+func (c *Session) resolveExtents(keys [][]byte, ext []wire.Extent) {
 	st := &c.st
 	n := len(keys)
 	st.out = slices.Grow(st.out[:0], n)[:n]
@@ -151,7 +151,7 @@ func (c *conn) resolveExtents(keys [][]byte, ext []wire.Extent) {
 }
 
 // scatter puts the codes of the compacted keys back in their positions.
-func (c *conn) scatter() []Code {
+func (c *Session) scatter() []Code {
 	st := &c.st
 	for j, i := range st.pos {
 		st.out[i] = Code(st.codes[j])
@@ -160,7 +160,7 @@ func (c *conn) scatter() []Code {
 }
 
 // codesOf converts a whole call's store codes for the answer.
-func (c *conn) codesOf(codes []store.Code) []Code {
+func (c *Session) codesOf(codes []store.Code) []Code {
 	n := len(codes)
 	c.st.out = slices.Grow(c.st.out[:0], n)[:n]
 	for i, k := range codes {
@@ -169,13 +169,14 @@ func (c *conn) codesOf(codes []store.Code) []Code {
 	return c.st.out
 }
 
-func (c *conn) storeCodes(n int) []store.Code {
+func (c *Session) storeCodes(n int) []store.Code {
 	c.st.codes = slices.Grow(c.st.codes[:0], n)[:n]
 	return c.st.codes
 }
 
-func (c *conn) storePut(m *wire.StorePutRequest) error {
-	_, ss, err := c.session()
+// StorePut puts keys with values copied from the session's memory.
+func (c *Session) StorePut(m *wire.StorePutRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
@@ -185,18 +186,19 @@ func (c *conn) storePut(m *wire.StorePutRequest) error {
 	if err = c.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StorePutResponse](&c.resp).Codes = c.scatter()
+	wire.SetResponse[wire.StorePutResponse](r).Codes = c.scatter()
 	return nil
 }
 
-func (c *conn) storeRead(m *wire.StoreReadRequest) error {
-	s, _, err := c.session()
+// StoreRead copies keys' values into the session's memory.
+func (c *Session) StoreRead(m *wire.StoreReadRequest, r *wire.Response) error {
+	kv, _, err := c.storeSession()
 	if err != nil {
 		return err
 	}
 	c.resolveExtents(m.Keys, m.Dests)
 	defer c.releaseHeld()
-	_, err = s.Read(c.st.keys, c.st.vals, c.st.lens, c.st.codes, nil, nil, 0)
+	_, err = kv.Read(c.st.keys, c.st.vals, c.st.lens, c.st.codes, nil, nil, 0)
 	if err = c.storeErr(err); err != nil {
 		return err
 	}
@@ -206,27 +208,29 @@ func (c *conn) storeRead(m *wire.StoreReadRequest) error {
 	for j, i := range c.st.pos {
 		c.st.offs[i] = c.st.lens[j]
 	}
-	r := wire.SetResponse[wire.StoreReadResponse](&c.resp)
-	r.Codes, r.Lengths = c.scatter(), c.st.offs
+	a := wire.SetResponse[wire.StoreReadResponse](r)
+	a.Codes, a.Lengths = c.scatter(), c.st.offs
 	return nil
 }
 
-func (c *conn) storeRemove(m *wire.StoreRemoveRequest) error {
-	s, _, err := c.session()
+// StoreRemove removes keys.
+func (c *Session) StoreRemove(m *wire.StoreRemoveRequest, r *wire.Response) error {
+	kv, _, err := c.storeSession()
 	if err != nil {
 		return err
 	}
 	codes := c.storeCodes(len(m.Keys))
-	_, err = s.Remove(m.Keys, codes, nil, nil, 0)
+	_, err = kv.Remove(m.Keys, codes, nil, nil, 0)
 	if err = c.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreRemoveResponse](&c.resp).Codes = c.codesOf(codes)
+	wire.SetResponse[wire.StoreRemoveResponse](r).Codes = c.codesOf(codes)
 	return nil
 }
 
-func (c *conn) storePin(m *wire.StorePinRequest) error {
-	_, ss, err := c.session()
+// StorePin pins keys for the session.
+func (c *Session) StorePin(m *wire.StorePinRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
@@ -235,12 +239,13 @@ func (c *conn) storePin(m *wire.StorePinRequest) error {
 	if err = c.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StorePinResponse](&c.resp).Codes = c.codesOf(codes)
+	wire.SetResponse[wire.StorePinResponse](r).Codes = c.codesOf(codes)
 	return nil
 }
 
-func (c *conn) storeUnpin(m *wire.StoreUnpinRequest) error {
-	_, ss, err := c.session()
+// StoreUnpin drops the session's pins of keys.
+func (c *Session) StoreUnpin(m *wire.StoreUnpinRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
@@ -248,12 +253,13 @@ func (c *conn) storeUnpin(m *wire.StoreUnpinRequest) error {
 	if err = c.storeErr(ss.Unpin(m.Keys, codes)); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreUnpinResponse](&c.resp).Codes = c.codesOf(codes)
+	wire.SetResponse[wire.StoreUnpinResponse](r).Codes = c.codesOf(codes)
 	return nil
 }
 
-func (c *conn) storeReserve(m *wire.StoreReserveRequest) error {
-	_, ss, err := c.session()
+// StoreReserve reserves pool blocks for keys, for the session to fill and commit.
+func (c *Session) StoreReserve(m *wire.StoreReserveRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
@@ -267,13 +273,14 @@ func (c *conn) storeReserve(m *wire.StoreReserveRequest) error {
 	for i, l := range c.st.locs {
 		c.st.offs[i] = l.Offset
 	}
-	r := wire.SetResponse[wire.StoreReserveResponse](&c.resp)
-	r.Codes, r.Offsets = c.codesOf(codes), c.st.offs
+	a := wire.SetResponse[wire.StoreReserveResponse](r)
+	a.Codes, a.Offsets = c.codesOf(codes), c.st.offs
 	return nil
 }
 
-func (c *conn) storeCommit(m *wire.StoreCommitRequest) error {
-	_, ss, err := c.session()
+// StoreCommit commits keys the session reserved.
+func (c *Session) StoreCommit(m *wire.StoreCommitRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
@@ -282,15 +289,15 @@ func (c *conn) storeCommit(m *wire.StoreCommitRequest) error {
 	if err = c.storeErr(err); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreCommitResponse](&c.resp).Codes = c.codesOf(codes)
+	wire.SetResponse[wire.StoreCommitResponse](r).Codes = c.codesOf(codes)
 	return nil
 }
 
-// storeAbort gives back reservations of the connection's session, each
-// key on its own; a batch the store refuses as a whole (too many keys, an
+// StoreAbort gives back reservations of the session, each key on its
+// own; a batch the store refuses as a whole (too many keys, an
 // invalid one) is answered INVALID_ARGUMENT.
-func (c *conn) storeAbort(m *wire.StoreAbortRequest) error {
-	_, ss, err := c.session()
+func (c *Session) StoreAbort(m *wire.StoreAbortRequest, r *wire.Response) error {
+	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
@@ -298,7 +305,7 @@ func (c *conn) storeAbort(m *wire.StoreAbortRequest) error {
 	if err = c.storeErr(ss.Abort(m.Keys, codes, nil)); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreAbortResponse](&c.resp).Codes = c.codesOf(codes)
+	wire.SetResponse[wire.StoreAbortResponse](r).Codes = c.codesOf(codes)
 	return nil
 }
 
@@ -310,16 +317,17 @@ func keyInfo(k store.KeyInfo, withKey bool) wire.StoreKeyInfo {
 	return w
 }
 
-func (c *conn) storeStat(m *wire.StoreStatRequest) error {
-	s, _, err := c.session()
+// StoreStat reports one key.
+func (c *Session) StoreStat(m *wire.StoreStatRequest, r *wire.Response) error {
+	kv, _, err := c.storeSession()
 	if err != nil {
 		return err
 	}
-	k, err := s.Stat(m.Key)
+	k, err := kv.Stat(m.Key)
 	if err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreStatResponse](&c.resp).Info = keyInfo(k, false)
+	wire.SetResponse[wire.StoreStatResponse](r).Info = keyInfo(k, false)
 	return nil
 }
 
@@ -328,16 +336,17 @@ func (c *conn) storeStat(m *wire.StoreStatRequest) error {
 // is cut so that its answer fits the frame.
 const listEntryBytes = 384
 
-func (c *conn) storeList(m *wire.StoreListRequest) error {
-	s, _, err := c.session()
+// StoreList lists keys by prefix.
+func (c *Session) StoreList(m *wire.StoreListRequest, r *wire.Response) error {
+	kv, _, err := c.storeSession()
 	if err != nil {
 		return err
 	}
 	max := int(m.Max)
-	if most := c.s.cfg.MaxFrame/listEntryBytes - 1; max == 0 || max > most {
+	if most := c.h.MaxFrame/listEntryBytes - 1; max == 0 || max > most {
 		max = most
 	}
-	keys, more, err := s.ListAfter(m.Prefix, m.After, max)
+	keys, more, err := kv.ListAfter(m.Prefix, m.After, max)
 	if err != nil {
 		return err
 	}
@@ -345,34 +354,35 @@ func (c *conn) storeList(m *wire.StoreListRequest) error {
 	for _, k := range keys {
 		c.st.info = append(c.st.info, keyInfo(k, true))
 	}
-	r := wire.SetResponse[wire.StoreListResponse](&c.resp)
-	r.Keys, r.More = c.st.info, more
+	a := wire.SetResponse[wire.StoreListResponse](r)
+	a.Keys, a.More = c.st.info, more
 	return nil
 }
 
-func (c *conn) storeFlush(m *wire.StoreFlushRequest) error {
-	s, _, err := c.session()
+// StoreFlush waits for the store's writebacks.
+func (c *Session) StoreFlush(m *wire.StoreFlushRequest, r *wire.Response) error {
+	kv, _, err := c.storeSession()
 	if err != nil {
 		return err
 	}
-	d := c.s.cfg.DefaultWait
+	d := c.h.DefaultWait
 	if m.TimeoutMS > 0 {
 		d = time.Duration(m.TimeoutMS) * time.Millisecond
 	}
-	if err := s.Flush(d); err != nil {
+	if err := kv.Flush(d); err != nil {
 		return err
 	}
-	wire.SetResponse[wire.StoreFlushResponse](&c.resp)
+	wire.SetResponse[wire.StoreFlushResponse](r)
 	return nil
 }
 
-// storeCounters are the store's figures for Stats; none without a store.
-func (c *conn) storeCounters() []wire.Counter {
-	if c.tenant == nil || c.tenant.Store == nil {
+// StoreFigures are the session's store's figures for Stats; none without
+// a store.
+func (c *Session) StoreFigures() []wire.Counter {
+	if c.store == nil {
 		return nil
 	}
-	s := c.tenant.Store
-	return StoreCounters(s.Stats(), nil)
+	return StoreCounters(c.store.Stats(), nil)
 }
 
 // StoreCounters appends the store's figures to dst, as Stats reports them

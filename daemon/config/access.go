@@ -1,4 +1,4 @@
-package daemon
+package config
 
 import (
 	"fmt"
@@ -109,7 +109,7 @@ func (c *Config) validateAccess() error {
 				return badValue("tenants.allowed_files", p, "must be an absolute path")
 			}
 		}
-		size := c.tenantPoolSize(t)
+		size := c.TenantPoolSize(t)
 		if size < minPoolSize || size > maxPoolSize {
 			return badValue("tenants.pool_size", size.String(), fmt.Sprintf("must be between %s and %s", Size(minPoolSize), Size(maxPoolSize)))
 		}
@@ -121,16 +121,16 @@ func (c *Config) validateAccess() error {
 	return nil
 }
 
-// tenantPoolSize is t's pool size: its own, else pool_size.
-func (c *Config) tenantPoolSize(t TenantConfig) Size {
+// TenantPoolSize is t's pool size: its own, else pool_size.
+func (c *Config) TenantPoolSize(t TenantConfig) Size {
 	if t.PoolSize == 0 {
 		return c.PoolSize
 	}
 	return t.PoolSize
 }
 
-// tenantList is the configured tenants, or the default one.
-func (c *Config) tenantList() []TenantConfig {
+// TenantList is the configured tenants, or the default one.
+func (c *Config) TenantList() []TenantConfig {
 	if len(c.Tenants) > 0 {
 		return c.Tenants
 	}

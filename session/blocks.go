@@ -1,14 +1,8 @@
-package control
+package session
 
 import (
-	"encoding/binary"
-	"hash/fnv"
 	"slices"
 	"sync"
-
-	flatbuffers "github.com/google/flatbuffers/go"
-
-	"github.com/tensorcast/tensorcast/wire"
 )
 
 // blockSet is the pool blocks one connection holds: sorted start offsets
@@ -69,49 +63,6 @@ func (s *blockSet) covers(off, n uint64) bool {
 		return false
 	}
 	return end <= s.offs[i]+s.sizes[i]
-}
-
-// idemEntry is the first answer to a mutating call with an idempotency key.
-type idemEntry struct {
-	hash  uint64
-	frame []byte
-}
-
-// idemTable remembers answers by idempotency key, evicting the oldest.
-type idemTable struct {
-	m     map[string]idemEntry
-	order []string
-}
-
-func (t *idemTable) get(key []byte) (idemEntry, bool) {
-	e, ok := t.m[string(key)]
-	return e, ok
-}
-
-func (t *idemTable) put(key []byte, e idemEntry, limit int) {
-	if t.m == nil {
-		t.m = make(map[string]idemEntry)
-	}
-	k := string(key)
-	if _, ok := t.m[k]; !ok {
-		t.order = append(t.order, k)
-	}
-	t.m[k] = e
-	for len(t.order) > limit {
-		delete(t.m, t.order[0])
-		t.order = t.order[1:]
-	}
-}
-
-// argsHash hashes what makes a mutating call: its kind, lane and
-// arguments (the body's bytes as wire encodes them, equal for equal
-// arguments). It builds in b.
-func argsHash(b *flatbuffers.Builder, m *wire.Request) uint64 {
-	h := fnv.New64a()
-	h.Write(binary.LittleEndian.AppendUint64([]byte{byte(m.Kind())}, uint64(len(m.Ctx.Lane))))
-	h.Write(m.Ctx.Lane)
-	h.Write(wire.EncodeBody(b, m))
-	return h.Sum64()
 }
 
 // coversRange reports whether [off, off+n) lies inside held blocks that

@@ -1,4 +1,4 @@
-package daemon
+package config
 
 import (
 	"fmt"
@@ -68,8 +68,8 @@ const (
 	maxStoreKeys   = 1<<16 - 1 // a queue entry's key count is a u16
 )
 
-// storeL2 is the L2's path, "" for none.
-func (c *Config) storeL2() string {
+// StoreL2 is the L2's path, "" for none.
+func (c *Config) StoreL2() string {
 	switch c.StoreL2Path {
 	case "off":
 		return ""

@@ -1,0 +1,84 @@
+// Package session is what one client of tensorcastd holds, and the data
+// plane it drives: the segments it registered (buffers, files) and opened
+// (peers' segments), its pool blocks and the view of the pool its
+// transfers resolve, its batches, its shared-memory queues and their
+// workers, its store session, and its exports and subscriptions. A
+// Session is the resolver and range holder the transfer engine calls back
+// for the client's requests, and the sink its queues' completions go to.
+//
+// Package control serves the protocol (listening, credentials, framing,
+// fds, idempotency, audit) and dispatches each decoded request to the
+// connection's Session; nothing here reads a socket or a frame. What the
+// sessions of one server share is a Host.
+//
+// # Files
+//
+// session.go (Session, Host, Limits, Resolve), segments.go (buffers,
+// files, pool blocks), blocks.go and poolview.go (the blocks a session
+// holds and the holds transfers keep on them), batches.go (batches,
+// transfers and the checks every request passes), queue.go (the queue
+// workers), queue_store.go (the store's queue calls), store.go (the store's
+// socket calls and the session's store session), exports.go (exports,
+// subscriptions, notifications, remote segments), release.go (Close).
+//
+// # Goroutines and stop order
+//
+// Each queue has one worker, started by OpenQueue and owned by its cqueue,
+// and, once closed, one goroutine that unmaps its rings when the last
+// transport has answered (or gives up when the server closes). Everything
+// else runs on the connection's serving goroutine, or on the engine's and
+// transports' goroutines through the callbacks below.
+//
+// Close stops a session in this order: its queues (close the ring, which
+// wakes the worker; wait for the worker; close the stream, so what is in
+// flight ends Canceled with its CQE), its store session (pins, leases,
+// reservations), its peers (the inbox, each export after the peer requests
+// in its range, up to ReleaseWait; the remote segments), its batches
+// (freed, or abandoned when still busy after ReleaseWait), its segments
+// (unregistered and closed), then its pool blocks (freed; a block a
+// transfer still holds is freed by the transfer's last DropRange, and a
+// block a peer request still holds is left allocated).
+//
+// # Locks
+//
+//   - Session.mu guards the segment maps (buffers, files, remotes); segGen
+//     changes under it whenever one is removed, which is how a queue's
+//     cache of resolved segments learns.
+//   - Session.qmu guards the queue map against stats scrapes.
+//   - blockSet.mu guards the pool blocks held: the serving goroutine
+//     writes, workers and the engine read.
+//   - poolView.mu guards the holds transfers keep on blocks. Lock order:
+//     blockSet.mu (shared), then poolView.mu.
+//   - qstore.mu guards a queue's free store-call records.
+//   - Host.mu guards the counters closed queues left behind. The server
+//     takes its own lock, then a Session's qmu or the Host's mu.
+//
+// # A queue READ, end to end
+//
+// A client's READ of a pool range into its own buffer, submitted through
+// a queue, travels through four packages, client, queue, session and xfer
+// (five with a transport of its own package: uring for a file, tcp or rdma
+// for a peer's segment), and calls three leaves that hold no part of it:
+// shm (the mappings' memory), internal/faultcopy (the copy) and status
+// (its code). Every call back lands in the session, which owns the request
+// from its SQE to its CQE; none lands in control or daemon.
+//
+//  1. client, queue: the client writes the SQE into the submission ring
+//     and wakes the worker (queue/doc.go has the wake-up protocol).
+//  2. session: the worker (cqueue.work) takes the SQEs (DaemonRing.Take)
+//     into its own copy, checks each (request), publishes sq_head and gives
+//     the requests to its stream (submit).
+//  3. xfer: Stream.Submit resolves both segments through the session
+//     (cqueue.Resolve: the pool view, or the session's buffer, a
+//     *shm.Buffer), takes a hold on the pool range (poolView.HoldRange),
+//     routes by the target's kind (KindRouter: memory to the local
+//     transport) and dispatches.
+//  4. xfer: the local transport copies the bytes between the two mappings
+//     (faultcopy turns a fault into an error), inline or on its copy
+//     workers, and ends the task.
+//  5. xfer: the stream ends the request: its range hold drops
+//     (poolView.DropRange) and its sink is told (cqueue.StreamDone).
+//  6. session, queue: StreamDone takes the code of the state
+//     (status.ForState) and posts the CQE (DaemonRing.Post), waking the
+//     client if it sleeps; the client reaps it.
+package session
