@@ -28,7 +28,7 @@ type Feature string
 
 // The features tests need. Each is named in ProvidesEnv by its value.
 const (
-	// Root: uid 0, for setuid helpers, sysctls and the eBPF views.
+	// Root: uid 0, for setuid helpers, other users and sysctls.
 	Root Feature = "root"
 	// IOUring: io_uring with the opcodes the uring transport needs.
 	IOUring Feature = "io_uring"
