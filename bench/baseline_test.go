@@ -51,7 +51,9 @@ func TestMemcpyLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bw < 1e8 || abs(iops*65536-bw) > 0.01*bw {
+	// What it measures is checked for consistency, not for speed: a floor
+	// on throughput fails on a loaded machine and proves nothing.
+	if bw <= 0 || abs(iops*65536-bw) > 0.01*bw {
 		t.Errorf("memcpy loop: %v B/s, %v copies/s", bw, iops)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -270,18 +271,13 @@ func TestUringEngineDepthThroughDaemon(t *testing.T) {
 	if err := eng.Close(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var conns int
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		st, err := admin.Stats()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Connections == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon still counts %d connections after Close, want 1", st.Connections)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		conns = st.Connections
+		return conns == 1
+	}, "the daemon counting 1 connection after Close (counts %v)", testutil.Lazy(func() int { return conns }))
 }

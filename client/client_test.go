@@ -77,14 +77,11 @@ func startDaemon(t testing.TB, cfgs ...func(*control.Config)) *daemon {
 // waitReleased waits until the daemon holds nothing for any client.
 func (d *daemon) waitReleased(t testing.TB) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for d.srv.Connections() != 0 || d.pool.Stats().Blocks != 0 || d.reg.Len() != 1 || d.eng.Stats().BatchesLive != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("not released: conns %d blocks %d segments %d batches %d", d.srv.Connections(),
-				d.pool.Stats().Blocks, d.reg.Len(), d.eng.Stats().BatchesLive)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return d.srv.Connections() == 0 && d.pool.Stats().Blocks == 0 && d.reg.Len() == 1 && d.eng.Stats().BatchesLive == 0
+	}, "everything released: conns %v blocks %v segments %v batches %v", testutil.Lazy(d.srv.Connections),
+		testutil.Lazy(func() any { return d.pool.Stats().Blocks }), testutil.Lazy(d.reg.Len),
+		testutil.Lazy(func() any { return d.eng.Stats().BatchesLive }))
 }
 
 func TestEndToEnd(t *testing.T) {

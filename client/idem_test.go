@@ -5,19 +5,16 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // waitConns waits until the daemon serves n connections (a closed one
 // counts until it released what it held).
 func (d *daemon) waitConns(t testing.TB, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for d.srv.Connections() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections, want %d", d.srv.Connections(), n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return d.srv.Connections() == n },
+		"%d connections (now %v)", n, testutil.Lazy(d.srv.Connections))
 }
 
 // TestIdempotencyAcrossConnections: an idempotency key is bound, daemon

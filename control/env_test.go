@@ -18,6 +18,7 @@ import (
 	flatbuffers "github.com/google/flatbuffers/go"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -144,18 +145,11 @@ func (e *env) close() {
 // connections, no pool blocks, only the pool registered, no batches.
 func (e *env) waitIdle() {
 	e.t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for {
-		ps, es := e.pool.Stats(), e.eng.Stats()
-		if e.srv.Connections() == 0 && ps.Blocks == 0 && e.reg.Len() == 1 && es.BatchesLive == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("not released: conns %d, pool blocks %d, segments %d, batches %d",
-				e.srv.Connections(), ps.Blocks, e.reg.Len(), es.BatchesLive)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(e.t, testTimeout, func() bool {
+		return e.srv.Connections() == 0 && e.pool.Stats().Blocks == 0 && e.reg.Len() == 1 && e.eng.Stats().BatchesLive == 0
+	}, "everything released: conns %d, pool blocks %d, segments %d, batches %d", testutil.Lazy(e.srv.Connections),
+		testutil.Lazy(func() any { return e.pool.Stats().Blocks }), testutil.Lazy(e.reg.Len),
+		testutil.Lazy(func() any { return e.eng.Stats().BatchesLive }))
 }
 
 // waitReleased waits until the server serves no connection: each one
@@ -163,7 +157,8 @@ func (e *env) waitIdle() {
 // its release returns).
 func (e *env) waitReleased() {
 	e.t.Helper()
-	waitFor(e.t, func() bool { return e.srv.Connections() == 0 })
+	testutil.Eventually(e.t, testTimeout, func() bool { return e.srv.Connections() == 0 },
+		"no connection served (%d served)", testutil.Lazy(e.srv.Connections))
 }
 
 // rawClient speaks frames directly, for protocol edge cases.
@@ -209,21 +204,14 @@ func (c *rawClient) waitConsumed() {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	deadline := time.Now().Add(testTimeout)
-	for {
-		var n int
+	var n int
+	testutil.Eventually(c.t, testTimeout, func() bool {
 		var ierr error
 		if err := raw.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil || ierr != nil {
 			c.t.Fatalf("SIOCOUTQ: %v %v", err, ierr)
 		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("the server left %d bytes unread", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return n == 0
+	}, "the server reading every byte sent (%d unread)", testutil.Lazy(func() int { return n }))
 }
 
 // recv reads one response frame.

@@ -18,6 +18,7 @@ import (
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/internal/testhook"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/queue"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
@@ -355,7 +356,9 @@ func TestStoreQueueHostileKeys(t *testing.T) {
 	}
 	cmd.Process.Signal(unix.SIGKILL)
 	cmd.Wait()
-	waitFor(t, func() bool { st := e.s.Stats(); return st.Pins == 0 && st.Reserved == 0 && e.srv.Connections() == 1 })
+	testutil.Eventually(t, testTimeout, func() bool { st := e.s.Stats(); return st.Pins == 0 && st.Reserved == 0 && e.srv.Connections() == 1 },
+		"the killed client's pins and reservations released and its connection gone: %+v, %d connections",
+		testutil.Lazy(e.s.Stats), testutil.Lazy(e.srv.Connections))
 	var after []byte
 	n := 0
 	for {

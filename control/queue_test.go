@@ -208,10 +208,10 @@ func TestQueueDeadline(t *testing.T) {
 		t.Errorf("freeing a block a timed-out request still holds: %v %v", err, res[0])
 	}
 	h.Finish()
-	waitFor(t, func() bool {
+	testutil.Eventually(t, testTimeout, func() bool {
 		c.FreeBlocks(offs, res)
 		return res[0] == nil
-	})
+	}, "the block freed once the request ended (last: %v)", testutil.Lazy(func() error { return res[0] }))
 }
 
 // TestQueueNeverReaps: a client that does not reap gets backpressure, not
@@ -223,7 +223,7 @@ func TestQueueNeverReaps(t *testing.T) {
 	// 32 completions fill the ring and 16 entries then wait behind them:
 	// 48 nops go in (as fast as the daemon takes them), the 49th does not.
 	submitted := 0
-	waitFor(t, func() bool {
+	testutil.Eventually(t, testTimeout, func() bool {
 		for submitted < 48 {
 			ok, err := q.Nop(uint64(submitted))
 			if err != nil {
@@ -235,8 +235,8 @@ func TestQueueNeverReaps(t *testing.T) {
 			submitted++
 		}
 		return true
-	})
-	waitFor(t, func() bool { return connCounter(t, c, "queue_unreaped") == 32 })
+	}, "48 nops taken (taken: %d)", testutil.Lazy(func() int { return submitted }))
+	testutil.Eventually(t, testTimeout, func() bool { return connCounter(t, c, "queue_unreaped") == 32 }, "32 completions unreaped")
 	if ok, _ := q.Nop(48); ok {
 		t.Fatal("a 49th nop went in: the daemon took entries it had no completion slot for")
 	}
@@ -289,15 +289,17 @@ func TestQueueClientKilled(t *testing.T) {
 	fdsBefore, _ := testutil.HandleFDs()
 	cmd, out := startHelper(t, e, "queue-hold")
 	waitLine(t, out, "ready")
-	waitFor(t, func() bool { return e.eng.Stats().Pending == 4096 })
+	testutil.Eventually(t, testTimeout, func() bool { return e.eng.Stats().Pending == 4096 },
+		"4096 requests pending (pending: %d)", testutil.Lazy(func() any { return e.eng.Stats().Pending }))
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
 	e.waitIdle()
-	waitFor(t, func() bool { st := e.eng.Stats(); return st.Streams == 0 && st.Pending == 0 })
-	waitFor(t, func() bool {
+	testutil.Eventually(t, testTimeout, func() bool { st := e.eng.Stats(); return st.Streams == 0 && st.Pending == 0 },
+		"no stream and nothing pending: %+v", testutil.Lazy(e.eng.Stats))
+	testutil.Eventually(t, testTimeout, func() bool {
 		after, _ := testutil.HandleFDs()
 		return len(after) <= len(fdsBefore)
-	})
+	}, "the handles back to the %d before", len(fdsBefore))
 }
 
 // TestQueueHostileClient: another process scribbles over its own queue's
@@ -338,7 +340,7 @@ func TestQueueHostileClient(t *testing.T) {
 	q.Close()
 	c.Close()
 	e.waitIdle()
-	waitFor(t, func() bool { return e.eng.Stats().Streams == 0 })
+	testutil.Eventually(t, testTimeout, func() bool { return e.eng.Stats().Streams == 0 }, "no stream left")
 }
 
 // startHelper runs the test binary as a helper client of kind against e.
@@ -479,15 +481,6 @@ func runQueueHelper(kind string) int {
 	}
 	fmt.Println("error unknown helper", kind)
 	return 2
-}
-
-// waitFor polls cond, a state another goroutine or the daemon reaches,
-// until it holds; it fails after testTimeout.
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	if !testutil.WaitFor(testTimeout, cond) {
-		t.Fatal("condition not reached within the test timeout")
-	}
 }
 
 // TestQueueSlotsFreeOnAnswer: once a no-op's completion is reaped, its

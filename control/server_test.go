@@ -611,17 +611,12 @@ func TestDrain(t *testing.T) {
 	a.id++
 	a.send(wire.EncodeRequest(a.b, &wire.Request{Ctx: wire.Context{RequestID: a.id}, Body: &wire.TransferRequestBody{TimeoutMS: 60000,
 		Requests: []xfer.Request{{Op: xfer.OpWrite, Local: seg, Target: testPoolID, TargetOffset: off, Length: hangLength}}}}))
-	deadline := time.Now().Add(testTimeout)
-	for e.srv.inflight.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, testTimeout, func() bool { return e.srv.inflight.Load() != 0 }, "a's transfer in flight")
 	done := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	go func() { done <- e.srv.Drain(ctx) }()
-	for !e.srv.draining.Load() {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, testTimeout, e.srv.draining.Load, "the server draining")
 	// New work is answered UNAVAILABLE while a's request is in flight.
 	expectCode(t, b.call(&wire.PingRequest{}), tcproto.CodeUNAVAILABLE)
 	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {

@@ -262,7 +262,9 @@ func TestStoreSessionReleased(t *testing.T) {
 		t.Fatalf("before close: %d pins, %d reserved", st.Pins, st.Reserved)
 	}
 	c.Close()
-	waitFor(t, func() bool { st := e.s.Stats(); return st.Pins == 0 && st.Reserved == 0 && e.srv.Connections() == 0 })
+	testutil.Eventually(t, testTimeout, func() bool { st := e.s.Stats(); return st.Pins == 0 && st.Reserved == 0 && e.srv.Connections() == 0 },
+		"the closed client's pins and reservations released and its connection gone: %+v, %d connections",
+		testutil.Lazy(e.s.Stats), testutil.Lazy(e.srv.Connections))
 	c2, err := client.Dial(e.sock, client.Options{Name: "after"})
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/directory/etcdtest"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -202,11 +203,9 @@ func runChurn(b *testing.B) {
 	}
 	c.nextID = *dbDaemons
 	obs := c.daemons[0] // never churned: measures appear and disappear
-	if !etcdtest.WaitFor(context.Background(), 30*time.Second, func() bool {
+	testutil.Eventually(b, 30*time.Second, func() bool {
 		return obs.d.dir.Cache().Stats().Members == *dbDaemons && obs.d.dir.Cache().Stats().Exports == *dbDaemons**dbExports
-	}) {
-		b.Fatalf("observer sees %+v", obs.d.dir.Cache().Stats())
-	}
+	}, "the observer seeing every daemon and export: %+v", testutil.Lazy(obs.d.dir.Cache().Stats))
 	startup := time.Since(startAll)
 	// The process's descriptors, sampled each second: 100 daemons in one
 	// process share its limit, and a daemon that cannot get one fails to

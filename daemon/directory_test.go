@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,40 +16,22 @@ import (
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/directory/etcdtest"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
-
-// testClock is a clock the test moves; the daemons' staleness budget
-// reads it.
-type testClock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // etcdCluster is daemons sharing one etcd, the cluster key and a clock.
 type etcdCluster struct {
 	t   *testing.T
 	srv *etcdtest.Server
 	key string
-	clk *testClock
+	clk *testutil.Clock // the daemons' staleness budget reads it
 }
 
 func newEtcdCluster(t *testing.T) *etcdCluster {
 	srv := etcdtest.Start(t)
 	return &etcdCluster{t: t, srv: srv, key: writeKey(t, t.TempDir(), "cluster.key", "tensorcast directory test key"),
-		clk: &testClock{t: time.Unix(1_700_000_000, 0)}}
+		clk: testutil.NewClock(time.Unix(1_700_000_000, 0))}
 }
 
 func (e *etcdCluster) withEtcd(listen string, mut func(*Config)) func(*Config) {
@@ -97,16 +78,14 @@ func (e *etcdCluster) start(id string, mut func(*Config)) *peerDaemon {
 // sees waits until d's directory holds id at epoch (0: does not hold id).
 func sees(t *testing.T, d *peerDaemon, id string, epoch uint64) {
 	t.Helper()
-	ok := etcdtest.WaitFor(context.Background(), 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		m, found := d.d.dir.Cache().Peek(id)
 		if epoch == 0 {
 			return !found
 		}
 		return found && m.Epoch == epoch
-	})
-	if !ok {
-		t.Fatalf("%s's directory never showed %s at epoch %#x: %+v", d.cfg.DaemonID, id, epoch, d.d.dir.Cache().Members())
-	}
+	}, "%s's directory showing %s at epoch %#x: %+v", d.cfg.DaemonID, id, epoch,
+		testutil.Lazy(func() any { return d.d.dir.Cache().Members() }))
 }
 
 func epochOf(d *peerDaemon) uint64 { return d.d.peers.Node().Epoch() }
@@ -161,13 +140,10 @@ func roundTrip(c *client.Client, buf *client.Buffer, remote xfer.SegmentID, patt
 // epochs, and the stats carry the directory's counters.
 func TestDirectoryOpenUnlisted(t *testing.T) {
 	d1, d2, _, b := newEtcdCluster(t).pair()
-	ok := etcdtest.WaitFor(context.Background(), 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		v, err := d2.d.dir.ResolveExport(context.Background(), directory.LaneCatalogFirst, "d1", "kv")
 		return err == nil && v.Export.Size == 1<<20 && v.Export.Epoch == epochOf(d1)
-	})
-	if !ok {
-		t.Fatalf("d2's catalog never showed d1/kv: %+v", d2.d.dir.Cache().Exports())
-	}
+	}, "d2's catalog showing d1/kv: %+v", testutil.Lazy(func() any { return d2.d.dir.Cache().Exports() }))
 	rs, buf := openRW(t, b, "d1/kv")
 	if rs.Epoch != epochOf(d1) {
 		t.Fatalf("opened at epoch %#x, d1 runs %#x", rs.Epoch, epochOf(d1))
@@ -310,15 +286,11 @@ func TestDirectoryEtcdDown(t *testing.T) {
 	if err := roundTrip(b, buf, rs.ID, 2); err != nil {
 		t.Fatalf("open segment, etcd down past the budget: %v", err)
 	}
-	if !etcdtest.WaitFor(context.Background(), 5*time.Second, func() bool { return d2.d.dir.State() == directory.StateDown }) {
-		t.Fatal("d2 never noticed the outage")
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return d2.d.dir.State() == directory.StateDown }, "d2 noticing the outage")
 	_ = b.CloseRemote(r3.ID)
 
 	e.srv.Restart()
-	if !etcdtest.WaitFor(context.Background(), 10*time.Second, func() bool { return d2.d.dir.State() == directory.StateUp }) {
-		t.Fatal("d2 never recovered")
-	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return d2.d.dir.State() == directory.StateUp }, "d2 recovering")
 	if _, err := b.OpenRemote("d1/kv2", client.RightRead); err != nil {
 		t.Fatalf("catalog-first open after recovery: %v", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -381,17 +382,11 @@ func TestPeerPlaneThreeDaemons(t *testing.T) {
 	// Closing the exporter's connection unexports its segments.
 	a.Close()
 	res = make([]error, 1)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		sum, err = b.Transfer([]xfer.Request{w}, 5*time.Second, res)
-		if err == nil && sum.Failed == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("WRITE to a closed exporter's segment: %v, %v, %+v", err, res[0], sum)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil && sum.Failed == 1
+	}, "a WRITE to a closed exporter's segment failing; last: %v, %v, %+v",
+		testutil.Lazy(func() error { return err }), testutil.Lazy(func() error { return res[0] }), testutil.Lazy(func() client.Summary { return sum }))
 }
 
 // writeReadRandom opens d1/kv from a client of d and moves random ranges
@@ -470,6 +465,7 @@ func TestPeerStoppedAndRestarted(t *testing.T) {
 		at  time.Time
 	}
 	out := make(chan outcome, 1)
+	streaming := make(chan struct{}) // closed once the first batch is submitted
 	go func() {
 		reqs := make([]xfer.Request, 8)
 		for i := range reqs {
@@ -486,6 +482,11 @@ func TestPeerStoppedAndRestarted(t *testing.T) {
 			if err := b.Submit(batch, reqs, res); err != nil {
 				out <- outcome{err: err}
 				return
+			}
+			select {
+			case <-streaming:
+			default:
+				close(streaming)
 			}
 			sum, err := b.Wait(batch, 20*time.Second)
 			if err != nil {
@@ -506,7 +507,11 @@ func TestPeerStoppedAndRestarted(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(200 * time.Millisecond)
+	select {
+	case <-streaming:
+	case o := <-out:
+		t.Fatalf("the stream ended before d1 was stopped: %+v, %v", o.sum, o.err)
+	}
 	stopped := time.Now()
 	if err := d1.stop(); err != nil {
 		t.Fatalf("stopping d1: %v", err)
@@ -571,13 +576,8 @@ func TestPeerWrongClusterKey(t *testing.T) {
 	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("open with a wrong cluster key: %v, want UNAVAILABLE", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(d1.log.String(), "authentication failed") {
-		if time.Now().After(deadline) {
-			t.Fatalf("d1 did not log the refused handshake:\n%s", d1.log.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return strings.Contains(d1.log.String(), "authentication failed") },
+		"d1 logging the refused handshake:\n%s", d1.log)
 
 	// A key file that others may read is refused at start-up, naming it.
 	loose := writeKey(t, dir, "loose.key", "the right key")
@@ -610,8 +610,7 @@ func TestNotificationsAreArguments(t *testing.T) {
 	poll := func(want ...string) {
 		t.Helper()
 		var got []string
-		deadline := time.Now().Add(5 * time.Second)
-		for len(got) < len(want) && time.Now().Before(deadline) {
+		testutil.Eventually(t, 5*time.Second, func() bool {
 			notes, err := sub.PollNotifications(nil, 0, time.Second)
 			if err != nil {
 				t.Fatal(err)
@@ -619,7 +618,8 @@ func TestNotificationsAreArguments(t *testing.T) {
 			for _, n := range notes {
 				got = append(got, string(n.Payload))
 			}
-		}
+			return len(got) >= len(want)
+		}, "%d notifications delivered; got %q", len(want), testutil.Lazy(func() []string { return got }))
 		slices.Sort(got)
 		slices.Sort(want)
 		if !slices.Equal(got, want) {

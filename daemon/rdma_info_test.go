@@ -63,22 +63,16 @@ func TestVerbsRDMAInfo(t *testing.T) {
 	// The first requests go over tcp and have the link set up behind them.
 	rng := rand.New(rand.NewPCG(3, 3))
 	var d1 client.RDMAPeer
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		if err := p.roundTrip(rng, 4096, 0); err != nil {
 			t.Fatal(err)
 		}
 		if info, err = p.wr.RDMA(); err != nil {
 			t.Fatal(err)
 		}
-		if d1, _ = rdmaPeer(info, "d1"); d1.Transport == "rdma" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("d1 still reported as %+v:\n%s", d1, p.d2.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		d1, _ = rdmaPeer(info, "d1")
+		return d1.Transport == "rdma"
+	}, "d2 reporting d1 on rdma; reports %+v:\n%s", testutil.Lazy(func() client.RDMAPeer { return d1 }), p.d2.log)
 	epoch1 := p.d1.d.peers.Node().Epoch()
 	if d1.Link != "up" || d1.Epoch == 0 || d1.Epoch != epoch1 || d1.QueuePairs == 0 || d1.Segments < 1 {
 		t.Fatalf("d2 reports d1 as %+v; want link up at d1's epoch %#x with queue pairs and the export resolved", d1, epoch1)

@@ -109,23 +109,20 @@ func startChildDaemon(t *testing.T, key, listen string) *childDaemon {
 			t.Errorf("child daemon d1 did not stop within 30 s of its stdin closing\n%s", c.out.String())
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		select {
 		case err := <-c.exited:
 			c.killed = true // nothing left to stop
 			t.Fatalf("child daemon d1 exited during start-up: %v\n%s", err, c.out.String())
 		default:
 		}
-		if conn, err := net.Dial("unix", c.socket); err == nil {
+		conn, err := net.Dial("unix", c.socket)
+		if err == nil {
 			conn.Close()
-			return c
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("child daemon d1: socket not ready after 30 s\n%s", c.out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil
+	}, "child daemon d1's socket accepting\n%s", c.out)
+	return c
 }
 
 // kill sends SIGKILL and reaps the process.
@@ -333,13 +330,13 @@ func TestVerbsDaemonKilledMidTransfer(t *testing.T) {
 	if err := p.wr.CloseRemote(p.rs.ID); err != nil {
 		t.Fatalf("CloseRemote of the killed daemon's segment: %v", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		st, err := p.wr.Stats()
-		if err != nil {
+	var leaks []string
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		var err error
+		if st, err = p.wr.Stats(); err != nil {
 			t.Fatal(err)
 		}
-		leaks := []string{}
+		leaks = leaks[:0]
 		for _, c := range []struct {
 			set  []wire.Counter
 			name string
@@ -354,27 +351,16 @@ func TestVerbsDaemonKilledMidTransfer(t *testing.T) {
 				leaks = append(leaks, fmt.Sprintf("%s = %d, want %d", c.name, got, c.want))
 			}
 		}
-		if len(leaks) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("d2 still holds after the kill: %s\nengine %+v\npool %+v\nconnection %+v",
-				strings.Join(leaks, ", "), st.Engine, st.Pool, st.Connection)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(leaks) == 0
+	}, "d2 releasing all after the kill; holds %v\nengine %+v\npool %+v\nconnection %+v",
+		testutil.Lazy(func() string { return strings.Join(leaks, ", ") }), testutil.Lazy(func() any { return st.Engine }),
+		testutil.Lazy(func() any { return st.Pool }), testutil.Lazy(func() any { return st.Connection }))
 	// The tasks may fail before the link check sees the lost session
 	// (the queue pairs report first); the link goes within a few checks.
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		n := rdmaCounter(t, p.d2, "rdma.links")
-		if n == 0 && strings.Contains(p.d2.log.String(), "rdma link closed") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("d2 keeps %d rdma links 5 s after its only peer was killed:\n%s", n, p.d2.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		return rdmaCounter(t, p.d2, "rdma.links") == 0 && strings.Contains(p.d2.log.String(), "rdma link closed")
+	}, "d2 closing its rdma links after its only peer was killed (links: %v):\n%s",
+		testutil.Lazy(func() any { return rdmaCounter(t, p.d2, "rdma.links") }), p.d2.log)
 
 	// d1 comes back on its address (a new epoch) and exports again.
 	old := p.rs

@@ -109,19 +109,14 @@ func (p *rdmaPair) roundTrip(rng *rand.Rand, n, toff uint64) error {
 func (p *rdmaPair) untilRDMA(t *testing.T, rng *rand.Rand) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		before := tcpBytes(p.d2)
 		if err := p.roundTrip(rng, 4096, 0); err != nil {
 			t.Fatal(err)
 		}
-		if tcpBytes(p.d2) == before {
-			return time.Since(start)
-		}
-		if time.Since(start) > 20*time.Second {
-			t.Fatalf("requests to d1 still on tcp after 20 s:\n%s", p.d2.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return tcpBytes(p.d2) == before
+	}, "requests to d1 off tcp:\n%s", p.d2.log)
+	return time.Since(start)
 }
 
 // untilNoTCP repeats req from the writer until one runs without payload on
@@ -129,20 +124,13 @@ func (p *rdmaPair) untilRDMA(t *testing.T, rng *rand.Rand) time.Duration {
 func (p *rdmaPair) untilNoTCP(t *testing.T, req xfer.Request) {
 	t.Helper()
 	res := make([]error, 1)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		before := tcpBytes(p.d2)
 		if sum, err := p.wr.Transfer([]xfer.Request{req}, 10*time.Second, res); err != nil || res[0] != nil || sum.Completed != 1 {
 			t.Fatalf("%v of %d bytes: %v, %v, %+v", req.Op, req.Length, err, res[0], sum)
 		}
-		if tcpBytes(p.d2)-before < req.Length {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("requests to segment %d still on tcp:\n%s", req.Target, p.d2.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return tcpBytes(p.d2)-before < req.Length
+	}, "requests to segment %d off tcp:\n%s", req.Target, p.d2.log)
 }
 
 // rdmaCounter is the value of d's RDMA counter name (tcctl stats).
@@ -274,16 +262,15 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(2, 2))
 	// The first request goes over tcp and has the link set up behind it.
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(p.d2.log.String(), "peer requests from the pool use rdma") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the rdma link did not come up:\n%s", p.d2.log.String())
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		if strings.Contains(p.d2.log.String(), "peer requests from the pool use rdma") {
+			return true
 		}
 		if err := p.roundTrip(rng, 4096, 0); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	}, "the rdma link coming up:\n%s", p.d2.log)
 	for _, n := range rdmaSizes {
 		before := tcpBytes(p.d2)
 		start := time.Now()

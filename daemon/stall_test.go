@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -327,15 +328,12 @@ func TestStalledPeerDaemon(t *testing.T) {
 
 	// The writer leaves without freeing its batch or its blocks.
 	w.Close()
-	held := holdingsOf(t, l)
-	for end := time.Now().Add(5 * time.Second); held.blocks != base.blocks+1 || held.batches != base.batches ||
-		held.retiring != base.retiring || held.live != 0; held = holdingsOf(t, l) {
-		if time.Now().After(end) {
-			t.Fatalf("5 s after the writer left, d2 holds %+v; before it came %+v (+1 block of the local client)\n%s",
-				held, base, d2.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var held holdings
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		held = holdingsOf(t, l)
+		return held.blocks == base.blocks+1 && held.batches == base.batches && held.retiring == base.retiring && held.live == 0
+	}, "d2 releasing what the writer held; holds %+v, before it came %+v (+1 block of the local client)\n%s",
+		testutil.Lazy(func() holdings { return held }), base, d2.log)
 
 	// A second writer's tasks wait for a session with d1 (whose
 	// connections were dropped as silent); its dial hangs in the

@@ -257,13 +257,11 @@ func TestStorePinsReleasedOnClientKill(t *testing.T) {
 	}
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
-	deadline := time.Now().Add(10 * time.Second)
-	for m := storeCounters(t, c); m["pins"] != 0 || m["reserved"] != 0; m = storeCounters(t, c) {
-		if time.Now().After(deadline) {
-			t.Fatalf("pins and reservations of a SIGKILLed client not released: %v", m)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	var m map[string]uint64
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		m = storeCounters(t, c)
+		return m["pins"] == 0 && m["reserved"] == 0
+	}, "pins and reservations of a SIGKILLed client released: %v", testutil.Lazy(func() any { return m }))
 	if err := c.StoreRemove(keys, res); err != nil || res[0] != nil || res[1] != nil || res[2] != nil || res[3] != nil {
 		t.Fatalf("remove after the holder died: %v %v", err, res)
 	}
@@ -499,22 +497,18 @@ func storeDaemonChild(t *testing.T, dir string) {
 // waitSocket waits until a child daemon's socket accepts.
 func waitSocket(t *testing.T, sock string, exited <-chan struct{}, out *lockedBuffer) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		select {
 		case <-exited:
 			t.Fatalf("the child daemon exited during start-up:\n%s", out.String())
 		default:
 		}
-		if conn, err := net.Dial("unix", sock); err == nil {
+		conn, err := net.Dial("unix", sock)
+		if err == nil {
 			conn.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the child daemon's socket is not ready after 30 s:\n%s", out.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil
+	}, "the child daemon's socket accepting:\n%s", out)
 }
 
 // requireIOURing skips, saying so, on a host without io_uring.

@@ -8,27 +8,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
-// fakeClock is a clock tests move by hand.
-type fakeClock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock() *testutil.Clock { return testutil.NewClock(time.Unix(1_700_000_000, 0)) }
 
 // fakeStore answers from a map and counts its reads; with fail set it
 // fails every read, with block set it waits for the context. A gate set
@@ -128,7 +112,7 @@ func member(id string, epoch uint64) Member {
 	return Member{ID: id, Epoch: epoch, Addr: "127.0.0.1:1", Caps: []string{"tcp"}}
 }
 
-func newTestCache(t *testing.T, st *fakeStore, clk *fakeClock) *Cache {
+func newTestCache(t *testing.T, st *fakeStore, clk *testutil.Clock) *Cache {
 	t.Helper()
 	c, err := NewCache(CacheConfig{Budget: 2 * time.Second, Store: st, Clock: clk.Now, RefreshTimeout: 50 * time.Millisecond})
 	if err != nil {
@@ -391,7 +375,7 @@ func heldRead(t *testing.T, st *fakeStore, lookup func() error) (finish func() e
 // raceFixture is a cache primed at revision 20 with member a (rev 10)
 // and its export a/w (rev 11), the store holding the same, and the clock
 // past the budget: lookups read the store.
-func raceFixture(t *testing.T) (*Cache, *fakeStore, *fakeClock, Member, Export) {
+func raceFixture(t *testing.T) (*Cache, *fakeStore, *testutil.Clock, Member, Export) {
 	t.Helper()
 	clk := newFakeClock()
 	a := member("a", 1)

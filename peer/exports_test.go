@@ -6,34 +6,18 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
-// memSeg is a client buffer as the table sees it, counting references.
-type memSeg struct {
-	id     xfer.SegmentID
-	b      []byte
-	refs   atomic.Int64
-	closed atomic.Bool
-}
-
-func (s *memSeg) ID() xfer.SegmentID { return s.id }
-func (s *memSeg) Kind() xfer.Kind    { return xfer.KindClient }
-func (s *memSeg) Size() uint64       { return uint64(len(s.b)) }
-func (s *memSeg) Bytes() []byte      { return s.b }
-func (s *memSeg) Release()           { s.refs.Add(-1) }
-func (s *memSeg) Acquire() bool {
-	if s.closed.Load() {
-		return false
-	}
-	s.refs.Add(1)
-	return true
+// clientBuf is a client buffer as the table sees it, counting references.
+func clientBuf(id xfer.SegmentID, size int) *xfertest.Segment {
+	return xfertest.SegmentOf(id, xfer.KindClient, make([]byte, size))
 }
 
 // catalog records what it is told.
@@ -91,9 +75,9 @@ func TestNames(t *testing.T) {
 func TestExportTable(t *testing.T) {
 	cat := &catalog{}
 	x := NewExports(cat)
-	buf := &memSeg{id: 5, b: make([]byte, 1<<16)}
-	for i := range buf.b {
-		buf.b[i] = byte(i)
+	buf := clientBuf(5, 1<<16)
+	for i := range buf.Bytes() {
+		buf.Bytes()[i] = byte(i)
 	}
 	e, err := x.Export("kv", "t1", buf, 4096, 8192, wire.RightRead|wire.RightWrite)
 	if err != nil {
@@ -163,8 +147,8 @@ func TestExportTable(t *testing.T) {
 	if got := cat.got(); !slices.Equal(got, []string{"+kv:8192:3", "+ro:4096:1", "-kv", "+kv:4096:1"}) {
 		t.Fatalf("catalog heard %v", got)
 	}
-	if buf.refs.Load() != 0 {
-		t.Fatalf("%d references left on the buffer", buf.refs.Load())
+	if buf.Refs() != 0 {
+		t.Fatalf("%d references left on the buffer", buf.Refs())
 	}
 }
 
@@ -176,7 +160,7 @@ func TestExportTable(t *testing.T) {
 func TestEndWaitsForPeerRequests(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		x := NewExports(nil)
-		buf := &memSeg{id: 1, b: make([]byte, 4096)}
+		buf := clientBuf(1, 4096)
 		e, err := x.Export("kv", "", buf, 0, 4096, wire.RightWrite)
 		if err != nil {
 			t.Fatal(err)
@@ -230,8 +214,8 @@ func TestEndWaitsForPeerRequests(t *testing.T) {
 		if d := time.Since(start); d != 0 {
 			t.Fatalf("End took %v of the bubble's clock: it polled instead of waiting for the release", d)
 		}
-		if e.Busy() || buf.refs.Load() != 0 {
-			t.Fatalf("after the release: busy %v, %d references on the buffer", e.Busy(), buf.refs.Load())
+		if e.Busy() || buf.Refs() != 0 {
+			t.Fatalf("after the release: busy %v, %d references on the buffer", e.Busy(), buf.Refs())
 		}
 	})
 }
@@ -242,7 +226,7 @@ func TestEndWaitsForPeerRequests(t *testing.T) {
 func TestEndGivesUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		x := NewExports(nil)
-		e, err := x.Export("blk", "", &memSeg{id: 1, b: make([]byte, 4096)}, 0, 4096, wire.RightWrite)
+		e, err := x.Export("blk", "", clientBuf(1, 4096), 0, 4096, wire.RightWrite)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -276,7 +260,7 @@ func TestEndGivesUp(t *testing.T) {
 func TestInboxWakesOnDelivery(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		x := NewExports(nil)
-		if _, err := x.Export("kv", "t", &memSeg{id: 1, b: make([]byte, 64)}, 0, 64, wire.RightWrite); err != nil {
+		if _, err := x.Export("kv", "t", clientBuf(1, 64), 0, 64, wire.RightWrite); err != nil {
 			t.Fatal(err)
 		}
 		in := NewInbox("connection 1", 8)
@@ -327,7 +311,7 @@ func TestInboxWakesOnDelivery(t *testing.T) {
 // more; Take keeps to its count and byte budget.
 func TestDeliver(t *testing.T) {
 	x := NewExports(nil)
-	buf := &memSeg{id: 1, b: make([]byte, 64)}
+	buf := clientBuf(1, 64)
 	e, err := x.Export("kv", "t1", buf, 0, 64, wire.RightWrite)
 	if err != nil {
 		t.Fatal(err)
@@ -418,7 +402,7 @@ func TestDeliver(t *testing.T) {
 // race detector watches the shards).
 func TestLookupPath(t *testing.T) {
 	x := NewExports(nil)
-	buf := &memSeg{id: 1, b: make([]byte, 1<<16)}
+	buf := clientBuf(1, 1<<16)
 	if _, err := x.Export("kv", "", buf, 0, 1<<16, wire.RightRead); err != nil {
 		t.Fatal(err)
 	}
@@ -457,8 +441,8 @@ func TestLookupPath(t *testing.T) {
 		e.End(0)
 	}
 	wg.Wait()
-	if buf.refs.Load() != 0 {
-		t.Fatalf("%d references left", buf.refs.Load())
+	if buf.Refs() != 0 {
+		t.Fatalf("%d references left", buf.Refs())
 	}
 }
 
@@ -467,7 +451,7 @@ func TestLookupPath(t *testing.T) {
 // loops at once over a table of many exports.
 func BenchmarkPeerRequestLookup(b *testing.B) {
 	x := NewExports(nil)
-	buf := &memSeg{id: 1, b: make([]byte, 1<<16)}
+	buf := clientBuf(1, 1<<16)
 	names := make([]string, 256)
 	for i := range names {
 		names[i] = fmt.Sprintf("kv%d", i)

@@ -303,7 +303,8 @@ func TestCQBackpressure(t *testing.T) {
 	if submitted != 12 {
 		t.Fatalf("staged %d, want 12 (8 completed + 4 waiting)", submitted)
 	}
-	waitFor(t, func() bool { return d.w.sqFlags.Load()&FlagCQWait != 0 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return d.w.sqFlags.Load()&FlagCQWait != 0 },
+		"the daemon flagging that it waits for completion room")
 	if got := c.Ready(); got != 8 {
 		t.Fatalf("%d completions ready, want exactly the ring's 8", got)
 	}
@@ -319,15 +320,6 @@ func TestCQBackpressure(t *testing.T) {
 	}
 	if c.ReapDoorbells == 0 {
 		t.Error("reaping a full ring did not ring the daemon that waited for room")
-	}
-}
-
-// waitFor polls cond (a condition set by another goroutine) until it holds,
-// failing after 10 s.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	if !testutil.WaitFor(10*time.Second, cond) {
-		t.Fatal("condition not reached in 10s")
 	}
 }
 
@@ -433,7 +425,8 @@ func TestCloseWakesBothSides(t *testing.T) {
 		d.Take(sqes[:])
 		idle <- d.Idle(-1)
 	}()
-	waitFor(t, func() bool { return c.w.cqFlags.Load()&FlagWaiting != 0 && d.w.sqFlags.Load()&FlagNeedWakeup != 0 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return c.w.cqFlags.Load()&FlagWaiting != 0 && d.w.sqFlags.Load()&FlagNeedWakeup != 0 },
+		"the client waiting and the daemon asleep")
 	d.Close()
 	if err := <-errs; !errors.Is(err, ErrClosed) {
 		t.Errorf("client wait: %v, want ErrClosed", err)
@@ -556,7 +549,7 @@ func TestPrewake(t *testing.T) {
 	}
 	idle := make(chan bool, 1)
 	go func() { idle <- d.Idle(-1) }()
-	waitFor(t, func() bool { return d.idling.Load() })
+	testutil.Eventually(t, 10*time.Second, d.idling.Load, "the daemon idling")
 
 	d.Post(&CQE{UserData: 0}) // one still in flight: the client may wait for it
 	if got := d.WakeCounts.WorkerPrewakes.Load(); got != 0 {
@@ -622,7 +615,7 @@ func TestWaitTargetWakesOnce(t *testing.T) {
 	sleepingFor := func(n uint32) bool {
 		return c.w.cqFlags.Load()&waitBits == waitBits && c.w.cqTarget.Load()-c.cqHead == n
 	}
-	waitFor(t, func() bool { return sleepingFor(3) })
+	testutil.Eventually(t, 10*time.Second, func() bool { return sleepingFor(3) }, "the client sleeping for 3")
 	for i := 0; i < 2; i++ {
 		d.Post(&CQE{UserData: uint64(i)})
 	}
@@ -633,7 +626,7 @@ func TestWaitTargetWakesOnce(t *testing.T) {
 	if w := d.WakeCounts.ClientWakes.Load(); w != 1 {
 		t.Fatalf("%d client wakes after the third of 4, want 1 (the one before the last)", w)
 	}
-	waitFor(t, func() bool { return sleepingFor(4) }) // no spin: it sleeps for the last
+	testutil.Eventually(t, 10*time.Second, func() bool { return sleepingFor(4) }, "the client sleeping for 4") // no spin: it sleeps for the last
 	select {
 	case err := <-errs:
 		t.Fatalf("Wait(4) returned with 3 ready: %v", err)

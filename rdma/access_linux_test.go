@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -81,17 +82,15 @@ func TestVerbsRegisterAccess(t *testing.T) {
 		t.Helper()
 		r := newRecorder()
 		tasks := tasksOf(r, xfer.Request{Op: op, Local: segLocal, Target: xfer.SegmentID(100 + name), Length: 4096})
-		deadline := time.Now().Add(20 * time.Second)
-		for {
+		var last error
+		testutil.Eventually(t, 20*time.Second, func() bool {
 			n, err := a.Submit(tasks)
-			if n == 1 {
-				break
-			}
-			if !errors.Is(err, ErrQPDown) && !errors.Is(err, ErrQueueFull) || time.Now().After(deadline) {
+			if n != 1 && !errors.Is(err, ErrQPDown) && !errors.Is(err, ErrQueueFull) {
 				t.Fatalf("Submit %v to region %d: %v", op, name, err)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			last = err
+			return n == 1
+		}, "Submit %v to region %d taken (refused with %v)", op, name, testutil.Lazy(func() error { return last }))
 		r.Wait(t, 1)
 		r.Check(t, tasks)
 		return r.Err(tasks[0])

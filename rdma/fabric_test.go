@@ -308,12 +308,11 @@ func (p badPeer) Exchange(l rdma.ConnInfo) (rdma.ConnInfo, error) {
 func TestFakeSteadyStateAllocs(t *testing.T) {
 	la, rb := make([]byte, 1<<16), make([]byte, 1<<16)
 	a, _ := fakePair(t, rdma.Config{QPs: 1}, la, rb)
-	ch := make(chan struct{}, 64)
-	c := chanCompleter(ch)
+	ch := make(xfertest.Chan, 64)
 	tasks := make([]*xfer.Task, 16)
 	for i := range tasks {
 		tasks[i] = &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, TargetOffset: uint64(i) * 4096, Length: 4096}}
-		tasks[i].SetCompleter(c)
+		tasks[i].SetCompleter(ch)
 	}
 	run := func() {
 		if n, err := a.t.Submit(tasks); n != len(tasks) || err != nil {
@@ -329,10 +328,6 @@ func TestFakeSteadyStateAllocs(t *testing.T) {
 		t.Errorf("Submit + completion of 16 tasks: %v allocations, want 0", allocs)
 	}
 }
-
-type chanCompleter chan struct{}
-
-func (c chanCompleter) TaskDone(*xfer.Task, uint64, error) { c <- struct{}{} }
 
 // TestFabricEnforcesKeys: the fabric refuses what a device refuses. A
 // WRITE into a region registered read-only, a READ past a region's end and

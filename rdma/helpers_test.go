@@ -33,10 +33,6 @@ func tasksOf(r *recorder, reqs ...xfer.Request) []*xfer.Task {
 	return out
 }
 
-type chanCompleter chan struct{}
-
-func (c chanCompleter) TaskDone(*xfer.Task, uint64, error) { c <- struct{}{} }
-
 // noExports is a tcp.Exporter with nothing exported.
 type noExports struct{}
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // These tests need a real RDMA device. `make test-rdma` runs them inside a
@@ -244,13 +245,7 @@ func TestVerbsQPErrorFailsInFlightAndRecovers(t *testing.T) {
 	}
 	t.Logf("%d of %d tasks failed with the queue pair (first: %v)", failed, len(tasks), r.Err(tasks[len(tasks)-1]))
 
-	deadline := time.Now().Add(20 * time.Second)
-	for !qpIsUp(p.a, 0) {
-		if time.Now().After(deadline) {
-			t.Fatal("queue pair not re-established within 20s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, 20*time.Second, func() bool { return qpIsUp(p.a, 0) }, "the queue pair re-established")
 	for i := range 1 << 20 {
 		p.la[i] = byte(i * 31)
 	}
@@ -518,13 +513,12 @@ func TestVerbsDiscovery(t *testing.T) {
 
 func TestVerbsSteadyStateAllocs(t *testing.T) {
 	p := newVerbsPair(t, Config{QPs: 1}, 1<<20)
-	ch := make(chan struct{}, 64)
-	c := chanCompleter(ch)
+	ch := make(xfertest.Chan, 64)
 	tasks := make([]*xfer.Task, 16)
 	for i := range tasks {
 		tasks[i] = &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: uint64(i) * 4096,
 			Target: segRemote, TargetOffset: uint64(i) * 4096, Length: 4096}}
-		tasks[i].SetCompleter(c)
+		tasks[i].SetCompleter(ch)
 	}
 	round := func() {
 		if n, err := p.a.Submit(tasks); n != len(tasks) || err != nil {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
@@ -212,65 +213,12 @@ func (e *testEnv) reopen() {
 	e.open()
 }
 
-// fakeClock is a Clock advanced by hand; AfterFunc callbacks run in
-// Advance's goroutine.
-type fakeClock struct {
-	mu     sync.Mutex // guards the fields below
-	now    int64
-	timers []*fakeTimer
-}
+// fakeClock is the shared test clock as a store Clock: AfterFunc calls run
+// in Advance's goroutine.
+type fakeClock struct{ *testutil.Clock }
 
-type fakeTimer struct {
-	c       *fakeClock
-	at      int64
-	f       func()
-	stopped bool
-}
+var _ Clock = (*fakeClock)(nil)
 
-func newFakeClock() *fakeClock { return &fakeClock{} }
+func newFakeClock() *fakeClock { return &fakeClock{testutil.NewClock(epoch)} }
 
-func (c *fakeClock) Now() time0 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return epoch.Add(dur(c.now))
-}
-
-func (c *fakeClock) AfterFunc(d dur, f func()) Timer {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t := &fakeTimer{c: c, at: c.now + int64(d), f: f}
-	c.timers = append(c.timers, t)
-	return t
-}
-
-func (t *fakeTimer) Stop() bool {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	was := !t.stopped
-	t.stopped = true
-	return was
-}
-
-// Advance moves the clock and runs every timer that came due, in order.
-func (c *fakeClock) Advance(d dur) {
-	c.mu.Lock()
-	c.now += int64(d)
-	now := c.now
-	var due []*fakeTimer
-	keep := c.timers[:0]
-	for _, t := range c.timers {
-		switch {
-		case t.stopped:
-		case t.at <= now:
-			t.stopped = true
-			due = append(due, t)
-		default:
-			keep = append(keep, t)
-		}
-	}
-	c.timers = keep
-	c.mu.Unlock()
-	for _, t := range due {
-		t.f()
-	}
-}
+func (c fakeClock) AfterFunc(d dur, f func()) Timer { return c.Clock.AfterFunc(d, f) }

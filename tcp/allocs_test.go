@@ -5,6 +5,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/invariants"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // TestSteadyStateAllocations: a 4 KiB READ or WRITE that fits one slice,
@@ -18,8 +19,8 @@ func TestSteadyStateAllocations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 1<<20)
-	cc := make(chanResults, 1)
+	local := xfertest.NewSegment(1, 1<<20)
+	cc := make(xfertest.Chan, 1)
 	for _, op := range []xfer.Op{xfer.OpWrite, xfer.OpRead} {
 		tk := &xfer.Task{Req: xfer.Request{Op: op, Length: 4096}, Local: local, Target: r}
 		tk.SetCompleter(cc)
@@ -30,8 +31,8 @@ func TestSteadyStateAllocations(t *testing.T) {
 		}
 		allocs := testing.AllocsPerRun(500, func() {
 			a.Submit(one)
-			if d := <-cc; d.err != nil {
-				t.Fatal(d.err)
+			if d := <-cc; d.Err != nil {
+				t.Fatal(d.Err)
 			}
 		})
 		t.Logf("%v: %.1f allocations per request (whole process, both nodes)", op, allocs)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // benchPair starts two nodes on loopback; a reads and writes b's "seg".
@@ -16,7 +17,7 @@ func benchPair(b *testing.B, conns int) (*testNode, *Remote) {
 	kf := writeKey(b, b.TempDir(), "k", "bench")
 	a := startNode(b, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: conns})
 	p := startNode(b, Config{DaemonID: "b", ClusterKeyFile: kf, ConnsPerPeer: conns})
-	p.exp.add("seg", newMemSeg(9, 64<<20))
+	p.exp.add("seg", xfertest.NewSegment(9, 64<<20))
 	link(b, a, p)
 	r, err := a.Open("b", "seg", RightRead|RightWrite)
 	if err != nil {
@@ -25,21 +26,11 @@ func benchPair(b *testing.B, conns int) (*testNode, *Remote) {
 	return a, r
 }
 
-// chanCompleter hands finished tasks back to the driver.
-type chanCompleter chan *xfer.Task
-
-func (c chanCompleter) TaskDone(t *xfer.Task, _ uint64, err error) {
-	if err != nil {
-		panic(fmt.Sprintf("bench task failed: %v", err))
-	}
-	c <- t
-}
-
 // pipeline keeps depth requests of size bytes in flight until b.N have
 // completed, resubmitting each task as it ends.
 func pipeline(b *testing.B, a *testNode, r *Remote, op xfer.Op, size uint64, depth int) {
-	local := newMemSeg(1, 64<<20)
-	cc := make(chanCompleter, depth)
+	local := xfertest.NewSegment(1, 64<<20)
+	cc := make(xfertest.Chan, depth) // hands finished tasks back to the driver
 	tasks := make([]*xfer.Task, depth)
 	slots := uint64(64<<20) / size
 	for i := range tasks {
@@ -58,7 +49,11 @@ func pipeline(b *testing.B, a *testNode, r *Remote, op xfer.Op, size uint64, dep
 	submitted := inflight
 	one := make([]*xfer.Task, 1)
 	for done := 0; done < b.N; done++ {
-		t := <-cc
+		e := <-cc
+		if e.Err != nil {
+			b.Fatalf("bench task failed: %v", e.Err)
+		}
+		t := e.Task
 		if submitted < b.N {
 			one[0] = t
 			if _, err := a.Submit(one); err != nil {

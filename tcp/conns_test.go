@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // TestConnAddrs: each side lists its connections with the other, and one
@@ -16,11 +17,11 @@ func TestConnAddrs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 1<<20)
-	col := newCollector(1)
+	local := xfertest.NewSegment(1, 1<<20)
+	col := xfertest.NewRecorder()
 	for _, d := range submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)}, 20*time.Second) {
-		if d.err != nil {
-			t.Fatal(d.err)
+		if d.Err != nil {
+			t.Fatal(d.Err)
 		}
 	}
 	type pair struct{ l, r string }

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // writePieces writes b in pieces of at most piece bytes, one write each, so
@@ -55,8 +57,8 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		local := newMemSeg(1, size)
-		col := newCollector(8)
+		local := xfertest.NewSegment(1, size)
+		col := xfertest.NewRecorder()
 		// Three reads on one connection: their answers follow each other
 		// on the wire.
 		third := uint64(size / 3)
@@ -66,11 +68,11 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 			mkTask(col, xfer.OpRead, local, 2*third, r, 2*third, size-2*third),
 		}
 		for _, d := range submitWait(t, a.Node, col, tasks, 10*time.Second) {
-			if d.err != nil || d.n != d.t.Req.Length {
-				t.Fatalf("read: n=%d err=%v", d.n, d.err)
+			if d.Err != nil || d.N != d.Task.Req.Length {
+				t.Fatalf("read: n=%d err=%v", d.N, d.Err)
 			}
 		}
-		if !bytes.Equal(local.b, src) {
+		if !bytes.Equal(local.Bytes(), src) {
 			t.Fatal("the bytes read differ from the owner's")
 		}
 	})
@@ -78,7 +80,7 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 	t.Run("write payload in pieces, then one cut short", func(t *testing.T) {
 		kf := writeKey(t, t.TempDir(), "k", string(key))
 		b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, SliceSize: 4 << 20})
-		seg := newMemSeg(5, size)
+		seg := xfertest.NewSegment(5, size)
 		b.exp.add("seg", seg)
 		tok := (&token{name: "seg", rights: RightWrite, expiry: time.Now().Add(time.Hour).UnixNano(), issuer: "b", epoch: b.Epoch()}).
 			sign(deriveKey(key, "tensorcast token v1"))
@@ -105,10 +107,9 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 		}
 		// The release of the segment after the last payload orders its
 		// bytes before this read (for the race detector too).
-		if !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 0 }) {
-			t.Fatalf("segment refs %d after the writes", seg.refs.Load())
-		}
-		if !bytes.Equal(seg.b, src) {
+		testutil.Eventually(t, 5*time.Second, func() bool { return seg.Refs() == 0 },
+			"segment refs %v after the writes", testutil.Lazy(seg.Refs))
+		if !bytes.Equal(seg.Bytes(), src) {
 			t.Fatal("the segment differs from what was written")
 		}
 
@@ -123,13 +124,11 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 		// does is a zero count below the release rather than the state from
 		// before the frame (and only then are the writes below ordered
 		// after this connection's).
-		if !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 1 }) {
-			t.Fatalf("segment refs %d while a payload is due", seg.refs.Load())
-		}
+		testutil.Eventually(t, 5*time.Second, func() bool { return seg.Refs() == 1 },
+			"segment refs %v while a payload is due", testutil.Lazy(seg.Refs))
 		c2.Close()
-		if !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 0 }) {
-			t.Fatalf("segment refs %d after a payload cut short", seg.refs.Load())
-		}
+		testutil.Eventually(t, 5*time.Second, func() bool { return seg.Refs() == 0 },
+			"segment refs %v after a payload cut short", testutil.Lazy(seg.Refs))
 		for id := uint64(5); id <= 6; id++ {
 			_ = writePieces(c, frame(id, 0, 1<<20), 1<<20)
 			h, _, _, err := readFrame(c)
@@ -137,7 +136,9 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 				t.Fatalf("write after the cut: %+v %v", h, err)
 			}
 		}
-		if !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 0 }) || !bytes.Equal(seg.b, src) {
+		testutil.Eventually(t, 5*time.Second, func() bool { return seg.Refs() == 0 },
+			"segment refs %v after the later writes", testutil.Lazy(seg.Refs))
+		if !bytes.Equal(seg.Bytes(), src) {
 			t.Fatal("the segment differs after the later writes")
 		}
 	})

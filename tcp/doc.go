@@ -28,7 +28,7 @@
 // (every dialed connection closes, which stops its writer, and fails what
 // it carried), wait for the writers, stop the server engine, wait for
 // running exchange handlers (see Handle), then wait until no task is
-// outstanding.
+// outstanding (woken by the last task's end, for a second at most).
 //
 // Peers. Only daemons the directory lists (Config.Peers, or entries added
 // to the Directory) are accepted on the listener; any other id is refused

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -103,8 +104,24 @@ func TestExchange(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("timeout of 100ms took %v", d)
 	}
+	// a remembers the timed-out request until its late answer comes; the
+	// answer comes once the handler returns.
+	pa := a.peer("bravo", false)
+	lateDue := func() int {
+		pa.mu.Lock()
+		defer pa.mu.Unlock()
+		n := 0
+		for _, c := range pa.sess {
+			n += len(c.timedOut)
+		}
+		return n
+	}
+	if n := lateDue(); n != 1 {
+		t.Fatalf("%d late answers awaited after one exchange timed out, want 1", n)
+	}
 	close(release)
-	time.Sleep(50 * time.Millisecond)
+	testutil.Eventually(t, 5*time.Second, func() bool { return lateDue() == 0 },
+		"the late answer arriving (%v still awaited)", testutil.Lazy(lateDue))
 	before := calls.Load()
 	if _, err := a.Exchange("bravo", "echo", []byte("x"), time.Second); err != nil {
 		t.Fatalf("exchange after a timeout: %v", err)

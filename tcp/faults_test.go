@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // fakePeer speaks the handshake and the open call like a real daemon,
@@ -168,7 +170,7 @@ func TestMisbehavingPeerDropsConnection(t *testing.T) {
 			kf := writeKey(t, dir, "k", string(key))
 			a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: 1, SliceSize: 64 << 10})
 			b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf})
-			b.exp.add("seg", newMemSeg(5, 1<<20))
+			b.exp.add("seg", xfertest.NewSegment(5, 1<<20))
 			link(t, a, b)
 			fake := newFakePeer(t, "evil", key, tc.answer)
 			if err := a.Directory().Update(dirPeer("evil", fake.ln.Addr().String())); err != nil {
@@ -178,11 +180,11 @@ func TestMisbehavingPeerDropsConnection(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			local := newMemSeg(1, 1<<20)
-			col := newCollector(4)
+			local := xfertest.NewSegment(1, 1<<20)
+			col := xfertest.NewRecorder()
 			d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, tc.op, local, 0, r, 0, 1000)}, 5*time.Second)[0]
-			if !errors.Is(d.err, ErrConnLost) {
-				t.Fatalf("task ended with %v, want a lost connection", d.err)
+			if !errors.Is(d.Err, ErrConnLost) {
+				t.Fatalf("task ended with %v, want a lost connection", d.Err)
 			}
 			a.logs.waitContains(t, "dropping peer connection")
 			a.logs.waitContains(t, tc.reason)
@@ -191,8 +193,8 @@ func TestMisbehavingPeerDropsConnection(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, rb, 0, 200<<10)}, 5*time.Second)[0]; d.err != nil {
-				t.Fatalf("write to a good peer after the drop: %v", d.err)
+			if d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, rb, 0, 200<<10)}, 5*time.Second)[0]; d.Err != nil {
+				t.Fatalf("write to a good peer after the drop: %v", d.Err)
 			}
 			for _, p := range a.Peers() {
 				if p.ID == "evil" && p.Errors == 0 {
@@ -251,7 +253,7 @@ func TestServerDropsBadClients(t *testing.T) {
 	key := []byte("cluster-secret")
 	kf := writeKey(t, t.TempDir(), "k", string(key))
 	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, SliceSize: 64 << 10, HandshakeTimeout: 300 * time.Millisecond})
-	seg := newMemSeg(5, 4<<20)
+	seg := xfertest.NewSegment(5, 4<<20)
 	b.exp.add("seg", seg)
 	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf})
 	link(t, a, b)
@@ -300,19 +302,18 @@ func TestServerDropsBadClients(t *testing.T) {
 		}
 	}()
 	b.logs.waitContains(t, "flow-control window")
-	if !waitFor(3*time.Second, func() bool { return seg.refs.Load() == 0 }) {
-		t.Fatalf("segment refs %d after the drop", seg.refs.Load())
-	}
+	testutil.Eventually(t, 3*time.Second, func() bool { return seg.Refs() == 0 },
+		"segment refs %v after the drop", testutil.Lazy(seg.Refs))
 
 	// The node serves on.
 	r, err := a.Open("b", "seg", RightRead)
 	if err != nil {
 		t.Fatal(err)
 	}
-	col := newCollector(1)
-	local := newMemSeg(1, 1<<20)
-	if d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpRead, local, 0, r, 0, 1<<20)}, 5*time.Second)[0]; d.err != nil {
-		t.Fatalf("read after the bad clients: %v", d.err)
+	col := xfertest.NewRecorder()
+	local := xfertest.NewSegment(1, 1<<20)
+	if d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpRead, local, 0, r, 0, 1<<20)}, 5*time.Second)[0]; d.Err != nil {
+		t.Fatalf("read after the bad clients: %v", d.Err)
 	}
 }
 
@@ -332,14 +333,14 @@ func TestNotificationOnBrokenConnectionFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 1<<20)
-	col := newCollector(1)
+	local := xfertest.NewSegment(1, 1<<20)
+	col := xfertest.NewRecorder()
 	tk := mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
 	tk.Notify, tk.Deadline = []byte("ready"), time.Now().Add(3*time.Second)
 	start := time.Now()
 	d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]
-	if !errors.Is(d.err, ErrConnLost) || time.Since(start) > 2*time.Second {
-		t.Fatalf("notification over a broken connection ended with %v after %v", d.err, time.Since(start))
+	if !errors.Is(d.Err, ErrConnLost) || time.Since(start) > 2*time.Second {
+		t.Fatalf("notification over a broken connection ended with %v after %v", d.Err, time.Since(start))
 	}
 	p := a.peer("cutter", false)
 	p.mu.Lock()
@@ -362,18 +363,32 @@ func TestFlowControlBoundsInflight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 4<<20)
-	col := newCollector(8)
+	local := xfertest.NewSegment(1, 4<<20)
+	col := xfertest.NewRecorder()
 	tasks := []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, r, 0, 2<<20), mkTask(col, xfer.OpWrite, local, 0, r, 0, 2<<20)}
 	start := time.Now()
 	res := make(chan error, 1)
 	go func() { _, err := a.Submit(tasks); res <- err }()
-	time.Sleep(400 * time.Millisecond)
+	// The sender stops at the window: a waits for credit with the peer's
+	// window in flight, and the peer receives that much, no more.
+	pa := a.peer("sink", false)
+	inflight := func() int64 {
+		pa.mu.Lock()
+		defer pa.mu.Unlock()
+		if pa.wake == nil {
+			return -1 // not waiting for credit
+		}
+		return pa.inflight
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return inflight() == 3*slice },
+		"a waiting for credit with the window of %d in flight (in flight now: %v, -1 when not waiting)", 3*slice, testutil.Lazy(inflight))
+	testutil.Eventually(t, 5*time.Second, func() bool { return fake.payload.Load() >= 3*slice },
+		"the peer receiving the window of %d bytes (received: %v)", 3*slice, testutil.Lazy(fake.payload.Load))
 	if got := fake.payload.Load(); got != 3*slice {
 		t.Fatalf("peer received %d payload bytes while nothing was answered, want the window of %d", got, 3*slice)
 	}
-	for _, d := range col.wait(t, 2, 5*time.Second) {
-		if d.err == nil {
+	for _, d := range col.Next(t, 2, 5*time.Second) {
+		if d.Err == nil {
 			t.Fatal("task against a silent peer succeeded")
 		}
 	}
@@ -393,15 +408,15 @@ func TestPeerKilledMidTransferAndRestarted(t *testing.T) {
 	ca.DaemonID, cb.DaemonID = "a", "b"
 	a := startNode(t, ca)
 	b := startNode(t, cb)
-	bseg := newMemSeg(7, 64<<20)
+	bseg := xfertest.NewSegment(7, 64<<20)
 	b.exp.add("seg", bseg)
 	link(t, a, b)
 	r, err := a.Open("b", "seg", RightRead|RightWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 64<<20)
-	col := newCollector(64)
+	local := xfertest.NewSegment(1, 64<<20)
+	col := xfertest.NewRecorder()
 	var tasks []*xfer.Task
 	for i := 0; i < 32; i++ {
 		tasks = append(tasks, mkTask(col, xfer.OpWrite, local, uint64(i)*(2<<20), r, uint64(i)*(2<<20), 2<<20))
@@ -411,8 +426,9 @@ func TestPeerKilledMidTransferAndRestarted(t *testing.T) {
 	// flight, however fast the rest went.
 	b.exp.stall.Store(int64(time.Second))
 	go func() {
-		for b.exp.stall.Load() != 0 {
-			time.Sleep(time.Millisecond)
+		select {
+		case <-b.exp.stalled:
+		case <-time.After(10 * time.Second): // the wait for the tasks below fails the test
 		}
 		b.Close()
 	}()
@@ -421,11 +437,11 @@ func TestPeerKilledMidTransferAndRestarted(t *testing.T) {
 		t.Fatalf("Submit = %d %v", k, err)
 	}
 	var failed int
-	for _, d := range col.wait(t, len(tasks), 10*time.Second) {
-		if d.err != nil {
+	for _, d := range col.Next(t, len(tasks), 10*time.Second) {
+		if d.Err != nil {
 			failed++
-			if !errors.Is(d.err, ErrConnLost) && !errors.Is(d.err, xfer.ErrTimeout) {
-				t.Fatalf("unexpected error %v", d.err)
+			if !errors.Is(d.Err, ErrConnLost) && !errors.Is(d.Err, xfer.ErrTimeout) {
+				t.Fatalf("unexpected error %v", d.Err)
 			}
 		}
 	}
@@ -435,18 +451,18 @@ func TestPeerKilledMidTransferAndRestarted(t *testing.T) {
 	if el := time.Since(start); el > cfg.RequestTimeout+2*time.Second {
 		t.Fatalf("tasks took %v to end", el)
 	}
-	if bseg.refs.Load() != 0 {
-		t.Fatalf("dead peer's segment refs %d", bseg.refs.Load())
+	if bseg.Refs() != 0 {
+		t.Fatalf("dead peer's segment refs %d", bseg.Refs())
 	}
 	// Restart with a new epoch on the same address.
 	cb.Listen = b.Addr()
 	b2 := startNode(t, cb)
 	link(t, a, b2)
-	b2.exp.add("seg", newMemSeg(8, 64<<20))
+	b2.exp.add("seg", xfertest.NewSegment(8, 64<<20))
 	old := mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
 	d := submitWait(t, a.Node, col, []*xfer.Task{old}, 5*time.Second)[0]
-	if !errors.Is(d.err, xfer.ErrPermission) {
-		t.Fatalf("old token against the new epoch: %v", d.err)
+	if !errors.Is(d.Err, xfer.ErrPermission) {
+		t.Fatalf("old token against the new epoch: %v", d.Err)
 	}
 	b2.logs.waitContains(t, "current epoch")
 	r2, err := a.Open("b", "seg", RightRead|RightWrite)
@@ -456,11 +472,11 @@ func TestPeerKilledMidTransferAndRestarted(t *testing.T) {
 	if r2.Epoch() != b2.Epoch() || r.Epoch() == r2.Epoch() {
 		t.Fatalf("epochs old %#x new %#x b2 %#x", r.Epoch(), r2.Epoch(), b2.Epoch())
 	}
-	fill(rand.New(rand.NewPCG(1, 2)), local.b[:8<<20])
-	if d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, r2, 0, 8<<20)}, 10*time.Second)[0]; d.err != nil {
-		t.Fatal(d.err)
+	fill(rand.New(rand.NewPCG(1, 2)), local.Bytes()[:8<<20])
+	if d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, r2, 0, 8<<20)}, 10*time.Second)[0]; d.Err != nil {
+		t.Fatal(d.Err)
 	}
-	if crc(b2.exp.segs["seg"].b[:8<<20]) != crc(local.b[:8<<20]) {
+	if crc(b2.exp.segs["seg"].Bytes()[:8<<20]) != crc(local.Bytes()[:8<<20]) {
 		t.Fatal("data differs after reconnect")
 	}
 	if p := a.Peers()[0]; p.Epoch != b2.Epoch() || !p.Connected {
@@ -475,8 +491,8 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 64<<20)
-	col := newCollector(128)
+	local := xfertest.NewSegment(1, 64<<20)
+	col := xfertest.NewRecorder()
 	var tasks []*xfer.Task
 	for i := 0; i < 96; i++ {
 		off := uint64(i%32) * (2 << 20)
@@ -488,44 +504,37 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 	// unanswered request is reset: a's socket closes with SO_LINGER 0, so
 	// a loses what it had in flight there and b sees a reset.
 	b.exp.stall.Store(int64(300 * time.Millisecond))
-	reset := make(chan bool, 1)
-	go func() {
-		pa := a.peer("b", false)
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond)
-			// The connection with the oldest unanswered request is one
-			// the stalled loop serves.
-			pa.mu.Lock()
-			var best *conn
-			oldest := time.Now().Add(-15 * time.Millisecond).UnixNano()
-			for _, c := range pa.sess {
-				for _, pd := range c.reqs {
-					if pd.sent < oldest {
-						oldest, best = pd.sent, c
-					}
+	if k, err := a.Submit(tasks); k != len(tasks) || err != nil {
+		t.Fatalf("Submit = %d, %v", k, err)
+	}
+	pa := a.peer("b", false)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		// The connection with the oldest unanswered request is one the
+		// stalled loop serves.
+		pa.mu.Lock()
+		defer pa.mu.Unlock()
+		var best *conn
+		oldest := time.Now().Add(-15 * time.Millisecond).UnixNano()
+		for _, c := range pa.sess {
+			for _, pd := range c.reqs {
+				if pd.sent < oldest {
+					oldest, best = pd.sent, c
 				}
 			}
-			if best != nil {
-				_ = best.g.SetLinger(0)
-				_ = best.g.Close()
-				pa.mu.Unlock()
-				reset <- true
-				return
-			}
-			pa.mu.Unlock()
 		}
-		reset <- false
-	}()
+		if best != nil {
+			_ = best.g.SetLinger(0)
+			_ = best.g.Close()
+		}
+		return best != nil
+	}, "a request waiting on the stalled event loop, to reset its connection")
 	var failed int
-	done := submitWait(t, a.Node, col, tasks, 20*time.Second)
-	if !<-reset {
-		t.Fatal("no request waited on the stalled event loop")
-	}
+	done := col.Next(t, len(tasks), 20*time.Second)
 	for _, d := range done {
-		if d.err != nil {
+		if d.Err != nil {
 			failed++
-			if !errors.Is(d.err, ErrConnLost) {
-				t.Fatalf("task ended with %v", d.err)
+			if !errors.Is(d.Err, ErrConnLost) {
+				t.Fatalf("task ended with %v", d.Err)
 			}
 		}
 	}
@@ -535,11 +544,11 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 	a.logs.waitContains(t, "closed with requests in flight")
 	// Afterwards every transfer works again.
 	for _, d := range submitWait(t, a.Node, col, tasks[:8], 20*time.Second) {
-		if d.err != nil {
-			t.Fatalf("after the reset: %v", d.err)
+		if d.Err != nil {
+			t.Fatalf("after the reset: %v", d.Err)
 		}
 	}
-	if b.exp.segs["seg"].refs.Load() != 0 {
+	if b.exp.segs["seg"].Refs() != 0 {
 		t.Fatal("segment refs leaked")
 	}
 }
@@ -551,11 +560,11 @@ func TestCloseRacingSubmit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 16<<20)
+	local := xfertest.NewSegment(1, 16<<20)
 	var dispatched, doneCount atomic.Int64
 	var mu sync.Mutex
 	ends := map[*xfer.Task]int{}
-	cc := completerFunc(func(tk *xfer.Task, _ uint64, err error) {
+	cc := xfertest.Func(func(tk *xfer.Task, _ uint64, err error) {
 		mu.Lock()
 		ends[tk]++
 		mu.Unlock()
@@ -571,7 +580,7 @@ func TestCloseRacingSubmit(t *testing.T) {
 			// the WRITEs in the target), and two landing at once (on two
 			// connections' event loops) would race on its bytes.
 			var turn [2]chan struct{}
-			var ccs [2]completerFunc
+			var ccs [2]xfertest.Func
 			for k := range turn {
 				turn[k] = make(chan struct{}, 1)
 				turn[k] <- struct{}{}
@@ -604,7 +613,10 @@ func TestCloseRacingSubmit(t *testing.T) {
 			}
 		}(g)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Close while the goroutines submit: once each of them saw a task end
+	// (the next of its tasks is then on its way), transfers are under way.
+	testutil.Eventually(t, 10*time.Second, func() bool { return doneCount.Load() >= 8 },
+		"8 tasks ended before Close (ended: %v)", testutil.Lazy(doneCount.Load))
 	start := time.Now()
 	a.Close()
 	if el := time.Since(start); el > 3*time.Second {
@@ -623,7 +635,3 @@ func TestCloseRacingSubmit(t *testing.T) {
 		t.Fatalf("active = %d after Close", a.active.Load())
 	}
 }
-
-type completerFunc func(*xfer.Task, uint64, error)
-
-func (f completerFunc) TaskDone(t *xfer.Task, n uint64, err error) { f(t, n, err) }

@@ -18,56 +18,31 @@ import (
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func crc(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
-// memSeg is a memory segment for tests.
-type memSeg struct {
-	id      xfer.SegmentID
-	b       []byte
-	refs    atomic.Int64
-	closing atomic.Bool
-}
-
-func newMemSeg(id xfer.SegmentID, size int) *memSeg { return &memSeg{id: id, b: make([]byte, size)} }
-
-func (s *memSeg) ID() xfer.SegmentID { return s.id }
-func (s *memSeg) Kind() xfer.Kind    { return xfer.KindPool }
-func (s *memSeg) Size() uint64       { return uint64(len(s.b)) }
-func (s *memSeg) Bytes() []byte      { return s.b }
-func (s *memSeg) Acquire() bool {
-	if s.closing.Load() {
-		return false
-	}
-	s.refs.Add(1)
-	return true
-}
-func (s *memSeg) Release() {
-	if s.refs.Add(-1) < 0 {
-		panic("memSeg: release below zero")
-	}
-}
-
 // exporter serves named segments and records notifications.
 type exporter struct {
 	mu       sync.Mutex
-	segs     map[string]*memSeg
+	segs     map[string]*xfertest.Segment
 	notes    []string // "segment:payload"
 	deliver  func(seg string, payload []byte) error
 	notifyCh chan string
 	// stall, when set, makes the next Lookup sleep that long (stalling an
-	// event loop of the owner).
-	stall atomic.Int64
+	// event loop of the owner); stalled has a value once that sleep began.
+	stall   atomic.Int64
+	stalled chan struct{}
 }
 
 func newExporter() *exporter {
-	return &exporter{segs: map[string]*memSeg{}, notifyCh: make(chan string, 64)}
+	return &exporter{segs: map[string]*xfertest.Segment{}, notifyCh: make(chan string, 64), stalled: make(chan struct{}, 1)}
 }
 
-func (e *exporter) add(name string, s *memSeg) {
+func (e *exporter) add(name string, s *xfertest.Segment) {
 	e.mu.Lock()
 	e.segs[name] = s
 	e.mu.Unlock()
@@ -75,7 +50,11 @@ func (e *exporter) add(name string, s *memSeg) {
 
 func (e *exporter) Lookup(name string) (xfer.MemSegment, error) {
 	if d := e.stall.Swap(0); d > 0 {
-		time.Sleep(time.Duration(d))
+		select {
+		case e.stalled <- struct{}{}:
+		default:
+		}
+		time.Sleep(time.Duration(d)) // the fault: an event loop of the owner stops this long
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -123,14 +102,10 @@ func (l *logBuf) String() string {
 	return l.b.String()
 }
 
-// waitFor polls cond until it holds or d passes.
-var waitFor = testutil.WaitFor
-
 func (l *logBuf) waitContains(t *testing.T, what string) {
 	t.Helper()
-	if !waitFor(3*time.Second, func() bool { return strings.Contains(l.String(), what) }) {
-		t.Fatalf("log does not contain %q:\n%s", what, l.String())
-	}
+	testutil.Eventually(t, 3*time.Second, func() bool { return strings.Contains(l.String(), what) },
+		"the log containing %q:\n%s", what, l)
 }
 
 func writeKey(t testing.TB, dir, name, key string) string {
@@ -165,7 +140,16 @@ func startNode(t testing.TB, cfg Config) *testNode {
 	if err != nil {
 		t.Fatalf("NewNode %s: %v", cfg.DaemonID, err)
 	}
-	t.Cleanup(func() { n.Close() })
+	t.Cleanup(func() {
+		n.Close()
+		exp.mu.Lock()
+		defer exp.mu.Unlock()
+		for name, s := range exp.segs {
+			if s.Underflowed() {
+				t.Errorf("%s: exported segment %q released below zero", cfg.DaemonID, name)
+			}
+		}
+	})
 	return &testNode{Node: n, exp: exp, logs: lb}
 }
 
@@ -181,42 +165,7 @@ func link(t testing.TB, a, b *testNode) {
 	}
 }
 
-// collector is a Completer that records every Done.
-type collector struct {
-	ch    chan done
-	count atomic.Int64
-}
-
-type done struct {
-	t   *xfer.Task
-	n   uint64
-	err error
-}
-
-func newCollector(capacity int) *collector { return &collector{ch: make(chan done, capacity)} }
-
-func (c *collector) TaskDone(t *xfer.Task, n uint64, err error) {
-	c.count.Add(1)
-	c.ch <- done{t, n, err}
-}
-
-func (c *collector) wait(t testing.TB, k int, d time.Duration) []done {
-	t.Helper()
-	out := make([]done, 0, k)
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	for len(out) < k {
-		select {
-		case r := <-c.ch:
-			out = append(out, r)
-		case <-timer.C:
-			t.Fatalf("only %d of %d tasks ended within %v", len(out), k, d)
-		}
-	}
-	return out
-}
-
-func mkTask(c *collector, op xfer.Op, local *memSeg, loff uint64, r *Remote, toff, ln uint64) *xfer.Task {
+func mkTask(c xfer.Completer, op xfer.Op, local *xfertest.Segment, loff uint64, r *Remote, toff, ln uint64) *xfer.Task {
 	t := &xfer.Task{Req: xfer.Request{Op: op, Local: local.ID(), LocalOffset: loff, Target: r.ID(), TargetOffset: toff, Length: ln},
 		Local: local, Target: r}
 	t.SetCompleter(c)
@@ -224,13 +173,13 @@ func mkTask(c *collector, op xfer.Op, local *memSeg, loff uint64, r *Remote, tof
 }
 
 // submitWait submits tasks and waits for every one of them.
-func submitWait(t testing.TB, n *Node, c *collector, tasks []*xfer.Task, d time.Duration) []done {
+func submitWait(t testing.TB, n *Node, c *xfertest.Recorder, tasks []*xfer.Task, d time.Duration) []xfertest.End {
 	t.Helper()
 	k, err := n.Submit(tasks)
 	if k != len(tasks) || err != nil {
 		t.Fatalf("Submit = %d, %v; want %d", k, err, len(tasks))
 	}
-	return c.wait(t, len(tasks), d)
+	return c.Next(t, len(tasks), d)
 }
 
 func fill(r *rand.Rand, b []byte) {

@@ -19,6 +19,7 @@ import (
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // The cut-link test runs two Nodes, each in its own network namespace
@@ -141,7 +142,7 @@ func netnsChild(role string) int {
 		cfg.DaemonID, cfg.Listen = "b", netnsAddrB+":"+netnsPort
 		cfg.Peers = []directory.Peer{{ID: "a"}} // accepted; its address comes with its hello
 		exp := newExporter()
-		exp.add("seg", newMemSeg(1, 64<<20))
+		exp.add("seg", xfertest.NewSegment(1, 64<<20))
 		n, err := NewNode(cfg, exp, log)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -177,9 +178,9 @@ func netnsClient(cfg Config, log *slog.Logger) int {
 		n.Close()
 		return 1
 	}
-	local := newMemSeg(1, 64<<20)
+	local := xfertest.NewSegment(1, 64<<20)
 	const depth, size = 8, 4 << 20
-	cc := make(chanResults, depth)
+	cc := make(xfertest.Chan, depth)
 	tasks := make([]*xfer.Task, depth)
 	for i := range tasks {
 		tasks[i] = &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, LocalOffset: uint64(i) * size, TargetOffset: uint64(i) * size, Length: size},
@@ -202,13 +203,13 @@ func netnsClient(cfg Config, log *slog.Logger) int {
 		case d := <-cc:
 			outstanding--
 			mu.Lock()
-			if d.err != nil {
+			if d.Err != nil {
 				if failed == 0 {
 					firstFail = time.Now()
 				}
 				failed++
-				if !errors.Is(d.err, ErrConnLost) && !errors.Is(d.err, xfer.ErrTimeout) {
-					fmt.Fprintln(os.Stderr, "unexpected error:", d.err)
+				if !errors.Is(d.Err, ErrConnLost) && !errors.Is(d.Err, xfer.ErrTimeout) {
+					fmt.Fprintln(os.Stderr, "unexpected error:", d.Err)
 					okCount = -1 << 30
 				}
 			} else {
@@ -221,7 +222,7 @@ func netnsClient(cfg Config, log *slog.Logger) int {
 				fmt.Println("TRANSFERRING")
 			}
 			if !stop {
-				if k, _ := n.Submit([]*xfer.Task{d.t}); k == 1 {
+				if k, _ := n.Submit([]*xfer.Task{d.Task}); k == 1 {
 					outstanding++
 				}
 			}
@@ -243,8 +244,3 @@ func netnsClient(cfg Config, log *slog.Logger) int {
 	}
 	return 0
 }
-
-// chanResults collects task ends for the netns client.
-type chanResults chan done
-
-func (c chanResults) TaskDone(t *xfer.Task, n uint64, err error) { c <- done{t, n, err} }

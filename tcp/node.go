@@ -104,7 +104,9 @@ type Node struct {
 	// only under the read lock with closed false.
 	lifeMu sync.RWMutex
 
-	active atomic.Int64 // dispatched tasks not yet Done
+	active atomic.Int64 // dispatched tasks not yet Done (see taskGone)
+	// idle has a value when active fell to zero after Close began.
+	idle   chan struct{}
 	nextID atomic.Uint64
 	segID  atomic.Uint64
 
@@ -161,6 +163,7 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		srvDone:    make(chan error, 1),
 		done:       make(chan struct{}),
 		reaperDone: make(chan struct{}),
+		idle:       make(chan struct{}, 1),
 		peers:      make(map[string]*peer),
 		remotes:    make(map[*Remote]struct{}),
 		handlers:   make(map[string]Handler),
@@ -319,13 +322,18 @@ func (n *Node) Close() error {
 		// Every connection is closed, so every request they carried has
 		// failed, and every queued task too; what remains are Submit
 		// calls on their way out, which find the node closed.
-		limit := time.Now().Add(closeWait)
+		// A value in idle may be from an earlier fall to zero (a Submit
+		// counts a task before it finds the node closed): look again.
+		limit := time.NewTimer(closeWait)
+		defer limit.Stop()
+	wait:
 		for n.active.Load() > 0 {
-			if time.Now().After(limit) {
+			select {
+			case <-n.idle:
+			case <-limit.C:
 				n.log.Error("tasks still outstanding after close", "count", n.active.Load())
-				break
+				break wait
 			}
-			time.Sleep(time.Millisecond)
 		}
 		n.log.Info("tcp node closed", "queued_tasks_failed", queued)
 	})
@@ -334,6 +342,17 @@ func (n *Node) Close() error {
 
 // closeWait bounds Close's wait for Submit calls on their way out.
 const closeWait = time.Second
+
+// taskGone counts a dispatched task (or one Submit counted and then
+// refused) out of active, and tells a Close waiting for the last one.
+func (n *Node) taskGone() {
+	if n.active.Add(-1) == 0 && n.closed.Load() {
+		select {
+		case n.idle <- struct{}{}:
+		default:
+		}
+	}
+}
 
 // peer returns the state of peer id, creating it when create is set.
 func (n *Node) peer(id string, create bool) *peer {

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // muteListener accepts TCP connections and never says a word: a peer
@@ -70,11 +72,11 @@ func TestSubmitNeverWaitsForADial(t *testing.T) {
 	ln := muteListener(t)
 	_ = a.Directory().Update(dirPeer("mute", ln.Addr().String()))
 	r := remoteAt(a, "mute")
-	local := newMemSeg(1, 1<<20)
+	local := xfertest.NewSegment(1, 1<<20)
 	var mu sync.Mutex // guards endAt
 	endAt := map[*xfer.Task]time.Time{}
-	col := newCollector(queue + over)
-	stamp := completerFunc(func(tk *xfer.Task, n uint64, err error) {
+	col := xfertest.NewRecorder()
+	stamp := xfertest.Func(func(tk *xfer.Task, n uint64, err error) {
 		mu.Lock()
 		endAt[tk] = time.Now()
 		mu.Unlock()
@@ -106,9 +108,9 @@ func TestSubmitNeverWaitsForADial(t *testing.T) {
 	canceled := tasks[7]
 	a.Cancel(canceled)
 
-	ends := map[*xfer.Task]done{}
-	for _, d := range col.wait(t, len(tasks), 10*time.Second) {
-		ends[d.t] = d
+	ends := map[*xfer.Task]xfertest.End{}
+	for _, d := range col.Next(t, len(tasks), 10*time.Second) {
+		ends[d.Task] = d
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -117,17 +119,17 @@ func TestSubmitNeverWaitsForADial(t *testing.T) {
 		switch {
 		case i >= queue:
 			// Refused at once, and never queued.
-			if !errors.Is(d.err, ErrBacklog) || el >= wait {
-				t.Errorf("task %d past the bound of %d: %v after %v, want ErrBacklog at once", i, queue, d.err, el)
+			if !errors.Is(d.Err, ErrBacklog) || el >= wait {
+				t.Errorf("task %d past the bound of %d: %v after %v, want ErrBacklog at once", i, queue, d.Err, el)
 			}
 		case tk == canceled:
-			if !errors.Is(d.err, xfer.ErrCanceled) || el >= wait {
-				t.Errorf("canceled task: %v after %v, want ErrCanceled at once", d.err, el)
+			if !errors.Is(d.Err, xfer.ErrCanceled) || el >= wait {
+				t.Errorf("canceled task: %v after %v, want ErrCanceled at once", d.Err, el)
 			}
 		default:
 			// At the deadline, well before the dial's 20 s.
-			if !errors.Is(d.err, xfer.ErrTimeout) || el < wait || el > wait+3*time.Second {
-				t.Errorf("task %d: %v after %v, want ErrTimeout at its deadline (%v)", i, d.err, el, wait)
+			if !errors.Is(d.Err, xfer.ErrTimeout) || el < wait || el > wait+3*time.Second {
+				t.Errorf("task %d: %v after %v, want ErrTimeout at its deadline (%v)", i, d.Err, el, wait)
 			}
 		}
 	}
@@ -139,13 +141,11 @@ func TestSubmitNeverWaitsForADial(t *testing.T) {
 	opened := make(chan error, 1)
 	go func() { _, err := a.Open("mute", "seg", RightRead); opened <- err }()
 	pm := a.peer("mute", false)
-	if !waitFor(5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		pm.mu.Lock()
 		defer pm.mu.Unlock()
 		return pm.sessWait != nil
-	}) {
-		t.Fatal("Open did not wait for the dial")
-	}
+	}, "Open waiting for the dial")
 	start = time.Now()
 	a.Close()
 	if el := time.Since(start); el > 5*time.Second {
@@ -177,8 +177,8 @@ func TestStalledPeerEndsTasksByDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 1024
-	local := newMemSeg(1, n*4096)
-	col := newCollector(n)
+	local := xfertest.NewSegment(1, n*4096)
+	col := xfertest.NewRecorder()
 	const wait = 1500 * time.Millisecond
 	deadline := time.Now().Add(wait)
 	tasks := make([]*xfer.Task, n)
@@ -193,21 +193,21 @@ func TestStalledPeerEndsTasksByDeadline(t *testing.T) {
 	// No task can end before its deadline (the peer answers nothing), so
 	// one that has ended means Submit waited for the deadline: an event,
 	// not a stopwatch, and loaded machines do not fail it.
-	if ended := col.count.Load(); ended != 0 {
+	if ended := col.Count(); ended != 0 {
 		t.Fatalf("Submit of %d tasks to a silent peer returned after %d of them had ended (%v)", n, ended, time.Since(start))
 	}
 	if st := a.Peers(); len(st) != 1 || st[0].Queued == 0 || st[0].InFlight == 0 {
 		t.Fatalf("want some tasks on the wire and some queued: %+v", st)
 	}
 	var timedOut, lost int
-	for _, d := range col.wait(t, n, 10*time.Second) {
+	for _, d := range col.Next(t, n, 10*time.Second) {
 		switch {
-		case errors.Is(d.err, xfer.ErrTimeout):
+		case errors.Is(d.Err, xfer.ErrTimeout):
 			timedOut++
-		case errors.Is(d.err, ErrConnLost):
+		case errors.Is(d.Err, ErrConnLost):
 			lost++
 		default:
-			t.Fatalf("task to a silent peer ended with %v", d.err)
+			t.Fatalf("task to a silent peer ended with %v", d.Err)
 		}
 	}
 	// Long before RequestTimeout (30 s); the slack is for a loaded machine.
@@ -228,7 +228,7 @@ func TestPeerAdmission(t *testing.T) {
 	key := []byte("cluster")
 	kf := writeKey(t, t.TempDir(), "k", string(key))
 	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf})
-	b.exp.add("seg", newMemSeg(5, 1<<20))
+	b.exp.add("seg", xfertest.NewSegment(5, 1<<20))
 	for i := 0; i < 5; i++ {
 		_, h, meta := rawHandshake(t, b, key, "stranger", 42)
 		if h.typ != tRefuse || string(meta) != reasonUnknownID {
@@ -256,13 +256,11 @@ func TestPeerAdmission(t *testing.T) {
 	}
 	a.Close()
 	pa := b.peer("a", false)
-	if !waitFor(5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		pa.mu.Lock()
 		defer pa.mu.Unlock()
 		return !pa.liveLocked()
-	}) {
-		t.Fatal("b still counts a's session live after a closed")
-	}
+	}, "b counting a's session gone after a closed")
 	if _, h, meta := rawHandshake(t, b, key, "a", 42); h.typ != tAuthOK {
 		t.Fatalf("a's id once its session is gone: frame %d %q, want accepted", h.typ, meta)
 	}

@@ -7,12 +7,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 func TestMain(m *testing.M) { testutil.Main(m, testutil.Child(netnsRoleEnv, netnsChild)) }
@@ -77,8 +77,8 @@ func cluster(t *testing.T, ids []string, size int, cfg Config) []*testNode {
 		c := cfg
 		c.DaemonID, c.ClusterKeyFile = id, key
 		n := startNode(t, c)
-		s := newMemSeg(xfer.SegmentID(100+i), size)
-		fill(rand.New(rand.NewPCG(uint64(i), 9)), s.b)
+		s := xfertest.NewSegment(xfer.SegmentID(100+i), size)
+		fill(rand.New(rand.NewPCG(uint64(i), 9)), s.Bytes())
 		n.exp.add("seg", s)
 		nodes = append(nodes, n)
 	}
@@ -112,9 +112,9 @@ func TestIntegrityTwoAndThreeNodes(t *testing.T) {
 						if r.Kind() != xfer.KindRemote || r.Size() != size {
 							t.Fatalf("remote kind %v size %d", r.Kind(), r.Size())
 						}
-						local := newMemSeg(1, 4<<20)
-						fill(rng, local.b)
-						col := newCollector(64)
+						local := xfertest.NewSegment(1, 4<<20)
+						fill(rng, local.Bytes())
+						col := xfertest.NewRecorder()
 						// WRITE random ranges, then READ them back into another place.
 						type rng3 struct{ loff, toff, ln uint64 }
 						var ranges []rng3
@@ -122,23 +122,23 @@ func TestIntegrityTwoAndThreeNodes(t *testing.T) {
 						toff := uint64(0)
 						for i := 0; i < 6; i++ {
 							ln := 1 + rng.Uint64N(600<<10)
-							loff := rng.Uint64N(uint64(len(local.b)) - ln)
+							loff := rng.Uint64N(uint64(len(local.Bytes())) - ln)
 							ranges = append(ranges, rng3{loff, toff, ln})
 							tasks = append(tasks, mkTask(col, xfer.OpWrite, local, loff, r, toff, ln))
 							toff += ln + rng.Uint64N(4096)
 						}
 						for _, d := range submitWait(t, a.Node, col, tasks, 20*time.Second) {
-							if d.err != nil || d.n != d.t.Req.Length {
-								t.Fatalf("write: n=%d err=%v", d.n, d.err)
+							if d.Err != nil || d.N != d.Task.Req.Length {
+								t.Fatalf("write: n=%d err=%v", d.N, d.Err)
 							}
 						}
 						target := b.exp.segs["seg"]
 						for _, x := range ranges {
-							if crc(target.b[x.toff:x.toff+x.ln]) != crc(local.b[x.loff:x.loff+x.ln]) {
+							if crc(target.Bytes()[x.toff:x.toff+x.ln]) != crc(local.Bytes()[x.loff:x.loff+x.ln]) {
 								t.Fatalf("%s→%s: target range %+v differs", a.ID(), b.ID(), x)
 							}
 						}
-						back := newMemSeg(2, 4<<20)
+						back := xfertest.NewSegment(2, 4<<20)
 						tasks = tasks[:0]
 						boff := uint64(0)
 						for _, x := range ranges {
@@ -146,13 +146,13 @@ func TestIntegrityTwoAndThreeNodes(t *testing.T) {
 							boff += x.ln
 						}
 						for _, d := range submitWait(t, a.Node, col, tasks, 20*time.Second) {
-							if d.err != nil || d.n != d.t.Req.Length {
-								t.Fatalf("read: n=%d err=%v", d.n, d.err)
+							if d.Err != nil || d.N != d.Task.Req.Length {
+								t.Fatalf("read: n=%d err=%v", d.N, d.Err)
 							}
 						}
 						boff = 0
 						for _, x := range ranges {
-							if crc(back.b[boff:boff+x.ln]) != crc(local.b[x.loff:x.loff+x.ln]) {
+							if crc(back.Bytes()[boff:boff+x.ln]) != crc(local.Bytes()[x.loff:x.loff+x.ln]) {
 								t.Fatalf("%s←%s: read-back of %+v differs", a.ID(), b.ID(), x)
 							}
 							boff += x.ln
@@ -174,9 +174,9 @@ func TestIntegrityTwoAndThreeNodes(t *testing.T) {
 			for _, n := range nodes {
 				// The owner drops a request's reference after it answered:
 				// the last one may still be on its way back.
-				if s := n.exp.segs["seg"]; !waitFor(5*time.Second, func() bool { return s.refs.Load() == 0 }) {
-					t.Fatalf("%s: exported segment refs = %d after the transfers", n.ID(), s.refs.Load())
-				}
+				s := n.exp.segs["seg"]
+				testutil.Eventually(t, 5*time.Second, func() bool { return s.Refs() == 0 },
+					"%s: exported segment refs = %v after the transfers", n.ID(), testutil.Lazy(s.Refs))
 			}
 		})
 	}
@@ -189,11 +189,11 @@ func TestStripingUsesEveryConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 8<<20)
-	col := newCollector(1)
+	local := xfertest.NewSegment(1, 8<<20)
+	col := xfertest.NewRecorder()
 	for _, d := range submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, r, 0, 8<<20)}, 20*time.Second) {
-		if d.err != nil {
-			t.Fatal(d.err)
+		if d.Err != nil {
+			t.Fatal(d.Err)
 		}
 	}
 	p := b.peer("a", false)
@@ -209,15 +209,8 @@ func TestStripingUsesEveryConnection(t *testing.T) {
 	}
 }
 
-// tokenClock is the clock a test cluster's tokens are issued, checked and
-// renewed by: the wall clock, moved forward by what the test advanced it.
-type tokenClock struct{ ahead atomic.Int64 }
-
-func (c *tokenClock) Now() time.Time          { return time.Now().Add(time.Duration(c.ahead.Load())) }
-func (c *tokenClock) Advance(d time.Duration) { c.ahead.Add(int64(d)) }
-
 func TestPermissions(t *testing.T) {
-	clk := &tokenClock{}
+	clk := testutil.NewClock(time.Now()) // tokens are issued, checked and renewed by it
 	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{TokenTTL: time.Minute, tokenClock: clk.Now})
 	a, b := nodes[0], nodes[1]
 	if _, err := a.Open("b", "nope", RightRead); !errors.Is(err, ErrNotFound) {
@@ -229,8 +222,8 @@ func TestPermissions(t *testing.T) {
 	if _, err := a.Open("b", "seg", 0); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("open with no rights: %v", err)
 	}
-	local := newMemSeg(1, 1<<20)
-	col := newCollector(16)
+	local := xfertest.NewSegment(1, 1<<20)
+	col := xfertest.NewRecorder()
 	ro, err := a.Open("b", "seg", RightRead)
 	if err != nil {
 		t.Fatal(err)
@@ -239,7 +232,7 @@ func TestPermissions(t *testing.T) {
 	stale := cloneRemote(ro, ro.cred.Load().token)
 	one := func(tk *xfer.Task) error {
 		t.Helper()
-		return submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0].err
+		return submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0].Err
 	}
 	if err := one(mkTask(col, xfer.OpWrite, local, 0, ro, 0, 100)); !errors.Is(err, xfer.ErrPermission) {
 		t.Fatalf("write with a read-only token: %v", err)
@@ -286,15 +279,14 @@ func TestPermissions(t *testing.T) {
 	notRemote.Target = local
 	bad = append(bad, notRemote)
 	for _, d := range submitWait(t, a.Node, col, bad, 5*time.Second) {
-		if !errors.Is(d.err, xfer.ErrInvalid) {
-			t.Fatalf("bad task ended with %v", d.err)
+		if !errors.Is(d.Err, xfer.ErrInvalid) {
+			t.Fatalf("bad task ended with %v", d.Err)
 		}
 	}
 	// The owner drops a read's reference after it sent the answer: wait
 	// for the last one.
-	if seg := b.exp.segs["seg"]; !waitFor(5*time.Second, func() bool { return seg.refs.Load() == 0 }) {
-		t.Fatalf("segment refs %d", seg.refs.Load())
-	}
+	seg := b.exp.segs["seg"]
+	testutil.Eventually(t, 5*time.Second, func() bool { return seg.Refs() == 0 }, "segment refs %v", testutil.Lazy(seg.Refs))
 }
 
 func TestNotifications(t *testing.T) {
@@ -306,22 +298,22 @@ func TestNotifications(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 1<<20)
-	fill(rand.New(rand.NewPCG(5, 5)), local.b)
-	col := newCollector(16)
+	local := xfertest.NewSegment(1, 1<<20)
+	fill(rand.New(rand.NewPCG(5, 5)), local.Bytes())
+	col := xfertest.NewRecorder()
 
 	// Positive ACK: delivered after the data landed.
 	var landed bool
 	b.exp.mu.Lock()
 	b.exp.deliver = func(seg string, p []byte) error {
-		landed = crc(b.exp.segs["seg"].b[:300<<10]) == crc(local.b[:300<<10])
+		landed = crc(b.exp.segs["seg"].Bytes()[:300<<10]) == crc(local.Bytes()[:300<<10])
 		return nil
 	}
 	b.exp.mu.Unlock()
 	tk := mkTask(col, xfer.OpWrite, local, 0, r, 0, 300<<10)
 	tk.Notify, tk.Deadline = []byte("kv-ready"), time.Now().Add(2*time.Second)
-	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; d.err != nil || d.n != 300<<10 {
-		t.Fatalf("notified write: n=%d err=%v", d.n, d.err)
+	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; d.Err != nil || d.N != 300<<10 {
+		t.Fatalf("notified write: n=%d err=%v", d.N, d.Err)
 	}
 	if got := <-b.exp.notifyCh; got != "seg:kv-ready" || !landed {
 		t.Fatalf("delivered %q, data landed first: %v", got, landed)
@@ -333,8 +325,8 @@ func TestNotifications(t *testing.T) {
 	b.exp.mu.Unlock()
 	tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
 	tk.Notify, tk.Deadline = []byte("x"), time.Now().Add(2*time.Second)
-	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; !errors.Is(d.err, ErrNotifyRejected) {
-		t.Fatalf("negative ACK ended with %v", d.err)
+	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; !errors.Is(d.Err, ErrNotifyRejected) {
+		t.Fatalf("negative ACK ended with %v", d.Err)
 	}
 
 	// No ACK by the deadline → timeout; the late ACK is ignored and the
@@ -347,8 +339,8 @@ func TestNotifications(t *testing.T) {
 	tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
 	tk.Notify, tk.Deadline = []byte("slow"), time.Now().Add(100*time.Millisecond)
 	d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]
-	if !errors.Is(d.err, xfer.ErrTimeout) {
-		t.Fatalf("missing ACK ended with %v", d.err)
+	if !errors.Is(d.Err, xfer.ErrTimeout) {
+		t.Fatalf("missing ACK ended with %v", d.Err)
 	}
 	select {
 	case <-delivering: // the notification reached its owner; only its ACK is missing
@@ -360,8 +352,8 @@ func TestNotifications(t *testing.T) {
 	b.exp.mu.Unlock()
 	close(late) // the ACK goes out now, after its task ended
 	tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
-	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; d.err != nil {
-		t.Fatalf("write after a late ACK: %v", d.err)
+	if d := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0]; d.Err != nil {
+		t.Fatalf("write after a late ACK: %v", d.Err)
 	}
 	if strings.Contains(a.logs.String(), "dropping peer connection") {
 		t.Fatalf("a late ACK dropped the connection:\n%s", a.logs.String())
@@ -370,13 +362,13 @@ func TestNotifications(t *testing.T) {
 	// Bad notifications end their task, typed.
 	big := mkTask(col, xfer.OpWrite, local, 0, r, 0, 10)
 	big.Notify, big.Deadline = make([]byte, MaxNotify+1), time.Now().Add(time.Second)
-	if d := submitWait(t, a.Node, col, []*xfer.Task{big}, 5*time.Second)[0]; !errors.Is(d.err, xfer.ErrInvalid) {
-		t.Fatalf("oversized notification: %v", d.err)
+	if d := submitWait(t, a.Node, col, []*xfer.Task{big}, 5*time.Second)[0]; !errors.Is(d.Err, xfer.ErrInvalid) {
+		t.Fatalf("oversized notification: %v", d.Err)
 	}
 	rd := mkTask(col, xfer.OpRead, local, 0, r, 0, 10)
 	rd.Notify, rd.Deadline = []byte("x"), time.Now().Add(time.Second)
-	if d := submitWait(t, a.Node, col, []*xfer.Task{rd}, 5*time.Second)[0]; !errors.Is(d.err, xfer.ErrInvalid) {
-		t.Fatalf("notification on a read: %v", d.err)
+	if d := submitWait(t, a.Node, col, []*xfer.Task{rd}, 5*time.Second)[0]; !errors.Is(d.Err, xfer.ErrInvalid) {
+		t.Fatalf("notification on a read: %v", d.Err)
 	}
 
 	// Two identical notified WRITEs in one call each carry their own.
@@ -384,8 +376,8 @@ func TestNotifications(t *testing.T) {
 	twin[0].Notify, twin[0].Deadline = []byte("first"), time.Now().Add(2*time.Second)
 	twin[1].Notify, twin[1].Deadline = []byte("second"), time.Now().Add(2*time.Second)
 	for _, d := range submitWait(t, a.Node, col, twin, 5*time.Second) {
-		if d.err != nil {
-			t.Fatalf("identical notified write: %v", d.err)
+		if d.Err != nil {
+			t.Fatalf("identical notified write: %v", d.Err)
 		}
 	}
 	b.exp.mu.Lock()
@@ -404,7 +396,7 @@ func TestHandshakeExchangesBlobs(t *testing.T) {
 	if _, ok := a.PeerBlob("b"); ok {
 		t.Fatal("blob known before any handshake")
 	}
-	b.exp.add("seg", newMemSeg(1, 4096))
+	b.exp.add("seg", xfertest.NewSegment(1, 4096))
 	r, err := a.Open("b", "seg", RightRead)
 	if err != nil {
 		t.Fatal(err)
@@ -463,10 +455,9 @@ func TestStaleEpochRefusedBothWays(t *testing.T) {
 	b1.Close()
 	b2 := startNode(t, Config{DaemonID: "b", ClusterKeyFile: key, Epoch: e2, Listen: addr})
 	link(t, a, b2)
-	b2.exp.add("x", newMemSeg(1, 10))
-	if !waitFor(3*time.Second, func() bool { _, err := a.Open("b", "x", RightRead); return err == nil }) {
-		t.Fatal("no session with the restarted peer")
-	}
+	b2.exp.add("x", xfertest.NewSegment(1, 10))
+	testutil.Eventually(t, 3*time.Second, func() bool { _, err := a.Open("b", "x", RightRead); return err == nil },
+		"a session with the restarted peer")
 	if p := a.Peers()[0]; p.Epoch != e2 {
 		t.Fatalf("epoch after restart %#x", p.Epoch)
 	}
@@ -474,12 +465,10 @@ func TestStaleEpochRefusedBothWays(t *testing.T) {
 	// A peer coming back with the retired epoch is refused, both ways.
 	b3 := startNode(t, Config{DaemonID: "b", ClusterKeyFile: key, Epoch: e1, Listen: addr})
 	link(t, b3, a)
-	if !waitFor(3*time.Second, func() bool {
+	testutil.Eventually(t, 3*time.Second, func() bool {
 		_, err := a.Open("b", "x", RightRead)
 		return errors.Is(err, ErrStaleEpoch)
-	}) {
-		t.Fatal("stale epoch not refused by the dialer")
-	}
+	}, "the stale epoch refused by the dialer")
 	a.logs.waitContains(t, "reason=\"stale epoch\"")
 	b3.logs.waitContains(t, "peer refused us")
 	if _, err := b3.Open("a", "x", RightRead); !errors.Is(err, ErrRefused) {
@@ -494,18 +483,18 @@ func TestStaleEpochRefusedBothWays(t *testing.T) {
 // and requests fail with ErrPermission.
 func TestTokenRenewal(t *testing.T) {
 	const ttl = time.Minute
-	clk := &tokenClock{}
+	clk := testutil.NewClock(time.Now()) // tokens are issued, checked and renewed by it
 	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{TokenTTL: ttl, tokenClock: clk.Now})
 	a, b := nodes[0], nodes[1]
 	r, err := a.Open("b", "seg", RightRead)
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 1<<20)
-	col := newCollector(16)
+	local := xfertest.NewSegment(1, 1<<20)
+	col := xfertest.NewRecorder()
 	read := func() error {
 		t.Helper()
-		return submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpRead, local, 0, r, 0, 4096)}, 5*time.Second)[0].err
+		return submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpRead, local, 0, r, 0, 4096)}, 5*time.Second)[0].Err
 	}
 	// Each step moves the clock 0.7 of a lifetime on: into the last third
 	// of the token's life, where it is renewed before it expires.
@@ -514,9 +503,8 @@ func TestTokenRenewal(t *testing.T) {
 	for i := 1; i <= 6; i++ {
 		old := string(r.cred.Load().token)
 		clk.Advance(step)
-		if !waitFor(10*time.Second, func() bool { return string(r.cred.Load().token) != old }) {
-			t.Fatalf("token not renewed %v after opening, token lifetime %v", time.Duration(i)*step, ttl)
-		}
+		testutil.Eventually(t, 10*time.Second, func() bool { return string(r.cred.Load().token) != old },
+			"token renewed %v after opening, token lifetime %v", time.Duration(i)*step, ttl)
 		if err := read(); err != nil {
 			t.Fatalf("read %v after opening, token lifetime %v: %v", time.Duration(i)*step, ttl, err)
 		}

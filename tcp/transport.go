@@ -80,7 +80,7 @@ func (ts *taskState) complete(err error) {
 	*ts = taskState{}
 	n.taskPool.Put(ts)
 	t.Done(moved, err)
-	n.active.Add(-1)
+	n.taskGone()
 }
 
 // stopSending is the end of the sender's part: the slices not sent are
@@ -140,7 +140,7 @@ func (n *Node) Submit(tasks []*xfer.Task) (int, error) {
 	for i, t := range tasks {
 		n.active.Add(1)
 		if n.closed.Load() {
-			n.active.Add(-1)
+			n.taskGone()
 			return i, xfer.ErrClosed
 		}
 		n.dispatch(t)
@@ -150,7 +150,7 @@ func (n *Node) Submit(tasks []*xfer.Task) (int, error) {
 
 func (n *Node) fail(t *xfer.Task, err error) {
 	t.Done(0, err)
-	n.active.Add(-1)
+	n.taskGone()
 }
 
 func (n *Node) dispatch(t *xfer.Task) {

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/internal/invariants"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // openFDs counts this process's open descriptors.
@@ -50,8 +52,8 @@ func TestWriterBlockedOnAFullSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 64<<20)
-	col := newCollector(64)
+	local := xfertest.NewSegment(1, 64<<20)
+	col := xfertest.NewRecorder()
 	const wait = 500 * time.Millisecond
 	deadline := time.Now().Add(wait)
 	var tasks []*xfer.Task
@@ -64,9 +66,9 @@ func TestWriterBlockedOnAFullSocket(t *testing.T) {
 	if k, err := a.Submit(tasks); k != len(tasks) || err != nil {
 		t.Fatalf("Submit = %d, %v", k, err)
 	}
-	for _, d := range col.wait(t, len(tasks), 10*time.Second) {
-		if !errors.Is(d.err, ErrConnLost) && !errors.Is(d.err, xfer.ErrTimeout) {
-			t.Fatalf("task to a peer that reads nothing ended with %v", d.err)
+	for _, d := range col.Next(t, len(tasks), 10*time.Second) {
+		if !errors.Is(d.Err, ErrConnLost) && !errors.Is(d.Err, xfer.ErrTimeout) {
+			t.Fatalf("task to a peer that reads nothing ended with %v", d.Err)
 		}
 	}
 	if el := time.Since(start); el > wait+stallGrace+5*time.Second {
@@ -81,9 +83,8 @@ func TestWriterBlockedOnAFullSocket(t *testing.T) {
 	}
 	close(stop)
 	fake.close()
-	if !waitFor(2*time.Second, func() bool { return openFDs(t) <= before }) {
-		t.Fatalf("%d descriptors open after close, %d before", openFDs(t), before)
-	}
+	testutil.Eventually(t, 2*time.Second, func() bool { return openFDs(t) <= before },
+		"%v descriptors open after close, %d before", testutil.Lazy(func() int { return openFDs(t) }), before)
 }
 
 // TestLargeFrameAllocations: a 1 MiB WRITE, which its connection's writer
@@ -95,8 +96,8 @@ func TestLargeFrameAllocations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := newMemSeg(1, 4<<20)
-	cc := make(chanResults, 1)
+	local := xfertest.NewSegment(1, 4<<20)
+	cc := make(xfertest.Chan, 1)
 	tk := &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, Length: 1 << 20}, Local: local, Target: r}
 	tk.SetCompleter(cc)
 	one := []*xfer.Task{tk}
@@ -106,8 +107,8 @@ func TestLargeFrameAllocations(t *testing.T) {
 	}
 	allocs := testing.AllocsPerRun(100, func() {
 		a.Submit(one)
-		if d := <-cc; d.err != nil {
-			t.Fatal(d.err)
+		if d := <-cc; d.Err != nil {
+			t.Fatal(d.Err)
 		}
 	})
 	limit := 0.0

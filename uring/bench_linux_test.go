@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // BenchmarkRandRead4K reads 4 KiB blocks at queue depth 32 from an O_DIRECT
@@ -33,7 +34,7 @@ func BenchmarkRandRead4K(b *testing.B) {
 				}
 			}
 			free := make(chan *xfer.Task, 32)
-			rec := &recorder{noMaps: true, onDone: func(t *xfer.Task, _ uint64, _ error) { free <- t }}
+			rec := xfertest.Func(func(t *xfer.Task, _ uint64, _ error) { free <- t })
 			for i := 0; i < cap(free); i++ {
 				free <- newTask(rec, xfer.OpRead, pool, uint64(i)*4096, f, uint64(i*97%16384)*4096, 4096)
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // pipeFile makes a File over the read end of an empty pipe: a read on it
@@ -39,21 +40,16 @@ func pipeFile(t *testing.T, tr *Transport) *File {
 func waitInKernel(t *testing.T, tr *Transport, n uint64) {
 	t.Helper()
 	info := fmt.Sprintf("/proc/self/fdinfo/%d", tr.rings[0].raw.fd)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var head, tail string
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		b, err := os.ReadFile(info)
 		if err != nil {
 			t.Fatal(err)
 		}
-		head, tail := fdinfoField(b, "SqHead:"), fdinfoField(b, "SqTail:")
-		if tr.Stats()[0].Submitted >= n && head != "" && head == tail {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("requests never taken by the kernel: %+v, SQ head %s tail %s", tr.Stats()[0], head, tail)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		head, tail = fdinfoField(b, "SqHead:"), fdinfoField(b, "SqTail:")
+		return tr.Stats()[0].Submitted >= n && head != "" && head == tail
+	}, "requests taken by the kernel: %v, SQ head %v tail %v", testutil.Lazy(func() any { return tr.Stats()[0] }),
+		testutil.Lazy(func() string { return head }), testutil.Lazy(func() string { return tail }))
 }
 
 // fdinfoField is the value of the fdinfo line that starts with key.
@@ -68,7 +64,7 @@ func fdinfoField(info []byte, key string) string {
 
 // parkedRead submits a 4 KiB read of an empty pipe and waits until the
 // kernel has taken it: it stays there until canceled.
-func parkedRead(t *testing.T, tr *Transport) (*recorder, *xfer.Task) {
+func parkedRead(t *testing.T, tr *Transport) (*xfertest.Recorder, *xfer.Task) {
 	t.Helper()
 	f := pipeFile(t, tr)
 	pool := newMemSeg(t, 2, 1<<20)
@@ -89,15 +85,15 @@ func TestCancelInKernel(t *testing.T) {
 	for _, every := range []int{0, 1} {
 		tr := newTransport(t, Config{TraceEvery: every})
 		rec, task := parkedRead(t, tr)
-		if rec.doneCnt.Load() != 0 {
+		if int64(rec.Count()) != 0 {
 			t.Fatal("read of an empty pipe completed")
 		}
 		if st := tr.Stats()[0]; st.Traced != uint64(every) {
 			t.Fatalf("TraceEvery %d: %d SQEs traced", every, st.Traced)
 		}
 		tr.Cancel(task)
-		rec.waitDone(t, 1, 5*time.Second)
-		if calls, n, err := rec.result(task); calls != 1 || n != 0 || !errors.Is(err, xfer.ErrCanceled) {
+		waitEnded(t, rec, 1, 5*time.Second)
+		if calls, n, err := result(rec, task); calls != 1 || n != 0 || !errors.Is(err, xfer.ErrCanceled) {
 			t.Fatalf("TraceEvery %d: calls=%d n=%d err=%v", every, calls, n, err)
 		}
 	}
@@ -127,7 +123,7 @@ func TestCloseCancelsInKernel(t *testing.T) {
 		t.Fatalf("Close took %v with a 20 s drain timeout: in-kernel requests were not canceled", d)
 	}
 	for i, task := range tasks {
-		if calls, _, err := rec.result(task); calls != 1 || !errors.Is(err, xfer.ErrClosed) {
+		if calls, _, err := result(rec, task); calls != 1 || !errors.Is(err, xfer.ErrClosed) {
 			t.Fatalf("task %d: calls=%d err=%v", i, calls, err)
 		}
 	}
@@ -148,7 +144,7 @@ func TestCloseDrainTimeout(t *testing.T) {
 	if d < 150*time.Millisecond || d > 3*time.Second {
 		t.Fatalf("Close took %v, want about the 200 ms drain timeout", d)
 	}
-	if calls, _, err := rec.result(task); calls != 1 || !errors.Is(err, xfer.ErrClosed) {
+	if calls, _, err := result(rec, task); calls != 1 || !errors.Is(err, xfer.ErrClosed) {
 		t.Fatalf("calls=%d err=%v", calls, err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // TestZeroAllocs: a steady-state submit/complete cycle allocates nothing,
@@ -31,7 +32,7 @@ func TestZeroAllocs(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		rec := &recorder{noMaps: true, doneCh: make(chan struct{}, 64)}
+		rec := make(xfertest.Chan, 64)
 		tasks := make([]*xfer.Task, 16)
 		for i := range tasks {
 			op := xfer.OpRead
@@ -46,7 +47,7 @@ func TestZeroAllocs(t *testing.T) {
 				panic(err)
 			}
 			for range tasks {
-				<-rec.doneCh
+				<-rec
 			}
 		}
 		cycle() // warm up
@@ -183,8 +184,8 @@ func TestBlockDevice(t *testing.T) {
 	if err := tr.RegisterBuffers(pool); err != nil {
 		t.Fatal(err)
 	}
-	for i := range pool.mem[:64<<10] {
-		pool.mem[i] = byte(i*13 + 1)
+	for i := range pool.Bytes()[:64<<10] {
+		pool.Bytes()[i] = byte(i*13 + 1)
 	}
 	rec := newRecorder()
 	off := uint64(8<<20 - 64<<10) // the device's last 64 KiB
@@ -194,7 +195,7 @@ func TestBlockDevice(t *testing.T) {
 	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 512<<10, f, off, 64<<10)); err != nil || n != 64<<10 {
 		t.Fatalf("read: %d %v", n, err)
 	}
-	if crc32.Checksum(pool.mem[:64<<10], castagnoli) != crc32.Checksum(pool.mem[512<<10:576<<10], castagnoli) {
+	if crc32.Checksum(pool.Bytes()[:64<<10], castagnoli) != crc32.Checksum(pool.Bytes()[512<<10:576<<10], castagnoli) {
 		t.Fatal("device data differs")
 	}
 	if _, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 0, f, 8<<20, 512)); !errors.Is(err, xfer.ErrInvalid) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -41,8 +42,8 @@ func integrity(t *testing.T, cfg Config, direct, register bool, rounds int) *Tra
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, uint64(len(t.Name()))))
-	for i := range pool.mem[:8<<20] {
-		pool.mem[i] = byte(rng.Uint32())
+	for i := range pool.Bytes()[:8<<20] {
+		pool.Bytes()[i] = byte(rng.Uint32())
 	}
 	rec := newRecorder()
 	const blk = 4096
@@ -65,13 +66,13 @@ func integrity(t *testing.T, cfg Config, direct, register bool, rounds int) *Tra
 		if n, err := runOne(t, tr, rec, w); err != nil || n != x.length {
 			t.Fatalf("write %+v: n=%d err=%v", x, n, err)
 		}
-		clear(pool.mem[x.dst : x.dst+x.length])
+		clear(pool.Bytes()[x.dst : x.dst+x.length])
 		r := newTask(rec, xfer.OpRead, pool, x.dst, f, x.off, x.length)
 		if n, err := runOne(t, tr, rec, r); err != nil || n != x.length {
 			t.Fatalf("read %+v: n=%d err=%v", x, n, err)
 		}
-		want := crc32.Checksum(pool.mem[x.src:x.src+x.length], castagnoli)
-		got := crc32.Checksum(pool.mem[x.dst:x.dst+x.length], castagnoli)
+		want := crc32.Checksum(pool.Bytes()[x.src:x.src+x.length], castagnoli)
+		got := crc32.Checksum(pool.Bytes()[x.dst:x.dst+x.length], castagnoli)
 		if want != got {
 			t.Fatalf("crc32c mismatch for %+v: wrote %08x read %08x", x, want, got)
 		}
@@ -161,8 +162,8 @@ func shortIO(t *testing.T, batch int) {
 	tr := newTransport(t, Config{AllowedDirs: []string{dir}, Batch: batch, hooks: hooks})
 	f := openTestFile(t, tr, dir, true, 8<<20)
 	pool := newMemSeg(t, 2, 4<<20)
-	for i := range pool.mem[:1<<20] {
-		pool.mem[i] = byte(i * 7)
+	for i := range pool.Bytes()[:1<<20] {
+		pool.Bytes()[i] = byte(i * 7)
 	}
 	rec := newRecorder()
 	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpWrite, pool, 0, f, 1<<20, 1<<20)); err != nil || n != 1<<20 {
@@ -171,7 +172,7 @@ func shortIO(t *testing.T, batch int) {
 	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 2<<20, f, 1<<20, 1<<20)); err != nil || n != 1<<20 {
 		t.Fatalf("read: %d %v", n, err)
 	}
-	if crc32.Checksum(pool.mem[:1<<20], castagnoli) != crc32.Checksum(pool.mem[2<<20:3<<20], castagnoli) {
+	if crc32.Checksum(pool.Bytes()[:1<<20], castagnoli) != crc32.Checksum(pool.Bytes()[2<<20:3<<20], castagnoli) {
 		t.Fatal("data differs after short transfers")
 	}
 	if cut.Load() == 0 || tr.Stats()[0].Resubmits == 0 {
@@ -245,9 +246,9 @@ func TestBackpressure(t *testing.T) {
 	if n != len(tasks) || err != nil {
 		t.Fatalf("Submit = %d, %v; stats %+v", n, err, tr.Stats())
 	}
-	rec.waitDone(t, int64(len(tasks)), 30*time.Second)
+	waitEnded(t, rec, int64(len(tasks)), 30*time.Second)
 	for i, task := range tasks {
-		if calls, moved, err := rec.result(task); calls != 1 || moved != 4096 || err != nil {
+		if calls, moved, err := result(rec, task); calls != 1 || moved != 4096 || err != nil {
 			t.Fatalf("task %d: calls=%d n=%d err=%v", i, calls, moved, err)
 		}
 	}
@@ -274,9 +275,9 @@ func TestBatchBoundsEnter(t *testing.T) {
 	if n, err := tr.Submit(ts); n != tasks || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
-	rec.waitDone(t, tasks, 10*time.Second)
+	waitEnded(t, rec, tasks, 10*time.Second)
 	for i, task := range ts {
-		if calls, moved, err := rec.result(task); calls != 1 || moved != 4096 || err != nil {
+		if calls, moved, err := result(rec, task); calls != 1 || moved != 4096 || err != nil {
 			t.Fatalf("task %d: calls=%d n=%d err=%v", i, calls, moved, err)
 		}
 	}
@@ -295,22 +296,22 @@ func TestQueueFullBound(t *testing.T) {
 	dir := t.TempDir()
 	block := make(chan struct{})
 	rec := newRecorder()
-	rec.onDone = func(*xfer.Task, uint64, error) { <-block } // holds the poller
+	hold := xfertest.Func(func(t *xfer.Task, n uint64, err error) { rec.TaskDone(t, n, err); <-block }) // holds the poller
 	tr := newTransport(t, Config{AllowedDirs: []string{dir}, Entries: 2, SubmitWait: 100 * time.Millisecond})
 	f := openTestFile(t, tr, dir, true, 1<<20)
 	pool := newMemSeg(t, 2, 1<<20)
 	tasks := make([]*xfer.Task, 10)
 	for i := range tasks {
-		tasks[i] = newTask(rec, xfer.OpRead, pool, 0, f, 0, 4096)
+		tasks[i] = newTask(hold, xfer.OpRead, pool, 0, f, 0, 4096)
 	}
 	n, err := tr.Submit(tasks)
 	if !errors.Is(err, ErrQueueFull) || n < 2 || n >= len(tasks) {
 		t.Fatalf("Submit = %d, %v; want 2..9 and ErrQueueFull", n, err)
 	}
 	close(block)
-	rec.waitDone(t, int64(n), 10*time.Second)
+	waitEnded(t, rec, int64(n), 10*time.Second)
 	for i, task := range tasks {
-		calls, _, _ := rec.result(task)
+		calls, _, _ := result(rec, task)
 		if i < n && calls != 1 || i >= n && calls != 0 {
 			t.Fatalf("task %d (n=%d) ended %d times", i, n, calls)
 		}
@@ -347,10 +348,8 @@ func TestCloseInFlight(t *testing.T) {
 		dispatched <- n
 	}()
 	// Let some hundreds reach the kernel, then close.
-	deadline := time.Now().Add(5 * time.Second)
-	for tr.Stats()[0].Submitted < 300 && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Microsecond)
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return tr.Stats()[0].Submitted >= 300 },
+		"300 requests submitted to the kernel (submitted: %v)", testutil.Lazy(func() uint64 { return tr.Stats()[0].Submitted }))
 	start := time.Now()
 	if err := tr.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
@@ -359,12 +358,12 @@ func TestCloseInFlight(t *testing.T) {
 		t.Fatalf("Close took %v", d)
 	}
 	n := <-dispatched
-	if int(rec.doneCnt.Load()) != n {
-		t.Fatalf("dispatched %d, ended %d", n, rec.doneCnt.Load())
+	if int(int64(rec.Count())) != n {
+		t.Fatalf("dispatched %d, ended %d", n, int64(rec.Count()))
 	}
 	closed := 0
 	for i, task := range tasks {
-		calls, _, err := rec.result(task)
+		calls, _, err := result(rec, task)
 		if i < n && calls != 1 || i >= n && calls != 0 {
 			t.Fatalf("task %d (n=%d) ended %d times", i, n, calls)
 		}
@@ -395,19 +394,20 @@ func TestCancel(t *testing.T) {
 	// Hold the poller inside the first Done so the next tasks stay queued.
 	entered, release := make(chan struct{}), make(chan struct{})
 	var first atomic.Bool
-	rec.onDone = func(*xfer.Task, uint64, error) {
+	hold := xfertest.Func(func(t *xfer.Task, n uint64, err error) {
+		rec.TaskDone(t, n, err)
 		if first.CompareAndSwap(false, true) {
 			close(entered)
 			<-release
 		}
-	}
-	if n, err := tr.Submit([]*xfer.Task{newTask(rec, xfer.OpRead, pool, 0, f, 0, 4096)}); n != 1 {
+	})
+	if n, err := tr.Submit([]*xfer.Task{newTask(hold, xfer.OpRead, pool, 0, f, 0, 4096)}); n != 1 {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
 	<-entered
 	queued := make([]*xfer.Task, 16)
 	for i := range queued {
-		queued[i] = newTask(rec, xfer.OpWrite, pool, uint64(i)<<20, f, uint64(i)<<20, 1<<20)
+		queued[i] = newTask(hold, xfer.OpWrite, pool, uint64(i)<<20, f, uint64(i)<<20, 1<<20)
 	}
 	if n, err := tr.Submit(queued); n != len(queued) || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
@@ -416,9 +416,9 @@ func TestCancel(t *testing.T) {
 		tr.Cancel(task)
 	}
 	close(release)
-	rec.waitDone(t, int64(1+len(queued)), 10*time.Second)
+	waitEnded(t, rec, int64(1+len(queued)), 10*time.Second)
 	for i, task := range queued {
-		if calls, moved, err := rec.result(task); calls != 1 || moved != 0 || !errors.Is(err, xfer.ErrCanceled) {
+		if calls, moved, err := result(rec, task); calls != 1 || moved != 0 || !errors.Is(err, xfer.ErrCanceled) {
 			t.Fatalf("queued task %d: calls=%d n=%d err=%v", i, calls, moved, err)
 		}
 	}
@@ -427,9 +427,9 @@ func TestCancel(t *testing.T) {
 	// still ends exactly once, canceled or with its full result.
 	inflight := make([]*xfer.Task, 48)
 	for i := range inflight {
-		inflight[i] = newTask(rec, xfer.OpWrite, pool, uint64(i)<<20, f, uint64(i)<<20, 1<<20)
+		inflight[i] = newTask(hold, xfer.OpWrite, pool, uint64(i)<<20, f, uint64(i)<<20, 1<<20)
 	}
-	before := rec.doneCnt.Load()
+	before := int64(rec.Count())
 	if n, err := tr.Submit(inflight); n != len(inflight) || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
@@ -438,10 +438,10 @@ func TestCancel(t *testing.T) {
 	}
 	tr.Cancel(&xfer.Task{Tag: 1<<40 | 7}) // unknown: ignored
 	tr.Cancel(nil)
-	rec.waitDone(t, before+int64(len(inflight)), 10*time.Second)
+	waitEnded(t, rec, before+int64(len(inflight)), 10*time.Second)
 	canceled := 0
 	for i, task := range inflight {
-		calls, moved, err := rec.result(task)
+		calls, moved, err := result(rec, task)
 		switch {
 		case calls != 1:
 			t.Fatalf("task %d ended %d times", i, calls)
@@ -508,12 +508,12 @@ func TestBadRequests(t *testing.T) {
 	}
 	// A nil task stops dispatch with an error; nothing before it is lost.
 	good := newTask(rec, xfer.OpRead, pool, 0, f, 0, 10)
-	before := rec.doneCnt.Load()
+	before := int64(rec.Count())
 	n, err := tr.Submit([]*xfer.Task{good, nil, good})
 	if n != 1 || !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("Submit with nil = %d, %v", n, err)
 	}
-	rec.waitDone(t, before+1, 5*time.Second)
+	waitEnded(t, rec, before+1, 5*time.Second)
 }
 
 func TestMisalignedDirect(t *testing.T) {
@@ -689,22 +689,15 @@ func TestFileLifecycle(t *testing.T) {
 	if tr.fdOpen(f) == nil {
 		t.Fatal("descriptor still open after last Release")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		g, err := tr.OpenFile(2, filepath.Join(dir, "b"), FileOptions{Create: true, Size: 4096})
 		if err != nil {
 			t.Fatal(err)
 		}
 		fixed := g.Fixed()
 		g.Close()
-		if fixed {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("fixed-file slot never came back")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return fixed
+	}, "the fixed-file slot coming back")
 }
 
 func TestFeatures(t *testing.T) {

@@ -133,13 +133,8 @@ func TestStatesReached(t *testing.T) {
 		xfer.SubmitOptions{Resolver: f.reg, Deadline: time.Now().Add(30 * time.Millisecond)}, res1); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for f.status(t, id, 5).State != xfer.StateTimeout {
-		if time.Now().After(deadline) {
-			t.Fatal("task 5 never timed out")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return f.status(t, id, 5).State == xfer.StateTimeout },
+		"task 5 timing out")
 	if st := f.status(t, id, 5); !errors.Is(st.Err, xfer.ErrTimeout) {
 		t.Fatalf("task 5: %+v", st)
 	}
@@ -526,21 +521,29 @@ func TestRollback(t *testing.T) {
 func TestContractViolations(t *testing.T) {
 	const n = 4
 	all := func(l int) int { return l }
+	neg := func(int) int { return -1 }
+	// Each transport ends the tasks it takes inside Submit: Lie alone takes
+	// what it reports (clamped to 0..len); with Disown it takes what Limit
+	// lets through (all without one) whatever it reports.
 	cases := []struct {
 		name string
-		tr   *liarTr
+		cfg  xfertest.Config
 	}{
-		{"too few, nil error", &liarTr{n: func(l int) int { return l - 1 }, done: func(l int) int { return l - 1 }}},
-		{"too many", &liarTr{n: func(l int) int { return l + 1 }, done: all}},
-		{"negative", &liarTr{n: func(int) int { return -1 }, done: func(int) int { return 0 }}},
-		{"negative after Dones", &liarTr{n: func(int) int { return -1 }, done: func(int) int { return 2 }}},
-		{"all with error", &liarTr{n: all, done: all, err: xfertest.ErrInjected}},
-		{"second Done", &liarTr{n: all, done: all, double: true}},
-		{"Done past the count", &liarTr{n: func(int) int { return 1 }, done: all, err: xfertest.ErrInjected}},
+		{"too few, nil error", xfertest.Config{Lie: says(func(l int) int { return l - 1 }, nil)}},
+		{"too many", xfertest.Config{Lie: says(func(l int) int { return l + 1 }, nil)}},
+		{"negative", xfertest.Config{Lie: says(neg, nil)}},
+		{"negative after Dones", xfertest.Config{Limit: 2, Disown: true, Lie: says(neg, nil)}},
+		{"all with error", xfertest.Config{Lie: says(all, xfertest.ErrInjected)}},
+		{"second Done", xfertest.Config{Err: func(t *xfer.Task) error {
+			t.Done(t.Req.Length, nil) // the transport then ends it again
+			return nil
+		}}},
+		{"Done past the count", xfertest.Config{Disown: true, Lie: says(func(int) int { return 1 }, xfertest.ErrInjected)}},
 	}
 	for _, c := range cases {
 		logs := &countHandler{}
-		f := newFixture(t, xfer.Config{}, xfertest.RouteAll(c.tr), withLog(slog.New(logs)))
+		c.cfg.Name, c.cfg.Inline = "liar", true
+		f := newFixture(t, xfer.Config{}, xfertest.RouteAll(xfertest.New(c.cfg)), withLog(slog.New(logs)))
 		id, _ := f.e.AllocateBatch(n)
 		res := make([]error, n)
 		err := f.e.Submit(id, f.reqs(n), f.opts, res)
@@ -887,23 +890,13 @@ func (h *countHandler) Handle(_ context.Context, r slog.Record) error {
 func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *countHandler) WithGroup(string) slog.Handler      { return h }
 
-// holdLiar takes every task but reports -1: it breaks the contract and
-// keeps tasks the engine rolled back.
-type holdLiar struct{ held []*xfer.Task }
-
-func (h *holdLiar) Name() string { return "hold-liar" }
-func (h *holdLiar) Submit(ts []*xfer.Task) (int, error) {
-	h.held = append(h.held, ts...)
-	return -1, nil
-}
-func (h *holdLiar) Cancel(*xfer.Task) {}
-func (h *holdLiar) Close() error      { return nil }
-
 // TestTaintedBatchNotReused: after a contract violation the batch's task
 // memory is never handed to a new batch, so Dones the broken transport
 // makes later cannot touch anyone else's tasks.
 func TestTaintedBatchNotReused(t *testing.T) {
-	liar := &holdLiar{}
+	// The liar holds every task but reports -1: it breaks the contract and
+	// keeps tasks the engine rolled back.
+	liar := xfertest.New(xfertest.Config{Name: "hold-liar", Disown: true, Lie: says(func(int) int { return -1 }, nil)})
 	good := xfertest.New(xfertest.Config{})
 	var tr xfer.Transport = liar
 	f := newFixture(t, xfer.Config{MaxBatches: 1}, xfertest.RouterFunc(func(_, _ xfer.Segment) (xfer.Transport, error) { return tr, nil }))
@@ -928,7 +921,7 @@ func TestTaintedBatchNotReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	fresh := good.Take(-1)
-	for _, old := range liar.held {
+	for _, old := range liar.Take(-1) {
 		if slices.Contains(fresh, old) {
 			t.Fatal("a tainted task was reused")
 		}

@@ -8,32 +8,15 @@ import (
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
-// The engine's tests drive it with the shared doubles of package xfertest;
-// what is here is theirs alone: the fixture, and transports that break
-// the contract on purpose.
+// The engine's tests drive it with the shared doubles of package xfertest
+// (its Config.Lie and Disown make the transports that break the count
+// contract on purpose); what is here is theirs alone: the fixture.
 
-// liarTr breaks the count contract: it ends tasks[:done] inside Submit
-// (twice each when double is set) and returns (n, err) as configured.
-type liarTr struct {
-	n      func(l int) int
-	done   func(l int) int
-	err    error
-	double bool
+// says is a Config.Lie: Submit reports count(n) and err, where n is what
+// it took.
+func says(count func(n int) int, err error) func(int, error) (int, error) {
+	return func(n int, _ error) (int, error) { return count(n), err }
 }
-
-func (f *liarTr) Name() string { return "liar" }
-func (f *liarTr) Submit(ts []*xfer.Task) (int, error) {
-	d := min(f.done(len(ts)), len(ts))
-	for _, t := range ts[:d] {
-		t.Done(t.Req.Length, nil)
-		if f.double {
-			t.Done(t.Req.Length, nil)
-		}
-	}
-	return f.n(len(ts)), f.err
-}
-func (f *liarTr) Cancel(*xfer.Task) {}
-func (f *liarTr) Close() error      { return nil }
 
 // syncTr is a transport that ends every task inside Submit with its full
 // length.

@@ -129,14 +129,6 @@ type plainSeg struct{ *xfertest.Segment }
 
 func (s *plainSeg) Bytes() {}
 
-type doneRec struct {
-	n   uint64
-	err error
-	got int
-}
-
-func (d *doneRec) TaskDone(_ *xfer.Task, n uint64, err error) { d.n, d.err = n, err; d.got++ }
-
 // TestLocalRejects drives the transport without an engine: tasks it cannot
 // do end with a typed error, never a panic.
 func TestLocalRejects(t *testing.T) {
@@ -156,17 +148,14 @@ func TestLocalRejects(t *testing.T) {
 	}
 	for i := range cases {
 		c := &cases[i]
-		var d doneRec
-		c.task.SetCompleter(&d)
+		d := xfertest.NewRecorder()
+		c.task.SetCompleter(d)
 		if k, err := l.Submit([]*xfer.Task{&c.task}); k != 1 || err != nil {
 			t.Fatalf("%s: Submit %d %v", c.name, k, err)
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for d.got == 0 && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
-		if d.got != 1 || !errors.Is(d.err, c.want) {
-			t.Fatalf("%s: %d Done, err %v, want %v", c.name, d.got, d.err, c.want)
+		d.Wait(t, 1)
+		if got, err := d.Ends(&c.task), d.Err(&c.task); got != 1 || !errors.Is(err, c.want) {
+			t.Fatalf("%s: %d Done, err %v, want %v", c.name, got, err, c.want)
 		}
 	}
 }

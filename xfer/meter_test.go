@@ -10,6 +10,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/loghist"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
@@ -192,16 +193,6 @@ func TestTransportMeterInline(t *testing.T) {
 	}
 }
 
-// fakeClock is an engine clock that moves only when the test says.
-type fakeClock struct {
-	base time.Time
-	off  atomic.Int64 // ns past base
-}
-
-func newFakeClock() *fakeClock               { return &fakeClock{base: time.Now()} }
-func (c *fakeClock) now() time.Time          { return c.base.Add(time.Duration(c.off.Load())) }
-func (c *fakeClock) advance(d time.Duration) { c.off.Add(int64(d)) }
-
 // wantLatency checks a latency snapshot against the exact values recorded.
 func wantLatency(t *testing.T, what string, got loghist.Snapshot, vals ...time.Duration) {
 	t.Helper()
@@ -250,18 +241,18 @@ func wantCounts(t *testing.T, what string, st xfer.TransportStats, requests, byt
 // exact and a wrong call timed (or one missed) shows in the sum.
 func TestTransportMeterLatency(t *testing.T) {
 	needMeters(t)
-	clk := newFakeClock()
+	clk := testutil.NewClock(time.Now()) // the meters need a monotonic reading
 	// Inside Submit, the inline transport takes 3 µs, the held one 1 µs.
 	inline := xfertest.New(xfertest.Config{Name: "inline", Inline: true,
-		OnSubmit: func([]*xfer.Task) { clk.advance(3 * time.Microsecond) }})
+		OnSubmit: func([]*xfer.Task) { clk.Advance(3 * time.Microsecond) }})
 	held := xfertest.New(xfertest.Config{Name: "held",
-		OnSubmit: func([]*xfer.Task) { clk.advance(time.Microsecond) }})
+		OnSubmit: func([]*xfer.Task) { clk.Advance(time.Microsecond) }})
 	var route atomic.Pointer[xfertest.Transport]
 	route.Store(inline)
 	f := newFixture(t, xfer.Config{}, xfertest.RouterFunc(func(l, tg xfer.Segment) (xfer.Transport, error) {
 		return route.Load(), nil
 	}))
-	xfer.SetClock(f.e, clk.now)
+	xfer.SetClock(f.e, clk.Now)
 	// Per medium: an inline call timed, one not, a held call not timed,
 	// one timed.
 	sc := &script{t: t, picks: []bool{true, false, false, true, true, false, false, true}}
@@ -280,7 +271,7 @@ func TestTransportMeterLatency(t *testing.T) {
 	}
 	us3 := 3 * time.Microsecond
 	wantLatency(t, "batch inline", statsOf(t, f.e, "inline").Latency, us3, us3, us3, us3)
-	clk.advance(time.Second)
+	clk.Advance(time.Second)
 	if err := f.e.Submit(id, f.reqs(4), f.opts, res); err != nil {
 		t.Fatal(err)
 	}
@@ -289,13 +280,13 @@ func TestTransportMeterLatency(t *testing.T) {
 	wantCounts(t, "batch inline, untimed call", st, 8, 8*64, 0)
 
 	route.Store(held)
-	clk.advance(time.Second) // between calls: counts for no task
+	clk.Advance(time.Second) // between calls: counts for no task
 	if err := f.e.Submit(id, f.reqs(2), f.opts, res[:2]); err != nil {
 		t.Fatal(err)
 	}
 	wantCounts(t, "batch held, untimed, dispatched", statsOf(t, f.e, "held"), 0, 0, 2)
 	ts := held.Take(-1)
-	clk.advance(50 * time.Microsecond)
+	clk.Advance(50 * time.Microsecond)
 	ts[0].Done(64, nil)
 	ts[1].Done(32, nil)
 	st = statsOf(t, f.e, "held")
@@ -306,10 +297,10 @@ func TestTransportMeterLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts = held.Take(-1)
-	clk.advance(99 * time.Microsecond)
+	clk.Advance(99 * time.Microsecond)
 	ts[0].Done(64, nil)
 	wantCounts(t, "batch held, timed, one ended", statsOf(t, f.e, "held"), 3, 160, 1)
-	clk.advance(900 * time.Microsecond)
+	clk.Advance(900 * time.Microsecond)
 	ts[1].Done(64, nil)
 	st = statsOf(t, f.e, "held")
 	wantLatency(t, "batch held", st.Latency, 100*time.Microsecond, time.Millisecond)
@@ -327,7 +318,7 @@ func TestTransportMeterLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	route.Store(inline)
-	clk.advance(time.Second)
+	clk.Advance(time.Second)
 	sres := make([]error, 2)
 	submit := func(base uint64) {
 		t.Helper()
@@ -337,28 +328,28 @@ func TestTransportMeterLatency(t *testing.T) {
 	}
 	submit(0)
 	wantLatency(t, "stream inline", statsOf(t, f.e, "inline").Latency, us3, us3, us3, us3, us3, us3)
-	clk.advance(time.Second)
+	clk.Advance(time.Second)
 	submit(2)
 	st = statsOf(t, f.e, "inline")
 	wantLatency(t, "stream inline, untimed call", st.Latency, us3, us3, us3, us3, us3, us3)
 	wantCounts(t, "stream inline, untimed call", st, 12, 12*64, 0)
 
 	route.Store(held)
-	clk.advance(time.Second)
+	clk.Advance(time.Second)
 	submit(4)
 	wantCounts(t, "stream held, untimed, dispatched", statsOf(t, f.e, "held"), 4, 224, 2)
 	ts = held.Take(-1)
-	clk.advance(time.Millisecond)
+	clk.Advance(time.Millisecond)
 	ts[0].Done(64, nil)
 	ts[1].Done(64, nil)
 	wantCounts(t, "stream held, untimed, ended", statsOf(t, f.e, "held"), 6, 352, 0)
 
-	clk.advance(time.Second)
+	clk.Advance(time.Second)
 	submit(6)
 	ts = held.Take(-1)
-	clk.advance(9 * time.Microsecond)
+	clk.Advance(9 * time.Microsecond)
 	ts[0].Done(64, nil)
-	clk.advance(20 * time.Millisecond)
+	clk.Advance(20 * time.Millisecond)
 	ts[1].Done(64, nil)
 	st = statsOf(t, f.e, "held")
 	wantLatency(t, "stream held", st.Latency,
@@ -379,9 +370,9 @@ func TestTransportMeterLatency(t *testing.T) {
 // call times both groups from the call's one clock reading.
 func TestTransportMeterMixedCall(t *testing.T) {
 	needMeters(t)
-	clk := newFakeClock()
+	clk := testutil.NewClock(time.Now()) // the meters need a monotonic reading
 	inline := xfertest.New(xfertest.Config{Name: "inline", Inline: true,
-		OnSubmit: func([]*xfer.Task) { clk.advance(2 * time.Microsecond) }})
+		OnSubmit: func([]*xfer.Task) { clk.Advance(2 * time.Microsecond) }})
 	held := xfertest.New(xfertest.Config{Name: "held"})
 	// Requests from a to b go inline, from a to a held.
 	f := newFixture(t, xfer.Config{}, xfertest.RouterFunc(func(l, tg xfer.Segment) (xfer.Transport, error) {
@@ -390,7 +381,7 @@ func TestTransportMeterMixedCall(t *testing.T) {
 		}
 		return inline, nil
 	}))
-	xfer.SetClock(f.e, clk.now)
+	xfer.SetClock(f.e, clk.Now)
 	sc := &script{t: t, picks: []bool{false, true}}
 	xfer.SetSampler(f.e, sc.pick)
 	reqs := f.reqs(5)
@@ -406,7 +397,7 @@ func TestTransportMeterMixedCall(t *testing.T) {
 		c := uint64(call + 1)
 		wantCounts(t, "inline", statsOf(t, f.e, "inline"), 3*c, 3*c*64, 0)
 		wantCounts(t, "held, dispatched", statsOf(t, f.e, "held"), 2*(c-1), 2*(c-1)*64, 2)
-		clk.advance(5 * time.Microsecond)
+		clk.Advance(5 * time.Microsecond)
 		held.Finish()
 		wantCounts(t, "held, ended", statsOf(t, f.e, "held"), 2*c, 2*c*64, 0)
 	}
@@ -441,7 +432,7 @@ func TestTransportMeterLeavers(t *testing.T) {
 
 	// A transport that ends all four tasks inside Submit, then claims
 	// five: the call fails and the batch is tainted.
-	liar := &liarTr{n: func(l int) int { return l + 1 }, done: func(l int) int { return l }}
+	liar := xfertest.New(xfertest.Config{Name: "liar", Inline: true, Lie: says(func(l int) int { return l + 1 }, nil)})
 	f = newFixture(t, xfer.Config{}, xfertest.RouteAll(liar), withLog(slog.New(&countHandler{})))
 	id, _ := f.e.AllocateBatch(4)
 	res = make([]error, 4)

@@ -184,9 +184,8 @@ func TestStreamDeadline(t *testing.T) {
 	}
 	// The timer ends the task (which the sink saw), then asks the
 	// transport to cancel it, then drops its own reference to the slot.
-	if !testutil.WaitFor(5*time.Second, func() bool { return tr.Cancels() == 1 }) {
-		t.Errorf("transport asked to cancel %d times", tr.Cancels())
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return tr.Cancels() == 1 },
+		"the transport asked to cancel once (asked %v times)", testutil.Lazy(tr.Cancels))
 	if s.Free() != 0 || f.b.Refs() != 2 {
 		t.Fatalf("slot or refs released before the transport's Done: free %d, refs %d", s.Free(), f.b.Refs())
 	}
@@ -194,9 +193,8 @@ func TestStreamDeadline(t *testing.T) {
 	if st, _, _ := sink.state(11); st != xfer.StateCompleted {
 		t.Errorf("11 ended %v", st)
 	}
-	if !testutil.WaitFor(5*time.Second, func() bool { return s.Free() == 2 }) {
-		t.Errorf("%d free after both Dones", s.Free())
-	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return s.Free() == 2 },
+		"2 free after both Dones (free: %v)", testutil.Lazy(s.Free))
 	s.Close(nil)
 	waitIdle(t, s)
 	xfertest.CheckRefs(t, f.a, f.b)
@@ -320,7 +318,7 @@ func TestStreamEngineClose(t *testing.T) {
 }
 
 func TestStreamContractViolation(t *testing.T) {
-	tr := &liarTr{n: func(l int) int { return l + 1 }, done: func(int) int { return 0 }}
+	tr := xfertest.New(xfertest.Config{Name: "liar", Lie: says(func(l int) int { return l + 1 }, nil)}) // holds what it takes
 	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	sink := newRecSink(t)
 	s, _ := f.e.NewStream(4, f.reg, sink)
@@ -439,7 +437,7 @@ func TestStreamInlineDoneAnsweredAtOnce(t *testing.T) {
 // none broke the count contract: each task still ends exactly once (the
 // sink fails the test on a second end), and the stream takes no more.
 func TestStreamDoneThenDisowned(t *testing.T) {
-	tr := &liarTr{n: func(int) int { return 0 }, done: func(l int) int { return l }}
+	tr := xfertest.New(xfertest.Config{Name: "liar", Inline: true, Disown: true, Lie: says(func(int) int { return 0 }, nil)})
 	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
 	sink := newRecSink(t)
 	s, _ := f.e.NewStream(4, f.reg, sink)

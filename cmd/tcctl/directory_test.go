@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/daemon"
 	"github.com/tensorcast/tensorcast/directory/etcdtest"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // startDirDaemon runs a tensorcastd with a peer plane on 127.0.0.1 as id,
@@ -80,12 +80,10 @@ func TestDirectoryEtcd(t *testing.T) {
 	if d2.Backend != "etcd" || d2.Self != "d2" || d2.Epoch == 0 {
 		t.Fatalf("d2's own directory: %+v", d2)
 	}
-	if !etcdtest.WaitFor(context.Background(), 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		d, err := c1.Directory()
 		return err == nil && len(d.Members) == 2
-	}) {
-		t.Fatal("d1's directory never listed both members")
-	}
+	}, "d1's directory listing both members")
 	if _, err := c1.OpenRemote("d9/kv", client.RightRead); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("open of an unknown daemon: %v", err)
 	}
@@ -122,12 +120,10 @@ func TestDirectoryEtcd(t *testing.T) {
 	}
 
 	srv.Stop()
-	if !etcdtest.WaitFor(context.Background(), 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		d, err := c1.Directory()
 		return err == nil && d.State == "down"
-	}) {
-		t.Fatal("d1 never reported etcd down")
-	}
+	}, "d1 reporting etcd down")
 	start := time.Now()
 	code, out, errs = tcctl(t, nil, "--socket", s1, "directory")
 	if took := time.Since(start); took > time.Second {

@@ -128,18 +128,13 @@ func TestCommands(t *testing.T) {
 	// The server counts info's connection until it has seen it close,
 	// which may be just after this call: stats must come to count only
 	// its own.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		code, out, errs = tcctl(t, map[string]string{"TENSORCAST_SOCKET": sock}, "stats")
 		if code != 0 || !strings.Contains(out, "pool.size 8388608") || !strings.Contains(out, "engine.batches_live 0") {
 			t.Fatalf("stats: %d %q %q", code, out, errs)
 		}
-		if strings.Contains(out, "connections 1\n") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stats never counted only its own connection: %q", out)
-		}
-	}
+		return strings.Contains(out, "connections 1\n")
+	}, "stats counting only its own connection: %q", testutil.Lazy(func() string { return out }))
 	code, out, errs = tcctl(t, nil, "--socket", sock, "ping", "-n", "50", "-size", "64")
 	if code != 0 || !strings.Contains(out, "50 round trips to host-a") || !strings.Contains(out, "p99") {
 		t.Fatalf("ping: %d %q %q", code, out, errs)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/directory/etcdtest"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // get reads key from etcd directly: its value and lease, found or not.
@@ -92,7 +93,7 @@ func TestClaimRefused(t *testing.T) {
 		t.Fatalf("the dead claim took %v to lapse, TTL 1s", took)
 	}
 	join(t, again, 7)
-	waitFor(t, 5*time.Second, "b registered at epoch 7", func() bool { return epochOf(again, "b") == 7 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return epochOf(again, "b") == 7 }, "b registered at epoch 7")
 }
 
 // TestClaimLapsedBeforeJoin: a claim lost before Join (its lease gone: a

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/directory/etcdtest"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // logBuf collects a directory's log lines.
@@ -36,24 +37,6 @@ func (l *logBuf) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
-}
-
-// fakeClock is a clock tests move by hand.
-type fakeClock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
 }
 
 type testDir struct {
@@ -96,15 +79,6 @@ func epochOf(d testDir, id string) uint64 {
 	return m.Epoch
 }
 
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	if !etcdtest.WaitFor(context.Background(), limit, cond) {
-		t.Fatalf("%s: not within %v", what, limit)
-	}
-	return time.Since(start)
-}
-
 // TestJoinLeaveCrash: a member that joins is seen by the others through
 // the watch; one that leaves (Close revokes its lease) is gone at once;
 // one that crashes (stops renewing) is gone within its lease TTL.
@@ -116,7 +90,7 @@ func TestJoinLeaveCrash(t *testing.T) {
 	join(t, b, 2)
 	c := open(t, srv, "c", nil)
 	join(t, c, 3)
-	waitFor(t, 5*time.Second, "a sees b and c", func() bool { return epochOf(a, "b") == 2 && epochOf(a, "c") == 3 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return epochOf(a, "b") == 2 && epochOf(a, "c") == 3 }, "a sees b and c")
 	if epochOf(b, "a") != 1 {
 		t.Fatalf("b's first listing has no a: %+v", b.Cache().Members())
 	}
@@ -128,12 +102,13 @@ func TestJoinLeaveCrash(t *testing.T) {
 	}
 
 	b.Close()
-	took := waitFor(t, 2*time.Second, "a sees b leave", func() bool { return epochOf(a, "b") == 0 })
-	t.Logf("leave seen after %v", took)
-
 	start := time.Now()
+	testutil.Eventually(t, 2*time.Second, func() bool { return epochOf(a, "b") == 0 }, "a sees b leave")
+	t.Logf("leave seen after %v", time.Since(start))
+
+	start = time.Now()
 	c.Abandon()
-	waitFor(t, 3*time.Second, "a sees c's lease lapse", func() bool { return epochOf(a, "c") == 0 })
+	testutil.Eventually(t, 3*time.Second, func() bool { return epochOf(a, "c") == 0 }, "a sees c's lease lapse")
 	if took := time.Since(start); took > c.cfg.LeaseTTL+time.Second {
 		t.Fatalf("crashed member gone after %v, more than lease TTL %v + 1s", took, c.cfg.LeaseTTL)
 	} else {
@@ -152,12 +127,12 @@ func TestRestartNewEpoch(t *testing.T) {
 	join(t, obs, 9)
 	a := open(t, srv, "a", nil)
 	join(t, a, 1)
-	waitFor(t, 5*time.Second, "obs sees a", func() bool { return epochOf(obs, "a") == 1 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return epochOf(obs, "a") == 1 }, "obs sees a")
 	a.Abandon()
 	start := time.Now()
 	a2 := open(t, srv, "a", nil)
 	join(t, a2, 2) // waits for epoch 1's lease
-	waitFor(t, 3*time.Second, "obs sees epoch 2", func() bool { return epochOf(obs, "a") == 2 })
+	testutil.Eventually(t, 3*time.Second, func() bool { return epochOf(obs, "a") == 2 }, "obs sees epoch 2")
 	if took := time.Since(start); took > a2.cfg.LeaseTTL+time.Second {
 		t.Fatalf("restarted member appeared after %v, more than lease TTL + 1s", took)
 	}
@@ -203,7 +178,7 @@ func TestExportCatalog(t *testing.T) {
 	join(t, b, 2)
 	a.Exported("kv", 1<<20, directory.RightRead|directory.RightWrite)
 	a.Exported("w", 4096, directory.RightRead)
-	waitFor(t, 5*time.Second, "b sees a's exports", func() bool { return len(b.Cache().Exports()) == 2 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return len(b.Cache().Exports()) == 2 }, "b sees a's exports")
 	v, err := b.ResolveExport(ctx, directory.LaneCatalogFirst, "a", "kv")
 	if err != nil || v.Source != directory.SourceCache || v.Export.Size != 1<<20 || v.Export.Epoch != 1 || v.Export.Generation == 0 {
 		t.Fatalf("b resolves a/kv: %+v %v", v, err)
@@ -211,20 +186,20 @@ func TestExportCatalog(t *testing.T) {
 	gen := v.Export.Generation
 	a.Unexported("kv")
 	a.Exported("kv", 8192, directory.RightRead)
-	waitFor(t, 5*time.Second, "b sees a/kv exported again", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		v, err := b.ResolveExport(ctx, directory.LaneCatalogFirst, "a", "kv")
 		return err == nil && v.Export.Generation != gen && v.Export.Size == 8192
-	})
+	}, "b sees a/kv exported again")
 	a.Unexported("w")
-	waitFor(t, 5*time.Second, "b sees a/w withdrawn", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		_, err := b.ResolveExport(ctx, directory.LaneCatalogFirst, "a", "w")
 		return errors.Is(err, directory.ErrNotFound)
-	})
+	}, "b sees a/w withdrawn")
 	if st := a.Status(ctx); st.Published != 1 || st.Pending != 0 {
 		t.Fatalf("a status: published %d pending %d", st.Published, st.Pending)
 	}
 	a.Abandon()
-	waitFor(t, 3*time.Second, "a's exports lapse with its lease", func() bool { return len(b.Cache().Exports()) == 0 })
+	testutil.Eventually(t, 3*time.Second, func() bool { return len(b.Cache().Exports()) == 0 }, "a's exports lapse with its lease")
 }
 
 // TestEtcdDown: with etcd stopped, lookups within the budget are answered
@@ -237,14 +212,14 @@ func TestExportCatalog(t *testing.T) {
 func TestEtcdDown(t *testing.T) {
 	ctx := context.Background()
 	srv := etcdtest.Start(t)
-	clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	clk := testutil.NewClock(time.Unix(1_700_000_000, 0))
 	withClock := func(c *Config) { c.Clock = clk.Now; c.ProgressEvery = 20 * time.Millisecond }
 	a := open(t, srv, "a", withClock)
 	join(t, a, 1)
 	a.Exported("kv", 4096, directory.RightRead)
 	b := open(t, srv, "b", withClock)
 	join(t, b, 2)
-	waitFor(t, 5*time.Second, "b sees a and a/kv", func() bool { return epochOf(b, "a") == 1 && len(b.Cache().Exports()) == 1 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return epochOf(b, "a") == 1 && len(b.Cache().Exports()) == 1 }, "b sees a and a/kv")
 
 	srv.Stop()
 	clk.Advance(time.Second) // within the 2s budget
@@ -264,10 +239,10 @@ func TestEtcdDown(t *testing.T) {
 	if _, err := b.ResolveMember(ctx, directory.LaneStreamFirst, "nobody"); !errors.Is(err, directory.ErrUnavailable) {
 		t.Fatalf("stream-first for an unknown id past budget: %v", err)
 	}
-	waitFor(t, 5*time.Second, "b notices the outage", func() bool { return b.State() == directory.StateDown })
+	testutil.Eventually(t, 5*time.Second, func() bool { return b.State() == directory.StateDown }, "b notices the outage")
 	// Let the prober run a few more rounds: the outage is said once.
 	clk.Advance(time.Second)
-	waitFor(t, 5*time.Second, "a's keep-alives lapse", func() bool { return a.log.count("directory keep-alives ended") == 1 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return a.log.count("directory keep-alives ended") == 1 }, "a's keep-alives lapse")
 	if n := b.log.count("etcd unreachable: lookups"); n != 1 {
 		t.Fatalf("outage logged %d times:\n%s", n, b.log)
 	}
@@ -276,19 +251,19 @@ func TestEtcdDown(t *testing.T) {
 	}
 
 	srv.Restart()
-	waitFor(t, 10*time.Second, "b recovers", func() bool { return b.State() == directory.StateUp })
+	testutil.Eventually(t, 10*time.Second, func() bool { return b.State() == directory.StateUp }, "b recovers")
 	// etcd's restart renewed a's lease: a keeps it, and writes nothing.
-	waitFor(t, 10*time.Second, "a finds its lease kept", func() bool { return a.log.count("the registration stands") == 1 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return a.log.count("the registration stands") == 1 }, "a finds its lease kept")
 	if n := a.log.count("registration lost"); n != 0 {
 		t.Fatalf("a registered again though etcd kept its lease:\n%s", a.log)
 	}
 	if v, err := b.ResolveMember(ctx, directory.LaneCatalogFirst, "a"); err != nil || v.Source != directory.SourceCache || v.Member.Epoch != 1 {
 		t.Fatalf("after recovery: %+v %v", v, err)
 	}
-	waitFor(t, 5*time.Second, "a/kv is in b's cache", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		v, err := b.ResolveExport(ctx, directory.LaneCatalogFirst, "a", "kv")
 		return err == nil && v.Source == directory.SourceCache
-	})
+	}, "a/kv is in b's cache")
 	if n := b.log.count("etcd reachable again"); n != 1 {
 		t.Fatalf("recovery logged %d times", n)
 	}
@@ -311,15 +286,15 @@ func TestCrashAfterOutage(t *testing.T) {
 	join(t, a, 1)
 	b := open(t, srv, "b", nil)
 	join(t, b, 2)
-	waitFor(t, 5*time.Second, "b sees a", func() bool { return epochOf(b, "a") == 1 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return epochOf(b, "a") == 1 }, "b sees a")
 	srv.Stop()
-	waitFor(t, 5*time.Second, "a's keep-alives lapse", func() bool { return a.log.count("directory keep-alives ended") == 1 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return a.log.count("directory keep-alives ended") == 1 }, "a's keep-alives lapse")
 	srv.Restart()
-	waitFor(t, 10*time.Second, "a finds its lease kept", func() bool { return a.log.count("the registration stands") == 1 })
-	waitFor(t, 10*time.Second, "b current", func() bool { return b.State() == directory.StateUp })
+	testutil.Eventually(t, 10*time.Second, func() bool { return a.log.count("the registration stands") == 1 }, "a finds its lease kept")
+	testutil.Eventually(t, 10*time.Second, func() bool { return b.State() == directory.StateUp }, "b current")
 	start := time.Now()
 	a.Abandon()
-	waitFor(t, 10*time.Second, "b sees a's lease lapse", func() bool { return epochOf(b, "a") == 0 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return epochOf(b, "a") == 0 }, "b sees a's lease lapse")
 	if took := time.Since(start); took > a.cfg.LeaseTTL+time.Second {
 		t.Fatalf("crash after an outage seen after %v", took)
 	}
@@ -369,14 +344,14 @@ func TestLeaseRevokedRegistersAgain(t *testing.T) {
 	a.Exported("kv", 4096, directory.RightRead)
 	b := open(t, srv, "b", nil)
 	join(t, b, 2)
-	waitFor(t, 5*time.Second, "b sees a and a/kv", func() bool { return epochOf(b, "a") == 1 && len(b.Cache().Exports()) == 1 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return epochOf(b, "a") == 1 && len(b.Cache().Exports()) == 1 }, "b sees a and a/kv")
 	a.smu.Lock()
 	old := a.lease
 	a.smu.Unlock()
 	if _, err := b.cli.Revoke(ctx, old); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "a registers again", func() bool { return a.log.count("registered in the directory again") == 1 })
+	testutil.Eventually(t, 10*time.Second, func() bool { return a.log.count("registered in the directory again") == 1 }, "a registers again")
 	if n := a.log.count("registration lost"); n != 1 {
 		t.Fatalf("registration lost logged %d times:\n%s", n, a.log)
 	}
@@ -389,8 +364,8 @@ func TestLeaseRevokedRegistersAgain(t *testing.T) {
 	if cur == old || cur == 0 {
 		t.Fatalf("lease after registering again %x (before %x)", cur, old)
 	}
-	waitFor(t, 5*time.Second, "b sees a and a/kv again", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		v, err := b.ResolveExport(ctx, directory.LaneCatalogFirst, "a", "kv")
 		return epochOf(b, "a") == 1 && err == nil && v.Source == directory.SourceCache
-	})
+	}, "b sees a and a/kv again")
 }

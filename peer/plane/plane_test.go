@@ -21,6 +21,7 @@ import (
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // rdmaSizes go up to a pool block.
@@ -230,18 +231,13 @@ func (s *side) untilRDMA(t *testing.T, r *tcp.Remote, req xfer.Request) {
 		t.Fatalf("%v of %d bytes: %v", req.Op, req.Length, err)
 	}
 	s.linkUp(t, r)
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		before := s.tcpBytes()
 		if err := s.do(t, req); err != nil {
 			t.Fatalf("%v of %d bytes: %v", req.Op, req.Length, err)
 		}
-		if s.tcpBytes()-before < req.Length {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("requests to %s/%s still on tcp:\n%s", r.Peer(), r.Name(), s.log.String())
-		}
-	}
+		return s.tcpBytes()-before < req.Length
+	}, "requests to %s/%s off tcp:\n%s", r.Peer(), r.Name(), s.log)
 }
 
 // linkRegionOf is what d2's link to d1 learned about the export named name.
@@ -259,10 +255,6 @@ func (p *pair) linkRegionOf(t *testing.T, name string) (*rdmaLink, rdma.RemoteRe
 	return l, rdma.RemoteRegion{}, false
 }
 
-type errCompleter chan error
-
-func (c errCompleter) TaskDone(_ *xfer.Task, _ uint64, err error) { c <- err }
-
 // postOnLink posts one request on the link's own transport against reg,
 // past every check the requesting plane makes: only the owner's device
 // stands between it and the owner's memory. Submit waits for a queue pair
@@ -274,23 +266,23 @@ func postOnLink(t *testing.T, l *rdmaLink, id xfer.SegmentID, reg rdma.RemoteReg
 	}
 	defer l.tr.RemoveRemote(id)
 	req.Target = id
-	done := make(errCompleter, 1)
+	done := make(xfertest.Chan, 1)
 	task := &xfer.Task{Req: req}
 	task.SetCompleter(done)
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	var last error
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		n, err := l.tr.Submit([]*xfer.Task{task})
-		if n == 1 {
-			break
-		}
-		if !errors.Is(err, rdma.ErrQPDown) && !errors.Is(err, rdma.ErrQueueFull) || time.Now().After(deadline) {
+		if n != 1 && !errors.Is(err, rdma.ErrQPDown) && !errors.Is(err, rdma.ErrQueueFull) {
 			t.Fatalf("posting %v: %v", req.Op, err)
 		}
-	}
+		last = err
+		return n == 1
+	}, "posting %v (refused with %v)", req.Op, testutil.Lazy(func() error { return last }))
 	timer := time.NewTimer(30 * time.Second)
 	defer timer.Stop()
 	select {
-	case err := <-done:
-		return err
+	case e := <-done:
+		return e.Err
 	case <-timer.C:
 		t.Fatalf("%v posted on the link did not end", req.Op)
 		return nil
@@ -560,14 +552,16 @@ func testTransportPerSegment(t *testing.T, devs *devices) {
 	// A link counts what it handed to a transport once that transport's
 	// Submit returns, which may be after the request's Done: wait for the
 	// counts to catch up with what the test saw end.
-	testutil.WaitFor(5*time.Second, func() bool { return p.d2.counter(t, "rdma.tasks") >= 2 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return p.d2.counter(t, "rdma.tasks") >= 2 },
+		"rdma.tasks counting the 2 WRITEs by rdma: %v", testutil.Lazy(func() uint64 { return p.d2.counter(t, "rdma.tasks") }))
 	tasks, toTCP := p.d2.counter(t, "rdma.tasks"), p.d2.counter(t, "rdma.to_tcp")
 	for range 3 {
 		if moved, err := move(poolID, viaTCP, 1<<20); err != nil || moved < 1<<20 {
 			t.Fatalf("WRITE to a transport-tcp segment with the link up: %v, %d bytes on tcp", err, moved)
 		}
 	}
-	testutil.WaitFor(5*time.Second, func() bool { return p.d2.counter(t, "rdma.to_tcp") >= toTCP+3 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return p.d2.counter(t, "rdma.to_tcp") >= toTCP+3 },
+		"rdma.to_tcp counting the 3 transport-tcp WRITEs: %v, want %d", testutil.Lazy(func() uint64 { return p.d2.counter(t, "rdma.to_tcp") }), toTCP+3)
 	if p.d2.counter(t, "rdma.tasks") != tasks || p.d2.counter(t, "rdma.to_tcp") != toTCP+3 {
 		t.Fatalf("after 3 transport-tcp WRITEs: rdma.tasks %d→%d, rdma.to_tcp %d→%d",
 			tasks, p.d2.counter(t, "rdma.tasks"), toTCP, p.d2.counter(t, "rdma.to_tcp"))

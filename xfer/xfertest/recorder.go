@@ -1,6 +1,7 @@
 package xfertest
 
 import (
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +17,18 @@ type Recorder struct {
 	n     map[*xfer.Task]uint64
 	errs  map[*xfer.Task]error
 	count int
+	log   []End // every end, in the order they came
+	next  int   // log[:next] were returned by Next or Wait
 	ch    chan struct{}
+}
+
+var _ xfer.Completer = (*Recorder)(nil)
+
+// End is one end of a task: Done(N, Err) of Task.
+type End struct {
+	Task *xfer.Task
+	N    uint64
+	Err  error
 }
 
 // NewRecorder returns an empty Recorder (up to 65,536 ends not yet waited
@@ -32,6 +44,7 @@ func (r *Recorder) TaskDone(t *xfer.Task, n uint64, err error) {
 	r.ends[t]++
 	r.n[t], r.errs[t] = n, err
 	r.count++
+	r.log = append(r.log, End{t, n, err})
 	r.mu.Unlock()
 	r.ch <- struct{}{}
 }
@@ -39,14 +52,27 @@ func (r *Recorder) TaskDone(t *xfer.Task, n uint64, err error) {
 // Wait waits for k more ends, at most 10 s.
 func (r *Recorder) Wait(t testing.TB, k int) {
 	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for range k {
+	r.Next(t, k, 10*time.Second)
+}
+
+// Next waits, at most d, for the next k ends (those after the ones Next
+// and Wait returned before) and returns them in the order they came.
+func (r *Recorder) Next(t testing.TB, k int, d time.Duration) []End {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for i := range k {
 		select {
 		case <-r.ch:
-		case <-timeout:
-			t.Fatalf("timed out waiting for task ends")
+		case <-timer.C:
+			t.Fatalf("only %d of %d tasks ended within %v", i, k, d)
 		}
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := slices.Clone(r.log[r.next : r.next+k])
+	r.next += k
+	return out
 }
 
 // Result is how tk ended.

@@ -44,6 +44,10 @@ type Config struct {
 	// it returns, while the transport takes max(0, min(n, len(tasks)))
 	// tasks whatever it says: a transport that breaks the count contract.
 	Lie func(n int, err error) (int, error)
+	// Disown, with Lie, takes the tasks Limit lets through (all of them
+	// without a Limit) whatever count Lie reports: a transport that ends
+	// or holds tasks past the count it reports.
+	Disown bool
 	// CancelEnds ends a held task with xfer.ErrCanceled when it is
 	// canceled. Without it Cancel is only counted, as by a transport whose
 	// tasks end on their own.
@@ -134,10 +138,14 @@ func (f *Transport) Submit(ts []*xfer.Task) (int, error) {
 			err = ErrInjected
 		}
 	}
+	took := n
 	if cfg.Lie != nil {
 		n, err = cfg.Lie(n, err)
+		if !cfg.Disown {
+			took = n
+		}
 	}
-	take := ts[:max(0, min(n, len(ts)))]
+	take := ts[:max(0, min(took, len(ts)))]
 	if cfg.Record {
 		for _, t := range take {
 			f.reqs = append(f.reqs, t.Req)

@@ -167,6 +167,7 @@ func TestInlineLimitLieHold(t *testing.T) {
 	if n, err := tr.Submit(ts[3:]); n != 3 || err != nil || e.count() != 5 {
 		t.Fatalf("Lie: %d, %v, %d ended", n, err, e.count())
 	}
+
 	var after []int
 	tr.Update(func(c *xfertest.Config) {
 		c.Lie = nil
@@ -176,6 +177,14 @@ func TestInlineLimitLieHold(t *testing.T) {
 	// Of the two, Hold keeps the one of length 2: 6 ended when AfterSubmit runs.
 	if n, _ := tr.Submit(tasks(e, a, b, 2)); n != 2 || len(after) != 2 || after[0] != -2 || after[1] != 6 {
 		t.Fatalf("hooks saw %v, want [-2 6]", after)
+	}
+	// With Disown the transport takes what Limit lets through whatever
+	// Lie says: one of two, reported as -1.
+	e2 := newEnds(t)
+	liar := xfertest.New(xfertest.Config{Inline: true, Limit: 1, Disown: true,
+		Lie: func(int, error) (int, error) { return -1, nil }})
+	if n, err := liar.Submit(tasks(e2, a, b, 2)); n != -1 || err != nil || e2.count() != 1 {
+		t.Fatalf("Lie with Disown: %d, %v, %d ended", n, err, e2.count())
 	}
 }
 
@@ -341,7 +350,8 @@ func TestThroughEngine(t *testing.T) {
 // allocates nothing once their slices have grown.
 func TestSteadyStateAllocs(t *testing.T) {
 	a, b := xfertest.NewSegment(1, 64), xfertest.NewSegment(2, 64)
-	e := &countDone{}
+	var dones int
+	e := xfertest.Func(func(*xfer.Task, uint64, error) { dones++ })
 	ts := make([]*xfer.Task, 8)
 	for i := range ts {
 		ts[i] = &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, Length: 8}, Local: a, Target: b}
@@ -358,11 +368,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, run); n != 0 {
 		t.Fatalf("%v allocations per round", n)
 	}
-	if e.n != 16*102 { // run, AllocsPerRun's warm-up, 100 runs
-		t.Fatalf("%d Dones", e.n)
+	if dones != 16*102 { // run, AllocsPerRun's warm-up, 100 runs
+		t.Fatalf("%d Dones", dones)
 	}
 }
-
-type countDone struct{ n int }
-
-func (c *countDone) TaskDone(*xfer.Task, uint64, error) { c.n++ }
