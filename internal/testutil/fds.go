@@ -5,10 +5,12 @@
 // needs a machine feature this machine lacks (root, io_uring, network
 // namespaces, mounts, eBPF, the tools make deps installs, etcd, an RDMA
 // device), or fail it where the environment says the machine provides it
-// (ProvidesEnv); a small loop-mounted ext4 file system for the tests of a
-// full disk (MountSmallExt4); and a run loop (a daemon's Run) kept going
-// until the test ends (Run). The descriptors are read from /proc/self/fd;
-// where they cannot be listed, the listings fail.
+// (ProvidesEnv); Eventually, the one wait for a state another goroutine or
+// process reaches, and Clock, the one fake clock; a small loop-mounted ext4
+// file system for the tests of a full disk (MountSmallExt4); and a run
+// loop (a daemon's Run) kept going until the test ends (Run). The
+// descriptors are read from /proc/self/fd; where they cannot be listed,
+// the listings fail.
 package testutil
 
 import (
