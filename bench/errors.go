@@ -4,6 +4,8 @@ import "errors"
 
 // Sentinel errors of the benchmark harness. Match them with errors.Is; the
 // returned errors wrap them with the file, line, option or engine concerned.
+// They are in no xfer category: tcbench prints them and exits, and no
+// daemon answers a client with them.
 var (
 	// ErrUnknownOption: a job file or command line names an option tcbench
 	// does not know.

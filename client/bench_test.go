@@ -16,20 +16,13 @@ func BenchmarkClientTaskStatus(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	buf, err := c.RegisterBuffer(4096)
-	if err != nil {
-		b.Fatal(err)
-	}
-	offs, err := c.AllocBlocks(nil, 1, 4096)
-	if err != nil {
-		b.Fatal(err)
-	}
+	w := write4K(b, c)
 	batch, err := c.AllocBatch(1)
 	if err != nil {
 		b.Fatal(err)
 	}
 	res := make([]error, 1)
-	if err := c.Submit(batch, []xfer.Request{{Op: xfer.OpWrite, Local: buf.ID, Target: poolID, TargetOffset: offs[0], Length: 4096}}, res); err != nil || res[0] != nil {
+	if err := c.Submit(batch, []xfer.Request{w}, res); err != nil || res[0] != nil {
 		b.Fatal(err, res[0])
 	}
 	if _, err := c.Wait(batch, time.Second); err != nil {
@@ -55,15 +48,7 @@ func BenchmarkClientTransfer4K(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	buf, err := c.RegisterBuffer(4096)
-	if err != nil {
-		b.Fatal(err)
-	}
-	offs, err := c.AllocBlocks(nil, 1, 4096)
-	if err != nil {
-		b.Fatal(err)
-	}
-	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: buf.ID, Target: poolID, TargetOffset: offs[0], Length: 4096}}
+	reqs := []xfer.Request{write4K(b, c)}
 	res := make([]error, 1)
 	b.SetBytes(4096)
 	b.ReportAllocs()

@@ -41,6 +41,13 @@ type daemon struct {
 // local transport.
 func startDaemon(t testing.TB, cfgs ...func(*control.Config)) *daemon {
 	t.Helper()
+	return startDaemonOn(t, xfer.NewLocal(xfer.LocalConfig{Workers: 1}, slog.New(slog.DiscardHandler)), cfgs...)
+}
+
+// startDaemonOn runs a control server on the real pool, registry and
+// engine, whose transfers all go to tr; the daemon closes tr.
+func startDaemonOn(t testing.TB, tr xfer.Transport, cfgs ...func(*control.Config)) *daemon {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "tccl")
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +60,6 @@ func startDaemon(t testing.TB, cfgs ...func(*control.Config)) *daemon {
 	}
 	d.reg = xfer.NewRegistry()
 	d.reg.Add(d.pool)
-	tr := xfer.NewLocal(xfer.LocalConfig{Workers: 1}, log)
 	d.eng = xfer.NewEngine(xfer.Config{}, xfertest.RouteAll(tr), log)
 	cfg := control.Config{Socket: d.sock, DaemonID: "d-1", Version: "v-test"}
 	for _, f := range cfgs {
@@ -82,6 +88,21 @@ func (d *daemon) waitReleased(t testing.TB) {
 	}, "everything released: conns %v blocks %v segments %v batches %v", testutil.Lazy(d.srv.Connections),
 		testutil.Lazy(func() any { return d.pool.Stats().Blocks }), testutil.Lazy(d.reg.Len),
 		testutil.Lazy(func() any { return d.eng.Stats().BatchesLive }))
+}
+
+// write4K registers a 4 KiB buffer and allocates a 4 KiB pool block on c,
+// and returns the WRITE of the one into the other.
+func write4K(tb testing.TB, c *Client) xfer.Request {
+	tb.Helper()
+	buf, err := c.RegisterBuffer(4096)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	offs, err := c.AllocBlocks(nil, 1, 4096)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return xfer.Request{Op: xfer.OpWrite, Local: buf.ID, Target: poolID, TargetOffset: offs[0], Length: 4096}
 }
 
 func TestEndToEnd(t *testing.T) {
@@ -558,19 +579,11 @@ func TestSteadyStateAllocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	buf, err := c.RegisterBuffer(4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	offs, err := c.AllocBlocks(nil, 1, 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reqs := []xfer.Request{write4K(t, c)}
 	batch, err := c.AllocBatch(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: buf.ID, Target: poolID, TargetOffset: offs[0], Length: 4096}}
 	res := make([]error, 1)
 	if err := c.Submit(batch, reqs, res); err != nil || res[0] != nil {
 		t.Fatal(err, res[0])

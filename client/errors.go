@@ -10,27 +10,34 @@ import (
 )
 
 // Errors of the client. A daemon's status code comes back as a *StatusError
-// that matches (errors.Is) the sentinel of its code.
+// that matches (errors.Is) the sentinel of its code. Each sentinel of a code
+// is in the xfer category of that code, so that package status maps it back
+// to the code it stands for; ErrInternal is in none, as INTERNAL is the code
+// of an error no category covers.
 var (
-	ErrInvalidArgument    = errors.New("tensorcast: invalid argument")
-	ErrNotFound           = errors.New("tensorcast: not found")
-	ErrAlreadyExists      = errors.New("tensorcast: already exists")
-	ErrBusy               = errors.New("tensorcast: busy")
-	ErrResourceExhausted  = errors.New("tensorcast: resource exhausted")
-	ErrFailedPrecondition = errors.New("tensorcast: failed precondition")
-	ErrPermissionDenied   = errors.New("tensorcast: permission denied")
-	ErrDeadlineExceeded   = errors.New("tensorcast: deadline exceeded")
-	ErrUnavailable        = errors.New("tensorcast: unavailable")
+	ErrInvalidArgument    = xfer.Categorized(xfer.ErrInvalid, "tensorcast: invalid argument")
+	ErrNotFound           = xfer.Categorized(xfer.ErrNotFound, "tensorcast: not found")
+	ErrAlreadyExists      = xfer.Categorized(xfer.ErrAlreadyExists, "tensorcast: already exists")
+	ErrBusy               = xfer.Categorized(xfer.ErrBusy, "tensorcast: busy")
+	ErrResourceExhausted  = xfer.Categorized(xfer.ErrBackpressure, "tensorcast: resource exhausted")
+	ErrFailedPrecondition = xfer.Categorized(xfer.ErrPrecondition, "tensorcast: failed precondition")
+	ErrPermissionDenied   = xfer.Categorized(xfer.ErrPermission, "tensorcast: permission denied")
+	ErrDeadlineExceeded   = xfer.Categorized(xfer.ErrTimeout, "tensorcast: deadline exceeded")
+	ErrUnavailable        = xfer.Categorized(xfer.ErrUnavailable, "tensorcast: unavailable")
 	ErrInternal           = errors.New("tensorcast: daemon internal error")
 
 	// ErrProtocol: the daemon's answer does not match the request (another
 	// body, another request id, a different number of positional results).
-	// The whole call failed; the connection is closed.
-	ErrProtocol = errors.New("tensorcast: protocol violation")
-	// ErrClosed: the client is closed, or its connection broke.
-	ErrClosed = errors.New("tensorcast: client closed")
-	// ErrNoPool: the client was dialed without mapping the pool.
-	ErrNoPool = errors.New("tensorcast: pool not mapped")
+	// The whole call failed; the connection is closed. Matches
+	// xfer.ErrUnavailable, as a peer's protocol violation does in the
+	// daemon: a new connection may serve.
+	ErrProtocol = xfer.Categorized(xfer.ErrUnavailable, "tensorcast: protocol violation")
+	// ErrClosed: the client is closed, or its connection broke. Matches
+	// xfer.ErrClosed.
+	ErrClosed = xfer.Categorized(xfer.ErrClosed, "tensorcast: client closed")
+	// ErrNoPool: the client was dialed without mapping the pool. Matches
+	// xfer.ErrPrecondition: the call needs a mapping this client lacks.
+	ErrNoPool = xfer.Categorized(xfer.ErrPrecondition, "tensorcast: pool not mapped")
 	// ErrNotSupported: the call needs what this OS lacks (memfds and shared
 	// mappings are Linux's). It matches xfer.ErrNotSupported.
 	ErrNotSupported = fmt.Errorf("tensorcast: %w on this OS", xfer.ErrNotSupported)

@@ -77,14 +77,6 @@ func BenchmarkQueueNop(b *testing.B) {
 // block) through a queue at depth 1.
 func BenchmarkQueueWrite4K(b *testing.B) {
 	c, q := benchQueue(b)
-	buf, err := c.RegisterBuffer(4096)
-	if err != nil {
-		b.Fatal(err)
-	}
-	offs, err := c.AllocBlocks(nil, 1, 4096)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pool, _ := c.Pool()
-	benchRounds(b, q, &xfer.Request{Op: xfer.OpWrite, Local: buf.ID, Target: pool.Segment, TargetOffset: offs[0], Length: 4096})
+	w := write4K(b, c)
+	benchRounds(b, q, &w)
 }

@@ -1,8 +1,6 @@
 package control
 
 import (
-	"errors"
-
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -42,13 +40,18 @@ var (
 	ErrTooManyConns = xfer.Categorized(xfer.ErrBackpressure, "control: too many connections")
 	// ErrClosed: the server or client is closed.
 	ErrClosed = xfer.Categorized(xfer.ErrUnavailable, "control: closed")
-	// ErrAddrInUse: another daemon is serving on the socket path.
-	ErrAddrInUse = errors.New("control: socket in use by a running daemon")
-	// ErrConfig: a Config value is invalid.
-	ErrConfig = errors.New("control: invalid config")
+	// ErrAddrInUse: another daemon is serving on the socket path. Matches
+	// xfer.ErrAlreadyExists: the socket is served already, a start-up
+	// error.
+	ErrAddrInUse = xfer.Categorized(xfer.ErrAlreadyExists, "control: socket in use by a running daemon")
+	// ErrConfig: a Config value is invalid. Matches xfer.ErrInvalid, a
+	// start-up error.
+	ErrConfig = xfer.Categorized(xfer.ErrInvalid, "control: invalid config")
 	// ErrProtocol: the peer answered with something that does not match the
-	// request (wrong body, wrong number of positional results).
-	ErrProtocol = errors.New("control: protocol violation")
+	// request (wrong body, wrong number of positional results). Matches
+	// xfer.ErrUnavailable, as a peer daemon's protocol violation does
+	// (tcp.ErrProtocol): the connection is closed, a new one may serve.
+	ErrProtocol = xfer.Categorized(xfer.ErrUnavailable, "control: protocol violation")
 )
 
 // Code is the status of a call or of one item of a batch call; package

@@ -2,11 +2,12 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"sync/atomic"
 	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // The bounded drain. On SIGTERM the daemon
@@ -41,8 +42,10 @@ const closeGrace = 500 * time.Millisecond
 const drainPoll = 20 * time.Millisecond
 
 // ErrShutdownTimeout: a part of the daemon did not close within
-// drain_timeout + closeGrace; the daemon gave up on it.
-var ErrShutdownTimeout = errors.New("shutdown: a part did not close in time")
+// drain_timeout + closeGrace; the daemon gave up on it. Matches
+// xfer.ErrTimeout: the shutdown's deadline passed (Run returns it; no
+// client sees it).
+var ErrShutdownTimeout = xfer.Categorized(xfer.ErrTimeout, "shutdown: a part did not close in time")
 
 // shutdown drains within drain_timeout, then closes the engine, the
 // transports and the pool, giving up on what is not closed by

@@ -1,6 +1,9 @@
 package rdma
 
-import "strconv"
+import (
+	"errors"
+	"strconv"
+)
 
 // WCStatus is a work completion's status (enum ibv_wc_status). The values
 // are fixed by the verbs ABI; verbs_linux_test.go checks them against the
@@ -89,8 +92,11 @@ func (e *CompletionError) Error() string {
 		", qp " + strconv.Itoa(e.QP) + ")"
 }
 
-// Is makes errors.Is(err, ErrCompletion) true.
-func (e *CompletionError) Is(target error) bool { return target == ErrCompletion }
+// Is makes errors.Is(err, ErrCompletion) true, and so errors.Is with
+// ErrCompletion's category.
+func (e *CompletionError) Is(target error) bool {
+	return target == ErrCompletion || errors.Is(ErrCompletion, target)
+}
 
 // completionErrors holds one preallocated error per (qp, status) so that the
 // completion path allocates nothing when it fails tasks.

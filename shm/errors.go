@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/tensorcast/tensorcast/xfer"
@@ -12,8 +11,8 @@ import (
 var (
 	// ErrInvalidConfig: a PoolConfig field is out of range (zero id or size,
 	// block sizes not powers of two, unknown hugepages mode, a pool too large
-	// to map or index).
-	ErrInvalidConfig = errors.New("shm: invalid pool config")
+	// to map or index). Matches xfer.ErrInvalid, a start-up error.
+	ErrInvalidConfig = xfer.Categorized(xfer.ErrInvalid, "shm: invalid pool config")
 	// ErrInvalidID: a segment id of zero.
 	ErrInvalidID = xfer.Categorized(xfer.ErrInvalid, "shm: segment id 0")
 	// ErrInvalidSize: a size of zero (an allocation or a buffer).
@@ -29,7 +28,9 @@ var (
 	// ErrClosed: the pool or buffer is closed (or closing).
 	ErrClosed = fmt.Errorf("shm: %w", xfer.ErrClosed)
 	// ErrNoHugepages: hugepages were required ("on") but could not be had.
-	ErrNoHugepages = errors.New("shm: hugepages unavailable")
+	// Matches xfer.ErrNotSupported: the host cannot give what the config
+	// requires, a start-up error.
+	ErrNoHugepages = xfer.Categorized(xfer.ErrNotSupported, "shm: hugepages unavailable")
 	// ErrNotMappable: a passed fd is neither a memfd nor a regular file
 	// (pipe, socket, device, directory, ...).
 	ErrNotMappable = xfer.Categorized(xfer.ErrInvalid, "shm: fd is not a memfd or regular file")

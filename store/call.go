@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -80,7 +81,7 @@ func (c *call) add(it *ioTask, i int) {
 
 // result records key pos's outcome.
 func (c *call) result(pos int32, err error) {
-	c.codes[pos] = CodeOf(err)
+	c.codes[pos] = status.CodeOf(err)
 	if c.errs != nil {
 		c.errs[pos] = err
 	}

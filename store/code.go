@@ -1,53 +1,26 @@
 package store
 
 import (
-	"strconv"
-
-	"github.com/tensorcast/tensorcast/status"
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
-// Code is a per-key result. The values are those of the control protocol's
-// status codes (fbs/control.fbs, enum Code), one for one, so a caller
-// converts with tcproto.Code(c).
-type Code uint8
+// Code is a per-key result: the control protocol's status code, so a
+// caller answers a client with it as it is. Package status maps the error
+// behind a key to its code.
+type Code = wire.Code
 
-// The codes, in the protocol's order.
+// The codes, under the names the store's calls speak of.
 const (
-	OK Code = iota
-	InvalidArgument
-	NotFound
-	AlreadyExists
-	Busy
-	ResourceExhausted
-	FailedPrecondition
-	PermissionDenied
-	DeadlineExceeded
-	Unavailable
-	Internal
+	OK                 = tcproto.CodeOK
+	InvalidArgument    = tcproto.CodeINVALID_ARGUMENT
+	NotFound           = tcproto.CodeNOT_FOUND
+	AlreadyExists      = tcproto.CodeALREADY_EXISTS
+	Busy               = tcproto.CodeBUSY
+	ResourceExhausted  = tcproto.CodeRESOURCE_EXHAUSTED
+	FailedPrecondition = tcproto.CodeFAILED_PRECONDITION
+	PermissionDenied   = tcproto.CodePERMISSION_DENIED
+	DeadlineExceeded   = tcproto.CodeDEADLINE_EXCEEDED
+	Unavailable        = tcproto.CodeUNAVAILABLE
+	Internal           = tcproto.CodeINTERNAL
 )
-
-var codeNames = [...]string{
-	OK:                 "OK",
-	InvalidArgument:    "INVALID_ARGUMENT",
-	NotFound:           "NOT_FOUND",
-	AlreadyExists:      "ALREADY_EXISTS",
-	Busy:               "BUSY",
-	ResourceExhausted:  "RESOURCE_EXHAUSTED",
-	FailedPrecondition: "FAILED_PRECONDITION",
-	PermissionDenied:   "PERMISSION_DENIED",
-	DeadlineExceeded:   "DEADLINE_EXCEEDED",
-	Unavailable:        "UNAVAILABLE",
-	Internal:           "INTERNAL",
-}
-
-// String is the code's protocol name.
-func (c Code) String() string {
-	if int(c) < len(codeNames) {
-		return codeNames[c]
-	}
-	return "Code(" + strconv.Itoa(int(c)) + ")"
-}
-
-// CodeOf is the code of the key err happened to: package status's mapping,
-// as a store Code.
-func CodeOf(err error) Code { return Code(status.CodeOf(err)) }

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/tensorcast/tensorcast/xfer"
@@ -21,8 +20,9 @@ var (
 	// ErrBadCall: the call's slices disagree in length, or it carries more
 	// keys than Config.MaxKeysPerCall. Nothing was done.
 	ErrBadCall = xfer.Categorized(xfer.ErrInvalid, "store: malformed call")
-	// ErrConfig: a Config or L2 value is out of range.
-	ErrConfig = errors.New("store: invalid config")
+	// ErrConfig: a Config or L2 value is out of range. Matches
+	// xfer.ErrInvalid, a start-up error.
+	ErrConfig = xfer.Categorized(xfer.ErrInvalid, "store: invalid config")
 	// ErrNoL2: a durable put on a store without a second tier.
 	ErrNoL2 = xfer.Categorized(xfer.ErrPrecondition, "store: no L2 tier configured")
 
@@ -66,14 +66,18 @@ var (
 	// ErrNoIO: every I/O slot of the second tier is in use.
 	ErrNoIO = xfer.Categorized(xfer.ErrBusy, "store: L2 I/O slots exhausted")
 	// ErrCorrupt: a block read from L2 does not match its checksum; the key
-	// is dropped.
-	ErrCorrupt = errors.New("store: L2 block corrupt")
+	// is dropped. Matches xfer.ErrNotFound: the key is gone, as every later
+	// call about it says, and its owner puts it again as after any miss.
+	ErrCorrupt = xfer.Categorized(xfer.ErrNotFound, "store: L2 block corrupt")
 	// ErrTransport: the L2 transport broke the xfer.Transport contract (a
 	// dispatch count outside 0..n, a short count without an error, a second
 	// Done). The call fails as a whole; what the transport may still touch is
-	// quarantined, never reused.
+	// quarantined, never reused. It matches xfer.ErrTransport and no
+	// category: a transport that breaks its contract is a bug, INTERNAL.
 	ErrTransport = fmt.Errorf("store: %w", xfer.ErrTransport)
 	// ErrL2Format: the L2 file has a superblock that is not tensorcast's or
-	// is damaged; the store refuses to overwrite it.
-	ErrL2Format = errors.New("store: L2 file format")
+	// is damaged; the store refuses to overwrite it. Matches
+	// xfer.ErrPrecondition: the file is not in a state the store may use, a
+	// start-up error.
+	ErrL2Format = xfer.Categorized(xfer.ErrPrecondition, "store: L2 file format")
 )

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/internal/faultcopy"
+	"github.com/tensorcast/tensorcast/status"
 )
 
 // Calls take caller-owned slices and fill caller-owned, positional results:
@@ -49,7 +50,7 @@ func setResult(codes []Code, errs []error, i int, c Code, err error) {
 
 // setError sets key i's result from err.
 func setError(codes []Code, errs []error, i int, err error) {
-	setResult(codes, errs, i, CodeOf(err), err)
+	setResult(codes, errs, i, status.CodeOf(err), err)
 }
 
 // begin checks a call's shape and admits it; on error every code is set.

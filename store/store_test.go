@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"testing"
-
-	"github.com/tensorcast/tensorcast/fbs/tcproto"
 )
 
 func keysN(prefix string, n int) [][]byte {
@@ -98,35 +96,6 @@ func (e *testEnv) checkValues(keys, vals [][]byte) {
 		}
 		if !bytes.Equal(got[i], vals[i]) {
 			e.t.Fatalf("read %q: %d bytes, not the %d put", keys[i], len(got[i]), len(vals[i]))
-		}
-	}
-}
-
-// TestCodesMatchProtocol: store.Code is the control protocol's Code, value
-// for value and name for name.
-func TestCodesMatchProtocol(t *testing.T) {
-	if len(codeNames) != len(tcproto.EnumNamesCode) {
-		t.Fatalf("%d store codes, %d protocol codes", len(codeNames), len(tcproto.EnumNamesCode))
-	}
-	for v, name := range tcproto.EnumNamesCode {
-		if got := Code(v).String(); got != name {
-			t.Errorf("code %d: store %q, protocol %q", v, got, name)
-		}
-	}
-}
-
-func TestCodeOf(t *testing.T) {
-	for _, tc := range []struct {
-		err  error
-		want Code
-	}{
-		{nil, OK}, {ErrNotFound, NotFound}, {ErrExists, AlreadyExists}, {ErrBusy, Busy},
-		{ErrL1Full, ResourceExhausted}, {ErrUnderflow, FailedPrecondition}, {ErrOverflow, ResourceExhausted},
-		{fmt.Errorf("x: %w", ErrClosed), Unavailable}, {ErrBadKey, InvalidArgument}, {errInjected, Internal},
-		{ErrCorrupt, Internal}, {ErrTransport, Internal},
-	} {
-		if got := CodeOf(tc.err); got != tc.want {
-			t.Errorf("CodeOf(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
 }

@@ -1,8 +1,6 @@
 package tcp
 
 import (
-	"errors"
-
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -11,10 +9,12 @@ import (
 // ErrTimeout, ErrClosed, ErrInvalid) match where they apply.
 var (
 	// ErrConfig: a Config value is invalid (the message names the key).
-	ErrConfig = errors.New("tcp: invalid config")
+	// Matches xfer.ErrInvalid: the value is wrong, whatever the state.
+	ErrConfig = xfer.Categorized(xfer.ErrInvalid, "tcp: invalid config")
 	// ErrKeyFile: the cluster key file is missing, empty, or readable by
-	// group or others.
-	ErrKeyFile = errors.New("tcp: unusable cluster key file")
+	// group or others. Matches xfer.ErrInvalid: the setting names a file
+	// the node cannot use, a start-up error.
+	ErrKeyFile = xfer.Categorized(xfer.ErrInvalid, "tcp: unusable cluster key file")
 	// ErrFrame: a peer sent a malformed or oversized frame.
 	ErrFrame = xfer.Categorized(xfer.ErrUnavailable, "tcp: malformed frame")
 	// ErrProtocol: a peer broke the protocol (unknown request id, a count
@@ -32,8 +32,9 @@ var (
 	ErrUnknownPeer = xfer.Categorized(xfer.ErrNotFound, "tcp: unknown peer")
 	// ErrBacklog: the peer's queue holds Config.MaxQueued tasks already
 	// (its session is not up, or its window is full); the task was not
-	// sent.
-	ErrBacklog = errors.New("tcp: too many tasks waiting for the peer")
+	// sent. Matches xfer.ErrBackpressure: the queue drains and the same
+	// task may then be taken.
+	ErrBacklog = xfer.Categorized(xfer.ErrBackpressure, "tcp: too many tasks waiting for the peer")
 	// ErrConnLost: the connection carrying a request broke.
 	ErrConnLost = xfer.Categorized(xfer.ErrUnavailable, "tcp: connection lost")
 	// ErrNotFound: the peer exports no segment of that name.
@@ -41,9 +42,11 @@ var (
 	// ErrNotifyRejected: the target answered a notification negatively.
 	ErrNotifyRejected = xfer.Categorized(xfer.ErrPrecondition, "tcp: notification rejected by target")
 	// ErrNoHandler: the peer has no exchange handler for the kind asked
-	// for (the feature is off there, or it runs an older daemon).
-	ErrNoHandler = errors.New("tcp: peer has no handler for this exchange")
+	// for (the feature is off there, or it runs an older daemon). Matches
+	// xfer.ErrNotSupported: the peer cannot do what was asked.
+	ErrNoHandler = xfer.Categorized(xfer.ErrNotSupported, "tcp: peer has no handler for this exchange")
 	// ErrExchange: the peer's exchange handler failed; the wrapping error
-	// carries the reason the peer gave.
-	ErrExchange = errors.New("tcp: exchange failed on the peer")
+	// carries the reason the peer gave. Matches xfer.ErrUnavailable: the
+	// peer could not serve the exchange now.
+	ErrExchange = xfer.Categorized(xfer.ErrUnavailable, "tcp: exchange failed on the peer")
 )

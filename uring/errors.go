@@ -1,7 +1,6 @@
 package uring
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/tensorcast/tensorcast/xfer"
@@ -27,11 +26,15 @@ var (
 	// kinds, bad op, zero length, out of bounds). Matches xfer.ErrInvalid.
 	ErrBadRequest = fmt.Errorf("uring: bad request: %w", xfer.ErrInvalid)
 	// ErrQueueFull: Submit waited Config.SubmitWait for a free slot and got
-	// none; the remaining tasks were not dispatched.
-	ErrQueueFull = errors.New("uring: queue full")
+	// none; the remaining tasks were not dispatched. Matches
+	// xfer.ErrBackpressure: the ring drains and the same request may then
+	// be taken.
+	ErrQueueFull = xfer.Categorized(xfer.ErrBackpressure, "uring: queue full")
 	// ErrShortIO: the file ended before the request did (a read at or past
-	// end of file, or a write the device accepted zero bytes of).
-	ErrShortIO = errors.New("uring: unexpected end of file")
+	// end of file, or a write the device accepted zero bytes of). Matches
+	// xfer.ErrPrecondition: the request is well formed, the file is not as
+	// long as it needs.
+	ErrShortIO = xfer.Categorized(xfer.ErrPrecondition, "uring: unexpected end of file")
 	// ErrConfig: a Config or FileOptions value is invalid. Matches
 	// xfer.ErrInvalid.
 	ErrConfig = fmt.Errorf("uring: invalid config: %w", xfer.ErrInvalid)

@@ -69,7 +69,9 @@ var (
 	ErrBatchLimit = Categorized(ErrBackpressure, "xfer: too many batches")
 	// ErrTransport: a transport broke the Transport contract (a dispatch
 	// count outside 0..len, a short count without an error, a second Done).
-	// The whole call is failed; nothing of it is reported as a success.
+	// The whole call is failed; nothing of it is reported as a success. It
+	// is in no category: a broken contract is a bug in the transport, and
+	// a client sees INTERNAL.
 	ErrTransport = errors.New("xfer: transport contract violation")
 	// ErrExists: a segment with that id is already registered.
 	ErrExists = Categorized(ErrAlreadyExists, "xfer: segment exists")

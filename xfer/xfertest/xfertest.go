@@ -21,7 +21,8 @@ import (
 )
 
 // ErrInjected is the error the doubles fail with when a test asks for a
-// failure without naming one.
+// failure without naming one. It is in no category: it stands for an error
+// nobody foresaw, which a client sees as INTERNAL.
 var ErrInjected = errors.New("xfertest: injected failure")
 
 // Config says how a Transport behaves. The zero Config takes every task and

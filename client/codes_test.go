@@ -1,0 +1,77 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/uring"
+	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
+)
+
+// A transfer that its transport fails reaches the client with one code
+// whichever path carries it, a queue's completion or the socket's answer,
+// and that code is the transport error's category's: a lost peer
+// connection is UNAVAILABLE (it was INTERNAL through a queue), a
+// transport's full queue RESOURCE_EXHAUSTED (it was INTERNAL on both).
+func TestTransportErrorCodes(t *testing.T) {
+	failWith := func(err error) xfertest.Config {
+		return xfertest.Config{Inline: true, Err: func(*xfer.Task) error { return err }}
+	}
+	refuseWith := func(err error) xfertest.Config {
+		return xfertest.Config{Limit: -1, LimitErr: err}
+	}
+	for _, c := range []struct {
+		name string
+		cfg  xfertest.Config
+		want wire.Code
+	}{
+		{"tcp connection lost", failWith(fmt.Errorf("%w: peer d-2 hung up", tcp.ErrConnLost)), tcproto.CodeUNAVAILABLE},
+		{"rdma queue pair down", failWith(fmt.Errorf("%w: qp 3", rdma.ErrQPDown)), tcproto.CodeUNAVAILABLE},
+		{"rdma work completion error", failWith(&rdma.CompletionError{Status: rdma.WCRetryExcErr, QP: 1}), tcproto.CodeUNAVAILABLE},
+		{"uring queue full", refuseWith(uring.ErrQueueFull), tcproto.CodeRESOURCE_EXHAUSTED},
+		{"rdma queue full", refuseWith(rdma.ErrQueueFull), tcproto.CodeRESOURCE_EXHAUSTED},
+		{"tcp backlog", refuseWith(fmt.Errorf("%w: 64 tasks wait for peer d-2 already", tcp.ErrBacklog)), tcproto.CodeRESOURCE_EXHAUSTED},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := startDaemonOn(t, xfertest.New(c.cfg))
+			cl, err := Dial(d.sock, Options{Name: "codes"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			reqs := []xfer.Request{write4K(t, cl)}
+
+			results := make([]error, 1)
+			if _, err := cl.Transfer(reqs, 10*time.Second, results); err != nil {
+				t.Fatal(err)
+			}
+			var se *StatusError
+			if !errors.As(results[0], &se) || se.Code != c.want {
+				t.Errorf("on the socket: %v, want %s", results[0], c.want)
+			}
+
+			q, err := cl.OpenQueue(8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer q.Close()
+			if n, err := q.Submit(reqs, []uint64{7}); n != 1 || err != nil {
+				t.Fatalf("queue submit: %d, %v", n, err)
+			}
+			out := make([]Completion, 1)
+			if n, err := q.Reap(out, 1, 10*time.Second); n != 1 || err != nil {
+				t.Fatalf("queue reap: %d, %v", n, err)
+			}
+			if out[0].UserData != 7 || out[0].Code != c.want {
+				t.Errorf("through a queue: completion %+v (%s), want %s", out[0], out[0].Code, c.want)
+			}
+		})
+	}
+}
