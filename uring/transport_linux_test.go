@@ -120,7 +120,7 @@ func TestIntegrityModes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !tc.need {
-				t.Skipf("skipped: kernel lacks the setup flags for %s", tc.name)
+				testutil.Missing(t, testutil.IOUring, "the kernel lacks the setup flags for %s", tc.name)
 			}
 			tr := integrity(t, tc.cfg, true, true, 20)
 			f := tr.Features()
@@ -323,9 +323,7 @@ func TestQueueFullBound(t *testing.T) {
 func TestCloseInFlight(t *testing.T) {
 	dir := t.TempDir()
 	tr, err := New(Config{AllowedDirs: []string{dir}, Entries: 512, DrainTimeout: 5 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	testutil.RequireSupported(t, testutil.IOUring, err)
 	f, err := tr.OpenFile(1, filepath.Join(dir, "f"), FileOptions{Direct: true, Size: 64 << 20, Create: true})
 	if err != nil {
 		t.Fatal(err)

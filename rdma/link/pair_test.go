@@ -13,9 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/rdma/rdmatest"
@@ -31,13 +30,7 @@ import (
 // (the TestFabric* tests, anywhere) or are the host's (the TestVerbs*
 // tests, which make test-rdma runs in the Soft-RoCE VM).
 
-func TestMain(m *testing.M) {
-	// The tcp node's event-loop library starts its worker pool's
-	// housekeeping goroutines at package init; they live for the process.
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"))
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -109,9 +102,7 @@ func fabric() *devices {
 // inside the Soft-RoCE VM; elsewhere the test skips.
 func verbs(t *testing.T) *devices {
 	t.Helper()
-	if os.Getenv("RXE_DEV") == "" {
-		t.Skip("no RDMA device: RXE_DEV is unset (make test-rdma runs this in the Soft-RoCE VM)")
-	}
+	testutil.Require(t, testutil.RDMA)
 	return &devices{}
 }
 
