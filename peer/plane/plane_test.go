@@ -10,8 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
-
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/rdma/link"
@@ -26,13 +25,7 @@ import (
 // are package rdma/link's; these check what the plane adds: the choice
 // of RDMA at start-up and what it reports.
 
-func TestMain(m *testing.M) {
-	// The tcp node's event-loop library starts its worker pool's
-	// housekeeping goroutines at package init; they live for the process.
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"))
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 func writeKey(t *testing.T) string {
 	t.Helper()

@@ -1,6 +1,7 @@
 package link
 
 import (
+	"github.com/tensorcast/tensorcast/internal/invariants"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,7 +55,7 @@ func TestNotifiedWriteAllocations(t *testing.T) {
 	allocs := testing.AllocsPerRun(200, write)
 	t.Logf("%.2f allocations per notified WRITE (whole process, both daemons)", allocs)
 	limit := 0.0
-	if raceEnabled {
+	if invariants.RaceEnabled {
 		limit = 4
 	}
 	if allocs > limit {

@@ -1,5 +1,0 @@
-//go:build !race
-
-package link
-
-const raceEnabled = false
