@@ -236,12 +236,24 @@ var conditional = map[string]string{
 	"tensorcast_kernel_uring_latency_seconds_bucket": "the eBPF io_uring view (ebpf = auto with CAP_BPF and CAP_PERFMON)",
 	// Per peer connection the kernel retransmitted on: none on loopback.
 	"tensorcast_kernel_tcp_retransmits_total": "the eBPF tcp view and a retransmitted segment on a peer connection",
+	// The etcd directory's, which daemon.TestDirectoryOpenUnlisted scrapes
+	// beside a real etcd.
+	"tensorcast_directory_cache_age_seconds":        withEtcd,
+	"tensorcast_directory_staleness_budget_seconds": withEtcd,
+	"tensorcast_directory_lookups_total":            withEtcd,
+	"tensorcast_directory_hits_total":               withEtcd,
+	"tensorcast_directory_fallbacks_total":          withEtcd,
+	"tensorcast_directory_unavailable_total":        withEtcd,
+	"tensorcast_directory_etcd_requests_total":      withEtcd,
+	"tensorcast_directory_members":                  withEtcd,
 }
+
+const withEtcd = "directory = etcd"
 
 // TestMetricsExist: every metric the dashboard and the rules read is in a
 // scrape of two running daemons that moved bytes over every transport they
 // have here (local, uring, tcp between them) and through the store (L1 and
-// L2), or is one of the conditional names. RDMA has no names of its own:
+// L2), or is one of the conditional names (eBPF, the etcd directory). RDMA has no names of its own:
 // its requests are the transport metrics' transport="rdma" series.
 func TestMetricsExist(t *testing.T) {
 	used := map[string][]string{} // metric name -> where
