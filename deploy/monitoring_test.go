@@ -33,16 +33,10 @@ const (
 	dashboardFile = "grafana/tensorcast.json"
 )
 
-// promtool returns the path of promtool, or skips: scripts/deps.sh test
-// installs it (Debian's prometheus package).
-func promtool(t *testing.T) string {
-	t.Helper()
-	p, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Skip("promtool not found: scripts/deps.sh test installs it (Debian package prometheus)")
-	}
-	return p
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
+
+// promtool is Debian's promtool (make deps installs it).
+func promtool(t *testing.T) string { return testutil.Command(t, "promtool", "prometheus") }
 
 func runTool(t *testing.T, name string, args ...string) string {
 	t.Helper()

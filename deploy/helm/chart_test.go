@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tensorcast/tensorcast/daemon/config"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 const (
@@ -33,8 +34,11 @@ const (
 	helmTool = "../../bin/tools/helm"
 )
 
-// helm returns the helm binary make deps installs, else one on PATH, or
-// skips saying how to get it.
+func TestMain(m *testing.M) { testutil.Main(m) }
+
+// helm returns the helm binary make deps installs, else one on PATH;
+// without either it skips, or fails where the machine says it has the
+// tools make deps installs (testutil.Tools).
 func helm(t *testing.T) string {
 	t.Helper()
 	if p, err := filepath.Abs(helmTool); err == nil {
@@ -45,7 +49,7 @@ func helm(t *testing.T) string {
 	if p, err := exec.LookPath("helm"); err == nil {
 		return p
 	}
-	t.Skipf("helm not found at %s or on PATH: make deps installs it (go install helm.sh/helm/v3/cmd/helm, see scripts/deps.sh)", helmTool)
+	testutil.Missing(t, testutil.Tools, "helm not at %s or on PATH (make deps installs it: go install helm.sh/helm/v3/cmd/helm, see scripts/deps.sh)", helmTool)
 	return ""
 }
 
