@@ -15,7 +15,6 @@ import (
 	"regexp"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -418,7 +417,6 @@ func scrapeWithTraffic(t *testing.T) map[string]bool {
 type running struct {
 	*daemon.Daemon
 	cfg daemon.Config
-	log *syncBuffer
 }
 
 func startDaemon(t *testing.T, id, key string, peers ...daemon.PeerConfig) *running {
@@ -441,18 +439,14 @@ func startDaemon(t *testing.T, id, key string, peers ...daemon.PeerConfig) *runn
 		cfg.EBPF = "auto" // the kernel views' names, where the kernel lets them load
 	}
 	cfg.DrainTimeout = daemon.Duration(2 * time.Second)
-	r := &running{cfg: cfg, log: &syncBuffer{}}
-	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(r.log, nil)), func(string) string { return "" })
+	r := &running{cfg: cfg}
+	// The daemon's log is the test's output: shown when it fails.
+	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), func(string) string { return "" })
 	if err != nil {
 		t.Fatalf("daemon %s: %v", id, err)
 	}
 	r.Daemon = d
 	testutil.Run(t, "daemon "+id, d.Run)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("daemon %s log:\n%s", id, r.log.String())
-		}
-	})
 	return r
 }
 
@@ -464,24 +458,6 @@ func dial(t *testing.T, d *running, name string) *client.Client {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// syncBuffer is a log sink safe for the daemon's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // scrape returns the sample names of one scrape of addr.
