@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/directory/etcd"
+	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
@@ -117,4 +119,31 @@ func (d *Daemon) directoryCounters(dst []wire.Counter) []wire.Counter {
 		wire.Counter{Name: "directory_dropped", Value: s.Dropped},
 		wire.Counter{Name: "directory_etcd_requests", Value: d.dir.Requests()},
 	)
+}
+
+// collectDirectory is the etcd directory's metrics source (nothing with
+// the embedded one): the cache's age beside its staleness budget, and how
+// lookups were answered.
+func (d *Daemon) collectDirectory(e *metrics.Emit) {
+	if d.dir == nil {
+		return
+	}
+	s := d.dir.Cache().Stats()
+	age := math.Inf(1)
+	if s.Age != directory.Never {
+		age = s.Age.Seconds()
+	}
+	e.Bool("tensorcast_directory_up", "Whether the etcd directory is up (its feed and lease current).", d.dir.State() == directory.StateUp)
+	e.Gauge("tensorcast_directory_cache_age_seconds", "Time since the feed last proved the directory cache current (+Inf before the first listing).", age)
+	e.Gauge("tensorcast_directory_staleness_budget_seconds", "The staleness_budget: lookups in a cache older than this fall back or fail.",
+		time.Duration(d.cfg.StalenessBudget).Seconds())
+	e.Gauge("tensorcast_directory_members", "Daemons the directory cache holds.", float64(s.Members))
+	e.Gauge("tensorcast_directory_exports", "Exports the directory cache holds.", float64(s.Exports))
+	e.Counter("tensorcast_directory_lookups_total", "Directory lookups.", float64(s.Lookups))
+	e.Counter("tensorcast_directory_hits_total", "Lookups answered from the cache within the staleness budget.", float64(s.Hits))
+	const fallbacks = "Lookups past the staleness budget, by where they went: etcd (store) or the owning peer."
+	e.Counter("tensorcast_directory_fallbacks_total", fallbacks, float64(s.FallbackStore), metrics.L("to", "store"))
+	e.Counter("tensorcast_directory_fallbacks_total", fallbacks, float64(s.FallbackPeer), metrics.L("to", "peer"))
+	e.Counter("tensorcast_directory_unavailable_total", "Lookups that failed closed (UNAVAILABLE).", float64(s.Unavailable))
+	e.Counter("tensorcast_directory_etcd_requests_total", "Requests the directory made to etcd.", float64(d.dir.Requests()))
 }

@@ -172,6 +172,26 @@ func TestDirectoryOpenUnlisted(t *testing.T) {
 	if status.State != directory.StateUp || len(status.Members) != 2 || status.Members[0].LeaseLeft < 0 {
 		t.Fatalf("status: %+v", status)
 	}
+	// And the metrics: the same counters, the cache's age within the
+	// budget (the daemons' clock stands still).
+	exp := scrapeMetrics(t, d2.d.MetricsAddr())
+	for series, want := range map[string]float64{
+		`tensorcast_directory_up`:                         1,
+		`tensorcast_directory_members`:                    2,
+		`tensorcast_directory_staleness_budget_seconds`:   2,
+		`tensorcast_directory_cache_age_seconds`:          0,
+		`tensorcast_directory_unavailable_total`:          0,
+		`tensorcast_directory_fallbacks_total{to="peer"}`: 0,
+	} {
+		if got := sample(t, exp, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	if sample(t, exp, `tensorcast_directory_hits_total`) == 0 || sample(t, exp, `tensorcast_directory_lookups_total`) == 0 ||
+		sample(t, exp, `tensorcast_directory_etcd_requests_total`) == 0 || sample(t, exp, `tensorcast_directory_exports`) == 0 {
+		t.Errorf("directory metrics without lookups, hits, etcd requests or exports:\n%s", exp)
+	}
+	sample(t, exp, `tensorcast_directory_fallbacks_total{to="store"}`)
 }
 
 // TestDirectoryIDCollision: a second daemon with the id of a live one

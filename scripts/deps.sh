@@ -18,6 +18,24 @@ declare -A groups=(
 )
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=(build test bench rdma)
 
+# Go tools of the test group, pinned, from the Go module proxy into
+# bin/tools (where the tests look first): helm, for the chart's tests
+# (deploy/helm). Each is installed only when missing or built from another
+# version of its module (go version -m).
+declare -A gotools=(
+  [helm]="helm.sh/helm/v3/cmd/helm@v3.22.0"
+)
+if [[ " ${want[*]} " == *" test "* ]]; then
+  tools="$(cd "$(dirname "$0")/.." && pwd)/bin/tools"
+  for name in "${!gotools[@]}"; do
+    pkg=${gotools[$name]}
+    have=$(go version -m "$tools/$name" 2>/dev/null | awk '$1 == "mod" {print $3}' || true)
+    [ "$have" = "${pkg##*@}" ] && continue
+    echo "deps: go install $pkg into $tools" >&2
+    GOBIN="$tools" go install "$pkg" >&2
+  done
+fi
+
 missing=()
 for g in "${want[@]}"; do
   [ -n "${groups[$g]+x}" ] || { echo "deps: unknown group '$g' (build test bench rdma)" >&2; exit 2; }

@@ -1,0 +1,411 @@
+// Package helm tests the tensorcast Helm chart (deploy/helm/tensorcast)
+// without a cluster: helm lint and helm template, and the rendered objects
+// decoded strictly with the Kubernetes API types. It is a package of its
+// own so that only its test binary links k8s.io/api; the daemon does not.
+package helm
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/BurntSushi/toml"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tensorcast/tensorcast/daemon/config"
+	"github.com/tensorcast/tensorcast/internal/testutil"
+)
+
+const (
+	chartDir   = "tensorcast"
+	allOptions = "testdata/all-options.yaml"
+	engineFile = "engine-pod.yaml"
+	// helmTool is where make deps (scripts/deps.sh) installs helm.
+	helmTool = "../../bin/tools/helm"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m) }
+
+// helm returns the helm binary make deps installs, else one on PATH;
+// without either it skips, or fails where the machine says it has the
+// tools make deps installs (testutil.Tools).
+func helm(t *testing.T) string {
+	t.Helper()
+	if p, err := filepath.Abs(helmTool); err == nil {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("helm"); err == nil {
+		return p
+	}
+	testutil.Missing(t, testutil.Tools, "helm not at %s or on PATH (make deps installs it: go install helm.sh/helm/v3/cmd/helm, see scripts/deps.sh)", helmTool)
+	return ""
+}
+
+func run(t *testing.T, name string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	// helm keeps caches and repository config under these; none is needed.
+	dir := t.TempDir()
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+dir, "HELM_CONFIG_HOME="+dir, "HELM_DATA_HOME="+dir)
+	err := cmd.Run()
+	if err != nil {
+		return out.String(), fmt.Errorf("%s %s: %v\n%s", filepath.Base(name), strings.Join(args, " "), err, errOut.String())
+	}
+	return out.String(), nil
+}
+
+// rendered is what helm template made of the chart for one values file.
+type rendered struct {
+	ds     *appsv1.DaemonSet
+	cm     *corev1.ConfigMap
+	secret *corev1.Secret
+	pm     *podMonitor
+	config map[string]any // the ConfigMap's tensorcastd.toml, decoded
+}
+
+// podMonitor is the part of the Prometheus Operator's PodMonitor the chart
+// writes (monitoring.coreos.com/v1), decoded as strictly as the rest.
+type podMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Selector            metav1.LabelSelector `json:"selector"`
+		PodMetricsEndpoints []struct {
+			Port     string `json:"port"`
+			Path     string `json:"path"`
+			Interval string `json:"interval"`
+		} `json:"podMetricsEndpoints"`
+	} `json:"spec"`
+}
+
+// decodeStrict decodes one YAML document into v, failing on any field v's
+// type does not have.
+func decodeStrict(t *testing.T, doc []byte, v any) {
+	t.Helper()
+	j, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		t.Fatalf("rendered YAML: %v\n%s", err, doc)
+	}
+	dec := json.NewDecoder(bytes.NewReader(j))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		t.Fatalf("decoding %T strictly: %v\n%s", v, err, doc)
+	}
+}
+
+// render lints and templates the chart with values (none: the defaults)
+// and decodes every object it renders.
+func render(t *testing.T, values ...string) rendered {
+	t.Helper()
+	h := helm(t)
+	var vals []string
+	for _, v := range values {
+		vals = append(vals, "--values", v)
+	}
+	if _, err := run(t, h, append([]string{"lint", chartDir, "--strict"}, vals...)...); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, h, append([]string{"template", "tc", chartDir, "--namespace", "tensorcast"}, vals...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r rendered
+	for _, doc := range strings.Split(out, "\n---") {
+		doc = strings.TrimSpace(doc)
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil || meta.Kind == "" {
+			if strings.Trim(doc, "-\n ") == "" || strings.HasPrefix(doc, "#") && !strings.Contains(doc, "\nkind:") {
+				continue
+			}
+			t.Fatalf("a rendered document without a kind (%v):\n%s", err, doc)
+		}
+		switch meta.APIVersion + " " + meta.Kind {
+		case "apps/v1 DaemonSet":
+			r.ds = new(appsv1.DaemonSet)
+			decodeStrict(t, []byte(doc), r.ds)
+		case "v1 ConfigMap":
+			r.cm = new(corev1.ConfigMap)
+			decodeStrict(t, []byte(doc), r.cm)
+		case "v1 Secret":
+			r.secret = new(corev1.Secret)
+			decodeStrict(t, []byte(doc), r.secret)
+		case "monitoring.coreos.com/v1 PodMonitor":
+			r.pm = new(podMonitor)
+			decodeStrict(t, []byte(doc), r.pm)
+		default:
+			t.Fatalf("the chart rendered a %s %s the test does not check", meta.APIVersion, meta.Kind)
+		}
+	}
+	if r.ds == nil || r.cm == nil {
+		t.Fatalf("no DaemonSet or ConfigMap rendered:\n%s", out)
+	}
+	r.config = checkConfig(t, r.cm.Data["tensorcastd.toml"])
+	return r
+}
+
+// checkConfig runs the daemon's own config check (tcctl config check) on
+// the rendered config file and returns its keys.
+func checkConfig(t *testing.T, text string) map[string]any {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "tensorcastd.toml")
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	problems, err := config.CheckFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pr := range problems {
+		t.Errorf("rendered config: line %d: %s", pr.Line, pr)
+	}
+	var m map[string]any
+	if _, err := toml.Decode(text, &m); err != nil {
+		t.Fatalf("rendered config: %v\n%s", err, text)
+	}
+	if t.Failed() {
+		t.Fatalf("rendered config:\n%s", text)
+	}
+	return m
+}
+
+func (r rendered) container(t *testing.T) corev1.Container {
+	t.Helper()
+	cs := r.ds.Spec.Template.Spec.Containers
+	if len(cs) != 1 {
+		t.Fatalf("%d containers, want tensorcastd alone", len(cs))
+	}
+	return cs[0]
+}
+
+func (r rendered) hostPath(t *testing.T, volume string) string {
+	t.Helper()
+	for _, v := range r.ds.Spec.Template.Spec.Volumes {
+		if v.Name == volume && v.HostPath != nil {
+			return v.HostPath.Path
+		}
+	}
+	t.Fatalf("no hostPath volume %s", volume)
+	return ""
+}
+
+func mountPath(t *testing.T, c corev1.Container, volume string) string {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		if m.Name == volume {
+			return m.MountPath
+		}
+	}
+	t.Fatalf("container %s does not mount %s", c.Name, volume)
+	return ""
+}
+
+func capabilities(c corev1.Container) []string {
+	var out []string
+	if c.SecurityContext != nil && c.SecurityContext.Capabilities != nil {
+		for _, c := range c.SecurityContext.Capabilities.Add {
+			out = append(out, string(c))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestChartDefaults: the default values render a daemon an engine pod can
+// reach as the engine example does, with IPC_LOCK alone, no peers, and a
+// config the daemon accepts.
+func TestChartDefaults(t *testing.T) {
+	r := render(t)
+	c := r.container(t)
+	if r.secret != nil || r.pm != nil {
+		t.Error("defaults render a Secret or a PodMonitor")
+	}
+	if got := capabilities(c); !slices.Equal(got, []string{"IPC_LOCK"}) {
+		t.Errorf("capabilities %v, want IPC_LOCK alone with ebpf off", got)
+	}
+	if r.config["ebpf"] != "off" || r.config["rdma"] != "off" {
+		t.Errorf("ebpf %v, rdma %v; want both off by default", r.config["ebpf"], r.config["rdma"])
+	}
+	if _, ok := r.config["peer_listen"]; ok {
+		t.Error("peer_listen set with peers off")
+	}
+	for _, p := range c.Ports {
+		if p.HostPort != 0 {
+			t.Errorf("host port %d with peers off", p.HostPort)
+		}
+	}
+	// pool 4Gi + 512Mi for the daemon, as memory without hugepages.
+	if q := c.Resources.Requests[corev1.ResourceMemory]; q.String() != "4608Mi" {
+		t.Errorf("memory request %s, want 4608Mi", q.String())
+	}
+	if r.config["pool_size"] != "4096MiB" {
+		t.Errorf("pool_size %v, want 4096MiB", r.config["pool_size"])
+	}
+
+	// The engine example reaches the socket the chart renders.
+	var engine corev1.Pod
+	b, err := os.ReadFile(engineFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decodeStrict(t, b, &engine)
+	sock, _ := r.config["socket"].(string)
+	if sock == "" || mountPath(t, c, "socket-dir") != path.Dir(sock) {
+		t.Fatalf("socket %q is not in the mounted socket directory %s", sock, mountPath(t, c, "socket-dir"))
+	}
+	ec := engine.Spec.Containers[0]
+	var envSock string
+	for _, e := range ec.Env {
+		if e.Name == "TENSORCAST_SOCKET" {
+			envSock = e.Value
+		}
+	}
+	if envSock != sock {
+		t.Errorf("engine example's TENSORCAST_SOCKET %q, the daemon's socket %q", envSock, sock)
+	}
+	var engineHost string
+	for _, v := range engine.Spec.Volumes {
+		if v.HostPath != nil && v.Name == ec.VolumeMounts[0].Name {
+			engineHost = v.HostPath.Path
+		}
+	}
+	if host := r.hostPath(t, "socket-dir"); engineHost != host || mountPath(t, ec, ec.VolumeMounts[0].Name) != path.Dir(envSock) {
+		t.Errorf("engine example mounts host %s at %s; the daemon's socket directory is host %s", engineHost, ec.VolumeMounts[0].MountPath, host)
+	}
+	// The engine runs with the daemon's group, which the socket has and
+	// allowed_gids lists.
+	gid := *r.ds.Spec.Template.Spec.SecurityContext.RunAsGroup
+	if !slices.Contains(engine.Spec.SecurityContext.SupplementalGroups, gid) {
+		t.Errorf("engine example's supplementalGroups %v lack the daemon's gid %d", engine.Spec.SecurityContext.SupplementalGroups, gid)
+	}
+	if gids, _ := r.config["allowed_gids"].([]any); !slices.Contains(gids, any(gid)) {
+		t.Errorf("allowed_gids %v lack the daemon's gid %d", r.config["allowed_gids"], gid)
+	}
+	// The probes ask the daemon itself, on its socket.
+	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
+		if p == nil || p.Exec == nil || !slices.Contains(p.Exec.Command, sock) {
+			t.Errorf("%s probe does not ask the daemon on %s: %+v", name, sock, p)
+		}
+	}
+	if s := r.ds.Spec.UpdateStrategy; s.RollingUpdate == nil || s.RollingUpdate.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("update strategy %+v, want a rolling update of one node at a time", s)
+	}
+}
+
+// TestChartAllOptions: every option on renders capabilities, resources,
+// the host port, the Secret, etcd and the PodMonitor, and a config the
+// daemon accepts, tenants included.
+func TestChartAllOptions(t *testing.T) {
+	r := render(t, allOptions)
+	c := r.container(t)
+	if got := capabilities(c); !slices.Equal(got, []string{"BPF", "IPC_LOCK", "PERFMON"}) {
+		t.Errorf("capabilities %v, want BPF, IPC_LOCK, PERFMON with ebpf on", got)
+	}
+	if r.config["ebpf"] != "auto" || r.config["rdma"] != "auto" || r.config["directory"] != "etcd" {
+		t.Errorf("ebpf %v, rdma %v, directory %v", r.config["ebpf"], r.config["rdma"], r.config["directory"])
+	}
+	for res, want := range map[corev1.ResourceName]string{
+		"hugepages-2Mi": "8Gi", corev1.ResourceMemory: "1Gi", "rdma/rdma_shared_device_a": "1", corev1.ResourceCPU: "4",
+	} {
+		if q, ok := c.Resources.Limits[res]; !ok || q.String() != want {
+			t.Errorf("limit %s = %s, want %s", res, q.String(), want)
+		}
+	}
+	var peerPort int32
+	for _, p := range c.Ports {
+		if p.Name == "peer" {
+			peerPort = p.HostPort
+		}
+	}
+	if peerPort != 7471 || r.config["peer_listen"] != "0.0.0.0:7471" {
+		t.Errorf("peer host port %d, peer_listen %v; want 7471", peerPort, r.config["peer_listen"])
+	}
+	if r.secret == nil || r.secret.StringData["cluster.key"] == "" {
+		t.Fatal("no cluster key Secret")
+	}
+	keyDir := mountPath(t, c, "cluster-key")
+	if r.config["cluster_key_file"] != keyDir+"/cluster.key" {
+		t.Errorf("cluster_key_file %v, the key is mounted at %s", r.config["cluster_key_file"], keyDir)
+	}
+	for _, v := range r.ds.Spec.Template.Spec.Volumes {
+		if v.Secret != nil && (v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o077 != 0) {
+			t.Errorf("secret volume %s is readable by group or others; the daemon refuses such a key", v.Name)
+		}
+	}
+	etcdDir := mountPath(t, c, "etcd-tls")
+	for _, k := range []string{"etcd_ca_file", "etcd_cert_file", "etcd_key_file"} {
+		if f, _ := r.config[k].(string); path.Dir(f) != etcdDir {
+			t.Errorf("%s = %q, not under the etcd TLS mount %s", k, f, etcdDir)
+		}
+	}
+	if tenants, _ := r.config["tenants"].([]map[string]any); len(tenants) != 2 {
+		t.Errorf("tenants %v, want the two of the values", r.config["tenants"])
+	}
+	if _, ok := r.config["allowed_gids"]; ok {
+		t.Error("allowed_gids set beside [[tenants]]")
+	}
+	if r.pm == nil || len(r.pm.Spec.PodMetricsEndpoints) != 1 {
+		t.Fatal("no PodMonitor with one endpoint")
+	}
+	var metricsPort int32
+	for _, p := range c.Ports {
+		if p.Name == r.pm.Spec.PodMetricsEndpoints[0].Port {
+			metricsPort = p.ContainerPort
+		}
+	}
+	if metricsPort != 9500 || r.config["metrics_address"] != "0.0.0.0:9500" {
+		t.Errorf("PodMonitor port is container port %d, metrics_address %v; want 9500", metricsPort, r.config["metrics_address"])
+	}
+	sel := r.pm.Spec.Selector.MatchLabels
+	for k, v := range sel {
+		if r.ds.Spec.Template.Labels[k] != v {
+			t.Errorf("PodMonitor selects %s=%s, the pods are labelled %q", k, v, r.ds.Spec.Template.Labels[k])
+		}
+	}
+}
+
+// TestChartRefuses: a key the chart sets may not be repeated under config,
+// and a key the daemon does not know is refused by its config check.
+func TestChartRefuses(t *testing.T) {
+	h := helm(t)
+	dir := t.TempDir()
+	owned := filepath.Join(dir, "owned.yaml")
+	if err := os.WriteFile(owned, []byte("config:\n  socket: /tmp/x.sock\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, h, "template", "tc", chartDir, "--values", owned); err == nil || !strings.Contains(err.Error(), "config.socket is set by the chart") {
+		t.Errorf("config.socket rendered: %v", err)
+	}
+
+	unknown := filepath.Join(dir, "unknown.yaml")
+	if err := os.WriteFile(unknown, []byte("config:\n  pool_sise: 1GiB\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, h, "template", "tc", chartDir, "--values", unknown, "--show-only", "templates/configmap.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm corev1.ConfigMap
+	decodeStrict(t, []byte(out), &cm)
+	p := filepath.Join(dir, "tensorcastd.toml")
+	if err := os.WriteFile(p, []byte(cm.Data["tensorcastd.toml"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	problems, err := config.CheckFile(p)
+	if err != nil || len(problems) != 1 || problems[0].Key != "pool_sise" {
+		t.Errorf("config check of an unknown key: %v %v", problems, err)
+	}
+}
