@@ -80,19 +80,22 @@ func NewDaemonRing(mem []byte, g Geometry, id uint64) *DaemonRing {
 func (r *DaemonRing) Geometry() Geometry { return r.g }
 
 // violate records an index the client wrote that the daemon refuses. The
-// queue takes nothing more; what is in flight still completes.
+// queue takes nothing more; what is in flight still completes. A queue
+// counts one violation, when it breaks: the same bad index read again (by
+// Counts, under a stats call) is not another. Any goroutine may call it.
 func (r *DaemonRing) violate() {
+	if r.broken.Swap(true) {
+		return
+	}
 	r.w.violations.Store(r.violations.Add(1))
-	r.broken.Store(true)
 	r.w.state.Or(StateBroken)
-	r.why = starveBroken
 }
 
 // Broken reports whether the client broke the queue with an invalid index.
 func (r *DaemonRing) Broken() bool { return r.broken.Load() }
 
-// Violations is how many invalid indices the daemon refused, counted in
-// the daemon's memory.
+// Violations is how many invalid indices the daemon refused (0 or 1: the
+// first breaks the queue), counted in the daemon's memory.
 func (r *DaemonRing) Violations() uint32 { return r.violations.Load() }
 
 // cqFreeLocked is how many more requests may be in flight: completion
@@ -124,6 +127,7 @@ func (r *DaemonRing) Take(dst []SQE) int {
 	avail := tail - r.sqHead
 	if avail > r.g.SQEntries {
 		r.violate()
+		r.why = starveBroken
 		return 0
 	}
 	if avail == 0 {
