@@ -40,6 +40,7 @@ const (
 	fInL2LRU                    // on the shard's L2 list (prev2, next2)
 	fInDirty                    // on the shard's dirty FIFO (prev2, next2)
 	fCopyPut                    // reserved by a copying Put call, not by a session
+	fRemove                     // a Remove waits for the writeback in flight (shard.removing)
 )
 
 // entry is one key's metadata: 64 bytes, no pointers.
@@ -95,6 +96,10 @@ type shard struct {
 	lru   list // L1 LRU: resident, ready, unpinned entries (head = most recent)
 	l2lru list // entries on L2, by last access
 	dirty list // entries owed a writeback, oldest at the tail
+
+	// removing are the Removes waiting for the writeback in flight of an
+	// entry (fRemove), by entry index; made at the first.
+	removing map[uint32]waitRec
 
 	_ [64]byte // keep neighbouring shards' mutexes off one cache line
 }
