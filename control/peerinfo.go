@@ -34,14 +34,18 @@ func (c *conn) rdmaInfo() {
 	}
 }
 
-// segmentsList reports the daemon's exported segments and the remote
-// segments its connections opened.
+// segmentsList reports the segments exported by the connection's tenant
+// and the remote segments its tenant's connections opened; a connection
+// in no tenant (the daemon's admin) is told every one.
 func (c *conn) segmentsList() {
-	out := c.s.exports.List(nil)
+	tenant := c.tenantName()
+	out := c.s.exports.List(nil, tenant)
 	c.s.mu.Lock()
 	conns := make([]*conn, 0, len(c.s.conns))
 	for sc := range c.s.conns {
-		conns = append(conns, sc)
+		if tenant == "" || sc.tenantName() == tenant {
+			conns = append(conns, sc)
+		}
 	}
 	c.s.mu.Unlock()
 	for _, sc := range conns {
