@@ -903,9 +903,10 @@ func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 // promotion, a copy out, another Remove) BUSY. A key on L2 is gone once its
 // block header has been overwritten on the device, so it does not come
 // back after a restart; if that write fails the key stays and its code and
-// error say why. The store's own writeback of a key is no caller's
-// business: the key is invisible at once, and its Remove ends when the
-// writeback has (with the header it wrote overwritten again).
+// error say why. The store's own I/O on a key (a writeback, an eviction
+// from L2) is no caller's business: the key is invisible at once, and its
+// Remove ends when that I/O has (a header the writeback wrote overwritten
+// again).
 func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
 	if err := s.begin(len(keys), codes, errs); err != nil {
 		return false, err
@@ -917,13 +918,13 @@ func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completio
 		if found {
 			it, err = s.removeLocked(sh, r)
 		}
-		if err == errAfterWriteback {
+		if err == errJoin {
 			if cl == nil {
 				cl = s.newCall(done, tag, codes, errs)
 			}
 			// The writeback's end answers the key, once sh.mu is released.
 			setError(codes, errs, i, nil)
-			s.joinWriteback(sh, r, cl, i)
+			s.joinBackground(sh, r, cl, i)
 			sh.mu.Unlock()
 			continue
 		}
@@ -941,14 +942,15 @@ func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completio
 	return s.dispatch(cl, kInval)
 }
 
-// errAfterWriteback says that the entry a Remove found has the store's
-// writeback in flight and nothing else: the Remove joins it.
-var errAfterWriteback = errors.New("store: remove after the writeback in flight")
+// errJoin says that the entry a Remove found has the store's own I/O in
+// flight and nothing else (a writeback, or an invalidation of L2 eviction
+// or of a corrupt block): the Remove joins it.
+var errJoin = errors.New("store: remove after the store's own I/O in flight")
 
-// joinWriteback makes entry r, whose writeback is in flight, invisible
-// and owes key pos of cl its result when the writeback ends
-// (endRemovedWriteback). sh.mu is held.
-func (s *Store) joinWriteback(sh *shard, r ref, cl *call, pos int) {
+// joinBackground makes entry r, which has the store's own I/O in flight,
+// invisible and owes key pos of cl its result when that I/O ends
+// (endRemovedWriteback, endInval). sh.mu is held.
+func (s *Store) joinBackground(sh *shard, r ref, cl *call, pos int) {
 	e := sh.ent(r.idx)
 	e.state = stDropping
 	e.flags |= fRemove
@@ -969,12 +971,14 @@ func (s *Store) removeLocked(sh *shard, r ref) (*ioTask, error) {
 	switch {
 	case e.state == stReserved || e.state == stPutting:
 		return nil, nil
+	case e.state == stDropping && e.flags&(fBgDrop|fRemove) == fBgDrop:
+		return nil, errJoin // going already, by the store's own doing
 	case e.state == stDropping:
-		return nil, ErrBusy
+		return nil, ErrBusy // another caller's Remove
 	case e.pins > 0:
 		return nil, ErrPinned
 	case e.flags&fWB != 0 && e.io == 1 && e.flags&fPromote == 0:
-		return nil, errAfterWriteback // the writeback's is the only I/O
+		return nil, errJoin // the writeback's is the only I/O
 	case e.io > 0 || e.flags&(fWB|fPromote) != 0:
 		return nil, ErrBusy
 	case e.flags&fL2 == 0:

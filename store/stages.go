@@ -415,6 +415,7 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 		}
 		if corrupt {
 			e.state = stDropping
+			e.flags |= fBgDrop
 			sh.unlistAll(idx)
 			e.io++
 		}
@@ -487,6 +488,11 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 	evict := it.cl == nil && !it.drop
 	sh.mu.Lock()
 	e := sh.ent(idx)
+	var w waitRec // a Remove that joined the store's own invalidation
+	if e.flags&fRemove != 0 {
+		w = sh.removing[idx]
+		delete(sh.removing, idx)
+	}
 	slotBytes := uint64(0)
 	t.mu.Lock()
 	if evict {
@@ -520,6 +526,7 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 		sh.remove(idx)
 	} else {
 		e.state = stReady
+		e.flags &^= fBgDrop | fRemove
 		e.io--
 		s.relist(sh, idx)
 		sh.l2Touch(idx)
@@ -532,6 +539,18 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 	sh.mu.Unlock()
 	cl, pos := it.cl, it.pos
 	t.freeTask(it)
+	if w.cl != nil {
+		// The key is gone as the Remove asked, or stays as it was: the
+		// header write failed, said in the Remove's code.
+		werr := err
+		if gone {
+			werr = nil
+		} else {
+			s.c.removeFail.Add(1)
+		}
+		w.cl.result(w.pos, werr)
+		w.cl.finish1(&s.calls)
+	}
 	if cl != nil {
 		if gone {
 			if !canRelease {

@@ -330,3 +330,40 @@ func (e *testEnv) existsAll(keys [][]byte) []Code {
 	}
 	return codes
 }
+
+// TestRemoveDuringL2Eviction: the store's own eviction of a key from L2 is
+// no caller's business either: a Remove of a key whose eviction is in
+// flight is not BUSY; it ends with the eviction, and the key does not come
+// back after a restart.
+func TestRemoveDuringL2Eviction(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	keys := keysN("ev", 4)
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK, OK, OK, OK)
+	ss.Close()
+	e.dropL1()
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = isZeroWrite })
+	batch := e.s.evictL2LRU(1<<40, nil)
+	if len(batch) != len(keys) {
+		t.Fatalf("%d evictions started, want %d", len(batch), len(keys))
+	}
+	var xts []*xfer.Task
+	e.s.l2.startInvals(batch, &xts)
+	e.waitFor("every eviction in flight", func() bool { return e.tr.Held() == len(keys) })
+
+	codes := make([]Code, 2)
+	rec := newRecorder()
+	pending, err := e.s.Remove(keys[:2], codes, nil, rec, 1)
+	if err != nil || !pending {
+		t.Fatalf("remove under eviction: pending %v, %v, codes %v", pending, err, codes)
+	}
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
+	e.tr.release()
+	<-rec.done
+	mustCodes(t, "remove", codes, OK, OK)
+	if st := e.s.Stats(); st.Keys != 0 || st.EvictionsL2 != uint64(len(keys)) || st.IOInFlight != 0 {
+		t.Fatalf("stats after the evictions: %+v", st)
+	}
+	e.reopen()
+	mustCodes(t, "after restart", e.exists(keys), NotFound, NotFound, NotFound, NotFound)
+}
