@@ -5,6 +5,7 @@ package control
 import (
 	"bytes"
 	"fmt"
+	"log/slog"
 	"slices"
 
 	"github.com/tensorcast/tensorcast/wire"
@@ -30,7 +31,7 @@ func (c *conn) rdmaInfo() {
 	}
 	*r = rep.RDMAInfo()
 	if n := r.Fit(c.s.cfg.MaxFrame / 2); n > 0 {
-		c.log.Warn("rdma answer cut short", "peers", len(r.Peers)+n, "sent", len(r.Peers))
+		c.s.logs.rdmaCut.Event(append(c.who(), slog.Int("peers", len(r.Peers)+n), slog.Int("sent", len(r.Peers)))...)
 	}
 }
 

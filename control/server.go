@@ -191,7 +191,7 @@ type Server struct {
 		setup, denied, maxConns, maxPerUID, draining *ratelog.Log
 		acceptFail, acceptOK, frameTimeout           *ratelog.Log
 		// What a client's frames can make a connection warn about.
-		badFrame, undecodable, lostFDs, unexpectedFD, strayFDs *ratelog.Log
+		badFrame, undecodable, lostFDs, unexpectedFD, strayFDs, rdmaCut *ratelog.Log
 	}
 
 	wg sync.WaitGroup // accept loop and connection goroutines
@@ -277,6 +277,7 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 	s.logs.lostFDs = ratelog.New(log, slog.LevelWarn, "file descriptors sent with a request were lost: the daemon is out of file descriptors", every)
 	s.logs.unexpectedFD = ratelog.New(log, slog.LevelWarn, "file descriptor with a request that takes none", every)
 	s.logs.strayFDs = ratelog.New(log, slog.LevelWarn, "closing file descriptors sent without a frame", every)
+	s.logs.rdmaCut = ratelog.New(log, slog.LevelWarn, "rdma answer cut short", every)
 	ln := cfg.Listener
 	if ln == nil {
 		if ln, err = listen(cfg.Socket, cfg.Mode); err != nil {
@@ -618,7 +619,7 @@ func (s *Server) Close() error {
 	s.wg.Wait()
 	for _, l := range []*ratelog.Log{s.logs.setup, s.logs.denied, s.logs.maxConns, s.logs.maxPerUID, s.logs.draining,
 		s.logs.acceptFail, s.logs.acceptOK, s.logs.frameTimeout,
-		s.logs.badFrame, s.logs.undecodable, s.logs.lostFDs, s.logs.unexpectedFD, s.logs.strayFDs} {
+		s.logs.badFrame, s.logs.undecodable, s.logs.lostFDs, s.logs.unexpectedFD, s.logs.strayFDs, s.logs.rdmaCut} {
 		l.Stop()
 	}
 	s.host.StopLogs()
