@@ -5,11 +5,12 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 func TestRunBaselineMem(t *testing.T) {
@@ -94,9 +95,7 @@ func TestParseFioJSONPrefixAndErrors(t *testing.T) {
 // TestFioReal runs the real fio with the arguments a uring job maps to and
 // decodes its JSON with the same struct tcbench writes.
 func TestFioReal(t *testing.T) {
-	if _, err := exec.LookPath("fio"); err != nil {
-		t.Skip("fio is not installed (make deps installs it)")
-	}
+	testutil.Command(t, "fio", "fio")
 	f := filepath.Join(t.TempDir(), "fio.dat")
 	jobs := mustJobs(t, "--name=ref", "--engine=uring", "--filename="+f, "--direct=1", "--rw=randread", "--bs=4k",
 		"--size=4m", "--iodepth=8", "--batch=4", "--runtime=300ms", "--time_based")
@@ -135,9 +134,7 @@ func contains(v []string, s string) bool {
 }
 
 func TestIperf3Real(t *testing.T) {
-	if _, err := exec.LookPath("iperf3"); err != nil {
-		t.Skip("iperf3 is not installed (make deps installs it)")
-	}
+	testutil.Command(t, "iperf3", "iperf3")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	bps, err := RunIperf3(ctx, 1, 128<<10, 1)

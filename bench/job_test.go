@@ -2,7 +2,6 @@ package bench
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -11,27 +10,18 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
-	if ServePingPong() {
-		return // the far side of TestPingPong
-	}
-	if mode := os.Getenv("TCBENCH_FAKE_DAEMON"); mode != "" {
-		os.Exit(fakeDaemon(mode, os.Args[1:]))
-	}
-	code := m.Run()
-	if daemonBin != "" {
-		os.RemoveAll(filepath.Dir(daemonBin))
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testutil.Main(m,
+		testutil.Child(pingPongEnv, func(string) int { ServePingPong(); return 0 }), // the far side of TestPingPong
+		testutil.Child("TCBENCH_FAKE_DAEMON", func(mode string) int { return fakeDaemon(mode, os.Args[1:]) }),
+		testutil.After(func() {
+			if daemonBin != "" {
+				os.RemoveAll(filepath.Dir(daemonBin))
+			}
+		}))
 }
 
 func TestParseSize(t *testing.T) {

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 func spawnPeersForTest(t *testing.T, rdma string, jobs []*Job) *PeerPair {
@@ -196,9 +197,7 @@ func TestPeerOptions(t *testing.T) {
 // TestTCPReferenceStreams: the tcp baseline runs iperf3 with as many
 // streams as the daemons' connections per peer and says so.
 func TestTCPReferenceStreams(t *testing.T) {
-	if _, err := exec.LookPath("iperf3"); err != nil {
-		t.Skip("iperf3 is not installed (make deps installs it)")
-	}
+	testutil.Command(t, "iperf3", "iperf3")
 	jobs := mustJobs(t, "--name=t", "--engine=tcp", "--bs=1m", "--numjobs=2")
 	ref, err := referenceFor(nil, jobs[0], metricOf(jobs[0]))
 	if err != nil {
@@ -231,9 +230,7 @@ func TestParsePerftest(t *testing.T) {
 // TestPerftestWithoutDevice: with perftest installed and no RDMA device,
 // the reference run fails with the tool's own words, promptly.
 func TestPerftestWithoutDevice(t *testing.T) {
-	if _, err := exec.LookPath("ib_write_bw"); err != nil {
-		t.Skip("ib_write_bw is not installed (make deps installs perftest)")
-	}
+	testutil.Command(t, "ib_write_bw", "perftest")
 	if ents, _ := os.ReadDir("/sys/class/infiniband"); len(ents) > 0 {
 		t.Skipf("this host has RDMA devices (%d in /sys/class/infiniband); the failure path needs none", len(ents))
 	}
@@ -292,9 +289,7 @@ func TestRDMADeviceOptions(t *testing.T) {
 			t.Errorf("perftestDevice(%+v) = %q, want %q", c.env, got, c.want)
 		}
 	}
-	if _, err := exec.LookPath("ib_write_bw"); err != nil {
-		t.Skip("perftest is not installed (make deps installs it)")
-	}
+	testutil.Command(t, "ib_write_bw", "perftest")
 	jobs := mustJobs(t, "--name=r", "--engine=rdma", "--rw=write", "--bs=64k", "--runtime=2s")
 	ref, err := referenceFor(&Env{RDMADevice: "rxe0", RDMAGID: "1"}, jobs[0], metricOf(jobs[0]))
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -34,9 +35,7 @@ const (
 // any user may run (the test binary's own directory may be private).
 func openToAll(t *testing.T, e *env) string {
 	t.Helper()
-	if os.Getuid() != 0 {
-		t.Skip("needs root to run helper processes under other uids (setuid)")
-	}
+	testutil.Require(t, testutil.Root) // to run helper processes under other uids (setuid)
 	for _, d := range []string{e.dir, filepath.Dir(e.sock)} {
 		if err := os.Chmod(d, 0o755); err != nil {
 			t.Fatal(err)

@@ -512,9 +512,7 @@ func TestPeerCredentials(t *testing.T) {
 		c.expectClosed()
 	})
 	t.Run("other uid process", func(t *testing.T) {
-		if os.Getuid() != 0 {
-			t.Skip("needs root to run a helper process as uid 65534 (setuid)")
-		}
+		testutil.Require(t, testutil.Root) // to run a helper process as uid 65534 (setuid)
 		e := newEnv(t, false, func(c *Config, _ *Deps) { c.Mode = 0o666 })
 		if err := os.Chmod(e.dir, 0o755); err != nil {
 			t.Fatal(err)

@@ -15,7 +15,6 @@ import (
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/wire"
-	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // storeEnv is a server with a store over its pool: L1 only, or with an L2
@@ -30,12 +29,7 @@ type storeEnv struct {
 func requireUring(t *testing.T) {
 	t.Helper()
 	tr, err := uring.New(uring.Config{}, nil)
-	if errors.Is(err, xfer.ErrNotSupported) {
-		t.Skipf("skipped: io_uring is not available here: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	testutil.RequireSupported(t, testutil.IOUring, err)
 	tr.Close()
 }
 

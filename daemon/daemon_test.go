@@ -9,19 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
-func TestMain(m *testing.M) {
-	if h := os.Getenv(helperEnv); h != "" {
-		os.Exit(runHelper(h))
-	}
-	// The peer plane's event-loop library starts its worker pool's
-	// housekeeping goroutines at package init; they live for the process.
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"))
-}
+func TestMain(m *testing.M) { testutil.Main(m, testutil.Child(helperEnv, runHelper)) }
 
 // testConfig is a small daemon under dir.
 func testConfig(dir string) Config {
@@ -42,7 +33,7 @@ func openFDs(t *testing.T) int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		t.Skipf("no /proc/self/fd to count descriptors: %v", err)
+		t.Fatal(err)
 	}
 	return len(ents)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -27,7 +28,7 @@ func TestPoolFileRoundTrip(t *testing.T) {
 	const blk = 256 << 10
 	fileID, _, err := c.RegisterFile(filepath.Join(cfg.DataDir, "l2.bin"), true, 8<<20)
 	if errors.Is(err, client.ErrUnavailable) {
-		t.Skip("io_uring file tier not available on this kernel (see the daemon log)")
+		testutil.Missing(t, testutil.IOUring, "the daemon has no file tier (see the daemon log): %v", err)
 	}
 	if err != nil {
 		t.Fatalf("RegisterFile under data_dir: %v", err)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/ktrace"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -32,11 +32,9 @@ func TestKernelViews(t *testing.T) {
 // Transfers of 4, alternating writes and reads, with ebpf_uring_sample =
 // every.
 func kernelViews(t *testing.T, every, n int) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_BPF and CAP_PERFMON) to load the eBPF views")
-	}
+	testutil.Require(t, testutil.BPF)
 	if v, errs := ktrace.Open([]ktrace.View{ktrace.ViewUring}, ktrace.Options{}); v == nil {
-		t.Skipf("eBPF io_uring view unavailable here: %v", errs[ktrace.ViewUring])
+		testutil.Missing(t, testutil.BPF, "eBPF io_uring view unavailable here: %v", errs[ktrace.ViewUring])
 	} else {
 		v.Close()
 	}
@@ -50,7 +48,7 @@ func kernelViews(t *testing.T, every, n int) {
 		t.Fatal(err)
 	}
 	if d.files == nil {
-		t.Skip("io_uring file tier not available on this kernel")
+		testutil.Missing(t, testutil.IOUring, "the daemon has no file tier")
 	}
 	runDaemon(t, d)
 	if !strings.Contains(logBuf.String(), "ebpf views loaded") {

@@ -27,10 +27,8 @@ func rdmaPeer(info client.RDMAInfo, id string) (client.RDMAPeer, bool) {
 // transfer has brought the link up, rdma as d1's transport at d2 (and d2's
 // link accepted at d1), which a transfer moving nothing over tcp confirms.
 func TestVerbsRDMAInfo(t *testing.T) {
+	testutil.Require(t, testutil.RDMA)
 	dev := os.Getenv("RXE_DEV")
-	if dev == "" {
-		t.Skip("no RDMA device: RXE_DEV is unset (make test-rdma runs this in the Soft-RoCE VM)")
-	}
 	gidIndex, err := strconv.Atoi(os.Getenv("RXE_GID_INDEX"))
 	if err != nil {
 		t.Fatalf("RXE_GID_INDEX %q: %v", os.Getenv("RXE_GID_INDEX"), err)

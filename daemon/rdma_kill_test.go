@@ -201,9 +201,7 @@ func TestVerbsDaemonKilledMidTransfer(t *testing.T) {
 		runChildDaemon(t, dir)
 		return
 	}
-	if os.Getenv("RXE_DEV") == "" {
-		t.Skip("no RDMA device: RXE_DEV is unset (make test-rdma runs this in the Soft-RoCE VM)")
-	}
+	testutil.Require(t, testutil.RDMA)
 	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast rdma kill test key")
 	mut := func(c *Config) {
 		c.PoolSize = killPool

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -18,7 +19,7 @@ import (
 // served over tcp), and one opened with transport tcp works.
 func TestOpenRemoteTransportWithoutRDMA(t *testing.T) {
 	if os.Getenv("RXE_DEV") != "" {
-		t.Skip("RXE_DEV is set: this host has RDMA (peer/plane's TestVerbsTransportPerSegment covers it)")
+		t.Skip("RXE_DEV is set: this host has RDMA (rdma/link's TestVerbsTransportPerSegment covers it)")
 	}
 	p := startRDMAPair(t, "auto")
 	_, err := p.wr.OpenRemoteVia("d1/kv", client.RightRead|client.RightWrite, client.TransportRDMA)
@@ -50,9 +51,7 @@ func TestOpenRemoteTransportWithoutRDMA(t *testing.T) {
 // registration and complete by RDMA once it is done; meanwhile pool
 // requests on the same link keep moving.
 func TestVerbsRegistrationOffSubmitPath(t *testing.T) {
-	if os.Getenv("RXE_DEV") == "" {
-		t.Skip("no RDMA device: RXE_DEV is unset (make test-rdma runs this in the Soft-RoCE VM)")
-	}
+	testutil.Require(t, testutil.RDMA)
 	p := startRDMAPair(t, "on")
 	viaRDMA, err := p.wr.OpenRemoteVia("d1/kv", client.RightRead|client.RightWrite, client.TransportRDMA)
 	if err != nil {

@@ -253,9 +253,7 @@ rdma_gid = "3"
 // and a client's pool-to-remote requests move by RDMA READ and WRITE,
 // crc32c checked, with no payload on tcp.
 func TestVerbsDaemonsOverRDMA(t *testing.T) {
-	if os.Getenv("RXE_DEV") == "" {
-		t.Skip("no RDMA device: RXE_DEV is unset (make test-rdma runs this in the Soft-RoCE VM)")
-	}
+	testutil.Require(t, testutil.RDMA)
 	p := startRDMAPair(t, "on")
 	for _, d := range []*peerDaemon{p.d1, p.d2} {
 		if !strings.Contains(d.log.String(), "pool registered for rdma") {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -166,9 +167,7 @@ func notifyChan(t *testing.T) (string, <-chan string) {
 // a socket every user may reach and a test binary every user may run.
 func tenantConfig(t *testing.T) (Config, string) {
 	t.Helper()
-	if os.Getuid() != 0 {
-		t.Skip("needs root to run clients as two other uids (setuid)")
-	}
+	testutil.Require(t, testutil.Root) // to run clients as two other uids (setuid)
 	dir, err := os.MkdirTemp("", "tc-tenants")
 	if err != nil {
 		t.Fatal(err)

@@ -86,7 +86,7 @@ func TestStoreThroughDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d.files == nil {
-		t.Skip("skipped: io_uring is not available here (the store would run without its L2)")
+		testutil.Missing(t, testutil.IOUring, "the daemon has no file tier (the store would run without its L2)")
 	}
 	stop := runUntil(t, d)
 	c := dialStore(t, cfg.Socket)
@@ -521,7 +521,7 @@ func requireIOURing(t *testing.T) {
 	files := d.files != nil
 	d.closeParts()
 	if !files {
-		t.Skip("skipped: io_uring is not available here (the store would run without its L2)")
+		testutil.Missing(t, testutil.IOUring, "the daemon has no file tier (the store would run without its L2)")
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 var (
@@ -139,9 +140,7 @@ func TestSocketActivationUnderFakeSystemd(t *testing.T) {
 // with ebpf = auto it logs one line naming the missing capability and
 // serves; with ebpf = on it refuses to start, naming it.
 func TestEBPFWithoutCapability(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run the daemon as another user")
-	}
+	testutil.Require(t, testutil.Root) // to run the daemon as another user
 	bin := buildDaemon(t)
 	dir, err := os.MkdirTemp("", "tc-nobody")
 	if err != nil {
@@ -228,9 +227,7 @@ func TestEBPFWithoutCapability(t *testing.T) {
 // built binary (systemd-analyze verify checks that it exists).
 func unitDir(t *testing.T, tool string) string {
 	t.Helper()
-	if _, err := exec.LookPath(tool); err != nil {
-		t.Skipf("%s not installed (Debian package systemd; scripts/deps.sh test)", tool)
-	}
+	testutil.Command(t, tool, "systemd")
 	bin := buildDaemon(t)
 	dir := t.TempDir()
 	for _, u := range []string{"tensorcastd.service", "tensorcastd.socket"} {

@@ -3,7 +3,6 @@ package ktrace
 import (
 	"encoding/binary"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 
@@ -11,14 +10,13 @@ import (
 	"github.com/cilium/ebpf/asm"
 
 	"github.com/tensorcast/tensorcast/internal/loghist"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // openOrSkip loads view w or skips the test naming what is missing.
 func openOrSkip(t *testing.T, w View, opts ...Options) *Views {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_BPF and CAP_PERFMON) to load eBPF programs")
-	}
+	testutil.Require(t, testutil.BPF)
 	var o Options
 	if len(opts) > 0 {
 		o = opts[0]
@@ -26,7 +24,7 @@ func openOrSkip(t *testing.T, w View, opts ...Options) *Views {
 	v, errs := Open([]View{w}, o)
 	if err := errs[w]; err != nil {
 		if errors.Is(err, ErrNoCapability) || errors.Is(err, ErrNoHook) {
-			t.Skipf("eBPF view %s unavailable: %v", w, err)
+			testutil.Missing(t, testutil.BPF, "eBPF view %s unavailable: %v", w, err)
 		}
 		t.Fatal(err)
 	}
@@ -101,9 +99,7 @@ func TestOpenRefusesAFlagOfTwoBits(t *testing.T) {
 // the kernel (BPF_PROG_TEST_RUN of a tiny program around it) against
 // loghist.Index.
 func TestLog2BucketMatchesLoghist(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to load and run eBPF programs")
-	}
+	testutil.Require(t, testutil.BPF)
 	run := bucketRunner(t)
 	for _, v := range []uint64{0, 1, 1024, 1025, 2048, 2049, 4096, 1 << 20, 1<<20 + 1, 123456789, 1 << 35, 1<<35 + 1, 1 << 62} {
 		if got, want := run(v), loghist.Index(v); got != want {
@@ -121,7 +117,7 @@ func bucketRunner(t *testing.T) func(uint64) int {
 	ins = append(ins, asm.Mov.Reg(asm.R0, asm.R9).WithSymbol("done"), asm.Return())
 	p, err := newProgram("tc_bucket_test", ins)
 	if err != nil {
-		t.Skipf("cannot load a raw tracepoint program: %v", err)
+		testutil.Missing(t, testutil.BPF, "cannot load a raw tracepoint program: %v", err)
 	}
 	t.Cleanup(func() { p.Close() })
 	return func(v uint64) int {

@@ -3,7 +3,7 @@ package ktrace
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testutil.Main(m) }

@@ -5,6 +5,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // nopRing is the smallest io_uring a test needs: it submits NOP requests
@@ -38,7 +40,7 @@ func newNopRing(t *testing.T, entries uint32) *nopRing {
 	r := &nopRing{}
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&r.p)), 0)
 	if errno != 0 {
-		t.Skipf("io_uring_setup: %v (io_uring not available)", errno)
+		testutil.Missing(t, testutil.IOUring, "io_uring_setup: %v", errno)
 	}
 	r.fd = int(fd)
 	t.Cleanup(r.close)

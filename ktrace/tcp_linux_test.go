@@ -16,6 +16,8 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 func ipCmd(t *testing.T, args ...string) {
@@ -84,7 +86,7 @@ func lossy(t *testing.T, ns, dev string) {
 		License: "GPL",
 	})
 	if err != nil {
-		t.Skipf("cannot load a tc program to induce loss: %v", err)
+		testutil.Missing(t, testutil.BPF, "cannot load a tc program to induce loss: %v", err)
 	}
 	t.Cleanup(func() { p.Close() })
 	var l link.Link
@@ -103,9 +105,7 @@ func lossy(t *testing.T, ns, dev string) {
 // namespaces whose receiving side drops packets, and finds the retransmits
 // counted under that connection's 4-tuple.
 func TestRetransmitsPerTuple(t *testing.T) {
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs the ip command (iproute2) for network namespaces")
-	}
+	testutil.Require(t, testutil.Netns)
 	v := openOrSkip(t, ViewTCP)
 	id := os.Getpid() % 100000
 	nsA, nsB := fmt.Sprintf("tkA%d", id), fmt.Sprintf("tkB%d", id)

@@ -10,12 +10,11 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	"github.com/tensorcast/tensorcast/internal/loghist"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 func testRegistry(t *testing.T) *Registry {
 	t.Helper()
@@ -79,10 +78,7 @@ func TestExposition(t *testing.T) {
 // TestPromtool lints the exposition with promtool (Debian's prometheus
 // package) when it is installed.
 func TestPromtool(t *testing.T) {
-	path, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Skip("promtool not installed (Debian package prometheus; scripts/deps.sh test)")
-	}
+	path := testutil.Command(t, "promtool", "prometheus")
 	lint(t, path, scrape(t, testRegistry(t)))
 }
 

@@ -22,6 +22,6 @@
 //     server maps to client codes.
 //
 // The plane itself (sessions with other daemons over a tcp node, opening
-// their segments, the RDMA links and registrations) is package
-// peer/plane; the daemon builds both and hands the table to each.
+// their segments) is package peer/plane, its RDMA links and registrations
+// package rdma/link; the daemon builds both and hands the table to each.
 package peer

@@ -63,8 +63,9 @@ const exportShards = 16
 // local client lets peers reach (a range of one of its buffers or of its
 // pool blocks), with the rights it grants and the subscribers of the
 // notifications that ride WRITEs into it. The peer plane serves peers
-// from it (its tcp node and its RDMA plane: package peer/plane); the
-// control server exports and unexports on its clients' behalf.
+// from it (its tcp node, package peer/plane, and its RDMA links, package
+// rdma/link); the control server exports and unexports on its clients'
+// behalf.
 //
 // Lookups take a read lock on one shard of the names, never a global
 // lock. An export ends (Export.End) when its owner unexports it or goes:

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // Why Take found nothing to take.
@@ -200,7 +202,7 @@ func (r *DaemonRing) Publish() {
 // learns the client's pace and stops when the client does not follow.
 func (r *DaemonRing) Post(c *CQE) {
 	r.cqMu.Lock()
-	if invariants && (r.inflight == 0 || r.cqTail-r.cqSeen >= r.g.CQEntries) {
+	if invariants.Enabled && (r.inflight == 0 || r.cqTail-r.cqSeen >= r.g.CQEntries) {
 		r.cqMu.Unlock()
 		panic("queue: invariant: a CQE posted without a reserved slot")
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // pair makes a queue on a real sealed memfd, mapped twice: the daemon's
@@ -210,7 +212,7 @@ func echo(d *DaemonRing, jitter bool, stop *atomic.Bool) {
 // runs out of its (generous) time.
 func TestLostWakeupStress(t *testing.T) {
 	total := 1 << 21
-	if raceEnabled {
+	if invariants.RaceEnabled {
 		total = 1 << 20
 	}
 	if testing.Short() {

@@ -24,6 +24,10 @@
 //     implements it in memory, so that the code above this package runs its
 //     tests without a device.
 //
+// Package rdma/link builds the peer plane's RDMA side on this: one link
+// per peer daemon over a Transport, and the registrations of the pools,
+// client buffers and exports the links need.
+//
 // The transport's logic is tested over rdmatest (fabric_test.go); real
 // verbs over Soft-RoCE inside a VM: make test-rdma.
 package rdma

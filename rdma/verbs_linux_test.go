@@ -48,7 +48,7 @@ func openDevice(tb testing.TB, cfg Config) *Device {
 	d, err := Open(cfg, testLogger())
 	if err != nil {
 		if dev == "" && (errors.Is(err, ErrNoLibrary) || len(ListDevices()) == 0) {
-			tb.Skipf("no RDMA device; run make test-rdma (%v)", err)
+			testutil.Missing(tb, testutil.RDMA, "no RDMA device; run make test-rdma (%v)", err)
 		}
 		tb.Fatalf("Open %q: %v", dev, err)
 	}

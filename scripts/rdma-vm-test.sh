@@ -2,13 +2,14 @@
 # rdma-vm-test.sh - what `make test-rdma` runs: tensorcast's real-verbs tests
 # and benchmarks, with perftest beside them, in one Soft-RoCE VM run.
 #
-# It builds the rdma, peer/plane and daemon packages' test binaries,
+# It builds the rdma, rdma/link and daemon packages' test binaries,
 # tensorcastd (cgo) and tcbench, boots them with scripts/rxe-vm.sh, runs
 # perftest (ib_write_bw, ib_read_bw, ib_write_lat on rxe0 loopback), then
 # tcbench's rdma engine (two tensorcastd with rdma = on, pool to pool) on
 # the same sizes (and the 4 KiB latency job as engine=local, the control
-# path alone), then the rdma tests, then the peer plane's real-verbs tests
-# (two planes in one process: links, registrations and their revocation,
+# path alone), then the rdma tests, then the RDMA links' real-verbs tests
+# (rdma/link: two peer planes in one process: links, registrations and
+# their revocation,
 # the owner's device enforcing an export's rights), then the daemon's RDMA
 # tests (two daemons choosing rdma over their peer channel; one of them a
 # process killed mid-transfer), and prints a go-test style summary plus the figures side
@@ -19,7 +20,7 @@
 # Environment: RDMA_TEST_RUN (test regexp, default all), RDMA_BENCH (bench
 # regexp, default 'Verbs'; '-' for none, which also skips perftest and
 # tcbench), RDMA_BENCHTIME (default 1s),
-# RDMA_DAEMON_RUN (peer/plane and daemon test regexp, default 'Verbs|RDMA';
+# RDMA_DAEMON_RUN (rdma/link and daemon test regexp, default 'Verbs|RDMA';
 # '-' for none),
 # RDMA_TCBENCH (1, or 0 for no tcbench), RDMA_TCBENCH_RUNTIME (each job's
 # measured time, default 1s; 0.5 s of ramp before it), RDMA_ROUNDS (rounds
@@ -47,8 +48,8 @@ echo "test-rdma: building the rdma test binary (cgo)" >&2
 CGO_ENABLED=1 go test -c -o "$w/rdma.test" ./rdma/
 daemon_run=${RDMA_DAEMON_RUN:-Verbs|RDMA}
 if [ "$daemon_run" != "-" ]; then
-  echo "test-rdma: building the peer/plane and daemon test binaries (cgo)" >&2
-  CGO_ENABLED=1 go test -c -o "$w/plane.test" ./peer/plane/
+  echo "test-rdma: building the rdma/link and daemon test binaries (cgo)" >&2
+  CGO_ENABLED=1 go test -c -o "$w/link.test" ./rdma/link/
   CGO_ENABLED=1 go test -c -o "$w/daemon.test" ./daemon/
 fi
 tcbench=${RDMA_TCBENCH:-1}
@@ -77,9 +78,12 @@ if [ "$tcbench" = 1 ]; then
 fi
 
 # The program the VM runs: perftest pairs (server in the background, client
-# to the VM's own address: rxe0 loopback), then the Go tests.
+# to the VM's own address: rxe0 loopback), then the Go tests, told that the
+# machine provides RDMA (a test that finds no device fails rather than
+# skips).
 cat > "$w/run-rdma-tests" <<EOF
 #!/bin/sh
+export TENSORCAST_TEST_PROVIDES=rdma
 perf() {
   tool=\$1; shift
   \$tool -d \$RXE_DEV -x \$RXE_GID_INDEX -F "\$@" > /tmp/perf-server.out 2>&1 &
@@ -116,8 +120,8 @@ if [ "${bench}" != "-" ]; then
 fi
 export RXE_REG_MB=${RXE_REG_MB:-512}
 ./rdma.test -test.v -test.count=1 -test.timeout=240s -test.run='${run}' || rc=1
-if [ -x ./plane.test ]; then
-  ./plane.test -test.v -test.count=1 -test.timeout=300s -test.run='${daemon_run}' || rc=1
+if [ -x ./link.test ]; then
+  ./link.test -test.v -test.count=1 -test.timeout=300s -test.run='${daemon_run}' || rc=1
 fi
 if [ -x ./daemon.test ]; then
   ./daemon.test -test.v -test.count=1 -test.timeout=300s -test.run='${daemon_run}' || rc=1
@@ -128,7 +132,7 @@ chmod 755 "$w/run-rdma-tests"
 
 set +e
 files="$w/rdma.test rdma/testdata"
-[ -f "$w/plane.test" ] && files="$files $w/plane.test"
+[ -f "$w/link.test" ] && files="$files $w/link.test"
 [ -f "$w/daemon.test" ] && files="$files $w/daemon.test"
 [ -f "$w/tcbench" ] && files="$files $w/tcbench $w/tensorcastd"
 RXE_FILES="$files" RXE_LOG="$log" scripts/rxe-vm.sh "$w/run-rdma-tests"
@@ -252,5 +256,5 @@ if [ "$status" = FAIL ] && [ "$rc" -ge 124 ]; then
   tail -n 60 "$log" >&2
 fi
 echo "rdma (Soft-RoCE VM): $pass passed, $fail failed, $skip skipped"
-printf '%s\tgithub.com/tensorcast/tensorcast/rdma + peer/plane + daemon (rxe VM)\t%ss\n' "$status" "$took"
+printf '%s\tgithub.com/tensorcast/tensorcast/rdma + rdma/link + daemon (rxe VM)\t%ss\n' "$status" "$took"
 [ "$status" = ok ]

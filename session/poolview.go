@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // poolView is one connection's view of the pool: the pool segment itself
@@ -29,6 +31,10 @@ type poolView struct {
 	holds  []blockHold // sorted by off: blocks with transfers in flight
 	closed bool        // the connection is gone: free blocks at their last drop
 }
+
+// Regs are the pool's registrations (its io_uring fixed buffers), which
+// the view's requests use: it shares the pool's memory.
+func (v *poolView) Regs() *xfer.Regs { return xfer.RegsOf(v.Pool) }
 
 // blockHold counts the transfers in flight in one block.
 type blockHold struct {

@@ -5,6 +5,8 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // Limits on the allocator's geometry: block indices inside a slab are
@@ -243,7 +245,7 @@ func (a *allocator) pop(c *class, size uint64) uint64 {
 		sl.bump++
 	}
 	sl.live++
-	if invariants && (sl.live > c.per || sl.bump > c.per || sl.live != sl.bump-sl.top ||
+	if invariants.Enabled && (sl.live > c.per || sl.bump > c.per || sl.live != sl.bump-sl.top ||
 		a.bits[uint64(s)*uint64(a.wps)+uint64(b/64)]&(1<<(b%64)) != 0) {
 		panic(fmt.Sprintf("shm: allocator corrupt: slab %d block %d live %d bump %d top %d per %d",
 			s, b, sl.live, sl.bump, sl.top, c.per))
@@ -299,7 +301,7 @@ func (a *allocator) free(off uint64) error {
 	}
 	sl := &a.slabs[s]
 	base := uint64(s) * uint64(a.bps)
-	if invariants && (sl.live == 0 || c.live == 0 || sl.top >= sl.bump || sl.bump > c.per) {
+	if invariants.Enabled && (sl.live == 0 || c.live == 0 || sl.top >= sl.bump || sl.bump > c.per) {
 		panic(fmt.Sprintf("shm: allocator corrupt: free in slab %d live %d top %d bump %d per %d class live %d",
 			s, sl.live, sl.top, sl.bump, c.per, c.live))
 	}

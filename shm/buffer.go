@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync/atomic"
 
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -16,11 +15,15 @@ type Buffer struct {
 	id   xfer.SegmentID
 	mem  []byte
 	refs refs
-	// onTeardown runs once, just before the mapping goes away.
-	onTeardown atomic.Pointer[func()]
+	// regs are the transports' registrations over the mapping, released
+	// just before it goes away.
+	regs xfer.Regs
 }
 
-var _ xfer.MemSegment = (*Buffer)(nil)
+var (
+	_ xfer.MemSegment = (*Buffer)(nil)
+	_ xfer.Registered = (*Buffer)(nil)
+)
 
 // MapBuffer maps the first size bytes of fd as a client buffer. It takes
 // ownership of fd: fd is closed on every path, success or error (the mapping
@@ -115,19 +118,16 @@ func (b *Buffer) Close() error {
 }
 
 func (b *Buffer) teardown() error {
-	if h := b.onTeardown.Swap(nil); h != nil {
-		(*h)()
-	}
+	b.regs.Teardown()
 	return unmap(b.mem)
 }
 
-// SetTeardownHook has f run just before the mapping goes away (after
-// Close, when the last reference is released), on the goroutine that
-// releases it: something registered over the buffer's memory (an RDMA
-// memory registration) is released there. The caller must hold a
-// reference, so that the teardown cannot have happened yet; a later call
-// replaces f.
-func (b *Buffer) SetTeardownHook(f func()) { b.onTeardown.Store(&f) }
+// Regs are the transports' registrations over the buffer's memory (an
+// RDMA memory registration): each is released once, just before the
+// mapping goes away (after Close, when the last reference is released), on
+// the goroutine that releases it. A transport sets one while it holds a
+// reference, so that the teardown cannot have happened yet.
+func (b *Buffer) Regs() *xfer.Regs { return &b.regs }
 
 // NewMemfd creates a close-on-exec, sealable memfd of size bytes, for
 // clients and tests. With seal it is sealed against shrinking and growing,

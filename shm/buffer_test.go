@@ -242,7 +242,14 @@ func TestNewMemfdAndMapShared(t *testing.T) {
 	}
 }
 
-func TestBufferTeardownHook(t *testing.T) {
+// releaseFunc is a registration whose Release calls f.
+type releaseFunc func()
+
+func (f releaseFunc) Release() { f() }
+
+// TestBufferTeardownReleasesRegs: a registration set on the buffer is
+// released once, at its teardown, while the mapping is still there.
+func TestBufferTeardownReleasesRegs(t *testing.T) {
 	for _, refHeld := range []bool{false, true} {
 		b, err := MapBuffer(14, mustMemfd(t, 16*kib, true), 16*kib, 16*kib)
 		if err != nil {
@@ -253,7 +260,11 @@ func TestBufferTeardownHook(t *testing.T) {
 		}
 		mem := b.Bytes()
 		calls, mappedAtCall := 0, false
-		b.SetTeardownHook(func() { calls++; mappedAtCall = isMapped(t, mem) })
+		reg := new(releaseFunc)
+		*reg = func() { calls++; mappedAtCall = isMapped(t, mem) }
+		if !b.Regs().Set(xfer.SlotRDMA, reg) {
+			t.Fatal("Set on an open buffer failed")
+		}
 		if refHeld {
 			if !b.Acquire() {
 				t.Fatal("second Acquire failed")
@@ -281,6 +292,9 @@ func TestBufferTeardownHook(t *testing.T) {
 		_ = b.Close()
 		if calls != 1 {
 			t.Fatalf("hook ran %d times after a second Close", calls)
+		}
+		if b.Regs().Set(xfer.SlotRDMA, reg) || b.Regs().Load(xfer.SlotRDMA) != nil {
+			t.Fatal("a registration was kept after the teardown")
 		}
 	}
 }

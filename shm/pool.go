@@ -119,9 +119,15 @@ type Pool struct {
 	log  *slog.Logger
 	refs refs
 	a    *allocator
+	// regs are the transports' registrations over the mapping (io_uring
+	// fixed buffers), released just before it goes away.
+	regs xfer.Regs
 }
 
-var _ xfer.MemSegment = (*Pool)(nil)
+var (
+	_ xfer.MemSegment = (*Pool)(nil)
+	_ xfer.Registered = (*Pool)(nil)
+)
 
 // NewPool creates the pool's memfd, sizes and seals it against shrinking
 // and growing, maps it shared, and sets up the allocator's metadata. It logs
@@ -287,5 +293,12 @@ func (p *Pool) Close() error {
 }
 
 func (p *Pool) teardown() error {
+	p.regs.Teardown()
 	return errors.Join(unmap(p.mem), closeFd(p.fd))
 }
+
+// Regs are the transports' registrations over the pool's memory (io_uring
+// fixed buffers): each is released once, just before the mapping goes away
+// (at Close, or when the last reference is released after it), on the
+// goroutine that does that.
+func (p *Pool) Regs() *xfer.Regs { return &p.regs }

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -74,7 +75,7 @@ func TestPoolNamed(t *testing.T) {
 	defer p.Close()
 	link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", p.Fd()))
 	if err != nil {
-		t.Skipf("no /proc/self/fd: %v", err)
+		t.Fatal(err)
 	}
 	if !strings.Contains(link, "memfd:tensorcast-pool-team-a") {
 		t.Fatalf("pool memfd is %q, want its name", link)
@@ -322,9 +323,7 @@ func TestHugepagesOnFailsWithoutPages(t *testing.T) {
 func TestHugepagesReal(t *testing.T) {
 	const path = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"
 	const pages = 4
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to raise vm.nr_hugepages (2 MiB pages)")
-	}
+	testutil.Require(t, testutil.Root) // to raise vm.nr_hugepages
 	old := readSysInt(t, path)
 	if err := os.WriteFile(path, []byte(strconv.Itoa(old+pages)), 0); err != nil {
 		t.Skipf("cannot raise %s: %v", path, err)

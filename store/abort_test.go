@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tensorcast/tensorcast/internal/invariants"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
@@ -250,7 +251,7 @@ func TestReserveAbortLoopLeaksNothing(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	e.s.check(t)
-	if !raceEnabled {
+	if !invariants.RaceEnabled {
 		if a := testing.AllocsPerRun(50, round); a != 0 {
 			t.Errorf("Reserve+Abort: %.1f allocations per round, want 0", a)
 		}

@@ -2,6 +2,8 @@ package store
 
 import (
 	"testing"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // TestHotCallsAllocateNothing: Get (L1 hits) and its Unpin, Reserve and
@@ -9,7 +11,7 @@ import (
 // Put, and Remove allocate nothing per call once the store has grown to its
 // working set (testing.AllocsPerRun).
 func TestHotCallsAllocateNothing(t *testing.T) {
-	if raceEnabled {
+	if invariants.RaceEnabled {
 		t.Skip("skipped: the race detector allocates on its own")
 	}
 	e := newEnv(t, 64<<20)
@@ -96,7 +98,7 @@ func TestHotCallsAllocateNothing(t *testing.T) {
 // L2 allocate nothing per call in the steady state either (the transport
 // here is a synchronous fake, which allocates nothing itself).
 func TestL2PathsAllocateNothing(t *testing.T) {
-	if raceEnabled {
+	if invariants.RaceEnabled {
 		t.Skip("skipped: the race detector allocates on its own")
 	}
 	e := newEnv(t, 64<<20, withL2(64<<20))

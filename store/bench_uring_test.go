@@ -1,11 +1,10 @@
 package store
 
 import (
-	"errors"
 	"os"
 	"testing"
 
-	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // The L2 benchmarks run on a real file through io_uring. The file lives in
@@ -23,12 +22,7 @@ func benchUring(b *testing.B) *uringEnv {
 		dir = b.TempDir()
 	}
 	u, err := openUringPool(dir, 256<<20, Config{L1Capacity: 256 << 20}, FileL2{Size: 1 << 30, RegionSize: 64 << 20})
-	if err != nil {
-		if errors.Is(err, xfer.ErrNotSupported) {
-			b.Skipf("skipped: io_uring is not available here: %v", err)
-		}
-		b.Fatal(err)
-	}
+	testutil.RequireSupported(b, testutil.IOUring, err)
 	b.Cleanup(func() {
 		if err := u.close(); err != nil {
 			b.Error(err)

@@ -14,9 +14,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/uring"
-	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // The kill -9 test runs a real process: this test binary, re-executed with
@@ -95,12 +95,7 @@ func (u *uringEnv) close() error {
 func requireUring(t *testing.T) {
 	t.Helper()
 	tr, err := uring.New(uring.Config{}, nil)
-	if err != nil {
-		if errors.Is(err, xfer.ErrNotSupported) {
-			t.Skipf("skipped: io_uring is not available here: %v", err)
-		}
-		t.Fatal(err)
-	}
+	testutil.RequireSupported(t, testutil.IOUring, err)
 	tr.Close()
 }
 

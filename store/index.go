@@ -3,6 +3,8 @@ package store
 import (
 	"bytes"
 	"sync"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // The index is split into shards; a key's shard is chosen by the top bits
@@ -197,7 +199,7 @@ func (sh *shard) grow() {
 // on the free list. It must be off every list.
 func (sh *shard) remove(idx uint32) {
 	e := sh.ent(idx)
-	if invariants && e.flags&(fInLRU|fInL2LRU|fInDirty) != 0 {
+	if invariants.Enabled && e.flags&(fInLRU|fInL2LRU|fInDirty) != 0 {
 		panic("store: invariant: removing an entry that is still listed")
 	}
 	i := e.hash & sh.mask

@@ -3,6 +3,8 @@ package store
 import (
 	"math/bits"
 	"math/rand/v2"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // The L2 space allocator. The file is the superblock sector followed by
@@ -228,7 +230,7 @@ func (t *tier2) alloc(c int, owner uint64) (slot uint32, opener int32, err error
 func (t *tier2) release(id uint32) {
 	ri, c, j, _ := t.slotAt(id)
 	r := &t.regions[ri]
-	if invariants && (r.owner[j] == noOwner || r.live == 0) {
+	if invariants.Enabled && (r.owner[j] == noOwner || r.live == 0) {
 		panic("store: invariant: L2 slot released twice")
 	}
 	r.owner[j] = noOwner

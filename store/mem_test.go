@@ -5,6 +5,8 @@ import (
 	"flag"
 	"runtime"
 	"testing"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 var memKeys = flag.Int("store.memkeys", 1_000_000, "keys indexed by TestIndexMemoryPerKey (try 10000000)")
@@ -42,7 +44,7 @@ func (s *Store) addL2Only(k []byte, size uint32) {
 //	go test -run TestIndexMemoryPerKey -v ./store/ -store.memkeys=10000000
 func TestIndexMemoryPerKey(t *testing.T) {
 	n := *memKeys
-	if raceEnabled && n > 200_000 {
+	if invariants.RaceEnabled && n > 200_000 {
 		n = 200_000 // the race detector is slow; the figure does not depend on it
 	}
 	const keyLen = 32

@@ -3,6 +3,8 @@ package store
 import (
 	"errors"
 	"sync"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // ref names an entry: its shard, index and generation.
@@ -106,7 +108,7 @@ func (s *Store) unpinEntry(r ref, n uint32) {
 	sh := &s.shards[r.sh]
 	sh.mu.Lock()
 	e := sh.ent(r.idx)
-	if invariants && (e.gen != r.gen || e.pins < n) {
+	if invariants.Enabled && (e.gen != r.gen || e.pins < n) {
 		panic("store: invariant: unpin of an entry that does not carry the pins")
 	}
 	e.pins -= n

@@ -3,6 +3,7 @@ package tcp
 import (
 	"testing"
 
+	"github.com/tensorcast/tensorcast/internal/invariants"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
@@ -37,7 +38,7 @@ func TestSteadyStateAllocations(t *testing.T) {
 		t.Logf("%v: %.1f allocations per request (whole process, both nodes)", op, allocs)
 		// Both nodes run in this process, so the owner's side counts too.
 		limit := 0.0
-		if raceEnabled {
+		if invariants.RaceEnabled {
 			limit = 4
 		}
 		if allocs > limit {

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
@@ -41,12 +42,7 @@ func run(t *testing.T, args ...string) {
 }
 
 func TestCutLinkInNetns(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces (ip netns add)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs the ip command (iproute2) for network namespaces")
-	}
+	testutil.Require(t, testutil.Netns)
 	id := os.Getpid() % 100000
 	nsA, nsB := fmt.Sprintf("tcA%d", id), fmt.Sprintf("tcB%d", id)
 	vA, vB := fmt.Sprintf("tcva%d", id), fmt.Sprintf("tcvb%d", id)
@@ -239,10 +235,7 @@ func netnsClient(cfg Config, log *slog.Logger) int {
 	closeStart := time.Now()
 	n.Close()
 	closeTook := time.Since(closeStart)
-	leak := goleak.Find(
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
-		baseline)
+	leak := testutil.GoroutineLeak(baseline)
 	good := failed > 0 && okCount >= 4 && tail < netnsReqTimout+2*time.Second && closeTook < 5*time.Second && leak == nil
 	fmt.Printf("RESULT ok=%v completed=%d failed=%d last-failure-after=%v close=%v leak=%v\n",
 		good, okCount, failed, tail.Round(time.Millisecond), closeTook.Round(time.Millisecond), leak)

@@ -23,8 +23,9 @@ const (
 )
 
 // pending is one request on the wire, registered in its connection's
-// table until answered. Data requests are pooled: one reference belongs to
-// the frame's write (writer.go), one to whoever ends the request.
+// table until answered. Data requests and notifications are pooled: one
+// reference belongs to the frame's write (writer.go), one to whoever ends
+// the request.
 type pending struct {
 	node     *Node
 	kind     pendKind
@@ -44,6 +45,9 @@ type pending struct {
 	// connection's wmu while queued.
 	iov   [][]byte
 	wnext *pending
+	// meta is a notification's frame metadata, kept across the pool's
+	// reuses.
+	meta []byte
 
 	// open and exchange requests
 	doneCh chan struct{}
@@ -56,11 +60,11 @@ type pending struct {
 func (pd *pending) isData() bool { return pd.kind == pkRead || pd.kind == pkWrite }
 
 func (pd *pending) release() {
-	if pd.refs.Add(-1) != 0 || !pd.isData() {
+	if pd.refs.Add(-1) != 0 || !pd.isData() && pd.kind != pkNotify {
 		return
 	}
-	n := pd.node
-	*pd = pending{node: n}
+	n, meta := pd.node, pd.meta[:0]
+	*pd = pending{node: n, meta: meta}
 	n.pendPool.Put(pd)
 }
 
@@ -72,7 +76,9 @@ func (pd *pending) finish(moved uint64, err error) {
 		pd.release()
 		ts.part(moved, err)
 	case pkNotify:
-		pd.ts.complete(err)
+		ts := pd.ts
+		pd.release()
+		ts.complete(err)
 	case pkOpen, pkExchange:
 		pd.err = err
 		close(pd.doneCh)

@@ -15,21 +15,9 @@ import (
 // acquired segment, or the status to answer with.
 func (c *conn) authorize(tok []byte, need Rights, off uint64, ln uint32) (xfer.MemSegment, uint16, error) {
 	n := c.n
-	now := n.tokenNow()
-	var name string
-	var rights Rights
-	if c.tok.raw != nil && bytes.Equal(tok, c.tok.raw) && now.UnixNano() < c.tok.expiry {
-		name, rights = c.tok.name, c.tok.rights
-	} else {
-		t, err := verifyToken(tok, n.tokKey, n.cfg.DaemonID, n.epoch, 0, now)
-		if err != nil {
-			return nil, stPermission, err
-		}
-		c.tok = tokCache{raw: append(c.tok.raw[:0], tok...), name: t.name, rights: t.rights, expiry: t.expiry}
-		name, rights = t.name, t.rights
-	}
-	if rights&need != need {
-		return nil, stPermission, fmt.Errorf("%w: token grants %v, request needs %v", xfer.ErrPermission, rights, need)
+	name, err := c.checkToken(tok, need)
+	if err != nil {
+		return nil, stPermission, err
 	}
 	seg, err := n.exp.Lookup(name)
 	if err != nil || seg == nil {
@@ -44,6 +32,30 @@ func (c *conn) authorize(tok []byte, need Rights, off uint64, ln uint32) (xfer.M
 		return nil, stInvalid, fmt.Errorf("%w: [%d, +%d) outside %q", xfer.ErrInvalid, off, ln, name)
 	}
 	return seg, stOK, nil
+}
+
+// checkToken verifies a request's token (once per token and connection:
+// c.tok remembers the last one) and returns the segment name it grants
+// need on.
+func (c *conn) checkToken(tok []byte, need Rights) (string, error) {
+	n := c.n
+	now := n.tokenNow()
+	var name string
+	var rights Rights
+	if c.tok.raw != nil && bytes.Equal(tok, c.tok.raw) && now.UnixNano() < c.tok.expiry {
+		name, rights = c.tok.name, c.tok.rights
+	} else {
+		t, err := verifyToken(tok, n.tokKey, n.cfg.DaemonID, n.epoch, 0, now)
+		if err != nil {
+			return "", err
+		}
+		c.tok = tokCache{raw: append(c.tok.raw[:0], tok...), name: t.name, rights: t.rights, expiry: t.expiry}
+		name, rights = t.name, t.rights
+	}
+	if rights&need != need {
+		return "", fmt.Errorf("%w: token grants %v, request needs %v", xfer.ErrPermission, rights, need)
+	}
+	return name, nil
 }
 
 func (c *conn) refusedRequest(what string, err error) {
@@ -124,12 +136,12 @@ func (c *conn) onNotify(h *header, meta []byte) error {
 	}
 	out := header{typ: tNotifyAck, id: h.id}
 	n := c.n
-	t, err := verifyToken(tok, n.tokKey, n.cfg.DaemonID, n.epoch, RightWrite, n.tokenNow())
+	name, err := c.checkToken(tok, RightWrite)
 	if err != nil {
 		c.refusedRequest("notify", err)
 		out.status = stPermission
-	} else if err := n.exp.Deliver(t.name, payload); err != nil {
-		n.log.Warn("notification not delivered", append(c.logger(), "segment", t.name, "err", err)...)
+	} else if err := n.exp.Deliver(name, payload); err != nil {
+		n.log.Warn("notification not delivered", append(c.logger(), "segment", name, "err", err)...)
 		out.status = stFailed
 	}
 	c.writeFrame(&out, nil)

@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -11,38 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
-func TestMain(m *testing.M) {
-	if role := os.Getenv(netnsRoleEnv); role != "" {
-		os.Exit(netnsChild(role))
-	}
-	testutil.WarmFDs()
-	before := testutil.OpenFDs()
-	code := m.Run()
-	if code == 0 {
-		// Listeners, connections and the event loops' epolls are fds.
-		for _, l := range before.Leaked() {
-			fmt.Fprintf(os.Stderr, "descriptor leak: %s\n", l)
-			code = 1
-		}
-		// gnet's package-level worker pool starts two goroutines at
-		// program init that live as long as the process; everything else
-		// must be gone.
-		if err := goleak.Find(
-			goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-			goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock")); err != nil {
-			fmt.Fprintf(os.Stderr, "goroutine leak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testutil.Main(m, testutil.Child(netnsRoleEnv, netnsChild)) }
 
 func TestKeyFileAndConfig(t *testing.T) {
 	dir := t.TempDir()

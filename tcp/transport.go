@@ -195,6 +195,47 @@ func (n *Node) dispatch(t *xfer.Task) {
 	ts.n, ts.t, ts.r, ts.op, ts.toff = n, t, r, q.Op, q.TargetOffset
 	ts.local = lb[q.LocalOffset : q.LocalOffset+q.Length]
 	ts.notify = t.Notify
+	n.start(ts)
+}
+
+// Notify takes t, whose target is a remote segment of this node and whose
+// moved bytes another transport already placed there (an RDMA WRITE), and
+// sends only its notification (t.Notify), as a notified WRITE's follows its
+// data: t ends on the owner's ACK with moved, on a negative ACK with
+// ErrNotifyRejected, with no ACK by its deadline with xfer.ErrTimeout, on a
+// broken connection with ErrConnLost. Like Submit it never blocks (a peer
+// without a session waits in its queue while the pump dials) and ends t
+// exactly once, possibly before it returns; with the node's pools warm it
+// allocates nothing.
+func (n *Node) Notify(t *xfer.Task, moved uint64) {
+	n.active.Add(1)
+	if n.closed.Load() {
+		n.fail(t, xfer.ErrClosed)
+		return
+	}
+	r, ok := t.Target.(*Remote)
+	switch {
+	case !ok || r == nil || r.node != n:
+		n.fail(t, fmt.Errorf("%w: target is not a remote segment of this node", xfer.ErrInvalid))
+		return
+	case t.Req.Op != xfer.OpWrite || t.Notify == nil || len(t.Notify) > MaxNotify:
+		n.fail(t, fmt.Errorf("%w: a notification (at most %d bytes, this one %d) rides only on a WRITE",
+			xfer.ErrInvalid, MaxNotify, len(t.Notify)))
+		return
+	case r.rights&RightWrite == 0:
+		n.fail(t, fmt.Errorf("%w: %s/%s opened with rights %v", xfer.ErrPermission, r.peer.id, r.name, r.rights))
+		return
+	}
+	ts := n.taskPool.Get().(*taskState)
+	ts.n, ts.t, ts.r, ts.op, ts.toff = n, t, r, xfer.OpWrite, t.Req.TargetOffset
+	ts.notify = t.Notify
+	ts.moved.Store(moved)
+	n.start(ts) // nothing to send: the notification goes once a session takes it
+}
+
+// start sends ts, or queues it behind its peer's queue or for a session.
+func (n *Node) start(ts *taskState) {
+	t, r := ts.t, ts.r
 	if t.Deadline.IsZero() {
 		ts.deadline = time.Now().Add(n.cfg.RequestTimeout).UnixNano()
 	} else {
@@ -357,17 +398,19 @@ func (n *Node) sendNotify(ts *taskState) error {
 		return fmt.Errorf("%w: notification deadline passed before the data landed", xfer.ErrTimeout)
 	}
 	tok := ts.r.cred.Load().token
-	meta := make([]byte, 0, 2+len(tok)+len(ts.notify))
-	meta = binary.LittleEndian.AppendUint16(meta, uint16(len(tok)))
-	meta = append(append(meta, tok...), ts.notify...)
-	pd := &pending{node: n, kind: pkNotify, ts: ts, deadline: ts.deadline}
+	pd := n.pendPool.Get().(*pending)
+	pd.kind, pd.ts, pd.deadline = pkNotify, ts, ts.deadline
+	pd.meta = binary.LittleEndian.AppendUint16(pd.meta[:0], uint16(len(tok)))
+	pd.meta = append(append(pd.meta, tok...), ts.notify...)
 	pd.refs.Store(2)
 	c, err := n.register(ts.r.peer, pd)
 	if err != nil {
+		pd.refs.Store(1)
+		pd.release()
 		return err
 	}
-	putHeader(pd.hdr[:], &header{typ: tNotify, id: pd.id, metaLen: uint16(len(meta))})
-	pd.bufs[0], pd.bufs[1] = pd.hdr[:], meta
+	putHeader(pd.hdr[:], &header{typ: tNotify, id: pd.id, metaLen: uint16(len(pd.meta))})
+	pd.bufs[0], pd.bufs[1] = pd.hdr[:], pd.meta
 	c.send(pd, 2)
 	return nil
 }

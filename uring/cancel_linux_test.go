@@ -103,9 +103,7 @@ func TestCancelInKernel(t *testing.T) {
 // them, ends each with ErrClosed and returns well before DrainTimeout.
 func TestCloseCancelsInKernel(t *testing.T) {
 	tr, err := New(Config{DrainTimeout: 20 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	testutil.RequireSupported(t, testutil.IOUring, err)
 	f := pipeFile(t, tr)
 	pool := newMemSeg(t, 2, 1<<20)
 	rec := newRecorder()
@@ -136,9 +134,7 @@ func TestCloseCancelsInKernel(t *testing.T) {
 // is what a device that ignores cancels looks like).
 func TestCloseDrainTimeout(t *testing.T) {
 	tr, err := New(Config{DrainTimeout: 200 * time.Millisecond, hooks: &testHooks{noDrainCancel: true}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	testutil.RequireSupported(t, testutil.IOUring, err)
 	rec, task := parkedRead(t, tr)
 	start := time.Now()
 	if err := tr.Close(); err != nil {

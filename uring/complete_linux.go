@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/invariants"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -35,7 +36,7 @@ func (r *ring) flushFinished() {
 	for i := range r.fin {
 		idx := r.fin[i].idx
 		s := &r.slots[idx]
-		if invariants && (s.task == nil || s.inKernel || len(r.free) >= len(r.slots)) {
+		if invariants.Enabled && (s.task == nil || s.inKernel || len(r.free) >= len(r.slots)) {
 			panic(fmt.Sprintf("uring invariant: freeing slot %d twice or while in the kernel", idx))
 		}
 		s.task = nil
@@ -70,14 +71,18 @@ func (r *ring) complete(c *CQE, draining bool) {
 	case c.UserData == udCancel:
 		return
 	}
-	ud := c.UserData &^ TracedUserData
-	if ud >= uint64(len(r.slots)) {
+	ui, gen := refSlot(c.UserData &^ TracedUserData)
+	if ui >= uint64(len(r.slots)) {
 		return
 	}
-	idx := int32(ud)
+	idx := int32(ui)
 	s := &r.slots[idx]
+	if !s.current(gen) {
+		// For a task the slot held before: never the one it holds now.
+		return
+	}
 	if !s.inKernel {
-		if invariants {
+		if invariants.Enabled {
 			panic(fmt.Sprintf("uring invariant: completion for slot %d that is not in the kernel", idx))
 		}
 		return

@@ -28,7 +28,10 @@
 // the ring's index in the transport in the high 32 bits, the slot's index
 // in that ring's slot table in the low 32. Submit writes it when it takes
 // the slot; Cancel decodes it and acts only if that slot still holds the
-// task (it may have completed and been reused).
+// task (it may have completed and been reused). A data SQE's user_data is
+// the slot's index and its generation (bumped each time the slot takes a
+// task), and Cancel records the generation too: a completion or a cancel
+// meant for a slot's earlier task never reaches the one it holds now.
 //
 // Only Linux has io_uring; elsewhere New returns an error matching
 // xfer.ErrNotSupported.

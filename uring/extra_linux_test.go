@@ -64,12 +64,12 @@ func TestZeroAllocs(t *testing.T) {
 // TestDirectRefused: a file system without O_DIRECT fails at OpenFile, not
 // per request. ramfs never has O_DIRECT; tmpfs has it since Linux 6.6.
 func TestDirectRefused(t *testing.T) {
-	requireRoot(t)
+	testutil.Require(t, testutil.Mount)
 	for _, fstype := range []string{"ramfs", "tmpfs"} {
 		t.Run(fstype, func(t *testing.T) {
 			dir := t.TempDir()
 			if err := unix.Mount("none", dir, fstype, 0, ""); err != nil {
-				t.Skipf("skipped: mount -t %s failed: %v", fstype, err)
+				testutil.Missing(t, testutil.Mount, "mount -t %s failed: %v", fstype, err)
 			}
 			defer unix.Unmount(dir, unix.MNT_DETACH)
 			tr := newTransport(t, Config{AllowedDirs: []string{dir}})
@@ -139,7 +139,7 @@ func TestENOSPC(t *testing.T) {
 // O_DIRECT at its logical block size; the same device reached through a
 // symlink in an allowed directory, or not listed, is refused.
 func TestBlockDevice(t *testing.T) {
-	requireRoot(t, "losetup")
+	testutil.Require(t, testutil.Mount)
 	base := t.TempDir()
 	img := filepath.Join(base, "dev.img")
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
@@ -150,7 +150,7 @@ func TestBlockDevice(t *testing.T) {
 	}
 	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on", img).CombinedOutput()
 	if err != nil {
-		t.Skipf("skipped: losetup could not attach a loop device: %v %s", err, out)
+		testutil.Missing(t, testutil.Mount, "losetup could not attach a loop device: %v %s", err, out)
 	}
 	dev := strings.TrimSpace(string(out))
 	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })

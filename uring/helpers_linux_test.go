@@ -5,12 +5,9 @@ package uring
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
@@ -21,22 +18,7 @@ import (
 // TestMain checks that the package's tests leak no goroutine, descriptor or
 // ring.
 func TestMain(m *testing.M) {
-	probe() // the cached probe is process-wide, not a leak
-	testutil.WarmFDs()
-	before := testutil.OpenFDs()
-	code := m.Run()
-	if code == 0 {
-		if leaked := before.Leaked(); len(leaked) > 0 {
-			fmt.Fprintf(os.Stderr, "descriptor leak (io_uring instances show as anon_inode:[io_uring]):\n  %s\n",
-				strings.Join(leaked, "\n  "))
-			code = 1
-		}
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goroutine leak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testutil.Main(m, testutil.Warm(func() { probe() })) // the cached probe is process-wide, not a leak
 }
 
 // newMemSeg returns the shared counting segment over anonymous,
@@ -82,9 +64,7 @@ func newTransport(t testing.TB, cfg Config) *Transport {
 		cfg.AllowedDirs = []string{t.TempDir()}
 	}
 	tr, err := New(cfg, nil)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
+	testutil.RequireSupported(t, testutil.IOUring, err)
 	t.Cleanup(func() { tr.Close() })
 	return tr
 }
@@ -103,18 +83,6 @@ func runOne(t testing.TB, tr *Transport, rec *xfertest.Recorder, task *xfer.Task
 		t.Fatalf("task ended %d times", calls)
 	}
 	return moved, terr
-}
-
-func requireRoot(t *testing.T, tools ...string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: needs root (uid 0) for mount/losetup")
-	}
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipped: %s not installed (package e2fsprogs/util-linux)", tool)
-		}
-	}
 }
 
 // fdOpen reports whether f's descriptor still refers to f's path.

@@ -26,10 +26,10 @@ import (
 // ring.mu and queues it; from then on only the poller touches the fields
 // above task, until the slot is freed again under ring.mu.
 type slot struct {
-	addr      uintptr // memory address of the request's first byte
-	localBase uintptr // base of the local segment's mapping
-	localID   xfer.SegmentID
-	off       uint64 // file offset of the request's first byte
+	addr      uintptr    // memory address of the request's first byte
+	localBase uintptr    // base of the local segment's mapping
+	regs      *xfer.Regs // the local segment's registrations, or nil
+	off       uint64     // file offset of the request's first byte
 	total     uint64
 	done      uint64
 	fd        int32 // file descriptor, or fixed-file index when fixedFile
@@ -38,6 +38,12 @@ type slot struct {
 	retries   uint8
 	inKernel  bool   // an SQE for it is in the kernel
 	ud        uint64 // that SQE's user_data (what a cancel names)
+
+	// gen counts the tasks the slot has held; it is in every user_data
+	// and cancel of the slot's task, so that a completion or a cancel
+	// meant for an earlier task never reaches a later one. Submit bumps it
+	// under ring.mu when it fills the slot; the poller reads it.
+	gen atomic.Uint32
 
 	canceled atomic.Bool // set by Cancel; read by the poller
 	// guarded by ring.mu:
@@ -95,9 +101,9 @@ type ring struct {
 
 	// mu guards the fields below, and slot.task/cancelQueued.
 	mu       sync.Mutex
-	free     []int32 // free slot indices (stack)
-	pending  []int32 // slots queued by Submit for the poller
-	cancels  []int32 // slots Cancel asked about
+	free     []int32  // free slot indices (stack)
+	pending  []int32  // slots queued by Submit for the poller
+	cancels  []uint64 // slots Cancel asked about: cancelRef
 	cmds     []*command
 	sleeping bool // the poller is (about to be) waiting in the kernel
 	wakeSent bool // an eventfd wake-up is outstanding
@@ -107,7 +113,7 @@ type ring struct {
 	// poller-only:
 	raw       *rawRing
 	work      []int32
-	cwork     []int32
+	cwork     []uint64
 	resub     []int32
 	cqes      []CQE
 	fin       []finished
@@ -130,8 +136,8 @@ func newRing(t *Transport, id int, flags uint32) *ring {
 		t: t, id: id, flags: flags, efd: -1,
 		stop: make(chan struct{}), room: make(chan struct{}, 1), exited: make(chan struct{}),
 		slots: make([]slot, n),
-		free:  make([]int32, 0, n), pending: make([]int32, 0, n), cancels: make([]int32, 0, n),
-		work: make([]int32, 0, n), cwork: make([]int32, 0, n), resub: make([]int32, 0, n),
+		free:  make([]int32, 0, n), pending: make([]int32, 0, n), cancels: make([]uint64, 0, n),
+		work: make([]int32, 0, n), cwork: make([]uint64, 0, n), resub: make([]int32, 0, n),
 		cqes: make([]CQE, t.cfg.Batch), fin: make([]finished, 0, n),
 	}
 	for i := n - 1; i >= 0; i-- {
@@ -151,17 +157,38 @@ func (r *ring) traceGap() uint32 {
 	return uint32(1 + rand.Uint64N(2*every-1))
 }
 
+// user_data of a data SQE: the slot's index in the low 32 bits, the low
+// 24 bits of its generation above them, and TracedUserData when traced.
+const (
+	udGenShift = 32
+	udGenMask  = 1<<24 - 1
+)
+
+// slotRef is slot idx at generation gen, as user_data and cancels name it.
+func slotRef(idx int32, gen uint32) uint64 {
+	return uint64(gen&udGenMask)<<udGenShift | uint64(uint32(idx))
+}
+
+// refSlot splits a slotRef (user_data without TracedUserData).
+func refSlot(ref uint64) (idx uint64, gen uint32) {
+	return ref & 0xffffffff, uint32(ref>>udGenShift) & udGenMask
+}
+
+// current reports whether ref names the task slot s holds now.
+func (s *slot) current(gen uint32) bool { return s.gen.Load()&udGenMask == gen }
+
 // userData is the user_data of slot idx's next SQE.
 func (r *ring) userData(idx int32) uint64 {
+	ud := slotRef(idx, r.slots[idx].gen.Load())
 	if r.traceIn == 0 {
-		return uint64(idx)
+		return ud
 	}
 	if r.traceIn--; r.traceIn > 0 {
-		return uint64(idx)
+		return ud
 	}
 	r.traceIn = r.traceGap()
 	r.nTraced.Add(1)
-	return uint64(idx) | TracedUserData
+	return ud | TracedUserData
 }
 
 // run is the poller. It locks itself to its OS thread for its whole life:
@@ -370,8 +397,11 @@ func (r *ring) loop() {
 				}
 			}
 		} else {
-			for _, idx := range r.cwork {
-				if !r.slots[idx].inKernel {
+			for _, ref := range r.cwork {
+				idx, gen := refSlot(ref)
+				// A slot that moved on to another task since: its
+				// canceled task ended, and the cancel with it.
+				if s := &r.slots[idx]; !s.inKernel || !s.current(gen) {
 					continue
 				}
 				e := r.raw.getSQE()

@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // rawRing is one io_uring instance: the ring fd and the three shared
@@ -131,7 +133,7 @@ func (r *rawRing) close() error {
 func (r *rawRing) sqSpace() uint32 {
 	// atomic: the kernel advances the SQ head as it consumes entries.
 	used := r.sqLocal - atomic.LoadUint32(r.sqHead)
-	if invariants && used > r.sqEntries {
+	if invariants.Enabled && used > r.sqEntries {
 		panic(fmt.Sprintf("uring invariant: %d SQEs queued in a ring of %d", used, r.sqEntries))
 	}
 	return r.sqEntries - used
@@ -171,7 +173,7 @@ func (r *rawRing) Reap(cqes []CQE) int {
 	// load acquires the entries up to it.
 	head := atomic.LoadUint32(r.cqHead)
 	tail := atomic.LoadUint32(r.cqTail)
-	if invariants && tail-head > uint32(len(r.cqes)) {
+	if invariants.Enabled && tail-head > uint32(len(r.cqes)) {
 		panic(fmt.Sprintf("uring invariant: CQ head %d tail %d exceed %d entries", head, tail, len(r.cqes)))
 	}
 	n := 0

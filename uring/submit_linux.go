@@ -16,7 +16,7 @@ import (
 // prepared is a validated task, ready to fill a slot.
 type prepared struct {
 	addr, base uintptr
-	localID    xfer.SegmentID
+	regs       *xfer.Regs
 	off, total uint64
 	fd         int32
 	fixedFile  bool
@@ -72,7 +72,7 @@ func (t *Transport) resolve(task *xfer.Task, p *prepared) error {
 			return fmt.Errorf("%w: memory address %#x is not a multiple of %d", ErrMisaligned, p.addr, ma)
 		}
 	}
-	p.localID = local.ID()
+	p.regs = xfer.RegsOf(local)
 	p.off = req.TargetOffset
 	p.total = req.Length
 	if f.fixed >= 0 {
@@ -137,10 +137,11 @@ func (r *ring) submit(tasks []*xfer.Task) (int, error) {
 		idx := r.free[len(r.free)-1]
 		r.free = r.free[:len(r.free)-1]
 		s := &r.slots[idx]
-		s.addr, s.localBase, s.localID = p.addr, p.base, p.localID
+		s.addr, s.localBase, s.regs = p.addr, p.base, p.regs
 		s.off, s.total, s.done = p.off, p.total, 0
 		s.fd, s.fixedFile, s.op = p.fd, p.fixedFile, p.op
 		s.retries, s.inKernel = 0, false
+		s.gen.Add(1)
 		s.task = task
 		task.Tag = uint64(r.id)<<32 | uint64(idx)
 		r.pending = append(r.pending, idx)
@@ -202,8 +203,11 @@ func (r *ring) prepIO(idx int32) bool {
 	}
 	e.off = s.off + s.done
 	e.addr = uint64(addr)
-	if tab := r.t.bufTab.Load(); len(tab.m) > 0 {
-		if be, ok := tab.m[s.localID]; ok && be.base == s.localBase {
+	if s.regs != nil {
+		// The segment's slot, read here on the poller: a registration
+		// taken back is out of the slot before the commands that clear
+		// its entries reach this ring.
+		if be, ok := s.regs.Load(xfer.SlotURing).(*bufEntry); ok && be.t == r.t && be.base == s.localBase {
 			rel := uint64(addr - be.base)
 			chunk := rel / bufChunk
 			if end := (chunk + 1) * bufChunk; rel+n > end {

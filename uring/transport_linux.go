@@ -35,7 +35,7 @@ const (
 // TracedUserData is the bit a data SQE's user_data carries when the ring
 // picked it for the kernel-side latency view (Config.TraceEvery; package
 // ktrace times only the requests that carry it). The rest of user_data is
-// the slot index; the wake-up and cancel SQEs never carry it.
+// the slot and its generation; the wake-up and cancel SQEs never carry it.
 const TracedUserData = 1 << 60
 
 // Transport is the io_uring xfer.Transport. Create it with New; it is safe
@@ -57,16 +57,16 @@ type Transport struct {
 
 	fixedBufs  atomic.Bool
 	fixedFiles atomic.Bool
-	// bufTab maps a registered memory segment to its fixed-buffer indices.
-	// Copy-on-write: the poller reads it without locks.
-	bufTab atomic.Pointer[bufTable]
-
-	// regMu guards bufFree and warnedBufs and serializes buffer
-	// registration; it is held while waiting for pollers, so a poller
-	// never takes it.
+	// regMu guards warnedBufs and serializes buffer registration; it is
+	// held while waiting for pollers, so a poller never takes it.
 	regMu      sync.Mutex
-	bufFree    []uint16
 	warnedBufs bool
+	// bufMu guards the fields below; it is never held while waiting for a
+	// poller (pollers take it when a segment's teardown freed entries).
+	// The poller reads a segment's registration from its slot, not here.
+	bufMu   sync.Mutex
+	bufFree []uint16
+	bufs    map[*bufEntry]struct{} // the registrations in segments' slots
 
 	// fileMu guards the fields below; it is never held while waiting for
 	// a poller (pollers take it when a file's last reference goes).
@@ -121,7 +121,7 @@ func New(cfg Config, log *slog.Logger) (*Transport, error) {
 	for i := cfg.MaxFixedFiles - 1; i >= 0; i-- {
 		t.fileFree = append(t.fileFree, int32(i))
 	}
-	t.bufTab.Store(&bufTable{m: map[xfer.SegmentID]bufEntry{}})
+	t.bufs = make(map[*bufEntry]struct{})
 
 	for i := 0; i < cfg.Rings; i++ {
 		r := newRing(t, i, flags)
@@ -308,7 +308,7 @@ func (t *Transport) Cancel(task *xfer.Task) {
 	if s.task == task && !s.cancelQueued {
 		s.cancelQueued = true
 		s.canceled.Store(true)
-		r.cancels = append(r.cancels, int32(si))
+		r.cancels = append(r.cancels, slotRef(int32(si), s.gen.Load()))
 		wake = r.wakeLocked()
 	}
 	r.mu.Unlock()
@@ -325,6 +325,7 @@ func (t *Transport) Cancel(task *xfer.Task) {
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		t.closed.Store(true)
+		t.dropBuffers()
 		for _, r := range t.rings {
 			r.mu.Lock()
 			r.closing = true

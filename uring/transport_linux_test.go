@@ -120,7 +120,7 @@ func TestIntegrityModes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !tc.need {
-				t.Skipf("skipped: kernel lacks the setup flags for %s", tc.name)
+				testutil.Missing(t, testutil.IOUring, "the kernel lacks the setup flags for %s", tc.name)
 			}
 			tr := integrity(t, tc.cfg, true, true, 20)
 			f := tr.Features()
@@ -323,9 +323,7 @@ func TestQueueFullBound(t *testing.T) {
 func TestCloseInFlight(t *testing.T) {
 	dir := t.TempDir()
 	tr, err := New(Config{AllowedDirs: []string{dir}, Entries: 512, DrainTimeout: 5 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	testutil.RequireSupported(t, testutil.IOUring, err)
 	f, err := tr.OpenFile(1, filepath.Join(dir, "f"), FileOptions{Direct: true, Size: 64 << 20, Create: true})
 	if err != nil {
 		t.Fatal(err)
@@ -654,13 +652,13 @@ func TestRegistrationFallback(t *testing.T) {
 	if err := tr2.RegisterBuffers(a, b); err != nil {
 		t.Fatal(err)
 	}
-	if len(tr2.bufTab.Load().m) != 1 {
-		t.Fatalf("want 1 registered segment, have %d", len(tr2.bufTab.Load().m))
+	if tr2.registered() != 1 {
+		t.Fatalf("want 1 registered segment, have %d", tr2.registered())
 	}
 	if err := tr2.UnregisterBuffers(5); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr2.RegisterBuffers(b); err != nil || len(tr2.bufTab.Load().m) != 1 {
+	if err := tr2.RegisterBuffers(b); err != nil || tr2.registered() != 1 {
 		t.Fatalf("re-register after unregister: %v", err)
 	}
 }
@@ -710,5 +708,78 @@ func TestFeatures(t *testing.T) {
 	}
 	if len(tr.Stats()) != 1 || tr.Name() != "uring" {
 		t.Fatalf("stats %+v", tr.Stats())
+	}
+}
+
+// TestBufferRegistrationOnSegment: a fixed-buffer registration lives in
+// the segment's io_uring slot: one transport holds it (another uses plain
+// READ/WRITE on that segment), the segment's teardown frees its table
+// entries for the next segment, and Close hands the slot back.
+func TestBufferRegistrationOnSegment(t *testing.T) {
+	dir := t.TempDir()
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}, MaxFixedBuffers: 1})
+	if !tr.Features().FixedBuffers {
+		t.Skip("the kernel has no fixed buffers (READ_FIXED/WRITE_FIXED)")
+	}
+	f := openTestFile(t, tr, dir, true, 1<<20)
+	a, b := newMemSeg(t, 5, 1<<20), newMemSeg(t, 6, 1<<20)
+	if err := tr.RegisterBuffers(a); err != nil || tr.registered() != 1 {
+		t.Fatalf("RegisterBuffers: %v, %d registered", err, tr.registered())
+	}
+	e, ok := a.Regs().Load(xfer.SlotURing).(*bufEntry)
+	if !ok || e.t != tr {
+		t.Fatal("the registration is not in the segment's slot")
+	}
+	rec := newRecorder()
+	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpWrite, a, 0, f, 0, 8192)); err != nil || n != 8192 {
+		t.Fatalf("write: %d %v", n, err)
+	}
+	if st := tr.Stats()[0]; st.Fixed == 0 {
+		t.Fatalf("a registered segment's write used no fixed buffer: %+v", st)
+	}
+
+	// Another transport finds the slot taken: plain READ/WRITE there.
+	tr2 := newTransport(t, Config{AllowedDirs: []string{dir}})
+	f2 := openTestFile(t, tr2, dir, true, 1<<20)
+	if err := tr2.RegisterBuffers(a); err != nil || tr2.registered() != 0 {
+		t.Fatalf("second transport: %v, %d registered", err, tr2.registered())
+	}
+	if n, err := runOne(t, tr2, rec, newTask(rec, xfer.OpWrite, a, 0, f2, 0, 8192)); err != nil || n != 8192 {
+		t.Fatalf("write on the second transport: %d %v", n, err)
+	}
+	if st := tr2.Stats()[0]; st.Fixed != 0 {
+		t.Fatalf("the second transport used the first one's fixed buffer: %+v", st)
+	}
+
+	// The segment's teardown releases its entry: b gets it.
+	a.Regs().Teardown()
+	if tr.registered() != 0 || a.Regs().Load(xfer.SlotURing) != nil {
+		t.Fatal("the torn-down segment is still registered")
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		tr.bufMu.Lock()
+		defer tr.bufMu.Unlock()
+		return len(tr.bufFree) == 1
+	}, "the torn-down segment's table entry freed")
+	if err := tr.RegisterBuffers(b); err != nil || tr.registered() != 1 || b.Regs().Load(xfer.SlotURing) == nil {
+		t.Fatalf("registering b in the freed entry: %v, %d registered", err, tr.registered())
+	}
+	before := tr.Stats()[0].Fixed
+	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, b, 0, f, 0, 8192)); err != nil || n != 8192 {
+		t.Fatalf("read into b: %d %v", n, err)
+	}
+	if tr.Stats()[0].Fixed == before {
+		t.Fatal("b's read used no fixed buffer")
+	}
+
+	// Close hands b's slot back: tr2 registers it.
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if b.Regs().Load(xfer.SlotURing) != nil {
+		t.Fatal("a closed transport kept the segment's slot")
+	}
+	if err := tr2.RegisterBuffers(b); err != nil || tr2.registered() != 1 {
+		t.Fatalf("registering b after the first transport closed: %v, %d registered", err, tr2.registered())
 	}
 }

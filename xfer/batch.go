@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // Engine-internal task states. Status reports all three as StatePending.
@@ -332,7 +334,7 @@ func (b *batch) dispatch(tr Transport, grp []*Task, start int64) bool {
 		}
 		t.state.Store(uint32(stateDispatching))
 	}
-	if v := b.cnt[StateWaiting].Add(-int64(len(grp))); invariants && v < 0 {
+	if v := b.cnt[StateWaiting].Add(-int64(len(grp))); invariants.Enabled && v < 0 {
 		panic("xfer: invariant: waiting task count below zero")
 	}
 	b.cnt[StatePending].Add(int64(len(grp)))
@@ -359,13 +361,13 @@ func (b *batch) dispatch(tr Transport, grp []*Task, start int64) bool {
 // n), updating the counters and waking waiters when the batch goes idle.
 // It reports false when another party ended t first.
 func (b *batch) end(t *Task, from, to State, err error, n uint64) bool {
-	if invariants && !to.Terminal() {
+	if invariants.Enabled && !to.Terminal() {
 		panic("xfer: invariant: end to a live state")
 	}
 	if !t.finish(from, to, err, n) {
 		return false
 	}
-	if v := b.cnt[StatePending].Add(-1); invariants && v < 0 {
+	if v := b.cnt[StatePending].Add(-1); invariants.Enabled && v < 0 {
 		panic("xfer: invariant: pending task count below zero")
 	}
 	b.cnt[to].Add(1)
@@ -374,7 +376,7 @@ func (b *batch) end(t *Task, from, to State, err error, n uint64) bool {
 	}
 	if v := b.live.Add(-1); v == 0 {
 		b.wakeWaiters()
-	} else if invariants && v < 0 {
+	} else if invariants.Enabled && v < 0 {
 		panic("xfer: invariant: live task count below zero")
 	}
 	return true
@@ -448,7 +450,7 @@ func (b *batch) TaskDone(t *Task, n uint64, err error) {
 	v := b.owed.Add(-1)
 	if v == freedBit {
 		b.e.recycle(b)
-	} else if invariants && v&(freedBit-1) > freedBit/2 {
+	} else if invariants.Enabled && v&(freedBit-1) > freedBit/2 {
 		panic("xfer: invariant: owed Done count below zero")
 	}
 }

@@ -12,16 +12,13 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/tensorcast/tensorcast/internal/invariants"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 func TestRegistry(t *testing.T) {
 	r := xfer.NewRegistry()
@@ -1003,7 +1000,7 @@ func TestSleepingWaitAllocs(t *testing.T) {
 		// The race detector makes sync.Pool drop a share of what is put
 		// back, so there a pooled timer is sometimes made anew.
 		limit := 0.0
-		if raceEnabled {
+		if invariants.RaceEnabled {
 			limit = 1
 		}
 		if a := testing.AllocsPerRun(50, run); a > limit {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/invariants"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
@@ -25,7 +26,7 @@ func fill(b []byte, seed uint64) {
 func TestLocalCopyExact(t *testing.T) {
 	segSize := 2<<20 + 8192
 	sizes := []uint64{1, 7, 4095, 4096, 4097, 65536, 256<<10 - 1, 256 << 10, 256<<10 + 1, 1<<20 + 13, 2<<20 + 5}
-	if raceEnabled {
+	if invariants.RaceEnabled {
 		// Still splits on the worker path (64 KiB chunks); the larger
 		// sizes run without -race.
 		segSize = 256<<10 + 8192
@@ -187,7 +188,7 @@ func ExampleEngine() {
 func TestLocalAllocs(t *testing.T) {
 	for _, cfg := range []xfer.LocalConfig{{}, {InlineBytes: -1, ChunkBytes: 4096}} {
 		limit := 0.0
-		if raceEnabled {
+		if invariants.RaceEnabled {
 			limit = 1 // sync.Pool drops some of what Wait puts back
 		}
 		l := xfer.NewLocal(cfg, nil)

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/invariants"
 	"github.com/tensorcast/tensorcast/internal/loghist"
 )
 
@@ -400,7 +401,7 @@ func (e *Engine) TransportStats() []TransportStats {
 		st.Requests = done[i] + inline
 		if dispatched >= st.Requests {
 			st.InFlight = dispatched - st.Requests
-		} else if invariants {
+		} else if invariants.Enabled {
 			panic("xfer: invariant: a transport ended more tasks than it was given")
 		}
 	}

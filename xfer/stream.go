@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // StreamRequest is one request of a Stream: the transfer, the caller's name
@@ -357,7 +359,7 @@ func (s *Stream) unref(t *Task) {
 	if v > 0 {
 		return
 	}
-	if invariants && v < 0 {
+	if invariants.Enabled && v < 0 {
 		panic("xfer: invariant: stream slot references below zero")
 	}
 	s.recycle(t.slot)

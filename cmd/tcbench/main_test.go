@@ -9,10 +9,10 @@ import (
 	"testing"
 
 	"github.com/tensorcast/tensorcast/bench"
-	"go.uber.org/goleak"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 func TestRunJSONAndSummarize(t *testing.T) {
 	dir := t.TempDir()

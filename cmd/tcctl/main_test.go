@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/daemon"
@@ -22,14 +20,7 @@ import (
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
-func TestMain(m *testing.M) {
-	// The peer plane's event-loop library (in the daemon the rdma tests
-	// run) starts its worker pool's housekeeping goroutines at package
-	// init; they live for the process.
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"))
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 func startDaemon(t *testing.T) string { return startDaemonWith(t, nil) }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/daemon"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -135,9 +136,7 @@ func startMetricsDaemon(t *testing.T) (string, string) {
 // through the daemon, and checks from the screen that the transport row
 // appears with a rate and that the frame is redrawn in place.
 func TestTopUnderTmux(t *testing.T) {
-	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Skip("tmux not installed (Debian package tmux; scripts/deps.sh test)")
-	}
+	testutil.Command(t, "tmux", "tmux")
 	sock, maddr := startMetricsDaemon(t)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "tcctl")

@@ -443,10 +443,14 @@ func (d *Dir) watch(rev int64) {
 		// header (a live event, or a progress notification, which etcd
 		// sends only to a watch that has caught up) refreshes the cache's
 		// age.
+		// Only then is the directory up again: a catch-up batch says etcd
+		// answers, not that the cache is current, and calling that up
+		// would let the prober find the cache still past its budget and
+		// declare a second outage within the same recovery.
 		if caughtUp(len(resp.Events), last, resp.Header.Revision) {
 			d.cache.Synced(resp.Header.Revision)
+			d.reachable()
 		}
-		d.reachable()
 	}
 }
 

@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // Binary is where Debian's etcd-server installs etcd.
@@ -62,7 +64,8 @@ func (s *syncBuffer) String() string {
 }
 
 // Start runs etcd until the test ends. It skips the test, saying what is
-// missing, when the etcd binary is not installed.
+// missing, when the etcd binary is not installed (fails it where
+// testutil.ProvidesEnv lists etcd).
 func Start(t testing.TB) *Server { return start(t, false) }
 
 // StartTLS is Start with etcd serving https and asking for client
@@ -72,7 +75,7 @@ func StartTLS(t testing.TB) *Server { return start(t, true) }
 func start(t testing.TB, withTLS bool) *Server {
 	t.Helper()
 	if _, err := os.Stat(Binary); err != nil {
-		t.Skipf("etcd is not installed (%s: %v): apt-get install etcd-server, or scripts/deps.sh test", Binary, err)
+		testutil.Missing(t, testutil.Etcd, "etcd is not installed (%s: %v): apt-get install etcd-server, or scripts/deps.sh test", Binary, err)
 	}
 	s := &Server{t: t, dataDir: filepath.Join(dataRoot(t), "etcd")}
 	scheme := "http"

@@ -15,17 +15,11 @@ import (
 // MountSmallExt4 mounts a 16 MiB ext4 file system (no journal) on a loop
 // device for the rest of t and returns its mount point: the file system
 // the tests of a full disk fill. Without root, the tools or a loop device
-// it skips t, naming what is missing.
+// it skips t, naming what is missing, or fails it where ProvidesEnv lists
+// Mount.
 func MountSmallExt4(t testing.TB) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: needs root (uid 0) for losetup and mount")
-	}
-	for _, tool := range []string{"mkfs.ext4", "losetup", "truncate"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipped: %s not installed (packages e2fsprogs, util-linux, coreutils)", tool)
-		}
-	}
+	Require(t, Mount)
 	base := t.TempDir()
 	img, mnt := filepath.Join(base, "fs.img"), filepath.Join(base, "mnt")
 	if err := os.Mkdir(mnt, 0o700); err != nil {
@@ -43,7 +37,7 @@ func MountSmallExt4(t testing.TB) string {
 	loop := strings.TrimSpace(run("losetup", "--find", "--show", img))
 	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
 	if err := unix.Mount(loop, mnt, "ext4", 0, ""); err != nil {
-		t.Skipf("skipped: mounting a loop ext4 failed (no loop devices in this container?): %v", err)
+		Missing(t, Mount, "mounting a loop ext4 failed (no loop devices in this container?): %v", err)
 	}
 	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
 	return mnt

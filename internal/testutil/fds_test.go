@@ -14,18 +14,18 @@ import (
 // as leaked (a memfd also as a handle) until it is closed.
 func TestLeakedAndHandles(t *testing.T) {
 	WarmFDs()
-	before := OpenFDs()
-	if len(before) == 0 {
-		t.Fatal("no descriptors listed")
+	before, err := OpenFDs()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if l := before.Leaked(); len(l) != 0 {
+	if l := before.Leaked(now(t)); len(l) != 0 {
 		t.Fatalf("leaks against a fresh baseline: %v", l)
 	}
 	fd, err := unix.MemfdCreate("testutil-probe", 0)
 	if err != nil {
-		t.Skipf("memfd_create: %v", err)
+		t.Fatal(err)
 	}
-	leaked := before.Leaked()
+	leaked := before.Leaked(now(t))
 	if len(leaked) != 1 || !strings.Contains(leaked[0], "memfd:testutil-probe") {
 		t.Fatalf("leaked = %v, want the probe memfd", leaked)
 	}
@@ -42,7 +42,16 @@ func TestLeakedAndHandles(t *testing.T) {
 	}
 	f := os.NewFile(uintptr(fd), "probe")
 	f.Close()
-	if l := before.Leaked(); len(l) != 0 {
+	if l := before.Leaked(now(t)); len(l) != 0 {
 		t.Fatalf("leaks after closing the probe: %v", l)
 	}
+}
+
+func now(t *testing.T) FDs {
+	t.Helper()
+	fds, err := OpenFDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fds
 }

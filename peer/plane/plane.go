@@ -10,7 +10,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/peer"
-	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/rdma/link"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -33,35 +33,12 @@ type Config struct {
 	Pools []xfer.MemSegment
 }
 
-// RDMAConfig configures the plane's RDMA side.
-type RDMAConfig struct {
-	// Mode is "auto" (RDMA when a device is usable, else tcp, saying so),
-	// "on" (New fails without a usable device) or "off".
-	Mode string
-	// Device and GID choose the device and its RoCE v2 GID ("": the first
-	// active one, automatic); QPs is the queue pairs per peer link (0: 2).
-	Device, GID string
-	QPs         int
-	// Open opens the device (default: rdma.Open); tests pass an
-	// rdmatest fabric's.
-	Open func(rdma.Config, *slog.Logger) (Device, error)
-	// Log is the RDMA side's logger (default: the plane's).
-	Log *slog.Logger
-}
+// RDMAConfig configures the plane's RDMA side (package rdma/link).
+type RDMAConfig = link.Config
 
 // Device is the RDMA device the plane runs on: *rdma.Device, or a device
 // of an rdmatest fabric.
-type Device interface {
-	Name() string
-	Port() int
-	Addr() rdma.Addr
-	RegisterAccess(mem []byte, access rdma.Access) (*rdma.Region, error)
-	Deregister(r *rdma.Region) error
-	NewTransport() (*rdma.Transport, error)
-	Close() error
-}
-
-var _ Device = (*rdma.Device)(nil)
+type Device = link.Device
 
 // Plane is the daemon's end of the peer data plane: the tcp node (sessions
 // with the other daemons, the transport remote targets go to when RDMA
@@ -76,7 +53,7 @@ var _ Device = (*rdma.Device)(nil)
 // after the engine, closes the node: every dial, handshake and peer wait a
 // control call or the RDMA plane may still sit in ends. Close, after the
 // control server and the store and before the pools, stops the RDMA
-// plane's goroutines (its worker and registration queue: see rdmaPlane)
+// plane's goroutines (its worker and registration queue: see link.Links)
 // and releases its links, registrations and device. The node's goroutines
 // are its own (see package tcp).
 type Plane struct {
@@ -86,7 +63,7 @@ type Plane struct {
 	log     *slog.Logger
 	// rdma is the RDMA plane, or nil and noRDMA says why; rdmaOff is
 	// whether it is off by config.
-	rdma    *rdmaPlane
+	rdma    *link.Links
 	noRDMA  string
 	rdmaOff bool
 
@@ -117,9 +94,9 @@ func New(cfg Config, exports *peer.Exports, log *slog.Logger) (*Plane, error) {
 	if rlog == nil {
 		rlog = log
 	}
-	if p.rdma, p.noRDMA, err = newRDMAPlane(cfg.RDMA, cfg.Pools, node, exports, rlog); err != nil {
+	if p.rdma, p.noRDMA, err = link.New(cfg.RDMA, cfg.Pools, node, exports, rlog); err != nil {
 		p.Stop()
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", ErrRDMARequired, err)
 	}
 	p.rdmaOff = cfg.RDMA.Mode == "off"
 	return p, nil
@@ -155,7 +132,7 @@ func (p *Plane) Stop() {
 // the control server and the store, before the pools are unmapped.
 func (p *Plane) Close() {
 	if p.rdma != nil {
-		p.rdma.close()
+		p.rdma.Close()
 	}
 	p.Stop()
 }
@@ -165,7 +142,7 @@ func (p *Plane) Close() {
 // does not allocate.
 func (p *Plane) Route(local, target xfer.Segment) xfer.Transport {
 	if p.rdma != nil {
-		if l := p.rdma.route(local, target); l != nil {
+		if l := p.rdma.Route(local, target); l != nil {
 			return l
 		}
 	}
@@ -201,7 +178,7 @@ func (p *Plane) open(peerID, segment string, rights, transport uint8) (*tcp.Remo
 		return nil, nodeError(err)
 	}
 	if transport != wire.TransportAuto && p.rdma != nil {
-		if err := p.rdma.pin(r, transport); err != nil {
+		if err := p.rdma.Pin(r, transport); err != nil {
 			_ = r.Close()
 			p.log.Info("remote segment refused: transport rdma cannot be set up", "peer", peerID, "name", segment, "err", err)
 			return nil, fmt.Errorf("%w: %s/%s with transport rdma: %w", peer.ErrUnavailable, peerID, segment, err)
@@ -239,7 +216,7 @@ func (p *Plane) Peers() []wire.PeerInfo {
 func (p *Plane) Member() directory.Member {
 	m := directory.Member{ID: p.node.ID(), Epoch: p.node.Epoch(), Addr: p.node.Addr(), Caps: []string{"tcp", "notify"}}
 	if p.rdma != nil {
-		i := p.rdma.info()
+		i := p.rdma.Info()
 		m.RDMA = &directory.RDMAAddr{Device: i.Device, Port: i.Port, GID: i.GID, MTU: i.MTU}
 		m.Caps = append(m.Caps, "rdma")
 	}
@@ -252,7 +229,7 @@ func (p *Plane) Counters(dst []wire.Counter) []wire.Counter {
 	if p.rdma == nil {
 		return dst
 	}
-	return p.rdma.counters(dst)
+	return p.rdma.Counters(dst)
 }
 
 // Abandoned is what the plane still holds for one peer when a drain gives
@@ -276,12 +253,38 @@ func (p *Plane) Abandoned(outstanding map[xfer.Transport]int) (peers []Abandoned
 	}
 	byLink := map[string]int{}
 	for tr, n := range outstanding {
-		if l, ok := tr.(*rdmaLink); ok {
-			byLink[l.peer] += n
+		if peer, ok := link.PeerOf(tr); ok {
+			byLink[peer] += n
 		}
 	}
 	for _, peer := range slices.Sorted(maps.Keys(byLink)) {
 		peers = append(peers, Abandoned{Peer: peer, Transport: "rdma", InFlight: byLink[peer]})
 	}
-	return peers, p.rdma.regs.waiters()
+	return peers, p.rdma.Waiting()
+}
+
+// RDMAOff is the RDMA report of a daemon whose peer plane runs no RDMA,
+// saying why (control.RDMAReporter).
+type RDMAOff string
+
+// NoPlane is the report of a daemon without a peer plane.
+const NoPlane RDMAOff = "no peer plane (peer_listen is not set): RDMA is set up over it"
+
+// RDMAInfo reports RDMA off, and why.
+func (r RDMAOff) RDMAInfo() wire.RDMAResponse {
+	return wire.RDMAResponse{State: wire.RDMAOff, Reason: string(r)}
+}
+
+// RDMAInfo is what `tcctl rdma` shows (control.RDMAReporter): the RDMA
+// plane's device, port and GID, the pools' registration and each peer's
+// link; or, without an RDMA plane, whether RDMA is off or unavailable and
+// why.
+func (p *Plane) RDMAInfo() wire.RDMAResponse {
+	switch {
+	case p.rdma != nil:
+		return p.rdma.Info()
+	case p.rdmaOff:
+		return wire.RDMAResponse{State: wire.RDMAOff, Reason: p.noRDMA}
+	}
+	return wire.RDMAResponse{State: wire.RDMAUnavailable, Reason: p.noRDMA}
 }

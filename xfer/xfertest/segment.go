@@ -17,9 +17,13 @@ type Segment struct {
 	refs    atomic.Int64
 	under   atomic.Bool
 	closing atomic.Bool
+	regs    xfer.Regs
 }
 
-var _ xfer.MemSegment = (*Segment)(nil)
+var (
+	_ xfer.MemSegment = (*Segment)(nil)
+	_ xfer.Registered = (*Segment)(nil)
+)
 
 // NewSegment returns a pool segment of size zeroed bytes.
 func NewSegment(id xfer.SegmentID, size int) *Segment {
@@ -36,6 +40,10 @@ func (s *Segment) ID() xfer.SegmentID { return s.id }
 func (s *Segment) Kind() xfer.Kind    { return s.kind }
 func (s *Segment) Size() uint64       { return uint64(len(s.buf)) }
 func (s *Segment) Bytes() []byte      { return s.buf }
+
+// Regs are the registrations transports set on the segment. Nothing tears
+// them down: a test that checks their release calls Regs().Teardown().
+func (s *Segment) Regs() *xfer.Regs { return &s.regs }
 
 // Acquire takes a reference unless the segment is closed.
 func (s *Segment) Acquire() bool {

@@ -28,6 +28,7 @@ import (
 type pool struct {
 	mem  []byte
 	refs atomic.Int64
+	regs xfer.Regs // its fixed-buffer registration
 }
 
 func (p *pool) ID() xfer.SegmentID { return 2 }
@@ -36,6 +37,7 @@ func (p *pool) Size() uint64       { return uint64(len(p.mem)) }
 func (p *pool) Acquire() bool      { p.refs.Add(1); return true }
 func (p *pool) Release()           { p.refs.Add(-1) }
 func (p *pool) Bytes() []byte      { return p.mem }
+func (p *pool) Regs() *xfer.Regs   { return &p.regs }
 
 // job is the Completer: each Done accounts the task and resubmits it at a
 // new offset until the deadline.

@@ -1,5 +1,0 @@
-//go:build !race
-
-package queue
-
-const raceEnabled = false

@@ -1,0 +1,27 @@
+// Package link is the peer plane's RDMA side: one link per peer daemon
+// and the memory registrations the links need.
+//
+// It owns:
+//   - Links (links.go): the device, the pools' registrations (made once at
+//     start-up), and the router's answer for a remote target (Route): a
+//     peer's link when RDMA carries the request, else nil for tcp;
+//   - the link (link.go), a transport that splits a submission between the
+//     rdma transport, the peer channel (notified WRITEs, notify.go) and
+//     tcp; the worker goroutine that brings links up and retires them, and
+//     resolves remote segments (lifecycle.go);
+//   - client buffers' registrations, made off the submit path by a
+//     registration queue (regs.go) and kept in the buffer's own
+//     registration slot, released by the buffer's teardown (locals.go);
+//   - one registration per export a peer resolved, with the export's rights
+//     as its remote access, revoked when the export ends (exports.go);
+//   - the transport pinned per remote segment (pins.go);
+//   - what tcctl rdma and tcctl stats report (info.go, stats.go);
+//   - the peer-channel exchanges these need: queue-pair connection data
+//     (rdma.ExchangeKind), segment resolution, revocation and
+//     notifications.
+//
+// Package peer/plane holds a Links when RDMA is usable and routes remote
+// targets through it. It is tested without a device over rdmatest's
+// in-memory fabric (the TestFabric* tests) and over real verbs in the
+// Soft-RoCE VM (the TestVerbs* tests, make test-rdma).
+package link

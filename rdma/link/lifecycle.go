@@ -1,0 +1,261 @@
+package link
+
+// The links' lifecycle on their worker: connecting a link to a peer
+// and resolving its segments off the submit path, retiring links whose peer
+// restarted or went away, and the acceptor's side of a peer's queue pairs.
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// worker connects links and resolves segments that route asked for (the
+// registration queue registers client buffers). A peer whose link failed stays on tcp for
+// linkRetry; a segment that cannot be resolved (its owner could not
+// register it) or a buffer that could not be registered stays on tcp while
+// the rest of its peer's requests use rdma.
+func (p *Links) worker() {
+	defer p.wg.Done()
+	type failure struct {
+		epoch uint64
+		at    time.Time
+	}
+	failedPeer := map[string]failure{}      // peer → its last failed link
+	failedSeg := map[*tcp.Remote]struct{}{} // segments left on tcp
+	tick := time.NewTicker(linkCheckEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case now := <-tick.C:
+			p.checkLinks()
+			p.prunePins()
+			p.regs.expire(now)
+		case j := <-p.prep:
+			j.done <- p.prepare(j.r)
+		case l := <-p.retire:
+			p.retireLink(l, "the peer runs a new epoch")
+		case r := <-p.jobs:
+			if f, ok := failedPeer[r.Peer()]; ok && f.epoch == r.Epoch() && time.Since(f.at) < linkRetry {
+				continue
+			}
+			if _, ok := failedSeg[r]; ok {
+				continue
+			}
+			l, err := p.link(r.Peer(), r.Epoch())
+			if err != nil {
+				failedPeer[r.Peer()] = failure{r.Epoch(), time.Now()}
+				p.say(r.Peer(), "tcp", err.Error())
+				continue
+			}
+			if err := p.resolve(l, r); err != nil {
+				if len(failedSeg) >= 4096 {
+					for k := range failedSeg {
+						if closedRemote(k) {
+							delete(failedSeg, k)
+						}
+					}
+				}
+				failedSeg[r] = struct{}{}
+				p.log.Info("remote segment uses tcp", "peer", r.Peer(), "segment", r.Name(), "why", err.Error())
+				continue
+			}
+			p.say(r.Peer(), "rdma", "queue pairs up over the peer channel")
+		}
+	}
+}
+
+// linkCheckEvery is how often the worker compares the links with the peer
+// plane's view of their peers.
+const linkCheckEvery = 250 * time.Millisecond
+
+// checkLinks retires the links whose peer lost its tcp session or runs
+// another epoch. A dead peer's queue pairs may not report the loss for a
+// long time (each work request waits out the transport's retries), so the
+// peer channel is the witness: closing the link fails what it has posted
+// at once, and later requests go to tcp, which fails them or, once the
+// peer is back, gets a new link made.
+func (p *Links) checkLinks() {
+	links := *p.links.Load()
+	if len(links) == 0 {
+		return
+	}
+	for _, s := range p.node.Peers() {
+		l := links[s.ID]
+		switch {
+		case l == nil:
+		case s.Epoch != l.epoch:
+			p.retireLink(l, "the peer runs a new epoch")
+		case !s.Connected:
+			p.retireLink(l, "the peer's tcp session is gone")
+		}
+	}
+}
+
+// retireLink drops a link: requests to its segments go to tcp (which
+// refuses those of an old epoch), and a later use makes a new link.
+func (p *Links) retireLink(l *rdmaLink, why string) {
+	p.mu.Lock()
+	old := *p.links.Load()
+	if old[l.peer] != l || p.closed {
+		p.mu.Unlock()
+		return
+	}
+	m := maps.Clone(old)
+	delete(m, l.peer)
+	p.links.Store(&m)
+	p.mu.Unlock()
+	_ = l.tr.Close()
+	p.mu.Lock()
+	delete(p.said, l.peer)
+	p.mu.Unlock()
+	p.stats.linksClosed.Add(1)
+	p.log.Info("rdma link closed", "peer", l.peer, "epoch", fmt.Sprintf("%#x", l.epoch), "why", why)
+}
+
+// epochChannel is a link's peer channel: exchanges pinned to the epoch the
+// link was made with, so that its queue pairs never reconnect to a
+// restarted peer (whose pool and keys are new); a stale epoch retires the
+// link.
+type epochChannel struct{ l *rdmaLink }
+
+func (c epochChannel) Exchange(peer, kind string, req []byte, timeout time.Duration) ([]byte, error) {
+	p := c.l.p
+	resp, err := p.node.ExchangeAt(peer, c.l.epoch, kind, req, timeout)
+	if errors.Is(err, tcp.ErrStaleEpoch) {
+		select {
+		case p.retire <- c.l:
+		default:
+		}
+	}
+	return resp, err
+}
+
+// link returns peer's link of epoch, connecting it when there is none.
+func (p *Links) link(peer string, epoch uint64) (*rdmaLink, error) {
+	if l := (*p.links.Load())[peer]; l != nil && l.epoch == epoch {
+		return l, nil
+	}
+	return p.connect(peer, epoch)
+}
+
+// resolve asks r's owner for its registration of r (address, size, keys)
+// and records it.
+func (p *Links) resolve(l *rdmaLink, r *tcp.Remote) error {
+	if _, ok := (*l.segs.Load())[r]; ok {
+		return nil
+	}
+	resp, err := p.node.ExchangeAt(r.Peer(), l.epoch, segmentExchange, []byte(r.Name()), 0)
+	if err != nil {
+		return err
+	}
+	var reg rdma.RemoteRegion
+	if err := reg.UnmarshalBinary(resp); err != nil {
+		return err
+	}
+	if reg.Size != r.Size() {
+		return fmt.Errorf("registration of %d bytes for a %d-byte segment", reg.Size, r.Size())
+	}
+	l.mu.Lock()
+	m := maps.Clone(*l.segs.Load())
+	maps.DeleteFunc(m, func(k *tcp.Remote, _ rdma.RemoteRegion) bool { return closedRemote(k) })
+	m[r] = reg
+	l.segs.Store(&m)
+	l.mu.Unlock()
+	return nil
+}
+
+// closedRemote reports whether r was closed (its holder let it go).
+func closedRemote(r *tcp.Remote) bool {
+	if !r.Acquire() {
+		return true
+	}
+	r.Release()
+	return false
+}
+
+// connect makes the link to peer at epoch, replacing an older one.
+func (p *Links) connect(peer string, epoch uint64) (*rdmaLink, error) {
+	tr, err := p.dev.NewTransport()
+	if err != nil {
+		return nil, err
+	}
+	for id, reg := range p.pools {
+		tr.AddLocal(id, reg)
+	}
+	l := &rdmaLink{p: p, peer: peer, epoch: epoch, tr: tr, tcp: p.node}
+	start := time.Now()
+	if err := tr.Connect(rdma.ChannelPeer{Ch: epochChannel{l}, ID: peer}); err != nil {
+		_ = tr.Close()
+		return nil, err
+	}
+	segs, ids := map[*tcp.Remote]rdma.RemoteRegion{}, map[xfer.SegmentID]struct{}{}
+	l.segs.Store(&segs)
+	l.ids.Store(&ids)
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		_ = tr.Close()
+		return nil, xfer.ErrClosed
+	}
+	m := maps.Clone(*p.links.Load())
+	prev := m[peer]
+	m[peer] = l
+	p.links.Store(&m)
+	p.mu.Unlock()
+	if prev != nil {
+		// The peer restarted: its old queue pairs lead nowhere.
+		_ = prev.tr.Close()
+	}
+	p.stats.linksMade.Add(1)
+	p.log.Info("rdma link up", "peer", peer, "epoch", fmt.Sprintf("%#x", epoch), "took", time.Since(start).Round(time.Microsecond).String())
+	return l, nil
+}
+
+// say logs, once per peer and change, which transport carries its
+// requests and why.
+func (p *Links) say(peer, transport, why string) {
+	p.mu.Lock()
+	was := p.said[peer]
+	p.said[peer] = transport
+	p.mu.Unlock()
+	if was == transport {
+		return
+	}
+	if transport == "rdma" {
+		p.log.Info("peer requests from the pool use rdma", "peer", peer, "why", why)
+	} else {
+		p.log.Info("peer requests use tcp", "peer", peer, "why", why)
+	}
+}
+
+// accept is the acceptor's lookup: the transport a peer's link lands on,
+// made on first use and remade when the peer restarts.
+func (p *Links) accept(from string, epoch uint64) (*rdma.Transport, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, xfer.ErrClosed
+	}
+	a, ok := p.accepted[from]
+	if ok && a.epoch == epoch {
+		return a.t, nil
+	}
+	t, err := p.dev.NewTransport()
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		_ = a.t.Close()
+	}
+	p.accepted[from] = acceptedPeer{t: t, epoch: epoch}
+	p.log.Info("rdma: accepting a peer's queue pairs", "peer", from, "epoch", fmt.Sprintf("%#x", epoch))
+	return t, nil
+}

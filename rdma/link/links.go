@@ -1,0 +1,309 @@
+package link
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Exchange kinds the links serve on the peer channel, beside
+// rdma.ExchangeKind (queue-pair connection data): where an export lies and
+// its keys, and the owner's word that an export's keys are revoked.
+const (
+	segmentExchange = "rdma.segment"
+	revokeExchange  = "rdma.revoke"
+)
+
+// Links is the daemon's RDMA end of the peer plane: the device, the pools'
+// memory registrations (made once at start-up, for local use only: no peer
+// can address a pool as a whole), one registration per export a peer asked
+// for (with the export's rights as its remote access, dropped when the
+// export ends; see exports.go), one outbound link per peer (a transport
+// this daemon dials and submits on) and one accepting transport per peer
+// (the peer's link lands there). Client buffers get a local registration
+// when first used, kept on the buffer itself (locals.go).
+//
+// The peer plane asks Route for each remote target: a request whose local
+// side is the pool or a registered client buffer and whose peer's link is
+// up with the target segment resolved goes to that link; anything else
+// goes to tcp and queues a job for the worker, which registers the buffer,
+// connects the link over the peer channel and resolves the segment (asks
+// its owner for the export's registration). Each peer's choice is logged
+// once.
+//
+// Ownership: the peer plane creates it after its node and closes it (after
+// the engine, the node and the control server, before the pools). It owns
+// two goroutines, the worker and the registration queue's (regs.go); Close
+// stops them (close(stop), close the queue, join), then closes the links'
+// and the accepting transports, deregisters the pools and closes the
+// device.
+type Links struct {
+	log *slog.Logger
+	dev Device
+	// pools are the tenants' pools' registrations by segment id, each
+	// made once at start-up for local use (written by newLinks only).
+	pools map[xfer.SegmentID]*rdma.Region
+	node  *tcp.Node
+	// exported is the daemon's export table, which peers resolve exports
+	// in and deliver notifications to.
+	exported *peer.Exports
+	qps      int // queue pairs per link (rdma_qps)
+
+	links atomic.Pointer[map[string]*rdmaLink] // copy on write, under mu
+
+	jobs   chan *tcp.Remote
+	regs   *regQueue      // client buffers to register (regs.go)
+	prep   chan pinJob    // segments opened with transport rdma (pins.go)
+	retire chan *rdmaLink // links whose peer runs a new epoch
+	stop   chan struct{}
+	wg     sync.WaitGroup
+
+	// mu guards links' writers, accepted, said and closed.
+	mu       sync.Mutex
+	accepted map[string]acceptedPeer
+	said     map[string]string // what was logged about each peer's transport
+	closed   bool
+
+	// notesMu guards notes, the notified WRITEs' reusable notes
+	// (notify.go).
+	notesMu sync.Mutex
+	notes   []*rdmaNote
+
+	exports exportRegs
+	locals  localRegs
+	pins    pins
+	stats   rdmaStats
+	// linkDown and localMissing fail requests of rdma-only segments
+	// (pins.go).
+	linkDown, localMissing *rdmaRefusal
+}
+
+type acceptedPeer struct {
+	t     *rdma.Transport
+	epoch uint64
+}
+
+// Config configures the links.
+type Config struct {
+	// Mode is "auto" (RDMA when a device is usable, else tcp, saying so),
+	// "on" (New fails without a usable device) or "off".
+	Mode string
+	// Device and GID choose the device and its RoCE v2 GID ("": the first
+	// active one, automatic); QPs is the queue pairs per peer link (0: 2).
+	Device, GID string
+	QPs         int
+	// Open opens the device (default: rdma.Open); tests pass an
+	// rdmatest fabric's.
+	Open func(rdma.Config, *slog.Logger) (Device, error)
+	// Log is the RDMA side's logger (default: the peer plane's).
+	Log *slog.Logger
+}
+
+// Device is the RDMA device the links run on: *rdma.Device, or a device
+// of an rdmatest fabric.
+type Device interface {
+	Name() string
+	Port() int
+	Addr() rdma.Addr
+	RegisterAccess(mem []byte, access rdma.Access) (*rdma.Region, error)
+	Deregister(r *rdma.Region) error
+	NewTransport() (*rdma.Transport, error)
+	Close() error
+}
+
+var _ Device = (*rdma.Device)(nil)
+
+// New opens the device and registers the pools (one per tenant), or
+// returns nil and why when RDMA is off or unusable here (logged once;
+// peers then use tcp). With Mode on an unusable device is an error, which
+// the peer plane reports as RDMA required.
+func New(cfg Config, pools []xfer.MemSegment, node *tcp.Node, exports *peer.Exports, log *slog.Logger) (*Links, string, error) {
+	if cfg.Mode == "off" {
+		log.Info("rdma off (rdma = off): peers use tcp")
+		return nil, "rdma = off", nil
+	}
+	open := cfg.Open
+	if open == nil {
+		open = func(c rdma.Config, log *slog.Logger) (Device, error) {
+			d, err := rdma.Open(c, log)
+			if err != nil {
+				return nil, err // not a non-nil Device holding a nil *rdma.Device
+			}
+			return d, nil
+		}
+	}
+	dev, err := open(rdma.Config{Device: cfg.Device, GID: cfg.GID, QPs: cfg.QPs}, log)
+	if err != nil {
+		if cfg.Mode == "on" {
+			return nil, "", fmt.Errorf("rdma = on, rdma_device = %q, rdma_gid = %q: %v", cfg.Device, cfg.GID, err)
+		}
+		log.Info("rdma unavailable: peers use tcp", "reason", err.Error())
+		return nil, err.Error(), nil
+	}
+	regs := make(map[xfer.SegmentID]*rdma.Region, len(pools))
+	for _, pool := range pools {
+		start := time.Now()
+		reg, err := dev.RegisterAccess(pool.Bytes()[:pool.Size()], rdma.AccessLocal)
+		if err != nil {
+			for _, r := range regs {
+				_ = dev.Deregister(r)
+			}
+			_ = dev.Close()
+			if cfg.Mode == "on" {
+				return nil, "", fmt.Errorf("rdma = on: registering pool %d: %v", pool.ID(), err)
+			}
+			log.Warn("rdma unavailable: registering a pool failed; peers use tcp", "segment", uint64(pool.ID()), "err", err)
+			return nil, "registering the pool failed: " + err.Error(), nil
+		}
+		regs[pool.ID()] = reg
+		log.Info("pool registered for rdma (local access)", "device", dev.Name(), "segment", uint64(pool.ID()),
+			"bytes", pool.Size(), "mrs", reg.Chunks(), "took", time.Since(start).Round(time.Microsecond).String())
+	}
+	p := newLinks(dev, regs, node, exports, log)
+	p.qps = cfg.QPs
+	return p, "", nil
+}
+
+// newLinks wires the links over an opened device and the pools'
+// registrations and starts their goroutines.
+func newLinks(dev Device, pools map[xfer.SegmentID]*rdma.Region, node *tcp.Node, exports *peer.Exports, log *slog.Logger) *Links {
+	p := &Links{
+		log: log, dev: dev, pools: pools, node: node, exported: exports,
+		jobs: make(chan *tcp.Remote, 64), prep: make(chan pinJob), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
+		accepted: map[string]acceptedPeer{}, said: map[string]string{},
+		exports: exportRegs{m: map[*peer.Export]*exportReg{}},
+	}
+	p.linkDown, p.localMissing = rdmaRefusals(&p.stats)
+	p.regs = newRegQueue(log, p.registerLocal, p.routeRegistered)
+	empty := map[string]*rdmaLink{}
+	p.links.Store(&empty)
+	_ = p.node.Handle(rdma.ExchangeKind, rdma.Acceptor(p.accept))
+	_ = p.node.Handle(segmentExchange, p.serveSegment)
+	_ = p.node.Handle(revokeExchange, p.serveRevoke)
+	_ = p.node.Handle(notifyExchange, p.serveNotify)
+	p.wg.Add(2)
+	go p.worker()
+	go func() {
+		defer p.wg.Done()
+		p.regs.run()
+	}()
+	return p
+}
+
+// Route is the peer plane's question: the link to send a request between
+// local and target over, or nil for tcp. It does not allocate.
+func (p *Links) Route(local, target xfer.Segment) xfer.Transport {
+	r, ok := target.(*tcp.Remote)
+	if !ok {
+		return nil
+	}
+	via := p.pinned(r)
+	if via == wire.TransportTCP {
+		p.stats.toTCP.Add(1)
+		return nil
+	}
+	if p.localRegion(local) == nil {
+		if via != wire.TransportRDMA {
+			p.wantLocal(local)
+			p.stats.toTCP.Add(1)
+			return nil
+		}
+		// The client asked for rdma: the request waits for its buffer's
+		// registration in the queue, off the submit path.
+		if b, _ := clientBuffer(local); b == nil || p.regs.hasFailed(local.ID()) {
+			return p.localMissing
+		}
+		return p.regs
+	}
+	l := (*p.links.Load())[r.Peer()]
+	if l != nil && l.epoch == r.Epoch() {
+		if _, ok := (*l.segs.Load())[r]; ok {
+			return l
+		}
+	}
+	select {
+	case p.jobs <- r:
+	default:
+	}
+	if via == wire.TransportRDMA {
+		return p.linkDown
+	}
+	p.stats.toTCP.Add(1)
+	return nil
+}
+
+// routeRegistered is where a task that waited for its buffer's
+// registration goes once the registration ended: where route sends it
+// now (a buffer still unregistered fails it rather than waiting again).
+func (p *Links) routeRegistered(t *xfer.Task) xfer.Transport {
+	tr := p.Route(t.Local, t.Target)
+	switch {
+	case tr == xfer.Transport(p.regs):
+		return p.localMissing
+	case tr == nil:
+		return p.node // an auto segment: tcp carries it
+	}
+	return tr
+}
+
+// linkRetry is how long a peer whose link could not be made stays on tcp
+// before the next attempt (a new epoch retries at once).
+const linkRetry = 30 * time.Second
+
+// Close stops the worker and closes every transport, the registrations and
+// the device. Call it after the engine (no more submits) and before the
+// pool is unmapped.
+func (p *Links) Close() {
+	p.mu.Lock()
+	p.closed = true
+	accepted := p.accepted
+	p.accepted = map[string]acceptedPeer{}
+	p.mu.Unlock()
+	_ = p.node.Handle(rdma.ExchangeKind, nil)
+	_ = p.node.Handle(segmentExchange, nil)
+	_ = p.node.Handle(revokeExchange, nil)
+	_ = p.node.Handle(notifyExchange, nil)
+	close(p.stop)
+	p.regs.close()
+	p.wg.Wait()
+	for peer, l := range *p.links.Load() {
+		if err := l.tr.Close(); err != nil {
+			p.log.Warn("closing rdma link", "peer", peer, "err", err)
+		}
+	}
+	for peer, a := range accepted {
+		if err := a.t.Close(); err != nil {
+			p.log.Warn("closing rdma transport accepting a peer", "peer", peer, "err", err)
+		}
+	}
+	p.exports.closeAll(p)
+	p.locals.closeAll(p)
+	for id, reg := range p.pools {
+		if err := p.dev.Deregister(reg); err != nil {
+			p.log.Warn("deregistering a pool", "segment", uint64(id), "err", err)
+		}
+	}
+	if err := p.dev.Close(); err != nil {
+		p.log.Warn("closing the rdma device", "err", err)
+	}
+}
+
+// Waiting is how many tasks wait for a client buffer's registration.
+func (p *Links) Waiting() int { return p.regs.waiters() }
+
+// PeerOf reports the peer whose link tr is, when tr is one of the links
+// Route returns.
+func PeerOf(tr xfer.Transport) (string, bool) {
+	if l, ok := tr.(*rdmaLink); ok {
+		return l.peer, true
+	}
+	return "", false
+}

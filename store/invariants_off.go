@@ -1,6 +1,0 @@
-//go:build !invariants
-
-package store
-
-// invariants is off in normal builds; see invariants_on.go.
-const invariants = false

@@ -1,5 +1,0 @@
-//go:build !invariants
-
-package uring
-
-const invariants = false

@@ -1,5 +1,0 @@
-//go:build !race
-
-package xfer_test
-
-const raceEnabled = false
