@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -65,7 +66,7 @@ func TestTenantFileConfinement(t *testing.T) {
 	}
 	runDaemon(t, d)
 	if d.files == nil {
-		t.Skip("io_uring is unavailable: the daemon has no file segments to confine")
+		testutil.Missing(t, testutil.IOUring, "the daemon has no file tier, so no file segments to confine")
 	}
 	tenants := filepath.Join(cfg.DataDir, "tenants")
 	dirA, dirB := filepath.Join(tenants, "a"), filepath.Join(tenants, "b")
