@@ -326,11 +326,9 @@ func (t *Transport) allowed(p string) bool {
 		}
 	}
 	for _, d := range t.allowedDirs {
-		rel, err := filepath.Rel(d, p)
-		if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
-			continue
+		if inside(p, d) {
+			return true
 		}
-		return true
 	}
 	return false
 }
