@@ -52,7 +52,9 @@ type CallOption func(*wire.Context)
 // WithIdempotencyKey makes a mutating call idempotent: a retry with the same
 // key on the same connection returns the first result. The daemon binds
 // the key to the lane and arguments of its first use, on every
-// connection: the key under another lane or with other arguments fails
+// connection of the same tenant (keys are per tenant: another tenant's
+// use of the same key is its own): the key under another lane or with
+// other arguments fails
 // ErrFailedPrecondition, and so does the same call on another connection
 // while the first lives (it runs afresh there once the first closed).
 // OpenQueue is not idempotent by key (its answer carries a new fd).

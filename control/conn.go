@@ -128,6 +128,16 @@ func (c *conn) setTenant(t *tenant) {
 	c.ss.SetTenant(t.Name, t.Pool, t.Store, c.log)
 }
 
+// who are the attributes that say which connection a rate-limited line is
+// about: the server's log has none of c.log's.
+func (c *conn) who() []slog.Attr {
+	a := []slog.Attr{slog.Uint64("conn", c.id), slog.Int("pid", int(c.cred.Pid)), slog.Uint64("uid", uint64(c.cred.Uid))}
+	if c.tenant != nil {
+		a = append(a, slog.String("tenant", c.tenant.Name))
+	}
+	return a
+}
+
 // refuse answers a connection that will not be served and closes it.
 func (c *conn) refuse(err error) {
 	c.fail(0, status.CodeOf(err))
@@ -292,7 +302,7 @@ func (c *conn) closeStray() {
 	for i := 0; i < len(c.groups); i++ {
 		if c.groups[i].hi <= pos {
 			if len(c.groups[i].fds) > 0 {
-				c.log.Warn("closing file descriptors sent without a frame", "n", len(c.groups[i].fds))
+				c.s.logs.strayFDs.Event(append(c.who(), slog.Int("n", len(c.groups[i].fds)))...)
 			}
 			closeFDs(c.groups[i].fds)
 			c.groups = append(c.groups[:i], c.groups[i+1:]...)
@@ -358,14 +368,13 @@ func (c *conn) readFailed(err error) {
 	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
 		c.log.Debug("client disconnected")
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		c.s.logs.frameTimeout.event(slog.Uint64("conn", c.id), slog.Int("pid", int(c.cred.Pid)),
-			slog.Uint64("uid", uint64(c.cred.Uid)), slog.Int("buffered", c.rend-c.rpos),
-			slog.Duration("frame_timeout", c.s.cfg.FrameTimeout))
+		c.s.logs.frameTimeout.Event(append(c.who(), slog.Int("buffered", c.rend-c.rpos),
+			slog.Duration("frame_timeout", c.s.cfg.FrameTimeout))...)
 		c.uc.SetWriteDeadline(time.Now().Add(c.s.cfg.FrameTimeout)) //nolint:errcheck // best effort
 		c.fail(0, codeDeadlineExceeded)
 		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrUnexpectedFD):
-		c.log.Warn("closing connection: bad frame", "err", err)
+		c.s.logs.badFrame.Event(append(c.who(), slog.String("err", err.Error()))...)
 		c.fail(0, status.CodeOf(err))
 		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 	default:
@@ -390,7 +399,7 @@ func (c *conn) serveFrame(frame []byte) bool {
 			}
 			return true
 		}
-		c.log.Warn("closing connection: undecodable request", "err", err)
+		c.s.logs.undecodable.Event(append(c.who(), slog.String("err", err.Error()))...)
 		c.fail(0, status.CodeOf(err))
 		c.write(wire.EncodeResponse(c.b, &c.resp), -1) //nolint:errcheck // closing anyway
 		return false

@@ -398,6 +398,21 @@ func runHelper(kind string) int {
 	if kind == "tenant" {
 		return runTenantHelper()
 	}
+	if kind == "segments" {
+		r := rc.call(&wire.SegmentsRequest{})
+		fmt.Println("status", r.Status.String())
+		for _, s := range body[wire.SegmentsResponse](rc.t, r).Segments {
+			fmt.Println("segment", string(s.Name))
+		}
+		return 0
+	}
+	if kind == "idem" {
+		// A keyed call with the key and lane it is given.
+		r := rc.callCtx(wire.Context{IdempotencyKey: []byte(os.Getenv("TC_KEY")), Lane: []byte(os.Getenv("TC_LANE"))},
+			&wire.AllocBatchRequest{Capacity: 4})
+		fmt.Println("status", r.Status.String())
+		return 0
+	}
 	if strings.HasPrefix(kind, "queue-") {
 		return runQueueHelper(kind)
 	}

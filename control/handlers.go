@@ -22,14 +22,13 @@ func (c *conn) handle() ([]byte, int) {
 	if c.fdsLost {
 		closeFDs(c.fds)
 		c.fds, c.fdsLost = c.fds[:0], false
-		c.log.Warn("file descriptors sent with a request were lost: the daemon is out of file descriptors",
-			"kind", kind.String(), "request_id", m.Ctx.RequestID)
+		c.s.logs.lostFDs.Event(append(c.who(), slog.String("kind", kind.String()), slog.Uint64("request_id", m.Ctx.RequestID))...)
 		return c.errorFrame(fmt.Errorf("%w: file descriptor not received", syscall.EMFILE)), -1
 	}
 	if _, takesFD := m.Body.(*wire.RegisterBufferRequest); !takesFD && len(c.fds) > 0 {
 		closeFDs(c.fds)
 		c.fds = c.fds[:0]
-		c.log.Warn("file descriptor with a request that takes none", "kind", kind.String(), "request_id", m.Ctx.RequestID)
+		c.s.logs.unexpectedFD.Event(append(c.who(), slog.String("kind", kind.String()), slog.Uint64("request_id", m.Ctx.RequestID))...)
 		return c.errorFrame(ErrUnexpectedFD), -1
 	}
 	mut := mutating(kind)

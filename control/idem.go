@@ -25,6 +25,11 @@ import (
 // owners would duplicate the effect) and runs afresh once it has closed
 // (its effects were released with it).
 //
+// Keys are per tenant: the table's key is the tenant's name and the
+// client's key, so that a client of one tenant can neither probe another
+// tenant's keys nor block them by using them first. Connections without a
+// tenant (root, the daemon's uid) share a space of their own.
+//
 // Bounded (the oldest key goes first past the limit) and expiring (a key
 // is forgotten ttl after its last recorded answer).
 
@@ -100,18 +105,22 @@ func newSharedIdem(limit int, ttl time.Duration, now func() time.Time) *sharedId
 	return &sharedIdem{limit: limit, ttl: ttl, now: now, m: make(map[string]*idemRecord), byConn: make(map[uint64]*connKeys)}
 }
 
-// check says what a call with key, lane and argument hash on connection
-// conn does; with idemReplay it returns the recorded frame (shared: the
-// caller copies it before changing it).
-func (t *sharedIdem) check(key, lane []byte, hash, conn uint64) (idemVerdict, []byte, error) {
+// scoped is key in tenant's space of the table.
+func scoped(tenant string, key []byte) string { return tenant + "\x00" + string(key) }
+
+// check says what a call of tenant with key, lane and argument hash on
+// connection conn does; with idemReplay it returns the recorded frame
+// (shared: the caller copies it before changing it).
+func (t *sharedIdem) check(tenant string, key, lane []byte, hash, conn uint64) (idemVerdict, []byte, error) {
+	k := scoped(tenant, key)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	r := t.m[string(key)]
+	r := t.m[k]
 	if r == nil {
 		return idemRun, nil, nil
 	}
 	if t.now().Sub(r.at) >= t.ttl {
-		delete(t.m, string(key))
+		delete(t.m, k)
 		return idemRun, nil, nil
 	}
 	switch {
@@ -129,12 +138,12 @@ func (t *sharedIdem) check(key, lane []byte, hash, conn uint64) (idemVerdict, []
 	return idemRun, nil, nil
 }
 
-// record stores the first answer to key (or the answer of a rerun after
-// its owner closed), evicting the oldest records past the limit.
-func (t *sharedIdem) record(key, lane []byte, hash, conn uint64, frame []byte) {
+// record stores the first answer to tenant's key (or the answer of a rerun
+// after its owner closed), evicting the oldest records past the limit.
+func (t *sharedIdem) record(tenant string, key, lane []byte, hash, conn uint64, frame []byte) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	k := string(key)
+	k := scoped(tenant, key)
 	r := &idemRecord{lane: string(lane), hash: hash, conn: conn, frame: frame, at: t.now()}
 	old, ok := t.m[k]
 	if ok {
@@ -228,7 +237,7 @@ func (c *conn) idemLookup(m *wire.Request, hash uint64) (frame []byte, err error
 		}
 		return e.frame, nil
 	}
-	switch v, frame, err := c.s.idem.check(key, m.Ctx.Lane, hash, c.id); v {
+	switch v, frame, err := c.s.idem.check(c.tenantName(), key, m.Ctx.Lane, hash, c.id); v {
 	case idemRefuse:
 		c.log.Info("idempotency key refused", "kind", m.Kind().String(), "request_id", m.Ctx.RequestID,
 			"lane", string(m.Ctx.Lane), "err", err)
@@ -246,7 +255,15 @@ func (c *conn) idemLookup(m *wire.Request, hash uint64) (frame []byte, err error
 func (c *conn) idemRecord(m *wire.Request, hash uint64, out []byte) {
 	f := slices.Clone(out)
 	c.idem.put(m.Ctx.IdempotencyKey, idemEntry{hash: hash, frame: f}, c.s.cfg.Limits.MaxIdempotencyKeys)
-	c.s.idem.record(m.Ctx.IdempotencyKey, m.Ctx.Lane, hash, c.id, f)
+	c.s.idem.record(c.tenantName(), m.Ctx.IdempotencyKey, m.Ctx.Lane, hash, c.id, f)
+}
+
+// tenantName is the connection's tenant's name, "" for none.
+func (c *conn) tenantName() string {
+	if c.tenant == nil {
+		return ""
+	}
+	return c.tenant.Name
 }
 
 // idemReplay is a recorded answer to the request being served: a copy

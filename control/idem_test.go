@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
 )
 
 // TestSharedIdem: a key is bound daemon wide to the lane and arguments of
@@ -19,11 +21,11 @@ func TestSharedIdem(t *testing.T) {
 	k, stream, catalog := []byte("k1"), []byte("stream-first"), []byte("catalog-first")
 	const h, conn1, conn2 = 77, 1, 2
 
-	if v, _, _ := tab.check(k, stream, h, conn1); v != idemRun {
+	if v, _, _ := tab.check("", k, stream, h, conn1); v != idemRun {
 		t.Fatalf("new key: %v", v)
 	}
-	tab.record(k, stream, h, conn1, []byte("answer-1"))
-	v, frame, _ := tab.check(k, stream, h, conn1)
+	tab.record("", k, stream, h, conn1, []byte("answer-1"))
+	v, frame, _ := tab.check("", k, stream, h, conn1)
 	if v != idemReplay || string(frame) != "answer-1" {
 		t.Fatalf("same connection retry: %v %q", v, frame)
 	}
@@ -38,55 +40,55 @@ func TestSharedIdem(t *testing.T) {
 		{"other arguments", stream, h + 2, conn2, "other arguments"},
 		{"same call, other live connection", stream, h, conn2, "in use by connection 1"},
 	} {
-		v, _, err := tab.check(k, c.lane, c.hash, c.conn)
+		v, _, err := tab.check("", k, c.lane, c.hash, c.conn)
 		if v != idemRefuse || !errors.Is(err, ErrIdempotencyConflict) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v %v, want a refusal saying %q", c.name, v, err, c.want)
 		}
 	}
 	tab.closed(conn1)
-	if r := tab.m[string(k)]; r.frame != nil || !r.connGone {
+	if r := tab.m[scoped("", k)]; r.frame != nil || !r.connGone {
 		t.Fatalf("after its connection closed the record keeps its answer (%q) or its owner (gone %v)", r.frame, r.connGone)
 	}
-	if v, _, _ := tab.check(k, stream, h, conn2); v != idemRun {
+	if v, _, _ := tab.check("", k, stream, h, conn2); v != idemRun {
 		t.Fatalf("same call after the owner closed: %v, want a fresh run", v)
 	}
-	if v, _, err := tab.check(k, catalog, h+1, conn2); v != idemRefuse {
+	if v, _, err := tab.check("", k, catalog, h+1, conn2); v != idemRefuse {
 		t.Fatalf("other lane after the owner closed: %v %v, want refused (the key keeps its lane)", v, err)
 	}
-	tab.record(k, stream, h, conn2, []byte("answer-2"))
-	if v, frame, _ := tab.check(k, stream, h, conn2); v != idemReplay || string(frame) != "answer-2" {
+	tab.record("", k, stream, h, conn2, []byte("answer-2"))
+	if v, frame, _ := tab.check("", k, stream, h, conn2); v != idemReplay || string(frame) != "answer-2" {
 		t.Fatalf("rerun's answer: %v %q", v, frame)
 	}
 
 	// Expiry.
 	now = now.Add(time.Minute)
-	if v, _, _ := tab.check(k, catalog, h+1, conn2); v != idemRun {
+	if v, _, _ := tab.check("", k, catalog, h+1, conn2); v != idemRun {
 		t.Fatalf("expired key: %v, want run", v)
 	}
 	// Bound: the oldest goes first.
 	for i := range 5 {
-		tab.record([]byte(fmt.Sprint("b", i)), stream, uint64(i), conn2, nil)
+		tab.record("", []byte(fmt.Sprint("b", i)), stream, uint64(i), conn2, nil)
 	}
 	if n := tab.len(); n != 3 {
 		t.Fatalf("table holds %d keys, limit 3", n)
 	}
-	if v, _, _ := tab.check([]byte("b0"), catalog, 0, conn2); v != idemRun {
+	if v, _, _ := tab.check("", []byte("b0"), catalog, 0, conn2); v != idemRun {
 		t.Fatal("the oldest key was not evicted")
 	}
-	if v, _, _ := tab.check([]byte("b4"), catalog, 4, conn2); v != idemRefuse {
+	if v, _, _ := tab.check("", []byte("b4"), catalog, 4, conn2); v != idemRefuse {
 		t.Fatal("the newest key was evicted")
 	}
 	// Keys that expire and come back leave no stale slot behind that
 	// would evict them early.
 	tab2 := newSharedIdem(2, time.Second, clock)
 	for range 100 {
-		tab2.record([]byte("x"), stream, 1, conn1, nil)
+		tab2.record("", []byte("x"), stream, 1, conn1, nil)
 		now = now.Add(2 * time.Second)
-		tab2.check([]byte("x"), stream, 1, conn1) // expires it
+		tab2.check("", []byte("x"), stream, 1, conn1) // expires it
 	}
-	tab2.record([]byte("x"), stream, 1, conn1, nil)
-	tab2.record([]byte("y"), stream, 1, conn1, nil)
-	if v, _, _ := tab2.check([]byte("x"), stream, 1, conn1); v != idemReplay {
+	tab2.record("", []byte("x"), stream, 1, conn1, nil)
+	tab2.record("", []byte("y"), stream, 1, conn1, nil)
+	if v, _, _ := tab2.check("", []byte("x"), stream, 1, conn1); v != idemReplay {
 		t.Fatal("a stale slot evicted a live key")
 	}
 	if len(tab2.order) > 2*2+16+1 {
@@ -101,9 +103,9 @@ func TestSharedIdemConnIndex(t *testing.T) {
 	tab := newSharedIdem(100, time.Hour, nil)
 	lane := []byte("stream-first")
 	for i := range 10000 {
-		tab.record([]byte(fmt.Sprint("a", i)), lane, 1, 5, []byte("answer"))
+		tab.record("", []byte(fmt.Sprint("a", i)), lane, 1, 5, []byte("answer"))
 	}
-	tab.record([]byte("b"), lane, 1, 6, []byte("other"))
+	tab.record("", []byte("b"), lane, 1, 6, []byte("other"))
 	if n := len(tab.byConn[5].slots); n > 2*100+64 {
 		t.Fatalf("connection 5 indexes %d keys; at most 100 are live", n)
 	}
@@ -111,7 +113,7 @@ func TestSharedIdemConnIndex(t *testing.T) {
 	if _, ok := tab.byConn[5]; ok {
 		t.Fatal("the closed connection's index is kept")
 	}
-	if r := tab.m["b"]; r.connGone || string(r.frame) != "other" {
+	if r := tab.m[scoped("", []byte("b"))]; r.connGone || string(r.frame) != "other" {
 		t.Fatalf("another connection's record changed by a close: %+v", r)
 	}
 	gone := 0
@@ -122,5 +124,26 @@ func TestSharedIdemConnIndex(t *testing.T) {
 	}
 	if gone != 99 {
 		t.Fatalf("%d of connection 5's 99 live keys marked closed", gone)
+	}
+}
+
+// TestIdempotencyKeysPerTenant: idempotency keys are per tenant. A key
+// tenant a used (bound to its lane) means nothing to tenant b, which can
+// neither probe it nor be blocked by it; within a tenant it is bound as
+// before.
+func TestIdempotencyKeysPerTenant(t *testing.T) {
+	e, _ := tenantEnv(t)
+	bin := openToAll(t, e)
+	run := func(uid uint32, lane string) string {
+		return runAs(t, e, bin, "idem", uid, uid, nil, "TC_KEY=shared-key", "TC_LANE="+lane)
+	}
+	if got := run(uidA, "lane-a"); got != "status OK" {
+		t.Fatalf("tenant a's first use of its key: %q", got)
+	}
+	if got := run(uidB, "lane-b"); got != "status OK" {
+		t.Fatalf("tenant b using the key tenant a bound to another lane: %q, want OK (its own key)", got)
+	}
+	if got := run(uidA, "lane-b"); got != "status "+tcproto.CodeFAILED_PRECONDITION.String() {
+		t.Fatalf("tenant a's key in another lane: %q, want FAILED_PRECONDITION (still bound)", got)
 	}
 }

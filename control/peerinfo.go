@@ -5,6 +5,7 @@ package control
 import (
 	"bytes"
 	"fmt"
+	"log/slog"
 	"slices"
 
 	"github.com/tensorcast/tensorcast/wire"
@@ -30,18 +31,22 @@ func (c *conn) rdmaInfo() {
 	}
 	*r = rep.RDMAInfo()
 	if n := r.Fit(c.s.cfg.MaxFrame / 2); n > 0 {
-		c.log.Warn("rdma answer cut short", "peers", len(r.Peers)+n, "sent", len(r.Peers))
+		c.s.logs.rdmaCut.Event(append(c.who(), slog.Int("peers", len(r.Peers)+n), slog.Int("sent", len(r.Peers)))...)
 	}
 }
 
-// segmentsList reports the daemon's exported segments and the remote
-// segments its connections opened.
+// segmentsList reports the segments exported by the connection's tenant
+// and the remote segments its tenant's connections opened; a connection
+// in no tenant (the daemon's admin) is told every one.
 func (c *conn) segmentsList() {
-	out := c.s.exports.List(nil)
+	tenant := c.tenantName()
+	out := c.s.exports.List(nil, tenant)
 	c.s.mu.Lock()
 	conns := make([]*conn, 0, len(c.s.conns))
 	for sc := range c.s.conns {
-		conns = append(conns, sc)
+		if tenant == "" || sc.tenantName() == tenant {
+			conns = append(conns, sc)
+		}
 	}
 	c.s.mu.Unlock()
 	for _, sc := range conns {

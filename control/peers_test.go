@@ -13,6 +13,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -387,4 +388,33 @@ func TestPeerCallsWithoutPlane(t *testing.T) {
 		Rights: wire.RightRead}), tcproto.CodeOK)
 	c.uc.Close()
 	e.waitIdle()
+}
+
+// TestSegmentsListPerTenant: a tenant's client is told only its own
+// tenant's exports; a connection in no tenant (root) is told every one.
+func TestSegmentsListPerTenant(t *testing.T) {
+	e, poolB := tenantEnv(t)
+	bin := openToAll(t, e)
+	for _, x := range []struct {
+		name, tenant string
+		seg          *shm.Pool
+	}{{"from-a", "a", e.pool}, {"from-b", "b", poolB}} {
+		exp, err := e.srv.exports.Export(x.name, x.tenant, x.seg, 0, 4096, wire.RightRead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer exp.End(0)
+	}
+	for _, c := range []struct {
+		uid  uint32
+		want string
+	}{{uidA, "status OK\nsegment from-a"}, {uidB, "status OK\nsegment from-b"}} {
+		if got := runAs(t, e, bin, "segments", c.uid, c.uid, nil); got != c.want {
+			t.Errorf("uid %d lists:\n%s\nwant:\n%s", c.uid, got, c.want)
+		}
+	}
+	r := dialRaw(t, e.sock).call(&wire.SegmentsRequest{})
+	if s := body[wire.SegmentsResponse](t, r).Segments; len(s) != 2 {
+		t.Errorf("root lists %d segments, want both tenants' 2", len(s))
+	}
 }

@@ -11,9 +11,11 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	flatbuffers "github.com/google/flatbuffers/go"
 	"golang.org/x/sys/unix"
@@ -504,5 +506,72 @@ func TestQueueSlotsFreeOnAnswer(t *testing.T) {
 			}
 			got += n
 		}
+	}
+}
+
+// TestQueueBreakersCountedByTheDaemon: a client that breaks queue after
+// queue gets one warning and a count, not a line per queue, and the
+// violation count it sees in stats is the daemon's own: a forged violation
+// word in the shared mapping changes nothing.
+func TestQueueBreakersCountedByTheDaemon(t *testing.T) {
+	const queues = 40
+	e := newEnv(t, false, func(c *Config, _ *Deps) {
+		c.Limits.MaxQueues = queues
+		c.LogInterval = time.Hour // the count comes with Close
+	})
+	rc := dialRaw(t, e.sock)
+	const (
+		offCQHead    = 0x100 // queue/doc.go
+		offViolation = 0x1c4
+	)
+	rings := make([]*queue.ClientRing, queues)
+	for i := range rings {
+		r, fds := rc.callFD(&wire.OpenQueueRequest{SQEntries: 8})
+		if r.Status != tcproto.CodeOK || len(fds) != 1 {
+			t.Fatalf("open queue %d: %v, %d fds", i, r.Status, len(fds))
+		}
+		mem, err := shm.MapShared(fds[0], body[wire.OpenQueueResponse](t, r).Size)
+		unix.Close(fds[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { shm.Unmap(mem) })
+		if rings[i], err = queue.NewClientRing(mem); err != nil {
+			t.Fatal(err)
+		}
+		// A completion head past anything posted, then an entry for the
+		// daemon to take: it refuses the head and breaks the queue.
+		(*atomic.Uint32)(unsafe.Pointer(&mem[offCQHead])).Store(1000)
+		(*atomic.Uint32)(unsafe.Pointer(&mem[offViolation])).Store(3_000_000_000)
+		rings[i].Stage(&queue.SQE{Op: queue.OpNop}, nil)
+		rings[i].Submit()
+	}
+	testutil.Eventually(t, testTimeout, func() bool {
+		for _, r := range rings {
+			if !errors.Is(r.Err(), queue.ErrBroken) {
+				return false
+			}
+		}
+		return true
+	}, "every queue broken")
+	st := body[wire.StatsResponse](t, rc.call(&wire.StatsRequest{}))
+	if i := slices.IndexFunc(st.Connection, func(k wire.Counter) bool { return k.Name == "queue_violations" }); i < 0 {
+		t.Errorf("no queue_violations in %v", st.Connection)
+	} else if v := st.Connection[i].Value; v != queues {
+		t.Errorf("queue_violations %d for %d broken queues, each with its shared word forged to 3e9", v, queues)
+	}
+	const msg = "queue broken by the client"
+	// The last worker's line is logged once it has left its loop.
+	testutil.Eventually(t, testTimeout, func() bool { return strings.Contains(e.logBuf.String(), msg) }, "the warning")
+	rc.uc.Close()
+	if err := e.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	log := e.logBuf.String()
+	if n := strings.Count(log, msg); n != 2 {
+		t.Fatalf("%d warnings for %d broken queues, want the first and one count:\n%s", n, queues, log)
+	}
+	if !strings.Contains(log, fmt.Sprintf("count=%d", queues-1)) {
+		t.Fatalf("the broken queues after the first are not counted:\n%s", log)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/ratelog"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/session"
 	"github.com/tensorcast/tensorcast/wire"
@@ -109,7 +110,7 @@ func (c *Config) setDefaults() error {
 		c.AcceptStall = 30 * time.Second
 	}
 	if c.LogInterval == 0 {
-		c.LogInterval = refusalInterval
+		c.LogInterval = ratelog.Interval
 	}
 	if c.FrameTimeout < 0 || c.AcceptStall < 0 || c.LogInterval < 0 {
 		return fmt.Errorf("%w: negative FrameTimeout, AcceptStall or LogInterval", ErrConfig)
@@ -187,8 +188,10 @@ type Server struct {
 	// Rate-limited logs: refusals by reason, accept failures, frames that
 	// did not complete in time.
 	logs struct {
-		setup, denied, maxConns, maxPerUID, draining *rateLog
-		acceptFail, acceptOK, frameTimeout           *rateLog
+		setup, denied, maxConns, maxPerUID, draining *ratelog.Log
+		acceptFail, acceptOK, frameTimeout           *ratelog.Log
+		// What a client's frames can make a connection warn about.
+		badFrame, undecodable, lostFDs, unexpectedFD, strayFDs, rdmaCut *ratelog.Log
 	}
 
 	wg sync.WaitGroup // accept loop and connection goroutines
@@ -258,16 +261,23 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 		Engine: deps.Engine, Registry: deps.Registry, MapBuffer: deps.MapBuffer, FileOpener: deps.FileOpener,
 		Exports: deps.Exports, Peers: deps.Peers,
 		Closing: s.closing, Quiesced: s.quiesced, Draining: s.draining.Load,
+		Log: log, LogInterval: cfg.LogInterval,
 	}
 	every := cfg.LogInterval
-	s.logs.setup = newRateLog(log, slog.LevelWarn, "connection setup failed", every)
-	s.logs.denied = newRateLog(log, slog.LevelWarn, "peer refused: not allowed", every)
-	s.logs.maxConns = newRateLog(log, slog.LevelWarn, "peer refused: at max_conns", every)
-	s.logs.maxPerUID = newRateLog(log, slog.LevelWarn, "peer refused: its uid is at max_conns_per_uid", every)
-	s.logs.draining = newRateLog(log, slog.LevelInfo, "peer refused: draining", every)
-	s.logs.acceptFail = newRateLog(log, slog.LevelError, "accept failing; retrying with back-off", every)
-	s.logs.acceptOK = newRateLog(log, slog.LevelInfo, "accepting again after failed accepts", every)
-	s.logs.frameTimeout = newRateLog(log, slog.LevelWarn, "closing connection: frame not completed in time", every)
+	s.logs.setup = ratelog.New(log, slog.LevelWarn, "connection setup failed", every)
+	s.logs.denied = ratelog.New(log, slog.LevelWarn, "peer refused: not allowed", every)
+	s.logs.maxConns = ratelog.New(log, slog.LevelWarn, "peer refused: at max_conns", every)
+	s.logs.maxPerUID = ratelog.New(log, slog.LevelWarn, "peer refused: its uid is at max_conns_per_uid", every)
+	s.logs.draining = ratelog.New(log, slog.LevelInfo, "peer refused: draining", every)
+	s.logs.acceptFail = ratelog.New(log, slog.LevelError, "accept failing; retrying with back-off", every)
+	s.logs.acceptOK = ratelog.New(log, slog.LevelInfo, "accepting again after failed accepts", every)
+	s.logs.frameTimeout = ratelog.New(log, slog.LevelWarn, "closing connection: frame not completed in time", every)
+	s.logs.badFrame = ratelog.New(log, slog.LevelWarn, "closing connection: bad frame", every)
+	s.logs.undecodable = ratelog.New(log, slog.LevelWarn, "closing connection: undecodable request", every)
+	s.logs.lostFDs = ratelog.New(log, slog.LevelWarn, "file descriptors sent with a request were lost: the daemon is out of file descriptors", every)
+	s.logs.unexpectedFD = ratelog.New(log, slog.LevelWarn, "file descriptor with a request that takes none", every)
+	s.logs.strayFDs = ratelog.New(log, slog.LevelWarn, "closing file descriptors sent without a frame", every)
+	s.logs.rdmaCut = ratelog.New(log, slog.LevelWarn, "rdma answer cut short", every)
 	ln := cfg.Listener
 	if ln == nil {
 		if ln, err = listen(cfg.Socket, cfg.Mode); err != nil {
@@ -373,7 +383,7 @@ func (s *Server) acceptLoop() error {
 			if backoff > 0 {
 				since := time.Unix(0, s.acceptFailing.Load())
 				s.acceptFailing.Store(0)
-				s.logs.acceptOK.event(slog.Int("failed_accepts", failures),
+				s.logs.acceptOK.Event(slog.Int("failed_accepts", failures),
 					slog.Duration("failing_for", time.Since(since).Round(time.Millisecond)))
 				backoff, failures = 0, 0
 			}
@@ -403,7 +413,7 @@ func (s *Server) acceptLoop() error {
 		} else {
 			backoff = min(2*backoff, acceptBackoffMax)
 		}
-		s.logs.acceptFail.event(slog.String("err", err.Error()), slog.Duration("backoff", backoff),
+		s.logs.acceptFail.Event(slog.String("err", err.Error()), slog.Duration("backoff", backoff),
 			slog.Int("connections", s.Connections()))
 		if retry == nil {
 			retry = time.NewTimer(backoff)
@@ -473,20 +483,20 @@ func (s *Server) isClosed() bool {
 func (s *Server) accept(uc *net.UnixConn) {
 	c, err := newConn(s, uc)
 	if err != nil {
-		s.logs.setup.event(slog.String("err", err.Error()))
+		s.logs.setup.Event(slog.String("err", err.Error()))
 		uc.Close()
 		return
 	}
 	who := []slog.Attr{slog.Int("pid", int(c.cred.Pid)), slog.Uint64("uid", uint64(c.cred.Uid)), slog.Uint64("gid", uint64(c.cred.Gid))}
 	t, err := s.tenantOf(c.cred)
 	if err != nil {
-		s.logs.denied.event(append(who, slog.String("why", err.Error()))...)
+		s.logs.denied.Event(append(who, slog.String("why", err.Error()))...)
 		c.refuse(ErrPermission)
 		return
 	}
 	c.setTenant(t)
 	if s.draining.Load() {
-		s.logs.draining.event(who...)
+		s.logs.draining.Event(who...)
 		c.refuse(ErrUnavailable)
 		return
 	}
@@ -498,12 +508,12 @@ func (s *Server) accept(uc *net.UnixConn) {
 		return
 	case len(s.conns) >= s.cfg.MaxConns:
 		s.mu.Unlock()
-		s.logs.maxConns.event(append(who, slog.Int("max_conns", s.cfg.MaxConns))...)
+		s.logs.maxConns.Event(append(who, slog.Int("max_conns", s.cfg.MaxConns))...)
 		c.refuse(ErrTooManyConns)
 		return
 	case s.perUID[c.cred.Uid] >= s.cfg.MaxConnsPerUID:
 		s.mu.Unlock()
-		s.logs.maxPerUID.event(append(who, slog.Int("max_conns_per_uid", s.cfg.MaxConnsPerUID))...)
+		s.logs.maxPerUID.Event(append(who, slog.Int("max_conns_per_uid", s.cfg.MaxConnsPerUID))...)
 		c.refuse(ErrTooManyConns)
 		return
 	}
@@ -607,10 +617,12 @@ func (s *Server) Close() error {
 		c.uc.Close()
 	}
 	s.wg.Wait()
-	for _, l := range []*rateLog{s.logs.setup, s.logs.denied, s.logs.maxConns, s.logs.maxPerUID, s.logs.draining,
-		s.logs.acceptFail, s.logs.acceptOK, s.logs.frameTimeout} {
-		l.stop()
+	for _, l := range []*ratelog.Log{s.logs.setup, s.logs.denied, s.logs.maxConns, s.logs.maxPerUID, s.logs.draining,
+		s.logs.acceptFail, s.logs.acceptOK, s.logs.frameTimeout,
+		s.logs.badFrame, s.logs.undecodable, s.logs.lostFDs, s.logs.unexpectedFD, s.logs.strayFDs, s.logs.rdmaCut} {
+		l.Stop()
 	}
+	s.host.StopLogs()
 	return err
 }
 

@@ -1,13 +1,12 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/uring"
@@ -93,7 +92,10 @@ func newFileTier(cfg Config, pools []xfer.MemSegment, log *slog.Logger) *fileTie
 // tenant's client opens files only in its own directory (where a relative
 // path is taken) and its allowed_files, so no tenant reaches another's
 // files; a connection without a tenant (root, the daemon's uid) and every
-// client without [[tenants]] open what OpenFile allows.
+// client without [[tenants]] open what OpenFile allows. The transport
+// checks the resolved path before it creates, opens or extends anything,
+// so a refused registration changes nothing on disk; the stores' L2 files
+// are refused on every path.
 func (f *fileTier) OpenFileFor(tenant string, id xfer.SegmentID, path string, direct bool, size uint64) (control.FileSegment, error) {
 	tf, ok := f.tenants[tenant]
 	if f.tenants == nil || tenant == "" {
@@ -105,13 +107,14 @@ func (f *fileTier) OpenFileFor(tenant string, id xfer.SegmentID, path string, di
 	if !filepath.IsAbs(path) {
 		path = filepath.Join(tf.dir, path)
 	}
-	seg, err := f.t.OpenFile(id, path, uring.FileOptions{Direct: direct, Size: size, Create: true})
+	seg, err := f.t.OpenFile(id, path, uring.FileOptions{Direct: direct, Size: size, Create: true,
+		Within: append([]string{tf.dir}, tf.paths...), Refuse: f.storeL2})
+	if errors.Is(err, uring.ErrNotAllowed) {
+		return nil, fmt.Errorf("%w: outside tenant %q's files (%s and allowed_files), or the daemon's own: %w",
+			control.ErrPermission, tenant, tf.dir, err)
+	}
 	if err != nil {
 		return nil, err
-	}
-	if !within(seg.Path(), tf.dir) && !slices.ContainsFunc(tf.paths, func(p string) bool { return seg.Path() == p || within(seg.Path(), p) }) {
-		seg.Close()
-		return nil, fmt.Errorf("%w: %s is outside tenant %q's files (%s and allowed_files)", control.ErrPermission, seg.Path(), tenant, tf.dir)
 	}
 	return seg, nil
 }
@@ -124,18 +127,9 @@ func resolvePath(p string) string {
 	return p
 }
 
-// within reports whether path lies strictly inside dir.
-func within(path, dir string) bool {
-	rel, err := filepath.Rel(dir, path)
-	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../") && !filepath.IsAbs(rel)
-}
-
 // OpenFile implements control.FileOpener.
 func (f *fileTier) OpenFile(id xfer.SegmentID, path string, direct bool, size uint64) (control.FileSegment, error) {
-	if f.isStoreL2(path) {
-		return nil, fmt.Errorf("%w: %s", errStoreL2, path)
-	}
-	seg, err := f.t.OpenFile(id, path, uring.FileOptions{Direct: direct, Size: size, Create: true})
+	seg, err := f.t.OpenFile(id, path, uring.FileOptions{Direct: direct, Size: size, Create: true, Refuse: f.storeL2})
 	if err != nil {
 		return nil, err
 	}

@@ -150,7 +150,7 @@ func (d *Daemon) collectQueues(e *metrics.Emit) {
 	e.Counter("tensorcast_queue_worker_sleeps_total", "Sleeps of queue workers waiting for entries or room.", float64(q.WorkerSleeps))
 	e.Counter("tensorcast_queue_worker_spins_total", "Spins of queue workers that found work before sleeping.", float64(q.WorkerSpins))
 	e.Counter("tensorcast_queue_worker_prewakes_total", "Wakes of sleeping queue workers by a completion that left their queue with nothing in flight.", float64(q.WorkerPrewakes))
-	e.Counter("tensorcast_queue_violations_total", "Invalid indices clients wrote into their queues.", float64(q.Violations))
+	e.Counter("tensorcast_queue_violations_total", "Queues broken by an invalid index their client wrote (the daemon's own count).", float64(q.Violations))
 }
 
 func (d *Daemon) collectRings(e *metrics.Emit) {

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -113,28 +112,6 @@ func (d *Daemon) closeStore() {
 		}
 	}
 }
-
-// isStoreL2 reports whether path names one of the stores' L2 files, which
-// clients may not open as a file segment (they could overwrite the
-// store's blocks under it).
-func (f *fileTier) isStoreL2(path string) bool {
-	if len(f.storeL2) == 0 {
-		return false
-	}
-	a, err := os.Stat(path)
-	if err != nil {
-		return false
-	}
-	for _, p := range f.storeL2 {
-		if b, err := os.Stat(p); err == nil && os.SameFile(a, b) {
-			return true
-		}
-	}
-	return false
-}
-
-// errStoreL2 refuses a client's RegisterFile of the store's L2 file.
-var errStoreL2 = fmt.Errorf("%w: the store's L2 file is the daemon's own", fs.ErrPermission)
 
 // collectStore is the store's metrics source.
 func (d *Daemon) collectStore(e *metrics.Emit) {

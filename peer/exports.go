@@ -223,12 +223,18 @@ func (t *Exports) Subscribe(name, tenant string, in *Inbox) error {
 	return nil
 }
 
-// List appends every export to dst, as Segments reports them.
-func (t *Exports) List(dst []wire.SegmentInfo) []wire.SegmentInfo {
+// List appends the exports of tenant to dst, as Segments reports them:
+// every export for "" (a connection in no tenant, the daemon's admin).
+// Another tenant's exports are not listed: their names say what it
+// shares.
+func (t *Exports) List(dst []wire.SegmentInfo, tenant string) []wire.SegmentInfo {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.RLock()
 		for _, e := range s.m {
+			if tenant != "" && e.tenant != tenant {
+				continue
+			}
 			dst = append(dst, wire.SegmentInfo{Name: []byte(e.name), Segment: uint64(e.source), Size: e.view.size, Rights: e.rights})
 		}
 		s.mu.RUnlock()

@@ -123,7 +123,10 @@ func TestExportTable(t *testing.T) {
 	if _, err := x.Export("ro", "t1", buf, 0, 4096, wire.RightRead); err != nil {
 		t.Fatal(err)
 	}
-	l := x.List(nil)
+	if l := x.List(nil, "t2"); len(l) != 0 {
+		t.Fatalf("List for another tenant: %+v", l)
+	}
+	l := x.List(nil, "")
 	slices.SortFunc(l, func(a, b wire.SegmentInfo) int { return strings.Compare(string(a.Name), string(b.Name)) })
 	if len(l) != 2 || string(l[0].Name) != "kv" || l[0].Size != 8192 || l[0].Rights != 3 || l[0].Segment != 5 || string(l[1].Name) != "ro" {
 		t.Fatalf("List: %+v", l)

@@ -54,6 +54,12 @@ type DaemonRing struct {
 	spurious int // consecutive wake-ups that found nothing
 
 	closed atomic.Bool
+	// broken and violations are the daemon's own record of what the client
+	// did wrong. The shared state and violation words are written from
+	// them for the client to read, never read back: the client can write
+	// anything there.
+	broken     atomic.Bool
+	violations atomic.Uint32
 
 	// cqMu guards the fields below: completions are posted from the
 	// transports' goroutines.
@@ -76,18 +82,23 @@ func NewDaemonRing(mem []byte, g Geometry, id uint64) *DaemonRing {
 func (r *DaemonRing) Geometry() Geometry { return r.g }
 
 // violate records an index the client wrote that the daemon refuses. The
-// queue takes nothing more; what is in flight still completes.
+// queue takes nothing more; what is in flight still completes. A queue
+// counts one violation, when it breaks: the same bad index read again (by
+// Counts, under a stats call) is not another. Any goroutine may call it.
 func (r *DaemonRing) violate() {
-	r.w.violations.Add(1)
+	if r.broken.Swap(true) {
+		return
+	}
+	r.w.violations.Store(r.violations.Add(1))
 	r.w.state.Or(StateBroken)
-	r.why = starveBroken
 }
 
 // Broken reports whether the client broke the queue with an invalid index.
-func (r *DaemonRing) Broken() bool { return r.w.state.Load()&StateBroken != 0 }
+func (r *DaemonRing) Broken() bool { return r.broken.Load() }
 
-// Violations is how many invalid indices the daemon refused.
-func (r *DaemonRing) Violations() uint32 { return r.w.violations.Load() }
+// Violations is how many invalid indices the daemon refused (0 or 1: the
+// first breaks the queue), counted in the daemon's memory.
+func (r *DaemonRing) Violations() uint32 { return r.violations.Load() }
 
 // cqFreeLocked is how many more requests may be in flight: completion
 // slots neither holding an unreaped CQE nor reserved. r.cqMu is held.
@@ -118,6 +129,7 @@ func (r *DaemonRing) Take(dst []SQE) int {
 	avail := tail - r.sqHead
 	if avail > r.g.SQEntries {
 		r.violate()
+		r.why = starveBroken
 		return 0
 	}
 	if avail == 0 {

@@ -34,6 +34,10 @@
 //	cq_off   cq_entries CQEs of 32 bytes
 //	data_off data_size bytes the client manages: notification payloads, keys
 //
+// The state and violations words are the daemon's record published for the
+// client: the daemon keeps its own copy and never reads them back, so what
+// it reports cannot be set by the client.
+//
 // Each index is a free-running u32; entry i lives at i & (entries-1). A
 // side writes its own index after the entries it covers with a
 // sequentially consistent atomic write (the Go side uses a swap, a

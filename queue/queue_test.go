@@ -323,6 +323,32 @@ func TestCQBackpressure(t *testing.T) {
 	}
 }
 
+// TestForgedViolationWords: the state and violation words are shared, so a
+// client can write anything there; what the daemon reports and how it
+// treats the queue come from its own memory.
+func TestForgedViolationWords(t *testing.T) {
+	d, c := pair(t, 8, 0, 0)
+	c.w.violations.Store(3_000_000_000)
+	if v := d.Violations(); v != 0 {
+		t.Fatalf("a client's forged violation word reads as %d violations", v)
+	}
+	c.w.sqTail.Store(9)
+	var sqes [16]SQE
+	if n := d.Take(sqes[:]); n != 0 || !d.Broken() {
+		t.Fatalf("took %d, broken %v", n, d.Broken())
+	}
+	c.w.violations.Store(3_000_000_000)
+	if v := d.Violations(); v != 1 {
+		t.Fatalf("%d violations after one, with the client's word at 3e9", v)
+	}
+	// Clearing the broken bit does not mend the queue for the daemon.
+	c.w.state.Store(0)
+	c.w.sqTail.Store(1)
+	if n := d.Take(sqes[:]); n != 0 || !d.Broken() {
+		t.Fatalf("after the client cleared the state word: took %d, broken %v", n, d.Broken())
+	}
+}
+
 func TestInvalidIndices(t *testing.T) {
 	t.Run("sq_tail past the ring", func(t *testing.T) {
 		d, c := pair(t, 8, 0, 0)

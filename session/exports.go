@@ -2,6 +2,7 @@ package session
 
 import (
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -88,7 +89,7 @@ func (c *Session) dropExport(i int) {
 		wait = 0
 	}
 	if !e.End(wait) {
-		c.log.Warn("peer requests still in an unexported range", "name", e.Name())
+		c.h.warns().lingeringExport.Event(append(c.who(), slog.String("name", e.Name()))...)
 		if e.Source() == c.poolID() {
 			c.lingering = append(c.lingering, e)
 		}

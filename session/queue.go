@@ -3,6 +3,7 @@ package session
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -166,7 +167,8 @@ func (q *cqueue) work() {
 	}
 	q.pend = q.pend[:0]
 	if q.ring.Broken() {
-		q.c.log.Warn("queue broken by the client: an index past its ring", "queue", q.id, "violations", q.ring.Violations())
+		q.c.h.warns().brokenQueue.Event(append(q.c.who(), slog.Uint64("queue", q.id),
+			slog.Uint64("violations", uint64(q.ring.Violations())))...)
 	}
 }
 

@@ -5,6 +5,7 @@ package session
 
 import (
 	"errors"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -40,7 +41,7 @@ func (c *Session) Close() {
 			}
 			err = e.Free(id)
 			if errors.Is(err, ErrBatchBusy) {
-				c.log.Warn("abandoning a busy batch of a closed connection", "batch", id)
+				c.h.warns().abandonedBatch.Event(append(c.who(), slog.Uint64("batch", uint64(id)))...)
 				e.Abandon(id)
 				err = nil
 			}
@@ -83,7 +84,7 @@ func (c *Session) Close() {
 		case inFlight[off]:
 			// A transfer abandoned with the connection still moves bytes
 			// in it; the last one to end frees it.
-			c.log.Warn("pool block left to its in-flight transfers; freed when they end", "offset", off)
+			c.h.warns().lingeringBlock.Event(append(c.who(), slog.Uint64("offset", off))...)
 		default:
 			if err := p.Free(off); err != nil {
 				c.log.Warn("freeing a pool block of a closed connection failed", "offset", off, "err", err)

@@ -59,6 +59,14 @@ type Host struct {
 	Quiesced <-chan struct{}
 	// Draining reports whether new requests are refused.
 	Draining func() bool
+	// Log and LogInterval are where and how often at most (ratelog.Interval
+	// when 0) the warnings a client can trigger are logged (warnings.go);
+	// nil Log discards them.
+	Log         *slog.Logger
+	LogInterval time.Duration
+
+	warnOnce sync.Once
+	warnings *warnings // made by warns
 
 	nextQueue atomic.Uint64
 	// mu guards closedQueues: the counters closed queues left behind.

@@ -38,8 +38,9 @@ var (
 	ErrFault = xfer.Categorized(xfer.ErrPrecondition, "store: memory fault in a copy")
 	// ErrPinned: the key is pinned (Remove refuses it).
 	ErrPinned = xfer.Categorized(xfer.ErrPrecondition, "store: key is pinned")
-	// ErrBusy: the key has a put, a promotion, a writeback or a removal in
-	// flight; try again.
+	// ErrBusy: the key has a caller's put, promotion, copy or removal in
+	// flight; try again. The store's own background work (a writeback) is
+	// never answered with it.
 	ErrBusy = xfer.Categorized(xfer.ErrBusy, "store: key busy")
 	// ErrExists: the key is already stored.
 	ErrExists = xfer.Categorized(xfer.ErrAlreadyExists, "store: key exists")

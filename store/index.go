@@ -42,6 +42,8 @@ const (
 	fInL2LRU                    // on the shard's L2 list (prev2, next2)
 	fInDirty                    // on the shard's dirty FIFO (prev2, next2)
 	fCopyPut                    // reserved by a copying Put call, not by a session
+	fRemove                     // a Remove waits for the store's own I/O in flight (shard.removing)
+	fBgDrop                     // stDropping by the store's own invalidation: L2 eviction, a corrupt block
 )
 
 // entry is one key's metadata: 64 bytes, no pointers.
@@ -97,6 +99,11 @@ type shard struct {
 	lru   list // L1 LRU: resident, ready, unpinned entries (head = most recent)
 	l2lru list // entries on L2, by last access
 	dirty list // entries owed a writeback, oldest at the tail
+
+	// removing are the Removes waiting for the store's own I/O in flight
+	// on an entry (fRemove: a writeback, an invalidation it started), by
+	// entry index; made at the first.
+	removing map[uint32]waitRec
 
 	_ [64]byte // keep neighbouring shards' mutexes off one cache line
 }

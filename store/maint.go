@@ -261,6 +261,7 @@ func (s *Store) evictL2One(sh *shard, si, idx uint32) (uint64, *ioTask, int) {
 		return 0, nil, evNoTask
 	}
 	e.state = stDropping
+	e.flags |= fBgDrop
 	sh.unlistAll(idx)
 	e.io++
 	it.kind, it.r, it.slot = kInval, ref{si, idx, e.gen}, e.l2

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -898,10 +899,14 @@ func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 }
 
 // Remove removes each key. An absent key is OK (remove is idempotent); a
-// pinned one FAILED_PRECONDITION; one with I/O in flight BUSY. A key on L2
-// is gone once its block header has been overwritten on the device, so it
-// does not come back after a restart; if that write fails the key stays
-// and its code and error say why.
+// pinned one FAILED_PRECONDITION; one with a caller's I/O in flight (a
+// promotion, a copy out, another Remove) BUSY. A key on L2 is gone once its
+// block header has been overwritten on the device, so it does not come
+// back after a restart; if that write fails the key stays and its code and
+// error say why. The store's own I/O on a key (a writeback, an eviction
+// from L2) is no caller's business: the key is invisible at once, and its
+// Remove ends when that I/O has (a header the writeback wrote overwritten
+// again).
 func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
 	if err := s.begin(len(keys), codes, errs); err != nil {
 		return false, err
@@ -912,6 +917,16 @@ func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completio
 		var it *ioTask
 		if found {
 			it, err = s.removeLocked(sh, r)
+		}
+		if err == errJoin {
+			if cl == nil {
+				cl = s.newCall(done, tag, codes, errs)
+			}
+			// The writeback's end answers the key, once sh.mu is released.
+			setError(codes, errs, i, nil)
+			s.joinBackground(sh, r, cl, i)
+			sh.mu.Unlock()
+			continue
 		}
 		if sh != nil {
 			sh.mu.Unlock()
@@ -927,6 +942,26 @@ func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completio
 	return s.dispatch(cl, kInval)
 }
 
+// errJoin says that the entry a Remove found has the store's own I/O in
+// flight and nothing else (a writeback, or an invalidation of L2 eviction
+// or of a corrupt block): the Remove joins it.
+var errJoin = errors.New("store: remove after the store's own I/O in flight")
+
+// joinBackground makes entry r, which has the store's own I/O in flight,
+// invisible and owes key pos of cl its result when that I/O ends
+// (endRemovedWriteback, endInval). sh.mu is held.
+func (s *Store) joinBackground(sh *shard, r ref, cl *call, pos int) {
+	e := sh.ent(r.idx)
+	e.state = stDropping
+	e.flags |= fRemove
+	sh.unlistAll(r.idx)
+	if sh.removing == nil {
+		sh.removing = map[uint32]waitRec{}
+	}
+	sh.removing[r.idx] = waitRec{cl: cl, pos: int32(pos)}
+	cl.left.Add(1)
+}
+
 // removeLocked removes entry r, or starts its removal from L2: then it
 // returns the task that overwrites the key's block header, for the caller
 // to dispatch. An entry not stored yet is absent to every reader, so
@@ -936,10 +971,14 @@ func (s *Store) removeLocked(sh *shard, r ref) (*ioTask, error) {
 	switch {
 	case e.state == stReserved || e.state == stPutting:
 		return nil, nil
+	case e.state == stDropping && e.flags&(fBgDrop|fRemove) == fBgDrop:
+		return nil, errJoin // going already, by the store's own doing
 	case e.state == stDropping:
-		return nil, ErrBusy
+		return nil, ErrBusy // another caller's Remove
 	case e.pins > 0:
 		return nil, ErrPinned
+	case e.flags&fWB != 0 && e.io == 1 && e.flags&fPromote == 0:
+		return nil, errJoin // the writeback's is the only I/O
 	case e.io > 0 || e.flags&(fWB|fPromote) != 0:
 		return nil, ErrBusy
 	case e.flags&fL2 == 0:

@@ -257,6 +257,10 @@ func (t *tier2) endWriteback(it *ioTask, ok bool) {
 	sh.mu.Lock()
 	idx := it.r.idx
 	e := sh.ent(idx)
+	if e.flags&fRemove != 0 {
+		t.endRemovedWriteback(sh, it, ok)
+		return
+	}
 	e.io--
 	e.flags &^= fWB
 	tomb := false
@@ -303,6 +307,51 @@ func (t *tier2) endWriteback(it *ioTask, ok bool) {
 	if !full {
 		s.kick()
 	}
+}
+
+// endRemovedWriteback ends the writeback of an entry a Remove joined
+// (joinWriteback). A block the writeback put on the device has its header
+// overwritten by the same task, now an invalidation whose end (endInval)
+// removes the key and answers the Remove; without one the key goes at
+// once. sh.mu is held on entry and released on return.
+func (t *tier2) endRemovedWriteback(sh *shard, it *ioTask, ok bool) {
+	s := t.s
+	idx := it.r.idx
+	e := sh.ent(idx)
+	w := sh.removing[idx]
+	delete(sh.removing, idx)
+	e.flags &^= fWB | fRemove
+	s.c.dirtyOwed.Add(^uint64(0))
+	if ok {
+		// The writeback's I/O count is the invalidation's now.
+		e.flags = e.flags&^fDirty | fL2
+		e.l2, e.crc = it.slot, it.crc
+		s.c.l2Keys.Add(1)
+		s.c.writebacks.Add(1)
+		sh.mu.Unlock()
+		t.wbInflight.Add(-1)
+		it.kind, it.cl, it.pos = kInval, w.cl, w.pos
+		t.reqSector(it, xfer.OpWrite, it.off, true)
+		t.submitOne(it)
+		return
+	}
+	e.io--
+	ferr := s.freeBlock(e.l1, e.size)
+	s.c.keys.Add(^uint64(0))
+	s.c.l1Keys.Add(^uint64(0))
+	sh.remove(idx)
+	sh.mu.Unlock()
+	if errors.Is(it.err, ErrL2Full) || errors.Is(it.err, ErrNoIO) {
+		t.l2Short.Store(true)
+	}
+	t.wbInflight.Add(-1)
+	t.freeTask(it)
+	if ferr != nil {
+		ferr = fmt.Errorf("store: key removed, its block not freed: %w", ferr)
+	}
+	w.cl.result(w.pos, ferr)
+	w.cl.finish1(&s.calls)
+	s.kick()
 }
 
 // startReads dispatches promotions: each reads a value from its slot
@@ -366,6 +415,7 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 		}
 		if corrupt {
 			e.state = stDropping
+			e.flags |= fBgDrop
 			sh.unlistAll(idx)
 			e.io++
 		}
@@ -438,6 +488,11 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 	evict := it.cl == nil && !it.drop
 	sh.mu.Lock()
 	e := sh.ent(idx)
+	var w waitRec // a Remove that joined the store's own invalidation
+	if e.flags&fRemove != 0 {
+		w = sh.removing[idx]
+		delete(sh.removing, idx)
+	}
 	slotBytes := uint64(0)
 	t.mu.Lock()
 	if evict {
@@ -471,6 +526,7 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 		sh.remove(idx)
 	} else {
 		e.state = stReady
+		e.flags &^= fBgDrop | fRemove
 		e.io--
 		s.relist(sh, idx)
 		sh.l2Touch(idx)
@@ -483,6 +539,18 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 	sh.mu.Unlock()
 	cl, pos := it.cl, it.pos
 	t.freeTask(it)
+	if w.cl != nil {
+		// The key is gone as the Remove asked, or stays as it was: the
+		// header write failed, said in the Remove's code.
+		werr := err
+		if gone {
+			werr = nil
+		} else {
+			s.c.removeFail.Add(1)
+		}
+		w.cl.result(w.pos, werr)
+		w.cl.finish1(&s.calls)
+	}
 	if cl != nil {
 		if gone {
 			if !canRelease {

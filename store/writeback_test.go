@@ -205,3 +205,165 @@ func TestReadErrors(t *testing.T) {
 		t.Fatalf("short dst: %v %d %v", codes[0], lens[0], errs[0])
 	}
 }
+
+// TestRemoveDuringWriteback: the store's own writeback of a key is no
+// caller's business. While it is in flight the key reads and exists as any
+// stored key; a Remove of it is never BUSY: the key is gone at once, the
+// Remove ends with the writeback (the header it wrote zeroed again, or
+// nothing written), and the key does not come back after a restart.
+func TestRemoveDuringWriteback(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("writeback fails %v", fail), func(t *testing.T) {
+			e := newEnv(t, 16<<20, withL2(32<<20))
+			e.tr.Update(func(c *xfertest.Config) { c.Hold = isValueWrite })
+			ss := e.s.NewSession()
+			defer ss.Close()
+			keys := keysN("wb", 8)
+			vals := valuesFor(keys, 3000)
+			mustCodes(t, "put", e.put(ss, keys, vals, false), OK)
+			e.waitFor("every writeback in flight", func() bool { return e.tr.Held() == len(keys) })
+			mustCodes(t, "exists under writeback", e.exists(keys), OK)
+			e.checkValues(keys, vals)
+
+			codes := make([]Code, len(keys))
+			errs := make([]error, len(keys))
+			rec := newRecorder()
+			pending, err := e.s.Remove(keys[:4], codes[:4], errs[:4], rec, 1)
+			if err != nil || !pending {
+				t.Fatalf("remove under writeback: pending %v, %v, codes %v", pending, err, codes[:4])
+			}
+			mustCodes(t, "exists once removed", e.exists(keys), NotFound, NotFound, NotFound, NotFound, OK, OK, OK, OK)
+			e.tr.Update(func(c *xfertest.Config) {
+				c.Hold = nil
+				if fail {
+					c.Err = func(t *xfer.Task) error {
+						if isValueWrite(t) {
+							return errInjected
+						}
+						return nil
+					}
+				}
+			})
+			e.tr.release()
+			<-rec.done
+			mustCodes(t, "remove", codes[:4], OK, OK, OK, OK)
+			// A blocking Remove of the rest once their writeback is done (or
+			// being retried) is as before.
+			if _, err := e.s.Remove(keys[4:], codes[4:], errs[4:], nil, 0); err != nil {
+				t.Fatal(err)
+			}
+			mustCodes(t, "remove after writeback", codes[4:], OK, OK, OK, OK)
+			e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
+			if err := e.s.Flush(flushWait); err != nil {
+				t.Fatal(err)
+			}
+			if st := e.s.Stats(); st.Keys != 0 || st.L2Bytes != 0 || st.Dirty != 0 || st.IOInFlight != 0 {
+				t.Fatalf("stats after removing every key: %+v", st)
+			}
+			e.reopen()
+			mustCodes(t, "after restart", e.exists(keys), NotFound, NotFound, NotFound, NotFound, NotFound, NotFound, NotFound, NotFound)
+		})
+	}
+}
+
+// TestPutRemoveLoopNeverBusy: a single writer that puts keys and removes
+// them at once, while the store writes back what it put (each writeback
+// held until another goroutine carries it out), never sees BUSY; after a
+// restart on the same L2 none of the removed keys is there.
+func TestPutRemoveLoopNeverBusy(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = isValueWrite })
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-e.tr.Holding():
+				e.tr.release()
+			case <-stop:
+				return
+			}
+		}
+	}()
+	ss := e.s.NewSession()
+	const rounds, batch = 400, 4
+	var removed [][]byte
+	codes := make([]Code, batch)
+	errs := make([]error, batch)
+	for r := range rounds {
+		keys := keysN(fmt.Sprintf("loop%d-", r), batch)
+		mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 5000), false), OK, OK, OK, OK)
+		if _, err := e.s.Remove(keys, codes, errs, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range codes {
+			if c != OK {
+				t.Fatalf("round %d: remove of %s: %v (%v)", r, keys[i], c, errs[i])
+			}
+		}
+		removed = append(removed, keys...)
+	}
+	ss.Close()
+	close(stop)
+	wg.Wait()
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
+	e.tr.release()
+	if err := e.s.Flush(flushWait); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stats %+v", e.s.Stats())
+	e.reopen()
+	for i, c := range e.existsAll(removed) {
+		if c != NotFound {
+			t.Fatalf("%s is back after a restart: %v", removed[i], c)
+		}
+	}
+}
+
+// existsAll is exists over any number of keys, a call per MaxKeysPerCall.
+func (e *testEnv) existsAll(keys [][]byte) []Code {
+	var codes []Code
+	for i := 0; i < len(keys); i += e.s.cfg.MaxKeysPerCall {
+		codes = append(codes, e.exists(keys[i:min(i+e.s.cfg.MaxKeysPerCall, len(keys))])...)
+	}
+	return codes
+}
+
+// TestRemoveDuringL2Eviction: the store's own eviction of a key from L2 is
+// no caller's business either: a Remove of a key whose eviction is in
+// flight is not BUSY; it ends with the eviction, and the key does not come
+// back after a restart.
+func TestRemoveDuringL2Eviction(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	keys := keysN("ev", 4)
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK, OK, OK, OK)
+	ss.Close()
+	e.dropL1()
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = isZeroWrite })
+	batch := e.s.evictL2LRU(1<<40, nil)
+	if len(batch) != len(keys) {
+		t.Fatalf("%d evictions started, want %d", len(batch), len(keys))
+	}
+	var xts []*xfer.Task
+	e.s.l2.startInvals(batch, &xts)
+	e.waitFor("every eviction in flight", func() bool { return e.tr.Held() == len(keys) })
+
+	codes := make([]Code, 2)
+	rec := newRecorder()
+	pending, err := e.s.Remove(keys[:2], codes, nil, rec, 1)
+	if err != nil || !pending {
+		t.Fatalf("remove under eviction: pending %v, %v, codes %v", pending, err, codes)
+	}
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
+	e.tr.release()
+	<-rec.done
+	mustCodes(t, "remove", codes, OK, OK)
+	if st := e.s.Stats(); st.Keys != 0 || st.EvictionsL2 != uint64(len(keys)) || st.IOInFlight != 0 {
+		t.Fatalf("stats after the evictions: %+v", st)
+	}
+	e.reopen()
+	mustCodes(t, "after restart", e.exists(keys), NotFound, NotFound, NotFound, NotFound)
+}

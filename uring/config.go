@@ -164,6 +164,15 @@ type FileOptions struct {
 	Create bool
 	// ReadOnly opens the file read-only; writes to it then fail.
 	ReadOnly bool
+	// Within, when set, narrows Config.AllowedDirs and AllowedDevices for
+	// this open: the resolved path must also lie strictly inside one of
+	// these directories or be one of these files. A daemon confines a
+	// tenant to its own files with it.
+	Within []string
+	// Refuse are files that may not be opened whatever path names them (a
+	// symlink, a hard link, /proc/self/fd/N): the daemon's own, such as a
+	// store's L2 file. They are compared by device and inode.
+	Refuse []string
 }
 
 // Features says what the kernel offers and what a Transport uses.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -200,5 +201,51 @@ func TestBlockDevice(t *testing.T) {
 	}
 	if _, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 0, f, 8<<20, 512)); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("read past the device end: %v", err)
+	}
+}
+
+// TestRefusedOpenChangesNothing: an open refused by a check made after the
+// file is opened (a size of 0, a Within it lies outside of) leaves no file
+// behind and no file grown; a file in Refuse is refused through a hard
+// link and through /proc/self/fd/N.
+func TestRefusedOpenChangesNothing(t *testing.T) {
+	dir := t.TempDir()
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}})
+	if _, err := tr.OpenFile(1, filepath.Join(dir, "empty"), FileOptions{Create: true}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("creating a file of size 0: %v", err)
+	}
+	sub := filepath.Join(dir, "sub")
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.OpenFile(1, filepath.Join(dir, "outside"), FileOptions{Create: true, Size: 4096, Within: []string{sub}}); !errors.Is(err, xfer.ErrPermission) {
+		t.Fatalf("creating outside Within: %v", err)
+	}
+	own := filepath.Join(dir, "own")
+	if err := os.WriteFile(own, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(own, filepath.Join(sub, "hard")); err != nil {
+		t.Fatal(err)
+	}
+	held, err := os.Open(own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	for _, p := range []string{own, filepath.Join(sub, "hard"), "/proc/self/fd/" + strconv.Itoa(int(held.Fd()))} {
+		if _, err := tr.OpenFile(1, p, FileOptions{Create: true, Size: 1 << 20, Refuse: []string{own}}); !errors.Is(err, xfer.ErrPermission) {
+			t.Fatalf("opening %s, a refused file: %v", p, err)
+		}
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != 2 {
+		t.Errorf("%d entries in the directory after refused opens, want own and sub: %v", len(ents), ents)
+	}
+	if st, err := os.Stat(own); err != nil || st.Size() != 4096 {
+		t.Errorf("the refused file after the opens: %v %v", st, err)
 	}
 }

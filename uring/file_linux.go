@@ -123,10 +123,14 @@ func (f *File) teardown() {
 	}
 }
 
-// OpenFile opens path as a file segment. The path must resolve (symlinks
-// and ".." included) to a regular file inside one of Config.AllowedDirs or
-// to one of Config.AllowedDevices; anything else fails with an error
-// matching xfer.ErrPermission. With opts.Direct, a file system that refuses
+// OpenFile opens path as a file segment. The path must resolve (symlinks,
+// "..", /proc/self/fd/N included) to a regular file inside one of
+// Config.AllowedDirs or to one of Config.AllowedDevices, and inside
+// opts.Within when set, and must not be one of opts.Refuse; anything else
+// fails with an error matching xfer.ErrPermission. Every check is made
+// before the file is created, opened for writing or extended, so a refused
+// open changes nothing on disk: a file it created for an open that fails
+// later is removed again. With opts.Direct, a file system that refuses
 // O_DIRECT fails here with ErrDirectUnsupported. It waits for the pollers
 // (file registration), so it must not be called from Task.Done.
 func (t *Transport) OpenFile(id xfer.SegmentID, path string, opts FileOptions) (*File, error) {
@@ -139,7 +143,7 @@ func (t *Transport) OpenFile(id xfer.SegmentID, path string, opts FileOptions) (
 	if path == "" || strings.IndexByte(path, 0) >= 0 {
 		return nil, fmt.Errorf("%w: path %q", ErrConfig, path)
 	}
-	resolved, err := t.resolveFilePath(path, opts.Create)
+	resolved, err := t.resolveFilePath(path, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -152,10 +156,12 @@ func (t *Transport) OpenFile(id xfer.SegmentID, path string, opts FileOptions) (
 	if opts.Direct {
 		flags |= unix.O_DIRECT
 	}
-	if opts.Create {
-		flags |= unix.O_CREAT
+	fd, created, err := t.openResolved(resolved, flags, opts.Create)
+	if err == unix.ELOOP || err == unix.EXDEV {
+		// A symlink where resolution found none (swapped in since, or one
+		// left dangling), or a path that leaves its allowed directory.
+		return nil, fmt.Errorf("%w: %s (resolved from %q): %w", ErrNotAllowed, resolved, path, os.NewSyscallError("open", err))
 	}
-	fd, err := unix.Open(resolved, flags, 0o600)
 	if err != nil {
 		if opts.Direct && err == unix.EINVAL {
 			return nil, fmt.Errorf("%w: %s: %w", ErrDirectUnsupported, resolved, os.NewSyscallError("open", err))
@@ -164,6 +170,9 @@ func (t *Transport) OpenFile(id xfer.SegmentID, path string, opts FileOptions) (
 	}
 	f := &File{t: t, id: id, path: resolved, fd: fd, direct: opts.Direct, readOnly: opts.ReadOnly, fixed: -1}
 	if err := t.checkOpened(f, opts); err != nil {
+		if created {
+			removeCreated(resolved, fd)
+		}
 		unix.Close(fd)
 		return nil, err
 	}
@@ -179,14 +188,17 @@ func (t *Transport) OpenFile(id xfer.SegmentID, path string, opts FileOptions) (
 	return f, nil
 }
 
-func (t *Transport) resolveFilePath(path string, create bool) (string, error) {
+// resolveFilePath resolves path and checks, before anything is opened,
+// that it is allowed: by the Config, by opts.Within, and not one of
+// opts.Refuse.
+func (t *Transport) resolveFilePath(path string, opts FileOptions) (string, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return "", fmt.Errorf("%w: %q: %w", ErrConfig, path, err)
 	}
 	resolved, err := filepath.EvalSymlinks(abs)
 	if err != nil {
-		if !create || !errors.Is(err, os.ErrNotExist) {
+		if !opts.Create || !errors.Is(err, os.ErrNotExist) {
 			return "", fmt.Errorf("uring: resolve %q: %w", path, err)
 		}
 		dir, base := filepath.Split(abs)
@@ -196,10 +208,113 @@ func (t *Transport) resolveFilePath(path string, create bool) (string, error) {
 		}
 		resolved = filepath.Join(rdir, base)
 	}
-	if !t.allowed(resolved) {
+	if !t.allowed(resolved) || !allowedWithin(resolved, opts.Within) {
 		return "", fmt.Errorf("%w: %s (resolved from %q)", ErrNotAllowed, resolved, path)
 	}
+	if st, err := os.Stat(resolved); err == nil && refused(st, opts.Refuse) {
+		return "", fmt.Errorf("%w: %s (resolved from %q) is the daemon's own", ErrNotAllowed, resolved, path)
+	}
 	return resolved, nil
+}
+
+// allowedWithin reports whether p is one of within or lies strictly inside
+// one of them; an empty within allows every path.
+func allowedWithin(p string, within []string) bool {
+	if len(within) == 0 {
+		return true
+	}
+	for _, w := range within {
+		if p == w || inside(p, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// inside reports whether p lies strictly inside dir.
+func inside(p, dir string) bool {
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../") && !filepath.IsAbs(rel)
+}
+
+// refused reports whether st is one of the files in refuse.
+func refused(st os.FileInfo, refuse []string) bool {
+	for _, p := range refuse {
+		if r, err := os.Stat(p); err == nil && os.SameFile(st, r) {
+			return true
+		}
+	}
+	return false
+}
+
+// noOpenat2 is set once openat2 was found missing (ENOSYS): opens then
+// fall back to open with O_NOFOLLOW, which guards the last component only.
+var noOpenat2 atomic.Bool
+
+// openResolved opens resolved, a path resolveFilePath allowed, so that no
+// symlink swapped in since can lead elsewhere: relative to the allowed
+// directory that holds it with openat2 (RESOLVE_BENEATH and
+// RESOLVE_NO_SYMLINKS: resolved has none left), or with O_NOFOLLOW where
+// the kernel has no openat2. With create, a missing file is created first
+// (O_EXCL, without O_DIRECT: a file system that refuses O_DIRECT does so
+// only after creating) and then opened with flags; created says so, for
+// the caller to remove it should a later check refuse the open.
+func (t *Transport) openResolved(resolved string, flags int, create bool) (fd int, created bool, err error) {
+	root, rel := "", ""
+	if !t.isDevice(resolved) {
+		for _, d := range t.allowedDirs {
+			if inside(resolved, d) && len(d) > len(root) {
+				root = d
+			}
+		}
+		rel, _ = filepath.Rel(root, resolved)
+	}
+	open := func(flags int, mode uint32) (int, error) {
+		if root == "" || noOpenat2.Load() {
+			return unix.Open(resolved, flags, mode)
+		}
+		dfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, err
+		}
+		defer unix.Close(dfd)
+		fd, err := unix.Openat2(dfd, rel, &unix.OpenHow{Flags: uint64(flags), Mode: uint64(mode),
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS})
+		if err == unix.ENOSYS {
+			noOpenat2.Store(true)
+			return unix.Open(resolved, flags, mode)
+		}
+		return fd, err
+	}
+	fd, err = open(flags, 0)
+	if err != unix.ENOENT || !create {
+		return fd, false, err
+	}
+	cfd, err := open(unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	switch {
+	case err == unix.EEXIST: // created by someone else meanwhile
+	case err != nil:
+		return -1, false, err
+	default:
+		created = true
+	}
+	fd, err = open(flags, 0)
+	if err != nil && created {
+		removeCreated(resolved, cfd)
+	}
+	if cfd >= 0 {
+		unix.Close(cfd)
+	}
+	return fd, created && err == nil, err
+}
+
+// removeCreated removes the file OpenFile created at path for an open that
+// failed, if path still names it (fd is open on it).
+func removeCreated(path string, fd int) {
+	var a, b unix.Stat_t
+	if unix.Fstat(fd, &a) == nil && unix.Lstat(path, &b) == nil && a.Dev == b.Dev && a.Ino == b.Ino {
+		unix.Unlink(path) //nolint:errcheck // nothing more to do about it
+	}
 }
 
 // allowed reports whether a resolved path is an allowed device or lies
@@ -211,11 +326,9 @@ func (t *Transport) allowed(p string) bool {
 		}
 	}
 	for _, d := range t.allowedDirs {
-		rel, err := filepath.Rel(d, p)
-		if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
-			continue
+		if inside(p, d) {
+			return true
 		}
-		return true
 	}
 	return false
 }
@@ -231,16 +344,25 @@ func (t *Transport) isDevice(p string) bool {
 
 // checkOpened verifies what was opened (the path could have been swapped
 // between resolution and open), sizes it and finds its O_DIRECT alignment.
+// A regular file smaller than opts.Size is extended last, once every
+// check has passed.
 func (t *Transport) checkOpened(f *File, opts FileOptions) error {
 	link, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(f.fd))
-	if err == nil && link != f.path && !t.allowed(link) {
+	if err == nil && link != f.path && (!t.allowed(link) || !allowedWithin(link, opts.Within)) {
 		return fmt.Errorf("%w: %s (opened as %s)", ErrNotAllowed, link, f.path)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(f.fd, &st); err != nil {
 		return os.NewSyscallError("fstat", err)
 	}
+	for _, p := range opts.Refuse {
+		var r unix.Stat_t
+		if unix.Stat(p, &r) == nil && r.Dev == st.Dev && r.Ino == st.Ino {
+			return fmt.Errorf("%w: %s is the daemon's own", ErrNotAllowed, f.path)
+		}
+	}
 	var size uint64
+	extend := false
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
 		size = uint64(st.Size)
@@ -248,9 +370,7 @@ func (t *Transport) checkOpened(f *File, opts FileOptions) error {
 			if opts.ReadOnly {
 				return fmt.Errorf("%w: %s is %d bytes, smaller than Size %d", ErrConfig, f.path, size, opts.Size)
 			}
-			if err := unix.Ftruncate(f.fd, int64(opts.Size)); err != nil {
-				return os.NewSyscallError("ftruncate", err)
-			}
+			extend = true
 			size = opts.Size
 		}
 	case unix.S_IFBLK:
@@ -275,11 +395,23 @@ func (t *Transport) checkOpened(f *File, opts FileOptions) error {
 		return fmt.Errorf("%w: %s has size 0 (set FileOptions.Size)", ErrConfig, f.path)
 	}
 	f.size = size
-	if !f.direct {
-		return nil
+	if f.direct {
+		if err := f.directAlignment(st.Mode&unix.S_IFMT == unix.S_IFBLK); err != nil {
+			return err
+		}
 	}
+	if extend {
+		if err := unix.Ftruncate(f.fd, int64(size)); err != nil {
+			return os.NewSyscallError("ftruncate", err)
+		}
+	}
+	return nil
+}
+
+// directAlignment finds the O_DIRECT alignment of the file or block device.
+func (f *File) directAlignment(blockDev bool) error {
 	f.offAlign, f.memAlign = 4096, 4096
-	if st.Mode&unix.S_IFMT == unix.S_IFBLK {
+	if blockDev {
 		lbs, err := unix.IoctlGetInt(f.fd, unix.BLKSSZGET)
 		if err != nil {
 			return os.NewSyscallError("ioctl BLKSSZGET", err)

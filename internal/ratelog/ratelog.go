@@ -1,4 +1,8 @@
-package control
+// Package ratelog logs a kind of event at most once per interval, with a
+// count of what it did not log: a flood of events that someone outside the
+// daemon can trigger (refused connections, bad frames, broken queues) is a
+// line every interval, not a line per event.
+package ratelog
 
 import (
 	"context"
@@ -7,20 +11,19 @@ import (
 	"time"
 )
 
-// refusalInterval is how often a kind of refusal or accept failure is
-// logged at most: the first one at once, then one line per interval with
-// the count.
-const refusalInterval = 10 * time.Second
+// Interval is how often a kind of event is logged at most by default: the
+// first one at once, then one line per interval with the count.
+const Interval = 10 * time.Second
 
-// rateLog logs one kind of event at most once per interval: the first
+// Log logs one kind of event at most once per interval: the first
 // event of a quiet period at once, with its detail; the ones that follow
 // within the interval are counted, and a timer logs their count (and the
 // detail of the last) when the interval ends. A flood of refusals is so a
 // line every interval, not a line per refusal.
 //
-// The timer is the only goroutine it starts; stop cancels it and logs what
+// The timer is the only goroutine it starts; Stop cancels it and logs what
 // is still counted.
-type rateLog struct {
+type Log struct {
 	log   *slog.Logger
 	level slog.Level
 	msg   string
@@ -34,12 +37,17 @@ type rateLog struct {
 	stopped bool
 }
 
-func newRateLog(log *slog.Logger, level slog.Level, msg string, every time.Duration) *rateLog {
-	return &rateLog{log: log, level: level, msg: msg, every: every}
+// New returns a Log of msg at level, at most a line per every (Interval
+// when every is 0).
+func New(log *slog.Logger, level slog.Level, msg string, every time.Duration) *Log {
+	if every <= 0 {
+		every = Interval
+	}
+	return &Log{log: log, level: level, msg: msg, every: every}
 }
 
-// event records one event with its detail.
-func (r *rateLog) event(attrs ...slog.Attr) {
+// Event records one event with its detail.
+func (r *Log) Event(attrs ...slog.Attr) {
 	r.mu.Lock()
 	if r.timer != nil || r.stopped {
 		r.n++
@@ -54,7 +62,7 @@ func (r *rateLog) event(attrs ...slog.Attr) {
 
 // flush logs the events counted in the interval that ended; with none, the
 // quiet period starts again.
-func (r *rateLog) flush() {
+func (r *Log) flush() {
 	r.mu.Lock()
 	n, last := r.n, r.last
 	r.n, r.last = 0, nil
@@ -70,8 +78,8 @@ func (r *rateLog) flush() {
 	}
 }
 
-// stop cancels the timer and logs what is still counted.
-func (r *rateLog) stop() {
+// Stop cancels the timer and logs what is still counted.
+func (r *Log) Stop() {
 	r.mu.Lock()
 	r.stopped = true
 	t := r.timer
