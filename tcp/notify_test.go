@@ -15,14 +15,7 @@ import (
 // notified WRITE does on a negative ACK; a task that cannot carry a
 // notification ends typed.
 func TestNotifyAlone(t *testing.T) {
-	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{ConnsPerPeer: 1})
-	a, b := nodes[0], nodes[1]
-	r, err := a.Open("b", "seg", RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	local := xfertest.NewSegment(1, 1<<20)
-	col := xfertest.NewRecorder()
+	a, b, r, local, col := notifyPair(t)
 	out := func() uint64 {
 		for _, p := range a.Peers() {
 			if p.ID == "b" {
@@ -67,4 +60,19 @@ func TestNotifyAlone(t *testing.T) {
 			t.Fatalf("%v with notification %q: %v, want xfer.ErrInvalid", bad.Req.Op, bad.Notify, d.Err)
 		}
 	}
+}
+
+// notifyPair is two nodes on one connection, a's write-only remote of b's
+// "seg", a local 1 MiB segment and a recorder of the tasks' ends: the
+// set-up of the notification tests. One connection keeps a's requests in
+// order on the wire.
+func notifyPair(t *testing.T) (a, b *testNode, r *Remote, local *xfertest.Segment, col *xfertest.Recorder) {
+	t.Helper()
+	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{ConnsPerPeer: 1})
+	a, b = nodes[0], nodes[1]
+	r, err := a.Open("b", "seg", RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, b, r, xfertest.NewSegment(1, 1<<20), xfertest.NewRecorder()
 }

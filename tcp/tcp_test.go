@@ -292,15 +292,8 @@ func TestPermissions(t *testing.T) {
 func TestNotifications(t *testing.T) {
 	// One connection: the write after the late ACK follows it on the wire,
 	// so the ACK has been handled when that write's answer is.
-	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{ConnsPerPeer: 1})
-	a, b := nodes[0], nodes[1]
-	r, err := a.Open("b", "seg", RightWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	local := xfertest.NewSegment(1, 1<<20)
+	a, b, r, local, col := notifyPair(t)
 	fill(rand.New(rand.NewPCG(5, 5)), local.Bytes())
-	col := xfertest.NewRecorder()
 
 	// Positive ACK: delivered after the data landed.
 	var landed bool
