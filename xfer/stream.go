@@ -131,6 +131,14 @@ func (e *Engine) NewStream(capacity int, r Resolver, sink StreamSink) (*Stream, 
 // must not block. Call it before the first Submit.
 func (s *Stream) OnFree(f func()) { s.onFree = f }
 
+// SetHome marks every task of the stream as submitted by reactor h (its
+// index plus one; see Task.Home). Call it before the first Submit.
+func (s *Stream) SetHome(h uint32) {
+	for i := range s.tasks {
+		s.tasks[i].Home = h
+	}
+}
+
 // Free is how many requests Submit can take now.
 func (s *Stream) Free() int {
 	s.freeMu.Lock()
