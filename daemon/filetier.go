@@ -33,11 +33,12 @@ type tenantFiles struct {
 	paths []string
 }
 
-// newFileTier starts the io_uring transport. Files may be opened under
+// newFileTier starts the io_uring transport, with rings rings. Files may be opened under
 // data_dir and under allowed_files (directories, or block devices). When
 // io_uring cannot start, the daemon runs without file segments and says so.
-func newFileTier(cfg Config, pools []xfer.MemSegment, log *slog.Logger) *fileTier {
-	ucfg := uring.Config{AllowedDirs: []string{cfg.DataDir}}
+func newFileTier(cfg Config, rings int, pools []xfer.MemSegment, log *slog.Logger) *fileTier {
+	// One ring per reactor worker: each worker is its ring's guest.
+	ucfg := uring.Config{AllowedDirs: []string{cfg.DataDir}, Rings: rings}
 	if cfg.EBPF != "off" {
 		ucfg.TraceEvery = cfg.EBPFUringSample
 	}

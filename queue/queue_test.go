@@ -207,8 +207,9 @@ func echo(d *DaemonRing, jitter bool, stop *atomic.Bool) {
 }
 
 // TestLostWakeupStress runs many submissions and completions, with random
-// batch sizes and pauses on both sides and each side's spinning on or off,
-// so every sleep and wake path runs. A lost wake-up shows as a Wait that
+// batch sizes and pauses on both sides and the client's spinning on or
+// off, so every sleep and wake path runs (the daemon's worker sleeps
+// through Doorbell and Awake, as a reactor does). A lost wake-up shows as a Wait that
 // runs out of its (generous) time.
 func TestLostWakeupStress(t *testing.T) {
 	total := 1 << 21
@@ -219,14 +220,11 @@ func TestLostWakeupStress(t *testing.T) {
 		total = 1 << 16
 	}
 	for _, mode := range []struct {
-		name               string
-		daemonSpin, clSpin bool
-	}{{"spin", true, true}, {"nospin", false, false}, {"daemon-spins", true, false}, {"client-spins", false, true}} {
+		name   string
+		clSpin bool
+	}{{"client-spins", true}, {"nospin", false}} {
 		t.Run(mode.name, func(t *testing.T) {
 			d, c := pair(t, 64, 128, 0)
-			if !mode.daemonSpin {
-				d.spin = spinner{}
-			}
 			if !mode.clSpin {
 				c.spin = spinner{}
 			}
@@ -558,73 +556,6 @@ func TestStoreEntry(t *testing.T) {
 	rec[2] = 1
 	if _, _, _, ok := StoreResult(rec); ok {
 		t.Fatal("a record with a reserved byte set read as written")
-	}
-}
-
-// TestPrewake: a completion that leaves nothing in flight wakes a worker
-// sleeping for entries at once, before the client submits anything; one
-// that leaves a request in flight does not, and the client's next entry
-// is then found by the spin after the pre-wake, with no doorbell.
-func TestPrewake(t *testing.T) {
-	d, c := pair(t, 8, 0, 0)
-	d.spin = spinner{} // sleep at once, so the test sees the sleeps
-	inFlight(t, d, c, 2)
-	var sqes [8]SQE
-	if d.Take(sqes[:]) != 0 {
-		t.Fatal("took entries that were never submitted")
-	}
-	idle := make(chan bool, 1)
-	go func() { idle <- d.Idle(-1) }()
-	testutil.Eventually(t, 10*time.Second, d.idling.Load, "the daemon idling")
-
-	d.Post(&CQE{UserData: 0}) // one still in flight: the client may wait for it
-	if got := d.WakeCounts.WorkerPrewakes.Load(); got != 0 {
-		t.Fatalf("%d pre-wakes with a request still in flight", got)
-	}
-	select {
-	case <-idle:
-		t.Fatal("the worker woke with a request still in flight and no entry")
-	default:
-	}
-	d.Post(&CQE{UserData: 1}) // nothing in flight now
-	select {
-	case ok := <-idle:
-		if !ok {
-			t.Fatal("Idle returned false on an open ring")
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the completion that emptied the queue did not wake the sleeping worker")
-	}
-	if got := d.WakeCounts.WorkerPrewakes.Load(); got != 1 {
-		t.Errorf("%d pre-wakes, want 1", got)
-	}
-	if d.spurious != 0 {
-		t.Errorf("a pre-wake counted as a spurious wake-up (%d)", d.spurious)
-	}
-
-	// The worker's next Idle spins for the entry the pre-wake announced
-	// (respin), so the client that submits it rings no doorbell.
-	d.respin = spinner{budget: 5 * time.Second, max: 5 * time.Second}
-	if d.Take(sqes[:]) != 0 {
-		t.Fatal("took entries that were never submitted")
-	}
-	go func() { idle <- d.Idle(-1) }()
-	if ok, err := c.Stage(&SQE{Op: OpWrite, UserData: 2, Length: 1}, nil); !ok || err != nil {
-		t.Fatalf("stage: %v %v", ok, err)
-	}
-	bells := c.SubmitDoorbells
-	c.Submit()
-	if !<-idle {
-		t.Fatal("Idle returned false on an open ring")
-	}
-	if c.SubmitDoorbells != bells {
-		t.Errorf("the client rang %d doorbells for an entry the worker spun for", c.SubmitDoorbells-bells)
-	}
-	if d.WakeCounts.WorkerSpins.Load() != 1 {
-		t.Errorf("worker spins %d, want 1", d.WakeCounts.WorkerSpins.Load())
-	}
-	if d.Take(sqes[:]) != 1 {
-		t.Fatal("the entry the spin found is not there")
 	}
 }
 
