@@ -3,7 +3,6 @@ package queue
 import (
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/tensorcast/tensorcast/internal/invariants"
 )
@@ -22,7 +21,7 @@ const (
 // CQEs. It keeps its own copy of the geometry and of both rings'
 // authoritative indices; the shared words are only ever read as claims.
 //
-// Concurrency: Take, Data, Publish, Doorbell, Awake and Idle belong to
+// Concurrency: Take, Data, Publish, Doorbell and Awake belong to
 // the queue's worker (the reactor that serves it). Post may be called from
 // any goroutine (it takes the completion lock). Kick and Close may be
 // called from any goroutine.
@@ -274,24 +273,6 @@ func (r *DaemonRing) Awake() {
 		r.w.sqFlags.And(^r.bell)
 		r.bell = 0
 	}
-}
-
-// Idle is the worker's sleep on this one queue: Doorbell, a futex wait on
-// the word it returns (at most timeout; negative: no limit), Awake. It
-// reports whether the worker should Take again (false once the ring is
-// closed or broken). A reactor serving many queues arms each Doorbell's
-// word in its one wait instead.
-func (r *DaemonRing) Idle(timeout time.Duration) bool {
-	w, v, sleep := r.Doorbell()
-	if !sleep {
-		return !r.closed.Load() && !r.Broken()
-	}
-	if w == nil {
-		return false
-	}
-	futexWait(w, v, timeout) //nolint:errcheck // the caller re-checks either way
-	r.Awake()
-	return !r.closed.Load()
 }
 
 // ready reports whether Take would find something now, for the reason it

@@ -186,6 +186,23 @@ func TestDataAreaReuse(t *testing.T) {
 	}
 }
 
+// idle is a worker's sleep on one queue, as a reactor sleeps on each of
+// its queues: Doorbell, a futex wait on the word it returns, Awake. It
+// reports whether the worker should Take again (false once the ring is
+// closed or broken).
+func idle(d *DaemonRing) bool {
+	w, v, sleep := d.Doorbell()
+	if !sleep {
+		return !d.Closed() && !d.Broken()
+	}
+	if w == nil {
+		return false
+	}
+	futexWait(w, v, -1) //nolint:errcheck // the caller re-checks either way
+	d.Awake()
+	return !d.Closed()
+}
+
 // echo is a daemon worker for tests: it takes entries and posts a CQE for
 // each at once (Result = Length), until the ring is closed.
 func echo(d *DaemonRing, jitter bool, stop *atomic.Bool) {
@@ -200,7 +217,7 @@ func echo(d *DaemonRing, jitter bool, stop *atomic.Bool) {
 			}
 			d.Post(&CQE{UserData: sqes[i].UserData, Result: sqes[i].Length, State: 3})
 		}
-		if n == 0 && !d.Idle(-1) {
+		if n == 0 && !idle(d) {
 			return
 		}
 	}
@@ -358,7 +375,7 @@ func TestInvalidIndices(t *testing.T) {
 		if !errors.Is(c.Err(), ErrBroken) {
 			t.Errorf("client sees %v", c.Err())
 		}
-		if d.Idle(-1) {
+		if idle(d) {
 			t.Error("Idle on a broken ring asks for more Takes")
 		}
 	})
@@ -442,12 +459,12 @@ func TestHostileScribble(t *testing.T) {
 func TestCloseWakesBothSides(t *testing.T) {
 	d, c := pair(t, 8, 0, 0)
 	errs := make(chan error, 1)
-	idle := make(chan bool, 1)
+	slept := make(chan bool, 1)
 	go func() { errs <- c.Wait(1, -1) }()
 	go func() {
 		var sqes [4]SQE
 		d.Take(sqes[:])
-		idle <- d.Idle(-1)
+		slept <- idle(d)
 	}()
 	testutil.Eventually(t, 10*time.Second, func() bool { return c.w.cqFlags.Load()&FlagWaiting != 0 && d.w.sqFlags.Load()&FlagNeedWakeup != 0 },
 		"the client waiting and the daemon asleep")
@@ -455,8 +472,8 @@ func TestCloseWakesBothSides(t *testing.T) {
 	if err := <-errs; !errors.Is(err, ErrClosed) {
 		t.Errorf("client wait: %v, want ErrClosed", err)
 	}
-	if <-idle {
-		t.Error("daemon Idle returned true on a closed ring")
+	if <-slept {
+		t.Error("the daemon's sleep asked for more Takes on a closed ring")
 	}
 }
 

@@ -1,8 +1,8 @@
 // Package session is what one client of tensorcastd holds, and the data
 // plane it drives: the segments it registered (buffers, files) and opened
 // (peers' segments), its pool blocks and the view of the pool its
-// transfers resolve, its batches, its shared-memory queues and their
-// workers, its store session, and its exports and subscriptions. A
+// transfers resolve, its batches, its shared-memory queues (served by
+// the host's reactor workers), its store session, and its exports and subscriptions. A
 // Session is the resolver and range holder the transfer engine calls back
 // for the client's requests, and the sink its queues' completions go to.
 //
@@ -16,21 +16,24 @@
 // session.go (Session, Host, Limits, Resolve), segments.go (buffers,
 // files, pool blocks), blocks.go and poolview.go (the blocks a session
 // holds and the holds transfers keep on them), batches.go (batches,
-// transfers and the checks every request passes), queue.go (the queue
-// workers), queue_store.go (the store's queue calls), store.go (the store's
+// transfers and the checks every request passes), queue.go (the queues
+// as a reactor worker serves them), queue_store.go (the store's queue calls), store.go (the store's
 // socket calls and the session's store session), exports.go (exports,
 // subscriptions, notifications, remote segments), release.go (Close).
 //
 // # Goroutines and stop order
 //
-// Each queue has one worker, started by OpenQueue and owned by its cqueue,
-// and, once closed, one goroutine that unmaps its rings when the last
-// transport has answered (or gives up when the server closes). Everything
-// else runs on the connection's serving goroutine, or on the engine's and
-// transports' goroutines through the callbacks below.
+// A queue has no goroutine of its own: OpenQueue gives it to one of the
+// host's reactor workers (package reactor), whose thread serves it
+// (cqueue.Serve) until its close detaches it. Once closed, one goroutine
+// unmaps its rings when the last transport has answered (or gives up when
+// the server closes). Everything else runs on the connection's serving
+// goroutine, or on the engine's and transports' goroutines through the
+// callbacks below.
 //
 // Close stops a session in this order: its queues (close the ring, which
-// wakes the worker; wait for the worker; close the stream, so what is in
+// fires the worker's armed wait; detach it from the worker, which returns
+// once the worker no longer touches it; close the stream, so what is in
 // flight ends Canceled with its CQE), its store session (pins, leases,
 // reservations), its peers (the inbox, each export after the peer requests
 // in its range, up to ReleaseWait; the remote segments), its batches
@@ -64,10 +67,12 @@
 // from its SQE to its CQE; none lands in control or daemon.
 //
 //  1. client, queue: the client writes the SQE into the submission ring
-//     and wakes the worker (queue/doc.go has the wake-up protocol).
-//  2. session: the worker (cqueue.work) takes the SQEs (DaemonRing.Take)
-//     into its own copy, checks each (request), publishes sq_head and gives
-//     the requests to its stream (submit).
+//     and, if the worker sleeps, wakes it (queue/doc.go has the wake-up
+//     protocol).
+//  2. session: on the reactor worker's thread, the queue's pass
+//     (cqueue.Serve) takes the SQEs (DaemonRing.Take) into its own copy,
+//     checks each (request), publishes sq_head and gives the requests to
+//     its stream (submit).
 //  3. xfer: Stream.Submit resolves both segments through the session
 //     (cqueue.Resolve: the pool view, or the session's buffer, a
 //     *shm.Buffer), takes a hold on the pool range (poolView.HoldRange),

@@ -2,6 +2,7 @@ package uring
 
 import (
 	"fmt"
+	"syscall"
 	"time"
 )
 
@@ -91,6 +92,7 @@ type Config struct {
 // result (bytes or -errno) and returns the one to act on.
 type testHooks struct {
 	result        func(op uint8, res int32) int32
+	enter         func() syscall.Errno // non-zero: io_uring_enter is not made and fails so
 	failRegister  bool
 	noDrainCancel bool // Close does not cancel in-flight requests
 }

@@ -392,8 +392,11 @@ func (r *ring) loop() {
 			r.guest = nil
 		}
 		r.mu.Unlock()
-		if !draining && !closing {
-			r.host = guest
+		// A guest new this pass is served at the next one, before the
+		// poller may sleep.
+		fresh := false
+		if !draining && !closing && guest != r.host {
+			r.host, fresh = guest, true
 		}
 
 		for _, c := range cmds {
@@ -488,7 +491,7 @@ func (r *ring) loop() {
 		// sleeps; a pass with nothing to submit and completions to reap
 		// does not enter at all.
 		ready := r.raw.cqReady() > 0
-		wait := len(r.resub) == 0 && !ready
+		wait := len(r.resub) == 0 && !ready && !fresh
 		// The guest's sleep is prepared before the ring's own check
 		// below: it arms its futex waits (SQEs flushed with the rest)
 		// and re-checks its own work after announcing that it sleeps.
@@ -518,7 +521,10 @@ func (r *ring) loop() {
 			tsp = &ts
 		}
 		var errno unix.Errno
-		if toSubmit > 0 || !ready {
+		if h := r.t.cfg.hooks; h != nil && h.enter != nil {
+			errno = h.enter()
+		}
+		if errno == 0 && (toSubmit > 0 || !ready) {
 			r.nEnters.Add(1)
 			_, errno = r.raw.enter(toSubmit, wait, tsp)
 		}

@@ -276,10 +276,10 @@ func (t *Transport) Stats() []RingStats {
 // dispatched and end at once with an error matching xfer.ErrInvalid (or
 // xfer.ErrPermission); a task carrying a notification ends with
 // xfer.ErrNoNotify (xfer.ErrNotSupported). A full ring makes Submit wait up to
-// Config.SubmitWait for room, then return ErrQueueFull for the rest. Submit
-// may be called from Task.Done callbacks, but then must not submit more
-// tasks than it was handed back, or it waits for room only its own
-// goroutine could make and returns ErrQueueFull after SubmitWait.
+// Config.SubmitWait for room, then return ErrQueueFull for the rest; on
+// the ring's own poller (its guest, or a Task.Done callback) a full ring
+// returns ErrQueueFull at once, since only that thread makes room. Tasks
+// whose Home names a ring go to that ring; the others round robin.
 func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 	if t.closed.Load() {
 		return 0, xfer.ErrClosed
@@ -321,6 +321,7 @@ func (t *Transport) Host(i int, g Guest) (wake func(), err error) {
 		return nil, fmt.Errorf("%w: ring %d hosts a guest already", ErrConfig, i)
 	}
 	r.guest = g
+	r.kicked = true // a poller about to sleep looks again
 	w := r.wakeLocked()
 	r.mu.Unlock()
 	if w {
