@@ -159,3 +159,150 @@ func queueRounds(q *client.Queue, mem []byte, poolSeg, file xfer.SegmentID, src,
 	}
 	return nil
 }
+
+// TestQueueFileAllocations: a 4 KiB read from a file through a queue, on
+// the reactor's ring, makes no allocation on either side (the daemon runs
+// in this process, so the count covers both).
+func TestQueueFileAllocations(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir)
+	cfg.DataWorkers = 1
+	_, c := startClient(t, cfg, discardLogger(), "reactor-allocs")
+	pool, _ := c.Pool()
+	fileID, _, err := c.RegisterFile(filepath.Join(cfg.DataDir, "allocs.bin"), true, 1<<20)
+	if errors.Is(err, client.ErrUnavailable) {
+		testutil.Missing(t, testutil.IOUring, "the daemon has no file tier: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := c.OpenQueue(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offs, err := c.AllocBlocks(nil, 1, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := []xfer.Request{{Op: xfer.OpRead, Local: pool.Segment, LocalOffset: offs[0], Target: fileID, TargetOffset: 8192, Length: 4096}}
+	uds := []uint64{1}
+	cqes := make([]client.Completion, 4)
+	round := func() {
+		if n, err := q.Submit(reqs, uds); n != 1 || err != nil {
+			t.Fatal(n, err)
+		}
+		if n, err := q.Reap(cqes, 1, 30*time.Second); n != 1 || err != nil || cqes[0].Err() != nil {
+			t.Fatal(n, err, cqes[0])
+		}
+	}
+	for range 100 {
+		round() // warm the stream's slots and timers
+	}
+	if a := testing.AllocsPerRun(500, round); a != 0 {
+		t.Errorf("%v allocations per request, client and daemon", a)
+	}
+}
+
+// TestShutdownWithRequestsInEveryRing: two clients keep 32 reads each in
+// flight through queues on both reactor workers' rings when the daemon
+// shuts down. The shutdown is bounded (drain_timeout plus its grace) and
+// clean, and no request is answered twice.
+func TestShutdownWithRequestsInEveryRing(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir)
+	cfg.DataWorkers = 2
+	cfg.DrainTimeout = Duration(2 * time.Second)
+	d, c := startClient(t, cfg, discardLogger(), "reactor-drain")
+	pool, _ := c.Pool()
+	const blk, depth = 64 << 10, 32
+	fileID, _, err := c.RegisterFile(filepath.Join(cfg.DataDir, "drain.bin"), true, 2*depth*blk)
+	if errors.Is(err, client.ErrUnavailable) {
+		testutil.Missing(t, testutil.IOUring, "the daemon has no file tier: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stop sync.WaitGroup
+	twice := make(chan uint64, 1)
+	for qi := 0; qi < 2; qi++ {
+		q, err := c.OpenQueue(depth)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offs, err := c.AllocBlocks(nil, depth, blk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop.Add(1)
+		go func() {
+			defer stop.Done()
+			readUntilClosed(q, pool.Segment, fileID, offs, uint64(qi)*depth*blk, blk, twice)
+		}()
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		busy := 0
+		for _, n := range ringCounters(t, c, ".in_flight") {
+			if n > 0 {
+				busy++
+			}
+		}
+		return busy == 2
+	}, "requests in flight in both rings at once")
+	start := time.Now()
+	if err := d.shutdown(); err != nil {
+		t.Fatalf("shutdown with requests in every ring: %v", err)
+	}
+	if took, bound := time.Since(start), time.Duration(cfg.DrainTimeout)+closeGrace; took > bound {
+		t.Errorf("shutdown took %v, bound %v", took, bound)
+	}
+	stop.Wait()
+	select {
+	case ud := <-twice:
+		t.Fatalf("request %d answered twice", ud)
+	default:
+	}
+}
+
+// readUntilClosed keeps every block's read from the file in flight on q
+// until the queue fails, reporting to twice a request answered twice.
+func readUntilClosed(q *client.Queue, poolSeg, file xfer.SegmentID, offs []uint64, base, blk uint64, twice chan<- uint64) {
+	reqs := make([]xfer.Request, 1)
+	uds := make([]uint64, 1)
+	cqes := make([]client.Completion, len(offs))
+	out := map[uint64]bool{}
+	next := uint64(0)
+	submit := func(i int) bool {
+		reqs[0] = xfer.Request{Op: xfer.OpRead, Local: poolSeg, LocalOffset: offs[i], Target: file, TargetOffset: base + uint64(i)*blk, Length: blk}
+		uds[0] = next<<8 | uint64(i)
+		if n, err := q.Submit(reqs, uds); n != 1 || err != nil {
+			return false
+		}
+		out[uds[0]] = true
+		next++
+		return true
+	}
+	for i := range offs {
+		if !submit(i) {
+			return
+		}
+	}
+	for {
+		n, err := q.Reap(cqes, 1, 30*time.Second)
+		for _, cq := range cqes[:n] {
+			if !out[cq.UserData] {
+				select {
+				case twice <- cq.UserData:
+				default:
+				}
+				return
+			}
+			delete(out, cq.UserData)
+			if cq.Err() == nil && !submit(int(cq.UserData&0xff)) {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
