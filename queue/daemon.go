@@ -5,10 +5,14 @@ import (
 	"sync/atomic"
 
 	"github.com/tensorcast/tensorcast/internal/invariants"
+	"github.com/tensorcast/tensorcast/status"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // Why Take found nothing to take.
 type starve uint8
+
+var _ xfer.StreamSink = (*DaemonRing)(nil)
 
 const (
 	starveNone    starve = iota
@@ -194,6 +198,13 @@ func (r *DaemonRing) Post(c *CQE) {
 	if r.clientWants(tail, emptied) && wake(r.w.cqFlags, waitBits, r.w.cqWake) {
 		r.WakeCounts.ClientWakes.Add(1)
 	}
+}
+
+// StreamDone implements xfer.StreamSink: the CQE of a request a stream
+// of this queue ended, with the status code of its state and error. Any
+// goroutine may call it, as Post.
+func (r *DaemonRing) StreamDone(ud uint64, st xfer.State, n uint64, err error) {
+	r.Post(&CQE{UserData: ud, Result: n, Code: uint32(status.ForState(st, err)), State: uint8(st)})
 }
 
 // clientWants reports whether a client sleeping for completions wants to be

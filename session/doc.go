@@ -63,27 +63,30 @@
 // (five with a transport of its own package: uring for a file, tcp or rdma
 // for a peer's segment), and calls three leaves that hold no part of it:
 // shm (the mappings' memory), internal/faultcopy (the copy) and status
-// (its code). Every call back lands in the session, which owns the request
-// from its SQE to its CQE; none lands in control or daemon.
+// (its code). The session resolves the request before the engine has it,
+// and the engine's end goes to the queue: the only calls back into the
+// session are the pool view's own methods, as a segment (HoldRange,
+// DropRange, Acquire, Release); none lands in control or daemon.
 //
 //  1. client, queue: the client writes the SQE into the submission ring
 //     and, if the worker sleeps, wakes it (queue/doc.go has the wake-up
 //     protocol).
 //  2. session: on the reactor worker's thread, the queue's pass
 //     (cqueue.Serve) takes the SQEs (DaemonRing.Take) into its own copy,
-//     checks each (request), publishes sq_head and gives the requests to
-//     its stream (submit).
-//  3. xfer: Stream.Submit resolves both segments through the session
-//     (cqueue.Resolve: the pool view, or the session's buffer, a
-//     *shm.Buffer), takes a hold on the pool range (poolView.HoldRange),
-//     routes by the target's kind (KindRouter: memory to the local
-//     transport) and dispatches.
+//     checks each and resolves both its segments (request, cqueue.resolve:
+//     the pool view, or the session's buffer, a *shm.Buffer), publishes
+//     sq_head and gives the requests to its stream (submit).
+//  3. xfer: Stream.Submit takes the segments the request carries, holds
+//     the pool range (poolView.HoldRange), routes by the target's kind
+//     (KindRouter: memory to the local transport) and dispatches.
 //  4. xfer: the local transport copies the bytes between the two mappings
 //     (faultcopy turns a fault into an error), inline or on its copy
-//     workers, and ends the task.
+//     workers, and ends the task (a file's read is the worker's own ring's:
+//     the worker reaps it and ends the task on its thread).
 //  5. xfer: the stream ends the request: its range hold drops
-//     (poolView.DropRange) and its sink is told (cqueue.StreamDone).
-//  6. session, queue: StreamDone takes the code of the state
-//     (status.ForState) and posts the CQE (DaemonRing.Post), waking the
-//     client if it sleeps; the client reaps it.
+//     (poolView.DropRange) and its sink, the queue's ring, is told
+//     (DaemonRing.StreamDone).
+//  6. queue: StreamDone takes the code of the state (status.ForState) and
+//     posts the CQE (DaemonRing.Post), waking the client if it sleeps; the
+//     client reaps it.
 package session

@@ -60,22 +60,18 @@ type cqueue struct {
 	store    *qstore // the store ops' side, made at the first (queue_store.go)
 }
 
-var (
-	_ xfer.StreamSink = (*cqueue)(nil)
-	_ xfer.Resolver   = (*cqueue)(nil)
-	_ reactor.Queue   = (*cqueue)(nil)
-)
+var _ reactor.Queue = (*cqueue)(nil)
 
 type resolved struct {
 	id  xfer.SegmentID
 	seg xfer.Segment
 }
 
-// Resolve implements xfer.Resolver for the queue's stream: the
-// connection's Resolve, with the last few segments kept so that a request
+// resolve is the connection's Resolve for the queue's requests, before
+// they go to the stream, with the last few segments kept so that a request
 // naming the same buffer or file as the ones before it takes no lock. The
-// stream calls it from the worker only.
-func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
+// worker calls it.
+func (q *cqueue) resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 	c := q.c
 	if c.pool != nil && id == c.pool.ID() {
 		return &c.pview, true
@@ -94,11 +90,6 @@ func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 		q.seenNext = (q.seenNext + 1) % len(q.seen)
 	}
 	return seg, ok
-}
-
-// StreamDone implements xfer.StreamSink: the request's CQE.
-func (q *cqueue) StreamDone(ud uint64, st xfer.State, n uint64, err error) {
-	q.ring.Post(&queue.CQE{UserData: ud, Result: n, Code: uint32(status.ForState(st, err)), State: uint8(st)})
 }
 
 // refuse posts the CQE of an entry refused before it reached the engine.
@@ -120,7 +111,11 @@ func newQueue(c *Session, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	// As many stream slots as completion slots: the ring bounds what is in
 	// flight, and slots of requests ended early (a deadline) stay held
 	// until their transport's Done.
-	q.st, err = c.h.Engine.NewStream(int(g.CQEntries), q, q)
+	// The queue resolves its requests' segments before the stream has
+	// them, and the stream's ends go straight to the ring as CQEs
+	// (DaemonRing.StreamDone): the engine calls nothing of the session's
+	// back but the segments' own methods.
+	q.st, err = c.h.Engine.NewStream(int(g.CQEntries), nil, ring)
 	if err != nil {
 		unix.Close(fd) //nolint:errcheck // nothing to do about it
 		return nil, -1, errors.Join(err, ring.Release())
@@ -232,12 +227,12 @@ func (q *cqueue) prepare(sqes []queue.SQE) {
 	}
 }
 
-// request converts one entry into a stream request and copies its
-// notification out of the data area. What else a request must be (an op,
-// a length, segments this connection may touch, bounds, pool blocks it
-// holds) the engine checks as it takes the request: it resolves segments
-// through this connection only, and the pool view refuses ranges outside
-// the connection's blocks (PERMISSION_DENIED).
+// request converts one entry into a stream request, copies its
+// notification out of the data area and resolves its two segments through
+// this connection only (NOT_FOUND for another's). What else a request must
+// be (a length, bounds, pool blocks it holds) the engine checks as it takes
+// the request: the pool view refuses ranges outside the connection's
+// blocks (PERMISSION_DENIED).
 func (q *cqueue) request(e *queue.SQE, i int) (xfer.StreamRequest, Code) {
 	r := xfer.StreamRequest{UserData: e.UserData, Req: xfer.Request{Op: xfer.Op(e.Op), Local: xfer.SegmentID(e.Local),
 		LocalOffset: e.LocalOff, Target: xfer.SegmentID(e.Target), TargetOffset: e.TargetOff, Length: e.Length}}
@@ -257,6 +252,16 @@ func (q *cqueue) request(e *queue.SQE, i int) (xfer.StreamRequest, Code) {
 			return r, tcproto.CodeINVALID_ARGUMENT
 		}
 		r.Notify = buf[:e.NotifyLen]
+	}
+	if e.Length == 0 {
+		return r, tcproto.CodeOK // the stream refuses it, as any request of no bytes
+	}
+	var ok bool
+	if r.LocalSeg, ok = q.resolve(r.Req.Local); !ok {
+		return r, status.CodeOf(xfer.ErrNoSegment)
+	}
+	if r.TargetSeg, ok = q.resolve(r.Req.Target); !ok {
+		return r, status.CodeOf(xfer.ErrNoSegment)
 	}
 	return r, tcproto.CodeOK
 }

@@ -19,6 +19,11 @@ type StreamRequest struct {
 	// Notify is the notification a WRITE to a peer carries (nil: none).
 	// Submit copies it.
 	Notify []byte
+	// LocalSeg and TargetSeg are Req's segments when the caller resolved
+	// them before Submit (both, or neither: nil asks the stream's
+	// Resolver). Submit acquires and holds them as it would what it
+	// resolves; the caller keeps no reference of its own for them.
+	LocalSeg, TargetSeg Segment
 }
 
 // StreamSink receives the end of every request a Stream accepted.
@@ -97,10 +102,11 @@ type streamSlot struct {
 var _ Completer = (*Stream)(nil)
 
 // NewStream opens a stream of up to capacity requests in flight at once,
-// resolving segments with r and reporting ends to sink. capacity must be
-// in 1..Config.MaxBatchCapacity.
+// resolving segments with r (nil when every request comes resolved:
+// StreamRequest.LocalSeg, TargetSeg) and reporting ends to sink. capacity
+// must be in 1..Config.MaxBatchCapacity.
 func (e *Engine) NewStream(capacity int, r Resolver, sink StreamSink) (*Stream, error) {
-	if capacity <= 0 || capacity > e.cfg.MaxBatchCapacity || r == nil || sink == nil {
+	if capacity <= 0 || capacity > e.cfg.MaxBatchCapacity || sink == nil {
 		return nil, ErrInvalid
 	}
 	if e.closed.Load() {
@@ -190,7 +196,11 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 		t, sl := &s.tasks[idx], &s.slots[idx]
 		q := &reqs[i]
 		t.Req = q.Req
-		if err := s.e.prepare(t, s.r); err != nil {
+		var r Resolver = s.r
+		if q.LocalSeg != nil || q.TargetSeg != nil || r == nil {
+			r = resolved{q}
+		}
+		if err := s.e.prepare(t, r); err != nil {
 			results[i] = err
 			s.recycle(idx)
 			continue
@@ -254,6 +264,19 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 		s.freeMu.Unlock()
 	}
 	return n, nil
+}
+
+// resolved resolves a request's own two segments, which its caller
+// resolved before Submit: each only for the id it carries.
+type resolved struct{ q *StreamRequest }
+
+func (r resolved) Resolve(id SegmentID) (Segment, bool) {
+	for _, seg := range [2]Segment{r.q.LocalSeg, r.q.TargetSeg} {
+		if seg != nil && seg.ID() == id {
+			return seg, true
+		}
+	}
+	return nil, false
 }
 
 // dispatch hands grp to tr and ends what tr did not take. It reports false
