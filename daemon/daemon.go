@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -375,6 +376,13 @@ func (d *Daemon) PeerAddr() string {
 func (d *Daemon) transportCounters(dst []wire.Counter) []wire.Counter {
 	if d.files != nil {
 		dst = d.files.counters(dst)
+	}
+	for i, w := range d.reactors.Stats() {
+		p := "reactor.worker" + strconv.Itoa(i) + "."
+		dst = append(dst,
+			wire.Counter{Name: p + "queues", Value: uint64(w.Queues)},
+			wire.Counter{Name: p + "passes", Value: w.Passes},
+			wire.Counter{Name: p + "sleeps", Value: w.Sleeps})
 	}
 	if d.peers != nil {
 		dst = d.peers.Counters(dst)

@@ -86,6 +86,22 @@ func TestQueueFileThroughReactors(t *testing.T) {
 				name, before[name], n, 2*depth*rounds)
 		}
 	}
+	st, err := c.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	queues := 0
+	for _, k := range st.Transports {
+		if strings.HasPrefix(k.Name, "reactor.worker") && strings.HasSuffix(k.Name, ".queues") {
+			if k.Value != 1 {
+				t.Errorf("%s = %d, want the 2 queues one on each worker", k.Name, k.Value)
+			}
+			queues++
+		}
+	}
+	if queues != 2 {
+		t.Errorf("%d reactor workers in the stats, want 2", queues)
+	}
 	var submitted uint64
 	for _, n := range ringCounters(t, c, ".submitted") {
 		submitted += n
