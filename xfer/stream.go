@@ -19,10 +19,12 @@ type StreamRequest struct {
 	// Notify is the notification a WRITE to a peer carries (nil: none).
 	// Submit copies it.
 	Notify []byte
-	// LocalSeg and TargetSeg are Req's segments when the caller resolved
-	// them before Submit (both, or neither: nil asks the stream's
-	// Resolver). Submit acquires and holds them as it would what it
-	// resolves; the caller keeps no reference of its own for them.
+	// LocalSeg and TargetSeg are the segments Req.Local and Req.Target
+	// name, when the caller resolved them before Submit (both, or
+	// neither: nil asks the stream's Resolver, and a request that carries
+	// one only is refused ErrNoSegment). Submit acquires and holds them
+	// as it would what it resolves; the caller keeps no reference of its
+	// own for them.
 	LocalSeg, TargetSeg Segment
 }
 
@@ -196,11 +198,11 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 		t, sl := &s.tasks[idx], &s.slots[idx]
 		q := &reqs[i]
 		t.Req = q.Req
-		var r Resolver = s.r
-		if q.LocalSeg != nil || q.TargetSeg != nil || r == nil {
-			r = resolved{q}
+		r := s.r
+		if q.LocalSeg != nil || q.TargetSeg != nil {
+			r = nil
 		}
-		if err := s.e.prepare(t, r); err != nil {
+		if err := s.e.prepareWith(t, r, q.LocalSeg, q.TargetSeg); err != nil {
 			results[i] = err
 			s.recycle(idx)
 			continue
@@ -264,19 +266,6 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 		s.freeMu.Unlock()
 	}
 	return n, nil
-}
-
-// resolved resolves a request's own two segments, which its caller
-// resolved before Submit: each only for the id it carries.
-type resolved struct{ q *StreamRequest }
-
-func (r resolved) Resolve(id SegmentID) (Segment, bool) {
-	for _, seg := range [2]Segment{r.q.LocalSeg, r.q.TargetSeg} {
-		if seg != nil && seg.ID() == id {
-			return seg, true
-		}
-	}
-	return nil, false
 }
 
 // dispatch hands grp to tr and ends what tr did not take. It reports false

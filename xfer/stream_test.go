@@ -521,8 +521,8 @@ func TestStreamSecondDone(t *testing.T) {
 
 // TestStreamResolvedRequests: a stream without a resolver takes requests
 // whose caller resolved both segments, acquires and releases them as it
-// does what it resolves, and refuses one that names another segment than
-// those it carries (ErrNoSegment) or carries none.
+// does what it resolves, and refuses one that carries one side only, or
+// none (ErrNoSegment).
 func TestStreamResolvedRequests(t *testing.T) {
 	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(syncTr()))
 	sink := newRecSink(t)
@@ -534,7 +534,7 @@ func TestStreamResolvedRequests(t *testing.T) {
 	for i := range reqs[:2] {
 		reqs[i].LocalSeg, reqs[i].TargetSeg = f.a, f.b
 	}
-	reqs[2].LocalSeg, reqs[2].TargetSeg = f.a, f.a // the target carried is not the one named
+	reqs[2].LocalSeg = f.a // one side only
 	res := make([]error, len(reqs))
 	if n, err := s.Submit(reqs, res); n != 4 || err != nil {
 		t.Fatalf("took %d, %v", n, err)
