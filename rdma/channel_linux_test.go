@@ -17,6 +17,7 @@ import (
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // daemonSide is what one daemon holds for RDMA in this test: its tcp node,
@@ -119,7 +120,8 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 					t.Errorf("Close: %v", err)
 				}
 			}()
-			tr.AddLocal(poolSeg, me.reg)
+			segs := xfertest.Segments{}
+			segs.Set(t, poolSeg, xfer.SlotRDMA, LocalKeys(me.reg, nil, nil))
 			start := time.Now()
 			if err := tr.Connect(ChannelPeer{Ch: me.node, ID: pair[1], Timeout: 10 * time.Second}); err != nil {
 				t.Fatalf("Connect over the peer channel: %v", err)
@@ -131,9 +133,11 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 			}
 			// The target is a window of the peer's pool, as an export is.
 			const winOff = 4<<20 + 512
-			if err := tr.AddRemoteRange(peerSeg, regs[0], winOff, size-winOff); err != nil {
+			win, err := RemoteRangeKeys(regs[0], winOff, size-winOff, nil, nil)
+			if err != nil {
 				t.Fatal(err)
 			}
+			segs.Set(t, peerSeg, xfer.SlotRDMA, win)
 			rng := rand.New(rand.NewPCG(uint64(pair[0][0]), 3))
 			for _, n := range []int{4 << 10, 1 << 20, 16 << 20} {
 				t.Run(strconv.Itoa(n>>10)+"KiB", func(t *testing.T) {
@@ -143,7 +147,7 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 					want := crc32.Checksum(me.pool[:n], castagnoli)
 					toff := uint64(size - winOff - n - 4096)
 					r := newRecorder()
-					w := tasksOf(r, xfer.Request{Op: xfer.OpWrite, Local: poolSeg, Target: peerSeg, TargetOffset: toff, Length: uint64(n)})
+					w := segs.Tasks(r, xfer.Request{Op: xfer.OpWrite, Local: poolSeg, Target: peerSeg, TargetOffset: toff, Length: uint64(n)})
 					t0 := time.Now()
 					run(t, tr, r, w)
 					wdur := time.Since(t0)
@@ -156,7 +160,7 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 					}
 					loff := uint64(size - n)
 					clear(me.pool[loff:])
-					rd := tasksOf(r, xfer.Request{Op: xfer.OpRead, Local: poolSeg, LocalOffset: loff, Target: peerSeg, TargetOffset: toff, Length: uint64(n)})
+					rd := segs.Tasks(r, xfer.Request{Op: xfer.OpRead, Local: poolSeg, LocalOffset: loff, Target: peerSeg, TargetOffset: toff, Length: uint64(n)})
 					t0 = time.Now()
 					run(t, tr, r, rd)
 					rdur := time.Since(t0)
