@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -14,7 +15,7 @@ import (
 // export over tcp; the writer's scrape shows them under transport="tcp"
 // and the peer's series. As root the tcp eBPF view loads too.
 func TestPeerMetrics(t *testing.T) {
-	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast metrics test key")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast metrics test key")
 	ebpf := func(c *Config) {
 		c.RDMA = "off"
 		if os.Geteuid() == 0 {

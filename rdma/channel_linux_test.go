@@ -8,13 +8,13 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
@@ -69,10 +69,7 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	key := filepath.Join(t.TempDir(), "key")
-	if err := os.WriteFile(key, []byte("cluster-secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	key := testutil.KeyFile(t, t.TempDir(), "key", "cluster-secret")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sides := map[string]*daemonSide{}
 	for _, id := range []string{"alpha", "bravo"} {

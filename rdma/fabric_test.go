@@ -7,13 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/rdma/rdmatest"
 	"github.com/tensorcast/tensorcast/tcp"
@@ -576,10 +576,7 @@ func TestChannelPeerErrors(t *testing.T) {
 // tcpPair starts two tcp nodes, alpha and bravo, that know each other.
 func tcpPair(t testing.TB) (alpha, bravo *tcp.Node) {
 	t.Helper()
-	key := filepath.Join(t.TempDir(), "key")
-	if err := os.WriteFile(key, []byte("cluster-secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	key := testutil.KeyFile(t, t.TempDir(), "key", "cluster-secret")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
