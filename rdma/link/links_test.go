@@ -562,3 +562,21 @@ func testTransportPerSegment(t *testing.T, devs *devices) {
 		t.Fatalf("transport-rdma WRITE once the link is back: %v, %d bytes on tcp\n%s", err, moved, p.d2.log.String())
 	}
 }
+
+// TestFabricRemoteCloseReleasesKeys: the owner's keys a link put on a
+// remote segment go with the segment: closing it empties its RDMA slot
+// and the link forgets it.
+func TestFabricRemoteCloseReleasesKeys(t *testing.T) {
+	p := startPair(t, fabric())
+	p.d2.untilRDMA(t, p.kvRemote, xfer.Request{Op: xfer.OpWrite, Local: poolID, LocalOffset: p.src, Target: p.kv, Length: 4096})
+	l := p.d2.link("d1")
+	if k := rdma.KeysOf(p.kvRemote); k == nil || k.Owner() != any(l) || l.resolved() != 1 {
+		t.Fatalf("after an rdma WRITE: keys %v on the segment, the link resolved %d", k, l.resolved())
+	}
+	if err := p.kvRemote.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if k := rdma.KeysOf(p.kvRemote); k != nil || l.resolved() != 0 {
+		t.Fatalf("after closing the segment: keys %v on it, the link resolved %d", k, l.resolved())
+	}
+}
