@@ -6,7 +6,9 @@
 // its sentinel errors in the category they belong to (xfer.Categorized, or
 // by wrapping a category with %w), and CodeOf matches the categories with
 // errors.Is. A package adds errors, never a mapping. An error that matches
-// no category is a bug somewhere, and the client sees INTERNAL. The tests
+// no category but carries an errno (a syscall's, or one a device's
+// completion returned) has the code of the errno's category; any other is
+// a bug somewhere, and the client sees INTERNAL. The tests
 // hold every exported error of every package to this (errors_test.go): one
 // in no category must be listed there as a bug, or with why no client can
 // see it.
