@@ -52,8 +52,10 @@ func testOverRDMA(t *testing.T, devs *devices) {
 	rng := rand.New(rand.NewPCG(2, 2))
 	before := p.d2.tcpBytes()
 	p.roundTrip(t, rng, p.kv, 4096, 0, 0)
-	if moved := p.d2.tcpBytes() - before; moved < 2*4096 {
-		t.Fatalf("the first round trip moved %d bytes over tcp; want it there, before any link", moved)
+	// Its WRITE goes to tcp and asks for the link, which the worker may
+	// have up before the READ that follows.
+	if moved := p.d2.tcpBytes() - before; moved < 4096 {
+		t.Fatalf("the first round trip moved %d bytes over tcp; want its WRITE there, before any link", moved)
 	}
 	p.d2.log.waitFor(t, "peer requests from the pool use rdma", 30*time.Second)
 	for _, n := range rdmaSizes {
