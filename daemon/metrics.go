@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/status"
@@ -29,6 +30,7 @@ func (d *Daemon) newMetrics() error {
 		{"kernel", d.collectKernel},
 		{"store", d.collectStore},
 		{"directory", d.collectDirectory},
+		{"endpoint", d.collectEndpoint},
 	} {
 		if err := d.metrics.Register(s.name, s.src); err != nil {
 			return err
@@ -37,12 +39,40 @@ func (d *Daemon) newMetrics() error {
 	if d.cfg.MetricsOff() {
 		return nil
 	}
-	srv, err := metrics.Listen(d.cfg.MetricsAddress, d.metrics, d.log.With("component", "metrics"))
+	scfg := metrics.ServerConfig{
+		MaxConns:         d.cfg.MetricsMaxConns,
+		HeaderTimeout:    time.Duration(d.cfg.MetricsHeaderTimeout),
+		IdleTimeout:      time.Duration(d.cfg.MetricsIdleTimeout),
+		SnapshotInterval: time.Duration(d.cfg.MetricsSnapshotInterval),
+	}
+	log := d.log.With("component", "metrics")
+	if nofile, ok := metrics.FDLimit(); ok {
+		scfg.ReservedFDs = d.cfg.MetricsReserve(nofile)
+		log.Info("metrics endpoint descriptor budget", "nofile", nofile, "reserved_for_control", scfg.ReservedFDs,
+			"max_conns", scfg.MaxConns)
+	} else {
+		log.Warn("metrics endpoint: the process's descriptor limit is unknown; only metrics_max_conns bounds it")
+	}
+	srv, err := metrics.Listen(d.cfg.MetricsAddress, d.metrics, scfg, log)
 	if err != nil {
 		return fmt.Errorf("%w: metrics_address = %q: %v", ErrConfig, d.cfg.MetricsAddress, err)
 	}
 	d.metricsSrv = srv
 	return nil
+}
+
+// collectEndpoint reports the metrics endpoint's own connections.
+func (d *Daemon) collectEndpoint(e *metrics.Emit) {
+	if d.metricsSrv == nil {
+		return
+	}
+	s := d.metricsSrv.Stats()
+	e.Gauge("tensorcast_metrics_connections", "Connections the metrics endpoint holds.", float64(s.Conns))
+	const refused = "Metrics connections closed as they came: past metrics_max_conns, or short of descriptors (the last metrics_reserved_fds are the control socket's)."
+	e.Counter("tensorcast_metrics_refused_total", refused, float64(s.Refused.MaxConns), metrics.L("reason", "max_conns"))
+	e.Counter("tensorcast_metrics_refused_total", refused, float64(s.Refused.Descriptors), metrics.L("reason", "descriptors"))
+	e.Counter("tensorcast_metrics_renders_total", "Renderings of the metrics (scrapes within metrics_snapshot_interval share one).", float64(s.Renders))
+	e.Counter("tensorcast_metrics_scrapes_total", "Scrapes answered.", float64(s.Scrapes))
 }
 
 // Metrics is the daemon's registry: a component added later registers its
