@@ -163,6 +163,9 @@ func (d *Daemon) collectControl(e *metrics.Emit) {
 			metrics.L("tenant", metrics.SanitizeLabel(u.Name)))
 	}
 	e.Gauge("tensorcast_segments_registered", "Segments registered: pools, client buffers, files, opened remote segments.", float64(d.reg.Len()))
+	failures, failing := d.server.AcceptFailures()
+	e.Counter("tensorcast_control_accept_failures_total", "Accepts on the control socket that failed for want of descriptors or memory (each retry counts).", float64(failures))
+	e.Gauge("tensorcast_control_accept_failing_seconds", "How long accepting on the control socket has been failing (0 while it works); past accept_stall_timeout the daemon is unhealthy.", failing.Seconds())
 	e.Bool("tensorcast_healthy", "Whether the daemon can serve new clients (its watchdog keep-alives stop when not).", d.health() == nil)
 	for _, rc := range d.server.RequestCounts(nil) {
 		e.Counter("tensorcast_control_requests_total", "Control requests decoded, by message type.", float64(rc.Count), metrics.L("type", rc.Kind))
