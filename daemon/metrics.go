@@ -207,8 +207,17 @@ func (d *Daemon) collectPeers(e *metrics.Emit) {
 	if d.peers == nil {
 		return
 	}
+	info := d.peers.RDMAInfo()
+	links := make(map[string]*wire.RDMAPeer, len(info.Peers))
+	for i := range info.Peers {
+		links[info.Peers[i].ID] = &info.Peers[i]
+	}
 	for _, p := range d.peers.Node().Peers() {
 		id := metrics.L("peer", metrics.SanitizeLabel(p.ID))
+		state := linkState(p.Connected, info.State, links[p.ID])
+		for _, s := range linkStates {
+			e.Bool("tensorcast_peer_link_state", linkStateHelp, s == state, id, metrics.L("state", s))
+		}
 		e.Counter("tensorcast_peer_received_bytes_total", "Payload bytes received from the peer.", float64(p.BytesIn), id)
 		e.Counter("tensorcast_peer_sent_bytes_total", "Payload bytes sent to the peer.", float64(p.BytesOut), id)
 		e.Counter("tensorcast_peer_errors_total", "Connections to the peer dropped for an error.", float64(p.Errors), id)
@@ -218,4 +227,26 @@ func (d *Daemon) collectPeers(e *metrics.Emit) {
 		e.Gauge("tensorcast_peer_info", "The peer's address and the epoch (run) it is known by (always 1).", 1, id,
 			metrics.L("addr", metrics.SanitizeLabel(p.Addr)), metrics.L("epoch", fmt.Sprintf("%#x", p.Epoch)))
 	}
+}
+
+// linkStates are the values of tensorcast_peer_link_state's state label.
+var linkStates = [...]string{"rdma", "tcp_fallback", "tcp", "down"}
+
+const linkStateHelp = "How requests reach the peer (1 for the current state): rdma; tcp_fallback, this daemon has RDMA " +
+	"but the peer's link is not up (it failed, or the peer has none); tcp, this daemon runs no RDMA (rdma off or no device); " +
+	"down, no session."
+
+// linkState is a peer's state for tensorcast_peer_link_state, from its
+// session and what the RDMA plane (in state plane) says of it (nil when it
+// says nothing).
+func linkState(connected bool, plane wire.RDMAState, p *wire.RDMAPeer) string {
+	switch {
+	case !connected:
+		return "down"
+	case plane != wire.RDMAEnabled:
+		return "tcp"
+	case p != nil && p.Transport == "rdma":
+		return "rdma"
+	}
+	return "tcp_fallback"
 }
