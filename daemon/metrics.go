@@ -67,6 +67,8 @@ func (d *Daemon) collectEndpoint(e *metrics.Emit) {
 		return
 	}
 	s := d.metricsSrv.Stats()
+	e.Gauge("tensorcast_metrics_rendered_timestamp_seconds", "When this scrape's rendering was made (scrapes within metrics_snapshot_interval share one): rates are over its changes, not the scrapes'.",
+		float64(time.Now().UnixNano())/1e9)
 	e.Gauge("tensorcast_metrics_connections", "Connections the metrics endpoint holds.", float64(s.Conns))
 	const refused = "Metrics connections closed as they came: past metrics_max_conns, or short of descriptors (the last metrics_reserved_fds are the control socket's)."
 	e.Counter("tensorcast_metrics_refused_total", refused, float64(s.Refused.MaxConns), metrics.L("reason", "max_conns"))
