@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -30,6 +31,8 @@ const (
 	chartDir   = "tensorcast"
 	allOptions = "testdata/all-options.yaml"
 	engineFile = "engine-pod.yaml"
+	// rulesFile is the alert rules the PrometheusRule holds.
+	rulesFile = "../prometheus/tensorcast-rules.yaml"
 	// helmTool is where make deps (scripts/deps.sh) installs helm.
 	helmTool = "../../bin/tools/helm"
 )
@@ -74,6 +77,7 @@ type rendered struct {
 	cm     *corev1.ConfigMap
 	secret *corev1.Secret
 	pm     *podMonitor
+	rule   *prometheusRule
 	config map[string]any // the ConfigMap's tensorcastd.toml, decoded
 }
 
@@ -90,6 +94,30 @@ type podMonitor struct {
 			Interval string `json:"interval"`
 		} `json:"podMetricsEndpoints"`
 	} `json:"spec"`
+}
+
+// prometheusRule is the Prometheus Operator's PrometheusRule
+// (monitoring.coreos.com/v1), decoded as strictly as the rest.
+type prometheusRule struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              ruleSpec `json:"spec"`
+}
+
+// ruleSpec is a rules file's content and a PrometheusRule's spec: its
+// groups.
+type ruleSpec struct {
+	Groups []struct {
+		Name  string `json:"name"`
+		Rules []struct {
+			Alert       string            `json:"alert,omitempty"`
+			Record      string            `json:"record,omitempty"`
+			Expr        string            `json:"expr"`
+			For         string            `json:"for,omitempty"`
+			Labels      map[string]string `json:"labels,omitempty"`
+			Annotations map[string]string `json:"annotations,omitempty"`
+		} `json:"rules"`
+	} `json:"groups"`
 }
 
 // decodeStrict decodes one YAML document into v, failing on any field v's
@@ -146,6 +174,9 @@ func render(t *testing.T, values ...string) rendered {
 		case "monitoring.coreos.com/v1 PodMonitor":
 			r.pm = new(podMonitor)
 			decodeStrict(t, []byte(doc), r.pm)
+		case "monitoring.coreos.com/v1 PrometheusRule":
+			r.rule = new(prometheusRule)
+			decodeStrict(t, []byte(doc), r.rule)
 		default:
 			t.Fatalf("the chart rendered a %s %s the test does not check", meta.APIVersion, meta.Kind)
 		}
@@ -230,8 +261,8 @@ func capabilities(c corev1.Container) []string {
 func TestChartDefaults(t *testing.T) {
 	r := render(t)
 	c := r.container(t)
-	if r.secret != nil || r.pm != nil {
-		t.Error("defaults render a Secret or a PodMonitor")
+	if r.secret != nil || r.pm != nil || r.rule != nil {
+		t.Error("defaults render a Secret, a PodMonitor or a PrometheusRule")
 	}
 	if got := capabilities(c); !slices.Equal(got, []string{"IPC_LOCK"}) {
 		t.Errorf("capabilities %v, want IPC_LOCK alone with ebpf off", got)
@@ -306,8 +337,9 @@ func TestChartDefaults(t *testing.T) {
 }
 
 // TestChartAllOptions: every option on renders capabilities, resources,
-// the host port, the Secret, etcd and the PodMonitor, and a config the
-// daemon accepts, tenants included.
+// the host port, the Secret, etcd, the PodMonitor and the PrometheusRule
+// (the rules file's groups), and a config the daemon accepts, tenants
+// included.
 func TestChartAllOptions(t *testing.T) {
 	r := render(t, allOptions)
 	c := r.container(t)
@@ -374,6 +406,19 @@ func TestChartAllOptions(t *testing.T) {
 		if r.ds.Spec.Template.Labels[k] != v {
 			t.Errorf("PodMonitor selects %s=%s, the pods are labelled %q", k, v, r.ds.Spec.Template.Labels[k])
 		}
+	}
+	// The PrometheusRule holds the rules file's groups, as they are.
+	b, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want ruleSpec
+	decodeStrict(t, b, &want)
+	if r.rule == nil || len(want.Groups) == 0 || !reflect.DeepEqual(r.rule.Spec, want) {
+		t.Errorf("the PrometheusRule's spec is not the rules of %s:\n%+v", rulesFile, r.rule)
+	}
+	if r.rule != nil && r.rule.Labels["release"] != "prometheus" {
+		t.Errorf("PrometheusRule labels %v, want monitoring.prometheusRule.labels among them", r.rule.Labels)
 	}
 }
 
