@@ -423,7 +423,8 @@ func TestChartAllOptions(t *testing.T) {
 }
 
 // TestChartRefuses: a key the chart sets may not be repeated under config,
-// and a key the daemon does not know is refused by its config check.
+// a grace period must cover the drain, and a key the daemon does not know
+// is refused by its config check.
 func TestChartRefuses(t *testing.T) {
 	h := helm(t)
 	dir := t.TempDir()
@@ -433,6 +434,22 @@ func TestChartRefuses(t *testing.T) {
 	}
 	if _, err := run(t, h, "template", "tc", chartDir, "--values", owned); err == nil || !strings.Contains(err.Error(), "config.socket is set by the chart") {
 		t.Errorf("config.socket rendered: %v", err)
+	}
+
+	// The kubelet must wait for the drain: a grace period shorter than
+	// drain_timeout and the second the daemon takes to close is refused,
+	// and so is a drain_timeout the chart cannot read to check it.
+	for _, tc := range []struct{ values, want string }{
+		{"terminationGracePeriodSeconds: 30\nconfig:\n  drain_timeout: 1m30s\n", "make it at least 91"},
+		{"config:\n  drain_timeout: 1500ms\n", `config.drain_timeout "1500ms": give it in h, m and s`},
+	} {
+		p := filepath.Join(dir, "drain.yaml")
+		if err := os.WriteFile(p, []byte(tc.values), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run(t, h, "template", "tc", chartDir, "--values", p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("values %q rendered: %v; want an error saying %q", tc.values, err, tc.want)
+		}
 	}
 
 	unknown := filepath.Join(dir, "unknown.yaml")
