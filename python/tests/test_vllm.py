@@ -342,7 +342,7 @@ class _Generation:
         m, req = e.manager, self.req("r2")
         keys = self.keys(2, 2)
         _, spec = self.prepare_store(m, keys, req)
-        self.assertEqual(e.transfer(1, (self.gpu([0, 1, 2, 3]), spec)), [True])
+        self.assertEqual(e.transfer(1, (self.gpu([3, 0, 2, 1]), spec)), [True])  # GPU blocks anywhere
         self.complete_store(m, keys, req)
         load = self.with_req(m.prepare_load, keys, req)
         c = e.caches[0]
@@ -350,7 +350,8 @@ class _Generation:
             t[:, 9:12].zero_()
         # vLLM has the first GPU block of the first offloaded block: three to load.
         self.assertEqual(e.transfer(2, (load, self.gpu([9, 10, 11]))), [True])
-        self.assertEqual(blocks(c, [9, 10, 11]), blocks(c, [1, 2, 3]))
+        self.assertEqual(blocks(c, [9, 10, 11]), blocks(c, [0, 2, 1]))
+        self.assertNotEqual(blocks(c, [9]), blocks(c, [10]))
         with self.assertLogs("tensorcast.integrations.vllm", logging.WARNING) as logs:
             self.assertEqual(e.transfer(3, (load, self.gpu([9]))), [False])  # more than one offloaded block short
         self.assertIn("1 GPU blocks for 2 offloaded blocks", logs.output[0])

@@ -16,7 +16,8 @@ name those GPU blocks, block after block; a load may start inside its first
 offloaded block (vLLM has its first GPU blocks already), so it skips that
 many leading GPU blocks of the first value.
 
-Copies: on CPU tensors, torch index copies on the pool mapping, done when
+Copies: on CPU tensors, one memcpy per tensor and run of consecutive GPU
+blocks, between the tensors and the pool mapping, done when
 ``transfer_async`` returns. On CUDA, the pool mapping is registered with the
 CUDA runtime once per connection (so the copies are DMA), and each job runs
 on the handlers' own stream: a store first waits for the compute stream (the
@@ -36,7 +37,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-import math
 import threading
 import time
 from dataclasses import fields
@@ -182,7 +182,10 @@ class Handlers:
         # starts[i]: where tensor i's rows of a block begin in this rank's part.
         self.starts = [block.factor * sum(self.pages[:i]) for i in range(len(self.pages))]
         self.base = rank * block.rank_bytes
-        self.unit = math.gcd(self.base, *self.pages, *self.starts)
+        # On CPU the copies are numpy's (a memcpy per run of blocks, with
+        # far less overhead per call than torch's): the tensors' rows as
+        # arrays over the same memory.
+        self.arrays = [t.numpy() for t in self.tensors] if self.tensors[0].device.type == "cpu" else []
         self.device = self.tensors[0].device
         self.cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -190,6 +193,7 @@ class Handlers:
         self._mu = threading.Lock()
         self._client: Optional[Client] = None
         self._pool: Optional[torch.Tensor] = None
+        self._pool_np: Optional[np.ndarray] = None
         self._registered: Optional[int] = None  # the pool's address while registered with CUDA
         self._pending: List[_Job] = []
         self._done: Dict[bool, List[Any]] = {True: [], False: []}
@@ -227,6 +231,7 @@ class Handlers:
             self._unregister()
             self._client = c
             self._pool = c.pool.tensor()
+            self._pool_np = c.pool.array()
             if self.cuda:
                 ptr, size = self._pool.data_ptr(), self._pool.numel()
                 err = torch.cuda.cudart().cudaHostRegister(ptr, size, 0)
@@ -293,24 +298,34 @@ class Handlers:
         size = len(ids) * sum(self.pages)
         if self.cuda:
             return self._cuda(job_id, store, pool, offs, ids, skip, size, t0)
-        self._cpu(store, pool, offs, ids, skip)
+        assert self._pool_np is not None
+        self._cpu(store, self._pool_np, offs, ids, skip)
         return _Job(job_id, store, size, t0)
 
-    def _cpu(self, store: bool, pool: torch.Tensor, offs: np.ndarray, ids: np.ndarray, skip: int) -> None:
-        """Index copies over the pool seen as rows of `u` bytes, u dividing
-        every offset, page and start: one gather and one scatter per
-        tensor."""
-        u = math.gcd(self.unit, int(np.gcd.reduce(offs)))
-        rows = pool[:pool.numel() // u * u].view(-1, u)
-        sub = np.arange(self.block.factor, dtype=np.int64)
-        ids_t = torch.from_numpy(ids)
-        for t, page, start in zip(self.tensors, self.pages, self.starts):
-            first = (offs[:, None] + start + sub[None, :] * page).reshape(-1)[skip:] // u
-            idx = torch.from_numpy((first[:, None] + np.arange(page // u, dtype=np.int64)[None, :]).reshape(-1))
-            if store:
-                rows[idx] = t.index_select(0, ids_t).view(-1, u)
-            else:
-                t.index_copy_(0, ids_t, rows.index_select(0, idx).view(-1, page))
+    def _cpu(self, store: bool, pool: np.ndarray, offs: np.ndarray, ids: np.ndarray, skip: int) -> None:
+        """One copy per tensor and run of GPU blocks that are consecutive
+        both in the tensor and in one offloaded block's part."""
+        f = self.block.factor
+        total = len(offs) * f
+        gid, off = ids.tolist(), offs.tolist()
+        for a, page, start in zip(self.arrays, self.pages, self.starts):
+            runs = a.strides[0] == page  # rows back to back: a run is one slice
+            k = skip
+            while k < total:
+                b, j = divmod(k, f)
+                g = gid[k - skip]
+                e = k + 1
+                if runs:
+                    end = (b + 1) * f
+                    while e < end and gid[e - skip] == g + (e - k):
+                        e += 1
+                o = off[b] + start + j * page
+                part = pool[o:o + (e - k) * page].reshape(e - k, page)
+                if store:
+                    np.copyto(part, a[g:g + e - k])
+                else:
+                    np.copyto(a[g:g + e - k], part)
+                k = e
 
     def _cuda(self, job_id: int, store: bool, pool: torch.Tensor, offs: np.ndarray, ids: np.ndarray, skip: int,
               size: int, t0: float) -> _Job:
@@ -365,7 +380,7 @@ class Handlers:
             for j in self._pending:
                 j.event.synchronize()
             self._unregister()
-            self._pool = None
+            self._pool = self._pool_np = None
             self._client = None
         self._link.close()
 
