@@ -89,32 +89,89 @@ def quiet_logger(name: str) -> logging.Logger:
     return lg
 
 
+def canonical(caches: dict) -> Any:
+    """vLLM's canonical KV caches of a worker's FlashAttention-layout caches:
+    K and V of every layer, each (num_blocks, ...)."""
+    import sys
+
+    base = sys.modules.get("vllm.v1.kv_offload.base")
+    tensors = [t[kv] for t in caches.values() for kv in (0, 1)]
+    if base is None:
+        return NS(tensors=[NS(tensor=t, page_size_bytes=t[0].numel() * t.element_size()) for t in tensors],
+                  group_data_refs=[])
+    return base.CanonicalKVCaches(
+        tensors=[base.CanonicalKVCacheTensor(t, t[0].numel() * t.element_size()) for t in tensors],
+        group_data_refs=[])
+
+
+def offloading_config(socket: str, *, world: int = 1, rank: int = 0, block_tokens: int = 32, dtype: Any = None,
+                      model: str = "test/model") -> Any:
+    """vLLM's OffloadingConfig (0.26 on) of the same engine as configs()."""
+    import importlib
+
+    cfg = importlib.import_module("vllm.v1.kv_offload.config")
+    vllm_config, kv_cache_config = configs(socket, world=world, rank=rank, block_tokens=block_tokens, dtype=dtype,
+                                           model=model)
+    page = kv_cache_config.kv_cache_groups[0].kv_cache_spec.page_size_bytes
+    return cfg.OffloadingConfig(
+        groups=(cfg.OffloadingGroupConfig(GPU_TOKENS, tuple(f"layer.{i}" for i in range(LAYERS))),),
+        worker_kv_bytes_per_block=LAYERS * page, enable_kv_cache_events=True,
+        extra_config=vllm_config.kv_transfer_config.kv_connector_extra_config, engine_id="engine-0",
+        model=cfg.OffloadingModelConfig(model, str(dtype or torch.float16).replace("torch.", "")),
+        cache=cfg.OffloadingCacheConfig(tokens_per_hash=GPU_TOKENS, blocks_per_chunk=block_tokens // GPU_TOKENS),
+        parallel=cfg.OffloadingParallelConfig(rank, world, world, 1, 1, 1, 0, False))
+
+
 class Engine:
     """One engine: the scheduler's spec and manager, and world workers,
-    each with its spec, KV caches and offloading worker (vLLM's, or a
-    dispatch by medium where there is no vLLM)."""
+    each with its spec, KV caches and offloading worker, built as the
+    generation's vLLM builds them (without vLLM: the spec directly)."""
 
-    def __init__(self, tv: ModuleType, socket: str, world: int = 2, **kw: Any) -> None:
+    def __init__(self, tv: ModuleType, gen: Optional[str], socket: str, world: int = 2, **kw: Any) -> None:
         self.tv = tv
-        factory = _factory()
-        self.spec = _create(factory, tv, *configs(socket, world=world, **kw))
+        self.spec = self.create(gen, socket, world, 0, **kw)
         self.manager = self.spec.get_manager()
         self.caches, self.workers, self.specs = [], [], []
         for r in range(world):
-            s = _create(factory, tv, *configs(socket, world=world, rank=r, **kw))
+            s = self.create(gen, socket, world, r, **kw)
             caches = kv_caches(r, kw.get("dtype"))
-            w = _worker()
-            for src, dst, h in s.get_handlers(caches):
-                w.register_handler(src, dst, h)
+            if gen in ("blocks", "keys"):  # handlers registered with vLLM's worker, by medium
+                import importlib
+
+                w = importlib.import_module("vllm.v1.kv_offload.worker.worker").OffloadingWorker()
+                for src, dst, h in s.get_handlers(caches if gen == "blocks" else canonical(caches)):
+                    w.register_handler(src, dst, h)
+            else:  # one worker per spec
+                w = s.get_worker(canonical(caches))
             self.caches.append(caches)
             self.workers.append(w)
             self.specs.append(s)
 
+    @staticmethod
+    def create(gen: Optional[str], socket: str, world: int, rank: int, **kw: Any) -> Any:
+        import importlib
+
+        if gen is None:
+            from tensorcast.integrations import vllm
+
+            return vllm.TensorcastOffloadingSpec(*configs(socket, world=world, rank=rank, **kw))
+        factory = importlib.import_module("vllm.v1.kv_offload.factory").OffloadingSpecFactory
+        if gen == "results":
+            return factory.create_spec(offloading_config(socket, world=world, rank=rank, **kw))
+        vllm_config, kv_cache_config = configs(socket, world=world, rank=rank, **kw)
+        return factory.create_spec(vllm_config) if gen == "blocks" else factory.create_spec(vllm_config,
+                                                                                            kv_cache_config)
+
     def transfer(self, job_id: int, spec: Tuple[Any, Any]) -> List[bool]:
         """Every worker's result of job job_id."""
+        store = isinstance(spec[1], self.tv.TensorcastLoadStoreSpec)
         out = []
         for w in self.workers:
-            assert w.transfer_async(job_id, spec) is True
+            if hasattr(w, "submit_store"):
+                submitted = (w.submit_store if store else w.submit_load)(job_id, *spec)
+            else:
+                submitted = w.transfer_async(job_id, spec)
+            assert submitted is True
             w.wait({job_id})
             res = [r for r in w.get_finished()]
             assert len(res) == 1, res
@@ -129,51 +186,6 @@ class Engine:
         for s in self.specs:
             if s._handlers is not None:
                 s._handlers.shutdown()
-
-
-def _factory() -> Optional[ModuleType]:
-    try:
-        import importlib
-
-        return importlib.import_module("vllm.v1.kv_offload.factory")
-    except ImportError:
-        return None
-
-
-def _create(factory: Optional[ModuleType], tv: ModuleType, vllm_config: Any, kv_cache_config: Any) -> Any:
-    if factory is None:
-        return tv.TensorcastOffloadingSpec(vllm_config, kv_cache_config)
-    return factory.OffloadingSpecFactory.create_spec(vllm_config, kv_cache_config)
-
-
-class _Dispatch:
-    """What vLLM's offloading worker does where there is no vLLM: one
-    handler per (source medium, destination medium)."""
-
-    def __init__(self) -> None:
-        self.by_type: dict = {}
-
-    def register_handler(self, src: Any, dst: Any, h: Any) -> None:
-        self.by_type[(src.medium(), dst.medium())] = h
-
-    def transfer_async(self, job_id: int, spec: Tuple[Any, Any]) -> bool:
-        return self.by_type[(spec[0].medium(), spec[1].medium())].transfer_async(job_id, spec)
-
-    def wait(self, job_ids: set) -> None:
-        for h in self.by_type.values():
-            h.wait(job_ids)
-
-    def get_finished(self) -> List[Any]:
-        return [r for h in self.by_type.values() for r in h.get_finished()]
-
-
-def _worker() -> Any:
-    try:
-        import importlib
-
-        return importlib.import_module("vllm.v1.kv_offload.worker.worker").OffloadingWorker()
-    except ImportError:
-        return _Dispatch()
 
 
 class _Generation:
@@ -206,7 +218,7 @@ class _Generation:
     def req(self, name: str) -> Any:
         import sys
 
-        abstract = sys.modules.get("vllm.v1.kv_offload.abstract")
+        abstract = sys.modules.get("vllm.v1.kv_offload.abstract") or sys.modules.get("vllm.v1.kv_offload.base")
         if abstract is None or not hasattr(abstract, "ReqContext"):
             return NS(req_id=name, kv_transfer_params=None)
         try:
@@ -255,28 +267,27 @@ class _Generation:
         return e.block_hashes if self.tv.GENERATION == "blocks" else e.keys
 
     def gpu(self, ids: List[int]) -> Any:
-        import sys
-
-        mediums = sys.modules.get("vllm.v1.kv_offload.mediums")
-        if mediums is not None:
-            return mediums.GPULoadStoreSpec(ids)
+        """vLLM's GPULoadStoreSpec of ids, one KV cache group."""
         from tensorcast.integrations import vllm_worker
 
-        return vllm_worker.GPULoadStoreSpec(ids)
+        try:
+            return vllm_worker.GPULoadStoreSpec(ids, [len(ids)], [0])
+        except TypeError:  # the oldest: block ids only
+            return vllm_worker.GPULoadStoreSpec(ids)
 
     # -- the tests ------------------------------------------------------------------
 
     def test_factory_loads_the_spec_by_module_path(self) -> None:
         self.assertEqual(self.tv.GENERATION, self.GEN or "results")
-        e = Engine(self.tv, self.daemon.socket, world=1)
+        e = Engine(self.tv, self.GEN, self.daemon.socket, world=1)
         self.addCleanup(e.close)
         self.assertIsInstance(e.spec, self.tv.TensorcastOffloadingSpec)
         self.assertIs(type(e.manager), self.tv.TensorcastOffloadingManager)
         if self.GEN:
             import sys
 
-            abstract = sys.modules["vllm.v1.kv_offload.abstract"]
-            spec_mod = sys.modules["vllm.v1.kv_offload.spec"]
+            abstract = sys.modules.get("vllm.v1.kv_offload.abstract") or sys.modules["vllm.v1.kv_offload.base"]
+            spec_mod = sys.modules.get("vllm.v1.kv_offload.spec") or sys.modules["vllm.v1.kv_offload.base"]
             self.assertIsInstance(e.spec, spec_mod.OffloadingSpec)
             self.assertIsInstance(e.manager, abstract.OffloadingManager)
             self.assertTrue(issubclass(self.tv.TensorcastLoadStoreSpec, abstract.LoadStoreSpec))
@@ -286,7 +297,7 @@ class _Generation:
         self.assertEqual(e.manager.block_size, e.spec.block.rank_bytes)
 
     def test_scheduler_order_and_workers_byte_exact(self) -> None:
-        e = Engine(self.tv, self.daemon.socket, world=2)
+        e = Engine(self.tv, self.GEN, self.daemon.socket, world=2)
         self.addCleanup(e.close)
         m = e.manager
         peek = tensorcast.connect(self.daemon.socket, "peek")
@@ -310,7 +321,9 @@ class _Generation:
         self.complete_store(m, keys[:2], req)
         self.assertEqual(self.found(m, keys, req), 2)
         self.assertEqual([(self.event_keys(ev), ev.removed, ev.medium) for ev in m.take_events()],
-                         [(keys[:2], False, "TENSORCAST")])
+                         [(keys[:2], False, self.tv.EVENT_MEDIUM)])
+        self.assertEqual(str(getattr(self.tv.EVENT_MEDIUM, "value", self.tv.EVENT_MEDIUM)),
+                         "CPU" if self.GEN == "results" else "TENSORCAST")
         again, _ = self.prepare_store(m, keys, req)  # the stored ones are skipped
         self.assertEqual(again, keys[2:])
         self.complete_store(m, again, req, False)  # given back at once
@@ -337,7 +350,7 @@ class _Generation:
         self.assertEqual(peek.stats().store["reserved"], 0)
 
     def test_load_skips_the_gpu_blocks_the_engine_has(self) -> None:
-        e = Engine(self.tv, self.daemon.socket, world=1)
+        e = Engine(self.tv, self.GEN, self.daemon.socket, world=1)
         self.addCleanup(e.close)
         m, req = e.manager, self.req("r2")
         keys = self.keys(2, 2)
@@ -358,17 +371,17 @@ class _Generation:
         self.with_req(m.complete_load, keys, req)
 
     def test_another_layout_is_a_miss(self) -> None:
-        e = Engine(self.tv, self.daemon.socket, world=1)
+        e = Engine(self.tv, self.GEN, self.daemon.socket, world=1)
         self.addCleanup(e.close)
         keys, req = self.keys(2, 3), self.req("r3")
         _, spec = self.prepare_store(e.manager, keys, req)
         self.assertEqual(e.transfer(1, (self.gpu([0, 1, 2, 3]), spec)), [True])
         self.complete_store(e.manager, keys, req)
-        same = Engine(self.tv, self.daemon.socket, world=1)
+        same = Engine(self.tv, self.GEN, self.daemon.socket, world=1)
         self.addCleanup(same.close)
         self.assertEqual(self.found(same.manager, keys, req), 2)
         for kw in ({"dtype": torch.bfloat16}, {"model": "test/other"}, {"block_tokens": 16}):
-            other = Engine(self.tv, self.daemon.socket, world=1, **kw)
+            other = Engine(self.tv, self.GEN, self.daemon.socket, world=1, **kw)
             self.addCleanup(other.close)
             self.assertEqual(self.found(other.manager, keys, req), 0, kw)
             self.assertNotEqual(other.manager.store_key(keys[0]), e.manager.store_key(keys[0]))
@@ -458,7 +471,7 @@ class TestWithoutVLLM(_Generation, unittest.TestCase):
         m.complete_load(keys, req)
 
     def test_failed_store_is_given_back(self) -> None:
-        e = Engine(self.tv, self.daemon.socket, world=1)
+        e = Engine(self.tv, self.GEN, self.daemon.socket, world=1)
         self.addCleanup(e.close)
         m, req = e.manager, self.req("r5")
         peek = tensorcast.connect(self.daemon.socket, "peek")

@@ -2,18 +2,21 @@
 generation, written under a directory that a test puts on sys.path.
 
 They are this project's own minimal versions of the classes vLLM's
-offloading connector uses (vllm.v1.kv_offload: abstract, mediums, spec,
-factory, worker.worker), with the names, signatures and checks of each
-generation: what the integration is built on and called through when vLLM
-is importable.
+offloading connector uses, with the module layout, names, signatures and
+checks of each generation: what the integration is built on and called
+through when vLLM is importable.
 
-- blocks: block hashes, lookup(hashes) -> int; the factory builds
-  spec_cls(vllm_config).
-- keys: OffloadKey = hash + group index, lookup(key, req_context) ->
-  bool | None, PrepareStoreOutput(keys_to_store, store_spec, evicted_keys),
-  complete_store(keys, success); spec_cls(vllm_config, kv_cache_config).
-- results: LookupResult, on_new_request (abstract) and
-  on_request_finished, req_context on every call.
+- blocks (vLLM 0.11-0.13): abstract, spec, mediums, factory, worker.worker;
+  block hashes, lookup(hashes) -> int; the factory builds
+  spec_cls(vllm_config); handlers report (job_id, success) pairs.
+- keys (0.23-0.24): base holds the classes, worker.worker the handlers;
+  OffloadKey = hash + group index, lookup(key, req_context) -> bool | None,
+  on_new_request, PrepareStoreOutput(keys_to_store, store_spec,
+  evicted_keys), complete_store(keys, success);
+  spec_cls(vllm_config, kv_cache_config), get_handlers(canonical KV caches).
+- results (0.26 on): base and config; LookupResult, req_context on every
+  call, events by vLLM's Medium; spec_cls(offloading_config) and
+  get_worker(canonical KV caches) with submit_store / submit_load.
 """
 
 from __future__ import annotations
@@ -78,10 +81,13 @@ class OffloadingManager(ABC):
         return ()
 '''
 
-_ABSTRACT_KEYS = '''
+_BASE_KEYS = '''
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, NewType
+
+import numpy as np
 
 OffloadKey = NewType("OffloadKey", bytes)
 
@@ -92,7 +98,18 @@ def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
 
 @dataclass
 class ReqContext:
+    req_id: str
     kv_transfer_params: Any = None
+
+
+class OffloadPolicy(Enum):
+    BLOCK_LEVEL = "block_level"
+    REQUEST_LEVEL = "request_level"
+
+
+@dataclass
+class RequestOffloadingContext:
+    policy: OffloadPolicy = OffloadPolicy.BLOCK_LEVEL
 
 
 class LoadStoreSpec(ABC):
@@ -134,18 +151,63 @@ class OffloadingManager(ABC):
     def complete_store(self, keys, success=True):
         return None
 
+    @abstractmethod
+    def on_new_request(self, req_context): ...
+
+    def on_request_finished(self, req_context):
+        return None
+
     def take_events(self):
         return ()
 
     def shutdown(self):
         return None
+
+
+class GPULoadStoreSpec(LoadStoreSpec):
+    def __init__(self, block_ids, group_sizes, block_indices):
+        assert sum(group_sizes) == len(block_ids) and len(block_indices) == len(group_sizes)
+        self.block_ids = np.array(block_ids, dtype=np.int64)
+        self.group_sizes = group_sizes
+        self.block_indices = block_indices
+
+    @staticmethod
+    def medium():
+        return "GPU"
+
+
+@dataclass
+class CanonicalKVCacheTensor:
+    tensor: Any
+    page_size_bytes: int
+
+
+@dataclass
+class CanonicalKVCaches:
+    tensors: list
+    group_data_refs: list
+
+
+class OffloadingSpec(ABC):
+    def __init__(self, vllm_config, kv_cache_config):
+        self.vllm_config = vllm_config
+        self.kv_cache_config = kv_cache_config
+        self.extra_config = vllm_config.kv_transfer_config.kv_connector_extra_config
+
+    @abstractmethod
+    def get_manager(self): ...
+
+    @abstractmethod
+    def get_handlers(self, kv_caches): ...
 '''
 
-_ABSTRACT_RESULTS = '''
+_BASE_RESULTS = '''
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any, NewType
+
+import numpy as np
 
 OffloadKey = NewType("OffloadKey", bytes)
 
@@ -154,10 +216,16 @@ def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
     return OffloadKey(block_hash + group_idx.to_bytes(4, "big"))
 
 
+class Medium(Enum):
+    CPU = "CPU"
+    STORAGE = "STORAGE"
+
+
 @dataclass
 class ReqContext:
     req_id: str
     kv_transfer_params: Any = None
+    _state: dict = field(default_factory=dict, repr=False, init=False)
 
 
 class LookupResult(Enum):
@@ -177,10 +245,8 @@ class RequestOffloadingContext:
     policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
 
 
-class LoadStoreSpec(ABC):
-    @staticmethod
-    @abstractmethod
-    def medium() -> str: ...
+class LoadStoreSpec:
+    pass
 
 
 @dataclass
@@ -193,8 +259,9 @@ class PrepareStoreOutput:
 @dataclass
 class OffloadingEvent:
     keys: list
-    medium: str
+    medium: Medium
     removed: bool
+    locality: Any = None
 
 
 class OffloadingManager(ABC):
@@ -227,6 +294,111 @@ class OffloadingManager(ABC):
 
     def shutdown(self):
         return None
+
+
+class GPULoadStoreSpec(LoadStoreSpec):
+    def __init__(self, block_ids, group_sizes, block_indices):
+        assert sum(group_sizes) == len(block_ids) and len(block_indices) == len(group_sizes)
+        self.block_ids = np.array(block_ids, dtype=np.int32)
+        self.group_sizes = group_sizes
+        self.block_indices = block_indices
+
+
+@dataclass
+class CanonicalKVCacheTensor:
+    tensor: Any
+    page_size_bytes: int
+
+
+@dataclass
+class CanonicalKVCaches:
+    tensors: list
+    group_data_refs: list
+
+
+@dataclass
+class TransferResult:
+    job_id: int
+    success: bool
+    transfer_size: int | None = None
+    transfer_time: float | None = None
+
+
+class OffloadingWorker(ABC):
+    @abstractmethod
+    def submit_store(self, job_id, src_spec, dst_spec) -> bool: ...
+
+    @abstractmethod
+    def submit_load(self, job_id, src_spec, dst_spec) -> bool: ...
+
+    @abstractmethod
+    def get_finished(self): ...
+
+    @abstractmethod
+    def wait(self, job_ids): ...
+
+    def shutdown(self):
+        return None
+
+
+class OffloadingSpec(ABC):
+    def __init__(self, config):
+        assert hasattr(config, "worker_kv_bytes_per_block"), config
+        self.config = config
+        self.extra_config = config.extra_config
+
+    @abstractmethod
+    def get_manager(self): ...
+
+    @abstractmethod
+    def get_worker(self, kv_caches): ...
+'''
+
+_CONFIG = '''
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class OffloadingGroupConfig:
+    tokens_per_block: int
+    layer_names: tuple
+
+
+@dataclass(frozen=True)
+class OffloadingModelConfig:
+    name: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class OffloadingCacheConfig:
+    tokens_per_hash: int
+    blocks_per_chunk: int
+
+
+@dataclass(frozen=True)
+class OffloadingParallelConfig:
+    rank: int
+    world_size: int
+    tp_size: int
+    pp_size: int
+    pcp_size: int
+    dcp_size: int
+    data_parallel_index: int
+    is_parallelism_agnostic: bool
+
+
+@dataclass(frozen=True)
+class OffloadingConfig:
+    groups: tuple
+    worker_kv_bytes_per_block: int
+    enable_kv_cache_events: bool
+    extra_config: Mapping[str, Any]
+    engine_id: str
+    model: OffloadingModelConfig
+    cache: OffloadingCacheConfig
+    parallel: OffloadingParallelConfig
 '''
 
 _MEDIUMS = '''
@@ -276,15 +448,15 @@ class OffloadingSpec(ABC):
 _FACTORY = '''
 import importlib
 
-from vllm.v1.kv_offload.spec import TAKES_KV_CACHE_CONFIG, OffloadingSpec
+from vllm.v1.kv_offload.{spec_module} import OffloadingSpec
 
 
 class OffloadingSpecFactory:
     _registry = {{}}
 
     @classmethod
-    def create_spec(cls, config, *rest):
-        extra = config.kv_transfer_config.kv_connector_extra_config
+    def create_spec(cls, *config):
+        extra = config[0].{extra}
         name = extra.get("spec_name", "CPUOffloadingSpec")
         if name in cls._registry:
             spec_cls = cls._registry[name]()
@@ -294,7 +466,7 @@ class OffloadingSpecFactory:
                 raise ValueError(f"Unsupported spec type: {{name}}")
             spec_cls = getattr(importlib.import_module(path), name)
         assert issubclass(spec_cls, OffloadingSpec)
-        return spec_cls(config, *rest) if TAKES_KV_CACHE_CONFIG else spec_cls(config)
+        return spec_cls(*config)
 '''
 
 _WORKER = '''
@@ -357,19 +529,31 @@ class OffloadingWorker:
 
 def write(generation: str) -> str:
     """A new directory holding the stand-in ``vllm`` package of generation."""
-    abstract = {"blocks": _ABSTRACT_BLOCKS, "keys": _ABSTRACT_KEYS, "results": _ABSTRACT_RESULTS}[generation]
-    later = generation != "blocks"
     files: Dict[str, str] = {
         "vllm/__init__.py": _EMPTY,
         "vllm/v1/__init__.py": _EMPTY,
         "vllm/v1/kv_offload/__init__.py": _EMPTY,
-        "vllm/v1/kv_offload/abstract.py": abstract,
-        "vllm/v1/kv_offload/mediums.py": _MEDIUMS,
-        "vllm/v1/kv_offload/spec.py": _SPEC.format(kv=later),
-        "vllm/v1/kv_offload/factory.py": _FACTORY.format(),
-        "vllm/v1/kv_offload/worker/__init__.py": _EMPTY,
-        "vllm/v1/kv_offload/worker/worker.py": _WORKER.format(results=later),
     }
+    kv = "vllm/v1/kv_offload/"
+    if generation == "blocks":  # 0.11-0.13: split modules, spec_cls(vllm_config), (job_id, ok) results
+        files[kv + "abstract.py"] = _ABSTRACT_BLOCKS
+        files[kv + "mediums.py"] = _MEDIUMS
+        files[kv + "spec.py"] = _SPEC.format(kv=False)
+        files[kv + "factory.py"] = _FACTORY.format(spec_module="spec", extra="kv_transfer_config."
+                                                   "kv_connector_extra_config")
+        files[kv + "worker/__init__.py"] = _EMPTY
+        files[kv + "worker/worker.py"] = _WORKER.format(results=False)
+    elif generation == "keys":  # 0.23-0.24: base, bool | None, on_new_request, handlers
+        files[kv + "base.py"] = _BASE_KEYS
+        files[kv + "factory.py"] = _FACTORY.format(spec_module="base", extra="kv_transfer_config."
+                                                   "kv_connector_extra_config")
+        files[kv + "worker/__init__.py"] = _EMPTY
+        files[kv + "worker/worker.py"] = _WORKER.format(results=True).replace(
+            "vllm.v1.kv_offload.abstract", "vllm.v1.kv_offload.base")
+    else:  # 0.26 on: base, LookupResult, OffloadingConfig, one worker per spec
+        files[kv + "base.py"] = _BASE_RESULTS
+        files[kv + "config.py"] = _CONFIG
+        files[kv + "factory.py"] = _FACTORY.format(spec_module="base", extra="extra_config")
     root = tempfile.mkdtemp(prefix=f"tc-vllm-{generation}-")
     for rel, text in files.items():
         path = os.path.join(root, rel)

@@ -11,8 +11,8 @@ vLLM's factory imports this module, takes :class:`TensorcastOffloadingSpec`
 and builds it in the scheduler and in every worker. The scheduler asks the
 spec for its manager (:class:`TensorcastOffloadingManager`), which decides
 what is offloaded and where it lies in the daemon's pool; each worker asks
-for its handlers (:mod:`tensorcast.integrations.vllm_worker`), which copy
-blocks between its KV cache tensors and the pool.
+for its handlers or worker (:mod:`tensorcast.integrations.vllm_worker`),
+which copy blocks between its KV cache tensors and the pool.
 
 One offloaded block (``block_size`` tokens of extra config, else vLLM's GPU
 block size) is one key whose value holds the block for every rank, rank
@@ -33,14 +33,22 @@ vLLM's interface has three generations; the one in use is chosen when this
 module is imported, from the vLLM that is importable (without one, the
 newest, duck-typed):
 
-- ``blocks`` (vLLM up to 0.20): block hashes, ``lookup(hashes) -> int``,
+- ``blocks`` (vLLM up to 0.19): block hashes, ``lookup(hashes) -> int``,
   ``PrepareStoreOutput(block_hashes_to_store, ...)``, events by hashes.
-- ``keys``: ``OffloadKey``s, ``lookup(key, req_context) -> bool | None``
-  (None: ask again later), ``PrepareStoreOutput(keys_to_store, store_spec,
-  evicted_keys)``, events by keys.
-- ``results``: ``lookup`` answers a ``LookupResult`` (HIT, MISS,
-  HIT_PENDING while a store of the block is in flight, RETRY), and
-  ``on_new_request`` / ``on_request_finished`` frame each request.
+- ``keys`` (0.20 to 0.24): ``OffloadKey``s, ``lookup(key, req_context) ->
+  bool | None`` (None: ask again later), ``PrepareStoreOutput(keys_to_store,
+  store_spec, evicted_keys)``, events by keys, ``on_new_request``.
+- ``results`` (0.25 on): ``lookup`` answers a ``LookupResult`` (HIT, MISS,
+  HIT_PENDING while this manager's store of the block is in flight; RETRY is
+  never answered: the daemon's answer is final), and ``on_new_request`` /
+  ``on_request_finished`` frame each request.
+
+Across them vLLM moved its classes (abstract, spec, mediums and
+worker.worker up to 0.21, base since), built the spec from
+``(vllm_config)``, ``(vllm_config, kv_cache_config)`` or, from 0.26, its
+``OffloadingConfig``, and asked it for handlers (``get_handlers``, up to
+0.24) or one worker (``get_worker``, from 0.25): the spec takes each of
+these as it comes.
 
 The classes are built on vLLM's own (``OffloadingManager``,
 ``OffloadingSpec``, ``LoadStoreSpec``) when it is importable, so its
@@ -95,8 +103,10 @@ def _module(name: str) -> Optional[ModuleType]:
         return None
 
 
-_abstract = _module("vllm.v1.kv_offload.abstract")
-_spec_mod = _module("vllm.v1.kv_offload.spec") if _abstract is not None else None
+# vLLM keeps its offloading classes in abstract, spec and mediums up to 0.21,
+# in base from 0.22.
+_abstract = _module("vllm.v1.kv_offload.abstract") or _module("vllm.v1.kv_offload.base")
+_spec_mod = (_module("vllm.v1.kv_offload.spec") or _abstract) if _abstract is not None else None
 
 
 def _generation(m: Optional[ModuleType]) -> str:
@@ -161,6 +171,11 @@ OffloadingEvent: Any = getattr(_abstract, "OffloadingEvent", _OffloadingEventBlo
 _ManagerBase: Any = getattr(_abstract, "OffloadingManager", object)
 _LoadStoreSpecBase: Any = getattr(_abstract, "LoadStoreSpec", object)
 _SpecBase: Any = getattr(_spec_mod, "OffloadingSpec", object)
+
+
+#: The medium events name: vLLM's Medium.CPU where vLLM names media by an enum
+#: (the daemon's pool is host memory), else MEDIUM.
+EVENT_MEDIUM: Any = getattr(getattr(_abstract, "Medium", None), "CPU", MEDIUM)
 
 
 def _request_context() -> Any:
@@ -528,7 +543,7 @@ class _BlocksInterface(_Manager):
         """The blocks stored since the last call (the daemon evicts on its
         own: no removal events)."""
         for ks, removed in self._take_events():
-            yield OffloadingEvent(block_hashes=ks, block_size=self.block_tokens, medium=MEDIUM, removed=removed)
+            yield OffloadingEvent(block_hashes=ks, block_size=self.block_tokens, medium=EVENT_MEDIUM, removed=removed)
 
 
 class _KeysInterface(_Manager):
@@ -566,7 +581,7 @@ class _KeysInterface(_Manager):
         """The blocks stored since the last call (the daemon evicts on its
         own: no removal events)."""
         for ks, removed in self._take_events():
-            yield OffloadingEvent(keys=ks, medium=MEDIUM, removed=removed)
+            yield OffloadingEvent(keys=ks, medium=EVENT_MEDIUM, removed=removed)
 
 
 class _ResultsInterface(_KeysInterface):
@@ -677,27 +692,56 @@ def block_layout(vllm_config: Any, kv_cache_config: Any = None) -> BlockLayout:
     return BlockLayout(tokens, gpu, factor, rank_bytes, world, fp)
 
 
+def offloading_config_layout(config: Any) -> Tuple[BlockLayout, int]:
+    """The offloaded block and this process's rank from vLLM's
+    OffloadingConfig (vLLM 0.26 on): one chunk of ``blocks_per_chunk``
+    blocks of ``tokens_per_block`` tokens, ``worker_kv_bytes_per_block``
+    bytes of each rank per block."""
+    sizes = {int(g.tokens_per_block) for g in config.groups}
+    if len(sizes) != 1:
+        raise ValueError(f"tensorcast: KV cache groups of several block sizes {sorted(sizes)}")
+    gpu = sizes.pop()
+    factor = int(config.cache.blocks_per_chunk)
+    if factor <= 0:
+        raise ValueError(f"tensorcast: {factor} blocks per chunk")
+    p = config.parallel
+    rank_bytes = int(config.worker_kv_bytes_per_block) * factor
+    fp = layout.fingerprint(
+        engine="vllm", kv_layout="rank-major/v1", model=str(config.model.name), revision="None",
+        dtype=str(config.model.dtype), page_size=gpu * factor, gpu_block_size=gpu, rank_bytes=rank_bytes,
+        world_size=int(p.world_size), tp_size=int(p.tp_size), pp_size=int(p.pp_size),
+        pcp_size=int(getattr(p, "pcp_size", 1)), dcp_size=int(getattr(p, "dcp_size", 1)),
+        num_kv_groups=len(config.groups), hash_block_size=int(config.cache.tokens_per_hash))
+    return BlockLayout(gpu * factor, gpu, factor, rank_bytes, int(p.world_size), fp), int(p.rank)
+
+
 class TensorcastOffloadingSpec(_SpecBase):
     """vLLM's OffloadingSpec for tensorcast, built by vLLM's factory from
     ``spec_name`` and ``spec_module_path`` (see the module's doc) as
-    ``cls(vllm_config)`` or ``cls(vllm_config, kv_cache_config)``.
+    ``cls(vllm_config)``, ``cls(vllm_config, kv_cache_config)`` or, from
+    vLLM 0.26, ``cls(offloading_config)``.
 
     Extra config: ``socket`` (the daemon's; default $TENSORCAST_SOCKET, else
     the default socket), ``block_size`` (tokens per offloaded block, a
-    multiple of vLLM's), ``durable`` (complete a store only once on L2),
-    ``retry_interval`` (seconds between dials while the daemon is away)."""
+    multiple of vLLM's, where vLLM does not chunk blocks itself),
+    ``durable`` (complete a store only once on L2), ``retry_interval``
+    (seconds between dials while the daemon is away)."""
 
-    def __init__(self, vllm_config: Any, kv_cache_config: Any = None, *args: Any) -> None:
+    def __init__(self, config: Any, kv_cache_config: Any = None, *args: Any) -> None:
         if _SpecBase is not object:
-            if kv_cache_config is None:
-                super().__init__(vllm_config, *args)
-            else:
-                super().__init__(vllm_config, kv_cache_config, *args)
-        self.vllm_config = vllm_config
-        self.kv_cache_config = kv_cache_config
-        extra = dict(_get(vllm_config, "kv_transfer_config", "kv_connector_extra_config", default={}) or {})
+            super().__init__(config, *((kv_cache_config,) if kv_cache_config is not None else ()), *args)
+        if hasattr(config, "worker_kv_bytes_per_block"):  # vLLM's OffloadingConfig
+            self.block, self.rank = offloading_config_layout(config)
+            extra = dict(config.extra_config or {})
+            self.events = bool(config.enable_kv_cache_events)
+        else:
+            self.vllm_config = config
+            self.kv_cache_config = kv_cache_config
+            extra = dict(_get(config, "kv_transfer_config", "kv_connector_extra_config", default={}) or {})
+            self.block = block_layout(config, kv_cache_config)
+            self.rank = _rank(config)
+            self.events = bool(_get(config, "kv_events_config", "enable_kv_cache_events", default=False))
         self.extra_config = extra
-        self.block = block_layout(vllm_config, kv_cache_config)
         self.socket: Optional[str] = extra.get("socket")
         self.durable = bool(extra.get("durable", False))
         self.retry_interval = float(extra.get("retry_interval", 1.0))
@@ -706,25 +750,35 @@ class TensorcastOffloadingSpec(_SpecBase):
 
     def get_manager(self) -> TensorcastOffloadingManager:
         if self._manager is None:
-            events = bool(_get(self.vllm_config, "kv_events_config", "enable_kv_cache_events", default=False))
             self._manager = TensorcastOffloadingManager(
                 self.block.value_bytes, fingerprint=self.block.fingerprint, socket=self.socket,
-                durable=self.durable, enable_events=events, block_tokens=self.block.tokens,
+                durable=self.durable, enable_events=self.events, block_tokens=self.block.tokens,
                 retry_interval=self.retry_interval)
         return self._manager
 
-    def get_handlers(self, kv_caches: Any, attn_backends: Any = None) -> Iterator[Tuple[type, type, Any]]:
-        """This worker's handlers: (GPU spec, TensorcastLoadStoreSpec,
-        store handler) and (TensorcastLoadStoreSpec, GPU spec, load
-        handler). kv_caches is vLLM's: a dict of layer name to tensor, or
-        its canonical KV caches."""
-        from .vllm_worker import GPULoadStoreSpec, Handlers
+    def _shared(self, kv_caches: Any, attn_backends: Any = None) -> Any:
+        from .vllm_worker import Handlers
 
         if self._handlers is None:
-            self._handlers = Handlers(kv_caches, self.block, rank=_rank(self.vllm_config), socket=self.socket,
+            self._handlers = Handlers(kv_caches, self.block, rank=self.rank, socket=self.socket,
                                       attn_backends=attn_backends, retry_interval=self.retry_interval)
-        yield GPULoadStoreSpec, TensorcastLoadStoreSpec, self._handlers.store
-        yield TensorcastLoadStoreSpec, GPULoadStoreSpec, self._handlers.load
+        return self._handlers
+
+    def get_handlers(self, kv_caches: Any, attn_backends: Any = None) -> Iterator[Tuple[type, type, Any]]:
+        """This worker's handlers (vLLM up to 0.24): (GPU spec,
+        TensorcastLoadStoreSpec, store handler) and (TensorcastLoadStoreSpec,
+        GPU spec, load handler). kv_caches is vLLM's: a dict of layer name
+        to tensor, or its canonical KV caches."""
+        from .vllm_worker import GPULoadStoreSpec
+
+        h = self._shared(kv_caches, attn_backends)
+        yield GPULoadStoreSpec, TensorcastLoadStoreSpec, h.store
+        yield TensorcastLoadStoreSpec, GPULoadStoreSpec, h.load
+
+    def get_worker(self, kv_caches: Any) -> Any:
+        """This worker's OffloadingWorker (vLLM 0.25 on), over its canonical
+        KV caches."""
+        return self._shared(kv_caches).worker
 
 
 def _rank(vllm_config: Any) -> int:

@@ -1,12 +1,14 @@
 """vLLM's worker side of tensorcast offloading: handlers that copy blocks
 between one worker's KV cache tensors and the daemon's pool.
 
-:meth:`TensorcastOffloadingSpec.get_handlers` builds one :class:`Handlers`
-per worker; vLLM's offloading worker registers its ``store`` handler for
-(GPU spec -> TensorcastLoadStoreSpec) transfers and its ``load`` handler for
-the other way, calls ``transfer_async(job_id, (src, dst))``, and collects
-``get_finished()`` (vLLM's TransferResults, or ``(job_id, success)`` pairs
-on a vLLM without them).
+:class:`TensorcastOffloadingSpec` builds one :class:`Handlers` per worker.
+Up to vLLM 0.24 (``get_handlers``), vLLM's offloading worker registers its
+``store`` handler for (GPU spec -> TensorcastLoadStoreSpec) transfers and
+its ``load`` handler for the other way, calls ``transfer_async(job_id,
+(src, dst))`` and collects ``get_finished()``; from 0.25 (``get_worker``)
+its ``worker`` takes ``submit_store`` and ``submit_load``. Results are
+vLLM's TransferResults, or ``(job_id, success)`` pairs on a vLLM without
+them.
 
 The worker's part of an offloaded block's value (see
 :mod:`tensorcast.integrations.vllm`) starts at ``rank * rank_bytes``; in it,
@@ -50,7 +52,7 @@ from ..client import Client
 from ._link import Link
 from .vllm import MEDIUM, BlockLayout, TensorcastLoadStoreSpec
 
-__all__ = ["GPULoadStoreSpec", "Handlers"]
+__all__ = ["GPULoadStoreSpec", "Handlers", "kv_block_tensors"]
 
 log = logging.getLogger("tensorcast.integrations.vllm")
 
@@ -64,10 +66,17 @@ def _module(name: str) -> Optional[ModuleType]:
         return None
 
 
-_mediums = _module("vllm.v1.kv_offload.mediums")
-_worker = _module("vllm.v1.kv_offload.worker.worker")
-_HandlerBase: Any = getattr(_worker, "OffloadingHandler", object)
-_TransferResult: Any = getattr(_worker, "TransferResult", None)
+# Up to 0.21 vLLM keeps the GPU spec in mediums; up to 0.24 its handlers and
+# TransferResult in worker.worker; base holds what moved.
+_base = _module("vllm.v1.kv_offload.base")
+_mediums = _module("vllm.v1.kv_offload.mediums") or _base
+_handlers = _module("vllm.v1.kv_offload.worker.worker")
+_HandlerBase: Any = getattr(_handlers, "OffloadingHandler", object)
+# From 0.25, one OffloadingWorker per spec, with a method per direction.
+_WorkerBase: Any = getattr(_base, "OffloadingWorker", None)
+if _WorkerBase is None or not hasattr(_WorkerBase, "submit_store"):
+    _WorkerBase = object
+_TransferResult: Any = getattr(_handlers, "TransferResult", None) or getattr(_base, "TransferResult", None)
 
 
 class _GPULoadStoreSpec:
@@ -201,6 +210,7 @@ class Handlers:
         self._link = Link(socket, f"vllm-worker-{rank}", self.log, retry_interval=retry_interval)
         self.store = _Handler(self, True)
         self.load = _Handler(self, False)
+        self.worker = _Worker(self)
 
     # -- the pool ----------------------------------------------------------------------
 
@@ -404,3 +414,26 @@ class _Handler(_HandlerBase):
     def shutdown(self) -> None:
         if self.is_store:  # the pair shares one connection: closed once
             self.shared.shutdown()
+
+
+class _Worker(_WorkerBase):
+    """vLLM's OffloadingWorker (0.25 on) over a worker's Handlers: a store
+    is (GPU spec, TensorcastLoadStoreSpec), a load the other way."""
+
+    def __init__(self, shared: Handlers) -> None:
+        self.shared = shared
+
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+        return self.shared.submit(job_id, (src_spec, dst_spec), True)
+
+    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+        return self.shared.submit(job_id, (src_spec, dst_spec), False)
+
+    def get_finished(self) -> List[Any]:
+        return self.shared.finished(True) + self.shared.finished(False)
+
+    def wait(self, job_ids: Set[int]) -> None:
+        self.shared.wait(job_ids)
+
+    def shutdown(self) -> None:
+        self.shared.shutdown()
