@@ -458,10 +458,12 @@ class TestWithoutVLLM(_Generation, unittest.TestCase):
         self.assertEqual(len(warnings), 1, [r.getMessage() for r in warnings])
         self.assertTrue(any("reconnected" in r.getMessage() for r in logs.records))
         # A spec of the old daemon's pool, which the worker maps no more: failed.
+        dials = h._link.counts["dials"]
         with self.assertLogs(wlg, logging.WARNING) as wlogs:
             self.assertFalse(job(h.load, 4, (load, self.gpu([8, 9, 10, 11]))))
             self.assertFalse(job(h.load, 5, (load, self.gpu([8, 9, 10, 11]))))
         self.assertEqual(len(wlogs.records), 1, wlogs.output)
+        self.assertEqual(h._link.counts["dials"], dials)  # its live connection kept
         self.assertEqual(self.found(m, keys, req), 2)
         load = m.prepare_load(keys, req)
         for t in caches.values():

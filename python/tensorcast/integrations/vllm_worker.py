@@ -229,8 +229,14 @@ class Handlers:
         worker's mapping; None when this worker cannot reach it."""
         c = self._link.client()
         if c is not None and identity is not None and c.pool.identity != identity:
-            self._link.reset()  # a daemon restarted since this worker dialed: dial the new one
-            c = self._link.client()
+            # Either the daemon restarted since this worker dialed (its
+            # connection is broken: dial the new one) or the spec is older
+            # than the daemon this worker reaches (fail the job).
+            try:
+                c.ping()
+            except Exception as e:  # noqa: BLE001
+                self._link.failed("ping", e, c)
+                c = self._link.client()
         if c is None:
             return None
         if identity is not None and c.pool.identity != identity:
@@ -238,6 +244,8 @@ class Handlers:
                        "the scheduler's call and the job); failing such jobs")
             return None
         if c is not self._client:
+            for j in self._pending:  # copies in flight into the old mapping end before it is unregistered
+                j.event.synchronize()
             self._unregister()
             self._client = c
             self._pool = c.pool.tensor()
