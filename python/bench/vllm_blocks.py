@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from types import SimpleNamespace as NS
 from typing import Callable, List, Tuple
 
@@ -39,8 +38,8 @@ import torch
 import tensorcast
 from tensorcast.integrations import vllm, vllm_worker
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])  # python/bench, for store.py's warm-up
-from store import warm  # noqa: E402
+sys.path.insert(0, __file__.rsplit("/", 1)[0])  # python/bench, for store.py's runner and warm-up
+from store import Runner, warm  # noqa: E402
 
 LAYERS = 16
 NUM_BLOCKS = 96
@@ -62,29 +61,14 @@ def configs(socket: str) -> Tuple[NS, NS]:
     return vllm_config, kv_cache_config
 
 
-def rate(seconds: float, step: Callable[[int], int], after: Callable[[int], None] = lambda i: None) -> float:
-    """Bytes per second of step(i) (which returns the bytes it timed) over
-    about `seconds` after one untimed call; after(i) runs untimed."""
-    step(0)
-    after(0)
-    moved, spent, i = 0, 0.0, 1
-    while spent < seconds:
-        t0 = time.perf_counter()
-        moved += step(i)
-        spent += time.perf_counter() - t0
-        after(i)
-        i += 1
-    return moved / spent
-
-
 def main() -> int:
-    if len(sys.argv) < 2:
-        print(__doc__, file=sys.stderr)
+    args = sys.argv[1:]
+    if not 1 <= len(args) <= 3:
+        print(__doc__.rsplit("usage: ", 1)[1], file=sys.stderr)
         return 2
-    socket = sys.argv[1]
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
+    socket, rounds, seconds = args[0], int((args[1:2] or [5])[0]), float((args[2:3] or [1.0])[0])
     torch.set_num_threads(1)
+    rn = Runner(seconds)
 
     spec = vllm.TensorcastOffloadingSpec(*configs(socket))
     m = spec.get_manager()
@@ -120,7 +104,7 @@ def main() -> int:
         return n
 
     warm(peek)
-    stored = keys(-1)
+    stored = [b"bench-stored-%d" % j for j in range(BATCH)]
     first = m.prepare_store(stored)
     job(store_h, (gpu(ids(0)), first.store_spec), 0)
     m.complete_store(stored)
@@ -173,28 +157,23 @@ def main() -> int:
         m.complete_load(stored)
 
     def alone(prep: Callable[[int], None], fn: Callable[[int], int], done: Callable[[int], None]) -> float:
-        prep(0)
-        fn(0)
-        done(0)
-        moved, spent, i = 0, 0.0, 1
-        while spent < seconds:
-            prep(i)
-            t0 = time.perf_counter()
-            moved += fn(i)
-            spent += time.perf_counter() - t0
+        """fn's rate, prep(i) and done(i) untimed around each fn(i)."""
+        def after(i: int) -> None:
             done(i)
-            i += 1
-        return moved / spent
+            prep(i + 1)
+
+        prep(-1)  # the runner's untimed first call
+        return rn.rate(fn, after)
 
     cases = [
         ("store, handler transfer", lambda: alone(t_store_prep, t_store, t_store_done),
-         lambda: rate(seconds, reference_store)),
+         lambda: rn.rate(reference_store)),
         ("load, handler transfer", lambda: alone(t_load_prep, t_load, t_load_done),
-         lambda: rate(seconds, reference_load)),
-        ("store, with prepare/complete_store", lambda: rate(seconds, store_whole, drop),
-         lambda: rate(seconds, reference_store)),
-        ("load, with prepare/complete_load", lambda: rate(seconds, load_whole),
-         lambda: rate(seconds, reference_load)),
+         lambda: rn.rate(reference_load)),
+        ("store, with prepare/complete_store", lambda: rn.rate(store_whole, drop),
+         lambda: rn.rate(reference_store)),
+        ("load, with prepare/complete_load", lambda: rn.rate(load_whole),
+         lambda: rn.rate(reference_load)),
     ]
     print(f"### vLLM-shaped blocks through the worker handlers ({BATCH} blocks of {block_bytes >> 10} KiB per job, "
           f"{LAYERS} layers, medians of {rounds})\n")

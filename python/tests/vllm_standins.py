@@ -81,49 +81,105 @@ class OffloadingManager(ABC):
         return ()
 '''
 
-_BASE_KEYS = '''
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from enum import Enum
-from typing import Any, NewType
-
-import numpy as np
-
+# Pieces the later generations share, put together below.
+_KEYS = '''
 OffloadKey = NewType("OffloadKey", bytes)
 
 
 def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
     return OffloadKey(block_hash + group_idx.to_bytes(4, "big"))
+'''
 
-
-@dataclass
-class ReqContext:
-    req_id: str
-    kv_transfer_params: Any = None
-
-
-class OffloadPolicy(Enum):
-    BLOCK_LEVEL = "block_level"
-    REQUEST_LEVEL = "request_level"
-
-
-@dataclass
-class RequestOffloadingContext:
-    policy: OffloadPolicy = OffloadPolicy.BLOCK_LEVEL
-
-
-class LoadStoreSpec(ABC):
-    @staticmethod
-    @abstractmethod
-    def medium() -> str: ...
-
+_STORE_OUTPUT = '''
 
 @dataclass
 class PrepareStoreOutput:
     keys_to_store: list
     store_spec: LoadStoreSpec
     evicted_keys: list
+'''
 
+_REQUEST_HOOKS = '''
+    @abstractmethod
+    def on_new_request(self, req_context): ...
+
+    def on_request_finished(self, req_context):
+        return None
+
+    def take_events(self):
+        return ()
+
+    def shutdown(self):
+        return None
+'''
+
+_GPU_SPEC = '''
+
+class GPULoadStoreSpec(LoadStoreSpec):
+    def __init__(self, block_ids, group_sizes, block_indices):
+        assert sum(group_sizes) == len(block_ids) and len(block_indices) == len(group_sizes)
+        self.block_ids = np.array(block_ids, dtype=np.int64)
+        self.group_sizes = group_sizes
+        self.block_indices = block_indices
+{medium}
+
+@dataclass
+class CanonicalKVCacheTensor:
+    tensor: Any
+    page_size_bytes: int
+
+
+@dataclass
+class CanonicalKVCaches:
+    tensors: list
+    group_data_refs: list
+'''
+
+_TRANSFER_RESULT = '''
+
+@dataclass
+class TransferResult:
+    job_id: int
+    success: bool
+    transfer_size: int | None = None
+    transfer_time: float | None = None
+'''
+
+_POLICY = '''
+
+class OffloadPolicy(Enum):
+    {unit}_LEVEL = "{low}_level"
+    REQUEST_LEVEL = "request_level"
+
+
+@dataclass
+class RequestOffloadingContext:
+    policy: OffloadPolicy = OffloadPolicy.{unit}_LEVEL
+'''
+
+_IMPORTS = '''
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Any, NewType
+
+import numpy as np
+'''
+
+_BASE_KEYS = _IMPORTS + _KEYS + '''
+
+@dataclass
+class ReqContext:
+    req_id: str
+    kv_transfer_params: Any = None
+
+''' + _POLICY.format(unit="BLOCK", low="block") + '''
+
+class LoadStoreSpec(ABC):
+    @staticmethod
+    @abstractmethod
+    def medium() -> str: ...
+''' + _STORE_OUTPUT + '''
 
 @dataclass
 class OffloadingEvent:
@@ -150,43 +206,11 @@ class OffloadingManager(ABC):
 
     def complete_store(self, keys, success=True):
         return None
-
-    @abstractmethod
-    def on_new_request(self, req_context): ...
-
-    def on_request_finished(self, req_context):
-        return None
-
-    def take_events(self):
-        return ()
-
-    def shutdown(self):
-        return None
-
-
-class GPULoadStoreSpec(LoadStoreSpec):
-    def __init__(self, block_ids, group_sizes, block_indices):
-        assert sum(group_sizes) == len(block_ids) and len(block_indices) == len(group_sizes)
-        self.block_ids = np.array(block_ids, dtype=np.int64)
-        self.group_sizes = group_sizes
-        self.block_indices = block_indices
-
+''' + _REQUEST_HOOKS + _GPU_SPEC.format(medium='''
     @staticmethod
     def medium():
         return "GPU"
-
-
-@dataclass
-class CanonicalKVCacheTensor:
-    tensor: Any
-    page_size_bytes: int
-
-
-@dataclass
-class CanonicalKVCaches:
-    tensors: list
-    group_data_refs: list
-
+''') + '''
 
 class OffloadingSpec(ABC):
     def __init__(self, vllm_config, kv_cache_config):
@@ -201,20 +225,7 @@ class OffloadingSpec(ABC):
     def get_handlers(self, kv_caches): ...
 '''
 
-_BASE_RESULTS = '''
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from enum import Enum, auto
-from typing import Any, NewType
-
-import numpy as np
-
-OffloadKey = NewType("OffloadKey", bytes)
-
-
-def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
-    return OffloadKey(block_hash + group_idx.to_bytes(4, "big"))
-
+_BASE_RESULTS = _IMPORTS + _KEYS + '''
 
 class Medium(Enum):
     CPU = "CPU"
@@ -234,27 +245,11 @@ class LookupResult(Enum):
     HIT_PENDING = auto()
     RETRY = auto()
 
-
-class OffloadPolicy(Enum):
-    CHUNK_LEVEL = "chunk_level"
-    REQUEST_LEVEL = "request_level"
-
-
-@dataclass
-class RequestOffloadingContext:
-    policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
-
+''' + _POLICY.format(unit="CHUNK", low="chunk") + '''
 
 class LoadStoreSpec:
     pass
-
-
-@dataclass
-class PrepareStoreOutput:
-    keys_to_store: list
-    store_spec: LoadStoreSpec
-    evicted_keys: list
-
+''' + _STORE_OUTPUT + '''
 
 @dataclass
 class OffloadingEvent:
@@ -282,47 +277,7 @@ class OffloadingManager(ABC):
 
     def complete_store(self, keys, req_context, success=True):
         return None
-
-    @abstractmethod
-    def on_new_request(self, req_context) -> RequestOffloadingContext: ...
-
-    def on_request_finished(self, req_context):
-        return None
-
-    def take_events(self):
-        return ()
-
-    def shutdown(self):
-        return None
-
-
-class GPULoadStoreSpec(LoadStoreSpec):
-    def __init__(self, block_ids, group_sizes, block_indices):
-        assert sum(group_sizes) == len(block_ids) and len(block_indices) == len(group_sizes)
-        self.block_ids = np.array(block_ids, dtype=np.int32)
-        self.group_sizes = group_sizes
-        self.block_indices = block_indices
-
-
-@dataclass
-class CanonicalKVCacheTensor:
-    tensor: Any
-    page_size_bytes: int
-
-
-@dataclass
-class CanonicalKVCaches:
-    tensors: list
-    group_data_refs: list
-
-
-@dataclass
-class TransferResult:
-    job_id: int
-    success: bool
-    transfer_size: int | None = None
-    transfer_time: float | None = None
-
+''' + _REQUEST_HOOKS + _GPU_SPEC.format(medium="") + _TRANSFER_RESULT + '''
 
 class OffloadingWorker(ABC):
     @abstractmethod
@@ -355,50 +310,20 @@ class OffloadingSpec(ABC):
 '''
 
 _CONFIG = '''
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import make_dataclass
 
 
-@dataclass(frozen=True)
-class OffloadingGroupConfig:
-    tokens_per_block: int
-    layer_names: tuple
+def _frozen(name, *fields):
+    return make_dataclass(name, fields, frozen=True)
 
 
-@dataclass(frozen=True)
-class OffloadingModelConfig:
-    name: str
-    dtype: str
-
-
-@dataclass(frozen=True)
-class OffloadingCacheConfig:
-    tokens_per_hash: int
-    blocks_per_chunk: int
-
-
-@dataclass(frozen=True)
-class OffloadingParallelConfig:
-    rank: int
-    world_size: int
-    tp_size: int
-    pp_size: int
-    pcp_size: int
-    dcp_size: int
-    data_parallel_index: int
-    is_parallelism_agnostic: bool
-
-
-@dataclass(frozen=True)
-class OffloadingConfig:
-    groups: tuple
-    worker_kv_bytes_per_block: int
-    enable_kv_cache_events: bool
-    extra_config: Mapping[str, Any]
-    engine_id: str
-    model: OffloadingModelConfig
-    cache: OffloadingCacheConfig
-    parallel: OffloadingParallelConfig
+OffloadingGroupConfig = _frozen("OffloadingGroupConfig", "tokens_per_block", "layer_names")
+OffloadingModelConfig = _frozen("OffloadingModelConfig", "name", "dtype")
+OffloadingCacheConfig = _frozen("OffloadingCacheConfig", "tokens_per_hash", "blocks_per_chunk")
+OffloadingParallelConfig = _frozen("OffloadingParallelConfig", "rank", "world_size", "tp_size", "pp_size",
+                                   "pcp_size", "dcp_size", "data_parallel_index", "is_parallelism_agnostic")
+OffloadingConfig = _frozen("OffloadingConfig", "groups", "worker_kv_bytes_per_block", "enable_kv_cache_events",
+                           "extra_config", "engine_id", "model", "cache", "parallel")
 '''
 
 _MEDIUMS = '''
@@ -474,15 +399,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 HAS_RESULTS = {results}
-
-
-@dataclass
-class TransferResult:
-    job_id: int
-    success: bool
-    transfer_size: int | None = None
-    transfer_time: float | None = None
-    transfer_type: tuple | None = None
+''' + _TRANSFER_RESULT + '''    transfer_type: tuple | None = None
 
 
 if not HAS_RESULTS:

@@ -36,13 +36,10 @@ outage is logged once and the next job reconnects.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 import threading
 import time
 from dataclasses import fields
-from types import ModuleType
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
@@ -50,20 +47,11 @@ import torch
 
 from ..client import Client
 from ._link import Link
-from .vllm import MEDIUM, BlockLayout, TensorcastLoadStoreSpec
+from .vllm import MEDIUM, BlockLayout, TensorcastLoadStoreSpec, _module
 
 __all__ = ["GPULoadStoreSpec", "Handlers", "kv_block_tensors"]
 
 log = logging.getLogger("tensorcast.integrations.vllm")
-
-
-def _module(name: str) -> Optional[ModuleType]:
-    try:
-        if importlib.util.find_spec("vllm") is None:
-            return None
-        return importlib.import_module(name)
-    except ImportError:
-        return None
 
 
 # Up to 0.21 vLLM keeps the GPU spec in mediums; up to 0.24 its handlers and
