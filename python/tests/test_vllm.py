@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import mmap
+import os
 import unittest
 from types import ModuleType, SimpleNamespace as NS
 from typing import Any, List, Optional, Tuple
@@ -471,6 +473,46 @@ class TestWithoutVLLM(_Generation, unittest.TestCase):
         self.assertTrue(job(h.load, 6, (load, self.gpu([8, 9, 10, 11]))))
         self.assertEqual(blocks(caches, [8, 9, 10, 11]), blocks(caches, [4, 5, 6, 7]))
         m.complete_load(keys, req)
+
+    def test_value_corrupt_on_l2_is_a_miss(self) -> None:
+        d = Daemon(["--store-l2-size", "64MiB"]).start()
+        self.addCleanup(d.close)
+        tv = self.tv
+        from tensorcast.integrations import vllm_worker
+
+        block = tv.block_layout(*configs(d.socket))
+        lg = quiet_logger("test.vllm.l2")
+        m = tv.TensorcastOffloadingManager(block.value_bytes, fingerprint=block.fingerprint, socket=d.socket,
+                                           durable=True, retry_interval=0, logger=lg)
+        self.addCleanup(m.close)
+        caches = kv_caches(0)
+        h = vllm_worker.Handlers(caches, block, socket=d.socket, retry_interval=0, logger=lg)
+        self.addCleanup(h.shutdown)
+        keys, req = self.keys(2, 7), self.req("r7")
+        _, spec = self.prepare_store(m, keys, req)
+        self.assertTrue(h.store.transfer_async(1, (self.gpu([0, 1, 2, 3]), spec)))
+        self.assertEqual(h.store.get_finished(), [(1, True)])
+        self.complete_store(m, keys, req)  # durable: on L2 once complete
+        self.assertEqual(d.stop(), 0)
+        # One byte of the first block's value flipped on L2; after the
+        # restart the values are on L2 only, read back (and checked) on a get.
+        with open(os.path.join(d.data, "store.l2"), "r+b") as f, mmap.mmap(f.fileno(), 0) as l2:
+            at = l2.find(blocks(caches, [0])[0][:64])
+            self.assertGreaterEqual(at, 0)
+            l2[at + 10] ^= 0xFF
+        d.start()
+        self.state(m, keys[0], req)  # the old connection's failure: the manager dials the new daemon
+        # Both indexed from L2: hits until the corrupt one is read.
+        self.assertEqual([self.state(m, k, req) for k in keys], ["hit", "hit"])
+        for t in caches.values():
+            t[:, 8:12].zero_()
+        load = m.prepare_load(keys, req)
+        self.assertEqual(load.ok, [False, True])  # the daemon dropped the corrupt value
+        self.assertTrue(h.load.transfer_async(2, (load, self.gpu([8, 9, 10, 11]))))
+        self.assertEqual(h.load.get_finished(), [(2, False)])
+        self.assertEqual(blocks(caches, [8, 9, 10, 11]), [bytes(len(b)) for b in blocks(caches, [8, 9, 10, 11])])
+        m.complete_load(keys, req)
+        self.assertEqual([self.state(m, k, req) for k in keys], ["miss", "hit"])
 
     def test_failed_store_is_given_back(self) -> None:
         e = Engine(self.tv, self.GEN, self.daemon.socket, world=1)
