@@ -81,8 +81,8 @@ from ..errors import Status
 from . import layout
 from ._link import Link
 
-__all__ = ["GENERATION", "MEDIUM", "LookupResult", "TensorcastLoadStoreSpec", "TensorcastOffloadingManager",
-           "TensorcastOffloadingSpec", "block_layout"]
+__all__ = ["EVENT_MEDIUM", "GENERATION", "MEDIUM", "BlockLayout", "LookupResult", "TensorcastLoadStoreSpec",
+           "TensorcastOffloadingManager", "TensorcastOffloadingSpec", "block_layout", "offloading_config_layout"]
 
 log = logging.getLogger("tensorcast.integrations.vllm")
 
