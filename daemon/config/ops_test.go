@@ -1,9 +1,7 @@
 package config
 
 import (
-	"errors"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -32,29 +30,12 @@ metrics_snapshot_interval = "500ms"
 	if got := d.MetricsReserve(256); got != 128 {
 		t.Fatalf("default reserve at 256 descriptors: %d, want half", got)
 	}
-	for _, tc := range []struct {
-		name, file string
-		want       []string
-	}{
+	refused(t, dir, []badFile{
 		{"no conns", "metrics_max_conns = 0\n", []string{"metrics_max_conns", "0"}},
 		{"many conns", "metrics_max_conns = 5000\n", []string{"metrics_max_conns", "5000"}},
 		{"header", "metrics_header_timeout = \"2m\"\n", []string{"metrics_header_timeout", "2m"}},
 		{"idle", "metrics_idle_timeout = \"1ms\"\n", []string{"metrics_idle_timeout", "1ms"}},
 		{"snapshot", "metrics_snapshot_interval = \"0s\"\n", []string{"metrics_snapshot_interval", "0s"}},
 		{"reserve", "metrics_reserved_fds = -1\n", []string{"metrics_reserved_fds", "-1"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".toml")
-			writeFile(t, p, tc.file)
-			_, err := Load([]string{"--config", p}, env(nil))
-			if err == nil || !errors.Is(err, ErrConfig) {
-				t.Fatalf("accepted, or not ErrConfig: %v", err)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not mention %q", err, w)
-				}
-			}
-		})
-	}
+	})
 }
