@@ -23,11 +23,12 @@ type ServerConfig struct {
 	// MaxConns is how many connections the endpoint holds at once; one
 	// past it is accepted and closed at once (default 16).
 	MaxConns int
-	// HeaderTimeout bounds the time from a connection's accept (or its
-	// last answer) to its request's headers (default 5s).
+	// HeaderTimeout bounds the time from a connection's accept to the end
+	// of its first request's headers, and from the first byte of a later
+	// request to the end of its headers (default 5s).
 	HeaderTimeout time.Duration
-	// IdleTimeout is how long a keep-alive connection may wait for its
-	// next request (default 30s).
+	// IdleTimeout is how long a keep-alive connection may wait, once
+	// answered, for its next request's first byte (default 30s).
 	IdleTimeout time.Duration
 	// SnapshotInterval is how long one rendering of the registry serves
 	// scrapes: scrapes within it share it, so the sources run at most

@@ -13,8 +13,9 @@ type MetricsConfig struct {
 	// MetricsMaxConns is how many connections the endpoint holds at once;
 	// more are closed as they come.
 	MetricsMaxConns int `toml:"metrics_max_conns"`
-	// MetricsHeaderTimeout bounds the wait for a request's headers after a
-	// connection opens or its last scrape was answered.
+	// MetricsHeaderTimeout bounds the wait for a request's headers: from
+	// the connection's accept for its first, from a later one's first
+	// byte for the others.
 	MetricsHeaderTimeout Duration `toml:"metrics_header_timeout"`
 	// MetricsIdleTimeout is how long a keep-alive connection may wait for
 	// its next scrape.
