@@ -247,6 +247,19 @@ func TestDockerfile(t *testing.T) {
 		t.Errorf("ENTRYPOINT %s, want tensorcastd (the chart passes its args only)", entry)
 	}
 
+	// The build context leaves out the git directory (a worktree's .git is
+	// a file naming a directory outside the context, and go build's VCS
+	// stamping fails on it) and what builds leave behind.
+	ignore, err := os.ReadFile("../.dockerignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{".git", "bin/"} {
+		if !slices.Contains(strings.Fields(string(ignore)), want) {
+			t.Errorf(".dockerignore does not leave out %s", want)
+		}
+	}
+
 	// The chart's image: the repository the build command tags, and its
 	// appVersion the daemon's version, which is that tag.
 	df, err := os.ReadFile(path)
