@@ -158,8 +158,28 @@ class TestControllerSequence(SGLangCase):
                 self.assertEqual(b.counters["pages_copied"], 0)
                 b.clear()
 
+    def daemon_maps_unsealed_memfds(self) -> bool:
+        """Whether this daemon registers a memfd its owner could still
+        shrink (asked directly, not through the backend)."""
+        fd = os.memfd_create("probe", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, 1 << 16)
+            with tensorcast.connect(self.daemon.socket, "probe") as c:
+                try:
+                    c.unregister(c.register_fd(fd, 1 << 16))
+                    return True
+                except tensorcast.Error as e:
+                    self.assertEqual(e.code, tensorcast.Status.INVALID_ARGUMENT, e)
+                    return False
+        finally:
+            os.close(fd)
+
     def test_sglang_shm_allocator(self) -> None:
-        # SGLang's own shared-memory allocator hands out unsealed memfds.
+        # SGLang's own shared-memory allocator hands out memfds that cannot
+        # be sealed. Where the daemon maps them, pages move by its copy with
+        # no copy here; where it refuses them, that is said once and the
+        # pages go through the queue, still byte-exact.
+        accepted = self.daemon_maps_unsealed_memfds()
         alloc = ShmAllocator()
         self.addCleanup(alloc.close)
         pool = HostPool("mha", "page_first", pages=2 * PAGES, allocator=alloc)
@@ -169,13 +189,36 @@ class TestControllerSequence(SGLangCase):
         with self.assertLogs(lg, logging.INFO) as logs:
             b.register_mem_pool_host(pool)
         refused = [r.getMessage() for r in logs.records if "refuses" in r.getMessage()]
-        # This daemon refuses an unsealed memfd (its owner could truncate it
-        # under a copy): said once, and the pages go through the queue.
-        self.assertEqual(len(refused), 1, [r.getMessage() for r in logs.records])
-        self.assertIn("unsealed", refused[0])
-        self.assertFalse(b.direct)
-        self.round_trip(self.controller(b, pool, True), pool, 7)
-        self.assertEqual(b.counters["pages_direct"], 0)
+        self.assertEqual(b.direct, accepted)
+        if accepted:
+            self.assertEqual(refused, [])
+            with mock.patch.object(tensorcast.Client, "put_addresses", side_effect=AssertionError("a copy")), \
+                    mock.patch.object(tensorcast.Client, "get_addresses", side_effect=AssertionError("a copy")):
+                self.round_trip(self.controller(b, pool, True), pool, 7)
+            self.assertEqual(b.counters["pages_direct"], 2 * PAGES)
+            # The engine shrinks its pool under the daemon: its own calls
+            # fail (misses, no exception), nobody else's. Nothing here
+            # touches the pool's memory while it is short.
+            size = len(alloc.mms[0])
+            keys = chain(4, 8)
+            os.ftruncate(alloc.fds[0], 0)
+            try:
+                self.assertEqual(b.batch_set_v1(keys, pool.indices(range(4))), [False] * 4)
+                self.assertEqual(b.batch_get_v1(chain(4, 7), pool.indices(range(4))), [False] * 4)
+                other = HostPool("mha", "page_first")
+                other.fill(0, 9)
+                o = self.backend(other)
+                self.assertEqual(o.batch_set_v1(keys[:1], other.indices([0])), [True])
+                self.assertEqual(o.batch_get_v1(keys[:1], other.indices([1])), [True])
+                self.assertEqual(other.page(1), other.page(0))
+                o.clear()
+            finally:
+                os.ftruncate(alloc.fds[0], size)
+        else:
+            self.assertEqual(len(refused), 1, [r.getMessage() for r in logs.records])
+            self.assertIn("unsealed", refused[0])
+            self.round_trip(self.controller(b, pool, True), pool, 7)
+            self.assertEqual(b.counters["pages_direct"], 0)
         b.clear()
 
     def test_one_key_scheme_for_both_interfaces(self) -> None:

@@ -342,13 +342,14 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         self.allocator = allocator
         self.mem_pool_host: Any = None
         self.registered_pools: Dict[Any, Any] = {}
-        # mu guards _pools and _regions: pools are registered by SGLang's
-        # scheduler thread while its storage threads make calls.
+        # mu guards _pools, _regions, _refused and _once: pools are
+        # registered by SGLang's scheduler thread while its storage threads
+        # make calls.
         self._mu = threading.Lock()
         self._pools: Dict[str, _Pool] = {}
         self._regions: List[HostRegion] = []
         self._refused: Set[int] = set()  # fds the daemon refused (logged once each)
-        self._once: Set[Tuple[str, str]] = set()
+        self._once: Set[Tuple[str, str]] = set()  # what _log_once said
         self.counters: Dict[str, int] = {"pages_set": 0, "pages_set_failed": 0, "pages_got": 0, "pages_missed": 0,
                                          "exists_calls": 0, "pages_direct": 0, "pages_copied": 0}
         name = f"sglang-hicache-tp{self.tp_rank}-pp{self.pp_rank}-cp{self.cp_rank}-dp{self.dp_rank}"
@@ -430,8 +431,10 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
                 if e.code < 0:
                     raise  # the connection failed: the dial did
                 r.segment, r.client = None, None
-                if r.fd not in self._refused:
+                with self._mu:
+                    first = r.fd not in self._refused
                     self._refused.add(r.fd)
+                if first:
                     self.log.warning("tensorcast: the daemon refuses the host pool's memfd (%s%s); its pages are "
                                      "copied through the store's queue instead of by the daemon", e,
                                      "" if r.sealed else ", an unsealed memfd")
@@ -472,8 +475,10 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         return p
 
     def _log_once(self, what: str, msg: str) -> None:
-        if (what, msg) not in self._once:
+        with self._mu:
+            first = (what, msg) not in self._once
             self._once.add((what, msg))
+        if first:
             self.log.warning("tensorcast: %s: %s; answering misses (logged once)", what, msg)
 
     # -- moving pages ----------------------------------------------------------------
