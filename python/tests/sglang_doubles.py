@@ -86,11 +86,6 @@ class PoolTransferResult:
     extra_pool_hit_pages: Dict[str, int] = field(default_factory=dict)
 
 
-def count_hits(results: Dict[Any, List[bool]]) -> Dict[Any, int]:
-    """Leading successes per pool, as the controller counts them."""
-    return {k: (v.index(False) if False in v else len(v)) for k, v in results.items()}
-
-
 # -- host memory --------------------------------------------------------------------------
 
 
