@@ -37,7 +37,7 @@ import torch
 import tensorcast
 from tensorcast.integrations import sglang
 
-from store import Runner, warm  # python/bench/store.py
+from store import Runner, alternate, command_line, warm  # python/bench/store.py
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])  # python/, for the tests' SGLang doubles
 from tests.sglang_doubles import HiCacheStorageConfig, HostPool, ShmAllocator  # noqa: E402
@@ -103,13 +103,10 @@ def cases(socket: str, rn: Runner, rounds: int) -> List[Tuple[str, str, float, f
         ref = numpy_reference(pool)
         for name, step, after in (("backup (batch_set_v1)", backup, drop), ("prefetch (batch_get_v1)", prefetch,
                                                                              lambda i: None)):
-            mine: List[float] = []
-            theirs: List[float] = []
-            for r in range(rounds):
+            def next_tag() -> None:
                 tag[0] += 1
-                pair = [lambda: mine.append(rn.rate(step, after)), lambda: theirs.append(rn.rate(ref))]
-                for run in (pair if r % 2 == 0 else pair[::-1]):
-                    run()
+
+            mine, theirs = alternate(rn, rounds, step, after, ref, next_tag)
             rows.append((name, mode, statistics.median(mine), statistics.median(theirs)))
         client.remove(kv.keys(stored))
         b.close()
@@ -119,12 +116,10 @@ def cases(socket: str, rn: Runner, rounds: int) -> List[Tuple[str, str, float, f
 
 
 def main() -> int:
-    if len(sys.argv) < 2:
-        print(__doc__.rsplit("usage: ", 1)[1], file=sys.stderr)
+    args = command_line(__doc__)
+    if args is None:
         return 2
-    socket = sys.argv[1]
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
+    socket, rounds, seconds = args
     torch.set_num_threads(1)
     rn = Runner(seconds)
     with tensorcast.connect(socket, "bench-sglang") as c:

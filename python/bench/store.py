@@ -32,7 +32,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy
 import torch
@@ -63,6 +63,30 @@ class Runner:
             after(i)
             i += 1
         return moved / spent
+
+
+def alternate(rn: Runner, rounds: int, step: Callable[[int], int], after: Callable[[int], None],
+              ref: Callable[[int], int], each: Callable[[], None] = lambda: None) -> Tuple[List[float], List[float]]:
+    """rounds rates of step (after each call, after) and of ref, each
+    round's order swapped from the last; each() runs before every round."""
+    mine: List[float] = []
+    theirs: List[float] = []
+    for r in range(rounds):
+        each()
+        pair = [lambda: mine.append(rn.rate(step, after)), lambda: theirs.append(rn.rate(ref))]
+        for run in (pair if r % 2 == 0 else pair[::-1]):
+            run()
+    return mine, theirs
+
+
+def command_line(doc: str) -> Optional[Tuple[str, int, float]]:
+    """SOCKET [ROUNDS (5)] [SECONDS per run (1)] from sys.argv; None, with
+    doc's usage line printed, when there is no socket."""
+    if len(sys.argv) < 2:
+        print(doc.rsplit("usage: ", 1)[1], file=sys.stderr)
+        return None
+    return (sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5,
+            float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
 
 
 def numpy_copy() -> Callable[[int], int]:
@@ -139,14 +163,11 @@ def store_cases(c: tensorcast.Client, rn: Runner, rounds: int) -> List[Tuple[str
     ]
     rows = []
     for name, step, after, goal in cases:
-        mine: List[float] = []
-        theirs: List[float] = []
-        for r in range(rounds):
+
+        def next_tag() -> None:
             tag[0] += 1
-            pair = [lambda: mine.append(rn.rate(step, after or (lambda i: None))),
-                    lambda: theirs.append(rn.rate(ref))]
-            for run in (pair if r % 2 == 0 else pair[::-1]):
-                run()
+
+        mine, theirs = alternate(rn, rounds, step, after or (lambda i: None), ref, next_tag)
         got[name] = mine
         rows.append((name, statistics.median(mine), statistics.median(theirs), goal))
     c.remove(stored)
@@ -173,12 +194,10 @@ def warm(c: tensorcast.Client) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) < 2:
-        print(__doc__.rsplit("usage: ", 1)[1], file=sys.stderr)
+    args = command_line(__doc__)
+    if args is None:
         return 2
-    socket = sys.argv[1]
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
+    socket, rounds, seconds = args
     torch.set_num_threads(1)
     rn = Runner(seconds)
     with tensorcast.connect(socket, "bench-python") as c:

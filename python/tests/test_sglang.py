@@ -7,7 +7,6 @@ stand-in SGLang; keys bound to layout and ranks; a daemon killed mid-way."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import logging
 import os
@@ -20,6 +19,7 @@ from unittest import mock
 import tensorcast
 
 from .daemon import Daemon
+from .test_integrations import chain, quiet_logger as quiet
 
 try:
     import torch
@@ -45,27 +45,6 @@ NEEDS_TORCH = "torch is not installed for this interpreter (Debian: python3-torc
 STANDIN = Path(__file__).resolve().parent / "standin"
 LAYOUTS = ("page_first", "layer_first", "page_first_direct")
 PAGES = 300  # three storage batches: 128, 128, 44
-
-
-def chain(n: int, seed: int = 0) -> List[str]:
-    """n chained page hashes as SGLang makes them: sha256 of the previous
-    hash and the page's token ids, in hex."""
-    out, prev = [], b""
-    for i in range(n):
-        h = hashlib.sha256(prev)
-        for t in range(4):
-            h.update((seed * 100000 + i * 4 + t).to_bytes(4, "little"))
-        prev = h.digest()
-        out.append(h.hexdigest())
-    return out
-
-
-def quiet(name: str) -> logging.Logger:
-    lg = logging.getLogger(name)
-    lg.propagate = False
-    if not lg.handlers:
-        lg.addHandler(logging.NullHandler())
-    return lg
 
 
 def config(**kw: Any) -> "HiCacheStorageConfig":
