@@ -34,10 +34,9 @@ from typing import Any, Callable, List, Tuple
 import numpy
 import torch
 
-import tensorcast
 from tensorcast.integrations import sglang
 
-from store import Runner, alternate, command_line, warm  # python/bench/store.py
+from store import Runner, alternate, start  # python/bench/store.py
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])  # python/, for the tests' SGLang doubles
 from tests.sglang_doubles import HiCacheStorageConfig, HostPool, ShmAllocator  # noqa: E402
@@ -116,14 +115,11 @@ def cases(socket: str, rn: Runner, rounds: int) -> List[Tuple[str, str, float, f
 
 
 def main() -> int:
-    args = command_line(__doc__)
+    args = start(__doc__, "bench-sglang")
     if args is None:
         return 2
-    socket, rounds, seconds = args
-    torch.set_num_threads(1)
-    rn = Runner(seconds)
-    with tensorcast.connect(socket, "bench-sglang") as c:
-        warm(c)
+    socket, rounds, seconds, rn, c = args
+    c.close()
     rows = cases(socket, rn, rounds)
     print(f"SGLang-shaped backup and prefetch, {PAGES} pages per call (a page: a K and a V buffer of 128 KiB, "
           f"{PAGES * 256 >> 10} MiB per call); medians of {rounds} runs of {seconds:g} s, each alternating with "

@@ -79,14 +79,20 @@ def alternate(rn: Runner, rounds: int, step: Callable[[int], int], after: Callab
     return mine, theirs
 
 
-def command_line(doc: str) -> Optional[Tuple[str, int, float]]:
-    """SOCKET [ROUNDS (5)] [SECONDS per run (1)] from sys.argv; None, with
-    doc's usage line printed, when there is no socket."""
+def start(doc: str, name: str) -> Optional[Tuple[str, int, float, Runner, tensorcast.Client]]:
+    """A benchmark's start: SOCKET [ROUNDS (5)] [SECONDS per run (1)] from
+    sys.argv (None, with doc's usage line printed, when there is no socket),
+    one torch thread, and a client named name whose daemon's pool is warm."""
     if len(sys.argv) < 2:
         print(doc.rsplit("usage: ", 1)[1], file=sys.stderr)
         return None
-    return (sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5,
-            float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
+    socket = sys.argv[1]
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
+    torch.set_num_threads(1)
+    c = tensorcast.connect(socket, name)
+    warm(c)
+    return socket, rounds, seconds, Runner(seconds), c
 
 
 def numpy_copy() -> Callable[[int], int]:
@@ -194,14 +200,11 @@ def warm(c: tensorcast.Client) -> None:
 
 
 def main() -> int:
-    args = command_line(__doc__)
+    args = start(__doc__, "bench-python")
     if args is None:
         return 2
-    socket, rounds, seconds = args
-    torch.set_num_threads(1)
-    rn = Runner(seconds)
-    with tensorcast.connect(socket, "bench-python") as c:
-        warm(c)
+    _, rounds, seconds, rn, c = args
+    with c:
         rows = store_cases(c, rn, rounds)
     print(f"Python {sys.version.split()[0]}, numpy {numpy.__version__}, torch {torch.__version__}; blocks of "
           f"{BLOCK >> 10} KiB, {BATCH} keys per call; medians of {rounds} runs of {seconds:g} s, each alternating "
