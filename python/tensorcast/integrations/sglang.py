@@ -337,7 +337,9 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         self.durable = bool(options.get("durable", False))
         prefix = str(options.get("key_prefix", "sglang/"))
         if self.model:
-            prefix += "-".join(self.model.split("/")) + "/"
+            # For people listing keys; the fingerprint has the whole name,
+            # and a key has at most 256 bytes.
+            prefix += "-".join(self.model.split("/"))[-64:] + "/"
         self._prefix = prefix.encode()
         self.allocator = allocator
         self.mem_pool_host: Any = None
