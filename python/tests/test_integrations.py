@@ -5,7 +5,6 @@ test_sglang.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import unittest
 from typing import List
@@ -14,6 +13,7 @@ import tensorcast
 from tensorcast import Status
 
 from .daemon import Daemon
+from .engines import chain, quiet_logger
 from .test_core import pattern
 
 
@@ -26,26 +26,6 @@ if torch is not None:
     from tensorcast.integrations import vllm
 
 NEEDS_TORCH = "torch is not installed for this interpreter (Debian: python3-torch)"
-
-
-def chain(n: int, seed: int = 0) -> List[str]:
-    """n chained page keys as SGLang makes them: sha256 of the previous
-    hash and the page's token ids, in hex."""
-    out, prev = [], b""
-    for i in range(n):
-        h = hashlib.sha256(prev)
-        for t in range(4):
-            h.update((seed * 1000 + i * 4 + t).to_bytes(4, "little"))
-        prev = h.digest()
-        out.append(h.hexdigest())
-    return out
-
-
-def quiet_logger(name: str) -> logging.Logger:
-    lg = logging.getLogger(name)
-    lg.propagate = False
-    lg.addHandler(logging.NullHandler())
-    return lg
 
 
 @unittest.skipIf(torch is None, NEEDS_TORCH)

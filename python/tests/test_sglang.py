@@ -19,7 +19,7 @@ from unittest import mock
 import tensorcast
 
 from .daemon import Daemon
-from .test_integrations import chain, quiet_logger as quiet
+from .engines import chain, quiet_logger as quiet
 
 try:
     import torch
