@@ -395,6 +395,30 @@ class TestV2(SGLangCase):
                 mock.patch.object(tensorcast.Client, "get_addresses", side_effect=AssertionError("a copy")):
             self.check(b, kv, indexer, mamba, seed=500)
 
+    def test_a_pool_without_page_metadata(self) -> None:
+        # Mamba in layer_first answers no zero-copy metadata: its pages go
+        # through its flat data pages, said once at registration.
+        class LayerFirstMamba(MambaHostPool):
+            def get_page_buffer_meta(self, indices: Any) -> Any:
+                raise ValueError("zero-copy requires page_first")
+
+        lg = logging.getLogger("test.sglang.nometa")
+        b = sglang.TensorcastStore(config(), {"socket": self.daemon.socket}, logger=lg)
+        self.addCleanup(b.close)
+        mamba = LayerFirstMamba()
+        with self.assertLogs(lg, logging.WARNING) as logs:
+            b.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+        self.assertIn("zero-copy requires page_first", logs.records[0].getMessage())
+        keys = chain(2, 450)
+        mamba.fill(0, 1)
+        mamba.fill(1, 2)
+        t = PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([0, 1]), keys=keys)
+        self.assertEqual(b.batch_set_v2([t]), {PoolName.MAMBA: [True, True]})
+        back = PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([5, 4]), keys=keys)
+        self.assertEqual(b.batch_get_v2([back]), {PoolName.MAMBA: [True, True]})
+        self.assertEqual((mamba.page(5), mamba.page(4)), (mamba.page(0), mamba.page(1)))
+        b.clear()
+
     def test_mamba_keys_carry_the_tp_rank_under_mla(self) -> None:
         # MLA's KV is the same on every TP rank, a Mamba state is not: rank
         # 1 reads rank 0's KV pages but never its state.

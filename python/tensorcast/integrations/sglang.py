@@ -226,6 +226,7 @@ class _Plan(NamedTuple):
     flat: Tuple[int, ...]  # where each lies in the pool's flat data page
     page_bytes: int
     by_address: bool  # the pool answers get_page_buffer_meta
+    why_not: str = ""  # what it answered instead
 
 
 @dataclass
@@ -271,10 +272,10 @@ def _plan(pool: Any, page_size: int) -> _Plan:
 
     try:
         ptrs, sizes = _meta(pool, torch.arange(page_size, dtype=torch.int64))
-    except Exception:  # noqa: BLE001 - a pool without zero-copy metadata (Mamba in layer_first)
+    except Exception as e:  # noqa: BLE001 - a pool without zero-copy metadata (Mamba in layer_first)
         dummy = pool.get_dummy_flat_data_page()
         n = int(dummy.numel() * dummy.element_size())
-        return _Plan((n,), (0,), n, False)
+        return _Plan((n,), (0,), n, False, f"{type(e).__name__}: {e}")
     if not ptrs or min(sizes) <= 0:
         raise ValueError(f"the host pool's page has buffers of {sizes} bytes")
     # The flat data page of a pool in one tensor is a slice of it: its
@@ -388,6 +389,9 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         self.log.info("tensorcast: host pool %r registered: pages of %d tokens stored as %d objects (%s), "
                       "fingerprint %s, %s", name, p.page_size, p.parts, "+".join(map(str, p.plan.sizes)), p.fp,
                       "in memfds the daemon maps (direct)" if p.regions else "copied by this process")
+        if not p.plan.by_address:
+            self.log.warning("tensorcast: host pool %r has no zero-copy page metadata (%s); its pages are copied "
+                             "through its flat data pages", name, p.plan.why_not)
         c = self._link.client()  # dials now; on_connect registers every region
         if c is not None and p.regions:
             try:
