@@ -329,9 +329,12 @@ class Controller:
 
     # backup
 
-    def write_storage(self, hashes: List[str], host_indices: torch.Tensor, timeout: float = 60) -> Backup:
+    def write_storage(self, hashes: List[str], host_indices: torch.Tensor, timeout: float = 60,
+                      wait: bool = True) -> Optional[Backup]:
+        """Queues a backup; returns it once done (wait), else None (take it
+        from backup_acks)."""
         self.backup_q.put(Backup(hashes, host_indices))
-        return self.backup_acks.get(timeout=timeout)
+        return self.backup_acks.get(timeout=timeout) if wait else None
 
     def _page_set(self, hashes: List[str], host_indices: torch.Tensor, extra: HiCacheStorageExtraInfo) -> bool:
         if self.v1:
@@ -365,11 +368,13 @@ class Controller:
                 break
         self.hits.put(op)
 
-    def load(self, op: Prefetch, host_indices: torch.Tensor, timeout: float = 60) -> Prefetch:
-        """The scheduler's part: host slots for the hit pages; then the I/O."""
+    def load(self, op: Prefetch, host_indices: torch.Tensor, timeout: float = 60,
+             wait: bool = True) -> Optional[Prefetch]:
+        """The scheduler's part: host slots for the hit pages; then the I/O
+        (returned once done with wait, else taken from io_acks)."""
         op.host_indices = host_indices
         self.io_q.put(op)
-        return self.io_acks.get(timeout=timeout)
+        return self.io_acks.get(timeout=timeout) if wait else None
 
     def _page_get(self, hashes: List[str], host_indices: torch.Tensor) -> int:
         if self.v1:

@@ -86,11 +86,13 @@ class SGLangCase(unittest.TestCase):
         before = ctl.prefetch(hashes)
         self.assertEqual(before.hit_hashes, [])
         done = (writer or ctl).write_storage(hashes, pool.indices(range(pages)))
+        assert done is not None
         self.assertEqual(done.completed_tokens, pages * pool.page_size)
         op = ctl.prefetch(hashes + chain(3, seed + 1))  # a request sharing the prefix, then new pages
         self.assertEqual(op.hit_hashes, hashes)
         slots = list(range(2 * pages - 1, pages - 1, -1))  # other slots, reversed
         got = ctl.load(op, pool.indices(slots))
+        assert got is not None
         self.assertEqual(got.completed_pages, pages)
         for i, s in enumerate(slots):
             if pool.page(s) != pool.page(i):
@@ -200,6 +202,30 @@ class TestControllerSequence(SGLangCase):
             self.assertEqual(b.counters["pages_direct"], 0)
         b.clear()
 
+    def test_backup_and_prefetch_at_once(self) -> None:
+        # SGLang's backup and prefetch threads call the backend at the same
+        # time: one backs a request's pages up while the other reads
+        # another's into the pool.
+        for kind in ("mha", "mla"):
+            with self.subTest(kind=kind):
+                pool = HostPool(kind, "page_first", pages=3 * PAGES, allocator=sglang.HostAllocator())
+                b = self.backend(pool, config(is_mla_model=kind == "mla"))
+                ctl = self.controller(b, pool, True)
+                old, new = chain(PAGES, 900), chain(PAGES, 901)
+                for s in range(2 * PAGES):
+                    pool.fill(s, 9000 + s)
+                ctl.write_storage(old, pool.indices(range(PAGES)))
+                op = ctl.prefetch(old)
+                self.assertEqual(len(op.hit_hashes), PAGES)
+                slots = range(2 * PAGES, 3 * PAGES)
+                ctl.write_storage(new, pool.indices(range(PAGES, 2 * PAGES)), wait=False)
+                ctl.load(op, pool.indices(slots), wait=False)
+                self.assertEqual(ctl.backup_acks.get(timeout=60).completed_tokens, PAGES * pool.page_size)
+                self.assertEqual(ctl.io_acks.get(timeout=60).completed_pages, PAGES)
+                self.assertEqual([pool.page(s) for s in slots], [pool.page(s) for s in range(PAGES)])
+                self.assertEqual(b.batch_exists(new), PAGES)
+                b.clear()
+
     def test_one_key_scheme_for_both_interfaces(self) -> None:
         # What batch_set_v1 wrote, batch_exists finds and batch_get reads,
         # and the other way round, in each layout (the flat page and the
@@ -262,7 +288,9 @@ class TestKeys(SGLangCase):
         op = c1.prefetch(hashes)
         self.assertEqual(len(op.hit_hashes), PAGES)
         slots = range(PAGES, 2 * PAGES)
-        self.assertEqual(c1.load(op, pool1.indices(slots)).completed_pages, PAGES)
+        got = c1.load(op, pool1.indices(slots))
+        assert got is not None
+        self.assertEqual(got.completed_pages, PAGES)
         self.assertEqual([pool1.page(s) for s in slots], [pool0.page(s) for s in range(PAGES)])
         b0.clear()
 
