@@ -332,8 +332,11 @@ class TestKeys(SGLangCase):
         self.assertEqual(b.batch_get(["old/0", "old/none"], [dst[0].data_ptr(), dst[1].data_ptr()], [z, z]), 1)
         self.assertTrue(torch.equal(dst[0].view(torch.uint8), page.view(torch.uint8)))
         self.assertTrue(b.get("old/0", dst[1].data_ptr(), z))
-        # A value that is not a page of the pool: a miss, not an exception.
+        # A value that is not a page of the pool, or not a tensor: a miss,
+        # not an exception.
         self.assertFalse(b.set("old/1", torch.zeros(3)))
+        self.assertFalse(b.batch_set(["old/1"], [b"bytes"]))
+        self.assertEqual(b.batch_get(["old/0"], [b"bytes"]), [None])
         self.assertIsNone(b.get_stats())
         b.clear()
         self.assertFalse(b.exists("old/0"))

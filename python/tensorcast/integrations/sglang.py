@@ -671,14 +671,14 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
     def batch_get_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
         """Reads each transfer's pages (keys) into its pool at its host
         indices: the per-page results by pool name."""
-        return {t.name: self._move("batch_get_v2", _name(t.name), t.keys or [], False, t.host_indices)
-                for t in transfers}
+        return {t.name: self._move("batch_get_v2", _name(t.name), getattr(t, "keys", None) or [], False,
+                                   getattr(t, "host_indices", None)) for t in transfers}
 
     def batch_set_v2(self, transfers: List[Any], extra_info: Any = None) -> Dict[Any, List[bool]]:
         """Stores each transfer's pages (keys) from its pool at its host
         indices: the per-page results by pool name."""
-        return {t.name: self._move("batch_set_v2", _name(t.name), t.keys or [], True, t.host_indices)
-                for t in transfers}
+        return {t.name: self._move("batch_set_v2", _name(t.name), getattr(t, "keys", None) or [], True,
+                                   getattr(t, "host_indices", None)) for t in transfers}
 
     # -- HiCacheStorage: the calls on flat data pages ---------------------------------
 
@@ -720,7 +720,15 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         return self.batch_exists([key]) == 1
 
     def _pages(self, keys: Sequence[str], values: Any, targets: Any, sizes: Any) -> Optional[List[Any]]:
-        """The flat pages of an older call: tensors, or (address, bytes)."""
+        """The flat pages of an older call: tensors, or (address, bytes);
+        None (logged once) for anything else."""
+        try:
+            return self._page_list(keys, values, targets, sizes)
+        except Exception as e:  # noqa: BLE001 - a storage call never raises
+            self._log_once("set/get", f"pages it cannot take ({type(e).__name__}: {e})")
+            return None
+
+    def _page_list(self, keys: Sequence[str], values: Any, targets: Any, sizes: Any) -> Optional[List[Any]]:
         n = len(keys)
         if values is not None and len(values) == n and all(v is not None for v in values):
             return [v if v.is_contiguous() else v.contiguous() for v in values]
