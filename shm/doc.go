@@ -15,6 +15,45 @@
 // the shared mapping, so a client that scribbles over the pool cannot corrupt
 // the allocator.
 //
+// # Client buffers and seals
+//
+// A client registers memory by passing an fd (SCM_RIGHTS); MapBuffer maps
+// it. Only memory is taken: a memfd, or a file on tmpfs or hugetlbfs (such
+// as an unlinked /dev/shm file); a file on a disk file system, a pipe, a
+// socket or a device is refused. What keeps the daemon's mapping from
+// vanishing is the file's F_SEAL_SHRINK seal, and a buffer is registered
+// under one of three regimes (Sealing), each logged at registration:
+//
+//   - SealedByClient: the memfd came sealed against shrinking (what
+//     tc_buffer_create and the Go client make).
+//   - SealedByDaemon: the memfd was made with MFD_ALLOW_SEALING but not
+//     sealed; MapBuffer adds F_SEAL_SHRINK itself, before it checks the
+//     size, so the client's later shrink fails with EPERM in the client
+//     and costs nothing else. Growing it stays allowed.
+//   - Unsealed: the file cannot be sealed (F_SEAL_SEAL is set: a memfd made
+//     without MFD_ALLOW_SEALING, as engines' shared-memory host allocators
+//     make them, or any tmpfs file that is not a memfd). Its owner can
+//     shrink it under any transfer, and then every byte the daemon touches
+//     past the new end faults (SIGBUS).
+//
+// An Unsealed buffer is accepted on these terms (it is xfer.Shrinkable):
+//
+//   - Every copy the daemon makes in Go to or from it goes through
+//     internal/faultcopy, with runtime/debug.SetPanicOnFault on: the local
+//     transport's copies, the store's copying put and get, and the records
+//     a queue's store call writes. A fault ends that request with a
+//     FAILED_PRECONDITION error (xfer.ErrFault, store.ErrFault) and counts
+//     in tensorcast_memory_faults_total; the goroutine and the daemon go
+//     on.
+//   - The kernel touches it for io_uring (file reads and writes, which
+//     answer EFAULT for that request) and for RDMA (the memory registration
+//     pins the pages, or fails with EFAULT).
+//   - It is refused (xfer.ErrUnsealed) where a fault could not be kept to
+//     one request: as the local side of a TCP transfer (its payload goes
+//     through a stream other requests share) and as an export to peers.
+//
+// A new path that touches client buffers must do one of the three.
+//
 // Raw syscalls live in sys_linux.go; on other systems every constructor
 // returns an error matching [ErrNotSupported].
 package shm
