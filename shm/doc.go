@@ -46,8 +46,9 @@
 //     in tensorcast_memory_faults_total; the goroutine and the daemon go
 //     on.
 //   - The kernel touches it for io_uring (file reads and writes, which
-//     answer EFAULT for that request) and for RDMA (the memory registration
-//     pins the pages, or fails with EFAULT).
+//     end that request with EFAULT, FAILED_PRECONDITION too) and for RDMA
+//     (the memory registration pins the pages, or fails with EFAULT and
+//     the transfer goes to TCP, which refuses it).
 //   - It is refused (xfer.ErrUnsealed) where a fault could not be kept to
 //     one request: as the local side of a TCP transfer (its payload goes
 //     through a stream other requests share) and as an export to peers.
