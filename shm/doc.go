@@ -47,11 +47,15 @@
 //     on.
 //   - The kernel touches it for io_uring (file reads and writes, which
 //     end that request with EFAULT, FAILED_PRECONDITION too) and for RDMA
-//     (the memory registration pins the pages, or fails with EFAULT and
-//     the transfer goes to TCP, which refuses it).
+//     (the memory registration pins the pages, or fails with EFAULT).
 //   - It is refused (xfer.ErrUnsealed) where a fault could not be kept to
 //     one request: as the local side of a TCP transfer (its payload goes
 //     through a stream other requests share) and as an export to peers.
+//     So it moves to and from peers by RDMA only: a request that would go
+//     to TCP (on a host without RDMA, or to a remote segment opened with
+//     transport auto before the buffer's registration and the link are
+//     up) fails; one to a remote segment opened with transport rdma waits
+//     for the registration.
 //
 // A new path that touches client buffers must do one of the three.
 //
