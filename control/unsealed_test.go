@@ -15,6 +15,7 @@ import (
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/internal/faultcopy"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/queue"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
@@ -31,16 +32,18 @@ type hostPool struct {
 	mem  []byte // the client's mapping: not to be touched once shrunk
 }
 
-func newHostPool(t *testing.T, size uint64, flags int) *hostPool {
+func newHostPool(t *testing.T, size uint64, sealable bool) *hostPool {
 	t.Helper()
-	fd, err := unix.MemfdCreate("engine-host-pool", unix.MFD_CLOEXEC|flags)
-	if err != nil {
-		t.Fatal(err)
+	var fd int
+	if sealable {
+		var err error
+		if fd, err = shm.NewMemfd("engine-host-pool", size, false); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		fd = testutil.UnsealableMemfd(t, int64(size))
 	}
 	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		t.Fatal(err)
-	}
 	mem, err := shm.MapShared(fd, size)
 	if err != nil {
 		t.Fatal(err)
@@ -50,6 +53,20 @@ func newHostPool(t *testing.T, size uint64, flags int) *hostPool {
 		mem[i] = byte(i*7 + i>>12)
 	}
 	return &hostPool{fd: fd, size: size, mem: mem}
+}
+
+// engineWithHostPool is a store env whose client (with a queue) has
+// registered an unsealable host pool of size bytes as seg.
+func engineWithHostPool(t *testing.T, size uint64) (*storeEnv, *hostPool, *client.Client, *client.Queue, xfer.SegmentID) {
+	t.Helper()
+	e := newStoreEnv(t, false, store.Config{})
+	hp := newHostPool(t, size, false)
+	eng, q := queueClient(t, e.env, 16)
+	seg, err := eng.RegisterFD(hp.fd, size)
+	if err != nil {
+		t.Fatalf("registering an unsealable memfd: %v", err)
+	}
+	return e, hp, eng, q, seg
 }
 
 // codeOf is the status code a client sees for err (OK for nil).
@@ -75,15 +92,9 @@ func codeOf(err error) wire.Code {
 // the engine itself with memory it did not shrink, go on byte-exact. TCP and
 // exports refuse the unsealed buffer from the start.
 func TestUnsealedHostPoolTruncated(t *testing.T) {
-	e := newStoreEnv(t, false, store.Config{})
 	const size = 1 << 20
 	const blk = 64 << 10
-	hp := newHostPool(t, size, 0)
-	eng, q := queueClient(t, e.env, 16)
-	seg, err := eng.RegisterFD(hp.fd, size)
-	if err != nil {
-		t.Fatalf("registering an unsealable memfd: %v", err)
-	}
+	e, hp, eng, q, seg := engineWithHostPool(t, size)
 	if log := e.logBuf.String(); !strings.Contains(log, `msg="buffer registered"`) || !strings.Contains(log, "sealing=unsealed") {
 		t.Fatalf("no log line says the buffer is unsealed:\n%s", log)
 	}
@@ -243,15 +254,9 @@ func bystander(c *client.Client, tag string) error {
 // FAILED_PRECONDITION, and a bystander's puts and gets stay byte-exact
 // throughout.
 func TestUnsealedHostPoolShrinkingUnderLoad(t *testing.T) {
-	e := newStoreEnv(t, false, store.Config{})
 	const size = 1 << 20
 	const blk = 64 << 10
-	hp := newHostPool(t, size, 0)
-	eng, q := queueClient(t, e.env, 16)
-	seg, err := eng.RegisterFD(hp.fd, size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, hp, eng, q, seg := engineWithHostPool(t, size)
 	offs, err := eng.AllocBlocks(nil, 1, blk)
 	if err != nil {
 		t.Fatal(err)
@@ -341,7 +346,7 @@ func TestUnsealedHostPoolShrinkingUnderLoad(t *testing.T) {
 func TestSealableHostPoolSealedByDaemon(t *testing.T) {
 	e := newEnv(t, false)
 	const size = 256 << 10
-	hp := newHostPool(t, size, unix.MFD_ALLOW_SEALING)
+	hp := newHostPool(t, size, true)
 	c, err := client.Dial(e.sock, client.Options{Name: "sealable"})
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -19,14 +20,8 @@ func TestUnsealedHostPoolFaultCounted(t *testing.T) {
 	cfg := testConfig(t.TempDir())
 	d, c := startClient(t, cfg, discardLogger(), "engine")
 	const size = 256 << 10
-	fd, err := unix.MemfdCreate("engine-host-pool", unix.MFD_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fd := testutil.UnsealableMemfd(t, size)
 	defer unix.Close(fd)
-	if err := unix.Ftruncate(fd, size); err != nil {
-		t.Fatal(err)
-	}
 	seg, err := c.RegisterFD(fd, size)
 	if err != nil {
 		t.Fatalf("registering an unsealable memfd: %v", err)

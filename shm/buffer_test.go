@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -29,19 +30,15 @@ func mustMemfd(t *testing.T, size uint64, seal bool) int {
 	return fd
 }
 
-// rawMemfd makes a memfd the way a client that knows nothing of seals
-// does: without MFD_ALLOW_SEALING, so it can never be sealed.
-func rawMemfd(t *testing.T, size int64) int {
+// readOnly opens fd's file again, read-only, and closes fd.
+func readOnly(t *testing.T, fd int) int {
 	t.Helper()
-	fd, err := unix.MemfdCreate("shm-test", unix.MFD_CLOEXEC)
+	defer unix.Close(fd)
+	ro, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Ftruncate(fd, size); err != nil {
-		unix.Close(fd)
-		t.Fatal(err)
-	}
-	return fd
+	return ro
 }
 
 // shmFile makes a file in /dev/shm (tmpfs) and unlinks it, as a client
@@ -137,7 +134,7 @@ func TestMapBufferRefusals(t *testing.T) {
 		}, 4 * kib, ErrNotMappable},
 		{"short memfd", func(t *testing.T) int { return mustMemfd(t, 4*kib, true) }, 8 * kib, ErrShortFile},
 		{"file on disk", func(t *testing.T) int { return openFile(t, 4*kib, unix.O_RDWR) }, 4 * kib, ErrNotMappable},
-		{"short unsealable memfd", func(t *testing.T) int { return rawMemfd(t, 4*kib) }, 8 * kib, ErrShortFile},
+		{"short unsealable memfd", func(t *testing.T) int { return testutil.UnsealableMemfd(t, 4*kib) }, 8 * kib, ErrShortFile},
 		{"memfd shrunk before it is sealed", func(t *testing.T) int {
 			fd := mustMemfd(t, 8*kib, false)
 			if err := unix.Ftruncate(fd, 4*kib); err != nil {
@@ -147,24 +144,8 @@ func TestMapBufferRefusals(t *testing.T) {
 		}, 8 * kib, ErrShortFile},
 		{"size over limit", func(t *testing.T) int { return mustMemfd(t, 64*kib, true) }, 64 * kib, ErrTooLarge},
 		{"size 0", func(t *testing.T) int { return mustMemfd(t, 4*kib, true) }, 0, ErrInvalidSize},
-		{"read-only memfd (mmap fails)", func(t *testing.T) int {
-			fd := mustMemfd(t, 4*kib, true)
-			defer unix.Close(fd)
-			ro, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return ro
-		}, 4 * kib, unix.EACCES},
-		{"read-only sealable memfd (sealing fails)", func(t *testing.T) int {
-			fd := mustMemfd(t, 4*kib, false)
-			defer unix.Close(fd)
-			ro, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return ro
-		}, 4 * kib, unix.EPERM},
+		{"read-only memfd (mmap fails)", func(t *testing.T) int { return readOnly(t, mustMemfd(t, 4*kib, true)) }, 4 * kib, unix.EACCES},
+		{"read-only sealable memfd (sealing fails)", func(t *testing.T) int { return readOnly(t, mustMemfd(t, 4*kib, false)) }, 4 * kib, unix.EPERM},
 		{"write-sealed memfd (mmap fails)", func(t *testing.T) int {
 			fd := mustMemfd(t, 4*kib, true)
 			if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_WRITE); err != nil {
@@ -209,7 +190,7 @@ func TestMapBufferAccepts(t *testing.T) {
 	}{
 		{"sealed memfd", func(t *testing.T) int { return mustMemfd(t, 64*kib, true) }, SealedByClient},
 		{"sealable memfd", func(t *testing.T) int { return mustMemfd(t, 64*kib, false) }, SealedByDaemon},
-		{"memfd without MFD_ALLOW_SEALING", func(t *testing.T) int { return rawMemfd(t, 64*kib) }, Unsealed},
+		{"memfd without MFD_ALLOW_SEALING", func(t *testing.T) int { return testutil.UnsealableMemfd(t, 64*kib) }, Unsealed},
 		{"tmpfs file", func(t *testing.T) int { return shmFile(t, 64*kib) }, Unsealed},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

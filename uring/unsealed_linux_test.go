@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -25,14 +26,8 @@ func TestShrunkClientBuffer(t *testing.T) {
 			dir := t.TempDir()
 			tr := newTransport(t, Config{AllowedDirs: []string{dir}})
 			f := openTestFile(t, tr, dir, direct, 1<<20)
-			fd, err := unix.MemfdCreate("engine-host-pool", unix.MFD_CLOEXEC)
-			if err != nil {
-				t.Fatal(err)
-			}
+			fd := testutil.UnsealableMemfd(t, size)
 			defer unix.Close(fd)
-			if err := unix.Ftruncate(fd, size); err != nil {
-				t.Fatal(err)
-			}
 			own, err := unix.Dup(fd)
 			if err != nil {
 				t.Fatal(err)

@@ -6,8 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -29,14 +28,7 @@ func testUnsealedBuffer(t *testing.T, devs *devices) {
 	viaRDMA, _ := p.d2.open(t, "d1/kv", wire.RightRead|wire.RightWrite, wire.TransportRDMA)
 	const bufID xfer.SegmentID = 51
 	const size = 1 << 20
-	fd, err := unix.MemfdCreate("engine-host-pool", unix.MFD_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Ftruncate(fd, size); err != nil {
-		t.Fatal(err)
-	}
-	buf, err := shm.MapBuffer(bufID, fd, size, size)
+	buf, err := shm.MapBuffer(bufID, testutil.UnsealableMemfd(t, size), size, size)
 	if err != nil {
 		t.Fatal(err)
 	}
