@@ -29,7 +29,8 @@
 //   - SealedByDaemon: the memfd was made with MFD_ALLOW_SEALING but not
 //     sealed; MapBuffer adds F_SEAL_SHRINK itself, before it checks the
 //     size, so the client's later shrink fails with EPERM in the client
-//     and costs nothing else. Growing it stays allowed.
+//     and costs nothing else. Growing it stays allowed. A seal cannot be
+//     removed: it outlives the registration.
 //   - Unsealed: the file cannot be sealed (F_SEAL_SEAL is set: a memfd made
 //     without MFD_ALLOW_SEALING, as engines' shared-memory host allocators
 //     make them, or any tmpfs file that is not a memfd). Its owner can

@@ -344,7 +344,8 @@ TC_API int tc_buffer_destroy(tc_conn *c, tc_buffer *buf, const tc_call_opts *o);
  * else (a file on disk, a pipe) is TC_INVALID_ARGUMENT. The daemon maps its
  * own copy of fd; the caller keeps fd and its own mapping. A memfd sealed
  * with F_SEAL_SHRINK is taken as it is; one made with MFD_ALLOW_SEALING is
- * sealed with F_SEAL_SHRINK by the daemon (shrinking it then fails here);
+ * sealed with F_SEAL_SHRINK by the daemon (shrinking it then fails here,
+ * for good: a seal is never removed);
  * one that cannot be sealed (made without MFD_ALLOW_SEALING, or a tmpfs
  * file) is taken unsealed: if the caller shrinks it under a request, that
  * request fails with TC_FAILED_PRECONDITION and nothing else does, and

@@ -594,7 +594,8 @@ class Client(StoreCalls):
         with :meth:`unregister`).
 
         A memfd sealed with F_SEAL_SHRINK is taken as it is; one made with
-        MFD_ALLOW_SEALING is sealed against shrinking by the daemon; one
+        MFD_ALLOW_SEALING is sealed against shrinking by the daemon (for
+        good: a seal is never removed); one
         that cannot be sealed (``os.memfd_create(name, os.MFD_CLOEXEC)``,
         as engines' shared-memory host allocators make them) is taken
         unsealed: shrinking it under a request fails that request
