@@ -48,7 +48,11 @@
 //     on.
 //   - The kernel touches it for io_uring (file reads and writes, which
 //     end that request with EFAULT, FAILED_PRECONDITION too) and for RDMA
-//     (the memory registration pins the pages, or fails with EFAULT).
+//     (the memory registration pins the pages, or fails with EFAULT). A
+//     registration made before a shrink keeps the old pages: once the
+//     client grows the file again, RDMA moves bytes of pages the client no
+//     longer sees, to and from where the client itself addressed them (no
+//     other client's memory), until it registers the buffer again.
 //   - It is refused (xfer.ErrUnsealed) where a fault could not be kept to
 //     one request: as the local side of a TCP transfer (its payload goes
 //     through a stream other requests share) and as an export to peers.
