@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/faultcopy"
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
@@ -133,6 +134,8 @@ func (d *Daemon) collectEngine(e *metrics.Emit) {
 	e.Gauge("tensorcast_engine_batches", "Batches: live (allocated), retiring (freed, still owed a completion).", float64(s.BatchesRetiring), metrics.L("state", "retiring"))
 	e.Counter("tensorcast_engine_bytes_total", "Bytes moved by ended tasks.", float64(s.Bytes))
 	e.Counter("tensorcast_engine_contract_violations_total", "Transport contract violations the engine caught.", float64(s.Violations))
+	e.Counter("tensorcast_memory_faults_total", "Copies into or out of client-shared memory that faulted (a client shrank its unsealed buffer under them); each failed only its own request.",
+		float64(faultcopy.Faults()))
 }
 
 // collectPool reports each tenant's pool, labelled with the tenant.
