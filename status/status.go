@@ -44,9 +44,7 @@ func CodeOf(err error) wire.Code {
 		return tcproto.CodeBUSY
 	case errors.Is(err, xfer.ErrBackpressure):
 		return tcproto.CodeRESOURCE_EXHAUSTED
-	case errors.Is(err, xfer.ErrPrecondition), errors.Is(err, syscall.EFAULT):
-		// EFAULT: the kernel found no memory where a client's buffer was
-		// (its owner shrank an unsealed one), as a Go copy's ErrFault.
+	case errors.Is(err, xfer.ErrPrecondition):
 		return tcproto.CodeFAILED_PRECONDITION
 	case errors.Is(err, xfer.ErrPermission), errors.Is(err, fs.ErrPermission):
 		return tcproto.CodePERMISSION_DENIED
@@ -96,8 +94,9 @@ var errnoCodes = map[syscall.Errno]wire.Code{
 	syscall.ENFILE:  tcproto.CodeRESOURCE_EXHAUSTED,
 	syscall.EAGAIN:  tcproto.CodeRESOURCE_EXHAUSTED,
 	syscall.ENOBUFS: tcproto.CodeRESOURCE_EXHAUSTED,
-	// Memory the request names is not mapped (a client unmapped or
-	// truncated its buffer under the transfer), as xfer.ErrFault.
+	// The kernel found no memory where a client's buffer was (its owner
+	// shrank an unsealed one under an io_uring read or write), as a Go
+	// copy's xfer.ErrFault.
 	syscall.EFAULT: tcproto.CodeFAILED_PRECONDITION,
 	// Not allowed: credentials, or a file system mounted read-only.
 	syscall.EACCES: tcproto.CodePERMISSION_DENIED,
