@@ -13,8 +13,6 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"golang.org/x/sys/unix"
-
-	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // pair makes a queue on a real sealed memfd, mapped twice: the daemon's
@@ -220,73 +218,6 @@ func echo(d *DaemonRing, jitter bool, stop *atomic.Bool) {
 		if n == 0 && !idle(d) {
 			return
 		}
-	}
-}
-
-// TestLostWakeupStress runs many submissions and completions, with random
-// batch sizes and pauses on both sides and the client's spinning on or
-// off, so every sleep and wake path runs (the daemon's worker sleeps
-// through Doorbell and Awake, as a reactor does). A lost wake-up shows as a Wait that
-// runs out of its (generous) time.
-func TestLostWakeupStress(t *testing.T) {
-	total := 1 << 21
-	if invariants.RaceEnabled {
-		total = 1 << 20
-	}
-	if testing.Short() {
-		total = 1 << 16
-	}
-	for _, mode := range []struct {
-		name   string
-		clSpin bool
-	}{{"client-spins", true}, {"nospin", false}} {
-		t.Run(mode.name, func(t *testing.T) {
-			d, c := pair(t, 64, 128, 0)
-			if !mode.clSpin {
-				c.spin = spinner{}
-			}
-			var stop atomic.Bool
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() { defer wg.Done(); echo(d, true, &stop) }()
-			defer func() { stop.Store(true); d.Close(); wg.Wait() }()
-
-			rng := rand.New(rand.NewPCG(3, 4))
-			seen := make([]uint8, total)
-			var cqes [256]CQE
-			next, done, inflight := 0, 0, 0
-			for done < total {
-				for k := rng.IntN(48) + 1; k > 0 && next < total; k-- {
-					ok, err := c.Stage(&SQE{Op: OpNop, UserData: uint64(next), Length: uint64(next % 977)}, nil)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if !ok {
-						break
-					}
-					next++
-					inflight++
-				}
-				c.Submit()
-				if rng.IntN(16) == 0 {
-					runtime.Gosched()
-				}
-				min := 1 + rng.IntN(inflight)
-				if err := c.Wait(min, 20*time.Second); err != nil {
-					t.Fatalf("wait for %d of %d in flight after %d done: %v (lost wake-up?)", min, inflight, done, err)
-				}
-				n := c.Reap(cqes[:])
-				for _, e := range cqes[:n] {
-					if e.UserData >= uint64(total) || seen[e.UserData] != 0 || e.Result != e.UserData%977 {
-						t.Fatalf("bad or repeated completion %+v", e)
-					}
-					seen[e.UserData] = 1
-				}
-				done += n
-				inflight -= n
-			}
-			t.Logf("%d round trips: client doorbells %d+%d, sleeps %d", total, c.SubmitDoorbells, c.ReapDoorbells, c.Sleeps)
-		})
 	}
 }
 

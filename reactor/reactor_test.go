@@ -4,7 +4,6 @@ package reactor
 
 import (
 	"errors"
-	"math/rand/v2"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 	"github.com/tensorcast/tensorcast/internal/invariants"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/queue"
+	"github.com/tensorcast/tensorcast/queue/queuetest"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/uring"
 )
@@ -97,46 +97,6 @@ func pools(t *testing.T, workers int, f func(t *testing.T, p *Pool)) {
 	})
 }
 
-// roundTrips has c submit total no-ops in random batches and wait for
-// random counts of them, with random pauses, checking each completes
-// once. A lost wake-up shows as a Wait that runs out of its time.
-func roundTrips(c *queue.ClientRing, seed uint64, total int) error {
-	rng := rand.New(rand.NewPCG(seed, 4))
-	seen := make([]bool, total)
-	var cqes [64]queue.CQE
-	next, done, inflight := 0, 0, 0
-	for done < total {
-		for k := rng.IntN(24) + 1; k > 0 && next < total; k-- {
-			ok, err := c.Stage(&queue.SQE{Op: queue.OpNop, UserData: uint64(next), Length: uint64(next % 977)}, nil)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				break
-			}
-			next++
-			inflight++
-		}
-		c.Submit()
-		if rng.IntN(8) == 0 {
-			runtime.Gosched()
-		}
-		if err := c.Wait(1+rng.IntN(inflight), 20*time.Second); err != nil {
-			return errors.Join(errors.New("lost wake-up?"), err)
-		}
-		n := c.Reap(cqes[:])
-		for _, e := range cqes[:n] {
-			if e.UserData >= uint64(total) || seen[e.UserData] || e.Result != e.UserData%977 {
-				return errors.New("a bad or repeated completion")
-			}
-			seen[e.UserData] = true
-		}
-		done += n
-		inflight -= n
-	}
-	return nil
-}
-
 // TestLostWakeupManyQueues: four queues on one worker, each with a
 // client submitting and waiting at random, the worker sleeping in one wait
 // on all their doorbells (and its ring): no wake-up is lost.
@@ -158,7 +118,7 @@ func TestLostWakeupManyQueues(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				errs <- roundTrips(c, uint64(i), total)
+				errs <- queuetest.RoundTrips(c, uint64(i), total, 24)
 			}()
 		}
 		wg.Wait()
