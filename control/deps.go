@@ -3,6 +3,7 @@ package control
 import (
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/session"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/wire"
@@ -62,6 +63,10 @@ type Deps struct {
 	TransportStats func(dst []wire.Counter) []wire.Counter
 	// Directory reports the directory for tcctl directory; optional.
 	Directory directory.Reporter
+	// Reactors serve the clients' queues; the server never closes them.
+	// Nil: the server starts its own pool (reactor.Config's defaults, each
+	// worker on its own thread) and closes it with the server.
+	Reactors *reactor.Pool
 	// Store is the default tenant's KV block store (without Tenants; each
 	// Tenant has its own), which the store calls and queue ops serve;
 	// optional (they then answer UNAVAILABLE). The server never closes it.

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/shm"
@@ -416,5 +417,36 @@ func TestSegmentsListPerTenant(t *testing.T) {
 	r := dialRaw(t, e.sock).call(&wire.SegmentsRequest{})
 	if s := body[wire.SegmentsResponse](t, r).Segments; len(s) != 2 {
 		t.Errorf("root lists %d segments, want both tenants' 2", len(s))
+	}
+}
+
+// TestQueueToRemoteSegment: a queue request to a peer's segment, whose own
+// id is the peer plane's and not the one its client names it by, reaches
+// the transport as the same request through a Transfer call does, and
+// ends with the same code (here the test router's local transport, which
+// cannot write to a peer: not NOT_FOUND, which a resolution by the wrong
+// id would give).
+func TestQueueToRemoteSegment(t *testing.T) {
+	e := newEnv(t, false, withPeers(&fakePlane{}, 0))
+	c, q := queueClient(t, e, 8)
+	buf, err := c.RegisterBuffer(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := c.OpenRemote("d2/kv", wire.RightRead|wire.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := xfer.Request{Op: xfer.OpWrite, Local: buf.ID, Target: rs.ID, TargetOffset: 4096, Length: 4096}
+	res := make([]error, 1)
+	if _, err := c.Transfer([]xfer.Request{req}, testTimeout, res); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.Submit([]xfer.Request{req}, []uint64{9}); n != 1 || err != nil {
+		t.Fatalf("submit: %d %v", n, err)
+	}
+	got := reapAll(t, q, 1)[9].Err() // the code's sentinel
+	if errors.Is(got, client.ErrNotFound) || (got == nil) != (res[0] == nil) || got != nil && !errors.Is(res[0], got) {
+		t.Fatalf("through the queue: %v; through Transfer: %v", got, res[0])
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/ratelog"
 	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/session"
 	"github.com/tensorcast/tensorcast/wire"
 )
@@ -167,6 +168,9 @@ type Server struct {
 	tenants    []*tenant
 	admin      *tenant
 	needGroups bool // some tenant is chosen by gid: read peers' groups
+	// ownReactors is the pool the server started for want of
+	// Deps.Reactors, closed by Close; nil otherwise.
+	ownReactors *reactor.Pool
 
 	closing  chan struct{} // closed by Close: long waits give up
 	draining atomic.Bool   // new requests are answered UNAVAILABLE
@@ -262,7 +266,7 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 	s.host = &session.Host{
 		Limits: cfg.Limits, MaxFrame: cfg.MaxFrame, DefaultWait: cfg.DefaultWait, ReleaseWait: cfg.ReleaseWait,
 		Engine: deps.Engine, Registry: deps.Registry, MapBuffer: deps.MapBuffer, FileOpener: deps.FileOpener,
-		Exports: deps.Exports, Peers: deps.Peers,
+		Exports: deps.Exports, Peers: deps.Peers, Reactors: deps.Reactors,
 		Closing: s.closing, Quiesced: s.quiesced, Draining: s.draining.Load,
 		Log: log, LogInterval: cfg.LogInterval,
 	}
@@ -288,6 +292,13 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 		}
 	}
 	s.ln = ln
+	if s.host.Reactors == nil {
+		rx, err := reactor.New(reactor.Config{}, nil, log)
+		if err != nil {
+			return nil, errors.Join(err, ln.Close())
+		}
+		s.host.Reactors, s.ownReactors = rx, rx
+	}
 	return s, nil
 }
 
@@ -638,6 +649,9 @@ func (s *Server) Close() error {
 		l.Stop()
 	}
 	s.host.StopLogs()
+	if s.ownReactors != nil {
+		s.ownReactors.Close() // every session is closed: no queue is left
+	}
 	return err
 }
 

@@ -46,8 +46,6 @@ func (c *conn) stats() {
 		wire.Counter{Name: "queue.completions", Value: qt.Completions},
 		wire.Counter{Name: "queue.client_wakes", Value: qt.ClientWakes},
 		wire.Counter{Name: "queue.worker_sleeps", Value: qt.WorkerSleeps},
-		wire.Counter{Name: "queue.worker_spins", Value: qt.WorkerSpins},
-		wire.Counter{Name: "queue.worker_prewakes", Value: qt.WorkerPrewakes},
 		wire.Counter{Name: "queue.violations", Value: qt.Violations})
 	r.Connection = c.ss.Counters(nil, len(c.idem.order))
 	r.Store = c.ss.StoreFigures()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/peer/plane"
+	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/wire"
@@ -61,6 +63,9 @@ type Daemon struct {
 	peers   *plane.Plane // nil without peer_listen
 	engine  *xfer.Engine
 	server  *control.Server
+	// reactors serve the clients' queues: the guests of the file tier's
+	// rings, or on their own threads without io_uring.
+	reactors *reactor.Pool
 
 	metrics    *metrics.Registry
 	metricsSrv *metrics.Server // nil with metrics_address off
@@ -104,7 +109,15 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		}
 	}
 	d.local = xfer.NewLocal(xfer.LocalConfig{}, log.With("component", "local"))
-	d.files = newFileTier(cfg, segs, log.With("component", "uring"))
+	workers := reactor.Config{Workers: cfg.DataWorkers}
+	d.files = newFileTier(cfg, workers.WorkersFor(), segs, log.With("component", "uring"))
+	var host reactor.Host // an untyped nil without the file tier
+	if d.files != nil {
+		host = d.files.t
+	}
+	if d.reactors, err = reactor.New(workers, host, log.With("component", "reactor")); err != nil {
+		return nil, err
+	}
 	// Memory↔memory requests go to the local transport, those whose target
 	// is a file to the io_uring tier and those whose target is a peer's
 	// segment to the peer plane's transport for it (its rdma link, or tcp).
@@ -156,7 +169,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		Version:        Version,
 		PeerAddr:       d.PeerAddr(),
 	}
-	deps := control.Deps{Engine: d.engine, Registry: d.reg, Exports: d.exports, RDMA: plane.NoPlane}
+	deps := control.Deps{Engine: d.engine, Registry: d.reg, Exports: d.exports, RDMA: plane.NoPlane, Reactors: d.reactors}
 	if len(cfg.Tenants) == 0 {
 		deps.Pool, deps.Store = d.pools[0], d.storeOf(0)
 	} else {
@@ -313,6 +326,9 @@ func (d *Daemon) closeParts() {
 	if d.files != nil {
 		d.files.Close()
 	}
+	if d.reactors != nil {
+		d.reactors.Close()
+	}
 	if d.local != nil {
 		if err := d.local.Close(); err != nil {
 			d.log.Warn("closing local transport", "err", err)
@@ -360,6 +376,13 @@ func (d *Daemon) PeerAddr() string {
 func (d *Daemon) transportCounters(dst []wire.Counter) []wire.Counter {
 	if d.files != nil {
 		dst = d.files.counters(dst)
+	}
+	for i, w := range d.reactors.Stats() {
+		p := "reactor.worker" + strconv.Itoa(i) + "."
+		dst = append(dst,
+			wire.Counter{Name: p + "queues", Value: uint64(w.Queues)},
+			wire.Counter{Name: p + "passes", Value: w.Passes},
+			wire.Counter{Name: p + "sleeps", Value: w.Sleeps})
 	}
 	if d.peers != nil {
 		dst = d.peers.Counters(dst)

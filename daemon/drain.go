@@ -183,9 +183,11 @@ func (d *Daemon) closeForShutdown(at func(string)) {
 		d.peers.Close()
 	}
 	if d.files != nil {
-		at("file tier")
+		at("file tier") // and the reactor workers it hosts
 		d.files.Close()
 	}
+	at("reactors")
+	d.reactors.Close()
 	at("local transport")
 	if err := d.local.Close(); err != nil {
 		d.log.Warn("closing local transport", "err", err)

@@ -33,11 +33,19 @@ type tenantFiles struct {
 	paths []string
 }
 
-// newFileTier starts the io_uring transport. Files may be opened under
+// ringEntries is each ring's slots: the requests it holds in flight.
+const ringEntries = 4096
+
+// newFileTier starts the io_uring transport, with rings rings. Files may be opened under
 // data_dir and under allowed_files (directories, or block devices). When
 // io_uring cannot start, the daemon runs without file segments and says so.
-func newFileTier(cfg Config, pools []xfer.MemSegment, log *slog.Logger) *fileTier {
-	ucfg := uring.Config{AllowedDirs: []string{cfg.DataDir}}
+func newFileTier(cfg Config, rings int, pools []xfer.MemSegment, log *slog.Logger) *fileTier {
+	// One ring per reactor worker: each worker is its ring's guest. A
+	// guest's queues never wait for a slot of their own ring (only that
+	// thread frees one; a full ring answers at once), so each ring holds
+	// what many queues keep in flight: 4096 requests, about 1.3 MiB of
+	// slots and rings.
+	ucfg := uring.Config{AllowedDirs: []string{cfg.DataDir}, Rings: rings, Entries: ringEntries}
 	if cfg.EBPF != "off" {
 		ucfg.TraceEvery = cfg.EBPFUringSample
 	}

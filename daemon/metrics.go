@@ -186,8 +186,6 @@ func (d *Daemon) collectQueues(e *metrics.Emit) {
 	e.Counter("tensorcast_queue_completions_total", "Completions posted on queues.", float64(q.Completions))
 	e.Counter("tensorcast_queue_client_wakes_total", "Futex wakes of clients sleeping for completions.", float64(q.ClientWakes))
 	e.Counter("tensorcast_queue_worker_sleeps_total", "Sleeps of queue workers waiting for entries or room.", float64(q.WorkerSleeps))
-	e.Counter("tensorcast_queue_worker_spins_total", "Spins of queue workers that found work before sleeping.", float64(q.WorkerSpins))
-	e.Counter("tensorcast_queue_worker_prewakes_total", "Wakes of sleeping queue workers by a completion that left their queue with nothing in flight.", float64(q.WorkerPrewakes))
 	e.Counter("tensorcast_queue_violations_total", "Queues broken by an invalid index their client wrote (the daemon's own count).", float64(q.Violations))
 }
 

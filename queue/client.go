@@ -231,7 +231,7 @@ func (q *ClientRing) Reap(out []CQE) int {
 // for as long as completions keep arriving within it (see
 // spinner.progress) and the deadline allows.
 func (q *ClientRing) spinFor(min int, deadline time.Time) bool {
-	if !q.spin.begin(nil) {
+	if !q.spin.begin() {
 		return false
 	}
 	found := false
@@ -250,7 +250,7 @@ func (q *ClientRing) spinFor(min int, deadline time.Time) bool {
 			q.spin.progress()
 		}
 	}
-	q.spin.end(nil, found)
+	q.spin.end(found)
 	return found
 }
 

@@ -3,13 +3,16 @@ package queue
 import (
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/tensorcast/tensorcast/internal/invariants"
+	"github.com/tensorcast/tensorcast/status"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // Why Take found nothing to take.
 type starve uint8
+
+var _ xfer.StreamSink = (*DaemonRing)(nil)
 
 const (
 	starveNone    starve = iota
@@ -22,36 +25,25 @@ const (
 // CQEs. It keeps its own copy of the geometry and of both rings'
 // authoritative indices; the shared words are only ever read as claims.
 //
-// Concurrency: Take, Data, Publish and Sleep belong to the queue's one
-// worker goroutine. Post may be called from any goroutine (it takes the
-// completion lock). Kick and Close may be called from any goroutine.
+// Concurrency: Take, Data, Publish, Doorbell and Awake belong to
+// the queue's worker (the reactor that serves it). Post may be called from
+// any goroutine (it takes the completion lock). Kick and Close may be
+// called from any goroutine.
 type DaemonRing struct {
 	mem    []byte
 	g      Geometry
 	w      words
 	sqMask uint32
 	cqMask uint32
-	spin   spinner
-	// respin is the spin after a pre-wake (see Post): it learns how long
-	// a client takes from the completion that emptied its queue to its
-	// next entry.
-	respin spinner
-
-	// idling is set while the worker sleeps in Idle for new entries, and
-	// prewoken when Post woke it for the entry that should follow a
-	// completion. Both are the daemon's own: the shared flag words are the
-	// client's to scribble on.
-	idling   atomic.Bool
-	prewoken atomic.Bool
 
 	// WakeCounts counts the ring's system calls (atomics: read by stats).
 	WakeCounts WakeCounts
 
 	// Owned by the worker.
-	sqHead   uint32 // next entry to take
-	pubHead  uint32 // the sq_head last published
-	why      starve
-	spurious int // consecutive wake-ups that found nothing
+	sqHead  uint32 // next entry to take
+	pubHead uint32 // the sq_head last published
+	why     starve
+	bell    uint32 // the sq_flags bit Doorbell set, for Awake
 
 	closed atomic.Bool
 	// broken and violations are the daemon's own record of what the client
@@ -74,8 +66,7 @@ type DaemonRing struct {
 // with the client) and returns the daemon's side.
 func NewDaemonRing(mem []byte, g Geometry, id uint64) *DaemonRing {
 	g.writeHeader(mem, id)
-	return &DaemonRing{mem: mem[:g.Size], g: g, w: wordsOf(mem), sqMask: g.SQEntries - 1, cqMask: g.CQEntries - 1,
-		spin: newSpinner(spinCeiling), respin: newSpinner(spinCeiling)}
+	return &DaemonRing{mem: mem[:g.Size], g: g, w: wordsOf(mem), sqMask: g.SQEntries - 1, cqMask: g.CQEntries - 1}
 }
 
 // Geometry is the queue's geometry.
@@ -190,16 +181,6 @@ func (r *DaemonRing) Publish() {
 
 // Post writes one CQE for an entry taken earlier and wakes the client if it
 // sleeps. Any goroutine may call it, until the ring's memory is released.
-//
-// A CQE that leaves nothing in flight also wakes the worker if it sleeps
-// for entries (a pre-wake): that client's next move can only be to
-// submit, typically a client that keeps one request in flight and submits
-// the next as soon as it reaps. Woken now, beside the client, the worker
-// spins for that entry instead of being woken by its doorbell only after
-// the client has woken, which put two wake-ups one after the other on
-// every such request's path. It costs a futex wake per emptying
-// completion while the worker sleeps, and a short spin (respin) that
-// learns the client's pace and stops when the client does not follow.
 func (r *DaemonRing) Post(c *CQE) {
 	r.cqMu.Lock()
 	if invariants.Enabled && (r.inflight == 0 || r.cqTail-r.cqSeen >= r.g.CQEntries) {
@@ -217,11 +198,13 @@ func (r *DaemonRing) Post(c *CQE) {
 	if r.clientWants(tail, emptied) && wake(r.w.cqFlags, waitBits, r.w.cqWake) {
 		r.WakeCounts.ClientWakes.Add(1)
 	}
-	if emptied && r.idling.Load() {
-		r.prewoken.Store(true)
-		r.Kick()
-		r.WakeCounts.WorkerPrewakes.Add(1)
-	}
+}
+
+// StreamDone implements xfer.StreamSink: the CQE of a request a stream
+// of this queue ended, with the status code of its state and error. Any
+// goroutine may call it, as Post.
+func (r *DaemonRing) StreamDone(ud uint64, st xfer.State, n uint64, err error) {
+	r.Post(&CQE{UserData: ud, Result: n, Code: uint32(status.ForState(st, err)), State: uint8(st)})
 }
 
 // clientWants reports whether a client sleeping for completions wants to be
@@ -245,11 +228,7 @@ func (r *DaemonRing) clientWants(tail uint32, emptied bool) bool {
 // queue makes none while both sides are busy.
 type WakeCounts struct {
 	ClientWakes  atomic.Uint64 // futex wakes of a client sleeping for completions
-	WorkerSleeps atomic.Uint64 // futex waits of the daemon's worker
-	WorkerSpins  atomic.Uint64 // spins that found work before sleeping
-	// WorkerPrewakes are futex wakes of the worker by a completion that
-	// left nothing in flight (see DaemonRing.Post).
-	WorkerPrewakes atomic.Uint64
+	WorkerSleeps atomic.Uint64 // sleeps of the daemon's worker with this queue's doorbell armed
 }
 
 // Counts is the ring's completion-side state: requests in flight, CQEs
@@ -263,75 +242,48 @@ func (r *DaemonRing) Counts() (inflight, unreaped uint32, posted uint64) {
 	return r.inflight, r.cqTail - r.cqSeen, r.posted
 }
 
-// Idle spins briefly for new work after a Take found none, then sleeps
-// until the client rings, Kick is called, or timeout passes (negative: no
-// limit). It reports whether the worker should Take again (false once the
-// ring is closed or broken; the worker then only waits for what is in
-// flight).
-func (r *DaemonRing) Idle(timeout time.Duration) bool {
+// Doorbell is the first half of the worker's sleep after a Take found
+// nothing (see the package doc, "Wake-ups"): it reads the wake word, sets
+// the sq_flags bit for why Take starved (FlagNeedWakeup, FlagCQWait) with a
+// full fence, and checks once more. It returns the word and the value to
+// wait on, and sleep true when the worker may sleep until the word changes
+// from v: a client that submits or reaps after the check sees the flag and
+// changes the word, so the wait ends at once. With sleep false there is
+// work now (or the queue closed): nothing is set, and the worker takes
+// again. A queue that takes nothing more (broken, closed) returns no word
+// and sleep true: nothing on it needs the worker. Awake ends the sleep.
+func (r *DaemonRing) Doorbell() (w *atomic.Uint32, v uint32, sleep bool) {
 	switch r.why {
-	case starveBroken:
-		return false
 	case starveNone:
-		return true
+		return nil, 0, false
+	case starveBroken:
+		return nil, 0, true
 	}
 	if r.closed.Load() {
-		return false
-	}
-	// After a pre-wake the wait is for the client's next entry, which
-	// respin learns; otherwise it is whatever the queue's pace is.
-	sp := &r.spin
-	if r.prewoken.Swap(false) && r.why == starveEntries {
-		sp = &r.respin
-	}
-	if sp.begin(daemonSpin) {
-		found := false
-		for sp.more() {
-			if r.ready() {
-				found = true
-				break
-			}
-		}
-		sp.end(daemonSpin, found)
-		if found {
-			r.WakeCounts.WorkerSpins.Add(1)
-			return true
-		}
+		return nil, 0, false
 	}
 	bit := FlagNeedWakeup
 	if r.why == starveCQ {
 		bit = FlagCQWait
 	}
-	v := r.w.sqWake.Load()
-	r.idling.Store(r.why == starveEntries) // before the re-check: a Post after it pre-wakes
-	r.w.sqFlags.Or(bit)                    // a full fence: the re-check below sees a submit before it
+	v = r.w.sqWake.Load()
+	r.w.sqFlags.Or(bit) // a full fence: the re-check below sees a submit before it
 	if r.ready() || r.closed.Load() {
 		r.w.sqFlags.And(^bit)
-		r.idling.Store(false)
-		return !r.closed.Load()
+		return nil, 0, false
 	}
-	start := time.Now()
-	if r.spurious > 64 && timeout < 0 {
-		// The word keeps changing or waking us with nothing to take: a
-		// client ringing for nothing. Poll slowly instead of at its pace.
-		timeout = 10 * time.Millisecond
-	}
+	r.bell = bit
 	r.WakeCounts.WorkerSleeps.Add(1)
-	futexWait(r.w.sqWake, v, timeout) //nolint:errcheck // the caller re-checks either way
-	r.w.sqFlags.And(^bit)
-	r.idling.Store(false)
-	switch {
-	case r.ready():
-		r.spurious = 0
-		r.prewoken.Store(false) // the entry came: nothing to spin for
-		sp.slept(time.Since(start))
-	case r.prewoken.Load():
-		// Woken for the entry a completion announced; the next Idle
-		// spins for it (respin). Not a client ringing for nothing.
-	default:
-		r.spurious++
+	return r.w.sqWake, v, true
+}
+
+// Awake clears the flag Doorbell set, once the worker is awake: while it
+// works, the client rings no doorbell.
+func (r *DaemonRing) Awake() {
+	if r.bell != 0 {
+		r.w.sqFlags.And(^r.bell)
+		r.bell = 0
 	}
-	return !r.closed.Load()
 }
 
 // ready reports whether Take would find something now, for the reason it
@@ -349,19 +301,15 @@ func (r *DaemonRing) ready() bool {
 	return true
 }
 
-// KickToken reads the worker's wake word, for WaitKick.
-func (r *DaemonRing) KickToken() uint32 { return r.w.sqWake.Load() }
+// WakeWord is the futex word the worker sleeps on: the client's doorbell,
+// which Kick and Close change too. A worker that waits for something other
+// than the rings (a free stream slot, which it learns of through Kick)
+// reads the word, checks its condition, then waits while the word holds
+// what it read, so a Kick between the check and the wait is not lost.
+func (r *DaemonRing) WakeWord() *atomic.Uint32 { return r.w.sqWake }
 
-// WaitKick sleeps until the wake word changes from tok (Kick, Close, or a
-// client's doorbell), or timeout passes (negative: no limit). The worker
-// uses it to wait for something other than the rings: it reads tok,
-// checks its own condition, then waits, so a Kick between the check and
-// the wait is not lost. It may return early; the caller re-checks.
-func (r *DaemonRing) WaitKick(tok uint32, timeout time.Duration) {
-	futexWait(r.w.sqWake, tok, timeout) //nolint:errcheck // the caller re-checks either way
-}
-
-// Kick wakes the worker if it sleeps in Idle or WaitKick.
+// Kick changes the wake word and wakes whoever sleeps on it: the worker,
+// if its wait on this queue is armed.
 func (r *DaemonRing) Kick() {
 	r.w.sqWake.Add(1)
 	futexWake(r.w.sqWake)

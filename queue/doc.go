@@ -118,16 +118,16 @@
 //
 // # Wake-ups
 //
-// Each side spins briefly when it runs out of work, then sleeps on the other
-// side's doorbell. Before sleeping it reads its futex word, sets its flag
-// with an atomic read-modify-write (a full fence) and checks once more for
-// work; only
-// then does it wait on the futex word with the value it read. The other side
-// publishes its index (a full fence), then reads the flag; if the flag is
-// set it clears it, bumps the futex word and wakes it. Either the sleeper
-// sees the new index, or the waker sees the flag and the changed word makes
-// the sleeper's wait return at once: a wake-up is never lost. While both
-// sides are busy no flag is set, and no system call is made.
+// Each side sleeps on the other side's doorbell when it runs out of work
+// (the client after a brief spin). Before sleeping it reads its futex word,
+// sets its flag with an atomic read-modify-write (a full fence) and checks
+// once more for work; only then does it wait on the futex word with the
+// value it read. The other side publishes its index (a full fence), then
+// reads the flag; if the flag is set it clears it, bumps the futex word and
+// wakes it. Either the sleeper sees the new index, or the waker sees the
+// flag and the changed word makes the sleeper's wait return at once: a
+// wake-up is never lost. While both sides are busy no flag is set, and no
+// system call is made.
 //
 // The daemon sets FlagNeedWakeup when it sleeps for want of entries and
 // FlagCQWait when it sleeps for want of completion-ring space (the client
@@ -139,12 +139,32 @@
 // each of which would send the client back to sleep. A target that is
 // never reached therefore costs the client only its own wait.
 //
-// The daemon also wakes its own worker, without a doorbell, when a CQE
-// leaves the queue with nothing in flight and the worker sleeps for
-// entries (DaemonRing.Post): the client's next move can then only be a
-// submission, and the worker spins for it while the client wakes, instead
-// of waking only after the client has. Whether the worker sleeps is the
-// daemon's own state for this, never the shared flags.
+// # The daemon's side: one sleep per reactor
+//
+// The daemon serves its queues with a few reactor workers (package
+// reactor), each serving many queues, and a worker has one sleep for all
+// of them and for its io_uring ring. The first half of the sleep above is
+// per queue (DaemonRing.Doorbell: read sq_wake, set the flag, re-check);
+// the wait itself is the worker's: it arms, for every queue whose Doorbell
+// agreed, a futex wait on that queue's sq_wake with the value Doorbell
+// read (IORING_OP_FUTEX_WAIT on its ring, a shared futex, so the client's
+// plain FUTEX_WAKE of its own mapping reaches it; futex_waitv(2) without
+// io_uring), then waits once for the first of: any armed word woken or
+// changed, a completion on its ring, its own wake-up (a queue attached or
+// detached, shutdown). A queue for which Doorbell found work (or closing)
+// keeps the worker awake. Once awake, the worker clears the flags it set
+// (DaemonRing.Awake), so a busy worker costs its clients no doorbell.
+//
+// The client's side is unchanged by this, and so is the protocol on the
+// wire: the same words, flags and futex calls. An armed wait stays in the
+// ring across the worker's sleeps until it fires: a doorbell, a Kick or
+// Close (which bump sq_wake and wake it), so a worker re-arms a queue only
+// when sq_wake moved. A word that moved without a wake-up reaching the
+// armed wait (a client that writes sq_wake and rings nobody) is not armed
+// a second time: the worker's sleep is bounded to a millisecond instead,
+// so what a client writes costs at most its own queue's latency and
+// never piles waits up in the kernel. The daemon does not spin for
+// entries: a worker with nothing to do sleeps at once.
 //
 // # Hostile memory
 //

@@ -13,8 +13,6 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"golang.org/x/sys/unix"
-
-	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // pair makes a queue on a real sealed memfd, mapped twice: the daemon's
@@ -186,6 +184,23 @@ func TestDataAreaReuse(t *testing.T) {
 	}
 }
 
+// idle is a worker's sleep on one queue, as a reactor sleeps on each of
+// its queues: Doorbell, a futex wait on the word it returns, Awake. It
+// reports whether the worker should Take again (false once the ring is
+// closed or broken).
+func idle(d *DaemonRing) bool {
+	w, v, sleep := d.Doorbell()
+	if !sleep {
+		return !d.Closed() && !d.Broken()
+	}
+	if w == nil {
+		return false
+	}
+	futexWait(w, v, -1) //nolint:errcheck // the caller re-checks either way
+	d.Awake()
+	return !d.Closed()
+}
+
 // echo is a daemon worker for tests: it takes entries and posts a CQE for
 // each at once (Result = Length), until the ring is closed.
 func echo(d *DaemonRing, jitter bool, stop *atomic.Bool) {
@@ -200,78 +215,9 @@ func echo(d *DaemonRing, jitter bool, stop *atomic.Bool) {
 			}
 			d.Post(&CQE{UserData: sqes[i].UserData, Result: sqes[i].Length, State: 3})
 		}
-		if n == 0 && !d.Idle(-1) {
+		if n == 0 && !idle(d) {
 			return
 		}
-	}
-}
-
-// TestLostWakeupStress runs many submissions and completions, with random
-// batch sizes and pauses on both sides and each side's spinning on or off,
-// so every sleep and wake path runs. A lost wake-up shows as a Wait that
-// runs out of its (generous) time.
-func TestLostWakeupStress(t *testing.T) {
-	total := 1 << 21
-	if invariants.RaceEnabled {
-		total = 1 << 20
-	}
-	if testing.Short() {
-		total = 1 << 16
-	}
-	for _, mode := range []struct {
-		name               string
-		daemonSpin, clSpin bool
-	}{{"spin", true, true}, {"nospin", false, false}, {"daemon-spins", true, false}, {"client-spins", false, true}} {
-		t.Run(mode.name, func(t *testing.T) {
-			d, c := pair(t, 64, 128, 0)
-			if !mode.daemonSpin {
-				d.spin = spinner{}
-			}
-			if !mode.clSpin {
-				c.spin = spinner{}
-			}
-			var stop atomic.Bool
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() { defer wg.Done(); echo(d, true, &stop) }()
-			defer func() { stop.Store(true); d.Close(); wg.Wait() }()
-
-			rng := rand.New(rand.NewPCG(3, 4))
-			seen := make([]uint8, total)
-			var cqes [256]CQE
-			next, done, inflight := 0, 0, 0
-			for done < total {
-				for k := rng.IntN(48) + 1; k > 0 && next < total; k-- {
-					ok, err := c.Stage(&SQE{Op: OpNop, UserData: uint64(next), Length: uint64(next % 977)}, nil)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if !ok {
-						break
-					}
-					next++
-					inflight++
-				}
-				c.Submit()
-				if rng.IntN(16) == 0 {
-					runtime.Gosched()
-				}
-				min := 1 + rng.IntN(inflight)
-				if err := c.Wait(min, 20*time.Second); err != nil {
-					t.Fatalf("wait for %d of %d in flight after %d done: %v (lost wake-up?)", min, inflight, done, err)
-				}
-				n := c.Reap(cqes[:])
-				for _, e := range cqes[:n] {
-					if e.UserData >= uint64(total) || seen[e.UserData] != 0 || e.Result != e.UserData%977 {
-						t.Fatalf("bad or repeated completion %+v", e)
-					}
-					seen[e.UserData] = 1
-				}
-				done += n
-				inflight -= n
-			}
-			t.Logf("%d round trips: client doorbells %d+%d, sleeps %d", total, c.SubmitDoorbells, c.ReapDoorbells, c.Sleeps)
-		})
 	}
 }
 
@@ -360,7 +306,7 @@ func TestInvalidIndices(t *testing.T) {
 		if !errors.Is(c.Err(), ErrBroken) {
 			t.Errorf("client sees %v", c.Err())
 		}
-		if d.Idle(-1) {
+		if idle(d) {
 			t.Error("Idle on a broken ring asks for more Takes")
 		}
 	})
@@ -444,12 +390,12 @@ func TestHostileScribble(t *testing.T) {
 func TestCloseWakesBothSides(t *testing.T) {
 	d, c := pair(t, 8, 0, 0)
 	errs := make(chan error, 1)
-	idle := make(chan bool, 1)
+	slept := make(chan bool, 1)
 	go func() { errs <- c.Wait(1, -1) }()
 	go func() {
 		var sqes [4]SQE
 		d.Take(sqes[:])
-		idle <- d.Idle(-1)
+		slept <- idle(d)
 	}()
 	testutil.Eventually(t, 10*time.Second, func() bool { return c.w.cqFlags.Load()&FlagWaiting != 0 && d.w.sqFlags.Load()&FlagNeedWakeup != 0 },
 		"the client waiting and the daemon asleep")
@@ -457,8 +403,8 @@ func TestCloseWakesBothSides(t *testing.T) {
 	if err := <-errs; !errors.Is(err, ErrClosed) {
 		t.Errorf("client wait: %v, want ErrClosed", err)
 	}
-	if <-idle {
-		t.Error("daemon Idle returned true on a closed ring")
+	if <-slept {
+		t.Error("the daemon's sleep asked for more Takes on a closed ring")
 	}
 }
 
@@ -558,73 +504,6 @@ func TestStoreEntry(t *testing.T) {
 	rec[2] = 1
 	if _, _, _, ok := StoreResult(rec); ok {
 		t.Fatal("a record with a reserved byte set read as written")
-	}
-}
-
-// TestPrewake: a completion that leaves nothing in flight wakes a worker
-// sleeping for entries at once, before the client submits anything; one
-// that leaves a request in flight does not, and the client's next entry
-// is then found by the spin after the pre-wake, with no doorbell.
-func TestPrewake(t *testing.T) {
-	d, c := pair(t, 8, 0, 0)
-	d.spin = spinner{} // sleep at once, so the test sees the sleeps
-	inFlight(t, d, c, 2)
-	var sqes [8]SQE
-	if d.Take(sqes[:]) != 0 {
-		t.Fatal("took entries that were never submitted")
-	}
-	idle := make(chan bool, 1)
-	go func() { idle <- d.Idle(-1) }()
-	testutil.Eventually(t, 10*time.Second, d.idling.Load, "the daemon idling")
-
-	d.Post(&CQE{UserData: 0}) // one still in flight: the client may wait for it
-	if got := d.WakeCounts.WorkerPrewakes.Load(); got != 0 {
-		t.Fatalf("%d pre-wakes with a request still in flight", got)
-	}
-	select {
-	case <-idle:
-		t.Fatal("the worker woke with a request still in flight and no entry")
-	default:
-	}
-	d.Post(&CQE{UserData: 1}) // nothing in flight now
-	select {
-	case ok := <-idle:
-		if !ok {
-			t.Fatal("Idle returned false on an open ring")
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the completion that emptied the queue did not wake the sleeping worker")
-	}
-	if got := d.WakeCounts.WorkerPrewakes.Load(); got != 1 {
-		t.Errorf("%d pre-wakes, want 1", got)
-	}
-	if d.spurious != 0 {
-		t.Errorf("a pre-wake counted as a spurious wake-up (%d)", d.spurious)
-	}
-
-	// The worker's next Idle spins for the entry the pre-wake announced
-	// (respin), so the client that submits it rings no doorbell.
-	d.respin = spinner{budget: 5 * time.Second, max: 5 * time.Second}
-	if d.Take(sqes[:]) != 0 {
-		t.Fatal("took entries that were never submitted")
-	}
-	go func() { idle <- d.Idle(-1) }()
-	if ok, err := c.Stage(&SQE{Op: OpWrite, UserData: 2, Length: 1}, nil); !ok || err != nil {
-		t.Fatalf("stage: %v %v", ok, err)
-	}
-	bells := c.SubmitDoorbells
-	c.Submit()
-	if !<-idle {
-		t.Fatal("Idle returned false on an open ring")
-	}
-	if c.SubmitDoorbells != bells {
-		t.Errorf("the client rang %d doorbells for an entry the worker spun for", c.SubmitDoorbells-bells)
-	}
-	if d.WakeCounts.WorkerSpins.Load() != 1 {
-		t.Errorf("worker spins %d, want 1", d.WakeCounts.WorkerSpins.Load())
-	}
-	if d.Take(sqes[:]) != 1 {
-		t.Fatal("the entry the spin found is not there")
 	}
 }
 

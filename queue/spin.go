@@ -2,7 +2,6 @@ package queue
 
 import (
 	"runtime"
-	"sync/atomic"
 	"time"
 )
 
@@ -16,8 +15,8 @@ import (
 // waits a little longer than the budget halve it, and the short sleeps
 // that follow only double it back, so such waits would pay both a spin
 // and a wake-up each time.) On a small host a spinning thread takes a
-// whole core from the transports, so the ceiling is short (spinCeiling)
-// and the daemon lets only a few of its queues spin at once (spinSlots).
+// whole core from the daemon, so the ceiling is short (spinCeiling). Only
+// the client spins: the daemon's reactors sleep in one wait instead.
 type spinner struct {
 	budget time.Duration
 	max    time.Duration
@@ -25,7 +24,6 @@ type spinner struct {
 	// Owned by the spinning goroutine during one spin.
 	start time.Time
 	iter  int
-	slot  bool
 	spun  time.Duration // how long this wait's spin lasted when it found nothing (begin zeroes it)
 }
 
@@ -46,40 +44,12 @@ const spinCeiling = 50 * time.Microsecond
 
 func newSpinner(max time.Duration) spinner { return spinner{budget: max / 2, max: max} }
 
-// spinSlots bounds the daemon's queues that spin at one time; the others
-// go to sleep without spinning.
-type spinSlots struct{ n, max atomic.Int32 }
-
-func (s *spinSlots) take() bool {
-	if s.n.Add(1) > s.max.Load() {
-		s.n.Add(-1)
-		return false
-	}
-	return true
-}
-
-func (s *spinSlots) give() { s.n.Add(-1) }
-
-// daemonSpin are the daemon process's spin slots: half the CPUs, at least
-// one.
-var daemonSpin = func() *spinSlots {
-	s := &spinSlots{}
-	s.max.Store(int32(max(1, runtime.GOMAXPROCS(0)/2)))
-	return s
-}()
-
-// begin starts a spin; false means spinning is off for now (no budget, or
-// no slot) and the caller should sleep at once.
-func (s *spinner) begin(slots *spinSlots) bool {
+// begin starts a spin; false means spinning is off for now (no budget)
+// and the caller should sleep at once.
+func (s *spinner) begin() bool {
 	s.spun = 0
 	if s.budget < spinMin {
 		return false
-	}
-	if slots != nil {
-		if !slots.take() {
-			return false
-		}
-		s.slot = true
 	}
 	s.start, s.iter = time.Time{}, 0
 	return true
@@ -110,11 +80,7 @@ func (s *spinner) more() bool {
 func (s *spinner) progress() { s.start = time.Time{} }
 
 // end finishes a spin begun with begin; found says whether work came.
-func (s *spinner) end(slots *spinSlots, found bool) {
-	if s.slot {
-		slots.give()
-		s.slot = false
-	}
+func (s *spinner) end(found bool) {
 	if found {
 		s.budget = min(s.budget+s.budget/2+spinMin, s.max)
 		return

@@ -10,17 +10,17 @@ import (
 // if the spin missed, a sleep until w.
 func (s *spinner) wait(t *testing.T, w time.Duration) (caught bool) {
 	t.Helper()
-	if !s.begin(nil) {
+	if !s.begin() {
 		s.slept(w)
 		return false
 	}
 	if w <= s.budget {
-		s.end(nil, true)
+		s.end(true)
 		return true
 	}
 	spun := s.budget
 	s.start = time.Now().Add(-spun) // as if the spin began spun ago
-	s.end(nil, false)
+	s.end(false)
 	s.slept(w - spun)
 	return false
 }
@@ -52,7 +52,7 @@ func TestSpinnerStopsOnLongWaits(t *testing.T) {
 	for range 20 {
 		s.wait(t, 5*spinCeiling)
 	}
-	if s.begin(nil) {
+	if s.begin() {
 		t.Fatalf("still spinning (budget %v) after 20 waits of %v", s.budget, 5*spinCeiling)
 	}
 	s.slept(10 * time.Microsecond)

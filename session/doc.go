@@ -1,8 +1,8 @@
 // Package session is what one client of tensorcastd holds, and the data
 // plane it drives: the segments it registered (buffers, files) and opened
 // (peers' segments), its pool blocks and the view of the pool its
-// transfers resolve, its batches, its shared-memory queues and their
-// workers, its store session, and its exports and subscriptions. A
+// transfers resolve, its batches, its shared-memory queues (served by
+// the host's reactor workers), its store session, and its exports and subscriptions. A
 // Session is the resolver and range holder the transfer engine calls back
 // for the client's requests, and the sink its queues' completions go to.
 //
@@ -16,21 +16,24 @@
 // session.go (Session, Host, Limits, Resolve), segments.go (buffers,
 // files, pool blocks), blocks.go and poolview.go (the blocks a session
 // holds and the holds transfers keep on them), batches.go (batches,
-// transfers and the checks every request passes), queue.go (the queue
-// workers), queue_store.go (the store's queue calls), store.go (the store's
+// transfers and the checks every request passes), queue.go (the queues
+// as a reactor worker serves them), queue_store.go (the store's queue calls), store.go (the store's
 // socket calls and the session's store session), exports.go (exports,
 // subscriptions, notifications, remote segments), release.go (Close).
 //
 // # Goroutines and stop order
 //
-// Each queue has one worker, started by OpenQueue and owned by its cqueue,
-// and, once closed, one goroutine that unmaps its rings when the last
-// transport has answered (or gives up when the server closes). Everything
-// else runs on the connection's serving goroutine, or on the engine's and
-// transports' goroutines through the callbacks below.
+// A queue has no goroutine of its own: OpenQueue gives it to one of the
+// host's reactor workers (package reactor), whose thread serves it
+// (cqueue.Serve) until its close detaches it. Once closed, one goroutine
+// unmaps its rings when the last transport has answered (or gives up when
+// the server closes). Everything else runs on the connection's serving
+// goroutine, or on the engine's and transports' goroutines through the
+// callbacks below.
 //
 // Close stops a session in this order: its queues (close the ring, which
-// wakes the worker; wait for the worker; close the stream, so what is in
+// fires the worker's armed wait; detach it from the worker, which returns
+// once the worker no longer touches it; close the stream, so what is in
 // flight ends Canceled with its CQE), its store session (pins, leases,
 // reservations), its peers (the inbox, each export after the peer requests
 // in its range, up to ReleaseWait; the remote segments), its batches
@@ -60,25 +63,30 @@
 // (five with a transport of its own package: uring for a file, tcp or rdma
 // for a peer's segment), and calls three leaves that hold no part of it:
 // shm (the mappings' memory), internal/faultcopy (the copy) and status
-// (its code). Every call back lands in the session, which owns the request
-// from its SQE to its CQE; none lands in control or daemon.
+// (its code). The session resolves the request before the engine has it,
+// and the engine's end goes to the queue: the only calls back into the
+// session are the pool view's own methods, as a segment (HoldRange,
+// DropRange, Acquire, Release); none lands in control or daemon.
 //
 //  1. client, queue: the client writes the SQE into the submission ring
-//     and wakes the worker (queue/doc.go has the wake-up protocol).
-//  2. session: the worker (cqueue.work) takes the SQEs (DaemonRing.Take)
-//     into its own copy, checks each (request), publishes sq_head and gives
-//     the requests to its stream (submit).
-//  3. xfer: Stream.Submit resolves both segments through the session
-//     (cqueue.Resolve: the pool view, or the session's buffer, a
-//     *shm.Buffer), takes a hold on the pool range (poolView.HoldRange),
-//     routes by the target's kind (KindRouter: memory to the local
-//     transport) and dispatches.
+//     and, if the worker sleeps, wakes it (queue/doc.go has the wake-up
+//     protocol).
+//  2. session: on the reactor worker's thread, the queue's pass
+//     (cqueue.Serve) takes the SQEs (DaemonRing.Take) into its own copy,
+//     checks each and resolves both its segments (request, cqueue.resolve:
+//     the pool view, or the session's buffer, a *shm.Buffer), publishes
+//     sq_head and gives the requests to its stream (submit).
+//  3. xfer: Stream.Submit takes the segments the request carries, holds
+//     the pool range (poolView.HoldRange), routes by the target's kind
+//     (KindRouter: memory to the local transport) and dispatches.
 //  4. xfer: the local transport copies the bytes between the two mappings
 //     (faultcopy turns a fault into an error), inline or on its copy
-//     workers, and ends the task.
+//     workers, and ends the task (a file's read is the worker's own ring's:
+//     the worker reaps it and ends the task on its thread).
 //  5. xfer: the stream ends the request: its range hold drops
-//     (poolView.DropRange) and its sink is told (cqueue.StreamDone).
-//  6. session, queue: StreamDone takes the code of the state
-//     (status.ForState) and posts the CQE (DaemonRing.Post), waking the
-//     client if it sleeps; the client reaps it.
+//     (poolView.DropRange) and its sink, the queue's ring, is told
+//     (DaemonRing.StreamDone).
+//  6. queue: StreamDone takes the code of the state (status.ForState) and
+//     posts the CQE (DaemonRing.Post), waking the client if it sleeps; the
+//     client reaps it.
 package session

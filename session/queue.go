@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -12,6 +13,7 @@ import (
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/internal/testhook"
 	"github.com/tensorcast/tensorcast/queue"
+	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -20,27 +22,30 @@ import (
 // takeMax bounds the entries one Take copies.
 const takeMax = 256
 
-// cqueue is one queue a connection opened: the shared rings, the engine
-// stream its requests run on, and the worker goroutine that moves entries
-// from one to the other.
+// cqueue is one queue a connection opened: the shared rings and the
+// engine stream its requests run on, served by one reactor worker
+// (reactor.Queue) that moves entries from one to the other on its own
+// thread.
 //
-// Goroutines: the worker is started by openQueue and owned by the cqueue.
-// close stops it: close the ring (the worker's Take finds nothing and its
-// sleep is woken), wait for the worker, close the stream (what is in flight
-// ends Canceled, each with its CQE). The mapping is released once the
-// stream is idle (no transport holds a task, so nothing can post), by a
+// Stop order (close): close the ring (Take finds nothing more, and the
+// worker's armed wait on the doorbell fires), detach it from its worker
+// (which returns once the worker no longer touches it), answer what the
+// worker had taken and not given to the stream, close the stream (what is
+// in flight ends Canceled, each with its CQE). The mapping is released once
+// the stream is idle (no transport holds a task, so nothing can post), by a
 // goroutine that gives up at server close, leaving the mapping to the
 // process's exit rather than unmapping memory a stalled transport might
 // still complete into.
 type cqueue struct {
-	c    *Session
-	id   uint64
-	ring *queue.DaemonRing
-	st   *xfer.Stream
-	done chan struct{} // closed when the worker returns
-	once sync.Once
+	c      *Session
+	id     uint64
+	ring   *queue.DaemonRing
+	st     *xfer.Stream
+	worker int // the reactor worker serving it
+	once   sync.Once
 
-	// Owned by the worker.
+	// Owned by the worker (until close's Detach returns).
+	brokenSeen bool // the broken queue was logged
 	// seen caches the connection's segments this queue's requests named
 	// (Resolve), valid while the connection's segGen is seenGen.
 	seen     [4]resolved
@@ -55,21 +60,18 @@ type cqueue struct {
 	store    *qstore // the store ops' side, made at the first (queue_store.go)
 }
 
-var (
-	_ xfer.StreamSink = (*cqueue)(nil)
-	_ xfer.Resolver   = (*cqueue)(nil)
-)
+var _ reactor.Queue = (*cqueue)(nil)
 
 type resolved struct {
 	id  xfer.SegmentID
 	seg xfer.Segment
 }
 
-// Resolve implements xfer.Resolver for the queue's stream: the
-// connection's Resolve, with the last few segments kept so that a request
+// resolve is the connection's Resolve for the queue's requests, before
+// they go to the stream, with the last few segments kept so that a request
 // naming the same buffer or file as the ones before it takes no lock. The
-// stream calls it from the worker only.
-func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
+// worker calls it.
+func (q *cqueue) resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 	c := q.c
 	if c.pool != nil && id == c.pool.ID() {
 		return &c.pview, true
@@ -90,27 +92,30 @@ func (q *cqueue) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 	return seg, ok
 }
 
-// StreamDone implements xfer.StreamSink: the request's CQE.
-func (q *cqueue) StreamDone(ud uint64, st xfer.State, n uint64, err error) {
-	q.ring.Post(&queue.CQE{UserData: ud, Result: n, Code: uint32(status.ForState(st, err)), State: uint8(st)})
-}
-
 // refuse posts the CQE of an entry refused before it reached the engine.
 func (q *cqueue) refuse(ud uint64, code Code) {
 	q.ring.Post(&queue.CQE{UserData: ud, Code: uint32(code), State: uint8(xfer.StateFailed)})
 }
 
-// newQueue makes a queue of geometry g for c and starts its worker.
+// newQueue makes a queue of geometry g for c and gives it to a worker.
 func newQueue(c *Session, id uint64, g queue.Geometry) (*cqueue, int, error) {
+	rx := c.h.Reactors
+	if rx == nil {
+		return nil, -1, fmt.Errorf("%w: no reactor serves queues", ErrUnavailable)
+	}
 	ring, fd, err := queue.Create(id, g)
 	if err != nil {
 		return nil, -1, err
 	}
-	q := &cqueue{c: c, id: id, ring: ring, done: make(chan struct{})}
+	q := &cqueue{c: c, id: id, ring: ring}
 	// As many stream slots as completion slots: the ring bounds what is in
 	// flight, and slots of requests ended early (a deadline) stay held
 	// until their transport's Done.
-	q.st, err = c.h.Engine.NewStream(int(g.CQEntries), q, q)
+	// The queue resolves its requests' segments before the stream has
+	// them, and the stream's ends go straight to the ring as CQEs
+	// (DaemonRing.StreamDone): the engine calls nothing of the session's
+	// back but the segments' own methods.
+	q.st, err = c.h.Engine.NewStream(int(g.CQEntries), nil, ring)
 	if err != nil {
 		unix.Close(fd) //nolint:errcheck // nothing to do about it
 		return nil, -1, errors.Join(err, ring.Release())
@@ -122,55 +127,75 @@ func newQueue(c *Session, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	q.reqs = make([]xfer.StreamRequest, 0, n)
 	q.res = make([]error, n)
 	q.notes = make([][]byte, n)
-	go q.work()
+	q.worker = rx.Pick()
+	q.st.SetHome(rx.Home(q.worker))
+	if err := rx.Attach(q.worker, q); err != nil {
+		q.st.Close(err)
+		unix.Close(fd) //nolint:errcheck // nothing to do about it
+		return nil, -1, errors.Join(fmt.Errorf("%w: %w", ErrUnavailable, err), ring.Release())
+	}
 	return q, fd, nil
 }
 
-// work takes entries until the ring is closed or broken.
-func (q *cqueue) work() {
-	defer close(q.done)
-	for {
+// Serve implements reactor.Queue: one pass on the worker's thread. It
+// gives the stream what waits for a slot, then takes new entries, checks
+// them, publishes sq_head, answers what needs no transport and submits the
+// rest.
+func (q *cqueue) Serve() bool {
+	did := false
+	if len(q.pend) > 0 {
+		before := len(q.pend)
+		q.submit()
+		did = len(q.pend) < before
 		if len(q.pend) > 0 {
-			if !q.submit() {
-				break
-			}
-			continue
-		}
-		n := q.ring.Take(q.sqes)
-		if n == 0 {
-			if !q.ring.Idle(-1) {
-				break
-			}
-			continue
-		}
-		q.prepare(q.sqes[:n])
-		if h := testhook.QueuePublish.Load(); h != nil {
-			(*h)()
-		}
-		q.ring.Publish()
-		// Answered only now, so that a client that reaps these first sees
-		// their entries' slots free.
-		for i := range q.answers {
-			q.ring.Post(&q.answers[i])
-		}
-		q.answers = q.answers[:0]
-		if q.store != nil {
-			q.store.published()
-		}
-		if !q.submit() {
-			break
+			return did // every stream slot is held: take nothing more yet
 		}
 	}
-	// Entries taken but never given to the engine still get their CQEs.
-	for _, r := range q.pend {
-		q.refuse(r.UserData, tcproto.CodeUNAVAILABLE)
+	n := q.ring.Take(q.sqes)
+	if n == 0 {
+		if q.ring.Broken() && !q.brokenSeen {
+			q.brokenSeen = true
+			q.c.h.warns().brokenQueue.Event(append(q.c.who(), slog.Uint64("queue", q.id),
+				slog.Uint64("violations", uint64(q.ring.Violations())))...)
+		}
+		return did
 	}
-	q.pend = q.pend[:0]
-	if q.ring.Broken() {
-		q.c.h.warns().brokenQueue.Event(append(q.c.who(), slog.Uint64("queue", q.id),
-			slog.Uint64("violations", uint64(q.ring.Violations())))...)
+	q.prepare(q.sqes[:n])
+	if h := testhook.QueuePublish.Load(); h != nil {
+		(*h)()
 	}
+	q.ring.Publish()
+	// Answered only now, so that a client that reaps these first sees
+	// their entries' slots free.
+	for i := range q.answers {
+		q.ring.Post(&q.answers[i])
+	}
+	q.answers = q.answers[:0]
+	if q.store != nil {
+		q.store.published()
+	}
+	q.submit()
+	return true
 }
+
+// Doorbell implements reactor.Queue. A queue whose requests wait for a
+// stream slot sleeps on the ring's wake word, which the stream's OnFree
+// (Kick) changes when a slot frees; otherwise it sleeps for entries or
+// completion room (queue.DaemonRing.Doorbell).
+func (q *cqueue) Doorbell() (*atomic.Uint32, uint32, bool) {
+	if len(q.pend) > 0 {
+		w := q.ring.WakeWord()
+		v := w.Load() // before the check: a Kick after it changes the word
+		if q.st.Free() > 0 || q.ring.Closed() {
+			return nil, 0, false
+		}
+		return w, v, true
+	}
+	return q.ring.Doorbell()
+}
+
+// Awake implements reactor.Queue.
+func (q *cqueue) Awake() { q.ring.Awake() }
 
 // prepare checks and converts taken entries into q.pend. An entry that
 // fails a check, and a no-op, is answered from q.answers once the entries
@@ -202,12 +227,12 @@ func (q *cqueue) prepare(sqes []queue.SQE) {
 	}
 }
 
-// request converts one entry into a stream request and copies its
-// notification out of the data area. What else a request must be (an op,
-// a length, segments this connection may touch, bounds, pool blocks it
-// holds) the engine checks as it takes the request: it resolves segments
-// through this connection only, and the pool view refuses ranges outside
-// the connection's blocks (PERMISSION_DENIED).
+// request converts one entry into a stream request, copies its
+// notification out of the data area and resolves its two segments through
+// this connection only (NOT_FOUND for another's). What else a request must
+// be (a length, bounds, pool blocks it holds) the engine checks as it takes
+// the request: the pool view refuses ranges outside the connection's
+// blocks (PERMISSION_DENIED).
 func (q *cqueue) request(e *queue.SQE, i int) (xfer.StreamRequest, Code) {
 	r := xfer.StreamRequest{UserData: e.UserData, Req: xfer.Request{Op: xfer.Op(e.Op), Local: xfer.SegmentID(e.Local),
 		LocalOffset: e.LocalOff, Target: xfer.SegmentID(e.Target), TargetOffset: e.TargetOff, Length: e.Length}}
@@ -228,12 +253,24 @@ func (q *cqueue) request(e *queue.SQE, i int) (xfer.StreamRequest, Code) {
 		}
 		r.Notify = buf[:e.NotifyLen]
 	}
+	if e.Length == 0 {
+		return r, tcproto.CodeOK // the stream refuses it, as any request of no bytes
+	}
+	var ok bool
+	if r.LocalSeg, ok = q.resolve(r.Req.Local); !ok {
+		return r, status.CodeOf(xfer.ErrNoSegment)
+	}
+	if r.TargetSeg, ok = q.resolve(r.Req.Target); !ok {
+		return r, status.CodeOf(xfer.ErrNoSegment)
+	}
 	return r, tcproto.CodeOK
 }
 
-// submit gives q.pend to the stream, as much as it has slots for. It
-// waits for slots while some are left; false means the queue is closing.
-func (q *cqueue) submit() bool {
+// submit gives q.pend to the stream, as much as it has slots for; what
+// finds every slot held (requests past their deadline whose transport has
+// not answered yet) stays in q.pend for a later pass. It never waits: the
+// worker serves other queues meanwhile.
+func (q *cqueue) submit() {
 	for len(q.pend) > 0 {
 		g := submitGroup(q.pend)
 		res := q.res[:g]
@@ -244,7 +281,7 @@ func (q *cqueue) submit() bool {
 				q.refuse(r.UserData, code)
 			}
 			q.pend = q.pend[:0]
-			return !errors.Is(err, xfer.ErrClosed)
+			return
 		}
 		for i, e := range res[:n] {
 			if e != nil {
@@ -252,23 +289,10 @@ func (q *cqueue) submit() bool {
 			}
 		}
 		q.pend = q.pend[:copy(q.pend, q.pend[n:])]
-		if len(q.pend) == 0 {
-			return true
-		}
-		if n == g {
-			continue // the next group
-		}
-		// Every slot is held (requests past their deadline whose transport
-		// has not answered yet): wait for one, or for close.
-		tok := q.ring.KickToken()
-		if q.st.Free() == 0 {
-			q.ring.WaitKick(tok, -1)
-		}
-		if q.closing() {
-			return false
+		if n < g {
+			return
 		}
 	}
-	return true
 }
 
 // groupBytes bounds the bytes of one Submit of requests smaller than it,
@@ -314,22 +338,19 @@ func submitGroup(reqs []xfer.StreamRequest) int {
 	return len(reqs)
 }
 
-func (q *cqueue) closing() bool {
-	select {
-	case <-q.c.h.Closing:
-		return true
-	default:
-	}
-	return q.ring.Closed()
-}
-
 // close stops the queue (see cqueue); it returns once the worker is gone.
 // What is in flight ends Canceled, each with a CQE; the mapping goes when
 // the last transport has answered.
 func (q *cqueue) close() {
 	q.once.Do(func() {
 		q.ring.Close()
-		<-q.done
+		q.c.h.Reactors.Detach(q.worker, q)
+		// Entries taken but never given to the engine still get their
+		// CQEs; the worker no longer touches q.
+		for _, r := range q.pend {
+			q.refuse(r.UserData, tcproto.CodeUNAVAILABLE)
+		}
+		q.pend = q.pend[:0]
 		q.st.Close(fmt.Errorf("%w: queue closed", xfer.ErrCanceled))
 		h := q.c.h
 		h.mu.Lock()
@@ -423,9 +444,8 @@ type QueueTotals struct {
 	Open, Opened uint64
 	// InFlight and Unreaped are the open queues' requests taken and not
 	// answered, and answers not reaped: their depth now.
-	InFlight, Unreaped                                  uint64
-	Completions, ClientWakes, WorkerSleeps, WorkerSpins uint64
-	WorkerPrewakes, Violations                          uint64
+	InFlight, Unreaped                                 uint64
+	Completions, ClientWakes, WorkerSleeps, Violations uint64
 }
 
 // QueueTotals is what the queues of the sessions closed so far left
@@ -458,7 +478,5 @@ func (q *cqueue) addTo(t *QueueTotals) {
 	t.Completions += posted
 	t.ClientWakes += q.ring.WakeCounts.ClientWakes.Load()
 	t.WorkerSleeps += q.ring.WakeCounts.WorkerSleeps.Load()
-	t.WorkerSpins += q.ring.WakeCounts.WorkerSpins.Load()
-	t.WorkerPrewakes += q.ring.WakeCounts.WorkerPrewakes.Load()
 	t.Violations += uint64(q.ring.Violations())
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -50,6 +51,9 @@ type Host struct {
 	FileOpener FileOpener // nil: RegisterFile answers UNAVAILABLE
 	Exports    *peer.Exports
 	Peers      PeerPlane // nil: OpenRemote answers UNAVAILABLE
+	// Reactors are the workers that serve the sessions' queues; nil:
+	// OpenQueue answers UNAVAILABLE.
+	Reactors *reactor.Pool
 
 	// Closing is closed when the server closes: long waits give up and
 	// closing sessions wait no more.

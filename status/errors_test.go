@@ -20,6 +20,7 @@ import (
 	"github.com/tensorcast/tensorcast/peer/plane"
 	"github.com/tensorcast/tensorcast/queue"
 	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/session"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/status"
@@ -78,6 +79,9 @@ var everyError = map[string]struct {
 	"queue.ErrGeometry":     {queue.ErrGeometry, tcproto.CodeINVALID_ARGUMENT},
 	"queue.ErrNotSupported": {queue.ErrNotSupported, tcproto.CodeUNAVAILABLE},
 	"queue.ErrTimeout":      {queue.ErrTimeout, tcproto.CodeDEADLINE_EXCEEDED},
+	// reactor
+	"reactor.ErrConfig":  {reactor.ErrConfig, tcproto.CodeINVALID_ARGUMENT},
+	"reactor.ErrStopped": {reactor.ErrStopped, tcproto.CodeUNAVAILABLE},
 	// shm
 	"shm.ErrBadFree":       {shm.ErrBadFree, tcproto.CodeNOT_FOUND},
 	"shm.ErrClosed":        {shm.ErrClosed, tcproto.CodeUNAVAILABLE},

@@ -70,6 +70,12 @@ func (r *ring) complete(c *CQE, draining bool) {
 		return
 	case c.UserData == udCancel:
 		return
+	case c.UserData&^udTokenMask == udFutex:
+		r.futexes--
+		if r.host != nil {
+			r.host.Fired(uint32(c.UserData))
+		}
+		return
 	}
 	ui, gen := refSlot(c.UserData &^ TracedUserData)
 	if ui >= uint64(len(r.slots)) {

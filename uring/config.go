@@ -2,6 +2,7 @@ package uring
 
 import (
 	"fmt"
+	"syscall"
 	"time"
 )
 
@@ -33,7 +34,8 @@ func (t Toggle) String() string {
 // Config configures a Transport. The zero value plus AllowedDirs is a
 // working configuration; see the field comments for defaults.
 type Config struct {
-	// Rings is the number of rings (one poller each). Default 1.
+	// Rings is the number of rings (one poller each). Default 1; the
+	// daemon makes one per reactor worker, each hosting one (Host).
 	Rings int
 	// Entries is the SQ size of each ring and the number of tasks each ring
 	// keeps in flight at most. Rounded up to a power of two. Default 256.
@@ -91,6 +93,7 @@ type Config struct {
 // result (bytes or -errno) and returns the one to act on.
 type testHooks struct {
 	result        func(op uint8, res int32) int32
+	enter         func() syscall.Errno // non-zero: io_uring_enter is not made and fails so
 	failRegister  bool
 	noDrainCancel bool // Close does not cancel in-flight requests
 }

@@ -18,8 +18,19 @@
 // through an eventfd only when it sleeps in the kernel. There is no
 // goroutine per request and no allocation per request at steady state.
 //
+// A ring per reactor: a ring's poller can host a Guest (Transport.Host),
+// a reactor worker with its client queues (package reactor). Each pass
+// serves the guest first, on the poller's thread; what the guest submits
+// names this ring (xfer.Task.Home) and goes into the same pass's
+// submission, without an eventfd wake-up, and its completions come back to
+// the guest on the same thread. When the ring would sleep, the guest arms
+// its queues' doorbells as IORING_OP_FUTEX_WAIT SQEs (Waits), so that one
+// io_uring_enter waits for the ring's completions, the doorbells and the
+// eventfd alike. The store's L2 I/O and the batch calls submit from their
+// own goroutines to the same rings, round robin.
+//
 // Stop order (Close): mark closed so Submit refuses new work, wake every
-// poller, each poller ends queued tasks with xfer.ErrClosed, cancels what is
+// poller, each poller stops its guest (Guest.Stop), ends queued tasks with xfer.ErrClosed, cancels what is
 // in flight (IORING_OP_ASYNC_CANCEL), reaps until nothing is in flight or
 // Config.DrainTimeout passes, unmaps and closes its ring and exits; Close
 // waits for every poller, then closes the files opened through it.

@@ -90,6 +90,7 @@ type ring struct {
 	id    int
 	flags uint32
 
+	tid     int    // the poller's thread, written before New returns
 	efd     int    // eventfd that wakes a sleeping poller
 	wakeMem []byte // one page: [0:8] the eventfd write value, [8:16] the read buffer
 
@@ -106,11 +107,18 @@ type ring struct {
 	cancels  []uint64 // slots Cancel asked about: cancelRef
 	cmds     []*command
 	sleeping bool // the poller is (about to be) waiting in the kernel
+	kicked   bool // kick was called since the poller's last look: it must not sleep
 	wakeSent bool // an eventfd wake-up is outstanding
 	closing  bool
 	waiters  int // Submit calls waiting for room
+	// guest is the work the poller serves beside the ring (Host); the
+	// poller takes it into host at each pass.
+	guest Guest
 
 	// poller-only:
+	host      Guest // the guest served this pass (nil once stopped)
+	futexes   int   // futex waits armed in the kernel
+	pollSleep bool  // a guest's wait could not be armed: sleep briefly, then look
 	raw       *rawRing
 	work      []int32
 	cwork     []uint64
@@ -198,6 +206,7 @@ func (r *ring) run(ready chan<- ringSetup) {
 	// The thread is never unlocked: it exits with the goroutine, taking
 	// its io_uring task context with it after the ring is gone.
 	defer close(r.exited)
+	r.tid = unix.Gettid()
 	setup := r.setup()
 	if setup.err != nil {
 		// New never adds this ring, so Close will not see it: release
@@ -283,6 +292,17 @@ func (r *ring) wake() {
 	unix.Write(r.efd, r.wakeMem[0:8])
 }
 
+// kick wakes the poller if it sleeps in the kernel (a guest's wake).
+func (r *ring) kick() {
+	r.mu.Lock()
+	r.kicked = true
+	w := r.wakeLocked()
+	r.mu.Unlock()
+	if w {
+		r.wake()
+	}
+}
+
 // do runs a registration command on the poller and waits for its result.
 func (r *ring) do(c *command) error {
 	c.reply = make(chan error, 1)
@@ -349,6 +369,12 @@ func (r *ring) loop() {
 		ts        unix.Timespec
 	)
 	for {
+		if r.host != nil && !draining {
+			// The guest's pass comes first: what it submits to this
+			// ring is in pending below, and reaches the kernel in this
+			// same pass.
+			r.host.Serve()
+		}
 		r.mu.Lock()
 		r.work = append(r.work[:0], r.pending...)
 		r.pending = r.pending[:0]
@@ -360,12 +386,27 @@ func (r *ring) loop() {
 			r.cmds = nil
 		}
 		closing := r.closing
+		r.kicked = false
+		guest := r.guest
+		if closing {
+			r.guest = nil
+		}
 		r.mu.Unlock()
+		// A guest new this pass is served at the next one, before the
+		// poller may sleep.
+		fresh := false
+		if !draining && !closing && guest != r.host {
+			r.host, fresh = guest, true
+		}
 
 		for _, c := range cmds {
 			r.exec(c)
 		}
 		if closing && !draining {
+			if g := r.host; g != nil {
+				r.host = nil
+				g.Stop()
+			}
 			draining = true
 			deadline = time.Now().Add(r.t.cfg.DrainTimeout)
 			// Queued remainders never reach the kernel again.
@@ -446,15 +487,24 @@ func (r *ring) loop() {
 				return
 			}
 		}
-		toSubmit := r.raw.flush()
 		// Completions still in the CQ are reaped before the poller
 		// sleeps; a pass with nothing to submit and completions to reap
 		// does not enter at all.
 		ready := r.raw.cqReady() > 0
-		wait := len(r.resub) == 0 && !ready
+		wait := len(r.resub) == 0 && !ready && !fresh
+		// The guest's sleep is prepared before the ring's own check
+		// below: it arms its futex waits (SQEs flushed with the rest)
+		// and re-checks its own work after announcing that it sleeps.
+		guestSleeps := false
+		r.pollSleep = false
+		if wait && r.host != nil {
+			guestSleeps = r.host.Sleep(r)
+			wait = guestSleeps
+		}
+		toSubmit := r.raw.flush()
 		if wait {
 			r.mu.Lock()
-			if len(r.pending) > 0 || len(r.cmds) > 0 || len(r.cancels) > 0 || r.closing != draining {
+			if len(r.pending) > 0 || len(r.cmds) > 0 || len(r.cancels) > 0 || r.closing != draining || r.kicked {
 				wait = false
 			} else {
 				r.sleeping = true
@@ -462,12 +512,19 @@ func (r *ring) loop() {
 			r.mu.Unlock()
 		}
 		var tsp *unix.Timespec
-		if draining && wait {
+		switch {
+		case draining && wait:
 			ts = unix.NsecToTimespec(int64(time.Until(deadline)))
+			tsp = &ts
+		case wait && r.pollSleep:
+			ts = unix.NsecToTimespec(int64(guestPoll))
 			tsp = &ts
 		}
 		var errno unix.Errno
-		if toSubmit > 0 || !ready {
+		if h := r.t.cfg.hooks; h != nil && h.enter != nil {
+			errno = h.enter()
+		}
+		if errno == 0 && (toSubmit > 0 || !ready) {
 			r.nEnters.Add(1)
 			_, errno = r.raw.enter(toSubmit, wait, tsp)
 		}
@@ -475,6 +532,9 @@ func (r *ring) loop() {
 			r.mu.Lock()
 			r.sleeping = false
 			r.mu.Unlock()
+		}
+		if guestSleeps {
+			r.host.Awake()
 		}
 		switch errno {
 		case 0, unix.EINTR, unix.ETIME:
@@ -511,3 +571,35 @@ func (r *ring) abandon() {
 	}
 	r.flushFinished()
 }
+
+// guestPoll bounds a sleep whose guest could not arm a futex wait (a
+// kernel without IORING_OP_FUTEX_WAIT, or a full SQ): the poller then looks
+// at its guest's work at least this often.
+const guestPoll = time.Millisecond
+
+// FutexWait implements Waits for the ring's guest (poller only): an
+// IORING_OP_FUTEX_WAIT SQE on the shared (not private) word w, whose CQE
+// carries token. Without the opcode, or with the SQ full, nothing is
+// armed and the poller's sleep is bounded by guestPoll instead: the guest
+// still sleeps, and a doorbell then waits for that bound at most.
+func (r *ring) FutexWait(w *atomic.Uint32, v uint32, token uint32) {
+	if !r.t.futexWait {
+		r.pollSleep = true
+		return
+	}
+	e := r.raw.getSQE()
+	if e == nil {
+		r.pollSleep = true
+		return
+	}
+	e.opcode = opFutexWait
+	e.fd = futex2SizeU32 // shared: the word lives in a mapping of another process too
+	e.addr = uint64(uintptr(unsafe.Pointer(w)))
+	e.off = uint64(v)             // addr2: the value the word must hold
+	e.addr3 = futexBitsetMatchAny // the mask a plain FUTEX_WAKE wakes
+	e.userData = udFutex | uint64(token)
+	r.futexes++
+}
+
+// Soon implements Waits: the poller's sleep is bounded by guestPoll.
+func (r *ring) Soon() { r.pollSleep = true }

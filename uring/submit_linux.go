@@ -10,6 +10,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -83,7 +85,12 @@ func (t *Transport) resolve(task *xfer.Task, p *prepared) error {
 	return nil
 }
 
-func (r *ring) submit(tasks []*xfer.Task) (int, error) {
+// submit queues tasks on r. own says the caller is r's own poller (its
+// guest, Task.Home): then a full ring never waits for room, which only
+// that same thread could make, and ErrQueueFull ends the rest at once. A
+// full ring also checks the calling thread, for callers on the poller
+// that do not say so (the store's L2 I/O started by a guest's queue).
+func (r *ring) submit(tasks []*xfer.Task, own bool) (int, error) {
 	n := 0
 	locked := false
 	unlock := func() {
@@ -119,6 +126,13 @@ func (r *ring) submit(tasks []*xfer.Task) (int, error) {
 		if r.closing {
 			r.mu.Unlock()
 			return n, xfer.ErrClosed
+		}
+		if len(r.free) == 0 && (own || unix.Gettid() == r.tid) {
+			// The poller itself (its guest, or a Done callback that
+			// submits more than it was handed back) would wait for room
+			// only it can make.
+			r.mu.Unlock()
+			return n, fmt.Errorf("%w: %d slots of ring %d in use", ErrQueueFull, len(r.slots), r.id)
 		}
 		if len(r.free) == 0 {
 			// Backpressure: let the poller see what is queued, then wait.

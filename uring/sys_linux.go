@@ -43,6 +43,12 @@ const (
 	asyncCancelAny     = 1 << 2
 	rsrcRegisterSparse = 1 << 0
 	probeOpSupported   = 1 << 0
+
+	// futex2 flags of IORING_OP_FUTEX_WAIT (in the SQE's fd): a 32-bit
+	// word, shared (no FUTEX2_PRIVATE); and the bitset a FUTEX_WAKE of
+	// futex(2) matches.
+	futex2SizeU32       = 0x02
+	futexBitsetMatchAny = 0xffffffff
 )
 
 // Opcodes this package uses (the probe reports all of them).
@@ -53,6 +59,7 @@ const (
 	opAsyncCancel = 14
 	opRead        = 22
 	opWrite       = 23
+	opFutexWait   = 51
 	opLastKnown   = 63
 )
 

@@ -30,6 +30,10 @@ const (
 
 	udWake   = 1 << 62
 	udCancel = 1 << 61
+	// udFutex is a guest's futex wait; its low 32 bits are the guest's
+	// token (udTokenMask).
+	udFutex     = 1 << 59
+	udTokenMask = 1<<32 - 1
 )
 
 // TracedUserData is the bit a data SQE's user_data carries when the ring
@@ -57,6 +61,9 @@ type Transport struct {
 
 	fixedBufs  atomic.Bool
 	fixedFiles atomic.Bool
+	// futexWait: the kernel has IORING_OP_FUTEX_WAIT, so a guest's
+	// doorbells end the ring's sleep (Guest, Waits).
+	futexWait bool
 	// regMu guards warnedBufs and serializes buffer registration; it is
 	// held while waiting for pollers, so a poller never takes it.
 	regMu      sync.Mutex
@@ -99,7 +106,7 @@ func New(cfg Config, log *slog.Logger) (*Transport, error) {
 			return nil, fmt.Errorf("%w: io_uring opcode %d missing", ErrNotSupported, op)
 		}
 	}
-	t := &Transport{cfg: cfg, log: log, files: make(map[*File]struct{})}
+	t := &Transport{cfg: cfg, log: log, files: make(map[*File]struct{}), futexWait: p.ops[opFutexWait]}
 	if err := t.resolveAllowlist(); err != nil {
 		return nil, err
 	}
@@ -148,7 +155,8 @@ func New(cfg Config, log *slog.Logger) (*Transport, error) {
 		log.Info("uring: kernel io_uring probe",
 			"features", fmt.Sprintf("%#x", p.features), "opcodes", p.opCount(), "last_opcode", p.lastOp,
 			"single_issuer", p.singleIssuer, "defer_taskrun", p.deferTaskrun, "coop_taskrun", p.coopTaskrun,
-			"ext_arg", p.features&featExtArg != 0, "read_fixed", p.ops[opReadFixed], "async_cancel", p.ops[opAsyncCancel])
+			"ext_arg", p.features&featExtArg != 0, "read_fixed", p.ops[opReadFixed], "async_cancel", p.ops[opAsyncCancel],
+			"futex_wait", p.ops[opFutexWait])
 	})
 	log.Info("uring: transport ready",
 		"rings", cfg.Rings, "entries", cfg.Entries,
@@ -268,10 +276,10 @@ func (t *Transport) Stats() []RingStats {
 // dispatched and end at once with an error matching xfer.ErrInvalid (or
 // xfer.ErrPermission); a task carrying a notification ends with
 // xfer.ErrNoNotify (xfer.ErrNotSupported). A full ring makes Submit wait up to
-// Config.SubmitWait for room, then return ErrQueueFull for the rest. Submit
-// may be called from Task.Done callbacks, but then must not submit more
-// tasks than it was handed back, or it waits for room only its own
-// goroutine could make and returns ErrQueueFull after SubmitWait.
+// Config.SubmitWait for room, then return ErrQueueFull for the rest; on
+// the ring's own poller (its guest, or a Task.Done callback) a full ring
+// returns ErrQueueFull at once, since only that thread makes room. Tasks
+// whose Home names a ring go to that ring; the others round robin.
 func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 	if t.closed.Load() {
 		return 0, xfer.ErrClosed
@@ -279,11 +287,51 @@ func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 	if len(tasks) == 0 {
 		return 0, nil
 	}
+	if h := tasks[0].Home; h != 0 && int(h) <= len(t.rings) {
+		// Submitted by the thread of ring h-1 (its guest): see Task.Home.
+		return t.rings[h-1].submit(tasks, true)
+	}
 	r := t.rings[0]
 	if len(t.rings) > 1 {
 		r = t.rings[int(t.rr.Add(1)-1)%len(t.rings)]
 	}
-	return r.submit(tasks)
+	return r.submit(tasks, false)
+}
+
+// Rings is how many rings the transport has: the guests it can host.
+func (t *Transport) Rings() int { return len(t.rings) }
+
+// Host makes ring i's poller serve g beside the ring (see Guest) until
+// the transport closes, and returns the function that wakes that poller
+// when it sleeps; any goroutine may call it, and the guest calls it when
+// work comes from outside its doorbells (a queue attached from another
+// goroutine). A ring hosts one guest.
+func (t *Transport) Host(i int, g Guest) (wake func(), err error) {
+	if i < 0 || i >= len(t.rings) || g == nil {
+		return nil, fmt.Errorf("%w: Host(%d) of %d rings", ErrConfig, i, len(t.rings))
+	}
+	r := t.rings[i]
+	r.mu.Lock()
+	switch {
+	case r.closing:
+		r.mu.Unlock()
+		return nil, xfer.ErrClosed
+	case r.guest != nil:
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: ring %d hosts a guest already", ErrConfig, i)
+	}
+	r.guest = g
+	r.kicked = true // a poller about to sleep looks again
+	w := r.wakeLocked()
+	r.mu.Unlock()
+	if w {
+		r.wake()
+	}
+	if !t.futexWait {
+		t.log.Warn("uring: IORING_OP_FUTEX_WAIT missing: a sleeping ring looks at its guest's queues every millisecond instead of waking on their doorbells",
+			"ring", i)
+	}
+	return r.kick, nil
 }
 
 // Cancel asks the kernel to end the task early (IORING_OP_ASYNC_CANCEL). A

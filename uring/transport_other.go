@@ -52,3 +52,9 @@ func (f *File) Fixed() bool                        { return false }
 func (f *File) Acquire() bool                      { return false }
 func (f *File) Release()                           {}
 func (f *File) Close() error                       { return nil }
+
+// Rings is 0: there is no ring to host a guest.
+func (t *Transport) Rings() int { return 0 }
+
+// Host fails: io_uring is Linux only.
+func (t *Transport) Host(i int, g Guest) (func(), error) { return nil, ErrNotSupported }

@@ -212,7 +212,11 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 
 // prepare validates t.Req, resolves and references its segments and routes
 // it. On error nothing is held.
-func (e *Engine) prepare(t *Task, r Resolver) error {
+func (e *Engine) prepare(t *Task, r Resolver) error { return e.prepareWith(t, r, nil, nil) }
+
+// prepareWith is prepare, with the segments resolved by the caller (l and
+// tg, nil for none) when r is nil.
+func (e *Engine) prepareWith(t *Task, r Resolver, l, tg Segment) error {
 	q := &t.Req
 	if q.Op != OpRead && q.Op != OpWrite {
 		return ErrBadOp
@@ -220,12 +224,11 @@ func (e *Engine) prepare(t *Task, r Resolver) error {
 	if q.Length == 0 {
 		return ErrZeroLength
 	}
-	l, ok := r.Resolve(q.Local)
-	if !ok || l == nil {
-		return ErrNoSegment
+	if r != nil {
+		l, _ = r.Resolve(q.Local)
+		tg, _ = r.Resolve(q.Target)
 	}
-	tg, ok := r.Resolve(q.Target)
-	if !ok || tg == nil {
+	if l == nil || tg == nil {
 		return ErrNoSegment
 	}
 	if !inBounds(q.LocalOffset, q.Length, l.Size()) || !inBounds(q.TargetOffset, q.Length, tg.Size()) {

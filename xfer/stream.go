@@ -19,6 +19,13 @@ type StreamRequest struct {
 	// Notify is the notification a WRITE to a peer carries (nil: none).
 	// Submit copies it.
 	Notify []byte
+	// LocalSeg and TargetSeg are the segments Req.Local and Req.Target
+	// name, when the caller resolved them before Submit (both, or
+	// neither: nil asks the stream's Resolver, and a request that carries
+	// one only is refused ErrNoSegment). Submit acquires and holds them
+	// as it would what it resolves; the caller keeps no reference of its
+	// own for them.
+	LocalSeg, TargetSeg Segment
 }
 
 // StreamSink receives the end of every request a Stream accepted.
@@ -97,10 +104,11 @@ type streamSlot struct {
 var _ Completer = (*Stream)(nil)
 
 // NewStream opens a stream of up to capacity requests in flight at once,
-// resolving segments with r and reporting ends to sink. capacity must be
-// in 1..Config.MaxBatchCapacity.
+// resolving segments with r (nil when every request comes resolved:
+// StreamRequest.LocalSeg, TargetSeg) and reporting ends to sink. capacity
+// must be in 1..Config.MaxBatchCapacity.
 func (e *Engine) NewStream(capacity int, r Resolver, sink StreamSink) (*Stream, error) {
-	if capacity <= 0 || capacity > e.cfg.MaxBatchCapacity || r == nil || sink == nil {
+	if capacity <= 0 || capacity > e.cfg.MaxBatchCapacity || sink == nil {
 		return nil, ErrInvalid
 	}
 	if e.closed.Load() {
@@ -130,6 +138,14 @@ func (e *Engine) NewStream(capacity int, r Resolver, sink StreamSink) (*Stream, 
 // again. f runs on whatever goroutine freed the slot, without locks, and
 // must not block. Call it before the first Submit.
 func (s *Stream) OnFree(f func()) { s.onFree = f }
+
+// SetHome marks every task of the stream as submitted by reactor h (its
+// index plus one; see Task.Home). Call it before the first Submit.
+func (s *Stream) SetHome(h uint32) {
+	for i := range s.tasks {
+		s.tasks[i].Home = h
+	}
+}
 
 // Free is how many requests Submit can take now.
 func (s *Stream) Free() int {
@@ -182,7 +198,11 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 		t, sl := &s.tasks[idx], &s.slots[idx]
 		q := &reqs[i]
 		t.Req = q.Req
-		if err := s.e.prepare(t, s.r); err != nil {
+		r := s.r
+		if q.LocalSeg != nil || q.TargetSeg != nil {
+			r = nil
+		}
+		if err := s.e.prepareWith(t, r, q.LocalSeg, q.TargetSeg); err != nil {
 			results[i] = err
 			s.recycle(idx)
 			continue

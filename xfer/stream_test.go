@@ -518,3 +518,34 @@ func TestStreamSecondDone(t *testing.T) {
 	}
 	xfertest.CheckRefs(t, f.a, f.b)
 }
+
+// TestStreamResolvedRequests: a stream without a resolver takes requests
+// whose caller resolved both segments, acquires and releases them as it
+// does what it resolves, and refuses one that carries one side only, or
+// none (ErrNoSegment).
+func TestStreamResolvedRequests(t *testing.T) {
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(syncTr()))
+	sink := newRecSink(t)
+	s, err := f.e.NewStream(8, nil, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := f.streamReqs(4, 0, time.Time{})
+	for i := range reqs[:2] {
+		reqs[i].LocalSeg, reqs[i].TargetSeg = f.a, f.b
+	}
+	reqs[2].LocalSeg = f.a // one side only
+	res := make([]error, len(reqs))
+	if n, err := s.Submit(reqs, res); n != 4 || err != nil {
+		t.Fatalf("took %d, %v", n, err)
+	}
+	if res[0] != nil || res[1] != nil || !errors.Is(res[2], xfer.ErrNoSegment) || !errors.Is(res[3], xfer.ErrNoSegment) {
+		t.Fatalf("results %v, want nil, nil, ErrNoSegment, ErrNoSegment", res)
+	}
+	if sink.count() != 2 {
+		t.Fatalf("%d ends, want the 2 accepted", sink.count())
+	}
+	s.Close(nil)
+	waitIdle(t, s)
+	xfertest.CheckRefs(t, f.a, f.b)
+}

@@ -196,6 +196,13 @@ type Task struct {
 	// the task holds (uring's package doc). The tcp and rdma transports
 	// keep per-task state in their own tables and leave it alone.
 	Tag uint64
+	// Home names the reactor whose thread submits the task (its index
+	// plus one), 0 when no reactor does: a stream served by a reactor sets
+	// it on every task (Stream.SetHome). A transport with a ring per
+	// reactor puts the task on that reactor's ring, which the submitting
+	// thread itself drives, so it never waits there for room the same
+	// thread would have to make. The engine never changes it.
+	Home uint32
 	// Deadline is when the engine ends the task in StateTimeout if it is
 	// still live. The engine always sets it (the call's deadline, or now +
 	// Config.DefaultTimeout); it is zero only for a task driven without an

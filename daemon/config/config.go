@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/tensorcast/tensorcast/reactor"
 )
 
 // Config is everything tensorcastd reads at start-up. Precedence, lowest
@@ -36,6 +38,10 @@ type Config struct {
 	DataDir string `toml:"data_dir"`
 	// PoolSize is the DRAM pool size in bytes ("256MiB", "2GiB", "1g").
 	PoolSize Size `toml:"pool_size"`
+	// DataWorkers is how many reactor workers serve the clients' queues,
+	// each on its own thread with its own io_uring ring; 0 (the default)
+	// is one per CPU the daemon may run on.
+	DataWorkers int `toml:"data_workers"`
 	// Hugepages is auto (try, fall back and say so), on (fail without), off.
 	Hugepages string `toml:"hugepages"`
 	// MaxFrame bounds one control frame.
@@ -179,6 +185,8 @@ func (c *Config) Validate() error {
 		return badValue("hugepages", c.Hugepages, "must be auto, on or off")
 	case c.MaxFrame < minFrame || c.MaxFrame > maxFrame:
 		return badValue("max_frame", c.MaxFrame.String(), fmt.Sprintf("must be between %s and %s", Size(minFrame), Size(maxFrame)))
+	case c.DataWorkers < 0 || c.DataWorkers > reactor.MaxWorkers:
+		return badValue("data_workers", strconv.Itoa(c.DataWorkers), fmt.Sprintf("must be 0 (one per CPU) or 1..%d", reactor.MaxWorkers))
 	case c.MaxConns < 1 || c.MaxConns > maxConns:
 		return badValue("max_conns", strconv.Itoa(c.MaxConns), fmt.Sprintf("must be between 1 and %d", maxConns))
 	case c.MaxBufferSize < 4096:
@@ -332,6 +340,11 @@ func settings() []setting {
 		{"socket_mode", "TENSORCAST_SOCKET_MODE", "control socket mode (octal)", func(c *Config, s string) error { return c.SocketMode.UnmarshalText([]byte(s)) }},
 		{"data_dir", "TENSORCAST_DATA_DIR", "state directory", str(func(c *Config) *string { return &c.DataDir })},
 		{"pool_size", "TENSORCAST_POOL_SIZE", "DRAM pool size (e.g. 256MiB, 4GiB)", func(c *Config, s string) error { return c.PoolSize.UnmarshalText([]byte(s)) }},
+		{"data_workers", "TENSORCAST_DATA_WORKERS", "reactor workers serving the queues, each with its io_uring ring (0: one per CPU)", func(c *Config, s string) error {
+			n, err := strconv.Atoi(s)
+			c.DataWorkers = n
+			return err
+		}},
 		{"hugepages", "TENSORCAST_HUGEPAGES", "hugepages for the pool: auto, on, off", str(func(c *Config) *string { return &c.Hugepages })},
 		{"max_frame", "TENSORCAST_MAX_FRAME", "largest control frame", func(c *Config, s string) error { return c.MaxFrame.UnmarshalText([]byte(s)) }},
 		{"max_conns", "TENSORCAST_MAX_CONNS", "most client connections", func(c *Config, s string) error {

@@ -1,0 +1,48 @@
+// Package reactor serves the daemon's client queues with a small fixed set
+// of workers, each a goroutine locked to its OS thread that owns the
+// queues assigned to it for their life and, on Linux with io_uring, the
+// ring it sleeps and does its file I/O in.
+//
+// A worker's one loop takes each queue's SQEs, checks them and submits
+// them to the transfer engine (Queue.Serve); what a transport of the
+// worker's ring completes comes back on the same thread, which posts the
+// CQE. A request to a file thus goes client → worker → kernel → worker →
+// client, and crosses no other goroutine.
+//
+// # Hosting
+//
+// With the io_uring transport, worker i is the guest of ring i
+// (uring.Transport.Host): the ring's poller is the worker's thread. Its
+// pass serves the worker's queues first, then submits what they queued on
+// the ring and reaps the ring's completions. Without io_uring (another
+// system, a kernel without it), each worker runs its own locked goroutine
+// with the same passes, and sleeps in futex_waitv(2) instead.
+//
+// # One sleep
+//
+// An idle worker sleeps in one wait that any of its sources ends: the
+// doorbell of each queue it serves (the queue's futex word, armed as an
+// IORING_OP_FUTEX_WAIT on the ring, or among the words of futex_waitv),
+// its ring's completions, and its own wake-up (a queue attached or
+// detached, the pool stopping: the ring's eventfd, or the worker's own
+// futex word). Before it sleeps it asks every queue for its doorbell
+// (Queue.Doorbell), which sets the queue's NEED_WAKEUP flag and re-checks,
+// as queue/doc.go says: a client that submits after the check sees the
+// flag, changes the word and wakes the wait; one that submitted before is
+// seen by the check, and the worker does not sleep.
+//
+// # Assignment
+//
+// Attach gives a new queue to the worker serving the fewest; a queue stays
+// on that worker until Detach. Detach returns once the worker no longer
+// touches the queue (the caller then owns what the queue's worker side
+// held), at once if the worker has stopped.
+//
+// # Goroutines and stop order
+//
+// A hosted worker has no goroutine of its own: its ring's poller serves it
+// until the transport closes (Guest.Stop). An own-thread worker's
+// goroutine is started by New and stopped by Close: mark stopped, wake,
+// wait for the goroutine. A stopped worker serves nothing: queues still
+// attached are left to their owners, whose Detach then returns at once.
+package reactor

@@ -1,0 +1,9 @@
+package reactor
+
+import (
+	"testing"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m) }

@@ -1,0 +1,267 @@
+//go:build linux
+
+package reactor
+
+import (
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
+	"github.com/tensorcast/tensorcast/internal/testutil"
+	"github.com/tensorcast/tensorcast/queue"
+	"github.com/tensorcast/tensorcast/queue/queuetest"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/uring"
+)
+
+// echo is a queue a worker serves by answering every entry at once
+// (Result = Length), as a queue of no-ops does.
+type echo struct {
+	d    *queue.DaemonRing
+	sqes [32]queue.SQE
+}
+
+func (e *echo) Serve() bool {
+	n := e.d.Take(e.sqes[:])
+	if n == 0 {
+		return false
+	}
+	e.d.Publish()
+	for i := range e.sqes[:n] {
+		e.d.Post(&queue.CQE{UserData: e.sqes[i].UserData, Result: e.sqes[i].Length, State: 3})
+	}
+	return true
+}
+
+func (e *echo) Doorbell() (*atomic.Uint32, uint32, bool) { return e.d.Doorbell() }
+func (e *echo) Awake()                                   { e.d.Awake() }
+
+// newQueue makes a queue of sq entries and returns its daemon side (as an
+// echo), its client side, and the client's raw mapping (for a hostile
+// client's writes).
+func newQueue(t testing.TB, id uint64, sq uint32) (*echo, *queue.ClientRing, []byte) {
+	t.Helper()
+	g, err := queue.NewGeometry(sq, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, fd, err := queue.Create(id, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	c, err := queue.Map(fd, g.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := shm.MapShared(fd, g.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Unmap()
+		shm.Unmap(raw)
+		d.Release()
+	})
+	return &echo{d: d}, c, raw
+}
+
+// pools runs f with a pool of workers on their own threads, and with one
+// hosted on io_uring rings.
+func pools(t *testing.T, workers int, f func(t *testing.T, p *Pool)) {
+	t.Run("threads", func(t *testing.T) {
+		p, err := New(Config{Workers: workers}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		f(t, p)
+	})
+	t.Run("uring", func(t *testing.T) {
+		tr, err := uring.New(uring.Config{Rings: workers, AllowedDirs: []string{t.TempDir()}}, nil)
+		testutil.RequireSupported(t, testutil.IOUring, err)
+		defer tr.Close()
+		p, err := New(Config{Workers: workers}, tr, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		f(t, p)
+	})
+}
+
+// TestLostWakeupManyQueues: four queues on one worker, each with a
+// client submitting and waiting at random, the worker sleeping in one wait
+// on all their doorbells (and its ring): no wake-up is lost.
+func TestLostWakeupManyQueues(t *testing.T) {
+	total := 1 << 16
+	if invariants.RaceEnabled || testing.Short() {
+		total = 1 << 13
+	}
+	pools(t, 1, func(t *testing.T, p *Pool) {
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		for i := 0; i < 4; i++ {
+			e, c, _ := newQueue(t, uint64(i+1), 64)
+			w := p.Pick()
+			if err := p.Attach(w, e); err != nil {
+				t.Fatal(err)
+			}
+			defer p.Detach(w, e)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- queuetest.RoundTrips(c, uint64(i), total, 24)
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if st := p.Stats(); st[0].Queues != 4 || st[0].Sleeps == 0 {
+			t.Errorf("worker stats %+v: want 4 queues and some sleeps", st[0])
+		}
+	})
+}
+
+// TestHostileNeighbour: a client that keeps changing its queue's wake
+// word without ringing, and scribbles its flags, shares a worker with a
+// well-behaved one, whose round trips still complete without stalls.
+func TestHostileNeighbour(t *testing.T) {
+	pools(t, 1, func(t *testing.T, p *Pool) {
+		bad, _, raw := newQueue(t, 1, 8)
+		good, c, _ := newQueue(t, 2, 64)
+		for _, q := range []Queue{bad, good} {
+			w := p.Pick()
+			if err := p.Attach(w, q); err != nil {
+				t.Fatal(err)
+			}
+			defer p.Detach(w, q)
+		}
+		var stop atomic.Bool
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			wake := (*atomic.Uint32)(unsafe.Pointer(&raw[0x0c4]))
+			flags := (*atomic.Uint32)(unsafe.Pointer(&raw[0x0c0]))
+			for i := uint32(0); !stop.Load(); i++ {
+				wake.Add(1)
+				flags.Store(i)
+				if i%64 == 0 {
+					runtime.Gosched()
+				}
+			}
+		}()
+		defer func() { stop.Store(true); <-done }()
+		var cqes [1]queue.CQE
+		for i := 0; i < 2000; i++ {
+			if ok, err := c.Stage(&queue.SQE{Op: queue.OpNop, UserData: uint64(i)}, nil); !ok || err != nil {
+				t.Fatalf("stage: %v %v", ok, err)
+			}
+			c.Submit()
+			if err := c.Wait(1, 5*time.Second); err != nil {
+				t.Fatalf("round trip %d beside a hostile queue: %v", i, err)
+			}
+			c.Reap(cqes[:])
+		}
+	})
+}
+
+// TestAttachBalances: queues go to the worker serving the fewest, and
+// Detach gives the slot back.
+func TestAttachBalances(t *testing.T) {
+	p, err := New(Config{Workers: 3}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var got []int
+	var qs []*echo
+	for i := 0; i < 6; i++ {
+		e, _, _ := newQueue(t, uint64(i+1), 8)
+		w := p.Pick()
+		if err := p.Attach(w, e); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, w)
+		qs = append(qs, e)
+	}
+	count := map[int]int{}
+	for _, w := range got {
+		count[w]++
+	}
+	if len(count) != 3 || count[0] != 2 || count[1] != 2 || count[2] != 2 {
+		t.Fatalf("6 queues on 3 workers went %v", got)
+	}
+	p.Detach(got[0], qs[0])
+	if w := p.Pick(); w != got[0] {
+		t.Errorf("after a detach from worker %d, the next queue went to %d", got[0], w)
+	}
+	p.unload(got[0])
+	for i := 1; i < len(qs); i++ {
+		p.Detach(got[i], qs[i])
+	}
+	if st := p.Stats(); st[0].Queues+st[1].Queues+st[2].Queues != 0 {
+		t.Errorf("queues left after every detach: %+v", st)
+	}
+}
+
+// TestStopped: a stopped pool takes no queue (ErrStopped), and a Detach
+// of a queue it served returns at once.
+func TestStopped(t *testing.T) {
+	p, err := New(Config{Workers: 1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, _, _ := newQueue(t, 1, 8)
+	if err := p.Attach(p.Pick(), e); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	detached := make(chan struct{})
+	go func() { p.Detach(0, e); close(detached) }()
+	select {
+	case <-detached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Detach from a stopped worker waits")
+	}
+	e2, _, _ := newQueue(t, 2, 8)
+	if err := p.Attach(p.Pick(), e2); !errors.Is(err, ErrStopped) {
+		t.Fatalf("attach to a stopped pool: %v", err)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	for _, tc := range []struct {
+		workers int
+		ok      bool
+	}{{0, true}, {1, true}, {MaxWorkers, true}, {-1, false}, {MaxWorkers + 1, false}} {
+		err := Config{Workers: tc.workers}.Validate()
+		if (err == nil) != tc.ok || err != nil && !errors.Is(err, ErrConfig) {
+			t.Errorf("workers %d: %v", tc.workers, err)
+		}
+	}
+	if n := (Config{}).WorkersFor(); n != runtime.NumCPU() {
+		t.Errorf("default workers %d, want %d", n, runtime.NumCPU())
+	}
+	if _, err := New(Config{Workers: 2}, fakeHost(3), nil); !errors.Is(err, ErrConfig) {
+		t.Errorf("2 workers on 3 rings: %v", err)
+	}
+}
+
+type fakeHost int
+
+func (h fakeHost) Rings() int { return int(h) }
+func (h fakeHost) Host(int, uring.Guest) (func(), error) {
+	return nil, errors.New("not hosted")
+}

@@ -1,0 +1,94 @@
+package reactor
+
+import (
+	"runtime"
+	"sync/atomic"
+	"time"
+)
+
+// thread is an own-thread worker's goroutine and its sleep: futex_waitv(2)
+// on the doorbells its queues armed and on the worker's own wake word.
+type thread struct {
+	word atomic.Uint32 // the worker's wake word: kick changes it
+	stop atomic.Bool
+	done chan struct{}
+
+	// Owned by the goroutine: this sleep's waits (Waits).
+	waits  []waitv
+	tokens []uint32
+	soon   bool
+}
+
+// maxWaits is how many words one futex_waitv takes (the kernel's
+// FUTEX_WAITV_MAX), the worker's own word included.
+const maxWaits = 128
+
+// threadPoll bounds a sleep that could not arm every wait.
+const threadPoll = time.Millisecond
+
+func (w *Worker) startThread() error {
+	t := &thread{done: make(chan struct{}), waits: make([]waitv, 0, maxWaits), tokens: make([]uint32, 0, maxWaits)}
+	w.thread = t
+	w.wake = t.kick
+	go w.runThread()
+	return nil
+}
+
+// kick wakes the goroutine if it sleeps (any goroutine may call it).
+func (t *thread) kick() {
+	t.word.Add(1)
+	futexWake(&t.word)
+}
+
+// runThread is the worker's loop on its own locked thread: serve, and
+// when a pass did nothing, sleep in one wait on every doorbell.
+func (w *Worker) runThread() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	t := w.thread
+	defer close(t.done)
+	for !t.stop.Load() {
+		tok := t.word.Load() // before the pass: a kick after it ends the wait at once
+		if w.Serve() {
+			continue
+		}
+		t.waits, t.tokens, t.soon = t.waits[:0], t.tokens[:0], false
+		t.waits = append(t.waits, waitvOf(&t.word, tok))
+		if !w.Sleep(t) {
+			continue
+		}
+		timeout := time.Duration(-1)
+		if t.soon {
+			timeout = threadPoll
+		}
+		if !t.stop.Load() {
+			waitAny(t.waits, timeout)
+		}
+		w.Awake()
+		// Nothing stays armed across this thread's sleeps.
+		for _, tk := range t.tokens {
+			w.Fired(tk)
+		}
+	}
+	w.Stop()
+}
+
+// FutexWait implements uring.Waits for the thread's next sleep.
+func (t *thread) FutexWait(word *atomic.Uint32, v uint32, token uint32) {
+	t.tokens = append(t.tokens, token)
+	if len(t.waits) == maxWaits {
+		t.soon = true
+		return
+	}
+	t.waits = append(t.waits, waitvOf(word, v))
+}
+
+// Soon implements uring.Waits.
+func (t *thread) Soon() { t.soon = true }
+
+func (w *Worker) stopThread() {
+	t := w.thread
+	t.stop.Store(true)
+	t.kick()
+	<-t.done
+}
