@@ -37,7 +37,9 @@ func mutating(k wire.RequestKind) bool {
 		tcproto.RequestBodyOpenQueueRequest, tcproto.RequestBodyCloseQueueRequest,
 		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStoreRemoveRequest, tcproto.RequestBodyStorePinRequest,
 		tcproto.RequestBodyStoreUnpinRequest, tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest,
-		tcproto.RequestBodyStoreAbortRequest:
+		tcproto.RequestBodyStoreAbortRequest,
+		tcproto.RequestBodyHandleIssueRequest, tcproto.RequestBodyHandleRenewRequest, tcproto.RequestBodyHandleReleaseRequest,
+		tcproto.RequestBodyLeaseCreateRequest, tcproto.RequestBodyLeaseReleaseRequest, tcproto.RequestBodyModeRequest:
 		return true
 	}
 	return false

@@ -28,6 +28,7 @@ func (d *Daemon) newMetrics() error {
 		{"peers", d.collectPeers},
 		{"kernel", d.collectKernel},
 		{"store", d.collectStore},
+		{"grants", d.collectGrants},
 		{"directory", d.collectDirectory},
 	} {
 		if err := d.metrics.Register(s.name, s.src); err != nil {

@@ -1,0 +1,112 @@
+package session
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
+	"github.com/tensorcast/tensorcast/wire"
+)
+
+// Retention handles and placement leases on the socket. They belong to the
+// tenant's store, not to the connection: a handle outlives the connection
+// that asked for it (its token is the capability; whoever holds it renews
+// or releases it), a lease is joined by operation id from any connection,
+// and both end by themselves at their expiry.
+
+// Every token fits a message.
+const _ = uint(wire.MaxHandleToken - grant.MaxTokenLen)
+
+// SetGrants makes the handles and leases of the session's tenant (nil:
+// none, and their calls answer UNAVAILABLE). It is called once, with
+// SetTenant, before the first handler.
+func (c *Session) SetGrants(g *grant.Grants) { c.grants = g }
+
+func (c *Session) grantsOf() (*grant.Grants, error) {
+	switch {
+	case c.pool == nil:
+		return nil, errNoPool
+	case c.grants == nil:
+		return nil, fmt.Errorf("%w: this daemon grants no handles or leases (no store)", ErrUnavailable)
+	}
+	return c.grants, nil
+}
+
+func unixMS(t time.Time) uint64 { return uint64(t.UnixMilli()) }
+
+func ttlOf(ms uint32) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+// HandleIssue issues a retention handle on the request's keys.
+func (c *Session) HandleIssue(m *wire.HandleIssueRequest, r *wire.Response) error {
+	g, err := c.grantsOf()
+	if err != nil {
+		return err
+	}
+	h, err := g.Handles.Issue(m.Keys, ttlOf(m.TTLMS))
+	if err != nil {
+		return err
+	}
+	c.log.Info("retention handle issued to a client", "handle", h.ID, "keys", h.Keys, "first_key", string(m.Keys[0]),
+		"expiry", h.Expiry)
+	a := wire.SetResponse[wire.HandleIssueResponse](r)
+	a.Token, a.HandleID, a.ExpiryUnixMS = h.Token, h.ID, unixMS(h.Expiry)
+	return nil
+}
+
+// HandleRenew renews a retention handle at its issuer.
+func (c *Session) HandleRenew(m *wire.HandleRenewRequest, r *wire.Response) error {
+	g, err := c.grantsOf()
+	if err != nil {
+		return err
+	}
+	h, err := g.Handles.Renew(m.Token, ttlOf(m.TTLMS))
+	if err != nil {
+		return err
+	}
+	a := wire.SetResponse[wire.HandleRenewResponse](r)
+	a.Token, a.ExpiryUnixMS = h.Token, unixMS(h.Expiry)
+	return nil
+}
+
+// HandleRelease releases a retention handle at its issuer.
+func (c *Session) HandleRelease(m *wire.HandleReleaseRequest, r *wire.Response) error {
+	g, err := c.grantsOf()
+	if err != nil {
+		return err
+	}
+	if err := g.Handles.Release(m.Token); err != nil {
+		return err
+	}
+	wire.SetResponse[wire.HandleReleaseResponse](r)
+	return nil
+}
+
+// LeaseCreate creates (or joins) a placement lease.
+func (c *Session) LeaseCreate(m *wire.LeaseCreateRequest, r *wire.Response) error {
+	g, err := c.grantsOf()
+	if err != nil {
+		return err
+	}
+	l, err := g.Leases.Create(string(m.OpID), m.Keys, ttlOf(m.TTLMS))
+	if err != nil {
+		return err
+	}
+	c.log.Info("placement lease for a client", "op", string(m.OpID), "keys", l.Keys, "first_key", string(m.Keys[0]),
+		"joined", l.Joined, "expiry", l.Expiry)
+	a := wire.SetResponse[wire.LeaseCreateResponse](r)
+	a.ExpiryUnixMS, a.Joined = unixMS(l.Expiry), l.Joined
+	return nil
+}
+
+// LeaseRelease releases a placement lease.
+func (c *Session) LeaseRelease(m *wire.LeaseReleaseRequest, r *wire.Response) error {
+	g, err := c.grantsOf()
+	if err != nil {
+		return err
+	}
+	if err := g.Leases.Release(string(m.OpID)); err != nil {
+		return err
+	}
+	wire.SetResponse[wire.LeaseReleaseResponse](r)
+	return nil
+}
