@@ -16,12 +16,14 @@ import (
 const handleKeyLabel = "tensorcast retention handle v1"
 
 // openGrants makes each store's retention handles and placement leases
-// (this daemon their issuer, pinning in the store) and the daemon's
-// admission for remote work in store_mode. With a peer plane, tokens are
-// signed with a key derived from the cluster key and carry the plane's
-// epoch, so every daemon of the cluster verifies them; without one, with
-// a key and an epoch of this run only. It runs after the stores and the
-// peer plane.
+// (this daemon their issuer, pinning in the store; a handle's scope is its
+// tenant) and the daemon's admission for remote work in store_mode. With a
+// peer plane, tokens are signed with a key derived from the cluster key
+// and carry the plane's epoch, so every daemon of the cluster verifies
+// them; renewals and releases of other daemons' handles go to their
+// issuer over the peer channel, and this daemon serves those of its own.
+// Without one, tokens are signed with a key and an epoch of this run only.
+// It runs after the stores and the peer plane.
 func (d *Daemon) openGrants() error {
 	c := &d.cfg.StoreConfig
 	mode, err := grant.ParseMode(c.StoreMode)
@@ -38,13 +40,16 @@ func (d *Daemon) openGrants() error {
 		key     []byte
 		epoch   uint64
 		members grant.Members
+		router  grant.Router
 	)
 	if d.peers != nil {
 		if key, err = tcp.ClusterSubkey(d.cfg.ClusterKeyFile, handleKeyLabel); err != nil {
 			return err
 		}
-		epoch = d.peers.Node().Epoch()
-		members = grant.DirectoryMembers{Dir: d.peers.Node().Directory()}
+		node := d.peers.Node()
+		epoch = node.Epoch()
+		members = grant.DirectoryMembers{Dir: node.Directory()}
+		router = grant.PeerRouter{Exchange: node.ExchangeAt}
 	} else {
 		key = make([]byte, 32)
 		var b [8]byte
@@ -57,7 +62,8 @@ func (d *Daemon) openGrants() error {
 	for i, st := range d.stores {
 		log := d.log.With("component", "grant", "tenant", d.names[i])
 		h, err := grant.NewHandles(grant.HandlesConfig{
-			DaemonID: d.cfg.DaemonID, Epoch: epoch, Key: key, Pinner: grant.StorePinner{Store: st}, Members: members,
+			DaemonID: d.cfg.DaemonID, Epoch: epoch, Scope: d.names[i], Key: key, Pinner: grant.StorePinner{Store: st},
+			Members: members, Router: router,
 			MaxKeys: c.StoreMaxKeysPerCall, MaxTTL: time.Duration(c.StoreMaxLeaseTTL), Log: log,
 		})
 		if err != nil {
@@ -70,6 +76,21 @@ func (d *Daemon) openGrants() error {
 			return err
 		}
 		d.grants = append(d.grants, &grant.Grants{Handles: h, Leases: l})
+	}
+	if d.peers != nil {
+		// Other daemons' renewals and releases of this daemon's handles,
+		// answered from the handles of the tenant the token names.
+		byScope := func(scope string) *grant.Handles {
+			for i, n := range d.names {
+				if n == scope && i < len(d.grants) {
+					return d.grants[i].Handles
+				}
+			}
+			return nil
+		}
+		if err := d.peers.Node().Handle(grant.ExchangeKind, grant.ServeHandles(byScope)); err != nil {
+			return err
+		}
 	}
 	d.log.Info("retention handles and placement leases on", "issuer", d.cfg.DaemonID, "epoch", fmt.Sprintf("%#x", epoch),
 		"cluster_signed", d.peers != nil, "mode", mode.String())

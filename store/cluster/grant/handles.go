@@ -38,6 +38,10 @@ type HandlesConfig struct {
 	// issuer a token names.
 	DaemonID string
 	Epoch    uint64
+	// Scope names the store the handles pin in (the tenant; at most 64
+	// bytes): tokens of another scope are refused, so one tenant's token
+	// never renews, releases or proves another's handle.
+	Scope string
 	// Key signs and checks tokens: derived from the cluster key, so every
 	// daemon of the cluster checks every other's tokens. At least 16
 	// bytes.
@@ -76,8 +80,8 @@ type Members interface {
 // the issuer, say) or xfer.ErrUnavailable when the issuer cannot be
 // reached.
 type Router interface {
-	Renew(issuer string, token []byte, ttl time.Duration) (Handle, error)
-	Release(issuer string, token []byte) error
+	Renew(t Token, token []byte, ttl time.Duration) (Handle, error)
+	Release(t Token, token []byte) error
 }
 
 // Handle is an issued (or renewed) handle: its token and what it says.
@@ -112,6 +116,8 @@ func NewHandles(cfg HandlesConfig) (*Handles, error) {
 	switch {
 	case cfg.DaemonID == "" || len(cfg.DaemonID) > maxIssuerLen:
 		return nil, fmt.Errorf("%w: daemon id %q (1..%d bytes)", ErrInvalid, cfg.DaemonID, maxIssuerLen)
+	case len(cfg.Scope) > maxScopeLen:
+		return nil, fmt.Errorf("%w: scope of %d bytes (at most %d)", ErrInvalid, len(cfg.Scope), maxScopeLen)
 	case len(cfg.Key) < 16:
 		return nil, fmt.Errorf("%w: a token key of %d bytes (at least 16)", ErrInvalid, len(cfg.Key))
 	case cfg.Pinner == nil:
@@ -194,7 +200,7 @@ func (h *Handles) Issue(keys [][]byte, ttl time.Duration) (Handle, error) {
 
 // token signs hd's token. h.mu is held.
 func (h *Handles) token(id uint64, hd *handle) Handle {
-	t := Token{Issuer: h.cfg.DaemonID, Epoch: h.cfg.Epoch, ID: id, Expiry: hd.expiry, Keys: uint32(hd.nkeys), Digest: hd.digest}
+	t := Token{Issuer: h.cfg.DaemonID, Scope: h.cfg.Scope, Epoch: h.cfg.Epoch, ID: id, Expiry: hd.expiry, Keys: uint32(hd.nkeys), Digest: hd.digest}
 	return Handle{Token: t.sign(h.cfg.Key), ID: id, Expiry: hd.expiry, Keys: hd.nkeys}
 }
 
@@ -214,8 +220,17 @@ func (h *Handles) Verify(token []byte, keys [][]byte) (Token, error) {
 	return t, err
 }
 
-func (h *Handles) verify(token []byte, keys [][]byte) (Token, error) {
+// open decodes and authenticates token and checks its scope.
+func (h *Handles) open(token []byte) (Token, error) {
 	t, err := openToken(token, h.cfg.Key)
+	if err == nil && t.Scope != h.cfg.Scope {
+		err = fmt.Errorf("%w: a token of scope %q, this is %q", ErrForged, t.Scope, h.cfg.Scope)
+	}
+	return t, err
+}
+
+func (h *Handles) verify(token []byte, keys [][]byte) (Token, error) {
+	t, err := h.open(token)
 	if err != nil {
 		return t, err
 	}
@@ -278,11 +293,20 @@ func (h *Handles) Renew(token []byte, ttl time.Duration) (Handle, error) {
 	if err != nil {
 		return Handle{}, err
 	}
+	if t.Issuer != h.cfg.DaemonID && h.cfg.Router != nil {
+		return h.cfg.Router.Renew(t, token, ttl)
+	}
+	return h.renewOwn(t, ttl)
+}
+
+// renewOwn renews a handle of this issuer: a token of another is
+// ErrNotIssuer (a routed renewal is never routed on).
+func (h *Handles) renewOwn(t Token, ttl time.Duration) (Handle, error) {
 	if t.Issuer != h.cfg.DaemonID {
-		if h.cfg.Router == nil {
-			return Handle{}, fmt.Errorf("%w: %q issued handle %d", ErrNotIssuer, t.Issuer, t.ID)
-		}
-		return h.cfg.Router.Renew(t.Issuer, token, ttl)
+		return Handle{}, fmt.Errorf("%w: %q issued handle %d", ErrNotIssuer, t.Issuer, t.ID)
+	}
+	if err := h.checkTTL(ttl); err != nil {
+		return Handle{}, err
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -310,11 +334,17 @@ func (h *Handles) Release(token []byte) error {
 	if err != nil {
 		return err
 	}
+	if t.Issuer != h.cfg.DaemonID && h.cfg.Router != nil {
+		return h.cfg.Router.Release(t, token)
+	}
+	return h.releaseOwn(t)
+}
+
+// releaseOwn releases a handle of this issuer: a token of another is
+// ErrNotIssuer (a routed release is never routed on).
+func (h *Handles) releaseOwn(t Token) error {
 	if t.Issuer != h.cfg.DaemonID {
-		if h.cfg.Router == nil {
-			return fmt.Errorf("%w: %q issued handle %d", ErrNotIssuer, t.Issuer, t.ID)
-		}
-		return h.cfg.Router.Release(t.Issuer, token)
+		return fmt.Errorf("%w: %q issued handle %d", ErrNotIssuer, t.Issuer, t.ID)
 	}
 	h.mu.Lock()
 	if h.closed {
@@ -335,9 +365,10 @@ func (h *Handles) Release(token []byte) error {
 	return nil
 }
 
-// opened decodes and authenticates token, counting a refusal.
+// opened decodes and authenticates token, and checks its scope, counting
+// a refusal.
 func (h *Handles) opened(token []byte) (Token, error) {
-	t, err := openToken(token, h.cfg.Key)
+	t, err := h.open(token)
 	if err != nil {
 		h.mu.Lock()
 		h.stats.Refused++

@@ -293,3 +293,27 @@ func TestHandlesClose(t *testing.T) {
 	}
 	clk.Advance(time.Hour) // no timer left to release twice
 }
+
+// A token is good only in its scope (its tenant's store): another scope of
+// the same daemon refuses it for everything.
+func TestHandleScope(t *testing.T) {
+	clk := newClock()
+	a := newIssuer(t, "d", 7, clk, newCountPinner(), func(c *HandlesConfig) { c.Scope = "tenant-a" })
+	b := newIssuer(t, "d", 7, clk, newCountPinner(), func(c *HandlesConfig) { c.Scope = "tenant-b" })
+	hd, err := a.Issue(keys("k"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := a.Verify(hd.Token, nil); err != nil || tok.Scope != "tenant-a" {
+		t.Fatalf("in its scope: %+v, %v", tok, err)
+	}
+	if _, err := b.Verify(hd.Token, nil); !errors.Is(err, ErrForged) {
+		t.Fatalf("verify in another scope: %v, want ErrForged", err)
+	}
+	if _, err := b.Renew(hd.Token, time.Minute); !errors.Is(err, ErrForged) {
+		t.Fatalf("renew in another scope: %v, want ErrForged", err)
+	}
+	if err := b.Release(hd.Token); !errors.Is(err, ErrForged) {
+		t.Fatalf("release in another scope: %v, want ErrForged", err)
+	}
+}

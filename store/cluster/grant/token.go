@@ -15,6 +15,7 @@ import (
 //
 //	u8  version (1)
 //	u8  issuer length, issuer daemon id
+//	u8  scope length, scope (the issuer's store: its tenant)
 //	u64 issuer epoch
 //	u64 handle id (unique within the issuer's epoch)
 //	i64 expiry, unix nanoseconds
@@ -28,13 +29,18 @@ const (
 	digestLen    = sha256.Size
 	macLen       = sha256.Size
 	maxIssuerLen = 64
+	maxScopeLen  = 64
+	fixedLen     = 8 + 8 + 8 + 4 + digestLen // epoch, id, expiry, keys, digest
 	// MaxTokenLen is the longest token there is.
-	MaxTokenLen = 2 + maxIssuerLen + 8 + 8 + 8 + 4 + digestLen + macLen
+	MaxTokenLen = 3 + maxIssuerLen + maxScopeLen + fixedLen + macLen
 )
 
 // Token is what a retention handle's token says.
 type Token struct {
 	Issuer string
+	// Scope is the store the handle is of at its issuer (the tenant): a
+	// token is good only where the scope is the same.
+	Scope  string
 	Epoch  uint64
 	ID     uint64
 	Expiry time.Time
@@ -61,6 +67,8 @@ func (t *Token) sign(key []byte) []byte {
 	b := make([]byte, 0, MaxTokenLen)
 	b = append(b, tokenVersion, byte(len(t.Issuer)))
 	b = append(b, t.Issuer...)
+	b = append(b, byte(len(t.Scope)))
+	b = append(b, t.Scope...)
 	b = binary.LittleEndian.AppendUint64(b, t.Epoch)
 	b = binary.LittleEndian.AppendUint64(b, t.ID)
 	b = binary.LittleEndian.AppendUint64(b, uint64(t.Expiry.UnixNano()))
@@ -79,8 +87,12 @@ func openToken(b, key []byte) (Token, error) {
 		return t, fmt.Errorf("%w: %d bytes", ErrForged, len(b))
 	}
 	il := int(b[1])
-	if il == 0 || il > maxIssuerLen || len(b) != 2+il+28+digestLen+macLen {
+	if il == 0 || il > maxIssuerLen || len(b) < 3+il {
 		return t, fmt.Errorf("%w: %d bytes with an issuer of %d", ErrForged, len(b), il)
+	}
+	sl := int(b[2+il])
+	if sl > maxScopeLen || len(b) != 3+il+sl+fixedLen+macLen {
+		return t, fmt.Errorf("%w: %d bytes with an issuer of %d and a scope of %d", ErrForged, len(b), il, sl)
 	}
 	body := b[:len(b)-macLen]
 	m := hmac.New(sha256.New, key)
@@ -89,7 +101,8 @@ func openToken(b, key []byte) (Token, error) {
 		return t, fmt.Errorf("%w: signature", ErrForged)
 	}
 	t.Issuer = string(b[2 : 2+il])
-	r := b[2+il:]
+	t.Scope = string(b[3+il : 3+il+sl])
+	r := b[3+il+sl:]
 	t.Epoch = binary.LittleEndian.Uint64(r)
 	t.ID = binary.LittleEndian.Uint64(r[8:])
 	t.Expiry = time.Unix(0, int64(binary.LittleEndian.Uint64(r[16:])))

@@ -88,18 +88,18 @@ func (m members) Epoch(id string) (uint64, bool) {
 // peer plane does; down issuers answer UNAVAILABLE.
 type routeTo map[string]*Handles
 
-func (r routeTo) Renew(issuer string, token []byte, ttl time.Duration) (Handle, error) {
-	h, ok := r[issuer]
+func (r routeTo) Renew(t Token, token []byte, ttl time.Duration) (Handle, error) {
+	h, ok := r[t.Issuer]
 	if !ok {
-		return Handle{}, fmt.Errorf("issuer %q: %w", issuer, xfer.ErrUnavailable)
+		return Handle{}, fmt.Errorf("issuer %q: %w", t.Issuer, xfer.ErrUnavailable)
 	}
 	return h.Renew(token, ttl)
 }
 
-func (r routeTo) Release(issuer string, token []byte) error {
-	h, ok := r[issuer]
+func (r routeTo) Release(t Token, token []byte) error {
+	h, ok := r[t.Issuer]
 	if !ok {
-		return fmt.Errorf("issuer %q: %w", issuer, xfer.ErrUnavailable)
+		return fmt.Errorf("issuer %q: %w", t.Issuer, xfer.ErrUnavailable)
 	}
 	return h.Release(token)
 }
