@@ -91,6 +91,18 @@ func TestHandleThroughDaemon(t *testing.T) {
 	if st := d.g.Handles.Stats(); st.Live != 0 || st.Issued != 1 || st.Renewed != 1 || st.Released != 1 {
 		t.Fatalf("handle stats %+v", st)
 	}
+	st, err := b.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters := map[string]uint64{}
+	for _, k := range st.Store {
+		counters[k.Name] = k.Value
+	}
+	if counters["handles_issued"] != 1 || counters["handles_released"] != 1 || counters["handles_live"] != 0 ||
+		counters["handles_refused"] != 2 {
+		t.Fatalf("store counters %v", counters)
+	}
 }
 
 // Through a daemon: a lease create retried with the same operation id

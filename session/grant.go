@@ -32,6 +32,28 @@ func (c *Session) grantsOf() (*grant.Grants, error) {
 	return c.grants, nil
 }
 
+// grantCounters appends the tenant's handles' and leases' figures to dst,
+// for Stats.
+func (c *Session) grantCounters(dst []wire.Counter) []wire.Counter {
+	if c.grants == nil {
+		return dst
+	}
+	hs, ls := c.grants.Handles.Stats(), c.grants.Leases.Stats()
+	for _, f := range [...]struct {
+		name string
+		v    uint64
+	}{
+		{"handles_live", hs.Live}, {"handle_keys", hs.Keys}, {"handles_issued", hs.Issued}, {"handles_renewed", hs.Renewed},
+		{"handles_released", hs.Released}, {"handles_expired", hs.Expired}, {"handles_refused", hs.Refused},
+		{"placement_leases_live", ls.Live}, {"placement_lease_keys", ls.Keys}, {"placement_leases_created", ls.Created},
+		{"placement_leases_joined", ls.Joined}, {"placement_leases_refused", ls.Refused},
+		{"placement_leases_released", ls.Released}, {"placement_leases_expired", ls.Expired},
+	} {
+		dst = append(dst, wire.Counter{Name: f.name, Value: f.v})
+	}
+	return dst
+}
+
 func unixMS(t time.Time) uint64 { return uint64(t.UnixMilli()) }
 
 func ttlOf(ms uint32) time.Duration { return time.Duration(ms) * time.Millisecond }
