@@ -257,7 +257,8 @@ class Pool:
     """The daemon's DRAM pool, mapped in this process.
 
     ``view`` is a writable memoryview of the whole pool; pool blocks from
-    :meth:`Client.alloc_blocks` are ``view[offset:offset + size]``. Views
+    :meth:`Client.alloc_blocks` are ``view[offset:offset + size]``.
+    ``identity`` is the same for every client of one daemon run. Views
     and arrays keep the mapping alive on their own, also past the client's
     close (the daemon then no longer moves bytes through it)."""
 
@@ -265,6 +266,11 @@ class Pool:
         self.segment = segment
         self.size = size
         self.block_classes = classes
+        # Which pool this is: every connection to one daemon run maps the
+        # same memfd, and a restarted daemon has another. Offsets handed
+        # from one client to another are good only between equal identities.
+        st = os.fstat(fd)
+        self.identity: Tuple[int, int] = (st.st_dev, st.st_ino)
         self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._base = _mapping_address(self._mm)
         self.view = memoryview(self._mm)
