@@ -24,16 +24,26 @@ func keysOf(args []string) [][]byte {
 	return keys
 }
 
+// subcommand parses the flags of `cmd SUB [--ttl D] ARGS...` (args start
+// at SUB): the flag set, with the operands, and the TTL.
+func subcommand(cmd, use, ttlHelp string, args []string, stderr io.Writer) (*flag.FlagSet, time.Duration, error) {
+	if len(args) == 0 {
+		return nil, 0, fmt.Errorf("%w: %s", errUsage, use)
+	}
+	fs := flag.NewFlagSet(cmd+" "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ttl := fs.Duration("ttl", defaultGrantTTL, ttlHelp)
+	if err := fs.Parse(args[1:]); err != nil {
+		return nil, 0, fmt.Errorf("%w: %s", errUsage, use)
+	}
+	return fs, *ttl, nil
+}
+
 func handleCmd(sock string, args []string, stdout, stderr io.Writer) error {
 	const use = "handle issue [--ttl D] KEY... | handle renew [--ttl D] TOKEN | handle release TOKEN"
-	if len(args) == 0 {
-		return fmt.Errorf("%w: %s", errUsage, use)
-	}
-	fs := flag.NewFlagSet("handle "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	ttl := fs.Duration("ttl", defaultGrantTTL, "time to live (from now)")
-	if err := fs.Parse(args[1:]); err != nil {
-		return fmt.Errorf("%w: %s", errUsage, use)
+	fs, ttl, err := subcommand("handle", use, "time to live (from now)", args, stderr)
+	if err != nil {
+		return err
 	}
 	var token []byte
 	switch args[0] {
@@ -45,7 +55,6 @@ func handleCmd(sock string, args []string, stdout, stderr io.Writer) error {
 		if fs.NArg() != 1 {
 			return fmt.Errorf("%w: %s", errUsage, use)
 		}
-		var err error
 		if token, err = hex.DecodeString(fs.Arg(0)); err != nil || len(token) == 0 {
 			return fmt.Errorf("%w: the token is the hex that handle issue printed", errUsage)
 		}
@@ -59,13 +68,13 @@ func handleCmd(sock string, args []string, stdout, stderr io.Writer) error {
 	defer c.Close()
 	switch args[0] {
 	case "issue":
-		h, err := c.HandleIssue(keysOf(fs.Args()), *ttl)
+		h, err := c.HandleIssue(keysOf(fs.Args()), ttl)
 		if err != nil {
 			return fmt.Errorf("handle issue: %s", codeName(err))
 		}
 		fmt.Fprintf(stdout, "token:   %x\nhandle:  %d\nexpires: %s\n", h.Token, h.ID, h.Expiry.UTC().Format(time.RFC3339Nano))
 	case "renew":
-		h, err := c.HandleRenew(token, *ttl)
+		h, err := c.HandleRenew(token, ttl)
 		if err != nil {
 			return fmt.Errorf("handle renew: %s", codeName(err))
 		}
@@ -80,14 +89,9 @@ func handleCmd(sock string, args []string, stdout, stderr io.Writer) error {
 
 func leaseCmd(sock string, args []string, stdout, stderr io.Writer) error {
 	const use = "lease create [--ttl D] OP KEY... | lease release OP"
-	if len(args) == 0 {
-		return fmt.Errorf("%w: %s", errUsage, use)
-	}
-	fs := flag.NewFlagSet("lease "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	ttl := fs.Duration("ttl", defaultGrantTTL, "time to live (from the first create)")
-	if err := fs.Parse(args[1:]); err != nil {
-		return fmt.Errorf("%w: %s", errUsage, use)
+	fs, ttl, err := subcommand("lease", use, "time to live (from the first create)", args, stderr)
+	if err != nil {
+		return err
 	}
 	switch {
 	case args[0] == "create" && fs.NArg() >= 2, args[0] == "release" && fs.NArg() == 1:
@@ -106,7 +110,7 @@ func leaseCmd(sock string, args []string, stdout, stderr io.Writer) error {
 		}
 		return nil
 	}
-	l, err := c.LeaseCreate(op, keysOf(fs.Args()[1:]), *ttl)
+	l, err := c.LeaseCreate(op, keysOf(fs.Args()[1:]), ttl)
 	if err != nil {
 		return fmt.Errorf("lease create %s: %s", op, codeName(err))
 	}

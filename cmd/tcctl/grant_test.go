@@ -6,21 +6,15 @@ import (
 	"testing"
 
 	"github.com/tensorcast/tensorcast/control"
-	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/store/cluster/grant"
 )
 
-// startGrantDaemon is startDaemon with a DRAM-only store, its handles and
+// startGrantDaemon is startStoreDaemon with the store's handles and
 // leases, and a mode.
 func startGrantDaemon(t *testing.T) string {
 	t.Helper()
-	return startDaemonDeps(t, func(d *control.Deps) {
-		s, err := store.New(store.Config{}, d.Pool.(*shm.Pool), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
+	return startStoreDaemon(t, func(d *control.Deps, s *store.Store) {
 		h, err := grant.NewHandles(grant.HandlesConfig{DaemonID: "host-a", Epoch: 3, Key: []byte("a test cluster's key"),
 			Pinner: grant.StorePinner{Store: s}})
 		if err != nil {
@@ -30,12 +24,11 @@ func startGrantDaemon(t *testing.T) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := &grant.Grants{Handles: h, Leases: l}
-		t.Cleanup(g.Close)
+		d.Grants = &grant.Grants{Handles: h, Leases: l}
+		t.Cleanup(d.Grants.Close) // before the store's
 		if d.Admission, err = grant.NewAdmission(grant.BudgetedHybrid, nil, nil); err != nil {
 			t.Fatal(err)
 		}
-		d.Store, d.Grants = s, g
 	})
 }
 

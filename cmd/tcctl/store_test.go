@@ -19,8 +19,9 @@ import (
 	"github.com/tensorcast/tensorcast/store"
 )
 
-// startStoreDaemon is startDaemon with a DRAM-only store.
-func startStoreDaemon(t *testing.T) string {
+// startStoreDaemon is startDaemon with a DRAM-only store; more add to
+// the deps with it.
+func startStoreDaemon(t *testing.T, more ...func(*control.Deps, *store.Store)) string {
 	t.Helper()
 	return startDaemonDeps(t, func(d *control.Deps) {
 		s, err := store.New(store.Config{}, d.Pool.(*shm.Pool), nil)
@@ -29,6 +30,9 @@ func startStoreDaemon(t *testing.T) string {
 		}
 		t.Cleanup(func() { s.Close() })
 		d.Store = s
+		for _, f := range more {
+			f(d, s)
+		}
 	})
 }
 

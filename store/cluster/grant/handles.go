@@ -405,9 +405,7 @@ func (h *Handles) expire() {
 	}
 	h.sched.arm()
 	h.mu.Unlock()
-	for _, hd := range holds {
-		hd.Release()
-	}
+	releaseAll(holds)
 }
 
 // Stats reports the counters.
@@ -433,9 +431,7 @@ func (h *Handles) Close() {
 		}
 	}
 	h.mu.Unlock()
-	for _, hd := range holds {
-		hd.Release()
-	}
+	releaseAll(holds)
 }
 
 // checkKeys checks a handle's or lease's key set.

@@ -266,9 +266,7 @@ func (l *Leases) expire() {
 	}
 	l.sched.arm()
 	l.mu.Unlock()
-	for _, h := range holds {
-		h.Release()
-	}
+	releaseAll(holds)
 }
 
 // Stats reports the counters.
@@ -293,7 +291,5 @@ func (l *Leases) Close() {
 		}
 	}
 	l.mu.Unlock()
-	for _, h := range holds {
-		h.Release()
-	}
+	releaseAll(holds)
 }

@@ -43,3 +43,11 @@ func (p StorePinner) Pin(keys [][]byte) (Hold, error) {
 type storeHold struct{ ss *store.Session }
 
 func (h storeHold) Release() { _ = h.ss.Close() } // a session of pins only frees no reservation
+
+// releaseAll releases holds (taken off a table under its mutex, released
+// after it).
+func releaseAll(holds []Hold) {
+	for _, h := range holds {
+		h.Release()
+	}
+}
