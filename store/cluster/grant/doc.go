@@ -17,9 +17,11 @@
 //	            per second served to other hosts; budgets only, never
 //	            correctness
 //
-// Handles and leases pin through a Pinner: StorePinner pins in the local
-// store (counted store pins of a session of their own, so eviction never
-// takes those keys); the cluster's pinner pins at the keys' holders. A
+// Handles and leases pin through a Pinner, for their TTL, and a renewal
+// extends the pins before the handle: StorePinner pins in the local store
+// (timed store pins of a session of their own, so eviction never takes
+// those keys, and they end by themselves even if the table never releases
+// them); the cluster's pinner pins at the keys' holders. A
 // renewal or release of another issuer's handle goes through a Router
 // (the peer plane, by daemon id); Members tells the epochs of the other
 // daemons for verifying their tokens.

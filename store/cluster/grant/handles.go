@@ -178,7 +178,7 @@ func (h *Handles) Issue(keys [][]byte, ttl time.Duration) (Handle, error) {
 	h.live[id] = hd // reserved: no hold yet, no deadline
 	h.mu.Unlock()
 
-	hold, err := h.cfg.Pinner.Pin(keys)
+	hold, err := h.cfg.Pinner.Pin(keys, ttl)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err != nil || h.closed {
@@ -309,14 +309,29 @@ func (h *Handles) renewOwn(t Token, ttl time.Duration) (Handle, error) {
 		return Handle{}, err
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.closed {
+		h.mu.Unlock()
 		return Handle{}, ErrClosed
 	}
 	hd, err := h.ownLocked(t)
 	if err != nil {
 		h.stats.Refused++
+		h.mu.Unlock()
 		return Handle{}, err
+	}
+	h.mu.Unlock()
+	// The pins first (outside the mutex: a cluster's pins are at other
+	// daemons), so that they never end before the handle does.
+	errExtend := hd.hold.Extend(ttl)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.closed:
+		return Handle{}, ErrClosed
+	case h.live[t.ID] != hd:
+		return Handle{}, fmt.Errorf("%w: handle %d ended while it was renewed", ErrExpired, t.ID)
+	case errExtend != nil:
+		return Handle{}, fmt.Errorf("renewing the pins of handle %d: %w", t.ID, errExtend)
 	}
 	hd.expiry = h.cfg.Clock.Now().Add(ttl)
 	hd.ver++

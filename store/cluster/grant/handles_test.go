@@ -317,3 +317,29 @@ func TestHandleScope(t *testing.T) {
 		t.Fatalf("release in another scope: %v, want ErrForged", err)
 	}
 }
+
+// A renewal extends the pins first; when they cannot be extended the
+// renewal is refused and the handle keeps its expiry.
+func TestHandleRenewExtendsPins(t *testing.T) {
+	clk, p := newClock(), newCountPinner()
+	h := newIssuer(t, "a", 7, clk, p, nil)
+	hd, err := h.Issue(keys("k"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Renew(hd.Token, time.Minute); err != nil || p.extends != 1 {
+		t.Fatalf("renew: %v, %d extends", err, p.extends)
+	}
+	p.extendErr = errors.New("holder gone")
+	hd2, err := h.Issue(keys("j"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Renew(hd2.Token, time.Minute); err == nil {
+		t.Fatal("a renewal whose pins could not be extended succeeded")
+	}
+	clk.Advance(10 * time.Second)
+	if p.count("j") != 0 || p.count("k") != 1 {
+		t.Fatalf("j %d pins (want its first expiry kept), k %d", p.count("j"), p.count("k"))
+	}
+}

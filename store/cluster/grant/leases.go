@@ -158,7 +158,7 @@ func (l *Leases) Create(op string, keys [][]byte, ttl time.Duration) (Lease, err
 	l.byOp[op], l.byID[ls.id] = ls, ls // reserved: the op id is taken while we pin
 	l.mu.Unlock()
 
-	hold, err := l.cfg.Pinner.Pin(keys)
+	hold, err := l.cfg.Pinner.Pin(keys, ttl)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil || l.closed {

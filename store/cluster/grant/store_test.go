@@ -12,13 +12,17 @@ import (
 
 // openStore opens a DRAM-only store of capacity bytes: values evicted from
 // L1 are gone, so what survives pressure is what is pinned.
-func openStore(t *testing.T, capacity uint64) *store.Store {
+func openStore(t *testing.T, capacity uint64, clock ...Clock) *store.Store {
 	t.Helper()
 	pool, err := shm.NewPool(shm.PoolConfig{ID: 1, Size: capacity, Hugepages: shm.HugepagesOff, MinBlock: 4096, MaxBlock: 64 << 10}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := store.New(store.Config{L1Capacity: capacity}, pool, nil)
+	cfg := store.Config{L1Capacity: capacity}
+	if len(clock) > 0 {
+		cfg.Clock = clock[0]
+	}
+	s, err := store.New(cfg, pool, nil)
 	if err != nil {
 		pool.Close()
 		t.Fatal(err)
@@ -93,5 +97,41 @@ func TestHandleKeepsKeyFromEviction(t *testing.T) {
 	}
 	if info, err := s.Stat([]byte("b/255")); err != nil || info.Pins != 0 {
 		t.Fatalf("b/255 after a refused handle: %+v, %v", info, err)
+	}
+}
+
+// A handle's store pins are timed: a renewal extends them in the store
+// too, so they outlast the first TTL, and they end at the renewed expiry
+// even without the handle's own timer (the store's clock is the same
+// here).
+func TestHandleStorePinsFollowRenewals(t *testing.T) {
+	clk := newClock()
+	s := openStore(t, 1<<20, clk)
+	ss := s.NewSession()
+	defer ss.Close()
+	put(t, ss, "k", 4096)
+	h := newIssuer(t, "a", 7, clk, StorePinner{s}, nil)
+	hd, err := h.Issue(keys("k"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pins := func() uint32 {
+		info, err := s.Stat([]byte("k"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Pins
+	}
+	clk.Advance(5 * time.Second)
+	if _, err := h.Renew(hd.Token, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(10 * time.Second) // past the first TTL
+	if pins() != 1 {
+		t.Fatalf("%d pins after the first TTL of a renewed handle", pins())
+	}
+	clk.Advance(10 * time.Second) // past the renewed expiry
+	if pins() != 0 {
+		t.Fatalf("%d pins after the renewed expiry", pins())
 	}
 }

@@ -27,13 +27,16 @@ type countPinner struct {
 	pinned  map[string]int
 	pins    int
 	missing map[string]bool
+	// extends counts Extend calls; extendErr is what they answer.
+	extends   int
+	extendErr error
 }
 
 func newCountPinner() *countPinner {
 	return &countPinner{pinned: map[string]int{}, missing: map[string]bool{}}
 }
 
-func (p *countPinner) Pin(keys [][]byte) (Hold, error) {
+func (p *countPinner) Pin(keys [][]byte, _ time.Duration) (Hold, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, k := range keys {
@@ -45,7 +48,7 @@ func (p *countPinner) Pin(keys [][]byte) (Hold, error) {
 		p.pinned[string(k)]++
 	}
 	p.pins++
-	return &countHold{p: p, keys: keys}, nil
+	return &countHold{p: p, keys: cloneKeys(keys)}, nil
 }
 
 func (p *countPinner) count(k string) int {
@@ -64,6 +67,13 @@ type countHold struct {
 	p    *countPinner
 	keys [][]byte
 	once sync.Once
+}
+
+func (h *countHold) Extend(time.Duration) error {
+	h.p.mu.Lock()
+	defer h.p.mu.Unlock()
+	h.p.extends++
+	return h.p.extendErr
 }
 
 func (h *countHold) Release() {
