@@ -26,6 +26,23 @@
 // (the peer plane, by daemon id); Members tells the epochs of the other
 // daemons for verifying their tokens.
 //
+// # Where the store across hosts calls in
+//
+//   - A home answering a lookup takes a claim per key, Claims.Acquire(key,
+//     holders, read deadline), sends the reader to Claim.Holder (ErrBusy,
+//     BUSY: every replica is at its reader limit) and releases it,
+//     Claims.Release(id), when the reader says its read ended.
+//   - A reader calls Admission.BeginRemoteGet before a remote get and the
+//     func it returns when the get ends; a holder calls Admission.Serve
+//     with the bytes before it serves another daemon's read. Either refusal
+//     is ErrOverBudget, RESOURCE_EXHAUSTED.
+//   - A Pinner that pins keys at their holders (for the TTL it is given,
+//     extended by Hold.Extend) makes handles and leases cover keys of other
+//     hosts; a holder that pins for a handle checks its token first with
+//     Handles.Verify(token, keys).
+//   - The daemon already wires the rest: PeerRouter and ServeHandles on the
+//     peer channel (ExchangeKind), DirectoryMembers over its directory.
+//
 // # Goroutines and stop order
 //
 // The package starts no goroutine. Each table arms one timer on its clock
