@@ -180,15 +180,16 @@ func (h *Handles) Issue(keys [][]byte, ttl time.Duration) (Handle, error) {
 
 	hold, err := h.cfg.Pinner.Pin(keys, ttl)
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if err != nil || h.closed {
 		delete(h.live, id)
+		h.mu.Unlock()
 		if err == nil {
-			hold.Release()
+			hold.Release() // closed while pinning
 			err = ErrClosed
 		}
 		return Handle{}, err
 	}
+	defer h.mu.Unlock()
 	hd.hold = hold
 	hd.expiry = h.cfg.Clock.Now().Add(ttl)
 	h.keys += len(keys)

@@ -343,3 +343,42 @@ func TestHandleRenewExtendsPins(t *testing.T) {
 		t.Fatalf("j %d pins (want its first expiry kept), k %d", p.count("j"), p.count("k"))
 	}
 }
+
+// gatePinner pins through countPinner once gate is closed, saying on
+// entered that a Pin waits.
+type gatePinner struct {
+	*countPinner
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (g gatePinner) Pin(keys [][]byte, ttl time.Duration) (Hold, error) {
+	g.entered <- struct{}{}
+	<-g.gate
+	return g.countPinner.Pin(keys, ttl)
+}
+
+// A table closed while an issue or a create pins: the call fails with
+// ErrClosed and gives its pins back.
+func TestClosedWhilePinning(t *testing.T) {
+	clk := newClock()
+	g := gatePinner{newCountPinner(), make(chan struct{}), make(chan struct{})}
+	h := newIssuer(t, "a", 7, clk, g, nil)
+	l := newLeaseTable(t, clk, g, nil)
+	errs := make(chan error, 2)
+	go func() { _, err := h.Issue(keys("k"), time.Minute); errs <- err }()
+	<-g.entered
+	go func() { _, err := l.Create("op", keys("k"), time.Minute); errs <- err }()
+	<-g.entered
+	h.Close()
+	l.Close()
+	close(g.gate)
+	for i := 0; i < 2; i++ {
+		if err := <-errs; !errors.Is(err, ErrClosed) {
+			t.Fatalf("a call closed while pinning: %v, want ErrClosed", err)
+		}
+	}
+	if g.count("k") != 0 {
+		t.Fatalf("%d pins left after the tables closed", g.count("k"))
+	}
+}

@@ -160,15 +160,16 @@ func (l *Leases) Create(op string, keys [][]byte, ttl time.Duration) (Lease, err
 
 	hold, err := l.cfg.Pinner.Pin(keys, ttl)
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if err != nil || l.closed {
 		l.remove(ls)
+		l.mu.Unlock()
 		if err == nil {
-			hold.Release()
+			hold.Release() // closed while pinning
 			err = ErrClosed
 		}
 		return Lease{}, err
 	}
+	defer l.mu.Unlock()
 	ls.hold = hold
 	ls.expiry = l.cfg.Clock.Now().Add(ttl)
 	l.keys += len(keys)
