@@ -37,14 +37,7 @@ func startGrantDaemon(t *testing.T) string {
 // code's name otherwise.
 func TestGrantCommands(t *testing.T) {
 	sock := startGrantDaemon(t)
-	run := func(wantCode int, args ...string) (string, string) {
-		t.Helper()
-		code, out, errs := tcctl(t, nil, append([]string{"--socket", sock}, args...)...)
-		if code != wantCode {
-			t.Fatalf("tcctl %v: exit %d, want %d (stdout %q, stderr %q)", args, code, wantCode, out, errs)
-		}
-		return out, errs
-	}
+	run := tcctlOn(t, sock)
 	stdin = strings.NewReader("value")
 	run(0, "put", "k1", "-")
 	stdin = strings.NewReader("value")

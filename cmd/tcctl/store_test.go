@@ -36,12 +36,11 @@ func startStoreDaemon(t *testing.T, more ...func(*control.Deps, *store.Store)) s
 	})
 }
 
-// TestStoreCommands: put, get, rm, ls and stat exit 0 only on success,
-// and print the status code's name otherwise; the store's figures show in
-// stats.
-func TestStoreCommands(t *testing.T) {
-	sock := startStoreDaemon(t)
-	run := func(wantCode int, args ...string) (string, string) {
+// tcctlOn runs tcctl against the daemon at sock: run(wantCode, args...)
+// fails the test unless tcctl exits with wantCode, and returns its stdout
+// and stderr.
+func tcctlOn(t *testing.T, sock string) func(wantCode int, args ...string) (string, string) {
+	return func(wantCode int, args ...string) (string, string) {
 		t.Helper()
 		code, out, errs := tcctl(t, nil, append([]string{"--socket", sock}, args...)...)
 		if code != wantCode {
@@ -49,6 +48,14 @@ func TestStoreCommands(t *testing.T) {
 		}
 		return out, errs
 	}
+}
+
+// TestStoreCommands: put, get, rm, ls and stat exit 0 only on success,
+// and print the status code's name otherwise; the store's figures show in
+// stats.
+func TestStoreCommands(t *testing.T) {
+	sock := startStoreDaemon(t)
+	run := tcctlOn(t, sock)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "v.bin")
 	val := bytes.Repeat([]byte("tensorcast "), 5000)
