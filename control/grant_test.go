@@ -47,9 +47,10 @@ func newGrantEnv(t *testing.T) *env {
 }
 
 // The handle, lease and mode calls are audited at AuditLevel with the
-// request's audit keys, and idempotent by key: a retried issue answers the
-// first token and pins nothing again; the same key with other arguments
-// is refused.
+// request's audit keys (a renewal, a keep-alive, one level below), what an
+// issue granted is logged with its first key, and the calls are idempotent
+// by key: a retried issue answers the first token and pins nothing again;
+// the same key with other arguments is refused.
 func TestGrantCallsAuditedAndIdempotent(t *testing.T) {
 	e := newGrantEnv(t)
 	c := dialRaw(t, e.sock)
@@ -81,7 +82,14 @@ func TestGrantCallsAuditedAndIdempotent(t *testing.T) {
 		t.Fatalf("mode %q after setting local-first", m.Mode)
 	}
 
-	want := map[string]bool{"k-handle": false, "k-lease": false, "k-release": false, "k-mode": false}
+	renew := body[wire.HandleIssueResponse](t, c.call(&wire.HandleIssueRequest{Keys: keys, TTLMS: 60000})).Token
+	expectCode(t, c.callCtx(wire.Context{IdempotencyKey: []byte("k-renew")}, &wire.HandleRenewRequest{Token: renew, TTLMS: 1000}),
+		tcproto.CodeOK)
+	if log := e.logBuf.String(); !strings.Contains(log, `msg="retention handle issued"`) || !strings.Contains(log, "first_key=g/0") {
+		t.Errorf("no record of what the issue granted:\n%s", log)
+	}
+
+	want := map[string]bool{"k-handle": false, "k-lease": false, "k-release": false, "k-mode": false, "k-renew": false}
 	for _, line := range strings.Split(e.logBuf.String(), "\n") {
 		if !strings.Contains(line, "msg=audit") {
 			continue
@@ -89,8 +97,12 @@ func TestGrantCallsAuditedAndIdempotent(t *testing.T) {
 		for k := range want {
 			if strings.Contains(line, "idempotency_key="+k+" ") {
 				want[k] = true
-				if !strings.Contains(line, "level=INFO") {
-					t.Errorf("%s audited below Info: %s", k, line)
+				level := "level=INFO"
+				if k == "k-renew" {
+					level = "level=DEBUG" // a keep-alive, audited with the data path
+				}
+				if !strings.Contains(line, level) {
+					t.Errorf("%s not audited at %s: %s", k, level, line)
 				}
 			}
 		}

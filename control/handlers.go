@@ -137,15 +137,15 @@ func (c *conn) handle() ([]byte, int) {
 	case *wire.StoreFlushRequest:
 		err = ss.StoreFlush(b, r)
 	case *wire.HandleIssueRequest:
-		err = ss.HandleIssue(b, r)
+		err = ss.HandleIssue(ctx, b, r)
 	case *wire.HandleRenewRequest:
 		err = ss.HandleRenew(b, r)
 	case *wire.HandleReleaseRequest:
-		err = ss.HandleRelease(b, r)
+		err = ss.HandleRelease(ctx, b, r)
 	case *wire.LeaseCreateRequest:
-		err = ss.LeaseCreate(b, r)
+		err = ss.LeaseCreate(ctx, b, r)
 	case *wire.LeaseReleaseRequest:
-		err = ss.LeaseRelease(b, r)
+		err = ss.LeaseRelease(ctx, b, r)
 	case *wire.ModeRequest:
 		err = c.mode(b)
 	default:

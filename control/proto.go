@@ -53,7 +53,8 @@ func dataPath(k wire.RequestKind) bool {
 		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
 		tcproto.RequestBodyAllocBatchRequest, tcproto.RequestBodyFreeBatchRequest,
 		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStorePinRequest, tcproto.RequestBodyStoreUnpinRequest,
-		tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest, tcproto.RequestBodyStoreAbortRequest:
+		tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest, tcproto.RequestBodyStoreAbortRequest,
+		tcproto.RequestBodyHandleRenewRequest: // a keep-alive, like a lease's: it changes no set of keys
 		return true
 	}
 	return false

@@ -58,8 +58,12 @@ func unixMS(t time.Time) uint64 { return uint64(t.UnixMilli()) }
 
 func ttlOf(ms uint32) time.Duration { return time.Duration(ms) * time.Millisecond }
 
+// The calls' audit: the control server audits each with the request's
+// audit keys; the session adds what it granted, under the same request id:
+// the handle or operation id, how many keys and the first of them.
+
 // HandleIssue issues a retention handle on the request's keys.
-func (c *Session) HandleIssue(m *wire.HandleIssueRequest, r *wire.Response) error {
+func (c *Session) HandleIssue(ctx *wire.Context, m *wire.HandleIssueRequest, r *wire.Response) error {
 	g, err := c.grantsOf()
 	if err != nil {
 		return err
@@ -68,8 +72,8 @@ func (c *Session) HandleIssue(m *wire.HandleIssueRequest, r *wire.Response) erro
 	if err != nil {
 		return err
 	}
-	c.log.Info("retention handle issued to a client", "handle", h.ID, "keys", h.Keys, "first_key", string(m.Keys[0]),
-		"expiry", h.Expiry)
+	c.log.Info("retention handle issued", "request_id", ctx.RequestID, "handle", h.ID, "keys", h.Keys,
+		"first_key", string(m.Keys[0]), "expiry", h.Expiry)
 	a := wire.SetResponse[wire.HandleIssueResponse](r)
 	a.Token, a.HandleID, a.ExpiryUnixMS = h.Token, h.ID, unixMS(h.Expiry)
 	return nil
@@ -91,7 +95,7 @@ func (c *Session) HandleRenew(m *wire.HandleRenewRequest, r *wire.Response) erro
 }
 
 // HandleRelease releases a retention handle at its issuer.
-func (c *Session) HandleRelease(m *wire.HandleReleaseRequest, r *wire.Response) error {
+func (c *Session) HandleRelease(ctx *wire.Context, m *wire.HandleReleaseRequest, r *wire.Response) error {
 	g, err := c.grantsOf()
 	if err != nil {
 		return err
@@ -99,12 +103,13 @@ func (c *Session) HandleRelease(m *wire.HandleReleaseRequest, r *wire.Response) 
 	if err := g.Handles.Release(m.Token); err != nil {
 		return err
 	}
+	c.log.Info("retention handle released", "request_id", ctx.RequestID)
 	wire.SetResponse[wire.HandleReleaseResponse](r)
 	return nil
 }
 
 // LeaseCreate creates (or joins) a placement lease.
-func (c *Session) LeaseCreate(m *wire.LeaseCreateRequest, r *wire.Response) error {
+func (c *Session) LeaseCreate(ctx *wire.Context, m *wire.LeaseCreateRequest, r *wire.Response) error {
 	g, err := c.grantsOf()
 	if err != nil {
 		return err
@@ -113,15 +118,15 @@ func (c *Session) LeaseCreate(m *wire.LeaseCreateRequest, r *wire.Response) erro
 	if err != nil {
 		return err
 	}
-	c.log.Info("placement lease for a client", "op", string(m.OpID), "keys", l.Keys, "first_key", string(m.Keys[0]),
-		"joined", l.Joined, "expiry", l.Expiry)
+	c.log.Info("placement lease", "request_id", ctx.RequestID, "op", string(m.OpID), "keys", l.Keys,
+		"first_key", string(m.Keys[0]), "joined", l.Joined, "expiry", l.Expiry)
 	a := wire.SetResponse[wire.LeaseCreateResponse](r)
 	a.ExpiryUnixMS, a.Joined = unixMS(l.Expiry), l.Joined
 	return nil
 }
 
 // LeaseRelease releases a placement lease.
-func (c *Session) LeaseRelease(m *wire.LeaseReleaseRequest, r *wire.Response) error {
+func (c *Session) LeaseRelease(ctx *wire.Context, m *wire.LeaseReleaseRequest, r *wire.Response) error {
 	g, err := c.grantsOf()
 	if err != nil {
 		return err
@@ -129,6 +134,7 @@ func (c *Session) LeaseRelease(m *wire.LeaseReleaseRequest, r *wire.Response) er
 	if err := g.Leases.Release(string(m.OpID)); err != nil {
 		return err
 	}
+	c.log.Info("placement lease released", "request_id", ctx.RequestID, "op", string(m.OpID))
 	wire.SetResponse[wire.LeaseReleaseResponse](r)
 	return nil
 }

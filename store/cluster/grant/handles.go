@@ -195,7 +195,7 @@ func (h *Handles) Issue(keys [][]byte, ttl time.Duration) (Handle, error) {
 	h.keys += len(keys)
 	h.stats.Issued++
 	h.sched.add(hd.expiry, id, hd.ver)
-	h.cfg.Log.Info("retention handle issued", "handle", id, "keys", len(keys), "expiry", hd.expiry)
+	h.cfg.Log.Debug("retention handle issued", "handle", id, "keys", len(keys), "expiry", hd.expiry)
 	return h.token(id, hd), nil
 }
 
@@ -377,7 +377,7 @@ func (h *Handles) releaseOwn(t Token) error {
 	h.stats.Released++
 	h.mu.Unlock()
 	hd.hold.Release()
-	h.cfg.Log.Info("retention handle released", "handle", t.ID, "keys", hd.nkeys)
+	h.cfg.Log.Debug("retention handle released", "handle", t.ID, "keys", hd.nkeys)
 	return nil
 }
 
@@ -416,7 +416,7 @@ func (h *Handles) expire() {
 			h.forget(d.id, hd)
 			h.stats.Expired++
 			holds = append(holds, hd.hold)
-			h.cfg.Log.Info("retention handle expired", "handle", d.id, "keys", hd.nkeys)
+			h.cfg.Log.Debug("retention handle expired", "handle", d.id, "keys", hd.nkeys)
 		}
 	}
 	h.sched.arm()

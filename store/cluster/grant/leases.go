@@ -146,7 +146,7 @@ func (l *Leases) Create(op string, keys [][]byte, ttl time.Duration) (Lease, err
 			return Lease{}, fmt.Errorf("%w: %q is being created", ErrBusy, op)
 		}
 		l.stats.Joined++
-		l.cfg.Log.Info("placement lease joined", "op", op, "keys", ls.nkeys)
+		l.cfg.Log.Debug("placement lease joined", "op", op, "keys", ls.nkeys)
 		return Lease{OpID: op, Keys: ls.nkeys, Expiry: ls.expiry, Joined: true}, nil
 	}
 	if len(l.byOp) >= l.cfg.MaxLeases && !l.dropEnded() {
@@ -175,7 +175,7 @@ func (l *Leases) Create(op string, keys [][]byte, ttl time.Duration) (Lease, err
 	l.keys += len(keys)
 	l.stats.Created++
 	l.sched.add(ls.expiry, ls.id, 0)
-	l.cfg.Log.Info("placement lease created", "op", op, "keys", len(keys), "expiry", ls.expiry)
+	l.cfg.Log.Debug("placement lease created", "op", op, "keys", len(keys), "expiry", ls.expiry)
 	return Lease{OpID: op, Keys: ls.nkeys, Expiry: ls.expiry}, nil
 }
 
@@ -203,7 +203,7 @@ func (l *Leases) Release(op string) error {
 	l.stats.Released++
 	l.mu.Unlock()
 	hold.Release()
-	l.cfg.Log.Info("placement lease released", "op", op, "keys", ls.nkeys)
+	l.cfg.Log.Debug("placement lease released", "op", op, "keys", ls.nkeys)
 	return nil
 }
 
@@ -261,7 +261,7 @@ func (l *Leases) expire() {
 		if !ls.ended {
 			holds = append(holds, l.end(ls))
 			l.stats.Expired++
-			l.cfg.Log.Info("placement lease expired", "op", ls.op, "keys", ls.nkeys)
+			l.cfg.Log.Debug("placement lease expired", "op", ls.op, "keys", ls.nkeys)
 		}
 		l.remove(ls)
 	}
