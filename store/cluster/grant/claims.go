@@ -167,6 +167,7 @@ func (c *Claims) Release(id uint64) error {
 		return fmt.Errorf("%w: claim %d", ErrClaimNotFound, id)
 	}
 	c.drop(id, cl)
+	c.sched.tidy(len(c.live), func(d deadline) bool { _, ok := c.live[d.id]; return ok })
 	return nil
 }
 

@@ -205,3 +205,57 @@ func TestClaimsBadArguments(t *testing.T) {
 		t.Fatalf("after Close: %v, want ErrClosed", err)
 	}
 }
+
+// Claims released before their deadline, and handles renewed again and
+// again, leave no record per call behind: the deadlines kept stay in
+// proportion to what is live, and the live ones still end on time.
+func TestDeadlinesStayBounded(t *testing.T) {
+	clk := newClock()
+	c := NewClaims(ClaimsConfig{Clock: clk})
+	defer c.Close()
+	held, err := c.Acquire([]byte("held"), []string{"a"}, clk.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10000; i++ {
+		cl, err := c.Acquire([]byte("k"), []string{"a", "b"}, clk.Now().Add(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Release(cl.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.mu.Lock()
+	n := len(c.sched.heap)
+	c.mu.Unlock()
+	if n > 2+64 {
+		t.Fatalf("%d deadlines kept for 1 claim outstanding", n)
+	}
+	clk.Advance(time.Minute)
+	if err := c.Release(held.ID); !errors.Is(err, ErrClaimNotFound) {
+		t.Fatalf("the claim kept through the tidying did not expire: %v", err)
+	}
+
+	p := newCountPinner()
+	h := newIssuer(t, "a", 7, clk, p, nil)
+	hd, err := h.Issue(keys("k"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 1000; i++ {
+		if hd, err = h.Renew(hd.Token, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.mu.Lock()
+	n = len(h.sched.heap)
+	h.mu.Unlock()
+	if n > 2+64 {
+		t.Fatalf("%d deadlines kept for 1 live handle", n)
+	}
+	clk.Advance(time.Minute)
+	if p.count("k") != 0 {
+		t.Fatal("the renewed handle did not expire after the tidying")
+	}
+}

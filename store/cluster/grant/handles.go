@@ -337,6 +337,7 @@ func (h *Handles) renewOwn(t Token, ttl time.Duration) (Handle, error) {
 	hd.expiry = h.cfg.Clock.Now().Add(ttl)
 	hd.ver++
 	h.sched.add(hd.expiry, t.ID, hd.ver)
+	h.sched.tidy(len(h.live), h.current)
 	h.stats.Renewed++
 	h.cfg.Log.Debug("retention handle renewed", "handle", t.ID, "expiry", hd.expiry)
 	return h.token(t.ID, hd), nil
@@ -374,6 +375,7 @@ func (h *Handles) releaseOwn(t Token) error {
 		return err
 	}
 	h.forget(t.ID, hd)
+	h.sched.tidy(len(h.live), h.current)
 	h.stats.Released++
 	h.mu.Unlock()
 	hd.hold.Release()
@@ -391,6 +393,13 @@ func (h *Handles) opened(token []byte) (Token, error) {
 		h.mu.Unlock()
 	}
 	return t, err
+}
+
+// current reports whether d is the deadline of a live handle. h.mu is
+// held.
+func (h *Handles) current(d deadline) bool {
+	hd, ok := h.live[d.id]
+	return ok && hd.ver == d.ver
 }
 
 // forget drops handle id from the table. h.mu is held; the caller

@@ -54,6 +54,27 @@ func (s *sched) add(at time.Time, id uint64, ver uint32) {
 	s.arm()
 }
 
+// tidy drops the records keep refuses when stale ones outnumber the live
+// (there are more than twice live plus 64): releases and renewals leave
+// their records behind, and a busy table must not keep one per call until
+// its deadline. The heap is rebuilt in place.
+func (s *sched) tidy(live int, keep func(deadline) bool) {
+	if len(s.heap) <= 2*live+64 {
+		return
+	}
+	q := s.heap[:0]
+	for _, d := range s.heap {
+		if keep(d) {
+			q = append(q, d)
+		}
+	}
+	clear(s.heap[len(q):])
+	s.heap = q
+	for i := len(q)/2 - 1; i >= 0; i-- {
+		s.down(i)
+	}
+}
+
 // due pops and returns (into dst) the records whose time has come by now.
 func (s *sched) due(now time.Time, dst []deadline) []deadline {
 	for len(s.heap) > 0 && !s.heap[0].at.After(now) {
@@ -67,8 +88,15 @@ func (s *sched) pop() deadline {
 	top := q[0]
 	last := len(q) - 1
 	q[0] = q[last]
-	q = q[:last]
-	for i := 0; ; {
+	s.heap = q[:last]
+	s.down(0)
+	return top
+}
+
+// down sifts the record at i down to its place.
+func (s *sched) down(i int) {
+	q := s.heap
+	for {
 		l, m := 2*i+1, i
 		if l < len(q) && q[l].at.Before(q[m].at) {
 			m = l
@@ -77,13 +105,11 @@ func (s *sched) pop() deadline {
 			m = r
 		}
 		if m == i {
-			break
+			return
 		}
 		q[i], q[m] = q[m], q[i]
 		i = m
 	}
-	s.heap = q
-	return top
 }
 
 // arm sets the timer for the earliest deadline, unless one already fires
