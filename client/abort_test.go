@@ -11,20 +11,23 @@ import (
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // storeDaemon is a control server with a KV block store (L1 only) over its
-// real pool.
+// real pool, its retention handles and placement leases, and a mode.
 type storeDaemon struct {
 	sock string
 	pool *shm.Pool
 	s    *store.Store
+	g    *grant.Grants
 	srv  *control.Server
 }
 
-func startStoreDaemon(t *testing.T) *storeDaemon {
+// startStoreDaemon starts a storeDaemon; cfgs change the store's config.
+func startStoreDaemon(t *testing.T, cfgs ...func(*store.Config)) *storeDaemon {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "tccl")
 	if err != nil {
@@ -36,7 +39,25 @@ func startStoreDaemon(t *testing.T) *storeDaemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.s, err = store.New(store.Config{}, d.pool, nil); err != nil {
+	var scfg store.Config
+	for _, f := range cfgs {
+		f(&scfg)
+	}
+	if d.s, err = store.New(scfg, d.pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	pin := grant.StorePinner{Store: d.s}
+	h, err := grant.NewHandles(grant.HandlesConfig{DaemonID: "d-1", Epoch: 1, Key: []byte("a test cluster's key"), Pinner: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := grant.NewLeases(grant.LeasesConfig{Pinner: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.g = &grant.Grants{Handles: h, Leases: l}
+	adm, err := grant.NewAdmission(grant.BudgetedHybrid, nil, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	reg := xfer.NewRegistry()
@@ -44,13 +65,14 @@ func startStoreDaemon(t *testing.T) *storeDaemon {
 	tr := xfer.NewLocal(xfer.LocalConfig{Workers: 1}, log)
 	eng := xfer.NewEngine(xfer.Config{}, xfertest.RouteAll(tr), log)
 	d.srv, err = control.NewServer(control.Config{Socket: d.sock, DaemonID: "d-1", Version: "v-test"},
-		control.Deps{Engine: eng, Pool: d.pool, Registry: reg, Store: d.s}, log)
+		control.Deps{Engine: eng, Pool: d.pool, Registry: reg, Store: d.s, Grants: d.g, Admission: adm}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	d.srv.Start()
 	t.Cleanup(func() {
 		d.srv.Close() // the connections' sessions close first
+		d.g.Close()
 		if err := d.s.Close(); err != nil {
 			t.Errorf("store close: %v", err)
 		}

@@ -126,6 +126,7 @@ func (c *conn) setTenant(t *tenant) {
 	}
 	c.log = c.log.With("tenant", t.Name)
 	c.ss.SetTenant(t.Name, t.Pool, t.Store, c.log)
+	c.ss.SetGrants(t.Grants)
 }
 
 // who are the attributes that say which connection a rate-limited line is

@@ -6,6 +6,7 @@ import (
 	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/session"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
@@ -71,4 +72,11 @@ type Deps struct {
 	// Tenant has its own), which the store calls and queue ops serve;
 	// optional (they then answer UNAVAILABLE). The server never closes it.
 	Store *store.Store
+	// Grants are the default tenant's retention handles and placement
+	// leases (without Tenants; each Tenant has its own); optional.
+	Grants *grant.Grants
+	// Admission is the daemon's mode and its budgets for remote work,
+	// which tcctl mode shows and changes; optional (Mode then answers
+	// UNAVAILABLE).
+	Admission *grant.Admission
 }

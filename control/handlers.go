@@ -136,6 +136,18 @@ func (c *conn) handle() ([]byte, int) {
 		err = ss.StoreList(b, r)
 	case *wire.StoreFlushRequest:
 		err = ss.StoreFlush(b, r)
+	case *wire.HandleIssueRequest:
+		err = ss.HandleIssue(ctx, b, r)
+	case *wire.HandleRenewRequest:
+		err = ss.HandleRenew(b, r)
+	case *wire.HandleReleaseRequest:
+		err = ss.HandleRelease(ctx, b, r)
+	case *wire.LeaseCreateRequest:
+		err = ss.LeaseCreate(ctx, b, r)
+	case *wire.LeaseReleaseRequest:
+		err = ss.LeaseRelease(ctx, b, r)
+	case *wire.ModeRequest:
+		err = c.mode(b)
 	default:
 		err = fmt.Errorf("%w: request body %s is not served", ErrMalformed, kind)
 	}

@@ -37,7 +37,9 @@ func mutating(k wire.RequestKind) bool {
 		tcproto.RequestBodyOpenQueueRequest, tcproto.RequestBodyCloseQueueRequest,
 		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStoreRemoveRequest, tcproto.RequestBodyStorePinRequest,
 		tcproto.RequestBodyStoreUnpinRequest, tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest,
-		tcproto.RequestBodyStoreAbortRequest:
+		tcproto.RequestBodyStoreAbortRequest,
+		tcproto.RequestBodyHandleIssueRequest, tcproto.RequestBodyHandleRenewRequest, tcproto.RequestBodyHandleReleaseRequest,
+		tcproto.RequestBodyLeaseCreateRequest, tcproto.RequestBodyLeaseReleaseRequest, tcproto.RequestBodyModeRequest:
 		return true
 	}
 	return false
@@ -51,7 +53,8 @@ func dataPath(k wire.RequestKind) bool {
 		tcproto.RequestBodyAllocBlocksRequest, tcproto.RequestBodyFreeBlocksRequest,
 		tcproto.RequestBodyAllocBatchRequest, tcproto.RequestBodyFreeBatchRequest,
 		tcproto.RequestBodyStorePutRequest, tcproto.RequestBodyStorePinRequest, tcproto.RequestBodyStoreUnpinRequest,
-		tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest, tcproto.RequestBodyStoreAbortRequest:
+		tcproto.RequestBodyStoreReserveRequest, tcproto.RequestBodyStoreCommitRequest, tcproto.RequestBodyStoreAbortRequest,
+		tcproto.RequestBodyHandleRenewRequest: // a keep-alive, like a lease's: it changes no set of keys
 		return true
 	}
 	return false

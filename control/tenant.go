@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -34,6 +35,9 @@ type Tenant struct {
 	// Store is the tenant's KV block store, over Pool; nil: none (store
 	// calls answer UNAVAILABLE).
 	Store *store.Store
+	// Grants are the retention handles and placement leases of Store;
+	// nil: none (their calls answer UNAVAILABLE).
+	Grants *grant.Grants
 }
 
 // DefaultTenant is the tenant's name when Deps.Tenants is empty: the users
@@ -117,9 +121,9 @@ func buildTenants(cfg *Config, deps *Deps) ([]*tenant, *tenant, error) {
 		if deps.Pool == nil {
 			return nil, nil, fmt.Errorf("%w: Deps needs Pool or Tenants", ErrConfig)
 		}
-		list = []Tenant{{Name: DefaultTenant, UIDs: cfg.AllowedUIDs, GIDs: cfg.AllowedGIDs, Pool: deps.Pool, Store: deps.Store}}
+		list = []Tenant{{Name: DefaultTenant, UIDs: cfg.AllowedUIDs, GIDs: cfg.AllowedGIDs, Pool: deps.Pool, Store: deps.Store, Grants: deps.Grants}}
 	} else {
-		if deps.Pool != nil || deps.Store != nil {
+		if deps.Pool != nil || deps.Store != nil || deps.Grants != nil {
 			return nil, nil, fmt.Errorf("%w: Deps.Pool or Deps.Store with Deps.Tenants (each tenant has its pool and store)", ErrConfig)
 		}
 		if len(cfg.AllowedUIDs) > 0 || len(cfg.AllowedGIDs) > 0 {

@@ -19,6 +19,7 @@ import (
 	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -56,7 +57,12 @@ type Daemon struct {
 	// stores are the tenants' KV block stores, beside pools (each tenant's
 	// values live in its own pool); empty with store = off.
 	stores []*store.Store
-	dir    *etcd.Dir // nil with the embedded directory
+	// grants are each store's retention handles and placement leases,
+	// beside stores; admission is the mode's budgets for remote work
+	// (grant.go).
+	grants    []*grant.Grants
+	admission *grant.Admission
+	dir       *etcd.Dir // nil with the embedded directory
 	// exports is the daemon's export table: the control server exports
 	// into it, the peer plane serves peers from it.
 	exports *peer.Exports
@@ -151,6 +157,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if err := d.openStore(); err != nil {
 		return nil, err
 	}
+	if err := d.openGrants(); err != nil {
+		return nil, err
+	}
 
 	scfg := control.Config{
 		Socket:      cfg.Socket,
@@ -171,17 +180,19 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}
 	deps := control.Deps{Engine: d.engine, Registry: d.reg, Exports: d.exports, RDMA: plane.NoPlane, Reactors: d.reactors}
 	if len(cfg.Tenants) == 0 {
-		deps.Pool, deps.Store = d.pools[0], d.storeOf(0)
+		deps.Pool, deps.Store, deps.Grants = d.pools[0], d.storeOf(0), d.grantsOf(0)
 	} else {
 		scfg.AllowedUIDs, scfg.AllowedGIDs = nil, nil
 		for i, t := range cfg.Tenants {
-			deps.Tenants = append(deps.Tenants, control.Tenant{Name: t.Name, UIDs: t.UIDs, GIDs: t.GIDs, Pool: d.pools[i], Store: d.storeOf(i)})
+			deps.Tenants = append(deps.Tenants, control.Tenant{Name: t.Name, UIDs: t.UIDs, GIDs: t.GIDs, Pool: d.pools[i], Store: d.storeOf(i),
+				Grants: d.grantsOf(i)})
 		}
 	}
 	if d.files != nil {
 		deps.FileOpener = d.files
 	}
 	deps.TransportStats = d.transportCounters
+	deps.Admission = d.admission
 	if d.peers != nil {
 		deps.Peers, deps.RDMA = d.peers, d.peers
 	}

@@ -30,6 +30,7 @@ func (d *Daemon) newMetrics() error {
 		{"peers", d.collectPeers},
 		{"kernel", d.collectKernel},
 		{"store", d.collectStore},
+		{"grants", d.collectGrants},
 		{"directory", d.collectDirectory},
 		{"endpoint", d.collectEndpoint},
 	} {

@@ -106,6 +106,7 @@ func (d *Daemon) storeOf(i int) *store.Store {
 // connections' sessions are closed by then), before the file tier their L2
 // I/O goes through and the pools their values live in.
 func (d *Daemon) closeStore() {
+	d.closeGrants() // their pins go before the stores close
 	for _, s := range d.stores {
 		if err := s.Close(); err != nil {
 			d.log.Warn("closing the store", "err", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -109,6 +110,8 @@ type Session struct {
 	tenant string
 	pool   Pool
 	store  *store.Store
+	// grants are the tenant's handles and leases (grant.go); nil: none.
+	grants *grant.Grants
 
 	// segGen changes (under mu) whenever a segment is removed from the
 	// maps below, so that a queue's cache of resolved segments knows.

@@ -382,7 +382,7 @@ func (c *Session) StoreFigures() []wire.Counter {
 	if c.store == nil {
 		return nil
 	}
-	return StoreCounters(c.store.Stats(), nil)
+	return c.grantCounters(StoreCounters(c.store.Stats(), nil))
 }
 
 // StoreCounters appends the store's figures to dst, as Stats reports them

@@ -25,6 +25,7 @@ import (
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/wire"
@@ -167,6 +168,24 @@ var everyError = map[string]struct {
 	"store.ErrShortBuffer":  {store.ErrShortBuffer, tcproto.CodeINVALID_ARGUMENT},
 	"store.ErrTransport":    {store.ErrTransport, tcproto.CodeINTERNAL},
 	"store.ErrUnderflow":    {store.ErrUnderflow, tcproto.CodeFAILED_PRECONDITION},
+	// store/cluster/grant
+	"store/cluster/grant.ErrBusy":          {grant.ErrBusy, tcproto.CodeBUSY},
+	"store/cluster/grant.ErrClaimNotFound": {grant.ErrClaimNotFound, tcproto.CodeNOT_FOUND},
+	"store/cluster/grant.ErrClosed":        {grant.ErrClosed, tcproto.CodeUNAVAILABLE},
+	"store/cluster/grant.ErrExpired":       {grant.ErrExpired, tcproto.CodePERMISSION_DENIED},
+	"store/cluster/grant.ErrForeignEpoch":  {grant.ErrForeignEpoch, tcproto.CodePERMISSION_DENIED},
+	"store/cluster/grant.ErrForged":        {grant.ErrForged, tcproto.CodePERMISSION_DENIED},
+	"store/cluster/grant.ErrHandleLimit":   {grant.ErrHandleLimit, tcproto.CodeRESOURCE_EXHAUSTED},
+	"store/cluster/grant.ErrInvalid":       {grant.ErrInvalid, tcproto.CodeINVALID_ARGUMENT},
+	"store/cluster/grant.ErrKeysMismatch":  {grant.ErrKeysMismatch, tcproto.CodePERMISSION_DENIED},
+	"store/cluster/grant.ErrLeaseConflict": {grant.ErrLeaseConflict, tcproto.CodeFAILED_PRECONDITION},
+	"store/cluster/grant.ErrLeaseEnded":    {grant.ErrLeaseEnded, tcproto.CodeFAILED_PRECONDITION},
+	"store/cluster/grant.ErrLeaseLimit":    {grant.ErrLeaseLimit, tcproto.CodeRESOURCE_EXHAUSTED},
+	"store/cluster/grant.ErrLeaseNotFound": {grant.ErrLeaseNotFound, tcproto.CodeNOT_FOUND},
+	"store/cluster/grant.ErrNotIssuer":     {grant.ErrNotIssuer, tcproto.CodeFAILED_PRECONDITION},
+	"store/cluster/grant.ErrOverBudget":    {grant.ErrOverBudget, tcproto.CodeRESOURCE_EXHAUSTED},
+	"store/cluster/grant.ErrTooManyKeys":   {grant.ErrTooManyKeys, tcproto.CodeRESOURCE_EXHAUSTED},
+	"store/cluster/grant.ErrUnknownIssuer": {grant.ErrUnknownIssuer, tcproto.CodePERMISSION_DENIED},
 	// control
 	"control.ErrAddrInUse":           {control.ErrAddrInUse, tcproto.CodeALREADY_EXISTS},
 	"control.ErrClosed":              {control.ErrClosed, tcproto.CodeUNAVAILABLE},

@@ -169,6 +169,18 @@ func readClusterKey(path string) ([]byte, error) {
 	return key, nil
 }
 
+// ClusterSubkey is the key labelled label derived from the cluster key in
+// path, for the other parts of the daemon that sign with the cluster key
+// (retention handles): each purpose has its own key, none is the cluster
+// key itself.
+func ClusterSubkey(path, label string) ([]byte, error) {
+	key, err := readClusterKey(path)
+	if err != nil {
+		return nil, err
+	}
+	return deriveKey(key, label), nil
+}
+
 func deriveKey(master []byte, label string) []byte {
 	m := hmac.New(sha256.New, master)
 	m.Write([]byte(label))

@@ -26,6 +26,9 @@ var requests, responses = register(
 	call[StoreCommitRequest, StoreCommitResponse], call[StoreStatRequest, StoreStatResponse],
 	call[StoreListRequest, StoreListResponse], call[StoreFlushRequest, StoreFlushResponse],
 	call[StoreAbortRequest, StoreAbortResponse],
+	call[HandleIssueRequest, HandleIssueResponse], call[HandleRenewRequest, HandleRenewResponse],
+	call[HandleReleaseRequest, HandleReleaseResponse], call[LeaseCreateRequest, LeaseCreateResponse],
+	call[LeaseReleaseRequest, LeaseReleaseResponse], call[ModeRequest, ModeResponse],
 )
 
 // maker makes the empty messages of one call.

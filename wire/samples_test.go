@@ -65,6 +65,13 @@ func sampleRequests() []Request {
 		with(&StoreFlushRequest{TimeoutMS: 5000}),
 		with(&StoreRemoveRequest{Keys: [][]byte{{}, []byte("x")}}),
 		with(&StoreAbortRequest{Keys: sampleKeys}),
+		with(&HandleIssueRequest{Keys: sampleKeys, TTLMS: 60000}),
+		with(&HandleRenewRequest{Token: bytes.Repeat([]byte{0xa5}, 158), TTLMS: 30000}),
+		with(&HandleReleaseRequest{Token: []byte{1, 2, 3}}),
+		with(&LeaseCreateRequest{OpID: []byte("op-7f3a"), Keys: sampleKeys, TTLMS: 10000}),
+		with(&LeaseReleaseRequest{OpID: []byte("op-7f3a")}),
+		with(&ModeRequest{Set: "global-governed"}),
+		with(&ModeRequest{}),
 	}
 }
 
@@ -162,5 +169,12 @@ func sampleResponses() []Response {
 		{RequestID: 42, Body: &StoreFlushResponse{}},
 		{RequestID: 43, Body: &StatsResponse{Connections: 2, Store: []Counter{{"keys", 12}, {"l2_bytes", 1 << 30}}}},
 		{RequestID: 44, Body: &StoreAbortResponse{Codes: []Code{0, 6, 4}}},
+		{RequestID: 45, Body: &HandleIssueResponse{Token: bytes.Repeat([]byte{0x5a}, 158), HandleID: 1 << 40, ExpiryUnixMS: 1_700_000_060_000}},
+		{RequestID: 46, Body: &HandleRenewResponse{Token: []byte{9, 8}, ExpiryUnixMS: 1_700_000_090_000}},
+		{RequestID: 47, Body: &HandleReleaseResponse{}},
+		{RequestID: 48, Body: &LeaseCreateResponse{ExpiryUnixMS: 1_700_000_010_000, Joined: true}},
+		{RequestID: 49, Body: &LeaseReleaseResponse{}},
+		{RequestID: 50, Body: &ModeResponse{Mode: "budgeted-hybrid", RemoteGets: 256, ServeBytesPerSec: 8 << 30,
+			RemoteGetsInFlight: 3, GetsRefused: 4, ServesRefused: 5}},
 	}
 }

@@ -772,6 +772,62 @@ TC_API int tc_store_list(tc_conn *c, const void *prefix, size_t plen, const void
  * L2: TC_DEADLINE_EXCEEDED when some still are. */
 TC_API int tc_store_flush(tc_conn *c, uint32_t timeout_ms, const tc_call_opts *o);
 
+/* -- retention handles and placement leases -- */
+
+/*
+ * Both keep keys of the store from eviction, and both belong to the
+ * daemon's store, not to this connection: they outlive it and end when
+ * released or at their expiry.
+ *
+ * A retention handle is a token the daemon signs (its issuer's id and
+ * epoch, an id, the expiry, a digest of the keys). Whoever holds the token
+ * renews or releases the handle, at the daemon that issued it; a token that
+ * is forged, expired, released, or of an issuer that restarted is refused
+ * with TC_PERMISSION_DENIED. A placement lease pins keys under an operation
+ * id: a create retried with the same id and keys (in the same order) joins
+ * the first lease and pins nothing again; the same id with other keys, or
+ * of a lease released lately, is TC_FAILED_PRECONDITION.
+ */
+
+/* The longest handle token. */
+#define TC_MAX_HANDLE_TOKEN 256
+/* The longest operation id of a placement lease. */
+#define TC_MAX_OP_ID 128
+
+/* A retention handle: its token (token_len bytes), id and expiry. */
+typedef struct tc_handle {
+    uint8_t token[TC_MAX_HANDLE_TOKEN];
+    size_t token_len;
+    uint64_t id;
+    uint64_t expiry_unix_ms;
+} tc_handle;
+
+/* tc_handle_issue pins every key for ttl_ms (the daemon bounds it:
+ * store_max_lease_ttl), or none (a key that is not stored: TC_NOT_FOUND),
+ * and fills *out with the handle. */
+TC_API int tc_handle_issue(tc_conn *c, const tc_keys *keys, uint32_t ttl_ms, tc_handle *out, const tc_call_opts *o);
+
+/* tc_handle_renew extends the handle of token (len bytes) to ttl_ms from
+ * now and writes its new token and expiry into *out (its id is left as it
+ * is: out may be the handle whose token it renews). Use the new token from
+ * then on. */
+TC_API int tc_handle_renew(tc_conn *c, const void *token, size_t len, uint32_t ttl_ms, tc_handle *out,
+                           const tc_call_opts *o);
+
+/* tc_handle_release gives back the keys of the handle of token. A handle
+ * released or expired already is TC_PERMISSION_DENIED. */
+TC_API int tc_handle_release(tc_conn *c, const void *token, size_t len, const tc_call_opts *o);
+
+/* tc_lease_create pins keys for ttl_ms under operation id op (op_len bytes,
+ * 1 .. TC_MAX_OP_ID), or joins the lease op already names: *joined (may be
+ * NULL) says which, *expiry_unix_ms (may be NULL) when it ends. */
+TC_API int tc_lease_create(tc_conn *c, const void *op, size_t op_len, const tc_keys *keys, uint32_t ttl_ms,
+                           uint64_t *expiry_unix_ms, int *joined, const tc_call_opts *o);
+
+/* tc_lease_release gives back the keys of the lease of operation id op
+ * (TC_OK when it ended already; TC_NOT_FOUND when op names no lease). */
+TC_API int tc_lease_release(tc_conn *c, const void *op, size_t op_len, const tc_call_opts *o);
+
 /* -- on a queue, asynchronously -- */
 
 /*

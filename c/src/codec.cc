@@ -81,6 +81,11 @@ TCW_TAG(TCW_STORE_STAT, StoreStat)
 TCW_TAG(TCW_STORE_LIST, StoreList)
 TCW_TAG(TCW_STORE_FLUSH, StoreFlush)
 TCW_TAG(TCW_STORE_ABORT, StoreAbort)
+TCW_TAG(TCW_HANDLE_ISSUE, HandleIssue)
+TCW_TAG(TCW_HANDLE_RENEW, HandleRenew)
+TCW_TAG(TCW_HANDLE_RELEASE, HandleRelease)
+TCW_TAG(TCW_LEASE_CREATE, LeaseCreate)
+TCW_TAG(TCW_LEASE_RELEASE, LeaseRelease)
 #undef TCW_TAG
 
 static_assert(static_cast<int>(tcproto::Code::OK) == TC_OK, "code OK");
@@ -314,6 +319,24 @@ bool body(tcw_codec *w, const tcw_req *r, RequestBody &type, fb::Offset<void> &o
     }
     case TCW_STORE_FLUSH:
         out = tcproto::CreateStoreFlushRequest(b, r->timeout_ms).Union();
+        return true;
+    case TCW_HANDLE_ISSUE:
+        out = tcproto::CreateHandleIssueRequest(b, keys(b, r), r->ttl_ms).Union();
+        return true;
+    case TCW_HANDLE_RENEW:
+        out = tcproto::CreateHandleRenewRequest(b, blob(b, r->blob, r->blob_len), r->ttl_ms).Union();
+        return true;
+    case TCW_HANDLE_RELEASE:
+        out = tcproto::CreateHandleReleaseRequest(b, blob(b, r->blob, r->blob_len)).Union();
+        return true;
+    case TCW_LEASE_CREATE: {
+        auto op = blob(b, r->blob, r->blob_len);
+        auto k = keys(b, r);
+        out = tcproto::CreateLeaseCreateRequest(b, op, k, r->ttl_ms).Union();
+        return true;
+    }
+    case TCW_LEASE_RELEASE:
+        out = tcproto::CreateLeaseReleaseRequest(b, blob(b, r->blob, r->blob_len)).Union();
         return true;
     }
     return false;
@@ -571,9 +594,29 @@ int decode_body(tcw_codec *w, const tcproto::Response *r, tcw_resp *out) {
         out->more = b->more();
         break;
     }
+    case ResponseBody::HandleIssueResponse: {
+        auto *b = r->body_as_HandleIssueResponse();
+        out->token = bytes(b->token(), &out->token_len);
+        out->handle_id = b->handle_id();
+        out->expiry_unix_ms = b->expiry_unix_ms();
+        break;
+    }
+    case ResponseBody::HandleRenewResponse: {
+        auto *b = r->body_as_HandleRenewResponse();
+        out->token = bytes(b->token(), &out->token_len);
+        out->expiry_unix_ms = b->expiry_unix_ms();
+        break;
+    }
+    case ResponseBody::LeaseCreateResponse: {
+        auto *b = r->body_as_LeaseCreateResponse();
+        out->expiry_unix_ms = b->expiry_unix_ms();
+        out->joined = b->joined();
+        break;
+    }
     default:
         // Bodies without fields (UnregisterBuffer, FreeBatch, Unexport,
-        // CloseRemote, Subscribe, CloseQueue, StoreFlush) and ones this library does not read
+        // CloseRemote, Subscribe, CloseQueue, StoreFlush, HandleRelease,
+        // LeaseRelease) and ones this library does not read
         // (Peers, Segments, Rdma, and any newer than it): the caller checks
         // the kind.
         break;

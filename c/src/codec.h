@@ -62,7 +62,13 @@ enum {
     TCW_STORE_STAT = 36,
     TCW_STORE_LIST = 37,
     TCW_STORE_FLUSH = 38,
-    TCW_STORE_ABORT = 39
+    TCW_STORE_ABORT = 39,
+    TCW_HANDLE_ISSUE = 40,
+    TCW_HANDLE_RENEW = 41,
+    TCW_HANDLE_RELEASE = 42,
+    TCW_LEASE_CREATE = 43,
+    TCW_LEASE_RELEASE = 44
+    /* 45 (Mode) is an operators' call. */
 };
 /* Each response body has the tag of its request (the unions are parallel). */
 
@@ -110,8 +116,8 @@ typedef struct tcw_req {
     const tc_extent *extents; /* StorePut, StoreRead */
     const uint64_t *sizes;    /* StoreReserve */
     int durable;              /* StorePut, StoreCommit */
-    uint32_t ttl_ms;          /* StorePin */
-    const void *blob;         /* StoreStat: the key; StoreList: the prefix */
+    uint32_t ttl_ms;          /* StorePin, HandleIssue, HandleRenew, LeaseCreate */
+    const void *blob;         /* StoreStat: the key; StoreList: the prefix; handles: the token; leases: the op id */
     size_t blob_len;
     const void *blob2;        /* StoreList: after */
     size_t blob2_len;
@@ -158,6 +164,11 @@ typedef struct tcw_resp {
     const tc_key_info *infos;  /* StoreList: in the codec's scratch, keys in the frame */
     size_t n_infos;
     int more;                  /* StoreList */
+    const uint8_t *token;      /* HandleIssue, HandleRenew: in the frame */
+    size_t token_len;
+    uint64_t handle_id;        /* HandleIssue */
+    uint64_t expiry_unix_ms;   /* HandleIssue, HandleRenew, LeaseCreate */
+    int joined;                /* LeaseCreate */
 } tcw_resp;
 
 typedef struct tcw_codec tcw_codec;

@@ -2,7 +2,7 @@
  * store.c - the KV block store's calls against real daemons: the socket
  * calls (put and read through buffers and pool blocks, remove, pin with a
  * TTL, unpin all or nothing, reserve and commit or abort, stat, list,
- * flush), the
+ * flush, retention handles and placement leases), the
  * queue's store ops with their results regions, tc_kv (get in place, put
  * and read copying), key lists in both forms, answers that are not whole
  * (short, long, unwritten, with nonzero reserved bytes, outside the pool),
@@ -613,11 +613,71 @@ static void kv_large_read(tc_conn *c)
     tc_kv_close(kv);
 }
 
+/* pins_of is key's pin count over all connections. */
+static uint32_t pins_of(tc_conn *c, const char *key)
+{
+    tc_key_info info;
+    CHECK_RC(tc_store_stat(c, key, strlen(key), &info, NULL), TC_OK);
+    return info.pins;
+}
+
+/* socket_grants: a retention handle pins its keys until released, renews
+ * with a new token (its id kept), is refused forged or released twice; a
+ * lease create retried with its operation id joins (one pin), with other
+ * keys is refused; releases give the pins back. */
+static void socket_grants(tc_conn *c)
+{
+    tc_buffer *b;
+    REQUIRE(tc_buffer_create(c, 2 * VAL, &b, NULL) == TC_OK);
+    fill(b->data, 2 * VAL, 9);
+    keyset s, t;
+    int ids[2] = {0, 1}, codes[2];
+    const tc_keys *k = keys_of(&s, "grant/", ids, 2);
+    tc_extent v[2] = {{b->id, 0, VAL}, {b->id, VAL, VAL}};
+    CHECK_RC(tc_store_put(c, k, v, 0, codes, NULL), TC_OK);
+    CHECK(all_ok(codes, 2));
+
+    tc_handle h;
+    CHECK_RC(tc_handle_issue(c, k, 60000, &h, NULL), TC_OK);
+    CHECK(h.token_len > 0 && h.id != 0 && h.expiry_unix_ms != 0);
+    CHECK(pins_of(c, "grant/0") == 1 && pins_of(c, "grant/1") == 1);
+    tc_handle none;
+    CHECK_RC(tc_handle_issue(c, one_key(&t, "grant/absent"), 60000, &none, NULL), TC_NOT_FOUND);
+    tc_handle old = h;
+    CHECK_RC(tc_handle_renew(c, h.token, h.token_len, 120000, &h, NULL), TC_OK);
+    CHECK(h.id == old.id && h.expiry_unix_ms >= old.expiry_unix_ms &&
+          (h.token_len != old.token_len || memcmp(h.token, old.token, h.token_len) != 0));
+    tc_handle forged = h;
+    forged.token[forged.token_len - 1] ^= 1;
+    CHECK_RC(tc_handle_release(c, forged.token, forged.token_len, NULL), TC_PERMISSION_DENIED);
+    CHECK_RC(tc_handle_release(c, h.token, h.token_len, NULL), TC_OK);
+    CHECK_RC(tc_handle_release(c, h.token, h.token_len, NULL), TC_PERMISSION_DENIED);
+    CHECK(pins_of(c, "grant/0") == 0);
+    CHECK_RC(tc_handle_release(c, h.token, 0, NULL), TC_INVALID_ARGUMENT);
+
+    uint64_t exp1 = 0, exp2 = 0;
+    int joined = -1;
+    CHECK_RC(tc_lease_create(c, "op-c", 4, k, 60000, &exp1, &joined, NULL), TC_OK);
+    CHECK(joined == 0 && exp1 != 0);
+    CHECK_RC(tc_lease_create(c, "op-c", 4, k, 60000, &exp2, &joined, NULL), TC_OK);
+    CHECK(joined == 1 && exp2 == exp1);
+    CHECK(pins_of(c, "grant/0") == 1);
+    CHECK_RC(tc_lease_create(c, "op-c", 4, one_key(&t, "grant/0"), 60000, NULL, NULL, NULL), TC_FAILED_PRECONDITION);
+    CHECK_RC(tc_lease_release(c, "op-c", 4, NULL), TC_OK);
+    CHECK(pins_of(c, "grant/0") == 0);
+    CHECK_RC(tc_lease_release(c, "op-none", 7, NULL), TC_NOT_FOUND);
+    CHECK_RC(tc_lease_create(c, "", 0, k, 60000, NULL, NULL, NULL), TC_INVALID_ARGUMENT);
+
+    CHECK_RC(tc_store_remove(c, k, codes, NULL), TC_OK);
+    CHECK_RC(tc_buffer_destroy(c, b, NULL), TC_OK);
+}
+
 void test_store(const tcd *d)
 {
     tc_conn *c = dial(d->socket, 10000);
     socket_calls(c);
     socket_abort(c, d->socket);
+    socket_grants(c);
     queue_calls(c, d->socket);
     kv_calls(c);
     kv_large_read(c);
@@ -673,6 +733,14 @@ void test_store_basic(tc_conn *c)
     CHECK_RC(tc_store_abort(c, one_key(&s, "rec/4"), codes, NULL), TC_OK);
     CHECK(codes[0] == TC_OK);
     CHECK_RC(tc_store_flush(c, 10000, NULL), TC_OK);
+    k = keys_of(&s, "rec/", ids, 2); /* rec/0 and rec/1 again: s was reused */
+    tc_handle h;
+    CHECK_RC(tc_handle_issue(c, k, 60000, &h, NULL), TC_OK);
+    CHECK_RC(tc_handle_renew(c, h.token, h.token_len, 60000, &h, NULL), TC_OK);
+    CHECK_RC(tc_handle_release(c, h.token, h.token_len, NULL), TC_OK);
+    int joined;
+    CHECK_RC(tc_lease_create(c, "rec-op", 6, k, 60000, NULL, &joined, NULL), TC_OK);
+    CHECK_RC(tc_lease_release(c, "rec-op", 6, NULL), TC_OK);
     CHECK_RC(tc_buffer_destroy(c, b, NULL), TC_OK);
 }
 

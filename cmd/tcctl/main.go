@@ -14,6 +14,9 @@
 //	tcctl [--socket PATH] rm KEY...
 //	tcctl [--socket PATH] ls [--prefix P]
 //	tcctl [--socket PATH] stat KEY
+//	tcctl [--socket PATH] handle issue [--ttl D] KEY... | renew [--ttl D] TOKEN | release TOKEN
+//	tcctl [--socket PATH] lease create [--ttl D] OP KEY... | release OP
+//	tcctl [--socket PATH] mode [show | set MODE]
 //
 // The socket defaults to $TENSORCAST_SOCKET, else
 // /run/tensorcast/tensorcastd.sock.
@@ -71,8 +74,24 @@ commands:
   rm KEY...               remove keys (an absent key is a success)
   ls [--prefix P]         stored keys: size, tier, pins
   stat KEY                one key: size, tier, pins, writeback state
-                          The store commands exit 0 only on success and
-                          print the status code's name otherwise.
+  handle issue [--ttl D] KEY...
+                          a retention handle: keeps the keys from eviction
+                          until released or expired (default 1m); prints its
+                          token (hex), id and expiry
+  handle renew [--ttl D] TOKEN
+                          extend a handle at its issuer; prints the new token
+  handle release TOKEN    give a handle's keys back, at its issuer
+  lease create [--ttl D] OP KEY...
+                          a placement lease: pin the keys for the TTL under
+                          operation id OP; a retry with the same OP and keys
+                          joins the first lease, with other keys it is refused
+  lease release OP        give a lease's keys back
+  mode [show | set MODE]  the admission budgets for remote work: local-first,
+                          budgeted-hybrid or global-governed (set: root or
+                          the daemon's user)
+                          The store, handle, lease and mode commands exit 0
+                          only on success and print the status code's name
+                          otherwise.
 
 The socket is --socket, else $TENSORCAST_SOCKET, else ` + client.DefaultSocket + `.
 `
@@ -124,6 +143,12 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		err = lsCmd(sock, rest, stdout, stderr)
 	case "stat":
 		err = statCmd(sock, rest, stdout)
+	case "handle":
+		err = handleCmd(sock, rest, stdout, stderr)
+	case "lease":
+		err = leaseCmd(sock, rest, stdout, stderr)
+	case "mode":
+		err = modeCmd(sock, rest, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

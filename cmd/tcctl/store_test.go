@@ -19,8 +19,9 @@ import (
 	"github.com/tensorcast/tensorcast/store"
 )
 
-// startStoreDaemon is startDaemon with a DRAM-only store.
-func startStoreDaemon(t *testing.T) string {
+// startStoreDaemon is startDaemon with a DRAM-only store; more add to
+// the deps with it.
+func startStoreDaemon(t *testing.T, more ...func(*control.Deps, *store.Store)) string {
 	t.Helper()
 	return startDaemonDeps(t, func(d *control.Deps) {
 		s, err := store.New(store.Config{}, d.Pool.(*shm.Pool), nil)
@@ -29,15 +30,17 @@ func startStoreDaemon(t *testing.T) string {
 		}
 		t.Cleanup(func() { s.Close() })
 		d.Store = s
+		for _, f := range more {
+			f(d, s)
+		}
 	})
 }
 
-// TestStoreCommands: put, get, rm, ls and stat exit 0 only on success,
-// and print the status code's name otherwise; the store's figures show in
-// stats.
-func TestStoreCommands(t *testing.T) {
-	sock := startStoreDaemon(t)
-	run := func(wantCode int, args ...string) (string, string) {
+// tcctlOn runs tcctl against the daemon at sock: run(wantCode, args...)
+// fails the test unless tcctl exits with wantCode, and returns its stdout
+// and stderr.
+func tcctlOn(t *testing.T, sock string) func(wantCode int, args ...string) (string, string) {
+	return func(wantCode int, args ...string) (string, string) {
 		t.Helper()
 		code, out, errs := tcctl(t, nil, append([]string{"--socket", sock}, args...)...)
 		if code != wantCode {
@@ -45,6 +48,14 @@ func TestStoreCommands(t *testing.T) {
 		}
 		return out, errs
 	}
+}
+
+// TestStoreCommands: put, get, rm, ls and stat exit 0 only on success,
+// and print the status code's name otherwise; the store's figures show in
+// stats.
+func TestStoreCommands(t *testing.T) {
+	sock := startStoreDaemon(t)
+	run := tcctlOn(t, sock)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "v.bin")
 	val := bytes.Repeat([]byte("tensorcast "), 5000)

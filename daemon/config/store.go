@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 )
 
 // StoreConfig is the KV block store's part of Config: L1 is the DRAM pool,
@@ -48,6 +49,10 @@ type StoreConfig struct {
 	// StoreWritebackRetries is how often a failed L1→L2 writeback is
 	// retried before it becomes a tombstone (counted, logged, not retried).
 	StoreWritebackRetries int `toml:"store_writeback_retries"`
+	// StoreMode is the mode the daemon starts in (local-first,
+	// budgeted-hybrid, global-governed): its admission budgets for remote
+	// work, which tcctl mode changes at run time.
+	StoreMode string `toml:"store_mode"`
 }
 
 func storeDefaults() StoreConfig {
@@ -59,6 +64,7 @@ func storeDefaults() StoreConfig {
 		StoreMaxKeysPerCall:   1024,
 		StoreMaxLeaseTTL:      Duration(24 * time.Hour),
 		StoreWritebackRetries: 3,
+		StoreMode:             grant.BudgetedHybrid.String(),
 	}
 }
 
@@ -84,6 +90,9 @@ func (c *Config) validateStore() error {
 	s := &c.StoreConfig
 	if s.Store != "on" && s.Store != "off" {
 		return badValue("store", s.Store, "must be on or off")
+	}
+	if _, err := grant.ParseMode(s.StoreMode); err != nil {
+		return badValue("store_mode", s.StoreMode, "must be local-first, budgeted-hybrid or global-governed")
 	}
 	if p := s.StoreL2Path; p != "" && p != "off" {
 		if !filepath.IsAbs(p) {
@@ -167,5 +176,6 @@ func storeSettings() []setting {
 		{"store_max_keys_per_call", "TENSORCAST_STORE_MAX_KEYS_PER_CALL", "most keys of one store call", num(func(c *Config) *int { return &c.StoreMaxKeysPerCall })},
 		{"store_max_lease_ttl", "TENSORCAST_STORE_MAX_LEASE_TTL", "longest timed pin (e.g. 24h)", func(c *Config, s string) error { return c.StoreMaxLeaseTTL.UnmarshalText([]byte(s)) }},
 		{"store_writeback_retries", "TENSORCAST_STORE_WRITEBACK_RETRIES", "retries of a failed writeback before it is a tombstone", num(func(c *Config) *int { return &c.StoreWritebackRetries })},
+		{"store_mode", "TENSORCAST_STORE_MODE", "admission budgets for remote work: local-first, budgeted-hybrid or global-governed", str(func(c *Config) *string { return &c.StoreMode })},
 	}
 }

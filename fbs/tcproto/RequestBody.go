@@ -47,6 +47,12 @@ const (
 	RequestBodyStoreListRequest         RequestBody = 37
 	RequestBodyStoreFlushRequest        RequestBody = 38
 	RequestBodyStoreAbortRequest        RequestBody = 39
+	RequestBodyHandleIssueRequest       RequestBody = 40
+	RequestBodyHandleRenewRequest       RequestBody = 41
+	RequestBodyHandleReleaseRequest     RequestBody = 42
+	RequestBodyLeaseCreateRequest       RequestBody = 43
+	RequestBodyLeaseReleaseRequest      RequestBody = 44
+	RequestBodyModeRequest              RequestBody = 45
 )
 
 var EnumNamesRequestBody = map[RequestBody]string{
@@ -90,6 +96,12 @@ var EnumNamesRequestBody = map[RequestBody]string{
 	RequestBodyStoreListRequest:         "StoreListRequest",
 	RequestBodyStoreFlushRequest:        "StoreFlushRequest",
 	RequestBodyStoreAbortRequest:        "StoreAbortRequest",
+	RequestBodyHandleIssueRequest:       "HandleIssueRequest",
+	RequestBodyHandleRenewRequest:       "HandleRenewRequest",
+	RequestBodyHandleReleaseRequest:     "HandleReleaseRequest",
+	RequestBodyLeaseCreateRequest:       "LeaseCreateRequest",
+	RequestBodyLeaseReleaseRequest:      "LeaseReleaseRequest",
+	RequestBodyModeRequest:              "ModeRequest",
 }
 
 var EnumValuesRequestBody = map[string]RequestBody{
@@ -133,6 +145,12 @@ var EnumValuesRequestBody = map[string]RequestBody{
 	"StoreListRequest":         RequestBodyStoreListRequest,
 	"StoreFlushRequest":        RequestBodyStoreFlushRequest,
 	"StoreAbortRequest":        RequestBodyStoreAbortRequest,
+	"HandleIssueRequest":       RequestBodyHandleIssueRequest,
+	"HandleRenewRequest":       RequestBodyHandleRenewRequest,
+	"HandleReleaseRequest":     RequestBodyHandleReleaseRequest,
+	"LeaseCreateRequest":       RequestBodyLeaseCreateRequest,
+	"LeaseReleaseRequest":      RequestBodyLeaseReleaseRequest,
+	"ModeRequest":              RequestBodyModeRequest,
 }
 
 func (v RequestBody) String() string {

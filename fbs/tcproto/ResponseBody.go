@@ -47,6 +47,12 @@ const (
 	ResponseBodyStoreListResponse         ResponseBody = 37
 	ResponseBodyStoreFlushResponse        ResponseBody = 38
 	ResponseBodyStoreAbortResponse        ResponseBody = 39
+	ResponseBodyHandleIssueResponse       ResponseBody = 40
+	ResponseBodyHandleRenewResponse       ResponseBody = 41
+	ResponseBodyHandleReleaseResponse     ResponseBody = 42
+	ResponseBodyLeaseCreateResponse       ResponseBody = 43
+	ResponseBodyLeaseReleaseResponse      ResponseBody = 44
+	ResponseBodyModeResponse              ResponseBody = 45
 )
 
 var EnumNamesResponseBody = map[ResponseBody]string{
@@ -90,6 +96,12 @@ var EnumNamesResponseBody = map[ResponseBody]string{
 	ResponseBodyStoreListResponse:         "StoreListResponse",
 	ResponseBodyStoreFlushResponse:        "StoreFlushResponse",
 	ResponseBodyStoreAbortResponse:        "StoreAbortResponse",
+	ResponseBodyHandleIssueResponse:       "HandleIssueResponse",
+	ResponseBodyHandleRenewResponse:       "HandleRenewResponse",
+	ResponseBodyHandleReleaseResponse:     "HandleReleaseResponse",
+	ResponseBodyLeaseCreateResponse:       "LeaseCreateResponse",
+	ResponseBodyLeaseReleaseResponse:      "LeaseReleaseResponse",
+	ResponseBodyModeResponse:              "ModeResponse",
 }
 
 var EnumValuesResponseBody = map[string]ResponseBody{
@@ -133,6 +145,12 @@ var EnumValuesResponseBody = map[string]ResponseBody{
 	"StoreListResponse":         ResponseBodyStoreListResponse,
 	"StoreFlushResponse":        ResponseBodyStoreFlushResponse,
 	"StoreAbortResponse":        ResponseBodyStoreAbortResponse,
+	"HandleIssueResponse":       ResponseBodyHandleIssueResponse,
+	"HandleRenewResponse":       ResponseBodyHandleRenewResponse,
+	"HandleReleaseResponse":     ResponseBodyHandleReleaseResponse,
+	"LeaseCreateResponse":       ResponseBodyLeaseCreateResponse,
+	"LeaseReleaseResponse":      ResponseBodyLeaseReleaseResponse,
+	"ModeResponse":              ResponseBodyModeResponse,
 }
 
 func (v ResponseBody) String() string {

@@ -33,15 +33,17 @@ from . import client as _client
 from ._lib import path as library_path
 from .client import *  # noqa: F401,F403 (the names of client.__all__)
 from .queues import Completion, Queue, QueueInfo
-from .store import MAX_KEY, Codes, Extent, Key, KeyInfo, PinnedValues, Reservation
+from .store import MAX_KEY, Codes, Extent, Handle, Key, KeyInfo, Lease, PinnedValues, Reservation
 
 __all__ = [
     *_client.__all__,
     "Codes",
     "Completion",
     "Extent",
+    "Handle",
     "Key",
     "KeyInfo",
+    "Lease",
     "MAX_KEY",
     "PinnedValues",
     "Queue",

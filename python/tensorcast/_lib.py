@@ -210,6 +210,19 @@ class KeyInfo(ctypes.Structure):
     ]
 
 
+MAX_HANDLE_TOKEN = 256
+MAX_OP_ID = 128
+
+
+class Handle(ctypes.Structure):
+    _fields_ = [
+        ("token", c_u8 * MAX_HANDLE_TOKEN),
+        ("token_len", c_size),
+        ("id", c_u64),
+        ("expiry_unix_ms", c_u64),
+    ]
+
+
 class KvOpts(ctypes.Structure):
     _fields_ = [("max_keys", c_u32), ("timeout_ms", c_u32), ("spin_us", c_u32), ("flags", c_u32)]
 
@@ -275,6 +288,11 @@ _PROTOTYPES: dict[str, Tuple[List[Any], Any]] = {
     "tc_store_list": ([c_void_p, c_char_p, c_size, c_char_p, c_size, c_u32, P(P(KeyInfo)), P(c_size), PI, CO],
                       c_int),
     "tc_store_flush": ([c_void_p, c_u32, CO], c_int),
+    "tc_handle_issue": ([c_void_p, KS, c_u32, P(Handle), CO], c_int),
+    "tc_handle_renew": ([c_void_p, c_char_p, c_size, c_u32, P(Handle), CO], c_int),
+    "tc_handle_release": ([c_void_p, c_char_p, c_size, CO], c_int),
+    "tc_lease_create": ([c_void_p, c_char_p, c_size, KS, c_u32, PU, PI, CO], c_int),
+    "tc_lease_release": ([c_void_p, c_char_p, c_size, CO], c_int),
     "tc_results_create": ([c_void_p, c_u32, P(c_void_p)], c_int),
     "tc_results_in": ([c_void_p, P(Buffer), c_u64, c_u32, P(c_void_p)], c_int),
     "tc_results_destroy": ([c_void_p], None),

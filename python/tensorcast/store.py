@@ -76,6 +76,25 @@ class KeyInfo(NamedTuple):
     tombstone: bool
 
 
+class Handle(NamedTuple):
+    """A retention handle: its token (the capability: whoever holds it
+    renews or releases the handle, at the daemon that issued it), its id
+    (0 when only renewed through this client) and its expiry (Unix
+    milliseconds)."""
+
+    token: bytes
+    id: int
+    expiry_unix_ms: int
+
+
+class Lease(NamedTuple):
+    """A placement lease's expiry (Unix milliseconds), and whether the create
+    joined a lease an earlier create with the same operation id made."""
+
+    expiry_unix_ms: int
+    joined: bool
+
+
 class Extent(NamedTuple):
     """length bytes at offset in segment: a buffer of this client or pool
     blocks it allocated (``store_put``, ``store_read``)."""
@@ -713,6 +732,65 @@ class StoreCalls:
             out.extend(_status(c) for c in codes)
             out.lengths.extend(lens)
         return out
+
+    # -- retention handles and placement leases -----------------------------------
+    #
+    # Both keep keys from eviction and belong to the daemon's store, not to
+    # this client: they outlive it and end when released or at their expiry.
+
+    def _one_batch(self, what: str, keys: Sequence[Key]) -> Tuple[Any, bytes]:
+        if not 0 < len(keys) <= self._max_keys:
+            raise Error(Status.INVALID_ARGUMENT, f"{what}: {len(keys)} keys (1..{self._max_keys})")
+        return _pack(keys)
+
+    def _ref(self, opts: Optional["CallOptions"]) -> Any:
+        co = self._copts(opts)
+        return ctypes.byref(co) if co is not None else None
+
+    def handle_issue(self, keys: Sequence[Key], ttl: float, opts: Optional["CallOptions"] = None) -> Handle:
+        """A retention handle that keeps every key from eviction for ttl
+        seconds, or none (Error NOT_FOUND for a key that is not stored)."""
+        ks, packed = self._one_batch("handle_issue", keys)
+        h = _lib.Handle()
+        self._check(self._run_conn(lib.tc_handle_issue, ctypes.byref(ks), _ms(ttl), ctypes.byref(h), self._ref(opts)),
+                    f"handle_issue of {len(keys)} keys")
+        return Handle(bytes(h.token[:h.token_len]), h.id, h.expiry_unix_ms)
+
+    def handle_renew(self, handle: Union[Handle, bytes], ttl: float, opts: Optional["CallOptions"] = None) -> Handle:
+        """Extends a handle to ttl seconds from now, at its issuer, and
+        returns it with its new token (use that one from now on). A token
+        that is forged, expired, released or of an issuer that restarted is
+        Error PERMISSION_DENIED."""
+        token, hid = (handle.token, handle.id) if isinstance(handle, Handle) else (bytes(handle), 0)
+        h = _lib.Handle()
+        self._check(self._run_conn(lib.tc_handle_renew, token, len(token), _ms(ttl), ctypes.byref(h),
+                                   self._ref(opts)), "handle_renew")
+        return Handle(bytes(h.token[:h.token_len]), hid, h.expiry_unix_ms)
+
+    def handle_release(self, handle: Union[Handle, bytes], opts: Optional["CallOptions"] = None) -> None:
+        """Gives back a handle's keys, at its issuer (Error PERMISSION_DENIED
+        when it was released or expired already)."""
+        token = handle.token if isinstance(handle, Handle) else bytes(handle)
+        self._check(self._run_conn(lib.tc_handle_release, token, len(token), self._ref(opts)), "handle_release")
+
+    def lease_create(self, op_id: Key, keys: Sequence[Key], ttl: float,
+                     opts: Optional["CallOptions"] = None) -> Lease:
+        """Pins keys where they are for ttl seconds under operation id op_id.
+        A create retried with the same op_id and keys joins the first lease
+        (Lease.joined) and pins nothing again; the same op_id with other
+        keys, or of a lease released lately, is Error FAILED_PRECONDITION."""
+        op = _key(op_id)
+        ks, packed = self._one_batch("lease_create", keys)
+        exp, joined = ctypes.c_uint64(), ctypes.c_int()
+        self._check(self._run_conn(lib.tc_lease_create, op, len(op), ctypes.byref(ks), _ms(ttl), ctypes.byref(exp),
+                                   ctypes.byref(joined), self._ref(opts)), f"lease_create {op!r}")
+        return Lease(exp.value, bool(joined.value))
+
+    def lease_release(self, op_id: Key, opts: Optional["CallOptions"] = None) -> None:
+        """Gives back the keys of the lease of op_id (nothing to do when it
+        ended already; Error NOT_FOUND when op_id names no lease)."""
+        op = _key(op_id)
+        self._check(self._run_conn(lib.tc_lease_release, op, len(op), self._ref(opts)), f"lease_release {op!r}")
 
     # -- operators' calls -------------------------------------------------------------
 

@@ -117,6 +117,50 @@ class TestStore(DaemonCase):
         self.assertEqual(c.stat(b"rs/b").size, 3000)
         self.assertEqual(c.commit([b"rs/never"]), [Status.FAILED_PRECONDITION])
 
+    def test_handles_and_leases(self) -> None:
+        c = self.connect()
+        other = self.connect()
+        self.assertEqual(c.put([b"hl/0", b"hl/1"], [pattern(VAL, 1), pattern(VAL, 2)]), [OK, OK])
+        h = c.handle_issue([b"hl/0", "hl/1"], ttl=60)
+        self.assertIsInstance(h, tensorcast.Handle)
+        self.assertTrue(h.token and h.id and h.expiry_unix_ms)
+        self.assertEqual(c.stat(b"hl/0").pins, 1)
+        with self.assertRaises(Error) as e:
+            c.handle_issue([b"hl/absent"], ttl=60)
+        self.assertEqual(e.exception.code, NF)
+        # Any holder of the token renews and releases it.
+        h2 = other.handle_renew(h, ttl=120)
+        self.assertEqual(h2.id, h.id)
+        self.assertNotEqual(h2.token, h.token)
+        self.assertGreaterEqual(h2.expiry_unix_ms, h.expiry_unix_ms)
+        forged = h2.token[:-1] + bytes([h2.token[-1] ^ 1])
+        with self.assertRaises(Error) as e:
+            other.handle_release(forged)
+        self.assertEqual(e.exception.code, Status.PERMISSION_DENIED)
+        other.handle_release(h2)
+        with self.assertRaises(Error) as e:
+            other.handle_release(h2)  # released already
+        self.assertEqual(e.exception.code, Status.PERMISSION_DENIED)
+        self.assertEqual(c.stat(b"hl/0").pins, 0)
+
+        first = c.lease_create("op-py", [b"hl/0", b"hl/1"], ttl=60)
+        self.assertFalse(first.joined)
+        again = other.lease_create(b"op-py", [b"hl/0", b"hl/1"], ttl=60)
+        self.assertEqual(again, tensorcast.Lease(first.expiry_unix_ms, True))
+        self.assertEqual(c.stat(b"hl/1").pins, 1)
+        with self.assertRaises(Error) as e:
+            c.lease_create("op-py", [b"hl/0"], ttl=60)
+        self.assertEqual(e.exception.code, Status.FAILED_PRECONDITION)
+        c.lease_release("op-py")
+        self.assertEqual(c.stat(b"hl/1").pins, 0)
+        with self.assertRaises(Error) as e:
+            c.lease_release("op-none")
+        self.assertEqual(e.exception.code, NF)
+        with self.assertRaises(Error) as e:
+            c.lease_create("op-py", [], ttl=60)
+        self.assertEqual(e.exception.code, Status.INVALID_ARGUMENT)
+        self.assertEqual(c.remove([b"hl/0", b"hl/1"]), [OK, OK])
+
     def test_reserve_abort(self) -> None:
         # A daemon of its own: the store's figures are this test's alone.
         d = Daemon().start()

@@ -288,6 +288,42 @@ struct StoreFlushRequestBuilder;
 struct StoreFlushResponse;
 struct StoreFlushResponseBuilder;
 
+struct HandleIssueRequest;
+struct HandleIssueRequestBuilder;
+
+struct HandleIssueResponse;
+struct HandleIssueResponseBuilder;
+
+struct HandleRenewRequest;
+struct HandleRenewRequestBuilder;
+
+struct HandleRenewResponse;
+struct HandleRenewResponseBuilder;
+
+struct HandleReleaseRequest;
+struct HandleReleaseRequestBuilder;
+
+struct HandleReleaseResponse;
+struct HandleReleaseResponseBuilder;
+
+struct LeaseCreateRequest;
+struct LeaseCreateRequestBuilder;
+
+struct LeaseCreateResponse;
+struct LeaseCreateResponseBuilder;
+
+struct LeaseReleaseRequest;
+struct LeaseReleaseRequestBuilder;
+
+struct LeaseReleaseResponse;
+struct LeaseReleaseResponseBuilder;
+
+struct ModeRequest;
+struct ModeRequestBuilder;
+
+struct ModeResponse;
+struct ModeResponseBuilder;
+
 struct Request;
 struct RequestBuilder;
 
@@ -536,11 +572,17 @@ enum class RequestBody : uint8_t {
   StoreListRequest = 37,
   StoreFlushRequest = 38,
   StoreAbortRequest = 39,
+  HandleIssueRequest = 40,
+  HandleRenewRequest = 41,
+  HandleReleaseRequest = 42,
+  LeaseCreateRequest = 43,
+  LeaseReleaseRequest = 44,
+  ModeRequest = 45,
   MIN = NONE,
-  MAX = StoreAbortRequest
+  MAX = ModeRequest
 };
 
-inline const RequestBody (&EnumValuesRequestBody())[40] {
+inline const RequestBody (&EnumValuesRequestBody())[46] {
   static const RequestBody values[] = {
     RequestBody::NONE,
     RequestBody::HelloRequest,
@@ -581,13 +623,19 @@ inline const RequestBody (&EnumValuesRequestBody())[40] {
     RequestBody::StoreStatRequest,
     RequestBody::StoreListRequest,
     RequestBody::StoreFlushRequest,
-    RequestBody::StoreAbortRequest
+    RequestBody::StoreAbortRequest,
+    RequestBody::HandleIssueRequest,
+    RequestBody::HandleRenewRequest,
+    RequestBody::HandleReleaseRequest,
+    RequestBody::LeaseCreateRequest,
+    RequestBody::LeaseReleaseRequest,
+    RequestBody::ModeRequest
   };
   return values;
 }
 
 inline const char * const *EnumNamesRequestBody() {
-  static const char * const names[41] = {
+  static const char * const names[47] = {
     "NONE",
     "HelloRequest",
     "PingRequest",
@@ -628,13 +676,19 @@ inline const char * const *EnumNamesRequestBody() {
     "StoreListRequest",
     "StoreFlushRequest",
     "StoreAbortRequest",
+    "HandleIssueRequest",
+    "HandleRenewRequest",
+    "HandleReleaseRequest",
+    "LeaseCreateRequest",
+    "LeaseReleaseRequest",
+    "ModeRequest",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameRequestBody(RequestBody e) {
-  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::StoreAbortRequest)) return "";
+  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::ModeRequest)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesRequestBody()[index];
 }
@@ -799,6 +853,30 @@ template<> struct RequestBodyTraits<tcproto::StoreAbortRequest> {
   static const RequestBody enum_value = RequestBody::StoreAbortRequest;
 };
 
+template<> struct RequestBodyTraits<tcproto::HandleIssueRequest> {
+  static const RequestBody enum_value = RequestBody::HandleIssueRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::HandleRenewRequest> {
+  static const RequestBody enum_value = RequestBody::HandleRenewRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::HandleReleaseRequest> {
+  static const RequestBody enum_value = RequestBody::HandleReleaseRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::LeaseCreateRequest> {
+  static const RequestBody enum_value = RequestBody::LeaseCreateRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::LeaseReleaseRequest> {
+  static const RequestBody enum_value = RequestBody::LeaseReleaseRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::ModeRequest> {
+  static const RequestBody enum_value = RequestBody::ModeRequest;
+};
+
 bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, RequestBody type);
 bool VerifyRequestBodyVector(flatbuffers::Verifier &verifier, const flatbuffers::Vector<flatbuffers::Offset<void>> *values, const flatbuffers::Vector<RequestBody> *types);
 
@@ -843,11 +921,17 @@ enum class ResponseBody : uint8_t {
   StoreListResponse = 37,
   StoreFlushResponse = 38,
   StoreAbortResponse = 39,
+  HandleIssueResponse = 40,
+  HandleRenewResponse = 41,
+  HandleReleaseResponse = 42,
+  LeaseCreateResponse = 43,
+  LeaseReleaseResponse = 44,
+  ModeResponse = 45,
   MIN = NONE,
-  MAX = StoreAbortResponse
+  MAX = ModeResponse
 };
 
-inline const ResponseBody (&EnumValuesResponseBody())[40] {
+inline const ResponseBody (&EnumValuesResponseBody())[46] {
   static const ResponseBody values[] = {
     ResponseBody::NONE,
     ResponseBody::HelloResponse,
@@ -888,13 +972,19 @@ inline const ResponseBody (&EnumValuesResponseBody())[40] {
     ResponseBody::StoreStatResponse,
     ResponseBody::StoreListResponse,
     ResponseBody::StoreFlushResponse,
-    ResponseBody::StoreAbortResponse
+    ResponseBody::StoreAbortResponse,
+    ResponseBody::HandleIssueResponse,
+    ResponseBody::HandleRenewResponse,
+    ResponseBody::HandleReleaseResponse,
+    ResponseBody::LeaseCreateResponse,
+    ResponseBody::LeaseReleaseResponse,
+    ResponseBody::ModeResponse
   };
   return values;
 }
 
 inline const char * const *EnumNamesResponseBody() {
-  static const char * const names[41] = {
+  static const char * const names[47] = {
     "NONE",
     "HelloResponse",
     "PingResponse",
@@ -935,13 +1025,19 @@ inline const char * const *EnumNamesResponseBody() {
     "StoreListResponse",
     "StoreFlushResponse",
     "StoreAbortResponse",
+    "HandleIssueResponse",
+    "HandleRenewResponse",
+    "HandleReleaseResponse",
+    "LeaseCreateResponse",
+    "LeaseReleaseResponse",
+    "ModeResponse",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameResponseBody(ResponseBody e) {
-  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::StoreAbortResponse)) return "";
+  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::ModeResponse)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesResponseBody()[index];
 }
@@ -1104,6 +1200,30 @@ template<> struct ResponseBodyTraits<tcproto::StoreFlushResponse> {
 
 template<> struct ResponseBodyTraits<tcproto::StoreAbortResponse> {
   static const ResponseBody enum_value = ResponseBody::StoreAbortResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::HandleIssueResponse> {
+  static const ResponseBody enum_value = ResponseBody::HandleIssueResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::HandleRenewResponse> {
+  static const ResponseBody enum_value = ResponseBody::HandleRenewResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::HandleReleaseResponse> {
+  static const ResponseBody enum_value = ResponseBody::HandleReleaseResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::LeaseCreateResponse> {
+  static const ResponseBody enum_value = ResponseBody::LeaseCreateResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::LeaseReleaseResponse> {
+  static const ResponseBody enum_value = ResponseBody::LeaseReleaseResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::ModeResponse> {
+  static const ResponseBody enum_value = ResponseBody::ModeResponse;
 };
 
 bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj, ResponseBody type);
@@ -6944,6 +7064,720 @@ inline flatbuffers::Offset<StoreFlushResponse> CreateStoreFlushResponse(
   return builder_.Finish();
 }
 
+struct HandleIssueRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef HandleIssueRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEYS = 4,
+    VT_TTL_MS = 6
+  };
+  const flatbuffers::Vector<uint8_t> *keys() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEYS);
+  }
+  uint32_t ttl_ms() const {
+    return GetField<uint32_t>(VT_TTL_MS, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           VerifyField<uint32_t>(verifier, VT_TTL_MS, 4) &&
+           verifier.EndTable();
+  }
+};
+
+struct HandleIssueRequestBuilder {
+  typedef HandleIssueRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys) {
+    fbb_.AddOffset(HandleIssueRequest::VT_KEYS, keys);
+  }
+  void add_ttl_ms(uint32_t ttl_ms) {
+    fbb_.AddElement<uint32_t>(HandleIssueRequest::VT_TTL_MS, ttl_ms, 0);
+  }
+  explicit HandleIssueRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<HandleIssueRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<HandleIssueRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<HandleIssueRequest> CreateHandleIssueRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys = 0,
+    uint32_t ttl_ms = 0) {
+  HandleIssueRequestBuilder builder_(_fbb);
+  builder_.add_ttl_ms(ttl_ms);
+  builder_.add_keys(keys);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<HandleIssueRequest> CreateHandleIssueRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *keys = nullptr,
+    uint32_t ttl_ms = 0) {
+  auto keys__ = keys ? _fbb.CreateVector<uint8_t>(*keys) : 0;
+  return tcproto::CreateHandleIssueRequest(
+      _fbb,
+      keys__,
+      ttl_ms);
+}
+
+struct HandleIssueResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef HandleIssueResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_TOKEN = 4,
+    VT_HANDLE_ID = 6,
+    VT_EXPIRY_UNIX_MS = 8
+  };
+  const flatbuffers::Vector<uint8_t> *token() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_TOKEN);
+  }
+  uint64_t handle_id() const {
+    return GetField<uint64_t>(VT_HANDLE_ID, 0);
+  }
+  uint64_t expiry_unix_ms() const {
+    return GetField<uint64_t>(VT_EXPIRY_UNIX_MS, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_TOKEN) &&
+           verifier.VerifyVector(token()) &&
+           VerifyField<uint64_t>(verifier, VT_HANDLE_ID, 8) &&
+           VerifyField<uint64_t>(verifier, VT_EXPIRY_UNIX_MS, 8) &&
+           verifier.EndTable();
+  }
+};
+
+struct HandleIssueResponseBuilder {
+  typedef HandleIssueResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_token(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> token) {
+    fbb_.AddOffset(HandleIssueResponse::VT_TOKEN, token);
+  }
+  void add_handle_id(uint64_t handle_id) {
+    fbb_.AddElement<uint64_t>(HandleIssueResponse::VT_HANDLE_ID, handle_id, 0);
+  }
+  void add_expiry_unix_ms(uint64_t expiry_unix_ms) {
+    fbb_.AddElement<uint64_t>(HandleIssueResponse::VT_EXPIRY_UNIX_MS, expiry_unix_ms, 0);
+  }
+  explicit HandleIssueResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<HandleIssueResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<HandleIssueResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<HandleIssueResponse> CreateHandleIssueResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> token = 0,
+    uint64_t handle_id = 0,
+    uint64_t expiry_unix_ms = 0) {
+  HandleIssueResponseBuilder builder_(_fbb);
+  builder_.add_expiry_unix_ms(expiry_unix_ms);
+  builder_.add_handle_id(handle_id);
+  builder_.add_token(token);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<HandleIssueResponse> CreateHandleIssueResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *token = nullptr,
+    uint64_t handle_id = 0,
+    uint64_t expiry_unix_ms = 0) {
+  auto token__ = token ? _fbb.CreateVector<uint8_t>(*token) : 0;
+  return tcproto::CreateHandleIssueResponse(
+      _fbb,
+      token__,
+      handle_id,
+      expiry_unix_ms);
+}
+
+struct HandleRenewRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef HandleRenewRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_TOKEN = 4,
+    VT_TTL_MS = 6
+  };
+  const flatbuffers::Vector<uint8_t> *token() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_TOKEN);
+  }
+  uint32_t ttl_ms() const {
+    return GetField<uint32_t>(VT_TTL_MS, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_TOKEN) &&
+           verifier.VerifyVector(token()) &&
+           VerifyField<uint32_t>(verifier, VT_TTL_MS, 4) &&
+           verifier.EndTable();
+  }
+};
+
+struct HandleRenewRequestBuilder {
+  typedef HandleRenewRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_token(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> token) {
+    fbb_.AddOffset(HandleRenewRequest::VT_TOKEN, token);
+  }
+  void add_ttl_ms(uint32_t ttl_ms) {
+    fbb_.AddElement<uint32_t>(HandleRenewRequest::VT_TTL_MS, ttl_ms, 0);
+  }
+  explicit HandleRenewRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<HandleRenewRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<HandleRenewRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<HandleRenewRequest> CreateHandleRenewRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> token = 0,
+    uint32_t ttl_ms = 0) {
+  HandleRenewRequestBuilder builder_(_fbb);
+  builder_.add_ttl_ms(ttl_ms);
+  builder_.add_token(token);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<HandleRenewRequest> CreateHandleRenewRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *token = nullptr,
+    uint32_t ttl_ms = 0) {
+  auto token__ = token ? _fbb.CreateVector<uint8_t>(*token) : 0;
+  return tcproto::CreateHandleRenewRequest(
+      _fbb,
+      token__,
+      ttl_ms);
+}
+
+struct HandleRenewResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef HandleRenewResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_TOKEN = 4,
+    VT_EXPIRY_UNIX_MS = 6
+  };
+  const flatbuffers::Vector<uint8_t> *token() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_TOKEN);
+  }
+  uint64_t expiry_unix_ms() const {
+    return GetField<uint64_t>(VT_EXPIRY_UNIX_MS, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_TOKEN) &&
+           verifier.VerifyVector(token()) &&
+           VerifyField<uint64_t>(verifier, VT_EXPIRY_UNIX_MS, 8) &&
+           verifier.EndTable();
+  }
+};
+
+struct HandleRenewResponseBuilder {
+  typedef HandleRenewResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_token(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> token) {
+    fbb_.AddOffset(HandleRenewResponse::VT_TOKEN, token);
+  }
+  void add_expiry_unix_ms(uint64_t expiry_unix_ms) {
+    fbb_.AddElement<uint64_t>(HandleRenewResponse::VT_EXPIRY_UNIX_MS, expiry_unix_ms, 0);
+  }
+  explicit HandleRenewResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<HandleRenewResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<HandleRenewResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<HandleRenewResponse> CreateHandleRenewResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> token = 0,
+    uint64_t expiry_unix_ms = 0) {
+  HandleRenewResponseBuilder builder_(_fbb);
+  builder_.add_expiry_unix_ms(expiry_unix_ms);
+  builder_.add_token(token);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<HandleRenewResponse> CreateHandleRenewResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *token = nullptr,
+    uint64_t expiry_unix_ms = 0) {
+  auto token__ = token ? _fbb.CreateVector<uint8_t>(*token) : 0;
+  return tcproto::CreateHandleRenewResponse(
+      _fbb,
+      token__,
+      expiry_unix_ms);
+}
+
+struct HandleReleaseRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef HandleReleaseRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_TOKEN = 4
+  };
+  const flatbuffers::Vector<uint8_t> *token() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_TOKEN);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_TOKEN) &&
+           verifier.VerifyVector(token()) &&
+           verifier.EndTable();
+  }
+};
+
+struct HandleReleaseRequestBuilder {
+  typedef HandleReleaseRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_token(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> token) {
+    fbb_.AddOffset(HandleReleaseRequest::VT_TOKEN, token);
+  }
+  explicit HandleReleaseRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<HandleReleaseRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<HandleReleaseRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<HandleReleaseRequest> CreateHandleReleaseRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> token = 0) {
+  HandleReleaseRequestBuilder builder_(_fbb);
+  builder_.add_token(token);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<HandleReleaseRequest> CreateHandleReleaseRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *token = nullptr) {
+  auto token__ = token ? _fbb.CreateVector<uint8_t>(*token) : 0;
+  return tcproto::CreateHandleReleaseRequest(
+      _fbb,
+      token__);
+}
+
+struct HandleReleaseResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef HandleReleaseResponseBuilder Builder;
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           verifier.EndTable();
+  }
+};
+
+struct HandleReleaseResponseBuilder {
+  typedef HandleReleaseResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  explicit HandleReleaseResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<HandleReleaseResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<HandleReleaseResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<HandleReleaseResponse> CreateHandleReleaseResponse(
+    flatbuffers::FlatBufferBuilder &_fbb) {
+  HandleReleaseResponseBuilder builder_(_fbb);
+  return builder_.Finish();
+}
+
+struct LeaseCreateRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef LeaseCreateRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_OP_ID = 4,
+    VT_KEYS = 6,
+    VT_TTL_MS = 8
+  };
+  const flatbuffers::Vector<uint8_t> *op_id() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_OP_ID);
+  }
+  const flatbuffers::Vector<uint8_t> *keys() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEYS);
+  }
+  uint32_t ttl_ms() const {
+    return GetField<uint32_t>(VT_TTL_MS, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_OP_ID) &&
+           verifier.VerifyVector(op_id()) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           VerifyField<uint32_t>(verifier, VT_TTL_MS, 4) &&
+           verifier.EndTable();
+  }
+};
+
+struct LeaseCreateRequestBuilder {
+  typedef LeaseCreateRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_op_id(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> op_id) {
+    fbb_.AddOffset(LeaseCreateRequest::VT_OP_ID, op_id);
+  }
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys) {
+    fbb_.AddOffset(LeaseCreateRequest::VT_KEYS, keys);
+  }
+  void add_ttl_ms(uint32_t ttl_ms) {
+    fbb_.AddElement<uint32_t>(LeaseCreateRequest::VT_TTL_MS, ttl_ms, 0);
+  }
+  explicit LeaseCreateRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<LeaseCreateRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<LeaseCreateRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<LeaseCreateRequest> CreateLeaseCreateRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> op_id = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> keys = 0,
+    uint32_t ttl_ms = 0) {
+  LeaseCreateRequestBuilder builder_(_fbb);
+  builder_.add_ttl_ms(ttl_ms);
+  builder_.add_keys(keys);
+  builder_.add_op_id(op_id);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<LeaseCreateRequest> CreateLeaseCreateRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *op_id = nullptr,
+    const std::vector<uint8_t> *keys = nullptr,
+    uint32_t ttl_ms = 0) {
+  auto op_id__ = op_id ? _fbb.CreateVector<uint8_t>(*op_id) : 0;
+  auto keys__ = keys ? _fbb.CreateVector<uint8_t>(*keys) : 0;
+  return tcproto::CreateLeaseCreateRequest(
+      _fbb,
+      op_id__,
+      keys__,
+      ttl_ms);
+}
+
+struct LeaseCreateResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef LeaseCreateResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_EXPIRY_UNIX_MS = 4,
+    VT_JOINED = 6
+  };
+  uint64_t expiry_unix_ms() const {
+    return GetField<uint64_t>(VT_EXPIRY_UNIX_MS, 0);
+  }
+  bool joined() const {
+    return GetField<uint8_t>(VT_JOINED, 0) != 0;
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyField<uint64_t>(verifier, VT_EXPIRY_UNIX_MS, 8) &&
+           VerifyField<uint8_t>(verifier, VT_JOINED, 1) &&
+           verifier.EndTable();
+  }
+};
+
+struct LeaseCreateResponseBuilder {
+  typedef LeaseCreateResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_expiry_unix_ms(uint64_t expiry_unix_ms) {
+    fbb_.AddElement<uint64_t>(LeaseCreateResponse::VT_EXPIRY_UNIX_MS, expiry_unix_ms, 0);
+  }
+  void add_joined(bool joined) {
+    fbb_.AddElement<uint8_t>(LeaseCreateResponse::VT_JOINED, static_cast<uint8_t>(joined), 0);
+  }
+  explicit LeaseCreateResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<LeaseCreateResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<LeaseCreateResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<LeaseCreateResponse> CreateLeaseCreateResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint64_t expiry_unix_ms = 0,
+    bool joined = false) {
+  LeaseCreateResponseBuilder builder_(_fbb);
+  builder_.add_expiry_unix_ms(expiry_unix_ms);
+  builder_.add_joined(joined);
+  return builder_.Finish();
+}
+
+struct LeaseReleaseRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef LeaseReleaseRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_OP_ID = 4
+  };
+  const flatbuffers::Vector<uint8_t> *op_id() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_OP_ID);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_OP_ID) &&
+           verifier.VerifyVector(op_id()) &&
+           verifier.EndTable();
+  }
+};
+
+struct LeaseReleaseRequestBuilder {
+  typedef LeaseReleaseRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_op_id(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> op_id) {
+    fbb_.AddOffset(LeaseReleaseRequest::VT_OP_ID, op_id);
+  }
+  explicit LeaseReleaseRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<LeaseReleaseRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<LeaseReleaseRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<LeaseReleaseRequest> CreateLeaseReleaseRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> op_id = 0) {
+  LeaseReleaseRequestBuilder builder_(_fbb);
+  builder_.add_op_id(op_id);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<LeaseReleaseRequest> CreateLeaseReleaseRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *op_id = nullptr) {
+  auto op_id__ = op_id ? _fbb.CreateVector<uint8_t>(*op_id) : 0;
+  return tcproto::CreateLeaseReleaseRequest(
+      _fbb,
+      op_id__);
+}
+
+struct LeaseReleaseResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef LeaseReleaseResponseBuilder Builder;
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           verifier.EndTable();
+  }
+};
+
+struct LeaseReleaseResponseBuilder {
+  typedef LeaseReleaseResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  explicit LeaseReleaseResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<LeaseReleaseResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<LeaseReleaseResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<LeaseReleaseResponse> CreateLeaseReleaseResponse(
+    flatbuffers::FlatBufferBuilder &_fbb) {
+  LeaseReleaseResponseBuilder builder_(_fbb);
+  return builder_.Finish();
+}
+
+struct ModeRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef ModeRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_SET = 4
+  };
+  const flatbuffers::String *set() const {
+    return GetPointer<const flatbuffers::String *>(VT_SET);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_SET) &&
+           verifier.VerifyString(set()) &&
+           verifier.EndTable();
+  }
+};
+
+struct ModeRequestBuilder {
+  typedef ModeRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_set(flatbuffers::Offset<flatbuffers::String> set) {
+    fbb_.AddOffset(ModeRequest::VT_SET, set);
+  }
+  explicit ModeRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<ModeRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<ModeRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<ModeRequest> CreateModeRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::String> set = 0) {
+  ModeRequestBuilder builder_(_fbb);
+  builder_.add_set(set);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<ModeRequest> CreateModeRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const char *set = nullptr) {
+  auto set__ = set ? _fbb.CreateString(set) : 0;
+  return tcproto::CreateModeRequest(
+      _fbb,
+      set__);
+}
+
+struct ModeResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef ModeResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_MODE = 4,
+    VT_REMOTE_GETS = 6,
+    VT_SERVE_BYTES_PER_SEC = 8,
+    VT_REMOTE_GETS_IN_FLIGHT = 10,
+    VT_GETS_REFUSED = 12,
+    VT_SERVES_REFUSED = 14
+  };
+  const flatbuffers::String *mode() const {
+    return GetPointer<const flatbuffers::String *>(VT_MODE);
+  }
+  uint32_t remote_gets() const {
+    return GetField<uint32_t>(VT_REMOTE_GETS, 0);
+  }
+  uint64_t serve_bytes_per_sec() const {
+    return GetField<uint64_t>(VT_SERVE_BYTES_PER_SEC, 0);
+  }
+  uint32_t remote_gets_in_flight() const {
+    return GetField<uint32_t>(VT_REMOTE_GETS_IN_FLIGHT, 0);
+  }
+  uint64_t gets_refused() const {
+    return GetField<uint64_t>(VT_GETS_REFUSED, 0);
+  }
+  uint64_t serves_refused() const {
+    return GetField<uint64_t>(VT_SERVES_REFUSED, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_MODE) &&
+           verifier.VerifyString(mode()) &&
+           VerifyField<uint32_t>(verifier, VT_REMOTE_GETS, 4) &&
+           VerifyField<uint64_t>(verifier, VT_SERVE_BYTES_PER_SEC, 8) &&
+           VerifyField<uint32_t>(verifier, VT_REMOTE_GETS_IN_FLIGHT, 4) &&
+           VerifyField<uint64_t>(verifier, VT_GETS_REFUSED, 8) &&
+           VerifyField<uint64_t>(verifier, VT_SERVES_REFUSED, 8) &&
+           verifier.EndTable();
+  }
+};
+
+struct ModeResponseBuilder {
+  typedef ModeResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_mode(flatbuffers::Offset<flatbuffers::String> mode) {
+    fbb_.AddOffset(ModeResponse::VT_MODE, mode);
+  }
+  void add_remote_gets(uint32_t remote_gets) {
+    fbb_.AddElement<uint32_t>(ModeResponse::VT_REMOTE_GETS, remote_gets, 0);
+  }
+  void add_serve_bytes_per_sec(uint64_t serve_bytes_per_sec) {
+    fbb_.AddElement<uint64_t>(ModeResponse::VT_SERVE_BYTES_PER_SEC, serve_bytes_per_sec, 0);
+  }
+  void add_remote_gets_in_flight(uint32_t remote_gets_in_flight) {
+    fbb_.AddElement<uint32_t>(ModeResponse::VT_REMOTE_GETS_IN_FLIGHT, remote_gets_in_flight, 0);
+  }
+  void add_gets_refused(uint64_t gets_refused) {
+    fbb_.AddElement<uint64_t>(ModeResponse::VT_GETS_REFUSED, gets_refused, 0);
+  }
+  void add_serves_refused(uint64_t serves_refused) {
+    fbb_.AddElement<uint64_t>(ModeResponse::VT_SERVES_REFUSED, serves_refused, 0);
+  }
+  explicit ModeResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<ModeResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<ModeResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<ModeResponse> CreateModeResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::String> mode = 0,
+    uint32_t remote_gets = 0,
+    uint64_t serve_bytes_per_sec = 0,
+    uint32_t remote_gets_in_flight = 0,
+    uint64_t gets_refused = 0,
+    uint64_t serves_refused = 0) {
+  ModeResponseBuilder builder_(_fbb);
+  builder_.add_serves_refused(serves_refused);
+  builder_.add_gets_refused(gets_refused);
+  builder_.add_serve_bytes_per_sec(serve_bytes_per_sec);
+  builder_.add_remote_gets_in_flight(remote_gets_in_flight);
+  builder_.add_remote_gets(remote_gets);
+  builder_.add_mode(mode);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<ModeResponse> CreateModeResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const char *mode = nullptr,
+    uint32_t remote_gets = 0,
+    uint64_t serve_bytes_per_sec = 0,
+    uint32_t remote_gets_in_flight = 0,
+    uint64_t gets_refused = 0,
+    uint64_t serves_refused = 0) {
+  auto mode__ = mode ? _fbb.CreateString(mode) : 0;
+  return tcproto::CreateModeResponse(
+      _fbb,
+      mode__,
+      remote_gets,
+      serve_bytes_per_sec,
+      remote_gets_in_flight,
+      gets_refused,
+      serves_refused);
+}
+
 struct Request FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   typedef RequestBuilder Builder;
   enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
@@ -7077,6 +7911,24 @@ struct Request FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   }
   const tcproto::StoreAbortRequest *body_as_StoreAbortRequest() const {
     return body_type() == tcproto::RequestBody::StoreAbortRequest ? static_cast<const tcproto::StoreAbortRequest *>(body()) : nullptr;
+  }
+  const tcproto::HandleIssueRequest *body_as_HandleIssueRequest() const {
+    return body_type() == tcproto::RequestBody::HandleIssueRequest ? static_cast<const tcproto::HandleIssueRequest *>(body()) : nullptr;
+  }
+  const tcproto::HandleRenewRequest *body_as_HandleRenewRequest() const {
+    return body_type() == tcproto::RequestBody::HandleRenewRequest ? static_cast<const tcproto::HandleRenewRequest *>(body()) : nullptr;
+  }
+  const tcproto::HandleReleaseRequest *body_as_HandleReleaseRequest() const {
+    return body_type() == tcproto::RequestBody::HandleReleaseRequest ? static_cast<const tcproto::HandleReleaseRequest *>(body()) : nullptr;
+  }
+  const tcproto::LeaseCreateRequest *body_as_LeaseCreateRequest() const {
+    return body_type() == tcproto::RequestBody::LeaseCreateRequest ? static_cast<const tcproto::LeaseCreateRequest *>(body()) : nullptr;
+  }
+  const tcproto::LeaseReleaseRequest *body_as_LeaseReleaseRequest() const {
+    return body_type() == tcproto::RequestBody::LeaseReleaseRequest ? static_cast<const tcproto::LeaseReleaseRequest *>(body()) : nullptr;
+  }
+  const tcproto::ModeRequest *body_as_ModeRequest() const {
+    return body_type() == tcproto::RequestBody::ModeRequest ? static_cast<const tcproto::ModeRequest *>(body()) : nullptr;
   }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
@@ -7243,6 +8095,30 @@ template<> inline const tcproto::StoreFlushRequest *Request::body_as<tcproto::St
 
 template<> inline const tcproto::StoreAbortRequest *Request::body_as<tcproto::StoreAbortRequest>() const {
   return body_as_StoreAbortRequest();
+}
+
+template<> inline const tcproto::HandleIssueRequest *Request::body_as<tcproto::HandleIssueRequest>() const {
+  return body_as_HandleIssueRequest();
+}
+
+template<> inline const tcproto::HandleRenewRequest *Request::body_as<tcproto::HandleRenewRequest>() const {
+  return body_as_HandleRenewRequest();
+}
+
+template<> inline const tcproto::HandleReleaseRequest *Request::body_as<tcproto::HandleReleaseRequest>() const {
+  return body_as_HandleReleaseRequest();
+}
+
+template<> inline const tcproto::LeaseCreateRequest *Request::body_as<tcproto::LeaseCreateRequest>() const {
+  return body_as_LeaseCreateRequest();
+}
+
+template<> inline const tcproto::LeaseReleaseRequest *Request::body_as<tcproto::LeaseReleaseRequest>() const {
+  return body_as_LeaseReleaseRequest();
+}
+
+template<> inline const tcproto::ModeRequest *Request::body_as<tcproto::ModeRequest>() const {
+  return body_as_ModeRequest();
 }
 
 struct RequestBuilder {
@@ -7420,6 +8296,24 @@ struct Response FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const tcproto::StoreAbortResponse *body_as_StoreAbortResponse() const {
     return body_type() == tcproto::ResponseBody::StoreAbortResponse ? static_cast<const tcproto::StoreAbortResponse *>(body()) : nullptr;
   }
+  const tcproto::HandleIssueResponse *body_as_HandleIssueResponse() const {
+    return body_type() == tcproto::ResponseBody::HandleIssueResponse ? static_cast<const tcproto::HandleIssueResponse *>(body()) : nullptr;
+  }
+  const tcproto::HandleRenewResponse *body_as_HandleRenewResponse() const {
+    return body_type() == tcproto::ResponseBody::HandleRenewResponse ? static_cast<const tcproto::HandleRenewResponse *>(body()) : nullptr;
+  }
+  const tcproto::HandleReleaseResponse *body_as_HandleReleaseResponse() const {
+    return body_type() == tcproto::ResponseBody::HandleReleaseResponse ? static_cast<const tcproto::HandleReleaseResponse *>(body()) : nullptr;
+  }
+  const tcproto::LeaseCreateResponse *body_as_LeaseCreateResponse() const {
+    return body_type() == tcproto::ResponseBody::LeaseCreateResponse ? static_cast<const tcproto::LeaseCreateResponse *>(body()) : nullptr;
+  }
+  const tcproto::LeaseReleaseResponse *body_as_LeaseReleaseResponse() const {
+    return body_type() == tcproto::ResponseBody::LeaseReleaseResponse ? static_cast<const tcproto::LeaseReleaseResponse *>(body()) : nullptr;
+  }
+  const tcproto::ModeResponse *body_as_ModeResponse() const {
+    return body_type() == tcproto::ResponseBody::ModeResponse ? static_cast<const tcproto::ModeResponse *>(body()) : nullptr;
+  }
   uint64_t request_id() const {
     return GetField<uint64_t>(VT_REQUEST_ID, 0);
   }
@@ -7590,6 +8484,30 @@ template<> inline const tcproto::StoreFlushResponse *Response::body_as<tcproto::
 
 template<> inline const tcproto::StoreAbortResponse *Response::body_as<tcproto::StoreAbortResponse>() const {
   return body_as_StoreAbortResponse();
+}
+
+template<> inline const tcproto::HandleIssueResponse *Response::body_as<tcproto::HandleIssueResponse>() const {
+  return body_as_HandleIssueResponse();
+}
+
+template<> inline const tcproto::HandleRenewResponse *Response::body_as<tcproto::HandleRenewResponse>() const {
+  return body_as_HandleRenewResponse();
+}
+
+template<> inline const tcproto::HandleReleaseResponse *Response::body_as<tcproto::HandleReleaseResponse>() const {
+  return body_as_HandleReleaseResponse();
+}
+
+template<> inline const tcproto::LeaseCreateResponse *Response::body_as<tcproto::LeaseCreateResponse>() const {
+  return body_as_LeaseCreateResponse();
+}
+
+template<> inline const tcproto::LeaseReleaseResponse *Response::body_as<tcproto::LeaseReleaseResponse>() const {
+  return body_as_LeaseReleaseResponse();
+}
+
+template<> inline const tcproto::ModeResponse *Response::body_as<tcproto::ModeResponse>() const {
+  return body_as_ModeResponse();
 }
 
 struct ResponseBuilder {
@@ -7816,6 +8734,30 @@ inline bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, 
       auto ptr = reinterpret_cast<const tcproto::StoreAbortRequest *>(obj);
       return verifier.VerifyTable(ptr);
     }
+    case RequestBody::HandleIssueRequest: {
+      auto ptr = reinterpret_cast<const tcproto::HandleIssueRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::HandleRenewRequest: {
+      auto ptr = reinterpret_cast<const tcproto::HandleRenewRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::HandleReleaseRequest: {
+      auto ptr = reinterpret_cast<const tcproto::HandleReleaseRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::LeaseCreateRequest: {
+      auto ptr = reinterpret_cast<const tcproto::LeaseCreateRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::LeaseReleaseRequest: {
+      auto ptr = reinterpret_cast<const tcproto::LeaseReleaseRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::ModeRequest: {
+      auto ptr = reinterpret_cast<const tcproto::ModeRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
     default: return true;
   }
 }
@@ -7991,6 +8933,30 @@ inline bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj,
     }
     case ResponseBody::StoreAbortResponse: {
       auto ptr = reinterpret_cast<const tcproto::StoreAbortResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::HandleIssueResponse: {
+      auto ptr = reinterpret_cast<const tcproto::HandleIssueResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::HandleRenewResponse: {
+      auto ptr = reinterpret_cast<const tcproto::HandleRenewResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::HandleReleaseResponse: {
+      auto ptr = reinterpret_cast<const tcproto::HandleReleaseResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::LeaseCreateResponse: {
+      auto ptr = reinterpret_cast<const tcproto::LeaseCreateResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::LeaseReleaseResponse: {
+      auto ptr = reinterpret_cast<const tcproto::LeaseReleaseResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::ModeResponse: {
+      auto ptr = reinterpret_cast<const tcproto::ModeResponse *>(obj);
       return verifier.VerifyTable(ptr);
     }
     default: return true;

@@ -1,0 +1,119 @@
+package control
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
+	"github.com/tensorcast/tensorcast/wire"
+)
+
+// newGrantEnv is a server with a store (L1 only), its handles and leases,
+// and a mode.
+func newGrantEnv(t *testing.T) *env {
+	t.Helper()
+	var s *store.Store
+	var g *grant.Grants
+	e := newEnv(t, false, func(c *Config, d *Deps) {
+		var err error
+		if s, err = store.New(store.Config{}, d.Pool.(*shm.Pool), nil); err != nil {
+			t.Fatal(err)
+		}
+		h, err := grant.NewHandles(grant.HandlesConfig{DaemonID: c.DaemonID, Epoch: 5, Scope: DefaultTenant,
+			Key: []byte("a test cluster's key"), Pinner: grant.StorePinner{Store: s}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := grant.NewLeases(grant.LeasesConfig{Pinner: grant.StorePinner{Store: s}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g = &grant.Grants{Handles: h, Leases: l}
+		if d.Admission, err = grant.NewAdmission(grant.BudgetedHybrid, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		d.Store, d.Grants = s, g
+	})
+	t.Cleanup(func() { // before the env's own: the server, the grants, the store
+		e.srv.Close()
+		g.Close()
+		s.Close()
+	})
+	return e
+}
+
+// The handle, lease and mode calls are audited at AuditLevel with the
+// request's audit keys (a renewal, a keep-alive, one level below), what an
+// issue granted is logged with its first key, and the calls are idempotent
+// by key: a retried issue answers the first token and pins nothing again;
+// the same key with other arguments is refused.
+func TestGrantCallsAuditedAndIdempotent(t *testing.T) {
+	e := newGrantEnv(t)
+	c := dialRaw(t, e.sock)
+	keys := [][]byte{[]byte("g/0")}
+	buf := body[wire.AllocBlocksResponse](t, c.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})).Offsets[0]
+	expectCode(t, c.call(&wire.StorePutRequest{Keys: keys, Values: []wire.Extent{{Segment: testPoolID, Offset: buf, Length: 10}}}),
+		tcproto.CodeOK)
+
+	ctx := wire.Context{IdempotencyKey: []byte("k-handle"), Lane: []byte("hybrid-cache-first"), PolicyVersion: 4}
+	first := body[wire.HandleIssueResponse](t, c.callCtx(ctx, &wire.HandleIssueRequest{Keys: keys, TTLMS: 60000}))
+	token := bytes.Clone(first.Token)
+	again := body[wire.HandleIssueResponse](t, c.callCtx(ctx, &wire.HandleIssueRequest{Keys: keys, TTLMS: 60000}))
+	if !bytes.Equal(again.Token, token) {
+		t.Fatal("a retried issue answered another token")
+	}
+	expectCode(t, c.callCtx(ctx, &wire.HandleIssueRequest{Keys: keys, TTLMS: 1000}), tcproto.CodeFAILED_PRECONDITION)
+	info := body[wire.StoreStatResponse](t, c.call(&wire.StoreStatRequest{Key: keys[0]}))
+	if info.Info.Pins != 1 {
+		t.Fatalf("%d pins after a retried issue, want 1", info.Info.Pins)
+	}
+	expectCode(t, c.callCtx(wire.Context{IdempotencyKey: []byte("k-lease")},
+		&wire.LeaseCreateRequest{OpID: []byte("op"), Keys: keys, TTLMS: 60000}), tcproto.CodeOK)
+	expectCode(t, c.callCtx(wire.Context{IdempotencyKey: []byte("k-release")}, &wire.HandleReleaseRequest{Token: token}),
+		tcproto.CodeOK)
+	expectCode(t, c.callCtx(wire.Context{IdempotencyKey: []byte("k-mode")}, &wire.ModeRequest{Set: "local-first"}),
+		tcproto.CodeOK)
+	m := body[wire.ModeResponse](t, c.call(&wire.ModeRequest{}))
+	if m.Mode != "local-first" {
+		t.Fatalf("mode %q after setting local-first", m.Mode)
+	}
+
+	renew := body[wire.HandleIssueResponse](t, c.call(&wire.HandleIssueRequest{Keys: keys, TTLMS: 60000})).Token
+	expectCode(t, c.callCtx(wire.Context{IdempotencyKey: []byte("k-renew")}, &wire.HandleRenewRequest{Token: renew, TTLMS: 1000}),
+		tcproto.CodeOK)
+	if log := e.logBuf.String(); !strings.Contains(log, `msg="retention handle issued"`) || !strings.Contains(log, "first_key=g/0") {
+		t.Errorf("no record of what the issue granted:\n%s", log)
+	}
+
+	want := map[string]bool{"k-handle": false, "k-lease": false, "k-release": false, "k-mode": false, "k-renew": false}
+	for _, line := range strings.Split(e.logBuf.String(), "\n") {
+		if !strings.Contains(line, "msg=audit") {
+			continue
+		}
+		for k := range want {
+			if strings.Contains(line, "idempotency_key="+k+" ") {
+				want[k] = true
+				level := "level=INFO"
+				if k == "k-renew" {
+					level = "level=DEBUG" // a keep-alive, audited with the data path
+				}
+				if !strings.Contains(line, level) {
+					t.Errorf("%s not audited at %s: %s", k, level, line)
+				}
+			}
+		}
+		if strings.Contains(line, "idempotency_key=k-handle ") &&
+			(!strings.Contains(line, "lane=hybrid-cache-first") || !strings.Contains(line, "policy_version=4")) {
+			t.Errorf("the issue's audit record lacks its lane or policy version: %s", line)
+		}
+	}
+	for k, seen := range want {
+		if !seen {
+			t.Errorf("no audit record of %s:\n%s", k, e.logBuf.String())
+		}
+	}
+}

@@ -1,0 +1,184 @@
+package grant
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// fakeChannel is the peer channel between daemons in one process: an
+// exchange reaches the issuer's ServeHandles when it runs the epoch asked
+// for, as tcp.Node.ExchangeAt does.
+type fakeChannel map[string]struct {
+	epoch uint64
+	serve func(from string, epoch uint64, req []byte) ([]byte, error)
+}
+
+func (f fakeChannel) exchange(peer string, epoch uint64, kind string, req []byte, _ time.Duration) ([]byte, error) {
+	p, ok := f[peer]
+	switch {
+	case kind != ExchangeKind:
+		return nil, fmt.Errorf("kind %q: %w", kind, tcp.ErrNoHandler)
+	case !ok:
+		return nil, fmt.Errorf("%q: %w", peer, tcp.ErrUnknownPeer)
+	case epoch != 0 && epoch != p.epoch:
+		return nil, fmt.Errorf("%q: %w", peer, tcp.ErrStaleEpoch)
+	}
+	ans, err := p.serve("caller", 1, append([]byte(nil), req...))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", tcp.ErrExchange, err)
+	}
+	return ans, nil
+}
+
+func serveOne(h *Handles) func(string, uint64, []byte) ([]byte, error) {
+	return ServeHandles(func(scope string) *Handles {
+		if scope == h.cfg.Scope {
+			return h
+		}
+		return nil
+	})
+}
+
+// Renewals and releases at a daemon that did not issue the handle travel
+// to the issuer over the peer channel; the issuer's verdicts come back
+// with their codes; an issuer that restarted or is gone refuses.
+func TestRouteOverPeerChannel(t *testing.T) {
+	clk := newClock()
+	pa := newCountPinner()
+	a := newIssuer(t, "a", 7, clk, pa, func(c *HandlesConfig) { c.Scope = "default" })
+	ch := fakeChannel{}
+	ch["a"] = struct {
+		epoch uint64
+		serve func(string, uint64, []byte) ([]byte, error)
+	}{7, serveOne(a)}
+	b := newIssuer(t, "b", 9, clk, newCountPinner(), func(c *HandlesConfig) {
+		c.Scope, c.Members, c.Router = "default", members{"a": 7}, PeerRouter{Exchange: ch.exchange}
+	})
+	hd, err := a.Issue(keys("k"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hd2, err := b.Renew(hd.Token, time.Minute)
+	if err != nil {
+		t.Fatalf("routed renew: %v", err)
+	}
+	if hd2.ID != hd.ID || !hd2.Expiry.After(hd.Expiry) {
+		t.Fatalf("renewed %+v from %+v", hd2, hd)
+	}
+	if _, err := b.Verify(hd2.Token, keys("k")); err != nil {
+		t.Fatalf("the renewed token at b: %v", err)
+	}
+	clk.Advance(30 * time.Second)
+	if pa.count("k") != 1 {
+		t.Fatal("the routed renewal did not keep the issuer's pin")
+	}
+	if err := b.Release(hd2.Token); err != nil {
+		t.Fatalf("routed release: %v", err)
+	}
+	if pa.count("k") != 0 {
+		t.Fatal("the routed release left the issuer's pin")
+	}
+	// The issuer's verdict, with its category: released already.
+	if err := b.Release(hd2.Token); !errors.Is(err, xfer.ErrPermission) {
+		t.Fatalf("routed second release: %v, want PERMISSION_DENIED", err)
+	}
+	if _, err := b.Renew(hd2.Token, time.Minute); !errors.Is(err, xfer.ErrPermission) {
+		t.Fatalf("routed renew of a released handle: %v, want PERMISSION_DENIED", err)
+	}
+
+	// The issuer restarted: the exchange is not run in its new epoch.
+	hd3, err := a.Issue(keys("k"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := ch["a"]
+	e.epoch = 8
+	ch["a"] = e
+	if _, err := b.Renew(hd3.Token, time.Minute); !errors.Is(err, ErrForeignEpoch) {
+		t.Fatalf("issuer restarted: %v, want ErrForeignEpoch", err)
+	}
+	delete(ch, "a")
+	if err := b.Release(hd3.Token); !errors.Is(err, ErrUnknownIssuer) {
+		t.Fatalf("issuer gone: %v, want ErrUnknownIssuer", err)
+	}
+	if pa.count("k") != 1 {
+		t.Fatal("a refused route changed the issuer's pins")
+	}
+}
+
+// The issuer's side refuses what is not its own: a token of another
+// issuer is never routed on (FAILED_PRECONDITION), one of a scope it has
+// no store of is PERMISSION_DENIED, a request that does not decode fails.
+func TestServeHandlesRefusals(t *testing.T) {
+	clk := newClock()
+	a := newIssuer(t, "a", 7, clk, newCountPinner(), func(c *HandlesConfig) { c.Scope = "default" })
+	c := newIssuer(t, "c", 3, clk, newCountPinner(), func(c *HandlesConfig) { c.Scope = "default" })
+	serve := serveOne(a)
+	other, err := c.Issue(keys("k"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _ := openToken(other.Token, clusterKey)
+	ans, err := serve("b", 1, encodeRoute(opRelease, tok, other.Token, 0))
+	if err != nil || len(ans) != 1 || !errors.Is(categoryOf(codeOfByte(ans[0])), xfer.ErrPrecondition) {
+		t.Fatalf("another issuer's token: %v, %v; want FAILED_PRECONDITION", ans, err)
+	}
+	tok.Scope = "tenant-x"
+	ans, err = serve("b", 1, encodeRoute(opRelease, tok, other.Token, 0))
+	if err != nil || len(ans) != 1 || !errors.Is(categoryOf(codeOfByte(ans[0])), xfer.ErrPermission) {
+		t.Fatalf("a scope without a store: %v, %v; want PERMISSION_DENIED", ans, err)
+	}
+	for _, bad := range [][]byte{nil, {1}, {2, 1, 0, 0, 0, 0, 0}, {1, 3, 0, 0, 0, 0, 0}, {1, 1, 0, 0, 0, 0, 9, 'x'}} {
+		if _, err := serve("b", 1, bad); !errors.Is(err, xfer.ErrInvalid) {
+			t.Errorf("request %v: %v, want ErrInvalid", bad, err)
+		}
+	}
+	if st := c.Stats(); st.Live != 1 {
+		t.Fatal("c's handle changed")
+	}
+}
+
+// FuzzServeHandles: whatever a peer sends, the issuer's side answers a
+// code or an error, never panics, and never releases a handle it is not
+// shown a valid token of.
+func FuzzServeHandles(f *testing.F) {
+	clk := newClock()
+	p := newCountPinner()
+	h, err := NewHandles(HandlesConfig{DaemonID: "a", Epoch: 7, Key: clusterKey, Pinner: p, Clock: clk})
+	if err != nil {
+		f.Fatal(err)
+	}
+	hd, err := h.Issue(keys("k"), time.Hour)
+	if err != nil {
+		f.Fatal(err)
+	}
+	tok, _ := openToken(hd.Token, clusterKey)
+	f.Add(encodeRoute(opRenew, tok, hd.Token, time.Minute))
+	f.Add(encodeRoute(opRelease, tok, hd.Token[:len(hd.Token)-1], 0))
+	f.Add([]byte{1, 2, 0, 0, 0, 0, 0})
+	serve := ServeHandles(func(string) *Handles { return h })
+	f.Fuzz(func(t *testing.T, req []byte) {
+		ans, err := serve("peer", 1, req)
+		if err == nil && len(ans) == 0 {
+			t.Fatal("no answer and no error")
+		}
+		if p.count("k") == 1 {
+			return
+		}
+		if !bytes.Contains(req, hd.Token) {
+			t.Fatalf("the handle went on a request without its token: %x", req)
+		}
+		if hd, err = h.Issue(keys("k"), time.Hour); err != nil { // released rightly: the next input gets a new one
+			t.Fatal(err)
+		}
+	})
+}
+
+func codeOfByte(b byte) tcproto.Code { return tcproto.Code(b) }

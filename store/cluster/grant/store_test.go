@@ -1,0 +1,137 @@
+package grant
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/store"
+)
+
+// openStore opens a DRAM-only store of capacity bytes: values evicted from
+// L1 are gone, so what survives pressure is what is pinned.
+func openStore(t *testing.T, capacity uint64, clock ...Clock) *store.Store {
+	t.Helper()
+	pool, err := shm.NewPool(shm.PoolConfig{ID: 1, Size: capacity, Hugepages: shm.HugepagesOff, MinBlock: 4096, MaxBlock: 64 << 10}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := store.Config{L1Capacity: capacity}
+	if len(clock) > 0 {
+		cfg.Clock = clock[0]
+	}
+	s, err := store.New(cfg, pool, nil)
+	if err != nil {
+		pool.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		pool.Close()
+	})
+	return s
+}
+
+func put(t *testing.T, ss *store.Session, key string, size int) {
+	t.Helper()
+	codes := make([]store.Code, 1)
+	if _, err := ss.Put(keys(key), [][]byte{make([]byte, size)}, false, codes, nil, nil, 0); err != nil || codes[0] != store.OK {
+		t.Fatalf("put %s: %v, %v", key, err, codes[0])
+	}
+}
+
+func present(s *store.Store, key string) bool {
+	codes := make([]store.Code, 1)
+	return s.Exists(keys(key), codes) == nil && codes[0] == store.OK
+}
+
+// fill puts n new values under prefix: more than the pool holds, so the
+// store evicts what is unpinned.
+func fill(t *testing.T, ss *store.Session, prefix string, n int) {
+	for i := 0; i < n; i++ {
+		put(t, ss, fmt.Sprintf("%s/%d", prefix, i), 16<<10)
+	}
+}
+
+// A retention handle keeps its key in the store under pool pressure that
+// evicts its neighbour; once released, pressure takes it too. A placement
+// lease does the same until it expires.
+func TestHandleKeepsKeyFromEviction(t *testing.T) {
+	s := openStore(t, 1<<20)
+	ss := s.NewSession()
+	defer ss.Close()
+	clk := newClock()
+	h := newIssuer(t, "a", 7, clk, StorePinner{s}, nil)
+	l := newLeaseTable(t, clk, StorePinner{s}, nil)
+
+	put(t, ss, "held", 16<<10)
+	put(t, ss, "leased", 16<<10)
+	put(t, ss, "free", 16<<10)
+	hd, err := h.Issue(keys("held"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Create("op", keys("leased"), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, ss, "a", 256) // 4 MiB through a 1 MiB pool
+	if present(s, "free") {
+		t.Fatal("no pressure: the unheld key survived")
+	}
+	if !present(s, "held") || !present(s, "leased") {
+		t.Fatalf("held %v, leased %v: evicted under a handle or lease", present(s, "held"), present(s, "leased"))
+	}
+	if err := h.Release(hd.Token); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(10 * time.Second)
+	fill(t, ss, "b", 256)
+	if present(s, "held") || present(s, "leased") {
+		t.Fatalf("held %v, leased %v: kept after release and expiry", present(s, "held"), present(s, "leased"))
+	}
+	// A handle on a key that is not stored holds nothing and says so.
+	if _, err := h.Issue(keys("b/255", "absent"), time.Minute); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("handle on an absent key: %v, want store.ErrNotFound", err)
+	}
+	if info, err := s.Stat([]byte("b/255")); err != nil || info.Pins != 0 {
+		t.Fatalf("b/255 after a refused handle: %+v, %v", info, err)
+	}
+}
+
+// A handle's store pins are timed: a renewal extends them in the store
+// too, so they outlast the first TTL, and they end at the renewed expiry
+// even without the handle's own timer (the store's clock is the same
+// here).
+func TestHandleStorePinsFollowRenewals(t *testing.T) {
+	clk := newClock()
+	s := openStore(t, 1<<20, clk)
+	ss := s.NewSession()
+	defer ss.Close()
+	put(t, ss, "k", 4096)
+	h := newIssuer(t, "a", 7, clk, StorePinner{s}, nil)
+	hd, err := h.Issue(keys("k"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pins := func() uint32 {
+		info, err := s.Stat([]byte("k"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Pins
+	}
+	clk.Advance(5 * time.Second)
+	if _, err := h.Renew(hd.Token, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(10 * time.Second) // past the first TTL
+	if pins() != 1 {
+		t.Fatalf("%d pins after the first TTL of a renewed handle", pins())
+	}
+	clk.Advance(10 * time.Second) // past the renewed expiry
+	if pins() != 0 {
+		t.Fatalf("%d pins after the renewed expiry", pins())
+	}
+}
