@@ -161,7 +161,7 @@ func (c *Session) OpenRemote(ctx *wire.Context, m *wire.OpenRemoteRequest, r *wi
 	if pp == nil {
 		return fmt.Errorf("%w: no peer plane configured", ErrUnavailable)
 	}
-	peerID, seg, err := peer.SplitRemote(string(m.Name))
+	peerID, owner, seg, err := peer.SplitRemote(string(m.Name))
 	if err != nil {
 		return err
 	}
@@ -177,7 +177,7 @@ func (c *Session) OpenRemote(ctx *wire.Context, m *wire.OpenRemoteRequest, r *wi
 	if held >= c.h.Limits.MaxExports {
 		return fmt.Errorf("%w: %d remote segments open", ErrLimit, held)
 	}
-	rs, err := pp.OpenRemote(OpenContext{Lane: string(ctx.Lane), PolicyVersion: ctx.PolicyVersion},
+	rs, err := pp.OpenRemote(OpenContext{Lane: string(ctx.Lane), PolicyVersion: ctx.PolicyVersion, Tenant: c.tenant, Owner: owner},
 		peerID, seg, m.Rights, m.Transport)
 	if err != nil {
 		return err

@@ -152,7 +152,12 @@ func (p *Links) resolve(l *rdmaLink, r *tcp.Remote) error {
 	if _, ok := (*l.segs.Load())[r]; ok {
 		return nil
 	}
-	resp, err := p.node.ExchangeAt(r.Peer(), l.epoch, segmentExchange, []byte(r.Name()), 0)
+	resp, err := p.node.ExchangeAt(r.Peer(), l.epoch, segmentTokenExchange, r.Token(), 0)
+	if errors.Is(err, tcp.ErrNoHandler) && r.Access() == (tcp.Access{Name: r.Name()}) {
+		// A daemon before tenants: it serves its (default) exports by
+		// name, and a segment opened without tenants is one of those.
+		resp, err = p.node.ExchangeAt(r.Peer(), l.epoch, segmentExchange, []byte(r.Name()), 0)
+	}
 	if err != nil {
 		return err
 	}
