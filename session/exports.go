@@ -54,12 +54,12 @@ func (c *Session) ExportSegment(m *wire.ExportSegmentRequest, r *wire.Response) 
 		}
 		parent = b
 	}
-	e, err := c.h.Exports.Export(name, c.tenant, parent, off, n, m.Rights)
+	e, err := c.h.Exports.ExportTo(name, c.tenant, m.Grants, parent, off, n, m.Rights)
 	if err != nil {
 		return err
 	}
 	c.exports = append(c.exports, e)
-	c.log.Info("segment exported", "name", name, "segment", id, "offset", off, "size", n, "rights", m.Rights)
+	c.log.Info("segment exported", "name", name, "segment", id, "offset", off, "size", n, "rights", m.Rights, "grants", m.Grants)
 	wire.SetResponse[wire.ExportSegmentResponse](r).Size = n
 	return nil
 }

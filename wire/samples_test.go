@@ -65,6 +65,7 @@ func sampleRequests() []Request {
 		with(&StoreFlushRequest{TimeoutMS: 5000}),
 		with(&StoreRemoveRequest{Keys: [][]byte{{}, []byte("x")}}),
 		with(&StoreAbortRequest{Keys: sampleKeys}),
+		with(&ExportSegmentRequest{Name: []byte("shared"), Segment: 1, Rights: RightRead, Grants: []string{"team-b", "team-c"}}),
 	}
 }
 
