@@ -174,6 +174,11 @@ func (d *Daemon) collectPeers(e *metrics.Emit) {
 	if d.peers == nil {
 		return
 	}
+	const denied = "Peer requests for an export of the tenant refused because it does not grant the asking client's tenant."
+	for _, name := range d.names {
+		n, _ := d.exports.Denied(name)
+		e.Counter("tensorcast_peer_tenant_denied_total", denied, float64(n), metrics.L("tenant", metrics.SanitizeLabel(name)))
+	}
 	for _, p := range d.peers.Node().Peers() {
 		id := metrics.L("peer", metrics.SanitizeLabel(p.ID))
 		e.Counter("tensorcast_peer_received_bytes_total", "Payload bytes received from the peer.", float64(p.BytesIn), id)

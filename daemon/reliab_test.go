@@ -314,7 +314,7 @@ func grepLines(s, alts string) string {
 // TC_ARGS other=, and registers TC_ARGS file= with a round trip through
 // it, printing what each gave.
 func runHelper(kind string) int {
-	if kind != "tenant" {
+	if kind != "tenant" && kind != "peer-tenant" {
 		fmt.Println("unknown helper", kind)
 		return 2
 	}
@@ -332,6 +332,9 @@ func runHelper(kind string) int {
 			return se.Code.String()
 		}
 		return err.Error()
+	}
+	if kind == "peer-tenant" {
+		return runPeerTenantHelper(args, code)
 	}
 	c, err := client.Dial(os.Getenv("TC_SOCKET"), client.Options{Name: "tenant"})
 	if err != nil {
