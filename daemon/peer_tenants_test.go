@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -25,7 +26,7 @@ import (
 // refused PERMISSION_DENIED and nothing reaches its buffer; a's client
 // reads a's "d1/kv". d1 logs the refusal and counts it for tenant a.
 func TestPeerTenants(t *testing.T) {
-	key := writeKey(t, t.TempDir(), "cluster.key", "tenants across daemons")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tenants across daemons")
 	cfg1, bin := tenantConfig(t)
 	cfg2, _ := tenantConfig(t)
 	cfg1.DaemonID, cfg1.PeerListen, cfg1.ClusterKeyFile = "d1", "127.0.0.1:0", key
