@@ -94,19 +94,7 @@ func TestPeerTenants(t *testing.T) {
 
 	opener := func(uid uint32, names ...string) map[string]string {
 		t.Helper()
-		cmd := exec.Command(bin)
-		cmd.Env = append(os.Environ(), helperEnv+"=peer-tenant", "TC_SOCKET="+cfg2.Socket, "TC_ARGS=open="+strings.Join(names, "+"))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
-		out, err := cmd.CombinedOutput()
-		got := map[string]string{}
-		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			k, v, _ := strings.Cut(l, " ")
-			got[k] = v
-		}
-		if err != nil || got["done"] != "ok" {
-			t.Fatalf("opener as uid %d: %v\n%s", uid, err, out)
-		}
-		return got
+		return runAsUID(t, bin, "peer-tenant", cfg2.Socket, uid, "open="+strings.Join(names, "+"))
 	}
 	gotB := opener(uidB, "d1/kv", "d1/a/shared", "d1/a/kv")
 	want := map[string]string{"d1/kv": "OK b2", "d1/a/shared": "OK 5a", "d1/a/kv": "PERMISSION_DENIED untouched"}
