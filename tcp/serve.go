@@ -26,7 +26,7 @@ func (c *conn) authorize(tok []byte, need Rights, off uint64, ln uint32) (xfer.M
 	}
 	seg, _, err := n.exp.Lookup(a)
 	if err != nil || seg == nil {
-		return nil, lookupStatus(err), fmt.Errorf("%w: %q: %w", ErrNotFound, a.Name, err)
+		return nil, lookupStatus(err), lookupErr(a, err)
 	}
 	if !seg.Acquire() {
 		return nil, stNotFound, fmt.Errorf("%w: %q is closing", ErrNotFound, a.Name)
@@ -37,6 +37,15 @@ func (c *conn) authorize(tok []byte, need Rights, off uint64, ln uint32) (xfer.M
 		return nil, stInvalid, fmt.Errorf("%w: [%d, +%d) outside %q", xfer.ErrInvalid, off, ln, a.Name)
 	}
 	return seg, stOK, nil
+}
+
+// lookupErr is what the log says of a request the Exporter's Lookup
+// refused.
+func lookupErr(a Access, err error) error {
+	if err == nil {
+		err = ErrNotFound
+	}
+	return fmt.Errorf("%q (tenant %q, of %q): %w", a.Name, a.Tenant, a.Owner, err)
 }
 
 // lookupStatus is the answer to a request the Exporter's Lookup refused:
@@ -109,7 +118,7 @@ func (c *conn) onOpen(h *header, meta []byte) error {
 	seg, granted, err := n.exp.Lookup(a)
 	if err != nil || seg == nil {
 		out.status = lookupStatus(err)
-		c.refusedRequest("open", fmt.Errorf("%w: %w", ErrNotFound, err), accessLog(a)...)
+		c.refusedRequest("open", lookupErr(a, err))
 		c.writeFrame(&out, nil)
 		return nil
 	}
