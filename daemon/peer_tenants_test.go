@@ -103,6 +103,9 @@ func TestPeerTenants(t *testing.T) {
 			t.Errorf("b's client on d2, %s: %q, want %q", name, gotB[name], w)
 		}
 	}
+	if gotB["remotes"] != "d1/a/shared+d1/kv" {
+		t.Errorf("b's client on d2 lists %q, want the remote names it opened", gotB["remotes"])
+	}
 	if got := opener(uidA, "d1/kv")["d1/kv"]; got != "OK a1" {
 		t.Errorf("a's client on d2, d1/kv: %q, want a's bytes", got)
 	}
@@ -124,7 +127,7 @@ func TestPeerTenants(t *testing.T) {
 // "export" (the codes), "list" (its Segments) and "ready", and holds the
 // exports until stdin closes; open=r1+r2 opens each remote name and reads
 // 4 KiB of it into a zeroed buffer, printing "ri OK xx" (the first byte)
-// or "ri CODE untouched|touched".
+// or "ri CODE untouched|touched", then "remotes" (its Segments).
 func runPeerTenantHelper(args map[string]string, code func(error) string) int {
 	c, err := client.Dial(os.Getenv("TC_SOCKET"), client.Options{Name: "peer-tenant", CallTimeout: 30 * time.Second})
 	if err != nil {
@@ -157,6 +160,17 @@ func runPeerTenantHelper(args map[string]string, code func(error) string) int {
 			}
 			fmt.Printf("%s OK %02x\n", name, buf.Mem[0])
 		}
+		segs, err := c.Segments()
+		if err != nil {
+			fmt.Println("failed segments", code(err))
+			return 2
+		}
+		var remotes []string
+		for _, s := range segs {
+			remotes = append(remotes, s.Peer+"/"+s.Name)
+		}
+		slices.Sort(remotes)
+		fmt.Println("remotes", strings.Join(remotes, "+"))
 		fmt.Println("done ok")
 		return 0
 	}

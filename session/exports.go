@@ -190,9 +190,13 @@ func (c *Session) OpenRemote(ctx *wire.Context, m *wire.OpenRemoteRequest, r *wi
 	}
 	id := c.h.Registry.NextID()
 	c.mu.Lock()
-	c.remotes[id] = remote{seg: rs, peer: peerID, name: seg, rights: m.Rights, transport: m.Transport}
+	listed := seg // as "peer/" + listed names it again
+	if owner != "" {
+		listed = owner + "/" + seg
+	}
+	c.remotes[id] = remote{seg: rs, peer: peerID, name: listed, rights: m.Rights, transport: m.Transport}
 	c.mu.Unlock()
-	c.log.Info("remote segment opened", "peer", peerID, "name", seg, "segment", id, "size", rs.Size(),
+	c.log.Info("remote segment opened", "peer", peerID, "name", listed, "segment", id, "size", rs.Size(),
 		"epoch", fmt.Sprintf("%#x", rs.Epoch()), "transport", wire.TransportName(m.Transport))
 	*wire.SetResponse[wire.OpenRemoteResponse](r) = wire.OpenRemoteResponse{Segment: uint64(id), Size: rs.Size(), Epoch: rs.Epoch()}
 	return nil
