@@ -60,16 +60,25 @@ type RemoteSegment struct {
 // ExportSegment makes [off, off+length) of segment (a buffer this client
 // registered, length 0 = to its end, or the pool, within blocks it holds)
 // reachable by peers as name, with rights (RightRead, RightWrite or both).
-// It returns the exported size. The export ends with UnexportSegment or
-// when the connection closes.
+// The name is this client's tenant's: the clients of that tenant on peer
+// daemons open it as "daemon/name", and no other tenant's. It returns the
+// exported size. The export ends with UnexportSegment or when the
+// connection closes.
 func (c *Client) ExportSegment(name string, segment xfer.SegmentID, off, length uint64, rights uint8, opts ...CallOption) (uint64, error) {
+	return c.ExportSegmentTo(name, nil, segment, off, length, rights, opts...)
+}
+
+// ExportSegmentTo is ExportSegment that also lets the clients of the
+// tenants grants (at most 16, never the exporter's own) on peer daemons
+// open the export, as "daemon/tenant/name" where tenant is the exporter's.
+func (c *Client) ExportSegmentTo(name string, grants []string, segment xfer.SegmentID, off, length uint64, rights uint8, opts ...CallOption) (uint64, error) {
 	if name == "" {
 		return 0, fmt.Errorf("%w: empty name", ErrInvalidArgument)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	*wire.SetRequest[wire.ExportSegmentRequest](c.start(opts)) = wire.ExportSegmentRequest{Name: []byte(name),
-		Segment: uint64(segment), Offset: off, Length: length, Rights: rights}
+		Segment: uint64(segment), Offset: off, Length: length, Rights: rights, Grants: grants}
 	r, err := call[wire.ExportSegmentResponse](c, noFD, nil)
 	if err != nil {
 		return 0, err
@@ -89,7 +98,9 @@ func (c *Client) UnexportSegment(name string, opts ...CallOption) error {
 	return err
 }
 
-// OpenRemote opens "peer/segment" with rights. The segment stays open until
+// OpenRemote opens "peer/segment" (the export of this client's tenant's
+// name on daemon peer) or "peer/tenant/segment" (another tenant's that
+// grants this client's) with rights. The segment stays open until
 // CloseRemote or the connection closes; after the peer restarts it must be
 // opened again.
 func (c *Client) OpenRemote(name string, rights uint8, opts ...CallOption) (RemoteSegment, error) {

@@ -110,14 +110,15 @@ func TestExportsAndNotifications(t *testing.T) {
 	expectCode(t, export(other, "pool", testPoolID, 0, 4096, wire.RightRead), tcproto.CodePERMISSION_DENIED)
 	expectCode(t, other.call(&wire.UnexportSegmentRequest{Name: []byte("kv")}), tcproto.CodeNOT_FOUND)
 
-	v, err := exp.Lookup("kv")
-	if err != nil || v.Size() != 1<<16-4096 || len(v.Bytes()) != 1<<16-4096 {
-		t.Fatalf("Lookup: %v, %v", v, err)
+	x, err := exp.Resolve("", "", "kv")
+	if err != nil || x.Size() != 1<<16-4096 || len(x.Segment().Bytes()) != 1<<16-4096 {
+		t.Fatalf("Resolve: %v, %v", x, err)
 	}
-	if _, err := exp.Lookup("nope"); !errors.Is(err, peer.ErrNotFound) {
-		t.Fatalf("Lookup of an unknown name: %v", err)
+	v := x.Segment()
+	if _, err := exp.Resolve("", "", "nope"); !errors.Is(err, peer.ErrNotFound) {
+		t.Fatalf("Resolve of an unknown name: %v", err)
 	}
-	if err := exp.Deliver("kv", []byte("x")); !errors.Is(err, peer.ErrNotFound) {
+	if err := x.Deliver([]byte("x")); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Deliver without subscribers: %v", err)
 	}
 
@@ -125,14 +126,14 @@ func TestExportsAndNotifications(t *testing.T) {
 	expectCode(t, other.call(&wire.SubscribeRequest{Name: []byte("nope")}), tcproto.CodeNOT_FOUND)
 	expectCode(t, other.call(&wire.SubscribeRequest{Name: []byte("kv")}), tcproto.CodeOK)
 	for i, p := range []string{"n1", "n2", "n3"} {
-		if err := exp.Deliver("kv", []byte(p)); err != nil {
+		if err := deliverExport(exp, "kv", []byte(p)); err != nil {
 			t.Fatalf("Deliver %d: %v", i, err)
 		}
 	}
-	if err := exp.Deliver("kv", []byte("n4")); !errors.Is(err, peer.ErrLimit) {
+	if err := deliverExport(exp, "kv", []byte("n4")); !errors.Is(err, peer.ErrLimit) {
 		t.Fatalf("Deliver to a full queue: %v", err)
 	}
-	if err := exp.Deliver("kv", make([]byte, wire.MaxNotify+1)); !errors.Is(err, peer.ErrLimit) {
+	if err := deliverExport(exp, "kv", make([]byte, wire.MaxNotify+1)); !errors.Is(err, peer.ErrLimit) {
 		t.Fatalf("Deliver of an oversized notification: %v", err)
 	}
 	poll := func(max, timeoutMS uint32) []string {
@@ -164,7 +165,7 @@ func TestExportsAndNotifications(t *testing.T) {
 		t.Fatal(err)
 	}
 	start = time.Now()
-	if err := exp.Deliver("kv", []byte("late")); err != nil {
+	if err := deliverExport(exp, "kv", []byte("late")); err != nil {
 		t.Fatal(err)
 	}
 	r, _, err = other.recv()
@@ -207,7 +208,7 @@ func TestExportsAndNotifications(t *testing.T) {
 	if name := <-cat.unexported; name != "kv" {
 		t.Fatalf("catalog told %q left, want kv", name)
 	}
-	if _, err := exp.Lookup("kv"); !errors.Is(err, peer.ErrNotFound) {
+	if _, err := lookupExport(exp, "kv"); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Lookup while the unexport waits: %v", err)
 	}
 	close(released)
@@ -220,10 +221,10 @@ func TestExportsAndNotifications(t *testing.T) {
 	if v.Acquire() {
 		t.Fatal("Acquire of an unexported segment succeeded")
 	}
-	if _, err := exp.Lookup("kv"); !errors.Is(err, peer.ErrNotFound) {
+	if _, err := lookupExport(exp, "kv"); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Lookup after unexport: %v", err)
 	}
-	if err := exp.Deliver("kv", nil); !errors.Is(err, peer.ErrNotFound) {
+	if err := deliverExport(exp, "kv", nil); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Deliver after unexport: %v", err)
 	}
 
@@ -238,7 +239,7 @@ func TestExportsAndNotifications(t *testing.T) {
 	}
 	// A peer request that outlives unexport's wait keeps the block from
 	// being freed until it ends.
-	bv, err := exp.Lookup("blk")
+	bv, err := lookupExport(exp, "blk")
 	if err != nil || !bv.Acquire() {
 		t.Fatalf("Lookup blk: %v", err)
 	}
@@ -256,7 +257,7 @@ func TestExportsAndNotifications(t *testing.T) {
 	expectCode(t, other.call(&wire.SubscribeRequest{Name: []byte("kv2")}), tcproto.CodeOK)
 	// Unregistering a buffer unexports what came from it.
 	expectCode(t, owner.call(&wire.UnregisterBufferRequest{Segment: uint64(seg)}), tcproto.CodeOK)
-	if _, err := exp.Lookup("kv2"); !errors.Is(err, peer.ErrNotFound) {
+	if _, err := lookupExport(exp, "kv2"); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Lookup after the buffer went: %v", err)
 	}
 	r = owner.call(&wire.AllocBlocksRequest{N: 1, Size: 16384})
@@ -264,7 +265,7 @@ func TestExportsAndNotifications(t *testing.T) {
 	owner.uc.Close()
 	other.uc.Close()
 	e.waitIdle()
-	if _, err := exp.Lookup("blk2"); !errors.Is(err, peer.ErrNotFound) {
+	if _, err := lookupExport(exp, "blk2"); !errors.Is(err, peer.ErrNotFound) {
 		t.Fatalf("Lookup after the owner closed: %v", err)
 	}
 }
@@ -449,4 +450,22 @@ func TestQueueToRemoteSegment(t *testing.T) {
 	if errors.Is(got, client.ErrNotFound) || (got == nil) != (res[0] == nil) || got != nil && !errors.Is(res[0], got) {
 		t.Fatalf("through the queue: %v; through Transfer: %v", got, res[0])
 	}
+}
+
+// lookupExport and deliverExport are a peer request of the default
+// tenant (the clients of these tests') for the export named name.
+func lookupExport(exp *peer.Exports, name string) (xfer.MemSegment, error) {
+	x, err := exp.Resolve("", "", name)
+	if err != nil {
+		return nil, err
+	}
+	return x.Segment(), nil
+}
+
+func deliverExport(exp *peer.Exports, name string, payload []byte) error {
+	x, err := exp.Resolve("", "", name)
+	if err != nil {
+		return err
+	}
+	return x.Deliver(payload)
 }

@@ -211,6 +211,11 @@ func (d *Daemon) collectPeers(e *metrics.Emit) {
 	if d.peers == nil {
 		return
 	}
+	const denied = "Peer requests for an export of the tenant refused because it does not grant the asking client's tenant."
+	for _, name := range d.names {
+		n, _ := d.exports.Denied(name)
+		e.Counter("tensorcast_peer_tenant_denied_total", denied, float64(n), metrics.L("tenant", metrics.SanitizeLabel(name)))
+	}
 	info := d.peers.RDMAInfo()
 	links := make(map[string]*wire.RDMAPeer, len(info.Peers))
 	for i := range info.Peers {

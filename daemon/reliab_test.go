@@ -174,6 +174,27 @@ func tenantConfig(t *testing.T) (Config, string) {
 
 const uidA, uidB = 65534, 65533
 
+// runAsUID runs the client helper kind (runHelper) as uid, with gid uid,
+// against the daemon at socket with TC_ARGS args, and returns what it
+// printed ("key value" lines); it fails the test unless the helper ended
+// with "done ok".
+func runAsUID(t *testing.T, bin, kind, socket string, uid uint32, args ...string) map[string]string {
+	t.Helper()
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), helperEnv+"="+kind, "TC_SOCKET="+socket, "TC_ARGS="+strings.Join(args, ","))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	out, err := cmd.CombinedOutput()
+	got := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		k, v, _ := strings.Cut(l, " ")
+		got[k] = v
+	}
+	if err != nil || got["done"] != "ok" {
+		t.Fatalf("%s helper as uid %d: %v\n%s", kind, uid, err, out)
+	}
+	return got
+}
+
 // TestTenantsTwoUIDs runs a daemon with two tenants and a client of each
 // as its own uid. Each client maps only its tenant's pool (its own memfd,
 // its own size); a fills all of its pool and writes a file in its own
@@ -191,19 +212,7 @@ func TestTenantsTwoUIDs(t *testing.T) {
 		t.Fatalf("want two pools with their own ids and memfds, got %d", len(d.pools))
 	}
 	run := func(uid int, args ...string) map[string]string {
-		cmd := exec.Command(bin)
-		cmd.Env = append(os.Environ(), helperEnv+"=tenant", "TC_SOCKET="+cfg.Socket, "TC_ARGS="+strings.Join(args, ","))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
-		out, err := cmd.CombinedOutput()
-		got := map[string]string{}
-		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			k, v, _ := strings.Cut(l, " ")
-			got[k] = v
-		}
-		if err != nil || got["done"] != "ok" {
-			t.Fatalf("tenant helper as uid %d: %v\n%s", uid, err, out)
-		}
-		return got
+		return runAsUID(t, bin, "tenant", cfg.Socket, uint32(uid), args...)
 	}
 	a := run(uidA, "fill=165", "file=a.bin", "other="+strconv.FormatUint(uint64(d.pools[1].ID()), 10))
 	b := run(uidB, "fill=0", "file="+filepath.Join(cfg.DataDir, "tenants", "a", "a.bin"),
@@ -291,7 +300,7 @@ func grepLines(s, alts string) string {
 // TC_ARGS other=, and registers TC_ARGS file= with a round trip through
 // it, printing what each gave.
 func runHelper(kind string) int {
-	if kind != "tenant" {
+	if kind != "tenant" && kind != "peer-tenant" {
 		fmt.Println("unknown helper", kind)
 		return 2
 	}
@@ -309,6 +318,9 @@ func runHelper(kind string) int {
 			return se.Code.String()
 		}
 		return err.Error()
+	}
+	if kind == "peer-tenant" {
+		return runPeerTenantHelper(args, code)
 	}
 	c, err := client.Dial(os.Getenv("TC_SOCKET"), client.Options{Name: "tenant"})
 	if err != nil {

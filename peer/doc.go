@@ -5,7 +5,9 @@
 //
 // It owns:
 //   - the export table (Exports): the segments local clients let peers
-//     reach under a name, with the rights they grant, looked up on every
+//     reach under a name of their tenant, with the rights they grant and
+//     the other tenants they grant them to (Exports.Resolve decides which
+//     export a peer's client of a tenant reaches), looked up on every
 //     peer request under a read lock of one shard of the names, never a
 //     global lock; an export's end (Export.End) takes the name at once,
 //     waits for the peer requests in its range (woken by the last one's

@@ -34,20 +34,104 @@ func CheckName(name string) error {
 	return nil
 }
 
-// SplitRemote splits a remote segment's name, "peer/segment", into its
-// parts; ErrInvalid when it is not of that shape or a part is too long.
-func SplitRemote(name string) (peerID, segment string, err error) {
+// SplitRemote splits a remote segment's name into its parts:
+// "peer/segment" names the export of the asker's own tenant on daemon
+// peer, "peer/tenant/segment" the export of another tenant there (which
+// it must grant the asker's tenant); owner is "" for the first. It fails
+// with ErrInvalid when name is of neither shape or a part is too long or,
+// for tenant, not a tenant's name.
+func SplitRemote(name string) (peerID, owner, segment string, err error) {
 	peerID, segment, ok := strings.Cut(name, "/")
-	if !ok || peerID == "" || segment == "" || len(peerID) > MaxPeerID || len(segment) > MaxSegmentName {
-		return "", "", fmt.Errorf("%w: remote name %q (want peer/segment)", ErrInvalid, name)
+	if t, s, two := strings.Cut(segment, "/"); ok && two {
+		owner, segment = t, s
+		if !ValidTenant(owner) {
+			return "", "", "", fmt.Errorf("%w: remote name %q: %q is not a tenant's name", ErrInvalid, name, owner)
+		}
 	}
-	return peerID, segment, nil
+	if !ok || peerID == "" || segment == "" || len(peerID) > MaxPeerID || len(segment) > MaxSegmentName ||
+		strings.Contains(segment, "/") {
+		return "", "", "", fmt.Errorf("%w: remote name %q (want peer/segment or peer/tenant/segment)", ErrInvalid, name)
+	}
+	return peerID, owner, segment, nil
+}
+
+// Tenants of exports and of peer requests. An export's name is its
+// tenant's: two tenants export the same name without meeting, and a
+// peer's client reaches the export of its own tenant's name on its daemon
+// (the tenant a peer request carries) or one that grants that tenant
+// explicitly (Export's grants), never another. A peer request without a
+// tenant (from a daemon of a release before tenants, or from a client in
+// no tenant) is of DefaultTenant, and so are the exports of a client in
+// no tenant; the wire leaves the default tenant out (WireTenant), so
+// daemons without [[tenants]] speak to each other as before.
+const (
+	// DefaultTenant is the tenant of a daemon without [[tenants]], of
+	// requests that carry none and of exports by a client in no tenant.
+	DefaultTenant = "default"
+	// MaxTenant bounds a tenant's name.
+	MaxTenant = wire.MaxTenant
+	// MaxGrants bounds the tenants one export grants.
+	MaxGrants = wire.MaxGrants
+)
+
+// ValidTenant reports whether s may name a tenant: 1..MaxTenant bytes of
+// [A-Za-z0-9._-].
+func ValidTenant(s string) bool {
+	if s == "" || len(s) > MaxTenant {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch r := s[i]; {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// WireTenant is tenant as the peer protocol carries it: "" for
+// DefaultTenant (and for none), which the protocol leaves out.
+func WireTenant(tenant string) string {
+	if tenant == DefaultTenant {
+		return ""
+	}
+	return tenant
+}
+
+// namespace is the key of tenant's names in the table: "" for
+// DefaultTenant and for none (WireTenant's), so that a request without a
+// tenant finds the default tenant's exports.
+func namespace(tenant string) string { return WireTenant(tenant) }
+
+// CheckGrants is nil when grants may be given to an export: at most
+// MaxGrants tenants' names, none twice and none the exporter's own
+// (tenant); otherwise an error wrapping ErrInvalid.
+func CheckGrants(tenant string, grants []string) error {
+	if len(grants) > MaxGrants {
+		return fmt.Errorf("%w: %d tenants granted (max %d)", ErrInvalid, len(grants), MaxGrants)
+	}
+	for i, g := range grants {
+		switch {
+		case !ValidTenant(g):
+			return fmt.Errorf("%w: grant %q is not a tenant's name", ErrInvalid, g)
+		case namespace(g) == namespace(tenant):
+			return fmt.Errorf("%w: grant %q is the exporter's own tenant", ErrInvalid, g)
+		case slices.Contains(grants[:i], g):
+			return fmt.Errorf("%w: tenant %q granted twice", ErrInvalid, g)
+		}
+	}
+	return nil
 }
 
 // Catalog is told about the daemon's exports so that daemons that do not
 // list this one in their config can find them (the multi-host directory's
 // catalog, *etcd.Dir). Both calls come from the exporting connection's
 // goroutine and must not wait on the network.
+//
+// It is told only of the default tenant's exports (the names a peer's
+// client reaches as "peer/segment" without tenants): another tenant's
+// names are that tenant's, and its clients' peers open them by name.
 type Catalog interface {
 	Exported(name string, size uint64, rights uint8)
 	Unexported(name string)
@@ -67,6 +151,8 @@ const exportShards = 16
 // rdma/link); the control server exports and unexports on its clients'
 // behalf.
 //
+// Names are per tenant: the table is keyed by the exporter's tenant and
+// the name, and a peer request reaches an export only as Resolve allows.
 // Lookups take a read lock on one shard of the names, never a global
 // lock. An export ends (Export.End) when its owner unexports it or goes:
 // the name is gone at once, and the end waits for the peer requests still
@@ -74,50 +160,118 @@ const exportShards = 16
 type Exports struct {
 	catalog Catalog
 	shards  [exportShards]exportShard
+
+	// deniedMu guards denied: the peer requests refused (ErrDenied) by
+	// the tenant whose export they asked for, for at most
+	// maxDeniedTenants tenants (the names come from peers); deniedAll
+	// counts them all.
+	deniedMu  sync.Mutex
+	denied    map[string]uint64
+	deniedAll atomic.Uint64
 }
+
+// maxDeniedTenants bounds the tenants Denied counts refusals for apart.
+const maxDeniedTenants = 256
 
 type exportShard struct {
 	// mu guards m.
 	mu sync.RWMutex
-	m  map[string]*Export
+	m  map[exportKey]*Export
 }
+
+// exportKey is an export's place in the table: its tenant's namespace and
+// its name.
+type exportKey struct{ tenant, name string }
 
 // NewExports returns an empty table. catalog, when not nil, is told about
 // every export and its end.
 func NewExports(catalog Catalog) *Exports {
-	t := &Exports{catalog: catalog}
+	t := &Exports{catalog: catalog, denied: map[string]uint64{}}
 	for i := range t.shards {
-		t.shards[i].m = map[string]*Export{}
+		t.shards[i].m = map[exportKey]*Export{}
 	}
 	return t
 }
 
-// shard is the shard of name (FNV-1a; no allocation).
-func (t *Exports) shard(name string) *exportShard {
+// shard is the shard of k (FNV-1a over its name; no allocation).
+func (t *Exports) shard(k exportKey) *exportShard {
 	h := uint32(2166136261)
-	for i := 0; i < len(name); i++ {
-		h ^= uint32(name[i])
+	for i := 0; i < len(k.name); i++ {
+		h ^= uint32(k.name[i])
 		h *= 16777619
 	}
 	return &t.shards[h%exportShards]
 }
 
-// Get is the export named name, or nil.
-func (t *Exports) Get(name string) *Export {
-	s := t.shard(name)
+// Get is the export named name by tenant, or nil.
+func (t *Exports) Get(tenant, name string) *Export {
+	k := exportKey{namespace(tenant), name}
+	s := t.shard(k)
 	s.mu.RLock()
-	e := s.m[name]
+	e := s.m[k]
 	s.mu.RUnlock()
 	return e
 }
 
+// Resolve is the export a peer's client of tenant asker reaches as name
+// of tenant owner ("": its own tenant's): its own tenant's export of that
+// name, else ErrNotFound; or another tenant's that grants asker, else
+// ErrDenied, whether that tenant exports the name or not (a refusal does
+// not say what another tenant exports).
+func (t *Exports) Resolve(asker, owner, name string) (*Export, error) {
+	if owner == "" || namespace(owner) == namespace(asker) {
+		if e := t.Get(asker, name); e != nil {
+			return e, nil
+		}
+		return nil, fmt.Errorf("%w: no segment exported as %q", ErrNotFound, name)
+	}
+	if e := t.Get(owner, name); e != nil && e.Grants(asker) {
+		return e, nil
+	}
+	t.deniedAll.Add(1)
+	t.deniedMu.Lock()
+	if _, ok := t.denied[tenantName(owner)]; ok || len(t.denied) < maxDeniedTenants {
+		t.denied[tenantName(owner)]++
+	}
+	t.deniedMu.Unlock()
+	return nil, fmt.Errorf("%w: %q of tenant %q to tenant %q", ErrDenied, name, owner, tenantName(asker))
+}
+
+// Denied is how many peer requests for an export of tenant were refused
+// because it does not grant the asker's tenant (ErrDenied), and how many
+// were refused so for any tenant.
+func (t *Exports) Denied(tenant string) (n, all uint64) {
+	t.deniedMu.Lock()
+	n = t.denied[tenantName(tenant)]
+	t.deniedMu.Unlock()
+	return n, t.deniedAll.Load()
+}
+
+// tenantName is tenant as logs and errors name it.
+func tenantName(tenant string) string {
+	if namespace(tenant) == "" {
+		return DefaultTenant
+	}
+	return tenant
+}
+
 // Export publishes [off, off+n) of seg under name, granting peers rights
 // (wire.RightRead | wire.RightWrite); tenant is the owner's, whose clients
-// alone may subscribe to its notifications. It fails with ErrInvalid for a
-// bad name, rights or range and with xfer.ErrExists when the name is
-// taken.
+// alone may subscribe to its notifications and whose peers' clients alone
+// reach it. It fails with ErrInvalid for a bad name, rights or range and
+// with xfer.ErrExists when tenant exports the name already.
 func (t *Exports) Export(name, tenant string, seg xfer.MemSegment, off, n uint64, rights uint8) (*Export, error) {
+	return t.ExportTo(name, tenant, nil, seg, off, n, rights)
+}
+
+// ExportTo is Export that also lets the peers' clients of the tenants
+// grants reach the export (as "peer/tenant/name"), with the same rights.
+// It fails with ErrInvalid for grants CheckGrants refuses.
+func (t *Exports) ExportTo(name, tenant string, grants []string, seg xfer.MemSegment, off, n uint64, rights uint8) (*Export, error) {
 	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	if err := CheckGrants(tenant, grants); err != nil {
 		return nil, err
 	}
 	if !ValidRights(rights) {
@@ -126,55 +280,32 @@ func (t *Exports) Export(name, tenant string, seg xfer.MemSegment, off, n uint64
 	if end := off + n; n == 0 || end < off || end > seg.Size() {
 		return nil, fmt.Errorf("%w: range [%d, +%d) outside segment %d of %d bytes", ErrInvalid, off, n, seg.ID(), seg.Size())
 	}
-	e := &Export{t: t, name: name, tenant: tenant, source: seg.ID(), rights: rights,
+	e := &Export{t: t, name: name, tenant: tenant, key: exportKey{namespace(tenant), name}, grants: slices.Clone(grants),
+		source: seg.ID(), rights: rights,
 		view: exportView{parent: seg, off: off, size: n, drained: make(chan struct{})}, subs: map[*Inbox]struct{}{}}
-	s := t.shard(name)
+	s := t.shard(e.key)
 	s.mu.Lock()
-	if _, dup := s.m[name]; dup {
+	if _, dup := s.m[e.key]; dup {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("%w: segment name %q is exported already", xfer.ErrExists, name)
+		return nil, fmt.Errorf("%w: segment name %q is exported already by tenant %q", xfer.ErrExists, name, tenantName(tenant))
 	}
-	s.m[name] = e
+	s.m[e.key] = e
 	s.mu.Unlock()
-	if t.catalog != nil {
+	if t.catalog != nil && e.key.tenant == "" {
 		t.catalog.Exported(name, n, rights)
 	}
 	return e, nil
 }
 
-// Lookup is the range exported as name (tcp.Exporter), which a peer
-// request holds with Acquire while it copies into or out of it.
-func (t *Exports) Lookup(name string) (xfer.MemSegment, error) {
-	e := t.Get(name)
-	if e == nil {
-		return nil, fmt.Errorf("%w: no segment exported as %q", ErrNotFound, name)
-	}
-	return &e.view, nil
-}
-
-// Granted is the rights (wire.RightRead | wire.RightWrite) the export
-// named name grants to peers; false when there is none.
-func (t *Exports) Granted(name string) (uint8, bool) {
-	e := t.Get(name)
-	if e == nil {
-		return 0, false
-	}
-	return e.rights, true
-}
-
-// Deliver (tcp.Exporter) queues a notification a peer
-// attached to a WRITE into the segment exported as name for every inbox
-// subscribed to it. It fails, queueing nothing, when the name is not
-// exported (ErrNotFound), nobody subscribed (ErrNotFound) or a
+// Deliver queues a notification a peer attached to a WRITE into export e
+// (which Resolve found) for every inbox subscribed to it. It fails,
+// queueing nothing, when e ended or nobody subscribed (ErrNotFound) or a
 // subscriber's queue is full (ErrLimit): the writer then gets a negative
 // acknowledgement. It never blocks; payload is copied.
-func (t *Exports) Deliver(name string, payload []byte) error {
+func (e *Export) Deliver(payload []byte) error {
+	name := e.name
 	if len(payload) > wire.MaxNotify {
 		return fmt.Errorf("%w: notification of %d bytes (max %d)", ErrLimit, len(payload), wire.MaxNotify)
-	}
-	e := t.Get(name)
-	if e == nil {
-		return fmt.Errorf("%w: no segment exported as %q", ErrNotFound, name)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -202,13 +333,13 @@ func (t *Exports) Deliver(name string, payload []byte) error {
 	return nil
 }
 
-// Subscribe delivers the notifications of the segment exported as name to
-// in from now on, when its owner is of tenant: another tenant's
-// notifications carry its data, so for those, as for a name not exported,
-// it fails with ErrNotFound (not even saying the name exists).
+// Subscribe delivers the notifications of the segment tenant exports as
+// name to in from now on: another tenant's notifications carry its data,
+// and its names are its own, so a name tenant does not export fails with
+// ErrNotFound.
 func (t *Exports) Subscribe(name, tenant string, in *Inbox) error {
-	e := t.Get(name)
-	if e == nil || e.tenant != tenant {
+	e := t.Get(tenant, name)
+	if e == nil {
 		return fmt.Errorf("%w: no segment exported as %q (by this tenant)", ErrNotFound, name)
 	}
 	e.mu.Lock()
@@ -232,7 +363,7 @@ func (t *Exports) List(dst []wire.SegmentInfo, tenant string) []wire.SegmentInfo
 		s := &t.shards[i]
 		s.mu.RLock()
 		for _, e := range s.m {
-			if tenant != "" && e.tenant != tenant {
+			if tenant != "" && e.key.tenant != namespace(tenant) {
 				continue
 			}
 			dst = append(dst, wire.SegmentInfo{Name: []byte(e.name), Segment: uint64(e.source), Size: e.view.size, Rights: e.rights})
@@ -248,6 +379,8 @@ type Export struct {
 	t      *Exports
 	name   string
 	tenant string
+	key    exportKey
+	grants []string       // other tenants whose peers' clients reach it
 	source xfer.SegmentID // the owner's segment (its buffer, or the pool)
 	rights uint8
 	view   exportView
@@ -261,6 +394,15 @@ type Export struct {
 
 // Name is the name the segment is exported under.
 func (e *Export) Name() string { return e.name }
+
+// Tenant is the exporter's tenant (DefaultTenant for a client in none).
+func (e *Export) Tenant() string { return tenantName(e.tenant) }
+
+// Grants reports whether a peer's client of tenant reaches the export:
+// tenant is the exporter's own, or the export grants it.
+func (e *Export) Grants(tenant string) bool {
+	return namespace(tenant) == e.key.tenant || slices.Contains(e.grants, tenant)
+}
 
 // Source is the owner's segment the export is a range of.
 func (e *Export) Source() xfer.SegmentID { return e.source }
@@ -302,13 +444,13 @@ func (e *Export) End(wait time.Duration) bool {
 	subs := e.subs
 	e.subs = nil
 	e.mu.Unlock()
-	s := e.t.shard(e.name)
+	s := e.t.shard(e.key)
 	s.mu.Lock()
-	if s.m[e.name] == e {
-		delete(s.m, e.name)
+	if s.m[e.key] == e {
+		delete(s.m, e.key)
 	}
 	s.mu.Unlock()
-	if e.t.catalog != nil {
+	if e.t.catalog != nil && e.key.tenant == "" {
 		e.t.catalog.Unexported(e.name)
 	}
 	for in := range subs {

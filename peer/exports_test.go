@@ -44,6 +44,32 @@ func (c *catalog) got() []string {
 	return slices.Clone(c.events)
 }
 
+// lookup, granted and deliver are what a peer request of tenant's own
+// client does: Resolve, then the export's range, rights or notification.
+func lookup(x *Exports, tenant, name string) (xfer.MemSegment, error) {
+	e, err := x.Resolve(tenant, "", name)
+	if err != nil {
+		return nil, err
+	}
+	return e.Segment(), nil
+}
+
+func granted(x *Exports, tenant, name string) (uint8, bool) {
+	e, err := x.Resolve(tenant, "", name)
+	if err != nil {
+		return 0, false
+	}
+	return e.Rights(), true
+}
+
+func deliver(x *Exports, tenant, name string, payload []byte) error {
+	e, err := x.Resolve(tenant, "", name)
+	if err != nil {
+		return err
+	}
+	return e.Deliver(payload)
+}
+
 func TestNames(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -59,19 +85,22 @@ func TestNames(t *testing.T) {
 			t.Errorf("ValidRights(%d) = %v", r, !ok)
 		}
 	}
-	for _, c := range []struct{ in, peer, seg string }{
-		{"d2/kv", "d2", "kv"}, {"d2/a/b", "d2", "a/b"}, {"nopeer", "", ""}, {"/kv", "", ""}, {"d2/", "", ""},
-		{strings.Repeat("p", MaxPeerID+1) + "/kv", "", ""}, {"d2/" + strings.Repeat("s", MaxSegmentName+1), "", ""},
+	for _, c := range []struct{ in, peer, owner, seg string }{
+		{"d2/kv", "d2", "", "kv"}, {"d2/a/b", "d2", "a", "b"}, {"nopeer", "", "", ""}, {"/kv", "", "", ""}, {"d2/", "", "", ""},
+		{"d2/a/", "", "", ""}, {"d2//b", "", "", ""}, {"d2/a/b/c", "", "", ""}, {"d2/a b/c", "", "", ""},
+		{"d2/" + strings.Repeat("t", MaxTenant+1) + "/kv", "", "", ""},
+		{strings.Repeat("p", MaxPeerID+1) + "/kv", "", "", ""}, {"d2/" + strings.Repeat("s", MaxSegmentName+1), "", "", ""},
 	} {
-		p, s, err := SplitRemote(c.in)
-		if p != c.peer || s != c.seg || (err != nil) != (c.peer == "") || (err != nil && !errors.Is(err, ErrInvalid)) {
-			t.Errorf("SplitRemote(%q) = %q, %q, %v", c.in, p, s, err)
+		p, o, s, err := SplitRemote(c.in)
+		if p != c.peer || o != c.owner || s != c.seg || (err != nil) != (c.peer == "") || (err != nil && !errors.Is(err, ErrInvalid)) {
+			t.Errorf("SplitRemote(%q) = %q, %q, %q, %v", c.in, p, o, s, err)
 		}
 	}
 }
 
-// TestExportTable: what Export refuses, what Lookup, Granted and List
-// answer, the catalog's view, and a range that peers reach exactly.
+// TestExportTable: what Export refuses, what a peer's lookup and List
+// answer, the catalog's view (of the default tenant's exports), and a
+// range that peers reach exactly.
 func TestExportTable(t *testing.T) {
 	cat := &catalog{}
 	x := NewExports(cat)
@@ -79,7 +108,7 @@ func TestExportTable(t *testing.T) {
 	for i := range buf.Bytes() {
 		buf.Bytes()[i] = byte(i)
 	}
-	e, err := x.Export("kv", "t1", buf, 4096, 8192, wire.RightRead|wire.RightWrite)
+	e, err := x.Export("kv", DefaultTenant, buf, 4096, 8192, wire.RightRead|wire.RightWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,27 +129,27 @@ func TestExportTable(t *testing.T) {
 		{"wrap", 1 << 63, 1 << 63, wire.RightRead, ErrInvalid, "outside"},
 		{"none", 0, 0, wire.RightRead, ErrInvalid, "outside"},
 	} {
-		if _, err := x.Export(c.name, "t1", buf, c.off, c.n, c.rights); !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.wantWords) {
+		if _, err := x.Export(c.name, DefaultTenant, buf, c.off, c.n, c.rights); !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.wantWords) {
 			t.Errorf("Export(%q, %d, %d, %d) = %v, want %v", c.name, c.off, c.n, c.rights, err, c.want)
 		}
 	}
-	v, err := x.Lookup("kv")
+	v, err := lookup(x, DefaultTenant, "kv")
 	if err != nil || v.Size() != 8192 || len(v.Bytes()) != 8192 || v.Bytes()[0] != byte(4096%256) || v.ID() != 5 {
 		t.Fatalf("Lookup: %v, %v", v, err)
 	}
-	if _, err := x.Lookup("nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := lookup(x, DefaultTenant, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Lookup of an unknown name: %v", err)
 	}
-	if r, ok := x.Granted("kv"); !ok || r != 3 {
+	if r, ok := granted(x, DefaultTenant, "kv"); !ok || r != 3 {
 		t.Fatalf("Granted: %d, %v", r, ok)
 	}
-	if _, ok := x.Granted("nope"); ok {
+	if _, ok := granted(x, DefaultTenant, "nope"); ok {
 		t.Fatal("Granted of an unknown name")
 	}
 	if !e.Overlaps(5, 0, 4097) || e.Overlaps(5, 0, 4096) || e.Overlaps(5, 12288, 1) || !e.Overlaps(5, 12287, 1) || e.Overlaps(6, 4096, 1) {
 		t.Fatal("Overlaps is wrong about [4096, 12288) of segment 5")
 	}
-	if _, err := x.Export("ro", "t1", buf, 0, 4096, wire.RightRead); err != nil {
+	if _, err := x.Export("ro", DefaultTenant, buf, 0, 4096, wire.RightRead); err != nil {
 		t.Fatal(err)
 	}
 	if l := x.List(nil, "t2"); len(l) != 0 {
@@ -134,7 +163,7 @@ func TestExportTable(t *testing.T) {
 	if !e.End(0) {
 		t.Fatal("End with no peer request reported some still in the range")
 	}
-	if _, err := x.Lookup("kv"); !errors.Is(err, ErrNotFound) {
+	if _, err := lookup(x, DefaultTenant, "kv"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Lookup after End: %v", err)
 	}
 	if v.Acquire() {
@@ -144,7 +173,7 @@ func TestExportTable(t *testing.T) {
 		t.Fatal("a second End")
 	}
 	// The name is free again.
-	if _, err := x.Export("kv", "t1", buf, 0, 4096, wire.RightRead); err != nil {
+	if _, err := x.Export("kv", DefaultTenant, buf, 0, 4096, wire.RightRead); err != nil {
 		t.Fatal(err)
 	}
 	if got := cat.got(); !slices.Equal(got, []string{"+kv:8192:3", "+ro:4096:1", "-kv", "+kv:4096:1"}) {
@@ -191,7 +220,7 @@ func TestEndWaitsForPeerRequests(t *testing.T) {
 			t.Fatal("End returned while a peer request held the range")
 		default:
 		}
-		if _, err := x.Lookup("kv"); !errors.Is(err, ErrNotFound) {
+		if _, err := lookup(x, "", "kv"); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("Lookup while End waits: %v", err)
 		}
 		if seg.Acquire() {
@@ -279,7 +308,7 @@ func TestInboxWakesOnDelivery(t *testing.T) {
 			t.Fatal("Wait returned with nothing queued")
 		default:
 		}
-		if err := x.Deliver("kv", []byte("ready")); err != nil {
+		if err := deliver(x, "t", "kv", []byte("ready")); err != nil {
 			t.Fatal(err)
 		}
 		if !<-woke {
@@ -322,10 +351,10 @@ func TestDeliver(t *testing.T) {
 	if _, err := x.Export("other", "t1", buf, 0, 64, wire.RightWrite); err != nil {
 		t.Fatal(err)
 	}
-	if err := x.Deliver("kv", []byte("x")); !errors.Is(err, ErrNotFound) {
+	if err := deliver(x, "t1", "kv", []byte("x")); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Deliver without subscribers: %v", err)
 	}
-	if err := x.Deliver("nope", []byte("x")); !errors.Is(err, ErrNotFound) {
+	if err := deliver(x, "t1", "nope", []byte("x")); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Deliver to an unknown name: %v", err)
 	}
 	a, b := NewInbox("a", 2), NewInbox("b", 3)
@@ -344,18 +373,18 @@ func TestDeliver(t *testing.T) {
 		t.Fatal(err)
 	}
 	payload := []byte("n1")
-	if err := x.Deliver("kv", payload); err != nil {
+	if err := deliver(x, "t1", "kv", payload); err != nil {
 		t.Fatal(err)
 	}
 	payload[0] = 'X' // the queued copy is the inbox's own
-	if err := x.Deliver("kv", []byte("n2")); err != nil {
+	if err := deliver(x, "t1", "kv", []byte("n2")); err != nil {
 		t.Fatal(err)
 	}
 	// a is full: nothing goes anywhere, b included.
-	if err := x.Deliver("kv", []byte("n3")); !errors.Is(err, ErrLimit) {
+	if err := deliver(x, "t1", "kv", []byte("n3")); !errors.Is(err, ErrLimit) {
 		t.Fatalf("Deliver to a full queue: %v", err)
 	}
-	if err := x.Deliver("kv", make([]byte, wire.MaxNotify+1)); !errors.Is(err, ErrLimit) {
+	if err := deliver(x, "t1", "kv", make([]byte, wire.MaxNotify+1)); !errors.Is(err, ErrLimit) {
 		t.Fatalf("Deliver of an oversized notification: %v", err)
 	}
 	if a.Len() != 2 || b.Len() != 2 || a.Subscriptions() != 1 || b.Subscriptions() != 2 {
@@ -375,7 +404,7 @@ func TestDeliver(t *testing.T) {
 	if got := take(b, 10, 1); got != "kv=n1" {
 		t.Fatalf("b within a 1-byte budget: %s", got)
 	}
-	if err := x.Deliver("other", nil); err != nil {
+	if err := deliver(x, "t1", "other", nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := take(b, 10, 1<<20); got != "kv=n2,other=" {
@@ -385,14 +414,14 @@ func TestDeliver(t *testing.T) {
 	if err := x.Subscribe("kv", "t1", b); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Subscribe of a closed inbox: %v", err)
 	}
-	if err := x.Deliver("other", []byte("gone")); !errors.Is(err, ErrNotFound) {
+	if err := deliver(x, "t1", "other", []byte("gone")); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Deliver once the only subscriber closed: %v", err)
 	}
 	e.End(0)
 	if a.Subscriptions() != 0 {
 		t.Fatalf("a still subscribed to an ended export (%d)", a.Subscriptions())
 	}
-	if err := x.Deliver("kv", []byte("late")); !errors.Is(err, ErrNotFound) {
+	if err := deliver(x, "t1", "kv", []byte("late")); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Deliver after End: %v", err)
 	}
 	if got := take(a, 10, 1<<20); got != "kv=n2" {
@@ -410,11 +439,11 @@ func TestLookupPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	if allocs := testing.AllocsPerRun(100, func() {
-		seg, err := x.Lookup("kv")
+		seg, err := lookup(x, "", "kv")
 		if err != nil || !seg.Acquire() {
 			t.Fatal("lookup failed")
 		}
-		if _, ok := x.Granted("kv"); !ok {
+		if _, ok := granted(x, "", "kv"); !ok {
 			t.Fatal("no rights")
 		}
 		seg.Release()
@@ -427,7 +456,7 @@ func TestLookupPath(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 2000 {
-				seg, err := x.Lookup("kv")
+				seg, err := lookup(x, "", "kv")
 				if err != nil || !seg.Acquire() {
 					t.Error("a lookup beside other names' exports failed")
 					return
@@ -466,7 +495,7 @@ func BenchmarkPeerRequestLookup(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		for pb.Next() {
-			seg, err := x.Lookup(names[i%len(names)])
+			seg, err := lookup(x, "", names[i%len(names)])
 			if err != nil || !seg.Acquire() {
 				b.Error("lookup failed")
 				return
@@ -475,4 +504,99 @@ func BenchmarkPeerRequestLookup(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// TestTenantNames: export names are per tenant. Two tenants export one
+// name without meeting; a peer's client reaches its own tenant's export
+// of a name, or another tenant's only where that export grants its
+// tenant, and is refused with ErrDenied whether or not the other tenant
+// exports the name; listings show a tenant its own exports; a request
+// without a tenant is of the default tenant.
+func TestTenantNames(t *testing.T) {
+	cat := &catalog{}
+	x := NewExports(cat)
+	bufA, bufB, bufD := clientBuf(1, 4096), clientBuf(2, 4096), clientBuf(3, 4096)
+	bufA.Bytes()[0], bufB.Bytes()[0] = 'a', 'b'
+	a, err := x.ExportTo("kv", "A", []string{"C"}, bufA, 0, 4096, wire.RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Export("kv", "B", bufB, 0, 4096, wire.RightRead|wire.RightWrite); err != nil {
+		t.Fatalf("tenant B cannot use the name tenant A exports: %v", err)
+	}
+	if _, err := x.Export("kv", "A", bufB, 0, 4096, wire.RightRead); !errors.Is(err, xfer.ErrExists) {
+		t.Fatalf("the same name twice in one tenant: %v", err)
+	}
+	if _, err := x.Export("kv", "", bufD, 0, 4096, wire.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Export("kv", DefaultTenant, bufD, 0, 4096, wire.RightRead); !errors.Is(err, xfer.ErrExists) {
+		t.Fatalf("no tenant and the default tenant are one: %v", err)
+	}
+	if got := cat.got(); !slices.Equal(got, []string{"+kv:4096:1"}) {
+		t.Fatalf("the catalog was told %v, want the default tenant's export only", got)
+	}
+
+	for _, c := range []struct {
+		asker, owner string
+		want         byte  // the first byte of what it reaches
+		err          error // or the refusal
+	}{
+		{"A", "", 'a', nil}, {"B", "", 'b', nil}, {"A", "A", 'a', nil},
+		{"", "", 0, nil}, {DefaultTenant, "", 0, nil}, // the default tenant's
+		{"C", "A", 'a', nil}, // granted
+		{"C", "", 0, ErrNotFound}, {"B", "A", 0, ErrDenied}, {"", "A", 0, ErrDenied},
+		{"C", "B", 0, ErrDenied}, {"B", "Z", 0, ErrDenied}, {"A", "B", 0, ErrDenied},
+	} {
+		e, err := x.Resolve(c.asker, c.owner, "kv")
+		switch {
+		case c.err != nil && (!errors.Is(err, c.err) || e != nil):
+			t.Errorf("Resolve(%q, %q) = %v, %v; want %v", c.asker, c.owner, e, err, c.err)
+		case c.err == nil && (err != nil || e.Segment().Bytes()[0] != c.want):
+			t.Errorf("Resolve(%q, %q) = %v, %v; want the export starting with %q", c.asker, c.owner, e, err, c.want)
+		}
+	}
+	if _, err := x.Resolve("B", "A", "nope"); !errors.Is(err, ErrDenied) || !errors.Is(err, xfer.ErrPermission) {
+		t.Fatalf("another tenant's absent name: %v, want ErrDenied (it does not say what exists)", err)
+	}
+	if n, all := x.Denied("A"); n != 3 || all != 6 {
+		t.Fatalf("refusals counted for A's exports: %d of %d, want 3 of 6", n, all)
+	}
+	if n, _ := x.Denied("B"); n != 2 {
+		t.Fatalf("refusals counted for B's exports: %d, want 2", n)
+	}
+	if !a.Grants("A") || !a.Grants("C") || a.Grants("B") || a.Grants("") || a.Tenant() != "A" {
+		t.Fatal("Grants is wrong about A's export")
+	}
+
+	names := func(tenant string) []string {
+		var out []string
+		for _, s := range x.List(nil, tenant) {
+			out = append(out, fmt.Sprintf("%s:%d", s.Name, s.Segment))
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got := names("B"); !slices.Equal(got, []string{"kv:2"}) {
+		t.Fatalf("tenant B lists %v", got)
+	}
+	if got := names(DefaultTenant); !slices.Equal(got, []string{"kv:3"}) {
+		t.Fatalf("the default tenant lists %v", got)
+	}
+	if got := names(""); !slices.Equal(got, []string{"kv:1", "kv:2", "kv:3"}) {
+		t.Fatalf("the admin lists %v", got)
+	}
+
+	for _, grants := range [][]string{{"A"}, {"C", "C"}, {"bad name"}, {""}, make([]string, MaxGrants+1)} {
+		if _, err := x.ExportTo("g", "A", grants, bufA, 0, 4096, wire.RightRead); !errors.Is(err, ErrInvalid) {
+			t.Errorf("grants %q: %v", grants, err)
+		}
+	}
+	if _, err := x.ExportTo("g", "", []string{DefaultTenant}, bufA, 0, 4096, wire.RightRead); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a grant of the default tenant by a client in none: %v", err)
+	}
+	a.End(0)
+	if _, err := x.Resolve("C", "A", "kv"); !errors.Is(err, ErrDenied) {
+		t.Fatalf("a granted export that ended: %v", err)
+	}
 }

@@ -13,8 +13,13 @@ type RemoteSegment interface {
 
 // OpenContext is what a request's context says about how to open a
 // remote segment: its lane (which chooses the directory's posture) and
-// policy version, as the client sent them.
+// policy version, as the client sent them; the tenant of the client
+// ("" is DefaultTenant) and the tenant whose export it asks for ("": its
+// own). The owner serves a client the exports of its own tenant's name,
+// or another tenant's that grants it.
 type OpenContext struct {
 	Lane          string
 	PolicyVersion uint32
+	Tenant        string
+	Owner         string
 }

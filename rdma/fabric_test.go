@@ -603,10 +603,10 @@ func tcpPair(t testing.TB) (alpha, bravo *tcp.Node) {
 // noExports is a tcp.Exporter with nothing exported.
 type noExports struct{}
 
-func (noExports) Lookup(name string) (xfer.MemSegment, error) {
-	return nil, fmt.Errorf("%q not exported", name)
+func (noExports) Lookup(a tcp.Access) (xfer.MemSegment, tcp.Rights, error) {
+	return nil, 0, fmt.Errorf("%q not exported", a.Name)
 }
-func (noExports) Deliver(string, []byte) error { return errors.New("nothing exported") }
+func (noExports) Deliver(tcp.Access, []byte) error { return errors.New("nothing exported") }
 
 // TestChannelPeerOverTCP: the connection data travels over two real tcp
 // nodes' peer channel; the verbs are the fabric's.

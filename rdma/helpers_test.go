@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
@@ -27,7 +28,7 @@ const (
 // noExports is a tcp.Exporter with nothing exported.
 type noExports struct{}
 
-func (noExports) Lookup(name string) (xfer.MemSegment, error) {
-	return nil, fmt.Errorf("%q not exported", name)
+func (noExports) Lookup(a tcp.Access) (xfer.MemSegment, tcp.Rights, error) {
+	return nil, 0, fmt.Errorf("%q not exported", a.Name)
 }
-func (noExports) Deliver(string, []byte) error { return errors.New("nothing exported") }
+func (noExports) Deliver(tcp.Access, []byte) error { return errors.New("nothing exported") }

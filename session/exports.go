@@ -60,12 +60,12 @@ func (c *Session) ExportSegment(m *wire.ExportSegmentRequest, r *wire.Response) 
 		}
 		parent = b
 	}
-	e, err := c.h.Exports.Export(name, c.tenant, parent, off, n, m.Rights)
+	e, err := c.h.Exports.ExportTo(name, c.tenant, m.Grants, parent, off, n, m.Rights)
 	if err != nil {
 		return err
 	}
 	c.exports = append(c.exports, e)
-	c.log.Info("segment exported", "name", name, "segment", id, "offset", off, "size", n, "rights", m.Rights)
+	c.log.Info("segment exported", "name", name, "segment", id, "offset", off, "size", n, "rights", m.Rights, "grants", m.Grants)
 	wire.SetResponse[wire.ExportSegmentResponse](r).Size = n
 	return nil
 }
@@ -167,7 +167,7 @@ func (c *Session) OpenRemote(ctx *wire.Context, m *wire.OpenRemoteRequest, r *wi
 	if pp == nil {
 		return fmt.Errorf("%w: no peer plane configured", ErrUnavailable)
 	}
-	peerID, seg, err := peer.SplitRemote(string(m.Name))
+	peerID, owner, seg, err := peer.SplitRemote(string(m.Name))
 	if err != nil {
 		return err
 	}
@@ -183,16 +183,20 @@ func (c *Session) OpenRemote(ctx *wire.Context, m *wire.OpenRemoteRequest, r *wi
 	if held >= c.h.Limits.MaxExports {
 		return fmt.Errorf("%w: %d remote segments open", ErrLimit, held)
 	}
-	rs, err := pp.OpenRemote(OpenContext{Lane: string(ctx.Lane), PolicyVersion: ctx.PolicyVersion},
+	rs, err := pp.OpenRemote(OpenContext{Lane: string(ctx.Lane), PolicyVersion: ctx.PolicyVersion, Tenant: c.tenant, Owner: owner},
 		peerID, seg, m.Rights, m.Transport)
 	if err != nil {
 		return err
 	}
 	id := c.h.Registry.NextID()
 	c.mu.Lock()
-	c.remotes[id] = remote{seg: rs, peer: peerID, name: seg, rights: m.Rights, transport: m.Transport}
+	listed := seg // as "peer/" + listed names it again
+	if owner != "" {
+		listed = owner + "/" + seg
+	}
+	c.remotes[id] = remote{seg: rs, peer: peerID, name: listed, rights: m.Rights, transport: m.Transport}
 	c.mu.Unlock()
-	c.log.Info("remote segment opened", "peer", peerID, "name", seg, "segment", id, "size", rs.Size(),
+	c.log.Info("remote segment opened", "peer", peerID, "name", listed, "segment", id, "size", rs.Size(),
 		"epoch", fmt.Sprintf("%#x", rs.Epoch()), "transport", wire.TransportName(m.Transport))
 	*wire.SetResponse[wire.OpenRemoteResponse](r) = wire.OpenRemoteResponse{Segment: uint64(id), Size: rs.Size(), Epoch: rs.Epoch()}
 	return nil

@@ -130,6 +130,7 @@ var everyError = map[string]struct {
 	"rdma.ErrQPDown":        {rdma.ErrQPDown, tcproto.CodeUNAVAILABLE},
 	"rdma.ErrQueueFull":     {rdma.ErrQueueFull, tcproto.CodeRESOURCE_EXHAUSTED},
 	// peer
+	"peer.ErrDenied":      {peer.ErrDenied, tcproto.CodePERMISSION_DENIED},
 	"peer.ErrInvalid":     {peer.ErrInvalid, tcproto.CodeINVALID_ARGUMENT},
 	"peer.ErrLimit":       {peer.ErrLimit, tcproto.CodeRESOURCE_EXHAUSTED},
 	"peer.ErrNotFound":    {peer.ErrNotFound, tcproto.CodeNOT_FOUND},

@@ -107,7 +107,7 @@ type rxState struct {
 // requests under one token costs one MAC check.
 type tokCache struct {
 	raw    []byte
-	name   string
+	access Access
 	rights Rights
 	expiry int64
 }

@@ -82,7 +82,7 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 		b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, SliceSize: 4 << 20})
 		seg := xfertest.NewSegment(5, size)
 		b.exp.add("seg", seg)
-		tok := (&token{name: "seg", rights: RightWrite, expiry: time.Now().Add(time.Hour).UnixNano(), issuer: "b", epoch: b.Epoch()}).
+		tok := (&token{access: Access{Name: "seg"}, rights: RightWrite, expiry: time.Now().Add(time.Hour).UnixNano(), issuer: "b", epoch: b.Epoch()}).
 			sign(deriveKey(key, "tensorcast token v1"))
 		frame := func(id uint64, off, n int) []byte {
 			f := make([]byte, hdrLen, hdrLen+len(tok)+n)

@@ -43,4 +43,25 @@
 // (at once when it exited; within peerKeepAlive's probes when its host
 // vanished). A session this node dials itself, to the directory's address,
 // adopts the epoch it is answered with.
+//
+// Tenants. An open request carries its Access: the segment's name, the
+// tenant of the client that asks (on the asking daemon) and the tenant
+// whose export it asks for. The owner's Exporter decides whether that
+// tenant reaches the export (its own tenant's name, or an export that
+// grants it), and the owner binds the access into the token under the
+// same signature, so a token serves only the tenant it was issued to;
+// every data request looks the export up again for the token's access,
+// so an export that ends, or stops granting, ends the access. Refused
+// requests are counted per peer and logged at most once per
+// refuseLogEvery and reason.
+//
+// Compatibility across a rolling upgrade. The default tenant is left out
+// of the protocol: an access without tenants is sent as the name alone
+// and answered with a version 1 token, byte for byte as daemons before
+// tenants do, so those daemons and these serve each other's default
+// tenant as before. A request from such a daemon carries no tenant and is
+// taken as the default tenant's. An access with tenants is sent in a form
+// an older owner reads as a name it does not export (not found: it cannot
+// check tenants, so it serves none), and is answered with a version 2
+// token, which only this release reads.
 package tcp

@@ -118,7 +118,7 @@ func (f *fakePeer) serve(c net.Conn) {
 		}
 		f.payload.Add(int64(len(payload)))
 		if h.typ == tOpenReq {
-			tok := (&token{name: string(meta), rights: Rights(h.flags), expiry: time.Now().Add(time.Hour).UnixNano(),
+			tok := (&token{access: Access{Name: string(meta)}, rights: Rights(h.flags), expiry: time.Now().Add(time.Hour).UnixNano(),
 				issuer: f.id, epoch: f.epoch}).sign(f.tokKey)
 			_ = writeRaw(c, &header{typ: tOpenResp, id: h.id, arg: 64 << 20, metaLen: uint16(len(tok))}, tok)
 			continue
@@ -292,7 +292,7 @@ func TestServerDropsBadClients(t *testing.T) {
 	// An authenticated client that never reads its answers exceeds its
 	// flow-control window and is dropped.
 	c = rawClient(t, b, key, "hog")
-	tok := (&token{name: "seg", rights: RightRead, expiry: time.Now().Add(time.Hour).UnixNano(), issuer: "b", epoch: b.Epoch()}).
+	tok := (&token{access: Access{Name: "seg"}, rights: RightRead, expiry: time.Now().Add(time.Hour).UnixNano(), issuer: "b", epoch: b.Epoch()}).
 		sign(deriveKey(key, "tensorcast token v1"))
 	go func() {
 		for i := 0; i < 2000; i++ {

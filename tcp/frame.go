@@ -28,7 +28,7 @@ const (
 	tAuth                            // client → server: client MAC
 	tAuthOK                          // server → client: session open
 	tRefuse                          // either way: reason, then close
-	tOpenReq                         // segment name; flags = rights
+	tOpenReq                         // segment name, or the access (openMeta); flags = rights
 	tOpenResp                        // status; arg = size; meta = token
 	tReadReq                         // meta = token; arg = offset; n = length
 	tReadResp                        // status; n bytes of payload when OK
@@ -347,9 +347,7 @@ func parseFrame(b []byte, lim limits) (header, error) {
 			_, err = decodeToken(tok)
 		}
 	case tOpenReq:
-		if len(meta) > maxNameLen {
-			err = fmt.Errorf("%w: segment name of %d bytes", ErrFrame, len(meta))
-		}
+		_, err = decodeOpen(meta)
 	case tExchReq:
 		_, _, err = decodeExchange(meta)
 	case tExchResp:
@@ -358,6 +356,45 @@ func parseFrame(b []byte, lim limits) (header, error) {
 		}
 	}
 	return h, err
+}
+
+// An open request's metadata is the segment's name for an access without
+// tenants, as daemons before tenants send it; an access with tenants is
+// openAccess (a byte no name starts with, as a name has no '/'), then
+// the name, the asker's tenant and the export's tenant, each a str8. A
+// daemon before tenants takes that for a name it does not export and
+// answers not found: it cannot check tenants, so it does not serve them.
+const openAccess = '/'
+
+// encodeOpen is an open request's metadata for a.
+func encodeOpen(a Access) []byte {
+	if a.Tenant == "" && a.Owner == "" {
+		return []byte(a.Name)
+	}
+	b := make([]byte, 0, 4+len(a.Name)+len(a.Tenant)+len(a.Owner))
+	b = append(b, openAccess)
+	b = appendStr8(b, a.Name)
+	b = appendStr8(b, a.Tenant)
+	return appendStr8(b, a.Owner)
+}
+
+// decodeOpen parses an open request's metadata (encodeOpen's).
+func decodeOpen(meta []byte) (Access, error) {
+	if len(meta) == 0 || meta[0] != openAccess {
+		if len(meta) == 0 || len(meta) > maxNameLen {
+			return Access{}, fmt.Errorf("%w: segment name of %d bytes", ErrFrame, len(meta))
+		}
+		return Access{Name: string(meta)}, nil
+	}
+	r := reader{b: meta[1:]}
+	a := Access{Name: r.str8(maxNameLen), Tenant: r.str8(MaxTenant), Owner: r.str8(MaxTenant)}
+	if err := r.done(); err != nil {
+		return Access{}, err
+	}
+	if a.Name == "" || a.Tenant == "" && a.Owner == "" {
+		return Access{}, fmt.Errorf("%w: open of %q with tenants %q and %q", ErrFrame, a.Name, a.Tenant, a.Owner)
+	}
+	return a, nil
 }
 
 // decodeExchange splits an exchange request's metadata into its kind and

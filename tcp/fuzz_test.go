@@ -21,7 +21,9 @@ func seedFrames() [][]byte {
 		return append(append(b, meta...), payload...)
 	}
 	hl := hello{id: "alpha", epoch: 7, addr: "127.0.0.1:9000", blob: []byte{1, 2, 3}, maxFrame: 1 << 20, window: 4 << 20}
-	tok := (&token{name: "kvpool", rights: RightRead | RightWrite, expiry: 1 << 62, issuer: "bravo", epoch: 9}).sign([]byte("k"))
+	tok := (&token{access: Access{Name: "kvpool"}, rights: RightRead | RightWrite, expiry: 1 << 62, issuer: "bravo", epoch: 9}).sign([]byte("k"))
+	access := Access{Tenant: "B", Owner: "A", Name: "kvpool"}
+	tok2 := (&token{access: access, rights: RightRead, expiry: 1 << 62, issuer: "bravo", epoch: 9}).sign([]byte("k"))
 	notify := binary.LittleEndian.AppendUint16(nil, uint16(len(tok)))
 	notify = append(append(notify, tok...), "ready"...)
 	out := [][]byte{
@@ -40,11 +42,21 @@ func seedFrames() [][]byte {
 		frame(header{typ: tWriteResp, id: 2, n: 8}, nil, nil),
 		frame(header{typ: tNotify, id: 3}, notify, nil),
 		frame(header{typ: tNotifyAck, id: 3, status: stFailed}, nil, nil),
+		frame(header{typ: tOpenReq, flags: uint16(RightRead)}, encodeOpen(access), nil),
+		frame(header{typ: tReadReq, id: 4, arg: 4096, n: 16}, tok2, nil),
 	}
 	// Near misses: oversized length, truncated metadata, trailing bytes.
 	big := frame(header{typ: tReadReq, id: 1, n: 16}, tok, nil)
 	binary.LittleEndian.PutUint32(big[24:], 1<<31)
 	out = append(out, big, out[0][:hdrLen+5], append(append([]byte{}, out[12]...), 0))
+	// An open with the access form and no tenant; a version 2 token
+	// without tenants.
+	noTenants := appendStr8(appendStr8(appendStr8([]byte{openAccess}, "kvpool"), ""), "")
+	v2 := (&token{access: Access{Name: "kvpool"}, rights: RightRead, expiry: 1 << 62, issuer: "bravo", epoch: 9}).body(nil)
+	v2 = append(append([]byte{tokenV2}, v2[1:]...), 0, 0)
+	v2 = append(v2, make([]byte, macLen)...)
+	out = append(out, frame(header{typ: tOpenReq, flags: uint16(RightRead)}, noTenants, nil),
+		frame(header{typ: tReadReq, id: 5, arg: 0, n: 16}, v2, nil))
 	return out
 }
 
@@ -79,12 +91,12 @@ func exchangeSeedFrames() (good, bad [][]byte) {
 
 func TestSeedFramesParse(t *testing.T) {
 	seeds := seedFrames()
-	for i, b := range seeds[:15] {
+	for i, b := range seeds[:17] {
 		if _, err := parseFrame(b, fuzzLimits); err != nil {
 			t.Errorf("seed %d: %v", i, err)
 		}
 	}
-	for i, b := range seeds[15:] {
+	for i, b := range seeds[17:] {
 		if _, err := parseFrame(b, fuzzLimits); err == nil {
 			t.Errorf("near miss %d parsed", i)
 		}

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,8 +27,9 @@ func crc(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 // exporter serves named segments and records notifications.
 type exporter struct {
 	mu       sync.Mutex
-	segs     map[string]*xfertest.Segment
-	notes    []string // "segment:payload"
+	segs     map[string]*xfertest.Segment // by exportKey
+	grants   map[string][]string          // the other tenants each export grants
+	notes    []string                     // "segment:payload"
 	deliver  func(seg string, payload []byte) error
 	notifyCh chan string
 	// stall, when set, makes the next Lookup sleep that long (stalling an
@@ -37,16 +39,32 @@ type exporter struct {
 }
 
 func newExporter() *exporter {
-	return &exporter{segs: map[string]*xfertest.Segment{}, notifyCh: make(chan string, 64), stalled: make(chan struct{}, 1)}
+	return &exporter{segs: map[string]*xfertest.Segment{}, grants: map[string][]string{}, notifyCh: make(chan string, 64), stalled: make(chan struct{}, 1)}
 }
 
-func (e *exporter) add(name string, s *xfertest.Segment) {
+func (e *exporter) add(name string, s *xfertest.Segment) { e.addAs("", name, s) }
+
+// addAs exports s as name of tenant, granting it to the tenants grants
+// too.
+func (e *exporter) addAs(tenant, name string, s *xfertest.Segment, grants ...string) {
 	e.mu.Lock()
-	e.segs[name] = s
+	e.segs[exportKey(tenant, name)] = s
+	e.grants[exportKey(tenant, name)] = grants
 	e.mu.Unlock()
 }
 
-func (e *exporter) Lookup(name string) (xfer.MemSegment, error) {
+// exportKey is where an export of tenant ("": the default) is kept.
+func exportKey(tenant, name string) string {
+	if tenant == "" {
+		return name
+	}
+	return tenant + "/" + name
+}
+
+// errNotGranted is the test exporter's refusal of another tenant.
+var errNotGranted = fmt.Errorf("%w: not granted", xfer.ErrPermission)
+
+func (e *exporter) Lookup(a Access) (xfer.MemSegment, Rights, error) {
 	if d := e.stall.Swap(0); d > 0 {
 		select {
 		case e.stalled <- struct{}{}:
@@ -56,13 +74,22 @@ func (e *exporter) Lookup(name string) (xfer.MemSegment, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if s, ok := e.segs[name]; ok {
-		return s, nil
+	owner := a.Owner
+	if owner == "" {
+		owner = a.Tenant
 	}
-	return nil, errors.New("not exported")
+	k := exportKey(owner, a.Name)
+	if owner != a.Tenant && !slices.Contains(e.grants[k], a.Tenant) {
+		return nil, 0, errNotGranted
+	}
+	if s, ok := e.segs[k]; ok {
+		return s, RightRead | RightWrite, nil
+	}
+	return nil, 0, errors.New("not exported")
 }
 
-func (e *exporter) Deliver(seg string, payload []byte) error {
+func (e *exporter) Deliver(a Access, payload []byte) error {
+	seg := a.Name
 	e.mu.Lock()
 	d := e.deliver
 	e.mu.Unlock()
@@ -181,7 +208,7 @@ var _ = fmt.Sprintf
 
 // cloneRemote copies r with another token.
 func cloneRemote(r *Remote, tok []byte) *Remote {
-	c := &Remote{node: r.node, peer: r.peer, name: r.name, id: r.id, size: r.size, rights: r.rights, epoch: r.epoch}
+	c := &Remote{node: r.node, peer: r.peer, name: r.name, access: r.access, id: r.id, size: r.size, rights: r.rights, epoch: r.epoch}
 	cur := r.cred.Load()
 	c.cred.Store(&credential{token: tok, expiry: cur.expiry, got: cur.got})
 	return c

@@ -27,14 +27,19 @@ import (
 
 // Exporter is what the daemon implements to serve peers.
 type Exporter interface {
-	// Lookup returns a segment that local clients chose to export under
-	// name, or an error when there is none. Nothing is exported by default.
-	Lookup(name string) (xfer.MemSegment, error)
-	// Deliver hands a notification to the client owning segment, after the
-	// data of its WRITE has landed. It runs on an event loop and must not
-	// block; payload is valid only during the call. The writer gets a
-	// positive ACK only when Deliver returns nil.
-	Deliver(segment string, payload []byte) error
+	// Lookup returns the segment local clients exported that a peer's
+	// request for a reaches, and the rights its export grants; an error
+	// wrapping xfer.ErrPermission when a's tenant may not reach it (the
+	// peer is answered permission denied), any other error when there is
+	// none (not found). Nothing is exported by default. It is asked at
+	// open and again for every request, so an access ends with its
+	// export. It must not block.
+	Lookup(a Access) (xfer.MemSegment, Rights, error)
+	// Deliver hands a notification to the client owning the export a
+	// reaches, after the data of its WRITE has landed. It runs on an
+	// event loop and must not block; payload is valid only during the
+	// call. The writer gets a positive ACK only when Deliver returns nil.
+	Deliver(a Access, payload []byte) error
 }
 
 // PeerStats is one peer as `tcctl peers` shows it.

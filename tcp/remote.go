@@ -26,6 +26,7 @@ type Remote struct {
 	node   *Node
 	peer   *peer
 	name   string
+	access Access
 	id     xfer.SegmentID
 	size   uint64
 	rights Rights
@@ -78,6 +79,16 @@ func (r *Remote) Peer() string { return r.peer.id }
 // Name is the segment's name on its owner.
 func (r *Remote) Name() string { return r.name }
 
+// Access is what the segment was opened as: its name and, with tenants,
+// the tenant of the client that opened it and the export's.
+func (r *Remote) Access() Access { return r.access }
+
+// Token is the capability token requests to the segment present now
+// (the RDMA plane shows it to the owner to resolve the segment's
+// registration). It changes when the node renews it; the bytes are not
+// to be modified.
+func (r *Remote) Token() []byte { return r.cred.Load().token }
+
 // Rights are what the token grants.
 func (r *Remote) Rights() Rights { return r.rights }
 
@@ -101,13 +112,23 @@ func (r *Remote) Close() error {
 }
 
 // Open asks peer for segment with rights and returns it as a Remote. The
-// owner answers with the size and a signed capability token.
+// owner answers with the size and a signed capability token. It is OpenAs
+// without tenants.
 func (n *Node) Open(peerID, segment string, rights Rights) (*Remote, error) {
+	return n.OpenAs(peerID, Access{Name: segment}, rights)
+}
+
+// OpenAs asks peer for the access a with rights: the owner serves it only
+// as its Exporter allows a's tenants (a permission error otherwise) and
+// binds them into the token.
+func (n *Node) OpenAs(peerID string, a Access, rights Rights) (*Remote, error) {
 	if n.closed.Load() {
 		return nil, xfer.ErrClosed
 	}
-	if segment == "" || len(segment) > maxNameLen || rights == 0 || rights&^(RightRead|RightWrite) != 0 {
-		return nil, fmt.Errorf("%w: open %q with rights %v", xfer.ErrInvalid, segment, rights)
+	segment := a.Name
+	if segment == "" || len(segment) > maxNameLen || rights == 0 || rights&^(RightRead|RightWrite) != 0 ||
+		len(a.Tenant) > MaxTenant || len(a.Owner) > MaxTenant {
+		return nil, fmt.Errorf("%w: open %q (tenant %q, of %q) with rights %v", xfer.ErrInvalid, segment, a.Tenant, a.Owner, rights)
 	}
 	if peerID == n.cfg.DaemonID {
 		return nil, fmt.Errorf("%w: %q is this daemon", xfer.ErrInvalid, peerID)
@@ -116,11 +137,11 @@ func (n *Node) Open(peerID, segment string, rights Rights) (*Remote, error) {
 	if err != nil {
 		return nil, err
 	}
-	cred, t, size, err := n.openToken(p, segment, rights)
+	cred, t, size, err := n.openToken(p, a, rights)
 	if err != nil {
 		return nil, err
 	}
-	r := &Remote{node: n, peer: p, name: segment, id: xfer.SegmentID(n.segID.Add(1)), size: size,
+	r := &Remote{node: n, peer: p, name: segment, access: a, id: xfer.SegmentID(n.segID.Add(1)), size: size,
 		rights: rights, epoch: t.epoch}
 	r.cred.Store(cred)
 	n.mu.Lock()

@@ -6,60 +6,96 @@ package tcp
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // authorize checks a data request's token and range and returns the
-// acquired segment, or the status to answer with.
+// acquired segment, or the status to answer with. The export is looked up
+// for the token's access on every request: a tenant the exporter no
+// longer lets in, or an export gone, ends the access whatever the token
+// says.
 func (c *conn) authorize(tok []byte, need Rights, off uint64, ln uint32) (xfer.MemSegment, uint16, error) {
 	n := c.n
-	name, err := c.checkToken(tok, need)
+	a, err := c.checkToken(tok, need)
 	if err != nil {
 		return nil, stPermission, err
 	}
-	seg, err := n.exp.Lookup(name)
+	seg, _, err := n.exp.Lookup(a)
 	if err != nil || seg == nil {
-		return nil, stNotFound, fmt.Errorf("%w: %q", ErrNotFound, name)
+		return nil, lookupStatus(err), lookupErr(a, err)
 	}
 	if !seg.Acquire() {
-		return nil, stNotFound, fmt.Errorf("%w: %q is closing", ErrNotFound, name)
+		return nil, stNotFound, fmt.Errorf("%w: %q is closing", ErrNotFound, a.Name)
 	}
 	b := seg.Bytes()
 	if off > uint64(len(b)) || uint64(ln) > uint64(len(b))-off || off+uint64(ln) > seg.Size() {
 		seg.Release()
-		return nil, stInvalid, fmt.Errorf("%w: [%d, +%d) outside %q", xfer.ErrInvalid, off, ln, name)
+		return nil, stInvalid, fmt.Errorf("%w: [%d, +%d) outside %q", xfer.ErrInvalid, off, ln, a.Name)
 	}
 	return seg, stOK, nil
 }
 
+// lookupErr is what the log says of a request the Exporter's Lookup
+// refused.
+func lookupErr(a Access, err error) error {
+	if err == nil {
+		err = ErrNotFound
+	}
+	return fmt.Errorf("%q (tenant %q, of %q): %w", a.Name, a.Tenant, a.Owner, err)
+}
+
+// lookupStatus is the answer to a request the Exporter's Lookup refused:
+// permission denied when the access's tenant may not reach the export,
+// else not found.
+func lookupStatus(err error) uint16 {
+	if errors.Is(err, xfer.ErrPermission) {
+		return stPermission
+	}
+	return stNotFound
+}
+
 // checkToken verifies a request's token (once per token and connection:
-// c.tok remembers the last one) and returns the segment name it grants
-// need on.
-func (c *conn) checkToken(tok []byte, need Rights) (string, error) {
+// c.tok remembers the last one) and returns the access it grants need
+// on.
+func (c *conn) checkToken(tok []byte, need Rights) (Access, error) {
 	n := c.n
 	now := n.tokenNow()
-	var name string
+	var a Access
 	var rights Rights
 	if c.tok.raw != nil && bytes.Equal(tok, c.tok.raw) && now.UnixNano() < c.tok.expiry {
-		name, rights = c.tok.name, c.tok.rights
+		a, rights = c.tok.access, c.tok.rights
 	} else {
 		t, err := verifyToken(tok, n.tokKey, n.cfg.DaemonID, n.epoch, 0, now)
 		if err != nil {
-			return "", err
+			return Access{}, err
 		}
-		c.tok = tokCache{raw: append(c.tok.raw[:0], tok...), name: t.name, rights: t.rights, expiry: t.expiry}
-		name, rights = t.name, t.rights
+		c.tok = tokCache{raw: append(c.tok.raw[:0], tok...), access: t.access, rights: t.rights, expiry: t.expiry}
+		a, rights = t.access, t.rights
 	}
 	if rights&need != need {
-		return "", fmt.Errorf("%w: token grants %v, request needs %v", xfer.ErrPermission, rights, need)
+		return Access{}, fmt.Errorf("%w: token grants %v, request needs %v", xfer.ErrPermission, rights, need)
 	}
-	return name, nil
+	return a, nil
 }
 
-func (c *conn) refusedRequest(what string, err error) {
-	c.n.log.Warn("refused peer request", append(c.logger(), "op", what, "reason", err.Error())...)
+// Verify checks a capability token this node issued (signature, issuer,
+// epoch, expiry) and that it grants need, and returns the access it was
+// issued for; every failure wraps xfer.ErrPermission. The RDMA plane
+// checks with it the token a peer shows for an export's registration.
+func (n *Node) Verify(tok []byte, need Rights) (Access, error) {
+	t, err := verifyToken(tok, n.tokKey, n.cfg.DaemonID, n.epoch, need, n.tokenNow())
+	return t.access, err
+}
+
+// refusedRequest counts a refused peer request and logs it, at most a
+// line per what and refuseLogEvery (a peer can send them by the
+// thousand).
+func (c *conn) refusedRequest(what string, err error, kv ...any) {
+	c.n.refusals.note(c.n.log, "request refused: "+what, time.Now(), append(append(c.logger(), kv...), "err", err.Error())...)
 	c.peer.errs.Add(1)
 }
 
@@ -74,24 +110,25 @@ func (c *conn) checkWindow() error {
 
 func (c *conn) onOpen(h *header, meta []byte) error {
 	n := c.n
-	name := string(meta)
 	out := header{typ: tOpenResp, id: h.id}
-	seg, err := n.exp.Lookup(name)
+	a, err := decodeOpen(meta)
+	if err != nil {
+		return err
+	}
+	seg, granted, err := n.exp.Lookup(a)
 	if err != nil || seg == nil {
-		out.status = stNotFound
-		c.refusedRequest("open "+name, fmt.Errorf("%w: %q", ErrNotFound, name))
+		out.status = lookupStatus(err)
+		c.refusedRequest("open", lookupErr(a, err))
 		c.writeFrame(&out, nil)
 		return nil
 	}
-	if re, ok := n.exp.(RightsExporter); ok {
-		if granted, ok := re.Granted(name); !ok || Rights(h.flags)&^granted != 0 {
-			out.status = stPermission
-			c.refusedRequest("open "+name, fmt.Errorf("%w: rights %d asked, %d granted", xfer.ErrPermission, h.flags, granted))
-			c.writeFrame(&out, nil)
-			return nil
-		}
+	if Rights(h.flags)&^granted != 0 {
+		out.status = stPermission
+		c.refusedRequest("open", fmt.Errorf("%w: rights %d asked, %d granted", xfer.ErrPermission, h.flags, granted), accessLog(a)...)
+		c.writeFrame(&out, nil)
+		return nil
 	}
-	t := token{name: name, rights: Rights(h.flags), expiry: n.tokenNow().Add(n.cfg.TokenTTL).UnixNano(),
+	t := token{access: a, rights: Rights(h.flags), expiry: n.tokenNow().Add(n.cfg.TokenTTL).UnixNano(),
 		issuer: n.cfg.DaemonID, epoch: n.epoch}
 	tok := t.sign(n.tokKey)
 	out.arg, out.metaLen = seg.Size(), uint16(len(tok))
@@ -136,16 +173,21 @@ func (c *conn) onNotify(h *header, meta []byte) error {
 	}
 	out := header{typ: tNotifyAck, id: h.id}
 	n := c.n
-	name, err := c.checkToken(tok, RightWrite)
+	a, err := c.checkToken(tok, RightWrite)
 	if err != nil {
 		c.refusedRequest("notify", err)
 		out.status = stPermission
-	} else if err := n.exp.Deliver(name, payload); err != nil {
-		n.log.Warn("notification not delivered", append(c.logger(), "segment", name, "err", err)...)
+	} else if err := n.exp.Deliver(a, payload); err != nil {
+		n.log.Warn("notification not delivered", append(append(c.logger(), accessLog(a)...), "err", err)...)
 		out.status = stFailed
 	}
 	c.writeFrame(&out, nil)
 	return nil
+}
+
+// accessLog is a as a log line names it.
+func accessLog(a Access) []any {
+	return []any{"segment", a.Name, "tenant", a.Tenant, "owner", a.Owner}
 }
 
 // payloadDone ends the payload of the current frame.

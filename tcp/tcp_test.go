@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bytes"
 	"errors"
 	"math/rand/v2"
 	"os"
@@ -254,12 +255,12 @@ func TestPermissions(t *testing.T) {
 	}
 	// A token for another segment name (wrong scope) does not verify either.
 	tok2, _ := decodeToken(ro.cred.Load().token)
-	tok2.name = "other"
+	tok2.access.Name = "other"
 	scoped := cloneRemote(ro, tok2.sign([]byte("not the key")))
 	if err := one(mkTask(col, xfer.OpRead, local, 0, scoped, 0, 100)); !errors.Is(err, xfer.ErrPermission) {
 		t.Fatalf("read with a token for another segment: %v", err)
 	}
-	b.logs.waitContains(t, "refused peer request")
+	b.logs.waitContains(t, "request refused: ")
 	// Expiry: the token as issued works until its lifetime has passed on
 	// the owner's clock, and not after.
 	if err := one(mkTask(col, xfer.OpRead, local, 0, stale, 0, 100)); err != nil {
@@ -287,6 +288,90 @@ func TestPermissions(t *testing.T) {
 	// for the last one.
 	seg := b.exp.segs["seg"]
 	testutil.Eventually(t, 5*time.Second, func() bool { return seg.Refs() == 0 }, "segment refs %v", testutil.Lazy(seg.Refs))
+}
+
+// TestTenantsInOpen: the open request carries the asking client's tenant
+// and the export's, the owner's Exporter decides, and the token binds
+// them. A client of B reaches B's "seg", one of C the export of A that
+// grants C; one of B asking for A's is refused PERMISSION_DENIED, and a
+// data request under a token whose grant was withdrawn is refused too.
+// An access without tenants is asked and granted as before tenants (the
+// name alone, a version 1 token).
+func TestTenantsInOpen(t *testing.T) {
+	nodes := cluster(t, []string{"a", "b"}, 1<<16, Config{})
+	a, b := nodes[0], nodes[1]
+	segA, segB := xfertest.NewSegment(201, 4096), xfertest.NewSegment(202, 4096)
+	fill(rand.New(rand.NewPCG(1, 1)), segA.Bytes())
+	fill(rand.New(rand.NewPCG(2, 2)), segB.Bytes())
+	b.exp.addAs("A", "seg", segA, "C")
+	b.exp.addAs("B", "seg", segB)
+	local := xfertest.NewSegment(1, 4096)
+	col := xfertest.NewRecorder()
+	read := func(r *Remote) error {
+		t.Helper()
+		clear(local.Bytes())
+		return submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpRead, local, 0, r, 0, 4096)}, 5*time.Second)[0].Err
+	}
+
+	rb, err := a.OpenAs("b", Access{Tenant: "B", Name: "seg"}, RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := read(rb); err != nil || !bytes.Equal(local.Bytes(), segB.Bytes()) {
+		t.Fatalf("B's client reading B's seg: %v (bytes equal %v)", err, bytes.Equal(local.Bytes(), segB.Bytes()))
+	}
+	if tk, err := decodeToken(rb.Token()); err != nil || rb.Token()[0] != tokenV2 || tk.access != (Access{Tenant: "B", Name: "seg"}) {
+		t.Fatalf("B's token: %+v, %v", tk, err)
+	}
+	rc, err := a.OpenAs("b", Access{Tenant: "C", Owner: "A", Name: "seg"}, RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := read(rc); err != nil || !bytes.Equal(local.Bytes(), segA.Bytes()) {
+		t.Fatalf("C's client reading A's seg: %v", err)
+	}
+	if _, err := a.OpenAs("b", Access{Tenant: "B", Owner: "A", Name: "seg"}, RightRead); !errors.Is(err, xfer.ErrPermission) {
+		t.Fatalf("B's client opening A's seg: %v, want a permission error", err)
+	}
+	b.logs.waitContains(t, "request refused: open")
+
+	rd, err := a.Open("b", "seg", RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := read(rd); err != nil || !bytes.Equal(local.Bytes(), b.exp.segs["seg"].Bytes()[:4096]) {
+		t.Fatalf("a client without tenants reading the default seg: %v", err)
+	}
+	if rd.Token()[0] != tokenV1 {
+		t.Fatalf("a token without tenants is of version %d, want 1 (daemons before tenants read it)", rd.Token()[0])
+	}
+
+	// A's grant to C is withdrawn: C's token no longer reaches the export.
+	b.exp.addAs("A", "seg", segA)
+	if err := read(rc); !errors.Is(err, xfer.ErrPermission) {
+		t.Fatalf("C's client reading after the grant was withdrawn: %v", err)
+	}
+	if err := read(rb); err != nil {
+		t.Fatalf("B's client after A's grant changed: %v", err)
+	}
+}
+
+// TestOpenMeta: the open request's metadata, in both forms.
+func TestOpenMeta(t *testing.T) {
+	for _, a := range []Access{{Name: "kv"}, {Tenant: "B", Name: "kv"}, {Tenant: "B", Owner: "A", Name: "kv"}, {Owner: "A", Name: "kv"}} {
+		m := encodeOpen(a)
+		if got, err := decodeOpen(m); err != nil || got != a {
+			t.Errorf("%+v encoded as %q decodes as %+v, %v", a, m, got, err)
+		}
+		if (a.Tenant == "" && a.Owner == "") != (m[0] != openAccess) {
+			t.Errorf("%+v encoded as %q: the name alone is for an access without tenants", a, m)
+		}
+	}
+	for _, m := range [][]byte{nil, {openAccess}, []byte("/\x02kv\x00\x00"), append([]byte("/\x02kv\x01B\x00"), 0), bytes.Repeat([]byte("x"), maxNameLen+1)} {
+		if a, err := decodeOpen(m); !errors.Is(err, ErrFrame) {
+			t.Errorf("decodeOpen(%q) = %+v, %v; want ErrFrame", m, a, err)
+		}
+	}
 }
 
 func TestNotifications(t *testing.T) {
@@ -507,7 +592,7 @@ func TestTokenRenewal(t *testing.T) {
 		t.Fatalf("%d tokens over four token lifetimes, want 7 (renewed before each expiry)", len(seen))
 	}
 	tk, err := decodeToken(r.cred.Load().token)
-	if err != nil || tk.name != "seg" || tk.rights != RightRead || tk.epoch != r.Epoch() {
+	if err != nil || tk.access.Name != "seg" || tk.rights != RightRead || tk.epoch != r.Epoch() {
 		t.Fatalf("renewed token %+v, %v: not on the terms of the open", tk, err)
 	}
 	if infos := a.Segments(); len(infos) != 1 || time.Until(infos[0].Expires) <= 0 {

@@ -35,15 +35,35 @@ func (r Rights) String() string {
 const (
 	maxNameLen = 255
 	maxIDLen   = 64
-	tokenVer   = 1
+	// MaxTenant bounds a tenant's name in the protocol.
+	MaxTenant = 64
+	// tokenV1 is the token of a request without tenants (the default
+	// tenant's, as daemons before tenants ask and check it); tokenV2 adds
+	// the tenants of the access.
+	tokenV1 = 1
+	tokenV2 = 2
 )
 
-// token is a capability the owner of a segment issues: it names the segment,
-// the rights, an expiry and the issuer (daemon id and epoch), signed with a
-// key derived from the cluster key. The owner checks every field of it on
-// every data request and refuses anything uncertain.
+// Access is what a peer's request asks of an export: the export named
+// Name of tenant Owner, for a client of tenant Tenant on the asking
+// daemon. An empty Owner is the asker's own tenant; an empty Tenant is
+// the default tenant, which the protocol leaves out, so that an access
+// with both empty is asked and granted as by daemons before tenants. The
+// exporter decides who reaches what (Exporter.Lookup); the node carries
+// the access in the open request and binds it into the token.
+type Access struct {
+	Tenant, Owner, Name string
+}
+
+// token is a capability the owner of a segment issues: it names the
+// access it grants (segment, and with tenants the asker's and the
+// export's tenant), the rights, an expiry and the issuer (daemon id and
+// epoch), signed with a key derived from the cluster key. The owner checks
+// every field of it on every data request and refuses anything uncertain.
+// An access without tenants gets a version 1 token, which daemons before
+// tenants read; one with tenants a version 2 token, which they refuse.
 type token struct {
-	name   string
+	access Access
 	rights Rights
 	expiry int64 // unix nanoseconds
 	issuer string
@@ -52,12 +72,22 @@ type token struct {
 }
 
 func (t *token) body(b []byte) []byte {
-	b = append(b, tokenVer)
-	b = appendStr8(b, t.name)
+	v2 := t.access.Tenant != "" || t.access.Owner != ""
+	if v2 {
+		b = append(b, tokenV2)
+	} else {
+		b = append(b, tokenV1)
+	}
+	b = appendStr8(b, t.access.Name)
 	b = append(b, byte(t.rights))
 	b = binary.LittleEndian.AppendUint64(b, uint64(t.expiry))
 	b = appendStr8(b, t.issuer)
-	return binary.LittleEndian.AppendUint64(b, t.epoch)
+	b = binary.LittleEndian.AppendUint64(b, t.epoch)
+	if v2 {
+		b = appendStr8(b, t.access.Tenant)
+		b = appendStr8(b, t.access.Owner)
+	}
+	return b
 }
 
 // sign encodes t with its MAC under key.
@@ -75,14 +105,22 @@ func decodeToken(b []byte) (token, error) {
 		return t, fmt.Errorf("%w: token of %d bytes", ErrFrame, len(b))
 	}
 	r := reader{b: b[:len(b)-macLen]}
-	if v := r.u8(); v != tokenVer {
+	v := r.u8()
+	if v != tokenV1 && v != tokenV2 {
 		return t, fmt.Errorf("%w: token version %d", ErrFrame, v)
 	}
-	t.name = r.str8(maxNameLen)
+	t.access.Name = r.str8(maxNameLen)
 	t.rights = Rights(r.u8())
 	t.expiry = int64(r.u64())
 	t.issuer = r.str8(maxIDLen)
 	t.epoch = r.u64()
+	if v == tokenV2 {
+		t.access.Tenant = r.str8(MaxTenant)
+		t.access.Owner = r.str8(MaxTenant)
+		if r.err == nil && t.access.Tenant == "" && t.access.Owner == "" {
+			return t, fmt.Errorf("%w: version 2 token without tenants", ErrFrame)
+		}
+	}
 	if err := r.done(); err != nil {
 		return t, err
 	}

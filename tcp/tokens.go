@@ -34,14 +34,15 @@ const (
 	renewCheckEvery = 100 * time.Millisecond
 )
 
-// openToken asks p for a token to segment with rights and checks what it
-// answers: a token this cluster signed, issued by p for exactly that
-// segment and those rights. It also returns the segment's size.
-func (n *Node) openToken(p *peer, segment string, rights Rights) (*credential, token, uint64, error) {
+// openToken asks p for a token to the access a with rights and checks
+// what it answers: a token this cluster signed, issued by p for exactly
+// that access and those rights. It also returns the segment's size.
+func (n *Node) openToken(p *peer, a Access, rights Rights) (*credential, token, uint64, error) {
+	segment := a.Name
 	if err := n.ensureSession(p); err != nil {
 		return nil, token{}, 0, err
 	}
-	pd, err := n.roundTrip(p, pkOpen, header{typ: tOpenReq, flags: uint16(rights)}, []byte(segment), n.cfg.RequestTimeout, false)
+	pd, err := n.roundTrip(p, pkOpen, header{typ: tOpenReq, flags: uint16(rights)}, encodeOpen(a), n.cfg.RequestTimeout, false)
 	if err != nil {
 		return nil, token{}, 0, err
 	}
@@ -57,7 +58,7 @@ func (n *Node) openToken(p *peer, segment string, rights Rights) (*credential, t
 	}
 	m := hmac.New(sha256.New, n.tokKey)
 	m.Write(pd.token[:len(pd.token)-macLen])
-	if !hmac.Equal(m.Sum(nil), t.mac) || t.issuer != p.id || t.name != segment || t.rights != rights {
+	if !hmac.Equal(m.Sum(nil), t.mac) || t.issuer != p.id || t.access != a || t.rights != rights {
 		return nil, token{}, 0, fmt.Errorf("%w: open %s/%s: the owner's token does not match the request", ErrProtocol, p.id, segment)
 	}
 	return &credential{token: pd.token, expiry: t.expiry, got: n.tokenNow().UnixNano()}, t, pd.size, nil
@@ -103,7 +104,7 @@ func (n *Node) renew(r *Remote) {
 	if r.closed.Load() {
 		return
 	}
-	cred, t, size, err := n.openToken(r.peer, r.name, r.rights)
+	cred, t, size, err := n.openToken(r.peer, r.access, r.rights)
 	if err == nil && (t.epoch != r.epoch || size != r.size) {
 		err = fmt.Errorf("the owner answered for epoch %#x and %d bytes, the segment was opened at epoch %#x with %d",
 			t.epoch, size, r.epoch, r.size)

@@ -222,6 +222,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"notify longer than requests", body(&SubmitRequest{Requests: many[:1], Notify: [][]byte{nil, nil}}), ErrLimit},
 		{"notify over 4 KiB", body(&TransferRequestBody{Requests: many[:1], Notify: [][]byte{make([]byte, MaxNotify+1)}}), ErrLimit},
 		{"empty export name", body(&ExportSegmentRequest{Rights: RightRead}), ErrMalformed},
+		{"too many grants", body(&ExportSegmentRequest{Name: []byte("kv"), Rights: RightRead, Grants: make([]string, MaxGrants+1)}), ErrLimit},
+		{"long grant", body(&ExportSegmentRequest{Name: []byte("kv"), Rights: RightRead, Grants: []string{strings.Repeat("t", MaxTenant+1)}}), ErrLimit},
 		{"long remote name", body(&OpenRemoteRequest{Name: make([]byte, 400), Rights: RightRead}), ErrLimit},
 		{"empty subscribe name", body(&SubscribeRequest{}), ErrMalformed},
 		{"long client name", body(&HelloRequest{ClientName: []byte("0123456789")}), ErrLimit},

@@ -19,9 +19,17 @@ const TimeoutGrace = 100 * time.Millisecond
 // MaxNotify is the largest notification payload a WRITE may carry.
 const MaxNotify = 4096
 
-// MaxName bounds a segment name on the wire: "peer/segment" is at most a
-// 64-byte daemon id, a slash and a 255-byte segment name.
-const MaxName = 64 + 1 + 255
+// MaxName bounds a segment name on the wire: "peer/tenant/segment" is at
+// most a 64-byte daemon id, a slash, a 64-byte tenant, a slash and a
+// 255-byte segment name.
+const MaxName = 64 + 1 + MaxTenant + 1 + 255
+
+// MaxTenant bounds a tenant's name; MaxGrants the tenants one export
+// grants besides its own.
+const (
+	MaxTenant = 64
+	MaxGrants = 16
+)
 
 // Rights on a segment exported to peers or opened on one.
 const (

@@ -4,11 +4,14 @@ import "github.com/tensorcast/tensorcast/fbs/tcproto"
 
 // ExportSegmentRequest makes [Offset, Offset+Length) of Segment (a buffer
 // of the connection, Length 0 = to its end, or the pool, within blocks it
-// holds) reachable by peers as Name, with Rights.
+// holds) reachable by peers as Name, with Rights: by the clients of the
+// exporter's tenant on peer daemons, and by those of the tenants Grants
+// names.
 type ExportSegmentRequest struct {
 	Name                    []byte // required, at most MaxName bytes
 	Segment, Offset, Length uint64
-	Rights                  uint8 // RightRead | RightWrite
+	Rights                  uint8    // RightRead | RightWrite
+	Grants                  []string // at most MaxGrants tenants, each at most MaxTenant bytes
 }
 
 func (*ExportSegmentRequest) Kind() RequestKind { return tcproto.RequestBodyExportSegmentRequest }
@@ -19,6 +22,7 @@ func (m *ExportSegmentRequest) fields(f *fields) {
 	scalar(f, 2, &m.Offset)
 	scalar(f, 3, &m.Length)
 	scalar(f, 4, &m.Rights)
+	texts(f, 5, &m.Grants, MaxGrants, MaxTenant)
 }
 
 // ExportSegmentResponse is the exported size.

@@ -72,6 +72,7 @@ func sampleRequests() []Request {
 		with(&LeaseReleaseRequest{OpID: []byte("op-7f3a")}),
 		with(&ModeRequest{Set: "global-governed"}),
 		with(&ModeRequest{}),
+		with(&ExportSegmentRequest{Name: []byte("shared"), Segment: 1, Rights: RightRead, Grants: []string{"team-b", "team-c"}}),
 	}
 }
 

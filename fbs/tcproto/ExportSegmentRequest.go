@@ -89,8 +89,25 @@ func (rcv *ExportSegmentRequest) MutateRights(n byte) bool {
 	return rcv._tab.MutateByteSlot(12, n)
 }
 
+func (rcv *ExportSegmentRequest) Grants(j int) []byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(14))
+	if o != 0 {
+		a := rcv._tab.Vector(o)
+		return rcv._tab.ByteVector(a + flatbuffers.UOffsetT(j*4))
+	}
+	return nil
+}
+
+func (rcv *ExportSegmentRequest) GrantsLength() int {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(14))
+	if o != 0 {
+		return rcv._tab.VectorLen(o)
+	}
+	return 0
+}
+
 func ExportSegmentRequestStart(builder *flatbuffers.Builder) {
-	builder.StartObject(5)
+	builder.StartObject(6)
 }
 func ExportSegmentRequestAddName(builder *flatbuffers.Builder, name flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(0, flatbuffers.UOffsetT(name), 0)
@@ -106,6 +123,12 @@ func ExportSegmentRequestAddLength(builder *flatbuffers.Builder, length uint64) 
 }
 func ExportSegmentRequestAddRights(builder *flatbuffers.Builder, rights byte) {
 	builder.PrependByteSlot(4, rights, 0)
+}
+func ExportSegmentRequestAddGrants(builder *flatbuffers.Builder, grants flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(5, flatbuffers.UOffsetT(grants), 0)
+}
+func ExportSegmentRequestStartGrantsVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
+	return builder.StartVector(4, numElems, 4)
 }
 func ExportSegmentRequestEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

@@ -32,7 +32,8 @@ type Resolver interface {
 // address that the owner's handshake and token then confirm or refute: a
 // peer that does not answer as itself there, or refuses the export, is an
 // error for the caller and a correction for the cache.
-func (p *Plane) openResolved(ctx peer.OpenContext, peerID, segment string, rights, transport uint8) (peer.RemoteSegment, error) {
+func (p *Plane) openResolved(ctx peer.OpenContext, peerID string, a tcp.Access, rights, transport uint8) (peer.RemoteSegment, error) {
+	segment := a.Name
 	lane, err := directory.ParseLane(ctx.Lane)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", peer.ErrInvalid, err)
@@ -45,7 +46,7 @@ func (p *Plane) openResolved(ctx peer.OpenContext, peerID, segment string, right
 		p.log.Debug("remote segment refused: the directory cannot answer", "peer", peerID, "name", segment, "lane", lane.String(), "err", err)
 		return nil, fmt.Errorf("%w: %w", peer.ErrUnavailable, err)
 	}
-	r, err := p.open(peerID, segment, rights, transport)
+	r, err := p.open(peerID, a, rights, transport)
 	switch {
 	case err == nil:
 		p.dir.Observe(peerID, r.Epoch(), v.Member)

@@ -105,13 +105,25 @@ func New(cfg Config, exports *peer.Exports, log *slog.Logger) (*Plane, error) {
 // nodeExports is the export table as the tcp node serves peers from it.
 type nodeExports struct{ *peer.Exports }
 
-var _ tcp.RightsExporter = nodeExports{}
+var _ tcp.Exporter = nodeExports{}
 
-// Granted implements tcp.RightsExporter: a peer may open an export only
-// with the rights its owner granted.
-func (x nodeExports) Granted(name string) (tcp.Rights, bool) {
-	r, ok := x.Exports.Granted(name)
-	return tcp.Rights(r), ok
+// Lookup implements tcp.Exporter: the export a peer's client reaches as
+// a (peer.Exports.Resolve), with the rights its owner granted.
+func (x nodeExports) Lookup(a tcp.Access) (xfer.MemSegment, tcp.Rights, error) {
+	e, err := x.Resolve(a.Tenant, a.Owner, a.Name)
+	if err != nil {
+		return nil, 0, err
+	}
+	return e.Segment(), tcp.Rights(e.Rights()), nil
+}
+
+// Deliver implements tcp.Exporter.
+func (x nodeExports) Deliver(a tcp.Access, payload []byte) error {
+	e, err := x.Resolve(a.Tenant, a.Owner, a.Name)
+	if err != nil {
+		return err
+	}
+	return e.Deliver(payload)
 }
 
 // Node is the tcp node the plane runs on.
@@ -150,15 +162,22 @@ func (p *Plane) Route(local, target xfer.Segment) xfer.Transport {
 }
 
 // OpenRemote opens segment on daemon peerID with rights (wire.RightRead |
-// wire.RightWrite). With TransportRDMA the segment is usable over RDMA
+// wire.RightWrite), for a client of ctx.Tenant: segment is the export of
+// that tenant's name there when ctx.Owner is "" or that tenant, else the
+// export of tenant ctx.Owner, which must grant ctx.Tenant (the open fails
+// with xfer.ErrPermission otherwise). With TransportRDMA the segment is usable over RDMA
 // when it returns (link up, registration resolved), or the open fails
 // with peer.ErrUnavailable saying why; TransportTCP keeps its requests on tcp.
 // With a Resolver the peer is first looked up as ctx's lane allows.
 func (p *Plane) OpenRemote(ctx peer.OpenContext, peerID, segment string, rights, transport uint8) (peer.RemoteSegment, error) {
-	if p.dir != nil {
-		return p.openResolved(ctx, peerID, segment, rights, transport)
+	a := tcp.Access{Tenant: peer.WireTenant(ctx.Tenant), Owner: peer.WireTenant(ctx.Owner), Name: segment}
+	if a.Owner == a.Tenant {
+		a.Owner = ""
 	}
-	r, err := p.open(peerID, segment, rights, transport)
+	if p.dir != nil {
+		return p.openResolved(ctx, peerID, a, rights, transport)
+	}
+	r, err := p.open(peerID, a, rights, transport)
 	if err != nil {
 		return nil, err
 	}
@@ -166,14 +185,15 @@ func (p *Plane) OpenRemote(ctx peer.OpenContext, peerID, segment string, rights,
 }
 
 // open opens at the address the node knows.
-func (p *Plane) open(peerID, segment string, rights, transport uint8) (*tcp.Remote, error) {
+func (p *Plane) open(peerID string, a tcp.Access, rights, transport uint8) (*tcp.Remote, error) {
+	segment := a.Name
 	if transport == wire.TransportRDMA && p.rdma == nil {
 		p.log.Info("remote segment refused: transport rdma asked for, and this daemon has no RDMA",
 			"peer", peerID, "name", segment, "why", p.noRDMA)
 		return nil, fmt.Errorf("%w: %s/%s asked for transport rdma, and this daemon has no RDMA: %s",
 			peer.ErrUnavailable, peerID, segment, p.noRDMA)
 	}
-	r, err := p.node.Open(peerID, segment, tcp.Rights(rights))
+	r, err := p.node.OpenAs(peerID, a, tcp.Rights(rights))
 	if err != nil {
 		return nil, nodeError(err)
 	}

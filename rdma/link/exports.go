@@ -52,15 +52,38 @@ func accessOf(r tcp.Rights) rdma.Access {
 	return a
 }
 
-// serveSegment answers a peer's question about the export named in req
-// with its registration (rdma.RemoteRegion's encoding), registering it the
-// first time it is asked for; the export's end revokes it.
+// serveSegment answers a peer that shows, in req, the token this daemon
+// issued it for an export with the export's registration (see
+// serveExport); a token that does not verify, or whose tenant the export
+// no longer lets in, is refused with xfer.ErrPermission.
 func (p *Links) serveSegment(from string, _ uint64, req []byte) ([]byte, error) {
-	name := string(req)
-	x := p.exported.Get(name)
-	if x == nil {
-		return nil, fmt.Errorf("%w: no segment exported as %q", tcp.ErrNotFound, name)
+	a, err := p.node.Verify(req, 0)
+	if err != nil {
+		return nil, err
 	}
+	x, err := p.exported.Resolve(a.Tenant, a.Owner, a.Name)
+	if err != nil {
+		return nil, err
+	}
+	return p.serveExport(from, x)
+}
+
+// serveSegmentByName answers a daemon before tenants, which asks for the
+// export named in req without a token: only the default tenant's exports
+// are served so (those daemons have no other).
+func (p *Links) serveSegmentByName(from string, _ uint64, req []byte) ([]byte, error) {
+	x := p.exported.Get(peer.DefaultTenant, string(req))
+	if x == nil {
+		return nil, fmt.Errorf("%w: no segment exported as %q", tcp.ErrNotFound, req)
+	}
+	return p.serveExport(from, x)
+}
+
+// serveExport answers with x's registration (rdma.RemoteRegion's
+// encoding), registering it the first time a peer asks for it; the
+// export's end revokes it.
+func (p *Links) serveExport(from string, x *peer.Export) ([]byte, error) {
+	name := x.Name()
 	rights := tcp.Rights(x.Rights())
 	// The reference keeps the export from ending while it is registered:
 	// its end waits for it, then revokes what was registered here.

@@ -153,7 +153,12 @@ func (p *Links) resolve(l *rdmaLink, r *tcp.Remote) error {
 	if k := rdma.KeysOf(r); k != nil && k.Owner() == any(l) {
 		return nil
 	}
-	resp, err := p.node.ExchangeAt(r.Peer(), l.epoch, segmentExchange, []byte(r.Name()), 0)
+	resp, err := p.node.ExchangeAt(r.Peer(), l.epoch, segmentTokenExchange, r.Token(), 0)
+	if errors.Is(err, tcp.ErrNoHandler) && r.Access() == (tcp.Access{Name: r.Name()}) {
+		// A daemon before tenants: it serves its (default) exports by
+		// name, and a segment opened without tenants is one of those.
+		resp, err = p.node.ExchangeAt(r.Peer(), l.epoch, segmentExchange, []byte(r.Name()), 0)
+	}
 	if err != nil {
 		return err
 	}

@@ -17,9 +17,17 @@ import (
 // Exchange kinds the links serve on the peer channel, beside
 // rdma.ExchangeKind (queue-pair connection data): where an export lies and
 // its keys, and the owner's word that an export's keys are revoked.
+//
+// A peer resolves an export by showing the capability token the owner
+// issued when it opened the export over tcp (segmentTokenExchange): the
+// owner verifies it and serves the export of the token's access, as its
+// tcp node does for every request, so an export reaches over RDMA only
+// the tenants that reach it over tcp. Daemons before tenants ask by name
+// (segmentExchange), which reaches the default tenant's exports only.
 const (
-	segmentExchange = "rdma.segment"
-	revokeExchange  = "rdma.revoke"
+	segmentExchange      = "rdma.segment"
+	segmentTokenExchange = "rdma.segment.token"
+	revokeExchange       = "rdma.revoke"
 )
 
 // Links is the daemon's RDMA end of the peer plane: the device, the pools'
@@ -196,7 +204,8 @@ func newLinks(dev Device, node *tcp.Node, exports *peer.Exports, log *slog.Logge
 	empty := map[string]*rdmaLink{}
 	p.links.Store(&empty)
 	_ = p.node.Handle(rdma.ExchangeKind, rdma.Acceptor(p.accept))
-	_ = p.node.Handle(segmentExchange, p.serveSegment)
+	_ = p.node.Handle(segmentExchange, p.serveSegmentByName)
+	_ = p.node.Handle(segmentTokenExchange, p.serveSegment)
 	_ = p.node.Handle(revokeExchange, p.serveRevoke)
 	_ = p.node.Handle(notifyExchange, p.serveNotify)
 	p.wg.Add(2)
@@ -279,6 +288,7 @@ func (p *Links) Close() {
 	p.mu.Unlock()
 	_ = p.node.Handle(rdma.ExchangeKind, nil)
 	_ = p.node.Handle(segmentExchange, nil)
+	_ = p.node.Handle(segmentTokenExchange, nil)
 	_ = p.node.Handle(revokeExchange, nil)
 	_ = p.node.Handle(notifyExchange, nil)
 	close(p.stop)

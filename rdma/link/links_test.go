@@ -582,3 +582,67 @@ func TestFabricRemoteCloseReleasesKeys(t *testing.T) {
 		t.Fatalf("after closing the segment: keys %v on it, the link resolved %d", k, l.resolved())
 	}
 }
+
+func TestFabricTenantsOverRDMA(t *testing.T) { testTenants(t, fabric()) }
+func TestVerbsTenantsOverRDMA(t *testing.T) {
+	testTenants(t, verbs(t))
+}
+
+// testTenants: an export reaches over RDMA exactly the tenants it reaches
+// over tcp. d1's tenants A and B both export "t" (other blocks; A's grants
+// tenant C). d2's client of B opening "d1/t" reads B's bytes over rdma, one
+// of C opening "d1/A/t" A's; one of B opening "d1/A/t" is refused
+// PERMISSION_DENIED and gets no token. A registration is given only for a
+// token d1 issued: a made-up one gets no keys, and a daemon before tenants,
+// asking by name, reaches the default tenant's exports only.
+func testTenants(t *testing.T, devs *devices) {
+	p := startPair(t, devs)
+	rng := rand.New(rand.NewPCG(7, 7))
+	const aOff, bOff = 2 * block, 3 * block
+	fill(rng, p.expMem(aOff, p.block))
+	fill(rng, p.expMem(bOff, p.block))
+	if _, err := p.d1.exports.ExportTo("t", "A", []string{"C"}, p.d1.pool, aOff, p.block, wire.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.d1.exports.Export("t", "B", p.d1.pool, bOff, p.block, wire.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	read := func(seg xfer.SegmentID, want []byte, who string) {
+		t.Helper()
+		clear(p.wMem(p.dst, 64<<10))
+		if err := p.d2.do(t, xfer.Request{Op: xfer.OpRead, Local: poolID, LocalOffset: p.dst, Target: seg, Length: 64 << 10}); err != nil {
+			t.Fatalf("%s: READ: %v\n%s", who, err, p.d1.log.String())
+		}
+		if !bytes.Equal(p.wMem(p.dst, 64<<10), want) {
+			t.Fatalf("%s: READ returned other bytes", who)
+		}
+	}
+	tcpBefore := p.d2.tcpBytes()
+	bt, _ := p.d2.openAs(t, "B", "d1/t", wire.RightRead, wire.TransportRDMA)
+	read(bt, p.expMem(bOff, 64<<10), "B's client, B's export")
+	ct, _ := p.d2.openAs(t, "C", "d1/A/t", wire.RightRead, wire.TransportRDMA)
+	read(ct, p.expMem(aOff, 64<<10), "C's client, A's export that grants C")
+	if n := p.d2.tcpBytes() - tcpBefore; n != 0 {
+		t.Fatalf("%d bytes went over tcp, want every byte over rdma", n)
+	}
+
+	_, err := p.d2.p.OpenRemote("d1", tcp.Access{Tenant: "B", Owner: "A", Name: "t"}, wire.RightRead, wire.TransportRDMA)
+	if code := status.CodeOf(err); code != tcproto.CodePERMISSION_DENIED {
+		t.Fatalf("B's client opening A's export: %v (code %v), want PERMISSION_DENIED", err, code)
+	}
+	if !strings.Contains(p.d1.log.String(), "request refused: open") {
+		t.Fatalf("d1 did not log the refusal:\n%s", p.d1.log.String())
+	}
+
+	node := p.d2.p.Node()
+	if _, err := node.Exchange("d1", segmentTokenExchange, []byte("not a token d1 issued"), 0); !errors.Is(err, tcp.ErrExchange) ||
+		!strings.Contains(err.Error(), "token") {
+		t.Fatalf("a registration for a made-up token: %v", err)
+	}
+	if _, err := node.Exchange("d1", segmentExchange, []byte("t"), 0); !errors.Is(err, tcp.ErrExchange) {
+		t.Fatalf("a registration of a tenant's export asked for by name: %v", err)
+	}
+	if _, err := node.Exchange("d1", segmentExchange, []byte("kv"), 0); err != nil {
+		t.Fatalf("a registration of the default tenant's export asked for by name: %v", err)
+	}
+}

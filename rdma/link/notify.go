@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -47,17 +48,19 @@ func parseNotify(req []byte) (name string, payload []byte, err error) {
 }
 
 // serveNotify delivers a peer's notification for one of this daemon's
-// exports, which must grant the peer write access (a notification rides a
-// WRITE).
+// exports of the default tenant (the daemons that send it this way are
+// of a release before tenants), which must grant the peer write access
+// (a notification rides a WRITE).
 func (p *Links) serveNotify(from string, _ uint64, req []byte) ([]byte, error) {
 	name, payload, err := parseNotify(req)
 	if err != nil {
 		return nil, err
 	}
-	if r, ok := p.exported.Granted(name); !ok || tcp.Rights(r)&tcp.RightWrite == 0 {
+	x := p.exported.Get(peer.DefaultTenant, name)
+	if x == nil || tcp.Rights(x.Rights())&tcp.RightWrite == 0 {
 		return nil, fmt.Errorf("%w: %q is not exported for writing", xfer.ErrPermission, name)
 	}
-	if err := p.exported.Deliver(name, payload); err != nil {
+	if err := x.Deliver(payload); err != nil {
 		return nil, err
 	}
 	return nil, nil

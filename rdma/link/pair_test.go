@@ -151,17 +151,17 @@ func (p *plane) Route(local, target xfer.Segment) xfer.Transport {
 	return p.node
 }
 
-// OpenRemote opens segment on peerID, pinned to transport unless it is
-// auto.
-func (p *plane) OpenRemote(peerID, segment string, rights, transport uint8) (*tcp.Remote, error) {
-	r, err := p.node.Open(peerID, segment, tcp.Rights(rights))
+// OpenRemote opens the access a on peerID, pinned to transport unless it
+// is auto.
+func (p *plane) OpenRemote(peerID string, a tcp.Access, rights, transport uint8) (*tcp.Remote, error) {
+	r, err := p.node.OpenAs(peerID, a, tcp.Rights(rights))
 	if err != nil {
 		return nil, err
 	}
 	if transport != wire.TransportAuto {
 		if err := p.rdma.Pin(r, transport); err != nil {
 			_ = r.Close()
-			return nil, fmt.Errorf("%w: %s/%s with transport rdma: %w", peer.ErrUnavailable, peerID, segment, err)
+			return nil, fmt.Errorf("%w: %s/%s with transport rdma: %w", peer.ErrUnavailable, peerID, a.Name, err)
 		}
 	}
 	return r, nil
@@ -288,11 +288,18 @@ func (s *side) add(seg xfer.Segment) xfer.SegmentID {
 // request segment, closed at the end of the test.
 func (s *side) open(t *testing.T, name string, rights, transport uint8) (xfer.SegmentID, *tcp.Remote) {
 	t.Helper()
-	pid, seg, err := peer.SplitRemote(name)
+	return s.openAs(t, "", name, rights, transport)
+}
+
+// openAs is open for a client of tenant ("peer/segment" or
+// "peer/tenant/segment").
+func (s *side) openAs(t *testing.T, tenant, name string, rights, transport uint8) (xfer.SegmentID, *tcp.Remote) {
+	t.Helper()
+	pid, owner, seg, err := peer.SplitRemote(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := s.p.OpenRemote(pid, seg, rights, transport)
+	rs, err := s.p.OpenRemote(pid, tcp.Access{Tenant: tenant, Owner: owner, Name: seg}, rights, transport)
 	if err != nil {
 		t.Fatalf("%s: OpenRemote %s: %v\n%s", s.id, name, err, s.log.String())
 	}
@@ -300,25 +307,33 @@ func (s *side) open(t *testing.T, name string, rights, transport uint8) (xfer.Se
 	return s.add(rs), rs
 }
 
-// nodeExports is the export table as the tcp node serves peers from it;
-// deliver, when set, takes the notifications instead.
+// nodeExports is the export table as the tcp node serves peers from it
+// (as package peer/plane's does); deliver, when set, takes the
+// notifications instead.
 type nodeExports struct {
 	*peer.Exports
 	deliver func(name string, payload []byte) error
 }
 
-// Deliver implements tcp.Exporter.
-func (x nodeExports) Deliver(name string, payload []byte) error {
-	if x.deliver != nil {
-		return x.deliver(name, payload)
+// Lookup implements tcp.Exporter.
+func (x nodeExports) Lookup(a tcp.Access) (xfer.MemSegment, tcp.Rights, error) {
+	e, err := x.Resolve(a.Tenant, a.Owner, a.Name)
+	if err != nil {
+		return nil, 0, err
 	}
-	return x.Exports.Deliver(name, payload)
+	return e.Segment(), tcp.Rights(e.Rights()), nil
 }
 
-// Granted implements tcp.RightsExporter.
-func (x nodeExports) Granted(name string) (tcp.Rights, bool) {
-	r, ok := x.Exports.Granted(name)
-	return tcp.Rights(r), ok
+// Deliver implements tcp.Exporter.
+func (x nodeExports) Deliver(a tcp.Access, payload []byte) error {
+	if x.deliver != nil {
+		return x.deliver(a.Name, payload)
+	}
+	e, err := x.Resolve(a.Tenant, a.Owner, a.Name)
+	if err != nil {
+		return err
+	}
+	return e.Deliver(payload)
 }
 
 // transfer runs reqs (notify positional, or nil) in one batch and returns

@@ -3447,7 +3447,8 @@ struct ExportSegmentRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table
     VT_SEGMENT_ID = 6,
     VT_OFFSET = 8,
     VT_LENGTH = 10,
-    VT_RIGHTS = 12
+    VT_RIGHTS = 12,
+    VT_GRANTS = 14
   };
   const flatbuffers::String *name() const {
     return GetPointer<const flatbuffers::String *>(VT_NAME);
@@ -3464,6 +3465,9 @@ struct ExportSegmentRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table
   uint8_t rights() const {
     return GetField<uint8_t>(VT_RIGHTS, 0);
   }
+  const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *grants() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *>(VT_GRANTS);
+  }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
            VerifyOffset(verifier, VT_NAME) &&
@@ -3472,6 +3476,9 @@ struct ExportSegmentRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table
            VerifyField<uint64_t>(verifier, VT_OFFSET, 8) &&
            VerifyField<uint64_t>(verifier, VT_LENGTH, 8) &&
            VerifyField<uint8_t>(verifier, VT_RIGHTS, 1) &&
+           VerifyOffset(verifier, VT_GRANTS) &&
+           verifier.VerifyVector(grants()) &&
+           verifier.VerifyVectorOfStrings(grants()) &&
            verifier.EndTable();
   }
 };
@@ -3495,6 +3502,9 @@ struct ExportSegmentRequestBuilder {
   void add_rights(uint8_t rights) {
     fbb_.AddElement<uint8_t>(ExportSegmentRequest::VT_RIGHTS, rights, 0);
   }
+  void add_grants(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> grants) {
+    fbb_.AddOffset(ExportSegmentRequest::VT_GRANTS, grants);
+  }
   explicit ExportSegmentRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
         : fbb_(_fbb) {
     start_ = fbb_.StartTable();
@@ -3512,11 +3522,13 @@ inline flatbuffers::Offset<ExportSegmentRequest> CreateExportSegmentRequest(
     uint64_t segment_id = 0,
     uint64_t offset = 0,
     uint64_t length = 0,
-    uint8_t rights = 0) {
+    uint8_t rights = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> grants = 0) {
   ExportSegmentRequestBuilder builder_(_fbb);
   builder_.add_length(length);
   builder_.add_offset(offset);
   builder_.add_segment_id(segment_id);
+  builder_.add_grants(grants);
   builder_.add_name(name);
   builder_.add_rights(rights);
   return builder_.Finish();
@@ -3528,15 +3540,18 @@ inline flatbuffers::Offset<ExportSegmentRequest> CreateExportSegmentRequestDirec
     uint64_t segment_id = 0,
     uint64_t offset = 0,
     uint64_t length = 0,
-    uint8_t rights = 0) {
+    uint8_t rights = 0,
+    const std::vector<flatbuffers::Offset<flatbuffers::String>> *grants = nullptr) {
   auto name__ = name ? _fbb.CreateString(name) : 0;
+  auto grants__ = grants ? _fbb.CreateVector<flatbuffers::Offset<flatbuffers::String>>(*grants) : 0;
   return tcproto::CreateExportSegmentRequest(
       _fbb,
       name__,
       segment_id,
       offset,
       length,
-      rights);
+      rights,
+      grants__);
 }
 
 struct ExportSegmentResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
