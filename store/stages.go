@@ -226,6 +226,7 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 		if it.commit {
 			ss.unreserve(it.r)
 		}
+		s.announce(sh, idx, it.crc, true)
 	} else {
 		if it.commit && e.flags&fAbandon == 0 {
 			e.state = stReserved // the reservation, exactly as before the commit
