@@ -24,6 +24,7 @@ import (
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/wire"
@@ -163,6 +164,13 @@ var everyError = map[string]struct {
 	"store.ErrShortBuffer":  {store.ErrShortBuffer, tcproto.CodeINVALID_ARGUMENT},
 	"store.ErrTransport":    {store.ErrTransport, tcproto.CodeINTERNAL},
 	"store.ErrUnderflow":    {store.ErrUnderflow, tcproto.CodeFAILED_PRECONDITION},
+	// store/cluster
+	"store/cluster.ErrBusy":            {cluster.ErrBusy, tcproto.CodeRESOURCE_EXHAUSTED},
+	"store/cluster.ErrClosed":          {cluster.ErrClosed, tcproto.CodeUNAVAILABLE},
+	"store/cluster.ErrHolderFailed":    {cluster.ErrHolderFailed, tcproto.CodeUNAVAILABLE},
+	"store/cluster.ErrHomeUnreachable": {cluster.ErrHomeUnreachable, tcproto.CodeUNAVAILABLE},
+	"store/cluster.ErrMessage":         {cluster.ErrMessage, tcproto.CodeINVALID_ARGUMENT},
+	"store/cluster.ErrNotHome":         {cluster.ErrNotHome, tcproto.CodeUNAVAILABLE},
 	// control
 	"control.ErrAddrInUse":           {control.ErrAddrInUse, tcproto.CodeALREADY_EXISTS},
 	"control.ErrClosed":              {control.ErrClosed, tcproto.CodeUNAVAILABLE},
