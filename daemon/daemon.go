@@ -17,6 +17,7 @@ import (
 	"github.com/tensorcast/tensorcast/peer/plane"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -54,7 +55,13 @@ type Daemon struct {
 	// stores are the tenants' KV block stores, beside pools (each tenant's
 	// values live in its own pool); empty with store = off.
 	stores []*store.Store
-	dir    *etcd.Dir // nil with the embedded directory
+	// cluster is the store across hosts (cluster.go), nil when the store
+	// is this host's alone; mover moves its values, poolExport is the
+	// pool as its peers read it.
+	cluster    *cluster.Cluster
+	mover      *mover
+	poolExport *peer.Export
+	dir        *etcd.Dir // nil with the embedded directory
 	// exports is the daemon's export table: the control server exports
 	// into it, the peer plane serves peers from it.
 	exports *peer.Exports
@@ -136,6 +143,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}
 	d.engine = xfer.NewEngine(xfer.Config{ErrorCode: d.errorCode}, rt, log.With("component", "engine"))
 	if err := d.openStore(); err != nil {
+		return nil, err
+	}
+	if err := d.openCluster(); err != nil {
 		return nil, err
 	}
 
@@ -298,6 +308,7 @@ func (d *Daemon) closeParts() {
 			d.log.Warn("closing control server", "err", err)
 		}
 	}
+	d.closeCluster()
 	if d.engine != nil {
 		if err := d.engine.Close(); err != nil {
 			d.log.Warn("closing engine", "err", err)

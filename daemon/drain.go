@@ -158,6 +158,8 @@ func (d *Daemon) closeForShutdown(at func(string)) {
 	}
 	at("kernel views")
 	d.closeKernelViews()
+	at("store across hosts")
+	d.closeCluster()
 	at("engine")
 	if err := d.engine.Close(); err != nil {
 		d.log.Warn("closing engine", "err", err)

@@ -48,6 +48,10 @@ type StoreConfig struct {
 	// StoreWritebackRetries is how often a failed L1→L2 writeback is
 	// retried before it becomes a tombstone (counted, logged, not retried).
 	StoreWritebackRetries int `toml:"store_writeback_retries"`
+	// StoreShards is how many shards the store across hosts splits the
+	// key space into (each with a home daemon); every daemon of a cluster
+	// must use the same.
+	StoreShards int `toml:"store_shards"`
 }
 
 func storeDefaults() StoreConfig {
@@ -59,6 +63,7 @@ func storeDefaults() StoreConfig {
 		StoreMaxKeysPerCall:   1024,
 		StoreMaxLeaseTTL:      Duration(24 * time.Hour),
 		StoreWritebackRetries: 3,
+		StoreShards:           1024,
 	}
 }
 
@@ -116,6 +121,9 @@ func (c *Config) validateStore() error {
 	if d := time.Duration(s.StoreMaxLeaseTTL); d < time.Second || d > 30*24*time.Hour {
 		return badValue("store_max_lease_ttl", s.StoreMaxLeaseTTL.String(), "must be between 1s and 720h")
 	}
+	if s.StoreShards < 1 || s.StoreShards > 1<<16 {
+		return badValue("store_shards", strconv.Itoa(s.StoreShards), "must be between 1 and 65536")
+	}
 	if s.StoreWritebackRetries < 0 || s.StoreWritebackRetries > 1000 {
 		return badValue("store_writeback_retries", strconv.Itoa(s.StoreWritebackRetries), "must be between 0 and 1000")
 	}
@@ -167,5 +175,6 @@ func storeSettings() []setting {
 		{"store_max_keys_per_call", "TENSORCAST_STORE_MAX_KEYS_PER_CALL", "most keys of one store call", num(func(c *Config) *int { return &c.StoreMaxKeysPerCall })},
 		{"store_max_lease_ttl", "TENSORCAST_STORE_MAX_LEASE_TTL", "longest timed pin (e.g. 24h)", func(c *Config, s string) error { return c.StoreMaxLeaseTTL.UnmarshalText([]byte(s)) }},
 		{"store_writeback_retries", "TENSORCAST_STORE_WRITEBACK_RETRIES", "retries of a failed writeback before it is a tombstone", num(func(c *Config) *int { return &c.StoreWritebackRetries })},
+		{"store_shards", "TENSORCAST_STORE_SHARDS", "shards of the store across hosts (the same on every daemon)", num(func(c *Config) *int { return &c.StoreShards })},
 	}
 }

@@ -1,0 +1,226 @@
+package daemon
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/peer/plane"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/store/cluster"
+	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// storePoolExport is the name this daemon's pool is exported under, for
+// reading only, to the daemons that read its store's values (the holds
+// they take pin what they read; no client can take the name, which is
+// taken before the control socket listens).
+const storePoolExport = "tc-store-pool"
+
+// openCluster builds the store across hosts when this daemon has a peer
+// plane, configured peers and one store (no [[tenants]]): its pool
+// exported for reading, a mover over the engine and the plane, and the
+// Cluster as the store's Remote. Otherwise the store is this host's alone
+// (said in the log when peers are configured). It runs after the store
+// and the engine, before the control server.
+func (d *Daemon) openCluster() error {
+	if d.peers == nil || len(d.stores) == 0 || len(d.cfg.Peers) == 0 {
+		return nil
+	}
+	log := d.log.With("component", "cluster")
+	if len(d.stores) > 1 {
+		log.Warn("the store across hosts is off with [[tenants]]: each tenant's store is this host's alone")
+		return nil
+	}
+	pool := d.pools[0]
+	exp, err := d.exports.Export(storePoolExport, d.names[0], pool, 0, pool.Size(), wire.RightRead)
+	if err != nil {
+		return fmt.Errorf("store across hosts: exporting the pool: %w", err)
+	}
+	d.poolExport = exp
+	members := make([]string, len(d.cfg.Peers))
+	for i, p := range d.cfg.Peers {
+		members[i] = p.ID
+	}
+	mv := &mover{engine: d.engine, plane: d.peers, pool: pool, remotes: map[string]heldRemote{}, nextID: d.reg.NextID}
+	cl, err := cluster.New(cluster.Config{Shards: d.cfg.StoreShards, Members: members, Pool: pool.Bytes(), Log: log},
+		d.stores[0], nodePeers{d.peers.Node()}, mv)
+	if err != nil {
+		return fmt.Errorf("store across hosts: %w", err)
+	}
+	d.cluster, d.mover = cl, mv
+	d.stores[0].SetRemote(cl)
+	return nil
+}
+
+// closeCluster stops the store across hosts: the store is the host's
+// alone from then on, the fetches in flight have ended, and the remote
+// segments it read from are closed. It runs before the engine closes.
+func (d *Daemon) closeCluster() {
+	if d.cluster == nil {
+		return
+	}
+	d.stores[0].SetRemote(nil)
+	d.cluster.Close()
+	d.mover.close()
+	if !d.poolExport.End(time.Second) {
+		d.log.Warn("peer reads of the store's pool still in flight after 1s")
+	}
+	d.cluster = nil
+}
+
+// nodePeers is the tcp node as the cluster speaks on it.
+type nodePeers struct{ n *tcp.Node }
+
+func (p nodePeers) ID() string    { return p.n.ID() }
+func (p nodePeers) Epoch() uint64 { return p.n.Epoch() }
+
+func (p nodePeers) Handle(kind string, h func(string, uint64, []byte) ([]byte, error)) error {
+	if h == nil {
+		return p.n.Handle(kind, nil)
+	}
+	return p.n.Handle(kind, h)
+}
+
+func (p nodePeers) ExchangeAt(id string, epoch uint64, kind string, req []byte, timeout time.Duration) ([]byte, error) {
+	return p.n.ExchangeAt(id, epoch, kind, req, timeout)
+}
+
+func (p nodePeers) EpochOf(id string) uint64 {
+	for _, s := range p.n.Peers() {
+		if s.ID == id {
+			return s.Epoch
+		}
+	}
+	return 0
+}
+
+// mover moves values from a holder's exported pool into this daemon's
+// pool through the engine: rdma where the plane's link to the holder is
+// up, else tcp (Plane.Route decides per request).
+type mover struct {
+	engine *xfer.Engine
+	plane  *plane.Plane
+	pool   *shm.Pool
+
+	// mu guards remotes: the holders' pool exports this daemon opened,
+	// by holder id.
+	mu      sync.Mutex
+	remotes map[string]heldRemote
+	// nextID names an opened remote segment in this daemon's id space
+	// (the registry's), as a client's remote segments are named.
+	nextID func() xfer.SegmentID
+}
+
+// heldRemote is a holder's pool export as this daemon opened it, and the
+// id its moves name it by.
+type heldRemote struct {
+	seg peer.RemoteSegment
+	id  xfer.SegmentID
+}
+
+// remote is holder's pool export at epoch, opened once and reopened when
+// the holder restarted.
+func (m *mover) remote(holder string, epoch uint64) (heldRemote, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r, ok := m.remotes[holder]; ok {
+		if epoch == 0 || r.seg.Epoch() == epoch {
+			return r, nil
+		}
+		_ = r.seg.Close()
+		delete(m.remotes, holder)
+	}
+	rs, err := m.plane.OpenRemote(peer.OpenContext{Lane: "hybrid-cache-first"}, holder, storePoolExport, wire.RightRead, wire.TransportAuto)
+	if err != nil {
+		return heldRemote{}, err
+	}
+	if epoch != 0 && rs.Epoch() != epoch {
+		_ = rs.Close()
+		return heldRemote{}, fmt.Errorf("%w: %s runs epoch %#x, the value was announced by %#x", tcp.ErrStaleEpoch, holder, rs.Epoch(), epoch)
+	}
+	r := heldRemote{seg: rs, id: m.nextID()}
+	m.remotes[holder] = r
+	return r, nil
+}
+
+// forget drops holder's remote segment after a failed read, so that the
+// next read opens it afresh.
+func (m *mover) forget(holder string, r heldRemote) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.remotes[holder] == r {
+		delete(m.remotes, holder)
+		_ = r.seg.Close()
+	}
+}
+
+func (m *mover) close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, r := range m.remotes {
+		_ = r.seg.Close()
+		delete(m.remotes, id)
+	}
+}
+
+// pair resolves the two segments a move names.
+type pair struct {
+	pool   xfer.Segment
+	remote heldRemote
+}
+
+func (p pair) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
+	switch id {
+	case p.pool.ID():
+		return p.pool, true
+	case p.remote.id:
+		return p.remote.seg, true
+	}
+	return nil, false
+}
+
+// Read implements cluster.Mover: one batch of READs, every one done or an
+// error.
+func (m *mover) Read(holder string, epoch uint64, spans []cluster.Span, deadline time.Time) error {
+	r, err := m.remote(holder, epoch)
+	if err != nil {
+		return err
+	}
+	reqs := make([]xfer.Request, len(spans))
+	for i, s := range spans {
+		reqs[i] = xfer.Request{Op: xfer.OpRead, Local: m.pool.ID(), LocalOffset: s.Local,
+			Target: r.id, TargetOffset: s.Remote, Length: s.Length}
+	}
+	id, err := m.engine.AllocateBatch(len(reqs))
+	if err != nil {
+		return err
+	}
+	results := make([]error, len(reqs))
+	if err := m.engine.Submit(id, reqs, xfer.SubmitOptions{Deadline: deadline, Resolver: pair{m.pool, r}}, results); err != nil {
+		m.engine.Abandon(id)
+		return err
+	}
+	sum, werr := m.engine.Wait(id, deadline)
+	if werr != nil {
+		m.engine.Abandon(id)
+		m.forget(holder, r)
+		return werr
+	}
+	if sum.Completed != len(reqs) {
+		var first error
+		for i := range reqs {
+			if st, err := m.engine.Status(id, i); err == nil && st.Err != nil {
+				first = st.Err
+				break
+			}
+		}
+		_ = m.engine.Free(id)
+		m.forget(holder, r)
+		return fmt.Errorf("%w: %d of %d reads from %s failed: %v", xfer.ErrUnavailable, len(reqs)-sum.Completed, len(reqs), holder, first)
+	}
+	return m.engine.Free(id)
+}
