@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,4 +181,139 @@ func sizeOf(keys [][]byte, sizes []int, k []byte) int {
 		}
 	}
 	return -1
+}
+
+// clusterChildEnv carries the killed daemon's set-up to the child process:
+// "dir|cluster key file|d1 address|d2 address".
+const clusterChildEnv = "TENSORCAST_TEST_CLUSTER_DAEMON"
+
+// clusterConfig is a daemon of the kill test's cluster.
+func clusterConfig(c *Config) { c.StoreL2Path = "off"; c.StoreShards = 64 }
+
+// clusterChild is daemon d3 of TestStoreAcrossHostsKilled, in a process of
+// its own so that the test can SIGKILL it.
+func clusterChild(t *testing.T, spec string) {
+	parts := strings.Split(spec, "|")
+	if len(parts) != 4 {
+		t.Fatalf("child spec %q", spec)
+	}
+	cfg := testConfig(parts[0])
+	cfg.PoolSize = 32 << 20
+	cfg.DaemonID = "d3"
+	cfg.PeerListen = "127.0.0.1:0"
+	cfg.ClusterKeyFile = parts[1]
+	cfg.PeerSliceSize = 64 << 10
+	cfg.Peers = []PeerConfig{{ID: "d1", Addr: parts[2]}, {ID: "d2", Addr: parts[3]}}
+	clusterConfig(&cfg)
+	d, err := New(cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)), env(nil))
+	if err != nil {
+		t.Fatalf("child daemon: %v", err)
+	}
+	ctx, cancel := contextUntil(nil)
+	defer cancel()
+	d.Run(ctx) //nolint:errcheck // killed while it runs
+}
+
+// TestStoreAcrossHostsKilled: d3, a holder and a home, is killed with
+// SIGKILL; on d2 every get then ends, well before its deadline, with the
+// exact bytes (keys d1 holds whose home lives), a miss, or an error that
+// names what failed (keys d3 held or was home of), never other bytes; and
+// what d3 held is no longer pinned or claimed anywhere.
+func TestStoreAcrossHostsKilled(t *testing.T) {
+	if spec := os.Getenv(clusterChildEnv); spec != "" {
+		clusterChild(t, spec)
+		return
+	}
+	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast store across hosts kill test key")
+	d1 := startPeerWith(t, "d1", key, "", clusterConfig, dialsIn("d2"), dialsIn("d3"))
+	d2 := startPeerWith(t, "d2", key, "", clusterConfig, d1.peer(), dialsIn("d3"))
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestStoreAcrossHostsKilled$", "-test.timeout=5m")
+	cmd.Env = append(os.Environ(), clusterChildEnv+"="+strings.Join([]string{dir, key, d1.d.PeerAddr(), d2.d.PeerAddr()}, "|"))
+	var childOut lockedBuffer
+	cmd.Stdout, cmd.Stderr = &childOut, &childOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+	sock := testConfig(dir).Socket
+	waitSocket(t, sock, exited, &childOut)
+	for _, d := range []*peerDaemon{d1, d2} {
+		p := nodePeers{d.d.peers.Node()}
+		testutil.Eventually(t, 10*time.Second, func() bool { return p.EpochOf("d3") != 0 }, "%s knowing d3:\n%s", d.cfg.DaemonID, &childOut)
+	}
+
+	// Keys held by d3 and by d1, with every home among them.
+	c3, err := client.Dial(sock, client.Options{Name: "putter-d3", CallTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	c1 := d1.dial(t, "putter-d1")
+	const n = 32
+	var keys [][]byte
+	holder := map[string]string{}
+	for i := range n {
+		for _, h := range []struct {
+			id string
+			c  *client.Client
+		}{{"d1", c1}, {"d3", c3}} {
+			k := fmt.Appendf(nil, "kill/%s/%02d", h.id, i)
+			if err := h.c.PutBytes(k, clusterValue(k, 4096+i*1000), false); err != nil {
+				t.Fatalf("put %s: %v", k, err)
+			}
+			keys = append(keys, k)
+			holder[string(k)] = h.id
+		}
+	}
+	for _, k := range keys {
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			_, hs, err := d2.d.cluster.Locate(k)
+			return err == nil && len(hs) == 1 && hs[0].ID == holder[string(k)]
+		}, "%s announced to its home", k)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+
+	c2 := d2.dial(t, "reader")
+	deadline := 2*time.Second + time.Second // the cluster's timeout, and slack
+	exact, lost := 0, 0
+	for _, k := range keys {
+		start := time.Now()
+		v, err := c2.GetBytes(k)
+		took := time.Since(start)
+		if took > deadline {
+			t.Errorf("%s: answered after %v", k, took)
+		}
+		home := d2.d.cluster.Home(k)
+		switch {
+		case err == nil:
+			if !bytes.Equal(v, clusterValue(k, len(v))) || len(v) != 4096+int(k[len(k)-1]-'0'+10*(k[len(k)-2]-'0'))*1000 {
+				t.Fatalf("%s: %d bytes that are not the value put", k, len(v))
+			}
+			exact++
+		case errors.Is(err, client.ErrNotFound), errors.Is(err, client.ErrUnavailable):
+			if holder[string(k)] == "d1" && home != "d3" {
+				t.Errorf("%s: held by d1, home %s, both alive: %v", k, home, err)
+			}
+			lost++
+		default:
+			t.Errorf("%s: %v, want the bytes, NOT_FOUND or UNAVAILABLE", k, err)
+		}
+	}
+	if exact == 0 || lost == 0 {
+		t.Fatalf("%d exact, %d lost: the keys did not cover both cases", exact, lost)
+	}
+	// Nothing d3 claimed of d1 stays held; no pin stays on d1 or d2.
+	testutil.Eventually(t, 5*time.Second, func() bool { return d1.d.cluster.Holds() == 0 && d2.d.cluster.Holds() == 0 },
+		"claims released")
+	for _, d := range []*peerDaemon{d1, d2} {
+		if st := d.d.stores[0].Stats(); st.Pins != 0 {
+			t.Errorf("%s: %d pins left", d.cfg.DaemonID, st.Pins)
+		}
+	}
 }
