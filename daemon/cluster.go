@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -87,6 +88,18 @@ func (p nodePeers) Handle(kind string, h func(string, uint64, []byte) ([]byte, e
 
 func (p nodePeers) ExchangeAt(id string, epoch uint64, kind string, req []byte, timeout time.Duration) ([]byte, error) {
 	return p.n.ExchangeAt(id, epoch, kind, req, timeout)
+}
+
+// Unreachable: no session can be had with the peer (no address, refused,
+// lost), it did not answer in time, or it runs another epoch; not a
+// failure of its handler.
+func (p nodePeers) Unreachable(err error) bool {
+	for _, e := range []error{tcp.ErrConnLost, tcp.ErrUnknownPeer, tcp.ErrRefused, tcp.ErrStaleEpoch, tcp.ErrAuth, xfer.ErrTimeout} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func (p nodePeers) EpochOf(id string) uint64 {

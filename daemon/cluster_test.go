@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,19 +29,28 @@ func startTrio(t *testing.T) []*peerDaemon {
 	d2 := startPeerWith(t, "d2", key, "", noL2, d1.peer(), dialsIn("d3"))
 	d3 := startPeerWith(t, "d3", key, "", noL2, d1.peer(), d2.peer())
 	ds := []*peerDaemon{d1, d2, d3}
+	waitMembers(t, ds, "d1", "d2", "d3")
+	return ds
+}
+
+// waitMembers waits until every daemon of ds sees exactly the members ids
+// up (and knows their epochs).
+func waitMembers(t *testing.T, ds []*peerDaemon, ids ...string) {
+	t.Helper()
 	for _, d := range ds {
 		if d.d.cluster == nil {
 			t.Fatalf("%s runs no store across hosts", d.cfg.DaemonID)
 		}
 		p := nodePeers{d.d.peers.Node()}
-		for _, o := range ds {
-			if o != d {
-				testutil.Eventually(t, 10*time.Second, func() bool { return p.EpochOf(o.cfg.DaemonID) != 0 },
-					"%s knowing %s's epoch", d.cfg.DaemonID, o.cfg.DaemonID)
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			for _, id := range ids {
+				if id != d.cfg.DaemonID && p.EpochOf(id) == 0 {
+					return false
+				}
 			}
-		}
+			return slices.Equal(d.d.cluster.Members(), ids)
+		}, "%s seeing members %v (it sees %v)", d.cfg.DaemonID, ids, testutil.Lazy(d.d.cluster.Members))
 	}
-	return ds
 }
 
 // clusterValue is key's value: size bytes from a generator seeded by the
@@ -240,10 +250,7 @@ func TestStoreAcrossHostsKilled(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
 	sock := testConfig(dir).Socket
 	waitSocket(t, sock, exited, &childOut)
-	for _, d := range []*peerDaemon{d1, d2} {
-		p := nodePeers{d.d.peers.Node()}
-		testutil.Eventually(t, 10*time.Second, func() bool { return p.EpochOf("d3") != 0 }, "%s knowing d3:\n%s", d.cfg.DaemonID, &childOut)
-	}
+	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2", "d3")
 
 	// Keys held by d3 and by d1, with every home among them.
 	c3, err := client.Dial(sock, client.Options{Name: "putter-d3", CallTimeout: 30 * time.Second})
@@ -274,6 +281,10 @@ func TestStoreAcrossHostsKilled(t *testing.T) {
 			return err == nil && len(hs) == 1 && hs[0].ID == holder[string(k)]
 		}, "%s announced to its home", k)
 	}
+	homes := map[string]string{}
+	for _, k := range keys {
+		homes[string(k)] = d2.d.cluster.Home(k)
+	}
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +300,7 @@ func TestStoreAcrossHostsKilled(t *testing.T) {
 		if took > deadline {
 			t.Errorf("%s: answered after %v", k, took)
 		}
-		home := d2.d.cluster.Home(k)
+		home := homes[string(k)]
 		switch {
 		case err == nil:
 			if !bytes.Equal(v, clusterValue(k, len(v))) || len(v) != 4096+int(k[len(k)-1]-'0'+10*(k[len(k)-2]-'0'))*1000 {
@@ -314,6 +325,70 @@ func TestStoreAcrossHostsKilled(t *testing.T) {
 	for _, d := range []*peerDaemon{d1, d2} {
 		if st := d.d.stores[0].Stats(); st.Pins != 0 {
 			t.Errorf("%s: %d pins left", d.cfg.DaemonID, st.Pins)
+		}
+	}
+}
+
+// TestStoreAcrossHostsMembersChange: a member that leaves and comes back
+// is a cache event, never an error. When d3 stops, d1 and d2 take its
+// shards and d1, the holder, re-announces their keys to their new homes:
+// every key d1 holds is read byte-exact on d2 again. When d3 comes back
+// (a new run, empty) it takes its shards back and is told their keys: it
+// reads them too.
+func TestStoreAcrossHostsMembersChange(t *testing.T) {
+	ds := startTrio(t)
+	d1, d2, d3 := ds[0], ds[1], ds[2]
+	c1 := d1.dial(t, "putter")
+	var moved [][]byte
+	for i := 0; len(moved) < 8; i++ {
+		k := fmt.Appendf(nil, "members/%03d", i)
+		if err := c1.PutBytes(k, clusterValue(k, 8192), false); err != nil {
+			t.Fatal(err)
+		}
+		if d1.d.cluster.Home(k) == "d3" {
+			moved = append(moved, k)
+		}
+	}
+	for _, k := range moved {
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			_, hs, err := d2.d.cluster.Locate(k)
+			return err == nil && len(hs) == 1
+		}, "%s announced to d3", k)
+	}
+	if err := d3.stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitMembers(t, ds[:2], "d1", "d2")
+	c2 := d2.dial(t, "reader")
+	for _, k := range moved {
+		if h := d2.d.cluster.Home(k); h == "d3" {
+			t.Fatalf("%s: home still %s", k, h)
+		}
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			_, hs, err := d2.d.cluster.Locate(k)
+			return err == nil && len(hs) > 0
+		}, "%s re-announced to its new home", k)
+		v, err := c2.GetBytes(k)
+		if err != nil || !bytes.Equal(v, clusterValue(k, 8192)) {
+			t.Fatalf("%s after d3 left: %d bytes, %v", k, len(v), err)
+		}
+	}
+
+	// d3 again, a new run under the same id at the same address (the
+	// others listed it without one and learned the first run's).
+	key, addr := d3.cfg.ClusterKeyFile, d3.d.PeerAddr()
+	d3 = startPeerWith(t, "d3", key, addr, clusterConfig, d1.peer(), d2.peer())
+	ds = []*peerDaemon{d1, d2, d3}
+	waitMembers(t, ds, "d1", "d2", "d3")
+	c3 := d3.dial(t, "reader")
+	for _, k := range moved {
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			_, hs, err := d3.d.cluster.Locate(k)
+			return err == nil && len(hs) > 0
+		}, "%s re-announced to d3, its home again:\n%s", k, d1.log)
+		v, err := c3.GetBytes(k)
+		if err != nil || !bytes.Equal(v, clusterValue(k, 8192)) {
+			t.Fatalf("%s on d3 back: %d bytes, %v", k, len(v), err)
 		}
 	}
 }

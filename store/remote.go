@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"sync"
 	"sync/atomic"
 
@@ -79,7 +80,48 @@ func (s *Store) announce(sh *shard, idx uint32, crc uint32, haveCRC bool) {
 	if !haveCRC {
 		crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
 	}
+	e.crc = crc
+	e.flags |= fCRC
 	r.Stored(sh.keyOf(e), uint64(e.size), crc)
+}
+
+// Held is one value stored here, as the store across hosts re-announces
+// it.
+type Held struct {
+	Key  []byte // a copy
+	Size uint64
+	CRC  uint32 // crc32c of the value
+	OnL2 bool
+}
+
+// IndexShards is how many shards the store's own index has (Holdings
+// walks one at a time).
+func (s *Store) IndexShards() int { return len(s.shards) }
+
+// Holdings appends to dst the values stored here in index shard i for
+// which keep(key) holds, with their crc32c (read from the pool now for a
+// value whose crc is not known yet). It walks the shard under its lock:
+// keep must be quick and must not call into the store.
+func (s *Store) Holdings(i int, keep func(key []byte) bool, dst []Held) []Held {
+	if i < 0 || i >= len(s.shards) || !s.enter() {
+		return dst
+	}
+	defer s.exit()
+	sh := &s.shards[i]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for idx := uint32(0); idx < sh.nents; idx++ {
+		e := sh.ent(idx)
+		if e.state != stReady || !keep(sh.keyOf(e)) {
+			continue
+		}
+		if e.flags&(fL2|fCRC) == 0 {
+			e.crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
+			e.flags |= fCRC
+		}
+		dst = append(dst, Held{Key: bytes.Clone(sh.keyOf(e)), Size: uint64(e.size), CRC: e.crc, OnL2: e.flags&fL1 == 0})
+	}
+	return dst
 }
 
 // CRC is the crc32c the store uses for values (Castagnoli).

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +25,10 @@ type Peers interface {
 	// EpochOf is the run of peer as this daemon knows it (0: not known
 	// yet).
 	EpochOf(peer string) uint64
+	// Unreachable reports whether err, from an exchange, says the peer
+	// cannot be reached (no session, connection lost, no answer in time,
+	// another run), rather than that its handler failed.
+	Unreachable(err error) bool
 }
 
 // Span is one value's move from a holder's pool into this daemon's.
@@ -63,6 +66,11 @@ type Config struct {
 	// past it they are dropped and counted (the keys are then found only
 	// here until re-announced).
 	MaxPending int
+	// ProbeEvery is how often each member is asked whether it is there
+	// (default 1 s); ReannounceRate bounds the keys re-announced to new
+	// homes a second (default 50000).
+	ProbeEvery     time.Duration
+	ReannounceRate int
 	// Pool is this daemon's pool memory (the store's values), where
 	// fetched values land and are checked.
 	Pool []byte
@@ -91,6 +99,12 @@ func (c *Config) setDefaults() error {
 	if c.MaxPending == 0 {
 		c.MaxPending = 1 << 16
 	}
+	if c.ProbeEvery == 0 {
+		c.ProbeEvery = time.Second
+	}
+	if c.ReannounceRate == 0 {
+		c.ReannounceRate = 50000
+	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
@@ -99,7 +113,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: %d shards (want 1..%d)", xfer.ErrInvalid, c.Shards, maxShards)
 	case c.MaxHolders < 1 || c.MaxHolders > maxHoldersCap:
 		return fmt.Errorf("%w: %d holders per key (want 1..%d)", xfer.ErrInvalid, c.MaxHolders, maxHoldersCap)
-	case c.MaxKeys < 1, c.MaxFetches < 1, c.MaxHolds < 1, c.MaxPending < 1, c.Timeout < 0:
+	case c.MaxKeys < 1, c.MaxFetches < 1, c.MaxHolds < 1, c.MaxPending < 1, c.Timeout < 0, c.ProbeEvery < 0, c.ReannounceRate < 1:
 		return fmt.Errorf("%w: limits must be positive", xfer.ErrInvalid)
 	}
 	for _, m := range c.Members {
@@ -130,6 +144,17 @@ type Cluster struct {
 	kick    chan struct{} // wakes the announcer; capacity 1
 	stop    chan struct{}
 	done    chan struct{} // closed when the announcer exits
+	// reqs are the re-announcements asked for (mu guards them); rekick
+	// wakes the reannouncer, redone is closed when it exits.
+	reqs   []func(shard int, home string) bool
+	rekick chan struct{}
+	redone chan struct{}
+
+	// mmu guards members: the other members, by id.
+	mmu     sync.Mutex
+	members map[string]*member
+	// vmu serializes view changes (recompute).
+	vmu sync.Mutex
 
 	fetchSem chan struct{}
 	fetchWG  sync.WaitGroup
@@ -160,6 +185,7 @@ type counters struct {
 	lookups, lookupsLocal, lookupFailed                      atomic.Uint64
 	remoteHits, remoteMisses, remoteFailed, remoteBytes      atomic.Uint64
 	crcMismatch, holds, holdsRefused, removes                atomic.Uint64
+	reannounced, viewChanges                                 atomic.Uint64
 }
 
 // New makes the cluster of st, speaking on peers and moving bytes with
@@ -180,17 +206,32 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		done:     make(chan struct{}),
 		fetchSem: make(chan struct{}, cfg.MaxFetches),
 		holds:    map[uint64]*hold{},
+		rekick:   make(chan struct{}, 1),
+		redone:   make(chan struct{}),
+		members:  map[string]*member{},
 	}
-	c.view.Store(newView(append(slices.Clone(cfg.Members), c.self), cfg.Shards))
+	for _, m := range cfg.Members {
+		if m != c.self {
+			c.members[m] = &member{up: true}
+		}
+	}
+	c.view.Store(newView(c.live(), cfg.Shards))
 	for kind, h := range map[string]func(string, uint64, []byte) ([]byte, error){
 		kindAnnounce: c.onAnnounce, kindLookup: c.onLookup, kindRemove: c.onRemove,
-		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease,
+		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce,
 	} {
-		if err := peers.Handle(kind, h); err != nil {
+		err := peers.Handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
+			c.seen(from, epoch)
+			return h(from, epoch, req)
+		})
+		if err != nil {
 			return nil, err
 		}
 	}
 	go c.announcer()
+	go c.reannouncer()
+	// What the store recovered from L2 goes to its homes.
+	c.reannounce(func(int, string) bool { return true })
 	v := c.view.Load()
 	c.log.Info("store across hosts up", "daemon_id", c.self, "members", v.members, "shards", cfg.Shards,
 		"home_of", c.homeOf(v))
@@ -219,11 +260,12 @@ func (c *Cluster) Close() {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease} {
+	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce} {
 		_ = c.peers.Handle(k, nil)
 	}
 	close(c.stop)
 	<-c.done
+	<-c.redone
 	c.fetchWG.Wait()
 	c.holdMu.Lock()
 	hs := c.holds
@@ -260,12 +302,27 @@ func (c *Cluster) epochOf(id string) uint64 {
 	if id == c.self {
 		return c.peers.Epoch()
 	}
+	c.mmu.Lock()
+	m, ok := c.members[id]
+	e := uint64(0)
+	if ok {
+		e = m.epoch
+	}
+	c.mmu.Unlock()
+	if e != 0 {
+		return e // the run it last spoke from
+	}
 	return c.peers.EpochOf(id)
 }
 
-// exchange sends a message to id within the cluster's timeout.
+// exchange sends a message to id within the cluster's timeout; a member
+// that cannot be reached goes down.
 func (c *Cluster) exchange(id string, epoch uint64, kind string, req []byte) ([]byte, error) {
-	return c.peers.ExchangeAt(id, epoch, kind, req, c.cfg.Timeout)
+	resp, err := c.peers.ExchangeAt(id, epoch, kind, req, c.cfg.Timeout)
+	if err != nil {
+		c.lost(id, err)
+	}
+	return resp, err
 }
 
 // byHome groups the positions of keys by their home.

@@ -115,3 +115,13 @@ func (x *index) shardKeys(s int) int {
 	defer sh.mu.Unlock()
 	return len(sh.m)
 }
+
+// clearShard forgets every key of shard s (this daemon is no longer its
+// home).
+func (x *index) clearShard(s int) {
+	sh := &x.shards[s]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	x.keys.Add(-int64(len(sh.m)))
+	sh.m = nil
+}

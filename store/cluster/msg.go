@@ -36,6 +36,9 @@ const (
 	kindDrop     = "tc.store.drop"
 	kindHold     = "tc.store.hold"
 	kindRelease  = "tc.store.release"
+	// kindReannounce asks a holder to re-announce the keys it holds whose
+	// home is the asker (a home that gained shards): empty both ways.
+	kindReannounce = "tc.store.reannounce"
 )
 
 // Codes of a key in a lookup answer.

@@ -273,7 +273,7 @@ func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, de
 			c.fetchWG.Add(1)
 			go func() {
 				defer c.fetchWG.Done()
-				if _, err := c.exchange(id, epoch, kindRelease, encodeClaim(claim)); err != nil {
+				if _, err := c.peers.ExchangeAt(id, epoch, kindRelease, encodeClaim(claim), c.cfg.Timeout); err != nil {
 					c.log.Debug("releasing a claim failed (it expires by itself)", "holder", id, "err", err)
 				}
 			}()
