@@ -37,7 +37,7 @@ func (d *Daemon) openCluster() error {
 		return nil
 	}
 	pool := d.pools[0]
-	exp, err := d.exports.Export(storePoolExport, d.names[0], pool, 0, pool.Size(), wire.RightRead)
+	exp, err := d.exports.Export(storePoolExport, peer.DaemonTenant, pool, 0, pool.Size(), wire.RightRead)
 	if err != nil {
 		return fmt.Errorf("store across hosts: exporting the pool: %w", err)
 	}
@@ -57,9 +57,19 @@ func (d *Daemon) openCluster() error {
 	return nil
 }
 
-// closeCluster stops the store across hosts: the store is the host's
-// alone from then on, the fetches in flight have ended, and the remote
-// segments it read from are closed. It runs before the engine closes.
+// detachCluster makes the store this host's alone: no store call starts
+// a remote step from then on. It runs before the engine closes.
+func (d *Daemon) detachCluster() {
+	if d.cluster != nil {
+		d.stores[0].SetRemote(nil)
+	}
+}
+
+// closeCluster stops the store across hosts once the engine and the peer
+// node are closed (so that no move or exchange it waits for can hang):
+// the fetches in flight have ended, the claims readers held here are
+// released and the remote segments it read from are closed. It runs
+// before the store closes.
 func (d *Daemon) closeCluster() {
 	if d.cluster == nil {
 		return

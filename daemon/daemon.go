@@ -308,11 +308,15 @@ func (d *Daemon) closeParts() {
 			d.log.Warn("closing control server", "err", err)
 		}
 	}
-	d.closeCluster()
+	d.detachCluster()
 	if d.engine != nil {
 		if err := d.engine.Close(); err != nil {
 			d.log.Warn("closing engine", "err", err)
 		}
+	}
+	if d.cluster != nil {
+		d.peers.Stop() // the cluster's exchanges end at once
+		d.closeCluster()
 	}
 	d.closeStore()
 	if d.peers != nil {
