@@ -3,9 +3,12 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/peer/plane"
 	"github.com/tensorcast/tensorcast/shm"
@@ -246,4 +249,69 @@ func (m *mover) Read(holder string, epoch uint64, spans []cluster.Span, deadline
 		return fmt.Errorf("%w: %d of %d reads from %s failed: %v", xfer.ErrUnavailable, len(reqs)-sum.Completed, len(reqs), holder, first)
 	}
 	return m.engine.Free(id)
+}
+
+// collectCluster is the store across hosts' metrics source.
+func (d *Daemon) collectCluster(e *metrics.Emit) {
+	cl := d.cluster
+	if cl == nil {
+		return
+	}
+	s := cl.Stats()
+	e.Gauge("tensorcast_cluster_members", "Members of the store across hosts up, this daemon included.", float64(s.Members))
+	e.Gauge("tensorcast_cluster_home_shards", "Shards this daemon is home of.", float64(s.HomeOf))
+	e.Gauge("tensorcast_cluster_index_keys", "Keys in this daemon's location index (as a home).", float64(s.IndexKeys))
+	e.Gauge("tensorcast_cluster_claims", "Claims other daemons' readers hold here now.", float64(s.Holds))
+	for _, c := range []struct {
+		name, help string
+		v          uint64
+	}{
+		{"tensorcast_cluster_view_changes_total", "Changes of the members up (each moves shards).", s.ViewChanges},
+		{"tensorcast_cluster_announced_total", "Keys queued for announcement to their homes.", s.Announced},
+		{"tensorcast_cluster_announce_sent_total", "Keys announced to another home.", s.AnnounceSent},
+		{"tensorcast_cluster_announce_dropped_total", "Announcements dropped (queue full or closing).", s.AnnounceDropped},
+		{"tensorcast_cluster_announce_failed_total", "Announcements whose home did not answer.", s.AnnounceFailed},
+		{"tensorcast_cluster_reannounced_total", "Keys re-announced to new homes after a change of members.", s.Reannounced},
+		{"tensorcast_cluster_home_lookups_total", "Keys asked of another daemon's home.", s.Lookups},
+		{"tensorcast_cluster_home_lookups_local_total", "Keys answered from this daemon's own index.", s.LookupsLocal},
+		{"tensorcast_cluster_home_lookup_failures_total", "Keys whose home did not answer.", s.LookupFailed},
+		{"tensorcast_cluster_remote_misses_total", "Remote gets no daemon held.", s.RemoteMisses},
+		{"tensorcast_cluster_remote_failures_total", "Remote gets every holder failed.", s.RemoteFailed},
+		{"tensorcast_cluster_crc_mismatches_total", "Values read from a holder whose crc32c did not match (never answered).", s.CRCMismatch},
+		{"tensorcast_cluster_claims_given_total", "Claims handed to other daemons' readers.", s.HoldsGiven},
+		{"tensorcast_cluster_claims_refused_total", "Claims refused (too many held).", s.HoldsRefused},
+		{"tensorcast_cluster_removes_total", "Keys removed as their home, with every copy.", s.Removes},
+	} {
+		e.Counter(c.name, c.help, float64(c.v))
+	}
+	for _, id := range slices.Sorted(maps.Keys(s.ByPeer)) {
+		p := s.ByPeer[id]
+		l := metrics.L("peer", id)
+		e.Counter("tensorcast_cluster_remote_gets_total", "Values read from another daemon, by holder.", float64(p.Gets), l)
+		e.Counter("tensorcast_cluster_remote_bytes_total", "Bytes of values read from another daemon, by holder.", float64(p.Bytes), l)
+	}
+}
+
+// clusterCounters are the store across hosts' figures for Stats (tcctl
+// stats).
+func (d *Daemon) clusterCounters(dst []wire.Counter) []wire.Counter {
+	cl := d.cluster
+	if cl == nil {
+		return dst
+	}
+	s := cl.Stats()
+	return append(dst,
+		wire.Counter{Name: "cluster_members", Value: uint64(s.Members)},
+		wire.Counter{Name: "cluster_home_shards", Value: uint64(s.HomeOf)},
+		wire.Counter{Name: "cluster_index_keys", Value: uint64(s.IndexKeys)},
+		wire.Counter{Name: "cluster_claims", Value: uint64(s.Holds)},
+		wire.Counter{Name: "cluster_remote_hits", Value: s.RemoteHits},
+		wire.Counter{Name: "cluster_remote_misses", Value: s.RemoteMisses},
+		wire.Counter{Name: "cluster_remote_failures", Value: s.RemoteFailed},
+		wire.Counter{Name: "cluster_remote_bytes", Value: s.RemoteBytes},
+		wire.Counter{Name: "cluster_home_lookups", Value: s.Lookups},
+		wire.Counter{Name: "cluster_home_lookups_local", Value: s.LookupsLocal},
+		wire.Counter{Name: "cluster_reannounced", Value: s.Reannounced},
+		wire.Counter{Name: "cluster_crc_mismatches", Value: s.CRCMismatch},
+	)
 }

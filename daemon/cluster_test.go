@@ -171,6 +171,26 @@ func TestStoreAcrossHosts(t *testing.T) {
 		return err == nil && len(hs) == 3
 	}, "three holders of %s", keys[0])
 
+	// What d2 read shows in its metrics, by holder, and in its Stats.
+	exp := scrapeMetrics(t, ds[1].d.MetricsAddr())
+	for _, want := range []string{`tensorcast_cluster_remote_gets_total{peer="d1"} 24`, "tensorcast_cluster_members 3",
+		"tensorcast_cluster_crc_mismatches_total 0"} {
+		if !strings.Contains(exp, want+"\n") {
+			t.Errorf("d2's scrape lacks %q", want)
+		}
+	}
+	st, err := ds[1].dial(t, "stats").Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]uint64{}
+	for _, k := range st.Transports {
+		m[k.Name] = k.Value
+	}
+	if m["cluster_remote_hits"] != n || m["cluster_members"] != 3 {
+		t.Errorf("d2's cluster counters: hits %d, members %d", m["cluster_remote_hits"], m["cluster_members"])
+	}
+
 	// A Remove on d3 removes every copy.
 	rm := ds[2].dial(t, "remover")
 	if err := rm.StoreRemove(keys[:1], make([]error, 1)); err != nil {

@@ -379,5 +379,5 @@ func (d *Daemon) transportCounters(dst []wire.Counter) []wire.Counter {
 	if d.peers != nil {
 		dst = d.peers.Counters(dst)
 	}
-	return d.directoryCounters(d.kernelCounters(dst))
+	return d.clusterCounters(d.directoryCounters(d.kernelCounters(dst)))
 }

@@ -29,6 +29,7 @@ func (d *Daemon) newMetrics() error {
 		{"kernel", d.collectKernel},
 		{"store", d.collectStore},
 		{"directory", d.collectDirectory},
+		{"cluster", d.collectCluster},
 	} {
 		if err := d.metrics.Register(s.name, s.src); err != nil {
 			return err

@@ -164,7 +164,8 @@ type Cluster struct {
 	holds     map[uint64]*hold
 	nextClaim uint64
 
-	c counters
+	c      counters
+	byPeer peerCounts
 	// lastFailLog is when logFailed last logged (unix ns).
 	lastFailLog atomic.Int64
 }

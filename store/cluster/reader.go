@@ -353,6 +353,7 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 			continue
 		}
 		c.c.remoteBytes.Add(sp.Length)
+		c.byPeer.add(id, sp.Length)
 		ck = append(ck, mk[j])
 		cw = append(cw, w)
 	}
