@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -244,8 +245,9 @@ func clusterChild(t *testing.T, spec string) {
 	d.Run(ctx) //nolint:errcheck // killed while it runs
 }
 
-// TestStoreAcrossHostsKilled: d3, a holder and a home, is killed with
-// SIGKILL; on d2 every get then ends, well before its deadline, with the
+// TestStoreAcrossHostsKilled: d3, a holder and a home, is stopped with
+// SIGSTOP (gets of what it holds end by their deadlines) and then killed
+// with SIGKILL; on d2 every get then ends, well before its deadline, with the
 // exact bytes (keys d1 holds whose home lives), a miss, or an error that
 // names what failed (keys d3 held or was home of), never other bytes; and
 // what d3 held is no longer pinned or claimed anywhere.
@@ -305,12 +307,36 @@ func TestStoreAcrossHostsKilled(t *testing.T) {
 	for _, k := range keys {
 		homes[string(k)] = d2.d.cluster.Home(k)
 	}
+	// SIGSTOP first: d3 neither answers nor closes its connections. A get
+	// of a key it holds ends by its deadlines (the size asked of the
+	// home, then the read, each bounded by the cluster's timeout) with a
+	// named error or a miss; once d3 is found unreachable it is down and
+	// the gets that follow are quick.
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	c2 := d2.dial(t, "reader")
+	stopped := 0
+	for _, k := range keys {
+		if holder[string(k)] != "d3" || stopped == 3 {
+			continue
+		}
+		stopped++
+		start := time.Now()
+		v, err := c2.GetBytes(k)
+		if took := time.Since(start); took > 2*2*time.Second+time.Second {
+			t.Errorf("%s with d3 stopped: answered after %v", k, took)
+		}
+		if err == nil && !bytes.Equal(v, clusterValue(k, len(v))) || err != nil &&
+			!errors.Is(err, client.ErrNotFound) && !errors.Is(err, client.ErrUnavailable) && !errors.Is(err, client.ErrDeadlineExceeded) {
+			t.Errorf("%s with d3 stopped: %d bytes, %v", k, len(v), err)
+		}
+	}
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	<-exited
 
-	c2 := d2.dial(t, "reader")
 	deadline := 2*time.Second + time.Second // the cluster's timeout, and slack
 	exact, lost := 0, 0
 	for _, k := range keys {

@@ -288,7 +288,7 @@ func (c *Cluster) Home(key []byte) string { return c.view.Load().home(c.shardOf(
 // another daemon).
 func (c *Cluster) Locate(key []byte) (home string, holders []Holder, err error) {
 	home = c.Home(key)
-	as, err := c.lookupAt(home, [][]byte{key})
+	as, err := c.lookupAt(home, [][]byte{key}, time.Now().Add(c.cfg.Timeout))
 	if err != nil {
 		return home, nil, err
 	}
@@ -319,8 +319,19 @@ func (c *Cluster) epochOf(id string) uint64 {
 // exchange sends a message to id within the cluster's timeout; a member
 // that cannot be reached goes down.
 func (c *Cluster) exchange(id string, epoch uint64, kind string, req []byte) ([]byte, error) {
-	resp, err := c.peers.ExchangeAt(id, epoch, kind, req, c.cfg.Timeout)
-	if err != nil {
+	return c.exchangeBy(id, epoch, kind, req, time.Now().Add(c.cfg.Timeout))
+}
+
+// exchangeBy is exchange ending by deadline.
+func (c *Cluster) exchangeBy(id string, epoch uint64, kind string, req []byte, deadline time.Time) ([]byte, error) {
+	left := time.Until(deadline)
+	if left < time.Millisecond {
+		return nil, fmt.Errorf("%w: no time left to ask %s", xfer.ErrTimeout, id)
+	}
+	resp, err := c.peers.ExchangeAt(id, epoch, kind, req, left)
+	if err != nil && (left >= c.cfg.Timeout/2 || !errors.Is(err, xfer.ErrTimeout)) {
+		// Unreachable, or silent for a good part of the timeout: not
+		// merely a call that had little time left.
 		c.lost(id, err)
 	}
 	return resp, err

@@ -13,13 +13,14 @@ import (
 // The reader's side: lookups at the homes, fetches from the holders,
 // Present and Removed.
 
-// lookupAt asks home about keys (at most maxMsgKeys, fitting one message).
-func (c *Cluster) lookupAt(home string, keys [][]byte) ([]lookupAnswer, error) {
+// lookupAt asks home about keys (at most maxMsgKeys, fitting one message),
+// by deadline.
+func (c *Cluster) lookupAt(home string, keys [][]byte, deadline time.Time) ([]lookupAnswer, error) {
 	if home == c.self {
 		return c.lookupHere(keys), nil
 	}
 	c.c.lookups.Add(uint64(len(keys)))
-	resp, err := c.exchange(home, c.epochOf(home), kindLookup, encodeKeys(keys))
+	resp, err := c.exchangeBy(home, c.epochOf(home), kindLookup, encodeKeys(keys), deadline)
 	if err != nil {
 		c.c.lookupFailed.Add(uint64(len(keys)))
 		return nil, fmt.Errorf("%w: %s: %w", ErrHomeUnreachable, home, err)
@@ -28,8 +29,8 @@ func (c *Cluster) lookupAt(home string, keys [][]byte) ([]lookupAnswer, error) {
 }
 
 // lookupAll asks the homes of the keys not skipped about them, every home
-// at once; as[i] or errs[i] is key i's answer.
-func (c *Cluster) lookupAll(keys [][]byte, skip []bool) ([]lookupAnswer, []error) {
+// at once, by deadline; as[i] or errs[i] is key i's answer.
+func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time) ([]lookupAnswer, []error) {
 	as := make([]lookupAnswer, len(keys))
 	errs := make([]error, len(keys))
 	v := c.view.Load()
@@ -51,7 +52,7 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool) ([]lookupAnswer, []error
 				for j, p := range ch {
 					part[j] = keys[p]
 				}
-				got, err := c.lookupAt(home, part)
+				got, err := c.lookupAt(home, part, deadline)
 				for j, p := range ch {
 					switch {
 					case err != nil:
@@ -72,7 +73,7 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool) ([]lookupAnswer, []error
 // Present sets found[i] for each key not found yet that another daemon
 // holds, as its home says (store.Remote).
 func (c *Cluster) Present(keys [][]byte, found []bool) {
-	as, _ := c.lookupAll(keys, found)
+	as, _ := c.lookupAll(keys, found, time.Now().Add(c.cfg.Timeout))
 	for i := range keys {
 		if found[i] {
 			continue
@@ -89,7 +90,7 @@ func (c *Cluster) Present(keys [][]byte, found []bool) {
 // SizeOf is the size of key's value at another holder, as its home says
 // (store.Remote).
 func (c *Cluster) SizeOf(key []byte) (uint64, bool) {
-	as, errs := c.lookupAll([][]byte{key}, nil)
+	as, errs := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout))
 	if errs[0] != nil {
 		return 0, false
 	}
@@ -170,7 +171,7 @@ type want struct {
 
 func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 	deadline := time.Now().Add(c.cfg.Timeout)
-	as, errs := c.lookupAll(keys, nil)
+	as, errs := c.lookupAll(keys, nil, deadline)
 	var ws []*want
 	for i := range keys {
 		if errs[i] != nil {
