@@ -36,7 +36,7 @@ func startTrio(t *testing.T) []*peerDaemon {
 
 // waitMembers waits until every daemon of ds sees exactly the members ids
 // up (and knows their epochs).
-func waitMembers(t *testing.T, ds []*peerDaemon, ids ...string) {
+func waitMembers(t testing.TB, ds []*peerDaemon, ids ...string) {
 	t.Helper()
 	for _, d := range ds {
 		if d.d.cluster == nil {
