@@ -294,6 +294,10 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 	if stat["rdma.links"] != 1 || stat["rdma.tasks"] < uint64(2*len(rdmaSizes)) || stat["rdma.bytes"] < 2*(4<<20) {
 		t.Fatalf("d2's stats after %d round trips by rdma: %+v", len(rdmaSizes), st.Transports)
 	}
+	// The metrics say the link to d1 is rdma.
+	if exp := scrapeMetrics(t, p.d2.d.MetricsAddr()); sample(t, exp, `tensorcast_peer_link_state{peer="d1",state="rdma"}`) != 1 {
+		t.Fatalf("d2's link to d1 is not rdma in its scrape:\n%s", exp)
+	}
 	// A notified WRITE moves its bytes by RDMA; the notification follows on
 	// the peer channel and the task completes on the owner's answer.
 	sub := p.d1.dial(t, "subscriber")

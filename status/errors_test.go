@@ -53,6 +53,7 @@ var everyError = map[string]struct {
 	"xfer.ErrClosed":        {xfer.ErrClosed, tcproto.CodeUNAVAILABLE},
 	"xfer.ErrExists":        {xfer.ErrExists, tcproto.CodeALREADY_EXISTS},
 	"xfer.ErrFault":         {xfer.ErrFault, tcproto.CodeFAILED_PRECONDITION},
+	"xfer.ErrUnsealed":      {xfer.ErrUnsealed, tcproto.CodeFAILED_PRECONDITION},
 	"xfer.ErrInvalid":       {xfer.ErrInvalid, tcproto.CodeINVALID_ARGUMENT},
 	"xfer.ErrNoNotify":      {xfer.ErrNoNotify, tcproto.CodeUNAVAILABLE},
 	"xfer.ErrNoSegment":     {xfer.ErrNoSegment, tcproto.CodeNOT_FOUND},
@@ -90,7 +91,6 @@ var everyError = map[string]struct {
 	"shm.ErrPoolExhausted": {shm.ErrPoolExhausted, tcproto.CodeRESOURCE_EXHAUSTED},
 	"shm.ErrShortFile":     {shm.ErrShortFile, tcproto.CodeINVALID_ARGUMENT},
 	"shm.ErrTooLarge":      {shm.ErrTooLarge, tcproto.CodeRESOURCE_EXHAUSTED},
-	"shm.ErrUnsealed":      {shm.ErrUnsealed, tcproto.CodeINVALID_ARGUMENT},
 	// uring
 	"uring.ErrBadRequest":        {uring.ErrBadRequest, tcproto.CodeINVALID_ARGUMENT},
 	"uring.ErrConfig":            {uring.ErrConfig, tcproto.CodeINVALID_ARGUMENT},

@@ -40,7 +40,9 @@ func CodeOf(err error) wire.Code {
 	case errors.Is(err, xfer.ErrBackpressure), errors.Is(err, syscall.ENOMEM), errors.Is(err, syscall.ENOSPC),
 		errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE):
 		return tcproto.CodeRESOURCE_EXHAUSTED
-	case errors.Is(err, xfer.ErrPrecondition):
+	case errors.Is(err, xfer.ErrPrecondition), errors.Is(err, syscall.EFAULT):
+		// EFAULT: the kernel found no memory where a client's buffer was
+		// (its owner shrank an unsealed one), as a Go copy's ErrFault.
 		return tcproto.CodeFAILED_PRECONDITION
 	case errors.Is(err, xfer.ErrPermission), errors.Is(err, fs.ErrPermission):
 		return tcproto.CodePERMISSION_DENIED

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"syscall"
 	"testing"
 
@@ -43,6 +44,9 @@ func TestCodeOfCategories(t *testing.T) {
 		{&fs.PathError{Op: "open", Path: "/x", Err: syscall.EACCES}, tcproto.CodePERMISSION_DENIED},
 		{syscall.EMFILE, tcproto.CodeRESOURCE_EXHAUSTED},
 		{syscall.EINVAL, tcproto.CodeINVALID_ARGUMENT},
+		// The kernel could not reach a client's memory (it shrank its
+		// unsealed buffer under an io_uring read or write).
+		{os.NewSyscallError("io_uring write", syscall.EFAULT), tcproto.CodeFAILED_PRECONDITION},
 	} {
 		if got := status.CodeOf(c.err); got != c.want {
 			t.Errorf("CodeOf(%v) = %s, want %s", c.err, got, c.want)

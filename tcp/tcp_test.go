@@ -524,3 +524,33 @@ func TestTokenRenewal(t *testing.T) {
 		t.Fatalf("read %v after the owner stopped exporting: %v, want ErrPermission", ttl, err)
 	}
 }
+
+// unsealedSegment is a memory segment whose owner may shrink it, as a
+// client buffer of an unsealable memfd is.
+type unsealedSegment struct{ *xfertest.Segment }
+
+func (unsealedSegment) Unsealed() bool { return true }
+
+// TestUnsealedLocalRefused: a transfer whose local memory its owner may
+// shrink is refused with ErrUnsealed before a byte goes on the stream
+// other requests share, both ways; the same memory sealed moves.
+func TestUnsealedLocalRefused(t *testing.T) {
+	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{})
+	a := nodes[0]
+	col := xfertest.NewRecorder()
+	r, err := a.Open("b", "seg", RightRead|RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed := xfertest.NewSegment(1, 1<<20)
+	for _, op := range []xfer.Op{xfer.OpRead, xfer.OpWrite} {
+		tk := mkTask(col, op, sealed, 0, r, 0, 4096)
+		tk.Local = unsealedSegment{sealed}
+		if err := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0].Err; !errors.Is(err, xfer.ErrUnsealed) {
+			t.Fatalf("%v with an unsealed local segment: %v, want ErrUnsealed", op, err)
+		}
+		if err := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, op, sealed, 0, r, 0, 4096)}, 5*time.Second)[0].Err; err != nil {
+			t.Fatalf("%v with the same memory sealed: %v", op, err)
+		}
+	}
+}

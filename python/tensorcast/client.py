@@ -257,7 +257,8 @@ class Pool:
     """The daemon's DRAM pool, mapped in this process.
 
     ``view`` is a writable memoryview of the whole pool; pool blocks from
-    :meth:`Client.alloc_blocks` are ``view[offset:offset + size]``. Views
+    :meth:`Client.alloc_blocks` are ``view[offset:offset + size]``.
+    ``identity`` is the same for every client of one daemon run. Views
     and arrays keep the mapping alive on their own, also past the client's
     close (the daemon then no longer moves bytes through it)."""
 
@@ -265,6 +266,11 @@ class Pool:
         self.segment = segment
         self.size = size
         self.block_classes = classes
+        # Which pool this is: every connection to one daemon run maps the
+        # same memfd, and a restarted daemon has another. Offsets handed
+        # from one client to another are good only between equal identities.
+        st = os.fstat(fd)
+        self.identity: Tuple[int, int] = (st.st_dev, st.st_ino)
         self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._base = _mapping_address(self._mm)
         self.view = memoryview(self._mm)
@@ -588,9 +594,19 @@ class Client(StoreCalls):
             raise Error(rc, f"unregister buffer {b.id}")
 
     def register_fd(self, fd: int, size: int, opts: Optional[CallOptions] = None) -> int:
-        """Registers the first size bytes of fd (a memfd sealed against
-        shrinking, or a regular file) as a buffer; the caller keeps fd.
-        Returns the segment id (unregister with :meth:`unregister`)."""
+        """Registers the first size bytes of fd (a memfd, or a file on
+        tmpfs such as an unlinked /dev/shm file) as a buffer; the caller
+        keeps fd and its own mapping. Returns the segment id (unregister
+        with :meth:`unregister`).
+
+        A memfd sealed with F_SEAL_SHRINK is taken as it is; one made with
+        MFD_ALLOW_SEALING is sealed against shrinking by the daemon (for
+        good: a seal is never removed); one
+        that cannot be sealed (``os.memfd_create(name, os.MFD_CLOEXEC)``,
+        as engines' shared-memory host allocators make them) is taken
+        unsealed: shrinking it under a request fails that request
+        (FAILED_PRECONDITION) and nothing else, and transfers to peers over
+        TCP and exports refuse it. A file on disk is INVALID_ARGUMENT."""
         seg = ctypes.c_uint64()
         co = _copts(opts)
         self._call("register_fd", lib.tc_buffer_register_fd, fd, size, ctypes.byref(seg), _ref(co))

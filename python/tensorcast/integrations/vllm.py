@@ -1,127 +1,275 @@
-"""vLLM KV offloading on tensorcast: an object with the shape of vLLM's
-``OffloadingManager`` (``vllm.v1.kv_offload.abstract``), which runs in the
-scheduler, decides what is offloaded and where it lies, with tensorcast's KV
-block store as the offloading medium.
+"""vLLM KV offloading on tensorcast: an offloading spec vLLM loads by name.
 
-Each offloaded block is one key (``key_prefix`` + its block hash) whose value
-is one block of ``block_size`` bytes in the daemon's pool:
+Launch (``kv_connector_extra_config`` of vLLM's ``OffloadingConnector``)::
 
-- ``lookup(hashes)``: how many leading blocks are stored (one lookup_prefix
-  through the store's queue; renews nothing).
-- ``prepare_load(hashes)``: pins each block and says where it lies in the
-  pool (a :class:`TensorcastLoadStoreSpec`): a pinned block is never evicted
-  or moved until ``complete_load``.
-- ``touch(hashes)``: marks the blocks recently used.
-- ``prepare_store(hashes)``: skips the blocks already stored, reserves a pool
-  block for each of the others and says where (the worker writes the KV
-  data there); ``complete_store(hashes)`` commits them, after which they are
-  loadable.
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"spec_name": "TensorcastOffloadingSpec",
+        "spec_module_path": "tensorcast.integrations.vllm",
+        "socket": "/run/tensorcast/tensorcastd.sock", "block_size": 64}}'
 
-A worker reaches the same pool with a client of its own (``spec.views(c)``
-gives writable memoryviews of the blocks in that client's mapping).
+vLLM's factory imports this module, takes :class:`TensorcastOffloadingSpec`
+and builds it in the scheduler and in every worker. The scheduler asks the
+spec for its manager (:class:`TensorcastOffloadingManager`), which decides
+what is offloaded and where it lies in the daemon's pool; each worker asks
+for its handlers or worker (:mod:`tensorcast.integrations.vllm_worker`),
+which copy blocks between its KV cache tensors and the pool.
 
-Failures: no call raises on a daemon error. ``lookup`` answers 0,
-``prepare_store`` None (cannot store now), ``prepare_load`` a spec whose
-blocks are all missing (``ok`` False: load nothing from them), and the
-``complete_*`` calls drop what they cannot finish; the outage is logged once
-and a later call reconnects. Pins and reservations belong to the connection
-and went with it.
+One offloaded block (``block_size`` tokens of extra config, else vLLM's GPU
+block size) is one key whose value holds the block for every rank, rank
+after rank: rank r's bytes are ``[r * rank_bytes, (r + 1) * rank_bytes)``,
+``rank_bytes`` the KV bytes per offloaded block of one rank (from the KV
+cache config). The manager reserves the whole value; each worker writes and
+reads its own slice; the value is committed when vLLM says the store is
+complete, i.e. when every worker has finished its part.
 
-A reservation that is not committed (``complete_store(success=False)``, or a
-commit that fails) is given back at once with the store's abort, so its pool
-blocks are free again and its keys can be stored by the next attempt. Only
-when the abort itself cannot be made (the daemon is failing) are the blocks
-counted as abandoned: once ``abandon_limit`` of them are held and no load or
-store is in flight, the manager reconnects, which releases them.
+Keys are bound to a layout fingerprint (model, dtype, block size, the
+ranks' split and bytes, the hash vLLM chains blocks with): a block written
+by an engine of another layout is never a hit. A value the daemon reads back
+from L2 is checked against its crc32c there; a mismatch drops the key and
+its get fails, so the block is a miss (the load job fails and vLLM
+recomputes), never bytes handed to the engine.
+
+vLLM's interface has three generations; the one in use is chosen when this
+module is imported, from the vLLM that is importable (without one, the
+newest, duck-typed):
+
+- ``blocks`` (vLLM up to 0.19): block hashes, ``lookup(hashes) -> int``,
+  ``PrepareStoreOutput(block_hashes_to_store, ...)``, events by hashes.
+- ``keys`` (0.20 to 0.24): ``OffloadKey``s, ``lookup(key, req_context) ->
+  bool | None`` (None: ask again later), ``PrepareStoreOutput(keys_to_store,
+  store_spec, evicted_keys)``, events by keys, ``on_new_request``.
+- ``results`` (0.25 on): ``lookup`` answers a ``LookupResult`` (HIT, MISS,
+  HIT_PENDING while this manager's store of the block is in flight; RETRY is
+  never answered: the daemon's answer is final), and ``on_new_request`` /
+  ``on_request_finished`` frame each request.
+
+Across them vLLM moved its classes (abstract, spec, mediums and
+worker.worker up to 0.21, base since), built the spec from
+``(vllm_config)``, ``(vllm_config, kv_cache_config)`` or, from 0.26, its
+``OffloadingConfig``, and asked it for handlers (``get_handlers``, up to
+0.24) or one worker (``get_worker``, from 0.25): the spec takes each of
+these as it comes.
+
+The classes are built on vLLM's own (``OffloadingManager``,
+``OffloadingSpec``, ``LoadStoreSpec``) when it is importable, so its
+factory's and workers' type checks pass.
+
+Failures: no call raises into vLLM on a daemon error. A lookup answers a
+miss, ``prepare_store`` None (cannot store now), ``prepare_load`` a spec
+whose blocks are all missing (the workers then fail the load job: vLLM
+recomputes), the ``complete_*`` calls drop what they cannot finish; the
+outage is logged once and a later call reconnects. Pins and reservations
+belong to the connection and went with it. A reservation that is not
+committed is given back at once with the store's abort; only when the abort
+itself cannot be made are its blocks counted as abandoned, and once
+``abandon_limit`` are held with nothing in flight the manager reconnects.
 """
 
 from __future__ import annotations
 
+import enum
+import importlib
+import importlib.util
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from types import ModuleType
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..client import Client
 from ..errors import Status
+from . import layout
 from ._link import Link
 
-__all__ = ["OffloadingEvent", "PrepareStoreOutput", "TensorcastLoadStoreSpec", "TensorcastOffloadingManager"]
+__all__ = ["EVENT_MEDIUM", "GENERATION", "MEDIUM", "BlockLayout", "LookupResult", "TensorcastLoadStoreSpec",
+           "TensorcastOffloadingManager", "TensorcastOffloadingSpec", "block_layout", "offloading_config_layout"]
 
 log = logging.getLogger("tensorcast.integrations.vllm")
 
+#: What this medium is called in specs and events.
+MEDIUM = "TENSORCAST"
+
+
+# -- vLLM's classes, or stand-ins ----------------------------------------------------
+
+
+def _module(name: str) -> Optional[ModuleType]:
+    """vLLM's module name, None when vLLM is not installed or lacks it."""
+    try:
+        if importlib.util.find_spec("vllm") is None:
+            return None
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+# vLLM keeps its offloading classes in abstract, spec and mediums up to 0.21,
+# in base from 0.22.
+_abstract = _module("vllm.v1.kv_offload.abstract") or _module("vllm.v1.kv_offload.base")
+_spec_mod = (_module("vllm.v1.kv_offload.spec") or _abstract) if _abstract is not None else None
+
+
+def _generation(m: Optional[ModuleType]) -> str:
+    if m is None:
+        return "results"
+    if hasattr(m, "LookupResult"):
+        return "results"
+    if hasattr(m, "OffloadKey"):
+        return "keys"
+    return "blocks"
+
+
+#: The interface generation this module speaks: "blocks", "keys" or "results".
+GENERATION = _generation(_abstract)
+
+
+class _LookupResult(enum.Enum):
+    """vLLM's LookupResult, where vLLM is not importable."""
+
+    MISS = enum.auto()
+    HIT = enum.auto()
+    HIT_PENDING = enum.auto()
+    RETRY = enum.auto()
+
+
+LookupResult: Any = getattr(_abstract, "LookupResult", _LookupResult)
+
 
 @dataclass
-class TensorcastLoadStoreSpec:
-    """Where blocks lie in the daemon's pool: offsets[i] and lengths[i] for
-    block_hashes[i]; ok[i] False for a block that is not there (a load must
-    skip it)."""
-
-    block_hashes: List[Any]
-    offsets: List[int]
-    lengths: List[int]
-    ok: List[bool]
-
-    @staticmethod
-    def medium() -> str:
-        return "TENSORCAST"
-
-    def views(self, client: Client) -> List[Optional[memoryview]]:
-        """The blocks as writable memoryviews of client's mapping of the
-        pool (None where ok is False)."""
-        pv = client.pool.view
-        return [pv[o:o + n] if good else None for o, n, good in zip(self.offsets, self.lengths, self.ok)]
+class _PrepareStoreOutput:
+    keys_to_store: List[Any]
+    store_spec: Any
+    evicted_keys: List[Any] = field(default_factory=list)
 
 
 @dataclass
-class PrepareStoreOutput:
-    """vLLM's PrepareStoreOutput: the blocks to store, where, and the blocks
-    evicted to make room (the daemon evicts on its own: none reported)."""
-
+class _PrepareStoreOutputBlocks:
     block_hashes_to_store: List[Any]
-    store_spec: TensorcastLoadStoreSpec
+    store_spec: Any
     block_hashes_evicted: List[Any] = field(default_factory=list)
 
 
 @dataclass
-class OffloadingEvent:
+class _OffloadingEvent:
+    keys: List[Any]
+    medium: str
+    removed: bool
+
+
+@dataclass
+class _OffloadingEventBlocks:
     block_hashes: List[Any]
     block_size: int
     medium: str
     removed: bool
 
 
-def _key(prefix: bytes, h: Any) -> bytes:
-    if isinstance(h, (bytes, bytearray, memoryview)):
-        return prefix + bytes(h)
-    if isinstance(h, int):
-        return prefix + b"%x" % (h & ((1 << 256) - 1))
-    return prefix + str(h).encode()
+_blocks = GENERATION == "blocks"
+PrepareStoreOutput: Any = getattr(_abstract, "PrepareStoreOutput",
+                                  _PrepareStoreOutputBlocks if _blocks else _PrepareStoreOutput)
+OffloadingEvent: Any = getattr(_abstract, "OffloadingEvent", _OffloadingEventBlocks if _blocks else _OffloadingEvent)
+_ManagerBase: Any = getattr(_abstract, "OffloadingManager", object)
+_LoadStoreSpecBase: Any = getattr(_abstract, "LoadStoreSpec", object)
+_SpecBase: Any = getattr(_spec_mod, "OffloadingSpec", object)
 
 
-class TensorcastOffloadingManager:
-    """An OffloadingManager on tensorcast's store (see the module's doc).
-    block_size is the bytes of one offloaded block."""
+#: The medium events name: vLLM's Medium.CPU where vLLM names media by an enum
+#: (the daemon's pool is host memory), else MEDIUM.
+EVENT_MEDIUM: Any = getattr(getattr(_abstract, "Medium", None), "CPU", MEDIUM)
 
-    def __init__(self, block_size: int, *, socket: Optional[str] = None, key_prefix: bytes = b"vllm/",
-                 durable: bool = False, enable_events: bool = False, retry_interval: float = 1.0,
-                 abandon_limit: int = 64, logger: Optional[logging.Logger] = None) -> None:
+
+def _request_context() -> Any:
+    """What on_new_request answers: vLLM's default RequestOffloadingContext
+    (offload the blocks as they are computed), None without one."""
+    cls = getattr(_abstract, "RequestOffloadingContext", None)
+    return cls() if cls is not None else None
+
+
+# -- what the scheduler hands the workers --------------------------------------------------
+
+
+class TensorcastLoadStoreSpec(_LoadStoreSpecBase):
+    """Where offloaded blocks lie in the daemon's pool: block i's value is
+    ``lengths[i]`` bytes at ``offsets[i]``; ``ok[i]`` False for a block that
+    is not there (a load must not use it). ``pool`` is the identity of the
+    pool the offsets are in (a worker mapped to another pool, a restarted
+    daemon's, must not use them)."""
+
+    def __init__(self, offsets: List[int], lengths: List[int], ok: List[bool],
+                 pool: Optional[Tuple[int, int]]) -> None:
+        self.offsets = offsets
+        self.lengths = lengths
+        self.ok = ok
+        self.pool = pool
+
+    @staticmethod
+    def medium() -> str:
+        return MEDIUM
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __repr__(self) -> str:
+        return f"TensorcastLoadStoreSpec({len(self.offsets)} blocks, {sum(self.ok)} present)"
+
+    def views(self, client: Client) -> List[Optional[memoryview]]:
+        """The blocks as writable memoryviews of client's mapping of the
+        pool (None where ok is False, or every one when client maps another
+        pool)."""
+        pv = client.pool.view
+        same = self.pool is None or self.pool == client.pool.identity
+        return [pv[o:o + n] if good and same else None
+                for o, n, good in zip(self.offsets, self.lengths, self.ok)]
+
+
+def _missing(n: int) -> TensorcastLoadStoreSpec:
+    return TensorcastLoadStoreSpec([0] * n, [0] * n, [False] * n, None)
+
+
+def _hex(k: Any) -> str:
+    """The text of a vLLM block key (an OffloadKey or block hash: bytes; an
+    older hash: an int, or a tuple whose hash_value is one)."""
+    k = getattr(k, "hash_value", k)
+    if isinstance(k, (bytes, bytearray, memoryview)):
+        return bytes(k).hex()
+    if isinstance(k, int):
+        return "%x" % (k & ((1 << 256) - 1))
+    return str(k).encode().hex()
+
+
+# -- the manager -------------------------------------------------------------------------
+
+
+class _Manager:
+    """The one implementation behind every generation's interface: the
+    methods named with a leading underscore take vLLM's keys (or block
+    hashes) and answer in neutral terms; the generation's class names them
+    as vLLM calls them."""
+
+    def __init__(self, block_size: int, *, fingerprint: Optional[str] = None, socket: Optional[str] = None,
+                 key_prefix: bytes = b"vllm/", durable: bool = False, enable_events: bool = False,
+                 block_tokens: int = 0, retry_interval: float = 1.0, abandon_limit: int = 64,
+                 logger: Optional[logging.Logger] = None) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size {block_size}")
+        if fingerprint is not None and len(fingerprint) != layout.FINGERPRINT_LEN:
+            raise ValueError(f"not a layout fingerprint: {fingerprint!r}")
         self.block_size = block_size
+        self.block_tokens = block_tokens
+        self.fingerprint = fingerprint
         self.prefix = bytes(key_prefix)
         self.durable = durable
         self.abandon_limit = abandon_limit
         self.log = logger or log
         # mu guards the fields below: what this manager holds on the
         # connection it made them on (pins of loads, reservations of stores,
-        # keyed by the block's key with a count) and its events.
+        # keyed by the block's store key with a count) and its events.
         self._mu = threading.Lock()
         self._owner: Optional[Client] = None
         self._pins: Dict[bytes, int] = {}
         self._reserved: Dict[bytes, int] = {}
         self._abandoned = 0
-        self._events: Optional[List[OffloadingEvent]] = [] if enable_events else None
+        self._events: Optional[List[Tuple[List[Any], bool]]] = [] if enable_events else None
         self._link = Link(socket, "vllm-offload", self.log, retry_interval=retry_interval)
 
     # -- the connection and what it holds -----------------------------------------
@@ -140,8 +288,15 @@ class TensorcastOffloadingManager:
                 self._abandoned = 0
         return c
 
-    def _keys(self, hashes: Iterable[Any]) -> List[bytes]:
-        return [_key(self.prefix, h) for h in hashes]
+    def store_key(self, k: Any) -> bytes:
+        """The daemon's key of vLLM's block key (or hash) k."""
+        h = _hex(k)
+        if self.fingerprint is not None:
+            h = layout.bind(self.fingerprint, h)
+        return self.prefix + h.encode()
+
+    def _keys(self, ks: Iterable[Any]) -> List[bytes]:
+        return [self.store_key(k) for k in ks]
 
     @staticmethod
     def _take(held: Dict[bytes, int], k: bytes) -> bool:
@@ -178,11 +333,28 @@ class TensorcastOffloadingManager:
             self.log.info("tensorcast: reconnecting to give back %d abandoned reservations", self._abandoned)
             self._link.reset()
 
-    # -- OffloadingManager ---------------------------------------------------------
+    # -- the calls, in neutral terms ---------------------------------------------------
 
-    def lookup(self, block_hashes: Iterable[Any]) -> int:
-        """How many leading blocks are offloaded (renews nothing)."""
-        keys = self._keys(block_hashes)
+    def _state(self, k: Any) -> Any:
+        """LookupResult of one block: HIT when stored, HIT_PENDING while this
+        manager's store of it is in flight, MISS otherwise (also while the
+        daemon is away)."""
+        sk = self.store_key(k)
+        with self._mu:
+            if sk in self._reserved:
+                return LookupResult.HIT_PENDING
+        c = self._conn()
+        if c is None:
+            return LookupResult.MISS
+        try:
+            return LookupResult.HIT if c.exists([sk])[0] else LookupResult.MISS
+        except Exception as e:  # noqa: BLE001 - never raises
+            self._link.failed("lookup", e, c)
+            return LookupResult.MISS
+
+    def _prefix(self, ks: Iterable[Any]) -> int:
+        """How many leading blocks are stored (renews nothing)."""
+        keys = self._keys(ks)
         if not keys:
             return 0
         c = self._conn()
@@ -194,34 +366,32 @@ class TensorcastOffloadingManager:
             self._link.failed("lookup", e, c)
             return 0
 
-    def prepare_load(self, block_hashes: Iterable[Any]) -> TensorcastLoadStoreSpec:
+    def _prepare_load(self, ks: Iterable[Any]) -> TensorcastLoadStoreSpec:
         """Pins the blocks (never evicted or moved until complete_load) and
         says where they lie; a block not stored, or every block on a daemon
         error, has ok False."""
-        hashes = list(block_hashes)
-        keys = self._keys(hashes)
+        keys = self._keys(ks)
         n = len(keys)
-        missing = TensorcastLoadStoreSpec(hashes, [0] * n, [0] * n, [False] * n)
         c = self._conn() if n else None
         if c is None:
-            return missing
+            return _missing(n)
         try:
             loc = c.get_locations(keys)
         except Exception as e:  # noqa: BLE001
             self._link.failed("prepare_load", e, c)
-            return missing
+            return _missing(n)
         ok = [st == Status.OK for st in loc.codes]
         with self._mu:
             if c is self._owner:
                 for k, good in zip(keys, ok):
                     if good:
                         self._pins[k] = self._pins.get(k, 0) + 1
-        return TensorcastLoadStoreSpec(hashes, loc.offsets, loc.lengths, ok)
+        return TensorcastLoadStoreSpec(list(loc.offsets), list(loc.lengths), ok, c.pool.identity)
 
-    def touch(self, block_hashes: Iterable[Any]) -> None:
+    def _touch(self, ks: Iterable[Any]) -> None:
         """Marks the stored blocks among these as recently used (a get and
         its release: the daemon's LRU takes a value back at its head)."""
-        keys = self._keys(block_hashes)
+        keys = self._keys(ks)
         c = self._conn() if keys else None
         if c is None:
             return
@@ -233,9 +403,9 @@ class TensorcastOffloadingManager:
         except Exception as e:  # noqa: BLE001
             self._link.failed("touch", e, c)
 
-    def complete_load(self, block_hashes: Iterable[Any]) -> None:
+    def _complete_load(self, ks: Iterable[Any]) -> None:
         """Unpins the blocks prepare_load pinned (one pin each)."""
-        keys = self._keys(block_hashes)
+        keys = self._keys(ks)
         with self._mu:
             c = self._owner
             mine = [k for k in keys if self._take(self._pins, k)]
@@ -247,14 +417,15 @@ class TensorcastOffloadingManager:
             self._link.failed("complete_load", e, c)
         self._maybe_release_abandoned()
 
-    def prepare_store(self, block_hashes: Iterable[Any]) -> Optional[PrepareStoreOutput]:
-        """Reserves a pool block for each block not stored yet and says
-        where; None when none of them could be (the pool is full, the daemon
-        is away)."""
-        hashes = list(block_hashes)
-        keys = self._keys(hashes)
+    def _prepare_store(self, ks: Iterable[Any]) -> Optional[Tuple[List[Any], TensorcastLoadStoreSpec]]:
+        """Reserves a pool block for each block not stored yet: the blocks to
+        store and where; None when none of them could be (the pool is full,
+        the daemon is away)."""
+        given = list(ks)
+        keys = self._keys(given)
+        none = ([], TensorcastLoadStoreSpec([], [], [], None))
         if not keys:
-            return PrepareStoreOutput([], TensorcastLoadStoreSpec([], [], [], []))
+            return none
         c = self._conn()
         if c is None:
             return None
@@ -262,7 +433,7 @@ class TensorcastOffloadingManager:
             there = c.exists(keys)
             want = [i for i, t in enumerate(there) if not t]
             if not want:
-                return PrepareStoreOutput([], TensorcastLoadStoreSpec([], [], [], []))
+                return none
             r = c.reserve([keys[i] for i in want], self.block_size)
         except Exception as e:  # noqa: BLE001
             self._link.failed("prepare_store", e, c)
@@ -271,25 +442,23 @@ class TensorcastOffloadingManager:
         if not got:
             if any(st not in (Status.ALREADY_EXISTS, Status.BUSY) for st in r.codes):
                 return None  # could not store any (no room): vLLM retries later
-            return PrepareStoreOutput([], TensorcastLoadStoreSpec([], [], [], []))
+            return none
         with self._mu:
             if c is self._owner:
                 for i, _ in got:
                     self._reserved[keys[i]] = self._reserved.get(keys[i], 0) + 1
-        to_store = [hashes[i] for i, _ in got]
-        spec = TensorcastLoadStoreSpec(to_store, [off for _, off in got], [self.block_size] * len(got),
-                                       [True] * len(got))
-        return PrepareStoreOutput(to_store, spec)
+        spec = TensorcastLoadStoreSpec([off for _, off in got], [self.block_size] * len(got), [True] * len(got),
+                                       c.pool.identity)
+        return [given[i] for i, _ in got], spec
 
-    def complete_store(self, block_hashes: Iterable[Any], success: bool = True) -> None:
+    def _complete_store(self, ks: Iterable[Any], success: bool) -> None:
         """With success, commits the blocks prepare_store reserved (durable:
-        once on L2), after which they are loadable; without, aborts them
-        (see the module's doc)."""
-        hashes = list(block_hashes)
-        keys = self._keys(hashes)
+        once on L2), after which they are loadable; without, aborts them."""
+        given = list(ks)
+        keys = self._keys(given)
         with self._mu:
             c = self._owner
-            mine = [(h, k) for h, k in zip(hashes, keys) if self._take(self._reserved, k)]
+            mine = [(h, k) for h, k in zip(given, keys) if self._take(self._reserved, k)]
         if mine and c is not None and not c.closed:
             if not success:
                 self._abort(c, [k for _, k in mine])
@@ -312,18 +481,15 @@ class TensorcastOffloadingManager:
                     self._abandoned += len(failed)
             if stored and self._events is not None:
                 with self._mu:
-                    self._events.append(OffloadingEvent(stored, self.block_size, TensorcastLoadStoreSpec.medium(),
-                                                        False))
+                    self._events.append((stored, False))
         self._maybe_release_abandoned()
 
-    def take_events(self) -> Iterator[OffloadingEvent]:
-        """The blocks stored since the last call (the daemon evicts on its
-        own: no removal events)."""
+    def _take_events(self) -> List[Tuple[List[Any], bool]]:
         with self._mu:
             out = list(self._events or [])
             if self._events is not None:
                 self._events.clear()
-        yield from out
+        return out
 
     @property
     def abandoned(self) -> int:
@@ -334,3 +500,297 @@ class TensorcastOffloadingManager:
 
     def close(self) -> None:
         self._link.close()
+
+    def shutdown(self) -> None:
+        self.close()
+
+
+def _req_and_success(args: Sequence[Any], kw: Dict[str, Any]) -> bool:
+    """complete_store's success, whether it comes second (keys, success) or
+    after the request's context (keys, req_context, success)."""
+    if "success" in kw:
+        return bool(kw["success"])
+    for a in args:
+        if isinstance(a, bool):
+            return a
+    return True
+
+
+class _BlocksInterface(_Manager):
+    """vLLM's OffloadingManager up to 0.20: block hashes."""
+
+    def lookup(self, block_hashes: Iterable[Any]) -> int:
+        return self._prefix(block_hashes)
+
+    def prepare_load(self, block_hashes: Iterable[Any]) -> TensorcastLoadStoreSpec:
+        return self._prepare_load(block_hashes)
+
+    def touch(self, block_hashes: Iterable[Any]) -> None:
+        self._touch(block_hashes)
+
+    def complete_load(self, block_hashes: Iterable[Any]) -> None:
+        self._complete_load(block_hashes)
+
+    def prepare_store(self, block_hashes: Iterable[Any]) -> Any:
+        r = self._prepare_store(block_hashes)
+        return None if r is None else PrepareStoreOutput(block_hashes_to_store=r[0], store_spec=r[1],
+                                                         block_hashes_evicted=[])
+
+    def complete_store(self, block_hashes: Iterable[Any], success: bool = True) -> None:
+        self._complete_store(block_hashes, success)
+
+    def take_events(self) -> Iterator[Any]:
+        """The blocks stored since the last call (the daemon evicts on its
+        own: no removal events)."""
+        for ks, removed in self._take_events():
+            yield OffloadingEvent(block_hashes=ks, block_size=self.block_tokens, medium=EVENT_MEDIUM, removed=removed)
+
+
+class _KeysInterface(_Manager):
+    """vLLM's OffloadingManager of OffloadKeys and request contexts; lookup
+    answers True, False, or None (ask again later: a store of the block is
+    in flight)."""
+
+    def on_new_request(self, req_context: Any = None) -> Any:
+        return _request_context()
+
+    def on_request_finished(self, req_context: Any = None) -> None:
+        return None
+
+    def lookup(self, key: Any, req_context: Any = None) -> Any:
+        st = self._state(key)
+        return True if st is LookupResult.HIT else None if st is LookupResult.HIT_PENDING else False
+
+    def prepare_load(self, keys: Iterable[Any], req_context: Any = None) -> TensorcastLoadStoreSpec:
+        return self._prepare_load(keys)
+
+    def touch(self, keys: Iterable[Any], req_context: Any = None) -> None:
+        self._touch(keys)
+
+    def complete_load(self, keys: Iterable[Any], req_context: Any = None) -> None:
+        self._complete_load(keys)
+
+    def prepare_store(self, keys: Iterable[Any], req_context: Any = None) -> Any:
+        r = self._prepare_store(keys)
+        return None if r is None else PrepareStoreOutput(keys_to_store=r[0], store_spec=r[1], evicted_keys=[])
+
+    def complete_store(self, keys: Iterable[Any], *args: Any, **kw: Any) -> None:
+        self._complete_store(keys, _req_and_success(args, kw))
+
+    def take_events(self) -> Iterator[Any]:
+        """The blocks stored since the last call (the daemon evicts on its
+        own: no removal events)."""
+        for ks, removed in self._take_events():
+            yield OffloadingEvent(keys=ks, medium=EVENT_MEDIUM, removed=removed)
+
+
+class _ResultsInterface(_KeysInterface):
+    """vLLM's newest OffloadingManager: lookup answers a LookupResult."""
+
+    def lookup(self, key: Any, req_context: Any = None) -> Any:
+        return self._state(key)
+
+
+_INTERFACES = {"blocks": _BlocksInterface, "keys": _KeysInterface, "results": _ResultsInterface}
+_bases: Tuple[type, ...] = (_INTERFACES[GENERATION],) if _ManagerBase is object else (_INTERFACES[GENERATION],
+                                                                                      _ManagerBase)
+
+
+class TensorcastOffloadingManager(*_bases):  # type: ignore[misc]
+    """vLLM's OffloadingManager on tensorcast's store, in the interface of
+    GENERATION (see the module's doc). block_size is the bytes of one
+    offloaded block's value (every rank's part); fingerprint, the layout
+    fingerprint the keys are bound to; block_tokens, the tokens of one
+    block (for events)."""
+
+
+# -- the spec vLLM's factory builds -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """What one offloaded block is, the same in the scheduler and every
+    worker: ``tokens`` tokens, ``factor`` GPU blocks of ``gpu_tokens``;
+    ``rank_bytes`` KV bytes of one rank; ``world_size`` ranks, rank after
+    rank in the value; ``fingerprint`` binds the keys to all of it."""
+
+    tokens: int
+    gpu_tokens: int
+    factor: int
+    rank_bytes: int
+    world_size: int
+    fingerprint: str
+
+    @property
+    def value_bytes(self) -> int:
+        return self.rank_bytes * self.world_size
+
+
+def _get(obj: Any, *path: str, default: Any = None) -> Any:
+    for name in path:
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return default
+    return obj
+
+
+def _gpu_block_bytes(vllm_config: Any, kv_cache_config: Any) -> int:
+    """One rank's KV bytes per GPU block: its KV cache tensors' bytes over
+    their blocks when the KV cache config is known, else the model's
+    layers x K and V x heads x head size x dtype size x tokens."""
+    tensors = _get(kv_cache_config, "kv_cache_tensors")
+    blocks = _get(kv_cache_config, "num_blocks")
+    if tensors and blocks:
+        total = sum(int(t.size) for t in tensors)
+        if total % int(blocks):
+            raise ValueError(f"tensorcast: KV cache tensors of {total} bytes are not {blocks} equal blocks")
+        return total // int(blocks)
+    groups = _get(kv_cache_config, "kv_cache_groups")
+    if tensors and groups:
+        return int(groups[0].kv_cache_spec.page_size_bytes) * len(tensors)
+    mc, pc = vllm_config.model_config, vllm_config.parallel_config
+    if getattr(mc, "use_mla", False):
+        raise ValueError("tensorcast: an MLA model needs the KV cache config (a newer vLLM)")
+    import torch  # the dtype's size
+
+    dt = str(_get(vllm_config, "cache_config", "cache_dtype", default="auto"))
+    dtype = mc.dtype if dt == "auto" else getattr(torch, dt.replace("fp8", "float8_e4m3fn"), mc.dtype)
+    esize = torch.empty((), dtype=dtype).element_size()
+    return (int(mc.get_num_layers(pc)) * 2 * int(mc.get_num_kv_heads(pc)) * int(mc.get_head_size()) * esize
+            * int(vllm_config.cache_config.block_size))
+
+
+def block_layout(vllm_config: Any, kv_cache_config: Any = None) -> BlockLayout:
+    """The offloaded block of this engine (see BlockLayout), from vLLM's
+    config and, where vLLM gives it, the KV cache config; raises
+    ValueError for a block size that does not fit."""
+    extra = dict(_get(vllm_config, "kv_transfer_config", "kv_connector_extra_config", default={}) or {})
+    groups = _get(kv_cache_config, "kv_cache_groups") or []
+    gpu_sizes = {int(g.kv_cache_spec.block_size) for g in groups} or {int(vllm_config.cache_config.block_size)}
+    if len(gpu_sizes) != 1:
+        raise ValueError(f"tensorcast: KV cache groups of several block sizes {sorted(gpu_sizes)}")
+    gpu = gpu_sizes.pop()
+    tokens = int(extra.get("block_size", gpu))
+    if tokens <= 0 or tokens % gpu:
+        raise ValueError(f"tensorcast: block_size {tokens} is not a multiple of vLLM's block size {gpu}")
+    factor = tokens // gpu
+    pc = vllm_config.parallel_config
+    world = int(getattr(pc, "world_size", 1) or 1)
+    rank_bytes = _gpu_block_bytes(vllm_config, kv_cache_config) * factor
+    mc = vllm_config.model_config
+    cache_dtype = str(_get(vllm_config, "cache_config", "cache_dtype", default="auto"))
+    fp = layout.fingerprint(
+        engine="vllm", kv_layout="rank-major/v1",
+        model=str(getattr(mc, "model", "")), revision=str(getattr(mc, "revision", None)),
+        dtype=str(getattr(mc, "dtype", "")) if cache_dtype == "auto" else cache_dtype,
+        page_size=tokens, gpu_block_size=gpu, rank_bytes=rank_bytes, world_size=world,
+        tp_size=int(getattr(pc, "tensor_parallel_size", 1) or 1),
+        pp_size=int(getattr(pc, "pipeline_parallel_size", 1) or 1),
+        num_kv_tensors=len(_get(kv_cache_config, "kv_cache_tensors") or ()),
+        hash_algo=str(_get(vllm_config, "cache_config", "prefix_caching_hash_algo", default="")),
+        hash_block_size=int(vllm_config.cache_config.block_size))
+    return BlockLayout(tokens, gpu, factor, rank_bytes, world, fp)
+
+
+def offloading_config_layout(config: Any) -> Tuple[BlockLayout, int]:
+    """The offloaded block and this process's rank from vLLM's
+    OffloadingConfig (vLLM 0.26 on): one chunk of ``blocks_per_chunk``
+    blocks of ``tokens_per_block`` tokens, ``worker_kv_bytes_per_block``
+    bytes of each rank per block."""
+    sizes = {int(g.tokens_per_block) for g in config.groups}
+    if len(sizes) != 1:
+        raise ValueError(f"tensorcast: KV cache groups of several block sizes {sorted(sizes)}")
+    gpu = sizes.pop()
+    factor = int(config.cache.blocks_per_chunk)
+    if factor <= 0:
+        raise ValueError(f"tensorcast: {factor} blocks per chunk")
+    p = config.parallel
+    rank_bytes = int(config.worker_kv_bytes_per_block) * factor
+    fp = layout.fingerprint(
+        engine="vllm", kv_layout="rank-major/v1", model=str(config.model.name), revision="None",
+        dtype=str(config.model.dtype), page_size=gpu * factor, gpu_block_size=gpu, rank_bytes=rank_bytes,
+        world_size=int(p.world_size), tp_size=int(p.tp_size), pp_size=int(p.pp_size),
+        pcp_size=int(getattr(p, "pcp_size", 1)), dcp_size=int(getattr(p, "dcp_size", 1)),
+        num_kv_groups=len(config.groups), hash_block_size=int(config.cache.tokens_per_hash))
+    return BlockLayout(gpu * factor, gpu, factor, rank_bytes, int(p.world_size), fp), int(p.rank)
+
+
+class TensorcastOffloadingSpec(_SpecBase):
+    """vLLM's OffloadingSpec for tensorcast, built by vLLM's factory from
+    ``spec_name`` and ``spec_module_path`` (see the module's doc) as
+    ``cls(vllm_config)``, ``cls(vllm_config, kv_cache_config)`` or, from
+    vLLM 0.26, ``cls(offloading_config)``.
+
+    Extra config: ``socket`` (the daemon's; default $TENSORCAST_SOCKET, else
+    the default socket), ``block_size`` (tokens per offloaded block, a
+    multiple of vLLM's, where vLLM does not chunk blocks itself),
+    ``durable`` (complete a store only once on L2), ``retry_interval``
+    (seconds between dials while the daemon is away)."""
+
+    def __init__(self, config: Any, kv_cache_config: Any = None, *args: Any) -> None:
+        if _SpecBase is not object:
+            super().__init__(config, *((kv_cache_config,) if kv_cache_config is not None else ()), *args)
+        if hasattr(config, "worker_kv_bytes_per_block"):  # vLLM's OffloadingConfig
+            self.block, self.rank = offloading_config_layout(config)
+            extra = dict(config.extra_config or {})
+            self.events = bool(config.enable_kv_cache_events)
+        else:
+            self.vllm_config = config
+            self.kv_cache_config = kv_cache_config
+            extra = dict(_get(config, "kv_transfer_config", "kv_connector_extra_config", default={}) or {})
+            self.block = block_layout(config, kv_cache_config)
+            self.rank = _rank(config)
+            self.events = bool(_get(config, "kv_events_config", "enable_kv_cache_events", default=False))
+        self.extra_config = extra
+        self.socket: Optional[str] = extra.get("socket")
+        self.durable = bool(extra.get("durable", False))
+        self.retry_interval = float(extra.get("retry_interval", 1.0))
+        self._manager: Optional[TensorcastOffloadingManager] = None
+        self._handlers: Any = None
+
+    def get_manager(self) -> TensorcastOffloadingManager:
+        if self._manager is None:
+            self._manager = TensorcastOffloadingManager(
+                self.block.value_bytes, fingerprint=self.block.fingerprint, socket=self.socket,
+                durable=self.durable, enable_events=self.events, block_tokens=self.block.tokens,
+                retry_interval=self.retry_interval)
+        return self._manager
+
+    def _shared(self, kv_caches: Any, attn_backends: Any = None) -> Any:
+        from .vllm_worker import Handlers
+
+        if self._handlers is None:
+            self._handlers = Handlers(kv_caches, self.block, rank=self.rank, socket=self.socket,
+                                      attn_backends=attn_backends, retry_interval=self.retry_interval)
+        return self._handlers
+
+    def get_handlers(self, kv_caches: Any, attn_backends: Any = None) -> Iterator[Tuple[type, type, Any]]:
+        """This worker's handlers (vLLM up to 0.24): (GPU spec,
+        TensorcastLoadStoreSpec, store handler) and (TensorcastLoadStoreSpec,
+        GPU spec, load handler). kv_caches is vLLM's: a dict of layer name
+        to tensor, or its canonical KV caches."""
+        from .vllm_worker import GPULoadStoreSpec
+
+        h = self._shared(kv_caches, attn_backends)
+        yield GPULoadStoreSpec, TensorcastLoadStoreSpec, h.store
+        yield TensorcastLoadStoreSpec, GPULoadStoreSpec, h.load
+
+    def get_worker(self, kv_caches: Any) -> Any:
+        """This worker's OffloadingWorker (vLLM 0.25 on), over its canonical
+        KV caches."""
+        return self._shared(kv_caches).worker
+
+
+def _rank(vllm_config: Any) -> int:
+    """This worker's rank among the world_size ranks of one engine."""
+    r = _get(vllm_config, "parallel_config", "rank")
+    if r is not None:
+        return int(r)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:  # pragma: no cover - torch is there when vLLM is
+        pass
+    return 0
