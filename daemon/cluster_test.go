@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -260,18 +259,10 @@ func TestStoreAcrossHostsKilled(t *testing.T) {
 	d1 := startPeerWith(t, "d1", key, "", clusterConfig, dialsIn("d2"), dialsIn("d3"))
 	d2 := startPeerWith(t, "d2", key, "", clusterConfig, d1.peer(), dialsIn("d3"))
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestStoreAcrossHostsKilled$", "-test.timeout=5m")
-	cmd.Env = append(os.Environ(), clusterChildEnv+"="+strings.Join([]string{dir, key, d1.d.PeerAddr(), d2.d.PeerAddr()}, "|"))
-	var childOut lockedBuffer
-	cmd.Stdout, cmd.Stderr = &childOut, &childOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
 	sock := testConfig(dir).Socket
-	waitSocket(t, sock, exited, &childOut)
+	child := startChild(t, "TestStoreAcrossHostsKilled",
+		clusterChildEnv+"="+strings.Join([]string{dir, key, d1.d.PeerAddr(), d2.d.PeerAddr()}, "|"), sock)
+	cmd, exited := child.cmd, child.exited
 	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2", "d3")
 
 	// Keys held by d3 and by d1, with every home among them.
