@@ -15,6 +15,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/internal/testutil"
+	"github.com/tensorcast/tensorcast/store"
 )
 
 // startTrio runs three daemons of one cluster on loopback ports: d1
@@ -427,5 +428,60 @@ func TestStoreAcrossHostsMembersChange(t *testing.T) {
 		if err != nil || !bytes.Equal(v, clusterValue(k, 8192)) {
 			t.Fatalf("%s on d3 back: %d bytes, %v", k, len(v), err)
 		}
+	}
+}
+
+// TestStoreAcrossHostsBadBytes: a holder whose copy went bad (its pool
+// bytes changed under the store) is never answered: the reader's crc32c
+// check refuses them and it reads the next holder's copy, byte-exact; with
+// no good copy left the get fails, naming why, and nothing wrong is kept.
+func TestStoreAcrossHostsBadBytes(t *testing.T) {
+	ds := startTrio(t)
+	d1, d2, d3 := ds[0], ds[1], ds[2]
+	k := []byte("bad/bytes")
+	want := clusterValue(k, 64<<10)
+	if err := d1.dial(t, "putter").PutBytes(k, want, false); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, hs, err := d2.d.cluster.Locate(k)
+		return err == nil && len(hs) == 1
+	}, "announced")
+	// d3 reads it: a second holder.
+	if v, err := d3.dial(t, "replica").GetBytes(k); err != nil || !bytes.Equal(v, want) {
+		t.Fatalf("d3: %d bytes, %v", len(v), err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, hs, err := d2.d.cluster.Locate(k)
+		return err == nil && len(hs) == 2 && hs[0].ID == "d1"
+	}, "d3 announced as the second holder")
+	// d1's copy goes bad in place.
+	corrupt := func(d *peerDaemon) {
+		ss := d.d.stores[0].NewSession()
+		defer ss.Close()
+		locs, codes := make([]store.Location, 1), make([]store.Code, 1)
+		if err := ss.GetHere([][]byte{k}, locs, codes, nil); err != nil || codes[0] != store.OK {
+			t.Fatalf("%s: %v %v", d.cfg.DaemonID, err, codes[0])
+		}
+		d.d.pools[0].Bytes()[locs[0].Offset+100] ^= 0xff
+	}
+	corrupt(d1)
+	c2 := d2.dial(t, "reader")
+	if v, err := c2.GetBytes(k); err != nil || !bytes.Equal(v, want) {
+		t.Fatalf("d2 with d1's copy bad: %d bytes, %v", len(v), err)
+	}
+	if s := d2.d.cluster.Stats(); s.CRCMismatch != 1 || s.ByPeer["d3"].Gets != 1 || s.ByPeer["d1"].Gets != 0 {
+		t.Fatalf("d2's figures: %d mismatches, by peer %+v", s.CRCMismatch, s.ByPeer)
+	}
+	// Both copies bad: d2 drops its own and gets an error, never bytes.
+	corrupt(d3)
+	if err := d2.d.stores[0].RemoveHere([][]byte{k}, make([]store.Code, 1), nil); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c2.GetBytes(k); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("d2 with every copy bad: %d bytes, %v, want UNAVAILABLE", len(v), err)
+	}
+	if st := d2.d.stores[0].Stats(); st.Keys != 0 || st.Reserved != 0 {
+		t.Fatalf("d2 holds %d keys, %d reserved: it kept what it could not check", st.Keys, st.Reserved)
 	}
 }
