@@ -20,6 +20,10 @@ type Remote interface {
 	// and queues the announcement, and must neither block nor call into
 	// the store.
 	Stored(key []byte, size uint64, crc uint32)
+	// Evicted says that key's value left this store by eviction (from
+	// both tiers). Like Stored, it runs with the key's shard locked and
+	// only queues.
+	Evicted(key []byte)
 	// Removed says that a client removed keys here (each one absent here
 	// now); every other copy is to go too. It blocks at most the remote
 	// deadline and must not call into the store with keys' locks held
@@ -83,6 +87,14 @@ func (s *Store) announce(sh *shard, idx uint32, crc uint32, haveCRC bool) {
 	e.crc = crc
 	e.flags |= fCRC
 	r.Stored(sh.keyOf(e), uint64(e.size), crc)
+}
+
+// evicted tells the Remote that entry idx of sh is evicted; sh.mu is
+// held.
+func (s *Store) evicted(sh *shard, idx uint32) {
+	if r := s.rem(); r != nil {
+		r.Evicted(sh.keyOf(sh.ent(idx)))
+	}
 }
 
 // Held is one value stored here, as the store across hosts re-announces

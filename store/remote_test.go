@@ -18,6 +18,7 @@ type fakeRemote struct {
 	mu       sync.Mutex
 	stored   map[string]uint32 // key → crc announced
 	removed  []string
+	evicted  []string
 	fetching sync.WaitGroup
 }
 
@@ -25,6 +26,12 @@ func (r *fakeRemote) Stored(key []byte, size uint64, crc uint32) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stored[string(key)] = crc
+}
+
+func (r *fakeRemote) Evicted(key []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.evicted = append(r.evicted, string(key))
 }
 
 func (r *fakeRemote) Removed(keys [][]byte) {
@@ -166,5 +173,15 @@ func TestRemote(t *testing.T) {
 	r.fetching.Wait()
 	if fmt.Sprint(r.removed) != "[near/2 absent]" {
 		t.Fatalf("removed elsewhere %v, want [near/2 absent]", r.removed)
+	}
+	// Evicted values (here with no L2: gone) are told too.
+	if err := ss.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.evict(1<<30, 1<<20)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s.Stats().Keys != 0 || len(r.evicted) != 4 {
+		t.Fatalf("evicted %v, %d keys left", r.evicted, s.Stats().Keys)
 	}
 }

@@ -522,6 +522,7 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 		s.c.l2Keys.Add(^uint64(0))
 		if evict {
 			s.c.evictL2.Add(1)
+			s.evicted(sh, idx)
 		}
 		sh.unlistAll(idx)
 		sh.remove(idx)

@@ -29,6 +29,23 @@ func (c *Cluster) Stored(key []byte, size uint64, crc uint32) {
 	}
 }
 
+// Evicted queues the news that key left this daemon's store to its home
+// (store.Remote): the home forgets this holder of it.
+func (c *Cluster) Evicted(key []byte) {
+	c.mu.Lock()
+	if c.closed || len(c.pending) >= c.cfg.MaxPending {
+		c.mu.Unlock()
+		c.c.announceDropped.Add(1)
+		return
+	}
+	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tierGone})
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
 // announcer sends what Stored queued, one batch at a time: each batch
 // grouped by home, one exchange per home (per maxMsgKeys keys), the homes
 // in parallel. It is the Cluster's goroutine, stopped by Close.
@@ -66,7 +83,7 @@ func (c *Cluster) announce(batch []entry) int {
 		s := c.shardOf(e.key)
 		h := v.home(s)
 		if h == c.self {
-			c.idx.add(s, e.key, Holder{ID: c.self, Epoch: c.peers.Epoch(), Tier: e.tier, Size: e.size, CRC: e.crc})
+			c.index(s, e, c.self, c.peers.Epoch())
 			continue
 		}
 		byHome[h] = append(byHome[h], e)
@@ -120,13 +137,24 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 			refused++
 			continue
 		}
-		if !c.idx.add(s, e.key, Holder{ID: from, Epoch: epoch, Tier: e.tier, Size: e.size, CRC: e.crc}) {
+		if !c.index(s, e, from, epoch) {
 			refused++
 		}
 	}
 	e := newEnc()
 	e.u32(refused)
 	return e.bytes(), nil
+}
+
+// index records announcement e of holder id (at epoch) in shard s: a
+// value it holds, or one it no longer holds (tierGone). False when the
+// index is full.
+func (c *Cluster) index(s int, e entry, id string, epoch uint64) bool {
+	if e.tier == tierGone {
+		c.idx.dropHolder(s, e.key, id, 0)
+		return true
+	}
+	return c.idx.add(s, e.key, Holder{ID: id, Epoch: epoch, Tier: e.tier, Size: e.size, CRC: e.crc})
 }
 
 // lookupHere answers keys from this daemon's index.

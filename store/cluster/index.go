@@ -10,6 +10,9 @@ import (
 const (
 	TierL1 uint8 = 1 // the holder's DRAM pool
 	TierL2 uint8 = 2 // the holder's NVMe
+	// tierGone, in an announcement, says the holder no longer has the
+	// value (evicted).
+	tierGone uint8 = 0
 )
 
 // Holder is one copy of a key's value as its home knows it.

@@ -10,7 +10,8 @@ import (
 // The messages of the store across hosts, one exchange each (little
 // endian). Every message begins with its version byte.
 //
-//	announce  keys → their home: u32 n, n × (key, u8 tier, u64 size, u32 crc)
+//	announce  keys → their home: u32 n, n × (key, u8 tier, u64 size, u32 crc);
+//	          tier 0: the holder no longer has the value
 //	          answer: u32 refused (keys the home is not home of)
 //	lookup    keys → their home: u32 n, n × key
 //	          answer: u32 n, n × (u8 code, u8 m, m × holder)
