@@ -25,13 +25,14 @@ import (
 const storePoolExport = "tc-store-pool"
 
 // openCluster builds the store across hosts when this daemon has a peer
-// plane, configured peers and one store (no [[tenants]]): its pool
+// plane, configured peers or the etcd directory, and one store (no
+// [[tenants]]): its pool
 // exported for reading, a mover over the engine and the plane, and the
 // Cluster as the store's Remote. Otherwise the store is this host's alone
 // (said in the log when peers are configured). It runs after the store
 // and the engine, before the control server.
 func (d *Daemon) openCluster() error {
-	if d.peers == nil || len(d.stores) == 0 || len(d.cfg.Peers) == 0 {
+	if d.peers == nil || len(d.stores) == 0 || len(d.cfg.Peers) == 0 && d.dir == nil {
 		return nil
 	}
 	log := d.log.With("component", "cluster")
@@ -50,8 +51,20 @@ func (d *Daemon) openCluster() error {
 		members[i] = p.ID
 	}
 	mv := &mover{engine: d.engine, plane: d.peers, pool: pool, remotes: map[string]heldRemote{}, nextID: d.reg.NextID}
-	cl, err := cluster.New(cluster.Config{Shards: d.cfg.StoreShards, Members: members, Pool: pool.Bytes(), Log: log},
-		d.stores[0], nodePeers{d.peers.Node()}, mv)
+	ccfg := cluster.Config{Shards: d.cfg.StoreShards, Members: members, Pool: pool.Bytes(), Log: log}
+	if dir := d.dir; dir != nil {
+		// The members the etcd directory's cache holds: no request to
+		// etcd per store call, nor per probe.
+		ccfg.Directory = func() []string {
+			ms := dir.Cache().Members()
+			ids := make([]string, len(ms))
+			for i, m := range ms {
+				ids[i] = m.Member.ID
+			}
+			return ids
+		}
+	}
+	cl, err := cluster.New(ccfg, d.stores[0], nodePeers{d.peers.Node()}, mv)
 	if err != nil {
 		return fmt.Errorf("store across hosts: %w", err)
 	}

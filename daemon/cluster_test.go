@@ -485,3 +485,60 @@ func TestStoreAcrossHostsBadBytes(t *testing.T) {
 		t.Fatalf("d2 holds %d keys, %d reserved: it kept what it could not check", st.Keys, st.Reserved)
 	}
 }
+
+// TestStoreAcrossHostsEtcd: with directory = etcd and no configured
+// peers, the members are those the directory lists: a key put on d1 is
+// read byte-exact on d2; and the store calls put no request on etcd (the
+// requests over 10,000 keys' lookups are the directory's own background
+// ones, at most one per ProgressEvery).
+func TestStoreAcrossHostsEtcd(t *testing.T) {
+	e := newEtcdCluster(t)
+	d1 := e.start("d1", clusterConfig)
+	d2 := e.start("d2", clusterConfig)
+	sees(t, d2, "d1", epochOf(d1))
+	sees(t, d1, "d2", epochOf(d2))
+	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2")
+	put := d1.dial(t, "putter")
+	keys := make([][]byte, 100)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "etcd/%03d", i)
+		if err := put.PutBytes(keys[i], clusterValue(keys[i], 4096), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range keys {
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			_, hs, err := d2.d.cluster.Locate(k)
+			return err == nil && len(hs) == 1
+		}, "%s announced", k)
+	}
+	c := d2.dial(t, "reader")
+	if v, err := c.GetBytes(keys[0]); err != nil || !bytes.Equal(v, clusterValue(keys[0], 4096)) {
+		t.Fatalf("get on d2: %d bytes, %v", len(v), err)
+	}
+	q, err := c.OpenQueue(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.NewResults(len(keys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, start := d2.d.dir.Requests()+d1.d.dir.Requests(), time.Now()
+	cqes := make([]client.Completion, 1)
+	for i := range 100 {
+		if ok, err := q.Exists(keys, res, uint64(i)); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		if n, err := q.Reap(cqes, 1, 10*time.Second); n != 1 || err != nil || cqes[0].N != uint64(len(keys)) {
+			t.Fatalf("exists: %d %v %+v", n, err, cqes[0])
+		}
+	}
+	took := time.Since(start)
+	got := d2.d.dir.Requests() + d1.d.dir.Requests() - before
+	background := 2 * (uint64(took/(500*time.Millisecond)) + 2)
+	t.Logf("etcd requests over 10,000 keys' lookups in %v: %d (the directories' background allows %d)", took, got, background)
+	if got > background {
+		t.Fatalf("%d etcd requests over 10,000 keys' lookups in %v: more than the directories' background (%d)", got, took, background)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,10 @@ type Config struct {
 	// Members are the daemon ids of the cluster, this daemon's included
 	// or not (it is added).
 	Members []string
+	// Directory, when set (directory = etcd), lists the daemons the
+	// directory knows (from its cache: no request to etcd); the prober
+	// adds the new ones to the members and takes those gone out.
+	Directory func() []string
 	// MaxKeys bounds the keys this daemon's location index holds as a
 	// home (default 1<<20); MaxHolders the holders per key (default 4, at
 	// most 4).
@@ -211,8 +216,12 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		redone:   make(chan struct{}),
 		members:  map[string]*member{},
 	}
-	for _, m := range cfg.Members {
-		if m != c.self {
+	ids := cfg.Members
+	if cfg.Directory != nil {
+		ids = append(slices.Clone(ids), cfg.Directory()...)
+	}
+	for _, m := range ids {
+		if m != c.self && m != "" && len(m) <= maxIDLen {
 			c.members[m] = &member{up: true}
 		}
 	}

@@ -192,8 +192,12 @@ func (c *Cluster) reannouncer() {
 	}
 }
 
-// probe asks every member whether it is there.
+// probe asks every member whether it is there, after taking in the
+// members the directory lists now (when there is one).
 func (c *Cluster) probe() {
+	if c.cfg.Directory != nil {
+		c.follow(c.cfg.Directory())
+	}
 	c.mmu.Lock()
 	ids := make([]string, 0, len(c.members))
 	for id := range c.members {
@@ -260,4 +264,34 @@ func (c *Cluster) walk(reqs []func(int, string) bool) bool {
 		c.log.Info("keys re-announced to their homes", "keys", sent, "took", time.Since(start).Round(time.Millisecond))
 	}
 	return true
+}
+
+// follow makes the members those the directory lists (ids): a new one is
+// added (down until it answers), one the directory no longer lists (its
+// lease expired, or it left) is taken out, a change of members.
+func (c *Cluster) follow(ids []string) {
+	listed := map[string]bool{}
+	for _, id := range ids {
+		if id != c.self && id != "" && len(id) <= maxIDLen {
+			listed[id] = true
+		}
+	}
+	c.mmu.Lock()
+	var gone []string
+	for id := range c.members {
+		if !listed[id] {
+			gone = append(gone, id)
+			delete(c.members, id)
+		}
+	}
+	for id := range listed {
+		if _, ok := c.members[id]; !ok {
+			c.members[id] = &member{}
+		}
+	}
+	c.mmu.Unlock()
+	if len(gone) > 0 {
+		c.log.Info("members the directory no longer lists: their shards move", "members", gone)
+		c.recompute()
+	}
 }
