@@ -262,14 +262,16 @@ func (s *Store) presentElsewhere(keys [][]byte, codes []Code) {
 	if r == nil {
 		return
 	}
-	found := make([]bool, len(keys))
 	ask := false
-	for i, c := range codes {
-		found[i] = c != NotFound
-		ask = ask || !found[i]
+	for _, c := range codes {
+		ask = ask || c == NotFound
 	}
 	if !ask {
-		return
+		return // nothing allocated when every key is here
+	}
+	found := make([]bool, len(keys))
+	for i, c := range codes {
+		found[i] = c != NotFound
 	}
 	r.Present(keys, found)
 	for i, f := range found {
