@@ -542,3 +542,48 @@ func TestStoreAcrossHostsEtcd(t *testing.T) {
 		t.Fatalf("%d etcd requests over 10,000 keys' lookups in %v: more than the directories' background (%d)", got, took, background)
 	}
 }
+
+// TestStoreAcrossHostsHotKey: 32 readers on d2 of one key d1 holds, at
+// once: every one gets its exact bytes, d2 reads the value from d1 once
+// (the others join that read or find the copy it kept), and no claim stays
+// on d1.
+func TestStoreAcrossHostsHotKey(t *testing.T) {
+	ds := startTrio(t)
+	d1, d2 := ds[0], ds[1]
+	k := []byte("hot/key")
+	want := clusterValue(k, 256<<10)
+	if err := d1.dial(t, "putter").PutBytes(k, want, false); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, hs, err := d2.d.cluster.Locate(k)
+		return err == nil && len(hs) == 1
+	}, "announced")
+	const readers = 32
+	clients := make([]*client.Client, readers)
+	for i := range clients {
+		clients[i] = d2.dial(t, fmt.Sprintf("reader-%d", i))
+	}
+	start := make(chan struct{})
+	errs := make(chan error, readers)
+	for _, c := range clients {
+		go func() {
+			<-start
+			v, err := c.GetBytes(k)
+			if err == nil && !bytes.Equal(v, want) {
+				err = fmt.Errorf("%d bytes, not the value put", len(v))
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	for range readers {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if s := d2.d.cluster.Stats(); s.ByPeer["d1"].Gets != 1 {
+		t.Errorf("d2 read the value from d1 %d times, want once", s.ByPeer["d1"].Gets)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return d1.d.cluster.Holds() == 0 }, "d1's claims released")
+}

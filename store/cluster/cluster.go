@@ -163,6 +163,10 @@ type Cluster struct {
 
 	fetchSem chan struct{}
 	fetchWG  sync.WaitGroup
+	// flyMu guards flying: the keys being fetched, with the answers owed
+	// to the fetches that joined.
+	flyMu  sync.Mutex
+	flying map[string][]func(error)
 
 	// holdMu guards holds and nextClaim.
 	holdMu    sync.Mutex
@@ -212,6 +216,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		done:     make(chan struct{}),
 		fetchSem: make(chan struct{}, cfg.MaxFetches),
 		holds:    map[uint64]*hold{},
+		flying:   map[string][]func(error){},
 		rekick:   make(chan struct{}, 1),
 		redone:   make(chan struct{}),
 		members:  map[string]*member{},

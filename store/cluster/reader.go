@@ -131,13 +131,41 @@ func (c *Cluster) Removed(keys [][]byte) {
 
 // Fetch brings keys from their holders into this daemon's store
 // (store.Remote): it runs on a goroutine of its own, at most MaxFetches at
-// once (past that each key gets ErrBusy), and ends by Config.Timeout.
+// once (past that each key gets ErrBusy), and ends by Config.Timeout. A key
+// another fetch is bringing already joins that one and gets its answer, so
+// that readers of one hot key fetch it once.
 func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
+	var own [][]byte
+	var pos []int
+	c.flyMu.Lock()
+	for i, k := range keys {
+		if ws, ok := c.flying[string(k)]; ok {
+			c.flying[string(k)] = append(ws, func(err error) { done(i, err) })
+			continue
+		}
+		c.flying[string(k)] = nil
+		own, pos = append(own, k), append(pos, i)
+	}
+	c.flyMu.Unlock()
+	if len(own) == 0 {
+		return
+	}
+	finish := func(j int, err error) {
+		k := string(own[j])
+		c.flyMu.Lock()
+		joined := c.flying[k]
+		delete(c.flying, k)
+		c.flyMu.Unlock()
+		done(pos[j], err)
+		for _, w := range joined {
+			w(err)
+		}
+	}
 	select {
 	case c.fetchSem <- struct{}{}:
 	default:
-		for i := range keys {
-			done(i, ErrBusy)
+		for j := range own {
+			finish(j, ErrBusy)
 		}
 		return
 	}
@@ -149,15 +177,15 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 	c.mu.Unlock()
 	if closed {
 		<-c.fetchSem
-		for i := range keys {
-			done(i, ErrClosed)
+		for j := range own {
+			finish(j, ErrClosed)
 		}
 		return
 	}
 	go func() {
 		defer c.fetchWG.Done()
 		defer func() { <-c.fetchSem }()
-		c.fetch(keys, done)
+		c.fetch(own, finish)
 	}()
 }
 
