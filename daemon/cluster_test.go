@@ -587,3 +587,22 @@ func TestStoreAcrossHostsHotKey(t *testing.T) {
 	}
 	testutil.Eventually(t, 5*time.Second, func() bool { return d1.d.cluster.Holds() == 0 }, "d1's claims released")
 }
+
+// TestStoreAcrossHostsShardsDisagree: two daemons configured with other
+// store_shards would ask each other about shards the other does not have:
+// each keeps the other out (saying why in its log) and serves its own keys.
+func TestStoreAcrossHostsShardsDisagree(t *testing.T) {
+	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast shards test key")
+	d1 := startPeerWith(t, "d1", key, "", clusterConfig, dialsIn("d2"))
+	d2 := startPeerWith(t, "d2", key, "", func(c *Config) { clusterConfig(c); c.StoreShards = 32 }, d1.peer())
+	waitMembers(t, []*peerDaemon{d1}, "d1")
+	waitMembers(t, []*peerDaemon{d2}, "d2")
+	testutil.Eventually(t, 10*time.Second, func() bool { return strings.Contains(d2.log.String(), "store_shards must be the same") },
+		"d2 saying why d1 is out")
+	if err := d1.dial(t, "putter").PutBytes([]byte("mine"), []byte("value"), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d2.dial(t, "reader").GetBytes([]byte("mine")); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("d1's key on d2: %v, want NOT_FOUND", err)
+	}
+}

@@ -233,10 +233,12 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	c.view.Store(newView(c.live(), cfg.Shards))
 	for kind, h := range map[string]func(string, uint64, []byte) ([]byte, error){
 		kindAnnounce: c.onAnnounce, kindLookup: c.onLookup, kindRemove: c.onRemove,
-		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce,
+		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
 	} {
 		err := peers.Handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
-			c.seen(from, epoch)
+			if kind != kindHello { // a hello says whether it counts
+				c.seen(from, epoch)
+			}
 			return h(from, epoch, req)
 		})
 		if err != nil {
@@ -275,7 +277,7 @@ func (c *Cluster) Close() {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce} {
+	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello} {
 		_ = c.peers.Handle(k, nil)
 	}
 	close(c.stop)

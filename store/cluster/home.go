@@ -277,7 +277,7 @@ func (c *Cluster) greet() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := c.exchange(m, 0, kindLookup, encodeKeys(nil)); err != nil {
+			if err := c.hello(m); err != nil {
 				c.log.Debug("member not reached at start-up", "member", m, "err", err)
 			}
 		}()

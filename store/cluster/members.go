@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -22,6 +23,9 @@ import (
 type member struct {
 	up    bool
 	epoch uint64 // the run last seen; 0 before any
+	// split is set while the member splits keys otherwise (another
+	// store_shards): it stays down whatever it says until a hello agrees.
+	split bool
 }
 
 // seen records that member id spoke at epoch (a handler ran for it, or
@@ -29,7 +33,7 @@ type member struct {
 func (c *Cluster) seen(id string, epoch uint64) {
 	c.mmu.Lock()
 	m, ok := c.members[id]
-	if !ok {
+	if !ok || m.split {
 		c.mmu.Unlock()
 		return
 	}
@@ -205,9 +209,7 @@ func (c *Cluster) probe() {
 	}
 	c.mmu.Unlock()
 	for _, id := range ids {
-		if _, err := c.peers.ExchangeAt(id, 0, kindLookup, encodeKeys(nil), c.cfg.Timeout); err != nil {
-			c.lost(id, err)
-		} else {
+		if err := c.hello(id); err == nil {
 			c.seen(id, c.peers.EpochOf(id))
 		}
 	}
@@ -292,6 +294,82 @@ func (c *Cluster) follow(ids []string) {
 	c.mmu.Unlock()
 	if len(gone) > 0 {
 		c.log.Info("members the directory no longer lists: their shards move", "members", gone)
+		c.recompute()
+	}
+}
+
+// hello asks member id whether it is there and splits the key space as
+// this daemon does (the same store_shards): a member that does not is
+// down (it would be asked about shards it does not have), said in the log.
+func (c *Cluster) hello(id string) error {
+	e := newEnc()
+	e.u32(uint32(c.cfg.Shards))
+	resp, err := c.peers.ExchangeAt(id, 0, kindHello, e.bytes(), c.cfg.Timeout)
+	switch {
+	case err != nil && c.peers.Unreachable(err):
+		c.lost(id, err)
+		return err
+	case err != nil:
+		// Its answer refused this daemon (another store_shards, or no
+		// store across hosts there): out until a hello agrees.
+		c.down(id, err)
+		return err
+	}
+	d := newDec(resp)
+	theirs := d.u32()
+	if err := d.end(); err != nil || int(theirs) != c.cfg.Shards {
+		err = fmt.Errorf("%w: %s splits keys into %d shards, this daemon into %d (store_shards must be the same on every daemon)",
+			ErrMessage, id, theirs, c.cfg.Shards)
+		c.down(id, err)
+		return err
+	}
+	c.agree(id)
+	return nil
+}
+
+// agree clears member id's split: a hello found it splitting keys as this
+// daemon does.
+func (c *Cluster) agree(id string) {
+	c.mmu.Lock()
+	defer c.mmu.Unlock()
+	if m, ok := c.members[id]; ok {
+		m.split = false
+	}
+}
+
+// onHello answers how many shards this daemon splits keys into; it
+// refuses a member that splits them otherwise.
+func (c *Cluster) onHello(from string, epoch uint64, req []byte) ([]byte, error) {
+	d := newDec(req)
+	theirs := d.u32()
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	if int(theirs) != c.cfg.Shards {
+		err := fmt.Errorf("%w: %s splits keys into %d shards, this daemon into %d (store_shards must be the same on every daemon)",
+			ErrMessage, from, theirs, c.cfg.Shards)
+		c.down(from, err)
+		return nil, err
+	}
+	c.agree(from)
+	c.seen(from, epoch)
+	e := newEnc()
+	e.u32(uint32(c.cfg.Shards))
+	return e.bytes(), nil
+}
+
+// down takes member id out of the view for err, whatever kind of error
+// it is.
+func (c *Cluster) down(id string, err error) {
+	c.mmu.Lock()
+	m, ok := c.members[id]
+	changed := ok && m.up
+	if ok {
+		m.up, m.split = false, true
+	}
+	c.mmu.Unlock()
+	if changed {
+		c.log.Error("member out of the store across hosts", "member", id, "err", err)
 		c.recompute()
 	}
 }

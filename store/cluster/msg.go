@@ -40,6 +40,9 @@ const (
 	// kindReannounce asks a holder to re-announce the keys it holds whose
 	// home is the asker (a home that gained shards): empty both ways.
 	kindReannounce = "tc.store.reannounce"
+	// kindHello asks a member whether it is there: u32 shards both ways
+	// (a member with another store_shards refuses, and is out).
+	kindHello = "tc.store.hello"
 )
 
 // Codes of a key in a lookup answer.
