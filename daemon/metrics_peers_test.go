@@ -16,7 +16,7 @@ import (
 // export over tcp; the writer's scrape shows them under transport="tcp"
 // and the peer's series. As root the tcp eBPF view loads too.
 func TestPeerMetrics(t *testing.T) {
-	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast metrics test key")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast metrics test key")
 	ebpf := func(c *Config) {
 		c.RDMA = "off"
 		if os.Geteuid() == 0 {

@@ -38,7 +38,7 @@ type rdmaPair struct {
 
 func startRDMAPair(t *testing.T, mode string) *rdmaPair {
 	t.Helper()
-	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast rdma test key")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast rdma test key")
 	mut := func(c *Config) {
 		c.PoolSize = 64 << 20
 		c.RDMA = mode
@@ -189,7 +189,7 @@ func TestRDMAUnavailableUsesTCP(t *testing.T) {
 // TestRDMAConfig: rdma = off says so; on fails start-up without a device
 // (naming the key); bad values are refused.
 func TestRDMAConfig(t *testing.T) {
-	key := writeKey(t, t.TempDir(), "cluster.key", "k")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "k")
 	off := startPeerWith(t, "d1", key, "", func(c *Config) { c.RDMA = "off" })
 	if !strings.Contains(off.log.String(), "rdma off (rdma = off): peers use tcp") || off.d.peers.RDMAInfo().State != wire.RDMAOff {
 		t.Fatalf("rdma = off:\n%s", off.log.String())

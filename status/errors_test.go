@@ -182,7 +182,6 @@ var everyError = map[string]struct {
 	"control.ErrMissingFD":           {control.ErrMissingFD, tcproto.CodeINVALID_ARGUMENT},
 	"control.ErrNotFound":            {control.ErrNotFound, tcproto.CodeNOT_FOUND},
 	"control.ErrPermission":          {control.ErrPermission, tcproto.CodePERMISSION_DENIED},
-	"control.ErrProtocol":            {control.ErrProtocol, tcproto.CodeUNAVAILABLE},
 	"control.ErrTooManyConns":        {control.ErrTooManyConns, tcproto.CodeRESOURCE_EXHAUSTED},
 	"control.ErrUnavailable":         {control.ErrUnavailable, tcproto.CodeUNAVAILABLE},
 	"control.ErrUnexpectedFD":        {control.ErrUnexpectedFD, tcproto.CodeINVALID_ARGUMENT},

@@ -19,12 +19,12 @@ func TestMain(m *testing.M) { testutil.Main(m, testutil.Child(netnsRoleEnv, netn
 
 func TestKeyFileAndConfig(t *testing.T) {
 	dir := t.TempDir()
-	good := writeKey(t, dir, "good", "secret")
-	loose := writeKey(t, dir, "loose", "secret")
+	good := testutil.KeyFile(t, dir, "good", "secret")
+	loose := testutil.KeyFile(t, dir, "loose", "secret")
 	if err := os.Chmod(loose, 0o640); err != nil {
 		t.Fatal(err)
 	}
-	empty := writeKey(t, dir, "empty", "  ")
+	empty := testutil.KeyFile(t, dir, "empty", "  ")
 	cases := []struct {
 		name string
 		cfg  Config
@@ -71,7 +71,7 @@ func TestKeyFileAndConfig(t *testing.T) {
 // pair starts nodes that know each other, each exporting "seg" of size.
 func cluster(t *testing.T, ids []string, size int, cfg Config) []*testNode {
 	t.Helper()
-	key := writeKey(t, t.TempDir(), "key", "cluster-secret")
+	key := testutil.KeyFile(t, t.TempDir(), "key", "cluster-secret")
 	var nodes []*testNode
 	for i, id := range ids {
 		c := cfg
@@ -382,7 +382,7 @@ func TestNotifications(t *testing.T) {
 }
 
 func TestHandshakeExchangesBlobs(t *testing.T) {
-	kf := writeKey(t, t.TempDir(), "k", "k")
+	kf := testutil.KeyFile(t, t.TempDir(), "k", "k")
 	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, Blob: []byte("qpn=17;gid=fe80::1")})
 	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, Blob: []byte("qpn=99")})
 	link(t, a, b)
@@ -413,8 +413,8 @@ func TestHandshakeExchangesBlobs(t *testing.T) {
 
 func TestWrongKeyRefusedAndLoggedOnBothSides(t *testing.T) {
 	dir := t.TempDir()
-	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: writeKey(t, dir, "ka", "key-one")})
-	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: writeKey(t, dir, "kb", "key-two")})
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: testutil.KeyFile(t, dir, "ka", "key-one")})
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: testutil.KeyFile(t, dir, "kb", "key-two")})
 	link(t, a, b)
 	link(t, b, a)
 	if _, err := a.Open("b", "seg", RightRead); !errors.Is(err, ErrAuth) {
@@ -436,7 +436,7 @@ func TestWrongKeyRefusedAndLoggedOnBothSides(t *testing.T) {
 
 func TestStaleEpochRefusedBothWays(t *testing.T) {
 	dir := t.TempDir()
-	key := writeKey(t, dir, "k", "k")
+	key := testutil.KeyFile(t, dir, "k", "k")
 	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: key})
 	const e1, e2 = 0x1111, 0x2222
 	b1 := startNode(t, Config{DaemonID: "b", ClusterKeyFile: key, Epoch: e1})
