@@ -24,7 +24,7 @@ import (
 // go test -run '^$' -bench BenchmarkStoreRemoteGet -benchtime 20x ./daemon/
 func BenchmarkStoreRemoteGet(b *testing.B) {
 	const n, size = 128, 256 << 10
-	key := writeKey(b, b.TempDir(), "cluster.key", "bench cluster key")
+	key := testutil.KeyFile(b, b.TempDir(), "cluster.key", "bench cluster key")
 	cfg := func(c *Config) {
 		c.PeerSliceSize = 1 << 20
 		c.PoolSize = 192 << 20

@@ -24,7 +24,7 @@ import (
 // greeted them).
 func startTrio(t *testing.T) []*peerDaemon {
 	t.Helper()
-	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast store across hosts test key")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast store across hosts test key")
 	noL2 := func(c *Config) { c.StoreL2Path = "off"; c.StoreShards = 64 }
 	d1 := startPeerWith(t, "d1", key, "", noL2, dialsIn("d2"), dialsIn("d3"))
 	d2 := startPeerWith(t, "d2", key, "", noL2, d1.peer(), dialsIn("d3"))
@@ -256,7 +256,7 @@ func TestStoreAcrossHostsKilled(t *testing.T) {
 		clusterChild(t, spec)
 		return
 	}
-	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast store across hosts kill test key")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast store across hosts kill test key")
 	d1 := startPeerWith(t, "d1", key, "", clusterConfig, dialsIn("d2"), dialsIn("d3"))
 	d2 := startPeerWith(t, "d2", key, "", clusterConfig, d1.peer(), dialsIn("d3"))
 	dir := t.TempDir()
@@ -592,7 +592,7 @@ func TestStoreAcrossHostsHotKey(t *testing.T) {
 // store_shards would ask each other about shards the other does not have:
 // each keeps the other out (saying why in its log) and serves its own keys.
 func TestStoreAcrossHostsShardsDisagree(t *testing.T) {
-	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast shards test key")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast shards test key")
 	d1 := startPeerWith(t, "d1", key, "", clusterConfig, dialsIn("d2"))
 	d2 := startPeerWith(t, "d2", key, "", func(c *Config) { clusterConfig(c); c.StoreShards = 32 }, d1.peer())
 	waitMembers(t, []*peerDaemon{d1}, "d1")
