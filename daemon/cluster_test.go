@@ -54,6 +54,21 @@ func waitMembers(t testing.TB, ds []*peerDaemon, ids ...string) {
 	}
 }
 
+// putKnown puts key with a value of size bytes on d and waits until its
+// home, asked from reader, knows d as its only holder; it returns the value.
+func putKnown(t testing.TB, d, reader *peerDaemon, key []byte, size int) []byte {
+	t.Helper()
+	v := clusterValue(key, size)
+	if err := d.dial(t, "putter").PutBytes(key, v, false); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, hs, err := reader.d.cluster.Locate(key)
+		return err == nil && len(hs) == 1 && hs[0].ID == d.cfg.DaemonID
+	}, "%s announced", key)
+	return v
+}
+
 // clusterValue is key's value: size bytes from a generator seeded by the
 // key, so that any daemon's reader can check it.
 func clusterValue(key []byte, size int) []byte {
@@ -439,14 +454,7 @@ func TestStoreAcrossHostsBadBytes(t *testing.T) {
 	ds := startTrio(t)
 	d1, d2, d3 := ds[0], ds[1], ds[2]
 	k := []byte("bad/bytes")
-	want := clusterValue(k, 64<<10)
-	if err := d1.dial(t, "putter").PutBytes(k, want, false); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		_, hs, err := d2.d.cluster.Locate(k)
-		return err == nil && len(hs) == 1
-	}, "announced")
+	want := putKnown(t, d1, d2, k, 64<<10)
 	// d3 reads it: a second holder.
 	if v, err := d3.dial(t, "replica").GetBytes(k); err != nil || !bytes.Equal(v, want) {
 		t.Fatalf("d3: %d bytes, %v", len(v), err)
@@ -551,14 +559,7 @@ func TestStoreAcrossHostsHotKey(t *testing.T) {
 	ds := startTrio(t)
 	d1, d2 := ds[0], ds[1]
 	k := []byte("hot/key")
-	want := clusterValue(k, 256<<10)
-	if err := d1.dial(t, "putter").PutBytes(k, want, false); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		_, hs, err := d2.d.cluster.Locate(k)
-		return err == nil && len(hs) == 1
-	}, "announced")
+	want := putKnown(t, d1, d2, k, 256<<10)
 	const readers = 32
 	clients := make([]*client.Client, readers)
 	for i := range clients {
