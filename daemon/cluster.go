@@ -288,6 +288,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_home_lookups_total", "Keys asked of another daemon's home.", s.Lookups},
 		{"tensorcast_cluster_home_lookups_local_total", "Keys answered from this daemon's own index.", s.LookupsLocal},
 		{"tensorcast_cluster_home_lookup_failures_total", "Keys whose home did not answer.", s.LookupFailed},
+		{"tensorcast_cluster_home_cache_hits_total", "Keys answered from this daemon's cache of home answers (no home round trip).", s.CacheHits},
 		{"tensorcast_cluster_remote_misses_total", "Remote gets no daemon held.", s.RemoteMisses},
 		{"tensorcast_cluster_remote_failures_total", "Remote gets every holder failed.", s.RemoteFailed},
 		{"tensorcast_cluster_crc_mismatches_total", "Values read from a holder whose crc32c did not match (never answered).", s.CRCMismatch},
@@ -324,6 +325,7 @@ func (d *Daemon) clusterCounters(dst []wire.Counter) []wire.Counter {
 		wire.Counter{Name: "cluster_remote_bytes", Value: s.RemoteBytes},
 		wire.Counter{Name: "cluster_home_lookups", Value: s.Lookups},
 		wire.Counter{Name: "cluster_home_lookups_local", Value: s.LookupsLocal},
+		wire.Counter{Name: "cluster_home_cache_hits", Value: s.CacheHits},
 		wire.Counter{Name: "cluster_reannounced", Value: s.Reannounced},
 		wire.Counter{Name: "cluster_crc_mismatches", Value: s.CRCMismatch},
 	)

@@ -44,6 +44,12 @@ func writeCluster(w io.Writer, cs []wire.Counter) {
 	fmt.Fprintf(w, "claims:    %d held here by other daemons' readers\n", m["claims"])
 	fmt.Fprintf(w, "remote:    %d hits, %d misses, %d failures, %s read, %d crc32c mismatches\n",
 		m["remote_hits"], m["remote_misses"], m["remote_failures"], bytesStr(m["remote_bytes"]), m["crc_mismatches"])
-	fmt.Fprintf(w, "lookups:   %d keys asked of other homes, %d answered here\n", m["home_lookups"], m["home_lookups_local"])
+	asked, cached := m["home_lookups"], m["home_cache_hits"]
+	rate := "-"
+	if asked+cached > 0 {
+		rate = fmt.Sprintf("%.1f%%", 100*float64(cached)/float64(asked+cached))
+	}
+	fmt.Fprintf(w, "lookups:   %d keys asked of other homes, %d from the cache of their answers (hit rate %s), %d answered here\n",
+		asked, cached, rate, m["home_lookups_local"])
 	fmt.Fprintf(w, "announce:  %d keys re-announced to new homes\n", m["reannounced"])
 }

@@ -76,6 +76,10 @@ type Config struct {
 	// homes a second (default 50000).
 	ProbeEvery     time.Duration
 	ReannounceRate int
+	// Staleness is how long a reader keeps a home's answer (default 2 s;
+	// negative: none), for at most MaxCached keys (default 1<<16).
+	Staleness time.Duration
+	MaxCached int
 	// Pool is this daemon's pool memory (the store's values), where
 	// fetched values land and are checked.
 	Pool []byte
@@ -110,6 +114,12 @@ func (c *Config) setDefaults() error {
 	if c.ReannounceRate == 0 {
 		c.ReannounceRate = 50000
 	}
+	if c.Staleness == 0 {
+		c.Staleness = 2 * time.Second
+	}
+	if c.MaxCached == 0 {
+		c.MaxCached = 1 << 16
+	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
@@ -118,7 +128,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: %d shards (want 1..%d)", xfer.ErrInvalid, c.Shards, maxShards)
 	case c.MaxHolders < 1 || c.MaxHolders > maxHoldersCap:
 		return fmt.Errorf("%w: %d holders per key (want 1..%d)", xfer.ErrInvalid, c.MaxHolders, maxHoldersCap)
-	case c.MaxKeys < 1, c.MaxFetches < 1, c.MaxHolds < 1, c.MaxPending < 1, c.Timeout < 0, c.ProbeEvery < 0, c.ReannounceRate < 1:
+	case c.MaxKeys < 1, c.MaxFetches < 1, c.MaxHolds < 1, c.MaxPending < 1, c.Timeout < 0, c.ProbeEvery < 0, c.ReannounceRate < 1, c.MaxCached < 1:
 		return fmt.Errorf("%w: limits must be positive", xfer.ErrInvalid)
 	}
 	for _, m := range c.Members {
@@ -141,6 +151,8 @@ type Cluster struct {
 	self  string
 	view  atomic.Pointer[view]
 	idx   *index
+	// answers caches the homes' answers this daemon got as a reader.
+	answers *answers
 
 	// mu guards pending and closed.
 	mu      sync.Mutex
@@ -195,7 +207,7 @@ type counters struct {
 	lookups, lookupsLocal, lookupFailed                      atomic.Uint64
 	remoteHits, remoteMisses, remoteFailed, remoteBytes      atomic.Uint64
 	crcMismatch, holds, holdsRefused, removes                atomic.Uint64
-	reannounced, viewChanges                                 atomic.Uint64
+	reannounced, viewChanges, cacheHits                      atomic.Uint64
 }
 
 // New makes the cluster of st, speaking on peers and moving bytes with
@@ -211,6 +223,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	c := &Cluster{
 		cfg: cfg, log: cfg.Log, peers: peers, st: st, mover: mover, self: peers.ID(),
 		idx:      newIndex(cfg.Shards, cfg.MaxKeys, cfg.MaxHolders),
+		answers:  newAnswers(cfg.Staleness, cfg.MaxCached),
 		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),

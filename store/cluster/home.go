@@ -245,6 +245,7 @@ func (c *Cluster) onRemove(from string, epoch uint64, req []byte) ([]byte, error
 
 // dropHere removes this daemon's copies of keys (a home asked).
 func (c *Cluster) dropHere(keys [][]byte) {
+	c.answers.drop(keys)
 	codes := make([]store.Code, len(keys))
 	for len(keys) > 0 {
 		n := min(len(keys), c.st.MaxKeysPerCall())

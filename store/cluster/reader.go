@@ -29,15 +29,25 @@ func (c *Cluster) lookupAt(home string, keys [][]byte, deadline time.Time) ([]lo
 }
 
 // lookupAll asks the homes of the keys not skipped about them, every home
-// at once, by deadline; as[i] or errs[i] is key i's answer.
-func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time) ([]lookupAnswer, []error) {
-	as := make([]lookupAnswer, len(keys))
-	errs := make([]error, len(keys))
+// at once, by deadline; as[i] or errs[i] is key i's answer. With cache, a
+// fresh cached answer stands for the home's (cached[i] says so).
+func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cache bool) (as []lookupAnswer, errs []error, cached []bool) {
+	as = make([]lookupAnswer, len(keys))
+	errs = make([]error, len(keys))
+	cached = make([]bool, len(keys))
 	v := c.view.Load()
+	now := time.Now()
 	byHome := map[string][]int{}
 	for i, k := range keys {
 		if skip != nil && skip[i] {
 			continue
+		}
+		if cache {
+			if hs, ok := c.answers.get(k, now); ok {
+				as[i].holders, cached[i] = hs, true
+				c.c.cacheHits.Add(1)
+				continue
+			}
 		}
 		h := v.home(c.shardOf(k))
 		byHome[h] = append(byHome[h], i)
@@ -61,19 +71,22 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time) ([]l
 						errs[p] = fmt.Errorf("%w: %s", ErrNotHome, home)
 					default:
 						as[p] = got[j]
+						if home != c.self {
+							c.answers.put(keys[p], got[j].holders, now)
+						}
 					}
 				}
 			}()
 		}
 	}
 	wg.Wait()
-	return as, errs
+	return as, errs, cached
 }
 
 // Present sets found[i] for each key not found yet that another daemon
 // holds, as its home says (store.Remote).
 func (c *Cluster) Present(keys [][]byte, found []bool) {
-	as, _ := c.lookupAll(keys, found, time.Now().Add(c.cfg.Timeout))
+	as, _, _ := c.lookupAll(keys, found, time.Now().Add(c.cfg.Timeout), true)
 	for i := range keys {
 		if found[i] {
 			continue
@@ -90,7 +103,7 @@ func (c *Cluster) Present(keys [][]byte, found []bool) {
 // SizeOf is the size of key's value at another holder, as its home says
 // (store.Remote).
 func (c *Cluster) SizeOf(key []byte) (uint64, bool) {
-	as, errs := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout))
+	as, errs, _ := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout), true)
 	if errs[0] != nil {
 		return 0, false
 	}
@@ -105,6 +118,7 @@ func (c *Cluster) SizeOf(key []byte) (uint64, bool) {
 // Removed has the keys' homes remove every other copy (store.Remote); a
 // home that cannot be reached is logged.
 func (c *Cluster) Removed(keys [][]byte) {
+	c.answers.drop(keys)
 	var wg sync.WaitGroup
 	for home, pos := range c.byHome(keys) {
 		for _, ch := range chunks(keys, pos, 2) {
@@ -191,35 +205,16 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 
 // want is one key of a fetch: the holders to try, in order.
 type want struct {
-	i     int
-	cands []Holder
-	next  int
-	last  error
+	i      int
+	cands  []Holder
+	next   int
+	last   error
+	cached bool // cands came from the cache of home answers
 }
 
 func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 	deadline := time.Now().Add(c.cfg.Timeout)
-	as, errs := c.lookupAll(keys, nil, deadline)
-	var ws []*want
-	for i := range keys {
-		if errs[i] != nil {
-			c.c.remoteMisses.Add(1)
-			done(i, errs[i])
-			continue
-		}
-		w := &want{i: i}
-		for _, h := range as[i].holders {
-			if h.ID != c.self {
-				w.cands = append(w.cands, h)
-			}
-		}
-		if len(w.cands) == 0 {
-			c.c.remoteMisses.Add(1)
-			done(i, fmt.Errorf("%w: no daemon holds it", store.ErrNotFound))
-			continue
-		}
-		ws = append(ws, w)
-	}
+	ws := c.wants(keys, nil, deadline, true, done)
 	for len(ws) > 0 {
 		if !time.Now().Before(deadline) {
 			for _, w := range ws {
@@ -247,6 +242,7 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 		}
 		wg.Wait()
 		rest := ws[:0]
+		var again []bool // keys whose cached holders all failed: asked of the home now
 		for _, w := range ws {
 			switch {
 			case w.last == nil:
@@ -255,6 +251,15 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 			case w.next+1 < len(w.cands):
 				w.next++
 				rest = append(rest, w)
+			case w.cached:
+				if again == nil {
+					again = make([]bool, len(keys))
+					for i := range again {
+						again[i] = true // skip
+					}
+				}
+				again[w.i] = false
+				c.answers.drop(keys[w.i : w.i+1])
 			default:
 				c.c.remoteFailed.Add(1)
 				c.logFailed(keys[w.i], w.last)
@@ -262,7 +267,41 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 			}
 		}
 		ws = rest
+		if again != nil {
+			ws = append(ws, c.wants(keys, again, deadline, false, done)...)
+		}
 	}
+}
+
+// wants looks the keys not skipped up (with cache: a fresh cached answer
+// stands for the home's) and returns what to read of each from whom; a
+// key no other daemon holds, or whose home failed, is answered at once.
+func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bool, done func(int, error)) []*want {
+	as, errs, cached := c.lookupAll(keys, skip, deadline, cache)
+	var ws []*want
+	for i := range keys {
+		if skip != nil && skip[i] {
+			continue
+		}
+		if errs[i] != nil {
+			c.c.remoteMisses.Add(1)
+			done(i, errs[i])
+			continue
+		}
+		w := &want{i: i, cached: cached[i]}
+		for _, h := range as[i].holders {
+			if h.ID != c.self {
+				w.cands = append(w.cands, h)
+			}
+		}
+		if len(w.cands) == 0 {
+			c.c.remoteMisses.Add(1)
+			done(i, fmt.Errorf("%w: no daemon holds it", store.ErrNotFound))
+			continue
+		}
+		ws = append(ws, w)
+	}
+	return ws
 }
 
 // readFrom reads the keys of g from holder id (at epoch) into this

@@ -18,6 +18,7 @@ type Stats struct {
 	Reannounced                                              uint64
 
 	Lookups, LookupsLocal, LookupFailed uint64 // keys asked of other homes, answered here, failed
+	CacheHits                           uint64 // keys answered from the cache of home answers
 
 	RemoteHits, RemoteMisses, RemoteFailed, RemoteBytes uint64
 	CRCMismatch                                         uint64
@@ -64,6 +65,7 @@ func (c *Cluster) Stats() Stats {
 		AnnounceDropped: c.c.announceDropped.Load(), AnnounceFailed: c.c.announceFailed.Load(),
 		Reannounced: c.c.reannounced.Load(),
 		Lookups:     c.c.lookups.Load(), LookupsLocal: c.c.lookupsLocal.Load(), LookupFailed: c.c.lookupFailed.Load(),
+		CacheHits:  c.c.cacheHits.Load(),
 		RemoteHits: c.c.remoteHits.Load(), RemoteMisses: c.c.remoteMisses.Load(), RemoteFailed: c.c.remoteFailed.Load(),
 		RemoteBytes: c.c.remoteBytes.Load(), CRCMismatch: c.c.crcMismatch.Load(),
 		HoldsGiven: c.c.holds.Load(), HoldsRefused: c.c.holdsRefused.Load(), Removes: c.c.removes.Load(),
