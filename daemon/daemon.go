@@ -19,6 +19,7 @@ import (
 	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster"
 	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -62,7 +63,13 @@ type Daemon struct {
 	// (grant.go).
 	grants    []*grant.Grants
 	admission *grant.Admission
-	dir       *etcd.Dir // nil with the embedded directory
+	// cluster is the store across hosts (cluster.go), nil when the store
+	// is this host's alone; mover moves its values, poolExport is the
+	// pool as its peers read it.
+	cluster    *cluster.Cluster
+	mover      *mover
+	poolExport *peer.Export
+	dir        *etcd.Dir // nil with the embedded directory
 	// exports is the daemon's export table: the control server exports
 	// into it, the peer plane serves peers from it.
 	exports *peer.Exports
@@ -158,6 +165,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		return nil, err
 	}
 	if err := d.openGrants(); err != nil {
+		return nil, err
+	}
+	if err := d.openCluster(); err != nil {
 		return nil, err
 	}
 
@@ -322,10 +332,15 @@ func (d *Daemon) closeParts() {
 			d.log.Warn("closing control server", "err", err)
 		}
 	}
+	d.detachCluster()
 	if d.engine != nil {
 		if err := d.engine.Close(); err != nil {
 			d.log.Warn("closing engine", "err", err)
 		}
+	}
+	if d.cluster != nil {
+		d.peers.Stop() // the cluster's exchanges end at once
+		d.closeCluster()
 	}
 	d.closeStore()
 	if d.peers != nil {
@@ -398,5 +413,5 @@ func (d *Daemon) transportCounters(dst []wire.Counter) []wire.Counter {
 	if d.peers != nil {
 		dst = d.peers.Counters(dst)
 	}
-	return d.directoryCounters(d.kernelCounters(dst))
+	return d.clusterCounters(d.directoryCounters(d.kernelCounters(dst)))
 }

@@ -20,8 +20,10 @@ import (
 //     tasks per transport, and per peer the tcp requests queued and on the
 //     wire and the tasks on each rdma link;
 //  4. closes everything, in an order where each step ends the waits of the
-//     next: the engine (pending tasks canceled), the peer node (dials,
-//     handshakes and peer requests end), the etcd directory (the lease
+//     next: the store across hosts detached (store calls stay on this
+//     host), the engine (pending tasks canceled), the peer node (dials,
+//     handshakes and peer requests end), the store across hosts (its
+//     fetches end, the claims it handed out are released), the etcd directory (the lease
 //     revoked, at most 1s), the control server (connections
 //     released without waiting again, their store sessions closed), the
 //     store (its L2 operations in flight end, bounded), the RDMA plane,
@@ -158,6 +160,7 @@ func (d *Daemon) closeForShutdown(at func(string)) {
 	}
 	at("kernel views")
 	d.closeKernelViews()
+	d.detachCluster()
 	at("engine")
 	if err := d.engine.Close(); err != nil {
 		d.log.Warn("closing engine", "err", err)
@@ -166,6 +169,8 @@ func (d *Daemon) closeForShutdown(at func(string)) {
 		at("peer node")
 		d.peers.Stop()
 	}
+	at("store across hosts")
+	d.closeCluster()
 	if d.dir != nil {
 		// Leaving revokes the lease: the others see this daemon and its
 		// exports go at once, not a TTL later.

@@ -32,6 +32,7 @@ func (d *Daemon) newMetrics() error {
 		{"store", d.collectStore},
 		{"grants", d.collectGrants},
 		{"directory", d.collectDirectory},
+		{"cluster", d.collectCluster},
 		{"endpoint", d.collectEndpoint},
 	} {
 		if err := d.metrics.Register(s.name, s.src); err != nil {

@@ -349,17 +349,8 @@ func TestStoreDaemonKilledDuringDurablePuts(t *testing.T) {
 	requireIOURing(t)
 	dir := t.TempDir()
 	cfg := killConfig(dir)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestStoreDaemonKilledDuringDurablePuts$", "-test.timeout=5m")
-	cmd.Env = append(os.Environ(), storeDaemonEnv+"="+dir)
-	var childOut lockedBuffer
-	cmd.Stdout, cmd.Stderr = &childOut, &childOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
-	waitSocket(t, cfg.Socket, exited, &childOut)
+	child := startChild(t, "TestStoreDaemonKilledDuringDurablePuts", storeDaemonEnv+"="+dir, cfg.Socket)
+	cmd, exited, childOut := child.cmd, child.exited, &child.out
 
 	var mu sync.Mutex // guards acked, tried
 	acked := map[string]bool{}
@@ -510,6 +501,32 @@ func storeDaemonChild(t *testing.T, dir string) {
 	ctx, cancel := contextUntil(nil)
 	defer cancel()
 	d.Run(ctx) //nolint:errcheck // killed while it runs
+}
+
+// childProc is the test's own binary run again as a child process
+// whose environment (env) makes it run a daemon, so that the test can
+// SIGSTOP and SIGKILL it; exited is closed once it has exited, out has
+// what it printed.
+type childProc struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	out    lockedBuffer
+}
+
+// startChild starts the child and waits until its daemon's socket
+// sock accepts; the child is killed at the end of the test.
+func startChild(t *testing.T, run, env, sock string) *childProc {
+	t.Helper()
+	ch := &childProc{cmd: exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.timeout=5m"), exited: make(chan struct{})}
+	ch.cmd.Env = append(os.Environ(), env)
+	ch.cmd.Stdout, ch.cmd.Stderr = &ch.out, &ch.out
+	if err := ch.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { ch.cmd.Wait(); close(ch.exited) }()
+	t.Cleanup(func() { ch.cmd.Process.Kill(); <-ch.exited })
+	waitSocket(t, sock, ch.exited, &ch.out)
+	return ch
 }
 
 // waitSocket waits until a child daemon's socket accepts.

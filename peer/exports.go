@@ -21,6 +21,11 @@ const (
 	MaxPeerID = 64
 )
 
+// DaemonTenant is the tenant of the exports the daemon makes itself (no
+// client's tenant can be named so): they are not listed, and no client
+// subscribes to their notifications.
+const DaemonTenant = "\x00daemon"
+
 // ValidRights reports whether r is a non-empty set of wire.RightRead and
 // wire.RightWrite.
 func ValidRights(r uint8) bool { return r != 0 && r&^(wire.RightRead|wire.RightWrite) == 0 }
@@ -358,12 +363,15 @@ func (t *Exports) Subscribe(name, tenant string, in *Inbox) error {
 // every export for "" (a connection in no tenant, the daemon's admin).
 // Another tenant's exports are not listed: their names say what it
 // shares.
+//
+// The daemon's own exports (tenant DaemonTenant: the store's pool as the
+// other daemons read it) are no client's segments and are never listed.
 func (t *Exports) List(dst []wire.SegmentInfo, tenant string) []wire.SegmentInfo {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.RLock()
 		for _, e := range s.m {
-			if tenant != "" && e.key.tenant != namespace(tenant) {
+			if tenant != "" && e.key.tenant != namespace(tenant) || e.key.tenant == DaemonTenant {
 				continue
 			}
 			dst = append(dst, wire.SegmentInfo{Name: []byte(e.name), Segment: uint64(e.source), Size: e.view.size, Rights: e.rights})

@@ -25,6 +25,7 @@ import (
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster"
 	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/uring"
@@ -187,6 +188,13 @@ var everyError = map[string]struct {
 	"store/cluster/grant.ErrOverBudget":    {grant.ErrOverBudget, tcproto.CodeRESOURCE_EXHAUSTED},
 	"store/cluster/grant.ErrTooManyKeys":   {grant.ErrTooManyKeys, tcproto.CodeRESOURCE_EXHAUSTED},
 	"store/cluster/grant.ErrUnknownIssuer": {grant.ErrUnknownIssuer, tcproto.CodePERMISSION_DENIED},
+	// store/cluster
+	"store/cluster.ErrBusy":            {cluster.ErrBusy, tcproto.CodeRESOURCE_EXHAUSTED},
+	"store/cluster.ErrClosed":          {cluster.ErrClosed, tcproto.CodeUNAVAILABLE},
+	"store/cluster.ErrHolderFailed":    {cluster.ErrHolderFailed, tcproto.CodeUNAVAILABLE},
+	"store/cluster.ErrHomeUnreachable": {cluster.ErrHomeUnreachable, tcproto.CodeUNAVAILABLE},
+	"store/cluster.ErrMessage":         {cluster.ErrMessage, tcproto.CodeINVALID_ARGUMENT},
+	"store/cluster.ErrNotHome":         {cluster.ErrNotHome, tcproto.CodeUNAVAILABLE},
 	// control
 	"control.ErrAddrInUse":           {control.ErrAddrInUse, tcproto.CodeALREADY_EXISTS},
 	"control.ErrClosed":              {control.ErrClosed, tcproto.CodeUNAVAILABLE},

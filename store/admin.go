@@ -29,7 +29,9 @@ func (sh *shard) info(e *entry) KeyInfo {
 func (s *Store) MaxKeysPerCall() int { return s.cfg.MaxKeysPerCall }
 
 // Stat describes a stored key (ErrNotFound when it is not). Like Exists, it
-// changes nothing.
+// changes nothing. With the store across hosts (SetRemote), a key stored
+// only on other hosts is described as its home knows it: its size, on
+// neither tier here.
 func (s *Store) Stat(key []byte) (KeyInfo, error) {
 	if !s.validKey(key) {
 		return KeyInfo{}, ErrBadKey
@@ -38,6 +40,17 @@ func (s *Store) Stat(key []byte) (KeyInfo, error) {
 		return KeyInfo{}, ErrClosed
 	}
 	defer s.exit()
+	if k, err := s.statHere(key); err == nil || s.rem() == nil {
+		return k, err
+	}
+	size, ok := s.rem().SizeOf(key)
+	if !ok {
+		return KeyInfo{}, ErrNotFound
+	}
+	return KeyInfo{Key: bytes.Clone(key), Size: size}, nil
+}
+
+func (s *Store) statHere(key []byte) (KeyInfo, error) {
 	h, sh, _ := s.hash(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

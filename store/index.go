@@ -44,6 +44,7 @@ const (
 	fCopyPut                    // reserved by a copying Put call, not by a session
 	fRemove                     // a Remove waits for the store's own I/O in flight (shard.removing)
 	fBgDrop                     // stDropping by the store's own invalidation: L2 eviction, a corrupt block
+	fCRC                        // crc holds the value's crc32c though it is not on L2 (announced: remote.go)
 )
 
 // entry is one key's metadata: 64 bytes, no pointers.

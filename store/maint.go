@@ -171,6 +171,7 @@ func (s *Store) evictOne(sh *shard, idx uint32, e *entry) uint64 {
 			s.log.Error("store: evict", "err", err)
 		}
 		freed := s.blockBytes(uint64(e.size))
+		s.evicted(sh, idx)
 		sh.unlistAll(idx)
 		sh.remove(idx)
 		s.c.keys.Add(^uint64(0))

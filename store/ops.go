@@ -185,6 +185,7 @@ func (s *Store) Exists(keys [][]byte, codes []Code) error {
 		}
 		codes[i] = c
 	}
+	s.presentElsewhere(keys, codes)
 	s.exit()
 	return nil
 }
@@ -194,6 +195,10 @@ func (s *Store) Exists(keys [][]byte, codes []Code) error {
 // cannot miss: the n keys are all present and pinned when it returns (each
 // is pinned as it is found, under its shard's lock, and a pin keeps it). A
 // key past MaxPins ends the prefix there. Without pin it changes nothing.
+//
+// With the store across hosts (SetRemote), the run goes on past the keys
+// stored here with those other hosts hold, as their homes say; with pin
+// those are fetched into this store first and pinned here.
 func (ss *Session) LookupPrefix(keys [][]byte, pin bool) (int, error) {
 	s := ss.s
 	if len(keys) > s.cfg.MaxKeysPerCall {
@@ -203,6 +208,16 @@ func (ss *Session) LookupPrefix(keys [][]byte, pin bool) (int, error) {
 		return 0, ErrClosed
 	}
 	defer s.exit()
+	n, err := ss.prefixHere(keys, pin)
+	if err != nil || n == len(keys) || s.rem() == nil {
+		return n, err
+	}
+	return ss.prefixElsewhere(keys, n, pin)
+}
+
+// prefixHere is LookupPrefix over the keys stored here.
+func (ss *Session) prefixHere(keys [][]byte, pin bool) (int, error) {
+	s := ss.s
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.closed {
@@ -517,6 +532,7 @@ func (s *Store) publish(sh *shard, idx uint32) {
 	s.c.reserved.Add(^uint64(0))
 	s.c.keys.Add(1)
 	s.c.l1Keys.Add(1)
+	s.announce(sh, idx, 0, false)
 }
 
 // Commit makes reserved keys visible. Without durable they are visible at
@@ -740,7 +756,22 @@ func copyGuarded(dst, src []byte) error {
 // read into it (READ_FIXED) and checked, then pinned. A key that is not
 // stored gets NOT_FOUND; past MaxPins RESOURCE_EXHAUSTED; a promotion that
 // cannot start now BUSY.
+//
+// With the store across hosts (SetRemote), a key stored on another host
+// is read from it into a pool block here, checked, kept as a value of this
+// store and answered like a local hit.
 func (ss *Session) Get(keys [][]byte, locs []Location, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	return ss.get(keys, locs, codes, errs, done, tag, true)
+}
+
+// GetHere is a blocking Get of the values stored here only (what a reader
+// on another host asks of this one).
+func (ss *Session) GetHere(keys [][]byte, locs []Location, codes []Code, errs []error) error {
+	_, err := ss.get(keys, locs, codes, errs, nil, 0, false)
+	return err
+}
+
+func (ss *Session) get(keys [][]byte, locs []Location, codes []Code, errs []error, done Completion, tag uint64, everywhere bool) (pending bool, err error) {
 	s := ss.s
 	if err := ss.begin(len(keys), codes, errs, len(locs)); err != nil {
 		return false, err
@@ -780,6 +811,9 @@ func (ss *Session) Get(keys [][]byte, locs []Location, codes []Code, errs []erro
 		}
 	}
 	ss.mu.Unlock()
+	if everywhere && s.rem() != nil {
+		cl = s.fetchMisses(cl, keys, codes, errs, done, tag, ss.landGet(locs, codes, errs))
+	}
 	return s.dispatch(cl, kPromote)
 }
 
@@ -841,6 +875,9 @@ func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []er
 		if err := s.promote(sh, r, waitRec{cl: cl, pos: int32(i)}); err != nil {
 			setError(codes, errs, i, err)
 		}
+	}
+	if s.rem() != nil {
+		cl = s.fetchMisses(cl, keys, codes, errs, done, tag, s.landRead(dsts, lens, codes, errs))
 	}
 	return s.dispatch(cl, kPromote)
 }
@@ -947,7 +984,21 @@ func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 // from L2) is no caller's business: the key is invisible at once, and its
 // Remove ends when that I/O has (a header the writeback wrote overwritten
 // again).
+//
+// With the store across hosts (SetRemote), every other host's copy of
+// each key removed here (OK) goes too, before Remove returns.
 func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	return s.remove(keys, codes, errs, done, tag, true)
+}
+
+// RemoveHere is Remove of this host's copies only: what a key's home asks
+// of its holders when a client removed the key elsewhere.
+func (s *Store) RemoveHere(keys [][]byte, codes []Code, errs []error) error {
+	_, err := s.remove(keys, codes, errs, nil, 0, false)
+	return err
+}
+
+func (s *Store) remove(keys [][]byte, codes []Code, errs []error, done Completion, tag uint64, everywhere bool) (pending bool, err error) {
 	if err := s.begin(len(keys), codes, errs); err != nil {
 		return false, err
 	}
@@ -978,6 +1029,9 @@ func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completio
 			}
 			cl.add(it, i)
 		}
+	}
+	if everywhere {
+		s.removeElsewhere(keys, codes)
 	}
 	return s.dispatch(cl, kInval)
 }

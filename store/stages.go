@@ -226,6 +226,7 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 		if it.commit {
 			ss.unreserve(it.r)
 		}
+		s.announce(sh, idx, it.crc, true)
 	} else {
 		if it.commit && e.flags&fAbandon == 0 {
 			e.state = stReserved // the reservation, exactly as before the commit
@@ -521,6 +522,7 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 		s.c.l2Keys.Add(^uint64(0))
 		if evict {
 			s.c.evictL2.Add(1)
+			s.evicted(sh, idx)
 		}
 		sh.unlistAll(idx)
 		sh.remove(idx)

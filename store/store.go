@@ -85,6 +85,10 @@ type Store struct {
 	calls callPool
 	ev    events
 
+	// remote is the store across hosts (remote.go), nil for the host's
+	// store alone.
+	remote remoteState
+
 	wake chan struct{} // kicks the maintenance loop; capacity 1
 	stop chan struct{}
 	done chan struct{}

@@ -67,6 +67,10 @@ commands:
   directory               the peer directory: backend and state, the cache's
                           age, hit and fallback rates, each member's epoch
                           and lease time left (embedded: the configured peers)
+  cluster                 the store across hosts: members up, the shards this
+                          daemon is home of and their keys, claims held,
+                          remote gets (hits, misses, failures, bytes), home
+                          lookups, re-announcements
   put [--durable] KEY FILE
                           store FILE (- is stdin) under KEY in the KV block
                           store; --durable: on L2 before it answers
@@ -133,6 +137,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		err = rdmaCmd(sock, rest, stdout)
 	case "directory":
 		err = directoryCmd(sock, rest, stdout)
+	case "cluster":
+		err = clusterCmd(sock, rest, stdout)
 	case "put":
 		err = putCmd(sock, rest, stderr)
 	case "get":

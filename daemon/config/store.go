@@ -53,6 +53,10 @@ type StoreConfig struct {
 	// budgeted-hybrid, global-governed): its admission budgets for remote
 	// work, which tcctl mode changes at run time.
 	StoreMode string `toml:"store_mode"`
+	// StoreShards is how many shards the store across hosts splits the
+	// key space into (each with a home daemon); every daemon of a cluster
+	// must use the same.
+	StoreShards int `toml:"store_shards"`
 }
 
 func storeDefaults() StoreConfig {
@@ -65,6 +69,7 @@ func storeDefaults() StoreConfig {
 		StoreMaxLeaseTTL:      Duration(24 * time.Hour),
 		StoreWritebackRetries: 3,
 		StoreMode:             grant.BudgetedHybrid.String(),
+		StoreShards:           1024,
 	}
 }
 
@@ -125,6 +130,9 @@ func (c *Config) validateStore() error {
 	if d := time.Duration(s.StoreMaxLeaseTTL); d < time.Second || d > 30*24*time.Hour {
 		return badValue("store_max_lease_ttl", s.StoreMaxLeaseTTL.String(), "must be between 1s and 720h")
 	}
+	if s.StoreShards < 1 || s.StoreShards > 1<<16 {
+		return badValue("store_shards", strconv.Itoa(s.StoreShards), "must be between 1 and 65536")
+	}
 	if s.StoreWritebackRetries < 0 || s.StoreWritebackRetries > 1000 {
 		return badValue("store_writeback_retries", strconv.Itoa(s.StoreWritebackRetries), "must be between 0 and 1000")
 	}
@@ -177,5 +185,6 @@ func storeSettings() []setting {
 		{"store_max_lease_ttl", "TENSORCAST_STORE_MAX_LEASE_TTL", "longest timed pin (e.g. 24h)", func(c *Config, s string) error { return c.StoreMaxLeaseTTL.UnmarshalText([]byte(s)) }},
 		{"store_writeback_retries", "TENSORCAST_STORE_WRITEBACK_RETRIES", "retries of a failed writeback before it is a tombstone", num(func(c *Config) *int { return &c.StoreWritebackRetries })},
 		{"store_mode", "TENSORCAST_STORE_MODE", "admission budgets for remote work: local-first, budgeted-hybrid or global-governed", str(func(c *Config) *string { return &c.StoreMode })},
+		{"store_shards", "TENSORCAST_STORE_SHARDS", "shards of the store across hosts (the same on every daemon)", num(func(c *Config) *int { return &c.StoreShards })},
 	}
 }

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/tensorcast/tensorcast/wire"
+)
+
+// clusterCmd prints the store across hosts as this daemon runs it, from
+// its cluster_* counters.
+func clusterCmd(sock string, args []string, w io.Writer) error {
+	if len(args) > 0 {
+		return fmt.Errorf("%w: cluster takes no arguments", errUsage)
+	}
+	c, err := dial(sock, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	st, err := c.Stats()
+	if err != nil {
+		return err
+	}
+	writeCluster(w, st.Transports)
+	return nil
+}
+
+// writeCluster prints the cluster_* counters of cs.
+func writeCluster(w io.Writer, cs []wire.Counter) {
+	m := map[string]uint64{}
+	for _, c := range cs {
+		if name, ok := strings.CutPrefix(c.Name, "cluster_"); ok {
+			m[name] = c.Value
+		}
+	}
+	if len(m) == 0 {
+		fmt.Fprintln(w, "the store is this host's alone (no peers configured, no peer plane, or [[tenants]])")
+		return
+	}
+	fmt.Fprintf(w, "members:   %d up (this daemon included)\n", m["members"])
+	fmt.Fprintf(w, "home of:   %d shards, %d keys indexed\n", m["home_shards"], m["index_keys"])
+	fmt.Fprintf(w, "claims:    %d held here by other daemons' readers\n", m["claims"])
+	fmt.Fprintf(w, "remote:    %d hits, %d misses, %d failures, %s read, %d crc32c mismatches\n",
+		m["remote_hits"], m["remote_misses"], m["remote_failures"], bytesStr(m["remote_bytes"]), m["crc_mismatches"])
+	asked, cached := m["home_lookups"], m["home_cache_hits"]
+	rate := "-"
+	if asked+cached > 0 {
+		rate = fmt.Sprintf("%.1f%%", 100*float64(cached)/float64(asked+cached))
+	}
+	fmt.Fprintf(w, "lookups:   %d keys asked of other homes, %d from the cache of their answers (hit rate %s), %d answered here\n",
+		asked, cached, rate, m["home_lookups_local"])
+	fmt.Fprintf(w, "announce:  %d keys re-announced to new homes\n", m["reannounced"])
+}

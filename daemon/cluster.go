@@ -1,0 +1,332 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tensorcast/tensorcast/metrics"
+	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/peer/plane"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/store/cluster"
+	"github.com/tensorcast/tensorcast/tcp"
+	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// storePoolExport is the name this daemon's pool is exported under, for
+// reading only, to the daemons that read its store's values (the holds
+// they take pin what they read; no client can take the name, which is
+// taken before the control socket listens).
+const storePoolExport = "tc-store-pool"
+
+// openCluster builds the store across hosts when this daemon has a peer
+// plane, configured peers or the etcd directory, and one store (no
+// [[tenants]]): its pool
+// exported for reading, a mover over the engine and the plane, and the
+// Cluster as the store's Remote. Otherwise the store is this host's alone
+// (said in the log when peers are configured). It runs after the store
+// and the engine, before the control server.
+func (d *Daemon) openCluster() error {
+	if d.peers == nil || len(d.stores) == 0 || len(d.cfg.Peers) == 0 && d.dir == nil {
+		return nil
+	}
+	log := d.log.With("component", "cluster")
+	if len(d.stores) > 1 {
+		log.Warn("the store across hosts is off with [[tenants]]: each tenant's store is this host's alone")
+		return nil
+	}
+	pool := d.pools[0]
+	exp, err := d.exports.Export(storePoolExport, peer.DaemonTenant, pool, 0, pool.Size(), wire.RightRead)
+	if err != nil {
+		return fmt.Errorf("store across hosts: exporting the pool: %w", err)
+	}
+	d.poolExport = exp
+	members := make([]string, len(d.cfg.Peers))
+	for i, p := range d.cfg.Peers {
+		members[i] = p.ID
+	}
+	mv := &mover{engine: d.engine, plane: d.peers, pool: pool, remotes: map[string]heldRemote{}, nextID: d.reg.NextID}
+	ccfg := cluster.Config{Shards: d.cfg.StoreShards, Members: members, Pool: pool.Bytes(), Log: log}
+	if dir := d.dir; dir != nil {
+		// The members the etcd directory's cache holds: no request to
+		// etcd per store call, nor per probe.
+		ccfg.Directory = func() []string {
+			ms := dir.Cache().Members()
+			ids := make([]string, len(ms))
+			for i, m := range ms {
+				ids[i] = m.Member.ID
+			}
+			return ids
+		}
+	}
+	cl, err := cluster.New(ccfg, d.stores[0], nodePeers{d.peers.Node()}, mv)
+	if err != nil {
+		return fmt.Errorf("store across hosts: %w", err)
+	}
+	d.cluster, d.mover = cl, mv
+	d.stores[0].SetRemote(cl)
+	return nil
+}
+
+// detachCluster makes the store this host's alone: no store call starts
+// a remote step from then on. It runs before the engine closes.
+func (d *Daemon) detachCluster() {
+	if d.cluster != nil {
+		d.stores[0].SetRemote(nil)
+	}
+}
+
+// closeCluster stops the store across hosts once the engine and the peer
+// node are closed (so that no move or exchange it waits for can hang):
+// the fetches in flight have ended, the claims readers held here are
+// released and the remote segments it read from are closed. It runs
+// before the store closes.
+func (d *Daemon) closeCluster() {
+	if d.cluster == nil {
+		return
+	}
+	d.stores[0].SetRemote(nil)
+	d.cluster.Close()
+	d.mover.close()
+	if !d.poolExport.End(time.Second) {
+		d.log.Warn("peer reads of the store's pool still in flight after 1s")
+	}
+	d.cluster = nil
+}
+
+// nodePeers is the tcp node as the cluster speaks on it.
+type nodePeers struct{ n *tcp.Node }
+
+func (p nodePeers) ID() string    { return p.n.ID() }
+func (p nodePeers) Epoch() uint64 { return p.n.Epoch() }
+
+func (p nodePeers) Handle(kind string, h func(string, uint64, []byte) ([]byte, error)) error {
+	if h == nil {
+		return p.n.Handle(kind, nil)
+	}
+	return p.n.Handle(kind, h)
+}
+
+func (p nodePeers) ExchangeAt(id string, epoch uint64, kind string, req []byte, timeout time.Duration) ([]byte, error) {
+	return p.n.ExchangeAt(id, epoch, kind, req, timeout)
+}
+
+// Unreachable: no session can be had with the peer (no address, refused,
+// lost), it did not answer in time, or it runs another epoch; not a
+// failure of its handler.
+func (p nodePeers) Unreachable(err error) bool {
+	for _, e := range []error{tcp.ErrConnLost, tcp.ErrUnknownPeer, tcp.ErrRefused, tcp.ErrStaleEpoch, tcp.ErrAuth, xfer.ErrTimeout} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p nodePeers) EpochOf(id string) uint64 {
+	for _, s := range p.n.Peers() {
+		if s.ID == id {
+			return s.Epoch
+		}
+	}
+	return 0
+}
+
+// mover moves values from a holder's exported pool into this daemon's
+// pool through the engine: rdma where the plane's link to the holder is
+// up, else tcp (Plane.Route decides per request).
+type mover struct {
+	engine *xfer.Engine
+	plane  *plane.Plane
+	pool   *shm.Pool
+
+	// mu guards remotes: the holders' pool exports this daemon opened,
+	// by holder id.
+	mu      sync.Mutex
+	remotes map[string]heldRemote
+	// nextID names an opened remote segment in this daemon's id space
+	// (the registry's), as a client's remote segments are named.
+	nextID func() xfer.SegmentID
+}
+
+// heldRemote is a holder's pool export as this daemon opened it, and the
+// id its moves name it by.
+type heldRemote struct {
+	seg peer.RemoteSegment
+	id  xfer.SegmentID
+}
+
+// remote is holder's pool export at epoch, opened once and reopened when
+// the holder restarted.
+func (m *mover) remote(holder string, epoch uint64) (heldRemote, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r, ok := m.remotes[holder]; ok {
+		if epoch == 0 || r.seg.Epoch() == epoch {
+			return r, nil
+		}
+		_ = r.seg.Close()
+		delete(m.remotes, holder)
+	}
+	rs, err := m.plane.OpenRemote(peer.OpenContext{Lane: "hybrid-cache-first", Tenant: peer.DaemonTenant}, holder, storePoolExport, wire.RightRead, wire.TransportAuto)
+	if err != nil {
+		return heldRemote{}, err
+	}
+	if epoch != 0 && rs.Epoch() != epoch {
+		_ = rs.Close()
+		return heldRemote{}, fmt.Errorf("%w: %s runs epoch %#x, the value was announced by %#x", tcp.ErrStaleEpoch, holder, rs.Epoch(), epoch)
+	}
+	r := heldRemote{seg: rs, id: m.nextID()}
+	m.remotes[holder] = r
+	return r, nil
+}
+
+// forget drops holder's remote segment after a failed read, so that the
+// next read opens it afresh.
+func (m *mover) forget(holder string, r heldRemote) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.remotes[holder] == r {
+		delete(m.remotes, holder)
+		_ = r.seg.Close()
+	}
+}
+
+func (m *mover) close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, r := range m.remotes {
+		_ = r.seg.Close()
+		delete(m.remotes, id)
+	}
+}
+
+// pair resolves the two segments a move names.
+type pair struct {
+	pool   xfer.Segment
+	remote heldRemote
+}
+
+func (p pair) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
+	switch id {
+	case p.pool.ID():
+		return p.pool, true
+	case p.remote.id:
+		return p.remote.seg, true
+	}
+	return nil, false
+}
+
+// Read implements cluster.Mover: one batch of READs, every one done or an
+// error.
+func (m *mover) Read(holder string, epoch uint64, spans []cluster.Span, deadline time.Time) error {
+	r, err := m.remote(holder, epoch)
+	if err != nil {
+		return err
+	}
+	reqs := make([]xfer.Request, len(spans))
+	for i, s := range spans {
+		reqs[i] = xfer.Request{Op: xfer.OpRead, Local: m.pool.ID(), LocalOffset: s.Local,
+			Target: r.id, TargetOffset: s.Remote, Length: s.Length}
+	}
+	id, err := m.engine.AllocateBatch(len(reqs))
+	if err != nil {
+		return err
+	}
+	results := make([]error, len(reqs))
+	if err := m.engine.Submit(id, reqs, xfer.SubmitOptions{Deadline: deadline, Resolver: pair{m.pool, r}}, results); err != nil {
+		m.engine.Abandon(id)
+		return err
+	}
+	sum, werr := m.engine.Wait(id, deadline)
+	if werr != nil {
+		m.engine.Abandon(id)
+		m.forget(holder, r)
+		return werr
+	}
+	if sum.Completed != len(reqs) {
+		var first error
+		for i := range reqs {
+			if st, err := m.engine.Status(id, i); err == nil && st.Err != nil {
+				first = st.Err
+				break
+			}
+		}
+		_ = m.engine.Free(id)
+		m.forget(holder, r)
+		return fmt.Errorf("%w: %d of %d reads from %s failed: %v", xfer.ErrUnavailable, len(reqs)-sum.Completed, len(reqs), holder, first)
+	}
+	return m.engine.Free(id)
+}
+
+// collectCluster is the store across hosts' metrics source.
+func (d *Daemon) collectCluster(e *metrics.Emit) {
+	cl := d.cluster
+	if cl == nil {
+		return
+	}
+	s := cl.Stats()
+	e.Gauge("tensorcast_cluster_members", "Members of the store across hosts up, this daemon included.", float64(s.Members))
+	e.Gauge("tensorcast_cluster_home_shards", "Shards this daemon is home of.", float64(s.HomeOf))
+	e.Gauge("tensorcast_cluster_index_keys", "Keys in this daemon's location index (as a home).", float64(s.IndexKeys))
+	e.Gauge("tensorcast_cluster_claims", "Claims other daemons' readers hold here now.", float64(s.Holds))
+	for _, c := range []struct {
+		name, help string
+		v          uint64
+	}{
+		{"tensorcast_cluster_view_changes_total", "Changes of the members up (each moves shards).", s.ViewChanges},
+		{"tensorcast_cluster_announced_total", "Keys queued for announcement to their homes.", s.Announced},
+		{"tensorcast_cluster_announce_sent_total", "Keys announced to another home.", s.AnnounceSent},
+		{"tensorcast_cluster_announce_dropped_total", "Announcements dropped (queue full or closing).", s.AnnounceDropped},
+		{"tensorcast_cluster_announce_failed_total", "Announcements whose home did not answer.", s.AnnounceFailed},
+		{"tensorcast_cluster_reannounced_total", "Keys re-announced to new homes after a change of members.", s.Reannounced},
+		{"tensorcast_cluster_home_lookups_total", "Keys asked of another daemon's home.", s.Lookups},
+		{"tensorcast_cluster_home_lookups_local_total", "Keys answered from this daemon's own index.", s.LookupsLocal},
+		{"tensorcast_cluster_home_lookup_failures_total", "Keys whose home did not answer.", s.LookupFailed},
+		{"tensorcast_cluster_home_cache_hits_total", "Keys answered from this daemon's cache of home answers (no home round trip).", s.CacheHits},
+		{"tensorcast_cluster_remote_misses_total", "Remote gets no daemon held.", s.RemoteMisses},
+		{"tensorcast_cluster_remote_failures_total", "Remote gets every holder failed.", s.RemoteFailed},
+		{"tensorcast_cluster_crc_mismatches_total", "Values read from a holder whose crc32c did not match (never answered).", s.CRCMismatch},
+		{"tensorcast_cluster_claims_given_total", "Claims handed to other daemons' readers.", s.HoldsGiven},
+		{"tensorcast_cluster_claims_refused_total", "Claims refused (too many held).", s.HoldsRefused},
+		{"tensorcast_cluster_removes_total", "Keys removed as their home, with every copy.", s.Removes},
+	} {
+		e.Counter(c.name, c.help, float64(c.v))
+	}
+	for _, id := range slices.Sorted(maps.Keys(s.ByPeer)) {
+		p := s.ByPeer[id]
+		l := metrics.L("peer", id)
+		e.Counter("tensorcast_cluster_remote_gets_total", "Values read from another daemon, by holder.", float64(p.Gets), l)
+		e.Counter("tensorcast_cluster_remote_bytes_total", "Bytes of values read from another daemon, by holder.", float64(p.Bytes), l)
+	}
+}
+
+// clusterCounters are the store across hosts' figures for Stats (tcctl
+// stats).
+func (d *Daemon) clusterCounters(dst []wire.Counter) []wire.Counter {
+	cl := d.cluster
+	if cl == nil {
+		return dst
+	}
+	s := cl.Stats()
+	return append(dst,
+		wire.Counter{Name: "cluster_members", Value: uint64(s.Members)},
+		wire.Counter{Name: "cluster_home_shards", Value: uint64(s.HomeOf)},
+		wire.Counter{Name: "cluster_index_keys", Value: uint64(s.IndexKeys)},
+		wire.Counter{Name: "cluster_claims", Value: uint64(s.Holds)},
+		wire.Counter{Name: "cluster_remote_hits", Value: s.RemoteHits},
+		wire.Counter{Name: "cluster_remote_misses", Value: s.RemoteMisses},
+		wire.Counter{Name: "cluster_remote_failures", Value: s.RemoteFailed},
+		wire.Counter{Name: "cluster_remote_bytes", Value: s.RemoteBytes},
+		wire.Counter{Name: "cluster_home_lookups", Value: s.Lookups},
+		wire.Counter{Name: "cluster_home_lookups_local", Value: s.LookupsLocal},
+		wire.Counter{Name: "cluster_home_cache_hits", Value: s.CacheHits},
+		wire.Counter{Name: "cluster_reannounced", Value: s.Reannounced},
+		wire.Counter{Name: "cluster_crc_mismatches", Value: s.CRCMismatch},
+	)
+}

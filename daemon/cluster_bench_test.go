@@ -1,0 +1,121 @@
+package daemon
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
+	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// BenchmarkStoreRemoteGet measures a remote get of 128 values of 256 KiB
+// between two daemons over tcp on loopback, beside the tcp transport
+// alone moving the same bytes:
+//
+//	cluster    a client of d2 gets the 128 keys d1 holds through its queue
+//	           (home lookups, claims, reads into d2's pool, crc32c, commit,
+//	           pins); d2's copies are removed, untimed, between rounds;
+//	tcp-alone  a client of d2 READs 128 × 256 KiB from a buffer a client
+//	           of d1 exported, in one Transfer.
+//
+// go test -run '^$' -bench BenchmarkStoreRemoteGet -benchtime 20x ./daemon/
+func BenchmarkStoreRemoteGet(b *testing.B) {
+	const n, size = 128, 256 << 10
+	key := testutil.KeyFile(b, b.TempDir(), "cluster.key", "bench cluster key")
+	cfg := func(c *Config) {
+		c.PeerSliceSize = 1 << 20
+		c.PoolSize = 192 << 20
+		c.StoreL2Path = "off"
+		c.StoreShards = 64
+	}
+	d1 := startPeerWith(b, "d1", key, "", cfg, dialsIn("d2"))
+	d2 := startPeerWith(b, "d2", key, "", cfg, d1.peer())
+	waitMembers(b, []*peerDaemon{d1, d2}, "d1", "d2")
+
+	b.Run("cluster", func(b *testing.B) {
+		put := d1.dial(b, "putter")
+		keys := make([][]byte, n)
+		for i := range keys {
+			keys[i] = fmt.Appendf(nil, "bench/%03d", i)
+			if err := put.PutBytes(keys[i], clusterValue(keys[i], size), false); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, k := range keys {
+			testutil.Eventually(b, 10*time.Second, func() bool {
+				_, hs, err := d2.d.cluster.Locate(k)
+				return err == nil && len(hs) > 0
+			}, "%s announced", k)
+		}
+		c := d2.dial(b, "reader")
+		q, err := c.OpenQueue(16)
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, err := c.NewResults(n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cqes := make([]client.Completion, 1)
+		call := func(ud uint64, submit func() (bool, error)) {
+			if ok, err := submit(); !ok || err != nil {
+				b.Fatalf("submit: %v %v", ok, err)
+			}
+			if got, err := q.Reap(cqes, 1, 30*time.Second); got != 1 || err != nil {
+				b.Fatalf("reap: %d %v", got, err)
+			}
+		}
+		codes := make([]store.Code, n)
+		b.SetBytes(n * size)
+		b.ResetTimer()
+		for i := range b.N {
+			call(uint64(2*i), func() (bool, error) { return q.Get(keys, res, uint64(2*i)) })
+			b.StopTimer()
+			if err := res.Check(cqes[0]); err != nil || cqes[0].N != n {
+				b.Fatalf("get: %v, %d of %d", err, cqes[0].N, n)
+			}
+			call(uint64(2*i+1), func() (bool, error) { return q.Unpin(keys, res, uint64(2*i+1)) })
+			if err := d2.d.stores[0].RemoveHere(keys, codes, nil); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	})
+
+	b.Run("tcp-alone", func(b *testing.B) {
+		a := d1.dial(b, "exporter")
+		abuf, err := a.RegisterBuffer(n * size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightRead); err != nil {
+			b.Fatal(err)
+		}
+		c := d2.dial(b, "bench")
+		rs, err := c.OpenRemote("d1/kv", client.RightRead)
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf, err := c.RegisterBuffer(n * size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		reqs := make([]xfer.Request, n)
+		for i := range reqs {
+			reqs[i] = xfer.Request{Op: xfer.OpRead, Local: buf.ID, LocalOffset: uint64(i) * size, Target: rs.ID,
+				TargetOffset: uint64(i) * size, Length: size}
+		}
+		res := make([]error, n)
+		b.SetBytes(n * size)
+		b.ResetTimer()
+		for range b.N {
+			sum, err := c.Transfer(reqs, 30*time.Second, res)
+			if err != nil || sum.Completed != n {
+				b.Fatalf("transfer: %v %+v", err, sum)
+			}
+		}
+	})
+}

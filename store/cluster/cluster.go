@@ -1,0 +1,407 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// Peers is the peer channel the cluster speaks on (*tcp.Node).
+type Peers interface {
+	// ID and Epoch are this daemon's id and run.
+	ID() string
+	Epoch() uint64
+	// Handle registers the handler of one kind of exchange.
+	Handle(kind string, h func(from string, epoch uint64, req []byte) ([]byte, error)) error
+	// ExchangeAt sends req to peer's handler of kind, addressed to its
+	// run epoch (0: any), and returns the answer.
+	ExchangeAt(peer string, epoch uint64, kind string, req []byte, timeout time.Duration) ([]byte, error)
+	// EpochOf is the run of peer as this daemon knows it (0: not known
+	// yet).
+	EpochOf(peer string) uint64
+	// Unreachable reports whether err, from an exchange, says the peer
+	// cannot be reached (no session, connection lost, no answer in time,
+	// another run), rather than that its handler failed.
+	Unreachable(err error) bool
+}
+
+// Span is one value's move from a holder's pool into this daemon's.
+type Span struct {
+	Local, Remote, Length uint64
+}
+
+// Mover moves bytes of a holder's pool (which it exports to its peers for
+// reading) into this daemon's pool, over the peer link (rdma where the
+// link to the holder is up, else tcp).
+type Mover interface {
+	Read(holder string, epoch uint64, spans []Span, deadline time.Time) error
+}
+
+// Config configures a Cluster.
+type Config struct {
+	// Shards is how many shards the key space is split into (default
+	// 1024); every daemon of a cluster must use the same.
+	Shards int
+	// Members are the daemon ids of the cluster, this daemon's included
+	// or not (it is added).
+	Members []string
+	// Directory, when set (directory = etcd), lists the daemons the
+	// directory knows (from its cache: no request to etcd); the prober
+	// adds the new ones to the members and takes those gone out.
+	Directory func() []string
+	// MaxKeys bounds the keys this daemon's location index holds as a
+	// home (default 1<<20); MaxHolders the holders per key (default 4, at
+	// most 4).
+	MaxKeys, MaxHolders int
+	// Timeout bounds every remote step of a call: a fetch, a lookup, a
+	// removal (default 2 s).
+	Timeout time.Duration
+	// MaxFetches bounds the fetches in flight (default 64) and MaxHolds
+	// the claims this daemon hands readers at once (default 1024); past
+	// either a key gets ErrBusy.
+	MaxFetches, MaxHolds int
+	// MaxPending bounds announcements waiting to be sent (default 1<<16);
+	// past it they are dropped and counted (the keys are then found only
+	// here until re-announced).
+	MaxPending int
+	// ProbeEvery is how often each member is asked whether it is there
+	// (default 1 s); ReannounceRate bounds the keys re-announced to new
+	// homes a second (default 50000).
+	ProbeEvery     time.Duration
+	ReannounceRate int
+	// Staleness is how long a reader keeps a home's answer (default 2 s;
+	// negative: none), for at most MaxCached keys (default 1<<16).
+	Staleness time.Duration
+	MaxCached int
+	// Pool is this daemon's pool memory (the store's values), where
+	// fetched values land and are checked.
+	Pool []byte
+	Log  *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
+	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = 1 << 20
+	}
+	if c.MaxHolders == 0 {
+		c.MaxHolders = maxHoldersCap
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 2 * time.Second
+	}
+	if c.MaxFetches == 0 {
+		c.MaxFetches = 64
+	}
+	if c.MaxHolds == 0 {
+		c.MaxHolds = 1024
+	}
+	if c.MaxPending == 0 {
+		c.MaxPending = 1 << 16
+	}
+	if c.ProbeEvery == 0 {
+		c.ProbeEvery = time.Second
+	}
+	if c.ReannounceRate == 0 {
+		c.ReannounceRate = 50000
+	}
+	if c.Staleness == 0 {
+		c.Staleness = 2 * time.Second
+	}
+	if c.MaxCached == 0 {
+		c.MaxCached = 1 << 16
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.Shards < 1 || c.Shards > maxShards:
+		return fmt.Errorf("%w: %d shards (want 1..%d)", xfer.ErrInvalid, c.Shards, maxShards)
+	case c.MaxHolders < 1 || c.MaxHolders > maxHoldersCap:
+		return fmt.Errorf("%w: %d holders per key (want 1..%d)", xfer.ErrInvalid, c.MaxHolders, maxHoldersCap)
+	case c.MaxKeys < 1, c.MaxFetches < 1, c.MaxHolds < 1, c.MaxPending < 1, c.Timeout < 0, c.ProbeEvery < 0, c.ReannounceRate < 1, c.MaxCached < 1:
+		return fmt.Errorf("%w: limits must be positive", xfer.ErrInvalid)
+	}
+	for _, m := range c.Members {
+		if m == "" || len(m) > maxIDLen {
+			return fmt.Errorf("%w: member id %q (1..%d bytes)", xfer.ErrInvalid, m, maxIDLen)
+		}
+	}
+	return nil
+}
+
+// Cluster is one daemon's part of the store across hosts: home of some
+// shards, holder of its store's values, reader of the others'. It
+// implements store.Remote.
+type Cluster struct {
+	cfg   Config
+	log   *slog.Logger
+	peers Peers
+	st    *store.Store
+	mover Mover
+	self  string
+	view  atomic.Pointer[view]
+	idx   *index
+	// answers caches the homes' answers this daemon got as a reader.
+	answers *answers
+
+	// mu guards pending and closed.
+	mu      sync.Mutex
+	pending []entry
+	closed  bool
+	kick    chan struct{} // wakes the announcer; capacity 1
+	stop    chan struct{}
+	done    chan struct{} // closed when the announcer exits
+	// reqs are the re-announcements asked for (mu guards them); rekick
+	// wakes the reannouncer, redone is closed when it exits.
+	reqs   []func(shard int, home string) bool
+	rekick chan struct{}
+	redone chan struct{}
+
+	// mmu guards members: the other members, by id.
+	mmu     sync.Mutex
+	members map[string]*member
+	// vmu serializes view changes (recompute).
+	vmu sync.Mutex
+
+	fetchSem chan struct{}
+	fetchWG  sync.WaitGroup
+	// flyMu guards flying: the keys being fetched, with the answers owed
+	// to the fetches that joined.
+	flyMu  sync.Mutex
+	flying map[string][]func(error)
+
+	// holdMu guards holds and nextClaim.
+	holdMu    sync.Mutex
+	holds     map[uint64]*hold
+	nextClaim uint64
+
+	c      counters
+	byPeer peerCounts
+	// lastFailLog is when logFailed last logged (unix ns).
+	lastFailLog atomic.Int64
+}
+
+var _ store.Remote = (*Cluster)(nil)
+
+// hold is a claim a reader holds here: its keys pinned in a store
+// session of their own until released or expired.
+type hold struct {
+	ss    *store.Session
+	timer *time.Timer
+	from  string
+}
+
+// counters are the cluster's figures (Stats).
+type counters struct {
+	announced, announceSent, announceDropped, announceFailed atomic.Uint64
+	lookups, lookupsLocal, lookupFailed                      atomic.Uint64
+	remoteHits, remoteMisses, remoteFailed, remoteBytes      atomic.Uint64
+	crcMismatch, holds, holdsRefused, removes                atomic.Uint64
+	reannounced, viewChanges, cacheHits                      atomic.Uint64
+}
+
+// New makes the cluster of st, speaking on peers and moving bytes with
+// mover, registers its exchange handlers and starts its announcer. The
+// caller makes it st's Remote (store.SetRemote) and closes it before st.
+func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if st == nil || peers == nil || mover == nil || cfg.Pool == nil {
+		return nil, fmt.Errorf("%w: cluster needs a store, peers, a mover and the pool", xfer.ErrInvalid)
+	}
+	c := &Cluster{
+		cfg: cfg, log: cfg.Log, peers: peers, st: st, mover: mover, self: peers.ID(),
+		idx:      newIndex(cfg.Shards, cfg.MaxKeys, cfg.MaxHolders),
+		answers:  newAnswers(cfg.Staleness, cfg.MaxCached),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+		fetchSem: make(chan struct{}, cfg.MaxFetches),
+		holds:    map[uint64]*hold{},
+		flying:   map[string][]func(error){},
+		rekick:   make(chan struct{}, 1),
+		redone:   make(chan struct{}),
+		members:  map[string]*member{},
+	}
+	ids := cfg.Members
+	if cfg.Directory != nil {
+		ids = append(slices.Clone(ids), cfg.Directory()...)
+	}
+	for _, m := range ids {
+		if m != c.self && m != "" && len(m) <= maxIDLen {
+			c.members[m] = &member{up: true}
+		}
+	}
+	c.view.Store(newView(c.live(), cfg.Shards))
+	for kind, h := range map[string]func(string, uint64, []byte) ([]byte, error){
+		kindAnnounce: c.onAnnounce, kindLookup: c.onLookup, kindRemove: c.onRemove,
+		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
+	} {
+		err := peers.Handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
+			if kind != kindHello { // a hello says whether it counts
+				c.seen(from, epoch)
+			}
+			return h(from, epoch, req)
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	go c.announcer()
+	go c.reannouncer()
+	// What the store recovered from L2 goes to its homes.
+	c.reannounce(func(int, string) bool { return true })
+	v := c.view.Load()
+	c.log.Info("store across hosts up", "daemon_id", c.self, "members", v.members, "shards", cfg.Shards,
+		"home_of", c.homeOf(v))
+	return c, nil
+}
+
+// homeOf counts the shards this daemon is home of under v.
+func (c *Cluster) homeOf(v *view) int {
+	n := 0
+	for s := range v.homes {
+		if v.home(s) == c.self {
+			n++
+		}
+	}
+	return n
+}
+
+// Close stops the announcer, waits for the fetches in flight (each ends by
+// its deadline) and releases every claim readers hold here. Handlers are
+// removed first, so no new work comes in.
+func (c *Cluster) Close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.mu.Unlock()
+	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello} {
+		_ = c.peers.Handle(k, nil)
+	}
+	close(c.stop)
+	<-c.done
+	<-c.redone
+	c.fetchWG.Wait()
+	c.holdMu.Lock()
+	hs := c.holds
+	c.holds = map[uint64]*hold{}
+	c.holdMu.Unlock()
+	for _, h := range hs {
+		h.timer.Stop()
+		_ = h.ss.Close()
+	}
+}
+
+// shardOf is key's shard.
+func (c *Cluster) shardOf(key []byte) int { return ShardOf(key, c.cfg.Shards) }
+
+// Home is the daemon id of key's home (tcctl cluster locate).
+func (c *Cluster) Home(key []byte) string { return c.view.Load().home(c.shardOf(key)) }
+
+// Locate is key's home and the holders it knows (asking it when it is
+// another daemon).
+func (c *Cluster) Locate(key []byte) (home string, holders []Holder, err error) {
+	home = c.Home(key)
+	as, err := c.lookupAt(home, [][]byte{key}, time.Now().Add(c.cfg.Timeout))
+	if err != nil {
+		return home, nil, err
+	}
+	if as[0].code == codeNotHome {
+		return home, nil, ErrNotHome
+	}
+	return home, as[0].holders, nil
+}
+
+// epochOf is the run a message to id is addressed to.
+func (c *Cluster) epochOf(id string) uint64 {
+	if id == c.self {
+		return c.peers.Epoch()
+	}
+	c.mmu.Lock()
+	m, ok := c.members[id]
+	e := uint64(0)
+	if ok {
+		e = m.epoch
+	}
+	c.mmu.Unlock()
+	if e != 0 {
+		return e // the run it last spoke from
+	}
+	return c.peers.EpochOf(id)
+}
+
+// exchange sends a message to id within the cluster's timeout; a member
+// that cannot be reached goes down.
+func (c *Cluster) exchange(id string, epoch uint64, kind string, req []byte) ([]byte, error) {
+	return c.exchangeBy(id, epoch, kind, req, time.Now().Add(c.cfg.Timeout))
+}
+
+// exchangeBy is exchange ending by deadline.
+func (c *Cluster) exchangeBy(id string, epoch uint64, kind string, req []byte, deadline time.Time) ([]byte, error) {
+	left := time.Until(deadline)
+	if left < time.Millisecond {
+		return nil, fmt.Errorf("%w: no time left to ask %s", xfer.ErrTimeout, id)
+	}
+	resp, err := c.peers.ExchangeAt(id, epoch, kind, req, left)
+	if err != nil && (left >= c.cfg.Timeout/2 || !errors.Is(err, xfer.ErrTimeout)) {
+		// Unreachable, or silent for a good part of the timeout: not
+		// merely a call that had little time left.
+		c.lost(id, err)
+	}
+	return resp, err
+}
+
+// byHome groups the positions of keys by their home.
+func (c *Cluster) byHome(keys [][]byte) map[string][]int {
+	v := c.view.Load()
+	m := map[string][]int{}
+	for i, k := range keys {
+		h := v.home(c.shardOf(k))
+		m[h] = append(m[h], i)
+	}
+	return m
+}
+
+// chunks splits positions into messages of at most maxMsgKeys keys and
+// maxMsgBytes bytes (each key costs at most per+its length).
+func chunks(keys [][]byte, pos []int, per int) [][]int {
+	var out [][]int
+	start, bytes := 0, 16
+	for i, p := range pos {
+		n := per + len(keys[p])
+		if i > start && (i-start == maxMsgKeys || bytes+n > maxMsgBytes) {
+			out = append(out, pos[start:i])
+			start, bytes = i, 16
+		}
+		bytes += n
+	}
+	if start < len(pos) {
+		out = append(out, pos[start:])
+	}
+	return out
+}
+
+// errorsIs reports whether err is one of targets.
+func errorsIs(err error, targets ...error) bool {
+	for _, t := range targets {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,43 @@
+// Package cluster is tensorcast's store across hosts: one KV store over
+// the daemons of a cluster, so that a key put on one host is found and
+// read, with the same store calls, on every other.
+//
+// Roles (each a job of every daemon for part of the key space):
+//   - Home. Keys hash to Config.Shards shards (FNV-1a of the key); each
+//     shard's home is chosen by rendezvous hashing over the members (this
+//     daemon and its configured peers), so a change of members moves only
+//     the shards that must move. The home keeps the shard's location index
+//     in memory (index.go): key → holders (daemon id and epoch, tier,
+//     size, crc32c), bounded by Config.MaxKeys and Config.MaxHolders. A
+//     home refuses what it is asked about a shard it is not home of under
+//     its own view of the members (ErrNotHome), so a sender with another
+//     view learns and never gets an answer for a shard it asked the wrong
+//     daemon about. A lone daemon is home of every shard.
+//   - Holder. The daemon whose store has the bytes. The store tells the
+//     Cluster of every value that becomes visible (store.Remote.Stored);
+//     the announcer goroutine sends them to their homes, one exchange per
+//     home per batch, never one per key. A reader's hold exchange pins the
+//     keys it reads in a store session of their own (a claim), released
+//     by the reader when its read ends, or by the hold's deadline when the
+//     reader is gone: nothing stays pinned after a reader dies.
+//   - Reader. A daemon whose client missed a key here (store.Remote.Fetch):
+//     it asks the keys' homes, batched per home and in parallel, takes a
+//     claim on a holder, reserves blocks of its own pool, reads the bytes
+//     straight into them over the peer link (Mover: rdma where the link is
+//     up, else tcp), checks the crc32c the home gave, commits them as a
+//     value of its own (announced in turn: a hot key ends up near its
+//     readers) and answers like a local get. A read that fails, or whose
+//     bytes do not match, tries the next holder; a key no holder gives is
+//     a miss, and every fetch ends by Config.Timeout.
+//
+// Messages are exchanges on the peer channel (tcp.Node.Exchange, kinds
+// "tc.store.*"), addressed to the epoch the sender knows, so a daemon that
+// restarted never obeys what was meant for its previous run. Their codec
+// is msg.go, fuzzed.
+//
+// Goroutines and stop order: a Cluster owns the announcer and one
+// goroutine per fetch in flight (at most Config.MaxFetches) and per hold's
+// expiry timer. Close stops the announcer, waits for the fetches (each
+// ends by its deadline) and releases every hold. The daemon closes it
+// before the store and the peer plane.
+package cluster

@@ -1,0 +1,24 @@
+package cluster
+
+import "github.com/tensorcast/tensorcast/xfer"
+
+// Errors of the store across hosts, as store calls and peers see them.
+var (
+	// ErrNotHome: a daemon asked about a shard it is not home of under its
+	// view of the members (the sender's view differs; it asks again once
+	// the views agree). A key whose home refuses is a miss meanwhile.
+	ErrNotHome = xfer.Categorized(xfer.ErrUnavailable, "cluster: not the home of the key's shard")
+	// ErrHomeUnreachable: a key's home did not answer (down, restarted or
+	// too slow) within the deadline.
+	ErrHomeUnreachable = xfer.Categorized(xfer.ErrUnavailable, "cluster: the key's home did not answer")
+	// ErrHolderFailed: every holder the home named failed to give the
+	// value (unreachable, the value gone, or bytes whose crc32c did not
+	// match).
+	ErrHolderFailed = xfer.Categorized(xfer.ErrUnavailable, "cluster: no holder gave the value")
+	// ErrBusy: too many fetches or holds in flight.
+	ErrBusy = xfer.Categorized(xfer.ErrBackpressure, "cluster: too many remote reads in flight")
+	// ErrClosed: the cluster is closing.
+	ErrClosed = xfer.Categorized(xfer.ErrClosed, "cluster: closed")
+	// ErrMessage: a peer's message did not decode.
+	ErrMessage = xfer.Categorized(xfer.ErrInvalid, "cluster: malformed message")
+)

@@ -1,0 +1,109 @@
+package cluster
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tensorcast/tensorcast/store"
+)
+
+// The holder's side of a remote read: a claim (hold) pins the keys a
+// reader reads in a store session of their own, until the reader releases
+// it or its deadline passes.
+
+// maxHoldTTL bounds how long a reader may ask a claim to last.
+const maxHoldTTL = time.Minute
+
+func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) {
+	ttlMS, keys, err := decodeHold(req)
+	if err != nil {
+		return nil, err
+	}
+	ttl := time.Duration(ttlMS) * time.Millisecond
+	if ttl <= 0 || ttl > maxHoldTTL || len(keys) == 0 {
+		return nil, fmt.Errorf("%w: hold of %d keys for %v (ttl 1ms..%v)", ErrMessage, len(keys), ttl, maxHoldTTL)
+	}
+	c.holdMu.Lock()
+	full := len(c.holds) >= c.cfg.MaxHolds
+	c.holdMu.Unlock()
+	if full {
+		c.c.holdsRefused.Add(1)
+		return nil, ErrBusy
+	}
+	ss := c.st.NewSession()
+	locs := make([]store.Location, len(keys))
+	codes := make([]store.Code, len(keys))
+	if err := ss.GetHere(keys, locs, codes, nil); err != nil {
+		_ = ss.Close()
+		return nil, err
+	}
+	hs := make([]held, len(keys))
+	any := false
+	for i, code := range codes {
+		hs[i] = held{code: uint8(code), offset: locs[i].Offset, size: locs[i].Length}
+		any = any || code == store.OK
+	}
+	if !any {
+		_ = ss.Close()
+		return encodeHeld(0, hs), nil
+	}
+	c.holdMu.Lock()
+	if c.closedLocked() {
+		c.holdMu.Unlock()
+		_ = ss.Close()
+		return nil, ErrClosed
+	}
+	c.nextClaim++
+	id := c.nextClaim
+	h := &hold{ss: ss, from: from}
+	c.holds[id] = h
+	h.timer = time.AfterFunc(ttl, func() { c.endHold(id, from, true) })
+	c.holdMu.Unlock()
+	c.c.holds.Add(1)
+	return encodeHeld(id, hs), nil
+}
+
+// closedLocked reports whether Close has taken the holds (holdMu held).
+func (c *Cluster) closedLocked() bool {
+	select {
+	case <-c.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// endHold releases claim id (taken by from) when it is still held.
+func (c *Cluster) endHold(id uint64, from string, expired bool) bool {
+	c.holdMu.Lock()
+	h, ok := c.holds[id]
+	if ok && h.from == from {
+		delete(c.holds, id)
+	}
+	c.holdMu.Unlock()
+	if !ok || h.from != from {
+		return false
+	}
+	h.timer.Stop()
+	if expired {
+		c.log.Info("a reader's claim expired before it was released", "reader", from, "claim", id)
+	}
+	_ = h.ss.Close()
+	return true
+}
+
+func (c *Cluster) onRelease(from string, epoch uint64, req []byte) ([]byte, error) {
+	id, err := decodeClaim(req)
+	if err != nil {
+		return nil, err
+	}
+	c.endHold(id, from, false)
+	return []byte{msgVersion}, nil
+}
+
+// Holds is how many claims readers hold here.
+func (c *Cluster) Holds() int {
+	c.holdMu.Lock()
+	defer c.holdMu.Unlock()
+	return len(c.holds)
+}

@@ -1,0 +1,287 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"sync"
+	"time"
+
+	"github.com/tensorcast/tensorcast/store"
+)
+
+// The holder's announcements and the home's side: announce, lookup and
+// remove.
+
+// Stored queues key's announcement to its home (store.Remote). It runs
+// under the store's shard lock: it copies the key and only queues.
+func (c *Cluster) Stored(key []byte, size uint64, crc uint32) {
+	c.mu.Lock()
+	if c.closed || len(c.pending) >= c.cfg.MaxPending {
+		c.mu.Unlock()
+		c.c.announceDropped.Add(1)
+		return
+	}
+	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: TierL1, size: size, crc: crc})
+	c.mu.Unlock()
+	c.c.announced.Add(1)
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Evicted queues the news that key left this daemon's store to its home
+// (store.Remote): the home forgets this holder of it.
+func (c *Cluster) Evicted(key []byte) {
+	c.mu.Lock()
+	if c.closed || len(c.pending) >= c.cfg.MaxPending {
+		c.mu.Unlock()
+		c.c.announceDropped.Add(1)
+		return
+	}
+	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tierGone})
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// announcer sends what Stored queued, one batch at a time: each batch
+// grouped by home, one exchange per home (per maxMsgKeys keys), the homes
+// in parallel. It is the Cluster's goroutine, stopped by Close.
+func (c *Cluster) announcer() {
+	defer close(c.done)
+	c.greet()
+	var batch []entry
+	var lastWarn time.Time
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.kick:
+		}
+		c.mu.Lock()
+		batch, c.pending = c.pending, batch[:0]
+		c.mu.Unlock()
+		if failed := c.announce(batch); failed > 0 && time.Since(lastWarn) > 10*time.Second {
+			lastWarn = time.Now()
+			c.log.Warn("announcements to a home failed: those keys are found only here until re-announced",
+				"keys", failed, "failed_total", c.c.announceFailed.Load())
+		}
+		clear(batch)
+	}
+}
+
+// announce sends batch to the homes and returns how many keys failed.
+func (c *Cluster) announce(batch []entry) int {
+	if len(batch) == 0 {
+		return 0
+	}
+	v := c.view.Load()
+	byHome := map[string][]entry{}
+	for _, e := range batch {
+		s := c.shardOf(e.key)
+		h := v.home(s)
+		if h == c.self {
+			c.index(s, e, c.self, c.peers.Epoch())
+			continue
+		}
+		byHome[h] = append(byHome[h], e)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	failed := 0
+	for home, es := range byHome {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for len(es) > 0 {
+				n, size := 0, 16
+				for n < len(es) && n < maxMsgKeys && size+entryBytes(es[n]) <= maxMsgBytes {
+					size += entryBytes(es[n])
+					n++
+				}
+				resp, err := c.exchange(home, c.epochOf(home), kindAnnounce, encodeAnnounce(es[:n]))
+				if err == nil && len(resp) >= 5 && binary.LittleEndian.Uint32(resp[1:]) > 0 {
+					c.log.Debug("a home refused announcements (another view of the members)", "home", home,
+						"refused", binary.LittleEndian.Uint32(resp[1:]))
+				}
+				if err != nil {
+					c.c.announceFailed.Add(uint64(n))
+					mu.Lock()
+					failed += n
+					mu.Unlock()
+				} else {
+					c.c.announceSent.Add(uint64(n))
+				}
+				es = es[n:]
+			}
+		}()
+	}
+	wg.Wait()
+	return failed
+}
+
+// onAnnounce indexes a holder's announced keys of the shards this daemon
+// is home of; it answers how many it refused.
+func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, error) {
+	es, err := decodeAnnounce(req)
+	if err != nil {
+		return nil, err
+	}
+	v := c.view.Load()
+	refused := uint32(0)
+	for _, e := range es {
+		s := c.shardOf(e.key)
+		if v.home(s) != c.self {
+			refused++
+			continue
+		}
+		if !c.index(s, e, from, epoch) {
+			refused++
+		}
+	}
+	e := newEnc()
+	e.u32(refused)
+	return e.bytes(), nil
+}
+
+// index records announcement e of holder id (at epoch) in shard s: a
+// value it holds, or one it no longer holds (tierGone). False when the
+// index is full.
+func (c *Cluster) index(s int, e entry, id string, epoch uint64) bool {
+	if e.tier == tierGone {
+		c.idx.dropHolder(s, e.key, id, 0)
+		return true
+	}
+	return c.idx.add(s, e.key, Holder{ID: id, Epoch: epoch, Tier: e.tier, Size: e.size, CRC: e.crc})
+}
+
+// lookupHere answers keys from this daemon's index.
+func (c *Cluster) lookupHere(keys [][]byte) []lookupAnswer {
+	v := c.view.Load()
+	as := make([]lookupAnswer, len(keys))
+	for i, k := range keys {
+		s := c.shardOf(k)
+		if v.home(s) != c.self {
+			as[i].code = codeNotHome
+			continue
+		}
+		as[i].holders = c.idx.get(s, k, nil)
+	}
+	c.c.lookupsLocal.Add(uint64(len(keys)))
+	return as
+}
+
+func (c *Cluster) onLookup(from string, epoch uint64, req []byte) ([]byte, error) {
+	keys, err := decodeKeys(req)
+	if err != nil {
+		return nil, err
+	}
+	if len(keys) > maxMsgKeys {
+		return nil, ErrMessage
+	}
+	return encodeLookupAnswer(c.lookupHere(keys)), nil
+}
+
+// removeHere is the home's removal of keys: it forgets them and has every
+// holder but from remove its copy (the holders in parallel).
+func (c *Cluster) removeHere(from string, keys [][]byte) {
+	v := c.view.Load()
+	type dest struct {
+		id    string
+		epoch uint64
+	}
+	drops := map[dest][][]byte{}
+	for _, k := range keys {
+		s := c.shardOf(k)
+		if v.home(s) != c.self {
+			continue
+		}
+		for _, h := range c.idx.drop(s, k) {
+			if h.ID != from {
+				d := dest{h.ID, h.Epoch}
+				drops[d] = append(drops[d], k)
+			}
+		}
+	}
+	c.c.removes.Add(uint64(len(keys)))
+	var wg sync.WaitGroup
+	for d, ks := range drops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if d.id == c.self {
+				c.dropHere(ks)
+				return
+			}
+			pos := make([]int, len(ks))
+			for i := range pos {
+				pos[i] = i
+			}
+			for _, ch := range chunks(ks, pos, 2) {
+				part := make([][]byte, len(ch))
+				for i, p := range ch {
+					part[i] = ks[p]
+				}
+				if _, err := c.exchange(d.id, d.epoch, kindDrop, encodeKeys(part)); err != nil {
+					c.log.Info("a holder did not drop removed keys (its copies stay until it re-announces)",
+						"holder", d.id, "keys", len(part), "err", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func (c *Cluster) onRemove(from string, epoch uint64, req []byte) ([]byte, error) {
+	keys, err := decodeKeys(req)
+	if err != nil {
+		return nil, err
+	}
+	c.removeHere(from, keys)
+	return []byte{msgVersion}, nil
+}
+
+// dropHere removes this daemon's copies of keys (a home asked).
+func (c *Cluster) dropHere(keys [][]byte) {
+	c.answers.drop(keys)
+	codes := make([]store.Code, len(keys))
+	for len(keys) > 0 {
+		n := min(len(keys), c.st.MaxKeysPerCall())
+		if err := c.st.RemoveHere(keys[:n], codes[:n], nil); err != nil {
+			c.log.Info("dropping removed keys failed", "keys", n, "err", err)
+		}
+		keys, codes = keys[n:], codes[n:]
+	}
+}
+
+func (c *Cluster) onDrop(from string, epoch uint64, req []byte) ([]byte, error) {
+	keys, err := decodeKeys(req)
+	if err != nil {
+		return nil, err
+	}
+	c.dropHere(keys)
+	return []byte{msgVersion}, nil
+}
+
+// greet opens a session with every member this daemon can dial (an empty
+// lookup), so that members listed without an address learn this one's
+// and every side knows the others' epochs before the first store call.
+// A member that does not answer is left to the first call that needs it.
+func (c *Cluster) greet() {
+	var wg sync.WaitGroup
+	for _, m := range c.view.Load().members {
+		if m == c.self {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.hello(m); err != nil {
+				c.log.Debug("member not reached at start-up", "member", m, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+}

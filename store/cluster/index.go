@@ -1,0 +1,130 @@
+package cluster
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// Tiers a holder announces a value on.
+const (
+	TierL1 uint8 = 1 // the holder's DRAM pool
+	TierL2 uint8 = 2 // the holder's NVMe
+	// tierGone, in an announcement, says the holder no longer has the
+	// value (evicted).
+	tierGone uint8 = 0
+)
+
+// Holder is one copy of a key's value as its home knows it.
+type Holder struct {
+	ID    string // the holder's daemon id
+	Epoch uint64 // the holder's run that announced it
+	Tier  uint8
+	Size  uint64
+	CRC   uint32 // crc32c of the value
+}
+
+// index is a home's location index: for each key of the shards it is
+// home of, its holders. Bounded: at most maxKeys keys (an announcement
+// past it is refused and counted) and maxHolders holders per key (the
+// oldest announcement makes room for the newest).
+type index struct {
+	maxKeys, maxHolders int
+	keys                atomic.Int64
+	refused             atomic.Uint64
+	shards              []ishard
+}
+
+// ishard is one shard's part of the index.
+type ishard struct {
+	// mu guards m.
+	mu sync.Mutex
+	m  map[string][]Holder
+}
+
+func newIndex(shards, maxKeys, maxHolders int) *index {
+	return &index{maxKeys: maxKeys, maxHolders: maxHolders, shards: make([]ishard, shards)}
+}
+
+// add records h as a holder of key (in shard s); a holder of the same id
+// replaces its earlier entry (another epoch's is gone with that run). It
+// reports false when the index is full.
+func (x *index) add(s int, key []byte, h Holder) bool {
+	sh := &x.shards[s]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	hs, ok := sh.m[string(key)]
+	if !ok {
+		if x.keys.Load() >= int64(x.maxKeys) {
+			x.refused.Add(1)
+			return false
+		}
+		if sh.m == nil {
+			sh.m = map[string][]Holder{}
+		}
+		x.keys.Add(1)
+	}
+	hs = slices.DeleteFunc(hs, func(o Holder) bool { return o.ID == h.ID })
+	if len(hs) >= x.maxHolders {
+		hs = slices.Delete(hs, 0, 1)
+	}
+	sh.m[string(key)] = append(hs, h)
+	return true
+}
+
+// get appends key's holders to dst.
+func (x *index) get(s int, key []byte, dst []Holder) []Holder {
+	sh := &x.shards[s]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return append(dst, sh.m[string(key)]...)
+}
+
+// drop forgets key and returns the holders it had.
+func (x *index) drop(s int, key []byte) []Holder {
+	sh := &x.shards[s]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	hs, ok := sh.m[string(key)]
+	if ok {
+		delete(sh.m, string(key))
+		x.keys.Add(-1)
+	}
+	return hs
+}
+
+// dropHolder forgets that id (at epoch, or any epoch when 0) holds key.
+func (x *index) dropHolder(s int, key []byte, id string, epoch uint64) {
+	sh := &x.shards[s]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	hs, ok := sh.m[string(key)]
+	if !ok {
+		return
+	}
+	hs = slices.DeleteFunc(hs, func(o Holder) bool { return o.ID == id && (epoch == 0 || o.Epoch == epoch) })
+	if len(hs) == 0 {
+		delete(sh.m, string(key))
+		x.keys.Add(-1)
+		return
+	}
+	sh.m[string(key)] = hs
+}
+
+// shardKeys counts the keys of shard s.
+func (x *index) shardKeys(s int) int {
+	sh := &x.shards[s]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return len(sh.m)
+}
+
+// clearShard forgets every key of shard s (this daemon is no longer its
+// home).
+func (x *index) clearShard(s int) {
+	sh := &x.shards[s]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	x.keys.Add(-int64(len(sh.m)))
+	sh.m = nil
+}

@@ -1,0 +1,375 @@
+package cluster
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/tensorcast/tensorcast/store"
+)
+
+// Membership. The members are this daemon and its configured peers; the
+// live ones (up) make the view the homes are computed over. A member is
+// up from the start (so that daemons started together agree at once), goes
+// down when an exchange with it fails as unreachable (Peers.Unreachable)
+// or the prober cannot reach it, and comes up again when it speaks to this
+// daemon or answers the prober. Each change is a cache event: the view is
+// recomputed (rendezvous moves only the shards that must move), a home
+// forgets the shards it lost, and the holders re-announce the keys of the
+// moved shards to their new homes at a bounded rate; until then a new home
+// answers what it knows, and its misses are misses.
+
+// member is what this daemon knows of another member.
+type member struct {
+	up    bool
+	epoch uint64 // the run last seen; 0 before any
+	// split is set while the member splits keys otherwise (another
+	// store_shards): it stays down whatever it says until a hello agrees.
+	split bool
+}
+
+// seen records that member id spoke at epoch (a handler ran for it, or
+// the prober reached it).
+func (c *Cluster) seen(id string, epoch uint64) {
+	c.mmu.Lock()
+	m, ok := c.members[id]
+	if !ok || m.split {
+		c.mmu.Unlock()
+		return
+	}
+	restarted := m.epoch != 0 && epoch != 0 && m.epoch != epoch
+	changed := !m.up || restarted
+	m.up = true
+	if epoch != 0 {
+		m.epoch = epoch
+	}
+	c.mmu.Unlock()
+	if !changed {
+		return
+	}
+	c.log.Info("member up", "member", id, "epoch", epoch, "restarted", restarted)
+	c.recompute()
+	// Its index is empty (restarted) or stale (unreachable a while): the
+	// keys this daemon holds of the shards it is home of go to it again.
+	c.reannounce(func(_ int, home string) bool { return home == id })
+}
+
+// lost records that member id did not answer (err says why); it goes
+// down.
+func (c *Cluster) lost(id string, err error) {
+	if id == c.self || !c.peers.Unreachable(err) {
+		return
+	}
+	c.mmu.Lock()
+	m, ok := c.members[id]
+	changed := ok && m.up
+	if changed {
+		m.up = false
+	}
+	c.mmu.Unlock()
+	if changed {
+		c.log.Warn("member down: its shards move to the others", "member", id, "err", err)
+		c.recompute()
+	}
+}
+
+// live is the members up, this daemon included.
+func (c *Cluster) live() []string {
+	c.mmu.Lock()
+	defer c.mmu.Unlock()
+	ids := []string{c.self}
+	for id, m := range c.members {
+		if m.up {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// recompute makes the view of the members up current, and starts the
+// moves it implies.
+func (c *Cluster) recompute() {
+	c.vmu.Lock()
+	defer c.vmu.Unlock()
+	old := c.view.Load()
+	v := newView(c.live(), c.cfg.Shards)
+	if slices.Equal(old.members, v.members) {
+		return
+	}
+	c.view.Store(v)
+	c.c.viewChanges.Add(1)
+	moved := make([]bool, c.cfg.Shards)
+	n, gained := 0, 0
+	for s := range moved {
+		if old.home(s) != v.home(s) {
+			moved[s] = true
+			n++
+			if old.home(s) == c.self {
+				c.idx.clearShard(s)
+			}
+			if v.home(s) == c.self {
+				gained++
+			}
+		}
+	}
+	c.log.Info("members changed: shards move", "members", v.members, "moved", n, "gained", gained, "home_of", c.homeOf(v))
+	// This daemon's keys of the moved shards go to their new homes; and
+	// a member whose view changed before this one's sent this daemon's
+	// new shards to where they were: it is asked for them again.
+	c.reannounce(func(s int, _ string) bool { return moved[s] })
+	if gained > 0 {
+		c.pull(v)
+	}
+}
+
+// pull asks every member of v to re-announce the keys it holds of the
+// shards this daemon is home of (in its own view), in the background.
+func (c *Cluster) pull(v *view) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	for _, m := range v.members {
+		if m == c.self {
+			continue
+		}
+		c.fetchWG.Add(1)
+		go func() {
+			defer c.fetchWG.Done()
+			if _, err := c.exchange(m, c.epochOf(m), kindReannounce, []byte{msgVersion}); err != nil {
+				c.log.Info("a member was not asked to re-announce", "member", m, "err", err)
+			}
+		}()
+	}
+}
+
+// onReannounce re-announces the keys held here whose home is the asker.
+func (c *Cluster) onReannounce(from string, epoch uint64, req []byte) ([]byte, error) {
+	c.reannounce(func(_ int, home string) bool { return home == from })
+	return []byte{msgVersion}, nil
+}
+
+// Members is the view: the members up, sorted (tcctl cluster).
+func (c *Cluster) Members() []string { return slices.Clone(c.view.Load().members) }
+
+// reannounce queues a re-announcement of the keys held here whose shard
+// and home (under the view when it runs) pass keep.
+func (c *Cluster) reannounce(keep func(shard int, home string) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.reqs = append(c.reqs, keep)
+	select {
+	case c.rekick <- struct{}{}:
+	default:
+	}
+}
+
+// reannouncer is the Cluster's goroutine that walks this daemon's store
+// for the keys a re-announcement asks for and sends them to their homes,
+// at most Config.ReannounceRate keys a second; and the prober, which
+// every Config.ProbeEvery asks each member (an empty lookup) whether it
+// is there. Close stops it.
+func (c *Cluster) reannouncer() {
+	defer close(c.redone)
+	probe := time.NewTicker(c.cfg.ProbeEvery)
+	defer probe.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-probe.C:
+			c.probe()
+			continue
+		case <-c.rekick:
+		}
+		c.mu.Lock()
+		reqs := c.reqs
+		c.reqs = nil
+		c.mu.Unlock()
+		if len(reqs) > 0 && !c.walk(reqs) {
+			return
+		}
+	}
+}
+
+// probe asks every member whether it is there, after taking in the
+// members the directory lists now (when there is one).
+func (c *Cluster) probe() {
+	if c.cfg.Directory != nil {
+		c.follow(c.cfg.Directory())
+	}
+	c.mmu.Lock()
+	ids := make([]string, 0, len(c.members))
+	for id := range c.members {
+		ids = append(ids, id)
+	}
+	c.mmu.Unlock()
+	for _, id := range ids {
+		if err := c.hello(id); err == nil {
+			c.seen(id, c.peers.EpochOf(id))
+		}
+	}
+}
+
+// walk re-announces what reqs ask for; false when Close stopped it.
+func (c *Cluster) walk(reqs []func(int, string) bool) bool {
+	v := c.view.Load()
+	keep := func(key []byte) bool {
+		s := c.shardOf(key)
+		h := v.home(s)
+		for _, r := range reqs {
+			if r(s, h) {
+				return true
+			}
+		}
+		return false
+	}
+	batch := c.cfg.ReannounceRate / 10
+	batch = max(batch, 1)
+	start := time.Now()
+	sent := 0
+	var held []store.Held
+	for i := range c.st.IndexShards() {
+		held = c.st.Holdings(i, keep, held[:0])
+		for len(held) > 0 {
+			n := min(len(held), batch)
+			es := make([]entry, n)
+			for j, h := range held[:n] {
+				tier := TierL1
+				if h.OnL2 {
+					tier = TierL2
+				}
+				es[j] = entry{key: h.Key, tier: tier, size: h.Size, crc: h.CRC}
+			}
+			c.announce(es)
+			c.c.reannounced.Add(uint64(n))
+			held = held[n:]
+			sent += n
+			// Bounded rate: wait until sent keys are due.
+			due := start.Add(time.Duration(float64(sent) / float64(c.cfg.ReannounceRate) * float64(time.Second)))
+			if d := time.Until(due); d > 0 {
+				t := time.NewTimer(d)
+				select {
+				case <-c.stop:
+					t.Stop()
+					return false
+				case <-t.C:
+				}
+			}
+		}
+	}
+	if sent > 0 {
+		c.log.Info("keys re-announced to their homes", "keys", sent, "took", time.Since(start).Round(time.Millisecond))
+	}
+	return true
+}
+
+// follow makes the members those the directory lists (ids): a new one is
+// added (down until it answers), one the directory no longer lists (its
+// lease expired, or it left) is taken out, a change of members.
+func (c *Cluster) follow(ids []string) {
+	listed := map[string]bool{}
+	for _, id := range ids {
+		if id != c.self && id != "" && len(id) <= maxIDLen {
+			listed[id] = true
+		}
+	}
+	c.mmu.Lock()
+	var gone []string
+	for id := range c.members {
+		if !listed[id] {
+			gone = append(gone, id)
+			delete(c.members, id)
+		}
+	}
+	for id := range listed {
+		if _, ok := c.members[id]; !ok {
+			c.members[id] = &member{}
+		}
+	}
+	c.mmu.Unlock()
+	if len(gone) > 0 {
+		c.log.Info("members the directory no longer lists: their shards move", "members", gone)
+		c.recompute()
+	}
+}
+
+// hello asks member id whether it is there and splits the key space as
+// this daemon does (the same store_shards): a member that does not is
+// down (it would be asked about shards it does not have), said in the log.
+func (c *Cluster) hello(id string) error {
+	e := newEnc()
+	e.u32(uint32(c.cfg.Shards))
+	resp, err := c.peers.ExchangeAt(id, 0, kindHello, e.bytes(), c.cfg.Timeout)
+	switch {
+	case err != nil && c.peers.Unreachable(err):
+		c.lost(id, err)
+		return err
+	case err != nil:
+		// Its answer refused this daemon (another store_shards, or no
+		// store across hosts there): out until a hello agrees.
+		c.down(id, err)
+		return err
+	}
+	d := newDec(resp)
+	theirs := d.u32()
+	if err := d.end(); err != nil || int(theirs) != c.cfg.Shards {
+		err = fmt.Errorf("%w: %s splits keys into %d shards, this daemon into %d (store_shards must be the same on every daemon)",
+			ErrMessage, id, theirs, c.cfg.Shards)
+		c.down(id, err)
+		return err
+	}
+	c.agree(id)
+	return nil
+}
+
+// agree clears member id's split: a hello found it splitting keys as this
+// daemon does.
+func (c *Cluster) agree(id string) {
+	c.mmu.Lock()
+	defer c.mmu.Unlock()
+	if m, ok := c.members[id]; ok {
+		m.split = false
+	}
+}
+
+// onHello answers how many shards this daemon splits keys into; it
+// refuses a member that splits them otherwise.
+func (c *Cluster) onHello(from string, epoch uint64, req []byte) ([]byte, error) {
+	d := newDec(req)
+	theirs := d.u32()
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	if int(theirs) != c.cfg.Shards {
+		err := fmt.Errorf("%w: %s splits keys into %d shards, this daemon into %d (store_shards must be the same on every daemon)",
+			ErrMessage, from, theirs, c.cfg.Shards)
+		c.down(from, err)
+		return nil, err
+	}
+	c.agree(from)
+	c.seen(from, epoch)
+	e := newEnc()
+	e.u32(uint32(c.cfg.Shards))
+	return e.bytes(), nil
+}
+
+// down takes member id out of the view for err, whatever kind of error
+// it is.
+func (c *Cluster) down(id string, err error) {
+	c.mmu.Lock()
+	m, ok := c.members[id]
+	changed := ok && m.up
+	if ok {
+		m.up, m.split = false, true
+	}
+	c.mmu.Unlock()
+	if changed {
+		c.log.Error("member out of the store across hosts", "member", id, "err", err)
+		c.recompute()
+	}
+}

@@ -1,0 +1,342 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/tensorcast/tensorcast/store"
+)
+
+// The messages of the store across hosts, one exchange each (little
+// endian). Every message begins with its version byte.
+//
+//	announce  keys → their home: u32 n, n × (key, u8 tier, u64 size, u32 crc);
+//	          tier 0: the holder no longer has the value
+//	          answer: u32 refused (keys the home is not home of)
+//	lookup    keys → their home: u32 n, n × key
+//	          answer: u32 n, n × (u8 code, u8 m, m × holder)
+//	remove    keys → their home: u32 n, n × key; answer empty
+//	drop      keys → a holder (from their home): u32 n, n × key; answer empty
+//	hold      keys → a holder: u32 ttl ms, u32 n, n × key
+//	          answer: u64 claim, u32 n, n × (u8 code, u64 offset, u64 size)
+//	release   claim → its holder: u64 claim; answer empty
+//
+// A key is u16 length + bytes (1..store.MaxKeyLen); a holder is u8 id
+// length + id, u64 epoch, u8 tier, u64 size, u32 crc. A code in a lookup
+// answer is codeOK (the holders follow) or codeNotHome. A decoder checks
+// every length against what is left and against the limits before use, and
+// refuses trailing bytes.
+
+const msgVersion = 1
+
+// Exchange kinds.
+const (
+	kindAnnounce = "tc.store.announce"
+	kindLookup   = "tc.store.lookup"
+	kindRemove   = "tc.store.remove"
+	kindDrop     = "tc.store.drop"
+	kindHold     = "tc.store.hold"
+	kindRelease  = "tc.store.release"
+	// kindReannounce asks a holder to re-announce the keys it holds whose
+	// home is the asker (a home that gained shards): empty both ways.
+	kindReannounce = "tc.store.reannounce"
+	// kindHello asks a member whether it is there: u32 shards both ways
+	// (a member with another store_shards refuses, and is out).
+	kindHello = "tc.store.hello"
+)
+
+// Codes of a key in a lookup answer.
+const (
+	codeOK      = 0
+	codeNotHome = 1
+)
+
+// maxMsgKeys bounds the keys of one message: a lookup answer for that many
+// keys with maxHoldersCap holders each fits one exchange (tcp.MaxExchange).
+const (
+	maxMsgKeys    = 128
+	maxHoldersCap = 4
+	maxIDLen      = 64
+	// maxMsgBytes is the most a message may take (tcp.MaxExchange).
+	maxMsgBytes = 60 << 10
+)
+
+// enc builds a message.
+type enc struct{ b []byte }
+
+func newEnc() *enc           { return &enc{b: []byte{msgVersion}} }
+func (e *enc) u8(v uint8)    { e.b = append(e.b, v) }
+func (e *enc) u16(v uint16)  { e.b = binary.LittleEndian.AppendUint16(e.b, v) }
+func (e *enc) u32(v uint32)  { e.b = binary.LittleEndian.AppendUint32(e.b, v) }
+func (e *enc) u64(v uint64)  { e.b = binary.LittleEndian.AppendUint64(e.b, v) }
+func (e *enc) key(k []byte)  { e.u16(uint16(len(k))); e.b = append(e.b, k...) }
+func (e *enc) str8(s string) { e.u8(uint8(len(s))); e.b = append(e.b, s...) }
+func (e *enc) holder(h Holder) {
+	e.str8(h.ID)
+	e.u64(h.Epoch)
+	e.u8(h.Tier)
+	e.u64(h.Size)
+	e.u32(h.CRC)
+}
+func (e *enc) bytes() []byte            { return e.b }
+func keyBytes(k []byte) int             { return 2 + len(k) }
+func holderBytes(h Holder) int          { return 1 + len(h.ID) + 8 + 1 + 8 + 4 }
+func (e *enc) room(n int) bool          { return len(e.b)+n <= maxMsgBytes }
+func (e *enc) patch32(at int, v uint32) { binary.LittleEndian.PutUint32(e.b[at:], v) }
+
+// dec reads a message; the first failure sticks.
+type dec struct {
+	b   []byte
+	err error
+}
+
+func newDec(b []byte) *dec {
+	d := &dec{b: b}
+	if v := d.u8(); d.err == nil && v != msgVersion {
+		d.fail("version %d", v)
+	}
+	return d
+}
+
+func (d *dec) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: "+format, append([]any{ErrMessage}, args...)...)
+	}
+	d.b = nil
+}
+
+func (d *dec) take(n int) []byte {
+	if d.err != nil || n > len(d.b) {
+		d.fail("%d bytes wanted, %d left", n, len(d.b))
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) u8() uint8 {
+	if b := d.take(1); b != nil {
+		return b[0]
+	}
+	return 0
+}
+
+func (d *dec) u16() uint16 {
+	if b := d.take(2); b != nil {
+		return binary.LittleEndian.Uint16(b)
+	}
+	return 0
+}
+
+func (d *dec) u32() uint32 {
+	if b := d.take(4); b != nil {
+		return binary.LittleEndian.Uint32(b)
+	}
+	return 0
+}
+
+func (d *dec) u64() uint64 {
+	if b := d.take(8); b != nil {
+		return binary.LittleEndian.Uint64(b)
+	}
+	return 0
+}
+
+func (d *dec) key() []byte {
+	n := int(d.u16())
+	if d.err == nil && (n == 0 || n > store.MaxKeyLen) {
+		d.fail("key of %d bytes", n)
+		return nil
+	}
+	return d.take(n)
+}
+
+func (d *dec) count(most int) int {
+	n := int(d.u32())
+	if d.err == nil && n > most {
+		d.fail("%d items (at most %d)", n, most)
+		return 0
+	}
+	return n
+}
+
+func (d *dec) holder() Holder {
+	n := int(d.u8())
+	if d.err == nil && (n == 0 || n > maxIDLen) {
+		d.fail("daemon id of %d bytes", n)
+		return Holder{}
+	}
+	id := string(d.take(n))
+	return Holder{ID: id, Epoch: d.u64(), Tier: d.u8(), Size: d.u64(), CRC: d.u32()}
+}
+
+func (d *dec) end() error {
+	if d.err == nil && len(d.b) != 0 {
+		d.fail("%d trailing bytes", len(d.b))
+	}
+	return d.err
+}
+
+// entry is one announced key.
+type entry struct {
+	key  []byte
+	tier uint8
+	size uint64
+	crc  uint32
+}
+
+func entryBytes(e entry) int { return keyBytes(e.key) + 1 + 8 + 4 }
+
+// encodeAnnounce encodes es (which fit one message).
+func encodeAnnounce(es []entry) []byte {
+	e := newEnc()
+	e.u32(uint32(len(es)))
+	for _, x := range es {
+		e.key(x.key)
+		e.u8(x.tier)
+		e.u64(x.size)
+		e.u32(x.crc)
+	}
+	return e.bytes()
+}
+
+func decodeAnnounce(b []byte) ([]entry, error) {
+	d := newDec(b)
+	n := d.count(maxMsgBytes / 16)
+	es := make([]entry, 0, n)
+	for i := 0; i < n && d.err == nil; i++ {
+		es = append(es, entry{key: d.key(), tier: d.u8(), size: d.u64(), crc: d.u32()})
+	}
+	return es, d.end()
+}
+
+// encodeKeys encodes a list of keys (lookup, remove, drop).
+func encodeKeys(keys [][]byte) []byte {
+	e := newEnc()
+	e.u32(uint32(len(keys)))
+	for _, k := range keys {
+		e.key(k)
+	}
+	return e.bytes()
+}
+
+func decodeKeysFrom(d *dec) [][]byte {
+	n := d.count(maxMsgBytes / 3)
+	keys := make([][]byte, 0, min(n, maxMsgKeys))
+	for i := 0; i < n && d.err == nil; i++ {
+		keys = append(keys, d.key())
+	}
+	return keys
+}
+
+func decodeKeys(b []byte) ([][]byte, error) {
+	d := newDec(b)
+	keys := decodeKeysFrom(d)
+	return keys, d.end()
+}
+
+// lookupAnswer is the home's answer for one key.
+type lookupAnswer struct {
+	code    uint8
+	holders []Holder
+}
+
+func encodeLookupAnswer(as []lookupAnswer) []byte {
+	e := newEnc()
+	e.u32(uint32(len(as)))
+	for _, a := range as {
+		e.u8(a.code)
+		e.u8(uint8(len(a.holders)))
+		for _, h := range a.holders {
+			e.holder(h)
+		}
+	}
+	return e.bytes()
+}
+
+func decodeLookupAnswer(b []byte, want int) ([]lookupAnswer, error) {
+	d := newDec(b)
+	n := d.count(maxMsgKeys)
+	if d.err == nil && n != want {
+		d.fail("%d answers for %d keys", n, want)
+	}
+	as := make([]lookupAnswer, 0, n)
+	for i := 0; i < n && d.err == nil; i++ {
+		a := lookupAnswer{code: d.u8()}
+		m := int(d.u8())
+		if m > maxHoldersCap {
+			d.fail("%d holders (at most %d)", m, maxHoldersCap)
+		}
+		for j := 0; j < m && d.err == nil; j++ {
+			a.holders = append(a.holders, d.holder())
+		}
+		as = append(as, a)
+	}
+	return as, d.end()
+}
+
+func encodeHold(ttlMS uint32, keys [][]byte) []byte {
+	e := newEnc()
+	e.u32(ttlMS)
+	e.u32(uint32(len(keys)))
+	for _, k := range keys {
+		e.key(k)
+	}
+	return e.bytes()
+}
+
+func decodeHold(b []byte) (ttlMS uint32, keys [][]byte, err error) {
+	d := newDec(b)
+	ttlMS = d.u32()
+	keys = decodeKeysFrom(d)
+	if d.err == nil && len(keys) > maxMsgKeys {
+		d.fail("%d keys (at most %d)", len(keys), maxMsgKeys)
+	}
+	return ttlMS, keys, d.end()
+}
+
+// held is a holder's answer for one key of a hold.
+type held struct {
+	code   uint8 // a store.Code
+	offset uint64
+	size   uint64
+}
+
+func encodeHeld(claim uint64, hs []held) []byte {
+	e := newEnc()
+	e.u64(claim)
+	e.u32(uint32(len(hs)))
+	for _, h := range hs {
+		e.u8(h.code)
+		e.u64(h.offset)
+		e.u64(h.size)
+	}
+	return e.bytes()
+}
+
+func decodeHeld(b []byte, want int) (uint64, []held, error) {
+	d := newDec(b)
+	claim := d.u64()
+	n := d.count(maxMsgKeys)
+	if d.err == nil && n != want {
+		d.fail("%d answers for %d keys", n, want)
+	}
+	hs := make([]held, 0, n)
+	for i := 0; i < n && d.err == nil; i++ {
+		hs = append(hs, held{code: d.u8(), offset: d.u64(), size: d.u64()})
+	}
+	return claim, hs, d.end()
+}
+
+func encodeClaim(claim uint64) []byte {
+	e := newEnc()
+	e.u64(claim)
+	return e.bytes()
+}
+
+func decodeClaim(b []byte) (uint64, error) {
+	d := newDec(b)
+	c := d.u64()
+	return c, d.end()
+}

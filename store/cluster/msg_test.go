@@ -1,0 +1,92 @@
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func TestMessagesRoundTrip(t *testing.T) {
+	keys := [][]byte{[]byte("a"), bytes.Repeat([]byte("k"), 256)}
+	got, err := decodeKeys(encodeKeys(keys))
+	if err != nil || len(got) != 2 || !bytes.Equal(got[1], keys[1]) {
+		t.Fatalf("keys: %q, %v", got, err)
+	}
+	es := []entry{{key: []byte("x"), tier: TierL2, size: 1 << 20, crc: 0xdeadbeef}}
+	ge, err := decodeAnnounce(encodeAnnounce(es))
+	if err != nil || len(ge) != 1 || ge[0].size != 1<<20 || ge[0].crc != 0xdeadbeef || ge[0].tier != TierL2 {
+		t.Fatalf("announce: %+v, %v", ge, err)
+	}
+	as := []lookupAnswer{{code: codeNotHome}, {holders: []Holder{{ID: "d1", Epoch: 7, Tier: TierL1, Size: 3, CRC: 9}}}}
+	ga, err := decodeLookupAnswer(encodeLookupAnswer(as), 2)
+	if err != nil || ga[0].code != codeNotHome || ga[1].holders[0] != as[1].holders[0] {
+		t.Fatalf("lookup answer: %+v, %v", ga, err)
+	}
+	if _, err := decodeLookupAnswer(encodeLookupAnswer(as), 3); !errors.Is(err, ErrMessage) {
+		t.Fatalf("an answer of 2 for 3 keys: %v, want ErrMessage", err)
+	}
+	ttl, gk, err := decodeHold(encodeHold(1500, keys))
+	if err != nil || ttl != 1500 || len(gk) != 2 {
+		t.Fatalf("hold: %d %q %v", ttl, gk, err)
+	}
+	claim, hs, err := decodeHeld(encodeHeld(42, []held{{code: 0, offset: 4096, size: 8}}), 1)
+	if err != nil || claim != 42 || hs[0].offset != 4096 || hs[0].size != 8 {
+		t.Fatalf("held: %d %+v %v", claim, hs, err)
+	}
+	if c, err := decodeClaim(encodeClaim(5)); err != nil || c != 5 {
+		t.Fatalf("claim: %d %v", c, err)
+	}
+	for name, b := range map[string][]byte{
+		"empty":         nil,
+		"version":       {2, 0, 0, 0, 0},
+		"trailing":      append(encodeKeys(keys), 0),
+		"short key":     {1, 1, 0, 0, 0, 9, 0, 'a'},
+		"empty key":     {1, 1, 0, 0, 0, 0, 0},
+		"too long key":  append([]byte{1, 1, 0, 0, 0, 1, 1}, make([]byte, 257)...),
+		"huge count":    {1, 0xff, 0xff, 0xff, 0xff},
+		"no holder id":  {1, 1, 0, 0, 0, 0, 1, 0},
+		"many holders":  {1, 1, 0, 0, 0, 0, 5},
+		"ttl, no count": {1, 1, 0, 0, 0},
+	} {
+		_, e1 := decodeKeys(b)
+		_, e2 := decodeAnnounce(b)
+		_, e3 := decodeLookupAnswer(b, 1)
+		_, _, e4 := decodeHold(b)
+		_, _, e5 := decodeHeld(b, 1)
+		for i, err := range []error{e1, e2, e3, e4, e5} {
+			if err != nil && !errors.Is(err, ErrMessage) {
+				t.Errorf("%s, decoder %d: %v, not ErrMessage", name, i, err)
+			}
+		}
+		if e1 == nil && e2 == nil && e3 == nil && e4 == nil && e5 == nil {
+			t.Errorf("%s: every decoder took it", name)
+		}
+	}
+}
+
+// FuzzDecode: no input makes a decoder panic, and what decodes encodes
+// back to the same bytes.
+func FuzzDecode(f *testing.F) {
+	f.Add(encodeKeys([][]byte{[]byte("a"), []byte("bc")}))
+	f.Add(encodeAnnounce([]entry{{key: []byte("x"), tier: 1, size: 2, crc: 3}}))
+	f.Add(encodeLookupAnswer([]lookupAnswer{{holders: []Holder{{ID: "d", Epoch: 1}}}}))
+	f.Add(encodeHold(10, [][]byte{[]byte("k")}))
+	f.Add(encodeHeld(1, []held{{offset: 1, size: 2}}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if keys, err := decodeKeys(b); err == nil && !bytes.Equal(encodeKeys(keys), b) {
+			t.Fatalf("keys %q re-encode differently", keys)
+		}
+		if es, err := decodeAnnounce(b); err == nil && !bytes.Equal(encodeAnnounce(es), b) {
+			t.Fatal("announce re-encodes differently")
+		}
+		if as, err := decodeLookupAnswer(b, 1); err == nil && !bytes.Equal(encodeLookupAnswer(as), b) {
+			t.Fatal("lookup answer re-encodes differently")
+		}
+		if ttl, keys, err := decodeHold(b); err == nil && !bytes.Equal(encodeHold(ttl, keys), b) {
+			t.Fatal("hold re-encodes differently")
+		}
+		if c, hs, err := decodeHeld(b, 1); err == nil && !bytes.Equal(encodeHeld(c, hs), b) {
+			t.Fatal("held re-encodes differently")
+		}
+	})
+}

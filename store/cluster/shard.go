@@ -1,0 +1,80 @@
+package cluster
+
+import (
+	"slices"
+)
+
+// DefaultShards is the number of shards the key space is split into by
+// default.
+const DefaultShards = 1024
+
+// maxShards bounds Config.Shards.
+const maxShards = 1 << 16
+
+// fnv1a is the 64-bit FNV-1a hash: the same on every daemon, whatever
+// its build.
+func fnv1a(h uint64, b []byte) uint64 {
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return h
+}
+
+const fnvOffset = 14695981039346656037
+
+// ShardOf is the shard of key among shards.
+func ShardOf(key []byte, shards int) int {
+	return int(fnv1a(fnvOffset, key) % uint64(shards))
+}
+
+// mix is a 64-bit finalizer (splitmix64's), so that nearby inputs score
+// far apart.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// view is one set of members and the home of every shard among them,
+// by rendezvous hashing: a shard's home is the member with the highest
+// score for it, so a member that joins or leaves moves only the shards
+// it wins or held. Immutable once built.
+type view struct {
+	members []string // sorted
+	homes   []uint16 // shard → index in members
+}
+
+// newView computes the homes of shards among members (deduplicated).
+func newView(members []string, shards int) *view {
+	m := slices.Clone(members)
+	slices.Sort(m)
+	m = slices.Compact(m)
+	v := &view{members: m, homes: make([]uint16, shards)}
+	seeds := make([]uint64, len(m))
+	for i, id := range m {
+		seeds[i] = fnv1a(fnvOffset, []byte(id))
+	}
+	for s := range v.homes {
+		best, bestScore := 0, uint64(0)
+		for i, seed := range seeds {
+			if sc := mix(seed ^ mix(uint64(s)+1)); i == 0 || sc > bestScore {
+				best, bestScore = i, sc
+			}
+		}
+		v.homes[s] = uint16(best)
+	}
+	return v
+}
+
+// home is the home of shard s.
+func (v *view) home(s int) string { return v.members[v.homes[s]] }
+
+// has reports whether id is a member.
+func (v *view) has(id string) bool {
+	_, ok := slices.BinarySearch(v.members, id)
+	return ok
+}

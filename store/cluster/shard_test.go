@@ -1,0 +1,99 @@
+package cluster
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestRendezvousMovesOnlyWhatMust: every daemon computes the same homes
+// from the same members, whatever their order; a member that leaves moves
+// only its own shards, and one that joins takes shards only from the
+// others, about a fair share.
+func TestRendezvousMovesOnlyWhatMust(t *testing.T) {
+	const shards = 1024
+	a := newView([]string{"d1", "d2", "d3", "d4"}, shards)
+	b := newView([]string{"d4", "d3", "d1", "d2", "d2"}, shards)
+	for s := range shards {
+		if a.home(s) != b.home(s) {
+			t.Fatalf("shard %d: home %s or %s depending on the order of the members", s, a.home(s), b.home(s))
+		}
+	}
+	count := map[string]int{}
+	for s := range shards {
+		count[a.home(s)]++
+	}
+	for id, n := range count {
+		if n < shards/4/2 || n > shards/4*2 {
+			t.Errorf("%s is home of %d shards of %d over 4 members", id, n, shards)
+		}
+	}
+	left := newView([]string{"d1", "d2", "d4"}, shards)
+	joined := newView([]string{"d1", "d2", "d3", "d4", "d5"}, shards)
+	moved := 0
+	for s := range shards {
+		if a.home(s) != "d3" && left.home(s) != a.home(s) {
+			t.Fatalf("shard %d moved from %s to %s when d3 left", s, a.home(s), left.home(s))
+		}
+		if joined.home(s) != a.home(s) {
+			if joined.home(s) != "d5" {
+				t.Fatalf("shard %d moved from %s to %s when d5 joined", s, a.home(s), joined.home(s))
+			}
+			moved++
+		}
+	}
+	if moved < shards/5/2 || moved > shards/5*2 {
+		t.Errorf("d5 joining moved %d shards of %d", moved, shards)
+	}
+	if lone := newView([]string{"solo"}, shards); lone.home(0) != "solo" || lone.home(shards-1) != "solo" {
+		t.Fatal("a lone member is not home of every shard")
+	}
+}
+
+func TestShardOfIsStable(t *testing.T) {
+	// The shard of a key is part of the protocol between daemons: it
+	// must not change with the build or the run.
+	for _, c := range []struct {
+		key  string
+		want int
+	}{{"a", 140}, {"chain/00", 147}, {"kv/layer0/block7", 625}} {
+		if got := ShardOf([]byte(c.key), 1024); got != c.want {
+			t.Errorf("ShardOf(%q) = %d, want %d", c.key, got, c.want)
+		}
+	}
+}
+
+// TestIndexLimits: a full index refuses new keys (counted) and takes
+// holders of known ones; a key keeps at most maxHolders holders, the
+// newest; a holder announcing again replaces its entry.
+func TestIndexLimits(t *testing.T) {
+	x := newIndex(4, 2, 2)
+	k := func(i int) []byte { return fmt.Appendf(nil, "k%d", i) }
+	if !x.add(0, k(0), Holder{ID: "a", Epoch: 1}) || !x.add(1, k(1), Holder{ID: "a", Epoch: 1}) {
+		t.Fatal("adding under the limit failed")
+	}
+	if x.add(2, k(2), Holder{ID: "a", Epoch: 1}) || x.refused.Load() != 1 {
+		t.Fatalf("a third key in an index of two: refused %d", x.refused.Load())
+	}
+	x.add(0, k(0), Holder{ID: "b", Epoch: 1})
+	x.add(0, k(0), Holder{ID: "c", Epoch: 1})
+	hs := x.get(0, k(0), nil)
+	if len(hs) != 2 || hs[0].ID != "b" || hs[1].ID != "c" {
+		t.Fatalf("holders %+v, want b and c (the oldest, a, made room)", hs)
+	}
+	x.add(0, k(0), Holder{ID: "b", Epoch: 2, Size: 9})
+	hs = x.get(0, k(0), nil)
+	if len(hs) != 2 || hs[1].ID != "b" || hs[1].Epoch != 2 || hs[0].ID != "c" {
+		t.Fatalf("holders %+v after b's new run announced", hs)
+	}
+	x.dropHolder(0, k(0), "c", 0)
+	x.dropHolder(0, k(0), "b", 1) // another run's: stays
+	if hs := x.get(0, k(0), nil); len(hs) != 1 || hs[0].Epoch != 2 {
+		t.Fatalf("holders %+v", hs)
+	}
+	if got := x.drop(0, k(0)); len(got) != 1 || x.keys.Load() != 1 || x.shardKeys(0) != 0 {
+		t.Fatalf("drop: %+v, %d keys", got, x.keys.Load())
+	}
+	if !x.add(2, k(2), Holder{ID: "a"}) {
+		t.Fatal("a key did not fit once another was dropped")
+	}
+}

@@ -1,0 +1,74 @@
+package cluster
+
+import (
+	"maps"
+	"sync"
+)
+
+// Stats are the cluster's figures, for the metrics endpoint and `tcctl
+// stats`.
+type Stats struct {
+	Members     int // members up, this daemon included
+	HomeOf      int // shards this daemon is home of
+	IndexKeys   int // keys in this daemon's location index
+	Holds       int // claims readers hold here now
+	ViewChanges uint64
+
+	Announced, AnnounceSent, AnnounceDropped, AnnounceFailed uint64
+	Reannounced                                              uint64
+
+	Lookups, LookupsLocal, LookupFailed uint64 // keys asked of other homes, answered here, failed
+	CacheHits                           uint64 // keys answered from the cache of home answers
+
+	RemoteHits, RemoteMisses, RemoteFailed, RemoteBytes uint64
+	CRCMismatch                                         uint64
+	HoldsGiven, HoldsRefused, Removes                   uint64
+
+	// ByPeer are the remote gets this daemon made, by holder.
+	ByPeer map[string]PeerStats
+}
+
+// PeerStats are the remote gets from one holder.
+type PeerStats struct {
+	Gets, Bytes uint64
+}
+
+// peerCounts counts remote gets by holder.
+type peerCounts struct {
+	// mu guards m.
+	mu sync.Mutex
+	m  map[string]PeerStats
+}
+
+func (p *peerCounts) add(id string, bytes uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[string]PeerStats{}
+	}
+	s := p.m[id]
+	s.Gets++
+	s.Bytes += bytes
+	p.m[id] = s
+}
+
+// Stats reports the cluster's figures.
+func (c *Cluster) Stats() Stats {
+	v := c.view.Load()
+	c.byPeer.mu.Lock()
+	by := maps.Clone(c.byPeer.m)
+	c.byPeer.mu.Unlock()
+	return Stats{
+		Members: len(v.members), HomeOf: c.homeOf(v), IndexKeys: int(c.idx.keys.Load()), Holds: c.Holds(),
+		ViewChanges: c.c.viewChanges.Load(),
+		Announced:   c.c.announced.Load(), AnnounceSent: c.c.announceSent.Load(),
+		AnnounceDropped: c.c.announceDropped.Load(), AnnounceFailed: c.c.announceFailed.Load(),
+		Reannounced: c.c.reannounced.Load(),
+		Lookups:     c.c.lookups.Load(), LookupsLocal: c.c.lookupsLocal.Load(), LookupFailed: c.c.lookupFailed.Load(),
+		CacheHits:  c.c.cacheHits.Load(),
+		RemoteHits: c.c.remoteHits.Load(), RemoteMisses: c.c.remoteMisses.Load(), RemoteFailed: c.c.remoteFailed.Load(),
+		RemoteBytes: c.c.remoteBytes.Load(), CRCMismatch: c.c.crcMismatch.Load(),
+		HoldsGiven: c.c.holds.Load(), HoldsRefused: c.c.holdsRefused.Load(), Removes: c.c.removes.Load(),
+		ByPeer: by,
+	}
+}

@@ -1,0 +1,349 @@
+package store
+
+import (
+	"bytes"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tensorcast/tensorcast/status"
+)
+
+// Remote is the store across hosts as this store sees it (package
+// store/cluster implements it): whom it tells what became visible or was
+// removed here, and whom it asks for the keys it misses. A store without
+// one (SetRemote never called) is the host's store alone, exactly as
+// before.
+type Remote interface {
+	// Stored says that key became visible here (a commit, a put, or a
+	// value fetched from another host and kept), with size bytes whose
+	// crc32c is crc. It runs with the key's shard locked: it copies key
+	// and queues the announcement, and must neither block nor call into
+	// the store.
+	Stored(key []byte, size uint64, crc uint32)
+	// Evicted says that key's value left this store by eviction (from
+	// both tiers). Like Stored, it runs with the key's shard locked and
+	// only queues.
+	Evicted(key []byte)
+	// Removed says that a client removed keys here (each one absent here
+	// now); every other copy is to go too. It blocks at most the remote
+	// deadline and must not call into the store with keys' locks held
+	// (it holds none: it runs after the local removal).
+	Removed(keys [][]byte)
+	// Fetch brings keys (copies the callee owns from then on) from the
+	// hosts that hold them into this store, as values of its own, and
+	// calls done(i, err) exactly once per key: nil when keys[i] is stored
+	// here now, an error wrapping ErrNotFound when no host holds it, or
+	// an error that names what failed. It must not block; done runs on
+	// any goroutine, possibly before Fetch returns, and may call into the
+	// store.
+	Fetch(keys [][]byte, done func(i int, err error))
+	// Present sets found[i] for each key that another host holds, as its
+	// home says (asking at most once per home, in parallel); keys with
+	// found[i] set already are not asked about. It blocks at most the
+	// remote deadline; a home that does not answer leaves its keys
+	// unfound.
+	Present(keys [][]byte, found []bool)
+	// SizeOf is the size of key's value on another host, as its home
+	// says; false when no other host holds it. It blocks at most the
+	// remote deadline.
+	SizeOf(key []byte) (uint64, bool)
+}
+
+// remoteBox holds the Remote, set once the daemon has built it.
+type remoteBox struct{ r Remote }
+
+// SetRemote makes r the store across hosts of s (nil: the host's store
+// alone). The daemon sets it once, before clients are served.
+func (s *Store) SetRemote(r Remote) {
+	if r == nil {
+		s.remote.Store(nil)
+		return
+	}
+	s.remote.Store(&remoteBox{r})
+}
+
+// rem is the Remote, or nil.
+func (s *Store) rem() Remote {
+	if b := s.remote.Load(); b != nil {
+		return b.r
+	}
+	return nil
+}
+
+// remoteState is the Store's field for its Remote.
+type remoteState = atomic.Pointer[remoteBox]
+
+// announce tells the Remote that entry idx of sh became visible; sh.mu is
+// held.
+func (s *Store) announce(sh *shard, idx uint32, crc uint32, haveCRC bool) {
+	r := s.rem()
+	if r == nil {
+		return
+	}
+	e := sh.ent(idx)
+	if !haveCRC {
+		crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
+	}
+	e.crc = crc
+	e.flags |= fCRC
+	r.Stored(sh.keyOf(e), uint64(e.size), crc)
+}
+
+// evicted tells the Remote that entry idx of sh is evicted; sh.mu is
+// held.
+func (s *Store) evicted(sh *shard, idx uint32) {
+	if r := s.rem(); r != nil {
+		r.Evicted(sh.keyOf(sh.ent(idx)))
+	}
+}
+
+// Held is one value stored here, as the store across hosts re-announces
+// it.
+type Held struct {
+	Key  []byte // a copy
+	Size uint64
+	CRC  uint32 // crc32c of the value
+	OnL2 bool
+}
+
+// IndexShards is how many shards the store's own index has (Holdings
+// walks one at a time).
+func (s *Store) IndexShards() int { return len(s.shards) }
+
+// Holdings appends to dst the values stored here in index shard i for
+// which keep(key) holds, with their crc32c (read from the pool now for a
+// value whose crc is not known yet). It walks the shard under its lock:
+// keep must be quick and must not call into the store.
+func (s *Store) Holdings(i int, keep func(key []byte) bool, dst []Held) []Held {
+	if i < 0 || i >= len(s.shards) || !s.enter() {
+		return dst
+	}
+	defer s.exit()
+	sh := &s.shards[i]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for idx := uint32(0); idx < sh.nents; idx++ {
+		e := sh.ent(idx)
+		if e.state != stReady || !keep(sh.keyOf(e)) {
+			continue
+		}
+		if e.flags&(fL2|fCRC) == 0 {
+			e.crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
+			e.flags |= fCRC
+		}
+		dst = append(dst, Held{Key: bytes.Clone(sh.keyOf(e)), Size: uint64(e.size), CRC: e.crc, OnL2: e.flags&fL1 == 0})
+	}
+	return dst
+}
+
+// CRC is the crc32c the store uses for values (Castagnoli).
+func CRC(b []byte) uint32 { return crc32c(b) }
+
+// fetchMisses asks the Remote for the keys of a call that missed here
+// (code NOT_FOUND) and makes the call wait for them: land(pos, key)
+// answers key pos (setting its code and outputs) once its value is stored
+// here, or returns why not. It returns the call, made when needed. The
+// fetch holds the store open (Close waits for it; it ends by the remote
+// deadline).
+func (s *Store) fetchMisses(cl *call, keys [][]byte, codes []Code, errs []error, done Completion, tag uint64,
+	land func(pos int, key []byte) error) *call {
+	r := s.rem()
+	if r == nil {
+		return cl
+	}
+	var miss []int
+	for i, c := range codes {
+		if c == NotFound {
+			miss = append(miss, i)
+		}
+	}
+	if len(miss) == 0 {
+		return cl
+	}
+	if !s.enter() {
+		for _, i := range miss {
+			setResult(codes, errs, i, Unavailable, ErrClosed)
+		}
+		return cl
+	}
+	if cl == nil {
+		cl = s.newCall(done, tag, codes, errs)
+	}
+	cl.left.Add(int32(len(miss)))
+	own := make([][]byte, len(miss))
+	for j, i := range miss {
+		own[j] = append([]byte(nil), keys[i]...)
+	}
+	var left atomic.Int32
+	left.Store(int32(len(miss)))
+	r.Fetch(own, func(j int, err error) {
+		pos := miss[j]
+		if err == nil {
+			err = land(pos, own[j])
+		}
+		if err != nil {
+			cl.result(int32(pos), err)
+		}
+		if left.Add(-1) == 0 {
+			s.exit()
+		}
+		cl.finish1(&s.calls)
+	})
+	return cl
+}
+
+// landGet answers key pos of a Get whose value a fetch stored here: it
+// pins it for ss and sets its location, like a local hit.
+func (ss *Session) landGet(locs []Location, codes []Code, errs []error) func(pos int, key []byte) error {
+	s := ss.s
+	return func(pos int, key []byte) error {
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		if ss.closed {
+			return ErrClosed
+		}
+		sh, r, _, err := s.lookup(key)
+		if err != nil {
+			return err
+		}
+		e := sh.ent(r.idx)
+		switch {
+		case e.flags&fL1 == 0:
+			sh.mu.Unlock()
+			return ErrBusy // evicted to L2 since it landed: the caller may retry
+		case e.pins >= s.cfg.MaxPins:
+			sh.mu.Unlock()
+			return ErrOverflow
+		}
+		locs[pos] = Location{Offset: e.l1, Length: uint64(e.size)}
+		ss.pinLocked(sh, r)
+		setResult(codes, errs, pos, OK, nil)
+		return nil
+	}
+}
+
+// landRead answers key pos of a Read whose value a fetch stored here: it
+// copies it out, like a local hit.
+func (s *Store) landRead(dsts [][]byte, lens []uint64, codes []Code, errs []error) func(pos int, key []byte) error {
+	return func(pos int, key []byte) error {
+		sh, r, _, err := s.lookup(key)
+		if err != nil {
+			return err
+		}
+		e := sh.ent(r.idx)
+		lens[pos] = uint64(e.size)
+		switch {
+		case uint64(len(dsts[pos])) < uint64(e.size):
+			sh.mu.Unlock()
+			return ErrShortBuffer
+		case e.flags&fL1 == 0 || e.io == ^uint16(0):
+			sh.mu.Unlock()
+			return ErrBusy
+		}
+		e.io++
+		off, size := e.l1, uint64(e.size)
+		sh.mu.Unlock()
+		err = copyGuarded(dsts[pos][:size], s.poolMem[off:off+size])
+		sh.mu.Lock()
+		e.io--
+		sh.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		setResult(codes, errs, pos, OK, nil)
+		return nil
+	}
+}
+
+// presentElsewhere sets codes[i] to OK for each key NOT_FOUND here that
+// another host holds.
+func (s *Store) presentElsewhere(keys [][]byte, codes []Code) {
+	r := s.rem()
+	if r == nil {
+		return
+	}
+	ask := false
+	for _, c := range codes {
+		ask = ask || c == NotFound
+	}
+	if !ask {
+		return // nothing allocated when every key is here
+	}
+	found := make([]bool, len(keys))
+	for i, c := range codes {
+		found[i] = c != NotFound
+	}
+	r.Present(keys, found)
+	for i, f := range found {
+		if f && codes[i] == NotFound {
+			codes[i] = OK
+		}
+	}
+}
+
+// fetchHere brings keys into this store from the hosts that hold them and
+// waits: codes[i] is OK for each key stored here when it returns.
+func (s *Store) fetchHere(keys [][]byte, codes []Code) {
+	r := s.rem()
+	if r == nil {
+		fill(codes, NotFound)
+		return
+	}
+	var left sync.WaitGroup
+	left.Add(len(keys))
+	own := make([][]byte, len(keys))
+	for i, k := range keys {
+		own[i] = append([]byte(nil), k...)
+	}
+	r.Fetch(own, func(i int, err error) {
+		codes[i] = OK
+		if err != nil {
+			codes[i] = status.CodeOf(err)
+		}
+		left.Done()
+	})
+	left.Wait()
+}
+
+// prefixElsewhere goes on with LookupPrefix past keys[:n], the run stored
+// here: the keys other hosts hold, as their homes say, and with pin those
+// fetched here and pinned.
+func (ss *Session) prefixElsewhere(keys [][]byte, n int, pin bool) (int, error) {
+	s := ss.s
+	rest := keys[n:]
+	found := make([]bool, len(rest))
+	s.rem().Present(rest, found)
+	run := 0
+	for run < len(found) && found[run] {
+		run++
+	}
+	if !pin || run == 0 {
+		return n + run, nil
+	}
+	codes := make([]Code, run)
+	s.fetchHere(rest[:run], codes)
+	got := 0
+	for got < run && codes[got] == OK {
+		got++
+	}
+	m, err := ss.prefixHere(rest[:got], true)
+	return n + m, err
+}
+
+// removeElsewhere removes every other host's copy of the keys removed
+// here (code OK).
+func (s *Store) removeElsewhere(keys [][]byte, codes []Code) {
+	r := s.rem()
+	if r == nil {
+		return
+	}
+	var gone [][]byte
+	for i, c := range codes {
+		if c == OK {
+			gone = append(gone, keys[i])
+		}
+	}
+	if len(gone) > 0 {
+		r.Removed(gone)
+	}
+}

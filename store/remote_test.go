@@ -1,0 +1,187 @@
+package store
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"testing"
+)
+
+// fakeRemote is the other hosts as a store sees them: values they hold
+// (others), what this store announced and removed. Fetch stores a value
+// here as the store across hosts does, through a session of its own, on a
+// goroutine of its own.
+type fakeRemote struct {
+	s      *Store
+	others map[string][]byte
+	// mu guards the fields below.
+	mu       sync.Mutex
+	stored   map[string]uint32 // key → crc announced
+	removed  []string
+	evicted  []string
+	fetching sync.WaitGroup
+}
+
+func (r *fakeRemote) Stored(key []byte, size uint64, crc uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stored[string(key)] = crc
+}
+
+func (r *fakeRemote) Evicted(key []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.evicted = append(r.evicted, string(key))
+}
+
+func (r *fakeRemote) Removed(keys [][]byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range keys {
+		r.removed = append(r.removed, string(k))
+	}
+}
+
+func (r *fakeRemote) Fetch(keys [][]byte, done func(int, error)) {
+	r.fetching.Add(1)
+	go func() {
+		defer r.fetching.Done()
+		ss := r.s.NewSession()
+		defer ss.Close()
+		for i, k := range keys {
+			v, ok := r.others[string(k)]
+			if !ok {
+				done(i, fmt.Errorf("%w: nobody holds it", ErrNotFound))
+				continue
+			}
+			locs, codes := make([]Location, 1), make([]Code, 1)
+			if err := ss.Reserve([][]byte{k}, []uint64{uint64(len(v))}, locs, codes, nil); err != nil || codes[0] != OK {
+				done(i, fmt.Errorf("reserve: %v %v", err, codes[0]))
+				continue
+			}
+			copy(r.s.poolMem[locs[0].Offset:], v)
+			if _, err := ss.Commit([][]byte{k}, false, codes, nil, nil, 0); err != nil || codes[0] != OK {
+				done(i, fmt.Errorf("commit: %v %v", err, codes[0]))
+				continue
+			}
+			done(i, nil)
+		}
+	}()
+}
+
+func (r *fakeRemote) Present(keys [][]byte, found []bool) {
+	for i, k := range keys {
+		if _, ok := r.others[string(k)]; ok && !found[i] {
+			found[i] = true
+		}
+	}
+}
+
+func (r *fakeRemote) SizeOf(key []byte) (uint64, bool) {
+	v, ok := r.others[string(key)]
+	return uint64(len(v)), ok
+}
+
+// TestRemote: with a Remote, the store announces what becomes visible
+// (with its crc32c), answers a local miss with the value the Remote
+// fetched (pinned in place for Get, copied for Read), counts other hosts'
+// keys in Exists, LookupPrefix and Stat, and has a Remove remove the other
+// copies; GetHere and RemoveHere stay on this host. Without one, nothing
+// of this happens.
+func TestRemote(t *testing.T) {
+	e := newEnv(t, 8<<20)
+	s := e.s
+	r := &fakeRemote{s: s, stored: map[string]uint32{}, others: map[string][]byte{
+		"far/1": bytes.Repeat([]byte{1}, 5000), "far/2": bytes.Repeat([]byte{2}, 70000), "far/3": {3},
+	}}
+	ss := s.NewSession()
+	defer ss.Close()
+	codes := make([]Code, 3)
+	if _, err := ss.Put([][]byte{[]byte("near")}, [][]byte{[]byte("value")}, false, codes[:1], nil, nil, 0); err != nil || codes[0] != OK {
+		t.Fatalf("put without a remote: %v %v", err, codes[0])
+	}
+	if len(r.stored) != 0 {
+		t.Fatal("announced with no Remote set")
+	}
+	locs := make([]Location, 1)
+	if _, err := ss.Get([][]byte{[]byte("far/1")}, locs, codes[:1], nil, nil, 0); err != nil || codes[0] != NotFound {
+		t.Fatalf("get of another host's key with no Remote: %v %v", err, codes[0])
+	}
+
+	s.SetRemote(r)
+	if _, err := ss.Put([][]byte{[]byte("near/2")}, [][]byte{[]byte("value 2")}, false, codes[:1], nil, nil, 0); err != nil || codes[0] != OK {
+		t.Fatalf("put: %v %v", err, codes[0])
+	}
+	if crc, ok := r.stored["near/2"]; !ok || crc != CRC([]byte("value 2")) {
+		t.Fatalf("announced %v: crc %#x, want %#x", ok, crc, CRC([]byte("value 2")))
+	}
+
+	// Exists, LookupPrefix (the run goes on past the keys here) and Stat.
+	keys := [][]byte{[]byte("near"), []byte("far/2"), []byte("absent")}
+	if err := s.Exists(keys, codes); err != nil || codes[0] != OK || codes[1] != OK || codes[2] != NotFound {
+		t.Fatalf("exists: %v %v", err, codes)
+	}
+	if n, err := ss.LookupPrefix(keys, false); err != nil || n != 2 {
+		t.Fatalf("lookup_prefix: %d %v, want 2", n, err)
+	}
+	if k, err := s.Stat([]byte("far/2")); err != nil || k.Size != 70000 || k.InL1 || k.InL2 {
+		t.Fatalf("stat of another host's key: %+v %v", k, err)
+	}
+	if s.Stats().Keys != 2 {
+		t.Fatalf("%d keys here: Exists, LookupPrefix or Stat fetched something", s.Stats().Keys)
+	}
+
+	// Get: fetched, then pinned in place like a local hit; a miss is a miss.
+	gk := [][]byte{[]byte("far/1"), []byte("near"), []byte("absent")}
+	glocs := make([]Location, 3)
+	if _, err := ss.Get(gk, glocs, codes, nil, nil, 0); err != nil || codes[0] != OK || codes[1] != OK || codes[2] != NotFound {
+		t.Fatalf("get: %v %v", err, codes)
+	}
+	if got := s.poolMem[glocs[0].Offset : glocs[0].Offset+glocs[0].Length]; !bytes.Equal(got, r.others["far/1"]) {
+		t.Fatalf("far/1 in place: %d bytes, not the value", len(got))
+	}
+	if st := s.Stats(); st.Pins != 2 || st.Keys != 3 {
+		t.Fatalf("after the get: %d pins, %d keys", st.Pins, st.Keys)
+	}
+	// Read copies.
+	dst := make([]byte, 70000)
+	lens := make([]uint64, 1)
+	if _, err := s.Read([][]byte{[]byte("far/2")}, [][]byte{dst}, lens, codes[:1], nil, nil, 0); err != nil || codes[0] != OK ||
+		lens[0] != 70000 || !bytes.Equal(dst, r.others["far/2"]) {
+		t.Fatalf("read: %v %v %d", err, codes[0], lens[0])
+	}
+	// LookupPrefix with pin fetches the run and pins it here.
+	if n, err := ss.LookupPrefix([][]byte{[]byte("far/3"), []byte("absent")}, true); err != nil || n != 1 {
+		t.Fatalf("lookup_prefix with pin: %d %v", n, err)
+	}
+	if st := s.Stats(); st.Pins != 3 {
+		t.Fatalf("%d pins after lookup_prefix with pin, want 3", st.Pins)
+	}
+	// GetHere does not fetch.
+	delete(r.others, "far/9")
+	r.others["far/9"] = []byte("x")
+	if err := ss.GetHere([][]byte{[]byte("far/9")}, locs, codes[:1], nil); err != nil || codes[0] != NotFound {
+		t.Fatalf("GetHere of another host's key: %v %v", err, codes[0])
+	}
+	// Remove removes the other copies too; RemoveHere does not ask.
+	if _, err := s.Remove([][]byte{[]byte("near/2"), []byte("absent")}, codes[:2], nil, nil, 0); err != nil || codes[0] != OK || codes[1] != OK {
+		t.Fatalf("remove: %v %v", err, codes[:2])
+	}
+	if err := s.RemoveHere([][]byte{[]byte("near")}, codes[:1], nil); err != nil || codes[0] != FailedPrecondition {
+		t.Fatalf("RemoveHere of a pinned key: %v %v", err, codes[0])
+	}
+	r.fetching.Wait()
+	if fmt.Sprint(r.removed) != "[near/2 absent]" {
+		t.Fatalf("removed elsewhere %v, want [near/2 absent]", r.removed)
+	}
+	// Evicted values (here with no L2: gone) are told too.
+	if err := ss.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.evict(1<<30, 1<<20)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s.Stats().Keys != 0 || len(r.evicted) != 4 {
+		t.Fatalf("evicted %v, %d keys left", r.evicted, s.Stats().Keys)
+	}
+}
