@@ -517,6 +517,7 @@ func (s *Store) publish(sh *shard, idx uint32) {
 	s.c.reserved.Add(^uint64(0))
 	s.c.keys.Add(1)
 	s.c.l1Keys.Add(1)
+	s.journal(sh, idx, 0, false)
 }
 
 // Commit makes reserved keys visible. Without durable they are visible at
