@@ -39,7 +39,7 @@ func (d *Daemon) openStore() error {
 				}
 			}
 		}
-		s, err := d.openOneStore(pool, path, tlog)
+		s, err := d.openOneStore(pool, path, d.journalOf(i), tlog)
 		if err != nil {
 			if len(d.cfg.Tenants) > 0 {
 				return fmt.Errorf("store of tenant %s: %w", d.names[i], err)
@@ -51,8 +51,9 @@ func (d *Daemon) openStore() error {
 	return nil
 }
 
-// openOneStore opens one store over pool, with its L2 at path ("": none).
-func (d *Daemon) openOneStore(pool *shm.Pool, path string, log *slog.Logger) (*store.Store, error) {
+// openOneStore opens one store over pool, with its L2 at path ("": none)
+// and its L1 journal in journal (nil: none).
+func (d *Daemon) openOneStore(pool *shm.Pool, path string, journal []byte, log *slog.Logger) (*store.Store, error) {
 	c := &d.cfg.StoreConfig
 	scfg := store.Config{
 		MaxKeysPerCall:     c.StoreMaxKeysPerCall,
@@ -66,6 +67,7 @@ func (d *Daemon) openOneStore(pool *shm.Pool, path string, log *slog.Logger) (*s
 		// The drain bounds the whole shutdown; the store's wait for its L2
 		// operations in flight is bounded by it too.
 		CloseTimeout: time.Duration(d.cfg.DrainTimeout),
+		L1Journal:    journal,
 		Log:          log,
 	}
 	if scfg.WritebackRetries == 0 {
