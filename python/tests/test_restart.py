@@ -6,6 +6,7 @@ every value committed before, in the very pool its old mapping shows."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ import tensorcast
 from tensorcast import Status
 
 from .daemon import daemon_binary
+from .test_compat import c_client
 from .test_core import pattern
 
 OK = Status.OK
@@ -133,7 +135,9 @@ class FdStoreSystemd:
 
 
 class TestRestartKeepsL1(unittest.TestCase):
-    def test_values_and_mapping_survive_sigterm_and_sigkill(self) -> None:
+    def test_values_and_mappings_survive_sigterm_and_sigkill(self) -> None:
+        """The Python client and the C client (tc_compat restart) each keep
+        the mapping they made before the first restart."""
         sd = FdStoreSystemd("--store-l2-path", "off")
         self.addCleanup(sd.close)
         sd.start()
@@ -161,6 +165,14 @@ class TestRestartKeepsL1(unittest.TestCase):
             assert view is not None
             view[:] = b"\xab" * 4096
 
+        cproc = subprocess.Popen([*c_client(), "restart", sd.socket, "c-kept", "300"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        self.addCleanup(cproc.stdout.close)  # type: ignore[union-attr]
+        self.addCleanup(cproc.wait)
+        self.addCleanup(cproc.stdin.close)  # type: ignore[union-attr]
+        assert cproc.stdin is not None and cproc.stdout is not None
+        self.assertEqual(json.loads(cproc.stdout.readline()), {"client": "c", "ok": True, "put": 300})
+
         for sig in (signal.SIGTERM, signal.SIGKILL):
             rc = sd.signal(sig)
             if sig == signal.SIGTERM:
@@ -181,6 +193,11 @@ class TestRestartKeepsL1(unittest.TestCase):
             for i in range(50):
                 self.assertEqual(bytes(outs[i][:got.lengths[i]]), vals[i])
             self.assertEqual(c.exists(half), [False] * len(half), f"uncommitted values served after {sig!r}")
+            cproc.stdin.write("check\n")
+            cproc.stdin.flush()
+            self.assertEqual(json.loads(cproc.stdout.readline()),
+                             {"client": "c", "ok": True, "same_pool": True, "in_old_mapping": 300, "read_back": 300},
+                             f"the C client after {sig!r}")
         sd.signal(signal.SIGTERM)
 
 
