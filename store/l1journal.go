@@ -118,19 +118,15 @@ func (j *l1Journal) push(slot uint32) {
 	}
 }
 
-// journal writes entry idx's record: its value is in L1 and visible from
-// now on. crc is the value's crc32c, or computed here when !known. A full
-// journal is counted and logged; the value is then simply not kept across
-// a restart. sh.mu is held.
-func (s *Store) journal(sh *shard, idx uint32, crc uint32, known bool) {
+// journal writes entry idx's record: its value, of crc32c crc, is in L1
+// and visible. A full journal is counted and logged; the value is then
+// simply not kept across a restart. sh.mu is held.
+func (s *Store) journal(sh *shard, idx uint32, crc uint32) {
 	j := s.jr
 	if j == nil {
 		return
 	}
 	e := sh.ent(idx)
-	if !known {
-		crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
-	}
 	bi := e.l1 >> j.minShift
 	if j.slotOf[bi] != 0 {
 		j.drop(e.l1)
@@ -152,6 +148,24 @@ func (s *Store) journal(sh *shard, idx uint32, crc uint32, known bool) {
 	copy(rec[32:], k)
 	check(rec).Store(recCheck(rec, len(k)))
 	j.slotOf[bi] = slot + 1
+}
+
+// journalPublished records entry r, just published (visible in L1 at off,
+// size bytes), before the call that published it answers: the value's
+// crc32c is taken without the shard's lock, and the record written only if
+// the entry still holds that block (an eviction or removal meanwhile owes
+// it none).
+func (s *Store) journalPublished(r ref, off, size uint64) {
+	if s.jr == nil {
+		return
+	}
+	crc := crc32c(s.poolMem[off : off+size])
+	sh := &s.shards[r.sh]
+	sh.mu.Lock()
+	if e := sh.ent(r.idx); e.gen == r.gen && e.state == stReady && e.flags&fL1 != 0 && e.l1 == off {
+		s.journal(sh, r.idx, crc)
+	}
+	sh.mu.Unlock()
 }
 
 // drop clears the record of the block at off, if it has one, before the

@@ -517,7 +517,6 @@ func (s *Store) publish(sh *shard, idx uint32) {
 	s.c.reserved.Add(^uint64(0))
 	s.c.keys.Add(1)
 	s.c.l1Keys.Add(1)
-	s.journal(sh, idx, 0, false)
 }
 
 // Commit makes reserved keys visible. Without durable they are visible at
@@ -559,7 +558,9 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 		}
 		if !durable {
 			s.publish(sh, r.idx)
+			off, size := e.l1, uint64(e.size)
 			sh.mu.Unlock()
+			s.journalPublished(r, off, size)
 			ss.unreserve(r)
 			published = true
 			continue
@@ -688,6 +689,7 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 		if !durable {
 			s.publish(sh, r.idx)
 			sh.mu.Unlock()
+			s.journalPublished(r, off, size)
 			published = true
 			continue
 		}
