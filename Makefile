@@ -75,7 +75,9 @@ test-c: build
 # The Python package (python/tests): on Debian's python3, which has numpy
 # and torch, then the core tests on the python3 first on PATH (it may be
 # another interpreter, without them). The cross-client test runs the C,
-# Python and Go clients against one daemon.
+# Python and Go clients against one daemon; the install test (about a
+# minute) pip-installs ./python into a fresh venv, offline, and runs the core
+# tests against the installed package.
 PYTHON ?= /usr/bin/python3
 test-python: build
 	TENSORCASTD=$(CURDIR)/$(BIN)/tensorcastd TENSORCAST_COMPAT_C=$(CURDIR)/c/build/tc_compat \

@@ -53,9 +53,12 @@ func (c *Client) RegisterBuffer(size uint64, opts ...CallOption) (*Buffer, error
 	return &Buffer{ID: id, Mem: mem}, nil
 }
 
-// RegisterFD registers size bytes of fd (a memfd sealed against shrinking,
-// or a regular file) as a client buffer. The caller keeps fd: the daemon
-// gets its own copy.
+// RegisterFD registers size bytes of fd (a memfd, or a file on tmpfs or
+// hugetlbfs) as a client buffer. The caller keeps fd: the daemon gets its
+// own copy. A memfd that allows sealing is sealed against shrinking by the
+// daemon; one that cannot be sealed is taken unsealed, on the terms of
+// shm/doc.go (a request that faults on it because the caller shrank it
+// fails with ErrFailedPrecondition; TCP transfers and exports refuse it).
 func (c *Client) RegisterFD(fd int, size uint64, opts ...CallOption) (xfer.SegmentID, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

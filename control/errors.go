@@ -47,11 +47,6 @@ var (
 	// ErrConfig: a Config value is invalid. Matches xfer.ErrInvalid, a
 	// start-up error.
 	ErrConfig = xfer.Categorized(xfer.ErrInvalid, "control: invalid config")
-	// ErrProtocol: the peer answered with something that does not match the
-	// request (wrong body, wrong number of positional results). Matches
-	// xfer.ErrUnavailable, as a peer daemon's protocol violation does
-	// (tcp.ErrProtocol): the connection is closed, a new one may serve.
-	ErrProtocol = xfer.Categorized(xfer.ErrUnavailable, "control: protocol violation")
 )
 
 // Code is the status of a call or of one item of a batch call; package

@@ -184,6 +184,9 @@ type Server struct {
 	// nanoseconds), 0 while accepting works; acceptErr is the last error.
 	acceptFailing atomic.Int64
 	acceptErr     atomic.Pointer[error]
+	// acceptFailures counts the accepts that failed for want of a
+	// resource (each retry counts).
+	acceptFailures atomic.Uint64
 
 	// Rate-limited logs: refusals by reason, accept failures, frames that
 	// did not complete in time.
@@ -406,6 +409,7 @@ func (s *Server) acceptLoop() error {
 			return err
 		}
 		failures++
+		s.acceptFailures.Add(1)
 		s.acceptErr.Store(&err)
 		if backoff == 0 {
 			s.acceptFailing.Store(time.Now().UnixNano())
@@ -469,6 +473,17 @@ func (s *Server) Health() error {
 		}
 	}
 	return nil
+}
+
+// AcceptFailures is how many accepts have failed for want of a resource
+// (out of descriptors or memory) since the server started, each retry
+// counted, and for how long accepting has been failing now: 0 while it
+// works. Health turns unhealthy once failing passes AcceptStall.
+func (s *Server) AcceptFailures() (total uint64, failing time.Duration) {
+	if since := s.acceptFailing.Load(); since != 0 {
+		failing = max(time.Since(time.Unix(0, since)), time.Nanosecond)
+	}
+	return s.acceptFailures.Load(), failing
 }
 
 func (s *Server) isClosed() bool {

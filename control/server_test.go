@@ -316,17 +316,17 @@ func TestFDRules(t *testing.T) {
 	// Two fds where one is expected.
 	fd2 := newMemfd(t, 4096)
 	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 4096}, fd, fd2), tcproto.CodeINVALID_ARGUMENT)
-	// Wrong fd: a pipe is not mappable; an unsealed memfd is refused.
+	// Wrong fd: a pipe is not mappable, nor is a directory.
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 		t.Fatal(err)
 	}
 	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 4096}, p[0]), tcproto.CodeINVALID_ARGUMENT)
-	unsealed, err := shm.NewMemfd("unsealed", 4096, false)
+	dir, err := unix.Open(t.TempDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 4096}, unsealed), tcproto.CodeINVALID_ARGUMENT)
+	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 4096}, dir), tcproto.CodeINVALID_ARGUMENT)
 	// Declared size larger than the memfd.
 	expectCode(t, c.call(&wire.RegisterBufferRequest{Size: 8192}, fd), tcproto.CodeINVALID_ARGUMENT)
 	// An fd sent with the second of two frames in one write goes with it.
@@ -344,7 +344,7 @@ func TestFDRules(t *testing.T) {
 			t.Fatalf("answer %d: status %s", r.RequestID, r.Status)
 		}
 	}
-	for _, f := range []int{fd, fd2, p[0], p[1], unsealed} {
+	for _, f := range []int{fd, fd2, p[0], p[1], dir} {
 		unix.Close(f)
 	}
 	// The daemon holds exactly one mapping now and no stray fd: its fd

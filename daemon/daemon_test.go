@@ -23,6 +23,8 @@ func testConfig(dir string) Config {
 	c.DrainTimeout = Duration(2 * time.Second)
 	// Tests run daemons side by side: each binds a free port.
 	c.MetricsAddress = "127.0.0.1:0"
+	// A scrape sees what the test did just before it.
+	c.MetricsSnapshotInterval = Duration(time.Millisecond)
 	// Loading eBPF programs is what TestKernelViews tests; the rest run
 	// without.
 	c.EBPF = "off"

@@ -184,7 +184,7 @@ func BenchmarkDirectoryChurn(b *testing.B) {
 
 func runChurn(b *testing.B) {
 	srv := etcdtest.Start(b)
-	c := &benchCluster{b: b, srv: srv, key: writeKey(b, b.TempDir(), "cluster.key", "tensorcast churn key")}
+	c := &benchCluster{b: b, srv: srv, key: testutil.KeyFile(b, b.TempDir(), "cluster.key", "tensorcast churn key")}
 	defer func() {
 		c.mu.Lock()
 		ds := slices.Clone(c.daemons)

@@ -30,7 +30,7 @@ type etcdCluster struct {
 
 func newEtcdCluster(t *testing.T) *etcdCluster {
 	srv := etcdtest.Start(t)
-	return &etcdCluster{t: t, srv: srv, key: writeKey(t, t.TempDir(), "cluster.key", "tensorcast directory test key"),
+	return &etcdCluster{t: t, srv: srv, key: testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast directory test key"),
 		clk: testutil.NewClock(time.Unix(1_700_000_000, 0))}
 }
 

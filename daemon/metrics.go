@@ -3,7 +3,9 @@ package daemon
 import (
 	"fmt"
 	"strconv"
+	"time"
 
+	"github.com/tensorcast/tensorcast/internal/faultcopy"
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/wire"
@@ -29,6 +31,7 @@ func (d *Daemon) newMetrics() error {
 		{"kernel", d.collectKernel},
 		{"store", d.collectStore},
 		{"directory", d.collectDirectory},
+		{"endpoint", d.collectEndpoint},
 	} {
 		if err := d.metrics.Register(s.name, s.src); err != nil {
 			return err
@@ -37,12 +40,42 @@ func (d *Daemon) newMetrics() error {
 	if d.cfg.MetricsOff() {
 		return nil
 	}
-	srv, err := metrics.Listen(d.cfg.MetricsAddress, d.metrics, d.log.With("component", "metrics"))
+	scfg := metrics.ServerConfig{
+		MaxConns:         d.cfg.MetricsMaxConns,
+		HeaderTimeout:    time.Duration(d.cfg.MetricsHeaderTimeout),
+		IdleTimeout:      time.Duration(d.cfg.MetricsIdleTimeout),
+		SnapshotInterval: time.Duration(d.cfg.MetricsSnapshotInterval),
+	}
+	log := d.log.With("component", "metrics")
+	if nofile, ok := metrics.FDLimit(); ok {
+		scfg.ReservedFDs = d.cfg.MetricsReserve(nofile)
+		log.Info("metrics endpoint descriptor budget", "nofile", nofile, "reserved_for_control", scfg.ReservedFDs,
+			"max_conns", scfg.MaxConns)
+	} else {
+		log.Warn("metrics endpoint: the process's descriptor limit is unknown; only metrics_max_conns bounds it")
+	}
+	srv, err := metrics.Listen(d.cfg.MetricsAddress, d.metrics, scfg, log)
 	if err != nil {
 		return fmt.Errorf("%w: metrics_address = %q: %v", ErrConfig, d.cfg.MetricsAddress, err)
 	}
 	d.metricsSrv = srv
 	return nil
+}
+
+// collectEndpoint reports the metrics endpoint's own connections.
+func (d *Daemon) collectEndpoint(e *metrics.Emit) {
+	if d.metricsSrv == nil {
+		return
+	}
+	s := d.metricsSrv.Stats()
+	e.Gauge("tensorcast_metrics_rendered_timestamp_seconds", "When this scrape's rendering was made (scrapes within metrics_snapshot_interval share one): rates are over its changes, not the scrapes'.",
+		float64(time.Now().UnixNano())/1e9)
+	e.Gauge("tensorcast_metrics_connections", "Connections the metrics endpoint holds.", float64(s.Conns))
+	const refused = "Metrics connections closed as they came: past metrics_max_conns, or short of descriptors (the last metrics_reserved_fds are the control socket's)."
+	e.Counter("tensorcast_metrics_refused_total", refused, float64(s.Refused.MaxConns), metrics.L("reason", "max_conns"))
+	e.Counter("tensorcast_metrics_refused_total", refused, float64(s.Refused.Descriptors), metrics.L("reason", "descriptors"))
+	e.Counter("tensorcast_metrics_renders_total", "Renderings of the metrics (scrapes within metrics_snapshot_interval share one).", float64(s.Renders))
+	e.Counter("tensorcast_metrics_scrapes_total", "Scrapes answered.", float64(s.Scrapes))
 }
 
 // Metrics is the daemon's registry: a component added later registers its
@@ -101,6 +134,8 @@ func (d *Daemon) collectEngine(e *metrics.Emit) {
 	e.Gauge("tensorcast_engine_batches", "Batches: live (allocated), retiring (freed, still owed a completion).", float64(s.BatchesRetiring), metrics.L("state", "retiring"))
 	e.Counter("tensorcast_engine_bytes_total", "Bytes moved by ended tasks.", float64(s.Bytes))
 	e.Counter("tensorcast_engine_contract_violations_total", "Transport contract violations the engine caught.", float64(s.Violations))
+	e.Counter("tensorcast_memory_faults_total", "Copies into or out of client-shared memory that faulted (a client shrank its unsealed buffer under them); each failed only its own request.",
+		float64(faultcopy.Faults()))
 }
 
 // collectPool reports each tenant's pool, labelled with the tenant.
@@ -133,6 +168,9 @@ func (d *Daemon) collectControl(e *metrics.Emit) {
 			metrics.L("tenant", metrics.SanitizeLabel(u.Name)))
 	}
 	e.Gauge("tensorcast_segments_registered", "Segments registered: pools, client buffers, files, opened remote segments.", float64(d.reg.Len()))
+	failures, failing := d.server.AcceptFailures()
+	e.Counter("tensorcast_control_accept_failures_total", "Accepts on the control socket that failed for want of descriptors or memory (each retry counts).", float64(failures))
+	e.Gauge("tensorcast_control_accept_failing_seconds", "How long accepting on the control socket has been failing (0 while it works); past accept_stall_timeout the daemon is unhealthy.", failing.Seconds())
 	e.Bool("tensorcast_healthy", "Whether the daemon can serve new clients (its watchdog keep-alives stop when not).", d.health() == nil)
 	for _, rc := range d.server.RequestCounts(nil) {
 		e.Counter("tensorcast_control_requests_total", "Control requests decoded, by message type.", float64(rc.Count), metrics.L("type", rc.Kind))
@@ -174,8 +212,17 @@ func (d *Daemon) collectPeers(e *metrics.Emit) {
 	if d.peers == nil {
 		return
 	}
+	info := d.peers.RDMAInfo()
+	links := make(map[string]*wire.RDMAPeer, len(info.Peers))
+	for i := range info.Peers {
+		links[info.Peers[i].ID] = &info.Peers[i]
+	}
 	for _, p := range d.peers.Node().Peers() {
 		id := metrics.L("peer", metrics.SanitizeLabel(p.ID))
+		state := linkState(p.Connected, info.State, links[p.ID])
+		for _, s := range linkStates {
+			e.Bool("tensorcast_peer_link_state", linkStateHelp, s == state, id, metrics.L("state", s))
+		}
 		e.Counter("tensorcast_peer_received_bytes_total", "Payload bytes received from the peer.", float64(p.BytesIn), id)
 		e.Counter("tensorcast_peer_sent_bytes_total", "Payload bytes sent to the peer.", float64(p.BytesOut), id)
 		e.Counter("tensorcast_peer_errors_total", "Connections to the peer dropped for an error.", float64(p.Errors), id)
@@ -185,4 +232,26 @@ func (d *Daemon) collectPeers(e *metrics.Emit) {
 		e.Gauge("tensorcast_peer_info", "The peer's address and the epoch (run) it is known by (always 1).", 1, id,
 			metrics.L("addr", metrics.SanitizeLabel(p.Addr)), metrics.L("epoch", fmt.Sprintf("%#x", p.Epoch)))
 	}
+}
+
+// linkStates are the values of tensorcast_peer_link_state's state label.
+var linkStates = [...]string{"rdma", "tcp_fallback", "tcp", "down"}
+
+const linkStateHelp = "How requests reach the peer (1 for the current state): rdma; tcp_fallback, this daemon has RDMA " +
+	"but the peer's link is not up (it failed, or the peer has none); tcp, this daemon runs no RDMA (rdma off or no device); " +
+	"down, no session."
+
+// linkState is a peer's state for tensorcast_peer_link_state, from its
+// session and what the RDMA plane (in state plane) says of it (nil when it
+// says nothing).
+func linkState(connected bool, plane wire.RDMAState, p *wire.RDMAPeer) string {
+	switch {
+	case !connected:
+		return "down"
+	case plane != wire.RDMAEnabled:
+		return "tcp"
+	case p != nil && p.Transport == "rdma":
+		return "rdma"
+	}
+	return "tcp_fallback"
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
+	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -14,7 +16,7 @@ import (
 // export over tcp; the writer's scrape shows them under transport="tcp"
 // and the peer's series. As root the tcp eBPF view loads too.
 func TestPeerMetrics(t *testing.T) {
-	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast metrics test key")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast metrics test key")
 	ebpf := func(c *Config) {
 		c.RDMA = "off"
 		if os.Geteuid() == 0 {
@@ -57,6 +59,11 @@ func TestPeerMetrics(t *testing.T) {
 		`tensorcast_peer_connected{peer="d1"}`:                        1,
 		`tensorcast_peer_errors_total{peer="d1"}`:                     0,
 		`tensorcast_peer_connections{direction="outbound",peer="d1"}`: float64(d2.cfg.PeerConns),
+		// rdma = off: requests go over tcp, which is no fallback.
+		`tensorcast_peer_link_state{peer="d1",state="tcp"}`:          1,
+		`tensorcast_peer_link_state{peer="d1",state="tcp_fallback"}`: 0,
+		`tensorcast_peer_link_state{peer="d1",state="rdma"}`:         0,
+		`tensorcast_peer_link_state{peer="d1",state="down"}`:         0,
 	} {
 		if got := sample(t, exp, series); got != want {
 			t.Errorf("%s = %v, want %v", series, got, want)
@@ -77,5 +84,38 @@ func TestPeerMetrics(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("scrape:\n%s", exp)
+	}
+	// d1 goes: its link is down.
+	if err := d1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		exp = scrapeMetrics(t, d2.d.MetricsAddr())
+		return sample(t, exp, `tensorcast_peer_link_state{peer="d1",state="down"}`) == 1
+	}, "d1's link down in d2's scrape:\n%s", testutil.Lazy(func() string { return exp }))
+	if got := sample(t, exp, `tensorcast_peer_link_state{peer="d1",state="tcp"}`); got != 0 {
+		t.Fatalf("d1 down and on tcp at once: %v", got)
+	}
+}
+
+func TestLinkState(t *testing.T) {
+	for _, tc := range []struct {
+		connected bool
+		plane     wire.RDMAState
+		peer      *wire.RDMAPeer
+		want      string
+	}{
+		{false, wire.RDMAEnabled, &wire.RDMAPeer{Transport: "rdma", Link: "up"}, "down"},
+		{true, wire.RDMAEnabled, &wire.RDMAPeer{Transport: "rdma", Link: "up"}, "rdma"},
+		{true, wire.RDMAEnabled, &wire.RDMAPeer{Transport: "tcp", Link: "failed"}, "tcp_fallback"},
+		{true, wire.RDMAEnabled, &wire.RDMAPeer{Transport: "tcp", Link: "up"}, "tcp_fallback"}, // not chosen yet
+		{true, wire.RDMAEnabled, nil, "tcp_fallback"},
+		{true, wire.RDMAOff, nil, "tcp"},
+		{true, wire.RDMAUnavailable, nil, "tcp"},
+		{false, wire.RDMAOff, nil, "down"},
+	} {
+		if got := linkState(tc.connected, tc.plane, tc.peer); got != tc.want {
+			t.Errorf("linkState(%v, %v, %+v) = %s, want %s", tc.connected, tc.plane, tc.peer, got, tc.want)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -15,7 +16,7 @@ import (
 func BenchmarkPeerTransfer(b *testing.B) {
 	for _, op := range []xfer.Op{xfer.OpWrite, xfer.OpRead} {
 		b.Run(op.String(), func(b *testing.B) {
-			key := writeKey(b, b.TempDir(), "cluster.key", "bench cluster key")
+			key := testutil.KeyFile(b, b.TempDir(), "cluster.key", "bench cluster key")
 			slices := func(c *Config) { c.PeerSliceSize = 1 << 20; c.PoolSize = 64 << 20 }
 			d1 := startPeerWith(b, "d1", key, "", slices, dialsIn("d2"))
 			d2 := startPeerWith(b, "d2", key, "", slices, d1.peer())

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -22,16 +21,6 @@ import (
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// writeKey writes a cluster key file readable by its owner only.
-func writeKey(t testing.TB, dir, name, key string) string {
-	t.Helper()
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, []byte(key+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
 
 // lockedBuffer is a log sink safe for the daemon's goroutines.
 type lockedBuffer struct {
@@ -132,7 +121,7 @@ func (p *peerDaemon) dial(t testing.TB, name string) *client.Client {
 // dialing in, d2 knows d1's address.
 func startPair(t testing.TB, keyText string) (d1, d2 *peerDaemon) {
 	t.Helper()
-	key := writeKey(t, t.TempDir(), "cluster.key", keyText)
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", keyText)
 	d1 = startPeer(t, "d1", key, "", dialsIn("d2"))
 	return d1, startPeer(t, "d2", key, "", d1.peer())
 }
@@ -193,7 +182,7 @@ func fill(rng *rand.Rand, b []byte) {
 // subscribed to and once the subscriber's queue is full.
 func TestPeerPlaneThreeDaemons(t *testing.T) {
 	keyDir := t.TempDir()
-	key := writeKey(t, keyDir, "cluster.key", "tensorcast test cluster key")
+	key := testutil.KeyFile(t, keyDir, "cluster.key", "tensorcast test cluster key")
 	d1 := startPeer(t, "d1", key, "", dialsIn("d2"), dialsIn("d3"))
 	d2 := startPeer(t, "d2", key, "", d1.peer())
 	d3 := startPeer(t, "d3", key, "", d1.peer(), d2.peer())
@@ -569,8 +558,8 @@ func TestPeerStoppedAndRestarted(t *testing.T) {
 // refused, and that the refusal is logged by the daemon it tried.
 func TestPeerWrongClusterKey(t *testing.T) {
 	dir := t.TempDir()
-	d1 := startPeer(t, "d1", writeKey(t, dir, "right.key", "the right key"), "", dialsIn("d2"))
-	d2 := startPeer(t, "d2", writeKey(t, dir, "wrong.key", "a wrong key"), "", d1.peer())
+	d1 := startPeer(t, "d1", testutil.KeyFile(t, dir, "right.key", "the right key"), "", dialsIn("d2"))
+	d2 := startPeer(t, "d2", testutil.KeyFile(t, dir, "wrong.key", "a wrong key"), "", d1.peer())
 	exportBuffer(t, d1.dial(t, "exporter"), 1<<20, client.RightRead, "kv")
 	b := d2.dial(t, "intruder")
 	if _, err := b.OpenRemote("d1/kv", client.RightRead); !errors.Is(err, client.ErrUnavailable) {
@@ -580,7 +569,7 @@ func TestPeerWrongClusterKey(t *testing.T) {
 		"d1 logging the refused handshake:\n%s", d1.log)
 
 	// A key file that others may read is refused at start-up, naming it.
-	loose := writeKey(t, dir, "loose.key", "the right key")
+	loose := testutil.KeyFile(t, dir, "loose.key", "the right key")
 	if err := os.Chmod(loose, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -670,7 +659,7 @@ func TestNotificationsAreArguments(t *testing.T) {
 // the other does not list is refused (the client's open fails
 // UNAVAILABLE) and the refusal is logged by the daemon that refused it.
 func TestUnlistedPeerRefused(t *testing.T) {
-	key := writeKey(t, t.TempDir(), "cluster.key", "listed peers only")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "listed peers only")
 	d1 := startPeer(t, "d1", key, "") // lists nobody
 	exportBuffer(t, d1.dial(t, "exporter"), 1<<20, client.RightRead, "kv")
 	d2 := startPeer(t, "d2", key, "", d1.peer())

@@ -202,7 +202,7 @@ func TestVerbsDaemonKilledMidTransfer(t *testing.T) {
 		return
 	}
 	testutil.Require(t, testutil.RDMA)
-	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast rdma kill test key")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast rdma kill test key")
 	mut := func(c *Config) {
 		c.PoolSize = killPool
 		c.RDMA = "on"

@@ -38,7 +38,7 @@ type rdmaPair struct {
 
 func startRDMAPair(t *testing.T, mode string) *rdmaPair {
 	t.Helper()
-	key := writeKey(t, t.TempDir(), "cluster.key", "tensorcast rdma test key")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast rdma test key")
 	mut := func(c *Config) {
 		c.PoolSize = 64 << 20
 		c.RDMA = mode
@@ -189,7 +189,7 @@ func TestRDMAUnavailableUsesTCP(t *testing.T) {
 // TestRDMAConfig: rdma = off says so; on fails start-up without a device
 // (naming the key); bad values are refused.
 func TestRDMAConfig(t *testing.T) {
-	key := writeKey(t, t.TempDir(), "cluster.key", "k")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "k")
 	off := startPeerWith(t, "d1", key, "", func(c *Config) { c.RDMA = "off" })
 	if !strings.Contains(off.log.String(), "rdma off (rdma = off): peers use tcp") || off.d.peers.RDMAInfo().State != wire.RDMAOff {
 		t.Fatalf("rdma = off:\n%s", off.log.String())
@@ -293,6 +293,10 @@ func TestVerbsDaemonsOverRDMA(t *testing.T) {
 	}
 	if stat["rdma.links"] != 1 || stat["rdma.tasks"] < uint64(2*len(rdmaSizes)) || stat["rdma.bytes"] < 2*(4<<20) {
 		t.Fatalf("d2's stats after %d round trips by rdma: %+v", len(rdmaSizes), st.Transports)
+	}
+	// The metrics say the link to d1 is rdma.
+	if exp := scrapeMetrics(t, p.d2.d.MetricsAddr()); sample(t, exp, `tensorcast_peer_link_state{peer="d1",state="rdma"}`) != 1 {
+		t.Fatalf("d2's link to d1 is not rdma in its scrape:\n%s", exp)
 	}
 	// A notified WRITE moves its bytes by RDMA; the notification follows on
 	// the peer channel and the task completes on the owner's answer.

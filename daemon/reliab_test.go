@@ -1,7 +1,7 @@
 package daemon
 
 import (
-	"bytes"
+	"bufio"
 	"errors"
 	"fmt"
 	"net"
@@ -29,80 +29,62 @@ const helperEnv = "TENSORCAST_DAEMON_TEST_HELPER"
 // accept_stall_timeout the daemon says it is unhealthy and stops its
 // WATCHDOG keep-alives; once the connections close it accepts again, says
 // so, resumes them, and serves a new client. The accept failures are
-// logged a few times, not once per retry.
+// logged a few times, not once per retry. A scrape over a keep-alive
+// connection opened before shows the stall while it lasts
+// (tensorcast_control_accept_failing_seconds), and the failed accepts
+// after.
 func TestAcceptSurvivesEMFILE(t *testing.T) {
-	bin := buildDaemon(t)
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "tc.sock")
-	notifyPath, notes := notifyChan(t)
-	next := func() string {
-		t.Helper()
-		select {
-		case m := <-notes:
-			return m
-		case <-time.After(10 * time.Second):
-			t.Fatal("no notify message in 10s")
-			return ""
-		}
-	}
-	cmd := exec.Command("/bin/sh", "-c", `ulimit -n 96 && exec "$0" "$@"`, bin,
-		"--socket", sock, "--data-dir", filepath.Join(dir, "data"), "--pool-size", "16MiB",
-		"--metrics-address", "off", "--ebpf", "off", "--drain-timeout", "2s",
+	p := startLimitedDaemon(t, 96, "--metrics-address", "127.0.0.1:0", "--metrics-reserved-fds", "8",
+		"--metrics-idle-timeout", "1m", "--metrics-snapshot-interval", "1ms",
 		"--max-conns", "1024", "--max-conns-per-uid", "1024", "--accept-stall-timeout", "300ms")
-	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+notifyPath, "WATCHDOG_USEC=100000")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
+	if msg := p.next(t); msg != "WATCHDOG=1" {
+		t.Fatalf("notify %q, want WATCHDOG=1 while healthy", msg)
+	}
+	mc, err := net.Dial("tcp", p.metrics)
+	if err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", stderr.String())
-		}
-	}()
-	if msg := next(); !strings.HasPrefix(msg, "READY=1") {
-		t.Fatalf("first notify %q, want READY=1", msg)
-	}
-	if msg := next(); msg != "WATCHDOG=1" {
-		t.Fatalf("notify %q, want WATCHDOG=1 while healthy", msg)
+	defer mc.Close()
+	br := bufio.NewReader(mc)
+	if exp := scrapeOn(t, mc, br); sample(t, exp, "tensorcast_control_accept_failures_total") != 0 {
+		t.Fatalf("accept failures before the flood:\n%s", exp)
 	}
 
 	conns := make([]*net.UnixConn, 0, 150)
 	for range 150 {
-		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: p.sock, Net: "unix"})
 		if err != nil {
 			t.Fatalf("connection %d: %v", len(conns), err)
 		}
 		conns = append(conns, c)
 	}
 	// Unhealthy: the status says why, and the keep-alives stop.
-	for msg := next(); !strings.HasPrefix(msg, "STATUS=unhealthy"); msg = next() {
+	for msg := p.next(t); !strings.HasPrefix(msg, "STATUS=unhealthy"); msg = p.next(t) {
 		if msg != "WATCHDOG=1" {
 			t.Fatalf("notify %q while accepting fails, want WATCHDOG=1 until STATUS=unhealthy", msg)
 		}
 	}
+	exp := scrapeOn(t, mc, br)
+	if sample(t, exp, "tensorcast_control_accept_failing_seconds") <= 0.3 || sample(t, exp, "tensorcast_control_accept_failures_total") == 0 ||
+		sample(t, exp, "tensorcast_healthy") != 0 {
+		t.Fatalf("the scrape while unhealthy does not show accepting failing past accept_stall_timeout (300ms):\n%s", exp)
+	}
 	// Six watchdog periods without a keep-alive.
 	select {
-	case msg := <-notes:
+	case msg := <-p.notes:
 		t.Fatalf("notify %q while unhealthy: the keep-alives did not stop", msg)
 	case <-time.After(300 * time.Millisecond):
 	}
 	for _, c := range conns {
 		c.Close()
 	}
-	if msg := next(); !strings.HasPrefix(msg, "STATUS=serving") {
+	if msg := p.next(t); !strings.HasPrefix(msg, "STATUS=serving") {
 		t.Fatalf("notify %q after the connections closed, want STATUS=serving", msg)
 	}
-	if msg := next(); msg != "WATCHDOG=1" {
+	if msg := p.next(t); msg != "WATCHDOG=1" {
 		t.Fatalf("notify %q, want WATCHDOG=1 once healthy again", msg)
 	}
-	c, err := client.Dial(sock, client.Options{Name: "after-emfile"})
+	c, err := client.Dial(p.sock, client.Options{Name: "after-emfile"})
 	if err != nil {
 		t.Fatalf("a new client after the flood: %v", err)
 	}
@@ -110,18 +92,13 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	exp = scrapeOn(t, mc, br)
+	if sample(t, exp, "tensorcast_control_accept_failing_seconds") != 0 || sample(t, exp, "tensorcast_control_accept_failures_total") == 0 {
+		t.Fatalf("the scrape after recovery: want accepting no longer failing and the failures counted:\n%s", exp)
 	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("daemon exit: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("daemon did not exit after SIGTERM")
-	}
-	log := stderr.String()
+	mc.Close()
+	p.stop(t)
+	log := p.log.String()
 	n := strings.Count(log, "accept failing; retrying with back-off")
 	if n == 0 || n > 4 || !strings.Contains(log, "too many open files") {
 		t.Fatalf("%d accept-failure lines, want a few naming EMFILE:\n%s", n, log)

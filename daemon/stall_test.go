@@ -191,7 +191,7 @@ func TestStalledPeerDaemon(t *testing.T) {
 		runProcDaemon(path)
 		return
 	}
-	key := writeKey(t, t.TempDir(), "cluster.key", "stalled peer cluster key")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "stalled peer cluster key")
 	d1 := startProcDaemon(t, "d1", key, "[[peers]]", `id = "d2"`)
 	exp := d1.dial(t, "exporter")
 	ebuf, err := exp.RegisterBuffer(8 << 20)
@@ -419,7 +419,7 @@ func TestStalledPeerQueue(t *testing.T) {
 		runProcDaemon(path)
 		return
 	}
-	key := writeKey(t, t.TempDir(), "cluster.key", "stalled peer queue cluster key")
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "stalled peer queue cluster key")
 	d1 := startProcDaemonRun(t, "TestStalledPeerQueue", "d1", key, "[[peers]]", `id = "d2"`)
 	exp := d1.dial(t, "exporter")
 	ebuf, err := exp.RegisterBuffer(8 << 20)

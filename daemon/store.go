@@ -138,6 +138,9 @@ func (d *Daemon) collectOneStore(e *metrics.Emit, st *store.Store, tenantName st
 	const evicted = "Values evicted from the tier (from L1: still on L2, or gone without one)."
 	e.Counter("tensorcast_store_evictions_total", evicted, float64(s.EvictionsL1), tier("l1"), tn)
 	e.Counter("tensorcast_store_evictions_total", evicted, float64(s.EvictionsL2), tier("l2"), tn)
+	const hits = "Keys a get or read found, by the tier that held the value (l2: only there, so read back into the pool). Exists and prefix lookups are probes, not counted."
+	e.Counter("tensorcast_store_hits_total", hits, float64(s.HitsL1), tier("l1"), tn)
+	e.Counter("tensorcast_store_hits_total", hits, float64(s.HitsL2), tier("l2"), tn)
 	e.Gauge("tensorcast_store_pins", "Pins and leases held, over all clients.", float64(s.Pins), tn)
 	e.Gauge("tensorcast_store_reserved", "Reservations and puts in flight.", float64(s.Reserved), tn)
 	e.Gauge("tensorcast_store_dirty", "Values in L1 only, owed a writeback to L2.", float64(s.Dirty), tn)
@@ -146,6 +149,7 @@ func (d *Daemon) collectOneStore(e *metrics.Emit, st *store.Store, tenantName st
 		name, help string
 		v          uint64
 	}{
+		{"tensorcast_store_misses_total", "Keys a get or read looked for that were not stored.", s.Misses},
 		{"tensorcast_store_writebacks_total", "L1→L2 writebacks done.", s.Writebacks},
 		{"tensorcast_store_writeback_retries_total", "Writebacks retried after a failure.", s.WritebackRetries},
 		{"tensorcast_store_tombstones_total", "Writebacks that used up their retries (never retried again).", s.Tombstones},

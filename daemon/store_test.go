@@ -93,6 +93,13 @@ func TestStoreThroughDaemon(t *testing.T) {
 	if err := c.PutBytes([]byte("sock/durable"), storeValue([]byte("sock/durable")), true); err != nil {
 		t.Fatalf("durable put: %v", err)
 	}
+	exp := scrapeMetrics(t, d.MetricsAddr())
+	for _, series := range []string{`tensorcast_store_hits_total{tenant="default",tier="l1"}`, `tensorcast_store_hits_total{tenant="default",tier="l2"}`,
+		`tensorcast_store_misses_total{tenant="default"}`} {
+		if got := sample(t, exp, series); got != 0 {
+			t.Fatalf("%s = %v after a put only", series, got)
+		}
+	}
 	q, err := c.OpenQueue(16)
 	if err != nil {
 		t.Fatal(err)
@@ -134,9 +141,20 @@ func TestStoreThroughDaemon(t *testing.T) {
 	if m["keys"] != 3 || m["durable_puts"] != 3 || m["l2_capacity"] == 0 || m["pins"] != 0 {
 		t.Fatalf("store counters %v", m)
 	}
-	exp := scrapeMetrics(t, d.MetricsAddr())
+	rbuf, err := c.RegisterBuffer(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rres := []error{nil}
+	if err := c.StoreRead([][]byte{[]byte("sock/absent")}, []client.Extent{{Segment: rbuf.ID, Length: 4096}}, []uint64{0}, rres); err != nil ||
+		!errors.Is(rres[0], client.ErrNotFound) {
+		t.Fatalf("read of an absent key: %v, %v", err, rres[0])
+	}
+	exp = scrapeMetrics(t, d.MetricsAddr())
 	for _, want := range []string{`tensorcast_store_keys{tenant="default"} 3`, `tensorcast_store_tier_keys{tenant="default",tier="l2"} 3`,
-		`tensorcast_store_durable_puts_total{tenant="default"} 3`} {
+		`tensorcast_store_durable_puts_total{tenant="default"} 3`,
+		// The queue's Get of its two keys, in L1; the absent key.
+		`tensorcast_store_hits_total{tenant="default",tier="l1"} 2`, `tensorcast_store_misses_total{tenant="default"} 1`} {
 		if !strings.Contains(exp, want+"\n") {
 			t.Fatalf("the scrape lacks %q", want)
 		}

@@ -21,7 +21,11 @@ Run it against `make run`'s daemon (socket ./run/tensorcastd.sock, or
 $TENSORCAST_SOCKET):
 
     make run &                      # in another terminal
-    PYTHONPATH=python /usr/bin/python3 examples/kv_connector.py
+    python3 examples/kv_connector.py
+
+It needs torch (Debian: apt install python3-torch; elsewhere: pip install
+torch) and the tensorcast package: installed (pip install ./python), or else
+this checkout's python/ directory, which it then puts on sys.path.
 """
 
 from __future__ import annotations
@@ -34,9 +38,20 @@ import time
 import warnings
 from typing import List
 
-import torch
+try:
+    import torch
+except ImportError:
+    sys.exit("kv_connector: this example needs torch, which this Python lacks: on Debian `apt install "
+             "python3-torch` (and run it with /usr/bin/python3), elsewhere `pip install torch`")
 
-import tensorcast
+try:
+    import tensorcast
+except ImportError as e:
+    _checkout = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python")
+    if e.name != "tensorcast" or not os.path.isdir(os.path.join(_checkout, "tensorcast")):
+        raise
+    sys.path.insert(0, os.path.normpath(_checkout))  # not installed: this checkout's package
+    import tensorcast
 
 
 def block_hashes(tokens: List[int], block_tokens: int, namespace: bytes) -> List[bytes]:

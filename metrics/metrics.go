@@ -17,10 +17,11 @@
 package metrics
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -125,24 +126,14 @@ func (r *Registry) Register(name string, s Source) error {
 	return r.prom.Register(&collector{r: r, name: name, src: s})
 }
 
-// Handler serves the exposition (Prometheus text format).
-func (r *Registry) Handler(errLog func(msg string, err error)) http.Handler {
-	return promHandler(r.prom, errLog)
-}
-
-// WriteText writes one scrape in the Prometheus text format.
+// WriteText writes one scrape in the Prometheus text format: what the
+// sources gathered, and the error of any that failed.
 func (r *Registry) WriteText(w io.Writer) error {
-	mfs, err := r.prom.Gather()
-	if err != nil {
-		return err
+	b, err := r.render()
+	if _, werr := w.Write(b); werr != nil {
+		return werr
 	}
-	enc := expfmt.NewEncoder(w, expfmt.NewFormat(expfmt.TypeTextPlain))
-	for _, mf := range mfs {
-		if err := enc.Encode(mf); err != nil {
-			return err
-		}
-	}
-	return nil
+	return err
 }
 
 // family returns the family of name, creating it on first use; it refuses
@@ -267,4 +258,21 @@ func SanitizeLabel(s string) string {
 		}
 		return r
 	}, s)
+}
+
+// textContentType is the exposition's: the Prometheus text format.
+var textContentType = string(expfmt.NewFormat(expfmt.TypeTextPlain))
+
+// render is one scrape in the text format. A source that fails is left
+// out and named in the error; the others are rendered.
+func (r *Registry) render() ([]byte, error) {
+	var b bytes.Buffer
+	mfs, gerr := r.prom.Gather()
+	enc := expfmt.NewEncoder(&b, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, mf := range mfs {
+		if err := enc.Encode(mf); err != nil {
+			return b.Bytes(), errors.Join(gerr, err)
+		}
+	}
+	return b.Bytes(), gerr
 }

@@ -3,9 +3,6 @@ package metrics
 import (
 	"bytes"
 	"io"
-	"log/slog"
-	"net/http"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -109,45 +106,6 @@ func TestInconsistentFamily(t *testing.T) {
 	err := r.WriteText(io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "source bad") || !strings.Contains(err.Error(), `label "b"`) {
 		t.Fatalf("scrape error %v, want one naming source bad and label b", err)
-	}
-}
-
-func TestServer(t *testing.T) {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := Listen("127.0.0.1:0", testRegistry(t), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	defer func() {
-		if err := s.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
-	resp, err := http.Get("http://" + s.Addr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(body), `tensorcast_test_requests_total{transport="local"} 7`) {
-		t.Fatalf("GET /metrics: %s\n%s", resp.Status, body)
-	}
-	if resp, err := http.Get("http://" + s.Addr() + "/nothing"); err != nil || resp.StatusCode != 404 {
-		t.Fatalf("GET /nothing: %v %v", resp, err)
-	} else {
-		resp.Body.Close()
-	}
-	http.DefaultClient.CloseIdleConnections()
-}
-
-func TestCloseWithoutStart(t *testing.T) {
-	s, err := Listen("127.0.0.1:0", NewRegistry(ReadBuildInfo("v")), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // The access a region is registered with is enforced by the device of the
@@ -67,21 +68,24 @@ func TestVerbsRegisterAccess(t *testing.T) {
 	for name, r := range regs {
 		b.Expose(name, r)
 	}
-	a.AddLocal(segLocal, local)
+	segs := xfertest.Segments{}
+	segs.Set(t, segLocal, xfer.SlotRDMA, LocalKeys(local, nil, nil))
 	if err := a.Connect(Loopback{b}); err != nil {
 		t.Fatalf("Connect: %v", err)
 	}
 	for _, rr := range a.PeerRegions() {
-		if err := a.AddRemote(xfer.SegmentID(100+rr.Name), rr); err != nil {
+		k, err := RemoteKeys(rr, nil, nil)
+		if err != nil {
 			t.Fatal(err)
 		}
+		segs.Set(t, xfer.SegmentID(100+rr.Name), xfer.SlotRDMA, k)
 	}
 	// do runs one request, resubmitting while the queue pair is being
 	// rebuilt after the previous refusal.
 	do := func(op xfer.Op, name uint64) error {
 		t.Helper()
 		r := newRecorder()
-		tasks := tasksOf(r, xfer.Request{Op: op, Local: segLocal, Target: xfer.SegmentID(100 + name), Length: 4096})
+		tasks := segs.Tasks(r, xfer.Request{Op: op, Local: segLocal, Target: xfer.SegmentID(100 + name), Length: 4096})
 		var last error
 		testutil.Eventually(t, 20*time.Second, func() bool {
 			n, err := a.Submit(tasks)

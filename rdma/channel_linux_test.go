@@ -8,15 +8,16 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // daemonSide is what one daemon holds for RDMA in this test: its tcp node,
@@ -68,10 +69,7 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	key := filepath.Join(t.TempDir(), "key")
-	if err := os.WriteFile(key, []byte("cluster-secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	key := testutil.KeyFile(t, t.TempDir(), "key", "cluster-secret")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sides := map[string]*daemonSide{}
 	for _, id := range []string{"alpha", "bravo"} {
@@ -119,7 +117,8 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 					t.Errorf("Close: %v", err)
 				}
 			}()
-			tr.AddLocal(poolSeg, me.reg)
+			segs := xfertest.Segments{}
+			segs.Set(t, poolSeg, xfer.SlotRDMA, LocalKeys(me.reg, nil, nil))
 			start := time.Now()
 			if err := tr.Connect(ChannelPeer{Ch: me.node, ID: pair[1], Timeout: 10 * time.Second}); err != nil {
 				t.Fatalf("Connect over the peer channel: %v", err)
@@ -131,9 +130,11 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 			}
 			// The target is a window of the peer's pool, as an export is.
 			const winOff = 4<<20 + 512
-			if err := tr.AddRemoteRange(peerSeg, regs[0], winOff, size-winOff); err != nil {
+			win, err := RemoteRangeKeys(regs[0], winOff, size-winOff, nil, nil)
+			if err != nil {
 				t.Fatal(err)
 			}
+			segs.Set(t, peerSeg, xfer.SlotRDMA, win)
 			rng := rand.New(rand.NewPCG(uint64(pair[0][0]), 3))
 			for _, n := range []int{4 << 10, 1 << 20, 16 << 20} {
 				t.Run(strconv.Itoa(n>>10)+"KiB", func(t *testing.T) {
@@ -143,7 +144,7 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 					want := crc32.Checksum(me.pool[:n], castagnoli)
 					toff := uint64(size - winOff - n - 4096)
 					r := newRecorder()
-					w := tasksOf(r, xfer.Request{Op: xfer.OpWrite, Local: poolSeg, Target: peerSeg, TargetOffset: toff, Length: uint64(n)})
+					w := segs.Tasks(r, xfer.Request{Op: xfer.OpWrite, Local: poolSeg, Target: peerSeg, TargetOffset: toff, Length: uint64(n)})
 					t0 := time.Now()
 					run(t, tr, r, w)
 					wdur := time.Since(t0)
@@ -156,7 +157,7 @@ func TestVerbsPeerChannelCRC(t *testing.T) {
 					}
 					loff := uint64(size - n)
 					clear(me.pool[loff:])
-					rd := tasksOf(r, xfer.Request{Op: xfer.OpRead, Local: poolSeg, LocalOffset: loff, Target: peerSeg, TargetOffset: toff, Length: uint64(n)})
+					rd := segs.Tasks(r, xfer.Request{Op: xfer.OpRead, Local: poolSeg, LocalOffset: loff, Target: peerSeg, TargetOffset: toff, Length: uint64(n)})
 					t0 = time.Now()
 					run(t, tr, r, rd)
 					rdur := time.Since(t0)

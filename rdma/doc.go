@@ -11,7 +11,8 @@
 //   - device discovery and RoCE v2 GID selection from sysfs (SelectGID),
 //     with rdmamap for the device ↔ netdev map and port state;
 //   - memory registration: a segment is registered once, in chunks
-//     (Region), and the hot path only looks ranges up;
+//     (Region), and its keys ride on the segment itself, in its RDMA slot
+//     (Keys, xfer.SlotRDMA), so the hot path only looks ranges up;
 //   - connection data (ConnInfo), a small binary struct the peer channel
 //     carries, with INIT→RTR→RTS driven from it;
 //   - the work-request plan (planner): tasks become linked lists of RDMA

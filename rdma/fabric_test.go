@@ -7,13 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/rdma/rdmatest"
 	"github.com/tensorcast/tensorcast/tcp"
@@ -30,15 +30,6 @@ type recorder = xfertest.Recorder
 
 func newRecorder() *recorder { return xfertest.NewRecorder() }
 
-func tasksOf(r xfer.Completer, reqs ...xfer.Request) []*xfer.Task {
-	out := make([]*xfer.Task, len(reqs))
-	for i, q := range reqs {
-		out[i] = &xfer.Task{Req: q}
-		out[i].SetCompleter(r)
-	}
-	return out
-}
-
 func pattern(n int, seed byte) []byte {
 	b := make([]byte, n)
 	for i := range b {
@@ -52,10 +43,12 @@ const (
 	segRemote xfer.SegmentID = 2
 )
 
-// side is one device of a test fabric with a transport on it.
+// side is one device of a test fabric with a transport on it, and the
+// request segments of its tasks, which carry their keys as a daemon's do.
 type side struct {
-	dev *rdmatest.Device
-	t   *rdma.Transport
+	dev  *rdmatest.Device
+	t    *rdma.Transport
+	segs xfertest.Segments
 }
 
 // newSide opens a device on f and makes a transport on it; the test's
@@ -74,7 +67,29 @@ func newSide(t *testing.T, f *rdmatest.Fabric, name string, cfg rdma.Config) *si
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tr.Close() })
-	return &side{dev: dev, t: tr}
+	return &side{dev: dev, t: tr, segs: xfertest.Segments{}}
+}
+
+// local puts r's keys on request segment id, as its local side.
+func (s *side) local(t *testing.T, id xfer.SegmentID, r *rdma.Region) {
+	t.Helper()
+	s.segs.Set(t, id, xfer.SlotRDMA, rdma.LocalKeys(r, nil, nil))
+}
+
+// remote puts the keys of a peer's region r on request segment id, as a
+// target.
+func (s *side) remote(t *testing.T, id xfer.SegmentID, r rdma.RemoteRegion) {
+	t.Helper()
+	k, err := rdma.RemoteKeys(r, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.segs.Set(t, id, xfer.SlotRDMA, k)
+}
+
+// tasks are tasks of reqs on s's request segments, ending on c.
+func (s *side) tasks(c xfer.Completer, reqs ...xfer.Request) []*xfer.Task {
+	return s.segs.Tasks(c, reqs...)
 }
 
 // register registers b on s's device with access until the test ends.
@@ -102,10 +117,8 @@ func fakePair(t *testing.T, cfg rdma.Config, la, rb []byte) (a, b *side) {
 	f := rdmatest.NewFabric()
 	cfg.ChunkSize = 1 << 16
 	a, b = newSide(t, f, "a", cfg), newSide(t, f, "b", cfg)
-	a.t.AddLocal(segLocal, a.register(t, la, rdma.AccessLocal))
-	if err := a.t.AddRemote(segRemote, b.register(t, rb, rdma.AccessRemote).Remote(9)); err != nil {
-		t.Fatal(err)
-	}
+	a.local(t, segLocal, a.register(t, la, rdma.AccessLocal))
+	a.remote(t, segRemote, b.register(t, rb, rdma.AccessRemote).Remote(9))
 	if err := a.t.Connect(rdma.Loopback{T: b.t}); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +136,7 @@ func TestFakeWriteReadSignalled(t *testing.T) {
 		off := uint64(i) * (12<<10 + 100)
 		reqs = append(reqs, xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: off, Target: segRemote, TargetOffset: off, Length: 12<<10 + 100})
 	}
-	tasks := tasksOf(r, reqs...)
+	tasks := a.tasks(r, reqs...)
 	before := a.dev.Stats()
 	n, err := a.t.Submit(tasks)
 	if n != len(tasks) || err != nil {
@@ -151,7 +164,7 @@ func TestFakeWriteReadSignalled(t *testing.T) {
 
 	// Read it back into another part of the local segment.
 	clear(la[512<<10:])
-	rt := tasksOf(r, xfer.Request{Op: xfer.OpRead, Local: segLocal, LocalOffset: 512 << 10, Target: segRemote, Length: 256 << 10})
+	rt := a.tasks(r, xfer.Request{Op: xfer.OpRead, Local: segLocal, LocalOffset: 512 << 10, Target: segRemote, Length: 256 << 10})
 	if n, err := a.t.Submit(rt); n != 1 || err != nil {
 		t.Fatalf("Submit read = %d, %v", n, err)
 	}
@@ -167,7 +180,7 @@ func TestFakeInvalidTasksEndTyped(t *testing.T) {
 	la, rb := make([]byte, 1<<16), make([]byte, 1<<16)
 	a, _ := fakePair(t, rdma.Config{}, la, rb)
 	r := newRecorder()
-	tasks := tasksOf(r,
+	tasks := a.tasks(r,
 		xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, Length: 0},
 		xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, Length: 10},
 		xfer.Request{Op: xfer.OpRead, Local: 77, Target: segRemote, Length: 10},
@@ -206,7 +219,7 @@ func TestFakeQPErrorFailsInFlightAndRecovers(t *testing.T) {
 	r := newRecorder()
 	a.dev.Hold()
 	conns := b.dev.Stats().Connects
-	tasks := tasksOf(r,
+	tasks := a.tasks(r,
 		xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, Length: 4096},
 		xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: 4096, Target: segRemote, TargetOffset: 4096, Length: 200 << 10},
 	)
@@ -230,7 +243,7 @@ func TestFakeQPErrorFailsInFlightAndRecovers(t *testing.T) {
 	}
 	// The queue pair comes back through the peer, and works: Submit waits
 	// for it (SubmitWait) while the reconnector brings it up.
-	more := tasksOf(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, Length: 1 << 18})
+	more := a.tasks(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, Length: 1 << 18})
 	if n, err := a.t.Submit(more); n != 1 || err != nil {
 		t.Fatalf("Submit after recovery = %d, %v", n, err)
 	}
@@ -252,7 +265,7 @@ func TestFakeQueueFullAndClose(t *testing.T) {
 	for range 12 {
 		reqs = append(reqs, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, Length: 64})
 	}
-	tasks := tasksOf(r, reqs...)
+	tasks := a.tasks(r, reqs...)
 	n, err := a.t.Submit(tasks)
 	if n != 8 || !errors.Is(err, rdma.ErrQueueFull) {
 		t.Fatalf("Submit into a full queue = %d, %v; want 8, ErrQueueFull", n, err)
@@ -311,8 +324,7 @@ func TestFakeSteadyStateAllocs(t *testing.T) {
 	ch := make(xfertest.Chan, 64)
 	tasks := make([]*xfer.Task, 16)
 	for i := range tasks {
-		tasks[i] = &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, TargetOffset: uint64(i) * 4096, Length: 4096}}
-		tasks[i].SetCompleter(ch)
+		tasks[i] = a.tasks(ch, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, TargetOffset: uint64(i) * 4096, Length: 4096})[0]
 	}
 	run := func() {
 		if n, err := a.t.Submit(tasks); n != len(tasks) || err != nil {
@@ -339,35 +351,29 @@ func TestFabricEnforcesKeys(t *testing.T) {
 	f := rdmatest.NewFabric()
 	a, b := newSide(t, f, "a", rdma.Config{QPs: 1, ChunkSize: 1 << 16}), newSide(t, f, "b", rdma.Config{QPs: 1, ChunkSize: 1 << 16})
 	la, ro, rw := pattern(1<<16, 1), pattern(1<<16, 2), make([]byte, 1<<16)
-	a.t.AddLocal(segLocal, a.register(t, la, rdma.AccessLocal))
+	a.local(t, segLocal, a.register(t, la, rdma.AccessLocal))
 	roReg := b.register(t, ro, rdma.AccessRemoteRead)
-	if err := a.t.AddRemote(segRemote, roReg.Remote(1)); err != nil {
-		t.Fatal(err)
-	}
+	a.remote(t, segRemote, roReg.Remote(1))
 	rwReg, err := b.dev.RegisterAccess(rw, rdma.AccessRemote)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const segRW, segBeyond, segForeign xfer.SegmentID = 3, 4, 5
-	if err := a.t.AddRemote(segRW, rwReg.Remote(2)); err != nil {
-		t.Fatal(err)
-	}
+	a.remote(t, segRW, rwReg.Remote(2))
 	beyond := roReg.Remote(3)
 	beyond.Size += 4096
 	beyond.RKeys = append(beyond.RKeys, beyond.RKeys[0])
-	if err := a.t.AddRemote(segBeyond, beyond); err != nil {
-		t.Fatal(err)
-	}
+	a.remote(t, segBeyond, beyond)
 	// b's own local registration passed off as a's local side.
 	foreign := b.register(t, make([]byte, 1<<16), rdma.AccessLocal)
-	a.t.AddLocal(segForeign, foreign)
+	a.local(t, segForeign, foreign)
 	if err := a.t.Connect(rdma.Loopback{T: b.t}); err != nil {
 		t.Fatal(err)
 	}
 	r := newRecorder()
 	do := func(req xfer.Request) error {
 		t.Helper()
-		tk := tasksOf(r, req)
+		tk := a.tasks(r, req)
 		if n, err := a.t.Submit(tk); n != 1 || err != nil {
 			t.Fatalf("Submit %+v = %d, %v", req, n, err)
 		}
@@ -432,7 +438,7 @@ func exposedPair(t *testing.T, la, rb []byte) (a, b *side) {
 	f := rdmatest.NewFabric()
 	cfg := rdma.Config{QPs: 2, ChunkSize: 1 << 16}
 	a, b = newSide(t, f, "a", cfg), newSide(t, f, "b", cfg)
-	a.t.AddLocal(segLocal, a.register(t, la, rdma.AccessLocal))
+	a.local(t, segLocal, a.register(t, la, rdma.AccessLocal))
 	b.t.Expose(42, b.register(t, rb, rdma.AccessRemote))
 	return a, b
 }
@@ -442,12 +448,12 @@ func exposedPair(t *testing.T, la, rb []byte) (a, b *side) {
 func moveAndCheck(t *testing.T, a *side, seg xfer.SegmentID, la []byte, n uint64) {
 	t.Helper()
 	r := newRecorder()
-	w := tasksOf(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: seg, Length: n})
+	w := a.tasks(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: seg, Length: n})
 	if k, err := a.t.Submit(w); k != 1 || err != nil {
 		t.Fatalf("Submit write = %d, %v", k, err)
 	}
 	r.Wait(t, 1)
-	rd := tasksOf(r, xfer.Request{Op: xfer.OpRead, Local: segLocal, LocalOffset: n, Target: seg, Length: n})
+	rd := a.tasks(r, xfer.Request{Op: xfer.OpRead, Local: segLocal, LocalOffset: n, Target: seg, Length: n})
 	if k, err := a.t.Submit(rd); k != 1 || err != nil {
 		t.Fatalf("Submit read = %d, %v", k, err)
 	}
@@ -480,9 +486,7 @@ func TestChannelPeerOverFakes(t *testing.T) {
 	if len(regs) != 1 || regs[0].Name != 42 || regs[0].Size != uint64(len(rb)) {
 		t.Fatalf("learned regions %+v", regs)
 	}
-	if err := a.t.AddRemote(segRemote, regs[0]); err != nil {
-		t.Fatal(err)
-	}
+	a.remote(t, segRemote, regs[0])
 	moveAndCheck(t, a, segRemote, la, 200<<10)
 	if !bytes.Equal(rb[:200<<10], la[:200<<10]) {
 		t.Fatal("target bytes differ")
@@ -490,9 +494,11 @@ func TestChannelPeerOverFakes(t *testing.T) {
 
 	// A window of the region: target offset 0 is byte 300 KiB + 5 of rb.
 	const win xfer.SegmentID = 3
-	if err := a.t.AddRemoteRange(win, regs[0], 300<<10+5, 128<<10); err != nil {
+	wk, err := rdma.RemoteRangeKeys(regs[0], 300<<10+5, 128<<10, nil, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
+	a.segs.Set(t, win, xfer.SlotRDMA, wk)
 	copy(la, pattern(1<<20, 9))
 	moveAndCheck(t, a, win, la, 128<<10)
 	if !bytes.Equal(rb[300<<10+5:428<<10+5], la[:128<<10]) {
@@ -500,7 +506,7 @@ func TestChannelPeerOverFakes(t *testing.T) {
 	}
 	// Past the window's end is refused, not written.
 	r := newRecorder()
-	over := tasksOf(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: win, TargetOffset: 64 << 10, Length: 64<<10 + 1})
+	over := a.tasks(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: win, TargetOffset: 64 << 10, Length: 64<<10 + 1})
 	if k, err := a.t.Submit(over); k != 1 || err != nil {
 		t.Fatalf("Submit = %d, %v", k, err)
 	}
@@ -509,12 +515,12 @@ func TestChannelPeerOverFakes(t *testing.T) {
 		t.Fatalf("write past the window: %v, want ErrNotRegistered", err)
 	}
 	for _, bad := range [][2]uint64{{0, 0}, {1 << 20, 1}, {1<<20 - 4, 5}} {
-		if err := a.t.AddRemoteRange(9, regs[0], bad[0], bad[1]); !errors.Is(err, rdma.ErrNotRegistered) {
-			t.Fatalf("AddRemoteRange(%d, %d) = %v", bad[0], bad[1], err)
+		if k, err := rdma.RemoteRangeKeys(regs[0], bad[0], bad[1], nil, nil); k != nil || !errors.Is(err, rdma.ErrNotRegistered) {
+			t.Fatalf("RemoteRangeKeys(%d, %d) = %v, %v", bad[0], bad[1], k, err)
 		}
 	}
-	a.t.RemoveRemote(win)
-	gone := tasksOf(r, xfer.Request{Op: xfer.OpRead, Local: segLocal, Target: win, Length: 1})
+	a.segs.Clear(win, xfer.SlotRDMA)
+	gone := a.tasks(r, xfer.Request{Op: xfer.OpRead, Local: segLocal, Target: win, Length: 1})
 	if k, err := a.t.Submit(gone); k != 1 || err != nil {
 		t.Fatalf("Submit = %d, %v", k, err)
 	}
@@ -570,10 +576,7 @@ func TestChannelPeerErrors(t *testing.T) {
 // tcpPair starts two tcp nodes, alpha and bravo, that know each other.
 func tcpPair(t testing.TB) (alpha, bravo *tcp.Node) {
 	t.Helper()
-	key := filepath.Join(t.TempDir(), "key")
-	if err := os.WriteFile(key, []byte("cluster-secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	key := testutil.KeyFile(t, t.TempDir(), "key", "cluster-secret")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -629,9 +632,7 @@ func TestChannelPeerOverTCP(t *testing.T) {
 	if len(regs) != 1 {
 		t.Fatalf("learned %d regions", len(regs))
 	}
-	if err := a.t.AddRemote(segRemote, regs[0]); err != nil {
-		t.Fatal(err)
-	}
+	a.remote(t, segRemote, regs[0])
 	moveAndCheck(t, a, segRemote, la, 256<<10)
 	// Without a handler on the peer, Connect fails with the channel's error.
 	if err := bravo.Handle(rdma.ExchangeKind, nil); err != nil {
@@ -645,28 +646,57 @@ func TestChannelPeerOverTCP(t *testing.T) {
 	runtime.KeepAlive(rb)
 }
 
-func TestRemoveLocal(t *testing.T) {
+// TestKeysOnTheSegment: the transport reads a task's keys from its
+// segments' RDMA slots and nothing else. Keys taken back from a segment,
+// or released by its teardown, stop its requests (ErrNotRegistered);
+// local keys as a target and remote keys as a local side are refused the
+// same way.
+func TestKeysOnTheSegment(t *testing.T) {
 	la, rb := pattern(1<<20, 3), make([]byte, 1<<20)
 	a, b := exposedPair(t, la, rb)
 	ch := directChannel{"bravo/" + rdma.ExchangeKind: rdma.Acceptor(func(string, uint64) (*rdma.Transport, error) { return b.t, nil })}
 	if err := a.t.Connect(rdma.ChannelPeer{Ch: ch, ID: "bravo"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.t.AddRemote(segRemote, a.t.PeerRegions()[0]); err != nil {
-		t.Fatal(err)
+	released := 0
+	rk, err := rdma.RemoteKeys(a.t.PeerRegions()[0], "owner", func() { released++ })
+	if err != nil || rk.Owner() != "owner" || !rk.Remote() {
+		t.Fatalf("RemoteKeys = %v (owner %v, remote %v), %v", rk, rk.Owner(), rk.Remote(), err)
 	}
+	remote := a.segs.Set(t, segRemote, xfer.SlotRDMA, rk)
 	moveAndCheck(t, a, segRemote, la, 64<<10)
-	a.t.RemoveLocal(segLocal)
 	r := newRecorder()
-	for _, op := range []xfer.Op{xfer.OpWrite, xfer.OpRead} {
-		gone := tasksOf(r, xfer.Request{Op: op, Local: segLocal, Target: segRemote, Length: 4096})
-		if k, err := a.t.Submit(gone); k != 1 || err != nil {
-			t.Fatalf("Submit = %d, %v", k, err)
+	refused := func(what string, reqs ...xfer.Request) {
+		t.Helper()
+		tasks := a.tasks(r, reqs...)
+		if k, err := a.t.Submit(tasks); k != len(tasks) || err != nil {
+			t.Fatalf("%s: Submit = %d, %v", what, k, err)
 		}
-		r.Wait(t, 1)
-		if _, err := r.Result(gone[0]); !errors.Is(err, rdma.ErrNotRegistered) {
-			t.Fatalf("%v from a removed local segment: %v, want ErrNotRegistered", op, fmt.Sprint(err))
+		r.Wait(t, len(tasks))
+		for _, tk := range tasks {
+			if _, err := r.Result(tk); !errors.Is(err, rdma.ErrNotRegistered) {
+				t.Fatalf("%s: %v %+v: %v, want ErrNotRegistered", what, tk.Req.Op, tk.Req, fmt.Sprint(err))
+			}
 		}
+	}
+	refused("sides swapped",
+		xfer.Request{Op: xfer.OpWrite, Local: segRemote, Target: segRemote, Length: 4096},
+		xfer.Request{Op: xfer.OpRead, Local: segLocal, Target: segLocal, Length: 4096})
+
+	a.segs.Clear(segLocal, xfer.SlotRDMA)
+	refused("local keys taken back",
+		xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, Length: 4096},
+		xfer.Request{Op: xfer.OpRead, Local: segLocal, Target: segRemote, Length: 4096})
+	a.local(t, segLocal, a.register(t, la, rdma.AccessLocal))
+	moveAndCheck(t, a, segRemote, la, 4096)
+
+	remote.Regs().Teardown()
+	if released != 1 {
+		t.Fatalf("the target's teardown released its keys %d times, want once", released)
+	}
+	refused("target torn down", xfer.Request{Op: xfer.OpRead, Local: segLocal, Target: segRemote, Length: 4096})
+	if released != 1 {
+		t.Fatalf("keys released %d times, want once", released)
 	}
 	runtime.KeepAlive(la)
 	runtime.KeepAlive(rb)

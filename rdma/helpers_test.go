@@ -24,15 +24,6 @@ const (
 	segRemote xfer.SegmentID = 2
 )
 
-func tasksOf(r *recorder, reqs ...xfer.Request) []*xfer.Task {
-	out := make([]*xfer.Task, len(reqs))
-	for i, q := range reqs {
-		out[i] = &xfer.Task{Req: q}
-		out[i].SetCompleter(r)
-	}
-	return out
-}
-
 // noExports is a tcp.Exporter with nothing exported.
 type noExports struct{}
 

@@ -26,7 +26,6 @@ func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 	if t.closed.Load() {
 		return 0, fmt.Errorf("rdma: %w", xfer.ErrClosed)
 	}
-	locals, remotes := *t.locals.Load(), *t.remotes.Load()
 	n := 0
 	var timer *time.Timer
 	defer func() {
@@ -38,7 +37,7 @@ func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 		progress, anyUp := false, false
 		for range t.qps {
 			q := t.qps[t.rr.Add(1)%uint32(len(t.qps))]
-			k, up, err := t.postTo(q, tasks[n:], locals, remotes)
+			k, up, err := t.postTo(q, tasks[n:])
 			n += k
 			anyUp = anyUp || up
 			if err != nil {
@@ -74,7 +73,7 @@ func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 
 // postTo posts a prefix of tasks on q as one linked list. It returns how
 // many tasks it dispatched and whether q was up.
-func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task, locals, remotes map[xfer.SegmentID]*keyTable) (int, bool, error) {
+func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task) (int, bool, error) {
 	var invalid []doneTask
 	q.mu.Lock()
 	if q.state != qpUp {
@@ -89,7 +88,8 @@ func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task, locals, remotes map
 	free := len(q.slots) - int(q.head-q.tail)
 	nw, taken := 0, 0
 	for _, tk := range tasks {
-		lt, rt := locals[tk.Req.Local], remotes[tk.Req.Target]
+		// The keys ride on the task's segments (xfer.SlotRDMA).
+		lk, rk := KeysOf(tk.Local), KeysOf(tk.Target)
 		var err error
 		plan := q.plan[:0]
 		switch {
@@ -97,10 +97,12 @@ func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task, locals, remotes map
 			// Notifications travel on the peer channel (the daemon's
 			// link sends them once the WRITE completed), never here.
 			err = xfer.ErrNoNotify
-		case lt == nil || rt == nil:
-			err = fmt.Errorf("%w: segment %d or %d", ErrNotRegistered, tk.Req.Local, tk.Req.Target)
+		case lk == nil || lk.remote:
+			err = fmt.Errorf("%w: local segment %d carries no local keys", ErrNotRegistered, tk.Req.Local)
+		case rk == nil || !rk.remote:
+			err = fmt.Errorf("%w: target segment %d carries no remote keys", ErrNotRegistered, tk.Req.Target)
 		default:
-			plan, err = planTask(plan, tk, lt, rt, t.cfg.MaxMessage)
+			plan, err = planTask(plan, tk, &lk.t, &rk.t, t.cfg.MaxMessage)
 			if err == nil && len(plan) > len(q.slots) {
 				err = fmt.Errorf("%w: %d bytes need %d work requests; a send queue holds %d",
 					xfer.ErrInvalid, tk.Req.Length, len(plan), len(q.slots))

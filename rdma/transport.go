@@ -1,13 +1,12 @@
 package rdma
 
 // The Transport: its queue pairs and their send-queue bookkeeping, the
-// tables of local and remote segments, and Close.
+// regions it exposes to its peer, and Close.
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"sync"
 	"sync/atomic"
 
@@ -67,8 +66,9 @@ const seqBits = 48
 // Transport is an xfer.Transport over a set of RC queue pairs to one peer,
 // sharing one completion queue polled by one goroutine.
 //
-// Requests: Local must be a segment registered with AddLocal, Target a
-// remote segment added with AddRemote. A task becomes one or more RDMA
+// Requests: a task's Local segment must carry LocalKeys in its RDMA slot
+// and its Target RemoteKeys (KeysOf); the transport keeps no table of
+// segments and reads both with one atomic load each. A task becomes one or more RDMA
 // WRITE (OpWrite) or READ (OpRead) work requests, split at registration
 // chunks and MaxMessage; the task ends when its last work request has
 // completed. Cancel is a no-op: posted RDMA work cannot be taken back, and
@@ -96,9 +96,6 @@ type Transport struct {
 	// release frees what the verbs layer allocated for the transport, after
 	// the queue pairs and the completion queue are destroyed.
 	release func()
-
-	locals  atomic.Pointer[map[xfer.SegmentID]*keyTable] // copy on write
-	remotes atomic.Pointer[map[xfer.SegmentID]*keyTable] // copy on write
 
 	// mu guards the fields below (configuration, not the hot path).
 	mu      sync.Mutex
@@ -139,9 +136,6 @@ func newTransport(name string, cfg Config, log *slog.Logger, addr Addr, cq Compl
 		wcs:       make([]WorkCompletion, cfg.PollBatch),
 		done:      make([]doneTask, 0, cfg.PollBatch*cfg.SendDepth),
 	}
-	empty := map[xfer.SegmentID]*keyTable{}
-	t.locals.Store(&empty)
-	t.remotes.Store(&empty)
 	for i, v := range qps {
 		t.qps = append(t.qps, &queuePair{
 			idx: i, v: v, errs: newCompletionErrors(i),
@@ -157,62 +151,6 @@ func newTransport(name string, cfg Config, log *slog.Logger, addr Addr, cq Compl
 
 // Name is "rdma".
 func (t *Transport) Name() string { return t.name }
-
-// AddLocal makes a registered region usable as the local side of requests
-// naming segment id.
-func (t *Transport) AddLocal(id xfer.SegmentID, r *Region) {
-	t.swapTable(&t.locals, id, &r.keys)
-}
-
-// AddRemote makes a peer's region usable as the target of requests naming
-// segment id.
-func (t *Transport) AddRemote(id xfer.SegmentID, r RemoteRegion) error {
-	kt, err := r.table()
-	if err != nil {
-		return err
-	}
-	t.swapTable(&t.remotes, id, &kt)
-	return nil
-}
-
-// AddRemoteRange makes [off, off+n) of a peer's region usable as the
-// target of requests naming segment id, at target offsets 0..n (a segment
-// the peer exported from inside a larger registration).
-func (t *Transport) AddRemoteRange(id xfer.SegmentID, r RemoteRegion, off, n uint64) error {
-	kt, err := r.table()
-	if err != nil {
-		return err
-	}
-	if n == 0 || off >= kt.size || n > kt.size-off {
-		return fmt.Errorf("%w: range %d+%d outside a region of %d bytes", ErrNotRegistered, off, n, kt.size)
-	}
-	kt.base, kt.limit = off, n
-	t.swapTable(&t.remotes, id, &kt)
-	return nil
-}
-
-// RemoveRemote forgets segment id as a target; later requests naming it
-// fail with ErrNotRegistered.
-func (t *Transport) RemoveRemote(id xfer.SegmentID) { t.swapTable(&t.remotes, id, nil) }
-
-// RemoveLocal forgets segment id as the local side of requests; later
-// requests naming it fail with ErrNotRegistered. Call it before the region
-// it was added with is deregistered.
-func (t *Transport) RemoveLocal(id xfer.SegmentID) { t.swapTable(&t.locals, id, nil) }
-
-// swapTable publishes a copy of *p with id's table set to kt, or removed
-// when kt is nil.
-func (t *Transport) swapTable(p *atomic.Pointer[map[xfer.SegmentID]*keyTable], id xfer.SegmentID, kt *keyTable) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	m := maps.Clone(*p.Load())
-	if kt == nil {
-		delete(m, id)
-	} else {
-		m[id] = kt
-	}
-	p.Store(&m)
-}
 
 // Expose lists a local region in the connection data sent to the peer (as
 // name), so that the peer can address it. Call it before Connect.

@@ -86,18 +86,19 @@ func register(tb testing.TB, d *Device, b []byte) *Region {
 }
 
 // verbsPair is two transports on one device, a connected to b over
-// loopback queue pairs; a's segLocal is la, its segRemote is b's rb, learned
-// from b's connection data.
+// loopback queue pairs; a's segLocal carries la's keys, its segRemote b's
+// rb's, learned from b's connection data.
 type verbsPair struct {
 	d      *Device
 	a, b   *Transport
 	la, rb []byte
+	segs   xfertest.Segments
 }
 
 func newVerbsPair(tb testing.TB, cfg Config, size int) *verbsPair {
 	tb.Helper()
 	d := openDevice(tb, cfg)
-	p := &verbsPair{d: d, la: mmapBuf(tb, size), rb: mmapBuf(tb, size)}
+	p := &verbsPair{d: d, la: mmapBuf(tb, size), rb: mmapBuf(tb, size), segs: xfertest.Segments{}}
 	lr, rr := register(tb, d, p.la), register(tb, d, p.rb)
 	var err error
 	if p.a, err = d.NewTransport(); err != nil {
@@ -116,7 +117,7 @@ func newVerbsPair(tb testing.TB, cfg Config, size int) *verbsPair {
 		}
 	})
 	p.b.Expose(77, rr)
-	p.a.AddLocal(segLocal, lr)
+	p.segs.Set(tb, segLocal, xfer.SlotRDMA, LocalKeys(lr, nil, nil))
 	if err := p.a.Connect(Loopback{p.b}); err != nil {
 		tb.Fatalf("Connect: %v", err)
 	}
@@ -124,9 +125,11 @@ func newVerbsPair(tb testing.TB, cfg Config, size int) *verbsPair {
 	if len(regs) != 1 || regs[0].Name != 77 || regs[0].Size != uint64(size) {
 		tb.Fatalf("peer regions from the connection data: %+v", regs)
 	}
-	if err := p.a.AddRemote(segRemote, regs[0]); err != nil {
+	rk, err := RemoteKeys(regs[0], nil, nil)
+	if err != nil {
 		tb.Fatal(err)
 	}
+	p.segs.Set(tb, segRemote, xfer.SlotRDMA, rk)
 	return p
 }
 
@@ -155,7 +158,7 @@ func TestVerbsWriteReadCRC(t *testing.T) {
 			want := crc32.Checksum(p.la[:n], castagnoli)
 			roff := uint64(size - n - 4096) // away from offset 0, not page aligned at the end
 			r := newRecorder()
-			w := tasksOf(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, TargetOffset: roff, Length: uint64(n)})
+			w := p.segs.Tasks(r, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, TargetOffset: roff, Length: uint64(n)})
 			start := time.Now()
 			run(t, p.a, r, w)
 			wdur := time.Since(start)
@@ -167,7 +170,7 @@ func TestVerbsWriteReadCRC(t *testing.T) {
 			}
 			loff := uint64(size - n)
 			clear(p.la[loff:])
-			rd := tasksOf(r, xfer.Request{Op: xfer.OpRead, Local: segLocal, LocalOffset: loff, Target: segRemote, TargetOffset: roff, Length: uint64(n)})
+			rd := p.segs.Tasks(r, xfer.Request{Op: xfer.OpRead, Local: segLocal, LocalOffset: loff, Target: segRemote, TargetOffset: roff, Length: uint64(n)})
 			start = time.Now()
 			run(t, p.a, r, rd)
 			rdur := time.Since(start)
@@ -193,7 +196,7 @@ func TestVerbsManySmallSignalled(t *testing.T) {
 		off := uint64(i) * 4096
 		reqs = append(reqs, xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: off, Target: segRemote, TargetOffset: off, Length: 4096})
 	}
-	tasks := tasksOf(r, reqs...)
+	tasks := p.segs.Tasks(r, reqs...)
 	run(t, p.a, r, tasks)
 	r.Check(t, tasks)
 	for i, tk := range tasks {
@@ -215,7 +218,7 @@ func TestVerbsQPErrorFailsInFlightAndRecovers(t *testing.T) {
 		off := uint64(i) * chunk
 		reqs = append(reqs, xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: off, Target: segRemote, TargetOffset: off, Length: chunk})
 	}
-	tasks := tasksOf(r, reqs...)
+	tasks := p.segs.Tasks(r, reqs...)
 	n, err := p.a.Submit(tasks)
 	if n != len(tasks) || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
@@ -249,7 +252,7 @@ func TestVerbsQPErrorFailsInFlightAndRecovers(t *testing.T) {
 	for i := range 1 << 20 {
 		p.la[i] = byte(i * 31)
 	}
-	again := tasksOf(r,
+	again := p.segs.Tasks(r,
 		xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, TargetOffset: 8 << 20, Length: 1 << 20},
 		xfer.Request{Op: xfer.OpRead, Local: segLocal, LocalOffset: 2 << 20, Target: segRemote, TargetOffset: 8 << 20, Length: 1 << 20},
 	)
@@ -366,7 +369,7 @@ const benchSlots = 16
 func benchPair(b *testing.B, size int) *verbsPair {
 	b.Helper()
 	d := openDevice(b, Config{QPs: 1, SendDepth: perftestDepth})
-	p := &verbsPair{d: d, la: mmapBuf(b, size), rb: mmapBuf(b, size)}
+	p := &verbsPair{d: d, la: mmapBuf(b, size), rb: mmapBuf(b, size), segs: xfertest.Segments{}}
 	lr, rr := register(b, d, p.la), register(b, d, p.rb)
 	var err error
 	if p.a, err = d.NewTransport(); err != nil {
@@ -376,10 +379,12 @@ func benchPair(b *testing.B, size int) *verbsPair {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { p.a.Close(); p.b.Close() })
-	p.a.AddLocal(segLocal, lr)
-	if err := p.a.AddRemote(segRemote, rr.Remote(1)); err != nil {
+	p.segs.Set(b, segLocal, xfer.SlotRDMA, LocalKeys(lr, nil, nil))
+	rk, err := RemoteKeys(rr.Remote(1), nil, nil)
+	if err != nil {
 		b.Fatal(err)
 	}
+	p.segs.Set(b, segRemote, xfer.SlotRDMA, rk)
 	if err := p.a.Connect(Loopback{p.b}); err != nil {
 		b.Fatal(err)
 	}
@@ -398,9 +403,8 @@ func pipeline(b *testing.B, op xfer.Op, msg, depth, batch int) {
 	tasks := make([]*xfer.Task, depth)
 	for i := range tasks {
 		off := uint64(i%slots) * uint64(msg)
-		tasks[i] = &xfer.Task{Req: xfer.Request{Op: op, Local: segLocal, LocalOffset: off,
-			Target: segRemote, TargetOffset: off, Length: uint64(msg)}}
-		tasks[i].SetCompleter(c)
+		tasks[i] = p.segs.Tasks(c, xfer.Request{Op: op, Local: segLocal, LocalOffset: off,
+			Target: segRemote, TargetOffset: off, Length: uint64(msg)})[0]
 	}
 	c.pending = make([]*xfer.Task, 0, batch)
 	c.outstanding.Store(int64(depth))
@@ -516,9 +520,8 @@ func TestVerbsSteadyStateAllocs(t *testing.T) {
 	ch := make(xfertest.Chan, 64)
 	tasks := make([]*xfer.Task, 16)
 	for i := range tasks {
-		tasks[i] = &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: uint64(i) * 4096,
-			Target: segRemote, TargetOffset: uint64(i) * 4096, Length: 4096}}
-		tasks[i].SetCompleter(ch)
+		tasks[i] = p.segs.Tasks(ch, xfer.Request{Op: xfer.OpWrite, Local: segLocal, LocalOffset: uint64(i) * 4096,
+			Target: segRemote, TargetOffset: uint64(i) * 4096, Length: 4096})[0]
 	}
 	round := func() {
 		if n, err := p.a.Submit(tasks); n != len(tasks) || err != nil {

@@ -2,12 +2,13 @@
 # bench-python.sh - the Python client's store figures (python/bench/store.py):
 # zero-copy put and get of 256 KiB blocks vs numpy copying the same bytes
 # (goal: at least 2x), the copying put and get vs numpy (goal: at least
-# 0.8x), and the SGLang-shaped backend's pages per second for batch_set_v1 and
-# batch_get_v1 at 128 pages per call, and vLLM-shaped blocks stored and
-# loaded through the worker handlers vs torch copying the same bytes (goal:
-# at least 0.9x; python/bench/vllm_blocks.py), against one daemon
-# (bin/tensorcastd, its store in DRAM) on Debian's python3 with numpy and
-# torch. Prints a Markdown section on stdout.
+# 0.8x), vLLM-shaped blocks stored and loaded through the worker handlers vs
+# torch copying the same bytes (goal: at least 0.9x; python/bench/vllm_blocks.py),
+# and the SGLang-shaped backup and prefetch of 128 pages per call
+# (python/bench/sglang.py), direct and copied, vs numpy copying the same bytes
+# (goal for direct: at least 2x), against one daemon (bin/tensorcastd, its
+# store in DRAM) on Debian's python3 with numpy and torch. Prints a Markdown
+# section on stdout.
 #
 # The pool is on 4 KiB pages; POOL_PAGES=huge puts it on 2 MiB hugepages,
 # reserved for the run (as root) and given back after it, as a GPU host
@@ -44,3 +45,5 @@ export BENCH_POOL_PAGES
 
 PYTHONPATH=python "$PYTHON" python/bench/store.py "$sock" "$ROUNDS" "$SECONDS_PER_RUN"
 PYTHONPATH=python "$PYTHON" python/bench/vllm_blocks.py "$sock" "$ROUNDS" "$SECONDS_PER_RUN"
+echo
+PYTHONPATH=python "$PYTHON" python/bench/sglang.py "$sock" "$ROUNDS" "$SECONDS_PER_RUN"

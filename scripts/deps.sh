@@ -11,8 +11,10 @@ declare -A groups=(
   [build]="flatbuffers-compiler libflatbuffers-dev gcc g++ make pkg-config libibverbs-dev"
   # prometheus: promtool (check metrics); systemd: systemd-analyze (verify,
   # security); tmux: tcctl top in a real terminal; python3 with numpy and
-  # torch: the Python package's tests; etcd-server: the directory's tests.
-  [test]="iproute2 e2fsprogs util-linux prometheus systemd tmux python3 python3-numpy python3-torch etcd-server"
+  # torch: the Python package's tests, with venv, pip, setuptools and wheel
+  # for its offline `pip install ./python` test; etcd-server: the
+  # directory's tests.
+  [test]="iproute2 e2fsprogs util-linux prometheus systemd tmux python3 python3-numpy python3-torch python3-venv python3-pip python3-setuptools python3-wheel etcd-server"
   [bench]="fio iperf3"
   [rdma]="qemu-system-x86 busybox-static cpio kmod gzip libibverbs1 ibverbs-providers ibverbs-utils perftest rdma-core"
 )

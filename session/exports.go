@@ -49,6 +49,12 @@ func (c *Session) ExportSegment(m *wire.ExportSegmentRequest, r *wire.Response) 
 		if !ok {
 			return fmt.Errorf("%w: buffer %d", ErrNotFound, id)
 		}
+		if xfer.IsUnsealed(b) {
+			// Peers' requests are served on connections they share with
+			// others' (see package tcp): a fault there is no single
+			// request's.
+			return fmt.Errorf("%w: buffer %d cannot be exported", xfer.ErrUnsealed, id)
+		}
 		if n == 0 && off < b.Size() {
 			n = b.Size() - off
 		}

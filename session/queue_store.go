@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/faultcopy"
 	"github.com/tensorcast/tensorcast/internal/testhook"
 	"github.com/tensorcast/tensorcast/queue"
 	"github.com/tensorcast/tensorcast/status"
@@ -299,18 +300,17 @@ func (qs *qstore) end(c *storeCall) queue.CQE {
 		code = status.CodeOf(c.err)
 	}
 	ok := 0
-	loc := c.op == queue.OpStoreGet || c.op == queue.OpStoreReserve
-	for i := 0; i < c.n; i++ {
-		k := c.codes[i]
-		var length uint32
-		var off uint64
+	for _, k := range c.codes[:c.n] {
 		if k == store.OK {
 			ok++
-			if loc {
-				length, off = uint32(c.locs[i].Length), c.locs[i].Offset
-			}
 		}
-		queue.PutStoreResult(c.res[i*queue.StoreResultSize:], uint8(k), length, off)
+	}
+	if !faultcopy.Call(putResults, c) {
+		// The client shrank the buffer under its own results region: the
+		// store did its part (pins taken stay the session's), but the
+		// client cannot learn which, so the call fails.
+		code = tcproto.CodeFAILED_PRECONDITION
+		qs.q.c.faultedResults(c)
 	}
 	c.buf.Release()
 	st := xfer.StateCompleted
@@ -321,6 +321,20 @@ func (qs *qstore) end(c *storeCall) queue.CQE {
 	c.res, c.buf, c.err = nil, nil, nil
 	qs.put(c)
 	return queue.CQE{UserData: ud, Result: uint64(ok), Code: uint32(code), State: uint8(st)}
+}
+
+// putResults writes each key's record into c's results region, in the
+// client's buffer: memory that may fault (see faultcopy.Call).
+func putResults(c *storeCall) {
+	loc := c.op == queue.OpStoreGet || c.op == queue.OpStoreReserve
+	for i, k := range c.codes[:c.n] {
+		var length uint32
+		var off uint64
+		if k == store.OK && loc {
+			length, off = uint32(c.locs[i].Length), c.locs[i].Offset
+		}
+		queue.PutStoreResult(c.res[i*queue.StoreResultSize:], uint8(k), length, off)
+	}
 }
 
 // answered counts n calls whose CQEs are posted: the queue may close once

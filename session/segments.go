@@ -23,7 +23,8 @@ func (c *Session) segments() int {
 }
 
 // RegisterBuffer maps the client's memfd fd as a buffer segment of the
-// session. It takes fd, whatever it returns.
+// session and logs how it is kept from shrinking (shm.Sealing), if it is.
+// It takes fd, whatever it returns.
 func (c *Session) RegisterBuffer(m *wire.RegisterBufferRequest, fd int, r *wire.Response) error {
 	lim := &c.h.Limits
 	if m.Size == 0 || m.Size > lim.MaxBufferSize {
@@ -47,6 +48,11 @@ func (c *Session) RegisterBuffer(m *wire.RegisterBufferRequest, fd int, r *wire.
 	c.mu.Lock()
 	c.buffers[id] = buf
 	c.mu.Unlock()
+	if s, ok := buf.(interface{ Sealing() shm.Sealing }); ok {
+		// Unsealed: every copy of it is guarded and peers' paths refuse
+		// it (see package shm).
+		c.log.Info("buffer registered", "segment", uint64(id), "size", m.Size, "sealing", s.Sealing().String())
+	}
 	wire.SetResponse[wire.RegisterBufferResponse](r).Segment = uint64(id)
 	return nil
 }

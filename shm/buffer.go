@@ -8,13 +8,44 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
+// Sealing says why a client buffer's mapping cannot vanish under the
+// daemon, or that it can.
+type Sealing uint8
+
+const (
+	// SealedByClient: the memfd came with F_SEAL_SHRINK.
+	SealedByClient Sealing = iota + 1
+	// SealedByDaemon: the memfd allowed sealing and MapBuffer added
+	// F_SEAL_SHRINK; a later ftruncate that shrinks it fails with EPERM in
+	// the client.
+	SealedByDaemon
+	// Unsealed: the file cannot be sealed (a memfd made without
+	// MFD_ALLOW_SEALING, a tmpfs file), so its owner can shrink it under any
+	// transfer and any byte of the mapping can fault. The buffer is
+	// xfer.Shrinkable: see the package doc for what that costs.
+	Unsealed
+)
+
+func (s Sealing) String() string {
+	switch s {
+	case SealedByClient:
+		return "sealed by client"
+	case SealedByDaemon:
+		return "sealed by daemon"
+	case Unsealed:
+		return "unsealed"
+	}
+	return "invalid"
+}
+
 // Buffer is a client's buffer, registered from a passed fd and mapped
 // read-write, shared. It implements xfer.MemSegment (KindClient). Its
 // methods are safe for concurrent use.
 type Buffer struct {
-	id   xfer.SegmentID
-	mem  []byte
-	refs refs
+	id      xfer.SegmentID
+	mem     []byte
+	sealing Sealing
+	refs    refs
 	// regs are the transports' registrations over the mapping, released
 	// just before it goes away.
 	regs xfer.Regs
@@ -23,22 +54,27 @@ type Buffer struct {
 var (
 	_ xfer.MemSegment = (*Buffer)(nil)
 	_ xfer.Registered = (*Buffer)(nil)
+	_ xfer.Shrinkable = (*Buffer)(nil)
 )
 
 // MapBuffer maps the first size bytes of fd as a client buffer. It takes
 // ownership of fd: fd is closed on every path, success or error (the mapping
 // outlives it).
 //
+// Only memory is accepted: a memfd or a file on tmpfs or hugetlbfs. A memfd
+// already sealed with F_SEAL_SHRINK is mapped as it is (SealedByClient);
+// one that still allows seals is sealed with F_SEAL_SHRINK here, before its
+// size is checked (SealedByDaemon); one that cannot be sealed is mapped
+// Unsealed.
+//
 // It refuses, with typed errors: id 0 (ErrInvalidID); size 0
-// (ErrInvalidSize) or over limit (ErrTooLarge); an fd that is not a regular
-// file or memfd: pipes, sockets, devices, directories (ErrNotMappable); a
-// file shorter than size (ErrShortFile); a memfd (or any shmem file) without
-// F_SEAL_SHRINK, which its owner could truncate under a transfer
-// (ErrUnsealed); and mmap failures (an fd not open for reading and writing,
-// a write-sealed memfd), wrapped as syscall errors. Regular files on other
-// file systems are accepted unsealed.
+// (ErrInvalidSize) or over limit (ErrTooLarge); an fd that is not memory:
+// pipes, sockets, devices, directories, files on disk file systems
+// (ErrNotMappable); a file shorter than size (ErrShortFile); and fcntl or
+// mmap failures (an fd not open for reading and writing, a write-sealed
+// memfd), wrapped as syscall errors.
 func MapBuffer(id xfer.SegmentID, fd int, size uint64, limit uint64) (*Buffer, error) {
-	mem, err := mapBuffer(id, fd, size, limit)
+	mem, sealing, err := mapBuffer(id, fd, size, limit)
 	if cerr := closeFd(fd); cerr != nil {
 		if mem != nil {
 			cerr = errors.Join(cerr, unmap(mem))
@@ -48,37 +84,55 @@ func MapBuffer(id xfer.SegmentID, fd int, size uint64, limit uint64) (*Buffer, e
 	if err != nil {
 		return nil, err
 	}
-	return &Buffer{id: id, mem: mem}, nil
+	return &Buffer{id: id, mem: mem, sealing: sealing}, nil
 }
 
-// mapBuffer checks fd and maps it; the caller closes fd.
-func mapBuffer(id xfer.SegmentID, fd int, size, limit uint64) ([]byte, error) {
+// mapBuffer checks fd, seals it when it can and maps it; the caller closes
+// fd.
+func mapBuffer(id xfer.SegmentID, fd int, size, limit uint64) ([]byte, Sealing, error) {
 	switch {
 	case id == 0:
-		return nil, ErrInvalidID
+		return nil, 0, ErrInvalidID
 	case size == 0:
-		return nil, ErrInvalidSize
+		return nil, 0, ErrInvalidSize
 	case size > limit:
-		return nil, fmt.Errorf("%w: buffer of %d bytes, limit %d", ErrTooLarge, size, limit)
+		return nil, 0, fmt.Errorf("%w: buffer of %d bytes, limit %d", ErrTooLarge, size, limit)
 	case size > math.MaxInt:
-		return nil, fmt.Errorf("%w: buffer of %d bytes cannot be mapped", ErrTooLarge, size)
+		return nil, 0, fmt.Errorf("%w: buffer of %d bytes cannot be mapped", ErrTooLarge, size)
 	case fd < 0:
-		return nil, fmt.Errorf("%w: fd %d", ErrNotMappable, fd)
+		return nil, 0, fmt.Errorf("%w: fd %d", ErrNotMappable, fd)
 	}
 	info, err := inspectFd(fd)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	if !info.regular {
-		return nil, fmt.Errorf("%w: %s", ErrNotMappable, info.kind)
+	if !info.regular || !info.memory {
+		return nil, 0, fmt.Errorf("%w: %s", ErrNotMappable, info.kind)
+	}
+	sealing := SealedByClient
+	switch {
+	case info.shrink:
+	case !info.sealed:
+		// Sealed before the size is read again: from here on the client
+		// cannot shrink it below what is checked.
+		if err := sealShrink(fd); err != nil {
+			return nil, 0, err
+		}
+		if info.size, err = fileSize(fd); err != nil {
+			return nil, 0, err
+		}
+		sealing = SealedByDaemon
+	default:
+		sealing = Unsealed
 	}
 	if info.size < 0 || uint64(info.size) < size {
-		return nil, fmt.Errorf("%w: %d bytes, %d declared", ErrShortFile, info.size, size)
+		return nil, 0, fmt.Errorf("%w: %d bytes, %d declared", ErrShortFile, info.size, size)
 	}
-	if info.sealable && !info.shrink {
-		return nil, ErrUnsealed
+	mem, err := mapShared(fd, size)
+	if err != nil {
+		return nil, 0, err
 	}
-	return mapShared(fd, size)
+	return mem, sealing, nil
 }
 
 // ID returns the buffer's segment id.
@@ -86,6 +140,13 @@ func (b *Buffer) ID() xfer.SegmentID { return b.id }
 
 // Kind returns xfer.KindClient.
 func (b *Buffer) Kind() xfer.Kind { return xfer.KindClient }
+
+// Sealing says how the buffer's file is kept from shrinking, if it is.
+func (b *Buffer) Sealing() Sealing { return b.sealing }
+
+// Unsealed reports whether the buffer's owner can shrink it under a
+// transfer (xfer.Shrinkable).
+func (b *Buffer) Unsealed() bool { return b.sealing == Unsealed }
 
 // Size returns the buffer's length in bytes.
 func (b *Buffer) Size() uint64 { return uint64(len(b.mem)) }

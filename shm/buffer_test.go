@@ -4,12 +4,14 @@ package shm
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -28,12 +30,61 @@ func mustMemfd(t *testing.T, size uint64, seal bool) int {
 	return fd
 }
 
+// readOnly opens fd's file again, read-only, and closes fd.
+func readOnly(t *testing.T, fd int) int {
+	t.Helper()
+	defer unix.Close(fd)
+	ro, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ro
+}
+
+// shmFile makes a file in /dev/shm (tmpfs) and unlinks it, as a client
+// without memfd_create does.
+func shmFile(t *testing.T, size int64) int {
+	t.Helper()
+	f, err := os.CreateTemp("/dev/shm", "tensorcast-shm-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := os.Remove(f.Name()); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.CloseOnExec(fd)
+	return fd
+}
+
+// openFile makes a file of size bytes on a disk file system (the test's
+// temporary directory, or the package's when that one is tmpfs) and opens
+// it with flags.
 func openFile(t *testing.T, size int64, flags int) int {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "buf")
+	dir := ""
+	for _, d := range []string{t.TempDir(), "."} {
+		var st unix.Statfs_t
+		if err := unix.Statfs(d, &st); err == nil && st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC {
+			dir = d
+			break
+		}
+	}
+	if dir == "" {
+		t.Skip("no directory on a disk file system: the temporary directory and the package's are both in memory")
+	}
+	path := filepath.Join(dir, fmt.Sprintf("shm-test-%d", os.Getpid()))
 	if err := os.WriteFile(path, make([]byte, size), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	defer os.Remove(path)
 	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -82,21 +133,19 @@ func TestMapBufferRefusals(t *testing.T) {
 			return fd
 		}, 4 * kib, ErrNotMappable},
 		{"short memfd", func(t *testing.T) int { return mustMemfd(t, 4*kib, true) }, 8 * kib, ErrShortFile},
-		{"short file", func(t *testing.T) int { return openFile(t, 4*kib, unix.O_RDWR) }, 4*kib + 1, ErrShortFile},
-		{"unsealed memfd", func(t *testing.T) int { return mustMemfd(t, 4*kib, false) }, 4 * kib, ErrUnsealed},
-		{"memfd without sealing", func(t *testing.T) int {
-			fd, err := unix.MemfdCreate("shm-test", unix.MFD_CLOEXEC)
-			if err != nil {
-				t.Fatal(err)
-			}
+		{"file on disk", func(t *testing.T) int { return openFile(t, 4*kib, unix.O_RDWR) }, 4 * kib, ErrNotMappable},
+		{"short unsealable memfd", func(t *testing.T) int { return testutil.UnsealableMemfd(t, 4*kib) }, 8 * kib, ErrShortFile},
+		{"memfd shrunk before it is sealed", func(t *testing.T) int {
+			fd := mustMemfd(t, 8*kib, false)
 			if err := unix.Ftruncate(fd, 4*kib); err != nil {
 				t.Fatal(err)
 			}
 			return fd
-		}, 4 * kib, ErrUnsealed},
+		}, 8 * kib, ErrShortFile},
 		{"size over limit", func(t *testing.T) int { return mustMemfd(t, 64*kib, true) }, 64 * kib, ErrTooLarge},
 		{"size 0", func(t *testing.T) int { return mustMemfd(t, 4*kib, true) }, 0, ErrInvalidSize},
-		{"read-only file (mmap fails)", func(t *testing.T) int { return openFile(t, 4*kib, unix.O_RDONLY) }, 4 * kib, unix.EACCES},
+		{"read-only memfd (mmap fails)", func(t *testing.T) int { return readOnly(t, mustMemfd(t, 4*kib, true)) }, 4 * kib, unix.EACCES},
+		{"read-only sealable memfd (sealing fails)", func(t *testing.T) int { return readOnly(t, mustMemfd(t, 4*kib, false)) }, 4 * kib, unix.EPERM},
 		{"write-sealed memfd (mmap fails)", func(t *testing.T) int {
 			fd := mustMemfd(t, 4*kib, true)
 			if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_WRITE); err != nil {
@@ -135,14 +184,23 @@ func TestMapBufferAccepts(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tt := range []struct {
-		name string
-		fd   func(t *testing.T) int
+		name    string
+		fd      func(t *testing.T) int
+		sealing Sealing
 	}{
-		{"sealed memfd", func(t *testing.T) int { return mustMemfd(t, 64*kib, true) }},
-		{"regular file", func(t *testing.T) int { return openFile(t, 64*kib, unix.O_RDWR) }},
+		{"sealed memfd", func(t *testing.T) int { return mustMemfd(t, 64*kib, true) }, SealedByClient},
+		{"sealable memfd", func(t *testing.T) int { return mustMemfd(t, 64*kib, false) }, SealedByDaemon},
+		{"memfd without MFD_ALLOW_SEALING", func(t *testing.T) int { return testutil.UnsealableMemfd(t, 64*kib) }, Unsealed},
+		{"tmpfs file", func(t *testing.T) int { return shmFile(t, 64*kib) }, Unsealed},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			fd := tt.fd(t)
+			// The client keeps its fd: the daemon gets a copy of it.
+			own, err := unix.Dup(fd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(own)
 			// The client's own mapping, made before it passes the fd.
 			client, err := MapShared(fd, 64*kib)
 			if err != nil {
@@ -164,6 +222,18 @@ func TestMapBufferAccepts(t *testing.T) {
 			}
 			if b.ID() != 12 || b.Kind() != xfer.KindClient || b.Size() != 48*kib || len(b.Bytes()) != 48*kib {
 				t.Errorf("buffer id %d kind %v size %d len %d", b.ID(), b.Kind(), b.Size(), len(b.Bytes()))
+			}
+			if b.Sealing() != tt.sealing || b.Unsealed() != (tt.sealing == Unsealed) || xfer.IsUnsealed(b) != b.Unsealed() {
+				t.Errorf("sealing %v (unsealed %v), want %v", b.Sealing(), b.Unsealed(), tt.sealing)
+			}
+			// Sealed, the client's own shrink fails and costs only it;
+			// unsealed, it goes through (and the daemon must live with it).
+			err = unix.Ftruncate(own, 4*kib)
+			if sealed := tt.sealing != Unsealed; sealed != errors.Is(err, unix.EPERM) {
+				t.Errorf("client's ftruncate to 4 KiB = %v; sealing %v", err, b.Sealing())
+			}
+			if err := unix.Ftruncate(own, 64*kib); err != nil {
+				t.Fatal(err)
 			}
 			if got := string(b.Bytes()[100:115]); got != "from the client" {
 				t.Errorf("buffer sees %q", got)

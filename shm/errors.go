@@ -31,14 +31,12 @@ var (
 	// Matches xfer.ErrNotSupported: the host cannot give what the config
 	// requires, a start-up error.
 	ErrNoHugepages = xfer.Categorized(xfer.ErrNotSupported, "shm: hugepages unavailable")
-	// ErrNotMappable: a passed fd is neither a memfd nor a regular file
-	// (pipe, socket, device, directory, ...).
-	ErrNotMappable = xfer.Categorized(xfer.ErrInvalid, "shm: fd is not a memfd or regular file")
+	// ErrNotMappable: a passed fd is not memory: neither a memfd nor a file
+	// on tmpfs or hugetlbfs (a pipe, socket, device, directory, a file on a
+	// disk file system).
+	ErrNotMappable = xfer.Categorized(xfer.ErrInvalid, "shm: fd is not a memfd or tmpfs file")
 	// ErrShortFile: the passed file is shorter than the declared size.
 	ErrShortFile = xfer.Categorized(xfer.ErrInvalid, "shm: file shorter than the declared size")
-	// ErrUnsealed: a passed memfd lacks F_SEAL_SHRINK, so its owner could
-	// truncate it under a transfer.
-	ErrUnsealed = xfer.Categorized(xfer.ErrInvalid, "shm: memfd not sealed against shrinking")
 	// ErrNotSupported: this system has no memfd/mmap support for shm. It
 	// also matches xfer.ErrNotSupported.
 	ErrNotSupported = fmt.Errorf("shm: %w", xfer.ErrNotSupported)

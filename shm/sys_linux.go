@@ -46,6 +46,12 @@ func sealClient(fd int) error {
 	return addSeals(fd, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
 }
 
+// sealShrink seals a passed memfd against shrinking: all the daemon's
+// mapping needs. Growing stays the client's business.
+func sealShrink(fd int) error {
+	return addSeals(fd, unix.F_SEAL_SHRINK)
+}
+
 // mapShared maps size bytes of fd read-write, shared.
 func mapShared(fd int, size uint64) ([]byte, error) {
 	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
@@ -80,11 +86,12 @@ func prefault(mem []byte) error {
 
 // fdInfo is what MapBuffer needs to know about a passed fd.
 type fdInfo struct {
-	regular  bool   // S_IFREG (a memfd is one too)
-	kind     string // the file type, for errors
-	size     int64
-	sealable bool // shmem or hugetlbfs backed (a memfd): seals apply
-	shrink   bool // F_SEAL_SHRINK is set
+	regular bool   // S_IFREG (a memfd is one too)
+	kind    string // the file type, for errors
+	size    int64
+	memory  bool // shmem or hugetlbfs backed (a memfd, a tmpfs file): seals apply
+	shrink  bool // F_SEAL_SHRINK is set
+	sealed  bool // F_SEAL_SEAL is set: no seal can be added
 }
 
 // inspectFd reads a passed fd's type, size and seals.
@@ -116,16 +123,28 @@ func inspectFd(fd int) (fdInfo, error) {
 		return info, nil
 	}
 	// F_GET_SEALS answers only for shmem and hugetlbfs files (memfds, and
-	// tmpfs files, which can be truncated just the same); other files give
-	// EINVAL and carry no seals.
+	// tmpfs files such as /dev/shm's); files on other file systems give
+	// EINVAL. A memfd made without MFD_ALLOW_SEALING, and any tmpfs file
+	// that is not a memfd, carries F_SEAL_SEAL from the start.
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	switch {
 	case err == nil:
-		info.sealable = true
+		info.memory = true
 		info.shrink = seals&unix.F_SEAL_SHRINK != 0
+		info.sealed = seals&unix.F_SEAL_SEAL != 0
 	case err == unix.EINVAL:
+		info.kind = "file on a disk file system"
 	default:
 		return info, os.NewSyscallError("fcntl F_GET_SEALS", err)
 	}
 	return info, nil
+}
+
+// fileSize reads fd's size.
+func fileSize(fd int) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, os.NewSyscallError("fstat", err)
+	}
+	return st.Size, nil
 }

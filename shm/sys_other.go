@@ -12,6 +12,10 @@ func sealPool(int) error { return ErrNotSupported }
 
 func sealClient(int) error { return ErrNotSupported }
 
+func sealShrink(int) error { return ErrNotSupported }
+
+func fileSize(int) (int64, error) { return 0, ErrNotSupported }
+
 func mapShared(int, uint64) ([]byte, error) { return nil, ErrNotSupported }
 
 func unmap([]byte) error { return ErrNotSupported }
@@ -22,11 +26,12 @@ func prefault([]byte) error { return ErrNotSupported }
 func closeFd(fd int) error { return os.NewFile(uintptr(fd), "fd").Close() }
 
 type fdInfo struct {
-	regular  bool
-	kind     string
-	size     int64
-	sealable bool
-	shrink   bool
+	regular bool
+	kind    string
+	size    int64
+	memory  bool
+	shrink  bool
+	sealed  bool
 }
 
 func inspectFd(int) (fdInfo, error) { return fdInfo{}, ErrNotSupported }

@@ -52,6 +52,7 @@ var everyError = map[string]struct {
 	"xfer.ErrClosed":        {xfer.ErrClosed, tcproto.CodeUNAVAILABLE},
 	"xfer.ErrExists":        {xfer.ErrExists, tcproto.CodeALREADY_EXISTS},
 	"xfer.ErrFault":         {xfer.ErrFault, tcproto.CodeFAILED_PRECONDITION},
+	"xfer.ErrUnsealed":      {xfer.ErrUnsealed, tcproto.CodeFAILED_PRECONDITION},
 	"xfer.ErrInvalid":       {xfer.ErrInvalid, tcproto.CodeINVALID_ARGUMENT},
 	"xfer.ErrNoNotify":      {xfer.ErrNoNotify, tcproto.CodeUNAVAILABLE},
 	"xfer.ErrNoSegment":     {xfer.ErrNoSegment, tcproto.CodeNOT_FOUND},
@@ -89,7 +90,6 @@ var everyError = map[string]struct {
 	"shm.ErrPoolExhausted": {shm.ErrPoolExhausted, tcproto.CodeRESOURCE_EXHAUSTED},
 	"shm.ErrShortFile":     {shm.ErrShortFile, tcproto.CodeINVALID_ARGUMENT},
 	"shm.ErrTooLarge":      {shm.ErrTooLarge, tcproto.CodeRESOURCE_EXHAUSTED},
-	"shm.ErrUnsealed":      {shm.ErrUnsealed, tcproto.CodeINVALID_ARGUMENT},
 	// uring
 	"uring.ErrBadRequest":        {uring.ErrBadRequest, tcproto.CodeINVALID_ARGUMENT},
 	"uring.ErrConfig":            {uring.ErrConfig, tcproto.CodeINVALID_ARGUMENT},
@@ -174,7 +174,6 @@ var everyError = map[string]struct {
 	"control.ErrMissingFD":           {control.ErrMissingFD, tcproto.CodeINVALID_ARGUMENT},
 	"control.ErrNotFound":            {control.ErrNotFound, tcproto.CodeNOT_FOUND},
 	"control.ErrPermission":          {control.ErrPermission, tcproto.CodePERMISSION_DENIED},
-	"control.ErrProtocol":            {control.ErrProtocol, tcproto.CodeUNAVAILABLE},
 	"control.ErrTooManyConns":        {control.ErrTooManyConns, tcproto.CodeRESOURCE_EXHAUSTED},
 	"control.ErrUnavailable":         {control.ErrUnavailable, tcproto.CodeUNAVAILABLE},
 	"control.ErrUnexpectedFD":        {control.ErrUnexpectedFD, tcproto.CodeINVALID_ARGUMENT},

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"syscall"
 	"testing"
 
@@ -43,6 +44,69 @@ func TestCodeOfCategories(t *testing.T) {
 		{&fs.PathError{Op: "open", Path: "/x", Err: syscall.EACCES}, tcproto.CodePERMISSION_DENIED},
 		{syscall.EMFILE, tcproto.CodeRESOURCE_EXHAUSTED},
 		{syscall.EINVAL, tcproto.CodeINVALID_ARGUMENT},
+		// The kernel could not reach a client's memory (it shrank its
+		// unsealed buffer under an io_uring read or write).
+		{os.NewSyscallError("io_uring write", syscall.EFAULT), tcproto.CodeFAILED_PRECONDITION},
+	} {
+		if got := status.CodeOf(c.err); got != c.want {
+			t.Errorf("CodeOf(%v) = %s, want %s", c.err, got, c.want)
+		}
+	}
+}
+
+// A raw errno (a syscall's, wrapped or not, or a device completion's that
+// a transport passes on) has the code of the category an operator would
+// file it under, never INTERNAL for the ones a file, a device or a socket
+// returns; a category the error also carries decides first.
+func TestCodeOfErrnos(t *testing.T) {
+	for _, c := range []struct {
+		errno syscall.Errno
+		want  wire.Code
+	}{
+		{syscall.EIO, tcproto.CodeUNAVAILABLE},
+		{syscall.ENODEV, tcproto.CodeUNAVAILABLE},
+		{syscall.ENXIO, tcproto.CodeUNAVAILABLE},
+		{syscall.ECONNRESET, tcproto.CodeUNAVAILABLE},
+		{syscall.EPIPE, tcproto.CodeUNAVAILABLE},
+		{syscall.ECANCELED, tcproto.CodeUNAVAILABLE},
+		{syscall.EOPNOTSUPP, tcproto.CodeUNAVAILABLE},
+		{syscall.ENOSYS, tcproto.CodeUNAVAILABLE},
+		{syscall.ENOSPC, tcproto.CodeRESOURCE_EXHAUSTED},
+		{syscall.EDQUOT, tcproto.CodeRESOURCE_EXHAUSTED},
+		{syscall.ENOMEM, tcproto.CodeRESOURCE_EXHAUSTED},
+		{syscall.EAGAIN, tcproto.CodeRESOURCE_EXHAUSTED},
+		{syscall.EFBIG, tcproto.CodeRESOURCE_EXHAUSTED},
+		{syscall.EFAULT, tcproto.CodeFAILED_PRECONDITION},
+		{syscall.ENOENT, tcproto.CodeNOT_FOUND},
+		{syscall.EEXIST, tcproto.CodeALREADY_EXISTS},
+		{syscall.EBUSY, tcproto.CodeBUSY},
+		{syscall.EACCES, tcproto.CodePERMISSION_DENIED},
+		{syscall.EPERM, tcproto.CodePERMISSION_DENIED},
+		{syscall.EROFS, tcproto.CodePERMISSION_DENIED},
+		{syscall.ETIMEDOUT, tcproto.CodeDEADLINE_EXCEEDED},
+		{syscall.EINVAL, tcproto.CodeINVALID_ARGUMENT},
+		{syscall.EBADF, tcproto.CodeINVALID_ARGUMENT},
+		{syscall.EISDIR, tcproto.CodeINVALID_ARGUMENT},
+		{syscall.EXDEV, tcproto.CodeINTERNAL}, // not expected of any transport
+	} {
+		for _, err := range []error{
+			c.errno,
+			os.NewSyscallError("pwritev2", c.errno),
+			fmt.Errorf("uring: write of 4096 bytes at file offset 0: %w", os.NewSyscallError("io_uring", c.errno)),
+		} {
+			if got := status.CodeOf(err); got != c.want {
+				t.Errorf("CodeOf(%v) = %s, want %s", err, got, c.want)
+			}
+		}
+	}
+	// The category a package put the error in decides over the errno.
+	for _, c := range []struct {
+		err  error
+		want wire.Code
+	}{
+		{fmt.Errorf("%w: %w", xfer.ErrPrecondition, syscall.ENOSPC), tcproto.CodeFAILED_PRECONDITION},
+		{fmt.Errorf("%w: %w", xfer.ErrNotSupported, syscall.EINVAL), tcproto.CodeUNAVAILABLE},
+		{fmt.Errorf("%w: %w", xfer.ErrInvalid, syscall.EIO), tcproto.CodeINVALID_ARGUMENT},
 	} {
 		if got := status.CodeOf(c.err); got != c.want {
 			t.Errorf("CodeOf(%v) = %s, want %s", c.err, got, c.want)

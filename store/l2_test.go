@@ -322,3 +322,39 @@ func TestRegionHeaderLast(t *testing.T) {
 	e.reopen()
 	e.checkValues(keys, vals)
 }
+
+// TestHitsAndMisses: every key a Get or Read looks for counts once, as a
+// hit in L1, a hit only on L2 (promoted), or a miss; a key that is not
+// valid, and the probes (Exists, LookupPrefix), count in none.
+func TestHitsAndMisses(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("h", 4)
+	vals := valuesFor(keys, 3000)
+	mustCodes(t, "put", e.put(ss, keys, vals, false), OK)
+	if err := e.s.Flush(flushWait); err != nil {
+		t.Fatal(err)
+	}
+	e.dropL1()
+	want := func(what string, l1, l2, miss uint64) {
+		t.Helper()
+		if st := e.s.Stats(); st.HitsL1 != l1 || st.HitsL2 != l2 || st.Misses != miss {
+			t.Fatalf("after %s: hits l1 %d, l2 %d, misses %d; want %d, %d, %d", what, st.HitsL1, st.HitsL2, st.Misses, l1, l2, miss)
+		}
+	}
+	want("puts", 0, 0, 0)
+	_, codes, _ := e.get(ss, [][]byte{keys[0], keys[1], []byte("absent"), nil})
+	mustCodes(t, "get", codes, OK, OK, NotFound, InvalidArgument)
+	want("a get of two L2-only keys, an absent and an invalid one", 0, 2, 1)
+	_, codes, _ = e.get(ss, keys[:2])
+	mustCodes(t, "get again", codes, OK, OK)
+	want("the same get again (now in L1)", 2, 2, 1)
+	e.checkValues(keys, vals) // Read: two in L1, two promoted
+	want("a read of all four", 4, 4, 1)
+	mustCodes(t, "exists", e.exists([][]byte{keys[0], []byte("absent")}), OK, NotFound)
+	if n, err := ss.LookupPrefix([][]byte{keys[0], []byte("absent")}, false); n != 1 || err != nil {
+		t.Fatal(n, err)
+	}
+	want("the probes", 4, 4, 1)
+}

@@ -749,14 +749,18 @@ func (ss *Session) Get(keys [][]byte, locs []Location, codes []Code, errs []erro
 		return false, err
 	}
 	var cl *call
+	var reads readCounts
+	defer reads.add(&s.c)
 	for i, k := range keys {
 		locs[i] = Location{}
 		sh, r, c, err := s.lookup(k)
 		setResult(codes, errs, i, c, err)
 		if err != nil {
+			reads.miss(c)
 			continue
 		}
 		e := sh.ent(r.idx)
+		reads.hit(e)
 		if e.pins >= s.cfg.MaxPins {
 			sh.mu.Unlock()
 			setResult(codes, errs, i, ResourceExhausted, ErrOverflow)
@@ -791,14 +795,18 @@ func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []er
 		return false, err
 	}
 	var cl *call
+	var reads readCounts
+	defer reads.add(&s.c)
 	for i, k := range keys {
 		lens[i] = 0
 		sh, r, c, err := s.lookup(k)
 		setResult(codes, errs, i, c, err)
 		if err != nil {
+			reads.miss(c)
 			continue
 		}
 		e := sh.ent(r.idx)
+		reads.hit(e)
 		lens[i] = uint64(e.size)
 		if uint64(len(dsts[i])) < uint64(e.size) {
 			sh.mu.Unlock()
@@ -838,6 +846,38 @@ func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []er
 		}
 	}
 	return s.dispatch(cl, kPromote)
+}
+
+// readCounts are one call's hits and misses, added to the store's
+// counters once per call rather than once per key.
+type readCounts struct{ l1, l2, absent uint64 }
+
+// hit counts a stored key by where its value is: L1, or L2 only.
+func (rc *readCounts) hit(e *entry) {
+	if e.flags&fL1 != 0 {
+		rc.l1++
+	} else {
+		rc.l2++
+	}
+}
+
+// miss counts a key that is not stored (not one that is not valid).
+func (rc *readCounts) miss(c Code) {
+	if c == NotFound {
+		rc.absent++
+	}
+}
+
+func (rc *readCounts) add(c *counters) {
+	if rc.l1 > 0 {
+		c.hitsL1.Add(rc.l1)
+	}
+	if rc.l2 > 0 {
+		c.hitsL2.Add(rc.l2)
+	}
+	if rc.absent > 0 {
+		c.misses.Add(rc.absent)
+	}
 }
 
 // promote makes w wait for the promotion of L2-only entry r, starting one

@@ -400,6 +400,9 @@ type counters struct {
 	quarantinedTasks                                    atomic.Uint64
 	aborted                                             atomic.Uint64 // reservations given back by Session.Abort
 	l1Recovered, l1Dropped, l1Torn, l1JournalFull       atomic.Uint64 // the L1 journal's (l1journal.go)
+	// Reads of values (Get, Read) by what they found, per key: the value
+	// in L1, only on L2 (a promotion), or no key.
+	hitsL1, hitsL2, misses atomic.Uint64
 }
 
 // Stats are the store's figures, for the daemon to report.
@@ -409,6 +412,10 @@ type Stats struct {
 	L2Keys   uint64 // keys with their value on L2
 	Reserved uint64 // reservations and puts in flight
 	Aborted  uint64 // reservations given back by Session.Abort (not those of closed sessions)
+
+	// Keys read (Get, Read) found in L1, found only on L2 (promoted), or
+	// not stored. Exists and LookupPrefix are probes and count in none.
+	HitsL1, HitsL2, Misses uint64
 
 	L1Bytes, L1Capacity uint64 // pool bytes held (at block size), and the limit
 	L2Bytes, L2Capacity uint64 // L2 slot bytes in use, and the total
@@ -460,6 +467,7 @@ type Stats struct {
 func (s *Store) Stats() Stats {
 	c := &s.c
 	st := Stats{
+		HitsL1: c.hitsL1.Load(), HitsL2: c.hitsL2.Load(), Misses: c.misses.Load(),
 		Keys: c.keys.Load(), L1Keys: c.l1Keys.Load(), L2Keys: c.l2Keys.Load(), Reserved: c.reserved.Load(),
 		L1Bytes: s.l1Bytes.Load(), L1Capacity: s.cfg.L1Capacity, Pins: c.pins.Load(), Dirty: c.dirtyOwed.Load(),
 		EvictionsL1: c.evictL1.Load(), EvictionsL2: c.evictL2.Load(), DroppedUnwritten: c.droppedUnwritten.Load(),

@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // benchPair starts two nodes on loopback; a reads and writes b's "seg".
 func benchPair(b *testing.B, conns int) (*testNode, *Remote) {
-	kf := writeKey(b, b.TempDir(), "k", "bench")
+	kf := testutil.KeyFile(b, b.TempDir(), "k", "bench")
 	a := startNode(b, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: conns})
 	p := startNode(b, Config{DaemonID: "b", ClusterKeyFile: kf, ConnsPerPeer: conns})
 	p.exp.add("seg", xfertest.NewSegment(9, 64<<20))

@@ -38,7 +38,7 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 	fill(rand.New(rand.NewPCG(7, 7)), src)
 
 	t.Run("read answers in pieces", func(t *testing.T) {
-		kf := writeKey(t, t.TempDir(), "k", string(key))
+		kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
 		a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: 1, SliceSize: 4 << 20})
 		// The fake owner answers each READ from src: the header with a few
 		// bytes, then pieces of 1000 bytes, then the rest in one write
@@ -78,7 +78,7 @@ func TestPayloadStraightFromTheSocket(t *testing.T) {
 	})
 
 	t.Run("write payload in pieces, then one cut short", func(t *testing.T) {
-		kf := writeKey(t, t.TempDir(), "k", string(key))
+		kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
 		b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, SliceSize: 4 << 20})
 		seg := xfertest.NewSegment(5, size)
 		b.exp.add("seg", seg)

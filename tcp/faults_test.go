@@ -167,7 +167,7 @@ func TestMisbehavingPeerDropsConnection(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			kf := writeKey(t, dir, "k", string(key))
+			kf := testutil.KeyFile(t, dir, "k", string(key))
 			a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: 1, SliceSize: 64 << 10})
 			b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf})
 			b.exp.add("seg", xfertest.NewSegment(5, 1<<20))
@@ -251,7 +251,7 @@ func rawHandshake(t *testing.T, n *testNode, key []byte, id string, epoch uint64
 
 func TestServerDropsBadClients(t *testing.T) {
 	key := []byte("cluster-secret")
-	kf := writeKey(t, t.TempDir(), "k", string(key))
+	kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
 	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, SliceSize: 64 << 10, HandshakeTimeout: 300 * time.Millisecond})
 	seg := xfertest.NewSegment(5, 4<<20)
 	b.exp.add("seg", seg)
@@ -319,7 +319,7 @@ func TestServerDropsBadClients(t *testing.T) {
 
 func TestNotificationOnBrokenConnectionFails(t *testing.T) {
 	key := []byte("k")
-	kf := writeKey(t, t.TempDir(), "k", string(key))
+	kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
 	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: 1})
 	fake := newFakePeer(t, "cutter", key, func(c net.Conn, h header, _ []byte) bool {
 		if h.typ == tNotify {
@@ -353,7 +353,7 @@ func TestNotificationOnBrokenConnectionFails(t *testing.T) {
 
 func TestFlowControlBoundsInflight(t *testing.T) {
 	key := []byte("k")
-	kf := writeKey(t, t.TempDir(), "k", string(key))
+	kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
 	const slice = 64 << 10
 	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, ConnsPerPeer: 2, SliceSize: slice,
 		MaxInflightBytes: 2 * slice, MaxPeerInflightBytes: 3 * slice, RequestTimeout: 800 * time.Millisecond})
@@ -402,7 +402,7 @@ func TestFlowControlBoundsInflight(t *testing.T) {
 }
 
 func TestPeerKilledMidTransferAndRestarted(t *testing.T) {
-	kf := writeKey(t, t.TempDir(), "k", "secret")
+	kf := testutil.KeyFile(t, t.TempDir(), "k", "secret")
 	cfg := Config{ClusterKeyFile: kf, RequestTimeout: 2 * time.Second, SliceSize: 256 << 10}
 	ca, cb := cfg, cfg
 	ca.DaemonID, cb.DaemonID = "a", "b"

@@ -7,8 +7,6 @@ import (
 	"hash/crc32"
 	"log/slog"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,15 +104,6 @@ func (l *logBuf) waitContains(t *testing.T, what string) {
 	t.Helper()
 	testutil.Eventually(t, 3*time.Second, func() bool { return strings.Contains(l.String(), what) },
 		"the log containing %q:\n%s", what, l)
-}
-
-func writeKey(t testing.TB, dir, name, key string) string {
-	t.Helper()
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, []byte(key+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 type testNode struct {

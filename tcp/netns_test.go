@@ -61,7 +61,7 @@ func TestCutLinkInNetns(t *testing.T) {
 		run(t, "ip", "-n", c[0], "link", "set", "lo", "up")
 		run(t, "ip", "-n", c[0], "link", "set", c[1], "up")
 	}
-	key := writeKey(t, t.TempDir(), "key", "netns-secret")
+	key := testutil.KeyFile(t, t.TempDir(), "key", "netns-secret")
 
 	start := func(role, ns string) (*exec.Cmd, io.WriteCloser, <-chan string, *bytes.Buffer) {
 		cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")

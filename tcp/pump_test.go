@@ -65,7 +65,7 @@ func remoteAt(n *testNode, id string) *Remote {
 // hanging (and an Open waiting for it) instead of waiting out
 // HandshakeTimeout.
 func TestSubmitNeverWaitsForADial(t *testing.T) {
-	kf := writeKey(t, t.TempDir(), "k", "secret")
+	kf := testutil.KeyFile(t, t.TempDir(), "k", "secret")
 	const queue, over = 50, 3
 	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, HandshakeTimeout: 20 * time.Second,
 		RequestTimeout: 30 * time.Second, MaxQueued: queue})
@@ -168,7 +168,7 @@ func TestSubmitNeverWaitsForADial(t *testing.T) {
 // dropped.
 func TestStalledPeerEndsTasksByDeadline(t *testing.T) {
 	key := []byte("k")
-	kf := writeKey(t, t.TempDir(), "k", string(key))
+	kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
 	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, SliceSize: 64 << 10, RequestTimeout: 30 * time.Second})
 	fake := newFakePeer(t, "stopped", key, func(net.Conn, header, []byte) bool { return true })
 	_ = a.Directory().Update(dirPeer("stopped", fake.ln.Addr().String()))
@@ -226,7 +226,7 @@ func TestStalledPeerEndsTasksByDeadline(t *testing.T) {
 // epoch; once that session is gone, it can.
 func TestPeerAdmission(t *testing.T) {
 	key := []byte("cluster")
-	kf := writeKey(t, t.TempDir(), "k", string(key))
+	kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
 	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf})
 	b.exp.add("seg", xfertest.NewSegment(5, 1<<20))
 	for i := 0; i < 5; i++ {

@@ -10,7 +10,10 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-var _ xfer.Segment = (*Remote)(nil)
+var (
+	_ xfer.Segment    = (*Remote)(nil)
+	_ xfer.Registered = (*Remote)(nil)
+)
 
 // Remote is a segment of a peer daemon, opened with Node.Open. It
 // implements xfer.Segment with Kind() == xfer.KindRemote and carries the
@@ -34,6 +37,9 @@ type Remote struct {
 	renewAfter atomic.Int64
 	closed     atomic.Bool
 	refs       atomic.Int64
+	// regs carry what other transports learned for the segment (the
+	// owner's RDMA keys of it); Close tears them down.
+	regs xfer.Regs
 }
 
 // credential is a Remote's current token: the bytes requests present,
@@ -78,12 +84,18 @@ func (r *Remote) Rights() Rights { return r.rights }
 // Epoch is the owner's epoch the token is bound to.
 func (r *Remote) Epoch() uint64 { return r.epoch }
 
-// Close forgets the segment; later Acquire calls fail.
+// Regs implements xfer.Registered: the registrations other transports
+// keep on the segment, such as the owner's RDMA keys of it.
+func (r *Remote) Regs() *xfer.Regs { return &r.regs }
+
+// Close forgets the segment and releases its registrations; later Acquire
+// calls fail.
 func (r *Remote) Close() error {
 	if r.closed.CompareAndSwap(false, true) {
 		r.node.mu.Lock()
 		delete(r.node.remotes, r)
 		r.node.mu.Unlock()
+		r.regs.Teardown()
 	}
 	return nil
 }

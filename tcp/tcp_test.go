@@ -19,12 +19,12 @@ func TestMain(m *testing.M) { testutil.Main(m, testutil.Child(netnsRoleEnv, netn
 
 func TestKeyFileAndConfig(t *testing.T) {
 	dir := t.TempDir()
-	good := writeKey(t, dir, "good", "secret")
-	loose := writeKey(t, dir, "loose", "secret")
+	good := testutil.KeyFile(t, dir, "good", "secret")
+	loose := testutil.KeyFile(t, dir, "loose", "secret")
 	if err := os.Chmod(loose, 0o640); err != nil {
 		t.Fatal(err)
 	}
-	empty := writeKey(t, dir, "empty", "  ")
+	empty := testutil.KeyFile(t, dir, "empty", "  ")
 	cases := []struct {
 		name string
 		cfg  Config
@@ -71,7 +71,7 @@ func TestKeyFileAndConfig(t *testing.T) {
 // pair starts nodes that know each other, each exporting "seg" of size.
 func cluster(t *testing.T, ids []string, size int, cfg Config) []*testNode {
 	t.Helper()
-	key := writeKey(t, t.TempDir(), "key", "cluster-secret")
+	key := testutil.KeyFile(t, t.TempDir(), "key", "cluster-secret")
 	var nodes []*testNode
 	for i, id := range ids {
 		c := cfg
@@ -382,7 +382,7 @@ func TestNotifications(t *testing.T) {
 }
 
 func TestHandshakeExchangesBlobs(t *testing.T) {
-	kf := writeKey(t, t.TempDir(), "k", "k")
+	kf := testutil.KeyFile(t, t.TempDir(), "k", "k")
 	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, Blob: []byte("qpn=17;gid=fe80::1")})
 	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, Blob: []byte("qpn=99")})
 	link(t, a, b)
@@ -413,8 +413,8 @@ func TestHandshakeExchangesBlobs(t *testing.T) {
 
 func TestWrongKeyRefusedAndLoggedOnBothSides(t *testing.T) {
 	dir := t.TempDir()
-	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: writeKey(t, dir, "ka", "key-one")})
-	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: writeKey(t, dir, "kb", "key-two")})
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: testutil.KeyFile(t, dir, "ka", "key-one")})
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: testutil.KeyFile(t, dir, "kb", "key-two")})
 	link(t, a, b)
 	link(t, b, a)
 	if _, err := a.Open("b", "seg", RightRead); !errors.Is(err, ErrAuth) {
@@ -436,7 +436,7 @@ func TestWrongKeyRefusedAndLoggedOnBothSides(t *testing.T) {
 
 func TestStaleEpochRefusedBothWays(t *testing.T) {
 	dir := t.TempDir()
-	key := writeKey(t, dir, "k", "k")
+	key := testutil.KeyFile(t, dir, "k", "k")
 	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: key})
 	const e1, e2 = 0x1111, 0x2222
 	b1 := startNode(t, Config{DaemonID: "b", ClusterKeyFile: key, Epoch: e1})
@@ -522,5 +522,35 @@ func TestTokenRenewal(t *testing.T) {
 	clk.Advance(ttl)
 	if err := read(); !errors.Is(err, xfer.ErrPermission) {
 		t.Fatalf("read %v after the owner stopped exporting: %v, want ErrPermission", ttl, err)
+	}
+}
+
+// unsealedSegment is a memory segment whose owner may shrink it, as a
+// client buffer of an unsealable memfd is.
+type unsealedSegment struct{ *xfertest.Segment }
+
+func (unsealedSegment) Unsealed() bool { return true }
+
+// TestUnsealedLocalRefused: a transfer whose local memory its owner may
+// shrink is refused with ErrUnsealed before a byte goes on the stream
+// other requests share, both ways; the same memory sealed moves.
+func TestUnsealedLocalRefused(t *testing.T) {
+	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{})
+	a := nodes[0]
+	col := xfertest.NewRecorder()
+	r, err := a.Open("b", "seg", RightRead|RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed := xfertest.NewSegment(1, 1<<20)
+	for _, op := range []xfer.Op{xfer.OpRead, xfer.OpWrite} {
+		tk := mkTask(col, op, sealed, 0, r, 0, 4096)
+		tk.Local = unsealedSegment{sealed}
+		if err := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0].Err; !errors.Is(err, xfer.ErrUnsealed) {
+			t.Fatalf("%v with an unsealed local segment: %v, want ErrUnsealed", op, err)
+		}
+		if err := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, op, sealed, 0, r, 0, 4096)}, 5*time.Second)[0].Err; err != nil {
+			t.Fatalf("%v with the same memory sealed: %v", op, err)
+		}
 	}
 }

@@ -164,6 +164,13 @@ func (n *Node) dispatch(t *xfer.Task) {
 		n.fail(t, fmt.Errorf("%w: local side is not a memory segment", xfer.ErrInvalid))
 		return
 	}
+	if xfer.IsUnsealed(loc) {
+		// The payload would go through the connection's stream, which other
+		// requests share: a fault half-way through a frame would break them
+		// all, and gnet copies what the socket does not take at once.
+		n.fail(t, fmt.Errorf("%w: local segment %d", xfer.ErrUnsealed, loc.ID()))
+		return
+	}
 	q := t.Req
 	var need Rights
 	switch q.Op {

@@ -32,7 +32,7 @@ func openFDs(t *testing.T) int {
 func TestWriterBlockedOnAFullSocket(t *testing.T) {
 	before := openFDs(t)
 	key := []byte("k")
-	kf := writeKey(t, t.TempDir(), "k", string(key))
+	kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
 	a, err := NewNode(Config{DaemonID: "a", Listen: "127.0.0.1:0", ClusterKeyFile: kf, ConnsPerPeer: 1,
 		SliceSize: 1 << 20, MaxInflightBytes: 64 << 20, MaxPeerInflightBytes: 64 << 20, RequestTimeout: 30 * time.Second},
 		newExporter(), nil)

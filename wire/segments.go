@@ -2,8 +2,9 @@ package wire
 
 import "github.com/tensorcast/tensorcast/fbs/tcproto"
 
-// RegisterBufferRequest registers Size bytes of the memfd that travels with
-// it (SCM_RIGHTS) as a client buffer.
+// RegisterBufferRequest registers Size bytes of the memfd (or tmpfs file)
+// that travels with it (SCM_RIGHTS) as a client buffer: sealed, sealable
+// (the daemon seals it against shrinking) or unsealed (see shm/doc.go).
 type RegisterBufferRequest struct{ Size uint64 }
 
 func (*RegisterBufferRequest) Kind() RequestKind { return tcproto.RequestBodyRegisterBufferRequest }

@@ -81,6 +81,11 @@ var (
 	// ErrFault: a copy touched memory that is no longer mapped (a client
 	// truncated or unmapped its buffer under the transfer).
 	ErrFault = Categorized(ErrPrecondition, "xfer: memory fault")
+	// ErrUnsealed: the request's memory is a client buffer its owner can
+	// shrink (Shrinkable) and the path it would take cannot contain a fault
+	// to that request (a TCP stream to a peer, an export); sealing the
+	// memfd with F_SEAL_SHRINK lifts it.
+	ErrUnsealed = Categorized(ErrPrecondition, "xfer: unsealed client buffer on a path that needs a sealed one")
 
 	// ErrBadOp: a request's Op is neither OpRead nor OpWrite. It matches
 	// ErrInvalid.

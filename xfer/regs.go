@@ -13,7 +13,9 @@ type RegSlot uint8
 const (
 	// SlotURing holds io_uring's fixed-buffer registration.
 	SlotURing RegSlot = iota
-	// SlotRDMA holds an RDMA registration for local access.
+	// SlotRDMA holds a segment's RDMA keys (rdma.Keys): a local
+	// segment's memory registration, or the keys a remote segment's owner
+	// registered it with.
 	SlotRDMA
 
 	numRegSlots

@@ -83,6 +83,24 @@ type MemSegment interface {
 	Bytes() []byte
 }
 
+// Shrinkable is implemented by a memory segment whose owner may shrink the
+// file under its mapping at any time (a client buffer whose memfd cannot be
+// sealed against shrinking, see package shm): a byte of it can fault on any
+// access. Every path that touches such a segment either copies through
+// internal/faultcopy, so a fault ends that request with ErrFault, or lets
+// the kernel touch it (io_uring, a syscall, an RDMA registration, which
+// answer EFAULT); a path that can do neither for that request alone (a TCP
+// stream shared with other requests) refuses it with ErrUnsealed.
+type Shrinkable interface {
+	Unsealed() bool
+}
+
+// IsUnsealed reports whether seg is a Shrinkable segment that is unsealed.
+func IsUnsealed(seg Segment) bool {
+	s, ok := seg.(Shrinkable)
+	return ok && s.Unsealed()
+}
+
 // Op is the direction of a request.
 type Op uint8
 

@@ -45,12 +45,12 @@
  *  Transfers address memory by (segment, offset). Two kinds of memory are
  *  shared with the daemon: blocks of its pool (tc_blocks_alloc; the whole
  *  pool is mapped in this process at connect) and client buffers. The daemon
- *  maps a client buffer from a memfd sealed against shrinking, so a buffer
- *  cannot be registered from an arbitrary pointer: tc_buffer_create makes
- *  memory the daemon can map (a sealed memfd, mapped here and registered),
- *  tc_buffer_register_fd registers a memfd or file of the caller's own, and
- *  tc_locate turns a pointer into pool or buffer memory back into its
- *  (segment, offset).
+ *  maps a client buffer from a memfd (or tmpfs file), so a buffer cannot be
+ *  registered from an arbitrary pointer: tc_buffer_create makes memory the
+ *  daemon can map (a sealed memfd, mapped here and registered),
+ *  tc_buffer_register_fd registers a memfd or tmpfs file of the caller's
+ *  own, and tc_locate turns a pointer into pool or buffer memory back into
+ *  its (segment, offset).
  */
 #ifndef TENSORCAST_H
 #define TENSORCAST_H
@@ -340,9 +340,17 @@ TC_API int tc_buffer_create(tc_conn *c, uint64_t size, tc_buffer **out, const tc
 TC_API int tc_buffer_destroy(tc_conn *c, tc_buffer *buf, const tc_call_opts *o);
 
 /* tc_buffer_register_fd registers the first size bytes of fd as a client
- * buffer: a memfd sealed with F_SEAL_SHRINK (the daemon refuses an unsealed
- * one, TC_INVALID_ARGUMENT), or a regular file. The daemon maps its own
- * copy of fd; the caller keeps fd and its own mapping. */
+ * buffer: a memfd, or a file on tmpfs (/dev/shm) or hugetlbfs; anything
+ * else (a file on disk, a pipe) is TC_INVALID_ARGUMENT. The daemon maps its
+ * own copy of fd; the caller keeps fd and its own mapping. A memfd sealed
+ * with F_SEAL_SHRINK is taken as it is; one made with MFD_ALLOW_SEALING is
+ * sealed with F_SEAL_SHRINK by the daemon (shrinking it then fails here,
+ * for good: a seal is never removed);
+ * one that cannot be sealed (made without MFD_ALLOW_SEALING, or a tmpfs
+ * file) is taken unsealed: if the caller shrinks it under a request, that
+ * request fails with TC_FAILED_PRECONDITION and nothing else does, and
+ * transfers to peers over TCP and exports refuse it
+ * (TC_FAILED_PRECONDITION). */
 TC_API int tc_buffer_register_fd(tc_conn *c, int fd, uint64_t size, tc_segment_id *id,
                                  const tc_call_opts *o);
 

@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -24,6 +25,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -648,15 +650,34 @@ static void test_buffers(tc_conn *c, const tcd *d)
     CHECK_RC(tc_locate(c, &local, sizeof local, &seg, &off), TC_NOT_FOUND);
     CHECK_RC(tc_locate(c, NULL, 1, &seg, &off), TC_INVALID_ARGUMENT);
 
-    /* A memfd of the caller's own: sealed, it registers; unsealed, the
-     * daemon refuses it (its owner could shrink it under a transfer). */
+    /* A memfd of the caller's own: sealable, the daemon seals it against
+     * shrinking as it registers it (the owner's shrink then fails); one
+     * that cannot be sealed registers unsealed; a file on disk is not
+     * memory. */
     int fd = memfd_create("tc-test-own", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     REQUIRE(fd >= 0 && ftruncate(fd, 65536) == 0);
     tc_segment_id own = 0;
-    CHECK_RC(tc_buffer_register_fd(c, fd, 65536, &own, NULL), TC_INVALID_ARGUMENT);
-    REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
     CHECK_RC(tc_buffer_register_fd(c, fd, 65536, &own, NULL), TC_OK);
     CHECK(own != 0 && own != b->id);
+    CHECK((fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK) != 0);
+    CHECK(ftruncate(fd, 4096) < 0 && errno == EPERM);
+    int raw = memfd_create("tc-test-raw", MFD_CLOEXEC);
+    REQUIRE(raw >= 0 && ftruncate(raw, 65536) == 0);
+    tc_segment_id raw_id = 0;
+    CHECK_RC(tc_buffer_register_fd(c, raw, 65536, &raw_id, NULL), TC_OK);
+    CHECK_RC(tc_segment_unregister(c, raw_id, NULL), TC_OK);
+    close(raw);
+    char disk[100];
+    snprintf(disk, sizeof disk, "%s/not-memory.bin", d->data);
+    int df = open(disk, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    REQUIRE(df >= 0 && ftruncate(df, 65536) == 0);
+    tc_segment_id disk_id;
+    struct statfs dfs;
+    REQUIRE(fstatfs(df, &dfs) == 0);
+    if (dfs.f_type != TMPFS_MAGIC) /* a /tmp in memory holds no file on disk */
+        CHECK_RC(tc_buffer_register_fd(c, df, 65536, &disk_id, NULL), TC_INVALID_ARGUMENT);
+    close(df);
+    unlink(disk);
     CHECK_RC(tc_buffer_register_fd(c, fd, 1 << 20, &own, NULL), TC_INVALID_ARGUMENT); /* past its end */
     CHECK_RC(tc_buffer_register_fd(c, -1, 4096, &own, NULL), TC_INVALID_ARGUMENT);
     CHECK_RC(tc_buffer_register_fd(c, fd, 0, &own, NULL), TC_INVALID_ARGUMENT);

@@ -3,8 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -27,16 +25,6 @@ func startDirDaemon(t *testing.T, id, key string, mut func(*daemon.Config)) stri
 		}
 	})
 	return cfg.Socket
-}
-
-// clusterKey writes a cluster key file readable by its owner only.
-func clusterKey(t *testing.T) string {
-	t.Helper()
-	key := filepath.Join(t.TempDir(), "cluster.key")
-	if err := os.WriteFile(key, []byte("tcctl directory test key\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return key
 }
 
 func dialT(t *testing.T, sock string) *client.Client {
@@ -65,7 +53,7 @@ func memberRow(out, id string) []string {
 // answers at once, saying the store is down and the leases unknown.
 func TestDirectoryEtcd(t *testing.T) {
 	srv := etcdtest.Start(t)
-	key := clusterKey(t)
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tcctl directory test key")
 	withEtcd := func(c *daemon.Config) {
 		c.Directory, c.EtcdEndpoints, c.EtcdPrefix = "etcd", srv.Endpoints(), "/tcctl/"
 		c.StalenessBudget = daemon.Duration(500 * time.Millisecond)
@@ -141,7 +129,7 @@ func TestDirectoryEtcd(t *testing.T) {
 // says so and lists the configured peers, with the epoch a handshake
 // told where there was one.
 func TestDirectoryEmbedded(t *testing.T) {
-	sock := startDirDaemon(t, "host-a", clusterKey(t), func(c *daemon.Config) {
+	sock := startDirDaemon(t, "host-a", testutil.KeyFile(t, t.TempDir(), "cluster.key", "tcctl directory test key"), func(c *daemon.Config) {
 		c.Peers = []daemon.PeerConfig{{ID: "decode-1", Addr: "10.0.0.2:7400"}, {ID: "decode-2"}}
 	})
 	d, err := dialT(t, sock).Directory()

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tensorcast/tensorcast/client"
@@ -274,5 +276,23 @@ func TestRenderQueues(t *testing.T) {
 	row := regexp.MustCompile(`(?m)^\s*2\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$`).FindStringSubmatch(out.String())
 	if row == nil || row[1] != "100000" || row[2] != "48" || row[3] != "3" || row[4] != "50" || row[5] != "0" {
 		t.Fatalf("queue row %q, want 100000 CQE/s, 48 in flight, 3 unreaped, 50 wakes/s, 0 sleeps/s:\n%s", row, out.String())
+	}
+}
+
+// TestSnapshotRenderedAt: a scrape is dated by the daemon's rendering, so
+// two scrapes of one rendering are seen as one and rates are over the
+// renderings' interval.
+func TestSnapshotRenderedAt(t *testing.T) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader("# TYPE tensorcast_metrics_rendered_timestamp_seconds gauge\ntensorcast_metrics_rendered_timestamp_seconds 1.7e+09\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	if s := newSnapshot(fams, now); !s.at.Equal(time.Unix(1_700_000_000, 0)) {
+		t.Fatalf("snapshot at %v, want the rendering's time", s.at)
+	}
+	if s := newSnapshot(map[string]*dto.MetricFamily{}, now); !s.at.Equal(now) {
+		t.Fatalf("snapshot without a rendering time at %v, want the scrape's", s.at)
 	}
 }

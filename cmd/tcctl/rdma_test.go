@@ -8,6 +8,7 @@ import (
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/control"
 	"github.com/tensorcast/tensorcast/daemon"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/wire"
 )
@@ -61,7 +62,7 @@ func startRealDaemon(t *testing.T, mode string, peers bool) string {
 		c.RDMA = mode
 		c.MetricsAddress = "127.0.0.1:0"
 		if peers {
-			c.PeerListen, c.ClusterKeyFile = "127.0.0.1:0", clusterKey(t)
+			c.PeerListen, c.ClusterKeyFile = "127.0.0.1:0", testutil.KeyFile(t, t.TempDir(), "cluster.key", "tcctl directory test key")
 		}
 	})
 	return cfg.Socket

@@ -59,6 +59,17 @@ func top(args []string, getenv func(string) string, w, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%w\n(is the daemon's metrics endpoint at %s? it is metrics_address in its config; set --metrics)", err, *addr)
 		}
+		if prev != nil && !cur.at.After(prev.at) {
+			// The daemon answered from the rendering the last frame
+			// showed (metrics_snapshot_interval): nothing new to rate.
+			frame--
+			select {
+			case <-tick.C:
+				continue
+			case <-stop:
+				return nil
+			}
+		}
 		var b strings.Builder
 		render(&b, prev, cur, *addr, frame)
 		// Home, each line cleared to its end, then everything below.
@@ -96,7 +107,18 @@ func scrapeOnce(hc *http.Client, url string) (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", url, err)
 	}
-	return &snapshot{at: time.Now(), fams: fams}, nil
+	return newSnapshot(fams, time.Now()), nil
+}
+
+// newSnapshot is a scrape's families, at the time the daemon rendered
+// them (tensorcast_metrics_rendered_timestamp_seconds), else at now.
+func newSnapshot(fams map[string]*dto.MetricFamily, now time.Time) *snapshot {
+	s := &snapshot{at: now, fams: fams}
+	if ts := s.values("tensorcast_metrics_rendered_timestamp_seconds", ""); len(ts) == 1 && ts[""] > 0 {
+		sec, frac := math.Modf(ts[""])
+		s.at = time.Unix(int64(sec), int64(frac*1e9))
+	}
+	return s
 }
 
 func label(m *dto.Metric, name string) string {

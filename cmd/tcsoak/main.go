@@ -11,7 +11,9 @@
 // -fault-every: a client SIGKILLed; daemon b SIGSTOPped and resumed; the
 // link between the daemons cut and restored (b runs in its own network
 // namespace); ENOSPC on a's file target (the tmpfs filled); EMFILE on a
-// (its RLIMIT_NOFILE lowered to what it has open); daemon b SIGKILLed and
+// (its RLIMIT_NOFILE lowered to what it has open); 1,500 idle connections
+// to a's metrics endpoint while new control clients must be served; daemon
+// b SIGKILLed and
 // restarted, after which every write it acknowledged is read back from
 // its file.
 //
@@ -417,6 +419,7 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 			}
 			return emfile(a, hold)
 		}},
+		{"metrics flood", func() (string, error) { return metricsFlood(a, 1500, hold) }},
 		{"peer SIGKILL", func() (string, error) {
 			start := time.Now()
 			b.kill()

@@ -41,10 +41,7 @@ allowed_files = ["/mnt/b"]
 		t.Fatalf("default tenants %+v", d.TenantList())
 	}
 
-	for _, tc := range []struct {
-		name, file string
-		want       []string
-	}{
+	refused(t, dir, []badFile{
 		{"per uid over max", "max_conns = 4\nmax_conns_per_uid = 5\n", []string{"max_conns_per_uid", "5"}},
 		{"frame timeout", "frame_timeout = \"1ms\"\n", []string{"frame_timeout", "1ms"}},
 		{"stall", "accept_stall_timeout = \"2h\"\n", []string{"accept_stall_timeout", "2h"}},
@@ -57,7 +54,23 @@ allowed_files = ["/mnt/b"]
 		{"small pool", "[[tenants]]\nname = \"a\"\nuids = [1]\npool_size = \"1MiB\"\n", []string{"tenants.pool_size", "1MiB"}},
 		{"relative file", "[[tenants]]\nname = \"a\"\nuids = [1]\nallowed_files = [\"x\"]\n", []string{"tenants.allowed_files", "x"}},
 		{"unknown tenant key", "[[tenants]]\nname = \"a\"\nuids = [1]\nquota = 5\n", []string{"unknown key", "quota"}},
-	} {
+	})
+	if _, err := Load(nil, env(map[string]string{"TENSORCAST_DENIED_UIDS": "root"})); err == nil || !strings.Contains(err.Error(), "denied_uids") {
+		t.Fatalf("a bad uid list: %v", err)
+	}
+}
+
+// badFile is a config file Load must refuse with ErrConfig, its error
+// naming each of want.
+type badFile struct {
+	name, file string
+	want       []string
+}
+
+// refused loads each file (written in dir) and checks it is refused.
+func refused(t *testing.T, dir string, files []badFile) {
+	t.Helper()
+	for _, tc := range files {
 		t.Run(tc.name, func(t *testing.T) {
 			p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".toml")
 			writeFile(t, p, tc.file)
@@ -71,8 +84,5 @@ allowed_files = ["/mnt/b"]
 				}
 			}
 		})
-	}
-	if _, err := Load(nil, env(map[string]string{"TENSORCAST_DENIED_UIDS": "root"})); err == nil || !strings.Contains(err.Error(), "denied_uids") {
-		t.Fatalf("a bad uid list: %v", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -93,6 +94,8 @@ type Config struct {
 	// MetricsAddress is the host:port of the Prometheus endpoint
 	// (/metrics); "off" or "" serves none. Port 0 picks a free one.
 	MetricsAddress string `toml:"metrics_address"`
+	// MetricsConfig bounds the endpoint (ops.go).
+	MetricsConfig
 	// EBPF is auto (load the kernel-side views when the daemon may and the
 	// kernel has the hooks, else say which is missing and run without),
 	// on (fail start-up without them) or off.
@@ -139,6 +142,7 @@ func Defaults() Config {
 		// MetricsAddress: loopback, so nothing is exposed off the host
 		// until the operator says so.
 		MetricsAddress:  "127.0.0.1:9464",
+		MetricsConfig:   metricsDefaults(),
 		EBPF:            "auto",
 		EBPFUringSample: 16,
 
@@ -377,7 +381,7 @@ func settings() []setting {
 			}
 			return nil
 		}},
-	}, append(append(directorySettings(), accessSettings()...), storeSettings()...)...)
+	}, slices.Concat(metricsSettings(), directorySettings(), accessSettings(), storeSettings())...)
 }
 
 // Load builds the configuration from defaults, the file named by --config

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -30,6 +31,8 @@ const (
 	chartDir   = "tensorcast"
 	allOptions = "testdata/all-options.yaml"
 	engineFile = "engine-pod.yaml"
+	// rulesFile is the alert rules the PrometheusRule holds.
+	rulesFile = "../prometheus/tensorcast-rules.yaml"
 	// helmTool is where make deps (scripts/deps.sh) installs helm.
 	helmTool = "../../bin/tools/helm"
 )
@@ -74,6 +77,7 @@ type rendered struct {
 	cm     *corev1.ConfigMap
 	secret *corev1.Secret
 	pm     *podMonitor
+	rule   *prometheusRule
 	config map[string]any // the ConfigMap's tensorcastd.toml, decoded
 }
 
@@ -90,6 +94,30 @@ type podMonitor struct {
 			Interval string `json:"interval"`
 		} `json:"podMetricsEndpoints"`
 	} `json:"spec"`
+}
+
+// prometheusRule is the Prometheus Operator's PrometheusRule
+// (monitoring.coreos.com/v1), decoded as strictly as the rest.
+type prometheusRule struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              ruleSpec `json:"spec"`
+}
+
+// ruleSpec is a rules file's content and a PrometheusRule's spec: its
+// groups.
+type ruleSpec struct {
+	Groups []struct {
+		Name  string `json:"name"`
+		Rules []struct {
+			Alert       string            `json:"alert,omitempty"`
+			Record      string            `json:"record,omitempty"`
+			Expr        string            `json:"expr"`
+			For         string            `json:"for,omitempty"`
+			Labels      map[string]string `json:"labels,omitempty"`
+			Annotations map[string]string `json:"annotations,omitempty"`
+		} `json:"rules"`
+	} `json:"groups"`
 }
 
 // decodeStrict decodes one YAML document into v, failing on any field v's
@@ -146,6 +174,9 @@ func render(t *testing.T, values ...string) rendered {
 		case "monitoring.coreos.com/v1 PodMonitor":
 			r.pm = new(podMonitor)
 			decodeStrict(t, []byte(doc), r.pm)
+		case "monitoring.coreos.com/v1 PrometheusRule":
+			r.rule = new(prometheusRule)
+			decodeStrict(t, []byte(doc), r.rule)
 		default:
 			t.Fatalf("the chart rendered a %s %s the test does not check", meta.APIVersion, meta.Kind)
 		}
@@ -230,8 +261,8 @@ func capabilities(c corev1.Container) []string {
 func TestChartDefaults(t *testing.T) {
 	r := render(t)
 	c := r.container(t)
-	if r.secret != nil || r.pm != nil {
-		t.Error("defaults render a Secret or a PodMonitor")
+	if r.secret != nil || r.pm != nil || r.rule != nil {
+		t.Error("defaults render a Secret, a PodMonitor or a PrometheusRule")
 	}
 	if got := capabilities(c); !slices.Equal(got, []string{"IPC_LOCK"}) {
 		t.Errorf("capabilities %v, want IPC_LOCK alone with ebpf off", got)
@@ -306,8 +337,9 @@ func TestChartDefaults(t *testing.T) {
 }
 
 // TestChartAllOptions: every option on renders capabilities, resources,
-// the host port, the Secret, etcd and the PodMonitor, and a config the
-// daemon accepts, tenants included.
+// the host port, the Secret, etcd, the PodMonitor and the PrometheusRule
+// (the rules file's groups), and a config the daemon accepts, tenants
+// included.
 func TestChartAllOptions(t *testing.T) {
 	r := render(t, allOptions)
 	c := r.container(t)
@@ -375,10 +407,24 @@ func TestChartAllOptions(t *testing.T) {
 			t.Errorf("PodMonitor selects %s=%s, the pods are labelled %q", k, v, r.ds.Spec.Template.Labels[k])
 		}
 	}
+	// The PrometheusRule holds the rules file's groups, as they are.
+	b, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want ruleSpec
+	decodeStrict(t, b, &want)
+	if r.rule == nil || len(want.Groups) == 0 || !reflect.DeepEqual(r.rule.Spec, want) {
+		t.Errorf("the PrometheusRule's spec is not the rules of %s:\n%+v", rulesFile, r.rule)
+	}
+	if r.rule != nil && r.rule.Labels["release"] != "prometheus" {
+		t.Errorf("PrometheusRule labels %v, want monitoring.prometheusRule.labels among them", r.rule.Labels)
+	}
 }
 
 // TestChartRefuses: a key the chart sets may not be repeated under config,
-// and a key the daemon does not know is refused by its config check.
+// a grace period must cover the drain, and a key the daemon does not know
+// is refused by its config check.
 func TestChartRefuses(t *testing.T) {
 	h := helm(t)
 	dir := t.TempDir()
@@ -388,6 +434,22 @@ func TestChartRefuses(t *testing.T) {
 	}
 	if _, err := run(t, h, "template", "tc", chartDir, "--values", owned); err == nil || !strings.Contains(err.Error(), "config.socket is set by the chart") {
 		t.Errorf("config.socket rendered: %v", err)
+	}
+
+	// The kubelet must wait for the drain: a grace period shorter than
+	// drain_timeout and the second the daemon takes to close is refused,
+	// and so is a drain_timeout the chart cannot read to check it.
+	for _, tc := range []struct{ values, want string }{
+		{"terminationGracePeriodSeconds: 30\nconfig:\n  drain_timeout: 1m30s\n", "make it at least 91"},
+		{"config:\n  drain_timeout: 1500ms\n", `config.drain_timeout "1500ms": give it in h, m and s`},
+	} {
+		p := filepath.Join(dir, "drain.yaml")
+		if err := os.WriteFile(p, []byte(tc.values), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run(t, h, "template", "tc", chartDir, "--values", p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("values %q rendered: %v; want an error saying %q", tc.values, err, tc.want)
+		}
 	}
 
 	unknown := filepath.Join(dir, "unknown.yaml")

@@ -1,25 +1,27 @@
 // Package faultcopy copies memory that another process may unmap or
 // truncate under the copy (a client's shared buffer, the pool a client
 // maps) and turns the fault into a result, not a crash of the daemon.
-// Each caller maps it to its own package's error.
+// Each caller maps it to its own package's error. It counts the faults it
+// caught, process-wide, for the daemon's metrics.
 package faultcopy
 
-import "runtime/debug"
+import (
+	"runtime/debug"
+	"sync/atomic"
+)
+
+// faults counts the faults caught since the process started.
+var faults atomic.Uint64
+
+// Faults is the number of faults Copy, Guarded and Call caught.
+func Faults() uint64 { return faults.Load() }
 
 // Copy copies src to dst and reports false when the copy touched memory
 // that is no longer mapped. The calling goroutine must have
 // runtime/debug.SetPanicOnFault on (a worker sets it once for its life);
 // Guarded sets it for one copy. Any other panic is not a fault and goes on.
 func Copy(dst, src []byte) (ok bool) {
-	defer func() {
-		if r := recover(); r != nil {
-			if _, fault := r.(interface{ Addr() uintptr }); fault {
-				ok = false
-				return
-			}
-			panic(r)
-		}
-	}()
+	defer catch(&ok)
 	copy(dst, src)
 	return true
 }
@@ -30,4 +32,29 @@ func Guarded(dst, src []byte) bool {
 	old := debug.SetPanicOnFault(true)
 	defer debug.SetPanicOnFault(old)
 	return Copy(dst, src)
+}
+
+// Call runs fn(arg) with SetPanicOnFault on and reports false when fn
+// touched memory that is no longer mapped (fn then stopped there). It is
+// for writes into shared memory that are not one copy (records encoded in
+// place); fn and arg are separate so that a call allocates nothing.
+func Call[T any](fn func(T), arg T) (ok bool) {
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	defer catch(&ok)
+	fn(arg)
+	return true
+}
+
+// catch turns a memory fault's panic into *ok = false; any other panic
+// goes on.
+func catch(ok *bool) {
+	if r := recover(); r != nil {
+		if _, fault := r.(interface{ Addr() uintptr }); fault {
+			faults.Add(1)
+			*ok = false
+			return
+		}
+		panic(r)
+	}
 }

@@ -69,3 +69,43 @@ func TestCopy(t *testing.T) {
 		})
 	}
 }
+
+// putRecord writes a record the way a caller of Call does: in place, in
+// shared memory.
+func putRecord(b []byte) {
+	for i := range b {
+		b[i] = 0xa5
+	}
+}
+
+func TestCallAndFaults(t *testing.T) {
+	const size = 1 << 16
+	mem := shrunk(t, size)
+	before := Faults()
+	if !Call(putRecord, mem[:64]) {
+		t.Fatal("a write to mapped memory reported a fault")
+	}
+	if mem[63] != 0xa5 {
+		t.Fatal("Call did not run its function")
+	}
+	if Call(putRecord, mem[size/2-8:size/2+8]) {
+		t.Fatal("a write across the truncated end reported no fault")
+	}
+	if mem[size/2-1] != 0xa5 {
+		t.Fatal("the bytes before the fault were not written")
+	}
+	if debug.SetPanicOnFault(false) {
+		t.Fatal("Call left SetPanicOnFault on")
+	}
+	if got := Faults() - before; got != 1 {
+		t.Fatalf("Faults went up by %d, want 1", got)
+	}
+	func() {
+		defer func() {
+			if r := recover(); r != "not a fault" {
+				t.Fatalf("recovered %v, want the function's own panic", r)
+			}
+		}()
+		Call(func(string) { panic("not a fault") }, "")
+	}()
+}

@@ -7,8 +7,9 @@
 // device), or fail it where the environment says the machine provides it
 // (ProvidesEnv); Eventually, the one wait for a state another goroutine or
 // process reaches, and Clock, the one fake clock; a small loop-mounted ext4
-// file system for the tests of a full disk (MountSmallExt4); and a run
-// loop (a daemon's Run) kept going until the test ends (Run). The
+// file system for the tests of a full disk (MountSmallExt4); a run
+// loop (a daemon's Run) kept going until the test ends (Run); and a
+// daemon's cluster key file (KeyFile). The
 // descriptors are read from /proc/self/fd; where they cannot be listed,
 // the listings fail.
 package testutil

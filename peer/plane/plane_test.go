@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -27,15 +25,6 @@ import (
 
 func TestMain(m *testing.M) { testutil.Main(m) }
 
-func writeKey(t *testing.T) string {
-	t.Helper()
-	key := filepath.Join(t.TempDir(), "cluster.key")
-	if err := os.WriteFile(key, []byte("tensorcast peer plane test key\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return key
-}
-
 // TestRDMAInfoReason: a plane without RDMA reports why, whatever level it
 // logs at; rdma = on without a device fails New (nothing is left
 // listening), auto without one reports the device's error.
@@ -52,7 +41,7 @@ func TestRDMAInfoReason(t *testing.T) {
 	if r := NoPlane.RDMAInfo(); r.State != wire.RDMAOff || !strings.Contains(r.Reason, "peer_listen") {
 		t.Fatalf("without a peer plane: %s, %q", r.State, r.Reason)
 	}
-	key := writeKey(t)
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast peer plane test key")
 	node := tcp.Config{DaemonID: "d1", Listen: "127.0.0.1:0", ClusterKeyFile: key}
 	noDevice := func(rdma.Config, *slog.Logger) (Device, error) { return nil, rdma.ErrNoDevice }
 	off, err := New(Config{Node: node, RDMA: RDMAConfig{Mode: "off"}}, peer.NewExports(nil), log)
@@ -94,7 +83,7 @@ func TestMemberWithRDMA(t *testing.T) {
 	defer pool.Close()
 	fab := rdmatest.NewFabric()
 	open := func(c rdma.Config, log *slog.Logger) (Device, error) { return fab.Open("d1", c, log), nil }
-	node := tcp.Config{DaemonID: "d1", Listen: "127.0.0.1:0", ClusterKeyFile: writeKey(t)}
+	node := tcp.Config{DaemonID: "d1", Listen: "127.0.0.1:0", ClusterKeyFile: testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast peer plane test key")}
 	p, err := New(Config{Node: node, RDMA: RDMAConfig{Mode: "on", Open: open}, Pools: []xfer.MemSegment{pool}}, peer.NewExports(nil), log)
 	if err != nil {
 		t.Fatal(err)

@@ -10,9 +10,8 @@ starts the daemon and runs this).
   them).
 - Copying put and get (c.put of numpy arrays, c.get into numpy arrays):
   one copy each way in libtensorcast (goal: at least 0.8x numpy).
-- The SGLang-shaped backend: pages per second of batch_set_v1 and
-  batch_get_v1 at 128 pages per call, direct (the host pool allocated by
-  HostAllocator, the daemon copies) and copied by this process.
+
+The SGLang-shaped backend has its own script, sglang.py beside this one.
 
 numpy's reference copies BATCH blocks of 256 KiB from one 64 MiB array into
 another, moving through them, so that neither side is a cached block; the
@@ -33,22 +32,17 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy
 import torch
 
 import tensorcast
 from tensorcast import Status
-from tensorcast.integrations import sglang
-
-sys.path.insert(0, __file__.rsplit("/", 2)[0])  # python/, for the tests' host-pool doubles
-from tests.doubles import MHAHostPool, StorageConfig  # noqa: E402
 
 BLOCK = 256 << 10
 BATCH = 32
 SPAN = 64 << 20
-PAGES = 128
 
 
 class Runner:
@@ -69,6 +63,36 @@ class Runner:
             after(i)
             i += 1
         return moved / spent
+
+
+def alternate(rn: Runner, rounds: int, step: Callable[[int], int], after: Callable[[int], None],
+              ref: Callable[[int], int], each: Callable[[], None] = lambda: None) -> Tuple[List[float], List[float]]:
+    """rounds rates of step (after each call, after) and of ref, each
+    round's order swapped from the last; each() runs before every round."""
+    mine: List[float] = []
+    theirs: List[float] = []
+    for r in range(rounds):
+        each()
+        pair = [lambda: mine.append(rn.rate(step, after)), lambda: theirs.append(rn.rate(ref))]
+        for run in (pair if r % 2 == 0 else pair[::-1]):
+            run()
+    return mine, theirs
+
+
+def start(doc: str, name: str) -> Optional[Tuple[str, int, float, Runner, tensorcast.Client]]:
+    """A benchmark's start: SOCKET [ROUNDS (5)] [SECONDS per run (1)] from
+    sys.argv (None, with doc's usage line printed, when there is no socket),
+    one torch thread, and a client named name whose daemon's pool is warm."""
+    if len(sys.argv) < 2:
+        print(doc.rsplit("usage: ", 1)[1], file=sys.stderr)
+        return None
+    socket = sys.argv[1]
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
+    torch.set_num_threads(1)
+    c = tensorcast.connect(socket, name)
+    warm(c)
+    return socket, rounds, seconds, Runner(seconds), c
 
 
 def numpy_copy() -> Callable[[int], int]:
@@ -145,63 +169,14 @@ def store_cases(c: tensorcast.Client, rn: Runner, rounds: int) -> List[Tuple[str
     ]
     rows = []
     for name, step, after, goal in cases:
-        mine: List[float] = []
-        theirs: List[float] = []
-        for r in range(rounds):
+
+        def next_tag() -> None:
             tag[0] += 1
-            pair = [lambda: mine.append(rn.rate(step, after or (lambda i: None))),
-                    lambda: theirs.append(rn.rate(ref))]
-            for run in (pair if r % 2 == 0 else pair[::-1]):
-                run()
+
+        mine, theirs = alternate(rn, rounds, step, after or (lambda i: None), ref, next_tag)
         got[name] = mine
         rows.append((name, statistics.median(mine), statistics.median(theirs), goal))
     c.remove(stored)
-    return rows
-
-
-def sglang_cases(socket: str, rn: Runner, rounds: int) -> List[Tuple[str, float, float]]:
-    rows = []
-    for mode in ("direct", "copy"):
-        alloc = sglang.HostAllocator() if mode == "direct" else None
-        # 2 x 128 pages of 16 tokens of 4 layers x 8 heads x 128 (bfloat16):
-        # a K and a V object of 128 KiB per page.
-        pool = MHAHostPool(pages=2 * PAGES, page_size=16, layers=4, heads=8, head_dim=128, allocator=alloc)
-        pool.kv_buffer.view(torch.uint8).fill_(7)  # the host pool's pages exist (an engine's would)
-        b = sglang.TensorcastStore(StorageConfig(), socket=socket, key_prefix=f"bench-{mode}/")
-        b.register_mem_pool_host(pool)
-        assert b.direct == (mode == "direct")
-        page_bytes = 2 * pool.page_size * pool.per_token()
-        client = b._link.client()
-        assert client is not None
-        tag = [0]
-
-        def keys(i: int) -> List[str]:
-            return [f"{tag[0]}/{i}/{k}" for k in range(PAGES)]
-
-        def set_step(i: int) -> int:
-            assert b.batch_set_v1(keys(i), pool.indices(0, PAGES)) == [True] * PAGES
-            return PAGES * page_bytes
-
-        def set_drop(i: int) -> None:
-            client.remove(b._page_keys(keys(i)))
-
-        stored = [f"get/{k}" for k in range(PAGES)]
-        assert b.batch_set_v1(stored, pool.indices(0, PAGES)) == [True] * PAGES
-
-        def get_step(i: int) -> int:
-            assert b.batch_get_v1(stored, pool.indices(PAGES, PAGES)) == [True] * PAGES
-            return PAGES * page_bytes
-
-        for name, step, after in ((f"batch_set_v1, {mode}", set_step, set_drop),
-                                  (f"batch_get_v1, {mode}", get_step, None)):
-            rates = []
-            for _ in range(rounds):
-                tag[0] += 1
-                rates.append(rn.rate(step, after or (lambda i: None)))
-            r = statistics.median(rates)
-            rows.append((name, r / page_bytes, r))
-        client.remove(b._page_keys(stored))
-        b.close()
     return rows
 
 
@@ -225,18 +200,12 @@ def warm(c: tensorcast.Client) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) < 2:
-        print(__doc__.rsplit("usage: ", 1)[1], file=sys.stderr)
+    args = start(__doc__, "bench-python")
+    if args is None:
         return 2
-    socket = sys.argv[1]
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
-    torch.set_num_threads(1)
-    rn = Runner(seconds)
-    with tensorcast.connect(socket, "bench-python") as c:
-        warm(c)
+    _, rounds, seconds, rn, c = args
+    with c:
         rows = store_cases(c, rn, rounds)
-    srows = sglang_cases(socket, rn, rounds)
     print(f"Python {sys.version.split()[0]}, numpy {numpy.__version__}, torch {torch.__version__}; blocks of "
           f"{BLOCK >> 10} KiB, {BATCH} keys per call; medians of {rounds} runs of {seconds:g} s, each alternating "
           "with numpy's copy of the same bytes (64 MiB spans). The daemon keeps the store in DRAM (L2 off); its pool "
@@ -246,15 +215,6 @@ def main() -> int:
     print("| --- | ---: | ---: | ---: | --- |")
     for name, mine, theirs, goal in rows:
         print(f"| {name} | {mine / 1e9:.2f} | {theirs / 1e9:.2f} | {mine / theirs:.2f} | {goal} |")
-    print()
-    print(f"The SGLang-shaped backend, {PAGES} pages per call (a page: a K and a V object of "
-          f"{16 * 4 * 8 * 128 * 2 >> 10} KiB); direct: the host pool allocated by HostAllocator, the daemon copies; "
-          "copy: an ordinary host pool, libtensorcast copies through the queue.")
-    print()
-    print("| call | pages/s | GB/s |")
-    print("| --- | ---: | ---: |")
-    for name, pps, bps in srows:
-        print(f"| {name} | {pps:,.0f} | {bps / 1e9:.2f} |")
     return 0
 
 

@@ -594,9 +594,19 @@ class Client(StoreCalls):
             raise Error(rc, f"unregister buffer {b.id}")
 
     def register_fd(self, fd: int, size: int, opts: Optional[CallOptions] = None) -> int:
-        """Registers the first size bytes of fd (a memfd sealed against
-        shrinking, or a regular file) as a buffer; the caller keeps fd.
-        Returns the segment id (unregister with :meth:`unregister`)."""
+        """Registers the first size bytes of fd (a memfd, or a file on
+        tmpfs such as an unlinked /dev/shm file) as a buffer; the caller
+        keeps fd and its own mapping. Returns the segment id (unregister
+        with :meth:`unregister`).
+
+        A memfd sealed with F_SEAL_SHRINK is taken as it is; one made with
+        MFD_ALLOW_SEALING is sealed against shrinking by the daemon (for
+        good: a seal is never removed); one
+        that cannot be sealed (``os.memfd_create(name, os.MFD_CLOEXEC)``,
+        as engines' shared-memory host allocators make them) is taken
+        unsealed: shrinking it under a request fails that request
+        (FAILED_PRECONDITION) and nothing else, and transfers to peers over
+        TCP and exports refuse it. A file on disk is INVALID_ARGUMENT."""
         seg = ctypes.c_uint64()
         co = _copts(opts)
         self._call("register_fd", lib.tc_buffer_register_fd, fd, size, ctypes.byref(seg), _ref(co))

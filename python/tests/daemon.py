@@ -3,7 +3,9 @@
 Each daemon gets a socket and data directory under a new temporary directory;
 readiness is its sd_notify READY=1 on a socket the test listens on (no
 polling of the control socket). The binary is $TENSORCASTD, else the source
-tree's bin/tensorcastd (`make build`).
+tree's bin/tensorcastd (`make build`). The source tree is the one these
+tests are in, or $TENSORCAST_SOURCE (for a copy of them run against an
+installed package).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(os.environ.get("TENSORCAST_SOURCE") or Path(__file__).resolve().parent.parent.parent)
 
 
 def daemon_binary() -> str:

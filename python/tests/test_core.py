@@ -253,10 +253,26 @@ class TestCalls(DaemonCase):
         fd = os.memfd_create("py-own", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         self.addCleanup(os.close, fd)
         os.ftruncate(fd, 65536)
-        with self.assertRaises(Error) as e:
-            c.register_fd(fd, 65536)  # unsealed: its owner could shrink it under a transfer
-        self.assertEqual(e.exception.code, Status.INVALID_ARGUMENT)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        seg = c.register_fd(fd, 65536)  # sealable: the daemon seals it against shrinking
+        self.assertNotEqual(seg, 0)
+        self.assertTrue(fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK)
+        with self.assertRaises(PermissionError):
+            os.ftruncate(fd, 4096)
+        c.unregister(seg)
+        # Not sealable, as an engine's shared-memory host allocator makes it:
+        # taken unsealed.
+        raw = os.memfd_create("py-raw", os.MFD_CLOEXEC)
+        self.addCleanup(os.close, raw)
+        os.ftruncate(raw, 65536)
+        seg = c.register_fd(raw, 65536)
+        self.assertNotEqual(seg, 0)
+        c.unregister(seg)
+        # A file on disk (the source tree's file system) is not memory.
+        with tempfile.TemporaryFile(dir=ROOT) as f:
+            f.truncate(65536)
+            with self.assertRaises(Error) as e:
+                c.register_fd(f.fileno(), 65536)
+            self.assertEqual(e.exception.code, Status.INVALID_ARGUMENT)
         seg = c.register_fd(fd, 65536)
         self.assertNotEqual(seg, 0)
         with self.assertRaises(Error) as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
 
 from .daemon import ROOT, Daemon
@@ -18,9 +19,12 @@ except ImportError:  # pragma: no cover - depends on the interpreter
 @unittest.skipIf(torch is None, "torch is not installed for this interpreter (Debian: python3-torch)")
 class TestKVConnector(unittest.TestCase):
     def run_example(self, socket: str, *args: str) -> str:
-        env = dict(os.environ, TENSORCAST_SOCKET=socket, PYTHONPATH=str(ROOT / "python"))
+        # As a new user runs it: no PYTHONPATH, from another directory; it
+        # finds the checkout's package itself.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["TENSORCAST_SOCKET"] = socket
         r = subprocess.run([sys.executable, str(ROOT / "examples" / "kv_connector.py"), *args], env=env,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         return r.stdout
 
@@ -38,6 +42,17 @@ class TestKVConnector(unittest.TestCase):
         out = self.run_example(d.socket, *small)
         self.assertIn("0 saved zero-copy, 40 already cached", out)
         self.assertIn("hit rate 50.0%", out)
+
+    def test_no_torch(self) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "torch.py"), "w") as f:
+                f.write("raise ImportError('no torch for this interpreter')\n")
+            env = dict(os.environ, PYTHONPATH=d)
+            r = subprocess.run([sys.executable, str(ROOT / "examples" / "kv_connector.py")], env=env,
+                               capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("apt install python3-torch", r.stderr)
+        self.assertIn("pip install torch", r.stderr)
 
     def test_no_daemon(self) -> None:
         env = dict(os.environ, TENSORCAST_SOCKET="/nonexistent/tc.sock", PYTHONPATH=str(ROOT / "python"))

@@ -2,16 +2,20 @@
 // and the memory registrations the links need.
 //
 // It owns:
-//   - Links (links.go): the device, the pools' registrations (made once at
-//     start-up), and the router's answer for a remote target (Route): a
-//     peer's link when RDMA carries the request, else nil for tcp;
+//   - Links (links.go): the device, and the router's answer for a remote
+//     target (Route): a peer's link when RDMA carries the request, else nil
+//     for tcp;
+//   - the pools' registrations (made once at start-up) and client
+//     buffers', made off the submit path by a registration queue
+//     (regs.go); each is kept as rdma.Keys in its segment's RDMA slot,
+//     released by the segment's teardown or Close (locals.go);
 //   - the link (link.go), a transport that splits a submission between the
 //     rdma transport, the peer channel (notified WRITEs, notify.go) and
 //     tcp; the worker goroutine that brings links up and retires them, and
-//     resolves remote segments (lifecycle.go);
-//   - client buffers' registrations, made off the submit path by a
-//     registration queue (regs.go) and kept in the buffer's own
-//     registration slot, released by the buffer's teardown (locals.go);
+//     resolves remote segments: the owner's keys of one go into the
+//     remote segment's RDMA slot, where the router and the rdma transport
+//     find them, until the link retires or the owner revokes them
+//     (lifecycle.go);
 //   - one registration per export a peer resolved, with the export's rights
 //     as its remote access, revoked when the export ends (exports.go);
 //   - the transport pinned per remote segment (pins.go);

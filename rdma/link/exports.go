@@ -3,7 +3,6 @@ package link
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"sync"
 	"time"
 
@@ -157,28 +156,19 @@ func (e *exportRegs) closeAll(p *Links) {
 	}
 }
 
-// dropSegments forgets the link's resolved segments exported as name:
-// their requests go to tcp from now on. It returns how many it dropped.
+// dropSegments takes the link's keys back from its resolved segments
+// exported as name: their requests go to tcp from now on. It returns how
+// many it dropped.
 func (l *rdmaLink) dropSegments(name string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	m := maps.Clone(*l.segs.Load())
-	ids := maps.Clone(*l.ids.Load())
-	var gone []xfer.SegmentID
-	for k := range m {
-		if k.Name() == name {
-			delete(m, k)
-			delete(ids, k.ID())
-			gone = append(gone, k.ID())
+	n := 0
+	for r, k := range l.segs {
+		if r.Name() == name {
+			r.Regs().Drop(xfer.SlotRDMA, k)
+			delete(l.segs, r)
+			n++
 		}
 	}
-	if len(gone) == 0 {
-		return 0
-	}
-	l.segs.Store(&m)
-	l.ids.Store(&ids)
-	for _, id := range gone {
-		l.tr.RemoveRemote(id)
-	}
-	return len(gone)
+	return n
 }

@@ -17,10 +17,8 @@ func (p *Links) Info() wire.RDMAResponse {
 		State: wire.RDMAEnabled, Device: p.dev.Name(), Port: uint32(p.dev.Port()),
 		GID: a.GID.String(), GIDIndex: uint32(a.GIDIndex), MTU: uint32(a.MTU.Bytes()), LID: a.LID,
 	}
-	for _, reg := range p.pools {
-		out.PoolRegistered += reg.Size()
-		out.PoolMRs += uint32(reg.Chunks())
-	}
+	bytes, mrs := p.locals.pools()
+	out.PoolRegistered, out.PoolMRs = bytes, uint32(mrs)
 	byID := map[string]*wire.RDMAPeer{}
 	peer := func(id string) *wire.RDMAPeer {
 		e := byID[id]
@@ -49,7 +47,7 @@ func (p *Links) Info() wire.RDMAResponse {
 		e := peer(id)
 		e.Link, e.Epoch = "up", l.epoch
 		e.QueuePairs = uint32(p.qps)
-		e.Segments = uint32(len(*l.segs.Load()))
+		e.Segments = uint32(l.resolved())
 	}
 	for id, e := range byID {
 		// Requests go to tcp until the worker has chosen rdma for the peer.

@@ -112,6 +112,7 @@ func (p *Links) retireLink(l *rdmaLink, why string) {
 	delete(m, l.peer)
 	p.links.Store(&m)
 	p.mu.Unlock()
+	l.dropKeys()
 	_ = l.tr.Close()
 	p.mu.Lock()
 	delete(p.said, l.peer)
@@ -147,9 +148,9 @@ func (p *Links) link(peer string, epoch uint64) (*rdmaLink, error) {
 }
 
 // resolve asks r's owner for its registration of r (address, size, keys)
-// and records it.
+// and puts the keys in r's RDMA slot, owned by l.
 func (p *Links) resolve(l *rdmaLink, r *tcp.Remote) error {
-	if _, ok := (*l.segs.Load())[r]; ok {
+	if k := rdma.KeysOf(r); k != nil && k.Owner() == any(l) {
 		return nil
 	}
 	resp, err := p.node.ExchangeAt(r.Peer(), l.epoch, segmentExchange, []byte(r.Name()), 0)
@@ -163,12 +164,21 @@ func (p *Links) resolve(l *rdmaLink, r *tcp.Remote) error {
 	if reg.Size != r.Size() {
 		return fmt.Errorf("registration of %d bytes for a %d-byte segment", reg.Size, r.Size())
 	}
-	l.mu.Lock()
-	m := maps.Clone(*l.segs.Load())
-	maps.DeleteFunc(m, func(k *tcp.Remote, _ rdma.RemoteRegion) bool { return closedRemote(k) })
-	m[r] = reg
-	l.segs.Store(&m)
-	l.mu.Unlock()
+	var k *rdma.Keys
+	k, err = rdma.RemoteKeys(reg, l, func() { l.forgetKeys(r, k) })
+	if err != nil {
+		return err
+	}
+	if !l.addKeys(r, k) {
+		return fmt.Errorf("%w: the rdma link to %s was retired", xfer.ErrClosed, r.Peer())
+	}
+	if !r.Regs().Set(xfer.SlotRDMA, k) {
+		l.forgetKeys(r, k)
+		if closedRemote(r) {
+			return fmt.Errorf("%w: %s/%s was closed", xfer.ErrClosed, r.Peer(), r.Name())
+		}
+		return fmt.Errorf("%s/%s: its rdma slot holds another link's keys", r.Peer(), r.Name())
+	}
 	return nil
 }
 
@@ -187,18 +197,12 @@ func (p *Links) connect(peer string, epoch uint64) (*rdmaLink, error) {
 	if err != nil {
 		return nil, err
 	}
-	for id, reg := range p.pools {
-		tr.AddLocal(id, reg)
-	}
-	l := &rdmaLink{p: p, peer: peer, epoch: epoch, tr: tr, tcp: p.node}
+	l := &rdmaLink{p: p, peer: peer, epoch: epoch, tr: tr, tcp: p.node, segs: map[*tcp.Remote]*rdma.Keys{}}
 	start := time.Now()
 	if err := tr.Connect(rdma.ChannelPeer{Ch: epochChannel{l}, ID: peer}); err != nil {
 		_ = tr.Close()
 		return nil, err
 	}
-	segs, ids := map[*tcp.Remote]rdma.RemoteRegion{}, map[xfer.SegmentID]struct{}{}
-	l.segs.Store(&segs)
-	l.ids.Store(&ids)
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -212,6 +216,7 @@ func (p *Links) connect(peer string, epoch uint64) (*rdmaLink, error) {
 	p.mu.Unlock()
 	if prev != nil {
 		// The peer restarted: its old queue pairs lead nowhere.
+		prev.dropKeys()
 		_ = prev.tr.Close()
 	}
 	p.stats.linksMade.Add(1)

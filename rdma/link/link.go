@@ -7,9 +7,7 @@ package link
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"sync"
-	"sync/atomic"
 
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/tcp"
@@ -26,13 +24,12 @@ type rdmaLink struct {
 	epoch uint64 // the peer's epoch the link was made with
 	tr    *rdma.Transport
 	tcp   *tcp.Node // where what rdma does not carry goes
-	// segs maps the remote segments the link resolved to their owner's
-	// registration of them (copy on write, under mu).
-	segs atomic.Pointer[map[*tcp.Remote]rdma.RemoteRegion]
-	// ids are the request segment ids the transport has tables for (copy
-	// on write, under mu).
-	ids atomic.Pointer[map[xfer.SegmentID]struct{}]
-	mu  sync.Mutex
+
+	// mu guards segs: the remote segments the link resolved, with the
+	// owner's keys it put in each one's RDMA slot, where the router and
+	// the transport read them. Not read on the hot path.
+	mu   sync.Mutex
+	segs map[*tcp.Remote]*rdma.Keys
 }
 
 var _ xfer.Transport = (*rdmaLink)(nil)
@@ -142,8 +139,9 @@ func (l *rdmaLink) rdmaOnly(t *xfer.Task) bool {
 	return ok && l.p.pinned(r) == wire.TransportRDMA
 }
 
-// classify picks where one task goes, adding the rdma transport's tables
-// for its segment ids the first time they are seen.
+// classify picks where one task goes. The keys of both sides ride on the
+// task's segments (xfer.SlotRDMA): the owner's, which this link resolved,
+// on the target; the links' own registration on the local side.
 func (l *rdmaLink) classify(t *xfer.Task) int {
 	r, ok := t.Target.(*tcp.Remote)
 	if !ok {
@@ -156,41 +154,60 @@ func (l *rdmaLink) classify(t *xfer.Task) int {
 	if r.Rights()&need == 0 {
 		return viaRefuse
 	}
-	reg, ok := (*l.segs.Load())[r]
-	if !ok {
+	if k := rdma.KeysOf(r); k == nil || k.Owner() != any(l) {
 		if l.rdmaOnly(t) {
 			return viaDown
 		}
 		return viaTCP // not resolved, or revoked by its owner
 	}
-	via := viaRDMA
-	if t.Notify != nil {
-		via = viaNotify
-	}
-	ids := *l.ids.Load()
-	_, lok := ids[t.Req.Local]
-	_, tok := ids[t.Req.Target]
-	if lok && tok {
-		return via
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, ok := (*l.segs.Load())[r]; !ok {
-		return viaTCP
-	}
-	if err := l.tr.AddRemote(t.Req.Target, reg); err != nil {
-		return viaTCP
-	}
-	lr := l.p.localRegion(t.Local)
-	if lr == nil {
+	if l.p.localKeys(t.Local) == nil {
 		if l.rdmaOnly(t) {
 			return viaDown
 		}
 		return viaTCP // a client buffer whose registration went away
 	}
-	l.tr.AddLocal(t.Req.Local, lr)
-	m := maps.Clone(*l.ids.Load())
-	m[t.Req.Local], m[t.Req.Target] = struct{}{}, struct{}{}
-	l.ids.Store(&m)
-	return via
+	if t.Notify != nil {
+		return viaNotify
+	}
+	return viaRDMA
+}
+
+// addKeys records the owner's keys k of r, which resolve put in r's slot.
+// False when the link was retired meanwhile (k is then not set).
+func (l *rdmaLink) addKeys(r *tcp.Remote, k *rdma.Keys) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.segs == nil {
+		return false
+	}
+	l.segs[r] = k
+	return true
+}
+
+// forgetKeys is r's teardown releasing the keys k this link put on it.
+func (l *rdmaLink) forgetKeys(r *tcp.Remote, k *rdma.Keys) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.segs[r] == k {
+		delete(l.segs, r)
+	}
+}
+
+// dropKeys takes the link's keys back from every segment it resolved: the
+// link is retired or closing, and their requests go to tcp (or a new
+// link) from now on. Later resolutions on the link record nothing.
+func (l *rdmaLink) dropKeys() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for r, k := range l.segs {
+		r.Regs().Drop(xfer.SlotRDMA, k)
+	}
+	l.segs = nil
+}
+
+// resolved is how many remote segments the link resolved (Info).
+func (l *rdmaLink) resolved() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.segs)
 }

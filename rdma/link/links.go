@@ -24,7 +24,8 @@ const (
 
 // Links is the daemon's RDMA end of the peer plane: the device, the pools'
 // memory registrations (made once at start-up, for local use only: no peer
-// can address a pool as a whole), one registration per export a peer asked
+// can address a pool as a whole; kept in each pool's RDMA slot, see
+// locals.go), one registration per export a peer asked
 // for (with the export's rights as its remote access, dropped when the
 // export ends; see exports.go), one outbound link per peer (a transport
 // this daemon dials and submits on) and one accepting transport per peer
@@ -46,12 +47,9 @@ const (
 // and the accepting transports, deregisters the pools and closes the
 // device.
 type Links struct {
-	log *slog.Logger
-	dev Device
-	// pools are the tenants' pools' registrations by segment id, each
-	// made once at start-up for local use (written by newLinks only).
-	pools map[xfer.SegmentID]*rdma.Region
-	node  *tcp.Node
+	log  *slog.Logger
+	dev  Device
+	node *tcp.Node
 	// exported is the daemon's export table, which peers resolve exports
 	// in and deliver notifications to.
 	exported *peer.Exports
@@ -148,35 +146,47 @@ func New(cfg Config, pools []xfer.MemSegment, node *tcp.Node, exports *peer.Expo
 		log.Info("rdma unavailable: peers use tcp", "reason", err.Error())
 		return nil, err.Error(), nil
 	}
-	regs := make(map[xfer.SegmentID]*rdma.Region, len(pools))
+	p := newLinks(dev, node, exports, log)
 	for _, pool := range pools {
-		start := time.Now()
-		reg, err := dev.RegisterAccess(pool.Bytes()[:pool.Size()], rdma.AccessLocal)
-		if err != nil {
-			for _, r := range regs {
-				_ = dev.Deregister(r)
-			}
-			_ = dev.Close()
+		if err := p.registerPool(pool); err != nil {
+			p.Close()
 			if cfg.Mode == "on" {
 				return nil, "", fmt.Errorf("rdma = on: registering pool %d: %v", pool.ID(), err)
 			}
 			log.Warn("rdma unavailable: registering a pool failed; peers use tcp", "segment", uint64(pool.ID()), "err", err)
 			return nil, "registering the pool failed: " + err.Error(), nil
 		}
-		regs[pool.ID()] = reg
-		log.Info("pool registered for rdma (local access)", "device", dev.Name(), "segment", uint64(pool.ID()),
-			"bytes", pool.Size(), "mrs", reg.Chunks(), "took", time.Since(start).Round(time.Microsecond).String())
 	}
-	p := newLinks(dev, regs, node, exports, log)
 	p.qps = cfg.QPs
 	return p, "", nil
 }
 
-// newLinks wires the links over an opened device and the pools'
-// registrations and starts their goroutines.
-func newLinks(dev Device, pools map[xfer.SegmentID]*rdma.Region, node *tcp.Node, exports *peer.Exports, log *slog.Logger) *Links {
+// registerPool registers a pool for local use and puts its keys in the
+// pool's RDMA slot, until Close.
+func (p *Links) registerPool(pool xfer.MemSegment) error {
+	regs := xfer.RegsOf(pool)
+	if regs == nil {
+		return fmt.Errorf("pool %d carries no registration slots", pool.ID())
+	}
+	start := time.Now()
+	reg, err := p.dev.RegisterAccess(pool.Bytes()[:pool.Size()], rdma.AccessLocal)
+	if err != nil {
+		return err
+	}
+	if !p.addLocal(pool.ID(), regs, reg, true) {
+		_ = p.dev.Deregister(reg)
+		return fmt.Errorf("pool %d: its rdma slot is taken", pool.ID())
+	}
+	p.log.Info("pool registered for rdma (local access)", "device", p.dev.Name(), "segment", uint64(pool.ID()),
+		"bytes", pool.Size(), "mrs", reg.Chunks(), "took", time.Since(start).Round(time.Microsecond).String())
+	return nil
+}
+
+// newLinks wires the links over an opened device and starts their
+// goroutines.
+func newLinks(dev Device, node *tcp.Node, exports *peer.Exports, log *slog.Logger) *Links {
 	p := &Links{
-		log: log, dev: dev, pools: pools, node: node, exported: exports,
+		log: log, dev: dev, node: node, exported: exports,
 		jobs: make(chan *tcp.Remote, 64), prep: make(chan pinJob), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
 		exports: exportRegs{m: map[*peer.Export]*exportReg{}},
@@ -210,7 +220,7 @@ func (p *Links) Route(local, target xfer.Segment) xfer.Transport {
 		p.stats.toTCP.Add(1)
 		return nil
 	}
-	if p.localRegion(local) == nil {
+	if p.localKeys(local) == nil {
 		if via != wire.TransportRDMA {
 			p.wantLocal(local)
 			p.stats.toTCP.Add(1)
@@ -223,9 +233,9 @@ func (p *Links) Route(local, target xfer.Segment) xfer.Transport {
 		}
 		return p.regs
 	}
-	l := (*p.links.Load())[r.Peer()]
-	if l != nil && l.epoch == r.Epoch() {
-		if _, ok := (*l.segs.Load())[r]; ok {
+	// The link that resolved r left the owner's keys on it.
+	if k := rdma.KeysOf(r); k != nil {
+		if l, ok := k.Owner().(*rdmaLink); ok && l.p == p && l.epoch == r.Epoch() {
 			return l
 		}
 	}
@@ -275,6 +285,7 @@ func (p *Links) Close() {
 	p.regs.close()
 	p.wg.Wait()
 	for peer, l := range *p.links.Load() {
+		l.dropKeys()
 		if err := l.tr.Close(); err != nil {
 			p.log.Warn("closing rdma link", "peer", peer, "err", err)
 		}
@@ -286,11 +297,6 @@ func (p *Links) Close() {
 	}
 	p.exports.closeAll(p)
 	p.locals.closeAll(p)
-	for id, reg := range p.pools {
-		if err := p.dev.Deregister(reg); err != nil {
-			p.log.Warn("deregistering a pool", "segment", uint64(id), "err", err)
-		}
-	}
 	if err := p.dev.Close(); err != nil {
 		p.log.Warn("closing the rdma device", "err", err)
 	}

@@ -1,7 +1,6 @@
 package link
 
 import (
-	"maps"
 	"sync"
 	"time"
 
@@ -9,41 +8,41 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
-// Client buffers as the local side of RDMA requests. The first request
-// from a client's buffer to a peer goes over tcp and has the registration
-// queue (regs.go) register the buffer (local access only: peers reach
-// it only through an export's own registration); a request of a segment
-// opened with transport rdma waits in that queue instead. Later requests
-// from it move by RDMA. The registration lives in the buffer's RDMA slot
-// (xfer.SlotRDMA) as long as the buffer's mapping: the buffer's teardown
-// (its last reference dropped after it was unregistered, so no work
-// request uses it any more) releases it, which removes it from the links
-// and deregisters it before the memory is unmapped.
+// Local registrations: the pools' (made once at start-up) and client
+// buffers' (local access only: peers reach a buffer only through an
+// export's own registration). Each lives in its segment's RDMA slot
+// (xfer.SlotRDMA) as rdma.Keys the links own, where the router and the
+// rdma transport read it with one atomic load and no table.
+//
+// The first request from a client's buffer to a peer goes over tcp and
+// has the registration queue (regs.go) register the buffer; a request of
+// a segment opened with transport rdma waits in that queue instead. Later
+// requests from it move by RDMA. The registration lasts as long as the
+// buffer's mapping: the buffer's teardown (its last reference dropped
+// after it was unregistered, so no work request uses it any more)
+// releases it, which deregisters it before the memory is unmapped. Close
+// takes every registration back from its segment and deregisters it.
 
 // maxLocalRegs bounds the client buffers registered at once; past it a
 // buffer's requests use tcp (logged).
 const maxLocalRegs = 4096
 
-// localRegs are the client buffers' registrations the links made, for
-// Close and the counters; the hot path reads each from its buffer's slot.
+// localRegs are the local registrations the links made, by the keys on
+// their segment, for Close, Info and the counters.
 type localRegs struct {
-	// mu guards m.
-	mu sync.Mutex
-	m  map[*localReg]struct{}
+	// mu guards m and buffers.
+	mu      sync.Mutex
+	m       map[*rdma.Keys]*localReg
+	buffers int // entries of m that are client buffers
 }
 
-// localReg is a client buffer's registration, in the buffer's RDMA slot.
+// localReg is one local registration.
 type localReg struct {
-	p    *Links
 	id   xfer.SegmentID
-	regs *xfer.Regs // the buffer's slots
+	regs *xfer.Regs // the segment's slots
 	reg  *rdma.Region
+	pool bool
 }
-
-var _ xfer.Registration = (*localReg)(nil)
-
-// Release implements xfer.Registration: the buffer's teardown.
-func (r *localReg) Release() { r.p.dropLocal(r) }
 
 // clientBuffer is seg as a client buffer that can carry an RDMA
 // registration, or nil.
@@ -59,19 +58,43 @@ func clientBuffer(seg xfer.Segment) (xfer.MemSegment, *xfer.Regs) {
 	return b, regs
 }
 
-// localRegion is the registration requests from local segment seg use: the
-// pool's (a tenant's), a client buffer's, or nil. It does not lock or
-// allocate.
-func (p *Links) localRegion(seg xfer.Segment) *rdma.Region {
-	if r := p.pools[seg.ID()]; r != nil {
-		return r
-	}
-	if regs := xfer.RegsOf(seg); regs != nil {
-		if r, ok := regs.Load(xfer.SlotRDMA).(*localReg); ok && r.p == p {
-			return r.reg
-		}
+// localKeys are the keys the links put on local segment seg (a pool's or
+// a client buffer's), or nil. It does not lock or allocate.
+func (p *Links) localKeys(seg xfer.Segment) *rdma.Keys {
+	if k := rdma.KeysOf(seg); k != nil && !k.Remote() && k.Owner() == any(p) {
+		return k
 	}
 	return nil
+}
+
+// addLocal puts reg's keys in the RDMA slot regs of segment id and records
+// them. False when the slot is taken or the segment was torn down: reg is
+// then the caller's to deregister.
+func (p *Links) addLocal(id xfer.SegmentID, regs *xfer.Regs, reg *rdma.Region, pool bool) bool {
+	var k *rdma.Keys
+	k = rdma.LocalKeys(reg, p, func() { p.dropLocal(k) })
+	e := &p.locals
+	// Recorded before the slot is set: from then on the segment's teardown
+	// may release the keys, and dropLocal must find them.
+	e.mu.Lock()
+	if e.m == nil {
+		e.m = map[*rdma.Keys]*localReg{}
+	}
+	e.m[k] = &localReg{id: id, regs: regs, reg: reg, pool: pool}
+	if !pool {
+		e.buffers++
+	}
+	e.mu.Unlock()
+	if regs.Set(xfer.SlotRDMA, k) {
+		return true
+	}
+	e.mu.Lock()
+	if r := e.m[k]; r != nil && !r.pool {
+		e.buffers--
+	}
+	delete(e.m, k)
+	e.mu.Unlock()
+	return false
 }
 
 // wantLocal queues seg for registration when it is a client buffer. It
@@ -90,7 +113,7 @@ func (p *Links) wantLocal(seg xfer.Segment) {
 // a buffer's teardown takes the lock).
 func (p *Links) registerLocal(seg xfer.Segment) bool {
 	id := seg.ID()
-	if p.localRegion(seg) != nil {
+	if p.localKeys(seg) != nil {
 		return true
 	}
 	b, regs := clientBuffer(seg)
@@ -98,11 +121,7 @@ func (p *Links) registerLocal(seg xfer.Segment) bool {
 		return false // not a client buffer, or unregistered meanwhile
 	}
 	defer b.Release()
-	e := &p.locals
-	e.mu.Lock()
-	n := len(e.m)
-	e.mu.Unlock()
-	if n >= maxLocalRegs {
+	if p.locals.registered() >= maxLocalRegs {
 		p.log.Warn("client buffer cannot use rdma: too many buffers registered", "segment", id, "max", maxLocalRegs)
 		return false
 	}
@@ -112,18 +131,13 @@ func (p *Links) registerLocal(seg xfer.Segment) bool {
 		p.log.Warn("client buffer cannot use rdma: registering it failed", "segment", id, "bytes", b.Size(), "err", err)
 		return false
 	}
-	r := &localReg{p: p, id: id, regs: regs, reg: reg}
-	e.mu.Lock()
-	if e.m == nil {
-		e.m = map[*localReg]struct{}{}
-	}
-	e.m[r] = struct{}{}
-	e.mu.Unlock()
 	// Set while the reference above is held: the teardown cannot have
 	// run yet.
-	if !regs.Set(xfer.SlotRDMA, r) {
+	if !p.addLocal(id, regs, reg, false) {
 		p.log.Warn("client buffer cannot use rdma: its rdma slot is taken", "segment", id)
-		p.dropLocal(r)
+		if err := p.dev.Deregister(reg); err != nil {
+			p.log.Error("deregistering a client buffer", "segment", id, "err", err)
+		}
 		return false
 	}
 	p.log.Info("client buffer registered for rdma", "segment", id, "bytes", b.Size(),
@@ -131,60 +145,60 @@ func (p *Links) registerLocal(seg xfer.Segment) bool {
 	return true
 }
 
-// dropLocal is a client buffer's teardown: its registration leaves every
-// link and is released. Links that closed released it already.
-func (p *Links) dropLocal(r *localReg) {
+// dropLocal is a segment's teardown releasing the keys k the links put on
+// it: their registration is deregistered. Links that closed released it
+// already.
+func (p *Links) dropLocal(k *rdma.Keys) {
 	e := &p.locals
 	e.mu.Lock()
-	_, ok := e.m[r]
-	delete(e.m, r)
-	e.mu.Unlock()
-	if !ok {
-		return
+	r := e.m[k]
+	delete(e.m, k)
+	if r != nil && !r.pool {
+		e.buffers--
 	}
-	for _, l := range *p.links.Load() {
-		l.forgetLocal(r.id)
+	e.mu.Unlock()
+	if r == nil {
+		return
 	}
 	if err := p.dev.Deregister(r.reg); err != nil {
-		p.log.Error("deregistering a client buffer", "segment", r.id, "err", err)
+		p.log.Error("deregistering a segment's rdma registration", "segment", r.id, "pool", r.pool, "err", err)
 		return
 	}
-	p.log.Debug("client buffer's rdma registration released", "segment", r.id)
+	p.log.Debug("segment's rdma registration released", "segment", r.id, "pool", r.pool)
 }
 
-// closeAll takes every client buffer's registration back from its buffer
-// and releases it (the links are closing; their transports are closed
-// already).
+// closeAll takes every registration back from its segment and releases it
+// (the links are closing; their transports are closed already).
 func (e *localRegs) closeAll(p *Links) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for r := range e.m {
-		// A buffer tearing down meanwhile finds r gone from m.
-		r.regs.Drop(xfer.SlotRDMA, r)
+	for k, r := range e.m {
+		// A segment tearing down meanwhile finds k gone from m.
+		r.regs.Drop(xfer.SlotRDMA, k)
 		if err := p.dev.Deregister(r.reg); err != nil {
-			p.log.Warn("deregistering a client buffer", "segment", r.id, "err", err)
+			p.log.Warn("deregistering a segment's rdma registration", "segment", r.id, "pool", r.pool, "err", err)
 		}
 	}
 	clear(e.m)
+	e.buffers = 0
 }
 
 // registered is how many client buffers are registered.
 func (e *localRegs) registered() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return len(e.m)
+	return e.buffers
 }
 
-// forgetLocal drops local segment id from the link's tables.
-func (l *rdmaLink) forgetLocal(id xfer.SegmentID) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ids := *l.ids.Load()
-	if _, ok := ids[id]; !ok {
-		return
+// pools are the pools' registrations: how many bytes and MRs (Info).
+func (e *localRegs) pools() (bytes uint64, mrs int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range e.m {
+		if r.pool {
+			bytes += r.reg.Size()
+			mrs += r.reg.Chunks()
+		}
 	}
-	m := maps.Clone(ids)
-	delete(m, id)
-	l.ids.Store(&m)
-	l.tr.RemoveLocal(id)
+	return bytes, mrs
 }

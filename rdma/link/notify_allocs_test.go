@@ -1,17 +1,18 @@
 package link
 
 import (
-	"github.com/tensorcast/tensorcast/internal/invariants"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/invariants"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // TestNotifiedWriteAllocations: a notified WRITE on an rdma link, from
-// post to the owner's answer, allocates nothing once warm: the link's note
+// routing (the link and both sides' keys found through the task's
+// segments) to the owner's answer, allocates nothing once warm: the link's note
 // is reused, the WRITE is posted without a slice, and the notification
 // goes in the tcp node's pooled notification frame, with no goroutine of
 // its own. Both daemons run in this process, so the owner's side counts
@@ -42,6 +43,9 @@ func TestNotifiedWriteAllocations(t *testing.T) {
 		task.Notify = payload
 		task.Deadline = time.Now().Add(10 * time.Second)
 		task.SetCompleter(done)
+		if tr := p.d2.p.rdma.Route(task.Local, task.Target); tr != xfer.Transport(l) {
+			t.Fatalf("Route = %v, want the link", tr)
+		}
 		if n, err := l.Submit(one); n != 1 {
 			t.Fatalf("Submit = %d, %v", n, err)
 		}

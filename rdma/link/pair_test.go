@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -421,18 +420,9 @@ type pair struct {
 
 const block = 4 << 20
 
-func writeKey(t *testing.T) string {
-	t.Helper()
-	key := filepath.Join(t.TempDir(), "cluster.key")
-	if err := os.WriteFile(key, []byte("tensorcast peer plane test key\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return key
-}
-
 func startPair(t *testing.T, devs *devices) *pair {
 	t.Helper()
-	key := writeKey(t)
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast peer plane test key")
 	p := &pair{block: block, src: 0, dst: block, key: key}
 	p.d1 = startSide(t, "d1", key, devs, directory.Peer{ID: "d2"})
 	p.d2 = startSide(t, "d2", key, devs, directory.Peer{ID: "d1", Addr: p.d1.p.Node().Addr()})

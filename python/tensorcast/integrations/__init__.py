@@ -1,8 +1,9 @@
 """KV-offload integrations of tensorcast with inference engines.
 
-- :mod:`tensorcast.integrations.sglang`: a storage backend with the shape of
-  SGLang's ``HiCacheStorage`` and a host allocator that puts SGLang's host KV
-  pool in memory the daemon maps.
+- :mod:`tensorcast.integrations.sglang`: SGLang's HiCache storage backend,
+  loaded by its ``dynamic`` storage backend and built on its
+  ``HiCacheStorage`` when SGLang is importable; its host pool in SGLang's
+  shared memory moves without a staging copy.
 - :mod:`tensorcast.integrations.vllm`: vLLM's ``OffloadingSpec``, with its
   manager and (:mod:`~tensorcast.integrations.vllm_worker`) its workers'
   handlers, built on vLLM's classes when vLLM is importable.

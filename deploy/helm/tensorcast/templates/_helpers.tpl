@@ -89,3 +89,17 @@ an array of tables ([[tenants]], [[peers]]). */}}
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* drain_timeout (config, else the daemon's 10s) in whole seconds, given
+as the chart reads it: hours, minutes and seconds (1m30s, 45s). */}}
+{{- define "tensorcast.drainSeconds" -}}
+{{- $d := toString (default "10s" .Values.config.drain_timeout) -}}
+{{- $re := "^(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$" -}}
+{{- if or (eq $d "") (not (regexMatch $re $d)) -}}
+{{- fail (printf "config.drain_timeout %q: give it in h, m and s (30s, 1m30s) so the chart can check terminationGracePeriodSeconds covers it" $d) -}}
+{{- end -}}
+{{- $h := regexReplaceAll $re $d "${1}" | default "0" | atoi -}}
+{{- $m := regexReplaceAll $re $d "${2}" | default "0" | atoi -}}
+{{- $s := regexReplaceAll $re $d "${3}" | default "0" | atoi -}}
+{{- add (mul $h 3600) (mul $m 60) $s -}}
+{{- end -}}
