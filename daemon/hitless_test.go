@@ -159,24 +159,27 @@ func (s *fdStoreSystemd) storedNames() []string {
 // daemonProc is one started daemon.
 type daemonProc struct {
 	cmd    *exec.Cmd
-	log    *bytes.Buffer
+	log    *lockedBuffer
 	exited chan error
 }
 
 // start starts the next daemon and waits for its READY=1.
 func (s *fdStoreSystemd) start() *daemonProc {
 	s.t.Helper()
+	// The store is held until the daemon has them: what it asks to drop
+	// (FDSTOREREMOVE) is closed only after.
 	s.mu.Lock()
 	files := append([]*os.File{s.ctl}, s.fds...)
 	names := append([]string{"control"}, s.names...)
-	s.mu.Unlock()
 	cmd := exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, s.bin}, s.args...)...)
 	cmd.ExtraFiles = files
 	cmd.Env = append(os.Environ(), "LISTEN_FDS="+strconv.Itoa(len(files)), "LISTEN_FDNAMES="+strings.Join(names, ":"),
 		"NOTIFY_SOCKET="+s.notify.LocalAddr().String(), "FDSTORE=16")
-	p := &daemonProc{cmd: cmd, log: &bytes.Buffer{}, exited: make(chan error, 1)}
+	p := &daemonProc{cmd: cmd, log: &lockedBuffer{}, exited: make(chan error, 1)}
 	cmd.Stderr = p.log
-	if err := cmd.Start(); err != nil {
+	err := cmd.Start()
+	s.mu.Unlock()
+	if err != nil {
 		s.t.Fatal(err)
 	}
 	go func() { p.exited <- cmd.Wait() }()
