@@ -279,6 +279,21 @@ func reservePut(c *client.Client, keys [][]byte) (ok [][]byte, offs []uint64, er
 	return ok, offs, nil
 }
 
+// dialReader connects a client with a buffer for readAll.
+func dialReader(t *testing.T, sock string) (*client.Client, *client.Buffer) {
+	t.Helper()
+	c, err := client.Dial(sock, client.Options{Name: "check"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := c.RegisterBuffer(128 * 4096)
+	if err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	return c, buf
+}
+
 // readAll reads keys through c into a buffer of its own and returns, per
 // key, the value (nil when not found); any other failure fails t.
 func readAll(t *testing.T, c *client.Client, buf *client.Buffer, keys [][]byte) [][]byte {
@@ -459,14 +474,7 @@ func TestHitlessRestart(t *testing.T) {
 			t.Fatalf("round %d (%v): the pool was not adopted", round, sig)
 		}
 
-		c, err := client.Dial(sd.sock, client.Options{Name: "check"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		buf, err := c.RegisterBuffer(128 * 4096)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, buf := dialReader(t, sd.sock)
 		for i, v := range readAll(t, c, buf, keys) {
 			want := hitlessValue(keys[i])
 			if !bytes.Equal(v, want) {
@@ -517,14 +525,7 @@ func TestHitlessRestart(t *testing.T) {
 	if names := sd.storedNames(); len(names) != 0 {
 		t.Fatalf("with store_keep_l1 = off, systemd still keeps %v", names)
 	}
-	c, err := client.Dial(sd.sock, client.Options{Name: "check"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf, err := c.RegisterBuffer(128 * 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, buf := dialReader(t, sd.sock)
 	if v := readAll(t, c, buf, keys[:1]); v[0] != nil {
 		t.Fatalf("store_keep_l1 = off served %q from the previous daemon", keys[0])
 	}

@@ -442,24 +442,12 @@ static int run_restart(tc_conn *c, const char *sock, const char *prefix, size_t 
 
 int main(int argc, char **argv)
 {
-    if (argc == 5 && strcmp(argv[1], "restart") == 0) {
-        tc_options o;
-        memset(&o, 0, sizeof o);
-        o.socket = argv[2];
-        o.name = "tc_compat";
-        tc_conn *c;
-        int rc = tc_connect(&o, &c);
-        if (rc)
-            return fail("connect", rc);
-        rc = run_restart(c, argv[2], argv[3], (size_t)strtoull(argv[4], NULL, 0));
-        tc_close(c);
-        return rc;
-    }
     int wr = argc == 5 && strcmp(argv[1], "write") == 0;
     int ck = argc == 6 && strcmp(argv[1], "check") == 0;
     int sw = argc == 6 && strcmp(argv[1], "store-write") == 0;
     int sc = argc == 6 && strcmp(argv[1], "store-check") == 0;
-    if (!wr && !ck && !sw && !sc) {
+    int rs = argc == 5 && strcmp(argv[1], "restart") == 0;
+    if (!wr && !ck && !sw && !sc && !rs) {
         fprintf(stderr,
                 "usage: %s write SOCKET SEED SIZE | check SOCKET SEED OFFSET SIZE |\n"
                 "       store-write SOCKET PREFIX SEED SIZE | store-check SOCKET PREFIX SEED SIZE |\n"
@@ -475,6 +463,11 @@ int main(int argc, char **argv)
     int rc = tc_connect(&o, &c);
     if (rc)
         return fail("connect", rc);
+    if (rs) {
+        rc = run_restart(c, argv[2], argv[3], (size_t)strtoull(argv[4], NULL, 0));
+        tc_close(c);
+        return rc;
+    }
     if (sw || sc) {
         uint64_t seed = strtoull(argv[4], NULL, 0), size = strtoull(argv[5], NULL, 0);
         rc = sw ? run_store_write(c, argv[3], seed, size) : run_store_check(c, argv[3], seed, size);
