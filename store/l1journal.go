@@ -296,18 +296,20 @@ func (s *Store) openJournal() ([]l1Rec, error) {
 	return kept, nil
 }
 
-// adoptL1 indexes the values openJournal kept, after the L2 recovery: a key
-// L2 holds too gets its L1 copy when the two agree (same length and
-// crc32c), a key only in L1 is owed a writeback, and a record that loses
-// (another record of its key, a disagreeing L2 block) is dropped with its
-// block.
+// adoptL1 indexes the values openJournal kept (newest first), after the L2
+// recovery: a key L2 holds too gets its L1 copy when the two agree (same
+// length and crc32c), a key only in L1 is owed a writeback, and a record
+// that loses (a newer record of its key, a disagreeing L2 block) is dropped
+// with its block. The L1 LRU lists take them oldest first, so that the
+// newest are evicted last.
 func (s *Store) adoptL1(recs []l1Rec) {
 	j := s.jr
 	le := binary.LittleEndian
+	kept := make([]ref, 0, len(recs))
 	for _, r := range recs {
 		rec := j.rec(r.slot)
 		key := rec[32 : 32+int(le.Uint16(rec[4:]))]
-		h, sh, _ := s.hash(key)
+		h, sh, si := s.hash(key)
 		sh.mu.Lock()
 		idx, found := sh.find(h, key)
 		switch {
@@ -333,10 +335,16 @@ func (s *Store) adoptL1(recs []l1Rec) {
 			}
 			continue
 		}
-		sh.lruAdd(idx)
+		kept = append(kept, ref{si, idx, sh.ent(idx).gen})
 		sh.mu.Unlock()
 		s.c.l1Keys.Add(1)
 		s.c.l1Recovered.Add(1)
+	}
+	for i := len(kept) - 1; i >= 0; i-- {
+		sh := &s.shards[kept[i].sh]
+		sh.mu.Lock()
+		sh.lruAdd(kept[i].idx)
+		sh.mu.Unlock()
 	}
 	s.log.Info("store: L1 values kept across the restart", "recovered", s.c.l1Recovered.Load(),
 		"dropped", s.c.l1Dropped.Load(), "torn", s.c.l1Torn.Load(), "journal_records", j.n)

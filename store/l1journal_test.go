@@ -228,3 +228,21 @@ func TestL1JournalFull(t *testing.T) {
 	}
 	e.checkValues(keys[:10], vals[:10])
 }
+
+// TestL1JournalKeepsLRUOrder: after a restart the values committed last
+// are evicted last.
+func TestL1JournalKeepsLRUOrder(t *testing.T) {
+	jmem := make([]byte, L1JournalSize(64))
+	e := newEnv(t, 16<<20, withCfg(func(c *Config) { c.L1Journal = jmem; c.Shards = 1 }))
+	ss := e.s.NewSession()
+	keys := keysN("lru", 10)
+	vals := valuesFor(keys, 4000)
+	for i := range keys {
+		mustCodes(t, "put", e.put(ss, keys[i:i+1], vals[i:i+1], false), OK)
+	}
+	ss.Close()
+	s2, _ := e.restartOver(bytes.Clone(jmem))
+	e.s = s2
+	s2.evict(3*4096, 64)
+	mustCodes(t, "after evicting three", e.exists(keys), NotFound, NotFound, NotFound, OK, OK, OK, OK, OK, OK, OK)
+}
