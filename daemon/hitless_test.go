@@ -341,7 +341,7 @@ func TestHitlessRestart(t *testing.T) {
 	}
 
 	// 10,000 keys committed by a client whose mapping outlives the daemon.
-	old, err := client.Dial(sd.sock, client.Options{Name: "old-mapping"})
+	old, err := client.Dial(sd.sock, client.Options{Name: "old-mapping", Reconnect: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,6 +472,26 @@ func TestHitlessRestart(t *testing.T) {
 		d = sd.start()
 		if !strings.Contains(d.log.String(), "adopted from the previous daemon") {
 			t.Fatalf("round %d (%v): the pool was not adopted", round, sig)
+		}
+
+		// The old client reconnects by itself on the call after the one
+		// that finds its connection broken, keeping its mapping, and puts
+		// through it again.
+		if err := old.Ping(nil); err == nil {
+			t.Fatalf("round %d: a ping over the connection to the daemon that went succeeded", round)
+		}
+		if err := old.Ping(nil); err != nil {
+			t.Fatalf("round %d (%v): the client did not reconnect: %v", round, sig, err)
+		}
+		if &old.PoolBytes()[0] != &oldPool[0] {
+			t.Fatalf("round %d: the client mapped the pool again", round)
+		}
+		again := []byte(fmt.Sprintf("reconnected/%d", round))
+		if ok, offs, err := reservePut(old, [][]byte{again}); err != nil || len(ok) != 1 {
+			t.Fatalf("round %d: put after reconnecting: %v", round, err)
+		} else {
+			committed[string(again)] = offs[0]
+			keys = append(keys, again)
 		}
 
 		c, buf := dialReader(t, sd.sock)
