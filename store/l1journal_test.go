@@ -47,14 +47,19 @@ func (e *testEnv) restartOver(jmem []byte) (*Store, *shm.Pool) {
 	return s, pool
 }
 
+// journalEnv is a store env with an L1 journal of records records.
+func journalEnv(t *testing.T, records int, poolSize uint64, opts ...envOpt) (*testEnv, []byte) {
+	jmem := make([]byte, L1JournalSize(records))
+	return newEnv(t, poolSize, append(opts, withCfg(func(c *Config) { c.L1Journal = jmem }))...), jmem
+}
+
 // TestL1JournalKeepsValuesAcrossRestart: every value committed in L1 is
 // served again, byte-exact, by a store opened over the adopted pool and
 // the journal as the dead daemon left it; reservations (values being
 // written), removed keys, a record half written and a value changed after
 // its commit are not; the blocks of kept values are never handed out again.
 func TestL1JournalKeepsValuesAcrossRestart(t *testing.T) {
-	jmem := make([]byte, L1JournalSize(4096))
-	e := newEnv(t, 32<<20, withCfg(func(c *Config) { c.L1Journal = jmem }))
+	e, jmem := journalEnv(t, 4096, 32<<20)
 	ss := e.s.NewSession()
 	keys := keysN("copied", 300)
 	vals := valuesFor(keys, 3000)
@@ -150,8 +155,7 @@ func TestL1JournalKeepsValuesAcrossRestart(t *testing.T) {
 // copy and stays clean; a key only in L1 is owed its writeback again and
 // gets it; a journal over another pool is formatted, keeping nothing.
 func TestL1JournalWithL2(t *testing.T) {
-	jmem := make([]byte, L1JournalSize(1024))
-	e := newEnv(t, 16<<20, withL2(64<<20), withCfg(func(c *Config) { c.L1Journal = jmem }))
+	e, jmem := journalEnv(t, 1024, 16<<20, withL2(64<<20))
 	ss := e.s.NewSession()
 	durable := keysN("durable", 40)
 	dvals := valuesFor(durable, 6000)
@@ -210,8 +214,7 @@ func TestL1JournalWithL2(t *testing.T) {
 // TestL1JournalFull: values past the journal's records are stored and
 // served as ever, counted, and not kept across a restart.
 func TestL1JournalFull(t *testing.T) {
-	jmem := make([]byte, L1JournalSize(10))
-	e := newEnv(t, 16<<20, withCfg(func(c *Config) { c.L1Journal = jmem }))
+	e, jmem := journalEnv(t, 10, 16<<20)
 	ss := e.s.NewSession()
 	keys := keysN("k", 30)
 	vals := valuesFor(keys, 100)
@@ -232,8 +235,7 @@ func TestL1JournalFull(t *testing.T) {
 // TestL1JournalKeepsLRUOrder: after a restart the values committed last
 // are evicted last.
 func TestL1JournalKeepsLRUOrder(t *testing.T) {
-	jmem := make([]byte, L1JournalSize(64))
-	e := newEnv(t, 16<<20, withCfg(func(c *Config) { c.L1Journal = jmem; c.Shards = 1 }))
+	e, jmem := journalEnv(t, 64, 16<<20, withCfg(func(c *Config) { c.Shards = 1 }))
 	ss := e.s.NewSession()
 	keys := keysN("lru", 10)
 	vals := valuesFor(keys, 4000)
