@@ -44,6 +44,16 @@ type Options struct {
 	Lane        string // default lane of every call's context
 	// PolicyVersion is the default policy version of every call's context.
 	PolicyVersion uint32
+	// Reconnect makes a call that finds the connection broken (the daemon
+	// restarted, was upgraded or crashed) dial the daemon again first, say
+	// Hello, and go on on the new connection. The call that found the
+	// connection breaking has failed and is not retried (it may have been
+	// applied). The pool mapping is kept: a restart that kept L1 keeps the
+	// pool, so PoolBytes and every offset into it stay valid; a daemon
+	// with another pool fails the reconnect (ErrClosed: Dial again).
+	// Everything the old connection held is gone: pins, reservations,
+	// batches, registered buffers and queues (their calls fail).
+	Reconnect bool
 }
 
 // CallOption sets a field of one call's context.
@@ -132,6 +142,7 @@ type Client struct {
 	hello   Hello
 	pool    PoolInfo
 	poolMem []byte
+	poolID  [2]uint64 // the pool memfd's device and inode
 
 	lane []byte // opts.Lane, made once
 
@@ -202,15 +213,20 @@ func Dial(socket string, opts Options) (*Client, error) {
 func (c *Client) sayHello() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	h, err := c.helloLocked()
+	c.hello = h
+	return err
+}
+
+func (c *Client) helloLocked() (Hello, error) {
 	m := wire.SetRequest[wire.HelloRequest](c.start(nil))
 	m.ProtocolVersion, m.ClientName = wire.ProtocolVersion, []byte(c.opts.Name)
 	r, err := call[wire.HelloResponse](c, noFD, nil)
 	if err != nil {
-		return err
+		return Hello{}, err
 	}
-	c.hello = Hello{DaemonID: string(r.DaemonID), Version: string(r.Version),
-		ProtocolVersion: r.ProtocolVersion, Limits: r.Limits, PeerAddr: string(r.PeerAddr)}
-	return nil
+	return Hello{DaemonID: string(r.DaemonID), Version: string(r.Version),
+		ProtocolVersion: r.ProtocolVersion, Limits: r.Limits, PeerAddr: string(r.PeerAddr)}, nil
 }
 
 func (c *Client) mapPool() error {
@@ -219,23 +235,69 @@ func (c *Client) mapPool() error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	wire.SetRequest[wire.PoolInfoRequest](c.start(nil))
-	fd := noFD
-	r, err := call[wire.PoolInfoResponse](c, noFD, &fd)
+	r, fd, id, err := c.poolInfoLocked()
 	if err != nil {
-		closeFD(fd) // a refused answer that came with one anyway
 		return err
 	}
-	if fd < 0 {
-		return c.fail(fmt.Errorf("%w: PoolInfo came without the pool's fd", ErrProtocol))
-	}
 	defer unix.Close(fd)
+	c.poolID = id
 	mem, err := shm.MapShared(fd, r.Size)
 	if err != nil {
 		return fmt.Errorf("tensorcast: mapping the pool: %w", err)
 	}
 	c.poolMem = mem
 	c.pool = PoolInfo{Segment: xfer.SegmentID(r.Segment), Size: r.Size, BlockClasses: append([]uint64(nil), r.BlockClasses...)}
+	return nil
+}
+
+// poolInfoLocked asks for the pool: its description, its memfd (the
+// caller closes it) and the memfd's identity.
+func (c *Client) poolInfoLocked() (*wire.PoolInfoResponse, int, [2]uint64, error) {
+	wire.SetRequest[wire.PoolInfoRequest](c.start(nil))
+	fd := noFD
+	r, err := call[wire.PoolInfoResponse](c, noFD, &fd)
+	if err != nil {
+		closeFD(fd) // a refused answer that came with one anyway
+		return nil, noFD, [2]uint64{}, err
+	}
+	if fd < 0 {
+		return nil, noFD, [2]uint64{}, c.fail(fmt.Errorf("%w: PoolInfo came without the pool's fd", ErrProtocol))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, noFD, [2]uint64{}, fmt.Errorf("tensorcast: the pool's fd: %w", err)
+	}
+	return r, fd, [2]uint64{uint64(st.Dev), st.Ino}, nil
+}
+
+// redial replaces a broken connection (Options.Reconnect): a new one, its
+// Hello, and a check that the daemon's pool is the one mapped. The call in
+// progress (c.req) is kept for the caller to send. c.mu is held.
+func (c *Client) redial() error {
+	saved := c.req
+	defer func() { c.req = saved }()
+	nc, err := (&net.Dialer{Timeout: c.opts.DialTimeout}).Dial("unix", c.socket)
+	if err != nil {
+		return err
+	}
+	c.uc.Close()
+	c.uc, c.broken = nc.(*net.UnixConn), nil
+	// Hello() stays what the daemon said at Dial.
+	if _, err := c.helloLocked(); err != nil {
+		return c.fail(err)
+	}
+	if c.poolMem == nil {
+		return nil
+	}
+	r, fd, id, err := c.poolInfoLocked()
+	if err != nil {
+		return c.fail(err)
+	}
+	unix.Close(fd)
+	if id != c.poolID || r.Size != c.pool.Size {
+		return c.fail(fmt.Errorf("%w: the daemon at %s restarted with another pool; dial again", ErrClosed, c.socket))
+	}
 	return nil
 }
 
@@ -349,7 +411,7 @@ func call[T any, P interface {
 // roundTrip sends c.req and reads the answer into c.resp; it fails unless
 // the answer is OK and for this request.
 func (c *Client) roundTrip(sendFD int, recvFD *int) error {
-	if c.broken != nil {
+	if c.broken != nil && (!c.opts.Reconnect || c.closed || c.redial() != nil) {
 		return c.broken
 	}
 	frame := wire.EncodeRequest(c.b, &c.req)

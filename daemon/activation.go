@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -12,50 +13,107 @@ import (
 // listenFDsStart is the first descriptor systemd passes (SD_LISTEN_FDS_START).
 const listenFDsStart = 3
 
-// inheritedListener returns the control socket systemd passed by socket
-// activation (LISTEN_PID is this process, LISTEN_FDS counts descriptors
-// from 3, LISTEN_FDNAMES names them), or nil when none was passed. With
-// several, the one named "control" is taken, else the first. It must be a
-// listening unix stream socket; descriptors not taken are closed.
-func inheritedListener(getenv func(string) string) (*net.UnixListener, error) {
+// maxListenFDs bounds LISTEN_FDS: a control socket and two descriptors per
+// tenant from the file descriptor store need far fewer.
+const maxListenFDs = 1024
+
+// inheritedFDs are the descriptors systemd passed: by socket activation
+// (the control socket) and from its file descriptor store (the pools and
+// L1 journals an earlier daemon stored, restart.go). Each is taken once by
+// name; closeRest closes those nobody took.
+type inheritedFDs struct {
+	fds   []int
+	names []string
+	taken []bool
+}
+
+// listenFDs reads LISTEN_PID (this process), LISTEN_FDS (descriptors from
+// 3) and LISTEN_FDNAMES; none passed gives an empty set. Every descriptor
+// is made close-on-exec.
+func listenFDs(getenv func(string) string) (*inheritedFDs, error) {
+	in := &inheritedFDs{}
 	if getenv("LISTEN_PID") != strconv.Itoa(os.Getpid()) {
-		return nil, nil
+		return in, nil
 	}
 	n, err := strconv.Atoi(getenv("LISTEN_FDS"))
 	if err != nil || n <= 0 {
-		return nil, nil
+		return in, nil
 	}
-	if n > 64 {
-		return nil, fmt.Errorf("%w: LISTEN_FDS = %d: more descriptors than a control socket needs", ErrConfig, n)
+	if n > maxListenFDs {
+		return nil, fmt.Errorf("%w: LISTEN_FDS = %d: more descriptors than the daemon ever stores (%d)", ErrConfig, n, maxListenFDs)
 	}
 	names := strings.Split(getenv("LISTEN_FDNAMES"), ":")
-	pick := 0
-	for i, name := range names {
-		if name == "control" && i < n {
-			pick = i
-		}
-	}
-	var ln *net.UnixListener
 	for i := 0; i < n; i++ {
 		fd := listenFDsStart + i
 		syscall.CloseOnExec(fd)
-		if i != pick {
-			syscall.Close(fd)
+		name := "unknown"
+		if i < len(names) && names[i] != "" {
+			name = names[i]
+		}
+		in.fds, in.names, in.taken = append(in.fds, fd), append(in.names, name), append(in.taken, false)
+	}
+	return in, nil
+}
+
+// take returns the first descriptor named name not taken yet.
+func (in *inheritedFDs) take(name string) (int, bool) {
+	for i, n := range in.names {
+		if n == name && !in.taken[i] {
+			in.taken[i] = true
+			return in.fds[i], true
+		}
+	}
+	return -1, false
+}
+
+// stored says whether name is one the daemon gives systemd's fd store.
+func stored(name string) bool {
+	return strings.HasPrefix(name, poolFDPrefix) || strings.HasPrefix(name, journalFDPrefix)
+}
+
+// closeRest closes the descriptors nobody took and returns the names of
+// those that came from the fd store.
+func (in *inheritedFDs) closeRest(log *slog.Logger) []string {
+	var names []string
+	for i, fd := range in.fds {
+		if in.taken[i] {
 			continue
 		}
-		f := os.NewFile(uintptr(fd), "LISTEN_FDS:"+strconv.Itoa(fd))
-		l, err := net.FileListener(f)
-		f.Close() // FileListener holds its own duplicate
-		if err != nil {
-			return nil, fmt.Errorf("inherited socket (fd %d): %w", fd, err)
+		in.taken[i] = true
+		syscall.Close(fd)
+		if stored(in.names[i]) {
+			names = append(names, in.names[i])
 		}
-		ul, ok := l.(*net.UnixListener)
-		if !ok {
-			l.Close()
-			return nil, fmt.Errorf("%w: inherited socket (fd %d) is %s, not a unix stream socket", ErrConfig, fd, l.Addr().Network())
-		}
-		ul.SetUnlinkOnClose(false) // systemd owns the socket file
-		ln = ul
+		log.Info("an inherited descriptor is not used: closed", "fd", fd, "name", in.names[i])
 	}
-	return ln, nil
+	return names
+}
+
+// inheritedListener returns the control socket systemd passed by socket
+// activation, or nil when none was passed: the descriptor named "control",
+// else the first one that is not from the fd store. It must be a listening
+// unix stream socket.
+func inheritedListener(in *inheritedFDs) (*net.UnixListener, error) {
+	fd, ok := in.take("control")
+	for i, name := range in.names {
+		if !ok && !in.taken[i] && !stored(name) {
+			fd, ok = in.take(name)
+		}
+	}
+	if !ok {
+		return nil, nil
+	}
+	f := os.NewFile(uintptr(fd), "LISTEN_FDS:"+strconv.Itoa(fd))
+	l, err := net.FileListener(f)
+	f.Close() // FileListener holds its own duplicate
+	if err != nil {
+		return nil, fmt.Errorf("inherited socket (fd %d): %w", fd, err)
+	}
+	ul, ok := l.(*net.UnixListener)
+	if !ok {
+		l.Close()
+		return nil, fmt.Errorf("%w: inherited socket (fd %d) is %s, not a unix stream socket", ErrConfig, fd, l.Addr().Network())
+	}
+	ul.SetUnlinkOnClose(false) // systemd owns the socket file
+	return ul, nil
 }

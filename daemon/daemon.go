@@ -69,7 +69,10 @@ type Daemon struct {
 	cluster    *cluster.Cluster
 	mover      *mover
 	poolExport *peer.Export
-	dir        *etcd.Dir // nil with the embedded directory
+	// keep hands the pools and the stores' L1 journals to systemd across
+	// restarts (restart.go).
+	keep keepL1
+	dir  *etcd.Dir // nil with the embedded directory
 	// exports is the daemon's export table: the control server exports
 	// into it, the peer plane serves peers from it.
 	exports *peer.Exports
@@ -106,16 +109,24 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		}
 	}()
 
+	// Descriptors systemd passed: the control socket, and the pools and L1
+	// journals it kept from the daemon before this one.
+	in, err := listenFDs(getenv)
+	if err != nil {
+		return nil, err
+	}
+	d.planKeepL1(getenv)
 	d.reg = xfer.NewRegistry()
 	segs := make([]xfer.MemSegment, 0, len(cfg.TenantList()))
 	for _, t := range cfg.TenantList() {
 		size := cfg.TenantPoolSize(t)
-		p, err := shm.NewPool(shm.PoolConfig{ID: d.reg.NextID(), Name: t.Name, Size: uint64(size), Hugepages: cfg.Hugepages},
-			log.With("component", "pool", "tenant", t.Name))
+		p, adopted, err := d.newPool(in, shm.PoolConfig{ID: d.reg.NextID(), Name: t.Name, Size: uint64(size), Hugepages: cfg.Hugepages},
+			t.Name, log.With("component", "pool", "tenant", t.Name))
 		if err != nil {
 			return nil, fmt.Errorf("pool of tenant %q (pool_size = %s, hugepages = %s): %w", t.Name, size, cfg.Hugepages, err)
 		}
 		d.pools, d.names = append(d.pools, p), append(d.names, t.Name)
+		d.keep.adopted = append(d.keep.adopted, adopted)
 		segs = append(segs, p)
 		if err := d.reg.Add(p); err != nil {
 			return nil, err
@@ -161,7 +172,13 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		}
 	}
 	d.engine = xfer.NewEngine(xfer.Config{ErrorCode: d.errorCode}, rt, log.With("component", "engine"))
+	if err := d.openJournals(in); err != nil {
+		return nil, err
+	}
 	if err := d.openStore(); err != nil {
+		return nil, err
+	}
+	if err := d.storeFDs(); err != nil {
 		return nil, err
 	}
 	if err := d.openGrants(); err != nil {
@@ -209,9 +226,12 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if deps.Directory, err = d.directoryReporter(); err != nil {
 		return nil, err
 	}
-	inherited, err := inheritedListener(getenv)
+	inherited, err := inheritedListener(in)
 	if err != nil {
 		return nil, err
+	}
+	for _, name := range in.closeRest(log) {
+		d.forget(name) // kept for a daemon that keeps L1; this one does not
 	}
 	if inherited != nil {
 		scfg.Listener = inherited
@@ -343,6 +363,7 @@ func (d *Daemon) closeParts() {
 		d.closeCluster()
 	}
 	d.closeStore()
+	d.closeJournals()
 	if d.peers != nil {
 		d.peers.Close()
 	}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -84,3 +85,30 @@ func WatchdogInterval(getenv func(string) string) time.Duration {
 	}
 	return time.Duration(usec) * time.Microsecond / 2
 }
+
+// NotifyFDs sends state with fds attached (SCM_RIGHTS): "FDSTORE=1" and
+// "FDNAME=..." hand them to systemd's file descriptor store. It uses a
+// socket of its own for the one message (a connected datagram socket
+// cannot carry ancillary data in Go). Without a notify socket it is a
+// no-op.
+func (n *Notifier) NotifyFDs(state string, fds ...int) error {
+	if n.addr == nil {
+		return nil
+	}
+	s, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return os.NewSyscallError("socket", err)
+	}
+	defer syscall.Close(s)
+	name := n.addr.Name
+	if name[0] == 0 {
+		name = "@" + name[1:]
+	}
+	if err := syscall.Sendmsg(s, []byte(state), syscall.UnixRights(fds...), &syscall.SockaddrUnix{Name: name}, 0); err != nil {
+		return os.NewSyscallError("sendmsg", err)
+	}
+	return nil
+}
+
+// Enabled says whether a notify socket is configured (started by systemd).
+func (n *Notifier) Enabled() bool { return n.addr != nil }

@@ -39,7 +39,7 @@ func (d *Daemon) openStore() error {
 				}
 			}
 		}
-		s, err := d.openOneStore(pool, path, tlog)
+		s, err := d.openOneStore(pool, path, d.journalOf(i), tlog)
 		if err != nil {
 			if len(d.cfg.Tenants) > 0 {
 				return fmt.Errorf("store of tenant %s: %w", d.names[i], err)
@@ -51,8 +51,9 @@ func (d *Daemon) openStore() error {
 	return nil
 }
 
-// openOneStore opens one store over pool, with its L2 at path ("": none).
-func (d *Daemon) openOneStore(pool *shm.Pool, path string, log *slog.Logger) (*store.Store, error) {
+// openOneStore opens one store over pool, with its L2 at path ("": none)
+// and its L1 journal in journal (nil: none).
+func (d *Daemon) openOneStore(pool *shm.Pool, path string, journal []byte, log *slog.Logger) (*store.Store, error) {
 	c := &d.cfg.StoreConfig
 	scfg := store.Config{
 		MaxKeysPerCall:     c.StoreMaxKeysPerCall,
@@ -66,6 +67,7 @@ func (d *Daemon) openOneStore(pool *shm.Pool, path string, log *slog.Logger) (*s
 		// The drain bounds the whole shutdown; the store's wait for its L2
 		// operations in flight is bounded by it too.
 		CloseTimeout: time.Duration(d.cfg.DrainTimeout),
+		L1Journal:    journal,
 		Log:          log,
 	}
 	if scfg.WritebackRetries == 0 {
@@ -164,6 +166,9 @@ func (d *Daemon) collectOneStore(e *metrics.Emit, st *store.Store, tenantName st
 		{"tensorcast_store_leases_expired_total", "Timed pins ended by their TTL.", s.LeasesExpired},
 		{"tensorcast_store_recovered_blocks_total", "Blocks indexed from L2 at start-up.", s.Recovered},
 		{"tensorcast_store_torn_dropped_total", "Damaged L2 headers dropped at start-up.", s.TornDropped},
+		{"tensorcast_store_l1_recovered_total", "L1 values found again at start-up (a restart that kept L1).", s.L1Recovered},
+		{"tensorcast_store_l1_dropped_total", "L1 journal records dropped at start-up: torn, a value changed, or lost to a newer copy.", s.L1Dropped + s.L1Torn},
+		{"tensorcast_store_l1_journal_full_total", "L1 values not recorded for the next restart: the journal was full.", s.L1JournalFull},
 		{"tensorcast_store_transport_violations_total", "Broken transport contracts the store caught.", s.TransportViolations},
 		{"tensorcast_store_quarantined_total", "Pool blocks, L2 slots and I/O slots kept out of use after one.",
 			s.QuarantinedBlocks + s.QuarantinedSlots + s.QuarantinedTasks},

@@ -402,6 +402,8 @@ func StoreCounters(st store.Stats, dst []wire.Counter) []wire.Counter {
 		{"remove_failures", st.RemoveFailures}, {"leases_expired", st.LeasesExpired}, {"prefix_cut", st.PrefixCut},
 		{"invalidate_failures", st.InvalidateFailures}, {"recovered", st.Recovered}, {"torn_dropped", st.TornDropped},
 		{"corrupt_dropped", st.CorruptDropped}, {"duplicates_dropped", st.DuplicatesDropped},
+		{"l1_recovered", st.L1Recovered}, {"l1_dropped", st.L1Dropped}, {"l1_torn", st.L1Torn},
+		{"l1_journal_full", st.L1JournalFull},
 		{"transport_violations", st.TransportViolations}, {"quarantined_blocks", st.QuarantinedBlocks},
 		{"quarantined_slots", st.QuarantinedSlots}, {"quarantined_tasks", st.QuarantinedTasks},
 		{"free_errors", st.FreeErrors}, {"io_in_flight", uint64(st.IOInFlight)},

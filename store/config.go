@@ -73,6 +73,14 @@ type Config struct {
 	// (default 10 s).
 	CloseTimeout time.Duration
 
+	// L1Journal, when set, is memory that outlives the daemon (a memfd
+	// kept in systemd's file descriptor store, never mapped by clients) of
+	// L1JournalSize(records) bytes: the store records there where each L1
+	// value lies, so that a store opened after a restart over the same
+	// pool (shm.AdoptPool) serves them again (l1journal.go). Memory that
+	// holds no journal of this pool is formatted.
+	L1Journal []byte
+
 	// Clock is the time source (default the wall clock).
 	Clock Clock
 	// Log receives lifecycle messages and rate-limited failure reports

@@ -574,7 +574,9 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 		}
 		if !durable {
 			s.publish(sh, r.idx)
+			off, size := e.l1, uint64(e.size)
 			sh.mu.Unlock()
+			s.journalPublished(r, off, size)
 			ss.unreserve(r)
 			published = true
 			continue
@@ -703,6 +705,7 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 		if !durable {
 			s.publish(sh, r.idx)
 			sh.mu.Unlock()
+			s.journalPublished(r, off, size)
 			published = true
 			continue
 		}

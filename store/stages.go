@@ -218,6 +218,7 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 		e.l2, e.crc = it.slot, it.crc
 		sh.lruAdd(idx)
 		sh.l2Touch(idx)
+		s.journal(sh, idx, it.crc)
 		s.c.reserved.Add(^uint64(0))
 		s.c.keys.Add(1)
 		s.c.l1Keys.Add(1)
@@ -409,6 +410,7 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 		sh.l2Touch(idx)
 		s.c.l1Keys.Add(1)
 		s.c.promotions.Add(1)
+		s.journal(sh, idx, e.crc)
 	} else {
 		s.c.promoteFail.Add(1)
 		if canFree {

@@ -57,7 +57,8 @@ type Store struct {
 	shards []shard
 	shift  uint // a hash's shard is hash >> shift
 
-	l2 *tier2 // nil without a second tier
+	l2 *tier2     // nil without a second tier
+	jr *l1Journal // nil without Config.L1Journal
 
 	// gate counts calls in progress, plus gateClosing once Close began.
 	gate      atomic.Uint64
@@ -142,12 +143,33 @@ func New(cfg Config, pool *shm.Pool, l2 *L2) (*Store, error) {
 			return nil, err
 		}
 		s.l2 = t
-		if err := t.recover(); err != nil {
-			t.closeNow()
+	}
+	// The L1 journal's blocks are claimed before the L2 recovery allocates
+	// any; its keys are indexed after, beside L2's.
+	var kept []l1Rec
+	if cfg.L1Journal != nil {
+		var err error
+		if kept, err = s.openJournal(); err != nil {
+			if s.l2 != nil {
+				s.l2.closeNow()
+			}
+			pool.Release()
+			return nil, err
+		}
+	}
+	if s.l2 != nil {
+		if err := s.l2.recover(); err != nil {
+			s.l2.closeNow()
+			if s.jr != nil {
+				s.jr.keep.Store(true) // the journal stays as it was, for another try
+			}
 			s.freeL1()
 			pool.Release()
 			return nil, err
 		}
+	}
+	if s.jr != nil {
+		s.adoptL1(kept)
 	}
 	go s.maintain()
 	st := s.Stats()
@@ -206,6 +228,11 @@ func (s *Store) Close() error {
 				errs = append(errs, err)
 				drained = false
 			}
+		}
+		if s.jr != nil {
+			// The values in L1 stay recorded: a daemon that adopts the
+			// pool after this one finds them again.
+			s.jr.keep.Store(true)
 		}
 		if err := s.freeL1(); err != nil {
 			errs = append(errs, err)
@@ -324,6 +351,9 @@ func (s *Store) allocBlock(size uint64) (uint64, error) {
 
 // freeBlock returns a pool block the store held for a value of size bytes.
 func (s *Store) freeBlock(off uint64, size uint32) error {
+	if s.jr != nil {
+		s.jr.drop(off) // the record goes first: then the block may be reused
+	}
 	if err := s.pool.Free(off); err != nil {
 		s.c.freeErrors.Add(1)
 		return fmt.Errorf("store: free pool block at %d: %w", off, err)
@@ -373,6 +403,7 @@ type counters struct {
 	dirtyOwed                                           atomic.Uint64 // values in L1 only still owed a writeback
 	quarantinedTasks                                    atomic.Uint64
 	aborted                                             atomic.Uint64 // reservations given back by Session.Abort
+	l1Recovered, l1Dropped, l1Torn, l1JournalFull       atomic.Uint64 // the L1 journal's (l1journal.go)
 	// Reads of values (Get, Read) by what they found, per key: the value
 	// in L1, only on L2 (a promotion), or no key.
 	hitsL1, hitsL2, misses atomic.Uint64
@@ -421,6 +452,12 @@ type Stats struct {
 	CorruptDropped    uint64
 	DuplicatesDropped uint64 // older copies of a key found at open (invalidated)
 
+	// L1Recovered: values found again in the pool at start (the L1
+	// journal). L1Dropped: records whose value failed its checksum, or
+	// lost to a newer record or to L2's copy. L1Torn: records half written.
+	// L1JournalFull: values not recorded because the journal was full.
+	L1Recovered, L1Dropped, L1Torn, L1JournalFull uint64
+
 	TransportViolations uint64 // broken xfer.Transport contracts seen
 	QuarantinedBlocks   uint64 // pool blocks kept out of use after one
 	QuarantinedSlots    uint64 // L2 slots kept out of use
@@ -447,6 +484,8 @@ func (s *Store) Stats() Stats {
 		DuplicatesDropped: c.dups.Load(), TransportViolations: c.violations.Load(),
 		QuarantinedBlocks: c.quarantinedBlocks.Load(), FreeErrors: c.freeErrors.Load(),
 		QuarantinedTasks: c.quarantinedTasks.Load(), Aborted: c.aborted.Load(),
+		L1Recovered: c.l1Recovered.Load(), L1Dropped: c.l1Dropped.Load(), L1Torn: c.l1Torn.Load(),
+		L1JournalFull: c.l1JournalFull.Load(),
 	}
 	if t := s.l2; t != nil {
 		t.mu.Lock()

@@ -22,6 +22,16 @@
  *          an exists and a lookup_prefix through the queue and a stat, and
  *          prints one JSON line of what each answered.
  *
+ *        tc_compat restart SOCKET PREFIX N
+ *          puts N keys PREFIX/I zero-copy (reserve, I+1's pattern of
+ *          512+I*61 bytes written in the pool mapping, commit), prints one
+ *          JSON line, then for each line on stdin (the daemon has been
+ *          restarted) keeps that first connection and its mapping, connects
+ *          again and checks that the new connection maps the same pool
+ *          (device and inode of the memfd), that every value is still in
+ *          the first mapping where it was put, and that the daemon reads
+ *          each back byte-exact; one JSON line per check.
+ *
  * The pattern: xorshift64 (13, 7, 17) from SEED, each state stored
  * little-endian, 8 bytes at a time.
  */
@@ -30,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tensorcast.h"
@@ -332,16 +343,115 @@ static int run_store_check(tc_conn *c, const char *prefix, uint64_t seed, uint64
     return ok ? 0 : 1;
 }
 
+static uint64_t restart_size(size_t i) { return 512 + (uint64_t)i * 61; }
+
+/* restart_check connects again to a daemon that restarted and checks the
+ * keys old put against old's mapping and through the new connection. */
+static int restart_check(tc_conn *old, const char *sock, const tc_keys *ks, const uint64_t *offs)
+{
+    tc_options o;
+    memset(&o, 0, sizeof o);
+    o.socket = sock;
+    o.name = "tc_compat-restart";
+    tc_conn *c;
+    int rc = tc_connect(&o, &c);
+    if (rc)
+        return fail("connect after the restart", rc);
+    const tc_pool *p0 = tc_pool_info(old), *p1 = tc_pool_info(c);
+    struct stat s0, s1;
+    if (fstat(p0->fd, &s0) || fstat(p1->fd, &s1)) {
+        tc_close(c);
+        return fail("fstat of the pools", TC_ESYS);
+    }
+    int same = s0.st_dev == s1.st_dev && s0.st_ino == s1.st_ino;
+    uint64_t big = restart_size(ks->n);
+    tc_buffer *b;
+    if ((rc = tc_buffer_create(c, big, &b, NULL))) {
+        tc_close(c);
+        return fail("buffer", rc);
+    }
+    uint8_t *want = malloc(big);
+    if (!want) {
+        tc_close(c);
+        return fail("malloc", TC_ENOMEM);
+    }
+    size_t in_old = 0, read_back = 0;
+    for (size_t i = 0; i < ks->n; i++) {
+        uint64_t n = restart_size(i);
+        fill(want, n, i + 1);
+        if (memcmp((uint8_t *)p0->base + offs[i], want, n) == 0)
+            in_old++;
+        tc_keys one = {1, &ks->keys[i], NULL, 0};
+        tc_extent dst = {b->id, 0, big};
+        uint64_t len = 0;
+        int code = -1;
+        if (tc_store_read(c, &one, &dst, &len, &code, NULL) == TC_OK && code == TC_OK && len == n &&
+            memcmp(b->data, want, n) == 0)
+            read_back++;
+    }
+    free(want);
+    tc_close(c);
+    printf("{\"client\": \"c\", \"ok\": true, \"same_pool\": %s, \"in_old_mapping\": %zu, \"read_back\": %zu}\n",
+           same ? "true" : "false", in_old, read_back);
+    fflush(stdout);
+    return 0;
+}
+
+static int run_restart(tc_conn *c, const char *sock, const char *prefix, size_t n)
+{
+    tc_key *keys = calloc(n, sizeof *keys);
+    char (*names)[64] = calloc(n, sizeof *names);
+    uint64_t *sizes = calloc(n, sizeof *sizes), *offs = calloc(n, sizeof *offs);
+    int *codes = calloc(n, sizeof *codes);
+    int rc = keys && names && sizes && offs && codes ? TC_OK : TC_ENOMEM;
+    for (size_t i = 0; rc == TC_OK && i < n; i++) {
+        snprintf(names[i], sizeof names[i], "%s/%zu", prefix, i);
+        keys[i] = (tc_key){names[i], strlen(names[i])};
+        sizes[i] = restart_size(i);
+    }
+    tc_keys ks = {n, keys, NULL, 0};
+    const tc_pool *p = tc_pool_info(c);
+    if (rc == TC_OK)
+        rc = tc_store_reserve(c, &ks, sizes, offs, codes, NULL);
+    for (size_t i = 0; rc == TC_OK && i < n; i++) {
+        if (codes[i] != TC_OK)
+            rc = codes[i];
+        else
+            fill((uint8_t *)p->base + offs[i], sizes[i], i + 1);
+    }
+    if (rc == TC_OK)
+        rc = tc_store_commit(c, &ks, 0, codes, NULL);
+    for (size_t i = 0; rc == TC_OK && i < n; i++)
+        rc = codes[i];
+    if (rc) {
+        fail("put", rc);
+    } else {
+        printf("{\"client\": \"c\", \"ok\": true, \"put\": %zu}\n", n);
+        fflush(stdout);
+        char go[64];
+        while (rc == 0 && fgets(go, sizeof go, stdin))
+            rc = restart_check(c, sock, &ks, offs);
+    }
+    free(keys);
+    free(names);
+    free(sizes);
+    free(offs);
+    free(codes);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     int wr = argc == 5 && strcmp(argv[1], "write") == 0;
     int ck = argc == 6 && strcmp(argv[1], "check") == 0;
     int sw = argc == 6 && strcmp(argv[1], "store-write") == 0;
     int sc = argc == 6 && strcmp(argv[1], "store-check") == 0;
-    if (!wr && !ck && !sw && !sc) {
+    int rs = argc == 5 && strcmp(argv[1], "restart") == 0;
+    if (!wr && !ck && !sw && !sc && !rs) {
         fprintf(stderr,
                 "usage: %s write SOCKET SEED SIZE | check SOCKET SEED OFFSET SIZE |\n"
-                "       store-write SOCKET PREFIX SEED SIZE | store-check SOCKET PREFIX SEED SIZE\n",
+                "       store-write SOCKET PREFIX SEED SIZE | store-check SOCKET PREFIX SEED SIZE |\n"
+                "       restart SOCKET PREFIX N\n",
                 argv[0]);
         return 2;
     }
@@ -353,6 +463,11 @@ int main(int argc, char **argv)
     int rc = tc_connect(&o, &c);
     if (rc)
         return fail("connect", rc);
+    if (rs) {
+        rc = run_restart(c, argv[2], argv[3], (size_t)strtoull(argv[4], NULL, 0));
+        tc_close(c);
+        return rc;
+    }
     if (sw || sc) {
         uint64_t seed = strtoull(argv[4], NULL, 0), size = strtoull(argv[5], NULL, 0);
         rc = sw ? run_store_write(c, argv[3], seed, size) : run_store_check(c, argv[3], seed, size);

@@ -57,6 +57,17 @@ type StoreConfig struct {
 	// key space into (each with a home daemon); every daemon of a cluster
 	// must use the same.
 	StoreShards int `toml:"store_shards"`
+	// StoreKeepL1 is auto (the default) or off. With auto and systemd's
+	// file descriptor store (FileDescriptorStoreMax= in the unit, which
+	// systemd says in $FDSTORE), the pools and the store's L1 journal are
+	// handed to it, so that a restart, an upgrade or a crash keeps the
+	// values in L1 (daemon/restart.go).
+	StoreKeepL1 string `toml:"store_keep_l1"`
+	// StoreL1JournalRecords is how many L1 values the journal can record
+	// (0: one per 16 KiB of the L1 capacity, at least 4096); values past
+	// it are served as ever but not kept across a restart. A record takes
+	// 320 bytes of DRAM.
+	StoreL1JournalRecords int `toml:"store_l1_journal_records"`
 }
 
 func storeDefaults() StoreConfig {
@@ -70,6 +81,7 @@ func storeDefaults() StoreConfig {
 		StoreWritebackRetries: 3,
 		StoreMode:             grant.BudgetedHybrid.String(),
 		StoreShards:           1024,
+		StoreKeepL1:           "auto",
 	}
 }
 
@@ -77,7 +89,23 @@ func storeDefaults() StoreConfig {
 const (
 	minStoreL2Size = 64 << 20
 	maxStoreKeys   = 1<<16 - 1 // a queue entry's key count is a u16
+	// maxL1JournalRecords bounds store_l1_journal_records (320 GiB of
+	// records).
+	maxL1JournalRecords = 1 << 30
 )
+
+// L1JournalRecords is the number of records of a tenant's L1 journal over a
+// pool of poolSize bytes.
+func (c *Config) L1JournalRecords(poolSize Size) int {
+	if n := c.StoreL1JournalRecords; n != 0 {
+		return n
+	}
+	l1 := c.StoreL1Capacity
+	if l1 == 0 || l1 > poolSize {
+		l1 = poolSize / 4 * 3
+	}
+	return int(min(max(uint64(l1)/(16<<10), 4096), maxL1JournalRecords))
+}
 
 // StoreL2 is the L2's path, "" for none.
 func (c *Config) StoreL2() string {
@@ -133,6 +161,12 @@ func (c *Config) validateStore() error {
 	if s.StoreShards < 1 || s.StoreShards > 1<<16 {
 		return badValue("store_shards", strconv.Itoa(s.StoreShards), "must be between 1 and 65536")
 	}
+	if s.StoreKeepL1 != "auto" && s.StoreKeepL1 != "off" {
+		return badValue("store_keep_l1", s.StoreKeepL1, "must be auto or off")
+	}
+	if s.StoreL1JournalRecords < 0 || s.StoreL1JournalRecords > maxL1JournalRecords {
+		return badValue("store_l1_journal_records", strconv.Itoa(s.StoreL1JournalRecords), fmt.Sprintf("must be 0 (one per 16KiB of store_l1_capacity) or between 1 and %d", maxL1JournalRecords))
+	}
 	if s.StoreWritebackRetries < 0 || s.StoreWritebackRetries > 1000 {
 		return badValue("store_writeback_retries", strconv.Itoa(s.StoreWritebackRetries), "must be between 0 and 1000")
 	}
@@ -186,5 +220,7 @@ func storeSettings() []setting {
 		{"store_writeback_retries", "TENSORCAST_STORE_WRITEBACK_RETRIES", "retries of a failed writeback before it is a tombstone", num(func(c *Config) *int { return &c.StoreWritebackRetries })},
 		{"store_mode", "TENSORCAST_STORE_MODE", "admission budgets for remote work: local-first, budgeted-hybrid or global-governed", str(func(c *Config) *string { return &c.StoreMode })},
 		{"store_shards", "TENSORCAST_STORE_SHARDS", "shards of the store across hosts (the same on every daemon)", num(func(c *Config) *int { return &c.StoreShards })},
+		{"store_keep_l1", "TENSORCAST_STORE_KEEP_L1", "keep L1 values across restarts through systemd's fd store: auto or off", str(func(c *Config) *string { return &c.StoreKeepL1 })},
+		{"store_l1_journal_records", "TENSORCAST_STORE_L1_JOURNAL_RECORDS", "L1 values kept across a restart at most (0: one per 16KiB of store_l1_capacity)", num(func(c *Config) *int { return &c.StoreL1JournalRecords })},
 	}
 }

@@ -1,0 +1,554 @@
+//go:build linux
+
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
+)
+
+// fdStoreSystemd plays systemd for a service with a socket unit and a file
+// descriptor store: it owns the control socket, receives FDSTORE=1 (with
+// FDNAME=, SCM_RIGHTS) and FDSTOREREMOVE=1 on the notify socket, and starts
+// each daemon with the control socket and every stored descriptor from fd
+// 3 on, LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID (the daemon's own) and
+// FDSTORE (FileDescriptorStoreMax=). As systemd does, it stores a
+// descriptor of a file it holds already only once.
+type fdStoreSystemd struct {
+	t      *testing.T
+	bin    string
+	args   []string
+	sock   string
+	ctl    *os.File // the control socket (tensorcastd.socket)
+	notify *net.UnixConn
+	msgs   chan string
+
+	mu     sync.Mutex
+	names  []string
+	fds    []*os.File
+	stored int // FDSTORE=1 messages taken
+	errs   []string
+}
+
+func newFDStoreSystemd(t *testing.T, bin string, args ...string) *fdStoreSystemd {
+	dir := t.TempDir()
+	s := &fdStoreSystemd{t: t, bin: bin, args: args, sock: filepath.Join(dir, "tensorcastd.sock"), msgs: make(chan string, 64)}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: s.sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	if s.ctl, err = ln.File(); err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	np := filepath.Join(dir, "notify.sock")
+	if s.notify, err = net.ListenUnixgram("unixgram", &net.UnixAddr{Name: np, Net: "unixgram"}); err != nil {
+		t.Fatal(err)
+	}
+	go s.receive()
+	t.Cleanup(func() {
+		s.notify.Close()
+		s.ctl.Close()
+		s.mu.Lock()
+		for _, f := range s.fds {
+			f.Close()
+		}
+		s.mu.Unlock()
+	})
+	return s
+}
+
+// receive takes notify messages until the socket is closed.
+func (s *fdStoreSystemd) receive() {
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(16*4))
+	for {
+		n, oobn, _, _, err := s.notify.ReadMsgUnix(buf, oob)
+		if err != nil {
+			close(s.msgs)
+			return
+		}
+		var fds []int
+		if cms, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for _, cm := range cms {
+				if r, err := unix.ParseUnixRights(&cm); err == nil {
+					fds = append(fds, r...)
+				}
+			}
+		}
+		msg := string(buf[:n])
+		fields := map[string]string{}
+		for _, line := range strings.Split(msg, "\n") {
+			if k, v, ok := strings.Cut(line, "="); ok {
+				fields[k] = v
+			}
+		}
+		s.mu.Lock()
+		switch {
+		case fields["FDSTORE"] == "1":
+			s.stored++
+			for _, fd := range fds {
+				s.keep(fields["FDNAME"], fd)
+			}
+			fds = nil
+		case fields["FDSTOREREMOVE"] == "1":
+			for i := 0; i < len(s.names); i++ {
+				if s.names[i] == fields["FDNAME"] {
+					s.fds[i].Close()
+					s.names = append(s.names[:i], s.names[i+1:]...)
+					s.fds = append(s.fds[:i], s.fds[i+1:]...)
+					i--
+				}
+			}
+		}
+		s.mu.Unlock()
+		for _, fd := range fds {
+			unix.Close(fd) // descriptors with a message that stores none
+		}
+		select {
+		case s.msgs <- msg:
+		default:
+		}
+	}
+}
+
+// keep stores fd under name unless a stored descriptor is the same file.
+// s.mu is held.
+func (s *fdStoreSystemd) keep(name string, fd int) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		s.errs = append(s.errs, err.Error())
+		unix.Close(fd)
+		return
+	}
+	for _, f := range s.fds {
+		var o unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &o) == nil && o.Dev == st.Dev && o.Ino == st.Ino {
+			unix.Close(fd)
+			return
+		}
+	}
+	s.names = append(s.names, name)
+	s.fds = append(s.fds, os.NewFile(uintptr(fd), name))
+}
+
+// storedNames are the names of the stored descriptors.
+func (s *fdStoreSystemd) storedNames() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.names...)
+}
+
+// daemonProc is one started daemon.
+type daemonProc struct {
+	cmd    *exec.Cmd
+	log    *lockedBuffer
+	exited chan error
+}
+
+// start starts the next daemon and waits for its READY=1.
+func (s *fdStoreSystemd) start() *daemonProc {
+	s.t.Helper()
+	// The store is held until the daemon has them: what it asks to drop
+	// (FDSTOREREMOVE) is closed only after.
+	s.mu.Lock()
+	files := append([]*os.File{s.ctl}, s.fds...)
+	names := append([]string{"control"}, s.names...)
+	cmd := exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, s.bin}, s.args...)...)
+	cmd.ExtraFiles = files
+	cmd.Env = append(os.Environ(), "LISTEN_FDS="+strconv.Itoa(len(files)), "LISTEN_FDNAMES="+strings.Join(names, ":"),
+		"NOTIFY_SOCKET="+s.notify.LocalAddr().String(), "FDSTORE=16")
+	p := &daemonProc{cmd: cmd, log: &lockedBuffer{}, exited: make(chan error, 1)}
+	cmd.Stderr = p.log
+	err := cmd.Start()
+	s.mu.Unlock()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	go func() { p.exited <- cmd.Wait() }()
+	s.t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			cmd.Process.Kill()
+			<-p.exited
+		}
+		if s.t.Failed() {
+			s.t.Logf("daemon %d log:\n%s", cmd.Process.Pid, lastLines(p.log.String(), 40))
+		}
+	})
+	for {
+		select {
+		case msg := <-s.msgs:
+			if strings.HasPrefix(msg, "READY=1") {
+				return p
+			}
+		case err := <-p.exited:
+			s.t.Fatalf("daemon exited before READY: %v\n%s", err, p.log.String())
+		case <-time.After(30 * time.Second):
+			s.t.Fatalf("no READY=1 from the daemon\n%s", p.log.String())
+		}
+	}
+}
+
+// stop ends p with sig and waits for it.
+func (p *daemonProc) stop(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+		if sig == syscall.SIGTERM && err != nil {
+			t.Fatalf("daemon exit after SIGTERM: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("daemon did not exit after %v", sig)
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// hitlessValue is the value of key: its length (1..4096) and bytes follow
+// from the key, so any value served can be checked against its key.
+func hitlessValue(key []byte) []byte {
+	h := uint32(2166136261)
+	for _, c := range key {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	v := make([]byte, 1+h%4096)
+	for i := range v {
+		v[i] = byte(h>>(8*(i%4))) ^ byte(i) ^ key[i%len(key)]
+	}
+	return v
+}
+
+// reservePut puts keys by zero-copy: reserve, write in the pool mapping,
+// commit. It returns the keys committed and their pool offsets.
+func reservePut(c *client.Client, keys [][]byte) (ok [][]byte, offs []uint64, err error) {
+	sizes := make([]uint64, len(keys))
+	for i, k := range keys {
+		sizes[i] = uint64(len(hitlessValue(k)))
+	}
+	offsets := make([]uint64, len(keys))
+	res := make([]error, len(keys))
+	if err := c.StoreReserve(keys, sizes, offsets, res); err != nil && !errors.Is(err, client.ErrFailedPrecondition) {
+		return nil, nil, err
+	}
+	var got [][]byte
+	var gotOff []uint64
+	for i, k := range keys {
+		if res[i] == nil {
+			copy(c.PoolBytes()[offsets[i]:], hitlessValue(k))
+			got, gotOff = append(got, k), append(gotOff, offsets[i])
+		}
+	}
+	if len(got) == 0 {
+		return nil, nil, fmt.Errorf("no key reserved: %v", res[0])
+	}
+	cres := make([]error, len(got))
+	if err := c.StoreCommit(got, false, cres); err != nil && !errors.Is(err, client.ErrFailedPrecondition) {
+		return nil, nil, err
+	}
+	for i, k := range got {
+		if cres[i] == nil {
+			ok, offs = append(ok, k), append(offs, gotOff[i])
+		}
+	}
+	return ok, offs, nil
+}
+
+// dialReader connects a client with a buffer for readAll.
+func dialReader(t *testing.T, sock string) (*client.Client, *client.Buffer) {
+	t.Helper()
+	c, err := client.Dial(sock, client.Options{Name: "check"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := c.RegisterBuffer(128 * 4096)
+	if err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	return c, buf
+}
+
+// readAll reads keys through c into a buffer of its own and returns, per
+// key, the value (nil when not found); any other failure fails t.
+func readAll(t *testing.T, c *client.Client, buf *client.Buffer, keys [][]byte) [][]byte {
+	t.Helper()
+	out := make([][]byte, len(keys))
+	for i := 0; i < len(keys); i += 128 {
+		batch := keys[i:min(i+128, len(keys))]
+		dests := make([]client.Extent, len(batch))
+		for j := range dests {
+			dests[j] = client.Extent{Segment: buf.ID, Offset: uint64(j) * 4096, Length: 4096}
+		}
+		lens := make([]uint64, len(batch))
+		res := make([]error, len(batch))
+		if err := c.StoreRead(batch, dests, lens, res); err != nil && !errors.Is(err, client.ErrNotFound) {
+			t.Fatalf("StoreRead: %v", err)
+		}
+		for j := range batch {
+			switch {
+			case res[j] == nil:
+				out[i+j] = bytes.Clone(buf.Mem[uint64(j)*4096 : uint64(j)*4096+lens[j]])
+			case !errors.Is(res[j], client.ErrNotFound):
+				t.Fatalf("StoreRead %q: %v", batch[j], res[j])
+			}
+		}
+	}
+	return out
+}
+
+// TestHitlessRestart restarts the daemon under an emulation of systemd's
+// protocol (socket unit, notify socket, file descriptor store), SIGTERM and
+// SIGKILL in turn, with a client putting keys all along: every key
+// committed before a restart is served byte-exact after it, nothing
+// reserved and not committed (being written) is served, any value served
+// is its key's own, and a client that mapped the pool before the first
+// restart still sees the values in its mapping where they were.
+func TestHitlessRestart(t *testing.T) {
+	bin := buildDaemon(t)
+	dir := t.TempDir()
+	sd := newFDStoreSystemd(t, bin, "--socket", filepath.Join(dir, "configured.sock"), "--data-dir", filepath.Join(dir, "data"),
+		"--pool-size", "256MiB", "--hugepages", "off", "--metrics-address", "127.0.0.1:0", "--ebpf", "off", "--drain-timeout", "2s",
+		"--store-l2-path", "off", "--store-l1-journal-records", "65536")
+	d := sd.start()
+	if names := sd.storedNames(); len(names) != 2 || names[0] != "pool-default" || names[1] != "l1journal-default" {
+		t.Fatalf("stored descriptors %v, want the pool and the L1 journal", names)
+	}
+
+	// 10,000 keys committed by a client whose mapping outlives the daemon.
+	old, err := client.Dial(sd.sock, client.Options{Name: "old-mapping", Reconnect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	oldPool := old.PoolBytes()
+	committed := map[string]uint64{} // key → where old wrote it
+	var keys [][]byte
+	for i := 0; i < 10000; i += 250 {
+		batch := make([][]byte, 250)
+		for j := range batch {
+			batch[j] = []byte(fmt.Sprintf("committed/%05d", i+j))
+		}
+		ok, offs, err := reservePut(old, batch)
+		if err != nil || len(ok) != len(batch) {
+			t.Fatalf("put of %d keys: %d committed, %v", len(batch), len(ok), err)
+		}
+		for j, k := range ok {
+			committed[string(k)] = offs[j]
+		}
+		keys = append(keys, ok...)
+	}
+
+	// Values being written when the daemon goes: reserved, written, never
+	// committed.
+	half, err := client.Dial(sd.sock, client.Options{Name: "half-written"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer half.Close()
+	var halfKeys [][]byte
+	for i := 0; i < 50; i++ {
+		halfKeys = append(halfKeys, []byte(fmt.Sprintf("half/%02d", i)))
+	}
+	hsizes, hoffs, hres := make([]uint64, 50), make([]uint64, 50), make([]error, 50)
+	for i, k := range halfKeys {
+		hsizes[i] = uint64(len(hitlessValue(k)))
+	}
+	if err := half.StoreReserve(halfKeys, hsizes, hoffs, hres); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range halfKeys {
+		copy(half.PoolBytes()[hoffs[i]:], hitlessValue(k)[:hsizes[i]/2])
+	}
+
+	// The load: a client putting keys through every restart, redialing
+	// when its connection breaks.
+	var (
+		loadMu   sync.Mutex
+		loadAck  = map[string]bool{}
+		loadSent [][]byte
+	)
+	stop := make(chan struct{})
+	loadDone := make(chan struct{})
+	go func() {
+		defer close(loadDone)
+		var c *client.Client
+		defer func() {
+			if c != nil {
+				c.Close()
+			}
+		}()
+		// A batch every 5 ms: load through every restart without filling
+		// L1 (which would evict).
+		pace := time.NewTicker(5 * time.Millisecond)
+		defer pace.Stop()
+		for n := 0; ; n += 8 {
+			select {
+			case <-stop:
+				return
+			case <-pace.C:
+			}
+			if c == nil {
+				var err error
+				if c, err = client.Dial(sd.sock, client.Options{Name: "load", DialTimeout: time.Second}); err != nil {
+					c = nil
+					continue
+				}
+			}
+			batch := make([][]byte, 8)
+			for j := range batch {
+				batch[j] = []byte(fmt.Sprintf("load/%07d", n+j))
+			}
+			loadMu.Lock()
+			loadSent = append(loadSent, batch...)
+			loadMu.Unlock()
+			ok, _, err := reservePut(c, batch)
+			loadMu.Lock()
+			for _, k := range ok {
+				loadAck[string(k)] = true
+			}
+			loadMu.Unlock()
+			if err != nil {
+				c.Close()
+				c = nil
+			}
+		}
+	}()
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		<-loadDone
+	}()
+
+	acked := 0
+	for round, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL, syscall.SIGTERM, syscall.SIGKILL} {
+		// The load runs on this daemon before the signal, and goes on
+		// through it.
+		target := acked + 64
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			loadMu.Lock()
+			defer loadMu.Unlock()
+			return len(loadAck) >= target
+		}, "round %d: the load client makes no progress", round)
+		loadMu.Lock()
+		before := len(loadAck)
+		loadMu.Unlock()
+		d.stop(t, sig)
+		loadMu.Lock()
+		ackedKeys := make([][]byte, 0, len(loadAck))
+		for k := range loadAck {
+			ackedKeys = append(ackedKeys, []byte(k))
+		}
+		loadMu.Unlock()
+		acked = len(ackedKeys)
+		d = sd.start()
+		if !strings.Contains(d.log.String(), "adopted from the previous daemon") {
+			t.Fatalf("round %d (%v): the pool was not adopted", round, sig)
+		}
+
+		// The old client reconnects by itself on the call after the one
+		// that finds its connection broken, keeping its mapping, and puts
+		// through it again.
+		if err := old.Ping(nil); err == nil {
+			t.Fatalf("round %d: a ping over the connection to the daemon that went succeeded", round)
+		}
+		if err := old.Ping(nil); err != nil {
+			t.Fatalf("round %d (%v): the client did not reconnect: %v", round, sig, err)
+		}
+		if &old.PoolBytes()[0] != &oldPool[0] {
+			t.Fatalf("round %d: the client mapped the pool again", round)
+		}
+		again := []byte(fmt.Sprintf("reconnected/%d", round))
+		if ok, offs, err := reservePut(old, [][]byte{again}); err != nil || len(ok) != 1 {
+			t.Fatalf("round %d: put after reconnecting: %v", round, err)
+		} else {
+			committed[string(again)] = offs[0]
+			keys = append(keys, again)
+		}
+
+		c, buf := dialReader(t, sd.sock)
+		for i, v := range readAll(t, c, buf, keys) {
+			want := hitlessValue(keys[i])
+			if !bytes.Equal(v, want) {
+				t.Fatalf("round %d (%v): %q read back as %d bytes, want its %d committed bytes", round, sig, keys[i], len(v), len(want))
+			}
+			if off := committed[string(keys[i])]; !bytes.Equal(oldPool[off:off+uint64(len(want))], want) {
+				t.Fatalf("round %d (%v): the mapping made before the first restart lost %q", round, sig, keys[i])
+			}
+		}
+		for i, v := range readAll(t, c, buf, halfKeys) {
+			if v != nil {
+				t.Fatalf("round %d (%v): %q was never committed and is served (%d bytes)", round, sig, halfKeys[i], len(v))
+			}
+		}
+		for i, v := range readAll(t, c, buf, ackedKeys) {
+			if !bytes.Equal(v, hitlessValue(ackedKeys[i])) {
+				t.Fatalf("round %d (%v): load key %q committed before the restart read back as %d bytes", round, sig, ackedKeys[i], len(v))
+			}
+		}
+		loadMu.Lock()
+		sent := append([][]byte(nil), loadSent...)
+		loadMu.Unlock()
+		for i, v := range readAll(t, c, buf, sent) {
+			if v != nil && !bytes.Equal(v, hitlessValue(sent[i])) {
+				t.Fatalf("round %d (%v): load key %q served with bytes that are not its value", round, sig, sent[i])
+			}
+		}
+		// New blocks are in the same memory the old mapping has.
+		ok, offs, err := reservePut(c, [][]byte{[]byte(fmt.Sprintf("after/%d", round))})
+		if err != nil || len(ok) != 1 {
+			t.Fatalf("put after the restart: %v", err)
+		}
+		if v := hitlessValue(ok[0]); !bytes.Equal(oldPool[offs[0]:offs[0]+uint64(len(v))], v) {
+			t.Fatalf("round %d: a value put after the restart is not in the old mapping: another pool", round)
+		}
+		c.Close()
+		t.Logf("round %d (%v): %d committed + %d load keys (of %d acked before the signal) read back; %s", round, sig,
+			len(keys), acked, before, grepLines(d.log.String(), "kept across the restart"))
+	}
+	close(stop)
+	<-loadDone
+	d.stop(t, syscall.SIGTERM)
+
+	// A daemon that does not keep L1 starts as without systemd's store,
+	// and has systemd drop what it kept (the memory would stay held).
+	sd.args = append(sd.args, "--store-keep-l1", "off")
+	d = sd.start()
+	if names := sd.storedNames(); len(names) != 0 {
+		t.Fatalf("with store_keep_l1 = off, systemd still keeps %v", names)
+	}
+	c, buf := dialReader(t, sd.sock)
+	if v := readAll(t, c, buf, keys[:1]); v[0] != nil {
+		t.Fatalf("store_keep_l1 = off served %q from the previous daemon", keys[0])
+	}
+	c.Close()
+	d.stop(t, syscall.SIGTERM)
+}
