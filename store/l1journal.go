@@ -159,10 +159,20 @@ func (s *Store) journalPublished(r ref, off, size uint64) {
 	if s.jr == nil {
 		return
 	}
-	crc := crc32c(s.poolMem[off : off+size])
 	sh := &s.shards[r.sh]
+	held := func(e *entry) bool { return e.gen == r.gen && e.state == stReady && e.flags&fL1 != 0 && e.l1 == off }
 	sh.mu.Lock()
-	if e := sh.ent(r.idx); e.gen == r.gen && e.state == stReady && e.flags&fL1 != 0 && e.l1 == off {
+	if e := sh.ent(r.idx); held(e) && e.flags&(fCRC|fL2) != 0 {
+		// The store across hosts took the crc32c when it announced the
+		// value (remote.go): one checksum per commit, not two.
+		s.journal(sh, r.idx, e.crc)
+		sh.mu.Unlock()
+		return
+	}
+	sh.mu.Unlock()
+	crc := crc32c(s.poolMem[off : off+size])
+	sh.mu.Lock()
+	if e := sh.ent(r.idx); held(e) {
 		s.journal(sh, r.idx, crc)
 	}
 	sh.mu.Unlock()
