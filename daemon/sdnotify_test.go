@@ -33,6 +33,7 @@ func fakeSystemd(t *testing.T) (string, func() string) {
 func TestNotifierSendsStates(t *testing.T) {
 	p, next := fakeSystemd(t)
 	n := NewNotifier(env(map[string]string{"NOTIFY_SOCKET": p}))
+	t.Cleanup(func() { n.Close() })
 	for _, s := range []string{"READY=1", "WATCHDOG=1", "STOPPING=1"} {
 		if err := n.Notify(s); err != nil {
 			t.Fatal(err)
