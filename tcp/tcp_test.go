@@ -628,13 +628,17 @@ func TestUnsealedLocalRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	sealed := xfertest.NewSegment(1, 1<<20)
-	for _, op := range []xfer.Op{xfer.OpRead, xfer.OpWrite} {
-		tk := mkTask(col, op, sealed, 0, r, 0, 4096)
+	// Each op has its own ranges on both sides: the READ's bytes land on
+	// one connection's goroutine and the WRITE's are read on another's,
+	// an order the race detector cannot see.
+	for i, op := range []xfer.Op{xfer.OpRead, xfer.OpWrite} {
+		off := uint64(i) * 8192
+		tk := mkTask(col, op, sealed, off, r, off, 4096)
 		tk.Local = unsealedSegment{sealed}
 		if err := submitWait(t, a.Node, col, []*xfer.Task{tk}, 5*time.Second)[0].Err; !errors.Is(err, xfer.ErrUnsealed) {
 			t.Fatalf("%v with an unsealed local segment: %v, want ErrUnsealed", op, err)
 		}
-		if err := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, op, sealed, 0, r, 0, 4096)}, 5*time.Second)[0].Err; err != nil {
+		if err := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, op, sealed, off+4096, r, off+4096, 4096)}, 5*time.Second)[0].Err; err != nil {
 			t.Fatalf("%v with the same memory sealed: %v", op, err)
 		}
 	}
