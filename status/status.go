@@ -24,6 +24,35 @@ import (
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
+// CategoryOf is the category of the errors that map to code c, the inverse
+// of CodeOf: an error another daemon answered with c, wrapped in it, keeps
+// its code here (OK has none: nil).
+func CategoryOf(c wire.Code) error {
+	switch c {
+	case tcproto.CodeOK:
+		return nil
+	case tcproto.CodeINVALID_ARGUMENT:
+		return xfer.ErrInvalid
+	case tcproto.CodeNOT_FOUND:
+		return xfer.ErrNotFound
+	case tcproto.CodeALREADY_EXISTS:
+		return xfer.ErrAlreadyExists
+	case tcproto.CodeBUSY:
+		return xfer.ErrBusy
+	case tcproto.CodeRESOURCE_EXHAUSTED:
+		return xfer.ErrBackpressure
+	case tcproto.CodeFAILED_PRECONDITION:
+		return xfer.ErrPrecondition
+	case tcproto.CodePERMISSION_DENIED:
+		return xfer.ErrPermission
+	case tcproto.CodeDEADLINE_EXCEEDED:
+		return xfer.ErrTimeout
+	case tcproto.CodeUNAVAILABLE:
+		return xfer.ErrUnavailable
+	}
+	return xfer.ErrTransport // INTERNAL, or a code this daemon does not know
+}
+
 // CodeOf maps err to the code a client sees. A category decides: where an
 // error matches several, the first in the order below wins (a malformed
 // request is INVALID_ARGUMENT even if it also named something absent).

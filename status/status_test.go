@@ -146,3 +146,24 @@ func TestForState(t *testing.T) {
 		}
 	}
 }
+
+// TestCategoryOfInvertsCodeOf: an error of another daemon's code, wrapped
+// in the category CategoryOf gives, maps back to that code here, for
+// every code the protocol has; an unknown code is INTERNAL.
+func TestCategoryOfInvertsCodeOf(t *testing.T) {
+	if err := status.CategoryOf(tcproto.CodeOK); err != nil {
+		t.Fatalf("status.CategoryOf(OK) = %v, want nil", err)
+	}
+	for c := range tcproto.EnumNamesCode {
+		if c == tcproto.CodeOK {
+			continue
+		}
+		err := fmt.Errorf("%w: the peer answered %v", status.CategoryOf(c), c)
+		if got := status.CodeOf(err); got != c {
+			t.Errorf("status.CodeOf(status.CategoryOf(%v)) = %v", c, got)
+		}
+	}
+	if got := status.CodeOf(status.CategoryOf(tcproto.Code(250))); got != tcproto.CodeINTERNAL {
+		t.Errorf("an unknown code maps to %v, want INTERNAL", got)
+	}
+}

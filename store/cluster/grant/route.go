@@ -74,7 +74,7 @@ func (r PeerRouter) call(op byte, t Token, token []byte, ttl time.Duration) ([]b
 		return nil, fmt.Errorf("%w: handle %d: an empty answer from %q", xfer.ErrUnavailable, t.ID, t.Issuer)
 	}
 	if c := wire.Code(ans[0]); c != tcproto.CodeOK {
-		return nil, fmt.Errorf("%w: handle %d: its issuer %q answered %s", categoryOf(c), t.ID, t.Issuer, c)
+		return nil, fmt.Errorf("%w: handle %d: its issuer %q answered %s", status.CategoryOf(c), t.ID, t.Issuer, c)
 	}
 	return ans[1:], nil
 }
@@ -96,32 +96,6 @@ func (r PeerRouter) Renew(t Token, token []byte, ttl time.Duration) (Handle, err
 func (r PeerRouter) Release(t Token, token []byte) error {
 	_, err := r.call(opRelease, t, token, 0)
 	return err
-}
-
-// categoryOf is the category of errors that map to code c (the inverse of
-// package status for the codes an issuer answers).
-func categoryOf(c wire.Code) error {
-	switch c {
-	case tcproto.CodeINVALID_ARGUMENT:
-		return xfer.ErrInvalid
-	case tcproto.CodeNOT_FOUND:
-		return xfer.ErrNotFound
-	case tcproto.CodeALREADY_EXISTS:
-		return xfer.ErrAlreadyExists
-	case tcproto.CodeBUSY:
-		return xfer.ErrBusy
-	case tcproto.CodeRESOURCE_EXHAUSTED:
-		return xfer.ErrBackpressure
-	case tcproto.CodeFAILED_PRECONDITION:
-		return xfer.ErrPrecondition
-	case tcproto.CodePERMISSION_DENIED:
-		return xfer.ErrPermission
-	case tcproto.CodeDEADLINE_EXCEEDED:
-		return xfer.ErrTimeout
-	case tcproto.CodeUNAVAILABLE:
-		return xfer.ErrUnavailable
-	}
-	return xfer.ErrTransport // INTERNAL, or a code this daemon does not know
 }
 
 // ServeHandles is the issuer's side of the handle exchanges, to register

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/status"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -127,12 +128,12 @@ func TestServeHandlesRefusals(t *testing.T) {
 	}
 	tok, _ := openToken(other.Token, clusterKey)
 	ans, err := serve("b", 1, encodeRoute(opRelease, tok, other.Token, 0))
-	if err != nil || len(ans) != 1 || !errors.Is(categoryOf(codeOfByte(ans[0])), xfer.ErrPrecondition) {
+	if err != nil || len(ans) != 1 || !errors.Is(status.CategoryOf(codeOfByte(ans[0])), xfer.ErrPrecondition) {
 		t.Fatalf("another issuer's token: %v, %v; want FAILED_PRECONDITION", ans, err)
 	}
 	tok.Scope = "tenant-x"
 	ans, err = serve("b", 1, encodeRoute(opRelease, tok, other.Token, 0))
-	if err != nil || len(ans) != 1 || !errors.Is(categoryOf(codeOfByte(ans[0])), xfer.ErrPermission) {
+	if err != nil || len(ans) != 1 || !errors.Is(status.CategoryOf(codeOfByte(ans[0])), xfer.ErrPermission) {
 		t.Fatalf("a scope without a store: %v, %v; want PERMISSION_DENIED", ans, err)
 	}
 	for _, bad := range [][]byte{nil, {1}, {2, 1, 0, 0, 0, 0, 0}, {1, 3, 0, 0, 0, 0, 0}, {1, 1, 0, 0, 0, 0, 9, 'x'}} {

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# bench-cpu.sh - throughput and CPU time per I/O of uring jobs through the
+# daemon, for the build at REV (before) and the working tree's (after),
+# beside fio doing the same I/O, in one run. Each round runs before, after
+# and fio one after the other (so drift lands on all three); each figure is
+# the median of REPEAT rounds.
+#
+# CPU is user + system time of everything a run started (/usr/bin/time over
+# `tcbench --spawn`, which reaps its private daemon, so the daemon's CPU is
+# counted with the client's; over fio, fio's), divided by the I/Os the run
+# reports. Both sides include their ramp time in the CPU and not in the
+# I/Os, so both are overstated alike.
+#
+# usage: scripts/bench-cpu.sh REV uring-jobfile.fio...
+# env:   REPEAT (3), BIN (bin: the "after" build, made by make build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rev=${1:?usage: scripts/bench-cpu.sh REV uring-jobfile.fio...}
+shift
+[ $# -gt 0 ] || { echo "bench-cpu: no job files" >&2; exit 2; }
+REPEAT=${REPEAT:-3}
+BIN=${BIN:-bin}
+for b in tcbench tensorcastd; do
+  [ -x "$BIN/$b" ] || { echo "bench-cpu: $BIN/$b not built (make build)" >&2; exit 1; }
+done
+command -v fio >/dev/null || { echo "bench-cpu: no fio (make deps)" >&2; exit 1; }
+
+w=$(mktemp -d)
+trap 'git worktree remove --force "$w/src" >/dev/null 2>&1 || true; rm -rf "$w"' EXIT
+git worktree add --detach -q "$w/src" "$rev"
+short=$(git rev-parse --short "$rev")
+echo "bench-cpu: building tcbench and tensorcastd at $short" >&2
+(cd "$w/src" && go build -o "$w/before/" ./cmd/tcbench ./cmd/tensorcastd)
+
+# fio_args JOBFILE: the fio command line of a uring job file (the same
+# options tcbench --baseline gives fio).
+fio_args() {
+  awk -F= '/^[a-z_]+=/ { o[$1] = $2 } /^[a-z_]+$/ { o[$1] = 1 }
+    END {
+      printf "--name=ref --ioengine=io_uring --filename=%s --rw=%s --bs=%s --size=%s --iodepth=%s", o["filename"], o["rw"], o["bs"], o["size"], o["iodepth"]
+      if (o["direct"] == 1) printf " --direct=1"
+      if (o["batch"] != "") printf " --iodepth_batch_submit=%s --iodepth_batch_complete_min=%s", o["batch"], o["batch"]
+      if (o["numjobs"] != "") printf " --numjobs=%s --group_reporting", o["numjobs"]
+      if (o["runtime"] != "") printf " --runtime=%s", o["runtime"]
+      if (o["time_based"] != "") printf " --time_based"
+      if (o["ramp_time"] != "") printf " --ramp_time=%s", o["ramp_time"]
+    }' "$1"
+}
+
+for job in "$@"; do
+  name=$(basename "$job" .fio)
+  args=$(fio_args "$job")
+  for r in $(seq "$REPEAT"); do
+    for side in before after fio; do
+      out="$w/$name-$side-$r"
+      echo "bench-cpu: $name round $r: $side" >&2
+      case $side in
+        before) /usr/bin/time -f "%U %S" -o "$out.cpu" "$w/before/tcbench" --spawn --daemon-bin "$w/before/tensorcastd" \
+                  --output-format=json --output "$out.json" "$job" 2>"$out.err" ;;
+        after)  /usr/bin/time -f "%U %S" -o "$out.cpu" "$BIN/tcbench" --spawn --daemon-bin "$BIN/tensorcastd" \
+                  --output-format=json --output "$out.json" "$job" 2>"$out.err" ;;
+        fio)    # shellcheck disable=SC2086
+                /usr/bin/time -f "%U %S" -o "$out.cpu" fio --output-format=json --output "$out.json" $args 2>"$out.err" ;;
+      esac || echo "bench-cpu: $name $side round $r failed: $(tail -1 "$out.err")" >&2
+    done
+  done
+done
+
+python3 - "$w" "$short" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +)" "$REPEAT" "$@" <<'EOF'
+import json, os, statistics, sys
+w, before, after, repeat, jobs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+def one(path):
+    try:
+        with open(path + ".json") as f:
+            text = f.read()
+        d = json.loads(text[text.index("{"):])
+        ios = sum(j[k]["total_ios"] for j in d["jobs"] for k in ("read", "write"))
+        rt = max(max(j["read"]["runtime"], j["write"]["runtime"]) for j in d["jobs"])
+        with open(path + ".cpu") as f:
+            u, s = map(float, f.read().split()[-2:])
+        return ios / (rt / 1000.0), (u + s) / ios * 1e6
+    except (OSError, ValueError, KeyError, ZeroDivisionError):
+        return None
+print(f"| job | before ({before}) IOPS | ratio to fio | µs CPU/IO | after ({after}) IOPS | ratio to fio | µs CPU/IO | fio IOPS | fio µs CPU/IO |")
+print("|---|---|---|---|---|---|---|---|---|")
+for job in jobs:
+    name = os.path.basename(job)[:-4]
+    med = {}
+    for side in ("before", "after", "fio"):
+        rs = [x for x in (one(os.path.join(w, f"{name}-{side}-{r}")) for r in range(1, repeat + 1)) if x]
+        med[side] = (statistics.median(x[0] for x in rs), statistics.median(x[1] for x in rs)) if rs else None
+    f = med["fio"]
+    def cell(m):
+        if not m:
+            return "–", "–", "–"
+        return f"{m[0]/1e3:.1f}k", f"{m[0]/f[0]:.2f}" if f else "–", f"{m[1]:.1f}"
+    b, a = cell(med["before"]), cell(med["after"])
+    fc = (f"{f[0]/1e3:.1f}k", f"{f[1]:.1f}") if f else ("–", "–")
+    print(f"| {name} | {b[0]} | {b[1]} | {b[2]} | {a[0]} | {a[1]} | {a[2]} | {fc[0]} | {fc[1]} |")
+EOF
+echo
+echo "Medians of $REPEAT rounds (before, after, fio in turn); CPU is user+system of the whole run per I/O."
