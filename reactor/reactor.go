@@ -57,6 +57,10 @@ type Queue interface {
 type Host interface {
 	Rings() int
 	Host(i int, g uring.Guest) (wake func(), err error)
+	// Wakeable reports whether a hosted worker's sleep ends on its
+	// queues' doorbells; without it (io_uring before IORING_OP_FUTEX_WAIT)
+	// the workers run on their own threads.
+	Wakeable() bool
 }
 
 // Pool is the daemon's set of workers.
@@ -79,10 +83,20 @@ func New(cfg Config, host Host, log *slog.Logger) (*Pool, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := cfg.WorkersFor()
-	p := &Pool{log: log, hosted: host != nil && host.Rings() == n}
-	if host != nil && !p.hosted {
+	if host != nil && host.Rings() != n {
 		return nil, fmt.Errorf("%w: %d workers on a transport of %d rings", ErrConfig, n, host.Rings())
 	}
+	if host != nil && !host.Wakeable() {
+		// A hosted worker would sleep past its doorbells, looking at its
+		// queues once a millisecond: a queue at depth 1 would wait that
+		// long per request. On its own thread it sleeps in futex_waitv
+		// and hands file requests to the rings' pollers, as before
+		// reactors.
+		log.Warn("reactor: io_uring lacks IORING_OP_FUTEX_WAIT (Linux 6.7): workers run on their own threads and hand file requests to the rings",
+			"workers", n)
+		host = nil
+	}
+	p := &Pool{log: log, hosted: host != nil}
 	for i := 0; i < n; i++ {
 		w := newWorker(i)
 		p.workers = append(p.workers, w)

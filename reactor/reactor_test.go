@@ -261,7 +261,34 @@ func TestConfig(t *testing.T) {
 
 type fakeHost int
 
-func (h fakeHost) Rings() int { return int(h) }
+func (h fakeHost) Rings() int     { return int(h) }
+func (h fakeHost) Wakeable() bool { return true }
 func (h fakeHost) Host(int, uring.Guest) (func(), error) {
 	return nil, errors.New("not hosted")
+}
+
+// unwakeableHost is a transport on a kernel without IORING_OP_FUTEX_WAIT:
+// hosting a worker there is refused by the test.
+type unwakeableHost int
+
+func (h unwakeableHost) Rings() int     { return int(h) }
+func (h unwakeableHost) Wakeable() bool { return false }
+func (h unwakeableHost) Host(int, uring.Guest) (func(), error) {
+	return nil, errors.New("a worker hosted on a ring that cannot wake it")
+}
+
+// TestUnwakeableHostRunsOwnThreads: where a hosted worker would sleep past
+// its doorbells, the workers run on their own threads instead (a queue's
+// tasks carry no ring as Home), and the pool starts.
+func TestUnwakeableHostRunsOwnThreads(t *testing.T) {
+	p, err := New(Config{Workers: 2}, unwakeableHost(2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for w := 0; w < p.Workers(); w++ {
+		if h := p.Home(w); h != 0 {
+			t.Errorf("worker %d: Home %d, want 0 (its own thread)", w, h)
+		}
+	}
 }

@@ -96,6 +96,7 @@ type testHooks struct {
 	enter         func() syscall.Errno // non-zero: io_uring_enter is not made and fails so
 	failRegister  bool
 	noDrainCancel bool // Close does not cancel in-flight requests
+	noFutexWait   bool // the kernel is taken to lack IORING_OP_FUTEX_WAIT
 }
 
 func (c *Config) setDefaults() {

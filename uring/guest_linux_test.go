@@ -225,3 +225,25 @@ func TestGuestFutexWait(t *testing.T) {
 		t.Error("closing the transport did not stop its guest")
 	}
 }
+
+// TestGuestFutexWaitMissing: on a kernel without IORING_OP_FUTEX_WAIT the
+// guest's wait cannot be armed; the ring's sleep is bounded instead, and
+// the wait is reported fired when that sleep ends, so the guest asks again
+// at its next sleep rather than counting on a wake-up nothing waits for
+// (which left queue requests unanswered until their deadline).
+func TestGuestFutexWaitMissing(t *testing.T) {
+	tr := newTransport(t, Config{hooks: &testHooks{noFutexWait: true}})
+	if tr.futexWait {
+		t.Fatal("the hook did not take IORING_OP_FUTEX_WAIT away")
+	}
+	var word atomic.Uint32
+	g := &queueGuest{tr: tr, word: &word, started: true}
+	if _, err := tr.Host(0, g); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing changes the word and nothing wakes it: only the bounded
+	// sleep's end can report the wait.
+	testutil.Eventually(t, 10*time.Second, func() bool { return g.fired.Load() == 1 && !g.armed.Load() },
+		"the unarmed wait reported fired (fired %d)", testutil.Lazy(g.fired.Load))
+	tr.Close()
+}

@@ -119,6 +119,9 @@ type ring struct {
 	host      Guest // the guest served this pass (nil once stopped)
 	futexes   int   // futex waits armed in the kernel
 	pollSleep bool  // a guest's wait could not be armed: sleep briefly, then look
+	// unarmed are the tokens of the guest's waits this sleep could not
+	// arm, reported fired when it ends.
+	unarmed   []uint32
 	raw       *rawRing
 	work      []int32
 	cwork     []uint64
@@ -535,7 +538,14 @@ func (r *ring) loop() {
 		}
 		if guestSleeps {
 			r.host.Awake()
+			// A wait that could not be armed is over with this sleep:
+			// the guest must ask again next time, or it would count on
+			// a wake-up that nothing in the kernel waits for.
+			for _, tk := range r.unarmed {
+				r.host.Fired(tk)
+			}
 		}
+		r.unarmed = r.unarmed[:0]
 		switch errno {
 		case 0, unix.EINTR, unix.ETIME:
 		case unix.EAGAIN, unix.EBUSY:
@@ -584,11 +594,13 @@ const guestPoll = time.Millisecond
 // still sleeps, and a doorbell then waits for that bound at most.
 func (r *ring) FutexWait(w *atomic.Uint32, v uint32, token uint32) {
 	if !r.t.futexWait {
+		r.unarmed = append(r.unarmed, token)
 		r.pollSleep = true
 		return
 	}
 	e := r.raw.getSQE()
 	if e == nil {
+		r.unarmed = append(r.unarmed, token)
 		r.pollSleep = true
 		return
 	}

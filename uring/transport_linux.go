@@ -106,7 +106,7 @@ func New(cfg Config, log *slog.Logger) (*Transport, error) {
 			return nil, fmt.Errorf("%w: io_uring opcode %d missing", ErrNotSupported, op)
 		}
 	}
-	t := &Transport{cfg: cfg, log: log, files: make(map[*File]struct{}), futexWait: p.ops[opFutexWait]}
+	t := &Transport{cfg: cfg, log: log, files: make(map[*File]struct{}), futexWait: p.ops[opFutexWait] && (cfg.hooks == nil || !cfg.hooks.noFutexWait)}
 	if err := t.resolveAllowlist(); err != nil {
 		return nil, err
 	}
@@ -301,6 +301,12 @@ func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 // Rings is how many rings the transport has: the guests it can host.
 func (t *Transport) Rings() int { return len(t.rings) }
 
+// Wakeable reports whether a hosted guest's sleep can end on its
+// doorbells (the kernel has IORING_OP_FUTEX_WAIT, Linux 6.7). Without it a
+// hosted guest would look at its queues only every millisecond: reactors
+// then run on their own threads instead (package reactor).
+func (t *Transport) Wakeable() bool { return t.futexWait }
+
 // Host makes ring i's poller serve g beside the ring (see Guest) until
 // the transport closes, and returns the function that wakes that poller
 // when it sleeps; any goroutine may call it, and the guest calls it when
@@ -326,10 +332,6 @@ func (t *Transport) Host(i int, g Guest) (wake func(), err error) {
 	r.mu.Unlock()
 	if w {
 		r.wake()
-	}
-	if !t.futexWait {
-		t.log.Warn("uring: IORING_OP_FUTEX_WAIT missing: a sleeping ring looks at its guest's queues every millisecond instead of waking on their doorbells",
-			"ring", i)
 	}
 	return r.kick, nil
 }

@@ -56,5 +56,8 @@ func (f *File) Close() error                       { return nil }
 // Rings is 0: there is no ring to host a guest.
 func (t *Transport) Rings() int { return 0 }
 
+// Wakeable reports false: there is no ring to host a guest.
+func (t *Transport) Wakeable() bool { return false }
+
 // Host fails: io_uring is Linux only.
 func (t *Transport) Host(i int, g Guest) (func(), error) { return nil, ErrNotSupported }
