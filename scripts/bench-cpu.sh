@@ -7,9 +7,11 @@
 #
 # CPU is user + system time of everything a run started (/usr/bin/time over
 # `tcbench --spawn`, which reaps its private daemon, so the daemon's CPU is
-# counted with the client's; over fio, fio's), divided by the I/Os the run
-# reports. Both sides include their ramp time in the CPU and not in the
-# I/Os, so both are overstated alike.
+# counted with the client's; over fio, fio's). A run's start-up (a daemon,
+# its pool, the ramp) is not work per I/O, so each round also runs every
+# side for 2 s without ramp, and the CPU per I/O is the marginal one:
+# (CPU of the long run - CPU of the short) / (I/Os of the long - of the
+# short). The whole-run figure is printed beside it.
 #
 # usage: scripts/bench-cpu.sh REV uring-jobfile.fio...
 # env:   REPEAT (3), BIN (bin: the "after" build, made by make build)
@@ -48,21 +50,29 @@ fio_args() {
     }' "$1"
 }
 
+# one NAME SIDE ROUND RUN JOBFILE: one run, its JSON and its CPU in $w.
+one() {
+  local name=$1 side=$2 r=$3 run=$4 jf=$5 out args
+  out="$w/$name-$side-$r-$run"
+  args=$(fio_args "$jf")
+  echo "bench-cpu: $name round $r ($run): $side" >&2
+  case $side in
+    before) /usr/bin/time -f "%U %S" -o "$out.cpu" "$w/before/tcbench" --spawn --daemon-bin "$w/before/tensorcastd" \
+              --output-format=json --output "$out.json" "$jf" 2>"$out.err" ;;
+    after)  /usr/bin/time -f "%U %S" -o "$out.cpu" "$BIN/tcbench" --spawn --daemon-bin "$BIN/tensorcastd" \
+              --output-format=json --output "$out.json" "$jf" 2>"$out.err" ;;
+    fio)    # shellcheck disable=SC2086
+            /usr/bin/time -f "%U %S" -o "$out.cpu" fio --output-format=json --output "$out.json" $args 2>"$out.err" ;;
+  esac || echo "bench-cpu: $name $side round $r ($run) failed: $(tail -1 "$out.err")" >&2
+}
+
 for job in "$@"; do
   name=$(basename "$job" .fio)
-  args=$(fio_args "$job")
+  sed -e 's/^runtime=.*/runtime=2s/' -e 's/^ramp_time=.*/ramp_time=0s/' "$job" > "$w/$name-short.fio"
   for r in $(seq "$REPEAT"); do
     for side in before after fio; do
-      out="$w/$name-$side-$r"
-      echo "bench-cpu: $name round $r: $side" >&2
-      case $side in
-        before) /usr/bin/time -f "%U %S" -o "$out.cpu" "$w/before/tcbench" --spawn --daemon-bin "$w/before/tensorcastd" \
-                  --output-format=json --output "$out.json" "$job" 2>"$out.err" ;;
-        after)  /usr/bin/time -f "%U %S" -o "$out.cpu" "$BIN/tcbench" --spawn --daemon-bin "$BIN/tensorcastd" \
-                  --output-format=json --output "$out.json" "$job" 2>"$out.err" ;;
-        fio)    # shellcheck disable=SC2086
-                /usr/bin/time -f "%U %S" -o "$out.cpu" fio --output-format=json --output "$out.json" $args 2>"$out.err" ;;
-      esac || echo "bench-cpu: $name $side round $r failed: $(tail -1 "$out.err")" >&2
+      one "$name" "$side" "$r" long "$job"
+      one "$name" "$side" "$r" short "$w/$name-short.fio"
     done
   done
 done
@@ -70,34 +80,40 @@ done
 python3 - "$w" "$short" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +)" "$REPEAT" "$@" <<'EOF'
 import json, os, statistics, sys
 w, before, after, repeat, jobs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+def run(path):
+    with open(path + ".json") as f:
+        text = f.read()
+    d = json.loads(text[text.index("{"):])
+    ios = sum(j[k]["total_ios"] for j in d["jobs"] for k in ("read", "write"))
+    rt = max(max(j["read"]["runtime"], j["write"]["runtime"]) for j in d["jobs"])
+    with open(path + ".cpu") as f:
+        u, s = map(float, f.read().split()[-2:])
+    return ios, rt / 1000.0, u + s
 def one(path):
+    """IOPS, marginal µs CPU per I/O, whole-run µs CPU per I/O of a round."""
     try:
-        with open(path + ".json") as f:
-            text = f.read()
-        d = json.loads(text[text.index("{"):])
-        ios = sum(j[k]["total_ios"] for j in d["jobs"] for k in ("read", "write"))
-        rt = max(max(j["read"]["runtime"], j["write"]["runtime"]) for j in d["jobs"])
-        with open(path + ".cpu") as f:
-            u, s = map(float, f.read().split()[-2:])
-        return ios / (rt / 1000.0), (u + s) / ios * 1e6
+        lios, lrt, lcpu = run(path + "-long")
+        sios, _, scpu = run(path + "-short")
+        return lios / lrt, (lcpu - scpu) / (lios - sios) * 1e6, lcpu / lios * 1e6
     except (OSError, ValueError, KeyError, ZeroDivisionError):
         return None
 print(f"| job | before ({before}) IOPS | ratio to fio | µs CPU/IO | after ({after}) IOPS | ratio to fio | µs CPU/IO | fio IOPS | fio µs CPU/IO |")
 print("|---|---|---|---|---|---|---|---|---|")
+# µs CPU/IO cells: marginal (whole run)
 for job in jobs:
     name = os.path.basename(job)[:-4]
     med = {}
     for side in ("before", "after", "fio"):
         rs = [x for x in (one(os.path.join(w, f"{name}-{side}-{r}")) for r in range(1, repeat + 1)) if x]
-        med[side] = (statistics.median(x[0] for x in rs), statistics.median(x[1] for x in rs)) if rs else None
+        med[side] = tuple(statistics.median(x[k] for x in rs) for k in range(3)) if rs else None
     f = med["fio"]
     def cell(m):
         if not m:
             return "–", "–", "–"
-        return f"{m[0]/1e3:.1f}k", f"{m[0]/f[0]:.2f}" if f else "–", f"{m[1]:.1f}"
+        return f"{m[0]/1e3:.1f}k", f"{m[0]/f[0]:.2f}" if f else "–", f"{m[1]:.1f} ({m[2]:.1f})"
     b, a = cell(med["before"]), cell(med["after"])
-    fc = (f"{f[0]/1e3:.1f}k", f"{f[1]:.1f}") if f else ("–", "–")
+    fc = (f"{f[0]/1e3:.1f}k", f"{f[1]:.1f} ({f[2]:.1f})") if f else ("–", "–")
     print(f"| {name} | {b[0]} | {b[1]} | {b[2]} | {a[0]} | {a[1]} | {a[2]} | {fc[0]} | {fc[1]} |")
 EOF
 echo
-echo "Medians of $REPEAT rounds (before, after, fio in turn); CPU is user+system of the whole run per I/O."
+echo "Medians of $REPEAT rounds (before, after, fio in turn). CPU: user+system per I/O, marginal over a 2 s run (whole run in brackets)."
