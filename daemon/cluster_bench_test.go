@@ -35,11 +35,15 @@ func BenchmarkStoreRemoteGet(b *testing.B) {
 	d2 := startPeerWith(b, "d2", key, "", cfg, d1.peer())
 	waitMembers(b, []*peerDaemon{d1, d2}, "d1", "d2")
 
+	// The testing package runs a sub-benchmark more than once (b.N = 1,
+	// then the count asked for): each run puts its own keys.
+	runs := 0
 	b.Run("cluster", func(b *testing.B) {
-		put := d1.dial(b, "putter")
+		runs++
+		put := d1.dial(b, fmt.Sprintf("putter-%d", runs))
 		keys := make([][]byte, n)
 		for i := range keys {
-			keys[i] = fmt.Appendf(nil, "bench/%03d", i)
+			keys[i] = fmt.Appendf(nil, "bench/%d/%03d", runs, i)
 			if err := put.PutBytes(keys[i], clusterValue(keys[i], size), false); err != nil {
 				b.Fatal(err)
 			}
@@ -50,7 +54,7 @@ func BenchmarkStoreRemoteGet(b *testing.B) {
 				return err == nil && len(hs) > 0
 			}, "%s announced", k)
 		}
-		c := d2.dial(b, "reader")
+		c := d2.dial(b, fmt.Sprintf("reader-%d", runs))
 		q, err := c.OpenQueue(16)
 		if err != nil {
 			b.Fatal(err)
