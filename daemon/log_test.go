@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -189,6 +190,10 @@ func TestNoLogPerRequestAtDefaultLevel(t *testing.T) {
 	if _, err := c.Stats(); err != nil {
 		t.Fatal(err)
 	}
+	// The daemon serves clients before it logs that it is ready: the
+	// start-up lines are all out once that one is.
+	testutil.Eventually(t, 10*time.Second, func() bool { return strings.Contains(logBuf.String(), "tensorcastd ready") },
+		"the daemon's ready line")
 	before := logBuf.String()
 	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: buf.ID, Target: pool.Segment, TargetOffset: offs[0], Length: 64 << 10}}
 	res := make([]error, 1)
