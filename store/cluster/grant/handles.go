@@ -176,17 +176,11 @@ func (h *Handles) Issue(keys [][]byte, ttl time.Duration) (Handle, error) {
 	id := h.next
 	hd := &handle{digest: KeysDigest(keys), nkeys: len(keys)}
 	h.live[id] = hd // reserved: no hold yet, no deadline
-	h.mu.Unlock()
 
-	hold, err := h.cfg.Pinner.Pin(keys, ttl)
-	h.mu.Lock()
-	if err != nil || h.closed {
+	hold, err := pinUnlocked(&h.mu, &h.closed, h.cfg.Pinner, keys, ttl)
+	if err != nil {
 		delete(h.live, id)
 		h.mu.Unlock()
-		if err == nil {
-			hold.Release() // closed while pinning
-			err = ErrClosed
-		}
 		return Handle{}, err
 	}
 	defer h.mu.Unlock()

@@ -156,17 +156,11 @@ func (l *Leases) Create(op string, keys [][]byte, ttl time.Duration) (Lease, err
 	l.next++
 	ls := &lease{op: op, id: l.next, digest: digest, nkeys: len(keys)}
 	l.byOp[op], l.byID[ls.id] = ls, ls // reserved: the op id is taken while we pin
-	l.mu.Unlock()
 
-	hold, err := l.cfg.Pinner.Pin(keys, ttl)
-	l.mu.Lock()
-	if err != nil || l.closed {
+	hold, err := pinUnlocked(&l.mu, &l.closed, l.cfg.Pinner, keys, ttl)
+	if err != nil {
 		l.remove(ls)
 		l.mu.Unlock()
-		if err == nil {
-			hold.Release() // closed while pinning
-			err = ErrClosed
-		}
 		return Lease{}, err
 	}
 	defer l.mu.Unlock()

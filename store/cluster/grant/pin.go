@@ -94,3 +94,18 @@ func releaseAll(holds []Hold) {
 		h.Release()
 	}
 }
+
+// pinUnlocked pins keys for ttl with mu released (a Pinner takes the
+// store's locks) and returns with mu held again. A table that closed
+// meanwhile (*closed) gets the pins back: the answer is then ErrClosed,
+// and the caller undoes its reservation as for any failed pin.
+func pinUnlocked(mu *sync.Mutex, closed *bool, p Pinner, keys [][]byte, ttl time.Duration) (Hold, error) {
+	mu.Unlock()
+	hold, err := p.Pin(keys, ttl)
+	mu.Lock()
+	if err == nil && *closed {
+		hold.Release()
+		return nil, ErrClosed
+	}
+	return hold, err
+}
