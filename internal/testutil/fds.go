@@ -46,14 +46,19 @@ func OpenFDs() (FDs, error) {
 }
 
 // Leaked lists, sorted, the descriptors open in now that were not open in
-// before or refer to something else, as "fd N -> target". It leaves out
+// before or refer to something else, as "fd N -> target", a socket
+// followed by what the kernel's tables say of it (DescribeSocket). It leaves out
 // /dev/null, which the testing package opens during m.Run, and the
 // directory that was being listed (gone by the time it is read).
 func (before FDs) Leaked(now FDs) []string {
 	var out []string
 	for fd, link := range now {
 		if before[fd] != link && link != os.DevNull && link != "" {
-			out = append(out, fmt.Sprintf("fd %s -> %s", fd, link))
+			line := fmt.Sprintf("fd %s -> %s", fd, link)
+			if d := DescribeSocket(link); d != "" {
+				line += " (" + d + ")"
+			}
+			out = append(out, line)
 		}
 	}
 	slices.Sort(out)

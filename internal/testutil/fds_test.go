@@ -3,6 +3,7 @@
 package testutil
 
 import (
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -54,4 +55,27 @@ func now(t *testing.T) FDs {
 		t.Fatal(err)
 	}
 	return fds
+}
+
+// TestLeakedSocketDescribed: a leaked tcp listener is reported with its
+// address and state, a unix socket pair with its kind.
+func TestLeakedSocketDescribed(t *testing.T) {
+	WarmFDs()
+	before := now(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pair[0])
+	defer unix.Close(pair[1])
+	leaked := strings.Join(before.Leaked(now(t)), "\n")
+	want := "(tcp " + ln.Addr().String() + " -> 0.0.0.0:0 LISTEN)"
+	if !strings.Contains(leaked, want) || strings.Count(leaked, "(unix type 0001") != 2 {
+		t.Fatalf("leak report:\n%s\nwants %q and two unix stream sockets", leaked, want)
+	}
 }
