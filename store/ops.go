@@ -550,6 +550,8 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 	}
 	var cl *call
 	published := false
+	rp, copies := ss.copies()
+	var later []int // keys published without durable, copied elsewhere in the background
 	for i, k := range keys {
 		setResult(codes, errs, i, OK, nil)
 		sh, r, found, err := s.lock(k)
@@ -579,6 +581,9 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 			s.journalPublished(r, off, size)
 			ss.unreserve(r)
 			published = true
+			if rp != nil {
+				later = append(later, i)
+			}
 			continue
 		}
 		if s.l2 == nil {
@@ -596,6 +601,7 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 		e.io++
 		it.kind, it.commit, it.r, it.l1, it.size = kPut, true, r, e.l1, e.size
 		it.ss = ss
+		it.rp, it.copies = rp, copies
 		sh.mu.Unlock()
 		if cl == nil {
 			cl = s.newCall(done, tag, codes, errs)
@@ -606,6 +612,7 @@ func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []erro
 	if published && s.l2 != nil {
 		s.kick()
 	}
+	ss.replicateLater(rp, copies, keys, later)
 	return s.dispatch(cl, kPut)
 }
 
@@ -680,6 +687,8 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 	ss.mu.Unlock() // a copying put holds nothing of the session's
 	var cl *call
 	published := false
+	rp, copies := ss.copies()
+	var later []int // keys published without durable, copied elsewhere in the background
 	for i, k := range keys {
 		setResult(codes, errs, i, OK, nil)
 		size := uint64(len(vals[i]))
@@ -707,6 +716,9 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 			sh.mu.Unlock()
 			s.journalPublished(r, off, size)
 			published = true
+			if rp != nil {
+				later = append(later, i)
+			}
 			continue
 		}
 		it := s.l2.getTask(false)
@@ -719,6 +731,7 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 		e.state = stPutting
 		e.io++
 		it.kind, it.commit, it.r, it.l1, it.size = kPut, false, r, e.l1, e.size
+		it.rp, it.copies = rp, copies
 		sh.mu.Unlock()
 		if cl == nil {
 			cl = s.newCall(done, tag, codes, errs)
@@ -728,6 +741,7 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 	if published && s.l2 != nil {
 		s.kick()
 	}
+	ss.replicateLater(rp, copies, keys, later)
 	return s.dispatch(cl, kPut)
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -84,6 +85,20 @@ type Config struct {
 	// fetched values land and are checked.
 	Pool []byte
 	Log  *slog.Logger
+
+	// Replicas is how many copies of each value put here the cluster
+	// keeps, this daemon's included (default 1: none elsewhere; at most
+	// store.MaxReplicas); a session may ask for others
+	// (store.Session.SetReplicas).
+	Replicas int
+	// ClaimsPerKey bounds the readers a home sends to one holder of one
+	// key at once (default 8); ClaimsPerHolder those it sends to one
+	// holder over all keys (default MaxHolds).
+	ClaimsPerKey, ClaimsPerHolder int
+	// Admission, when set, is the mode's budget for remote work: each
+	// remote get of a key is admitted by it, and each read this daemon
+	// serves another takes its bytes from it.
+	Admission *grant.Admission
 }
 
 func (c *Config) setDefaults() error {
@@ -123,11 +138,24 @@ func (c *Config) setDefaults() error {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.ClaimsPerKey == 0 {
+		c.ClaimsPerKey = 8
+	}
+	if c.ClaimsPerHolder == 0 {
+		c.ClaimsPerHolder = c.MaxHolds
+	}
 	switch {
 	case c.Shards < 1 || c.Shards > maxShards:
 		return fmt.Errorf("%w: %d shards (want 1..%d)", xfer.ErrInvalid, c.Shards, maxShards)
 	case c.MaxHolders < 1 || c.MaxHolders > maxHoldersCap:
 		return fmt.Errorf("%w: %d holders per key (want 1..%d)", xfer.ErrInvalid, c.MaxHolders, maxHoldersCap)
+	case c.Replicas < 1 || c.Replicas > store.MaxReplicas:
+		return fmt.Errorf("%w: %d replicas (want 1..%d)", xfer.ErrInvalid, c.Replicas, store.MaxReplicas)
+	case c.ClaimsPerKey < 1, c.ClaimsPerHolder < 1:
+		return fmt.Errorf("%w: claims per key and per holder must be positive", xfer.ErrInvalid)
 	case c.MaxKeys < 1, c.MaxFetches < 1, c.MaxHolds < 1, c.MaxPending < 1, c.Timeout < 0, c.ProbeEvery < 0, c.ReannounceRate < 1, c.MaxCached < 1:
 		return fmt.Errorf("%w: limits must be positive", xfer.ErrInvalid)
 	}
@@ -153,6 +181,8 @@ type Cluster struct {
 	idx   *index
 	// answers caches the homes' answers this daemon got as a reader.
 	answers *answers
+	// claims are the claims this daemon, as a home, handed readers.
+	claims *grant.Claims
 
 	// mu guards pending and closed.
 	mu      sync.Mutex
@@ -166,6 +196,11 @@ type Cluster struct {
 	reqs   []func(shard int, home string) bool
 	rekick chan struct{}
 	redone chan struct{}
+	// repQ are the copies asked of Replicate, waiting for the replicator
+	// (mu guards it); repKick wakes it, repDone is closed when it exits.
+	repQ    []repJob
+	repKick chan struct{}
+	repDone chan struct{}
 
 	// mmu guards members: the other members, by id.
 	mmu     sync.Mutex
@@ -187,11 +222,15 @@ type Cluster struct {
 
 	c      counters
 	byPeer peerCounts
-	// lastFailLog is when logFailed last logged (unix ns).
-	lastFailLog atomic.Int64
+	// lastFailLog is when logFailed last logged (unix ns); lastRepLog when
+	// logReplica did.
+	lastFailLog, lastRepLog atomic.Int64
 }
 
-var _ store.Remote = (*Cluster)(nil)
+var (
+	_ store.Remote     = (*Cluster)(nil)
+	_ store.Replicator = (*Cluster)(nil)
+)
 
 // hold is a claim a reader holds here: its keys pinned in a store
 // session of their own until released or expired.
@@ -208,6 +247,8 @@ type counters struct {
 	remoteHits, remoteMisses, remoteFailed, remoteBytes      atomic.Uint64
 	crcMismatch, holds, holdsRefused, removes                atomic.Uint64
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
+	overBudget                                               atomic.Uint64
+	replicasMade, replicaFailed, replicasShort               atomic.Uint64
 }
 
 // New makes the cluster of st, speaking on peers and moving bytes with
@@ -233,6 +274,10 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		rekick:   make(chan struct{}, 1),
 		redone:   make(chan struct{}),
 		members:  map[string]*member{},
+		repKick:  make(chan struct{}, 1),
+		repDone:  make(chan struct{}),
+		claims: grant.NewClaims(grant.ClaimsConfig{MaxPerKey: cfg.ClaimsPerKey, MaxPerHolder: cfg.ClaimsPerHolder,
+			MaxOutstanding: cfg.MaxKeys, MaxTTL: maxHoldTTL}),
 	}
 	ids := cfg.Members
 	if cfg.Directory != nil {
@@ -247,6 +292,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	for kind, h := range map[string]func(string, uint64, []byte) ([]byte, error){
 		kindAnnounce: c.onAnnounce, kindLookup: c.onLookup, kindRemove: c.onRemove,
 		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
+		kindClaim: c.onClaim, kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate,
 	} {
 		err := peers.Handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
 			if kind != kindHello { // a hello says whether it counts
@@ -260,6 +306,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	}
 	go c.announcer()
 	go c.reannouncer()
+	go c.replicator()
 	// What the store recovered from L2 goes to its homes.
 	c.reannounce(func(int, string) bool { return true })
 	v := c.view.Load()
@@ -290,13 +337,16 @@ func (c *Cluster) Close() {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello} {
+	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello,
+		kindClaim, kindUnclaim, kindReplicate} {
 		_ = c.peers.Handle(k, nil)
 	}
 	close(c.stop)
 	<-c.done
 	<-c.redone
+	<-c.repDone
 	c.fetchWG.Wait()
+	c.claims.Close()
 	c.holdMu.Lock()
 	hs := c.holds
 	c.holds = map[uint64]*hold{}

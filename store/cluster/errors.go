@@ -19,6 +19,13 @@ var (
 	ErrBusy = xfer.Categorized(xfer.ErrBackpressure, "cluster: too many remote reads in flight")
 	// ErrClosed: the cluster is closing.
 	ErrClosed = xfer.Categorized(xfer.ErrClosed, "cluster: closed")
+	// ErrReplicas: fewer daemons are up than the copies a put asked for
+	// need (a durable put answers it; one without durable logs it).
+	ErrReplicas = xfer.Categorized(xfer.ErrUnavailable, "cluster: too few daemons up for the copies asked")
+	// ErrReplicaFailed: a daemon asked for a copy of a value did not make
+	// it (unreachable, no room, no L2 for a durable copy, bytes that did
+	// not match).
+	ErrReplicaFailed = xfer.Categorized(xfer.ErrUnavailable, "cluster: a copy on another daemon failed")
 	// ErrMessage: a peer's message did not decode.
 	ErrMessage = xfer.Categorized(xfer.ErrInvalid, "cluster: malformed message")
 )

@@ -30,11 +30,14 @@ func (c *Cluster) lookupAt(home string, keys [][]byte, deadline time.Time) ([]lo
 
 // lookupAll asks the homes of the keys not skipped about them, every home
 // at once, by deadline; as[i] or errs[i] is key i's answer. With cache, a
-// fresh cached answer stands for the home's (cached[i] says so).
-func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cache bool) (as []lookupAnswer, errs []error, cached []bool) {
+// fresh cached answer stands for the home's (cached[i] says so). With
+// claim, the homes are asked for claims (claim.go) on reads ending by
+// deadline; homes[i] is the home that answered key i.
+func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cache, claim bool) (as []lookupAnswer, errs []error, cached []bool, homes []string) {
 	as = make([]lookupAnswer, len(keys))
 	errs = make([]error, len(keys))
 	cached = make([]bool, len(keys))
+	homes = make([]string, len(keys))
 	v := c.view.Load()
 	now := time.Now()
 	byHome := map[string][]int{}
@@ -51,10 +54,11 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 		}
 		h := v.home(c.shardOf(k))
 		byHome[h] = append(byHome[h], i)
+		homes[i] = h
 	}
 	var wg sync.WaitGroup
 	for home, pos := range byHome {
-		for _, ch := range chunks(keys, pos, 2+1+maxHoldersCap*(1+maxIDLen+21)) {
+		for _, ch := range chunks(keys, pos, claimAnswerBytes) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -62,7 +66,13 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 				for j, p := range ch {
 					part[j] = keys[p]
 				}
-				got, err := c.lookupAt(home, part, deadline)
+				var got []lookupAnswer
+				var err error
+				if claim {
+					got, err = c.claimAt(home, part, deadline)
+				} else {
+					got, err = c.lookupAt(home, part, deadline)
+				}
 				for j, p := range ch {
 					switch {
 					case err != nil:
@@ -71,7 +81,7 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 						errs[p] = fmt.Errorf("%w: %s", ErrNotHome, home)
 					default:
 						as[p] = got[j]
-						if home != c.self {
+						if home != c.self && got[j].code == codeOK {
 							c.answers.put(keys[p], got[j].holders, now)
 						}
 					}
@@ -80,13 +90,13 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 		}
 	}
 	wg.Wait()
-	return as, errs, cached
+	return as, errs, cached, homes
 }
 
 // Present sets found[i] for each key not found yet that another daemon
 // holds, as its home says (store.Remote).
 func (c *Cluster) Present(keys [][]byte, found []bool) {
-	as, _, _ := c.lookupAll(keys, found, time.Now().Add(c.cfg.Timeout), true)
+	as, _, _, _ := c.lookupAll(keys, found, time.Now().Add(c.cfg.Timeout), true, false)
 	for i := range keys {
 		if found[i] {
 			continue
@@ -103,7 +113,7 @@ func (c *Cluster) Present(keys [][]byte, found []bool) {
 // SizeOf is the size of key's value at another holder, as its home says
 // (store.Remote).
 func (c *Cluster) SizeOf(key []byte) (uint64, bool) {
-	as, errs, _ := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout), true)
+	as, errs, _, _ := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout), true, false)
 	if errs[0] != nil {
 		return 0, false
 	}
@@ -164,7 +174,14 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 	if len(own) == 0 {
 		return
 	}
+	var ends []func() // the mode's admission of each own key
+	if a := c.cfg.Admission; a != nil {
+		ends = make([]func(), len(own))
+	}
 	finish := func(j int, err error) {
+		if ends != nil && ends[j] != nil {
+			ends[j]()
+		}
 		k := string(own[j])
 		c.flyMu.Lock()
 		joined := c.flying[k]
@@ -173,6 +190,35 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 		done(pos[j], err)
 		for _, w := range joined {
 			w(err)
+		}
+	}
+	if ends != nil {
+		// Each key is one remote get of the mode's budget; a key over it
+		// is refused (RESOURCE_EXHAUSTED), the others go on.
+		adm := own[:0:0]
+		var apos []int
+		var refused []int
+		var why error
+		for j := range own {
+			end, err := c.cfg.Admission.BeginRemoteGet()
+			if err != nil {
+				refused, why = append(refused, j), err
+				continue
+			}
+			ends[j] = end
+			adm, apos = append(adm, own[j]), append(apos, j)
+		}
+		for _, j := range refused {
+			c.c.overBudget.Add(1)
+			finish(j, fmt.Errorf("cluster: remote get refused: %w", why))
+		}
+		if len(adm) == 0 {
+			return
+		}
+		if len(refused) > 0 {
+			all := finish
+			finish = func(j int, err error) { all(apos[j], err) }
+			own = adm
 		}
 	}
 	select {
@@ -210,18 +256,48 @@ type want struct {
 	next   int
 	last   error
 	cached bool // cands came from the cache of home answers
+	// claim is the home's claim on cands[0] (0: none), released once the
+	// read there is over; home is the home that gave it.
+	claim uint64
+	home  string
 }
+
+// Pauses of a reader whose key's replicas are all at their reader limit,
+// before it asks the home again.
+const (
+	busyPauseFirst = time.Millisecond
+	busyPauseMost  = 50 * time.Millisecond
+)
 
 func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 	deadline := time.Now().Add(c.cfg.Timeout)
-	ws := c.wants(keys, nil, deadline, true, done)
-	for len(ws) > 0 {
+	ws, busy := c.wants(keys, nil, deadline, true, done)
+	pause := busyPauseFirst
+	for len(ws) > 0 || len(busy) > 0 {
 		if !time.Now().Before(deadline) {
+			c.releaseClaims(ws)
 			for _, w := range ws {
 				c.c.remoteFailed.Add(1)
 				done(w.i, fmt.Errorf("%w: remote read not done within %v (last: %v)", xfer.ErrTimeout, c.cfg.Timeout, w.last))
 			}
+			for _, i := range busy {
+				c.c.remoteFailed.Add(1)
+				done(i, fmt.Errorf("%w: every replica was at its reader limit until the read's deadline (%v)", ErrBusy, c.cfg.Timeout))
+			}
 			return
+		}
+		if len(ws) == 0 {
+			// Only keys whose every replica is busy: ask again after a
+			// pause that grows, within the deadline.
+			if !c.pause(min(pause, time.Until(deadline))) {
+				for _, i := range busy {
+					done(i, ErrClosed)
+				}
+				return
+			}
+			pause = min(2*pause, busyPauseMost)
+			ws, busy = c.wants(keys, only(len(keys), busy), deadline, false, done)
+			continue
 		}
 		type src struct {
 			id    string
@@ -237,10 +313,12 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c.readFrom(s.id, s.epoch, keys, g, deadline)
+				c.readFrom(s.id, s.epoch, keys, g, deadline, false)
 			}()
 		}
 		wg.Wait()
+		// The reads at the claimed holders are over, whatever they gave.
+		c.releaseClaims(ws)
 		rest := ws[:0]
 		var again []bool // keys whose cached holders all failed: asked of the home now
 		for _, w := range ws {
@@ -253,10 +331,7 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 				rest = append(rest, w)
 			case w.cached:
 				if again == nil {
-					again = make([]bool, len(keys))
-					for i := range again {
-						again[i] = true // skip
-					}
+					again = only(len(keys), nil)
 				}
 				again[w.i] = false
 				c.answers.drop(keys[w.i : w.i+1])
@@ -267,18 +342,56 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 			}
 		}
 		ws = rest
+		if len(busy) > 0 {
+			if again == nil {
+				again = only(len(keys), nil)
+			}
+			for _, i := range busy {
+				again[i] = false
+			}
+		}
 		if again != nil {
-			ws = append(ws, c.wants(keys, again, deadline, false, done)...)
+			var more []*want
+			more, busy = c.wants(keys, again, deadline, false, done)
+			ws = append(ws, more...)
 		}
 	}
 }
 
+// only is a skip list of n keys that skips all but those at pos.
+func only(n int, pos []int) []bool {
+	skip := make([]bool, n)
+	for i := range skip {
+		skip[i] = true
+	}
+	for _, i := range pos {
+		skip[i] = false
+	}
+	return skip
+}
+
+// pause waits d, or until Close; false when Close came.
+func (c *Cluster) pause(d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-c.stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // wants looks the keys not skipped up (with cache: a fresh cached answer
-// stands for the home's) and returns what to read of each from whom; a
-// key no other daemon holds, or whose home failed, is answered at once.
-func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bool, done func(int, error)) []*want {
-	as, errs, cached := c.lookupAll(keys, skip, deadline, cache)
-	var ws []*want
+// stands for the home's; else the homes hand claims) and returns what to
+// read of each from whom, and the keys whose every replica is at its
+// reader limit (busy: to be asked again); a key no other daemon holds, or
+// whose home failed, is answered at once.
+func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bool, done func(int, error)) (ws []*want, busy []int) {
+	as, errs, cached, homes := c.lookupAll(keys, skip, deadline, cache, true)
 	for i := range keys {
 		if skip != nil && skip[i] {
 			continue
@@ -288,7 +401,11 @@ func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bo
 			done(i, errs[i])
 			continue
 		}
-		w := &want{i: i, cached: cached[i]}
+		if as[i].code == codeBusy {
+			busy = append(busy, i)
+			continue
+		}
+		w := &want{i: i, cached: cached[i], claim: as[i].claim, home: homes[i]}
 		for _, h := range as[i].holders {
 			if h.ID != c.self {
 				w.cands = append(w.cands, h)
@@ -301,13 +418,13 @@ func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bo
 		}
 		ws = append(ws, w)
 	}
-	return ws
+	return ws, busy
 }
 
 // readFrom reads the keys of g from holder id (at epoch) into this
 // daemon's store; each want's last is nil when its key is stored here
 // now, else why not.
-func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, deadline time.Time) {
+func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, deadline time.Time, durable bool) {
 	fail := func(ws []*want, err error) {
 		for _, w := range ws {
 			w.last = err
@@ -336,7 +453,7 @@ func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, de
 			fail(part, fmt.Errorf("holder %s: %w", id, err))
 			continue
 		}
-		c.land(id, epoch, ks, part, hs, deadline)
+		c.land(id, epoch, ks, part, hs, deadline, durable)
 		if claim != 0 {
 			c.fetchWG.Add(1)
 			go func() {
@@ -350,8 +467,10 @@ func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, de
 }
 
 // land moves the values a holder pinned (hs) into blocks reserved here,
-// checks them and commits them.
-func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []held, deadline time.Time) {
+// checks them and commits them (with durable, to L2 before they count).
+// They are copies of another daemon's values: committing them makes no
+// further copies.
+func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []held, deadline time.Time, durable bool) {
 	var rkeys [][]byte
 	var rw []*want
 	var sizes []uint64
@@ -378,6 +497,7 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	}
 	ss := c.st.NewSession()
 	defer ss.Close()
+	_ = ss.SetReplicas(1) // 1 is in range
 	locs := make([]store.Location, len(rkeys))
 	codes := make([]store.Code, len(rkeys))
 	rerrs := make([]error, len(rkeys))
@@ -396,6 +516,8 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 			spans = append(spans, Span{Local: locs[j].Offset, Remote: remote[j], Length: sizes[j]})
 			mk = append(mk, rkeys[j])
 			mw = append(mw, rw[j])
+		case durable && errors.Is(rerrs[j], store.ErrBusy):
+			rw[j].last = fmt.Errorf("a put of the key is in flight here: %w", rerrs[j])
 		case errors.Is(rerrs[j], store.ErrExists), errors.Is(rerrs[j], store.ErrBusy):
 			rw[j].last = nil // stored here meanwhile (or being put): the local answer stands
 		default:
@@ -430,7 +552,7 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	}
 	ccodes := make([]store.Code, len(ck))
 	cerrs := make([]error, len(ck))
-	if _, err := ss.Commit(ck, false, ccodes, cerrs, nil, 0); err != nil {
+	if _, err := ss.Commit(ck, durable, ccodes, cerrs, nil, 0); err != nil {
 		for _, w := range cw {
 			w.last = err
 		}

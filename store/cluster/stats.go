@@ -24,6 +24,16 @@ type Stats struct {
 	CRCMismatch                                         uint64
 	HoldsGiven, HoldsRefused, Removes                   uint64
 
+	// Claims this daemon, as a home, handed readers: outstanding now,
+	// ever granted, refused (every replica of the key at its limit) and
+	// ended by their deadline unreleased.
+	ClaimsOutstanding, ClaimsGranted, ClaimsRefused, ClaimsExpired uint64
+	// OverBudget counts remote gets and serves the mode's budget refused.
+	OverBudget uint64
+	// Copies of values put here made on other daemons, copies that
+	// failed, and puts that asked for more copies than daemons were up.
+	ReplicasMade, ReplicaFailures, ReplicasShort uint64
+
 	// ByPeer are the remote gets this daemon made, by holder.
 	ByPeer map[string]PeerStats
 }
@@ -58,6 +68,7 @@ func (c *Cluster) Stats() Stats {
 	c.byPeer.mu.Lock()
 	by := maps.Clone(c.byPeer.m)
 	c.byPeer.mu.Unlock()
+	cs := c.claims.Stats()
 	return Stats{
 		Members: len(v.members), HomeOf: c.homeOf(v), IndexKeys: int(c.idx.keys.Load()), Holds: c.Holds(),
 		ViewChanges: c.c.viewChanges.Load(),
@@ -69,6 +80,9 @@ func (c *Cluster) Stats() Stats {
 		RemoteHits: c.c.remoteHits.Load(), RemoteMisses: c.c.remoteMisses.Load(), RemoteFailed: c.c.remoteFailed.Load(),
 		RemoteBytes: c.c.remoteBytes.Load(), CRCMismatch: c.c.crcMismatch.Load(),
 		HoldsGiven: c.c.holds.Load(), HoldsRefused: c.c.holdsRefused.Load(), Removes: c.c.removes.Load(),
-		ByPeer: by,
+		ByPeer:            by,
+		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,
+		OverBudget:   c.c.overBudget.Load(),
+		ReplicasMade: c.c.replicasMade.Load(), ReplicaFailures: c.c.replicaFailed.Load(), ReplicasShort: c.c.replicasShort.Load(),
 	}
 }
