@@ -51,7 +51,8 @@ func (d *Daemon) openCluster() error {
 		members[i] = p.ID
 	}
 	mv := &mover{engine: d.engine, plane: d.peers, pool: pool, remotes: map[string]heldRemote{}, nextID: d.reg.NextID}
-	ccfg := cluster.Config{Shards: d.cfg.StoreShards, Members: members, Pool: pool.Bytes(), Log: log}
+	ccfg := cluster.Config{Shards: d.cfg.StoreShards, Members: members, Pool: pool.Bytes(), Log: log,
+		Replicas: d.cfg.StoreReplicas, Admission: d.admission}
 	if dir := d.dir; dir != nil {
 		// The members the etcd directory's cache holds: no request to
 		// etcd per store call, nor per probe.
@@ -275,6 +276,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 	e.Gauge("tensorcast_cluster_home_shards", "Shards this daemon is home of.", float64(s.HomeOf))
 	e.Gauge("tensorcast_cluster_index_keys", "Keys in this daemon's location index (as a home).", float64(s.IndexKeys))
 	e.Gauge("tensorcast_cluster_claims", "Claims other daemons' readers hold here now.", float64(s.Holds))
+	e.Gauge("tensorcast_cluster_home_claims", "Claims this daemon, as a home, has handed readers and not had back.", float64(s.ClaimsOutstanding))
 	for _, c := range []struct {
 		name, help string
 		v          uint64
@@ -295,6 +297,13 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_claims_given_total", "Claims handed to other daemons' readers.", s.HoldsGiven},
 		{"tensorcast_cluster_claims_refused_total", "Claims refused (too many held).", s.HoldsRefused},
 		{"tensorcast_cluster_removes_total", "Keys removed as their home, with every copy.", s.Removes},
+		{"tensorcast_cluster_home_claims_granted_total", "Claims handed readers by this daemon as a home.", s.ClaimsGranted},
+		{"tensorcast_cluster_home_claims_refused_total", "Reads answered busy by this daemon as a home: every copy of the key at its reader limit.", s.ClaimsRefused},
+		{"tensorcast_cluster_home_claims_expired_total", "Claims that reached their read's deadline unreleased.", s.ClaimsExpired},
+		{"tensorcast_cluster_over_budget_total", "Remote gets and serves refused by the mode's budget.", s.OverBudget},
+		{"tensorcast_cluster_replicas_made_total", "Copies of values put here made on other daemons.", s.ReplicasMade},
+		{"tensorcast_cluster_replica_failures_total", "Copies of values put here that failed (or had too few daemons up).", s.ReplicaFailures},
+		{"tensorcast_cluster_replicas_short_total", "Puts that asked for more copies than daemons were up.", s.ReplicasShort},
 	} {
 		e.Counter(c.name, c.help, float64(c.v))
 	}
@@ -328,5 +337,12 @@ func (d *Daemon) clusterCounters(dst []wire.Counter) []wire.Counter {
 		wire.Counter{Name: "cluster_home_cache_hits", Value: s.CacheHits},
 		wire.Counter{Name: "cluster_reannounced", Value: s.Reannounced},
 		wire.Counter{Name: "cluster_crc_mismatches", Value: s.CRCMismatch},
+		wire.Counter{Name: "cluster_home_claims", Value: s.ClaimsOutstanding},
+		wire.Counter{Name: "cluster_home_claims_refused", Value: s.ClaimsRefused},
+		wire.Counter{Name: "cluster_replicas", Value: uint64(d.cfg.StoreReplicas)},
+		wire.Counter{Name: "cluster_replicas_made", Value: s.ReplicasMade},
+		wire.Counter{Name: "cluster_replica_failures", Value: s.ReplicaFailures},
+		wire.Counter{Name: "cluster_over_budget", Value: s.OverBudget},
+		wire.Counter{Name: "cluster_mode", Value: uint64(d.admission.Mode())},
 	)
 }
