@@ -243,7 +243,7 @@ func clusterConfig(c *Config) { c.StoreL2Path = "off"; c.StoreShards = 64 }
 // its own so that the test can SIGKILL it.
 func clusterChild(t *testing.T, spec string) {
 	parts := strings.Split(spec, "|")
-	if len(parts) != 4 {
+	if len(parts) != 4 && (len(parts) != 5 || parts[4] != "replicas") {
 		t.Fatalf("child spec %q", spec)
 	}
 	cfg := testConfig(parts[0])
@@ -254,6 +254,10 @@ func clusterChild(t *testing.T, spec string) {
 	cfg.PeerSliceSize = 64 << 10
 	cfg.Peers = []PeerConfig{{ID: "d1", Addr: parts[2]}, {ID: "d2", Addr: parts[3]}}
 	clusterConfig(&cfg)
+	if len(parts) == 5 { // TestStoreReplicasSurviveKill9's: an L2 and two copies
+		cfg.StoreL2Path = ""
+		replicaConfig(&cfg)
+	}
 	d, err := New(cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)), env(nil))
 	if err != nil {
 		t.Fatalf("child daemon: %v", err)

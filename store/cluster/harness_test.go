@@ -163,6 +163,12 @@ func (f *fakeNet) inflightNow() int {
 // all.
 func newNet(t *testing.T, ids []string, cfg Config) *fakeNet {
 	t.Helper()
+	return newNetWith(t, ids, cfg, nil)
+}
+
+// newNetWith is newNet with a last say on each daemon's config.
+func newNetWith(t *testing.T, ids []string, cfg Config, mut func(id string, c *Config)) *fakeNet {
+	t.Helper()
 	f := &fakeNet{nodes: map[string]*fakeNode{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{}}
 	for _, id := range ids {
 		f.nodes[id] = &fakeNode{net: f, id: id, readyCh: make(chan struct{}), h: map[string]func(string, uint64, []byte) ([]byte, error){}}
@@ -196,6 +202,9 @@ func newNet(t *testing.T, ids []string, cfg Config) *fakeNet {
 		c := cfg
 		c.Members = ids
 		c.Pool = pool.Bytes()
+		if mut != nil {
+			mut(id, &c)
+		}
 		cl, err := New(c, st, n, n)
 		if err != nil {
 			st.Close()
@@ -250,7 +259,7 @@ func (n *fakeNode) read(key string, size int) ([]byte, error) {
 		return nil, err
 	}
 	if codes[0] != store.OK {
-		return nil, fmt.Errorf("code %v: %v", codes[0], errs[0])
+		return nil, fmt.Errorf("code %v: %w", codes[0], errs[0])
 	}
 	return dst[:lens[0]], nil
 }

@@ -178,11 +178,12 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 	if a := c.cfg.Admission; a != nil {
 		ends = make([]func(), len(own))
 	}
+	orig := own
 	finish := func(j int, err error) {
 		if ends != nil && ends[j] != nil {
 			ends[j]()
 		}
-		k := string(own[j])
+		k := string(orig[j])
 		c.flyMu.Lock()
 		joined := c.flying[k]
 		delete(c.flying, k)

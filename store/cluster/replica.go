@@ -21,8 +21,9 @@ import (
 // the crc32c checked), and to commit them as a value of its own (to L2
 // first when the put is durable). The target announces its copy to the
 // key's home before it answers, so once a durable put is acknowledged its
-// home knows every copy, and a get may read any of them: a reader whose
-// read at one holder fails tries the next.
+// home knows the copies elsewhere (the putter's own copy is announced in
+// the background, as any put's), and a get may read any of them: a reader
+// whose read at one holder fails tries the next.
 //
 // A durable put answers once every copy is on its holder's L2 (or with
 // the error that names the copy that failed, or too few daemons up to

@@ -2,13 +2,16 @@ package cluster
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 )
 
 // TestClaimsHotKey: 64 daemons read one hot key at once that two daemons
@@ -178,5 +181,76 @@ func TestReadTriesNextReplica(t *testing.T) {
 	}
 	if s := r.c.Stats(); s.CRCMismatch == 0 || s.RemoteHits != n {
 		t.Errorf("%d crc mismatches, %d remote hits; want some (h0 read first for about half the keys), %d", s.CRCMismatch, s.RemoteHits, n)
+	}
+}
+
+// TestModeBudgetsRemoteGets: a reader in a mode that admits one remote get
+// in flight refuses a second while the first is held (RESOURCE_EXHAUSTED,
+// never a miss or other bytes); changed at run time to a mode with room,
+// the same get goes on; both answer the exact bytes, and the reader keeps
+// each as a copy its home knows (hybrid-cache-first).
+func TestModeBudgetsRemoteGets(t *testing.T) {
+	budgets := grant.DefaultBudgets
+	budgets[grant.GlobalGoverned].RemoteGets = 1
+	adm, err := grant.NewAdmission(grant.GlobalGoverned, &budgets, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newNetWith(t, []string{"h", "r"}, Config{Shards: 16, Timeout: 10 * time.Second, ProbeEvery: time.Hour},
+		func(id string, c *Config) {
+			if id == "r" {
+				c.Admission = adm
+			}
+		})
+	h, r := f.node("h"), f.node("r")
+	for _, k := range []string{"mode/a", "mode/b"} {
+		h.put(t, k, value(k, 8192))
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h"}) }, "%s announced", k)
+	}
+	f.gateMu.Lock()
+	f.gate = make(chan struct{})
+	f.gateMu.Unlock()
+	first := make(chan error, 1)
+	go func() {
+		got, err := r.read("mode/a", 8192)
+		if err == nil && !bytes.Equal(got, value("mode/a", 8192)) {
+			err = fmt.Errorf("mode/a: %d bytes that are not the value", len(got))
+		}
+		first <- err
+	}()
+	testutil.Eventually(t, 5*time.Second, func() bool { return f.inflightNow() == 1 }, "the first get in flight")
+	_, err = r.read("mode/b", 8192)
+	if err == nil || !errors.Is(err, grant.ErrOverBudget) && !strings.Contains(err.Error(), "RESOURCE_EXHAUSTED") {
+		t.Fatalf("second remote get with one admitted and one in flight: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if st := adm.Stats(); st.GetsRefused != 1 || st.RemoteGets != 1 {
+		t.Errorf("admission %+v: want 1 refused, 1 in flight", st)
+	}
+	if err := adm.SetMode(grant.LocalFirst); err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	go func() {
+		got, err := r.read("mode/b", 8192)
+		if err == nil && !bytes.Equal(got, value("mode/b", 8192)) {
+			err = fmt.Errorf("mode/b: %d bytes that are not the value", len(got))
+		}
+		second <- err
+	}()
+	testutil.Eventually(t, 5*time.Second, func() bool { return f.inflightNow() == 2 }, "the second get admitted in local-first")
+	f.gateMu.Lock()
+	close(f.gate)
+	f.gateMu.Unlock()
+	for _, ch := range []chan error{first, second} {
+		if err := <-ch; err != nil {
+			t.Error(err)
+		}
+	}
+	for _, k := range []string{"mode/a", "mode/b"} {
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h", "r"}) },
+			"%s kept on the reader and announced (home knows %v)", k, testutil.Lazy(func() []string { return f.holders(k) }))
+	}
+	if st := adm.Stats(); st.RemoteGets != 0 {
+		t.Errorf("%d remote gets still counted in flight", st.RemoteGets)
 	}
 }

@@ -1,0 +1,162 @@
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
+)
+
+// replicaConfig: an L2 (durable puts) and two copies of every value.
+func replicaConfig(c *Config) {
+	c.StoreShards = 64
+	c.StoreL2Size = 512 << 20
+	c.StoreReplicas = 2
+}
+
+// TestStoreReplicasSurviveKill: with store_replicas = 2, every durable put
+// acknowledged (from d1 and from d2) is still read, byte-exact, on both
+// survivors after any one of the three daemons is stopped: the putter,
+// the other putter, or the third; and nothing stays claimed or held.
+func TestStoreReplicasSurviveKill(t *testing.T) {
+	for _, victim := range []int{0, 1, 2} {
+		t.Run(fmt.Sprintf("d%d", victim+1), func(t *testing.T) {
+			key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast replicas test key")
+			d1 := startPeerWith(t, "d1", key, "", replicaConfig, dialsIn("d2"), dialsIn("d3"))
+			d2 := startPeerWith(t, "d2", key, "", replicaConfig, d1.peer(), dialsIn("d3"))
+			d3 := startPeerWith(t, "d3", key, "", replicaConfig, d1.peer(), d2.peer())
+			ds := []*peerDaemon{d1, d2, d3}
+			waitMembers(t, ds, "d1", "d2", "d3")
+
+			sizes := []int{1, 4096, 65536 + 17, 256 << 10}
+			var keys [][]byte
+			for pi, p := range ds[:2] {
+				c := p.dial(t, "putter")
+				for i := range 12 {
+					k := fmt.Appendf(nil, "replica/%s/%02d", p.cfg.DaemonID, i)
+					if err := c.PutBytes(k, clusterValue(k, sizes[(i+pi)%len(sizes)]), true); err != nil {
+						t.Fatalf("durable put %s on %s: %v\n%s", k, p.cfg.DaemonID, err, p.log)
+					}
+					keys = append(keys, k)
+				}
+			}
+			for _, p := range ds[:2] {
+				if s := p.d.cluster.Stats(); s.ReplicasMade != 12 || s.ReplicaFailures != 0 {
+					t.Fatalf("%s: %d copies made, %d failed; want 12, 0", p.cfg.DaemonID, s.ReplicasMade, s.ReplicaFailures)
+				}
+			}
+
+			gone := ds[victim]
+			if err := gone.stop(); err != nil {
+				t.Fatalf("stopping %s: %v", gone.cfg.DaemonID, err)
+			}
+			var alive []*peerDaemon
+			var ids []string
+			for _, p := range ds {
+				if p != gone {
+					alive = append(alive, p)
+					ids = append(ids, p.cfg.DaemonID)
+				}
+			}
+			waitMembers(t, alive, ids...)
+			for _, p := range alive {
+				c := p.dial(t, "reader")
+				for _, k := range keys {
+					testutil.Eventually(t, 15*time.Second, func() bool {
+						v, err := c.GetBytes(k)
+						if err != nil {
+							if !isMissOrUnavailable(err) {
+								t.Fatalf("%s on %s: %v, want the bytes, a miss or UNAVAILABLE", k, p.cfg.DaemonID, err)
+							}
+							return false
+						}
+						if !bytes.Equal(v, clusterValue(k, len(v))) || !slices.Contains(sizes, len(v)) {
+							t.Fatalf("%s on %s: %d bytes that are not the value put", k, p.cfg.DaemonID, len(v))
+						}
+						return true
+					}, "%s read on %s with %s gone", k, p.cfg.DaemonID, gone.cfg.DaemonID)
+				}
+			}
+			for _, p := range alive {
+				testutil.Eventually(t, 5*time.Second, func() bool {
+					return p.d.cluster.Holds() == 0 && p.d.cluster.Claims().Outstanding == 0
+				}, "%s: claims and holds released", p.cfg.DaemonID)
+			}
+		})
+	}
+}
+
+func isMissOrUnavailable(err error) bool {
+	return errors.Is(err, client.ErrNotFound) || errors.Is(err, client.ErrUnavailable)
+}
+
+// TestStoreReplicasSurviveKill9: d3, in a process of its own, puts values
+// durably with store_replicas = 2 and is killed with SIGKILL once they are
+// acknowledged; every one is then read, byte-exact, on d1 and on d2 (from
+// the copy d3 made on one of them), and nothing stays claimed or held.
+func TestStoreReplicasSurviveKill9(t *testing.T) {
+	if spec := os.Getenv(clusterChildEnv); spec != "" {
+		clusterChild(t, spec)
+		return
+	}
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast replicas kill test key")
+	d1 := startPeerWith(t, "d1", key, "", replicaConfig, dialsIn("d2"), dialsIn("d3"))
+	d2 := startPeerWith(t, "d2", key, "", replicaConfig, d1.peer(), dialsIn("d3"))
+	dir := t.TempDir()
+	sock := testConfig(dir).Socket
+	child := startChild(t, "TestStoreReplicasSurviveKill9",
+		clusterChildEnv+"="+strings.Join([]string{dir, key, d1.d.PeerAddr(), d2.d.PeerAddr(), "replicas"}, "|"), sock)
+	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2", "d3")
+	c3, err := client.Dial(sock, client.Options{Name: "putter-d3", CallTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := []int{1, 4096, 65536 + 17, 256 << 10}
+	var keys [][]byte
+	for i := range 16 {
+		k := fmt.Appendf(nil, "kill9/%02d", i)
+		if err := c3.PutBytes(k, clusterValue(k, sizes[i%len(sizes)]), true); err != nil {
+			t.Fatalf("durable put %s on d3: %v\n%s", k, err, child.out.String())
+		}
+		keys = append(keys, k)
+	}
+	c3.Close()
+	if err := child.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-child.exited
+	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2")
+	for _, p := range []*peerDaemon{d1, d2} {
+		c := p.dial(t, "reader")
+		for _, k := range keys {
+			testutil.Eventually(t, 15*time.Second, func() bool {
+				v, err := c.GetBytes(k)
+				if err != nil {
+					if !isMissOrUnavailable(err) {
+						t.Fatalf("%s on %s: %v, want the bytes, a miss or UNAVAILABLE", k, p.cfg.DaemonID, err)
+					}
+					return false
+				}
+				if !bytes.Equal(v, clusterValue(k, len(v))) || !slices.Contains(sizes, len(v)) {
+					t.Fatalf("%s on %s: %d bytes that are not the value put", k, p.cfg.DaemonID, len(v))
+				}
+				return true
+			}, "%s read on %s with d3 killed", k, p.cfg.DaemonID)
+		}
+	}
+	for _, p := range []*peerDaemon{d1, d2} {
+		testutil.Eventually(t, 5*time.Second, func() bool {
+			return p.d.cluster.Holds() == 0 && p.d.cluster.Claims().Outstanding == 0
+		}, "%s: claims and holds released", p.cfg.DaemonID)
+		if st := p.d.stores[0].Stats(); st.Pins != 0 {
+			t.Errorf("%s: %d pins left", p.cfg.DaemonID, st.Pins)
+		}
+	}
+}
