@@ -160,3 +160,37 @@ func TestStoreReplicasSurviveKill9(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreReplicasPerCall: with store_replicas = 1, a durable put with
+// client.WithReplicas(2) is copied to another daemon before it answers (its
+// home knows both holders), a put without it is not copied, and a count
+// out of range is refused as an invalid argument.
+func TestStoreReplicasPerCall(t *testing.T) {
+	one := func(c *Config) { replicaConfig(c); c.StoreReplicas = 1 }
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast replicas per call test key")
+	d1 := startPeerWith(t, "d1", key, "", one, dialsIn("d2"))
+	d2 := startPeerWith(t, "d2", key, "", one, d1.peer())
+	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2")
+	c := d1.dial(t, "putter")
+	k := []byte("percall/two")
+	if err := c.PutBytes(k, clusterValue(k, 8192), true, client.WithReplicas(2)); err != nil {
+		t.Fatal(err)
+	}
+	if s := d1.d.cluster.Stats(); s.ReplicasMade != 1 || s.ReplicaFailures != 0 {
+		t.Fatalf("after a put with 2 replicas: %d copies made, %d failed; want 1, 0", s.ReplicasMade, s.ReplicaFailures)
+	}
+	if st, err := d2.d.stores[0].Stat(k); err != nil || !st.InL2 || st.Size != 8192 {
+		t.Fatalf("d2's copy: %+v, %v; want 8192 bytes on its L2", st, err)
+	}
+	k1 := []byte("percall/one")
+	if err := c.PutBytes(k1, clusterValue(k1, 4096), true); err != nil {
+		t.Fatal(err)
+	}
+	if s := d1.d.cluster.Stats(); s.ReplicasMade != 1 {
+		t.Errorf("a put with the daemon's 1 replica made a copy (%d made)", s.ReplicasMade)
+	}
+	bad := []byte("percall/bad")
+	if err := c.PutBytes(bad, []byte("x"), false, client.WithReplicas(9)); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Errorf("a put with 9 replicas: %v, want INVALID_ARGUMENT", err)
+	}
+}

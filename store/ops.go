@@ -544,13 +544,24 @@ func (s *Store) publish(sh *shard, idx uint32) {
 // reserved by this session gets FAILED_PRECONDITION, or ALREADY_EXISTS /
 // BUSY when it is stored / in flight.
 func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	return ss.CommitCopies(keys, durable, 0, codes, errs, done, tag)
+}
+
+// CommitCopies is Commit with copies (this host's included) kept of each
+// value by the store across hosts, for this call: 0 is the session's
+// number (SetReplicas), 1 none elsewhere (replicate.go).
+func (ss *Session) CommitCopies(keys [][]byte, durable bool, copies int, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
 	s := ss.s
+	if copies < 0 || copies > MaxReplicas {
+		fill(codes, InvalidArgument)
+		return false, fmt.Errorf("%w: %d copies (want 0..%d)", ErrBadCall, copies, MaxReplicas)
+	}
 	if err := ss.begin(len(keys), codes, errs); err != nil {
 		return false, err
 	}
 	var cl *call
 	published := false
-	rp, copies := ss.copies()
+	rp, copies := ss.copies(copies)
 	var later []int // keys published without durable, copied elsewhere in the background
 	for i, k := range keys {
 		setResult(codes, errs, i, OK, nil)
@@ -680,14 +691,25 @@ func (ss *Session) Abort(keys [][]byte, codes []Code, errs []error) error {
 // stored gets ALREADY_EXISTS, one with a put in flight BUSY; concurrent
 // puts of one key store it exactly once.
 func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	return ss.PutCopies(keys, vals, durable, 0, codes, errs, done, tag)
+}
+
+// PutCopies is Put with copies (this host's included) kept of each value
+// by the store across hosts, for this call: 0 is the session's number
+// (SetReplicas), 1 none elsewhere (replicate.go).
+func (ss *Session) PutCopies(keys, vals [][]byte, durable bool, copies int, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
 	s := ss.s
+	if copies < 0 || copies > MaxReplicas {
+		fill(codes, InvalidArgument)
+		return false, fmt.Errorf("%w: %d copies (want 0..%d)", ErrBadCall, copies, MaxReplicas)
+	}
 	if err := ss.begin(len(keys), codes, errs, len(vals)); err != nil {
 		return false, err
 	}
 	ss.mu.Unlock() // a copying put holds nothing of the session's
 	var cl *call
 	published := false
-	rp, copies := ss.copies()
+	rp, copies := ss.copies(copies)
 	var later []int // keys published without durable, copied elsewhere in the background
 	for i, k := range keys {
 		setResult(codes, errs, i, OK, nil)

@@ -46,14 +46,17 @@ func (ss *Session) SetReplicas(n int) error {
 	return nil
 }
 
-// copies is how many copies the session's puts make now, and the
-// Replicator that makes them (nil: none, copies 1).
-func (ss *Session) copies() (Replicator, int) {
+// copies is how many copies a put of the session makes now (n, when not
+// 0, is the call's own number), and the Replicator that makes them (nil:
+// none, copies 1).
+func (ss *Session) copies(n int) (Replicator, int) {
 	rp, ok := ss.s.rem().(Replicator)
 	if !ok {
 		return nil, 1
 	}
-	n := int(ss.replicas.Load())
+	if n == 0 {
+		n = int(ss.replicas.Load())
+	}
 	if n == 0 {
 		n = rp.Replicas()
 	}
