@@ -86,7 +86,7 @@ func TestStoreReplicasSurviveKill(t *testing.T) {
 			}
 			for _, p := range alive {
 				testutil.Eventually(t, 5*time.Second, func() bool {
-					return p.d.cluster.Holds() == 0 && p.d.cluster.Claims().Outstanding == 0
+					return p.d.cluster.Holds() == 0 && p.d.cluster.ReadClaims().Outstanding == 0
 				}, "%s: claims and holds released", p.cfg.DaemonID)
 			}
 		})
@@ -153,7 +153,7 @@ func TestStoreReplicasSurviveKill9(t *testing.T) {
 	}
 	for _, p := range []*peerDaemon{d1, d2} {
 		testutil.Eventually(t, 5*time.Second, func() bool {
-			return p.d.cluster.Holds() == 0 && p.d.cluster.Claims().Outstanding == 0
+			return p.d.cluster.Holds() == 0 && p.d.cluster.ReadClaims().Outstanding == 0
 		}, "%s: claims and holds released", p.cfg.DaemonID)
 		if st := p.d.stores[0].Stats(); st.Pins != 0 {
 			t.Errorf("%s: %d pins left", p.cfg.DaemonID, st.Pins)

@@ -160,8 +160,8 @@ func (c *Cluster) onUnclaim(from string, epoch uint64, req []byte) ([]byte, erro
 	return []byte{msgVersion}, nil
 }
 
-// Claims are the home's claims now (tcctl cluster, metrics).
-func (c *Cluster) Claims() grant.ClaimStats { return c.claims.Stats() }
+// ReadClaims are the read claims this daemon, as a home, handed now (tcctl cluster, metrics).
+func (c *Cluster) ReadClaims() grant.ClaimStats { return c.claims.Stats() }
 
 // Readers is how many readers of key this daemon, as its home, has sent
 // to holder now.

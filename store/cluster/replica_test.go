@@ -55,10 +55,10 @@ func TestClaimsHotKey(t *testing.T) {
 		}()
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		cs := home.c.Claims()
+		cs := home.c.ReadClaims()
 		return cs.Outstanding == 2*perKey && f.inflightNow() == 2*perKey && cs.Refused > 0
 	}, "both holders at their limit, the other readers refused (claims %+v, reads in flight %d)",
-		testutil.Lazy(home.c.Claims), testutil.Lazy(f.inflightNow))
+		testutil.Lazy(home.c.ReadClaims), testutil.Lazy(f.inflightNow))
 	f.gateMu.Lock()
 	close(f.gate)
 	f.gateMu.Unlock()
@@ -86,9 +86,9 @@ func TestClaimsHotKey(t *testing.T) {
 		t.Errorf("%d reads from holders (%v), want one per reader (%d)", total, reads, readers)
 	}
 	testutil.Eventually(t, 5*time.Second, func() bool {
-		return home.c.Claims().Outstanding == 0 && f.node("h0").c.Holds() == 0 && f.node("h1").c.Holds() == 0
-	}, "claims and holds released (claims %+v)", testutil.Lazy(home.c.Claims))
-	if cs := home.c.Claims(); cs.Expired != 0 {
+		return home.c.ReadClaims().Outstanding == 0 && f.node("h0").c.Holds() == 0 && f.node("h1").c.Holds() == 0
+	}, "claims and holds released (claims %+v)", testutil.Lazy(home.c.ReadClaims))
+	if cs := home.c.ReadClaims(); cs.Expired != 0 {
 		t.Errorf("%d claims ended by their deadline, want every one released by its reader", cs.Expired)
 	}
 }
