@@ -9,7 +9,7 @@ import (
 
 // sampleCtx sets every field of the context.
 var sampleCtx = Context{RequestID: 7, IdempotencyKey: []byte("key-1"), Lane: []byte("stream-first"),
-	PolicyVersion: 3, QoS: 2, DeadlineMS: 1500, Replicas: 2}
+	PolicyVersion: 3, QoS: 2, DeadlineMS: 1500}
 
 var sampleTransfers = []xfer.Request{
 	{Op: xfer.OpWrite, Local: 5, LocalOffset: 64, Target: 1, TargetOffset: 8192, Length: 4096},
