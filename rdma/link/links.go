@@ -85,7 +85,6 @@ type Links struct {
 
 	exports exportRegs
 	locals  localRegs
-	pins    pins
 	stats   rdmaStats
 	// linkDown and localMissing fail requests of rdma-only segments
 	// (pins.go).
@@ -224,7 +223,7 @@ func (p *Links) Route(local, target xfer.Segment) xfer.Transport {
 	if !ok {
 		return nil
 	}
-	via := p.pinned(r)
+	via := pinned(r)
 	if via == wire.TransportTCP {
 		p.stats.toTCP.Add(1)
 		return nil
