@@ -83,7 +83,7 @@ func TestHomeTasksEndInTheirHomesReap(t *testing.T) {
 	if n, err := a.t.Submit(more); n != 1 || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
-	r.Wait(t, 1)
+	testutil.Eventually(t, 5*time.Second, func() bool { return r.Count() == 4 }, "the task of no home ended")
 	if h.Reaped() != before {
 		t.Error("a task no home submitted was reaped by a home")
 	}
@@ -94,7 +94,7 @@ func TestHomeTasksEndInTheirHomesReap(t *testing.T) {
 	}
 	testutil.Eventually(t, 5*time.Second, func() bool { h.Reap(); return r.Count() == 5 }, "home 1's second task ended")
 	if h.Reaped() == before {
-		t.Error("home 1 did not reap its second task")
+		t.Errorf("home 1 did not reap its second task (reaped %d, before %d)", h.Reaped(), before)
 	}
 }
 
@@ -326,17 +326,15 @@ func TestHomeOnReactorWorker(t *testing.T) {
 	})
 	for i := range 50 {
 		ts := homed(a.tasks(done, writes(1, 4096)...), pool.Home(w))
+		s0 := pool.Stats()[0].Sleeps
 		q.give(ts)
 		select {
 		case <-ended:
 		case <-time.After(10 * time.Second):
 			t.Fatalf("task %d did not end", i)
 		}
-		if i%10 == 9 {
-			// Let the worker finish its spin and sleep before the next.
-			s0 := pool.Stats()[0].Sleeps
-			testutil.Eventually(t, 5*time.Second, func() bool { return pool.Stats()[0].Sleeps > s0 }, "the worker sleeps")
-		}
+		// Nothing in flight: the worker sleeps before the next one.
+		testutil.Eventually(t, 5*time.Second, func() bool { return pool.Stats()[0].Sleeps > s0 }, "the worker sleeps after task %d", i)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -345,5 +343,34 @@ func TestHomeOnReactorWorker(t *testing.T) {
 	}
 	if hs.Home(0).Reaped() == 0 {
 		t.Error("the worker's home reaped nothing")
+	}
+}
+
+// TestHomeSteadyStateAllocs: a home's submission and its reap allocate
+// nothing per request once warm.
+func TestHomeSteadyStateAllocs(t *testing.T) {
+	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 1})
+	h := hs.Home(0)
+	h.Bind(func() {})
+	ch := make(xfertest.Chan, 64)
+	tasks := make([]*xfer.Task, 16)
+	for i := range tasks {
+		tasks[i] = a.tasks(ch, xfer.Request{Op: xfer.OpWrite, Local: segLocal, Target: segRemote, TargetOffset: uint64(i) * 4096, Length: 4096})[0]
+		tasks[i].Home = 1
+	}
+	run := func() {
+		if n, err := a.t.Submit(tasks); n != len(tasks) || err != nil {
+			t.Fatalf("Submit = %d, %v", n, err)
+		}
+		if !h.Reap() {
+			t.Fatal("the home reaped nothing")
+		}
+		for range tasks {
+			<-ch
+		}
+	}
+	run()
+	if allocs := testing.AllocsPerRun(50, run); allocs != 0 {
+		t.Errorf("a home's Submit + Reap of 16 tasks: %v allocations, want 0", allocs)
 	}
 }

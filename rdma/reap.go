@@ -88,8 +88,12 @@ type Home struct {
 	adds    []*queuePair
 	changed atomic.Bool
 
-	// Owned by the worker's thread.
-	qps  []*queuePair
+	// reaping guards the fields below: the worker's thread holds it while
+	// it reaps or prepares its sleep. A Done that submits again and waits
+	// for room (Submit reaps meanwhile) finds it held and does not reap
+	// inside a reap, nor from another thread.
+	reaping sync.Mutex
+	qps     []*queuePair
 	wcs  []WorkCompletion
 	done []doneTask
 
@@ -109,6 +113,8 @@ func (h *Home) Bind(wake func()) { h.wake.Store(&wake) }
 // nothing is claimed for the home again.
 func (h *Home) Stop() {
 	h.stopped.Store(true)
+	h.reaping.Lock()
+	defer h.reaping.Unlock()
 	h.apply()
 	for _, q := range h.qps {
 		q.mu.Lock()
@@ -161,6 +167,14 @@ func (h *Home) apply() {
 // their tasks (their Done runs here, on the worker's thread). It reports
 // whether it reaped anything.
 func (h *Home) Reap() bool {
+	if !h.reaping.TryLock() {
+		return false // within a reap (a Done that submits), or another thread
+	}
+	defer h.reaping.Unlock()
+	return h.reapLocked()
+}
+
+func (h *Home) reapLocked() bool {
 	if h.changed.Load() {
 		h.apply()
 	}
@@ -219,6 +233,10 @@ func (h *Home) budget() int64 {
 // that the next completion wakes the worker through the transport's
 // goroutine for that queue pair.
 func (h *Home) Sleep() bool {
+	if !h.reaping.TryLock() {
+		return false
+	}
+	defer h.reaping.Unlock()
 	if h.changed.Load() {
 		h.apply()
 	}
@@ -252,7 +270,7 @@ func (h *Home) Sleep() bool {
 		}
 	}
 	// A completion that came before arming raised no event.
-	return !h.Reap()
+	return !h.reapLocked()
 }
 
 // reapQP polls q's completion queue when who owns q and retires what it
