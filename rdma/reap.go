@@ -94,8 +94,8 @@ type Home struct {
 	// inside a reap, nor from another thread.
 	reaping sync.Mutex
 	qps     []*queuePair
-	wcs  []WorkCompletion
-	done []doneTask
+	wcs     []WorkCompletion
+	done    []doneTask
 
 	// reaped counts completions reaped here (tests, stats).
 	reaped atomic.Uint64
