@@ -110,6 +110,9 @@ type Config struct {
 	Open func(rdma.Config, *slog.Logger) (Device, error)
 	// Log is the RDMA side's logger (default: the peer plane's).
 	Log *slog.Logger
+	// Homes are the reactor workers that post on the links and reap their
+	// completions themselves (rdma.Config.Homes); nil: none.
+	Homes *rdma.Homes
 }
 
 // Device is the RDMA device the links run on: *rdma.Device, or a device
@@ -145,7 +148,7 @@ func New(cfg Config, pools []xfer.MemSegment, node *tcp.Node, exports *peer.Expo
 			return d, nil
 		}
 	}
-	dev, err := open(rdma.Config{Device: cfg.Device, GID: cfg.GID, QPs: cfg.QPs}, log)
+	dev, err := open(rdma.Config{Device: cfg.Device, GID: cfg.GID, QPs: cfg.QPs, Homes: cfg.Homes}, log)
 	if err != nil {
 		if cfg.Mode == "on" {
 			return nil, "", fmt.Errorf("rdma = on, rdma_device = %q, rdma_gid = %q: %v", cfg.Device, cfg.GID, err)
