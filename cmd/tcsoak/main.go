@@ -230,6 +230,11 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return nil, err
 	}
+	// Open to the hostile tenant's client (another uid), which must reach
+	// a's socket under it; MkdirTemp makes it 0700.
+	if err := os.Chmod(work, 0o755); err != nil {
+		return nil, err
+	}
 	r := &Report{Duration: duration.String(), Clients: map[string]int{}, Codes: map[string]uint64{},
 		Before: map[string]usage{}, After: map[string]usage{}, Exit: map[string]string{}}
 
