@@ -435,7 +435,7 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 			if err := c.StorePut(keys, vals, durable, res); err != nil {
 				return err
 			}
-			w.results(res)
+			w.storeResults("put", res)
 			for i, e := range res {
 				put[i] = e == nil
 				if put[i] && durable {
@@ -452,7 +452,7 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 			if !put[i] {
 				continue
 			}
-			w.count(codeOf(e), 1)
+			w.storeResults("read", res[i:i+1])
 			if e == nil {
 				w.verify(lengths[i] == vlen, buf.Mem[(nkeys+i)*vlen:(nkeys+i+1)*vlen], buf.Mem[i*vlen:(i+1)*vlen])
 				if lengths[i] != vlen {
@@ -466,7 +466,7 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 				if err := c.StoreReserve(rk, sizes, roffs, res[:2]); err != nil {
 					return err
 				}
-				w.results(res[:2])
+				w.storeResults("reserve", res[:2])
 				reserved := res[0] == nil || res[1] == nil
 				if !reserved {
 					return nil
@@ -474,7 +474,7 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 				if err := c.StoreAbort(rk, res[:2]); err != nil {
 					return err
 				}
-				w.results(res[:2])
+				w.storeResults("abort", res[:2])
 				return nil
 			})
 			if err != nil {
@@ -507,11 +507,24 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 		if err := w.timed("store remove", func() error { return c.StoreRemove(rm, res[:len(rm)]) }); err != nil {
 			return err
 		}
-		w.results(res[:len(rm)])
+		w.storeResults("remove", res[:len(rm)])
 		if !durable {
 			w.log.removed(logged, res[len(rm)-len(logged):len(rm)])
 		} else {
 			w.log.removed(logged, res[:len(logged)])
+		}
+	}
+}
+
+// storeResults counts a store call's results, and a BUSY also under the
+// call that got it ("BUSY-in-put"): the store's clients are single
+// writers, so a BUSY is the store's own doing and the report says where.
+func (w *worker) storeResults(call string, res []error) {
+	for _, e := range res {
+		c := codeOf(e)
+		w.count(c, 1)
+		if c == "BUSY" {
+			w.count("BUSY-in-"+call, 1)
 		}
 	}
 }
