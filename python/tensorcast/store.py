@@ -396,10 +396,17 @@ class StoreCalls:
 
     # -- running calls -----------------------------------------------------
 
+    def _kv_closed(self, kv: int) -> None:
+        raise NotImplementedError
+
     def _run_kv(self, what: str, fn: Any, *args: Any) -> int:
         conn = self._enter()
         try:
-            return int(fn(self._kv(conn), *args))
+            kv = self._kv(conn)
+            rc = int(fn(kv, *args))
+            if rc == Status.CLOSED:
+                self._kv_closed(kv)
+            return rc
         finally:
             self._leave()
 
