@@ -45,7 +45,7 @@ def hashes(n: int, seed: int) -> List[bytes]:
 
 
 def configs(socket: str, *, world: int = 1, rank: int = 0, block_tokens: int = 32, dtype: Any = None,
-            model: str = "test/model", durable: bool = False) -> Tuple[Any, Any]:
+            model: str = "test/model", durable: bool = False, mla: bool = False) -> Tuple[Any, Any]:
     """Stand-ins of vLLM's VllmConfig and KVCacheConfig for a model of
     LAYERS layers, HEADS KV heads per rank of HEAD_DIM, in GPU blocks of
     GPU_TOKENS tokens."""
@@ -55,7 +55,7 @@ def configs(socket: str, *, world: int = 1, rank: int = 0, block_tokens: int = 3
     extra = {"spec_name": "TensorcastOffloadingSpec", "spec_module_path": MODULE, "socket": socket,
              "block_size": block_tokens, "retry_interval": 0, "durable": durable}
     vllm_config = NS(
-        model_config=NS(model=model, revision=None, dtype=dtype, use_mla=False,
+        model_config=NS(model=model, revision=None, dtype=dtype, use_mla=mla,
                         get_num_layers=lambda pc: LAYERS, get_num_kv_heads=lambda pc: HEADS,
                         get_head_size=lambda: HEAD_DIM),
         cache_config=NS(block_size=GPU_TOKENS, cache_dtype="auto", prefix_caching_hash_algo="sha256"),
@@ -118,13 +118,13 @@ def canonical(caches: dict) -> Any:
 
 
 def offloading_config(socket: str, *, world: int = 1, rank: int = 0, block_tokens: int = 32, dtype: Any = None,
-                      model: str = "test/model", durable: bool = False) -> Any:
+                      model: str = "test/model", durable: bool = False, mla: bool = False) -> Any:
     """vLLM's OffloadingConfig (0.26 on) of the same engine as configs()."""
     import importlib
 
     cfg = importlib.import_module("vllm.v1.kv_offload.config")
     vllm_config, kv_cache_config = configs(socket, world=world, rank=rank, block_tokens=block_tokens, dtype=dtype,
-                                           model=model, durable=durable)
+                                           model=model, durable=durable, mla=mla)
     page = kv_cache_config.kv_cache_groups[0].kv_cache_spec.page_size_bytes
     return cfg.OffloadingConfig(
         groups=(cfg.OffloadingGroupConfig(GPU_TOKENS, tuple(f"layer.{i}" for i in range(LAYERS))),),
@@ -132,7 +132,7 @@ def offloading_config(socket: str, *, world: int = 1, rank: int = 0, block_token
         extra_config=vllm_config.kv_transfer_config.kv_connector_extra_config, engine_id="engine-0",
         model=cfg.OffloadingModelConfig(model, str(dtype or torch.float16).replace("torch.", "")),
         cache=cfg.OffloadingCacheConfig(tokens_per_hash=GPU_TOKENS, blocks_per_chunk=block_tokens // GPU_TOKENS),
-        parallel=cfg.OffloadingParallelConfig(rank, world, world, 1, 1, 1, 0, False))
+        parallel=cfg.OffloadingParallelConfig(rank, world, world, 1, 1, 1, 0, False), replicated_layout=mla)
 
 
 class Engine:
@@ -140,14 +140,15 @@ class Engine:
     each with its spec, KV caches and offloading worker, built as the
     generation's vLLM builds them (without vLLM: the spec directly)."""
 
-    def __init__(self, tv: ModuleType, gen: Optional[str], socket: str, world: int = 2, **kw: Any) -> None:
+    def __init__(self, tv: ModuleType, gen: Optional[str], socket: str, world: int = 2, seeds: Any = None,
+                 **kw: Any) -> None:
         self.tv = tv
         self.spec = self.create(gen, socket, world, 0, **kw)
         self.manager = self.spec.get_manager()
         self.caches, self.workers, self.specs = [], [], []
         for r in range(world):
             s = self.create(gen, socket, world, r, **kw)
-            caches = kv_caches(r, kw.get("dtype"))
+            caches = kv_caches(seeds[r] if seeds else r, kw.get("dtype"))
             if gen in ("blocks", "keys"):  # handlers registered with vLLM's worker, by medium
                 import importlib
 
@@ -426,6 +427,40 @@ class _Generation:
         if self.tv.GENERATION != "blocks":
             m.on_request_finished(req)
         self.assertEqual([peek.stat(k).pins for k in sks], [0, 0])
+
+    def test_mla_one_copy_written_by_rank_0(self) -> None:
+        if self.tv.GENERATION == "blocks":  # built from the model alone: MLA's bytes per block are not known
+            with self.assertRaisesRegex(ValueError, "MLA model needs the KV cache config"):
+                Engine(self.tv, self.GEN, self.daemon.socket, world=2, mla=True)
+            return
+        # Every rank holds the same latent KV; rank 1's tensors differ here
+        # only so that a copy it made would show.
+        e = Engine(self.tv, self.GEN, self.daemon.socket, world=2, mla=True, seeds=[10, 11])
+        self.addCleanup(e.close)
+        rank_bytes = 2 * LAYERS * 2 * GPU_TOKENS * HEADS * HEAD_DIM * 2
+        self.assertTrue(e.spec.block.replicated)
+        self.assertEqual(e.manager.block_size, rank_bytes)  # one copy, not one per rank
+        mha = Engine(self.tv, self.GEN, self.daemon.socket, world=2)
+        self.addCleanup(mha.close)
+        self.assertNotEqual(e.spec.block.fingerprint, mha.spec.block.fingerprint)
+        m, req = e.manager, self.req("r9")
+        keys = self.keys(2, 9)
+        m.on_new_request(req)
+        _, spec = self.prepare_store(m, keys, req)
+        self.assertEqual(spec.lengths, [rank_bytes] * 2)
+        self.assertEqual(e.transfer(1, (self.gpu([0, 1, 2, 3]), spec)), [True, True])
+        self.complete_store(m, keys, req)
+        load = self.with_req(m.prepare_load, keys, req)
+        # Both ranks load rank 0's copy (had rank 1 written its own, rank
+        # 1 would get its own blocks back).
+        for caches in e.caches:
+            for t in caches.values():
+                t[:, 8:12].zero_()
+        self.assertEqual(e.transfer(2, (load, self.gpu([8, 9, 10, 11]))), [True, True])
+        for caches in e.caches:
+            self.assertEqual(blocks(caches, [8, 9, 10, 11]), blocks(e.caches[0], [0, 1, 2, 3]))
+        self.with_req(m.complete_load, keys, req)
+        m.on_request_finished(req)
 
     def test_another_layout_is_a_miss(self) -> None:
         e = Engine(self.tv, self.GEN, self.daemon.socket, world=1)

@@ -20,7 +20,12 @@ after rank: rank r's bytes are ``[r * rank_bytes, (r + 1) * rank_bytes)``,
 ``rank_bytes`` the KV bytes per offloaded block of one rank (from the KV
 cache config). The manager reserves the whole value; each worker writes and
 reads its own slice; the value is committed when vLLM says the store is
-complete, i.e. when every worker has finished its part.
+complete, i.e. when every worker has finished its part. Where every rank
+holds the same bytes (an MLA model under tensor parallelism alone: vLLM's
+``replicated_layout``, or ``use_mla`` with no pipeline or context
+parallelism on older vLLM) the value is one copy, ``rank_bytes`` long:
+rank 0 writes it, the other ranks' store jobs copy nothing, and every rank
+loads it.
 
 Keys are bound to a layout fingerprint (model, dtype, block size, the
 ranks' split and bytes, the hash vLLM chains blocks with): a block written
@@ -755,7 +760,10 @@ class BlockLayout:
     """What one offloaded block is, the same in the scheduler and every
     worker: ``tokens`` tokens, ``factor`` GPU blocks of ``gpu_tokens``;
     ``rank_bytes`` KV bytes of one rank; ``world_size`` ranks, rank after
-    rank in the value; ``fingerprint`` binds the keys to all of it."""
+    rank in the value, or, ``replicated``, one copy that every rank holds
+    alike (an MLA model's latent KV under tensor parallelism alone), written
+    by rank 0 and read by all; ``fingerprint`` binds the keys to all of
+    it."""
 
     tokens: int
     gpu_tokens: int
@@ -763,10 +771,11 @@ class BlockLayout:
     rank_bytes: int
     world_size: int
     fingerprint: str
+    replicated: bool = False
 
     @property
     def value_bytes(self) -> int:
-        return self.rank_bytes * self.world_size
+        return self.rank_bytes if self.replicated else self.rank_bytes * self.world_size
 
 
 def _get(obj: Any, *path: str, default: Any = None) -> Any:
@@ -822,8 +831,14 @@ def block_layout(vllm_config: Any, kv_cache_config: Any = None) -> BlockLayout:
     rank_bytes = _gpu_block_bytes(vllm_config, kv_cache_config) * factor
     mc = vllm_config.model_config
     cache_dtype = str(_get(vllm_config, "cache_config", "cache_dtype", default="auto"))
+    tp = int(getattr(pc, "tensor_parallel_size", 1) or 1)
+    # An MLA model's latent KV is the same on every rank of a world that is
+    # tensor parallel alone (no pipeline stages, no context parallelism).
+    replicated = bool(getattr(mc, "use_mla", False)) and world > 1 and world == tp and all(
+        int(getattr(pc, a, 1) or 1) == 1 for a in ("pipeline_parallel_size", "decode_context_parallel_size",
+                                                   "prefill_context_parallel_size"))
     fp = layout.fingerprint(
-        engine="vllm", kv_layout="rank-major/v1",
+        engine="vllm", kv_layout="replicated/v1" if replicated else "rank-major/v1",
         model=str(getattr(mc, "model", "")), revision=str(getattr(mc, "revision", None)),
         dtype=str(getattr(mc, "dtype", "")) if cache_dtype == "auto" else cache_dtype,
         page_size=tokens, gpu_block_size=gpu, rank_bytes=rank_bytes, world_size=world,
@@ -832,7 +847,7 @@ def block_layout(vllm_config: Any, kv_cache_config: Any = None) -> BlockLayout:
         num_kv_tensors=len(_get(kv_cache_config, "kv_cache_tensors") or ()),
         hash_algo=str(_get(vllm_config, "cache_config", "prefix_caching_hash_algo", default="")),
         hash_block_size=int(vllm_config.cache_config.block_size))
-    return BlockLayout(tokens, gpu, factor, rank_bytes, world, fp)
+    return BlockLayout(tokens, gpu, factor, rank_bytes, world, fp, replicated)
 
 
 def offloading_config_layout(config: Any) -> Tuple[BlockLayout, int]:
@@ -849,13 +864,17 @@ def offloading_config_layout(config: Any) -> Tuple[BlockLayout, int]:
         raise ValueError(f"tensorcast: {factor} blocks per chunk")
     p = config.parallel
     rank_bytes = int(config.worker_kv_bytes_per_block) * factor
+    # vLLM says when every worker's bytes of a block are the same (a pure
+    # MLA model under tensor parallelism alone): one copy is stored.
+    replicated = bool(getattr(config, "replicated_layout", False)) and int(p.world_size) > 1
     fp = layout.fingerprint(
-        engine="vllm", kv_layout="rank-major/v1", model=str(config.model.name), revision="None",
+        engine="vllm", kv_layout="replicated/v1" if replicated else "rank-major/v1", model=str(config.model.name),
+        revision="None",
         dtype=str(config.model.dtype), page_size=gpu * factor, gpu_block_size=gpu, rank_bytes=rank_bytes,
         world_size=int(p.world_size), tp_size=int(p.tp_size), pp_size=int(p.pp_size),
         pcp_size=int(getattr(p, "pcp_size", 1)), dcp_size=int(getattr(p, "dcp_size", 1)),
         num_kv_groups=len(config.groups), hash_block_size=int(config.cache.tokens_per_hash))
-    return BlockLayout(gpu * factor, gpu, factor, rank_bytes, int(p.world_size), fp), int(p.rank)
+    return BlockLayout(gpu * factor, gpu, factor, rank_bytes, int(p.world_size), fp, replicated), int(p.rank)
 
 
 class TensorcastOffloadingSpec(_SpecBase):
