@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -382,14 +381,12 @@ func TestSealableHostPoolSealedByDaemon(t *testing.T) {
 	}
 }
 
-// TestUnsealedHostPoolSplitCopy: a copying put and get large enough for the
-// daemon to cut among goroutines move every byte exactly; once the engine
+// TestUnsealedHostPoolTruncatedInsideACall: a copying put and get of many
+// pages (an engine's batch) move every byte exactly; once the engine
 // truncates its host pool inside a call's span, each key past the cut fails
-// alone with FAILED_PRECONDITION (its part's other keys go through) and the
-// keys before it move exactly.
-func TestUnsealedHostPoolSplitCopy(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
-	const blk, n, cut = 256 << 10, 40, 27 // 10 MiB a call: two parts of 20 keys
+// alone with FAILED_PRECONDITION and the keys before it move exactly.
+func TestUnsealedHostPoolTruncatedInsideACall(t *testing.T) {
+	const blk, n, cut = 256 << 10, 40, 27 // 10 MiB a call
 	_, hp, eng, _, seg := engineWithHostPool(t, 2*n*blk)
 	keys, src, dst := make([][]byte, n), make([]client.Extent, n), make([]client.Extent, n)
 	for i := range keys {
@@ -420,7 +417,7 @@ func TestUnsealedHostPoolSplitCopy(t *testing.T) {
 	}
 	check("get", n)
 	if !bytes.Equal(hp.mem[n*blk:], hp.mem[:n*blk]) {
-		t.Fatal("the split get moved other bytes")
+		t.Fatal("the get moved other bytes")
 	}
 
 	// The gets' span cut after key cut-1.

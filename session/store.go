@@ -3,7 +3,6 @@ package session
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -175,59 +174,6 @@ func (c *Session) storeCodes(n int) []store.Code {
 	return c.st.codes
 }
 
-// A copying call (StorePut, StoreRead) that moves at least splitBytes is
-// cut into parts of at least partBytes, at most maxParts and GOMAXPROCS,
-// each copied by its own goroutine: one core's memcpy does not reach the
-// memory's bandwidth, and the client waits for the answer meanwhile. Below
-// splitBytes the hand-off costs more than it saves.
-const (
-	splitBytes = 8 << 20
-	partBytes  = 4 << 20
-	maxParts   = 4
-)
-
-// copyParts is how many parts a copying call of vals is cut into.
-func copyParts(vals [][]byte) int {
-	total := 0
-	for _, v := range vals {
-		total += len(v)
-	}
-	if total < splitBytes {
-		return 1
-	}
-	return max(1, min(runtime.GOMAXPROCS(0), maxParts, total/partBytes, len(vals)))
-}
-
-// split runs call over n parts of the call's compacted keys (c.st.keys
-// [lo, hi)), concurrently, and returns the first part's error that is not
-// nil. The parts share nothing but the session's scratch slices, of which
-// each touches only its own range. (A key named twice in one call may
-// then be put by two parts at once: one stores it, the other gets BUSY
-// rather than ALREADY_EXISTS.)
-func (c *Session) split(n int, call func(lo, hi int) error) error {
-	k := len(c.st.keys)
-	if n <= 1 {
-		return call(0, k)
-	}
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for p := 1; p < n; p++ {
-		wg.Add(1)
-		go func(p int) {
-			defer wg.Done()
-			errs[p] = call(p*k/n, (p+1)*k/n)
-		}(p)
-	}
-	errs[0] = call(0, k/n)
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // StorePut puts keys with values copied from the session's memory.
 func (c *Session) StorePut(m *wire.StorePutRequest, r *wire.Response) error {
 	_, ss, err := c.storeSession()
@@ -236,12 +182,8 @@ func (c *Session) StorePut(m *wire.StorePutRequest, r *wire.Response) error {
 	}
 	c.resolveExtents(m.Keys, m.Values)
 	defer c.releaseHeld()
-	st := &c.st
-	err = c.split(copyParts(st.vals), func(lo, hi int) error {
-		_, err := ss.Put(st.keys[lo:hi], st.vals[lo:hi], m.Durable, st.codes[lo:hi], nil, nil, 0)
-		return c.storeErr(err)
-	})
-	if err != nil {
+	_, err = ss.Put(c.st.keys, c.st.vals, m.Durable, c.st.codes, nil, nil, 0)
+	if err = c.storeErr(err); err != nil {
 		return err
 	}
 	wire.SetResponse[wire.StorePutResponse](r).Codes = c.scatter()
@@ -256,12 +198,8 @@ func (c *Session) StoreRead(m *wire.StoreReadRequest, r *wire.Response) error {
 	}
 	c.resolveExtents(m.Keys, m.Dests)
 	defer c.releaseHeld()
-	st := &c.st
-	err = c.split(copyParts(st.vals), func(lo, hi int) error {
-		_, err := kv.Read(st.keys[lo:hi], st.vals[lo:hi], st.lens[lo:hi], st.codes[lo:hi], nil, nil, 0)
-		return c.storeErr(err)
-	})
-	if err != nil {
+	_, err = kv.Read(c.st.keys, c.st.vals, c.st.lens, c.st.codes, nil, nil, 0)
+	if err = c.storeErr(err); err != nil {
 		return err
 	}
 	n := len(m.Keys)
