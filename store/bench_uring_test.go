@@ -20,14 +20,25 @@ const benchBatch = 32
 
 func benchUring(b *testing.B) *uringEnv {
 	b.Helper()
-	return benchUringL2(b, FileL2{Size: 1 << 30, RegionSize: 64 << 20})
+	return benchUringL2(b, FileL2{Size: 1 << 30, RegionSize: 64 << 20}, false)
 }
 
-func benchUringL2(b *testing.B, f FileL2) *uringEnv {
+// benchUringL2 is benchUring with f's L2; fresh puts it in a new directory
+// (under $TENSORCAST_STORE_BENCH_DIR when set) removed after the benchmark,
+// so that runs in one process do not recover each other's values.
+func benchUringL2(b *testing.B, f FileL2, fresh bool) *uringEnv {
 	b.Helper()
 	dir := os.Getenv("TENSORCAST_STORE_BENCH_DIR")
-	if dir == "" {
+	switch {
+	case dir == "":
 		dir = b.TempDir()
+	case fresh:
+		d, err := os.MkdirTemp(dir, "promote-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { os.RemoveAll(d) })
+		dir = d
 	}
 	u, err := openUringPool(dir, 256<<20, Config{L1Capacity: 256 << 20}, f)
 	testutil.RequireSupported(b, testutil.IOUring, err)
@@ -60,7 +71,7 @@ func BenchmarkPromoteCRC256K(b *testing.B) {
 			name = "crc32c=on"
 		}
 		b.Run(name, func(b *testing.B) {
-			promote256K(b, benchUringL2(b, FileL2{Size: 1 << 30, RegionSize: 64 << 20, NoVerifyReads: !on}))
+			promote256K(b, benchUringL2(b, FileL2{Size: 1 << 30, RegionSize: 64 << 20, NoVerifyReads: !on}, true))
 		})
 	}
 }

@@ -11,8 +11,7 @@ prefetch is its batch_get_v1 of 128 stored pages into slots 128..255.
 
 - direct: the host pool in memfds the daemon maps (tensorcast's
   HostAllocator; and SGLang's own shared-memory allocator, unsealed, when
-  the daemon accepts it), the daemon copies between its pool and the pages
-  (a call this large cut among its cores);
+  the daemon accepts it), the daemon copies between its pool and the pages;
 - copy: an ordinary host pool, libtensorcast copies through the store's
   queue.
 

@@ -63,8 +63,8 @@ value must outlive the host page (SGLang frees and rewrites host pages
 without telling its storage backend) and no client may change it once
 stored, and a prefetch must land in the host pages SGLang chose, which the
 GPU copies from (pinned for DMA: their memory cannot be swapped for the
-store's). So direct mode moves each byte once, as a memcpy would; the daemon
-cuts a large call among its cores (see BENCHMARKS.md). The pages' addresses
+store's). So direct mode moves each byte once, as a memcpy would (see
+BENCHMARKS.md for what that bounds its speed to). The pages' addresses
 come from the pool's layout (checked against its get_page_buffer_meta at
 registration and on each call's first page) rather than from asking it page
 by page.
