@@ -589,8 +589,8 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         assert p.affine is not None
         base, stride = p.affine
         ps = p.page_size
-        firsts = numpy.asarray(host_indices[::ps].numpy() if hasattr(host_indices, "numpy") else host_indices[::ps],
-                               dtype=numpy.int64)
+        sel = host_indices[::ps]
+        firsts = numpy.array(sel.tolist() if hasattr(sel, "tolist") else list(sel), dtype=numpy.int64)
         size = int(getattr(p.pool, "size", 0) or 0)
         if (firsts % ps).any() or int(firsts.min()) < 0 or int(firsts.max()) + ps > size:
             return None
