@@ -16,6 +16,7 @@ import (
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/peer/plane"
+	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
@@ -161,7 +162,15 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		}
 	}
 	if cfg.PeerListen != "" {
-		if d.peers, err = newPeerPlane(cfg, d.dir, segs, d.exports, log); err != nil {
+		// Each reactor worker reaps the completions of the RDMA work it
+		// posts, in its own loop (rdma.Homes).
+		homes := rdma.NewHomes(d.reactors.Workers(), 0)
+		for i := range homes.Len() {
+			if err := d.reactors.AddReaper(i, homes.Home(i)); err != nil {
+				return nil, err
+			}
+		}
+		if d.peers, err = newPeerPlane(cfg, d.dir, segs, d.exports, homes, log); err != nil {
 			return nil, err
 		}
 		rt.Remote = d.peers

@@ -85,7 +85,6 @@ type Links struct {
 
 	exports exportRegs
 	locals  localRegs
-	pins    pins
 	stats   rdmaStats
 	// linkDown and localMissing fail requests of rdma-only segments
 	// (pins.go).
@@ -111,6 +110,9 @@ type Config struct {
 	Open func(rdma.Config, *slog.Logger) (Device, error)
 	// Log is the RDMA side's logger (default: the peer plane's).
 	Log *slog.Logger
+	// Homes are the reactor workers that post on the links and reap their
+	// completions themselves (rdma.Config.Homes); nil: none.
+	Homes *rdma.Homes
 }
 
 // Device is the RDMA device the links run on: *rdma.Device, or a device
@@ -146,7 +148,7 @@ func New(cfg Config, pools []xfer.MemSegment, node *tcp.Node, exports *peer.Expo
 			return d, nil
 		}
 	}
-	dev, err := open(rdma.Config{Device: cfg.Device, GID: cfg.GID, QPs: cfg.QPs}, log)
+	dev, err := open(rdma.Config{Device: cfg.Device, GID: cfg.GID, QPs: cfg.QPs, Homes: cfg.Homes}, log)
 	if err != nil {
 		if cfg.Mode == "on" {
 			return nil, "", fmt.Errorf("rdma = on, rdma_device = %q, rdma_gid = %q: %v", cfg.Device, cfg.GID, err)
@@ -224,7 +226,7 @@ func (p *Links) Route(local, target xfer.Segment) xfer.Transport {
 	if !ok {
 		return nil
 	}
-	via := p.pinned(r)
+	via := pinned(r)
 	if via == wire.TransportTCP {
 		p.stats.toTCP.Add(1)
 		return nil
