@@ -271,6 +271,7 @@ func TestHandoffBetweenDaemons(t *testing.T) {
 		d.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case err := <-d.exited:
+			d.exited <- err
 			if err != nil {
 				t.Fatalf("round %d: the old daemon's exit at SIGTERM: %v", round, err)
 			}
@@ -332,10 +333,11 @@ func TestHandoffBetweenDaemons(t *testing.T) {
 	close(stop)
 	<-loadDone
 	d.cmd.Process.Signal(syscall.SIGTERM)
-	if err := <-d.exited; err != nil {
+	err = <-d.exited
+	d.exited <- err
+	if err != nil {
 		t.Fatalf("last daemon's exit: %v", err)
 	}
-	d.exited <- nil
 }
 
 // TestHandoffStaleWriter: a part of the old daemon that does not let go
