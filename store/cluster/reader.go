@@ -413,6 +413,7 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	}
 	var ck [][]byte
 	var cw []*want
+	var crcs []uint32
 	for j, sp := range spans {
 		w := mw[j]
 		if got, want := store.CRC(c.cfg.Pool[sp.Local:sp.Local+sp.Length]), w.cands[w.next].CRC; got != want {
@@ -424,13 +425,15 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 		c.byPeer.add(id, sp.Length)
 		ck = append(ck, mk[j])
 		cw = append(cw, w)
+		crcs = append(crcs, w.cands[w.next].CRC)
 	}
 	if len(ck) == 0 {
 		return
 	}
 	ccodes := make([]store.Code, len(ck))
 	cerrs := make([]error, len(ck))
-	if _, err := ss.Commit(ck, false, ccodes, cerrs, nil, 0); err != nil {
+	// Checked above: the commit does not read the bytes again.
+	if err := ss.CommitChecked(ck, crcs, ccodes, cerrs); err != nil {
 		for _, w := range cw {
 			w.last = err
 		}
