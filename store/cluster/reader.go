@@ -13,21 +13,6 @@ import (
 // The reader's side: lookups at the homes, fetches from the holders,
 // Present and Removed.
 
-// lookupAt asks home about keys (at most maxMsgKeys, fitting one message),
-// by deadline.
-func (c *Cluster) lookupAt(home string, keys [][]byte, deadline time.Time) ([]lookupAnswer, error) {
-	if home == c.self {
-		return c.lookupHere(keys), nil
-	}
-	c.c.lookups.Add(uint64(len(keys)))
-	resp, err := c.exchangeBy(home, c.epochOf(home), kindLookup, encodeKeys(keys), deadline)
-	if err != nil {
-		c.c.lookupFailed.Add(uint64(len(keys)))
-		return nil, fmt.Errorf("%w: %s: %w", ErrHomeUnreachable, home, err)
-	}
-	return decodeLookupAnswer(resp, len(keys))
-}
-
 // lookupAll asks the homes of the keys not skipped about them, every home
 // at once, by deadline; as[i] or errs[i] is key i's answer. With cache, a
 // fresh cached answer stands for the home's (cached[i] says so).
@@ -35,9 +20,8 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 	as = make([]lookupAnswer, len(keys))
 	errs = make([]error, len(keys))
 	cached = make([]bool, len(keys))
-	v := c.view.Load()
 	now := time.Now()
-	byHome := map[string][]int{}
+	var pos []int
 	for i, k := range keys {
 		if skip != nil && skip[i] {
 			continue
@@ -49,37 +33,54 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 				continue
 			}
 		}
-		h := v.home(c.shardOf(k))
-		byHome[h] = append(byHome[h], i)
+		pos = append(pos, i)
 	}
-	var wg sync.WaitGroup
-	for home, pos := range byHome {
-		for _, ch := range chunks(keys, pos, 2+1+maxHoldersCap*(1+maxIDLen+21)) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				part := make([][]byte, len(ch))
-				for j, p := range ch {
-					part[j] = keys[p]
-				}
-				got, err := c.lookupAt(home, part, deadline)
-				for j, p := range ch {
-					switch {
-					case err != nil:
-						errs[p] = err
-					case got[j].code == codeNotHome:
-						errs[p] = fmt.Errorf("%w: %s", ErrNotHome, home)
-					default:
-						as[p] = got[j]
-						if home != c.self {
-							c.answers.put(keys[p], got[j].holders, now)
-						}
-					}
-				}
-			}()
+	if len(pos) == 0 {
+		return as, errs, cached
+	}
+	part := func(ps []int) [][]byte {
+		ks := make([][]byte, len(ps))
+		for j, p := range ps {
+			ks[j] = keys[p]
+		}
+		return ks
+	}
+	take := func(ps []int, home string, got []lookupAnswer) {
+		for j, p := range ps {
+			if got[j].code == codeNotHome {
+				errs[p] = fmt.Errorf("%w: %s", ErrNotHome, home)
+				continue
+			}
+			as[p] = got[j]
+			if home != c.self {
+				c.answers.put(keys[p], got[j].holders, now)
+			}
 		}
 	}
-	wg.Wait()
+	c.toHomes(keys, pos, homeMsg{
+		kind:  kindLookup,
+		per:   2 + 1 + maxHoldersCap*(1+maxIDLen+21),
+		build: func(ps []int) []byte { return encodeKeys(part(ps)) },
+		local: func(ps []int) { take(ps, c.self, c.lookupHere(part(ps))) },
+		got: func(ps []int, home string, body []byte, err error) {
+			c.c.lookups.Add(uint64(len(ps)))
+			var got []lookupAnswer
+			if err == nil {
+				got, err = decodeLookupAnswer(body, len(ps))
+			}
+			if err != nil {
+				c.c.lookupFailed.Add(uint64(len(ps)))
+				if !errors.Is(err, ErrStaleGeneration) {
+					err = fmt.Errorf("%w: %s: %w", ErrHomeUnreachable, home, err)
+				}
+				for _, p := range ps {
+					errs[p] = err
+				}
+				return
+			}
+			take(ps, home, got)
+		},
+	}, deadline)
 	return as, errs, cached
 }
 
@@ -98,6 +99,27 @@ func (c *Cluster) Present(keys [][]byte, found []bool) {
 			}
 		}
 	}
+}
+
+// PresentAsync is Present on a goroutine of its own (store.RemotePresence),
+// ending by Config.Timeout; when closing, done runs at once with nothing
+// found.
+func (c *Cluster) PresentAsync(keys [][]byte, found []bool, done func()) {
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		c.fetchWG.Add(1)
+	}
+	c.mu.Unlock()
+	if closed {
+		done()
+		return
+	}
+	go func() {
+		defer c.fetchWG.Done()
+		c.Present(keys, found)
+		done()
+	}()
 }
 
 // SizeOf is the size of key's value at another holder, as its home says
@@ -119,28 +141,29 @@ func (c *Cluster) SizeOf(key []byte) (uint64, bool) {
 // home that cannot be reached is logged.
 func (c *Cluster) Removed(keys [][]byte) {
 	c.answers.drop(keys)
-	var wg sync.WaitGroup
-	for home, pos := range c.byHome(keys) {
-		for _, ch := range chunks(keys, pos, 2) {
-			part := make([][]byte, len(ch))
-			for j, p := range ch {
-				part[j] = keys[p]
-			}
-			if home == c.self {
-				c.removeHere(c.self, part)
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, err := c.exchange(home, c.epochOf(home), kindRemove, encodeKeys(part)); err != nil {
-					c.log.Info("a home did not take a removal: other copies may stay until re-announced",
-						"home", home, "keys", len(part), "err", err)
-				}
-			}()
-		}
+	pos := make([]int, len(keys))
+	for i := range pos {
+		pos[i] = i
 	}
-	wg.Wait()
+	part := func(ps []int) [][]byte {
+		ks := make([][]byte, len(ps))
+		for j, p := range ps {
+			ks[j] = keys[p]
+		}
+		return ks
+	}
+	c.toHomes(keys, pos, homeMsg{
+		kind:  kindRemove,
+		per:   2,
+		build: func(ps []int) []byte { return encodeKeys(part(ps)) },
+		local: func(ps []int) { c.removeHere(c.self, part(ps)) },
+		got: func(ps []int, home string, _ []byte, err error) {
+			if err != nil {
+				c.log.Info("a home did not take a removal: other copies may stay until re-announced",
+					"home", home, "keys", len(ps), "err", err)
+			}
+		},
+	}, time.Now().Add(c.cfg.Timeout))
 }
 
 // Fetch brings keys from their holders into this daemon's store
