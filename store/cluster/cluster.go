@@ -370,21 +370,31 @@ type Where struct {
 	Shard      int
 	Home       string
 	Generation uint64 // the home's claim (etcd), or its run epoch
+	// Rendezvous is the member rendezvous hashing makes home of the shard
+	// (with etcd, the one to claim it: Home until it has).
+	Rendezvous string
 	Holders    []Holder
 }
 
 // Where asks key's home about it (the home this daemon knows, not a
 // cached answer) and says where it is.
 func (c *Cluster) Where(key []byte) (Where, error) {
-	s := c.shardOf(key)
-	home := c.Home(key)
-	w := Where{Shard: s, Home: home, Generation: c.genFor(s, home)}
-	if home == c.self {
-		w.Generation = c.heldGen(s)
-	}
+	w := c.Placement(key)
 	_, hs, err := c.Locate(key)
 	w.Holders = hs
 	return w, err
+}
+
+// Placement is key's shard, home, generation and rendezvous home as this
+// daemon knows them (no holders: nothing is asked).
+func (c *Cluster) Placement(key []byte) Where {
+	s := c.shardOf(key)
+	home := c.Home(key)
+	w := Where{Shard: s, Home: home, Generation: c.genFor(s, home), Rendezvous: c.view.Load().home(s)}
+	if home == c.self {
+		w.Generation = c.heldGen(s)
+	}
+	return w
 }
 
 // epochOf is the run a message to id is addressed to.

@@ -463,3 +463,19 @@ func decodeClaims(from string, b []byte) ([]Claim, error) {
 	}
 	return cs, d.end()
 }
+
+// Claims is the claim of every shard as this daemon knows it (with a
+// fence; nil without one).
+func (c *Cluster) Claims() []Claim {
+	if c.claims == nil {
+		return nil
+	}
+	out := make([]Claim, len(c.claims))
+	for s := range c.claims {
+		out[s].Shard = s
+		if cl := c.claims[s].Load(); cl != nil {
+			out[s] = *cl
+		}
+	}
+	return out
+}
