@@ -202,18 +202,43 @@ func (d *Dir) ClaimShards(ctx context.Context, epoch uint64, shards []int, expec
 }
 
 // ReleaseShards gives up this daemon's claims of shards, each only while
-// it is still at gens[i] (a claim taken over since is left alone).
+// it is still at gens[i] (a claim taken over since is left alone): one
+// transaction per 64 shards, and when one of them was taken over, one per
+// shard of that part.
 func (d *Dir) ReleaseShards(ctx context.Context, shards []int, gens []uint64) error {
-	for i, s := range shards {
-		k := d.shardKey(s)
+	if len(gens) != len(shards) {
+		return fmt.Errorf("%w: %d generations for %d shards", directory.ErrInvalid, len(gens), len(shards))
+	}
+	release := func(part []int, pg []uint64) (bool, error) {
+		cmps := make([]clientv3.Cmp, len(part))
+		ops := make([]clientv3.Op, len(part))
+		for i, s := range part {
+			k := d.shardKey(s)
+			cmps[i] = clientv3.Compare(clientv3.ModRevision(k), "=", int64(pg[i]))
+			ops[i] = clientv3.OpDelete(k)
+		}
 		rctx, cancel := context.WithTimeout(ctx, d.cfg.DialTimeout)
+		defer cancel()
 		d.requests.Add(1)
-		_, err := d.cli.Txn(clientv3.WithRequireLeader(rctx)).
-			If(clientv3.Compare(clientv3.ModRevision(k), "=", int64(gens[i]))).
-			Then(clientv3.OpDelete(k)).Commit()
-		cancel()
+		resp, err := d.cli.Txn(clientv3.WithRequireLeader(rctx)).If(cmps...).Then(ops...).Commit()
 		if err != nil {
-			return fmt.Errorf("%w: releasing shard %d in etcd: %v", directory.ErrUnavailable, s, err)
+			return false, fmt.Errorf("%w: releasing shards in etcd: %v", directory.ErrUnavailable, err)
+		}
+		return resp.Succeeded, nil
+	}
+	for start := 0; start < len(shards); start += maxShardTxn {
+		end := min(start+maxShardTxn, len(shards))
+		ok, err := release(shards[start:end], gens[start:end])
+		if err != nil {
+			return err
+		}
+		if ok || end-start == 1 {
+			continue
+		}
+		for i := start; i < end; i++ {
+			if _, err := release(shards[i:i+1], gens[i:i+1]); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -108,7 +108,7 @@ func (c *Cluster) heldGen(s int) uint64 {
 		}
 		return 0
 	}
-	if cl := c.claims[s].Load(); cl != nil && cl.Home == c.self {
+	if cl := c.claims[s].Load(); cl != nil && cl.Home == c.self && c.cfg.Fence.Current() {
 		return cl.Gen
 	}
 	return 0
@@ -283,15 +283,33 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 					return
 				}
 				c.c.staleAnswers.Add(1)
-				err = c.refresh(home, stale, sent)
-				if !retry || err != nil {
-					if err == nil {
-						err = fmt.Errorf("%w: %s, shards %v", ErrStaleGeneration, home, stale)
-					}
-					m.got(ch, home, nil, err)
+				if !retry {
+					m.got(ch, home, nil, fmt.Errorf("%w: %s, shards %v, after a refresh", ErrStaleGeneration, home, stale))
 					return
 				}
-				c.toHomesOnce(keys, ch, m, deadline, false)
+				// The keys of the shards refused go again once what is
+				// known of them is refreshed (or fail when nothing newer
+				// can be known); those of the others in the message go
+				// again as they are.
+				bad := map[int]bool{}
+				for _, x := range stale {
+					bad[x.shard] = true
+				}
+				rerr := c.refresh(home, stale, sent)
+				var again, failed []int
+				for _, p := range ch {
+					if rerr != nil && bad[c.shardOf(keys[p])] {
+						failed = append(failed, p)
+					} else {
+						again = append(again, p)
+					}
+				}
+				if len(failed) > 0 {
+					m.got(failed, home, nil, rerr)
+				}
+				if len(again) > 0 {
+					c.toHomesOnce(keys, again, m, deadline, false)
+				}
 			}()
 		}
 	}
@@ -299,18 +317,39 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 }
 
 // refresh brings up to date what this daemon knows of shards a home
-// refused as stale: from the directory with a fence, else from the
-// members (the view) as they are now.
+// refused as stale. Without a fence there is nothing to read: the view is
+// what the members say. With one, a home that says it holds a newer
+// generation is believed at once (it holds a claim etcd gave it, and
+// says so only while its view of etcd is current); a shard whose home
+// this daemon believed and which now holds none is read from etcd (one
+// request, only when a home was lost); an unclaimed shard is left to its
+// claim.
 func (c *Cluster) refresh(home string, stale, sent []shardGen) error {
 	c.log.Debug("a home refused a stale generation", "home", home, "stale", stale, "sent", sent)
 	if c.cfg.Fence == nil {
 		return nil
 	}
-	shards := make([]int, len(stale))
-	for i, x := range stale {
-		shards[i] = x.shard
+	var read []int
+	var told []Claim
+	for _, x := range stale {
+		known := c.claims[x.shard].Load()
+		switch {
+		case x.gen != 0 && (known == nil || x.gen > known.Gen):
+			told = append(told, Claim{Shard: x.shard, Home: home, Gen: x.gen})
+		case x.gen == 0 && known != nil && known.Home == home:
+			read = append(read, x.shard)
+		}
 	}
-	if err := c.cfg.Fence.Refresh(shards); err != nil {
+	if len(told) > 0 {
+		c.onClaims(told)
+	}
+	if len(read) == 0 {
+		if len(told) == 0 {
+			return fmt.Errorf("%w: %s is not home of shards %v, and no other home has claimed them yet", ErrStaleGeneration, home, stale)
+		}
+		return nil
+	}
+	if err := c.cfg.Fence.Refresh(read); err != nil {
 		return fmt.Errorf("%w: %s refused a stale generation and the claims could not be read again: %w", ErrStaleGeneration, home, err)
 	}
 	return nil
@@ -327,12 +366,25 @@ func (c *Cluster) onClaims(cs []Claim) {
 			continue
 		}
 		p := &c.claims[n.Shard]
-		old := p.Load()
-		if old != nil && old.Gen > n.Gen {
+		cl := n
+		var old *Claim
+		stored := false
+		for {
+			// The watch, this daemon's own claims and the claims peers
+			// tell of come on different goroutines: a generation never
+			// goes back.
+			old = p.Load()
+			if old != nil && old.Gen > n.Gen {
+				break
+			}
+			if p.CompareAndSwap(old, &cl) {
+				stored = true
+				break
+			}
+		}
+		if !stored {
 			continue
 		}
-		cl := n
-		p.Store(&cl)
 		oldHome := ""
 		if old != nil {
 			oldHome = old.Home

@@ -103,6 +103,7 @@ func (c *Cluster) announce(batch []entry) int {
 				err = c.announced(home, batch, ps, body)
 			}
 			if err != nil {
+				c.log.Debug("announcements to a home failed", "home", home, "keys", len(ps), "err", err)
 				c.c.announceFailed.Add(uint64(len(ps)))
 				mu.Lock()
 				failed += len(ps)

@@ -183,11 +183,18 @@ func (c *Cluster) onReannounce(from string, epoch uint64, req []byte) ([]byte, e
 		return nil, err
 	}
 	if len(cs) > 0 {
-		// The claims the asker won: the keys of those that are news here
-		// (the watch did not bring them yet) go to it.
+		// The claims the asker won (which the watch may not have brought
+		// here yet): the keys of those shards go to it, even when the
+		// watch brought them first, since what was sent then may have
+		// reached the asker before it knew it had won.
 		if c.claims != nil {
 			c.onClaims(cs)
 		}
+		won := map[int]bool{}
+		for _, cl := range cs {
+			won[cl.Shard] = true
+		}
+		c.reannounce(func(s int, home string) bool { return won[s] && home == from })
 		return []byte{msgVersion}, nil
 	}
 	c.reannounce(func(_ int, home string) bool { return home == from })

@@ -428,18 +428,17 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	if len(spans) == 0 {
 		return
 	}
-	if err := c.mover.Read(id, epoch, spans, deadline); err != nil {
-		for _, w := range mw {
-			w.last = fmt.Errorf("reading from %s: %w", id, err)
-		}
-		return // ss.Close gives the reservations back
-	}
+	sums, rerrs := c.readChecked(id, epoch, spans, deadline)
 	var ck [][]byte
 	var cw []*want
 	var crcs []uint32
 	for j, sp := range spans {
 		w := mw[j]
-		if got, want := store.CRC(c.cfg.Pool[sp.Local:sp.Local+sp.Length]), w.cands[w.next].CRC; got != want {
+		if rerrs[j] != nil {
+			w.last = fmt.Errorf("reading from %s: %w", id, rerrs[j])
+			continue // ss.Close gives the reservation back
+		}
+		if got, want := sums[j], w.cands[w.next].CRC; got != want {
 			c.c.crcMismatch.Add(1)
 			w.last = fmt.Errorf("%w: value from %s has crc32c %#x, its home said %#x (span %+v, first %x)", ErrHolderFailed, id, got, want, sp, c.cfg.Pool[sp.Local:sp.Local+min(sp.Length, 8)])
 			continue
@@ -468,6 +467,56 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 			w.last = nil
 		}
 	}
+}
+
+// readParts bounds the parts a holder's read is split into, and
+// readPartMin is the least a part moves.
+const (
+	readParts   = 4
+	readPartMin = 4 << 20
+)
+
+// readChecked reads spans from holder id into this daemon's pool and
+// takes each value's crc32c: sums[j] is span j's, or errs[j] why it was
+// not read. A large read is split in parts moved at once, each checked as
+// soon as it has landed, so that the checksums of the first parts are
+// taken while the last ones are still on the wire.
+func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline time.Time) (sums []uint32, errs []error) {
+	sums = make([]uint32, len(spans))
+	errs = make([]error, len(spans))
+	total := uint64(0)
+	for _, sp := range spans {
+		total += sp.Length
+	}
+	parts := int(min(uint64(readParts), max(total/readPartMin, 1)))
+	parts = min(parts, len(spans))
+	per := (total + uint64(parts) - 1) / uint64(parts)
+	var wg sync.WaitGroup
+	start := 0
+	for start < len(spans) {
+		end, size := start, uint64(0)
+		for end < len(spans) && (end == start || size+spans[end].Length <= per) {
+			size += spans[end].Length
+			end++
+		}
+		wg.Add(1)
+		go func(lo, hi int) {
+			defer wg.Done()
+			if err := c.mover.Read(id, epoch, spans[lo:hi], deadline); err != nil {
+				for j := lo; j < hi; j++ {
+					errs[j] = err
+				}
+				return
+			}
+			for j := lo; j < hi; j++ {
+				sp := spans[j]
+				sums[j] = store.CRC(c.cfg.Pool[sp.Local : sp.Local+sp.Length])
+			}
+		}(start, end)
+		start = end
+	}
+	wg.Wait()
+	return sums, errs
 }
 
 // logFailed says (at most once a second) that a remote read failed on
