@@ -321,6 +321,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_claims_refused_total", "Claims refused (too many held).", s.HoldsRefused},
 		{"tensorcast_cluster_removes_total", "Keys removed as their home, with every copy.", s.Removes},
 		{"tensorcast_cluster_tombstone_hits_total", "Re-announced copies answered \"removed\" (removed while their holder was away).", s.TombHits},
+		{"tensorcast_cluster_tombstone_retried_total", "Removed copies a holder back after being away dropped when asked again.", s.TombRetried},
 		{"tensorcast_cluster_tombstone_drops_total", "Copies this daemon dropped because their home said they were removed.", s.TombDrops},
 		{"tensorcast_cluster_tombstones_expired_total", "Tombstones gone by age (store_tombstone_ttl): that holder's copy stays.", s.TombExpired},
 		{"tensorcast_cluster_tombstones_evicted_total", "Tombstones gone by the table's bound: that holder's copy stays.", s.TombEvicted},

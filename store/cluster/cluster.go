@@ -232,6 +232,7 @@ type counters struct {
 	crcMismatch, holds, holdsRefused, removes                atomic.Uint64
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
+	tombRetried                                              atomic.Uint64
 }
 
 // New makes the cluster of st, speaking on peers and moving bytes with

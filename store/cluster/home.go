@@ -264,7 +264,9 @@ func (c *Cluster) removeHere(from string, keys [][]byte) {
 				for i, p := range ch {
 					part[i] = ks[p]
 				}
-				if _, err := c.exchange(d.id, d.epoch, kindDrop, encodeKeys(part)); err != nil {
+				// Half the timeout: the remover, which waits for this
+				// home within the whole timeout, hears back in time.
+				if _, err := c.exchangeBy(d.id, d.epoch, kindDrop, encodeKeys(part), time.Now().Add(c.cfg.Timeout/2)); err != nil {
 					// Remembered: when it re-announces them, it is told
 					// they were removed.
 					now := time.Now()

@@ -56,6 +56,7 @@ func (c *Cluster) seen(id string, epoch uint64) {
 	// index lost it when it went down, and a removal it missed meanwhile
 	// is answered "removed" (tomb.go).
 	c.pullFrom(id)
+	c.retryDrops(id)
 }
 
 // pullFrom asks member id to re-announce the keys it holds of the shards

@@ -31,6 +31,9 @@ type Stats struct {
 	// went by age and by the bound.
 	Tombstones                                    int
 	TombHits, TombDrops, TombExpired, TombEvicted uint64
+	// TombRetried counts the copies a holder back dropped when asked
+	// again.
+	TombRetried uint64
 	// StaleRefused counts messages this daemon (a home) refused for a
 	// generation it does not hold; StaleAnswers the refusals it got as a
 	// sender; ClaimsWon the shards it claimed (with etcd).
@@ -83,7 +86,7 @@ func (c *Cluster) Stats() Stats {
 		HoldsGiven: c.c.holds.Load(), HoldsRefused: c.c.holdsRefused.Load(), Removes: c.c.removes.Load(),
 		ByPeer:     by,
 		Tombstones: c.tombs.live(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
-		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(),
+		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
 	}
 }

@@ -10,8 +10,10 @@ import (
 // Remove tombstones. A home removing a key has every holder drop its copy;
 // a holder it cannot reach keeps its copy meanwhile. The home remembers
 // that copy (a tombstone: the key, the holder, the size and crc32c it had
-// announced); when the holder comes back and re-announces it, the home
-// answers "removed" instead of indexing it, and the holder drops it. A
+// announced); when the holder comes back, the home asks it again to drop
+// what the tombstones name (retryDrops), and when it re-announces a copy
+// the home answers "removed" instead of indexing it, and the holder drops
+// it; either spends the tombstone. A
 // copy announced with other bytes (a put after the removal) is not the
 // one removed, and is indexed. The table is bounded by
 // Config.MaxTombstones (the oldest goes first, counted) and
@@ -113,9 +115,65 @@ func (t *tombs) dropLocked(tb *tomb) {
 	delete(t.m, tombKey{tb.key, tb.holder})
 }
 
+// of returns the keys (at most max) of holder's tombstones.
+func (t *tombs) of(holder string, max int) [][]byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var keys [][]byte
+	for k := range t.m {
+		if k.holder == holder && len(keys) < max {
+			keys = append(keys, []byte(k.key))
+		}
+	}
+	return keys
+}
+
 // live is how many tombstones the table holds.
 func (t *tombs) live() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.m)
+}
+
+// retryDrops asks holder id, back after being away, to drop the copies
+// its tombstones here name; those it drops are forgotten. It runs in the
+// background.
+func (c *Cluster) retryDrops(id string) {
+	keys := c.tombs.of(id, c.cfg.MaxTombstones)
+	if len(keys) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.fetchWG.Add(1)
+	go func() {
+		defer c.fetchWG.Done()
+		pos := make([]int, len(keys))
+		for i := range pos {
+			pos[i] = i
+		}
+		done := 0
+		for _, ch := range chunks(keys, pos, 2) {
+			part := make([][]byte, len(ch))
+			for i, p := range ch {
+				part[i] = keys[p]
+			}
+			if _, err := c.exchange(id, c.epochOf(id), kindDrop, encodeKeys(part)); err != nil {
+				c.log.Info("a holder back did not drop removed keys yet: asked again when it re-announces them", "holder", id,
+					"keys", len(part), "err", err)
+				continue
+			}
+			for _, k := range part {
+				c.tombs.forget(k, id)
+			}
+			done += len(part)
+		}
+		if done > 0 {
+			c.c.tombRetried.Add(uint64(done))
+			c.log.Info("copies removed while their holder was away dropped now", "holder", id, "keys", done)
+		}
+	}()
 }
