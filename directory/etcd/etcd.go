@@ -8,6 +8,9 @@
 //	members/<id>            a directory.Member, under the daemon's lease
 //	exports/<id>/<name>     a directory.Export, under the same lease
 //	claims/<id>             a daemon starting with the id (claim.go)
+//	shards/<n>              the home of shard n of the store across hosts,
+//	                        under its lease; the generation is the key's
+//	                        mod revision (shards.go)
 //
 // A registration is created by a transaction on the key's create revision
 // (it exists only if nobody holds the key), so two live daemons never hold

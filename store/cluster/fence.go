@@ -418,6 +418,11 @@ func (c *Cluster) claimer() {
 	defer close(c.cdone)
 	t := time.NewTicker(c.cfg.ProbeEvery)
 	defer t.Stop()
+	// soon wakes the claimer early while its claims cannot be trusted yet
+	// (not registered in etcd, or its view of etcd too old): it claims as
+	// soon as they can.
+	soon := time.NewTimer(0)
+	defer soon.Stop()
 	var lastErr string
 	for {
 		select {
@@ -425,6 +430,11 @@ func (c *Cluster) claimer() {
 			return
 		case <-c.ckick:
 		case <-t.C:
+		case <-soon.C:
+		}
+		if !c.cfg.Fence.Current() {
+			soon.Reset(min(c.cfg.ProbeEvery, 50*time.Millisecond))
+			continue
 		}
 		if err := c.claimRound(); err != nil {
 			if err.Error() != lastErr {
