@@ -15,7 +15,7 @@ type etcdFence struct {
 	epoch uint64
 }
 
-func (f etcdFence) Watch(fn func([]cluster.Claim)) {
+func (f etcdFence) Watch(fn func([]cluster.ShardClaim)) {
 	if fn == nil {
 		f.dir.WatchShards(nil)
 		return
@@ -23,7 +23,7 @@ func (f etcdFence) Watch(fn func([]cluster.Claim)) {
 	f.dir.WatchShards(func(cs []etcd.ShardClaim) { fn(claimsOf(cs)) })
 }
 
-func (f etcdFence) Take(shards []int, expect []uint64) ([]cluster.Claim, error) {
+func (f etcdFence) Take(shards []int, expect []uint64) ([]cluster.ShardClaim, error) {
 	won, err := f.dir.ClaimShards(context.Background(), f.epoch, shards, expect)
 	return claimsOf(won), err
 }
@@ -38,10 +38,10 @@ func (f etcdFence) Refresh(shards []int) error {
 
 func (f etcdFence) Current() bool { return f.dir.ShardsCurrent() }
 
-func claimsOf(cs []etcd.ShardClaim) []cluster.Claim {
-	out := make([]cluster.Claim, len(cs))
+func claimsOf(cs []etcd.ShardClaim) []cluster.ShardClaim {
+	out := make([]cluster.ShardClaim, len(cs))
 	for i, c := range cs {
-		out[i] = cluster.Claim{Shard: c.Shard, Home: c.Home, Epoch: c.Epoch, Gen: c.Gen}
+		out[i] = cluster.ShardClaim{Shard: c.Shard, Home: c.Home, Epoch: c.Epoch, Gen: c.Gen}
 	}
 	return out
 }

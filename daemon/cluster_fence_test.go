@@ -58,22 +58,22 @@ func staleGen(t *testing.T, from *peerDaemon, home string, shard int, gen uint64
 
 // claimedAll waits until every daemon of ds knows a claim of every shard,
 // by a member of ds, and they all agree; it returns the claims.
-func claimedAll(t *testing.T, ds ...*peerDaemon) []cluster.Claim {
+func claimedAll(t *testing.T, ds ...*peerDaemon) []cluster.ShardClaim {
 	t.Helper()
 	ids := map[string]bool{}
 	for _, d := range ds {
 		ids[d.cfg.DaemonID] = true
 	}
-	var got []cluster.Claim
+	var got []cluster.ShardClaim
 	testutil.Eventually(t, 20*time.Second, func() bool {
-		got = ds[0].d.cluster.Claims()
+		got = ds[0].d.cluster.ShardClaims()
 		for _, c := range got {
 			if !ids[c.Home] || c.Gen == 0 {
 				return false
 			}
 		}
 		for _, d := range ds[1:] {
-			other := d.d.cluster.Claims()
+			other := d.d.cluster.ShardClaims()
 			for s := range got {
 				if other[s].Home != got[s].Home || other[s].Gen != got[s].Gen {
 					return false

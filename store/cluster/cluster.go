@@ -204,7 +204,7 @@ type Cluster struct {
 
 	// claims are the shard claims as the Fence says (nil without one);
 	// ckick wakes the claimer, cdone is closed when it exits.
-	claims []atomic.Pointer[Claim]
+	shardClaims []atomic.Pointer[ShardClaim]
 	ckick  chan struct{}
 	cdone  chan struct{}
 
@@ -263,7 +263,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		cdone:    make(chan struct{}),
 	}
 	if cfg.Fence != nil {
-		c.claims = make([]atomic.Pointer[Claim], cfg.Shards)
+		c.shardClaims = make([]atomic.Pointer[ShardClaim], cfg.Shards)
 	}
 	ids := cfg.Members
 	if cfg.Directory != nil {
@@ -292,7 +292,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	go c.announcer()
 	go c.reannouncer()
 	if cfg.Fence != nil {
-		cfg.Fence.Watch(c.onClaims)
+		cfg.Fence.Watch(c.onShardClaims)
 		go c.claimer()
 	} else {
 		close(c.cdone)

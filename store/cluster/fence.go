@@ -34,10 +34,10 @@ type Fence interface {
 	// Watch registers fn, called with every change of the claims (and
 	// once with those known now); fn is quick and does not call into the
 	// Fence.
-	Watch(fn func([]Claim))
+	Watch(fn func([]ShardClaim))
 	// Take claims shards for this daemon, each expected at expect[i] (0:
 	// unclaimed), and returns those won.
-	Take(shards []int, expect []uint64) ([]Claim, error)
+	Take(shards []int, expect []uint64) ([]ShardClaim, error)
 	// Release gives up this daemon's claims of shards, each while still
 	// at gens[i].
 	Release(shards []int, gens []uint64) error
@@ -48,9 +48,9 @@ type Fence interface {
 	Current() bool
 }
 
-// Claim is a shard's home and generation (Home empty: unclaimed as of
+// ShardClaim is a shard's home and generation (Home empty: unclaimed as of
 // Gen).
-type Claim struct {
+type ShardClaim struct {
 	Shard int
 	Home  string
 	Epoch uint64
@@ -67,8 +67,8 @@ const (
 // its claim (when it is up in v), else the one rendezvous names (who is
 // to claim it).
 func (c *Cluster) homeFor(v *view, s int) string {
-	if c.claims != nil {
-		if cl := c.claims[s].Load(); cl != nil && cl.Home != "" && (cl.Home == c.self || v.has(cl.Home)) {
+	if c.shardClaims != nil {
+		if cl := c.shardClaims[s].Load(); cl != nil && cl.Home != "" && (cl.Home == c.self || v.has(cl.Home)) {
 			return cl.Home
 		}
 	}
@@ -77,10 +77,10 @@ func (c *Cluster) homeFor(v *view, s int) string {
 
 // genFor is the generation a message to home about shard s carries.
 func (c *Cluster) genFor(s int, home string) uint64 {
-	if c.claims == nil {
+	if c.shardClaims == nil {
 		return c.epochOf(home)
 	}
-	if cl := c.claims[s].Load(); cl != nil && cl.Home == home {
+	if cl := c.shardClaims[s].Load(); cl != nil && cl.Home == home {
 		return cl.Gen
 	}
 	return 0
@@ -91,24 +91,24 @@ func (c *Cluster) holdsGen(s int, gen uint64) bool {
 	if s < 0 || s >= c.cfg.Shards {
 		return false
 	}
-	if c.claims == nil {
+	if c.shardClaims == nil {
 		// The transport refuses another epoch already; 0 is a sender that
 		// does not know this run's yet.
 		return gen == 0 || gen == c.peers.Epoch()
 	}
-	cl := c.claims[s].Load()
+	cl := c.shardClaims[s].Load()
 	return gen != 0 && cl != nil && cl.Home == c.self && cl.Gen == gen && c.cfg.Fence.Current()
 }
 
 // heldGen is the generation this daemon holds shard s at (0: none).
 func (c *Cluster) heldGen(s int) uint64 {
-	if c.claims == nil {
+	if c.shardClaims == nil {
 		if c.view.Load().home(s) == c.self {
 			return c.peers.Epoch()
 		}
 		return 0
 	}
-	if cl := c.claims[s].Load(); cl != nil && cl.Home == c.self && c.cfg.Fence.Current() {
+	if cl := c.shardClaims[s].Load(); cl != nil && cl.Home == c.self && c.cfg.Fence.Current() {
 		return cl.Gen
 	}
 	return 0
@@ -330,18 +330,18 @@ func (c *Cluster) refresh(home string, stale, sent []shardGen) error {
 		return nil
 	}
 	var read []int
-	var told []Claim
+	var told []ShardClaim
 	for _, x := range stale {
-		known := c.claims[x.shard].Load()
+		known := c.shardClaims[x.shard].Load()
 		switch {
 		case x.gen != 0 && (known == nil || x.gen > known.Gen):
-			told = append(told, Claim{Shard: x.shard, Home: home, Gen: x.gen})
+			told = append(told, ShardClaim{Shard: x.shard, Home: home, Gen: x.gen})
 		case x.gen == 0 && known != nil && known.Home == home:
 			read = append(read, x.shard)
 		}
 	}
 	if len(told) > 0 {
-		c.onClaims(told)
+		c.onShardClaims(told)
 	}
 	if len(read) == 0 {
 		if len(told) == 0 {
@@ -355,19 +355,19 @@ func (c *Cluster) refresh(home string, stale, sent []shardGen) error {
 	return nil
 }
 
-// onClaims takes in changes of the claims (the Fence's watcher): a shard
+// onShardClaims takes in changes of the claims (the Fence's watcher): a shard
 // this daemon lost is forgotten, the keys held here of a shard that moved
 // go to its new home, and the claimer looks again.
-func (c *Cluster) onClaims(cs []Claim) {
+func (c *Cluster) onShardClaims(cs []ShardClaim) {
 	var lost []int
 	moved := map[int]bool{}
 	for _, n := range cs {
 		if n.Shard < 0 || n.Shard >= c.cfg.Shards {
 			continue
 		}
-		p := &c.claims[n.Shard]
+		p := &c.shardClaims[n.Shard]
 		cl := n
-		var old *Claim
+		var old *ShardClaim
 		stored := false
 		for {
 			// The watch, this daemon's own claims and the claims peers
@@ -456,8 +456,8 @@ func (c *Cluster) claimRound() error {
 	v := c.view.Load()
 	var take, rel []int
 	var exp, relGen []uint64
-	for s := range c.claims {
-		cl := c.claims[s].Load()
+	for s := range c.shardClaims {
+		cl := c.shardClaims[s].Load()
 		mine := v.home(s) == c.self
 		switch {
 		case mine && (cl == nil || cl.Home == ""):
@@ -480,9 +480,9 @@ func (c *Cluster) claimRound() error {
 	won, terr := f.Take(take, exp)
 	if len(won) > 0 {
 		c.c.claimsWon.Add(uint64(len(won)))
-		c.onClaims(won)
+		c.onShardClaims(won)
 		c.log.Info("shards claimed", "shards", len(won), "asked", len(take), "generation", won[0].Gen)
-		c.pullClaims(v, won)
+		c.pullShardClaims(v, won)
 	}
 	if terr != nil {
 		return terr
@@ -490,10 +490,10 @@ func (c *Cluster) claimRound() error {
 	return err
 }
 
-// pullClaims asks every member of v to take in the claims this daemon
+// pullShardClaims asks every member of v to take in the claims this daemon
 // won and re-announce the keys it holds of those shards, in the
 // background.
-func (c *Cluster) pullClaims(v *view, won []Claim) {
+func (c *Cluster) pullShardClaims(v *view, won []ShardClaim) {
 	for len(won) > 0 {
 		n := min(len(won), maxMsgKeys)
 		e := newEnc()
@@ -508,9 +508,9 @@ func (c *Cluster) pullClaims(v *view, won []Claim) {
 	}
 }
 
-// decodeClaims decodes a re-announcement request's claims (those its
+// decodeShardClaims decodes a re-announcement request's claims (those its
 // sender won), as claims of from.
-func decodeClaims(from string, b []byte) ([]Claim, error) {
+func decodeShardClaims(from string, b []byte) ([]ShardClaim, error) {
 	if len(b) == 1 {
 		return nil, nil // no claims: a pull of the view's shards
 	}
@@ -519,23 +519,23 @@ func decodeClaims(from string, b []byte) ([]Claim, error) {
 	if d.err == nil && n > maxMsgKeys {
 		d.fail("%d claims", n)
 	}
-	cs := make([]Claim, 0, n)
+	cs := make([]ShardClaim, 0, n)
 	for i := 0; i < n && d.err == nil; i++ {
-		cs = append(cs, Claim{Shard: int(d.u32()), Home: from, Epoch: d.u64(), Gen: d.u64()})
+		cs = append(cs, ShardClaim{Shard: int(d.u32()), Home: from, Epoch: d.u64(), Gen: d.u64()})
 	}
 	return cs, d.end()
 }
 
 // Claims is the claim of every shard as this daemon knows it (with a
 // fence; nil without one).
-func (c *Cluster) Claims() []Claim {
-	if c.claims == nil {
+func (c *Cluster) ShardClaims() []ShardClaim {
+	if c.shardClaims == nil {
 		return nil
 	}
-	out := make([]Claim, len(c.claims))
-	for s := range c.claims {
+	out := make([]ShardClaim, len(c.shardClaims))
+	for s := range c.shardClaims {
 		out[s].Shard = s
-		if cl := c.claims[s].Load(); cl != nil {
+		if cl := c.shardClaims[s].Load(); cl != nil {
 			out[s] = *cl
 		}
 	}

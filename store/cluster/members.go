@@ -120,7 +120,7 @@ func (c *Cluster) recompute() {
 	}
 	c.view.Store(v)
 	c.c.viewChanges.Add(1)
-	if c.claims != nil {
+	if c.shardClaims != nil {
 		// Homes follow the claims: the claimer claims and releases what
 		// the new view calls for, and the claims' changes move the keys.
 		c.log.Info("members changed", "members", v.members)
@@ -179,7 +179,7 @@ func (c *Cluster) pullWith(v *view, req []byte) {
 
 // onReannounce re-announces the keys held here whose home is the asker.
 func (c *Cluster) onReannounce(from string, epoch uint64, req []byte) ([]byte, error) {
-	cs, err := decodeClaims(from, req)
+	cs, err := decodeShardClaims(from, req)
 	if err != nil {
 		return nil, err
 	}
@@ -188,8 +188,8 @@ func (c *Cluster) onReannounce(from string, epoch uint64, req []byte) ([]byte, e
 		// here yet): the keys of those shards go to it, even when the
 		// watch brought them first, since what was sent then may have
 		// reached the asker before it knew it had won.
-		if c.claims != nil {
-			c.onClaims(cs)
+		if c.shardClaims != nil {
+			c.onShardClaims(cs)
 		}
 		won := map[int]bool{}
 		for _, cl := range cs {
