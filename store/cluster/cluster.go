@@ -205,8 +205,8 @@ type Cluster struct {
 	// claims are the shard claims as the Fence says (nil without one);
 	// ckick wakes the claimer, cdone is closed when it exits.
 	shardClaims []atomic.Pointer[ShardClaim]
-	ckick  chan struct{}
-	cdone  chan struct{}
+	ckick       chan struct{}
+	cdone       chan struct{}
 
 	c      counters
 	byPeer peerCounts

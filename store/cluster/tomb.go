@@ -90,13 +90,16 @@ func (t *tombs) removed(key []byte, holder string, size uint64, crc uint32, now 
 	return true
 }
 
-// forget drops holder's tombstone of key (it announced the copy gone).
-func (t *tombs) forget(key []byte, holder string) {
+// forget drops holder's tombstone of key (it announced the copy gone, or
+// dropped it when asked again), reporting whether there was one.
+func (t *tombs) forget(key []byte, holder string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if tb, ok := t.m[tombKey{string(key), holder}]; ok {
+	tb, ok := t.m[tombKey{string(key), holder}]
+	if ok {
 		t.dropLocked(tb)
 	}
+	return ok
 }
 
 func (t *tombs) expireLocked(now time.Time) {
@@ -167,9 +170,10 @@ func (c *Cluster) retryDrops(id string) {
 				continue
 			}
 			for _, k := range part {
-				c.tombs.forget(k, id)
+				if c.tombs.forget(k, id) {
+					done++ // not spent meanwhile by a "removed" answer
+				}
 			}
-			done += len(part)
 		}
 		if done > 0 {
 			c.c.tombRetried.Add(uint64(done))
