@@ -249,6 +249,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}
 	deps.TransportStats = d.transportCounters
 	deps.Admission = d.admission
+	if d.cluster != nil {
+		deps.Locate = d.locate
+	}
 	if d.peers != nil {
 		deps.Peers, deps.RDMA = d.peers, d.peers
 	}

@@ -77,6 +77,8 @@ commands:
                           daemon is home of and their keys, claims held,
                           remote gets (hits, misses, failures, bytes), home
                           lookups, re-announcements
+  cluster locate KEY      where KEY lives: its shard, the shard's home and
+                          generation, the holders its home names
   put [--durable] KEY FILE
                           store FILE (- is stdin) under KEY in the KV block
                           store; --durable: on L2 before it answers

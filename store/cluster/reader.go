@@ -13,21 +13,6 @@ import (
 // The reader's side: lookups at the homes, fetches from the holders,
 // Present and Removed.
 
-// lookupAt asks home about keys (at most maxMsgKeys, fitting one message),
-// by deadline.
-func (c *Cluster) lookupAt(home string, keys [][]byte, deadline time.Time) ([]lookupAnswer, error) {
-	if home == c.self {
-		return c.lookupHere(keys), nil
-	}
-	c.c.lookups.Add(uint64(len(keys)))
-	resp, err := c.exchangeBy(home, c.epochOf(home), kindLookup, encodeKeys(keys), deadline)
-	if err != nil {
-		c.c.lookupFailed.Add(uint64(len(keys)))
-		return nil, fmt.Errorf("%w: %s: %w", ErrHomeUnreachable, home, err)
-	}
-	return decodeLookupAnswer(resp, len(keys))
-}
-
 // lookupAll asks the homes of the keys not skipped about them, every home
 // at once, by deadline; as[i] or errs[i] is key i's answer. With cache, a
 // fresh cached answer stands for the home's (cached[i] says so).
@@ -35,9 +20,8 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 	as = make([]lookupAnswer, len(keys))
 	errs = make([]error, len(keys))
 	cached = make([]bool, len(keys))
-	v := c.view.Load()
 	now := time.Now()
-	byHome := map[string][]int{}
+	var pos []int
 	for i, k := range keys {
 		if skip != nil && skip[i] {
 			continue
@@ -49,37 +33,54 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 				continue
 			}
 		}
-		h := v.home(c.shardOf(k))
-		byHome[h] = append(byHome[h], i)
+		pos = append(pos, i)
 	}
-	var wg sync.WaitGroup
-	for home, pos := range byHome {
-		for _, ch := range chunks(keys, pos, 2+1+maxHoldersCap*(1+maxIDLen+21)) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				part := make([][]byte, len(ch))
-				for j, p := range ch {
-					part[j] = keys[p]
-				}
-				got, err := c.lookupAt(home, part, deadline)
-				for j, p := range ch {
-					switch {
-					case err != nil:
-						errs[p] = err
-					case got[j].code == codeNotHome:
-						errs[p] = fmt.Errorf("%w: %s", ErrNotHome, home)
-					default:
-						as[p] = got[j]
-						if home != c.self {
-							c.answers.put(keys[p], got[j].holders, now)
-						}
-					}
-				}
-			}()
+	if len(pos) == 0 {
+		return as, errs, cached
+	}
+	part := func(ps []int) [][]byte {
+		ks := make([][]byte, len(ps))
+		for j, p := range ps {
+			ks[j] = keys[p]
+		}
+		return ks
+	}
+	take := func(ps []int, home string, got []lookupAnswer) {
+		for j, p := range ps {
+			if got[j].code == codeNotHome {
+				errs[p] = fmt.Errorf("%w: %s", ErrNotHome, home)
+				continue
+			}
+			as[p] = got[j]
+			if home != c.self {
+				c.answers.put(keys[p], got[j].holders, now)
+			}
 		}
 	}
-	wg.Wait()
+	c.toHomes(keys, pos, homeMsg{
+		kind:  kindLookup,
+		per:   2 + 1 + maxHoldersCap*(1+maxIDLen+21),
+		build: func(ps []int) []byte { return encodeKeys(part(ps)) },
+		local: func(ps []int) { take(ps, c.self, c.lookupHere(part(ps))) },
+		got: func(ps []int, home string, body []byte, err error) {
+			c.c.lookups.Add(uint64(len(ps)))
+			var got []lookupAnswer
+			if err == nil {
+				got, err = decodeLookupAnswer(body, len(ps))
+			}
+			if err != nil {
+				c.c.lookupFailed.Add(uint64(len(ps)))
+				if !errors.Is(err, ErrStaleGeneration) {
+					err = fmt.Errorf("%w: %s: %w", ErrHomeUnreachable, home, err)
+				}
+				for _, p := range ps {
+					errs[p] = err
+				}
+				return
+			}
+			take(ps, home, got)
+		},
+	}, deadline)
 	return as, errs, cached
 }
 
@@ -98,6 +99,27 @@ func (c *Cluster) Present(keys [][]byte, found []bool) {
 			}
 		}
 	}
+}
+
+// PresentAsync is Present on a goroutine of its own (store.RemotePresence),
+// ending by Config.Timeout; when closing, done runs at once with nothing
+// found.
+func (c *Cluster) PresentAsync(keys [][]byte, found []bool, done func()) {
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		c.fetchWG.Add(1)
+	}
+	c.mu.Unlock()
+	if closed {
+		done()
+		return
+	}
+	go func() {
+		defer c.fetchWG.Done()
+		c.Present(keys, found)
+		done()
+	}()
 }
 
 // SizeOf is the size of key's value at another holder, as its home says
@@ -119,28 +141,29 @@ func (c *Cluster) SizeOf(key []byte) (uint64, bool) {
 // home that cannot be reached is logged.
 func (c *Cluster) Removed(keys [][]byte) {
 	c.answers.drop(keys)
-	var wg sync.WaitGroup
-	for home, pos := range c.byHome(keys) {
-		for _, ch := range chunks(keys, pos, 2) {
-			part := make([][]byte, len(ch))
-			for j, p := range ch {
-				part[j] = keys[p]
-			}
-			if home == c.self {
-				c.removeHere(c.self, part)
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, err := c.exchange(home, c.epochOf(home), kindRemove, encodeKeys(part)); err != nil {
-					c.log.Info("a home did not take a removal: other copies may stay until re-announced",
-						"home", home, "keys", len(part), "err", err)
-				}
-			}()
-		}
+	pos := make([]int, len(keys))
+	for i := range pos {
+		pos[i] = i
 	}
-	wg.Wait()
+	part := func(ps []int) [][]byte {
+		ks := make([][]byte, len(ps))
+		for j, p := range ps {
+			ks[j] = keys[p]
+		}
+		return ks
+	}
+	c.toHomes(keys, pos, homeMsg{
+		kind:  kindRemove,
+		per:   2,
+		build: func(ps []int) []byte { return encodeKeys(part(ps)) },
+		local: func(ps []int) { c.removeHere(c.self, part(ps)) },
+		got: func(ps []int, home string, _ []byte, err error) {
+			if err != nil {
+				c.log.Info("a home did not take a removal: other copies may stay until re-announced",
+					"home", home, "keys", len(ps), "err", err)
+			}
+		},
+	}, time.Now().Add(c.cfg.Timeout))
 }
 
 // Fetch brings keys from their holders into this daemon's store
@@ -405,17 +428,17 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	if len(spans) == 0 {
 		return
 	}
-	if err := c.mover.Read(id, epoch, spans, deadline); err != nil {
-		for _, w := range mw {
-			w.last = fmt.Errorf("reading from %s: %w", id, err)
-		}
-		return // ss.Close gives the reservations back
-	}
+	sums, rerrs := c.readChecked(id, epoch, spans, deadline)
 	var ck [][]byte
 	var cw []*want
+	var crcs []uint32
 	for j, sp := range spans {
 		w := mw[j]
-		if got, want := store.CRC(c.cfg.Pool[sp.Local:sp.Local+sp.Length]), w.cands[w.next].CRC; got != want {
+		if rerrs[j] != nil {
+			w.last = fmt.Errorf("reading from %s: %w", id, rerrs[j])
+			continue // ss.Close gives the reservation back
+		}
+		if got, want := sums[j], w.cands[w.next].CRC; got != want {
 			c.c.crcMismatch.Add(1)
 			w.last = fmt.Errorf("%w: value from %s has crc32c %#x, its home said %#x (span %+v, first %x)", ErrHolderFailed, id, got, want, sp, c.cfg.Pool[sp.Local:sp.Local+min(sp.Length, 8)])
 			continue
@@ -424,13 +447,15 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 		c.byPeer.add(id, sp.Length)
 		ck = append(ck, mk[j])
 		cw = append(cw, w)
+		crcs = append(crcs, w.cands[w.next].CRC)
 	}
 	if len(ck) == 0 {
 		return
 	}
 	ccodes := make([]store.Code, len(ck))
 	cerrs := make([]error, len(ck))
-	if _, err := ss.Commit(ck, false, ccodes, cerrs, nil, 0); err != nil {
+	// Checked above: the commit does not read the bytes again.
+	if err := ss.CommitChecked(ck, crcs, ccodes, cerrs); err != nil {
 		for _, w := range cw {
 			w.last = err
 		}
@@ -442,6 +467,56 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 			w.last = nil
 		}
 	}
+}
+
+// readParts bounds the parts a holder's read is split into, and
+// readPartMin is the least a part moves.
+const (
+	readParts   = 4
+	readPartMin = 4 << 20
+)
+
+// readChecked reads spans from holder id into this daemon's pool and
+// takes each value's crc32c: sums[j] is span j's, or errs[j] why it was
+// not read. A large read is split in parts moved at once, each checked as
+// soon as it has landed, so that the checksums of the first parts are
+// taken while the last ones are still on the wire.
+func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline time.Time) (sums []uint32, errs []error) {
+	sums = make([]uint32, len(spans))
+	errs = make([]error, len(spans))
+	total := uint64(0)
+	for _, sp := range spans {
+		total += sp.Length
+	}
+	parts := int(min(uint64(readParts), max(total/readPartMin, 1)))
+	parts = min(parts, len(spans))
+	per := (total + uint64(parts) - 1) / uint64(parts)
+	var wg sync.WaitGroup
+	start := 0
+	for start < len(spans) {
+		end, size := start, uint64(0)
+		for end < len(spans) && (end == start || size+spans[end].Length <= per) {
+			size += spans[end].Length
+			end++
+		}
+		wg.Add(1)
+		go func(lo, hi int) {
+			defer wg.Done()
+			if err := c.mover.Read(id, epoch, spans[lo:hi], deadline); err != nil {
+				for j := lo; j < hi; j++ {
+					errs[j] = err
+				}
+				return
+			}
+			for j := lo; j < hi; j++ {
+				sp := spans[j]
+				sums[j] = store.CRC(c.cfg.Pool[sp.Local : sp.Local+sp.Length])
+			}
+		}(start, end)
+		start = end
+	}
+	wg.Wait()
+	return sums, errs
 }
 
 // logFailed says (at most once a second) that a remote read failed on
