@@ -79,4 +79,7 @@ type Deps struct {
 	// which tcctl mode shows and changes; optional (Mode then answers
 	// UNAVAILABLE).
 	Admission *grant.Admission
+	// Locate says where a key lives in the store across hosts (tcctl
+	// cluster locate); optional (the call then answers UNAVAILABLE).
+	Locate func(key []byte) (wire.ClusterLocateResponse, error)
 }

@@ -148,6 +148,8 @@ func (c *conn) handle() ([]byte, int) {
 		err = ss.LeaseRelease(ctx, b, r)
 	case *wire.ModeRequest:
 		err = c.mode(b)
+	case *wire.ClusterLocateRequest:
+		err = c.clusterLocate(b)
 	default:
 		err = fmt.Errorf("%w: request body %s is not served", ErrMalformed, kind)
 	}

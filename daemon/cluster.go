@@ -64,6 +64,8 @@ func (d *Daemon) openCluster() error {
 			}
 			return ids
 		}
+		// Homes claim their shards in etcd with fenced generations.
+		ccfg.Fence = etcdFence{dir: dir, epoch: d.peers.Node().Epoch()}
 	}
 	cl, err := cluster.New(ccfg, d.stores[0], nodePeers{d.peers.Node()}, mv)
 	if err != nil {
@@ -72,6 +74,28 @@ func (d *Daemon) openCluster() error {
 	d.cluster, d.mover = cl, mv
 	d.stores[0].SetRemote(cl)
 	return nil
+}
+
+// locate answers tcctl cluster locate: key's shard, its home and
+// generation, and the holders the home names.
+func (d *Daemon) locate(key []byte) (wire.ClusterLocateResponse, error) {
+	cl := d.cluster
+	if cl == nil {
+		return wire.ClusterLocateResponse{}, fmt.Errorf("%w: the store across hosts is closed", xfer.ErrUnavailable)
+	}
+	w, err := cl.Where(key)
+	if err != nil {
+		return wire.ClusterLocateResponse{}, err
+	}
+	r := wire.ClusterLocateResponse{Shard: uint32(w.Shard), Home: w.Home, Generation: w.Generation}
+	for _, h := range w.Holders[:min(len(w.Holders), wire.MaxLocateHolders)] {
+		r.Holders = append(r.Holders, h.ID)
+		r.HolderEpochs = append(r.HolderEpochs, h.Epoch)
+		r.HolderTiers = append(r.HolderTiers, h.Tier)
+		r.HolderSizes = append(r.HolderSizes, h.Size)
+		r.HolderCRCs = append(r.HolderCRCs, h.CRC)
+	}
+	return r, nil
 }
 
 // detachCluster makes the store this host's alone: no store call starts
@@ -276,6 +300,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 	e.Gauge("tensorcast_cluster_home_shards", "Shards this daemon is home of.", float64(s.HomeOf))
 	e.Gauge("tensorcast_cluster_index_keys", "Keys in this daemon's location index (as a home).", float64(s.IndexKeys))
 	e.Gauge("tensorcast_cluster_claims", "Claims other daemons' readers hold here now.", float64(s.Holds))
+	e.Gauge("tensorcast_cluster_tombstones", "Removed copies this daemon (a home) remembers for holders it did not reach.", float64(s.Tombstones))
 	e.Gauge("tensorcast_cluster_home_claims", "Claims this daemon, as a home, has handed readers and not had back.", float64(s.ClaimsOutstanding))
 	for _, c := range []struct {
 		name, help string
@@ -297,6 +322,14 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_claims_given_total", "Claims handed to other daemons' readers.", s.HoldsGiven},
 		{"tensorcast_cluster_claims_refused_total", "Claims refused (too many held).", s.HoldsRefused},
 		{"tensorcast_cluster_removes_total", "Keys removed as their home, with every copy.", s.Removes},
+		{"tensorcast_cluster_tombstone_hits_total", "Re-announced copies answered \"removed\" (removed while their holder was away).", s.TombHits},
+		{"tensorcast_cluster_tombstone_retried_total", "Removed copies a holder back after being away dropped when asked again.", s.TombRetried},
+		{"tensorcast_cluster_tombstone_drops_total", "Copies this daemon dropped because their home said they were removed.", s.TombDrops},
+		{"tensorcast_cluster_tombstones_expired_total", "Tombstones gone by age (store_tombstone_ttl): that holder's copy stays.", s.TombExpired},
+		{"tensorcast_cluster_tombstones_evicted_total", "Tombstones gone by the table's bound: that holder's copy stays.", s.TombEvicted},
+		{"tensorcast_cluster_stale_refused_total", "Messages this daemon refused as a home: sent for a generation it does not hold.", s.StaleRefused},
+		{"tensorcast_cluster_stale_answers_total", "Messages other homes refused for a stale generation (refreshed and sent again once).", s.StaleAnswers},
+		{"tensorcast_cluster_shards_claimed_total", "Shards this daemon claimed in etcd as their home.", s.ClaimsWon},
 		{"tensorcast_cluster_home_claims_granted_total", "Claims handed readers by this daemon as a home.", s.ClaimsGranted},
 		{"tensorcast_cluster_home_claims_refused_total", "Reads answered busy by this daemon as a home: every copy of the key at its reader limit.", s.ClaimsRefused},
 		{"tensorcast_cluster_home_claims_expired_total", "Claims that reached their read's deadline unreleased.", s.ClaimsExpired},
@@ -337,6 +370,8 @@ func (d *Daemon) clusterCounters(dst []wire.Counter) []wire.Counter {
 		wire.Counter{Name: "cluster_home_cache_hits", Value: s.CacheHits},
 		wire.Counter{Name: "cluster_reannounced", Value: s.Reannounced},
 		wire.Counter{Name: "cluster_crc_mismatches", Value: s.CRCMismatch},
+		wire.Counter{Name: "cluster_tombstones", Value: uint64(s.Tombstones)},
+		wire.Counter{Name: "cluster_stale_refused", Value: s.StaleRefused},
 		wire.Counter{Name: "cluster_home_claims", Value: s.ClaimsOutstanding},
 		wire.Counter{Name: "cluster_home_claims_refused", Value: s.ClaimsRefused},
 		wire.Counter{Name: "cluster_replicas", Value: uint64(d.cfg.StoreReplicas)},

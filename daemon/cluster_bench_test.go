@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +21,10 @@ import (
 //	           pins); d2's copies are removed, untimed, between rounds;
 //	tcp-alone  a client of d2 READs 128 × 256 KiB from a buffer a client
 //	           of d1 exported, in one Transfer.
+//
+// Both report cpu-s/GB: the CPU time of the whole process (both daemons
+// and the clients are in it) per GB moved, over the timed loop (the
+// cluster's untimed removal of d2's copies between rounds included).
 //
 // go test -run '^$' -bench BenchmarkStoreRemoteGet -benchtime 20x ./daemon/
 func BenchmarkStoreRemoteGet(b *testing.B) {
@@ -74,6 +79,7 @@ func BenchmarkStoreRemoteGet(b *testing.B) {
 		}
 		codes := make([]store.Code, n)
 		b.SetBytes(n * size)
+		cpu := startCPU()
 		b.ResetTimer()
 		for i := range b.N {
 			call(uint64(2*i), func() (bool, error) { return q.Get(keys, res, uint64(2*i)) })
@@ -87,6 +93,7 @@ func BenchmarkStoreRemoteGet(b *testing.B) {
 			}
 			b.StartTimer()
 		}
+		cpu.report(b, n*size)
 	})
 
 	b.Run("tcp-alone", func(b *testing.B) {
@@ -114,6 +121,7 @@ func BenchmarkStoreRemoteGet(b *testing.B) {
 		}
 		res := make([]error, n)
 		b.SetBytes(n * size)
+		cpu := startCPU()
 		b.ResetTimer()
 		for range b.N {
 			sum, err := c.Transfer(reqs, 30*time.Second, res)
@@ -121,5 +129,27 @@ func BenchmarkStoreRemoteGet(b *testing.B) {
 				b.Fatalf("transfer: %v %+v", err, sum)
 			}
 		}
+		cpu.report(b, n*size)
 	})
+}
+
+// cpuMark is the process's CPU time (user and system) at a point.
+type cpuMark struct{ at time.Duration }
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func startCPU() cpuMark { return cpuMark{processCPU()} }
+
+// report adds cpu-s/GB: the CPU time since m per GB of b.N rounds of
+// bytes each.
+func (m cpuMark) report(b *testing.B, bytes int) {
+	used := processCPU() - m.at
+	gb := float64(b.N) * float64(bytes) / 1e9
+	b.ReportMetric(used.Seconds()/gb, "cpu-s/GB")
 }

@@ -193,7 +193,9 @@ func (qs *qstore) start(e *queue.SQE) Code {
 	case queue.OpStoreCommit:
 		pending, err = qs.ss.Commit(keys, e.Flags&queue.SQEFlagDurable != 0, c.codes, nil, qs, tag)
 	case queue.OpStoreExists:
-		err = qs.s.Exists(keys, c.codes)
+		// Keys other hosts hold are asked of their homes in the
+		// background: the worker goes on.
+		pending, err = qs.s.ExistsAsync(keys, c.codes, qs, tag)
 	case queue.OpStoreUnpin:
 		err = qs.ss.Unpin(keys, c.codes)
 	}

@@ -518,8 +518,11 @@ func joinFree(cause, rollback error) error {
 }
 
 // publish makes a reserved entry visible in L1. sh.mu is held. The caller
-// kicks the maintenance loop (once per call) so that it writes back.
-func (s *Store) publish(sh *shard, idx uint32) {
+// kicks the maintenance loop (once per call) so that it writes back. With
+// the store across hosts, crc is the value's crc32c (haveCRC), taken by the
+// caller before it locked the shard (crcOutside): the announcement then
+// reads nothing under the lock.
+func (s *Store) publish(sh *shard, idx uint32, crc uint32, haveCRC bool) {
 	e := sh.ent(idx)
 	e.state = stReady
 	e.flags = e.flags&^fCopyPut | fL1
@@ -532,7 +535,19 @@ func (s *Store) publish(sh *shard, idx uint32) {
 	s.c.reserved.Add(^uint64(0))
 	s.c.keys.Add(1)
 	s.c.l1Keys.Add(1)
-	s.announce(sh, idx, 0, false)
+	s.announce(sh, idx, crc, haveCRC)
+}
+
+// crcOutside is the crc32c of pool bytes [off, off+size) of a value about
+// to be published, when the store across hosts will announce it (else
+// false): taken with no shard lock held, so a commit of large values does
+// not hold its shard for the checksum. The caller owns the block (a
+// reservation of its session, whose mu it holds, or a copying put's).
+func (s *Store) crcOutside(off, size uint64) (uint32, bool) {
+	if s.rem() == nil {
+		return 0, false
+	}
+	return crc32c(s.poolMem[off : off+size]), true
 }
 
 // Commit makes reserved keys visible. Without durable they are visible at
@@ -544,13 +559,30 @@ func (s *Store) publish(sh *shard, idx uint32) {
 // reserved by this session gets FAILED_PRECONDITION, or ALREADY_EXISTS /
 // BUSY when it is stored / in flight.
 func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
-	return ss.CommitCopies(keys, durable, 0, codes, errs, done, tag)
+	return ss.commit(keys, durable, 0, nil, codes, errs, done, tag)
 }
 
 // CommitCopies is Commit with copies (this host's included) kept of each
 // value by the store across hosts, for this call: 0 is the session's
 // number (SetReplicas), 1 none elsewhere (replicate.go).
 func (ss *Session) CommitCopies(keys [][]byte, durable bool, copies int, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	return ss.commit(keys, durable, copies, nil, codes, errs, done, tag)
+}
+
+// CommitChecked is a blocking Commit of values whose crc32c the caller
+// took already (crcs[i], checked against what their writer announced):
+// the store across hosts commits a value it fetched with it, so that the
+// bytes are not read a second time (with durable, the write to L2 takes
+// its own).
+func (ss *Session) CommitChecked(keys [][]byte, durable bool, crcs []uint32, codes []Code, errs []error) error {
+	if len(crcs) != len(keys) {
+		return fmt.Errorf("%w: %d checksums for %d keys", ErrBadCall, len(crcs), len(keys))
+	}
+	_, err := ss.commit(keys, durable, 0, crcs, codes, errs, nil, 0)
+	return err
+}
+
+func (ss *Session) commit(keys [][]byte, durable bool, copies int, crcs []uint32, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
 	s := ss.s
 	if copies < 0 || copies > MaxReplicas {
 		fill(codes, InvalidArgument)
@@ -586,8 +618,18 @@ func (ss *Session) CommitCopies(keys [][]byte, durable bool, copies int, codes [
 			continue
 		}
 		if !durable {
-			s.publish(sh, r.idx)
 			off, size := e.l1, uint64(e.size)
+			crc, haveCRC := uint32(0), false
+			if crcs != nil {
+				crc, haveCRC = crcs[i], true
+			} else if s.rem() != nil {
+				// ss.mu is held and the entry is this session's
+				// reservation: nobody else moves it meanwhile.
+				sh.mu.Unlock()
+				crc, haveCRC = s.crcOutside(off, size)
+				sh.mu.Lock()
+			}
+			s.publish(sh, r.idx, crc, haveCRC)
 			sh.mu.Unlock()
 			s.journalPublished(r, off, size)
 			ss.unreserve(r)
@@ -732,9 +774,14 @@ func (ss *Session) PutCopies(keys, vals [][]byte, durable bool, copies int, code
 			continue
 		}
 		sh := &s.shards[r.sh]
+		var crc uint32
+		var haveCRC bool
+		if !durable {
+			crc, haveCRC = s.crcOutside(off, size) // the block is this put's own until published
+		}
 		sh.mu.Lock()
 		if !durable {
-			s.publish(sh, r.idx)
+			s.publish(sh, r.idx, crc, haveCRC)
 			sh.mu.Unlock()
 			s.journalPublished(r, off, size)
 			published = true

@@ -49,6 +49,15 @@ type Remote interface {
 	SizeOf(key []byte) (uint64, bool)
 }
 
+// RemotePresence is what a Remote may also do: Present without blocking
+// its caller (the queue's Exists).
+type RemotePresence interface {
+	// PresentAsync is Present run in the background: it sets found[i] as
+	// Present does, then calls done, exactly once (possibly before
+	// PresentAsync returns). keys and found are the callee's until done.
+	PresentAsync(keys [][]byte, found []bool, done func())
+}
+
 // remoteBox holds the Remote, set once the daemon has built it.
 type remoteBox struct{ r Remote }
 
@@ -346,4 +355,50 @@ func (s *Store) removeElsewhere(keys [][]byte, codes []Code) {
 	if len(gone) > 0 {
 		r.Removed(gone)
 	}
+}
+
+// ExistsAsync is Exists for a caller that must not block on other hosts
+// (the queue's worker): the keys stored here are answered at once; when
+// some are not and the Remote can ask their homes in the background, it
+// returns pending, and done.StoreDone(tag) follows once codes holds every
+// answer. Otherwise it is Exists.
+func (s *Store) ExistsAsync(keys [][]byte, codes []Code, done Completion, tag uint64) (pending bool, err error) {
+	r, ok := s.rem().(RemotePresence)
+	if !ok || done == nil {
+		return false, s.Exists(keys, codes)
+	}
+	if err := s.begin(len(keys), codes, nil); err != nil {
+		return false, err
+	}
+	var miss []int
+	for i, k := range keys {
+		sh, _, c, _ := s.lookup(k)
+		if c == OK {
+			sh.mu.Unlock()
+		}
+		codes[i] = c
+		if c == NotFound {
+			miss = append(miss, i)
+		}
+	}
+	if len(miss) == 0 {
+		s.exit()
+		return false, nil
+	}
+	own := make([][]byte, len(miss))
+	for j, i := range miss {
+		own[j] = bytes.Clone(keys[i])
+	}
+	found := make([]bool, len(miss))
+	// The store stays entered (Close waits) until the homes answered.
+	r.PresentAsync(own, found, func() {
+		for j, f := range found {
+			if f {
+				codes[miss[j]] = OK
+			}
+		}
+		s.exit()
+		done.StoreDone(tag)
+	})
+	return true, nil
 }

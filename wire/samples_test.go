@@ -72,6 +72,7 @@ func sampleRequests() []Request {
 		with(&LeaseReleaseRequest{OpID: []byte("op-7f3a")}),
 		with(&ModeRequest{Set: "global-governed"}),
 		with(&ModeRequest{}),
+		with(&ClusterLocateRequest{Key: []byte("prefix/0007")}),
 		with(&ExportSegmentRequest{Name: []byte("shared"), Segment: 1, Rights: RightRead, Grants: []string{"team-b", "team-c"}}),
 	}
 }
@@ -177,5 +178,9 @@ func sampleResponses() []Response {
 		{RequestID: 49, Body: &LeaseReleaseResponse{}},
 		{RequestID: 50, Body: &ModeResponse{Mode: "budgeted-hybrid", RemoteGets: 256, ServeBytesPerSec: 8 << 30,
 			RemoteGetsInFlight: 3, GetsRefused: 4, ServesRefused: 5}},
+		{RequestID: 51, Body: &ClusterLocateResponse{Shard: 713, Home: "d2", Generation: 0x1234,
+			Holders: []string{"d1", "d3"}, HolderEpochs: []uint64{9, 10}, HolderTiers: []uint8{1, 2},
+			HolderSizes: []uint64{4096, 1 << 20}, HolderCRCs: []uint32{0xdeadbeef, 7}}},
+		{RequestID: 52, Body: &ClusterLocateResponse{Shard: 1, Home: "d1", Generation: 5}},
 	}
 }

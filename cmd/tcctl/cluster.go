@@ -5,15 +5,19 @@ import (
 	"io"
 	"strings"
 
+	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
 // clusterCmd prints the store across hosts as this daemon runs it, from
-// its cluster_* counters.
+// its cluster_* counters; `cluster locate KEY` where a key lives.
 func clusterCmd(sock string, args []string, w io.Writer) error {
+	if len(args) == 2 && args[0] == "locate" {
+		return locateCmd(sock, args[1], w)
+	}
 	if len(args) > 0 {
-		return fmt.Errorf("%w: cluster takes no arguments", errUsage)
+		return fmt.Errorf("%w: cluster takes no arguments, or locate KEY", errUsage)
 	}
 	c, err := dial(sock, false)
 	if err != nil {
@@ -59,4 +63,38 @@ func writeCluster(w io.Writer, cs []wire.Counter) {
 		m["replicas"], m["replicas_made"], m["replica_failures"])
 	fmt.Fprintf(w, "mode:      %s (%d remote gets or serves over its budget; tcctl mode changes it)\n",
 		grant.Mode(m["mode"]), m["over_budget"])
+}
+
+// locateCmd prints key's shard, its home and generation, and its holders.
+func locateCmd(sock, key string, w io.Writer) error {
+	c, err := dial(sock, false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	l, err := c.ClusterLocate([]byte(key))
+	if err != nil {
+		return err
+	}
+	writeLocation(w, key, l)
+	return nil
+}
+
+// writeLocation prints where key lives.
+func writeLocation(w io.Writer, key string, l client.KeyLocation) {
+	fmt.Fprintf(w, "key:        %q\n", key)
+	fmt.Fprintf(w, "shard:      %d\n", l.Shard)
+	fmt.Fprintf(w, "home:       %s (generation %#x)\n", l.Home, l.Generation)
+	if len(l.Holders) == 0 {
+		fmt.Fprintln(w, "holders:    none (no daemon holds it, as its home says)")
+		return
+	}
+	fmt.Fprintf(w, "holders:    %d\n", len(l.Holders))
+	for i, h := range l.Holders {
+		tier := "dram"
+		if l.HolderTiers[i] == 2 {
+			tier = "nvme"
+		}
+		fmt.Fprintf(w, "  %-20s epoch %#x  %s  %s  crc32c %#08x\n", h, l.HolderEpochs[i], tier, bytesStr(l.HolderSizes[i]), l.HolderCRCs[i])
+	}
 }

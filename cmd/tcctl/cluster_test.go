@@ -24,3 +24,21 @@ func TestWriteCluster(t *testing.T) {
 		}
 	}
 }
+
+func TestWriteLocation(t *testing.T) {
+	var b bytes.Buffer
+	writeLocation(&b, "k/1", wire.ClusterLocateResponse{Shard: 713, Home: "d2", Generation: 0x1234,
+		Holders: []string{"d1", "d3"}, HolderEpochs: []uint64{9, 10}, HolderTiers: []uint8{1, 2},
+		HolderSizes: []uint64{4096, 1 << 20}, HolderCRCs: []uint32{0xdeadbeef, 7}})
+	for _, want := range []string{"shard:      713", "home:       d2 (generation 0x1234)", "holders:    2", "d1", "dram",
+		"nvme", "crc32c 0xdeadbeef"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	writeLocation(&b, "k/2", wire.ClusterLocateResponse{Shard: 1, Home: "d1", Generation: 5})
+	if !strings.Contains(b.String(), "holders:    none") {
+		t.Errorf("no holders: %q", b.String())
+	}
+}

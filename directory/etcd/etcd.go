@@ -8,6 +8,9 @@
 //	members/<id>            a directory.Member, under the daemon's lease
 //	exports/<id>/<name>     a directory.Export, under the same lease
 //	claims/<id>             a daemon starting with the id (claim.go)
+//	shards/<n>              the home of shard n of the store across hosts,
+//	                        under its lease; the generation is the key's
+//	                        mod revision (shards.go)
 //
 // A registration is created by a transaction on the key's create revision
 // (it exists only if nobody holds the key), so two live daemons never hold
@@ -232,6 +235,8 @@ type Dir struct {
 	gen     uint64
 	// kick wakes the keeper when desired changed (room for one).
 	kick chan struct{}
+	// shards are the shard claims of the store across hosts (shards.go).
+	shards shardWatch
 	// primed is closed once the cache has its first listing.
 	primed     chan struct{}
 	primedOnce sync.Once
@@ -397,12 +402,18 @@ func (d *Dir) list() (int64, error) {
 		return 0, err
 	}
 	evs := make([]directory.Event, 0, len(resp.Kvs))
+	var claims []ShardClaim
 	for _, kv := range resp.Kvs {
+		if sh, ok := d.shardOf(kv.Key); ok {
+			claims = append(claims, d.shardClaimOf(sh, kv.Value, kv.ModRevision))
+			continue
+		}
 		if ev, ok := d.parse(kv.Key, kv.Value, false, kv.Lease, kv.ModRevision); ok && !ev.Delete {
 			evs = append(evs, ev)
 		}
 	}
 	d.cache.Load(evs, resp.Header.Revision)
+	d.listedShards(claims, resp.Header.Revision)
 	d.primedOnce.Do(func() { close(d.primed) })
 	d.reachable()
 	return resp.Header.Revision, nil
@@ -428,13 +439,24 @@ func (d *Dir) watch(rev int64) {
 			return
 		}
 		last := int64(0)
+		var claims []ShardClaim
 		for _, e := range resp.Events {
 			del := e.Type == mvccpb.DELETE
+			if sh, ok := d.shardOf(e.Kv.Key); ok {
+				c := ShardClaim{Shard: sh, Gen: uint64(e.Kv.ModRevision)}
+				if !del {
+					c = d.shardClaimOf(sh, e.Kv.Value, e.Kv.ModRevision)
+				}
+				claims = append(claims, c)
+				last = e.Kv.ModRevision
+				continue
+			}
 			if ev, ok := d.parse(e.Kv.Key, e.Kv.Value, del, e.Kv.Lease, e.Kv.ModRevision); ok {
 				d.cache.Apply(ev)
 			}
 			last = e.Kv.ModRevision
 		}
+		d.shardEvents(claims)
 		// A watch that is catching up (it started far behind, or fell
 		// behind) gets its events in batches whose header is etcd's
 		// current revision, with more still to come: such a batch proves

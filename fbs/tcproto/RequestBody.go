@@ -53,6 +53,7 @@ const (
 	RequestBodyLeaseCreateRequest       RequestBody = 43
 	RequestBodyLeaseReleaseRequest      RequestBody = 44
 	RequestBodyModeRequest              RequestBody = 45
+	RequestBodyClusterLocateRequest     RequestBody = 46
 )
 
 var EnumNamesRequestBody = map[RequestBody]string{
@@ -102,6 +103,7 @@ var EnumNamesRequestBody = map[RequestBody]string{
 	RequestBodyLeaseCreateRequest:       "LeaseCreateRequest",
 	RequestBodyLeaseReleaseRequest:      "LeaseReleaseRequest",
 	RequestBodyModeRequest:              "ModeRequest",
+	RequestBodyClusterLocateRequest:     "ClusterLocateRequest",
 }
 
 var EnumValuesRequestBody = map[string]RequestBody{
@@ -151,6 +153,7 @@ var EnumValuesRequestBody = map[string]RequestBody{
 	"LeaseCreateRequest":       RequestBodyLeaseCreateRequest,
 	"LeaseReleaseRequest":      RequestBodyLeaseReleaseRequest,
 	"ModeRequest":              RequestBodyModeRequest,
+	"ClusterLocateRequest":     RequestBodyClusterLocateRequest,
 }
 
 func (v RequestBody) String() string {

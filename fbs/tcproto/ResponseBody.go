@@ -53,6 +53,7 @@ const (
 	ResponseBodyLeaseCreateResponse       ResponseBody = 43
 	ResponseBodyLeaseReleaseResponse      ResponseBody = 44
 	ResponseBodyModeResponse              ResponseBody = 45
+	ResponseBodyClusterLocateResponse     ResponseBody = 46
 )
 
 var EnumNamesResponseBody = map[ResponseBody]string{
@@ -102,6 +103,7 @@ var EnumNamesResponseBody = map[ResponseBody]string{
 	ResponseBodyLeaseCreateResponse:       "LeaseCreateResponse",
 	ResponseBodyLeaseReleaseResponse:      "LeaseReleaseResponse",
 	ResponseBodyModeResponse:              "ModeResponse",
+	ResponseBodyClusterLocateResponse:     "ClusterLocateResponse",
 }
 
 var EnumValuesResponseBody = map[string]ResponseBody{
@@ -151,6 +153,7 @@ var EnumValuesResponseBody = map[string]ResponseBody{
 	"LeaseCreateResponse":       ResponseBodyLeaseCreateResponse,
 	"LeaseReleaseResponse":      ResponseBodyLeaseReleaseResponse,
 	"ModeResponse":              ResponseBodyModeResponse,
+	"ClusterLocateResponse":     ResponseBodyClusterLocateResponse,
 }
 
 func (v ResponseBody) String() string {

@@ -43,7 +43,7 @@ func (c *Cluster) claimHere(from string, keys [][]byte, deadline time.Time) []lo
 	var ids []string
 	for i, k := range keys {
 		s := c.shardOf(k)
-		if v.home(s) != c.self {
+		if c.homeFor(v, s) != c.self {
 			as[i].code = codeNotHome
 			continue
 		}
@@ -85,25 +85,6 @@ func (c *Cluster) onClaim(from string, epoch uint64, req []byte) ([]byte, error)
 		return nil, fmt.Errorf("%w: claim of %d keys for %v (ttl 1ms..%v)", ErrMessage, len(keys), ttl, maxHoldTTL)
 	}
 	return encodeClaimAnswer(c.claimHere(from, keys, time.Now().Add(ttl))), nil
-}
-
-// claimAt asks home for claims on keys (at most maxMsgKeys, fitting one
-// message) for a read ending by deadline.
-func (c *Cluster) claimAt(home string, keys [][]byte, deadline time.Time) ([]lookupAnswer, error) {
-	if home == c.self {
-		return c.claimHere(c.self, keys, deadline), nil
-	}
-	ttl := time.Until(deadline)
-	if ttl < time.Millisecond {
-		return nil, fmt.Errorf("%w: no time left to ask %s", ErrHomeUnreachable, home)
-	}
-	c.c.lookups.Add(uint64(len(keys)))
-	resp, err := c.exchangeBy(home, c.epochOf(home), kindClaim, encodeHold(uint32(ttl.Milliseconds())+1, keys), deadline)
-	if err != nil {
-		c.c.lookupFailed.Add(uint64(len(keys)))
-		return nil, fmt.Errorf("%w: %s: %w", ErrHomeUnreachable, home, err)
-	}
-	return decodeClaimAnswer(resp, len(keys))
 }
 
 // releaseClaims gives back the claims of ws (their read at the claimed

@@ -57,6 +57,10 @@ type Config struct {
 	// directory knows (from its cache: no request to etcd); the prober
 	// adds the new ones to the members and takes those gone out.
 	Directory func() []string
+	// Fence, with directory = etcd, is the shard claims: homes are those
+	// holding them, with their generations (fence.go). Without it the
+	// homes are rendezvous's over the members, at their epochs.
+	Fence Fence
 	// MaxKeys bounds the keys this daemon's location index holds as a
 	// home (default 1<<20); MaxHolders the holders per key (default 4, at
 	// most 4).
@@ -77,6 +81,11 @@ type Config struct {
 	// homes a second (default 50000).
 	ProbeEvery     time.Duration
 	ReannounceRate int
+	// MaxTombstones bounds the removed copies a home remembers for
+	// holders it could not reach (default 1<<16), for at most
+	// TombstoneTTL each (default 10 min) (tomb.go).
+	MaxTombstones int
+	TombstoneTTL  time.Duration
 	// Staleness is how long a reader keeps a home's answer (default 2 s;
 	// negative: none), for at most MaxCached keys (default 1<<16).
 	Staleness time.Duration
@@ -135,6 +144,12 @@ func (c *Config) setDefaults() error {
 	if c.MaxCached == 0 {
 		c.MaxCached = 1 << 16
 	}
+	if c.MaxTombstones == 0 {
+		c.MaxTombstones = 1 << 16
+	}
+	if c.TombstoneTTL == 0 {
+		c.TombstoneTTL = 10 * time.Minute
+	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
@@ -156,7 +171,8 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: %d replicas (want 1..%d)", xfer.ErrInvalid, c.Replicas, store.MaxReplicas)
 	case c.ClaimsPerKey < 1, c.ClaimsPerHolder < 1:
 		return fmt.Errorf("%w: claims per key and per holder must be positive", xfer.ErrInvalid)
-	case c.MaxKeys < 1, c.MaxFetches < 1, c.MaxHolds < 1, c.MaxPending < 1, c.Timeout < 0, c.ProbeEvery < 0, c.ReannounceRate < 1, c.MaxCached < 1:
+	case c.MaxKeys < 1, c.MaxFetches < 1, c.MaxHolds < 1, c.MaxPending < 1, c.Timeout < 0, c.ProbeEvery < 0, c.ReannounceRate < 1, c.MaxCached < 1,
+		c.MaxTombstones < 1, c.TombstoneTTL < 0:
 		return fmt.Errorf("%w: limits must be positive", xfer.ErrInvalid)
 	}
 	for _, m := range c.Members {
@@ -179,6 +195,7 @@ type Cluster struct {
 	self  string
 	view  atomic.Pointer[view]
 	idx   *index
+	tombs *tombs
 	// answers caches the homes' answers this daemon got as a reader.
 	answers *answers
 	// claims are the claims this daemon, as a home, handed readers.
@@ -220,6 +237,12 @@ type Cluster struct {
 	holds     map[uint64]*hold
 	nextClaim uint64
 
+	// claims are the shard claims as the Fence says (nil without one);
+	// ckick wakes the claimer, cdone is closed when it exits.
+	shardClaims []atomic.Pointer[ShardClaim]
+	ckick       chan struct{}
+	cdone       chan struct{}
+
 	c      counters
 	byPeer peerCounts
 	// lastFailLog is when logFailed last logged (unix ns); lastRepLog when
@@ -247,6 +270,8 @@ type counters struct {
 	remoteHits, remoteMisses, remoteFailed, remoteBytes      atomic.Uint64
 	crcMismatch, holds, holdsRefused, removes                atomic.Uint64
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
+	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
+	tombRetried                                              atomic.Uint64
 	overBudget                                               atomic.Uint64
 	replicasMade, replicaFailed, replicasShort               atomic.Uint64
 }
@@ -265,6 +290,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		cfg: cfg, log: cfg.Log, peers: peers, st: st, mover: mover, self: peers.ID(),
 		idx:      newIndex(cfg.Shards, cfg.MaxKeys, cfg.MaxHolders),
 		answers:  newAnswers(cfg.Staleness, cfg.MaxCached),
+		tombs:    newTombs(cfg.MaxTombstones, cfg.TombstoneTTL),
 		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -274,10 +300,15 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		rekick:   make(chan struct{}, 1),
 		redone:   make(chan struct{}),
 		members:  map[string]*member{},
+		ckick:    make(chan struct{}, 1),
+		cdone:    make(chan struct{}),
 		repKick:  make(chan struct{}, 1),
 		repDone:  make(chan struct{}),
 		claims: grant.NewClaims(grant.ClaimsConfig{MaxPerKey: cfg.ClaimsPerKey, MaxPerHolder: cfg.ClaimsPerHolder,
 			MaxOutstanding: cfg.MaxKeys, MaxTTL: maxHoldTTL}),
+	}
+	if cfg.Fence != nil {
+		c.shardClaims = make([]atomic.Pointer[ShardClaim], cfg.Shards)
 	}
 	ids := cfg.Members
 	if cfg.Directory != nil {
@@ -290,9 +321,9 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	}
 	c.view.Store(newView(c.live(), cfg.Shards))
 	for kind, h := range map[string]func(string, uint64, []byte) ([]byte, error){
-		kindAnnounce: c.onAnnounce, kindLookup: c.onLookup, kindRemove: c.onRemove,
+		kindAnnounce: c.onFenced(c.onAnnounce), kindLookup: c.onFenced(c.onLookup), kindRemove: c.onFenced(c.onRemove),
 		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
-		kindClaim: c.onClaim, kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate,
+		kindClaim: c.onFenced(c.onClaim), kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate,
 	} {
 		err := peers.Handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
 			if kind != kindHello { // a hello says whether it counts
@@ -307,6 +338,12 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	go c.announcer()
 	go c.reannouncer()
 	go c.replicator()
+	if cfg.Fence != nil {
+		cfg.Fence.Watch(c.onShardClaims)
+		go c.claimer()
+	} else {
+		close(c.cdone)
+	}
 	// What the store recovered from L2 goes to its homes.
 	c.reannounce(func(int, string) bool { return true })
 	v := c.view.Load()
@@ -319,7 +356,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 func (c *Cluster) homeOf(v *view) int {
 	n := 0
 	for s := range v.homes {
-		if v.home(s) == c.self {
+		if c.homeFor(v, s) == c.self {
 			n++
 		}
 	}
@@ -341,9 +378,13 @@ func (c *Cluster) Close() {
 		kindClaim, kindUnclaim, kindReplicate} {
 		_ = c.peers.Handle(k, nil)
 	}
+	if c.cfg.Fence != nil {
+		c.cfg.Fence.Watch(nil)
+	}
 	close(c.stop)
 	<-c.done
 	<-c.redone
+	<-c.cdone
 	<-c.repDone
 	c.fetchWG.Wait()
 	c.claims.Close()
@@ -361,20 +402,51 @@ func (c *Cluster) Close() {
 func (c *Cluster) shardOf(key []byte) int { return ShardOf(key, c.cfg.Shards) }
 
 // Home is the daemon id of key's home (tcctl cluster locate).
-func (c *Cluster) Home(key []byte) string { return c.view.Load().home(c.shardOf(key)) }
+func (c *Cluster) Home(key []byte) string { return c.homeFor(c.view.Load(), c.shardOf(key)) }
 
 // Locate is key's home and the holders it knows (asking it when it is
-// another daemon).
+// another daemon). Its answer is not kept in the cache of home answers: a
+// later read here still asks the home, and takes a claim.
 func (c *Cluster) Locate(key []byte) (home string, holders []Holder, err error) {
 	home = c.Home(key)
-	as, err := c.lookupAt(home, [][]byte{key}, time.Now().Add(c.cfg.Timeout))
-	if err != nil {
-		return home, nil, err
-	}
-	if as[0].code == codeNotHome {
-		return home, nil, ErrNotHome
+	as, errs, _, _ := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout), cacheNone, false)
+	if errs[0] != nil {
+		return home, nil, errs[0]
 	}
 	return home, as[0].holders, nil
+}
+
+// Where is a key's place in the store across hosts, as this daemon knows
+// it (tcctl cluster locate).
+type Where struct {
+	Shard      int
+	Home       string
+	Generation uint64 // the home's claim (etcd), or its run epoch
+	// Rendezvous is the member rendezvous hashing makes home of the shard
+	// (with etcd, the one to claim it: Home until it has).
+	Rendezvous string
+	Holders    []Holder
+}
+
+// Where asks key's home about it (the home this daemon knows, not a
+// cached answer) and says where it is.
+func (c *Cluster) Where(key []byte) (Where, error) {
+	w := c.Placement(key)
+	_, hs, err := c.Locate(key)
+	w.Holders = hs
+	return w, err
+}
+
+// Placement is key's shard, home, generation and rendezvous home as this
+// daemon knows them (no holders: nothing is asked).
+func (c *Cluster) Placement(key []byte) Where {
+	s := c.shardOf(key)
+	home := c.Home(key)
+	w := Where{Shard: s, Home: home, Generation: c.genFor(s, home), Rendezvous: c.view.Load().home(s)}
+	if home == c.self {
+		w.Generation = c.heldGen(s)
+	}
+	return w
 }
 
 // epochOf is the run a message to id is addressed to.
@@ -421,7 +493,7 @@ func (c *Cluster) byHome(keys [][]byte) map[string][]int {
 	v := c.view.Load()
 	m := map[string][]int{}
 	for i, k := range keys {
-		h := v.home(c.shardOf(k))
+		h := c.homeFor(v, c.shardOf(k))
 		m[h] = append(m[h], i)
 	}
 	return m
@@ -431,12 +503,13 @@ func (c *Cluster) byHome(keys [][]byte) map[string][]int {
 // maxMsgBytes bytes (each key costs at most per+its length).
 func chunks(keys [][]byte, pos []int, per int) [][]int {
 	var out [][]int
-	start, bytes := 0, 16
+	const head = 16 + fenceBytes
+	start, bytes := 0, head
 	for i, p := range pos {
 		n := per + len(keys[p])
 		if i > start && (i-start == maxMsgKeys || bytes+n > maxMsgBytes) {
 			out = append(out, pos[start:i])
-			start, bytes = i, 16
+			start, bytes = i, head
 		}
 		bytes += n
 	}

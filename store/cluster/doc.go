@@ -40,6 +40,19 @@
 //   - Modes. Config.Admission (the daemon's mode) admits each remote get
 //     and each read served to another daemon: budgets, never correctness.
 //
+// Fencing (fence.go). Every message to a home carries the generation of
+// each of its keys' shards it was sent for; a home that does not hold
+// that generation refuses it and obeys none of it, and the sender
+// refreshes and resends once. With directory = etcd a generation is a
+// claim the home took in etcd under its member lease (a transaction that
+// succeeds only for the generation expected), and homes follow the
+// claims; without etcd it is the home's run epoch.
+//
+// Removal (tomb.go). A removal drops the key at its home and every copy
+// at its holders; a holder the home does not reach is remembered with its
+// copy (a tombstone, bounded in number and age), asked again when it is
+// back, and answered "removed" when it re-announces that copy.
+//
 // Messages are exchanges on the peer channel (tcp.Node.Exchange, kinds
 // "tc.store.*"), addressed to the epoch the sender knows, so a daemon that
 // restarted never obeys what was meant for its previous run. Their codec

@@ -19,6 +19,10 @@ var (
 	ErrBusy = xfer.Categorized(xfer.ErrBackpressure, "cluster: too many remote reads in flight")
 	// ErrClosed: the cluster is closing.
 	ErrClosed = xfer.Categorized(xfer.ErrClosed, "cluster: closed")
+	// ErrStaleGeneration: a home refused a message sent for a generation
+	// of the shard it no longer holds (or never held), and refreshing what
+	// the sender knows of the shard's home did not help in time (fence.go).
+	ErrStaleGeneration = xfer.Categorized(xfer.ErrUnavailable, "cluster: the home no longer holds the generation the message was sent for")
 	// ErrReplicas: fewer daemons are up than the copies a put asked for
 	// need (a durable put answers it; one without durable logs it).
 	ErrReplicas = xfer.Categorized(xfer.ErrUnavailable, "cluster: too few daemons up for the copies asked")

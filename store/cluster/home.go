@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"encoding/binary"
 	"sync"
 	"time"
 
@@ -77,49 +76,76 @@ func (c *Cluster) announce(batch []entry) int {
 	if len(batch) == 0 {
 		return 0
 	}
-	v := c.view.Load()
-	byHome := map[string][]entry{}
-	for _, e := range batch {
-		s := c.shardOf(e.key)
-		h := v.home(s)
-		if h == c.self {
-			c.index(s, e, c.self, c.peers.Epoch())
-			continue
-		}
-		byHome[h] = append(byHome[h], e)
+	keys := make([][]byte, len(batch))
+	pos := make([]int, len(batch))
+	for i, e := range batch {
+		keys[i], pos[i] = e.key, i
 	}
-	var wg sync.WaitGroup
 	var mu sync.Mutex
 	failed := 0
-	for home, es := range byHome {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for len(es) > 0 {
-				n, size := 0, 16
-				for n < len(es) && n < maxMsgKeys && size+entryBytes(es[n]) <= maxMsgBytes {
-					size += entryBytes(es[n])
-					n++
-				}
-				resp, err := c.exchange(home, c.epochOf(home), kindAnnounce, encodeAnnounce(es[:n]))
-				if err == nil && len(resp) >= 5 && binary.LittleEndian.Uint32(resp[1:]) > 0 {
-					c.log.Debug("a home refused announcements (another view of the members)", "home", home,
-						"refused", binary.LittleEndian.Uint32(resp[1:]))
-				}
-				if err != nil {
-					c.c.announceFailed.Add(uint64(n))
-					mu.Lock()
-					failed += n
-					mu.Unlock()
-				} else {
-					c.c.announceSent.Add(uint64(n))
-				}
-				es = es[n:]
+	c.toHomes(keys, pos, homeMsg{
+		kind: kindAnnounce,
+		per:  entryBytes(entry{}),
+		build: func(ps []int) []byte {
+			es := make([]entry, len(ps))
+			for j, p := range ps {
+				es[j] = batch[p]
 			}
-		}()
-	}
-	wg.Wait()
+			return encodeAnnounce(es)
+		},
+		local: func(ps []int) {
+			for _, p := range ps {
+				c.index(c.shardOf(batch[p].key), batch[p], c.self, c.peers.Epoch())
+			}
+		},
+		got: func(ps []int, home string, body []byte, err error) {
+			if err == nil {
+				err = c.announced(home, batch, ps, body)
+			}
+			if err != nil {
+				c.log.Debug("announcements to a home failed", "home", home, "keys", len(ps), "err", err)
+				c.c.announceFailed.Add(uint64(len(ps)))
+				mu.Lock()
+				failed += len(ps)
+				mu.Unlock()
+				return
+			}
+			c.c.announceSent.Add(uint64(len(ps)))
+		},
+	}, time.Now().Add(c.cfg.Timeout))
 	return failed
+}
+
+// announced takes in a home's answer to announcements (the entries of
+// batch at ps).
+func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) error {
+	d := newDec(body)
+	refused := d.u32()
+	n := d.count(len(ps))
+	var gone [][]byte
+	for i := 0; i < n && d.err == nil; i++ {
+		j := int(d.u32())
+		if d.err == nil && j >= len(ps) {
+			d.fail("removed key %d of %d", j, len(ps))
+		}
+		if d.err == nil {
+			gone = append(gone, batch[ps[j]].key)
+		}
+	}
+	if err := d.end(); err != nil {
+		return err
+	}
+	if refused > 0 {
+		c.log.Debug("a home refused announcements (another view of the members, or its index is full)", "home", home,
+			"refused", refused)
+	}
+	if len(gone) > 0 {
+		// Removed while this daemon was not reached: its copies go now.
+		c.c.tombDrops.Add(uint64(len(gone)))
+		c.log.Info("copies removed while this daemon was away dropped, as their home says", "home", home, "keys", len(gone))
+		c.dropHere(gone)
+	}
+	return nil
 }
 
 // onAnnounce indexes a holder's announced keys of the shards this daemon
@@ -131,10 +157,18 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 	}
 	v := c.view.Load()
 	refused := uint32(0)
-	for _, e := range es {
+	var removed []uint32
+	now := time.Now()
+	for i, e := range es {
 		s := c.shardOf(e.key)
-		if v.home(s) != c.self {
+		if c.homeFor(v, s) != c.self {
 			refused++
+			continue
+		}
+		if e.tier == tierGone {
+			c.tombs.forget(e.key, from)
+		} else if c.tombs.removed(e.key, from, e.size, e.crc, now) {
+			removed = append(removed, uint32(i))
 			continue
 		}
 		if !c.index(s, e, from, epoch) {
@@ -143,6 +177,10 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 	}
 	e := newEnc()
 	e.u32(refused)
+	e.u32(uint32(len(removed)))
+	for _, i := range removed {
+		e.u32(i)
+	}
 	return e.bytes(), nil
 }
 
@@ -163,7 +201,7 @@ func (c *Cluster) lookupHere(keys [][]byte) []lookupAnswer {
 	as := make([]lookupAnswer, len(keys))
 	for i, k := range keys {
 		s := c.shardOf(k)
-		if v.home(s) != c.self {
+		if c.homeFor(v, s) != c.self {
 			as[i].code = codeNotHome
 			continue
 		}
@@ -193,15 +231,17 @@ func (c *Cluster) removeHere(from string, keys [][]byte) {
 		epoch uint64
 	}
 	drops := map[dest][][]byte{}
+	copies := map[dest][]Holder{}
 	for _, k := range keys {
 		s := c.shardOf(k)
-		if v.home(s) != c.self {
+		if c.homeFor(v, s) != c.self {
 			continue
 		}
 		for _, h := range c.idx.drop(s, k) {
 			if h.ID != from {
 				d := dest{h.ID, h.Epoch}
 				drops[d] = append(drops[d], k)
+				copies[d] = append(copies[d], h)
 			}
 		}
 	}
@@ -224,8 +264,16 @@ func (c *Cluster) removeHere(from string, keys [][]byte) {
 				for i, p := range ch {
 					part[i] = ks[p]
 				}
-				if _, err := c.exchange(d.id, d.epoch, kindDrop, encodeKeys(part)); err != nil {
-					c.log.Info("a holder did not drop removed keys (its copies stay until it re-announces)",
+				// Half the timeout: the remover, which waits for this
+				// home within the whole timeout, hears back in time.
+				if _, err := c.exchangeBy(d.id, d.epoch, kindDrop, encodeKeys(part), time.Now().Add(c.cfg.Timeout/2)); err != nil {
+					// Remembered: when it re-announces them, it is told
+					// they were removed.
+					now := time.Now()
+					for _, p := range ch {
+						c.tombs.add(ks[p], copies[d][p], now)
+					}
+					c.log.Info("a holder did not drop removed keys: they are dropped when it re-announces them",
 						"holder", d.id, "keys", len(part), "err", err)
 				}
 			}

@@ -52,6 +52,28 @@ func (c *Cluster) seen(id string, epoch uint64) {
 	// Its index is empty (restarted) or stale (unreachable a while): the
 	// keys this daemon holds of the shards it is home of go to it again.
 	c.reannounce(func(_ int, home string) bool { return home == id })
+	// And what it holds of this daemon's shards comes here again: the
+	// index lost it when it went down, and a removal it missed meanwhile
+	// is answered "removed" (tomb.go).
+	c.pullFrom(id)
+	c.retryDrops(id)
+}
+
+// pullFrom asks member id to re-announce the keys it holds of the shards
+// this daemon is home of, in the background.
+func (c *Cluster) pullFrom(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.fetchWG.Add(1)
+	go func() {
+		defer c.fetchWG.Done()
+		if _, err := c.exchange(id, c.epochOf(id), kindReannounce, []byte{msgVersion}); err != nil {
+			c.log.Info("a member was not asked to re-announce", "member", id, "err", err)
+		}
+	}()
 }
 
 // lost records that member id did not answer (err says why); it goes
@@ -98,6 +120,16 @@ func (c *Cluster) recompute() {
 	}
 	c.view.Store(v)
 	c.c.viewChanges.Add(1)
+	if c.shardClaims != nil {
+		// Homes follow the claims: the claimer claims and releases what
+		// the new view calls for, and the claims' changes move the keys.
+		c.log.Info("members changed", "members", v.members)
+		select {
+		case c.ckick <- struct{}{}:
+		default:
+		}
+		return
+	}
 	moved := make([]bool, c.cfg.Shards)
 	n, gained := 0, 0
 	for s := range moved {
@@ -118,13 +150,14 @@ func (c *Cluster) recompute() {
 	// new shards to where they were: it is asked for them again.
 	c.reannounce(func(s int, _ string) bool { return moved[s] })
 	if gained > 0 {
-		c.pull(v)
+		c.pullWith(v, []byte{msgVersion})
 	}
 }
 
-// pull asks every member of v to re-announce the keys it holds of the
-// shards this daemon is home of (in its own view), in the background.
-func (c *Cluster) pull(v *view) {
+// pullWith asks every member of v to re-announce the keys it holds of the
+// shards this daemon is home of (in its own view, or those of the claims
+// req names), in the background.
+func (c *Cluster) pullWith(v *view, req []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -137,7 +170,7 @@ func (c *Cluster) pull(v *view) {
 		c.fetchWG.Add(1)
 		go func() {
 			defer c.fetchWG.Done()
-			if _, err := c.exchange(m, c.epochOf(m), kindReannounce, []byte{msgVersion}); err != nil {
+			if _, err := c.exchange(m, c.epochOf(m), kindReannounce, req); err != nil {
 				c.log.Info("a member was not asked to re-announce", "member", m, "err", err)
 			}
 		}()
@@ -146,6 +179,25 @@ func (c *Cluster) pull(v *view) {
 
 // onReannounce re-announces the keys held here whose home is the asker.
 func (c *Cluster) onReannounce(from string, epoch uint64, req []byte) ([]byte, error) {
+	cs, err := decodeShardClaims(from, req)
+	if err != nil {
+		return nil, err
+	}
+	if len(cs) > 0 {
+		// The claims the asker won (which the watch may not have brought
+		// here yet): the keys of those shards go to it, even when the
+		// watch brought them first, since what was sent then may have
+		// reached the asker before it knew it had won.
+		if c.shardClaims != nil {
+			c.onShardClaims(cs)
+		}
+		won := map[int]bool{}
+		for _, cl := range cs {
+			won[cl.Shard] = true
+		}
+		c.reannounce(func(s int, home string) bool { return won[s] && home == from })
+		return []byte{msgVersion}, nil
+	}
 	c.reannounce(func(_ int, home string) bool { return home == from })
 	return []byte{msgVersion}, nil
 }
@@ -220,7 +272,7 @@ func (c *Cluster) walk(reqs []func(int, string) bool) bool {
 	v := c.view.Load()
 	keep := func(key []byte) bool {
 		s := c.shardOf(key)
-		h := v.home(s)
+		h := c.homeFor(v, s)
 		for _, r := range reqs {
 			if r(s, h) {
 				return true

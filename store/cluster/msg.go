@@ -27,7 +27,7 @@ import (
 // every length against what is left and against the limits before use, and
 // refuses trailing bytes.
 
-const msgVersion = 1
+const msgVersion = 2
 
 // Exchange kinds.
 const (

@@ -13,90 +13,116 @@ import (
 // The reader's side: lookups at the homes, fetches from the holders,
 // Present and Removed.
 
-// lookupAt asks home about keys (at most maxMsgKeys, fitting one message),
-// by deadline.
-func (c *Cluster) lookupAt(home string, keys [][]byte, deadline time.Time) ([]lookupAnswer, error) {
-	if home == c.self {
-		return c.lookupHere(keys), nil
-	}
-	c.c.lookups.Add(uint64(len(keys)))
-	resp, err := c.exchangeBy(home, c.epochOf(home), kindLookup, encodeKeys(keys), deadline)
-	if err != nil {
-		c.c.lookupFailed.Add(uint64(len(keys)))
-		return nil, fmt.Errorf("%w: %s: %w", ErrHomeUnreachable, home, err)
-	}
-	return decodeLookupAnswer(resp, len(keys))
-}
+// cacheUse is how lookupAll uses the cache of the homes' answers.
+type cacheUse uint8
+
+const (
+	// cacheNone: the homes are asked and their answers not kept (Locate:
+	// it shows what the home says, and leaves the reads as they were: a
+	// read whose holders come from the cache takes no claim).
+	cacheNone cacheUse = iota
+	// cacheFill: the homes are asked and their answers kept.
+	cacheFill
+	// cacheRead: a fresh cached answer stands for the home's; the homes'
+	// answers are kept.
+	cacheRead
+)
 
 // lookupAll asks the homes of the keys not skipped about them, every home
-// at once, by deadline; as[i] or errs[i] is key i's answer. With cache, a
-// fresh cached answer stands for the home's (cached[i] says so). With
-// claim, the homes are asked for claims (claim.go) on reads ending by
-// deadline; homes[i] is the home that answered key i.
-func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cache, claim bool) (as []lookupAnswer, errs []error, cached []bool, homes []string) {
+// at once, by deadline; as[i] or errs[i] is key i's answer. With
+// cacheRead, a fresh cached answer stands for the home's (cached[i] says
+// so). With claim, the homes are asked for claims (claim.go) on reads
+// ending by deadline; homes[i] is the home that answered key i.
+func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cache cacheUse, claim bool) (as []lookupAnswer, errs []error, cached []bool, homes []string) {
 	as = make([]lookupAnswer, len(keys))
 	errs = make([]error, len(keys))
 	cached = make([]bool, len(keys))
 	homes = make([]string, len(keys))
-	v := c.view.Load()
 	now := time.Now()
-	byHome := map[string][]int{}
+	var pos []int
 	for i, k := range keys {
 		if skip != nil && skip[i] {
 			continue
 		}
-		if cache {
+		if cache == cacheRead {
 			if hs, ok := c.answers.get(k, now); ok {
 				as[i].holders, cached[i] = hs, true
 				c.c.cacheHits.Add(1)
 				continue
 			}
 		}
-		h := v.home(c.shardOf(k))
-		byHome[h] = append(byHome[h], i)
-		homes[i] = h
+		pos = append(pos, i)
 	}
-	var wg sync.WaitGroup
-	for home, pos := range byHome {
-		for _, ch := range chunks(keys, pos, claimAnswerBytes) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				part := make([][]byte, len(ch))
-				for j, p := range ch {
-					part[j] = keys[p]
-				}
-				var got []lookupAnswer
-				var err error
-				if claim {
-					got, err = c.claimAt(home, part, deadline)
-				} else {
-					got, err = c.lookupAt(home, part, deadline)
-				}
-				for j, p := range ch {
-					switch {
-					case err != nil:
-						errs[p] = err
-					case got[j].code == codeNotHome:
-						errs[p] = fmt.Errorf("%w: %s", ErrNotHome, home)
-					default:
-						as[p] = got[j]
-						if home != c.self && got[j].code == codeOK {
-							c.answers.put(keys[p], got[j].holders, now)
-						}
-					}
-				}
-			}()
+	if len(pos) == 0 {
+		return as, errs, cached, homes
+	}
+	part := func(ps []int) [][]byte {
+		ks := make([][]byte, len(ps))
+		for j, p := range ps {
+			ks[j] = keys[p]
+		}
+		return ks
+	}
+	take := func(ps []int, home string, got []lookupAnswer) {
+		for j, p := range ps {
+			homes[p] = home
+			if got[j].code == codeNotHome {
+				errs[p] = fmt.Errorf("%w: %s", ErrNotHome, home)
+				continue
+			}
+			as[p] = got[j]
+			if cache != cacheNone && home != c.self && got[j].code == codeOK {
+				c.answers.put(keys[p], got[j].holders, now)
+			}
 		}
 	}
-	wg.Wait()
+	m := homeMsg{
+		kind:  kindLookup,
+		per:   claimAnswerBytes,
+		build: func(ps []int) []byte { return encodeKeys(part(ps)) },
+		local: func(ps []int) { take(ps, c.self, c.lookupHere(part(ps))) },
+		got: func(ps []int, home string, body []byte, err error) {
+			c.c.lookups.Add(uint64(len(ps)))
+			var got []lookupAnswer
+			if err == nil {
+				if claim {
+					got, err = decodeClaimAnswer(body, len(ps))
+				} else {
+					got, err = decodeLookupAnswer(body, len(ps))
+				}
+			}
+			if err != nil {
+				c.c.lookupFailed.Add(uint64(len(ps)))
+				if !errors.Is(err, ErrStaleGeneration) {
+					err = fmt.Errorf("%w: %s: %w", ErrHomeUnreachable, home, err)
+				}
+				for _, p := range ps {
+					homes[p] = home
+					errs[p] = err
+				}
+				return
+			}
+			take(ps, home, got)
+		},
+	}
+	if claim {
+		// A lookup that takes claims on reads ending by deadline
+		// (claim.go).
+		m.kind = kindClaim
+		m.build = func(ps []int) []byte {
+			ttl := max(time.Until(deadline), time.Millisecond)
+			return encodeHold(uint32(ttl.Milliseconds())+1, part(ps))
+		}
+		m.local = func(ps []int) { take(ps, c.self, c.claimHere(c.self, part(ps), deadline)) }
+	}
+	c.toHomes(keys, pos, m, deadline)
 	return as, errs, cached, homes
 }
 
 // Present sets found[i] for each key not found yet that another daemon
 // holds, as its home says (store.Remote).
 func (c *Cluster) Present(keys [][]byte, found []bool) {
-	as, _, _, _ := c.lookupAll(keys, found, time.Now().Add(c.cfg.Timeout), true, false)
+	as, _, _, _ := c.lookupAll(keys, found, time.Now().Add(c.cfg.Timeout), cacheRead, false)
 	for i := range keys {
 		if found[i] {
 			continue
@@ -110,10 +136,31 @@ func (c *Cluster) Present(keys [][]byte, found []bool) {
 	}
 }
 
+// PresentAsync is Present on a goroutine of its own (store.RemotePresence),
+// ending by Config.Timeout; when closing, done runs at once with nothing
+// found.
+func (c *Cluster) PresentAsync(keys [][]byte, found []bool, done func()) {
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		c.fetchWG.Add(1)
+	}
+	c.mu.Unlock()
+	if closed {
+		done()
+		return
+	}
+	go func() {
+		defer c.fetchWG.Done()
+		c.Present(keys, found)
+		done()
+	}()
+}
+
 // SizeOf is the size of key's value at another holder, as its home says
 // (store.Remote).
 func (c *Cluster) SizeOf(key []byte) (uint64, bool) {
-	as, errs, _, _ := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout), true, false)
+	as, errs, _, _ := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout), cacheRead, false)
 	if errs[0] != nil {
 		return 0, false
 	}
@@ -129,28 +176,29 @@ func (c *Cluster) SizeOf(key []byte) (uint64, bool) {
 // home that cannot be reached is logged.
 func (c *Cluster) Removed(keys [][]byte) {
 	c.answers.drop(keys)
-	var wg sync.WaitGroup
-	for home, pos := range c.byHome(keys) {
-		for _, ch := range chunks(keys, pos, 2) {
-			part := make([][]byte, len(ch))
-			for j, p := range ch {
-				part[j] = keys[p]
-			}
-			if home == c.self {
-				c.removeHere(c.self, part)
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, err := c.exchange(home, c.epochOf(home), kindRemove, encodeKeys(part)); err != nil {
-					c.log.Info("a home did not take a removal: other copies may stay until re-announced",
-						"home", home, "keys", len(part), "err", err)
-				}
-			}()
-		}
+	pos := make([]int, len(keys))
+	for i := range pos {
+		pos[i] = i
 	}
-	wg.Wait()
+	part := func(ps []int) [][]byte {
+		ks := make([][]byte, len(ps))
+		for j, p := range ps {
+			ks[j] = keys[p]
+		}
+		return ks
+	}
+	c.toHomes(keys, pos, homeMsg{
+		kind:  kindRemove,
+		per:   2,
+		build: func(ps []int) []byte { return encodeKeys(part(ps)) },
+		local: func(ps []int) { c.removeHere(c.self, part(ps)) },
+		got: func(ps []int, home string, _ []byte, err error) {
+			if err != nil {
+				c.log.Info("a home did not take a removal: other copies may stay until re-announced",
+					"home", home, "keys", len(ps), "err", err)
+			}
+		},
+	}, time.Now().Add(c.cfg.Timeout))
 }
 
 // Fetch brings keys from their holders into this daemon's store
@@ -392,7 +440,11 @@ func (c *Cluster) pause(d time.Duration) bool {
 // reader limit (busy: to be asked again); a key no other daemon holds, or
 // whose home failed, is answered at once.
 func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bool, done func(int, error)) (ws []*want, busy []int) {
-	as, errs, cached, homes := c.lookupAll(keys, skip, deadline, cache, true)
+	use := cacheFill
+	if cache {
+		use = cacheRead
+	}
+	as, errs, cached, homes := c.lookupAll(keys, skip, deadline, use, true)
 	for i := range keys {
 		if skip != nil && skip[i] {
 			continue
@@ -528,17 +580,17 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	if len(spans) == 0 {
 		return
 	}
-	if err := c.mover.Read(id, epoch, spans, deadline); err != nil {
-		for _, w := range mw {
-			w.last = fmt.Errorf("reading from %s: %w", id, err)
-		}
-		return // ss.Close gives the reservations back
-	}
+	sums, rerrs := c.readChecked(id, epoch, spans, deadline)
 	var ck [][]byte
 	var cw []*want
+	var crcs []uint32
 	for j, sp := range spans {
 		w := mw[j]
-		if got, want := store.CRC(c.cfg.Pool[sp.Local:sp.Local+sp.Length]), w.cands[w.next].CRC; got != want {
+		if rerrs[j] != nil {
+			w.last = fmt.Errorf("reading from %s: %w", id, rerrs[j])
+			continue // ss.Close gives the reservation back
+		}
+		if got, want := sums[j], w.cands[w.next].CRC; got != want {
 			c.c.crcMismatch.Add(1)
 			w.last = fmt.Errorf("%w: value from %s has crc32c %#x, its home said %#x (span %+v, first %x)", ErrHolderFailed, id, got, want, sp, c.cfg.Pool[sp.Local:sp.Local+min(sp.Length, 8)])
 			continue
@@ -547,13 +599,15 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 		c.byPeer.add(id, sp.Length)
 		ck = append(ck, mk[j])
 		cw = append(cw, w)
+		crcs = append(crcs, w.cands[w.next].CRC)
 	}
 	if len(ck) == 0 {
 		return
 	}
 	ccodes := make([]store.Code, len(ck))
 	cerrs := make([]error, len(ck))
-	if _, err := ss.Commit(ck, durable, ccodes, cerrs, nil, 0); err != nil {
+	// Checked above: the commit does not read the bytes again.
+	if err := ss.CommitChecked(ck, durable, crcs, ccodes, cerrs); err != nil {
 		for _, w := range cw {
 			w.last = err
 		}
@@ -565,6 +619,56 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 			w.last = nil
 		}
 	}
+}
+
+// readParts bounds the parts a holder's read is split into, and
+// readPartMin is the least a part moves.
+const (
+	readParts   = 4
+	readPartMin = 4 << 20
+)
+
+// readChecked reads spans from holder id into this daemon's pool and
+// takes each value's crc32c: sums[j] is span j's, or errs[j] why it was
+// not read. A large read is split in parts moved at once, each checked as
+// soon as it has landed, so that the checksums of the first parts are
+// taken while the last ones are still on the wire.
+func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline time.Time) (sums []uint32, errs []error) {
+	sums = make([]uint32, len(spans))
+	errs = make([]error, len(spans))
+	total := uint64(0)
+	for _, sp := range spans {
+		total += sp.Length
+	}
+	parts := int(min(uint64(readParts), max(total/readPartMin, 1)))
+	parts = min(parts, len(spans))
+	per := (total + uint64(parts) - 1) / uint64(parts)
+	var wg sync.WaitGroup
+	start := 0
+	for start < len(spans) {
+		end, size := start, uint64(0)
+		for end < len(spans) && (end == start || size+spans[end].Length <= per) {
+			size += spans[end].Length
+			end++
+		}
+		wg.Add(1)
+		go func(lo, hi int) {
+			defer wg.Done()
+			if err := c.mover.Read(id, epoch, spans[lo:hi], deadline); err != nil {
+				for j := lo; j < hi; j++ {
+					errs[j] = err
+				}
+				return
+			}
+			for j := lo; j < hi; j++ {
+				sp := spans[j]
+				sums[j] = store.CRC(c.cfg.Pool[sp.Local : sp.Local+sp.Length])
+			}
+		}(start, end)
+		start = end
+	}
+	wg.Wait()
+	return sums, errs
 }
 
 // logFailed says (at most once a second) that a remote read failed on

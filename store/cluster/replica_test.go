@@ -93,6 +93,40 @@ func TestClaimsHotKey(t *testing.T) {
 	}
 }
 
+// TestLocateKeepsNoAnswer: Locate asks the key's home and keeps nothing
+// of its answer, so that a later read on that daemon still asks the home
+// (and takes a claim) instead of reading the holders from the cache of
+// home answers, which takes none.
+func TestLocateKeepsNoAnswer(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour})
+	const key = "locate/key"
+	f.node("a").put(t, key, value(key, 4096))
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a"}) },
+		"the holder announced (home knows %v)", testutil.Lazy(func() []string { return f.holders(key) }))
+	home := f.node("a").c.Home([]byte(key))
+	var r *fakeNode // neither the holder nor the home: its Locate asks another daemon
+	for _, id := range ids[1:] {
+		if id != home {
+			r = f.node(id)
+			break
+		}
+	}
+	_, hs, err := r.c.Locate([]byte(key))
+	if err != nil || len(hs) != 1 || hs[0].ID != "a" {
+		t.Fatalf("Locate on %s: holders %v, %v; want a", r.id, hs, err)
+	}
+	before := r.c.Stats().CacheHits
+	found := make([]bool, 1)
+	r.c.Present([][]byte{[]byte(key)}, found)
+	if !found[0] {
+		t.Fatalf("Present on %s: not found, its home knows %v", r.id, f.holders(key))
+	}
+	if hits := r.c.Stats().CacheHits - before; hits != 0 {
+		t.Errorf("Present after Locate on %s: %d answers from the cache, want 0 (Locate kept its answer)", r.id, hits)
+	}
+}
+
 // TestReplicasCopied: with 2 replicas a value put on one daemon is copied
 // to another (the one rendezvous over the key picks), whose copy its home
 // knows; once the putter is gone, every other daemon reads the copy,

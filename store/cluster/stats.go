@@ -24,6 +24,20 @@ type Stats struct {
 	CRCMismatch                                         uint64
 	HoldsGiven, HoldsRefused, Removes                   uint64
 
+	// Tombstones are the removed copies this daemon (a home) remembers for
+	// holders it did not reach; TombHits the re-announced copies it
+	// answered "removed", TombDrops the copies this daemon (a holder)
+	// dropped on such an answer; TombExpired and TombEvicted those that
+	// went by age and by the bound.
+	Tombstones                                    int
+	TombHits, TombDrops, TombExpired, TombEvicted uint64
+	// TombRetried counts the copies a holder back dropped when asked
+	// again.
+	TombRetried uint64
+	// StaleRefused counts messages this daemon (a home) refused for a
+	// generation it does not hold; StaleAnswers the refusals it got as a
+	// sender; ClaimsWon the shards it claimed (with etcd).
+	StaleRefused, StaleAnswers, ClaimsWon uint64
 	// Claims this daemon, as a home, handed readers: outstanding now,
 	// ever granted, refused (every replica of the key at its limit) and
 	// ended by their deadline unreleased.
@@ -80,7 +94,10 @@ func (c *Cluster) Stats() Stats {
 		RemoteHits: c.c.remoteHits.Load(), RemoteMisses: c.c.remoteMisses.Load(), RemoteFailed: c.c.remoteFailed.Load(),
 		RemoteBytes: c.c.remoteBytes.Load(), CRCMismatch: c.c.crcMismatch.Load(),
 		HoldsGiven: c.c.holds.Load(), HoldsRefused: c.c.holdsRefused.Load(), Removes: c.c.removes.Load(),
-		ByPeer:            by,
+		ByPeer:     by,
+		Tombstones: c.tombs.live(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
+		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
+		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
 		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,
 		OverBudget:   c.c.overBudget.Load(),
 		ReplicasMade: c.c.replicasMade.Load(), ReplicaFailures: c.c.replicaFailed.Load(), ReplicasShort: c.c.replicasShort.Load(),

@@ -1,0 +1,175 @@
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/testutil"
+)
+
+// chaosSize is the size of key k's value in TestStoreAcrossHostsChaos:
+// every put of k stores the same bytes, so any answer of a get can be
+// checked exactly.
+func chaosSize(k []byte) int { return 1024 + int(k[len(k)-1])*97 }
+
+// TestStoreAcrossHostsChaos: four clients (two on d1, two on d2) put, get
+// and remove keys at random while d3, a holder and a home, is stopped
+// (SIGSTOP), resumed, then killed (SIGKILL). Every answer is the exact
+// bytes of the key, a miss or a named error (UNAVAILABLE, DEADLINE
+// EXCEEDED, BUSY, RESOURCE_EXHAUSTED, ALREADY_EXISTS), each before its
+// deadline; afterwards nothing is pinned on d1 or d2 and no claim is held
+// there.
+func TestStoreAcrossHostsChaos(t *testing.T) {
+	if spec := os.Getenv(clusterChildEnv); spec != "" {
+		clusterChild(t, spec)
+		return
+	}
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast store across hosts chaos test key")
+	d1 := startPeerWith(t, "d1", key, "", clusterConfig, dialsIn("d2"), dialsIn("d3"))
+	d2 := startPeerWith(t, "d2", key, "", clusterConfig, d1.peer(), dialsIn("d3"))
+	dir := t.TempDir()
+	sock := testConfig(dir).Socket
+	child := startChild(t, "TestStoreAcrossHostsChaos",
+		clusterChildEnv+"="+strings.Join([]string{dir, key, d1.d.PeerAddr(), d2.d.PeerAddr()}, "|"), sock)
+	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2", "d3")
+
+	// d3 holds a share of the keys before the faults.
+	c3, err := client.Dial(sock, client.Options{Name: "putter-d3", CallTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const nkeys = 64
+	keys := make([][]byte, nkeys)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "chaos/%02d", i)
+		if i%2 == 0 {
+			if err := c3.PutBytes(keys[i], clusterValue(keys[i], chaosSize(keys[i])), false); err != nil {
+				t.Fatalf("put %s on d3: %v", keys[i], err)
+			}
+		}
+	}
+	c3.Close()
+
+	// The cluster's timeout is 2 s; a get may take two remote steps.
+	const deadline = 2*2*time.Second + time.Second
+	var stop atomic.Bool
+	var ops, exact, misses, named atomic.Int64
+	var wg sync.WaitGroup
+	fail := make(chan string, 16)
+	report := func(format string, args ...any) {
+		select {
+		case fail <- fmt.Sprintf(format, args...):
+		default:
+		}
+	}
+	for ci := range 4 {
+		d := d1
+		if ci%2 == 1 {
+			d = d2
+		}
+		c := d.dial(t, fmt.Sprintf("chaos-%d", ci))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(ci), 7))
+			for !stop.Load() {
+				k := keys[rng.IntN(nkeys)]
+				want := clusterValue(k, chaosSize(k))
+				op := rng.IntN(10)
+				start := time.Now()
+				var err error
+				what := "get"
+				switch {
+				case op < 6:
+					var v []byte
+					v, err = c.GetBytes(k)
+					if err == nil {
+						if !bytes.Equal(v, want) {
+							report("get %s on %s: %d bytes that are not the value", k, d.cfg.DaemonID, len(v))
+							return
+						}
+						exact.Add(1)
+					}
+				case op < 9:
+					what = "put"
+					err = c.PutBytes(k, want, false)
+				default:
+					what = "remove"
+					err = c.StoreRemove([][]byte{k}, make([]error, 1))
+				}
+				if took := time.Since(start); took > deadline {
+					report("%s %s on %s answered after %v (%v)", what, k, d.cfg.DaemonID, took, err)
+					return
+				}
+				ops.Add(1)
+				switch {
+				case err == nil:
+				case errors.Is(err, client.ErrNotFound):
+					misses.Add(1)
+				case errors.Is(err, client.ErrUnavailable), errors.Is(err, client.ErrDeadlineExceeded),
+					errors.Is(err, client.ErrBusy), errors.Is(err, client.ErrResourceExhausted),
+					errors.Is(err, client.ErrAlreadyExists):
+					named.Add(1)
+				default:
+					report("%s %s on %s: %v, not a named error", what, k, d.cfg.DaemonID, err)
+					return
+				}
+			}
+		}()
+	}
+	wait := func(d time.Duration) {
+		// Pacing of the faults, not synchronization: the clients run
+		// throughout and every check is on their answers.
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+		case msg := <-fail:
+			stop.Store(true)
+			wg.Wait()
+			t.Fatal(msg)
+		}
+	}
+	wait(500 * time.Millisecond)
+	if err := child.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	wait(3 * time.Second)
+	if err := child.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	wait(time.Second)
+	if err := child.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-child.exited
+	wait(3 * time.Second)
+	stop.Store(true)
+	wg.Wait()
+	select {
+	case msg := <-fail:
+		t.Fatal(msg)
+	default:
+	}
+	t.Logf("%d answers: %d exact gets, %d misses, %d named errors", ops.Load(), exact.Load(), misses.Load(), named.Load())
+	if exact.Load() == 0 || ops.Load() < 100 {
+		t.Fatalf("%d answers, %d exact gets: the clients did not run", ops.Load(), exact.Load())
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return d1.d.cluster.Holds() == 0 && d2.d.cluster.Holds() == 0 },
+		"claims released on d1 and d2")
+	for _, d := range []*peerDaemon{d1, d2} {
+		if st := d.d.stores[0].Stats(); st.Pins != 0 {
+			t.Errorf("%s: %d pins left", d.cfg.DaemonID, st.Pins)
+		}
+	}
+}
