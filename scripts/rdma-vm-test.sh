@@ -21,7 +21,9 @@
 # regexp, default 'Verbs'; '-' for none, which also skips perftest and
 # tcbench), RDMA_BENCHTIME (default 1s),
 # RDMA_DAEMON_RUN (rdma/link and daemon test regexp, default 'Verbs|RDMA';
-# '-' for none),
+# '-' for none), RDMA_LINK_RUN (rdma/link's alone, default RDMA_DAEMON_RUN;
+# '-' for none), RDMA_COUNT (runs of each rdma/link and daemon test, default
+# 1: a leak that shows once in several CI runs shows in one VM boot),
 # RDMA_TCBENCH (1, or 0 for no tcbench), RDMA_TCBENCH_RUNTIME (each job's
 # measured time, default 1s; 0.5 s of ramp before it), RDMA_ROUNDS (rounds
 # of perftest, the transport's benchmarks and tcbench, one after the other
@@ -47,6 +49,8 @@ t0=$(date +%s)
 echo "test-rdma: building the rdma test binary (cgo)" >&2
 CGO_ENABLED=1 go test -c -o "$w/rdma.test" ./rdma/
 daemon_run=${RDMA_DAEMON_RUN:-Verbs|RDMA}
+link_run=${RDMA_LINK_RUN:-$daemon_run}
+count=${RDMA_COUNT:-1}
 if [ "$daemon_run" != "-" ]; then
   echo "test-rdma: building the rdma/link and daemon test binaries (cgo)" >&2
   CGO_ENABLED=1 go test -c -o "$w/link.test" ./rdma/link/
@@ -120,11 +124,11 @@ if [ "${bench}" != "-" ]; then
 fi
 export RXE_REG_MB=${RXE_REG_MB:-512}
 ./rdma.test -test.v -test.count=1 -test.timeout=240s -test.run='${run}' || rc=1
-if [ -x ./link.test ]; then
-  ./link.test -test.v -test.count=1 -test.timeout=300s -test.run='${daemon_run}' || rc=1
+if [ -x ./link.test ] && [ "${link_run}" != "-" ]; then
+  ./link.test -test.v -test.count=${count} -test.timeout=300s -test.run='${link_run}' || rc=1
 fi
 if [ -x ./daemon.test ]; then
-  ./daemon.test -test.v -test.count=1 -test.timeout=300s -test.run='${daemon_run}' || rc=1
+  ./daemon.test -test.v -test.count=${count} -test.timeout=$((300 * count))s -test.run='${daemon_run}' || rc=1
 fi
 exit \$rc
 EOF

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -82,6 +83,29 @@ func GoroutineLeak(opts ...goleak.Option) error {
 	return goleak.Find(append(opts, processGoroutines...)...)
 }
 
+// fdGrace is how long the descriptor check waits for descriptors on their
+// way out: a connection whose close a stopped server's event loop or a
+// transport's reader performs just after the test returned. goleak waits
+// the same way for goroutines.
+const fdGrace = 2 * time.Second
+
+// leakedFDs lists the descriptors open beyond before, waiting up to
+// fdGrace for the list to empty; it returns what is still open then.
+func leakedFDs(before FDs, list func() (FDs, error)) ([]string, error) {
+	deadline := time.Now().Add(fdGrace)
+	for {
+		now, err := list()
+		if err != nil {
+			return nil, err
+		}
+		leaked := before.Leaked(now)
+		if len(leaked) == 0 || time.Now().After(deadline) {
+			return leaked, nil
+		}
+		time.Sleep(20 * time.Millisecond) // polling the kernel's table: no event says a descriptor closed
+	}
+}
+
 // run is Main without the exit; m is what runs the tests.
 func run(m interface{ Run() int }, stderr io.Writer, opts ...Option) int {
 	c := mainConfig{list: OpenFDs}
@@ -109,12 +133,12 @@ func run(m interface{ Run() int }, stderr io.Writer, opts ...Option) int {
 	if code != 0 {
 		return code
 	}
-	now, err := c.list()
+	leaked, err := leakedFDs(before, c.list)
 	if err != nil {
 		fmt.Fprintf(stderr, "testutil.Main: the descriptor leak check cannot run: %v\n", err)
 		return 2
 	}
-	if leaked := before.Leaked(now); len(leaked) > 0 {
+	if len(leaked) > 0 {
 		fmt.Fprintf(stderr, "descriptor leak (rings show as anon_inode:[io_uring], epolls as anon_inode:[eventpoll]):\n  %s\n",
 			strings.Join(leaked, "\n  "))
 		code = 1
