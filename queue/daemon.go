@@ -286,11 +286,6 @@ func (r *DaemonRing) Awake() {
 	}
 }
 
-// Pending reports whether Take would find something now (or the queue
-// closed), without announcing a sleep: what a worker polls for before it
-// calls Doorbell.
-func (r *DaemonRing) Pending() bool { return r.ready() || r.closed.Load() }
-
 // ready reports whether Take would find something now, for the reason it
 // last found nothing.
 func (r *DaemonRing) ready() bool {

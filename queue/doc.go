@@ -119,7 +119,7 @@
 // # Wake-ups
 //
 // Each side sleeps on the other side's doorbell when it runs out of work
-// (after a brief spin, see below). Before sleeping it reads its futex word,
+// (the client after a brief spin). Before sleeping it reads its futex word,
 // sets its flag with an atomic read-modify-write (a full fence) and checks
 // once more for work; only then does it wait on the futex word with the
 // value it read. The other side publishes its index (a full fence), then
@@ -138,12 +138,6 @@
 // leaves nothing in flight (no more will come), instead of once per CQE,
 // each of which would send the client back to sleep. A target that is
 // never reached therefore costs the client only its own wait.
-//
-// The library's client spins only for a last missing completion: one that
-// waits for two or more sleeps at once with its target at the last, since
-// the daemon is known to be working on them, and a spin through their
-// arrivals would bill the whole wait to the client's CPU. Its spin is
-// learned (queue/spin.go) and never longer than 50 µs.
 //
 // # The daemon's side: one sleep per reactor
 //
@@ -169,12 +163,8 @@
 // armed wait (a client that writes sq_wake and rings nobody) is not armed
 // a second time: the worker's sleep is bounded to a millisecond instead,
 // so what a client writes costs at most its own queue's latency and
-// never piles waits up in the kernel. A worker whose ring has I/O of its
-// own in flight does not spin for entries: it sleeps at once, and the I/O's
-// completions end the sleep. One without (a queue at depth 1 of local
-// copies) polls its queues for a learned while of at most 10 µs before the
-// first half of its sleep (reactor/spin.go), without setting a flag: a
-// client that submits then finds the worker awake and rings nothing.
+// never piles waits up in the kernel. The daemon does not spin for
+// entries: a worker with nothing to do sleeps at once.
 //
 // # Hostile memory
 //

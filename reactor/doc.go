@@ -31,10 +31,6 @@
 // flag, changes the word and wakes the wait; one that submitted before is
 // seen by the check, and the worker does not sleep.
 //
-// A worker whose ring has no I/O of its own in flight first polls its
-// queues (Queue.Pending) for a learned while of at most 10 µs, so that a
-// client at depth 1 finds it awake (spin.go says how it learns).
-//
 // # Assignment
 //
 // Attach gives a new queue to the worker serving the fewest; a queue stays

@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/tensorcast/tensorcast/uring"
 )
@@ -52,10 +51,6 @@ type Queue interface {
 	Doorbell() (w *atomic.Uint32, v uint32, sleep bool)
 	// Awake ends a sleep Doorbell agreed to.
 	Awake()
-	// Pending reports whether Serve would find work now, without
-	// announcing anything to the client: what the worker polls while it
-	// spins before its sleep. See queue.DaemonRing.Pending.
-	Pending() bool
 }
 
 // Host is a transport whose rings can host workers (*uring.Transport).
@@ -181,7 +176,6 @@ type Stats struct {
 	Queues int    // queues served now
 	Passes uint64 // passes of its loop
 	Sleeps uint64 // sleeps it agreed to
-	Spins  uint64 // sleeps a spin before them made needless
 }
 
 // Stats returns one Stats per worker.
@@ -191,7 +185,7 @@ func (p *Pool) Stats() []Stats {
 		w.mu.Lock()
 		out[i].Queues = w.attached
 		w.mu.Unlock()
-		out[i].Passes, out[i].Sleeps, out[i].Spins = w.passes.Load(), w.sleeps.Load(), w.spins.Load()
+		out[i].Passes, out[i].Sleeps = w.passes.Load(), w.sleeps.Load()
 	}
 	return out
 }
@@ -229,9 +223,8 @@ type Worker struct {
 	slots  []*served
 	free   []uint16
 	sleepy []*served // the queues whose Doorbell agreed to this sleep
-	spin   spinner
 
-	passes, sleeps, spins atomic.Uint64
+	passes, sleeps atomic.Uint64
 
 	thread *thread // the own thread, nil when hosted
 }
@@ -350,9 +343,6 @@ func (w *Worker) Sleep(ws uring.Waits) bool {
 	if w.changed.Load() {
 		return false
 	}
-	if !ws.Busy() && w.spinFor() {
-		return false
-	}
 	w.sleepy = w.sleepy[:0]
 	for _, s := range w.queues {
 		word, v, ok := s.q.Doorbell()
@@ -379,13 +369,11 @@ func (w *Worker) Sleep(ws uring.Waits) bool {
 		ws.FutexWait(word, v, uint32(s.slot)<<16|uint32(s.gen))
 	}
 	w.sleeps.Add(1)
-	w.spin.sleepAt = time.Now()
 	return true
 }
 
 // Awake implements uring.Guest.
 func (w *Worker) Awake() {
-	w.spin.slept(time.Since(w.spin.sleepAt))
 	for _, s := range w.sleepy {
 		if s.q != nil {
 			s.q.Awake()

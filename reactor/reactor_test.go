@@ -42,7 +42,6 @@ func (e *echo) Serve() bool {
 
 func (e *echo) Doorbell() (*atomic.Uint32, uint32, bool) { return e.d.Doorbell() }
 func (e *echo) Awake()                                   { e.d.Awake() }
-func (e *echo) Pending() bool                            { return e.d.Pending() }
 
 // newQueue makes a queue of sq entries and returns its daemon side (as an
 // echo), its client side, and the client's raw mapping (for a hostile

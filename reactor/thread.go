@@ -86,9 +86,6 @@ func (t *thread) FutexWait(word *atomic.Uint32, v uint32, token uint32) {
 // Soon implements uring.Waits.
 func (t *thread) Soon() { t.soon = true }
 
-// Busy implements uring.Waits: an own thread has no I/O of its own.
-func (t *thread) Busy() bool { return false }
-
 func (w *Worker) stopThread() {
 	t := w.thread
 	t.stop.Store(true)

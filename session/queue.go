@@ -197,15 +197,6 @@ func (q *cqueue) Doorbell() (*atomic.Uint32, uint32, bool) {
 // Awake implements reactor.Queue.
 func (q *cqueue) Awake() { q.ring.Awake() }
 
-// Pending implements reactor.Queue: with requests waiting for a stream
-// slot, whether one is free; otherwise whether the ring has work.
-func (q *cqueue) Pending() bool {
-	if len(q.pend) > 0 {
-		return q.st.Free() > 0 || q.ring.Closed()
-	}
-	return q.ring.Pending()
-}
-
 // prepare checks and converts taken entries into q.pend. An entry that
 // fails a check, and a no-op, is answered from q.answers once the entries
 // are published: the copy is what is checked and what is used.

@@ -43,8 +43,4 @@ type Waits interface {
 	FutexWait(w *atomic.Uint32, v uint32, token uint32)
 	// Soon bounds this sleep to about a millisecond, whatever is armed.
 	Soon()
-	// Busy reports whether the sleeping thread has requests of its own in
-	// flight (a ring's I/O), whose completions will end the sleep: a
-	// guest then has no reason to poll for its own work before it sleeps.
-	Busy() bool
 }

@@ -633,6 +633,3 @@ func (r *ring) FutexWait(w *atomic.Uint32, v uint32, token uint32) {
 
 // Soon implements Waits: the poller's sleep is bounded by guestPoll.
 func (r *ring) Soon() { r.pollSleep = true }
-
-// Busy implements Waits: the ring has requests taken and not finished.
-func (r *ring) Busy() bool { return r.inflight > 0 }
