@@ -143,9 +143,10 @@ bench: build
 	  bash -c 'set -o pipefail; RXE_MEM=9728 RXE_REG_MB=4096 RXE_TIMEOUT=600 RDMA_TEST_RUN=TestVerbsRegisterLarge RDMA_BENCH=- RDMA_DAEMON_RUN=- scripts/rdma-vm-test.sh | grep -E "MR registration|^rdma \\(Soft"'
 
 # A long run of both daemons under mixed load and faults (cmd/tcsoak), not
-# part of `make test`: it reports requests by final code, hangs, leaks and
-# acknowledged writes lost after kill -9, and fails on any of the last
-# three. SOAK sets how long; it needs root for its faults (netns, tmpfs,
+# part of `make test`: it reports requests by final code, hangs, leaks,
+# acknowledged writes and durable puts lost after kill -9, values lost
+# across a hitless restart and breaches of tenant isolation, and fails on
+# any of them. SOAK sets how long; it needs root for its faults (netns, tmpfs,
 # rlimits) and skips, saying so, those it cannot inject.
 SOAK ?= 10m
 soak: build

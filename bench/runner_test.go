@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"os"
 	goruntime "runtime"
 	"strings"
@@ -291,7 +292,7 @@ func TestProgressOffWhenNotTerminal(t *testing.T) {
 	}
 	pt, closePTY, err := openPTY()
 	if err != nil {
-		t.Skipf("no pseudo-terminal to check the positive case (/dev/ptmx: %v)", err)
+		testutil.Missing(t, testutil.PTY, "no pseudo-terminal to check the positive case (/dev/ptmx: %v)", err)
 	}
 	defer closePTY()
 	if !IsTerminal(pt) || ProgressWriter(pt) == nil {

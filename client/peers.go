@@ -47,6 +47,8 @@ type SegmentInfo struct {
 	// Transport is how a remote segment's requests travel (TransportAuto,
 	// TransportTCP, TransportRDMA).
 	Transport uint8
+	// Grants are the other tenants an export grants (ExportSegmentTo).
+	Grants []string
 }
 
 // RemoteSegment is a peer's segment opened with OpenRemote; ID is usable as
@@ -213,7 +215,7 @@ func (c *Client) Segments(opts ...CallOption) ([]SegmentInfo, error) {
 	out := make([]SegmentInfo, len(r.Segments))
 	for i, s := range r.Segments {
 		out[i] = SegmentInfo{Name: string(s.Name), Peer: string(s.Peer), ID: xfer.SegmentID(s.Segment), Size: s.Size,
-			Rights: s.Rights, Epoch: s.Epoch, Transport: s.Transport}
+			Rights: s.Rights, Epoch: s.Epoch, Transport: s.Transport, Grants: slices.Clone(s.Grants)}
 	}
 	return out, nil
 }

@@ -380,3 +380,81 @@ func TestSealableHostPoolSealedByDaemon(t *testing.T) {
 		t.Fatalf("export of a sealed buffer refused as unsealed: %v", err)
 	}
 }
+
+// TestUnsealedHostPoolTruncatedInsideACall: a copying put and get of many
+// pages (an engine's batch) move every byte exactly; once the engine
+// truncates its host pool inside a call's span, each key past the cut fails
+// alone with FAILED_PRECONDITION and the keys before it move exactly.
+func TestUnsealedHostPoolTruncatedInsideACall(t *testing.T) {
+	const blk, n, cut = 256 << 10, 40, 27 // 10 MiB a call
+	_, hp, eng, _, seg := engineWithHostPool(t, 2*n*blk)
+	keys, src, dst := make([][]byte, n), make([]client.Extent, n), make([]client.Extent, n)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "split-%02d", i)
+		src[i] = client.Extent{Segment: seg, Offset: uint64(i) * blk, Length: blk}
+		dst[i] = client.Extent{Segment: seg, Offset: uint64(n+i) * blk, Length: blk}
+	}
+	res, lens := make([]error, n), make([]uint64, n)
+	check := func(what string, ok int) {
+		t.Helper()
+		for i, err := range res {
+			c := codeOf(err)
+			switch {
+			case i >= ok && c != tcproto.CodeFAILED_PRECONDITION:
+				t.Errorf("%s: key %d past the cut: %v (%s), want FAILED_PRECONDITION", what, i, err, c)
+			case i < ok && c != tcproto.CodeOK:
+				t.Errorf("%s: key %d: %v", what, i, err)
+			}
+		}
+	}
+	if err := eng.StorePut(keys, src, false, res); err != nil {
+		t.Fatal(err)
+	}
+	check("put", n)
+	clear(hp.mem[n*blk:])
+	if err := eng.StoreRead(keys, dst, lens, res); err != nil {
+		t.Fatal(err)
+	}
+	check("get", n)
+	if !bytes.Equal(hp.mem[n*blk:], hp.mem[:n*blk]) {
+		t.Fatal("the get moved other bytes")
+	}
+
+	// The gets' span cut after key cut-1.
+	clear(hp.mem[n*blk:])
+	if err := unix.Ftruncate(hp.fd, int64((n+cut)*blk)); err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.StoreRead(keys, dst, lens, res); err != nil {
+		t.Fatal(err)
+	}
+	check("get into the truncated host pool", cut)
+	if !bytes.Equal(hp.mem[n*blk:(n+cut)*blk], hp.mem[:cut*blk]) {
+		t.Fatal("the gets before the cut moved other bytes")
+	}
+
+	// The puts' span cut after key cut-1: those past it are not stored.
+	if err := unix.Ftruncate(hp.fd, int64(cut*blk)); err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.StoreRemove(keys, res); err != nil {
+		t.Fatal(err)
+	}
+	check("remove", n)
+	again := make([][]byte, n)
+	for i := range again {
+		again[i] = fmt.Appendf(nil, "split-again-%02d", i)
+	}
+	if err := eng.StorePut(again, src, false, res); err != nil {
+		t.Fatal(err)
+	}
+	check("put from the truncated host pool", cut)
+	for i := cut; i < n; i++ {
+		if _, err := eng.StoreStat(again[i]); !errors.Is(err, client.ErrNotFound) {
+			t.Errorf("a put that faulted left key %d: %v", i, err)
+		}
+	}
+	if err := eng.UnregisterBuffer(seg); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -25,6 +25,39 @@ type inheritedFDs struct {
 	fds   []int
 	names []string
 	taken []bool
+	// handed[i] says fds[i] came from a hand-off (handoff.go), not from
+	// systemd's store: systemd does not hold it.
+	handed []bool
+}
+
+// fromSystemd says whether fd is one systemd holds in its store.
+func (in *inheritedFDs) fromSystemd(fd int) bool {
+	for i, f := range in.fds {
+		if f == fd {
+			return i >= len(in.handed) || !in.handed[i]
+		}
+	}
+	return false
+}
+
+// merge adds the descriptors of a hand-off to those systemd passed.
+func (in *inheritedFDs) merge(h *inheritedFDs) {
+	for i, fd := range h.fds {
+		for len(in.handed) < len(in.fds) {
+			in.handed = append(in.handed, false)
+		}
+		in.fds, in.names, in.taken, in.handed = append(in.fds, fd), append(in.names, h.names[i]), append(in.taken, false), append(in.handed, true)
+	}
+}
+
+// closeAll closes every descriptor not taken.
+func (in *inheritedFDs) closeAll() {
+	for i, fd := range in.fds {
+		if !in.taken[i] {
+			in.taken[i] = true
+			syscall.Close(fd)
+		}
+	}
 }
 
 // listenFDs reads LISTEN_PID (this process), LISTEN_FDS (descriptors from

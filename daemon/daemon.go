@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/tensorcast/tensorcast/metrics"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/peer/plane"
+	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/reactor"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
@@ -72,7 +74,17 @@ type Daemon struct {
 	// keep hands the pools and the stores' L1 journals to systemd across
 	// restarts (restart.go).
 	keep keepL1
-	dir  *etcd.Dir // nil with the embedded directory
+	// lockFile holds SOCKET.lock, the daemon's claim on the socket, its
+	// pools and L2 files: released once nothing of the daemon can write
+	// them (handoff.go). hand is the hand-off to a newer daemon
+	// (store_handoff = on), nil otherwise; storeCloseErr is what closing
+	// the stores said, which keeps their state from being handed over.
+	lockFile      *os.File
+	hand          *handoffState
+	storeCloseErr error
+	// started is set when Run started the parts' goroutines.
+	started atomic.Bool
+	dir     *etcd.Dir // nil with the embedded directory
 	// exports is the daemon's export table: the control server exports
 	// into it, the peer plane serves peers from it.
 	exports *peer.Exports
@@ -115,6 +127,15 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if err != nil {
 		return nil, err
 	}
+	// The socket's lock, taken over from a running daemon with
+	// store_handoff = on: its pools and L1 journals, as systemd would pass
+	// them.
+	handed, err := d.acquireLock()
+	if err != nil {
+		in.closeAll()
+		return nil, err
+	}
+	in.merge(handed)
 	d.planKeepL1(getenv)
 	d.reg = xfer.NewRegistry()
 	segs := make([]xfer.MemSegment, 0, len(cfg.TenantList()))
@@ -161,7 +182,15 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		}
 	}
 	if cfg.PeerListen != "" {
-		if d.peers, err = newPeerPlane(cfg, d.dir, segs, d.exports, log); err != nil {
+		// Each reactor worker reaps the completions of the RDMA work it
+		// posts, in its own loop (rdma.Homes).
+		homes := rdma.NewHomes(d.reactors.Workers(), 0)
+		for i := range homes.Len() {
+			if err := d.reactors.AddReaper(i, homes.Home(i)); err != nil {
+				return nil, err
+			}
+		}
+		if d.peers, err = newPeerPlane(cfg, d.dir, segs, d.exports, homes, log); err != nil {
 			return nil, err
 		}
 		rt.Remote = d.peers
@@ -254,12 +283,21 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if err := d.newMetrics(); err != nil {
 		return nil, err
 	}
+	if err := d.listenHandoff(); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
 
 // Run serves until ctx is canceled (SIGTERM, SIGINT), then drains within
 // drain_timeout and tears down. It returns nil after a clean drain.
 func (d *Daemon) Run(ctx context.Context) error {
+	d.started.Store(true)
+	var handReqs chan *net.UnixConn // nil: never ready
+	if d.hand != nil {
+		handReqs = d.hand.reqs
+		go d.serveHandoff()
+	}
 	d.server.Start()
 	metricsAddr := "off"
 	if d.metricsSrv != nil {
@@ -324,9 +362,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 	}
 
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+		d.log.Info("shutting down: draining", "drain_timeout", d.cfg.DrainTimeout.String())
+	case c := <-handReqs:
+		d.hand.conn = c
+		d.log.Info("handing over to a new daemon: draining", "drain_timeout", d.cfg.DrainTimeout.String())
+	}
 	d.stopping.Store(true)
-	d.log.Info("shutting down: draining", "drain_timeout", d.cfg.DrainTimeout.String())
 	if err := d.notify.Notify("STOPPING=1"); err != nil {
 		d.log.Warn("sd_notify STOPPING failed", "err", err)
 	}
@@ -334,6 +377,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	close(stop)
 	wg.Wait()
 	d.notify.Close()
+	if err == nil && d.hand != nil && d.hand.handedOver {
+		// Exiting would have the container restarted in its pod, and the
+		// daemon there would ask for the pools back: this one holds
+		// nothing now (no pool, journal, L2 file, socket or lock) and
+		// waits to be stopped.
+		d.log.Info("handed over: this daemon holds nothing any more; waiting for SIGTERM to exit")
+		<-ctx.Done()
+	}
 	return err
 }
 
@@ -382,6 +433,8 @@ func (d *Daemon) closeParts() {
 		}
 	}
 	d.closePools()
+	d.closeHandoffListener()
+	d.releaseLock()
 }
 
 // health is nil while the daemon can serve new clients; otherwise why not

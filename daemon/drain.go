@@ -56,6 +56,7 @@ var ErrShutdownTimeout = xfer.Categorized(xfer.ErrTimeout, "shutdown: a part did
 func (d *Daemon) shutdown() error {
 	var err error
 	d.closeOnce.Do(func() {
+		d.closeHandoffListener() // a hand-off asked for now is told the daemon stops
 		start := time.Now()
 		deadline := start.Add(time.Duration(d.cfg.DrainTimeout))
 		dctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -197,6 +198,17 @@ func (d *Daemon) closeForShutdown(at func(string)) {
 	if err := d.local.Close(); err != nil {
 		d.log.Warn("closing local transport", "err", err)
 	}
-	at("pools")
-	d.closePools()
+	if d.hand != nil && d.hand.conn != nil {
+		at("hand-off")
+		d.handOver() // closes the journals and the pools
+	} else {
+		at("pools")
+		d.closeJournals()
+		d.closePools()
+	}
+	// Nothing of this daemon writes the pools, the journals or the L2
+	// files now: the next daemon may start.
+	at("lock")
+	d.releaseLock()
+	d.closeHandoff()
 }

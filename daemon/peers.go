@@ -9,6 +9,7 @@ import (
 	"github.com/tensorcast/tensorcast/directory/etcd"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/peer/plane"
+	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -17,7 +18,7 @@ import (
 // peer_listen (finding peers in dir, the etcd directory, or in the
 // configured peers) serving exports, and RDMA as rdma says, with the
 // tenants' pools registered.
-func newPeerPlane(cfg Config, dir *etcd.Dir, pools []xfer.MemSegment, exports *peer.Exports, log *slog.Logger) (*plane.Plane, error) {
+func newPeerPlane(cfg Config, dir *etcd.Dir, pools []xfer.MemSegment, exports *peer.Exports, homes *rdma.Homes, log *slog.Logger) (*plane.Plane, error) {
 	peers := make([]directory.Peer, len(cfg.Peers))
 	for i, pc := range cfg.Peers {
 		peers[i] = directory.Peer{ID: pc.ID, Addr: pc.Addr}
@@ -33,7 +34,7 @@ func newPeerPlane(cfg Config, dir *etcd.Dir, pools []xfer.MemSegment, exports *p
 			Peers:          peers,
 		},
 		RDMA: plane.RDMAConfig{Mode: cfg.RDMA, Device: cfg.RDMADevice, GID: cfg.RDMAGID, QPs: cfg.RDMAQPs,
-			Log: log.With("component", "rdma")},
+			Log: log.With("component", "rdma"), Homes: homes},
 		Pools: pools,
 	}
 	if dir != nil {

@@ -265,18 +265,15 @@ func TestVerbsDaemonKilledMidTransfer(t *testing.T) {
 	// host) and others are with the transport.
 	var atKill client.Summary
 	submitted := time.Now()
-	for {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		if atKill, err = p.wr.BatchStatus(batch); err != nil {
 			t.Fatal(err)
-		}
-		if atKill.Pending > 0 && (atKill.Completed >= 1 || time.Since(submitted) > 2*time.Second) {
-			break
 		}
 		if atKill.Completed+atKill.Failed+atKill.Timeout+atKill.Canceled == tasks {
 			t.Fatalf("the batch ended before the kill (%+v): make it larger", atKill)
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return atKill.Pending > 0 && (atKill.Completed >= 1 || time.Since(submitted) > 2*time.Second)
+	}, "the batch with tasks pending and one completed (%+v)", testutil.Lazy(func() client.Summary { return atKill }))
 	stKill, err := p.wr.Stats()
 	if err != nil {
 		t.Fatal(err)

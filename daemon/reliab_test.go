@@ -300,6 +300,9 @@ func grepLines(s, alts string) string {
 // TC_ARGS other=, and registers TC_ARGS file= with a round trip through
 // it, printing what each gave.
 func runHelper(kind string) int {
+	if kind == "handoff-dial" {
+		return runHandoffDial()
+	}
 	if kind != "tenant" && kind != "peer-tenant" {
 		fmt.Println("unknown helper", kind)
 		return 2

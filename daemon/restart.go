@@ -32,7 +32,10 @@ const (
 
 // keepL1 is the daemon's side of a restart that keeps L1.
 type keepL1 struct {
-	on       bool
+	on bool
+	// systemd says the pools and journals go to systemd's fd store (else
+	// only to a newer daemon, by a hand-off).
+	systemd  bool
 	journals []*shm.Region // per tenant, when on
 	// adopted[i] says whether tenant i's pool (and journal) came from
 	// systemd's store: they are in it already.
@@ -45,22 +48,28 @@ func (d *Daemon) planKeepL1(getenv func(string) string) {
 	cfg := &d.cfg
 	need := 2 * len(cfg.TenantList())
 	max, _ := strconv.Atoi(getenv("FDSTORE"))
+	handoff := cfg.StoreHandoff == "on"
 	var why string
 	switch {
 	case cfg.Store == "off":
 		why = "the store is off"
 	case cfg.StoreKeepL1 == "off":
 		why = "store_keep_l1 = off"
-	case !d.notify.Enabled():
-		why = "not started by systemd (no NOTIFY_SOCKET)"
-	case max < need:
+	case !d.notify.Enabled() && !handoff:
+		why = "not started by systemd (no NOTIFY_SOCKET), and store_handoff = off"
+	case max < need && !handoff:
 		why = fmt.Sprintf("systemd's file descriptor store takes %d descriptors ($FDSTORE), %d are needed (FileDescriptorStoreMax= in the unit)", max, need)
 	default:
 		d.keep.on = true
+		d.keep.systemd = d.notify.Enabled() && max >= need
+	}
+	if d.keep.systemd {
+		d.log.Info("L1 values are kept across restarts: the pools and L1 journals go to systemd's file descriptor store",
+			"descriptors", need, "fdstore_max", max, "store_handoff", cfg.StoreHandoff)
+		return
 	}
 	if d.keep.on {
-		d.log.Info("L1 values are kept across restarts: the pools and L1 journals go to systemd's file descriptor store",
-			"descriptors", need, "fdstore_max", max)
+		d.log.Info("L1 values are kept for a hand-off: the pools and L1 journals go to a newer daemon that asks for them (store_handoff = on)")
 		return
 	}
 	d.log.Info("L1 values are not kept across restarts", "why", why)
@@ -73,11 +82,13 @@ func (d *Daemon) newPool(in *inheritedFDs, pcfg shm.PoolConfig, tenant string, l
 	name := poolFDPrefix + tenant
 	if fd, ok := in.take(name); ok {
 		if d.keep.on {
+			fromSystemd := in.fromSystemd(fd)
 			p, err := shm.AdoptPool(pcfg, fd, log)
 			if err == nil {
-				return p, true, nil
+				return p, fromSystemd, nil
 			}
-			d.log.Warn("the pool systemd kept does not fit the config: a new pool, the L1 values are lost", "tenant", tenant, "err", err)
+			d.log.Warn("the pool kept from the previous daemon does not fit the config: a new pool, the L1 values are lost", "tenant", tenant, "err", err,
+				"from", map[bool]string{true: "systemd", false: "hand-off"}[fromSystemd])
 		}
 		syscall.Close(fd)
 		d.forget(name)
@@ -101,7 +112,7 @@ func (d *Daemon) openJournals(in *inheritedFDs) error {
 		if fd, ok := in.take(name); ok {
 			var err error
 			if r, err = shm.AdoptRegion(fd, size); err == nil {
-				adopted = true
+				adopted = in.fromSystemd(fd)
 			} else {
 				d.log.Warn("the L1 journal systemd kept does not fit the config: a new one, the L1 values are lost",
 					"tenant", t.Name, "store_l1_journal_records", records, "err", err)
@@ -133,7 +144,7 @@ func (d *Daemon) journalOf(i int) []byte {
 // L1 journal. It runs once the stores are open (a journal is formatted by
 // then), before READY.
 func (d *Daemon) storeFDs() error {
-	if !d.keep.on {
+	if !d.keep.systemd {
 		return nil
 	}
 	for i, t := range d.cfg.TenantList() {

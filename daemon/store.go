@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -112,6 +113,7 @@ func (d *Daemon) closeStore() {
 	for _, s := range d.stores {
 		if err := s.Close(); err != nil {
 			d.log.Warn("closing the store", "err", err)
+			d.storeCloseErr = errors.Join(d.storeCloseErr, err)
 		}
 	}
 }

@@ -419,19 +419,16 @@ func TestStoreDaemonKilledDuringDurablePuts(t *testing.T) {
 			}
 		}()
 	}
-	for {
-		mu.Lock()
-		n := len(acked)
-		mu.Unlock()
-		if n >= 200 {
-			break
-		}
+	testutil.Eventually(t, 60*time.Second, func() bool {
 		select {
 		case <-exited:
 			t.Fatalf("the daemon died before it was killed:\n%s", childOut.String())
-		case <-time.After(2 * time.Millisecond):
+		default:
 		}
-	}
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked) >= 200
+	}, "200 keys acknowledged before the kill; daemon log:\n%s", childOut)
 	cmd.Process.Signal(syscall.SIGKILL)
 	<-exited
 	wg.Wait()

@@ -262,7 +262,7 @@ func TestUnitSecurityExposure(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	m := regexp.MustCompile(`Overall exposure level for tensorcastd.service: ([0-9.]+) (\w+)`).FindSubmatch(out)
 	if m == nil {
-		t.Skipf("systemd-analyze security --offline=yes not supported here: %v\n%s", err, out)
+		testutil.Missing(t, testutil.Tools, "systemd-analyze security --offline=yes not supported here: %v\n%s", err, out)
 	}
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {

@@ -374,7 +374,8 @@ func (t *Exports) List(dst []wire.SegmentInfo, tenant string) []wire.SegmentInfo
 			if tenant != "" && e.key.tenant != namespace(tenant) || e.key.tenant == DaemonTenant {
 				continue
 			}
-			dst = append(dst, wire.SegmentInfo{Name: []byte(e.name), Segment: uint64(e.source), Size: e.view.size, Rights: e.rights})
+			dst = append(dst, wire.SegmentInfo{Name: []byte(e.name), Segment: uint64(e.source), Size: e.view.size, Rights: e.rights,
+				Grants: slices.Clone(e.grants)})
 		}
 		s.mu.RUnlock()
 	}

@@ -151,8 +151,13 @@
 // plain FUTEX_WAKE of its own mapping reaches it; futex_waitv(2) without
 // io_uring), then waits once for the first of: any armed word woken or
 // changed, a completion on its ring, its own wake-up (a queue attached or
-// detached, shutdown). A queue for which Doorbell found work (or closing)
-// keeps the worker awake. Once awake, the worker clears the flags it set
+// detached, shutdown, a completion of the RDMA work it posted). A queue
+// for which Doorbell found work (or closing) keeps the worker awake, and
+// so does RDMA work it posted that is in flight, for a short spin after
+// its last post or completion (rdma.Config.PollSpin); after that the
+// worker arms those completion queues before it sleeps, and their event
+// ends the sleep through the worker's own wake-up (package rdma, "Who
+// reaps"). The doorbell half is unchanged by this. Once awake, the worker clears the flags it set
 // (DaemonRing.Awake), so a busy worker costs its clients no doorbell.
 //
 // The client's side is unchanged by this, and so is the protocol on the
@@ -164,7 +169,8 @@
 // a second time: the worker's sleep is bounded to a millisecond instead,
 // so what a client writes costs at most its own queue's latency and
 // never piles waits up in the kernel. The daemon does not spin for
-// entries: a worker with nothing to do sleeps at once.
+// entries: a worker with nothing to do (no RDMA work in flight either)
+// sleeps at once.
 //
 // # Hostile memory
 //

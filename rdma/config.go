@@ -31,9 +31,9 @@ type Config struct {
 	SignalEvery int
 	// PollBatch is how many completions one ibv_poll_cq call takes (32).
 	PollBatch int
-	// PollSpin is how long the poller keeps polling an empty completion
-	// queue before it arms the channel and sleeps (50 µs; negative: never
-	// spin). Spinning saves the interrupt and wake-up per completion at
+	// PollSpin is how long a queue pair's goroutine keeps polling its
+	// empty completion queue before it arms the channel and sleeps (50 µs;
+	// negative: never spin); a reactor's Home has its own (NewHomes). Spinning saves the interrupt and wake-up per completion at
 	// light load, at the price of that much CPU after each burst.
 	PollSpin time.Duration
 	// ChunkSize is what one MR covers when a segment is registered, a power
@@ -51,6 +51,11 @@ type Config struct {
 	// (4.096 µs × 2^Timeout) and retry count (14 and 7).
 	Timeout    uint8
 	RetryCount uint8
+	// Homes are the reactor workers that submit to the transports and
+	// reap their completions themselves (nil: none; every completion is
+	// reaped by the transport's own goroutines). See "Who reaps" in the
+	// package doc.
+	Homes *Homes
 }
 
 // DefaultConfig is the configuration the zero values of Config stand for.

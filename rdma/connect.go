@@ -73,6 +73,9 @@ func (t *Transport) bringUp(q *queuePair, exchange func(ConnInfo) (ConnInfo, err
 	q.state = qpBusy
 	inflight := q.head != q.tail
 	q.mu.Unlock()
+	// q's goroutine reaps what is left, whichever reactor posted it: one
+	// that stopped must not hold the drain up.
+	t.adopt(q)
 	if wasUp && inflight {
 		_ = q.v.Fail()
 	}

@@ -89,8 +89,10 @@ type QueuePair interface {
 	Destroy() error
 }
 
-// CompletionQueue is a completion queue with its completion channel,
-// polled by one goroutine (the transport's poller).
+// CompletionQueue is one queue pair's completion queue with its
+// completion channel. Poll and Arm are called by the queue pair's reaper
+// (a reactor worker or the queue pair's goroutine), one at a time; Wait
+// only by the queue pair's goroutine.
 type CompletionQueue interface {
 	// Poll fills wcs and returns how many it filled.
 	Poll(wcs []WorkCompletion) (int, error)
@@ -99,25 +101,30 @@ type CompletionQueue interface {
 	// Wait blocks until an armed event arrives (true) or Wake was called
 	// (false).
 	Wait() (bool, error)
-	// Wake makes a blocked or the next Wait return false.
+	// Wake makes a blocked Wait, or the next one, return false, once per
+	// call (at least once for calls before that Wait).
 	Wake()
 	// Destroy frees the queue; it is called once, after every queue pair's
 	// Destroy.
 	Destroy() error
 }
 
-// NewTransport assembles a Transport over queue pairs and a completion
-// queue a provider created, and starts its goroutines. cfg's zero fields
+// NewTransport assembles a Transport over queue pairs and their completion
+// queues (cqs[i] is qps[i]'s own) a provider created, and starts its
+// goroutines. cfg's zero fields
 // take the defaults; each queue pair's posting buffer must hold
 // cfg.SendDepth requests. release, when not nil, runs once Close has
 // destroyed the queues. Device.NewTransport is what a daemon calls.
-func NewTransport(cfg Config, log *slog.Logger, addr Addr, cq CompletionQueue, qps []QueuePair, release func()) (*Transport, error) {
+func NewTransport(cfg Config, log *slog.Logger, addr Addr, cqs []CompletionQueue, qps []QueuePair, release func()) (*Transport, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	if len(qps) == 0 {
 		return nil, fmt.Errorf("rdma: a transport needs at least one queue pair")
+	}
+	if len(cqs) != len(qps) {
+		return nil, fmt.Errorf("rdma: %d completion queues for %d queue pairs (want one each)", len(cqs), len(qps))
 	}
 	for i, q := range qps {
 		if n := len(q.WorkRequests()); n != cfg.SendDepth {
@@ -127,7 +134,7 @@ func NewTransport(cfg Config, log *slog.Logger, addr Addr, cq CompletionQueue, q
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return newTransport("rdma", cfg, log, addr, cq, qps, release), nil
+	return newTransport("rdma", cfg, log, addr, cqs, qps, release), nil
 }
 
 // RegisterFunc registers [off, off+n) of a region as one MR and returns

@@ -1,8 +1,9 @@
 package rdma
 
 // The data path: Submit plans each task into work requests and posts them
-// on a queue pair that is up (postTo); the poller reaps completions and ends
-// tasks in order (pollLoop, handle).
+// on a queue pair that is up (postTo); the queue pair's reaper (reap.go: the
+// reactor that posted, or the queue pair's goroutine, pollLoop) reaps
+// completions and ends tasks in order (retireLocked).
 
 import (
 	"fmt"
@@ -19,12 +20,27 @@ import (
 // notification with xfer.ErrNoNotify (the caller sends notifications on
 // its peer channel). When every queue pair is
 // full or down it waits up to SubmitWait, then returns ErrQueueFull (or
-// ErrQPDown). Called from a completion callback (on the poller), it can
-// only take what fits at once: the room it would wait for is freed by
-// that same poller.
+// ErrQPDown). Called from a completion callback on a queue pair's
+// goroutine, it waits only for room other reapers free: that queue pair's
+// own frees none meanwhile.
+//
+// Tasks whose Home names one of Config.Homes were submitted by that
+// reactor worker, on its thread: they go to a queue pair that worker
+// reaps (one it owns, or one with nothing posted, which it then claims;
+// failing both, one another reaper owns), and while it waits for room it
+// reaps its own completions.
 func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 	if t.closed.Load() {
 		return 0, fmt.Errorf("rdma: %w", xfer.ErrClosed)
+	}
+	if len(tasks) == 0 {
+		return 0, nil
+	}
+	home := t.homes.of(tasks[0].Home)
+	who := uint32(noHome)
+	if home != nil {
+		who = home.id
+		home.last.Store(time.Now().UnixNano())
 	}
 	n := 0
 	var timer *time.Timer
@@ -35,17 +51,21 @@ func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 	}()
 	for n < len(tasks) {
 		progress, anyUp := false, false
-		for range t.qps {
-			q := t.qps[t.rr.Add(1)%uint32(len(t.qps))]
-			k, up, err := t.postTo(q, tasks[n:])
-			n += k
-			anyUp = anyUp || up
-			if err != nil {
-				return n, err
-			}
-			if k > 0 {
-				progress = true
-				break
+		// First the queue pairs this submitter reaps or may claim, then
+		// any with room.
+		for pass := 0; pass < 2 && !progress; pass++ {
+			for range t.qps {
+				q := t.qps[t.rr.Add(1)%uint32(len(t.qps))]
+				k, up, err := t.postTo(q, tasks[n:], who, pass == 1)
+				n += k
+				anyUp = anyUp || up
+				if err != nil {
+					return n, err
+				}
+				if k > 0 {
+					progress = true
+					break
+				}
 			}
 		}
 		if progress || n == len(tasks) {
@@ -57,8 +77,17 @@ func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 		if timer == nil {
 			timer = time.NewTimer(t.cfg.SubmitWait)
 		}
+		if home != nil && home.Reap() {
+			continue // room this worker made itself
+		}
+		var tick <-chan time.Time
+		if home != nil {
+			// The room may be this worker's own to reap: look again soon.
+			tick = time.After(homeWaitTick)
+		}
 		select {
 		case <-t.room:
+		case <-tick:
 		case <-t.stop:
 			return n, fmt.Errorf("rdma: %w", xfer.ErrClosed)
 		case <-timer.C:
@@ -71,9 +100,15 @@ func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 	return n, nil
 }
 
-// postTo posts a prefix of tasks on q as one linked list. It returns how
+// homeWaitTick is how often a reactor worker waiting in Submit for room
+// reaps its own queue pairs.
+const homeWaitTick = 50 * time.Microsecond
+
+// postTo posts a prefix of tasks on q as one linked list, for reaper who
+// (a Home's id, or noHome). Unless shared, it posts only on a queue pair who
+// owns or that has nothing posted (who then claims it). It returns how
 // many tasks it dispatched and whether q was up.
-func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task) (int, bool, error) {
+func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task, who uint32, shared bool) (int, bool, error) {
 	var invalid []doneTask
 	q.mu.Lock()
 	if q.state != qpUp {
@@ -83,6 +118,10 @@ func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task) (int, bool, error) 
 			return 0, false, fmt.Errorf("rdma: %w", xfer.ErrClosed)
 		}
 		return 0, false, nil
+	}
+	if q.owner != who && q.head != q.tail && !shared {
+		q.mu.Unlock()
+		return 0, true, nil // another reaper's work is in flight here
 	}
 	buf := q.v.WorkRequests()
 	free := len(q.slots) - int(q.head-q.tail)
@@ -125,6 +164,9 @@ func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task) (int, bool, error) 
 		nw += len(plan)
 		taken++
 	}
+	if nw > 0 && q.owner != who && q.head == q.tail {
+		t.claimLocked(q, who)
+	}
 	if nw > 0 {
 		markSignals(buf[:nw], t.cfg.SignalEvery)
 		posted, err := q.v.Post(nw)
@@ -157,24 +199,38 @@ func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task) (int, bool, error) 
 	return taken, true, nil
 }
 
-// pollLoop is the poller: it takes completions in batches, retires the
-// work they cover and ends tasks; when the queue is empty it arms the
-// completion channel and sleeps on it.
-func (t *Transport) pollLoop() {
+// claimLocked makes who q's reaper (q.mu held, nothing posted on q).
+func (t *Transport) claimLocked(q *queuePair, who uint32) {
+	q.owner = who
+	q.armedFor = false
+	if h := t.homes.of(who); h != nil {
+		h.claim(q)
+		return
+	}
+	// q's goroutine may sleep on the channel unarmed (it was a reactor's):
+	// the next completion must raise an event.
+	if err := q.cq.Arm(); err != nil {
+		t.log.Error("rdma: ibv_req_notify_cq failed", "qp", q.idx, "err", err)
+	}
+}
+
+// pollLoop is q's goroutine. While no reactor owns q it is q's reaper: it
+// takes completions in batches and ends tasks; when the queue is empty it
+// spins for PollSpin, then arms the completion channel and sleeps on it.
+// While a reactor owns q it only sleeps on the channel, which that reactor
+// arms before it sleeps, and wakes the reactor when an event comes.
+func (t *Transport) pollLoop(q *queuePair) {
 	defer t.wg.Done()
+	wcs := make([]WorkCompletion, t.cfg.PollBatch)
+	done := make([]doneTask, 0, t.cfg.PollBatch)
 	var idle time.Time // when the queue was first seen empty; zero while busy
 	for {
-		n, err := t.cq.Poll(t.wcs)
-		if err != nil {
-			t.log.Error("rdma: ibv_poll_cq failed; stopping the poller", "err", err)
-			return
-		}
+		n, mine := t.reapQP(q, noHome, wcs, &done, false)
 		if n > 0 {
-			t.handle(t.wcs[:n])
 			idle = time.Time{}
 			continue
 		}
-		if t.cfg.PollSpin > 0 {
+		if mine && t.cfg.PollSpin > 0 && q.busy() {
 			now := time.Now()
 			if idle.IsZero() {
 				idle = now
@@ -183,91 +239,97 @@ func (t *Transport) pollLoop() {
 				runtime.Gosched()
 				continue
 			}
-			idle = time.Time{}
 		}
-		if err := t.cq.Arm(); err != nil {
-			t.log.Error("rdma: ibv_req_notify_cq failed; stopping the poller", "err", err)
-			return
+		idle = time.Time{}
+		if mine {
+			if err := q.cq.Arm(); err != nil {
+				t.log.Error("rdma: ibv_req_notify_cq failed; stopping the poller", "qp", q.idx, "err", err)
+				return
+			}
+			// A completion that arrived before arming raised no event.
+			if n, _ = t.reapQP(q, noHome, wcs, &done, false); n > 0 {
+				continue
+			}
 		}
-		// A completion that arrived before arming raised no event.
-		if n, _ = t.cq.Poll(t.wcs); n > 0 {
-			t.handle(t.wcs[:n])
-			continue
-		}
-		ok, err := t.cq.Wait()
+		ok, err := q.cq.Wait()
 		if err != nil {
-			t.log.Error("rdma: completion channel failed; stopping the poller", "err", err)
+			t.log.Error("rdma: completion channel failed; stopping the poller", "qp", q.idx, "err", err)
 			return
 		}
 		if !ok {
-			return
+			select {
+			case <-t.stop:
+				return
+			default:
+				continue // woken to look (adopt)
+			}
+		}
+		q.mu.Lock()
+		owner := q.owner
+		q.armedFor = false
+		q.mu.Unlock()
+		if h := t.homes.of(owner); h != nil {
+			h.kick()
 		}
 	}
 }
 
-// handle retires what a batch of completions covers and ends the tasks
-// whose last work request it retired.
-func (t *Transport) handle(wcs []WorkCompletion) {
-	done := t.done[:0]
-	for i := range wcs {
-		c := &wcs[i]
-		qi := int(c.id >> seqBits)
-		if qi >= len(t.qps) {
-			continue
-		}
-		q := t.qps[qi]
-		q.mu.Lock()
-		seq := q.tail + ((c.id&(1<<seqBits-1) - q.tail) & (1<<seqBits - 1))
-		if seq >= q.head {
-			q.mu.Unlock() // already retired (forced): stale
-			continue
-		}
-		st := WCStatus(c.status)
-		var werr error
-		if st != WCSuccess {
-			werr = q.errs.get(st, c.vendor)
-			if q.state == qpUp {
-				q.state = qpDown
-			}
-		}
-		// RC completes in order: everything before seq finished without
-		// error (errors always complete, signalled or not).
-		for ; q.tail <= seq; q.tail++ {
-			s := &q.slots[q.tail&q.mask]
-			if s.first {
-				q.curErr = nil
-			}
-			if q.tail == seq && werr != nil && q.curErr == nil {
-				q.curErr = werr
-			}
-			if s.err != nil && q.curErr == nil {
-				q.curErr = s.err
-			}
-			if s.probe != nil {
-				s.probe <- q.curErr
-			} else if s.last {
-				var n uint64
-				if q.curErr == nil {
-					n = s.task.Req.Length
-				}
-				done = append(done, doneTask{t: s.task, n: n, err: q.curErr})
-			}
-			*s = slot{}
-		}
-		if q.state == qpDown && q.tail == q.head {
-			select {
-			case t.reconnect <- q.idx:
-			default:
-			}
-		}
-		q.mu.Unlock()
+// busy reports whether q has work posted.
+func (q *queuePair) busy() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.head != q.tail
+}
+
+// retireLocked retires what completion c covers on q (q.mu held) and
+// appends the tasks whose last work request it retired to done.
+func (t *Transport) retireLocked(q *queuePair, c *WorkCompletion, done []doneTask) []doneTask {
+	if int(c.id>>seqBits) != q.idx {
+		return done // not q's: cannot happen with a completion queue per queue pair
 	}
-	for i := range done {
-		done[i].t.Done(done[i].n, done[i].err)
-		done[i] = doneTask{}
+	seq := q.tail + ((c.id&(1<<seqBits-1) - q.tail) & (1<<seqBits - 1))
+	if seq >= q.head {
+		return done // already retired (forced): stale
 	}
-	t.done = done[:0]
-	t.pokeRoom()
+	st := WCStatus(c.status)
+	var werr error
+	if st != WCSuccess {
+		werr = q.errs.get(st, c.vendor)
+		if q.state == qpUp {
+			q.state = qpDown
+		}
+	}
+	// RC completes in order: everything before seq finished without
+	// error (errors always complete, signalled or not).
+	for ; q.tail <= seq; q.tail++ {
+		s := &q.slots[q.tail&q.mask]
+		if s.first {
+			q.curErr = nil
+		}
+		if q.tail == seq && werr != nil && q.curErr == nil {
+			q.curErr = werr
+		}
+		if s.err != nil && q.curErr == nil {
+			q.curErr = s.err
+		}
+		if s.probe != nil {
+			s.probe <- q.curErr
+		} else if s.last {
+			var n uint64
+			if q.curErr == nil {
+				n = s.task.Req.Length
+			}
+			done = append(done, doneTask{t: s.task, n: n, err: q.curErr})
+		}
+		*s = slot{}
+	}
+	if q.state == qpDown && q.tail == q.head {
+		select {
+		case t.reconnect <- q.idx:
+		default:
+		}
+	}
+	return done
 }
 
 func (t *Transport) pokeRoom() {

@@ -43,8 +43,12 @@ type slot struct {
 // queuePair is one RC queue pair with its send-queue bookkeeping.
 type queuePair struct {
 	idx  int
+	t    *Transport
 	v    QueuePair
+	cq   CompletionQueue // q's own: its send completions, and nothing else
 	errs *completionErrors
+
+	pollErrs atomic.Uint32 // ibv_poll_cq failures (the first is logged)
 
 	mu sync.Mutex // guards every field below
 	// slots is a ring indexed by sequence number & mask; [tail, head) are
@@ -57,6 +61,15 @@ type queuePair struct {
 	plan       []WorkRequest // scratch for planning one task
 	local      ConnInfo
 	remote     ConnInfo
+	// owner reaps cq: a Home's id (the reactor worker that posted q's
+	// work), or noHome for the transport's goroutine for q. It changes
+	// only while q has nothing posted (postTo), or when the transport
+	// takes q back (adopt).
+	owner uint32
+	// armedFor: an owning Home armed cq for its sleep and no completion
+	// was reaped since.
+	armedFor  bool
+	destroyed bool
 }
 
 // seqBits is how much of a wr_id is sequence number; the rest is the queue
@@ -64,7 +77,8 @@ type queuePair struct {
 const seqBits = 48
 
 // Transport is an xfer.Transport over a set of RC queue pairs to one peer,
-// sharing one completion queue polled by one goroutine.
+// each with its own completion queue, reaped by whoever posted its work
+// (see the package doc, "Who reaps").
 //
 // Requests: a task's Local segment must carry LocalKeys in its RDMA slot
 // and its Target RemoteKeys (KeysOf); the transport keeps no table of
@@ -82,17 +96,18 @@ const seqBits = 48
 // it through Accept. Between two daemons each side dials its own set for
 // the work it submits and accepts the other's.
 //
-// Goroutines: the poller (owns completion handling) and the reconnector
-// (owns recovery); both start in newTransport and are stopped by Close,
-// which fails every queue pair, waits for their work to drain, then wakes
-// and joins both.
+// Goroutines: one per queue pair, which reaps its completion queue when no
+// reactor owns it and otherwise wakes the owner on a completion event, and
+// the reconnector (owns recovery); all start in newTransport and are
+// stopped by Close, which takes every queue pair back from the reactors,
+// fails it, waits for its work to drain, then wakes and joins them.
 type Transport struct {
-	name string
-	cfg  Config
-	log  *slog.Logger
-	cq   CompletionQueue
-	qps  []*queuePair
-	addr Addr
+	name  string
+	cfg   Config
+	log   *slog.Logger
+	homes *Homes // the reactors that may post and reap (Config.Homes)
+	qps   []*queuePair
+	addr  Addr
 	// release frees what the verbs layer allocated for the transport, after
 	// the queue pairs and the completion queue are destroyed.
 	release func()
@@ -111,10 +126,6 @@ type Transport struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
-
-	// Poller-owned scratch, preallocated.
-	wcs  []WorkCompletion
-	done []doneTask
 }
 
 type doneTask struct {
@@ -125,26 +136,27 @@ type doneTask struct {
 
 var _ xfer.Transport = (*Transport)(nil)
 
-// newTransport assembles a transport over queue pairs and a completion
-// queue the verbs layer created, and starts its goroutines.
-func newTransport(name string, cfg Config, log *slog.Logger, addr Addr, cq CompletionQueue, qps []QueuePair, release func()) *Transport {
+// newTransport assembles a transport over queue pairs and their completion
+// queues (cqs[i] is qps[i]'s) the verbs layer created, and starts its
+// goroutines.
+func newTransport(name string, cfg Config, log *slog.Logger, addr Addr, cqs []CompletionQueue, qps []QueuePair, release func()) *Transport {
 	t := &Transport{
-		name: name, cfg: cfg, log: log, addr: addr, cq: cq, release: release,
+		name: name, cfg: cfg, log: log, addr: addr, release: release, homes: cfg.Homes,
 		room:      make(chan struct{}, 1),
 		reconnect: make(chan int, len(qps)),
 		stop:      make(chan struct{}),
-		wcs:       make([]WorkCompletion, cfg.PollBatch),
-		done:      make([]doneTask, 0, cfg.PollBatch*cfg.SendDepth),
 	}
 	for i, v := range qps {
 		t.qps = append(t.qps, &queuePair{
-			idx: i, v: v, errs: newCompletionErrors(i),
+			idx: i, t: t, v: v, cq: cqs[i], errs: newCompletionErrors(i),
 			slots: make([]slot, cfg.SendDepth), mask: uint64(cfg.SendDepth - 1),
 			plan: make([]WorkRequest, 0, cfg.SendDepth),
 		})
 	}
-	t.wg.Add(2)
-	go t.pollLoop()
+	t.wg.Add(1 + len(t.qps))
+	for _, q := range t.qps {
+		go t.pollLoop(q)
+	}
 	go t.reconnectLoop()
 	return t
 }
@@ -171,10 +183,12 @@ func (t *Transport) PeerRegions() []RemoteRegion {
 // when its work completes or its queue pair fails.
 func (t *Transport) Cancel(*xfer.Task) {}
 
-// Close stops dispatch, fails every queue pair so its posted work flushes,
-// waits for that (bounded by ConnectTimeout, after which what is left ends
-// with xfer.ErrClosed), stops the poller and the reconnector and frees the
-// queue pairs and the completion queue. It is safe to call more than once.
+// Close stops dispatch, takes every queue pair back from the reactors that
+// reap it (its goroutine reaps what is left, so a stopped reactor holds
+// nothing up), fails it so its posted work flushes, waits for that
+// (bounded by ConnectTimeout, after which what is left ends with
+// xfer.ErrClosed), stops the goroutines and frees the queue pairs and
+// their completion queues. It is safe to call more than once.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		t.closed.Store(true)
@@ -182,13 +196,16 @@ func (t *Transport) Close() error {
 			q.mu.Lock()
 			q.state = qpClosed
 			q.mu.Unlock()
+			t.adopt(q)
 			_ = q.v.Fail()
 		}
 		for _, q := range t.qps {
 			t.drain(q, t.cfg.ConnectTimeout)
 		}
 		close(t.stop)
-		t.cq.Wake()
+		for _, q := range t.qps {
+			q.cq.Wake()
+		}
 		t.wg.Wait()
 		var errs []error
 		for _, q := range t.qps {
@@ -196,7 +213,12 @@ func (t *Transport) Close() error {
 			t.forceRetire(q, fmt.Errorf("rdma: %w", xfer.ErrClosed))
 			errs = append(errs, q.v.Destroy())
 		}
-		errs = append(errs, t.cq.Destroy())
+		for _, q := range t.qps {
+			q.mu.Lock()
+			q.destroyed = true
+			q.mu.Unlock()
+			errs = append(errs, q.cq.Destroy())
+		}
 		if t.release != nil {
 			t.release()
 		}

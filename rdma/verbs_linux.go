@@ -245,7 +245,7 @@ func (d *Device) Deregister(r *Region) error {
 	return err
 }
 
-// NewTransport creates Config.QPs RC queue pairs on one completion queue.
+// NewTransport creates Config.QPs RC queue pairs, each on its own completion queue.
 // Connect (or the peer's Accept) then brings them up.
 func (d *Device) NewTransport() (*Transport, error) {
 	d.mu.Lock()
@@ -267,27 +267,30 @@ func (d *Device) NewTransport() (*Transport, error) {
 		depth &= depth - 1
 	}
 	cfg.SendDepth = depth
-	cqe := min(cfg.QPs*depth+cfg.QPs, int(d.caps.max_cqe))
-	ccq, errno := C.tc_create_cq(d.ctx, C.int(cqe), C.int(cfg.PollBatch))
-	if ccq == nil {
-		return fail(os.NewSyscallError("ibv_create_cq", errno))
-	}
-	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		C.tc_destroy_cq(ccq)
-		return fail(os.NewSyscallError("eventfd", err))
-	}
-	cq := &verbsCQ{q: ccq, efd: efd}
-	cq.fds = []unix.PollFd{{Fd: int32(C.tc_cq_fd(ccq)), Events: unix.POLLIN}, {Fd: int32(efd), Events: unix.POLLIN}}
+	// A completion queue per queue pair: whoever posts on a queue pair
+	// reaps its completions, and nobody else's (see "Who reaps").
+	cqe := min(depth+1, int(d.caps.max_cqe))
 	rd := min(16, int(d.caps.max_qp_rd_atom), int(d.caps.max_qp_init_rd_atom))
 	var qps []QueuePair
+	var cqs []CompletionQueue
+	undo := func() {
+		for _, q := range qps {
+			_ = q.Destroy()
+		}
+		for _, c := range cqs {
+			_ = c.Destroy()
+		}
+	}
 	for range cfg.QPs {
-		cqp, errno := C.tc_create_qp(d.pd, ccq, C.int(depth))
+		cq, err := d.newCQ(cqe, cfg.PollBatch)
+		if err != nil {
+			undo()
+			return fail(err)
+		}
+		cqs = append(cqs, cq)
+		cqp, errno := C.tc_create_qp(d.pd, cq.q, C.int(depth))
 		if cqp == nil {
-			for _, q := range qps {
-				_ = q.Destroy()
-			}
-			_ = cq.Destroy()
+			undo()
 			return fail(os.NewSyscallError("ibv_create_qp", errno))
 		}
 		q := &verbsQP{q: cqp, port: d.cfg.Port, gidIndex: d.addr.GIDIndex, cfg: cfg, rdAtom: max(rd, 1)}
@@ -299,7 +302,24 @@ func (d *Device) NewTransport() (*Transport, error) {
 		d.transports--
 		d.mu.Unlock()
 	}
-	return newTransport("rdma", cfg, d.log, d.addr, cq, qps, release), nil
+	return newTransport("rdma", cfg, d.log, d.addr, cqs, qps, release), nil
+}
+
+// newCQ creates a completion queue of cqe entries with its channel, and
+// the eventfd its Wake writes.
+func (d *Device) newCQ(cqe, batch int) (*verbsCQ, error) {
+	ccq, errno := C.tc_create_cq(d.ctx, C.int(cqe), C.int(batch))
+	if ccq == nil {
+		return nil, os.NewSyscallError("ibv_create_cq", errno)
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		C.tc_destroy_cq(ccq)
+		return nil, os.NewSyscallError("eventfd", err)
+	}
+	cq := &verbsCQ{q: ccq, efd: efd}
+	cq.fds = []unix.PollFd{{Fd: int32(C.tc_cq_fd(ccq)), Events: unix.POLLIN}, {Fd: int32(efd), Events: unix.POLLIN}}
+	return cq, nil
 }
 
 // Close releases the protection domain and the device. It fails while
@@ -388,8 +408,8 @@ func (q *verbsQP) Destroy() error {
 }
 
 // verbsCQ implements CompletionQueue: a completion queue whose channel fd is
-// non-blocking, waited on with poll(2) together with an eventfd that wake
-// writes (and nobody reads: once woken, every later wait returns false).
+// non-blocking, waited on with poll(2) together with an eventfd that Wake
+// writes and a Wait that sees it reads back.
 type verbsCQ struct {
 	q   *C.struct_tc_cq
 	efd int
@@ -422,6 +442,8 @@ func (c *verbsCQ) Wait() (bool, error) {
 			return false, os.NewSyscallError("poll", err)
 		}
 		if c.fds[1].Revents != 0 {
+			var b [8]byte
+			_, _ = unix.Read(c.efd, b[:]) // EAGAIN: another Wait took it
 			return false, nil
 		}
 		if c.fds[0].Revents != 0 {

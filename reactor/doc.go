@@ -24,12 +24,22 @@
 // doorbell of each queue it serves (the queue's futex word, armed as an
 // IORING_OP_FUTEX_WAIT on the ring, or among the words of futex_waitv),
 // its ring's completions, and its own wake-up (a queue attached or
-// detached, the pool stopping: the ring's eventfd, or the worker's own
-// futex word). Before it sleeps it asks every queue for its doorbell
+// detached, the pool stopping, a reaper's completion: the ring's eventfd,
+// or the worker's own futex word). Before it sleeps it asks every queue for its doorbell
 // (Queue.Doorbell), which sets the queue's NEED_WAKEUP flag and re-checks,
 // as queue/doc.go says: a client that submits after the check sees the
 // flag, changes the word and wakes the wait; one that submitted before is
 // seen by the check, and the worker does not sleep.
+//
+// # Reapers
+//
+// A transport whose requests the worker posts and whose completions the
+// worker reaps itself (the rdma transport's Homes) gives the worker a
+// Reaper (AddReaper): the worker runs its Reap after every pass, and asks
+// its Sleep before it sleeps, which arms the reaper's wake-up (it calls the
+// worker's wake) or keeps the worker polling a little longer. A stopping
+// worker stops its reapers, which hand what they had in flight back to
+// their transports.
 //
 // # Assignment
 //

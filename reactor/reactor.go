@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tensorcast/tensorcast/uring"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // MaxWorkers bounds Config.Workers.
@@ -122,13 +123,15 @@ func New(cfg Config, host Host, log *slog.Logger) (*Pool, error) {
 func (p *Pool) Workers() int { return len(p.workers) }
 
 // Home is what a queue served by worker w sets as its tasks' Home
-// (xfer.Task.Home): w plus one when w is the guest of ring w, so that the
-// ring's transport submits them to that ring; 0 otherwise.
+// (xfer.Task.Home): w plus one, so that the rdma transport posts them on a
+// queue pair w reaps (AddReaper) and, when w is the guest of ring w, the
+// ring's transport submits them to that ring; with xfer.HomeOwnThread
+// when w runs its own thread (no ring is w's then).
 func (p *Pool) Home(w int) uint32 {
 	if p.hosted {
 		return uint32(w) + 1
 	}
-	return 0
+	return (uint32(w) + 1) | xfer.HomeOwnThread
 }
 
 // Pick chooses the worker for a new queue: the one serving the fewest.
@@ -217,8 +220,12 @@ type Worker struct {
 	// changed says adds or drops wait for the worker's next pass.
 	changed atomic.Bool
 
+	// addReapers wait for the worker's next pass (AddReaper, reap.go).
+	addReapers []Reaper
+
 	// Owned by the worker's thread.
-	queues []*served
+	queues  []*served
+	reapers []Reaper
 	// free are slots of served that fired the futex waits of queues gone.
 	slots  []*served
 	free   []uint16
@@ -283,6 +290,7 @@ func (w *Worker) apply() {
 	w.mu.Lock()
 	adds, drops := w.adds, w.drops
 	w.adds, w.drops = nil, nil
+	w.takeReapers()
 	w.changed.Store(false)
 	for _, q := range adds {
 		s := w.slot()
@@ -335,12 +343,15 @@ func (w *Worker) Serve() bool {
 			did = true
 		}
 	}
+	if w.reap() {
+		did = true
+	}
 	return did
 }
 
 // Sleep implements uring.Guest: every queue's doorbell, armed on ws.
 func (w *Worker) Sleep(ws uring.Waits) bool {
-	if w.changed.Load() {
+	if w.changed.Load() || !w.reapersSleep() {
 		return false
 	}
 	w.sleepy = w.sleepy[:0]
@@ -398,6 +409,7 @@ func (w *Worker) Stop() {
 	w.adds, w.drops = nil, nil
 	w.mu.Unlock()
 	w.queues = nil
+	w.stopReapers()
 	for _, d := range drops {
 		close(d.done)
 	}

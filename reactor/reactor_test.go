@@ -19,6 +19,7 @@ import (
 	"github.com/tensorcast/tensorcast/queue/queuetest"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/uring"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // echo is a queue a worker serves by answering every entry at once
@@ -287,8 +288,10 @@ func TestUnwakeableHostRunsOwnThreads(t *testing.T) {
 	}
 	defer p.Close()
 	for w := 0; w < p.Workers(); w++ {
-		if h := p.Home(w); h != 0 {
-			t.Errorf("worker %d: Home %d, want 0 (its own thread)", w, h)
+		// The worker, marked as on its own thread: beyond every ring's
+		// index, so that no ring takes its tasks as its guest's.
+		if h := p.Home(w); h != uint32(w+1)|xfer.HomeOwnThread || int(h) <= 2 {
+			t.Errorf("worker %d: Home %#x, want %#x (its own thread)", w, h, uint32(w+1)|xfer.HomeOwnThread)
 		}
 	}
 }

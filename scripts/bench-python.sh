@@ -42,6 +42,7 @@ daemon_serve "$sock" --pool-size 1GiB --store-l2-path off "${pages[@]}"
 BENCH_POOL_PAGES=$(sed -n 's/.*shm pool mapped.* pages=\("[^"]*"\|[a-z0-9]*\).*/\1/p' "$work/daemon.log" | tr -d '"' | head -1)
 [ -n "$BENCH_POOL_PAGES" ] || { echo "bench-python: the daemon's log does not say how its pool is paged" >&2; cat "$work/daemon.log" >&2; exit 1; }
 export BENCH_POOL_PAGES
+export BENCH_DAEMON_PID=$daemon_pid
 
 PYTHONPATH=python "$PYTHON" python/bench/store.py "$sock" "$ROUNDS" "$SECONDS_PER_RUN"
 PYTHONPATH=python "$PYTHON" python/bench/vllm_blocks.py "$sock" "$ROUNDS" "$SECONDS_PER_RUN"

@@ -30,6 +30,10 @@
 # in the same VM, default 1; each figure is the median over the rounds and
 # each ratio the median of the rounds' ratios: on a shared 2-core host
 # under TCG single samples swing by 2x),
+# RDMA_BASE_DAEMON (a tensorcastd binary, cgo, of the build to compare
+# against: each round then also runs the tcbench jobs with it, the two
+# builds in alternating order, and a third table puts both side by side;
+# the same tcbench drives both),
 # RXE_MEM (MiB, default 1536: the MR registration test takes 512 MiB),
 # RXE_REG_MB (default 512), RDMA_TEST_LOG (keep the console log there),
 # plus rxe-vm.sh's knobs.
@@ -65,6 +69,9 @@ if [ "$tcbench" = 1 ]; then
   echo "test-rdma: building tensorcastd (cgo) and tcbench" >&2
   CGO_ENABLED=1 go build -o "$w/tensorcastd" ./cmd/tensorcastd
   CGO_ENABLED=1 go build -o "$w/tcbench" ./cmd/tcbench
+  if [ -n "${RDMA_BASE_DAEMON:-}" ]; then
+    cp "$RDMA_BASE_DAEMON" "$w/tensorcastd-base"
+  fi
   # One tcbench run a round, one pair of daemons (64 MiB pools: both fit
   # the VM beside nothing else, as the tests run after it; one queue pair
   # per link, as perftest uses), every job its own group (stonewall). The
@@ -112,13 +119,18 @@ if [ "${bench}" != "-" ]; then
     perf ib_read_bw -s 1048576 -n 100 --report_gbits
     perf ib_write_lat -s 4096 -n 1000
     ./rdma.test -test.run='^\$' -test.bench='${bench}' -test.benchtime=${benchtime} || rc=1
-    if [ -x ./tcbench ]; then
+    tcbrun() { # tag daemon-binary
       t0=\$(cut -d. -f1 /proc/uptime)
-      TENSORCAST_RDMA_QPS=1 ./tcbench --rdma-device \$RXE_DEV --rdma-gid \$RXE_GID_INDEX ${tcb_args} > /tmp/tcbench.out 2> /tmp/tcbench.err
+      TENSORCAST_RDMA_QPS=1 ./tcbench --daemon-bin \$2 --rdma-device \$RXE_DEV --rdma-gid \$RXE_GID_INDEX ${tcb_args} > /tmp/tcbench.out 2> /tmp/tcbench.err
       tcb=\$?
-      echo "TCBENCH-RC=\$tcb TOOK=\$((\$(cut -d. -f1 /proc/uptime) - t0))s"
-      sed 's/^/TCBENCH /' /tmp/tcbench.out
-      tail -n 30 /tmp/tcbench.err | sed 's/^/TCBENCH-ERR /'
+      echo "\$1-RC=\$tcb TOOK=\$((\$(cut -d. -f1 /proc/uptime) - t0))s"
+      sed "s/^/\$1 /" /tmp/tcbench.out
+      tail -n 30 /tmp/tcbench.err | sed "s/^/\$1-ERR /"
+    }
+    if [ -x ./tcbench ]; then
+      if [ -x ./tensorcastd-base ] && [ \$((round % 2)) = 1 ]; then tcbrun TCBASE ./tensorcastd-base; fi
+      tcbrun TCBENCH ./tensorcastd
+      if [ -x ./tensorcastd-base ] && [ \$((round % 2)) = 0 ]; then tcbrun TCBASE ./tensorcastd-base; fi
     fi
   done
 fi
@@ -139,6 +151,7 @@ files="$w/rdma.test rdma/testdata"
 [ -f "$w/link.test" ] && files="$files $w/link.test"
 [ -f "$w/daemon.test" ] && files="$files $w/daemon.test"
 [ -f "$w/tcbench" ] && files="$files $w/tcbench $w/tensorcastd"
+[ -f "$w/tensorcastd-base" ] && files="$files $w/tensorcastd-base"
 RXE_FILES="$files" RXE_LOG="$log" scripts/rxe-vm.sh "$w/run-rdma-tests"
 rc=$?
 set -e
@@ -176,8 +189,8 @@ perf_rtt() { # 2 x ib_write_lat typical latency of 4096 bytes (usec): a round tr
 ours() { # benchmark name, metric unit -> value
   rounds_of '$1 ~ "^'"$1"'(-[0-9]+)?$" { for (i = 2; i < NF; i++) if ($(i+1) == "'"$2"'") { print r, $i; break } }'
 }
-tcb() { # tcbench job, bw|lat -> Gbit/s or median completion latency (usec)
-  rounds_of '/^TCBENCH tc1;/ {
+tcb() { # tcbench job, bw|lat [, tag] -> Gbit/s or median completion latency (usec)
+  rounds_of '/^'"${3:-TCBENCH}"' tc1;/ {
       n = split($0, f, ";"); if (f[3] != "'"$1"'" || f[5] != 0) next
       L = (n - 5) / 2; s = ("'"$1"'" ~ /^read/) ? 5 : 5 + L
       if ("'"$2"'" == "bw") { printf "%d %.4f\n", r, f[s + 2] * 1024 * 8 / 1e9; next }
@@ -240,6 +253,33 @@ if [ "$tcbench" = 1 ]; then
   echo " median completion latency of one 4 KiB WRITE, submit to completion, vs 2 x ib_write_lat typical as above;"
   echo " a latency ratio above 1 is tcbench slower; engine=local is the same job as a memcpy inside one daemon:"
   echo " the control path's share, no network)"
+  if grep -q '^TCBASE-RC=' "$log"; then
+    for x in $(sed -n 's/^TCBASE-RC=\([0-9]*\) .*/\1/p' "$log"); do [ "$x" = 0 ] || tcb_rc=$x; done
+    echo
+    echo "the same tcbench jobs, this build vs RDMA_BASE_DAEMON ($(basename "$RDMA_BASE_DAEMON")), same VM run, alternating"
+    printf '%-24s %16s %16s %7s\n' "case" "this build" "base build" "ratio"
+    for c in "write 64KiB:write64k:16/4" "write 1MiB:write1m:8/2" "read 64KiB:read64k:16/4" "read 1MiB:read1m:8/2"; do
+      IFS=: read -r name job qd <<<"$c"
+      tcb "$job" bw > "$fig/o"; tcb "$job" bw TCBASE > "$fig/b"
+      row "$name (qd $qd)" "$fig/o" "$fig/b" Gb/s
+    done
+    tcb lat4k lat > "$fig/o"; tcb lat4k lat TCBASE > "$fig/b"
+    row "write 4KiB (qd 1)" "$fig/o" "$fig/b" us
+    echo "(ratio: this build / base build, per round; above 1 is better for bandwidth, worse for latency)"
+    echo
+    echo "base build vs perftest, same rounds"
+    printf '%-24s %16s %16s %7s\n' "case" "base build" "perftest" "ratio"
+    for c in "write 64KiB:write64k:ib_write_bw:65536:16/4" \
+             "write 1MiB:write1m:ib_write_bw:1048576:8/2" \
+             "read 64KiB:read64k:ib_read_bw:65536:16/4" \
+             "read 1MiB:read1m:ib_read_bw:1048576:8/2"; do
+      IFS=: read -r name job tool size qd <<<"$c"
+      tcb "$job" bw TCBASE > "$fig/o"; perf_bw "$tool" "$size" > "$fig/p"
+      row "$name (qd $qd)" "$fig/o" "$fig/p" Gb/s
+    done
+    tcb lat4k lat TCBASE > "$fig/o"
+    row "write 4KiB (qd 1)" "$fig/o" "$fig/rtt" us
+  fi
   if [ "$tcb_rc" != 0 ]; then
     echo "test-rdma: tcbench failed in the VM (status $tcb_rc):" >&2
     sed -n 's/^TCBENCH-ERR //p' "$log" >&2

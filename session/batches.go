@@ -92,7 +92,7 @@ func (c *Session) mayTouch(id xfer.SegmentID, off, n uint64) Code {
 		return tcproto.CodeINVALID_ARGUMENT
 	}
 	if c.pool != nil && id == c.pool.ID() {
-		if !c.blocks.covers(off, n) {
+		if !c.blocks.Covers(off, n) {
 			return tcproto.CodePERMISSION_DENIED
 		}
 		return tcproto.CodeOK

@@ -48,10 +48,9 @@
 //     changes under it whenever one is removed, which is how a queue's
 //     cache of resolved segments learns.
 //   - Session.qmu guards the queue map against stats scrapes.
-//   - blockSet.mu guards the pool blocks held: the serving goroutine
-//     writes, workers and the engine read.
-//   - poolView.mu guards the holds transfers keep on blocks. Lock order:
-//     blockSet.mu (shared), then poolView.mu.
+//   - the session's pool blocks (Session.blocks, an xfer.Blocks) have
+//     their own locks: the serving goroutine writes the blocks, workers
+//     and the engine read them and keep holds on them (see xfer.Blocks).
 //   - qstore.mu guards a queue's free store-call records.
 //   - Host.mu guards the counters closed queues left behind. The server
 //     takes its own lock, then a Session's qmu or the Host's mu.
@@ -59,14 +58,16 @@
 // # A queue READ, end to end
 //
 // A client's READ of a pool range into its own buffer, submitted through
-// a queue, travels through four packages, client, queue, session and xfer
+// a queue, is handled by four packages, client, queue, session and xfer
 // (five with a transport of its own package: uring for a file, tcp or rdma
-// for a peer's segment), and calls three leaves that hold no part of it:
-// shm (the mappings' memory), internal/faultcopy (the copy) and status
-// (its code). The session resolves the request before the engine has it,
-// and the engine's end goes to the queue: the only calls back into the
-// session are the pool view's own methods, as a segment (HoldRange,
-// DropRange, Acquire, Release); none lands in control or daemon.
+// for a peer's segment). The reactor's worker loop runs the session's pass
+// on its thread and holds no part of the request, and three leaves hold
+// none either: shm (the mappings' memory and references), faultcopy (the
+// copy) and status (its code). The session resolves the request before
+// the engine has it, and the engine's end goes to the queue; nothing calls
+// back into the session: the engine holds and drops the pool range in the
+// session's blocks, an xfer.Blocks (through an xfer.PoolView), and the
+// segments' references are shm's. None of it lands in control or daemon.
 //
 //  1. client, queue: the client writes the SQE into the submission ring
 //     and, if the worker sleeps, wakes it (queue/doc.go has the wake-up
@@ -77,14 +78,14 @@
 //     the pool view, or the session's buffer, a *shm.Buffer), publishes
 //     sq_head and gives the requests to its stream (submit).
 //  3. xfer: Stream.Submit takes the segments the request carries, holds
-//     the pool range (poolView.HoldRange), routes by the target's kind
+//     the pool range (xfer.Blocks.HoldRange), routes by the target's kind
 //     (KindRouter: memory to the local transport) and dispatches.
 //  4. xfer: the local transport copies the bytes between the two mappings
 //     (faultcopy turns a fault into an error), inline or on its copy
 //     workers, and ends the task (a file's read is the worker's own ring's:
 //     the worker reaps it and ends the task on its thread).
 //  5. xfer: the stream ends the request: its range hold drops
-//     (poolView.DropRange) and its sink, the queue's ring, is told
+//     (xfer.Blocks.DropRange) and its sink, the queue's ring, is told
 //     (DaemonRing.StreamDone).
 //  6. queue: StreamDone takes the code of the state (status.ForState) and
 //     posts the CQE (DaemonRing.Post), waking the client if it sleeps; the

@@ -38,7 +38,7 @@ func (c *Session) ExportSegment(m *wire.ExportSegmentRequest, r *wire.Response) 
 	off, n := m.Offset, m.Length
 	var parent xfer.MemSegment
 	if c.pool != nil && id == c.pool.ID() {
-		if n == 0 || !c.blocks.coversRange(off, n) {
+		if n == 0 || !c.blocks.CoversRange(off, n) {
 			return fmt.Errorf("%w: pool range [%d, +%d) is not held by this connection", ErrPermission, off, n)
 		}
 		parent = c.pool

@@ -6,7 +6,6 @@ package session
 import (
 	"errors"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
@@ -70,14 +69,16 @@ func (c *Session) Close() {
 		}
 	}
 	p := c.pool
-	exported := func(i int) bool { return c.exported(c.poolID(), c.blocks.offs[i], c.blocks.sizes[i]) }
-	inFlight := c.pview.close(func(off uint64) bool {
-		i, _ := slices.BinarySearch(c.blocks.offs, off)
-		return !exported(i)
-	})
-	for i, off := range c.blocks.offs {
+	exported := func(off, size uint64) bool { return c.exported(c.poolID(), off, size) }
+	var freer xfer.Freer
+	if p != nil {
+		freer = p
+	}
+	inFlight := c.blocks.Abandon(func(off, size uint64) bool { return !exported(off, size) }, freer, c.log)
+	for i := range c.blocks.Len() {
+		off, size := c.blocks.Block(i)
 		switch {
-		case exported(i):
+		case exported(off, size):
 			// A peer request stalled inside it past ReleaseWait; handing
 			// the block to another client could let its bytes land there.
 			c.log.Error("leaving a pool block allocated: a peer request still holds it", "offset", off)
@@ -91,6 +92,6 @@ func (c *Session) Close() {
 			}
 		}
 	}
-	c.blocks.reset()
+	c.blocks.Reset()
 	c.log.Debug("connection resources released")
 }

@@ -133,8 +133,8 @@ func (c *Session) AllocBlocks(m *wire.AllocBlocksRequest, r *wire.Response) erro
 	if n == 0 || m.Size == 0 {
 		return fmt.Errorf("%w: %d blocks of %d bytes", ErrMalformed, n, m.Size)
 	}
-	if c.blocks.len()+n > c.h.Limits.MaxBlocks {
-		return fmt.Errorf("%w: %d blocks held, %d asked (max %d)", ErrLimit, c.blocks.len(), n, c.h.Limits.MaxBlocks)
+	if c.blocks.Len()+n > c.h.Limits.MaxBlocks {
+		return fmt.Errorf("%w: %d blocks held, %d asked (max %d)", ErrLimit, c.blocks.Len(), n, c.h.Limits.MaxBlocks)
 	}
 	p := c.pool
 	if p == nil {
@@ -150,7 +150,7 @@ func (c *Session) AllocBlocks(m *wire.AllocBlocksRequest, r *wire.Response) erro
 		if !ok {
 			size = m.Size
 		}
-		c.blocks.add(off, size)
+		c.blocks.Add(off, size)
 	}
 	wire.SetResponse[wire.AllocBlocksResponse](r).Offsets = offs
 	return nil
@@ -161,17 +161,17 @@ func (c *Session) FreeBlocks(m *wire.FreeBlocksRequest, r *wire.Response) {
 	c.codes = c.codes[:0]
 	p := c.pool
 	for _, off := range m.Offsets {
-		i, held := slices.BinarySearch(c.blocks.offs, off)
+		size, held := c.blocks.Find(off)
 		if !held {
 			c.codes = append(c.codes, tcproto.CodeNOT_FOUND)
 			continue
 		}
-		if c.exported(p.ID(), off, c.blocks.sizes[i]) {
+		if c.exported(p.ID(), off, size) {
 			// Peers may be writing into it: unexport first.
 			c.codes = append(c.codes, tcproto.CodeFAILED_PRECONDITION)
 			continue
 		}
-		if c.pview.busy(off) {
+		if c.blocks.Busy(off) {
 			// A transfer of this connection still moves bytes in it
 			// (possibly past its deadline): free it once that ends.
 			c.codes = append(c.codes, tcproto.CodeBUSY)
@@ -179,7 +179,7 @@ func (c *Session) FreeBlocks(m *wire.FreeBlocksRequest, r *wire.Response) {
 		}
 		err := p.Free(off)
 		if err == nil {
-			c.blocks.remove(off)
+			c.blocks.Remove(off)
 		}
 		c.codes = append(c.codes, status.CodeOf(err))
 	}

@@ -127,13 +127,14 @@ type Session struct {
 	// session subscribed to, which PollNotifications drains.
 	inbox *peer.Inbox
 
-	// pview is the pool as this session's requests resolve it.
-	pview poolView
+	// pview is the pool as this session's requests resolve it: the pool
+	// with the session's blocks as the holder of its requests' ranges.
+	pview xfer.PoolView
 	// st is the session's store session and scratch (store.go).
 	st connStore
 
 	// Owned by the serving goroutine.
-	blocks  blockSet
+	blocks  xfer.Blocks // the pool blocks the session allocated
 	batches map[BatchID]struct{}
 	// qmu guards queues against stats scrapes; the serving goroutine
 	// owns the map and changes it under qmu.
@@ -166,7 +167,7 @@ func New(h *Host, id uint64, log *slog.Logger) *Session {
 		queues:  make(map[uint64]*cqueue),
 	}
 	c.inbox = peer.NewInbox(fmt.Sprintf("connection %d", id), h.Limits.MaxNotifications)
-	c.pview.blocks, c.pview.log = &c.blocks, log
+	c.pview.Blocks = &c.blocks
 	return c
 }
 
@@ -175,7 +176,9 @@ func New(h *Host, id uint64, log *slog.Logger) *Session {
 // before the first handler.
 func (c *Session) SetTenant(name string, pool Pool, st *store.Store, log *slog.Logger) {
 	c.tenant, c.pool, c.store, c.log = name, pool, st, log
-	c.pview.Pool, c.pview.log = pool, log
+	if pool != nil {
+		c.pview.MemSegment = pool
+	}
 }
 
 // poolID is the id of the session's pool, 0 (no segment's) when it has
@@ -226,7 +229,7 @@ func (c *Session) deadline(ctx *wire.Context, timeoutMS uint32) time.Time {
 func (c *Session) Counters(dst []wire.Counter, idempotencyKeys int) []wire.Counter {
 	dst = append(dst,
 		wire.Counter{Name: "segments", Value: uint64(c.segments())},
-		wire.Counter{Name: "blocks", Value: uint64(c.blocks.len())},
+		wire.Counter{Name: "blocks", Value: uint64(c.blocks.Len())},
 		wire.Counter{Name: "batches", Value: uint64(len(c.batches))},
 		wire.Counter{Name: "idempotency_keys", Value: uint64(idempotencyKeys)},
 		wire.Counter{Name: "exports", Value: uint64(len(c.exports))},

@@ -95,7 +95,7 @@ func (c *Session) memOf(e wire.Extent) ([]byte, Code) {
 		return nil, tcproto.CodeINVALID_ARGUMENT
 	}
 	if p := c.pool; p != nil && e.Segment == p.ID() {
-		if !c.blocks.covers(e.Offset, e.Length) {
+		if !c.blocks.Covers(e.Offset, e.Length) {
 			return nil, tcproto.CodePERMISSION_DENIED
 		}
 		return p.Bytes()[e.Offset:end:end], tcproto.CodeOK

@@ -78,7 +78,9 @@ func openFile(t *testing.T, size int64, flags int) int {
 		}
 	}
 	if dir == "" {
-		t.Skip("no directory on a disk file system: the temporary directory and the package's are both in memory")
+		// The temporary directory and the package's are both in memory:
+		// a small ext4 on a loop device is a disk file system.
+		dir = testutil.MountSmallExt4(t)
 	}
 	path := filepath.Join(dir, fmt.Sprintf("shm-test-%d", os.Getpid()))
 	if err := os.WriteFile(path, make([]byte, size), 0o600); err != nil {

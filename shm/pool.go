@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/bits"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/tensorcast/tensorcast/xfer"
@@ -118,6 +119,8 @@ type Pool struct {
 	huge bool
 	log  *slog.Logger
 	refs refs
+	// gone is set once teardown unmapped the pool and closed its memfd.
+	gone atomic.Bool
 	a    *allocator
 	// regs are the transports' registrations over the mapping (io_uring
 	// fixed buffers), released just before it goes away.
@@ -294,8 +297,14 @@ func (p *Pool) Close() error {
 
 func (p *Pool) teardown() error {
 	p.regs.Teardown()
-	return errors.Join(unmap(p.mem), closeFd(p.fd))
+	err := errors.Join(unmap(p.mem), closeFd(p.fd))
+	p.gone.Store(true)
+	return err
 }
+
+// Unmapped says whether the pool's mapping and memfd are gone: Close was
+// called and no reference holds them any more.
+func (p *Pool) Unmapped() bool { return p.gone.Load() }
 
 // Regs are the transports' registrations over the pool's memory (io_uring
 // fixed buffers): each is released once, just before the mapping goes away

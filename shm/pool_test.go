@@ -269,7 +269,7 @@ func readSysInt(t *testing.T, path string) int {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
-		t.Skipf("no 2 MiB hugepage support in this kernel (%v)", err)
+		testutil.Missing(t, testutil.Hugepages, "no 2 MiB hugepage support in this kernel (%v)", err)
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil {
@@ -326,7 +326,7 @@ func TestHugepagesReal(t *testing.T) {
 	testutil.Require(t, testutil.Root) // to raise vm.nr_hugepages
 	old := readSysInt(t, path)
 	if err := os.WriteFile(path, []byte(strconv.Itoa(old+pages)), 0); err != nil {
-		t.Skipf("cannot raise %s: %v", path, err)
+		testutil.Missing(t, testutil.Hugepages, "cannot raise %s: %v", path, err)
 	}
 	t.Cleanup(func() {
 		if err := os.WriteFile(path, []byte(strconv.Itoa(old)), 0); err != nil {
@@ -335,7 +335,7 @@ func TestHugepagesReal(t *testing.T) {
 	})
 	free := hugepagesFree(t)
 	if free < pages {
-		t.Skipf("raised %s by %d but the kernel found only %d free 2 MiB pages", path, pages, free)
+		testutil.Missing(t, testutil.Hugepages, "raised %s by %d but the kernel found only %d free 2 MiB pages", path, pages, free)
 	}
 	var logs bytes.Buffer
 	p, err := NewPool(PoolConfig{ID: 9, Size: pages * HugepageSize, Hugepages: HugepagesOn, Prefault: true},

@@ -3,6 +3,9 @@ package store
 import (
 	"os"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 )
@@ -17,11 +20,27 @@ const benchBatch = 32
 
 func benchUring(b *testing.B) *uringEnv {
 	b.Helper()
+	return benchUringL2(b, FileL2{Size: 1 << 30, RegionSize: 64 << 20}, false)
+}
+
+// benchUringL2 is benchUring with f's L2; fresh puts it in a new directory
+// (under $TENSORCAST_STORE_BENCH_DIR when set) removed after the benchmark,
+// so that runs in one process do not recover each other's values.
+func benchUringL2(b *testing.B, f FileL2, fresh bool) *uringEnv {
+	b.Helper()
 	dir := os.Getenv("TENSORCAST_STORE_BENCH_DIR")
-	if dir == "" {
+	switch {
+	case dir == "":
 		dir = b.TempDir()
+	case fresh:
+		d, err := os.MkdirTemp(dir, "promote-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { os.RemoveAll(d) })
+		dir = d
 	}
-	u, err := openUringPool(dir, 256<<20, Config{L1Capacity: 256 << 20}, FileL2{Size: 1 << 30, RegionSize: 64 << 20})
+	u, err := openUringPool(dir, 256<<20, Config{L1Capacity: 256 << 20}, f)
 	testutil.RequireSupported(b, testutil.IOUring, err)
 	b.Cleanup(func() {
 		if err := u.close(); err != nil {
@@ -36,12 +55,52 @@ func benchUring(b *testing.B) *uringEnv {
 // (READ_FIXED, O_DIRECT), checks their crc32c and pins them; then Unpin and
 // eviction make them L2-only again (not timed).
 func BenchmarkPromote256K(b *testing.B) {
-	u := benchUring(b)
+	promote256K(b, benchUring(b))
+}
+
+// BenchmarkPromoteCRC256K is BenchmarkPromote256K with the crc32c check of
+// each value read back (crc32c=on, the default) and without it
+// (crc32c=off: FileL2.NoVerifyReads), one after the other in one run: what
+// the check costs a get of a value on L2 only. cpu-ns/get is the process's
+// CPU time (user and system, the ring's kernel work included) per value,
+// over the timed Gets only.
+func BenchmarkPromoteCRC256K(b *testing.B) {
+	for _, on := range []bool{true, false} {
+		name := "crc32c=off"
+		if on {
+			name = "crc32c=on"
+		}
+		b.Run(name, func(b *testing.B) {
+			promote256K(b, benchUringL2(b, FileL2{Size: 1 << 30, RegionSize: 64 << 20, NoVerifyReads: !on}, true))
+		})
+	}
+}
+
+// BenchmarkCRC32C256K: the checksum alone over a 256 KiB value in memory.
+func BenchmarkCRC32C256K(b *testing.B) {
+	v := make([]byte, 256<<10)
+	for i := range v {
+		v[i] = byte(i * 7)
+	}
+	b.SetBytes(int64(len(v)))
+	var sum uint32
+	for b.Loop() {
+		sum ^= crc32c(v)
+	}
+	if sum == 1 {
+		b.Log(sum) // keeps the loop's work
+	}
+}
+
+func promote256K(b *testing.B, u *uringEnv) {
 	ss := u.s.NewSession()
 	defer ss.Close()
 	const size, nkeys = 256 << 10, 512 // 128 MiB on L2
 	keys := keysN("p", nkeys)
 	val := make([]byte, size)
+	for i := range val {
+		val[i] = byte(i * 13)
+	}
 	codes, errs := make([]Code, benchBatch), make([]error, benchBatch)
 	for i := 0; i < nkeys; i += benchBatch {
 		vals := make([][]byte, benchBatch)
@@ -54,13 +113,18 @@ func BenchmarkPromote256K(b *testing.B) {
 	}
 	u.s.evict(1<<62, 1<<20)
 	locs := make([]Location, benchBatch)
+	var cpu time.Duration
+	gets := 0
 	b.SetBytes(size * benchBatch)
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		k := keys[(i*benchBatch)%nkeys:][:benchBatch]
+		t0 := cpuTime(b)
 		if _, err := ss.Get(k, locs, codes, errs, nil, 0); err != nil || codes[0] != OK {
 			b.Fatal(err, codes[0], errs[0])
 		}
+		cpu += cpuTime(b) - t0
+		gets += benchBatch
 		b.StopTimer()
 		if err := ss.Unpin(k, codes); err != nil {
 			b.Fatal(err)
@@ -68,6 +132,16 @@ func BenchmarkPromote256K(b *testing.B) {
 		u.s.evict(1<<62, 1<<20)
 		b.StartTimer()
 	}
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(gets), "cpu-ns/get")
+}
+
+// cpuTime is the process's user and system CPU time so far.
+func cpuTime(b *testing.B) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkDurablePut256K: durable copying puts of 256 KiB values,

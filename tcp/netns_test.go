@@ -167,13 +167,13 @@ func netnsClient(cfg Config, log *slog.Logger) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// b listens (it said READY); the node's session to it comes up on
+	// its own, and Open fails until it has.
 	var r *Remote
-	for i := 0; i < 50 && r == nil; i++ {
-		if r, err = n.Open("b", "seg", RightWrite); err != nil {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	if r == nil {
+	if !testutil.Poll(5*time.Second, func() bool {
+		r, err = n.Open("b", "seg", RightWrite)
+		return err == nil
+	}) {
 		fmt.Println("RESULT ok=false open:", err)
 		n.Close()
 		return 1

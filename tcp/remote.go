@@ -41,6 +41,9 @@ type Remote struct {
 	// regs carry what other transports learned for the segment (the
 	// owner's RDMA keys of it); Close tears them down.
 	regs xfer.Regs
+	// via is the transport the segment's holder set for its requests
+	// (wire.TransportAuto, TransportTCP or TransportRDMA; SetTransport).
+	via atomic.Uint32
 }
 
 // credential is a Remote's current token: the bytes requests present,
@@ -98,6 +101,16 @@ func (r *Remote) Epoch() uint64 { return r.epoch }
 // Regs implements xfer.Registered: the registrations other transports
 // keep on the segment, such as the owner's RDMA keys of it.
 func (r *Remote) Regs() *xfer.Regs { return &r.regs }
+
+// SetTransport records the transport the segment's holder asked its
+// requests to travel by (wire.TransportAuto, the default, TransportTCP or
+// TransportRDMA), for the router to read with Transport. The node itself
+// carries every request it is handed, whatever this says.
+func (r *Remote) SetTransport(via uint8) { r.via.Store(uint32(via)) }
+
+// Transport is what SetTransport recorded (wire.TransportAuto when
+// nothing). It does not lock or allocate.
+func (r *Remote) Transport() uint8 { return uint8(r.via.Load()) }
 
 // Close forgets the segment and releases its registrations; later Acquire
 // calls fail.

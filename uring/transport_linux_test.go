@@ -719,7 +719,7 @@ func TestBufferRegistrationOnSegment(t *testing.T) {
 	dir := t.TempDir()
 	tr := newTransport(t, Config{AllowedDirs: []string{dir}, MaxFixedBuffers: 1})
 	if !tr.Features().FixedBuffers {
-		t.Skip("the kernel has no fixed buffers (READ_FIXED/WRITE_FIXED)")
+		testutil.Missing(t, testutil.IOUring, "the kernel's io_uring has no fixed buffers (READ_FIXED/WRITE_FIXED)")
 	}
 	f := openTestFile(t, tr, dir, true, 1<<20)
 	a, b := newMemSeg(t, 5, 1<<20), newMemSeg(t, 6, 1<<20)

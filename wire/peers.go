@@ -185,7 +185,8 @@ type SegmentInfo struct {
 	Size       uint64
 	Rights     uint8
 	Epoch      uint64
-	Transport  uint8 // remote segments: what OpenRemote asked for
+	Transport  uint8    // remote segments: what OpenRemote asked for
+	Grants     []string // exports: the other tenants it grants
 }
 
 func (m *SegmentInfo) fields(f *fields) {
@@ -196,4 +197,5 @@ func (m *SegmentInfo) fields(f *fields) {
 	scalar(f, 4, &m.Rights)
 	scalar(f, 5, &m.Epoch)
 	scalar(f, 6, &m.Transport)
+	texts(f, 7, &m.Grants, MaxGrants, MaxTenant)
 }

@@ -23,7 +23,7 @@ func newMemfdSeg(t *testing.T, id xfer.SegmentID, size int) *memfdSeg {
 	t.Helper()
 	fd, err := unix.MemfdCreate("tensorcast-xfer-test", unix.MFD_CLOEXEC)
 	if err != nil {
-		t.Skipf("memfd_create unavailable: %v", err)
+		t.Fatalf("memfd_create (the daemon's pools and client buffers are memfds): %v", err)
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		unix.Close(fd)

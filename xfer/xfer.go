@@ -178,6 +178,10 @@ type Completer interface {
 	TaskDone(t *Task, n uint64, err error)
 }
 
+// HomeOwnThread is the bit of Task.Home that says the reactor it names
+// runs on its own thread rather than as a ring's guest.
+const HomeOwnThread uint32 = 1 << 31
+
 // Task is one request as a transport sees it. The engine owns the memory:
 // tasks live in a batch's preallocated table and are reused, so a transport
 // must not keep a *Task after it has called Done.
@@ -201,7 +205,11 @@ type Task struct {
 	// it on every task (Stream.SetHome). A transport with a ring per
 	// reactor puts the task on that reactor's ring, which the submitting
 	// thread itself drives, so it never waits there for room the same
-	// thread would have to make. The engine never changes it.
+	// thread would have to make; the rdma transport posts it on a queue
+	// pair whose completions that reactor reaps. HomeOwnThread is set
+	// when the reactor runs on its own thread, not as a ring's guest:
+	// then no ring is that reactor's (uring sees an index out of range
+	// and round robins). The engine never changes it.
 	Home uint32
 	// Deadline is when the engine ends the task in StateTimeout if it is
 	// still live. The engine always sets it (the call's deadline, or now +

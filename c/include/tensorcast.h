@@ -124,6 +124,20 @@ typedef struct tc_options {
     uint32_t max_frame;      /* largest answer accepted; 0: the daemon's max_frame (at least 1 MiB) */
     const char *lane;        /* default lane of every call; NULL: none */
     uint32_t policy_version; /* default policy version of every call */
+    /* Non-zero: a call that finds the connection broken or hung up (the
+     * daemon restarted, was upgraded or crashed) connects again first,
+     * says Hello and checks that the daemon's pool is the memfd mapped at
+     * connect; the call then goes on over the new connection. A call that
+     * was in flight when the connection broke has failed and is not
+     * retried (it may have been applied); so is a queue's call (a tc_kv's
+     * too), which ends with TC_ECLOSED: open a new one. The pool mapping stays valid: a restart that kept L1 keeps
+     * the pool, and every offset into it. A daemon with another pool is
+     * refused with TC_ECLOSED, for good (tc_connect again). Everything the
+     * old connection held in the daemon is gone: pins, reservations,
+     * batches, exports, queues (their calls end with TC_ECLOSED) and
+     * buffers (tc_buffer_destroy then only releases their memory). No
+     * reconnect follows tc_shutdown. */
+    int reconnect;
 } tc_options;
 
 /* One call's context (Context in the schema). Zero-initialize; NULL and 0
@@ -299,6 +313,11 @@ TC_API void tc_shutdown(tc_conn *c);
  * tc_close). */
 TC_API const tc_hello *tc_hello_info(const tc_conn *c);
 
+/* tc_reconnects is how many times c connected again after its connection
+ * broke (tc_options.reconnect): each time, what c held in the daemon
+ * (buffers, queues, pins, reservations, exports) was dropped there. */
+TC_API uint32_t tc_reconnects(const tc_conn *c);
+
 /* tc_ping makes one round trip carrying payload and checks that it comes
  * back unchanged (TC_EPROTO otherwise). */
 TC_API int tc_ping(tc_conn *c, const void *payload, size_t len, const tc_call_opts *o);
@@ -420,6 +439,21 @@ TC_API int tc_transfer(tc_conn *c, const tc_request *reqs, size_t n, const tc_no
 TC_API int tc_segment_export(tc_conn *c, const char *name, tc_segment_id segment, uint64_t offset,
                              uint64_t length, unsigned rights, uint64_t *size_out,
                              const tc_call_opts *o);
+
+/* The most tenants one export grants, and the longest tenant name. */
+#define TC_MAX_GRANTS 16
+#define TC_MAX_TENANT 64
+
+/* tc_segment_export_to is tc_segment_export that also lets the clients of
+ * the n_grants tenants grants (at most TC_MAX_GRANTS, each a name of 1 to
+ * TC_MAX_TENANT bytes of [A-Za-z0-9._-], none twice, never the exporter's
+ * own) on peer daemons open the export, as "daemon/tenant/name" where
+ * tenant is the exporter's. Without tenants granted it is tc_segment_export.
+ * The grants end with the export: tc_segment_unexport takes the segment
+ * from them too, over TCP and over RDMA. */
+TC_API int tc_segment_export_to(tc_conn *c, const char *name, const char *const *grants, size_t n_grants,
+                                tc_segment_id segment, uint64_t offset, uint64_t length, unsigned rights,
+                                uint64_t *size_out, const tc_call_opts *o);
 
 /* tc_segment_unexport ends an export of this connection. */
 TC_API int tc_segment_unexport(tc_conn *c, const char *name, const tc_call_opts *o);

@@ -181,7 +181,7 @@ int tc_buffer_register_fd(tc_conn *c, int fd, uint64_t size, tc_segment_id *id, 
 static struct tc_buf *find_buf(tc_conn *c, tc_segment_id id, const tc_buffer *pub)
 {
     for (struct tc_buf *b = c->buffers; b; b = b->next)
-        if ((pub && &b->pub == pub) || (!pub && b->pub.id == id))
+        if ((pub && &b->pub == pub) || (!pub && b->pub.id == id && b->gen == c->gen))
             return b;
     return NULL;
 }
@@ -238,6 +238,7 @@ static int keep_buffer(tc_conn *c, void *out)
 {
     struct tc_buf *b = out;
     b->pub.id = c->resp.segment;
+    b->gen = c->gen;
     b->next = c->buffers;
     c->buffers = b;
     return TC_OK;
@@ -271,15 +272,25 @@ int tc_buffer_destroy(tc_conn *c, tc_buffer *buf, const tc_call_opts *o)
 {
     if (!c || !buf)
         return TC_INVALID_ARGUMENT;
-    pthread_mutex_lock(&c->mu);
+    /* Not tc__call: whether the daemon still has the buffer (it is of
+     * this generation, see tc_conn.gen) is decided under the same hold of
+     * c as the call, so no reconnect slips between them. */
+    int rc = tc__start(c, TCW_UNREGISTER_BUFFER, o);
+    if (rc)
+        pthread_mutex_lock(&c->mu); /* only to unlink it */
     struct tc_buf *b = find_buf(c, 0, buf);
     if (b)
         unlink_buf(c, b);
-    pthread_mutex_unlock(&c->mu);
-    if (!b)
+    if (!b) {
+        pthread_mutex_unlock(&c->mu);
         return TC_INVALID_ARGUMENT; /* not a buffer of this connection */
-    const tcw_req r = {.kind = TCW_UNREGISTER_BUFFER, .segment = b->pub.id};
-    int rc = tc__call(c, &r, NULL, NULL, o);
+    }
+    if (rc == TC_OK && b->gen == c->gen) {
+        c->req.segment = b->pub.id;
+        const tc_trip t = {.send_fd = -1};
+        rc = tc__round_trip(c, &t);
+    }
+    pthread_mutex_unlock(&c->mu);
     drop_buf(b);
     return rc;
 }
@@ -467,14 +478,27 @@ int tc_transfer(tc_conn *c, const tc_request *reqs, size_t n, const tc_notify *n
 int tc_segment_export(tc_conn *c, const char *name, tc_segment_id segment, uint64_t offset, uint64_t length,
                       unsigned rights, uint64_t *size_out, const tc_call_opts *o)
 {
-    if (!c || !name || !*name || rights > 0xff)
+    return tc_segment_export_to(c, name, NULL, 0, segment, offset, length, rights, size_out, o);
+}
+
+int tc_segment_export_to(tc_conn *c, const char *name, const char *const *grants, size_t n_grants,
+                         tc_segment_id segment, uint64_t offset, uint64_t length, unsigned rights,
+                         uint64_t *size_out, const tc_call_opts *o)
+{
+    if (!c || !name || !*name || rights > 0xff || n_grants > TC_MAX_GRANTS || (n_grants && !grants))
         return TC_INVALID_ARGUMENT;
+    /* The daemon checks the names; these bounds keep the frame small. */
+    for (size_t i = 0; i < n_grants; i++)
+        if (!grants[i] || !*grants[i] || strlen(grants[i]) > TC_MAX_TENANT)
+            return TC_INVALID_ARGUMENT;
     const tcw_req r = {.kind = TCW_EXPORT_SEGMENT,
                        .name = name,
                        .segment = segment,
                        .offset = offset,
                        .length = length,
-                       .rights = (uint8_t)rights};
+                       .rights = (uint8_t)rights,
+                       .grants = grants,
+                       .n_grants = n_grants};
     return tc__call(c, &r, size_out ? get_size : NULL, size_out, o);
 }
 

@@ -117,6 +117,7 @@ static constexpr size_t max_items = 1u << 28;
 struct tcw_codec {
     fb::FlatBufferBuilder b{1024};
     std::vector<fb::Offset<tcproto::Notify>> notify;
+    std::vector<fb::Offset<fb::String>> grants;
     std::vector<tc_counter> counters;
     std::vector<tc_notification> notes;
     std::vector<tc_key_info> infos;
@@ -158,6 +159,16 @@ fb::Offset<fb::Vector<fb::Offset<tcproto::Notify>>> notifies(tcw_codec *w, const
         w->notify.push_back(tcproto::CreateNotify(b, p));
     }
     return b.CreateVector(w->notify);
+}
+
+// grants builds an export's granted tenants (none: absent).
+fb::Offset<fb::Vector<fb::Offset<fb::String>>> grants(tcw_codec *w, const tcw_req *r) {
+    if (r->n_grants == 0) return 0;
+    auto &b = w->b;
+    w->grants.clear();
+    w->grants.reserve(r->n_grants);
+    for (size_t i = 0; i < r->n_grants; i++) w->grants.push_back(str(b, r->grants[i]));
+    return b.CreateVector(w->grants);
 }
 
 // keys builds a store call's packed key list (checked by the caller: its
@@ -249,9 +260,12 @@ bool body(tcw_codec *w, const tcw_req *r, RequestBody &type, fb::Offset<void> &o
         out = tcproto::CreateRegisterFileRequest(b, str(b, r->name), r->direct != 0, r->size).Union();
         return true;
     case TCW_EXPORT_SEGMENT:
-        out = tcproto::CreateExportSegmentRequest(b, str(b, r->name), r->segment, r->offset, r->length, r->rights)
-                  .Union();
+    {
+        auto g = grants(w, r);
+        auto n = str(b, r->name);
+        out = tcproto::CreateExportSegmentRequest(b, n, r->segment, r->offset, r->length, r->rights, g).Union();
         return true;
+    }
     case TCW_UNEXPORT_SEGMENT:
         out = tcproto::CreateUnexportSegmentRequest(b, str(b, r->name)).Union();
         return true;

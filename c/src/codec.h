@@ -104,6 +104,8 @@ typedef struct tcw_req {
     const tc_notify *notify; /* Submit, Transfer: NULL or n_requests entries */
     int direct;              /* RegisterFile */
     uint8_t rights;          /* ExportSegment, OpenRemote */
+    const char *const *grants; /* ExportSegment: tenants granted */
+    size_t n_grants;
     uint8_t transport;       /* OpenRemote */
     uint32_t sq_entries;     /* OpenQueue */
     uint32_t cq_entries;

@@ -56,12 +56,27 @@ int tc__fail(tc_conn *c, int rc)
     return rc;
 }
 
+static int redial(tc_conn *c);
+
+/* hung_up reports whether the daemon's end of the socket is gone (it
+ * exited or closed the connection), without waiting. */
+static int hung_up(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP, .revents = 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 /* start locks c and sets c->req to body (its kind and body fields) with
- * the call's context: o over the connection's defaults. */
+ * the call's context: o over the connection's defaults. With
+ * tc_options.reconnect, a connection the daemon hung up on is broken here,
+ * before the call is sent (a call made after the daemon restarted does not
+ * fail for it), and a broken one is dialled again. */
 static int start(tc_conn *c, const tcw_req *body, const tc_call_opts *o)
 {
     pthread_mutex_lock(&c->mu);
-    if (c->broken) {
+    if (c->reconnect && !c->broken && hung_up(c->fd))
+        tc__fail(c, TC_ECLOSED);
+    if (c->broken && (!c->reconnect || redial(c) != TC_OK)) {
         pthread_mutex_unlock(&c->mu);
         return TC_ECLOSED;
     }
@@ -345,16 +360,19 @@ int tc__round_trip(tc_conn *c, const tc_trip *t)
 
 /* ---- connect ------------------------------------------------------------- */
 
-static int dial(tc_conn *c, int64_t deadline)
+/* dial connects a new socket to path within deadline: *out is it, or -1
+ * on failure (errno says why for TC_ESYS). */
+static int dial(const char *path, int64_t deadline, int *out)
 {
+    *out = -1;
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
-    if (strlen(c->socket) >= sizeof sa.sun_path)
+    if (strlen(path) >= sizeof sa.sun_path)
         return TC_INVALID_ARGUMENT;
-    memcpy(sa.sun_path, c->socket, strlen(c->socket));
-    c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (c->fd < 0)
+    memcpy(sa.sun_path, path, strlen(path));
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
         return TC_ESYS;
     /* A blocking connect to a unix socket waits only for room in the
      * listener's backlog, bounded by the send timeout. */
@@ -365,26 +383,54 @@ static int dial(tc_conn *c, int64_t deadline)
                          .tv_usec = (suseconds_t)(left % 1000000000LL / 1000)};
     if (tv.tv_sec == 0 && tv.tv_usec == 0)
         tv.tv_usec = 1;
-    if (setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0)
-        return TC_ESYS;
-    for (;;) {
-        if (connect(c->fd, (const struct sockaddr *)&sa, sizeof sa) == 0)
+    int rc = TC_OK;
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0)
+        rc = TC_ESYS;
+    while (rc == TC_OK) {
+        if (connect(fd, (const struct sockaddr *)&sa, sizeof sa) == 0)
             break;
         if (errno == EINTR)
             continue;
         if (errno == EISCONN)
             break;
-        if (errno == EAGAIN || errno == EINPROGRESS)
-            return TC_ETIMEDOUT;
-        return TC_ESYS;
+        rc = errno == EAGAIN || errno == EINPROGRESS ? TC_ETIMEDOUT : TC_ESYS;
     }
     struct timeval zero = {0, 0};
-    if (setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &zero, sizeof zero) < 0)
-        return TC_ESYS;
-    int fl = fcntl(c->fd, F_GETFL);
-    if (fl < 0 || fcntl(c->fd, F_SETFL, fl | O_NONBLOCK) < 0)
-        return TC_ESYS;
+    if (rc == TC_OK && setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &zero, sizeof zero) < 0)
+        rc = TC_ESYS;
+    int fl = rc == TC_OK ? fcntl(fd, F_GETFL) : -1;
+    if (rc == TC_OK && (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0))
+        rc = TC_ESYS;
+    if (rc) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return rc;
+    }
+    *out = fd;
     return TC_OK;
+}
+
+/* prepare sets c->req to a call of kind without a context (the calls a
+ * connection makes for itself). c is locked. */
+static void prepare(tc_conn *c, int kind)
+{
+    memset(&c->req, 0, sizeof c->req);
+    c->req.kind = kind;
+    c->req.request_id = ++c->next_id;
+}
+
+/* hello says Hello as name (c locked); the answer is in c->resp. */
+static int hello(tc_conn *c, const char *name, int64_t deadline)
+{
+    prepare(c, TCW_HELLO);
+    c->req.protocol_version = TC_PROTOCOL_VERSION;
+    c->req.name = name;
+    tc_trip t = {.send_fd = -1, .deadline_ns = deadline};
+    int rc = tc__round_trip(c, &t);
+    if (rc == TC_OK && c->resp.protocol_version != TC_PROTOCOL_VERSION)
+        rc = TC_EVERSION;
+    return rc;
 }
 
 static int say_hello(tc_conn *c, const char *name, int64_t deadline)
@@ -392,12 +438,7 @@ static int say_hello(tc_conn *c, const char *name, int64_t deadline)
     int rc = tc__start(c, TCW_HELLO, NULL);
     if (rc)
         return rc;
-    c->req.protocol_version = TC_PROTOCOL_VERSION;
-    c->req.name = name;
-    tc_trip t = {.send_fd = -1, .deadline_ns = deadline};
-    rc = tc__round_trip(c, &t);
-    if (rc == TC_OK && c->resp.protocol_version != TC_PROTOCOL_VERSION)
-        rc = TC_EVERSION;
+    rc = hello(c, name, deadline);
     if (rc == TC_OK) {
         const tcw_resp *r = &c->resp;
         c->hello.protocol_version = r->protocol_version;
@@ -410,6 +451,52 @@ static int say_hello(tc_conn *c, const char *name, int64_t deadline)
             rc = TC_ENOMEM;
     }
     return tc__finish(c, rc);
+}
+
+/* redial replaces c's broken socket with a new connection to the daemon
+ * (tc_options.reconnect), says Hello and checks that the daemon's pool is
+ * the memfd c mapped, of the same size: a restart that kept the pool. Then
+ * c is whole again, of a new generation (c->gen), and keeps its mapping,
+ * hello (what the daemon said at connect) and name. A daemon with another
+ * pool is refused for good (c->foreign): c's mapping is not its pool. c is
+ * locked; the socket keeps its number, so that tc_shutdown, which takes no
+ * lock, never shuts down a number reused meanwhile. */
+static int redial(tc_conn *c)
+{
+    if (c->foreign || __atomic_load_n(&c->shut, __ATOMIC_SEQ_CST))
+        return TC_ECLOSED;
+    int64_t deadline = tc__now_ns() + (int64_t)c->connect_timeout_ms * 1000000LL;
+    int fd;
+    int rc = dial(c->socket, deadline, &fd);
+    if (rc)
+        return rc;
+    rc = dup3(fd, c->fd, O_CLOEXEC) < 0 ? TC_ESYS : TC_OK;
+    close(fd);
+    if (rc)
+        return rc;
+    c->broken = 0;
+    if (__atomic_load_n(&c->shut, __ATOMIC_SEQ_CST)) {
+        /* tc_shutdown ran before the new socket took the number. */
+        return tc__fail(c, TC_ECLOSED);
+    }
+    if ((rc = hello(c, c->name, deadline)))
+        return tc__fail(c, rc);
+    prepare(c, TCW_POOL_INFO);
+    int pfd = -1;
+    tc_trip t = {.send_fd = -1, .recv_fd = &pfd, .deadline_ns = deadline};
+    if ((rc = tc__round_trip(c, &t)))
+        return tc__fail(c, rc);
+    struct stat now, was;
+    int same = pfd >= 0 && fstat(pfd, &now) == 0 && fstat(c->pool.fd, &was) == 0 && now.st_dev == was.st_dev &&
+               now.st_ino == was.st_ino && c->resp.size == c->pool.size;
+    if (pfd >= 0)
+        close(pfd);
+    if (!same) {
+        c->foreign = 1;
+        return tc__fail(c, TC_ECLOSED);
+    }
+    __atomic_store_n(&c->gen, c->gen + 1, __ATOMIC_RELEASE);
+    return TC_OK;
 }
 
 static int map_pool(tc_conn *c, int64_t deadline)
@@ -489,21 +576,24 @@ int tc_connect(const tc_options *opts, tc_conn **out)
         return TC_ESYS;
     }
     c->call_timeout_ms = opts->call_timeout_ms;
+    c->reconnect = opts->reconnect != 0;
     c->policy_version = opts->policy_version;
     c->max_answer = opts->max_frame ? opts->max_frame : DEFAULT_MAX_FRAME;
     c->max_request = DEFAULT_MAX_FRAME;
     c->socket = dup_str(path);
+    c->name = dup_str(name);
     c->lane = opts->lane ? dup_str(opts->lane) : NULL;
     c->codec = tcw_new();
     int rc = TC_OK;
-    if (!c->socket || (opts->lane && !c->lane) || !c->codec)
+    if (!c->socket || !c->name || (opts->lane && !c->lane) || !c->codec)
         rc = TC_ENOMEM;
     uint32_t ms = opts->connect_timeout_ms ? opts->connect_timeout_ms : DEFAULT_CONNECT_TIMEOUT_MS;
+    c->connect_timeout_ms = ms;
     int64_t deadline = tc__now_ns() + (int64_t)ms * 1000000LL;
     if (rc == TC_OK)
-        rc = dial(c, deadline);
+        rc = dial(c->socket, deadline, &c->fd);
     if (rc == TC_OK)
-        rc = say_hello(c, name, deadline);
+        rc = say_hello(c, c->name, deadline);
     if (rc == TC_OK) {
         uint32_t mf = c->hello.limits.max_frame;
         if (mf)
@@ -548,6 +638,7 @@ void tc_close(tc_conn *c)
     free((void *)c->hello.version);
     free((void *)c->hello.peer_addr);
     free(c->socket);
+    free(c->name);
     free(c->lane);
     free(c->rbuf);
     tcw_free(c->codec);
@@ -558,11 +649,15 @@ void tc_close(tc_conn *c)
 
 void tc_shutdown(tc_conn *c)
 {
+    if (c)
+        __atomic_store_n(&c->shut, 1, __ATOMIC_SEQ_CST);
     if (c && c->fd >= 0)
         shutdown(c->fd, SHUT_RDWR);
     if (c)
         tc__queues_shutdown(c);
 }
+
+uint32_t tc_reconnects(const tc_conn *c) { return c ? tc__gen(c) : 0; }
 
 const tc_hello *tc_hello_info(const tc_conn *c) { return c ? &c->hello : NULL; }
 

@@ -17,6 +17,7 @@
 struct tc_buf {
     tc_buffer pub;
     struct tc_buf *next;
+    uint32_t gen; /* the connection's generation it was registered in */
 };
 
 struct tc_conn {
@@ -29,15 +30,25 @@ struct tc_conn {
     size_t max_request;  /* largest request frame the daemon takes */
     char *lane;          /* default context */
     uint32_t policy_version;
+    char *name;                  /* sent with Hello, again on reconnecting */
+    uint32_t connect_timeout_ms; /* bounds a reconnect as it bounded connect */
+    int reconnect;               /* tc_options.reconnect */
     /* fd is the socket. It stays open until tc_close: a broken connection
      * is shut down, not closed, so tc_shutdown (which takes no lock) never
-     * touches a number the process has reused. */
+     * touches a number the process has reused. A reconnect puts the new
+     * socket on the same number (dup3). */
     int fd;
+    int shut; /* atomic: tc_shutdown was called; no reconnect after it */
 
     /* mu serializes calls: it guards every field below and the socket's
      * byte stream, for a call's whole round trip. */
     pthread_mutex_t mu;
     int broken; /* 0, or set once the stream's state is unknown */
+    int foreign; /* a reconnect found another pool: no more reconnects */
+    /* gen counts reconnects: what the daemon holds for this client
+     * (buffers, queues) is of one generation and means nothing to the
+     * next. Written under mu, read atomically also without it (queues). */
+    uint32_t gen;
     uint64_t next_id;
     tcw_codec *codec;
     tcw_req req;   /* the request being made */
@@ -75,7 +86,9 @@ typedef struct tc_trip {
 
 /* start locks c and prepares c->req for a call of kind with the context of
  * o over the connection's defaults. Returns TC_OK with c locked, or
- * TC_ECLOSED (unlocked) on a broken connection. */
+ * TC_ECLOSED (unlocked) on a broken connection. With tc_options.reconnect,
+ * a broken connection is dialled again first (a new generation, c->gen);
+ * TC_ECLOSED then says that failed. */
 int tc__start(tc_conn *c, int kind, const tc_call_opts *o);
 
 /* finish unlocks c and returns rc. */
@@ -117,6 +130,9 @@ int tc__at_most(tc_conn *c, size_t got, uint32_t max);
 /* codes checks that an answer has n codes (tc__positional) and copies them
  * into codes. */
 int tc__codes(tc_conn *c, int *codes, size_t n);
+
+/* gen is c's generation now (see tc_conn.gen). */
+static inline uint32_t tc__gen(const tc_conn *c) { return __atomic_load_n(&c->gen, __ATOMIC_ACQUIRE); }
 
 /* now_ns is CLOCK_MONOTONIC in nanoseconds. */
 int64_t tc__now_ns(void);

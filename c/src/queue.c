@@ -153,6 +153,7 @@ struct tc_queue {
     uint32_t *sq_head, *sq_tail, *sq_flags, *sq_wake;
     uint32_t *cq_head, *cq_tail, *cq_flags, *cq_wake, *cq_target;
     uint32_t *state;
+    uint32_t gen;          /* the connection's generation it was opened in */
     struct tc_queue *next; /* guarded by c->qmu */
     int down;              /* atomic: tc_queue_shutdown was called */
 
@@ -257,13 +258,18 @@ static int queue_err(const tc_queue *q)
         return TC_ECLOSED;
     if (__atomic_load_n(q->state, __ATOMIC_ACQUIRE) & (TC_QUEUE_CLOSED | TC_QUEUE_BROKEN))
         return TC_ECLOSED;
+    if (tc__gen(q->c) != q->gen)
+        return TC_ECLOSED; /* the connection was made again: the daemon has no such queue */
     return TC_OK;
 }
 
 /* peer_gone reports whether the connection's socket has hung up (the
  * daemon died or closed it, or it was shut down here). */
-static int peer_gone(const tc_conn *c)
+static int peer_gone(const tc_queue *q)
 {
+    const tc_conn *c = q->c;
+    if (tc__gen(c) != q->gen)
+        return 1; /* a reconnect replaced the socket the queue belonged to */
     struct pollfd p = {.fd = c->fd, .events = POLLRDHUP, .revents = 0};
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
@@ -304,11 +310,13 @@ static int header_matches(const uint8_t *m, const struct geom *g, uint64_t id)
 /* ---- open and close ----------------------------------------------------------- */
 
 /* close_call tells the daemon to close queue id. */
-static int close_call(tc_conn *c, uint64_t id)
+static int close_call(tc_conn *c, uint64_t id, uint32_t gen)
 {
     int rc = tc__start(c, TCW_CLOSE_QUEUE, NULL);
     if (rc)
         return rc;
+    if (c->gen != gen)
+        return tc__finish(c, TC_OK); /* the daemon it was opened on forgot it */
     c->req.queue = id;
     tc_trip t = {.send_fd = -1};
     return tc__finish(c, tc__round_trip(c, &t));
@@ -420,6 +428,7 @@ int tc_queue_open(tc_conn *c, uint32_t entries, const tc_queue_opts *opts, tc_qu
         return tc__finish(c, rc);
     const tcw_resp *r = &c->resp;
     uint64_t id = r->queue;
+    uint32_t gen = c->gen;
     struct geom g;
     uint8_t *mem = NULL;
     if (fd < 0 || geometry(r->sq_entries, r->cq_entries, r->data_size, &g) < 0 || g.size != r->size ||
@@ -438,7 +447,7 @@ int tc_queue_open(tc_conn *c, uint32_t entries, const tc_queue_opts *opts, tc_qu
         /* Nothing wrong with the stream: tell the daemon. */
         int e = errno;
         tc__finish(c, rc);
-        close_call(c, id);
+        close_call(c, id, gen);
         errno = e;
         return rc;
     }
@@ -449,9 +458,10 @@ int tc_queue_open(tc_conn *c, uint32_t entries, const tc_queue_opts *opts, tc_qu
     tc_queue *q = new_queue(c, id, &g, mem, opts);
     if (!q) {
         munmap(mem, (size_t)g.size);
-        close_call(c, id);
+        close_call(c, id, gen);
         return TC_ENOMEM;
     }
+    q->gen = gen;
     TC__LIST_PUSH(c, queues, q);
     *out = q;
     return TC_OK;
@@ -485,7 +495,7 @@ int tc_queue_close(tc_queue *q)
     /* Stop this side first: a reap waiting in another thread leaves at
      * once, even while the round trip below waits for the connection. */
     tc_queue_shutdown(q);
-    int rc = close_call(q->c, q->id);
+    int rc = close_call(q->c, q->id, q->gen);
     unlink_queue(q);
     /* Wait for calls still inside either side to leave. */
     pthread_mutex_lock(&q->sq.mu);
@@ -886,7 +896,7 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
             slept(&q->cq.spin, (tc__now_ns() - start) / (got ? got : 1));
             break;
         }
-        if (err == ETIMEDOUT && peer_gone(q->c)) {
+        if (err == ETIMEDOUT && peer_gone(q)) {
             /* Nothing will be posted any more: submits say so too. */
             __atomic_store_n(&q->down, 1, __ATOMIC_RELEASE);
             rc = TC_ECLOSED;

@@ -22,15 +22,28 @@
  *          an exists and a lookup_prefix through the queue and a stat, and
  *          prints one JSON line of what each answered.
  *
+ *        tc_compat export-to SOCKET NAME SEED SIZE GRANT...
+ *          registers a buffer of SIZE bytes holding SEED's pattern, exports
+ *          it read-only as NAME granting the tenants GRANT... (none: "-"),
+ *          prints one JSON line with the exported size (or the code the
+ *          daemon refused it with), holds it until stdin closes, then
+ *          unexports it and prints one JSON line.
+ *
  *        tc_compat restart SOCKET PREFIX N
- *          puts N keys PREFIX/I zero-copy (reserve, I+1's pattern of
- *          512+I*61 bytes written in the pool mapping, commit), prints one
- *          JSON line, then for each line on stdin (the daemon has been
- *          restarted) keeps that first connection and its mapping, connects
- *          again and checks that the new connection maps the same pool
- *          (device and inode of the memfd), that every value is still in
- *          the first mapping where it was put, and that the daemon reads
- *          each back byte-exact; one JSON line per check.
+ *          connects with tc_options.reconnect, puts N keys PREFIX/I
+ *          zero-copy (reserve, I+1's pattern of 512+I*61 bytes written in
+ *          the pool mapping, commit), makes a buffer and a tc_kv, prints
+ *          one JSON line, then for each line on stdin (the daemon has been
+ *          restarted) goes on with that same connection: a ping (the first
+ *          may find the connection broken), which reconnects by itself;
+ *          then checks that a new connection maps the same pool (device and
+ *          inode of the memfd) as the one it kept, that the buffer and the
+ *          tc_kv from before the restart are released without touching
+ *          what the new daemon gave out since (their calls end with
+ *          TC_ECLOSED), that every value is still in its mapping where it
+ *          was put, that a new tc_kv finds each at that offset, and that
+ *          the daemon reads each back byte-exact into a new buffer; one
+ *          JSON line per check.
  *
  * The pattern: xorshift64 (13, 7, 17) from SEED, each state stored
  * little-endian, 8 bytes at a time.
@@ -345,54 +358,96 @@ static int run_store_check(tc_conn *c, const char *prefix, uint64_t seed, uint64
 
 static uint64_t restart_size(size_t i) { return 512 + (uint64_t)i * 61; }
 
-/* restart_check connects again to a daemon that restarted and checks the
- * keys old put against old's mapping and through the new connection. */
-static int restart_check(tc_conn *old, const char *sock, const tc_keys *ks, const uint64_t *offs)
+/* What the restart mode made before the daemon restarted. */
+struct before {
+    const tc_keys *ks;
+    const uint64_t *offs;
+    tc_buffer *buf; /* released at the first check */
+    tc_kv *kv;      /* likewise */
+};
+
+/* restart_check goes on with c (tc_options.reconnect) after the daemon
+ * restarted and checks the keys put before against c's mapping and
+ * through c. */
+static int restart_check(tc_conn *c, const char *sock, struct before *bf)
 {
+    const tc_keys *ks = bf->ks;
+    int first = tc_ping(c, "x", 1, NULL);
+    int rc = first == TC_OK ? TC_OK : tc_ping(c, "x", 1, NULL);
+    if (rc)
+        return fail("a ping after the restart", rc);
+
     tc_options o;
     memset(&o, 0, sizeof o);
     o.socket = sock;
-    o.name = "tc_compat-restart";
-    tc_conn *c;
-    int rc = tc_connect(&o, &c);
-    if (rc)
+    o.name = "tc_compat-restart-new";
+    tc_conn *fresh;
+    if ((rc = tc_connect(&o, &fresh)))
         return fail("connect after the restart", rc);
-    const tc_pool *p0 = tc_pool_info(old), *p1 = tc_pool_info(c);
     struct stat s0, s1;
-    if (fstat(p0->fd, &s0) || fstat(p1->fd, &s1)) {
-        tc_close(c);
-        return fail("fstat of the pools", TC_ESYS);
-    }
-    int same = s0.st_dev == s1.st_dev && s0.st_ino == s1.st_ino;
+    int same = fstat(tc_pool_info(c)->fd, &s0) == 0 && fstat(tc_pool_info(fresh)->fd, &s1) == 0 &&
+               s0.st_dev == s1.st_dev && s0.st_ino == s1.st_ino && tc_pool_info(c)->size == tc_pool_info(fresh)->size;
+    tc_close(fresh);
+
+    /* A buffer of the new daemon first: its segment id may be the old
+     * buffer's, which the old one's release must not unregister. */
     uint64_t big = restart_size(ks->n);
     tc_buffer *b;
-    if ((rc = tc_buffer_create(c, big, &b, NULL))) {
-        tc_close(c);
+    if ((rc = tc_buffer_create(c, big, &b, NULL)))
         return fail("buffer", rc);
+    int stale_ok = 1;
+    if (bf->buf) {
+        stale_ok = tc_buffer_destroy(c, bf->buf, NULL) == TC_OK;
+        bf->buf = NULL;
+    }
+    if (bf->kv) {
+        int code = -1;
+        tc_keys one = {1, &ks->keys[0], NULL, 0};
+        uint64_t off = 0;
+        stale_ok = stale_ok && tc_kv_get(bf->kv, &one, &off, NULL, &code) == TC_ECLOSED;
+        tc_kv_close(bf->kv);
+        bf->kv = NULL;
+    }
+    tc_kv *kv;
+    if ((rc = tc_kv_open(c, NULL, &kv))) {
+        tc_buffer_destroy(c, b, NULL);
+        return fail("kv after the restart", rc);
     }
     uint8_t *want = malloc(big);
     if (!want) {
-        tc_close(c);
+        tc_kv_close(kv);
+        tc_buffer_destroy(c, b, NULL);
         return fail("malloc", TC_ENOMEM);
     }
-    size_t in_old = 0, read_back = 0;
+    const uint8_t *base = tc_pool_info(c)->base;
+    size_t in_old = 0, in_place = 0, read_back = 0;
     for (size_t i = 0; i < ks->n; i++) {
         uint64_t n = restart_size(i);
         fill(want, n, i + 1);
-        if (memcmp((uint8_t *)p0->base + offs[i], want, n) == 0)
+        if (memcmp(base + bf->offs[i], want, n) == 0)
             in_old++;
         tc_keys one = {1, &ks->keys[i], NULL, 0};
-        tc_extent dst = {b->id, 0, big};
-        uint64_t len = 0;
+        uint64_t off = 0, len = 0;
         int code = -1;
+        if (tc_kv_get(kv, &one, &off, &len, &code) == TC_OK && code == TC_OK) {
+            if (off == bf->offs[i] && len == n)
+                in_place++;
+            tc_kv_unpin(kv, &one, &code);
+        }
+        tc_extent dst = {b->id, 0, big};
+        code = -1;
         if (tc_store_read(c, &one, &dst, &len, &code, NULL) == TC_OK && code == TC_OK && len == n &&
             memcmp(b->data, want, n) == 0)
             read_back++;
     }
     free(want);
-    tc_close(c);
-    printf("{\"client\": \"c\", \"ok\": true, \"same_pool\": %s, \"in_old_mapping\": %zu, \"read_back\": %zu}\n",
-           same ? "true" : "false", in_old, read_back);
+    tc_kv_close(kv);
+    rc = tc_buffer_destroy(c, b, NULL);
+    if (rc)
+        return fail("destroying the new buffer", rc);
+    printf("{\"client\": \"c\", \"ok\": true, \"reconnects\": %u, \"same_pool\": %s, \"stale_released\": %s, "
+           "\"in_old_mapping\": %zu, \"in_place\": %zu, \"read_back\": %zu}\n",
+           tc_reconnects(c), same ? "true" : "false", stale_ok ? "true" : "false", in_old, in_place, read_back);
     fflush(stdout);
     return 0;
 }
@@ -423,6 +478,11 @@ static int run_restart(tc_conn *c, const char *sock, const char *prefix, size_t 
         rc = tc_store_commit(c, &ks, 0, codes, NULL);
     for (size_t i = 0; rc == TC_OK && i < n; i++)
         rc = codes[i];
+    struct before bf = {&ks, offs, NULL, NULL};
+    if (rc == TC_OK)
+        rc = tc_buffer_create(c, 4096, &bf.buf, NULL);
+    if (rc == TC_OK)
+        rc = tc_kv_open(c, NULL, &bf.kv);
     if (rc) {
         fail("put", rc);
     } else {
@@ -430,13 +490,39 @@ static int run_restart(tc_conn *c, const char *sock, const char *prefix, size_t 
         fflush(stdout);
         char go[64];
         while (rc == 0 && fgets(go, sizeof go, stdin))
-            rc = restart_check(c, sock, &ks, offs);
+            rc = restart_check(c, sock, &bf);
     }
     free(keys);
     free(names);
     free(sizes);
     free(offs);
     free(codes);
+    return rc ? 1 : 0;
+}
+
+static int run_export_to(tc_conn *c, const char *name, uint64_t seed, uint64_t size, const char *const *grants,
+                         size_t n_grants)
+{
+    tc_buffer *b;
+    int rc = tc_buffer_create(c, size, &b, NULL);
+    if (rc)
+        return fail("buffer", rc);
+    fill(b->data, size, seed);
+    uint64_t got = 0;
+    rc = tc_segment_export_to(c, name, grants, n_grants, b->id, 0, 0, TC_RIGHT_READ, &got, NULL);
+    if (rc) {
+        printf("{\"client\": \"c\", \"ok\": false, \"code\": %d}\n", rc);
+        fflush(stdout);
+        return 0;
+    }
+    printf("{\"client\": \"c\", \"ok\": true, \"exported\": %" PRIu64 "}\n", got);
+    fflush(stdout);
+    char in[64];
+    while (fgets(in, sizeof in, stdin))
+        ;
+    rc = tc_segment_unexport(c, name, NULL);
+    printf("{\"client\": \"c\", \"ok\": %s, \"unexported\": %d}\n", rc == TC_OK ? "true" : "false", rc);
+    fflush(stdout);
     return rc ? 1 : 0;
 }
 
@@ -447,11 +533,12 @@ int main(int argc, char **argv)
     int sw = argc == 6 && strcmp(argv[1], "store-write") == 0;
     int sc = argc == 6 && strcmp(argv[1], "store-check") == 0;
     int rs = argc == 5 && strcmp(argv[1], "restart") == 0;
-    if (!wr && !ck && !sw && !sc && !rs) {
+    int ex = argc >= 7 && strcmp(argv[1], "export-to") == 0;
+    if (!wr && !ck && !sw && !sc && !rs && !ex) {
         fprintf(stderr,
                 "usage: %s write SOCKET SEED SIZE | check SOCKET SEED OFFSET SIZE |\n"
                 "       store-write SOCKET PREFIX SEED SIZE | store-check SOCKET PREFIX SEED SIZE |\n"
-                "       restart SOCKET PREFIX N\n",
+                "       export-to SOCKET NAME SEED SIZE GRANT... | restart SOCKET PREFIX N\n",
                 argv[0]);
         return 2;
     }
@@ -459,10 +546,18 @@ int main(int argc, char **argv)
     memset(&o, 0, sizeof o);
     o.socket = argv[2];
     o.name = "tc_compat";
+    o.reconnect = rs;
     tc_conn *c;
     int rc = tc_connect(&o, &c);
     if (rc)
         return fail("connect", rc);
+    if (ex) {
+        int none = argc == 7 && strcmp(argv[6], "-") == 0;
+        rc = run_export_to(c, argv[3], strtoull(argv[4], NULL, 0), strtoull(argv[5], NULL, 0),
+                           (const char *const *)(argv + 6), none ? 0 : (size_t)(argc - 6));
+        tc_close(c);
+        return rc;
+    }
     if (rs) {
         rc = run_restart(c, argv[2], argv[3], (size_t)strtoull(argv[4], NULL, 0));
         tc_close(c);

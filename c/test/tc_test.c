@@ -1133,6 +1133,26 @@ static void test_peers(void)
     CHECK_RC(tc_segment_export(a, "bad/name", ab->id, 0, 0, TC_RIGHT_READ, NULL, NULL), TC_INVALID_ARGUMENT);
     CHECK_RC(tc_segment_export(a, "", ab->id, 0, 0, TC_RIGHT_READ, NULL, NULL), TC_INVALID_ARGUMENT);
     CHECK_RC(tc_segment_export(a, "r", ab->id, 0, 0, 7, NULL, NULL), TC_INVALID_ARGUMENT);
+    /* Grants: checked here for bounds, by the daemon for names (the
+     * exporter's own tenant, one named twice); a granted export is
+     * exported like any other. */
+    {
+        const char *g2[] = {"team-b", "team-c"}, *dup[] = {"team-b", "team-b"}, *own[] = {"default"};
+        const char *bad[] = {"bad name"}, *null[] = {NULL}, *many[TC_MAX_GRANTS + 1];
+        for (size_t i = 0; i <= TC_MAX_GRANTS; i++)
+            many[i] = "t";
+        CHECK_RC(tc_segment_export_to(a, "g", many, TC_MAX_GRANTS + 1, ab->id, 0, 0, TC_RIGHT_READ, NULL, NULL),
+                 TC_INVALID_ARGUMENT);
+        CHECK_RC(tc_segment_export_to(a, "g", null, 1, ab->id, 0, 0, TC_RIGHT_READ, NULL, NULL), TC_INVALID_ARGUMENT);
+        CHECK_RC(tc_segment_export_to(a, "g", NULL, 1, ab->id, 0, 0, TC_RIGHT_READ, NULL, NULL), TC_INVALID_ARGUMENT);
+        CHECK_RC(tc_segment_export_to(a, "g", dup, 2, ab->id, 0, 0, TC_RIGHT_READ, NULL, NULL), TC_INVALID_ARGUMENT);
+        CHECK_RC(tc_segment_export_to(a, "g", own, 1, ab->id, 0, 0, TC_RIGHT_READ, NULL, NULL), TC_INVALID_ARGUMENT);
+        CHECK_RC(tc_segment_export_to(a, "g", bad, 1, ab->id, 0, 0, TC_RIGHT_READ, NULL, NULL), TC_INVALID_ARGUMENT);
+        uint64_t gsize = 0;
+        CHECK_RC(tc_segment_export_to(a, "g", g2, 2, ab->id, 0, 4096, TC_RIGHT_READ, &gsize, NULL), TC_OK);
+        CHECK(gsize == 4096);
+        CHECK_RC(tc_segment_unexport(a, "g", NULL), TC_OK);
+    }
     CHECK_RC(tc_notify_subscribe(a, "kv", NULL), TC_OK);
     CHECK_RC(tc_notify_subscribe(a, "nothing", NULL), TC_NOT_FOUND);
     /* A second subscriber, through a relay recording its answers. */

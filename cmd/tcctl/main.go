@@ -59,8 +59,14 @@ commands:
                           round trips to the daemon, with latency stats
                           (--queue: through a shared-memory queue)
   peers                   peer daemons: address, epoch, connection, bytes, errors
-  segments [--remote]     segments exported to peers (--remote: the remote
-                          segments opened through this daemon instead)
+  segments [--remote]     segments exported to peers, with the tenants each
+                          grants (--remote: the remote segments opened
+                          through this daemon instead)
+  export [--grant TENANT]... NAME FILE
+                          export a copy of FILE read-only to the peer
+                          daemons' clients of this user's tenant as NAME and,
+                          as DAEMON/TENANT/NAME, to those of each tenant
+                          granted; held until interrupted or stdin ends
   rdma                    RDMA: device, port and GID in use, the pool's
                           registration, each peer's transport and link; or
                           why RDMA is off or unavailable
@@ -133,6 +139,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		err = peers(sock, rest, stdout)
 	case "segments":
 		err = segments(sock, rest, stdout, stderr)
+	case "export":
+		err = exportCmd(sock, rest, stdout, stderr)
 	case "rdma":
 		err = rdmaCmd(sock, rest, stdout)
 	case "directory":
@@ -382,7 +390,7 @@ func segments(sock string, args []string, w, stderr io.Writer) error {
 	if *remote {
 		fmt.Fprintln(tw, "PEER\tNAME\tID\tSIZE\tRIGHTS\tEPOCH\tTRANSPORT")
 	} else {
-		fmt.Fprintln(tw, "NAME\tSEGMENT\tSIZE\tRIGHTS")
+		fmt.Fprintln(tw, "NAME\tSEGMENT\tSIZE\tRIGHTS\tGRANTS")
 	}
 	for _, s := range ss {
 		switch {
@@ -390,7 +398,11 @@ func segments(sock string, args []string, w, stderr io.Writer) error {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%#x\t%s\n", s.Peer, s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights), s.Epoch,
 				wire.TransportName(s.Transport))
 		case !*remote && s.Peer == "":
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights))
+			g := "-"
+			if len(s.Grants) > 0 {
+				g = strings.Join(s.Grants, ",")
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", s.Name, s.ID, bytesStr(s.Size), rightsStr(s.Rights), g)
 		}
 	}
 	return tw.Flush()

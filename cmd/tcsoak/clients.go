@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -59,6 +60,11 @@ type worker struct {
 	id                      int
 	rng                     *rand.Rand
 
+	// The store kind's, kept across its sessions (loop's goroutine only).
+	log   putLog
+	kept  []keptKey
+	round int
+
 	// mu guards rep and cur.
 	mu  sync.Mutex
 	rep report
@@ -70,6 +76,15 @@ type worker struct {
 func runClient(kind, socket, peer, dir string, id int) int {
 	w := &worker{kind: kind, socket: socket, peer: peer, dir: dir, id: id, rng: rand.New(rand.NewPCG(uint64(id), uint64(time.Now().UnixNano()))),
 		rep: report{Codes: map[string]uint64{}}}
+	if kind == kindStore {
+		l, err := openPutLog(dir, id)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "tcsoak store client:", err)
+			return 1
+		}
+		defer l.f.Close()
+		w.log = l
+	}
 	stop := make(chan struct{})
 	go func() {
 		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
@@ -369,16 +384,25 @@ func (w *worker) enospcRound(c *client.Client, pool xfer.SegmentID, off uint64, 
 }
 
 // storeSession is the store's traffic: rounds of copying Puts of 8 keys
-// (16 KiB values from a registered buffer, under fresh keys), a Read of the
-// same keys compared with what was put, a zero-copy Reserve that is given
-// back with Abort, and a Remove of all but one key of the round. Keys are the client's own, so another
-// client never overwrites them; a key the store evicted under pressure
-// reads NOT_FOUND, which is counted, not a corruption. Puts are not
-// durable here: acknowledged durable puts across a kill -9 are what the
-// file writer on b checks.
+// (16 KiB values from a registered buffer, under fresh keys; every other
+// round durable), a Read of the same keys compared with what was put, a
+// zero-copy Reserve that is given back with Abort, and a Remove of all but
+// one key of the round. The key kept stays until storeKept later rounds
+// have passed, so the store fills its L1 and evicts to L2, while L2 never
+// fills (nothing durable is evicted from it). Keys are the client's own,
+// so another client never overwrites them; a key the store evicted from
+// L1 without L2 reads NOT_FOUND, which is counted, not a corruption.
+//
+// Every durable put the daemon acknowledged is written to the client's
+// put log (see putLog) before anything else is done with the key, and
+// every remove of such a key is logged before it is sent and after it is
+// acknowledged: after a kill -9 of the daemon, the soak reads every
+// acknowledged durable put back (putcheck.go) and checks that no
+// acknowledged remove came back.
 func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan struct{}) error {
 	const nkeys, vlen = 8, 16 << 10
 	keys := make([][]byte, nkeys)
+	seeds := make([]byte, nkeys)
 	vals := make([]client.Extent, nkeys)
 	dests := make([]client.Extent, nkeys)
 	lengths := make([]uint64, nkeys)
@@ -389,28 +413,34 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 		vals[i] = client.Extent{Segment: buf.ID, Offset: uint64(i) * vlen, Length: vlen}
 		dests[i] = client.Extent{Segment: buf.ID, Offset: (nkeys + uint64(i)) * vlen, Length: vlen}
 	}
+	if w.kept == nil {
+		w.kept = make([]keptKey, 0, storeKept)
+	}
 	for n := 0; ; n++ {
 		select {
 		case <-stop:
 			return errStop
 		default:
 		}
+		round := w.round
+		w.round++
+		durable := round%2 == 0
 		for i := range nkeys {
-			keys[i] = fmt.Appendf(keys[i][:0], "soak/%d/%d/%d", w.id, n, i)
-			seed := byte(w.rng.Uint32())
-			v := buf.Mem[i*vlen : (i+1)*vlen]
-			for k := range v {
-				v[k] = seed + byte(k)
-			}
+			keys[i] = fmt.Appendf(keys[i][:0], "soak/%d/%d/%d", w.id, round, i)
+			seeds[i] = byte(w.rng.Uint32())
+			putPattern(buf.Mem[i*vlen:(i+1)*vlen], seeds[i])
 		}
 		put := make([]bool, nkeys)
 		err := w.timed("store put+read", func() error {
-			if err := c.StorePut(keys, vals, false, res); err != nil {
+			if err := c.StorePut(keys, vals, durable, res); err != nil {
 				return err
 			}
-			w.results(res)
+			w.storeResults("put", res)
 			for i, e := range res {
 				put[i] = e == nil
+				if put[i] && durable {
+					w.log.put(keys[i], seeds[i])
+				}
 			}
 			clear(buf.Mem[nkeys*vlen : 2*nkeys*vlen])
 			return c.StoreRead(keys, dests, lengths, res)
@@ -422,7 +452,7 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 			if !put[i] {
 				continue
 			}
-			w.count(codeOf(e), 1)
+			w.storeResults("read", res[i:i+1])
 			if e == nil {
 				w.verify(lengths[i] == vlen, buf.Mem[(nkeys+i)*vlen:(nkeys+i+1)*vlen], buf.Mem[i*vlen:(i+1)*vlen])
 				if lengths[i] != vlen {
@@ -431,12 +461,12 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 			}
 		}
 		if n%4 == 3 {
-			rk := [][]byte{fmt.Appendf(nil, "soak/%d/r%d", w.id, n), fmt.Appendf(nil, "soak/%d/r%d+", w.id, n)}
+			rk := [][]byte{fmt.Appendf(nil, "soak/%d/r%d", w.id, round), fmt.Appendf(nil, "soak/%d/r%d+", w.id, round)}
 			err = w.timed("store reserve+abort", func() error {
 				if err := c.StoreReserve(rk, sizes, roffs, res[:2]); err != nil {
 					return err
 				}
-				w.results(res[:2])
+				w.storeResults("reserve", res[:2])
 				reserved := res[0] == nil || res[1] == nil
 				if !reserved {
 					return nil
@@ -444,19 +474,118 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 				if err := c.StoreAbort(rk, res[:2]); err != nil {
 					return err
 				}
-				w.results(res[:2])
+				w.storeResults("abort", res[:2])
 				return nil
 			})
 			if err != nil {
 				return err
 			}
 		}
-		// Most keys are removed again; one in eight stays, so the store
-		// fills up and evicts.
-		if err := w.timed("store remove", func() error { return c.StoreRemove(keys[1:], res[1:]) }); err != nil {
+		// Most keys are removed again; the first stays for storeKept
+		// rounds, so the store fills up and evicts.
+		rm := keys[1:]
+		if put[0] {
+			w.kept = append(w.kept, keptKey{key: slices.Clone(keys[0]), durable: durable})
+		}
+		oldDurable := false
+		if len(w.kept) > storeKept {
+			old := w.kept[0]
+			w.kept = w.kept[1:]
+			rm = append(rm[:len(rm):len(rm)], old.key)
+			oldDurable = old.durable
+		}
+		// The durable keys among rm, for the log: the round's own when it
+		// was durable, and the kept key leaving when it was put durably.
+		logged := rm[:0:0]
+		if durable {
+			logged = rm[:nkeys-1]
+		}
+		if oldDurable {
+			logged = append(logged[:len(logged):len(logged)], rm[len(rm)-1])
+		}
+		w.log.removing(logged)
+		if err := w.timed("store remove", func() error { return c.StoreRemove(rm, res[:len(rm)]) }); err != nil {
 			return err
 		}
-		w.results(res[1:])
+		w.storeResults("remove", res[:len(rm)])
+		if !durable {
+			w.log.removed(logged, res[len(rm)-len(logged):len(rm)])
+		} else {
+			w.log.removed(logged, res[:len(logged)])
+		}
+	}
+}
+
+// storeResults counts a store call's results, and a BUSY also under the
+// call that got it ("BUSY-in-put"): the store's clients are single
+// writers, so a BUSY is the store's own doing and the report says where.
+func (w *worker) storeResults(call string, res []error) {
+	for _, e := range res {
+		c := codeOf(e)
+		w.count(c, 1)
+		if c == "BUSY" {
+			w.count("BUSY-in-"+call, 1)
+		}
+	}
+}
+
+// storeKept is how many kept keys a store client holds at most (one per
+// round): with two clients a daemon that is twice its L1 capacity, a
+// small part of L2.
+const storeKept = 2048
+
+// keptKey is a key a store client keeps for a while.
+type keptKey struct {
+	key     []byte
+	durable bool
+}
+
+// putPattern is a durable put's value: seed + the byte's index.
+func putPattern(v []byte, seed byte) {
+	for k := range v {
+		v[k] = seed + byte(k)
+	}
+}
+
+// putLog is a store client's record of its acknowledged durable puts, for
+// the soak to check after a kill -9: one line per event, appended with one
+// write each ("P key seed" once a durable put was acknowledged, "X key"
+// before a remove of it is sent, "R key" once that remove was
+// acknowledged). A key with X but no R may be there or not; with P and no
+// X it must be read back byte-exact; with R it must stay gone.
+type putLog struct{ f *os.File }
+
+func openPutLog(dir string, id int) (putLog, error) {
+	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("puts-%d.log", id)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	return putLog{f}, err
+}
+
+func (l putLog) put(key []byte, seed byte) {
+	_, _ = l.f.Write(fmt.Appendf(nil, "P %s %d\n", key, seed))
+}
+
+// removing logs X for keys, durable keys about to be removed.
+func (l putLog) removing(keys [][]byte) {
+	if len(keys) == 0 {
+		return
+	}
+	var b []byte
+	for _, k := range keys {
+		b = fmt.Appendf(b, "X %s\n", k)
+	}
+	_, _ = l.f.Write(b)
+}
+
+// removed logs R for the keys whose remove res says was acknowledged.
+func (l putLog) removed(keys [][]byte, res []error) {
+	var b []byte
+	for i, k := range keys {
+		if res[i] == nil {
+			b = fmt.Appendf(b, "R %s\n", k)
+		}
+	}
+	if len(b) > 0 {
+		_, _ = l.f.Write(b)
 	}
 }
 

@@ -30,6 +30,7 @@ type daemon struct {
 	metrics string   // host:port of its /metrics
 	netns   string   // network namespace it runs in ("" = the soak's)
 	logf    *os.File // its stderr, appended over restarts
+	fds     *fdStore // systemd's fd store played for it (hitless restarts), or nil
 
 	// mu guards the fields below.
 	mu      sync.Mutex
@@ -107,7 +108,7 @@ func (n *network) link(up bool) error {
 }
 
 // newDaemon writes a daemon's config; start runs it.
-func newDaemon(name, bin, work, key string, listen, peerName, peerAddr, metrics, netns string, extra []string) (*daemon, error) {
+func newDaemon(name, bin, work, key string, listen, peerName, peerAddr, metrics, netns string, extra, tables []string) (*daemon, error) {
 	dir := filepath.Join(work, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -131,8 +132,9 @@ func newDaemon(name, bin, work, key string, listen, peerName, peerAddr, metrics,
 		fmt.Sprintf("id = %q", peerName),
 		fmt.Sprintf("addr = %q", peerAddr),
 	}
-	// Top-level keys must come before the [[peers]] table.
-	conf = append(extra, conf...)
+	// Top-level keys must come before the [[peers]] table, other tables
+	// after it.
+	conf = append(append(extra, conf...), tables...)
 	if err := os.WriteFile(d.config, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
 		return nil, err
 	}
@@ -147,9 +149,26 @@ func newDaemon(name, bin, work, key string, listen, peerName, peerAddr, metrics,
 // start runs the daemon and waits until its socket answers.
 func (d *daemon) start() error {
 	var cmd *exec.Cmd
-	if d.netns != "" {
+	var ready <-chan struct{}
+	switch {
+	case d.fds != nil:
+		// As systemd starts a unit with a file descriptor store: what it
+		// holds from fd 3 on, LISTEN_PID the daemon's own (the shell execs
+		// it).
+		var files []*os.File
+		var env []string
+		files, env, ready = d.fds.passed()
+		cmd = exec.Command("/bin/sh", "-c", `LISTEN_PID=$$ exec "$0" "$@"`, d.bin, "--config", d.config)
+		cmd.ExtraFiles = files
+		for _, e := range os.Environ() {
+			if !strings.HasPrefix(e, "LISTEN_") && !strings.HasPrefix(e, "NOTIFY_SOCKET=") && !strings.HasPrefix(e, "FDSTORE=") {
+				cmd.Env = append(cmd.Env, e)
+			}
+		}
+		cmd.Env = append(cmd.Env, env...)
+	case d.netns != "":
 		cmd = exec.Command("ip", "netns", "exec", d.netns, d.bin, "--config", d.config)
-	} else {
+	default:
 		cmd = exec.Command(d.bin, "--config", d.config)
 	}
 	cmd.Stderr = d.logf
@@ -167,6 +186,17 @@ func (d *daemon) start() error {
 	d.cmd, d.exited, d.stopped = cmd, exited, false
 	d.mu.Unlock()
 	deadline := time.Now().Add(30 * time.Second)
+	if ready != nil {
+		// READY=1 comes after the daemon handed its pools and journals to
+		// the store.
+		select {
+		case <-ready:
+		case <-exited:
+			return fmt.Errorf("daemon %s exited during start-up (see %s)", d.name, d.logf.Name())
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("daemon %s sent no READY=1 in 30s", d.name)
+		}
+	}
 	for {
 		c, err := client.Dial(d.socket, client.Options{Name: "tcsoak-probe", NoPool: true, DialTimeout: time.Second, CallTimeout: 5 * time.Second})
 		if err == nil {

@@ -14,8 +14,7 @@ import (
 // io_uring tier, one request at a time, and remembers every write b
 // acknowledged. After b is SIGKILLed, check reads the file itself and
 // counts acknowledged writes whose bytes are not there. (Acknowledged
-// durable puts of the store are checked the same way once the store is
-// wired: see storeClient.)
+// durable puts of the store are checked by putCheck.)
 type durable struct {
 	d    *daemon
 	path string

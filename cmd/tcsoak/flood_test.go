@@ -32,7 +32,7 @@ func TestMetricsFlood(t *testing.T) {
 		ports[i] = p
 	}
 	hp := func(p int) string { return "127.0.0.1:" + strconv.Itoa(p) }
-	d, err := newDaemon("a", bin, work, key, hp(ports[0]), "b", hp(ports[1]), hp(ports[2]), "", nil)
+	d, err := newDaemon("a", bin, work, key, hp(ports[0]), "b", hp(ports[1]), hp(ports[2]), "", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,16 +6,18 @@
 //
 // Load: client processes of each kind (local copies, io_uring files, tcp to
 // the other daemon's export, shared-memory queues, writes to a small tmpfs,
-// connection churn; the store once it is wired into the daemon) against
-// both daemons, restarted when they die. Faults, in turn every
-// -fault-every: a client SIGKILLed; daemon b SIGSTOPped and resumed; the
-// link between the daemons cut and restored (b runs in its own network
-// namespace); ENOSPC on a's file target (the tmpfs filled); EMFILE on a
-// (its RLIMIT_NOFILE lowered to what it has open); 1,500 idle connections
-// to a's metrics endpoint while new control clients must be served; daemon
-// b SIGKILLed and
-// restarted, after which every write it acknowledged is read back from
-// its file.
+// connection churn, the KV store with durable puts) against both daemons,
+// restarted when they die. Faults, in turn every -fault-every: a client
+// SIGKILLed; daemon b SIGSTOPped and resumed; the link between the daemons
+// cut and restored (b runs in its own network namespace); ENOSPC on a's
+// file target (the tmpfs filled); EMFILE on a (its RLIMIT_NOFILE lowered to
+// what it has open); 1,500 idle connections to a's metrics endpoint while
+// new control clients must be served; a hostile tenant's client on a
+// (tenant.go); a hitless restart of a from the file descriptor store the
+// soak plays for it (hitless.go); daemon b SIGKILLed and restarted, after
+// which every write it acknowledged is read back from its file and every
+// durable put its store clients logged as acknowledged from its store
+// (putcheck.go).
 //
 // At the end the clients stop, the daemons must go idle (no connections,
 // pool blocks, tasks or batches) and are compared with their state before
@@ -54,6 +56,7 @@ func main() {
 	peer := flag.String("peer", "", "client: the other daemon's id (internal)")
 	cdir := flag.String("dir", "", "client: where its files go (internal)")
 	id := flag.Int("id", 0, "client: its number (internal)")
+	probe := flag.String("probe", "", "hostile client: tenant soak's key (internal)")
 
 	def := 10 * time.Minute
 	if v := os.Getenv("SOAK"); v != "" {
@@ -68,6 +71,9 @@ func main() {
 	faultEvery := flag.Duration("fault-every", 20*time.Second, "time between faults")
 	jsonOut := flag.String("json", "", "also write the report as JSON here")
 	flag.Parse()
+	if *kind == "hostile" {
+		os.Exit(runHostile(*socket, *peer, *cdir, *probe))
+	}
 	if *kind != "" {
 		os.Exit(runClient(*kind, *socket, *peer, *cdir, *id))
 	}
@@ -100,13 +106,15 @@ type Report struct {
 	Clients      map[string]int    `json:"client_processes"` // kind@daemon -> incarnations started
 	Codes        map[string]uint64 `json:"codes"`            // kind/CODE -> requests
 	Faults       []string          `json:"faults"`
+	FaultErrors  []string          `json:"fault_errors"` // a fault whose check failed (tenant isolation, a hitless restart, ...)
 	Skipped      []string          `json:"skipped"`
 	Hangs        []string          `json:"hangs"`
 	Leaks        []string          `json:"leaks"`
 	Before       map[string]usage  `json:"before"`
 	After        map[string]usage  `json:"after"`
 	DurableWrite durableReport     `json:"durable_writes"`
-	DurablePuts  string            `json:"durable_puts"`
+	DurablePuts  putReport         `json:"durable_puts"`
+	Hitless      hitlessReport     `json:"hitless_restarts"`
 	Exit         map[string]string `json:"exit"` // daemon -> how long its SIGTERM took, or the failure
 	Corrupt      uint64            `json:"corrupt_reads"`
 }
@@ -119,9 +127,32 @@ type durableReport struct {
 	LostAt       []string `json:"lost_at,omitempty"`
 }
 
-// Clean reports whether nothing hung, leaked, was lost or read back wrong.
+// putReport is what the reads of acknowledged durable puts after each
+// kill -9 found.
+type putReport struct {
+	Checks      int      `json:"checks_after_kill"`
+	Acked       uint64   `json:"acknowledged_at_last_check"`
+	Checked     uint64   `json:"read_back"`
+	Lost        uint64   `json:"lost"`
+	Removed     uint64   `json:"removed_checked"`
+	Resurrected uint64   `json:"removed_but_served"`
+	LostAt      []string `json:"lost_at,omitempty"`
+}
+
+// hitlessReport is what the hitless restarts of a kept.
+type hitlessReport struct {
+	Restarts  int      `json:"restarts"`
+	Committed uint64   `json:"committed_before"`
+	ReadBack  uint64   `json:"read_back"`
+	Lost      uint64   `json:"lost"`
+	LostAt    []string `json:"lost_at,omitempty"`
+}
+
+// Clean reports whether nothing hung, leaked, was lost or read back wrong,
+// and the single-writer store clients never saw BUSY.
 func (r *Report) Clean() bool {
-	return len(r.Hangs) == 0 && len(r.Leaks) == 0 && r.DurableWrite.Lost == 0 && r.Corrupt == 0
+	return len(r.Hangs) == 0 && len(r.Leaks) == 0 && len(r.FaultErrors) == 0 && r.DurableWrite.Lost == 0 && r.Corrupt == 0 &&
+		r.DurablePuts.Lost == 0 && r.DurablePuts.Resurrected == 0 && r.Codes[kindStore+"/BUSY"] == 0 && r.Hitless.Lost == 0
 }
 
 func (r *Report) print(w *os.File) {
@@ -148,6 +179,7 @@ func (r *Report) print(w *os.File) {
 			fmt.Fprintln(w, "  "+x)
 		}
 	}
+	list("faults whose check failed", r.FaultErrors)
 	list("hangs past the deadline", r.Hangs)
 	list("leaks", r.Leaks)
 	for _, d := range []string{"a", "b"} {
@@ -155,11 +187,23 @@ func (r *Report) print(w *os.File) {
 	}
 	dw := r.DurableWrite
 	fmt.Fprintf(w, "\nacknowledged durable file writes: %d; checked after %d kill -9: %d slots, lost %d\n", dw.Acknowledged, dw.Checks, dw.Checked, dw.Lost)
-	fmt.Fprintf(w, "acknowledged durable puts: %s\n", r.DurablePuts)
+	dp := r.DurablePuts
+	fmt.Fprintf(w, "acknowledged durable puts: read back after %d kill -9: %d (%d acknowledged at the last), lost %d; "+
+		"acknowledged removes checked: %d, served again %d\n", dp.Checks, dp.Checked, dp.Acked, dp.Lost, dp.Removed, dp.Resurrected)
+	for _, l := range dp.LostAt {
+		fmt.Fprintln(w, "  "+l)
+	}
+	fmt.Fprintf(w, "store BUSY answers (single-writer clients): %d\n", r.Codes[kindStore+"/BUSY"])
+	hr := r.Hitless
+	fmt.Fprintf(w, "hitless restarts of a: %d; L1 values committed before them: %d, read back byte-exact after: %d, lost %d\n",
+		hr.Restarts, hr.Committed, hr.ReadBack, hr.Lost)
+	for _, l := range hr.LostAt {
+		fmt.Fprintln(w, "  "+l)
+	}
 	fmt.Fprintf(w, "corrupt read-backs: %d\n", r.Corrupt)
 	fmt.Fprintf(w, "exit on SIGTERM: %v\n", r.Exit)
 	if r.Clean() {
-		fmt.Fprintln(w, "\nresult: 0 hangs, 0 leaks, 0 lost")
+		fmt.Fprintln(w, "\nresult: 0 hangs, 0 leaks, 0 lost, 0 failed faults")
 	} else {
 		fmt.Fprintln(w, "\nresult: FAILED")
 	}
@@ -184,6 +228,11 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 		}
 	}
 	if err := os.MkdirAll(work, 0o755); err != nil {
+		return nil, err
+	}
+	// Open to the hostile tenant's client (another uid), which must reach
+	// a's socket under it; MkdirTemp makes it 0700.
+	if err := os.Chmod(work, 0o755); err != nil {
 		return nil, err
 	}
 	r := &Report{Duration: duration.String(), Clients: map[string]int{}, Codes: map[string]uint64{},
@@ -240,13 +289,22 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 	if net.ns != "" {
 		metricsHostB = net.addrB
 	}
+	// a's journal records every L1 value, so that a hitless restart keeps
+	// all the fault's own (its default holds one per 16 KiB of L1).
 	a, err := newDaemon("a", bin, work, key, hostPort(net.addrA, portA), "b", hostPort(net.addrB, portB),
-		hostPort("127.0.0.1", metricsA), "", []string{fmt.Sprintf("allowed_files = [%q]", enospcDir)})
+		hostPort("127.0.0.1", metricsA), "", []string{fmt.Sprintf("allowed_files = [%q]", enospcDir),
+			"store_l1_journal_records = 65536"}, tenantConfig(true, filepath.Join(work, "a", "data"), enospcDir))
 	if err != nil {
 		return nil, err
 	}
+	// a runs as under systemd with a file descriptor store (the
+	// hitless-restart fault).
+	if a.fds, err = newFDStore(filepath.Join(a.dir, "notify.sock")); err != nil {
+		return nil, err
+	}
+	defer a.fds.close()
 	b, err := newDaemon("b", bin, work, key, hostPort(net.addrB, portB), "a", hostPort(net.addrA, portA),
-		hostPort(metricsHostB, metricsB), net.ns, nil)
+		hostPort(metricsHostB, metricsB), net.ns, nil, tenantConfig(false, filepath.Join(work, "b", "data")))
 	if err != nil {
 		return nil, err
 	}
@@ -299,8 +357,12 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 			other = "a"
 		}
 		for _, k := range []string{kindLocal, kindURing, kindQueue, kindChurn, kindStore} {
+			dir := filepath.Join(d.dir, "data")
+			if k == kindStore {
+				dir = putLogDir(d)
+			}
 			for range perKind {
-				slots = append(slots, slot{k, d, filepath.Join(d.dir, "data"), other})
+				slots = append(slots, slot{k, d, dir, other})
 			}
 		}
 	}
@@ -310,8 +372,14 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 			slots = append(slots, slot{kindENOSPC, a, enospcDir, "b"})
 		}
 	}
-	r.Skipped = append(r.Skipped, "durable store puts across a kill -9 (the store clients put without durable; b's file writer checks acknowledged writes)")
-	r.DurablePuts = "n/a: the store clients' puts are not durable"
+	for _, d := range []*daemon{a, b} {
+		if err := os.MkdirAll(putLogDir(d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	pc := &putCheck{d: b, dir: putLogDir(b)}
+	hl := &hitless{d: a}
+	tenantRounds := 0
 
 	var mu sync.Mutex // guards procs, ended, r.Clients, windows
 	procs := make([]*proc, len(slots))
@@ -420,20 +488,47 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 			return emfile(a, hold)
 		}},
 		{"metrics flood", func() (string, error) { return metricsFlood(a, 1500, hold) }},
+		{"tenant", func() (string, error) {
+			if os.Geteuid() != 0 {
+				return "skipped: not root (the hostile tenant's client runs as another uid)", nil
+			}
+			tenantRounds++
+			return tenantFault(self, a, "b", filepath.Join(a.dir, "data"), tenantRounds)
+		}},
+		{"hitless restart", func() (string, error) {
+			start := time.Now()
+			hl.mu.Lock()
+			kill := hl.restarts%2 == 1
+			hl.mu.Unlock()
+			what, err := hl.run(kill)
+			mu.Lock()
+			windows = append(windows, window{"a", start, time.Now()})
+			mu.Unlock()
+			return what, err
+		}},
 		{"peer SIGKILL", func() (string, error) {
 			start := time.Now()
 			b.kill()
 			err := du.check()
+			snap, removed, serr := pc.snapshot()
+			if serr != nil {
+				return "", serr
+			}
 			time.Sleep(time.Second)
 			if serr := b.start(); serr != nil {
 				return "", serr
+			}
+			restarted := time.Since(start)
+			if perr := pc.verify(snap, removed); err == nil {
+				err = perr
 			}
 			mu.Lock()
 			windows = append(windows, window{"b", start, time.Now()})
 			mu.Unlock()
 			// b's baseline stays its first start's: its clients are back
 			// already, which would hide what they leak.
-			return fmt.Sprintf("b killed and restarted in %v; acknowledged writes read back", time.Since(start).Round(time.Millisecond)), err
+			return fmt.Sprintf("b killed and restarted in %v; acknowledged file writes and durable puts read back",
+				restarted.Round(time.Millisecond)), err
 		}},
 	}
 	end := time.Now().Add(duration)
@@ -451,6 +546,7 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 		line := fmt.Sprintf("%s %s: %s", at.Format("15:04:05"), f.name, what)
 		if err != nil {
 			line += " (error: " + err.Error() + ")"
+			r.FaultErrors = append(r.FaultErrors, line)
 		}
 		r.Faults = append(r.Faults, line)
 	}
@@ -496,6 +592,13 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 	du.mu.Lock()
 	r.DurableWrite = durableReport{Acknowledged: du.writes, Checks: du.checks, Checked: du.checked, Lost: du.lost, LostAt: du.lostAt}
 	du.mu.Unlock()
+	hl.mu.Lock()
+	r.Hitless = hitlessReport{Restarts: hl.restarts, Committed: hl.committed, ReadBack: hl.readBack, Lost: hl.lost, LostAt: hl.lostAt}
+	hl.mu.Unlock()
+	pc.mu.Lock()
+	r.DurablePuts = putReport{Checks: pc.checks, Acked: pc.acked, Checked: pc.checked, Lost: pc.lost, Removed: pc.removedSeen,
+		Resurrected: pc.resurrected, LostAt: pc.lostAt}
+	pc.mu.Unlock()
 
 	// Idle, then compare.
 	for n, d := range daemons {
@@ -526,6 +629,9 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 	}
 	return r, nil
 }
+
+// putLogDir is where the store clients of d write their put logs.
+func putLogDir(d *daemon) string { return filepath.Join(d.dir, "putlogs") }
 
 // excused reports whether a late call overlapped a time its daemon was
 // stopped or dead on purpose (a call to a frozen daemon waits for it by

@@ -71,3 +71,40 @@ func TestCompare(t *testing.T) {
 		}
 	}
 }
+
+// TestPutLogSnapshot: a durable put acknowledged and never removed must be
+// read back; one whose remove was sent may be gone; one whose remove was
+// acknowledged must stay gone; a line being written is not read.
+func TestPutLogSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	l, err := openPutLog(dir, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.put([]byte("k/kept"), 5)
+	l.put([]byte("k/sent"), 6)
+	l.put([]byte("k/gone"), 7)
+	l.removing([][]byte{[]byte("k/sent"), []byte("k/gone")})
+	l.removed([][]byte{[]byte("k/sent"), []byte("k/gone")}, []error{errStop, nil})
+	if _, err := l.f.WriteString("P k/half 9"); err != nil { // no newline yet
+		t.Fatal(err)
+	}
+	l.f.Close()
+	pc := &putCheck{dir: dir}
+	snap, removed, err := pc.snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := snap["k/kept"]; !st.put || st.removing || st.seed != 5 {
+		t.Fatalf("k/kept: %+v, want an acknowledged put of seed 5", st)
+	}
+	if st := snap["k/sent"]; !st.removing || st.removed {
+		t.Fatalf("k/sent: %+v, want a remove sent and not acknowledged", st)
+	}
+	if st := snap["k/gone"]; !st.removed || len(removed) != 1 || string(removed[0]) != "k/gone" {
+		t.Fatalf("k/gone: %+v, removed %q; want it removed", st, removed)
+	}
+	if _, ok := snap["k/half"]; ok || len(snap) != 3 {
+		t.Fatalf("a line without its newline was read: %v", snap)
+	}
+}

@@ -258,3 +258,56 @@ func TestPeerKeysValidation(t *testing.T) {
 		t.Fatalf("misspelt peers key: %v", err)
 	}
 }
+
+// TestDurationsAreGoDurations: drain_timeout (as every duration key, all
+// of type Duration) takes any Go duration, from the file, the environment
+// and a flag alike, and a value without a unit or with one Go does not
+// know is refused naming the key.
+func TestDurationsAreGoDurations(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+	}{
+		{"1m30s", 90 * time.Second},
+		{"500ms", 500 * time.Millisecond},
+		{"1.5s", 1500 * time.Millisecond},
+		{"90000000us", 90 * time.Second},
+		{"90000000µs", 90 * time.Second},
+		{"1m0.25s", 60250 * time.Millisecond},
+		{".5m", 30 * time.Second},
+		{"2s500ms", 2500 * time.Millisecond},
+		{"1h", time.Hour}, // past the 10m bound: refused by Validate, read all the same
+	} {
+		file := filepath.Join(dir, "d.toml")
+		writeFile(t, file, "drain_timeout = \""+tc.in+"\"\n")
+		for name, load := range map[string]func() (Config, error){
+			"file": func() (Config, error) { return Load([]string{"--config", file}, env(nil)) },
+			"env":  func() (Config, error) { return Load(nil, env(map[string]string{"TENSORCAST_DRAIN_TIMEOUT": tc.in})) },
+			"flag": func() (Config, error) { return Load([]string{"--drain-timeout", tc.in}, env(nil)) },
+		} {
+			c, err := load()
+			if tc.want > maxDrain {
+				if err == nil || !strings.Contains(err.Error(), "drain_timeout") || !strings.Contains(err.Error(), "at most 10m") {
+					t.Errorf("%s %q: %v, want refused as past 10m", name, tc.in, err)
+				}
+				continue
+			}
+			if err != nil || time.Duration(c.DrainTimeout) != tc.want {
+				t.Errorf("%s %q: %v, %v; want %v", name, tc.in, time.Duration(c.DrainTimeout), err, tc.want)
+			}
+		}
+	}
+	for _, bad := range []string{"10", "10 s", "1d", "s", "1.2.3s", ""} {
+		_, err := Load([]string{"--drain-timeout", bad}, env(nil))
+		if err == nil || !strings.Contains(err.Error(), "drain_timeout") {
+			t.Errorf("drain_timeout %q: %v, want refused naming the key", bad, err)
+		}
+	}
+	// A number without quotes in the file is no duration either.
+	file := filepath.Join(dir, "n.toml")
+	writeFile(t, file, "drain_timeout = 10\n")
+	if _, err := Load([]string{"--config", file}, env(nil)); err == nil || !strings.Contains(err.Error(), "drain_timeout") {
+		t.Errorf("drain_timeout = 10 in the file: %v, want refused naming the key", err)
+	}
+}

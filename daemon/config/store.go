@@ -63,6 +63,14 @@ type StoreConfig struct {
 	// handed to it, so that a restart, an upgrade or a crash keeps the
 	// values in L1 (daemon/restart.go).
 	StoreKeepL1 string `toml:"store_keep_l1"`
+	// StoreHandoff is off (the default) or on. On, a daemon started while
+	// another serves the same socket asks it (over SOCKET.handoff) to hand
+	// over: the running one drains, closes everything that writes, and
+	// passes its pools and L1 journals; the new one serves the values it
+	// had (daemon/handoff.go). For a rolling update where both run at once
+	// (a Kubernetes DaemonSet with maxSurge), where systemd's fd store is
+	// not there. Off, a second daemon on a socket in use is refused.
+	StoreHandoff string `toml:"store_handoff"`
 	// StoreL1JournalRecords is how many L1 values the journal can record
 	// (0: one per 16 KiB of the L1 capacity, at least 4096); values past
 	// it are served as ever but not kept across a restart. A record takes
@@ -82,6 +90,7 @@ func storeDefaults() StoreConfig {
 		StoreMode:             grant.BudgetedHybrid.String(),
 		StoreShards:           1024,
 		StoreKeepL1:           "auto",
+		StoreHandoff:          "off",
 	}
 }
 
@@ -164,6 +173,9 @@ func (c *Config) validateStore() error {
 	if s.StoreKeepL1 != "auto" && s.StoreKeepL1 != "off" {
 		return badValue("store_keep_l1", s.StoreKeepL1, "must be auto or off")
 	}
+	if s.StoreHandoff != "on" && s.StoreHandoff != "off" {
+		return badValue("store_handoff", s.StoreHandoff, "must be on or off")
+	}
 	if s.StoreL1JournalRecords < 0 || s.StoreL1JournalRecords > maxL1JournalRecords {
 		return badValue("store_l1_journal_records", strconv.Itoa(s.StoreL1JournalRecords), fmt.Sprintf("must be 0 (one per 16KiB of store_l1_capacity) or between 1 and %d", maxL1JournalRecords))
 	}
@@ -221,6 +233,7 @@ func storeSettings() []setting {
 		{"store_mode", "TENSORCAST_STORE_MODE", "admission budgets for remote work: local-first, budgeted-hybrid or global-governed", str(func(c *Config) *string { return &c.StoreMode })},
 		{"store_shards", "TENSORCAST_STORE_SHARDS", "shards of the store across hosts (the same on every daemon)", num(func(c *Config) *int { return &c.StoreShards })},
 		{"store_keep_l1", "TENSORCAST_STORE_KEEP_L1", "keep L1 values across restarts through systemd's fd store: auto or off", str(func(c *Config) *string { return &c.StoreKeepL1 })},
+		{"store_handoff", "TENSORCAST_STORE_HANDOFF", "take the pools and L1 values over from a daemon running on the same socket: on or off", str(func(c *Config) *string { return &c.StoreHandoff })},
 		{"store_l1_journal_records", "TENSORCAST_STORE_L1_JOURNAL_RECORDS", "L1 values kept across a restart at most (0: one per 16KiB of store_l1_capacity)", num(func(c *Config) *int { return &c.StoreL1JournalRecords })},
 	}
 }

@@ -30,7 +30,9 @@ import (
 const (
 	chartDir   = "tensorcast"
 	allOptions = "testdata/all-options.yaml"
-	engineFile = "engine-pod.yaml"
+	// handoffOptions turns the hand-off on (which peers cannot be).
+	handoffOptions = "testdata/handoff.yaml"
+	engineFile     = "engine-pod.yaml"
 	// rulesFile is the alert rules the PrometheusRule holds.
 	rulesFile = "../prometheus/tensorcast-rules.yaml"
 	// helmTool is where make deps (scripts/deps.sh) installs helm.
@@ -331,8 +333,80 @@ func TestChartDefaults(t *testing.T) {
 			t.Errorf("%s probe does not ask the daemon on %s: %+v", name, sock, p)
 		}
 	}
-	if s := r.ds.Spec.UpdateStrategy; s.RollingUpdate == nil || s.RollingUpdate.MaxUnavailable.IntValue() != 1 {
-		t.Errorf("update strategy %+v, want a rolling update of one node at a time", s)
+	if s := r.ds.Spec.UpdateStrategy; s.RollingUpdate == nil || s.RollingUpdate.MaxUnavailable.IntValue() != 1 || s.RollingUpdate.MaxSurge != nil {
+		t.Errorf("update strategy %+v, want a rolling update of one node at a time, without surge", s)
+	}
+	if r.config["store_handoff"] != "off" {
+		t.Errorf("store_handoff %v, want off by default", r.config["store_handoff"])
+	}
+}
+
+// TestChartHandoff: with the hand-off on the new pod starts beside the old
+// one (maxSurge 1, maxUnavailable 0), the daemon's store_handoff is on, the
+// startup probe asks the pod's own daemon (its metrics endpoint, not the
+// socket the old daemon still answers on), the socket directory both
+// daemons meet in is the host's, and it is refused with the peer host
+// port.
+func TestChartHandoff(t *testing.T) {
+	r := render(t, handoffOptions)
+	c := r.container(t)
+	s := r.ds.Spec.UpdateStrategy
+	if s.RollingUpdate == nil || s.RollingUpdate.MaxSurge == nil || s.RollingUpdate.MaxSurge.IntValue() != 1 ||
+		s.RollingUpdate.MaxUnavailable == nil || s.RollingUpdate.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("update strategy %+v, want maxSurge 1 and maxUnavailable 0", s.RollingUpdate)
+	}
+	if r.config["store_handoff"] != "on" {
+		t.Errorf("store_handoff %v, want on", r.config["store_handoff"])
+	}
+	sock, _ := r.config["socket"].(string)
+	if r.hostPath(t, "socket-dir") != "/run/tc" || mountPath(t, c, "socket-dir") != path.Dir(sock) {
+		t.Errorf("the socket %s is not in the host's socket directory: both pods must meet there", sock)
+	}
+	p := c.StartupProbe
+	if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.String() != "metrics" || p.Exec != nil {
+		t.Errorf("startup probe %+v, want an HTTP get on the pod's metrics port", p)
+	}
+	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if p == nil || p.Exec == nil || !slices.Contains(p.Exec.Command, sock) {
+			t.Errorf("%s probe does not ask the daemon on %s: %+v", name, sock, p)
+		}
+	}
+	for _, p := range c.Ports {
+		if p.HostPort != 0 {
+			t.Errorf("host port %d with the hand-off on", p.HostPort)
+		}
+	}
+	h := helm(t)
+	dir := t.TempDir()
+	for _, tc := range []struct{ values, want string }{
+		{"handoff:\n  enabled: true\npeers:\n  enabled: true\n  clusterKey: \"a shared key of the cluster, long enough\"\n", "peer host port"},
+		{"handoff:\n  enabled: true\nconfig:\n  store_handoff: \"on\"\n", "config.store_handoff is set by the chart"},
+	} {
+		f := filepath.Join(dir, "v.yaml")
+		if err := os.WriteFile(f, []byte(tc.values), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run(t, h, "template", "tc", chartDir, "--values", f); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("values %q rendered: %v; want an error saying %q", tc.values, err, tc.want)
+		}
+	}
+
+	// The first step of turning it on: the daemons offer the hand-off, the
+	// update rolls as before (peers allowed), the probes ask the socket.
+	first := filepath.Join(dir, "first.yaml")
+	if err := os.WriteFile(first, []byte("handoff:\n  enabled: true\n  surge: false\npeers:\n  enabled: true\n  clusterKey: \"a shared key of the cluster, long enough\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = render(t, first)
+	c = r.container(t)
+	if s := r.ds.Spec.UpdateStrategy; s.RollingUpdate == nil || s.RollingUpdate.MaxUnavailable.IntValue() != 1 || s.RollingUpdate.MaxSurge != nil {
+		t.Errorf("handoff without surge: update strategy %+v, want one node at a time without surge", s.RollingUpdate)
+	}
+	if r.config["store_handoff"] != "on" {
+		t.Errorf("handoff without surge: store_handoff %v, want on", r.config["store_handoff"])
+	}
+	if c.StartupProbe == nil || c.StartupProbe.Exec == nil {
+		t.Errorf("handoff without surge: startup probe %+v, want tcctl ping", c.StartupProbe)
 	}
 }
 
@@ -439,9 +513,17 @@ func TestChartRefuses(t *testing.T) {
 	// The kubelet must wait for the drain: a grace period shorter than
 	// drain_timeout and the second the daemon takes to close is refused,
 	// and so is a drain_timeout the chart cannot read to check it.
+	// drain_timeout is read as the daemon reads it, any Go duration,
+	// rounded up to whole seconds.
 	for _, tc := range []struct{ values, want string }{
 		{"terminationGracePeriodSeconds: 30\nconfig:\n  drain_timeout: 1m30s\n", "make it at least 91"},
-		{"config:\n  drain_timeout: 1500ms\n", `config.drain_timeout "1500ms": give it in h, m and s`},
+		{"terminationGracePeriodSeconds: 30\nconfig:\n  drain_timeout: 1m30.5s\n", "make it at least 92"},
+		{"terminationGracePeriodSeconds: 30\nconfig:\n  drain_timeout: 30500ms\n", "make it at least 32"},
+		{"terminationGracePeriodSeconds: 30\nconfig:\n  drain_timeout: 0.5h\n", "make it at least 1801"},
+		{"terminationGracePeriodSeconds: 30\nconfig:\n  drain_timeout: 29000001us\n", "make it at least 31"},
+		{"config:\n  drain_timeout: \"10\"\n", `config.drain_timeout "10": give it as a Go duration`},
+		{"config:\n  drain_timeout: 10 s\n", `config.drain_timeout "10 s": give it as a Go duration`},
+		{"config:\n  drain_timeout: 1d\n", `config.drain_timeout "1d": give it as a Go duration`},
 	} {
 		p := filepath.Join(dir, "drain.yaml")
 		if err := os.WriteFile(p, []byte(tc.values), 0o600); err != nil {
@@ -449,6 +531,37 @@ func TestChartRefuses(t *testing.T) {
 		}
 		if _, err := run(t, h, "template", "tc", chartDir, "--values", p); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("values %q rendered: %v; want an error saying %q", tc.values, err, tc.want)
+		}
+	}
+
+	// Those a grace period of 30 covers render, and the daemon reads
+	// them alike.
+	for _, d := range []string{"29s", "1500ms", "1.5s", "29000000us", "28999999999ns", "28s999ms", ".4m", "3000ms"} {
+		p := filepath.Join(dir, "drain-ok.yaml")
+		if err := os.WriteFile(p, []byte("terminationGracePeriodSeconds: 30\nconfig:\n  drain_timeout: "+d+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run(t, h, "template", "tc", chartDir, "--values", p); err != nil {
+			t.Errorf("drain_timeout %s with a grace period of 30: %v", d, err)
+		}
+	}
+	// The grace period is drain_timeout rounded up, and a second.
+	for _, tc := range []struct {
+		drain string
+		min   int
+	}{{"3000ms", 4}, {"1.1m", 67}, {"2h45m", 9901}, {"1ns", 2}} {
+		p := filepath.Join(dir, "drain-min.yaml")
+		if err := os.WriteFile(p, []byte(fmt.Sprintf("terminationGracePeriodSeconds: %d\nconfig:\n  drain_timeout: %s\n", tc.min, tc.drain)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run(t, h, "template", "tc", chartDir, "--values", p); err != nil {
+			t.Errorf("drain_timeout %s with a grace period of %d: %v", tc.drain, tc.min, err)
+		}
+		if err := os.WriteFile(p, []byte(fmt.Sprintf("terminationGracePeriodSeconds: %d\nconfig:\n  drain_timeout: %s\n", tc.min-1, tc.drain)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run(t, h, "template", "tc", chartDir, "--values", p); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("make it at least %d", tc.min)) {
+			t.Errorf("drain_timeout %s with a grace period of %d rendered: %v", tc.drain, tc.min-1, err)
 		}
 	}
 

@@ -109,8 +109,25 @@ func (rcv *SegmentInfo) MutateTransport(n Transport) bool {
 	return rcv._tab.MutateByteSlot(16, byte(n))
 }
 
+func (rcv *SegmentInfo) Grants(j int) []byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(18))
+	if o != 0 {
+		a := rcv._tab.Vector(o)
+		return rcv._tab.ByteVector(a + flatbuffers.UOffsetT(j*4))
+	}
+	return nil
+}
+
+func (rcv *SegmentInfo) GrantsLength() int {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(18))
+	if o != 0 {
+		return rcv._tab.VectorLen(o)
+	}
+	return 0
+}
+
 func SegmentInfoStart(builder *flatbuffers.Builder) {
-	builder.StartObject(7)
+	builder.StartObject(8)
 }
 func SegmentInfoAddName(builder *flatbuffers.Builder, name flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(0, flatbuffers.UOffsetT(name), 0)
@@ -132,6 +149,12 @@ func SegmentInfoAddEpoch(builder *flatbuffers.Builder, epoch uint64) {
 }
 func SegmentInfoAddTransport(builder *flatbuffers.Builder, transport Transport) {
 	builder.PrependByteSlot(6, byte(transport), 0)
+}
+func SegmentInfoAddGrants(builder *flatbuffers.Builder, grants flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(7, flatbuffers.UOffsetT(grants), 0)
+}
+func SegmentInfoStartGrantsVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
+	return builder.StartVector(4, numElems, 4)
 }
 func SegmentInfoEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

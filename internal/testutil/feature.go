@@ -16,7 +16,7 @@ import (
 // features a test machine provides, comma-separated (CI sets it in
 // .ci/run, the Soft-RoCE VM adds rdma):
 //
-//	TENSORCAST_TEST_PROVIDES=root,io_uring,netns,mount,bpf,tools,etcd
+//	TENSORCAST_TEST_PROVIDES=root,io_uring,netns,mount,bpf,tools,etcd,pty
 //
 // A test that needs a feature the machine lacks skips, saying what is
 // missing, unless the variable lists that feature: then it fails, so that
@@ -51,9 +51,14 @@ const (
 	// RDMA: an RDMA device, named by RXE_DEV (the Soft-RoCE VM that make
 	// test-rdma boots).
 	RDMA Feature = "rdma"
+	// Hugepages: 2 MiB hugepages the kernel supports and root can
+	// reserve (vm.nr_hugepages) with free memory behind them.
+	Hugepages Feature = "hugepages"
+	// PTY: pseudo-terminals (/dev/ptmx).
+	PTY Feature = "pty"
 )
 
-var features = []Feature{Root, IOUring, Netns, Mount, BPF, Tools, Etcd, RDMA}
+var features = []Feature{Root, IOUring, Netns, Mount, BPF, Tools, Etcd, RDMA, Hugepages, PTY}
 
 // Require skips t when the machine lacks f, or fails it when ProvidesEnv
 // lists f. It checks f itself for Root, Netns, Mount and BPF (root and the

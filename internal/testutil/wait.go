@@ -17,14 +17,24 @@ import (
 // (every 16 ms at most) as the wait goes on.
 func Eventually(t testing.TB, d time.Duration, cond func() bool, format string, args ...any) {
 	t.Helper()
+	if !Poll(d, cond) {
+		t.Fatalf("not within %v: "+format, append([]any{d}, args...)...)
+	}
+}
+
+// Poll is Eventually for code that has no testing.TB, such as a test's
+// child process: it polls cond the same way and reports whether cond held
+// within d.
+func Poll(d time.Duration, cond func() bool) bool {
 	pause := time.Millisecond
 	for end := time.Now().Add(d); !cond(); {
 		if time.Now().After(end) {
-			t.Fatalf("not within %v: "+format, append([]any{d}, args...)...)
+			return false
 		}
 		time.Sleep(pause)
 		pause = min(2*pause, 16*time.Millisecond)
 	}
+	return true
 }
 
 // Lazy is a value that prints as what f returns when it is printed, with

@@ -58,3 +58,21 @@ func TestEventually(t *testing.T) {
 		t.Fatalf("message %q, want %q", f.msg, want)
 	}
 }
+
+// TestPoll: Poll, for code without a testing.TB, sees a state another
+// goroutine sets and reports false, not before its time, for one that
+// never holds.
+func TestPoll(t *testing.T) {
+	var set atomic.Bool
+	go set.Store(true)
+	if !Poll(10*time.Second, set.Load) {
+		t.Fatal("a condition another goroutine sets was not seen")
+	}
+	start := time.Now()
+	if Poll(20*time.Millisecond, func() bool { return false }) {
+		t.Fatal("a condition that never holds was reported held")
+	}
+	if time.Since(start) < 20*time.Millisecond {
+		t.Fatal("gave up before its time")
+	}
+}

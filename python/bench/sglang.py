@@ -19,7 +19,8 @@ numpy's reference copies the same 32 MiB (the pages' K and V halves) from
 the host pool into another array of the same shape. The daemon's pool is
 touched first (see store.py's warm). Each case runs ROUNDS times,
 alternating with its reference; the table shows medians. The goal: direct at
-least 2x numpy copying.
+least 2x numpy copying. CPU seconds per GB are this process's and the
+daemon's ($BENCH_DAEMON_PID, from /proc) over the timed calls.
 
 usage: PYTHONPATH=python python3 python/bench/sglang.py SOCKET [ROUNDS] [SECONDS per run]
 """
@@ -62,7 +63,8 @@ def numpy_reference(pool: HostPool) -> Callable[[int], int]:
     return step
 
 
-def cases(socket: str, rn: Runner, rounds: int) -> List[Tuple[str, str, float, float]]:
+def cases(socket: str, rn: Runner, rounds: int) -> List[Tuple[str, str, float, float, Tuple[float, float],
+                                                             Tuple[float, float]]]:
     rows = []
     log = logging.getLogger("bench.sglang")
     for mode in ("direct, HostAllocator", "direct, SGLang's shm allocator", "copy"):
@@ -106,7 +108,8 @@ def cases(socket: str, rn: Runner, rounds: int) -> List[Tuple[str, str, float, f
                 tag[0] += 1
 
             mine, theirs = alternate(rn, rounds, step, after, ref, next_tag)
-            rows.append((name, mode, statistics.median(mine), statistics.median(theirs)))
+            rows.append((name, mode, statistics.median(mine), statistics.median(theirs), rn.cpu_per_gb(step),
+                         rn.cpu_per_gb(ref)))
         client.remove(kv.keys(stored))
         b.close()
         if isinstance(alloc, ShmAllocator):
@@ -125,11 +128,12 @@ def main() -> int:
           f"{PAGES * 256 >> 10} MiB per call); medians of {rounds} runs of {seconds:g} s, each alternating with "
           "numpy copying the same bytes.")
     print()
-    print("| call | mode | GB/s | numpy copy GB/s | ratio | goal |")
-    print("| --- | --- | ---: | ---: | ---: | --- |")
-    for name, mode, mine, theirs in rows:
+    print("| call | mode | GB/s | numpy copy GB/s | ratio | goal | CPU s/GB: client + daemon | numpy CPU s/GB |")
+    print("| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |")
+    for name, mode, mine, theirs, (cc, cd), (nc, _) in rows:
         goal = "≥ 2" if mode.startswith("direct") else ""
-        print(f"| {name} | {mode} | {mine / 1e9:.2f} | {theirs / 1e9:.2f} | {mine / theirs:.2f} | {goal} |")
+        print(f"| {name} | {mode} | {mine / 1e9:.2f} | {theirs / 1e9:.2f} | {mine / theirs:.2f} | {goal} "
+              f"| {cc:.3f} + {cd:.3f} | {nc:.3f} |")
     return 0
 
 

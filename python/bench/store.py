@@ -45,9 +45,23 @@ BATCH = 32
 SPAN = 64 << 20
 
 
+def daemon_cpu() -> float:
+    """The CPU seconds (user and system) of the daemon whose pid is in
+    $BENCH_DAEMON_PID so far (0 without it)."""
+    pid = os.environ.get("BENCH_DAEMON_PID")
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Runner:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
+        # Of each rate(): the step, and the CPU seconds per byte of this
+        # process and of the daemon over the timed calls.
+        self.cpu: List[Tuple[Callable[[int], int], float, float]] = []
 
     def rate(self, step: Callable[[int], int], after: Callable[[int], None] = lambda i: None) -> float:
         """Bytes per second of step(i) (which returns the bytes it moved),
@@ -56,13 +70,24 @@ class Runner:
         step(-1)
         after(-1)
         moved, spent, i = 0, 0.0, 0
+        mine = theirs = 0.0
         while spent < self.seconds or i < 3:
+            d0, c0 = daemon_cpu(), time.process_time()
             t0 = time.perf_counter()
             moved += step(i)
             spent += time.perf_counter() - t0
+            mine += time.process_time() - c0
+            theirs += daemon_cpu() - d0
             after(i)
             i += 1
+        self.cpu.append((step, mine / moved, theirs / moved))
         return moved / spent
+
+    def cpu_per_gb(self, step: Callable[[int], int]) -> Tuple[float, float]:
+        """The medians of the CPU seconds per GB of this process and of the
+        daemon over the runs of step."""
+        runs = [(c, d) for s, c, d in self.cpu if s is step]
+        return (statistics.median(c for c, _ in runs) * 1e9, statistics.median(d for _, d in runs) * 1e9)
 
 
 def alternate(rn: Runner, rounds: int, step: Callable[[int], int], after: Callable[[int], None],

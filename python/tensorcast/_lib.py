@@ -44,6 +44,7 @@ class Options(ctypes.Structure):
         ("max_frame", c_u32),
         ("lane", c_char_p),
         ("policy_version", c_u32),
+        ("reconnect", ctypes.c_int),
     ]
 
 
@@ -240,6 +241,7 @@ _PROTOTYPES: dict[str, Tuple[List[Any], Any]] = {
     "tc_close": ([c_void_p], None),
     "tc_shutdown": ([c_void_p], None),
     "tc_hello_info": ([c_void_p], P(Hello)),
+    "tc_reconnects": ([c_void_p], c_u32),
     "tc_ping": ([c_void_p, c_void_p, c_size, CO], c_int),
     "tc_stats_get": ([c_void_p, P(P(Stats)), CO], c_int),
     "tc_free": ([c_void_p], None),
@@ -260,6 +262,8 @@ _PROTOTYPES: dict[str, Tuple[List[Any], Any]] = {
     "tc_batch_free": ([c_void_p, c_u64, CO], c_int),
     "tc_transfer": ([c_void_p, P(Request), c_size, P(Notify), c_u32, P(c_int), P(c_int), P(Summary), CO], c_int),
     "tc_segment_export": ([c_void_p, c_char_p, c_u64, c_u64, c_u64, ctypes.c_uint, P(c_u64), CO], c_int),
+    "tc_segment_export_to": ([c_void_p, c_char_p, P(c_char_p), c_size, c_u64, c_u64, c_u64, ctypes.c_uint, P(c_u64),
+                              CO], c_int),
     "tc_segment_unexport": ([c_void_p, c_char_p, CO], c_int),
     "tc_remote_open": ([c_void_p, c_char_p, ctypes.c_uint, c_int, P(Remote), CO], c_int),
     "tc_remote_close": ([c_void_p, c_u64, CO], c_int),

@@ -367,13 +367,15 @@ class Client(StoreCalls):
         lane: Optional[str] = None,
         policy_version: int = 0,
         max_keys_per_call: int = DEFAULT_MAX_KEYS,
+        reconnect: bool = False,
     ) -> None:
         if not 1 <= max_keys_per_call <= 65535:
             raise Error(Status.INVALID_ARGUMENT, f"max_keys_per_call {max_keys_per_call} (want 1..65535)")
         if socket is None:
             socket = os.environ.get("TENSORCAST_SOCKET") or DEFAULT_SOCKET
         self.socket: str = socket
-        self._args = (name, connect_timeout, call_timeout, max_frame, lane, policy_version)
+        self._args = (name, connect_timeout, call_timeout, max_frame, lane, policy_version, reconnect)
+        self._reconnect = reconnect
         # _cv guards _conn, _active and _closing: close waits for the calls
         # in flight to leave the library before it frees the connection.
         self._cv = threading.Condition()
@@ -390,7 +392,7 @@ class Client(StoreCalls):
         self._dial()
 
     def _dial(self) -> None:
-        name, connect_timeout, call_timeout, max_frame, lane, policy_version = self._args
+        name, connect_timeout, call_timeout, max_frame, lane, policy_version, reconnect = self._args
         o = _lib.Options(
             self.socket.encode(),
             name.encode() if name is not None else None,
@@ -399,6 +401,7 @@ class Client(StoreCalls):
             max_frame,
             lane.encode() if lane is not None else None,
             policy_version,
+            1 if reconnect else 0,
         )
         conn = ctypes.c_void_p()
         rc = lib.tc_connect(ctypes.byref(o), ctypes.byref(conn))
@@ -485,6 +488,28 @@ class Client(StoreCalls):
                     raise Error(rc, "open the store's queue", ctypes.get_errno())
                 self._kv_ptr = out.value
             return self._kv_ptr  # type: ignore[return-value]
+
+    def _kv_closed(self, kv: int) -> None:
+        """The store's queue kv ended (Status.CLOSED) and the client
+        reconnects: the next store call opens a new one on the connection,
+        which dials again. kv itself stays allocated until close (tc_close
+        frees it), as another thread may still be inside it."""
+        if self._reconnect:
+            with self._kv_lock:
+                if self._kv_ptr == kv:
+                    self._kv_ptr = None
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection was made again by itself after
+        the daemon restarted (reconnect=True). Each time, what it held in
+        the daemon (buffers, queues, pins, reservations, exports) was
+        dropped there; the pool mapping stayed."""
+        conn = self._enter()
+        try:
+            return int(lib.tc_reconnects(conn))
+        finally:
+            self._leave()
 
     def _copts(self, opts: Optional["CallOptions"]) -> Any:
         return _copts(opts)
@@ -772,14 +797,21 @@ class Client(StoreCalls):
     # -- peers ---------------------------------------------------------------
 
     def export_segment(self, name: str, segment: int, offset: int = 0, length: int = 0,
-                       rights: Rights = Rights.READ | Rights.WRITE, opts: Optional[CallOptions] = None) -> int:
+                       rights: Rights = Rights.READ | Rights.WRITE, opts: Optional[CallOptions] = None,
+                       grants: Sequence[str] = ()) -> int:
         """Makes [offset, offset+length) of segment (a buffer of this
         client, length 0 = to its end, or pool blocks it holds) reachable by
-        peer daemons as name: the exported size."""
+        peer daemons as name: the exported size. The clients of this
+        client's tenant on peer daemons open it as "daemon/name"; those of
+        the tenants in grants (at most 16, never this client's own) as
+        "daemon/tenant/name", tenant being this client's. The export and
+        its grants end with unexport_segment or the connection."""
         size = ctypes.c_uint64()
         co = _copts(opts)
-        self._call(f"export {name}", lib.tc_segment_export, name.encode(), segment, offset, length, int(rights),
-                   ctypes.byref(size), _ref(co))
+        gs = [g.encode() for g in grants]
+        arr = (ctypes.c_char_p * max(len(gs), 1))(*gs)
+        self._call(f"export {name}", lib.tc_segment_export_to, name.encode(), arr, len(gs), segment, offset, length,
+                   int(rights), ctypes.byref(size), _ref(co))
         return size.value
 
     def unexport_segment(self, name: str, opts: Optional[CallOptions] = None) -> None:
@@ -825,5 +857,10 @@ def connect(socket: Optional[str] = None, name: Optional[str] = None, **kwargs: 
     """Connects to tensorcastd at socket (default: $TENSORCAST_SOCKET, then
     the daemon's default path). The client is a context manager.
     Keyword arguments: connect_timeout, call_timeout (seconds), max_frame,
-    lane, policy_version, max_keys_per_call (most keys of one store call)."""
+    lane, policy_version, max_keys_per_call (most keys of one store call),
+    reconnect (after the daemon restarted, the next call connects again by
+    itself and keeps the pool mapping when the daemon kept its pool; a
+    call in flight then fails with Status.CLOSED and is not retried; a
+    daemon with another pool is refused, Status.CLOSED for good; buffers
+    and queues of before are gone in the daemon)."""
     return Client(socket, name, **kwargs)

@@ -234,11 +234,23 @@ def _ms(seconds: Optional[float]) -> int:
     return min(max(1, math.ceil(seconds * 1000)), (1 << 32) - 1)
 
 
-def _extents(ext: Sequence[Tuple[int, int, int]]) -> Any:
-    flat = array.array("Q")
-    for e in ext:
-        flat.extend((int(e[0]), int(e[1]), int(e[2])))
+def _extents(ext: Any) -> Any:
+    """The tc_extent array of ext: (segment, offset, length) triples, or an
+    object whose buffer holds them as native uint64s, C-contiguous (a numpy
+    array of shape (n, 3), say)."""
     n = len(ext)
+    if isinstance(ext, (list, tuple)):
+        flat = array.array("Q")
+        for e in ext:
+            flat.extend((int(e[0]), int(e[1]), int(e[2])))
+    else:
+        mv = memoryview(ext)
+        if not mv.c_contiguous or mv.itemsize != 8 or mv.format.lstrip("@=<") not in ("Q", "L") \
+                or mv.nbytes != 24 * n:
+            raise Error(Status.INVALID_ARGUMENT, f"extents: a buffer of format {mv.format!r}, {mv.nbytes} bytes, "
+                        f"for {n} extents of three uint64s")
+        flat = array.array("Q")
+        flat.frombytes(mv.cast("B"))
     return (_lib.Extent * n).from_buffer(flat) if n else None, flat
 
 
@@ -396,10 +408,17 @@ class StoreCalls:
 
     # -- running calls -----------------------------------------------------
 
+    def _kv_closed(self, kv: int) -> None:
+        raise NotImplementedError
+
     def _run_kv(self, what: str, fn: Any, *args: Any) -> int:
         conn = self._enter()
         try:
-            return int(fn(self._kv(conn), *args))
+            kv = self._kv(conn)
+            rc = int(fn(kv, *args))
+            if rc == Status.CLOSED:
+                self._kv_closed(kv)
+            return rc
         finally:
             self._leave()
 
@@ -696,7 +715,8 @@ class StoreCalls:
                   opts: Optional["CallOptions"] = None) -> List[Status]:
         """Stores each key with a copy of the bytes extents[i] names
         (segment, offset, length: a buffer of this client or pool blocks it
-        holds), copied by the daemon, on the control socket."""
+        holds), copied by the daemon, on the control socket. extents may
+        also be an (n, 3) array of native uint64s (numpy's, say)."""
         n = len(keys)
         if len(extents) != n:
             raise Error(Status.INVALID_ARGUMENT, f"store_put: {len(extents)} extents for {n} keys")

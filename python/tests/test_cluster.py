@@ -12,6 +12,7 @@ import unittest
 import tensorcast
 from tensorcast import Status
 
+from . import vllm_standins
 from .daemon import Daemon
 from .test_core import pattern
 
@@ -78,3 +79,34 @@ class TestCluster(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+    def test_vllm_lookup_fetches_a_block_from_the_other_host(self) -> None:
+        # vLLM's newest scheduler order against the reader's daemon: a block
+        # stored only on the other host is RETRY while the manager's fetcher
+        # brings it here, then HIT, and loads byte-exact.
+        tv = vllm_standins.load(None)  # type: ignore[arg-type]
+        self.addCleanup(vllm_standins.unload, None)
+        size = 64 << 10
+        m = tv.TensorcastOffloadingManager(size, socket=self.d2.socket, retry_interval=0)
+        self.addCleanup(m.close)
+        key, req = b"\x01" * 32 + (0).to_bytes(4, "big"), None
+        sk = m.store_key(key)
+        val = pattern(size, 77)
+        self.assertEqual(self.c1.put([sk], [val]), [OK])
+        self.eventually(lambda: self.c2.exists([sk]) == [True], "d2 finding d1's block")
+        info = self.c2.stat(sk)
+        self.assertEqual((info.in_l1, info.in_l2), (False, False))  # on the other host only
+        m.on_new_request(req)
+        self.assertIs(m.lookup(key, req), tv.LookupResult.RETRY)
+        self.assertTrue(m.has_pending_work())
+        self.eventually(lambda: not m.has_pending_work(), "the fetch from d1")
+        self.assertTrue(self.c2.stat(sk).in_l1)
+        self.assertIs(m.lookup(key, req), tv.LookupResult.HIT)
+        load = m.prepare_load([key], req)
+        self.assertEqual(load.ok, [True])
+        c = m._link.client()
+        assert c is not None
+        self.assertEqual(bytes(load.views(c)[0]), val)
+        m.complete_load([key], req)
+        m.on_request_finished(req)
+        self.assertEqual(self.c2.stat(sk).pins, 0)

@@ -136,13 +136,14 @@ class FdStoreSystemd:
 
 class TestRestartKeepsL1(unittest.TestCase):
     def test_values_and_mappings_survive_sigterm_and_sigkill(self) -> None:
-        """The Python client and the C client (tc_compat restart) each keep
-        the mapping they made before the first restart."""
+        """The Python client and the C client (tc_compat restart), both
+        with reconnect, go on with the connection and the mapping they made
+        before the first restart: they connect again by themselves."""
         sd = FdStoreSystemd("--store-l2-path", "off")
         self.addCleanup(sd.close)
         sd.start()
         self.assertEqual(sorted(n for n, _ in sd.stored), ["l1journal-default", "pool-default"])
-        c = tensorcast.connect(sd.socket, "restart")
+        c = tensorcast.connect(sd.socket, "restart", reconnect=True)
         self.addCleanup(c.close)
         old = c.pool  # the mapping made before any restart
 
@@ -173,14 +174,22 @@ class TestRestartKeepsL1(unittest.TestCase):
         assert cproc.stdin is not None and cproc.stdout is not None
         self.assertEqual(json.loads(cproc.stdout.readline()), {"client": "c", "ok": True, "put": 300})
 
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        for rounds, sig in enumerate((signal.SIGTERM, signal.SIGKILL)):
             rc = sd.signal(sig)
             if sig == signal.SIGTERM:
                 self.assertEqual(rc, 0, sd.log_tail())
             sd.start()
             self.assertIn("L1 values kept across the restart", sd.log_tail())
-            c.reconnect()
-            self.assertEqual(c.pool.identity, old.identity, "a new pool after the restart")
+            # The client connects again by itself: a call on the socket
+            # made after the restart succeeds; the store's queue belonged
+            # to the old connection, so its first call fails (CLOSED) and
+            # the next one runs on a new queue.
+            c.ping(b"after")
+            self.assertEqual(c.reconnects, rounds + 1)
+            self.assertIs(c.pool, old)
+            with self.assertRaises(tensorcast.Error) as cm:
+                c.exists(keys[:1])
+            self.assertEqual(cm.exception.code, Status.CLOSED)
             locs = c.get_locations(keys)
             self.assertEqual(list(locs.codes), [OK] * len(keys), sd.log_tail())
             for i, v in enumerate(vals):
@@ -196,7 +205,8 @@ class TestRestartKeepsL1(unittest.TestCase):
             cproc.stdin.write("check\n")
             cproc.stdin.flush()
             self.assertEqual(json.loads(cproc.stdout.readline()),
-                             {"client": "c", "ok": True, "same_pool": True, "in_old_mapping": 300, "read_back": 300},
+                             {"client": "c", "ok": True, "reconnects": rounds + 1, "same_pool": True,
+                              "stale_released": True, "in_old_mapping": 300, "in_place": 300, "read_back": 300},
                              f"the C client after {sig!r}")
         sd.signal(signal.SIGTERM)
 

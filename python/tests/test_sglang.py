@@ -99,6 +99,21 @@ class SGLangCase(unittest.TestCase):
                 self.fail(f"page {i} differs after the round trip (slot {s})")
 
 
+if torch is not None:
+    class SwappedHostPool(HostPool):
+        """An MHA pool in page_first layout whose pages named in swap (by
+        page number) lie in each other's place."""
+
+        def __init__(self, swap: Optional[dict] = None, **kw: Any) -> None:
+            super().__init__("mha", "page_first", **kw)
+            self.swap = {2: 3, 3: 2} if swap is None else swap
+
+        def _page(self, index: int) -> "torch.Tensor":
+            ps = self.page_size
+            q = self.swap.get(index // ps, index // ps)
+            return super()._page(q * ps + index % ps)
+
+
 class TestControllerSequence(SGLangCase):
     """The controller's backup and prefetch, every layout, MHA and MLA,
     both interfaces, copied and direct."""
@@ -130,6 +145,7 @@ class TestControllerSequence(SGLangCase):
                 self.assertTrue(os.readlink(f"/proc/self/fd/{alloc.regions[0].fd}").startswith("/memfd:"))
                 b = self.backend(pool, config(is_mla_model=kind == "mla"))
                 self.assertTrue(b.direct)
+                self.assertIsNotNone(b._pools["kv"].affine)  # addresses from the layout, not page by page
                 # Every page moves by the daemon's copy between the store and
                 # the host pool's own memory: this process copies nothing.
                 with mock.patch.object(tensorcast.Client, "put_addresses", side_effect=AssertionError("a copy")), \
@@ -138,6 +154,35 @@ class TestControllerSequence(SGLangCase):
                 self.assertEqual(b.counters["pages_direct"], 2 * PAGES)
                 self.assertEqual(b.counters["pages_copied"], 0)
                 b.clear()
+
+    def test_direct_mode_asks_a_pool_not_laid_out_as_a_tensor(self) -> None:
+        # A pool whose pages 2 and 3 trade places: its meta is no affine
+        # layout, so every call asks it for each page's buffers.
+        alloc = sglang.HostAllocator()
+        pool = SwappedHostPool(pages=2 * PAGES, allocator=alloc)
+        b = self.backend(pool)
+        self.assertTrue(b.direct)
+        self.assertIsNone(b._pools["kv"].affine)
+        self.round_trip(self.controller(b, pool, True), pool, 7)
+        self.assertEqual(b.counters["pages_direct"], 2 * PAGES)
+        b.clear()
+
+    def test_direct_mode_notices_pages_moved_after_registration(self) -> None:
+        alloc = sglang.HostAllocator()
+        pool = SwappedHostPool(pages=2 * PAGES, allocator=alloc, swap={})
+        lg = logging.getLogger("test.sglang.moved")
+        b = sglang.TensorcastStore(config(), {"socket": self.daemon.socket}, logger=lg)
+        self.addCleanup(b.close)
+        b.register_mem_pool_host(pool)
+        self.assertIsNotNone(b._pools["kv"].affine)
+        pool.swap = {0: 5, 5: 0}  # the first page of the first backup moved
+        with self.assertLogs(lg, logging.WARNING) as logs:
+            self.round_trip(self.controller(b, pool, True), pool, 8)
+        self.assertIsNone(b._pools["kv"].affine)
+        self.assertEqual(len(logs.records), 1, logs.output)
+        self.assertIn("asked of the pool from now on", logs.output[0])
+        self.assertEqual(b.counters["pages_direct"], 2 * PAGES)
+        b.clear()
 
     def daemon_maps_unsealed_memfds(self) -> bool:
         """Whether this daemon registers a memfd its owner could still

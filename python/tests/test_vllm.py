@@ -11,6 +11,7 @@ import hashlib
 import logging
 import mmap
 import os
+import time
 import unittest
 from types import ModuleType, SimpleNamespace as NS
 from typing import Any, List, Optional, Tuple
@@ -44,7 +45,7 @@ def hashes(n: int, seed: int) -> List[bytes]:
 
 
 def configs(socket: str, *, world: int = 1, rank: int = 0, block_tokens: int = 32, dtype: Any = None,
-            model: str = "test/model") -> Tuple[Any, Any]:
+            model: str = "test/model", durable: bool = False, mla: bool = False) -> Tuple[Any, Any]:
     """Stand-ins of vLLM's VllmConfig and KVCacheConfig for a model of
     LAYERS layers, HEADS KV heads per rank of HEAD_DIM, in GPU blocks of
     GPU_TOKENS tokens."""
@@ -52,9 +53,9 @@ def configs(socket: str, *, world: int = 1, rank: int = 0, block_tokens: int = 3
     esize = torch.empty((), dtype=dtype).element_size()
     page = 2 * GPU_TOKENS * HEADS * HEAD_DIM * esize  # one layer's K and V of one GPU block
     extra = {"spec_name": "TensorcastOffloadingSpec", "spec_module_path": MODULE, "socket": socket,
-             "block_size": block_tokens, "retry_interval": 0}
+             "block_size": block_tokens, "retry_interval": 0, "durable": durable}
     vllm_config = NS(
-        model_config=NS(model=model, revision=None, dtype=dtype, use_mla=False,
+        model_config=NS(model=model, revision=None, dtype=dtype, use_mla=mla,
                         get_num_layers=lambda pc: LAYERS, get_num_kv_heads=lambda pc: HEADS,
                         get_head_size=lambda: HEAD_DIM),
         cache_config=NS(block_size=GPU_TOKENS, cache_dtype="auto", prefix_caching_hash_algo="sha256"),
@@ -84,6 +85,16 @@ def blocks(caches: dict, ids: List[int]) -> List[bytes]:
             for i in ids]
 
 
+def eventually(tc: unittest.TestCase, cond: Any, what: str, timeout: float = 10.0) -> None:
+    """Waits until cond() holds (the daemon's background work), failing tc
+    after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            tc.fail(f"not within {timeout:g} s: {what}")
+        time.sleep(0.005)
+
+
 def quiet_logger(name: str) -> logging.Logger:
     lg = logging.getLogger(name)
     lg.propagate = False
@@ -107,13 +118,13 @@ def canonical(caches: dict) -> Any:
 
 
 def offloading_config(socket: str, *, world: int = 1, rank: int = 0, block_tokens: int = 32, dtype: Any = None,
-                      model: str = "test/model") -> Any:
+                      model: str = "test/model", durable: bool = False, mla: bool = False) -> Any:
     """vLLM's OffloadingConfig (0.26 on) of the same engine as configs()."""
     import importlib
 
     cfg = importlib.import_module("vllm.v1.kv_offload.config")
     vllm_config, kv_cache_config = configs(socket, world=world, rank=rank, block_tokens=block_tokens, dtype=dtype,
-                                           model=model)
+                                           model=model, durable=durable, mla=mla)
     page = kv_cache_config.kv_cache_groups[0].kv_cache_spec.page_size_bytes
     return cfg.OffloadingConfig(
         groups=(cfg.OffloadingGroupConfig(GPU_TOKENS, tuple(f"layer.{i}" for i in range(LAYERS))),),
@@ -121,7 +132,7 @@ def offloading_config(socket: str, *, world: int = 1, rank: int = 0, block_token
         extra_config=vllm_config.kv_transfer_config.kv_connector_extra_config, engine_id="engine-0",
         model=cfg.OffloadingModelConfig(model, str(dtype or torch.float16).replace("torch.", "")),
         cache=cfg.OffloadingCacheConfig(tokens_per_hash=GPU_TOKENS, blocks_per_chunk=block_tokens // GPU_TOKENS),
-        parallel=cfg.OffloadingParallelConfig(rank, world, world, 1, 1, 1, 0, False))
+        parallel=cfg.OffloadingParallelConfig(rank, world, world, 1, 1, 1, 0, False), replicated_layout=mla)
 
 
 class Engine:
@@ -129,14 +140,15 @@ class Engine:
     each with its spec, KV caches and offloading worker, built as the
     generation's vLLM builds them (without vLLM: the spec directly)."""
 
-    def __init__(self, tv: ModuleType, gen: Optional[str], socket: str, world: int = 2, **kw: Any) -> None:
+    def __init__(self, tv: ModuleType, gen: Optional[str], socket: str, world: int = 2, seeds: Any = None,
+                 **kw: Any) -> None:
         self.tv = tv
         self.spec = self.create(gen, socket, world, 0, **kw)
         self.manager = self.spec.get_manager()
         self.caches, self.workers, self.specs = [], [], []
         for r in range(world):
             s = self.create(gen, socket, world, r, **kw)
-            caches = kv_caches(r, kw.get("dtype"))
+            caches = kv_caches(seeds[r] if seeds else r, kw.get("dtype"))
             if gen in ("blocks", "keys"):  # handlers registered with vLLM's worker, by medium
                 import importlib
 
@@ -372,6 +384,84 @@ class _Generation:
         self.assertIn("1 GPU blocks for 2 offloaded blocks", logs.output[0])
         self.with_req(m.complete_load, keys, req)
 
+    def test_block_on_l2_only_is_fetched_before_it_is_a_hit(self) -> None:
+        # Stored durably, then the daemon restarted: both blocks on L2 only.
+        d = Daemon(["--store-l2-size", "64MiB"]).start()
+        self.addCleanup(d.close)
+        e = Engine(self.tv, self.GEN, d.socket, world=1, durable=True)
+        self.addCleanup(e.close)
+        m, req = e.manager, self.req("r8")
+        keys = self.keys(2, 8)
+        if self.tv.GENERATION != "blocks":
+            m.on_new_request(req)
+        _, spec = self.prepare_store(m, keys, req)
+        self.assertEqual(e.transfer(1, (self.gpu([0, 1, 2, 3]), spec)), [True])
+        self.complete_store(m, keys, req)  # durable: on L2 once complete
+        self.assertEqual(d.stop(), 0)
+        d.start()
+        peek = tensorcast.connect(d.socket, "peek")
+        self.addCleanup(peek.close)
+        sks = [m.store_key(k) for k in keys]
+        self.assertEqual([(peek.stat(k).in_l1, peek.stat(k).in_l2) for k in sks], [(False, True)] * 2)
+        if self.tv.GENERATION == "blocks":
+            m.lookup(keys)  # the old connection's failure: the manager dials the new daemon
+            self.assertEqual(m.lookup(keys), 2)  # found; the load's get waits for L2
+        else:
+            self.state(m, keys[0], req)  # the old connection's failure: the manager dials the new daemon
+            # The scheduler's scan: every block's fetch starts in the same
+            # step, and it asks again while the manager has work pending.
+            waiting = "retry" if self.tv.GENERATION == "results" else "pending"
+            self.assertEqual([self.state(m, k, req) for k in keys], [waiting, waiting])
+            self.assertTrue(m.has_pending_work())
+            eventually(self, lambda: not m.has_pending_work(), "the fetches from L2")
+            self.assertEqual([(peek.stat(k).in_l1, peek.stat(k).pins) for k in sks], [(True, 0)] * 2)
+            self.assertEqual([self.state(m, k, req) for k in keys], ["hit", "hit"])
+        load = self.with_req(m.prepare_load, keys, req)
+        self.assertEqual(load.ok, [True, True])
+        c = e.caches[0]
+        for t in c.values():
+            t[:, 8:12].zero_()
+        self.assertEqual(e.transfer(2, (load, self.gpu([8, 9, 10, 11]))), [True])
+        self.assertEqual(blocks(c, [8, 9, 10, 11]), blocks(c, [0, 1, 2, 3]))
+        self.with_req(m.complete_load, keys, req)
+        if self.tv.GENERATION != "blocks":
+            m.on_request_finished(req)
+        self.assertEqual([peek.stat(k).pins for k in sks], [0, 0])
+
+    def test_mla_one_copy_written_by_rank_0(self) -> None:
+        if self.tv.GENERATION == "blocks":  # built from the model alone: MLA's bytes per block are not known
+            with self.assertRaisesRegex(ValueError, "MLA model needs the KV cache config"):
+                Engine(self.tv, self.GEN, self.daemon.socket, world=2, mla=True)
+            return
+        # Every rank holds the same latent KV; rank 1's tensors differ here
+        # only so that a copy it made would show.
+        e = Engine(self.tv, self.GEN, self.daemon.socket, world=2, mla=True, seeds=[10, 11])
+        self.addCleanup(e.close)
+        rank_bytes = 2 * LAYERS * 2 * GPU_TOKENS * HEADS * HEAD_DIM * 2
+        self.assertTrue(e.spec.block.replicated)
+        self.assertEqual(e.manager.block_size, rank_bytes)  # one copy, not one per rank
+        mha = Engine(self.tv, self.GEN, self.daemon.socket, world=2)
+        self.addCleanup(mha.close)
+        self.assertNotEqual(e.spec.block.fingerprint, mha.spec.block.fingerprint)
+        m, req = e.manager, self.req("r9")
+        keys = self.keys(2, 9)
+        m.on_new_request(req)
+        _, spec = self.prepare_store(m, keys, req)
+        self.assertEqual(spec.lengths, [rank_bytes] * 2)
+        self.assertEqual(e.transfer(1, (self.gpu([0, 1, 2, 3]), spec)), [True, True])
+        self.complete_store(m, keys, req)
+        load = self.with_req(m.prepare_load, keys, req)
+        # Both ranks load rank 0's copy (had rank 1 written its own, rank
+        # 1 would get its own blocks back).
+        for caches in e.caches:
+            for t in caches.values():
+                t[:, 8:12].zero_()
+        self.assertEqual(e.transfer(2, (load, self.gpu([8, 9, 10, 11]))), [True, True])
+        for caches in e.caches:
+            self.assertEqual(blocks(caches, [8, 9, 10, 11]), blocks(e.caches[0], [0, 1, 2, 3]))
+        self.with_req(m.complete_load, keys, req)
+        m.on_request_finished(req)
+
     def test_another_layout_is_a_miss(self) -> None:
         e = Engine(self.tv, self.GEN, self.daemon.socket, world=1)
         self.addCleanup(e.close)
@@ -502,8 +592,13 @@ class TestWithoutVLLM(_Generation, unittest.TestCase):
             l2[at + 10] ^= 0xFF
         d.start()
         self.state(m, keys[0], req)  # the old connection's failure: the manager dials the new daemon
-        # Both indexed from L2: hits until the corrupt one is read.
-        self.assertEqual([self.state(m, k, req) for k in keys], ["hit", "hit"])
+        # Both indexed from L2: fetched first, and the corrupt one is
+        # dropped when its fetch reads it.
+        self.assertEqual([self.state(m, k, req) for k in keys], ["retry", "retry"])
+        eventually(self, lambda: not m.has_pending_work(), "the fetches from L2")
+        self.assertEqual([self.state(m, k, req) for k in keys], ["miss", "hit"])
+        # A scheduler that loads without asking again: the corrupt block is
+        # missing from the load, which fails; no byte reaches the engine.
         for t in caches.values():
             t[:, 8:12].zero_()
         load = m.prepare_load(keys, req)

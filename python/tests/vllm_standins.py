@@ -310,7 +310,7 @@ class OffloadingSpec(ABC):
 '''
 
 _CONFIG = '''
-from dataclasses import make_dataclass
+from dataclasses import field, make_dataclass
 
 
 def _frozen(name, *fields):
@@ -322,8 +322,9 @@ OffloadingModelConfig = _frozen("OffloadingModelConfig", "name", "dtype")
 OffloadingCacheConfig = _frozen("OffloadingCacheConfig", "tokens_per_hash", "blocks_per_chunk")
 OffloadingParallelConfig = _frozen("OffloadingParallelConfig", "rank", "world_size", "tp_size", "pp_size",
                                    "pcp_size", "dcp_size", "data_parallel_index", "is_parallelism_agnostic")
-OffloadingConfig = _frozen("OffloadingConfig", "groups", "worker_kv_bytes_per_block", "enable_kv_cache_events",
-                           "extra_config", "engine_id", "model", "cache", "parallel")
+OffloadingConfig = make_dataclass("OffloadingConfig", [
+    "groups", "worker_kv_bytes_per_block", "enable_kv_cache_events", "extra_config", "engine_id", "model", "cache",
+    "parallel", ("replicated_layout", bool, field(default=False))], frozen=True)
 '''
 
 _MEDIUMS = '''

@@ -18,7 +18,7 @@
 //     (lifecycle.go);
 //   - one registration per export a peer resolved, with the export's rights
 //     as its remote access, revoked when the export ends (exports.go);
-//   - the transport pinned per remote segment (pins.go);
+//   - the transport set per remote segment, kept on the segment (pins.go);
 //   - what tcctl rdma and tcctl stats report (info.go, stats.go);
 //   - the peer-channel exchanges these need: queue-pair connection data
 //     (rdma.ExchangeKind), segment resolution, revocation and

@@ -3,6 +3,7 @@ package link
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,9 +35,10 @@ type exportRegs struct {
 }
 
 type exportReg struct {
-	name  string
-	reg   *rdma.Region
-	peers map[string]struct{} // peers that were given the keys
+	name   string
+	tenant string // the exporter's, in its wire form ("" for the default)
+	reg    *rdma.Region
+	peers  map[string]struct{} // peers that were given the keys
 }
 
 // accessOf maps an export's granted rights to the remote access of its
@@ -111,7 +113,7 @@ func (p *Links) serveExport(from string, x *peer.Export) ([]byte, error) {
 			_ = p.dev.Deregister(reg)
 			return nil, fmt.Errorf("%w: %q is being unexported", tcp.ErrNotFound, name)
 		}
-		r = &exportReg{name: name, reg: reg, peers: map[string]struct{}{}}
+		r = &exportReg{name: name, tenant: peer.WireTenant(x.Tenant()), reg: reg, peers: map[string]struct{}{}}
 		e.m[x] = r
 		p.log.Info("export registered for rdma", "name", name, "bytes", len(b), "access", accessOf(rights).String(),
 			"took", time.Since(start).Round(time.Microsecond).String())
@@ -135,14 +137,21 @@ func (p *Links) exportEnded(x *peer.Export) {
 		return
 	}
 	name := r.name
+	which := []byte(r.tenant + "/" + name)
 	var wg sync.WaitGroup
 	for peer := range r.peers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := p.node.Exchange(peer, revokeExchange, []byte(name), revokeWait); err != nil {
+			_, err := p.node.Exchange(peer, revokeTenantExchange, which, revokeWait)
+			if errors.Is(err, tcp.ErrNoHandler) {
+				// A daemon before per-tenant revocation: it drops every
+				// export of this name (more than it must, never less).
+				_, err = p.node.Exchange(peer, revokeExchange, []byte(name), revokeWait)
+			}
+			if err != nil {
 				p.log.Warn("peer did not confirm dropping an export's rdma keys; revoking them anyway",
-					"peer", peer, "name", name, "err", err)
+					"peer", peer, "name", name, "tenant", logTenant(r.tenant), "err", err)
 			}
 		}()
 	}
@@ -152,18 +161,45 @@ func (p *Links) exportEnded(x *peer.Export) {
 		return
 	}
 	p.stats.revoked.Add(1)
-	p.log.Info("export's rdma registration revoked", "name", name, "peers", len(r.peers))
+	p.log.Info("export's rdma registration revoked", "name", name, "tenant", logTenant(r.tenant), "peers", len(r.peers))
 }
 
-// serveRevoke is a peer's word that its export named in req ended: the
-// link to that peer stops using the export's keys.
+// serveRevoke is the word of a peer before per-tenant revocation that its
+// export named in req ended: the link to that peer stops using the keys
+// of every export of that name, whatever its tenant.
 func (p *Links) serveRevoke(from string, _ uint64, req []byte) ([]byte, error) {
+	p.dropRevoked(from, "", string(req), true)
+	return nil, nil
+}
+
+// serveRevokeTenant is a peer's word that its export req names
+// ("tenant/name", tenant in its wire form) ended: the link to that peer
+// stops using that export's keys; another tenant's export of the same name
+// keeps its own.
+func (p *Links) serveRevokeTenant(from string, _ uint64, req []byte) ([]byte, error) {
+	tenant, name, ok := strings.Cut(string(req), "/")
+	if !ok || name == "" {
+		return nil, fmt.Errorf("%w: a revocation %q is not tenant/name", xfer.ErrInvalid, req)
+	}
+	p.dropRevoked(from, tenant, name, false)
+	return nil, nil
+}
+
+func (p *Links) dropRevoked(from, tenant, name string, anyTenant bool) {
 	if l := (*p.links.Load())[from]; l != nil {
-		if n := l.dropSegments(string(req)); n > 0 {
-			p.log.Info("peer revoked an export's rdma keys", "peer", from, "name", string(req), "segments", n)
+		if n := l.dropSegments(tenant, name, anyTenant); n > 0 {
+			p.log.Info("peer revoked an export's rdma keys", "peer", from, "name", name,
+				"tenant", logTenant(tenant), "segments", n)
 		}
 	}
-	return nil, nil
+}
+
+// logTenant names a tenant in its wire form for a log line.
+func logTenant(wireTenant string) string {
+	if wireTenant == "" {
+		return peer.DefaultTenant
+	}
+	return wireTenant
 }
 
 // closeAll releases every export's registration (the links are closing; the
@@ -180,18 +216,27 @@ func (e *exportRegs) closeAll(p *Links) {
 }
 
 // dropSegments takes the link's keys back from its resolved segments
-// exported as name: their requests go to tcp from now on. It returns how
-// many it dropped.
-func (l *rdmaLink) dropSegments(name string) int {
+// exported as name by tenant (wire form; anyTenant: by any tenant): their
+// requests go to tcp from now on. It returns how many it dropped.
+func (l *rdmaLink) dropSegments(tenant, name string, anyTenant bool) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
 	for r, k := range l.segs {
-		if r.Name() == name {
+		if r.Name() == name && (anyTenant || exporterOf(r.Access()) == tenant) {
 			r.Regs().Drop(xfer.SlotRDMA, k)
 			delete(l.segs, r)
 			n++
 		}
 	}
 	return n
+}
+
+// exporterOf is the tenant (wire form) whose export a remote segment
+// opened as a is: the one it names, else the opener's own.
+func exporterOf(a tcp.Access) string {
+	if a.Owner != "" {
+		return a.Owner
+	}
+	return a.Tenant
 }

@@ -36,7 +36,6 @@ func (p *Links) worker() {
 			return
 		case now := <-tick.C:
 			p.checkLinks()
-			p.prunePins()
 			p.regs.expire(now)
 		case j := <-p.prep:
 			j.done <- p.prepare(j.r)

@@ -110,9 +110,6 @@ const (
 // fallback sends to tcp what the rdma transport did not take, except the
 // tasks of segments opened with transport rdma, which fail.
 func (l *rdmaLink) fallback(ts []*xfer.Task) (int, error) {
-	if l.p.pins.n.Load() == 0 {
-		return l.tcp.Submit(ts)
-	}
 	done := 0
 	for done < len(ts) {
 		i := done
@@ -136,7 +133,7 @@ func (l *rdmaLink) fallback(ts []*xfer.Task) (int, error) {
 // rdmaOnly reports whether t's target was opened with transport rdma.
 func (l *rdmaLink) rdmaOnly(t *xfer.Task) bool {
 	r, ok := t.Target.(*tcp.Remote)
-	return ok && l.p.pinned(r) == wire.TransportRDMA
+	return ok && pinned(r) == wire.TransportRDMA
 }
 
 // classify picks where one task goes. The keys of both sides ride on the

@@ -18,6 +18,12 @@ import (
 // rdma.ExchangeKind (queue-pair connection data): where an export lies and
 // its keys, and the owner's word that an export's keys are revoked.
 //
+// The owner's word that an export ended names its tenant and its name
+// (revokeTenantExchange, "tenant/name" with tenant in its wire form), so
+// that a peer drops exactly the keys of that export and not those of
+// another tenant's export of the same name; daemons before it take the
+// name alone (revokeExchange) and drop every export of that name.
+//
 // A peer resolves an export by showing the capability token the owner
 // issued when it opened the export over tcp (segmentTokenExchange): the
 // owner verifies it and serves the export of the token's access, as its
@@ -28,6 +34,7 @@ const (
 	segmentExchange      = "rdma.segment"
 	segmentTokenExchange = "rdma.segment.token"
 	revokeExchange       = "rdma.revoke"
+	revokeTenantExchange = "rdma.revoke.tenant"
 )
 
 // Links is the daemon's RDMA end of the peer plane: the device, the pools'
@@ -85,7 +92,6 @@ type Links struct {
 
 	exports exportRegs
 	locals  localRegs
-	pins    pins
 	stats   rdmaStats
 	// linkDown and localMissing fail requests of rdma-only segments
 	// (pins.go).
@@ -111,6 +117,9 @@ type Config struct {
 	Open func(rdma.Config, *slog.Logger) (Device, error)
 	// Log is the RDMA side's logger (default: the peer plane's).
 	Log *slog.Logger
+	// Homes are the reactor workers that post on the links and reap their
+	// completions themselves (rdma.Config.Homes); nil: none.
+	Homes *rdma.Homes
 }
 
 // Device is the RDMA device the links run on: *rdma.Device, or a device
@@ -146,7 +155,7 @@ func New(cfg Config, pools []xfer.MemSegment, node *tcp.Node, exports *peer.Expo
 			return d, nil
 		}
 	}
-	dev, err := open(rdma.Config{Device: cfg.Device, GID: cfg.GID, QPs: cfg.QPs}, log)
+	dev, err := open(rdma.Config{Device: cfg.Device, GID: cfg.GID, QPs: cfg.QPs, Homes: cfg.Homes}, log)
 	if err != nil {
 		if cfg.Mode == "on" {
 			return nil, "", fmt.Errorf("rdma = on, rdma_device = %q, rdma_gid = %q: %v", cfg.Device, cfg.GID, err)
@@ -207,6 +216,7 @@ func newLinks(dev Device, node *tcp.Node, exports *peer.Exports, log *slog.Logge
 	_ = p.node.Handle(segmentExchange, p.serveSegmentByName)
 	_ = p.node.Handle(segmentTokenExchange, p.serveSegment)
 	_ = p.node.Handle(revokeExchange, p.serveRevoke)
+	_ = p.node.Handle(revokeTenantExchange, p.serveRevokeTenant)
 	_ = p.node.Handle(notifyExchange, p.serveNotify)
 	p.wg.Add(2)
 	go p.worker()
@@ -224,7 +234,7 @@ func (p *Links) Route(local, target xfer.Segment) xfer.Transport {
 	if !ok {
 		return nil
 	}
-	via := p.pinned(r)
+	via := pinned(r)
 	if via == wire.TransportTCP {
 		p.stats.toTCP.Add(1)
 		return nil
@@ -290,6 +300,7 @@ func (p *Links) Close() {
 	_ = p.node.Handle(segmentExchange, nil)
 	_ = p.node.Handle(segmentTokenExchange, nil)
 	_ = p.node.Handle(revokeExchange, nil)
+	_ = p.node.Handle(revokeTenantExchange, nil)
 	_ = p.node.Handle(notifyExchange, nil)
 	close(p.stop)
 	p.regs.close()

@@ -646,3 +646,84 @@ func testTenants(t *testing.T, devs *devices) {
 		t.Fatalf("a registration of the default tenant's export asked for by name: %v", err)
 	}
 }
+
+func TestFabricRevokeIsPerTenant(t *testing.T) { testRevokePerTenant(t, fabric()) }
+func TestVerbsRevokeIsPerTenant(t *testing.T) {
+	testRevokePerTenant(t, verbs(t))
+}
+
+// testRevokePerTenant: the end of an export (and with it of its grants)
+// takes the keys back from the peers' clients of every tenant it reached,
+// and only its own. d1's tenants A (granting C) and B both export "t"; d2's
+// clients of C (A's "t") and of B (B's "t") read both over rdma. A's export
+// ends: C's segment loses its keys and its reads are refused by d1, while
+// B's keeps its keys and still reads over rdma, without a byte on tcp.
+func testRevokePerTenant(t *testing.T, devs *devices) {
+	p := startPair(t, devs)
+	rng := rand.New(rand.NewPCG(8, 8))
+	const aOff, bOff = 2 * block, 3 * block
+	fill(rng, p.expMem(aOff, p.block))
+	fill(rng, p.expMem(bOff, p.block))
+	ax, err := p.d1.exports.ExportTo("t", "A", []string{"C"}, p.d1.pool, aOff, p.block, wire.RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.d1.exports.Export("t", "B", p.d1.pool, bOff, p.block, wire.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	read := func(seg xfer.SegmentID) error {
+		clear(p.wMem(p.dst, 64<<10))
+		return p.d2.do(t, xfer.Request{Op: xfer.OpRead, Local: poolID, LocalOffset: p.dst, Target: seg, Length: 64 << 10})
+	}
+	ct, cRemote := p.d2.openAs(t, "C", "d1/A/t", wire.RightRead, wire.TransportRDMA)
+	bt, bRemote := p.d2.openAs(t, "B", "d1/t", wire.RightRead, wire.TransportRDMA)
+	for _, s := range []struct {
+		seg xfer.SegmentID
+		r   *tcp.Remote
+		off uint64
+	}{{ct, cRemote, aOff}, {bt, bRemote, bOff}} {
+		if err := read(s.seg); err != nil {
+			t.Fatalf("READ of %s as %q: %v\n%s", s.r.Name(), s.r.Access().Tenant, err, p.d1.log.String())
+		}
+		if !bytes.Equal(p.wMem(p.dst, 64<<10), p.expMem(s.off, 64<<10)) {
+			t.Fatalf("READ of %s as %q returned other bytes", s.r.Name(), s.r.Access().Tenant)
+		}
+	}
+	l := p.d2.link("d1")
+	if rdma.KeysOf(cRemote) == nil || rdma.KeysOf(bRemote) == nil || l.resolved() != 2 {
+		t.Fatalf("after rdma READs: keys on C's %v, on B's %v, the link resolved %d",
+			rdma.KeysOf(cRemote) != nil, rdma.KeysOf(bRemote) != nil, l.resolved())
+	}
+
+	if !ax.End(time.Second) {
+		t.Fatal("the end of A's export found peer requests in its range")
+	}
+	if rdma.KeysOf(cRemote) != nil {
+		t.Fatalf("C's client still holds the keys of A's ended export:\n%s", p.d2.log.String())
+	}
+	if k := rdma.KeysOf(bRemote); k == nil || k.Owner() != any(l) || l.resolved() != 1 {
+		t.Fatalf("the end of A's \"t\" took the keys of B's \"t\" too (keys %v, the link resolved %d):\n%s",
+			k != nil, l.resolved(), p.d2.log.String())
+	}
+	if !strings.Contains(p.d2.log.String(), `"tenant":"A"`) && !strings.Contains(p.d2.log.String(), "tenant=A") {
+		t.Fatalf("d2 did not log whose export's keys were revoked:\n%s", p.d2.log.String())
+	}
+	// Pinned to rdma, C's segment has no keys left to read with; d1 no
+	// longer serves A's "t" to anyone.
+	if err := read(ct); err == nil || bytes.Equal(p.wMem(p.dst, 64<<10), p.expMem(aOff, 64<<10)) {
+		t.Fatalf("C's READ of A's ended export: %v, want it refused and no byte read", err)
+	}
+	if _, err := p.d2.p.OpenRemote("d1", tcp.Access{Tenant: "C", Owner: "A", Name: "t"}, wire.RightRead, wire.TransportAuto); err == nil {
+		t.Fatal("C's client opened A's ended export again")
+	}
+	before := p.d2.tcpBytes()
+	if err := read(bt); err != nil {
+		t.Fatalf("B's READ of its own export after A's ended: %v", err)
+	}
+	if !bytes.Equal(p.wMem(p.dst, 64<<10), p.expMem(bOff, 64<<10)) {
+		t.Fatal("B's READ after A's export ended returned other bytes")
+	}
+	if n := p.d2.tcpBytes() - before; n != 0 {
+		t.Fatalf("B's READ moved %d bytes over tcp after A's export ended, want every byte over rdma", n)
+	}
+}

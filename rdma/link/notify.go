@@ -82,8 +82,9 @@ type rdmaNote struct {
 	one     [1]*xfer.Task // the submission, without a slice to allocate
 }
 
-// TaskDone implements xfer.Completer. It runs twice: on the rdma poller
-// when the WRITE ends, and again when the notification's answer ends the
+// TaskDone implements xfer.Completer. It runs twice: on the WRITE's
+// reaper when it ends (the reactor worker that posted it, or the queue
+// pair's goroutine; see rdma's "Who reaps"), and again when the notification's answer ends the
 // task (on the tcp node's goroutines, or within Notify).
 func (n *rdmaNote) TaskDone(t *xfer.Task, moved uint64, err error) {
 	l := n.l

@@ -2,8 +2,6 @@ package link
 
 import (
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/tensorcast/tensorcast/peer"
@@ -17,17 +15,13 @@ import (
 // the link up and resolves the segment (or fails), and from then on its
 // requests move by RDMA or fail with UNAVAILABLE: none goes to tcp, whether
 // the link is down, its queue pairs are being rebuilt or the local buffer
-// cannot be registered. TransportAuto segments are not recorded here.
+// cannot be registered. The choice rides on the segment itself
+// (tcp.Remote.Transport): routing reads it with one atomic load, no map,
+// and nothing of it outlives the segment.
 
 // pinWait bounds how long OpenRemote with TransportRDMA waits for the link
 // and the segment's registration.
 const pinWait = 20 * time.Second
-
-// pins are the remote segments opened with a transport other than auto.
-type pins struct {
-	m sync.Map     // *tcp.Remote → uint8 (wire.TransportTCP or TransportRDMA)
-	n atomic.Int64 // entries in m: routing skips the lookup while 0
-}
 
 // pinJob asks the worker to make r usable over RDMA now.
 type pinJob struct {
@@ -35,7 +29,7 @@ type pinJob struct {
 	done chan error
 }
 
-// pin records how r's requests travel; with TransportRDMA it first has the
+// Pin records on r how its requests travel (tcp.Remote.SetTransport); with TransportRDMA it first has the
 // worker connect the link and resolve r, failing when it cannot.
 func (p *Links) Pin(r *tcp.Remote, via uint8) error {
 	if via == wire.TransportRDMA {
@@ -58,9 +52,7 @@ func (p *Links) Pin(r *tcp.Remote, via uint8) error {
 			return fmt.Errorf("%w: no rdma link to %s within %v", xfer.ErrTimeout, r.Peer(), pinWait)
 		}
 	}
-	if _, loaded := p.pins.m.LoadOrStore(r, via); !loaded {
-		p.pins.n.Add(1)
-	}
+	r.SetTransport(via)
 	return nil
 }
 
@@ -79,30 +71,8 @@ func (p *Links) prepare(r *tcp.Remote) error {
 }
 
 // pinned is how r's requests travel (wire.TransportAuto when not
-// pinned). It does not allocate.
-func (p *Links) pinned(r *tcp.Remote) uint8 {
-	if p.pins.n.Load() == 0 {
-		return wire.TransportAuto
-	}
-	if v, ok := p.pins.m.Load(r); ok {
-		return v.(uint8)
-	}
-	return wire.TransportAuto
-}
-
-// prunePins forgets the pins of closed remote segments (the worker's tick).
-func (p *Links) prunePins() {
-	if p.pins.n.Load() == 0 {
-		return
-	}
-	p.pins.m.Range(func(k, _ any) bool {
-		if r := k.(*tcp.Remote); closedRemote(r) {
-			p.pins.m.Delete(r)
-			p.pins.n.Add(-1)
-		}
-		return true
-	})
-}
+// pinned): what Pin recorded on r itself, read with one atomic load.
+func pinned(r *tcp.Remote) uint8 { return r.Transport() }
 
 // errRDMAOnly is why a request to a segment opened with TransportRDMA
 // failed instead of going to tcp.

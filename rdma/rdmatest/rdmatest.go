@@ -189,8 +189,8 @@ func (d *Device) Deregister(r *rdma.Region) error {
 	return err
 }
 
-// NewTransport makes Config.QPs queue pairs on one completion queue, as
-// rdma.Device.NewTransport does.
+// NewTransport makes Config.QPs queue pairs, each on its own completion
+// queue, as rdma.Device.NewTransport does.
 func (d *Device) NewTransport() (*rdma.Transport, error) {
 	f := d.f
 	f.mu.Lock()
@@ -199,13 +199,14 @@ func (d *Device) NewTransport() (*rdma.Transport, error) {
 		return nil, rdma.ErrNoDevice
 	}
 	d.transports++
-	cq := &completionQueue{f: f, event: make(chan struct{}, 1), woken: make(chan struct{}, 1)}
 	qps := make([]rdma.QueuePair, d.cfg.QPs)
+	cqs := make([]rdma.CompletionQueue, d.cfg.QPs)
 	for i := range qps {
 		f.nextQPN++
+		cq := &completionQueue{f: f, event: make(chan struct{}, 1), woken: make(chan struct{}, 1)}
 		q := &queuePair{d: d, cq: cq, num: f.nextQPN, buf: make([]rdma.WorkRequest, d.cfg.SendDepth)}
 		d.qps[q] = struct{}{}
-		qps[i] = q
+		qps[i], cqs[i] = q, cq
 	}
 	f.mu.Unlock()
 	release := func() {
@@ -213,7 +214,7 @@ func (d *Device) NewTransport() (*rdma.Transport, error) {
 		d.transports--
 		f.mu.Unlock()
 	}
-	t, err := rdma.NewTransport(d.cfg, d.log, d.addr, cq, qps, release)
+	t, err := rdma.NewTransport(d.cfg, d.log, d.addr, cqs, qps, release)
 	if err != nil {
 		release()
 		return nil, err

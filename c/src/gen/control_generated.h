@@ -4373,7 +4373,8 @@ struct SegmentInfo FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
     VT_SIZE = 10,
     VT_RIGHTS = 12,
     VT_EPOCH = 14,
-    VT_TRANSPORT = 16
+    VT_TRANSPORT = 16,
+    VT_GRANTS = 18
   };
   const flatbuffers::String *name() const {
     return GetPointer<const flatbuffers::String *>(VT_NAME);
@@ -4396,6 +4397,9 @@ struct SegmentInfo FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   tcproto::Transport transport() const {
     return static_cast<tcproto::Transport>(GetField<uint8_t>(VT_TRANSPORT, 0));
   }
+  const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *grants() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *>(VT_GRANTS);
+  }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
            VerifyOffset(verifier, VT_NAME) &&
@@ -4407,6 +4411,9 @@ struct SegmentInfo FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
            VerifyField<uint8_t>(verifier, VT_RIGHTS, 1) &&
            VerifyField<uint64_t>(verifier, VT_EPOCH, 8) &&
            VerifyField<uint8_t>(verifier, VT_TRANSPORT, 1) &&
+           VerifyOffset(verifier, VT_GRANTS) &&
+           verifier.VerifyVector(grants()) &&
+           verifier.VerifyVectorOfStrings(grants()) &&
            verifier.EndTable();
   }
 };
@@ -4436,6 +4443,9 @@ struct SegmentInfoBuilder {
   void add_transport(tcproto::Transport transport) {
     fbb_.AddElement<uint8_t>(SegmentInfo::VT_TRANSPORT, static_cast<uint8_t>(transport), 0);
   }
+  void add_grants(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> grants) {
+    fbb_.AddOffset(SegmentInfo::VT_GRANTS, grants);
+  }
   explicit SegmentInfoBuilder(flatbuffers::FlatBufferBuilder &_fbb)
         : fbb_(_fbb) {
     start_ = fbb_.StartTable();
@@ -4455,11 +4465,13 @@ inline flatbuffers::Offset<SegmentInfo> CreateSegmentInfo(
     uint64_t size = 0,
     uint8_t rights = 0,
     uint64_t epoch = 0,
-    tcproto::Transport transport = tcproto::Transport::AUTO) {
+    tcproto::Transport transport = tcproto::Transport::AUTO,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> grants = 0) {
   SegmentInfoBuilder builder_(_fbb);
   builder_.add_epoch(epoch);
   builder_.add_size(size);
   builder_.add_segment_id(segment_id);
+  builder_.add_grants(grants);
   builder_.add_peer(peer);
   builder_.add_name(name);
   builder_.add_transport(transport);
@@ -4475,9 +4487,11 @@ inline flatbuffers::Offset<SegmentInfo> CreateSegmentInfoDirect(
     uint64_t size = 0,
     uint8_t rights = 0,
     uint64_t epoch = 0,
-    tcproto::Transport transport = tcproto::Transport::AUTO) {
+    tcproto::Transport transport = tcproto::Transport::AUTO,
+    const std::vector<flatbuffers::Offset<flatbuffers::String>> *grants = nullptr) {
   auto name__ = name ? _fbb.CreateString(name) : 0;
   auto peer__ = peer ? _fbb.CreateString(peer) : 0;
+  auto grants__ = grants ? _fbb.CreateVector<flatbuffers::Offset<flatbuffers::String>>(*grants) : 0;
   return tcproto::CreateSegmentInfo(
       _fbb,
       name__,
@@ -4486,7 +4500,8 @@ inline flatbuffers::Offset<SegmentInfo> CreateSegmentInfoDirect(
       size,
       rights,
       epoch,
-      transport);
+      transport,
+      grants__);
 }
 
 struct SegmentsResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {

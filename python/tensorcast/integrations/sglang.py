@@ -58,6 +58,17 @@ copy by this process. Otherwise (or when the daemon refuses a memfd, which
 is logged) the pages are copied by libtensorcast through the store's queue,
 still one copy each way.
 
+One copy each way is the least a backup or a prefetch can cost: the store's
+value must outlive the host page (SGLang frees and rewrites host pages
+without telling its storage backend) and no client may change it once
+stored, and a prefetch must land in the host pages SGLang chose, which the
+GPU copies from (pinned for DMA: their memory cannot be swapped for the
+store's). So direct mode moves each byte once, as a memcpy would (see
+BENCHMARKS.md for what that bounds its speed to). The pages' addresses
+come from the pool's layout (checked against its get_page_buffer_meta at
+registration and on each call's first page) rather than from asking it page
+by page.
+
 Failures: a storage call never raises (an exception escaping it would end
 HiCache's prefetch or backup thread for good). On a daemon error it answers a
 miss, logs the outage once, and a later call reconnects (see
@@ -238,6 +249,9 @@ class _Pool:
     fp: str
     prefix: bytes  # of its keys: key_prefix, model, fingerprint
     regions: List[HostRegion]
+    # Where the pages' buffers lie, as an affine function of each page's
+    # first token (see _affine), or None: the pool's own meta every call.
+    affine: Optional[Tuple[Any, Any]] = None
 
     @property
     def parts(self) -> int:
@@ -264,6 +278,43 @@ def _meta(pool: Any, host_indices: Any) -> Tuple[List[int], List[int]]:
     if len(sizes) != len(ptrs):
         raise ValueError(f"the host pool named {len(ptrs)} buffers and {len(sizes)} sizes")
     return ptrs, sizes
+
+
+def _affine(pool: Any, page_size: int, parts: int) -> Optional[Tuple[Any, Any]]:
+    """(base, stride) numpy int64 arrays such that buffer j of the page
+    whose first token is t lies at ``base[j] + t * stride[j]``, as every
+    pool of SGLang's in one dense tensor lays its pages out; None when the
+    pool's get_page_buffer_meta does not agree on every page (all are
+    asked, once, at registration). The direct path then computes a call's
+    addresses at once instead of asking the pool page by page, and checks
+    them against the pool's meta for the call's first page each time (a
+    mismatch ends the shortcut for the pool)."""
+    import numpy
+    import torch
+
+    pages = int(getattr(pool, "size", 0) or 0) // page_size
+    if pages < 2:
+        return None
+
+    def meta(ps: Sequence[int]) -> Any:
+        idx = (torch.as_tensor(list(ps), dtype=torch.int64)[:, None] * page_size
+               + torch.arange(page_size, dtype=torch.int64)).reshape(-1)
+        ptrs, _ = _meta(pool, idx)
+        if len(ptrs) != len(ps) * parts:
+            raise ValueError(f"{len(ptrs)} buffers for {len(ps)} pages of {parts}")
+        return numpy.array(ptrs, dtype=numpy.int64).reshape(len(ps), parts)
+
+    first = meta([0, 1])
+    step = first[1] - first[0]
+    if (step % page_size).any():
+        return None
+    base, stride = first[0], step // page_size
+    for lo in range(0, pages, 4096):
+        check = range(lo, min(pages, lo + 4096))
+        want = numpy.arange(check.start, check.stop, dtype=numpy.int64)[:, None] * page_size * stride + base
+        if not numpy.array_equal(meta(check), want):
+            return None
+    return base, stride
 
 
 def _plan(pool: Any, page_size: int) -> _Plan:
@@ -417,13 +468,18 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         regions: List[HostRegion] = []
         alloc = self.allocator if self.allocator is not None else getattr(pool, "allocator", None)
         found = _regions_of(alloc) if alloc is not None else []
+        affine = None
         if found and plan.by_address:
             import torch
 
             ptrs, sizes = _meta(pool, torch.arange(page_size, dtype=torch.int64))
             if all(any(r.contains(p, z) for r in found) for p, z in zip(ptrs, sizes)):
                 regions = found
-        return _Pool(name, pool, page_size, plan, fp, self._prefix + bind(fp, "").encode(), regions)
+                try:
+                    affine = _affine(pool, page_size, len(plan.sizes))
+                except Exception as e:  # noqa: BLE001 - the pool's own meta then
+                    self.log.info("tensorcast: host pool %r: page addresses asked of the pool each call (%s)", name, e)
+        return _Pool(name, pool, page_size, plan, fp, self._prefix + bind(fp, "").encode(), regions, affine)
 
     def _register(self, c: Client) -> None:
         with self._mu:
@@ -499,11 +555,15 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         if host_indices is None or int(host_indices.numel()) != n * p.page_size:
             got = 0 if host_indices is None else int(host_indices.numel())
             raise _Unsupported(f"{got} host indices for {n} pages of {p.page_size} tokens")
-        ptrs, sizes = _meta(p.pool, host_indices)
-        if len(ptrs) != n * p.parts or sizes != list(p.plan.sizes) * n:
-            raise _Unsupported(f"the host pool named {len(ptrs)} buffers for {n} pages of {p.parts}")
         keys = p.keys(hashes)
-        ext = self._locate(c, p, ptrs, sizes)
+        ext = self._extents_at(c, p, host_indices) if p.affine is not None else None
+        if ext is not None:
+            ptrs, sizes = [], []  # not needed: direct
+        else:
+            ptrs, sizes = _meta(p.pool, host_indices)
+            if len(ptrs) != n * p.parts or sizes != list(p.plan.sizes) * n:
+                raise _Unsupported(f"the host pool named {len(ptrs)} buffers for {n} pages of {p.parts}")
+            ext = self._locate(c, p, ptrs, sizes)
         if write:
             if ext is not None:
                 codes = c.store_put(keys, ext, durable=self.durable)
@@ -512,9 +572,48 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
             ok = [s in _STORED for s in codes]
         else:
             r = c.store_read(keys, ext) if ext is not None else c.get_addresses(keys, ptrs, sizes)
-            ok = [s == Status.OK and ln == z for s, ln, z in zip(r, r.lengths, sizes)]
+            want = list(p.plan.sizes) * n
+            ok = [s == Status.OK and ln == z for s, ln, z in zip(r, r.lengths, want)]
         self.counters["pages_direct" if ext is not None else "pages_copied"] += n
         return self._per_page(p, ok, n)
+
+    def _extents_at(self, c: Client, p: _Pool, host_indices: Any) -> Any:
+        """The direct path's extents of the pages at host_indices from p's
+        affine layout, as an (n * parts, 3) uint64 array; None (the pool's
+        meta, then) when a page does not start on a page boundary inside
+        the pool, when its buffers are not in one region registered with c,
+        or when the pool's meta disagrees for the first page (which ends
+        the shortcut for p, logged)."""
+        import numpy
+
+        assert p.affine is not None
+        base, stride = p.affine
+        ps = p.page_size
+        sel = host_indices[::ps]
+        firsts = numpy.array(sel.tolist() if hasattr(sel, "tolist") else list(sel), dtype=numpy.int64)
+        size = int(getattr(p.pool, "size", 0) or 0)
+        if (firsts % ps).any() or int(firsts.min()) < 0 or int(firsts.max()) + ps > size:
+            return None
+        ptrs = (firsts[:, None] * stride + base).ravel()
+        sizes = numpy.tile(numpy.array(p.plan.sizes, dtype=numpy.int64), len(firsts))
+        real, _ = _meta(p.pool, host_indices[:ps])
+        if [int(x) for x in ptrs[:p.parts]] != real:
+            p.affine = None  # once: the pool's own meta from now on
+            self.log.warning("tensorcast: host pool %r: a page's buffers are not where the layout the pool showed at "
+                             "registration puts them; its addresses are asked of the pool from now on", p.name)
+            return None
+        if len(p.regions) != 1:
+            return None
+        r = p.regions[0]
+        if r.client is not c or r.segment is None:
+            return None
+        if int(ptrs.min()) < r.base or int((ptrs + sizes).max()) > r.base + r.size:
+            return None
+        ext = numpy.empty((len(ptrs), 3), dtype=numpy.uint64)
+        ext[:, 0] = r.segment
+        ext[:, 1] = ptrs - r.base
+        ext[:, 2] = sizes
+        return ext
 
     def _by_flat_pages(self, c: Client, p: _Pool, hashes: Sequence[Any], host_indices: Any,
                        write: bool) -> List[bool]:

@@ -20,7 +20,12 @@ after rank: rank r's bytes are ``[r * rank_bytes, (r + 1) * rank_bytes)``,
 ``rank_bytes`` the KV bytes per offloaded block of one rank (from the KV
 cache config). The manager reserves the whole value; each worker writes and
 reads its own slice; the value is committed when vLLM says the store is
-complete, i.e. when every worker has finished its part.
+complete, i.e. when every worker has finished its part. Where every rank
+holds the same bytes (an MLA model under tensor parallelism alone: vLLM's
+``replicated_layout``, or ``use_mla`` with no pipeline or context
+parallelism on older vLLM) the value is one copy, ``rank_bytes`` long:
+rank 0 writes it, the other ranks' store jobs copy nothing, and every rank
+loads it.
 
 Keys are bound to a layout fingerprint (model, dtype, block size, the
 ranks' split and bytes, the hash vLLM chains blocks with): a block written
@@ -38,10 +43,31 @@ newest, duck-typed):
 - ``keys`` (0.20 to 0.24): ``OffloadKey``s, ``lookup(key, req_context) ->
   bool | None`` (None: ask again later), ``PrepareStoreOutput(keys_to_store,
   store_spec, evicted_keys)``, events by keys, ``on_new_request``.
-- ``results`` (0.25 on): ``lookup`` answers a ``LookupResult`` (HIT, MISS,
-  HIT_PENDING while this manager's store of the block is in flight; RETRY is
-  never answered: the daemon's answer is final), and ``on_new_request`` /
-  ``on_request_finished`` frame each request.
+- ``results`` (0.25 on): ``lookup`` answers a ``LookupResult`` (see
+  below), ``has_pending_work`` keeps the engine stepping while fetches are
+  in flight, and ``on_new_request`` / ``on_request_finished`` frame each
+  request.
+
+What a lookup answers of a block (``keys``: True, False or None):
+
+- HIT (True): its value is in the daemon's pool, loadable now.
+- HIT_PENDING (None): this manager's store of it is in flight (reserved,
+  not committed yet): it will be a hit; the scheduler asks again.
+- RETRY (None): it is stored, but only on the daemon's L2 or only on
+  another host, so a load would first wait for the L2 read or the other
+  host. The lookup starts that fetch (a get and its release on a connection
+  of the manager's fetcher thread, so that no scheduler call waits behind
+  it) and answers RETRY until it ends; the scheduler goes on scanning the
+  request's blocks (each one's fetch starts in the same step) and asks
+  again. A fetched value is checked against its crc32c by the daemon; a
+  corrupt one is dropped, so the next lookup answers MISS. A fetch that
+  fails otherwise (the pool full, the daemon away) makes the next lookup of
+  that block a MISS, once (the request recomputes it), so that no request
+  waits for good on a block the daemon cannot bring in.
+- MISS (False): not stored (or the daemon is away).
+
+``blocks`` answers how many leading blocks are stored, on either tier or on
+another host; their load's get waits for the fetch.
 
 Across them vLLM moved its classes (abstract, spec, mediums and
 worker.worker up to 0.21, base since), built the spec from
@@ -74,10 +100,10 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from ..client import Client
-from ..errors import Status
+from ..errors import Error, Status
 from . import layout
 from ._link import Link
 
@@ -270,6 +296,15 @@ class _Manager:
         self._reserved: Dict[bytes, int] = {}
         self._abandoned = 0
         self._events: Optional[List[Tuple[List[Any], bool]]] = [] if enable_events else None
+        # The store keys whose fetch (into the pool, from L2 or another
+        # host) is in flight, and those whose last fetch failed (answered a
+        # miss once); the fetcher thread is started by the first fetch.
+        self._fetching: Set[bytes] = set()
+        self._fetch_failed: Set[bytes] = set()
+        self._fetcher: Optional[_Fetcher] = None
+        self._closed = False
+        self.socket = socket
+        self.retry_interval = retry_interval
         self._link = Link(socket, "vllm-offload", self.log, retry_interval=retry_interval)
 
     # -- the connection and what it holds -----------------------------------------
@@ -336,21 +371,69 @@ class _Manager:
     # -- the calls, in neutral terms ---------------------------------------------------
 
     def _state(self, k: Any) -> Any:
-        """LookupResult of one block: HIT when stored, HIT_PENDING while this
-        manager's store of it is in flight, MISS otherwise (also while the
-        daemon is away)."""
+        """LookupResult of one block (see the module's doc): HIT when its
+        value is in the pool, HIT_PENDING while this manager's store of it
+        is in flight, RETRY while it is fetched from L2 or another host
+        (starting the fetch), MISS otherwise (also while the daemon is
+        away, and once after a fetch of it failed)."""
         sk = self.store_key(k)
         with self._mu:
             if sk in self._reserved:
                 return LookupResult.HIT_PENDING
+            if sk in self._fetching:
+                return LookupResult.RETRY
+            if sk in self._fetch_failed:
+                self._fetch_failed.discard(sk)
+                return LookupResult.MISS
         c = self._conn()
         if c is None:
             return LookupResult.MISS
         try:
-            return LookupResult.HIT if c.exists([sk])[0] else LookupResult.MISS
+            info = c.stat(sk)
+        except Error as e:
+            if e.code != Status.NOT_FOUND:
+                self._link.failed("lookup", e, c)
+            return LookupResult.MISS
         except Exception as e:  # noqa: BLE001 - never raises
             self._link.failed("lookup", e, c)
             return LookupResult.MISS
+        if info.in_l1:
+            return LookupResult.HIT
+        # On L2 only, or on another host only (on neither tier here): a load
+        # would wait for the read. Fetch it in the background.
+        return LookupResult.RETRY if self._fetch(sk) else LookupResult.MISS
+
+    def _fetch(self, sk: bytes) -> bool:
+        """Starts the fetch of sk into the pool (unless one is in flight);
+        False when the manager is closed."""
+        with self._mu:
+            if self._closed:
+                return False
+            if sk in self._fetching:
+                return True
+            self._fetching.add(sk)
+            f = self._fetcher
+            if f is None:
+                f = self._fetcher = _Fetcher(self.socket, self.log, self.retry_interval, self._fetched)
+        f.submit(sk)
+        return True
+
+    def _fetched(self, keys: List[bytes], codes: List[Status]) -> None:
+        """The fetcher's answer for keys: OK (in the pool now), NOT_FOUND
+        (gone, or dropped as corrupt: the next lookup misses), or a failure
+        (the next lookup answers a miss, once)."""
+        failed = [(k, st) for k, st in zip(keys, codes) if st not in (Status.OK, Status.NOT_FOUND)]
+        with self._mu:
+            self._fetching.difference_update(keys)
+            self._fetch_failed.update(k for k, _ in failed)
+        if failed:
+            self._link.failed("fetch", Error(failed[0][1], f"fetch of {len(failed)} of {len(keys)} blocks"))
+
+    def _pending_work(self) -> bool:
+        """Whether fetches are in flight (the engine must keep stepping to
+        ask again)."""
+        with self._mu:
+            return bool(self._fetching)
 
     def _prefix(self, ks: Iterable[Any]) -> int:
         """How many leading blocks are stored (renews nothing)."""
@@ -499,10 +582,72 @@ class _Manager:
             return self._abandoned
 
     def close(self) -> None:
+        with self._mu:
+            self._closed = True
+            f, self._fetcher = self._fetcher, None
+            self._fetching.clear()
+        if f is not None:
+            f.close()
         self._link.close()
 
     def shutdown(self) -> None:
         self.close()
+
+
+class _Fetcher:
+    """A thread that brings stored values into the daemon's pool (a get and
+    its release: the daemon reads a value on L2 only from L2, one stored on
+    another host from that host, checks it and keeps it) on a connection of
+    its own, so that the scheduler's calls never wait behind a fetch.
+    done(keys, codes) gets each batch's answer (UNAVAILABLE for every key
+    while the daemon is away)."""
+
+    def __init__(self, socket: Optional[str], logger: logging.Logger, retry_interval: float,
+                 done: Any) -> None:
+        self._link = Link(socket, "vllm-offload-fetch", logger, retry_interval=retry_interval)
+        self._done = done
+        self._cv = threading.Condition()
+        self._queue: List[bytes] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="tensorcast-vllm-fetch", daemon=True)
+        self._thread.start()
+
+    def submit(self, key: bytes) -> None:
+        with self._cv:
+            self._queue.append(key)
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                batch, self._queue = self._queue, []
+            self._done(batch, self._fetch(batch))
+
+    def _fetch(self, keys: List[bytes]) -> List[Status]:
+        c = self._link.client()
+        if c is None:
+            return [Status.UNAVAILABLE] * len(keys)
+        try:
+            loc = c.get_locations(keys)
+            got = [k for k, st in zip(keys, loc.codes) if st == Status.OK]
+            if got:
+                c.release(got)
+            return list(loc.codes)
+        except Exception as e:  # noqa: BLE001 - the thread goes on
+            self._link.failed("fetch", e, c)
+            return [Status.UNAVAILABLE] * len(keys)
+
+    def close(self) -> None:
+        """Stops the thread; a fetch in flight ends with the connection."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._link.close()
+        self._thread.join()
 
 
 def _req_and_success(args: Sequence[Any], kw: Dict[str, Any]) -> bool:
@@ -559,7 +704,10 @@ class _KeysInterface(_Manager):
 
     def lookup(self, key: Any, req_context: Any = None) -> Any:
         st = self._state(key)
-        return True if st is LookupResult.HIT else None if st is LookupResult.HIT_PENDING else False
+        return True if st is LookupResult.HIT else False if st is LookupResult.MISS else None
+
+    def has_pending_work(self) -> bool:
+        return self._pending_work()
 
     def prepare_load(self, keys: Iterable[Any], req_context: Any = None) -> TensorcastLoadStoreSpec:
         return self._prepare_load(keys)
@@ -612,7 +760,10 @@ class BlockLayout:
     """What one offloaded block is, the same in the scheduler and every
     worker: ``tokens`` tokens, ``factor`` GPU blocks of ``gpu_tokens``;
     ``rank_bytes`` KV bytes of one rank; ``world_size`` ranks, rank after
-    rank in the value; ``fingerprint`` binds the keys to all of it."""
+    rank in the value, or, ``replicated``, one copy that every rank holds
+    alike (an MLA model's latent KV under tensor parallelism alone), written
+    by rank 0 and read by all; ``fingerprint`` binds the keys to all of
+    it."""
 
     tokens: int
     gpu_tokens: int
@@ -620,10 +771,11 @@ class BlockLayout:
     rank_bytes: int
     world_size: int
     fingerprint: str
+    replicated: bool = False
 
     @property
     def value_bytes(self) -> int:
-        return self.rank_bytes * self.world_size
+        return self.rank_bytes if self.replicated else self.rank_bytes * self.world_size
 
 
 def _get(obj: Any, *path: str, default: Any = None) -> Any:
@@ -679,8 +831,14 @@ def block_layout(vllm_config: Any, kv_cache_config: Any = None) -> BlockLayout:
     rank_bytes = _gpu_block_bytes(vllm_config, kv_cache_config) * factor
     mc = vllm_config.model_config
     cache_dtype = str(_get(vllm_config, "cache_config", "cache_dtype", default="auto"))
+    tp = int(getattr(pc, "tensor_parallel_size", 1) or 1)
+    # An MLA model's latent KV is the same on every rank of a world that is
+    # tensor parallel alone (no pipeline stages, no context parallelism).
+    replicated = bool(getattr(mc, "use_mla", False)) and world > 1 and world == tp and all(
+        int(getattr(pc, a, 1) or 1) == 1 for a in ("pipeline_parallel_size", "decode_context_parallel_size",
+                                                   "prefill_context_parallel_size"))
     fp = layout.fingerprint(
-        engine="vllm", kv_layout="rank-major/v1",
+        engine="vllm", kv_layout="replicated/v1" if replicated else "rank-major/v1",
         model=str(getattr(mc, "model", "")), revision=str(getattr(mc, "revision", None)),
         dtype=str(getattr(mc, "dtype", "")) if cache_dtype == "auto" else cache_dtype,
         page_size=tokens, gpu_block_size=gpu, rank_bytes=rank_bytes, world_size=world,
@@ -689,7 +847,7 @@ def block_layout(vllm_config: Any, kv_cache_config: Any = None) -> BlockLayout:
         num_kv_tensors=len(_get(kv_cache_config, "kv_cache_tensors") or ()),
         hash_algo=str(_get(vllm_config, "cache_config", "prefix_caching_hash_algo", default="")),
         hash_block_size=int(vllm_config.cache_config.block_size))
-    return BlockLayout(tokens, gpu, factor, rank_bytes, world, fp)
+    return BlockLayout(tokens, gpu, factor, rank_bytes, world, fp, replicated)
 
 
 def offloading_config_layout(config: Any) -> Tuple[BlockLayout, int]:
@@ -706,13 +864,17 @@ def offloading_config_layout(config: Any) -> Tuple[BlockLayout, int]:
         raise ValueError(f"tensorcast: {factor} blocks per chunk")
     p = config.parallel
     rank_bytes = int(config.worker_kv_bytes_per_block) * factor
+    # vLLM says when every worker's bytes of a block are the same (a pure
+    # MLA model under tensor parallelism alone): one copy is stored.
+    replicated = bool(getattr(config, "replicated_layout", False)) and int(p.world_size) > 1
     fp = layout.fingerprint(
-        engine="vllm", kv_layout="rank-major/v1", model=str(config.model.name), revision="None",
+        engine="vllm", kv_layout="replicated/v1" if replicated else "rank-major/v1", model=str(config.model.name),
+        revision="None",
         dtype=str(config.model.dtype), page_size=gpu * factor, gpu_block_size=gpu, rank_bytes=rank_bytes,
         world_size=int(p.world_size), tp_size=int(p.tp_size), pp_size=int(p.pp_size),
         pcp_size=int(getattr(p, "pcp_size", 1)), dcp_size=int(getattr(p, "dcp_size", 1)),
         num_kv_groups=len(config.groups), hash_block_size=int(config.cache.tokens_per_hash))
-    return BlockLayout(gpu * factor, gpu, factor, rank_bytes, int(p.world_size), fp), int(p.rank)
+    return BlockLayout(gpu * factor, gpu, factor, rank_bytes, int(p.world_size), fp, replicated), int(p.rank)
 
 
 class TensorcastOffloadingSpec(_SpecBase):

@@ -11,7 +11,8 @@ vLLM's TransferResults, or ``(job_id, success)`` pairs on a vLLM without
 them.
 
 The worker's part of an offloaded block's value (see
-:mod:`tensorcast.integrations.vllm`) starts at ``rank * rank_bytes``; in it,
+:mod:`tensorcast.integrations.vllm`) starts at ``rank * rank_bytes`` (at 0
+in a replicated layout, whose store jobs only rank 0 copies); in it,
 the worker's KV tensors follow one another in their order, each with the
 block's ``factor`` GPU blocks one after the other. A job's GPU block ids
 name those GPU blocks, block after block; a load may start inside its first
@@ -178,7 +179,9 @@ class Handlers:
                           self.part_bytes, block.rank_bytes)
         # starts[i]: where tensor i's rows of a block begin in this rank's part.
         self.starts = [block.factor * sum(self.pages[:i]) for i in range(len(self.pages))]
-        self.base = rank * block.rank_bytes
+        # A replicated block is one copy: rank 0 writes it, every rank reads it.
+        self.base = 0 if block.replicated else rank * block.rank_bytes
+        self.writes = not block.replicated or rank == 0
         # On CPU the copies are numpy's (a memcpy per run of blocks, with
         # far less overhead per call than torch's): the tensors' rows as
         # arrays over the same memory.
@@ -301,6 +304,8 @@ class Handlers:
         offs = np.asarray(tc.offsets, dtype=np.int64) + self.base
         if int(offs.max()) + self.part_bytes > pool.numel() or int(offs.min()) < 0:
             raise ValueError("a block outside the pool")
+        if store and not self.writes:
+            return _Job(job_id, store, 0, t0)  # rank 0 stores the copy every rank holds
         size = len(ids) * sum(self.pages)
         if self.cuda:
             return self._cuda(job_id, store, pool, offs, ids, skip, size, t0)

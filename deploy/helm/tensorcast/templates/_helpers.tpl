@@ -30,7 +30,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The keys the chart sets from its values; config may not repeat them. */}}
 {{- define "tensorcast.ownedKeys" -}}
-socket data_dir metrics_address peer_listen peer_advertise daemon_id cluster_key_file directory etcd_endpoints etcd_prefix etcd_ca_file etcd_cert_file etcd_key_file ebpf rdma pool_size
+socket data_dir metrics_address peer_listen peer_advertise daemon_id cluster_key_file directory etcd_endpoints etcd_prefix etcd_ca_file etcd_cert_file etcd_key_file ebpf rdma pool_size store_handoff
 {{- end -}}
 
 {{/* tensorcastd.toml: config with the chart's keys set. */}}
@@ -45,6 +45,7 @@ socket data_dir metrics_address peer_listen peer_advertise daemon_id cluster_key
 {{- $_ = set $c "metrics_address" (printf "0.0.0.0:%d" (int .Values.metrics.port)) -}}
 {{- $_ = set $c "ebpf" (ternary "auto" "off" .Values.ebpf.enabled) -}}
 {{- $_ = set $c "rdma" (ternary "auto" "off" (and .Values.rdma.enabled .Values.peers.enabled)) -}}
+{{- $_ = set $c "store_handoff" (ternary "on" "off" .Values.handoff.enabled) -}}
 {{- if not (hasKey $c "allowed_files") -}}{{ $_ = set $c "allowed_files" (list .Values.dataDir) }}{{- end -}}
 {{- if not (hasKey $c "tenants") -}}
 {{- $_ = set $c "allowed_gids" (append (default (list) $c.allowed_gids) .Values.daemon.gid | uniq) -}}
@@ -90,16 +91,30 @@ an array of tables ([[tenants]], [[peers]]). */}}
 {{- end }}
 {{- end -}}
 
-{{/* drain_timeout (config, else the daemon's 10s) in whole seconds, given
-as the chart reads it: hours, minutes and seconds (1m30s, 45s). */}}
+{{/* drain_timeout (config, else the daemon's 10s) in whole seconds,
+rounded up: any Go duration the daemon takes (90s, 1m30s, 1500ms, 1.5s,
+2h45m), which is a sequence of decimal numbers, each with a unit of ns,
+us (or µs), ms, s, m or h. */}}
 {{- define "tensorcast.drainSeconds" -}}
 {{- $d := toString (default "10s" .Values.config.drain_timeout) -}}
-{{- $re := "^(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$" -}}
-{{- if or (eq $d "") (not (regexMatch $re $d)) -}}
-{{- fail (printf "config.drain_timeout %q: give it in h, m and s (30s, 1m30s) so the chart can check terminationGracePeriodSeconds covers it" $d) -}}
+{{- $term := "([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)" -}}
+{{- if not (regexMatch (printf "^(%s)+$" $term) $d) -}}
+{{- fail (printf "config.drain_timeout %q: give it as a Go duration (30s, 1m30s, 1500ms), as the daemon reads it" $d) -}}
 {{- end -}}
-{{- $h := regexReplaceAll $re $d "${1}" | default "0" | atoi -}}
-{{- $m := regexReplaceAll $re $d "${2}" | default "0" | atoi -}}
-{{- $s := regexReplaceAll $re $d "${3}" | default "0" | atoi -}}
-{{- add (mul $h 3600) (mul $m 60) $s -}}
+{{- /* Per unit, a second is how many of it (below a second) or how many
+seconds it is: a division by 1000 keeps 3000ms exactly 3. */ -}}
+{{- $per := dict "ns" 1000000000 "us" 1000000 "µs" 1000000 "μs" 1000000 "ms" 1000 -}}
+{{- $secs := dict "s" 1 "m" 60 "h" 3600 -}}
+{{- $total := 0.0 -}}
+{{- range $t := regexFindAll $term $d -1 -}}
+{{- $u := regexReplaceAll "^[0-9.]+" $t "" -}}
+{{- $n := float64 (regexReplaceAll "[^0-9.]+$" $t "") -}}
+{{- if hasKey $per $u -}}
+{{- $total = addf $total (divf $n (get $per $u)) -}}
+{{- else -}}
+{{- $total = addf $total (mulf $n (get $secs $u)) -}}
+{{- end -}}
+{{- end -}}
+{{- /* Rounded to the nanosecond first: 1.1m is 66s, not 66.000...1s. */ -}}
+{{- round $total 9 | ceil | int -}}
 {{- end -}}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+)
+
+// putCheck reads back, after a kill -9 of a daemon, every durable put its
+// store clients logged as acknowledged (putLog), and checks that no key
+// whose remove was acknowledged came back.
+type putCheck struct {
+	d   *daemon
+	dir string // the daemon's store clients' put logs
+
+	// mu guards the fields below.
+	mu          sync.Mutex
+	checks      int
+	acked       uint64 // acknowledged durable puts logged, over all checks' latest
+	checked     uint64 // read back, summed over checks
+	lost        uint64
+	resurrected uint64 // removed (acknowledged) and served again after the restart
+	removedSeen uint64 // removed keys checked, summed over checks
+	lostAt      []string
+}
+
+// putState is what the logs say of a key.
+type putState struct {
+	seed     byte
+	put      bool // P: acknowledged durable put
+	removing bool // X: a remove was sent
+	removed  bool // R: the remove was acknowledged
+}
+
+// maxRemovedChecked bounds the removed keys read per check (the newest of
+// each log are taken).
+const maxRemovedChecked = 8192
+
+// snapshot reads every put log as it is now (the daemon is dead: nothing
+// it acknowledged is missing, but for a line a client had not written yet).
+func (pc *putCheck) snapshot() (map[string]putState, [][]byte, error) {
+	files, err := filepath.Glob(filepath.Join(pc.dir, "puts-*.log"))
+	if err != nil {
+		return nil, nil, err
+	}
+	keys := map[string]putState{}
+	var removed [][]byte
+	for _, f := range files {
+		var fileRemoved [][]byte
+		err := readPutLog(f, func(op byte, key []byte, seed byte) {
+			st := keys[string(key)]
+			switch op {
+			case 'P':
+				st.put, st.seed = true, seed
+			case 'X':
+				st.removing = true
+			case 'R':
+				st.removed = true
+				fileRemoved = append(fileRemoved, key)
+			}
+			keys[string(key)] = st
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		per := maxRemovedChecked / max(len(files), 1)
+		if len(fileRemoved) > per {
+			fileRemoved = fileRemoved[len(fileRemoved)-per:]
+		}
+		removed = append(removed, fileRemoved...)
+	}
+	return keys, removed, nil
+}
+
+// readPutLog calls f for each whole line of the log at path.
+func readPutLog(path string, f func(op byte, key []byte, seed byte)) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+		b = b[:i+1]
+	} else {
+		return nil
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 4096), 4096)
+	for sc.Scan() {
+		fs := bytes.Fields(sc.Bytes())
+		if len(fs) < 2 || len(fs[0]) != 1 {
+			return fmt.Errorf("%s: a malformed line %q", path, sc.Bytes())
+		}
+		var seed byte
+		if fs[0][0] == 'P' {
+			if len(fs) != 3 {
+				return fmt.Errorf("%s: a malformed line %q", path, sc.Bytes())
+			}
+			n, err := strconv.ParseUint(string(fs[2]), 10, 8)
+			if err != nil {
+				return fmt.Errorf("%s: %q: %w", path, sc.Bytes(), err)
+			}
+			seed = byte(n)
+		}
+		f(fs[0][0], bytes.Clone(fs[1]), seed)
+	}
+	return sc.Err()
+}
+
+// verify reads back, from the restarted daemon, what snap says must be
+// there (byte-exact) and what must stay gone. A key that reads NOT_FOUND
+// is excused only when its client has since logged a remove of it (it
+// goes on putting and removing against the restarted daemon).
+func (pc *putCheck) verify(snap map[string]putState, removed [][]byte) error {
+	const vlen, batch = 16 << 10, 64
+	c, err := client.Dial(pc.d.socket, client.Options{Name: "tcsoak-putcheck", NoPool: true, CallTimeout: 30 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	buf, err := c.RegisterBuffer(batch * vlen)
+	if err != nil {
+		return err
+	}
+	var want [][]byte
+	seeds := map[string]byte{}
+	for k, st := range snap {
+		if st.put && !st.removing {
+			want = append(want, []byte(k))
+			seeds[k] = st.seed
+		}
+	}
+	var lost []string
+	var checked, resurrected uint64
+	dests := make([]client.Extent, batch)
+	for i := range dests {
+		dests[i] = client.Extent{Segment: buf.ID, Offset: uint64(i) * vlen, Length: vlen}
+	}
+	lengths := make([]uint64, batch)
+	res := make([]error, batch)
+	exp := make([]byte, vlen)
+	read := func(keys [][]byte) error {
+		n := len(keys)
+		if err := c.StoreRead(keys, dests[:n], lengths[:n], res[:n]); err != nil {
+			return err
+		}
+		return nil
+	}
+	for lo := 0; lo < len(want); lo += batch {
+		keys := want[lo:min(lo+batch, len(want))]
+		if err := read(keys); err != nil {
+			return err
+		}
+		for i, k := range keys {
+			checked++
+			putPattern(exp, seeds[string(k)])
+			got := buf.Mem[uint64(i)*vlen : uint64(i+1)*vlen]
+			if res[i] == nil && lengths[i] == vlen && bytes.Equal(got, exp) {
+				continue
+			}
+			why := codeOf(res[i])
+			if res[i] == nil {
+				why = fmt.Sprintf("other bytes (%d long)", lengths[i])
+			}
+			lost = append(lost, string(k)+": "+why)
+		}
+	}
+	for lo := 0; lo < len(removed); lo += batch {
+		keys := removed[lo:min(lo+batch, len(removed))]
+		if err := read(keys); err != nil {
+			return err
+		}
+		for i, k := range keys {
+			if res[i] == nil {
+				resurrected++
+				lost = append(lost, string(k)+": removed (acknowledged) before the kill, served after it")
+			}
+		}
+	}
+	// A key reported missing may have been removed by its client since:
+	// the logs say so now.
+	if len(lost) > 0 {
+		now, _, err := pc.snapshot()
+		if err != nil {
+			return err
+		}
+		kept := lost[:0]
+		for _, l := range lost {
+			k, _, _ := strings.Cut(l, ": ")
+			if st := now[k]; st.removing && !snap[k].removing && snap[k].put {
+				continue
+			}
+			kept = append(kept, l)
+		}
+		lost = kept
+	}
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	pc.checks++
+	pc.acked = uint64(len(want))
+	pc.checked += checked
+	pc.removedSeen += uint64(len(removed))
+	pc.resurrected += resurrected
+	pc.lost += uint64(len(lost)) - resurrected
+	for _, l := range lost {
+		if len(pc.lostAt) < 20 {
+			pc.lostAt = append(pc.lostAt, l)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,563 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/internal/testutil"
+)
+
+// handoffProc is a tensorcastd process started with store_handoff = on.
+type handoffProc struct {
+	cmd    *exec.Cmd
+	log    *lockedBuffer
+	exited chan error
+}
+
+// startHandoffProc starts bin with args and waits for it to log that it
+// is ready.
+func startHandoffProc(t *testing.T, bin string, args ...string) *handoffProc {
+	t.Helper()
+	p := &handoffProc{cmd: exec.Command(bin, args...), log: &lockedBuffer{}, exited: make(chan error, 1)}
+	p.cmd.Stderr = p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case err := <-p.exited:
+			p.exited <- err
+		default:
+			p.cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("daemon %d log:\n%s", p.cmd.Process.Pid, lastLines(p.log.String(), 40))
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(p.log.String(), "tensorcastd ready") {
+		select {
+		case err := <-p.exited:
+			t.Fatalf("daemon exited before it was ready: %v\n%s", err, p.log.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon not ready after 60s\n%s", p.log.String())
+		}
+	}
+	return p
+}
+
+// alive says whether p has not exited.
+func (p *handoffProc) alive() bool {
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+		return false
+	default:
+		return true
+	}
+}
+
+// holds lists what p still maps or holds open of the pool, the L1 journal,
+// the L2 file, the socket's lock (memfds and files under dir).
+func (p *handoffProc) holds(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		if strings.Contains(line, "memfd:") || strings.Contains(line, dir) {
+			out = append(out, "mapped: "+line)
+		}
+	}
+	fdDir := fmt.Sprintf("/proc/%d/fd", p.cmd.Process.Pid)
+	ents, err := os.ReadDir(fdDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join(fdDir, e.Name()))
+		if err == nil && (strings.Contains(target, "memfd:") || strings.HasPrefix(target, dir)) {
+			out = append(out, "open: "+target)
+		}
+	}
+	return out
+}
+
+// TestHandoffBetweenDaemons runs the rolling update of a DaemonSet with
+// maxSurge on one host: a daemon with 10,000 committed keys and a client
+// putting keys all along, then a second daemon started beside it (same
+// socket, same data_dir) that takes over, twice. After each hand-off
+// every committed key is served byte-exact by the new daemon, nothing
+// reserved and not committed is served, the load's acknowledged keys are
+// there, a client that mapped the pool before reconnects by itself and
+// keeps its mapping, and the old daemon, still running, maps and holds
+// nothing of the pool, the journal, the L2 file or the lock (it can never
+// write them again) and exits at SIGTERM.
+func TestHandoffBetweenDaemons(t *testing.T) {
+	bin := buildDaemon(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "run", "tensorcastd.sock")
+	args := []string{"--socket", sock, "--data-dir", filepath.Join(dir, "data"),
+		"--pool-size", "256MiB", "--hugepages", "off", "--metrics-address", "127.0.0.1:0", "--ebpf", "off", "--drain-timeout", "2s",
+		"--store-l2-size", "256MiB", "--store-l1-journal-records", "65536", "--store-handoff", "on"}
+	d := startHandoffProc(t, bin, args...)
+	if !strings.Contains(d.log.String(), "no daemon runs on the socket: starting cold") {
+		t.Fatalf("the first daemon did not say it starts cold:\n%s", d.log.String())
+	}
+
+	old, err := client.Dial(sock, client.Options{Name: "old-mapping", Reconnect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	oldPool := old.PoolBytes()
+	committed := map[string]uint64{}
+	var keys [][]byte
+	for i := 0; i < 10000; i += 250 {
+		batch := make([][]byte, 250)
+		for j := range batch {
+			batch[j] = []byte(fmt.Sprintf("committed/%05d", i+j))
+		}
+		ok, offs, err := reservePut(old, batch)
+		if err != nil || len(ok) != len(batch) {
+			t.Fatalf("put of %d keys: %d committed, %v", len(batch), len(ok), err)
+		}
+		for j, k := range ok {
+			committed[string(k)] = offs[j]
+		}
+		keys = append(keys, ok...)
+	}
+
+	// Reserved and written, never committed: never served after.
+	half, err := client.Dial(sock, client.Options{Name: "half-written"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer half.Close()
+	var halfKeys [][]byte
+	for i := 0; i < 50; i++ {
+		halfKeys = append(halfKeys, []byte(fmt.Sprintf("half/%02d", i)))
+	}
+	hsizes, hoffs, hres := make([]uint64, 50), make([]uint64, 50), make([]error, 50)
+	for i, k := range halfKeys {
+		hsizes[i] = uint64(len(hitlessValue(k)))
+	}
+	if err := half.StoreReserve(halfKeys, hsizes, hoffs, hres); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range halfKeys {
+		copy(half.PoolBytes()[hoffs[i]:], hitlessValue(k)[:hsizes[i]/2])
+	}
+
+	// The load: puts through every hand-off, dialing again when the
+	// connection breaks.
+	var (
+		loadMu   sync.Mutex
+		loadAck  = map[string]bool{}
+		loadSent [][]byte
+	)
+	stop := make(chan struct{})
+	loadDone := make(chan struct{})
+	go func() {
+		defer close(loadDone)
+		var c *client.Client
+		defer func() {
+			if c != nil {
+				c.Close()
+			}
+		}()
+		pace := time.NewTicker(5 * time.Millisecond)
+		defer pace.Stop()
+		for n := 0; ; n += 8 {
+			select {
+			case <-stop:
+				return
+			case <-pace.C:
+			}
+			if c == nil {
+				var err error
+				if c, err = client.Dial(sock, client.Options{Name: "load", DialTimeout: time.Second}); err != nil {
+					c = nil
+					continue
+				}
+			}
+			batch := make([][]byte, 8)
+			for j := range batch {
+				batch[j] = []byte(fmt.Sprintf("load/%07d", n+j))
+			}
+			loadMu.Lock()
+			loadSent = append(loadSent, batch...)
+			loadMu.Unlock()
+			ok, _, err := reservePut(c, batch)
+			loadMu.Lock()
+			for _, k := range ok {
+				loadAck[string(k)] = true
+			}
+			loadMu.Unlock()
+			if err != nil {
+				c.Close()
+				c = nil
+			}
+		}
+	}()
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		<-loadDone
+	}()
+
+	acked := 0
+	recovered := regexp.MustCompile(`L1 values kept across the restart.* recovered=(\d+)`)
+	for round := 0; round < 2; round++ {
+		target := acked + 64
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			loadMu.Lock()
+			defer loadMu.Unlock()
+			return len(loadAck) >= target
+		}, "round %d: the load client makes no progress", round)
+
+		next := startHandoffProc(t, bin, args...)
+		// Everything the load had acknowledged when the old daemon
+		// stopped taking work is committed there.
+		loadMu.Lock()
+		ackedKeys := make([][]byte, 0, len(loadAck))
+		for k := range loadAck {
+			ackedKeys = append(ackedKeys, []byte(k))
+		}
+		loadMu.Unlock()
+		acked = len(ackedKeys)
+
+		if !strings.Contains(d.log.String(), "hand-off: pools and L1 journals handed over") {
+			t.Fatalf("round %d: the old daemon did not hand over:\n%s", round, lastLines(d.log.String(), 20))
+		}
+		if !strings.Contains(next.log.String(), "adopted from the previous daemon") {
+			t.Fatalf("round %d: the new daemon did not adopt the pool:\n%s", round, lastLines(next.log.String(), 20))
+		}
+		m := recovered.FindStringSubmatch(next.log.String())
+		if m == nil {
+			t.Fatalf("round %d: the new daemon did not say what it kept:\n%s", round, lastLines(next.log.String(), 20))
+		}
+		// The old daemon waits for SIGTERM, with nothing to write with.
+		if !d.alive() {
+			t.Fatalf("round %d: the old daemon exited after handing over (its pod would restart it)", round)
+		}
+		if h := d.holds(t, dir); len(h) > 0 {
+			t.Fatalf("round %d: the old daemon still holds, after handing over:\n%s", round, strings.Join(h, "\n"))
+		}
+		d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-d.exited:
+			d.exited <- err
+			if err != nil {
+				t.Fatalf("round %d: the old daemon's exit at SIGTERM: %v", round, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: the old daemon did not exit at SIGTERM", round)
+		}
+		d = next
+
+		// The client of the first daemon reconnects by itself (the call
+		// that finds the connection broken fails) and keeps its mapping.
+		if err := old.Ping(nil); err == nil {
+			t.Fatalf("round %d: a ping over the connection to the old daemon succeeded", round)
+		}
+		if err := old.Ping(nil); err != nil {
+			t.Fatalf("round %d: the client did not reconnect: %v", round, err)
+		}
+		if &old.PoolBytes()[0] != &oldPool[0] {
+			t.Fatalf("round %d: the client mapped the pool again", round)
+		}
+		again := []byte(fmt.Sprintf("reconnected/%d", round))
+		if ok, offs, err := reservePut(old, [][]byte{again}); err != nil || len(ok) != 1 {
+			t.Fatalf("round %d: put after reconnecting: %v", round, err)
+		} else {
+			committed[string(again)] = offs[0]
+			keys = append(keys, again)
+		}
+
+		c, buf := dialReader(t, sock)
+		for i, v := range readAll(t, c, buf, keys) {
+			want := hitlessValue(keys[i])
+			if !bytes.Equal(v, want) {
+				t.Fatalf("round %d: %q read back as %d bytes, want its %d committed bytes", round, keys[i], len(v), len(want))
+			}
+			if off := committed[string(keys[i])]; !bytes.Equal(oldPool[off:off+uint64(len(want))], want) {
+				t.Fatalf("round %d: the mapping made before the first hand-off lost %q", round, keys[i])
+			}
+		}
+		for i, v := range readAll(t, c, buf, halfKeys) {
+			if v != nil {
+				t.Fatalf("round %d: %q was never committed and is served (%d bytes)", round, halfKeys[i], len(v))
+			}
+		}
+		for i, v := range readAll(t, c, buf, ackedKeys) {
+			if !bytes.Equal(v, hitlessValue(ackedKeys[i])) {
+				t.Fatalf("round %d: load key %q acknowledged before the hand-off read back as %d bytes", round, ackedKeys[i], len(v))
+			}
+		}
+		loadMu.Lock()
+		sent := append([][]byte(nil), loadSent...)
+		loadMu.Unlock()
+		for i, v := range readAll(t, c, buf, sent) {
+			if v != nil && !bytes.Equal(v, hitlessValue(sent[i])) {
+				t.Fatalf("round %d: load key %q served with bytes that are not its value", round, sent[i])
+			}
+		}
+		c.Close()
+		t.Logf("round %d: %d committed + %d load keys read back; the new daemon recovered %s L1 values", round, len(keys), acked, m[1])
+	}
+	close(stop)
+	<-loadDone
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	err = <-d.exited
+	d.exited <- err
+	if err != nil {
+		t.Fatalf("last daemon's exit: %v", err)
+	}
+}
+
+// TestHandoffStaleWriter: a part of the old daemon that does not let go
+// of its pool (here a reference the test holds, as a transfer abandoned at
+// drain_timeout would) and writes into it after the hand-off. The old
+// daemon hands over no state then, the new one starts cold on a pool of
+// its own and says why, and what the stale writer writes never reaches
+// the new daemon's values. Without such a part, the old daemon's pool is
+// unmapped before the new one serves.
+func TestHandoffStaleWriter(t *testing.T) {
+	for _, stuck := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stuck=%v", stuck), func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := testConfig(dir)
+			cfg.StoreHandoff = "on"
+			cfg.StoreL2Path = "off"
+			log1, log2 := &lockedBuffer{}, &lockedBuffer{}
+			d1, err := New(cfg, slog.New(slog.NewTextHandler(log1, nil)), env(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx1, cancel1 := context.WithCancel(context.Background())
+			done1 := make(chan error, 1)
+			go func() { done1 <- d1.Run(ctx1) }()
+			defer func() {
+				cancel1()
+				if err := <-done1; err != nil {
+					t.Errorf("old daemon: %v", err)
+				}
+			}()
+			c1, err := client.Dial(cfg.Socket, client.Options{Name: "before"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var keys [][]byte
+			for i := 0; i < 100; i++ {
+				keys = append(keys, []byte(fmt.Sprintf("k/%03d", i)))
+			}
+			if ok, _, err := reservePut(c1, keys); err != nil || len(ok) != len(keys) {
+				t.Fatalf("put: %d of %d, %v", len(ok), len(keys), err)
+			}
+			c1.Close()
+
+			pool := d1.pools[0]
+			if stuck && !pool.Acquire() {
+				t.Fatal("cannot hold the old daemon's pool")
+			}
+			d2, err := New(cfg, slog.New(slog.NewTextHandler(log2, nil)), env(nil))
+			if err != nil {
+				t.Fatalf("new daemon: %v\nold daemon:\n%s", err, log1.String())
+			}
+			runDaemon(t, d2)
+			// The new daemon serves only once the old one let go: its pool
+			// is unmapped, unless the stuck part holds it.
+			if pool.Unmapped() == stuck {
+				t.Fatalf("new daemon serving; the old daemon's pool unmapped: %v, want %v", pool.Unmapped(), !stuck)
+			}
+			c2, buf := dialReader(t, cfg.Socket)
+			defer c2.Close()
+			got := readAll(t, c2, buf, keys)
+			if !stuck {
+				for i, v := range got {
+					if !bytes.Equal(v, hitlessValue(keys[i])) {
+						t.Fatalf("%q read back as %d bytes after the hand-off", keys[i], len(v))
+					}
+				}
+				return
+			}
+			defer pool.Release()
+			if !strings.Contains(log1.String(), "is still mapped by a part of this daemon") ||
+				!strings.Contains(log2.String(), "the old daemon handed over no state") {
+				t.Fatalf("no state refusal said in the logs:\nold:\n%s\nnew:\n%s", log1.String(), log2.String())
+			}
+			for i, v := range got {
+				if v != nil {
+					t.Fatalf("%q served by a daemon that started cold", keys[i])
+				}
+			}
+			// The new daemon's values, then the stale writer writes over
+			// all of the memory it still maps.
+			var fresh [][]byte
+			for i := 0; i < 100; i++ {
+				fresh = append(fresh, []byte(fmt.Sprintf("fresh/%03d", i)))
+			}
+			if ok, _, err := reservePut(c2, fresh); err != nil || len(ok) != len(fresh) {
+				t.Fatalf("put on the new daemon: %d of %d, %v", len(ok), len(fresh), err)
+			}
+			stale := pool.Bytes()
+			for i := range stale {
+				stale[i] = 0xa5
+			}
+			for i, v := range readAll(t, c2, buf, fresh) {
+				if !bytes.Equal(v, hitlessValue(fresh[i])) {
+					t.Fatalf("%q changed by the old daemon's stale writer", fresh[i])
+				}
+			}
+		})
+	}
+}
+
+// TestHandoffColdAndRefused: with store_handoff = off a second daemon on a
+// socket in use is refused; with it on, a daemon that offers no hand-off
+// is waited for and the new one starts cold once it is gone, saying why;
+// and a client of another uid than the daemon's (not root) is refused.
+func TestHandoffColdAndRefused(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir)
+	cfg.StoreL2Path = "off"
+	log1 := &lockedBuffer{}
+	d1, err := New(cfg, slog.New(slog.NewTextHandler(log1, nil)), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	done1 := make(chan error, 1)
+	go func() { done1 <- d1.Run(ctx1) }()
+
+	if _, err := New(cfg, discardLogger(), env(nil)); !errors.Is(err, control.ErrAddrInUse) || !strings.Contains(err.Error(), "store_handoff = on") {
+		cancel1()
+		<-done1
+		t.Fatalf("a second daemon with store_handoff = off: %v, want refused as in use", err)
+	}
+
+	// The running daemon has store_handoff = off: no hand-off socket.
+	cfg2 := cfg
+	cfg2.StoreHandoff = "on"
+	log2 := &lockedBuffer{}
+	type result struct {
+		d   *Daemon
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		d, err := New(cfg2, slog.New(slog.NewTextHandler(log2, nil)), env(nil))
+		res <- result{d, err}
+	}()
+	testutil.Eventually(t, 10*time.Second, func() bool { return strings.Contains(log2.String(), "no hand-off offered") },
+		"the new daemon does not say the old one offers no hand-off")
+	select {
+	case r := <-res:
+		t.Fatalf("the new daemon started while the old one runs: %v", r.err)
+	default:
+	}
+	cancel1()
+	if err := <-done1; err != nil {
+		t.Fatalf("old daemon: %v", err)
+	}
+	r := <-res
+	if r.err != nil {
+		t.Fatalf("the new daemon did not start once the old one was gone: %v\n%s", r.err, log2.String())
+	}
+	runDaemon(t, r.d)
+	if !strings.Contains(log2.String(), "starting cold once the old daemon is gone") {
+		t.Fatalf("the cold start is not said:\n%s", log2.String())
+	}
+	c, err := client.Dial(cfg.Socket, client.Options{Name: "after"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+
+}
+
+// TestHandoffRefusesOtherUID: a process of another uid than the daemon's
+// (and not root) asking for a hand-off is refused and logged, whatever the
+// hand-off socket's mode, and the daemon goes on serving.
+func TestHandoffRefusesOtherUID(t *testing.T) {
+	cfg, bin := tenantConfig(t) // root, and a helper binary other uids may run
+	cfg.Tenants = nil
+	cfg.StoreHandoff = "on"
+	cfg.StoreL2Path = "off"
+	logBuf := &lockedBuffer{}
+	d, err := New(cfg, slog.New(slog.NewTextHandler(logBuf, nil)), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDaemon(t, d)
+	hs := cfg.Socket + handoffSuffix
+	if fi, err := os.Stat(hs); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("hand-off socket: %v, mode %v, want 0600", err, fi.Mode().Perm())
+	}
+	if err := os.Chmod(hs, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), helperEnv+"=handoff-dial", "TC_SOCKET="+hs)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uidA, Gid: uidA}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	if want := fmt.Sprintf("refused uid %d is neither", uidA); !strings.HasPrefix(string(out), want) {
+		t.Fatalf("uid %d asking for a hand-off was answered %q, want %q...", uidA, out, want)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return strings.Contains(logBuf.String(), "hand-off refused") },
+		"the refusal is not logged")
+	c, err := client.Dial(cfg.Socket, client.Options{Name: "still"})
+	if err != nil {
+		t.Fatalf("the daemon stopped serving after a refused hand-off: %v", err)
+	}
+	c.Close()
+}
+
+// runHandoffDial is the helper that asks for a hand-off (as another uid)
+// and prints the answer.
+func runHandoffDial() int {
+	c, err := net.DialTimeout("unixpacket", os.Getenv("TC_SOCKET"), 5*time.Second)
+	if err != nil {
+		fmt.Println("dial", err)
+		return 2
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.Write([]byte(handoffHello + "\n"))
+	buf := make([]byte, 512)
+	n, err := c.Read(buf)
+	if err != nil {
+		fmt.Println("read", err)
+		return 2
+	}
+	fmt.Print(string(buf[:n]))
+	return 0
+}
