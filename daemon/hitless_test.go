@@ -10,45 +10,34 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/fdstore"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // fdStoreSystemd plays systemd for a service with a socket unit and a file
-// descriptor store: it owns the control socket, receives FDSTORE=1 (with
-// FDNAME=, SCM_RIGHTS) and FDSTOREREMOVE=1 on the notify socket, and starts
-// each daemon with the control socket and every stored descriptor from fd
-// 3 on, LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID (the daemon's own) and
-// FDSTORE (FileDescriptorStoreMax=). As systemd does, it stores a
-// descriptor of a file it holds already only once.
+// descriptor store (fdstore.Store): it owns the control socket and starts
+// each daemon with it and every stored descriptor from fd 3 on, LISTEN_FDS,
+// LISTEN_FDNAMES, LISTEN_PID (the daemon's own) and FDSTORE
+// (FileDescriptorStoreMax=).
 type fdStoreSystemd struct {
-	t      *testing.T
-	bin    string
-	args   []string
-	sock   string
-	ctl    *os.File // the control socket (tensorcastd.socket)
-	notify *net.UnixConn
-	msgs   chan string
-
-	mu     sync.Mutex
-	names  []string
-	fds    []*os.File
-	stored int // FDSTORE=1 messages taken
-	errs   []string
+	t    *testing.T
+	bin  string
+	args []string
+	sock string
+	ctl  *os.File // the control socket (tensorcastd.socket)
+	fds  *fdstore.Store
 }
 
 func newFDStoreSystemd(t *testing.T, bin string, args ...string) *fdStoreSystemd {
 	dir := t.TempDir()
-	s := &fdStoreSystemd{t: t, bin: bin, args: args, sock: filepath.Join(dir, "tensorcastd.sock"), msgs: make(chan string, 64)}
+	s := &fdStoreSystemd{t: t, bin: bin, args: args, sock: filepath.Join(dir, "tensorcastd.sock")}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: s.sock, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
@@ -58,103 +47,18 @@ func newFDStoreSystemd(t *testing.T, bin string, args ...string) *fdStoreSystemd
 		t.Fatal(err)
 	}
 	ln.Close()
-	np := filepath.Join(dir, "notify.sock")
-	if s.notify, err = net.ListenUnixgram("unixgram", &net.UnixAddr{Name: np, Net: "unixgram"}); err != nil {
+	if s.fds, err = fdstore.Listen(filepath.Join(dir, "notify.sock")); err != nil {
 		t.Fatal(err)
 	}
-	go s.receive()
 	t.Cleanup(func() {
-		s.notify.Close()
+		s.fds.Close()
 		s.ctl.Close()
-		s.mu.Lock()
-		for _, f := range s.fds {
-			f.Close()
-		}
-		s.mu.Unlock()
 	})
 	return s
 }
 
-// receive takes notify messages until the socket is closed.
-func (s *fdStoreSystemd) receive() {
-	buf := make([]byte, 4096)
-	oob := make([]byte, unix.CmsgSpace(16*4))
-	for {
-		n, oobn, _, _, err := s.notify.ReadMsgUnix(buf, oob)
-		if err != nil {
-			close(s.msgs)
-			return
-		}
-		var fds []int
-		if cms, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
-			for _, cm := range cms {
-				if r, err := unix.ParseUnixRights(&cm); err == nil {
-					fds = append(fds, r...)
-				}
-			}
-		}
-		msg := string(buf[:n])
-		fields := map[string]string{}
-		for _, line := range strings.Split(msg, "\n") {
-			if k, v, ok := strings.Cut(line, "="); ok {
-				fields[k] = v
-			}
-		}
-		s.mu.Lock()
-		switch {
-		case fields["FDSTORE"] == "1":
-			s.stored++
-			for _, fd := range fds {
-				s.keep(fields["FDNAME"], fd)
-			}
-			fds = nil
-		case fields["FDSTOREREMOVE"] == "1":
-			for i := 0; i < len(s.names); i++ {
-				if s.names[i] == fields["FDNAME"] {
-					s.fds[i].Close()
-					s.names = append(s.names[:i], s.names[i+1:]...)
-					s.fds = append(s.fds[:i], s.fds[i+1:]...)
-					i--
-				}
-			}
-		}
-		s.mu.Unlock()
-		for _, fd := range fds {
-			unix.Close(fd) // descriptors with a message that stores none
-		}
-		select {
-		case s.msgs <- msg:
-		default:
-		}
-	}
-}
-
-// keep stores fd under name unless a stored descriptor is the same file.
-// s.mu is held.
-func (s *fdStoreSystemd) keep(name string, fd int) {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		s.errs = append(s.errs, err.Error())
-		unix.Close(fd)
-		return
-	}
-	for _, f := range s.fds {
-		var o unix.Stat_t
-		if unix.Fstat(int(f.Fd()), &o) == nil && o.Dev == st.Dev && o.Ino == st.Ino {
-			unix.Close(fd)
-			return
-		}
-	}
-	s.names = append(s.names, name)
-	s.fds = append(s.fds, os.NewFile(uintptr(fd), name))
-}
-
 // storedNames are the names of the stored descriptors.
-func (s *fdStoreSystemd) storedNames() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.names...)
-}
+func (s *fdStoreSystemd) storedNames() []string { return s.fds.Names() }
 
 // daemonProc is one started daemon.
 type daemonProc struct {
@@ -168,20 +72,22 @@ func (s *fdStoreSystemd) start() *daemonProc {
 	s.t.Helper()
 	// The store is held until the daemon has them: what it asks to drop
 	// (FDSTOREREMOVE) is closed only after.
-	s.mu.Lock()
-	files := append([]*os.File{s.ctl}, s.fds...)
-	names := append([]string{"control"}, s.names...)
-	cmd := exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, s.bin}, s.args...)...)
-	cmd.ExtraFiles = files
-	cmd.Env = append(os.Environ(), "LISTEN_FDS="+strconv.Itoa(len(files)), "LISTEN_FDNAMES="+strings.Join(names, ":"),
-		"NOTIFY_SOCKET="+s.notify.LocalAddr().String(), "FDSTORE=16")
-	p := &daemonProc{cmd: cmd, log: &lockedBuffer{}, exited: make(chan error, 1)}
-	cmd.Stderr = p.log
-	err := cmd.Start()
-	s.mu.Unlock()
+	ready := s.fds.NextReady()
+	var cmd *exec.Cmd
+	p := &daemonProc{log: &lockedBuffer{}, exited: make(chan error, 1)}
+	err := s.fds.Start(func(kept []*os.File, names []string) error {
+		files := append([]*os.File{s.ctl}, kept...)
+		names = append([]string{"control"}, names...)
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, s.bin}, s.args...)...)
+		cmd.ExtraFiles = files
+		cmd.Env = append(os.Environ(), s.fds.Env(files, names)...)
+		cmd.Stderr = p.log
+		return cmd.Start()
+	})
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	p.cmd = cmd
 	go func() { p.exited <- cmd.Wait() }()
 	s.t.Cleanup(func() {
 		select {
@@ -196,10 +102,8 @@ func (s *fdStoreSystemd) start() *daemonProc {
 	})
 	for {
 		select {
-		case msg := <-s.msgs:
-			if strings.HasPrefix(msg, "READY=1") {
-				return p
-			}
+		case <-ready:
+			return p
 		case err := <-p.exited:
 			s.t.Fatalf("daemon exited before READY: %v\n%s", err, p.log.String())
 		case <-time.After(30 * time.Second):
