@@ -131,22 +131,7 @@ func TestHandoffBetweenDaemons(t *testing.T) {
 	}
 	defer old.Close()
 	oldPool := old.PoolBytes()
-	committed := map[string]uint64{}
-	var keys [][]byte
-	for i := 0; i < 10000; i += 250 {
-		batch := make([][]byte, 250)
-		for j := range batch {
-			batch[j] = []byte(fmt.Sprintf("committed/%05d", i+j))
-		}
-		ok, offs, err := reservePut(old, batch)
-		if err != nil || len(ok) != len(batch) {
-			t.Fatalf("put of %d keys: %d committed, %v", len(batch), len(ok), err)
-		}
-		for j, k := range ok {
-			committed[string(k)] = offs[j]
-		}
-		keys = append(keys, ok...)
-	}
+	keys, committed := commitMany(t, old, 10000)
 
 	// Reserved and written, never committed: never served after; and the
 	// load, putting through every hand-off.

@@ -251,22 +251,7 @@ func TestHitlessRestart(t *testing.T) {
 	}
 	defer old.Close()
 	oldPool := old.PoolBytes()
-	committed := map[string]uint64{} // key → where old wrote it
-	var keys [][]byte
-	for i := 0; i < 10000; i += 250 {
-		batch := make([][]byte, 250)
-		for j := range batch {
-			batch[j] = []byte(fmt.Sprintf("committed/%05d", i+j))
-		}
-		ok, offs, err := reservePut(old, batch)
-		if err != nil || len(ok) != len(batch) {
-			t.Fatalf("put of %d keys: %d committed, %v", len(batch), len(ok), err)
-		}
-		for j, k := range ok {
-			committed[string(k)] = offs[j]
-		}
-		keys = append(keys, ok...)
-	}
+	keys, committed := commitMany(t, old, 10000)
 
 	// Values being written when the daemon goes, and a load client putting
 	// keys through every restart.
@@ -495,4 +480,27 @@ func checkKept(t *testing.T, what string, c *client.Client, buf *client.Buffer, 
 			t.Fatalf("%s: load key %q served with bytes that are not its value", what, sent[i])
 		}
 	}
+}
+
+// commitMany commits n keys ("committed/%05d") through c, 250 to a batch,
+// and returns them with where c wrote each in its pool.
+func commitMany(t *testing.T, c *client.Client, n int) ([][]byte, map[string]uint64) {
+	t.Helper()
+	committed := map[string]uint64{}
+	var keys [][]byte
+	for i := 0; i < n; i += 250 {
+		batch := make([][]byte, min(250, n-i))
+		for j := range batch {
+			batch[j] = []byte(fmt.Sprintf("committed/%05d", i+j))
+		}
+		ok, offs, err := reservePut(c, batch)
+		if err != nil || len(ok) != len(batch) {
+			t.Fatalf("put of %d keys: %d committed, %v", len(batch), len(ok), err)
+		}
+		for j, k := range ok {
+			committed[string(k)] = offs[j]
+		}
+		keys = append(keys, ok...)
+	}
+	return keys, committed
 }
