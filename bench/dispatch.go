@@ -185,17 +185,21 @@ func (d *dispatcher) flush() error {
 	return nil
 }
 
-// Reap waits until min completions are ready (or nothing more is in
+// Reap waits until atLeast completions are ready (or nothing more is in
 // flight) and moves up to len(out) of them to out.
-func (d *dispatcher) Reap(min int, out []Completion) (int, error) {
+func (d *dispatcher) Reap(atLeast int, out []Completion) (int, error) {
 	if d.q == nil || d.closed {
 		return 0, fmt.Errorf("%w: engine not open", ErrBadValue)
 	}
-	for len(d.ready) < min && d.pending > 0 {
+	for len(d.ready) < atLeast && d.pending > 0 {
 		if err := d.flush(); err != nil {
 			return 0, err
 		}
-		k, err := d.q.Reap(d.cqes, 1, waitTimeout)
+		// Every IO still missing ends with at least one CQE: wait for
+		// as many at once (one wake-up for them, as fio's
+		// iodepth_batch_complete_min), never more than are pending.
+		want := min(atLeast-len(d.ready), d.pending, len(d.cqes))
+		k, err := d.q.Reap(d.cqes, want, waitTimeout)
 		for _, c := range d.cqes[:k] {
 			d.complete(c)
 		}

@@ -447,7 +447,14 @@ func (w *worker) run(stop *atomic.Bool) error {
 		if inflight == 0 {
 			continue
 		}
-		got, err := w.eng.Reap(1, w.comps)
+		// The next submission waits for Batch free slots: reap that many
+		// in one wait (fio's iodepth_batch_complete_min, which the
+		// baseline is given), not one at a time.
+		want := 1
+		if !stopping && len(w.free) < j.Batch {
+			want = max(1, min(j.Batch-len(w.free), inflight, len(w.comps)))
+		}
+		got, err := w.eng.Reap(want, w.comps)
 		if err != nil {
 			// The engine cannot reap: what is in flight is lost to it.
 			if firstErr == nil {

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -132,123 +131,23 @@ func TestHandoffBetweenDaemons(t *testing.T) {
 	}
 	defer old.Close()
 	oldPool := old.PoolBytes()
-	committed := map[string]uint64{}
-	var keys [][]byte
-	for i := 0; i < 10000; i += 250 {
-		batch := make([][]byte, 250)
-		for j := range batch {
-			batch[j] = []byte(fmt.Sprintf("committed/%05d", i+j))
-		}
-		ok, offs, err := reservePut(old, batch)
-		if err != nil || len(ok) != len(batch) {
-			t.Fatalf("put of %d keys: %d committed, %v", len(batch), len(ok), err)
-		}
-		for j, k := range ok {
-			committed[string(k)] = offs[j]
-		}
-		keys = append(keys, ok...)
-	}
+	keys, committed := commitMany(t, old, 10000)
 
-	// Reserved and written, never committed: never served after.
-	half, err := client.Dial(sock, client.Options{Name: "half-written"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer half.Close()
-	var halfKeys [][]byte
-	for i := 0; i < 50; i++ {
-		halfKeys = append(halfKeys, []byte(fmt.Sprintf("half/%02d", i)))
-	}
-	hsizes, hoffs, hres := make([]uint64, 50), make([]uint64, 50), make([]error, 50)
-	for i, k := range halfKeys {
-		hsizes[i] = uint64(len(hitlessValue(k)))
-	}
-	if err := half.StoreReserve(halfKeys, hsizes, hoffs, hres); err != nil {
-		t.Fatal(err)
-	}
-	for i, k := range halfKeys {
-		copy(half.PoolBytes()[hoffs[i]:], hitlessValue(k)[:hsizes[i]/2])
-	}
-
-	// The load: puts through every hand-off, dialing again when the
-	// connection breaks.
-	var (
-		loadMu   sync.Mutex
-		loadAck  = map[string]bool{}
-		loadSent [][]byte
-	)
-	stop := make(chan struct{})
-	loadDone := make(chan struct{})
-	go func() {
-		defer close(loadDone)
-		var c *client.Client
-		defer func() {
-			if c != nil {
-				c.Close()
-			}
-		}()
-		pace := time.NewTicker(5 * time.Millisecond)
-		defer pace.Stop()
-		for n := 0; ; n += 8 {
-			select {
-			case <-stop:
-				return
-			case <-pace.C:
-			}
-			if c == nil {
-				var err error
-				if c, err = client.Dial(sock, client.Options{Name: "load", DialTimeout: time.Second}); err != nil {
-					c = nil
-					continue
-				}
-			}
-			batch := make([][]byte, 8)
-			for j := range batch {
-				batch[j] = []byte(fmt.Sprintf("load/%07d", n+j))
-			}
-			loadMu.Lock()
-			loadSent = append(loadSent, batch...)
-			loadMu.Unlock()
-			ok, _, err := reservePut(c, batch)
-			loadMu.Lock()
-			for _, k := range ok {
-				loadAck[string(k)] = true
-			}
-			loadMu.Unlock()
-			if err != nil {
-				c.Close()
-				c = nil
-			}
-		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-loadDone
-	}()
+	// Reserved and written, never committed: never served after; and the
+	// load, putting through every hand-off.
+	halfKeys := halfWritten(t, sock)
+	load := startPutLoad(sock)
+	defer load.stop()
 
 	acked := 0
 	recovered := regexp.MustCompile(`L1 values kept across the restart.* recovered=(\d+)`)
 	for round := 0; round < 2; round++ {
-		target := acked + 64
-		testutil.Eventually(t, 20*time.Second, func() bool {
-			loadMu.Lock()
-			defer loadMu.Unlock()
-			return len(loadAck) >= target
-		}, "round %d: the load client makes no progress", round)
+		load.waitAcked(t, acked+64, fmt.Sprintf("round %d", round))
 
 		next := startHandoffProc(t, bin, args...)
 		// Everything the load had acknowledged when the old daemon
 		// stopped taking work is committed there.
-		loadMu.Lock()
-		ackedKeys := make([][]byte, 0, len(loadAck))
-		for k := range loadAck {
-			ackedKeys = append(ackedKeys, []byte(k))
-		}
-		loadMu.Unlock()
+		ackedKeys := load.acked()
 		acked = len(ackedKeys)
 
 		if !strings.Contains(d.log.String(), "hand-off: pools and L1 journals handed over") {
@@ -300,38 +199,11 @@ func TestHandoffBetweenDaemons(t *testing.T) {
 		}
 
 		c, buf := dialReader(t, sock)
-		for i, v := range readAll(t, c, buf, keys) {
-			want := hitlessValue(keys[i])
-			if !bytes.Equal(v, want) {
-				t.Fatalf("round %d: %q read back as %d bytes, want its %d committed bytes", round, keys[i], len(v), len(want))
-			}
-			if off := committed[string(keys[i])]; !bytes.Equal(oldPool[off:off+uint64(len(want))], want) {
-				t.Fatalf("round %d: the mapping made before the first hand-off lost %q", round, keys[i])
-			}
-		}
-		for i, v := range readAll(t, c, buf, halfKeys) {
-			if v != nil {
-				t.Fatalf("round %d: %q was never committed and is served (%d bytes)", round, halfKeys[i], len(v))
-			}
-		}
-		for i, v := range readAll(t, c, buf, ackedKeys) {
-			if !bytes.Equal(v, hitlessValue(ackedKeys[i])) {
-				t.Fatalf("round %d: load key %q acknowledged before the hand-off read back as %d bytes", round, ackedKeys[i], len(v))
-			}
-		}
-		loadMu.Lock()
-		sent := append([][]byte(nil), loadSent...)
-		loadMu.Unlock()
-		for i, v := range readAll(t, c, buf, sent) {
-			if v != nil && !bytes.Equal(v, hitlessValue(sent[i])) {
-				t.Fatalf("round %d: load key %q served with bytes that are not its value", round, sent[i])
-			}
-		}
+		checkKept(t, fmt.Sprintf("round %d", round), c, buf, keys, committed, oldPool, halfKeys, ackedKeys, load.sentKeys())
 		c.Close()
 		t.Logf("round %d: %d committed + %d load keys read back; the new daemon recovered %s L1 values", round, len(keys), acked, m[1])
 	}
-	close(stop)
-	<-loadDone
+	load.stop()
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	err = <-d.exited
 	d.exited <- err

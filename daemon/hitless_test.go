@@ -10,45 +10,34 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/fdstore"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // fdStoreSystemd plays systemd for a service with a socket unit and a file
-// descriptor store: it owns the control socket, receives FDSTORE=1 (with
-// FDNAME=, SCM_RIGHTS) and FDSTOREREMOVE=1 on the notify socket, and starts
-// each daemon with the control socket and every stored descriptor from fd
-// 3 on, LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID (the daemon's own) and
-// FDSTORE (FileDescriptorStoreMax=). As systemd does, it stores a
-// descriptor of a file it holds already only once.
+// descriptor store (fdstore.Store): it owns the control socket and starts
+// each daemon with it and every stored descriptor from fd 3 on, LISTEN_FDS,
+// LISTEN_FDNAMES, LISTEN_PID (the daemon's own) and FDSTORE
+// (FileDescriptorStoreMax=).
 type fdStoreSystemd struct {
-	t      *testing.T
-	bin    string
-	args   []string
-	sock   string
-	ctl    *os.File // the control socket (tensorcastd.socket)
-	notify *net.UnixConn
-	msgs   chan string
-
-	mu     sync.Mutex
-	names  []string
-	fds    []*os.File
-	stored int // FDSTORE=1 messages taken
-	errs   []string
+	t    *testing.T
+	bin  string
+	args []string
+	sock string
+	ctl  *os.File // the control socket (tensorcastd.socket)
+	fds  *fdstore.Store
 }
 
 func newFDStoreSystemd(t *testing.T, bin string, args ...string) *fdStoreSystemd {
 	dir := t.TempDir()
-	s := &fdStoreSystemd{t: t, bin: bin, args: args, sock: filepath.Join(dir, "tensorcastd.sock"), msgs: make(chan string, 64)}
+	s := &fdStoreSystemd{t: t, bin: bin, args: args, sock: filepath.Join(dir, "tensorcastd.sock")}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: s.sock, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
@@ -58,103 +47,18 @@ func newFDStoreSystemd(t *testing.T, bin string, args ...string) *fdStoreSystemd
 		t.Fatal(err)
 	}
 	ln.Close()
-	np := filepath.Join(dir, "notify.sock")
-	if s.notify, err = net.ListenUnixgram("unixgram", &net.UnixAddr{Name: np, Net: "unixgram"}); err != nil {
+	if s.fds, err = fdstore.Listen(filepath.Join(dir, "notify.sock")); err != nil {
 		t.Fatal(err)
 	}
-	go s.receive()
 	t.Cleanup(func() {
-		s.notify.Close()
+		s.fds.Close()
 		s.ctl.Close()
-		s.mu.Lock()
-		for _, f := range s.fds {
-			f.Close()
-		}
-		s.mu.Unlock()
 	})
 	return s
 }
 
-// receive takes notify messages until the socket is closed.
-func (s *fdStoreSystemd) receive() {
-	buf := make([]byte, 4096)
-	oob := make([]byte, unix.CmsgSpace(16*4))
-	for {
-		n, oobn, _, _, err := s.notify.ReadMsgUnix(buf, oob)
-		if err != nil {
-			close(s.msgs)
-			return
-		}
-		var fds []int
-		if cms, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
-			for _, cm := range cms {
-				if r, err := unix.ParseUnixRights(&cm); err == nil {
-					fds = append(fds, r...)
-				}
-			}
-		}
-		msg := string(buf[:n])
-		fields := map[string]string{}
-		for _, line := range strings.Split(msg, "\n") {
-			if k, v, ok := strings.Cut(line, "="); ok {
-				fields[k] = v
-			}
-		}
-		s.mu.Lock()
-		switch {
-		case fields["FDSTORE"] == "1":
-			s.stored++
-			for _, fd := range fds {
-				s.keep(fields["FDNAME"], fd)
-			}
-			fds = nil
-		case fields["FDSTOREREMOVE"] == "1":
-			for i := 0; i < len(s.names); i++ {
-				if s.names[i] == fields["FDNAME"] {
-					s.fds[i].Close()
-					s.names = append(s.names[:i], s.names[i+1:]...)
-					s.fds = append(s.fds[:i], s.fds[i+1:]...)
-					i--
-				}
-			}
-		}
-		s.mu.Unlock()
-		for _, fd := range fds {
-			unix.Close(fd) // descriptors with a message that stores none
-		}
-		select {
-		case s.msgs <- msg:
-		default:
-		}
-	}
-}
-
-// keep stores fd under name unless a stored descriptor is the same file.
-// s.mu is held.
-func (s *fdStoreSystemd) keep(name string, fd int) {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		s.errs = append(s.errs, err.Error())
-		unix.Close(fd)
-		return
-	}
-	for _, f := range s.fds {
-		var o unix.Stat_t
-		if unix.Fstat(int(f.Fd()), &o) == nil && o.Dev == st.Dev && o.Ino == st.Ino {
-			unix.Close(fd)
-			return
-		}
-	}
-	s.names = append(s.names, name)
-	s.fds = append(s.fds, os.NewFile(uintptr(fd), name))
-}
-
 // storedNames are the names of the stored descriptors.
-func (s *fdStoreSystemd) storedNames() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.names...)
-}
+func (s *fdStoreSystemd) storedNames() []string { return s.fds.Names() }
 
 // daemonProc is one started daemon.
 type daemonProc struct {
@@ -168,20 +72,22 @@ func (s *fdStoreSystemd) start() *daemonProc {
 	s.t.Helper()
 	// The store is held until the daemon has them: what it asks to drop
 	// (FDSTOREREMOVE) is closed only after.
-	s.mu.Lock()
-	files := append([]*os.File{s.ctl}, s.fds...)
-	names := append([]string{"control"}, s.names...)
-	cmd := exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, s.bin}, s.args...)...)
-	cmd.ExtraFiles = files
-	cmd.Env = append(os.Environ(), "LISTEN_FDS="+strconv.Itoa(len(files)), "LISTEN_FDNAMES="+strings.Join(names, ":"),
-		"NOTIFY_SOCKET="+s.notify.LocalAddr().String(), "FDSTORE=16")
-	p := &daemonProc{cmd: cmd, log: &lockedBuffer{}, exited: make(chan error, 1)}
-	cmd.Stderr = p.log
-	err := cmd.Start()
-	s.mu.Unlock()
+	ready := s.fds.NextReady()
+	var cmd *exec.Cmd
+	p := &daemonProc{log: &lockedBuffer{}, exited: make(chan error, 1)}
+	err := s.fds.Start(func(kept []*os.File, names []string) error {
+		files := append([]*os.File{s.ctl}, kept...)
+		names = append([]string{"control"}, names...)
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, s.bin}, s.args...)...)
+		cmd.ExtraFiles = files
+		cmd.Env = append(os.Environ(), s.fds.Env(files, names)...)
+		cmd.Stderr = p.log
+		return cmd.Start()
+	})
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	p.cmd = cmd
 	go func() { p.exited <- cmd.Wait() }()
 	s.t.Cleanup(func() {
 		select {
@@ -196,10 +102,8 @@ func (s *fdStoreSystemd) start() *daemonProc {
 	})
 	for {
 		select {
-		case msg := <-s.msgs:
-			if strings.HasPrefix(msg, "READY=1") {
-				return p
-			}
+		case <-ready:
+			return p
 		case err := <-p.exited:
 			s.t.Fatalf("daemon exited before READY: %v\n%s", err, p.log.String())
 		case <-time.After(30 * time.Second):
@@ -347,127 +251,22 @@ func TestHitlessRestart(t *testing.T) {
 	}
 	defer old.Close()
 	oldPool := old.PoolBytes()
-	committed := map[string]uint64{} // key → where old wrote it
-	var keys [][]byte
-	for i := 0; i < 10000; i += 250 {
-		batch := make([][]byte, 250)
-		for j := range batch {
-			batch[j] = []byte(fmt.Sprintf("committed/%05d", i+j))
-		}
-		ok, offs, err := reservePut(old, batch)
-		if err != nil || len(ok) != len(batch) {
-			t.Fatalf("put of %d keys: %d committed, %v", len(batch), len(ok), err)
-		}
-		for j, k := range ok {
-			committed[string(k)] = offs[j]
-		}
-		keys = append(keys, ok...)
-	}
+	keys, committed := commitMany(t, old, 10000)
 
-	// Values being written when the daemon goes: reserved, written, never
-	// committed.
-	half, err := client.Dial(sd.sock, client.Options{Name: "half-written"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer half.Close()
-	var halfKeys [][]byte
-	for i := 0; i < 50; i++ {
-		halfKeys = append(halfKeys, []byte(fmt.Sprintf("half/%02d", i)))
-	}
-	hsizes, hoffs, hres := make([]uint64, 50), make([]uint64, 50), make([]error, 50)
-	for i, k := range halfKeys {
-		hsizes[i] = uint64(len(hitlessValue(k)))
-	}
-	if err := half.StoreReserve(halfKeys, hsizes, hoffs, hres); err != nil {
-		t.Fatal(err)
-	}
-	for i, k := range halfKeys {
-		copy(half.PoolBytes()[hoffs[i]:], hitlessValue(k)[:hsizes[i]/2])
-	}
-
-	// The load: a client putting keys through every restart, redialing
-	// when its connection breaks.
-	var (
-		loadMu   sync.Mutex
-		loadAck  = map[string]bool{}
-		loadSent [][]byte
-	)
-	stop := make(chan struct{})
-	loadDone := make(chan struct{})
-	go func() {
-		defer close(loadDone)
-		var c *client.Client
-		defer func() {
-			if c != nil {
-				c.Close()
-			}
-		}()
-		// A batch every 5 ms: load through every restart without filling
-		// L1 (which would evict).
-		pace := time.NewTicker(5 * time.Millisecond)
-		defer pace.Stop()
-		for n := 0; ; n += 8 {
-			select {
-			case <-stop:
-				return
-			case <-pace.C:
-			}
-			if c == nil {
-				var err error
-				if c, err = client.Dial(sd.sock, client.Options{Name: "load", DialTimeout: time.Second}); err != nil {
-					c = nil
-					continue
-				}
-			}
-			batch := make([][]byte, 8)
-			for j := range batch {
-				batch[j] = []byte(fmt.Sprintf("load/%07d", n+j))
-			}
-			loadMu.Lock()
-			loadSent = append(loadSent, batch...)
-			loadMu.Unlock()
-			ok, _, err := reservePut(c, batch)
-			loadMu.Lock()
-			for _, k := range ok {
-				loadAck[string(k)] = true
-			}
-			loadMu.Unlock()
-			if err != nil {
-				c.Close()
-				c = nil
-			}
-		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-loadDone
-	}()
+	// Values being written when the daemon goes, and a load client putting
+	// keys through every restart.
+	halfKeys := halfWritten(t, sd.sock)
+	load := startPutLoad(sd.sock)
+	defer load.stop()
 
 	acked := 0
 	for round, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL, syscall.SIGTERM, syscall.SIGKILL} {
 		// The load runs on this daemon before the signal, and goes on
 		// through it.
-		target := acked + 64
-		testutil.Eventually(t, 20*time.Second, func() bool {
-			loadMu.Lock()
-			defer loadMu.Unlock()
-			return len(loadAck) >= target
-		}, "round %d: the load client makes no progress", round)
-		loadMu.Lock()
-		before := len(loadAck)
-		loadMu.Unlock()
+		load.waitAcked(t, acked+64, fmt.Sprintf("round %d", round))
+		before := len(load.acked())
 		d.stop(t, sig)
-		loadMu.Lock()
-		ackedKeys := make([][]byte, 0, len(loadAck))
-		for k := range loadAck {
-			ackedKeys = append(ackedKeys, []byte(k))
-		}
-		loadMu.Unlock()
+		ackedKeys := load.acked()
 		acked = len(ackedKeys)
 		d = sd.start()
 		if !strings.Contains(d.log.String(), "adopted from the previous daemon") {
@@ -495,33 +294,7 @@ func TestHitlessRestart(t *testing.T) {
 		}
 
 		c, buf := dialReader(t, sd.sock)
-		for i, v := range readAll(t, c, buf, keys) {
-			want := hitlessValue(keys[i])
-			if !bytes.Equal(v, want) {
-				t.Fatalf("round %d (%v): %q read back as %d bytes, want its %d committed bytes", round, sig, keys[i], len(v), len(want))
-			}
-			if off := committed[string(keys[i])]; !bytes.Equal(oldPool[off:off+uint64(len(want))], want) {
-				t.Fatalf("round %d (%v): the mapping made before the first restart lost %q", round, sig, keys[i])
-			}
-		}
-		for i, v := range readAll(t, c, buf, halfKeys) {
-			if v != nil {
-				t.Fatalf("round %d (%v): %q was never committed and is served (%d bytes)", round, sig, halfKeys[i], len(v))
-			}
-		}
-		for i, v := range readAll(t, c, buf, ackedKeys) {
-			if !bytes.Equal(v, hitlessValue(ackedKeys[i])) {
-				t.Fatalf("round %d (%v): load key %q committed before the restart read back as %d bytes", round, sig, ackedKeys[i], len(v))
-			}
-		}
-		loadMu.Lock()
-		sent := append([][]byte(nil), loadSent...)
-		loadMu.Unlock()
-		for i, v := range readAll(t, c, buf, sent) {
-			if v != nil && !bytes.Equal(v, hitlessValue(sent[i])) {
-				t.Fatalf("round %d (%v): load key %q served with bytes that are not its value", round, sig, sent[i])
-			}
-		}
+		checkKept(t, fmt.Sprintf("round %d (%v)", round, sig), c, buf, keys, committed, oldPool, halfKeys, ackedKeys, load.sentKeys())
 		// New blocks are in the same memory the old mapping has.
 		ok, offs, err := reservePut(c, [][]byte{[]byte(fmt.Sprintf("after/%d", round))})
 		if err != nil || len(ok) != 1 {
@@ -534,8 +307,7 @@ func TestHitlessRestart(t *testing.T) {
 		t.Logf("round %d (%v): %d committed + %d load keys (of %d acked before the signal) read back; %s", round, sig,
 			len(keys), acked, before, grepLines(d.log.String(), "kept across the restart"))
 	}
-	close(stop)
-	<-loadDone
+	load.stop()
 	d.stop(t, syscall.SIGTERM)
 
 	// A daemon that does not keep L1 starts as without systemd's store,
@@ -551,4 +323,184 @@ func TestHitlessRestart(t *testing.T) {
 	}
 	c.Close()
 	d.stop(t, syscall.SIGTERM)
+}
+
+// halfWritten reserves 50 keys on the daemon at sock and writes half of
+// each value, never committing them: what no restart may serve. The client
+// stays open until the test ends.
+func halfWritten(t *testing.T, sock string) [][]byte {
+	t.Helper()
+	half, err := client.Dial(sock, client.Options{Name: "half-written"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { half.Close() })
+	keys := make([][]byte, 50)
+	for i := range keys {
+		keys[i] = []byte(fmt.Sprintf("half/%02d", i))
+	}
+	sizes, offs, res := make([]uint64, len(keys)), make([]uint64, len(keys)), make([]error, len(keys))
+	for i, k := range keys {
+		sizes[i] = uint64(len(hitlessValue(k)))
+	}
+	if err := half.StoreReserve(keys, sizes, offs, res); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		copy(half.PoolBytes()[offs[i]:], hitlessValue(k)[:sizes[i]/2])
+	}
+	return keys
+}
+
+// putLoad is a client putting batches of 8 keys every 5 ms (load through
+// every restart without filling L1, which would evict), dialing again when
+// its connection breaks. It records what it sent and what was
+// acknowledged.
+type putLoad struct {
+	mu   sync.Mutex
+	ack  map[string]bool
+	sent [][]byte
+
+	once sync.Once
+	quit chan struct{}
+	done chan struct{}
+}
+
+func startPutLoad(sock string) *putLoad {
+	l := &putLoad{ack: map[string]bool{}, quit: make(chan struct{}), done: make(chan struct{})}
+	go l.run(sock)
+	return l
+}
+
+func (l *putLoad) run(sock string) {
+	defer close(l.done)
+	var c *client.Client
+	defer func() {
+		if c != nil {
+			c.Close()
+		}
+	}()
+	pace := time.NewTicker(5 * time.Millisecond)
+	defer pace.Stop()
+	for n := 0; ; n += 8 {
+		select {
+		case <-l.quit:
+			return
+		case <-pace.C:
+		}
+		if c == nil {
+			var err error
+			if c, err = client.Dial(sock, client.Options{Name: "load", DialTimeout: time.Second}); err != nil {
+				c = nil
+				continue
+			}
+		}
+		batch := make([][]byte, 8)
+		for j := range batch {
+			batch[j] = []byte(fmt.Sprintf("load/%07d", n+j))
+		}
+		l.mu.Lock()
+		l.sent = append(l.sent, batch...)
+		l.mu.Unlock()
+		ok, _, err := reservePut(c, batch)
+		l.mu.Lock()
+		for _, k := range ok {
+			l.ack[string(k)] = true
+		}
+		l.mu.Unlock()
+		if err != nil {
+			c.Close()
+			c = nil
+		}
+	}
+}
+
+// waitAcked waits until at least n puts were acknowledged.
+func (l *putLoad) waitAcked(t *testing.T, n int, what string) {
+	t.Helper()
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.ack) >= n
+	}, "%s: the load client makes no progress", what)
+}
+
+// acked lists the keys whose puts were acknowledged so far.
+func (l *putLoad) acked() [][]byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	keys := make([][]byte, 0, len(l.ack))
+	for k := range l.ack {
+		keys = append(keys, []byte(k))
+	}
+	return keys
+}
+
+// sentKeys lists every key the load tried to put.
+func (l *putLoad) sentKeys() [][]byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([][]byte(nil), l.sent...)
+}
+
+// stop ends the load and waits for it; later calls return at once.
+func (l *putLoad) stop() {
+	l.once.Do(func() { close(l.quit) })
+	<-l.done
+}
+
+// checkKept reads back through c, after a restart or hand-off (what names
+// it): every committed key byte-exact, also in the mapping made before the
+// first restart (oldPool, at committed[key]); no half-written key; every
+// acknowledged load key byte-exact; no sent load key with other bytes.
+func checkKept(t *testing.T, what string, c *client.Client, buf *client.Buffer, keys [][]byte, committed map[string]uint64,
+	oldPool []byte, halfKeys, ackedKeys, sent [][]byte) {
+	t.Helper()
+	for i, v := range readAll(t, c, buf, keys) {
+		want := hitlessValue(keys[i])
+		if !bytes.Equal(v, want) {
+			t.Fatalf("%s: %q read back as %d bytes, want its %d committed bytes", what, keys[i], len(v), len(want))
+		}
+		if off := committed[string(keys[i])]; !bytes.Equal(oldPool[off:off+uint64(len(want))], want) {
+			t.Fatalf("%s: the mapping made before the first restart lost %q", what, keys[i])
+		}
+	}
+	for i, v := range readAll(t, c, buf, halfKeys) {
+		if v != nil {
+			t.Fatalf("%s: %q was never committed and is served (%d bytes)", what, halfKeys[i], len(v))
+		}
+	}
+	for i, v := range readAll(t, c, buf, ackedKeys) {
+		if !bytes.Equal(v, hitlessValue(ackedKeys[i])) {
+			t.Fatalf("%s: load key %q acknowledged before the restart read back as %d bytes", what, ackedKeys[i], len(v))
+		}
+	}
+	for i, v := range readAll(t, c, buf, sent) {
+		if v != nil && !bytes.Equal(v, hitlessValue(sent[i])) {
+			t.Fatalf("%s: load key %q served with bytes that are not its value", what, sent[i])
+		}
+	}
+}
+
+// commitMany commits n keys ("committed/%05d") through c, 250 to a batch,
+// and returns them with where c wrote each in its pool.
+func commitMany(t *testing.T, c *client.Client, n int) ([][]byte, map[string]uint64) {
+	t.Helper()
+	committed := map[string]uint64{}
+	var keys [][]byte
+	for i := 0; i < n; i += 250 {
+		batch := make([][]byte, min(250, n-i))
+		for j := range batch {
+			batch[j] = []byte(fmt.Sprintf("committed/%05d", i+j))
+		}
+		ok, offs, err := reservePut(c, batch)
+		if err != nil || len(ok) != len(batch) {
+			t.Fatalf("put of %d keys: %d committed, %v", len(batch), len(ok), err)
+		}
+		for j, k := range ok {
+			committed[string(k)] = offs[j]
+		}
+		keys = append(keys, ok...)
+	}
+	return keys, committed
 }

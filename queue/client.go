@@ -2,6 +2,7 @@ package queue
 
 import (
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"time"
 )
@@ -29,6 +30,10 @@ type ClientRing struct {
 	// slotData[i & sqMask] is dataTail just after entry i was staged.
 	dataHead, dataTail uint64
 	slotData           []uint64
+
+	// yielded is when Wait last passed through the scheduler (see
+	// yieldEvery); owned by the completion side.
+	yielded time.Time
 
 	// interrupted is set by Interrupt: Wait returns ErrClosed.
 	interrupted atomic.Bool
@@ -227,27 +232,17 @@ func (q *ClientRing) Reap(out []CQE) int {
 	return n
 }
 
-// spinFor spins, within the learned budget, until min CQEs are ready,
-// for as long as completions keep arriving within it (see
-// spinner.progress) and the deadline allows.
-func (q *ClientRing) spinFor(min int, deadline time.Time) bool {
+// spinFor spins, within the learned budget (at most spinCeiling, which
+// a Wait's deadline may overrun), until min CQEs are ready.
+func (q *ClientRing) spinFor(min int) bool {
 	if !q.spin.begin() {
 		return false
 	}
 	found := false
-	last := q.Ready()
 	for q.spin.more() {
-		r := q.Ready()
-		if r >= min {
+		if q.Ready() >= min {
 			found = true
 			break
-		}
-		if r != last {
-			last = r
-			if !deadline.IsZero() && !time.Now().Before(deadline) {
-				break
-			}
-			q.spin.progress()
 		}
 	}
 	q.spin.end(found)
@@ -258,10 +253,10 @@ func (q *ClientRing) spinFor(min int, deadline time.Time) bool {
 const waitBits = FlagWaiting | FlagWaitTarget
 
 // Wait waits until at least min CQEs are ready, the queue is closed or
-// broken, or timeout passes (negative: no limit). It spins briefly, then
-// sleeps on the completion word. It returns nil when min are ready,
-// ErrTimeout, or the queue's Err (after which Ready may still hold the
-// last completions).
+// broken, or timeout passes (negative: no limit). With one completion
+// missing it spins briefly first; then it sleeps on the completion word.
+// It returns nil when min are ready, ErrTimeout, or the queue's Err (after
+// which Ready may still hold the last completions).
 func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 	if min <= 0 || q.Ready() >= min {
 		return nil
@@ -274,23 +269,28 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		deadline = time.Now().Add(timeout)
 	}
 	for {
-		if q.spinFor(min, deadline) {
+		// The spin is for a last missing completion only. While two or
+		// more are missing the daemon is known to be working on them,
+		// and the client sleeps at once until all have come (the
+		// target below): one sleep and one wake-up per wait, where a
+		// spin through the arrivals would bill the whole wait to the
+		// client's CPU.
+		if min-q.Ready() <= 1 && q.spinFor(min) {
 			return nil
 		}
 		if err := q.Err(); err != nil {
 			return err
 		}
-		v := q.w.cqWake.Load()
-		// Woken once, by the completion before the min-th, so that this
-		// side is awake and spinning when the last one comes rather than
-		// waking only after it (one wake-up either way, but off the
-		// path of the last); by the min-th when only one is missing.
-		// The target is written before the flags' full fence, so a
-		// daemon that sees the flag sees the target too.
-		target := uint32(min)
-		if min-q.Ready() >= 2 {
-			target--
+		if now := time.Now(); now.Sub(q.yielded) >= yieldEvery {
+			q.yielded = now
+			runtime.Gosched()
 		}
+		v := q.w.cqWake.Load()
+		// Woken once, by the min-th completion: the client sleeps
+		// through the others (no wake-up, no spin per completion). The
+		// target is written before the flags' full fence, so a daemon
+		// that sees the flag sees the target too.
+		target := uint32(min)
 		q.w.cqTarget.Store(q.cqHead + target)
 		q.w.cqFlags.Or(waitBits) // a full fence: the re-check sees a post before it
 		if q.Ready() >= min {

@@ -139,6 +139,12 @@
 // each of which would send the client back to sleep. A target that is
 // never reached therefore costs the client only its own wait.
 //
+// The library's client spins only for a last missing completion: one that
+// waits for two or more sleeps at once with its target at the last, since
+// the daemon is known to be working on them, and a spin through their
+// arrivals would bill the whole wait to the client's CPU. Its spin is
+// learned (queue/spin.go) and never longer than 50 µs.
+//
 // # The daemon's side: one sleep per reactor
 //
 // The daemon serves its queues with a few reactor workers (package

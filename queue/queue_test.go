@@ -508,9 +508,7 @@ func TestStoreEntry(t *testing.T) {
 }
 
 // TestWaitTargetWakesOnce: a client sleeping for several completions is
-// not woken by each post: only by the one before the last it waits for
-// (so that it is awake, spinning, when the last comes) and, with its spin
-// off as here, by the last.
+// not woken by each post: only by the last it waits for.
 func TestWaitTargetWakesOnce(t *testing.T) {
 	d, c := pair(t, 8, 0, 0)
 	c.spin = spinner{} // sleep at once
@@ -520,18 +518,13 @@ func TestWaitTargetWakesOnce(t *testing.T) {
 	sleepingFor := func(n uint32) bool {
 		return c.w.cqFlags.Load()&waitBits == waitBits && c.w.cqTarget.Load()-c.cqHead == n
 	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return sleepingFor(3) }, "the client sleeping for 3")
-	for i := 0; i < 2; i++ {
+	testutil.Eventually(t, 10*time.Second, func() bool { return sleepingFor(4) }, "the client sleeping for 4")
+	for i := 0; i < 3; i++ {
 		d.Post(&CQE{UserData: uint64(i)})
 	}
 	if w := d.WakeCounts.ClientWakes.Load(); w != 0 {
-		t.Fatalf("%d client wakes for 2 of the 4 completions it waits for", w)
+		t.Fatalf("%d client wakes for 3 of the 4 completions it waits for", w)
 	}
-	d.Post(&CQE{UserData: 2})
-	if w := d.WakeCounts.ClientWakes.Load(); w != 1 {
-		t.Fatalf("%d client wakes after the third of 4, want 1 (the one before the last)", w)
-	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return sleepingFor(4) }, "the client sleeping for 4") // no spin: it sleeps for the last
 	select {
 	case err := <-errs:
 		t.Fatalf("Wait(4) returned with 3 ready: %v", err)
@@ -541,8 +534,8 @@ func TestWaitTargetWakesOnce(t *testing.T) {
 	if err := <-errs; err != nil {
 		t.Fatalf("Wait(4): %v", err)
 	}
-	if w := d.WakeCounts.ClientWakes.Load(); w != 2 {
-		t.Errorf("%d client wakes, want 2", w)
+	if w := d.WakeCounts.ClientWakes.Load(); w != 1 {
+		t.Errorf("%d client wakes, want 1", w)
 	}
 	if c.Ready() != 4 || c.w.cqFlags.Load()&waitBits != 0 {
 		t.Errorf("ready %d, flags %#x after the wait", c.Ready(), c.w.cqFlags.Load())
@@ -578,33 +571,47 @@ func TestClientWants(t *testing.T) {
 	}
 }
 
-// TestSpinThroughArrivals: a client waiting for 4 completions that come
-// one by one, each well within its spin budget but all four taking longer
-// than it, spins through them and never sleeps. The spinner's clock is the
-// test's: each reading advances it 1 ms and, every 10 ms, the daemon posts
-// one more completion, so without the spin's restart at each arrival the
-// budget (25 ms) runs out after two, the client sleeps, and nothing posts
-// the rest.
-func TestSpinThroughArrivals(t *testing.T) {
+// TestWaitSleepsWhileSeveralMissing: a client waiting for 4 completions
+// with 4 in flight does not spin (the daemon is known to be working),
+// whatever its spin budget: it sleeps at once, for all 4. A client waiting
+// for the one completion missing spins first. The spinner's clock is the
+// test's and counts the spin's readings.
+func TestWaitSleepsWhileSeveralMissing(t *testing.T) {
 	d, c := pair(t, 8, 0, 0)
-	inFlight(t, d, c, 4)
+	inFlight(t, d, c, 5)
+	var ticks atomic.Int64
 	base := time.Unix(1000, 0)
-	ticks, posted := 0, 0
 	spinClock = func() time.Time {
-		ticks++
-		if ticks%10 == 0 && posted < 4 {
-			d.Post(&CQE{UserData: uint64(posted)})
-			posted++
-		}
-		return base.Add(time.Duration(ticks) * time.Millisecond)
+		return base.Add(time.Duration(ticks.Add(1)) * time.Microsecond)
 	}
 	defer func() { spinClock = time.Now }()
 	c.spin = spinner{budget: 25 * time.Millisecond, max: 25 * time.Millisecond}
-	if err := c.Wait(4, 2*time.Second); err != nil {
-		t.Fatalf("Wait(4): %v after %d posted (slept %d times)", err, posted, c.Sleeps)
+	errs := make(chan error, 1)
+	go func() { errs <- c.Wait(4, 10*time.Second) }()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return c.w.cqFlags.Load()&waitBits == waitBits && c.w.cqTarget.Load()-c.cqHead == 4
+	}, "the client sleeping for 4")
+	if n := ticks.Load(); n != 0 {
+		t.Fatalf("the client spun (%d clock readings) with 4 completions missing", n)
 	}
-	if c.Sleeps != 0 || posted != 4 {
-		t.Errorf("slept %d times, %d posted", c.Sleeps, posted)
+	for i := 0; i < 4; i++ {
+		d.Post(&CQE{UserData: uint64(i)})
+	}
+	if err := <-errs; err != nil {
+		t.Fatalf("Wait(4): %v", err)
+	}
+	if c.Sleeps != 1 {
+		t.Errorf("slept %d times, want 1", c.Sleeps)
+	}
+	// One missing: the spin runs (and, with nothing posted, ends in a
+	// sleep that the timeout ends).
+	var out [4]CQE
+	c.Reap(out[:])
+	if err := c.Wait(1, time.Millisecond); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("Wait(1) with nothing posted: %v", err)
+	}
+	if ticks.Load() == 0 {
+		t.Error("no spin before the sleep with one completion missing")
 	}
 }
 

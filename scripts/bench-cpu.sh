@@ -13,6 +13,13 @@
 # (CPU of the long run - CPU of the short) / (I/Os of the long - of the
 # short). The whole-run figure is printed beside it.
 #
+# The daemon's share is taken apart: tcbench starts its daemon through a
+# wrapper (in $w) that runs the real binary as its child, forwards SIGTERM
+# and, once the daemon is reaped, writes the daemon's user + system time
+# (bash's `times`, its io_uring workers included: they are its threads).
+# The client's CPU (tcbench alone: the library's submit and its wait,
+# spin included) is the run's total less that, and gets its own columns.
+#
 # usage: scripts/bench-cpu.sh REV uring-jobfile.fio...
 # env:   REPEAT (3), BIN (bin: the "after" build, made by make build)
 set -euo pipefail
@@ -34,6 +41,30 @@ git worktree add --detach -q "$w/src" "$rev"
 short=$(git rev-parse --short "$rev")
 echo "bench-cpu: building tcbench and tensorcastd at $short" >&2
 (cd "$w/src" && go build -o "$w/before/" ./cmd/tcbench ./cmd/tensorcastd)
+
+# timed REAL: a daemon binary that runs REAL and writes its CPU time to
+# $BENCH_CPU_DAEMON_OUT when it exits (see the header).
+timed() {
+  cat > "$2" <<WRAP
+#!/usr/bin/env bash
+"$1" "\$@" &
+pid=\$!
+trap 'kill -TERM \$pid 2>/dev/null' TERM INT
+wait \$pid; rc=\$?
+while kill -0 \$pid 2>/dev/null; do wait \$pid; rc=\$?; done
+out=\${BENCH_CPU_DAEMON_OUT:-}
+if [ -n "\$out" ]; then
+  # times in this shell, not a pipeline's subshell, which has no children.
+  times > "\$out.times"
+  tail -1 "\$out.times" | awk '{ for (i = 1; i <= 2; i++) { split(\$i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] } print t }' > "\$out"
+  rm -f "\$out.times"
+fi
+exit \$rc
+WRAP
+  chmod +x "$2"
+}
+timed "$w/before/tensorcastd" "$w/before-daemon"
+timed "$(realpath "$BIN/tensorcastd")" "$w/after-daemon"
 
 # fio_args JOBFILE: the fio command line of a uring job file (the same
 # options tcbench --baseline gives fio).
@@ -57,10 +88,10 @@ one() {
   args=$(fio_args "$jf")
   echo "bench-cpu: $name round $r ($run): $side" >&2
   case $side in
-    before) /usr/bin/time -f "%U %S" -o "$out.cpu" "$w/before/tcbench" --spawn --daemon-bin "$w/before/tensorcastd" \
-              --output-format=json --output "$out.json" "$jf" 2>"$out.err" ;;
-    after)  /usr/bin/time -f "%U %S" -o "$out.cpu" "$BIN/tcbench" --spawn --daemon-bin "$BIN/tensorcastd" \
-              --output-format=json --output "$out.json" "$jf" 2>"$out.err" ;;
+    before) BENCH_CPU_DAEMON_OUT="$out.dcpu" /usr/bin/time -f "%U %S" -o "$out.cpu" "$w/before/tcbench" --spawn \
+              --daemon-bin "$w/before-daemon" --output-format=json --output "$out.json" "$jf" 2>"$out.err" ;;
+    after)  BENCH_CPU_DAEMON_OUT="$out.dcpu" /usr/bin/time -f "%U %S" -o "$out.cpu" "$BIN/tcbench" --spawn \
+              --daemon-bin "$w/after-daemon" --output-format=json --output "$out.json" "$jf" 2>"$out.err" ;;
     fio)    # shellcheck disable=SC2086
             /usr/bin/time -f "%U %S" -o "$out.cpu" fio --output-format=json --output "$out.json" $args 2>"$out.err" ;;
   esac || echo "bench-cpu: $name $side round $r ($run) failed: $(tail -1 "$out.err")" >&2
@@ -88,24 +119,41 @@ def run(path):
     rt = max(max(j["read"]["runtime"], j["write"]["runtime"]) for j in d["jobs"])
     with open(path + ".cpu") as f:
         u, s = map(float, f.read().split()[-2:])
-    return ios, rt / 1000.0, u + s
-def one(path):
-    """IOPS, marginal µs CPU per I/O, whole-run µs CPU per I/O of a round."""
     try:
-        lios, lrt, lcpu = run(path + "-long")
-        sios, _, scpu = run(path + "-short")
-        return lios / lrt, (lcpu - scpu) / (lios - sios) * 1e6, lcpu / lios * 1e6
+        with open(path + ".dcpu") as f:
+            dcpu = float(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        dcpu = None  # fio, or a daemon whose wrapper wrote nothing
+    return ios, rt / 1000.0, u + s, dcpu
+def one(path):
+    """IOPS, marginal µs CPU per I/O, whole-run µs CPU per I/O, marginal
+    client and daemon µs per I/O (None for fio) of a round."""
+    try:
+        lios, lrt, lcpu, ld = run(path + "-long")
+        sios, _, scpu, sd = run(path + "-short")
+        dio = lios - sios
+        cl = dm = None
+        if ld is not None and sd is not None:
+            dm = (ld - sd) / dio * 1e6
+            cl = ((lcpu - ld) - (scpu - sd)) / dio * 1e6
+        return lios / lrt, (lcpu - scpu) / dio * 1e6, lcpu / lios * 1e6, cl, dm
     except (OSError, ValueError, KeyError, ZeroDivisionError):
         return None
-print(f"| job | before ({before}) IOPS | ratio to fio | µs CPU/IO | after ({after}) IOPS | ratio to fio | µs CPU/IO | fio IOPS | fio µs CPU/IO |")
-print("|---|---|---|---|---|---|---|---|---|")
-# µs CPU/IO cells: marginal (whole run)
+def median(rs, k):
+    v = [x[k] for x in rs if x[k] is not None]
+    return statistics.median(v) if v else None
+meds = {}
 for job in jobs:
     name = os.path.basename(job)[:-4]
     med = {}
     for side in ("before", "after", "fio"):
         rs = [x for x in (one(os.path.join(w, f"{name}-{side}-{r}")) for r in range(1, repeat + 1)) if x]
-        med[side] = tuple(statistics.median(x[k] for x in rs) for k in range(3)) if rs else None
+        med[side] = tuple(median(rs, k) for k in range(5)) if rs else None
+    meds[name] = med
+print(f"| job | before ({before}) IOPS | ratio to fio | µs CPU/IO | after ({after}) IOPS | ratio to fio | µs CPU/IO | fio IOPS | fio µs CPU/IO |")
+print("|---|---|---|---|---|---|---|---|---|")
+# µs CPU/IO cells: marginal (whole run)
+for name, med in meds.items():
     f = med["fio"]
     def cell(m):
         if not m:
@@ -114,6 +162,15 @@ for job in jobs:
     b, a = cell(med["before"]), cell(med["after"])
     fc = (f"{f[0]/1e3:.1f}k", f"{f[1]:.1f} ({f[2]:.1f})") if f else ("–", "–")
     print(f"| {name} | {b[0]} | {b[1]} | {b[2]} | {a[0]} | {a[1]} | {a[2]} | {fc[0]} | {fc[1]} |")
+print()
+print("| job | before: client µs/IO | daemon µs/IO | after: client µs/IO | daemon µs/IO | fio µs/IO |")
+print("|---|---|---|---|---|---|")
+def us(v):
+    return "–" if v is None else f"{v:.1f}"
+for name, med in meds.items():
+    b, a, f = med["before"] or (None,) * 5, med["after"] or (None,) * 5, med["fio"] or (None,) * 5
+    print(f"| {name} | {us(b[3])} | {us(b[4])} | {us(a[3])} | {us(a[4])} | {us(f[1])} |")
 EOF
 echo
-echo "Medians of $REPEAT rounds (before, after, fio in turn). CPU: user+system per I/O, marginal over a 2 s run (whole run in brackets)."
+echo "Medians of $REPEAT rounds (before, after, fio in turn). CPU: user+system per I/O, marginal over a 2 s run (whole run in brackets);"
+echo "client: tcbench's process alone, daemon: tensorcastd's alone (each marginal, median of its own rounds)."

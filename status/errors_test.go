@@ -195,6 +195,7 @@ var everyError = map[string]struct {
 	"store/cluster.ErrHomeUnreachable": {cluster.ErrHomeUnreachable, tcproto.CodeUNAVAILABLE},
 	"store/cluster.ErrMessage":         {cluster.ErrMessage, tcproto.CodeINVALID_ARGUMENT},
 	"store/cluster.ErrNotHome":         {cluster.ErrNotHome, tcproto.CodeUNAVAILABLE},
+	"store/cluster.ErrStaleGeneration": {cluster.ErrStaleGeneration, tcproto.CodeUNAVAILABLE},
 	// control
 	"control.ErrAddrInUse":           {control.ErrAddrInUse, tcproto.CodeALREADY_EXISTS},
 	"control.ErrClosed":              {control.ErrClosed, tcproto.CodeUNAVAILABLE},

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/fdstore"
 )
 
 // daemon is one tensorcastd process of the soak, and how to start it again
@@ -27,10 +28,10 @@ type daemon struct {
 	dir     string
 	socket  string
 	config  string
-	metrics string   // host:port of its /metrics
-	netns   string   // network namespace it runs in ("" = the soak's)
-	logf    *os.File // its stderr, appended over restarts
-	fds     *fdStore // systemd's fd store played for it (hitless restarts), or nil
+	metrics string         // host:port of its /metrics
+	netns   string         // network namespace it runs in ("" = the soak's)
+	logf    *os.File       // its stderr, appended over restarts
+	fds     *fdstore.Store // systemd's fd store played for it (hitless restarts), or nil
 
 	// mu guards the fields below.
 	mu      sync.Mutex
@@ -157,7 +158,11 @@ func (d *daemon) start() error {
 		// it).
 		var files []*os.File
 		var env []string
-		files, env, ready = d.fds.passed()
+		ready = d.fds.NextReady()
+		d.fds.Start(func(kept []*os.File, names []string) error {
+			files, env = kept, d.fds.Env(kept, names)
+			return nil
+		})
 		cmd = exec.Command("/bin/sh", "-c", `LISTEN_PID=$$ exec "$0" "$@"`, d.bin, "--config", d.config)
 		cmd.ExtraFiles = files
 		for _, e := range os.Environ() {

@@ -13,7 +13,7 @@ import (
 )
 
 // hitless is the hitless-restart fault: daemon d runs with systemd's file
-// descriptor store played by the soak (fdStore); a client of its own puts
+// descriptor store played by the soak (fdstore.Store); a client of its own puts
 // hitlessKeys values in d's store, d is restarted (SIGTERM and SIGKILL in
 // turn), and every value committed before is read back byte-exact from the
 // next daemon through the same client, which reconnects by itself and
@@ -47,7 +47,7 @@ func (h *hitless) run(kill bool) (string, error) {
 	if h.d.fds == nil {
 		return "skipped: no fd store", nil
 	}
-	names := strings.Join(h.d.fds.stored(), ",")
+	names := strings.Join(h.d.fds.Names(), ",")
 	if !strings.Contains(names, "pool-") || !strings.Contains(names, "l1journal-") {
 		return "", fmt.Errorf("%s handed its fd store %q: no pool and L1 journal to keep", h.d.name, names)
 	}

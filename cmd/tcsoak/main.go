@@ -47,6 +47,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/internal/fdstore"
 )
 
 func main() {
@@ -299,10 +300,10 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 	}
 	// a runs as under systemd with a file descriptor store (the
 	// hitless-restart fault).
-	if a.fds, err = newFDStore(filepath.Join(a.dir, "notify.sock")); err != nil {
+	if a.fds, err = fdstore.Listen(filepath.Join(a.dir, "notify.sock")); err != nil {
 		return nil, err
 	}
-	defer a.fds.close()
+	defer a.fds.Close()
 	b, err := newDaemon("b", bin, work, key, hostPort(net.addrB, portB), "a", hostPort(net.addrA, portA),
 		hostPort(metricsHostB, metricsB), net.ns, nil, tenantConfig(false, filepath.Join(work, "b", "data")))
 	if err != nil {
