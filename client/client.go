@@ -75,6 +75,14 @@ func WithIdempotencyKey(key string) CallOption {
 // WithLane sets the call's lane.
 func WithLane(lane string) CallOption { return func(c *wire.Context) { c.Lane = []byte(lane) } }
 
+// WithReplicas makes a store put or commit keep n copies of each value
+// across the daemons of the cluster (this one's included; 1..8) instead
+// of the daemon's store_replicas: with durable, each result comes once
+// every copy is on its holder's L2.
+func WithReplicas(n int) CallOption {
+	return func(c *wire.Context) { c.Replicas = uint8(min(max(n, 0), 255)) }
+}
+
 // WithPolicyVersion sets the call's policy version; the daemon records it in
 // the audit record of every mutating call.
 func WithPolicyVersion(v uint32) CallOption {

@@ -115,7 +115,7 @@ func (c *conn) handle() ([]byte, int) {
 	case *wire.CloseQueueRequest:
 		err = ss.CloseQueue(b, r)
 	case *wire.StorePutRequest:
-		err = ss.StorePut(b, r)
+		err = ss.StorePut(b, r, ctx.Replicas)
 	case *wire.StoreReadRequest:
 		err = ss.StoreRead(b, r)
 	case *wire.StoreRemoveRequest:
@@ -127,7 +127,7 @@ func (c *conn) handle() ([]byte, int) {
 	case *wire.StoreReserveRequest:
 		err = ss.StoreReserve(b, r)
 	case *wire.StoreCommitRequest:
-		err = ss.StoreCommit(b, r)
+		err = ss.StoreCommit(b, r, ctx.Replicas)
 	case *wire.StoreAbortRequest:
 		err = ss.StoreAbort(b, r)
 	case *wire.StoreStatRequest:

@@ -51,7 +51,8 @@ func (d *Daemon) openCluster() error {
 		members[i] = p.ID
 	}
 	mv := &mover{engine: d.engine, plane: d.peers, pool: pool, remotes: map[string]heldRemote{}, nextID: d.reg.NextID}
-	ccfg := cluster.Config{Shards: d.cfg.StoreShards, Members: members, Pool: pool.Bytes(), Log: log}
+	ccfg := cluster.Config{Shards: d.cfg.StoreShards, Members: members, Pool: pool.Bytes(), Log: log,
+		Replicas: d.cfg.StoreReplicas, Admission: d.admission}
 	if dir := d.dir; dir != nil {
 		// The members the etcd directory's cache holds: no request to
 		// etcd per store call, nor per probe.
@@ -300,6 +301,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 	e.Gauge("tensorcast_cluster_index_keys", "Keys in this daemon's location index (as a home).", float64(s.IndexKeys))
 	e.Gauge("tensorcast_cluster_claims", "Claims other daemons' readers hold here now.", float64(s.Holds))
 	e.Gauge("tensorcast_cluster_tombstones", "Removed copies this daemon (a home) remembers for holders it did not reach.", float64(s.Tombstones))
+	e.Gauge("tensorcast_cluster_home_claims", "Claims this daemon, as a home, has handed readers and not had back.", float64(s.ClaimsOutstanding))
 	for _, c := range []struct {
 		name, help string
 		v          uint64
@@ -328,6 +330,13 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_stale_refused_total", "Messages this daemon refused as a home: sent for a generation it does not hold.", s.StaleRefused},
 		{"tensorcast_cluster_stale_answers_total", "Messages other homes refused for a stale generation (refreshed and sent again once).", s.StaleAnswers},
 		{"tensorcast_cluster_shards_claimed_total", "Shards this daemon claimed in etcd as their home.", s.ClaimsWon},
+		{"tensorcast_cluster_home_claims_granted_total", "Claims handed readers by this daemon as a home.", s.ClaimsGranted},
+		{"tensorcast_cluster_home_claims_refused_total", "Reads answered busy by this daemon as a home: every copy of the key at its reader limit.", s.ClaimsRefused},
+		{"tensorcast_cluster_home_claims_expired_total", "Claims that reached their read's deadline unreleased.", s.ClaimsExpired},
+		{"tensorcast_cluster_over_budget_total", "Remote gets and serves refused by the mode's budget.", s.OverBudget},
+		{"tensorcast_cluster_replicas_made_total", "Copies of values put here made on other daemons.", s.ReplicasMade},
+		{"tensorcast_cluster_replica_failures_total", "Copies of values put here that failed (or had too few daemons up).", s.ReplicaFailures},
+		{"tensorcast_cluster_replicas_short_total", "Puts that asked for more copies than daemons were up.", s.ReplicasShort},
 	} {
 		e.Counter(c.name, c.help, float64(c.v))
 	}
@@ -363,5 +372,12 @@ func (d *Daemon) clusterCounters(dst []wire.Counter) []wire.Counter {
 		wire.Counter{Name: "cluster_crc_mismatches", Value: s.CRCMismatch},
 		wire.Counter{Name: "cluster_tombstones", Value: uint64(s.Tombstones)},
 		wire.Counter{Name: "cluster_stale_refused", Value: s.StaleRefused},
+		wire.Counter{Name: "cluster_home_claims", Value: s.ClaimsOutstanding},
+		wire.Counter{Name: "cluster_home_claims_refused", Value: s.ClaimsRefused},
+		wire.Counter{Name: "cluster_replicas", Value: uint64(d.cfg.StoreReplicas)},
+		wire.Counter{Name: "cluster_replicas_made", Value: s.ReplicasMade},
+		wire.Counter{Name: "cluster_replica_failures", Value: s.ReplicaFailures},
+		wire.Counter{Name: "cluster_over_budget", Value: s.OverBudget},
+		wire.Counter{Name: "cluster_mode", Value: uint64(d.admission.Mode())},
 	)
 }

@@ -174,15 +174,17 @@ func (c *Session) storeCodes(n int) []store.Code {
 	return c.st.codes
 }
 
-// StorePut puts keys with values copied from the session's memory.
-func (c *Session) StorePut(m *wire.StorePutRequest, r *wire.Response) error {
+// StorePut puts keys with values copied from the session's memory;
+// replicas, when not 0, is the call's copies across hosts (the request
+// context's).
+func (c *Session) StorePut(m *wire.StorePutRequest, r *wire.Response, replicas uint8) error {
 	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
 	c.resolveExtents(m.Keys, m.Values)
 	defer c.releaseHeld()
-	_, err = ss.Put(c.st.keys, c.st.vals, m.Durable, c.st.codes, nil, nil, 0)
+	_, err = ss.PutCopies(c.st.keys, c.st.vals, m.Durable, int(replicas), c.st.codes, nil, nil, 0)
 	if err = c.storeErr(err); err != nil {
 		return err
 	}
@@ -279,13 +281,13 @@ func (c *Session) StoreReserve(m *wire.StoreReserveRequest, r *wire.Response) er
 }
 
 // StoreCommit commits keys the session reserved.
-func (c *Session) StoreCommit(m *wire.StoreCommitRequest, r *wire.Response) error {
+func (c *Session) StoreCommit(m *wire.StoreCommitRequest, r *wire.Response, replicas uint8) error {
 	_, ss, err := c.storeSession()
 	if err != nil {
 		return err
 	}
 	codes := c.storeCodes(len(m.Keys))
-	_, err = ss.Commit(m.Keys, m.Durable, codes, nil, nil, 0)
+	_, err = ss.CommitCopies(m.Keys, m.Durable, int(replicas), codes, nil, nil, 0)
 	if err = c.storeErr(err); err != nil {
 		return err
 	}

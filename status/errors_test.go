@@ -195,6 +195,8 @@ var everyError = map[string]struct {
 	"store/cluster.ErrHomeUnreachable": {cluster.ErrHomeUnreachable, tcproto.CodeUNAVAILABLE},
 	"store/cluster.ErrMessage":         {cluster.ErrMessage, tcproto.CodeINVALID_ARGUMENT},
 	"store/cluster.ErrNotHome":         {cluster.ErrNotHome, tcproto.CodeUNAVAILABLE},
+	"store/cluster.ErrReplicaFailed":   {cluster.ErrReplicaFailed, tcproto.CodeUNAVAILABLE},
+	"store/cluster.ErrReplicas":        {cluster.ErrReplicas, tcproto.CodeUNAVAILABLE},
 	"store/cluster.ErrStaleGeneration": {cluster.ErrStaleGeneration, tcproto.CodeUNAVAILABLE},
 	// control
 	"control.ErrAddrInUse":           {control.ErrAddrInUse, tcproto.CodeALREADY_EXISTS},

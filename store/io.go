@@ -115,6 +115,10 @@ type ioTask struct {
 	commit bool // kPut from Commit (the reservation stays on failure)
 	drop   bool // kInval of a corrupt block: the entry goes even if the write fails
 	ss     *Session
+	// rp and copies: a durable put's copies on other hosts (rp nil:
+	// none), made before its result is given.
+	rp     Replicator
+	copies int
 	r      ref
 	l1     uint64
 	size   uint32
@@ -298,6 +302,7 @@ func (t *tier2) getTask(background bool) *ioTask {
 func (t *tier2) freeTask(it *ioTask) {
 	it.kind, it.stage, it.commit, it.drop = 0, 0, false, false
 	it.ss, it.cl, it.err, it.parkE, it.syncErr = nil, nil, nil, nil, nil
+	it.rp, it.copies = nil, 0
 	it.xt.Req = xfer.Request{}
 	it.xt.Local, it.xt.Target = nil, nil
 	for i := range it.waiters[:it.nwait] {

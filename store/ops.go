@@ -559,28 +559,42 @@ func (s *Store) crcOutside(off, size uint64) (uint32, bool) {
 // reserved by this session gets FAILED_PRECONDITION, or ALREADY_EXISTS /
 // BUSY when it is stored / in flight.
 func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
-	return ss.commit(keys, durable, nil, codes, errs, done, tag)
+	return ss.commit(keys, durable, 0, nil, codes, errs, done, tag)
 }
 
-// CommitChecked is a Commit (not durable, blocking) of values whose
-// crc32c the caller took already (crcs[i], checked against what their
-// writer announced): the store across hosts commits a value it fetched
-// with it, so that the bytes are not read a second time.
-func (ss *Session) CommitChecked(keys [][]byte, crcs []uint32, codes []Code, errs []error) error {
+// CommitCopies is Commit with copies (this host's included) kept of each
+// value by the store across hosts, for this call: 0 is the session's
+// number (SetReplicas), 1 none elsewhere (replicate.go).
+func (ss *Session) CommitCopies(keys [][]byte, durable bool, copies int, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	return ss.commit(keys, durable, copies, nil, codes, errs, done, tag)
+}
+
+// CommitChecked is a blocking Commit of values whose crc32c the caller
+// took already (crcs[i], checked against what their writer announced):
+// the store across hosts commits a value it fetched with it, so that the
+// bytes are not read a second time (with durable, the write to L2 takes
+// its own).
+func (ss *Session) CommitChecked(keys [][]byte, durable bool, crcs []uint32, codes []Code, errs []error) error {
 	if len(crcs) != len(keys) {
 		return fmt.Errorf("%w: %d checksums for %d keys", ErrBadCall, len(crcs), len(keys))
 	}
-	_, err := ss.commit(keys, false, crcs, codes, errs, nil, 0)
+	_, err := ss.commit(keys, durable, 0, crcs, codes, errs, nil, 0)
 	return err
 }
 
-func (ss *Session) commit(keys [][]byte, durable bool, crcs []uint32, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+func (ss *Session) commit(keys [][]byte, durable bool, copies int, crcs []uint32, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
 	s := ss.s
+	if copies < 0 || copies > MaxReplicas {
+		fill(codes, InvalidArgument)
+		return false, fmt.Errorf("%w: %d copies (want 0..%d)", ErrBadCall, copies, MaxReplicas)
+	}
 	if err := ss.begin(len(keys), codes, errs); err != nil {
 		return false, err
 	}
 	var cl *call
 	published := false
+	rp, copies := ss.copies(copies)
+	var later []int // keys published without durable, copied elsewhere in the background
 	for i, k := range keys {
 		setResult(codes, errs, i, OK, nil)
 		sh, r, found, err := s.lock(k)
@@ -620,6 +634,9 @@ func (ss *Session) commit(keys [][]byte, durable bool, crcs []uint32, codes []Co
 			s.journalPublished(r, off, size)
 			ss.unreserve(r)
 			published = true
+			if rp != nil {
+				later = append(later, i)
+			}
 			continue
 		}
 		if s.l2 == nil {
@@ -637,6 +654,7 @@ func (ss *Session) commit(keys [][]byte, durable bool, crcs []uint32, codes []Co
 		e.io++
 		it.kind, it.commit, it.r, it.l1, it.size = kPut, true, r, e.l1, e.size
 		it.ss = ss
+		it.rp, it.copies = rp, copies
 		sh.mu.Unlock()
 		if cl == nil {
 			cl = s.newCall(done, tag, codes, errs)
@@ -647,6 +665,7 @@ func (ss *Session) commit(keys [][]byte, durable bool, crcs []uint32, codes []Co
 	if published && s.l2 != nil {
 		s.kick()
 	}
+	ss.replicateLater(rp, copies, keys, later)
 	return s.dispatch(cl, kPut)
 }
 
@@ -714,13 +733,26 @@ func (ss *Session) Abort(keys [][]byte, codes []Code, errs []error) error {
 // stored gets ALREADY_EXISTS, one with a put in flight BUSY; concurrent
 // puts of one key store it exactly once.
 func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+	return ss.PutCopies(keys, vals, durable, 0, codes, errs, done, tag)
+}
+
+// PutCopies is Put with copies (this host's included) kept of each value
+// by the store across hosts, for this call: 0 is the session's number
+// (SetReplicas), 1 none elsewhere (replicate.go).
+func (ss *Session) PutCopies(keys, vals [][]byte, durable bool, copies int, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
 	s := ss.s
+	if copies < 0 || copies > MaxReplicas {
+		fill(codes, InvalidArgument)
+		return false, fmt.Errorf("%w: %d copies (want 0..%d)", ErrBadCall, copies, MaxReplicas)
+	}
 	if err := ss.begin(len(keys), codes, errs, len(vals)); err != nil {
 		return false, err
 	}
 	ss.mu.Unlock() // a copying put holds nothing of the session's
 	var cl *call
 	published := false
+	rp, copies := ss.copies(copies)
+	var later []int // keys published without durable, copied elsewhere in the background
 	for i, k := range keys {
 		setResult(codes, errs, i, OK, nil)
 		size := uint64(len(vals[i]))
@@ -753,6 +785,9 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 			sh.mu.Unlock()
 			s.journalPublished(r, off, size)
 			published = true
+			if rp != nil {
+				later = append(later, i)
+			}
 			continue
 		}
 		it := s.l2.getTask(false)
@@ -765,6 +800,7 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 		e.state = stPutting
 		e.io++
 		it.kind, it.commit, it.r, it.l1, it.size = kPut, false, r, e.l1, e.size
+		it.rp, it.copies = rp, copies
 		sh.mu.Unlock()
 		if cl == nil {
 			cl = s.newCall(done, tag, codes, errs)
@@ -774,6 +810,7 @@ func (ss *Session) Put(keys, vals [][]byte, durable bool, codes []Code, errs []e
 	if published && s.l2 != nil {
 		s.kick()
 	}
+	ss.replicateLater(rp, copies, keys, later)
 	return s.dispatch(cl, kPut)
 }
 

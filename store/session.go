@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/tensorcast/tensorcast/internal/invariants"
 )
@@ -43,6 +44,10 @@ type Session struct {
 	// resvBytes is the sum of resv (bounded by Config.MaxSessionReserved).
 	resvBytes uint64
 	plan      []planStep // Pin/Unpin's undo log, reused
+
+	// replicas is SetReplicas' number of copies (0: the Remote's); atomic
+	// so that a copying put reads it without mu.
+	replicas atomic.Int32
 }
 
 // planStep is one key of an all-or-nothing Pin or Unpin: the hold before

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 
@@ -212,6 +213,7 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 	e := sh.ent(idx)
 	e.io--
 	var ferr error
+	var repKey []byte // the key whose copies elsewhere its result waits for
 	if ok {
 		e.state = stReady
 		e.flags = e.flags&^(fCopyPut|fAbandon) | fL1 | fL2
@@ -228,6 +230,9 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 			ss.unreserve(it.r)
 		}
 		s.announce(sh, idx, it.crc, true)
+		if it.rp != nil {
+			repKey = bytes.Clone(sh.keyOf(e))
+		}
 	} else {
 		if it.commit && e.flags&fAbandon == 0 {
 			e.state = stReserved // the reservation, exactly as before the commit
@@ -248,7 +253,12 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 		// device shows there as well as in the key's code.
 		s.rare(&s.c.durableFail, "store: a durable put failed; the key is as before the call", "err", err)
 	}
+	rp, copies := it.rp, it.copies
 	t.freeTask(it)
+	if repKey != nil {
+		s.replicateDurable(rp, copies, repKey, cl, pos)
+		return
+	}
 	cl.result(pos, err)
 	cl.finish1(&s.calls)
 }

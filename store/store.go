@@ -396,6 +396,7 @@ type counters struct {
 	writebacks, wbRetries, tombstones                   atomic.Uint64
 	promotions, promoteFail, corruptReads               atomic.Uint64
 	durable, durableFail                                atomic.Uint64
+	replicaFail                                         atomic.Uint64 // durable puts whose copies elsewhere failed
 	recovered, torn, corrupt, dups, foreign             atomic.Uint64
 	violations, quarantinedBlocks, freeErrors, l1Full   atomic.Uint64
 	leasesExpired, removeFail, prefixCut                atomic.Uint64

@@ -37,6 +37,10 @@ type Context struct {
 	// it.
 	QoS        uint8
 	DeadlineMS uint32
+	// Replicas, when not 0, is how many copies (this host's included) the
+	// store across hosts keeps of each value a StorePut or StoreCommit of
+	// this call stores, instead of the daemon's store_replicas.
+	Replicas uint8
 }
 
 func (m *Context) fields(f *fields) {
@@ -46,6 +50,7 @@ func (m *Context) fields(f *fields) {
 	scalar(f, 3, &m.PolicyVersion)
 	scalar(f, 4, &m.QoS)
 	scalar(f, 5, &m.DeadlineMS)
+	scalar(f, 6, &m.Replicas)
 }
 
 // Request is a request frame: its Context and its body. Set Body directly,

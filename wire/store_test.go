@@ -136,3 +136,22 @@ func FuzzSplitKeys(f *testing.F) {
 		}
 	})
 }
+
+// TestContextReplicasMatchSchema: a call's replicas travel in the context
+// where the schema puts them (slot 6), and an old frame without them reads
+// as 0 (the daemon's store_replicas).
+func TestContextReplicasMatchSchema(t *testing.T) {
+	b := flatbuffers.NewBuilder(0)
+	frame := EncodeRequest(b, &Request{Ctx: Context{RequestID: 5, Replicas: 2}, Body: &StoreCommitRequest{Keys: sampleKeys, Durable: true}})
+	r := tcproto.GetSizePrefixedRootAsRequest(frame, 0)
+	var ctx tcproto.Context
+	if r.Ctx(&ctx) == nil || ctx.Replicas() != 2 || ctx.RequestId() != 5 {
+		t.Fatalf("context as the schema reads it: replicas %d, request %d", ctx.Replicas(), ctx.RequestId())
+	}
+	b = flatbuffers.NewBuilder(0)
+	frame = EncodeRequest(b, &Request{Ctx: Context{RequestID: 6}, Body: &StoreCommitRequest{Keys: sampleKeys}})
+	r = tcproto.GetSizePrefixedRootAsRequest(frame, 0)
+	if r.Ctx(&ctx) == nil || ctx.Replicas() != 0 {
+		t.Fatalf("a context without replicas reads %d", ctx.Replicas())
+	}
+}

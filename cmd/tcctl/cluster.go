@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
@@ -56,6 +57,12 @@ func writeCluster(w io.Writer, cs []wire.Counter) {
 	fmt.Fprintf(w, "lookups:   %d keys asked of other homes, %d from the cache of their answers (hit rate %s), %d answered here\n",
 		asked, cached, rate, m["home_lookups_local"])
 	fmt.Fprintf(w, "announce:  %d keys re-announced to new homes\n", m["reannounced"])
+	fmt.Fprintf(w, "as home:   %d claims outstanding, %d reads answered busy (every copy at its reader limit)\n",
+		m["home_claims"], m["home_claims_refused"])
+	fmt.Fprintf(w, "replicas:  %d copies of each value, %d copies made elsewhere, %d failed\n",
+		m["replicas"], m["replicas_made"], m["replica_failures"])
+	fmt.Fprintf(w, "mode:      %s (%d remote gets or serves over its budget; tcctl mode changes it)\n",
+		grant.Mode(m["mode"]), m["over_budget"])
 }
 
 // locateCmd prints key's shard, its home and generation, and its holders.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/store/cluster/grant"
 )
 
@@ -57,6 +58,11 @@ type StoreConfig struct {
 	// key space into (each with a home daemon); every daemon of a cluster
 	// must use the same.
 	StoreShards int `toml:"store_shards"`
+	// StoreReplicas is how many copies of each value put here the store
+	// across hosts keeps, this daemon's included (1: none elsewhere): the
+	// others go to daemons picked by rendezvous over the key, and a
+	// durable put answers once every copy is on its holder's L2.
+	StoreReplicas int `toml:"store_replicas"`
 	// StoreKeepL1 is auto (the default) or off. With auto and systemd's
 	// file descriptor store (FileDescriptorStoreMax= in the unit, which
 	// systemd says in $FDSTORE), the pools and the store's L1 journal are
@@ -89,6 +95,7 @@ func storeDefaults() StoreConfig {
 		StoreWritebackRetries: 3,
 		StoreMode:             grant.BudgetedHybrid.String(),
 		StoreShards:           1024,
+		StoreReplicas:         1,
 		StoreKeepL1:           "auto",
 		StoreHandoff:          "off",
 	}
@@ -170,6 +177,9 @@ func (c *Config) validateStore() error {
 	if s.StoreShards < 1 || s.StoreShards > 1<<16 {
 		return badValue("store_shards", strconv.Itoa(s.StoreShards), "must be between 1 and 65536")
 	}
+	if s.StoreReplicas < 1 || s.StoreReplicas > store.MaxReplicas {
+		return badValue("store_replicas", strconv.Itoa(s.StoreReplicas), fmt.Sprintf("must be between 1 (no copy elsewhere) and %d", store.MaxReplicas))
+	}
 	if s.StoreKeepL1 != "auto" && s.StoreKeepL1 != "off" {
 		return badValue("store_keep_l1", s.StoreKeepL1, "must be auto or off")
 	}
@@ -232,6 +242,7 @@ func storeSettings() []setting {
 		{"store_writeback_retries", "TENSORCAST_STORE_WRITEBACK_RETRIES", "retries of a failed writeback before it is a tombstone", num(func(c *Config) *int { return &c.StoreWritebackRetries })},
 		{"store_mode", "TENSORCAST_STORE_MODE", "admission budgets for remote work: local-first, budgeted-hybrid or global-governed", str(func(c *Config) *string { return &c.StoreMode })},
 		{"store_shards", "TENSORCAST_STORE_SHARDS", "shards of the store across hosts (the same on every daemon)", num(func(c *Config) *int { return &c.StoreShards })},
+		{"store_replicas", "TENSORCAST_STORE_REPLICAS", "copies of each value the store across hosts keeps, this daemon's included (1: none elsewhere)", num(func(c *Config) *int { return &c.StoreReplicas })},
 		{"store_keep_l1", "TENSORCAST_STORE_KEEP_L1", "keep L1 values across restarts through systemd's fd store: auto or off", str(func(c *Config) *string { return &c.StoreKeepL1 })},
 		{"store_handoff", "TENSORCAST_STORE_HANDOFF", "take the pools and L1 values over from a daemon running on the same socket: on or off", str(func(c *Config) *string { return &c.StoreHandoff })},
 		{"store_l1_journal_records", "TENSORCAST_STORE_L1_JOURNAL_RECORDS", "L1 values kept across a restart at most (0: one per 16KiB of store_l1_capacity)", num(func(c *Config) *int { return &c.StoreL1JournalRecords })},

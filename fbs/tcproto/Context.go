@@ -97,8 +97,20 @@ func (rcv *Context) MutateDeadlineMs(n uint32) bool {
 	return rcv._tab.MutateUint32Slot(14, n)
 }
 
+func (rcv *Context) Replicas() byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(16))
+	if o != 0 {
+		return rcv._tab.GetByte(o + rcv._tab.Pos)
+	}
+	return 0
+}
+
+func (rcv *Context) MutateReplicas(n byte) bool {
+	return rcv._tab.MutateByteSlot(16, n)
+}
+
 func ContextStart(builder *flatbuffers.Builder) {
-	builder.StartObject(6)
+	builder.StartObject(7)
 }
 func ContextAddRequestId(builder *flatbuffers.Builder, requestId uint64) {
 	builder.PrependUint64Slot(0, requestId, 0)
@@ -117,6 +129,9 @@ func ContextAddQos(builder *flatbuffers.Builder, qos byte) {
 }
 func ContextAddDeadlineMs(builder *flatbuffers.Builder, deadlineMs uint32) {
 	builder.PrependUint32Slot(5, deadlineMs, 0)
+}
+func ContextAddReplicas(builder *flatbuffers.Builder, replicas byte) {
+	builder.PrependByteSlot(6, replicas, 0)
 }
 func ContextEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -93,6 +94,20 @@ type Config struct {
 	// fetched values land and are checked.
 	Pool []byte
 	Log  *slog.Logger
+
+	// Replicas is how many copies of each value put here the cluster
+	// keeps, this daemon's included (default 1: none elsewhere; at most
+	// store.MaxReplicas); a session may ask for others
+	// (store.Session.SetReplicas).
+	Replicas int
+	// ClaimsPerKey bounds the readers a home sends to one holder of one
+	// key at once (default 8); ClaimsPerHolder those it sends to one
+	// holder over all keys (default MaxHolds).
+	ClaimsPerKey, ClaimsPerHolder int
+	// Admission, when set, is the mode's budget for remote work: each
+	// remote get of a key is admitted by it, and each read this daemon
+	// serves another takes its bytes from it.
+	Admission *grant.Admission
 }
 
 func (c *Config) setDefaults() error {
@@ -138,11 +153,24 @@ func (c *Config) setDefaults() error {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.ClaimsPerKey == 0 {
+		c.ClaimsPerKey = 8
+	}
+	if c.ClaimsPerHolder == 0 {
+		c.ClaimsPerHolder = c.MaxHolds
+	}
 	switch {
 	case c.Shards < 1 || c.Shards > maxShards:
 		return fmt.Errorf("%w: %d shards (want 1..%d)", xfer.ErrInvalid, c.Shards, maxShards)
 	case c.MaxHolders < 1 || c.MaxHolders > maxHoldersCap:
 		return fmt.Errorf("%w: %d holders per key (want 1..%d)", xfer.ErrInvalid, c.MaxHolders, maxHoldersCap)
+	case c.Replicas < 1 || c.Replicas > store.MaxReplicas:
+		return fmt.Errorf("%w: %d replicas (want 1..%d)", xfer.ErrInvalid, c.Replicas, store.MaxReplicas)
+	case c.ClaimsPerKey < 1, c.ClaimsPerHolder < 1:
+		return fmt.Errorf("%w: claims per key and per holder must be positive", xfer.ErrInvalid)
 	case c.MaxKeys < 1, c.MaxFetches < 1, c.MaxHolds < 1, c.MaxPending < 1, c.Timeout < 0, c.ProbeEvery < 0, c.ReannounceRate < 1, c.MaxCached < 1,
 		c.MaxTombstones < 1, c.TombstoneTTL < 0:
 		return fmt.Errorf("%w: limits must be positive", xfer.ErrInvalid)
@@ -170,6 +198,8 @@ type Cluster struct {
 	tombs *tombs
 	// answers caches the homes' answers this daemon got as a reader.
 	answers *answers
+	// claims are the claims this daemon, as a home, handed readers.
+	claims *grant.Claims
 
 	// mu guards pending and closed.
 	mu      sync.Mutex
@@ -183,6 +213,11 @@ type Cluster struct {
 	reqs   []func(shard int, home string) bool
 	rekick chan struct{}
 	redone chan struct{}
+	// repQ are the copies asked of Replicate, waiting for the replicator
+	// (mu guards it); repKick wakes it, repDone is closed when it exits.
+	repQ    []repJob
+	repKick chan struct{}
+	repDone chan struct{}
 
 	// mmu guards members: the other members, by id.
 	mmu     sync.Mutex
@@ -210,11 +245,15 @@ type Cluster struct {
 
 	c      counters
 	byPeer peerCounts
-	// lastFailLog is when logFailed last logged (unix ns).
-	lastFailLog atomic.Int64
+	// lastFailLog is when logFailed last logged (unix ns); lastRepLog when
+	// logReplica did.
+	lastFailLog, lastRepLog atomic.Int64
 }
 
-var _ store.Remote = (*Cluster)(nil)
+var (
+	_ store.Remote     = (*Cluster)(nil)
+	_ store.Replicator = (*Cluster)(nil)
+)
 
 // hold is a claim a reader holds here: its keys pinned in a store
 // session of their own until released or expired.
@@ -233,6 +272,8 @@ type counters struct {
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
 	tombRetried                                              atomic.Uint64
+	overBudget                                               atomic.Uint64
+	replicasMade, replicaFailed, replicasShort               atomic.Uint64
 }
 
 // New makes the cluster of st, speaking on peers and moving bytes with
@@ -261,6 +302,10 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		members:  map[string]*member{},
 		ckick:    make(chan struct{}, 1),
 		cdone:    make(chan struct{}),
+		repKick:  make(chan struct{}, 1),
+		repDone:  make(chan struct{}),
+		claims: grant.NewClaims(grant.ClaimsConfig{MaxPerKey: cfg.ClaimsPerKey, MaxPerHolder: cfg.ClaimsPerHolder,
+			MaxOutstanding: cfg.MaxKeys, MaxTTL: maxHoldTTL}),
 	}
 	if cfg.Fence != nil {
 		c.shardClaims = make([]atomic.Pointer[ShardClaim], cfg.Shards)
@@ -278,6 +323,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	for kind, h := range map[string]func(string, uint64, []byte) ([]byte, error){
 		kindAnnounce: c.onFenced(c.onAnnounce), kindLookup: c.onFenced(c.onLookup), kindRemove: c.onFenced(c.onRemove),
 		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
+		kindClaim: c.onFenced(c.onClaim), kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate,
 	} {
 		err := peers.Handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
 			if kind != kindHello { // a hello says whether it counts
@@ -291,6 +337,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	}
 	go c.announcer()
 	go c.reannouncer()
+	go c.replicator()
 	if cfg.Fence != nil {
 		cfg.Fence.Watch(c.onShardClaims)
 		go c.claimer()
@@ -327,7 +374,8 @@ func (c *Cluster) Close() {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello} {
+	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello,
+		kindClaim, kindUnclaim, kindReplicate} {
 		_ = c.peers.Handle(k, nil)
 	}
 	if c.cfg.Fence != nil {
@@ -337,7 +385,9 @@ func (c *Cluster) Close() {
 	<-c.done
 	<-c.redone
 	<-c.cdone
+	<-c.repDone
 	c.fetchWG.Wait()
+	c.claims.Close()
 	c.holdMu.Lock()
 	hs := c.holds
 	c.holds = map[uint64]*hold{}
@@ -355,10 +405,11 @@ func (c *Cluster) shardOf(key []byte) int { return ShardOf(key, c.cfg.Shards) }
 func (c *Cluster) Home(key []byte) string { return c.homeFor(c.view.Load(), c.shardOf(key)) }
 
 // Locate is key's home and the holders it knows (asking it when it is
-// another daemon).
+// another daemon). Its answer is not kept in the cache of home answers: a
+// later read here still asks the home, and takes a claim.
 func (c *Cluster) Locate(key []byte) (home string, holders []Holder, err error) {
 	home = c.Home(key)
-	as, errs, _ := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout), false)
+	as, errs, _, _ := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout), cacheNone, false)
 	if errs[0] != nil {
 		return home, nil, errs[0]
 	}

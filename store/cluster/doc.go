@@ -28,7 +28,17 @@
 //     value of its own (announced in turn: a hot key ends up near its
 //     readers) and answers like a local get. A read that fails, or whose
 //     bytes do not match, tries the next holder; a key no holder gives is
-//     a miss, and every fetch ends by Config.Timeout.
+//     a miss, and every fetch ends by Config.Timeout. The home hands a
+//     claim with each location it answers (claim.go): a bounded number of
+//     readers per holder and key, released when the read ends or at its
+//     deadline, so a hot key spreads over its replicas; a key whose every
+//     replica is at its limit is answered busy and asked again.
+//   - Replicas (replica.go). A value put here is copied to Config.Replicas-1
+//     other daemons picked by rendezvous over the key (each reads it from
+//     this one's pool and announces its copy to the home); a durable put
+//     answers once every copy is on its holder's L2.
+//   - Modes. Config.Admission (the daemon's mode) admits each remote get
+//     and each read served to another daemon: budgets, never correctness.
 //
 // Fencing (fence.go). Every message to a home carries the generation of
 // each of its keys' shards it was sent for; a home that does not hold
@@ -50,7 +60,9 @@
 //
 // Goroutines and stop order: a Cluster owns the announcer and one
 // goroutine per fetch in flight (at most Config.MaxFetches) and per hold's
-// expiry timer. Close stops the announcer, waits for the fetches (each
-// ends by its deadline) and releases every hold. The daemon closes it
+// expiry timer, the reannouncer (and prober) and the replicator. Close
+// stops the three, ends the copies still queued with ErrClosed, waits for
+// the fetches (each ends by its deadline), releases every hold and closes
+// the claims table. The daemon closes it
 // before the store and the peer plane.
 package cluster

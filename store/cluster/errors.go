@@ -23,6 +23,13 @@ var (
 	// of the shard it no longer holds (or never held), and refreshing what
 	// the sender knows of the shard's home did not help in time (fence.go).
 	ErrStaleGeneration = xfer.Categorized(xfer.ErrUnavailable, "cluster: the home no longer holds the generation the message was sent for")
+	// ErrReplicas: fewer daemons are up than the copies a put asked for
+	// need (a durable put answers it; one without durable logs it).
+	ErrReplicas = xfer.Categorized(xfer.ErrUnavailable, "cluster: too few daemons up for the copies asked")
+	// ErrReplicaFailed: a daemon asked for a copy of a value did not make
+	// it (unreachable, no room, no L2 for a durable copy, bytes that did
+	// not match).
+	ErrReplicaFailed = xfer.Categorized(xfer.ErrUnavailable, "cluster: a copy on another daemon failed")
 	// ErrMessage: a peer's message did not decode.
 	ErrMessage = xfer.Categorized(xfer.ErrInvalid, "cluster: malformed message")
 )

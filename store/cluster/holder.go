@@ -39,13 +39,26 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	}
 	hs := make([]held, len(keys))
 	any := false
+	var bytes uint64
 	for i, code := range codes {
 		hs[i] = held{code: uint8(code), offset: locs[i].Offset, size: locs[i].Length}
 		any = any || code == store.OK
+		if code == store.OK {
+			bytes += locs[i].Length
+		}
 	}
 	if !any {
 		_ = ss.Close()
 		return encodeHeld(0, hs), nil
+	}
+	if a := c.cfg.Admission; a != nil {
+		// The mode's budget for serving other hosts' reads: past it the
+		// reader is refused (and tries another replica).
+		if err := a.Serve(bytes); err != nil {
+			_ = ss.Close()
+			c.c.overBudget.Add(1)
+			return nil, err
+		}
 	}
 	c.holdMu.Lock()
 	if c.closedLocked() {

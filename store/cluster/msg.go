@@ -43,6 +43,17 @@ const (
 	// kindHello asks a member whether it is there: u32 shards both ways
 	// (a member with another store_shards refuses, and is out).
 	kindHello = "tc.store.hello"
+	// kindClaim is a lookup that takes claims (claim.go): u32 ttl ms,
+	// u32 n, n × key; answer u32 n, n × (u8 code, u64 claim, u8 m, m ×
+	// holder), code codeOK, codeNotHome or codeBusy.
+	kindClaim = "tc.store.claim"
+	// kindUnclaim releases claims at their home: u32 n, n × u64 claim;
+	// answer empty.
+	kindUnclaim = "tc.store.unclaim"
+	// kindReplicate asks a daemon to copy values from the sender
+	// (replica.go): u8 durable, u32 n, n × (key, u64 size, u32 crc);
+	// answer u32 n, n × u8 code (a store.Code).
+	kindReplicate = "tc.store.replicate"
 )
 
 // Codes of a key in a lookup answer.
@@ -240,6 +251,8 @@ func decodeKeys(b []byte) ([][]byte, error) {
 type lookupAnswer struct {
 	code    uint8
 	holders []Holder
+	// claim is the claim on holders[0] of a claim lookup (0: none).
+	claim uint64
 }
 
 func encodeLookupAnswer(as []lookupAnswer) []byte {

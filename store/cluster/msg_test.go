@@ -90,3 +90,61 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestReplicaClaimMessages: the claim, unclaim and replicate messages and
+// answers round-trip, and bad ones are ErrMessage.
+func TestReplicaClaimMessages(t *testing.T) {
+	as := []lookupAnswer{{code: codeBusy, holders: []Holder{{ID: "h", Epoch: 2}}}, {claim: 77, holders: []Holder{{ID: "d1", Epoch: 7, Tier: TierL1, Size: 3, CRC: 9}}}}
+	ga, err := decodeClaimAnswer(encodeClaimAnswer(as), 2)
+	if err != nil || ga[0].code != codeBusy || ga[1].claim != 77 || ga[1].holders[0] != as[1].holders[0] {
+		t.Fatalf("claim answer: %+v, %v", ga, err)
+	}
+	if _, err := decodeClaimAnswer([]byte{msgVersion, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 1); !errors.Is(err, ErrMessage) {
+		t.Fatalf("a claim answer with code 3: %v, want ErrMessage", err)
+	}
+	ids, err := decodeClaims(encodeClaims([]uint64{1, 1 << 40}))
+	if err != nil || len(ids) != 2 || ids[1] != 1<<40 {
+		t.Fatalf("claims: %v, %v", ids, err)
+	}
+	es := []entry{{key: []byte("k"), size: 256 << 10, crc: 0xabcd}}
+	d, ge, err := decodeReplicate(encodeReplicate(true, es))
+	if err != nil || !d || len(ge) != 1 || ge[0].size != 256<<10 || ge[0].crc != 0xabcd {
+		t.Fatalf("replicate: %v %+v %v", d, ge, err)
+	}
+	for name, b := range map[string][]byte{
+		"no keys":       encodeReplicate(false, nil),
+		"durable flag2": {msgVersion, 2, 0, 0, 0, 0},
+		"truncated":     encodeReplicate(true, es)[:8],
+	} {
+		if _, _, err := decodeReplicate(b); !errors.Is(err, ErrMessage) {
+			t.Errorf("replicate %s: %v, want ErrMessage", name, err)
+		}
+	}
+	codes, err := decodeReplicated([]byte{msgVersion, 2, 0, 0, 0, 0, 5}, 2)
+	if err != nil || codes[1] != 5 {
+		t.Fatalf("replicated: %v %v", codes, err)
+	}
+	if _, err := decodeReplicated([]byte{msgVersion, 2, 0, 0, 0, 0, 5}, 3); !errors.Is(err, ErrMessage) {
+		t.Fatalf("2 codes for 3 keys: %v, want ErrMessage", err)
+	}
+}
+
+// FuzzDecodeReplicaClaim: the claim and replica decoders never panic, and
+// what decodes encodes back to the same bytes.
+func FuzzDecodeReplicaClaim(f *testing.F) {
+	f.Add(encodeClaimAnswer([]lookupAnswer{{claim: 3, holders: []Holder{{ID: "d", Epoch: 1}}}}))
+	f.Add(encodeClaims([]uint64{9}))
+	f.Add(encodeReplicate(true, []entry{{key: []byte("k"), size: 1, crc: 2}}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if as, err := decodeClaimAnswer(b, 1); err == nil && !bytes.Equal(encodeClaimAnswer(as), b) {
+			t.Fatal("claim answer re-encodes differently")
+		}
+		if ids, err := decodeClaims(b); err == nil && !bytes.Equal(encodeClaims(ids), b) {
+			t.Fatal("claims re-encode differently")
+		}
+		if d, es, err := decodeReplicate(b); err == nil && !bytes.Equal(encodeReplicate(d, es), b) {
+			t.Fatal("replicate re-encodes differently")
+		}
+		_, _ = decodeReplicated(b, 1)
+	})
+}

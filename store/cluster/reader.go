@@ -13,20 +13,38 @@ import (
 // The reader's side: lookups at the homes, fetches from the holders,
 // Present and Removed.
 
+// cacheUse is how lookupAll uses the cache of the homes' answers.
+type cacheUse uint8
+
+const (
+	// cacheNone: the homes are asked and their answers not kept (Locate:
+	// it shows what the home says, and leaves the reads as they were: a
+	// read whose holders come from the cache takes no claim).
+	cacheNone cacheUse = iota
+	// cacheFill: the homes are asked and their answers kept.
+	cacheFill
+	// cacheRead: a fresh cached answer stands for the home's; the homes'
+	// answers are kept.
+	cacheRead
+)
+
 // lookupAll asks the homes of the keys not skipped about them, every home
-// at once, by deadline; as[i] or errs[i] is key i's answer. With cache, a
-// fresh cached answer stands for the home's (cached[i] says so).
-func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cache bool) (as []lookupAnswer, errs []error, cached []bool) {
+// at once, by deadline; as[i] or errs[i] is key i's answer. With
+// cacheRead, a fresh cached answer stands for the home's (cached[i] says
+// so). With claim, the homes are asked for claims (claim.go) on reads
+// ending by deadline; homes[i] is the home that answered key i.
+func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cache cacheUse, claim bool) (as []lookupAnswer, errs []error, cached []bool, homes []string) {
 	as = make([]lookupAnswer, len(keys))
 	errs = make([]error, len(keys))
 	cached = make([]bool, len(keys))
+	homes = make([]string, len(keys))
 	now := time.Now()
 	var pos []int
 	for i, k := range keys {
 		if skip != nil && skip[i] {
 			continue
 		}
-		if cache {
+		if cache == cacheRead {
 			if hs, ok := c.answers.get(k, now); ok {
 				as[i].holders, cached[i] = hs, true
 				c.c.cacheHits.Add(1)
@@ -36,7 +54,7 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 		pos = append(pos, i)
 	}
 	if len(pos) == 0 {
-		return as, errs, cached
+		return as, errs, cached, homes
 	}
 	part := func(ps []int) [][]byte {
 		ks := make([][]byte, len(ps))
@@ -47,26 +65,31 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 	}
 	take := func(ps []int, home string, got []lookupAnswer) {
 		for j, p := range ps {
+			homes[p] = home
 			if got[j].code == codeNotHome {
 				errs[p] = fmt.Errorf("%w: %s", ErrNotHome, home)
 				continue
 			}
 			as[p] = got[j]
-			if home != c.self {
+			if cache != cacheNone && home != c.self && got[j].code == codeOK {
 				c.answers.put(keys[p], got[j].holders, now)
 			}
 		}
 	}
-	c.toHomes(keys, pos, homeMsg{
+	m := homeMsg{
 		kind:  kindLookup,
-		per:   2 + 1 + maxHoldersCap*(1+maxIDLen+21),
+		per:   claimAnswerBytes,
 		build: func(ps []int) []byte { return encodeKeys(part(ps)) },
 		local: func(ps []int) { take(ps, c.self, c.lookupHere(part(ps))) },
 		got: func(ps []int, home string, body []byte, err error) {
 			c.c.lookups.Add(uint64(len(ps)))
 			var got []lookupAnswer
 			if err == nil {
-				got, err = decodeLookupAnswer(body, len(ps))
+				if claim {
+					got, err = decodeClaimAnswer(body, len(ps))
+				} else {
+					got, err = decodeLookupAnswer(body, len(ps))
+				}
 			}
 			if err != nil {
 				c.c.lookupFailed.Add(uint64(len(ps)))
@@ -74,20 +97,32 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 					err = fmt.Errorf("%w: %s: %w", ErrHomeUnreachable, home, err)
 				}
 				for _, p := range ps {
+					homes[p] = home
 					errs[p] = err
 				}
 				return
 			}
 			take(ps, home, got)
 		},
-	}, deadline)
-	return as, errs, cached
+	}
+	if claim {
+		// A lookup that takes claims on reads ending by deadline
+		// (claim.go).
+		m.kind = kindClaim
+		m.build = func(ps []int) []byte {
+			ttl := max(time.Until(deadline), time.Millisecond)
+			return encodeHold(uint32(ttl.Milliseconds())+1, part(ps))
+		}
+		m.local = func(ps []int) { take(ps, c.self, c.claimHere(c.self, part(ps), deadline)) }
+	}
+	c.toHomes(keys, pos, m, deadline)
+	return as, errs, cached, homes
 }
 
 // Present sets found[i] for each key not found yet that another daemon
 // holds, as its home says (store.Remote).
 func (c *Cluster) Present(keys [][]byte, found []bool) {
-	as, _, _ := c.lookupAll(keys, found, time.Now().Add(c.cfg.Timeout), true)
+	as, _, _, _ := c.lookupAll(keys, found, time.Now().Add(c.cfg.Timeout), cacheRead, false)
 	for i := range keys {
 		if found[i] {
 			continue
@@ -125,7 +160,7 @@ func (c *Cluster) PresentAsync(keys [][]byte, found []bool, done func()) {
 // SizeOf is the size of key's value at another holder, as its home says
 // (store.Remote).
 func (c *Cluster) SizeOf(key []byte) (uint64, bool) {
-	as, errs, _ := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout), true)
+	as, errs, _, _ := c.lookupAll([][]byte{key}, nil, time.Now().Add(c.cfg.Timeout), cacheRead, false)
 	if errs[0] != nil {
 		return 0, false
 	}
@@ -187,8 +222,16 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 	if len(own) == 0 {
 		return
 	}
+	var ends []func() // the mode's admission of each own key
+	if a := c.cfg.Admission; a != nil {
+		ends = make([]func(), len(own))
+	}
+	orig := own
 	finish := func(j int, err error) {
-		k := string(own[j])
+		if ends != nil && ends[j] != nil {
+			ends[j]()
+		}
+		k := string(orig[j])
 		c.flyMu.Lock()
 		joined := c.flying[k]
 		delete(c.flying, k)
@@ -196,6 +239,35 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 		done(pos[j], err)
 		for _, w := range joined {
 			w(err)
+		}
+	}
+	if ends != nil {
+		// Each key is one remote get of the mode's budget; a key over it
+		// is refused (RESOURCE_EXHAUSTED), the others go on.
+		adm := own[:0:0]
+		var apos []int
+		var refused []int
+		var why error
+		for j := range own {
+			end, err := c.cfg.Admission.BeginRemoteGet()
+			if err != nil {
+				refused, why = append(refused, j), err
+				continue
+			}
+			ends[j] = end
+			adm, apos = append(adm, own[j]), append(apos, j)
+		}
+		for _, j := range refused {
+			c.c.overBudget.Add(1)
+			finish(j, fmt.Errorf("cluster: remote get refused: %w", why))
+		}
+		if len(adm) == 0 {
+			return
+		}
+		if len(refused) > 0 {
+			all := finish
+			finish = func(j int, err error) { all(apos[j], err) }
+			own = adm
 		}
 	}
 	select {
@@ -233,18 +305,48 @@ type want struct {
 	next   int
 	last   error
 	cached bool // cands came from the cache of home answers
+	// claim is the home's claim on cands[0] (0: none), released once the
+	// read there is over; home is the home that gave it.
+	claim uint64
+	home  string
 }
+
+// Pauses of a reader whose key's replicas are all at their reader limit,
+// before it asks the home again.
+const (
+	busyPauseFirst = time.Millisecond
+	busyPauseMost  = 50 * time.Millisecond
+)
 
 func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 	deadline := time.Now().Add(c.cfg.Timeout)
-	ws := c.wants(keys, nil, deadline, true, done)
-	for len(ws) > 0 {
+	ws, busy := c.wants(keys, nil, deadline, true, done)
+	pause := busyPauseFirst
+	for len(ws) > 0 || len(busy) > 0 {
 		if !time.Now().Before(deadline) {
+			c.releaseClaims(ws)
 			for _, w := range ws {
 				c.c.remoteFailed.Add(1)
 				done(w.i, fmt.Errorf("%w: remote read not done within %v (last: %v)", xfer.ErrTimeout, c.cfg.Timeout, w.last))
 			}
+			for _, i := range busy {
+				c.c.remoteFailed.Add(1)
+				done(i, fmt.Errorf("%w: every replica was at its reader limit until the read's deadline (%v)", ErrBusy, c.cfg.Timeout))
+			}
 			return
+		}
+		if len(ws) == 0 {
+			// Only keys whose every replica is busy: ask again after a
+			// pause that grows, within the deadline.
+			if !c.pause(min(pause, time.Until(deadline))) {
+				for _, i := range busy {
+					done(i, ErrClosed)
+				}
+				return
+			}
+			pause = min(2*pause, busyPauseMost)
+			ws, busy = c.wants(keys, only(len(keys), busy), deadline, false, done)
+			continue
 		}
 		type src struct {
 			id    string
@@ -260,10 +362,12 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c.readFrom(s.id, s.epoch, keys, g, deadline)
+				c.readFrom(s.id, s.epoch, keys, g, deadline, false)
 			}()
 		}
 		wg.Wait()
+		// The reads at the claimed holders are over, whatever they gave.
+		c.releaseClaims(ws)
 		rest := ws[:0]
 		var again []bool // keys whose cached holders all failed: asked of the home now
 		for _, w := range ws {
@@ -276,10 +380,7 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 				rest = append(rest, w)
 			case w.cached:
 				if again == nil {
-					again = make([]bool, len(keys))
-					for i := range again {
-						again[i] = true // skip
-					}
+					again = only(len(keys), nil)
 				}
 				again[w.i] = false
 				c.answers.drop(keys[w.i : w.i+1])
@@ -290,18 +391,60 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 			}
 		}
 		ws = rest
+		if len(busy) > 0 {
+			if again == nil {
+				again = only(len(keys), nil)
+			}
+			for _, i := range busy {
+				again[i] = false
+			}
+		}
 		if again != nil {
-			ws = append(ws, c.wants(keys, again, deadline, false, done)...)
+			var more []*want
+			more, busy = c.wants(keys, again, deadline, false, done)
+			ws = append(ws, more...)
 		}
 	}
 }
 
+// only is a skip list of n keys that skips all but those at pos.
+func only(n int, pos []int) []bool {
+	skip := make([]bool, n)
+	for i := range skip {
+		skip[i] = true
+	}
+	for _, i := range pos {
+		skip[i] = false
+	}
+	return skip
+}
+
+// pause waits d, or until Close; false when Close came.
+func (c *Cluster) pause(d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-c.stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // wants looks the keys not skipped up (with cache: a fresh cached answer
-// stands for the home's) and returns what to read of each from whom; a
-// key no other daemon holds, or whose home failed, is answered at once.
-func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bool, done func(int, error)) []*want {
-	as, errs, cached := c.lookupAll(keys, skip, deadline, cache)
-	var ws []*want
+// stands for the home's; else the homes hand claims) and returns what to
+// read of each from whom, and the keys whose every replica is at its
+// reader limit (busy: to be asked again); a key no other daemon holds, or
+// whose home failed, is answered at once.
+func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bool, done func(int, error)) (ws []*want, busy []int) {
+	use := cacheFill
+	if cache {
+		use = cacheRead
+	}
+	as, errs, cached, homes := c.lookupAll(keys, skip, deadline, use, true)
 	for i := range keys {
 		if skip != nil && skip[i] {
 			continue
@@ -311,7 +454,11 @@ func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bo
 			done(i, errs[i])
 			continue
 		}
-		w := &want{i: i, cached: cached[i]}
+		if as[i].code == codeBusy {
+			busy = append(busy, i)
+			continue
+		}
+		w := &want{i: i, cached: cached[i], claim: as[i].claim, home: homes[i]}
 		for _, h := range as[i].holders {
 			if h.ID != c.self {
 				w.cands = append(w.cands, h)
@@ -324,13 +471,13 @@ func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bo
 		}
 		ws = append(ws, w)
 	}
-	return ws
+	return ws, busy
 }
 
 // readFrom reads the keys of g from holder id (at epoch) into this
 // daemon's store; each want's last is nil when its key is stored here
 // now, else why not.
-func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, deadline time.Time) {
+func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, deadline time.Time, durable bool) {
 	fail := func(ws []*want, err error) {
 		for _, w := range ws {
 			w.last = err
@@ -359,7 +506,7 @@ func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, de
 			fail(part, fmt.Errorf("holder %s: %w", id, err))
 			continue
 		}
-		c.land(id, epoch, ks, part, hs, deadline)
+		c.land(id, epoch, ks, part, hs, deadline, durable)
 		if claim != 0 {
 			c.fetchWG.Add(1)
 			go func() {
@@ -373,8 +520,10 @@ func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, de
 }
 
 // land moves the values a holder pinned (hs) into blocks reserved here,
-// checks them and commits them.
-func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []held, deadline time.Time) {
+// checks them and commits them (with durable, to L2 before they count).
+// They are copies of another daemon's values: committing them makes no
+// further copies.
+func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []held, deadline time.Time, durable bool) {
 	var rkeys [][]byte
 	var rw []*want
 	var sizes []uint64
@@ -401,6 +550,7 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	}
 	ss := c.st.NewSession()
 	defer ss.Close()
+	_ = ss.SetReplicas(1) // 1 is in range
 	locs := make([]store.Location, len(rkeys))
 	codes := make([]store.Code, len(rkeys))
 	rerrs := make([]error, len(rkeys))
@@ -419,6 +569,8 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 			spans = append(spans, Span{Local: locs[j].Offset, Remote: remote[j], Length: sizes[j]})
 			mk = append(mk, rkeys[j])
 			mw = append(mw, rw[j])
+		case durable && errors.Is(rerrs[j], store.ErrBusy):
+			rw[j].last = fmt.Errorf("a put of the key is in flight here: %w", rerrs[j])
 		case errors.Is(rerrs[j], store.ErrExists), errors.Is(rerrs[j], store.ErrBusy):
 			rw[j].last = nil // stored here meanwhile (or being put): the local answer stands
 		default:
@@ -455,7 +607,7 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	ccodes := make([]store.Code, len(ck))
 	cerrs := make([]error, len(ck))
 	// Checked above: the commit does not read the bytes again.
-	if err := ss.CommitChecked(ck, crcs, ccodes, cerrs); err != nil {
+	if err := ss.CommitChecked(ck, durable, crcs, ccodes, cerrs); err != nil {
 		for _, w := range cw {
 			w.last = err
 		}

@@ -38,6 +38,15 @@ type Stats struct {
 	// generation it does not hold; StaleAnswers the refusals it got as a
 	// sender; ClaimsWon the shards it claimed (with etcd).
 	StaleRefused, StaleAnswers, ClaimsWon uint64
+	// Claims this daemon, as a home, handed readers: outstanding now,
+	// ever granted, refused (every replica of the key at its limit) and
+	// ended by their deadline unreleased.
+	ClaimsOutstanding, ClaimsGranted, ClaimsRefused, ClaimsExpired uint64
+	// OverBudget counts remote gets and serves the mode's budget refused.
+	OverBudget uint64
+	// Copies of values put here made on other daemons, copies that
+	// failed, and puts that asked for more copies than daemons were up.
+	ReplicasMade, ReplicaFailures, ReplicasShort uint64
 
 	// ByPeer are the remote gets this daemon made, by holder.
 	ByPeer map[string]PeerStats
@@ -73,6 +82,7 @@ func (c *Cluster) Stats() Stats {
 	c.byPeer.mu.Lock()
 	by := maps.Clone(c.byPeer.m)
 	c.byPeer.mu.Unlock()
+	cs := c.claims.Stats()
 	return Stats{
 		Members: len(v.members), HomeOf: c.homeOf(v), IndexKeys: int(c.idx.keys.Load()), Holds: c.Holds(),
 		ViewChanges: c.c.viewChanges.Load(),
@@ -88,5 +98,8 @@ func (c *Cluster) Stats() Stats {
 		Tombstones: c.tombs.live(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
 		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
+		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,
+		OverBudget:   c.c.overBudget.Load(),
+		ReplicasMade: c.c.replicasMade.Load(), ReplicaFailures: c.c.replicaFailed.Load(), ReplicasShort: c.c.replicasShort.Load(),
 	}
 }

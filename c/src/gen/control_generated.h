@@ -1390,7 +1390,8 @@ struct Context FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
     VT_LANE = 8,
     VT_POLICY_VERSION = 10,
     VT_QOS = 12,
-    VT_DEADLINE_MS = 14
+    VT_DEADLINE_MS = 14,
+    VT_REPLICAS = 16
   };
   uint64_t request_id() const {
     return GetField<uint64_t>(VT_REQUEST_ID, 0);
@@ -1410,6 +1411,9 @@ struct Context FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   uint32_t deadline_ms() const {
     return GetField<uint32_t>(VT_DEADLINE_MS, 0);
   }
+  uint8_t replicas() const {
+    return GetField<uint8_t>(VT_REPLICAS, 0);
+  }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
            VerifyField<uint64_t>(verifier, VT_REQUEST_ID, 8) &&
@@ -1420,6 +1424,7 @@ struct Context FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
            VerifyField<uint32_t>(verifier, VT_POLICY_VERSION, 4) &&
            VerifyField<uint8_t>(verifier, VT_QOS, 1) &&
            VerifyField<uint32_t>(verifier, VT_DEADLINE_MS, 4) &&
+           VerifyField<uint8_t>(verifier, VT_REPLICAS, 1) &&
            verifier.EndTable();
   }
 };
@@ -1446,6 +1451,9 @@ struct ContextBuilder {
   void add_deadline_ms(uint32_t deadline_ms) {
     fbb_.AddElement<uint32_t>(Context::VT_DEADLINE_MS, deadline_ms, 0);
   }
+  void add_replicas(uint8_t replicas) {
+    fbb_.AddElement<uint8_t>(Context::VT_REPLICAS, replicas, 0);
+  }
   explicit ContextBuilder(flatbuffers::FlatBufferBuilder &_fbb)
         : fbb_(_fbb) {
     start_ = fbb_.StartTable();
@@ -1464,13 +1472,15 @@ inline flatbuffers::Offset<Context> CreateContext(
     flatbuffers::Offset<flatbuffers::String> lane = 0,
     uint32_t policy_version = 0,
     uint8_t qos = 0,
-    uint32_t deadline_ms = 0) {
+    uint32_t deadline_ms = 0,
+    uint8_t replicas = 0) {
   ContextBuilder builder_(_fbb);
   builder_.add_request_id(request_id);
   builder_.add_deadline_ms(deadline_ms);
   builder_.add_policy_version(policy_version);
   builder_.add_lane(lane);
   builder_.add_idempotency_key(idempotency_key);
+  builder_.add_replicas(replicas);
   builder_.add_qos(qos);
   return builder_.Finish();
 }
@@ -1482,7 +1492,8 @@ inline flatbuffers::Offset<Context> CreateContextDirect(
     const char *lane = nullptr,
     uint32_t policy_version = 0,
     uint8_t qos = 0,
-    uint32_t deadline_ms = 0) {
+    uint32_t deadline_ms = 0,
+    uint8_t replicas = 0) {
   auto idempotency_key__ = idempotency_key ? _fbb.CreateString(idempotency_key) : 0;
   auto lane__ = lane ? _fbb.CreateString(lane) : 0;
   return tcproto::CreateContext(
@@ -1492,7 +1503,8 @@ inline flatbuffers::Offset<Context> CreateContextDirect(
       lane__,
       policy_version,
       qos,
-      deadline_ms);
+      deadline_ms,
+      replicas);
 }
 
 struct Counter FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {

@@ -1,0 +1,282 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
+	"github.com/tensorcast/tensorcast/shm"
+	"github.com/tensorcast/tensorcast/store"
+)
+
+// An in-memory cluster for tests of the store across hosts without
+// sockets: daemons whose peer channel is a map of handlers called in the
+// caller's goroutine, and whose mover copies between their pools.
+
+var errUnreachable = errors.New("fake peer: unreachable")
+
+// fakeNet is the daemons of one test.
+type fakeNet struct {
+	// mu guards nodes.
+	mu    sync.Mutex
+	nodes map[string]*fakeNode
+	// gate, while open is nil, holds every read until it is closed.
+	gateMu   sync.Mutex // guards gate, inflight, most and reads
+	gate     chan struct{}
+	inflight map[string]int
+	most     map[string]int
+	reads    map[string]int
+}
+
+// fakeNode is one daemon.
+type fakeNode struct {
+	net   *fakeNet
+	id    string
+	epoch uint64
+	pool  *shm.Pool
+	st    *store.Store
+	c     *Cluster
+	ready atomic.Bool // its Cluster is built: it answers
+	// readyCh is closed once ready: an exchange with a daemon still
+	// being built waits for it (the daemons of a test start together).
+	readyCh chan struct{}
+	down    atomic.Bool // unreachable both ways
+	// hmu guards h.
+	hmu sync.RWMutex
+	h   map[string]func(string, uint64, []byte) ([]byte, error)
+}
+
+var _ Peers = (*fakeNode)(nil)
+
+func (n *fakeNode) ID() string    { return n.id }
+func (n *fakeNode) Epoch() uint64 { return n.epoch }
+
+func (n *fakeNode) Handle(kind string, h func(string, uint64, []byte) ([]byte, error)) error {
+	n.hmu.Lock()
+	defer n.hmu.Unlock()
+	if h == nil {
+		delete(n.h, kind)
+	} else {
+		n.h[kind] = h
+	}
+	return nil
+}
+
+func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte, _ time.Duration) ([]byte, error) {
+	p := n.net.node(peer)
+	if p != nil && !p.ready.Load() {
+		select {
+		case <-p.readyCh:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	switch {
+	case n.down.Load():
+		return nil, fmt.Errorf("%w: %s is down", errUnreachable, n.id)
+	case p == nil || !p.ready.Load() || p.down.Load():
+		return nil, fmt.Errorf("%w: %s", errUnreachable, peer)
+	case epoch != 0 && epoch != p.epoch:
+		return nil, fmt.Errorf("%w: %s runs another epoch", errUnreachable, peer)
+	}
+	p.hmu.RLock()
+	h := p.h[kind]
+	p.hmu.RUnlock()
+	if h == nil {
+		return nil, fmt.Errorf("fake peer: no handler of %s on %s", kind, peer)
+	}
+	resp, err := h(n.id, n.epoch, slices.Clone(req))
+	if err != nil {
+		return nil, fmt.Errorf("fake peer: %s on %s: %s", kind, peer, err) // the text only, as over the wire
+	}
+	return resp, nil
+}
+
+func (n *fakeNode) EpochOf(id string) uint64 {
+	if p := n.net.node(id); p != nil && p.ready.Load() {
+		return p.epoch
+	}
+	return 0
+}
+
+func (n *fakeNode) Unreachable(err error) bool { return errors.Is(err, errUnreachable) }
+
+// Read implements Mover: it copies from the holder's pool into n's,
+// after the net's gate.
+func (n *fakeNode) Read(holder string, epoch uint64, spans []Span, deadline time.Time) error {
+	p := n.net.node(holder)
+	if p == nil || p.down.Load() || n.down.Load() || epoch != 0 && epoch != p.epoch {
+		return fmt.Errorf("%w: reading from %s", errUnreachable, holder)
+	}
+	f := n.net
+	f.gateMu.Lock()
+	f.inflight[holder]++
+	f.reads[holder]++
+	f.most[holder] = max(f.most[holder], f.inflight[holder])
+	gate := f.gate
+	f.gateMu.Unlock()
+	defer func() {
+		f.gateMu.Lock()
+		f.inflight[holder]--
+		f.gateMu.Unlock()
+	}()
+	if gate != nil {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		select {
+		case <-gate:
+		case <-t.C:
+			return fmt.Errorf("fake mover: the gate stayed shut past the deadline")
+		}
+	}
+	src, dst := p.pool.Bytes(), n.pool.Bytes()
+	for _, s := range spans {
+		copy(dst[s.Local:s.Local+s.Length], src[s.Remote:s.Remote+s.Length])
+	}
+	return nil
+}
+
+func (f *fakeNet) node(id string) *fakeNode {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nodes[id]
+}
+
+// inflightNow is the reads in flight in all.
+func (f *fakeNet) inflightNow() int {
+	f.gateMu.Lock()
+	defer f.gateMu.Unlock()
+	n := 0
+	for _, v := range f.inflight {
+		n += v
+	}
+	return n
+}
+
+// newNet builds daemons ids (one after the other, each greeting those
+// before it) with cfg's settings, and waits until every one sees them
+// all.
+func newNet(t *testing.T, ids []string, cfg Config) *fakeNet {
+	t.Helper()
+	return newNetWith(t, ids, cfg, nil)
+}
+
+// newNetWith is newNet with a last say on each daemon's config.
+func newNetWith(t *testing.T, ids []string, cfg Config, mut func(id string, c *Config)) *fakeNet {
+	t.Helper()
+	f := &fakeNet{nodes: map[string]*fakeNode{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{}}
+	for _, id := range ids {
+		f.nodes[id] = &fakeNode{net: f, id: id, readyCh: make(chan struct{}), h: map[string]func(string, uint64, []byte) ([]byte, error){}}
+	}
+	t.Cleanup(func() {
+		for _, n := range f.nodes {
+			if n.c != nil {
+				n.st.SetRemote(nil)
+				n.c.Close()
+			}
+		}
+		for _, n := range f.nodes {
+			if n.c != nil {
+				n.st.Close()
+				n.pool.Close()
+			}
+		}
+	})
+	for i, id := range ids {
+		pool, err := shm.NewPool(shm.PoolConfig{ID: 1, Size: 1 << 20, Hugepages: shm.HugepagesOff, MinBlock: 4096, MaxBlock: 64 << 10}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := store.New(store.Config{L1Capacity: 1 << 20}, pool, nil)
+		if err != nil {
+			pool.Close()
+			t.Fatal(err)
+		}
+		n := f.node(id)
+		n.epoch, n.pool, n.st = uint64(1000+i), pool, st
+		c := cfg
+		c.Members = ids
+		c.Pool = pool.Bytes()
+		if mut != nil {
+			mut(id, &c)
+		}
+		cl, err := New(c, st, n, n)
+		if err != nil {
+			st.Close()
+			pool.Close()
+			t.Fatal(err)
+		}
+		n.c = cl
+		st.SetRemote(cl)
+		n.ready.Store(true)
+		close(n.readyCh)
+	}
+	want := slices.Sorted(slices.Values(ids))
+	for _, id := range ids {
+		n := f.nodes[id]
+		testutil.Eventually(t, 20*time.Second, func() bool { return slices.Equal(n.c.Members(), want) },
+			"%s seeing every member (it sees %d)", id, testutil.Lazy(func() int { return len(n.c.Members()) }))
+	}
+	return f
+}
+
+// value is key's test value of size bytes.
+func value(key string, size int) []byte {
+	rng := rand.New(rand.NewPCG(uint64(len(key)), uint64(size)))
+	for _, c := range key {
+		rng = rand.New(rand.NewPCG(rng.Uint64()^uint64(c), 7))
+	}
+	v := make([]byte, size)
+	for i := range v {
+		v[i] = byte(rng.Uint32())
+	}
+	return v
+}
+
+// put stores key with v on n (no durable).
+func (n *fakeNode) put(t testing.TB, key string, v []byte) {
+	t.Helper()
+	ss := n.st.NewSession()
+	defer ss.Close()
+	codes := make([]store.Code, 1)
+	if _, err := ss.Put([][]byte{[]byte(key)}, [][]byte{v}, false, codes, nil, nil, 0); err != nil || codes[0] != store.OK {
+		t.Fatalf("put %s on %s: %v, %v", key, n.id, err, codes[0])
+	}
+}
+
+// read reads key on n (fetching it from another daemon when it misses).
+func (n *fakeNode) read(key string, size int) ([]byte, error) {
+	dst := make([]byte, size)
+	lens := make([]uint64, 1)
+	codes := make([]store.Code, 1)
+	errs := make([]error, 1)
+	if _, err := n.st.Read([][]byte{[]byte(key)}, [][]byte{dst}, lens, codes, errs, nil, 0); err != nil {
+		return nil, err
+	}
+	if codes[0] != store.OK {
+		return nil, fmt.Errorf("code %v: %w", codes[0], errs[0])
+	}
+	return dst[:lens[0]], nil
+}
+
+// holders is the ids of key's holders as its home knows them.
+func (f *fakeNet) holders(key string) []string {
+	for _, n := range f.nodes {
+		_, hs, err := n.c.Locate([]byte(key))
+		if err != nil {
+			return nil
+		}
+		ids := make([]string, len(hs))
+		for i, h := range hs {
+			ids[i] = h.ID
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	return nil
+}

@@ -1,0 +1,290 @@
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
+	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
+)
+
+// TestClaimsHotKey: 64 daemons read one hot key at once that two daemons
+// hold. The key's home sends no holder more readers of it than the claims
+// admit (4 each): while the reads are held, exactly 8 are in flight, 4
+// at each holder, and the other readers are answered busy and ask again;
+// once the reads go on, every reader gets the exact bytes (from the two
+// holders, or from a reader that kept its copy and announced it: the hot
+// key spreads), no holder ever had more than 4 readers of it, and no claim
+// or hold is left.
+func TestClaimsHotKey(t *testing.T) {
+	const readers, perKey = 64, 4
+	ids := []string{"h0", "h1"}
+	for i := range readers {
+		ids = append(ids, fmt.Sprintf("r%02d", i))
+	}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 20 * time.Second, ProbeEvery: time.Hour, ClaimsPerKey: perKey})
+	const key = "hot/key"
+	v := value(key, 16<<10)
+	f.node("h0").put(t, key, v)
+	f.node("h1").put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h0", "h1"}) },
+		"both holders announced (home knows %v)", testutil.Lazy(func() []string { return f.holders(key) }))
+	home := f.node(f.node("h0").c.Home([]byte(key)))
+
+	f.gateMu.Lock()
+	f.gate = make(chan struct{})
+	f.gateMu.Unlock()
+	errs := make(chan error, readers)
+	for _, id := range ids[2:] {
+		n := f.node(id)
+		go func() {
+			got, err := n.read(key, len(v))
+			if err == nil && !bytes.Equal(got, v) {
+				err = fmt.Errorf("%s: %d bytes that are not the value", n.id, len(got))
+			}
+			if err != nil {
+				err = fmt.Errorf("%s: %w", n.id, err)
+			}
+			errs <- err
+		}()
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		cs := home.c.ReadClaims()
+		return cs.Outstanding == 2*perKey && f.inflightNow() == 2*perKey && cs.Refused > 0
+	}, "both holders at their limit, the other readers refused (claims %+v, reads in flight %d)",
+		testutil.Lazy(home.c.ReadClaims), testutil.Lazy(f.inflightNow))
+	f.gateMu.Lock()
+	close(f.gate)
+	f.gateMu.Unlock()
+	for range readers {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	f.gateMu.Lock()
+	most, reads := f.most, f.reads
+	f.gateMu.Unlock()
+	total := 0
+	for h, n := range reads {
+		total += n
+		if most[h] > perKey {
+			t.Errorf("%s had %d readers of the key at once, its limit is %d", h, most[h], perKey)
+		}
+	}
+	for _, h := range []string{"h0", "h1"} {
+		if reads[h] < perKey {
+			t.Errorf("%s served %d readers, want at least %d: the hot key did not spread", h, reads[h], perKey)
+		}
+	}
+	if total != readers {
+		t.Errorf("%d reads from holders (%v), want one per reader (%d)", total, reads, readers)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		return home.c.ReadClaims().Outstanding == 0 && f.node("h0").c.Holds() == 0 && f.node("h1").c.Holds() == 0
+	}, "claims and holds released (claims %+v)", testutil.Lazy(home.c.ReadClaims))
+	if cs := home.c.ReadClaims(); cs.Expired != 0 {
+		t.Errorf("%d claims ended by their deadline, want every one released by its reader", cs.Expired)
+	}
+}
+
+// TestLocateKeepsNoAnswer: Locate asks the key's home and keeps nothing
+// of its answer, so that a later read on that daemon still asks the home
+// (and takes a claim) instead of reading the holders from the cache of
+// home answers, which takes none.
+func TestLocateKeepsNoAnswer(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour})
+	const key = "locate/key"
+	f.node("a").put(t, key, value(key, 4096))
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a"}) },
+		"the holder announced (home knows %v)", testutil.Lazy(func() []string { return f.holders(key) }))
+	home := f.node("a").c.Home([]byte(key))
+	var r *fakeNode // neither the holder nor the home: its Locate asks another daemon
+	for _, id := range ids[1:] {
+		if id != home {
+			r = f.node(id)
+			break
+		}
+	}
+	_, hs, err := r.c.Locate([]byte(key))
+	if err != nil || len(hs) != 1 || hs[0].ID != "a" {
+		t.Fatalf("Locate on %s: holders %v, %v; want a", r.id, hs, err)
+	}
+	before := r.c.Stats().CacheHits
+	found := make([]bool, 1)
+	r.c.Present([][]byte{[]byte(key)}, found)
+	if !found[0] {
+		t.Fatalf("Present on %s: not found, its home knows %v", r.id, f.holders(key))
+	}
+	if hits := r.c.Stats().CacheHits - before; hits != 0 {
+		t.Errorf("Present after Locate on %s: %d answers from the cache, want 0 (Locate kept its answer)", r.id, hits)
+	}
+}
+
+// TestReplicasCopied: with 2 replicas a value put on one daemon is copied
+// to another (the one rendezvous over the key picks), whose copy its home
+// knows; once the putter is gone, every other daemon reads the copy,
+// byte-exact.
+func TestReplicasCopied(t *testing.T) {
+	ids := []string{"a", "b", "c", "d"}
+	// The prober finds the putter gone, so its shards' new homes learn
+	// the copies from their holders.
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: 50 * time.Millisecond, Replicas: 2})
+	a := f.node("a")
+	var keys []string
+	for i := range 16 {
+		k := fmt.Sprintf("rep/%02d", i)
+		keys = append(keys, k)
+		a.put(t, k, value(k, 4096+i*100))
+	}
+	for _, k := range keys {
+		target := a.c.replicaTargets(a.c.view.Load(), []byte(k), 1)
+		if len(target) != 1 {
+			t.Fatalf("%s: targets %v", k, target)
+		}
+		want := []string{"a", target[0]}
+		slices.Sort(want)
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), want) },
+			"%s held by %v (home knows %v)", k, want, testutil.Lazy(func() []string { return f.holders(k) }))
+	}
+	// The target announces its copy before it answers: the putter counts
+	// it made just after.
+	testutil.Eventually(t, 5*time.Second, func() bool { return a.c.Stats().ReplicasMade == uint64(len(keys)) },
+		"every copy counted made (stats %+v)", testutil.Lazy(a.c.Stats))
+	if s := a.c.Stats(); s.ReplicaFailures != 0 || s.ReplicasShort != 0 {
+		t.Errorf("copies failed %d, short %d; want none", s.ReplicaFailures, s.ReplicasShort)
+	}
+	// The putter goes: every key is read from its copy.
+	a.down.Store(true)
+	for _, id := range ids[1:] {
+		n := f.node(id)
+		for _, k := range keys {
+			var got []byte
+			testutil.Eventually(t, 10*time.Second, func() bool {
+				var err error
+				got, err = n.read(k, 8192)
+				if err == nil && !bytes.Equal(got, value(k, len(got))) {
+					t.Fatalf("%s on %s: %d bytes that are not the value", k, id, len(got))
+				}
+				return err == nil
+			}, "%s read on %s", k, id)
+			if len(got) != 4096+100*int((k[4]-'0')*10+k[5]-'0') {
+				t.Fatalf("%s on %s: %d bytes", k, id, len(got))
+			}
+		}
+	}
+}
+
+// TestReadTriesNextReplica: a key two daemons hold, one of whose copies
+// is corrupt: every read answers the exact bytes (the corrupt copy, when
+// read first, fails its crc32c and the next replica is read), never the
+// corrupt ones.
+func TestReadTriesNextReplica(t *testing.T) {
+	ids := []string{"h0", "h1", "r"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour, Staleness: -1})
+	h0, h1, r := f.node("h0"), f.node("h1"), f.node("r")
+	const n = 24
+	for i := range n {
+		k := fmt.Sprintf("crc/%02d", i)
+		v := value(k, 4096)
+		h0.put(t, k, v)
+		h1.put(t, k, v)
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h0", "h1"}) }, "%s announced", k)
+		// Corrupt h0's copy in its pool (its crc is known already).
+		ss := h0.st.NewSession()
+		locs := make([]store.Location, 1)
+		codes := make([]store.Code, 1)
+		if err := ss.GetHere([][]byte{[]byte(k)}, locs, codes, nil); err != nil || codes[0] != store.OK {
+			t.Fatalf("%s on h0: %v %v", k, err, codes[0])
+		}
+		h0.pool.Bytes()[locs[0].Offset] ^= 0xff
+		ss.Close()
+	}
+	for i := range n {
+		k := fmt.Sprintf("crc/%02d", i)
+		got, err := r.read(k, 4096)
+		if err != nil || !bytes.Equal(got, value(k, 4096)) {
+			t.Fatalf("%s: %d bytes, %v; want the value", k, len(got), err)
+		}
+	}
+	if s := r.c.Stats(); s.CRCMismatch == 0 || s.RemoteHits != n {
+		t.Errorf("%d crc mismatches, %d remote hits; want some (h0 read first for about half the keys), %d", s.CRCMismatch, s.RemoteHits, n)
+	}
+}
+
+// TestModeBudgetsRemoteGets: a reader in a mode that admits one remote get
+// in flight refuses a second while the first is held (RESOURCE_EXHAUSTED,
+// never a miss or other bytes); changed at run time to a mode with room,
+// the same get goes on; both answer the exact bytes, and the reader keeps
+// each as a copy its home knows (hybrid-cache-first).
+func TestModeBudgetsRemoteGets(t *testing.T) {
+	budgets := grant.DefaultBudgets
+	budgets[grant.GlobalGoverned].RemoteGets = 1
+	adm, err := grant.NewAdmission(grant.GlobalGoverned, &budgets, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newNetWith(t, []string{"h", "r"}, Config{Shards: 16, Timeout: 10 * time.Second, ProbeEvery: time.Hour},
+		func(id string, c *Config) {
+			if id == "r" {
+				c.Admission = adm
+			}
+		})
+	h, r := f.node("h"), f.node("r")
+	for _, k := range []string{"mode/a", "mode/b"} {
+		h.put(t, k, value(k, 8192))
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h"}) }, "%s announced", k)
+	}
+	f.gateMu.Lock()
+	f.gate = make(chan struct{})
+	f.gateMu.Unlock()
+	first := make(chan error, 1)
+	go func() {
+		got, err := r.read("mode/a", 8192)
+		if err == nil && !bytes.Equal(got, value("mode/a", 8192)) {
+			err = fmt.Errorf("mode/a: %d bytes that are not the value", len(got))
+		}
+		first <- err
+	}()
+	testutil.Eventually(t, 5*time.Second, func() bool { return f.inflightNow() == 1 }, "the first get in flight")
+	_, err = r.read("mode/b", 8192)
+	if err == nil || !errors.Is(err, grant.ErrOverBudget) && !strings.Contains(err.Error(), "RESOURCE_EXHAUSTED") {
+		t.Fatalf("second remote get with one admitted and one in flight: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if st := adm.Stats(); st.GetsRefused != 1 || st.RemoteGets != 1 {
+		t.Errorf("admission %+v: want 1 refused, 1 in flight", st)
+	}
+	if err := adm.SetMode(grant.LocalFirst); err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	go func() {
+		got, err := r.read("mode/b", 8192)
+		if err == nil && !bytes.Equal(got, value("mode/b", 8192)) {
+			err = fmt.Errorf("mode/b: %d bytes that are not the value", len(got))
+		}
+		second <- err
+	}()
+	testutil.Eventually(t, 5*time.Second, func() bool { return f.inflightNow() == 2 }, "the second get admitted in local-first")
+	f.gateMu.Lock()
+	close(f.gate)
+	f.gateMu.Unlock()
+	for _, ch := range []chan error{first, second} {
+		if err := <-ch; err != nil {
+			t.Error(err)
+		}
+	}
+	for _, k := range []string{"mode/a", "mode/b"} {
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h", "r"}) },
+			"%s kept on the reader and announced (home knows %v)", k, testutil.Lazy(func() []string { return f.holders(k) }))
+	}
+	if st := adm.Stats(); st.RemoteGets != 0 {
+		t.Errorf("%d remote gets still counted in flight", st.RemoteGets)
+	}
+}
