@@ -23,17 +23,17 @@ func (f etcdFence) Watch(fn func([]cluster.ShardClaim)) {
 	f.dir.WatchShards(func(cs []etcd.ShardClaim) { fn(claimsOf(cs)) })
 }
 
-func (f etcdFence) Take(shards []int, expect []uint64) ([]cluster.ShardClaim, error) {
-	won, err := f.dir.ClaimShards(context.Background(), f.epoch, shards, expect)
+func (f etcdFence) Take(ctx context.Context, shards []int, expect []uint64) ([]cluster.ShardClaim, error) {
+	won, err := f.dir.ClaimShards(ctx, f.epoch, shards, expect)
 	return claimsOf(won), err
 }
 
-func (f etcdFence) Release(shards []int, gens []uint64) error {
-	return f.dir.ReleaseShards(context.Background(), shards, gens)
+func (f etcdFence) Release(ctx context.Context, shards []int, gens []uint64) error {
+	return f.dir.ReleaseShards(ctx, shards, gens)
 }
 
-func (f etcdFence) Refresh(shards []int) error {
-	return f.dir.RefreshShards(context.Background(), shards)
+func (f etcdFence) Refresh(ctx context.Context, shards []int) error {
+	return f.dir.RefreshShards(ctx, shards)
 }
 
 func (f etcdFence) Current() bool { return f.dir.ShardsCurrent() }

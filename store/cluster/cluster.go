@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -207,6 +208,8 @@ type Cluster struct {
 	closed  bool
 	kick    chan struct{} // wakes the announcer; capacity 1
 	stop    chan struct{}
+	life    context.Context // ends when Close starts: what waits on etcd stops
+	endLife context.CancelFunc
 	done    chan struct{} // closed when the announcer exits
 	// reqs are the re-announcements asked for (mu guards them); rekick
 	// wakes the reannouncer, redone is closed when it exits.
@@ -307,6 +310,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		claims: grant.NewClaims(grant.ClaimsConfig{MaxPerKey: cfg.ClaimsPerKey, MaxPerHolder: cfg.ClaimsPerHolder,
 			MaxOutstanding: cfg.MaxKeys, MaxTTL: maxHoldTTL}),
 	}
+	c.life, c.endLife = context.WithCancel(context.Background())
 	if cfg.Fence != nil {
 		c.shardClaims = make([]atomic.Pointer[ShardClaim], cfg.Shards)
 	}
@@ -374,6 +378,7 @@ func (c *Cluster) Close() {
 	}
 	c.closed = true
 	c.mu.Unlock()
+	c.endLife()
 	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello,
 		kindClaim, kindUnclaim, kindReplicate} {
 		_ = c.peers.Handle(k, nil)

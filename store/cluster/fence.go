@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -36,14 +37,16 @@ type Fence interface {
 	// Fence.
 	Watch(fn func([]ShardClaim))
 	// Take claims shards for this daemon, each expected at expect[i] (0:
-	// unclaimed), and returns those won.
-	Take(shards []int, expect []uint64) ([]ShardClaim, error)
+	// unclaimed), and returns those won. Take, Release and Refresh end
+	// when ctx does (the cluster closing), and by the directory's own
+	// request timeout.
+	Take(ctx context.Context, shards []int, expect []uint64) ([]ShardClaim, error)
 	// Release gives up this daemon's claims of shards, each while still
 	// at gens[i].
-	Release(shards []int, gens []uint64) error
+	Release(ctx context.Context, shards []int, gens []uint64) error
 	// Refresh reads the claims of shards from the directory (handing
 	// them to the watcher).
-	Refresh(shards []int) error
+	Refresh(ctx context.Context, shards []int) error
 	// Current reports whether this daemon's own claims hold now.
 	Current() bool
 }
@@ -349,7 +352,7 @@ func (c *Cluster) refresh(home string, stale, sent []shardGen) error {
 		}
 		return nil
 	}
-	if err := c.cfg.Fence.Refresh(read); err != nil {
+	if err := c.cfg.Fence.Refresh(c.life, read); err != nil {
 		return fmt.Errorf("%w: %s refused a stale generation and the claims could not be read again: %w", ErrStaleGeneration, home, err)
 	}
 	return nil
@@ -470,14 +473,14 @@ func (c *Cluster) claimRound() error {
 	}
 	var err error
 	if len(rel) > 0 {
-		if err = f.Release(rel, relGen); err == nil {
+		if err = f.Release(c.life, rel, relGen); err == nil {
 			c.log.Info("shards released to their new homes", "shards", len(rel))
 		}
 	}
 	if len(take) == 0 {
 		return err
 	}
-	won, terr := f.Take(take, exp)
+	won, terr := f.Take(c.life, take, exp)
 	if len(won) > 0 {
 		c.c.claimsWon.Add(uint64(len(won)))
 		c.onShardClaims(won)
