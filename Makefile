@@ -66,7 +66,11 @@ test-go:
 	CGO_ENABLED=0 $(GO) build ./...
 	# The Go client and its protocol build off Linux too (macOS laptops).
 	GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./client/... ./wire/...
-	$(GO) test -count=1 -run '^$$' -bench . -benchtime=1x $(PKGS) >/dev/null
+	# Every benchmark once, as a smoke test: its figures are dropped, and
+	# what a failing one said is shown.
+	@echo "$(GO) test -count=1 -run '^\$$' -bench . -benchtime=1x $(PKGS)"
+	@out=$$(mktemp); if $(GO) test -count=1 -run '^$$' -bench . -benchtime=1x $(PKGS) >$$out 2>&1; then rm -f $$out; \
+	else grep -Ev '^(Benchmark.*(ns/op|B/op)|goos:|goarch:|pkg:|cpu:|PASS$$|ok )' $$out | tail -n 100; rm -f $$out; exit 1; fi
 
 # libtensorcast under ASan/UBSan against real daemons (c/test).
 test-c: build
