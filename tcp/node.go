@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,7 @@ type Node struct {
 	tokKey []byte // token MAC key, derived from the cluster key
 	epoch  uint64
 	addr   string // advertised address
+	bound  string // the listener's own address (closeStrays)
 	lim    limits
 
 	srvEng  gnet.Engine // set in OnBoot, before NewNode returns
@@ -214,6 +216,7 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		n.stopServer()
 		return nil, err
 	}
+	n.bound = bound
 	n.addr = cfg.Advertise
 	if n.addr == "" {
 		n.addr = bound
@@ -292,9 +295,69 @@ func (n *Node) stopServer() {
 	defer t.Stop()
 	select {
 	case <-n.srvDone:
+		if c := n.closeStrays(); c > 0 {
+			n.log.Info("closed peer connections accepted while the listener stopped", "count", c)
+		}
 	case <-t.C:
 		n.log.Error("peer listener's event loops did not stop within 10 s")
 	}
+}
+
+// closeStrays closes what the stopped event loops leave open: a
+// connection gnet accepted while it was stopping, whose hand-over to an
+// event loop that had already exited never ran (gnet queues it as a task
+// of that loop), so neither gnet nor the node knows it. Such sockets have
+// the listener's address as their own; once Run has returned no part of
+// the node uses one (the node's own dialed connections have other local
+// addresses), so each is closed. It returns how many there were.
+func (n *Node) closeStrays() int {
+	host, ps, err := net.SplitHostPort(n.bound)
+	if err != nil {
+		return 0
+	}
+	lip, lport := net.ParseIP(host), 0
+	if lport, err = strconv.Atoi(ps); err != nil || lip == nil {
+		return 0
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	closed := 0
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || !strings.HasPrefix(l, "socket:") {
+			continue
+		}
+		// Not a listener; SO_REUSEADDR is set on the listener and copied
+		// to what it accepts, never set on the connections Go dials.
+		if acc, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || acc != 0 {
+			continue
+		}
+		if ra, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR); err != nil || ra == 0 {
+			continue
+		}
+		sa, err := unix.Getsockname(fd)
+		if err != nil {
+			continue
+		}
+		var ip net.IP
+		port := -1
+		switch a := sa.(type) {
+		case *unix.SockaddrInet4:
+			ip, port = net.IP(a.Addr[:]), a.Port
+		case *unix.SockaddrInet6:
+			ip, port = net.IP(a.Addr[:]), a.Port
+		}
+		if port == lport && (lip.IsUnspecified() || lip.Equal(ip)) {
+			_ = unix.Close(fd)
+			closed++
+		}
+	}
+	return closed
 }
 
 // Name implements xfer.Transport.
