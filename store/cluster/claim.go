@@ -150,42 +150,10 @@ func (c *Cluster) Readers(holder string, key []byte) int { return c.claims.Reade
 
 // encodeClaimAnswer encodes a claim lookup's answers: u32 n, n × (u8
 // code, u64 claim, u8 m, m × holder).
-func encodeClaimAnswer(as []lookupAnswer) []byte {
-	e := newEnc()
-	e.u32(uint32(len(as)))
-	for _, a := range as {
-		e.u8(a.code)
-		e.u64(a.claim)
-		e.u8(uint8(len(a.holders)))
-		for _, h := range a.holders {
-			e.holder(h)
-		}
-	}
-	return e.bytes()
-}
+func encodeClaimAnswer(as []lookupAnswer) []byte { return encodeAnswers(as, true) }
 
 func decodeClaimAnswer(b []byte, want int) ([]lookupAnswer, error) {
-	d := newDec(b)
-	n := d.count(maxMsgKeys)
-	if d.err == nil && n != want {
-		d.fail("%d answers for %d keys", n, want)
-	}
-	as := make([]lookupAnswer, 0, n)
-	for i := 0; i < n && d.err == nil; i++ {
-		a := lookupAnswer{code: d.u8(), claim: d.u64()}
-		if d.err == nil && a.code > codeBusy {
-			d.fail("code %d", a.code)
-		}
-		m := int(d.u8())
-		if m > maxHoldersCap {
-			d.fail("%d holders (at most %d)", m, maxHoldersCap)
-		}
-		for j := 0; j < m && d.err == nil; j++ {
-			a.holders = append(a.holders, d.holder())
-		}
-		as = append(as, a)
-	}
-	return as, d.end()
+	return decodeAnswers(b, want, true)
 }
 
 // encodeClaims encodes claim ids (unclaim): u32 n, n × u64.

@@ -255,11 +255,23 @@ type lookupAnswer struct {
 	claim uint64
 }
 
-func encodeLookupAnswer(as []lookupAnswer) []byte {
+func encodeLookupAnswer(as []lookupAnswer) []byte { return encodeAnswers(as, false) }
+
+func decodeLookupAnswer(b []byte, want int) ([]lookupAnswer, error) {
+	return decodeAnswers(b, want, false)
+}
+
+// encodeAnswers encodes a home's answers: u32 n, n × (u8 code, [u64
+// claim when claims], u8 m, m × holder). A lookup's have no claim ids, a
+// claim lookup's do (claim.go).
+func encodeAnswers(as []lookupAnswer, claims bool) []byte {
 	e := newEnc()
 	e.u32(uint32(len(as)))
 	for _, a := range as {
 		e.u8(a.code)
+		if claims {
+			e.u64(a.claim)
+		}
 		e.u8(uint8(len(a.holders)))
 		for _, h := range a.holders {
 			e.holder(h)
@@ -268,7 +280,9 @@ func encodeLookupAnswer(as []lookupAnswer) []byte {
 	return e.bytes()
 }
 
-func decodeLookupAnswer(b []byte, want int) ([]lookupAnswer, error) {
+// decodeAnswers decodes what encodeAnswers wrote for want keys; a claim
+// lookup's codes are checked to be known (at most codeBusy).
+func decodeAnswers(b []byte, want int, claims bool) ([]lookupAnswer, error) {
 	d := newDec(b)
 	n := d.count(maxMsgKeys)
 	if d.err == nil && n != want {
@@ -277,6 +291,12 @@ func decodeLookupAnswer(b []byte, want int) ([]lookupAnswer, error) {
 	as := make([]lookupAnswer, 0, n)
 	for i := 0; i < n && d.err == nil; i++ {
 		a := lookupAnswer{code: d.u8()}
+		if claims {
+			a.claim = d.u64()
+			if d.err == nil && a.code > codeBusy {
+				d.fail("code %d", a.code)
+			}
+		}
 		m := int(d.u8())
 		if m > maxHoldersCap {
 			d.fail("%d holders (at most %d)", m, maxHoldersCap)
