@@ -67,22 +67,7 @@ func TestStoreReplicasSurviveKill(t *testing.T) {
 			}
 			waitMembers(t, alive, ids...)
 			for _, p := range alive {
-				c := p.dial(t, "reader")
-				for _, k := range keys {
-					testutil.Eventually(t, 15*time.Second, func() bool {
-						v, err := c.GetBytes(k)
-						if err != nil {
-							if !isMissOrUnavailable(err) {
-								t.Fatalf("%s on %s: %v, want the bytes, a miss or UNAVAILABLE", k, p.cfg.DaemonID, err)
-							}
-							return false
-						}
-						if !bytes.Equal(v, clusterValue(k, len(v))) || !slices.Contains(sizes, len(v)) {
-							t.Fatalf("%s on %s: %d bytes that are not the value put", k, p.cfg.DaemonID, len(v))
-						}
-						return true
-					}, "%s read on %s with %s gone", k, p.cfg.DaemonID, gone.cfg.DaemonID)
-				}
+				readsBack(t, p, keys, sizes, gone.cfg.DaemonID+" gone")
 			}
 			for _, p := range alive {
 				testutil.Eventually(t, 5*time.Second, func() bool {
@@ -134,22 +119,7 @@ func TestStoreReplicasSurviveKill9(t *testing.T) {
 	<-child.exited
 	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2")
 	for _, p := range []*peerDaemon{d1, d2} {
-		c := p.dial(t, "reader")
-		for _, k := range keys {
-			testutil.Eventually(t, 15*time.Second, func() bool {
-				v, err := c.GetBytes(k)
-				if err != nil {
-					if !isMissOrUnavailable(err) {
-						t.Fatalf("%s on %s: %v, want the bytes, a miss or UNAVAILABLE", k, p.cfg.DaemonID, err)
-					}
-					return false
-				}
-				if !bytes.Equal(v, clusterValue(k, len(v))) || !slices.Contains(sizes, len(v)) {
-					t.Fatalf("%s on %s: %d bytes that are not the value put", k, p.cfg.DaemonID, len(v))
-				}
-				return true
-			}, "%s read on %s with d3 killed", k, p.cfg.DaemonID)
-		}
+		readsBack(t, p, keys, sizes, "d3 killed")
 	}
 	for _, p := range []*peerDaemon{d1, d2} {
 		testutil.Eventually(t, 5*time.Second, func() bool {
@@ -192,5 +162,28 @@ func TestStoreReplicasPerCall(t *testing.T) {
 	bad := []byte("percall/bad")
 	if err := c.PutBytes(bad, []byte("x"), false, client.WithReplicas(9)); !errors.Is(err, client.ErrInvalidArgument) {
 		t.Errorf("a put with 9 replicas: %v, want INVALID_ARGUMENT", err)
+	}
+}
+
+// readsBack waits until every key reads on p byte-exact as put (a value of
+// one of sizes), with misses and UNAVAILABLE meanwhile and nothing else;
+// what says which daemon went how.
+func readsBack(t *testing.T, p *peerDaemon, keys [][]byte, sizes []int, what string) {
+	t.Helper()
+	c := p.dial(t, "reader")
+	for _, k := range keys {
+		testutil.Eventually(t, 15*time.Second, func() bool {
+			v, err := c.GetBytes(k)
+			if err != nil {
+				if !isMissOrUnavailable(err) {
+					t.Fatalf("%s on %s: %v, want the bytes, a miss or UNAVAILABLE", k, p.cfg.DaemonID, err)
+				}
+				return false
+			}
+			if !bytes.Equal(v, clusterValue(k, len(v))) || !slices.Contains(sizes, len(v)) {
+				t.Fatalf("%s on %s: %d bytes that are not the value put", k, p.cfg.DaemonID, len(v))
+			}
+			return true
+		}, "%s read on %s with %s", k, p.cfg.DaemonID, what)
 	}
 }
