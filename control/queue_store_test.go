@@ -22,6 +22,7 @@ import (
 	"github.com/tensorcast/tensorcast/queue"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -531,7 +532,14 @@ func TestStoreQueueAllocations(t *testing.T) {
 // (sq_head not yet published) is answered only once sq_head is: a client
 // that reaped it first would find the entry's slot still taken.
 func TestStoreQueuePendingAnsweredAfterPublish(t *testing.T) {
-	e := newStoreEnv(t, true, store.Config{L1Capacity: 1 << 20})
+	// The commit's L2 writes are held until the worker has taken it, so
+	// that it goes pending (I/O that finished inside the call would
+	// answer it synchronously) and completes before sq_head is published.
+	var gate *gatedL2
+	e := newStoreEnvWrapped(t, true, store.Config{L1Capacity: 1 << 20}, func(u *uring.Transport) xfer.Transport {
+		gate = &gatedL2{Transport: u}
+		return gate
+	})
 	c, q := queueClient(t, e.env, 32)
 	res, err := c.NewResults(4)
 	if err != nil {
@@ -545,9 +553,11 @@ func TestStoreQueuePendingAnsweredAfterPublish(t *testing.T) {
 
 	inPrepare, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{}, 1)
 	var armed atomic.Bool
+	var openErr error
 	armed.Store(true)
 	beforePublish := func() {
 		if armed.CompareAndSwap(true, false) {
+			openErr = gate.open()
 			close(inPrepare)
 			<-release
 		}
@@ -568,6 +578,7 @@ func TestStoreQueuePendingAnsweredAfterPublish(t *testing.T) {
 		}
 	}()
 
+	gate.hold()
 	if ok, err := q.Commit(keys, true, res, 2); !ok || err != nil {
 		t.Fatalf("submit the durable commit: %v %v", ok, err)
 	}
@@ -580,6 +591,9 @@ func TestStoreQueuePendingAnsweredAfterPublish(t *testing.T) {
 		}
 	}
 	wait(inPrepare, "the worker took the commit")
+	if openErr != nil {
+		t.Fatal(openErr)
+	}
 	wait(done, "the durable commit went pending and completed")
 	cqes := make([]client.Completion, 4)
 	if n, err := q.Reap(cqes, 0, 0); n != 0 || err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // storeEnv is a server with a store over its pool: L1 only, or with an L2
@@ -35,6 +38,13 @@ func requireUring(t *testing.T) {
 
 func newStoreEnv(t *testing.T, l2 bool, cfg store.Config) *storeEnv {
 	t.Helper()
+	return newStoreEnvWrapped(t, l2, cfg, nil)
+}
+
+// newStoreEnvWrapped is newStoreEnv; with wrap (and l2), the store's L2
+// I/O goes through the transport wrap makes of the uring one.
+func newStoreEnvWrapped(t *testing.T, l2 bool, cfg store.Config, wrap func(*uring.Transport) xfer.Transport) *storeEnv {
+	t.Helper()
 	if l2 {
 		requireUring(t)
 	}
@@ -47,8 +57,12 @@ func newStoreEnv(t *testing.T, l2 bool, cfg store.Config) *storeEnv {
 			if se.tr, err = uring.New(uring.Config{AllowedDirs: []string{dir}}, nil); err != nil {
 				t.Fatal(err)
 			}
-			se.s, err = store.Open(cfg, pool, se.tr, store.FileL2{Path: filepath.Join(dir, "l2.data"), Size: 64 << 20,
-				RegionSize: 4 << 20, FileID: 100, StagingID: 101})
+			f := store.FileL2{Path: filepath.Join(dir, "l2.data"), Size: 64 << 20, RegionSize: 4 << 20, FileID: 100, StagingID: 101}
+			if wrap == nil {
+				se.s, err = store.Open(cfg, pool, se.tr, f)
+			} else {
+				se.s, err = openWrapped(t, cfg, pool, se.tr, wrap(se.tr), f)
+			}
 		} else {
 			se.s, err = store.New(cfg, pool, nil)
 		}
@@ -69,6 +83,59 @@ func newStoreEnv(t *testing.T, l2 bool, cfg store.Config) *storeEnv {
 		}
 	})
 	return se
+}
+
+// openWrapped is store.Open with the store's L2 I/O through tr (a wrapper
+// of u); the file is closed when the test ends.
+func openWrapped(t *testing.T, cfg store.Config, pool *shm.Pool, u *uring.Transport, tr xfer.Transport, f store.FileL2) (*store.Store, error) {
+	if err := u.RegisterBuffers(pool); err != nil {
+		t.Logf("pool not registered as fixed buffers: %v", err)
+	}
+	file, err := u.OpenFile(f.FileID, f.Path, uring.FileOptions{Size: f.Size, Create: true})
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { file.Close() })
+	return store.New(cfg, pool, &store.L2{Transport: tr, File: file, StagingID: f.StagingID, RegionSize: f.RegionSize})
+}
+
+// gatedL2 holds the tasks submitted while it is shut and submits them
+// when it opens: a test decides when the store's L2 I/O starts.
+type gatedL2 struct {
+	*uring.Transport
+	mu   sync.Mutex
+	shut bool
+	held [][]*xfer.Task
+}
+
+func (g *gatedL2) Submit(tasks []*xfer.Task) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut {
+		g.held = append(g.held, slices.Clone(tasks))
+		return len(tasks), nil
+	}
+	return g.Transport.Submit(tasks)
+}
+
+func (g *gatedL2) hold() {
+	g.mu.Lock()
+	g.shut = true
+	g.mu.Unlock()
+}
+
+// open submits what it held, in order, and lets what follows through.
+func (g *gatedL2) open() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.shut = false
+	for _, ts := range g.held {
+		if n, err := g.Transport.Submit(ts); err != nil || n != len(ts) {
+			return fmt.Errorf("submit of held tasks: %d of %d, %v", n, len(ts), err)
+		}
+	}
+	g.held = nil
+	return nil
 }
 
 func keysOf(prefix string, n int) [][]byte {
