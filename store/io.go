@@ -43,9 +43,13 @@ type tier2 struct {
 	quarantined uint64 // slots kept out of use
 
 	tasks []ioTask
-	// ioMu guards freeTasks.
+	// ioMu guards freeTasks and the keys waiting for a task (wait.go):
+	// waitq from whead on.
 	ioMu      sync.Mutex
 	freeTasks []int32
+	waitq     []waitKey
+	whead     int
+	nwaiting  atomic.Int32 // len(waitq) - whead; written under ioMu, read by freeTask without it
 	inflight  atomic.Int32 // tasks taken and not yet free (quarantined ones excluded)
 	draining  atomic.Bool
 	drained   chan struct{}
@@ -77,6 +81,7 @@ const (
 	stgValue  uint8 = iota // the value is being written
 	stgHeader              // the block header is being written (or waits for its region)
 	stgUndo                // the header write failed: the slot's header is being zeroed
+	stgOpen                // its region's header is being written, by this task (no other was free)
 )
 
 // Task states (ioTask.state).
@@ -281,18 +286,41 @@ func (t *tier2) flushReady(batch *[]*ioTask, xts *[]*xfer.Task) {
 	clear(b)
 }
 
-// getTask takes a free task. Background work (writeback, eviction) leaves a
-// quarter of the table to foreground calls.
+// getTask takes a free task, or nil. Background work (writeback, eviction)
+// leaves a quarter of the table to foreground calls; while keys wait for a
+// task (wait.go) nobody else gets one, so that they are served first and in
+// order: a foreground caller that gets nil makes its key wait (enqueue).
 func (t *tier2) getTask(background bool) *ioTask {
 	t.ioMu.Lock()
 	n := len(t.freeTasks)
-	if n == 0 || background && n <= len(t.tasks)/4 {
+	if n == 0 || t.nwaiting.Load() > 0 || background && n <= len(t.tasks)/4 {
 		t.ioMu.Unlock()
 		return nil
 	}
 	i := t.freeTasks[n-1]
 	t.freeTasks = t.freeTasks[:n-1]
 	t.ioMu.Unlock()
+	return t.taken(i)
+}
+
+// takeAny takes a free task even while keys wait: for the second task of
+// an operation already under way (a region header write), which must not
+// queue behind others. Nil when none is free.
+func (t *tier2) takeAny() *ioTask {
+	t.ioMu.Lock()
+	n := len(t.freeTasks)
+	if n == 0 {
+		t.ioMu.Unlock()
+		return nil
+	}
+	i := t.freeTasks[n-1]
+	t.freeTasks = t.freeTasks[:n-1]
+	t.ioMu.Unlock()
+	return t.taken(i)
+}
+
+// taken marks task i, just taken off the free list, in flight.
+func (t *tier2) taken(i int32) *ioTask {
 	t.inflight.Add(1)
 	it := &t.tasks[i]
 	it.state.Store(tsIdle)
@@ -319,6 +347,10 @@ func (t *tier2) freeTask(it *ioTask) {
 	t.ioMu.Lock()
 	t.freeTasks = append(t.freeTasks, it.idx)
 	t.ioMu.Unlock()
+	if t.nwaiting.Load() > 0 {
+		// Keys wait for a task: the maintenance loop hands it on (wait.go).
+		t.s.kick()
+	}
 	if t.inflight.Add(-1) == 0 && t.draining.Load() {
 		t.drainOnce.Do(func() { close(t.drained) })
 	}
@@ -467,6 +499,11 @@ func (t *tier2) fail(it *ioTask, err error) {
 	s := t.s
 	switch it.kind {
 	case kPut, kWB:
+		if it.stage == stgOpen {
+			// Its region's header is in doubt: the region is broken, and
+			// the writes waiting for it fail.
+			t.failOpenWaiters(t.regionOpened(it.region, err, false), err)
+		}
 		t.mu.Lock()
 		t.quarantine(it.slot)
 		t.mu.Unlock()
