@@ -450,3 +450,55 @@ func TestRegionHeaderOwnTask(t *testing.T) {
 	e.reopen()
 	e.checkValues(keys, vals)
 }
+
+// TestSessionClosedWhileGetWaits: a Get whose promotion waits for a task
+// when its session closes ends with ErrClosed once served: no pin is left
+// behind and the block reserved for the promotion is freed.
+func TestSessionClosedWhileGetWaits(t *testing.T) {
+	e := newEnv(t, 32<<20, withL2(64<<20), withWaitDepth())
+	ss := e.s.NewSession()
+	onL2 := keysN("l2-", 2)
+	mustCodes(t, "durable puts", e.put(ss, onL2, valuesFor(onL2, 7000), true), OK)
+	ss.Close()
+	e.dropL1()
+	e.holdWriteback("wb-", 40)
+	filler := e.s.NewSession()
+	defer filler.Close()
+	first := newAsync("first", 2)
+	fk := keysN("first-", 2)
+	returns(t, "first put", func() {
+		first.wait, _ = filler.Put(fk, valuesFor(fk, 5000), true, first.codes, first.errs, first.rec, 1)
+	})
+	getter := e.s.NewSession()
+	get := newAsync("get", 2)
+	locs := make([]Location, 2)
+	returns(t, "get", func() { get.wait, _ = getter.Get(onL2, locs, get.codes, get.errs, get.rec, 2) })
+	e.waitFor("the get's keys waiting", func() bool { return e.s.Stats().IOWaiting == 2 })
+	blocks := e.pool.Stats().Blocks
+	if err := getter.Close(); err != nil {
+		t.Fatal(err)
+	}
+	stop := e.releaser()
+	get.end(t)
+	first.end(t)
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
+	stop()
+	e.tr.release()
+	if err := e.s.Flush(flushWait); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "first put", first.codes, OK, OK)
+	for i, c := range get.codes {
+		if c != Unavailable || !errors.Is(get.errs[i], ErrClosed) {
+			t.Fatalf("get of a closed session: key %d: %v (%v)", i, c, get.errs[i])
+		}
+	}
+	if st := e.s.Stats(); st.Pins != 0 || st.IOWaiting != 0 || st.L1Keys != 40+2 {
+		t.Fatalf("stats %+v", st)
+	}
+	// The two blocks reserved for the promotions are back; the first put's
+	// two values stay.
+	if b := e.pool.Stats().Blocks; b != blocks-2 {
+		t.Fatalf("pool blocks %d, want %d", b, blocks-2)
+	}
+}
