@@ -502,3 +502,73 @@ func TestSessionClosedWhileGetWaits(t *testing.T) {
 		t.Fatalf("pool blocks %d, want %d", b, blocks-2)
 	}
 }
+
+// TestWaitingKeysFirstComeFirstServed: keys that wait for a task get the
+// freed tasks in the order they came, and all of them before writeback
+// starts another value write.
+func TestWaitingKeysFirstComeFirstServed(t *testing.T) {
+	e := newEnv(t, 32<<20, withL2(64<<20), withWaitDepth())
+	e.holdWriteback("wb-", 40)
+	ss := e.s.NewSession()
+	defer ss.Close()
+	first := newAsync("first", 2)
+	fk := keysN("first-", 2)
+	returns(t, "first put", func() {
+		first.wait, _ = ss.Put(fk, valuesFor(fk, 5000), true, first.codes, first.errs, first.rec, 1)
+	})
+	// Who each value write is for, by the first bytes of its value.
+	names := map[string]string{}
+	const prefix = 16
+	var order []string
+	var mu sync.Mutex
+	e.tr.Update(func(c *xfertest.Config) {
+		c.OnSubmit = func(ts []*xfer.Task) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, tk := range ts {
+				if isValueWrite(tk) {
+					b := tk.Local.(xfer.MemSegment).Bytes()[tk.Req.LocalOffset:]
+					order = append(order, names[string(b[:prefix])])
+				}
+			}
+		}
+	})
+	var calls []*asyncCall
+	var want []string
+	for c := range 4 {
+		keys := keysN(fmt.Sprintf("c%d", c), 3)
+		vals := valuesFor(keys, 5000)
+		mu.Lock()
+		for i, k := range keys {
+			names[string(vals[i][:prefix])] = string(k)
+			want = append(want, string(k))
+		}
+		mu.Unlock()
+		a := newAsync(fmt.Sprintf("put %d", c), len(keys))
+		returns(t, a.what, func() { a.wait, _ = ss.Put(keys, vals, true, a.codes, a.errs, a.rec, uint64(c)) })
+		calls = append(calls, a)
+	}
+	e.waitFor("the keys waiting", func() bool { return e.s.Stats().IOWaiting == len(want) })
+	stop := e.releaser()
+	for _, a := range append(calls, first) {
+		a.end(t)
+		mustCodes(t, a.what, a.codes, OK)
+	}
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
+	stop()
+	e.tr.release()
+	if err := e.s.Flush(flushWait); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Writeback's later value writes are for keys not named here ("").
+	if len(order) < len(want) {
+		t.Fatalf("value writes %q", order)
+	}
+	for i, k := range want {
+		if order[i] != k {
+			t.Fatalf("value writes in the order %q, want %q first", order, want)
+		}
+	}
+}
