@@ -135,8 +135,11 @@ type ioTask struct {
 	pos    int32
 	off    uint64 // file offset of the slot (or region) it works on
 
-	waiters  [4]waitRec
-	nwait    uint8
+	// waiters are the callers a promotion answers: in wbuf, or grown
+	// past it when more readers of one key come at once (each in a call
+	// in flight, which bounds them).
+	waiters  []waitRec
+	wbuf     [4]waitRec
 	nextWait int32 // next task waiting for the same region header
 
 	one  [1]*ioTask
@@ -219,6 +222,7 @@ func newTier2(s *Store, l2 *L2) (*tier2, error) {
 	for i := n - 1; i >= 0; i-- {
 		it := &t.tasks[i]
 		it.t, it.idx, it.sectorOff = t, int32(i), uint64(i)*align
+		it.waiters = it.wbuf[:0]
 		it.xt.SetCompleter(it)
 		it.one[0] = it
 		t.freeTasks = append(t.freeTasks, int32(i))
@@ -333,10 +337,9 @@ func (t *tier2) freeTask(it *ioTask) {
 	it.rp, it.copies = nil, 0
 	it.xt.Req = xfer.Request{}
 	it.xt.Local, it.xt.Target = nil, nil
-	for i := range it.waiters[:it.nwait] {
-		it.waiters[i] = waitRec{}
-	}
-	it.nwait, it.nextWait, it.region = 0, -1, noRegion
+	clear(it.waiters)
+	it.waiters = it.waiters[:0]
+	it.nextWait, it.region = -1, noRegion
 	if it.state.Load() == tsQuarantined {
 		// Never reused: the transport may still call Done on it. violation
 		// has already taken it out of the in-flight count.

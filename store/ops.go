@@ -847,8 +847,8 @@ func copyGuarded(dst, src []byte) error {
 // key only on L2 is promoted first: a pool block is reserved, the value is
 // read into it (READ_FIXED) and checked, then pinned. A key that is not
 // stored gets NOT_FOUND; past MaxPins RESOURCE_EXHAUSTED. A promotion
-// that finds every L2 task busy waits for one (wait.go); BUSY only when
-// more readers than a promotion takes (4) wait for one key at once.
+// that finds every L2 task busy waits for one (wait.go), and readers of a
+// key being promoted wait for that promotion.
 //
 // With the store across hosts (SetRemote), a key stored on another host
 // is read from it into a pool block here, checked, kept as a value of this
@@ -1083,23 +1083,16 @@ func (s *Store) startPromotion(sh *shard, r ref, w waitRec, off uint64, it *ioTa
 	e.l1 = off
 	e.io++
 	it.kind, it.r, it.l1, it.size, it.slot, it.crc = kPromote, r, off, e.size, e.l2, e.crc
-	it.waiters[0] = w
-	it.nwait = 1
+	it.waiters = append(it.waiters[:0], w)
 	sh.mu.Unlock()
 }
 
-// joinPromotion adds w to the waiters of e's promotion in flight; BUSY when
-// it has as many as it takes. sh.mu is held on entry and released on
-// return.
+// joinPromotion adds w to the waiters of e's promotion in flight. sh.mu
+// is held on entry and released on return.
 func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 	it := &s.l2.tasks[e.next]
-	if int(it.nwait) == len(it.waiters) {
-		sh.mu.Unlock()
-		return ErrBusy
-	}
 	w.cl.left.Add(1)
-	it.waiters[it.nwait] = w
-	it.nwait++
+	it.waiters = append(it.waiters, w)
 	sh.mu.Unlock()
 	return nil
 }

@@ -467,11 +467,12 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 	e.flags &^= fPromote
 	e.next = nilIdx
 	e.io--
-	ws, nw := it.waiters, int(it.nwait)
+	// Nobody joins once fPromote is cleared: ws is this call's alone.
+	ws := it.waiters
 	var ferr error
 	if err == nil {
 		e.flags |= fL1
-		for _, w := range ws[:nw] {
+		for _, w := range ws {
 			if w.get {
 				e.pins++
 				s.c.pins.Add(1)
@@ -498,7 +499,7 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 	}
 	loc := Location{Offset: e.l1, Length: uint64(e.size)}
 	sh.mu.Unlock()
-	for _, w := range ws[:nw] {
+	for _, w := range ws {
 		switch {
 		case err != nil:
 			w.cl.result(w.pos, joinFree(err, ferr))
@@ -526,10 +527,8 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 		}
 		w.cl.finish1(&s.calls)
 	}
-	for i := range it.waiters {
-		it.waiters[i] = waitRec{}
-	}
-	it.nwait = 0
+	clear(it.waiters)
+	it.waiters = it.waiters[:0]
 	if corrupt {
 		it.kind, it.drop, it.cl = kInval, true, nil
 		t.reqSector(it, xfer.OpWrite, it.off, true)

@@ -572,3 +572,47 @@ func TestWaitingKeysFirstComeFirstServed(t *testing.T) {
 		}
 	}
 }
+
+// TestManyReadersOfOnePromotion: more readers of one L2-only key than a
+// promotion's first waiter slots, each its own call, all wait for the one
+// promotion and read it byte-exact; none gets BUSY.
+func TestManyReadersOfOnePromotion(t *testing.T) {
+	e := newEnv(t, 32<<20, withL2(64<<20))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	key := keysN("hot", 1)
+	val := valuesFor(key, 9000)
+	mustCodes(t, "durable put", e.put(ss, key, val, true), OK)
+	e.dropL1()
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = func(t *xfer.Task) bool { return t.Req.Op == xfer.OpRead } })
+	const readers = 10
+	var calls []*asyncCall
+	dsts := make([][]byte, readers)
+	lens := make([][]uint64, readers)
+	for r := range readers {
+		a := newAsync(fmt.Sprintf("read %d", r), 1)
+		dsts[r], lens[r] = make([]byte, 10000), make([]uint64, 1)
+		returns(t, a.what, func() {
+			a.wait, _ = e.s.Read(key, dsts[r:r+1], lens[r], a.codes, a.errs, a.rec, uint64(r))
+		})
+		if !a.wait {
+			t.Fatalf("%s: %v (%v), not pending", a.what, a.codes, a.errs)
+		}
+		calls = append(calls, a)
+	}
+	if st := e.s.Stats(); st.IOInFlight != 1 {
+		t.Fatalf("%d L2 operations in flight, want the one promotion", st.IOInFlight)
+	}
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
+	e.tr.release()
+	for r, a := range calls {
+		a.end(t)
+		mustCodes(t, a.what, a.codes, OK)
+		if !bytes.Equal(dsts[r][:lens[r][0]], val[0]) {
+			t.Fatalf("%s: wrong bytes", a.what)
+		}
+	}
+	if st := e.s.Stats(); st.Promotions != 1 || st.IOInFlight != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
