@@ -60,7 +60,7 @@ type tier2 struct {
 	ready int32
 
 	wbInflight atomic.Int32
-	l2Short    atomic.Bool // a writeback found no slot or no task: pause until room is made
+	l2Short    atomic.Bool // a writeback found no slot: pause until room is made
 	violLogged atomic.Bool
 
 	syncWG sync.WaitGroup // recovery's synchronous batches

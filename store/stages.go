@@ -347,7 +347,7 @@ func (t *tier2) endWriteback(it *ioTask, ok bool) {
 		s.c.l2Keys.Add(1)
 		s.c.writebacks.Add(1)
 		s.c.dirtyOwed.Add(^uint64(0))
-	case errors.Is(it.err, ErrL2Full) || errors.Is(it.err, ErrNoIO):
+	case errors.Is(it.err, ErrL2Full):
 		// Not the action failing: room is short. Back in line, no try
 		// counted; the loop pauses until room is made.
 		sh.dirtyAdd(idx)
@@ -373,7 +373,7 @@ func (t *tier2) endWriteback(it *ioTask, ok bool) {
 		s.rare(&s.c.tombstones, "store: writeback gave up after its retry budget; the value stays in L1 only",
 			"key", fmt.Sprintf("%q", key), "tries", s.cfg.WritebackRetries+1, "err", it.err)
 	}
-	full := errors.Is(it.err, ErrL2Full) || errors.Is(it.err, ErrNoIO)
+	full := errors.Is(it.err, ErrL2Full)
 	if full {
 		t.l2Short.Store(true)
 	}
@@ -416,7 +416,7 @@ func (t *tier2) endRemovedWriteback(sh *shard, it *ioTask, ok bool) {
 	s.c.l1Keys.Add(^uint64(0))
 	sh.remove(idx)
 	sh.mu.Unlock()
-	if errors.Is(it.err, ErrL2Full) || errors.Is(it.err, ErrNoIO) {
+	if errors.Is(it.err, ErrL2Full) {
 		t.l2Short.Store(true)
 	}
 	t.wbInflight.Add(-1)
