@@ -438,6 +438,9 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 	for _, w := range ws[:nw] {
 		switch {
 		case err != nil:
+			if !w.get {
+				w.cl.lens[w.pos] = 0 // a miss, as when the key was not there
+			}
 			w.cl.result(w.pos, joinFree(err, ferr))
 		case w.get:
 			w.ss.mu.Lock()
