@@ -445,3 +445,91 @@ func corruptOne(t *testing.T, size, at int, get bool) {
 	}
 	mustCodes(t, "exists after", e.exists(keys), OK, NotFound, OK)
 }
+
+// TestCheckersShareABurst: a call's reads that complete together (the fake
+// device ends them all inside the submit) are checked partly by the
+// checkers; a corrupt value is a miss whoever checks it, the first of the
+// burst (handed to a checker), one in the middle, the last (checked where
+// it completes), and every other value reads back intact.
+func TestCheckersShareABurst(t *testing.T) {
+	for _, get := range []bool{true, false} {
+		t.Run(map[bool]string{true: "get", false: "read"}[get], func(t *testing.T) {
+			e := newEnv(t, 8<<20, withL2(16<<20))
+			e.s.l2.stopCheckers()
+			e.s.l2.startCheckers(2) // whatever GOMAXPROCS is
+			ss := e.s.NewSession()
+			defer ss.Close()
+			const n, size = 32, 64<<10 - 100
+			keys := keysN("b", n)
+			vals := make([][]byte, n)
+			for i, k := range keys {
+				vals[i] = valueFor(k, size)
+			}
+			mustCodes(t, "put", e.put(ss, keys, vals, true), OK)
+			e.dropL1()
+			bad := []int{0, 1, 2, 17, n - 1}
+			for _, i := range bad {
+				e.file.data[findHeader(t, e.file, keys[i])+uint64(e.file.align)+uint64(i*997%size)] ^= 0x04
+			}
+			want := make([]Code, n)
+			for i := range want {
+				want[i] = OK
+			}
+			for _, i := range bad {
+				want[i] = NotFound
+			}
+			var codes []Code
+			var errs []error
+			var got [][]byte
+			if get {
+				var locs []Location
+				locs, codes, errs = e.get(ss, keys)
+				for _, l := range locs {
+					got = append(got, e.pool.Bytes()[l.Offset:l.Offset+l.Length])
+				}
+			} else {
+				got = make([][]byte, n)
+				for i := range got {
+					got[i] = make([]byte, size)
+				}
+				lens := make([]uint64, n)
+				codes, errs = make([]Code, n), make([]error, n)
+				if _, err := e.s.Read(keys, got, lens, codes, errs, nil, 0); err != nil {
+					t.Fatal(err)
+				}
+				for i := range got {
+					got[i] = got[i][:lens[i]]
+				}
+			}
+			mustCodes(t, "get", codes, want...)
+			for i := range keys {
+				switch {
+				case want[i] == NotFound && !errors.Is(errs[i], ErrCorrupt):
+					t.Fatalf("value %d: %v, want ErrCorrupt", i, errs[i])
+				case want[i] == OK && !bytes.Equal(got[i], vals[i]):
+					t.Fatalf("value %d: %d bytes, not the %d put", i, len(got[i]), size)
+				}
+			}
+			e.s.l2.chkMu.Lock()
+			handed := e.s.l2.handed
+			e.s.l2.chkMu.Unlock()
+			if handed == 0 {
+				t.Fatal("no value of the burst was handed to a checker")
+			}
+			if st := e.s.Stats(); st.CorruptReads != uint64(len(bad)) {
+				t.Fatalf("corrupt reads %d, want %d", st.CorruptReads, len(bad))
+			}
+			if get {
+				var pinned [][]byte
+				for i, k := range keys {
+					if want[i] == OK {
+						pinned = append(pinned, k)
+					}
+				}
+				if err := ss.Unpin(pinned, make([]Code, len(pinned))); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
