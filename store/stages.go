@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -380,10 +381,17 @@ func (t *tier2) startReads(its []*ioTask, xts *[]*xfer.Task) error {
 	return t.submit(its, xts)
 }
 
+// readDoneHook, when set (benchmarks), runs as each promotion's read
+// completes, before its value is checked. One atomic load otherwise.
+var readDoneHook atomic.Pointer[func()]
+
 // promoteDone ends a promotion's read: its value is checked here, or by a
 // checker while this goroutine goes on with other completions when more
 // promotions are in flight (checkers.go).
 func (t *tier2) promoteDone(it *ioTask, err error) {
+	if h := readDoneHook.Load(); h != nil {
+		(*h)()
+	}
 	more := t.promoting.Add(-1) > 0
 	if err == nil && t.verify && more && t.handToChecker(it) {
 		return
