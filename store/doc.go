@@ -80,8 +80,6 @@
 // pointer-free; a call locks one shard per key, never the whole store, and
 // the hot calls allocate nothing. Lock order: Session.mu, a shard's mu, then
 // the leaves (the L2 allocator, the task table, leases, retries, the pool).
-// The store owns the maintenance loop and, with an L2, the checkers that
-// share the crc32c checks of a burst of completed reads (checkers.go);
-// Close stops the loop after the calls in progress have finished, waits
-// (bounded) for L2 I/O, then stops the checkers.
+// The store owns one goroutine, the maintenance loop; Close stops it after
+// the calls in progress have finished, then waits (bounded) for L2 I/O.
 package store

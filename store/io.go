@@ -60,18 +60,6 @@ type tier2 struct {
 	violLogged atomic.Bool
 
 	syncWG sync.WaitGroup // recovery's synchronous batches
-
-	// The checkers (checkers.go): goroutines that check values read back
-	// while the completion goroutine goes on with the next completions.
-	promoting atomic.Int32 // promotions dispatched whose completion has not come
-	chk       chan *ioTask // promotions handed to a checker; never full (see chkIdle)
-	chkWG     sync.WaitGroup
-	// chkMu guards chkIdle and chkStopped, and orders every send on chk
-	// before the close.
-	chkMu      sync.Mutex
-	chkIdle    int    // checkers free to take one more promotion
-	chkStopped bool   // chk is closed
-	handed     uint64 // promotions handed to a checker (tests)
 }
 
 // Task kinds.
@@ -230,14 +218,12 @@ func newTier2(s *Store, l2 *L2) (*tier2, error) {
 		it.one[0] = it
 		t.freeTasks = append(t.freeTasks, int32(i))
 	}
-	t.startCheckers(checkersFor(runtime.GOMAXPROCS(0)))
 	return t, nil
 }
 
 // closeNow releases what the tier holds. Nothing is in flight (or what is
 // was given up by drain).
 func (t *tier2) closeNow() error {
-	t.stopCheckers()
 	var errs []error
 	if r, ok := t.tr.(registrar); ok {
 		if err := r.UnregisterBuffers(t.stage.ID()); err != nil && !errors.Is(err, xfer.ErrClosed) {
@@ -487,7 +473,6 @@ func (t *tier2) fail(it *ioTask, err error) {
 		it.err = err
 		t.endWrite(it, false)
 	case kPromote:
-		t.promoting.Add(-1)
 		s.c.quarantinedBlocks.Add(1)
 		t.endPromote(it, err, false, false)
 	case kInval:

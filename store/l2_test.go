@@ -446,17 +446,15 @@ func corruptOne(t *testing.T, size, at int, get bool) {
 	mustCodes(t, "exists after", e.exists(keys), OK, NotFound, OK)
 }
 
-// TestCheckersShareABurst: a call's reads that complete together (the fake
-// device ends them all inside the submit) are checked partly by the
-// checkers; a corrupt value is a miss whoever checks it, the first of the
-// burst (handed to a checker), one in the middle, the last (checked where
-// it completes), and every other value reads back intact.
-func TestCheckersShareABurst(t *testing.T) {
+// TestCorruptInABurst: of a call's 32 reads that complete together (the
+// fake device ends them all inside the submit, as a virtual disk does
+// within microseconds), the corrupt values (the first ones of the burst,
+// one in the middle, the last) are misses and every other value reads back
+// intact.
+func TestCorruptInABurst(t *testing.T) {
 	for _, get := range []bool{true, false} {
 		t.Run(map[bool]string{true: "get", false: "read"}[get], func(t *testing.T) {
 			e := newEnv(t, 8<<20, withL2(16<<20))
-			e.s.l2.stopCheckers()
-			e.s.l2.startCheckers(2) // whatever GOMAXPROCS is
 			ss := e.s.NewSession()
 			defer ss.Close()
 			const n, size = 32, 64<<10 - 100
@@ -509,12 +507,6 @@ func TestCheckersShareABurst(t *testing.T) {
 				case want[i] == OK && !bytes.Equal(got[i], vals[i]):
 					t.Fatalf("value %d: %d bytes, not the %d put", i, len(got[i]), size)
 				}
-			}
-			e.s.l2.chkMu.Lock()
-			handed := e.s.l2.handed
-			e.s.l2.chkMu.Unlock()
-			if handed == 0 {
-				t.Fatal("no value of the burst was handed to a checker")
 			}
 			if st := e.s.Stats(); st.CorruptReads != uint64(len(bad)) {
 				t.Fatalf("corrupt reads %d, want %d", st.CorruptReads, len(bad))

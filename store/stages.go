@@ -377,7 +377,6 @@ func (t *tier2) startReads(its []*ioTask, xts *[]*xfer.Task) error {
 		it.off = off
 		t.reqValue(it, xfer.OpRead, off+t.g.align)
 	}
-	t.promoting.Add(int32(len(its)))
 	return t.submit(its, xts)
 }
 
@@ -385,24 +384,13 @@ func (t *tier2) startReads(its []*ioTask, xts *[]*xfer.Task) error {
 // completes, before its value is checked. One atomic load otherwise.
 var readDoneHook atomic.Pointer[func()]
 
-// promoteDone ends a promotion's read: its value is checked here, or by a
-// checker while this goroutine goes on with other completions when more
-// promotions are in flight (checkers.go).
+// promoteDone ends a promotion's read: it checks the value's crc32c (read
+// without error); a value that does not match is a miss for every waiter,
+// counted, logged (rarely) and dropped from L2.
 func (t *tier2) promoteDone(it *ioTask, err error) {
 	if h := readDoneHook.Load(); h != nil {
 		(*h)()
 	}
-	more := t.promoting.Add(-1) > 0
-	if err == nil && t.verify && more && t.handToChecker(it) {
-		return
-	}
-	t.checkPromoted(it, err)
-}
-
-// checkPromoted checks the crc32c of a promotion's value, read without
-// error, and ends the promotion: a value that does not match is a miss
-// for every waiter, counted, logged (rarely) and dropped from L2.
-func (t *tier2) checkPromoted(it *ioTask, err error) {
 	corrupt := false
 	if err == nil && t.verify {
 		if got := crc32c(t.s.poolMem[it.l1 : it.l1+uint64(it.size)]); got != it.crc {

@@ -24,9 +24,9 @@ type Location struct {
 // Completion receives the end of an asynchronous call: a call that returned
 // pending=true calls StoreDone exactly once, with the tag it was given, once
 // every code (and location, length, error) of the call is final. StoreDone
-// runs on a transport's completion goroutine, on one of the store's
-// checkers or on the calling goroutine (possibly before the call has
-// returned); it must not block and must not call into the store.
+// runs on a transport's completion goroutine or on the calling goroutine
+// (possibly before the call has returned); it must not block and must not
+// call into the store.
 type Completion interface {
 	StoreDone(tag uint64)
 }
@@ -39,11 +39,10 @@ type Completion interface {
 // tier2.ioMu, Store.leaseMu, Store.retryMu and the pool's own locks. No
 // lock is held while calling the transport or a Completion.
 //
-// Goroutines: the store owns the maintenance loop (writeback, eviction,
-// retries), started by New, and its L2 tier's checkers (checkers.go),
-// started with the tier. Close stops them: refuse new calls and wait for
-// those running, close stop and wait for the loop to exit, wait (bounded by
-// CloseTimeout) for L2 operations in flight, then stop the checkers.
+// Goroutines: the store owns one, the maintenance loop (writeback,
+// eviction, retries), started by New. Close stops it: refuse new calls and
+// wait for those running, close stop and wait for the loop to exit, then
+// wait (bounded by CloseTimeout) for L2 operations in flight.
 type Store struct {
 	cfg   Config
 	log   *slog.Logger
@@ -229,9 +228,6 @@ func (s *Store) Close() error {
 			if err := s.l2.drain(s.cfg.CloseTimeout); err != nil {
 				errs = append(errs, err)
 				drained = false
-				// A promotion that completes later is checked by the
-				// goroutine that completes it.
-				s.l2.stopCheckers()
 			}
 		}
 		if s.jr != nil {
