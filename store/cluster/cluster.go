@@ -263,7 +263,8 @@ var (
 type hold struct {
 	ss    *store.Session
 	timer *time.Timer
-	from  string
+	from  string // the reader and its run: only they release it
+	epoch uint64
 }
 
 // counters are the cluster's figures (Stats).

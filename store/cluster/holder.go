@@ -68,9 +68,9 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	}
 	c.nextClaim++
 	id := c.nextClaim
-	h := &hold{ss: ss, from: from}
+	h := &hold{ss: ss, from: from, epoch: epoch}
 	c.holds[id] = h
-	h.timer = time.AfterFunc(ttl, func() { c.endHold(id, from, true) })
+	h.timer = time.AfterFunc(ttl, func() { c.endHold(id, from, epoch, true) })
 	c.holdMu.Unlock()
 	c.c.holds.Add(1)
 	return encodeHeld(id, hs), nil
@@ -86,15 +86,20 @@ func (c *Cluster) closedLocked() bool {
 	}
 }
 
-// endHold releases claim id (taken by from) when it is still held.
-func (c *Cluster) endHold(id uint64, from string, expired bool) bool {
+// endHold releases claim id when it is still held and was taken by from
+// in its run epoch: a release from any other daemon or run is ignored.
+func (c *Cluster) endHold(id uint64, from string, epoch uint64, expired bool) bool {
 	c.holdMu.Lock()
 	h, ok := c.holds[id]
-	if ok && h.from == from {
+	mine := ok && h.from == from && h.epoch == epoch
+	if mine {
 		delete(c.holds, id)
 	}
 	c.holdMu.Unlock()
-	if !ok || h.from != from {
+	if !mine {
+		if ok {
+			c.log.Warn("a daemon released a read hold it does not hold: ignored", "from", from, "epoch", epoch, "hold", id)
+		}
 		return false
 	}
 	h.timer.Stop()
@@ -110,7 +115,7 @@ func (c *Cluster) onRelease(from string, epoch uint64, req []byte) ([]byte, erro
 	if err != nil {
 		return nil, err
 	}
-	c.endHold(id, from, false)
+	c.endHold(id, from, epoch, false)
 	return []byte{msgVersion}, nil
 }
 

@@ -113,7 +113,7 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 			ttl := max(time.Until(deadline), time.Millisecond)
 			return encodeHold(uint32(ttl.Milliseconds())+1, part(ps))
 		}
-		m.local = func(ps []int) { take(ps, c.self, c.claimHere(c.self, part(ps), deadline)) }
+		m.local = func(ps []int) { take(ps, c.self, c.claimHere(c.self, c.peers.Epoch(), part(ps), deadline)) }
 	}
 	c.toHomes(keys, pos, m, deadline)
 	return as, errs, cached, homes
