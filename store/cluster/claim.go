@@ -25,11 +25,16 @@ import (
 // run that the claim was handed to, and refuses a release naming any
 // other's claim whole (grant.ErrNotClaimHolder), releasing nothing.
 //
-// A read whose holders came from the reader's cache of home answers takes
-// no claim (it saves the home round trip), nor does a read that moves on
-// to the next replica after the claimed one failed; the holder's own bounds (its
-// holds, Config.MaxHolds, and the mode's serve budget) still refuse what
-// it cannot take, and the reader then tries the next replica.
+// A read whose holders came from the reader's cache of home answers asks
+// no home (it saves the round trip), nor does a read that moves on to the
+// next replica after the claimed one failed. Those readers are bounded at
+// the source instead (seed 003 allows either: the source daemon's own
+// short-lived ticket): a holder's hold admits at most Config.ClaimsPerKey
+// readers of a key at once, whoever sent them, and answers the rest Busy
+// (holder.go); such a reader tries the next replica, then asks the home
+// for a claim after a pause. So no holder has more readers of a key than
+// it admits, whether the home or a cache sent them; the holder's other
+// bounds (Config.MaxHolds, the mode's serve budget) hold too.
 
 // codeBusy, in a claim answer: every holder of the key is at its reader
 // limit (the holders follow, for information only).

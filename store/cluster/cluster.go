@@ -102,7 +102,8 @@ type Config struct {
 	// (store.Session.SetReplicas).
 	Replicas int
 	// ClaimsPerKey bounds the readers a home sends to one holder of one
-	// key at once (default 8); ClaimsPerHolder those it sends to one
+	// key at once, and the readers of one key a holder admits at once
+	// from anywhere (default 8); ClaimsPerHolder those a home sends to one
 	// holder over all keys (default MaxHolds).
 	ClaimsPerKey, ClaimsPerHolder int
 	// Admission, when set, is the mode's budget for remote work: each
@@ -235,9 +236,10 @@ type Cluster struct {
 	flyMu  sync.Mutex
 	flying map[string][]func(error)
 
-	// holdMu guards holds and nextClaim.
+	// holdMu guards holds, holdKeys and nextClaim.
 	holdMu    sync.Mutex
 	holds     map[uint64]*hold
+	holdKeys  map[string]int // readers holding each key here (ClaimsPerKey at most)
 	nextClaim uint64
 
 	// claims are the shard claims as the Fence says (nil without one);
@@ -265,6 +267,7 @@ type hold struct {
 	timer *time.Timer
 	from  string // the reader and its run: only they release it
 	epoch uint64
+	keys  []string // the keys it counts as a reader of (holdKeys)
 }
 
 // counters are the cluster's figures (Stats).
@@ -276,7 +279,7 @@ type counters struct {
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
 	tombRetried                                              atomic.Uint64
-	overBudget                                               atomic.Uint64
+	overBudget, readersRefused                               atomic.Uint64
 	replicasMade, replicaFailed, replicasShort               atomic.Uint64
 }
 
@@ -300,6 +303,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		done:     make(chan struct{}),
 		fetchSem: make(chan struct{}, cfg.MaxFetches),
 		holds:    map[uint64]*hold{},
+		holdKeys: map[string]int{},
 		flying:   map[string][]func(error){},
 		rekick:   make(chan struct{}, 1),
 		redone:   make(chan struct{}),
@@ -397,6 +401,7 @@ func (c *Cluster) Close() {
 	c.holdMu.Lock()
 	hs := c.holds
 	c.holds = map[uint64]*hold{}
+	clear(c.holdKeys)
 	c.holdMu.Unlock()
 	for _, h := range hs {
 		h.timer.Stop()

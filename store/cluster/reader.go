@@ -19,7 +19,7 @@ type cacheUse uint8
 const (
 	// cacheNone: the homes are asked and their answers not kept (Locate:
 	// it shows what the home says, and leaves the reads as they were: a
-	// read whose holders come from the cache takes no claim).
+	// read whose holders come from the cache takes no claim at a home).
 	cacheNone cacheUse = iota
 	// cacheFill: the homes are asked and their answers kept.
 	cacheFill
@@ -309,7 +309,15 @@ type want struct {
 	// read there is over; home is the home that gave it.
 	claim uint64
 	home  string
+	// busy is set once a holder answered it is at its reader limit for
+	// the key: when no holder gives it, the home is asked again after a
+	// pause, as for a busy home answer.
+	busy bool
 }
+
+// errHolderAtLimit: a holder has as many readers of the key as it admits
+// (Config.ClaimsPerKey).
+var errHolderAtLimit = fmt.Errorf("%w: the holder is at its reader limit for the key", ErrBusy)
 
 // Pauses of a reader whose key's replicas are all at their reader limit,
 // before it asks the home again.
@@ -370,6 +378,7 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 		c.releaseClaims(ws)
 		rest := ws[:0]
 		var again []bool // keys whose cached holders all failed: asked of the home now
+		var later []int  // keys whose holders were at their reader limit: asked again after a pause
 		for _, w := range ws {
 			switch {
 			case w.last == nil:
@@ -378,6 +387,13 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 			case w.next+1 < len(w.cands):
 				w.next++
 				rest = append(rest, w)
+			case w.busy:
+				// Some holder was at its reader limit: ask the home
+				// again (for a claim) after a pause.
+				later = append(later, w.i)
+				if w.cached {
+					c.answers.drop(keys[w.i : w.i+1])
+				}
 			case w.cached:
 				if again == nil {
 					again = only(len(keys), nil)
@@ -404,6 +420,7 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 			more, busy = c.wants(keys, again, deadline, false, done)
 			ws = append(ws, more...)
 		}
+		busy = append(busy, later...)
 	}
 }
 
@@ -534,6 +551,9 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 		switch {
 		case store.Code(h.code) == store.NotFound:
 			w.last = fmt.Errorf("%w: holder %s no longer has it", store.ErrNotFound, id)
+		case store.Code(h.code) == store.Busy:
+			w.last = fmt.Errorf("%w: holder %s", errHolderAtLimit, id)
+			w.busy = true
 		case store.Code(h.code) != store.OK:
 			w.last = fmt.Errorf("holder %s answered code %d", id, h.code)
 		case h.size != want.Size:

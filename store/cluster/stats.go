@@ -42,6 +42,10 @@ type Stats struct {
 	// ever granted, refused (every replica of the key at its limit) and
 	// ended by their deadline unreleased.
 	ClaimsOutstanding, ClaimsGranted, ClaimsRefused, ClaimsExpired uint64
+	// ClaimsForeign counts releases this daemon (a home) refused: the
+	// claim was another reader's. ReadersRefused counts keys this daemon
+	// (a holder) answered Busy in a hold: at its reader limit.
+	ClaimsForeign, ReadersRefused uint64
 	// OverBudget counts remote gets and serves the mode's budget refused.
 	OverBudget uint64
 	// Copies of values put here made on other daemons, copies that
@@ -99,6 +103,7 @@ func (c *Cluster) Stats() Stats {
 		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
 		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,
+		ClaimsForeign: cs.Foreign, ReadersRefused: c.c.readersRefused.Load(),
 		OverBudget:   c.c.overBudget.Load(),
 		ReplicasMade: c.c.replicasMade.Load(), ReplicaFailures: c.c.replicaFailed.Load(), ReplicasShort: c.c.replicasShort.Load(),
 	}

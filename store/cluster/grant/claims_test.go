@@ -194,7 +194,10 @@ func TestClaimsBadArguments(t *testing.T) {
 		"no key":        func() error { _, err := c.Acquire(rd, nil, []string{"a"}, clk.Now().Add(time.Second)); return err },
 		"no holders":    func() error { _, err := c.Acquire(rd, []byte("k"), nil, clk.Now().Add(time.Second)); return err },
 		"past deadline": func() error { _, err := c.Acquire(rd, []byte("k"), []string{"a"}, clk.Now()); return err },
-		"far deadline":  func() error { _, err := c.Acquire(rd, []byte("k"), []string{"a"}, clk.Now().Add(time.Hour)); return err },
+		"far deadline": func() error {
+			_, err := c.Acquire(rd, []byte("k"), []string{"a"}, clk.Now().Add(time.Hour))
+			return err
+		},
 	} {
 		if err := f(); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
