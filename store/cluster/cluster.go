@@ -278,7 +278,7 @@ type counters struct {
 	crcMismatch, holds, holdsRefused, removes                atomic.Uint64
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
-	tombRetried                                              atomic.Uint64
+	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
 	overBudget, readersRefused                               atomic.Uint64
 	replicasMade, replicaFailed, replicasShort               atomic.Uint64
 }
@@ -332,7 +332,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	for kind, h := range map[string]func(string, uint64, []byte) ([]byte, error){
 		kindAnnounce: c.onFenced(c.onAnnounce), kindLookup: c.onFenced(c.onLookup), kindRemove: c.onFenced(c.onRemove),
 		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
-		kindClaim: c.onFenced(c.onClaim), kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate,
+		kindClaim: c.onFenced(c.onClaim), kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate, kindTombs: c.onTombs,
 	} {
 		err := peers.Handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
 			if kind != kindHello { // a hello says whether it counts
@@ -385,7 +385,7 @@ func (c *Cluster) Close() {
 	c.mu.Unlock()
 	c.endLife()
 	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello,
-		kindClaim, kindUnclaim, kindReplicate} {
+		kindClaim, kindUnclaim, kindReplicate, kindTombs} {
 		_ = c.peers.Handle(k, nil)
 	}
 	if c.cfg.Fence != nil {

@@ -54,7 +54,9 @@
 // Removal (tomb.go). A removal drops the key at its home and every copy
 // at its holders; a holder the home does not reach is remembered with its
 // copy (a tombstone, bounded in number and age), asked again when it is
-// back, and answered "removed" when it re-announces that copy.
+// back, and answered "removed" when it re-announces that copy. The
+// tombstones move with their shard to its new home (handTombs), so a
+// removed key does not come back when its home changed meanwhile.
 //
 // Messages are exchanges on the peer channel (tcp.Node.Exchange, kinds
 // "tc.store.*"), addressed to the epoch the sender knows, so a daemon that

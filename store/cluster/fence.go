@@ -363,6 +363,7 @@ func (c *Cluster) refresh(home string, stale, sent []shardGen) error {
 // go to its new home, and the claimer looks again.
 func (c *Cluster) onShardClaims(cs []ShardClaim) {
 	var lost []int
+	lostTo := map[int]string{}
 	moved := map[int]bool{}
 	for _, n := range cs {
 		if n.Shard < 0 || n.Shard >= c.cfg.Shards {
@@ -396,12 +397,20 @@ func (c *Cluster) onShardClaims(cs []ShardClaim) {
 			lost = append(lost, n.Shard)
 			c.idx.clearShard(n.Shard)
 		}
+		if n.Home != "" && n.Home != c.self {
+			// Its tombstones here (if it was home of the shard before,
+			// perhaps through an unclaimed generation) go to its home.
+			lostTo[n.Shard] = n.Home
+		}
 		if n.Home != "" && (n.Home != oldHome || old.Gen != n.Gen) {
 			moved[n.Shard] = true
 		}
 	}
 	if len(lost) > 0 {
 		c.log.Info("shards claimed by another home: this daemon is no longer their home", "shards", len(lost))
+	}
+	if len(lostTo) > 0 {
+		c.handTombs(func(s int) (string, bool) { h, ok := lostTo[s]; return h, ok })
 	}
 	if len(moved) > 0 {
 		c.reannounce(func(s int, _ string) bool { return moved[s] })

@@ -32,8 +32,9 @@ type Stats struct {
 	Tombstones                                    int
 	TombHits, TombDrops, TombExpired, TombEvicted uint64
 	// TombRetried counts the copies a holder back dropped when asked
-	// again.
-	TombRetried uint64
+	// again; TombsHanded the tombstones this daemon handed to the new home
+	// of their shard, TombsTaken those it took from a previous home.
+	TombRetried, TombsHanded, TombsTaken uint64
 	// StaleRefused counts messages this daemon (a home) refused for a
 	// generation it does not hold; StaleAnswers the refusals it got as a
 	// sender; ClaimsWon the shards it claimed (with etcd).
@@ -101,6 +102,7 @@ func (c *Cluster) Stats() Stats {
 		ByPeer:     by,
 		Tombstones: c.tombs.live(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
 		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
+		TombsHanded: c.c.tombsHanded.Load(), TombsTaken: c.c.tombsTaken.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
 		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,
 		ClaimsForeign: cs.Foreign, ReadersRefused: c.c.readersRefused.Load(),

@@ -15,7 +15,14 @@ import (
 // the home answers "removed" instead of indexing it, and the holder drops
 // it; either spends the tombstone. A
 // copy announced with other bytes (a put after the removal) is not the
-// one removed, and is indexed. The table is bounded by
+// one removed, and is indexed. Tombstones move with their shard: a home
+// that stops being a shard's home (members joined or left, or another
+// claimed it) hands the shard's tombstones to its new home (handTombs),
+// so a holder that comes back after the move and re-announces a removed
+// copy to the new home is answered "removed" there; a new home that had
+// indexed such a copy already forgets it and asks its holder to drop it.
+// (A home that dies takes its tombstones with it: a holder away at the
+// removal and back after that keeps its copy.) The table is bounded by
 // Config.MaxTombstones (the oldest goes first, counted) and
 // Config.TombstoneTTL (a holder away longer keeps its copy: counted and
 // logged when it expires).
@@ -51,10 +58,21 @@ func newTombs(max int, ttl time.Duration) *tombs {
 // add records that holder's copy of key (size bytes of crc) was removed
 // without it being told.
 func (t *tombs) add(key []byte, h Holder, now time.Time) {
+	t.adopt(tomb{key: string(key), holder: h.ID, size: h.Size, crc: h.CRC, at: now}, now)
+}
+
+// adopt records tombstone tb (dated tb.at: one handed over keeps its
+// age; it goes at the back of the order all the same, so it may outlive
+// the TTL until those before it have gone).
+func (t *tombs) adopt(tb tomb, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.expireLocked(now)
-	k := tombKey{string(key), h.ID}
+	if now.Sub(tb.at) >= t.ttl {
+		t.expired.Add(1)
+		return
+	}
+	k := tombKey{tb.key, tb.holder}
 	if old, ok := t.m[k]; ok {
 		t.order.Remove(old.el)
 		delete(t.m, k)
@@ -63,10 +81,39 @@ func (t *tombs) add(key []byte, h Holder, now time.Time) {
 		t.dropLocked(t.order.Front().Value.(*tomb))
 		t.evicted.Add(1)
 	}
-	tb := &tomb{key: k.key, holder: h.ID, size: h.Size, crc: h.CRC, at: now}
-	tb.el = t.order.PushBack(tb)
-	t.m[k] = tb
+	p := &tomb{key: tb.key, holder: tb.holder, size: tb.size, crc: tb.crc, at: tb.at}
+	p.el = t.order.PushBack(p)
+	t.m[k] = p
 	t.added.Add(1)
+}
+
+// moving returns copies of the tombstones whose key to names a new home
+// of (by home).
+func (t *tombs) moving(to func(key []byte) (string, bool)) map[string][]tomb {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out map[string][]tomb
+	for _, tb := range t.m {
+		home, ok := to([]byte(tb.key))
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = map[string][]tomb{}
+		}
+		out[home] = append(out[home], tomb{key: tb.key, holder: tb.holder, size: tb.size, crc: tb.crc, at: tb.at})
+	}
+	return out
+}
+
+// forgetHanded drops tombstone tb if it is still the one handed over (not
+// spent, nor replaced by a newer removal meanwhile).
+func (t *tombs) forgetHanded(tb tomb) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if cur, ok := t.m[tombKey{tb.key, tb.holder}]; ok && cur.at.Equal(tb.at) && cur.size == tb.size && cur.crc == tb.crc {
+		t.dropLocked(cur)
+	}
 }
 
 // removed reports whether holder's announcement of key (size bytes of
@@ -98,6 +145,21 @@ func (t *tombs) forget(key []byte, holder string) bool {
 	tb, ok := t.m[tombKey{string(key), holder}]
 	if ok {
 		t.dropLocked(tb)
+	}
+	return ok
+}
+
+// settle shortens holder's tombstone of key to grace from now (the holder
+// dropped the copy when asked again): an announcement of the copy the
+// holder sent before it dropped it, arriving late, is still answered
+// "removed". It reports whether there was one.
+func (t *tombs) settle(key []byte, holder string, now time.Time, grace time.Duration) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tb, ok := t.m[tombKey{string(key), holder}]
+	if ok {
+		tb.at = now.Add(grace - t.ttl)
+		t.order.MoveToBack(tb.el)
 	}
 	return ok
 }
@@ -169,8 +231,15 @@ func (c *Cluster) retryDrops(id string) {
 					"keys", len(part), "err", err)
 				continue
 			}
+			v := c.view.Load()
 			for _, k := range part {
-				if c.tombs.forget(k, id) {
+				// The copy is gone: the index (when this daemon is still
+				// the key's home) forgets it, and the tombstone stays a
+				// little for an announcement of it still on its way.
+				if s := c.shardOf(k); c.homeFor(v, s) == c.self {
+					c.idx.dropHolder(s, k, id, 0)
+				}
+				if c.tombs.settle(k, id, time.Now(), c.cfg.Timeout) {
 					done++ // not spent meanwhile by a "removed" answer
 				}
 			}
@@ -180,4 +249,86 @@ func (c *Cluster) retryDrops(id string) {
 			c.log.Info("copies removed while their holder was away dropped now", "holder", id, "keys", done)
 		}
 	}()
+}
+
+// handTombs hands the tombstones of the shards this daemon is no longer
+// home of to their new homes (newHome says which, for a shard that
+// moved), in the background; those a new home took are forgotten here,
+// the others stay (and are asked of their holders here when they come
+// back, retryDrops).
+func (c *Cluster) handTombs(newHome func(s int) (string, bool)) {
+	by := c.tombs.moving(func(key []byte) (string, bool) {
+		home, ok := newHome(c.shardOf(key))
+		return home, ok && home != c.self
+	})
+	if len(by) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	for home, ts := range by {
+		c.fetchWG.Add(1)
+		go func() {
+			defer c.fetchWG.Done()
+			handed := 0
+			for len(ts) > 0 {
+				n, size := 0, 16
+				for n < len(ts) && n < maxMsgKeys && size+tombBytes(ts[n].key, ts[n].holder) <= maxMsgBytes {
+					size += tombBytes(ts[n].key, ts[n].holder)
+					n++
+				}
+				part := ts[:n]
+				ts = ts[n:]
+				if _, err := c.exchange(home, c.epochOf(home), kindTombs, encodeTombs(part, time.Now())); err != nil {
+					c.log.Warn("a new home did not take the tombstones of its shards: removed copies of holders away may come back there",
+						"home", home, "tombstones", len(part), "err", err)
+					continue
+				}
+				for _, tb := range part {
+					c.tombs.forgetHanded(tb)
+				}
+				handed += len(part)
+			}
+			if handed > 0 {
+				c.c.tombsHanded.Add(uint64(handed))
+				c.log.Info("tombstones handed to the new home of their shards", "home", home, "tombstones", handed)
+			}
+		}()
+	}
+}
+
+// onTombs takes in tombstones handed over by a shard's previous home. It
+// takes them whatever its view says (a tombstone only answers an
+// announcement of a shard this daemon is home of, and ages out): the
+// sender's view may have changed first. A copy one of them names that the
+// index has already (its holder re-announced it here before the hand-over
+// came) is forgotten and its holder asked to drop it.
+func (c *Cluster) onTombs(from string, epoch uint64, req []byte) ([]byte, error) {
+	now := time.Now()
+	ts, err := decodeTombs(req, now)
+	if err != nil {
+		return nil, err
+	}
+	again := map[string]bool{}
+	for _, tb := range ts {
+		c.tombs.adopt(tb, now)
+		s := c.shardOf([]byte(tb.key))
+		for _, h := range c.idx.get(s, []byte(tb.key), nil) {
+			if h.ID == tb.holder && h.Size == tb.size && h.CRC == tb.crc {
+				c.idx.dropHolder(s, []byte(tb.key), h.ID, 0)
+				again[h.ID] = true
+			}
+		}
+	}
+	for id := range again {
+		if id == c.self {
+			continue // a removal never leaves this daemon's own copy behind
+		}
+		c.retryDrops(id)
+	}
+	c.c.tombsTaken.Add(uint64(len(ts)))
+	return []byte{msgVersion}, nil
 }
