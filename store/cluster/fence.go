@@ -553,3 +553,54 @@ func (c *Cluster) ShardClaims() []ShardClaim {
 	}
 	return out
 }
+
+// ShardInfo is one shard as this daemon knows it (tcctl cluster shards).
+type ShardInfo struct {
+	Shard int
+	// Home is the shard's home ("" with a fence and no claim); Gen the
+	// generation a message to it carries (its claim in etcd, else its run
+	// epoch; this daemon's own when it is the home).
+	Home string
+	Gen  uint64
+	// Rendezvous is the member rendezvous hashing names (with a fence,
+	// the one to claim it).
+	Rendezvous string
+	// Keys are the keys indexed here (this daemon being the home).
+	Keys int
+}
+
+// Shards describes count shards from first (fewer past the last).
+func (c *Cluster) Shards(first, count int) []ShardInfo {
+	v := c.view.Load()
+	first = min(max(first, 0), c.cfg.Shards)
+	end := min(first+max(count, 0), c.cfg.Shards)
+	out := make([]ShardInfo, 0, end-first)
+	for s := first; s < end; s++ {
+		home := c.homeFor(v, s)
+		if c.shardClaims != nil {
+			if cl := c.shardClaims[s].Load(); cl == nil || cl.Home == "" || (cl.Home != c.self && !v.has(cl.Home)) {
+				home = "" // unclaimed, or claimed by a member down: no home now
+			}
+		}
+		in := ShardInfo{Shard: s, Home: home, Rendezvous: v.home(s)}
+		switch {
+		case home == c.self:
+			in.Gen = c.heldGen(s)
+			in.Keys = c.idx.shardKeys(s)
+		case home != "":
+			in.Gen = c.genFor(s, home)
+		}
+		out = append(out, in)
+	}
+	return out
+}
+
+// ShardCount is how many shards the key space is split into.
+func (c *Cluster) ShardCount() int { return c.cfg.Shards }
+
+// Fenced reports whether homes follow shard claims in etcd.
+func (c *Cluster) Fenced() bool { return c.shardClaims != nil }
+
+// ClaimsByHolder is how many read claims this daemon, as a home, has
+// outstanding at each holder.
+func (c *Cluster) ClaimsByHolder() map[string]int { return c.claims.ByHolder() }

@@ -3,6 +3,7 @@ package grant
 import (
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"sync"
 	"time"
 )
@@ -236,6 +237,13 @@ func (c *Claims) Readers(holder string, key []byte) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.perKey[holderKey{holder, string(key)}]
+}
+
+// ByHolder is how many claims are outstanding at each holder now.
+func (c *Claims) ByHolder() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.perHold)
 }
 
 // Stats reports the counters.
