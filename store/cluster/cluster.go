@@ -236,10 +236,16 @@ type Cluster struct {
 	flyMu  sync.Mutex
 	flying map[string][]func(error)
 
+	// landMu guards landed: the keys of fetched copies being committed
+	// here (their announcements say so).
+	landMu sync.Mutex
+	landed map[string]int
+
 	// holdMu guards holds, holdKeys and nextClaim.
 	holdMu    sync.Mutex
 	holds     map[uint64]*hold
-	holdKeys  map[string]int // readers holding each key here (ClaimsPerKey at most)
+	holdKeys  map[string]int  // readers holding each key here (ClaimsPerKey at most)
+	doomed    map[string]bool // keys removed while a hold pinned them: dropped when the last ends
 	nextClaim uint64
 
 	// claims are the shard claims as the Fence says (nil without one);
@@ -297,13 +303,15 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		cfg: cfg, log: cfg.Log, peers: peers, st: st, mover: mover, self: peers.ID(),
 		idx:      newIndex(cfg.Shards, cfg.MaxKeys, cfg.MaxHolders),
 		answers:  newAnswers(cfg.Staleness, cfg.MaxCached),
-		tombs:    newTombs(cfg.MaxTombstones, cfg.TombstoneTTL),
+		tombs:    newTombs(cfg.MaxTombstones, cfg.TombstoneTTL, 2*cfg.Timeout),
 		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		fetchSem: make(chan struct{}, cfg.MaxFetches),
 		holds:    map[uint64]*hold{},
 		holdKeys: map[string]int{},
+		doomed:   map[string]bool{},
+		landed:   map[string]int{},
 		flying:   map[string][]func(error){},
 		rekick:   make(chan struct{}, 1),
 		redone:   make(chan struct{}),

@@ -261,10 +261,7 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 	var wg sync.WaitGroup
 	for home, ps := range by {
 		if home == c.self {
-			for _, ch := range chunks(keys, ps, m.per) {
-				m.local(ch)
-			}
-			continue
+			continue // after the others are on their way: it may take a while itself
 		}
 		for _, ch := range chunks(keys, ps, m.per) {
 			wg.Add(1)
@@ -315,6 +312,9 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 				}
 			}()
 		}
+	}
+	for _, ch := range chunks(keys, by[c.self], m.per) {
+		m.local(ch)
 	}
 	wg.Wait()
 }

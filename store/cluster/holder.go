@@ -49,11 +49,13 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	}
 	hs := make([]held, len(keys))
 	var counted []string // the keys this hold counts as a reader of
+	var busy [][]byte    // pinned by GetHere, answered Busy: unpinned at once
 	var bytes uint64
 	c.holdMu.Lock()
 	for i, code := range codes {
 		if code == store.OK && c.holdKeys[string(keys[i])] >= c.cfg.ClaimsPerKey {
-			code = store.Busy // at its reader limit: the copy stays pinned until the hold ends, unread
+			code = store.Busy // at its reader limit
+			busy = append(busy, keys[i])
 		}
 		hs[i] = held{code: uint8(code), offset: locs[i].Offset, size: locs[i].Length}
 		if code == store.OK {
@@ -63,8 +65,11 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 		}
 	}
 	c.holdMu.Unlock()
-	if busy := len(keys) - len(counted); busy > 0 {
-		c.c.readersRefused.Add(uint64(busy))
+	if len(busy) > 0 {
+		c.c.readersRefused.Add(uint64(len(busy)))
+		if err := ss.Unpin(busy, make([]store.Code, len(busy))); err != nil {
+			c.log.Warn("unpinning keys a hold refused failed: they stay pinned until the hold ends", "keys", len(busy), "err", err)
+		}
 	}
 	if len(counted) == 0 {
 		_ = ss.Close()
@@ -129,6 +134,7 @@ func (c *Cluster) endHold(id uint64, from string, epoch uint64, expired bool) bo
 		c.log.Info("a reader's claim expired before it was released", "reader", from, "claim", id)
 	}
 	_ = h.ss.Close()
+	c.dropDoomed(h.keys)
 	return true
 }
 

@@ -19,7 +19,11 @@ func (c *Cluster) Stored(key []byte, size uint64, crc uint32) {
 		c.c.announceDropped.Add(1)
 		return
 	}
-	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: TierL1, size: size, crc: crc})
+	tier := TierL1
+	if c.isLanding(key) {
+		tier |= tierFetched
+	}
+	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tier, size: size, crc: crc})
 	c.mu.Unlock()
 	c.c.announced.Add(1)
 	select {
@@ -94,8 +98,20 @@ func (c *Cluster) announce(batch []entry) int {
 			return encodeAnnounce(es)
 		},
 		local: func(ps []int) {
+			var gone [][]byte
+			now := time.Now()
 			for _, p := range ps {
-				c.index(c.shardOf(batch[p].key), batch[p], c.self, c.peers.Epoch())
+				e := batch[p]
+				if e.tier&tierFetched != 0 && c.tombs.justRemoved(e.key, now) {
+					gone = append(gone, e.key)
+					continue
+				}
+				e.tier &^= tierFetched
+				c.index(c.shardOf(e.key), e, c.self, c.peers.Epoch())
+			}
+			if len(gone) > 0 {
+				c.c.tombDrops.Add(uint64(len(gone)))
+				c.dropHere(gone)
 			}
 		},
 		got: func(ps []int, home string, body []byte, err error) {
@@ -165,9 +181,11 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 			refused++
 			continue
 		}
+		fetched := e.tier&tierFetched != 0
+		e.tier &^= tierFetched
 		if e.tier == tierGone {
 			c.tombs.forget(e.key, from)
-		} else if c.tombs.removed(e.key, from, e.size, e.crc, now) {
+		} else if c.tombs.removed(e.key, from, e.size, e.crc, now) || fetched && c.tombs.justRemoved(e.key, now) {
 			removed = append(removed, uint32(i))
 			continue
 		}
@@ -223,8 +241,10 @@ func (c *Cluster) onLookup(from string, epoch uint64, req []byte) ([]byte, error
 }
 
 // removeHere is the home's removal of keys: it forgets them and has every
-// holder but from remove its copy (the holders in parallel).
-func (c *Cluster) removeHere(from string, keys [][]byte) {
+// holder but from remove its copy (the holders in parallel). It returns
+// the positions of the keys it is not home of (under its view), which it
+// did not remove.
+func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 	v := c.view.Load()
 	type dest struct {
 		id    string
@@ -232,11 +252,14 @@ func (c *Cluster) removeHere(from string, keys [][]byte) {
 	}
 	drops := map[dest][][]byte{}
 	copies := map[dest][]Holder{}
-	for _, k := range keys {
+	now := time.Now()
+	for i, k := range keys {
 		s := c.shardOf(k)
 		if c.homeFor(v, s) != c.self {
+			notHome = append(notHome, i)
 			continue
 		}
+		c.tombs.removedNow(k, now)
 		for _, h := range c.idx.drop(s, k) {
 			if h.ID != from {
 				d := dest{h.ID, h.Epoch}
@@ -280,6 +303,7 @@ func (c *Cluster) removeHere(from string, keys [][]byte) {
 		}()
 	}
 	wg.Wait()
+	return notHome
 }
 
 func (c *Cluster) onRemove(from string, epoch uint64, req []byte) ([]byte, error) {
@@ -287,11 +311,38 @@ func (c *Cluster) onRemove(from string, epoch uint64, req []byte) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	c.removeHere(from, keys)
-	return []byte{msgVersion}, nil
+	notHome := c.removeHere(from, keys)
+	e := newEnc()
+	e.u32(uint32(len(notHome)))
+	for _, i := range notHome {
+		e.u32(uint32(i))
+	}
+	return e.bytes(), nil
 }
 
-// dropHere removes this daemon's copies of keys (a home asked).
+// decodeRemoveAnswer decodes a home's answer to a removal of n keys: the
+// positions of those it is not home of (none in an answer of the version
+// byte alone).
+func decodeRemoveAnswer(b []byte, n int) ([]int, error) {
+	if len(b) == 1 && b[0] == msgVersion {
+		return nil, nil
+	}
+	d := newDec(b)
+	m := d.count(n)
+	out := make([]int, 0, m)
+	for i := 0; i < m && d.err == nil; i++ {
+		j := int(d.u32())
+		if d.err == nil && j >= n {
+			d.fail("refused key %d of %d", j, n)
+		}
+		out = append(out, j)
+	}
+	return out, d.end()
+}
+
+// dropHere removes this daemon's copies of keys (a home asked). A copy a
+// reader's hold pins here now cannot go yet: it goes when the last hold
+// on it ends (endHold), so a removal never leaves it behind.
 func (c *Cluster) dropHere(keys [][]byte) {
 	c.answers.drop(keys)
 	codes := make([]store.Code, len(keys))
@@ -300,7 +351,39 @@ func (c *Cluster) dropHere(keys [][]byte) {
 		if err := c.st.RemoveHere(keys[:n], codes[:n], nil); err != nil {
 			c.log.Info("dropping removed keys failed", "keys", n, "err", err)
 		}
+		var later []string
+		c.holdMu.Lock()
+		for i, code := range codes[:n] {
+			if code == store.FailedPrecondition || code == store.Busy {
+				if c.holdKeys[string(keys[i])] > 0 && len(c.doomed) < c.cfg.MaxTombstones {
+					c.doomed[string(keys[i])] = true
+					continue
+				}
+				later = append(later, string(keys[i]))
+			}
+		}
+		c.holdMu.Unlock()
+		if len(later) > 0 {
+			c.log.Warn("removed keys pinned here by clients stay until unpinned", "keys", len(later), "first", later[0])
+		}
 		keys, codes = keys[n:], codes[n:]
+	}
+}
+
+// dropDoomed removes those of keys that a removal found held by a reader
+// here, now that no hold is on them.
+func (c *Cluster) dropDoomed(keys []string) {
+	var now [][]byte
+	c.holdMu.Lock()
+	for _, k := range keys {
+		if c.doomed[k] && c.holdKeys[k] == 0 {
+			delete(c.doomed, k)
+			now = append(now, []byte(k))
+		}
+	}
+	c.holdMu.Unlock()
+	if len(now) > 0 {
+		c.dropHere(now)
 	}
 }
 

@@ -15,7 +15,11 @@ import (
 // the home answers "removed" instead of indexing it, and the holder drops
 // it; either spends the tombstone. A
 // copy announced with other bytes (a put after the removal) is not the
-// one removed, and is indexed. Tombstones move with their shard: a home
+// one removed, and is indexed. A copy a reader fetched (not a put) that is
+// announced within a short while of its key's removal (twice
+// Config.Timeout, the longest a fetch takes) was read before the removal
+// and is answered "removed" too, whatever its holder: otherwise a fetch
+// racing a remove would bring the value back. Tombstones move with their shard: a home
 // that stops being a shard's home (members joined or left, or another
 // claimed it) hands the shard's tombstones to its new home (handTombs),
 // so a holder that comes back after the move and re-announces a removed
@@ -35,6 +39,9 @@ type tomb struct {
 	crc    uint32
 	at     time.Time
 	el     *list.Element
+	// until, when set, is when a settled tombstone goes (its holder
+	// dropped the copy; it only answers a late announcement meanwhile).
+	until time.Time
 }
 
 type tombKey struct{ key, holder string }
@@ -43,16 +50,74 @@ type tombKey struct{ key, holder string }
 type tombs struct {
 	max int
 	ttl time.Duration
-	// mu guards m and order.
+	// mu guards m, order, recent and rorder.
 	mu    sync.Mutex
 	m     map[tombKey]*tomb
 	order list.List // oldest first
+	// recent are the keys removed here in the last recentTTL, whatever
+	// their holders (a fetched copy announced of one of them was read
+	// before its removal: justRemoved), oldest first in rorder.
+	recent    map[string]*list.Element
+	rorder    list.List // of recentRemoval
+	recentTTL time.Duration
+	// settled counts the tombstones with until set.
+	settled int
 
 	added, hits, expired, evicted atomic.Uint64
 }
 
-func newTombs(max int, ttl time.Duration) *tombs {
-	return &tombs{max: max, ttl: ttl, m: map[tombKey]*tomb{}}
+// recentRemoval is one key removed lately.
+type recentRemoval struct {
+	key string
+	at  time.Time
+}
+
+func newTombs(max int, ttl, recentTTL time.Duration) *tombs {
+	return &tombs{max: max, ttl: ttl, m: map[tombKey]*tomb{}, recent: map[string]*list.Element{}, recentTTL: recentTTL}
+}
+
+// removedNow records that key was removed at now (its home took the
+// removal).
+func (t *tombs) removedNow(key []byte, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expireRecentLocked(now)
+	if el, ok := t.recent[string(key)]; ok {
+		t.rorder.Remove(el)
+	}
+	for len(t.recent) >= t.max {
+		old := t.rorder.Front()
+		delete(t.recent, old.Value.(recentRemoval).key)
+		t.rorder.Remove(old)
+	}
+	t.recent[string(key)] = t.rorder.PushBack(recentRemoval{string(key), now})
+}
+
+// justRemoved reports whether key was removed within the last recentTTL:
+// a fetched copy of it announced now was read before the removal.
+func (t *tombs) justRemoved(key []byte, now time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.recent) == 0 {
+		return false
+	}
+	t.expireRecentLocked(now)
+	_, ok := t.recent[string(key)]
+	if ok {
+		t.hits.Add(1)
+	}
+	return ok
+}
+
+func (t *tombs) expireRecentLocked(now time.Time) {
+	for el := t.rorder.Front(); el != nil; el = t.rorder.Front() {
+		r := el.Value.(recentRemoval)
+		if now.Sub(r.at) < t.recentTTL {
+			return
+		}
+		delete(t.recent, r.key)
+		t.rorder.Remove(el)
+	}
 }
 
 // add records that holder's copy of key (size bytes of crc) was removed
@@ -94,6 +159,9 @@ func (t *tombs) moving(to func(key []byte) (string, bool)) map[string][]tomb {
 	defer t.mu.Unlock()
 	var out map[string][]tomb
 	for _, tb := range t.m {
+		if !tb.until.IsZero() {
+			continue // settled: the copy is gone
+		}
 		home, ok := to([]byte(tb.key))
 		if !ok {
 			continue
@@ -129,11 +197,14 @@ func (t *tombs) removed(key []byte, holder string, size uint64, crc uint32, now 
 	if !ok {
 		return false
 	}
+	settled := !tb.until.IsZero()
 	t.dropLocked(tb)
 	if tb.size != size || tb.crc != crc {
 		return false // another value, put after the removal
 	}
-	t.hits.Add(1)
+	if !settled { // a settled one was counted when its holder dropped the copy
+		t.hits.Add(1)
+	}
 	return true
 }
 
@@ -152,19 +223,33 @@ func (t *tombs) forget(key []byte, holder string) bool {
 // settle shortens holder's tombstone of key to grace from now (the holder
 // dropped the copy when asked again): an announcement of the copy the
 // holder sent before it dropped it, arriving late, is still answered
-// "removed". It reports whether there was one.
+// "removed". It reports whether there was one not settled yet.
 func (t *tombs) settle(key []byte, holder string, now time.Time, grace time.Duration) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tb, ok := t.m[tombKey{string(key), holder}]
-	if ok {
-		tb.at = now.Add(grace - t.ttl)
-		t.order.MoveToBack(tb.el)
+	if !ok || !tb.until.IsZero() {
+		return false
 	}
-	return ok
+	tb.until = now.Add(grace)
+	t.settled++
+	return true
+}
+
+// expireSettledLocked drops the settled tombstones whose time is up.
+func (t *tombs) expireSettledLocked(now time.Time) {
+	if t.settled == 0 {
+		return
+	}
+	for _, tb := range t.m {
+		if !tb.until.IsZero() && !now.Before(tb.until) {
+			t.dropLocked(tb)
+		}
+	}
 }
 
 func (t *tombs) expireLocked(now time.Time) {
+	t.expireSettledLocked(now)
 	for e := t.order.Front(); e != nil; e = t.order.Front() {
 		tb := e.Value.(*tomb)
 		if now.Sub(tb.at) < t.ttl {
@@ -176,6 +261,9 @@ func (t *tombs) expireLocked(now time.Time) {
 }
 
 func (t *tombs) dropLocked(tb *tomb) {
+	if !tb.until.IsZero() {
+		t.settled--
+	}
 	t.order.Remove(tb.el)
 	delete(t.m, tombKey{tb.key, tb.holder})
 }
@@ -185,19 +273,21 @@ func (t *tombs) of(holder string, max int) [][]byte {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var keys [][]byte
-	for k := range t.m {
-		if k.holder == holder && len(keys) < max {
+	for k, tb := range t.m {
+		if k.holder == holder && tb.until.IsZero() && len(keys) < max {
 			keys = append(keys, []byte(k.key))
 		}
 	}
 	return keys
 }
 
-// live is how many tombstones the table holds.
+// live is how many tombstones the table holds, not counting the settled
+// ones (their copies are gone).
 func (t *tombs) live() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.m)
+	t.expireSettledLocked(time.Now())
+	return len(t.m) - t.settled
 }
 
 // retryDrops asks holder id, back after being away, to drop the copies

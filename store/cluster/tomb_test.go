@@ -12,7 +12,7 @@ import (
 
 func TestTombs(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	tb := newTombs(3, time.Minute)
+	tb := newTombs(3, time.Minute, time.Second)
 	h := Holder{ID: "d3", Epoch: 9, Tier: TierL1, Size: 4096, CRC: 0xabc}
 	tb.add([]byte("a"), h, t0)
 	// Another holder, other bytes (a put after the removal), or a key
