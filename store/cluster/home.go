@@ -120,6 +120,7 @@ func (c *Cluster) announce(batch []entry) int {
 			}
 			if err != nil {
 				c.log.Debug("announcements to a home failed", "home", home, "keys", len(ps), "err", err)
+				c.dropUnannounced(batch, ps)
 				c.c.announceFailed.Add(uint64(len(ps)))
 				mu.Lock()
 				failed += len(ps)
@@ -154,6 +155,7 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 	if refused > 0 {
 		c.log.Debug("a home refused announcements (another view of the members, or its index is full)", "home", home,
 			"refused", refused)
+		c.dropUnannounced(batch, ps)
 	}
 	if len(gone) > 0 {
 		// Removed while this daemon was not reached: its copies go now.
@@ -162,6 +164,23 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 		c.dropHere(gone)
 	}
 	return nil
+}
+
+// dropUnannounced drops the fetched copies among the entries of batch at
+// ps, whose announcement failed (or may have been refused): a reader's copy
+// of a remote hit is a cache its home must know of, or a removal of the
+// key would leave it behind. Values put here are kept (they are re-announced).
+func (c *Cluster) dropUnannounced(batch []entry, ps []int) {
+	var gone [][]byte
+	for _, p := range ps {
+		if batch[p].tier&tierFetched != 0 {
+			gone = append(gone, batch[p].key)
+		}
+	}
+	if len(gone) > 0 {
+		c.log.Info("fetched copies whose home did not take their announcement dropped", "keys", len(gone))
+		c.dropHere(gone)
+	}
 }
 
 // onAnnounce indexes a holder's announced keys of the shards this daemon

@@ -109,3 +109,49 @@ func TestFetchRacingRemove(t *testing.T) {
 		t.Errorf("its home knows holders %+v (%v), want none", hs, err)
 	}
 }
+
+// TestFetchedCopyDroppedUnannounced: a reader's copy of a remote hit whose
+// announcement its home does not take (the home went away meanwhile) is
+// dropped: a copy its home does not know of would outlive a removal.
+func TestFetchedCopyDroppedUnannounced(t *testing.T) {
+	ids := []string{"h", "m", "r"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour})
+	h, m, r := f.node("h"), f.node("m"), f.node("r")
+	key := keyHomedOn(f, h, "unannounced", "m")
+	v := value(key, 4096)
+	h.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) }, "h's copy announced")
+	f.gateMu.Lock()
+	f.gate = make(chan struct{})
+	f.gateMu.Unlock()
+	got := make(chan error, 1)
+	go func() {
+		b, err := r.read(key, len(v))
+		if err == nil && !bytes.Equal(b, v) {
+			err = fmt.Errorf("%d bytes that are not the value", len(b))
+		}
+		got <- err
+	}()
+	testutil.Eventually(t, 10*time.Second, func() bool { return f.inflightNow() == 1 }, "r's read under way")
+	m.down.Store(true)
+	f.gateMu.Lock()
+	close(f.gate)
+	f.gate = nil
+	f.gateMu.Unlock()
+	if err := <-got; err != nil {
+		t.Fatalf("r's read: %v", err)
+	}
+	here := func(n *fakeNode) store.Code {
+		ss := n.st.NewSession()
+		defer ss.Close()
+		codes := make([]store.Code, 1)
+		if err := ss.GetHere([][]byte{[]byte(key)}, make([]store.Location, 1), codes, nil); err != nil {
+			t.Fatal(err)
+		}
+		return codes[0]
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return here(r) == store.NotFound }, "r dropping its unannounced copy")
+	if c := here(h); c != store.OK {
+		t.Fatalf("h's own copy: %v", c)
+	}
+}
