@@ -102,7 +102,11 @@ func (c *Cluster) announce(batch []entry) int {
 			now := time.Now()
 			for _, p := range ps {
 				e := batch[p]
-				if e.tier&tierFetched != 0 && c.tombs.justRemoved(e.key, now) {
+				// This daemon's own copy, as its home: a tombstone
+				// (handed over with the shard) or a removal just now
+				// answers it as another holder's.
+				if e.tier != tierGone && c.tombs.removed(e.key, c.self, e.size, e.crc, now) ||
+					e.tier&tierFetched != 0 && c.tombs.justRemoved(e.key, now) {
 					gone = append(gone, e.key)
 					continue
 				}
@@ -370,7 +374,7 @@ func (c *Cluster) dropHere(keys [][]byte) {
 		if err := c.st.RemoveHere(keys[:n], codes[:n], nil); err != nil {
 			c.log.Info("dropping removed keys failed", "keys", n, "err", err)
 		}
-		var later []string
+		var later [][]byte
 		c.holdMu.Lock()
 		for i, code := range codes[:n] {
 			if code == store.FailedPrecondition || code == store.Busy {
@@ -378,15 +382,63 @@ func (c *Cluster) dropHere(keys [][]byte) {
 					c.doomed[string(keys[i])] = true
 					continue
 				}
-				later = append(later, string(keys[i]))
+				later = append(later, keys[i])
 			}
 		}
 		c.holdMu.Unlock()
 		if len(later) > 0 {
-			c.log.Warn("removed keys pinned here by clients stay until unpinned", "keys", len(later), "first", later[0])
+			c.dropLater(later)
 		}
 		keys, codes = keys[n:], codes[n:]
 	}
+}
+
+// dropLater removes keys that a client here pins (or has I/O on) now, once
+// it no longer does: asked again with a growing pause, for at most
+// Config.TombstoneTTL, in the background.
+func (c *Cluster) dropLater(keys [][]byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	keys = cloneKeys(keys)
+	c.log.Info("removed keys pinned here stay until unpinned", "keys", len(keys), "first", string(keys[0]))
+	c.fetchWG.Add(1)
+	go func() {
+		defer c.fetchWG.Done()
+		end := time.Now().Add(c.cfg.TombstoneTTL)
+		pause := 10 * time.Millisecond
+		for len(keys) > 0 && time.Now().Before(end) {
+			if !c.pause(pause) {
+				return
+			}
+			pause = min(2*pause, time.Second)
+			codes := make([]store.Code, len(keys))
+			if err := c.st.RemoveHere(keys, codes, nil); err != nil {
+				continue
+			}
+			rest := keys[:0]
+			for i, code := range codes {
+				if code == store.FailedPrecondition || code == store.Busy {
+					rest = append(rest, keys[i])
+				}
+			}
+			keys = rest
+		}
+		if len(keys) > 0 {
+			c.log.Warn("removed keys still pinned here after the tombstone TTL: they stay", "keys", len(keys), "first", string(keys[0]))
+		}
+	}()
+}
+
+// cloneKeys copies keys into storage of their own.
+func cloneKeys(keys [][]byte) [][]byte {
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = append([]byte(nil), k...)
+	}
+	return out
 }
 
 // dropDoomed removes those of keys that a removal found held by a reader
