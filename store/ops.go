@@ -1118,7 +1118,7 @@ func (s *Store) remove(keys [][]byte, codes []Code, errs []error, done Completio
 		}
 	}
 	if everywhere {
-		s.removeElsewhere(keys, codes)
+		s.removeElsewhere(keys, codes, errs)
 	}
 	return s.dispatch(cl, kInval)
 }
