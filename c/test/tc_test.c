@@ -1505,6 +1505,7 @@ int main(int argc, char **argv)
     test_refused();
     test_remote_close();
     test_queue_daemon_killed();
+    test_queue_eventfd();
     test_store_daemon_killed();
     test_peers();
     fuzz_answers(500);
