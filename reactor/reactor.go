@@ -330,6 +330,8 @@ type served struct {
 	deaf   bool
 	unrung uint32
 	warned bool
+	// took: a pass of the queue did work (its client submitted).
+	took bool
 }
 
 // token is the armed wait's token: slot and generation.
@@ -393,7 +395,7 @@ func (w *Worker) apply() {
 			s.q = nil
 			s.gen++
 			s.armed, s.word = false, nil
-			s.deaf, s.unrung, s.warned = false, 0, false
+			s.deaf, s.unrung, s.warned, s.took = false, 0, false, false
 			w.free = append(w.free, s.slot)
 			w.queues = append(w.queues[:i], w.queues[i+1:]...)
 			w.attached--
@@ -427,7 +429,7 @@ func (w *Worker) Serve() bool {
 	did := false
 	for _, s := range w.queues {
 		if s.q.Serve() {
-			did = true
+			did, s.took = true, true
 		}
 	}
 	if w.reap() {
@@ -490,28 +492,35 @@ const unrungWarn = 1000
 // armBell arms a read of s's eventfd doorbell, unless one is armed: a
 // write the client made after Doorbell's check, or before (the count
 // stays in the eventfd), ends it. The futex word's value plays no part:
-// the eventfd's count is what carries the doorbell. A queue whose
-// doorbell cannot be heard bounds the sleep instead (Soon), which costs
-// the worker a look a millisecond and that queue its latency, nothing
-// more.
-// It reports false when the sleep is bounded for s.
+// the eventfd's count is what carries the doorbell.
+//
+// Until the client says it rings the eventfd (bell_ack, which a client
+// writes before its first submit), the read is armed and the sleep is
+// bounded too (Soon): a client that does not know eventfd doorbells rings
+// the futex only. One that submitted without saying so is such a client,
+// as is one whose read failed (deaf): its queue is looked at every
+// millisecond, which costs the worker a look and that queue its latency,
+// nothing more. It reports false when the sleep is bounded for such a
+// queue.
 func (w *Worker) armBell(s *served, ws uring.Waits) bool {
-	if s.armed {
+	fd, rung := s.q.EventfdDoorbell()
+	if fd >= 0 && !s.deaf && !s.armed {
+		s.armed = true
+		ws.FDWait(fd, s.token())
+	}
+	if fd >= 0 && rung && !s.deaf {
 		return true
 	}
-	fd, rung := s.q.EventfdDoorbell()
-	if fd < 0 || !rung || s.deaf {
-		ws.Soon()
-		if s.unrung++; s.unrung == unrungWarn && !s.warned {
-			s.warned = true
-			w.log.Warn("reactor: a queue's client does not ring its eventfd doorbell: the worker looks at it every millisecond",
-				"worker", w.id, "has_eventfd", fd >= 0, "client_rings", rung, "read_failed", s.deaf)
-		}
-		return false
+	ws.Soon()
+	if !s.deaf && fd >= 0 && !s.took {
+		return true // a new queue whose client has not said yet
 	}
-	s.armed = true
-	ws.FDWait(fd, s.token())
-	return true
+	if s.unrung++; s.unrung == unrungWarn && !s.warned {
+		s.warned = true
+		w.log.Warn("reactor: a queue's client does not ring its eventfd doorbell: the worker looks at it every millisecond",
+			"worker", w.id, "has_eventfd", fd >= 0, "client_rings", rung, "read_failed", s.deaf)
+	}
+	return false
 }
 
 // Awake implements uring.Guest.
