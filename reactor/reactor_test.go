@@ -234,6 +234,25 @@ func TestEventfdDoorbell(t *testing.T) {
 	if !p.EventfdDoorbells() || p.Home(0) != 1 {
 		t.Fatalf("a pool configured for eventfd doorbells: eventfd %v, worker 0's home %#x (want its ring, 1)", p.EventfdDoorbells(), p.Home(0))
 	}
+	// By default, eventfd doorbells exactly where the kernel's io_uring
+	// cannot wait on a futex (on Linux 6.18 the futex, in the Soft-RoCE
+	// VM's 6.1 the eventfd), and the workers on their rings either way.
+	tr2, err := uring.New(uring.Config{Rings: 1, AllowedDirs: []string{t.TempDir()}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auto, err := New(Config{Workers: 1}, tr2, nil)
+	if err != nil {
+		tr2.Close()
+		t.Fatal(err)
+	}
+	if auto.EventfdDoorbells() == tr2.Wakeable() || auto.Home(0) != 1 {
+		t.Errorf("by default, on io_uring with futex waits %v: eventfd doorbells %v, worker 0's home %#x (want its ring, 1)",
+			tr2.Wakeable(), auto.EventfdDoorbells(), auto.Home(0))
+	}
+	t.Logf("io_uring futex waits %v: doorbells by default are eventfds %v", tr2.Wakeable(), auto.EventfdDoorbells())
+	auto.Close()
+	tr2.Close()
 	e, c, _ := newQueue(t, 1, 8)
 	attach(t, p, e, c)
 	if c.Doorbell() != queue.DoorbellEventfd {
