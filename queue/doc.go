@@ -166,9 +166,10 @@
 // description and could make a write block. The daemon's own wake-ups of
 // the worker (Kick, Close) go through the worker's own wake-up instead.
 // What a client does with it costs only its own queue: a client that
-// does not say it rings it (bell_ack), or that makes the file
-// non-blocking (a read then fails at once), has its queue looked at every
-// millisecond by the worker instead (counted as the worker's deaf
+// does not say it rings it (bell_ack), or whose eventfd the worker's read
+// fails on (a kernel that answered a non-blocking file's read with EAGAIN
+// at once; 6.1 and 6.18 wait on it as on any other), has its queue looked
+// at every millisecond by the worker instead (counted as the worker's deaf
 // sleeps, and logged); one that drains or floods it delays or wakes only
 // the worker's look at its own queue. When the queue closes, the worker
 // cancels its armed read (IORING_OP_ASYNC_CANCEL by user_data), since

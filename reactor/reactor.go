@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tensorcast/tensorcast/internal/ratelog"
 	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -95,6 +96,9 @@ type Pool struct {
 	workers []*Worker
 	hosted  bool
 	eventfd bool // hosted workers wait on their queues' eventfds
+	// warns are what clients can make the workers say, rate limited:
+	// a flood of queues is a line every interval, not one per queue.
+	warns *warns
 	// mu guards the workers' loads (Attach balances by them).
 	mu sync.Mutex
 }
@@ -137,10 +141,13 @@ func New(cfg Config, host Host, log *slog.Logger) (*Pool, error) {
 			host = nil
 		}
 	}
-	p := &Pool{log: log, hosted: host != nil, eventfd: eventfd}
+	p := &Pool{log: log, hosted: host != nil, eventfd: eventfd, warns: &warns{
+		unrung: ratelog.New(log, slog.LevelWarn, "reactor: a queue's client does not ring its eventfd doorbell: the worker looks at it every millisecond", 0),
+		failed: ratelog.New(log, slog.LevelWarn, "reactor: a read of a queue's eventfd doorbell failed: the worker looks at that queue every millisecond instead", 0),
+	}}
 	for i := 0; i < n; i++ {
 		w := newWorker(i)
-		w.eventfd, w.log = eventfd, log
+		w.eventfd, w.warns = eventfd, p.warns
 		p.workers = append(p.workers, w)
 		if p.hosted {
 			wake, err := host.Host(i, w)
@@ -266,6 +273,13 @@ func (p *Pool) Close() {
 			w.stopThread()
 		}
 	}
+	p.warns.unrung.Stop()
+	p.warns.failed.Stop()
+}
+
+// warns are a pool's rate-limited warnings.
+type warns struct {
+	unrung, failed *ratelog.Log
 }
 
 // Worker is one reactor: the queues it serves and its sleep. It is the
@@ -274,7 +288,7 @@ type Worker struct {
 	id      int
 	wake    func() // wakes the worker's thread when it sleeps
 	eventfd bool   // it waits on its queues' eventfd doorbells
-	log     *slog.Logger
+	warns   *warns
 
 	// mu guards the fields below.
 	mu       sync.Mutex
@@ -517,8 +531,8 @@ func (w *Worker) armBell(s *served, ws uring.Waits) bool {
 	}
 	if s.unrung++; s.unrung == unrungWarn && !s.warned {
 		s.warned = true
-		w.log.Warn("reactor: a queue's client does not ring its eventfd doorbell: the worker looks at it every millisecond",
-			"worker", w.id, "has_eventfd", fd >= 0, "client_rings", rung, "read_failed", s.deaf)
+		w.warns.unrung.Event(slog.Int("worker", w.id), slog.Bool("has_eventfd", fd >= 0), slog.Bool("client_rings", rung),
+			slog.Bool("read_failed", s.deaf))
 	}
 	return false
 }
@@ -534,9 +548,10 @@ func (w *Worker) Awake() {
 }
 
 // Fired implements uring.Guest: the wait armed with token ended. An
-// eventfd read that failed (its client made the file non-blocking: the
-// read answers EAGAIN at once instead of waiting) would fire at every
-// sleep: that queue's doorbell is not waited on again.
+// eventfd read that failed (a kernel that answers a read of a file its
+// client made non-blocking with EAGAIN at once; Linux 6.1 and 6.18 wait
+// instead) would fail at every sleep: that queue's doorbell is not waited
+// on again, and the worker looks at the queue every millisecond.
 func (w *Worker) Fired(token uint32, res int32) {
 	slot, gen := token>>16, uint16(token)
 	if int(slot) >= len(w.slots) || w.slots[slot].gen != gen {
@@ -546,8 +561,7 @@ func (w *Worker) Fired(token uint32, res int32) {
 	s.armed = false
 	if w.eventfd && res < 0 && s.q != nil && !s.deaf {
 		s.deaf = true
-		w.log.Warn("reactor: a read of a queue's eventfd doorbell failed: the worker looks at that queue every millisecond instead",
-			"worker", w.id, "errno", -res)
+		w.warns.failed.Event(slog.Int("worker", w.id), slog.Int("errno", int(-res)))
 	}
 }
 

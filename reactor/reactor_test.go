@@ -48,8 +48,9 @@ func (e *echo) EventfdDoorbell() (int, bool)             { return e.d.EventfdDoo
 // attach gives e (whose client side is c, nil for none) to a worker of p,
 // with an eventfd doorbell when p's workers wait on those, and detaches
 // it at the test's end. Without a client side, the eventfd passed for it
-// is returned (closed at the test's end); -1 without one.
-func attach(t testing.TB, p *Pool, e *echo, c *queue.ClientRing) int {
+// is returned (closed at the test's end; -1 without one), and given to
+// before, when set, before the worker has the queue.
+func attach(t testing.TB, p *Pool, e *echo, c *queue.ClientRing, before ...func(fd int)) int {
 	t.Helper()
 	w := p.Pick()
 	pass := -1
@@ -61,6 +62,9 @@ func attach(t testing.TB, p *Pool, e *echo, c *queue.ClientRing) int {
 		if c == nil {
 			pass = fd
 			t.Cleanup(func() { unix.Close(fd) })
+			for _, f := range before {
+				f(fd)
+			}
 		} else if err := c.SetDoorbellFD(fd); err != nil {
 			t.Fatal(err)
 		}
@@ -180,11 +184,12 @@ func TestHostileNeighbour(t *testing.T) {
 			// And a third that says it rings its eventfd but made the
 			// file non-blocking, so that a read of it fails at once.
 			worse, _, wraw := newQueue(t, 3, 8)
-			fd := attach(t, p, worse, nil)
-			if err := unix.SetNonblock(fd, true); err != nil {
-				t.Fatal(err)
-			}
-			(*atomic.Uint32)(unsafe.Pointer(&wraw[0x03c])).Store(queue.BellAckEventfd)
+			attach(t, p, worse, nil, func(fd int) {
+				if err := unix.SetNonblock(fd, true); err != nil {
+					t.Fatal(err)
+				}
+				(*atomic.Uint32)(unsafe.Pointer(&wraw[0x03c])).Store(queue.BellAckEventfd)
+			})
 		}
 		attach(t, p, good, c)
 		var stop atomic.Bool
@@ -212,6 +217,14 @@ func TestHostileNeighbour(t *testing.T) {
 				t.Fatalf("round trip %d beside a hostile queue: %v", i, err)
 			}
 			c.Reap(cqes[:])
+		}
+		if p.EventfdDoorbells() {
+			// Where a read of a non-blocking eventfd fails at once (a
+			// kernel whose io_uring does not arm a poll for it), the
+			// worker looks at that queue instead of waiting on it: its
+			// sleeps are counted deaf, and it does not spin. Linux 6.18
+			// arms the poll: nothing fails.
+			t.Logf("worker stats beside a client whose eventfd is non-blocking: %+v", p.Stats()[0])
 		}
 	})
 }
