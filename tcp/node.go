@@ -133,6 +133,11 @@ type Node struct {
 
 	pendPool sync.Pool
 	taskPool sync.Pool
+
+	// pumpTried, set by tests before the first Submit, runs on a pump
+	// each time it tried to send a task, with what came of it, before it
+	// takes p.mu again (pump.go). Nil outside tests.
+	pumpTried func(p *peer, st sendState)
 }
 
 var _ xfer.Transport = (*Node)(nil)
