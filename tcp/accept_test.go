@@ -98,3 +98,41 @@ func socketsOn(t *testing.T, addr string) []string {
 	}
 	return out
 }
+
+// TestInboundSocketOptions: a connection a peer dialed has TCP_NODELAY
+// (small frames are not held back) and the peer keep-alive
+// (peerKeepAlive), set by the listener, not by gnet.
+func TestInboundSocketOptions(t *testing.T) {
+	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
+	a, b := nodes[0], nodes[1]
+	r, err := a.Open(b.ID(), "seg", RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	b.mu.Lock()
+	p := b.peers[a.ID()]
+	b.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.inbound) != 2 {
+		t.Fatalf("%s holds %d inbound connections from %s, want 2", b.ID(), len(p.inbound), a.ID())
+	}
+	for c := range p.inbound {
+		for _, o := range []struct {
+			name       string
+			level, opt int
+			want       int
+		}{
+			{"TCP_NODELAY", unix.IPPROTO_TCP, unix.TCP_NODELAY, 1},
+			{"SO_KEEPALIVE", unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+			{"TCP_KEEPIDLE", unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(peerKeepAlive / time.Second)},
+			{"TCP_KEEPINTVL", unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(peerKeepAlive / 5 / time.Second)},
+			{"TCP_KEEPCNT", unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 5},
+		} {
+			if v, err := unix.GetsockoptInt(c.fd, o.level, o.opt); err != nil || v != o.want {
+				t.Errorf("inbound connection %v: %s = %d, %v; want %d", c.g.RemoteAddr(), o.name, v, err, o.want)
+			}
+		}
+	}
+}
