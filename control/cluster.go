@@ -21,3 +21,19 @@ func (c *conn) clusterLocate(m *wire.ClusterLocateRequest) error {
 	*wire.SetResponse[wire.ClusterLocateResponse](&c.resp) = w
 	return nil
 }
+
+// clusterShards answers tcctl cluster shards from Deps.Shards: the shards'
+// homes and generations, and the read claims outstanding. It reads nothing
+// of the connection's and changes nothing.
+func (c *conn) clusterShards(m *wire.ClusterShardsRequest) error {
+	sh := c.s.deps.Shards
+	if sh == nil {
+		return fmt.Errorf("%w: the store is this host's alone (no store across hosts)", ErrUnavailable)
+	}
+	w, err := sh(m.First, m.Count)
+	if err != nil {
+		return err
+	}
+	*wire.SetResponse[wire.ClusterShardsResponse](&c.resp) = w
+	return nil
+}

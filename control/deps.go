@@ -82,4 +82,8 @@ type Deps struct {
 	// Locate says where a key lives in the store across hosts (tcctl
 	// cluster locate); optional (the call then answers UNAVAILABLE).
 	Locate func(key []byte) (wire.ClusterLocateResponse, error)
+	// Shards describes the store across hosts' shards, count from first:
+	// their homes and generations, and the read claims outstanding (tcctl
+	// cluster shards); optional like Locate.
+	Shards func(first, count uint32) (wire.ClusterShardsResponse, error)
 }

@@ -153,6 +153,8 @@ func (c *conn) handle() ([]byte, int) {
 		err = c.mode(b)
 	case *wire.ClusterLocateRequest:
 		err = c.clusterLocate(b)
+	case *wire.ClusterShardsRequest:
+		err = c.clusterShards(b)
 	default:
 		err = fmt.Errorf("%w: request body %s is not served", ErrMalformed, kind)
 	}

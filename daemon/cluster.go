@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -95,6 +96,54 @@ func (d *Daemon) locate(key []byte) (wire.ClusterLocateResponse, error) {
 		r.HolderSizes = append(r.HolderSizes, h.Size)
 		r.HolderCRCs = append(r.HolderCRCs, h.CRC)
 	}
+	return r, nil
+}
+
+// shards answers tcctl cluster shards: count shards from first (at most
+// wire.MaxShardsAnswer), their homes, generations and keys indexed here,
+// and the read claims this daemon, as a home, has outstanding by holder.
+func (d *Daemon) shards(first, count uint32) (wire.ClusterShardsResponse, error) {
+	cl := d.cluster
+	if cl == nil {
+		return wire.ClusterShardsResponse{}, fmt.Errorf("%w: the store across hosts is closed", xfer.ErrUnavailable)
+	}
+	if count == 0 || count > wire.MaxShardsAnswer {
+		count = wire.MaxShardsAnswer
+	}
+	total := cl.ShardCount()
+	r := wire.ClusterShardsResponse{ShardsTotal: uint32(total), First: uint32(min(int(first), total)), Fenced: cl.Fenced()}
+	idx := map[string]uint16{}
+	ref := func(id string) uint16 {
+		if id == "" {
+			return wire.NoHome
+		}
+		if i, ok := idx[id]; ok {
+			return i
+		}
+		if len(r.HomeIDs) >= wire.MaxShardHomes {
+			return wire.NoHome // more homes than an answer names: shown as none
+		}
+		i := uint16(len(r.HomeIDs))
+		idx[id] = i
+		r.HomeIDs = append(r.HomeIDs, id)
+		return i
+	}
+	for _, s := range cl.Shards(int(first), int(count)) {
+		r.Homes = append(r.Homes, ref(s.Home))
+		r.Rendezvous = append(r.Rendezvous, ref(s.Rendezvous))
+		r.Generations = append(r.Generations, s.Gen)
+		r.Keys = append(r.Keys, uint32(min(s.Keys, math.MaxUint32)))
+	}
+	by := cl.ClaimsByHolder()
+	for _, h := range slices.Sorted(maps.Keys(by)) {
+		if len(r.ClaimHolders) == wire.MaxShardHomes {
+			break
+		}
+		r.ClaimHolders = append(r.ClaimHolders, h)
+		r.ClaimCounts = append(r.ClaimCounts, uint32(by[h]))
+	}
+	r.ClaimsOutstanding = cl.ReadClaims().Outstanding
+	r.Holds = uint32(cl.Holds())
 	return r, nil
 }
 
@@ -333,6 +382,10 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_home_claims_granted_total", "Claims handed readers by this daemon as a home.", s.ClaimsGranted},
 		{"tensorcast_cluster_home_claims_refused_total", "Reads answered busy by this daemon as a home: every copy of the key at its reader limit.", s.ClaimsRefused},
 		{"tensorcast_cluster_home_claims_expired_total", "Claims that reached their read's deadline unreleased.", s.ClaimsExpired},
+		{"tensorcast_cluster_home_claims_foreign_total", "Claim releases refused by this daemon as a home: the claim was another reader's.", s.ClaimsForeign},
+		{"tensorcast_cluster_readers_refused_total", "Keys this daemon as a holder answered busy in a read: at its reader limit for the key.", s.ReadersRefused},
+		{"tensorcast_cluster_tombstones_handed_total", "Tombstones this daemon handed to the new home of their shard.", s.TombsHanded},
+		{"tensorcast_cluster_tombstones_taken_total", "Tombstones this daemon took from the previous home of their shard.", s.TombsTaken},
 		{"tensorcast_cluster_over_budget_total", "Remote gets and serves refused by the mode's budget.", s.OverBudget},
 		{"tensorcast_cluster_replicas_made_total", "Copies of values put here made on other daemons.", s.ReplicasMade},
 		{"tensorcast_cluster_replica_failures_total", "Copies of values put here that failed (or had too few daemons up).", s.ReplicaFailures},

@@ -233,7 +233,9 @@ func sizeOf(keys [][]byte, sizes []int, k []byte) int {
 }
 
 // clusterChildEnv carries the killed daemon's set-up to the child process:
-// "dir|cluster key file|d1 address|d2 address".
+// "dir|cluster key file|d1 address|d2 address", then options: "replicas"
+// (an L2 and two copies), "etcd=ENDPOINT" (directory = etcd; the
+// addresses are not used).
 const clusterChildEnv = "TENSORCAST_TEST_CLUSTER_DAEMON"
 
 // clusterConfig is a daemon of the kill test's cluster.
@@ -243,8 +245,19 @@ func clusterConfig(c *Config) { c.StoreL2Path = "off"; c.StoreShards = 64 }
 // its own so that the test can SIGKILL it.
 func clusterChild(t *testing.T, spec string) {
 	parts := strings.Split(spec, "|")
-	if len(parts) != 4 && (len(parts) != 5 || parts[4] != "replicas") {
+	if len(parts) < 4 {
 		t.Fatalf("child spec %q", spec)
+	}
+	replicas, etcd := false, ""
+	for _, o := range parts[4:] {
+		switch {
+		case o == "replicas":
+			replicas = true
+		case strings.HasPrefix(o, "etcd="):
+			etcd = strings.TrimPrefix(o, "etcd=")
+		default:
+			t.Fatalf("child spec %q: option %q", spec, o)
+		}
 	}
 	cfg := testConfig(parts[0])
 	cfg.PoolSize = 32 << 20
@@ -254,9 +267,13 @@ func clusterChild(t *testing.T, spec string) {
 	cfg.PeerSliceSize = 64 << 10
 	cfg.Peers = []PeerConfig{{ID: "d1", Addr: parts[2]}, {ID: "d2", Addr: parts[3]}}
 	clusterConfig(&cfg)
-	if len(parts) == 5 { // TestStoreReplicasSurviveKill9's: an L2 and two copies
+	if replicas { // TestStoreReplicasSurviveKill9's: an L2 and two copies
 		cfg.StoreL2Path = ""
 		replicaConfig(&cfg)
+	}
+	if etcd != "" { // the members and shard claims in etcd, no peers listed
+		cfg.Peers = nil
+		chaosEtcd(&cfg, etcd)
 	}
 	d, err := New(cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)), env(nil))
 	if err != nil {

@@ -254,6 +254,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	deps.Admission = d.admission
 	if d.cluster != nil {
 		deps.Locate = d.locate
+		deps.Shards = d.shards
 	}
 	if d.peers != nil {
 		deps.Peers, deps.RDMA = d.peers, d.peers

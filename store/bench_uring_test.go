@@ -1,7 +1,10 @@
 package store
 
 import (
+	"fmt"
 	"os"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -170,4 +173,128 @@ func BenchmarkDurablePut256K(b *testing.B) {
 		}
 		b.StartTimer()
 	}
+}
+
+// BenchmarkCRCCheck256K: what the crc32c check costs a get of 256 KiB
+// values on L2 only, side by side in one store: each loop iteration gets the
+// same keys twice, once checking each value read back (on, the default) and
+// once not (off, as FileL2.NoVerifyReads), in alternating order, evicting
+// them from L1 after each get (untimed), so that both sides read the same
+// blocks of the same file at the same moments of the disk and the machine.
+// batch=1 is one get at a time (the check's share of one value's latency),
+// batch=32 a call of 32 values read together. Reported: each side's median
+// time and process CPU time per value over the iterations, and the check's
+// share of both, (on - off) / on. The disk's time varies more from call to
+// call than the check costs, so the check's exposed time is also taken
+// apart from it: span is the time from the first read's completion to the
+// call's return (the device completes a call's reads within microseconds
+// of each other here), exposed-% is (span on - span off) / time on, and
+// exposed-ns/get the same difference per value.
+func BenchmarkCRCCheck256K(b *testing.B) {
+	for _, batch := range []int{1, benchBatch} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			c := newCRCBench(b, benchUringL2(b, FileL2{Size: 1 << 30, RegionSize: 64 << 20}, true), batch)
+			b.SetBytes(int64(2 * batch * crcBenchSize))
+			var on, off crcTimes
+			for i := 0; b.Loop(); i++ {
+				k := c.keys[i*batch%len(c.keys):][:batch]
+				if i&1 == 0 {
+					c.get(b, k, true, &on)
+					c.get(b, k, false, &off)
+				} else {
+					c.get(b, k, false, &off)
+					c.get(b, k, true, &on)
+				}
+			}
+			ons, offs := median(on.wall), median(off.wall)
+			exp := median(on.span) - median(off.span)
+			b.ReportMetric(100*exp/ons, "exposed-%")
+			b.ReportMetric(exp/float64(batch), "exposed-ns/get")
+			onc, offc := median(on.cpu), median(off.cpu)
+			per := float64(batch)
+			b.ReportMetric(ons/per, "on-ns/get")
+			b.ReportMetric(offs/per, "off-ns/get")
+			b.ReportMetric(100*(ons-offs)/ons, "time-%")
+			b.ReportMetric(onc/per, "on-cpu-ns/get")
+			b.ReportMetric(offc/per, "off-cpu-ns/get")
+			b.ReportMetric(100*(onc-offc)/onc, "cpu-%")
+		})
+	}
+}
+
+const crcBenchSize = 256 << 10
+
+// crcBench is BenchmarkCRCCheck256K's store, with its values on L2 only.
+type crcBench struct {
+	u     *uringEnv
+	ss    *Session
+	keys  [][]byte
+	locs  []Location
+	codes []Code
+	errs  []error
+	first atomic.Int64 // when the call's first read completed, in unix ns
+}
+
+// crcTimes are one side's times per call, in ns.
+type crcTimes struct{ wall, cpu, span []float64 }
+
+func newCRCBench(b *testing.B, u *uringEnv, batch int) *crcBench {
+	const nkeys = 512 // 128 MiB on L2
+	c := &crcBench{u: u, ss: u.s.NewSession(), keys: keysN("p", nkeys),
+		locs: make([]Location, batch), codes: make([]Code, benchBatch), errs: make([]error, benchBatch)}
+	b.Cleanup(func() { c.ss.Close() })
+	h := func() { c.first.CompareAndSwap(0, time.Now().UnixNano()) }
+	readDoneHook.Store(&h)
+	b.Cleanup(func() { readDoneHook.Store(nil) })
+	val := make([]byte, crcBenchSize)
+	for i := range val {
+		val[i] = byte(i * 13)
+	}
+	vals := make([][]byte, benchBatch)
+	for j := range vals {
+		vals[j] = val
+	}
+	for i := 0; i < nkeys; i += benchBatch {
+		if _, err := c.ss.Put(c.keys[i:i+benchBatch], vals, true, c.codes, c.errs, nil, 0); err != nil || c.codes[0] != OK {
+			b.Fatal(err, c.codes[0], c.errs[0])
+		}
+	}
+	u.s.evict(1<<62, 1<<20)
+	return c
+}
+
+// get times one Get of keys (L2 only) with the check on or off, then
+// unpins them and evicts them from L1 again, untimed.
+func (c *crcBench) get(b *testing.B, keys [][]byte, check bool, to *crcTimes) {
+	codes, errs := c.codes[:len(keys)], c.errs[:len(keys)]
+	b.StopTimer()
+	c.u.s.l2.verify = check // nothing is in flight between calls
+	c.first.Store(0)
+	c0, t0 := cpuTime(b), time.Now()
+	b.StartTimer()
+	_, err := c.ss.Get(keys, c.locs, codes, errs, nil, 0)
+	b.StopTimer()
+	t1 := time.Now()
+	d, cd := t1.Sub(t0), cpuTime(b)-c0
+	c.u.s.l2.verify = true
+	if err != nil || codes[0] != OK {
+		b.Fatal(err, codes[0], errs[0])
+	}
+	to.wall = append(to.wall, float64(d.Nanoseconds()))
+	to.cpu = append(to.cpu, float64(cd.Nanoseconds()))
+	to.span = append(to.span, float64(t1.UnixNano()-c.first.Load()))
+	if err := c.ss.Unpin(keys, codes); err != nil {
+		b.Fatal(err)
+	}
+	c.u.s.evict(1<<62, 1<<20)
+	b.StartTimer()
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -357,4 +358,170 @@ func TestHitsAndMisses(t *testing.T) {
 		t.Fatal(n, err)
 	}
 	want("the probes", 4, 4, 1)
+}
+
+// TestCorruptAnywhereIsAMiss: one bit flipped anywhere in a value on L2
+// (its first bytes, which the checksum's state is mixed into, the middle,
+// the last 256-byte step of the fold, the short tail after it, the very
+// last byte), in values the fold covers and in values too small for it:
+// the Get and the Read that bring it back are misses, nothing is copied
+// into the Read's buffer, the read is counted and the key dropped. A
+// value's neighbours read back intact.
+func TestCorruptAnywhereIsAMiss(t *testing.T) {
+	for _, size := range []int{300, 700, 64 << 10, 256<<10 - 100, 256 << 10} {
+		tail := size % 256
+		if size < 512 {
+			tail = size
+		}
+		at := []int{0, 3, 4, size / 2, size - 1}
+		if tail > 0 && tail < size {
+			at = append(at, size-tail-1, size-tail) // the fold's last byte, the tail's first
+		}
+		for _, a := range at {
+			for _, get := range []bool{true, false} {
+				name := fmt.Sprintf("%d/byte%d/read", size, a)
+				if get {
+					name = fmt.Sprintf("%d/byte%d/get", size, a)
+				}
+				t.Run(name, func(t *testing.T) { corruptOne(t, size, a, get) })
+			}
+		}
+	}
+}
+
+func corruptOne(t *testing.T, size, at int, get bool) {
+	e := newEnv(t, 8<<20, withL2(16<<20))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("c", 3)
+	vals := make([][]byte, len(keys))
+	for i, k := range keys {
+		vals[i] = valueFor(k, size)
+	}
+	mustCodes(t, "put", e.put(ss, keys, vals, true), OK, OK, OK)
+	e.dropL1()
+	e.file.data[findHeader(t, e.file, keys[1])+uint64(e.file.align)+uint64(at)] ^= 0x10
+	if get {
+		locs, codes, errs := e.get(ss, keys)
+		mustCodes(t, "get", codes, OK, NotFound, OK)
+		if !errors.Is(errs[1], ErrCorrupt) {
+			t.Fatalf("get of the corrupt value: %v, want ErrCorrupt", errs[1])
+		}
+		for _, i := range []int{0, 2} {
+			l := locs[i]
+			if !bytes.Equal(e.pool.Bytes()[l.Offset:l.Offset+l.Length], vals[i]) {
+				t.Fatalf("neighbour %d changed", i)
+			}
+		}
+		if err := ss.Unpin([][]byte{keys[0], keys[2]}, make([]Code, 2)); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		dsts := make([][]byte, 3)
+		for i := range dsts {
+			dsts[i] = bytes.Repeat([]byte{0xa5}, size)
+		}
+		lens := make([]uint64, 3)
+		codes := make([]Code, 3)
+		errs := make([]error, 3)
+		if _, err := e.s.Read(keys, dsts, lens, codes, errs, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		mustCodes(t, "read", codes, OK, NotFound, OK)
+		if !errors.Is(errs[1], ErrCorrupt) {
+			t.Fatalf("read of the corrupt value: %v, want ErrCorrupt", errs[1])
+		}
+		if lens[1] != 0 || !bytes.Equal(dsts[1], bytes.Repeat([]byte{0xa5}, size)) {
+			t.Fatalf("the read of the corrupt value wrote %d bytes (len %d)", size-bytes.Count(dsts[1], []byte{0xa5}), lens[1])
+		}
+		for _, i := range []int{0, 2} {
+			if !bytes.Equal(dsts[i][:lens[i]], vals[i]) {
+				t.Fatalf("neighbour %d: %d bytes, not the %d put", i, lens[i], size)
+			}
+		}
+	}
+	if st := e.s.Stats(); st.CorruptReads != 1 {
+		t.Fatalf("corrupt reads %d, want 1", st.CorruptReads)
+	}
+	mustCodes(t, "exists after", e.exists(keys), OK, NotFound, OK)
+}
+
+// TestCorruptInABurst: of a call's 32 reads that complete together (the
+// fake device ends them all inside the submit, as a virtual disk does
+// within microseconds), the corrupt values (the first ones of the burst,
+// one in the middle, the last) are misses and every other value reads back
+// intact.
+func TestCorruptInABurst(t *testing.T) {
+	for _, get := range []bool{true, false} {
+		t.Run(map[bool]string{true: "get", false: "read"}[get], func(t *testing.T) {
+			e := newEnv(t, 8<<20, withL2(16<<20))
+			ss := e.s.NewSession()
+			defer ss.Close()
+			const n, size = 32, 64<<10 - 100
+			keys := keysN("b", n)
+			vals := make([][]byte, n)
+			for i, k := range keys {
+				vals[i] = valueFor(k, size)
+			}
+			mustCodes(t, "put", e.put(ss, keys, vals, true), OK)
+			e.dropL1()
+			bad := []int{0, 1, 2, 17, n - 1}
+			for _, i := range bad {
+				e.file.data[findHeader(t, e.file, keys[i])+uint64(e.file.align)+uint64(i*997%size)] ^= 0x04
+			}
+			want := make([]Code, n)
+			for i := range want {
+				want[i] = OK
+			}
+			for _, i := range bad {
+				want[i] = NotFound
+			}
+			var codes []Code
+			var errs []error
+			var got [][]byte
+			if get {
+				var locs []Location
+				locs, codes, errs = e.get(ss, keys)
+				for _, l := range locs {
+					got = append(got, e.pool.Bytes()[l.Offset:l.Offset+l.Length])
+				}
+			} else {
+				got = make([][]byte, n)
+				for i := range got {
+					got[i] = make([]byte, size)
+				}
+				lens := make([]uint64, n)
+				codes, errs = make([]Code, n), make([]error, n)
+				if _, err := e.s.Read(keys, got, lens, codes, errs, nil, 0); err != nil {
+					t.Fatal(err)
+				}
+				for i := range got {
+					got[i] = got[i][:lens[i]]
+				}
+			}
+			mustCodes(t, "get", codes, want...)
+			for i := range keys {
+				switch {
+				case want[i] == NotFound && !errors.Is(errs[i], ErrCorrupt):
+					t.Fatalf("value %d: %v, want ErrCorrupt", i, errs[i])
+				case want[i] == OK && !bytes.Equal(got[i], vals[i]):
+					t.Fatalf("value %d: %d bytes, not the %d put", i, len(got[i]), size)
+				}
+			}
+			if st := e.s.Stats(); st.CorruptReads != uint64(len(bad)) {
+				t.Fatalf("corrupt reads %d, want %d", st.CorruptReads, len(bad))
+			}
+			if get {
+				var pinned [][]byte
+				for i, k := range keys {
+					if want[i] == OK {
+						pinned = append(pinned, k)
+					}
+				}
+				if err := ss.Unpin(pinned, make([]Code, len(pinned))); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
 }

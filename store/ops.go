@@ -904,7 +904,8 @@ func (ss *Session) get(keys [][]byte, locs []Location, codes []Code, errs []erro
 }
 
 // Read copies each stored key's value into dsts[i] (which must be at least
-// as long as the value; lens[i] is set to the value's length either way). A
+// as long as the value; lens[i] is set to the value's length either way,
+// and to 0 for a key not found or whose value could not be read back). A
 // key only on L2 is promoted first, as for Get. The copy holds a read
 // reference, so the block is neither evicted nor freed under it.
 func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
@@ -1117,7 +1118,7 @@ func (s *Store) remove(keys [][]byte, codes []Code, errs []error, done Completio
 		}
 	}
 	if everywhere {
-		s.removeElsewhere(keys, codes)
+		s.removeElsewhere(keys, codes, errs)
 	}
 	return s.dispatch(cl, kInval)
 }

@@ -25,10 +25,12 @@ type Remote interface {
 	// only queues.
 	Evicted(key []byte)
 	// Removed says that a client removed keys here (each one absent here
-	// now); every other copy is to go too. It blocks at most the remote
-	// deadline and must not call into the store with keys' locks held
-	// (it holds none: it runs after the local removal).
-	Removed(keys [][]byte)
+	// now); every other copy is to go too. errs[i] is set when keys[i]'s
+	// other copies may remain (its home did not take the removal): the
+	// key's remove then answers that error, not OK. It blocks at most the
+	// remote deadline and must not call into the store with keys' locks
+	// held (it holds none: it runs after the local removal).
+	Removed(keys [][]byte, errs []error)
 	// Fetch brings keys (copies the callee owns from then on) from the
 	// hosts that hold them into this store, as values of its own, and
 	// calls done(i, err) exactly once per key: nil when keys[i] is stored
@@ -340,20 +342,32 @@ func (ss *Session) prefixElsewhere(keys [][]byte, n int, pin bool) (int, error) 
 }
 
 // removeElsewhere removes every other host's copy of the keys removed
-// here (code OK).
-func (s *Store) removeElsewhere(keys [][]byte, codes []Code) {
+// here (code OK); a key whose other copies may remain gets the error
+// that says why instead of OK.
+func (s *Store) removeElsewhere(keys [][]byte, codes []Code, errs []error) {
 	r := s.rem()
 	if r == nil {
 		return
 	}
 	var gone [][]byte
+	var at []int
 	for i, c := range codes {
 		if c == OK {
-			gone = append(gone, keys[i])
+			gone, at = append(gone, keys[i]), append(at, i)
 		}
 	}
-	if len(gone) > 0 {
-		r.Removed(gone)
+	if len(gone) == 0 {
+		return
+	}
+	rerrs := make([]error, len(gone))
+	r.Removed(gone, rerrs)
+	for j, err := range rerrs {
+		if err != nil {
+			// Removed here, maybe not elsewhere: not OK, so that the
+			// caller does not take the key for gone everywhere (a retry
+			// is idempotent).
+			setError(codes, errs, at[j], err)
+		}
 	}
 }
 

@@ -34,7 +34,7 @@ func (r *fakeRemote) Evicted(key []byte) {
 	r.evicted = append(r.evicted, string(key))
 }
 
-func (r *fakeRemote) Removed(keys [][]byte) {
+func (r *fakeRemote) Removed(keys [][]byte, _ []error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, k := range keys {

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	crc "github.com/tensorcast/tensorcast/internal/crc32c"
 	"github.com/tensorcast/tensorcast/shm"
 )
 
@@ -175,7 +176,7 @@ func New(cfg Config, pool *shm.Pool, l2 *L2) (*Store, error) {
 	st := s.Stats()
 	s.log.Info("store ready", "keys", st.Keys, "l1_capacity", cfg.L1Capacity, "l2", s.l2 != nil,
 		"l2_capacity", st.L2Capacity, "recovered", st.Recovered, "torn_dropped", st.TornDropped,
-		"corrupt_dropped", st.CorruptDropped, "shards", cfg.Shards)
+		"corrupt_dropped", st.CorruptDropped, "shards", cfg.Shards, "crc32c", crc.Impl())
 	return s, nil
 }
 

@@ -29,7 +29,7 @@ var requests, responses = register(
 	call[HandleIssueRequest, HandleIssueResponse], call[HandleRenewRequest, HandleRenewResponse],
 	call[HandleReleaseRequest, HandleReleaseResponse], call[LeaseCreateRequest, LeaseCreateResponse],
 	call[LeaseReleaseRequest, LeaseReleaseResponse], call[ModeRequest, ModeResponse],
-	call[ClusterLocateRequest, ClusterLocateResponse],
+	call[ClusterLocateRequest, ClusterLocateResponse], call[ClusterShardsRequest, ClusterShardsResponse],
 )
 
 // maker makes the empty messages of one call.

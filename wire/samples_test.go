@@ -73,6 +73,8 @@ func sampleRequests() []Request {
 		with(&ModeRequest{Set: "global-governed"}),
 		with(&ModeRequest{}),
 		with(&ClusterLocateRequest{Key: []byte("prefix/0007")}),
+		with(&ClusterShardsRequest{First: 1024, Count: 512}),
+		with(&ClusterShardsRequest{}),
 		with(&ExportSegmentRequest{Name: []byte("shared"), Segment: 1, Rights: RightRead, Grants: []string{"team-b", "team-c"}}),
 	}
 }
@@ -182,5 +184,9 @@ func sampleResponses() []Response {
 			Holders: []string{"d1", "d3"}, HolderEpochs: []uint64{9, 10}, HolderTiers: []uint8{1, 2},
 			HolderSizes: []uint64{4096, 1 << 20}, HolderCRCs: []uint32{0xdeadbeef, 7}}},
 		{RequestID: 52, Body: &ClusterLocateResponse{Shard: 1, Home: "d1", Generation: 5}},
+		{RequestID: 53, Body: &ClusterShardsResponse{ShardsTotal: 4, First: 1, HomeIDs: []string{"d1", "d2"},
+			Homes: []uint16{0, 1, NoHome}, Generations: []uint64{7, 9, 0}, Rendezvous: []uint16{0, 1, 1}, Keys: []uint32{12, 0, 0},
+			ClaimHolders: []string{"d2"}, ClaimCounts: []uint32{3}, ClaimsOutstanding: 3, Holds: 2, Fenced: true}},
+		{RequestID: 54, Body: &ClusterShardsResponse{ShardsTotal: 1024}},
 	}
 }

@@ -150,6 +150,13 @@ typedef struct tc_call_opts {
     const char *lane;
     uint32_t policy_version;
     uint8_t qos;
+    /* A store put or commit keeps this many copies of each value across the
+     * daemons of the cluster (this one's included; 1 .. 8; more is
+     * TC_INVALID_ARGUMENT) instead of the daemon's store_replicas: with
+     * durable, each code comes once every copy is on its holder's L2. 0:
+     * the daemon's. (It sits in what was padding: the struct's size and
+     * its other fields' offsets are as before.) */
+    uint8_t replicas;
     uint32_t deadline_ms; /* relative; bounds the call's work in the daemon */
 } tc_call_opts;
 
@@ -861,6 +868,40 @@ TC_API int tc_lease_create(tc_conn *c, const void *op, size_t op_len, const tc_k
 /* tc_lease_release gives back the keys of the lease of operation id op
  * (TC_OK when it ended already; TC_NOT_FOUND when op names no lease). */
 TC_API int tc_lease_release(tc_conn *c, const void *op, size_t op_len, const tc_call_opts *o);
+
+/* -- the store across hosts -- */
+
+/* The longest daemon id, and the most holders one location names. */
+#define TC_MAX_DAEMON_ID 64
+#define TC_MAX_LOCATE_HOLDERS 16
+
+/* One copy of a key's value as the key's home knows it: the holding
+ * daemon, the run (epoch) that announced the copy, its tier (1 DRAM, 2
+ * NVMe), size and crc32c. */
+typedef struct tc_holder {
+    const char *id;
+    uint64_t epoch;
+    uint8_t tier;
+    uint64_t size;
+    uint32_t crc32c;
+} tc_holder;
+
+/* Where a key lives in the store across hosts: its shard, the shard's home
+ * and generation as the daemon knows them, and the holders the home names
+ * (n_holders of them at holders). */
+typedef struct tc_key_location {
+    uint32_t shard;
+    const char *home;
+    uint64_t generation;
+    size_t n_holders;
+    const tc_holder *holders;
+} tc_key_location;
+
+/* tc_cluster_locate asks the daemon where key (len bytes) lives: it asks
+ * the key's home, and keeps nothing of the answer (a later read still asks
+ * the home). *out is one allocation, strings included, freed with
+ * tc_free. A daemon without the store across hosts is TC_UNAVAILABLE. */
+TC_API int tc_cluster_locate(tc_conn *c, const void *key, size_t len, tc_key_location **out, const tc_call_opts *o);
 
 /* -- on a queue, asynchronously -- */
 

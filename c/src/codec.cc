@@ -86,6 +86,7 @@ TCW_TAG(TCW_HANDLE_RENEW, HandleRenew)
 TCW_TAG(TCW_HANDLE_RELEASE, HandleRelease)
 TCW_TAG(TCW_LEASE_CREATE, LeaseCreate)
 TCW_TAG(TCW_LEASE_RELEASE, LeaseRelease)
+TCW_TAG(TCW_CLUSTER_LOCATE, ClusterLocate)
 #undef TCW_TAG
 
 static_assert(static_cast<int>(tcproto::Code::OK) == TC_OK, "code OK");
@@ -121,6 +122,7 @@ struct tcw_codec {
     std::vector<tc_counter> counters;
     std::vector<tc_notification> notes;
     std::vector<tc_key_info> infos;
+    std::vector<tc_holder> holders;
 };
 
 extern "C" tcw_codec *tcw_new(void) { return new (std::nothrow) tcw_codec(); }
@@ -349,6 +351,9 @@ bool body(tcw_codec *w, const tcw_req *r, RequestBody &type, fb::Offset<void> &o
         out = tcproto::CreateLeaseCreateRequest(b, op, k, r->ttl_ms).Union();
         return true;
     }
+    case TCW_CLUSTER_LOCATE:
+        out = tcproto::CreateClusterLocateRequest(b, blob(b, r->blob, r->blob_len)).Union();
+        return true;
     case TCW_LEASE_RELEASE:
         out = tcproto::CreateLeaseReleaseRequest(b, blob(b, r->blob, r->blob_len)).Union();
         return true;
@@ -621,6 +626,36 @@ int decode_body(tcw_codec *w, const tcproto::Response *r, tcw_resp *out) {
         out->expiry_unix_ms = b->expiry_unix_ms();
         break;
     }
+    case ResponseBody::ClusterLocateResponse: {
+        auto *b = r->body_as_ClusterLocateResponse();
+        out->shard = b->shard();
+        out->home = cstr(b->home());
+        out->generation = b->generation();
+        auto *ids = b->holders();
+        fb::uoffset_t n = ids ? ids->size() : 0;
+        auto *ep = b->holder_epochs();
+        auto *ti = b->holder_tiers();
+        auto *sz = b->holder_sizes();
+        auto *cr = b->holder_crcs();
+        // Parallel lists: one of another length is a malformed answer.
+        if ((ep ? ep->size() : 0) != n || (ti ? ti->size() : 0) != n || (sz ? sz->size() : 0) != n ||
+            (cr ? cr->size() : 0) != n || n > TC_MAX_LOCATE_HOLDERS)
+            return TC_EPROTO;
+        w->holders.clear();
+        w->holders.reserve(n);
+        for (fb::uoffset_t i = 0; i < n; i++) {
+            tc_holder h{};
+            h.id = cstr(ids->Get(i));
+            h.epoch = ep->Get(i);
+            h.tier = ti->Get(i);
+            h.size = sz->Get(i);
+            h.crc32c = cr->Get(i);
+            w->holders.push_back(h);
+        }
+        out->holders = w->holders.data();
+        out->n_holders = w->holders.size();
+        break;
+    }
     case ResponseBody::LeaseCreateResponse: {
         auto *b = r->body_as_LeaseCreateResponse();
         out->expiry_unix_ms = b->expiry_unix_ms();
@@ -652,7 +687,8 @@ extern "C" int tcw_encode(tcw_codec *w, const tcw_req *r, const uint8_t **frame,
         RequestBody type;
         fb::Offset<void> bd;
         if (!body(w, r, type, bd)) return TC_EINTERNAL;
-        auto ctx = tcproto::CreateContext(b, r->request_id, key, lane, r->policy_version, r->qos, r->deadline_ms);
+        auto ctx = tcproto::CreateContext(b, r->request_id, key, lane, r->policy_version, r->qos, r->deadline_ms,
+                                          r->replicas);
         b.FinishSizePrefixed(tcproto::CreateRequest(b, ctx, type, bd));
         *frame = b.GetBufferPointer();
         *len = b.GetSize();

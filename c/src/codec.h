@@ -67,8 +67,9 @@ enum {
     TCW_HANDLE_RENEW = 41,
     TCW_HANDLE_RELEASE = 42,
     TCW_LEASE_CREATE = 43,
-    TCW_LEASE_RELEASE = 44
+    TCW_LEASE_RELEASE = 44,
     /* 45 (Mode) is an operators' call. */
+    TCW_CLUSTER_LOCATE = 46
 };
 /* Each response body has the tag of its request (the unions are parallel). */
 
@@ -82,6 +83,7 @@ typedef struct tcw_req {
     uint32_t policy_version;
     uint8_t qos;
     uint32_t deadline_ms;
+    uint8_t replicas;
     /* Bodies */
     uint32_t protocol_version; /* Hello */
     const char *name;          /* Hello, RegisterFile (path), exports, remotes */
@@ -119,7 +121,8 @@ typedef struct tcw_req {
     const uint64_t *sizes;    /* StoreReserve */
     int durable;              /* StorePut, StoreCommit */
     uint32_t ttl_ms;          /* StorePin, HandleIssue, HandleRenew, LeaseCreate */
-    const void *blob;         /* StoreStat: the key; StoreList: the prefix; handles: the token; leases: the op id */
+    const void *blob;         /* StoreStat, ClusterLocate: the key; StoreList: the prefix; handles: the token;
+                               * leases: the op id */
     size_t blob_len;
     const void *blob2;        /* StoreList: after */
     size_t blob2_len;
@@ -171,6 +174,11 @@ typedef struct tcw_resp {
     uint64_t handle_id;        /* HandleIssue */
     uint64_t expiry_unix_ms;   /* HandleIssue, HandleRenew, LeaseCreate */
     int joined;                /* LeaseCreate */
+    uint32_t shard;            /* ClusterLocate */
+    const char *home;
+    uint64_t generation;
+    const tc_holder *holders;  /* ClusterLocate: in the codec's scratch, ids in the frame */
+    size_t n_holders;
 } tcw_resp;
 
 typedef struct tcw_codec tcw_codec;

@@ -87,6 +87,7 @@ static int start(tc_conn *c, const tcw_req *body, const tc_call_opts *o)
     c->req.idempotency_key = o ? o->idempotency_key : NULL;
     c->req.qos = o ? o->qos : 0;
     c->req.deadline_ms = o ? o->deadline_ms : 0;
+    c->req.replicas = o ? o->replicas : 0;
     return TC_OK;
 }
 

@@ -74,8 +74,13 @@ void put32(uint8_t *p, uint32_t v);
 void short_codes(uint8_t *f, size_t *n);
 void long_codes(uint8_t *f, size_t *n);
 
+/* cluster_key makes a directory from the mkdtemp template dir and writes a
+ * cluster key file in it, whose path goes to path (n bytes). */
+void cluster_key(char *dir, char *path, size_t n);
+
 /* The store's tests (store.c). */
 void test_store(const tcd *d);
+void test_store_cluster(void);
 void test_store_answers(const tcd *d);
 void test_store_daemon_killed(void);
 void test_store_basic(tc_conn *c);

@@ -675,6 +675,10 @@ static void socket_grants(tc_conn *c)
 void test_store(const tcd *d)
 {
     tc_conn *c = dial(d->socket, 10000);
+    /* A daemon without peers has no store across hosts. */
+    tc_key_location *nowhere = NULL;
+    CHECK_RC(tc_cluster_locate(c, "k", 1, &nowhere, NULL), TC_UNAVAILABLE);
+    CHECK(nowhere == NULL);
     socket_calls(c);
     socket_abort(c, d->socket);
     socket_grants(c);
@@ -956,4 +960,108 @@ void test_store_daemon_killed(void)
     tc_close(c);
     tc_close(c2);
     tcd_stop(&d);
+}
+
+/* located waits (10 s at most) until key's home names n holders, as d's
+ * daemon sees it, and returns that location (tc_free it). */
+static tc_key_location *located(tc_conn *c, const char *key, size_t n)
+{
+    int64_t deadline = now_ms() + 10000;
+    for (;;) {
+        tc_key_location *loc = NULL;
+        int rc = tc_cluster_locate(c, key, strlen(key), &loc, NULL);
+        if (rc == TC_OK && loc->n_holders == n)
+            return loc;
+        if (now_ms() > deadline) {
+            fprintf(stderr, "%s: rc %d, %zu holders, want %zu\n", key, rc, loc ? loc->n_holders : 0, n);
+            tc_free(loc);
+            return NULL;
+        }
+        tc_free(loc);
+        usleep(10000); /* the announcements reach the home in the background */
+    }
+}
+
+/* holds reports whether loc names id as a holder of size bytes. */
+static int holds(const tc_key_location *loc, const char *id, uint64_t size)
+{
+    for (size_t i = 0; i < loc->n_holders; i++)
+        if (strcmp(loc->holders[i].id, id) == 0)
+            return loc->holders[i].size == size && loc->holders[i].epoch != 0 && loc->holders[i].tier == 1 &&
+                   loc->holders[i].crc32c != 0;
+    return 0;
+}
+
+/* test_store_cluster: two daemons of one cluster. tc_cluster_locate on
+ * either names a key's shard, home and generation and the holders its home
+ * knows; a put with tc_call_opts.replicas = 2 is copied to the other daemon
+ * (both hold it), one with replicas beyond the limit is refused. */
+void test_store_cluster(void)
+{
+    tcd A, B;
+    char keydir[] = "/tmp/tc-ctest-key-XXXXXX";
+    char key[4096];
+    cluster_key(keydir, key, sizeof key);
+    const char *a_args[] = {"--daemon-id", "host-a", "--peer-listen", "127.0.0.1:0", "--cluster-key-file", key,
+                            "--rdma", "off", "--peer", "host-b=", NULL};
+    start(&A, a_args);
+    tc_conn *a = dial(A.socket, 10000);
+    char peer[128];
+    snprintf(peer, sizeof peer, "host-a=%s", tc_hello_info(a)->peer_addr);
+    const char *b_args[] = {"--daemon-id", "host-b", "--peer-listen", "127.0.0.1:0", "--cluster-key-file", key,
+                            "--rdma", "off", "--peer", peer, NULL};
+    start(&B, b_args);
+    tc_conn *b = dial(B.socket, 10000);
+
+    tc_buffer *buf;
+    REQUIRE(tc_buffer_create(a, 2 * VAL, &buf, NULL) == TC_OK);
+    fill(buf->data, 2 * VAL, 11);
+    keyset s;
+    int code;
+    tc_extent v = {buf->id, 0, VAL};
+    CHECK_RC(tc_store_put(a, one_key(&s, "cl/one"), &v, 0, &code, NULL), TC_OK);
+    CHECK(code == TC_OK);
+    tc_key_location *loc = located(b, "cl/one", 1);
+    REQUIRE(loc);
+    CHECK(holds(loc, "host-a", VAL));
+    CHECK((strcmp(loc->home, "host-a") == 0 || strcmp(loc->home, "host-b") == 0) && loc->generation != 0);
+    uint32_t shard = loc->shard;
+    tc_free(loc);
+    /* The other daemon says the same shard. */
+    REQUIRE(tc_cluster_locate(a, "cl/one", 6, &loc, NULL) == TC_OK);
+    CHECK(loc->shard == shard && holds(loc, "host-a", VAL));
+    tc_free(loc);
+
+    /* Two copies asked for one put: the other daemon holds one too. */
+    tc_call_opts two = {.replicas = 2};
+    tc_extent v2 = {buf->id, VAL, VAL};
+    CHECK_RC(tc_store_put(a, one_key(&s, "cl/two"), &v2, 0, &code, &two), TC_OK);
+    CHECK(code == TC_OK);
+    loc = located(b, "cl/two", 2);
+    REQUIRE(loc);
+    CHECK(holds(loc, "host-a", VAL) && holds(loc, "host-b", VAL));
+    CHECK(loc->holders[0].crc32c == loc->holders[1].crc32c);
+    tc_free(loc);
+    /* Without it, the daemon's default (1): one copy. */
+    loc = located(b, "cl/one", 1);
+    REQUIRE(loc);
+    tc_free(loc);
+    tc_call_opts nine = {.replicas = 9};
+    int rc = tc_store_put(a, one_key(&s, "cl/nine"), &v, 0, &code, &nine);
+    CHECK(rc == TC_INVALID_ARGUMENT || (rc == TC_OK && code == TC_INVALID_ARGUMENT));
+
+    /* A key nobody holds: its home, no holders; bad arguments. */
+    REQUIRE(tc_cluster_locate(b, "cl/none", 7, &loc, NULL) == TC_OK);
+    CHECK(loc->n_holders == 0 && loc->holders == NULL && *loc->home);
+    tc_free(loc);
+    CHECK_RC(tc_cluster_locate(b, "", 0, &loc, NULL), TC_INVALID_ARGUMENT);
+    CHECK_RC(tc_cluster_locate(b, "k", 1, NULL, NULL), TC_INVALID_ARGUMENT);
+
+    CHECK_RC(tc_buffer_destroy(a, buf, NULL), TC_OK);
+    tc_close(a);
+    tc_close(b);
+    stop(&B);
+    stop(&A);
+    unlink(key);
+    rmdir(keydir);
 }

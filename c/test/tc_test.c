@@ -1091,14 +1091,11 @@ static void test_shutdown(const tcd *d)
 /* Two daemons with a peer plane: exports, remote segments, notified
  * WRITEs; then a frozen peer, a call timeout, and daemons killed while
  * calls wait in them. */
-static void test_peers(void)
+void cluster_key(char *dir, char *path, size_t n)
 {
-    tcd A, B;
-    char keydir[] = "/tmp/tc-ctest-key-XXXXXX";
-    REQUIRE(mkdtemp(keydir));
-    char key[PATH_MAX];
-    snprintf(key, sizeof key, "%s/cluster.key", keydir);
-    int kf = open(key, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    REQUIRE(mkdtemp(dir));
+    snprintf(path, n, "%s/cluster.key", dir);
+    int kf = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     uint8_t raw[32];
     fill(raw, sizeof raw, (uint64_t)getpid() * 2654435761u);
     char hex[66];
@@ -1107,6 +1104,14 @@ static void test_peers(void)
     hex[64] = '\n';
     REQUIRE(kf >= 0 && write(kf, hex, 65) == 65);
     close(kf);
+}
+
+static void test_peers(void)
+{
+    tcd A, B;
+    char keydir[] = "/tmp/tc-ctest-key-XXXXXX";
+    char key[PATH_MAX];
+    cluster_key(keydir, key, sizeof key);
 
     /* A accepts host-b when it dials in (a peer A does not list is refused). */
     const char *a_args[] = {"--daemon-id", "host-a", "--peer-listen", "127.0.0.1:0", "--cluster-key-file", key,
@@ -1508,6 +1513,7 @@ int main(int argc, char **argv)
     test_queue_eventfd();
     test_store_daemon_killed();
     test_peers();
+    test_store_cluster();
     fuzz_answers(500);
 
     if (check_failures) {

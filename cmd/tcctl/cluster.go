@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/tensorcast/tensorcast/client"
@@ -16,24 +17,194 @@ func clusterCmd(sock string, args []string, w io.Writer) error {
 	if len(args) == 2 && args[0] == "locate" {
 		return locateCmd(sock, args[1], w)
 	}
-	if len(args) > 0 {
-		return fmt.Errorf("%w: cluster takes no arguments, or locate KEY", errUsage)
+	all := false
+	switch {
+	case len(args) == 1 && args[0] == "shards", len(args) == 2 && args[0] == "shards" && args[1] == "--all":
+		all = len(args) == 2
+	case len(args) > 0:
+		return fmt.Errorf("%w: cluster takes no arguments, shards [--all], or locate KEY", errUsage)
 	}
 	c, err := dial(sock, false)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	st, err := c.Stats()
+	if len(args) == 0 {
+		st, err := c.Stats()
+		if err != nil {
+			return err
+		}
+		if !writeCluster(w, st.Transports) {
+			return nil
+		}
+	}
+	shards, err := allShards(c)
 	if err != nil {
 		return err
 	}
-	writeCluster(w, st.Transports)
+	if len(args) == 0 {
+		writeShardSummary(w, shards)
+	} else {
+		writeShards(w, shards, all)
+	}
 	return nil
 }
 
-// writeCluster prints the cluster_* counters of cs.
-func writeCluster(w io.Writer, cs []wire.Counter) {
+// shardView is every shard as the daemon knows it, the pages of its
+// answers put together.
+type shardView struct {
+	self   string
+	fenced bool
+	shards []shardRow
+	// claims this daemon, as a home, has outstanding, by holder.
+	claimHolders []string
+	claimCounts  []uint32
+	outstanding  uint64
+	holds        uint32
+}
+
+type shardRow struct {
+	shard            uint32
+	home, rendezvous string
+	gen              uint64
+	keys             uint32
+}
+
+// allShards asks the daemon for every shard, a page at a time.
+func allShards(c *client.Client) (shardView, error) {
+	var v shardView
+	v.self = c.Hello().DaemonID
+	for first := uint32(0); ; {
+		t, err := c.ClusterShards(first, 0)
+		if err != nil {
+			return v, err
+		}
+		if first == 0 {
+			v.fenced, v.claimHolders, v.claimCounts, v.outstanding, v.holds = t.Fenced, t.ClaimHolders, t.ClaimCounts, t.ClaimsOutstanding, t.Holds
+		}
+		v.shards = append(v.shards, shardRows(t)...)
+		first = t.First + uint32(len(t.Homes))
+		if len(t.Homes) == 0 || first >= t.ShardsTotal {
+			return v, nil
+		}
+	}
+}
+
+// shardRows are t's shards with their homes named.
+func shardRows(t client.ShardTable) []shardRow {
+	name := func(i uint16) string {
+		if i == wire.NoHome || int(i) >= len(t.HomeIDs) {
+			return ""
+		}
+		return t.HomeIDs[i]
+	}
+	rows := make([]shardRow, len(t.Homes))
+	for i := range rows {
+		rows[i] = shardRow{shard: t.First + uint32(i), home: name(t.Homes[i]), rendezvous: name(t.Rendezvous[i]),
+			gen: t.Generations[i], keys: t.Keys[i]}
+	}
+	return rows
+}
+
+// writeShardSummary prints how many shards each daemon is home of and at
+// which generations, the shards without a home, and the read claims.
+func writeShardSummary(w io.Writer, v shardView) {
+	type homeSum struct {
+		shards         int
+		minGen, maxGen uint64
+		moving         int // shards whose rendezvous member is another
+	}
+	by := map[string]*homeSum{}
+	var ids []string
+	none := 0
+	for _, r := range v.shards {
+		if r.home == "" {
+			none++
+			continue
+		}
+		h, ok := by[r.home]
+		if !ok {
+			h = &homeSum{minGen: r.gen, maxGen: r.gen}
+			by[r.home] = h
+			ids = append(ids, r.home)
+		}
+		h.shards++
+		h.minGen, h.maxGen = min(h.minGen, r.gen), max(h.maxGen, r.gen)
+		if r.rendezvous != r.home {
+			h.moving++
+		}
+	}
+	slices.Sort(ids)
+	what := "run epoch"
+	if v.fenced {
+		what = "etcd claim"
+	}
+	fmt.Fprintf(w, "shards:    %d, homes and generations (%s) as this daemon knows them:\n", len(v.shards), what)
+	for _, id := range ids {
+		h := by[id]
+		me := ""
+		if id == v.self {
+			me = " (this daemon)"
+		}
+		gens := fmt.Sprintf("generation %#x", h.minGen)
+		if h.minGen != h.maxGen {
+			gens = fmt.Sprintf("generations %#x..%#x", h.minGen, h.maxGen)
+		}
+		fmt.Fprintf(w, "  %-20s home of %d, %s", id+me, h.shards, gens)
+		if h.moving > 0 {
+			fmt.Fprintf(w, ", %d to move to their rendezvous member", h.moving)
+		}
+		fmt.Fprintln(w)
+	}
+	if none > 0 {
+		fmt.Fprintf(w, "  %d shards without a home (unclaimed, or claimed by a member down): their keys are misses\n", none)
+	}
+	writeClaims(w, v)
+}
+
+// writeClaims prints the read claims this daemon has outstanding, by
+// holder, and the reads other daemons hold here.
+func writeClaims(w io.Writer, v shardView) {
+	fmt.Fprintf(w, "by holder: %d read claims outstanding as home", v.outstanding)
+	for i, h := range v.claimHolders {
+		sep := ", "
+		if i == 0 {
+			sep = ": "
+		}
+		fmt.Fprintf(w, "%s%d at %s", sep, v.claimCounts[i], h)
+	}
+	fmt.Fprintf(w, "; %d reads held here for other daemons\n", v.holds)
+}
+
+// writeShards prints one line per shard this daemon is home of (all:
+// every shard).
+func writeShards(w io.Writer, v shardView, all bool) {
+	fmt.Fprintf(w, "%-6s  %-20s  %-18s  %-20s  %s\n", "SHARD", "HOME", "GENERATION", "RENDEZVOUS", "KEYS")
+	n := 0
+	for _, r := range v.shards {
+		if !all && r.home != v.self {
+			continue
+		}
+		home := r.home
+		if home == "" {
+			home = "-"
+		}
+		keys := "-"
+		if r.home == v.self {
+			keys = fmt.Sprint(r.keys)
+		}
+		fmt.Fprintf(w, "%-6d  %-20s  %#-18x  %-20s  %s\n", r.shard, home, r.gen, r.rendezvous, keys)
+		n++
+	}
+	if n == 0 {
+		fmt.Fprintln(w, "(this daemon is home of no shard; --all shows every shard)")
+	}
+	writeClaims(w, v)
+}
+
+// writeCluster prints the cluster_* counters of cs; false when there are
+// none (the store is this host's alone).
+func writeCluster(w io.Writer, cs []wire.Counter) bool {
 	m := map[string]uint64{}
 	for _, c := range cs {
 		if name, ok := strings.CutPrefix(c.Name, "cluster_"); ok {
@@ -42,7 +213,7 @@ func writeCluster(w io.Writer, cs []wire.Counter) {
 	}
 	if len(m) == 0 {
 		fmt.Fprintln(w, "the store is this host's alone (no peers configured, no peer plane, or [[tenants]])")
-		return
+		return false
 	}
 	fmt.Fprintf(w, "members:   %d up (this daemon included)\n", m["members"])
 	fmt.Fprintf(w, "home of:   %d shards, %d keys indexed\n", m["home_shards"], m["index_keys"])
@@ -63,6 +234,7 @@ func writeCluster(w io.Writer, cs []wire.Counter) {
 		m["replicas"], m["replicas_made"], m["replica_failures"])
 	fmt.Fprintf(w, "mode:      %s (%d remote gets or serves over its budget; tcctl mode changes it)\n",
 		grant.Mode(m["mode"]), m["over_budget"])
+	return true
 }
 
 // locateCmd prints key's shard, its home and generation, and its holders.

@@ -76,7 +76,12 @@ commands:
   cluster                 the store across hosts: members up, the shards this
                           daemon is home of and their keys, claims held,
                           remote gets (hits, misses, failures, bytes), home
-                          lookups, re-announcements
+                          lookups, re-announcements; the homes of the shards
+                          with their generations, the read claims this
+                          daemon has outstanding by holder
+  cluster shards [--all]  each shard this daemon is home of (--all: every
+                          shard): its home and generation, the member
+                          rendezvous names, its keys indexed here
   cluster locate KEY      where KEY lives: its shard, the shard's home and
                           generation, the holders its home names
   put [--durable] KEY FILE

@@ -54,6 +54,7 @@ const (
 	RequestBodyLeaseReleaseRequest      RequestBody = 44
 	RequestBodyModeRequest              RequestBody = 45
 	RequestBodyClusterLocateRequest     RequestBody = 46
+	RequestBodyClusterShardsRequest     RequestBody = 47
 )
 
 var EnumNamesRequestBody = map[RequestBody]string{
@@ -104,6 +105,7 @@ var EnumNamesRequestBody = map[RequestBody]string{
 	RequestBodyLeaseReleaseRequest:      "LeaseReleaseRequest",
 	RequestBodyModeRequest:              "ModeRequest",
 	RequestBodyClusterLocateRequest:     "ClusterLocateRequest",
+	RequestBodyClusterShardsRequest:     "ClusterShardsRequest",
 }
 
 var EnumValuesRequestBody = map[string]RequestBody{
@@ -154,6 +156,7 @@ var EnumValuesRequestBody = map[string]RequestBody{
 	"LeaseReleaseRequest":      RequestBodyLeaseReleaseRequest,
 	"ModeRequest":              RequestBodyModeRequest,
 	"ClusterLocateRequest":     RequestBodyClusterLocateRequest,
+	"ClusterShardsRequest":     RequestBodyClusterShardsRequest,
 }
 
 func (v RequestBody) String() string {

@@ -54,6 +54,7 @@ const (
 	ResponseBodyLeaseReleaseResponse      ResponseBody = 44
 	ResponseBodyModeResponse              ResponseBody = 45
 	ResponseBodyClusterLocateResponse     ResponseBody = 46
+	ResponseBodyClusterShardsResponse     ResponseBody = 47
 )
 
 var EnumNamesResponseBody = map[ResponseBody]string{
@@ -104,6 +105,7 @@ var EnumNamesResponseBody = map[ResponseBody]string{
 	ResponseBodyLeaseReleaseResponse:      "LeaseReleaseResponse",
 	ResponseBodyModeResponse:              "ModeResponse",
 	ResponseBodyClusterLocateResponse:     "ClusterLocateResponse",
+	ResponseBodyClusterShardsResponse:     "ClusterShardsResponse",
 }
 
 var EnumValuesResponseBody = map[string]ResponseBody{
@@ -154,6 +156,7 @@ var EnumValuesResponseBody = map[string]ResponseBody{
 	"LeaseReleaseResponse":      ResponseBodyLeaseReleaseResponse,
 	"ModeResponse":              ResponseBodyModeResponse,
 	"ClusterLocateResponse":     ResponseBodyClusterLocateResponse,
+	"ClusterShardsResponse":     ResponseBodyClusterShardsResponse,
 }
 
 func (v ResponseBody) String() string {

@@ -33,7 +33,7 @@ from . import client as _client
 from ._lib import path as library_path
 from .client import *  # noqa: F401,F403 (the names of client.__all__)
 from .queues import Completion, Queue, QueueInfo
-from .store import MAX_KEY, Codes, Extent, Handle, Key, KeyInfo, Lease, PinnedValues, Reservation
+from .store import MAX_KEY, Codes, Extent, Handle, Holder, Key, KeyInfo, KeyLocation, Lease, PinnedValues, Reservation
 
 __all__ = [
     *_client.__all__,
@@ -41,8 +41,10 @@ __all__ = [
     "Completion",
     "Extent",
     "Handle",
+    "Holder",
     "Key",
     "KeyInfo",
+    "KeyLocation",
     "Lease",
     "MAX_KEY",
     "PinnedValues",

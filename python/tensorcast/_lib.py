@@ -54,6 +54,7 @@ class CallOpts(ctypes.Structure):
         ("lane", c_char_p),
         ("policy_version", c_u32),
         ("qos", c_u8),
+        ("replicas", c_u8),
         ("deadline_ms", c_u32),
     ]
 
@@ -211,6 +212,26 @@ class KeyInfo(ctypes.Structure):
     ]
 
 
+class Holder(ctypes.Structure):
+    _fields_ = [
+        ("id", c_char_p),
+        ("epoch", c_u64),
+        ("tier", c_u8),
+        ("size", c_u64),
+        ("crc32c", c_u32),
+    ]
+
+
+class KeyLocation(ctypes.Structure):
+    _fields_ = [
+        ("shard", c_u32),
+        ("home", c_char_p),
+        ("generation", c_u64),
+        ("n_holders", c_size),
+        ("holders", P(Holder)),
+    ]
+
+
 MAX_HANDLE_TOKEN = 256
 MAX_OP_ID = 128
 
@@ -297,6 +318,7 @@ _PROTOTYPES: dict[str, Tuple[List[Any], Any]] = {
     "tc_handle_release": ([c_void_p, c_char_p, c_size, CO], c_int),
     "tc_lease_create": ([c_void_p, c_char_p, c_size, KS, c_u32, PU, PI, CO], c_int),
     "tc_lease_release": ([c_void_p, c_char_p, c_size, CO], c_int),
+    "tc_cluster_locate": ([c_void_p, c_char_p, c_size, P(P(KeyLocation)), CO], c_int),
     "tc_results_create": ([c_void_p, c_u32, P(c_void_p)], c_int),
     "tc_results_in": ([c_void_p, P(Buffer), c_u64, c_u32, P(c_void_p)], c_int),
     "tc_results_destroy": ([c_void_p], None),

@@ -177,13 +177,18 @@ class Stats:
 class CallOptions:
     """One call's context. ``idempotency_key`` makes a mutating call
     idempotent on its connection; ``deadline`` (seconds) bounds its work in
-    the daemon; lane and policy_version override the connection's."""
+    the daemon; lane and policy_version override the connection's.
+    ``replicas`` (1..8; 0: the daemon's store_replicas) is how many copies
+    of each value a store_put or commit on the control socket keeps across
+    the daemons of the cluster, this one's included: with durable, each
+    Status comes once every copy is on its holder's L2."""
 
     idempotency_key: Optional[str] = None
     lane: Optional[str] = None
     policy_version: int = 0
     qos: int = 0
     deadline: Optional[float] = None
+    replicas: int = 0
 
 
 _Bytes = Union[bytes, bytearray, memoryview]
@@ -215,6 +220,7 @@ def _copts(o: Optional[CallOptions]) -> Optional[_lib.CallOpts]:
         o.lane.encode() if o.lane is not None else None,
         o.policy_version,
         o.qos,
+        min(max(o.replicas, 0), 255),
         _ms(o.deadline),
     )
 

@@ -45,7 +45,8 @@ from .errors import Error, Status
 if TYPE_CHECKING:
     from .client import CallOptions
 
-__all__ = ["Codes", "Extent", "Key", "KeyInfo", "Locations", "PinnedValues", "Reservation", "StoreCalls"]
+__all__ = ["Codes", "Extent", "Holder", "Key", "KeyInfo", "KeyLocation", "Locations", "PinnedValues", "Reservation",
+           "StoreCalls"]
 
 Key = Union[str, bytes, bytearray, memoryview]
 
@@ -74,6 +75,30 @@ class KeyInfo(NamedTuple):
     pins: int
     dirty: bool
     tombstone: bool
+
+
+class Holder(NamedTuple):
+    """One copy of a key's value as the key's home knows it: the holding
+    daemon, the run (epoch) that announced it, its tier (1 DRAM, 2 NVMe),
+    size and crc32c."""
+
+    id: str
+    epoch: int
+    tier: int
+    size: int
+    crc32c: int
+
+
+class KeyLocation(NamedTuple):
+    """Where a key lives in the store across hosts: its shard, the shard's
+    home and generation as the daemon knows them, and the holders the home
+    names."""
+
+    key: bytes
+    shard: int
+    home: str
+    generation: int
+    holders: List[Holder]
 
 
 class Handle(NamedTuple):
@@ -824,6 +849,24 @@ class StoreCalls:
                                    ctypes.byref(co) if co is not None else None), f"stat {k!r}")
         return KeyInfo(k, info.size, bool(info.in_l1), bool(info.in_l2), info.pins, bool(info.dirty),
                        bool(info.tombstone))
+
+    def cluster_locate(self, key: Key, opts: Optional["CallOptions"] = None) -> KeyLocation:
+        """Where key lives in the store across hosts: the daemon asks the
+        key's home and keeps nothing of its answer (a later get still asks
+        the home). Error(Status.UNAVAILABLE) from a daemon without the store
+        across hosts."""
+        k = _key(key)
+        out = ctypes.POINTER(_lib.KeyLocation)()
+        co = self._copts(opts)
+        self._check(self._run_conn(lib.tc_cluster_locate, k, len(k), ctypes.byref(out),
+                                   ctypes.byref(co) if co is not None else None), f"cluster_locate {k!r}")
+        try:
+            loc = out.contents
+            hs = [Holder(loc.holders[i].id.decode(), loc.holders[i].epoch, loc.holders[i].tier, loc.holders[i].size,
+                         loc.holders[i].crc32c) for i in range(loc.n_holders)]
+            return KeyLocation(k, loc.shard, loc.home.decode(), loc.generation, hs)
+        finally:
+            lib.tc_free(out)
 
     def list_keys(self, prefix: Key = b"", after: Key = b"", max: int = 0,
                   opts: Optional["CallOptions"] = None) -> Tuple[List[KeyInfo], bool]:

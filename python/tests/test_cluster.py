@@ -76,6 +76,37 @@ class TestCluster(unittest.TestCase):
         out = bytearray(len(vals[0]))
         self.assertEqual(self.c1.get([keys[0]], [out]), [NF])
 
+    def test_locate_and_replicas(self) -> None:
+        # cluster_locate names a key's shard, home and generation and the
+        # holders its home knows, the same from either daemon; store_put
+        # with CallOptions(replicas=2) is copied to the other daemon, one
+        # without keeps the daemon's default (one copy); replicas beyond the
+        # limit are refused.
+        buf = self.c1.create_buffer(2 * 4096)
+        self.addCleanup(buf.close)
+        buf.view[:] = pattern(2 * 4096, 91)
+        self.assertEqual(self.c1.store_put([b"loc/one"], [(buf.id, 0, 4096)]), [OK])
+        self.assertEqual(self.c1.store_put([b"loc/two"], [(buf.id, 4096, 4096)],
+                                           opts=tensorcast.CallOptions(replicas=2)), [OK])
+        self.eventually(lambda: len(self.c2.cluster_locate(b"loc/two").holders) == 2, "both copies of loc/two announced")
+        self.eventually(lambda: len(self.c2.cluster_locate(b"loc/one").holders) == 1, "loc/one announced")
+        one, two = self.c2.cluster_locate(b"loc/one"), self.c2.cluster_locate(b"loc/two")
+        self.assertEqual([h.id for h in one.holders], ["d1"])
+        self.assertEqual(sorted(h.id for h in two.holders), ["d1", "d2"])
+        for h in one.holders + two.holders:
+            self.assertEqual((h.size, h.tier), (4096, 1))
+            self.assertNotEqual(h.epoch, 0)
+        self.assertEqual(two.holders[0].crc32c, two.holders[1].crc32c)
+        self.assertIn(one.home, ("d1", "d2"))
+        self.assertNotEqual(one.generation, 0)
+        again = self.c1.cluster_locate(b"loc/one")
+        self.assertEqual((again.shard, again.home, again.generation), (one.shard, one.home, one.generation))
+        none = self.c2.cluster_locate(b"loc/none")
+        self.assertEqual(none.holders, [])
+        with self.assertRaises(tensorcast.Error) as e:
+            self.c1.store_put([b"loc/nine"], [(buf.id, 0, 4096)], opts=tensorcast.CallOptions(replicas=9))
+        self.assertEqual(e.exception.code, Status.INVALID_ARGUMENT)
+
 
 if __name__ == "__main__":
     unittest.main()

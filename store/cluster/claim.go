@@ -20,13 +20,21 @@ import (
 // a growing pause, until its read's deadline. The reader releases its
 // claim (unclaim, batched per home) once the read at the claimed holder
 // has ended, whatever its result; a claim it never releases ends at the
-// read's deadline, so a reader that dies holds nothing for long.
+// read's deadline, so a reader that dies holds nothing for long. A claim
+// is the reader's: the home takes the release only from the daemon and
+// run that the claim was handed to, and refuses a release naming any
+// other's claim whole (grant.ErrNotClaimHolder), releasing nothing.
 //
-// A read whose holders came from the reader's cache of home answers takes
-// no claim (it saves the home round trip), nor does a read that moves on
-// to the next replica after the claimed one failed; the holder's own bounds (its
-// holds, Config.MaxHolds, and the mode's serve budget) still refuse what
-// it cannot take, and the reader then tries the next replica.
+// A read whose holders came from the reader's cache of home answers asks
+// no home (it saves the round trip), nor does a read that moves on to the
+// next replica after the claimed one failed. Those readers are bounded at
+// the source instead (seed 003 allows either: the source daemon's own
+// short-lived ticket): a holder's hold admits at most Config.ClaimsPerKey
+// readers of a key at once, whoever sent them, and answers the rest Busy
+// (holder.go); such a reader tries the next replica, then asks the home
+// for a claim after a pause. So no holder has more readers of a key than
+// it admits, whether the home or a cache sent them; the holder's other
+// bounds (Config.MaxHolds, the mode's serve budget) hold too.
 
 // codeBusy, in a claim answer: every holder of the key is at its reader
 // limit (the holders follow, for information only).
@@ -35,9 +43,9 @@ const codeBusy = 2
 // claimAnswerBytes is the most one key's claim answer takes.
 const claimAnswerBytes = 1 + 8 + 1 + maxHoldersCap*(1+maxIDLen+21)
 
-// claimHere answers a claim lookup of reader from for keys from this
-// daemon's index, each claim ending by deadline.
-func (c *Cluster) claimHere(from string, keys [][]byte, deadline time.Time) []lookupAnswer {
+// claimHere answers a claim lookup of reader from (in its run epoch) for
+// keys from this daemon's index, each claim ending by deadline.
+func (c *Cluster) claimHere(from string, epoch uint64, keys [][]byte, deadline time.Time) []lookupAnswer {
 	v := c.view.Load()
 	as := make([]lookupAnswer, len(keys))
 	var ids []string
@@ -56,7 +64,7 @@ func (c *Cluster) claimHere(from string, keys [][]byte, deadline time.Time) []lo
 		for _, h := range hs {
 			ids = append(ids, h.ID)
 		}
-		cl, err := c.claims.Acquire(k, ids, deadline)
+		cl, err := c.claims.Acquire(grant.Reader{ID: from, Epoch: epoch}, k, ids, deadline)
 		switch {
 		case errors.Is(err, grant.ErrBusy):
 			as[i].code = codeBusy
@@ -84,7 +92,7 @@ func (c *Cluster) onClaim(from string, epoch uint64, req []byte) ([]byte, error)
 	if ttl <= 0 || ttl > maxHoldTTL || len(keys) == 0 {
 		return nil, fmt.Errorf("%w: claim of %d keys for %v (ttl 1ms..%v)", ErrMessage, len(keys), ttl, maxHoldTTL)
 	}
-	return encodeClaimAnswer(c.claimHere(from, keys, time.Now().Add(ttl))), nil
+	return encodeClaimAnswer(c.claimHere(from, epoch, keys, time.Now().Add(ttl))), nil
 }
 
 // releaseClaims gives back the claims of ws (their read at the claimed
@@ -103,9 +111,9 @@ func (c *Cluster) releaseClaims(ws []*want) {
 	}
 	for home, ids := range by {
 		if home == c.self {
-			for _, id := range ids {
-				_ = c.claims.Release(id) // not found: it expired meanwhile
-			}
+			if err := c.claims.Release(c.reader(), ids...); err != nil && !errors.Is(err, grant.ErrClaimNotFound) {
+				c.log.Warn("releasing this daemon's own claims failed", "err", err)
+			} // not found: expired meanwhile
 			continue
 		}
 		c.mu.Lock()
@@ -135,11 +143,20 @@ func (c *Cluster) onUnclaim(from string, epoch uint64, req []byte) ([]byte, erro
 	if err != nil {
 		return nil, err
 	}
-	for _, id := range ids {
-		_ = c.claims.Release(id) // not found: it expired meanwhile
+	switch err := c.claims.Release(grant.Reader{ID: from, Epoch: epoch}, ids...); {
+	case errors.Is(err, grant.ErrNotClaimHolder):
+		c.log.Warn("a daemon released claims it does not hold: refused, none released", "from", from, "epoch", epoch,
+			"claims", len(ids), "err", err)
+		return nil, err
+	case err != nil && !errors.Is(err, grant.ErrClaimNotFound):
+		return nil, err
 	}
+	// Not found: expired meanwhile.
 	return []byte{msgVersion}, nil
 }
+
+// reader is this daemon as the reader of its claims.
+func (c *Cluster) reader() grant.Reader { return grant.Reader{ID: c.self, Epoch: c.peers.Epoch()} }
 
 // ReadClaims are the read claims this daemon, as a home, handed now (tcctl cluster, metrics).
 func (c *Cluster) ReadClaims() grant.ClaimStats { return c.claims.Stats() }

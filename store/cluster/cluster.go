@@ -102,7 +102,8 @@ type Config struct {
 	// (store.Session.SetReplicas).
 	Replicas int
 	// ClaimsPerKey bounds the readers a home sends to one holder of one
-	// key at once (default 8); ClaimsPerHolder those it sends to one
+	// key at once, and the readers of one key a holder admits at once
+	// from anywhere (default 8); ClaimsPerHolder those a home sends to one
 	// holder over all keys (default MaxHolds).
 	ClaimsPerKey, ClaimsPerHolder int
 	// Admission, when set, is the mode's budget for remote work: each
@@ -235,9 +236,16 @@ type Cluster struct {
 	flyMu  sync.Mutex
 	flying map[string][]func(error)
 
-	// holdMu guards holds and nextClaim.
+	// landMu guards landed: the keys of fetched copies being committed
+	// here (their announcements say so).
+	landMu sync.Mutex
+	landed map[string]int
+
+	// holdMu guards holds, holdKeys and nextClaim.
 	holdMu    sync.Mutex
 	holds     map[uint64]*hold
+	holdKeys  map[string]int  // readers holding each key here (ClaimsPerKey at most)
+	doomed    map[string]bool // keys removed while a hold pinned them: dropped when the last ends
 	nextClaim uint64
 
 	// claims are the shard claims as the Fence says (nil without one);
@@ -263,7 +271,9 @@ var (
 type hold struct {
 	ss    *store.Session
 	timer *time.Timer
-	from  string
+	from  string // the reader and its run: only they release it
+	epoch uint64
+	keys  []string // the keys it counts as a reader of (holdKeys)
 }
 
 // counters are the cluster's figures (Stats).
@@ -274,8 +284,8 @@ type counters struct {
 	crcMismatch, holds, holdsRefused, removes                atomic.Uint64
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
-	tombRetried                                              atomic.Uint64
-	overBudget                                               atomic.Uint64
+	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
+	overBudget, readersRefused                               atomic.Uint64
 	replicasMade, replicaFailed, replicasShort               atomic.Uint64
 }
 
@@ -293,12 +303,15 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		cfg: cfg, log: cfg.Log, peers: peers, st: st, mover: mover, self: peers.ID(),
 		idx:      newIndex(cfg.Shards, cfg.MaxKeys, cfg.MaxHolders),
 		answers:  newAnswers(cfg.Staleness, cfg.MaxCached),
-		tombs:    newTombs(cfg.MaxTombstones, cfg.TombstoneTTL),
+		tombs:    newTombs(cfg.MaxTombstones, cfg.TombstoneTTL, 2*cfg.Timeout),
 		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		fetchSem: make(chan struct{}, cfg.MaxFetches),
 		holds:    map[uint64]*hold{},
+		holdKeys: map[string]int{},
+		doomed:   map[string]bool{},
+		landed:   map[string]int{},
 		flying:   map[string][]func(error){},
 		rekick:   make(chan struct{}, 1),
 		redone:   make(chan struct{}),
@@ -327,7 +340,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	for kind, h := range map[string]func(string, uint64, []byte) ([]byte, error){
 		kindAnnounce: c.onFenced(c.onAnnounce), kindLookup: c.onFenced(c.onLookup), kindRemove: c.onFenced(c.onRemove),
 		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
-		kindClaim: c.onFenced(c.onClaim), kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate,
+		kindClaim: c.onFenced(c.onClaim), kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate, kindTombs: c.onTombs,
 	} {
 		err := peers.Handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
 			if kind != kindHello { // a hello says whether it counts
@@ -380,7 +393,7 @@ func (c *Cluster) Close() {
 	c.mu.Unlock()
 	c.endLife()
 	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello,
-		kindClaim, kindUnclaim, kindReplicate} {
+		kindClaim, kindUnclaim, kindReplicate, kindTombs} {
 		_ = c.peers.Handle(k, nil)
 	}
 	if c.cfg.Fence != nil {
@@ -396,6 +409,7 @@ func (c *Cluster) Close() {
 	c.holdMu.Lock()
 	hs := c.holds
 	c.holds = map[uint64]*hold{}
+	clear(c.holdKeys)
 	c.holdMu.Unlock()
 	for _, h := range hs {
 		h.timer.Stop()

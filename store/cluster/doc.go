@@ -32,7 +32,10 @@
 //     claim with each location it answers (claim.go): a bounded number of
 //     readers per holder and key, released when the read ends or at its
 //     deadline, so a hot key spreads over its replicas; a key whose every
-//     replica is at its limit is answered busy and asked again.
+//     replica is at its limit is answered busy and asked again. A holder
+//     admits as many readers of a key at once, whoever sent them (a
+//     reader of a cached home answer asks no home): past that it answers
+//     busy, so the bound holds for cached reads too.
 //   - Replicas (replica.go). A value put here is copied to Config.Replicas-1
 //     other daemons picked by rendezvous over the key (each reads it from
 //     this one's pool and announces its copy to the home); a durable put
@@ -51,7 +54,9 @@
 // Removal (tomb.go). A removal drops the key at its home and every copy
 // at its holders; a holder the home does not reach is remembered with its
 // copy (a tombstone, bounded in number and age), asked again when it is
-// back, and answered "removed" when it re-announces that copy.
+// back, and answered "removed" when it re-announces that copy. The
+// tombstones move with their shard to its new home (handTombs), so a
+// removed key does not come back when its home changed meanwhile.
 //
 // Messages are exchanges on the peer channel (tcp.Node.Exchange, kinds
 // "tc.store.*"), addressed to the epoch the sender knows, so a daemon that

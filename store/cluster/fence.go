@@ -261,10 +261,7 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 	var wg sync.WaitGroup
 	for home, ps := range by {
 		if home == c.self {
-			for _, ch := range chunks(keys, ps, m.per) {
-				m.local(ch)
-			}
-			continue
+			continue // after the others are on their way: it may take a while itself
 		}
 		for _, ch := range chunks(keys, ps, m.per) {
 			wg.Add(1)
@@ -316,6 +313,9 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 			}()
 		}
 	}
+	for _, ch := range chunks(keys, by[c.self], m.per) {
+		m.local(ch)
+	}
 	wg.Wait()
 }
 
@@ -363,6 +363,7 @@ func (c *Cluster) refresh(home string, stale, sent []shardGen) error {
 // go to its new home, and the claimer looks again.
 func (c *Cluster) onShardClaims(cs []ShardClaim) {
 	var lost []int
+	lostTo := map[int]string{}
 	moved := map[int]bool{}
 	for _, n := range cs {
 		if n.Shard < 0 || n.Shard >= c.cfg.Shards {
@@ -396,12 +397,20 @@ func (c *Cluster) onShardClaims(cs []ShardClaim) {
 			lost = append(lost, n.Shard)
 			c.idx.clearShard(n.Shard)
 		}
+		if n.Home != "" && n.Home != c.self {
+			// Its tombstones here (if it was home of the shard before,
+			// perhaps through an unclaimed generation) go to its home.
+			lostTo[n.Shard] = n.Home
+		}
 		if n.Home != "" && (n.Home != oldHome || old.Gen != n.Gen) {
 			moved[n.Shard] = true
 		}
 	}
 	if len(lost) > 0 {
 		c.log.Info("shards claimed by another home: this daemon is no longer their home", "shards", len(lost))
+	}
+	if len(lostTo) > 0 {
+		c.handTombs(func(s int) (string, bool) { h, ok := lostTo[s]; return h, ok })
 	}
 	if len(moved) > 0 {
 		c.reannounce(func(s int, _ string) bool { return moved[s] })
@@ -544,3 +553,54 @@ func (c *Cluster) ShardClaims() []ShardClaim {
 	}
 	return out
 }
+
+// ShardInfo is one shard as this daemon knows it (tcctl cluster shards).
+type ShardInfo struct {
+	Shard int
+	// Home is the shard's home ("" with a fence and no claim); Gen the
+	// generation a message to it carries (its claim in etcd, else its run
+	// epoch; this daemon's own when it is the home).
+	Home string
+	Gen  uint64
+	// Rendezvous is the member rendezvous hashing names (with a fence,
+	// the one to claim it).
+	Rendezvous string
+	// Keys are the keys indexed here (this daemon being the home).
+	Keys int
+}
+
+// Shards describes count shards from first (fewer past the last).
+func (c *Cluster) Shards(first, count int) []ShardInfo {
+	v := c.view.Load()
+	first = min(max(first, 0), c.cfg.Shards)
+	end := min(first+max(count, 0), c.cfg.Shards)
+	out := make([]ShardInfo, 0, end-first)
+	for s := first; s < end; s++ {
+		home := c.homeFor(v, s)
+		if c.shardClaims != nil {
+			if cl := c.shardClaims[s].Load(); cl == nil || cl.Home == "" || (cl.Home != c.self && !v.has(cl.Home)) {
+				home = "" // unclaimed, or claimed by a member down: no home now
+			}
+		}
+		in := ShardInfo{Shard: s, Home: home, Rendezvous: v.home(s)}
+		switch {
+		case home == c.self:
+			in.Gen = c.heldGen(s)
+			in.Keys = c.idx.shardKeys(s)
+		case home != "":
+			in.Gen = c.genFor(s, home)
+		}
+		out = append(out, in)
+	}
+	return out
+}
+
+// ShardCount is how many shards the key space is split into.
+func (c *Cluster) ShardCount() int { return c.cfg.Shards }
+
+// Fenced reports whether homes follow shard claims in etcd.
+func (c *Cluster) Fenced() bool { return c.shardClaims != nil }
+
+// ClaimsByHolder is how many read claims this daemon, as a home, has
+// outstanding at each holder.
+func (c *Cluster) ClaimsByHolder() map[string]int { return c.claims.ByHolder() }

@@ -10,6 +10,16 @@ import (
 // The holder's side of a remote read: a claim (hold) pins the keys a
 // reader reads in a store session of their own, until the reader releases
 // it or its deadline passes.
+//
+// The hold is also the holder's own claim ticket (seed 003: the source
+// daemon issues a short-TTL ticket): a holder admits at most
+// Config.ClaimsPerKey readers of one key at once, whoever sent them. The
+// home's claims spread readers it answers over the replicas; a reader
+// whose holders came from its cache of home answers (or that moved on to
+// the next replica) asked no home, and this bound is what keeps it from
+// piling onto a holder. A key past the bound is answered Busy in the
+// hold (not pinned for that reader); the reader tries the next replica,
+// then asks the home again after a pause, as for a busy home answer.
 
 // maxHoldTTL bounds how long a reader may ask a claim to last.
 const maxHoldTTL = time.Minute
@@ -38,16 +48,30 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 		return nil, err
 	}
 	hs := make([]held, len(keys))
-	any := false
+	var counted []string // the keys this hold counts as a reader of
+	var busy [][]byte    // pinned by GetHere, answered Busy: unpinned at once
 	var bytes uint64
+	c.holdMu.Lock()
 	for i, code := range codes {
+		if code == store.OK && c.holdKeys[string(keys[i])] >= c.cfg.ClaimsPerKey {
+			code = store.Busy // at its reader limit
+			busy = append(busy, keys[i])
+		}
 		hs[i] = held{code: uint8(code), offset: locs[i].Offset, size: locs[i].Length}
-		any = any || code == store.OK
 		if code == store.OK {
+			c.holdKeys[string(keys[i])]++
+			counted = append(counted, string(keys[i]))
 			bytes += locs[i].Length
 		}
 	}
-	if !any {
+	c.holdMu.Unlock()
+	if len(busy) > 0 {
+		c.c.readersRefused.Add(uint64(len(busy)))
+		if err := ss.Unpin(busy, make([]store.Code, len(busy))); err != nil {
+			c.log.Warn("unpinning keys a hold refused failed: they stay pinned until the hold ends", "keys", len(busy), "err", err)
+		}
+	}
+	if len(counted) == 0 {
 		_ = ss.Close()
 		return encodeHeld(0, hs), nil
 	}
@@ -55,6 +79,7 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 		// The mode's budget for serving other hosts' reads: past it the
 		// reader is refused (and tries another replica).
 		if err := a.Serve(bytes); err != nil {
+			c.uncount(counted)
 			_ = ss.Close()
 			c.c.overBudget.Add(1)
 			return nil, err
@@ -62,15 +87,16 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	}
 	c.holdMu.Lock()
 	if c.closedLocked() {
+		c.uncountLocked(counted)
 		c.holdMu.Unlock()
 		_ = ss.Close()
 		return nil, ErrClosed
 	}
 	c.nextClaim++
 	id := c.nextClaim
-	h := &hold{ss: ss, from: from}
+	h := &hold{ss: ss, from: from, epoch: epoch, keys: counted}
 	c.holds[id] = h
-	h.timer = time.AfterFunc(ttl, func() { c.endHold(id, from, true) })
+	h.timer = time.AfterFunc(ttl, func() { c.endHold(id, from, epoch, true) })
 	c.holdMu.Unlock()
 	c.c.holds.Add(1)
 	return encodeHeld(id, hs), nil
@@ -86,15 +112,21 @@ func (c *Cluster) closedLocked() bool {
 	}
 }
 
-// endHold releases claim id (taken by from) when it is still held.
-func (c *Cluster) endHold(id uint64, from string, expired bool) bool {
+// endHold releases claim id when it is still held and was taken by from
+// in its run epoch: a release from any other daemon or run is ignored.
+func (c *Cluster) endHold(id uint64, from string, epoch uint64, expired bool) bool {
 	c.holdMu.Lock()
 	h, ok := c.holds[id]
-	if ok && h.from == from {
+	mine := ok && h.from == from && h.epoch == epoch
+	if mine {
 		delete(c.holds, id)
+		c.uncountLocked(h.keys)
 	}
 	c.holdMu.Unlock()
-	if !ok || h.from != from {
+	if !mine {
+		if ok {
+			c.log.Warn("a daemon released a read hold it does not hold: ignored", "from", from, "epoch", epoch, "hold", id)
+		}
 		return false
 	}
 	h.timer.Stop()
@@ -102,6 +134,7 @@ func (c *Cluster) endHold(id uint64, from string, expired bool) bool {
 		c.log.Info("a reader's claim expired before it was released", "reader", from, "claim", id)
 	}
 	_ = h.ss.Close()
+	c.dropDoomed(h.keys)
 	return true
 }
 
@@ -110,8 +143,31 @@ func (c *Cluster) onRelease(from string, epoch uint64, req []byte) ([]byte, erro
 	if err != nil {
 		return nil, err
 	}
-	c.endHold(id, from, false)
+	c.endHold(id, from, epoch, false)
 	return []byte{msgVersion}, nil
+}
+
+// uncount takes keys' readers off the holder's per-key counts.
+func (c *Cluster) uncount(keys []string) {
+	c.holdMu.Lock()
+	defer c.holdMu.Unlock()
+	c.uncountLocked(keys)
+}
+
+// uncountLocked is uncount with holdMu held.
+func (c *Cluster) uncountLocked(keys []string) {
+	for _, k := range keys {
+		if c.holdKeys[k]--; c.holdKeys[k] <= 0 {
+			delete(c.holdKeys, k)
+		}
+	}
+}
+
+// HoldReaders is how many readers of key hold it here now.
+func (c *Cluster) HoldReaders(key []byte) int {
+	c.holdMu.Lock()
+	defer c.holdMu.Unlock()
+	return c.holdKeys[string(key)]
 }
 
 // Holds is how many claims readers hold here.

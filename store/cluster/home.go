@@ -19,7 +19,11 @@ func (c *Cluster) Stored(key []byte, size uint64, crc uint32) {
 		c.c.announceDropped.Add(1)
 		return
 	}
-	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: TierL1, size: size, crc: crc})
+	tier := TierL1
+	if c.isLanding(key) {
+		tier |= tierFetched
+	}
+	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tier, size: size, crc: crc})
 	c.mu.Unlock()
 	c.c.announced.Add(1)
 	select {
@@ -94,8 +98,24 @@ func (c *Cluster) announce(batch []entry) int {
 			return encodeAnnounce(es)
 		},
 		local: func(ps []int) {
+			var gone [][]byte
+			now := time.Now()
 			for _, p := range ps {
-				c.index(c.shardOf(batch[p].key), batch[p], c.self, c.peers.Epoch())
+				e := batch[p]
+				// This daemon's own copy, as its home: a tombstone
+				// (handed over with the shard) or a removal just now
+				// answers it as another holder's.
+				if e.tier != tierGone && c.tombs.removed(e.key, c.self, e.size, e.crc, now) ||
+					e.tier&tierFetched != 0 && c.tombs.justRemoved(e.key, now) {
+					gone = append(gone, e.key)
+					continue
+				}
+				e.tier &^= tierFetched
+				c.index(c.shardOf(e.key), e, c.self, c.peers.Epoch())
+			}
+			if len(gone) > 0 {
+				c.c.tombDrops.Add(uint64(len(gone)))
+				c.dropHere(gone)
 			}
 		},
 		got: func(ps []int, home string, body []byte, err error) {
@@ -104,6 +124,7 @@ func (c *Cluster) announce(batch []entry) int {
 			}
 			if err != nil {
 				c.log.Debug("announcements to a home failed", "home", home, "keys", len(ps), "err", err)
+				c.dropUnannounced(batch, ps)
 				c.c.announceFailed.Add(uint64(len(ps)))
 				mu.Lock()
 				failed += len(ps)
@@ -138,6 +159,7 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 	if refused > 0 {
 		c.log.Debug("a home refused announcements (another view of the members, or its index is full)", "home", home,
 			"refused", refused)
+		c.dropUnannounced(batch, ps)
 	}
 	if len(gone) > 0 {
 		// Removed while this daemon was not reached: its copies go now.
@@ -146,6 +168,23 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 		c.dropHere(gone)
 	}
 	return nil
+}
+
+// dropUnannounced drops the fetched copies among the entries of batch at
+// ps, whose announcement failed (or may have been refused): a reader's copy
+// of a remote hit is a cache its home must know of, or a removal of the
+// key would leave it behind. Values put here are kept (they are re-announced).
+func (c *Cluster) dropUnannounced(batch []entry, ps []int) {
+	var gone [][]byte
+	for _, p := range ps {
+		if batch[p].tier&tierFetched != 0 {
+			gone = append(gone, batch[p].key)
+		}
+	}
+	if len(gone) > 0 {
+		c.log.Info("fetched copies whose home did not take their announcement dropped", "keys", len(gone))
+		c.dropHere(gone)
+	}
 }
 
 // onAnnounce indexes a holder's announced keys of the shards this daemon
@@ -165,9 +204,11 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 			refused++
 			continue
 		}
+		fetched := e.tier&tierFetched != 0
+		e.tier &^= tierFetched
 		if e.tier == tierGone {
 			c.tombs.forget(e.key, from)
-		} else if c.tombs.removed(e.key, from, e.size, e.crc, now) {
+		} else if c.tombs.removed(e.key, from, e.size, e.crc, now) || fetched && c.tombs.justRemoved(e.key, now) {
 			removed = append(removed, uint32(i))
 			continue
 		}
@@ -223,8 +264,10 @@ func (c *Cluster) onLookup(from string, epoch uint64, req []byte) ([]byte, error
 }
 
 // removeHere is the home's removal of keys: it forgets them and has every
-// holder but from remove its copy (the holders in parallel).
-func (c *Cluster) removeHere(from string, keys [][]byte) {
+// holder but from remove its copy (the holders in parallel). It returns
+// the positions of the keys it is not home of (under its view), which it
+// did not remove.
+func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 	v := c.view.Load()
 	type dest struct {
 		id    string
@@ -232,11 +275,14 @@ func (c *Cluster) removeHere(from string, keys [][]byte) {
 	}
 	drops := map[dest][][]byte{}
 	copies := map[dest][]Holder{}
-	for _, k := range keys {
+	now := time.Now()
+	for i, k := range keys {
 		s := c.shardOf(k)
 		if c.homeFor(v, s) != c.self {
+			notHome = append(notHome, i)
 			continue
 		}
+		c.tombs.removedNow(k, now)
 		for _, h := range c.idx.drop(s, k) {
 			if h.ID != from {
 				d := dest{h.ID, h.Epoch}
@@ -280,6 +326,7 @@ func (c *Cluster) removeHere(from string, keys [][]byte) {
 		}()
 	}
 	wg.Wait()
+	return notHome
 }
 
 func (c *Cluster) onRemove(from string, epoch uint64, req []byte) ([]byte, error) {
@@ -287,11 +334,38 @@ func (c *Cluster) onRemove(from string, epoch uint64, req []byte) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	c.removeHere(from, keys)
-	return []byte{msgVersion}, nil
+	notHome := c.removeHere(from, keys)
+	e := newEnc()
+	e.u32(uint32(len(notHome)))
+	for _, i := range notHome {
+		e.u32(uint32(i))
+	}
+	return e.bytes(), nil
 }
 
-// dropHere removes this daemon's copies of keys (a home asked).
+// decodeRemoveAnswer decodes a home's answer to a removal of n keys: the
+// positions of those it is not home of (none in an answer of the version
+// byte alone).
+func decodeRemoveAnswer(b []byte, n int) ([]int, error) {
+	if len(b) == 1 && b[0] == msgVersion {
+		return nil, nil
+	}
+	d := newDec(b)
+	m := d.count(n)
+	out := make([]int, 0, m)
+	for i := 0; i < m && d.err == nil; i++ {
+		j := int(d.u32())
+		if d.err == nil && j >= n {
+			d.fail("refused key %d of %d", j, n)
+		}
+		out = append(out, j)
+	}
+	return out, d.end()
+}
+
+// dropHere removes this daemon's copies of keys (a home asked). A copy a
+// reader's hold pins here now cannot go yet: it goes when the last hold
+// on it ends (endHold), so a removal never leaves it behind.
 func (c *Cluster) dropHere(keys [][]byte) {
 	c.answers.drop(keys)
 	codes := make([]store.Code, len(keys))
@@ -300,7 +374,87 @@ func (c *Cluster) dropHere(keys [][]byte) {
 		if err := c.st.RemoveHere(keys[:n], codes[:n], nil); err != nil {
 			c.log.Info("dropping removed keys failed", "keys", n, "err", err)
 		}
+		var later [][]byte
+		c.holdMu.Lock()
+		for i, code := range codes[:n] {
+			if code == store.FailedPrecondition || code == store.Busy {
+				if c.holdKeys[string(keys[i])] > 0 && len(c.doomed) < c.cfg.MaxTombstones {
+					c.doomed[string(keys[i])] = true
+					continue
+				}
+				later = append(later, keys[i])
+			}
+		}
+		c.holdMu.Unlock()
+		if len(later) > 0 {
+			c.dropLater(later)
+		}
 		keys, codes = keys[n:], codes[n:]
+	}
+}
+
+// dropLater removes keys that a client here pins (or has I/O on) now, once
+// it no longer does: asked again with a growing pause, for at most
+// Config.TombstoneTTL, in the background.
+func (c *Cluster) dropLater(keys [][]byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	keys = cloneKeys(keys)
+	c.log.Info("removed keys pinned here stay until unpinned", "keys", len(keys), "first", string(keys[0]))
+	c.fetchWG.Add(1)
+	go func() {
+		defer c.fetchWG.Done()
+		end := time.Now().Add(c.cfg.TombstoneTTL)
+		pause := 10 * time.Millisecond
+		for len(keys) > 0 && time.Now().Before(end) {
+			if !c.pause(pause) {
+				return
+			}
+			pause = min(2*pause, time.Second)
+			codes := make([]store.Code, len(keys))
+			if err := c.st.RemoveHere(keys, codes, nil); err != nil {
+				continue
+			}
+			rest := keys[:0]
+			for i, code := range codes {
+				if code == store.FailedPrecondition || code == store.Busy {
+					rest = append(rest, keys[i])
+				}
+			}
+			keys = rest
+		}
+		if len(keys) > 0 {
+			c.log.Warn("removed keys still pinned here after the tombstone TTL: they stay", "keys", len(keys), "first", string(keys[0]))
+		}
+	}()
+}
+
+// cloneKeys copies keys into storage of their own.
+func cloneKeys(keys [][]byte) [][]byte {
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = append([]byte(nil), k...)
+	}
+	return out
+}
+
+// dropDoomed removes those of keys that a removal found held by a reader
+// here, now that no hold is on them.
+func (c *Cluster) dropDoomed(keys []string) {
+	var now [][]byte
+	c.holdMu.Lock()
+	for _, k := range keys {
+		if c.doomed[k] && c.holdKeys[k] == 0 {
+			delete(c.doomed, k)
+			now = append(now, []byte(k))
+		}
+	}
+	c.holdMu.Unlock()
+	if len(now) > 0 {
+		c.dropHere(now)
 	}
 }
 

@@ -13,6 +13,11 @@ const (
 	// tierGone, in an announcement, says the holder no longer has the
 	// value (evicted).
 	tierGone uint8 = 0
+	// tierFetched, or-ed into an announcement's tier, says the value is a
+	// copy this holder fetched from another (a reader keeping a remote
+	// hit), not a put: a home that removed the key moments ago answers
+	// "removed" (the fetch read the bytes before the removal).
+	tierFetched uint8 = 0x80
 )
 
 // Holder is one copy of a key's value as its home knows it.

@@ -145,6 +145,9 @@ func (c *Cluster) recompute() {
 		}
 	}
 	c.log.Info("members changed: shards move", "members", v.members, "moved", n, "gained", gained, "home_of", c.homeOf(v))
+	// The removals this daemon remembers for holders it did not reach go
+	// with the shards it lost.
+	c.handTombs(func(s int) (string, bool) { return v.home(s), moved[s] && old.home(s) == c.self })
 	// This daemon's keys of the moved shards go to their new homes; and
 	// a member whose view changed before this one's sent this daemon's
 	// new shards to where they were: it is asked for them again.

@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	"github.com/tensorcast/tensorcast/store"
 )
@@ -54,6 +55,10 @@ const (
 	// (replica.go): u8 durable, u32 n, n × (key, u64 size, u32 crc);
 	// answer u32 n, n × u8 code (a store.Code).
 	kindReplicate = "tc.store.replicate"
+	// kindTombs hands a shard's tombstones to its new home (tomb.go):
+	// u32 n, n × (key, u8 id length + holder id, u64 size, u32 crc, u32
+	// age ms); answer empty.
+	kindTombs = "tc.store.tombs"
 )
 
 // Codes of a key in a lookup answer.
@@ -372,4 +377,42 @@ func decodeClaim(b []byte) (uint64, error) {
 	d := newDec(b)
 	c := d.u64()
 	return c, d.end()
+}
+
+// tombBytes is the most one tombstone takes in a kindTombs message.
+func tombBytes(key string, holder string) int { return 2 + len(key) + 1 + len(holder) + 8 + 4 + 4 }
+
+// encodeTombs encodes tombstones for their new home, with their ages as
+// of now.
+func encodeTombs(ts []tomb, now time.Time) []byte {
+	e := newEnc()
+	e.u32(uint32(len(ts)))
+	for _, t := range ts {
+		e.key([]byte(t.key))
+		e.str8(t.holder)
+		e.u64(t.size)
+		e.u32(t.crc)
+		e.u32(uint32(min(max(now.Sub(t.at), 0)/time.Millisecond, 1<<32-1)))
+	}
+	return e.bytes()
+}
+
+// decodeTombs decodes a kindTombs message, each tombstone dated by its
+// age back from now.
+func decodeTombs(b []byte, now time.Time) ([]tomb, error) {
+	d := newDec(b)
+	n := d.count(maxMsgKeys)
+	ts := make([]tomb, 0, n)
+	for i := 0; i < n && d.err == nil; i++ {
+		k := d.key()
+		idLen := int(d.u8())
+		if d.err == nil && (idLen == 0 || idLen > maxIDLen) {
+			d.fail("holder id of %d bytes", idLen)
+		}
+		id := d.take(idLen)
+		t := tomb{key: string(k), holder: string(id), size: d.u64(), crc: d.u32()}
+		t.at = now.Add(-time.Duration(d.u32()) * time.Millisecond)
+		ts = append(ts, t)
+	}
+	return ts, d.end()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+	"time"
 )
 
 func TestMessagesRoundTrip(t *testing.T) {
@@ -72,6 +73,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encodeLookupAnswer([]lookupAnswer{{holders: []Holder{{ID: "d", Epoch: 1}}}}))
 	f.Add(encodeHold(10, [][]byte{[]byte("k")}))
 	f.Add(encodeHeld(1, []held{{offset: 1, size: 2}}))
+	now := time.Unix(1_700_000_000, 0)
+	f.Add(encodeTombs([]tomb{{key: "k", holder: "d", size: 4096, crc: 7, at: now.Add(-time.Second)}}, now))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if keys, err := decodeKeys(b); err == nil && !bytes.Equal(encodeKeys(keys), b) {
 			t.Fatalf("keys %q re-encode differently", keys)
@@ -87,6 +90,9 @@ func FuzzDecode(f *testing.F) {
 		}
 		if c, hs, err := decodeHeld(b, 1); err == nil && !bytes.Equal(encodeHeld(c, hs), b) {
 			t.Fatal("held re-encodes differently")
+		}
+		if ts, err := decodeTombs(b, now); err == nil && !bytes.Equal(encodeTombs(ts, now), b) {
+			t.Fatal("tombstones re-encode differently")
 		}
 	})
 }
@@ -147,4 +153,26 @@ func FuzzDecodeReplicaClaim(f *testing.F) {
 		}
 		_, _ = decodeReplicated(b, 1)
 	})
+}
+
+// TestTombsMessage: tombstones handed to a new home keep their key,
+// holder, size, crc32c and age; a bad holder id is ErrMessage.
+func TestTombsMessage(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	ts := []tomb{{key: "a", holder: "d1", size: 9, crc: 3, at: now.Add(-1500 * time.Millisecond)}, {key: "bb", holder: "d2", at: now}}
+	later := now.Add(time.Minute)
+	got, err := decodeTombs(encodeTombs(ts, now), later)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("%+v, %v", got, err)
+	}
+	for i := range ts {
+		if got[i].key != ts[i].key || got[i].holder != ts[i].holder || got[i].size != ts[i].size || got[i].crc != ts[i].crc ||
+			later.Sub(got[i].at) != now.Sub(ts[i].at) {
+			t.Errorf("tombstone %d: %+v, want %+v (same age)", i, got[i], ts[i])
+		}
+	}
+	bad := encodeTombs([]tomb{{key: "a", holder: "", at: now}}, now)
+	if _, err := decodeTombs(bad, now); !errors.Is(err, ErrMessage) {
+		t.Fatalf("empty holder id: %v, want ErrMessage", err)
+	}
 }

@@ -19,7 +19,7 @@ type cacheUse uint8
 const (
 	// cacheNone: the homes are asked and their answers not kept (Locate:
 	// it shows what the home says, and leaves the reads as they were: a
-	// read whose holders come from the cache takes no claim).
+	// read whose holders come from the cache takes no claim at a home).
 	cacheNone cacheUse = iota
 	// cacheFill: the homes are asked and their answers kept.
 	cacheFill
@@ -113,7 +113,7 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 			ttl := max(time.Until(deadline), time.Millisecond)
 			return encodeHold(uint32(ttl.Milliseconds())+1, part(ps))
 		}
-		m.local = func(ps []int) { take(ps, c.self, c.claimHere(c.self, part(ps), deadline)) }
+		m.local = func(ps []int) { take(ps, c.self, c.claimHere(c.self, c.peers.Epoch(), part(ps), deadline)) }
 	}
 	c.toHomes(keys, pos, m, deadline)
 	return as, errs, cached, homes
@@ -173,8 +173,9 @@ func (c *Cluster) SizeOf(key []byte) (uint64, bool) {
 }
 
 // Removed has the keys' homes remove every other copy (store.Remote); a
-// home that cannot be reached is logged.
-func (c *Cluster) Removed(keys [][]byte) {
+// key whose home did not take the removal gets errs[i] (its other copies
+// may remain: the caller must not take it for removed everywhere).
+func (c *Cluster) Removed(keys [][]byte, errs []error) {
 	c.answers.drop(keys)
 	pos := make([]int, len(keys))
 	for i := range pos {
@@ -191,11 +192,30 @@ func (c *Cluster) Removed(keys [][]byte) {
 		kind:  kindRemove,
 		per:   2,
 		build: func(ps []int) []byte { return encodeKeys(part(ps)) },
-		local: func(ps []int) { c.removeHere(c.self, part(ps)) },
-		got: func(ps []int, home string, _ []byte, err error) {
-			if err != nil {
-				c.log.Info("a home did not take a removal: other copies may stay until re-announced",
-					"home", home, "keys", len(ps), "err", err)
+		local: func(ps []int) {
+			for _, j := range c.removeHere(c.self, part(ps)) {
+				errs[ps[j]] = fmt.Errorf("%w: %s (this daemon's view of the members is changing; copies on other hosts may remain)",
+					ErrNotHome, c.self)
+			}
+		},
+		got: func(ps []int, home string, body []byte, err error) {
+			var refused []int
+			if err == nil {
+				refused, err = decodeRemoveAnswer(body, len(ps))
+			}
+			if err == nil {
+				for _, j := range refused {
+					errs[ps[j]] = fmt.Errorf("%w: %s did not take the removal (copies on other hosts may remain)", ErrNotHome, home)
+				}
+				return
+			}
+			c.log.Info("a home did not take a removal: the remove answers it, other copies may stay",
+				"home", home, "keys", len(ps), "err", err)
+			if !errors.Is(err, ErrStaleGeneration) {
+				err = fmt.Errorf("%w: %s did not take the removal (copies on other hosts may remain): %w", ErrHomeUnreachable, home, err)
+			}
+			for _, p := range ps {
+				errs[p] = err
 			}
 		},
 	}, time.Now().Add(c.cfg.Timeout))
@@ -309,7 +329,15 @@ type want struct {
 	// read there is over; home is the home that gave it.
 	claim uint64
 	home  string
+	// busy is set once a holder answered it is at its reader limit for
+	// the key: when no holder gives it, the home is asked again after a
+	// pause, as for a busy home answer.
+	busy bool
 }
+
+// errHolderAtLimit: a holder has as many readers of the key as it admits
+// (Config.ClaimsPerKey).
+var errHolderAtLimit = fmt.Errorf("%w: the holder is at its reader limit for the key", ErrBusy)
 
 // Pauses of a reader whose key's replicas are all at their reader limit,
 // before it asks the home again.
@@ -362,7 +390,7 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c.readFrom(s.id, s.epoch, keys, g, deadline, false)
+				c.readFrom(s.id, s.epoch, keys, g, deadline, false, true)
 			}()
 		}
 		wg.Wait()
@@ -370,6 +398,7 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 		c.releaseClaims(ws)
 		rest := ws[:0]
 		var again []bool // keys whose cached holders all failed: asked of the home now
+		var later []int  // keys whose holders were at their reader limit: asked again after a pause
 		for _, w := range ws {
 			switch {
 			case w.last == nil:
@@ -378,6 +407,13 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 			case w.next+1 < len(w.cands):
 				w.next++
 				rest = append(rest, w)
+			case w.busy:
+				// Some holder was at its reader limit: ask the home
+				// again (for a claim) after a pause.
+				later = append(later, w.i)
+				if w.cached {
+					c.answers.drop(keys[w.i : w.i+1])
+				}
 			case w.cached:
 				if again == nil {
 					again = only(len(keys), nil)
@@ -404,6 +440,7 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 			more, busy = c.wants(keys, again, deadline, false, done)
 			ws = append(ws, more...)
 		}
+		busy = append(busy, later...)
 	}
 }
 
@@ -476,8 +513,9 @@ func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bo
 
 // readFrom reads the keys of g from holder id (at epoch) into this
 // daemon's store; each want's last is nil when its key is stored here
-// now, else why not.
-func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, deadline time.Time, durable bool) {
+// now, else why not. fetched says the values are a reader's copies of
+// remote hits (announced as such), not replicas a putter asked for.
+func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, deadline time.Time, durable, fetched bool) {
 	fail := func(ws []*want, err error) {
 		for _, w := range ws {
 			w.last = err
@@ -506,7 +544,7 @@ func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, de
 			fail(part, fmt.Errorf("holder %s: %w", id, err))
 			continue
 		}
-		c.land(id, epoch, ks, part, hs, deadline, durable)
+		c.land(id, epoch, ks, part, hs, deadline, durable, fetched)
 		if claim != 0 {
 			c.fetchWG.Add(1)
 			go func() {
@@ -523,7 +561,7 @@ func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, de
 // checks them and commits them (with durable, to L2 before they count).
 // They are copies of another daemon's values: committing them makes no
 // further copies.
-func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []held, deadline time.Time, durable bool) {
+func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []held, deadline time.Time, durable, fetched bool) {
 	var rkeys [][]byte
 	var rw []*want
 	var sizes []uint64
@@ -534,6 +572,9 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 		switch {
 		case store.Code(h.code) == store.NotFound:
 			w.last = fmt.Errorf("%w: holder %s no longer has it", store.ErrNotFound, id)
+		case store.Code(h.code) == store.Busy:
+			w.last = fmt.Errorf("%w: holder %s", errHolderAtLimit, id)
+			w.busy = true
 		case store.Code(h.code) != store.OK:
 			w.last = fmt.Errorf("holder %s answered code %d", id, h.code)
 		case h.size != want.Size:
@@ -606,6 +647,12 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	}
 	ccodes := make([]store.Code, len(ck))
 	cerrs := make([]error, len(ck))
+	if fetched {
+		// Their announcements (Stored, during the commit) say they are
+		// fetched copies.
+		c.landing(ck, 1)
+		defer c.landing(ck, -1)
+	}
 	// Checked above: the commit does not read the bytes again.
 	if err := ss.CommitChecked(ck, durable, crcs, ccodes, cerrs); err != nil {
 		for _, w := range cw {
@@ -681,4 +728,23 @@ func (c *Cluster) logFailed(key []byte, err error) {
 	}
 	c.log.Warn("a remote read failed on every holder", "key", string(key), "err", err,
 		"failed_total", c.c.remoteFailed.Load())
+}
+
+// landing counts keys in (delta 1) or out of (-1) the fetched copies
+// being committed here.
+func (c *Cluster) landing(keys [][]byte, delta int) {
+	c.landMu.Lock()
+	defer c.landMu.Unlock()
+	for _, k := range keys {
+		if c.landed[string(k)] += delta; c.landed[string(k)] <= 0 {
+			delete(c.landed, string(k))
+		}
+	}
+}
+
+// isLanding reports whether key is a fetched copy being committed here.
+func (c *Cluster) isLanding(key []byte) bool {
+	c.landMu.Lock()
+	defer c.landMu.Unlock()
+	return c.landed[string(key)] > 0
 }

@@ -251,7 +251,7 @@ func (c *Cluster) onReplicate(from string, epoch uint64, req []byte) ([]byte, er
 		keys[i] = e.key
 		ws[i] = &want{i: i, cands: []Holder{{ID: from, Epoch: epoch, Tier: TierL1, Size: e.size, CRC: e.crc}}}
 	}
-	c.readFrom(from, epoch, keys, ws, deadline, durable)
+	c.readFrom(from, epoch, keys, ws, deadline, durable, false)
 	codes := make([]uint8, len(es))
 	var landed []entry
 	for i, w := range ws {

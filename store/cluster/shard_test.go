@@ -2,7 +2,11 @@ package cluster
 
 import (
 	"fmt"
+	"slices"
 	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // TestRendezvousMovesOnlyWhatMust: every daemon computes the same homes
@@ -95,5 +99,41 @@ func TestIndexLimits(t *testing.T) {
 	}
 	if !x.add(2, k(2), Holder{ID: "a"}) {
 		t.Fatal("a key did not fit once another was dropped")
+	}
+}
+
+// TestShardsDescribed: Shards says, for each shard, the home every member
+// computes, at the home's run epoch, with the keys indexed there counted
+// on the home only; past the last shard it stops.
+func TestShardsDescribed(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour})
+	a := f.node("a")
+	const key = "shards/key"
+	a.put(t, key, value(key, 4096))
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a"}) }, "announced")
+	ks := ShardOf([]byte(key), 16)
+	for _, id := range ids {
+		n := f.node(id)
+		got := n.c.Shards(0, 100)
+		if len(got) != 16 {
+			t.Fatalf("%s: %d shards, want 16", id, len(got))
+		}
+		for s, in := range got {
+			home := f.node(in.Home)
+			if in.Shard != s || home == nil || in.Rendezvous != in.Home || in.Gen != home.epoch {
+				t.Fatalf("%s: shard %d: %+v (home epoch %v)", id, s, in, home)
+			}
+			want := 0
+			if s == ks && in.Home == id {
+				want = 1
+			}
+			if in.Keys != want {
+				t.Fatalf("%s: shard %d: %d keys indexed here, want %d", id, s, in.Keys, want)
+			}
+		}
+		if tail := n.c.Shards(14, 10); len(tail) != 2 || tail[0].Shard != 14 {
+			t.Fatalf("%s: shards from 14: %+v", id, tail)
+		}
 	}
 }

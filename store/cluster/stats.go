@@ -32,8 +32,9 @@ type Stats struct {
 	Tombstones                                    int
 	TombHits, TombDrops, TombExpired, TombEvicted uint64
 	// TombRetried counts the copies a holder back dropped when asked
-	// again.
-	TombRetried uint64
+	// again; TombsHanded the tombstones this daemon handed to the new home
+	// of their shard, TombsTaken those it took from a previous home.
+	TombRetried, TombsHanded, TombsTaken uint64
 	// StaleRefused counts messages this daemon (a home) refused for a
 	// generation it does not hold; StaleAnswers the refusals it got as a
 	// sender; ClaimsWon the shards it claimed (with etcd).
@@ -42,6 +43,10 @@ type Stats struct {
 	// ever granted, refused (every replica of the key at its limit) and
 	// ended by their deadline unreleased.
 	ClaimsOutstanding, ClaimsGranted, ClaimsRefused, ClaimsExpired uint64
+	// ClaimsForeign counts releases this daemon (a home) refused: the
+	// claim was another reader's. ReadersRefused counts keys this daemon
+	// (a holder) answered Busy in a hold: at its reader limit.
+	ClaimsForeign, ReadersRefused uint64
 	// OverBudget counts remote gets and serves the mode's budget refused.
 	OverBudget uint64
 	// Copies of values put here made on other daemons, copies that
@@ -97,8 +102,10 @@ func (c *Cluster) Stats() Stats {
 		ByPeer:     by,
 		Tombstones: c.tombs.live(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
 		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
+		TombsHanded: c.c.tombsHanded.Load(), TombsTaken: c.c.tombsTaken.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
 		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,
+		ClaimsForeign: cs.Foreign, ReadersRefused: c.c.readersRefused.Load(),
 		OverBudget:   c.c.overBudget.Load(),
 		ReplicasMade: c.c.replicasMade.Load(), ReplicaFailures: c.c.replicaFailed.Load(), ReplicasShort: c.c.replicasShort.Load(),
 	}

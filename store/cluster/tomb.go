@@ -15,7 +15,18 @@ import (
 // the home answers "removed" instead of indexing it, and the holder drops
 // it; either spends the tombstone. A
 // copy announced with other bytes (a put after the removal) is not the
-// one removed, and is indexed. The table is bounded by
+// one removed, and is indexed. A copy a reader fetched (not a put) that is
+// announced within a short while of its key's removal (twice
+// Config.Timeout, the longest a fetch takes) was read before the removal
+// and is answered "removed" too, whatever its holder: otherwise a fetch
+// racing a remove would bring the value back. Tombstones move with their shard: a home
+// that stops being a shard's home (members joined or left, or another
+// claimed it) hands the shard's tombstones to its new home (handTombs),
+// so a holder that comes back after the move and re-announces a removed
+// copy to the new home is answered "removed" there; a new home that had
+// indexed such a copy already forgets it and asks its holder to drop it.
+// (A home that dies takes its tombstones with it: a holder away at the
+// removal and back after that keeps its copy.) The table is bounded by
 // Config.MaxTombstones (the oldest goes first, counted) and
 // Config.TombstoneTTL (a holder away longer keeps its copy: counted and
 // logged when it expires).
@@ -28,6 +39,9 @@ type tomb struct {
 	crc    uint32
 	at     time.Time
 	el     *list.Element
+	// until, when set, is when a settled tombstone goes (its holder
+	// dropped the copy; it only answers a late announcement meanwhile).
+	until time.Time
 }
 
 type tombKey struct{ key, holder string }
@@ -36,25 +50,94 @@ type tombKey struct{ key, holder string }
 type tombs struct {
 	max int
 	ttl time.Duration
-	// mu guards m and order.
+	// mu guards m, order, recent and rorder.
 	mu    sync.Mutex
 	m     map[tombKey]*tomb
 	order list.List // oldest first
+	// recent are the keys removed here in the last recentTTL, whatever
+	// their holders (a fetched copy announced of one of them was read
+	// before its removal: justRemoved), oldest first in rorder.
+	recent    map[string]*list.Element
+	rorder    list.List // of recentRemoval
+	recentTTL time.Duration
+	// settled counts the tombstones with until set.
+	settled int
 
 	added, hits, expired, evicted atomic.Uint64
 }
 
-func newTombs(max int, ttl time.Duration) *tombs {
-	return &tombs{max: max, ttl: ttl, m: map[tombKey]*tomb{}}
+// recentRemoval is one key removed lately.
+type recentRemoval struct {
+	key string
+	at  time.Time
+}
+
+func newTombs(max int, ttl, recentTTL time.Duration) *tombs {
+	return &tombs{max: max, ttl: ttl, m: map[tombKey]*tomb{}, recent: map[string]*list.Element{}, recentTTL: recentTTL}
+}
+
+// removedNow records that key was removed at now (its home took the
+// removal).
+func (t *tombs) removedNow(key []byte, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expireRecentLocked(now)
+	if el, ok := t.recent[string(key)]; ok {
+		t.rorder.Remove(el)
+	}
+	for len(t.recent) >= t.max {
+		old := t.rorder.Front()
+		delete(t.recent, old.Value.(recentRemoval).key)
+		t.rorder.Remove(old)
+	}
+	t.recent[string(key)] = t.rorder.PushBack(recentRemoval{string(key), now})
+}
+
+// justRemoved reports whether key was removed within the last recentTTL:
+// a fetched copy of it announced now was read before the removal.
+func (t *tombs) justRemoved(key []byte, now time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.recent) == 0 {
+		return false
+	}
+	t.expireRecentLocked(now)
+	_, ok := t.recent[string(key)]
+	if ok {
+		t.hits.Add(1)
+	}
+	return ok
+}
+
+func (t *tombs) expireRecentLocked(now time.Time) {
+	for el := t.rorder.Front(); el != nil; el = t.rorder.Front() {
+		r := el.Value.(recentRemoval)
+		if now.Sub(r.at) < t.recentTTL {
+			return
+		}
+		delete(t.recent, r.key)
+		t.rorder.Remove(el)
+	}
 }
 
 // add records that holder's copy of key (size bytes of crc) was removed
 // without it being told.
 func (t *tombs) add(key []byte, h Holder, now time.Time) {
+	t.adopt(tomb{key: string(key), holder: h.ID, size: h.Size, crc: h.CRC, at: now}, now)
+}
+
+// adopt records tombstone tb (dated tb.at: one handed over keeps its
+// age; it goes at the back of the order all the same, so it may outlive
+// the TTL until those before it have gone).
+func (t *tombs) adopt(tb tomb, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.expireLocked(now)
-	k := tombKey{string(key), h.ID}
+	if now.Sub(tb.at) >= t.ttl {
+		t.expired.Add(1)
+		return
+	}
+	k := tombKey{tb.key, tb.holder}
 	if old, ok := t.m[k]; ok {
 		t.order.Remove(old.el)
 		delete(t.m, k)
@@ -63,10 +146,42 @@ func (t *tombs) add(key []byte, h Holder, now time.Time) {
 		t.dropLocked(t.order.Front().Value.(*tomb))
 		t.evicted.Add(1)
 	}
-	tb := &tomb{key: k.key, holder: h.ID, size: h.Size, crc: h.CRC, at: now}
-	tb.el = t.order.PushBack(tb)
-	t.m[k] = tb
+	p := &tomb{key: tb.key, holder: tb.holder, size: tb.size, crc: tb.crc, at: tb.at}
+	p.el = t.order.PushBack(p)
+	t.m[k] = p
 	t.added.Add(1)
+}
+
+// moving returns copies of the tombstones whose key to names a new home
+// of (by home).
+func (t *tombs) moving(to func(key []byte) (string, bool)) map[string][]tomb {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out map[string][]tomb
+	for _, tb := range t.m {
+		if !tb.until.IsZero() {
+			continue // settled: the copy is gone
+		}
+		home, ok := to([]byte(tb.key))
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = map[string][]tomb{}
+		}
+		out[home] = append(out[home], tomb{key: tb.key, holder: tb.holder, size: tb.size, crc: tb.crc, at: tb.at})
+	}
+	return out
+}
+
+// forgetHanded drops tombstone tb if it is still the one handed over (not
+// spent, nor replaced by a newer removal meanwhile).
+func (t *tombs) forgetHanded(tb tomb) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if cur, ok := t.m[tombKey{tb.key, tb.holder}]; ok && cur.at.Equal(tb.at) && cur.size == tb.size && cur.crc == tb.crc {
+		t.dropLocked(cur)
+	}
 }
 
 // removed reports whether holder's announcement of key (size bytes of
@@ -82,11 +197,14 @@ func (t *tombs) removed(key []byte, holder string, size uint64, crc uint32, now 
 	if !ok {
 		return false
 	}
+	settled := !tb.until.IsZero()
 	t.dropLocked(tb)
 	if tb.size != size || tb.crc != crc {
 		return false // another value, put after the removal
 	}
-	t.hits.Add(1)
+	if !settled { // a settled one was counted when its holder dropped the copy
+		t.hits.Add(1)
+	}
 	return true
 }
 
@@ -102,7 +220,36 @@ func (t *tombs) forget(key []byte, holder string) bool {
 	return ok
 }
 
+// settle shortens holder's tombstone of key to grace from now (the holder
+// dropped the copy when asked again): an announcement of the copy the
+// holder sent before it dropped it, arriving late, is still answered
+// "removed". It reports whether there was one not settled yet.
+func (t *tombs) settle(key []byte, holder string, now time.Time, grace time.Duration) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tb, ok := t.m[tombKey{string(key), holder}]
+	if !ok || !tb.until.IsZero() {
+		return false
+	}
+	tb.until = now.Add(grace)
+	t.settled++
+	return true
+}
+
+// expireSettledLocked drops the settled tombstones whose time is up.
+func (t *tombs) expireSettledLocked(now time.Time) {
+	if t.settled == 0 {
+		return
+	}
+	for _, tb := range t.m {
+		if !tb.until.IsZero() && !now.Before(tb.until) {
+			t.dropLocked(tb)
+		}
+	}
+}
+
 func (t *tombs) expireLocked(now time.Time) {
+	t.expireSettledLocked(now)
 	for e := t.order.Front(); e != nil; e = t.order.Front() {
 		tb := e.Value.(*tomb)
 		if now.Sub(tb.at) < t.ttl {
@@ -114,6 +261,9 @@ func (t *tombs) expireLocked(now time.Time) {
 }
 
 func (t *tombs) dropLocked(tb *tomb) {
+	if !tb.until.IsZero() {
+		t.settled--
+	}
 	t.order.Remove(tb.el)
 	delete(t.m, tombKey{tb.key, tb.holder})
 }
@@ -123,19 +273,21 @@ func (t *tombs) of(holder string, max int) [][]byte {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var keys [][]byte
-	for k := range t.m {
-		if k.holder == holder && len(keys) < max {
+	for k, tb := range t.m {
+		if k.holder == holder && tb.until.IsZero() && len(keys) < max {
 			keys = append(keys, []byte(k.key))
 		}
 	}
 	return keys
 }
 
-// live is how many tombstones the table holds.
+// live is how many tombstones the table holds, not counting the settled
+// ones (their copies are gone).
 func (t *tombs) live() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.m)
+	t.expireSettledLocked(time.Now())
+	return len(t.m) - t.settled
 }
 
 // retryDrops asks holder id, back after being away, to drop the copies
@@ -169,8 +321,15 @@ func (c *Cluster) retryDrops(id string) {
 					"keys", len(part), "err", err)
 				continue
 			}
+			v := c.view.Load()
 			for _, k := range part {
-				if c.tombs.forget(k, id) {
+				// The copy is gone: the index (when this daemon is still
+				// the key's home) forgets it, and the tombstone stays a
+				// little for an announcement of it still on its way.
+				if s := c.shardOf(k); c.homeFor(v, s) == c.self {
+					c.idx.dropHolder(s, k, id, 0)
+				}
+				if c.tombs.settle(k, id, time.Now(), c.cfg.Timeout) {
 					done++ // not spent meanwhile by a "removed" answer
 				}
 			}
@@ -180,4 +339,86 @@ func (c *Cluster) retryDrops(id string) {
 			c.log.Info("copies removed while their holder was away dropped now", "holder", id, "keys", done)
 		}
 	}()
+}
+
+// handTombs hands the tombstones of the shards this daemon is no longer
+// home of to their new homes (newHome says which, for a shard that
+// moved), in the background; those a new home took are forgotten here,
+// the others stay (and are asked of their holders here when they come
+// back, retryDrops).
+func (c *Cluster) handTombs(newHome func(s int) (string, bool)) {
+	by := c.tombs.moving(func(key []byte) (string, bool) {
+		home, ok := newHome(c.shardOf(key))
+		return home, ok && home != c.self
+	})
+	if len(by) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	for home, ts := range by {
+		c.fetchWG.Add(1)
+		go func() {
+			defer c.fetchWG.Done()
+			handed := 0
+			for len(ts) > 0 {
+				n, size := 0, 16
+				for n < len(ts) && n < maxMsgKeys && size+tombBytes(ts[n].key, ts[n].holder) <= maxMsgBytes {
+					size += tombBytes(ts[n].key, ts[n].holder)
+					n++
+				}
+				part := ts[:n]
+				ts = ts[n:]
+				if _, err := c.exchange(home, c.epochOf(home), kindTombs, encodeTombs(part, time.Now())); err != nil {
+					c.log.Warn("a new home did not take the tombstones of its shards: removed copies of holders away may come back there",
+						"home", home, "tombstones", len(part), "err", err)
+					continue
+				}
+				for _, tb := range part {
+					c.tombs.forgetHanded(tb)
+				}
+				handed += len(part)
+			}
+			if handed > 0 {
+				c.c.tombsHanded.Add(uint64(handed))
+				c.log.Info("tombstones handed to the new home of their shards", "home", home, "tombstones", handed)
+			}
+		}()
+	}
+}
+
+// onTombs takes in tombstones handed over by a shard's previous home. It
+// takes them whatever its view says (a tombstone only answers an
+// announcement of a shard this daemon is home of, and ages out): the
+// sender's view may have changed first. A copy one of them names that the
+// index has already (its holder re-announced it here before the hand-over
+// came) is forgotten and its holder asked to drop it.
+func (c *Cluster) onTombs(from string, epoch uint64, req []byte) ([]byte, error) {
+	now := time.Now()
+	ts, err := decodeTombs(req, now)
+	if err != nil {
+		return nil, err
+	}
+	again := map[string]bool{}
+	for _, tb := range ts {
+		c.tombs.adopt(tb, now)
+		s := c.shardOf([]byte(tb.key))
+		for _, h := range c.idx.get(s, []byte(tb.key), nil) {
+			if h.ID == tb.holder && h.Size == tb.size && h.CRC == tb.crc {
+				c.idx.dropHolder(s, []byte(tb.key), h.ID, 0)
+				again[h.ID] = true
+			}
+		}
+	}
+	for id := range again {
+		if id == c.self {
+			continue // a removal never leaves this daemon's own copy behind
+		}
+		c.retryDrops(id)
+	}
+	c.c.tombsTaken.Add(uint64(len(ts)))
+	return []byte{msgVersion}, nil
 }

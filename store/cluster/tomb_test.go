@@ -2,13 +2,18 @@ package cluster
 
 import (
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
+	"github.com/tensorcast/tensorcast/store"
 )
 
 func TestTombs(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	tb := newTombs(3, time.Minute)
+	tb := newTombs(3, time.Minute, time.Second)
 	h := Holder{ID: "d3", Epoch: 9, Tier: TierL1, Size: 4096, CRC: 0xabc}
 	tb.add([]byte("a"), h, t0)
 	// Another holder, other bytes (a put after the removal), or a key
@@ -46,4 +51,115 @@ func TestTombs(t *testing.T) {
 	if tb.live() != 0 {
 		t.Fatal("forget left the tombstone")
 	}
+}
+
+// TestTombsMoveWithShard: a key is removed while its holder h is away, so
+// its home x remembers h's copy (a tombstone). Then y joins and becomes
+// the key's home, and x goes away too. When h comes back and re-announces
+// its copy, to y, the removal holds: y has x's tombstone, answers
+// "removed", h drops its copy, and every daemon's read misses.
+func TestTombsMoveWithShard(t *testing.T) {
+	t.Run("rendezvous", func(t *testing.T) { tombsMoveWithShard(t, false) })
+	t.Run("fenced", func(t *testing.T) { tombsMoveWithShard(t, true) })
+}
+
+// tombsMoveWithShard is TestTombsMoveWithShard, the homes following the
+// members (rendezvous) or, fenced, the shard claims they take and release
+// (directory = etcd).
+func tombsMoveWithShard(t *testing.T, fenced bool) {
+	ids := []string{"a", "b", "h", "x", "y"}
+	const shards = 64
+	// A key whose home is x while y is away (with or without h), and y
+	// once y is back.
+	key := ""
+	for i := range 10000 {
+		k := fmt.Sprintf("tomb/move/%d", i)
+		s := ShardOf([]byte(k), shards)
+		if newView([]string{"a", "b", "h", "x"}, shards).home(s) == "x" && newView([]string{"a", "b", "x"}, shards).home(s) == "x" &&
+			newView(ids, shards).home(s) == "y" {
+			key = k
+			break
+		}
+	}
+	if key == "" {
+		t.Fatal("no key with the homes the test needs")
+	}
+	fence := newFakeFence()
+	var net atomic.Pointer[fakeNet] // set once the daemons are built
+	fence.cut = func(id string) bool { n := net.Load(); return n != nil && n.node(id).down.Load() }
+	f := newNetWith(t, ids, Config{Shards: shards, Timeout: 2 * time.Second, ProbeEvery: 20 * time.Millisecond},
+		func(id string, c *Config) {
+			if fenced {
+				c.Fence = fence.of(id, uint64(1000+slices.Index(ids, id)))
+			}
+		})
+	net.Store(f)
+	a, b, h, x, y := f.node("a"), f.node("b"), f.node("h"), f.node("x"), f.node("y")
+	// sees waits for n's view of the members and, fenced, for the key's
+	// shard claimed by the home rendezvous names.
+	sees := func(n *fakeNode, want ...string) func() bool {
+		return func() bool {
+			if !slices.Equal(n.c.Members(), want) {
+				return false
+			}
+			w := n.c.Placement([]byte(key))
+			return !fenced || w.Home == w.Rendezvous && w.Generation != 0
+		}
+	}
+	y.down.Store(true)
+	for _, n := range []*fakeNode{a, b, h, x} {
+		testutil.Eventually(t, 10*time.Second, sees(n, "a", "b", "h", "x"), "%s seeing y gone", n.id)
+	}
+	v := value(key, 4096)
+	h.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { _, hs, err := a.c.Locate([]byte(key)); return err == nil && len(hs) == 1 },
+		"h's copy announced to x")
+	h.down.Store(true)
+	for _, n := range []*fakeNode{a, b, x} {
+		testutil.Eventually(t, 10*time.Second, sees(n, "a", "b", "x"), "%s seeing h gone", n.id)
+	}
+	if code, err := removeOn(t, a, key); code != store.OK {
+		t.Fatalf("remove: %v %v", code, err)
+	}
+	if n := x.c.Stats().Tombstones; n != 1 {
+		t.Fatalf("x remembers %d removed copies, want h's (x %+v, placement %+v, a %+v)", n, x.c.Stats(), a.c.Placement([]byte(key)), a.c.Placement([]byte(key)))
+	}
+	// y joins and becomes the key's home: x hands it the tombstone.
+	y.down.Store(false)
+	for _, n := range []*fakeNode{a, b, x, y} {
+		testutil.Eventually(t, 10*time.Second, sees(n, "a", "b", "x", "y"), "%s seeing y back (sees %v)", n.id,
+			testutil.Lazy(n.c.Members))
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return y.c.Stats().TombsTaken >= 1 && x.c.Stats().Tombstones == 0 },
+		"the tombstone handed to y (x %+v)", testutil.Lazy(x.c.Stats))
+	// x goes: only y can tell h its copy was removed.
+	x.down.Store(true)
+	for _, n := range []*fakeNode{a, b, y} {
+		testutil.Eventually(t, 10*time.Second, sees(n, "a", "b", "y"), "%s seeing x gone", n.id)
+	}
+	h.down.Store(false)
+	for _, n := range []*fakeNode{a, b, h, y} {
+		testutil.Eventually(t, 10*time.Second, sees(n, "a", "b", "h", "y"), "%s seeing h back (sees %v)", n.id,
+			testutil.Lazy(n.c.Members))
+	}
+	// y asks h to drop the copy, or answers its re-announcement
+	// "removed", whichever comes first.
+	here := func() store.Code {
+		ss := h.st.NewSession()
+		defer ss.Close()
+		codes := make([]store.Code, 1)
+		if err := ss.GetHere([][]byte{[]byte(key)}, make([]store.Location, 1), codes, nil); err != nil {
+			t.Fatal(err)
+		}
+		return codes[0]
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return here() == store.NotFound },
+		"h dropping its removed copy (h %+v, y %+v)", testutil.Lazy(h.c.Stats), testutil.Lazy(y.c.Stats))
+	for _, n := range []*fakeNode{a, b, h, y} {
+		if got, err := n.read(key, len(v)); err == nil {
+			t.Errorf("%s reads the removed key: %d bytes", n.id, len(got))
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { _, hs, err := y.c.Locate([]byte(key)); return err == nil && len(hs) == 0 },
+		"its home forgetting every holder")
 }

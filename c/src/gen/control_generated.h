@@ -324,6 +324,18 @@ struct ModeRequestBuilder;
 struct ModeResponse;
 struct ModeResponseBuilder;
 
+struct ClusterLocateRequest;
+struct ClusterLocateRequestBuilder;
+
+struct ClusterLocateResponse;
+struct ClusterLocateResponseBuilder;
+
+struct ClusterShardsRequest;
+struct ClusterShardsRequestBuilder;
+
+struct ClusterShardsResponse;
+struct ClusterShardsResponseBuilder;
+
 struct Request;
 struct RequestBuilder;
 
@@ -578,11 +590,13 @@ enum class RequestBody : uint8_t {
   LeaseCreateRequest = 43,
   LeaseReleaseRequest = 44,
   ModeRequest = 45,
+  ClusterLocateRequest = 46,
+  ClusterShardsRequest = 47,
   MIN = NONE,
-  MAX = ModeRequest
+  MAX = ClusterShardsRequest
 };
 
-inline const RequestBody (&EnumValuesRequestBody())[46] {
+inline const RequestBody (&EnumValuesRequestBody())[48] {
   static const RequestBody values[] = {
     RequestBody::NONE,
     RequestBody::HelloRequest,
@@ -629,13 +643,15 @@ inline const RequestBody (&EnumValuesRequestBody())[46] {
     RequestBody::HandleReleaseRequest,
     RequestBody::LeaseCreateRequest,
     RequestBody::LeaseReleaseRequest,
-    RequestBody::ModeRequest
+    RequestBody::ModeRequest,
+    RequestBody::ClusterLocateRequest,
+    RequestBody::ClusterShardsRequest
   };
   return values;
 }
 
 inline const char * const *EnumNamesRequestBody() {
-  static const char * const names[47] = {
+  static const char * const names[49] = {
     "NONE",
     "HelloRequest",
     "PingRequest",
@@ -682,13 +698,15 @@ inline const char * const *EnumNamesRequestBody() {
     "LeaseCreateRequest",
     "LeaseReleaseRequest",
     "ModeRequest",
+    "ClusterLocateRequest",
+    "ClusterShardsRequest",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameRequestBody(RequestBody e) {
-  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::ModeRequest)) return "";
+  if (flatbuffers::IsOutRange(e, RequestBody::NONE, RequestBody::ClusterShardsRequest)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesRequestBody()[index];
 }
@@ -877,6 +895,14 @@ template<> struct RequestBodyTraits<tcproto::ModeRequest> {
   static const RequestBody enum_value = RequestBody::ModeRequest;
 };
 
+template<> struct RequestBodyTraits<tcproto::ClusterLocateRequest> {
+  static const RequestBody enum_value = RequestBody::ClusterLocateRequest;
+};
+
+template<> struct RequestBodyTraits<tcproto::ClusterShardsRequest> {
+  static const RequestBody enum_value = RequestBody::ClusterShardsRequest;
+};
+
 bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, RequestBody type);
 bool VerifyRequestBodyVector(flatbuffers::Verifier &verifier, const flatbuffers::Vector<flatbuffers::Offset<void>> *values, const flatbuffers::Vector<RequestBody> *types);
 
@@ -927,11 +953,13 @@ enum class ResponseBody : uint8_t {
   LeaseCreateResponse = 43,
   LeaseReleaseResponse = 44,
   ModeResponse = 45,
+  ClusterLocateResponse = 46,
+  ClusterShardsResponse = 47,
   MIN = NONE,
-  MAX = ModeResponse
+  MAX = ClusterShardsResponse
 };
 
-inline const ResponseBody (&EnumValuesResponseBody())[46] {
+inline const ResponseBody (&EnumValuesResponseBody())[48] {
   static const ResponseBody values[] = {
     ResponseBody::NONE,
     ResponseBody::HelloResponse,
@@ -978,13 +1006,15 @@ inline const ResponseBody (&EnumValuesResponseBody())[46] {
     ResponseBody::HandleReleaseResponse,
     ResponseBody::LeaseCreateResponse,
     ResponseBody::LeaseReleaseResponse,
-    ResponseBody::ModeResponse
+    ResponseBody::ModeResponse,
+    ResponseBody::ClusterLocateResponse,
+    ResponseBody::ClusterShardsResponse
   };
   return values;
 }
 
 inline const char * const *EnumNamesResponseBody() {
-  static const char * const names[47] = {
+  static const char * const names[49] = {
     "NONE",
     "HelloResponse",
     "PingResponse",
@@ -1031,13 +1061,15 @@ inline const char * const *EnumNamesResponseBody() {
     "LeaseCreateResponse",
     "LeaseReleaseResponse",
     "ModeResponse",
+    "ClusterLocateResponse",
+    "ClusterShardsResponse",
     nullptr
   };
   return names;
 }
 
 inline const char *EnumNameResponseBody(ResponseBody e) {
-  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::ModeResponse)) return "";
+  if (flatbuffers::IsOutRange(e, ResponseBody::NONE, ResponseBody::ClusterShardsResponse)) return "";
   const size_t index = static_cast<size_t>(e);
   return EnumNamesResponseBody()[index];
 }
@@ -1224,6 +1256,14 @@ template<> struct ResponseBodyTraits<tcproto::LeaseReleaseResponse> {
 
 template<> struct ResponseBodyTraits<tcproto::ModeResponse> {
   static const ResponseBody enum_value = ResponseBody::ModeResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::ClusterLocateResponse> {
+  static const ResponseBody enum_value = ResponseBody::ClusterLocateResponse;
+};
+
+template<> struct ResponseBodyTraits<tcproto::ClusterShardsResponse> {
+  static const ResponseBody enum_value = ResponseBody::ClusterShardsResponse;
 };
 
 bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj, ResponseBody type);
@@ -7820,6 +7860,451 @@ inline flatbuffers::Offset<ModeResponse> CreateModeResponseDirect(
       serves_refused);
 }
 
+struct ClusterLocateRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef ClusterLocateRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_KEY = 4
+  };
+  const flatbuffers::Vector<uint8_t> *key() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_KEY);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyOffset(verifier, VT_KEY) &&
+           verifier.VerifyVector(key()) &&
+           verifier.EndTable();
+  }
+};
+
+struct ClusterLocateRequestBuilder {
+  typedef ClusterLocateRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_key(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> key) {
+    fbb_.AddOffset(ClusterLocateRequest::VT_KEY, key);
+  }
+  explicit ClusterLocateRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<ClusterLocateRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<ClusterLocateRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<ClusterLocateRequest> CreateClusterLocateRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> key = 0) {
+  ClusterLocateRequestBuilder builder_(_fbb);
+  builder_.add_key(key);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<ClusterLocateRequest> CreateClusterLocateRequestDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    const std::vector<uint8_t> *key = nullptr) {
+  auto key__ = key ? _fbb.CreateVector<uint8_t>(*key) : 0;
+  return tcproto::CreateClusterLocateRequest(
+      _fbb,
+      key__);
+}
+
+struct ClusterLocateResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef ClusterLocateResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_SHARD = 4,
+    VT_HOME = 6,
+    VT_GENERATION = 8,
+    VT_HOLDERS = 10,
+    VT_HOLDER_EPOCHS = 12,
+    VT_HOLDER_TIERS = 14,
+    VT_HOLDER_SIZES = 16,
+    VT_HOLDER_CRCS = 18
+  };
+  uint32_t shard() const {
+    return GetField<uint32_t>(VT_SHARD, 0);
+  }
+  const flatbuffers::String *home() const {
+    return GetPointer<const flatbuffers::String *>(VT_HOME);
+  }
+  uint64_t generation() const {
+    return GetField<uint64_t>(VT_GENERATION, 0);
+  }
+  const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *holders() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *>(VT_HOLDERS);
+  }
+  const flatbuffers::Vector<uint64_t> *holder_epochs() const {
+    return GetPointer<const flatbuffers::Vector<uint64_t> *>(VT_HOLDER_EPOCHS);
+  }
+  const flatbuffers::Vector<uint8_t> *holder_tiers() const {
+    return GetPointer<const flatbuffers::Vector<uint8_t> *>(VT_HOLDER_TIERS);
+  }
+  const flatbuffers::Vector<uint64_t> *holder_sizes() const {
+    return GetPointer<const flatbuffers::Vector<uint64_t> *>(VT_HOLDER_SIZES);
+  }
+  const flatbuffers::Vector<uint32_t> *holder_crcs() const {
+    return GetPointer<const flatbuffers::Vector<uint32_t> *>(VT_HOLDER_CRCS);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyField<uint32_t>(verifier, VT_SHARD, 4) &&
+           VerifyOffset(verifier, VT_HOME) &&
+           verifier.VerifyString(home()) &&
+           VerifyField<uint64_t>(verifier, VT_GENERATION, 8) &&
+           VerifyOffset(verifier, VT_HOLDERS) &&
+           verifier.VerifyVector(holders()) &&
+           verifier.VerifyVectorOfStrings(holders()) &&
+           VerifyOffset(verifier, VT_HOLDER_EPOCHS) &&
+           verifier.VerifyVector(holder_epochs()) &&
+           VerifyOffset(verifier, VT_HOLDER_TIERS) &&
+           verifier.VerifyVector(holder_tiers()) &&
+           VerifyOffset(verifier, VT_HOLDER_SIZES) &&
+           verifier.VerifyVector(holder_sizes()) &&
+           VerifyOffset(verifier, VT_HOLDER_CRCS) &&
+           verifier.VerifyVector(holder_crcs()) &&
+           verifier.EndTable();
+  }
+};
+
+struct ClusterLocateResponseBuilder {
+  typedef ClusterLocateResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_shard(uint32_t shard) {
+    fbb_.AddElement<uint32_t>(ClusterLocateResponse::VT_SHARD, shard, 0);
+  }
+  void add_home(flatbuffers::Offset<flatbuffers::String> home) {
+    fbb_.AddOffset(ClusterLocateResponse::VT_HOME, home);
+  }
+  void add_generation(uint64_t generation) {
+    fbb_.AddElement<uint64_t>(ClusterLocateResponse::VT_GENERATION, generation, 0);
+  }
+  void add_holders(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> holders) {
+    fbb_.AddOffset(ClusterLocateResponse::VT_HOLDERS, holders);
+  }
+  void add_holder_epochs(flatbuffers::Offset<flatbuffers::Vector<uint64_t>> holder_epochs) {
+    fbb_.AddOffset(ClusterLocateResponse::VT_HOLDER_EPOCHS, holder_epochs);
+  }
+  void add_holder_tiers(flatbuffers::Offset<flatbuffers::Vector<uint8_t>> holder_tiers) {
+    fbb_.AddOffset(ClusterLocateResponse::VT_HOLDER_TIERS, holder_tiers);
+  }
+  void add_holder_sizes(flatbuffers::Offset<flatbuffers::Vector<uint64_t>> holder_sizes) {
+    fbb_.AddOffset(ClusterLocateResponse::VT_HOLDER_SIZES, holder_sizes);
+  }
+  void add_holder_crcs(flatbuffers::Offset<flatbuffers::Vector<uint32_t>> holder_crcs) {
+    fbb_.AddOffset(ClusterLocateResponse::VT_HOLDER_CRCS, holder_crcs);
+  }
+  explicit ClusterLocateResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<ClusterLocateResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<ClusterLocateResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<ClusterLocateResponse> CreateClusterLocateResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint32_t shard = 0,
+    flatbuffers::Offset<flatbuffers::String> home = 0,
+    uint64_t generation = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> holders = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint64_t>> holder_epochs = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> holder_tiers = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint64_t>> holder_sizes = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint32_t>> holder_crcs = 0) {
+  ClusterLocateResponseBuilder builder_(_fbb);
+  builder_.add_generation(generation);
+  builder_.add_holder_crcs(holder_crcs);
+  builder_.add_holder_sizes(holder_sizes);
+  builder_.add_holder_tiers(holder_tiers);
+  builder_.add_holder_epochs(holder_epochs);
+  builder_.add_holders(holders);
+  builder_.add_home(home);
+  builder_.add_shard(shard);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<ClusterLocateResponse> CreateClusterLocateResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint32_t shard = 0,
+    const char *home = nullptr,
+    uint64_t generation = 0,
+    const std::vector<flatbuffers::Offset<flatbuffers::String>> *holders = nullptr,
+    const std::vector<uint64_t> *holder_epochs = nullptr,
+    const std::vector<uint8_t> *holder_tiers = nullptr,
+    const std::vector<uint64_t> *holder_sizes = nullptr,
+    const std::vector<uint32_t> *holder_crcs = nullptr) {
+  auto home__ = home ? _fbb.CreateString(home) : 0;
+  auto holders__ = holders ? _fbb.CreateVector<flatbuffers::Offset<flatbuffers::String>>(*holders) : 0;
+  auto holder_epochs__ = holder_epochs ? _fbb.CreateVector<uint64_t>(*holder_epochs) : 0;
+  auto holder_tiers__ = holder_tiers ? _fbb.CreateVector<uint8_t>(*holder_tiers) : 0;
+  auto holder_sizes__ = holder_sizes ? _fbb.CreateVector<uint64_t>(*holder_sizes) : 0;
+  auto holder_crcs__ = holder_crcs ? _fbb.CreateVector<uint32_t>(*holder_crcs) : 0;
+  return tcproto::CreateClusterLocateResponse(
+      _fbb,
+      shard,
+      home__,
+      generation,
+      holders__,
+      holder_epochs__,
+      holder_tiers__,
+      holder_sizes__,
+      holder_crcs__);
+}
+
+struct ClusterShardsRequest FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef ClusterShardsRequestBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_FIRST = 4,
+    VT_COUNT = 6
+  };
+  uint32_t first() const {
+    return GetField<uint32_t>(VT_FIRST, 0);
+  }
+  uint32_t count() const {
+    return GetField<uint32_t>(VT_COUNT, 0);
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyField<uint32_t>(verifier, VT_FIRST, 4) &&
+           VerifyField<uint32_t>(verifier, VT_COUNT, 4) &&
+           verifier.EndTable();
+  }
+};
+
+struct ClusterShardsRequestBuilder {
+  typedef ClusterShardsRequest Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_first(uint32_t first) {
+    fbb_.AddElement<uint32_t>(ClusterShardsRequest::VT_FIRST, first, 0);
+  }
+  void add_count(uint32_t count) {
+    fbb_.AddElement<uint32_t>(ClusterShardsRequest::VT_COUNT, count, 0);
+  }
+  explicit ClusterShardsRequestBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<ClusterShardsRequest> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<ClusterShardsRequest>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<ClusterShardsRequest> CreateClusterShardsRequest(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint32_t first = 0,
+    uint32_t count = 0) {
+  ClusterShardsRequestBuilder builder_(_fbb);
+  builder_.add_count(count);
+  builder_.add_first(first);
+  return builder_.Finish();
+}
+
+struct ClusterShardsResponse FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
+  typedef ClusterShardsResponseBuilder Builder;
+  enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
+    VT_SHARDS_TOTAL = 4,
+    VT_FIRST = 6,
+    VT_HOME_IDS = 8,
+    VT_HOMES = 10,
+    VT_GENERATIONS = 12,
+    VT_RENDEZVOUS = 14,
+    VT_KEYS = 16,
+    VT_CLAIM_HOLDERS = 18,
+    VT_CLAIM_COUNTS = 20,
+    VT_CLAIMS_OUTSTANDING = 22,
+    VT_HOLDS = 24,
+    VT_FENCED = 26
+  };
+  uint32_t shards_total() const {
+    return GetField<uint32_t>(VT_SHARDS_TOTAL, 0);
+  }
+  uint32_t first() const {
+    return GetField<uint32_t>(VT_FIRST, 0);
+  }
+  const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *home_ids() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *>(VT_HOME_IDS);
+  }
+  const flatbuffers::Vector<uint16_t> *homes() const {
+    return GetPointer<const flatbuffers::Vector<uint16_t> *>(VT_HOMES);
+  }
+  const flatbuffers::Vector<uint64_t> *generations() const {
+    return GetPointer<const flatbuffers::Vector<uint64_t> *>(VT_GENERATIONS);
+  }
+  const flatbuffers::Vector<uint16_t> *rendezvous() const {
+    return GetPointer<const flatbuffers::Vector<uint16_t> *>(VT_RENDEZVOUS);
+  }
+  const flatbuffers::Vector<uint32_t> *keys() const {
+    return GetPointer<const flatbuffers::Vector<uint32_t> *>(VT_KEYS);
+  }
+  const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *claim_holders() const {
+    return GetPointer<const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *>(VT_CLAIM_HOLDERS);
+  }
+  const flatbuffers::Vector<uint32_t> *claim_counts() const {
+    return GetPointer<const flatbuffers::Vector<uint32_t> *>(VT_CLAIM_COUNTS);
+  }
+  uint64_t claims_outstanding() const {
+    return GetField<uint64_t>(VT_CLAIMS_OUTSTANDING, 0);
+  }
+  uint32_t holds() const {
+    return GetField<uint32_t>(VT_HOLDS, 0);
+  }
+  bool fenced() const {
+    return GetField<uint8_t>(VT_FENCED, 0) != 0;
+  }
+  bool Verify(flatbuffers::Verifier &verifier) const {
+    return VerifyTableStart(verifier) &&
+           VerifyField<uint32_t>(verifier, VT_SHARDS_TOTAL, 4) &&
+           VerifyField<uint32_t>(verifier, VT_FIRST, 4) &&
+           VerifyOffset(verifier, VT_HOME_IDS) &&
+           verifier.VerifyVector(home_ids()) &&
+           verifier.VerifyVectorOfStrings(home_ids()) &&
+           VerifyOffset(verifier, VT_HOMES) &&
+           verifier.VerifyVector(homes()) &&
+           VerifyOffset(verifier, VT_GENERATIONS) &&
+           verifier.VerifyVector(generations()) &&
+           VerifyOffset(verifier, VT_RENDEZVOUS) &&
+           verifier.VerifyVector(rendezvous()) &&
+           VerifyOffset(verifier, VT_KEYS) &&
+           verifier.VerifyVector(keys()) &&
+           VerifyOffset(verifier, VT_CLAIM_HOLDERS) &&
+           verifier.VerifyVector(claim_holders()) &&
+           verifier.VerifyVectorOfStrings(claim_holders()) &&
+           VerifyOffset(verifier, VT_CLAIM_COUNTS) &&
+           verifier.VerifyVector(claim_counts()) &&
+           VerifyField<uint64_t>(verifier, VT_CLAIMS_OUTSTANDING, 8) &&
+           VerifyField<uint32_t>(verifier, VT_HOLDS, 4) &&
+           VerifyField<uint8_t>(verifier, VT_FENCED, 1) &&
+           verifier.EndTable();
+  }
+};
+
+struct ClusterShardsResponseBuilder {
+  typedef ClusterShardsResponse Table;
+  flatbuffers::FlatBufferBuilder &fbb_;
+  flatbuffers::uoffset_t start_;
+  void add_shards_total(uint32_t shards_total) {
+    fbb_.AddElement<uint32_t>(ClusterShardsResponse::VT_SHARDS_TOTAL, shards_total, 0);
+  }
+  void add_first(uint32_t first) {
+    fbb_.AddElement<uint32_t>(ClusterShardsResponse::VT_FIRST, first, 0);
+  }
+  void add_home_ids(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> home_ids) {
+    fbb_.AddOffset(ClusterShardsResponse::VT_HOME_IDS, home_ids);
+  }
+  void add_homes(flatbuffers::Offset<flatbuffers::Vector<uint16_t>> homes) {
+    fbb_.AddOffset(ClusterShardsResponse::VT_HOMES, homes);
+  }
+  void add_generations(flatbuffers::Offset<flatbuffers::Vector<uint64_t>> generations) {
+    fbb_.AddOffset(ClusterShardsResponse::VT_GENERATIONS, generations);
+  }
+  void add_rendezvous(flatbuffers::Offset<flatbuffers::Vector<uint16_t>> rendezvous) {
+    fbb_.AddOffset(ClusterShardsResponse::VT_RENDEZVOUS, rendezvous);
+  }
+  void add_keys(flatbuffers::Offset<flatbuffers::Vector<uint32_t>> keys) {
+    fbb_.AddOffset(ClusterShardsResponse::VT_KEYS, keys);
+  }
+  void add_claim_holders(flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> claim_holders) {
+    fbb_.AddOffset(ClusterShardsResponse::VT_CLAIM_HOLDERS, claim_holders);
+  }
+  void add_claim_counts(flatbuffers::Offset<flatbuffers::Vector<uint32_t>> claim_counts) {
+    fbb_.AddOffset(ClusterShardsResponse::VT_CLAIM_COUNTS, claim_counts);
+  }
+  void add_claims_outstanding(uint64_t claims_outstanding) {
+    fbb_.AddElement<uint64_t>(ClusterShardsResponse::VT_CLAIMS_OUTSTANDING, claims_outstanding, 0);
+  }
+  void add_holds(uint32_t holds) {
+    fbb_.AddElement<uint32_t>(ClusterShardsResponse::VT_HOLDS, holds, 0);
+  }
+  void add_fenced(bool fenced) {
+    fbb_.AddElement<uint8_t>(ClusterShardsResponse::VT_FENCED, static_cast<uint8_t>(fenced), 0);
+  }
+  explicit ClusterShardsResponseBuilder(flatbuffers::FlatBufferBuilder &_fbb)
+        : fbb_(_fbb) {
+    start_ = fbb_.StartTable();
+  }
+  flatbuffers::Offset<ClusterShardsResponse> Finish() {
+    const auto end = fbb_.EndTable(start_);
+    auto o = flatbuffers::Offset<ClusterShardsResponse>(end);
+    return o;
+  }
+};
+
+inline flatbuffers::Offset<ClusterShardsResponse> CreateClusterShardsResponse(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint32_t shards_total = 0,
+    uint32_t first = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> home_ids = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint16_t>> homes = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint64_t>> generations = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint16_t>> rendezvous = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint32_t>> keys = 0,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> claim_holders = 0,
+    flatbuffers::Offset<flatbuffers::Vector<uint32_t>> claim_counts = 0,
+    uint64_t claims_outstanding = 0,
+    uint32_t holds = 0,
+    bool fenced = false) {
+  ClusterShardsResponseBuilder builder_(_fbb);
+  builder_.add_claims_outstanding(claims_outstanding);
+  builder_.add_holds(holds);
+  builder_.add_claim_counts(claim_counts);
+  builder_.add_claim_holders(claim_holders);
+  builder_.add_keys(keys);
+  builder_.add_rendezvous(rendezvous);
+  builder_.add_generations(generations);
+  builder_.add_homes(homes);
+  builder_.add_home_ids(home_ids);
+  builder_.add_first(first);
+  builder_.add_shards_total(shards_total);
+  builder_.add_fenced(fenced);
+  return builder_.Finish();
+}
+
+inline flatbuffers::Offset<ClusterShardsResponse> CreateClusterShardsResponseDirect(
+    flatbuffers::FlatBufferBuilder &_fbb,
+    uint32_t shards_total = 0,
+    uint32_t first = 0,
+    const std::vector<flatbuffers::Offset<flatbuffers::String>> *home_ids = nullptr,
+    const std::vector<uint16_t> *homes = nullptr,
+    const std::vector<uint64_t> *generations = nullptr,
+    const std::vector<uint16_t> *rendezvous = nullptr,
+    const std::vector<uint32_t> *keys = nullptr,
+    const std::vector<flatbuffers::Offset<flatbuffers::String>> *claim_holders = nullptr,
+    const std::vector<uint32_t> *claim_counts = nullptr,
+    uint64_t claims_outstanding = 0,
+    uint32_t holds = 0,
+    bool fenced = false) {
+  auto home_ids__ = home_ids ? _fbb.CreateVector<flatbuffers::Offset<flatbuffers::String>>(*home_ids) : 0;
+  auto homes__ = homes ? _fbb.CreateVector<uint16_t>(*homes) : 0;
+  auto generations__ = generations ? _fbb.CreateVector<uint64_t>(*generations) : 0;
+  auto rendezvous__ = rendezvous ? _fbb.CreateVector<uint16_t>(*rendezvous) : 0;
+  auto keys__ = keys ? _fbb.CreateVector<uint32_t>(*keys) : 0;
+  auto claim_holders__ = claim_holders ? _fbb.CreateVector<flatbuffers::Offset<flatbuffers::String>>(*claim_holders) : 0;
+  auto claim_counts__ = claim_counts ? _fbb.CreateVector<uint32_t>(*claim_counts) : 0;
+  return tcproto::CreateClusterShardsResponse(
+      _fbb,
+      shards_total,
+      first,
+      home_ids__,
+      homes__,
+      generations__,
+      rendezvous__,
+      keys__,
+      claim_holders__,
+      claim_counts__,
+      claims_outstanding,
+      holds,
+      fenced);
+}
+
 struct Request FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   typedef RequestBuilder Builder;
   enum FlatBuffersVTableOffset FLATBUFFERS_VTABLE_UNDERLYING_TYPE {
@@ -7971,6 +8456,12 @@ struct Request FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   }
   const tcproto::ModeRequest *body_as_ModeRequest() const {
     return body_type() == tcproto::RequestBody::ModeRequest ? static_cast<const tcproto::ModeRequest *>(body()) : nullptr;
+  }
+  const tcproto::ClusterLocateRequest *body_as_ClusterLocateRequest() const {
+    return body_type() == tcproto::RequestBody::ClusterLocateRequest ? static_cast<const tcproto::ClusterLocateRequest *>(body()) : nullptr;
+  }
+  const tcproto::ClusterShardsRequest *body_as_ClusterShardsRequest() const {
+    return body_type() == tcproto::RequestBody::ClusterShardsRequest ? static_cast<const tcproto::ClusterShardsRequest *>(body()) : nullptr;
   }
   bool Verify(flatbuffers::Verifier &verifier) const {
     return VerifyTableStart(verifier) &&
@@ -8161,6 +8652,14 @@ template<> inline const tcproto::LeaseReleaseRequest *Request::body_as<tcproto::
 
 template<> inline const tcproto::ModeRequest *Request::body_as<tcproto::ModeRequest>() const {
   return body_as_ModeRequest();
+}
+
+template<> inline const tcproto::ClusterLocateRequest *Request::body_as<tcproto::ClusterLocateRequest>() const {
+  return body_as_ClusterLocateRequest();
+}
+
+template<> inline const tcproto::ClusterShardsRequest *Request::body_as<tcproto::ClusterShardsRequest>() const {
+  return body_as_ClusterShardsRequest();
 }
 
 struct RequestBuilder {
@@ -8356,6 +8855,12 @@ struct Response FLATBUFFERS_FINAL_CLASS : private flatbuffers::Table {
   const tcproto::ModeResponse *body_as_ModeResponse() const {
     return body_type() == tcproto::ResponseBody::ModeResponse ? static_cast<const tcproto::ModeResponse *>(body()) : nullptr;
   }
+  const tcproto::ClusterLocateResponse *body_as_ClusterLocateResponse() const {
+    return body_type() == tcproto::ResponseBody::ClusterLocateResponse ? static_cast<const tcproto::ClusterLocateResponse *>(body()) : nullptr;
+  }
+  const tcproto::ClusterShardsResponse *body_as_ClusterShardsResponse() const {
+    return body_type() == tcproto::ResponseBody::ClusterShardsResponse ? static_cast<const tcproto::ClusterShardsResponse *>(body()) : nullptr;
+  }
   uint64_t request_id() const {
     return GetField<uint64_t>(VT_REQUEST_ID, 0);
   }
@@ -8550,6 +9055,14 @@ template<> inline const tcproto::LeaseReleaseResponse *Response::body_as<tcproto
 
 template<> inline const tcproto::ModeResponse *Response::body_as<tcproto::ModeResponse>() const {
   return body_as_ModeResponse();
+}
+
+template<> inline const tcproto::ClusterLocateResponse *Response::body_as<tcproto::ClusterLocateResponse>() const {
+  return body_as_ClusterLocateResponse();
+}
+
+template<> inline const tcproto::ClusterShardsResponse *Response::body_as<tcproto::ClusterShardsResponse>() const {
+  return body_as_ClusterShardsResponse();
 }
 
 struct ResponseBuilder {
@@ -8800,6 +9313,14 @@ inline bool VerifyRequestBody(flatbuffers::Verifier &verifier, const void *obj, 
       auto ptr = reinterpret_cast<const tcproto::ModeRequest *>(obj);
       return verifier.VerifyTable(ptr);
     }
+    case RequestBody::ClusterLocateRequest: {
+      auto ptr = reinterpret_cast<const tcproto::ClusterLocateRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case RequestBody::ClusterShardsRequest: {
+      auto ptr = reinterpret_cast<const tcproto::ClusterShardsRequest *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
     default: return true;
   }
 }
@@ -8999,6 +9520,14 @@ inline bool VerifyResponseBody(flatbuffers::Verifier &verifier, const void *obj,
     }
     case ResponseBody::ModeResponse: {
       auto ptr = reinterpret_cast<const tcproto::ModeResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::ClusterLocateResponse: {
+      auto ptr = reinterpret_cast<const tcproto::ClusterLocateResponse *>(obj);
+      return verifier.VerifyTable(ptr);
+    }
+    case ResponseBody::ClusterShardsResponse: {
+      auto ptr = reinterpret_cast<const tcproto::ClusterShardsResponse *>(obj);
       return verifier.VerifyTable(ptr);
     }
     default: return true;

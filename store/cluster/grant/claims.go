@@ -3,6 +3,7 @@ package grant
 import (
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"sync"
 	"time"
 )
@@ -12,7 +13,9 @@ import (
 // no holder is sent more concurrent readers of one key (MaxPerKey) or in
 // all (MaxPerHolder) than it admits. A claim ends when the reader
 // releases it (its read is over) or at the read's deadline, whichever
-// comes first, so a reader that dies leaks nothing. This is the
+// comes first, so a reader that dies leaks nothing. Only the reader that
+// took a claim ends it: a release naming another reader's claim is
+// refused and changes nothing (ErrNotClaimHolder). This is the
 // reservation the global store's replica counters made, kept in the home's
 // memory instead.
 type Claims struct {
@@ -71,12 +74,20 @@ type Claim struct {
 	Deadline time.Time
 }
 
+// Reader is who takes a claim: the reading daemon's id and run (epoch).
+// A claim is released only by the reader that took it, in that run.
+type Reader struct {
+	ID    string
+	Epoch uint64
+}
+
 // ClaimStats are the claims' counters.
 type ClaimStats struct {
 	Outstanding uint64 // claims held now
 	Granted     uint64 // claims ever granted
 	Refused     uint64 // acquisitions refused with ErrBusy
 	Expired     uint64 // claims that reached their deadline unreleased
+	Foreign     uint64 // releases refused: the claim was another reader's
 }
 
 type holderKey struct {
@@ -84,7 +95,10 @@ type holderKey struct {
 	key    string
 }
 
-type claim struct{ hk holderKey }
+type claim struct {
+	hk     holderKey
+	reader Reader
+}
 
 // NewClaims makes an empty claims table.
 func NewClaims(cfg ClaimsConfig) *Claims {
@@ -108,11 +122,11 @@ func score(key []byte, holder string) uint64 {
 	return h.Sum64()
 }
 
-// Acquire reserves a read of key at one of holders, until deadline: the
-// least loaded holder with room for another reader of key (ties broken by
-// rendezvous over the key), or ErrBusy when every holder is at its limit.
-// holders are daemon ids; a holder named twice counts once.
-func (c *Claims) Acquire(key []byte, holders []string, deadline time.Time) (Claim, error) {
+// Acquire reserves reader's read of key at one of holders, until
+// deadline: the least loaded holder with room for another reader of key
+// (ties broken by rendezvous over the key), or ErrBusy when every holder is
+// at its limit. holders are daemon ids; a holder named twice counts once.
+func (c *Claims) Acquire(reader Reader, key []byte, holders []string, deadline time.Time) (Claim, error) {
 	if len(key) == 0 || len(holders) == 0 {
 		return Claim{}, fmt.Errorf("%w: a claim needs a key and at least one holder (%d bytes, %d holders)", ErrInvalid, len(key), len(holders))
 	}
@@ -149,7 +163,7 @@ func (c *Claims) Acquire(key []byte, holders []string, deadline time.Time) (Clai
 	hk := holderKey{h, string(key)}
 	c.next++
 	id := c.next
-	c.live[id] = &claim{hk: hk}
+	c.live[id] = &claim{hk: hk, reader: reader}
 	c.perKey[hk]++
 	c.perHold[h]++
 	c.stats.Granted++
@@ -157,17 +171,35 @@ func (c *Claims) Acquire(key []byte, holders []string, deadline time.Time) (Clai
 	return Claim{ID: id, Holder: h, Deadline: deadline}, nil
 }
 
-// Release ends claim id: its reader's read is over. A claim that is not
-// outstanding (released, expired) is ErrClaimNotFound.
-func (c *Claims) Release(id uint64) error {
+// Release ends reader's claims ids: their reads are over. A claim that is
+// not outstanding (released, expired, never granted) is skipped, and the
+// error is ErrClaimNotFound once the others are released. A claim that
+// another reader (or another run of the same daemon) took makes the whole
+// release ErrNotClaimHolder, and none of ids is released: a release is
+// obeyed only from the reader that holds the claims.
+func (c *Claims) Release(reader Reader, ids ...uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cl, ok := c.live[id]
-	if !ok {
-		return fmt.Errorf("%w: claim %d", ErrClaimNotFound, id)
+	for _, id := range ids {
+		if cl, ok := c.live[id]; ok && cl.reader != reader {
+			c.stats.Foreign++
+			return fmt.Errorf("%w: claim %d is %s's (epoch %d), released by %s (epoch %d)", ErrNotClaimHolder, id,
+				cl.reader.ID, cl.reader.Epoch, reader.ID, reader.Epoch)
+		}
 	}
-	c.drop(id, cl)
+	missing := 0
+	for _, id := range ids {
+		cl, ok := c.live[id]
+		if !ok {
+			missing++
+			continue
+		}
+		c.drop(id, cl)
+	}
 	c.sched.tidy(len(c.live), func(d deadline) bool { _, ok := c.live[d.id]; return ok })
+	if missing > 0 {
+		return fmt.Errorf("%w: %d of %d claims", ErrClaimNotFound, missing, len(ids))
+	}
 	return nil
 }
 
@@ -205,6 +237,13 @@ func (c *Claims) Readers(holder string, key []byte) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.perKey[holderKey{holder, string(key)}]
+}
+
+// ByHolder is how many claims are outstanding at each holder now.
+func (c *Claims) ByHolder() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.perHold)
 }
 
 // Stats reports the counters.

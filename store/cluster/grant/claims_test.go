@@ -34,7 +34,7 @@ func TestClaimsHotKeyNeverOverLimit(t *testing.T) {
 				mu.Lock()
 				wait := released
 				mu.Unlock()
-				cl, err := c.Acquire(key, holders, clk.Now().Add(time.Minute))
+				cl, err := c.Acquire(rd, key, holders, clk.Now().Add(time.Minute))
 				if errors.Is(err, ErrBusy) {
 					mu.Lock()
 					refused++
@@ -60,7 +60,7 @@ func TestClaimsHotKeyNeverOverLimit(t *testing.T) {
 				reading[cl.Holder]--
 				close(released)
 				released = make(chan struct{})
-				if err := c.Release(cl.ID); err != nil {
+				if err := c.Release(rd, cl.ID); err != nil {
 					t.Errorf("Release: %v", err)
 				}
 				mu.Unlock()
@@ -93,7 +93,7 @@ func TestClaimsSpreadAndRefuse(t *testing.T) {
 	dl := clk.Now().Add(time.Second)
 	got := map[string]int{}
 	for i := 0; i < 6; i++ {
-		cl, err := c.Acquire(key, hs, dl)
+		cl, err := c.Acquire(rd, key, hs, dl)
 		if err != nil {
 			t.Fatalf("reader %d: %v", i, err)
 		}
@@ -103,11 +103,11 @@ func TestClaimsSpreadAndRefuse(t *testing.T) {
 			t.Fatalf("after 3 readers: %v, want one each", got)
 		}
 	}
-	if _, err := c.Acquire(key, hs, dl); !errors.Is(err, ErrBusy) {
+	if _, err := c.Acquire(rd, key, hs, dl); !errors.Is(err, ErrBusy) {
 		t.Fatalf("7th reader of 3 holders admitting 2: %v, want ErrBusy", err)
 	}
 	// Another key has room on the same holders.
-	if _, err := c.Acquire([]byte("other"), hs, dl); err != nil {
+	if _, err := c.Acquire(rd, []byte("other"), hs, dl); err != nil {
 		t.Fatalf("another key: %v", err)
 	}
 	if st := c.Stats(); st.Refused != 1 || st.Outstanding != 7 {
@@ -123,8 +123,8 @@ func TestClaimsRendezvousTieBreak(t *testing.T) {
 		key := []byte{byte(i), 'k'}
 		c1 := NewClaims(ClaimsConfig{Clock: clk})
 		c2 := NewClaims(ClaimsConfig{Clock: clk})
-		a, err1 := c1.Acquire(key, []string{"x", "y", "z"}, clk.Now().Add(time.Second))
-		b, err2 := c2.Acquire(key, []string{"z", "x", "y"}, clk.Now().Add(time.Second))
+		a, err1 := c1.Acquire(rd, key, []string{"x", "y", "z"}, clk.Now().Add(time.Second))
+		b, err2 := c2.Acquire(rd, key, []string{"z", "x", "y"}, clk.Now().Add(time.Second))
 		c1.Close()
 		c2.Close()
 		if err1 != nil || err2 != nil || a.Holder != b.Holder {
@@ -140,11 +140,11 @@ func TestClaimsExpireAtDeadline(t *testing.T) {
 	c := NewClaims(ClaimsConfig{MaxPerKey: 1, Clock: clk})
 	defer c.Close()
 	key := []byte("k")
-	cl, err := c.Acquire(key, []string{"a"}, clk.Now().Add(2*time.Second))
+	cl, err := c.Acquire(rd, key, []string{"a"}, clk.Now().Add(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Acquire(key, []string{"a"}, clk.Now().Add(time.Second)); !errors.Is(err, ErrBusy) {
+	if _, err := c.Acquire(rd, key, []string{"a"}, clk.Now().Add(time.Second)); !errors.Is(err, ErrBusy) {
 		t.Fatalf("second reader: %v, want ErrBusy", err)
 	}
 	clk.Advance(time.Second)
@@ -155,10 +155,10 @@ func TestClaimsExpireAtDeadline(t *testing.T) {
 	if n := c.Readers("a", key); n != 0 {
 		t.Fatalf("%d readers after the deadline", n)
 	}
-	if err := c.Release(cl.ID); !errors.Is(err, ErrClaimNotFound) {
+	if err := c.Release(rd, cl.ID); !errors.Is(err, ErrClaimNotFound) {
 		t.Fatalf("release after expiry: %v, want ErrClaimNotFound", err)
 	}
-	if _, err := c.Acquire(key, []string{"a"}, clk.Now().Add(time.Second)); err != nil {
+	if _, err := c.Acquire(rd, key, []string{"a"}, clk.Now().Add(time.Second)); err != nil {
 		t.Fatalf("after expiry: %v", err)
 	}
 	if st := c.Stats(); st.Expired != 1 {
@@ -173,16 +173,16 @@ func TestClaimsPerHolderLimit(t *testing.T) {
 	defer c.Close()
 	dl := clk.Now().Add(time.Second)
 	for i := 0; i < 3; i++ {
-		if cl, err := c.Acquire([]byte{byte('a' + i)}, []string{"h", "g"}, dl); err != nil || cl.Holder != "h" && cl.Holder != "g" {
+		if cl, err := c.Acquire(rd, []byte{byte('a' + i)}, []string{"h", "g"}, dl); err != nil || cl.Holder != "h" && cl.Holder != "g" {
 			t.Fatal(err)
 		}
 	}
 	for i := 0; i < 3; i++ {
-		if _, err := c.Acquire([]byte{byte('x' + i)}, []string{"h", "g"}, dl); err != nil {
+		if _, err := c.Acquire(rd, []byte{byte('x' + i)}, []string{"h", "g"}, dl); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := c.Acquire([]byte("z"), []string{"h", "g"}, dl); !errors.Is(err, ErrBusy) {
+	if _, err := c.Acquire(rd, []byte("z"), []string{"h", "g"}, dl); !errors.Is(err, ErrBusy) {
 		t.Fatalf("a 7th reader of holders admitting 3 each: %v, want ErrBusy", err)
 	}
 }
@@ -191,17 +191,20 @@ func TestClaimsBadArguments(t *testing.T) {
 	clk := newClock()
 	c := NewClaims(ClaimsConfig{Clock: clk, MaxTTL: time.Minute})
 	for name, f := range map[string]func() error{
-		"no key":        func() error { _, err := c.Acquire(nil, []string{"a"}, clk.Now().Add(time.Second)); return err },
-		"no holders":    func() error { _, err := c.Acquire([]byte("k"), nil, clk.Now().Add(time.Second)); return err },
-		"past deadline": func() error { _, err := c.Acquire([]byte("k"), []string{"a"}, clk.Now()); return err },
-		"far deadline":  func() error { _, err := c.Acquire([]byte("k"), []string{"a"}, clk.Now().Add(time.Hour)); return err },
+		"no key":        func() error { _, err := c.Acquire(rd, nil, []string{"a"}, clk.Now().Add(time.Second)); return err },
+		"no holders":    func() error { _, err := c.Acquire(rd, []byte("k"), nil, clk.Now().Add(time.Second)); return err },
+		"past deadline": func() error { _, err := c.Acquire(rd, []byte("k"), []string{"a"}, clk.Now()); return err },
+		"far deadline": func() error {
+			_, err := c.Acquire(rd, []byte("k"), []string{"a"}, clk.Now().Add(time.Hour))
+			return err
+		},
 	} {
 		if err := f(); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
 	}
 	c.Close()
-	if _, err := c.Acquire([]byte("k"), []string{"a"}, clk.Now().Add(time.Second)); !errors.Is(err, ErrClosed) {
+	if _, err := c.Acquire(rd, []byte("k"), []string{"a"}, clk.Now().Add(time.Second)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v, want ErrClosed", err)
 	}
 }
@@ -213,16 +216,16 @@ func TestDeadlinesStayBounded(t *testing.T) {
 	clk := newClock()
 	c := NewClaims(ClaimsConfig{Clock: clk})
 	defer c.Close()
-	held, err := c.Acquire([]byte("held"), []string{"a"}, clk.Now().Add(time.Minute))
+	held, err := c.Acquire(rd, []byte("held"), []string{"a"}, clk.Now().Add(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 10000; i++ {
-		cl, err := c.Acquire([]byte("k"), []string{"a", "b"}, clk.Now().Add(time.Minute))
+		cl, err := c.Acquire(rd, []byte("k"), []string{"a", "b"}, clk.Now().Add(time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.Release(cl.ID); err != nil {
+		if err := c.Release(rd, cl.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -233,7 +236,7 @@ func TestDeadlinesStayBounded(t *testing.T) {
 		t.Fatalf("%d deadlines kept for 1 claim outstanding", n)
 	}
 	clk.Advance(time.Minute)
-	if err := c.Release(held.ID); !errors.Is(err, ErrClaimNotFound) {
+	if err := c.Release(rd, held.ID); !errors.Is(err, ErrClaimNotFound) {
 		t.Fatalf("the claim kept through the tidying did not expire: %v", err)
 	}
 
@@ -257,5 +260,56 @@ func TestDeadlinesStayBounded(t *testing.T) {
 	clk.Advance(time.Minute)
 	if p.count("k") != 0 {
 		t.Fatal("the renewed handle did not expire after the tidying")
+	}
+}
+
+// rd is the reader the claims tests take their claims for.
+var rd = Reader{ID: "reader", Epoch: 1}
+
+// A release is obeyed only from the reader that took the claim: another
+// daemon, or the same daemon in another run, is refused
+// (ErrNotClaimHolder) and releases nothing, even the claims of its batch
+// that are its own; the holder's release then ends them.
+func TestClaimsReleaseOnlyByHolder(t *testing.T) {
+	clk := newClock()
+	c := NewClaims(ClaimsConfig{MaxPerKey: 1, Clock: clk})
+	defer c.Close()
+	other := Reader{ID: "intruder", Epoch: 1}
+	restarted := Reader{ID: rd.ID, Epoch: rd.Epoch + 1}
+	dl := clk.Now().Add(time.Minute)
+	mine, err := c.Acquire(rd, []byte("k"), []string{"a"}, dl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := c.Acquire(other, []byte("j"), []string{"a"}, dl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []Reader{other, restarted} {
+		if err := c.Release(r, mine.ID); !errors.Is(err, ErrNotClaimHolder) {
+			t.Fatalf("release of %s's claim by %+v: %v, want ErrNotClaimHolder", rd.ID, r, err)
+		}
+	}
+	// A batch with one foreign claim changes nothing, its own included.
+	if err := c.Release(other, theirs.ID, mine.ID); !errors.Is(err, ErrNotClaimHolder) {
+		t.Fatalf("mixed batch: %v, want ErrNotClaimHolder", err)
+	}
+	if c.Readers("a", []byte("k")) != 1 || c.Readers("a", []byte("j")) != 1 {
+		t.Fatal("a refused release ended a claim")
+	}
+	if _, err := c.Acquire(rd, []byte("k"), []string{"a"}, dl); !errors.Is(err, ErrBusy) {
+		t.Fatalf("the key's place was freed by a refused release: %v", err)
+	}
+	if st := c.Stats(); st.Outstanding != 2 || st.Foreign != 3 {
+		t.Fatalf("stats %+v: want 2 outstanding, 3 foreign releases", st)
+	}
+	if err := c.Release(rd, mine.ID); err != nil {
+		t.Fatalf("release by its reader: %v", err)
+	}
+	if err := c.Release(other, theirs.ID); err != nil {
+		t.Fatalf("release by its reader: %v", err)
+	}
+	if st := c.Stats(); st.Outstanding != 0 {
+		t.Fatalf("stats %+v: want none outstanding", st)
 	}
 }

@@ -28,10 +28,11 @@
 //
 // # Where the store across hosts calls in
 //
-//   - A home answering a lookup takes a claim per key, Claims.Acquire(key,
-//     holders, read deadline), sends the reader to Claim.Holder (ErrBusy,
-//     BUSY: every replica is at its reader limit) and releases it,
-//     Claims.Release(id), when the reader says its read ended.
+//   - A home answering a lookup takes a claim per key,
+//     Claims.Acquire(reader, key, holders, read deadline), sends the reader
+//     to Claim.Holder (ErrBusy, BUSY: every replica is at its reader limit)
+//     and releases it, Claims.Release(reader, ids...), when that reader
+//     says its read ended (another reader's release is refused).
 //   - A reader calls Admission.BeginRemoteGet before a remote get and the
 //     func it returns when the get ends; a holder calls Admission.Serve
 //     with the bytes before it serves another daemon's read. Either refusal

@@ -27,6 +27,9 @@ var (
 	// ErrClaimNotFound: a release of a claim that is not outstanding
 	// (released already, expired, or never granted).
 	ErrClaimNotFound = xfer.Categorized(xfer.ErrNotFound, "grant: claim not outstanding")
+	// ErrNotClaimHolder: a release of a claim another reader took (another
+	// daemon, or another run of the releasing one). Nothing is released.
+	ErrNotClaimHolder = xfer.Categorized(xfer.ErrPermission, "grant: claim held by another reader")
 
 	// Retention handles. Every refusal of a token is PERMISSION_DENIED:
 	// whatever is uncertain about a token is refused (fail closed).

@@ -1,0 +1,122 @@
+package cluster
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
+)
+
+// TestUnclaimOnlyByReader: a claim the home handed one reader is released
+// only by that reader: an unclaim of it from another daemon is refused
+// (the error names the claim's holder) and releases nothing, not even the
+// sender's own claims sent with it; the reader's own unclaim ends it.
+func TestUnclaimOnlyByReader(t *testing.T) {
+	ids := []string{"h", "r", "x"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour})
+	const key = "unclaim/key"
+	f.node("h").put(t, key, value(key, 4096))
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) },
+		"the holder announced (home knows %v)", testutil.Lazy(func() []string { return f.holders(key) }))
+	home := f.node(f.node("h").c.Home([]byte(key)))
+	r, x := f.node("r"), f.node("x")
+	dl := time.Now().Add(time.Minute)
+	mine := home.c.claimHere(r.id, r.epoch, [][]byte{[]byte(key)}, dl)
+	theirs := home.c.claimHere(x.id, x.epoch, [][]byte{[]byte(key)}, dl)
+	if mine[0].claim == 0 || theirs[0].claim == 0 {
+		t.Fatalf("no claims handed: %+v %+v", mine[0], theirs[0])
+	}
+	for _, req := range [][]uint64{{mine[0].claim}, {theirs[0].claim, mine[0].claim}} {
+		_, err := x.ExchangeAt(home.id, home.epoch, kindUnclaim, encodeClaims(req), time.Second)
+		if err == nil || !strings.Contains(err.Error(), "claim held by another reader") {
+			t.Fatalf("x releasing %v (r's claim among them): %v, want refused", req, err)
+		}
+	}
+	if cs := home.c.ReadClaims(); cs.Outstanding != 2 || cs.Foreign != 2 {
+		t.Fatalf("after the refused releases: %+v, want 2 outstanding, 2 refused", cs)
+	}
+	for _, p := range []struct {
+		n  *fakeNode
+		id uint64
+	}{{r, mine[0].claim}, {x, theirs[0].claim}} {
+		if _, err := p.n.ExchangeAt(home.id, home.epoch, kindUnclaim, encodeClaims([]uint64{p.id}), time.Second); err != nil {
+			t.Fatalf("%s releasing its claim: %v", p.n.id, err)
+		}
+	}
+	if cs := home.c.ReadClaims(); cs.Outstanding != 0 {
+		t.Fatalf("after the readers' releases: %+v, want none outstanding", cs)
+	}
+}
+
+// TestCachedReadersBoundedAtHolder: readers whose holders come from their
+// cache of home answers ask no home for a claim; the holder bounds them
+// itself. 16 daemons that looked the hot key up earlier (their cache
+// holds the answer) read it at once from its one holder, whose limit is 3
+// readers of a key: while the reads are held exactly 3 are in flight and
+// the holder has refused the others; once they go on, every reader gets
+// the exact bytes, the holder never had more than 3 readers of the key,
+// and nothing stays held.
+func TestCachedReadersBoundedAtHolder(t *testing.T) {
+	const readers, perKey = 16, 3
+	ids := []string{"h"}
+	for i := range readers {
+		ids = append(ids, fmt.Sprintf("r%02d", i))
+	}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 20 * time.Second, ProbeEvery: time.Hour, ClaimsPerKey: perKey,
+		Staleness: time.Hour})
+	const key = "hot/cached"
+	v := value(key, 8<<10)
+	h := f.node("h")
+	h.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) },
+		"the holder announced (home knows %v)", testutil.Lazy(func() []string { return f.holders(key) }))
+	for _, id := range ids[1:] {
+		found := make([]bool, 1)
+		f.node(id).c.Present([][]byte{[]byte(key)}, found)
+		if !found[0] {
+			t.Fatalf("%s: the key is not found", id)
+		}
+	}
+
+	f.gateMu.Lock()
+	f.gate = make(chan struct{})
+	f.gateMu.Unlock()
+	errs := make(chan error, readers)
+	for _, id := range ids[1:] {
+		n := f.node(id)
+		go func() {
+			got, err := n.read(key, len(v))
+			if err == nil && !bytes.Equal(got, v) {
+				err = fmt.Errorf("%d bytes that are not the value", len(got))
+			}
+			if err != nil {
+				err = fmt.Errorf("%s: %w", n.id, err)
+			}
+			errs <- err
+		}()
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return f.inflightNow() == perKey && h.c.HoldReaders([]byte(key)) == perKey && h.c.Stats().ReadersRefused > 0
+	}, "the holder at its limit, the other readers refused (reads in flight %d, stats %+v)",
+		testutil.Lazy(f.inflightNow), testutil.Lazy(h.c.Stats))
+	f.gateMu.Lock()
+	close(f.gate)
+	f.gateMu.Unlock()
+	for range readers {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	f.gateMu.Lock()
+	most := f.most["h"]
+	f.gateMu.Unlock()
+	if most > perKey {
+		t.Errorf("h had %d readers of the key at once, its limit is %d", most, perKey)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return h.c.Holds() == 0 && h.c.HoldReaders([]byte(key)) == 0 },
+		"holds released (%d left)", testutil.Lazy(h.c.Holds))
+}

@@ -1,0 +1,154 @@
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
+	"github.com/tensorcast/tensorcast/store"
+)
+
+// keyHomedOn is a key with prefix whose home is id under f's daemons.
+func keyHomedOn(f *fakeNet, from *fakeNode, prefix, id string) string {
+	for i := 0; ; i++ {
+		k := fmt.Sprintf("%s/%d", prefix, i)
+		if from.c.Home([]byte(k)) == id {
+			return k
+		}
+	}
+}
+
+// removeOn removes key on n and returns its code and error.
+func removeOn(t *testing.T, n *fakeNode, key string) (store.Code, error) {
+	t.Helper()
+	codes, errs := make([]store.Code, 1), make([]error, 1)
+	if pending, err := n.st.Remove([][]byte{[]byte(key)}, codes, errs, nil, 0); err != nil || pending {
+		t.Fatalf("remove %s on %s: pending %v, %v", key, n.id, pending, err)
+	}
+	return codes[0], errs[0]
+}
+
+// TestRemoveNotOKWhenHomeUnreachable: a remove whose key's home does not
+// take the removal (it is down) does not answer OK: the other copies may
+// remain, and the caller is told so (UNAVAILABLE, naming the home), not
+// that the key is gone everywhere. Once the home is back, the same remove
+// answers OK and the copies go.
+func TestRemoveNotOKWhenHomeUnreachable(t *testing.T) {
+	ids := []string{"a", "b", "h"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour})
+	a, b, h := f.node("a"), f.node("b"), f.node("h")
+	key := keyHomedOn(f, a, "rm/home", "h")
+	v := value(key, 4096)
+	b.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"b"}) }, "b's copy announced")
+	h.down.Store(true)
+	code, err := removeOn(t, a, key)
+	if code != store.Unavailable || !errors.Is(err, ErrHomeUnreachable) {
+		t.Fatalf("remove with the home down: code %v, %v; want UNAVAILABLE naming the home", code, err)
+	}
+	if got, err := b.read(key, len(v)); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("b's copy: %d bytes, %v (it stays while its removal is not taken)", len(got), err)
+	}
+	h.down.Store(false)
+	for _, n := range []*fakeNode{a, b, h} {
+		n.c.probe() // the members see h back (no prober runs in this test)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		code, _ := removeOn(t, a, key)
+		return code == store.OK
+	}, "the remove taken once the home is back")
+	testutil.Eventually(t, 10*time.Second, func() bool { _, err := b.read(key, len(v)); return err != nil }, "b's copy removed")
+}
+
+// TestFetchRacingRemove: a reader r fetches a key from its holder h; while
+// the bytes are on their way (r holds h's copy), another daemon removes
+// the key. The removal is answered OK; h's copy, pinned by r's read, goes
+// when the read ends; r's copy, committed after the removal, is answered
+// "removed" by the home when r announces it. Afterwards no daemon reads
+// the key.
+func TestFetchRacingRemove(t *testing.T) {
+	ids := []string{"h", "r", "x"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour})
+	h, r, x := f.node("h"), f.node("r"), f.node("x")
+	const key = "race/key"
+	v := value(key, 8192)
+	h.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) }, "h's copy announced")
+
+	f.gateMu.Lock()
+	f.gate = make(chan struct{})
+	f.gateMu.Unlock()
+	got := make(chan error, 1)
+	go func() {
+		b, err := r.read(key, len(v))
+		if err == nil && !bytes.Equal(b, v) {
+			err = fmt.Errorf("%d bytes that are not the value", len(b))
+		}
+		got <- err
+	}()
+	testutil.Eventually(t, 10*time.Second, func() bool { return f.inflightNow() == 1 && h.c.Holds() == 1 }, "r's read held at h")
+	if code, err := removeOn(t, x, key); code != store.OK {
+		t.Fatalf("remove on x: %v, %v", code, err)
+	}
+	f.gateMu.Lock()
+	close(f.gate)
+	f.gate = nil
+	f.gateMu.Unlock()
+	if err := <-got; err != nil {
+		t.Logf("r's read, racing the removal: %v", err) // the bytes or a miss are both right
+	}
+	for _, n := range []*fakeNode{h, r, x} {
+		testutil.Eventually(t, 10*time.Second, func() bool { _, err := n.read(key, len(v)); return err != nil },
+			"%s no longer reading the removed key (r %+v)", n.id, testutil.Lazy(r.c.Stats))
+	}
+	if _, hs, err := x.c.Locate([]byte(key)); err != nil || len(hs) != 0 {
+		t.Errorf("its home knows holders %+v (%v), want none", hs, err)
+	}
+}
+
+// TestFetchedCopyDroppedUnannounced: a reader's copy of a remote hit whose
+// announcement its home does not take (the home is away) is dropped: a
+// copy its home does not know of would outlive a removal. A value put
+// there is kept (it is re-announced later).
+func TestFetchedCopyDroppedUnannounced(t *testing.T) {
+	ids := []string{"m", "r"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour})
+	m, r := f.node("m"), f.node("r")
+	fetched := keyHomedOn(f, r, "unannounced/fetched", "m")
+	put := keyHomedOn(f, r, "unannounced/put", "m")
+	for _, k := range []string{fetched, put} {
+		r.put(t, k, value(k, 4096))
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"r"}) }, "%s announced", k)
+	}
+	m.down.Store(true)
+	var es []entry
+	for _, k := range []string{fetched, put} {
+		tier := TierL1
+		if k == fetched {
+			tier |= tierFetched // as if r had fetched it
+		}
+		es = append(es, entry{key: []byte(k), tier: tier, size: 4096, crc: store.CRC(value(k, 4096))})
+	}
+	if failed := r.c.announce(es); failed != 2 {
+		t.Fatalf("%d announcements failed, want both (the home is away)", failed)
+	}
+	here := func(k string) store.Code {
+		ss := r.st.NewSession()
+		defer ss.Close()
+		codes := make([]store.Code, 1)
+		if err := ss.GetHere([][]byte{[]byte(k)}, make([]store.Location, 1), codes, nil); err != nil {
+			t.Fatal(err)
+		}
+		return codes[0]
+	}
+	if c := here(fetched); c != store.NotFound {
+		t.Errorf("the fetched copy whose announcement failed: %v, want dropped", c)
+	}
+	if c := here(put); c != store.OK {
+		t.Errorf("the value put here whose announcement failed: %v, want kept", c)
+	}
+}
