@@ -162,10 +162,14 @@ type Client struct {
 	resp wire.Response
 	// hold is how long the daemon may hold the answer to c.req by design
 	// (a Wait's timeout), or unbounded; see Options.CallTimeout.
-	hold    time.Duration
-	rbuf    []byte
-	hdr     [wire.FrameHeader]byte
-	oob     []byte
+	hold time.Duration
+	rbuf []byte
+	hdr  [wire.FrameHeader]byte
+	oob  []byte
+	// fd2 is a second fd that came with the last answer read for a
+	// caller collecting one (a queue's eventfd doorbell after its memfd),
+	// noFD when none; the next such read closes one left unclaimed.
+	fd2     int
 	nextID  uint64
 	broken  error
 	closed  bool
@@ -202,6 +206,7 @@ func Dial(socket string, opts Options) (*Client, error) {
 		uc:      nc.(*net.UnixConn),
 		b:       flatbuffers.NewBuilder(1024),
 		oob:     make([]byte, unix.CmsgSpace(4*4)),
+		fd2:     noFD,
 		buffers: make(map[xfer.SegmentID][]byte),
 		queues:  make(map[*Queue]struct{}),
 	}
@@ -473,6 +478,8 @@ func (c *Client) readResponse(recvFD *int) error {
 	var n int
 	var err error
 	if recvFD != nil {
+		closeFD(c.fd2)
+		c.fd2 = noFD
 		var oobn int
 		n, oobn, _, _, err = c.uc.ReadMsgUnix(hdr, c.oob)
 		if err == nil && oobn > 0 {
@@ -483,9 +490,12 @@ func (c *Client) readResponse(recvFD *int) error {
 			for i := range msgs {
 				fds, _ := unix.ParseUnixRights(&msgs[i])
 				for _, fd := range fds {
-					if *recvFD < 0 {
+					switch {
+					case *recvFD < 0:
 						*recvFD = fd
-					} else {
+					case c.fd2 == noFD:
+						c.fd2 = fd
+					default:
 						unix.Close(fd)
 					}
 				}

@@ -105,6 +105,8 @@ func (c *Client) OpenQueue(entries int, opts ...QueueOption) (*Queue, error) {
 		CQEntries: cfg.cqEntries, DataSize: cfg.dataSize}
 	fd := noFD
 	r, err := call[wire.OpenQueueResponse](c, noFD, &fd)
+	bell := c.fd2 // the eventfd doorbell, when the daemon's workers wait on those
+	c.fd2 = noFD
 	var resp wire.OpenQueueResponse
 	if err == nil {
 		resp = *r
@@ -115,6 +117,7 @@ func (c *Client) OpenQueue(entries int, opts ...QueueOption) (*Queue, error) {
 	c.mu.Unlock()
 	if err != nil {
 		closeFD(fd) // a refused answer that came with one anyway
+		closeFD(bell)
 		return nil, err
 	}
 	ring, err := queue.Map(fd, resp.Size)
@@ -125,6 +128,11 @@ func (c *Client) OpenQueue(entries int, opts ...QueueOption) (*Queue, error) {
 			err = fmt.Errorf("%w: queue %d's mapping does not match OpenQueue's answer", ErrProtocol, resp.Queue)
 		}
 	}
+	if err == nil {
+		err = takeDoorbell(ring, bell, resp.Queue)
+		bell = noFD
+	}
+	closeFD(bell)
 	if err != nil {
 		// Tell the daemon; the queue goes with the connection otherwise.
 		c.mu.Lock()
@@ -143,6 +151,29 @@ func (c *Client) OpenQueue(entries int, opts ...QueueOption) (*Queue, error) {
 	}
 	c.queues[q] = struct{}{}
 	return q, nil
+}
+
+// takeDoorbell gives ring the eventfd doorbell bell (noFD: none came)
+// when its header asks for one; it fails when the header and the fds that
+// came disagree. It owns bell, and unmaps ring on failure.
+func takeDoorbell(ring *queue.ClientRing, bell int, id uint64) error {
+	want := ring.Doorbell() == queue.DoorbellEventfd
+	var err error
+	switch {
+	case want && bell == noFD:
+		err = fmt.Errorf("%w: queue %d asks for an eventfd doorbell and none came with it", ErrProtocol, id)
+	case !want && bell != noFD:
+		err = fmt.Errorf("%w: queue %d came with a second fd its header does not ask for", ErrProtocol, id)
+	case want:
+		if err = ring.SetDoorbellFD(bell); err == nil {
+			return nil
+		}
+	default:
+		return nil
+	}
+	closeFD(bell)
+	ring.Unmap()
+	return err
 }
 
 // ID is the queue's id.

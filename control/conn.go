@@ -87,7 +87,10 @@ type conn struct {
 	// passFD is an fd this connection made for the answer being sent (a
 	// queue's memfd): closed once the answer is written, -1 when none.
 	passFD int
-	idem   idemTable
+	// passFD2 is a second fd for that answer, sent after passFD (a
+	// queue's eventfd doorbell), -1 when none.
+	passFD2 int
+	idem    idemTable
 }
 
 func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
@@ -96,13 +99,14 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 		return nil, err
 	}
 	c := &conn{
-		s:      s,
-		uc:     uc,
-		raw:    raw,
-		id:     s.nextConn.Add(1),
-		oob:    make([]byte, unix.CmsgSpace(oobSize)),
-		b:      flatbuffers.NewBuilder(1024),
-		passFD: -1,
+		s:       s,
+		uc:      uc,
+		raw:     raw,
+		id:      s.nextConn.Add(1),
+		oob:     make([]byte, unix.CmsgSpace(oobSize)),
+		b:       flatbuffers.NewBuilder(1024),
+		passFD:  -1,
+		passFD2: -1,
 	}
 	if c.cred, err = peerCred(raw); err != nil {
 		return nil, err
@@ -331,13 +335,20 @@ func (c *conn) ensure(need int) error {
 	return nil
 }
 
-// write sends one frame, with fd attached when fd >= 0.
-func (c *conn) write(frame []byte, fd int) error {
+// write sends one frame, with fd attached when fd >= 0, and after it the
+// fds in more that are >= 0.
+func (c *conn) write(frame []byte, fd int, more ...int) error {
 	if fd < 0 {
 		_, err := c.uc.Write(frame)
 		return err
 	}
-	n, _, err := c.uc.WriteMsgUnix(frame, unix.UnixRights(fd), nil)
+	fds := []int{fd}
+	for _, f := range more {
+		if f >= 0 {
+			fds = append(fds, f)
+		}
+	}
+	n, _, err := c.uc.WriteMsgUnix(frame, unix.UnixRights(fds...), nil)
 	if err == nil && n < len(frame) {
 		_, err = c.uc.Write(frame[n:])
 	}
@@ -416,10 +427,18 @@ func (c *conn) serveFrame(frame []byte) bool {
 		out, outFD = c.handleSafe()
 		c.s.endRequest()
 	}
-	err := c.write(out, outFD)
+	more := -1
+	if outFD >= 0 && outFD == c.passFD {
+		more = c.passFD2
+	}
+	err := c.write(out, outFD, more)
 	if c.passFD >= 0 {
 		closeFDs([]int{c.passFD}) // the client has its own copy now (or never will)
 		c.passFD = -1
+	}
+	if c.passFD2 >= 0 {
+		closeFDs([]int{c.passFD2})
+		c.passFD2 = -1
 	}
 	if err != nil {
 		c.log.Debug("closing connection: write failed", "err", err)
@@ -441,6 +460,10 @@ func (c *conn) handleSafe() (out []byte, fd int) {
 			if c.passFD >= 0 {
 				closeFDs([]int{c.passFD})
 				c.passFD = -1
+			}
+			if c.passFD2 >= 0 {
+				closeFDs([]int{c.passFD2})
+				c.passFD2 = -1
 			}
 		}
 	}()

@@ -109,8 +109,11 @@ func (c *conn) handle() ([]byte, int) {
 	case *wire.DirectoryRequest:
 		err = c.directoryReport()
 	case *wire.OpenQueueRequest:
-		if fd, err = ss.OpenQueue(b, r); err == nil {
-			c.passFD = fd // closed once the answer is sent
+		var bell int
+		if fd, bell, err = ss.OpenQueue(b, r); err == nil {
+			// Closed once the answer is sent; the eventfd doorbell, when
+			// the queue has one, travels after the memfd.
+			c.passFD, c.passFD2 = fd, bell
 		}
 	case *wire.CloseQueueRequest:
 		err = ss.CloseQueue(b, r)

@@ -155,6 +155,9 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	}
 	d.local = xfer.NewLocal(xfer.LocalConfig{}, log.With("component", "local"))
 	workers := reactor.Config{Workers: cfg.DataWorkers}
+	if cfg.DataDoorbell != "auto" {
+		workers.Doorbell = cfg.DataDoorbell
+	}
 	d.files = newFileTier(cfg, workers.WorkersFor(), segs, log.With("component", "uring"))
 	var host reactor.Host // an untyped nil without the file tier
 	if d.files != nil {
@@ -486,7 +489,8 @@ func (d *Daemon) transportCounters(dst []wire.Counter) []wire.Counter {
 		dst = append(dst,
 			wire.Counter{Name: p + "queues", Value: uint64(w.Queues)},
 			wire.Counter{Name: p + "passes", Value: w.Passes},
-			wire.Counter{Name: p + "sleeps", Value: w.Sleeps})
+			wire.Counter{Name: p + "sleeps", Value: w.Sleeps},
+			wire.Counter{Name: p + "deaf", Value: w.Deaf})
 	}
 	if d.peers != nil {
 		dst = d.peers.Counters(dst)

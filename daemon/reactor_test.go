@@ -21,11 +21,20 @@ import (
 // kernel on the thread that took them from the queue: the rings' pollers
 // are woken through their eventfd to attach the queues and register the
 // file, never for a request (uring.ringN.wakeups does not grow with the
-// requests).
+// requests). It runs with each doorbell: the futex the rings wait on, and
+// the eventfd per queue of kernels whose io_uring cannot (forced here),
+// which the client library rings.
 func TestQueueFileThroughReactors(t *testing.T) {
+	for _, bell := range []string{"futex", "eventfd"} {
+		t.Run(bell, func(t *testing.T) { queueFileThroughReactors(t, bell) })
+	}
+}
+
+func queueFileThroughReactors(t *testing.T, bell string) {
 	dir := t.TempDir()
 	cfg := testConfig(dir)
 	cfg.DataWorkers = 2
+	cfg.DataDoorbell = bell
 	cfg.PoolSize = 32 << 20
 	_, c := startClient(t, cfg, discardLogger(), "reactors")
 	pool, _ := c.Pool()

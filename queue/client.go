@@ -19,6 +19,9 @@ type ClientRing struct {
 	sqMask uint32
 	cqMask uint32
 	spin   spinner
+	// efd is the daemon's eventfd doorbell (SetDoorbellFD), rung instead
+	// of the sq_wake futex; -1 without one.
+	efd int
 
 	sqTail  uint32 // next slot to fill; entries before it up to published are staged
 	pubTail uint32 // the sq_tail last published
@@ -53,11 +56,48 @@ func NewClientRing(mem []byte) (*ClientRing, error) {
 		return nil, err
 	}
 	q := &ClientRing{mem: mem[:g.Size], g: g, id: id, w: wordsOf(mem), sqMask: g.SQEntries - 1, cqMask: g.CQEntries - 1,
-		spin: newSpinner(spinCeiling), slotData: make([]uint64, g.SQEntries)}
+		spin: newSpinner(spinCeiling), slotData: make([]uint64, g.SQEntries), efd: -1}
 	q.sqHead = q.w.sqHead.Load()
 	q.sqTail, q.pubTail = q.w.sqTail.Load(), q.w.sqTail.Load()
 	q.cqHead = q.w.cqHead.Load()
 	return q, nil
+}
+
+// Doorbell is the doorbell the daemon's header asks for: DoorbellFutex,
+// or DoorbellEventfd (the eventfd passed with OpenQueue's answer, which
+// SetDoorbellFD takes).
+func (q *ClientRing) Doorbell() uint32 { return q.w.doorbell.Load() }
+
+// SetDoorbellFD gives the ring the daemon's eventfd doorbell, passed with
+// OpenQueue's answer beside the memfd, when Doorbell is DoorbellEventfd.
+// The ring owns fd from then on (Unmap closes it) and rings it instead of
+// the sq_wake futex, and says so to the daemon (bell_ack). Call it before
+// the first Submit.
+func (q *ClientRing) SetDoorbellFD(fd int) error {
+	if d := q.Doorbell(); d != DoorbellEventfd {
+		return fmt.Errorf("%w: an eventfd doorbell for a queue whose header asks for doorbell %d", ErrGeometry, d)
+	}
+	if q.efd >= 0 {
+		return fmt.Errorf("%w: the queue has its eventfd doorbell already", ErrGeometry)
+	}
+	q.efd = fd
+	q.w.bellAck.Store(BellAckEventfd)
+	return nil
+}
+
+// ring clears bit in sq_flags and, if it was set, bumps sq_wake and wakes
+// the daemon: through its eventfd when it has one, else the futex. It
+// reports whether it made the system call.
+func (q *ClientRing) ring(bit uint32) bool {
+	if q.efd < 0 {
+		return wake(q.w.sqFlags, bit, q.w.sqWake)
+	}
+	if q.w.sqFlags.Load()&bit == 0 || q.w.sqFlags.And(^bit)&bit == 0 {
+		return false
+	}
+	q.w.sqWake.Add(1)
+	ringEventfd(q.efd)
+	return true
 }
 
 // ID is the queue's id, as OpenQueue named it.
@@ -197,7 +237,7 @@ func (q *ClientRing) Submit() int {
 	// release only, and TestLostWakeupStress lost wake-ups with it.
 	q.w.sqTail.Swap(q.sqTail)
 	q.pubTail = q.sqTail
-	if wake(q.w.sqFlags, FlagNeedWakeup, q.w.sqWake) {
+	if q.ring(FlagNeedWakeup) {
 		q.SubmitDoorbells++
 	}
 	return n
@@ -226,7 +266,7 @@ func (q *ClientRing) Reap(out []CQE) int {
 	}
 	q.cqHead += uint32(n)
 	q.w.cqHead.Swap(q.cqHead) // release, and a full fence before the flag's load (see Submit)
-	if wake(q.w.sqFlags, FlagCQWait, q.w.sqWake) {
+	if q.ring(FlagCQWait) {
 		q.ReapDoorbells++
 	}
 	return n

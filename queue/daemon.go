@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -39,6 +40,13 @@ type DaemonRing struct {
 	// WakeCounts counts the ring's system calls (atomics: read by stats).
 	WakeCounts WakeCounts
 
+	// efd is the queue's eventfd doorbell (UseEventfd), -1 without one;
+	// onKick is what Kick calls besides the futex wake (set before the
+	// queue is served: the worker's wake-up, which an eventfd doorbell
+	// needs, since the worker then waits on no futex).
+	efd    int
+	onKick func()
+
 	// Owned by the worker.
 	sqHead  uint32 // next entry to take
 	pubHead uint32 // the sq_head last published
@@ -66,7 +74,47 @@ type DaemonRing struct {
 // with the client) and returns the daemon's side.
 func NewDaemonRing(mem []byte, g Geometry, id uint64) *DaemonRing {
 	g.writeHeader(mem, id)
-	return &DaemonRing{mem: mem[:g.Size], g: g, w: wordsOf(mem), sqMask: g.SQEntries - 1, cqMask: g.CQEntries - 1}
+	return &DaemonRing{mem: mem[:g.Size], g: g, w: wordsOf(mem), sqMask: g.SQEntries - 1, cqMask: g.CQEntries - 1, efd: -1}
+}
+
+// UseEventfd gives the queue an eventfd doorbell, for a worker that cannot
+// sleep on the sq_wake futex (io_uring without IORING_OP_FUTEX_WAIT): it
+// makes the eventfd, which the ring keeps until Release, writes
+// DoorbellEventfd into the header and returns a duplicate to pass to the
+// client beside the memfd (the caller closes it once passed). onKick is
+// then what Kick and Close call to wake the worker. Call it before the
+// client maps the queue and before a worker serves it.
+//
+// The daemon never writes this eventfd: the client shares its file
+// description and could make a write block (a full counter, O_NONBLOCK
+// cleared), so the daemon's own wake-ups go through onKick.
+func (r *DaemonRing) UseEventfd(onKick func()) (int, error) {
+	if r.efd >= 0 {
+		return -1, fmt.Errorf("%w: the queue has an eventfd doorbell already", ErrGeometry)
+	}
+	efd, err := newEventfd()
+	if err != nil {
+		return -1, err
+	}
+	pass, err := dupFD(efd)
+	if err != nil {
+		closeFD(efd) //nolint:errcheck // the dup's error is the one to report
+		return -1, err
+	}
+	r.efd, r.onKick = efd, onKick
+	r.w.doorbell.Store(DoorbellEventfd)
+	return pass, nil
+}
+
+// EventfdDoorbell is the queue's eventfd doorbell (-1 without one) and
+// whether the client said it rings it (bell_ack: the client's word, which
+// can say anything; it decides only how this queue's own doorbells are
+// heard).
+func (r *DaemonRing) EventfdDoorbell() (fd int, rung bool) {
+	if r.efd < 0 {
+		return -1, false
+	}
+	return r.efd, r.w.bellAck.Load() == BellAckEventfd
 }
 
 // Geometry is the queue's geometry.
@@ -313,6 +361,9 @@ func (r *DaemonRing) WakeWord() *atomic.Uint32 { return r.w.sqWake }
 func (r *DaemonRing) Kick() {
 	r.w.sqWake.Add(1)
 	futexWake(r.w.sqWake)
+	if r.onKick != nil {
+		r.onKick()
+	}
 }
 
 // Closed reports whether Close was called.

@@ -19,6 +19,8 @@
 //	0x018  u32 sq_off                         0x01c  u32 cq_off
 //	0x020  u32 data_off                       0x024  u32 data_size
 //	0x028  u64 size of the whole mapping      0x030  u64 queue id
+//	0x038  u32 doorbell   written by the daemon: 0 futex, 1 eventfd (see Wake-ups)
+//	0x03c  u32 bell_ack   written by the client: 1 when it rings the eventfd
 //	0x040  u32 sq_head    written by the daemon, read by the client
 //	0x080  u32 sq_tail    written by the client, read by the daemon
 //	0x0c0  u32 sq_flags   set by the daemon before it sleeps (FlagNeedWakeup, FlagCQWait)
@@ -145,6 +147,34 @@
 // arrivals would bill the whole wait to the client's CPU. Its spin is
 // learned (queue/spin.go) and never longer than 50 µs.
 //
+// # Eventfd doorbells
+//
+// A worker whose io_uring cannot wait on a futex (no IORING_OP_FUTEX_WAIT,
+// before Linux 6.7; or reactor.Config.Doorbell set to eventfd) still
+// sleeps on its ring, on an eventfd per queue. The daemon then writes 1
+// into the header's doorbell word and passes the queue's eventfd with
+// OpenQueue's answer, after the memfd (SCM_RIGHTS, one message). The
+// client that takes it writes 1 to bell_ack and, where the protocol above
+// says "bumps the futex word and wakes it", bumps sq_wake and writes the
+// 8-byte value 1 to the eventfd instead of FUTEX_WAKE. The worker keeps a
+// read of the eventfd armed in its ring (IORING_OP_READ) across its
+// sleeps until it completes; the eventfd's count holds a write made
+// before the read was armed, so the order of flag, re-check and ring is
+// the same as with the futex and no wake-up is lost.
+//
+// The daemon never writes that eventfd: the client shares its file
+// description and could make a write block. The daemon's own wake-ups of
+// the worker (Kick, Close) go through the worker's own wake-up instead.
+// What a client does with it costs only its own queue: a client that
+// does not say it rings it (bell_ack), or whose eventfd the worker's read
+// fails on (a kernel that answered a non-blocking file's read with EAGAIN
+// at once; 6.1 and 6.18 wait on it as on any other), has its queue looked
+// at every millisecond by the worker instead (counted as the worker's deaf
+// sleeps, and logged); one that drains or floods it delays or wakes only
+// the worker's look at its own queue. When the queue closes, the worker
+// cancels its armed read (IORING_OP_ASYNC_CANCEL by user_data), since
+// nothing else would end it.
+//
 // # The daemon's side: one sleep per reactor
 //
 // The daemon serves its queues with a few reactor workers (package
@@ -154,8 +184,9 @@
 // the wait itself is the worker's: it arms, for every queue whose Doorbell
 // agreed, a futex wait on that queue's sq_wake with the value Doorbell
 // read (IORING_OP_FUTEX_WAIT on its ring, a shared futex, so the client's
-// plain FUTEX_WAKE of its own mapping reaches it; futex_waitv(2) without
-// io_uring), then waits once for the first of: any armed word woken or
+// plain FUTEX_WAKE of its own mapping reaches it; a read of the queue's
+// eventfd with eventfd doorbells; futex_waitv(2) without io_uring), then
+// waits once for the first of: any armed word woken or
 // changed, a completion on its ring, its own wake-up (a queue attached or
 // detached, shutdown, a completion of the RDMA work it posted). A queue
 // for which Doorbell found work (or closing) keeps the worker awake, and

@@ -30,6 +30,8 @@ const (
 	offDataSize  = 0x024
 	offSize      = 0x028
 	offID        = 0x030
+	offDoorbell  = 0x038
+	offBellAck   = 0x03c
 	offSQHead    = 0x040
 	offSQTail    = 0x080
 	offSQFlags   = 0x0c0
@@ -56,6 +58,19 @@ const (
 	// cq_tail reaches cq_target, not for every completion. A client that
 	// sets only FlagWaiting is woken by each one.
 	FlagWaitTarget uint32 = 1 << 1
+)
+
+// Doorbells: what a client does to wake a daemon sleeping for it, as the
+// header's doorbell word (written by the daemon) says.
+const (
+	// DoorbellFutex: FUTEX_WAKE on sq_wake.
+	DoorbellFutex uint32 = 0
+	// DoorbellEventfd: write 1 (8 bytes) to the eventfd passed as the
+	// second descriptor with OpenQueue's answer. A client that does so
+	// sets bell_ack to BellAckEventfd.
+	DoorbellEventfd uint32 = 1
+	// BellAckEventfd in bell_ack: this client rings the eventfd.
+	BellAckEventfd uint32 = 1
 )
 
 // Bits of the state word, written by the daemon.
@@ -183,6 +198,7 @@ type words struct {
 	cqHead, cqTail, cqFlags, cqWake *atomic.Uint32
 	cqTarget                        *atomic.Uint32
 	state, violations               *atomic.Uint32
+	doorbell, bellAck               *atomic.Uint32
 }
 
 func wordsOf(mem []byte) words {
@@ -191,6 +207,7 @@ func wordsOf(mem []byte) words {
 		cqHead: word(mem, offCQHead), cqTail: word(mem, offCQTail), cqFlags: word(mem, offCQFlags), cqWake: word(mem, offCQWake),
 		cqTarget: word(mem, offCQTarget),
 		state:    word(mem, offState), violations: word(mem, offViolation),
+		doorbell: word(mem, offDoorbell), bellAck: word(mem, offBellAck),
 	}
 }
 

@@ -31,6 +31,18 @@ func (r *DaemonRing) Release() error {
 	}
 	err := shm.Unmap(r.mem[:cap(r.mem)])
 	r.mem = nil
+	return errors.Join(err, r.CloseDoorbell())
+}
+
+// CloseDoorbell closes the queue's eventfd doorbell (UseEventfd), once no
+// worker waits on it (after the queue's Detach); Release does it too.
+// EventfdDoorbell reports none afterwards.
+func (r *DaemonRing) CloseDoorbell() error {
+	if r.efd < 0 {
+		return nil
+	}
+	err := closeFD(r.efd)
+	r.efd = -1
 	return err
 }
 
@@ -59,5 +71,9 @@ func (q *ClientRing) Unmap() error {
 	}
 	err := shm.Unmap(q.mem[:cap(q.mem)])
 	q.mem = nil
+	if q.efd >= 0 {
+		err = errors.Join(err, closeFD(q.efd))
+		q.efd = -1
+	}
 	return err
 }

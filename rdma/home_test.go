@@ -287,6 +287,10 @@ func (q *tidQueue) Doorbell() (*atomic.Uint32, uint32, bool) {
 
 func (q *tidQueue) Awake() {}
 
+// EventfdDoorbell: none; the test's pool runs its workers on their own
+// threads.
+func (q *tidQueue) EventfdDoorbell() (int, bool) { return -1, false }
+
 func (q *tidQueue) give(ts []*xfer.Task) {
 	q.mu.Lock()
 	q.todo = append(q.todo, ts...)

@@ -22,7 +22,9 @@
 //
 // An idle worker sleeps in one wait that any of its sources ends: the
 // doorbell of each queue it serves (the queue's futex word, armed as an
-// IORING_OP_FUTEX_WAIT on the ring, or among the words of futex_waitv),
+// IORING_OP_FUTEX_WAIT on the ring, or among the words of futex_waitv; on
+// a ring without IORING_OP_FUTEX_WAIT, a read of the queue's eventfd,
+// which the client writes: see "Doorbells"),
 // its ring's completions, and its own wake-up (a queue attached or
 // detached, the pool stopping, a reaper's completion: the ring's eventfd,
 // or the worker's own futex word). Before it sleeps it asks every queue for its doorbell
@@ -30,6 +32,21 @@
 // as queue/doc.go says: a client that submits after the check sees the
 // flag, changes the word and wakes the wait; one that submitted before is
 // seen by the check, and the worker does not sleep.
+//
+// # Doorbells
+//
+// New picks, once, how clients wake a hosted worker (Config.Doorbell,
+// logged): the queue's futex word where the kernel's io_uring has
+// IORING_OP_FUTEX_WAIT (Linux 6.7), else an eventfd per queue
+// (queue.DaemonRing.UseEventfd; queue/doc.go, "Eventfd doorbells"), so
+// that on older kernels too a worker sleeps on its ring and does its file
+// I/O there, without a hand-off. Asking for futex doorbells where the ring
+// cannot wait on them runs the workers on their own threads (futex_waitv)
+// instead. A worker arms each queue's eventfd read once and keeps it armed
+// across sleeps until it completes; a queue whose doorbell cannot be heard
+// (its client does not ring it, or its read failed) bounds the worker's
+// sleep to a millisecond instead (Stats.Deaf), and a queue detached with
+// its read armed has the read cancelled at the worker's next sleep.
 //
 // # Reapers
 //

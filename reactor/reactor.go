@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tensorcast/tensorcast/internal/ratelog"
 	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -19,7 +20,22 @@ type Config struct {
 	// Workers is the number of workers; 0 means one per CPU the process
 	// may run on (runtime.NumCPU, which honours the CPU affinity mask).
 	Workers int
+	// Doorbell is how a client wakes a worker hosted on an io_uring ring:
+	// DoorbellFutex (IORING_OP_FUTEX_WAIT on the queue's futex word),
+	// DoorbellEventfd (a read of an eventfd per queue, which the client
+	// writes), or DoorbellAuto ("", the default: the futex where the
+	// kernel's io_uring has IORING_OP_FUTEX_WAIT, Linux 6.7, else the
+	// eventfd). DoorbellFutex on a kernel without the opcode runs the
+	// workers on their own threads, sleeping in futex_waitv(2).
+	Doorbell string
 }
+
+// Doorbell kinds (Config.Doorbell).
+const (
+	DoorbellAuto    = ""
+	DoorbellFutex   = "futex"
+	DoorbellEventfd = "eventfd"
+)
 
 // WorkersFor is the number of workers cfg asks for, after its default.
 func (c Config) WorkersFor() int {
@@ -33,6 +49,11 @@ func (c Config) WorkersFor() int {
 func (c Config) Validate() error {
 	if c.Workers < 0 || c.Workers > MaxWorkers {
 		return fmt.Errorf("%w: %d workers (want 0 for one per CPU, or 1..%d)", ErrConfig, c.Workers, MaxWorkers)
+	}
+	switch c.Doorbell {
+	case DoorbellAuto, DoorbellFutex, DoorbellEventfd:
+	default:
+		return fmt.Errorf("%w: doorbell %q (want %q, %q or empty for the kernel's best)", ErrConfig, c.Doorbell, DoorbellFutex, DoorbellEventfd)
 	}
 	return nil
 }
@@ -52,6 +73,11 @@ type Queue interface {
 	Doorbell() (w *atomic.Uint32, v uint32, sleep bool)
 	// Awake ends a sleep Doorbell agreed to.
 	Awake()
+	// EventfdDoorbell is the queue's eventfd doorbell (fd -1: none) and
+	// whether its client says it rings it (see
+	// queue.DaemonRing.EventfdDoorbell). A worker whose pool uses eventfd
+	// doorbells waits on it instead of the futex word Doorbell returns.
+	EventfdDoorbell() (fd int, rung bool)
 }
 
 // Host is a transport whose rings can host workers (*uring.Transport).
@@ -69,6 +95,10 @@ type Pool struct {
 	log     *slog.Logger
 	workers []*Worker
 	hosted  bool
+	eventfd bool // hosted workers wait on their queues' eventfds
+	// warns are what clients can make the workers say, rate limited:
+	// a flood of queues is a line every interval, not one per queue.
+	warns *warns
 	// mu guards the workers' loads (Attach balances by them).
 	mu sync.Mutex
 }
@@ -87,19 +117,37 @@ func New(cfg Config, host Host, log *slog.Logger) (*Pool, error) {
 	if host != nil && host.Rings() != n {
 		return nil, fmt.Errorf("%w: %d workers on a transport of %d rings", ErrConfig, n, host.Rings())
 	}
-	if host != nil && !host.Wakeable() {
-		// A hosted worker would sleep past its doorbells, looking at its
-		// queues once a millisecond: a queue at depth 1 would wait that
-		// long per request. On its own thread it sleeps in futex_waitv
-		// and hands file requests to the rings' pollers, as before
-		// reactors.
-		log.Warn("reactor: io_uring lacks IORING_OP_FUTEX_WAIT (Linux 6.7): workers run on their own threads and hand file requests to the rings",
-			"workers", n)
-		host = nil
+	eventfd := false
+	if host != nil {
+		switch {
+		case cfg.Doorbell == DoorbellEventfd:
+			eventfd = true
+			log.Info("reactor: doorbells are eventfds (configured): workers sleep on their rings, clients write an eventfd per queue",
+				"workers", n, "io_uring_futex_wait", host.Wakeable())
+		case host.Wakeable():
+		case cfg.Doorbell == DoorbellAuto:
+			// A hosted worker cannot sleep on its queues' futex words: it
+			// reads an eventfd per queue instead, which the client
+			// writes when the worker sleeps.
+			eventfd = true
+			log.Warn("reactor: io_uring lacks IORING_OP_FUTEX_WAIT (Linux 6.7): doorbells are eventfds, workers sleep on their rings, clients write an eventfd per queue",
+				"workers", n)
+		default:
+			// A futex doorbell asked for where the ring cannot wait on
+			// one: the workers run on their own threads, sleep in
+			// futex_waitv and hand file requests to the rings' pollers.
+			log.Warn("reactor: io_uring lacks IORING_OP_FUTEX_WAIT (Linux 6.7) and futex doorbells are configured: workers run on their own threads and hand file requests to the rings",
+				"workers", n)
+			host = nil
+		}
 	}
-	p := &Pool{log: log, hosted: host != nil}
+	p := &Pool{log: log, hosted: host != nil, eventfd: eventfd, warns: &warns{
+		unrung: ratelog.New(log, slog.LevelWarn, "reactor: a queue's client does not ring its eventfd doorbell: the worker looks at it every millisecond", 0),
+		failed: ratelog.New(log, slog.LevelWarn, "reactor: a read of a queue's eventfd doorbell failed: the worker looks at that queue every millisecond instead", 0),
+	}}
 	for i := 0; i < n; i++ {
 		w := newWorker(i)
+		w.eventfd, w.warns = eventfd, p.warns
 		p.workers = append(p.workers, w)
 		if p.hosted {
 			wake, err := host.Host(i, w)
@@ -115,12 +163,29 @@ func New(cfg Config, host Host, log *slog.Logger) (*Pool, error) {
 			return nil, err
 		}
 	}
-	log.Info("reactor: workers ready", "workers", n, "on_uring_rings", p.hosted)
+	log.Info("reactor: workers ready", "workers", n, "on_uring_rings", p.hosted, "doorbell", p.doorbell())
 	return p, nil
+}
+
+func (p *Pool) doorbell() string {
+	if p.eventfd {
+		return DoorbellEventfd
+	}
+	return DoorbellFutex
 }
 
 // Workers is how many workers the pool has.
 func (p *Pool) Workers() int { return len(p.workers) }
+
+// EventfdDoorbells reports whether the pool's workers wait on an eventfd
+// per queue (queue.DaemonRing.UseEventfd, with Wake as its kick) rather
+// than on the queues' futex words.
+func (p *Pool) EventfdDoorbells() bool { return p.eventfd }
+
+// Wake wakes worker w if it sleeps: what a queue's Kick does when the
+// worker waits on its eventfd, not on its futex word. Any goroutine may
+// call it.
+func (p *Pool) Wake(w int) { p.workers[w].wake() }
 
 // Home is what a queue served by worker w sets as its tasks' Home
 // (xfer.Task.Home): w plus one, so that the rdma transport posts them on a
@@ -168,6 +233,10 @@ func (p *Pool) Detach(w int, q Queue) {
 	p.unload(w)
 }
 
+// Unpick gives back a worker Pick chose for a queue that will not be
+// attached after all.
+func (p *Pool) Unpick(w int) { p.unload(w) }
+
 func (p *Pool) unload(w int) {
 	p.mu.Lock()
 	p.workers[w].load--
@@ -179,6 +248,9 @@ type Stats struct {
 	Queues int    // queues served now
 	Passes uint64 // passes of its loop
 	Sleeps uint64 // sleeps it agreed to
+	// Deaf counts sleeps bounded because a queue's eventfd doorbell could
+	// not be waited on (its client does not ring it, or its read failed).
+	Deaf uint64
 }
 
 // Stats returns one Stats per worker.
@@ -188,7 +260,7 @@ func (p *Pool) Stats() []Stats {
 		w.mu.Lock()
 		out[i].Queues = w.attached
 		w.mu.Unlock()
-		out[i].Passes, out[i].Sleeps = w.passes.Load(), w.sleeps.Load()
+		out[i].Passes, out[i].Sleeps, out[i].Deaf = w.passes.Load(), w.sleeps.Load(), w.deaf.Load()
 	}
 	return out
 }
@@ -201,13 +273,22 @@ func (p *Pool) Close() {
 			w.stopThread()
 		}
 	}
+	p.warns.unrung.Stop()
+	p.warns.failed.Stop()
+}
+
+// warns are a pool's rate-limited warnings.
+type warns struct {
+	unrung, failed *ratelog.Log
 }
 
 // Worker is one reactor: the queues it serves and its sleep. It is the
 // guest of a ring (uring.Guest) or runs its own thread (thread.go).
 type Worker struct {
-	id   int
-	wake func() // wakes the worker's thread when it sleeps
+	id      int
+	wake    func() // wakes the worker's thread when it sleeps
+	eventfd bool   // it waits on its queues' eventfd doorbells
+	warns   *warns
 
 	// mu guards the fields below.
 	mu       sync.Mutex
@@ -230,8 +311,12 @@ type Worker struct {
 	slots  []*served
 	free   []uint16
 	sleepy []*served // the queues whose Doorbell agreed to this sleep
+	// cancels are the tokens of eventfd waits of queues gone, to cancel
+	// at the next sleep: nothing else would end them (the daemon never
+	// writes an eventfd its client holds).
+	cancels []uint32
 
-	passes, sleeps atomic.Uint64
+	passes, sleeps, deaf atomic.Uint64
 
 	thread *thread // the own thread, nil when hosted
 }
@@ -247,11 +332,24 @@ type served struct {
 	q    Queue
 	slot uint16
 	gen  uint16
-	// armed: a futex wait on word for value val is in the kernel.
+	// armed: a futex wait on word for value val (or a read of the
+	// queue's eventfd) is in the kernel.
 	armed bool
 	word  *atomic.Uint32
 	val   uint32
+	// deaf: the queue's eventfd doorbell cannot be waited on (its client
+	// does not ring it, or a read of it failed): sleeps with it are
+	// bounded instead. unrung counts such sleeps, warned says it was
+	// logged.
+	deaf   bool
+	unrung uint32
+	warned bool
+	// took: a pass of the queue did work (its client submitted).
+	took bool
 }
+
+// token is the armed wait's token: slot and generation.
+func (s *served) token() uint32 { return uint32(s.slot)<<16 | uint32(s.gen) }
 
 var _ uring.Guest = (*Worker)(nil)
 
@@ -302,11 +400,16 @@ func (w *Worker) apply() {
 			if s.q != d.q {
 				continue
 			}
-			// A wait still armed fires later (a closing queue's Kick
-			// wakes it) and finds the slot's generation moved on.
+			// A futex wait still armed fires later (a closing queue's
+			// Kick wakes it) and finds the slot's generation moved on;
+			// an eventfd read is cancelled at the next sleep.
+			if s.armed && w.eventfd {
+				w.cancels = append(w.cancels, s.token())
+			}
 			s.q = nil
 			s.gen++
 			s.armed, s.word = false, nil
+			s.deaf, s.unrung, s.warned, s.took = false, 0, false, false
 			w.free = append(w.free, s.slot)
 			w.queues = append(w.queues[:i], w.queues[i+1:]...)
 			w.attached--
@@ -340,7 +443,7 @@ func (w *Worker) Serve() bool {
 	did := false
 	for _, s := range w.queues {
 		if s.q.Serve() {
-			did = true
+			did, s.took = true, true
 		}
 	}
 	if w.reap() {
@@ -351,10 +454,14 @@ func (w *Worker) Serve() bool {
 
 // Sleep implements uring.Guest: every queue's doorbell, armed on ws.
 func (w *Worker) Sleep(ws uring.Waits) bool {
+	for len(w.cancels) > 0 && ws.CancelWait(w.cancels[len(w.cancels)-1]) {
+		w.cancels = w.cancels[:len(w.cancels)-1]
+	}
 	if w.changed.Load() || !w.reapersSleep() {
 		return false
 	}
 	w.sleepy = w.sleepy[:0]
+	deaf := false
 	for _, s := range w.queues {
 		word, v, ok := s.q.Doorbell()
 		if !ok {
@@ -365,6 +472,12 @@ func (w *Worker) Sleep(ws uring.Waits) bool {
 			return false
 		}
 		w.sleepy = append(w.sleepy, s)
+		if w.eventfd {
+			if word != nil && !w.armBell(s, ws) {
+				deaf = true
+			}
+			continue
+		}
 		if word == nil || (s.armed && s.word == word && s.val == v) {
 			continue // nothing to wait for, or armed already
 		}
@@ -377,10 +490,51 @@ func (w *Worker) Sleep(ws uring.Waits) bool {
 			continue
 		}
 		s.armed, s.word, s.val = true, word, v
-		ws.FutexWait(word, v, uint32(s.slot)<<16|uint32(s.gen))
+		ws.FutexWait(word, v, s.token())
 	}
 	w.sleeps.Add(1)
+	if deaf {
+		w.deaf.Add(1)
+	}
 	return true
+}
+
+// unrungWarn is how many bounded sleeps a queue whose client does not
+// ring its eventfd costs before the worker says so (about a second's).
+const unrungWarn = 1000
+
+// armBell arms a read of s's eventfd doorbell, unless one is armed: a
+// write the client made after Doorbell's check, or before (the count
+// stays in the eventfd), ends it. The futex word's value plays no part:
+// the eventfd's count is what carries the doorbell.
+//
+// Until the client says it rings the eventfd (bell_ack, which a client
+// writes before its first submit), the read is armed and the sleep is
+// bounded too (Soon): a client that does not know eventfd doorbells rings
+// the futex only. One that submitted without saying so is such a client,
+// as is one whose read failed (deaf): its queue is looked at every
+// millisecond, which costs the worker a look and that queue its latency,
+// nothing more. It reports false when the sleep is bounded for such a
+// queue.
+func (w *Worker) armBell(s *served, ws uring.Waits) bool {
+	fd, rung := s.q.EventfdDoorbell()
+	if fd >= 0 && !s.deaf && !s.armed {
+		s.armed = true
+		ws.FDWait(fd, s.token())
+	}
+	if fd >= 0 && rung && !s.deaf {
+		return true
+	}
+	ws.Soon()
+	if !s.deaf && fd >= 0 && !s.took {
+		return true // a new queue whose client has not said yet
+	}
+	if s.unrung++; s.unrung == unrungWarn && !s.warned {
+		s.warned = true
+		w.warns.unrung.Event(slog.Int("worker", w.id), slog.Bool("has_eventfd", fd >= 0), slog.Bool("client_rings", rung),
+			slog.Bool("read_failed", s.deaf))
+	}
+	return false
 }
 
 // Awake implements uring.Guest.
@@ -393,11 +547,21 @@ func (w *Worker) Awake() {
 	w.sleepy = w.sleepy[:0]
 }
 
-// Fired implements uring.Guest: the wait armed with token ended.
-func (w *Worker) Fired(token uint32) {
+// Fired implements uring.Guest: the wait armed with token ended. An
+// eventfd read that failed (a kernel that answers a read of a file its
+// client made non-blocking with EAGAIN at once; Linux 6.1 and 6.18 wait
+// instead) would fail at every sleep: that queue's doorbell is not waited
+// on again, and the worker looks at the queue every millisecond.
+func (w *Worker) Fired(token uint32, res int32) {
 	slot, gen := token>>16, uint16(token)
-	if int(slot) < len(w.slots) && w.slots[slot].gen == gen {
-		w.slots[slot].armed = false
+	if int(slot) >= len(w.slots) || w.slots[slot].gen != gen {
+		return
+	}
+	s := w.slots[slot]
+	s.armed = false
+	if w.eventfd && res < 0 && s.q != nil && !s.deaf {
+		s.deaf = true
+		w.warns.failed.Event(slog.Int("worker", w.id), slog.Int("errno", int(-res)))
 	}
 }
 

@@ -43,6 +43,38 @@ func (e *echo) Serve() bool {
 
 func (e *echo) Doorbell() (*atomic.Uint32, uint32, bool) { return e.d.Doorbell() }
 func (e *echo) Awake()                                   { e.d.Awake() }
+func (e *echo) EventfdDoorbell() (int, bool)             { return e.d.EventfdDoorbell() }
+
+// attach gives e (whose client side is c, nil for none) to a worker of p,
+// with an eventfd doorbell when p's workers wait on those, and detaches
+// it at the test's end. Without a client side, the eventfd passed for it
+// is returned (closed at the test's end; -1 without one), and given to
+// before, when set, before the worker has the queue.
+func attach(t testing.TB, p *Pool, e *echo, c *queue.ClientRing, before ...func(fd int)) int {
+	t.Helper()
+	w := p.Pick()
+	pass := -1
+	if p.EventfdDoorbells() {
+		fd, err := e.d.UseEventfd(func() { p.Wake(w) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c == nil {
+			pass = fd
+			t.Cleanup(func() { unix.Close(fd) })
+			for _, f := range before {
+				f(fd)
+			}
+		} else if err := c.SetDoorbellFD(fd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Attach(w, e); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Detach(w, e) })
+	return pass
+}
 
 // newQueue makes a queue of sq entries and returns its daemon side (as an
 // echo), its client side, and the client's raw mapping (for a hostile
@@ -82,20 +114,28 @@ func pools(t *testing.T, workers int, f func(t *testing.T, p *Pool)) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer p.Close()
+		t.Cleanup(p.Close)
 		f(t, p)
 	})
-	t.Run("uring", func(t *testing.T) {
-		tr, err := uring.New(uring.Config{Rings: workers, AllowedDirs: []string{t.TempDir()}}, nil)
-		testutil.RequireSupported(t, testutil.IOUring, err)
-		defer tr.Close()
-		p, err := New(Config{Workers: workers}, tr, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Close()
-		f(t, p)
-	})
+	for _, bell := range []string{DoorbellFutex, DoorbellEventfd} {
+		t.Run("uring-"+bell, func(t *testing.T) {
+			tr, err := uring.New(uring.Config{Rings: workers, AllowedDirs: []string{t.TempDir()}}, nil)
+			testutil.RequireSupported(t, testutil.IOUring, err)
+			if bell == DoorbellFutex && !tr.Wakeable() {
+				tr.Close()
+				testutil.Missing(t, testutil.IOUring, "IORING_OP_FUTEX_WAIT (Linux 6.7)")
+			}
+			p, err := New(Config{Workers: workers, Doorbell: bell}, tr, nil)
+			if err != nil {
+				tr.Close()
+				t.Fatal(err)
+			}
+			// The transport closes after the test's cleanups (the
+			// queues' detaches), and the pool with it.
+			t.Cleanup(func() { p.Close(); tr.Close() })
+			f(t, p)
+		})
+	}
 }
 
 // TestLostWakeupManyQueues: four queues on one worker, each with a
@@ -111,11 +151,7 @@ func TestLostWakeupManyQueues(t *testing.T) {
 		errs := make(chan error, 4)
 		for i := 0; i < 4; i++ {
 			e, c, _ := newQueue(t, uint64(i+1), 64)
-			w := p.Pick()
-			if err := p.Attach(w, e); err != nil {
-				t.Fatal(err)
-			}
-			defer p.Detach(w, e)
+			attach(t, p, e, c)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -129,8 +165,8 @@ func TestLostWakeupManyQueues(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if st := p.Stats(); st[0].Queues != 4 || st[0].Sleeps == 0 {
-			t.Errorf("worker stats %+v: want 4 queues and some sleeps", st[0])
+		if st := p.Stats(); st[0].Queues != 4 || st[0].Sleeps == 0 || st[0].Deaf != 0 {
+			t.Errorf("worker stats %+v: want 4 queues, some sleeps, none bounded for want of a doorbell", st[0])
 		}
 	})
 }
@@ -142,13 +178,20 @@ func TestHostileNeighbour(t *testing.T) {
 	pools(t, 1, func(t *testing.T, p *Pool) {
 		bad, _, raw := newQueue(t, 1, 8)
 		good, c, _ := newQueue(t, 2, 64)
-		for _, q := range []Queue{bad, good} {
-			w := p.Pick()
-			if err := p.Attach(w, q); err != nil {
-				t.Fatal(err)
-			}
-			defer p.Detach(w, q)
+		// With an eventfd doorbell: one it never rings.
+		attach(t, p, bad, nil)
+		if p.EventfdDoorbells() {
+			// And a third that says it rings its eventfd but made the
+			// file non-blocking, so that a read of it fails at once.
+			worse, _, wraw := newQueue(t, 3, 8)
+			attach(t, p, worse, nil, func(fd int) {
+				if err := unix.SetNonblock(fd, true); err != nil {
+					t.Fatal(err)
+				}
+				(*atomic.Uint32)(unsafe.Pointer(&wraw[0x03c])).Store(queue.BellAckEventfd)
+			})
 		}
+		attach(t, p, good, c)
 		var stop atomic.Bool
 		done := make(chan struct{})
 		go func() {
@@ -175,7 +218,84 @@ func TestHostileNeighbour(t *testing.T) {
 			}
 			c.Reap(cqes[:])
 		}
+		if p.EventfdDoorbells() {
+			// Where a read of a non-blocking eventfd fails at once (a
+			// kernel whose io_uring does not arm a poll for it), the
+			// worker looks at that queue instead of waiting on it: its
+			// sleeps are counted deaf, and it does not spin. Linux 6.18
+			// arms the poll: nothing fails.
+			t.Logf("worker stats beside a client whose eventfd is non-blocking: %+v", p.Stats()[0])
+		}
 	})
+}
+
+// TestEventfdDoorbell: workers forced onto eventfd doorbells (as on a
+// kernel whose io_uring lacks IORING_OP_FUTEX_WAIT) still sleep on their
+// rings with no bound, and each sleep is ended by the client's doorbell:
+// a request submitted while the worker sleeps is answered, every time,
+// and no sleep was bounded for want of a doorbell (which would hide a lost
+// one behind a millisecond's poll).
+func TestEventfdDoorbell(t *testing.T) {
+	tr, err := uring.New(uring.Config{Rings: 1, AllowedDirs: []string{t.TempDir()}}, nil)
+	testutil.RequireSupported(t, testutil.IOUring, err)
+	p, err := New(Config{Workers: 1, Doorbell: DoorbellEventfd}, tr, nil)
+	if err != nil {
+		tr.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close(); tr.Close() })
+	if !p.EventfdDoorbells() || p.Home(0) != 1 {
+		t.Fatalf("a pool configured for eventfd doorbells: eventfd %v, worker 0's home %#x (want its ring, 1)", p.EventfdDoorbells(), p.Home(0))
+	}
+	// By default, eventfd doorbells exactly where the kernel's io_uring
+	// cannot wait on a futex (on Linux 6.18 the futex, in the Soft-RoCE
+	// VM's 6.1 the eventfd), and the workers on their rings either way.
+	tr2, err := uring.New(uring.Config{Rings: 1, AllowedDirs: []string{t.TempDir()}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auto, err := New(Config{Workers: 1}, tr2, nil)
+	if err != nil {
+		tr2.Close()
+		t.Fatal(err)
+	}
+	if auto.EventfdDoorbells() == tr2.Wakeable() || auto.Home(0) != 1 {
+		t.Errorf("by default, on io_uring with futex waits %v: eventfd doorbells %v, worker 0's home %#x (want its ring, 1)",
+			tr2.Wakeable(), auto.EventfdDoorbells(), auto.Home(0))
+	}
+	t.Logf("io_uring futex waits %v: doorbells by default are eventfds %v", tr2.Wakeable(), auto.EventfdDoorbells())
+	auto.Close()
+	tr2.Close()
+	e, c, _ := newQueue(t, 1, 8)
+	attach(t, p, e, c)
+	if c.Doorbell() != queue.DoorbellEventfd {
+		t.Fatalf("the queue's header asks for doorbell %d", c.Doorbell())
+	}
+	var cqes [1]queue.CQE
+	var before uint64 // the worker's sleeps when the last request was submitted
+	for i := 0; i < 200; i++ {
+		// The worker is asleep, or about to be: it agreed to a sleep
+		// after it served the last request.
+		testutil.Eventually(t, 10*time.Second, func() bool { return p.Stats()[0].Sleeps > before },
+			"the worker sleeping before round trip %d", i)
+		before = p.Stats()[0].Sleeps
+		if ok, err := c.Stage(&queue.SQE{Op: queue.OpNop, UserData: uint64(i), Length: 1}, nil); !ok || err != nil {
+			t.Fatalf("stage: %v %v", ok, err)
+		}
+		c.Submit()
+		if err := c.Wait(1, 10*time.Second); err != nil {
+			t.Fatalf("round trip %d to a sleeping worker: %v", i, err)
+		}
+		if c.Reap(cqes[:]) != 1 || cqes[0].UserData != uint64(i) {
+			t.Fatalf("round trip %d: %+v", i, cqes[0])
+		}
+	}
+	if c.SubmitDoorbells == 0 {
+		t.Error("no submit rang the doorbell: the worker never slept for entries")
+	}
+	if st := p.Stats()[0]; st.Deaf != 0 {
+		t.Errorf("worker stats %+v: sleeps bounded for want of a doorbell", st)
+	}
 }
 
 // TestAttachBalances: queues go to the worker serving the fewest, and
@@ -252,6 +372,9 @@ func TestConfig(t *testing.T) {
 			t.Errorf("workers %d: %v", tc.workers, err)
 		}
 	}
+	if err := (Config{Doorbell: "bell"}).Validate(); !errors.Is(err, ErrConfig) {
+		t.Errorf("doorbell \"bell\": %v", err)
+	}
 	if n := (Config{}).WorkersFor(); n != runtime.NumCPU() {
 		t.Errorf("default workers %d, want %d", n, runtime.NumCPU())
 	}
@@ -268,25 +391,37 @@ func (h fakeHost) Host(int, uring.Guest) (func(), error) {
 	return nil, errors.New("not hosted")
 }
 
-// unwakeableHost is a transport on a kernel without IORING_OP_FUTEX_WAIT:
-// hosting a worker there is refused by the test.
+// unwakeableHost is a transport on a kernel without IORING_OP_FUTEX_WAIT;
+// it takes its guests without serving them.
 type unwakeableHost int
 
 func (h unwakeableHost) Rings() int     { return int(h) }
 func (h unwakeableHost) Wakeable() bool { return false }
 func (h unwakeableHost) Host(int, uring.Guest) (func(), error) {
-	return nil, errors.New("a worker hosted on a ring that cannot wake it")
+	return func() {}, nil
 }
 
-// TestUnwakeableHostRunsOwnThreads: where a hosted worker would sleep past
-// its doorbells, the workers run on their own threads instead (a queue's
-// tasks carry no ring as Home), and the pool starts.
-func TestUnwakeableHostRunsOwnThreads(t *testing.T) {
+// TestUnwakeableHost: where a ring cannot wait on a futex, the workers
+// stay on their rings and wait on eventfd doorbells (the default), or,
+// with futex doorbells configured, run on their own threads (a queue's
+// tasks then carry no ring as Home).
+func TestUnwakeableHost(t *testing.T) {
 	p, err := New(Config{Workers: 2}, unwakeableHost(2), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !p.EventfdDoorbells() || p.Home(1) != 2 {
+		t.Errorf("by default: eventfd doorbells %v, worker 1's Home %#x (want true, its ring 2)", p.EventfdDoorbells(), p.Home(1))
+	}
+	p.Close()
+	p, err = New(Config{Workers: 2, Doorbell: DoorbellFutex}, unwakeableHost(2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
+	if p.EventfdDoorbells() {
+		t.Error("futex doorbells configured, eventfd ones used")
+	}
 	for w := 0; w < p.Workers(); w++ {
 		// The worker, marked as on its own thread: beyond every ring's
 		// index, so that no ring takes its tasks as its guest's.

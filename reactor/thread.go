@@ -67,7 +67,7 @@ func (w *Worker) runThread() {
 		w.Awake()
 		// Nothing stays armed across this thread's sleeps.
 		for _, tk := range t.tokens {
-			w.Fired(tk)
+			w.Fired(tk, 0)
 		}
 	}
 	w.Stop()
@@ -82,6 +82,18 @@ func (t *thread) FutexWait(word *atomic.Uint32, v uint32, token uint32) {
 	}
 	t.waits = append(t.waits, waitvOf(word, v))
 }
+
+// FDWait implements uring.Waits: an own-thread worker has no ring to read
+// an eventfd with (its pool never uses eventfd doorbells); the sleep is
+// bounded instead.
+func (t *thread) FDWait(fd int, token uint32) {
+	t.tokens = append(t.tokens, token)
+	t.soon = true
+}
+
+// CancelWait implements uring.Waits: nothing stays armed across this
+// thread's sleeps.
+func (t *thread) CancelWait(uint32) bool { return true }
 
 // Soon implements uring.Waits.
 func (t *thread) Soon() { t.soon = true }

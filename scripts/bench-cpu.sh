@@ -149,6 +149,9 @@ for job in jobs:
     for side in ("before", "after", "fio"):
         rs = [x for x in (one(os.path.join(w, f"{name}-{side}-{r}")) for r in range(1, repeat + 1)) if x]
         med[side] = tuple(median(rs, k) for k in range(5)) if rs else None
+        # Every round's figures, so that a round another process disturbed
+        # shows beside the medians.
+        print(f"bench-cpu: {name} {side} rounds: " + ", ".join(f"{x[0]/1e3:.1f}k IOPS {x[1]:.1f} µs/IO" for x in rs), file=sys.stderr)
     meds[name] = med
 print(f"| job | before ({before}) IOPS | ratio to fio | µs CPU/IO | after ({after}) IOPS | ratio to fio | µs CPU/IO | fio IOPS | fio µs CPU/IO |")
 print("|---|---|---|---|---|---|---|---|---|")

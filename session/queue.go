@@ -97,15 +97,17 @@ func (q *cqueue) refuse(ud uint64, code Code) {
 	q.ring.Post(&queue.CQE{UserData: ud, Code: uint32(code), State: uint8(xfer.StateFailed)})
 }
 
-// newQueue makes a queue of geometry g for c and gives it to a worker.
-func newQueue(c *Session, id uint64, g queue.Geometry) (*cqueue, int, error) {
+// newQueue makes a queue of geometry g for c and gives it to a worker. It
+// returns the queue's memfd and, when the workers wait on eventfd
+// doorbells, the queue's eventfd (else -1), both to pass to the client.
+func newQueue(c *Session, id uint64, g queue.Geometry) (*cqueue, int, int, error) {
 	rx := c.h.Reactors
 	if rx == nil {
-		return nil, -1, fmt.Errorf("%w: no reactor serves queues", ErrUnavailable)
+		return nil, -1, -1, fmt.Errorf("%w: no reactor serves queues", ErrUnavailable)
 	}
 	ring, fd, err := queue.Create(id, g)
 	if err != nil {
-		return nil, -1, err
+		return nil, -1, -1, err
 	}
 	q := &cqueue{c: c, id: id, ring: ring}
 	// As many stream slots as completion slots: the ring bounds what is in
@@ -118,7 +120,21 @@ func newQueue(c *Session, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	q.st, err = c.h.Engine.NewStream(int(g.CQEntries), nil, ring)
 	if err != nil {
 		unix.Close(fd) //nolint:errcheck // nothing to do about it
-		return nil, -1, errors.Join(err, ring.Release())
+		return nil, -1, -1, errors.Join(err, ring.Release())
+	}
+	q.worker = rx.Pick()
+	bell := -1
+	if rx.EventfdDoorbells() {
+		// The worker waits on this eventfd, not on the futex word: the
+		// queue's own wake-ups (a freed stream slot, closing) go through
+		// the worker's.
+		w := q.worker
+		if bell, err = ring.UseEventfd(func() { rx.Wake(w) }); err != nil {
+			rx.Unpick(w)
+			q.st.Close(err)
+			unix.Close(fd) //nolint:errcheck // nothing to do about it
+			return nil, -1, -1, errors.Join(err, ring.Release())
+		}
 	}
 	q.st.OnFree(ring.Kick)
 	n := min(int(g.SQEntries), takeMax)
@@ -127,14 +143,16 @@ func newQueue(c *Session, id uint64, g queue.Geometry) (*cqueue, int, error) {
 	q.reqs = make([]xfer.StreamRequest, 0, n)
 	q.res = make([]error, n)
 	q.notes = make([][]byte, n)
-	q.worker = rx.Pick()
 	q.st.SetHome(rx.Home(q.worker))
 	if err := rx.Attach(q.worker, q); err != nil {
 		q.st.Close(err)
 		unix.Close(fd) //nolint:errcheck // nothing to do about it
-		return nil, -1, errors.Join(fmt.Errorf("%w: %w", ErrUnavailable, err), ring.Release())
+		if bell >= 0 {
+			unix.Close(bell) //nolint:errcheck // nothing to do about it
+		}
+		return nil, -1, -1, errors.Join(fmt.Errorf("%w: %w", ErrUnavailable, err), ring.Release())
 	}
-	return q, fd, nil
+	return q, fd, bell, nil
 }
 
 // Serve implements reactor.Queue: one pass on the worker's thread. It
@@ -196,6 +214,9 @@ func (q *cqueue) Doorbell() (*atomic.Uint32, uint32, bool) {
 
 // Awake implements reactor.Queue.
 func (q *cqueue) Awake() { q.ring.Awake() }
+
+// EventfdDoorbell implements reactor.Queue.
+func (q *cqueue) EventfdDoorbell() (int, bool) { return q.ring.EventfdDoorbell() }
 
 // prepare checks and converts taken entries into q.pend. An entry that
 // fails a check, and a no-op, is answered from q.answers once the entries
@@ -345,6 +366,12 @@ func (q *cqueue) close() {
 	q.once.Do(func() {
 		q.ring.Close()
 		q.c.h.Reactors.Detach(q.worker, q)
+		// The worker waits on the eventfd doorbell no more (an armed read
+		// of it is cancelled by user_data, which needs no fd): it is
+		// closed now, not with the mapping, which may outlive the server.
+		if err := q.ring.CloseDoorbell(); err != nil {
+			q.c.log.Warn("closing a closed queue's eventfd doorbell failed", "queue", q.id, "err", err)
+		}
 		// Entries taken but never given to the engine still get their
 		// CQEs; the worker no longer touches q.
 		for _, r := range q.pend {
@@ -372,26 +399,27 @@ func (q *cqueue) close() {
 }
 
 // OpenQueue makes a queue for this session and returns its memfd for the
-// answer; the caller closes it once the answer is sent. OpenQueue is not
-// idempotent by key: an fd cannot be replayed.
-func (c *Session) OpenQueue(m *wire.OpenQueueRequest, r *wire.Response) (int, error) {
+// answer, and its eventfd doorbell when the workers wait on those (else
+// -1), passed after the memfd; the caller closes both once the answer is
+// sent. OpenQueue is not idempotent by key: an fd cannot be replayed.
+func (c *Session) OpenQueue(m *wire.OpenQueueRequest, r *wire.Response) (int, int, error) {
 	lim := &c.h.Limits
 	if len(c.queues) >= lim.MaxQueues {
-		return -1, fmt.Errorf("%w: %d queues open (max %d)", ErrLimit, len(c.queues), lim.MaxQueues)
+		return -1, -1, fmt.Errorf("%w: %d queues open (max %d)", ErrLimit, len(c.queues), lim.MaxQueues)
 	}
 	if m.SQEntries == 0 || int(m.SQEntries) > lim.MaxQueueEntries || int64(m.CQEntries) > 4*int64(lim.MaxQueueEntries) ||
 		int64(m.DataSize) > int64(lim.MaxQueueData) {
-		return -1, fmt.Errorf("%w: queue of %d/%d entries and %d data bytes (max %d entries, %d bytes)",
+		return -1, -1, fmt.Errorf("%w: queue of %d/%d entries and %d data bytes (max %d entries, %d bytes)",
 			ErrLimit, m.SQEntries, m.CQEntries, m.DataSize, lim.MaxQueueEntries, lim.MaxQueueData)
 	}
 	g, err := queue.NewGeometry(m.SQEntries, m.CQEntries, m.DataSize)
 	if err != nil {
-		return -1, fmt.Errorf("%w: %w", ErrMalformed, err)
+		return -1, -1, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	id := c.h.nextQueue.Add(1)
-	q, fd, err := newQueue(c, id, g)
+	q, fd, bell, err := newQueue(c, id, g)
 	if err != nil {
-		return -1, err
+		return -1, -1, err
 	}
 	c.qmu.Lock()
 	c.queues[id] = q
@@ -399,7 +427,7 @@ func (c *Session) OpenQueue(m *wire.OpenQueueRequest, r *wire.Response) (int, er
 	*wire.SetResponse[wire.OpenQueueResponse](r) = wire.OpenQueueResponse{Queue: id,
 		SQEntries: g.SQEntries, CQEntries: g.CQEntries, DataSize: g.DataSize, Size: g.Size}
 	c.log.Debug("queue opened", "queue", id, "sq_entries", g.SQEntries, "cq_entries", g.CQEntries, "data_size", g.DataSize)
-	return fd, nil
+	return fd, bell, nil
 }
 
 // CloseQueue closes one of this session's queues.

@@ -128,23 +128,14 @@ func (c *conn) drop(err error) gnet.Action {
 	return gnet.Close
 }
 
-// srvHandler handles the connections peers dial to this node.
+// srvHandler handles the connections peers dial to this node (enrolled
+// by the accept goroutine, node.go).
 type srvHandler struct {
 	gnet.BuiltinEventEngine
-	n      *Node
-	booted chan struct{}
-}
-
-func (h *srvHandler) OnBoot(eng gnet.Engine) gnet.Action {
-	h.n.srvEng = eng
-	close(h.booted)
-	return gnet.None
+	n *Node
 }
 
 func (h *srvHandler) OnOpen(g gnet.Conn) ([]byte, gnet.Action) {
-	if !h.n.ready.Load() {
-		return nil, gnet.Close
-	}
 	c := &conn{n: h.n, g: g, role: roleServer, created: time.Now(), fd: g.Fd()}
 	c.hsDue = addSat(addSat(c.created.UnixNano(), int64(h.n.cfg.HandshakeTimeout)), 1)
 	g.SetContext(c)

@@ -91,8 +91,7 @@ func (n *Node) peerSeen(p *peer, addr string, epoch uint64, old []*conn) {
 // dialOne connects, authenticates and hands the connection to the event
 // loops.
 func (n *Node) dialOne(p *peer, addr string) (*conn, hello, error) {
-	d := net.Dialer{Timeout: n.cfg.HandshakeTimeout,
-		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: peerKeepAlive, Interval: peerKeepAlive / 5, Count: 5}}
+	d := net.Dialer{Timeout: n.cfg.HandshakeTimeout, KeepAliveConfig: peerKeepAliveConfig}
 	nc, err := d.DialContext(n.ctx, "tcp", addr)
 	if err != nil {
 		if n.closed.Load() {

@@ -15,9 +15,10 @@
 // task at once. Dials and handshakes run only on the pump, bounded by
 // HandshakeTimeout and canceled by Close.
 //
-// Goroutines and stop order. A Node owns: the gnet server engine (its Run
-// goroutine and event loops), the gnet client (event loops for the
-// connections this node dialed), one reaper goroutine (request,
+// Goroutines and stop order. A Node owns: the listener's accept goroutine,
+// which enrolls each connection a peer dials in the inbound gnet event
+// loops (see accept in node.go), those loops, the gnet client (event loops
+// for the connections this node dialed), one reaper goroutine (request,
 // notification and queue deadlines, handshake timeouts, stalled
 // connections; see reaper.go), one pump goroutine per peer it has sent to
 // (started on first use, see pump.go) and one writer goroutine per dialed
@@ -26,9 +27,11 @@
 // waiters and cancel dials in progress (done channel, context), stop the
 // reaper, wait for the pumps, fail the tasks still queued, stop the client
 // (every dialed connection closes, which stops its writer, and fails what
-// it carried), wait for the writers, stop the server engine, wait for
-// running exchange handlers (see Handle), then wait until no task is
-// outstanding (woken by the last task's end, for a second at most).
+// it carried), wait for the writers, close the listener, wait for the
+// accept goroutine, stop the inbound event loops (every connection a peer
+// dialed closes), wait for running exchange handlers (see Handle), then
+// wait until no task is outstanding (woken by the last task's end, for a
+// second at most).
 //
 // Peers. Only daemons the directory lists (Config.Peers, or entries added
 // to the Directory) are accepted on the listener; any other id is refused

@@ -12,15 +12,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -81,12 +77,16 @@ type Node struct {
 	tokKey []byte // token MAC key, derived from the cluster key
 	epoch  uint64
 	addr   string // advertised address
-	bound  string // the listener's own address (closeStrays)
 	lim    limits
 
-	srvEng  gnet.Engine // set in OnBoot, before NewNode returns
-	srvDone chan error
-	cli     *gnet.Client
+	// ln is the peer listener; the accept goroutine (acceptWG) takes its
+	// connections and enrolls them in srv, the event loops of the
+	// connections peers dialed. cli holds those of the connections this
+	// node dialed.
+	ln       net.Listener
+	acceptWG sync.WaitGroup
+	srv      *gnet.Client
+	cli      *gnet.Client
 
 	done       chan struct{} // closed when Close starts
 	reaperDone chan struct{}
@@ -104,9 +104,6 @@ type Node struct {
 	renewWG   sync.WaitGroup
 	closeOnce sync.Once
 	closed    atomic.Bool
-	// ready is set once addr, dir and cli are in place; the listener turns
-	// connections away before that.
-	ready atomic.Bool
 	// lifeMu orders Close against dialers: a dialer enrolls a connection
 	// only under the read lock with closed false.
 	lifeMu sync.RWMutex
@@ -133,6 +130,11 @@ type Node struct {
 
 	pendPool sync.Pool
 	taskPool sync.Pool
+
+	// pumpTried, set by tests before the first Submit, runs on a pump
+	// each time it tried to send a task, with what came of it, before it
+	// takes p.mu again (pump.go). Nil outside tests.
+	pumpTried func(p *peer, st sendState)
 }
 
 var _ xfer.Transport = (*Node)(nil)
@@ -167,7 +169,6 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		tokKey:     deriveKey(key, "tensorcast token v1"),
 		epoch:      epoch,
 		lim:        limits{maxPayload: uint32(cfg.MaxFrame), maxMeta: 8192},
-		srvDone:    make(chan error, 1),
 		done:       make(chan struct{}),
 		reaperDone: make(chan struct{}),
 		idle:       make(chan struct{}, 1),
@@ -180,43 +181,20 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 	n.pendPool.New = func() any { return &pending{node: n} }
 	n.taskPool.New = func() any { return new(taskState) }
 
-	opts := []gnet.Option{
-		gnet.WithMulticore(true),
-		gnet.WithReadBufferCap(readBufferCap),
-		gnet.WithWriteBufferCap(256 << 10),
-		gnet.WithLogger(gnetLogger{n.log}),
-		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
-		gnet.WithReuseAddr(true),
-		gnet.WithTCPKeepAlive(peerKeepAlive),
-	}
-	booted := make(chan struct{})
-	srv := &srvHandler{n: n, booted: booted}
-	go func() {
-		n.srvDone <- gnet.Run(srv, "tcp://"+cfg.Listen, opts...)
-	}()
-	select {
-	case <-booted:
-	case err := <-n.srvDone:
+	// Peers' connections are accepted here, not by a gnet engine: gnet's
+	// acceptor hands each connection to an event loop as a queued task,
+	// and one queued to a loop that has just stopped never runs, so its
+	// descriptor stays open, known to nobody. Here the accept goroutine
+	// enrolls each connection itself, waiting until a loop has it, and
+	// stopServer stops the loops only once that goroutine has returned.
+	lc := net.ListenConfig{KeepAliveConfig: peerKeepAliveConfig}
+	ln, err := lc.Listen(context.Background(), "tcp", cfg.Listen)
+	if err != nil {
 		n.cancel()
 		return nil, fmt.Errorf("tcp: listen on %s: %w", cfg.Listen, err)
 	}
-	bound, err := n.boundAddr()
-	if err != nil {
-		// gnet calls OnBoot before it starts its event loops; one that
-		// failed to start (out of descriptors, say) has closed the
-		// listener, and Run's error, due at once, says why.
-		t := time.NewTimer(time.Second)
-		select {
-		case rerr := <-n.srvDone:
-			t.Stop()
-			n.cancel()
-			return nil, fmt.Errorf("tcp: listen on %s: the event loops did not start: %w (%v)", cfg.Listen, rerr, err)
-		case <-t.C:
-		}
-		n.stopServer()
-		return nil, err
-	}
-	n.bound = bound
+	n.ln = ln
+	bound := ln.Addr().String()
 	n.addr = cfg.Advertise
 	if n.addr == "" {
 		n.addr = bound
@@ -235,7 +213,28 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		}
 		n.dir = d
 	}
-	n.cli, err = gnet.NewClient(&cliHandler{n: n}, opts...)
+	opts := func(more ...gnet.Option) []gnet.Option {
+		return append([]gnet.Option{
+			gnet.WithMulticore(true),
+			gnet.WithReadBufferCap(readBufferCap),
+			gnet.WithWriteBufferCap(256 << 10),
+			gnet.WithLogger(gnetLogger{n.log}),
+		}, more...)
+	}
+	// Accepted connections have TCP_NODELAY (Go sets it) and keep-alive
+	// (lc) already; gnet is not asked to set them again, since a failure
+	// there, after it duplicated the descriptor, would leak the duplicate.
+	srv, err := gnet.NewClient(&srvHandler{n: n}, opts(gnet.WithTCPNoDelay(gnet.TCPDelay))...)
+	if err == nil {
+		if err = srv.Start(); err == nil {
+			n.srv = srv
+		}
+	}
+	if err != nil {
+		n.stopServer()
+		return nil, fmt.Errorf("tcp: start the event loops of inbound connections: %w", err)
+	}
+	n.cli, err = gnet.NewClient(&cliHandler{n: n}, opts(gnet.WithTCPNoDelay(gnet.TCPNoDelay), gnet.WithTCPKeepAlive(peerKeepAlive))...)
 	if err == nil {
 		err = n.cli.Start()
 	}
@@ -243,8 +242,9 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		n.stopServer()
 		return nil, fmt.Errorf("tcp: start client loops: %w", err)
 	}
-	n.ready.Store(true)
 	go n.reaper()
+	n.acceptWG.Add(1)
+	go n.accept()
 	n.log.Info("tcp node listening", "addr", bound, "advertise", n.addr, "epoch", fmt.Sprintf("%#x", epoch),
 		"conns_per_peer", cfg.ConnsPerPeer, "slice", cfg.SliceSize)
 	return n, nil
@@ -262,102 +262,55 @@ func (n *Node) ID() string { return n.cfg.DaemonID }
 // Directory is the directory the node finds peers in.
 func (n *Node) Directory() directory.Directory { return n.dir }
 
-func (n *Node) boundAddr() (string, error) {
-	fd, err := n.srvEng.Dup()
-	if err != nil {
-		return "", fmt.Errorf("tcp: listener address: %w", err)
+// accept is the listener's goroutine: it takes each connection a peer
+// dials and enrolls it in srv's event loops, which own it from then on
+// (Enroll returns once a loop has opened it; it closes what it could not
+// enroll). It returns when the listener is closed. stopServer waits for
+// it before it stops those loops, so every accepted connection is either
+// on a running loop, which closes it when it stops, or closed here.
+func (n *Node) accept() {
+	defer n.acceptWG.Done()
+	var pause time.Duration
+	for {
+		nc, err := n.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of descriptors, say: the connections wait in the
+			// backlog; try again after a pause that grows to a second.
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			n.refusals.note(n.log, "accepting a peer connection failed", time.Now(), "err", err.Error(), "retry_in", pause)
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-n.done:
+				t.Stop()
+				return
+			}
+			continue
+		}
+		pause = 0
+		if _, err := n.srv.Enroll(nc); err != nil {
+			n.refusals.note(n.log, "enrolling a peer connection failed", time.Now(),
+				"remote", nc.RemoteAddr().String(), "err", err.Error())
+		}
 	}
-	defer unix.Close(fd)
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
-		return "", os.NewSyscallError("getsockname", err)
-	}
-	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
-		return net.JoinHostPort(net.IP(a.Addr[:]).String(), strconv.Itoa(a.Port)), nil
-	case *unix.SockaddrInet6:
-		return net.JoinHostPort(net.IP(a.Addr[:]).String(), strconv.Itoa(a.Port)), nil
-	}
-	return "", fmt.Errorf("tcp: listener has unexpected address %T", sa)
 }
 
+// stopServer stops taking peers' connections, in this order: close the
+// listener (connections still in its backlog are reset by the kernel),
+// wait for the accept goroutine, then stop the inbound event loops, which
+// close every connection they hold.
 func (n *Node) stopServer() {
 	n.cancel()
-	// Engine.Stop starts the shutdown and then polls for its end every
-	// 500 ms; it gets a done context, and the end is awaited on Run's
-	// return (Run returns once the event loops have stopped) instead.
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := n.srvEng.Stop(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		n.log.Warn("stopping peer listener", "err", err)
-	}
-	t := time.NewTimer(10 * time.Second)
-	defer t.Stop()
-	select {
-	case <-n.srvDone:
-		if c := n.closeStrays(); c > 0 {
-			n.log.Info("closed peer connections accepted while the listener stopped", "count", c)
-		}
-	case <-t.C:
-		n.log.Error("peer listener's event loops did not stop within 10 s")
-	}
-}
-
-// closeStrays closes what the stopped event loops leave open: a
-// connection gnet accepted while it was stopping, whose hand-over to an
-// event loop that had already exited never ran (gnet queues it as a task
-// of that loop), so neither gnet nor the node knows it. Such sockets have
-// the listener's address as their own; once Run has returned no part of
-// the node uses one (the node's own dialed connections have other local
-// addresses), so each is closed. It returns how many there were.
-func (n *Node) closeStrays() int {
-	host, ps, err := net.SplitHostPort(n.bound)
-	if err != nil {
-		return 0
-	}
-	lip, lport := net.ParseIP(host), 0
-	if lport, err = strconv.Atoi(ps); err != nil || lip == nil {
-		return 0
-	}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return 0
-	}
-	closed := 0
-	for _, e := range ents {
-		fd, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || !strings.HasPrefix(l, "socket:") {
-			continue
-		}
-		// Not a listener; SO_REUSEADDR is set on the listener and copied
-		// to what it accepts, never set on the connections Go dials.
-		if acc, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || acc != 0 {
-			continue
-		}
-		if ra, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR); err != nil || ra == 0 {
-			continue
-		}
-		sa, err := unix.Getsockname(fd)
-		if err != nil {
-			continue
-		}
-		var ip net.IP
-		port := -1
-		switch a := sa.(type) {
-		case *unix.SockaddrInet4:
-			ip, port = net.IP(a.Addr[:]), a.Port
-		case *unix.SockaddrInet6:
-			ip, port = net.IP(a.Addr[:]), a.Port
-		}
-		if port == lport && (lip.IsUnspecified() || lip.Equal(ip)) {
-			_ = unix.Close(fd)
-			closed++
+	_ = n.ln.Close()
+	n.acceptWG.Wait()
+	if n.srv != nil {
+		if err := n.srv.Stop(); err != nil {
+			n.log.Warn("stopping the event loops of inbound connections", "err", err)
 		}
 	}
-	return closed
 }
 
 // Name implements xfer.Transport.

@@ -31,7 +31,11 @@ type peer struct {
 	inbound  map[*conn]struct{}
 	inflight int64
 	wake     chan struct{} // closed when credit frees; nil while nobody waits
-	rr       int
+	// changes counts wakeLocked calls, so that the pump, which tries to
+	// send without p.mu held, can tell credit freed (or a connection came
+	// or went) between its try and its wait: wake was still nil then.
+	changes uint64
+	rr      int
 
 	// The queue (pump.go): tasks that wait for a session or for room,
 	// oldest first, the same tasks by when their wait ends (for the
@@ -85,6 +89,7 @@ func (p *peer) adoptEpochLocked(e uint64) (old []*conn) {
 
 // wakeLocked tells credit waiters that something changed.
 func (p *peer) wakeLocked() {
+	p.changes++
 	if p.wake != nil {
 		close(p.wake)
 		p.wake = nil

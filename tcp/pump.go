@@ -126,6 +126,7 @@ func (n *Node) pump(p *peer) {
 		if ts != nil {
 			p.takeLocked(ts)
 		}
+		seen := p.changes
 		if len(p.sess) == 0 && (ts != nil || p.wantDial) {
 			if ts != nil {
 				p.pushFrontLocked(ts)
@@ -150,6 +151,9 @@ func (n *Node) pump(p *peer) {
 			continue
 		}
 		st := n.sendSome(ts)
+		if n.pumpTried != nil {
+			n.pumpTried(p, st)
+		}
 		p.mu.Lock()
 		var giveUp error
 		switch {
@@ -171,6 +175,13 @@ func (n *Node) pump(p *peer) {
 		if len(p.sess) == 0 {
 			p.mu.Unlock()
 			continue // the next turn dials
+		}
+		if p.changes != seen {
+			// Credit freed, or a connection came or went, while sendSome
+			// ran without p.mu: nobody waited on wake then, so that
+			// wake-up went to no one. Try again now.
+			p.mu.Unlock()
+			continue
 		}
 		// No room, or only connections being dropped: wait until credit
 		// frees or a connection closes.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -292,5 +293,52 @@ func TestRefusalLogRateLimit(t *testing.T) {
 	r.flush(log, t0.Add(3*refuseLogEvery))
 	if n := strings.Count(out.String(), "\n"); n != 3 {
 		t.Fatalf("a flush with nothing counted logged: %q", out.String())
+	}
+}
+
+// TestPumpSeesCreditFreedWhileItTried: the pump tries to send without the
+// peer's lock held, so credit can come back between its try (no room) and
+// its wait for credit, when nobody waits yet. The hook holds the pump
+// there until every request in flight is answered, the window of one
+// slice empty: the pump must see that and send on, not wait for a wake-up
+// that already went to no one (the task would sit in the queue until
+// RequestTimeout, as it once did on a loaded CI machine).
+func TestPumpSeesCreditFreedWhileItTried(t *testing.T) {
+	const slice = 64 << 10
+	nodes := cluster(t, []string{"alpha", "bravo"}, 4<<20, Config{SliceSize: slice, ConnsPerPeer: 1,
+		MaxInflightBytes: slice, RequestTimeout: 3 * time.Second})
+	a, b := nodes[0], nodes[1]
+	var noRoom atomic.Int64
+	var stuck atomic.Bool
+	a.pumpTried = func(p *peer, st sendState) {
+		if st != needRoom {
+			return
+		}
+		noRoom.Add(1)
+		if !testutil.Poll(5*time.Second, func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return p.inflight == 0
+		}) {
+			stuck.Store(true)
+		}
+	}
+	r, err := a.Open(b.ID(), "seg", RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	local := xfertest.NewSegment(1, 32*slice)
+	col := xfertest.NewRecorder()
+	for _, d := range submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpWrite, local, 0, r, 0, 32*slice)}, 20*time.Second) {
+		if d.Err != nil || d.N != d.Task.Req.Length {
+			t.Fatalf("write of 32 slices through a window of one: n=%d err=%v", d.N, d.Err)
+		}
+	}
+	if stuck.Load() {
+		t.Fatal("the requests in flight were never answered")
+	}
+	if noRoom.Load() == 0 {
+		t.Fatal("the pump never found the window full: the test did not test the race")
 	}
 }

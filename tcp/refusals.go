@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 )
@@ -15,6 +16,10 @@ const refuseLogEvery = 10 * time.Second
 // whose host vanished (no FIN, no RST) is found dead within about twice
 // this, and its daemon id is free for its next run.
 const peerKeepAlive = 10 * time.Second
+
+// peerKeepAliveConfig is peerKeepAlive as the socket options of the
+// connections this node dials and accepts.
+var peerKeepAliveConfig = net.KeepAliveConfig{Enable: true, Idle: peerKeepAlive, Interval: peerKeepAlive / 5, Count: 5}
 
 // refusalLog rate-limits the log of refused peers: per reason, the first
 // refusal is logged at once, later ones at most once per refuseLogEvery

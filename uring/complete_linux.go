@@ -73,7 +73,7 @@ func (r *ring) complete(c *CQE, draining bool) {
 	case c.UserData&^udTokenMask == udFutex:
 		r.futexes--
 		if r.host != nil {
-			r.host.Fired(uint32(c.UserData))
+			r.host.Fired(uint32(c.UserData), c.Res)
 		}
 		return
 	}

@@ -24,9 +24,10 @@
 // names this ring (xfer.Task.Home) and goes into the same pass's
 // submission, without an eventfd wake-up, and its completions come back to
 // the guest on the same thread. When the ring would sleep, the guest arms
-// its queues' doorbells as IORING_OP_FUTEX_WAIT SQEs (Waits), so that one
-// io_uring_enter waits for the ring's completions, the doorbells and the
-// eventfd alike. The store's L2 I/O and the batch calls submit from their
+// its queues' doorbells as IORING_OP_FUTEX_WAIT SQEs (Waits), or, where
+// the kernel lacks that opcode, as reads of the queues' eventfds
+// (Waits.FDWait), so that one io_uring_enter waits for the ring's
+// completions, the doorbells and the eventfd alike. The store's L2 I/O and the batch calls submit from their
 // own goroutines to the same rings, round robin.
 //
 // Stop order (Close): mark closed so Submit refuses new work, wake every

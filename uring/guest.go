@@ -22,9 +22,12 @@ type Guest interface {
 	Sleep(w Waits) bool
 	// Awake is called after every sleep Sleep agreed to.
 	Awake()
-	// Fired reports that the futex wait armed with token ended (woken, or
-	// the word no longer held the value): it is no longer armed.
-	Fired(token uint32)
+	// Fired reports that the wait armed with token ended, with the
+	// kernel's result res (a futex wait: 0 woken, -EAGAIN the word no
+	// longer held the value; an eventfd read: 8, or a negative errno): it
+	// is no longer armed. A wait that could not be armed fires with 0
+	// when its sleep ends.
+	Fired(token uint32, res int32)
 	// Stop is called once, when the ring stops (the transport closes):
 	// the guest is served no more. The ring's own I/O still completes
 	// after it (their Done callbacks run on the ring's thread).
@@ -41,6 +44,18 @@ type Waits interface {
 	// IORING_OP_FUTEX_WAIT, a full submission queue) the sleep is
 	// bounded instead, as with Soon.
 	FutexWait(w *atomic.Uint32, v uint32, token uint32)
+	// FDWait arms a read of 8 bytes from the eventfd fd (the value is
+	// dropped): a write to it (from any process holding it), or a count
+	// in it already, ends the sleep and reports token to Guest.Fired. It
+	// stays armed across sleeps until it fires, as FutexWait's, and with
+	// the SQ full the sleep is bounded instead. The read holds its own
+	// reference to the file: fd may be closed while it is armed.
+	FDWait(fd int, token uint32)
+	// CancelWait cancels the wait armed with token, if it is still in the
+	// kernel (its Fired then comes with -ECANCELED, or with its own
+	// result if it fired first). It reports false when no SQE was free:
+	// ask again at the next sleep.
+	CancelWait(token uint32) bool
 	// Soon bounds this sleep to about a millisecond, whatever is armed.
 	Soon()
 }

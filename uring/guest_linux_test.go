@@ -24,6 +24,11 @@ type queueGuest struct {
 	tr     *Transport
 	queues [][]*xfer.Task
 	word   *atomic.Uint32
+	// efd, when not 0, is an eventfd the guest sleeps on (FDWait) instead
+	// of word; cancel asks the next sleep to cancel that wait.
+	efd    int
+	cancel atomic.Bool
+	res    atomic.Int32 // the last Fired's result
 
 	// Owned by the ring's thread.
 	started bool
@@ -55,6 +60,13 @@ func (g *queueGuest) Serve() bool {
 
 func (g *queueGuest) Sleep(w Waits) bool {
 	g.sleeps.Add(1)
+	if g.efd != 0 && !g.armed.Load() && g.fired.Load() == 0 {
+		g.armed.Store(true)
+		w.FDWait(g.efd, 7)
+	}
+	if g.cancel.Load() && w.CancelWait(7) {
+		g.cancel.Store(false)
+	}
 	if g.word != nil && !g.armed.Load() && g.fired.Load() == 0 {
 		// Armed for the word's first value: a change the test makes
 		// before the wait reaches the kernel ends it at once.
@@ -66,8 +78,9 @@ func (g *queueGuest) Sleep(w Waits) bool {
 
 func (g *queueGuest) Awake() {}
 
-func (g *queueGuest) Fired(token uint32) {
+func (g *queueGuest) Fired(token uint32, res int32) {
 	if token == 7 {
+		g.res.Store(res)
 		g.armed.Store(false)
 		g.fired.Add(1)
 	}
@@ -245,5 +258,44 @@ func TestGuestFutexWaitMissing(t *testing.T) {
 	// sleep's end can report the wait.
 	testutil.Eventually(t, 10*time.Second, func() bool { return g.fired.Load() == 1 && !g.armed.Load() },
 		"the unarmed wait reported fired (fired %d)", testutil.Lazy(g.fired.Load))
+	tr.Close()
+}
+
+// TestGuestFDWait: on a kernel taken to lack IORING_OP_FUTEX_WAIT, a
+// sleeping ring wakes on a write to an eventfd its guest armed (FDWait),
+// which reports its token once with the read's result, not the bounded
+// sleep's; and a wait armed again is cancelled by CancelWait.
+func TestGuestFDWait(t *testing.T) {
+	tr := newTransport(t, Config{hooks: &testHooks{noFutexWait: true}})
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(efd)
+	g := &queueGuest{tr: tr, efd: efd, started: true}
+	wake, err := tr.Host(0, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, g.armed.Load, "the guest's wait armed")
+	serves := g.serves.Load()
+	one := [8]byte{1}
+	if _, err := unix.Write(efd, one[:]); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return g.fired.Load() == 1 && g.serves.Load() > serves },
+		"the ring woken by the eventfd (fired %d, passes %d)", testutil.Lazy(g.fired.Load), testutil.Lazy(g.serves.Load))
+	if r := g.res.Load(); r != 8 {
+		t.Fatalf("the eventfd wait fired with %d, want 8 (the read's)", r)
+	}
+	// Armed again, then cancelled: it fires with -ECANCELED.
+	g.fired.Store(0)
+	g.cancel.Store(true)
+	wake()
+	testutil.Eventually(t, 10*time.Second, func() bool { return g.fired.Load() == 1 },
+		"the cancelled wait fired (fired %d)", testutil.Lazy(g.fired.Load))
+	if r := g.res.Load(); r != -int32(unix.ECANCELED) {
+		t.Fatalf("the cancelled wait fired with %d, want -ECANCELED", r)
+	}
 	tr.Close()
 }

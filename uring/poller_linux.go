@@ -92,7 +92,7 @@ type ring struct {
 
 	tid     int    // the poller's thread, written before New returns
 	efd     int    // eventfd that wakes a sleeping poller
-	wakeMem []byte // one page: [0:8] the eventfd write value, [8:16] the read buffer
+	wakeMem []byte // one page: [0:8] the eventfd write value, [8:16] the read buffer, [16:24] the guest's eventfd reads (FDWait)
 
 	stop   chan struct{} // closed by Close: wakes Submit waiting for room
 	room   chan struct{} // the poller signals freed slots to a waiting Submit
@@ -556,7 +556,7 @@ func (r *ring) loop() {
 			// the guest must ask again next time, or it would count on
 			// a wake-up that nothing in the kernel waits for.
 			for _, tk := range r.unarmed {
-				r.host.Fired(tk)
+				r.host.Fired(tk, 0)
 			}
 		}
 		r.unarmed = r.unarmed[:0]
@@ -629,6 +629,39 @@ func (r *ring) FutexWait(w *atomic.Uint32, v uint32, token uint32) {
 	e.addr3 = futexBitsetMatchAny // the mask a plain FUTEX_WAKE wakes
 	e.userData = udFutex | uint64(token)
 	r.futexes++
+}
+
+// FDWait implements Waits for the ring's guest (poller only): an
+// IORING_OP_READ of the eventfd fd, whose CQE carries token as a futex
+// wait's does. Every such read lands in the same 8 bytes of the ring's
+// own page: their values are never looked at.
+func (r *ring) FDWait(fd int, token uint32) {
+	e := r.raw.getSQE()
+	if e == nil {
+		r.unarmed = append(r.unarmed, token)
+		r.pollSleep = true
+		return
+	}
+	e.opcode = opRead
+	e.fd = int32(fd)
+	e.addr = uint64(uintptr(unsafe.Pointer(&r.wakeMem[16])))
+	e.len = 8
+	e.userData = udFutex | uint64(token)
+	r.futexes++
+}
+
+// CancelWait implements Waits (poller only): an IORING_OP_ASYNC_CANCEL of
+// the wait armed with token.
+func (r *ring) CancelWait(token uint32) bool {
+	e := r.raw.getSQE()
+	if e == nil {
+		return false
+	}
+	e.opcode = opAsyncCancel
+	e.fd = -1
+	e.addr = udFutex | uint64(token)
+	e.userData = udCancel
+	return true
 }
 
 // Soon implements Waits: the poller's sleep is bounded by guestPoll.

@@ -212,8 +212,8 @@ static int send_frame(tc_conn *c, const uint8_t *p, size_t len, int fd, int64_t 
 }
 
 /* take_fds keeps the first fd a read brought in *keep (when keep is set and
- * holds none yet) and closes the others. */
-static int take_fds(struct msghdr *m, int *keep)
+ * holds none yet), the next in *keep2 likewise, and closes the others. */
+static int take_fds(struct msghdr *m, int *keep, int *keep2)
 {
     int rc = TC_OK;
     for (struct cmsghdr *h = CMSG_FIRSTHDR(m); h; h = CMSG_NXTHDR(m, h)) {
@@ -225,6 +225,8 @@ static int take_fds(struct msghdr *m, int *keep)
             memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
             if (keep && *keep < 0)
                 *keep = fd;
+            else if (keep && keep2 && *keep2 < 0)
+                *keep2 = fd;
             else
                 close(fd);
         }
@@ -235,7 +237,7 @@ static int take_fds(struct msghdr *m, int *keep)
 }
 
 /* read_exact reads n bytes into p, collecting passed fds. */
-static int read_exact(tc_conn *c, uint8_t *p, size_t n, int *fd, int64_t deadline)
+static int read_exact(tc_conn *c, uint8_t *p, size_t n, int *fd, int *fd2, int64_t deadline)
 {
     size_t got = 0;
     while (got < n) {
@@ -263,7 +265,7 @@ static int read_exact(tc_conn *c, uint8_t *p, size_t n, int *fd, int64_t deadlin
             return stream_errno(errno);
         }
         if (m.msg_controllen > 0) {
-            int rc = take_fds(&m, fd);
+            int rc = take_fds(&m, fd, fd2);
             if (rc)
                 return rc;
         }
@@ -291,12 +293,12 @@ static int grow_rbuf(tc_conn *c, size_t need)
 
 /* recv_frame reads one whole frame into rbuf (length prefix included, so
  * the flatbuffer keeps the alignment it was built with) and decodes it. */
-static int recv_frame(tc_conn *c, int *fd, int64_t deadline)
+static int recv_frame(tc_conn *c, int *fd, int *fd2, int64_t deadline)
 {
     int rc = grow_rbuf(c, TCW_FRAME_HEADER);
     if (rc)
         return rc;
-    rc = read_exact(c, c->rbuf, TCW_FRAME_HEADER, fd, deadline);
+    rc = read_exact(c, c->rbuf, TCW_FRAME_HEADER, fd, fd2, deadline);
     if (rc)
         return rc;
     const uint8_t *h = c->rbuf;
@@ -305,7 +307,7 @@ static int recv_frame(tc_conn *c, int *fd, int64_t deadline)
         return TC_EPROTO;
     if ((rc = grow_rbuf(c, TCW_FRAME_HEADER + size)))
         return rc;
-    if ((rc = read_exact(c, c->rbuf + TCW_FRAME_HEADER, size, fd, deadline)))
+    if ((rc = read_exact(c, c->rbuf + TCW_FRAME_HEADER, size, fd, fd2, deadline)))
         return rc;
     return tcw_decode(c->codec, c->rbuf, TCW_FRAME_HEADER + size, &c->resp);
 }
@@ -335,14 +337,15 @@ int tc__round_trip(tc_conn *c, const tc_trip *t)
         /* The daemon may have refused the connection and closed it before
          * this frame went out: its refusal is already waiting, and says
          * more than a broken pipe. */
-        if (rc == TC_ECLOSED && recv_frame(c, NULL, tc__now_ns() + REFUSAL_WAIT_NS) == TC_OK &&
+        if (rc == TC_ECLOSED && recv_frame(c, NULL, NULL, tc__now_ns() + REFUSAL_WAIT_NS) == TC_OK &&
             c->resp.request_id == 0 && c->resp.status != TC_OK)
             rc = c->resp.status;
         return tc__fail(c, rc);
     }
-    rc = recv_frame(c, t->recv_fd, deadline);
+    rc = recv_frame(c, t->recv_fd, t->recv_fd2, deadline);
     if (rc) {
         close_fd(t->recv_fd);
+        close_fd(t->recv_fd2);
         return tc__fail(c, rc);
     }
     const tcw_resp *r = &c->resp;
@@ -354,8 +357,10 @@ int tc__round_trip(tc_conn *c, const tc_trip *t)
         rc = r->request_id == 0 ? tc__fail(c, r->status) : r->status;
     else if (r->kind != c->req.kind)
         rc = tc__fail(c, TC_EPROTO);
-    if (rc)
+    if (rc) {
         close_fd(t->recv_fd);
+        close_fd(t->recv_fd2);
+    }
     return rc;
 }
 

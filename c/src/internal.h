@@ -80,6 +80,7 @@ struct tc_conn {
 typedef struct tc_trip {
     int send_fd;          /* passed with the request (SCM_RIGHTS), or -1 */
     int *recv_fd;         /* set to an fd passed with the answer, or NULL */
+    int *recv_fd2;        /* with recv_fd: set to a second one, or NULL */
     uint32_t extra_ms;    /* added to the call timeout (calls that wait in the daemon) */
     int64_t deadline_ns;  /* absolute CLOCK_MONOTONIC deadline instead of the call timeout; 0: none */
 } tc_trip;

@@ -24,7 +24,10 @@
  * sleeps for completions (the daemon's post rings it), with
  * FLAG_WAIT_TARGET and the cq_tail it waits for in cq_target, so that only
  * the post that reaches it (or leaves nothing in flight) rings. While
- * neither flag is set no system call is made.
+ * neither flag is set no system call is made. When the header's doorbell
+ * word says so (a daemon whose io_uring cannot wait on a futex), the daemon
+ * passes an eventfd after the memfd and this side writes it instead of the
+ * futex wake on sq_wake, saying so in bell_ack.
  *
  * The daemon is trusted more than a client, but its indices are still
  * bounded: a cq_tail claiming more than the ring holds reads as nothing
@@ -76,6 +79,8 @@
 #define OFF_DATA_SIZE 0x024
 #define OFF_SIZE 0x028
 #define OFF_ID 0x030
+#define OFF_DOORBELL 0x038 /* written by the daemon: how to ring it */
+#define OFF_BELL_ACK 0x03c /* written by this side: it rings the eventfd */
 #define OFF_SQ_HEAD 0x040
 #define OFF_SQ_TAIL 0x080
 #define OFF_SQ_FLAGS 0x0c0
@@ -92,6 +97,10 @@
 #define FLAG_WAITING 1u     /* cq_flags: this side sleeps until a completion */
 #define FLAG_WAIT_TARGET 2u /* cq_flags, with FLAG_WAITING: ... until cq_tail reaches cq_target */
 #define WAIT_BITS (FLAG_WAITING | FLAG_WAIT_TARGET)
+
+#define DOORBELL_FUTEX 0u   /* FUTEX_WAKE on sq_wake */
+#define DOORBELL_EVENTFD 1u /* write the eventfd passed after the memfd */
+#define BELL_ACK_EVENTFD 1u
 
 #define OP_NOP 3
 #define SQE_FLAG_NOTIFY 1
@@ -153,6 +162,7 @@ struct tc_queue {
     uint32_t *sq_head, *sq_tail, *sq_flags, *sq_wake;
     uint32_t *cq_head, *cq_tail, *cq_flags, *cq_wake, *cq_target;
     uint32_t *state;
+    int bell_fd;           /* the daemon's eventfd doorbell, rung instead of the futex; -1: none */
     uint32_t gen;          /* the connection's generation it was opened in */
     struct tc_queue *next; /* guarded by c->qmu */
     int down;              /* atomic: tc_queue_shutdown was called */
@@ -228,18 +238,28 @@ static void futex_wake(uint32_t *w)
     syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-/* ring clears bit in *flags and, if it was set, bumps the futex word w and
- * wakes whoever sleeps on it; it reports whether it did. It is called right
- * after this side's sequentially consistent index store, so the flag is
- * read after the index is visible. */
-static int ring(uint32_t *flags, uint32_t bit, uint32_t *w)
+/* ring clears bit in sq_flags and, if it was set, bumps sq_wake and wakes
+ * the daemon: through its eventfd doorbell when the queue has one (a worker
+ * whose io_uring cannot wait on a futex reads it), else the futex. It
+ * reports whether it did. It is called right after this side's
+ * sequentially consistent index store, so the flag is read after the index
+ * is visible. */
+static int ring(tc_queue *q, uint32_t bit)
 {
-    if (!(__atomic_load_n(flags, __ATOMIC_SEQ_CST) & bit))
+    if (!(__atomic_load_n(q->sq_flags, __ATOMIC_SEQ_CST) & bit))
         return 0;
-    if (!(__atomic_fetch_and(flags, ~bit, __ATOMIC_SEQ_CST) & bit))
+    if (!(__atomic_fetch_and(q->sq_flags, ~bit, __ATOMIC_SEQ_CST) & bit))
         return 0; /* another waker cleared it first */
-    __atomic_fetch_add(w, 1, __ATOMIC_SEQ_CST);
-    futex_wake(w);
+    __atomic_fetch_add(q->sq_wake, 1, __ATOMIC_SEQ_CST);
+    if (q->bell_fd >= 0) {
+        uint64_t one = 1;
+        /* A failure (a counter at its maximum) means the daemon has a
+         * count to read already. */
+        ssize_t n = write(q->bell_fd, &one, sizeof one);
+        (void)n;
+    } else {
+        futex_wake(q->sq_wake);
+    }
     return 1;
 }
 
@@ -325,6 +345,8 @@ static int close_call(tc_conn *c, uint64_t id, uint32_t gen)
 /* release frees q (unlinked, with no thread inside a call on it). */
 static void release(tc_queue *q)
 {
+    if (q->bell_fd >= 0)
+        close(q->bell_fd);
     munmap(q->mem, (size_t)q->g.size);
     pthread_mutex_destroy(&q->sq.mu);
     pthread_mutex_destroy(&q->cq.mu);
@@ -392,6 +414,7 @@ static tc_queue *new_queue(tc_conn *c, uint64_t id, const struct geom *g, uint8_
     q->cq_wake = word(mem, OFF_CQ_WAKE);
     q->cq_target = word(mem, OFF_CQ_TARGET);
     q->state = word(mem, OFF_STATE);
+    q->bell_fd = -1;
     q->sq.head = __atomic_load_n(q->sq_head, __ATOMIC_ACQUIRE);
     q->sq.tail = q->sq.pub = __atomic_load_n(q->sq_tail, __ATOMIC_ACQUIRE);
     q->cq.head = __atomic_load_n(q->cq_head, __ATOMIC_ACQUIRE);
@@ -421,8 +444,8 @@ int tc_queue_open(tc_conn *c, uint32_t entries, const tc_queue_opts *opts, tc_qu
     c->req.sq_entries = entries;
     c->req.cq_entries = opts->cq_entries;
     c->req.data_size = opts->data_size;
-    int fd = -1;
-    tc_trip t = {.send_fd = -1, .recv_fd = &fd};
+    int fd = -1, bell = -1;
+    tc_trip t = {.send_fd = -1, .recv_fd = &fd, .recv_fd2 = &bell};
     rc = tc__round_trip(c, &t);
     if (rc)
         return tc__finish(c, rc);
@@ -436,9 +459,25 @@ int tc_queue_open(tc_conn *c, uint32_t entries, const tc_queue_opts *opts, tc_qu
         rc = TC_EPROTO;
     else
         rc = map_queue(fd, &g, id, &mem);
+    if (rc == TC_OK) {
+        /* The header says whether the daemon sleeps on an eventfd doorbell,
+         * passed after the memfd: one must come exactly then. */
+        uint32_t bell_kind = __atomic_load_n(word(mem, OFF_DOORBELL), __ATOMIC_ACQUIRE);
+        if ((bell_kind == DOORBELL_EVENTFD) != (bell >= 0) || bell_kind > DOORBELL_EVENTFD) {
+            munmap(mem, (size_t)g.size);
+            mem = NULL;
+            rc = TC_EPROTO;
+        }
+    }
     if (fd >= 0) {
         int e = errno;
         close(fd);
+        errno = e;
+    }
+    if (rc && bell >= 0) {
+        int e = errno;
+        close(bell);
+        bell = -1;
         errno = e;
     }
     if (rc == TC_EPROTO)
@@ -458,10 +497,16 @@ int tc_queue_open(tc_conn *c, uint32_t entries, const tc_queue_opts *opts, tc_qu
     tc_queue *q = new_queue(c, id, &g, mem, opts);
     if (!q) {
         munmap(mem, (size_t)g.size);
+        if (bell >= 0)
+            close(bell);
         close_call(c, id, gen);
         return TC_ENOMEM;
     }
     q->gen = gen;
+    if (bell >= 0) {
+        q->bell_fd = bell;
+        __atomic_store_n(word(mem, OFF_BELL_ACK), BELL_ACK_EVENTFD, __ATOMIC_SEQ_CST);
+    }
     TC__LIST_PUSH(c, queues, q);
     *out = q;
     return TC_OK;
@@ -666,7 +711,7 @@ static void publish(tc_queue *q)
     __atomic_store_n(q->sq_tail, q->sq.tail, __ATOMIC_SEQ_CST);
     q->sq.pub = q->sq.tail;
     __atomic_store_n(&q->sq.submitted, q->sq.submitted + n, __ATOMIC_RELAXED);
-    if (ring(q->sq_flags, FLAG_NEED_WAKEUP, q->sq_wake))
+    if (ring(q, FLAG_NEED_WAKEUP))
         bump(&q->sq.doorbells);
 }
 
@@ -770,7 +815,7 @@ static size_t take(tc_queue *q, tc_cqe *out, size_t max)
      * slots; sequentially consistent: the flag's load comes after it. */
     __atomic_store_n(q->cq_head, q->cq.head, __ATOMIC_SEQ_CST);
     __atomic_store_n(&q->cq.reaped, q->cq.reaped + n, __ATOMIC_RELAXED);
-    if (ring(q->sq_flags, FLAG_CQ_WAIT, q->sq_wake))
+    if (ring(q, FLAG_CQ_WAIT))
         bump(&q->cq.doorbells);
     return n;
 }

@@ -91,5 +91,6 @@ void test_queue_answers(const tcd *d);
 void test_queue_basic(tc_conn *c);
 void test_queue_notify(tc_conn *sender, tc_segment_id remote, tc_conn *receiver, const char *segment);
 void test_queue_daemon_killed(void);
+void test_queue_eventfd(void);
 
 #endif

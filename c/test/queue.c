@@ -629,6 +629,47 @@ void test_queue(const tcd *d)
     tc_close(c);
 }
 
+/* transport_counter is the daemon's transport counter name. */
+static uint64_t transport_counter(tc_conn *c, const char *name)
+{
+    tc_stats *st = NULL;
+    REQUIRE(tc_stats_get(c, &st, NULL) == TC_OK);
+    uint64_t v = counter(&st->transports, name);
+    tc_free(st);
+    return v;
+}
+
+/* test_queue_eventfd runs the lost-wakeup stress against a daemon whose
+ * worker waits on eventfd doorbells (as where io_uring has no
+ * IORING_OP_FUTEX_WAIT; forced here): the library rings the eventfd passed
+ * with the queue, every sleeping worker is woken by it (no wait times
+ * out), and no sleep of the worker was bounded for want of a doorbell. */
+void test_queue_eventfd(void)
+{
+    static const char *const extra[] = {"--data-doorbell", "eventfd", "--data-workers", "1", NULL};
+    tcd d;
+    start(&d, extra);
+    int fds = count_fds();
+    tc_conn *c = dial(d.socket, 10000);
+    if (transport_counter(c, "uring.ring0.entries") == UINT64_MAX) {
+        /* Without rings the workers run their own threads: the test still
+         * runs, with futex doorbells; where CI provides io_uring it fails. */
+        const char *p = getenv("TENSORCAST_TEST_PROVIDES");
+        fprintf(stderr, "tc_test: queue_eventfd: the daemon has no io_uring rings: no eventfd doorbells\n");
+        CHECK(!p || !strstr(p, "io_uring"));
+    }
+    round_trip(c);
+    stress_run(c, 0, 100000);
+    stress_run(c, TC_QUEUE_NOSPIN, 100000);
+    uint64_t sleeps = transport_counter(c, "reactor.worker0.sleeps");
+    uint64_t deaf = transport_counter(c, "reactor.worker0.deaf");
+    CHECK(sleeps > 0 && sleeps != UINT64_MAX);
+    CHECK(deaf == 0);
+    tc_close(c);
+    stop(&d);
+    CHECK(count_fds() == fds);
+}
+
 /* test_queue_basic opens, uses and closes a queue: run through the
  * recording relay, it adds the queue's answers to the decoder's seeds. */
 void test_queue_basic(tc_conn *c)

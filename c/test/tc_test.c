@@ -1510,6 +1510,7 @@ int main(int argc, char **argv)
     test_refused();
     test_remote_close();
     test_queue_daemon_killed();
+    test_queue_eventfd();
     test_store_daemon_killed();
     test_peers();
     test_store_cluster();

@@ -42,6 +42,10 @@ type Config struct {
 	// each on its own thread with its own io_uring ring; 0 (the default)
 	// is one per CPU the daemon may run on.
 	DataWorkers int `toml:"data_workers"`
+	// DataDoorbell is how a client wakes a sleeping worker: auto (the
+	// default: a futex where the kernel's io_uring can wait on one, Linux
+	// 6.7, else an eventfd per queue), futex, eventfd.
+	DataDoorbell string `toml:"data_doorbell"`
 	// Hugepages is auto (try, fall back and say so), on (fail without), off.
 	Hugepages string `toml:"hugepages"`
 	// MaxFrame bounds one control frame.
@@ -134,6 +138,7 @@ func Defaults() Config {
 		DataDir:       "/var/lib/tensorcast",
 		PoolSize:      256 << 20,
 		Hugepages:     "auto",
+		DataDoorbell:  "auto",
 		MaxFrame:      1 << 20,
 		MaxConns:      256,
 		MaxBufferSize: 16 << 30,
@@ -187,6 +192,8 @@ func (c *Config) Validate() error {
 		return badValue("max_frame", c.MaxFrame.String(), fmt.Sprintf("must be between %s and %s", Size(minFrame), Size(maxFrame)))
 	case c.DataWorkers < 0 || c.DataWorkers > reactor.MaxWorkers:
 		return badValue("data_workers", strconv.Itoa(c.DataWorkers), fmt.Sprintf("must be 0 (one per CPU) or 1..%d", reactor.MaxWorkers))
+	case c.DataDoorbell != "auto" && c.DataDoorbell != reactor.DoorbellFutex && c.DataDoorbell != reactor.DoorbellEventfd:
+		return badValue("data_doorbell", c.DataDoorbell, "must be auto, futex or eventfd")
 	case c.MaxConns < 1 || c.MaxConns > maxConns:
 		return badValue("max_conns", strconv.Itoa(c.MaxConns), fmt.Sprintf("must be between 1 and %d", maxConns))
 	case c.MaxBufferSize < 4096:
@@ -345,6 +352,7 @@ func settings() []setting {
 			c.DataWorkers = n
 			return err
 		}},
+		{"data_doorbell", "TENSORCAST_DATA_DOORBELL", "how clients wake a sleeping worker: auto, futex, eventfd", str(func(c *Config) *string { return &c.DataDoorbell })},
 		{"hugepages", "TENSORCAST_HUGEPAGES", "hugepages for the pool: auto, on, off", str(func(c *Config) *string { return &c.Hugepages })},
 		{"max_frame", "TENSORCAST_MAX_FRAME", "largest control frame", func(c *Config, s string) error { return c.MaxFrame.UnmarshalText([]byte(s)) }},
 		{"max_conns", "TENSORCAST_MAX_CONNS", "most client connections", func(c *Config, s string) error {

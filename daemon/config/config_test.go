@@ -83,6 +83,7 @@ func TestInvalidValuesNameKeyAndValue(t *testing.T) {
 		{name: "negative workers", args: []string{"--data-workers", "-1"}, want: []string{"data_workers", "-1"}},
 		{name: "too many workers", env: map[string]string{"TENSORCAST_DATA_WORKERS": "257"}, want: []string{"data_workers", "257"}},
 		{name: "workers not a number", file: "data_workers = \"all\"\n", want: []string{"data_workers"}},
+		{name: "bad doorbell", args: []string{"--data-doorbell", "bell"}, want: []string{"data_doorbell", "bell"}},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, want: []string{"log_level", "loud"}},
 		{name: "unknown flag", args: []string{"--pool", "1g"}, want: []string{"pool"}},
 		{name: "stray argument", args: []string{"extra"}, want: []string{"extra"}},

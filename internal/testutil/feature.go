@@ -16,7 +16,7 @@ import (
 // features a test machine provides, comma-separated (CI sets it in
 // .ci/run, the Soft-RoCE VM adds rdma):
 //
-//	TENSORCAST_TEST_PROVIDES=root,io_uring,netns,mount,bpf,tools,etcd,pty
+//	TENSORCAST_TEST_PROVIDES=root,io_uring,netns,mount,bpf,tools,etcd,pty,hugepages
 //
 // A test that needs a feature the machine lacks skips, saying what is
 // missing, unless the variable lists that feature: then it fails, so that
