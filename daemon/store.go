@@ -148,12 +148,14 @@ func (d *Daemon) collectOneStore(e *metrics.Emit, st *store.Store, tenantName st
 	e.Gauge("tensorcast_store_reserved", "Reservations and puts in flight.", float64(s.Reserved), tn)
 	e.Gauge("tensorcast_store_dirty", "Values in L1 only, owed a writeback to L2.", float64(s.Dirty), tn)
 	e.Gauge("tensorcast_store_l2_in_flight", "L2 operations in flight.", float64(s.IOInFlight), tn)
+	e.Gauge("tensorcast_store_l2_waiting", "Clients' keys waiting for a free L2 I/O task (the store's own writeback holds the others).", float64(s.IOWaiting), tn)
 	for _, c := range []struct {
 		name, help string
 		v          uint64
 	}{
 		{"tensorcast_store_misses_total", "Keys a get or read looked for that were not stored.", s.Misses},
 		{"tensorcast_store_writebacks_total", "L1→L2 writebacks done.", s.Writebacks},
+		{"tensorcast_store_l2_task_waits_total", "Clients' keys that waited for a free L2 I/O task.", s.IOWaits},
 		{"tensorcast_store_writeback_retries_total", "Writebacks retried after a failure.", s.WritebackRetries},
 		{"tensorcast_store_tombstones_total", "Writebacks that used up their retries (never retried again).", s.Tombstones},
 		{"tensorcast_store_dropped_unwritten_total", "Values evicted from L1 whose writeback had become a tombstone.", s.DroppedUnwritten},

@@ -409,6 +409,7 @@ func StoreCounters(st store.Stats, dst []wire.Counter) []wire.Counter {
 		{"transport_violations", st.TransportViolations}, {"quarantined_blocks", st.QuarantinedBlocks},
 		{"quarantined_slots", st.QuarantinedSlots}, {"quarantined_tasks", st.QuarantinedTasks},
 		{"free_errors", st.FreeErrors}, {"io_in_flight", uint64(st.IOInFlight)},
+		{"io_waiting", uint64(st.IOWaiting)}, {"io_waits", st.IOWaits},
 	} {
 		dst = append(dst, wire.Counter{Name: f.name, Value: f.v})
 	}

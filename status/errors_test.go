@@ -159,7 +159,6 @@ var everyError = map[string]struct {
 	"store.ErrL1Full":       {store.ErrL1Full, tcproto.CodeRESOURCE_EXHAUSTED},
 	"store.ErrL2Format":     {store.ErrL2Format, tcproto.CodeFAILED_PRECONDITION},
 	"store.ErrL2Full":       {store.ErrL2Full, tcproto.CodeRESOURCE_EXHAUSTED},
-	"store.ErrNoIO":         {store.ErrNoIO, tcproto.CodeBUSY},
 	"store.ErrNoL2":         {store.ErrNoL2, tcproto.CodeFAILED_PRECONDITION},
 	"store.ErrNotApplied":   {store.ErrNotApplied, tcproto.CodeFAILED_PRECONDITION},
 	"store.ErrNotFound":     {store.ErrNotFound, tcproto.CodeNOT_FOUND},

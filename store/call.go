@@ -36,6 +36,9 @@ type call struct {
 type callPool struct {
 	mu   sync.Mutex // guards free
 	free *call
+	// live counts the records taken and not yet put back: the calls in
+	// flight, which bound the keys waiting for an L2 task (wait.go).
+	live atomic.Int64
 }
 
 func (p *callPool) get(done Completion, tag uint64) *call {
@@ -55,6 +58,7 @@ func (p *callPool) get(done Completion, tag uint64) *call {
 		c.done = c.w
 	}
 	c.left.Store(1)
+	p.live.Add(1)
 	return c
 }
 
@@ -66,6 +70,7 @@ func (p *callPool) put(c *call) {
 	c.xts = c.xts[:0]
 	clear(c.sub)
 	c.sub = c.sub[:0]
+	p.live.Add(-1)
 	p.mu.Lock()
 	c.next = p.free
 	p.free = c

@@ -34,7 +34,11 @@
 // Calls that may wait for the device (durable puts, promotions, removals
 // from L2) take a Completion: they return pending=true and call
 // Completion.StoreDone once every result is final, so a queue worker never
-// blocks on the device; with a nil Completion they block instead.
+// blocks on the device; with a nil Completion they block instead. A key
+// that finds every L2 I/O task busy (the store's own writeback may hold
+// three quarters of them) waits for the next free one, first come first
+// served, in the same way: the store's own work never answers BUSY
+// (wait.go).
 //
 // # Tiers
 //
@@ -80,6 +84,8 @@
 // pointer-free; a call locks one shard per key, never the whole store, and
 // the hot calls allocate nothing. Lock order: Session.mu, a shard's mu, then
 // the leaves (the L2 allocator, the task table, leases, retries, the pool).
-// The store owns one goroutine, the maintenance loop; Close stops it after
-// the calls in progress have finished, then waits (bounded) for L2 I/O.
+// The store owns one goroutine, the maintenance loop, which also hands
+// freed L2 tasks to the keys waiting for one; Close stops it after the
+// calls in progress have finished, ends the keys still waiting with
+// ErrClosed, then waits (bounded) for L2 I/O.
 package store

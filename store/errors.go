@@ -64,8 +64,6 @@ var (
 	ErrReserveLimit = xfer.Categorized(xfer.ErrBackpressure, "store: the session's reservations are at their limit")
 	// ErrL2Full: the second tier has no free slot of the needed size.
 	ErrL2Full = xfer.Categorized(xfer.ErrBackpressure, "store: L2 full")
-	// ErrNoIO: every I/O slot of the second tier is in use.
-	ErrNoIO = xfer.Categorized(xfer.ErrBusy, "store: L2 I/O slots exhausted")
 	// ErrCorrupt: a block read from L2 does not match its checksum; the key
 	// is dropped. Matches xfer.ErrNotFound: the key is gone, as every later
 	// call about it says, and its owner puts it again as after any miss.

@@ -43,9 +43,13 @@ type tier2 struct {
 	quarantined uint64 // slots kept out of use
 
 	tasks []ioTask
-	// ioMu guards freeTasks.
+	// ioMu guards freeTasks and the keys waiting for a task (wait.go):
+	// waitq from whead on.
 	ioMu      sync.Mutex
 	freeTasks []int32
+	waitq     []waitKey
+	whead     int
+	nwaiting  atomic.Int32 // len(waitq) - whead; written under ioMu, read by freeTask without it
 	inflight  atomic.Int32 // tasks taken and not yet free (quarantined ones excluded)
 	draining  atomic.Bool
 	drained   chan struct{}
@@ -56,7 +60,7 @@ type tier2 struct {
 	ready int32
 
 	wbInflight atomic.Int32
-	l2Short    atomic.Bool // a writeback found no slot or no task: pause until room is made
+	l2Short    atomic.Bool // a writeback found no slot: pause until room is made
 	violLogged atomic.Bool
 
 	syncWG sync.WaitGroup // recovery's synchronous batches
@@ -77,6 +81,7 @@ const (
 	stgValue  uint8 = iota // the value is being written
 	stgHeader              // the block header is being written (or waits for its region)
 	stgUndo                // the header write failed: the slot's header is being zeroed
+	stgOpen                // its region's header is being written, by this task (no other was free)
 )
 
 // Task states (ioTask.state).
@@ -130,8 +135,11 @@ type ioTask struct {
 	pos    int32
 	off    uint64 // file offset of the slot (or region) it works on
 
-	waiters  [4]waitRec
-	nwait    uint8
+	// waiters are the callers a promotion answers: in wbuf, or grown
+	// past it when more readers of one key come at once (each in a call
+	// in flight, which bounds them).
+	waiters  []waitRec
+	wbuf     [4]waitRec
 	nextWait int32 // next task waiting for the same region header
 
 	one  [1]*ioTask
@@ -214,6 +222,7 @@ func newTier2(s *Store, l2 *L2) (*tier2, error) {
 	for i := n - 1; i >= 0; i-- {
 		it := &t.tasks[i]
 		it.t, it.idx, it.sectorOff = t, int32(i), uint64(i)*align
+		it.waiters = it.wbuf[:0]
 		it.xt.SetCompleter(it)
 		it.one[0] = it
 		t.freeTasks = append(t.freeTasks, int32(i))
@@ -281,18 +290,41 @@ func (t *tier2) flushReady(batch *[]*ioTask, xts *[]*xfer.Task) {
 	clear(b)
 }
 
-// getTask takes a free task. Background work (writeback, eviction) leaves a
-// quarter of the table to foreground calls.
+// getTask takes a free task, or nil. Background work (writeback, eviction)
+// leaves a quarter of the table to foreground calls; while keys wait for a
+// task (wait.go) nobody else gets one, so that they are served first and in
+// order: a foreground caller that gets nil makes its key wait (enqueue).
 func (t *tier2) getTask(background bool) *ioTask {
 	t.ioMu.Lock()
 	n := len(t.freeTasks)
-	if n == 0 || background && n <= len(t.tasks)/4 {
+	if n == 0 || t.nwaiting.Load() > 0 || background && n <= len(t.tasks)/4 {
 		t.ioMu.Unlock()
 		return nil
 	}
 	i := t.freeTasks[n-1]
 	t.freeTasks = t.freeTasks[:n-1]
 	t.ioMu.Unlock()
+	return t.taken(i)
+}
+
+// takeAny takes a free task even while keys wait: for the second task of
+// an operation already under way (a region header write), which must not
+// queue behind others. Nil when none is free.
+func (t *tier2) takeAny() *ioTask {
+	t.ioMu.Lock()
+	n := len(t.freeTasks)
+	if n == 0 {
+		t.ioMu.Unlock()
+		return nil
+	}
+	i := t.freeTasks[n-1]
+	t.freeTasks = t.freeTasks[:n-1]
+	t.ioMu.Unlock()
+	return t.taken(i)
+}
+
+// taken marks task i, just taken off the free list, in flight.
+func (t *tier2) taken(i int32) *ioTask {
 	t.inflight.Add(1)
 	it := &t.tasks[i]
 	it.state.Store(tsIdle)
@@ -305,10 +337,9 @@ func (t *tier2) freeTask(it *ioTask) {
 	it.rp, it.copies = nil, 0
 	it.xt.Req = xfer.Request{}
 	it.xt.Local, it.xt.Target = nil, nil
-	for i := range it.waiters[:it.nwait] {
-		it.waiters[i] = waitRec{}
-	}
-	it.nwait, it.nextWait, it.region = 0, -1, noRegion
+	clear(it.waiters)
+	it.waiters = it.waiters[:0]
+	it.nextWait, it.region = -1, noRegion
 	if it.state.Load() == tsQuarantined {
 		// Never reused: the transport may still call Done on it. violation
 		// has already taken it out of the in-flight count.
@@ -319,6 +350,10 @@ func (t *tier2) freeTask(it *ioTask) {
 	t.ioMu.Lock()
 	t.freeTasks = append(t.freeTasks, it.idx)
 	t.ioMu.Unlock()
+	if t.nwaiting.Load() > 0 {
+		// Keys wait for a task: the maintenance loop hands it on (wait.go).
+		t.s.kick()
+	}
 	if t.inflight.Add(-1) == 0 && t.draining.Load() {
 		t.drainOnce.Do(func() { close(t.drained) })
 	}
@@ -467,6 +502,11 @@ func (t *tier2) fail(it *ioTask, err error) {
 	s := t.s
 	switch it.kind {
 	case kPut, kWB:
+		if it.stage == stgOpen {
+			// Its region's header is in doubt: the region is broken, and
+			// the writes waiting for it fail.
+			t.failOpenWaiters(t.regionOpened(it.region, err, false), err)
+		}
 		t.mu.Lock()
 		t.quarantine(it.slot)
 		t.mu.Unlock()

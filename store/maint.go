@@ -4,7 +4,8 @@ import "github.com/tensorcast/tensorcast/xfer"
 
 // The maintenance loop is the store's one goroutine. Each wake-up (a kick:
 // a commit, an allocation over the high watermark, a finished writeback or
-// eviction, a retry coming due) runs one round: due retries back in line,
+// eviction, a retry coming due, a task freed while callers' keys wait for
+// one) runs one round: tasks to the waiting keys (wait.go), due retries back in line,
 // L1 eviction down to the low watermark, L2 eviction, then writebacks up to
 // WritebackDepth in flight. A round that can make no progress ends; the
 // next kick starts another, so the loop never spins.
@@ -17,12 +18,14 @@ type retryRec struct {
 
 // maintScratch is the loop's own reusable memory.
 type maintScratch struct {
-	due    []retryRec
-	batch  []*ioTask
-	sub    []*ioTask
-	xts    []*xfer.Task
-	owners []uint64
-	from   uint32
+	due   []retryRec
+	batch []*ioTask
+	// the tasks given to waiting keys (wait.go), by kind
+	wput, wread, winval []*ioTask
+	sub                 []*ioTask
+	xts                 []*xfer.Task
+	owners              []uint64
+	from                uint32
 }
 
 func (s *Store) maintain() {
@@ -33,6 +36,9 @@ func (s *Store) maintain() {
 		case <-s.stop:
 			return
 		case <-s.wake:
+		}
+		if s.l2 != nil {
+			s.serveWaiting(&m) // first: the callers' keys before the store's own work
 		}
 		s.runRetries(&m)
 		s.evictL1()

@@ -644,21 +644,25 @@ func (ss *Session) commit(keys [][]byte, durable bool, copies int, crcs []uint32
 			setResult(codes, errs, i, FailedPrecondition, ErrNoL2)
 			continue
 		}
-		it := s.l2.getTask(false)
-		if it == nil {
-			sh.mu.Unlock()
-			setResult(codes, errs, i, Busy, ErrNoIO)
-			continue
-		}
 		e.state = stPutting
 		e.io++
+		if cl == nil {
+			cl = s.newCall(done, tag, codes, errs)
+		}
+		it := s.l2.getTask(false)
+		if it == nil {
+			// Every task is busy, most likely with the store's own
+			// writeback: the key waits for the next one (wait.go).
+			cl.left.Add(1)
+			s.l2.enqueue(waitKey{kind: kPut, commit: true, ss: ss, rp: rp, copies: copies,
+				r: r, l1: e.l1, size: e.size, cl: cl, pos: int32(i)})
+			sh.mu.Unlock()
+			continue
+		}
 		it.kind, it.commit, it.r, it.l1, it.size = kPut, true, r, e.l1, e.size
 		it.ss = ss
 		it.rp, it.copies = rp, copies
 		sh.mu.Unlock()
-		if cl == nil {
-			cl = s.newCall(done, tag, codes, errs)
-		}
 		cl.add(it, i)
 	}
 	ss.mu.Unlock()
@@ -790,21 +794,23 @@ func (ss *Session) PutCopies(keys, vals [][]byte, durable bool, copies int, code
 			}
 			continue
 		}
-		it := s.l2.getTask(false)
-		if it == nil {
-			sh.mu.Unlock()
-			setError(codes, errs, i, joinFree(ErrNoIO, s.dropReserved(r)))
-			continue
-		}
 		e := sh.ent(r.idx)
 		e.state = stPutting
 		e.io++
-		it.kind, it.commit, it.r, it.l1, it.size = kPut, false, r, e.l1, e.size
-		it.rp, it.copies = rp, copies
-		sh.mu.Unlock()
 		if cl == nil {
 			cl = s.newCall(done, tag, codes, errs)
 		}
+		it := s.l2.getTask(false)
+		if it == nil {
+			// The key waits for the next free task (wait.go).
+			cl.left.Add(1)
+			s.l2.enqueue(waitKey{kind: kPut, rp: rp, copies: copies, r: r, l1: e.l1, size: e.size, cl: cl, pos: int32(i)})
+			sh.mu.Unlock()
+			continue
+		}
+		it.kind, it.commit, it.r, it.l1, it.size = kPut, false, r, e.l1, e.size
+		it.rp, it.copies = rp, copies
+		sh.mu.Unlock()
 		cl.add(it, i)
 	}
 	if published && s.l2 != nil {
@@ -840,8 +846,9 @@ func copyGuarded(dst, src []byte) error {
 // lies in the pool (locs[i]); the client reads it in place and Unpins it. A
 // key only on L2 is promoted first: a pool block is reserved, the value is
 // read into it (READ_FIXED) and checked, then pinned. A key that is not
-// stored gets NOT_FOUND; past MaxPins RESOURCE_EXHAUSTED; a promotion that
-// cannot start now BUSY.
+// stored gets NOT_FOUND; past MaxPins RESOURCE_EXHAUSTED. A promotion
+// that finds every L2 task busy waits for one (wait.go), and readers of a
+// key being promoted wait for that promotion.
 //
 // With the store across hosts (SetRemote), a key stored on another host
 // is read from it into a pool block here, checked, kept as a value of this
@@ -866,6 +873,8 @@ func (ss *Session) get(keys [][]byte, locs []Location, codes []Code, errs []erro
 	var reads readCounts
 	defer reads.add(&s.c)
 	for i, k := range keys {
+		again := 0
+	lookup:
 		locs[i] = Location{}
 		sh, r, c, err := s.lookup(k)
 		setResult(codes, errs, i, c, err)
@@ -874,7 +883,9 @@ func (ss *Session) get(keys [][]byte, locs []Location, codes []Code, errs []erro
 			continue
 		}
 		e := sh.ent(r.idx)
-		reads.hit(e)
+		if again == 0 {
+			reads.hit(e)
+		}
 		if e.pins >= s.cfg.MaxPins {
 			sh.mu.Unlock()
 			setResult(codes, errs, i, ResourceExhausted, ErrOverflow)
@@ -893,6 +904,10 @@ func (ss *Session) get(keys [][]byte, locs []Location, codes []Code, errs []erro
 			cl.locs = locs
 		}
 		if err := s.promote(sh, r, waitRec{cl: cl, pos: int32(i), ss: ss, get: true}); err != nil {
+			if err == errAgain && again < maxAgain {
+				again++
+				goto lookup
+			}
 			setError(codes, errs, i, err)
 		}
 	}
@@ -916,6 +931,8 @@ func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []er
 	var reads readCounts
 	defer reads.add(&s.c)
 	for i, k := range keys {
+		again := 0
+	lookup:
 		lens[i] = 0
 		sh, r, c, err := s.lookup(k)
 		setResult(codes, errs, i, c, err)
@@ -924,7 +941,9 @@ func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []er
 			continue
 		}
 		e := sh.ent(r.idx)
-		reads.hit(e)
+		if again == 0 {
+			reads.hit(e)
+		}
 		lens[i] = uint64(e.size)
 		if uint64(len(dsts[i])) < uint64(e.size) {
 			sh.mu.Unlock()
@@ -960,6 +979,10 @@ func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []er
 			cl.dsts, cl.lens = dsts, lens
 		}
 		if err := s.promote(sh, r, waitRec{cl: cl, pos: int32(i)}); err != nil {
+			if err == errAgain && again < maxAgain {
+				again++
+				goto lookup
+			}
 			setError(codes, errs, i, err)
 		}
 	}
@@ -1003,7 +1026,9 @@ func (rc *readCounts) add(c *counters) {
 
 // promote makes w wait for the promotion of L2-only entry r, starting one
 // (added to w's call, to be dispatched by the caller) unless one is in
-// flight. sh.mu is held on entry and released on return.
+// flight; with no free task the key waits for one (wait.go). errAgain: the
+// value came into L1 meanwhile, the caller looks the key up again. sh.mu
+// is held on entry and released on return.
 func (s *Store) promote(sh *shard, r ref, w waitRec) error {
 	e := sh.ent(r.idx)
 	if e.flags&fPromote != 0 {
@@ -1018,46 +1043,57 @@ func (s *Store) promote(sh *shard, r ref, w waitRec) error {
 	sh.mu.Lock()
 	e = sh.ent(r.idx)
 	switch {
-	case e.gen == r.gen && e.state == stReady && e.flags&fPromote != 0:
+	case e.gen != r.gen || e.state != stReady:
+		// Removed, or evicted from L2, while the lock was dropped.
+		sh.mu.Unlock()
+		return joinFree(ErrNotFound, s.freeBlock(off, size))
+	case e.flags&fPromote != 0:
 		// Another call started it while the lock was dropped: wait for
 		// that one.
 		err := s.joinPromotion(sh, e, w)
 		return joinFree(err, s.freeBlock(off, size))
-	case e.gen != r.gen || e.state != stReady || e.flags&fL1 != 0:
-		// Promoted, evicted or removed meanwhile: the caller may retry.
+	case e.flags&fL1 != 0:
 		sh.mu.Unlock()
-		return joinFree(ErrBusy, s.freeBlock(off, size))
+		return joinFree(errAgain, s.freeBlock(off, size))
 	}
+	w.cl.left.Add(1)
 	it := s.l2.getTask(false)
 	if it == nil {
+		s.l2.enqueue(waitKey{kind: kPromote, get: w.get, ss: w.ss, r: r, l1: off, size: size, cl: w.cl, pos: w.pos})
 		sh.mu.Unlock()
-		return joinFree(ErrNoIO, s.freeBlock(off, size))
+		return nil
 	}
+	s.startPromotion(sh, r, w, off, it)
+	w.cl.its = append(w.cl.its, it)
+	return nil
+}
+
+// errAgain: look the key up again (promote).
+var errAgain = errors.New("store: the value came into L1 meanwhile")
+
+// maxAgain bounds how often one key of a call is looked up again.
+const maxAgain = 4
+
+// startPromotion makes task it the promotion of L2-only entry r into pool
+// block off, with w its first waiter (whose key its call counts as owed
+// already). sh.mu is held on entry and released on return.
+func (s *Store) startPromotion(sh *shard, r ref, w waitRec, off uint64, it *ioTask) {
+	e := sh.ent(r.idx)
 	e.flags |= fPromote
 	e.next = uint32(it.idx)
 	e.l1 = off
 	e.io++
 	it.kind, it.r, it.l1, it.size, it.slot, it.crc = kPromote, r, off, e.size, e.l2, e.crc
-	w.cl.left.Add(1)
-	it.waiters[0] = w
-	it.nwait = 1
+	it.waiters = append(it.waiters[:0], w)
 	sh.mu.Unlock()
-	w.cl.its = append(w.cl.its, it)
-	return nil
 }
 
-// joinPromotion adds w to the waiters of e's promotion in flight; BUSY when
-// it has as many as it takes. sh.mu is held on entry and released on
-// return.
+// joinPromotion adds w to the waiters of e's promotion in flight. sh.mu
+// is held on entry and released on return.
 func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 	it := &s.l2.tasks[e.next]
-	if int(it.nwait) == len(it.waiters) {
-		sh.mu.Unlock()
-		return ErrBusy
-	}
 	w.cl.left.Add(1)
-	it.waiters[it.nwait] = w
-	it.nwait++
+	it.waiters = append(it.waiters, w)
 	sh.mu.Unlock()
 	return nil
 }
@@ -1103,6 +1139,18 @@ func (s *Store) remove(keys [][]byte, codes []Code, errs []error, done Completio
 			// The writeback's end answers the key, once sh.mu is released.
 			setError(codes, errs, i, nil)
 			s.joinBackground(sh, r, cl, i)
+			sh.mu.Unlock()
+			continue
+		}
+		if err == errNoTask {
+			// Every task is busy: the key (invisible already) waits for
+			// the next one (wait.go).
+			if cl == nil {
+				cl = s.newCall(done, tag, codes, errs)
+			}
+			setError(codes, errs, i, nil)
+			cl.left.Add(1)
+			s.l2.enqueue(waitKey{kind: kInval, r: r, slot: sh.ent(r.idx).l2, cl: cl, pos: int32(i)})
 			sh.mu.Unlock()
 			continue
 		}
@@ -1176,13 +1224,17 @@ func (s *Store) removeLocked(sh *shard, r ref) (*ioTask, error) {
 		}
 		return nil, nil
 	}
-	it := s.l2.getTask(false)
-	if it == nil {
-		return nil, ErrNoIO
-	}
 	e.state = stDropping
 	sh.unlistAll(r.idx)
 	e.io++
+	it := s.l2.getTask(false)
+	if it == nil {
+		return nil, errNoTask
+	}
 	it.kind, it.r, it.slot = kInval, r, e.l2
 	return it, nil
 }
+
+// errNoTask: removeLocked made the entry invisible, but no task is free;
+// the caller makes the key wait for one.
+var errNoTask = errors.New("store: no free L2 task")

@@ -20,7 +20,9 @@ var errRegionBroken = errors.New("store: the region's header could not be writte
 // its slot (giving a region to the slot size when needed, whose header is
 // written in the same submission), its block header in the task's staging
 // sector, then the value writes, all in one Submit. A key that gets no slot
-// ends at once.
+// ends at once. When no task is free for a region header, the write that
+// needed the region writes it with its own task first (stgOpen), then its
+// value: a write never fails for want of a second task.
 func (t *tier2) startWrites(its []*ioTask, sub *[]*ioTask, xts *[]*xfer.Task) error {
 	s := t.s
 	out := (*sub)[:0]
@@ -29,15 +31,6 @@ func (t *tier2) startWrites(its []*ioTask, sub *[]*ioTask, xts *[]*xfer.Task) er
 		c := t.g.classOf(uint64(it.size))
 		t.mu.Lock()
 		slot, opener, err := t.alloc(c, it.r.packed())
-		var ot *ioTask
-		if err == nil && opener != noRegion {
-			if ot = t.getTask(false); ot == nil {
-				t.regions[opener].broken = ErrNoIO
-				t.breakRegion(opener)
-				t.release(slot)
-				err = ErrNoIO
-			}
-		}
 		if err != nil {
 			t.mu.Unlock()
 			it.err = err
@@ -47,26 +40,42 @@ func (t *tier2) startWrites(its []*ioTask, sub *[]*ioTask, xts *[]*xfer.Task) er
 		ri, _, _, off := t.slotAt(slot)
 		nonce, units := t.regions[ri].nonce, t.classes[c].units
 		t.mu.Unlock()
-		it.slot, it.region, it.off, it.stage = slot, ri, off, stgValue
-		sh := &s.shards[it.r.sh]
-		sh.mu.Lock()
-		encodeHeader(t.sector(it), &header{magic: magicBlock, units: uint32(units), seq: t.seq.Add(1),
-			nonce: nonce, offset: off, valueLen: uint64(it.size), valueCRC: it.crc, key: sh.keyOf(sh.ent(it.r.idx))})
-		sh.mu.Unlock()
-		t.reqValue(it, xfer.OpWrite, off+t.g.align)
-		if ot != nil {
-			ot.kind, ot.region, ot.off = kOpen, opener, t.g.regionOff(opener)
+		it.slot, it.region, it.off = slot, ri, off
+		var ot *ioTask
+		if opener != noRegion {
+			if ot = t.takeAny(); ot == nil {
+				ot = it // its value waits for the region header (writeDone)
+			}
+			ot.region, ot.off = opener, t.g.regionOff(opener)
 			encodeHeader(t.sector(ot), &header{magic: magicRegion, units: uint32(units), seq: t.fileNonce,
 				nonce: nonce, offset: ot.off})
 			t.reqSector(ot, xfer.OpWrite, ot.off, false)
 			out = append(out, ot)
+			if ot == it {
+				it.stage, it.off = stgOpen, off
+				continue
+			}
+			ot.kind = kOpen
 		}
+		it.stage = stgValue
+		t.encodeBlock(it, nonce, units)
+		t.reqValue(it, xfer.OpWrite, off+t.g.align)
 		out = append(out, it)
 	}
 	*sub = out
 	err := t.submit(out, xts)
 	clear(out)
 	return err
+}
+
+// encodeBlock puts the block header of write it (its slot in a region of
+// nonce, slot size units) in its staging sector.
+func (t *tier2) encodeBlock(it *ioTask, nonce, units uint64) {
+	sh := &t.s.shards[it.r.sh]
+	sh.mu.Lock()
+	encodeHeader(t.sector(it), &header{magic: magicBlock, units: uint32(units), seq: t.seq.Add(1),
+		nonce: nonce, offset: it.off, valueLen: uint64(it.size), valueCRC: it.crc, key: sh.keyOf(sh.ent(it.r.idx))})
+	sh.mu.Unlock()
 }
 
 // breakRegion marks a region whose header will not be written. t.mu is
@@ -85,6 +94,27 @@ func (t *tier2) breakRegion(ri int32) {
 
 func (t *tier2) writeDone(it *ioTask, err error) {
 	switch it.stage {
+	case stgOpen:
+		// Its own region's header: the writes waiting for it go to the
+		// maintenance loop (this completion submits one write: its own).
+		head := t.regionOpened(it.region, err, false)
+		if err != nil {
+			t.failOpenWaiters(head, err)
+			t.mu.Lock()
+			t.release(it.slot)
+			t.mu.Unlock()
+			it.err = fmt.Errorf("%w: %w", errRegionBroken, err)
+			t.endWrite(it, false)
+			return
+		}
+		t.mu.Lock()
+		r := &t.regions[it.region]
+		nonce, units := r.nonce, t.classes[r.class].units
+		t.mu.Unlock()
+		it.stage = stgValue
+		t.encodeBlock(it, nonce, units)
+		t.reqValue(it, xfer.OpWrite, it.off+t.g.align)
+		t.submitOne(it)
 	case stgValue:
 		if err != nil {
 			t.mu.Lock()
@@ -151,39 +181,62 @@ func (t *tier2) sendHeader(it *ioTask) {
 }
 
 func (t *tier2) openDone(it *ioTask, err error) {
-	t.mu.Lock()
-	r := &t.regions[it.region]
-	head := r.waitHead
-	r.waitHead = -1
-	if err == nil {
-		r.state = regOpen
-	} else {
-		r.broken = err
-		t.breakRegion(it.region)
-	}
-	if err == nil && head != -1 {
-		// One header write for this completion goes at once; the others
-		// are handed to the maintenance loop, since a completion callback
-		// may submit only as many tasks as it was handed back.
-		if rest := t.tasks[head].nextWait; rest != -1 {
-			tail := rest
-			for t.tasks[tail].nextWait != -1 {
-				tail = t.tasks[tail].nextWait
-			}
-			t.tasks[tail].nextWait = t.ready
-			t.ready = rest
-			t.tasks[head].nextWait = -1
-		}
-	}
-	t.mu.Unlock()
+	head := t.regionOpened(it.region, err, true)
 	t.freeTask(it)
-	if err == nil {
-		if head != -1 {
-			t.s.kick()
-			t.sendHeader(&t.tasks[head])
-		}
+	if err != nil {
+		t.failOpenWaiters(head, err)
 		return
 	}
+	if head != -1 {
+		t.sendHeader(&t.tasks[head])
+	}
+}
+
+// regionOpened records the end of region ri's header write and returns
+// the first of the writes that wait for it, -1 when none. On success, with
+// keepOne that one is the caller's to submit and the others are handed to
+// the maintenance loop (t.ready), since a completion callback may submit
+// only as many tasks as it was handed back; without keepOne all of them
+// are. On failure the region is broken and every waiting write is the
+// caller's to fail (failOpenWaiters).
+func (t *tier2) regionOpened(ri int32, err error, keepOne bool) int32 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := &t.regions[ri]
+	head := r.waitHead
+	r.waitHead = -1
+	if err != nil {
+		r.broken = err
+		t.breakRegion(ri)
+		return head
+	}
+	r.state = regOpen
+	if head == -1 {
+		return -1
+	}
+	rest := head
+	if keepOne {
+		rest = t.tasks[head].nextWait
+		t.tasks[head].nextWait = -1
+	}
+	if rest != -1 {
+		tail := rest
+		for t.tasks[tail].nextWait != -1 {
+			tail = t.tasks[tail].nextWait
+		}
+		t.tasks[tail].nextWait = t.ready
+		t.ready = rest
+		t.s.kick()
+	}
+	if !keepOne {
+		return -1
+	}
+	return head
+}
+
+// failOpenWaiters fails the writes that waited for a region header that
+// could not be written.
+func (t *tier2) failOpenWaiters(head int32, err error) {
 	for w := head; w != -1; {
 		wt := &t.tasks[w]
 		w, wt.nextWait = wt.nextWait, -1
@@ -235,13 +288,7 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 			repKey = bytes.Clone(sh.keyOf(e))
 		}
 	} else {
-		if it.commit && e.flags&fAbandon == 0 {
-			e.state = stReserved // the reservation, exactly as before the commit
-		} else {
-			ferr = s.freeBlock(e.l1, e.size)
-			s.c.reserved.Add(^uint64(0))
-			sh.remove(idx)
-		}
+		ferr = s.unput(sh, idx, it.commit)
 	}
 	sh.mu.Unlock()
 	if it.commit {
@@ -262,6 +309,22 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 	}
 	cl.result(pos, err)
 	cl.finish1(&s.calls)
+}
+
+// unput undoes a durable put that failed (or never got its I/O): a
+// commit's reservation is back exactly as before the commit (unless its
+// session closed meanwhile), a copying put's entry goes with its block.
+// sh.mu is held, and ss.mu for a commit.
+func (s *Store) unput(sh *shard, idx uint32, commit bool) error {
+	e := sh.ent(idx)
+	if commit && e.flags&fAbandon == 0 {
+		e.state = stReserved
+		return nil
+	}
+	err := s.freeBlock(e.l1, e.size)
+	s.c.reserved.Add(^uint64(0))
+	sh.remove(idx)
+	return err
 }
 
 func (t *tier2) endWriteback(it *ioTask, ok bool) {
@@ -285,7 +348,7 @@ func (t *tier2) endWriteback(it *ioTask, ok bool) {
 		s.c.l2Keys.Add(1)
 		s.c.writebacks.Add(1)
 		s.c.dirtyOwed.Add(^uint64(0))
-	case errors.Is(it.err, ErrL2Full) || errors.Is(it.err, ErrNoIO):
+	case errors.Is(it.err, ErrL2Full):
 		// Not the action failing: room is short. Back in line, no try
 		// counted; the loop pauses until room is made.
 		sh.dirtyAdd(idx)
@@ -311,7 +374,7 @@ func (t *tier2) endWriteback(it *ioTask, ok bool) {
 		s.rare(&s.c.tombstones, "store: writeback gave up after its retry budget; the value stays in L1 only",
 			"key", fmt.Sprintf("%q", key), "tries", s.cfg.WritebackRetries+1, "err", it.err)
 	}
-	full := errors.Is(it.err, ErrL2Full) || errors.Is(it.err, ErrNoIO)
+	full := errors.Is(it.err, ErrL2Full)
 	if full {
 		t.l2Short.Store(true)
 	}
@@ -354,7 +417,7 @@ func (t *tier2) endRemovedWriteback(sh *shard, it *ioTask, ok bool) {
 	s.c.l1Keys.Add(^uint64(0))
 	sh.remove(idx)
 	sh.mu.Unlock()
-	if errors.Is(it.err, ErrL2Full) || errors.Is(it.err, ErrNoIO) {
+	if errors.Is(it.err, ErrL2Full) {
 		t.l2Short.Store(true)
 	}
 	t.wbInflight.Add(-1)
@@ -415,11 +478,12 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 	e.flags &^= fPromote
 	e.next = nilIdx
 	e.io--
-	ws, nw := it.waiters, int(it.nwait)
+	// Nobody joins once fPromote is cleared: ws is this call's alone.
+	ws := it.waiters
 	var ferr error
 	if err == nil {
 		e.flags |= fL1
-		for _, w := range ws[:nw] {
+		for _, w := range ws {
 			if w.get {
 				e.pins++
 				s.c.pins.Add(1)
@@ -446,7 +510,7 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 	}
 	loc := Location{Offset: e.l1, Length: uint64(e.size)}
 	sh.mu.Unlock()
-	for _, w := range ws[:nw] {
+	for _, w := range ws {
 		switch {
 		case err != nil:
 			if !w.get {
@@ -477,10 +541,8 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 		}
 		w.cl.finish1(&s.calls)
 	}
-	for i := range it.waiters {
-		it.waiters[i] = waitRec{}
-	}
-	it.nwait = 0
+	clear(it.waiters)
+	it.waiters = it.waiters[:0]
 	if corrupt {
 		it.kind, it.drop, it.cl = kInval, true, nil
 		t.reqSector(it, xfer.OpWrite, it.off, true)

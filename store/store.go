@@ -24,9 +24,10 @@ type Location struct {
 // Completion receives the end of an asynchronous call: a call that returned
 // pending=true calls StoreDone exactly once, with the tag it was given, once
 // every code (and location, length, error) of the call is final. StoreDone
-// runs on a transport's completion goroutine or on the calling goroutine
-// (possibly before the call has returned); it must not block and must not
-// call into the store.
+// runs on a transport's completion goroutine, on the calling goroutine
+// (possibly before the call has returned), on the maintenance loop (a key
+// that waited for an L2 task: wait.go) or in Close; it must not block and
+// must not call into the store.
 type Completion interface {
 	StoreDone(tag uint64)
 }
@@ -201,7 +202,8 @@ func (s *Store) exit() {
 
 // Close stops the store: new calls fail with ErrClosed, calls in progress
 // finish, the maintenance loop stops (writebacks not yet dispatched stay
-// undone), L2 operations in flight complete (bounded by CloseTimeout), and
+// undone), keys still waiting for an L2 task end with ErrClosed (as if
+// their I/O had failed), L2 operations in flight complete (bounded by CloseTimeout), and
 // the store's pool blocks are freed. Sessions need not be closed first.
 // The transport, the L2 file and the pool stay open. It is idempotent.
 func (s *Store) Close() error {
@@ -212,6 +214,11 @@ func (s *Store) Close() error {
 		<-s.gateIdle
 		close(s.stop)
 		<-s.done
+		if s.l2 != nil {
+			// Keys still waiting for an L2 task end now, before the pool
+			// blocks they hold are freed.
+			s.l2.failWaiting(ErrClosed)
+		}
 		s.leaseMu.Lock()
 		if s.leaseTimer != nil {
 			s.leaseTimer.Stop()
@@ -405,6 +412,7 @@ type counters struct {
 	dirtyOwed                                           atomic.Uint64 // values in L1 only still owed a writeback
 	quarantinedTasks                                    atomic.Uint64
 	aborted                                             atomic.Uint64 // reservations given back by Session.Abort
+	ioWaits                                             atomic.Uint64 // callers' keys that waited for an L2 task
 	l1Recovered, l1Dropped, l1Torn, l1JournalFull       atomic.Uint64 // the L1 journal's (l1journal.go)
 	// Reads of values (Get, Read) by what they found, per key: the value
 	// in L1, only on L2 (a promotion), or no key.
@@ -467,6 +475,10 @@ type Stats struct {
 	FreeErrors          uint64 // pool frees that failed (a bug; logged)
 
 	IOInFlight int // L2 operations in flight
+	// IOWaiting: callers' keys waiting now for a free L2 task (wait.go);
+	// IOWaits: how many have waited, in all.
+	IOWaiting int
+	IOWaits   uint64
 }
 
 // Stats returns the store's figures. It takes no shard lock.
@@ -487,13 +499,14 @@ func (s *Store) Stats() Stats {
 		QuarantinedBlocks: c.quarantinedBlocks.Load(), FreeErrors: c.freeErrors.Load(),
 		QuarantinedTasks: c.quarantinedTasks.Load(), Aborted: c.aborted.Load(),
 		L1Recovered: c.l1Recovered.Load(), L1Dropped: c.l1Dropped.Load(), L1Torn: c.l1Torn.Load(),
-		L1JournalFull: c.l1JournalFull.Load(),
+		L1JournalFull: c.l1JournalFull.Load(), IOWaits: c.ioWaits.Load(),
 	}
 	if t := s.l2; t != nil {
 		t.mu.Lock()
 		st.L2Bytes, st.L2Capacity, st.QuarantinedSlots = t.used, t.capacity, t.quarantined
 		t.mu.Unlock()
 		st.IOInFlight = int(t.inflight.Load())
+		st.IOWaiting = int(t.nwaiting.Load())
 	}
 	return st
 }
