@@ -32,7 +32,7 @@ const DefaultSocket = "/run/tensorcast/tensorcastd.sock"
 type Options struct {
 	Name        string        // client name sent with Hello (default: the program name)
 	NoPool      bool          // do not map the pool at Dial (admin tools)
-	DialTimeout time.Duration // default 5s
+	DialTimeout time.Duration // bounds connecting, Hello and mapping the pool (also on a reconnect); default 5s
 	// CallTimeout bounds each call's socket I/O (default: none). A call
 	// the daemon may hold by design (Wait, Transfer, PollNotifications) is
 	// given that long on top of what it may be held: its timeout, else the
@@ -163,9 +163,13 @@ type Client struct {
 	// hold is how long the daemon may hold the answer to c.req by design
 	// (a Wait's timeout), or unbounded; see Options.CallTimeout.
 	hold time.Duration
-	rbuf []byte
-	hdr  [wire.FrameHeader]byte
-	oob  []byte
+	// dialing is the deadline of a Dial or redial in progress: its Hello
+	// and pool mapping are bounded by DialTimeout, not CallTimeout (zero
+	// otherwise).
+	dialing time.Time
+	rbuf    []byte
+	hdr     [wire.FrameHeader]byte
+	oob     []byte
 	// fd2 is a second fd that came with the last answer read for a
 	// caller collecting one (a queue's eventfd doorbell after its memfd),
 	// noFD when none; the next such read closes one left unclaimed.
@@ -194,7 +198,8 @@ func Dial(socket string, opts Options) (*Client, error) {
 	if opts.Name == "" && len(os.Args) > 0 {
 		opts.Name = os.Args[0]
 	}
-	d := net.Dialer{Timeout: opts.DialTimeout}
+	dialing := time.Now().Add(opts.DialTimeout)
+	d := net.Dialer{Deadline: dialing}
 	nc, err := d.Dial("unix", socket)
 	if err != nil {
 		return nil, fmt.Errorf("tensorcast: cannot connect to the daemon at %s: %w", socket, err)
@@ -209,7 +214,9 @@ func Dial(socket string, opts Options) (*Client, error) {
 		fd2:     noFD,
 		buffers: make(map[xfer.SegmentID][]byte),
 		queues:  make(map[*Queue]struct{}),
+		dialing: dialing,
 	}
+	defer c.dialed()
 	if err := c.sayHello(); err != nil {
 		c.uc.Close()
 		return nil, err
@@ -221,6 +228,13 @@ func Dial(socket string, opts Options) (*Client, error) {
 		}
 	}
 	return c, nil
+}
+
+// dialed ends a Dial or redial: calls are bounded by CallTimeout again
+// (roundTrip sets a deadline only when there is one).
+func (c *Client) dialed() {
+	c.dialing = time.Time{}
+	c.uc.SetDeadline(time.Time{})
 }
 
 func (c *Client) sayHello() error {
@@ -290,7 +304,9 @@ func (c *Client) poolInfoLocked() (*wire.PoolInfoResponse, int, [2]uint64, error
 func (c *Client) redial() error {
 	saved := c.req
 	defer func() { c.req = saved }()
-	nc, err := (&net.Dialer{Timeout: c.opts.DialTimeout}).Dial("unix", c.socket)
+	c.dialing = time.Now().Add(c.opts.DialTimeout)
+	defer c.dialed()
+	nc, err := (&net.Dialer{Deadline: c.dialing}).Dial("unix", c.socket)
 	if err != nil {
 		return err
 	}
@@ -428,7 +444,10 @@ func (c *Client) roundTrip(sendFD int, recvFD *int) error {
 		return c.broken
 	}
 	frame := wire.EncodeRequest(c.b, &c.req)
-	if c.opts.CallTimeout > 0 {
+	switch {
+	case !c.dialing.IsZero():
+		c.uc.SetDeadline(c.dialing)
+	case c.opts.CallTimeout > 0:
 		var d time.Time // no deadline: the daemon's own default bounds the call
 		if c.hold != unbounded {
 			d = time.Now().Add(c.opts.CallTimeout + c.hold)

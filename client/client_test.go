@@ -644,3 +644,80 @@ func TestCallContext(t *testing.T) {
 		t.Fatalf("call's context %+v", ctx)
 	}
 }
+
+// TestDialBoundedByDialTimeout: Dial's Hello is bounded by DialTimeout,
+// not CallTimeout (a daemon slow to say hello, as on a loaded host, is
+// not a failed call), and the calls after Dial are not bounded by the
+// dial's deadline.
+func TestDialBoundedByDialTimeout(t *testing.T) {
+	// How late the fake daemon answers a Hello and a Ping: what is
+	// tested, not waits for an event.
+	const helloLate, pingLate = 100 * time.Millisecond, 400 * time.Millisecond
+	sock := filepath.Join(t.TempDir(), "slow.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer ln.Close()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				b := flatbuffers.NewBuilder(0)
+				var m wire.Request
+				for {
+					var hdr [4]byte
+					if _, err := io.ReadFull(c, hdr[:]); err != nil {
+						return
+					}
+					body := make([]byte, binary.LittleEndian.Uint32(hdr[:]))
+					if _, err := io.ReadFull(c, body); err != nil {
+						return
+					}
+					if err := wire.DecodeRequest(body, wire.DecodeLimits{}, &m); err != nil {
+						return
+					}
+					r, late := wire.Response{Body: &wire.PingResponse{}}, pingLate
+					if _, hello := m.Body.(*wire.HelloRequest); hello {
+						r, late = wire.Response{Body: &wire.HelloResponse{DaemonID: []byte("slow")}}, helloLate
+					}
+					<-time.After(late)
+					r.RequestID = m.Ctx.RequestID
+					if _, err := c.Write(wire.EncodeResponse(b, &r)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+
+	c, err := Dial(sock, Options{NoPool: true, CallTimeout: 10 * time.Millisecond, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("a hello later than CallTimeout but within DialTimeout: %v", err)
+	}
+	if err := c.Ping(nil); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a ping later than CallTimeout: %v, want a deadline error", err)
+	}
+	c.Close()
+
+	// The ping ends past the dial's deadline: it would fail if Dial had
+	// left that deadline on the socket.
+	c, err = Dial(sock, Options{NoPool: true, DialTimeout: helloLate + 200*time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Ping(nil); err != nil {
+		t.Fatalf("a call after Dial, with no CallTimeout: %v", err)
+	}
+}
