@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/tensorcast/tensorcast/internal/faultcopy"
@@ -913,6 +914,12 @@ func (ss *Session) get(keys [][]byte, locs []Location, codes []Code, errs []erro
 	}
 	ss.mu.Unlock()
 	if everywhere && s.rem() != nil {
+		if cl == nil && slices.Contains(codes[:len(keys)], NotFound) {
+			// A fetched value may need promoting (landGet): the call
+			// carries where its locations go.
+			cl = s.newCall(done, tag, codes, errs)
+			cl.locs = locs
+		}
 		cl = s.fetchMisses(cl, keys, codes, errs, done, tag, ss.landGet(locs, codes, errs))
 	}
 	return s.dispatch(cl, kPromote)
@@ -987,6 +994,10 @@ func (s *Store) Read(keys, dsts [][]byte, lens []uint64, codes []Code, errs []er
 		}
 	}
 	if s.rem() != nil {
+		if cl == nil && slices.Contains(codes[:len(keys)], NotFound) {
+			cl = s.newCall(done, tag, codes, errs)
+			cl.dsts, cl.lens = dsts, lens
+		}
 		cl = s.fetchMisses(cl, keys, codes, errs, done, tag, s.landRead(dsts, lens, codes, errs))
 	}
 	return s.dispatch(cl, kPromote)
@@ -1030,6 +1041,18 @@ func (rc *readCounts) add(c *counters) {
 // value came into L1 meanwhile, the caller looks the key up again. sh.mu
 // is held on entry and released on return.
 func (s *Store) promote(sh *shard, r ref, w waitRec) error {
+	return s.promoteAs(sh, r, w, true)
+}
+
+// promoteLater is promote for a call whose tasks are dispatched already
+// (a fetch's answer that found its value evicted to L2): the promotion
+// waits for an L2 task with the keys that found none, and the maintenance
+// loop starts it.
+func (s *Store) promoteLater(sh *shard, r ref, w waitRec) error {
+	return s.promoteAs(sh, r, w, false)
+}
+
+func (s *Store) promoteAs(sh *shard, r ref, w waitRec, direct bool) error {
 	e := sh.ent(r.idx)
 	if e.flags&fPromote != 0 {
 		return s.joinPromotion(sh, e, w)
@@ -1057,7 +1080,10 @@ func (s *Store) promote(sh *shard, r ref, w waitRec) error {
 		return joinFree(errAgain, s.freeBlock(off, size))
 	}
 	w.cl.left.Add(1)
-	it := s.l2.getTask(false)
+	var it *ioTask
+	if direct {
+		it = s.l2.getTask(false)
+	}
 	if it == nil {
 		s.l2.enqueue(waitKey{kind: kPromote, get: w.get, ss: w.ss, r: r, l1: off, size: size, cl: w.cl, pos: w.pos})
 		sh.mu.Unlock()

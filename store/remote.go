@@ -157,7 +157,7 @@ func CRC(b []byte) uint32 { return crc32c(b) }
 // fetch holds the store open (Close waits for it; it ends by the remote
 // deadline).
 func (s *Store) fetchMisses(cl *call, keys [][]byte, codes []Code, errs []error, done Completion, tag uint64,
-	land func(pos int, key []byte) error) *call {
+	land func(cl *call, pos int, key []byte) error) *call {
 	r := s.rem()
 	if r == nil {
 		return cl
@@ -190,7 +190,7 @@ func (s *Store) fetchMisses(cl *call, keys [][]byte, codes []Code, errs []error,
 	r.Fetch(own, func(j int, err error) {
 		pos := miss[j]
 		if err == nil {
-			err = land(pos, own[j])
+			err = land(cl, pos, own[j])
 		}
 		if err != nil {
 			cl.result(int32(pos), err)
@@ -204,65 +204,81 @@ func (s *Store) fetchMisses(cl *call, keys [][]byte, codes []Code, errs []error,
 }
 
 // landGet answers key pos of a Get whose value a fetch stored here: it
-// pins it for ss and sets its location, like a local hit.
-func (ss *Session) landGet(locs []Location, codes []Code, errs []error) func(pos int, key []byte) error {
+// pins it for ss and sets its location, like a local hit. A value the
+// store evicted to L2 since it landed is promoted for the call, as a Get
+// of any key on L2 is (cl.locs is the call's locs).
+func (ss *Session) landGet(locs []Location, codes []Code, errs []error) func(cl *call, pos int, key []byte) error {
 	s := ss.s
-	return func(pos int, key []byte) error {
+	return func(cl *call, pos int, key []byte) error {
 		ss.mu.Lock()
 		defer ss.mu.Unlock()
 		if ss.closed {
 			return ErrClosed
 		}
-		sh, r, _, err := s.lookup(key)
-		if err != nil {
-			return err
+		for again := 0; ; again++ {
+			sh, r, _, err := s.lookup(key)
+			if err != nil {
+				return err
+			}
+			e := sh.ent(r.idx)
+			switch {
+			case e.pins >= s.cfg.MaxPins:
+				sh.mu.Unlock()
+				return ErrOverflow
+			case e.flags&fL1 == 0:
+				err := s.promoteLater(sh, r, waitRec{cl: cl, pos: int32(pos), ss: ss, get: true})
+				if err == errAgain && again < maxAgain {
+					continue
+				}
+				return err
+			}
+			locs[pos] = Location{Offset: e.l1, Length: uint64(e.size)}
+			ss.pinLocked(sh, r)
+			setResult(codes, errs, pos, OK, nil)
+			return nil
 		}
-		e := sh.ent(r.idx)
-		switch {
-		case e.flags&fL1 == 0:
-			sh.mu.Unlock()
-			return ErrBusy // evicted to L2 since it landed: the caller may retry
-		case e.pins >= s.cfg.MaxPins:
-			sh.mu.Unlock()
-			return ErrOverflow
-		}
-		locs[pos] = Location{Offset: e.l1, Length: uint64(e.size)}
-		ss.pinLocked(sh, r)
-		setResult(codes, errs, pos, OK, nil)
-		return nil
 	}
 }
 
 // landRead answers key pos of a Read whose value a fetch stored here: it
-// copies it out, like a local hit.
-func (s *Store) landRead(dsts [][]byte, lens []uint64, codes []Code, errs []error) func(pos int, key []byte) error {
-	return func(pos int, key []byte) error {
-		sh, r, _, err := s.lookup(key)
-		if err != nil {
-			return err
-		}
-		e := sh.ent(r.idx)
-		lens[pos] = uint64(e.size)
-		switch {
-		case uint64(len(dsts[pos])) < uint64(e.size):
+// copies it out, like a local hit, or promotes it first when the store
+// evicted it to L2 since it landed (cl.dsts and cl.lens are the call's).
+func (s *Store) landRead(dsts [][]byte, lens []uint64, codes []Code, errs []error) func(cl *call, pos int, key []byte) error {
+	return func(cl *call, pos int, key []byte) error {
+		for again := 0; ; again++ {
+			sh, r, _, err := s.lookup(key)
+			if err != nil {
+				return err
+			}
+			e := sh.ent(r.idx)
+			lens[pos] = uint64(e.size)
+			switch {
+			case uint64(len(dsts[pos])) < uint64(e.size):
+				sh.mu.Unlock()
+				return ErrShortBuffer
+			case e.io == ^uint16(0):
+				sh.mu.Unlock()
+				return ErrBusy
+			case e.flags&fL1 == 0:
+				err := s.promoteLater(sh, r, waitRec{cl: cl, pos: int32(pos)})
+				if err == errAgain && again < maxAgain {
+					continue
+				}
+				return err
+			}
+			e.io++
+			off, size := e.l1, uint64(e.size)
 			sh.mu.Unlock()
-			return ErrShortBuffer
-		case e.flags&fL1 == 0 || e.io == ^uint16(0):
+			err = copyGuarded(dsts[pos][:size], s.poolMem[off:off+size])
+			sh.mu.Lock()
+			e.io--
 			sh.mu.Unlock()
-			return ErrBusy
+			if err != nil {
+				return err
+			}
+			setResult(codes, errs, pos, OK, nil)
+			return nil
 		}
-		e.io++
-		off, size := e.l1, uint64(e.size)
-		sh.mu.Unlock()
-		err = copyGuarded(dsts[pos][:size], s.poolMem[off:off+size])
-		sh.mu.Lock()
-		e.io--
-		sh.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		setResult(codes, errs, pos, OK, nil)
-		return nil
 	}
 }
 

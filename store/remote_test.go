@@ -20,6 +20,9 @@ type fakeRemote struct {
 	removed  []string
 	evicted  []string
 	fetching sync.WaitGroup
+	// landed, when set, runs after a fetched value is stored here and
+	// before its fetch is answered.
+	landed func(key []byte)
 }
 
 func (r *fakeRemote) Stored(key []byte, size uint64, crc uint32) {
@@ -63,6 +66,9 @@ func (r *fakeRemote) Fetch(keys [][]byte, done func(int, error)) {
 			if _, err := ss.Commit([][]byte{k}, false, codes, nil, nil, 0); err != nil || codes[0] != OK {
 				done(i, fmt.Errorf("commit: %v %v", err, codes[0]))
 				continue
+			}
+			if r.landed != nil {
+				r.landed(k)
 			}
 			done(i, nil)
 		}
@@ -183,5 +189,47 @@ func TestRemote(t *testing.T) {
 	defer r.mu.Unlock()
 	if s.Stats().Keys != 0 || len(r.evicted) != 4 {
 		t.Fatalf("evicted %v, %d keys left", r.evicted, s.Stats().Keys)
+	}
+}
+
+// TestFetchedThenEvicted: a value fetched from another host that the store
+// evicts to L2 before the fetch is answered is promoted for the caller, as
+// any key on L2 is: a Get pins it and a Read copies it, never BUSY (the
+// eviction is the store's own doing).
+func TestFetchedThenEvicted(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	s := e.s
+	vals := map[string][]byte{"far/a": bytes.Repeat([]byte{0xa}, 5000), "far/b": bytes.Repeat([]byte{0xb}, 70000)}
+	r := &fakeRemote{s: s, stored: map[string]uint32{}, others: vals}
+	r.landed = func([]byte) {
+		if err := s.Flush(flushWait); err != nil {
+			t.Errorf("flush: %v", err)
+		}
+		s.evict(1<<62, 1<<20)
+	}
+	s.SetRemote(r)
+	defer r.fetching.Wait()
+	ss := s.NewSession()
+	defer ss.Close()
+
+	keys := [][]byte{[]byte("far/a")}
+	locs, codes, errs := e.get(ss, keys)
+	if codes[0] != OK || errs[0] != nil {
+		t.Fatalf("get of a fetched value evicted before the answer: %v %v", codes[0], errs[0])
+	}
+	if got := e.pool.Bytes()[locs[0].Offset : locs[0].Offset+locs[0].Length]; !bytes.Equal(got, vals["far/a"]) {
+		t.Fatalf("get: %d bytes, not the value", len(got))
+	}
+	if st := s.Stats(); st.Pins != 1 || st.Promotions < 1 {
+		t.Fatalf("after the get: %+v", st)
+	}
+
+	dst := make([]byte, 70000)
+	lens, rcodes, rerrs := make([]uint64, 1), make([]Code, 1), make([]error, 1)
+	if _, err := s.Read([][]byte{[]byte("far/b")}, [][]byte{dst}, lens, rcodes, rerrs, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if rcodes[0] != OK || rerrs[0] != nil || lens[0] != 70000 || !bytes.Equal(dst, vals["far/b"]) {
+		t.Fatalf("read of a fetched value evicted before the answer: %v %v len %d", rcodes[0], rerrs[0], lens[0])
 	}
 }
