@@ -1,7 +1,10 @@
 package daemon
 
 import (
+	"flag"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"sync"
 	"syscall"
 	"testing"
@@ -172,6 +175,10 @@ func BenchmarkStoreRemoteGetAggregate(b *testing.B) {
 	}
 }
 
+// aggProfile, when set, is where benchAggregate writes a CPU profile of
+// its timed loop (path.daemons-N), for runs of more than one round.
+var aggProfile = flag.String("aggbench.cpuprofile", "", "write a CPU profile of BenchmarkStoreRemoteGetAggregate's timed loop to this path + .daemons-N")
+
 func benchAggregate(b *testing.B, nd int) {
 	const n, size = 128, 256 << 10
 	key := testutil.KeyFile(b, b.TempDir(), "cluster.key", "bench cluster key")
@@ -257,6 +264,17 @@ func benchAggregate(b *testing.B, nd int) {
 	errs := make([]error, nd)
 	b.SetBytes(int64(nd) * n * size)
 	var untimed time.Duration
+	if *aggProfile != "" && b.N > 1 {
+		f, err := os.Create(fmt.Sprintf("%s.daemons-%d", *aggProfile, nd))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	cpu := startCPU()
 	b.ResetTimer()
 	for round := range b.N {

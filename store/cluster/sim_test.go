@@ -35,6 +35,7 @@ var (
 	simKeys     = flag.Int("storesim.keys", 16, "keys each daemon puts")
 	simWorkers  = flag.Int("storesim.workers", 8, "workload goroutines")
 	simZipf     = flag.Float64("storesim.zipf", 1.1, "Zipf exponent of the keys read (> 1)")
+	simStale    = flag.Duration("storesim.staleness", 0, "the readers' staleness budget for home answers (0: the default, 2 s)")
 	simChurn    = flag.Int("storesim.churn", 6, "members taken down (one at a time, the previous one back) during the workload")
 )
 
@@ -45,6 +46,7 @@ type simConfig struct {
 	zipf                      float64
 	churn                     int
 	size                      int
+	staleness                 time.Duration // 0: the default
 }
 
 // simResult is what a simulation counted; lookups count keys.
@@ -87,8 +89,12 @@ func (r simResult) homeRate() float64 {
 func (r simResult) String() string {
 	var b strings.Builder
 	c := r.cfg
-	fmt.Fprintf(&b, "home lookups: %d daemons, %d keys of %d bytes each, %v workload, Zipf s=%.2f, %d workers, %d churn events, %d shards\n",
-		c.members, c.keysPer, c.size, r.elapsed.Round(time.Millisecond), c.zipf, c.workers, len(r.churn), DefaultShards)
+	stale := c.staleness
+	if stale == 0 {
+		stale = 2 * time.Second
+	}
+	fmt.Fprintf(&b, "home lookups: %d daemons, %d keys of %d bytes each, %v workload, Zipf s=%.2f, %d workers, %d churn events, %d shards, staleness %v\n",
+		c.members, c.keysPer, c.size, r.elapsed.Round(time.Millisecond), c.zipf, c.workers, len(r.churn), DefaultShards, stale)
 	fmt.Fprintf(&b, "  operations (Exists + get):        %d (%d found, %d read, %d absent, %d read errors)\n",
 		r.ops, r.found, r.readOK, r.absent, r.readErr)
 	fmt.Fprintf(&b, "  reads held by the reader:         %d; fetched from another daemon: %d\n", r.readOK-min(r.readOK, r.remoteHits), r.remoteHits)
@@ -116,7 +122,7 @@ func simulate(t testing.TB, cfg simConfig) simResult {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("d%03d", i)
 	}
-	f := newNetWith(t, ids, Config{ProbeEvery: time.Hour}, nil)
+	f := newNetWith(t, ids, Config{ProbeEvery: time.Hour, Staleness: cfg.staleness}, nil)
 	nodes := make([]*fakeNode, len(ids))
 	for i, id := range ids {
 		nodes[i] = f.node(id)
@@ -317,7 +323,7 @@ func TestHomeLookupsFromCache(t *testing.T) {
 func BenchmarkHomeLookups(b *testing.B) {
 	for range b.N {
 		r := simulate(b, simConfig{members: *simMembers, keysPer: *simKeys, workers: *simWorkers, duration: *simDuration,
-			zipf: *simZipf, churn: *simChurn, size: 4096})
+			zipf: *simZipf, churn: *simChurn, size: 4096, staleness: *simStale})
 		fmt.Println(r.String())
 		b.ReportMetric(r.pct(r.cacheHits), "cache-%")
 		b.ReportMetric(r.pct(r.askedHome), "home-%")
