@@ -166,7 +166,10 @@ func (m cpuMark) report(b *testing.B, bytes int) {
 // values. It reports the aggregate MB/s of the round and cpu-s/GB: the
 // CPU time of the whole process (every daemon and client) per GB moved,
 // over the timed gets only (the untimed unpins and removals of the
-// readers' copies between rounds are taken out).
+// readers' copies between rounds are taken out). Beside it, on the same
+// daemons, tcp-alone: the tcp transport alone moving the same bytes (a
+// client of each daemon READs 128 × 256 KiB from the other daemons'
+// exports, an equal share from each, in one Transfer, all at once).
 //
 // go test -run '^$' -bench BenchmarkStoreRemoteGetAggregate -benchtime 10x -count 3 ./daemon/
 func BenchmarkStoreRemoteGetAggregate(b *testing.B) {
@@ -175,8 +178,8 @@ func BenchmarkStoreRemoteGetAggregate(b *testing.B) {
 	}
 }
 
-// aggProfile, when set, is where benchAggregate writes a CPU profile of
-// its timed loop (path.daemons-N), for runs of more than one round.
+// aggProfile, when set, is where aggregateCluster writes a CPU profile
+// of its timed loop (path.daemons-N), for runs of more than one round.
 var aggProfile = flag.String("aggbench.cpuprofile", "", "write a CPU profile of BenchmarkStoreRemoteGetAggregate's timed loop to this path + .daemons-N")
 
 func benchAggregate(b *testing.B, nd int) {
@@ -233,6 +236,15 @@ func benchAggregate(b *testing.B, nd int) {
 			}, "%s announced", k)
 		}
 	}
+	b.Run("cluster", func(b *testing.B) { aggregateCluster(b, ds, ids, want) })
+	b.Run("tcp-alone", func(b *testing.B) { aggregateTCP(b, ds, ids) })
+}
+
+// aggregateCluster is one client of each daemon of ds getting want[i]
+// at once, round after round.
+func aggregateCluster(b *testing.B, ds []*peerDaemon, ids []string, want [][][]byte) {
+	const n, size = 128, 256 << 10
+	nd := len(ds)
 	type reader struct {
 		q    *client.Queue
 		res  *client.Results
@@ -320,5 +332,79 @@ func benchAggregate(b *testing.B, nd int) {
 	}
 	b.StopTimer()
 	cpu.at += untimed
+	cpu.report(b, nd*n*size)
+}
+
+// aggregateTCP is the tcp transport alone moving the same bytes: a client
+// of each daemon exports 128 × 256 KiB, and a client of each reads 128 ×
+// 256 KiB from the others' exports (an equal share from each, as the
+// cluster rows), all at once, one Transfer each.
+func aggregateTCP(b *testing.B, ds []*peerDaemon, ids []string) {
+	const n, size = 128, 256 << 10
+	nd := len(ds)
+	for i, d := range ds {
+		a := d.dial(b, "exporter")
+		abuf, err := a.RegisterBuffer(n * size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := a.ExportSegment("kv-"+ids[i], abuf.ID, 0, 0, client.RightRead); err != nil {
+			b.Fatal(err)
+		}
+	}
+	type reader struct {
+		c    *client.Client
+		reqs []xfer.Request
+		res  []error
+	}
+	rs := make([]reader, nd)
+	for i, d := range ds {
+		c := d.dial(b, "bench")
+		buf, err := c.RegisterBuffer(n * size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		targets := map[int]xfer.SegmentID{}
+		reqs := make([]xfer.Request, n)
+		for j := range reqs {
+			from := (i + 1 + j%(nd-1)) % nd
+			t, ok := targets[from]
+			if !ok {
+				r, err := c.OpenRemote(ids[from]+"/kv-"+ids[from], client.RightRead)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t = r.ID
+				targets[from] = t
+			}
+			reqs[j] = xfer.Request{Op: xfer.OpRead, Local: buf.ID, LocalOffset: uint64(j) * size, Target: t,
+				TargetOffset: uint64(j) * size, Length: size}
+		}
+		rs[i] = reader{c: c, reqs: reqs, res: make([]error, n)}
+	}
+	errs := make([]error, nd)
+	b.SetBytes(int64(nd) * n * size)
+	cpu := startCPU()
+	b.ResetTimer()
+	for range b.N {
+		var wg sync.WaitGroup
+		for i := range rs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sum, err := rs[i].c.Transfer(rs[i].reqs, 30*time.Second, rs[i].res)
+				if err != nil || sum.Completed != n {
+					errs[i] = fmt.Errorf("transfer on %s: %v %+v", ids[i], err, sum)
+				}
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.StopTimer()
 	cpu.report(b, nd*n*size)
 }
