@@ -1,10 +1,12 @@
 package cluster
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // The home lookups of many daemons: a simulation of a cluster in one
@@ -54,6 +57,7 @@ type simResult struct {
 	cfg                                 simConfig
 	ops, found, readOK, absent, readErr uint64
 	firstTouch                          uint64 // operations that were a reader's first of their key
+	readErrs                            string // the read errors by kind, with the first of each
 	remoteHits                          uint64
 	cacheHits, ownIndex, askedHome      uint64
 	lookupFailed, viewChanges           uint64
@@ -97,6 +101,9 @@ func (r simResult) String() string {
 		c.members, c.keysPer, c.size, r.elapsed.Round(time.Millisecond), c.zipf, c.workers, len(r.churn), DefaultShards, stale)
 	fmt.Fprintf(&b, "  operations (Exists + get):        %d (%d found, %d read, %d absent, %d read errors)\n",
 		r.ops, r.found, r.readOK, r.absent, r.readErr)
+	if r.readErrs != "" {
+		fmt.Fprintf(&b, "  read errors by kind:              %s\n", r.readErrs)
+	}
 	fmt.Fprintf(&b, "  reads held by the reader:         %d; fetched from another daemon: %d\n", r.readOK-min(r.readOK, r.remoteHits), r.remoteHits)
 	fmt.Fprintf(&b, "  first reads of a key by a reader: %d (a reader's first read of a key has no answer cached: it asks the home)\n", r.firstTouch)
 	fmt.Fprintf(&b, "  keys looked up (Exists and gets): %d; asked of another daemon: %.2f %%, without a home round trip (held here, cached, own index): %.2f %%\n",
@@ -113,6 +120,31 @@ func (r simResult) String() string {
 	}
 	fmt.Fprintf(&b, "\n  churn: %s", strings.Join(r.churn, ", "))
 	return b.String()
+}
+
+// errCount counts errors by kind, keeping the first of each.
+type errCount struct {
+	mu    sync.Mutex
+	n     map[string]uint64
+	first map[string]string
+}
+
+func (e *errCount) Add(kind string, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.n[kind]++; e.n[kind] == 1 {
+		e.first[kind] = err.Error()
+	}
+}
+
+func (e *errCount) String() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(e.n)) {
+		parts = append(parts, fmt.Sprintf("%d %q (first: %s)", e.n[k], k, e.first[k]))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // simulate builds cfg.members daemons, has each put cfg.keysPer keys,
@@ -165,6 +197,7 @@ func simulate(t testing.TB, cfg simConfig) simResult {
 	res := simResult{cfg: cfg}
 	var ops, found, readOK, absent, readErr, first atomic.Uint64
 	var touched sync.Map // reader id + key: read there before
+	errKinds := &errCount{n: map[string]uint64{}, first: map[string]string{}}
 	stop := make(chan struct{})
 	start := time.Now()
 	// marks[e] closes when the workload reaches its point e of churn+1 (by
@@ -241,6 +274,14 @@ func simulate(t testing.TB, cfg simConfig) simResult {
 					readOK.Add(1)
 				} else {
 					readErr.Add(1)
+					kind := "other"
+					for _, e := range []error{ErrHolderFailed, ErrHomeUnreachable, ErrNotHome, ErrBusy, store.ErrNotFound, xfer.ErrTimeout} {
+						if errors.Is(errs[0], e) {
+							kind = e.Error()
+							break
+						}
+					}
+					errKinds.Add(kind, errs[0])
 				}
 			}
 		}()
@@ -285,6 +326,7 @@ func simulate(t testing.TB, cfg simConfig) simResult {
 		res.ops = min(res.ops, uint64(cfg.ops))
 	}
 	res.firstTouch = first.Load()
+	res.readErrs = errKinds.String()
 	res.cacheHits, res.ownIndex, res.askedHome = after.cache-before.cache, after.own-before.own, after.asked-before.asked
 	res.lookupFailed, res.remoteHits = after.failed-before.failed, after.hits-before.hits
 	res.viewChanges, res.reannounced = after.views-before.views, after.rean-before.rean
