@@ -1,7 +1,11 @@
 package daemon
 
 import (
+	"flag"
 	"fmt"
+	"os"
+	"runtime/pprof"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -152,4 +156,255 @@ func (m cpuMark) report(b *testing.B, bytes int) {
 	used := processCPU() - m.at
 	gb := float64(b.N) * float64(bytes) / 1e9
 	b.ReportMetric(used.Seconds()/gb, "cpu-s/GB")
+}
+
+// BenchmarkStoreRemoteGetAggregate measures the store across hosts with
+// 2, 4 and 8 daemons on this machine (loopback tcp, every daemon in this
+// process): each daemon holds 128 values of 256 KiB it put, and one
+// client of each gets 128 values the others hold (an equal share from
+// each other daemon), all at once; a round ends when every client has its
+// values. It reports the aggregate MB/s of the round and cpu-s/GB: the
+// CPU time of the whole process (every daemon and client) per GB moved,
+// over the timed gets only (the untimed unpins and removals of the
+// readers' copies between rounds are taken out). Beside it, on the same
+// daemons, tcp-alone: the tcp transport alone moving the same bytes (a
+// client of each daemon READs 128 × 256 KiB from the other daemons'
+// exports, an equal share from each, in one Transfer, all at once).
+//
+// go test -run '^$' -bench BenchmarkStoreRemoteGetAggregate -benchtime 10x -count 3 ./daemon/
+func BenchmarkStoreRemoteGetAggregate(b *testing.B) {
+	for _, nd := range []int{2, 4, 8} {
+		b.Run(fmt.Sprintf("daemons-%d", nd), func(b *testing.B) { benchAggregate(b, nd) })
+	}
+}
+
+// aggProfile, when set, is where aggregateCluster writes a CPU profile
+// of its timed loop (path.daemons-N), for runs of more than one round.
+var aggProfile = flag.String("aggbench.cpuprofile", "", "write a CPU profile of BenchmarkStoreRemoteGetAggregate's timed loop to this path + .daemons-N")
+
+func benchAggregate(b *testing.B, nd int) {
+	const n, size = 128, 256 << 10
+	key := testutil.KeyFile(b, b.TempDir(), "cluster.key", "bench cluster key")
+	cfg := func(c *Config) {
+		c.PeerSliceSize = 1 << 20
+		c.PoolSize = 192 << 20 // its own 32 MiB and the 32 MiB it reads, with room (as BenchmarkStoreRemoteGet)
+		c.StoreL2Path = "off"
+		c.StoreShards = 64
+	}
+	ids := make([]string, nd)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("d%d", i+1)
+	}
+	ds := make([]*peerDaemon, nd)
+	for i := range ds {
+		var peers []PeerConfig
+		for j := range nd {
+			switch {
+			case j < i:
+				peers = append(peers, ds[j].peer())
+			case j > i:
+				peers = append(peers, dialsIn(ids[j]))
+			}
+		}
+		ds[i] = startPeerWith(b, ids[i], key, "", cfg, peers...)
+	}
+	waitMembers(b, ds, ids...)
+	// Daemon i holds own[i]; its client reads want[i]: value j of daemon
+	// (i + 1 + j mod (nd-1)) mod nd, so each other daemon gives an equal
+	// share.
+	own := make([][][]byte, nd)
+	for i, d := range ds {
+		put := d.dial(b, "putter")
+		own[i] = make([][]byte, n)
+		for j := range own[i] {
+			own[i][j] = fmt.Appendf(nil, "agg/%s/%03d", ids[i], j)
+			if err := put.PutBytes(own[i][j], clusterValue(own[i][j], size), false); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	want := make([][][]byte, nd)
+	for i := range want {
+		want[i] = make([][]byte, n)
+		for j := range want[i] {
+			want[i][j] = own[(i+1+j%(nd-1))%nd][j]
+		}
+		for _, k := range want[i] {
+			testutil.Eventually(b, 10*time.Second, func() bool {
+				_, hs, err := ds[i].d.cluster.Locate(k)
+				return err == nil && len(hs) > 0
+			}, "%s announced", k)
+		}
+	}
+	b.Run("cluster", func(b *testing.B) { aggregateCluster(b, ds, ids, want) })
+	b.Run("tcp-alone", func(b *testing.B) { aggregateTCP(b, ds, ids) })
+}
+
+// aggregateCluster is one client of each daemon of ds getting want[i]
+// at once, round after round.
+func aggregateCluster(b *testing.B, ds []*peerDaemon, ids []string, want [][][]byte) {
+	const n, size = 128, 256 << 10
+	nd := len(ds)
+	type reader struct {
+		q    *client.Queue
+		res  *client.Results
+		cqes []client.Completion
+	}
+	rs := make([]reader, nd)
+	for i, d := range ds {
+		c := d.dial(b, "reader")
+		q, err := c.OpenQueue(16)
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, err := c.NewResults(n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rs[i] = reader{q: q, res: res, cqes: make([]client.Completion, 1)}
+	}
+	call := func(r *reader, submit func() (bool, error)) error {
+		if ok, err := submit(); !ok || err != nil {
+			return fmt.Errorf("submit: %v %v", ok, err)
+		}
+		if got, err := r.q.Reap(r.cqes, 1, 30*time.Second); got != 1 || err != nil {
+			return fmt.Errorf("reap: %d %v", got, err)
+		}
+		return nil
+	}
+	codes := make([]store.Code, n)
+	errs := make([]error, nd)
+	b.SetBytes(int64(nd) * n * size)
+	var untimed time.Duration
+	if *aggProfile != "" && b.N > 1 {
+		f, err := os.Create(fmt.Sprintf("%s.daemons-%d", *aggProfile, nd))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
+	cpu := startCPU()
+	b.ResetTimer()
+	for round := range b.N {
+		var wg sync.WaitGroup
+		for i := range rs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := &rs[i]
+				ud := uint64(2 * round)
+				if err := call(r, func() (bool, error) { return r.q.Get(want[i], r.res, ud) }); err != nil {
+					errs[i] = err
+					return
+				}
+				if err := r.res.Check(r.cqes[0]); err != nil || r.cqes[0].N != n {
+					errs[i] = fmt.Errorf("get on %s: %v, %d of %d", ids[i], err, r.cqes[0].N, n)
+					for j := range n {
+						if r.res.Code(j) != 0 {
+							errs[i] = fmt.Errorf("%w; first failed: %s: %v", errs[i], want[i][j], r.res.Err(j))
+							break
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		b.StopTimer()
+		pause := processCPU()
+		for i := range rs {
+			if errs[i] != nil {
+				b.Fatal(errs[i])
+			}
+			r := &rs[i]
+			if err := call(r, func() (bool, error) { return r.q.Unpin(want[i], r.res, uint64(2*round+1)) }); err != nil {
+				b.Fatal(err)
+			}
+			if err := ds[i].d.stores[0].RemoveHere(want[i], codes, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+		untimed += processCPU() - pause
+		b.StartTimer()
+	}
+	b.StopTimer()
+	cpu.at += untimed
+	cpu.report(b, nd*n*size)
+}
+
+// aggregateTCP is the tcp transport alone moving the same bytes: a client
+// of each daemon exports 128 × 256 KiB, and a client of each reads 128 ×
+// 256 KiB from the others' exports (an equal share from each, as the
+// cluster rows), all at once, one Transfer each.
+func aggregateTCP(b *testing.B, ds []*peerDaemon, ids []string) {
+	const n, size = 128, 256 << 10
+	nd := len(ds)
+	for i, d := range ds {
+		a := d.dial(b, "exporter")
+		abuf, err := a.RegisterBuffer(n * size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := a.ExportSegment("kv-"+ids[i], abuf.ID, 0, 0, client.RightRead); err != nil {
+			b.Fatal(err)
+		}
+	}
+	type reader struct {
+		c    *client.Client
+		reqs []xfer.Request
+		res  []error
+	}
+	rs := make([]reader, nd)
+	for i, d := range ds {
+		c := d.dial(b, "bench")
+		buf, err := c.RegisterBuffer(n * size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		targets := map[int]xfer.SegmentID{}
+		reqs := make([]xfer.Request, n)
+		for j := range reqs {
+			from := (i + 1 + j%(nd-1)) % nd
+			t, ok := targets[from]
+			if !ok {
+				r, err := c.OpenRemote(ids[from]+"/kv-"+ids[from], client.RightRead)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t = r.ID
+				targets[from] = t
+			}
+			reqs[j] = xfer.Request{Op: xfer.OpRead, Local: buf.ID, LocalOffset: uint64(j) * size, Target: t,
+				TargetOffset: uint64(j) * size, Length: size}
+		}
+		rs[i] = reader{c: c, reqs: reqs, res: make([]error, n)}
+	}
+	errs := make([]error, nd)
+	b.SetBytes(int64(nd) * n * size)
+	cpu := startCPU()
+	b.ResetTimer()
+	for range b.N {
+		var wg sync.WaitGroup
+		for i := range rs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sum, err := rs[i].c.Transfer(rs[i].reqs, 30*time.Second, rs[i].res)
+				if err != nil || sum.Completed != n {
+					errs[i] = fmt.Errorf("transfer on %s: %v %+v", ids[i], err, sum)
+				}
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.StopTimer()
+	cpu.report(b, nd*n*size)
 }

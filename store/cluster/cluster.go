@@ -280,6 +280,7 @@ type hold struct {
 type counters struct {
 	announced, announceSent, announceDropped, announceFailed atomic.Uint64
 	lookups, lookupsLocal, lookupFailed                      atomic.Uint64
+	lookupsOwn                                               atomic.Uint64 // keys a reader here looked up in its own index (home of their shard)
 	remoteHits, remoteMisses, remoteFailed, remoteBytes      atomic.Uint64
 	crcMismatch, holds, holdsRefused, removes                atomic.Uint64
 	reannounced, viewChanges, cacheHits                      atomic.Uint64

@@ -32,6 +32,9 @@ type fakeNet struct {
 	inflight map[string]int
 	most     map[string]int
 	reads    map[string]int
+	// kindMu guards kinds: the exchanges made, by kind.
+	kindMu sync.Mutex
+	kinds  map[string]uint64
 }
 
 // fakeNode is one daemon.
@@ -84,6 +87,9 @@ func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte
 	case epoch != 0 && epoch != p.epoch:
 		return nil, fmt.Errorf("%w: %s runs another epoch", errUnreachable, peer)
 	}
+	n.net.kindMu.Lock()
+	n.net.kinds[kind]++
+	n.net.kindMu.Unlock()
 	p.hmu.RLock()
 	h := p.h[kind]
 	p.hmu.RUnlock()
@@ -161,15 +167,15 @@ func (f *fakeNet) inflightNow() int {
 // newNet builds daemons ids (one after the other, each greeting those
 // before it) with cfg's settings, and waits until every one sees them
 // all.
-func newNet(t *testing.T, ids []string, cfg Config) *fakeNet {
+func newNet(t testing.TB, ids []string, cfg Config) *fakeNet {
 	t.Helper()
 	return newNetWith(t, ids, cfg, nil)
 }
 
 // newNetWith is newNet with a last say on each daemon's config.
-func newNetWith(t *testing.T, ids []string, cfg Config, mut func(id string, c *Config)) *fakeNet {
+func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *Config)) *fakeNet {
 	t.Helper()
-	f := &fakeNet{nodes: map[string]*fakeNode{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{}}
+	f := &fakeNet{nodes: map[string]*fakeNode{}, kinds: map[string]uint64{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{}}
 	for _, id := range ids {
 		f.nodes[id] = &fakeNode{net: f, id: id, readyCh: make(chan struct{}), h: map[string]func(string, uint64, []byte) ([]byte, error){}}
 	}

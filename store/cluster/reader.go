@@ -115,6 +115,11 @@ func (c *Cluster) lookupAll(keys [][]byte, skip []bool, deadline time.Time, cach
 		}
 		m.local = func(ps []int) { take(ps, c.self, c.claimHere(c.self, c.peers.Epoch(), part(ps), deadline)) }
 	}
+	local := m.local
+	m.local = func(ps []int) {
+		c.c.lookupsOwn.Add(uint64(len(ps)))
+		local(ps)
+	}
 	c.toHomes(keys, pos, m, deadline)
 	return as, errs, cached, homes
 }
