@@ -1,10 +1,12 @@
 package daemon
 
 import (
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -407,4 +409,205 @@ func aggregateTCP(b *testing.B, ds []*peerDaemon, ids []string) {
 	}
 	b.StopTimer()
 	cpu.report(b, nd*n*size)
+}
+
+// BenchmarkStoreRemoteGetLatency measures the latency of a remote get of
+// one key (4 KiB and 256 KiB) whose home's answer d2 has cached, beside
+// the tcp transport's own round trip reading the same bytes:
+//
+//	cluster    a client of d2 gets one key d1 holds, whose home is d1,
+//	           through its queue; d2's cache of home answers names d1 (a
+//	           first get filled it), so the get asks no home: it takes the
+//	           holder's claim (a hold exchange with d1), reads the value
+//	           into d2's pool, checks its crc32c and commits it; then,
+//	           untimed, the client unpins it and d2's copy is removed
+//	           (RemoveHere: the cache of home answers keeps d1);
+//	tcp-alone  the same client READs the same number of bytes from a
+//	           buffer a client of d1 exported, in one Transfer.
+//
+// Two more figures split the cluster's latency, timed after each round
+// from inside d2 (no client): exchange-us, the median of a bare peer
+// exchange from d2 to d1 (a cluster hello: the round trip a holder's
+// claim costs); fetch-us, the median of the cluster's own fetch of the
+// key (cached answer, hold, read, crc32c, commit; no queue, store call
+// or completion).
+//
+// Each b.N round is a block of latencyBlock gets then latencyBlock
+// transfers (the two alternate). Reported: the median latency of each
+// (cluster-us, tcp-us), their ratio, and the CPU time of the whole
+// process per request of each (cluster-cpu-us, tcp-cpu-us; the cluster's
+// includes the untimed unpin and removal). home-lookups counts the timed
+// gets that asked the home after all (the cache keeps an answer for 2 s).
+//
+// go test -run '^$' -bench BenchmarkStoreRemoteGetLatency -benchtime 20x -count 3 ./daemon/
+func BenchmarkStoreRemoteGetLatency(b *testing.B) {
+	key := testutil.KeyFile(b, b.TempDir(), "cluster.key", "bench cluster key")
+	cfg := func(c *Config) {
+		c.PeerSliceSize = 1 << 20
+		c.PoolSize = 64 << 20
+		c.StoreL2Path = "off"
+		c.StoreShards = 64
+	}
+	d1 := startPeerWith(b, "d1", key, "", cfg, dialsIn("d2"))
+	d2 := startPeerWith(b, "d2", key, "", cfg, d1.peer())
+	waitMembers(b, []*peerDaemon{d1, d2}, "d1", "d2")
+	put := d1.dial(b, "putter")
+	exp := d1.dial(b, "exporter")
+	c := d2.dial(b, "reader")
+	q, err := c.OpenQueue(16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	res, err := c.NewResults(1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, size := range []int{4 << 10, 256 << 10} {
+		runs := 0
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			runs++
+			// A key whose home is d1: without the cache, d2 would ask d1.
+			var k []byte
+			for i := 0; ; i++ {
+				k = fmt.Appendf(nil, "lat/%d/%d/%d", size, runs, i)
+				if w, err := d2.d.cluster.Where(k); err == nil && w.Home == "d1" {
+					break
+				}
+			}
+			keys := [][]byte{k}
+			if err := put.PutBytes(k, clusterValue(k, size), false); err != nil {
+				b.Fatal(err)
+			}
+			testutil.Eventually(b, 10*time.Second, func() bool {
+				_, hs, err := d2.d.cluster.Locate(k)
+				return err == nil && len(hs) > 0
+			}, "%s announced", k)
+			abuf, err := exp.RegisterBuffer(uint64(size))
+			if err != nil {
+				b.Fatal(err)
+			}
+			name := fmt.Sprintf("lat-%d-%d", size, runs)
+			if _, err := exp.ExportSegment(name, abuf.ID, 0, 0, client.RightRead); err != nil {
+				b.Fatal(err)
+			}
+			rs, err := c.OpenRemote("d1/"+name, client.RightRead)
+			if err != nil {
+				b.Fatal(err)
+			}
+			buf, err := c.RegisterBuffer(uint64(size))
+			if err != nil {
+				b.Fatal(err)
+			}
+			reqs := []xfer.Request{{Op: xfer.OpRead, Local: buf.ID, Target: rs.ID, Length: uint64(size)}}
+			terrs := make([]error, 1)
+			cqes := make([]client.Completion, 1)
+			codes := make([]store.Code, 1)
+			ud := uint64(0)
+			call := func(submit func() (bool, error)) {
+				if ok, err := submit(); !ok || err != nil {
+					b.Fatalf("submit: %v %v", ok, err)
+				}
+				if got, err := q.Reap(cqes, 1, 30*time.Second); got != 1 || err != nil {
+					b.Fatalf("reap: %d %v", got, err)
+				}
+			}
+			get := func() time.Duration {
+				ud++
+				t0 := time.Now()
+				call(func() (bool, error) { return q.Get(keys, res, ud) })
+				d := time.Since(t0)
+				if err := res.Check(cqes[0]); err != nil || cqes[0].N != 1 {
+					b.Fatalf("get: %v, %d", err, cqes[0].N)
+				}
+				ud++
+				call(func() (bool, error) { return q.Unpin(keys, res, ud) })
+				if err := d2.d.stores[0].RemoveHere(keys, codes, nil); err != nil || codes[0] != store.OK {
+					b.Fatalf("remove here: %v %v", err, codes[0])
+				}
+				return d
+			}
+			tcp := func() time.Duration {
+				t0 := time.Now()
+				sum, err := c.Transfer(reqs, 30*time.Second, terrs)
+				d := time.Since(t0)
+				if err != nil || sum.Completed != 1 {
+					b.Fatalf("transfer: %v %+v", err, sum)
+				}
+				return d
+			}
+			// A bare peer exchange d2 → d1 (a cluster hello), the round
+			// trip the holder's claim costs a get on top of the read.
+			hello := binary.LittleEndian.AppendUint32([]byte{2}, uint32(d2.cfg.StoreShards))
+			node := d2.d.peers.Node()
+			exch := func() time.Duration {
+				t0 := time.Now()
+				if _, err := node.ExchangeAt("d1", 0, "tc.store.hello", hello, 10*time.Second); err != nil {
+					b.Fatalf("hello: %v", err)
+				}
+				return time.Since(t0)
+			}
+			// The same remote get from inside d2, no client: the
+			// cluster's fetch alone (cached answer, hold, read, crc32c,
+			// commit), then d2's copy removed.
+			fetch := func() time.Duration {
+				ch := make(chan error, 1)
+				t0 := time.Now()
+				d2.d.cluster.Fetch(keys, func(_ int, err error) { ch <- err })
+				err := <-ch
+				d := time.Since(t0)
+				if err != nil {
+					b.Fatalf("fetch: %v", err)
+				}
+				if err := d2.d.stores[0].RemoveHere(keys, codes, nil); err != nil || codes[0] != store.OK {
+					b.Fatalf("remove here: %v %v", err, codes[0])
+				}
+				return d
+			}
+			// Warm: the first get fills d2's cache of home answers.
+			get()
+			tcp()
+			exch()
+			var cl, tc, ex, fe []time.Duration
+			var clCPU, tcCPU time.Duration
+			lookups := d2.d.cluster.Stats().Lookups
+			b.ResetTimer()
+			for range b.N {
+				m := processCPU()
+				for range latencyBlock {
+					cl = append(cl, get())
+				}
+				m2 := processCPU()
+				for range latencyBlock {
+					tc = append(tc, tcp())
+				}
+				clCPU += m2 - m
+				tcCPU += processCPU() - m2
+				for range latencyBlock {
+					ex = append(ex, exch())
+					fe = append(fe, fetch())
+				}
+			}
+			b.StopTimer()
+			ops := float64(b.N * latencyBlock)
+			mc, mt := median(cl), median(tc)
+			b.ReportMetric(float64(mc.Nanoseconds())/1e3, "cluster-us")
+			b.ReportMetric(float64(mt.Nanoseconds())/1e3, "tcp-us")
+			b.ReportMetric(float64(median(ex).Nanoseconds())/1e3, "exchange-us")
+			b.ReportMetric(float64(median(fe).Nanoseconds())/1e3, "fetch-us")
+			b.ReportMetric(float64(mc)/float64(mt), "ratio")
+			b.ReportMetric(float64(clCPU.Nanoseconds())/1e3/ops, "cluster-cpu-us")
+			b.ReportMetric(float64(tcCPU.Nanoseconds())/1e3/ops, "tcp-cpu-us")
+			b.ReportMetric(float64(d2.d.cluster.Stats().Lookups-lookups), "home-lookups")
+		})
+	}
+}
+
+// latencyBlock is how many requests of one side a round of
+// BenchmarkStoreRemoteGetLatency times before the other side's.
+const latencyBlock = 50
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
