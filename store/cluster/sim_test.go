@@ -34,7 +34,7 @@ import (
 
 var (
 	simMembers  = flag.Int("storesim.members", 100, "daemons in BenchmarkHomeLookups")
-	simDuration = flag.Duration("storesim.duration", 30*time.Second, "length of BenchmarkHomeLookups' workload")
+	simDuration = flag.Duration("storesim.duration", 3*time.Second, "length of BenchmarkHomeLookups' workload (short by default: make test runs every benchmark once; scripts/bench-homes.sh sets it)")
 	simKeys     = flag.Int("storesim.keys", 16, "keys each daemon puts")
 	simWorkers  = flag.Int("storesim.workers", 8, "workload goroutines")
 	simZipf     = flag.Float64("storesim.zipf", 1.1, "Zipf exponent of the keys read (> 1)")
