@@ -323,6 +323,13 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 	}()
 }
 
+// noteFailure records the current holder's failure (w.last).
+func (w *want) noteFailure() {
+	if !errors.Is(w.last, store.ErrNotFound) {
+		w.failed = true
+	}
+}
+
 // want is one key of a fetch: the holders to try, in order.
 type want struct {
 	i      int
@@ -338,6 +345,9 @@ type want struct {
 	// the key: when no holder gives it, the home is asked again after a
 	// pause, as for a busy home answer.
 	busy bool
+	// failed is set once a holder failed otherwise than by no longer
+	// having the value: only when none did is the key a miss.
+	failed bool
 }
 
 // errHolderAtLimit: a holder has as many readers of the key as it admits
@@ -410,6 +420,7 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 				c.c.remoteHits.Add(1)
 				done(w.i, nil)
 			case w.next+1 < len(w.cands):
+				w.noteFailure()
 				w.next++
 				rest = append(rest, w)
 			case w.busy:
@@ -426,6 +437,12 @@ func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
 				again[w.i] = false
 				c.answers.drop(keys[w.i : w.i+1])
 			default:
+				if w.noteFailure(); !w.failed {
+					// Every holder the home named no longer has it (the
+					// home had not heard of their evictions yet): a miss.
+					done(w.i, w.last)
+					continue
+				}
 				c.c.remoteFailed.Add(1)
 				c.logFailed(keys[w.i], w.last)
 				done(w.i, fmt.Errorf("%w: %w", ErrHolderFailed, w.last))

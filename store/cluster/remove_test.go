@@ -152,3 +152,29 @@ func TestFetchedCopyDroppedUnannounced(t *testing.T) {
 		t.Errorf("the value put here whose announcement failed: %v, want kept", c)
 	}
 }
+
+// TestEveryHolderGoneIsAMiss: a key whose every holder the home names no
+// longer has it (the home not yet told of their evictions) is a miss
+// (NOT_FOUND), not a failure (UNAVAILABLE): nobody failed to give it.
+func TestEveryHolderGoneIsAMiss(t *testing.T) {
+	f := newNet(t, []string{"a", "b", "c"}, Config{})
+	a, b := f.node("a"), f.node("b")
+	const key = "gone/1"
+	a.put(t, key, value(key, 5000))
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a"}) },
+		"the home indexing a's copy")
+	// a drops its copy without telling the home.
+	a.st.SetRemote(nil)
+	codes := make([]store.Code, 1)
+	if _, err := a.st.Remove([][]byte{[]byte(key)}, codes, nil, nil, 0); err != nil || codes[0] != store.OK {
+		t.Fatalf("remove on a: %v %v", err, codes[0])
+	}
+	a.st.SetRemote(a.c)
+	if !slices.Equal(f.holders(key), []string{"a"}) {
+		t.Fatalf("the home heard of the removal: holders %v", f.holders(key))
+	}
+	_, err := b.read(key, 5000)
+	if !errors.Is(err, store.ErrNotFound) || errors.Is(err, ErrHolderFailed) {
+		t.Fatalf("read of a key no holder has: %v, want a miss", err)
+	}
+}
