@@ -268,6 +268,12 @@ func (c *Cluster) probe() {
 			c.seen(id, c.peers.EpochOf(id))
 		}
 	}
+	// Tombstones of shards another daemon is home of go to it: those a
+	// home whose view moved first handed here, and those a new home did
+	// not take when the shard moved. A shard's home changing is not the
+	// only time they must move, or they would stay where nobody asks.
+	v := c.view.Load()
+	c.handTombs(func(s int) (string, bool) { return c.homeFor(v, s), true })
 }
 
 // walk re-announces what reqs ask for; false when Close stopped it.
