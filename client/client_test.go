@@ -297,6 +297,17 @@ func fakeDaemon(t *testing.T, answer func(*wire.Request) wire.Response) string {
 // not nil; -1: none).
 func fakeDaemonFD(t *testing.T, answer func(*wire.Request) (wire.Response, int), closed chan<- struct{}) string {
 	t.Helper()
+	return fakeDaemonAll(t, func(m *wire.Request) (wire.Response, int) {
+		if _, hello := m.Body.(*wire.HelloRequest); hello {
+			return wire.Response{Body: &wire.HelloResponse{DaemonID: []byte("fake")}}, -1
+		}
+		return answer(m)
+	}, closed)
+}
+
+// fakeDaemonAll is fakeDaemonFD whose answer says Hello too.
+func fakeDaemonAll(t *testing.T, answer func(*wire.Request) (wire.Response, int), closed chan<- struct{}) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "tcfake")
 	if err != nil {
 		t.Fatal(err)
@@ -346,13 +357,7 @@ func serveFake(c net.Conn, answer func(*wire.Request) (wire.Response, int), clos
 		if err := wire.DecodeRequest(body, wire.DecodeLimits{}, &m); err != nil {
 			return
 		}
-		var r wire.Response
-		fd := -1
-		if _, hello := m.Body.(*wire.HelloRequest); hello {
-			r = wire.Response{Body: &wire.HelloResponse{DaemonID: []byte("fake")}}
-		} else {
-			r, fd = answer(&m)
-		}
+		r, fd := answer(&m)
 		if r.RequestID == 0 {
 			r.RequestID = m.Ctx.RequestID
 		}
@@ -653,53 +658,14 @@ func TestDialBoundedByDialTimeout(t *testing.T) {
 	// How late the fake daemon answers a Hello and a Ping: what is
 	// tested, not waits for an event.
 	const helloLate, pingLate = 100 * time.Millisecond, 400 * time.Millisecond
-	sock := filepath.Join(t.TempDir(), "slow.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer ln.Close()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				b := flatbuffers.NewBuilder(0)
-				var m wire.Request
-				for {
-					var hdr [4]byte
-					if _, err := io.ReadFull(c, hdr[:]); err != nil {
-						return
-					}
-					body := make([]byte, binary.LittleEndian.Uint32(hdr[:]))
-					if _, err := io.ReadFull(c, body); err != nil {
-						return
-					}
-					if err := wire.DecodeRequest(body, wire.DecodeLimits{}, &m); err != nil {
-						return
-					}
-					r, late := wire.Response{Body: &wire.PingResponse{}}, pingLate
-					if _, hello := m.Body.(*wire.HelloRequest); hello {
-						r, late = wire.Response{Body: &wire.HelloResponse{DaemonID: []byte("slow")}}, helloLate
-					}
-					<-time.After(late)
-					r.RequestID = m.Ctx.RequestID
-					if _, err := c.Write(wire.EncodeResponse(b, &r)); err != nil {
-						return
-					}
-				}
-			}()
+	sock := fakeDaemonAll(t, func(m *wire.Request) (wire.Response, int) {
+		r, late := wire.Response{Body: &wire.PingResponse{}}, pingLate
+		if _, hello := m.Body.(*wire.HelloRequest); hello {
+			r, late = wire.Response{Body: &wire.HelloResponse{DaemonID: []byte("slow")}}, helloLate
 		}
-	}()
+		<-time.After(late)
+		return r, -1
+	}, nil)
 
 	c, err := Dial(sock, Options{NoPool: true, CallTimeout: 10 * time.Millisecond, DialTimeout: 5 * time.Second})
 	if err != nil {

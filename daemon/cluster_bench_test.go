@@ -33,18 +33,26 @@ import (
 // cluster's untimed removal of d2's copies between rounds included).
 //
 // go test -run '^$' -bench BenchmarkStoreRemoteGet -benchtime 20x ./daemon/
-func BenchmarkStoreRemoteGet(b *testing.B) {
-	const n, size = 128, 256 << 10
+// benchPair starts the benchmarks' two daemons of one cluster, d2 dialing
+// d1, with pools of pool bytes, the store in DRAM only, and waits until
+// each sees both.
+func benchPair(b *testing.B, pool Size) (d1, d2 *peerDaemon) {
 	key := testutil.KeyFile(b, b.TempDir(), "cluster.key", "bench cluster key")
 	cfg := func(c *Config) {
 		c.PeerSliceSize = 1 << 20
-		c.PoolSize = 192 << 20
+		c.PoolSize = pool
 		c.StoreL2Path = "off"
 		c.StoreShards = 64
 	}
-	d1 := startPeerWith(b, "d1", key, "", cfg, dialsIn("d2"))
-	d2 := startPeerWith(b, "d2", key, "", cfg, d1.peer())
+	d1 = startPeerWith(b, "d1", key, "", cfg, dialsIn("d2"))
+	d2 = startPeerWith(b, "d2", key, "", cfg, d1.peer())
 	waitMembers(b, []*peerDaemon{d1, d2}, "d1", "d2")
+	return d1, d2
+}
+
+func BenchmarkStoreRemoteGet(b *testing.B) {
+	const n, size = 128, 256 << 10
+	d1, d2 := benchPair(b, 192 << 20)
 
 	// The testing package runs a sub-benchmark more than once (b.N = 1,
 	// then the count asked for): each run puts its own keys.
@@ -441,16 +449,7 @@ func aggregateTCP(b *testing.B, ds []*peerDaemon, ids []string) {
 //
 // go test -run '^$' -bench BenchmarkStoreRemoteGetLatency -benchtime 20x -count 3 ./daemon/
 func BenchmarkStoreRemoteGetLatency(b *testing.B) {
-	key := testutil.KeyFile(b, b.TempDir(), "cluster.key", "bench cluster key")
-	cfg := func(c *Config) {
-		c.PeerSliceSize = 1 << 20
-		c.PoolSize = 64 << 20
-		c.StoreL2Path = "off"
-		c.StoreShards = 64
-	}
-	d1 := startPeerWith(b, "d1", key, "", cfg, dialsIn("d2"))
-	d2 := startPeerWith(b, "d2", key, "", cfg, d1.peer())
-	waitMembers(b, []*peerDaemon{d1, d2}, "d1", "d2")
+	d1, d2 := benchPair(b, 64 << 20)
 	put := d1.dial(b, "putter")
 	exp := d1.dial(b, "exporter")
 	c := d2.dial(b, "reader")

@@ -128,19 +128,7 @@ func TestStoreAcrossHostsChaos(t *testing.T) {
 			}
 		}()
 	}
-	wait := func(d time.Duration) {
-		// Pacing of the faults, not synchronization: the clients run
-		// throughout and every check is on their answers.
-		timer := time.NewTimer(d)
-		defer timer.Stop()
-		select {
-		case <-timer.C:
-		case msg := <-fail:
-			stop.Store(true)
-			wg.Wait()
-			t.Fatal(msg)
-		}
-	}
+	wait := paceFaults(t, fail, &stop, &wg)
 	wait(500 * time.Millisecond)
 	if err := child.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -349,19 +337,7 @@ func TestStoreAcrossHostsChaosEtcd(t *testing.T) {
 			}
 		}()
 	}
-	wait := func(d time.Duration) {
-		// Pacing of the faults, not synchronization: the clients run
-		// throughout and every check is on their answers.
-		timer := time.NewTimer(d)
-		defer timer.Stop()
-		select {
-		case <-timer.C:
-		case msg := <-fail:
-			stop.Store(true)
-			wg.Wait()
-			t.Fatal(msg)
-		}
-	}
+	wait := paceFaults(t, fail, &stop, &wg)
 	wait(time.Second)
 	if err := child.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -428,6 +404,24 @@ func TestStoreAcrossHostsChaosEtcd(t *testing.T) {
 	for _, d := range []*peerDaemon{d1, d2} {
 		if st := d.d.stores[0].Stats(); st.Pins != 0 {
 			t.Errorf("%s: %d pins left", d.cfg.DaemonID, st.Pins)
+		}
+	}
+}
+
+// paceFaults is the chaos tests' pacing of their faults, not
+// synchronization (the clients run throughout and every check is on their
+// answers): the wait it returns ends after d, or stops the clients (stop,
+// wg) and fails the test when one reports a failure on fail.
+func paceFaults(t *testing.T, fail <-chan string, stop *atomic.Bool, wg *sync.WaitGroup) func(d time.Duration) {
+	return func(d time.Duration) {
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+		case msg := <-fail:
+			stop.Store(true)
+			wg.Wait()
+			t.Fatal(msg)
 		}
 	}
 }

@@ -294,26 +294,19 @@ func (t *tier2) flushReady(batch *[]*ioTask, xts *[]*xfer.Task) {
 // leaves a quarter of the table to foreground calls; while keys wait for a
 // task (wait.go) nobody else gets one, so that they are served first and in
 // order: a foreground caller that gets nil makes its key wait (enqueue).
-func (t *tier2) getTask(background bool) *ioTask {
-	t.ioMu.Lock()
-	n := len(t.freeTasks)
-	if n == 0 || t.nwaiting.Load() > 0 || background && n <= len(t.tasks)/4 {
-		t.ioMu.Unlock()
-		return nil
-	}
-	i := t.freeTasks[n-1]
-	t.freeTasks = t.freeTasks[:n-1]
-	t.ioMu.Unlock()
-	return t.taken(i)
-}
+func (t *tier2) getTask(background bool) *ioTask { return t.pop(true, background) }
 
 // takeAny takes a free task even while keys wait: for the second task of
 // an operation already under way (a region header write), which must not
 // queue behind others. Nil when none is free.
-func (t *tier2) takeAny() *ioTask {
+func (t *tier2) takeAny() *ioTask { return t.pop(false, false) }
+
+// pop takes a free task, or nil: with fair, none while keys wait; with
+// background, none of the last quarter.
+func (t *tier2) pop(fair, background bool) *ioTask {
 	t.ioMu.Lock()
 	n := len(t.freeTasks)
-	if n == 0 {
+	if n == 0 || fair && t.nwaiting.Load() > 0 || background && n <= len(t.tasks)/4 {
 		t.ioMu.Unlock()
 		return nil
 	}

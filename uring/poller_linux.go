@@ -612,14 +612,12 @@ const guestPoll = time.Millisecond
 // still sleeps, and a doorbell then waits for that bound at most.
 func (r *ring) FutexWait(w *atomic.Uint32, v uint32, token uint32) {
 	if !r.t.futexWait {
-		r.unarmed = append(r.unarmed, token)
-		r.pollSleep = true
+		r.unarm(token)
 		return
 	}
 	e := r.raw.getSQE()
 	if e == nil {
-		r.unarmed = append(r.unarmed, token)
-		r.pollSleep = true
+		r.unarm(token)
 		return
 	}
 	e.opcode = opFutexWait
@@ -631,6 +629,13 @@ func (r *ring) FutexWait(w *atomic.Uint32, v uint32, token uint32) {
 	r.futexes++
 }
 
+// unarm records that token's wait could not be put on the ring: the ring
+// then sleeps briefly, and reports the wait fired when the sleep ends.
+func (r *ring) unarm(token uint32) {
+	r.unarmed = append(r.unarmed, token)
+	r.pollSleep = true
+}
+
 // FDWait implements Waits for the ring's guest (poller only): an
 // IORING_OP_READ of the eventfd fd, whose CQE carries token as a futex
 // wait's does. Every such read lands in the same 8 bytes of the ring's
@@ -638,8 +643,7 @@ func (r *ring) FutexWait(w *atomic.Uint32, v uint32, token uint32) {
 func (r *ring) FDWait(fd int, token uint32) {
 	e := r.raw.getSQE()
 	if e == nil {
-		r.unarmed = append(r.unarmed, token)
-		r.pollSleep = true
+		r.unarm(token)
 		return
 	}
 	e.opcode = opRead

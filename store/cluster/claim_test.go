@@ -82,9 +82,7 @@ func TestCachedReadersBoundedAtHolder(t *testing.T) {
 		}
 	}
 
-	f.gateMu.Lock()
-	f.gate = make(chan struct{})
-	f.gateMu.Unlock()
+	f.holdReads()
 	errs := make(chan error, readers)
 	for _, id := range ids[1:] {
 		n := f.node(id)
@@ -103,9 +101,7 @@ func TestCachedReadersBoundedAtHolder(t *testing.T) {
 		return f.inflightNow() == perKey && h.c.HoldReaders([]byte(key)) == perKey && h.c.Stats().ReadersRefused > 0
 	}, "the holder at its limit, the other readers refused (reads in flight %d, stats %+v)",
 		testutil.Lazy(f.inflightNow), testutil.Lazy(h.c.Stats))
-	f.gateMu.Lock()
-	close(f.gate)
-	f.gateMu.Unlock()
+	f.releaseReads()
 	for range readers {
 		if err := <-errs; err != nil {
 			t.Error(err)

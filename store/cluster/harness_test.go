@@ -147,6 +147,21 @@ func (n *fakeNode) Read(holder string, epoch uint64, spans []Span, deadline time
 	return nil
 }
 
+// holdReads makes every read between daemons wait until releaseReads.
+func (f *fakeNet) holdReads() {
+	f.gateMu.Lock()
+	defer f.gateMu.Unlock()
+	f.gate = make(chan struct{})
+}
+
+// releaseReads lets the held reads, and every one after them, go on.
+func (f *fakeNet) releaseReads() {
+	f.gateMu.Lock()
+	defer f.gateMu.Unlock()
+	close(f.gate)
+	f.gate = nil
+}
+
 func (f *fakeNet) node(id string) *fakeNode {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -79,9 +79,7 @@ func TestFetchRacingRemove(t *testing.T) {
 	h.put(t, key, v)
 	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) }, "h's copy announced")
 
-	f.gateMu.Lock()
-	f.gate = make(chan struct{})
-	f.gateMu.Unlock()
+	f.holdReads()
 	got := make(chan error, 1)
 	go func() {
 		b, err := r.read(key, len(v))
@@ -94,10 +92,7 @@ func TestFetchRacingRemove(t *testing.T) {
 	if code, err := removeOn(t, x, key); code != store.OK {
 		t.Fatalf("remove on x: %v, %v", code, err)
 	}
-	f.gateMu.Lock()
-	close(f.gate)
-	f.gate = nil
-	f.gateMu.Unlock()
+	f.releaseReads()
 	if err := <-got; err != nil {
 		t.Logf("r's read, racing the removal: %v", err) // the bytes or a miss are both right
 	}

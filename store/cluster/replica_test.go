@@ -37,9 +37,7 @@ func TestClaimsHotKey(t *testing.T) {
 		"both holders announced (home knows %v)", testutil.Lazy(func() []string { return f.holders(key) }))
 	home := f.node(f.node("h0").c.Home([]byte(key)))
 
-	f.gateMu.Lock()
-	f.gate = make(chan struct{})
-	f.gateMu.Unlock()
+	f.holdReads()
 	errs := make(chan error, readers)
 	for _, id := range ids[2:] {
 		n := f.node(id)
@@ -59,9 +57,7 @@ func TestClaimsHotKey(t *testing.T) {
 		return cs.Outstanding == 2*perKey && f.inflightNow() == 2*perKey && cs.Refused > 0
 	}, "both holders at their limit, the other readers refused (claims %+v, reads in flight %d)",
 		testutil.Lazy(home.c.ReadClaims), testutil.Lazy(f.inflightNow))
-	f.gateMu.Lock()
-	close(f.gate)
-	f.gateMu.Unlock()
+	f.releaseReads()
 	for range readers {
 		if err := <-errs; err != nil {
 			t.Error(err)
@@ -241,9 +237,7 @@ func TestModeBudgetsRemoteGets(t *testing.T) {
 		h.put(t, k, value(k, 8192))
 		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h"}) }, "%s announced", k)
 	}
-	f.gateMu.Lock()
-	f.gate = make(chan struct{})
-	f.gateMu.Unlock()
+	f.holdReads()
 	first := make(chan error, 1)
 	go func() {
 		got, err := r.read("mode/a", 8192)
@@ -272,9 +266,7 @@ func TestModeBudgetsRemoteGets(t *testing.T) {
 		second <- err
 	}()
 	testutil.Eventually(t, 5*time.Second, func() bool { return f.inflightNow() == 2 }, "the second get admitted in local-first")
-	f.gateMu.Lock()
-	close(f.gate)
-	f.gateMu.Unlock()
+	f.releaseReads()
 	for _, ch := range []chan error{first, second} {
 		if err := <-ch; err != nil {
 			t.Error(err)
