@@ -498,12 +498,17 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 		off := uint64(i%32) * (2 << 20)
 		tasks = append(tasks, mkTask(col, xfer.OpWrite, local, off, r, off, 2<<20))
 	}
-	// The first write b serves stalls the event loop serving it for
-	// 300 ms, so the requests on that loop's connections wait there
-	// however fast the rest goes. Then the connection with the oldest
-	// unanswered request is reset: a's socket closes with SO_LINGER 0, so
-	// a loses what it had in flight there and b sees a reset.
-	b.exp.stall.Store(int64(300 * time.Millisecond))
+	// The first write b serves holds the event loop serving it until a
+	// has closed the connection below, so the requests on that loop's
+	// connections wait there however fast the rest goes (and are not
+	// answered before a's event loop has taken the close). Then the
+	// connection with the oldest unanswered request is reset: a's socket
+	// closes with SO_LINGER 0, so a loses what it had in flight there and
+	// b sees a reset.
+	hold := make(chan struct{})
+	var release sync.Once
+	defer release.Do(func() { close(hold) })
+	b.exp.hold.Store(&hold)
 	if k, err := a.Submit(tasks); k != len(tasks) || err != nil {
 		t.Fatalf("Submit = %d, %v", k, err)
 	}
@@ -514,7 +519,7 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 		pa.mu.Lock()
 		defer pa.mu.Unlock()
 		var best *conn
-		oldest := time.Now().Add(-15 * time.Millisecond).UnixNano()
+		oldest := time.Now().Add(-100 * time.Millisecond).UnixNano()
 		for _, c := range pa.sess {
 			for _, pd := range c.reqs {
 				if pd.sent < oldest {
@@ -528,6 +533,8 @@ func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
 		}
 		return best != nil
 	}, "a request waiting on the stalled event loop, to reset its connection")
+	a.logs.waitContains(t, "closed with requests in flight")
+	release.Do(func() { close(hold) })
 	var failed int
 	done := col.Next(t, len(tasks), 20*time.Second)
 	for _, d := range done {

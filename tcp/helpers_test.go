@@ -36,6 +36,9 @@ type exporter struct {
 	// event loop of the owner); stalled has a value once that sleep began.
 	stall   atomic.Int64
 	stalled chan struct{}
+	// hold, when set, makes the next Lookup wait until it is closed (an
+	// event loop of the owner stopped until the test says).
+	hold atomic.Pointer[chan struct{}]
 }
 
 func newExporter() *exporter {
@@ -65,6 +68,9 @@ func exportKey(tenant, name string) string {
 var errNotGranted = fmt.Errorf("%w: not granted", xfer.ErrPermission)
 
 func (e *exporter) Lookup(a Access) (xfer.MemSegment, Rights, error) {
+	if h := e.hold.Swap(nil); h != nil {
+		<-*h
+	}
 	if d := e.stall.Swap(0); d > 0 {
 		select {
 		case e.stalled <- struct{}{}:
