@@ -15,6 +15,7 @@ import (
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/reactor"
+	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
@@ -57,7 +58,7 @@ func TestHomeTasksEndInTheirHomesReap(t *testing.T) {
 	a, _, hs, _, _ := homePair(t, 2, rdma.Config{QPs: 1})
 	h := hs.Home(0)
 	var kicks atomic.Int32
-	h.Bind(func() { kicks.Add(1) })
+	h.Bind(func() { kicks.Add(1) }, false)
 	r := newRecorder()
 	tasks := homed(a.tasks(r, writes(3, 4096)...), 1)
 	if n, err := a.t.Submit(tasks); n != 3 || err != nil {
@@ -104,7 +105,7 @@ func TestHomeTasksEndInTheirHomesReap(t *testing.T) {
 func TestHomeQPErrorEndsEachOnce(t *testing.T) {
 	a, _, hs, la, rb := homePair(t, 1, rdma.Config{QPs: 1})
 	h := hs.Home(0)
-	h.Bind(func() {})
+	h.Bind(func() {}, false)
 	r := newRecorder()
 	a.dev.Hold()
 	tasks := homed(a.tasks(r,
@@ -148,7 +149,7 @@ func TestHomeQPErrorEndsEachOnce(t *testing.T) {
 // drain's bound (ConnectTimeout), which would end them with ErrClosed.
 func TestHomeCloseWithWorkInFlight(t *testing.T) {
 	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 2, ConnectTimeout: time.Minute})
-	hs.Home(0).Bind(func() {})
+	hs.Home(0).Bind(func() {}, false)
 	r := newRecorder()
 	a.dev.Hold()
 	tasks := homed(a.tasks(r, writes(8, 4096)...), 1)
@@ -183,7 +184,7 @@ func TestHomeCloseWithWorkInFlight(t *testing.T) {
 func TestHomeStopHandsItsWorkBack(t *testing.T) {
 	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 1})
 	h := hs.Home(0)
-	h.Bind(func() {})
+	h.Bind(func() {}, false)
 	r := newRecorder()
 	a.dev.Hold()
 	tasks := homed(a.tasks(r, writes(4, 4096)...), 1)
@@ -216,7 +217,7 @@ func TestHomeSleepArmsAndIsWoken(t *testing.T) {
 	if n, err := a.t.Submit(homed(a.tasks(r, writes(1, 4096)...), 1)); n != 1 || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
-	if hs.Home(0).Sleep() {
+	if hs.Home(0).Sleep(nil) {
 		t.Error("the home slept at once with its work in flight, within its spin")
 	}
 	a.dev.Release()
@@ -226,14 +227,14 @@ func TestHomeSleepArmsAndIsWoken(t *testing.T) {
 	a, _, hs, _, _ = homePair(t, 1, rdma.Config{QPs: 1, PollSpin: -1})
 	h := hs.Home(0)
 	var kicks atomic.Int32
-	h.Bind(func() { kicks.Add(1) })
+	h.Bind(func() { kicks.Add(1) }, false)
 	r = newRecorder()
 	a.dev.Hold()
 	tasks := homed(a.tasks(r, writes(1, 4096)...), 1)
 	if n, err := a.t.Submit(tasks); n != 1 || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
-	if !h.Sleep() {
+	if !h.Sleep(nil) {
 		t.Fatal("the home without spin refused to sleep with nothing completed")
 	}
 	if kicks.Load() != 0 {
@@ -247,7 +248,7 @@ func TestHomeSleepArmsAndIsWoken(t *testing.T) {
 	if !h.Reap() || r.Count() != 1 {
 		t.Fatalf("Reap after the wake-up: %d ended", r.Count())
 	}
-	if !h.Sleep() {
+	if !h.Sleep(nil) {
 		t.Error("a home with nothing in flight refused to sleep")
 	}
 }
@@ -256,6 +257,7 @@ func TestHomeSleepArmsAndIsWoken(t *testing.T) {
 // to an rdma transport, from the worker's thread.
 type tidQueue struct {
 	tr   *rdma.Transport
+	efd  int          // its eventfd doorbell (0: none)
 	tid  atomic.Int32 // the worker's thread
 	mu   sync.Mutex
 	todo []*xfer.Task
@@ -287,9 +289,14 @@ func (q *tidQueue) Doorbell() (*atomic.Uint32, uint32, bool) {
 
 func (q *tidQueue) Awake() {}
 
-// EventfdDoorbell: none; the test's pool runs its workers on their own
-// threads.
-func (q *tidQueue) EventfdDoorbell() (int, bool) { return -1, false }
+// EventfdDoorbell: the queue's eventfd when it has one (a hosted pool's
+// worker reads it), else none (a pool of own threads).
+func (q *tidQueue) EventfdDoorbell() (int, bool) {
+	if q.efd > 0 {
+		return q.efd, true
+	}
+	return -1, false
+}
 
 func (q *tidQueue) give(ts []*xfer.Task) {
 	q.mu.Lock()
@@ -297,6 +304,10 @@ func (q *tidQueue) give(ts []*xfer.Task) {
 	q.mu.Unlock()
 	q.word.Add(1)
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(&q.word)), 1, 1<<30, 0, 0, 0) //nolint:errcheck
+	if q.efd > 0 {
+		one := [8]byte{1}
+		unix.Write(q.efd, one[:]) //nolint:errcheck
+	}
 }
 
 // TestHomeOnReactorWorker: through a real reactor worker (its own thread):
@@ -350,12 +361,91 @@ func TestHomeOnReactorWorker(t *testing.T) {
 	}
 }
 
+// TestHomePollsOnTheWorkersRing: a worker hosted on an io_uring ring
+// polls the completion channel of the queue pair it posted on (rdmatest's
+// channel is an eventfd, as a device's is a file) on its own ring: each
+// depth-1 task, completing while the worker sleeps, ends on the worker's
+// thread after the poll fired, and the queue pair's goroutine neither
+// takes the event nor wakes the worker. Tasks no worker posted, on the
+// same queue pair in between, are reaped by the goroutine, which watches
+// the channel again while it owns the queue pair; the worker claims it
+// back after.
+func TestHomePollsOnTheWorkersRing(t *testing.T) {
+	tr, err := uring.New(uring.Config{Rings: 1, AllowedDirs: []string{t.TempDir()}}, nil)
+	testutil.RequireSupported(t, testutil.IOUring, err)
+	pool, err := reactor.New(reactor.Config{Workers: 1, Doorbell: reactor.DoorbellEventfd}, tr, nil)
+	if err != nil {
+		tr.Close()
+		t.Fatal(err)
+	}
+	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 1, PollSpin: -1}) // no spin: every task sleeps
+	t.Cleanup(func() { pool.Close(); tr.Close() })                      // before the pair's: the worker hands its queue pairs back
+	h := hs.Home(0)
+	if err := pool.AddReaper(0, h); err != nil {
+		t.Fatal(err)
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(efd)
+	q := &tidQueue{tr: a.t, efd: efd}
+	w := pool.Pick()
+	if err := pool.Attach(w, q); err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Detach(w, q)
+	var mu sync.Mutex
+	tids := map[int]int{}
+	ended := make(chan struct{}, 1)
+	done := xfertest.Func(func(*xfer.Task, uint64, error) {
+		mu.Lock()
+		tids[unix.Gettid()]++
+		mu.Unlock()
+		ended <- struct{}{}
+	})
+	const n = 60
+	for i := range n {
+		if i == n/2 {
+			// A task of no worker: the goroutine claims the idle queue
+			// pair, reaps it, and the worker claims it back below.
+			r := newRecorder()
+			if k, err := a.t.Submit(a.tasks(r, writes(1, 4096)...)); k != 1 || err != nil {
+				t.Fatalf("Submit of no home = %d, %v", k, err)
+			}
+			r.Wait(t, 1)
+		}
+		a.dev.Hold()
+		posts := a.dev.Stats().Posts
+		q.give(homed(a.tasks(done, writes(1, 4096)...), pool.Home(w)))
+		testutil.Eventually(t, 5*time.Second, func() bool { return a.dev.Stats().Posts > posts }, "task %d posted", i)
+		a.dev.Release() // completes now, from this goroutine
+		select {
+		case <-ended:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("task %d did not end (polled %d, woken %d)", i, h.Polled(), h.Woken())
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(tids) != 1 || tids[int(q.tid.Load())] != n {
+		t.Errorf("tasks ended on threads %v; want all %d on the worker's %d", tids, n, q.tid.Load())
+	}
+	if h.Polled() < n/2 {
+		t.Errorf("the channel's poll fired %d times for %d tasks", h.Polled(), n)
+	}
+	if h.Woken() != 0 {
+		t.Errorf("the queue pair's goroutine woke the worker %d times: it watched the channel the worker polls", h.Woken())
+	}
+	t.Logf("%d tasks: polled %d, reaped %d", n, h.Polled(), h.Reaped())
+}
+
 // TestHomeSteadyStateAllocs: a home's submission and its reap allocate
 // nothing per request once warm.
 func TestHomeSteadyStateAllocs(t *testing.T) {
 	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 1})
 	h := hs.Home(0)
-	h.Bind(func() {})
+	h.Bind(func() {}, false)
 	ch := make(xfertest.Chan, 64)
 	tasks := make([]*xfer.Task, 16)
 	for i := range tasks {
