@@ -338,8 +338,12 @@ func (h *Home) reapLocked() bool {
 
 // maxSpin bounds how long a worker keeps polling for a completion it
 // expects soon (twice the usual gap, see Home.budget); longer waits are
-// slept through, since their wake-up costs little beside them.
-const maxSpin = 500 * time.Microsecond
+// slept through, since their wake-up costs little beside them. On a slow
+// fabric (Soft-RoCE under emulation: a wake-up 50-100 µs, a round trip
+// 150-250 µs) a bound of 500 µs was below twice the gap a sleeping worker
+// measures (the gap includes its own wake-up), so it slept at every
+// completion and never learnt the shorter gap polling gives.
+const maxSpin = time.Millisecond
 
 // budget is how long the worker polls after its last post or completion
 // before it sleeps: its spin, or twice the usual gap when that is longer
