@@ -4,6 +4,8 @@ package rdma_test
 
 import (
 	"errors"
+	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -371,30 +373,9 @@ func TestHomeOnReactorWorker(t *testing.T) {
 // the channel again while it owns the queue pair; the worker claims it
 // back after.
 func TestHomePollsOnTheWorkersRing(t *testing.T) {
-	tr, err := uring.New(uring.Config{Rings: 1, AllowedDirs: []string{t.TempDir()}}, nil)
-	testutil.RequireSupported(t, testutil.IOUring, err)
-	pool, err := reactor.New(reactor.Config{Workers: 1, Doorbell: reactor.DoorbellEventfd}, tr, nil)
-	if err != nil {
-		tr.Close()
-		t.Fatal(err)
-	}
 	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 1, PollSpin: -1}) // no spin: every task sleeps
-	t.Cleanup(func() { pool.Close(); tr.Close() })                      // before the pair's: the worker hands its queue pairs back
-	h := hs.Home(0)
-	if err := pool.AddReaper(0, h); err != nil {
-		t.Fatal(err)
-	}
-	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(efd)
-	q := &tidQueue{tr: a.t, efd: efd}
-	w := pool.Pick()
-	if err := pool.Attach(w, q); err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Detach(w, q)
+	pool, q := hostedHome(t, hs, a.t)
+	h, w := hs.Home(0), 0
 	var mu sync.Mutex
 	tids := map[int]int{}
 	ended := make(chan struct{}, 1)
@@ -438,6 +419,115 @@ func TestHomePollsOnTheWorkersRing(t *testing.T) {
 		t.Errorf("the queue pair's goroutine woke the worker %d times: it watched the channel the worker polls", h.Woken())
 	}
 	t.Logf("%d tasks: polled %d, reaped %d", n, h.Polled(), h.Reaped())
+}
+
+// hostedHome is a pool of one worker hosted on an io_uring ring (eventfd
+// doorbells) whose reaper is hs's home 0, serving one tidQueue on tr.
+func hostedHome(t *testing.T, hs *rdma.Homes, tr *rdma.Transport) (*reactor.Pool, *tidQueue) {
+	t.Helper()
+	ring, err := uring.New(uring.Config{Rings: 1, AllowedDirs: []string{t.TempDir()}}, nil)
+	testutil.RequireSupported(t, testutil.IOUring, err)
+	pool, err := reactor.New(reactor.Config{Workers: 1, Doorbell: reactor.DoorbellEventfd}, ring, nil)
+	if err != nil {
+		ring.Close()
+		t.Fatal(err)
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &tidQueue{tr: tr, efd: efd}
+	// Cleanups run last first: the queue goes, then the worker (which
+	// hands its queue pairs back), then the transports (homePair's).
+	t.Cleanup(func() { pool.Close(); ring.Close(); unix.Close(efd) })
+	if err := pool.AddReaper(0, hs.Home(0)); err != nil {
+		t.Fatal(err)
+	}
+	w := pool.Pick()
+	if err := pool.Attach(w, q); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Detach(w, q) })
+	return pool, q
+}
+
+// TestHomeHandsOverUnderLoad: one queue pair, a hosted worker posting at
+// depth 1, a goroutine posting tasks of no worker at depth 1 beside it,
+// and a device completing at random moments: the queue pair changes hands
+// (claims both ways, posts beside the other's work) thousands of times,
+// the watcher of its channel with it, and every task of both ends, once.
+// A completion that nobody is woken for stops the test at its bound.
+func TestHomeHandsOverUnderLoad(t *testing.T) {
+	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 1, PollSpin: -1})
+	pool, q := hostedHome(t, hs, a.t)
+	n := 2000
+	if testing.Short() {
+		n = 300
+	}
+	stop := make(chan struct{})
+	var dev sync.WaitGroup
+	dev.Add(1)
+	go func() { // the device: work waits a moment, then completes at once
+		defer dev.Done()
+		for {
+			select {
+			case <-stop:
+				a.dev.Release()
+				return
+			default:
+			}
+			a.dev.Hold()
+			for range 50 {
+				runtime.Gosched()
+			}
+			a.dev.Release()
+		}
+	}()
+	defer func() { close(stop); dev.Wait() }()
+	errs := make(chan error, 2)
+	go func() { // tasks of no worker
+		r := newRecorder()
+		for i := range n {
+			if k, err := a.t.Submit(a.tasks(r, writes(1, 4096)...)); k != 1 || err != nil {
+				errs <- fmt.Errorf("Submit of no home %d = %d, %v", i, k, err)
+				return
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for r.Count() != i+1 {
+				if time.Now().After(deadline) {
+					errs <- fmt.Errorf("task %d of no home did not end", i)
+					return
+				}
+				runtime.Gosched()
+			}
+		}
+		errs <- nil
+	}()
+	go func() { // the worker's
+		ended := make(chan error, 1)
+		done := xfertest.Func(func(_ *xfer.Task, _ uint64, err error) { ended <- err })
+		for i := range n {
+			q.give(homed(a.tasks(done, writes(1, 4096)...), pool.Home(0)))
+			select {
+			case err := <-ended:
+				if err != nil {
+					errs <- fmt.Errorf("worker's task %d: %v", i, err)
+					return
+				}
+			case <-time.After(10 * time.Second):
+				errs <- fmt.Errorf("worker's task %d did not end (polled %d, woken %d)", i, hs.Home(0).Polled(), hs.Home(0).Woken())
+				return
+			}
+		}
+		errs <- nil
+	}()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d + %d tasks: the home reaped %d, its poll fired %d times, goroutines woke it %d times",
+		n, n, hs.Home(0).Reaped(), hs.Home(0).Polled(), hs.Home(0).Woken())
 }
 
 // TestHomeSteadyStateAllocs: a home's submission and its reap allocate
