@@ -186,6 +186,15 @@ func (p nodePeers) Handle(kind string, h func(string, uint64, []byte) ([]byte, e
 	return p.n.Handle(kind, h)
 }
 
+// HandleInline serves a data exchange on the connection's event loop
+// (cluster.QuickPeers: the one-round-trip read).
+func (p nodePeers) HandleInline(kind string, h func(string, uint64, []byte, func(resp, payload []byte)) error) error {
+	if h == nil {
+		return p.n.HandleInline(kind, nil)
+	}
+	return p.n.HandleInline(kind, h)
+}
+
 func (p nodePeers) ExchangeAt(id string, epoch uint64, kind string, req []byte, timeout time.Duration) ([]byte, error) {
 	return p.n.ExchangeAt(id, epoch, kind, req, timeout)
 }
@@ -336,6 +345,29 @@ func (m *mover) Read(holder string, epoch uint64, spans []cluster.Span, deadline
 		return fmt.Errorf("%w: %d of %d reads from %s failed: %v", xfer.ErrUnavailable, len(reqs)-sum.Completed, len(reqs), holder, first)
 	}
 	return m.engine.Free(id)
+}
+
+// ReadKey implements cluster.KeyReader: a data exchange with holder over
+// tcp, whose answer's payload lands in dst (a block of this daemon's
+// pool). It does not block: false when the holder's pool is not open
+// here yet (the two-step read opens it), the link to it is rdma, dst is
+// larger than a data frame or there is no session.
+func (m *mover) ReadKey(holder string, epoch uint64, kind string, req, dst []byte, deadline time.Time,
+	done func([]byte, int, error)) bool {
+	node := m.plane.Node()
+	if len(dst) > node.MaxDataPayload() {
+		return false
+	}
+	m.mu.Lock()
+	r, ok := m.remotes[holder]
+	m.mu.Unlock()
+	if !ok || epoch != 0 && r.seg.Epoch() != epoch {
+		return false
+	}
+	if t := m.plane.Route(m.pool, r.seg); t != xfer.Transport(node) {
+		return false // rdma moves the bytes: the hold and a READ
+	}
+	return node.ExchangeInto(holder, epoch, kind, req, dst, deadline, done) == nil
 }
 
 // collectCluster is the store across hosts' metrics source.

@@ -425,9 +425,11 @@ func aggregateTCP(b *testing.B, ds []*peerDaemon, ids []string) {
 //
 //	cluster    a client of d2 gets one key d1 holds, whose home is d1,
 //	           through its queue; d2's cache of home answers names d1 (a
-//	           first get filled it), so the get asks no home: it takes the
-//	           holder's claim (a hold exchange with d1), reads the value
-//	           into d2's pool, checks its crc32c and commits it; then,
+//	           first get filled it), so the get asks no home: it asks d1
+//	           for the value in one exchange (the holder's claim and the
+//	           bytes in one round trip, store/cluster/quick.go), whose
+//	           answer lands in d2's pool; d2 checks its crc32c and commits
+//	           it; then,
 //	           untimed, the client unpins it and d2's copy is removed
 //	           (RemoveHere: the cache of home answers keeps d1);
 //	tcp-alone  the same client READs the same number of bytes from a
@@ -435,10 +437,11 @@ func aggregateTCP(b *testing.B, ds []*peerDaemon, ids []string) {
 //
 // Two more figures split the cluster's latency, timed after each round
 // from inside d2 (no client): exchange-us, the median of a bare peer
-// exchange from d2 to d1 (a cluster hello: the round trip a holder's
-// claim costs); fetch-us, the median of the cluster's own fetch of the
-// key (cached answer, hold, read, crc32c, commit; no queue, store call
-// or completion).
+// exchange from d2 to d1 (a cluster hello, served on a goroutine of
+// d1's); fetch-us, the median of the cluster's own fetch of the key
+// (cached answer, one-round-trip read, crc32c, commit; no queue, store
+// call or completion). quick-share is the share of those gets and
+// fetches that took the one round trip (1: all).
 //
 // Each b.N round is a block of latencyBlock gets then latencyBlock
 // transfers (the two alternate). Reported: the median latency of each
@@ -568,7 +571,8 @@ func BenchmarkStoreRemoteGetLatency(b *testing.B) {
 			exch()
 			var cl, tc, ex, fe []time.Duration
 			var clCPU, tcCPU time.Duration
-			lookups := d2.d.cluster.Stats().Lookups
+			st0 := d2.d.cluster.Stats()
+			lookups := st0.Lookups
 			b.ResetTimer()
 			for range b.N {
 				m := processCPU()
@@ -596,7 +600,9 @@ func BenchmarkStoreRemoteGetLatency(b *testing.B) {
 			b.ReportMetric(float64(mc)/float64(mt), "ratio")
 			b.ReportMetric(float64(clCPU.Nanoseconds())/1e3/ops, "cluster-cpu-us")
 			b.ReportMetric(float64(tcCPU.Nanoseconds())/1e3/ops, "tcp-cpu-us")
-			b.ReportMetric(float64(d2.d.cluster.Stats().Lookups-lookups), "home-lookups")
+			st1 := d2.d.cluster.Stats()
+			b.ReportMetric(float64(st1.Lookups-lookups), "home-lookups")
+			b.ReportMetric(float64(st1.QuickReads-st0.QuickReads)/(2*ops), "quick-share")
 		})
 	}
 }

@@ -432,3 +432,34 @@ func (s *Store) ExistsAsync(keys [][]byte, codes []Code, done Completion, tag ui
 	})
 	return true, nil
 }
+
+// ReadHere lends the value of key stored here in memory (L1) to f, which
+// must not keep it: the block is held for reads (neither evicted, freed
+// nor removed) only while f runs. It never waits: inMem is false (and f
+// not called) when the value is only on L2 or its block is busy, code is
+// NotFound when it is not stored here. A holder serves another daemon's
+// one-round-trip read with it (store/cluster); the read is not counted
+// as a hit of this store's clients.
+func (s *Store) ReadHere(key []byte, f func(val []byte)) (code Code, inMem bool) {
+	if !s.enter() {
+		return Unavailable, false
+	}
+	defer s.exit()
+	sh, r, c, _ := s.lookup(key)
+	if c != OK {
+		return c, false
+	}
+	e := sh.ent(r.idx)
+	if e.flags&fL1 == 0 || e.io == ^uint16(0) {
+		sh.mu.Unlock()
+		return OK, false
+	}
+	e.io++
+	off, size := e.l1, uint64(e.size)
+	sh.mu.Unlock()
+	f(s.poolMem[off : off+size])
+	sh.mu.Lock()
+	e.io--
+	sh.mu.Unlock()
+	return OK, true
+}

@@ -127,6 +127,9 @@ func (c *conn) onExchange(h *header, meta []byte) error {
 		c.writeFrame(&header{typ: tExchResp, id: h.id, status: stPermission}, nil)
 		return nil
 	}
+	if ih := n.inlineHandler(kind); ih != nil {
+		return c.serveInline(h, kind, body, ih)
+	}
 	hf := n.handler(kind)
 	if hf == nil {
 		c.refusedRequest("exchange "+kind, ErrNoHandler)

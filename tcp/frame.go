@@ -72,7 +72,7 @@ func (h *header) payloadLen() uint32 {
 	switch h.typ {
 	case tWriteReq:
 		return h.n
-	case tReadResp:
+	case tReadResp, tExchResp:
 		if h.status == stOK {
 			return h.n
 		}
@@ -160,7 +160,12 @@ func decodeHeader(b []byte, lim limits) (header, error) {
 			return h, fmt.Errorf("%w: frame %d without metadata", ErrFrame, h.typ)
 		}
 	}
-	if h.typ != tReadReq && h.typ != tWriteReq && h.typ != tReadResp && h.typ != tWriteResp && h.n != 0 {
+	if h.typ == tExchResp && h.n != 0 && (h.status != stOK || h.n > lim.maxPayload) {
+		// A data exchange's payload (dataexch.go): only on an answer
+		// that succeeded, bounded as a READ's.
+		return h, fmt.Errorf("%w: payload of %d bytes on an exchange answer (status %d, at most %d)", ErrFrame, h.n, h.status, lim.maxPayload)
+	}
+	if h.typ != tReadReq && h.typ != tWriteReq && h.typ != tReadResp && h.typ != tWriteResp && h.typ != tExchResp && h.n != 0 {
 		return h, fmt.Errorf("%w: length on a %d frame", ErrFrame, h.typ)
 	}
 	return h, nil

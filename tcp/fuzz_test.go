@@ -75,6 +75,7 @@ func exchangeSeedFrames() (good, bad [][]byte) {
 		frame(header{typ: tExchResp, id: 5}, []byte("answer")),
 		frame(header{typ: tExchResp, id: 5, status: stNotFound}, nil),
 		frame(header{typ: tExchResp, id: 6, status: stFailed}, []byte("busy")),
+		append(frame(header{typ: tExchResp, id: 7, n: 4}, []byte("answer")), "data"...), // a data exchange's payload
 	}
 	bad = [][]byte{
 		frame(header{typ: tExchReq, id: 5}, nil),                                                          // no kind
@@ -84,7 +85,10 @@ func exchangeSeedFrames() (good, bad [][]byte) {
 		frame(header{typ: tExchReq, id: 5}, append(appendStr8(nil, "k"), make([]byte, MaxExchange+1)...)), // body too big
 		frame(header{typ: tExchReq, id: 5, status: stFailed}, req),                                        // status on a request
 		frame(header{typ: tExchResp, id: 5, status: stFailed + 1}, nil),                                   // unknown status
-		frame(header{typ: tExchResp, id: 5, n: 4}, nil),                                                   // length on an answer
+		frame(header{typ: tExchResp, id: 5, n: 4}, nil),                                                   // payload missing
+		append(frame(header{typ: tExchResp, id: 5, status: stFailed, n: 4}, nil), "data"...),              // payload on a failed answer
+		frame(header{typ: tExchResp, id: 5, n: fuzzLimits.maxPayload + 1}, nil),                           // payload over the limit
+		append(frame(header{typ: tExchReq, id: 5, n: 4}, req), "data"...),                                 // payload on a request
 	}
 	return good, bad
 }

@@ -120,9 +120,10 @@ type Node struct {
 	remotes     map[*Remote]struct{}
 	handshaking dueHeap[*conn] // inbound connections not yet authenticated, by handshake deadline
 
-	// hmu guards handlers.
+	// hmu guards handlers and inline (the data exchanges' handlers).
 	hmu      sync.RWMutex
 	handlers map[string]Handler
+	inline   map[string]InlineHandler
 	// exchSem bounds the exchange handlers running at once; exchWG counts
 	// them (each is a goroutine this node owns, joined by Close).
 	exchSem chan struct{}
@@ -175,6 +176,7 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 		peers:      make(map[string]*peer),
 		remotes:    make(map[*Remote]struct{}),
 		handlers:   make(map[string]Handler),
+		inline:     make(map[string]InlineHandler),
 		exchSem:    make(chan struct{}, maxExchangeHandlers),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())

@@ -55,6 +55,19 @@ type pending struct {
 	size   uint64
 	token  []byte // the token; for an exchange, the answer's body
 	status uint16 // exchange: the answer's status
+
+	// data exchanges (dataexch.go): cb receives the answer (set: a data
+	// exchange, ended by deadline, a unix ns); the payload lands in dst
+	// (got bytes). receiving is set, under the peer's mu, once its
+	// payload is arriving: from then on only the payload's end or the
+	// connection's close ends it.
+	cb        ExchangeDone
+	dst       []byte
+	got       int
+	receiving bool
+	peerID    string
+	xkind     string
+	epoch     uint64
 }
 
 func (pd *pending) isData() bool { return pd.kind == pkRead || pd.kind == pkWrite }
@@ -80,6 +93,10 @@ func (pd *pending) finish(moved uint64, err error) {
 		pd.release()
 		ts.complete(err)
 	case pkOpen, pkExchange:
+		if pd.cb != nil {
+			pd.finishData(err)
+			return
+		}
 		pd.err = err
 		close(pd.doneCh)
 	}
@@ -146,6 +163,12 @@ func (c *conn) handleResponse(h *header, meta []byte) error {
 		if late && h.payloadLen() == 0 {
 			return nil
 		}
+		if late && h.typ == tExchResp {
+			// A data exchange's answer after its deadline: its payload
+			// is read and dropped (its buffer is the asker's again).
+			c.rx = rxState{left: int(h.n)}
+			return nil
+		}
 		return fmt.Errorf("%w: answer (type %d) names unknown request %d", ErrProtocol, h.typ, h.id)
 	}
 	var want frameType
@@ -168,6 +191,21 @@ func (c *conn) handleResponse(h *header, meta []byte) error {
 	if h.status == stOK && (h.typ == tReadResp || h.typ == tWriteResp) && h.n != pd.n {
 		p.mu.Unlock()
 		return fmt.Errorf("%w: answer to request %d counts %d bytes, request had %d", ErrProtocol, h.id, h.n, pd.n)
+	}
+	if h.typ == tExchResp && h.payloadLen() > 0 {
+		if pd.cb == nil || int64(h.n) > int64(len(pd.dst)) {
+			p.mu.Unlock()
+			return fmt.Errorf("%w: answer to exchange %d carries %d payload bytes, %d asked for", ErrProtocol, h.id, h.n, len(pd.dst))
+		}
+		// Stays registered until the payload is in (a broken
+		// connection fails it), and the reaper no longer takes it.
+		pd.receiving = true
+		p.mu.Unlock()
+		pd.status = h.status
+		pd.token = append([]byte(nil), meta...)
+		pd.got = int(h.n)
+		c.rx = rxState{left: int(h.n), dst: pd.dst[:h.n], p: pd}
+		return nil
 	}
 	if h.typ == tReadResp && h.status == stOK {
 		// Stays registered until the payload is in, so a broken

@@ -65,6 +65,9 @@ func (c *conn) dueFor(pd *pending) int64 {
 	if pd.kind == pkNotify {
 		return addSat(pd.deadline, 1)
 	}
+	if pd.cb != nil { // a data exchange: its deadline, or RequestTimeout
+		return min(addSat(pd.deadline, 1), addSat(addSat(pd.sent, int64(c.n.cfg.RequestTimeout)), 1))
+	}
 	due := addSat(addSat(pd.sent, int64(c.n.cfg.RequestTimeout)), 1)
 	if pd.isData() {
 		due = min(due, addSat(addSat(max(pd.ts.deadline, c.quiet), int64(stallGrace)), 1))
@@ -94,7 +97,11 @@ func (c *conn) expireLocked(now int64, late []*pending) ([]*pending, string) {
 			break
 		}
 		switch {
-		case pd.kind == pkNotify:
+		case pd.cb != nil && pd.receiving:
+			// Its payload is still arriving past the deadline: dst
+			// must not be written once done ran, so the connection goes.
+			return late, "a data exchange's payload was still arriving past its deadline"
+		case pd.kind == pkNotify || pd.cb != nil && now > pd.deadline:
 			c.due.remove(pd)
 			delete(c.reqs, pd.id)
 			c.rememberLateLocked(pd.id)
@@ -186,6 +193,10 @@ func (n *Node) reaper() {
 			_ = c.g.Close()
 		}
 		for _, pd := range late {
+			if pd.cb != nil {
+				pd.finish(0, fmt.Errorf("%w: no answer before the deadline", xfer.ErrTimeout))
+				continue
+			}
 			pd.finish(0, fmt.Errorf("%w: notification not acknowledged before its deadline", xfer.ErrTimeout))
 		}
 		clear(late)

@@ -195,6 +195,9 @@ func (c *conn) payloadDone() error {
 	if c.role == roleClient {
 		pd := c.rx.p
 		c.rx = rxState{}
+		if pd == nil {
+			return nil // a late answer's payload, dropped
+		}
 		c.peer.mu.Lock()
 		c.takeLocked(pd)
 		c.peer.mu.Unlock()

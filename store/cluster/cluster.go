@@ -256,6 +256,9 @@ type Cluster struct {
 
 	c      counters
 	byPeer peerCounts
+	// served counts the messages this daemon served, by kind (made in
+	// New, read-only after).
+	served map[string]*atomic.Uint64
 	// lastFailLog is when logFailed last logged (unix ns); lastRepLog when
 	// logReplica did.
 	lastFailLog, lastRepLog atomic.Int64
@@ -288,6 +291,7 @@ type counters struct {
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
 	overBudget, readersRefused                               atomic.Uint64
 	replicasMade, replicaFailed, replicasShort               atomic.Uint64
+	quickReads, quickFallbacks, quickServed                  atomic.Uint64 // one-round-trip reads (quick.go)
 }
 
 // New makes the cluster of st, speaking on peers and moving bytes with
@@ -325,6 +329,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 			MaxOutstanding: cfg.MaxKeys, MaxTTL: maxHoldTTL}),
 	}
 	c.life, c.endLife = context.WithCancel(context.Background())
+	c.served = map[string]*atomic.Uint64{kindRead: new(atomic.Uint64)}
 	if cfg.Fence != nil {
 		c.shardClaims = make([]atomic.Pointer[ShardClaim], cfg.Shards)
 	}
@@ -343,13 +348,21 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
 		kindClaim: c.onFenced(c.onClaim), kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate, kindTombs: c.onTombs,
 	} {
+		n := new(atomic.Uint64)
+		c.served[kind] = n
 		err := peers.Handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
+			n.Add(1)
 			if kind != kindHello { // a hello says whether it counts
 				c.seen(from, epoch)
 			}
 			return h(from, epoch, req)
 		})
 		if err != nil {
+			return nil, err
+		}
+	}
+	if qp, ok := peers.(QuickPeers); ok {
+		if err := qp.HandleInline(kindRead, c.onRead); err != nil {
 			return nil, err
 		}
 	}
@@ -368,6 +381,16 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	c.log.Info("store across hosts up", "daemon_id", c.self, "members", v.members, "shards", cfg.Shards,
 		"home_of", c.homeOf(v))
 	return c, nil
+}
+
+// Served is how many messages of each kind ("tc.store.hold", …) this
+// daemon has served.
+func (c *Cluster) Served() map[string]uint64 {
+	m := make(map[string]uint64, len(c.served))
+	for k, n := range c.served {
+		m[k] = n.Load()
+	}
+	return m
 }
 
 // homeOf counts the shards this daemon is home of under v.
@@ -396,6 +419,9 @@ func (c *Cluster) Close() {
 	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello,
 		kindClaim, kindUnclaim, kindReplicate, kindTombs} {
 		_ = c.peers.Handle(k, nil)
+	}
+	if qp, ok := c.peers.(QuickPeers); ok {
+		_ = qp.HandleInline(kindRead, nil)
 	}
 	if c.cfg.Fence != nil {
 		c.cfg.Fence.Watch(nil)

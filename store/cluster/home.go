@@ -20,12 +20,20 @@ func (c *Cluster) Stored(key []byte, size uint64, crc uint32) {
 		return
 	}
 	tier := TierL1
-	if c.isLanding(key) {
+	fetched := c.isLanding(key)
+	if fetched {
 		tier |= tierFetched
 	}
 	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tier, size: size, crc: crc})
 	c.mu.Unlock()
 	c.c.announced.Add(1)
+	if !fetched {
+		c.kickAnnouncer()
+	} // a fetched copy's: the fetch kicks once it has answered
+}
+
+// kickAnnouncer wakes the announcer (it sends what is queued).
+func (c *Cluster) kickAnnouncer() {
 	select {
 	case c.kick <- struct{}{}:
 	default:

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/tensorcast/tensorcast/store"
 )
 
 func TestMessagesRoundTrip(t *testing.T) {
@@ -141,7 +143,15 @@ func FuzzDecodeReplicaClaim(f *testing.F) {
 	f.Add(encodeClaimAnswer([]lookupAnswer{{claim: 3, holders: []Holder{{ID: "d", Epoch: 1}}}}))
 	f.Add(encodeClaims([]uint64{9}))
 	f.Add(encodeReplicate(true, []entry{{key: []byte("k"), size: 1, crc: 2}}))
+	f.Add(encodeRead([]byte("k"), 4096))
+	f.Add(encodeReadAnswer(store.OK, 4096))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if k, size, err := decodeRead(b); err == nil && !bytes.Equal(encodeRead(k, size), b) {
+			t.Fatal("read re-encodes differently")
+		}
+		if code, size, err := decodeReadAnswer(b); err == nil && !bytes.Equal(encodeReadAnswer(code, size), b) {
+			t.Fatal("read answer re-encodes differently")
+		}
 		if as, err := decodeClaimAnswer(b, 1); err == nil && !bytes.Equal(encodeClaimAnswer(as), b) {
 			t.Fatal("claim answer re-encodes differently")
 		}

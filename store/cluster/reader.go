@@ -265,6 +265,9 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 		for _, w := range joined {
 			w(err)
 		}
+		// The announcement of the copy fetched here goes after the
+		// answer, not before it (Stored queued it without a kick).
+		c.kickAnnouncer()
 	}
 	if ends != nil {
 		// Each key is one remote get of the mode's budget; a key over it
@@ -315,6 +318,17 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 			finish(j, ErrClosed)
 		}
 		return
+	}
+	if len(own) == 1 {
+		// One key, its holders cached: one round trip from this very
+		// goroutine, when the holder can be asked so (quick.go).
+		end := func() {
+			<-c.fetchSem
+			c.fetchWG.Done()
+		}
+		if c.quickFetch(own[0], finish, end) {
+			return
+		}
 	}
 	go func() {
 		defer c.fetchWG.Done()

@@ -49,6 +49,10 @@ type Stats struct {
 	ClaimsForeign, ReadersRefused uint64
 	// OverBudget counts remote gets and serves the mode's budget refused.
 	OverBudget uint64
+	// One-round-trip reads (quick.go): remote gets this daemon made with
+	// one (QuickReads), those it began that went the two-step way
+	// (QuickFallbacks), and those it served as a holder (QuickServed).
+	QuickReads, QuickFallbacks, QuickServed uint64
 	// Copies of values put here made on other daemons, copies that
 	// failed, and puts that asked for more copies than daemons were up.
 	ReplicasMade, ReplicaFailures, ReplicasShort uint64
@@ -106,7 +110,8 @@ func (c *Cluster) Stats() Stats {
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
 		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,
 		ClaimsForeign: cs.Foreign, ReadersRefused: c.c.readersRefused.Load(),
-		OverBudget:   c.c.overBudget.Load(),
+		OverBudget: c.c.overBudget.Load(),
+		QuickReads: c.c.quickReads.Load(), QuickFallbacks: c.c.quickFallbacks.Load(), QuickServed: c.c.quickServed.Load(),
 		ReplicasMade: c.c.replicasMade.Load(), ReplicaFailures: c.c.replicaFailed.Load(), ReplicasShort: c.c.replicasShort.Load(),
 	}
 }

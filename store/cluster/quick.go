@@ -1,0 +1,240 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+// One-round-trip reads (kindRead). A reader whose key's holders come from
+// its cache of home answers, and whose link to the first holder is tcp,
+// asks the holder for the value by key and gets the bytes in the answer,
+// straight into blocks of its own pool: the holder's claim and the read
+// are one exchange, where a hold followed by a READ costs two round trips
+// and a release besides. The holder serves it on its connection's event
+// loop (QuickPeers.HandleInline): it admits the reader against its
+// per-key limit (Config.ClaimsPerKey, shared with the holds) and the
+// mode's serve budget, lends the value from its memory while the answer
+// is written, and is done with it (the claim released) once the write
+// returns, so nothing stays claimed whatever becomes of the reader. The
+// reader checks the crc32c the home gave, commits the value as its own
+// copy and answers; the announcement of that copy is sent after the
+// answer. Nothing on the reader's way blocks or starts a goroutine: the
+// request is written by the caller of Fetch (the queue's worker) and the
+// answer is taken on the reader's event loop.
+//
+// Whatever this way cannot do goes the two-step way (fetch), on a
+// goroutine of its own: a key not in the cache, a holder reached by rdma
+// or without a session yet, a value larger than a data frame, a holder
+// that answers busy, not found or "not in memory" (its value is on L2:
+// the hold promotes it), one that does not serve kindRead (an older
+// release), a failed or late answer and bytes whose crc32c does not match.
+//
+//	read      key → a holder: key, u64 size (the size the home gave)
+//	          answer: u8 code (a store.Code; Unavailable: not in memory),
+//	          u64 size, then the value's bytes as the payload when OK
+
+// kindRead is the one-round-trip read.
+const kindRead = "tc.store.read"
+
+// QuickPeers is what Peers may also do: serve a data exchange on the
+// connection's event loop (tcp.Node.HandleInline). A holder serves
+// kindRead with it.
+type QuickPeers interface {
+	HandleInline(kind string, h func(from string, epoch uint64, req []byte, reply func(resp, payload []byte)) error) error
+}
+
+// KeyReader is what a Mover may also do: a data exchange with a holder,
+// whose payload lands in dst (tcp.Node.ExchangeInto). It never blocks:
+// false when it cannot (the link to the holder is rdma, no session yet,
+// dst larger than a data frame); else done runs exactly once, on any
+// goroutine, possibly before ReadKey returns, and dst is not written
+// after it ran.
+type KeyReader interface {
+	ReadKey(holder string, epoch uint64, kind string, req, dst []byte, deadline time.Time,
+		done func(resp []byte, got int, err error)) bool
+}
+
+// encodeRead encodes a read: key, u64 size.
+func encodeRead(key []byte, size uint64) []byte {
+	e := newEnc()
+	e.key(key)
+	e.u64(size)
+	return e.bytes()
+}
+
+func decodeRead(b []byte) ([]byte, uint64, error) {
+	d := newDec(b)
+	k := d.key()
+	size := d.u64()
+	return k, size, d.end()
+}
+
+// encodeReadAnswer encodes a read's answer: u8 code, u64 size.
+func encodeReadAnswer(code store.Code, size uint64) []byte {
+	e := newEnc()
+	e.u8(uint8(code))
+	e.u64(size)
+	return e.bytes()
+}
+
+func decodeReadAnswer(b []byte) (store.Code, uint64, error) {
+	d := newDec(b)
+	code := store.Code(d.u8())
+	size := d.u64()
+	return code, size, d.end()
+}
+
+// onRead serves a one-round-trip read on the connection's event loop: it
+// must not block.
+func (c *Cluster) onRead(from string, epoch uint64, req []byte, reply func(resp, payload []byte)) error {
+	c.served[kindRead].Add(1)
+	key, size, err := decodeRead(req)
+	if err != nil {
+		return err
+	}
+	if c.closedLocked() {
+		return ErrClosed
+	}
+	k := string(key)
+	c.holdMu.Lock()
+	if c.holdKeys[k] >= c.cfg.ClaimsPerKey {
+		c.holdMu.Unlock()
+		c.c.readersRefused.Add(1)
+		reply(encodeReadAnswer(store.Busy, 0), nil)
+		return nil
+	}
+	c.holdKeys[k]++
+	c.holdMu.Unlock()
+	defer c.uncount([]string{k})
+	sent := false
+	code, inMem := c.st.ReadHere(key, func(val []byte) {
+		if uint64(len(val)) != size {
+			reply(encodeReadAnswer(store.OK, uint64(len(val))), nil)
+			sent = true
+			return
+		}
+		if a := c.cfg.Admission; a != nil {
+			// The mode's budget for serving other hosts' reads.
+			if err := a.Serve(size); err != nil {
+				c.c.overBudget.Add(1)
+				reply(encodeReadAnswer(store.ResourceExhausted, 0), nil)
+				sent = true
+				return
+			}
+		}
+		reply(encodeReadAnswer(store.OK, size), val)
+		sent = true
+		c.c.quickServed.Add(1)
+	})
+	switch {
+	case sent:
+	case code != store.OK:
+		reply(encodeReadAnswer(code, 0), nil)
+	case !inMem:
+		reply(encodeReadAnswer(store.Unavailable, 0), nil) // on L2 (or busy): the hold promotes it
+	}
+	return nil
+}
+
+// quickFetch tries key's one-round-trip read (the caller's Fetch admitted
+// it and holds its fetch slot); false when it cannot start, and the caller
+// goes the two-step way. Once started, finish(0, …) runs exactly once:
+// from the answer, or from the two-step way the answer hands the key to
+// (end runs after it, releasing the fetch slot).
+func (c *Cluster) quickFetch(key []byte, finish func(int, error), end func()) bool {
+	kr, ok := c.mover.(KeyReader)
+	if !ok {
+		return false
+	}
+	now := time.Now()
+	hs, ok := c.answers.get(key, now)
+	if !ok {
+		return false
+	}
+	var h Holder
+	for _, x := range hs {
+		if x.ID != c.self {
+			h = x
+			break
+		}
+	}
+	if h.ID == "" || h.Size == 0 {
+		return false
+	}
+	ss := c.st.NewSession()
+	_ = ss.SetReplicas(1) // 1 is in range
+	keys := [][]byte{key}
+	locs := make([]store.Location, 1)
+	codes := make([]store.Code, 1)
+	errs := make([]error, 1)
+	if err := ss.Reserve(keys, []uint64{h.Size}, locs, codes, errs); err != nil || codes[0] != store.OK {
+		_ = ss.Close()
+		return false // the two-step way says why (stored here meanwhile, no room)
+	}
+	dst := c.cfg.Pool[locs[0].Offset : locs[0].Offset+h.Size]
+	deadline := now.Add(c.cfg.Timeout)
+	slow := func(why error) {
+		_ = ss.Close()
+		c.c.quickFallbacks.Add(1)
+		c.log.Debug("one-round-trip read fell back to a hold and a read", "key", string(key), "holder", h.ID, "err", why)
+		go func() {
+			defer end()
+			c.fetch(keys, finish)
+		}()
+	}
+	started := kr.ReadKey(h.ID, h.Epoch, kindRead, encodeRead(key, h.Size), dst, deadline, func(resp []byte, got int, err error) {
+		var code store.Code
+		var size uint64
+		if err == nil {
+			code, size, err = decodeReadAnswer(resp)
+		}
+		switch {
+		case err != nil:
+			if c.peers.Unreachable(err) && !errors.Is(err, xfer.ErrTimeout) {
+				c.lost(h.ID, err)
+			}
+			slow(fmt.Errorf("holder %s: %w", h.ID, err))
+			return
+		case code != store.OK:
+			slow(fmt.Errorf("holder %s answered code %d", h.ID, code))
+			return
+		case size != h.Size || uint64(got) != h.Size:
+			slow(fmt.Errorf("holder %s has %d bytes (%d sent), its home said %d", h.ID, size, got, h.Size))
+			return
+		}
+		if sum := store.CRC(dst); sum != h.CRC {
+			c.c.crcMismatch.Add(1)
+			slow(fmt.Errorf("%w: value from %s has crc32c %#x, its home said %#x", ErrHolderFailed, h.ID, sum, h.CRC))
+			return
+		}
+		c.c.remoteBytes.Add(h.Size)
+		c.byPeer.add(h.ID, h.Size)
+		ccodes := make([]store.Code, 1)
+		cerrs := make([]error, 1)
+		c.landing(keys, 1)
+		err = ss.CommitChecked(keys, false, []uint32{h.CRC}, ccodes, cerrs)
+		c.landing(keys, -1)
+		_ = ss.Close()
+		if err == nil && ccodes[0] != store.OK {
+			err = cerrs[0]
+		}
+		if err != nil {
+			c.c.remoteFailed.Add(1)
+		} else {
+			c.c.remoteHits.Add(1)
+			c.c.cacheHits.Add(1)
+			c.c.quickReads.Add(1)
+		}
+		finish(0, err)
+		end()
+	})
+	if !started {
+		_ = ss.Close()
+		return false
+	}
+	return true
+}

@@ -1,0 +1,111 @@
+package tcp
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
+)
+
+type dataAnswer struct {
+	resp []byte
+	got  int
+	err  error
+}
+
+// TestExchangeInto: a data exchange's answer brings its payload straight
+// into the asker's buffer in one round trip; a kind without an inline
+// handler and a failed handler answer errors; without a session the call
+// fails at once; an answer that comes after the deadline ends the
+// exchange with ErrTimeout and its payload never touches the buffer,
+// and the connection goes on serving.
+func TestExchangeInto(t *testing.T) {
+	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 1})
+	a, b := nodes[0], nodes[1]
+	value := make([]byte, 256<<10)
+	for i := range value {
+		value[i] = byte(i * 7)
+	}
+	hold := make(chan struct{})
+	if err := b.HandleInline("value", func(from string, epoch uint64, req []byte, reply func(resp, payload []byte)) error {
+		switch string(req) {
+		case "slow":
+			<-hold // blocks bravo's event loop: only this test does that
+		case "fail":
+			return errors.New("no such value")
+		}
+		reply(append([]byte(from+":"), req...), value[:len(value)-len(req)])
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ask := func(req string, dst []byte, d time.Duration) (dataAnswer, error) {
+		ch := make(chan dataAnswer, 1)
+		err := a.ExchangeInto("bravo", b.Epoch(), "value", []byte(req), dst, time.Now().Add(d),
+			func(resp []byte, got int, err error) { ch <- dataAnswer{resp, got, err} })
+		if err != nil {
+			return dataAnswer{}, err
+		}
+		return <-ch, nil
+	}
+	// No session yet: it fails at once instead of dialing.
+	if _, err := ask("x", make([]byte, 16), time.Second); !errors.Is(err, ErrConnLost) {
+		t.Fatalf("without a session: %v, want ErrConnLost", err)
+	}
+	if _, err := a.Exchange("bravo", "none", nil, time.Second); !errors.Is(err, ErrNoHandler) {
+		t.Fatalf("opening the session: %v", err)
+	}
+	dst := make([]byte, len(value))
+	r, err := ask("ab", dst, 5*time.Second)
+	if err != nil || r.err != nil {
+		t.Fatal(err, r.err)
+	}
+	if string(r.resp) != "alpha:ab" || r.got != len(value)-2 || !bytes.Equal(dst[:r.got], value[:r.got]) {
+		t.Fatalf("answer %q with %d bytes, want %q and %d bytes of the value", r.resp, r.got, "alpha:ab", len(value)-2)
+	}
+	if r, err := ask("fail", dst, 5*time.Second); err != nil || !errors.Is(r.err, ErrExchange) {
+		t.Fatalf("failing handler: %v %v, want ErrExchange", err, r.err)
+	}
+	if err := a.ExchangeInto("bravo", 0, "nothing", nil, dst, time.Now().Add(time.Second), func(_ []byte, _ int, err error) {
+		if !errors.Is(err, ErrNoHandler) {
+			t.Errorf("kind without a handler: %v, want ErrNoHandler", err)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := ask("ab", dst, 5*time.Second); err != nil || r.err != nil {
+		t.Fatal(err, r.err)
+	}
+	// Addressed to another run of bravo: refused, nothing served.
+	ch := make(chan error, 1)
+	if err := a.ExchangeInto("bravo", b.Epoch()+1, "value", []byte("ab"), dst, time.Now().Add(time.Second),
+		func(_ []byte, _ int, err error) { ch <- err }); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ch; !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("another epoch: %v, want ErrStaleEpoch", err)
+	}
+
+	// Late: the deadline passes while bravo's loop is held.
+	late := make([]byte, len(value))
+	r, err = ask("slow", late, 50*time.Millisecond)
+	close(hold)
+	if err != nil || !errors.Is(r.err, xfer.ErrTimeout) || r.got != 0 {
+		t.Fatalf("late answer: %v %+v, want ErrTimeout", err, r)
+	}
+	// The next answer on the same connection comes after the late one,
+	// which was read and dropped.
+	if r, err := ask("ab", dst, 5*time.Second); err != nil || r.err != nil {
+		t.Fatalf("after a late answer: %v %v", err, r.err)
+	}
+	if !bytes.Equal(late, make([]byte, len(late))) {
+		t.Fatal("a late answer's payload was written into the buffer after its exchange ended")
+	}
+	// Too much for the buffer: refused before sending.
+	if err := a.ExchangeInto("bravo", 0, "value", nil, make([]byte, a.MaxDataPayload()+1), time.Now().Add(time.Second),
+		func([]byte, int, error) {}); !errors.Is(err, xfer.ErrInvalid) {
+		t.Fatalf("buffer over a data frame: %v, want ErrInvalid", err)
+	}
+}
