@@ -515,7 +515,9 @@ func (d *Dir) prober() {
 	defer d.wg.Done()
 	t := time.NewTicker(max(d.cfg.ProgressLead/2, 5*time.Millisecond))
 	defer t.Stop()
-	var asked time.Time // when the last request went (d.cfg.Clock)
+	// asked is when the last request went, by the real clock: it spaces
+	// requests, whatever clock measures the cache's age.
+	var asked time.Time
 	for {
 		select {
 		case <-d.ctx.Done():
@@ -527,7 +529,7 @@ func (d *Dir) prober() {
 		if w == nil {
 			continue
 		}
-		now := d.cfg.Clock()
+		now := time.Now()
 		if !needProgress(d.cache.Age(), d.cfg.Budget, d.cfg.ProgressLead, now.Sub(asked), !asked.IsZero()) {
 			continue
 		}
