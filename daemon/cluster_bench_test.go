@@ -52,7 +52,7 @@ func benchPair(b *testing.B, pool Size) (d1, d2 *peerDaemon) {
 
 func BenchmarkStoreRemoteGet(b *testing.B) {
 	const n, size = 128, 256 << 10
-	d1, d2 := benchPair(b, 192 << 20)
+	d1, d2 := benchPair(b, 192<<20)
 
 	// The testing package runs a sub-benchmark more than once (b.N = 1,
 	// then the count asked for): each run puts its own keys.
@@ -449,7 +449,7 @@ func aggregateTCP(b *testing.B, ds []*peerDaemon, ids []string) {
 //
 // go test -run '^$' -bench BenchmarkStoreRemoteGetLatency -benchtime 20x -count 3 ./daemon/
 func BenchmarkStoreRemoteGetLatency(b *testing.B) {
-	d1, d2 := benchPair(b, 64 << 20)
+	d1, d2 := benchPair(b, 64<<20)
 	put := d1.dial(b, "putter")
 	exp := d1.dial(b, "exporter")
 	c := d2.dial(b, "reader")

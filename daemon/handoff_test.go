@@ -50,17 +50,15 @@ func startHandoffProc(t *testing.T, bin string, args ...string) *handoffProc {
 			t.Logf("daemon %d log:\n%s", p.cmd.Process.Pid, lastLines(p.log.String(), 40))
 		}
 	})
-	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(p.log.String(), "tensorcastd ready") {
+	testutil.Eventually(t, 60*time.Second, func() bool {
 		select {
 		case err := <-p.exited:
+			p.exited <- err // for the clean-up, which must not wait for it again
 			t.Fatalf("daemon exited before it was ready: %v\n%s", err, p.log.String())
-		case <-time.After(10 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon not ready after 60s\n%s", p.log.String())
-		}
-	}
+		return strings.Contains(p.log.String(), "tensorcastd ready")
+	}, "daemon ready\n%s", p.log)
 	return p
 }
 

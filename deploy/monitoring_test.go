@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/daemon"
+	"github.com/tensorcast/tensorcast/directory/etcdtest"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -67,6 +70,58 @@ func TestAlertRules(t *testing.T) {
 		}
 		if !strings.Contains(string(tested), "alertname: "+r.Alert+"\n") {
 			t.Errorf("alert %s has no promtool unit test in %s", r.Alert, rulesTestFile)
+		}
+	}
+	checkFireAndResolve(t, tested)
+}
+
+// checkFireAndResolve: in the promtool unit tests, every alert of the
+// rules fires (an evaluation expecting it) and then resolves (a later
+// evaluation of the same test expecting none).
+func checkFireAndResolve(t *testing.T, tested []byte) {
+	t.Helper()
+	var f struct {
+		Tests []struct {
+			Name  string
+			Evals []struct {
+				EvalTime  string           `json:"eval_time"`
+				AlertName string           `json:"alertname"`
+				ExpAlerts []map[string]any `json:"exp_alerts"`
+			} `json:"alert_rule_test"`
+		}
+	}
+	if err := yaml.Unmarshal(tested, &f); err != nil {
+		t.Fatalf("%s: %v", rulesTestFile, err)
+	}
+	fired, resolved := map[string]bool{}, map[string]bool{}
+	for _, tc := range f.Tests {
+		firedAt := map[string]time.Duration{}
+		for _, e := range tc.Evals {
+			at, err := time.ParseDuration(e.EvalTime)
+			if err != nil {
+				t.Fatalf("%s: test %q: eval_time %q: %v", rulesTestFile, tc.Name, e.EvalTime, err)
+			}
+			if len(e.ExpAlerts) > 0 {
+				if _, ok := firedAt[e.AlertName]; !ok {
+					firedAt[e.AlertName] = at
+				}
+				fired[e.AlertName] = true
+				continue
+			}
+			if first, ok := firedAt[e.AlertName]; ok && at > first {
+				resolved[e.AlertName] = true
+			}
+		}
+	}
+	for _, r := range loadRules(t) {
+		if r.Alert == "" {
+			continue
+		}
+		if !fired[r.Alert] {
+			t.Errorf("no promtool unit test fires %s", r.Alert)
+		}
+		if !resolved[r.Alert] {
+			t.Errorf("no promtool unit test resolves %s after it fired (a later eval_time with exp_alerts: [])", r.Alert)
 		}
 	}
 }
@@ -221,7 +276,8 @@ var metricName = regexp.MustCompile(`\btensorcast_[a-zA-Z0-9_]+\b`)
 var stripStrings = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
 
 // conditional are the metrics a daemon exports only under a condition the
-// test's daemons cannot all meet here, with the condition. Each must still
+// test's daemons may not meet here, with the condition (the directory's,
+// only where etcd is not installed). Each must still
 // be a name the daemon's code emits (TestMetricsExist reads its source),
 // so a rename fails the test even for these.
 var conditional = map[string]string{
@@ -229,8 +285,8 @@ var conditional = map[string]string{
 	"tensorcast_kernel_uring_latency_seconds_bucket": "the eBPF io_uring view (ebpf = auto with CAP_BPF and CAP_PERFMON)",
 	// Per peer connection the kernel retransmitted on: none on loopback.
 	"tensorcast_kernel_tcp_retransmits_total": "the eBPF tcp view and a retransmitted segment on a peer connection",
-	// The etcd directory's, which daemon.TestDirectoryOpenUnlisted scrapes
-	// beside a real etcd.
+	// The etcd directory's: scraped where etcd is installed (the daemons
+	// then run with directory = etcd).
 	"tensorcast_directory_cache_age_seconds":        withEtcd,
 	"tensorcast_directory_staleness_budget_seconds": withEtcd,
 	"tensorcast_directory_lookups_total":            withEtcd,
@@ -244,10 +300,14 @@ var conditional = map[string]string{
 const withEtcd = "directory = etcd"
 
 // TestMetricsExist: every metric the dashboard and the rules read is in a
-// scrape of two running daemons that moved bytes over every transport they
-// have here (local, uring, tcp between them) and through the store (L1 and
-// L2), or is one of the conditional names (eBPF, the etcd directory). RDMA has no names of its own:
-// its requests are the transport metrics' transport="rdma" series.
+// scrape of two running daemons (directory = etcd where etcd is
+// installed) that moved bytes over every transport they have here (local,
+// uring, tcp between them), through the store (L1 and L2) and the store
+// across hosts, or is one of the conditional names (eBPF; the etcd
+// directory's without etcd). RDMA has no names of its own: its requests are
+// the transport metrics' transport="rdma" series, its links'
+// tensorcast_peer_link_state. And the panels that read per-tenant metrics
+// follow the tenant variable (checkTenants).
 func TestMetricsExist(t *testing.T) {
 	used := map[string][]string{} // metric name -> where
 	qs, vars := dashboardQueries(t)
@@ -266,14 +326,15 @@ func TestMetricsExist(t *testing.T) {
 		t.Fatalf("only %d metric names found in the dashboard and rules", len(used))
 	}
 
-	scraped := scrapeWithTraffic(t)
+	etcd := startEtcd(t)
+	got := scrapeWithTraffic(t, etcd)
 	emitted := emittedNames(t)
 	var missing []string
 	for n, where := range used {
-		if scraped[n] {
+		if got[n] != nil {
 			continue
 		}
-		if why, ok := conditional[n]; ok {
+		if why, ok := conditional[n]; ok && (why != withEtcd || etcd == nil) {
 			if !emitted[strings.TrimSuffix(n, "_bucket")] {
 				missing = append(missing, fmt.Sprintf("%s (conditional on %s, but no daemon source emits it; used by %s)", n, why, where[0]))
 			}
@@ -290,6 +351,156 @@ func TestMetricsExist(t *testing.T) {
 			t.Errorf("conditional %s is not used by the dashboard or the rules: drop it from the list", n)
 		}
 	}
+	checkTenants(t, qs, got)
+}
+
+// selector is a metric and its label matchers in PromQL.
+var selector = regexp.MustCompile(`\b(tensorcast_[a-zA-Z0-9_]+)\b(\{[^}]*\})?`)
+
+// byClause is an aggregation's by (...) or a vector matching's on (...).
+var byClause = regexp.MustCompile(`\b(?:by|on)\s*\(([^)]*)\)`)
+
+// checkTenants: a dashboard panel that reads a metric the daemon labels
+// with its tenant (as the scrape shows) follows the tenant variable and
+// keeps the tenant apart, in every aggregation of the query.
+func checkTenants(t *testing.T, qs []query, got scraped) {
+	t.Helper()
+	tenantMetrics := 0
+	for _, q := range qs {
+		if !strings.HasPrefix(q.where, "panel ") {
+			continue // the rules alert per series, whatever its labels
+		}
+		perTenant := false
+		for _, m := range selector.FindAllStringSubmatch(q.expr, -1) {
+			if !got[m[1]]["tenant"] {
+				continue
+			}
+			perTenant = true
+			if !strings.Contains(m[2], `tenant=~"$tenant"`) {
+				t.Errorf("%s: %s has a tenant label, and the query does not follow $tenant: %s", q.where, m[1], q.expr)
+			}
+		}
+		if !perTenant {
+			continue
+		}
+		tenantMetrics++
+		for _, b := range byClause.FindAllStringSubmatch(q.expr, -1) {
+			if !slices.Contains(strings.Fields(strings.ReplaceAll(b[1], ",", " ")), "tenant") {
+				t.Errorf("%s: reads a per-tenant metric, and by/on (%s) adds the tenants up: %s", q.where, b[1], q.expr)
+			}
+		}
+	}
+	if tenantMetrics < 10 {
+		t.Errorf("only %d panel queries read a per-tenant metric; the scrape's tenant labels were not seen", tenantMetrics)
+	}
+}
+
+const readme = "../README.md"
+
+// TestReadmeListsPanels: the README's table of the dashboard's panels
+// names every panel, in the dashboard's order under its row, with what it
+// shows, and nothing else; and the README names every alert.
+func TestReadmeListsPanels(t *testing.T) {
+	b, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct{ Panels []panel }
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	row := ""
+	var walk func(ps []panel)
+	walk = func(ps []panel) {
+		for _, p := range ps {
+			if p.Type == "row" {
+				row = p.Title
+				walk(p.Panels) // a collapsed row holds its panels
+				continue
+			}
+			want = append(want, row+" / "+p.Title)
+		}
+	}
+	walk(d.Panels)
+
+	text, err := os.ReadFile(readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []string
+	in := false
+	row = ""
+	for line := range strings.Lines(string(text)) {
+		line = strings.TrimSpace(line)
+		if line == "| row | panel | shows |" {
+			if in || listed != nil {
+				t.Fatal("two panel tables in the README")
+			}
+			in = true
+			continue
+		}
+		if !in {
+			continue
+		}
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		if len(cells) != 3 {
+			t.Fatalf("README panel table: %d cells in %q", len(cells), line)
+		}
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		if strings.Trim(cells[0], "- ") == "" && strings.Trim(cells[1], "- ") == "" {
+			continue // the header's rule
+		}
+		if cells[0] != "" {
+			row = cells[0]
+		}
+		if cells[2] == "" {
+			t.Errorf("README: panel %s / %s does not say what it shows", row, cells[1])
+		}
+		listed = append(listed, row+" / "+cells[1])
+	}
+	if !slices.Equal(listed, want) {
+		t.Errorf("the README's panel table is not the dashboard's panels:\nREADME:    %q\ndashboard: %q", listed, want)
+		for _, p := range want {
+			if !slices.Contains(listed, p) {
+				t.Errorf("README lacks panel %s", p)
+			}
+		}
+		for _, p := range listed {
+			if !slices.Contains(want, p) {
+				t.Errorf("README lists %s, which the dashboard has not", p)
+			}
+		}
+	}
+	for _, r := range loadRules(t) {
+		if r.Alert != "" && !strings.Contains(string(text), "`"+r.Alert+"`") {
+			t.Errorf("the README does not name the alert %s", r.Alert)
+		}
+	}
+}
+
+// startEtcd runs etcd for the daemons' directory where it is installed,
+// so the directory's metrics are scraped too; without it (and where
+// TENSORCAST_TEST_PROVIDES does not list etcd) the daemons list each other
+// as [[peers]] and the directory's names are only checked in the source.
+func startEtcd(t *testing.T) *etcdtest.Server {
+	if _, err := os.Stat(etcdtest.Binary); err != nil {
+		provided, perr := testutil.Provided()
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		if slices.Contains(provided, testutil.Etcd) {
+			t.Fatalf("%s lists etcd, and %s is missing: %v", testutil.ProvidesEnv, etcdtest.Binary, err)
+		}
+		t.Logf("etcd is not installed (%v): the directory's metrics are not scraped", err)
+		return nil
+	}
+	return etcdtest.Start(t)
 }
 
 // emittedNames returns the metric names the daemon's source emits (string
@@ -321,15 +532,25 @@ func emittedNames(t *testing.T) map[string]bool {
 
 // scrapeWithTraffic runs two daemons that are each other's peers, drives
 // requests through local copies, io_uring file I/O (one of them misaligned,
-// for an error), tcp to the peer, a shared-memory queue and the store (a
-// durable put, so L2 too), and returns the sample names of both scrapes.
-func scrapeWithTraffic(t *testing.T) map[string]bool {
+// for an error), tcp to the peer, a shared-memory queue, the store (a
+// durable put, so L2 too) and the store across hosts (a value one daemon
+// holds read by the other), and returns the sample names of both scrapes
+// with their labels.
+func scrapeWithTraffic(t *testing.T, etcd *etcdtest.Server) scraped {
 	key := filepath.Join(t.TempDir(), "cluster.key")
 	if err := os.WriteFile(key, []byte("tensorcast deploy test key\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d1 := startDaemon(t, "d1", key, daemon.PeerConfig{ID: "d2"})
-	d2 := startDaemon(t, "d2", key, daemon.PeerConfig{ID: "d1", Addr: d1.PeerAddr()})
+	var d1, d2 *running
+	if etcd != nil {
+		// directory = etcd, as the chart's etcd.enabled: the daemons
+		// find each other, and d1's export, there.
+		d1 = startDaemon(t, "d1", key, etcd)
+		d2 = startDaemon(t, "d2", key, etcd)
+	} else {
+		d1 = startDaemon(t, "d1", key, nil, daemon.PeerConfig{ID: "d2"})
+		d2 = startDaemon(t, "d2", key, nil, daemon.PeerConfig{ID: "d1", Addr: d1.PeerAddr()})
+	}
 
 	exp := dial(t, d1, "exporter")
 	ebuf, err := exp.RegisterBuffer(1 << 20)
@@ -354,10 +575,12 @@ func scrapeWithTraffic(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	remote, err := c.OpenRemote("d1/kv", client.RightWrite)
-	if err != nil {
-		t.Fatalf("opening the peer's export: %v", err)
-	}
+	var remote client.RemoteSegment
+	// With the etcd directory d2 sees d1's export once its catalog does.
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		remote, err = c.OpenRemote("d1/kv", client.RightWrite)
+		return err == nil
+	}, "d2 opening d1/kv: %v", testutil.Lazy(func() any { return err }))
 	file, _, err := c.RegisterFile(filepath.Join(d2.cfg.DataDir, "seg.bin"), true, 8<<20)
 	if err != nil {
 		t.Fatalf("RegisterFile (the io_uring file tier): %v", err)
@@ -398,16 +621,34 @@ func scrapeWithTraffic(t *testing.T) map[string]bool {
 		t.Fatal(err)
 	}
 
-	names := map[string]bool{}
+	// The store across hosts: a value put on d1 and read on d2 is a
+	// remote get, through d2's home lookup and d1's claim. The home learns
+	// of the key from d1's announcement, which is asynchronous: d2 reads
+	// until the value is found.
+	d1c := dial(t, d1, "holder")
+	val := []byte("a value only d1 holds, read by d2 across hosts")
+	if err := d1c.PutBytes([]byte("deploy/remote"), val, false); err != nil {
+		t.Fatalf("put on d1: %v", err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		got, err := c.GetBytes([]byte("deploy/remote"))
+		return err == nil && string(got) == string(val)
+	}, "d2 reading d1's value across hosts")
+
+	names := scraped{}
 	for _, d := range []*running{d1, d2} {
-		for n := range scrape(t, d.MetricsAddr()) {
-			names[n] = true
+		for n, ls := range scrape(t, d.MetricsAddr()) {
+			if names[n] == nil {
+				names[n] = map[string]bool{}
+			}
+			maps.Copy(names[n], ls)
 		}
 	}
 	// What the test drove must show, or the scrape proves little.
 	for _, n := range []string{"tensorcast_transport_requests_total", "tensorcast_peer_connected", "tensorcast_uring_ring_sqes_total",
-		"tensorcast_store_writebacks_total", "tensorcast_queue_completions_total", "tensorcast_transport_errors_total"} {
-		if !names[n] {
+		"tensorcast_store_writebacks_total", "tensorcast_queue_completions_total", "tensorcast_transport_errors_total",
+		"tensorcast_cluster_remote_gets_total", "tensorcast_cluster_remote_bytes_total"} {
+		if names[n] == nil {
 			t.Errorf("the scrape after traffic has no %s", n)
 		}
 	}
@@ -419,7 +660,7 @@ type running struct {
 	cfg daemon.Config
 }
 
-func startDaemon(t *testing.T, id, key string, peers ...daemon.PeerConfig) *running {
+func startDaemon(t *testing.T, id, key string, etcd *etcdtest.Server, peers ...daemon.PeerConfig) *running {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := daemon.Defaults()
@@ -433,6 +674,12 @@ func startDaemon(t *testing.T, id, key string, peers ...daemon.PeerConfig) *runn
 	cfg.PeerListen = "127.0.0.1:0"
 	cfg.ClusterKeyFile = key
 	cfg.Peers = peers
+	if etcd != nil {
+		cfg.Directory = "etcd"
+		cfg.EtcdEndpoints = etcd.Endpoints()
+		cfg.EtcdPrefix = "/deploy/"
+		cfg.EtcdLeaseTTL = daemon.Duration(2 * time.Second)
+	}
 	cfg.RDMA = "off"
 	cfg.EBPF = "off"
 	if os.Geteuid() == 0 {
@@ -460,8 +707,13 @@ func dial(t *testing.T, d *running, name string) *client.Client {
 	return c
 }
 
-// scrape returns the sample names of one scrape of addr.
-func scrape(t *testing.T, addr string) map[string]bool {
+// scraped is what a scrape held: each sample name with the label names
+// its samples carry.
+type scraped map[string]map[string]bool
+
+// scrape returns the sample names of one scrape of addr, with their
+// labels' names.
+func scrape(t *testing.T, addr string) scraped {
 	t.Helper()
 	hc := &http.Client{Timeout: 10 * time.Second}
 	resp, err := hc.Get("http://" + addr + "/metrics")
@@ -473,13 +725,25 @@ func scrape(t *testing.T, addr string) map[string]bool {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /metrics: %s %v", resp.Status, err)
 	}
-	names := map[string]bool{}
+	names := scraped{}
+	labelName := regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*"`)
 	for line := range strings.Lines(string(b)) {
 		if line == "" || line[0] == '#' {
 			continue
 		}
-		if i := strings.IndexAny(line, "{ "); i > 0 {
-			names[line[:i]] = true
+		i := strings.IndexAny(line, "{ ")
+		if i <= 0 {
+			continue
+		}
+		n := line[:i]
+		if names[n] == nil {
+			names[n] = map[string]bool{}
+		}
+		if line[i] == '{' {
+			end := strings.LastIndexByte(line, '}')
+			for _, m := range labelName.FindAllStringSubmatch(line[i+1:max(end, i+1)], -1) {
+				names[n][m[1]] = true
+			}
 		}
 	}
 	return names

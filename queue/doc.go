@@ -187,15 +187,27 @@
 // plain FUTEX_WAKE of its own mapping reaches it; a read of the queue's
 // eventfd with eventfd doorbells; futex_waitv(2) without io_uring), then
 // waits once for the first of: any armed word woken or
-// changed, a completion on its ring, its own wake-up (a queue attached or
-// detached, shutdown, a completion of the RDMA work it posted). A queue
-// for which Doorbell found work (or closing) keeps the worker awake, and
-// so does RDMA work it posted that is in flight, for a short spin after
-// its last post or completion (rdma.Config.PollSpin); after that the
-// worker arms those completion queues before it sleeps, and their event
-// ends the sleep through the worker's own wake-up (package rdma, "Who
-// reaps"). The doorbell half is unchanged by this. Once awake, the worker clears the flags it set
-// (DaemonRing.Awake), so a busy worker costs its clients no doorbell.
+// changed, a completion on its ring, a completion of the RDMA work it
+// posted, its own wake-up (a queue attached or detached, shutdown). A
+// queue for which Doorbell found work (or closing) keeps the worker awake,
+// and so does RDMA work it posted that is in flight, for a short spin after
+// its last post or completion (rdma.Config.PollSpin). After that the
+// worker, before it sleeps, arms each completion queue it has work on
+// (ibv_req_notify_cq) and puts a one-shot IORING_OP_POLL_ADD of that
+// queue's completion channel on its own ring (once: the poll stays there
+// across sleeps until it fires), then polls each completion queue once
+// more, and does not sleep if that found anything: a completion before the
+// arm raises no event. A completion after the arm does: the channel turns
+// readable and the poll ends the worker's one io_uring_enter, with no
+// other thread between. Awake, the worker takes the channel's events
+// (ibv_get_cq_event, acknowledged in batches), polls the queue to empty
+// and, if work is still in flight, arms and polls again before its next
+// sleep (package rdma, "Who reaps"). A worker on its own thread
+// (futex_waitv) cannot poll a file: there the queue pair's goroutine
+// waits on the channel and ends the worker's sleep through its own
+// wake-up. The doorbell half is unchanged by this. Once awake, the worker
+// clears the flags it set (DaemonRing.Awake), so a busy worker costs its
+// clients no doorbell.
 //
 // The client's side is unchanged by this, and so is the protocol on the
 // wire: the same words, flags and futex calls. An armed wait stays in the

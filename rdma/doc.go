@@ -47,11 +47,45 @@
 // The worker's one sleep covers its completions too (Home.Sleep, a
 // reactor.Reaper): with work in flight it keeps polling for PollSpin after
 // its last post or completion (a round trip at low depth thus ends without
-// any wake-up), then arms the completion queues it owns and sleeps; the
-// completion event reaches the queue pair's goroutine, which sleeps on the
-// completion channel and only wakes the worker (the worker's wake: its
-// futex word, or its ring's eventfd). The worker, not that goroutine,
-// then reaps.
+// any wake-up), then sleeps. The protocol, for each queue pair it owns
+// with work in flight:
+//
+//  1. arm the completion queue (ibv_req_notify_cq), unless armed since
+//     its last event;
+//  2. put a one-shot poll of the completion channel's fd for POLLIN on
+//     the worker's own io_uring ring (IORING_OP_POLL_ADD, through
+//     reactor.ReaperWaits), unless one is there already: it stays across
+//     sleeps until it fires;
+//  3. poll the completion queue once more: a completion that came before
+//     step 1 raised no event, so if one is there the worker does not
+//     sleep;
+//  4. sleep in the ring's one io_uring_enter, with the client doorbells;
+//  5. woken by the poll (Home.Fired), take the channel's events
+//     (ibv_get_cq_event, non-blocking, acknowledged in batches: else the
+//     channel stays readable and the next poll fires at once), poll the
+//     queue to empty, ending the tasks on this thread, and start again at
+//     1 before the next sleep.
+//
+// The completion thus ends the worker's sleep directly: no goroutine
+// between the NIC's completion and the client's CQE. Each step that
+// changes the queue pair's state runs under its lock, and the poll is
+// level-triggered at arm (a channel readable already fires at once), so no
+// event is lost between steps.
+//
+// One watcher per channel: while such a worker owns a queue pair, the
+// queue pair's goroutine leaves the channel alone and sleeps until woken
+// (CompletionQueue.Wait(false)); it watches the channel while it owns the
+// queue pair itself, or while its owner's worker cannot poll (a worker on
+// its own thread, whose futex_waitv cannot wait on a file; a home whose
+// poll failed, which turns its polling off). Then the event reaches the
+// goroutine, which only wakes the worker (its futex word, or its ring's
+// eventfd), and the worker, not that goroutine, reaps. A claim that
+// changes who watches wakes the goroutine to wait again; until it has, it
+// may take an event meant for the worker, and then wakes the worker, so a
+// change of hands costs a hand-off and never a completion. A poll left
+// on the ring for a queue pair the worker no longer owns is cancelled at
+// its next sleep; one that fires for it is ignored (its token's
+// generation moved on).
 //
 // Ownership changes only while a queue pair has nothing posted (a claim
 // in Submit), or when the transport takes the queue pair back (adopt):
@@ -59,9 +93,14 @@
 // (Home.Stop) and when ibv_poll_cq fails. The queue pair's goroutine then
 // reaps what is left, so a reactor that stopped or never comes back holds
 // up neither a drain nor Close. Work no reactor submitted (Task.Home 0:
-// the batch calls, stream tasks of goroutines, the connection probe) is
-// reaped by the queue pair's goroutine, as is everything when there are
-// no Homes. Reaping is done under the queue pair's lock, so each work
+// the batch calls, the store's L2 I/O, stream tasks of goroutines, the
+// connection probe) is posted on a queue pair its goroutine owns, or
+// claims while it is idle, and reaped there, as is everything when there
+// are no Homes; only when every queue pair has a worker's work in flight
+// is it posted beside that work, and that worker reaps it with its own
+// (it sleeps only after arming and polling that queue pair, which has
+// work in flight, so it is woken for it). Exactly one reaper per
+// completion queue at any time: the owner. Reaping is done under the queue pair's lock, so each work
 // request is retired once and each task ends once, by whichever reaper
 // holds the queue pair; a queue pair error fails the work the owner reaps
 // in order, each task with its own status.

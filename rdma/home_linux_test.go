@@ -25,7 +25,7 @@ func TestVerbsHomeReapsItsOwn(t *testing.T) {
 	p := newVerbsPair(t, Config{QPs: 1, Homes: hs}, 4<<20)
 	h := hs.Home(0)
 	var kicks atomic.Int32
-	h.Bind(func() { kicks.Add(1) })
+	h.Bind(func() { kicks.Add(1) }, false)
 	r := newRecorder()
 	for i := range p.la[:1<<20] {
 		p.la[i] = byte(i*13 + 1)
@@ -39,7 +39,7 @@ func TestVerbsHomeReapsItsOwn(t *testing.T) {
 		// The worker's loop: reap, and sleep (armed) when nothing came.
 		testutil.Eventually(t, 10*time.Second, func() bool {
 			if !h.Reap() {
-				h.Sleep()
+				h.Sleep(nil)
 			}
 			return r.Count() == 2*round+1
 		}, "round %d's WRITE ended in its home's Reap", round)
@@ -50,7 +50,7 @@ func TestVerbsHomeReapsItsOwn(t *testing.T) {
 		}
 		testutil.Eventually(t, 10*time.Second, func() bool {
 			if !h.Reap() {
-				h.Sleep()
+				h.Sleep(nil)
 			}
 			return r.Count() == 2*round+2
 		}, "round %d's READ ended in its home's Reap", round)
@@ -83,7 +83,7 @@ func TestVerbsHomeQPErrorAndClose(t *testing.T) {
 	hs := NewHomes(1, 0)
 	p := newVerbsPair(t, Config{QPs: 1, Homes: hs, ConnectTimeout: 30 * time.Second}, 16*chunk)
 	h := hs.Home(0)
-	h.Bind(func() {})
+	h.Bind(func() {}, false)
 	r := newRecorder()
 	var reqs []xfer.Request
 	for i := range 16 {

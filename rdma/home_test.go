@@ -4,6 +4,8 @@ package rdma_test
 
 import (
 	"errors"
+	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/reactor"
+	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
@@ -57,7 +60,7 @@ func TestHomeTasksEndInTheirHomesReap(t *testing.T) {
 	a, _, hs, _, _ := homePair(t, 2, rdma.Config{QPs: 1})
 	h := hs.Home(0)
 	var kicks atomic.Int32
-	h.Bind(func() { kicks.Add(1) })
+	h.Bind(func() { kicks.Add(1) }, false)
 	r := newRecorder()
 	tasks := homed(a.tasks(r, writes(3, 4096)...), 1)
 	if n, err := a.t.Submit(tasks); n != 3 || err != nil {
@@ -104,7 +107,7 @@ func TestHomeTasksEndInTheirHomesReap(t *testing.T) {
 func TestHomeQPErrorEndsEachOnce(t *testing.T) {
 	a, _, hs, la, rb := homePair(t, 1, rdma.Config{QPs: 1})
 	h := hs.Home(0)
-	h.Bind(func() {})
+	h.Bind(func() {}, false)
 	r := newRecorder()
 	a.dev.Hold()
 	tasks := homed(a.tasks(r,
@@ -148,7 +151,7 @@ func TestHomeQPErrorEndsEachOnce(t *testing.T) {
 // drain's bound (ConnectTimeout), which would end them with ErrClosed.
 func TestHomeCloseWithWorkInFlight(t *testing.T) {
 	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 2, ConnectTimeout: time.Minute})
-	hs.Home(0).Bind(func() {})
+	hs.Home(0).Bind(func() {}, false)
 	r := newRecorder()
 	a.dev.Hold()
 	tasks := homed(a.tasks(r, writes(8, 4096)...), 1)
@@ -183,7 +186,7 @@ func TestHomeCloseWithWorkInFlight(t *testing.T) {
 func TestHomeStopHandsItsWorkBack(t *testing.T) {
 	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 1})
 	h := hs.Home(0)
-	h.Bind(func() {})
+	h.Bind(func() {}, false)
 	r := newRecorder()
 	a.dev.Hold()
 	tasks := homed(a.tasks(r, writes(4, 4096)...), 1)
@@ -216,7 +219,7 @@ func TestHomeSleepArmsAndIsWoken(t *testing.T) {
 	if n, err := a.t.Submit(homed(a.tasks(r, writes(1, 4096)...), 1)); n != 1 || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
-	if hs.Home(0).Sleep() {
+	if hs.Home(0).Sleep(nil) {
 		t.Error("the home slept at once with its work in flight, within its spin")
 	}
 	a.dev.Release()
@@ -226,14 +229,14 @@ func TestHomeSleepArmsAndIsWoken(t *testing.T) {
 	a, _, hs, _, _ = homePair(t, 1, rdma.Config{QPs: 1, PollSpin: -1})
 	h := hs.Home(0)
 	var kicks atomic.Int32
-	h.Bind(func() { kicks.Add(1) })
+	h.Bind(func() { kicks.Add(1) }, false)
 	r = newRecorder()
 	a.dev.Hold()
 	tasks := homed(a.tasks(r, writes(1, 4096)...), 1)
 	if n, err := a.t.Submit(tasks); n != 1 || err != nil {
 		t.Fatalf("Submit = %d, %v", n, err)
 	}
-	if !h.Sleep() {
+	if !h.Sleep(nil) {
 		t.Fatal("the home without spin refused to sleep with nothing completed")
 	}
 	if kicks.Load() != 0 {
@@ -247,7 +250,7 @@ func TestHomeSleepArmsAndIsWoken(t *testing.T) {
 	if !h.Reap() || r.Count() != 1 {
 		t.Fatalf("Reap after the wake-up: %d ended", r.Count())
 	}
-	if !h.Sleep() {
+	if !h.Sleep(nil) {
 		t.Error("a home with nothing in flight refused to sleep")
 	}
 }
@@ -256,6 +259,7 @@ func TestHomeSleepArmsAndIsWoken(t *testing.T) {
 // to an rdma transport, from the worker's thread.
 type tidQueue struct {
 	tr   *rdma.Transport
+	efd  int          // its eventfd doorbell (0: none)
 	tid  atomic.Int32 // the worker's thread
 	mu   sync.Mutex
 	todo []*xfer.Task
@@ -287,9 +291,14 @@ func (q *tidQueue) Doorbell() (*atomic.Uint32, uint32, bool) {
 
 func (q *tidQueue) Awake() {}
 
-// EventfdDoorbell: none; the test's pool runs its workers on their own
-// threads.
-func (q *tidQueue) EventfdDoorbell() (int, bool) { return -1, false }
+// EventfdDoorbell: the queue's eventfd when it has one (a hosted pool's
+// worker reads it), else none (a pool of own threads).
+func (q *tidQueue) EventfdDoorbell() (int, bool) {
+	if q.efd > 0 {
+		return q.efd, true
+	}
+	return -1, false
+}
 
 func (q *tidQueue) give(ts []*xfer.Task) {
 	q.mu.Lock()
@@ -297,6 +306,10 @@ func (q *tidQueue) give(ts []*xfer.Task) {
 	q.mu.Unlock()
 	q.word.Add(1)
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(&q.word)), 1, 1<<30, 0, 0, 0) //nolint:errcheck
+	if q.efd > 0 {
+		one := [8]byte{1}
+		unix.Write(q.efd, one[:]) //nolint:errcheck
+	}
 }
 
 // TestHomeOnReactorWorker: through a real reactor worker (its own thread):
@@ -350,12 +363,179 @@ func TestHomeOnReactorWorker(t *testing.T) {
 	}
 }
 
+// TestHomePollsOnTheWorkersRing: a worker hosted on an io_uring ring
+// polls the completion channel of the queue pair it posted on (rdmatest's
+// channel is an eventfd, as a device's is a file) on its own ring: each
+// depth-1 task, completing while the worker sleeps, ends on the worker's
+// thread after the poll fired, and the queue pair's goroutine neither
+// takes the event nor wakes the worker. Tasks no worker posted, on the
+// same queue pair in between, are reaped by the goroutine, which watches
+// the channel again while it owns the queue pair; the worker claims it
+// back after.
+func TestHomePollsOnTheWorkersRing(t *testing.T) {
+	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 1, PollSpin: -1}) // no spin: every task sleeps
+	pool, q := hostedHome(t, hs, a.t)
+	h, w := hs.Home(0), 0
+	var mu sync.Mutex
+	tids := map[int]int{}
+	ended := make(chan struct{}, 1)
+	done := xfertest.Func(func(*xfer.Task, uint64, error) {
+		mu.Lock()
+		tids[unix.Gettid()]++
+		mu.Unlock()
+		ended <- struct{}{}
+	})
+	const n = 60
+	for i := range n {
+		if i == n/2 {
+			// A task of no worker: the goroutine claims the idle queue
+			// pair, reaps it, and the worker claims it back below.
+			r := newRecorder()
+			if k, err := a.t.Submit(a.tasks(r, writes(1, 4096)...)); k != 1 || err != nil {
+				t.Fatalf("Submit of no home = %d, %v", k, err)
+			}
+			r.Wait(t, 1)
+		}
+		a.dev.Hold()
+		posts := a.dev.Stats().Posts
+		q.give(homed(a.tasks(done, writes(1, 4096)...), pool.Home(w)))
+		testutil.Eventually(t, 5*time.Second, func() bool { return a.dev.Stats().Posts > posts }, "task %d posted", i)
+		a.dev.Release() // completes now, from this goroutine
+		select {
+		case <-ended:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("task %d did not end (polled %d, woken %d)", i, h.Polled(), h.Woken())
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(tids) != 1 || tids[int(q.tid.Load())] != n {
+		t.Errorf("tasks ended on threads %v; want all %d on the worker's %d", tids, n, q.tid.Load())
+	}
+	if h.Polled() < n/2 {
+		t.Errorf("the channel's poll fired %d times for %d tasks", h.Polled(), n)
+	}
+	if h.Woken() != 0 {
+		t.Errorf("the queue pair's goroutine woke the worker %d times: it watched the channel the worker polls", h.Woken())
+	}
+	t.Logf("%d tasks: polled %d, reaped %d", n, h.Polled(), h.Reaped())
+}
+
+// hostedHome is a pool of one worker hosted on an io_uring ring (eventfd
+// doorbells) whose reaper is hs's home 0, serving one tidQueue on tr.
+func hostedHome(t *testing.T, hs *rdma.Homes, tr *rdma.Transport) (*reactor.Pool, *tidQueue) {
+	t.Helper()
+	ring, err := uring.New(uring.Config{Rings: 1, AllowedDirs: []string{t.TempDir()}}, nil)
+	testutil.RequireSupported(t, testutil.IOUring, err)
+	pool, err := reactor.New(reactor.Config{Workers: 1, Doorbell: reactor.DoorbellEventfd}, ring, nil)
+	if err != nil {
+		ring.Close()
+		t.Fatal(err)
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &tidQueue{tr: tr, efd: efd}
+	// Cleanups run last first: the queue goes, then the worker (which
+	// hands its queue pairs back), then the transports (homePair's).
+	t.Cleanup(func() { pool.Close(); ring.Close(); unix.Close(efd) })
+	if err := pool.AddReaper(0, hs.Home(0)); err != nil {
+		t.Fatal(err)
+	}
+	w := pool.Pick()
+	if err := pool.Attach(w, q); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Detach(w, q) })
+	return pool, q
+}
+
+// TestHomeHandsOverUnderLoad: one queue pair, a hosted worker posting at
+// depth 1, a goroutine posting tasks of no worker at depth 1 beside it,
+// and a device completing at random moments: the queue pair changes hands
+// (claims both ways, posts beside the other's work) thousands of times,
+// the watcher of its channel with it, and every task of both ends, once.
+// A completion that nobody is woken for stops the test at its bound.
+func TestHomeHandsOverUnderLoad(t *testing.T) {
+	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 1, PollSpin: -1})
+	pool, q := hostedHome(t, hs, a.t)
+	n := 2000
+	if testing.Short() {
+		n = 300
+	}
+	stop := make(chan struct{})
+	var dev sync.WaitGroup
+	dev.Add(1)
+	go func() { // the device: work waits a moment, then completes at once
+		defer dev.Done()
+		for {
+			select {
+			case <-stop:
+				a.dev.Release()
+				return
+			default:
+			}
+			a.dev.Hold()
+			for range 50 {
+				runtime.Gosched()
+			}
+			a.dev.Release()
+		}
+	}()
+	defer func() { close(stop); dev.Wait() }()
+	errs := make(chan error, 2)
+	go func() { // tasks of no worker
+		r := newRecorder()
+		for i := range n {
+			if k, err := a.t.Submit(a.tasks(r, writes(1, 4096)...)); k != 1 || err != nil {
+				errs <- fmt.Errorf("Submit of no home %d = %d, %v", i, k, err)
+				return
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for r.Count() != i+1 {
+				if time.Now().After(deadline) {
+					errs <- fmt.Errorf("task %d of no home did not end", i)
+					return
+				}
+				runtime.Gosched()
+			}
+		}
+		errs <- nil
+	}()
+	go func() { // the worker's
+		ended := make(chan error, 1)
+		done := xfertest.Func(func(_ *xfer.Task, _ uint64, err error) { ended <- err })
+		for i := range n {
+			q.give(homed(a.tasks(done, writes(1, 4096)...), pool.Home(0)))
+			select {
+			case err := <-ended:
+				if err != nil {
+					errs <- fmt.Errorf("worker's task %d: %v", i, err)
+					return
+				}
+			case <-time.After(10 * time.Second):
+				errs <- fmt.Errorf("worker's task %d did not end (polled %d, woken %d)", i, hs.Home(0).Polled(), hs.Home(0).Woken())
+				return
+			}
+		}
+		errs <- nil
+	}()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d + %d tasks: the home reaped %d, its poll fired %d times, goroutines woke it %d times",
+		n, n, hs.Home(0).Reaped(), hs.Home(0).Polled(), hs.Home(0).Woken())
+}
+
 // TestHomeSteadyStateAllocs: a home's submission and its reap allocate
 // nothing per request once warm.
 func TestHomeSteadyStateAllocs(t *testing.T) {
 	a, _, hs, _, _ := homePair(t, 1, rdma.Config{QPs: 1})
 	h := hs.Home(0)
-	h.Bind(func() {})
+	h.Bind(func() {}, false)
 	ch := make(xfertest.Chan, 64)
 	tasks := make([]*xfer.Task, 16)
 	for i := range tasks {

@@ -90,17 +90,26 @@ type QueuePair interface {
 }
 
 // CompletionQueue is one queue pair's completion queue with its
-// completion channel. Poll and Arm are called by the queue pair's reaper
-// (a reactor worker or the queue pair's goroutine), one at a time; Wait
-// only by the queue pair's goroutine.
+// completion channel. Poll, Arm and TakeEvents are called by the queue
+// pair's reaper (a reactor worker or the queue pair's goroutine), one at a
+// time; Wait only by the queue pair's goroutine. While a queue pair
+// changes hands, the goroutine and a worker may both take events: each
+// event is taken once, by one of them.
 type CompletionQueue interface {
 	// Poll fills wcs and returns how many it filled.
 	Poll(wcs []WorkCompletion) (int, error)
 	// Arm asks for an event on the next completion.
 	Arm() error
 	// Wait blocks until an armed event arrives (true) or Wake was called
-	// (false).
-	Wait() (bool, error)
+	// (false). With channel false it waits for Wake alone: a reactor
+	// worker watches the channel meanwhile.
+	Wait(channel bool) (bool, error)
+	// Channel is the completion channel's file descriptor, readable
+	// while it holds events (-1: none a worker can poll).
+	Channel() int
+	// TakeEvents takes and acknowledges the events the channel holds,
+	// without blocking, and reports how many it took.
+	TakeEvents() (int, error)
 	// Wake makes a blocked Wait, or the next one, return false, once per
 	// call (at least once for calls before that Wait).
 	Wake()

@@ -200,11 +200,25 @@ func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task, who uint32, shared 
 }
 
 // claimLocked makes who q's reaper (q.mu held, nothing posted on q).
+//
+// Who watches q's channel changes with it: q's goroutine, unless q's
+// owner is a home whose worker polls the channel on its ring
+// (Home.watches). When that changes, the goroutine is woken to wait
+// again, with or without the channel. Until it has, it may still take an
+// event meant for the home: it then wakes the home, as it does for a
+// worker that cannot poll, so no completion waits for a wake-up nobody
+// sends.
 func (t *Transport) claimLocked(q *queuePair, who uint32) {
+	prev := t.homes.of(q.owner)
 	q.owner = who
 	q.armedFor = false
-	if h := t.homes.of(who); h != nil {
-		h.claim(q)
+	was := prev != nil && prev.watches(q)
+	h := t.homes.of(who)
+	now := h != nil && h.claim(q)
+	if was != now {
+		q.cq.Wake()
+	}
+	if h != nil {
 		return
 	}
 	// q's goroutine may sleep on the channel unarmed (it was a reactor's):
@@ -217,8 +231,11 @@ func (t *Transport) claimLocked(q *queuePair, who uint32) {
 // pollLoop is q's goroutine. While no reactor owns q it is q's reaper: it
 // takes completions in batches and ends tasks; when the queue is empty it
 // spins for PollSpin, then arms the completion channel and sleeps on it.
-// While a reactor owns q it only sleeps on the channel, which that reactor
-// arms before it sleeps, and wakes the reactor when an event comes.
+// While a reactor whose worker cannot poll the channel on its ring owns q,
+// it only sleeps on the channel, which that reactor arms before it sleeps,
+// and wakes the reactor when an event comes. While a reactor that polls
+// the channel itself owns q, it sleeps until woken (adopt, a claim, Close)
+// and leaves the channel to that reactor.
 func (t *Transport) pollLoop(q *queuePair) {
 	defer t.wg.Done()
 	wcs := make([]WorkCompletion, t.cfg.PollBatch)
@@ -251,7 +268,14 @@ func (t *Transport) pollLoop(q *queuePair) {
 				continue
 			}
 		}
-		ok, err := q.cq.Wait()
+		watch := mine
+		if !mine {
+			q.mu.Lock()
+			h := t.homes.of(q.owner)
+			watch = h == nil || !h.watches(q)
+			q.mu.Unlock()
+		}
+		ok, err := q.cq.Wait(watch)
 		if err != nil {
 			t.log.Error("rdma: completion channel failed; stopping the poller", "qp", q.idx, "err", err)
 			return

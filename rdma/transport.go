@@ -46,6 +46,7 @@ type queuePair struct {
 	t    *Transport
 	v    QueuePair
 	cq   CompletionQueue // q's own: its send completions, and nothing else
+	chfd int             // cq's channel (CompletionQueue.Channel), -1: none
 	errs *completionErrors
 
 	pollErrs atomic.Uint32 // ibv_poll_cq failures (the first is logged)
@@ -97,7 +98,9 @@ const seqBits = 48
 // the work it submits and accepts the other's.
 //
 // Goroutines: one per queue pair, which reaps its completion queue when no
-// reactor owns it and otherwise wakes the owner on a completion event, and
+// reactor owns it, wakes the owner on a completion event when the owner
+// cannot poll the channel on its ring, and otherwise only waits to be
+// woken (the owner's worker watches the channel itself), and
 // the reconnector (owns recovery); all start in newTransport and are
 // stopped by Close, which takes every queue pair back from the reactors,
 // fails it, waits for its work to drain, then wakes and joins them.
@@ -148,7 +151,7 @@ func newTransport(name string, cfg Config, log *slog.Logger, addr Addr, cqs []Co
 	}
 	for i, v := range qps {
 		t.qps = append(t.qps, &queuePair{
-			idx: i, t: t, v: v, cq: cqs[i], errs: newCompletionErrors(i),
+			idx: i, t: t, v: v, cq: cqs[i], chfd: cqs[i].Channel(), errs: newCompletionErrors(i),
 			slots: make([]slot, cfg.SendDepth), mask: uint64(cfg.SendDepth - 1),
 			plan: make([]WorkRequest, 0, cfg.SendDepth),
 		})

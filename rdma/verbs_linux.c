@@ -223,7 +223,13 @@ int tc_take_event(struct tc_cq *q) {
 		if (errno == EAGAIN) return 0;
 		return -1;
 	}
-	if (++q->unacked >= 64) { tc_ack_cq_events_p(q->cq, q->unacked); q->unacked = 0; }
+	// The queue pair's goroutine and a reactor worker may both take
+	// events while the queue pair changes hands: the count is atomic.
+	unsigned n = __atomic_add_fetch(&q->unacked, 1, __ATOMIC_RELAXED);
+	if (n >= 64) {
+		unsigned k = __atomic_exchange_n(&q->unacked, 0, __ATOMIC_RELAXED);
+		if (k) tc_ack_cq_events_p(q->cq, k);
+	}
 	return 1;
 }
 

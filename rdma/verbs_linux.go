@@ -431,10 +431,14 @@ func (c *verbsCQ) Arm() error {
 	return nil
 }
 
-func (c *verbsCQ) Wait() (bool, error) {
+func (c *verbsCQ) Wait(channel bool) (bool, error) {
+	fds := c.fds
+	if !channel {
+		fds = c.fds[1:] // the eventfd alone
+	}
 	for {
 		c.fds[0].Revents, c.fds[1].Revents = 0, 0
-		_, err := unix.Poll(c.fds, -1)
+		_, err := unix.Poll(fds, -1)
 		if err == unix.EINTR {
 			continue
 		}
@@ -453,6 +457,27 @@ func (c *verbsCQ) Wait() (bool, error) {
 			return true, nil
 		}
 	}
+}
+
+func (c *verbsCQ) Channel() int { return int(c.fds[0].Fd) }
+
+// maxTake bounds one TakeEvents: an event per arm, and the reaper arms
+// once per sleep, so more than a few are never pending.
+const maxTake = 64
+
+func (c *verbsCQ) TakeEvents() (int, error) {
+	n := 0
+	for n < maxTake {
+		r, err := C.tc_take_event(c.q)
+		if r < 0 {
+			return n, os.NewSyscallError("ibv_get_cq_event", err)
+		}
+		if r == 0 {
+			break
+		}
+		n++
+	}
+	return n, nil
 }
 
 func (c *verbsCQ) Wake() {

@@ -25,9 +25,10 @@
 // IORING_OP_FUTEX_WAIT on the ring, or among the words of futex_waitv; on
 // a ring without IORING_OP_FUTEX_WAIT, a read of the queue's eventfd,
 // which the client writes: see "Doorbells"),
-// its ring's completions, and its own wake-up (a queue attached or
-// detached, the pool stopping, a reaper's completion: the ring's eventfd,
-// or the worker's own futex word). Before it sleeps it asks every queue for its doorbell
+// its ring's completions, its reapers' completion channels (polled on the
+// ring, see "Reapers"), and its own wake-up (a queue attached or
+// detached, the pool stopping, a reaper's completion on an own-thread
+// worker: the ring's eventfd, or the worker's own futex word). Before it sleeps it asks every queue for its doorbell
 // (Queue.Doorbell), which sets the queue's NEED_WAKEUP flag and re-checks,
 // as queue/doc.go says: a client that submits after the check sees the
 // flag, changes the word and wakes the wait; one that submitted before is
@@ -53,10 +54,16 @@
 // A transport whose requests the worker posts and whose completions the
 // worker reaps itself (the rdma transport's Homes) gives the worker a
 // Reaper (AddReaper): the worker runs its Reap after every pass, and asks
-// its Sleep before it sleeps, which arms the reaper's wake-up (it calls the
-// worker's wake) or keeps the worker polling a little longer. A stopping
-// worker stops its reapers, which hand what they had in flight back to
-// their transports.
+// its Sleep before it sleeps, which arms the reaper's wake-up or keeps the
+// worker polling a little longer. A hosted worker lends its reapers its
+// ring (ReaperWaits): a reaper arms a one-shot poll of its completion
+// channel there, so that a completion ends the worker's one sleep like a
+// doorbell does, and the poll's end comes back to the reaper's Fired with
+// its own token (a token's top bit says "a reaper's", the next seven
+// which one, so a worker serves fewer than 32767 queues and has at most
+// 128 reapers). An own-thread worker lends none: its reapers' transports
+// then call the wake-up Bind gave. A stopping worker stops its reapers,
+// which hand what they had in flight back to their transports.
 //
 // # Assignment
 //

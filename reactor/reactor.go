@@ -301,12 +301,15 @@ type Worker struct {
 	// changed says adds or drops wait for the worker's next pass.
 	changed atomic.Bool
 
-	// addReapers wait for the worker's next pass (AddReaper, reap.go).
+	// addReapers wait for the worker's next pass (AddReaper, reap.go);
+	// nReapers counts them with those taken.
 	addReapers []Reaper
+	nReapers   int
 
 	// Owned by the worker's thread.
 	queues  []*served
 	reapers []Reaper
+	rwaits  []*reaperWaits // reapers[i]'s tokens on the ring
 	// free are slots of served that fired the futex waits of queues gone.
 	slots  []*served
 	free   []uint16
@@ -348,6 +351,10 @@ type served struct {
 	took bool
 }
 
+// maxQueues bounds the queues one worker serves: a queue's token (slot and
+// generation) then never carries reaperTag.
+const maxQueues = 1<<15 - 1
+
 // token is the armed wait's token: slot and generation.
 func (s *served) token() uint32 { return uint32(s.slot)<<16 | uint32(s.gen) }
 
@@ -360,6 +367,10 @@ func (w *Worker) attach(q Queue) error {
 	if w.stopped {
 		w.mu.Unlock()
 		return fmt.Errorf("%w: worker %d", ErrStopped, w.id)
+	}
+	if w.attached >= maxQueues {
+		w.mu.Unlock()
+		return fmt.Errorf("%w: worker %d serves %d queues already", ErrConfig, w.id, maxQueues)
 	}
 	w.adds = append(w.adds, q)
 	w.attached++
@@ -457,7 +468,7 @@ func (w *Worker) Sleep(ws uring.Waits) bool {
 	for len(w.cancels) > 0 && ws.CancelWait(w.cancels[len(w.cancels)-1]) {
 		w.cancels = w.cancels[:len(w.cancels)-1]
 	}
-	if w.changed.Load() || !w.reapersSleep() {
+	if w.changed.Load() || !w.reapersSleep(ws) {
 		return false
 	}
 	w.sleepy = w.sleepy[:0]
@@ -553,6 +564,10 @@ func (w *Worker) Awake() {
 // instead) would fail at every sleep: that queue's doorbell is not waited
 // on again, and the worker looks at the queue every millisecond.
 func (w *Worker) Fired(token uint32, res int32) {
+	if token&reaperTag != 0 {
+		w.reaperFired(token, res)
+		return
+	}
 	slot, gen := token>>16, uint16(token)
 	if int(slot) >= len(w.slots) || w.slots[slot].gen != gen {
 		return

@@ -91,6 +91,13 @@ func (t *thread) FDWait(fd int, token uint32) {
 	t.soon = true
 }
 
+// PollWait implements uring.Waits: an own-thread worker has no ring to poll
+// with (its reapers are given none, see Reaper); the sleep is bounded.
+func (t *thread) PollWait(fd int, token uint32) {
+	t.tokens = append(t.tokens, token)
+	t.soon = true
+}
+
 // CancelWait implements uring.Waits: nothing stays armed across this
 // thread's sleeps.
 func (t *thread) CancelWait(uint32) bool { return true }

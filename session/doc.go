@@ -59,15 +59,25 @@
 //
 // A client's READ of a pool range into its own buffer, submitted through
 // a queue, is handled by four packages, client, queue, session and xfer
-// (five with a transport of its own package: uring for a file, tcp or rdma
-// for a peer's segment). The reactor's worker loop runs the session's pass
-// on its thread and holds no part of the request, and three leaves hold
-// none either: shm (the mappings' memory and references), faultcopy (the
-// copy) and status (its code). The session resolves the request before
-// the engine has it, and the engine's end goes to the queue; nothing calls
-// back into the session: the engine holds and drops the pool range in the
-// session's blocks, an xfer.Blocks (through an xfer.PoolView), and the
-// segments' references are shm's. None of it lands in control or daemon.
+// (five with a transport of its own package: uring for a file, tcp for a
+// peer's segment; a peer's segment over RDMA is six, rdma/link handing
+// the task to rdma). The worker's thread runs the session's pass and holds
+// no part of the request: reactor's loop, itself a guest of uring's poller
+// where the daemon has io_uring. Three leaves hold none either and return
+// at once: shm (the mappings' memory and references), faultcopy (the
+// copy) and status (its code); a peer's target is routed by peer/plane
+// and rdma/link (Route), which return the transport. The session resolves
+// the request before the engine has it, and the engine's end goes to the
+// queue; nothing calls back into the session: the engine holds and drops
+// the pool range in the session's blocks, an xfer.Blocks (through an
+// xfer.PoolView), and the segments' references are shm's. None of it
+// lands in control or daemon. On the stack of the transport's Submit the
+// packages are, outermost first, [uring,] reactor, session, xfer, each
+// entered once (control's TestQueueReadPath); the end goes on down, xfer
+// to queue, on whichever goroutine ends the task (the worker's own, for
+// an inline copy or a file read its ring completed). A file's transport
+// is the worker's own ring, so on a hosted worker uring is met twice: as
+// the loop the thread runs in, and as the transport it submits to.
 //
 //  1. client, queue: the client writes the SQE into the submission ring
 //     and, if the worker sleeps, wakes it (queue/doc.go has the wake-up

@@ -3,6 +3,7 @@ package session
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -174,6 +175,70 @@ func (c *Session) storeCodes(n int) []store.Code {
 	return c.st.codes
 }
 
+// partMin is the fewest bytes a part of a cut socket put or read moves
+// (inParts): a goroutine's start and the wait for it cost microseconds, a
+// part's copy at least a hundred.
+const partMin = 4 << 20
+
+// maxParts bounds the goroutines one call is cut among.
+const maxParts = 4
+
+// inParts runs fn over the keys of a copying call whose memory is mem
+// (the values of a put, the destinations of a read), cut by bytes into
+// consecutive ranges [lo, hi) of at least partMin bytes each, one per
+// processor the runtime runs (at most maxParts): the first on this
+// goroutine, the others on goroutines of their own that it waits for, so
+// that one large call's copies run on every core (a socket call holds its
+// connection's serving goroutine until it is answered). Each range is a
+// call of its own to the store, its results in place in the call's
+// slices. The first error of a range is returned.
+func (c *Session) inParts(mem [][]byte, fn func(lo, hi int) error) error {
+	var total uint64
+	for _, b := range mem {
+		total += uint64(len(b))
+	}
+	parts := min(runtime.GOMAXPROCS(0), maxParts, int(total/partMin), len(mem))
+	if parts <= 1 {
+		return fn(0, len(mem))
+	}
+	// Cut points: the key at which each part's share of the bytes is
+	// reached.
+	var cuts [maxParts + 1]int
+	cuts[parts] = len(mem)
+	var sum uint64
+	p := 1
+	for i, b := range mem {
+		if p < parts && sum >= total*uint64(p)/uint64(parts) {
+			cuts[p] = i
+			p++
+		}
+		sum += uint64(len(b))
+	}
+	for ; p < parts; p++ {
+		cuts[p] = len(mem)
+	}
+	var errs [maxParts]error
+	var wg sync.WaitGroup
+	for k := 1; k < parts; k++ {
+		if cuts[k] == cuts[k+1] {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[k] = fn(cuts[k], cuts[k+1])
+		}()
+	}
+	errs[0] = fn(0, cuts[1])
+	wg.Wait()
+	for _, err := range errs[:parts] {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // StorePut puts keys with values copied from the session's memory;
 // replicas, when not 0, is the call's copies across hosts (the request
 // context's).
@@ -184,8 +249,12 @@ func (c *Session) StorePut(m *wire.StorePutRequest, r *wire.Response, replicas u
 	}
 	c.resolveExtents(m.Keys, m.Values)
 	defer c.releaseHeld()
-	_, err = ss.PutCopies(c.st.keys, c.st.vals, m.Durable, int(replicas), c.st.codes, nil, nil, 0)
-	if err = c.storeErr(err); err != nil {
+	keys, vals, codes := c.st.keys, c.st.vals, c.st.codes
+	err = c.inParts(vals, func(lo, hi int) error {
+		_, err := ss.PutCopies(keys[lo:hi], vals[lo:hi], m.Durable, int(replicas), codes[lo:hi], nil, nil, 0)
+		return c.storeErr(err)
+	})
+	if err != nil {
 		return err
 	}
 	wire.SetResponse[wire.StorePutResponse](r).Codes = c.scatter()
@@ -200,8 +269,12 @@ func (c *Session) StoreRead(m *wire.StoreReadRequest, r *wire.Response) error {
 	}
 	c.resolveExtents(m.Keys, m.Dests)
 	defer c.releaseHeld()
-	_, err = kv.Read(c.st.keys, c.st.vals, c.st.lens, c.st.codes, nil, nil, 0)
-	if err = c.storeErr(err); err != nil {
+	keys, dsts, lens, codes := c.st.keys, c.st.vals, c.st.lens, c.st.codes
+	err = c.inParts(dsts, func(lo, hi int) error {
+		_, err := kv.Read(keys[lo:hi], dsts[lo:hi], lens[lo:hi], codes[lo:hi], nil, nil, 0)
+		return c.storeErr(err)
+	})
+	if err != nil {
 		return err
 	}
 	n := len(m.Keys)

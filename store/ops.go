@@ -835,9 +835,13 @@ func (s *Store) dropReserved(r ref) error {
 }
 
 // copyGuarded copies src to dst, turning a fault (memory a client unmapped
-// or truncated under the copy) into ErrFault.
+// or truncated under the copy) into ErrFault. Every copy here is between
+// the pool and a client's memory, and neither side reads the bytes soon (a
+// value put waits for its readers, a value read lands in a client's buffer
+// that an engine hands to a device): large copies bypass the caches
+// (faultcopy.Stream).
 func copyGuarded(dst, src []byte) error {
-	if !faultcopy.Guarded(dst, src) {
+	if !faultcopy.GuardedStream(dst, src) {
 		return ErrFault
 	}
 	return nil

@@ -24,7 +24,8 @@ type Guest interface {
 	Awake()
 	// Fired reports that the wait armed with token ended, with the
 	// kernel's result res (a futex wait: 0 woken, -EAGAIN the word no
-	// longer held the value; an eventfd read: 8, or a negative errno): it
+	// longer held the value; an eventfd read: 8, or a negative errno; a
+	// poll: its revents, or a negative errno): it
 	// is no longer armed. A wait that could not be armed fires with 0
 	// when its sleep ends.
 	Fired(token uint32, res int32)
@@ -51,6 +52,15 @@ type Waits interface {
 	// the SQ full the sleep is bounded instead. The read holds its own
 	// reference to the file: fd may be closed while it is armed.
 	FDWait(fd int, token uint32)
+	// PollWait arms a one-shot poll of fd for POLLIN (an RDMA completion
+	// channel): fd becoming readable, or being readable already, ends the
+	// sleep and reports token to Guest.Fired with the poll's revents (or
+	// a negative errno). Nothing is read: the guest takes what made fd
+	// readable itself, or the next poll fires at once. It stays armed
+	// across sleeps until it fires, as FDWait's, and holds its own
+	// reference to the file; with the SQ full the sleep is bounded
+	// instead.
+	PollWait(fd int, token uint32)
 	// CancelWait cancels the wait armed with token, if it is still in the
 	// kernel (its Fired then comes with -ECANCELED, or with its own
 	// result if it fired first). It reports false when no SQE was free:

@@ -654,6 +654,22 @@ func (r *ring) FDWait(fd int, token uint32) {
 	r.futexes++
 }
 
+// PollWait implements Waits for the ring's guest (poller only): a one-shot
+// IORING_OP_POLL_ADD of fd for POLLIN, whose CQE carries token as a futex
+// wait's does (its result is the revents, or a negative errno).
+func (r *ring) PollWait(fd int, token uint32) {
+	e := r.raw.getSQE()
+	if e == nil {
+		r.unarm(token)
+		return
+	}
+	e.opcode = opPollAdd
+	e.fd = int32(fd)
+	e.opFlags = unix.POLLIN // poll32_events
+	e.userData = udFutex | uint64(token)
+	r.futexes++
+}
+
 // CancelWait implements Waits (poller only): an IORING_OP_ASYNC_CANCEL of
 // the wait armed with token.
 func (r *ring) CancelWait(token uint32) bool {

@@ -56,6 +56,7 @@ const (
 	opNop         = 0
 	opReadFixed   = 4
 	opWriteFixed  = 5
+	opPollAdd     = 6
 	opAsyncCancel = 14
 	opRead        = 22
 	opWrite       = 23

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
@@ -280,9 +281,34 @@ func TestChartDefaults(t *testing.T) {
 			t.Errorf("host port %d with peers off", p.HostPort)
 		}
 	}
-	// pool 4Gi + 512Mi for the daemon, as memory without hugepages.
+	// pool 4Gi + 512Mi for the daemon, as memory without hugepages; no
+	// hugepages, no RDMA device (peers use tcp).
 	if q := c.Resources.Requests[corev1.ResourceMemory]; q.String() != "4608Mi" {
 		t.Errorf("memory request %s, want 4608Mi", q.String())
+	}
+	for _, rl := range []corev1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
+		for name := range rl {
+			if strings.HasPrefix(string(name), "hugepages-") || strings.HasPrefix(string(name), "rdma/") {
+				t.Errorf("resource %s by default", name)
+			}
+		}
+	}
+	// One daemon per GPU node: the GPU nodes' label and taint.
+	spec := r.ds.Spec.Template.Spec
+	if spec.NodeSelector["nvidia.com/gpu.present"] != "true" {
+		t.Errorf("node selector %v, want GPU nodes (nvidia.com/gpu.present=true)", spec.NodeSelector)
+	}
+	if !slices.ContainsFunc(spec.Tolerations, func(tl corev1.Toleration) bool {
+		return tl.Key == "nvidia.com/gpu" && tl.Operator == corev1.TolerationOpExists && tl.Effect == corev1.TaintEffectNoSchedule
+	}) {
+		t.Errorf("tolerations %v, want the GPU nodes' taint nvidia.com/gpu tolerated", spec.Tolerations)
+	}
+	// The daemon's uid and gid: the socket is created with its group.
+	if sc := spec.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.RunAsGroup == nil || *sc.RunAsGroup != 2000 {
+		t.Errorf("pod security context %+v, want the daemon's uid 0 and gid 2000", sc)
+	}
+	if r.config["socket_mode"] != "0660" {
+		t.Errorf("socket_mode %v, want 0660 (the group may connect)", r.config["socket_mode"])
 	}
 	if r.config["pool_size"] != "4096MiB" {
 		t.Errorf("pool_size %v, want 4096MiB", r.config["pool_size"])
@@ -429,6 +455,14 @@ func TestChartAllOptions(t *testing.T) {
 		if q, ok := c.Resources.Limits[res]; !ok || q.String() != want {
 			t.Errorf("limit %s = %s, want %s", res, q.String(), want)
 		}
+		// Kubernetes wants hugepages and extended resources requested
+		// as they are limited.
+		if q := c.Resources.Requests[res]; res != corev1.ResourceCPU && q.String() != want {
+			t.Errorf("request %s = %s, want %s as its limit", res, q.String(), want)
+		}
+	}
+	if eps, _ := r.config["etcd_endpoints"].([]any); len(eps) != 3 || eps[0] != "https://etcd-0.etcd:2379" || r.config["etcd_prefix"] != "/tc/" {
+		t.Errorf("etcd_endpoints %v, etcd_prefix %v; want the values' three endpoints and /tc/", r.config["etcd_endpoints"], r.config["etcd_prefix"])
 	}
 	var peerPort int32
 	for _, p := range c.Ports {
@@ -582,5 +616,330 @@ func TestChartRefuses(t *testing.T) {
 	problems, err := config.CheckFile(p)
 	if err != nil || len(problems) != 1 || problems[0].Key != "pool_sise" {
 		t.Errorf("config check of an unknown key: %v %v", problems, err)
+	}
+}
+
+// daemonKeys returns every top-level key of the daemon's config file (the
+// toml tags of config.Config, its embedded key groups included) with the
+// field's type.
+func daemonKeys(t reflect.Type) map[string]reflect.Type {
+	keys := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			maps.Copy(keys, daemonKeys(f.Type))
+			continue
+		}
+		if tag := f.Tag.Get("toml"); tag != "" && tag != "-" && f.IsExported() {
+			keys[tag] = f.Type
+		}
+	}
+	return keys
+}
+
+// chartKeys are the daemon's keys the chart sets from its own values (the
+// pod's layout), and how: each is set in the all-options render (the
+// first) or comes from the pod's environment (the second). Every other
+// key passes through config: untouched.
+var chartKeys = map[string]string{
+	"socket":           "socketDir",
+	"data_dir":         "dataDir",
+	"pool_size":        "pool.size",
+	"metrics_address":  "metrics.port",
+	"peer_listen":      "peers.port",
+	"cluster_key_file": "peers.existingSecret or peers.clusterKey",
+	"directory":        "etcd.enabled",
+	"etcd_endpoints":   "etcd.endpoints",
+	"etcd_prefix":      "etcd.prefix",
+	"etcd_ca_file":     "etcd.tlsSecret",
+	"etcd_cert_file":   "etcd.tlsSecret",
+	"etcd_key_file":    "etcd.tlsSecret",
+	"ebpf":             "ebpf.enabled",
+	"rdma":             "rdma.enabled",
+	"store_handoff":    "handoff.enabled",
+	"daemon_id":        "env TENSORCAST_DAEMON_ID",
+	"peer_advertise":   "env TENSORCAST_PEER_ADVERTISE",
+}
+
+// tableSamples are valid entries of the daemon's lists of tables, one key
+// each of the entry's type: TestChartReachesEveryConfigKey fails when the
+// daemon's entry type gains a key that is not here.
+var tableSamples = map[string]map[string]any{
+	"tenants": {"name": "team-c", "uids": []any{4001}, "gids": []any{4000}, "pool_size": "1GiB", "allowed_files": []any{"/mnt/nvme2"}},
+	"peers":   {"id": "node-b", "addr": "10.0.0.2:7471"},
+}
+
+// sampleValue is a valid value of key for a values file: its default,
+// written as the config file writes it (sizes and durations as their
+// text, modes in octal).
+func sampleValue(t *testing.T, key string, def reflect.Value) any {
+	t.Helper()
+	switch v := def.Interface().(type) {
+	case config.FileMode:
+		return fmt.Sprintf("%04o", uint32(v))
+	case fmt.Stringer:
+		return v.String()
+	}
+	switch def.Kind() {
+	case reflect.String, reflect.Bool:
+		return def.Interface()
+	case reflect.Int, reflect.Int64, reflect.Uint32, reflect.Uint64:
+		return def.Convert(reflect.TypeFor[int64]()).Interface()
+	case reflect.Float64:
+		return def.Float()
+	case reflect.Slice:
+		out := []any{}
+		for i := range def.Len() {
+			out = append(out, sampleValue(t, key, def.Index(i)))
+		}
+		if len(out) == 0 {
+			// An empty list says nothing: one element of the type.
+			switch def.Type().Elem().Kind() {
+			case reflect.String:
+				out = append(out, "/mnt/sample")
+			case reflect.Uint32:
+				// An id of its own per key: allowed and denied differ.
+				out = append(out, int64(4000+len(key)))
+			default:
+				t.Fatalf("config key %s: no sample for a list of %s", key, def.Type().Elem())
+			}
+		}
+		return out
+	}
+	t.Fatalf("config key %s: no sample for a %s; teach sampleValue", key, def.Type())
+	return nil
+}
+
+// sameValue compares a value written into the values with what the
+// rendered config file holds for it, after YAML, helm and TOML (numbers
+// become float64 in helm and int64 in TOML). A list must hold every
+// element given: the chart adds to some (allowed_gids gets daemon.gid).
+func sameValue(want, got any) bool {
+	w, g := normalize(want), normalize(got)
+	if wl, ok := w.([]any); ok {
+		gl, ok := g.([]any)
+		if !ok {
+			return false
+		}
+		for _, e := range wl {
+			if !slices.ContainsFunc(gl, func(x any) bool { return fmt.Sprint(x) == fmt.Sprint(e) }) {
+				return false
+			}
+		}
+		return true
+	}
+	return fmt.Sprint(w) == fmt.Sprint(g)
+}
+
+func normalize(v any) any {
+	switch x := v.(type) {
+	case int64:
+		return float64(x)
+	case int:
+		return float64(x)
+	case []any:
+		out := make([]any, len(x))
+		for i := range x {
+			out[i] = normalize(x[i])
+		}
+		return out
+	case []map[string]any:
+		out := make([]any, len(x))
+		for i := range x {
+			out[i] = normalize(x[i])
+		}
+		return out
+	case map[string]any:
+		out := map[string]any{}
+		for k, e := range x {
+			out[k] = normalize(e)
+		}
+		return out
+	}
+	return v
+}
+
+// TestChartReachesEveryConfigKey: every key of the daemon's config
+// (enumerated from config.Config, so a key added to the daemon is
+// checked without touching this test) reaches the rendered config file:
+// either the chart sets it from its values (chartKeys, rendered with every
+// option on) or from the pod's environment, or it passes through config:
+// with the value given, the lists of tables ([[tenants]], [[peers]]) with
+// every key of their entries; and the daemon's check accepts the result.
+func TestChartReachesEveryConfigKey(t *testing.T) {
+	keys := daemonKeys(reflect.TypeFor[config.Config]())
+	if len(keys) < 50 {
+		t.Fatalf("only %d keys found in config.Config", len(keys))
+	}
+	for k := range chartKeys {
+		if _, ok := keys[k]; !ok {
+			t.Errorf("chartKeys names %s, which is not a key of the daemon", k)
+		}
+	}
+
+	// The chart's own keys: set with every option on, or from the
+	// environment.
+	all := render(t, allOptions)
+	env := map[string]bool{}
+	for _, e := range all.container(t).Env {
+		env[e.Name] = true
+	}
+	for k, how := range chartKeys {
+		if name, ok := strings.CutPrefix(how, "env "); ok {
+			if !env[name] {
+				t.Errorf("%s: the chart should set it from the environment (%s), and does not", k, name)
+			}
+			continue
+		}
+		if _, ok := all.config[k]; !ok {
+			t.Errorf("%s: not in the config rendered with every option on (it should come from %s)", k, how)
+		}
+	}
+
+	// The chart's keys may not be repeated under config: (the chart
+	// would silently win), and its README names each.
+	h := helm(t)
+	readme, err := os.ReadFile(filepath.Join(chartDir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned := filepath.Join(t.TempDir(), "owned.yaml")
+	for k := range chartKeys {
+		if !strings.Contains(string(readme), "`"+k+"`") && !(strings.HasPrefix(k, "etcd_") && strings.Contains(string(readme), "`etcd_*`")) {
+			t.Errorf("the chart's README does not name %s among the keys the chart sets", k)
+		}
+		if err := os.WriteFile(owned, []byte("config:\n  "+k+": x\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run(t, h, "template", "tc", chartDir, "--values", owned); err == nil || !strings.Contains(err.Error(), "config."+k+" is set by the chart") {
+			t.Errorf("config.%s rendered beside the chart's own: %v", k, err)
+		}
+	}
+
+	// Every other key through config:, each with a valid value: its
+	// default, which the daemon's check accepts.
+	defs := reflect.ValueOf(config.Defaults())
+	sample := map[string]any{}
+	for k := range keys {
+		if _, owned := chartKeys[k]; owned {
+			continue
+		}
+		if sub, ok := tableSamples[k]; ok {
+			entry := keys[k].Elem()
+			if entry.Kind() != reflect.Struct {
+				t.Fatalf("config key %s: a list of %s, not of tables", k, entry)
+			}
+			for ek := range daemonKeys(entry) {
+				if _, ok := sub[ek]; !ok {
+					t.Errorf("[[%s]] has a key %s that tableSamples lacks: add a valid value for it", k, ek)
+				}
+			}
+			continue // rendered beside the peers of all-options, below
+		}
+		sample[k] = sampleValue(t, k, fieldByTag(defs, k))
+	}
+	if t.Failed() {
+		return
+	}
+	dir := t.TempDir()
+	writeValues := func(name string, v map[string]any) string {
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	check := func(r rendered, want map[string]any) {
+		t.Helper()
+		for k, v := range want {
+			got, ok := r.config[k]
+			if !ok {
+				t.Errorf("config.%s = %v does not reach the rendered config", k, v)
+				continue
+			}
+			if !sameValue(v, got) {
+				t.Errorf("config.%s = %v renders as %v", k, v, got)
+			}
+		}
+	}
+	r := render(t, writeValues("every-key.yaml", map[string]any{"config": sample}))
+	check(r, sample)
+
+	// The lists of tables need peers (and no allowed_gids beside
+	// tenants): on top of every option.
+	tables := map[string]any{}
+	for k, s := range tableSamples {
+		tables[k] = []any{s}
+	}
+	r = render(t, allOptions, writeValues("tables.yaml", map[string]any{"config": tables}))
+	check(r, tables)
+}
+
+// fieldByTag is the field of the config struct v tagged toml:"key",
+// looking into its embedded key groups.
+func fieldByTag(v reflect.Value, key string) reflect.Value {
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			if fv := fieldByTag(v.Field(i), key); fv.IsValid() {
+				return fv
+			}
+			continue
+		}
+		if f.Tag.Get("toml") == key {
+			return v.Field(i)
+		}
+	}
+	return reflect.Value{}
+}
+
+// TestChartTenantPools: with [[tenants]] the pods request the pools the
+// daemon makes, one per tenant (its pool_size, else pool.size), and a
+// tenant's pool_size the chart cannot read is refused.
+func TestChartTenantPools(t *testing.T) {
+	dir := t.TempDir()
+	values := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tenants := `pool:
+  size: 2Gi
+config:
+  tenants:
+    - name: a
+      gids: [3000]
+      pool_size: 3GiB
+    - name: b
+      gids: [3001]
+    - name: c
+      gids: [3002]
+      pool_size: 512m
+    - name: d
+      gids: [3003]
+      pool_size: 8388608
+`
+	// 3072 + 2048 (pool.size) + 512 + 8 MiB of pools, and 512Mi for the daemon.
+	r := render(t, values("tenants.yaml", tenants))
+	c := r.container(t)
+	if q := c.Resources.Requests[corev1.ResourceMemory]; q.String() != "6152Mi" {
+		t.Errorf("memory request %s with the tenants' pools, want 6152Mi", q.String())
+	}
+	r = render(t, values("tenants", tenants), values("hugepages.yaml", "hugepages:\n  enabled: true\n"))
+	c = r.container(t)
+	if q := c.Resources.Limits["hugepages-2Mi"]; q.String() != "5640Mi" {
+		t.Errorf("hugepages-2Mi %s with the tenants' pools, want 5640Mi", q.String())
+	}
+	h := helm(t)
+	bad := values("bad.yaml", "config:\n  tenants:\n    - name: a\n      gids: [3000]\n      pool_size: 3 GB\n")
+	if _, err := run(t, h, "template", "tc", chartDir, "--values", bad); err == nil || !strings.Contains(err.Error(), `config.tenants a pool_size "3 GB"`) {
+		t.Errorf("a tenant's pool_size of 3 GB rendered: %v", err)
 	}
 }

@@ -8,6 +8,7 @@ package faultcopy
 import (
 	"runtime/debug"
 	"sync/atomic"
+	"unsafe"
 )
 
 // faults counts the faults caught since the process started.
@@ -32,6 +33,42 @@ func Guarded(dst, src []byte) bool {
 	old := debug.SetPanicOnFault(true)
 	defer debug.SetPanicOnFault(old)
 	return Copy(dst, src)
+}
+
+// streamMin is the shortest copy Stream makes with non-temporal stores:
+// below it the destination's cache lines cost little, above it reading
+// them in before writing them (what ordinary stores do) is a third of the
+// copy's memory traffic.
+const streamMin = 64 << 10
+
+// Stream is Copy for a destination that is not read again soon (a value
+// put in the store's pool, a page read into an engine's host pool that the
+// GPU copies from): its aligned bulk is written with non-temporal stores
+// where the CPU has them, the rest by copy. dst and src have the same
+// length; overlapping slices are copied by copy.
+func Stream(dst, src []byte) (ok bool) {
+	defer catch(&ok)
+	if len(dst) != len(src) || overlap(dst, src) {
+		copy(dst, src)
+		return true
+	}
+	stream(dst, src)
+	return true
+}
+
+// GuardedStream is Stream on a goroutine without SetPanicOnFault on.
+func GuardedStream(dst, src []byte) bool {
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	return Stream(dst, src)
+}
+
+func overlap(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	pa, pb := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return pa < pb+uintptr(len(b)) && pb < pa+uintptr(len(a))
 }
 
 // Call runs fn(arg) with SetPanicOnFault on and reports false when fn

@@ -3,6 +3,7 @@ package faultcopy
 import (
 	"bytes"
 	"runtime/debug"
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -108,4 +109,59 @@ func TestCallAndFaults(t *testing.T) {
 		}()
 		Call(func(string) { panic("not a fault") }, "")
 	}()
+}
+
+func TestStream(t *testing.T) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	src := make([]byte, 2<<20)
+	for i := range src {
+		src[i] = byte(i*7 + i>>8)
+	}
+	dst := make([]byte, len(src)+64)
+	for _, n := range []int{0, 1, 127, 128, streamMin - 1, streamMin, streamMin + 1, streamMin + 77, 1<<20 + 13} {
+		for _, d := range []int{0, 1, 31, 32, 33} {
+			for _, s := range []int{0, 5} {
+				clear(dst)
+				if !Stream(dst[d:d+n], src[s:s+n]) {
+					t.Fatalf("n=%d dst+%d src+%d: a fault reported on mapped memory", n, d, s)
+				}
+				if !bytes.Equal(dst[d:d+n], src[s:s+n]) {
+					t.Fatalf("n=%d dst+%d src+%d: the copy differs from its source", n, d, s)
+				}
+				if slices.ContainsFunc(dst[:d], func(b byte) bool { return b != 0 }) ||
+					slices.ContainsFunc(dst[d+n:], func(b byte) bool { return b != 0 }) {
+					t.Fatalf("n=%d dst+%d src+%d: bytes written outside the destination", n, d, s)
+				}
+			}
+		}
+	}
+	// Overlapping slices are moved as copy moves them.
+	buf := slices.Clone(src[:1<<20])
+	want := slices.Clone(buf)
+	copy(want[100:], want[:len(want)-100])
+	if !Stream(buf[100:], buf[:len(buf)-100]) || !bytes.Equal(buf, want) {
+		t.Fatal("an overlapping copy differs from copy's")
+	}
+}
+
+func TestStreamFault(t *testing.T) {
+	const size = 1 << 20 // a streaming copy's size
+	mem := shrunk(t, size)
+	buf := make([]byte, size/2)
+	before := Faults()
+	if !GuardedStream(buf, mem[:size/2]) || !bytes.Equal(buf, mem[:size/2]) {
+		t.Fatal("a streaming copy of mapped memory failed")
+	}
+	if GuardedStream(buf, mem[size/4:size/4+size/2]) {
+		t.Fatal("a streaming read past the truncated end reported no fault")
+	}
+	if GuardedStream(mem[size/4:size/4+size/2], buf) {
+		t.Fatal("a streaming write past the truncated end reported no fault")
+	}
+	if got := Faults() - before; got != 2 {
+		t.Fatalf("Faults went up by %d, want 2", got)
+	}
+	if debug.SetPanicOnFault(false) {
+		t.Fatal("GuardedStream left SetPanicOnFault on")
+	}
 }

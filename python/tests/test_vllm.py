@@ -609,6 +609,42 @@ class TestWithoutVLLM(_Generation, unittest.TestCase):
         m.complete_load(keys, req)
         self.assertEqual([self.state(m, k, req) for k in keys], ["miss", "hit"])
 
+    @unittest.skipUnless(torch is not None and torch.cuda.is_available(),
+                         "no CUDA device (torch.cuda.is_available() is False): the handlers' CUDA path is not run")
+    def test_cuda_blocks_both_ways_on_the_handlers_stream(self) -> None:
+        # The worker's KV caches on the GPU: the pool mapping is registered
+        # with the CUDA runtime (page-locked, so the copies are DMA), a job
+        # runs on the handlers' own stream and is finished when its event
+        # has passed.
+        tv = self.tv
+        from tensorcast.integrations import vllm_worker
+
+        block = tv.block_layout(*configs(self.daemon.socket))
+        lg = quiet_logger("test.vllm.cuda")
+        m = tv.TensorcastOffloadingManager(block.value_bytes, fingerprint=block.fingerprint,
+                                           socket=self.daemon.socket, retry_interval=0, logger=lg)
+        self.addCleanup(m.close)
+        caches = {k: t.cuda() for k, t in kv_caches(0).items()}
+        h = vllm_worker.Handlers(caches, block, socket=self.daemon.socket, retry_interval=0, logger=lg)
+        self.addCleanup(h.shutdown)
+        self.assertTrue(h.cuda)
+        keys, req = self.keys(2, 9), self.req("r9")
+        _, spec = self.prepare_store(m, keys, req)
+        self.assertTrue(h.store.transfer_async(1, (self.gpu([0, 1, 2, 3]), spec)))
+        h.store.wait({1})
+        self.assertEqual(h.store.get_finished(), [(1, True)])
+        self.assertIsNotNone(h._registered)  # cudaHostRegister took the pool
+        self.complete_store(m, keys, req)
+        for t in caches.values():
+            t[:, 8:12].zero_()
+        load = m.prepare_load(keys, req)
+        self.assertTrue(h.load.transfer_async(2, (load, self.gpu([8, 9, 10, 11]))))
+        h.load.wait({2})
+        self.assertEqual(h.load.get_finished(), [(2, True)])
+        host = {k: t.cpu() for k, t in caches.items()}
+        self.assertEqual(blocks(host, [8, 9, 10, 11]), blocks(host, [0, 1, 2, 3]))
+        m.complete_load(keys, req)
+
     def test_failed_store_is_given_back(self) -> None:
         e = Engine(self.tv, self.GEN, self.daemon.socket, world=1)
         self.addCleanup(e.close)

@@ -1,6 +1,7 @@
 package link
 
 import (
+	"runtime/metrics"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 // segments) to the owner's answer, allocates nothing once warm: the link's note
 // is reused, the WRITE is posted without a slice, and the notification
 // goes in the tcp node's pooled notification frame, with no goroutine of
-// its own. Both daemons run in this process, so the owner's side counts
+// its own (the runtime's count of goroutines created stays put). Both daemons run in this process, so the owner's side counts
 // too; its delivery here is a counter (the export table's copies the
 // payload for its subscribers, which is the owner's business).
 func TestNotifiedWriteAllocations(t *testing.T) {
@@ -56,8 +57,16 @@ func TestNotifiedWriteAllocations(t *testing.T) {
 	for range 50 { // warm the notes and the tcp node's pools
 		write()
 	}
+	created := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(created)
+	goroutinesBefore := created[0].Value.Uint64()
 	allocs := testing.AllocsPerRun(200, write)
-	t.Logf("%.2f allocations per notified WRITE (whole process, both daemons)", allocs)
+	metrics.Read(created)
+	started := created[0].Value.Uint64() - goroutinesBefore
+	t.Logf("%.2f allocations per notified WRITE, %d goroutines started in 201 of them (whole process, both daemons)", allocs, started)
+	if started != 0 {
+		t.Errorf("%d goroutines started during 201 notified WRITEs, want none", started)
+	}
 	limit := 0.0
 	if invariants.RaceEnabled {
 		limit = 4

@@ -29,8 +29,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -201,9 +204,25 @@ func (d *Device) NewTransport() (*rdma.Transport, error) {
 	d.transports++
 	qps := make([]rdma.QueuePair, d.cfg.QPs)
 	cqs := make([]rdma.CompletionQueue, d.cfg.QPs)
+	destroy := func() {
+		for _, c := range cqs {
+			if c != nil {
+				_ = c.Destroy()
+			}
+		}
+	}
 	for i := range qps {
+		cq, err := newCompletionQueue(f)
+		if err != nil {
+			for _, q := range qps[:i] {
+				delete(d.qps, q.(*queuePair))
+			}
+			d.transports--
+			f.mu.Unlock()
+			destroy()
+			return nil, err
+		}
 		f.nextQPN++
-		cq := &completionQueue{f: f, event: make(chan struct{}, 1), woken: make(chan struct{}, 1)}
 		q := &queuePair{d: d, cq: cq, num: f.nextQPN, buf: make([]rdma.WorkRequest, d.cfg.SendDepth)}
 		d.qps[q] = struct{}{}
 		qps[i], cqs[i] = q, cq
@@ -216,6 +235,12 @@ func (d *Device) NewTransport() (*rdma.Transport, error) {
 	}
 	t, err := rdma.NewTransport(d.cfg, d.log, d.addr, cqs, qps, release)
 	if err != nil {
+		f.mu.Lock()
+		for _, q := range qps {
+			delete(d.qps, q.(*queuePair))
+		}
+		f.mu.Unlock()
+		destroy()
 		release()
 		return nil, err
 	}
@@ -433,15 +458,34 @@ func (q *queuePair) Destroy() error {
 	return nil
 }
 
-// completionQueue implements rdma.CompletionQueue.
+// completionQueue implements rdma.CompletionQueue. Its channel is an
+// eventfd, as a device's completion channel is a file: an armed completion
+// writes it, TakeEvents reads it, so that a reactor worker polls it on its
+// ring exactly as it polls a device's.
 type completionQueue struct {
 	f *Fabric
 	// Guarded by f.mu.
 	wcs   []rdma.WorkCompletion
 	armed bool
 
-	event chan struct{} // an armed completion arrived
-	woken chan struct{} // Wake was called
+	ch  int // the channel: an eventfd, counting events
+	efd int // Wake writes it
+	fds [2]unix.PollFd
+}
+
+func newCompletionQueue(f *Fabric) (*completionQueue, error) {
+	ch, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, os.NewSyscallError("eventfd", err)
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(ch)
+		return nil, os.NewSyscallError("eventfd", err)
+	}
+	c := &completionQueue{f: f, ch: ch, efd: efd}
+	c.fds = [2]unix.PollFd{{Fd: int32(ch), Events: unix.POLLIN}, {Fd: int32(efd), Events: unix.POLLIN}}
+	return c, nil
 }
 
 // push adds a completion; f.mu is held.
@@ -449,10 +493,7 @@ func (c *completionQueue) push(wc rdma.WorkCompletion) {
 	c.wcs = append(c.wcs, wc)
 	if c.armed {
 		c.armed = false
-		select {
-		case c.event <- struct{}{}:
-		default:
-		}
+		efdWrite(c.ch)
 	}
 }
 
@@ -471,20 +512,66 @@ func (c *completionQueue) Arm() error {
 	return nil
 }
 
-func (c *completionQueue) Wait() (bool, error) {
-	select {
-	case <-c.event:
-		return true, nil
-	case <-c.woken:
-		return false, nil
+func (c *completionQueue) Wait(channel bool) (bool, error) {
+	fds := c.fds[:]
+	if !channel {
+		fds = c.fds[1:]
+	}
+	for {
+		c.fds[0].Revents, c.fds[1].Revents = 0, 0
+		if _, err := unix.Poll(fds, -1); err == unix.EINTR {
+			continue
+		} else if err != nil {
+			return false, os.NewSyscallError("poll", err)
+		}
+		if c.fds[1].Revents != 0 {
+			_, _ = efdRead(c.efd)
+			return false, nil
+		}
+		if c.fds[0].Revents != 0 {
+			n, err := c.TakeEvents()
+			if err != nil {
+				return false, err
+			}
+			if n > 0 {
+				return true, nil
+			}
+			// A worker took it first: wait again.
+		}
 	}
 }
 
-func (c *completionQueue) Wake() {
-	select {
-	case c.woken <- struct{}{}:
-	default:
+func (c *completionQueue) Channel() int { return c.ch }
+
+func (c *completionQueue) TakeEvents() (int, error) {
+	n, err := efdRead(c.ch)
+	if err == unix.EAGAIN {
+		return 0, nil
+	} else if err != nil {
+		return 0, os.NewSyscallError("read", err)
 	}
+	return int(n), nil
 }
 
-func (c *completionQueue) Destroy() error { return nil }
+func (c *completionQueue) Wake() { efdWrite(c.efd) }
+
+// efdRead and efdWrite read and add to an eventfd's count through the
+// system call itself, with the 8 bytes on the stack: no allocation per
+// completion.
+func efdRead(fd int) (uint64, error) {
+	var v uint64
+	_, _, e := unix.Syscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&v)), 8)
+	if e != 0 {
+		return 0, e
+	}
+	return v, nil
+}
+
+func efdWrite(fd int) {
+	v := uint64(1)
+	unix.Syscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&v)), 8) //nolint:errcheck
+}
+
+func (c *completionQueue) Destroy() error {
+	return errors.Join(unix.Close(c.ch), unix.Close(c.efd))
+}

@@ -28,6 +28,41 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
+{{/* A size as the daemon reads it (4096, 64k, 64KiB, 256m, 256MiB, 4g, 4GiB,
+1t: binary suffixes, any case) in MiB, rounded up. The argument is a list:
+the size and the key it is the value of, for the error. */}}
+{{- define "tensorcast.sizeMi" -}}
+{{- $v := index . 0 -}}
+{{- if kindIs "float64" $v }}{{ $v = int64 $v }}{{ end -}}
+{{- $s := lower (trim (toString $v)) -}}
+{{- $m := regexFindAll "^([0-9]+)\\s*(kib|mib|gib|tib|k|m|g|t|b)?$" $s 1 -}}
+{{- if not $m -}}{{ fail (printf "%s %q: not a size the daemon reads (4096, 256MiB, 4GiB)" (index . 1) (toString (index . 0))) }}{{- end -}}
+{{- $n := regexReplaceAll "^([0-9]+).*$" $s "${1}" | atoi -}}
+{{- $unit := regexReplaceAll "^[0-9]+\\s*" $s "" -}}
+{{- $mult := get (dict "" 1 "b" 1 "k" 1024 "kib" 1024 "m" 1048576 "mib" 1048576 "g" 1073741824 "gib" 1073741824 "t" 1099511627776 "tib" 1099511627776) $unit -}}
+{{- div (add (mul $n $mult) 1048575) 1048576 -}}
+{{- end -}}
+
+{{/* The pools' memory in MiB: pool.size, or with [[tenants]] under config
+the sum of the tenants' pools (each its pool_size, else pool.size), as
+the daemon makes them. */}}
+{{- define "tensorcast.poolsMi" -}}
+{{- $default := include "tensorcast.poolMi" . | atoi -}}
+{{- $tenants := default (list) .Values.config.tenants -}}
+{{- if not $tenants -}}{{ $default }}
+{{- else -}}
+{{- $total := 0 -}}
+{{- range $t := $tenants -}}
+{{- if $t.pool_size -}}
+{{- $total = add $total (include "tensorcast.sizeMi" (list $t.pool_size (printf "config.tenants %s pool_size" (toString $t.name))) | atoi) -}}
+{{- else -}}
+{{- $total = add $total $default -}}
+{{- end -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The keys the chart sets from its values; config may not repeat them. */}}
 {{- define "tensorcast.ownedKeys" -}}
 socket data_dir metrics_address peer_listen peer_advertise daemon_id cluster_key_file directory etcd_endpoints etcd_prefix etcd_ca_file etcd_cert_file etcd_key_file ebpf rdma pool_size store_handoff
@@ -47,7 +82,7 @@ socket data_dir metrics_address peer_listen peer_advertise daemon_id cluster_key
 {{- $_ = set $c "rdma" (ternary "auto" "off" (and .Values.rdma.enabled .Values.peers.enabled)) -}}
 {{- $_ = set $c "store_handoff" (ternary "on" "off" .Values.handoff.enabled) -}}
 {{- if not (hasKey $c "allowed_files") -}}{{ $_ = set $c "allowed_files" (list .Values.dataDir) }}{{- end -}}
-{{- if not (hasKey $c "tenants") -}}
+{{- if not $c.tenants -}}
 {{- $_ = set $c "allowed_gids" (append (default (list) $c.allowed_gids) .Values.daemon.gid | uniq) -}}
 {{- end -}}
 {{- if .Values.peers.enabled -}}
