@@ -549,7 +549,8 @@ func TestStoreAcrossHostsBadBytes(t *testing.T) {
 // peers, the members are those the directory lists: a key put on d1 is
 // read byte-exact on d2; and the store calls put no request on etcd (the
 // requests over 10,000 keys' lookups are the directory's own background
-// ones, at most one per ProgressEvery).
+// ones: lease renewals, and progress requests when nothing else proved
+// the cache current).
 func TestStoreAcrossHostsEtcd(t *testing.T) {
 	e := newEtcdCluster(t)
 	d1 := e.start("d1", clusterConfig)

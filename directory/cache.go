@@ -652,6 +652,19 @@ func (c *Cache) Peek(id string) (Member, bool) {
 	return e.m, true
 }
 
+// Age is how long ago the feed last proved the whole cache current
+// (Never before its first listing): Stats' Age, without counting the
+// entries, for the callers that ask on every message.
+func (c *Cache) Age() time.Duration {
+	now := c.now()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if !c.primed {
+		return Never
+	}
+	return ageSince(now, c.syncedAt)
+}
+
 // Stats returns the counters and the cache's age.
 func (c *Cache) Stats() CacheStats {
 	now := c.now()

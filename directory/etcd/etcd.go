@@ -24,12 +24,26 @@
 // them go on; lookups are answered from the cache within the staleness
 // budget and fail with directory.ErrUnavailable beyond it.
 //
+// Freshness costs etcd requests only when nothing else proves it. The
+// cache is current as of the last watch response that carried everything
+// up to its revision: an event, or a progress notification. The watch
+// asks etcd for progress notifications of its own (etcd sends them every
+// --experimental-watch-progress-notify-interval to an idle watch; they
+// are no request), and the prober asks for one (a request) only when the
+// cache is within Config.ProgressLead of its staleness budget and neither
+// has come since. With etcd's interval below Budget - ProgressLead (1s for
+// the defaults), a steady daemon asks for none; with etcd's default (10
+// minutes) it asks about once every Budget - ProgressLead. The lease is
+// renewed once every half TTL (the other half is left for the renewal to
+// be tried again), not every third as etcd's client does.
+//
 // Goroutines and stop order. A Dir owns three goroutines: the feed (list,
 // then watch, relist on a broken watch), the prober (progress requests on
-// the watch and the outage check) and, after Join, the keeper (lease
-// keep-alive, re-registration, the export catalog). Close cancels their
-// context, waits for all three, revokes the lease (the registration and
-// the exports disappear at once) and closes the client.
+// the watch when the cache needs one, and the outage check) and, after
+// Join, the keeper (lease renewals, re-registration, the export
+// catalog). Close cancels their context, waits for all three, revokes the
+// lease (the registration and the exports disappear at once) and closes
+// the client.
 package etcd
 
 import (
@@ -91,9 +105,12 @@ type Config struct {
 	// after a crash waits for its old lease, a live holder renews its lease
 	// and is never displaced.
 	JoinWait time.Duration
-	// ProgressEvery is how often the feed asks etcd to prove it current
-	// (default Budget/4, at least 10ms).
-	ProgressEvery time.Duration
+	// ProgressLead is how close to the staleness budget the cache's proof
+	// may come before the prober asks etcd for a progress notification,
+	// when no event or notification came since (default Budget/4, at least
+	// 10ms); it is also the least time between two such requests while
+	// etcd does not answer.
+	ProgressLead time.Duration
 	// RetryEvery is the pause before a failed listing, registration or
 	// catalog write is tried again (default 500ms).
 	RetryEvery time.Duration
@@ -146,8 +163,11 @@ func (c *Config) setDefaults() error {
 	if c.JoinWait <= 0 {
 		c.JoinWait = c.LeaseTTL + time.Second
 	}
-	if c.ProgressEvery <= 0 {
-		c.ProgressEvery = max(c.Budget/4, 10*time.Millisecond)
+	if c.ProgressLead <= 0 {
+		c.ProgressLead = max(c.Budget/4, 10*time.Millisecond)
+	}
+	if c.ProgressLead >= c.Budget {
+		c.ProgressLead = c.Budget / 2
 	}
 	if c.RetryEvery <= 0 {
 		c.RetryEvery = defaultRetry
@@ -213,8 +233,12 @@ type Dir struct {
 	curWatch atomic.Pointer[watchCtx]
 
 	// requests counts the requests this directory sent to etcd
-	// (keep-alives and progress requests included).
-	requests atomic.Uint64
+	// (keep-alives and progress requests included); progress and renewals
+	// count those two kinds alone.
+	requests, progress, renewals atomic.Uint64
+	// notified counts the progress notifications the watch received (sent
+	// by etcd on its own, or asked for).
+	notified atomic.Uint64
 
 	// smu guards the fields below.
 	smu     sync.Mutex
@@ -432,7 +456,9 @@ func (d *Dir) watch(rev int64) {
 	defer cancel()
 	d.curWatch.Store(&watchCtx{wctx})
 	defer d.curWatch.Store(nil)
-	wch := d.cli.Watch(wctx, d.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	// WithProgressNotify: etcd proves an idle watch current by itself,
+	// at its own interval, without a request.
+	wch := d.cli.Watch(wctx, d.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
 	for resp := range wch {
 		if err := resp.Err(); err != nil {
 			d.log.Info("directory watch ended; listing again", "err", err)
@@ -457,6 +483,9 @@ func (d *Dir) watch(rev int64) {
 			last = e.Kv.ModRevision
 		}
 		d.shardEvents(claims)
+		if len(resp.Events) == 0 && resp.IsProgressNotify() {
+			d.notified.Add(1)
+		}
 		// A watch that is catching up (it started far behind, or fell
 		// behind) gets its events in batches whose header is etcd's
 		// current revision, with more still to come: such a batch proves
@@ -476,13 +505,19 @@ func (d *Dir) watch(rev int64) {
 	}
 }
 
-// prober asks etcd, every ProgressEvery, to prove the watch current (a
-// progress notification is a watch response, and so refreshes the
-// cache's age), and checks for an outage.
+// prober looks, twice every ProgressLead, at how old the cache's proof
+// is: it checks for an outage, and asks etcd to prove the watch current
+// (a progress notification is a watch response, and so refreshes the
+// cache's age) only when the proof is within ProgressLead of the budget,
+// which means that no event and no notification came for Budget -
+// ProgressLead, and it did not ask within the last ProgressLead.
 func (d *Dir) prober() {
 	defer d.wg.Done()
-	t := time.NewTicker(d.cfg.ProgressEvery)
+	t := time.NewTicker(max(d.cfg.ProgressLead/2, 5*time.Millisecond))
 	defer t.Stop()
+	// asked is when the last request went, by the real clock: it spaces
+	// requests, whatever clock measures the cache's age.
+	var asked time.Time
 	for {
 		select {
 		case <-d.ctx.Done():
@@ -494,17 +529,33 @@ func (d *Dir) prober() {
 		if w == nil {
 			continue
 		}
-		pctx, cancel := context.WithTimeout(w.ctx, d.cfg.ProgressEvery)
+		now := time.Now()
+		if !needProgress(d.cache.Age(), d.cfg.Budget, d.cfg.ProgressLead, now.Sub(asked), !asked.IsZero()) {
+			continue
+		}
+		asked = now
+		pctx, cancel := context.WithTimeout(w.ctx, d.cfg.ProgressLead)
 		d.requests.Add(1)
+		d.progress.Add(1)
 		_ = d.cli.RequestProgress(pctx)
 		cancel()
 	}
 }
 
+// needProgress says whether the prober asks for a progress notification:
+// the cache's proof (age old) is within lead of the budget, and the last
+// request (since ago, when there was one) is not within lead.
+func needProgress(age, budget, lead, since time.Duration, askedBefore bool) bool {
+	if age < budget-lead {
+		return false
+	}
+	return !askedBefore || since >= lead || since < 0
+}
+
 // checkOutage moves the state to down, logging it once, when the cache
 // has not been proved current for longer than the budget.
 func (d *Dir) checkOutage() {
-	age := d.cache.Stats().Age
+	age := d.cache.Age()
 	if age <= d.cfg.Budget {
 		return
 	}
@@ -557,6 +608,11 @@ func (d *Dir) State() string {
 
 // Requests counts the requests sent to etcd so far.
 func (d *Dir) Requests() uint64 { return d.requests.Load() }
+
+// ProgressRequests and Renewals count the requests of those two kinds
+// (the directory's timed ones) among Requests.
+func (d *Dir) ProgressRequests() uint64 { return d.progress.Load() }
+func (d *Dir) Renewals() uint64         { return d.renewals.Load() }
 
 // store is the Dir as the cache's fallback Store.
 type store struct{ d *Dir }

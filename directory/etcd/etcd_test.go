@@ -213,7 +213,7 @@ func TestEtcdDown(t *testing.T) {
 	ctx := context.Background()
 	srv := etcdtest.Start(t)
 	clk := testutil.NewClock(time.Unix(1_700_000_000, 0))
-	withClock := func(c *Config) { c.Clock = clk.Now; c.ProgressEvery = 20 * time.Millisecond }
+	withClock := func(c *Config) { c.Clock = clk.Now; c.ProgressLead = 20 * time.Millisecond }
 	a := open(t, srv, "a", withClock)
 	join(t, a, 1)
 	a.Exported("kv", 4096, directory.RightRead)

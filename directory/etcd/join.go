@@ -183,52 +183,60 @@ func (d *Dir) inUse(ctx context.Context, holder directory.Member, herr error, kv
 		directory.ErrIDInUse, holder.ID, holder.Addr, holder.Epoch, holder.StartedAt().UTC().Format(time.RFC3339), left, d.cfg.JoinWait)
 }
 
-// keeper keeps the registration: it drains the lease's keep-alives,
+// keeper keeps the registration: it renews the lease every half TTL,
 // writes the catalog when it changes, and when the lease is lost (etcd
 // unreachable for longer than its TTL, or revoked) registers again with
 // the same epoch and writes the whole catalog under the new lease.
+//
+// A renewal is one request (etcd's client would keep a stream and renew
+// every third of the TTL). Half the TTL is left for a renewal that fails
+// to be tried again (resume: every RetryEvery until etcd answers), which
+// is longer than the staleness budget past which this daemon refuses to
+// act as a home anyway.
 func (d *Dir) keeper(lease clientv3.LeaseID) {
 	defer d.wg.Done()
 	var retry <-chan time.Time
+	if d.publish(lease) > 0 {
+		retry = time.After(d.cfg.RetryEvery)
+	}
+	// The first renewal at once: the lease may be the claim's, granted a
+	// while before Join.
+	renew := time.NewTimer(0)
+	defer renew.Stop()
 	for {
-		kctx, kcancel := context.WithCancel(d.ctx)
-		d.requests.Add(1)
-		ka, err := d.cli.KeepAlive(kctx, lease)
-		if err == nil {
+		select {
+		case <-renew.C:
+		case <-d.kick:
+			if d.publish(lease) > 0 && retry == nil {
+				retry = time.After(d.cfg.RetryEvery)
+			}
+			continue
+		case <-retry:
+			retry = nil
 			if d.publish(lease) > 0 {
 				retry = time.After(d.cfg.RetryEvery)
 			}
-		alive:
-			for {
-				select {
-				case _, ok := <-ka:
-					if !ok {
-						break alive
-					}
-					d.requests.Add(1)
-				case <-d.kick:
-					if d.publish(lease) > 0 && retry == nil {
-						retry = time.After(d.cfg.RetryEvery)
-					}
-				case <-retry:
-					retry = nil
-					if d.publish(lease) > 0 {
-						retry = time.After(d.cfg.RetryEvery)
-					}
-				case <-d.ctx.Done():
-					kcancel()
-					return
-				}
-			}
+			continue
+		case <-d.ctx.Done():
+			return
 		}
-		kcancel()
+		ttl, err := d.renew(lease)
+		if err == nil {
+			renew.Reset(renewEvery(ttl))
+			continue
+		}
 		if d.ctx.Err() != nil {
 			return
 		}
-		d.log.Warn("directory keep-alives ended (etcd unreachable for longer than the lease, or the lease was revoked); checking the lease",
-			"lease_ttl", d.cfg.LeaseTTL.String())
-		switch d.resume(lease) {
+		fate := leaseGone
+		if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			d.log.Warn("directory keep-alives ended: a lease renewal failed (etcd unreachable, or the lease was revoked); checking the lease",
+				"lease_ttl", d.cfg.LeaseTTL.String(), "err", err)
+			fate = d.resume(lease)
+		}
+		switch fate {
 		case leaseKept:
+			renew.Reset(renewEvery(d.cfg.LeaseTTL))
 			continue
 		case leaseClosed:
 			return
@@ -242,7 +250,28 @@ func (d *Dir) keeper(lease clientv3.LeaseID) {
 		if lease == 0 {
 			return
 		}
+		renew.Reset(renewEvery(d.cfg.LeaseTTL))
 	}
+}
+
+// renewEvery is the time from one renewal of a lease of ttl to the next:
+// half of it (at least 100ms).
+func renewEvery(ttl time.Duration) time.Duration {
+	return max(ttl/2, 100*time.Millisecond)
+}
+
+// renew renews the lease once; it returns the TTL etcd granted, or why
+// not (rpctypes.ErrLeaseNotFound: etcd no longer holds it).
+func (d *Dir) renew(lease clientv3.LeaseID) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.DialTimeout)
+	defer cancel()
+	d.requests.Add(1)
+	d.renewals.Add(1)
+	resp, err := d.cli.KeepAliveOnce(clientv3.WithRequireLeader(ctx), lease)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(resp.TTL) * time.Second, nil
 }
 
 type leaseFate int

@@ -284,7 +284,7 @@ func (d *Dir) RefreshShards(ctx context.Context, shards []int) error {
 // staleness budget (past it, its lease may have lapsed unseen: a home
 // then refuses what it is asked, fail closed).
 func (d *Dir) ShardsCurrent() bool {
-	return d.joined.Load() && d.cache.Stats().Age <= d.cfg.Budget
+	return d.joined.Load() && d.cache.Age() <= d.cfg.Budget
 }
 
 func slicesClone(cs []ShardClaim) []ShardClaim { return append([]ShardClaim(nil), cs...) }

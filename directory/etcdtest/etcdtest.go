@@ -34,6 +34,7 @@ type Server struct {
 	client  string // http://127.0.0.1:port (https:// with TLS)
 	peer    string
 	tls     *TLSFiles
+	opts    Options
 
 	// mu guards the fields below.
 	mu   sync.Mutex
@@ -66,18 +67,30 @@ func (s *syncBuffer) String() string {
 // Start runs etcd until the test ends. It skips the test, saying what is
 // missing, when the etcd binary is not installed (fails it where
 // testutil.ProvidesEnv lists etcd).
-func Start(t testing.TB) *Server { return start(t, false) }
+func Start(t testing.TB) *Server { return start(t, false, Options{}) }
 
 // StartTLS is Start with etcd serving https and asking for client
 // certificates signed by a CA the test made (Server.TLS has the files).
-func StartTLS(t testing.TB) *Server { return start(t, true) }
+func StartTLS(t testing.TB) *Server { return start(t, true, Options{}) }
 
-func start(t testing.TB, withTLS bool) *Server {
+// Options are settings of etcd beyond the tests' defaults.
+type Options struct {
+	// ProgressNotify is how often etcd sends a progress notification to
+	// an idle watch that asked for them
+	// (--experimental-watch-progress-notify-interval; 0: etcd's default,
+	// 10 minutes).
+	ProgressNotify time.Duration
+}
+
+// StartWith is Start with opts.
+func StartWith(t testing.TB, opts Options) *Server { return start(t, false, opts) }
+
+func start(t testing.TB, withTLS bool, opts Options) *Server {
 	t.Helper()
 	if _, err := os.Stat(Binary); err != nil {
 		testutil.Missing(t, testutil.Etcd, "etcd is not installed (%s: %v): apt-get install etcd-server, or scripts/deps.sh test", Binary, err)
 	}
-	s := &Server{t: t, dataDir: filepath.Join(dataRoot(t), "etcd")}
+	s := &Server{t: t, dataDir: filepath.Join(dataRoot(t), "etcd"), opts: opts}
 	scheme := "http"
 	if withTLS {
 		files, err := makeTLS(t.TempDir())
@@ -171,6 +184,9 @@ func (s *Server) start() error {
 		"--heartbeat-interval", "10",
 		"--election-timeout", "100",
 		"--logger", "zap", "--log-level", "warn",
+	}
+	if s.opts.ProgressNotify > 0 {
+		args = append(args, "--experimental-watch-progress-notify-interval", s.opts.ProgressNotify.String())
 	}
 	if f := s.tls; f != nil {
 		args = append(args, "--cert-file", f.ServerCert, "--key-file", f.ServerKey,

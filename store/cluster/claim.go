@@ -53,6 +53,7 @@ func (c *Cluster) claimHere(from string, epoch uint64, keys [][]byte, deadline t
 		s := c.shardOf(k)
 		if c.homeFor(v, s) != c.self {
 			as[i].code = codeNotHome
+			c.route.notHome.Add(1)
 			continue
 		}
 		hs := slices.DeleteFunc(c.idx.get(s, k, nil), func(h Holder) bool { return h.ID == from })
@@ -92,6 +93,7 @@ func (c *Cluster) onClaim(from string, epoch uint64, req []byte) ([]byte, error)
 	if ttl <= 0 || ttl > maxHoldTTL || len(keys) == 0 {
 		return nil, fmt.Errorf("%w: claim of %d keys for %v (ttl 1ms..%v)", ErrMessage, len(keys), ttl, maxHoldTTL)
 	}
+	c.asked(from, epoch, keys)
 	return encodeClaimAnswer(c.claimHere(from, epoch, keys, time.Now().Add(ttl))), nil
 }
 

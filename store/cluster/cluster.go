@@ -91,6 +91,9 @@ type Config struct {
 	// negative: none), for at most MaxCached keys (default 1<<16).
 	Staleness time.Duration
 	MaxCached int
+	// NoPush turns off the homes' pushes of fresh answers to the readers
+	// interested in a shard (push.go).
+	NoPush bool
 	// Pool is this daemon's pool memory (the store's values), where
 	// fetched values land and are checked.
 	Pool []byte
@@ -202,6 +205,13 @@ type Cluster struct {
 	answers *answers
 	// claims are the claims this daemon, as a home, handed readers.
 	claims *grant.Claims
+	// route counts how the homes of looked-up keys were found (stats.go).
+	route routeCounters
+	// push is what this daemon, as a home, owes the readers interested in
+	// its shards; pushStop stops the pusher, pushDone is closed when it
+	// exits (push.go).
+	push               *pushes
+	pushStop, pushDone chan struct{}
 
 	// mu guards pending and closed.
 	mu      sync.Mutex
@@ -343,6 +353,9 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		}
 	}
 	c.view.Store(newView(c.live(), cfg.Shards))
+	if err := c.startPush(); err != nil {
+		return nil, err
+	}
 	for kind, h := range map[string]func(string, uint64, []byte) ([]byte, error){
 		kindAnnounce: c.onFenced(c.onAnnounce), kindLookup: c.onFenced(c.onLookup), kindRemove: c.onFenced(c.onRemove),
 		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
@@ -416,6 +429,7 @@ func (c *Cluster) Close() {
 	c.closed = true
 	c.mu.Unlock()
 	c.endLife()
+	c.stopPush()
 	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello,
 		kindClaim, kindUnclaim, kindReplicate, kindTombs} {
 		_ = c.peers.Handle(k, nil)

@@ -68,10 +68,16 @@
 // restarted never obeys what was meant for its previous run. Their codec
 // is msg.go, fuzzed.
 //
+// Pushed answers (push.go). A home pushes its fresh answer for a key whose
+// holders changed to the readers that asked it about the key's shard
+// lately (one message per reader per Config.Staleness/4), so that their
+// next read of the shard's keys finds the answer cached; a reader takes
+// a push only from the home of the key it knows, at its generation.
+//
 // Goroutines and stop order: a Cluster owns the announcer and one
 // goroutine per fetch in flight (at most Config.MaxFetches) and per hold's
-// expiry timer, the reannouncer (and prober) and the replicator. Close
-// stops the three, ends the copies still queued with ErrClosed, waits for
+// expiry timer, the reannouncer (and prober), the replicator and the
+// pusher. Close stops the pusher first, then the other three, ends the copies still queued with ErrClosed, waits for
 // the fetches (each ends by its deadline), releases every hold and closes
 // the claims table. The daemon closes it
 // before the store and the peer plane.

@@ -258,6 +258,10 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 		h := c.homeFor(v, c.shardOf(keys[p]))
 		by[h] = append(by[h], p)
 	}
+	lookup := m.kind == kindLookup || m.kind == kindClaim
+	if lookup && retry {
+		c.route.keys.Add(uint64(len(pos)))
+	}
 	var wg sync.WaitGroup
 	for home, ps := range by {
 		if home == c.self {
@@ -275,6 +279,9 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 					body, stale, err = unwrapAnswer(resp)
 				}
 				if err != nil {
+					if lookup && c.peers.Unreachable(err) {
+						c.route.unreachable.Add(uint64(len(ch)))
+					}
 					m.got(ch, home, nil, err)
 					return
 				}
@@ -283,6 +290,9 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 					return
 				}
 				c.c.staleAnswers.Add(1)
+				if lookup {
+					c.route.refused.Add(uint64(len(ch)))
+				}
 				if !retry {
 					m.got(ch, home, nil, fmt.Errorf("%w: %s, shards %v, after a refresh", ErrStaleGeneration, home, stale))
 					return
@@ -352,6 +362,7 @@ func (c *Cluster) refresh(home string, stale, sent []shardGen) error {
 		}
 		return nil
 	}
+	c.route.storeReads.Add(uint64(len(read)))
 	if err := c.cfg.Fence.Refresh(c.life, read); err != nil {
 		return fmt.Errorf("%w: %s refused a stale generation and the claims could not be read again: %w", ErrStaleGeneration, home, err)
 	}

@@ -252,6 +252,7 @@ func (c *Cluster) lookupHere(keys [][]byte) []lookupAnswer {
 		s := c.shardOf(k)
 		if c.homeFor(v, s) != c.self {
 			as[i].code = codeNotHome
+			c.route.notHome.Add(1)
 			continue
 		}
 		as[i].holders = c.idx.get(s, k, nil)
@@ -268,6 +269,7 @@ func (c *Cluster) onLookup(from string, epoch uint64, req []byte) ([]byte, error
 	if len(keys) > maxMsgKeys {
 		return nil, ErrMessage
 	}
+	c.asked(from, epoch, keys)
 	return encodeLookupAnswer(c.lookupHere(keys)), nil
 }
 

@@ -35,9 +35,14 @@ type Holder struct {
 // oldest announcement makes room for the newest).
 type index struct {
 	maxKeys, maxHolders int
-	keys                atomic.Int64
-	refused             atomic.Uint64
-	shards              []ishard
+	// changed, when set (before the index is used), is told of every key
+	// whose holders changed (by holder by; "" for a removal), with the
+	// shard's lock held: it is quick and does not call into the index
+	// (push.go).
+	changed func(s int, key []byte, by string)
+	keys    atomic.Int64
+	refused atomic.Uint64
+	shards  []ishard
 }
 
 // ishard is one shard's part of the index.
@@ -69,6 +74,12 @@ func (x *index) add(s int, key []byte, h Holder) bool {
 		}
 		x.keys.Add(1)
 	}
+	if slices.Contains(hs, h) {
+		return true // a re-announcement: nothing changed
+	}
+	if x.changed != nil {
+		defer x.changed(s, key, h.ID)
+	}
 	hs = slices.DeleteFunc(hs, func(o Holder) bool { return o.ID == h.ID })
 	if len(hs) >= x.maxHolders {
 		hs = slices.Delete(hs, 0, 1)
@@ -94,6 +105,9 @@ func (x *index) drop(s int, key []byte) []Holder {
 	if ok {
 		delete(sh.m, string(key))
 		x.keys.Add(-1)
+		if x.changed != nil {
+			defer x.changed(s, key, "")
+		}
 	}
 	return hs
 }
@@ -107,7 +121,14 @@ func (x *index) dropHolder(s int, key []byte, id string, epoch uint64) {
 	if !ok {
 		return
 	}
+	n := len(hs)
 	hs = slices.DeleteFunc(hs, func(o Holder) bool { return o.ID == id && (epoch == 0 || o.Epoch == epoch) })
+	if len(hs) == n {
+		return
+	}
+	if x.changed != nil {
+		defer x.changed(s, key, id)
+	}
 	if len(hs) == 0 {
 		delete(sh.m, string(key))
 		x.keys.Add(-1)

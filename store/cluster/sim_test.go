@@ -40,6 +40,8 @@ var (
 	simZipf     = flag.Float64("storesim.zipf", 1.1, "Zipf exponent of the keys read (> 1)")
 	simStale    = flag.Duration("storesim.staleness", 0, "the readers' staleness budget for home answers (0: the default, 2 s)")
 	simChurn    = flag.Int("storesim.churn", 6, "members taken down (one at a time, the previous one back) during the workload")
+	simNoPush   = flag.Bool("storesim.nopush", false, "homes push no answers to interested readers")
+	simFenced   = flag.Bool("storesim.fenced", true, "homes follow shard claims in an in-memory etcd (directory = etcd's model); false: rendezvous over the members (embedded)")
 )
 
 type simConfig struct {
@@ -50,6 +52,10 @@ type simConfig struct {
 	churn                     int
 	size                      int
 	staleness                 time.Duration // 0: the default
+	// fenced: homes follow shard claims in an in-memory etcd (a member
+	// cut off cannot reach it either), as with directory = etcd.
+	fenced bool
+	noPush bool // homes push no answers (Config.NoPush)
 }
 
 // simResult is what a simulation counted; lookups count keys.
@@ -62,9 +68,16 @@ type simResult struct {
 	cacheHits, ownIndex, askedHome      uint64
 	lookupFailed, viewChanges           uint64
 	reannounced                         uint64
-	exchanges                           map[string]uint64
-	churn                               []string
-	elapsed                             time.Duration
+	// How the homes of the keys looked up were found (reading (a) of the
+	// goal): keys routed by a daemon's view of the members and claims,
+	// and of those, refused for a stale generation, answered "not home",
+	// sent to a home that did not answer; shards read from etcd.
+	routed, refused, notHome, unreachable, storeReads uint64
+	// Pushed answers (push.go): messages, keys in them, keys readers took.
+	pushes, pushedKeys, pushTaken uint64
+	exchanges                     map[string]uint64
+	churn                         []string
+	elapsed                       time.Duration
 }
 
 // resolved is the keys a reader did not hold and had to place.
@@ -75,6 +88,20 @@ func (r simResult) pct(n uint64) float64 {
 		return 0
 	}
 	return 100 * float64(n) / float64(r.resolved())
+}
+
+// routeFallbacks is the keys whose home the view named wrongly or
+// could not reach, and the reads of etcd they caused.
+func (r simResult) routeFallbacks() uint64 {
+	return r.refused + r.notHome + r.unreachable + r.storeReads
+}
+
+// routePct is n as a share of the keys routed, percent.
+func (r simResult) routePct(n uint64) float64 {
+	if r.routed == 0 {
+		return 0
+	}
+	return 100 * float64(n) / float64(r.routed)
 }
 
 // keyLookups is every key the workload looked up: one per Exists and
@@ -97,8 +124,17 @@ func (r simResult) String() string {
 	if stale == 0 {
 		stale = 2 * time.Second
 	}
-	fmt.Fprintf(&b, "home lookups: %d daemons, %d keys of %d bytes each, %v workload, Zipf s=%.2f, %d workers, %d churn events, %d shards, staleness %v\n",
-		c.members, c.keysPer, c.size, r.elapsed.Round(time.Millisecond), c.zipf, c.workers, len(r.churn), DefaultShards, stale)
+	dir := "embedded (homes by rendezvous over the members)"
+	if c.fenced {
+		dir = "etcd's model (homes hold fenced shard claims in an in-memory etcd)"
+	}
+	if c.noPush {
+		dir += ", no pushed answers"
+	} else {
+		dir += ", homes push answers to interested readers"
+	}
+	fmt.Fprintf(&b, "home lookups: %d daemons, %d keys of %d bytes each, %v workload, Zipf s=%.2f, %d workers, %d churn events, %d shards, staleness %v, directory %s\n",
+		c.members, c.keysPer, c.size, r.elapsed.Round(time.Millisecond), c.zipf, c.workers, len(r.churn), DefaultShards, stale, dir)
 	fmt.Fprintf(&b, "  operations (Exists + get):        %d (%d found, %d read, %d absent, %d read errors)\n",
 		r.ops, r.found, r.readOK, r.absent, r.readErr)
 	if r.readErrs != "" {
@@ -108,14 +144,26 @@ func (r simResult) String() string {
 	fmt.Fprintf(&b, "  first reads of a key by a reader: %d (a reader's first read of a key has no answer cached: it asks the home)\n", r.firstTouch)
 	fmt.Fprintf(&b, "  keys looked up (Exists and gets): %d; asked of another daemon: %.2f %%, without a home round trip (held here, cached, own index): %.2f %%\n",
 		r.keyLookups(), r.homeRate(), 100-r.homeRate())
+	fmt.Fprintf(&b, "  (a) the home of a key, found from the daemon's cached view of members and claims:\n")
+	fmt.Fprintf(&b, "    keys routed to a home:          %d\n", r.routed)
+	fmt.Fprintf(&b, "    served from the cached view:    %.2f %%  (the home it named answered at the generation sent; goal > 95 %%)\n",
+		100-r.routePct(r.routeFallbacks()))
+	fmt.Fprintf(&b, "    fallback to the owner or etcd:  %.2f %%  (goal < 5 %%: %d refused as stale and sent again, %d answered not home, %d home unreachable, %d shards read from etcd)\n",
+		r.routePct(r.routeFallbacks()), r.refused, r.notHome, r.unreachable, r.storeReads)
+	fmt.Fprintf(&b, "  (b) the home's answer (key -> holders), cached at the reader:\n")
 	fmt.Fprintf(&b, "  keys placed (not held here):      %d\n", r.resolved())
 	fmt.Fprintf(&b, "    from the cache of home answers: %.2f %%  (%d; goal > 95 %%)\n", r.pct(r.cacheHits), r.cacheHits)
 	fmt.Fprintf(&b, "    asked of another daemon (home): %.2f %%  (%d; goal < 5 %%; %d failed)\n", r.pct(r.askedHome), r.askedHome, r.lookupFailed)
 	fmt.Fprintf(&b, "    the reader's own index (home):  %.2f %%  (%d)\n", r.pct(r.ownIndex), r.ownIndex)
-	fmt.Fprintf(&b, "    asked of etcd:                  0 (directory = embedded: no etcd)\n")
+	if c.fenced {
+		fmt.Fprintf(&b, "    asked of etcd:                  %d shards (claims read again after a refusal)\n", r.storeReads)
+	} else {
+		fmt.Fprintf(&b, "    asked of etcd:                  0 (directory = embedded: no etcd)\n")
+	}
+	fmt.Fprintf(&b, "  pushed answers: %d messages from homes to readers, %d keys, %d taken into a reader's cache\n", r.pushes, r.pushedKeys, r.pushTaken)
 	fmt.Fprintf(&b, "  view changes %d, keys re-announced %d\n", r.viewChanges, r.reannounced)
 	fmt.Fprintf(&b, "  exchanges by kind:                ")
-	for _, k := range []string{kindLookup, kindClaim, kindHold, kindRelease, kindAnnounce, kindReannounce, kindHello} {
+	for _, k := range []string{kindLookup, kindClaim, kindHold, kindRelease, kindAnnounce, kindReannounce, kindHello, kindPush} {
 		fmt.Fprintf(&b, "%s %d  ", strings.TrimPrefix(k, "tc.store."), r.exchanges[k])
 	}
 	fmt.Fprintf(&b, "\n  churn: %s", strings.Join(r.churn, ", "))
@@ -154,10 +202,41 @@ func simulate(t testing.TB, cfg simConfig) simResult {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("d%03d", i)
 	}
-	f := newNetWith(t, ids, Config{ProbeEvery: time.Hour, Staleness: cfg.staleness}, nil)
+	var mut func(id string, c *Config)
+	var fnet atomic.Pointer[fakeNet]
+	if cfg.fenced {
+		ff := newFakeFence()
+		// A member cut off reaches etcd no more than its peers.
+		ff.cut = func(id string) bool {
+			n := fnet.Load()
+			return n != nil && n.node(id).down.Load()
+		}
+		epochs := map[string]uint64{}
+		for i, id := range ids {
+			epochs[id] = uint64(1000 + i) // the harness's epochs
+		}
+		mut = func(id string, c *Config) { c.Fence = ff.of(id, epochs[id]) }
+	}
+	f := newNetWith(t, ids, Config{ProbeEvery: time.Hour, Staleness: cfg.staleness, NoPush: cfg.noPush}, mut)
+	fnet.Store(f)
 	nodes := make([]*fakeNode, len(ids))
 	for i, id := range ids {
 		nodes[i] = f.node(id)
+	}
+	if cfg.fenced {
+		// Every shard claimed, and every daemon knows it, before the keys
+		// are put.
+		claimed := func() bool {
+			for _, x := range nodes {
+				for _, cl := range x.c.ShardClaims() {
+					if cl.Home == "" {
+						return false
+					}
+				}
+			}
+			return true
+		}
+		testutil.Eventually(t, 60*time.Second, claimed, "every shard claimed")
 	}
 	// Key of rank r (Zipf): put by daemon r % members, so that the hot
 	// keys are spread over the daemons.
@@ -176,7 +255,11 @@ func simulate(t testing.TB, cfg simConfig) simResult {
 	testutil.Eventually(t, 30*time.Second, func() bool { return indexed() == total },
 		"every key announced to its home (%d of %d)", testutil.Lazy(indexed), total)
 
-	type mark struct{ cache, own, asked, failed, hits, views, rean uint64 }
+	type mark struct {
+		cache, own, asked, failed, hits, views, rean uint64
+		routed, refused, notHome, unreachable, reads uint64
+		pushes, pushedKeys, pushTaken                uint64
+	}
 	sum := func() mark {
 		var m mark
 		for _, x := range nodes {
@@ -187,6 +270,16 @@ func simulate(t testing.TB, cfg simConfig) simResult {
 			m.hits += x.c.c.remoteHits.Load()
 			m.views += x.c.c.viewChanges.Load()
 			m.rean += x.c.c.reannounced.Load()
+			m.routed += x.c.route.keys.Load()
+			m.refused += x.c.route.refused.Load()
+			m.notHome += x.c.route.notHome.Load()
+			m.unreachable += x.c.route.unreachable.Load()
+			m.reads += x.c.route.storeReads.Load()
+			if p := x.c.push; p != nil {
+				m.pushes += p.sent.Load()
+				m.pushedKeys += p.keys.Load()
+				m.pushTaken += p.taken.Load()
+			}
 		}
 		return m
 	}
@@ -330,6 +423,9 @@ func simulate(t testing.TB, cfg simConfig) simResult {
 	res.cacheHits, res.ownIndex, res.askedHome = after.cache-before.cache, after.own-before.own, after.asked-before.asked
 	res.lookupFailed, res.remoteHits = after.failed-before.failed, after.hits-before.hits
 	res.viewChanges, res.reannounced = after.views-before.views, after.rean-before.rean
+	res.routed, res.refused, res.notHome = after.routed-before.routed, after.refused-before.refused, after.notHome-before.notHome
+	res.unreachable, res.storeReads = after.unreachable-before.unreachable, after.reads-before.reads
+	res.pushes, res.pushedKeys, res.pushTaken = after.pushes-before.pushes, after.pushedKeys-before.pushedKeys, after.pushTaken-before.pushTaken
 	f.kindMu.Lock()
 	res.exchanges = maps.Clone(f.kinds)
 	f.kindMu.Unlock()
@@ -337,25 +433,43 @@ func simulate(t testing.TB, cfg simConfig) simResult {
 }
 
 // TestHomeLookupsFromCache: in a cluster of 20 daemons with members going
-// down and back, fewer than 5 % of the keys the workload looks up (Exists
-// and gets) are asked of another daemon: the others are answered by the
-// reader's copy, its cache of home answers or its own index. Of the keys
-// a reader does not hold, the share placed from its cache stays above
-// 40 %: a get that follows an Exists of the key finds the home's answer
-// cached. (The issue's goal of > 95 % placed from the cache is not met:
-// a reader's first read of a key, and its reads after the staleness
-// budget, ask the home; BENCHMARKS.md, "home lookups".)
+// down and back, with homes by rendezvous over the members (embedded) and
+// with homes holding fenced shard claims (etcd's model):
+//   - the home of a key is found from the daemon's cached view of the
+//     members and claims for more than 95 % of the keys looked up; fewer
+//     than 5 % fall back (refused as stale, answered "not home", sent to a
+//     home that does not answer, or read from etcd);
+//   - fewer than 5 % of the keys the workload looks up (Exists and gets)
+//     are asked of another daemon: the others are answered by the
+//     reader's copy, its cache of home answers or its own index;
+//   - of the keys a reader does not hold, the share placed from its cache
+//     of home answers stays above 40 %: a get that follows an Exists of
+//     the key finds the home's answer cached. (A goal of > 95 % placed
+//     from that cache is not met: a reader's first read of a key, and its
+//     reads after the staleness budget, ask the home; BENCHMARKS.md, "home
+//     lookups".)
 func TestHomeLookupsFromCache(t *testing.T) {
-	r := simulate(t, simConfig{members: 20, keysPer: 4, workers: 4, ops: 30000, zipf: 1.1, churn: 2, size: 4096})
-	t.Log("\n" + r.String())
-	if r.resolved() == 0 || r.ops == 0 {
-		t.Fatalf("the workload placed no key: %+v", r)
-	}
-	if r.homeRate() >= 5 {
-		t.Errorf("%.2f %% of the keys looked up were asked of another daemon (goal < 5 %%)", r.homeRate())
-	}
-	if r.pct(r.cacheHits) <= 40 {
-		t.Errorf("%.2f %% of the keys not held here were placed from the cache of home answers (want > 40 %%)", r.pct(r.cacheHits))
+	for _, fenced := range []bool{false, true} {
+		name := "embedded"
+		if fenced {
+			name = "fenced"
+		}
+		t.Run(name, func(t *testing.T) {
+			r := simulate(t, simConfig{members: 20, keysPer: 4, workers: 4, ops: 30000, zipf: 1.1, churn: 2, size: 4096, fenced: fenced})
+			t.Log("\n" + r.String())
+			if r.resolved() == 0 || r.ops == 0 || r.routed == 0 {
+				t.Fatalf("the workload placed no key: %+v", r)
+			}
+			if fb := r.routePct(r.routeFallbacks()); fb >= 5 {
+				t.Errorf("%.2f %% of the keys routed to a home fell back (goal < 5 %%)", fb)
+			}
+			if r.homeRate() >= 5 {
+				t.Errorf("%.2f %% of the keys looked up were asked of another daemon (goal < 5 %%)", r.homeRate())
+			}
+			if r.pct(r.cacheHits) <= 40 {
+				t.Errorf("%.2f %% of the keys not held here were placed from the cache of home answers (want > 40 %%)", r.pct(r.cacheHits))
+			}
+		})
 	}
 }
 
@@ -365,9 +479,11 @@ func TestHomeLookupsFromCache(t *testing.T) {
 func BenchmarkHomeLookups(b *testing.B) {
 	for range b.N {
 		r := simulate(b, simConfig{members: *simMembers, keysPer: *simKeys, workers: *simWorkers, duration: *simDuration,
-			zipf: *simZipf, churn: *simChurn, size: 4096, staleness: *simStale})
+			zipf: *simZipf, churn: *simChurn, size: 4096, staleness: *simStale, fenced: *simFenced, noPush: *simNoPush})
 		fmt.Println(r.String())
 		b.ReportMetric(r.pct(r.cacheHits), "cache-%")
 		b.ReportMetric(r.pct(r.askedHome), "home-%")
+		b.ReportMetric(100-r.routePct(r.routeFallbacks()), "route-cache-%")
+		b.ReportMetric(r.routePct(r.routeFallbacks()), "route-fallback-%")
 	}
 }

@@ -3,6 +3,7 @@ package cluster
 import (
 	"maps"
 	"sync"
+	"sync/atomic"
 )
 
 // Stats are the cluster's figures, for the metrics endpoint and `tcctl
@@ -114,4 +115,22 @@ func (c *Cluster) Stats() Stats {
 		QuickReads: c.c.quickReads.Load(), QuickFallbacks: c.c.quickFallbacks.Load(), QuickServed: c.c.quickServed.Load(),
 		ReplicasMade: c.c.replicasMade.Load(), ReplicaFailures: c.c.replicaFailed.Load(), ReplicasShort: c.c.replicasShort.Load(),
 	}
+}
+
+// routeCounters count how the homes of looked-up keys were found: by this
+// daemon's view of the members and the shard claims (a cache: the
+// directory's watch, the prober and the homes' answers keep it), and how
+// often that view was wrong.
+type routeCounters struct {
+	// keys counts the keys of lookups sent to the home the view names
+	// (this daemon's own index included), first sends only.
+	keys atomic.Uint64
+	// refused counts keys of lookups a home refused for a generation it
+	// does not hold (sent again after a refresh); notHome keys this
+	// daemon, as a home, answered "not home" (another view of the
+	// members); unreachable keys whose named home did not answer.
+	refused, notHome, unreachable atomic.Uint64
+	// storeReads counts the shards whose claims a refusal had this
+	// daemon read from etcd (Fence.Refresh).
+	storeReads atomic.Uint64
 }
