@@ -294,7 +294,7 @@ func pushEvery(staleness time.Duration) time.Duration {
 // the pusher runs.
 func (c *Cluster) startPush() error {
 	c.pushStop, c.pushDone = make(chan struct{}), make(chan struct{})
-	if c.cfg.Staleness <= 0 || c.cfg.NoPush {
+	if c.cfg.Staleness <= 0 || !c.cfg.Push {
 		close(c.pushDone)
 		return nil
 	}

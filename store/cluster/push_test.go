@@ -29,7 +29,7 @@ func cachedHolders(n *fakeNode, key string) []string {
 // not the key's home is refused and changes nothing.
 func TestPushedAnswers(t *testing.T) {
 	ids := []string{"a", "h", "r"}
-	f := newNet(t, ids, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour, Staleness: 10 * time.Second})
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour, Staleness: 10 * time.Second, Push: true})
 	a, h, r := f.node("a"), f.node("h"), f.node("r")
 	key := keyHomedOn(f, a, "push", "h")
 	other := keyHomedOn(f, a, "push/other", "h")

@@ -40,7 +40,7 @@ var (
 	simZipf     = flag.Float64("storesim.zipf", 1.1, "Zipf exponent of the keys read (> 1)")
 	simStale    = flag.Duration("storesim.staleness", 0, "the readers' staleness budget for home answers (0: the default, 2 s)")
 	simChurn    = flag.Int("storesim.churn", 6, "members taken down (one at a time, the previous one back) during the workload")
-	simNoPush   = flag.Bool("storesim.nopush", false, "homes push no answers to interested readers")
+	simPush     = flag.Bool("storesim.push", false, "homes push answers to interested readers")
 	simFenced   = flag.Bool("storesim.fenced", true, "homes follow shard claims in an in-memory etcd (directory = etcd's model); false: rendezvous over the members (embedded)")
 )
 
@@ -55,7 +55,7 @@ type simConfig struct {
 	// fenced: homes follow shard claims in an in-memory etcd (a member
 	// cut off cannot reach it either), as with directory = etcd.
 	fenced bool
-	noPush bool // homes push no answers (Config.NoPush)
+	push   bool // homes push answers (Config.Push)
 }
 
 // simResult is what a simulation counted; lookups count keys.
@@ -128,10 +128,10 @@ func (r simResult) String() string {
 	if c.fenced {
 		dir = "etcd's model (homes hold fenced shard claims in an in-memory etcd)"
 	}
-	if c.noPush {
-		dir += ", no pushed answers"
-	} else {
+	if c.push {
 		dir += ", homes push answers to interested readers"
+	} else {
+		dir += ", no pushed answers"
 	}
 	fmt.Fprintf(&b, "home lookups: %d daemons, %d keys of %d bytes each, %v workload, Zipf s=%.2f, %d workers, %d churn events, %d shards, staleness %v, directory %s\n",
 		c.members, c.keysPer, c.size, r.elapsed.Round(time.Millisecond), c.zipf, c.workers, len(r.churn), DefaultShards, stale, dir)
@@ -217,7 +217,7 @@ func simulate(t testing.TB, cfg simConfig) simResult {
 		}
 		mut = func(id string, c *Config) { c.Fence = ff.of(id, epochs[id]) }
 	}
-	f := newNetWith(t, ids, Config{ProbeEvery: time.Hour, Staleness: cfg.staleness, NoPush: cfg.noPush}, mut)
+	f := newNetWith(t, ids, Config{ProbeEvery: time.Hour, Staleness: cfg.staleness, Push: cfg.push}, mut)
 	fnet.Store(f)
 	nodes := make([]*fakeNode, len(ids))
 	for i, id := range ids {
@@ -479,7 +479,7 @@ func TestHomeLookupsFromCache(t *testing.T) {
 func BenchmarkHomeLookups(b *testing.B) {
 	for range b.N {
 		r := simulate(b, simConfig{members: *simMembers, keysPer: *simKeys, workers: *simWorkers, duration: *simDuration,
-			zipf: *simZipf, churn: *simChurn, size: 4096, staleness: *simStale, fenced: *simFenced, noPush: *simNoPush})
+			zipf: *simZipf, churn: *simChurn, size: 4096, staleness: *simStale, fenced: *simFenced, push: *simPush})
 		fmt.Println(r.String())
 		b.ReportMetric(r.pct(r.cacheHits), "cache-%")
 		b.ReportMetric(r.pct(r.askedHome), "home-%")
