@@ -2,8 +2,6 @@ package status_test
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +13,7 @@ import (
 	"github.com/tensorcast/tensorcast/daemon/config"
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/ktrace"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/peer/plane"
@@ -292,7 +291,7 @@ var internalKinds = []string{"bug: ", "start-up: ", "not the daemon's: "}
 // module's source: each is in everyError, maps to its code there (bare and
 // wrapped), and maps to INTERNAL only with a reason in internalAllowed.
 func TestEveryErrorMapped(t *testing.T) {
-	root, err := moduleRoot()
+	root, err := testutil.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,16 +343,7 @@ func TestEveryErrorMapped(t *testing.T) {
 // package main.
 func TestExportedErrorsFinder(t *testing.T) {
 	root := t.TempDir()
-	write := func(rel, src string) {
-		t.Helper()
-		p := filepath.Join(root, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel, src string) { t.Helper(); testutil.Plant(t, root, rel, src) }
 	write("go.mod", "module example.com/planted\n")
 	write("root.go", "package planted\n\nimport \"errors\"\n\nvar ErrAtRoot = errors.New(\"planted: root\")\n")
 	write("a/errors.go", `package a

@@ -42,24 +42,10 @@ type InlineHandler func(from string, epoch uint64, req []byte, reply func(resp, 
 // h removes it. A kind has an inline handler or a Handler, not both: the
 // inline one is looked up first.
 func (n *Node) HandleInline(kind string, h InlineHandler) error {
-	if kind == "" || len(kind) > MaxExchangeKind {
-		return fmt.Errorf("%w: exchange kind of %d bytes (want 1..%d)", xfer.ErrInvalid, len(kind), MaxExchangeKind)
-	}
-	n.hmu.Lock()
-	defer n.hmu.Unlock()
-	if h == nil {
-		delete(n.inline, kind)
-	} else {
-		n.inline[kind] = h
-	}
-	return nil
+	return register(n, n.inline, kind, h, h == nil)
 }
 
-func (n *Node) inlineHandler(kind string) InlineHandler {
-	n.hmu.RLock()
-	defer n.hmu.RUnlock()
-	return n.inline[kind]
-}
+func (n *Node) inlineHandler(kind string) InlineHandler { return lookup(n, n.inline, kind) }
 
 // ExchangeDone receives a data exchange's answer: its body (the asker's
 // own copy) and how many payload bytes landed at the start of dst, or why

@@ -35,23 +35,31 @@ type Handler func(from string, epoch uint64, req []byte) ([]byte, error)
 // the handler. Requests of a kind without a handler are answered with
 // ErrNoHandler.
 func (n *Node) Handle(kind string, h Handler) error {
+	return register(n, n.handlers, kind, h, h == nil)
+}
+
+func (n *Node) handler(kind string) Handler { return lookup(n, n.handlers, kind) }
+
+// register puts h into m (one of the node's handler tables, made with the
+// node) under kind, or removes kind's entry when none; hmu guards them.
+func register[H any](n *Node, m map[string]H, kind string, h H, none bool) error {
 	if kind == "" || len(kind) > MaxExchangeKind {
 		return fmt.Errorf("%w: exchange kind of %d bytes (want 1..%d)", xfer.ErrInvalid, len(kind), MaxExchangeKind)
 	}
 	n.hmu.Lock()
 	defer n.hmu.Unlock()
-	if h == nil {
-		delete(n.handlers, kind)
+	if none {
+		delete(m, kind)
 	} else {
-		n.handlers[kind] = h
+		m[kind] = h
 	}
 	return nil
 }
 
-func (n *Node) handler(kind string) Handler {
+func lookup[H any](n *Node, m map[string]H, kind string) H {
 	n.hmu.RLock()
 	defer n.hmu.RUnlock()
-	return n.handlers[kind]
+	return m[kind]
 }
 
 // Exchange sends req to peer's handler of kind over the authenticated

@@ -6,7 +6,6 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -97,7 +96,7 @@ func callsMain(fd *ast.FuncDecl) bool {
 // and no TestMain, or a TestMain that does more than call Main (its own
 // leak check, its own exit), fails here by its directory.
 func TestEveryPackageRunsUnderMain(t *testing.T) {
-	root, err := moduleRoot()
+	root, err := ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,16 +114,7 @@ func TestEveryPackageRunsUnderMain(t *testing.T) {
 // external test package too.
 func TestWithoutMainFinder(t *testing.T) {
 	root := t.TempDir()
-	write := func(rel, src string) {
-		t.Helper()
-		p := filepath.Join(root, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel, src string) { t.Helper(); Plant(t, root, rel, src) }
 	write("go.mod", "module example.com/planted\n")
 	write("good/a_test.go", "package good_test\n\nimport (\n\t\"testing\"\n\n\t\"x/testutil\"\n)\n\nfunc TestMain(m *testing.M) { testutil.Main(m, testutil.Warm(nil)) }\n")
 	write("good/b_test.go", "package good\n\nimport \"testing\"\n\nfunc TestB(t *testing.T) {}\n")
@@ -138,23 +128,5 @@ func TestWithoutMainFinder(t *testing.T) {
 	}
 	if want := []string{"none", "own"}; !slices.Equal(got, want) {
 		t.Fatalf("withoutMain = %q, want %q", got, want)
-	}
-}
-
-// moduleRoot is the directory of the go.mod above the working directory.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		up := filepath.Dir(dir)
-		if up == dir {
-			return "", fmt.Errorf("no go.mod above the working directory")
-		}
-		dir = up
 	}
 }
