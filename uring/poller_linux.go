@@ -615,9 +615,8 @@ func (r *ring) FutexWait(w *atomic.Uint32, v uint32, token uint32) {
 		r.unarm(token)
 		return
 	}
-	e := r.raw.getSQE()
+	e := r.waitSQE(token)
 	if e == nil {
-		r.unarm(token)
 		return
 	}
 	e.opcode = opFutexWait
@@ -625,8 +624,19 @@ func (r *ring) FutexWait(w *atomic.Uint32, v uint32, token uint32) {
 	e.addr = uint64(uintptr(unsafe.Pointer(w)))
 	e.off = uint64(v)             // addr2: the value the word must hold
 	e.addr3 = futexBitsetMatchAny // the mask a plain FUTEX_WAKE wakes
+}
+
+// waitSQE is the SQE of one of the guest's waits, its CQE carrying token,
+// counted among the ring's waits; nil (token unarmed) when the ring is full.
+func (r *ring) waitSQE(token uint32) *sqe {
+	e := r.raw.getSQE()
+	if e == nil {
+		r.unarm(token)
+		return nil
+	}
 	e.userData = udFutex | uint64(token)
 	r.futexes++
+	return e
 }
 
 // unarm records that token's wait could not be put on the ring: the ring
@@ -641,33 +651,27 @@ func (r *ring) unarm(token uint32) {
 // wait's does. Every such read lands in the same 8 bytes of the ring's
 // own page: their values are never looked at.
 func (r *ring) FDWait(fd int, token uint32) {
-	e := r.raw.getSQE()
+	e := r.waitSQE(token)
 	if e == nil {
-		r.unarm(token)
 		return
 	}
 	e.opcode = opRead
 	e.fd = int32(fd)
 	e.addr = uint64(uintptr(unsafe.Pointer(&r.wakeMem[16])))
 	e.len = 8
-	e.userData = udFutex | uint64(token)
-	r.futexes++
 }
 
 // PollWait implements Waits for the ring's guest (poller only): a one-shot
 // IORING_OP_POLL_ADD of fd for POLLIN, whose CQE carries token as a futex
 // wait's does (its result is the revents, or a negative errno).
 func (r *ring) PollWait(fd int, token uint32) {
-	e := r.raw.getSQE()
+	e := r.waitSQE(token)
 	if e == nil {
-		r.unarm(token)
 		return
 	}
 	e.opcode = opPollAdd
 	e.fd = int32(fd)
 	e.opFlags = unix.POLLIN // poll32_events
-	e.userData = udFutex | uint64(token)
-	r.futexes++
 }
 
 // CancelWait implements Waits (poller only): an IORING_OP_ASYNC_CANCEL of
