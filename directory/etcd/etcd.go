@@ -564,6 +564,13 @@ func (d *Dir) checkOutage() {
 	if d.state == directory.StateDown || d.state == directory.StateClosed {
 		return
 	}
+	// Read again under smu: the feed refreshes the cache before it calls
+	// reachable (which takes smu), so an age read before the lock may be
+	// from before a recovery that has since been declared; acting on it
+	// would declare a second outage within that recovery.
+	if age = d.cache.Age(); age <= d.cfg.Budget {
+		return
+	}
 	if d.state == directory.StateUp {
 		d.outages++
 	}
