@@ -437,25 +437,30 @@ func socketInode(t *testing.T, fd int) string {
 // dupListener returns a duplicate of ln's descriptor.
 func dupListener(t *testing.T, ln net.Listener) int {
 	t.Helper()
-	raw, err := ln.(*net.TCPListener).SyscallConn()
+	fd, err := -1, error(nil)
+	withListenerFD(t, ln, func(s int) { fd, err = syscall.Dup(s) })
 	if err != nil {
 		t.Fatal(err)
-	}
-	fd, derr := -1, error(nil)
-	raw.Control(func(s uintptr) { fd, derr = syscall.Dup(int(s)) })
-	if derr != nil {
-		t.Fatal(derr)
 	}
 	return fd
 }
 
+// socketInodeOf is the socket ln listens on ("socket:[inode]").
 func socketInodeOf(t *testing.T, ln net.Listener) string {
+	t.Helper()
+	var s string
+	withListenerFD(t, ln, func(fd int) { s = socketInode(t, fd) })
+	return s
+}
+
+// withListenerFD runs f with ln's descriptor.
+func withListenerFD(t *testing.T, ln net.Listener, f func(fd int)) {
 	t.Helper()
 	raw, err := ln.(*net.TCPListener).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var s string
-	raw.Control(func(fd uintptr) { s = socketInode(t, int(fd)) })
-	return s
+	if err := raw.Control(func(fd uintptr) { f(int(fd)) }); err != nil {
+		t.Fatal(err)
+	}
 }
