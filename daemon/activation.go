@@ -124,12 +124,14 @@ func (in *inheritedFDs) closeRest(log *slog.Logger) []string {
 
 // inheritedListener returns the control socket systemd passed by socket
 // activation, or nil when none was passed: the descriptor named "control",
-// else the first one that is not from the fd store. It must be a listening
+// else the first one that is not from the fd store or a hand-off. It must be a listening
 // unix stream socket.
 func inheritedListener(in *inheritedFDs) (*net.UnixListener, error) {
 	fd, ok := in.take("control")
 	for i, name := range in.names {
-		if !ok && !in.taken[i] && !stored(name) {
+		// A hand-off passes no control socket: its descriptors are the
+		// store's and the peer listener.
+		if !ok && !in.taken[i] && !stored(name) && (i >= len(in.handed) || !in.handed[i]) {
 			fd, ok = in.take(name)
 		}
 	}

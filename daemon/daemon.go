@@ -193,7 +193,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 				return nil, err
 			}
 		}
-		if d.peers, err = newPeerPlane(cfg, d.dir, segs, d.exports, homes, log); err != nil {
+		if d.peers, err = newPeerPlane(cfg, d.dir, segs, d.exports, homes, d.handedPeerListener(in), log); err != nil {
 			return nil, err
 		}
 		rt.Remote = d.peers
@@ -374,6 +374,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.Info("shutting down: draining", "drain_timeout", d.cfg.DrainTimeout.String())
 	case c := <-handReqs:
 		d.hand.conn = c
+		d.holdPeerListener()
 		d.log.Info("handing over to a new daemon: draining", "drain_timeout", d.cfg.DrainTimeout.String())
 	}
 	d.stopping.Store(true)

@@ -51,6 +51,26 @@ import (
 //     binds the control socket. Clients reconnect; their pool mappings
 //     stay the pool.
 //
+// The peer port goes across too. When it accepts, the old daemon
+// duplicates its peer listener's descriptor (before the drain, which
+// closes the listener), and after the state it sends a second message,
+// "listeners peer-listen NETNS", with that duplicate and the name of its
+// network namespace: a listener of another namespace (a pod with a host
+// port rather than the node's network) is dropped, since nothing reaches
+// it once that pod is gone. The socket is never
+// closed: what peers dial while neither daemon accepts (from the old
+// one's peer node stopping to the new one's starting) waits in its
+// backlog, and the new daemon serves the same socket (tcp.Config.Listener)
+// when it listens on the same address (peer_listen; port 0 takes any),
+// else it closes it and binds peer_listen, saying so. Peers' sessions with
+// the old daemon end with its drain: their requests on them fail
+// (ErrConnLost), and they dial again, into the backlog. RDMA has no
+// listener of its own (its connection data ride the tcp handshake). A
+// daemon that predates the second message never sends it: the new one
+// sees the connection end and binds the port itself; one that predates it
+// reading it leaves it unread, and the descriptor is closed with the
+// connection.
+//
 // A daemon that does not answer (gone, stopping, or without store_handoff)
 // or hands over no state (store off, store_keep_l1 = off, a part that did
 // not let go of a pool) makes the new daemon wait for the lock and start
@@ -72,6 +92,8 @@ const (
 	maxHandoffMsg = 64 << 10
 	// handoffLogEvery rate-limits the log of refused requests.
 	handoffLogEvery = 10 * time.Second
+	// peerListenFD names the peer listener in the listeners message.
+	peerListenFD = "peer-listen"
 )
 
 // handoffState is the old daemon's side of a hand-off under way.
@@ -82,6 +104,9 @@ type handoffState struct {
 	refused *ratelog.Log
 	// conn is the new daemon's connection once Run took the request.
 	conn *net.UnixConn
+	// peerFD is a duplicate of the peer listener, taken by Run with the
+	// request and sent after the state (-1: none).
+	peerFD int
 	// handedOver is set once the state went (or "nostate" did).
 	handedOver bool
 	// mu guards answering, the connection being answered, which closing
@@ -223,10 +248,12 @@ func (d *Daemon) takeOver() (*inheritedFDs, time.Duration, string, error) {
 		}
 		return in, w, why, nil
 	}
-	switch {
-	case err != nil:
+	if err != nil {
 		return cold(ownWait, fmt.Sprintf("the old daemon sent no state: %v", err))
-	case flags&unix.MSG_CTRUNC != 0:
+	}
+	// The listeners come next, whatever the state was.
+	d.takeListeners(conn, in)
+	if flags&unix.MSG_CTRUNC != 0 {
 		return cold(wait, "the old daemon's state came with more descriptors than a hand-off has (truncated): dropped")
 	}
 	verb, arg, _ = strings.Cut(strings.TrimSuffix(string(buf[:n]), "\n"), " ")
@@ -250,6 +277,142 @@ func (d *Daemon) takeOver() (*inheritedFDs, time.Duration, string, error) {
 		in.fds, in.names, in.taken, in.handed = append(in.fds, fd), append(in.names, names[i]), append(in.taken, false), append(in.handed, true)
 	}
 	return in, wait, "", nil
+}
+
+// takeListeners reads the old daemon's listeners message, sent right
+// after its state, and adds the peer listener to in (checked when it is
+// adopted, in handedPeerListener). A daemon that sends none ends the connection
+// once it released the lock; what is not one peer listener is dropped
+// and said in the log.
+func (d *Daemon) takeListeners(conn *net.UnixConn, in *inheritedFDs) {
+	buf := make([]byte, 256)
+	oob := make([]byte, unix.CmsgSpace(4*maxListenFDs))
+	conn.SetReadDeadline(time.Now().Add(handoffReplyTimeout + handoffMargin))
+	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
+	fds := parseRights(oob[:oobn])
+	drop := func(why string) {
+		for _, fd := range fds {
+			syscall.Close(fd)
+		}
+		d.log.Warn("hand-off: no peer listener taken over: the peer port is bound anew, and peers dialing until then are refused", "why", why)
+	}
+	if err != nil {
+		drop(fmt.Sprintf("the old daemon sent no listeners (%v): it predates passing them", err))
+		return
+	}
+	verb, arg, _ := strings.Cut(strings.TrimSuffix(string(buf[:n]), "\n"), " ")
+	switch {
+	case verb != "listeners":
+		drop(fmt.Sprintf("the old daemon sent %q, not its listeners", string(buf[:min(n, 80)])))
+	case flags&unix.MSG_CTRUNC != 0:
+		drop("its listeners came with more descriptors than a hand-off has (truncated)")
+	case arg == "" && len(fds) == 0:
+		// It has no peer plane.
+	case !strings.HasPrefix(arg, peerListenFD+" ") || len(fds) != 1:
+		drop(fmt.Sprintf("the old daemon's listeners name %q with %d descriptors, not one %s", arg, len(fds), peerListenFD))
+	case strings.TrimPrefix(arg, peerListenFD+" ") != netNamespace():
+		// A pod of its own network (a host port): the socket would stay
+		// in that namespace, which nothing reaches once the pod is gone.
+		drop(fmt.Sprintf("the old daemon's listener is in network namespace %s, this daemon runs in %s",
+			strings.TrimPrefix(arg, peerListenFD+" "), netNamespace()))
+	default:
+		unix.CloseOnExec(fds[0])
+		in.fds, in.names, in.taken, in.handed = append(in.fds, fds[0]), append(in.names, peerListenFD), append(in.taken, false), append(in.handed, true)
+	}
+}
+
+// netNamespace names this process's network namespace ("net:[inode]"),
+// or says why it cannot (then no two daemons' names are equal).
+func netNamespace() string {
+	ns, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		return fmt.Sprintf("unknown(pid %d: %v)", os.Getpid(), err)
+	}
+	return ns
+}
+
+// handedPeerListener returns the peer listener a hand-off passed, when it
+// is a listening TCP socket on peer_listen's address (port 0: any); nil
+// when none came, or it was not fit (closed, and said in the log: the
+// peer port is then bound anew).
+func (d *Daemon) handedPeerListener(in *inheritedFDs) *net.TCPListener {
+	fd, ok := in.take(peerListenFD)
+	if !ok {
+		return nil
+	}
+	ln, err := tcpListenerOf(fd)
+	if err == nil {
+		err = sameListenAddr(ln.Addr().(*net.TCPAddr), d.cfg.PeerListen)
+	}
+	if err != nil {
+		if ln != nil {
+			ln.Close()
+		}
+		d.log.Warn("hand-off: the peer listener the old daemon passed is not used: binding peer_listen anew", "peer_listen", d.cfg.PeerListen, "why", err)
+		return nil
+	}
+	d.log.Info("hand-off: serving peers on the listener the old daemon passed (same socket, no new bind)", "addr", ln.Addr().String())
+	return ln
+}
+
+// tcpListenerOf makes a listener of fd, which it closes: it must be a
+// listening TCP socket.
+func tcpListenerOf(fd int) (*net.TCPListener, error) {
+	listening, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	if err != nil {
+		syscall.Close(fd)
+		return nil, os.NewSyscallError("getsockopt SO_ACCEPTCONN", err)
+	}
+	f := os.NewFile(uintptr(fd), peerListenFD)
+	l, err := net.FileListener(f)
+	f.Close() // FileListener holds its own duplicate
+	if err != nil {
+		return nil, err
+	}
+	tl, ok := l.(*net.TCPListener)
+	switch {
+	case !ok:
+		network := l.Addr().Network()
+		l.Close()
+		return nil, fmt.Errorf("a %s socket, not tcp", network)
+	case listening != 1:
+		l.Close()
+		return nil, errors.New("a tcp socket that does not listen")
+	}
+	return tl, nil
+}
+
+// sameListenAddr is nil when addr is what listen (host:port) binds: the
+// same port, or any with port 0, and the same address (an empty host
+// and 0.0.0.0 are the unspecified address, as :: is).
+func sameListenAddr(addr *net.TCPAddr, listen string) error {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return err
+	}
+	if p, err := net.LookupPort("tcp", port); err != nil || (p != 0 && p != addr.Port) {
+		return fmt.Errorf("it listens on port %d, peer_listen %q", addr.Port, listen)
+	}
+	ip := net.ParseIP(host)
+	if host == "" {
+		ip = net.IPv4zero
+	}
+	if ip == nil {
+		ips, err := net.LookupIP(host)
+		if err != nil || len(ips) == 0 {
+			return fmt.Errorf("peer_listen %q: %v", listen, err)
+		}
+		ip = ips[0]
+		for _, c := range ips {
+			if c.Equal(addr.IP) {
+				ip = c
+			}
+		}
+	}
+	if ip.Equal(addr.IP) || (ip.IsUnspecified() && addr.IP.IsUnspecified()) {
+		return nil
+	}
+	return fmt.Errorf("it listens on %s, peer_listen %q", addr, listen)
 }
 
 // parseRights returns the descriptors of SCM_RIGHTS messages in oob.
@@ -291,7 +454,7 @@ func (d *Daemon) listenHandoff() error {
 		ln.Close()
 		return err
 	}
-	d.hand = &handoffState{ln: ln, reqs: make(chan *net.UnixConn, 1), done: make(chan struct{}),
+	d.hand = &handoffState{ln: ln, reqs: make(chan *net.UnixConn, 1), done: make(chan struct{}), peerFD: -1,
 		refused: ratelog.New(d.log, slog.LevelWarn, "hand-off refused", handoffLogEvery)}
 	return nil
 }
@@ -452,6 +615,9 @@ func (d *Daemon) handOver() {
 		syscall.Close(fd)
 	}
 	h.handedOver = true
+	if err == nil {
+		d.sendListeners()
+	}
 	switch {
 	case err != nil:
 		d.log.Error("hand-off: sending the state failed: the new daemon starts cold", "err", err)
@@ -462,8 +628,52 @@ func (d *Daemon) handOver() {
 	}
 }
 
+// holdPeerListener duplicates the peer listener for the new daemon, as the
+// hand-off starts: the drain closes the node's own descriptor, and the
+// duplicate keeps the socket, and what peers dial meanwhile, open.
+func (d *Daemon) holdPeerListener() {
+	if d.peers == nil {
+		return
+	}
+	fd, err := d.peers.Node().DupListener()
+	if err != nil {
+		d.log.Warn("hand-off: cannot keep the peer listener for the new daemon: it binds the peer port anew, and peers dialing until then are refused",
+			"err", err)
+		return
+	}
+	d.hand.peerFD = fd
+}
+
+// sendListeners sends the new daemon the peer listener held since the
+// hand-off started ("listeners" and none without a peer plane), and
+// closes this daemon's duplicate.
+func (d *Daemon) sendListeners() {
+	h := d.hand
+	msg, rights := "listeners\n", []byte(nil)
+	if h.peerFD >= 0 {
+		msg, rights = "listeners "+peerListenFD+" "+netNamespace()+"\n", syscall.UnixRights(h.peerFD)
+	}
+	_, _, err := h.conn.WriteMsgUnix([]byte(msg), rights, nil)
+	d.closePeerListener()
+	switch {
+	case err != nil:
+		d.log.Error("hand-off: sending the peer listener failed: the new daemon binds the peer port anew", "err", err)
+	case rights != nil:
+		d.log.Info("hand-off: peer listener handed over: peers dialing now wait in its backlog for the new daemon")
+	}
+}
+
+// closePeerListener closes the duplicate of the peer listener, if held.
+func (d *Daemon) closePeerListener() {
+	if d.hand != nil && d.hand.peerFD >= 0 {
+		syscall.Close(d.hand.peerFD)
+		d.hand.peerFD = -1
+	}
+}
+
 // closeHandoff closes the connection to the new daemon, after the lock.
 func (d *Daemon) closeHandoff() {
+	d.closePeerListener()
 	if d.hand != nil && d.hand.conn != nil {
 		d.hand.conn.Close()
 	}

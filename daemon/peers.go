@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/directory/etcd"
@@ -15,10 +16,11 @@ import (
 )
 
 // newPeerPlane builds the peer plane from the config: its tcp node on
-// peer_listen (finding peers in dir, the etcd directory, or in the
+// peer_listen, or on handed, the listener a hand-off passed (finding peers in dir, the etcd directory, or in the
 // configured peers) serving exports, and RDMA as rdma says, with the
 // tenants' pools registered.
-func newPeerPlane(cfg Config, dir *etcd.Dir, pools []xfer.MemSegment, exports *peer.Exports, homes *rdma.Homes, log *slog.Logger) (*plane.Plane, error) {
+func newPeerPlane(cfg Config, dir *etcd.Dir, pools []xfer.MemSegment, exports *peer.Exports, homes *rdma.Homes, handed *net.TCPListener,
+	log *slog.Logger) (*plane.Plane, error) {
 	peers := make([]directory.Peer, len(cfg.Peers))
 	for i, pc := range cfg.Peers {
 		peers[i] = directory.Peer{ID: pc.ID, Addr: pc.Addr}
@@ -32,6 +34,7 @@ func newPeerPlane(cfg Config, dir *etcd.Dir, pools []xfer.MemSegment, exports *p
 			ConnsPerPeer:   cfg.PeerConns,
 			SliceSize:      int(cfg.PeerSliceSize),
 			Peers:          peers,
+			Listener:       handed,
 		},
 		RDMA: plane.RDMAConfig{Mode: cfg.RDMA, Device: cfg.RDMADevice, GID: cfg.RDMAGID, QPs: cfg.RDMAQPs,
 			Log: log.With("component", "rdma"), Homes: homes},

@@ -662,6 +662,12 @@ type running struct {
 
 func startDaemon(t *testing.T, id, key string, etcd *etcdtest.Server, peers ...daemon.PeerConfig) *running {
 	t.Helper()
+	return startDaemonWith(t, id, key, etcd, nil, peers...)
+}
+
+// startDaemonWith is startDaemon with mut applied to the config last.
+func startDaemonWith(t *testing.T, id, key string, etcd *etcdtest.Server, mut func(*daemon.Config), peers ...daemon.PeerConfig) *running {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := daemon.Defaults()
 	cfg.DaemonID = id
@@ -686,6 +692,9 @@ func startDaemon(t *testing.T, id, key string, etcd *etcdtest.Server, peers ...d
 		cfg.EBPF = "auto" // the kernel views' names, where the kernel lets them load
 	}
 	cfg.DrainTimeout = daemon.Duration(2 * time.Second)
+	if mut != nil {
+		mut(&cfg)
+	}
 	r := &running{cfg: cfg}
 	// The daemon's log is the test's output: shown when it fails.
 	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), func(string) string { return "" })
@@ -715,6 +724,28 @@ type scraped map[string]map[string]bool
 // labels' names.
 func scrape(t *testing.T, addr string) scraped {
 	t.Helper()
+	names := scraped{}
+	for _, s := range scrapeSamples(t, addr) {
+		if names[s.name] == nil {
+			names[s.name] = map[string]bool{}
+		}
+		for l := range s.labels {
+			names[s.name][l] = true
+		}
+	}
+	return names
+}
+
+// sample is one line of a scrape: its name, labels and value.
+type sample struct {
+	name   string
+	labels map[string]string
+	value  string
+}
+
+// scrapeSamples returns the samples of one scrape of addr.
+func scrapeSamples(t *testing.T, addr string) []sample {
+	t.Helper()
 	hc := &http.Client{Timeout: 10 * time.Second}
 	resp, err := hc.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -725,9 +756,10 @@ func scrape(t *testing.T, addr string) scraped {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /metrics: %s %v", resp.Status, err)
 	}
-	names := scraped{}
-	labelName := regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*"`)
+	var out []sample
+	label := regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
 	for line := range strings.Lines(string(b)) {
+		line = strings.TrimSuffix(line, "\n")
 		if line == "" || line[0] == '#' {
 			continue
 		}
@@ -735,16 +767,19 @@ func scrape(t *testing.T, addr string) scraped {
 		if i <= 0 {
 			continue
 		}
-		n := line[:i]
-		if names[n] == nil {
-			names[n] = map[string]bool{}
-		}
+		s := sample{name: line[:i], labels: map[string]string{}}
+		rest := line[i:]
 		if line[i] == '{' {
 			end := strings.LastIndexByte(line, '}')
-			for _, m := range labelName.FindAllStringSubmatch(line[i+1:max(end, i+1)], -1) {
-				names[n][m[1]] = true
+			for _, m := range label.FindAllStringSubmatch(line[i+1:max(end, i+1)], -1) {
+				s.labels[m[1]] = m[2]
 			}
+			rest = line[max(end, i)+1:]
 		}
+		if f := strings.Fields(rest); len(f) > 0 {
+			s.value = f[0]
+		}
+		out = append(out, s)
 	}
-	return names
+	return out
 }

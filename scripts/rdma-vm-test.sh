@@ -12,7 +12,8 @@
 # their revocation,
 # the owner's device enforcing an export's rights), then the daemon's RDMA
 # tests (two daemons choosing rdma over their peer channel; one of them a
-# process killed mid-transfer), and prints a go-test style summary plus the figures side
+# process killed mid-transfer), then deploy's (the dashboard's and the
+# rules' RDMA series in two daemons' scrapes), and prints a go-test style summary plus the figures side
 # by side: the rdma transport vs perftest, then tcbench vs perftest. It
 # fails when the VM fails, a test or tcbench fails, or a real-verbs test
 # skipped inside the VM.
@@ -20,7 +21,7 @@
 # Environment: RDMA_TEST_RUN (test regexp, default all), RDMA_BENCH (bench
 # regexp, default 'Verbs'; '-' for none, which also skips perftest and
 # tcbench), RDMA_BENCHTIME (default 1s),
-# RDMA_DAEMON_RUN (rdma/link and daemon test regexp, default 'Verbs|RDMA';
+# RDMA_DAEMON_RUN (rdma/link, daemon and deploy test regexp, default 'Verbs|RDMA';
 # '-' for none), RDMA_LINK_RUN (rdma/link's alone, default RDMA_DAEMON_RUN;
 # '-' for none), RDMA_COUNT (runs of each rdma/link and daemon test, default
 # 1: a leak that shows once in several CI runs shows in one VM boot),
@@ -59,6 +60,7 @@ if [ "$daemon_run" != "-" ]; then
   echo "test-rdma: building the rdma/link and daemon test binaries (cgo)" >&2
   CGO_ENABLED=1 go test -c -o "$w/link.test" ./rdma/link/
   CGO_ENABLED=1 go test -c -o "$w/daemon.test" ./daemon/
+  CGO_ENABLED=1 go test -c -o "$w/deploy.test" ./deploy/
 fi
 tcbench=${RDMA_TCBENCH:-1}
 [ "$bench" = "-" ] && tcbench=0
@@ -142,6 +144,9 @@ fi
 if [ -x ./daemon.test ]; then
   ./daemon.test -test.v -test.count=${count} -test.timeout=$((300 * count))s -test.run='${daemon_run}' || rc=1
 fi
+if [ -x ./deploy.test ]; then # reads the dashboard and rules from deploy/
+  (cd deploy && ../deploy.test -test.v -test.count=${count} -test.timeout=$((300 * count))s -test.run='${daemon_run}') || rc=1
+fi
 exit \$rc
 EOF
 chmod 755 "$w/run-rdma-tests"
@@ -150,6 +155,7 @@ set +e
 files="$w/rdma.test rdma/testdata"
 [ -f "$w/link.test" ] && files="$files $w/link.test"
 [ -f "$w/daemon.test" ] && files="$files $w/daemon.test"
+[ -f "$w/deploy.test" ] && files="$files $w/deploy.test deploy"
 [ -f "$w/tcbench" ] && files="$files $w/tcbench $w/tensorcastd"
 [ -f "$w/tensorcastd-base" ] && files="$files $w/tensorcastd-base"
 RXE_FILES="$files" RXE_LOG="$log" scripts/rxe-vm.sh "$w/run-rdma-tests"

@@ -7,6 +7,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -25,6 +26,12 @@ type Config struct {
 	// Listen is the host:port of the peer listener ("127.0.0.1:0" picks a
 	// free port). Required.
 	Listen string
+	// Listener, when set, is a listening TCP socket to serve on instead of
+	// binding Listen: the one an earlier daemon handed over, whose backlog
+	// held the connections peers made in between. NewNode owns it from the
+	// call on (it closes it when it fails). Listen then only names it in
+	// errors and logs.
+	Listener *net.TCPListener
 	// Advertise is the address peers are told to dial; default: the bound
 	// listen address.
 	Advertise string

@@ -12,11 +12,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -85,8 +88,10 @@ type Node struct {
 	// node dialed.
 	ln       net.Listener
 	acceptWG sync.WaitGroup
-	srv      *gnet.Client
-	cli      *gnet.Client
+	// inherited says ln came in Config.Listener, not from Listen.
+	inherited bool
+	srv       *gnet.Client
+	cli       *gnet.Client
 
 	done       chan struct{} // closed when Close starts
 	reaperDone chan struct{}
@@ -142,7 +147,16 @@ var _ xfer.Transport = (*Node)(nil)
 
 // NewNode validates cfg, loads the cluster key, starts the listener and
 // the client event loops, and returns a running Node.
-func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
+func NewNode(cfg Config, exp Exporter, log *slog.Logger) (_ *Node, err error) {
+	if cfg.Listener != nil {
+		// Owned from here: closed on any failure before the node has it
+		// (from then on stopServer closes it).
+		defer func() {
+			if err != nil && cfg.Listener != nil {
+				cfg.Listener.Close()
+			}
+		}()
+	}
 	if exp == nil {
 		return nil, fmt.Errorf("%w: nil Exporter", ErrConfig)
 	}
@@ -189,13 +203,23 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (*Node, error) {
 	// descriptor stays open, known to nobody. Here the accept goroutine
 	// enrolls each connection itself, waiting until a loop has it, and
 	// stopServer stops the loops only once that goroutine has returned.
-	lc := net.ListenConfig{KeepAliveConfig: peerKeepAliveConfig}
-	ln, err := lc.Listen(context.Background(), "tcp", cfg.Listen)
-	if err != nil {
-		n.cancel()
-		return nil, fmt.Errorf("tcp: listen on %s: %w", cfg.Listen, err)
+	// An inherited listener is served as it is: the connections in its
+	// backlog are accepted like new ones (accept sets their keep-alive).
+	var ln net.Listener
+	if cfg.Listener != nil { // a nil *TCPListener must not become a non-nil Listener
+		ln = cfg.Listener
+	}
+	cfg.Listener = nil // the node owns it now: stopServer closes it
+	if ln == nil {
+		lc := net.ListenConfig{KeepAliveConfig: peerKeepAliveConfig}
+		if ln, err = lc.Listen(context.Background(), "tcp", cfg.Listen); err != nil {
+			n.cancel()
+			return nil, fmt.Errorf("tcp: listen on %s: %w", cfg.Listen, err)
+		}
 	}
 	n.ln = ln
+	n.inherited = n.cfg.Listener != nil
+	n.cfg.Listener = nil
 	bound := ln.Addr().String()
 	n.addr = cfg.Advertise
 	if n.addr == "" {
@@ -293,6 +317,11 @@ func (n *Node) accept() {
 			continue
 		}
 		pause = 0
+		if tc, ok := nc.(*net.TCPConn); ok && n.inherited {
+			// Listen's ListenConfig sets it on the sockets it accepts; an
+			// inherited listener has none.
+			_ = tc.SetKeepAliveConfig(peerKeepAliveConfig)
+		}
 		if _, err := n.srv.Enroll(nc); err != nil {
 			n.refusals.note(n.log, "enrolling a peer connection failed", time.Now(),
 				"remote", nc.RemoteAddr().String(), "err", err.Error())
@@ -301,7 +330,8 @@ func (n *Node) accept() {
 }
 
 // stopServer stops taking peers' connections, in this order: close the
-// listener (connections still in its backlog are reset by the kernel),
+// listener (connections still in its backlog are reset by the kernel,
+// unless a duplicate, DupListener's, keeps the socket open),
 // wait for the accept goroutine, then stop the inbound event loops, which
 // close every connection they hold.
 func (n *Node) stopServer() {
@@ -313,6 +343,30 @@ func (n *Node) stopServer() {
 			n.log.Warn("stopping the event loops of inbound connections", "err", err)
 		}
 	}
+}
+
+// DupListener returns a duplicate of the peer listener's descriptor
+// (close-on-exec), for a daemon that takes over from this one: the socket
+// stays open, its backlog holding what peers dial, after Close closes the
+// node's own descriptor. The caller closes it.
+func (n *Node) DupListener() (int, error) {
+	sc, ok := n.ln.(syscall.Conn)
+	if !ok {
+		return -1, fmt.Errorf("%w: the peer listener (%T) has no descriptor", ErrConfig, n.ln)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, os.NewSyscallError("fcntl F_DUPFD_CLOEXEC", derr)
+	}
+	return fd, nil
 }
 
 // Name implements xfer.Transport.

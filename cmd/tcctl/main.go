@@ -4,7 +4,7 @@
 //	tcctl [--socket PATH] stats [--json]
 //	tcctl top [--metrics HOST:PORT] [--interval D] [-n FRAMES]
 //	tcctl config check FILE
-//	tcctl [--socket PATH] ping [-n COUNT] [-size BYTES] [--queue]
+//	tcctl [--socket PATH] ping [-n COUNT] [-size BYTES] [--queue] [--own]
 //	tcctl [--socket PATH] peers
 //	tcctl [--socket PATH] segments [--remote]
 //	tcctl [--socket PATH] rdma
@@ -55,9 +55,11 @@ commands:
                           (kernel view)
   config check FILE       validate a tensorcastd config file without
                           starting anything: each error with key and line
-  ping [-n COUNT] [-size BYTES] [--queue]
+  ping [-n COUNT] [-size BYTES] [--queue] [--own]
                           round trips to the daemon, with latency stats
-                          (--queue: through a shared-memory queue)
+                          (--queue: through a shared-memory queue; --own:
+                          fail unless the daemon is in this pid namespace,
+                          for a pod's probe of its own daemon)
   peers                   peer daemons: address, epoch, connection, bytes, errors
   segments [--remote]     segments exported to peers, with the tenants each
                           grants (--remote: the remote segments opened
@@ -272,6 +274,8 @@ func ping(sock string, args []string, w, stderr io.Writer) error {
 	n := fs.Int("n", 1, "number of round trips")
 	size := fs.Int("size", 0, "payload bytes per ping (control socket only)")
 	viaQueue := fs.Bool("queue", false, "round trips through a shared-memory queue (no-op requests) instead of the control socket")
+	own := fs.Bool("own", false, "fail unless the daemon runs in this process's pid namespace (a pod's probe of its own daemon, "+
+		"where another pod's may answer on the shared socket directory)")
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
@@ -286,6 +290,15 @@ func ping(sock string, args []string, w, stderr io.Writer) error {
 		return err
 	}
 	defer c.Close()
+	if *own {
+		pid, err := c.DaemonPID()
+		if err == nil {
+			err = ownDaemon(pid)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", sock, err)
+		}
+	}
 	lat := make([]time.Duration, *n)
 	start := time.Now()
 	if *viaQueue {
@@ -324,6 +337,15 @@ func ping(sock string, args []string, w, stderr io.Writer) error {
 	}
 	fmt.Fprintf(w, "min %v  avg %v  p50 %v  p99 %v  max %v  %.0f rt/s\n",
 		lat[0], sum/time.Duration(len(lat)), pct(0.50), pct(0.99), lat[len(lat)-1], float64(*n)/total.Seconds())
+	return nil
+}
+
+// ownDaemon is nil when pid, the daemon's as SO_PEERCRED numbers it in
+// this pid namespace, is one: 0 is a daemon of another namespace.
+func ownDaemon(pid int) error {
+	if pid == 0 {
+		return errors.New("the daemon answering runs in another pid namespace (another pod's or container's), not this one's")
+	}
 	return nil
 }
 

@@ -150,6 +150,31 @@ func TestCommands(t *testing.T) {
 	if code, _, errs = tcctl(t, nil, "--socket", sock, "ping", "--queue", "-size", "8"); code != 2 {
 		t.Fatalf("ping --queue -size: exit %d %q, want a usage error", code, errs)
 	}
+	// The daemon runs in this process: --own passes.
+	if code, out, errs = tcctl(t, nil, "--socket", sock, "ping", "--own"); code != 0 || !strings.HasPrefix(out, "pong from host-a") {
+		t.Fatalf("ping --own of a daemon in this pid namespace: %d %q %q", code, out, errs)
+	}
+}
+
+// TestPingOwn: the daemon's pid as SO_PEERCRED gives it is this process's
+// for a daemon of this pid namespace; 0, a daemon of another (another
+// pod's on a shared socket directory), fails ping --own.
+func TestPingOwn(t *testing.T) {
+	sock := startDaemon(t)
+	c, err := client.Dial(sock, client.Options{Name: "pid", NoPool: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if pid, err := c.DaemonPID(); err != nil || pid != os.Getpid() {
+		t.Fatalf("DaemonPID %d, %v; the daemon is this process, %d", pid, err, os.Getpid())
+	}
+	if err := ownDaemon(0); err == nil || !strings.Contains(err.Error(), "another pid namespace") {
+		t.Fatalf("ownDaemon(0): %v", err)
+	}
+	if err := ownDaemon(1); err != nil {
+		t.Fatalf("ownDaemon(1): %v", err)
+	}
 }
 
 func TestErrors(t *testing.T) {

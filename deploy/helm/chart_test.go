@@ -31,9 +31,11 @@ import (
 const (
 	chartDir   = "tensorcast"
 	allOptions = "testdata/all-options.yaml"
-	// handoffOptions turns the hand-off on (which peers cannot be).
+	// handoffOptions turns the hand-off on, without peers.
 	handoffOptions = "testdata/handoff.yaml"
-	engineFile     = "engine-pod.yaml"
+	// handoffPeersOptions turns it on with peers.
+	handoffPeersOptions = "testdata/handoff-peers.yaml"
+	engineFile          = "engine-pod.yaml"
 	// rulesFile is the alert rules the PrometheusRule holds.
 	rulesFile = "../prometheus/tensorcast-rules.yaml"
 	// helmTool is where make deps (scripts/deps.sh) installs helm.
@@ -92,9 +94,16 @@ type podMonitor struct {
 	Spec              struct {
 		Selector            metav1.LabelSelector `json:"selector"`
 		PodMetricsEndpoints []struct {
-			Port     string `json:"port"`
-			Path     string `json:"path"`
-			Interval string `json:"interval"`
+			Port        string `json:"port,omitempty"`
+			Path        string `json:"path"`
+			Interval    string `json:"interval"`
+			Relabelings []struct {
+				SourceLabels []string `json:"sourceLabels"`
+				Regex        string   `json:"regex"`
+				TargetLabel  string   `json:"targetLabel,omitempty"`
+				Replacement  string   `json:"replacement,omitempty"`
+				Action       string   `json:"action,omitempty"`
+			} `json:"relabelings,omitempty"`
 		} `json:"podMetricsEndpoints"`
 	} `json:"spec"`
 }
@@ -369,10 +378,10 @@ func TestChartDefaults(t *testing.T) {
 
 // TestChartHandoff: with the hand-off on the new pod starts beside the old
 // one (maxSurge 1, maxUnavailable 0), the daemon's store_handoff is on, the
-// startup probe asks the pod's own daemon (its metrics endpoint, not the
-// socket the old daemon still answers on), the socket directory both
-// daemons meet in is the host's, and it is refused with the peer host
-// port.
+// startup probe asks whether the daemon on the socket is the pod's own
+// (tcctl ping --own: the old daemon may still answer there), and the
+// socket directory both daemons meet in is the host's. Without peers the
+// pods keep their own network.
 func TestChartHandoff(t *testing.T) {
 	r := render(t, handoffOptions)
 	c := r.container(t)
@@ -388,9 +397,9 @@ func TestChartHandoff(t *testing.T) {
 	if r.hostPath(t, "socket-dir") != "/run/tc" || mountPath(t, c, "socket-dir") != path.Dir(sock) {
 		t.Errorf("the socket %s is not in the host's socket directory: both pods must meet there", sock)
 	}
-	p := c.StartupProbe
-	if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.String() != "metrics" || p.Exec != nil {
-		t.Errorf("startup probe %+v, want an HTTP get on the pod's metrics port", p)
+	checkOwnStartup(t, c, sock)
+	if spec := r.ds.Spec.Template.Spec; spec.HostNetwork {
+		t.Error("hostNetwork without peers: the pods need no port of the node")
 	}
 	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
 		if p == nil || p.Exec == nil || !slices.Contains(p.Exec.Command, sock) {
@@ -405,7 +414,6 @@ func TestChartHandoff(t *testing.T) {
 	h := helm(t)
 	dir := t.TempDir()
 	for _, tc := range []struct{ values, want string }{
-		{"handoff:\n  enabled: true\npeers:\n  enabled: true\n  clusterKey: \"a shared key of the cluster, long enough\"\n", "peer host port"},
 		{"handoff:\n  enabled: true\nconfig:\n  store_handoff: \"on\"\n", "config.store_handoff is set by the chart"},
 	} {
 		f := filepath.Join(dir, "v.yaml")
@@ -433,6 +441,74 @@ func TestChartHandoff(t *testing.T) {
 	}
 	if c.StartupProbe == nil || c.StartupProbe.Exec == nil {
 		t.Errorf("handoff without surge: startup probe %+v, want tcctl ping", c.StartupProbe)
+	}
+}
+
+// checkOwnStartup: the startup probe runs tcctl ping --own on sock.
+func checkOwnStartup(t *testing.T, c corev1.Container, sock string) {
+	t.Helper()
+	p := c.StartupProbe
+	if p == nil || p.Exec == nil || p.HTTPGet != nil || !slices.Equal(p.Exec.Command, []string{"tcctl", "--socket", sock, "ping", "--own"}) {
+		t.Errorf("startup probe %+v, want tcctl --socket %s ping --own (the pod's own daemon, not the old one on the socket)", p, sock)
+	}
+}
+
+// TestChartHandoffPeers: the hand-off with peers rolls with maxSurge too.
+// The pods run in the node's network namespace (the new daemon serves the
+// peer listener the old one hands over, on the node's address) and
+// declare no port: with hostNetwork every declared port is a host port,
+// and the scheduler would not place the new pod beside the old one. The
+// PodMonitor then finds the metrics port by relabeling, the peers are told
+// the node's address, and the startup probe asks the pod's own daemon.
+func TestChartHandoffPeers(t *testing.T) {
+	r := render(t, handoffPeersOptions)
+	c := r.container(t)
+	spec := r.ds.Spec.Template.Spec
+	if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("hostNetwork %v, dnsPolicy %q; want the node's network and ClusterFirstWithHostNet", spec.HostNetwork, spec.DNSPolicy)
+	}
+	for _, ctr := range append(spec.InitContainers, spec.Containers...) {
+		if len(ctr.Ports) > 0 {
+			t.Errorf("container %s declares ports %+v: with hostNetwork each is a host port that blocks the surge pod", ctr.Name, ctr.Ports)
+		}
+	}
+	s := r.ds.Spec.UpdateStrategy
+	if s.RollingUpdate == nil || s.RollingUpdate.MaxSurge == nil || s.RollingUpdate.MaxSurge.IntValue() != 1 ||
+		s.RollingUpdate.MaxUnavailable == nil || s.RollingUpdate.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("update strategy %+v, want maxSurge 1 and maxUnavailable 0", s.RollingUpdate)
+	}
+	if r.config["store_handoff"] != "on" || r.config["peer_listen"] != "0.0.0.0:7472" || r.config["rdma"] != "auto" {
+		t.Errorf("store_handoff %v, peer_listen %v, rdma %v; want on, 0.0.0.0:7472, auto", r.config["store_handoff"], r.config["peer_listen"], r.config["rdma"])
+	}
+	advertise := ""
+	for _, e := range c.Env {
+		if e.Name == "TENSORCAST_PEER_ADVERTISE" {
+			advertise = e.Value
+		}
+	}
+	if advertise != "$(NODE_IP):7472" {
+		t.Errorf("TENSORCAST_PEER_ADVERTISE %q, want the node's address on the peer port", advertise)
+	}
+	sock, _ := r.config["socket"].(string)
+	checkOwnStartup(t, c, sock)
+	if r.pm == nil || len(r.pm.Spec.PodMetricsEndpoints) != 1 {
+		t.Fatal("no PodMonitor with one endpoint")
+	}
+	ep := r.pm.Spec.PodMetricsEndpoints[0]
+	if ep.Port != "" {
+		t.Errorf("PodMonitor endpoint names port %q, which no container declares", ep.Port)
+	}
+	addr := ""
+	keeps := false
+	for _, rl := range ep.Relabelings {
+		if rl.TargetLabel == "__address__" && slices.Equal(rl.SourceLabels, []string{"__meta_kubernetes_pod_ip"}) {
+			addr = rl.Replacement
+		}
+		keeps = keeps || rl.Action == "keep" && rl.Regex == c.Name
+	}
+	if addr != "$1:9501" || r.config["metrics_address"] != "0.0.0.0:9501" || !keeps {
+		t.Errorf("PodMonitor relabels the address to %q (keeping container %s: %v), metrics_address %v; want the pod's IP on 9501",
+			addr, c.Name, keeps, r.config["metrics_address"])
 	}
 }
 

@@ -51,6 +51,13 @@ func build(t *testing.T, dir, pkg string) string {
 // the image's tcctl being tcctl and the chart's socket path sock.
 func probe(t *testing.T, p *corev1.Probe, chartSock, tcctl, sock string) error {
 	t.Helper()
+	return probeVia(t, p, chartSock, tcctl, sock)
+}
+
+// probeVia is probe with the command run under prefix (a command and its
+// arguments that run the rest).
+func probeVia(t *testing.T, p *corev1.Probe, chartSock, tcctl, sock string, prefix ...string) error {
+	t.Helper()
 	if p == nil || p.Exec == nil || len(p.Exec.Command) == 0 || p.Exec.Command[0] != "tcctl" {
 		t.Fatalf("probe %+v is not a tcctl command", p)
 	}
@@ -60,7 +67,8 @@ func probe(t *testing.T, p *corev1.Probe, chartSock, tcctl, sock string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(p.TimeoutSeconds)*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, tcctl, args...).CombinedOutput()
+	argv := append(append(prefix, tcctl), args...)
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
 	if err != nil {
 		return &probeError{err: err, out: string(out)}
 	}
@@ -73,6 +81,40 @@ type probeError struct {
 }
 
 func (e *probeError) Error() string { return e.err.Error() + ": " + e.out }
+
+// startDaemon runs daemonBin through /bin/sh -c script (which execs it)
+// on a socket of its own, with more args, until the test ends; it returns
+// once the daemon is ready, with the socket and the daemon's log.
+func startDaemon(t *testing.T, script, daemonBin string, args ...string) (string, *lockedBuffer) {
+	t.Helper()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "tc.sock")
+	log := &lockedBuffer{}
+	cmd := exec.Command("/bin/sh", append([]string{"-c", script, daemonBin,
+		"--socket", sock, "--data-dir", filepath.Join(dir, "data"), "--pool-size", "16MiB",
+		"--ebpf", "off", "--metrics-address", "off", "--drain-timeout", "2s"}, args...)...)
+	cmd.Stderr = log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", log)
+		}
+	})
+	testutil.Eventually(t, 20*time.Second, func() bool { return strings.Contains(log.String(), "tensorcastd ready") },
+		"the daemon's ready line:\n%s", log)
+	return sock, log
+}
 
 // TestChartProbesFollowHealth: the readiness and liveness probes the chart
 // renders, run as the kubelet runs them against a real tensorcastd, pass
@@ -88,35 +130,8 @@ func TestChartProbesFollowHealth(t *testing.T) {
 	bin := t.TempDir()
 	daemonBin := build(t, bin, "cmd/tensorcastd")
 	tcctl := build(t, bin, "cmd/tcctl")
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "tc.sock")
-	log := &lockedBuffer{}
-	cmd := exec.Command("/bin/sh", "-c", `ulimit -n 96 && exec "$0" "$@"`, daemonBin,
-		"--socket", sock, "--data-dir", filepath.Join(dir, "data"), "--pool-size", "16MiB",
-		"--ebpf", "off", "--metrics-address", "off", "--drain-timeout", "2s",
+	sock, log := startDaemon(t, `ulimit -n 96 && exec "$0" "$@"`, daemonBin,
 		"--max-conns", "1024", "--max-conns-per-uid", "1024", "--accept-stall-timeout", "300ms")
-	cmd.Stderr = log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(10 * time.Second):
-				cmd.Process.Kill()
-				<-exited
-			}
-		}
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", log)
-		}
-	})
-	testutil.Eventually(t, 20*time.Second, func() bool { return strings.Contains(log.String(), "tensorcastd ready") },
-		"the daemon's ready line:\n%s", log)
 
 	probes := map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe}
 	for name, p := range probes {
@@ -157,5 +172,36 @@ func TestChartProbesFollowHealth(t *testing.T) {
 		if err := probe(t, p, chartSock, tcctl, sock); err != nil {
 			t.Errorf("%s probe after the daemon accepts again: %v", name, err)
 		}
+	}
+}
+
+// TestChartStartupProbeOwnDaemon: the hand-off's startup probe passes only
+// for a daemon of the probe's own pid namespace. Run as the kubelet runs
+// it, in the daemon's namespace it passes; run in a pid namespace of its
+// own (unshare, as the new pod's probe is beside the old pod's daemon) it
+// fails, while the readiness probe, which asks whoever answers, passes.
+func TestChartStartupProbeOwnDaemon(t *testing.T) {
+	r := render(t, handoffOptions)
+	c := r.container(t)
+	chartSock, _ := r.config["socket"].(string)
+	bin := t.TempDir()
+	daemonBin := build(t, bin, "cmd/tensorcastd")
+	tcctl := build(t, bin, "cmd/tcctl")
+	sock, _ := startDaemon(t, `exec "$0" "$@"`, daemonBin)
+
+	if err := probe(t, c.StartupProbe, chartSock, tcctl, sock); err != nil {
+		t.Fatalf("startup probe in the daemon's pid namespace: %v", err)
+	}
+	testutil.Require(t, testutil.Root)
+	unshare := []string{"unshare", "--pid", "--fork"}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		testutil.Missing(t, testutil.Root, "no unshare (util-linux) to run the probe in a pid namespace of its own")
+	}
+	err := probeVia(t, c.StartupProbe, chartSock, tcctl, sock, unshare...)
+	if err == nil || !strings.Contains(err.Error(), "another pid namespace") {
+		t.Errorf("startup probe in another pid namespace: %v, want it to fail naming the other pid namespace", err)
+	}
+	if err := probeVia(t, c.ReadinessProbe, chartSock, tcctl, sock, unshare...); err != nil {
+		t.Errorf("readiness probe in another pid namespace: %v (the namespace is not what failed the startup probe)", err)
 	}
 }

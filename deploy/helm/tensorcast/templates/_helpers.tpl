@@ -153,3 +153,10 @@ seconds it is: a division by 1000 keeps 3000ms exactly 3. */ -}}
 {{- /* Rounded to the nanosecond first: 1.1m is 66s, not 66.000...1s. */ -}}
 {{- round $total 9 | ceil | int -}}
 {{- end -}}
+
+{{/* "true" when the pods run in the node's network namespace: peers with
+the hand-off's surge, where the new daemon takes the old one's peer
+listener over and no host port may be declared (see daemonset.yaml). */}}
+{{- define "tensorcast.hostNetwork" -}}
+{{- and .Values.peers.enabled .Values.handoff.enabled .Values.handoff.surge | toString -}}
+{{- end -}}
