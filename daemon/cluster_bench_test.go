@@ -66,7 +66,7 @@ func BenchmarkStoreRemoteGet(b *testing.B) {
 			reqs[i] = xfer.Request{Op: xfer.OpRead, Local: buf.ID, LocalOffset: uint64(i) * remoteGetSize, Target: rs.ID,
 				TargetOffset: uint64(i) * remoteGetSize, Length: remoteGetSize}
 		}
-		remoteGetAlone(b, c, reqs, nil)
+		remoteGetAlone(b, []aloneMover{{c, reqs}}, nil)
 	})
 }
 
@@ -81,7 +81,10 @@ func BenchmarkStoreRemoteGet(b *testing.B) {
 //	            value, in up to four batches at once);
 //	rdma-alone  a client of d2 READs 128 × 256 KiB into blocks of d2's
 //	            pool from 4 MiB blocks of d1's pool a client of d1
-//	            exported, in one Transfer, opened with transport rdma.
+//	            exported, in one Transfer, opened with transport rdma;
+//	rdma-alone-x4  the same in four Transfers of 32 at once, from four
+//	            clients of d2 (the cluster's reader moves four parts at
+//	            once).
 //
 // Before each is timed, the link is brought up and warmed; each fails
 // when its timed loop moved more than 1/64 of its bytes over tcp. Besides
@@ -102,30 +105,49 @@ func BenchmarkStoreRemoteGetRDMA(b *testing.B) {
 		runs++
 		remoteGetCluster(b, d1, d2, runs, d2)
 	})
-	b.Run("rdma-alone", func(b *testing.B) {
-		const block = 4 << 20
-		per := block / remoteGetSize
-		a := d1.dial(b, "exporter")
-		pa, ok := a.Pool()
-		if !ok {
-			b.Fatal("d1's client has no pool mapping")
+	// One Transfer, as the tcp row; and four at once, from four clients,
+	// as the cluster's reader moves a holder's values in four parts.
+	for _, parts := range []int{1, 4} {
+		name := "rdma-alone"
+		if parts > 1 {
+			name = fmt.Sprintf("rdma-alone-x%d", parts)
 		}
-		src, err := a.AllocBlocks(nil, remoteGetN/per, block)
-		if err != nil {
-			b.Fatal(err)
-		}
-		c := d2.dial(b, "bench")
+		b.Run(name, func(b *testing.B) { remoteGetRDMAAlone(b, d1, d2, parts) })
+	}
+}
+
+// remoteGetRDMAAlone is BenchmarkStoreRemoteGetRDMA's rdma-alone rows:
+// parts clients of d2 each READ their share of remoteGetN values into
+// blocks of d2's pool from 4 MiB blocks of d1's pool, opened with
+// transport rdma, all at once.
+func remoteGetRDMAAlone(b *testing.B, d1, d2 *peerDaemon, parts int) {
+	const block = 4 << 20
+	per := block / remoteGetSize
+	nblocks := remoteGetN / per
+	a := d1.dial(b, "exporter")
+	pa, ok := a.Pool()
+	if !ok {
+		b.Fatal("d1's client has no pool mapping")
+	}
+	src, err := a.AllocBlocks(nil, nblocks, block)
+	if err != nil {
+		b.Fatal(err)
+	}
+	movers := make([]aloneMover, parts)
+	for k := range movers {
+		c := d2.dial(b, fmt.Sprintf("bench-%d", k))
 		pc, ok := c.Pool()
 		if !ok {
 			b.Fatal("d2's client has no pool mapping")
 		}
-		dst, err := c.AllocBlocks(nil, remoteGetN/per, block)
+		mine := src[k*nblocks/parts : (k+1)*nblocks/parts]
+		dst, err := c.AllocBlocks(nil, len(mine), block)
 		if err != nil {
 			b.Fatal(err)
 		}
-		reqs := make([]xfer.Request, 0, remoteGetN)
-		for j, off := range src {
-			name := fmt.Sprintf("kv-%d-%d", b.N, j)
+		movers[k].c = c
+		for j, off := range mine {
+			name := fmt.Sprintf("kv-%d-%d-%d-%d", parts, b.N, k, j)
 			if _, err := a.ExportSegment(name, pa.Segment, off, block, client.RightRead); err != nil {
 				b.Fatal(err)
 			}
@@ -134,12 +156,13 @@ func BenchmarkStoreRemoteGetRDMA(b *testing.B) {
 				b.Fatal(err)
 			}
 			for i := range per {
-				reqs = append(reqs, xfer.Request{Op: xfer.OpRead, Local: pc.Segment, LocalOffset: dst[j] + uint64(i*remoteGetSize),
-					Target: rs.ID, TargetOffset: uint64(i * remoteGetSize), Length: remoteGetSize})
+				movers[k].reqs = append(movers[k].reqs, xfer.Request{Op: xfer.OpRead, Local: pc.Segment,
+					LocalOffset: dst[j] + uint64(i*remoteGetSize), Target: rs.ID, TargetOffset: uint64(i * remoteGetSize),
+					Length: remoteGetSize})
 			}
 		}
-		remoteGetAlone(b, c, reqs, d2)
-	})
+	}
+	remoteGetAlone(b, movers, d2)
 }
 
 // benchPair starts the benchmarks' two daemons of one cluster, d2 dialing
@@ -181,6 +204,13 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 			b.Fatal(err)
 		}
 	}
+	b.Cleanup(func() {
+		// d1's pool holds the next runs' keys (and the rdma row's
+		// blocks) in turn.
+		if err := d1.d.stores[0].RemoveHere(keys, make([]store.Code, len(keys)), nil); err != nil {
+			b.Error(err)
+		}
+	})
 	warm := keys[n:]
 	keys = keys[:n]
 	for _, k := range append(keys, warm...) {
@@ -258,19 +288,51 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 	}
 }
 
-// remoteGetAlone is the transport-alone row of the remote get benchmarks:
-// c moves reqs in one Transfer, round after round; with offTCP, as
-// remoteGetCluster's.
-func remoteGetAlone(b *testing.B, c *client.Client, reqs []xfer.Request, offTCP *peerDaemon) {
-	res := make([]error, len(reqs))
+// aloneMover is a client and the requests it moves in one Transfer.
+type aloneMover struct {
+	c    *client.Client
+	reqs []xfer.Request
+}
+
+// remoteGetAlone is the transport-alone rows of the remote get
+// benchmarks: each mover's Transfer, all at once, round after round; with
+// offTCP, as remoteGetCluster's.
+func remoteGetAlone(b *testing.B, movers []aloneMover, offTCP *peerDaemon) {
 	bytes := 0
-	for _, r := range reqs {
-		bytes += int(r.Length)
+	res := make([][]error, len(movers))
+	for k, m := range movers {
+		res[k] = make([]error, len(m.reqs))
+		for _, r := range m.reqs {
+			bytes += int(r.Length)
+		}
+	}
+	errs := make([]error, len(movers))
+	move := func(k int) {
+		m := movers[k]
+		sum, err := m.c.Transfer(m.reqs, 30*time.Second, res[k])
+		if err == nil && sum.Completed != uint32(len(m.reqs)) {
+			err = fmt.Errorf("%+v", sum)
+		}
+		errs[k] = err
 	}
 	transfer := func() {
-		sum, err := c.Transfer(reqs, 30*time.Second, res)
-		if err != nil || sum.Completed != uint32(len(reqs)) {
-			b.Fatalf("transfer: %v %+v", err, sum)
+		if len(movers) == 1 {
+			move(0)
+		} else {
+			var wg sync.WaitGroup
+			for k := range movers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					move(k)
+				}()
+			}
+			wg.Wait()
+		}
+		for k, err := range errs {
+			if err != nil {
+				b.Fatalf("transfer %d of %d: %v", k+1, len(movers), err)
+			}
 		}
 	}
 	var tcp0 uint64
