@@ -191,7 +191,10 @@ const remoteGetN, remoteGetSize = 128, 256 << 10
 
 // remoteGetCluster is the cluster row of the remote get benchmarks: a
 // client of d2 gets remoteGetN keys a client of d1 put (keys of round
-// run), round after round. With offTCP (rdma), untimed gets of one more
+// run), round after round. Besides cpu-s/GB it reports two shares of it:
+// untimed-cpu-s/GB, the unpins and removals between rounds, and
+// crc-cpu-s/GB, a crc32c pass over as many bytes, timed after the loop on
+// its own. With offTCP (rdma), untimed gets of one more
 // key first run until one moves no payload over tcp, and the timed loop
 // fails when it moved more than 1/64 of its bytes over tcp.
 func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDaemon) {
@@ -268,10 +271,12 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 	if offTCP != nil {
 		cpu.machine = machineCPU()
 	}
+	var untimed time.Duration
 	b.ResetTimer()
 	for range b.N {
 		call(func(ud uint64) (bool, error) { return q.Get(keys, res, ud) })
 		b.StopTimer()
+		pause := processCPU()
 		if err := res.Check(cqes[0]); err != nil || cqes[0].N != n {
 			b.Fatalf("get: %v, %d of %d", err, cqes[0].N, n)
 		}
@@ -279,10 +284,22 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 		if err := d2.d.stores[0].RemoveHere(keys, codes, nil); err != nil {
 			b.Fatal(err)
 		}
+		untimed += processCPU() - pause
 		b.StartTimer()
 	}
 	b.StopTimer()
 	cpu.report(b, n*size)
+	gb := float64(b.N) * n * size / 1e9
+	// Where the cluster's CPU beyond the transport's goes: the untimed
+	// unpin and removal (in cpu-s/GB), and the crc32c pass over the bytes
+	// alone, on one goroutine with nothing else running.
+	b.ReportMetric(untimed.Seconds()/gb, "untimed-cpu-s/GB")
+	vals := make([]byte, n*size)
+	c0 := processCPU()
+	for range 2 {
+		store.CRC(vals)
+	}
+	b.ReportMetric((processCPU()-c0).Seconds()/(2*n*size/1e9), "crc-cpu-s/GB")
 	if offTCP != nil {
 		checkOffTCP(b, offTCP, tcp0, n*size)
 	}

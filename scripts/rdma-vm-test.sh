@@ -250,14 +250,16 @@ if grep -q '^BenchmarkStoreRemoteGetRDMA/' "$log"; then
     echo
     echo "store remote get of 128 x 256 KiB, d2 <- d1 over rdma, beside $alone (pool to pool), same VM run"
     printf '%-24s %16s %16s %7s\n' "figure" "remote get" "$alone" "ratio"
-    for c in "MB/s:MB/s" "cpu-s/GB:cpu-s/GB" "machine-cpu-s/GB:machine" "tcp-B/op:tcp-B/op"; do
+    for c in "MB/s:MB/s" "cpu-s/GB:cpu-s/GB" "machine-cpu-s/GB:machine" "untimed-cpu-s/GB:cpu-s" "crc-cpu-s/GB:cpu-s" "tcp-B/op:tcp-B/op"; do
       IFS=: read -r unit short <<<"$c"
       dbench cluster "$unit" > "$fig/o"; dbench "$alone" "$unit" > "$fig/p"
       row "$unit" "$fig/o" "$fig/p" "$short"
     done
   done
   echo "(ratio: remote get / transport alone, per run; above 1 is faster for MB/s, costlier for CPU per GB;"
-  echo " machine-cpu-s/GB is the VM's busy CPU time per GB, the Soft-RoCE driver's kernel work included)"
+  echo " machine-cpu-s/GB is the VM's busy CPU time per GB, the Soft-RoCE driver's kernel work included;"
+  echo " untimed-cpu-s/GB, the unpins and removals between rounds, and crc-cpu-s/GB, a crc32c pass over the bytes"
+  echo " on its own, are parts of the remote get's cpu-s/GB)"
 fi
 
 # tcbench's figures beside the same rounds' perftest runs.
