@@ -28,13 +28,16 @@ import (
 //	           (home lookups, claims, reads into d2's pool, crc32c, commit,
 //	           pins); d2's copies are removed, untimed, between rounds;
 //	tcp-alone  a client of d2 READs 128 × 256 KiB from a buffer a client
-//	           of d1 exported, in one Transfer.
+//	           of d1 exported, in one Transfer;
+//	tcp-alone-x4  the same in four Transfers of 32 at once, from four
+//	           clients of d2 (the cluster's reader moves four parts at
+//	           once).
 //
-// Both report cpu-s/GB: the CPU time of the whole process (both daemons
+// Each reports cpu-s/GB: the CPU time of the whole process (both daemons
 // and the clients are in it) per GB moved, over the timed loop (the
 // cluster's untimed removal of d2's copies between rounds included).
 //
-// go test -run '^$' -bench BenchmarkStoreRemoteGet -benchtime 20x ./daemon/
+// go test -run '^$' -bench '^BenchmarkStoreRemoteGet$' -benchtime 50x ./daemon/
 func BenchmarkStoreRemoteGet(b *testing.B) {
 	d1, d2 := benchPair(b, 192<<20)
 	runs := 0
@@ -43,31 +46,55 @@ func BenchmarkStoreRemoteGet(b *testing.B) {
 		remoteGetCluster(b, d1, d2, runs, nil)
 	})
 
-	b.Run("tcp-alone", func(b *testing.B) {
-		a := d1.dial(b, "exporter")
-		abuf, err := a.RegisterBuffer(remoteGetN * remoteGetSize)
-		if err != nil {
-			b.Fatal(err)
+	aloneRows(b, "tcp", func(b *testing.B, parts int) { remoteGetTCPAlone(b, d1, d2, parts) })
+}
+
+// aloneRows runs the transport-alone rows of a remote get benchmark:
+// transport-alone, one Transfer, and transport-alone-x4, four at once from
+// four clients, as the cluster's reader moves a holder's values in four
+// parts.
+func aloneRows(b *testing.B, transport string, row func(b *testing.B, parts int)) {
+	for _, parts := range []int{1, 4} {
+		name := transport + "-alone"
+		if parts > 1 {
+			name = fmt.Sprintf("%s-x%d", name, parts)
 		}
-		if _, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightRead); err != nil {
-			b.Fatal(err)
-		}
-		c := d2.dial(b, "bench")
+		b.Run(name, func(b *testing.B) { row(b, parts) })
+	}
+}
+
+// remoteGetTCPAlone is BenchmarkStoreRemoteGet's tcp-alone rows: parts
+// clients of d2 each READ their share of remoteGetN values into a buffer
+// of their own from a buffer a client of d1 exported, all at once.
+func remoteGetTCPAlone(b *testing.B, d1, d2 *peerDaemon, parts int) {
+	a := d1.dial(b, "exporter")
+	abuf, err := a.RegisterBuffer(remoteGetN * remoteGetSize)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightRead); err != nil {
+		b.Fatal(err)
+	}
+	per := remoteGetN / parts
+	movers := make([]aloneMover, parts)
+	for k := range movers {
+		c := d2.dial(b, fmt.Sprintf("bench-%d", k))
 		rs, err := c.OpenRemote("d1/kv", client.RightRead)
 		if err != nil {
 			b.Fatal(err)
 		}
-		buf, err := c.RegisterBuffer(remoteGetN * remoteGetSize)
+		buf, err := c.RegisterBuffer(uint64(per * remoteGetSize))
 		if err != nil {
 			b.Fatal(err)
 		}
-		reqs := make([]xfer.Request, remoteGetN)
-		for i := range reqs {
-			reqs[i] = xfer.Request{Op: xfer.OpRead, Local: buf.ID, LocalOffset: uint64(i) * remoteGetSize, Target: rs.ID,
-				TargetOffset: uint64(i) * remoteGetSize, Length: remoteGetSize}
+		movers[k].c = c
+		for i := range per {
+			movers[k].reqs = append(movers[k].reqs, xfer.Request{Op: xfer.OpRead, Local: buf.ID,
+				LocalOffset: uint64(i * remoteGetSize), Target: rs.ID, TargetOffset: uint64((k*per + i) * remoteGetSize),
+				Length: remoteGetSize})
 		}
-		remoteGetAlone(b, []aloneMover{{c, reqs}}, nil)
-	})
+	}
+	remoteGetAlone(b, movers, nil)
 }
 
 // BenchmarkStoreRemoteGetRDMA is BenchmarkStoreRemoteGet over rdma: the
@@ -93,7 +120,8 @@ func BenchmarkStoreRemoteGet(b *testing.B) {
 // the Soft-RoCE driver's work in the kernel's own threads too; in the VM
 // nothing else runs.
 //
-// RDMA_DAEMON_BENCH=StoreRemoteGetRDMA RDMA_DAEMON_BENCHTIME=5x RDMA_DAEMON_COUNT=3 scripts/rdma-vm-test.sh
+//	RDMA_TEST_RUN='^$' RDMA_BENCH=- RDMA_DAEMON_RUN=- RDMA_DAEMON_BENCH=StoreRemoteGetRDMA \
+//		RDMA_DAEMON_BENCHTIME=5x RDMA_DAEMON_BENCH_COUNT=5 scripts/rdma-vm-test.sh
 func BenchmarkStoreRemoteGetRDMA(b *testing.B) {
 	testutil.Require(b, testutil.RDMA)
 	d1, d2 := benchPair(b, 192<<20, func(c *Config) {
@@ -105,15 +133,7 @@ func BenchmarkStoreRemoteGetRDMA(b *testing.B) {
 		runs++
 		remoteGetCluster(b, d1, d2, runs, d2)
 	})
-	// One Transfer, as the tcp row; and four at once, from four clients,
-	// as the cluster's reader moves a holder's values in four parts.
-	for _, parts := range []int{1, 4} {
-		name := "rdma-alone"
-		if parts > 1 {
-			name = fmt.Sprintf("rdma-alone-x%d", parts)
-		}
-		b.Run(name, func(b *testing.B) { remoteGetRDMAAlone(b, d1, d2, parts) })
-	}
+	aloneRows(b, "rdma", func(b *testing.B, parts int) { remoteGetRDMAAlone(b, d1, d2, parts) })
 }
 
 // remoteGetRDMAAlone is BenchmarkStoreRemoteGetRDMA's rdma-alone rows:
@@ -207,10 +227,11 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 			b.Fatal(err)
 		}
 	}
+	all := keys
 	b.Cleanup(func() {
 		// d1's pool holds the next runs' keys (and the rdma row's
 		// blocks) in turn.
-		if err := d1.d.stores[0].RemoveHere(keys, make([]store.Code, len(keys)), nil); err != nil {
+		if err := d1.d.stores[0].RemoveHere(all, make([]store.Code, len(all)), nil); err != nil {
 			b.Error(err)
 		}
 	})
@@ -222,15 +243,7 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 			return err == nil && len(hs) > 0
 		}, "%s announced", k)
 	}
-	c := d2.dial(b, fmt.Sprintf("reader-%d", run))
-	q, err := c.OpenQueue(16)
-	if err != nil {
-		b.Fatal(err)
-	}
-	res, err := c.NewResults(n)
-	if err != nil {
-		b.Fatal(err)
-	}
+	q, res := queueReader(b, d2, fmt.Sprintf("reader-%d", run), n)
 	cqes := make([]client.Completion, 1)
 	ud := uint64(0)
 	call := func(submit func(ud uint64) (bool, error)) {
@@ -303,6 +316,21 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 	if offTCP != nil {
 		checkOffTCP(b, offTCP, tcp0, n*size)
 	}
+}
+
+// queueReader is a client of d named name, its queue (16 deep) and
+// results for n keys.
+func queueReader(b *testing.B, d *peerDaemon, name string, n int) (*client.Queue, *client.Results) {
+	c := d.dial(b, name)
+	q, err := c.OpenQueue(16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	res, err := c.NewResults(n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return q, res
 }
 
 // aloneMover is a client and the requests it moves in one Transfer.
@@ -532,15 +560,7 @@ func aggregateCluster(b *testing.B, ds []*peerDaemon, ids []string, want [][][]b
 	}
 	rs := make([]reader, nd)
 	for i, d := range ds {
-		c := d.dial(b, "reader")
-		q, err := c.OpenQueue(16)
-		if err != nil {
-			b.Fatal(err)
-		}
-		res, err := c.NewResults(n)
-		if err != nil {
-			b.Fatal(err)
-		}
+		q, res := queueReader(b, d, "reader", n)
 		rs[i] = reader{q: q, res: res, cqes: make([]client.Completion, 1)}
 	}
 	call := func(r *reader, submit func() (bool, error)) error {
