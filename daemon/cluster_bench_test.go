@@ -7,6 +7,8 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -26,23 +28,176 @@ import (
 //	           (home lookups, claims, reads into d2's pool, crc32c, commit,
 //	           pins); d2's copies are removed, untimed, between rounds;
 //	tcp-alone  a client of d2 READs 128 × 256 KiB from a buffer a client
-//	           of d1 exported, in one Transfer.
+//	           of d1 exported, in one Transfer;
+//	tcp-alone-x4  the same in four Transfers of 32 at once, from four
+//	           clients of d2 (the cluster's reader moves four parts at
+//	           once).
 //
-// Both report cpu-s/GB: the CPU time of the whole process (both daemons
+// Each reports cpu-s/GB: the CPU time of the whole process (both daemons
 // and the clients are in it) per GB moved, over the timed loop (the
 // cluster's untimed removal of d2's copies between rounds included).
 //
-// go test -run '^$' -bench BenchmarkStoreRemoteGet -benchtime 20x ./daemon/
+// go test -run '^$' -bench '^BenchmarkStoreRemoteGet$' -benchtime 50x ./daemon/
+func BenchmarkStoreRemoteGet(b *testing.B) {
+	d1, d2 := benchPair(b, 192<<20)
+	runs := 0
+	b.Run("cluster", func(b *testing.B) {
+		runs++
+		remoteGetCluster(b, d1, d2, runs, nil)
+	})
+
+	aloneRows(b, "tcp", func(b *testing.B, parts int) { remoteGetTCPAlone(b, d1, d2, parts) })
+}
+
+// aloneRows runs the transport-alone rows of a remote get benchmark:
+// transport-alone, one Transfer, and transport-alone-x4, four at once from
+// four clients, as the cluster's reader moves a holder's values in four
+// parts.
+func aloneRows(b *testing.B, transport string, row func(b *testing.B, parts int)) {
+	for _, parts := range []int{1, 4} {
+		name := transport + "-alone"
+		if parts > 1 {
+			name = fmt.Sprintf("%s-x%d", name, parts)
+		}
+		b.Run(name, func(b *testing.B) { row(b, parts) })
+	}
+}
+
+// remoteGetTCPAlone is BenchmarkStoreRemoteGet's tcp-alone rows: parts
+// clients of d2 each READ their share of remoteGetN values into a buffer
+// of their own from a buffer a client of d1 exported, all at once.
+func remoteGetTCPAlone(b *testing.B, d1, d2 *peerDaemon, parts int) {
+	a := d1.dial(b, "exporter")
+	abuf, err := a.RegisterBuffer(remoteGetN * remoteGetSize)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightRead); err != nil {
+		b.Fatal(err)
+	}
+	per := remoteGetN / parts
+	movers := make([]aloneMover, parts)
+	for k := range movers {
+		c := d2.dial(b, fmt.Sprintf("bench-%d", k))
+		rs, err := c.OpenRemote("d1/kv", client.RightRead)
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf, err := c.RegisterBuffer(uint64(per * remoteGetSize))
+		if err != nil {
+			b.Fatal(err)
+		}
+		movers[k].c = c
+		for i := range per {
+			movers[k].reqs = append(movers[k].reqs, xfer.Request{Op: xfer.OpRead, Local: buf.ID,
+				LocalOffset: uint64(i * remoteGetSize), Target: rs.ID, TargetOffset: uint64((k*per + i) * remoteGetSize),
+				Length: remoteGetSize})
+		}
+	}
+	remoteGetAlone(b, movers, nil)
+}
+
+// BenchmarkStoreRemoteGetRDMA is BenchmarkStoreRemoteGet over rdma: the
+// two daemons have rdma = on (make test-rdma runs it in the Soft-RoCE VM,
+// RDMA_DAEMON_BENCH), and beside the cluster's remote get the rdma
+// transport alone moves the same bytes pool to pool, as the cluster's
+// reads do:
+//
+//	cluster     as BenchmarkStoreRemoteGet's (the holder's claim is a hold
+//	            exchange on the peer channel, the bytes one RDMA READ per
+//	            value, in up to four batches at once);
+//	rdma-alone  a client of d2 READs 128 × 256 KiB into blocks of d2's
+//	            pool from 4 MiB blocks of d1's pool a client of d1
+//	            exported, in one Transfer, opened with transport rdma;
+//	rdma-alone-x4  the same in four Transfers of 32 at once, from four
+//	            clients of d2 (the cluster's reader moves four parts at
+//	            once).
+//
+// Before each is timed, the link is brought up and warmed; each fails
+// when its timed loop moved more than 1/64 of its bytes over tcp. Besides
+// cpu-s/GB (this process's CPU time), each reports machine-cpu-s/GB: the
+// busy time of every CPU of the machine (/proc/stat) per GB, which counts
+// the Soft-RoCE driver's work in the kernel's own threads too; in the VM
+// nothing else runs.
+//
+//	RDMA_TEST_RUN='^$' RDMA_BENCH=- RDMA_DAEMON_RUN=- RDMA_DAEMON_BENCH=StoreRemoteGetRDMA \
+//		RDMA_DAEMON_BENCHTIME=5x RDMA_DAEMON_BENCH_COUNT=5 scripts/rdma-vm-test.sh
+func BenchmarkStoreRemoteGetRDMA(b *testing.B) {
+	testutil.Require(b, testutil.RDMA)
+	d1, d2 := benchPair(b, 192<<20, func(c *Config) {
+		c.RDMA = "on"
+		c.RDMADevice = os.Getenv("RXE_DEV")
+	})
+	runs := 0
+	b.Run("cluster", func(b *testing.B) {
+		runs++
+		remoteGetCluster(b, d1, d2, runs, d2)
+	})
+	aloneRows(b, "rdma", func(b *testing.B, parts int) { remoteGetRDMAAlone(b, d1, d2, parts) })
+}
+
+// remoteGetRDMAAlone is BenchmarkStoreRemoteGetRDMA's rdma-alone rows:
+// parts clients of d2 each READ their share of remoteGetN values into
+// blocks of d2's pool from 4 MiB blocks of d1's pool, opened with
+// transport rdma, all at once.
+func remoteGetRDMAAlone(b *testing.B, d1, d2 *peerDaemon, parts int) {
+	const block = 4 << 20
+	per := block / remoteGetSize
+	nblocks := remoteGetN / per
+	a := d1.dial(b, "exporter")
+	pa, ok := a.Pool()
+	if !ok {
+		b.Fatal("d1's client has no pool mapping")
+	}
+	src, err := a.AllocBlocks(nil, nblocks, block)
+	if err != nil {
+		b.Fatal(err)
+	}
+	movers := make([]aloneMover, parts)
+	for k := range movers {
+		c := d2.dial(b, fmt.Sprintf("bench-%d", k))
+		pc, ok := c.Pool()
+		if !ok {
+			b.Fatal("d2's client has no pool mapping")
+		}
+		mine := src[k*nblocks/parts : (k+1)*nblocks/parts]
+		dst, err := c.AllocBlocks(nil, len(mine), block)
+		if err != nil {
+			b.Fatal(err)
+		}
+		movers[k].c = c
+		for j, off := range mine {
+			name := fmt.Sprintf("kv-%d-%d-%d-%d", parts, b.N, k, j)
+			if _, err := a.ExportSegment(name, pa.Segment, off, block, client.RightRead); err != nil {
+				b.Fatal(err)
+			}
+			rs, err := c.OpenRemoteVia("d1/"+name, client.RightRead, client.TransportRDMA)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := range per {
+				movers[k].reqs = append(movers[k].reqs, xfer.Request{Op: xfer.OpRead, Local: pc.Segment,
+					LocalOffset: dst[j] + uint64(i*remoteGetSize), Target: rs.ID, TargetOffset: uint64(i * remoteGetSize),
+					Length: remoteGetSize})
+			}
+		}
+	}
+	remoteGetAlone(b, movers, d2)
+}
+
 // benchPair starts the benchmarks' two daemons of one cluster, d2 dialing
-// d1, with pools of pool bytes, the store in DRAM only, and waits until
-// each sees both.
-func benchPair(b *testing.B, pool Size) (d1, d2 *peerDaemon) {
+// d1, with pools of pool bytes, the store in DRAM only (and the config
+// changes more), and waits until each sees both.
+func benchPair(b *testing.B, pool Size, more ...func(*Config)) (d1, d2 *peerDaemon) {
 	key := testutil.KeyFile(b, b.TempDir(), "cluster.key", "bench cluster key")
 	cfg := func(c *Config) {
 		c.PeerSliceSize = 1 << 20
 		c.PoolSize = pool
 		c.StoreL2Path = "off"
 		c.StoreShards = 64
+		for _, m := range more {
+			m(c)
+		}
 	}
 	d1 = startPeerWith(b, "d1", key, "", cfg, dialsIn("d2"))
 	d2 = startPeerWith(b, "d2", key, "", cfg, d1.peer())
@@ -50,105 +205,216 @@ func benchPair(b *testing.B, pool Size) (d1, d2 *peerDaemon) {
 	return d1, d2
 }
 
-func BenchmarkStoreRemoteGet(b *testing.B) {
-	const n, size = 128, 256 << 10
-	d1, d2 := benchPair(b, 192<<20)
+// remoteGetN values of remoteGetSize bytes are what a round of the remote
+// get benchmarks moves.
+const remoteGetN, remoteGetSize = 128, 256 << 10
 
-	// The testing package runs a sub-benchmark more than once (b.N = 1,
-	// then the count asked for): each run puts its own keys.
-	runs := 0
-	b.Run("cluster", func(b *testing.B) {
-		runs++
-		put := d1.dial(b, fmt.Sprintf("putter-%d", runs))
-		keys := make([][]byte, n)
-		for i := range keys {
-			keys[i] = fmt.Appendf(nil, "bench/%d/%03d", runs, i)
-			if err := put.PutBytes(keys[i], clusterValue(keys[i], size), false); err != nil {
-				b.Fatal(err)
-			}
-		}
-		for _, k := range keys {
-			testutil.Eventually(b, 10*time.Second, func() bool {
-				_, hs, err := d2.d.cluster.Locate(k)
-				return err == nil && len(hs) > 0
-			}, "%s announced", k)
-		}
-		c := d2.dial(b, fmt.Sprintf("reader-%d", runs))
-		q, err := c.OpenQueue(16)
-		if err != nil {
+// remoteGetCluster is the cluster row of the remote get benchmarks: a
+// client of d2 gets remoteGetN keys a client of d1 put (keys of round
+// run), round after round. Besides cpu-s/GB it reports two shares of it:
+// untimed-cpu-s/GB, the unpins and removals between rounds, and
+// crc-cpu-s/GB, a crc32c pass over as many bytes, timed after the loop on
+// its own. With offTCP (rdma), untimed gets of one more
+// key first run until one moves no payload over tcp, and the timed loop
+// fails when it moved more than 1/64 of its bytes over tcp.
+func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDaemon) {
+	const n, size = remoteGetN, remoteGetSize
+	put := d1.dial(b, fmt.Sprintf("putter-%d", run))
+	keys := make([][]byte, n+1)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "bench/%d/%03d", run, i)
+		if err := put.PutBytes(keys[i], clusterValue(keys[i], size), false); err != nil {
 			b.Fatal(err)
 		}
-		res, err := c.NewResults(n)
-		if err != nil {
-			b.Fatal(err)
+	}
+	all := keys
+	b.Cleanup(func() {
+		// d1's pool holds the next runs' keys (and the rdma row's
+		// blocks) in turn.
+		if err := d1.d.stores[0].RemoveHere(all, make([]store.Code, len(all)), nil); err != nil {
+			b.Error(err)
 		}
-		cqes := make([]client.Completion, 1)
-		call := func(ud uint64, submit func() (bool, error)) {
-			if ok, err := submit(); !ok || err != nil {
-				b.Fatalf("submit: %v %v", ok, err)
-			}
-			if got, err := q.Reap(cqes, 1, 30*time.Second); got != 1 || err != nil {
-				b.Fatalf("reap: %d %v", got, err)
-			}
-		}
-		codes := make([]store.Code, n)
-		b.SetBytes(n * size)
-		cpu := startCPU()
-		b.ResetTimer()
-		for i := range b.N {
-			call(uint64(2*i), func() (bool, error) { return q.Get(keys, res, uint64(2*i)) })
-			b.StopTimer()
-			if err := res.Check(cqes[0]); err != nil || cqes[0].N != n {
-				b.Fatalf("get: %v, %d of %d", err, cqes[0].N, n)
-			}
-			call(uint64(2*i+1), func() (bool, error) { return q.Unpin(keys, res, uint64(2*i+1)) })
-			if err := d2.d.stores[0].RemoveHere(keys, codes, nil); err != nil {
-				b.Fatal(err)
-			}
-			b.StartTimer()
-		}
-		cpu.report(b, n*size)
 	})
-
-	b.Run("tcp-alone", func(b *testing.B) {
-		a := d1.dial(b, "exporter")
-		abuf, err := a.RegisterBuffer(n * size)
-		if err != nil {
+	warm := keys[n:]
+	keys = keys[:n]
+	for _, k := range append(keys, warm...) {
+		testutil.Eventually(b, 10*time.Second, func() bool {
+			_, hs, err := d2.d.cluster.Locate(k)
+			return err == nil && len(hs) > 0
+		}, "%s announced", k)
+	}
+	q, res := queueReader(b, d2, fmt.Sprintf("reader-%d", run), n)
+	cqes := make([]client.Completion, 1)
+	ud := uint64(0)
+	call := func(submit func(ud uint64) (bool, error)) {
+		ud++
+		if ok, err := submit(ud); !ok || err != nil {
+			b.Fatalf("submit: %v %v", ok, err)
+		}
+		if got, err := q.Reap(cqes, 1, 30*time.Second); got != 1 || err != nil {
+			b.Fatalf("reap: %d %v", got, err)
+		}
+	}
+	codes := make([]store.Code, n)
+	getUnpin := func(keys [][]byte) {
+		call(func(ud uint64) (bool, error) { return q.Get(keys, res, ud) })
+		if err := res.Check(cqes[0]); err != nil || cqes[0].N != uint64(len(keys)) {
+			b.Fatalf("get: %v, %d of %d", err, cqes[0].N, len(keys))
+		}
+		call(func(ud uint64) (bool, error) { return q.Unpin(keys, res, ud) })
+		if err := d2.d.stores[0].RemoveHere(keys, codes[:len(keys)], nil); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightRead); err != nil {
+	}
+	if offTCP != nil {
+		// The mover's first reads from d1 go over tcp and have the link
+		// set up behind them.
+		testutil.Eventually(b, 30*time.Second, func() bool {
+			before := tcpBytes(offTCP)
+			getUnpin(warm)
+			return tcpBytes(offTCP)-before < size
+		}, "remote gets off tcp:\n%s", offTCP.log)
+	}
+	b.SetBytes(n * size)
+	var tcp0 uint64
+	if offTCP != nil {
+		tcp0 = tcpBytes(offTCP)
+	}
+	cpu := startCPU()
+	if offTCP != nil {
+		cpu.machine = machineCPU()
+	}
+	var untimed time.Duration
+	b.ResetTimer()
+	for range b.N {
+		call(func(ud uint64) (bool, error) { return q.Get(keys, res, ud) })
+		b.StopTimer()
+		pause := processCPU()
+		if err := res.Check(cqes[0]); err != nil || cqes[0].N != n {
+			b.Fatalf("get: %v, %d of %d", err, cqes[0].N, n)
+		}
+		call(func(ud uint64) (bool, error) { return q.Unpin(keys, res, ud) })
+		if err := d2.d.stores[0].RemoveHere(keys, codes, nil); err != nil {
 			b.Fatal(err)
 		}
-		c := d2.dial(b, "bench")
-		rs, err := c.OpenRemote("d1/kv", client.RightRead)
-		if err != nil {
-			b.Fatal(err)
-		}
-		buf, err := c.RegisterBuffer(n * size)
-		if err != nil {
-			b.Fatal(err)
-		}
-		reqs := make([]xfer.Request, n)
-		for i := range reqs {
-			reqs[i] = xfer.Request{Op: xfer.OpRead, Local: buf.ID, LocalOffset: uint64(i) * size, Target: rs.ID,
-				TargetOffset: uint64(i) * size, Length: size}
-		}
-		res := make([]error, n)
-		b.SetBytes(n * size)
-		cpu := startCPU()
-		b.ResetTimer()
-		for range b.N {
-			sum, err := c.Transfer(reqs, 30*time.Second, res)
-			if err != nil || sum.Completed != n {
-				b.Fatalf("transfer: %v %+v", err, sum)
-			}
-		}
-		cpu.report(b, n*size)
-	})
+		untimed += processCPU() - pause
+		b.StartTimer()
+	}
+	b.StopTimer()
+	cpu.report(b, n*size)
+	gb := float64(b.N) * n * size / 1e9
+	// Where the cluster's CPU beyond the transport's goes: the untimed
+	// unpin and removal (in cpu-s/GB), and the crc32c pass over the bytes
+	// alone, on one goroutine with nothing else running.
+	b.ReportMetric(untimed.Seconds()/gb, "untimed-cpu-s/GB")
+	vals := make([]byte, n*size)
+	c0 := processCPU()
+	for range 2 {
+		store.CRC(vals)
+	}
+	b.ReportMetric((processCPU()-c0).Seconds()/(2*n*size/1e9), "crc-cpu-s/GB")
+	if offTCP != nil {
+		checkOffTCP(b, offTCP, tcp0, n*size)
+	}
 }
 
-// cpuMark is the process's CPU time (user and system) at a point.
-type cpuMark struct{ at time.Duration }
+// queueReader is a client of d named name, its queue (16 deep) and
+// results for n keys.
+func queueReader(b *testing.B, d *peerDaemon, name string, n int) (*client.Queue, *client.Results) {
+	c := d.dial(b, name)
+	q, err := c.OpenQueue(16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	res, err := c.NewResults(n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return q, res
+}
+
+// aloneMover is a client and the requests it moves in one Transfer.
+type aloneMover struct {
+	c    *client.Client
+	reqs []xfer.Request
+}
+
+// remoteGetAlone is the transport-alone rows of the remote get
+// benchmarks: each mover's Transfer, all at once, round after round; with
+// offTCP, as remoteGetCluster's.
+func remoteGetAlone(b *testing.B, movers []aloneMover, offTCP *peerDaemon) {
+	bytes := 0
+	res := make([][]error, len(movers))
+	for k, m := range movers {
+		res[k] = make([]error, len(m.reqs))
+		for _, r := range m.reqs {
+			bytes += int(r.Length)
+		}
+	}
+	errs := make([]error, len(movers))
+	move := func(k int) {
+		m := movers[k]
+		sum, err := m.c.Transfer(m.reqs, 30*time.Second, res[k])
+		if err == nil && sum.Completed != uint32(len(m.reqs)) {
+			err = fmt.Errorf("%+v", sum)
+		}
+		errs[k] = err
+	}
+	transfer := func() {
+		if len(movers) == 1 {
+			move(0)
+		} else {
+			var wg sync.WaitGroup
+			for k := range movers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					move(k)
+				}()
+			}
+			wg.Wait()
+		}
+		for k, err := range errs {
+			if err != nil {
+				b.Fatalf("transfer %d of %d: %v", k+1, len(movers), err)
+			}
+		}
+	}
+	var tcp0 uint64
+	if offTCP != nil {
+		transfer() // warm: the link's first use
+		tcp0 = tcpBytes(offTCP)
+	}
+	b.SetBytes(int64(bytes))
+	cpu := startCPU()
+	if offTCP != nil {
+		cpu.machine = machineCPU()
+	}
+	b.ResetTimer()
+	for range b.N {
+		transfer()
+	}
+	b.StopTimer()
+	cpu.report(b, bytes)
+	if offTCP != nil {
+		checkOffTCP(b, offTCP, tcp0, bytes)
+	}
+}
+
+// checkOffTCP fails b when d's tcp node moved more than 1/64 of b.N
+// rounds of bytes since it moved tcp0.
+func checkOffTCP(b *testing.B, d *peerDaemon, tcp0 uint64, bytes int) {
+	moved := tcpBytes(d) - tcp0
+	b.ReportMetric(float64(moved)/float64(b.N), "tcp-B/op")
+	if moved > uint64(b.N)*uint64(bytes)/64 {
+		b.Fatalf("%d rounds of %d bytes moved %d bytes over tcp, not rdma:\n%s", b.N, bytes, moved, d.log)
+	}
+}
+
+// cpuMark is the process's CPU time (user and system) at a point, and
+// where asked for (the rdma benchmarks, in the VM) the machine's busy CPU
+// time (every CPU, /proc/stat; 0: not asked for or not readable).
+type cpuMark struct{ at, machine time.Duration }
 
 func processCPU() time.Duration {
 	var ru syscall.Rusage
@@ -158,14 +424,46 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func startCPU() cpuMark { return cpuMark{processCPU()} }
+func startCPU() cpuMark { return cpuMark{at: processCPU()} }
+
+// machineCPU is the busy time of every CPU of the machine since boot:
+// /proc/stat's first line, all but idle and iowait (guest time is in
+// user already); 0 when it cannot be read.
+func machineCPU() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0
+	}
+	var ticks uint64
+	for i, s := range f[1:9] { // user nice system idle iowait irq softirq steal
+		if i == 3 || i == 4 {
+			continue
+		}
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
+}
 
 // report adds cpu-s/GB: the CPU time since m per GB of b.N rounds of
-// bytes each.
+// bytes each; and with m.machine, machine-cpu-s/GB, the machine's busy
+// time per GB (which counts other processes too: meaningful where nothing
+// else runs, as in the Soft-RoCE VM).
 func (m cpuMark) report(b *testing.B, bytes int) {
 	used := processCPU() - m.at
 	gb := float64(b.N) * float64(bytes) / 1e9
 	b.ReportMetric(used.Seconds()/gb, "cpu-s/GB")
+	if m.machine > 0 {
+		b.ReportMetric((machineCPU()-m.machine).Seconds()/gb, "machine-cpu-s/GB")
+	}
 }
 
 // BenchmarkStoreRemoteGetAggregate measures the store across hosts with
@@ -262,15 +560,7 @@ func aggregateCluster(b *testing.B, ds []*peerDaemon, ids []string, want [][][]b
 	}
 	rs := make([]reader, nd)
 	for i, d := range ds {
-		c := d.dial(b, "reader")
-		q, err := c.OpenQueue(16)
-		if err != nil {
-			b.Fatal(err)
-		}
-		res, err := c.NewResults(n)
-		if err != nil {
-			b.Fatal(err)
-		}
+		q, res := queueReader(b, d, "reader", n)
 		rs[i] = reader{q: q, res: res, cqes: make([]client.Completion, 1)}
 	}
 	call := func(r *reader, submit func() (bool, error)) error {

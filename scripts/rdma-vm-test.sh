@@ -23,7 +23,12 @@
 # tcbench), RDMA_BENCHTIME (default 1s),
 # RDMA_DAEMON_RUN (rdma/link, daemon and deploy test regexp, default 'Verbs|RDMA';
 # '-' for none), RDMA_LINK_RUN (rdma/link's alone, default RDMA_DAEMON_RUN;
-# '-' for none), RDMA_COUNT (runs of each rdma/link and daemon test, default
+# '-' for none), RDMA_DAEMON_BENCH (daemon benchmark regexp, run before
+# the daemon tests, default '-': none; StoreRemoteGetRDMA adds a table of
+# the store's remote get beside the rdma transport alone),
+# RDMA_DAEMON_BENCHTIME (default 5x), RDMA_DAEMON_BENCH_COUNT (runs, one
+# process each so that a benchmark's rows alternate; default 3),
+# RDMA_COUNT (runs of each rdma/link and daemon test, default
 # 1: a leak that shows once in several CI runs shows in one VM boot),
 # RDMA_TCBENCH (1, or 0 for no tcbench), RDMA_TCBENCH_RUNTIME (each job's
 # measured time, default 1s; 0.5 s of ramp before it), RDMA_ROUNDS (rounds
@@ -56,7 +61,8 @@ CGO_ENABLED=1 go test -c -o "$w/rdma.test" ./rdma/
 daemon_run=${RDMA_DAEMON_RUN:-Verbs|RDMA}
 link_run=${RDMA_LINK_RUN:-$daemon_run}
 count=${RDMA_COUNT:-1}
-if [ "$daemon_run" != "-" ]; then
+daemon_bench=${RDMA_DAEMON_BENCH:--}
+if [ "$daemon_run" != "-" ] || [ "$daemon_bench" != "-" ]; then
   echo "test-rdma: building the rdma/link and daemon test binaries (cgo)" >&2
   CGO_ENABLED=1 go test -c -o "$w/link.test" ./rdma/link/
   CGO_ENABLED=1 go test -c -o "$w/daemon.test" ./daemon/
@@ -141,7 +147,14 @@ export RXE_REG_MB=${RXE_REG_MB:-512}
 if [ -x ./link.test ] && [ "${link_run}" != "-" ]; then
   ./link.test -test.v -test.count=${count} -test.timeout=300s -test.run='${link_run}' || rc=1
 fi
-if [ -x ./daemon.test ]; then
+if [ -x ./daemon.test ] && [ "${daemon_bench}" != "-" ]; then
+  # One process a run, so that the rows of a benchmark alternate.
+  for i in \$(seq 1 ${RDMA_DAEMON_BENCH_COUNT:-3}); do
+    ./daemon.test -test.run='^\$' -test.bench='${daemon_bench}' -test.benchtime=${RDMA_DAEMON_BENCHTIME:-5x} \\
+      -test.timeout=300s || rc=1
+  done
+fi
+if [ -x ./daemon.test ] && [ "${daemon_run}" != "-" ]; then
   ./daemon.test -test.v -test.count=${count} -test.timeout=$((300 * count))s -test.run='${daemon_run}' || rc=1
 fi
 if [ -x ./deploy.test ]; then # reads the dashboard and rules from deploy/
@@ -231,6 +244,28 @@ if [ "$bench" != "-" ]; then
   row "write RTT 4KiB" "$fig/o" "$fig/rtt" us
   echo "(tensorcast: Submit to Done of one WRITE in flight, a full round trip; perftest: 2 x ib_write_lat's"
   echo " typical latency, which it reports as half its ping-pong round trip)"
+fi
+
+# The store's remote get over rdma beside the rdma transport alone: the
+# k-th run of each side paired.
+if grep -q '^BenchmarkStoreRemoteGetRDMA/' "$log"; then
+  dbench() { # sub-benchmark, unit -> "run value"
+    awk '$1 ~ "^BenchmarkStoreRemoteGetRDMA/'"$1"'(-[0-9]+)?$" { for (i = 2; i < NF; i++) if ($(i+1) == "'"$2"'") { print ++k, $i; break } }' "$log"
+  }
+  for alone in rdma-alone rdma-alone-x4; do
+    echo
+    echo "store remote get of 128 x 256 KiB, d2 <- d1 over rdma, beside $alone (pool to pool), same VM run"
+    printf '%-24s %16s %16s %7s\n' "figure" "remote get" "$alone" "ratio"
+    for c in "MB/s:MB/s" "cpu-s/GB:cpu-s/GB" "machine-cpu-s/GB:machine" "untimed-cpu-s/GB:cpu-s" "crc-cpu-s/GB:cpu-s" "tcp-B/op:tcp-B/op"; do
+      IFS=: read -r unit short <<<"$c"
+      dbench cluster "$unit" > "$fig/o"; dbench "$alone" "$unit" > "$fig/p"
+      row "$unit" "$fig/o" "$fig/p" "$short"
+    done
+  done
+  echo "(ratio: remote get / transport alone, per run; above 1 is faster for MB/s, costlier for CPU per GB;"
+  echo " machine-cpu-s/GB is the VM's busy CPU time per GB, the Soft-RoCE driver's kernel work included;"
+  echo " untimed-cpu-s/GB, the unpins and removals between rounds, and crc-cpu-s/GB, a crc32c pass over the bytes"
+  echo " on its own, are parts of the remote get's cpu-s/GB)"
 fi
 
 # tcbench's figures beside the same rounds' perftest runs.
