@@ -300,6 +300,7 @@ type counters struct {
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
+	tombsKept, keepFailed                                    atomic.Uint64 // tombstone copies given to keepers, and not
 	overBudget, readersRefused                               atomic.Uint64
 	replicasMade, replicaFailed, replicasShort               atomic.Uint64
 	quickReads, quickFallbacks, quickServed                  atomic.Uint64 // one-round-trip reads (quick.go)
@@ -361,6 +362,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		kindAnnounce: c.onFenced(c.onAnnounce), kindLookup: c.onFenced(c.onLookup), kindRemove: c.onFenced(c.onRemove),
 		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
 		kindClaim: c.onFenced(c.onClaim), kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate, kindTombs: c.onTombs,
+		kindKeep: c.onKeep,
 	} {
 		n := new(atomic.Uint64)
 		c.served[kind] = n
@@ -432,7 +434,7 @@ func (c *Cluster) Close() {
 	c.endLife()
 	c.stopPush()
 	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello,
-		kindClaim, kindUnclaim, kindReplicate, kindTombs} {
+		kindClaim, kindUnclaim, kindReplicate, kindTombs, kindKeep} {
 		_ = c.peers.Handle(k, nil)
 	}
 	if qp, ok := c.peers.(QuickPeers); ok {

@@ -61,7 +61,11 @@
 // copy (a tombstone, bounded in number and age), asked again when it is
 // back, and answered "removed" when it re-announces that copy. The
 // tombstones move with their shard to its new home (handTombs), so a
-// removed key does not come back when its home changed meanwhile.
+// removed key does not come back when its home changed meanwhile; and
+// the home gives a copy of each to the two members next in the shard's
+// rendezvous order before it answers (keepTombs), which hand them to
+// whoever is home later and ask the holder to drop the copy when it is
+// back, so the removal holds when its home dies too.
 //
 // Messages are exchanges on the peer channel (tcp.Node.Exchange, kinds
 // "tc.store.*"), addressed to the epoch the sender knows, so a daemon that

@@ -392,6 +392,15 @@ func (c *Cluster) onShardClaims(cs []ShardClaim) {
 			if old != nil && old.Gen > n.Gen {
 				break
 			}
+			if n.Home == c.self && (old == nil || old.Home != c.self) {
+				// Gained: what the index has of the shard is from a time
+				// this daemon was home without a claim (its own copies,
+				// announced here while the claim's home was out of its
+				// view), stale now; its holders re-announce it (moved).
+				// Before the claim is stored, so that no announcement
+				// fenced at the new generation is lost.
+				c.idx.clearShard(n.Shard)
+			}
 			if p.CompareAndSwap(old, &cl) {
 				stored = true
 				break

@@ -215,7 +215,10 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 		fetched := e.tier&tierFetched != 0
 		e.tier &^= tierFetched
 		if e.tier == tierGone {
-			c.tombs.forget(e.key, from)
+			// Its tombstone stays a little (settled) for an
+			// announcement of the copy sent before it went (a
+			// re-announcement walk) and arriving after this.
+			c.tombs.settle(e.key, from, now, c.cfg.Timeout)
 		} else if c.tombs.removed(e.key, from, e.size, e.crc, now) || fetched && c.tombs.justRemoved(e.key, now) {
 			removed = append(removed, uint32(i))
 			continue
@@ -324,13 +327,18 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 				// home within the whole timeout, hears back in time.
 				if _, err := c.exchangeBy(d.id, d.epoch, kindDrop, encodeKeys(part), time.Now().Add(c.cfg.Timeout/2)); err != nil {
 					// Remembered: when it re-announces them, it is told
-					// they were removed.
+					// they were removed; and kept by others too, in
+					// case this daemon dies first.
 					now := time.Now()
-					for _, p := range ch {
+					ts := make([]tomb, len(ch))
+					for i, p := range ch {
 						c.tombs.add(ks[p], copies[d][p], now)
+						h := copies[d][p]
+						ts[i] = tomb{key: string(ks[p]), holder: h.ID, size: h.Size, crc: h.CRC, at: now}
 					}
 					c.log.Info("a holder did not drop removed keys: they are dropped when it re-announces them",
 						"holder", d.id, "keys", len(part), "err", err)
+					c.keepTombs(v, ts, time.Now().Add(c.cfg.Timeout/4))
 				}
 			}
 		}()
@@ -373,7 +381,8 @@ func decodeRemoveAnswer(b []byte, n int) ([]int, error) {
 	return out, d.end()
 }
 
-// dropHere removes this daemon's copies of keys (a home asked). A copy a
+// dropHere removes this daemon's copies of keys (a home asked), and tells
+// their homes they are gone. A copy a
 // reader's hold pins here now cannot go yet: it goes when the last hold
 // on it ends (endHold), so a removal never leaves it behind.
 func (c *Cluster) dropHere(keys [][]byte) {
@@ -387,6 +396,12 @@ func (c *Cluster) dropHere(keys [][]byte) {
 		var later [][]byte
 		c.holdMu.Lock()
 		for i, code := range codes[:n] {
+			if code == store.OK {
+				// Its home forgets this holder of it (the home that
+				// asked has already; a keeper's or a tombstone's drop
+				// may come while another is home).
+				c.Evicted(keys[i])
+			}
 			if code == store.FailedPrecondition || code == store.Busy {
 				if c.holdKeys[string(keys[i])] > 0 && len(c.doomed) < c.cfg.MaxTombstones {
 					c.doomed[string(keys[i])] = true
