@@ -84,7 +84,9 @@ type Config struct {
 	ReannounceRate int
 	// MaxTombstones bounds the removed copies a home remembers for
 	// holders it could not reach (default 1<<16), for at most
-	// TombstoneTTL each (default 10 min) (tomb.go).
+	// TombstoneTTL each (default 10 min) (tomb.go), the copies of other
+	// homes' tombstones kept here, and the removed keys kept here until a
+	// client's pin on them goes (dropLater).
 	MaxTombstones int
 	TombstoneTTL  time.Duration
 	// Staleness is how long a reader keeps a home's answer (default 2 s;
@@ -252,11 +254,13 @@ type Cluster struct {
 	landMu sync.Mutex
 	landed map[string]int
 
-	// holdMu guards holds, holdKeys and nextClaim.
+	// holdMu guards holds, holdKeys, doomed, gone, dropping and nextClaim.
 	holdMu    sync.Mutex
 	holds     map[uint64]*hold
-	holdKeys  map[string]int  // readers holding each key here (ClaimsPerKey at most)
-	doomed    map[string]bool // keys removed while a hold pinned them: dropped when the last ends
+	holdKeys  map[string]int      // readers holding each key here (ClaimsPerKey at most)
+	doomed    map[string]bool     // keys removed while a hold pinned them: dropped when the last ends
+	gone      map[string]goneCopy // keys removed while a client here pinned them: dropped when unpinned (dropLater)
+	dropping  bool                // the dropper runs
 	nextClaim uint64
 
 	// claims are the shard claims as the Fence says (nil without one);
@@ -301,6 +305,7 @@ type counters struct {
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
 	tombsKept, keepFailed                                    atomic.Uint64 // tombstone copies given to keepers, and not
+	goneOver                                                 atomic.Uint64 // removed keys pinned here past the bound
 	overBudget, readersRefused                               atomic.Uint64
 	replicasMade, replicaFailed, replicasShort               atomic.Uint64
 	quickReads, quickFallbacks, quickServed                  atomic.Uint64 // one-round-trip reads (quick.go)
@@ -328,6 +333,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		holds:    map[uint64]*hold{},
 		holdKeys: map[string]int{},
 		doomed:   map[string]bool{},
+		gone:     map[string]goneCopy{},
 		landed:   map[string]int{},
 		flying:   map[string][]func(error){},
 		rekick:   make(chan struct{}, 1),

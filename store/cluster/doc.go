@@ -65,7 +65,12 @@
 // the home gives a copy of each to the two members next in the shard's
 // rendezvous order before it answers (keepTombs), which hand them to
 // whoever is home later and ask the holder to drop the copy when it is
-// back, so the removal holds when its home dies too.
+// back, so the removal holds when its home dies too. A copy a client on
+// its holder pins cannot go while pinned (the store never frees a pinned
+// block): it is hidden from the other daemons (never served to their
+// reads, nor re-announced) and dropped once unpinned, however long that
+// takes; the holder's own clients still see it until then, as a local
+// remove of a pinned key would leave it.
 //
 // Messages are exchanges on the peer channel (tcp.Node.Exchange, kinds
 // "tc.store.*"), addressed to the epoch the sender knows, so a daemon that

@@ -140,6 +140,11 @@ func (n *fakeNode) Read(holder string, epoch uint64, spans []Span, deadline time
 			return fmt.Errorf("fake mover: the gate stayed shut past the deadline")
 		}
 	}
+	if n.down.Load() {
+		// The reader died while its read waited: a dead daemon's read
+		// never lands.
+		return fmt.Errorf("%w: %s died reading", errUnreachable, n.id)
+	}
 	src, dst := p.pool.Bytes(), n.pool.Bytes()
 	for _, s := range spans {
 		copy(dst[s.Local:s.Local+s.Length], src[s.Remote:s.Remote+s.Length])
@@ -268,6 +273,18 @@ func (n *fakeNode) put(t testing.TB, key string, v []byte) {
 	if _, err := ss.Put([][]byte{[]byte(key)}, [][]byte{v}, false, codes, nil, nil, 0); err != nil || codes[0] != store.OK {
 		t.Fatalf("put %s on %s: %v, %v", key, n.id, err, codes[0])
 	}
+}
+
+// here is key's code in n's own store (no other daemon asked).
+func (n *fakeNode) here(t testing.TB, key string) store.Code {
+	t.Helper()
+	ss := n.st.NewSession()
+	defer ss.Close()
+	codes := make([]store.Code, 1)
+	if err := ss.GetHere([][]byte{[]byte(key)}, make([]store.Location, 1), codes, nil); err != nil {
+		t.Fatal(err)
+	}
+	return codes[0]
 }
 
 // read reads key on n (fetching it from another daemon when it misses).

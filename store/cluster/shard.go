@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"slices"
 )
 
@@ -93,15 +94,7 @@ func (v *view) ranked(s int, n int, skip ...string) []string {
 			all = append(all, scored{id, mix(fnv1a(fnvOffset, []byte(id)) ^ mix(uint64(s)+1))})
 		}
 	}
-	slices.SortFunc(all, func(a, b scored) int {
-		switch {
-		case a.score > b.score:
-			return -1
-		case a.score < b.score:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(all, func(a, b scored) int { return cmp.Compare(b.score, a.score) })
 	out := make([]string, 0, min(n, len(all)))
 	for _, sc := range all[:min(n, len(all))] {
 		out = append(out, sc.id)

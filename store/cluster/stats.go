@@ -41,6 +41,11 @@ type Stats struct {
 	// its own it gave keepers, KeepsFailed those a keeper did not take.
 	TombsKept               int
 	KeepsGiven, KeepsFailed uint64
+	// GonePinned are the removed keys still here because a client or a
+	// reader pins them (hidden from the other daemons, dropped once
+	// unpinned); GoneOver those past Config.MaxTombstones, which stay.
+	GonePinned int
+	GoneOver   uint64
 	// StaleRefused counts messages this daemon (a home) refused for a
 	// generation it does not hold; StaleAnswers the refusals it got as a
 	// sender; ClaimsWon the shards it claimed (with etcd).
@@ -111,7 +116,7 @@ func (c *Cluster) Stats() Stats {
 		RemoteBytes: c.c.remoteBytes.Load(), CRCMismatch: c.c.crcMismatch.Load(),
 		HoldsGiven: c.c.holds.Load(), HoldsRefused: c.c.holdsRefused.Load(), Removes: c.c.removes.Load(),
 		ByPeer:     by,
-		Tombstones: own, TombsKept: kept, KeepsGiven: c.c.tombsKept.Load(), KeepsFailed: c.c.keepFailed.Load(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
+		Tombstones: own, TombsKept: kept, GonePinned: c.GonePinned(), GoneOver: c.c.goneOver.Load(), KeepsGiven: c.c.tombsKept.Load(), KeepsFailed: c.c.keepFailed.Load(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
 		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
 		TombsHanded: c.c.tombsHanded.Load(), TombsTaken: c.c.tombsTaken.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
