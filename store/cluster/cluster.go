@@ -263,6 +263,12 @@ type Cluster struct {
 	dropping  bool                // the dropper runs
 	nextClaim uint64
 
+	// takenMu guards takenBy: for each shard another member claimed from
+	// this daemon, that claim (fence.go: not taken back while the
+	// directory lists its holder).
+	takenMu sync.Mutex
+	takenBy map[int]ShardClaim
+
 	// claims are the shard claims as the Fence says (nil without one);
 	// ckick wakes the claimer, cdone is closed when it exits.
 	shardClaims []atomic.Pointer[ShardClaim]
@@ -277,6 +283,9 @@ type Cluster struct {
 	// lastFailLog is when logFailed last logged (unix ns); lastRepLog when
 	// logReplica did.
 	lastFailLog, lastRepLog atomic.Int64
+	// leftTaken is how many shards the last claim round left with the
+	// members that took them from here (fence.go), for its log.
+	leftTaken atomic.Int64
 }
 
 var (
@@ -334,6 +343,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		holdKeys: map[string]int{},
 		doomed:   map[string]bool{},
 		gone:     map[string]goneCopy{},
+		takenBy:  map[int]ShardClaim{},
 		landed:   map[string]int{},
 		flying:   map[string][]func(error){},
 		rekick:   make(chan struct{}, 1),

@@ -54,7 +54,11 @@
 // refreshes and resends once. With directory = etcd a generation is a
 // claim the home took in etcd under its member lease (a transaction that
 // succeeds only for the generation expected), and homes follow the
-// claims; without etcd it is the home's run epoch.
+// claims; without etcd it is the home's run epoch. A claim whose holder is
+// out of a daemon's view but still listed by etcd (a partition) is taken
+// only by a daemon that sees a majority of etcd's members, and never back
+// from the member that took it, so claims do not change hands every round
+// while a partition lasts.
 //
 // Removal (tomb.go). A removal drops the key at its home and every copy
 // at its holders; a holder the home does not reach is remembered with its
