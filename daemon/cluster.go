@@ -382,6 +382,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 	e.Gauge("tensorcast_cluster_index_keys", "Keys in this daemon's location index (as a home).", float64(s.IndexKeys))
 	e.Gauge("tensorcast_cluster_claims", "Claims other daemons' readers hold here now.", float64(s.Holds))
 	e.Gauge("tensorcast_cluster_tombstones", "Removed copies this daemon (a home) remembers for holders it did not reach.", float64(s.Tombstones))
+	e.Gauge("tensorcast_cluster_tombstones_kept", "Copies of other homes' tombstones this daemon keeps in case their home dies.", float64(s.TombsKept))
 	e.Gauge("tensorcast_cluster_home_claims", "Claims this daemon, as a home, has handed readers and not had back.", float64(s.ClaimsOutstanding))
 	for _, c := range []struct {
 		name, help string
@@ -418,6 +419,8 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_readers_refused_total", "Keys this daemon as a holder answered busy in a read: at its reader limit for the key.", s.ReadersRefused},
 		{"tensorcast_cluster_tombstones_handed_total", "Tombstones this daemon handed to the new home of their shard.", s.TombsHanded},
 		{"tensorcast_cluster_tombstones_taken_total", "Tombstones this daemon took from the previous home of their shard.", s.TombsTaken},
+		{"tensorcast_cluster_tombstone_keeps_total", "Copies of tombstones this daemon (a home) gave keepers.", s.KeepsGiven},
+		{"tensorcast_cluster_tombstone_keep_failures_total", "Copies of tombstones a keeper did not take: the removal holds only while this home lives.", s.KeepsFailed},
 		{"tensorcast_cluster_over_budget_total", "Remote gets and serves refused by the mode's budget.", s.OverBudget},
 		{"tensorcast_cluster_replicas_made_total", "Copies of values put here made on other daemons.", s.ReplicasMade},
 		{"tensorcast_cluster_replica_failures_total", "Copies of values put here that failed (or had too few daemons up).", s.ReplicaFailures},

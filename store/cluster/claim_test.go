@@ -116,3 +116,50 @@ func TestCachedReadersBoundedAtHolder(t *testing.T) {
 	testutil.Eventually(t, 5*time.Second, func() bool { return h.c.Holds() == 0 && h.c.HoldReaders([]byte(key)) == 0 },
 		"holds released (%d left)", testutil.Lazy(h.c.Holds))
 }
+
+// TestReaderKilledMidTransfer: a reader r dies (it can no longer send or
+// answer anything) while its read of a key from holder h is under way:
+// h holds the key for it and the home x has handed it a claim. Another
+// reader b reads the key meanwhile and afterwards, byte-exact; and by the
+// dead read's deadline h holds nothing for r, no pin is left on h, and
+// x's claim for r is gone, without any word from r.
+func TestReaderKilledMidTransfer(t *testing.T) {
+	ids := []string{"b", "h", "r", "x"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: time.Second, ProbeEvery: time.Hour, Staleness: -1})
+	b, h, r, x := f.node("b"), f.node("h"), f.node("r"), f.node("x")
+	key := keyHomedOn(f, b, "killed/reader", "x")
+	v := value(key, 8192)
+	h.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) }, "h's copy announced")
+	basePins := h.st.Stats().Pins
+
+	f.holdReads()
+	done := make(chan error, 1)
+	go func() { _, err := r.read(key, len(v)); done <- err }()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return f.inflightNow() == 1 && h.c.Holds() == 1 && x.c.Stats().ClaimsOutstanding == 1
+	}, "r's read under way: held at h, claimed at x")
+	if h.c.HoldReaders([]byte(key)) != 1 || h.st.Stats().Pins != basePins+1 {
+		t.Fatalf("h: %d readers of the key, %d pins (want 1, %d)", h.c.HoldReaders([]byte(key)), h.st.Stats().Pins, basePins+1)
+	}
+	// r dies mid-transfer: its read never completes, nothing it would
+	// send (the hold's release, the claim's) goes out.
+	r.down.Store(true)
+	f.releaseReads()
+	if err := <-done; err == nil {
+		t.Fatal("the dead reader's read succeeded")
+	}
+	// Other readers are unaffected.
+	if got, err := b.read(key, len(v)); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("b's read beside the dead one: %d bytes, %v", len(got), err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return h.c.Holds() == 0 && h.c.HoldReaders([]byte(key)) == 0 && h.st.Stats().Pins == basePins &&
+			x.c.Stats().ClaimsOutstanding == 0 && x.c.Readers("h", []byte(key)) == 0
+	}, "the dead reader's hold, pin and claim ended (h holds %d, pins %d; x claims %d)",
+		testutil.Lazy(h.c.Holds), testutil.Lazy(func() uint64 { return uint64(h.st.Stats().Pins) }),
+		testutil.Lazy(func() uint64 { return x.c.Stats().ClaimsOutstanding }))
+	if got, err := b.read(key, len(v)); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("b's read after: %d bytes, %v", len(got), err)
+	}
+}

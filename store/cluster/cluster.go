@@ -84,7 +84,9 @@ type Config struct {
 	ReannounceRate int
 	// MaxTombstones bounds the removed copies a home remembers for
 	// holders it could not reach (default 1<<16), for at most
-	// TombstoneTTL each (default 10 min) (tomb.go).
+	// TombstoneTTL each (default 10 min) (tomb.go), the copies of other
+	// homes' tombstones kept here, and the removed keys kept here until a
+	// client's pin on them goes (dropLater).
 	MaxTombstones int
 	TombstoneTTL  time.Duration
 	// Staleness is how long a reader keeps a home's answer (default 2 s;
@@ -252,12 +254,20 @@ type Cluster struct {
 	landMu sync.Mutex
 	landed map[string]int
 
-	// holdMu guards holds, holdKeys and nextClaim.
+	// holdMu guards holds, holdKeys, doomed, gone, dropping and nextClaim.
 	holdMu    sync.Mutex
 	holds     map[uint64]*hold
-	holdKeys  map[string]int  // readers holding each key here (ClaimsPerKey at most)
-	doomed    map[string]bool // keys removed while a hold pinned them: dropped when the last ends
+	holdKeys  map[string]int      // readers holding each key here (ClaimsPerKey at most)
+	doomed    map[string]bool     // keys removed while a hold pinned them: dropped when the last ends
+	gone      map[string]goneCopy // keys removed while a client here pinned them: dropped when unpinned (dropLater)
+	dropping  bool                // the dropper runs
 	nextClaim uint64
+
+	// takenMu guards takenBy: for each shard another member claimed from
+	// this daemon, that claim (fence.go: not taken back while the
+	// directory lists its holder).
+	takenMu sync.Mutex
+	takenBy map[int]ShardClaim
 
 	// claims are the shard claims as the Fence says (nil without one);
 	// ckick wakes the claimer, cdone is closed when it exits.
@@ -273,6 +283,9 @@ type Cluster struct {
 	// lastFailLog is when logFailed last logged (unix ns); lastRepLog when
 	// logReplica did.
 	lastFailLog, lastRepLog atomic.Int64
+	// leftTaken is how many shards the last claim round left with the
+	// members that took them from here (fence.go), for its log.
+	leftTaken atomic.Int64
 }
 
 var (
@@ -300,6 +313,8 @@ type counters struct {
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
+	tombsKept, keepFailed                                    atomic.Uint64 // tombstone copies given to keepers, and not
+	goneOver                                                 atomic.Uint64 // removed keys pinned here past the bound
 	overBudget, readersRefused                               atomic.Uint64
 	replicasMade, replicaFailed, replicasShort               atomic.Uint64
 	quickReads, quickFallbacks, quickServed                  atomic.Uint64 // one-round-trip reads (quick.go)
@@ -327,6 +342,8 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		holds:    map[uint64]*hold{},
 		holdKeys: map[string]int{},
 		doomed:   map[string]bool{},
+		gone:     map[string]goneCopy{},
+		takenBy:  map[int]ShardClaim{},
 		landed:   map[string]int{},
 		flying:   map[string][]func(error){},
 		rekick:   make(chan struct{}, 1),
@@ -361,6 +378,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		kindAnnounce: c.onFenced(c.onAnnounce), kindLookup: c.onFenced(c.onLookup), kindRemove: c.onFenced(c.onRemove),
 		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
 		kindClaim: c.onFenced(c.onClaim), kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate, kindTombs: c.onTombs,
+		kindKeep: c.onKeep,
 	} {
 		n := new(atomic.Uint64)
 		c.served[kind] = n
@@ -432,7 +450,7 @@ func (c *Cluster) Close() {
 	c.endLife()
 	c.stopPush()
 	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello,
-		kindClaim, kindUnclaim, kindReplicate, kindTombs} {
+		kindClaim, kindUnclaim, kindReplicate, kindTombs, kindKeep} {
 		_ = c.peers.Handle(k, nil)
 	}
 	if qp, ok := c.peers.(QuickPeers); ok {

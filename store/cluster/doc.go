@@ -54,14 +54,27 @@
 // refreshes and resends once. With directory = etcd a generation is a
 // claim the home took in etcd under its member lease (a transaction that
 // succeeds only for the generation expected), and homes follow the
-// claims; without etcd it is the home's run epoch.
+// claims; without etcd it is the home's run epoch. A claim whose holder is
+// out of a daemon's view but still listed by etcd (a partition) is taken
+// only by a daemon that sees a majority of etcd's members, and never back
+// from the member that took it, so claims do not change hands every round
+// while a partition lasts.
 //
 // Removal (tomb.go). A removal drops the key at its home and every copy
 // at its holders; a holder the home does not reach is remembered with its
 // copy (a tombstone, bounded in number and age), asked again when it is
 // back, and answered "removed" when it re-announces that copy. The
 // tombstones move with their shard to its new home (handTombs), so a
-// removed key does not come back when its home changed meanwhile.
+// removed key does not come back when its home changed meanwhile; and
+// the home gives a copy of each to the two members next in the shard's
+// rendezvous order before it answers (keepTombs), which hand them to
+// whoever is home later and ask the holder to drop the copy when it is
+// back, so the removal holds when its home dies too. A copy a client on
+// its holder pins cannot go while pinned (the store never frees a pinned
+// block): it is hidden from the other daemons (never served to their
+// reads, nor re-announced) and dropped once unpinned, however long that
+// takes; the holder's own clients still see it until then, as a local
+// remove of a pinned key would leave it.
 //
 // Messages are exchanges on the peer channel (tcp.Node.Exchange, kinds
 // "tc.store.*"), addressed to the epoch the sender knows, so a daemon that

@@ -22,7 +22,12 @@ import (
 // shard from the claim's revision until the directory's watch shows
 // another claim, or until its view of etcd is older than the staleness
 // budget (then it refuses everything: fail closed). Homes then follow the
-// claims, not the rendezvous: rendezvous only says who should claim. In
+// claims, not the rendezvous: rendezvous only says who should claim. A
+// daemon takes a shard whose holder left its view; when etcd still lists
+// that holder (a partition: both sides reach etcd, each view makes itself
+// home), only with a majority of etcd's members in its view, and never
+// back from the member that took it from this daemon, so the claim does
+// not change hands every round until the partition heals. In
 // steady state no request goes to etcd: the claims come with the watch
 // the directory keeps anyway.
 //
@@ -392,6 +397,15 @@ func (c *Cluster) onShardClaims(cs []ShardClaim) {
 			if old != nil && old.Gen > n.Gen {
 				break
 			}
+			if n.Home == c.self && (old == nil || old.Home != c.self) {
+				// Gained: what the index has of the shard is from a time
+				// this daemon was home without a claim (its own copies,
+				// announced here while the claim's home was out of its
+				// view), stale now; its holders re-announce it (moved).
+				// Before the claim is stored, so that no announcement
+				// fenced at the new generation is lost.
+				c.idx.clearShard(n.Shard)
+			}
 			if p.CompareAndSwap(old, &cl) {
 				stored = true
 				break
@@ -408,6 +422,13 @@ func (c *Cluster) onShardClaims(cs []ShardClaim) {
 			lost = append(lost, n.Shard)
 			c.idx.clearShard(n.Shard)
 		}
+		c.takenMu.Lock()
+		if oldHome == c.self && n.Home != c.self && n.Home != "" {
+			c.takenBy[n.Shard] = n
+		} else if n.Home == c.self {
+			delete(c.takenBy, n.Shard)
+		}
+		c.takenMu.Unlock()
 		if n.Home != "" && n.Home != c.self {
 			// Its tombstones here (if it was home of the shard before,
 			// perhaps through an unclaimed generation) go to its home.
@@ -477,8 +498,26 @@ func (c *Cluster) claimRound() error {
 		return nil
 	}
 	v := c.view.Load()
+	// listed are the members etcd lists (their leases live); majority is
+	// whether this daemon sees more than half of them.
+	var listed map[string]bool
+	majority := true
+	if c.cfg.Directory != nil {
+		listed = map[string]bool{c.self: true}
+		for _, id := range c.cfg.Directory() {
+			listed[id] = true
+		}
+		seen := 0
+		for _, id := range v.members {
+			if listed[id] {
+				seen++
+			}
+		}
+		majority = 2*seen > len(listed)
+	}
 	var take, rel []int
 	var exp, relGen []uint64
+	left := 0
 	for s := range c.shardClaims {
 		cl := c.shardClaims[s].Load()
 		mine := v.home(s) == c.self
@@ -486,10 +525,28 @@ func (c *Cluster) claimRound() error {
 		case mine && (cl == nil || cl.Home == ""):
 			take, exp = append(take, s), append(exp, 0)
 		case mine && cl.Home != c.self && !v.has(cl.Home):
+			if listed[cl.Home] && (!majority || c.tookFromHere(s, cl)) {
+				// Its holder is out of this daemon's view but alive in
+				// etcd: on the other side of a partition, whose view
+				// may make it the shard's home just as this one's makes
+				// this daemon. Taken only from a side that sees a
+				// majority of etcd's members (an isolated daemon takes
+				// nobody's shards), and never back from a member that
+				// took it from here: else the claim would change hands
+				// every round while the partition lasts. It comes back
+				// when the views agree again, or when etcd drops the
+				// member (its claim goes with its lease).
+				left++
+				continue
+			}
 			take, exp = append(take, s), append(exp, cl.Gen)
 		case !mine && cl != nil && cl.Home == c.self:
 			rel, relGen = append(rel, s), append(relGen, cl.Gen)
 		}
+	}
+	if prev := c.leftTaken.Swap(int64(left)); prev != int64(left) && left > 0 {
+		c.log.Warn("shards members out of this daemon's view took from it are left with them while etcd lists them (a partition)",
+			"shards", left)
 	}
 	var err error
 	if len(rel) > 0 {
@@ -511,6 +568,15 @@ func (c *Cluster) claimRound() error {
 		return terr
 	}
 	return err
+}
+
+// tookFromHere reports whether claim cl of shard s is the one that took s
+// from this daemon.
+func (c *Cluster) tookFromHere(s int, cl *ShardClaim) bool {
+	c.takenMu.Lock()
+	defer c.takenMu.Unlock()
+	t, ok := c.takenBy[s]
+	return ok && t.Home == cl.Home && t.Gen == cl.Gen
 }
 
 // pullShardClaims asks every member of v to take in the claims this daemon

@@ -137,3 +137,11 @@ func (o *fenceOf) Refresh(_ context.Context, shards []int) error {
 }
 
 func (o *fenceOf) Current() bool { return o.f.cut == nil || !o.f.cut(o.id) }
+
+// gen is the latest generation handed out: it grows by one with every
+// claim taken or released.
+func (f *fakeFence) gen() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.next
+}

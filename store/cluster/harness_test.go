@@ -35,6 +35,27 @@ type fakeNet struct {
 	// kindMu guards kinds: the exchanges made, by kind.
 	kindMu sync.Mutex
 	kinds  map[string]uint64
+	// cutMu guards cuts: pairs of daemons that cannot reach each other
+	// (a partition between them; each reaches the others).
+	cutMu sync.Mutex
+	cuts  map[[2]string]bool
+}
+
+// partition cuts daemons a and b from each other (on) or heals the cut.
+func (f *fakeNet) partition(a, b string, on bool) {
+	f.cutMu.Lock()
+	defer f.cutMu.Unlock()
+	if f.cuts == nil {
+		f.cuts = map[[2]string]bool{}
+	}
+	f.cuts[[2]string{a, b}], f.cuts[[2]string{b, a}] = on, on
+}
+
+// isCut reports whether a and b cannot reach each other.
+func (f *fakeNet) isCut(a, b string) bool {
+	f.cutMu.Lock()
+	defer f.cutMu.Unlock()
+	return f.cuts[[2]string{a, b}]
 }
 
 // fakeNode is one daemon.
@@ -82,7 +103,7 @@ func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte
 	switch {
 	case n.down.Load():
 		return nil, fmt.Errorf("%w: %s is down", errUnreachable, n.id)
-	case p == nil || !p.ready.Load() || p.down.Load():
+	case p == nil || !p.ready.Load() || p.down.Load() || n.net.isCut(n.id, peer):
 		return nil, fmt.Errorf("%w: %s", errUnreachable, peer)
 	case epoch != 0 && epoch != p.epoch:
 		return nil, fmt.Errorf("%w: %s runs another epoch", errUnreachable, peer)
@@ -116,7 +137,7 @@ func (n *fakeNode) Unreachable(err error) bool { return errors.Is(err, errUnreac
 // after the net's gate.
 func (n *fakeNode) Read(holder string, epoch uint64, spans []Span, deadline time.Time) error {
 	p := n.net.node(holder)
-	if p == nil || p.down.Load() || n.down.Load() || epoch != 0 && epoch != p.epoch {
+	if p == nil || p.down.Load() || n.down.Load() || n.net.isCut(n.id, holder) || epoch != 0 && epoch != p.epoch {
 		return fmt.Errorf("%w: reading from %s", errUnreachable, holder)
 	}
 	f := n.net
@@ -139,6 +160,11 @@ func (n *fakeNode) Read(holder string, epoch uint64, spans []Span, deadline time
 		case <-t.C:
 			return fmt.Errorf("fake mover: the gate stayed shut past the deadline")
 		}
+	}
+	if n.down.Load() {
+		// The reader died while its read waited: a dead daemon's read
+		// never lands.
+		return fmt.Errorf("%w: %s died reading", errUnreachable, n.id)
 	}
 	src, dst := p.pool.Bytes(), n.pool.Bytes()
 	for _, s := range spans {
@@ -268,6 +294,18 @@ func (n *fakeNode) put(t testing.TB, key string, v []byte) {
 	if _, err := ss.Put([][]byte{[]byte(key)}, [][]byte{v}, false, codes, nil, nil, 0); err != nil || codes[0] != store.OK {
 		t.Fatalf("put %s on %s: %v, %v", key, n.id, err, codes[0])
 	}
+}
+
+// here is key's code in n's own store (no other daemon asked).
+func (n *fakeNode) here(t testing.TB, key string) store.Code {
+	t.Helper()
+	ss := n.st.NewSession()
+	defer ss.Close()
+	codes := make([]store.Code, 1)
+	if err := ss.GetHere([][]byte{[]byte(key)}, make([]store.Location, 1), codes, nil); err != nil {
+		t.Fatal(err)
+	}
+	return codes[0]
 }
 
 // read reads key on n (fetching it from another daemon when it misses).

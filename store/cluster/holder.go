@@ -49,13 +49,19 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	}
 	hs := make([]held, len(keys))
 	var counted []string // the keys this hold counts as a reader of
-	var busy [][]byte    // pinned by GetHere, answered Busy: unpinned at once
+	var busy [][]byte    // pinned by GetHere, answered Busy or NotFound: unpinned at once
 	var bytes uint64
 	c.holdMu.Lock()
 	for i, code := range codes {
-		if code == store.OK && c.holdKeys[string(keys[i])] >= c.cfg.ClaimsPerKey {
+		switch {
+		case code != store.OK:
+		case c.isGoneLocked(string(keys[i])):
+			code = store.NotFound // removed, here until unpinned
+			busy = append(busy, keys[i])
+		case c.holdKeys[string(keys[i])] >= c.cfg.ClaimsPerKey:
 			code = store.Busy // at its reader limit
 			busy = append(busy, keys[i])
+			c.c.readersRefused.Add(1)
 		}
 		hs[i] = held{code: uint8(code), offset: locs[i].Offset, size: locs[i].Length}
 		if code == store.OK {
@@ -66,7 +72,6 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	}
 	c.holdMu.Unlock()
 	if len(busy) > 0 {
-		c.c.readersRefused.Add(uint64(len(busy)))
 		if err := ss.Unpin(busy, make([]store.Code, len(busy))); err != nil {
 			c.log.Warn("unpinning keys a hold refused failed: they stay pinned until the hold ends", "keys", len(busy), "err", err)
 		}

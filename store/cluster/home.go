@@ -26,6 +26,12 @@ func (c *Cluster) Stored(key []byte, size uint64, crc uint32) {
 	}
 	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tier, size: size, crc: crc})
 	c.mu.Unlock()
+	c.holdMu.Lock()
+	if len(c.gone) > 0 {
+		// A value put after the removal: the removed copy is gone.
+		delete(c.gone, string(key))
+	}
+	c.holdMu.Unlock()
 	c.c.announced.Add(1)
 	if !fetched {
 		c.kickAnnouncer()
@@ -215,7 +221,10 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 		fetched := e.tier&tierFetched != 0
 		e.tier &^= tierFetched
 		if e.tier == tierGone {
-			c.tombs.forget(e.key, from)
+			// Its tombstone stays a little (settled) for an
+			// announcement of the copy sent before it went (a
+			// re-announcement walk) and arriving after this.
+			c.tombs.settle(e.key, from, now, c.cfg.Timeout)
 		} else if c.tombs.removed(e.key, from, e.size, e.crc, now) || fetched && c.tombs.justRemoved(e.key, now) {
 			removed = append(removed, uint32(i))
 			continue
@@ -324,13 +333,18 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 				// home within the whole timeout, hears back in time.
 				if _, err := c.exchangeBy(d.id, d.epoch, kindDrop, encodeKeys(part), time.Now().Add(c.cfg.Timeout/2)); err != nil {
 					// Remembered: when it re-announces them, it is told
-					// they were removed.
+					// they were removed; and kept by others too, in
+					// case this daemon dies first.
 					now := time.Now()
-					for _, p := range ch {
+					ts := make([]tomb, len(ch))
+					for i, p := range ch {
 						c.tombs.add(ks[p], copies[d][p], now)
+						h := copies[d][p]
+						ts[i] = tomb{key: string(ks[p]), holder: h.ID, size: h.Size, crc: h.CRC, at: now}
 					}
 					c.log.Info("a holder did not drop removed keys: they are dropped when it re-announces them",
 						"holder", d.id, "keys", len(part), "err", err)
+					c.keepTombs(v, ts, time.Now().Add(c.cfg.Timeout/4))
 				}
 			}
 		}()
@@ -373,9 +387,12 @@ func decodeRemoveAnswer(b []byte, n int) ([]int, error) {
 	return out, d.end()
 }
 
-// dropHere removes this daemon's copies of keys (a home asked). A copy a
-// reader's hold pins here now cannot go yet: it goes when the last hold
-// on it ends (endHold), so a removal never leaves it behind.
+// dropHere removes this daemon's copies of keys (a home asked), and tells
+// their homes they are gone. A copy a reader's hold pins here now cannot
+// go yet: it goes when the last hold on it ends (endHold); one a client
+// here pins (or has I/O on) goes once it no longer does (dropLater). Both
+// are hidden from the other daemons meanwhile: never served to a reader
+// (onHold) nor re-announced (walk), so a removal never leaves them behind.
 func (c *Cluster) dropHere(keys [][]byte) {
 	c.answers.drop(keys)
 	codes := make([]store.Code, len(keys))
@@ -384,10 +401,15 @@ func (c *Cluster) dropHere(keys [][]byte) {
 		if err := c.st.RemoveHere(keys[:n], codes[:n], nil); err != nil {
 			c.log.Info("dropping removed keys failed", "keys", n, "err", err)
 		}
-		var later [][]byte
+		var later, gone [][]byte
 		c.holdMu.Lock()
 		for i, code := range codes[:n] {
-			if code == store.FailedPrecondition || code == store.Busy {
+			switch code {
+			case store.OK:
+				gone = append(gone, keys[i])
+			case store.FailedPrecondition, store.Busy:
+				// Still here: its home forgets it all the same.
+				gone = append(gone, keys[i])
 				if c.holdKeys[string(keys[i])] > 0 && len(c.doomed) < c.cfg.MaxTombstones {
 					c.doomed[string(keys[i])] = true
 					continue
@@ -396,6 +418,12 @@ func (c *Cluster) dropHere(keys [][]byte) {
 			}
 		}
 		c.holdMu.Unlock()
+		for _, k := range gone {
+			// Its home forgets this holder of it (the home that asked
+			// has already; a keeper's or a tombstone's drop may come
+			// while another is home).
+			c.Evicted(k)
+		}
 		if len(later) > 0 {
 			c.dropLater(later)
 		}
@@ -404,51 +432,147 @@ func (c *Cluster) dropHere(keys [][]byte) {
 }
 
 // dropLater removes keys that a client here pins (or has I/O on) now, once
-// it no longer does: asked again with a growing pause, for at most
-// Config.TombstoneTTL, in the background.
+// it no longer does. Pins belong to client sessions, which end, so they
+// are asked again with a growing pause (at most a second) for as long as
+// it takes, by one goroutine for all (dropper); meanwhile they are hidden
+// from the other daemons (isGone). At most Config.MaxTombstones keys wait
+// so; past that a key stays, logged.
 func (c *Cluster) dropLater(keys [][]byte) {
+	// Before c.mu: the store calls Stored, which takes c.mu, with a
+	// shard lock held.
+	ids := make([]goneCopy, len(keys))
+	for i, k := range keys {
+		if size, crc, err := c.st.Copyable(k); err == nil {
+			ids[i] = goneCopy{size: size, crc: crc, known: true}
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return
 	}
-	keys = cloneKeys(keys)
-	c.log.Info("removed keys pinned here stay until unpinned", "keys", len(keys), "first", string(keys[0]))
-	c.fetchWG.Add(1)
-	go func() {
-		defer c.fetchWG.Done()
-		end := time.Now().Add(c.cfg.TombstoneTTL)
-		pause := 10 * time.Millisecond
-		for len(keys) > 0 && time.Now().Before(end) {
-			if !c.pause(pause) {
-				return
-			}
-			pause = min(2*pause, time.Second)
-			codes := make([]store.Code, len(keys))
-			if err := c.st.RemoveHere(keys, codes, nil); err != nil {
-				continue
-			}
-			rest := keys[:0]
-			for i, code := range codes {
-				if code == store.FailedPrecondition || code == store.Busy {
-					rest = append(rest, keys[i])
-				}
-			}
-			keys = rest
+	added, over := 0, 0
+	c.holdMu.Lock()
+	for i, k := range keys {
+		_, ok := c.gone[string(k)]
+		switch {
+		case ok:
+		case len(c.gone) >= c.cfg.MaxTombstones:
+			over++
+		default:
+			c.gone[string(k)] = ids[i]
+			added++
 		}
-		if len(keys) > 0 {
-			c.log.Warn("removed keys still pinned here after the tombstone TTL: they stay", "keys", len(keys), "first", string(keys[0]))
-		}
-	}()
+	}
+	start := added > 0 && !c.dropping
+	if start {
+		c.dropping = true
+	}
+	c.holdMu.Unlock()
+	if over > 0 {
+		c.c.goneOver.Add(uint64(over))
+		c.log.Error("too many removed keys pinned here to track: these stay, served here and re-announced, until removed again",
+			"keys", over, "max", c.cfg.MaxTombstones)
+	}
+	if added > 0 {
+		c.log.Info("removed keys pinned here are hidden from the other daemons and go once unpinned", "keys", added,
+			"first", string(keys[0]))
+	}
+	if start {
+		c.fetchWG.Add(1)
+		go c.dropper()
+	}
 }
 
-// cloneKeys copies keys into storage of their own.
-func cloneKeys(keys [][]byte) [][]byte {
-	out := make([][]byte, len(keys))
-	for i, k := range keys {
-		out[i] = append([]byte(nil), k...)
+// dropper asks the store again to remove the keys dropLater keeps until
+// none is left, or the cluster closes.
+func (c *Cluster) dropper() {
+	defer c.fetchWG.Done()
+	pause := 10 * time.Millisecond
+	for {
+		if !c.pause(pause) {
+			return
+		}
+		pause = min(2*pause, time.Second)
+		c.holdMu.Lock()
+		all := make([][]byte, 0, len(c.gone))
+		ids := make([]goneCopy, 0, len(c.gone))
+		for k, id := range c.gone {
+			all = append(all, []byte(k))
+			ids = append(ids, id)
+		}
+		c.holdMu.Unlock()
+		// Only the removed copy goes: a key absent now, or holding other
+		// bytes (removed by its client, then put again), is forgotten.
+		keys := all[:0]
+		for i, k := range all {
+			size, crc, err := c.st.Copyable(k)
+			if err == nil && (!ids[i].known || size == ids[i].size && crc == ids[i].crc) {
+				keys = append(keys, k)
+				continue
+			}
+			c.holdMu.Lock()
+			delete(c.gone, string(k))
+			c.holdMu.Unlock()
+		}
+		done := 0
+		for len(keys) > 0 {
+			n := min(len(keys), c.st.MaxKeysPerCall())
+			codes := make([]store.Code, n)
+			if err := c.st.RemoveHere(keys[:n], codes, nil); err != nil {
+				c.log.Info("dropping removed keys pinned here failed: asked again", "keys", n, "err", err)
+			} else {
+				c.holdMu.Lock()
+				for i, code := range codes {
+					if code != store.FailedPrecondition && code != store.Busy {
+						delete(c.gone, string(keys[i]))
+						done++
+					}
+				}
+				c.holdMu.Unlock()
+			}
+			keys = keys[n:]
+		}
+		if done > 0 {
+			c.log.Info("removed keys pinned here dropped once unpinned", "keys", done)
+		}
+		c.holdMu.Lock()
+		if len(c.gone) == 0 {
+			c.dropping = false
+			c.holdMu.Unlock()
+			return
+		}
+		c.holdMu.Unlock()
 	}
-	return out
+}
+
+// isGoneLocked reports whether key was removed while pinned here and is
+// still here (holdMu held): hidden from the other daemons.
+func (c *Cluster) isGoneLocked(key string) bool {
+	_, ok := c.gone[key]
+	return ok || c.doomed[key]
+}
+
+// goneCopy is the size and crc32c of a removed copy pinned here (known:
+// the store said), so that only it goes, not a value put after it.
+type goneCopy struct {
+	size  uint64
+	crc   uint32
+	known bool
+}
+
+// isGone is isGoneLocked taking holdMu.
+func (c *Cluster) isGone(key []byte) bool {
+	c.holdMu.Lock()
+	defer c.holdMu.Unlock()
+	return c.isGoneLocked(string(key))
+}
+
+// GonePinned is how many removed keys stay here until their pins go.
+func (c *Cluster) GonePinned() int {
+	c.holdMu.Lock()
+	defer c.holdMu.Unlock()
+	return len(c.gone) + len(c.doomed)
 }
 
 // dropDoomed removes those of keys that a removal found held by a reader

@@ -280,6 +280,9 @@ func (c *Cluster) probe() {
 func (c *Cluster) walk(reqs []func(int, string) bool) bool {
 	v := c.view.Load()
 	keep := func(key []byte) bool {
+		if c.isGone(key) {
+			return false // removed, here until unpinned
+		}
 		s := c.shardOf(key)
 		h := c.homeFor(v, s)
 		for _, r := range reqs {

@@ -59,6 +59,9 @@ const (
 	// u32 n, n × (key, u8 id length + holder id, u64 size, u32 crc, u32
 	// age ms); answer empty.
 	kindTombs = "tc.store.tombs"
+	// kindKeep gives a keeper copies of tombstones its home just made
+	// (tomb.go), encoded as kindTombs; answer empty.
+	kindKeep = "tc.store.keep"
 )
 
 // Codes of a key in a lookup answer.

@@ -101,6 +101,11 @@ func (c *Cluster) onRead(from string, epoch uint64, req []byte, reply func(resp,
 	}
 	k := string(key)
 	c.holdMu.Lock()
+	if c.isGoneLocked(k) { // removed, here until unpinned
+		c.holdMu.Unlock()
+		reply(encodeReadAnswer(store.NotFound, 0), nil)
+		return nil
+	}
 	if c.holdKeys[k] >= c.cfg.ClaimsPerKey {
 		c.holdMu.Unlock()
 		c.c.readersRefused.Add(1)

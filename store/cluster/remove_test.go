@@ -131,19 +131,10 @@ func TestFetchedCopyDroppedUnannounced(t *testing.T) {
 	if failed := r.c.announce(es); failed != 2 {
 		t.Fatalf("%d announcements failed, want both (the home is away)", failed)
 	}
-	here := func(k string) store.Code {
-		ss := r.st.NewSession()
-		defer ss.Close()
-		codes := make([]store.Code, 1)
-		if err := ss.GetHere([][]byte{[]byte(k)}, make([]store.Location, 1), codes, nil); err != nil {
-			t.Fatal(err)
-		}
-		return codes[0]
-	}
-	if c := here(fetched); c != store.NotFound {
+	if c := r.here(t, fetched); c != store.NotFound {
 		t.Errorf("the fetched copy whose announcement failed: %v, want dropped", c)
 	}
-	if c := here(put); c != store.OK {
+	if c := r.here(t, put); c != store.OK {
 		t.Errorf("the value put here whose announcement failed: %v, want kept", c)
 	}
 }
@@ -171,5 +162,81 @@ func TestEveryHolderGoneIsAMiss(t *testing.T) {
 	_, err := b.read(key, 5000)
 	if !errors.Is(err, store.ErrNotFound) || errors.Is(err, ErrHolderFailed) {
 		t.Fatalf("read of a key no holder has: %v, want a miss", err)
+	}
+}
+
+// TestRemovedWhilePinned: a key removed elsewhere while a client on its
+// holder h pins it stays on h until unpinned (the store never frees a
+// pinned block), however long that takes, the tombstone TTL included;
+// meanwhile no other daemon is served it: a hold at h answers it absent,
+// a re-announcement leaves it out, and every other daemon's read misses.
+// Once unpinned it goes, and nothing stays pinned.
+func TestRemovedWhilePinned(t *testing.T) {
+	const ttl = 20 * time.Millisecond
+	ids := []string{"a", "h", "x"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour, TombstoneTTL: ttl})
+	a, h, x := f.node("a"), f.node("h"), f.node("x")
+	key := keyHomedOn(f, a, "rm/pinned", "x")
+	other := keyHomedOn(f, a, "rm/other", "x")
+	v := value(key, 4096)
+	for _, k := range []string{key, other} {
+		h.put(t, k, value(k, 4096))
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h"}) }, "%s announced", k)
+	}
+	ss := h.st.NewSession()
+	defer ss.Close()
+	codes := make([]store.Code, 1)
+	if err := ss.Pin([][]byte{[]byte(key)}, 0, codes); err != nil || codes[0] != store.OK {
+		t.Fatalf("pin on h: %v %v", err, codes[0])
+	}
+	if code, err := removeOn(t, a, key); code != store.OK {
+		t.Fatalf("remove on a: %v %v", code, err)
+	}
+	removed := time.Now()
+	if n := h.c.Stats().GonePinned; n != 1 {
+		t.Fatalf("h keeps %d removed keys until unpinned, want 1", n)
+	}
+	hidden := func(when string) {
+		t.Helper()
+		resp, err := h.c.onHold("a", a.epoch, encodeHold(1000, [][]byte{[]byte(key)}))
+		if err != nil {
+			t.Fatalf("%s: hold at h: %v", when, err)
+		}
+		_, hs, err := decodeHeld(resp, 1)
+		if err != nil || store.Code(hs[0].code) != store.NotFound {
+			t.Fatalf("%s: a hold at h answers the removed key %v (%v), want NOT_FOUND", when, store.Code(hs[0].code), err)
+		}
+		if h.c.Holds() != 0 {
+			t.Fatalf("%s: a hold of the removed key is held", when)
+		}
+		before := h.c.Stats().Reannounced
+		h.c.reannounce(func(int, string) bool { return true })
+		testutil.Eventually(t, 10*time.Second, func() bool { return h.c.Stats().Reannounced > before }, "%s: h re-announcing", when)
+		if hs := f.holders(key); len(hs) != 0 {
+			t.Fatalf("%s: its home knows holders %v of the removed key", when, hs)
+		}
+		for _, n := range []*fakeNode{a, x} {
+			if got, err := n.read(key, len(v)); err == nil {
+				t.Fatalf("%s: %s reads the removed key: %d bytes", when, n.id, len(got))
+			}
+		}
+	}
+	hidden("pinned")
+	// Past the tombstone TTL, many times over: still hidden, still to go.
+	testutil.Eventually(t, 10*time.Second, func() bool { return time.Since(removed) > 20*ttl }, "the tombstone TTL passing")
+	hidden("pinned past the tombstone TTL")
+	if n := h.c.Stats().GonePinned; n != 1 {
+		t.Fatalf("past the TTL h keeps %d removed keys until unpinned, want 1", n)
+	}
+	if err := ss.Unpin([][]byte{[]byte(key)}, codes); err != nil || codes[0] != store.OK {
+		t.Fatalf("unpin on h: %v %v", err, codes[0])
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return h.here(t, key) == store.NotFound && h.c.Stats().GonePinned == 0 },
+		"h dropping the removed key once unpinned")
+	if p := h.st.Stats().Pins; p != 0 {
+		t.Errorf("%d pins left on h", p)
+	}
+	if got, err := h.read(other, 4096); err != nil || !bytes.Equal(got, value(other, 4096)) {
+		t.Errorf("h's other key: %d bytes, %v", len(got), err)
 	}
 }

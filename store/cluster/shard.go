@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"slices"
 )
 
@@ -77,4 +78,26 @@ func (v *view) home(s int) string { return v.members[v.homes[s]] }
 func (v *view) has(id string) bool {
 	_, ok := slices.BinarySearch(v.members, id)
 	return ok
+}
+
+// ranked is the members of v other than those skip names, best first by
+// rendezvous score for shard s: the order in which they would become its
+// home as those before them go. At most n.
+func (v *view) ranked(s int, n int, skip ...string) []string {
+	type scored struct {
+		id    string
+		score uint64
+	}
+	var all []scored
+	for _, id := range v.members {
+		if !slices.Contains(skip, id) {
+			all = append(all, scored{id, mix(fnv1a(fnvOffset, []byte(id)) ^ mix(uint64(s)+1))})
+		}
+	}
+	slices.SortFunc(all, func(a, b scored) int { return cmp.Compare(b.score, a.score) })
+	out := make([]string, 0, min(n, len(all)))
+	for _, sc := range all[:min(n, len(all))] {
+		out = append(out, sc.id)
+	}
+	return out
 }

@@ -137,3 +137,25 @@ func TestShardsDescribed(t *testing.T) {
 		}
 	}
 }
+
+// TestRankedIsSuccession: a shard's ranked members are its home first,
+// then the member that becomes home when the ones before it go.
+func TestRankedIsSuccession(t *testing.T) {
+	ids := []string{"a", "b", "c", "d", "e"}
+	v := newView(ids, 256)
+	for s := range 256 {
+		r := v.ranked(s, len(ids))
+		if len(r) != len(ids) || r[0] != v.home(s) {
+			t.Fatalf("shard %d: ranked %v, home %s", s, r, v.home(s))
+		}
+		for i := 1; i < len(r); i++ {
+			rest := slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return slices.Contains(r[:i], id) })
+			if h := newView(rest, 256).home(s); h != r[i] {
+				t.Fatalf("shard %d: %v gone, home %s; ranked says %s", s, r[:i], h, r[i])
+			}
+		}
+		if got := v.ranked(s, 2, r[0]); !slices.Equal(got, r[1:3]) {
+			t.Fatalf("shard %d: ranked without %s is %v, want %v", s, r[0], got, r[1:3])
+		}
+	}
+}

@@ -36,6 +36,16 @@ type Stats struct {
 	// again; TombsHanded the tombstones this daemon handed to the new home
 	// of their shard, TombsTaken those it took from a previous home.
 	TombRetried, TombsHanded, TombsTaken uint64
+	// TombsKept are the copies of other homes' tombstones this daemon
+	// keeps in case their home dies (tomb.go); KeepsGiven the copies of
+	// its own it gave keepers, KeepsFailed those a keeper did not take.
+	TombsKept               int
+	KeepsGiven, KeepsFailed uint64
+	// GonePinned are the removed keys still here because a client or a
+	// reader pins them (hidden from the other daemons, dropped once
+	// unpinned); GoneOver those past Config.MaxTombstones, which stay.
+	GonePinned int
+	GoneOver   uint64
 	// StaleRefused counts messages this daemon (a home) refused for a
 	// generation it does not hold; StaleAnswers the refusals it got as a
 	// sender; ClaimsWon the shards it claimed (with etcd).
@@ -93,6 +103,7 @@ func (c *Cluster) Stats() Stats {
 	by := maps.Clone(c.byPeer.m)
 	c.byPeer.mu.Unlock()
 	cs := c.claims.Stats()
+	own, kept := c.tombs.count()
 	return Stats{
 		Members: len(v.members), HomeOf: c.homeOf(v), IndexKeys: int(c.idx.keys.Load()), Holds: c.Holds(),
 		ViewChanges: c.c.viewChanges.Load(),
@@ -105,7 +116,7 @@ func (c *Cluster) Stats() Stats {
 		RemoteBytes: c.c.remoteBytes.Load(), CRCMismatch: c.c.crcMismatch.Load(),
 		HoldsGiven: c.c.holds.Load(), HoldsRefused: c.c.holdsRefused.Load(), Removes: c.c.removes.Load(),
 		ByPeer:     by,
-		Tombstones: c.tombs.live(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
+		Tombstones: own, TombsKept: kept, GonePinned: c.GonePinned(), GoneOver: c.c.goneOver.Load(), KeepsGiven: c.c.tombsKept.Load(), KeepsFailed: c.c.keepFailed.Load(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
 		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
 		TombsHanded: c.c.tombsHanded.Load(), TombsTaken: c.c.tombsTaken.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),

@@ -25,9 +25,18 @@ import (
 // so a holder that comes back after the move and re-announces a removed
 // copy to the new home is answered "removed" there; a new home that had
 // indexed such a copy already forgets it and asks its holder to drop it.
-// (A home that dies takes its tombstones with it: a holder away at the
-// removal and back after that keeps its copy.) The table is bounded by
-// Config.MaxTombstones (the oldest goes first, counted) and
+//
+// A home that dies cannot hand its tombstones on, so it gives a copy of
+// each to keepers when it makes it, before it answers the removal
+// (keepTombs): the tombKeepers members that follow it in the shard's
+// rendezvous order (those that become its home as the ones before them
+// go), the holder excepted. A keeper's copy is standby: it answers like
+// the home's own while the keeper is the shard's home, it is handed to
+// the shard's home whenever that changes (and kept: the home it went to
+// may die in turn), and the keeper asks the holder to drop the copy when
+// it sees it back (retryDrops), whoever is home then. So a removal holds
+// when its home dies, unless every keeper dies with it. The table is
+// bounded by Config.MaxTombstones (the oldest goes first, counted) and
 // Config.TombstoneTTL (a holder away longer keeps its copy: counted and
 // logged when it expires).
 
@@ -42,7 +51,15 @@ type tomb struct {
 	// until, when set, is when a settled tombstone goes (its holder
 	// dropped the copy; it only answers a late announcement meanwhile).
 	until time.Time
+	// standby marks a keeper's copy of a home's tombstone; handedTo is
+	// the home it was last handed to (or came from).
+	standby  bool
+	handedTo string
 }
+
+// tombKeepers is how many members keep a copy of each tombstone a home
+// makes (keepTombs).
+const tombKeepers = 2
 
 type tombKey struct{ key, holder string }
 
@@ -60,8 +77,9 @@ type tombs struct {
 	recent    map[string]*list.Element
 	rorder    list.List // of recentRemoval
 	recentTTL time.Duration
-	// settled counts the tombstones with until set.
-	settled int
+	// settled counts the tombstones with until set, standby those that
+	// are keepers' copies.
+	settled, standby int
 
 	added, hits, expired, evicted atomic.Uint64
 }
@@ -138,22 +156,29 @@ func (t *tombs) adopt(tb tomb, now time.Time) {
 		return
 	}
 	k := tombKey{tb.key, tb.holder}
+	standby := tb.standby
 	if old, ok := t.m[k]; ok {
-		t.order.Remove(old.el)
-		delete(t.m, k)
+		// The home's own (not standby) wins: it must be handed on when
+		// the shard moves away from here.
+		standby = standby && old.standby
+		t.dropLocked(old)
 	}
 	for len(t.m) >= t.max {
 		t.dropLocked(t.order.Front().Value.(*tomb))
 		t.evicted.Add(1)
 	}
-	p := &tomb{key: tb.key, holder: tb.holder, size: tb.size, crc: tb.crc, at: tb.at}
+	p := &tomb{key: tb.key, holder: tb.holder, size: tb.size, crc: tb.crc, at: tb.at, standby: standby, handedTo: tb.handedTo}
 	p.el = t.order.PushBack(p)
 	t.m[k] = p
+	if standby {
+		t.standby++
+	}
 	t.added.Add(1)
 }
 
 // moving returns copies of the tombstones whose key to names a new home
-// of (by home).
+// of (by home), a standby one only when it was not handed to that home
+// last.
 func (t *tombs) moving(to func(key []byte) (string, bool)) map[string][]tomb {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -163,25 +188,33 @@ func (t *tombs) moving(to func(key []byte) (string, bool)) map[string][]tomb {
 			continue // settled: the copy is gone
 		}
 		home, ok := to([]byte(tb.key))
-		if !ok {
+		if !ok || tb.standby && home == tb.handedTo {
 			continue
 		}
 		if out == nil {
 			out = map[string][]tomb{}
 		}
-		out[home] = append(out[home], tomb{key: tb.key, holder: tb.holder, size: tb.size, crc: tb.crc, at: tb.at})
+		out[home] = append(out[home], tomb{key: tb.key, holder: tb.holder, size: tb.size, crc: tb.crc, at: tb.at, standby: tb.standby})
 	}
 	return out
 }
 
-// forgetHanded drops tombstone tb if it is still the one handed over (not
-// spent, nor replaced by a newer removal meanwhile).
-func (t *tombs) forgetHanded(tb tomb) {
+// handed records that tombstone tb went to home, which took it: the home's
+// own is forgotten here if it is still the one handed over (not spent,
+// nor replaced by a newer removal meanwhile); a keeper's stays, marked
+// handed to home.
+func (t *tombs) handed(tb tomb, home string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if cur, ok := t.m[tombKey{tb.key, tb.holder}]; ok && cur.at.Equal(tb.at) && cur.size == tb.size && cur.crc == tb.crc {
-		t.dropLocked(cur)
+	cur, ok := t.m[tombKey{tb.key, tb.holder}]
+	if !ok || !cur.at.Equal(tb.at) || cur.size != tb.size || cur.crc != tb.crc {
+		return
 	}
+	if cur.standby {
+		cur.handedTo = home
+		return
+	}
+	t.dropLocked(cur)
 }
 
 // removed reports whether holder's announcement of key (size bytes of
@@ -264,6 +297,9 @@ func (t *tombs) dropLocked(tb *tomb) {
 	if !tb.until.IsZero() {
 		t.settled--
 	}
+	if tb.standby {
+		t.standby--
+	}
 	t.order.Remove(tb.el)
 	delete(t.m, tombKey{tb.key, tb.holder})
 }
@@ -281,13 +317,29 @@ func (t *tombs) of(holder string, max int) [][]byte {
 	return keys
 }
 
-// live is how many tombstones the table holds, not counting the settled
-// ones (their copies are gone).
+// live is how many tombstones of its own (not keepers' copies) the table
+// holds, not counting the settled ones (their copies are gone).
 func (t *tombs) live() int {
+	own, _ := t.count()
+	return own
+}
+
+// count is how many tombstones the table holds, not counting the settled
+// ones: its own, and keepers' copies.
+func (t *tombs) count() (own, standby int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.expireSettledLocked(time.Now())
-	return len(t.m) - t.settled
+	for _, tb := range t.m {
+		switch {
+		case !tb.until.IsZero():
+		case tb.standby:
+			standby++
+		default:
+			own++
+		}
+	}
+	return own, standby
 }
 
 // retryDrops asks holder id, back after being away, to drop the copies
@@ -364,21 +416,14 @@ func (c *Cluster) handTombs(newHome func(s int) (string, bool)) {
 		go func() {
 			defer c.fetchWG.Done()
 			handed := 0
-			for len(ts) > 0 {
-				n, size := 0, 16
-				for n < len(ts) && n < maxMsgKeys && size+tombBytes(ts[n].key, ts[n].holder) <= maxMsgBytes {
-					size += tombBytes(ts[n].key, ts[n].holder)
-					n++
-				}
-				part := ts[:n]
-				ts = ts[n:]
+			for _, part := range tombChunks(ts) {
 				if _, err := c.exchange(home, c.epochOf(home), kindTombs, encodeTombs(part, time.Now())); err != nil {
 					c.log.Warn("a new home did not take the tombstones of its shards: removed copies of holders away may come back there",
 						"home", home, "tombstones", len(part), "err", err)
 					continue
 				}
 				for _, tb := range part {
-					c.tombs.forgetHanded(tb)
+					c.tombs.handed(tb, home)
 				}
 				handed += len(part)
 			}
@@ -388,6 +433,84 @@ func (c *Cluster) handTombs(newHome func(s int) (string, bool)) {
 			}
 		}()
 	}
+}
+
+// tombChunks splits ts into messages of at most maxMsgKeys tombstones and
+// maxMsgBytes bytes.
+func tombChunks(ts []tomb) [][]tomb {
+	var out [][]tomb
+	for len(ts) > 0 {
+		n, size := 0, 16
+		for n < len(ts) && n < maxMsgKeys && size+tombBytes(ts[n].key, ts[n].holder) <= maxMsgBytes {
+			size += tombBytes(ts[n].key, ts[n].holder)
+			n++
+		}
+		out = append(out, ts[:n])
+		ts = ts[n:]
+	}
+	return out
+}
+
+// keepTombs gives copies of tombstones ts, just made here as the home of
+// their shards under v, to their keepers (the members next in each
+// shard's rendezvous order, the holder excepted), the keepers in
+// parallel, by deadline. A keeper that does not take them is logged and
+// counted: the removal then holds only while this daemon lives.
+func (c *Cluster) keepTombs(v *view, ts []tomb, deadline time.Time) {
+	by := map[string][]tomb{}
+	for _, tb := range ts {
+		for _, k := range v.ranked(c.shardOf([]byte(tb.key)), tombKeepers, c.self, tb.holder) {
+			by[k] = append(by[k], tb)
+		}
+	}
+	if len(by) == 0 {
+		c.log.Warn("no member to keep tombstones: the removal of copies on holders away holds only while this home lives",
+			"tombstones", len(ts))
+		return
+	}
+	var wg sync.WaitGroup
+	for keeper, kts := range by {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, part := range tombChunks(kts) {
+				if _, err := c.exchangeBy(keeper, c.epochOf(keeper), kindKeep, encodeTombs(part, time.Now()), deadline); err != nil {
+					c.c.keepFailed.Add(uint64(len(part)))
+					c.log.Warn("a keeper did not take copies of tombstones: if this home dies, those removed copies may come back",
+						"keeper", keeper, "tombstones", len(part), "err", err)
+					continue
+				}
+				c.c.tombsKept.Add(uint64(len(part)))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// onKeep takes in copies of tombstones their home (from) just made, as
+// standby ones: they go to the shard's home whenever it changes (the
+// prober's handTombs), and their holders are asked to drop the copies
+// when seen back (retryDrops); a holder this daemon sees up is asked at
+// once (the home may not reach it when this daemon does).
+func (c *Cluster) onKeep(from string, epoch uint64, req []byte) ([]byte, error) {
+	now := time.Now()
+	ts, err := decodeTombs(req, now)
+	if err != nil {
+		return nil, err
+	}
+	v := c.view.Load()
+	ask := map[string]bool{}
+	for _, tb := range ts {
+		tb.standby, tb.handedTo = true, from
+		c.tombs.adopt(tb, now)
+		if tb.holder != c.self && v.has(tb.holder) {
+			ask[tb.holder] = true
+		}
+	}
+	for id := range ask {
+		c.retryDrops(id)
+	}
+	return []byte{msgVersion}, nil
 }
 
 // onTombs takes in tombstones handed over by a shard's previous home. It
@@ -403,20 +526,30 @@ func (c *Cluster) onTombs(from string, epoch uint64, req []byte) ([]byte, error)
 		return nil, err
 	}
 	again := map[string]bool{}
+	var mine [][]byte
 	for _, tb := range ts {
 		c.tombs.adopt(tb, now)
 		s := c.shardOf([]byte(tb.key))
 		for _, h := range c.idx.get(s, []byte(tb.key), nil) {
 			if h.ID == tb.holder && h.Size == tb.size && h.CRC == tb.crc {
 				c.idx.dropHolder(s, []byte(tb.key), h.ID, 0)
+				if h.ID == c.self {
+					// This daemon's own copy, removed while it was away
+					// and indexed here since (it became the home).
+					mine = append(mine, []byte(tb.key))
+					c.tombs.forget([]byte(tb.key), c.self)
+					continue
+				}
 				again[h.ID] = true
 			}
 		}
 	}
+	if len(mine) > 0 {
+		c.c.tombDrops.Add(uint64(len(mine)))
+		c.log.Info("copies removed while this daemon was away dropped, as a tombstone handed here says", "from", from, "keys", len(mine))
+		c.dropHere(mine)
+	}
 	for id := range again {
-		if id == c.self {
-			continue // a removal never leaves this daemon's own copy behind
-		}
 		c.retryDrops(id)
 	}
 	c.c.tombsTaken.Add(uint64(len(ts)))

@@ -71,59 +71,16 @@ func tombsMoveWithShard(t *testing.T, fenced bool) {
 	const shards = 64
 	// A key whose home is x while y is away (with or without h), and y
 	// once y is back.
-	key := ""
-	for i := range 10000 {
-		k := fmt.Sprintf("tomb/move/%d", i)
-		s := ShardOf([]byte(k), shards)
-		if newView([]string{"a", "b", "h", "x"}, shards).home(s) == "x" && newView([]string{"a", "b", "x"}, shards).home(s) == "x" &&
-			newView(ids, shards).home(s) == "y" {
-			key = k
-			break
-		}
-	}
-	if key == "" {
-		t.Fatal("no key with the homes the test needs")
-	}
-	fence := newFakeFence()
-	var net atomic.Pointer[fakeNet] // set once the daemons are built
-	fence.cut = func(id string) bool { n := net.Load(); return n != nil && n.node(id).down.Load() }
-	f := newNetWith(t, ids, Config{Shards: shards, Timeout: 2 * time.Second, ProbeEvery: 20 * time.Millisecond},
-		func(id string, c *Config) {
-			if fenced {
-				c.Fence = fence.of(id, uint64(1000+slices.Index(ids, id)))
-			}
-		})
-	net.Store(f)
+	key := keyWithHomes(t, "tomb/move", shards, []string{"x", "a", "b", "h", "x"}, []string{"x", "a", "b", "x"},
+		append([]string{"y"}, ids...))
+	f := newTombNet(t, ids, shards, fenced)
 	a, b, h, x, y := f.node("a"), f.node("b"), f.node("h"), f.node("x"), f.node("y")
-	// sees waits for n's view of the members and, fenced, for the key's
-	// shard claimed by the home rendezvous names.
-	sees := func(n *fakeNode, want ...string) func() bool {
-		return func() bool {
-			if !slices.Equal(n.c.Members(), want) {
-				return false
-			}
-			w := n.c.Placement([]byte(key))
-			return !fenced || w.Home == w.Rendezvous && w.Generation != 0
-		}
-	}
+	sees := func(n *fakeNode, want ...string) func() bool { return seesKey(n, key, fenced, want...) }
 	y.down.Store(true)
 	for _, n := range []*fakeNode{a, b, h, x} {
 		testutil.Eventually(t, 10*time.Second, sees(n, "a", "b", "h", "x"), "%s seeing y gone", n.id)
 	}
-	v := value(key, 4096)
-	h.put(t, key, v)
-	testutil.Eventually(t, 10*time.Second, func() bool { _, hs, err := a.c.Locate([]byte(key)); return err == nil && len(hs) == 1 },
-		"h's copy announced to x")
-	h.down.Store(true)
-	for _, n := range []*fakeNode{a, b, x} {
-		testutil.Eventually(t, 10*time.Second, sees(n, "a", "b", "x"), "%s seeing h gone", n.id)
-	}
-	if code, err := removeOn(t, a, key); code != store.OK {
-		t.Fatalf("remove: %v %v", code, err)
-	}
-	if n := x.c.Stats().Tombstones; n != 1 {
-		t.Fatalf("x remembers %d removed copies, want h's (x %+v, placement %+v, a %+v)", n, x.c.Stats(), a.c.Placement([]byte(key)), a.c.Placement([]byte(key)))
-	}
+	v := removeWhileAway(t, f, key, fenced)
 	// y joins and becomes the key's home: x hands it the tombstone.
 	y.down.Store(false)
 	for _, n := range []*fakeNode{a, b, x, y} {
@@ -144,16 +101,7 @@ func tombsMoveWithShard(t *testing.T, fenced bool) {
 	}
 	// y asks h to drop the copy, or answers its re-announcement
 	// "removed", whichever comes first.
-	here := func() store.Code {
-		ss := h.st.NewSession()
-		defer ss.Close()
-		codes := make([]store.Code, 1)
-		if err := ss.GetHere([][]byte{[]byte(key)}, make([]store.Location, 1), codes, nil); err != nil {
-			t.Fatal(err)
-		}
-		return codes[0]
-	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return here() == store.NotFound },
+	testutil.Eventually(t, 10*time.Second, func() bool { return h.here(t, key) == store.NotFound },
 		"h dropping its removed copy (h %+v, y %+v)", testutil.Lazy(h.c.Stats), testutil.Lazy(y.c.Stats))
 	for _, n := range []*fakeNode{a, b, h, y} {
 		if got, err := n.read(key, len(v)); err == nil {
@@ -162,4 +110,141 @@ func tombsMoveWithShard(t *testing.T, fenced bool) {
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool { _, hs, err := y.c.Locate([]byte(key)); return err == nil && len(hs) == 0 },
 		"its home forgetting every holder")
+}
+
+// TestTombsOutliveDeadHome: a key is removed while its holder h is away,
+// so its home x remembers h's copy (a tombstone); then x dies before it
+// could hand the tombstone to anyone. When h comes back and the key's
+// shard has a new home (another daemon, or h itself), the removal still
+// holds: x gave copies of its tombstone to keepers when it made it, they
+// hand them to the shard's current home and ask h to drop the copy, and
+// no daemon reads the removed key.
+func TestTombsOutliveDeadHome(t *testing.T) {
+	for _, tc := range []struct {
+		name, newHome string
+		fenced        bool
+	}{
+		{"other", "a", false},
+		{"holder", "h", false},
+		{"other/fenced", "a", true},
+		{"holder/fenced", "h", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tombsOutliveDeadHome(t, tc.newHome, tc.fenced) })
+	}
+}
+
+func tombsOutliveDeadHome(t *testing.T, newHome string, fenced bool) {
+	ids := []string{"a", "b", "h", "x"}
+	const shards = 64
+	// A key whose home is x with every member and without h, and
+	// newHome once x is gone.
+	key := keyWithHomes(t, "tomb/dead", shards, append([]string{"x"}, ids...), []string{"x", "a", "b", "x"},
+		[]string{newHome, "a", "b", "h"})
+	f := newTombNet(t, ids, shards, fenced)
+	a, b, h, x := f.node("a"), f.node("b"), f.node("h"), f.node("x")
+	sees := func(n *fakeNode, want ...string) func() bool { return seesKey(n, key, fenced, want...) }
+	for _, n := range []*fakeNode{a, b, h, x} {
+		testutil.Eventually(t, 10*time.Second, sees(n, ids...), "%s seeing every member", n.id)
+	}
+	v := removeWhileAway(t, f, key, fenced)
+	if st := x.c.Stats(); st.KeepsGiven != 2 || a.c.Stats().TombsKept+b.c.Stats().TombsKept != 2 {
+		t.Fatalf("x gave %d copies of its tombstone (%d failed); a keeps %d, b %d: want one each", st.KeepsGiven, st.KeepsFailed,
+			a.c.Stats().TombsKept, b.c.Stats().TombsKept)
+	}
+	// x dies with its tombstone, and h comes back.
+	x.down.Store(true)
+	for _, n := range []*fakeNode{a, b} {
+		testutil.Eventually(t, 10*time.Second, sees(n, "a", "b"), "%s seeing x gone", n.id)
+	}
+	h.down.Store(false)
+	for _, n := range []*fakeNode{a, b, h} {
+		testutil.Eventually(t, 10*time.Second, sees(n, "a", "b", "h"), "%s seeing h back (sees %v)", n.id,
+			testutil.Lazy(n.c.Members))
+	}
+	if home := a.c.Home([]byte(key)); home != newHome {
+		t.Fatalf("the key's home is %s, want %s", home, newHome)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return h.here(t, key) == store.NotFound },
+		"h dropping its removed copy (tombstones kept by a %d, b %d; h took %d)",
+		testutil.Lazy(func() int { return a.c.Stats().TombsKept }), testutil.Lazy(func() int { return b.c.Stats().TombsKept }),
+		testutil.Lazy(func() uint64 { return h.c.Stats().TombsTaken }))
+	for _, n := range []*fakeNode{a, b, h} {
+		if got, err := n.read(key, len(v)); err == nil {
+			t.Errorf("%s reads the removed key: %d bytes", n.id, len(got))
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { _, hs, err := a.c.Locate([]byte(key)); return err == nil && len(hs) == 0 },
+		"its new home knowing no holder (%v)", testutil.Lazy(func() string { _, hs, err := a.c.Locate([]byte(key)); return fmt.Sprint(hs, err) }))
+}
+
+// keyWithHomes is a key whose home, among shards, is each views[i][0]
+// under the members views[i][1:].
+func keyWithHomes(t *testing.T, prefix string, shards int, views ...[]string) string {
+	t.Helper()
+	for i := range 10000 {
+		k := fmt.Sprintf("%s/%d", prefix, i)
+		s := ShardOf([]byte(k), shards)
+		ok := true
+		for _, v := range views {
+			ok = ok && newView(v[1:], shards).home(s) == v[0]
+		}
+		if ok {
+			return k
+		}
+	}
+	t.Fatal("no key with the homes the test needs")
+	return ""
+}
+
+// newTombNet builds daemons ids with shards and a quick prober, their
+// homes following the members (rendezvous) or, fenced, shard claims in
+// an in-memory etcd that a daemon down cannot reach.
+func newTombNet(t *testing.T, ids []string, shards int, fenced bool) *fakeNet {
+	t.Helper()
+	fence := newFakeFence()
+	var net atomic.Pointer[fakeNet] // set once the daemons are built
+	fence.cut = func(id string) bool { n := net.Load(); return n != nil && n.node(id).down.Load() }
+	f := newNetWith(t, ids, Config{Shards: shards, Timeout: 2 * time.Second, ProbeEvery: 20 * time.Millisecond},
+		func(id string, c *Config) {
+			if fenced {
+				c.Fence = fence.of(id, uint64(1000+slices.Index(ids, id)))
+			}
+		})
+	net.Store(f)
+	return f
+}
+
+// seesKey is a condition: n's view of the members is want and, fenced,
+// key's shard is claimed by the home rendezvous names.
+func seesKey(n *fakeNode, key string, fenced bool, want ...string) func() bool {
+	return func() bool {
+		if !slices.Equal(n.c.Members(), want) {
+			return false
+		}
+		w := n.c.Placement([]byte(key))
+		return !fenced || w.Home == w.Rendezvous && w.Generation != 0
+	}
+}
+
+// removeWhileAway puts key on h, takes h away (a, b and x see it gone),
+// removes key on a and checks that its home x remembers h's copy (a
+// tombstone). It returns the value.
+func removeWhileAway(t *testing.T, f *fakeNet, key string, fenced bool) []byte {
+	t.Helper()
+	a, b, h, x := f.node("a"), f.node("b"), f.node("h"), f.node("x")
+	v := value(key, 4096)
+	h.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { _, hs, err := a.c.Locate([]byte(key)); return err == nil && len(hs) == 1 },
+		"h's copy announced to x")
+	h.down.Store(true)
+	for _, n := range []*fakeNode{a, b, x} {
+		testutil.Eventually(t, 10*time.Second, seesKey(n, key, fenced, "a", "b", "x"), "%s seeing h gone", n.id)
+	}
+	if code, err := removeOn(t, a, key); code != store.OK {
+		t.Fatalf("remove: %v %v", code, err)
+	}
+	if n := x.c.Stats().Tombstones; n != 1 {
+		t.Fatalf("x remembers %d removed copies, want h's (x %+v, placement %+v)", n, x.c.Stats(), a.c.Placement([]byte(key)))
+	}
+	return v
 }

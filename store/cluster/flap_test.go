@@ -1,0 +1,113 @@
+package cluster
+
+import (
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
+)
+
+// TestClaimsDoNotFlapAcrossPartition: with etcd's shard claims, some
+// daemons are cut from others while every one still reaches etcd (which
+// lists them all). In "pair", a and b are cut from each other and both
+// reach c: each sees the other gone and takes the shards its view makes
+// its own, some of them the other's, but neither takes back what the
+// other took from it while etcd lists it. In "isolated", a is cut from
+// both: it sees no majority of etcd's members and takes nobody's shards,
+// while b and c take a's. Either way the claims settle after a round
+// instead of changing hands every round; once the cut heals, every shard
+// goes back to its rendezvous home and stays there.
+func TestClaimsDoNotFlapAcrossPartition(t *testing.T) {
+	t.Run("pair", func(t *testing.T) { claimsAcrossPartition(t, [][2]string{{"a", "b"}}) })
+	t.Run("isolated", func(t *testing.T) { claimsAcrossPartition(t, [][2]string{{"a", "b"}, {"a", "c"}}) })
+}
+
+func claimsAcrossPartition(t *testing.T, cuts [][2]string) {
+	ids := []string{"a", "b", "c"}
+	const shards = 64
+	fence := newFakeFence()
+	var net atomic.Pointer[fakeNet]
+	fence.cut = func(id string) bool { n := net.Load(); return n != nil && n.node(id).down.Load() }
+	f := newNetWith(t, ids, Config{Shards: shards, Timeout: time.Second, ProbeEvery: time.Hour},
+		func(id string, c *Config) {
+			c.Fence = fence.of(id, uint64(1000+slices.Index(ids, id)))
+			c.Directory = func() []string { return ids } // etcd lists every member: their leases live
+		})
+	net.Store(f)
+	nodes := []*fakeNode{f.node("a"), f.node("b"), f.node("c")}
+	// settled: every shard claimed by its home under members, as every
+	// daemon knows.
+	settled := func(members []string) func() bool {
+		v := newView(members, shards)
+		return func() bool {
+			for _, n := range nodes {
+				for _, cl := range n.c.ShardClaims() {
+					if cl.Home != v.home(cl.Shard) || cl.Gen == 0 {
+						return false
+					}
+				}
+			}
+			return true
+		}
+	}
+	// round is one probe and one claim round of every daemon, in turn.
+	round := func() {
+		for _, n := range nodes {
+			n.c.probe()
+		}
+		for _, n := range nodes {
+			if err := n.c.claimRound(); err != nil {
+				t.Fatalf("%s's claim round: %v", n.id, err)
+			}
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { round(); return settled(ids)() }, "every shard claimed by its home")
+
+	for _, c := range cuts {
+		f.partition(c[0], c[1], true)
+	}
+	for range 3 {
+		round() // the views split; each side takes what its view gives it
+	}
+	for _, n := range nodes {
+		want := len(ids)
+		for _, c := range cuts {
+			if slices.Contains(c[:], n.id) {
+				want--
+			}
+		}
+		if got := n.c.Members(); len(got) != want {
+			t.Fatalf("%s sees %v, want those cut from it gone", n.id, got)
+		}
+	}
+	if len(cuts) == 2 {
+		// a sees no majority: it holds none of the shards now.
+		for _, cl := range nodes[1].c.ShardClaims() {
+			if cl.Home == "a" {
+				t.Fatalf("isolated a holds shard %d (gen %d)", cl.Shard, cl.Gen)
+			}
+		}
+	}
+	before := fence.gen()
+	for range 10 {
+		round()
+	}
+	if d := fence.gen() - before; d != 0 {
+		t.Errorf("across the partition the claims changed %d times in 10 rounds, want none (flapping)", d)
+	}
+
+	for _, c := range cuts {
+		f.partition(c[0], c[1], false)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { round(); return settled(ids)() },
+		"every shard back with its rendezvous home once the cut healed")
+	before = fence.gen()
+	for range 5 {
+		round()
+	}
+	if d := fence.gen() - before; d != 0 {
+		t.Errorf("after the heal the claims changed %d times in 5 rounds, want none", d)
+	}
+}
