@@ -40,10 +40,11 @@ const ringEntries = 4096
 // io_uring_enter hands the kernel, and the completions reaped between two
 // submissions. A worker's requests come in its clients' batches (tcbench
 // and fio submit 8 at a time); the transport's default of 4 split each into
-// two enters, two block plugs and two device kicks. With 8, at 4 KiB QD32
-// through the queue, the daemon and client together spent about 5.3 µs of
-// CPU per I/O instead of 9.3 (random reads) and 5.5 instead of 7.2 (random
-// writes), at the same throughput (BENCHMARKS.md, "The rings' step").
+// two io_uring_enter calls. In an A/B at 4 KiB QD32 through the queue,
+// the daemon and client together then spent 9.1 µs of CPU per I/O instead
+// of 19.4 (random reads), 7.0 instead of 16.1 (random writes) and 8.0
+// instead of 26.2 (random reads, 4 jobs), at the same throughput
+// (BENCHMARKS.md, "The rings' step").
 const ringBatch = 8
 
 // newFileTier starts the io_uring transport, with rings rings. Files may be opened under
