@@ -241,9 +241,9 @@ func (r *DaemonRing) Post(c *CQE) {
 	r.inflight--
 	r.posted++
 	r.w.cqTail.Swap(r.cqTail) // release, and a full fence before the flag's load (a swap: see ClientRing.Submit)
-	left, tail := r.inflight, r.cqTail
+	emptied, tail := r.inflight == 0, r.cqTail
 	r.cqMu.Unlock()
-	if r.clientWants(tail, left) && wake(r.w.cqFlags, waitBits, r.w.cqWake) {
+	if r.clientWants(tail, emptied) && wake(r.w.cqFlags, waitBits, r.w.cqWake) {
 		r.WakeCounts.ClientWakes.Add(1)
 	}
 }
@@ -256,31 +256,20 @@ func (r *DaemonRing) StreamDone(ud uint64, st xfer.State, n uint64, err error) {
 }
 
 // clientWants reports whether a client sleeping for completions wants to be
-// woken by the CQE that moved cq_tail to tail, with left requests still in
-// flight: it sleeps for every CQE (FlagWaiting alone), or for a target tail
-// has reached, or left is 0 (no more CQEs will come until it submits). The
-// target is the client's word, read after cq_tail was published; whatever
-// it holds, the client is woken no later than when its queue empties.
-//
-// A client whose target the one request still in flight would reach is
-// woken by this CQE, one early: it waits for everything it has in flight
-// (a batch as deep as its queue), so nothing is left for this side to do
-// after that request until the client wakes and submits again, and its
-// wake-up, tens of microseconds on a small VM, would be dead time on both
-// sides. Woken now, it wakes during that last request (and spins for it,
-// as the library's client does for a last missing completion). A client
-// with more in flight than it waits for is woken at its target as before:
-// this side is still busy with the rest while it wakes.
-func (r *DaemonRing) clientWants(tail, left uint32) bool {
+// woken by the CQE that moved cq_tail to tail: it sleeps for every CQE
+// (FlagWaiting alone), or for a target tail has reached, or emptied says
+// that no more CQEs will come until it submits. The target is the client's
+// word, read after cq_tail was published; whatever it holds, the client
+// is woken no later than when its queue empties.
+func (r *DaemonRing) clientWants(tail uint32, emptied bool) bool {
 	f := r.w.cqFlags.Load()
 	if f&FlagWaiting == 0 {
 		return false
 	}
-	if f&FlagWaitTarget == 0 || left == 0 {
+	if f&FlagWaitTarget == 0 || emptied {
 		return true
 	}
-	short := int32(r.w.cqTarget.Load() - tail)
-	return short <= 0 || (short == 1 && left == 1)
+	return int32(tail-r.w.cqTarget.Load()) >= 0
 }
 
 // WakeCounts are a ring's wake-up system calls and sleeps, for stats: the

@@ -139,19 +139,13 @@
 // wakes it only once cq_tail reaches that index, or when the CQE it posts
 // leaves nothing in flight (no more will come), instead of once per CQE,
 // each of which would send the client back to sleep. A target that is
-// never reached therefore costs the client only its own wait. A client
-// whose target the one request still in flight would reach (it waits for
-// everything it has in flight: a batch as deep as its queue) is woken by
-// the CQE before it, so that it wakes while the daemon works on that last
-// request: woken after it, its wake-up would be time in which neither side
-// has anything to do.
+// never reached therefore costs the client only its own wait.
 //
 // The library's client spins only for a last missing completion: one that
 // waits for two or more sleeps at once with its target at the last, since
 // the daemon is known to be working on them, and a spin through their
-// arrivals would bill the whole wait to the client's CPU. Woken one early
-// by the rule above, it spins for that last one. Its spin is learned
-// (queue/spin.go) and never longer than 50 µs.
+// arrivals would bill the whole wait to the client's CPU. Its spin is
+// learned (queue/spin.go) and never longer than 50 µs.
 //
 // # Eventfd doorbells
 //

@@ -545,76 +545,29 @@ func TestWaitTargetWakesOnce(t *testing.T) {
 // TestClientWants: what the client's flags and target ask for decides the
 // wake-up; a target that is never reached (a client's mistake or
 // scribble) still gets the client woken when nothing is left in flight,
-// and a client that sets no target is woken by every completion. A client
-// whose target the one request left in flight would reach is woken one
-// CQE early; one with more in flight than that is not.
+// and a client that sets no target is woken by every completion.
 func TestClientWants(t *testing.T) {
 	d, c := pair(t, 8, 0, 0)
 	for _, tc := range []struct {
-		flags, target, tail, left uint32
-		want                      bool
+		flags, target, tail uint32
+		emptied, want       bool
 	}{
-		{0, 0, 5, 0, false},                // not sleeping
-		{FlagWaiting, 100, 5, 3, true},     // no target: every completion
-		{waitBits, 6, 5, 2, false},         // short of the target, more than it in flight
-		{waitBits, 7, 5, 1, false},         // two short: the last one cannot reach it
-		{waitBits, 6, 5, 1, true},          // one short with one left: early
-		{waitBits, 5, 5, 3, true},          // reached
-		{waitBits, 3, 5, 3, true},          // passed
-		{waitBits, 0xfffffffe, 1, 3, true}, // reached across the wrap
-		{waitBits, 0, 0xffffffff, 1, true}, // one short across the wrap
-		{waitBits, 5 + 1<<30, 5, 1, false}, // far ahead: never reached...
-		{waitBits, 5 + 1<<30, 5, 0, true},  // ...but woken once the queue empties
-		{FlagWaitTarget, 5, 5, 3, false},   // a target without FlagWaiting: not sleeping
-		{waitBits | 1<<7, 5, 5, 3, true},   // other bits are ignored
+		{0, 0, 5, true, false},                 // not sleeping
+		{FlagWaiting, 100, 5, false, true},     // no target: every completion
+		{waitBits, 6, 5, false, false},         // short of the target
+		{waitBits, 5, 5, false, true},          // reached
+		{waitBits, 3, 5, false, true},          // passed
+		{waitBits, 0xfffffffe, 1, false, true}, // reached across the wrap
+		{waitBits, 5 + 1<<30, 5, false, false}, // far ahead: never reached...
+		{waitBits, 5 + 1<<30, 5, true, true},   // ...but woken once the queue empties
+		{FlagWaitTarget, 5, 5, false, false},   // a target without FlagWaiting: not sleeping
+		{waitBits | 1<<7, 5, 5, false, true},   // other bits are ignored
 	} {
 		c.w.cqFlags.Store(tc.flags)
 		c.w.cqTarget.Store(tc.target)
-		if got := d.clientWants(tc.tail, tc.left); got != tc.want {
-			t.Errorf("flags %#x target %d tail %d left %d: wants %v, want %v", tc.flags, tc.target, tc.tail, tc.left, got, tc.want)
+		if got := d.clientWants(tc.tail, tc.emptied); got != tc.want {
+			t.Errorf("flags %#x target %d tail %d emptied %v: wants %v, want %v", tc.flags, tc.target, tc.tail, tc.emptied, got, tc.want)
 		}
-	}
-}
-
-// TestWaitDrainWakesEarly: a client waiting for all 4 requests it has in
-// flight is woken by the third CQE, while the daemon still works on the
-// fourth, not after the last; one that cannot spin then sleeps again for
-// the last, which wakes it once more.
-func TestWaitDrainWakesEarly(t *testing.T) {
-	d, c := pair(t, 8, 0, 0)
-	c.spin = spinner{} // sleep at once
-	inFlight(t, d, c, 4)
-	errs := make(chan error, 1)
-	go func() { errs <- c.Wait(4, 10*time.Second) }()
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		return c.w.cqFlags.Load()&waitBits == waitBits && c.w.cqTarget.Load()-c.cqHead == 4
-	}, "the client sleeping for 4")
-	for i := 0; i < 2; i++ {
-		d.Post(&CQE{UserData: uint64(i)})
-	}
-	if w := d.WakeCounts.ClientWakes.Load(); w != 0 {
-		t.Fatalf("%d client wakes with 2 of 4 posted", w)
-	}
-	d.Post(&CQE{UserData: 2})
-	if w := d.WakeCounts.ClientWakes.Load(); w != 1 {
-		t.Fatalf("%d client wakes with 3 of 4 posted and the last in flight, want 1", w)
-	}
-	// The wake-up cleared the client's flags: set again, it sleeps (or is
-	// about to) for the last, and a post now must wake it once more.
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		return c.w.cqFlags.Load()&waitBits == waitBits
-	}, "the client asleep again for the last")
-	select {
-	case err := <-errs:
-		t.Fatalf("Wait(4) returned with 3 ready: %v", err)
-	default:
-	}
-	d.Post(&CQE{UserData: 3})
-	if err := <-errs; err != nil {
-		t.Fatalf("Wait(4): %v", err)
-	}
-	if w := d.WakeCounts.ClientWakes.Load(); w != 2 {
-		t.Errorf("%d client wakes, want 2", w)
 	}
 }
 
