@@ -168,13 +168,18 @@ func TestStoreAcrossHostsHolderAway(t *testing.T) {
 	// or by the "removed" answer to its re-announcement.
 	testutil.Eventually(t, 10*time.Second, func() bool { return tombs() == 0 }, "tombstones spent: %d left",
 		testutil.Lazy(func() any { return tombs() }))
-	var spent uint64
+	// A home's tombstone and its keeper's copy (store/cluster/tomb.go) may
+	// both be spent, each by whichever of the two saw d3 first, so each
+	// removed key counts once or twice; none may have gone otherwise.
+	var spent, lost uint64
 	for _, d := range []*peerDaemon{d1, d2} {
 		st := d.d.cluster.Stats()
 		spent += st.TombHits + st.TombRetried
+		lost += st.TombExpired + st.TombEvicted
 	}
-	if spent != uint64(len(removed)) {
-		t.Fatalf("%d tombstones spent by a drop or a removed answer, for %d removed keys", spent, len(removed))
+	if spent < uint64(len(removed)) || spent > 2*uint64(len(removed)) || lost != 0 {
+		t.Fatalf("%d tombstones spent by a drop or a removed answer and %d expired or evicted, for %d removed keys (each kept by its home and one keeper)",
+			spent, lost, len(removed))
 	}
 	for _, k := range removed {
 		if _, err := c2.GetBytes(k); !errors.Is(err, client.ErrNotFound) {
