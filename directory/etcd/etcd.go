@@ -553,7 +553,8 @@ func needProgress(age, budget, lead, since time.Duration, askedBefore bool) bool
 }
 
 // checkOutage moves the state to down, logging it once, when the cache
-// has not been proved current for longer than the budget.
+// has not been proved current for longer than the budget (or, before the
+// first listing, when the directory has been open for longer than it).
 func (d *Dir) checkOutage() {
 	age := d.cache.Age()
 	if age <= d.cfg.Budget {
@@ -562,6 +563,12 @@ func (d *Dir) checkOutage() {
 	d.smu.Lock()
 	defer d.smu.Unlock()
 	if d.state == directory.StateDown || d.state == directory.StateClosed {
+		return
+	}
+	// The first listing has the budget to come: before it, the cache's
+	// age is "never", and calling that an outage would log one, and a
+	// recovery, at nearly every start.
+	if d.state == "connecting" && d.cfg.Clock().Sub(d.since) <= d.cfg.Budget {
 		return
 	}
 	// Read again under smu: the feed refreshes the cache before it calls

@@ -265,7 +265,7 @@ func TestEtcdDown(t *testing.T) {
 		return err == nil && v.Source == directory.SourceCache
 	}, "a/kv is in b's cache")
 	if n := b.log.count("etcd reachable again"); n != 1 {
-		t.Fatalf("recovery logged %d times", n)
+		t.Fatalf("recovery logged %d times:\n%s", n, b.log)
 	}
 	// a is there once, and stays after its lease's TTL: its keep-alives
 	// resumed.
@@ -297,6 +297,30 @@ func TestCrashAfterOutage(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, func() bool { return epochOf(b, "a") == 0 }, "b sees a's lease lapse")
 	if took := time.Since(start); took > a.cfg.LeaseTTL+time.Second {
 		t.Fatalf("crash after an outage seen after %v", took)
+	}
+}
+
+// TestEtcdNotReachedAtStart: a directory opened while etcd does not
+// answer says so once its staleness budget has passed since it opened,
+// not at its first look (its cache's age is "never" until the first
+// listing), and says once that etcd answers when it does.
+func TestEtcdNotReachedAtStart(t *testing.T) {
+	srv := etcdtest.Start(t)
+	srv.Stop()
+	clk := testutil.NewClock(time.Unix(1_700_000_000, 0))
+	b := open(t, srv, "b", func(c *Config) { c.Clock = clk.Now; c.ProgressLead = 20 * time.Millisecond })
+	// Three listings tried and failed: the prober, which looks every
+	// 10 ms, has looked several times meanwhile.
+	testutil.Eventually(t, 10*time.Second, func() bool { return b.Requests() >= 3 }, "b tries to list")
+	if st, n := b.State(), b.log.count("etcd not reached yet"); st != "connecting" || n != 0 {
+		t.Fatalf("within the budget of its opening: state %q, %d outages logged:\n%s", st, n, b.log)
+	}
+	clk.Advance(2*time.Second + time.Millisecond)
+	testutil.Eventually(t, 5*time.Second, func() bool { return b.State() == directory.StateDown }, "b says etcd is not reached")
+	srv.Restart()
+	testutil.Eventually(t, 10*time.Second, func() bool { return b.State() == directory.StateUp }, "b reaches etcd")
+	if n, m := b.log.count("etcd not reached yet"), b.log.count("etcd reachable again"); n != 1 || m != 1 {
+		t.Fatalf("not reached logged %d times, reachable again %d times, want once each:\n%s", n, m, b.log)
 	}
 }
 
