@@ -168,18 +168,18 @@ func TestStoreAcrossHostsHolderAway(t *testing.T) {
 	// or by the "removed" answer to its re-announcement.
 	testutil.Eventually(t, 10*time.Second, func() bool { return tombs() == 0 }, "tombstones spent: %d left",
 		testutil.Lazy(func() any { return tombs() }))
-	// A home's tombstone and its keeper's copy (store/cluster/tomb.go) may
-	// both be spent, each by whichever of the two saw d3 first, so each
-	// removed key counts once or twice; none may have gone otherwise.
-	var spent, lost uint64
+	// How each went varies (a home's tombstone and its keeper's copy may
+	// each be spent by a drop or a "removed" answer, or settled when d3
+	// announces its copy gone, which counts neither): what must hold is
+	// that none went by expiring or being evicted, which would have let
+	// its copy live.
+	var lost uint64
 	for _, d := range []*peerDaemon{d1, d2} {
 		st := d.d.cluster.Stats()
-		spent += st.TombHits + st.TombRetried
 		lost += st.TombExpired + st.TombEvicted
 	}
-	if spent < uint64(len(removed)) || spent > 2*uint64(len(removed)) || lost != 0 {
-		t.Fatalf("%d tombstones spent by a drop or a removed answer and %d expired or evicted, for %d removed keys (each kept by its home and one keeper)",
-			spent, lost, len(removed))
+	if lost != 0 {
+		t.Fatalf("%d tombstones expired or were evicted, for %d removed keys", lost, len(removed))
 	}
 	for _, k := range removed {
 		if _, err := c2.GetBytes(k); !errors.Is(err, client.ErrNotFound) {
