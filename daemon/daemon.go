@@ -154,7 +154,10 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 		}
 	}
 	d.local = xfer.NewLocal(xfer.LocalConfig{}, log.With("component", "local"))
-	workers := reactor.Config{Workers: cfg.DataWorkers}
+	workers := reactor.Config{Workers: cfg.DataWorkers, Poll: time.Duration(cfg.DataPoll)}
+	if cfg.DataPoll == 0 {
+		workers.Poll = -1 // never
+	}
 	if cfg.DataDoorbell != "auto" {
 		workers.Doorbell = cfg.DataDoorbell
 	}
@@ -491,7 +494,9 @@ func (d *Daemon) transportCounters(dst []wire.Counter) []wire.Counter {
 			wire.Counter{Name: p + "queues", Value: uint64(w.Queues)},
 			wire.Counter{Name: p + "passes", Value: w.Passes},
 			wire.Counter{Name: p + "sleeps", Value: w.Sleeps},
-			wire.Counter{Name: p + "deaf", Value: w.Deaf})
+			wire.Counter{Name: p + "deaf", Value: w.Deaf},
+			wire.Counter{Name: p + "polls", Value: w.Polls},
+			wire.Counter{Name: p + "poll_misses", Value: w.PollMisses})
 	}
 	if d.peers != nil {
 		dst = d.peers.Counters(dst)

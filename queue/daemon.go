@@ -290,6 +290,13 @@ func (r *DaemonRing) Counts() (inflight, unreaped uint32, posted uint64) {
 	return r.inflight, r.cqTail - r.cqSeen, r.posted
 }
 
+// Idle reports whether every entry taken has its CQE posted.
+func (r *DaemonRing) Idle() bool {
+	r.cqMu.Lock()
+	defer r.cqMu.Unlock()
+	return r.inflight == 0
+}
+
 // Doorbell is the first half of the worker's sleep after a Take found
 // nothing (see the package doc, "Wake-ups"): it reads the wake word, sets
 // the sq_flags bit for why Take starved (FlagNeedWakeup, FlagCQWait) with a

@@ -291,6 +291,10 @@ func (q *tidQueue) Doorbell() (*atomic.Uint32, uint32, bool) {
 
 func (q *tidQueue) Awake() {}
 
+// Idle: the queue keeps no count of its tasks in flight; saying so keeps
+// the worker from polling through them.
+func (q *tidQueue) Idle() bool { return false }
+
 // EventfdDoorbell: the queue's eventfd when it has one (a hosted pool's
 // worker reads it), else none (a pool of own threads).
 func (q *tidQueue) EventfdDoorbell() (int, bool) {

@@ -34,6 +34,18 @@
 // flag, changes the word and wakes the wait; one that submitted before is
 // seen by the check, and the worker does not sleep.
 //
+// # Polling
+//
+// A worker whose pass answered its queues' last requests in flight, with
+// nothing of its ring's in flight either, looks for their clients' next
+// submissions for Config.Poll (50 µs) before it prepares that sleep
+// (poll.go): a client that reaps and submits again within it costs the
+// worker no wake-up and rings no doorbell (no NEED_WAKEUP is set while the
+// worker polls). Requests in flight end with a completion that wakes the
+// worker anyway, so it never polls through them. Two polls in a row that
+// found nothing stop it polling but one idle turn in sixteen, until a
+// poll finds work again: an idle client costs at most that.
+//
 // # Doorbells
 //
 // New picks, once, how clients wake a hosted worker (Config.Doorbell,

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tensorcast/tensorcast/internal/ratelog"
 	"github.com/tensorcast/tensorcast/uring"
@@ -28,6 +29,10 @@ type Config struct {
 	// eventfd). DoorbellFutex on a kernel without the opcode runs the
 	// workers on their own threads, sleeping in futex_waitv(2).
 	Doorbell string
+	// Poll is how long a worker that answered its queues' last requests
+	// looks for their clients' next ones before it sleeps (poll.go); 0
+	// means DefaultPoll, a negative value never.
+	Poll time.Duration
 }
 
 // Doorbell kinds (Config.Doorbell).
@@ -49,6 +54,9 @@ func (c Config) WorkersFor() int {
 func (c Config) Validate() error {
 	if c.Workers < 0 || c.Workers > MaxWorkers {
 		return fmt.Errorf("%w: %d workers (want 0 for one per CPU, or 1..%d)", ErrConfig, c.Workers, MaxWorkers)
+	}
+	if c.Poll > MaxPoll {
+		return fmt.Errorf("%w: poll %v (want at most %v, 0 for %v, or negative for none)", ErrConfig, c.Poll, MaxPoll, DefaultPoll)
 	}
 	switch c.Doorbell {
 	case DoorbellAuto, DoorbellFutex, DoorbellEventfd:
@@ -73,6 +81,10 @@ type Queue interface {
 	Doorbell() (w *atomic.Uint32, v uint32, sleep bool)
 	// Awake ends a sleep Doorbell agreed to.
 	Awake()
+	// Idle reports whether nothing of the queue's is in flight: every
+	// request taken has been answered (the worker then may poll for the
+	// next before it sleeps, poll.go).
+	Idle() bool
 	// EventfdDoorbell is the queue's eventfd doorbell (fd -1: none) and
 	// whether its client says it rings it (see
 	// queue.DaemonRing.EventfdDoorbell). A worker whose pool uses eventfd
@@ -145,9 +157,17 @@ func New(cfg Config, host Host, log *slog.Logger) (*Pool, error) {
 		unrung: ratelog.New(log, slog.LevelWarn, "reactor: a queue's client does not ring its eventfd doorbell: the worker looks at it every millisecond", 0),
 		failed: ratelog.New(log, slog.LevelWarn, "reactor: a read of a queue's eventfd doorbell failed: the worker looks at that queue every millisecond instead", 0),
 	}}
+	poll := cfg.Poll
+	switch {
+	case poll == 0:
+		poll = DefaultPoll
+	case poll < 0:
+		poll = 0
+	}
 	for i := 0; i < n; i++ {
 		w := newWorker(i)
 		w.eventfd, w.warns = eventfd, p.warns
+		w.poller.limit = poll
 		p.workers = append(p.workers, w)
 		if p.hosted {
 			wake, err := host.Host(i, w)
@@ -163,7 +183,7 @@ func New(cfg Config, host Host, log *slog.Logger) (*Pool, error) {
 			return nil, err
 		}
 	}
-	log.Info("reactor: workers ready", "workers", n, "on_uring_rings", p.hosted, "doorbell", p.doorbell())
+	log.Info("reactor: workers ready", "workers", n, "on_uring_rings", p.hosted, "doorbell", p.doorbell(), "poll", poll)
 	return p, nil
 }
 
@@ -251,6 +271,9 @@ type Stats struct {
 	// Deaf counts sleeps bounded because a queue's eventfd doorbell could
 	// not be waited on (its client does not ring it, or its read failed).
 	Deaf uint64
+	// Polls counts the polls before a sleep (poll.go), PollMisses those
+	// that ended with nothing found.
+	Polls, PollMisses uint64
 }
 
 // Stats returns one Stats per worker.
@@ -261,6 +284,7 @@ func (p *Pool) Stats() []Stats {
 		out[i].Queues = w.attached
 		w.mu.Unlock()
 		out[i].Passes, out[i].Sleeps, out[i].Deaf = w.passes.Load(), w.sleeps.Load(), w.deaf.Load()
+		out[i].Polls, out[i].PollMisses = w.polls.Load(), w.pollMisses.Load()
 	}
 	return out
 }
@@ -320,6 +344,9 @@ type Worker struct {
 	cancels []uint32
 
 	passes, sleeps, deaf atomic.Uint64
+	// polls counts polls started, pollMisses those that found nothing.
+	polls, pollMisses atomic.Uint64
+	poller            poller
 
 	thread *thread // the own thread, nil when hosted
 }
@@ -360,7 +387,7 @@ func (s *served) token() uint32 { return uint32(s.slot)<<16 | uint32(s.gen) }
 
 var _ uring.Guest = (*Worker)(nil)
 
-func newWorker(id int) *Worker { return &Worker{id: id} }
+func newWorker(id int) *Worker { return &Worker{id: id, poller: poller{now: time.Now}} }
 
 func (w *Worker) attach(q Queue) error {
 	w.mu.Lock()
@@ -460,11 +487,15 @@ func (w *Worker) Serve() bool {
 	if w.reap() {
 		did = true
 	}
+	w.poller.served(did)
 	return did
 }
 
 // Sleep implements uring.Guest: every queue's doorbell, armed on ws.
 func (w *Worker) Sleep(ws uring.Waits) bool {
+	if w.poll(ws) {
+		return false
+	}
 	for len(w.cancels) > 0 && ws.CancelWait(w.cancels[len(w.cancels)-1]) {
 		w.cancels = w.cancels[:len(w.cancels)-1]
 	}

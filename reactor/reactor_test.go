@@ -43,6 +43,7 @@ func (e *echo) Serve() bool {
 
 func (e *echo) Doorbell() (*atomic.Uint32, uint32, bool) { return e.d.Doorbell() }
 func (e *echo) Awake()                                   { e.d.Awake() }
+func (e *echo) Idle() bool                               { return e.d.Idle() }
 func (e *echo) EventfdDoorbell() (int, bool)             { return e.d.EventfdDoorbell() }
 
 // attach gives e (whose client side is c, nil for none) to a worker of p,
@@ -109,8 +110,14 @@ func newQueue(t testing.TB, id uint64, sq uint32) (*echo, *queue.ClientRing, []b
 // pools runs f with a pool of workers on their own threads, and with one
 // hosted on io_uring rings.
 func pools(t *testing.T, workers int, f func(t *testing.T, p *Pool)) {
+	poolsWith(t, Config{Workers: workers}, f)
+}
+
+// poolsWith is pools with cfg (its Doorbell set by each hosted run).
+func poolsWith(t *testing.T, cfg Config, f func(t *testing.T, p *Pool)) {
+	workers := cfg.Workers
 	t.Run("threads", func(t *testing.T) {
-		p, err := New(Config{Workers: workers}, nil, nil)
+		p, err := New(cfg, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +132,9 @@ func pools(t *testing.T, workers int, f func(t *testing.T, p *Pool)) {
 				tr.Close()
 				testutil.Missing(t, testutil.IOUring, "IORING_OP_FUTEX_WAIT (Linux 6.7)")
 			}
-			p, err := New(Config{Workers: workers, Doorbell: bell}, tr, nil)
+			c := cfg
+			c.Doorbell = bell
+			p, err := New(c, tr, nil)
 			if err != nil {
 				tr.Close()
 				t.Fatal(err)
@@ -140,13 +149,24 @@ func pools(t *testing.T, workers int, f func(t *testing.T, p *Pool)) {
 
 // TestLostWakeupManyQueues: four queues on one worker, each with a
 // client submitting and waiting at random, the worker sleeping in one wait
-// on all their doorbells (and its ring): no wake-up is lost.
+// on all their doorbells (and its ring): no wake-up is lost, whether the
+// worker polls before it sleeps (poll.go) or not.
 func TestLostWakeupManyQueues(t *testing.T) {
 	total := 1 << 16
 	if invariants.RaceEnabled || testing.Short() {
 		total = 1 << 13
 	}
-	pools(t, 1, func(t *testing.T, p *Pool) {
+	for _, poll := range []time.Duration{-1, 0} {
+		name := "poll"
+		if poll < 0 {
+			name = "nopoll"
+		}
+		t.Run(name, func(t *testing.T) { lostWakeupManyQueues(t, total, poll) })
+	}
+}
+
+func lostWakeupManyQueues(t *testing.T, total int, poll time.Duration) {
+	poolsWith(t, Config{Workers: 1, Poll: poll}, func(t *testing.T, p *Pool) {
 		var wg sync.WaitGroup
 		errs := make(chan error, 4)
 		for i := 0; i < 4; i++ {
@@ -165,8 +185,12 @@ func TestLostWakeupManyQueues(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if st := p.Stats(); st[0].Queues != 4 || st[0].Sleeps == 0 || st[0].Deaf != 0 {
+		st := p.Stats()
+		if st[0].Queues != 4 || st[0].Sleeps == 0 || st[0].Deaf != 0 {
 			t.Errorf("worker stats %+v: want 4 queues, some sleeps, none bounded for want of a doorbell", st[0])
+		}
+		if (poll >= 0) != (st[0].Polls > 0) {
+			t.Errorf("worker stats %+v with poll %v: polls where none was asked, or none where asked", st[0], poll)
 		}
 	})
 }

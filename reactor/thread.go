@@ -105,6 +105,10 @@ func (t *thread) CancelWait(uint32) bool { return true }
 // Soon implements uring.Waits.
 func (t *thread) Soon() { t.soon = true }
 
+// Poll implements uring.Waits: an own-thread worker has nothing in the
+// kernel but its sleep, so it may always poll.
+func (t *thread) Poll() bool { return true }
+
 func (w *Worker) stopThread() {
 	t := w.thread
 	t.stop.Store(true)

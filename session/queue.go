@@ -215,6 +215,10 @@ func (q *cqueue) Doorbell() (*atomic.Uint32, uint32, bool) {
 // Awake implements reactor.Queue.
 func (q *cqueue) Awake() { q.ring.Awake() }
 
+// Idle implements reactor.Queue: no request waits for a stream slot and
+// every one taken is answered.
+func (q *cqueue) Idle() bool { return len(q.pend) == 0 && q.ring.Idle() }
+
 // EventfdDoorbell implements reactor.Queue.
 func (q *cqueue) EventfdDoorbell() (int, bool) { return q.ring.EventfdDoorbell() }
 

@@ -68,4 +68,12 @@ type Waits interface {
 	CancelWait(token uint32) bool
 	// Soon bounds this sleep to about a millisecond, whatever is armed.
 	Soon()
+	// Poll asks to poll instead of sleeping, for one more pass: it
+	// reports true when the host has nothing of its own in flight (no
+	// request in the kernel, none waiting to go there, no completion to
+	// reap), so that the guest's own passes see everything that can come.
+	// The guest then declines this sleep (Sleep false), and the host
+	// passes again without entering the kernel when it has nothing to
+	// submit. With false the guest prepares its sleep as usual.
+	Poll() bool
 }

@@ -119,6 +119,7 @@ type ring struct {
 	host      Guest // the guest served this pass (nil once stopped)
 	futexes   int   // futex waits armed in the kernel
 	pollSleep bool  // a guest's wait could not be armed: sleep briefly, then look
+	polled    bool  // the guest polls this pass (Poll): no enter without SQEs
 	// unarmed are the tokens of the guest's waits this sleep could not
 	// arm, reported fired when it ends.
 	unarmed   []uint32
@@ -513,7 +514,7 @@ func (r *ring) loop() {
 		// below: it arms its futex waits (SQEs flushed with the rest)
 		// and re-checks its own work after announcing that it sleeps.
 		guestSleeps := false
-		r.pollSleep = false
+		r.pollSleep, r.polled = false, false
 		if wait && r.host != nil {
 			guestSleeps = r.host.Sleep(r)
 			wait = guestSleeps
@@ -541,7 +542,10 @@ func (r *ring) loop() {
 		if h := r.t.cfg.hooks; h != nil && h.enter != nil {
 			errno = h.enter()
 		}
-		if errno == 0 && (toSubmit > 0 || !ready) {
+		// A guest that polls (Poll) with nothing of the ring's in flight
+		// passes again at once: an enter with nothing to submit would
+		// only cost a system call per look.
+		if errno == 0 && (toSubmit > 0 || (!ready && !r.polled)) {
 			r.nEnters.Add(1)
 			_, errno = r.raw.enter(toSubmit, wait, tsp)
 		}
@@ -690,3 +694,15 @@ func (r *ring) CancelWait(token uint32) bool {
 
 // Soon implements Waits: the poller's sleep is bounded by guestPoll.
 func (r *ring) Soon() { r.pollSleep = true }
+
+// Poll implements Waits (poller only): true when nothing of the ring's is
+// in the kernel or waiting for it. Only requests count: the guest's armed
+// waits stay in the kernel while it polls, and what ends one while it
+// polls (a doorbell) the guest's own pass sees.
+func (r *ring) Poll() bool {
+	if r.inKernel > 0 || len(r.resub) > 0 || r.raw.cqReady() > 0 {
+		return false
+	}
+	r.polled = true
+	return true
+}

@@ -46,6 +46,10 @@ type Config struct {
 	// default: a futex where the kernel's io_uring can wait on one, Linux
 	// 6.7, else an eventfd per queue), futex, eventfd.
 	DataDoorbell string `toml:"data_doorbell"`
+	// DataPoll is how long a worker that answered its queues' last
+	// requests looks for their clients' next ones before it sleeps
+	// (reactor/poll.go): 50µs by default, 0 never, at most 1ms.
+	DataPoll Duration `toml:"data_poll"`
 	// Hugepages is auto (try, fall back and say so), on (fail without), off.
 	Hugepages string `toml:"hugepages"`
 	// MaxFrame bounds one control frame.
@@ -139,6 +143,7 @@ func Defaults() Config {
 		PoolSize:      256 << 20,
 		Hugepages:     "auto",
 		DataDoorbell:  "auto",
+		DataPoll:      Duration(reactor.DefaultPoll),
 		MaxFrame:      1 << 20,
 		MaxConns:      256,
 		MaxBufferSize: 16 << 30,
@@ -194,6 +199,8 @@ func (c *Config) Validate() error {
 		return badValue("data_workers", strconv.Itoa(c.DataWorkers), fmt.Sprintf("must be 0 (one per CPU) or 1..%d", reactor.MaxWorkers))
 	case c.DataDoorbell != "auto" && c.DataDoorbell != reactor.DoorbellFutex && c.DataDoorbell != reactor.DoorbellEventfd:
 		return badValue("data_doorbell", c.DataDoorbell, "must be auto, futex or eventfd")
+	case c.DataPoll < 0 || time.Duration(c.DataPoll) > reactor.MaxPoll:
+		return badValue("data_poll", c.DataPoll.String(), fmt.Sprintf("must be 0 (never) up to %v", reactor.MaxPoll))
 	case c.MaxConns < 1 || c.MaxConns > maxConns:
 		return badValue("max_conns", strconv.Itoa(c.MaxConns), fmt.Sprintf("must be between 1 and %d", maxConns))
 	case c.MaxBufferSize < 4096:
@@ -353,6 +360,7 @@ func settings() []setting {
 			return err
 		}},
 		{"data_doorbell", "TENSORCAST_DATA_DOORBELL", "how clients wake a sleeping worker: auto, futex, eventfd", str(func(c *Config) *string { return &c.DataDoorbell })},
+		{"data_poll", "TENSORCAST_DATA_POLL", "how long a worker looks for a client's next requests before it sleeps (0: never)", func(c *Config, s string) error { return c.DataPoll.UnmarshalText([]byte(s)) }},
 		{"hugepages", "TENSORCAST_HUGEPAGES", "hugepages for the pool: auto, on, off", str(func(c *Config) *string { return &c.Hugepages })},
 		{"max_frame", "TENSORCAST_MAX_FRAME", "largest control frame", func(c *Config, s string) error { return c.MaxFrame.UnmarshalText([]byte(s)) }},
 		{"max_conns", "TENSORCAST_MAX_CONNS", "most client connections", func(c *Config, s string) error {

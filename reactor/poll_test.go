@@ -1,0 +1,222 @@
+package reactor
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tensorcast/tensorcast/internal/testutil"
+)
+
+// pollQueue is a queue whose work, idleness and doorbell calls the test
+// sets and reads.
+type pollQueue struct {
+	work  bool // the next Serve does work
+	idle  bool
+	bells int // Doorbell calls: the worker prepared a sleep
+	word  atomic.Uint32
+}
+
+func (q *pollQueue) Serve() bool {
+	did := q.work
+	q.work = false
+	return did
+}
+func (q *pollQueue) Doorbell() (*atomic.Uint32, uint32, bool) {
+	q.bells++
+	return &q.word, q.word.Load(), true
+}
+func (q *pollQueue) Awake()                       {}
+func (q *pollQueue) Idle() bool                   { return q.idle }
+func (q *pollQueue) EventfdDoorbell() (int, bool) { return -1, false }
+
+// pollWaits is a host whose own work in flight the test sets.
+type pollWaits struct {
+	busy   bool
+	polled int
+	armed  int
+}
+
+func (h *pollWaits) FutexWait(*atomic.Uint32, uint32, uint32) { h.armed++ }
+func (h *pollWaits) FDWait(int, uint32)                       {}
+func (h *pollWaits) PollWait(int, uint32)                     {}
+func (h *pollWaits) CancelWait(uint32) bool                   { return true }
+func (h *pollWaits) Soon()                                    {}
+func (h *pollWaits) Poll() bool {
+	if h.busy {
+		return false
+	}
+	h.polled++
+	return true
+}
+
+// pollWorker is a worker polling for limit on clk, serving q.
+func pollWorker(t *testing.T, limit time.Duration, clk *testutil.Clock, q *pollQueue) *Worker {
+	t.Helper()
+	w := newWorker(0)
+	w.wake = func() {}
+	w.poller.limit, w.poller.now = limit, clk.Now
+	if err := w.attach(q); err != nil {
+		t.Fatal(err)
+	}
+	w.Serve() // takes the queue in
+	return w
+}
+
+// TestPollAfterLastAnswer: a worker whose pass answered its queue's last
+// request in flight polls (declines the sleep, prepares no doorbell) until
+// the next submission or its limit, then sleeps; it does not poll with a
+// request in flight, nor while its ring has I/O of its own, nor after a
+// pass that did nothing.
+func TestPollAfterLastAnswer(t *testing.T) {
+	clk := testutil.NewClock(time.Now())
+	q := &pollQueue{idle: true}
+	w := pollWorker(t, 50*time.Microsecond, clk, q)
+	ws := &pollWaits{}
+
+	// Nothing was done yet: no poll, a sleep.
+	if !w.Sleep(ws) || q.bells != 1 || w.polls.Load() != 0 {
+		t.Fatalf("idle worker: sleep prepared %d times, %d polls; want a sleep and no poll", q.bells, w.polls.Load())
+	}
+	w.Awake()
+
+	// A pass answered the last request: the worker polls.
+	q.work = true
+	w.Serve()
+	if w.Sleep(ws) || q.bells != 1 || w.polls.Load() != 1 {
+		t.Fatalf("after the last answer: sleep prepared %d times, %d polls; want a poll and no sleep", q.bells-1, w.polls.Load())
+	}
+	// Within the limit it keeps polling; the next submission ends the
+	// poll as found.
+	clk.Advance(40 * time.Microsecond)
+	w.Serve()
+	if w.Sleep(ws) {
+		t.Fatal("slept within the poll's limit")
+	}
+	q.work = true
+	w.Serve()
+	if w.poller.misses != 0 || !w.poller.end.IsZero() {
+		t.Fatalf("a submission within the poll: misses %d, poll still under way %v", w.poller.misses, !w.poller.end.IsZero())
+	}
+
+	// A poll that reaches its limit ends missed, and the worker sleeps.
+	if w.Sleep(ws) {
+		t.Fatal("no poll after the answer")
+	}
+	clk.Advance(50 * time.Microsecond)
+	w.Serve()
+	if !w.Sleep(ws) || q.bells != 2 || w.pollMisses.Load() != 1 {
+		t.Fatalf("poll past its limit: sleep prepared %d times, %d missed; want a sleep and one miss", q.bells-1, w.pollMisses.Load())
+	}
+	w.Awake()
+
+	// A request still in flight (its end wakes the worker): no poll.
+	q.work, q.idle = true, false
+	w.Serve()
+	if !w.Sleep(ws) || w.polls.Load() != 2 {
+		t.Fatalf("request in flight: %d polls; want a sleep and no new poll", w.polls.Load())
+	}
+	w.Awake()
+	// The ring's own I/O in flight: no poll either.
+	q.work, q.idle, ws.busy = true, true, true
+	w.Serve()
+	if !w.Sleep(ws) || w.polls.Load() != 2 {
+		t.Fatalf("ring busy: %d polls; want a sleep and no new poll", w.polls.Load())
+	}
+	w.Awake()
+	if st := (&Pool{workers: []*Worker{w}}).Stats()[0]; st.Polls != 2 || st.PollMisses != 1 {
+		t.Fatalf("stats %+v: want 2 polls, 1 missed", st)
+	}
+}
+
+// TestPollBacksOff: after pollMisses polls in a row found nothing (a
+// client that thinks between its batches), the worker polls one idle turn
+// in pollProbe, and polls every turn again once a poll finds work.
+func TestPollBacksOff(t *testing.T) {
+	clk := testutil.NewClock(time.Now())
+	q := &pollQueue{idle: true}
+	w := pollWorker(t, 50*time.Microsecond, clk, q)
+	ws := &pollWaits{}
+	// turn is one request answered and what follows until the worker
+	// sleeps; found says the client's next comes within the poll. It
+	// reports whether the worker polled.
+	turn := func(found bool) bool {
+		t.Helper()
+		q.work = true
+		w.Serve()
+		before := w.polls.Load()
+		if w.Sleep(ws) {
+			w.Awake()
+			return false
+		}
+		if found {
+			q.work = true
+			w.Serve()
+			return true
+		}
+		clk.Advance(time.Millisecond)
+		w.Serve()
+		if !w.Sleep(ws) {
+			t.Fatal("no sleep after a poll past its limit")
+		}
+		w.Awake()
+		return w.polls.Load() == before+1
+	}
+	for i := range pollMisses {
+		if !turn(false) {
+			t.Fatalf("turn %d: no poll before %d misses", i, pollMisses)
+		}
+	}
+	polled := 0
+	for range 2 * pollProbe {
+		if turn(false) {
+			polled++
+		}
+	}
+	if polled != 2 {
+		t.Fatalf("%d polls in %d idle turns after %d misses in a row, want 2 (one in %d)", polled, 2*pollProbe, pollMisses, pollProbe)
+	}
+	// A probe that finds work: polling every turn again.
+	for i := 0; ; i++ {
+		if i > pollProbe {
+			t.Fatal("no probe within pollProbe turns")
+		}
+		q.work = true
+		w.Serve()
+		if !w.Sleep(ws) {
+			q.work = true
+			w.Serve() // found
+			break
+		}
+		w.Awake()
+	}
+	for i := range 4 {
+		if !turn(true) {
+			t.Fatalf("turn %d after a probe found work: no poll", i)
+		}
+	}
+}
+
+// TestPollOff: a worker whose poll is off (Config.Poll negative) sleeps
+// after every last answer.
+func TestPollOff(t *testing.T) {
+	p, err := New(Config{Workers: 1, Poll: -1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	if l := p.workers[0].poller.limit; l != 0 {
+		t.Fatalf("poll limit %v with Poll -1, want none", l)
+	}
+	clk := testutil.NewClock(time.Now())
+	q := &pollQueue{idle: true}
+	w := pollWorker(t, 0, clk, q)
+	q.work = true
+	w.Serve()
+	if !w.Sleep(&pollWaits{}) || w.polls.Load() != 0 {
+		t.Fatal("a worker without poll polled")
+	}
+	if err := (Config{Poll: MaxPoll + 1}).Validate(); err == nil {
+		t.Fatal("a poll past MaxPoll was accepted")
+	}
+}
