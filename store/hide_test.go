@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
@@ -254,10 +253,7 @@ func TestRemovedElsewhereWhilePinnedL2(t *testing.T) {
 func TestRemovedElsewhereWhilePinnedWriteback(t *testing.T) {
 	for _, fail := range []bool{false, true} {
 		t.Run(fmt.Sprintf("writeback fails %v", fail), func(t *testing.T) {
-			e := newEnv(t, 16<<20, withL2(32<<20))
-			e.tr.Update(func(c *xfertest.Config) { c.Hold = isValueWrite })
-			ss := e.s.NewSession()
-			defer ss.Close()
+			e, ss := holdingWritebacks(t)
 			keys := [][]byte{[]byte("wb")}
 			vals := valuesFor(keys, 5000)
 			mustCodes(t, "put", e.put(ss, keys, vals, false), OK)
@@ -273,18 +269,7 @@ func TestRemovedElsewhereWhilePinnedWriteback(t *testing.T) {
 				done <- codes
 			}()
 			e.waitFor("the key invisible", func() bool { return e.exists(keys)[0] == NotFound })
-			e.tr.Update(func(c *xfertest.Config) {
-				c.Hold = nil
-				if fail {
-					c.Err = func(t *xfer.Task) error {
-						if isValueWrite(t) {
-							return errInjected
-						}
-						return nil
-					}
-				}
-			})
-			e.tr.release()
+			e.endWritebacks(fail)
 			mustCodes(t, "remove from elsewhere", <-done, OK)
 			e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
 			if st := e.s.Stats(); st.Hidden != 1 || st.L2Keys != 0 || st.Dirty != 0 || st.Keys != 0 {
