@@ -145,6 +145,7 @@ func (d *Daemon) collectOneStore(e *metrics.Emit, st *store.Store, tenantName st
 	e.Counter("tensorcast_store_hits_total", hits, float64(s.HitsL1), tier("l1"), tn)
 	e.Counter("tensorcast_store_hits_total", hits, float64(s.HitsL2), tier("l2"), tn)
 	e.Gauge("tensorcast_store_pins", "Pins and leases held, over all clients.", float64(s.Pins), tn)
+	e.Gauge("tensorcast_store_hidden", "Values removed from another host while pinned here: found by no reader, their blocks kept until their last pin goes.", float64(s.Hidden), tn)
 	e.Gauge("tensorcast_store_reserved", "Reservations and puts in flight.", float64(s.Reserved), tn)
 	e.Gauge("tensorcast_store_dirty", "Values in L1 only, owed a writeback to L2.", float64(s.Dirty), tn)
 	e.Gauge("tensorcast_store_l2_in_flight", "L2 operations in flight.", float64(s.IOInFlight), tn)

@@ -27,7 +27,12 @@
 //	LookupPrefix      how many leading keys are present; with pin, pins them
 //	                  in the same call
 //	Pin, Unpin        counted pins, optionally timed (leases); all or nothing
-//	Store.Remove      idempotent; on L2 it is gone once its header is zeroed
+//	Store.Remove      idempotent; on L2 it is gone once its header is zeroed;
+//	                  a pinned key is refused (FAILED_PRECONDITION)
+//	RemoveHere        a removal another host asked for: a pinned key goes
+//	                  too, hidden from every reader at once and freed with
+//	                  its last pin (hide.go); RemoveRecordsHere names the
+//	                  record, so a value put again since stays
 //	Store.Stat, List  the operator's view of a key, of keys by prefix
 //	Store.Flush       wait until nothing is owed a writeback
 //
@@ -63,7 +68,10 @@
 // every value); damaged headers are dropped and counted. "Durable" means on
 // the device as far as the kernel is concerned: it survives the daemon's
 // death; surviving power loss also needs a device without a volatile write
-// cache (the transport issues no flushes yet).
+// cache (the transport issues no flushes yet). A value removed from
+// another host while pinned is hidden only once its header is zeroed and
+// its L1 journal record dropped, so a restart while the pin lasts does
+// not find it again.
 //
 // # In the daemon
 //

@@ -27,6 +27,10 @@ const (
 	stPutting        // a durable put's writes are in flight; invisible
 	stReady          // visible
 	stDropping       // its L2 slot is being invalidated (Remove, L2 eviction); invisible
+	// stHidden: removed from another host while pinned here; out of the
+	// table (no lookup finds it, a new put of its key is another entry),
+	// its block kept for the pins, freed with the last (hide.go).
+	stHidden
 )
 
 // Entry flags.
@@ -105,6 +109,10 @@ type shard struct {
 	// on an entry (fRemove: a writeback, an invalidation it started), by
 	// entry index; made at the first.
 	removing map[uint32]waitRec
+
+	// hidden are the shard's stHidden entries, by index (hide.go): an
+	// Unpin of a key looks here first while there are any.
+	hidden []uint32
 
 	_ [64]byte // keep neighbouring shards' mutexes off one cache line
 }
@@ -203,6 +211,14 @@ func (sh *shard) remove(idx uint32) {
 	if invariants.Enabled && e.flags&(fInLRU|fInL2LRU|fInDirty) != 0 {
 		panic("store: invariant: removing an entry that is still listed")
 	}
+	sh.unindex(idx)
+	sh.release(idx)
+}
+
+// unindex takes entry idx out of the table (so that no lookup finds it
+// again), leaving the entry itself as it is.
+func (sh *shard) unindex(idx uint32) {
+	e := sh.ent(idx)
 	i := e.hash & sh.mask
 	for uint32(sh.table[i]) != idx+1 {
 		i = (i + 1) & sh.mask
@@ -223,6 +239,12 @@ func (sh *shard) remove(idx uint32) {
 	}
 	sh.table[i] = 0
 	sh.count--
+}
+
+// release frees entry idx's key and puts its slot on the free list; the
+// entry is out of the table already.
+func (sh *shard) release(idx uint32) {
+	e := sh.ent(idx)
 	sh.keys.release(e.key, e.klen)
 	*e = entry{gen: e.gen, next: sh.freeEnt, state: stFree}
 	sh.freeEnt = idx

@@ -371,7 +371,8 @@ func notApplied(codes []Code) {
 // the session holds no pin or lease on (FAILED_PRECONDITION, an unpin below
 // zero) or an absent key (NOT_FOUND) fails the batch, the other keys get
 // FAILED_PRECONDITION and nothing changes. An unpin drops an untimed pin
-// first, then the key's lease.
+// first, then the key's lease; a pin on a value removed from another host
+// while pinned (hidden, hide.go) before one on the key's value now.
 func (ss *Session) Unpin(keys [][]byte, codes []Code) error {
 	s := ss.s
 	if err := ss.begin(len(keys), codes, nil); err != nil {
@@ -388,6 +389,12 @@ func (ss *Session) Unpin(keys [][]byte, codes []Code) error {
 			codes[i] = InvalidArgument
 			first = firstErr(first, i, err)
 			continue
+		}
+		if len(sh.hidden) > 0 {
+			// A pin on a hidden entry of the key goes first (hide.go).
+			if hr, ok := ss.hiddenHold(k); ok {
+				r, found = hr, true
+			}
 		}
 		sh.mu.Unlock()
 		if !found {
@@ -1141,17 +1148,47 @@ func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 // With the store across hosts (SetRemote), every other host's copy of
 // each key removed here (OK) goes too, before Remove returns.
 func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
-	return s.remove(keys, codes, errs, done, tag, true)
+	return s.remove(keys, nil, codes, errs, done, tag, true, nil)
 }
 
 // RemoveHere is Remove of this host's copies only: what a key's home asks
-// of its holders when a client removed the key elsewhere.
+// of its holders when a client removed the key elsewhere. It blocks. A key
+// pinned here is removed all the same (OK): hidden from every reader at
+// once, its block kept for the pins there are and freed with the last
+// (hide.go). A key with a caller's I/O in flight still answers BUSY.
 func (s *Store) RemoveHere(keys [][]byte, codes []Code, errs []error) error {
-	_, err := s.remove(keys, codes, errs, nil, 0, false)
+	return s.RemoveRecordsHere(keys, nil, codes, errs)
+}
+
+// RemoveRecordsHere is RemoveHere of named records. ids (nil, or one per
+// key): with ids[i] != 0 only that record of keys[i] goes (another one,
+// the key put again since, stays, and the key answers OK); a key answered
+// BUSY gets in ids[i] the record found, so that asking again removes that
+// one and never a value put after it.
+func (s *Store) RemoveRecordsHere(keys [][]byte, ids []RecordID, codes []Code, errs []error) error {
+	if ids != nil && len(ids) != len(keys) {
+		fill(codes, InvalidArgument)
+		return fmt.Errorf("%w: %d record ids for %d keys", ErrBadCall, len(ids), len(keys))
+	}
+	var pinned []int
+	_, err := s.remove(keys, ids, codes, errs, nil, 0, false, &pinned)
+	hid := 0
+	for _, i := range pinned {
+		if codes[i] == OK {
+			hid++
+		}
+	}
+	if hid > 0 {
+		s.log.Info("store: keys removed elsewhere are pinned here: hidden from every reader now, freed with their last pin",
+			"keys", hid, "first", fmt.Sprintf("%q", keys[pinned[0]]), "hidden", s.c.hidden.Load())
+	}
 	return err
 }
 
-func (s *Store) remove(keys [][]byte, codes []Code, errs []error, done Completion, tag uint64, everywhere bool) (pending bool, err error) {
+// remove is Remove (everywhere) or RemoveHere; for RemoveHere, pinned
+// receives the positions of the keys found pinned, to be hidden.
+func (s *Store) remove(keys [][]byte, ids []RecordID, codes []Code, errs []error, done Completion, tag uint64, everywhere bool,
+	pinned *[]int) (pending bool, err error) {
 	if err := s.begin(len(keys), codes, errs); err != nil {
 		return false, err
 	}
@@ -1159,8 +1196,19 @@ func (s *Store) remove(keys [][]byte, codes []Code, errs []error, done Completio
 	for i, k := range keys {
 		sh, r, found, err := s.lock(k)
 		var it *ioTask
+		if found && ids != nil && ids[i] != 0 && r.id() != ids[i] {
+			found = false // the record named is gone: this one came after
+		}
 		if found {
-			it, err = s.removeLocked(sh, r)
+			// A removal from elsewhere hides what is pinned here.
+			hide := !everywhere
+			if hide && sh.ent(r.idx).pins > 0 {
+				*pinned = append(*pinned, i)
+			}
+			it, err = s.removeLocked(sh, r, hide)
+			if err == ErrBusy && ids != nil {
+				ids[i] = r.id()
+			}
 		}
 		if err == errJoin {
 			if cl == nil {
@@ -1224,8 +1272,10 @@ func (s *Store) joinBackground(sh *shard, r ref, cl *call, pos int) {
 // removeLocked removes entry r, or starts its removal from L2: then it
 // returns the task that overwrites the key's block header, for the caller
 // to dispatch. An entry not stored yet is absent to every reader, so
-// removed already. sh.mu is held.
-func (s *Store) removeLocked(sh *shard, r ref) (*ioTask, error) {
+// removed already. With hide (a removal from another host) a pinned entry
+// is removed too, and hidden once its header is zeroed (dropEntry). sh.mu
+// is held.
+func (s *Store) removeLocked(sh *shard, r ref, hide bool) (*ioTask, error) {
 	e := sh.ent(r.idx)
 	switch {
 	case e.state == stReserved || e.state == stPutting:
@@ -1234,7 +1284,7 @@ func (s *Store) removeLocked(sh *shard, r ref) (*ioTask, error) {
 		return nil, errJoin // going already, by the store's own doing
 	case e.state == stDropping:
 		return nil, ErrBusy // another caller's Remove
-	case e.pins > 0:
+	case e.pins > 0 && !hide:
 		return nil, ErrPinned
 	case e.flags&fWB != 0 && e.io == 1 && e.flags&fPromote == 0:
 		return nil, errJoin // the writeback's is the only I/O
@@ -1244,11 +1294,9 @@ func (s *Store) removeLocked(sh *shard, r ref) (*ioTask, error) {
 		if e.flags&(fDirty|fTomb) == fDirty {
 			s.c.dirtyOwed.Add(^uint64(0))
 		}
-		sh.unlistAll(r.idx)
-		ferr := s.freeBlock(e.l1, e.size)
 		s.c.keys.Add(^uint64(0))
 		s.c.l1Keys.Add(^uint64(0))
-		sh.remove(r.idx)
+		ferr := s.dropEntry(sh, r.idx)
 		if ferr != nil {
 			return nil, fmt.Errorf("store: key removed, its block not freed: %w", ferr)
 		}

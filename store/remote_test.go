@@ -173,22 +173,27 @@ func TestRemote(t *testing.T) {
 	if _, err := s.Remove([][]byte{[]byte("near/2"), []byte("absent")}, codes[:2], nil, nil, 0); err != nil || codes[0] != OK || codes[1] != OK {
 		t.Fatalf("remove: %v %v", err, codes[:2])
 	}
-	if err := s.RemoveHere([][]byte{[]byte("near")}, codes[:1], nil); err != nil || codes[0] != FailedPrecondition {
+	// A removal from elsewhere of a key pinned here hides it (hide.go).
+	if err := s.RemoveHere([][]byte{[]byte("near")}, codes[:1], nil); err != nil || codes[0] != OK {
 		t.Fatalf("RemoveHere of a pinned key: %v %v", err, codes[0])
+	}
+	if err := s.Exists([][]byte{[]byte("near")}, codes[:1]); err != nil || codes[0] != NotFound {
+		t.Fatalf("exists of a pinned key removed from elsewhere: %v %v", err, codes[0])
 	}
 	r.fetching.Wait()
 	if fmt.Sprint(r.removed) != "[near/2 absent]" {
 		t.Fatalf("removed elsewhere %v, want [near/2 absent]", r.removed)
 	}
-	// Evicted values (here with no L2: gone) are told too.
+	// Evicted values (here with no L2: gone) are told too; "near", hidden,
+	// went with the session's pins, never evicted.
 	if err := ss.Close(); err != nil {
 		t.Fatal(err)
 	}
 	s.evict(1<<30, 1<<20)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if s.Stats().Keys != 0 || len(r.evicted) != 4 {
-		t.Fatalf("evicted %v, %d keys left", r.evicted, s.Stats().Keys)
+	if st := s.Stats(); st.Keys != 0 || st.Hidden != 0 || len(r.evicted) != 3 {
+		t.Fatalf("evicted %v, %d keys left, %d hidden", r.evicted, st.Keys, st.Hidden)
 	}
 }
 

@@ -105,7 +105,7 @@ func (ss *Session) unreserve(r ref) {
 }
 
 // unpinEntry drops n pins from entry r; an entry whose last pin goes back
-// on the L1 LRU list, at its head.
+// on the L1 LRU list, at its head, or, hidden (hide.go), is freed.
 func (s *Store) unpinEntry(r ref, n uint32) {
 	if n == 0 {
 		return
@@ -119,7 +119,11 @@ func (s *Store) unpinEntry(r ref, n uint32) {
 	e.pins -= n
 	s.c.pins.Add(^uint64(n - 1))
 	if e.pins == 0 {
-		s.relist(sh, r.idx)
+		if e.state == stHidden {
+			s.freeHidden(sh, r.idx)
+		} else {
+			s.relist(sh, r.idx)
+		}
 	}
 	sh.mu.Unlock()
 }

@@ -412,10 +412,9 @@ func (t *tier2) endRemovedWriteback(sh *shard, it *ioTask, ok bool) {
 		return
 	}
 	e.io--
-	ferr := s.freeBlock(e.l1, e.size)
 	s.c.keys.Add(^uint64(0))
 	s.c.l1Keys.Add(^uint64(0))
-	sh.remove(idx)
+	ferr := s.dropEntry(sh, idx) // hidden while pinned (RemoveHere)
 	sh.mu.Unlock()
 	if errors.Is(it.err, ErrL2Full) {
 		t.l2Short.Store(true)
@@ -603,7 +602,6 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 	var ferr error
 	if gone {
 		if e.flags&fL1 != 0 {
-			ferr = s.freeBlock(e.l1, e.size)
 			s.c.l1Keys.Add(^uint64(0))
 		}
 		s.c.keys.Add(^uint64(0))
@@ -612,8 +610,12 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 			s.c.evictL2.Add(1)
 			s.evicted(sh, idx)
 		}
-		sh.unlistAll(idx)
-		sh.remove(idx)
+		// The slot is released (or quarantined): a pinned entry (removed
+		// from elsewhere, or a corrupt one a pin held) is hidden until its
+		// last pin goes, its block kept for the pins.
+		e.io--
+		e.flags &^= fL2
+		ferr = s.dropEntry(sh, idx)
 	} else {
 		e.state = stReady
 		e.flags &^= fBgDrop | fRemove

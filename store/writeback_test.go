@@ -20,6 +20,33 @@ func (e *testEnv) waitFor(what string, cond func() bool) {
 	}
 }
 
+// holdingWritebacks is a store over an L2 whose value writes are held
+// until endWritebacks, and a session on it.
+func holdingWritebacks(t *testing.T) (*testEnv, *Session) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = isValueWrite })
+	ss := e.s.NewSession()
+	t.Cleanup(func() { ss.Close() })
+	return e, ss
+}
+
+// endWritebacks lets the writebacks held (Hold = isValueWrite) go on,
+// their value writes failing when fail is set (until Err is reset).
+func (e *testEnv) endWritebacks(fail bool) {
+	e.tr.Update(func(c *xfertest.Config) {
+		c.Hold = nil
+		if fail {
+			c.Err = func(t *xfer.Task) error {
+				if isValueWrite(t) {
+					return errInjected
+				}
+				return nil
+			}
+		}
+	})
+	e.tr.release()
+}
+
 // TestWritebackTombstone is seed 000's endless retry: a writeback target
 // that always fails. Each action is retried WritebackRetries times, on the
 // store's clock, then becomes a tombstone (counted, shown in Stats, never
@@ -214,10 +241,7 @@ func TestReadErrors(t *testing.T) {
 func TestRemoveDuringWriteback(t *testing.T) {
 	for _, fail := range []bool{false, true} {
 		t.Run(fmt.Sprintf("writeback fails %v", fail), func(t *testing.T) {
-			e := newEnv(t, 16<<20, withL2(32<<20))
-			e.tr.Update(func(c *xfertest.Config) { c.Hold = isValueWrite })
-			ss := e.s.NewSession()
-			defer ss.Close()
+			e, ss := holdingWritebacks(t)
 			keys := keysN("wb", 8)
 			vals := valuesFor(keys, 3000)
 			mustCodes(t, "put", e.put(ss, keys, vals, false), OK)
@@ -233,18 +257,7 @@ func TestRemoveDuringWriteback(t *testing.T) {
 				t.Fatalf("remove under writeback: pending %v, %v, codes %v", pending, err, codes[:4])
 			}
 			mustCodes(t, "exists once removed", e.exists(keys), NotFound, NotFound, NotFound, NotFound, OK, OK, OK, OK)
-			e.tr.Update(func(c *xfertest.Config) {
-				c.Hold = nil
-				if fail {
-					c.Err = func(t *xfer.Task) error {
-						if isValueWrite(t) {
-							return errInjected
-						}
-						return nil
-					}
-				}
-			})
-			e.tr.release()
+			e.endWritebacks(fail)
 			<-rec.done
 			mustCodes(t, "remove", codes[:4], OK, OK, OK, OK)
 			// A blocking Remove of the rest once their writeback is done (or

@@ -85,8 +85,8 @@ type Config struct {
 	// MaxTombstones bounds the removed copies a home remembers for
 	// holders it could not reach (default 1<<16), for at most
 	// TombstoneTTL each (default 10 min) (tomb.go), the copies of other
-	// homes' tombstones kept here, and the removed keys kept here until a
-	// client's pin on them goes (dropLater).
+	// homes' tombstones kept here, and the removed keys kept here until
+	// the I/O in flight on them ends (dropLater).
 	MaxTombstones int
 	TombstoneTTL  time.Duration
 	// Staleness is how long a reader keeps a home's answer (default 2 s;
@@ -254,13 +254,14 @@ type Cluster struct {
 	landMu sync.Mutex
 	landed map[string]int
 
-	// holdMu guards holds, holdKeys, doomed, gone, dropping and nextClaim.
-	holdMu    sync.Mutex
-	holds     map[uint64]*hold
-	holdKeys  map[string]int      // readers holding each key here (ClaimsPerKey at most)
-	doomed    map[string]bool     // keys removed while a hold pinned them: dropped when the last ends
-	gone      map[string]goneCopy // keys removed while a client here pinned them: dropped when unpinned (dropLater)
-	dropping  bool                // the dropper runs
+	// holdMu guards holds, holdKeys, gone, dropping and nextClaim.
+	holdMu   sync.Mutex
+	holds    map[uint64]*hold
+	holdKeys map[string]int // readers holding each key here (ClaimsPerKey at most)
+	// gone are the records of keys removed while a caller's I/O was in
+	// flight on them here: dropped once it ends (dropLater).
+	gone      map[string]store.RecordID
+	dropping  bool // the dropper runs
 	nextClaim uint64
 
 	// takenMu guards takenBy: for each shard another member claimed from
@@ -341,8 +342,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		fetchSem: make(chan struct{}, cfg.MaxFetches),
 		holds:    map[uint64]*hold{},
 		holdKeys: map[string]int{},
-		doomed:   map[string]bool{},
-		gone:     map[string]goneCopy{},
+		gone:     map[string]store.RecordID{},
 		takenBy:  map[int]ShardClaim{},
 		landed:   map[string]int{},
 		flying:   map[string][]func(error){},

@@ -69,12 +69,16 @@
 // the home gives a copy of each to the two members next in the shard's
 // rendezvous order before it answers (keepTombs), which hand them to
 // whoever is home later and ask the holder to drop the copy when it is
-// back, so the removal holds when its home dies too. A copy a client on
-// its holder pins cannot go while pinned (the store never frees a pinned
-// block): it is hidden from the other daemons (never served to their
-// reads, nor re-announced) and dropped once unpinned, however long that
-// takes; the holder's own clients still see it until then, as a local
-// remove of a pinned key would leave it.
+// back, so the removal holds when its home dies too. A copy a client or
+// a reader's hold pins on its holder goes all the same: the holder's
+// store hides it from every reader at once, its own clients included
+// (store.RemoveHere: no get, exists, lookup_prefix or pin finds it, it is
+// never served nor re-announced), keeps its block for the pins, which
+// read the exact bytes they pinned, and frees it with the last, however
+// long that takes; a put of the key meanwhile is a new value. A copy with
+// a caller's I/O in flight (a copy out, a promotion) goes once that ends,
+// hidden from the other daemons meanwhile (dropLater); the retry names
+// the record removed, so a value put again since stays.
 //
 // Messages are exchanges on the peer channel (tcp.Node.Exchange, kinds
 // "tc.store.*"), addressed to the epoch the sender knows, so a daemon that

@@ -56,7 +56,7 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 		switch {
 		case code != store.OK:
 		case c.isGoneLocked(string(keys[i])):
-			code = store.NotFound // removed, here until unpinned
+			code = store.NotFound // removed, here until its I/O ends
 			busy = append(busy, keys[i])
 		case c.holdKeys[string(keys[i])] >= c.cfg.ClaimsPerKey:
 			code = store.Busy // at its reader limit
@@ -139,7 +139,6 @@ func (c *Cluster) endHold(id uint64, from string, epoch uint64, expired bool) bo
 		c.log.Info("a reader's claim expired before it was released", "reader", from, "claim", id)
 	}
 	_ = h.ss.Close()
-	c.dropDoomed(h.keys)
 	return true
 }
 

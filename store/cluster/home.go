@@ -388,36 +388,34 @@ func decodeRemoveAnswer(b []byte, n int) ([]int, error) {
 }
 
 // dropHere removes this daemon's copies of keys (a home asked), and tells
-// their homes they are gone. A copy a reader's hold pins here now cannot
-// go yet: it goes when the last hold on it ends (endHold); one a client
-// here pins (or has I/O on) goes once it no longer does (dropLater). Both
-// are hidden from the other daemons meanwhile: never served to a reader
-// (onHold) nor re-announced (walk), so a removal never leaves them behind.
+// their homes they are gone. A copy a client or a reader's hold pins here
+// goes all the same: the store hides it from every reader at once, this
+// daemon's clients too, and frees it with its last pin (store.RemoveHere),
+// so it is never served nor re-announced again. A copy with a caller's
+// I/O in flight (a copy out, a promotion) cannot go yet: it goes once the
+// I/O has ended (dropLater), hidden from the other daemons meanwhile.
 func (c *Cluster) dropHere(keys [][]byte) {
 	c.answers.drop(keys)
 	codes := make([]store.Code, len(keys))
+	ids := make([]store.RecordID, len(keys))
 	for len(keys) > 0 {
 		n := min(len(keys), c.st.MaxKeysPerCall())
-		if err := c.st.RemoveHere(keys[:n], codes[:n], nil); err != nil {
+		clear(ids[:n])
+		if err := c.st.RemoveRecordsHere(keys[:n], ids[:n], codes[:n], nil); err != nil {
 			c.log.Info("dropping removed keys failed", "keys", n, "err", err)
 		}
 		var later, gone [][]byte
-		c.holdMu.Lock()
+		var laterIDs []store.RecordID
 		for i, code := range codes[:n] {
 			switch code {
 			case store.OK:
 				gone = append(gone, keys[i])
-			case store.FailedPrecondition, store.Busy:
+			case store.Busy:
 				// Still here: its home forgets it all the same.
 				gone = append(gone, keys[i])
-				if c.holdKeys[string(keys[i])] > 0 && len(c.doomed) < c.cfg.MaxTombstones {
-					c.doomed[string(keys[i])] = true
-					continue
-				}
-				later = append(later, keys[i])
+				later, laterIDs = append(later, keys[i]), append(laterIDs, ids[i])
 			}
 		}
-		c.holdMu.Unlock()
 		for _, k := range gone {
 			// Its home forgets this holder of it (the home that asked
 			// has already; a keeper's or a tombstone's drop may come
@@ -425,27 +423,20 @@ func (c *Cluster) dropHere(keys [][]byte) {
 			c.Evicted(k)
 		}
 		if len(later) > 0 {
-			c.dropLater(later)
+			c.dropLater(later, laterIDs)
 		}
-		keys, codes = keys[n:], codes[n:]
+		keys, codes, ids = keys[n:], codes[n:], ids[n:]
 	}
 }
 
-// dropLater removes keys that a client here pins (or has I/O on) now, once
-// it no longer does. Pins belong to client sessions, which end, so they
-// are asked again with a growing pause (at most a second) for as long as
-// it takes, by one goroutine for all (dropper); meanwhile they are hidden
-// from the other daemons (isGone). At most Config.MaxTombstones keys wait
-// so; past that a key stays, logged.
-func (c *Cluster) dropLater(keys [][]byte) {
-	// Before c.mu: the store calls Stored, which takes c.mu, with a
-	// shard lock held.
-	ids := make([]goneCopy, len(keys))
-	for i, k := range keys {
-		if size, crc, err := c.st.Copyable(k); err == nil {
-			ids[i] = goneCopy{size: size, crc: crc, known: true}
-		}
-	}
+// dropLater removes the records ids of keys, which had a caller's I/O in
+// flight when their removal came, once it has ended: asked again with a
+// growing pause (at most a second) for as long as it takes, by one
+// goroutine for all (dropper); meanwhile they are hidden from the other
+// daemons (isGone). Only the record removed goes: a value put after the
+// removal is another record, which stays. At most Config.MaxTombstones
+// keys wait so; past that a key stays, logged.
+func (c *Cluster) dropLater(keys [][]byte, ids []store.RecordID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -471,11 +462,11 @@ func (c *Cluster) dropLater(keys [][]byte) {
 	c.holdMu.Unlock()
 	if over > 0 {
 		c.c.goneOver.Add(uint64(over))
-		c.log.Error("too many removed keys pinned here to track: these stay, served here and re-announced, until removed again",
+		c.log.Error("too many removed keys with I/O in flight here to track: these stay, served here and re-announced, until removed again",
 			"keys", over, "max", c.cfg.MaxTombstones)
 	}
 	if added > 0 {
-		c.log.Info("removed keys pinned here are hidden from the other daemons and go once unpinned", "keys", added,
+		c.log.Info("removed keys with I/O in flight here are hidden from the other daemons and go once it ends", "keys", added,
 			"first", string(keys[0]))
 	}
 	if start {
@@ -484,8 +475,8 @@ func (c *Cluster) dropLater(keys [][]byte) {
 	}
 }
 
-// dropper asks the store again to remove the keys dropLater keeps until
-// none is left, or the cluster closes.
+// dropper asks the store again to remove the records dropLater keeps
+// until none is left, or the cluster closes.
 func (c *Cluster) dropper() {
 	defer c.fetchWG.Done()
 	pause := 10 * time.Millisecond
@@ -495,46 +486,35 @@ func (c *Cluster) dropper() {
 		}
 		pause = min(2*pause, time.Second)
 		c.holdMu.Lock()
-		all := make([][]byte, 0, len(c.gone))
-		ids := make([]goneCopy, 0, len(c.gone))
+		keys := make([][]byte, 0, len(c.gone))
+		ids := make([]store.RecordID, 0, len(c.gone))
 		for k, id := range c.gone {
-			all = append(all, []byte(k))
+			keys = append(keys, []byte(k))
 			ids = append(ids, id)
 		}
 		c.holdMu.Unlock()
-		// Only the removed copy goes: a key absent now, or holding other
-		// bytes (removed by its client, then put again), is forgotten.
-		keys := all[:0]
-		for i, k := range all {
-			size, crc, err := c.st.Copyable(k)
-			if err == nil && (!ids[i].known || size == ids[i].size && crc == ids[i].crc) {
-				keys = append(keys, k)
-				continue
-			}
-			c.holdMu.Lock()
-			delete(c.gone, string(k))
-			c.holdMu.Unlock()
-		}
 		done := 0
 		for len(keys) > 0 {
 			n := min(len(keys), c.st.MaxKeysPerCall())
 			codes := make([]store.Code, n)
-			if err := c.st.RemoveHere(keys[:n], codes, nil); err != nil {
-				c.log.Info("dropping removed keys pinned here failed: asked again", "keys", n, "err", err)
+			// The record named, or nothing: a key removed here since and
+			// put again (even with the same bytes) is another record.
+			if err := c.st.RemoveRecordsHere(keys[:n], ids[:n], codes, nil); err != nil {
+				c.log.Info("dropping removed keys with I/O in flight here failed: asked again", "keys", n, "err", err)
 			} else {
 				c.holdMu.Lock()
 				for i, code := range codes {
-					if code != store.FailedPrecondition && code != store.Busy {
+					if code != store.Busy && c.gone[string(keys[i])] == ids[i] {
 						delete(c.gone, string(keys[i]))
 						done++
 					}
 				}
 				c.holdMu.Unlock()
 			}
-			keys = keys[n:]
+			keys, ids = keys[n:], ids[n:]
 		}
 		if done > 0 {
-			c.log.Info("removed keys pinned here dropped once unpinned", "keys", done)
+			c.log.Info("removed keys dropped once their I/O ended", "keys", done)
 		}
 		c.holdMu.Lock()
 		if len(c.gone) == 0 {
@@ -546,19 +526,11 @@ func (c *Cluster) dropper() {
 	}
 }
 
-// isGoneLocked reports whether key was removed while pinned here and is
-// still here (holdMu held): hidden from the other daemons.
+// isGoneLocked reports whether key was removed while I/O was in flight on
+// it here and is still here (holdMu held): hidden from the other daemons.
 func (c *Cluster) isGoneLocked(key string) bool {
 	_, ok := c.gone[key]
-	return ok || c.doomed[key]
-}
-
-// goneCopy is the size and crc32c of a removed copy pinned here (known:
-// the store said), so that only it goes, not a value put after it.
-type goneCopy struct {
-	size  uint64
-	crc   uint32
-	known bool
+	return ok
 }
 
 // isGone is isGoneLocked taking holdMu.
@@ -568,28 +540,12 @@ func (c *Cluster) isGone(key []byte) bool {
 	return c.isGoneLocked(string(key))
 }
 
-// GonePinned is how many removed keys stay here until their pins go.
+// GonePinned is how many removed keys stay here until the I/O in flight
+// on them ends (those pinned are hidden by the store: store.Stats.Hidden).
 func (c *Cluster) GonePinned() int {
 	c.holdMu.Lock()
 	defer c.holdMu.Unlock()
-	return len(c.gone) + len(c.doomed)
-}
-
-// dropDoomed removes those of keys that a removal found held by a reader
-// here, now that no hold is on them.
-func (c *Cluster) dropDoomed(keys []string) {
-	var now [][]byte
-	c.holdMu.Lock()
-	for _, k := range keys {
-		if c.doomed[k] && c.holdKeys[k] == 0 {
-			delete(c.doomed, k)
-			now = append(now, []byte(k))
-		}
-	}
-	c.holdMu.Unlock()
-	if len(now) > 0 {
-		c.dropHere(now)
-	}
+	return len(c.gone)
 }
 
 func (c *Cluster) onDrop(from string, epoch uint64, req []byte) ([]byte, error) {

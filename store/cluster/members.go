@@ -281,7 +281,7 @@ func (c *Cluster) walk(reqs []func(int, string) bool) bool {
 	v := c.view.Load()
 	keep := func(key []byte) bool {
 		if c.isGone(key) {
-			return false // removed, here until unpinned
+			return false // removed, here until its I/O ends
 		}
 		s := c.shardOf(key)
 		h := c.homeFor(v, s)

@@ -101,7 +101,7 @@ func (c *Cluster) onRead(from string, epoch uint64, req []byte, reply func(resp,
 	}
 	k := string(key)
 	c.holdMu.Lock()
-	if c.isGoneLocked(k) { // removed, here until unpinned
+	if c.isGoneLocked(k) { // removed, here until its I/O ends
 		c.holdMu.Unlock()
 		reply(encodeReadAnswer(store.NotFound, 0), nil)
 		return nil

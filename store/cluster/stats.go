@@ -41,9 +41,11 @@ type Stats struct {
 	// its own it gave keepers, KeepsFailed those a keeper did not take.
 	TombsKept               int
 	KeepsGiven, KeepsFailed uint64
-	// GonePinned are the removed keys still here because a client or a
-	// reader pins them (hidden from the other daemons, dropped once
-	// unpinned); GoneOver those past Config.MaxTombstones, which stay.
+	// GonePinned are the removed keys still here because a caller's I/O
+	// was in flight on them (hidden from the other daemons, dropped once
+	// it ends; a pinned one is hidden by the store at once, counted in
+	// store.Stats.Hidden); GoneOver those past Config.MaxTombstones,
+	// which stay.
 	GonePinned int
 	GoneOver   uint64
 	// StaleRefused counts messages this daemon (a home) refused for a
