@@ -496,7 +496,8 @@ func (d *Daemon) transportCounters(dst []wire.Counter) []wire.Counter {
 			wire.Counter{Name: p + "sleeps", Value: w.Sleeps},
 			wire.Counter{Name: p + "deaf", Value: w.Deaf},
 			wire.Counter{Name: p + "polls", Value: w.Polls},
-			wire.Counter{Name: p + "poll_misses", Value: w.PollMisses})
+			wire.Counter{Name: p + "poll_misses", Value: w.PollMisses},
+			wire.Counter{Name: p + "polls_capped", Value: w.PollsCapped})
 	}
 	if d.peers != nil {
 		dst = d.peers.Counters(dst)

@@ -223,7 +223,8 @@
 // before it goes through the above: meanwhile no flag is set, so a client
 // that submits then rings nothing, and the worker takes its entries on its
 // next look. Two such polls in a row that found nothing make it sleep at
-// once, but one idle turn in sixteen, until a poll finds entries again.
+// once, but one idle turn in sixteen, until a poll finds entries again;
+// polls take at most half of each 10 ms, whatever the clients submit.
 //
 // # Hostile memory
 //

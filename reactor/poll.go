@@ -24,6 +24,18 @@ const (
 	pollProbe  = 16
 )
 
+// pollWindow and pollShare bound what polls cost whatever the clients do:
+// within each pollWindow a worker polls for at most pollShare of it, then
+// sleeps at every idle turn until the next window. A client that submits
+// a little before each poll would run out (a no-op every 40 µs, say) would
+// otherwise keep its worker polling on a whole core, taken from the other
+// threads of the host (the transports' among them); bounded, it costs at
+// most half a core, and then a wake-up per submission, as with no poll.
+const (
+	pollWindow = 10 * time.Millisecond
+	pollShare  = pollWindow / 2
+)
+
 // poller is a worker's poll before it sleeps (owned by its thread).
 //
 // The turn it covers: a worker that answers a queue's last request in
@@ -41,14 +53,19 @@ const (
 // that wakes the worker anyway, and polling through them would spin for
 // their whole duration. After pollMisses polls in a row that found
 // nothing, the worker polls only one idle turn in pollProbe, until a poll
-// finds work again.
+// finds work again. Polls take at most pollShare of each pollWindow.
 type poller struct {
 	limit  time.Duration    // how long a poll lasts; 0 never
 	now    func() time.Time // the clock (time.Now; a test's own)
+	start  time.Time        // the poll under way started
 	end    time.Time        // the poll under way ends; zero none
 	worked bool             // the last pass did work
 	misses uint8            // polls in a row that ended with nothing
 	skips  uint8            // idle turns without a poll since the last probe
+	// window is when the current pollWindow began; spent is how long
+	// the polls of it took so far.
+	window time.Time
+	spent  time.Duration
 }
 
 // served records a pass: one that did work ends a poll under way, found.
@@ -58,8 +75,24 @@ func (p *poller) served(did bool) {
 	}
 	p.worked = true
 	if !p.end.IsZero() {
-		p.end, p.misses, p.skips = time.Time{}, 0, 0
+		p.stop(p.now())
+		p.misses, p.skips = 0, 0
 	}
+}
+
+// stop ends the poll under way at now, counting its time.
+func (p *poller) stop(now time.Time) {
+	p.spent += now.Sub(p.start)
+	p.end = time.Time{}
+}
+
+// allowed reports whether a poll may start at now: its window's share is
+// not spent.
+func (p *poller) allowed(now time.Time) bool {
+	if now.Sub(p.window) >= pollWindow {
+		p.window, p.spent = now, 0
+	}
+	return p.spent < pollShare
 }
 
 // poll reports whether the worker polls once more instead of sleeping.
@@ -69,10 +102,12 @@ func (w *Worker) poll(ws uring.Waits) bool {
 		return false
 	}
 	if !p.end.IsZero() {
-		if p.now().Before(p.end) && ws.Poll() {
+		now := p.now()
+		if now.Before(p.end) && ws.Poll() {
 			return true
 		}
-		p.end, p.worked = time.Time{}, false
+		p.stop(now)
+		p.worked = false
 		p.misses = min(p.misses+1, pollMisses)
 		w.pollMisses.Add(1)
 		return false
@@ -92,10 +127,15 @@ func (w *Worker) poll(ws uring.Waits) bool {
 			return false
 		}
 	}
+	now := p.now()
+	if !p.allowed(now) {
+		w.pollsCapped.Add(1)
+		return false
+	}
 	if !ws.Poll() {
 		return false
 	}
-	p.end = p.now().Add(p.limit)
+	p.start, p.end = now, now.Add(p.limit)
 	w.polls.Add(1)
 	return true
 }

@@ -220,3 +220,46 @@ func TestPollOff(t *testing.T) {
 		t.Fatal("a poll past MaxPoll was accepted")
 	}
 }
+
+// TestPollShareBounded: a client that submits a little before each poll
+// would end (every 40 µs here) cannot keep its worker polling for more
+// than pollShare of each pollWindow: past it the worker sleeps at every
+// idle turn, a doorbell waking it, until the next window.
+func TestPollShareBounded(t *testing.T) {
+	clk := testutil.NewClock(time.Now())
+	q := &pollQueue{idle: true}
+	w := pollWorker(t, 50*time.Microsecond, clk, q)
+	ws := &pollWaits{}
+	const step = 40 * time.Microsecond
+	polled, slept := 0, 0
+	q.work = true
+	w.Serve() // a request answered
+	for elapsed := time.Duration(0); elapsed < pollWindow-step; elapsed += step {
+		// The worker is idle after answering: it polls or sleeps, and the
+		// client's next request comes step later, found by the poll or
+		// waking the sleep; the worker answers it at once.
+		if w.Sleep(ws) {
+			slept++
+			w.Awake()
+		} else {
+			polled++
+		}
+		clk.Advance(step)
+		q.work = true
+		w.Serve()
+	}
+	want := int(pollShare / step)
+	if polled < want-1 || polled > want+1 || slept == 0 {
+		t.Fatalf("%d polls of %v and %d sleeps in one %v window: want about %d polls, then sleeps", polled, step, slept, pollWindow, want)
+	}
+	if st := (&Pool{workers: []*Worker{w}}).Stats()[0]; st.PollsCapped == 0 {
+		t.Fatalf("stats %+v: no idle turn counted as capped", st)
+	}
+	// The next window: polls again.
+	clk.Advance(pollWindow)
+	q.work = true
+	w.Serve()
+	if w.Sleep(ws) {
+		t.Fatal("no poll in the next window")
+	}
+}

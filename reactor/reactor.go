@@ -272,8 +272,9 @@ type Stats struct {
 	// not be waited on (its client does not ring it, or its read failed).
 	Deaf uint64
 	// Polls counts the polls before a sleep (poll.go), PollMisses those
-	// that ended with nothing found.
-	Polls, PollMisses uint64
+	// that ended with nothing found, PollsCapped the idle turns that slept
+	// at once because polls had taken their share of the time.
+	Polls, PollMisses, PollsCapped uint64
 }
 
 // Stats returns one Stats per worker.
@@ -284,7 +285,7 @@ func (p *Pool) Stats() []Stats {
 		out[i].Queues = w.attached
 		w.mu.Unlock()
 		out[i].Passes, out[i].Sleeps, out[i].Deaf = w.passes.Load(), w.sleeps.Load(), w.deaf.Load()
-		out[i].Polls, out[i].PollMisses = w.polls.Load(), w.pollMisses.Load()
+		out[i].Polls, out[i].PollMisses, out[i].PollsCapped = w.polls.Load(), w.pollMisses.Load(), w.pollsCapped.Load()
 	}
 	return out
 }
@@ -344,9 +345,11 @@ type Worker struct {
 	cancels []uint32
 
 	passes, sleeps, deaf atomic.Uint64
-	// polls counts polls started, pollMisses those that found nothing.
-	polls, pollMisses atomic.Uint64
-	poller            poller
+	// polls counts polls started, pollMisses those that found nothing,
+	// pollsCapped the idle turns that did not poll because the window's
+	// share was spent (poll.go).
+	polls, pollMisses, pollsCapped atomic.Uint64
+	poller                         poller
 
 	thread *thread // the own thread, nil when hosted
 }
