@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 )
 
@@ -10,8 +11,15 @@ import (
 // use is owned by the entry that points at it. Nothing may be in flight.
 func (s *Store) check(t testing.TB) {
 	t.Helper()
+	// held is the shard lock the walk holds, released before a failure
+	// ends the test: the test's cleanup (Close) takes it too.
+	var held *sync.Mutex
 	fail := func(format string, args ...any) {
 		t.Helper()
+		if held != nil {
+			held.Unlock()
+			held = nil
+		}
 		t.Fatalf("store check: "+format, args...)
 	}
 	var keys, l1keys, l2keys, pins, reserved, l1bytes, dirty uint64
@@ -19,6 +27,7 @@ func (s *Store) check(t testing.TB) {
 	for si := range s.shards {
 		sh := &s.shards[si]
 		sh.mu.Lock()
+		held = &sh.mu
 		inTable := uint32(0)
 		for _, slot := range sh.table {
 			if slot == 0 {
@@ -109,6 +118,7 @@ func (s *Store) check(t testing.TB) {
 		if flagged[0] != sh.lru.n || flagged[1] != sh.l2lru.n || flagged[2] != sh.dirty.n {
 			fail("shard %d: list flags %v, lists %d %d %d", si, flagged, sh.lru.n, sh.l2lru.n, sh.dirty.n)
 		}
+		held = nil
 		sh.mu.Unlock()
 	}
 	st := s.Stats()
