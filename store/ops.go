@@ -310,10 +310,7 @@ func (ss *Session) Pin(keys [][]byte, ttl time.Duration, codes []Code) error {
 	if first != nil {
 		for j := range plan {
 			if p := &plan[j]; p.entry {
-				sh := &s.shards[p.r.sh]
-				sh.mu.Lock()
-				sh.ent(p.r.idx).pins--
-				sh.mu.Unlock()
+				s.untakePin(p.r)
 			}
 		}
 		ss.undoHolds(plan)
@@ -432,6 +429,27 @@ func (ss *Session) Unpin(keys [][]byte, codes []Code) error {
 		s.unpinEntry(plan[j].r, 1)
 	}
 	return nil
+}
+
+// untakePin drops a tentative pin of Pin's (a batch that did not apply).
+// The entry stayed on the LRU list meanwhile, unless another session
+// pinned and unpinned it in between (its pin took the entry off, and its
+// unpin, seeing the tentative pin, did not put it back): then the entry is
+// put back as an unpin would, or freed if it was hidden meanwhile.
+func (s *Store) untakePin(r ref) {
+	sh := &s.shards[r.sh]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.ent(r.idx)
+	e.pins--
+	if e.pins != 0 || e.flags&fInLRU != 0 {
+		return
+	}
+	if e.state == stHidden {
+		s.freeHidden(sh, r.idx)
+	} else {
+		s.relist(sh, r.idx)
+	}
 }
 
 // Reserve takes a pool block for each key, to be written in place by the

@@ -321,3 +321,41 @@ func TestLeaseHeapOrder(t *testing.T) {
 		t.Fatal("heap not empty")
 	}
 }
+
+// TestPinUndoneAfterAnotherSessionsPin: a Pin batch that does not apply
+// gives back its tentative pin; if another session pinned and unpinned the
+// key in between (its pin took the entry off the LRU list, and its unpin,
+// seeing the tentative pin, left it off), the entry goes back on the list,
+// as an unpin of the last pin puts it. Before, it stayed off the list for
+// good, unpinned: never evicted (TestStress's check, once in CI).
+func TestPinUndoneAfterAnotherSessionsPin(t *testing.T) {
+	e := newEnv(t, 8<<20, withCfg(oneShard))
+	a, b := e.s.NewSession(), e.s.NewSession()
+	defer a.Close()
+	defer b.Close()
+	keys := keysN("u", 2)
+	mustCodes(t, "put", e.put(a, keys, valuesFor(keys, 10), false), OK)
+	h, sh, si := e.s.hash(keys[0])
+	sh.mu.Lock()
+	idx, _ := sh.find(h, keys[0])
+	r := ref{si, idx, sh.ent(idx).gen}
+	sh.ent(idx).pins++ // b's Pin batch takes its tentative pin
+	sh.mu.Unlock()
+	// a pins and unpins the key meanwhile.
+	codes := make([]Code, 1)
+	if err := a.Pin(keys[:1], 0, codes); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Unpin(keys[:1], codes); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(e.s.lruOrder(), string(keys[0])) {
+		t.Fatal("the key is on the LRU list while b's tentative pin holds it")
+	}
+	// b's batch does not apply: its pin is given back.
+	e.s.untakePin(r)
+	if !slices.Contains(e.s.lruOrder(), string(keys[0])) || e.s.pinsOf(string(keys[0])) != 0 {
+		t.Fatalf("after the undo: pins %d, LRU %q; want 0 pins and the key on the list", e.s.pinsOf(string(keys[0])), e.s.lruOrder())
+	}
+	e.s.check(t)
+}
