@@ -27,8 +27,8 @@ import (
 // export all along, and a new d1 takes over (store_handoff = on). The
 // listening socket is the same one before and after (the kernel's inode
 // of the one socket listening on the port), never closed: a dialer that
-// connects to the port every few milliseconds through the hand-off is
-// never refused. d2's requests before the hand-off succeed; those that
+// keeps connecting to the port through the hand-off is never refused, and
+// every connection it makes is served by one daemon or the other. d2's requests before the hand-off succeed; those that
 // meet it end once each, with a status code; and d2, without a restart,
 // reaches the new d1 on the same address once the export is made again
 // there, with the bytes it writes read back.
@@ -69,28 +69,37 @@ func TestHandoffKeepsPeerPort(t *testing.T) {
 
 	// Dial the port all through the hand-off: the kernel completes each
 	// connection while the socket listens, in its backlog if no daemon
-	// accepts; a closed port would refuse it.
+	// accepts, and the daemon that accepts it next serves it; a closed
+	// port would refuse it.
 	var dialed, refused atomic.Int64
 	var dialErr atomic.Value
 	stopDial := make(chan struct{})
 	dialDone := make(chan struct{})
 	go func() {
-		defer close(dialDone)
+		// At most dialsOut connections wait to be served at once: the
+		// next dial waits for one of them to be, so while no daemon
+		// accepts they wait in the socket's backlog, which they never
+		// fill.
+		const dialsOut = 8
+		slots := make(chan struct{}, dialsOut)
+		var wg sync.WaitGroup
+		defer func() { wg.Wait(); close(dialDone) }()
 		for {
 			select {
 			case <-stopDial:
 				return
-			default:
+			case slots <- struct{}{}:
 			}
-			c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-			if err == nil {
-				c.Close()
-				dialed.Add(1)
-			} else {
-				refused.Add(1)
-				dialErr.Store(err.Error())
-			}
-			time.Sleep(2 * time.Millisecond) // pacing, not synchronization
+			wg.Add(1)
+			go func() {
+				defer func() { <-slots; wg.Done() }()
+				if err := dialServed(addr); err == nil {
+					dialed.Add(1)
+				} else {
+					refused.Add(1)
+					dialErr.Store(err.Error())
+				}
+			}()
 		}
 	}()
 
@@ -159,6 +168,37 @@ func TestHandoffKeepsPeerPort(t *testing.T) {
 	}
 }
 
+// dialServed connects to the peer port at addr and waits until whatever
+// listens there serves the connection: it sends a frame header the daemon
+// refuses (bad magic), and the daemon then closes the connection. A
+// connection made while no daemon accepts waits in the socket's backlog
+// until one does, so each dial waits for the listener rather than for a
+// pause, and a backlog never fills up with dials nobody takes. It fails
+// when the dial fails or nothing serves the connection within 10s.
+func dialServed(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return err
+	}
+	if _, err := c.Write(make([]byte, 32)); err != nil {
+		return fmt.Errorf("write to the peer port: %w", err)
+	}
+	var b [64]byte
+	for {
+		if _, err := c.Read(b[:]); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return fmt.Errorf("a connection to the peer port was not served: %w", err)
+			}
+			return nil // closed by the daemon (EOF or reset): served
+		}
+	}
+}
+
 // peerLoad writes a pattern into d1/kv from d2 and reads it back, one
 // request at a time, until stopped; it opens the remote segment again
 // after a failure. Each request must end once: nil, or a status code.
@@ -201,11 +241,27 @@ func (l *peerLoad) run(pool xfer.SegmentID, offs []uint64, mem []byte) {
 		default:
 		}
 		if !open {
-			var err error
-			if remote, err = l.c.OpenRemote("d1/kv", client.RightRead|client.RightWrite); err != nil {
-				l.note(err)
-				time.Sleep(5 * time.Millisecond) // pacing the retries
-				continue
+			// Until d1/kv can be opened again (the new daemon up, its
+			// export back), or the load stops.
+			stopped := false
+			if !testutil.Poll(30*time.Second, func() bool {
+				var err error
+				if remote, err = l.c.OpenRemote("d1/kv", client.RightRead|client.RightWrite); err == nil {
+					return true
+				}
+				select {
+				case <-l.stopCh:
+					stopped = true
+					return true
+				default:
+				}
+				return !l.note(err)
+			}) {
+				l.fail(errors.New("d1/kv could not be opened again within 30s"))
+				return
+			}
+			if stopped || l.err() != nil {
+				return
 			}
 			open = true
 		}
