@@ -301,20 +301,20 @@ func (d *Daemon) takeListeners(conn *net.UnixConn, in *inheritedFDs) {
 		return
 	}
 	verb, arg, _ := strings.Cut(strings.TrimSuffix(string(buf[:n]), "\n"), " ")
-	switch {
+	name, ns, _ := strings.Cut(arg, " ")
+	switch here := netNamespace(); {
 	case verb != "listeners":
 		drop(fmt.Sprintf("the old daemon sent %q, not its listeners", string(buf[:min(n, 80)])))
 	case flags&unix.MSG_CTRUNC != 0:
 		drop("its listeners came with more descriptors than a hand-off has (truncated)")
 	case arg == "" && len(fds) == 0:
 		// It has no peer plane.
-	case !strings.HasPrefix(arg, peerListenFD+" ") || len(fds) != 1:
+	case name != peerListenFD || ns == "" || len(fds) != 1:
 		drop(fmt.Sprintf("the old daemon's listeners name %q with %d descriptors, not one %s", arg, len(fds), peerListenFD))
-	case strings.TrimPrefix(arg, peerListenFD+" ") != netNamespace():
+	case ns != here:
 		// A pod of its own network (a host port): the socket would stay
 		// in that namespace, which nothing reaches once the pod is gone.
-		drop(fmt.Sprintf("the old daemon's listener is in network namespace %s, this daemon runs in %s",
-			strings.TrimPrefix(arg, peerListenFD+" "), netNamespace()))
+		drop(fmt.Sprintf("the old daemon's listener is in network namespace %s, this daemon runs in %s", ns, here))
 	default:
 		unix.CloseOnExec(fds[0])
 		in.fds, in.names, in.taken, in.handed = append(in.fds, fds[0]), append(in.names, peerListenFD), append(in.taken, false), append(in.handed, true)

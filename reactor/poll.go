@@ -57,8 +57,7 @@ const (
 type poller struct {
 	limit  time.Duration    // how long a poll lasts; 0 never
 	now    func() time.Time // the clock (time.Now; a test's own)
-	start  time.Time        // the poll under way started
-	end    time.Time        // the poll under way ends; zero none
+	start  time.Time        // the poll under way started; zero none
 	worked bool             // the last pass did work
 	misses uint8            // polls in a row that ended with nothing
 	skips  uint8            // idle turns without a poll since the last probe
@@ -74,7 +73,7 @@ func (p *poller) served(did bool) {
 		return
 	}
 	p.worked = true
-	if !p.end.IsZero() {
+	if !p.start.IsZero() {
 		p.stop(p.now())
 		p.misses, p.skips = 0, 0
 	}
@@ -83,7 +82,7 @@ func (p *poller) served(did bool) {
 // stop ends the poll under way at now, counting its time.
 func (p *poller) stop(now time.Time) {
 	p.spent += now.Sub(p.start)
-	p.end = time.Time{}
+	p.start = time.Time{}
 }
 
 // allowed reports whether a poll may start at now: its window's share is
@@ -101,9 +100,9 @@ func (w *Worker) poll(ws uring.Waits) bool {
 	if p.limit <= 0 {
 		return false
 	}
-	if !p.end.IsZero() {
+	if !p.start.IsZero() {
 		now := p.now()
-		if now.Before(p.end) && ws.Poll() {
+		if now.Sub(p.start) < p.limit && ws.Poll() {
 			return true
 		}
 		p.stop(now)
@@ -135,7 +134,7 @@ func (w *Worker) poll(ws uring.Waits) bool {
 	if !ws.Poll() {
 		return false
 	}
-	p.start, p.end = now, now.Add(p.limit)
+	p.start = now
 	w.polls.Add(1)
 	return true
 }

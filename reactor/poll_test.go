@@ -95,8 +95,8 @@ func TestPollAfterLastAnswer(t *testing.T) {
 	}
 	q.work = true
 	w.Serve()
-	if w.poller.misses != 0 || !w.poller.end.IsZero() {
-		t.Fatalf("a submission within the poll: misses %d, poll still under way %v", w.poller.misses, !w.poller.end.IsZero())
+	if w.poller.misses != 0 || !w.poller.start.IsZero() {
+		t.Fatalf("a submission within the poll: misses %d, poll still under way %v", w.poller.misses, !w.poller.start.IsZero())
 	}
 
 	// A poll that reaches its limit ends missed, and the worker sleeps.

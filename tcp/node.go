@@ -206,20 +206,19 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (_ *Node, err error) {
 	// An inherited listener is served as it is: the connections in its
 	// backlog are accepted like new ones (accept sets their keep-alive).
 	var ln net.Listener
-	if cfg.Listener != nil { // a nil *TCPListener must not become a non-nil Listener
-		ln = cfg.Listener
-	}
-	cfg.Listener = nil // the node owns it now: stopServer closes it
-	if ln == nil {
+	if n.inherited = cfg.Listener != nil; n.inherited {
+		ln = cfg.Listener // (a nil *TCPListener must not become a non-nil Listener)
+	} else {
 		lc := net.ListenConfig{KeepAliveConfig: peerKeepAliveConfig}
 		if ln, err = lc.Listen(context.Background(), "tcp", cfg.Listen); err != nil {
 			n.cancel()
 			return nil, fmt.Errorf("tcp: listen on %s: %w", cfg.Listen, err)
 		}
 	}
+	// The node owns the listener now (stopServer closes it), not the
+	// deferred close above.
+	cfg.Listener, n.cfg.Listener = nil, nil
 	n.ln = ln
-	n.inherited = n.cfg.Listener != nil
-	n.cfg.Listener = nil
 	bound := ln.Addr().String()
 	n.addr = cfg.Advertise
 	if n.addr == "" {

@@ -260,8 +260,11 @@ type Cluster struct {
 	holdKeys map[string]int // readers holding each key here (ClaimsPerKey at most)
 	// gone are the records of keys removed while a caller's I/O was in
 	// flight on them here: dropped once it ends (dropLater).
-	gone      map[string]store.RecordID
-	dropping  bool // the dropper runs
+	gone     map[string]store.RecordID
+	dropping bool // the dropper runs
+	// goneN is len(gone), stored with it under holdMu and read without:
+	// a put looks at gone only when it is not empty.
+	goneN     atomic.Int32
 	nextClaim uint64
 
 	// takenMu guards takenBy: for each shard another member claimed from
@@ -315,7 +318,7 @@ type counters struct {
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
 	tombsKept, keepFailed                                    atomic.Uint64 // tombstone copies given to keepers, and not
-	goneOver                                                 atomic.Uint64 // removed keys pinned here past the bound
+	goneOver                                                 atomic.Uint64 // removed keys with I/O in flight here past the bound
 	overBudget, readersRefused                               atomic.Uint64
 	replicasMade, replicaFailed, replicasShort               atomic.Uint64
 	quickReads, quickFallbacks, quickServed                  atomic.Uint64 // one-round-trip reads (quick.go)

@@ -26,12 +26,13 @@ func (c *Cluster) Stored(key []byte, size uint64, crc uint32) {
 	}
 	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tier, size: size, crc: crc})
 	c.mu.Unlock()
-	c.holdMu.Lock()
-	if len(c.gone) > 0 {
+	if c.goneN.Load() > 0 { // no lock per put while none waits (nearly always)
 		// A value put after the removal: the removed copy is gone.
+		c.holdMu.Lock()
 		delete(c.gone, string(key))
+		c.goneN.Store(int32(len(c.gone)))
+		c.holdMu.Unlock()
 	}
-	c.holdMu.Unlock()
 	c.c.announced.Add(1)
 	if !fetched {
 		c.kickAnnouncer()
@@ -338,9 +339,7 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 					now := time.Now()
 					ts := make([]tomb, len(ch))
 					for i, p := range ch {
-						c.tombs.add(ks[p], copies[d][p], now)
-						h := copies[d][p]
-						ts[i] = tomb{key: string(ks[p]), holder: h.ID, size: h.Size, crc: h.CRC, at: now}
+						ts[i] = c.tombs.add(ks[p], copies[d][p], now)
 					}
 					c.log.Info("a holder did not drop removed keys: they are dropped when it re-announces them",
 						"holder", d.id, "keys", len(part), "err", err)
@@ -455,6 +454,7 @@ func (c *Cluster) dropLater(keys [][]byte, ids []store.RecordID) {
 			added++
 		}
 	}
+	c.goneN.Store(int32(len(c.gone)))
 	start := added > 0 && !c.dropping
 	if start {
 		c.dropping = true
@@ -509,6 +509,7 @@ func (c *Cluster) dropper() {
 						done++
 					}
 				}
+				c.goneN.Store(int32(len(c.gone)))
 				c.holdMu.Unlock()
 			}
 			keys, ids = keys[n:], ids[n:]
@@ -535,6 +536,9 @@ func (c *Cluster) isGoneLocked(key string) bool {
 
 // isGone is isGoneLocked taking holdMu.
 func (c *Cluster) isGone(key []byte) bool {
+	if c.goneN.Load() == 0 {
+		return false
+	}
 	c.holdMu.Lock()
 	defer c.holdMu.Unlock()
 	return c.isGoneLocked(string(key))

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"sync"
@@ -99,26 +98,8 @@ func (c *Cluster) replicator() {
 // replicaTargets are the n daemons of v other than this one that key's
 // copies go to: the highest rendezvous scores over the key.
 func (c *Cluster) replicaTargets(v *view, key []byte, n int) []string {
-	if n <= 0 {
-		return nil
-	}
 	kh := fnv1a(fnvOffset, key)
-	type scored struct {
-		id    string
-		score uint64
-	}
-	all := make([]scored, 0, len(v.members))
-	for _, m := range v.members {
-		if m != c.self {
-			all = append(all, scored{m, mix(kh ^ mix(fnv1a(fnvOffset, []byte(m))))})
-		}
-	}
-	slices.SortFunc(all, func(a, b scored) int { return cmp.Compare(b.score, a.score) })
-	out := make([]string, 0, min(n, len(all)))
-	for _, s := range all[:min(n, len(all))] {
-		out = append(out, s.id)
-	}
-	return out
+	return v.top(n, func(id string) uint64 { return mix(kh ^ mix(fnv1a(fnvOffset, []byte(id)))) }, c.self)
 }
 
 // replicate makes the copies of batch: one replicate exchange per target

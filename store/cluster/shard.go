@@ -40,6 +40,10 @@ func mix(x uint64) uint64 {
 	return x
 }
 
+// score is the rendezvous score for shard s of the member whose id hashes
+// to seed (fnv1a of the id): the highest is the shard's home.
+func score(seed uint64, s int) uint64 { return mix(seed ^ mix(uint64(s)+1)) }
+
 // view is one set of members and the home of every shard among them,
 // by rendezvous hashing: a shard's home is the member with the highest
 // score for it, so a member that joins or leaves moves only the shards
@@ -62,7 +66,7 @@ func newView(members []string, shards int) *view {
 	for s := range v.homes {
 		best, bestScore := 0, uint64(0)
 		for i, seed := range seeds {
-			if sc := mix(seed ^ mix(uint64(s)+1)); i == 0 || sc > bestScore {
+			if sc := score(seed, s); i == 0 || sc > bestScore {
 				best, bestScore = i, sc
 			}
 		}
@@ -84,14 +88,23 @@ func (v *view) has(id string) bool {
 // rendezvous score for shard s: the order in which they would become its
 // home as those before them go. At most n.
 func (v *view) ranked(s int, n int, skip ...string) []string {
+	return v.top(n, func(id string) uint64 { return score(fnv1a(fnvOffset, []byte(id)), s) }, skip...)
+}
+
+// top is the n members of v other than those skip names with the highest
+// scores by score, best first.
+func (v *view) top(n int, score func(id string) uint64, skip ...string) []string {
+	if n <= 0 {
+		return nil
+	}
 	type scored struct {
 		id    string
 		score uint64
 	}
-	var all []scored
+	all := make([]scored, 0, len(v.members))
 	for _, id := range v.members {
 		if !slices.Contains(skip, id) {
-			all = append(all, scored{id, mix(fnv1a(fnvOffset, []byte(id)) ^ mix(uint64(s)+1))})
+			all = append(all, scored{id, score(id)})
 		}
 	}
 	slices.SortFunc(all, func(a, b scored) int { return cmp.Compare(b.score, a.score) })

@@ -77,8 +77,8 @@ type tombs struct {
 	recent    map[string]*list.Element
 	rorder    list.List // of recentRemoval
 	recentTTL time.Duration
-	// settled counts the tombstones with until set, standby those that
-	// are keepers' copies.
+	// settled counts the tombstones with until set, standby the keepers'
+	// copies without it.
 	settled, standby int
 
 	added, hits, expired, evicted atomic.Uint64
@@ -139,9 +139,11 @@ func (t *tombs) expireRecentLocked(now time.Time) {
 }
 
 // add records that holder's copy of key (size bytes of crc) was removed
-// without it being told.
-func (t *tombs) add(key []byte, h Holder, now time.Time) {
-	t.adopt(tomb{key: string(key), holder: h.ID, size: h.Size, crc: h.CRC, at: now}, now)
+// without it being told, and returns the tombstone made.
+func (t *tombs) add(key []byte, h Holder, now time.Time) tomb {
+	tb := tomb{key: string(key), holder: h.ID, size: h.Size, crc: h.CRC, at: now}
+	t.adopt(tb, now)
+	return tb
 }
 
 // adopt records tombstone tb (dated tb.at: one handed over keeps its
@@ -266,6 +268,9 @@ func (t *tombs) settle(key []byte, holder string, now time.Time, grace time.Dura
 	}
 	tb.until = now.Add(grace)
 	t.settled++
+	if tb.standby {
+		t.standby--
+	}
 	return true
 }
 
@@ -294,10 +299,10 @@ func (t *tombs) expireLocked(now time.Time) {
 }
 
 func (t *tombs) dropLocked(tb *tomb) {
-	if !tb.until.IsZero() {
+	switch {
+	case !tb.until.IsZero():
 		t.settled--
-	}
-	if tb.standby {
+	case tb.standby:
 		t.standby--
 	}
 	t.order.Remove(tb.el)
@@ -318,28 +323,19 @@ func (t *tombs) of(holder string, max int) [][]byte {
 }
 
 // live is how many tombstones of its own (not keepers' copies) the table
-// holds, not counting the settled ones (their copies are gone).
+// holds, not counting the settled ones.
 func (t *tombs) live() int {
 	own, _ := t.count()
 	return own
 }
 
 // count is how many tombstones the table holds, not counting the settled
-// ones: its own, and keepers' copies.
+// ones (their copies are gone): its own, and keepers' copies.
 func (t *tombs) count() (own, standby int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.expireSettledLocked(time.Now())
-	for _, tb := range t.m {
-		switch {
-		case !tb.until.IsZero():
-		case tb.standby:
-			standby++
-		default:
-			own++
-		}
-	}
-	return own, standby
+	return len(t.m) - t.settled - t.standby, t.standby
 }
 
 // retryDrops asks holder id, back after being away, to drop the copies
