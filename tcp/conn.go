@@ -120,12 +120,33 @@ func (c *conn) logger() []any {
 }
 
 // drop logs why a connection is being dropped and tells gnet to close it.
+// A connection with no peer yet (not authenticated) may be anyone on the
+// network, who could open one after another to fill the log, so its drops
+// go through the refusal log: the first of a kind at once, the rest counted
+// (see refusalLog). An authenticated peer's drops are each logged.
 func (c *conn) drop(err error) gnet.Action {
-	c.n.log.Warn("dropping peer connection", append(c.logger(), "reason", err.Error())...)
-	if c.peer != nil {
-		c.peer.errs.Add(1)
+	if c.peer == nil {
+		c.n.refusals.note(c.n.log, dropReason(err), time.Now(), append(c.logger(), "err", err.Error())...)
+		return gnet.Close
 	}
+	c.n.log.Warn("dropping peer connection", append(c.logger(), "reason", err.Error())...)
+	c.peer.errs.Add(1)
 	return gnet.Close
+}
+
+// dropReason is the refusal log's fixed reason for dropping a connection
+// that has not authenticated with err.
+func dropReason(err error) string {
+	switch {
+	case errors.Is(err, ErrFrame):
+		return "malformed frame before authentication"
+	case errors.Is(err, ErrProtocol):
+		return "protocol violation before authentication"
+	case errors.Is(err, ErrAuth):
+		return "authentication failed"
+	default:
+		return "connection failed before authentication"
+	}
 }
 
 // srvHandler handles the connections peers dial to this node (enrolled

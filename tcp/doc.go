@@ -36,7 +36,9 @@
 // Peers. Only daemons the directory lists (Config.Peers, or entries added
 // to the Directory) are accepted on the listener; any other id is refused
 // after authentication, and refusals are logged at most once per
-// refuseLogEvery with a count. One daemon id holds one session at a time:
+// refuseLogEvery with a count, as are the drops of connections that sent a
+// malformed or out-of-order frame before authenticating (anyone can
+// connect; an authenticated peer's drops are each logged). One daemon id holds one session at a time:
 // a peer that dials in under an id whose session is live (outbound
 // connections up, or inbound ones of the current epoch open) with another
 // epoch is refused until that session is gone. Epochs are random, so a

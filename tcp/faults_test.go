@@ -1,11 +1,13 @@
 package tcp
 
 import (
+	"bytes"
 	crand "crypto/rand"
 	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -314,6 +316,36 @@ func TestServerDropsBadClients(t *testing.T) {
 	local := xfertest.NewSegment(1, 1<<20)
 	if d := submitWait(t, a.Node, col, []*xfer.Task{mkTask(col, xfer.OpRead, local, 0, r, 0, 1<<20)}, 5*time.Second)[0]; d.Err != nil {
 		t.Fatalf("read after the bad clients: %v", d.Err)
+	}
+}
+
+// TestUnauthenticatedDropsRateLimited: anyone on the network can connect to
+// the peer port, so the drops of connections that never authenticated are
+// logged once per kind and counted, not once each.
+func TestUnauthenticatedDropsRateLimited(t *testing.T) {
+	kf := testutil.KeyFile(t, t.TempDir(), "k", "cluster-secret")
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf})
+	garbage := bytes.Repeat([]byte{0xff}, hdrLen)
+	for i := 0; i < 5; i++ {
+		g, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = g.Write(garbage)
+		_ = g.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = io.Copy(io.Discard, g) // returns once b closes the connection
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("connection %d: garbage not dropped within 5 s", i)
+		}
+		g.Close()
+	}
+	logs := b.logs.String()
+	if n := strings.Count(logs, "malformed frame before authentication"); n != 1 {
+		t.Fatalf("5 malformed connections logged %d times, want once:\n%s", n, logs)
+	}
+	if strings.Contains(logs, "dropping peer connection") {
+		t.Fatalf("an unauthenticated drop logged as a peer's:\n%s", logs)
 	}
 }
 
