@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
 # bench-compare.sh - "no regression" figures for a change that should not move
-# performance (issue 14's restructuring): the same tcbench jobs through the
-# daemon built at REV (before) and at the working tree (after), in one run,
-# each beside its reference tool. The two builds alternate job by job, so the
-# machine's drift lands on both; each figure is the median of REPEAT
-# alternating tensorcast/reference runs, and the before/after comparison is
-# made on the ratios to the reference, which cancel most of the noise.
+# performance: the same tcbench jobs through the daemon built at REV (before)
+# and at the working tree (after), in one run, each beside its reference tool.
+#
+# On a small shared host one build's figure moves by 2x from one run to the
+# next, and whichever build runs first after a quiet spell gains, so the runs
+# are paired: ROUNDS rounds, and in each round every job runs once through
+# each build (tcbench --baseline --repeat 1: tensorcast, then the reference),
+# the before build first in even rounds and second in odd ones. A round's
+# after/before is the ratio of the two builds' ratios to the reference; the
+# table gives each build's median ratio, the median of the rounds'
+# after/before, and in how many rounds after was the better one.
 #
 # usage: scripts/bench-compare.sh REV [jobfile.fio...]
-# env:   REPEAT (3), BIN (bin: the "after" build, made by make build)
+# env:   ROUNDS (5; REPEAT is its old name), BIN (bin: the "after" build, made
+#        by make build), RUNTIME and RAMP (override every job's runtime and
+#        ramp_time, e.g. RUNTIME=2s RAMP=500ms for many short rounds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 rev=${1:?usage: scripts/bench-compare.sh REV [jobfile.fio...]}
 shift
-REPEAT=${REPEAT:-3}
+ROUNDS=${ROUNDS:-${REPEAT:-5}}
 BIN=${BIN:-bin}
 if [ $# -gt 0 ]; then jobs=("$@"); else
   jobs=(examples/jobs/local-64k.fio examples/jobs/local-4k-qd1.fio examples/jobs/tcp-1m-write.fio
@@ -31,49 +38,67 @@ short=$(git rev-parse --short "$rev")
 echo "bench-compare: building tcbench and tensorcastd at $short" >&2
 (cd "$w/src" && go build -o "$w/before/" ./cmd/tcbench ./cmd/tensorcastd)
 
-run() { # run DIR LABEL JOB
-  local dir=$1 label=$2 job=$3 name
-  name=$(basename "$job" .fio)
-  "$dir/tcbench" --spawn --daemon-bin "$dir/tensorcastd" --baseline --repeat "$REPEAT" \
-    --output-format=json --output "$w/$label-$name.json" "$job" 2>"$w/$label-$name.err" ||
-    echo "bench-compare: $label $name failed: $(grep -m1 tcbench: "$w/$label-$name.err")" >&2
-}
+# The job files as run: RUNTIME and RAMP replace every runtime= and ramp_time=.
+mkdir -p "$w/jobs"
 for job in "${jobs[@]}"; do
-  echo "bench-compare: $job" >&2
-  run "$w/before" before "$job"
-  run "$BIN" after "$job"
+  sed ${RUNTIME:+-e "s/^runtime=.*/runtime=$RUNTIME/"} ${RAMP:+-e "s/^ramp_time=.*/ramp_time=$RAMP/"} \
+    "$job" >"$w/jobs/$(basename "$job")"
 done
 
-python3 - "$w" "$short" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +)" "${jobs[@]}" <<'EOF'
-import json, os, sys
-w, before, after, jobs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-def load(label, name):
+run() { # run DIR LABEL JOB ROUND
+  local dir=$1 label=$2 job=$3 r=$4 name
+  name=$(basename "$job" .fio)
+  "$dir/tcbench" --spawn --daemon-bin "$dir/tensorcastd" --baseline --repeat 1 \
+    --output-format=json --output "$w/$label-$name-$r.json" "$w/jobs/$name.fio" 2>"$w/$label-$name-$r.err" ||
+    echo "bench-compare: $label $name round $r failed: $(grep -m1 tcbench: "$w/$label-$name-$r.err")" >&2
+}
+for ((r = 0; r < ROUNDS; r++)); do
+  echo "bench-compare: round $((r + 1)) of $ROUNDS" >&2
+  for job in "${jobs[@]}"; do
+    if ((r % 2 == 0)); then
+      run "$w/before" before "$job" "$r"; run "$BIN" after "$job" "$r"
+    else
+      run "$BIN" after "$job" "$r"; run "$w/before" before "$job" "$r"
+    fi
+  done
+done
+
+python3 - "$w" "$short" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +)" "$ROUNDS" "${jobs[@]}" <<'PY'
+import json, os, statistics, sys
+w, before, after, rounds, jobs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+def load(label, name, r):
     try:
-        with open(os.path.join(w, f"{label}-{name}.json")) as f:
-            return {b["job"]: b for b in json.load(f).get("tensorcast_baselines", [])}
+        with open(os.path.join(w, f"{label}-{name}-{r}.json")) as f:
+            return {b["job"]: b for b in json.load(f).get("tensorcast_baselines", []) if not b.get("error")}
     except (OSError, ValueError):
         return {}
-def fmt(b):
-    if not b or b.get("error"):
-        return "–", "–"
-    v, m = b["tensorcast_median"], b["metric"]
-    s = {"bw_bytes": f"{v/2**30:.2f} GiB/s", "iops": f"{v/1e3:.1f}k IOPS", "lat_p50": f"{v/1e3:.1f} µs p50"}.get(m, f"{v:g}")
-    return s, f"{b['ratio']:.3f}"
-print(f"| job | before ({before}) | ratio | after ({after}) | ratio | after/before (ratios) |")
-print("|---|---|---|---|---|---|")
+def fmt(v, m):
+    return {"bw_bytes": f"{v/2**30:.2f} GiB/s", "iops": f"{v/1e3:.1f}k IOPS", "lat_p50": f"{v/1e3:.1f} µs p50"}.get(m, f"{v:g}")
+print(f"| job | before ({before}) | ratio | after ({after}) | ratio | after/before, median of rounds | after better |")
+print("|---|---|---|---|---|---|---|")
 for job in jobs:
     name = os.path.basename(job)[:-4]
-    b, a = load("before", name), load("after", name)
-    for j in sorted(set(b) | set(a)):
-        bv, br = fmt(b.get(j)); av, ar = fmt(a.get(j))
-        rel = "–"
-        if br != "–" and ar != "–" and float(br) > 0:
-            x = float(ar) / float(br)
-            if a[j]["metric"] == "lat_p50":
-                x = 1 / x  # lower is better: above 1 still means after is better
-            rel = f"{x:.2f}"
-        print(f"| {j} | {bv} | {br} | {av} | {ar} | {rel} |")
-EOF
+    per = [(load("before", name, r), load("after", name, r)) for r in range(rounds)]
+    for j in sorted({j for b, a in per for j in list(b) + list(a)}):
+        bs = [b[j] for b, _ in per if j in b]
+        as_ = [a[j] for _, a in per if j in a]
+        if not bs or not as_:
+            print(f"| {j} | – | – | – | – | – | – |")
+            continue
+        m = bs[0]["metric"]
+        rel = []
+        for b, a in per:
+            if j in b and j in a and b[j]["ratio"] > 0 and a[j]["ratio"] > 0:
+                x = a[j]["ratio"] / b[j]["ratio"]
+                rel.append(1 / x if m == "lat_p50" else x)  # above 1: after is better
+        med = lambda xs, k: statistics.median(x[k] for x in xs)
+        rel_s = f"{statistics.median(rel):.2f}" if rel else "–"
+        print(f"| {j} | {fmt(med(bs, 'tensorcast_median'), m)} | {med(bs, 'ratio'):.3f} | "
+              f"{fmt(med(as_, 'tensorcast_median'), m)} | {med(as_, 'ratio'):.3f} | {rel_s} | "
+              f"{sum(x > 1 for x in rel)} of {len(rel)} |")
+PY
 echo
-echo "Each row: median of $REPEAT alternating runs, tensorcast beside its reference tool, the before and after"
-echo "builds alternating job by job; after/before above 1 means after is better."
+echo "Each row: $ROUNDS paired rounds, each build once per round beside its reference tool (the order of the"
+echo "builds alternating round by round); the figures and ratios are the medians over the rounds; after/before"
+echo "is the median of the rounds' ratio of ratios (above 1: after is better), and the last column counts the"
+echo "rounds in which after was better."
