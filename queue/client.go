@@ -19,6 +19,7 @@ type ClientRing struct {
 	sqMask uint32
 	cqMask uint32
 	spin   spinner
+	tail   tail
 	// efd is the daemon's eventfd doorbell (SetDoorbellFD), rung instead
 	// of the sq_wake futex; -1 without one.
 	efd int
@@ -289,6 +290,27 @@ func (q *ClientRing) spinFor(min int) bool {
 	return found
 }
 
+// spinTail spins for up to tailSpin until min CQEs are ready: the spin
+// for a wait's last completions when they come fast (see tail).
+func (q *ClientRing) spinTail(min int) bool {
+	start, before := spinClock(), q.Ready()
+	found := false
+	for i := 0; ; i++ {
+		if q.Ready() >= min {
+			found = true
+			break
+		}
+		if i&63 == 63 && spinClock().Sub(start) >= tailSpin {
+			break
+		}
+	}
+	if r := q.Ready(); found && r > before {
+		q.tail.observe(spinClock().Sub(start)/time.Duration(r-before), r-before)
+	}
+	q.tail.spun(found)
+	return found
+}
+
 // waitBits are the cq_flags bits of a client sleeping for a target.
 const waitBits = FlagWaiting | FlagWaitTarget
 
@@ -308,14 +330,19 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 	if timeout >= 0 {
 		deadline = time.Now().Add(timeout)
 	}
+	q.tail.begin()
 	for {
 		// The spin is for a last missing completion only. While two or
 		// more are missing the daemon is known to be working on them,
 		// and the client sleeps at once until all have come (the
 		// target below): one sleep and one wake-up per wait, where a
 		// spin through the arrivals would bill the whole wait to the
-		// client's CPU.
-		if min-q.Ready() <= 1 && q.spinFor(min) {
+		// client's CPU; unless they come at memory speed (see tail).
+		missing := min - q.Ready()
+		if missing <= 1 && q.spinFor(min) {
+			return nil
+		}
+		if missing > 1 && q.tail.covers(missing) && q.spinTail(min) {
 			return nil
 		}
 		if err := q.Err(); err != nil {
@@ -330,7 +357,9 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		// through the others (no wake-up, no spin per completion). The
 		// target is written before the flags' full fence, so a daemon
 		// that sees the flag sees the target too.
-		target := uint32(min)
+		// Completions that come fast: woken a few before the last,
+		// the client spins for those (see tail).
+		target := uint32(min - q.tail.ahead(min-q.Ready()))
 		q.w.cqTarget.Store(q.cqHead + target)
 		q.w.cqFlags.Or(waitBits) // a full fence: the re-check sees a post before it
 		if q.Ready() >= min {
@@ -359,7 +388,9 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 			// The sleep covered r-before arrivals: what the spin
 			// should learn is the gap between them, not the whole
 			// sleep, or a wait for many would stop the spin for good.
-			q.spin.slept(time.Since(start) / time.Duration(r-before))
+			d := time.Since(start) / time.Duration(r-before)
+			q.spin.slept(d)
+			q.tail.observe(d, r-before)
 			if r >= min {
 				return nil
 			}

@@ -615,6 +615,38 @@ func TestWaitSleepsWhileSeveralMissing(t *testing.T) {
 	}
 }
 
+// TestWaitWokenBeforeTheLast: a client whose completions come fast asks
+// to be woken some before the last it waits for and spins for the rest;
+// one whose completions come slowly sleeps for all of them.
+func TestWaitWokenBeforeTheLast(t *testing.T) {
+	for _, tc := range []struct {
+		gap  time.Duration
+		want uint32 // the target of the client's first sleep
+	}{
+		{6 * time.Microsecond, 32 - uint32(tailSpin/2/(6*time.Microsecond))},
+		{11 * time.Microsecond, 32}, // file reads at QD32
+		{30 * time.Microsecond, 32},
+	} {
+		d, c := pair(t, 32, 0, 0)
+		inFlight(t, d, c, 32)
+		c.spin = spinner{} // no spin for a last completion
+		c.tail = tail{gap: tc.gap}
+		errs := make(chan error, 1)
+		go func() { errs <- c.Wait(32, 10*time.Second) }()
+		testutil.Eventually(t, 10*time.Second, func() bool { return c.w.cqFlags.Load()&waitBits == waitBits },
+			"the client sleeping (gap %v)", tc.gap)
+		if got := c.w.cqTarget.Load() - c.cqHead; got != tc.want {
+			t.Errorf("gap %v: the client sleeps for %d of 32, want %d", tc.gap, got, tc.want)
+		}
+		for i := 0; i < 32; i++ {
+			d.Post(&CQE{UserData: uint64(i)})
+		}
+		if err := <-errs; err != nil {
+			t.Fatalf("gap %v: Wait(32): %v", tc.gap, err)
+		}
+	}
+}
+
 // inFlight has the client submit n NOPs and the daemon take them, so that
 // n requests are in flight with no CQE posted.
 func inFlight(t *testing.T, d *DaemonRing, c *ClientRing, n int) {
@@ -625,8 +657,8 @@ func inFlight(t *testing.T, d *DaemonRing, c *ClientRing, n int) {
 		}
 	}
 	c.Submit()
-	var sqes [8]SQE
-	if got := d.Take(sqes[:]); got != n {
+	sqes := make([]SQE, n)
+	if got := d.Take(sqes); got != n {
 		t.Fatalf("took %d of %d", got, n)
 	}
 	d.Publish()

@@ -102,3 +102,83 @@ func (s *spinner) slept(d time.Duration) {
 		s.budget = min(w+w/4+spinMin, s.max)
 	}
 }
+
+// tail decides how many of a wait's last completions the client spins for
+// instead of sleeping until the last one. A client waiting for a batch the
+// daemon completes at memory speed (a 64 KiB copy every few microseconds)
+// sleeps for less time than its own wake-up takes on a small virtual host
+// (tens of microseconds), and the daemon idles through that wake-up when
+// the batch was all it had. When completions come at most fastGap apart,
+// the client asks to be woken as many before the last as come in half a
+// tailSpin, then spins for them (at most tailSpin): the wake-up overlaps
+// the last copies. A
+// stream slower than that (file I/O, a network round trip) sleeps for the
+// whole wait, as before, and a tail spin that runs out (the daemon slowed
+// down) backs the early wake-up off for twice as many waits as the last
+// time, up to maxTailSkip.
+type tail struct {
+	gap  time.Duration // the learned time between two completions of one wait (0: none yet)
+	skip int           // waits left before an early wake-up is tried again
+	back int           // the next back-off, in waits
+}
+
+// fastGap is the slowest completion rate an early wake-up is used for:
+// eight completions within spinCeiling at least. The local engine's 64
+// KiB copies come 3-5 µs apart here; 4 KiB random reads from a file at
+// QD32 measure about 11 µs, and a tail spin there mostly runs out, so
+// file I/O and network round trips stay out. tailSpin bounds a tail spin;
+// maxTailSkip the back-off.
+const (
+	fastGap     = spinCeiling / 8
+	maxTailSkip = 256
+	tailSpin    = 4 * spinCeiling
+)
+
+// begin starts a wait.
+func (t *tail) begin() {
+	if t.skip > 0 {
+		t.skip--
+	}
+}
+
+// fast reports whether early wake-ups are in use now.
+func (t *tail) fast() bool { return t.gap > 0 && t.gap <= fastGap && t.skip == 0 }
+
+// covers reports whether missing completions are expected within half a
+// tailSpin, so the client spins for them instead of sleeping.
+func (t *tail) covers(missing int) bool {
+	return t.fast() && time.Duration(missing)*t.gap <= tailSpin/2
+}
+
+// ahead is how many completions before the last of missing the client
+// asks to be woken (0: at the last).
+func (t *tail) ahead(missing int) int {
+	if !t.fast() {
+		return 0
+	}
+	return max(0, min(int(tailSpin/2/t.gap), missing-1))
+}
+
+// observe learns the gap: d a wait's time per completion over n arrivals.
+// A sleep's time includes the client's wake-up, so only a sleep over
+// several arrivals (or a spin) says much about the gap between them.
+func (t *tail) observe(d time.Duration, n int) {
+	if n < 4 && t.gap != 0 {
+		return
+	}
+	if t.gap == 0 {
+		t.gap = d
+		return
+	}
+	t.gap += (d - t.gap) / 4
+}
+
+// spun records a tail spin: found, or it ran out of spinCeiling.
+func (t *tail) spun(found bool) {
+	if found {
+		t.back = 0
+		return
+	}
+	t.back = min(max(1, 2*t.back), maxTailSkip)
+	t.skip = t.back
+}

@@ -60,3 +60,61 @@ func TestSpinnerStopsOnLongWaits(t *testing.T) {
 		t.Fatalf("a 10µs wait after a 10µs sleep not caught (budget %v)", s.budget)
 	}
 }
+
+// The tail's early wake-up is for completions that come fast only; a tail
+// spin that runs out backs it off for 1, 2, 4, ... waits, up to
+// maxTailSkip, and one that finds its completions ends the back-off.
+func TestTailEarlyWakeUp(t *testing.T) {
+	var tl tail
+	if tl.fast() || tl.ahead(16) != 0 || tl.covers(2) {
+		t.Fatal("early wake-ups with no gap learnt")
+	}
+	tl.observe(3*time.Microsecond, 16)
+	if !tl.fast() {
+		t.Fatalf("gap %v not fast", tl.gap)
+	}
+	if k := tl.ahead(64); k != int(tailSpin/2/(3*time.Microsecond)) {
+		t.Errorf("ahead(64) = %d at a 3µs gap", k)
+	}
+	if k := tl.ahead(5); k != 4 {
+		t.Errorf("ahead(5) = %d, want 4 (the sleep waits for one at least)", k)
+	}
+	if !tl.covers(16) || tl.covers(64) {
+		t.Errorf("covers(16) %v, covers(64) %v at a 3µs gap (tail spin %v)", tl.covers(16), tl.covers(64), tailSpin)
+	}
+	tl.observe(time.Millisecond, 2) // a sleep over too few arrivals says nothing of the gap
+	if tl.gap != 3*time.Microsecond {
+		t.Errorf("gap %v after a 2-arrival sleep", tl.gap)
+	}
+
+	for want := 1; want <= maxTailSkip; want *= 2 {
+		tl.spun(false)
+		for i := 0; i < want; i++ {
+			if tl.fast() {
+				t.Fatalf("back-off of %d: early wake-ups on after %d waits", want, i)
+			}
+			tl.begin()
+		}
+		if !tl.fast() {
+			t.Fatalf("back-off of %d: early wake-ups still off after %d waits", want, want)
+		}
+	}
+	tl.spun(false)
+	if tl.skip != maxTailSkip {
+		t.Errorf("back-off %d, want at most %d", tl.skip, maxTailSkip)
+	}
+	tl.skip = 0
+	tl.spun(true)
+	tl.spun(false)
+	if tl.skip != 1 {
+		t.Errorf("back-off %d after a found tail spin and a miss, want 1", tl.skip)
+	}
+
+	for range 20 { // a stream of 4 KiB file reads at QD32: 11 µs apart
+		tl.observe(11*time.Microsecond, 8)
+	}
+	tl.skip = 0
+	if tl.fast() || tl.ahead(16) != 0 {
+		t.Errorf("early wake-ups at a %v gap", tl.gap)
+	}
+}
