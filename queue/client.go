@@ -357,9 +357,12 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		// through the others (no wake-up, no spin per completion). The
 		// target is written before the flags' full fence, so a daemon
 		// that sees the flag sees the target too.
-		// Completions that come fast: woken a few before the last,
-		// the client spins for those (see tail).
-		target := uint32(min - q.tail.ahead(min-q.Ready()))
+		// Completions that come fast, or a drained wait: woken a few
+		// before the last, or one, the client spins for those (see
+		// tail). Each entry published and not reaped has its CQE to
+		// come or ready.
+		drained := min >= int(q.pubTail-q.cqHead)
+		target := uint32(min - q.tail.ahead(min-q.Ready(), drained, q.spin.budget >= spinMin))
 		q.w.cqTarget.Store(q.cqHead + target)
 		q.w.cqFlags.Or(waitBits) // a full fence: the re-check sees a post before it
 		if q.Ready() >= min {

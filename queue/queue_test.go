@@ -617,19 +617,23 @@ func TestWaitSleepsWhileSeveralMissing(t *testing.T) {
 
 // TestWaitWokenBeforeTheLast: a client whose completions come fast asks
 // to be woken some before the last it waits for and spins for the rest;
-// one whose completions come slowly sleeps for all of them.
+// one whose completions come within a spin of each other, waiting for all
+// it has in flight, asks to be woken by the one before the last; one whose
+// completions come slowly sleeps for all of them.
 func TestWaitWokenBeforeTheLast(t *testing.T) {
 	for _, tc := range []struct {
-		gap  time.Duration
-		want uint32 // the target of the client's first sleep
+		gap, spin time.Duration // the gap learnt, the spin budget for a last completion
+		want      uint32        // the target of the client's first sleep
 	}{
-		{6 * time.Microsecond, 32 - uint32(tailSpin/2/(6*time.Microsecond))},
-		{11 * time.Microsecond, 32}, // file reads at QD32
-		{30 * time.Microsecond, 32},
+		{6 * time.Microsecond, 0, 32 - uint32(tailSpin/2/(6*time.Microsecond))},
+		{11 * time.Microsecond, 0, 32}, // file reads at QD32
+		{30 * time.Microsecond, 0, 32}, // no spin for the last: woken by it
+		{30 * time.Microsecond, 40 * time.Microsecond, 31},
+		{2 * spinCeiling, 40 * time.Microsecond, 32},
 	} {
 		d, c := pair(t, 32, 0, 0)
 		inFlight(t, d, c, 32)
-		c.spin = spinner{} // no spin for a last completion
+		c.spin = spinner{budget: tc.spin, max: spinCeiling}
 		c.tail = tail{gap: tc.gap}
 		errs := make(chan error, 1)
 		go func() { errs <- c.Wait(32, 10*time.Second) }()

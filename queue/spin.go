@@ -151,12 +151,20 @@ func (t *tail) covers(missing int) bool {
 }
 
 // ahead is how many completions before the last of missing the client
-// asks to be woken (0: at the last).
-func (t *tail) ahead(missing int) int {
-	if !t.fast() {
-		return 0
+// asks to be woken (0: at the last). Fast completions: as many as come in
+// half a tailSpin. Slower ones, up to spinCeiling apart (the local
+// engine's 1 MiB copies), when the wait is drained (for everything the
+// client has in flight, so the daemon idles from the last completion
+// until the client submits again) and the client's spin for a last
+// completion is on (spinning): one, which that spin covers.
+func (t *tail) ahead(missing int, drained, spinning bool) int {
+	switch {
+	case t.fast():
+		return max(0, min(int(tailSpin/2/t.gap), missing-1))
+	case t.gap > 0 && t.gap <= spinCeiling && t.skip == 0 && drained && spinning && missing > 1:
+		return 1
 	}
-	return max(0, min(int(tailSpin/2/t.gap), missing-1))
+	return 0
 }
 
 // observe learns the gap: d a wait's time per completion over n arrivals.

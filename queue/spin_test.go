@@ -66,17 +66,17 @@ func TestSpinnerStopsOnLongWaits(t *testing.T) {
 // maxTailSkip, and one that finds its completions ends the back-off.
 func TestTailEarlyWakeUp(t *testing.T) {
 	var tl tail
-	if tl.fast() || tl.ahead(16) != 0 || tl.covers(2) {
+	if tl.fast() || tl.ahead(16, true, true) != 0 || tl.covers(2) {
 		t.Fatal("early wake-ups with no gap learnt")
 	}
 	tl.observe(3*time.Microsecond, 16)
 	if !tl.fast() {
 		t.Fatalf("gap %v not fast", tl.gap)
 	}
-	if k := tl.ahead(64); k != int(tailSpin/2/(3*time.Microsecond)) {
+	if k := tl.ahead(64, false, false); k != int(tailSpin/2/(3*time.Microsecond)) {
 		t.Errorf("ahead(64) = %d at a 3µs gap", k)
 	}
-	if k := tl.ahead(5); k != 4 {
+	if k := tl.ahead(5, false, false); k != 4 {
 		t.Errorf("ahead(5) = %d, want 4 (the sleep waits for one at least)", k)
 	}
 	if !tl.covers(16) || tl.covers(64) {
@@ -114,7 +114,26 @@ func TestTailEarlyWakeUp(t *testing.T) {
 		tl.observe(11*time.Microsecond, 8)
 	}
 	tl.skip = 0
-	if tl.fast() || tl.ahead(16) != 0 {
+	if tl.fast() || tl.ahead(16, false, true) != 0 {
 		t.Errorf("early wake-ups at a %v gap", tl.gap)
+	}
+	// Slower completions: one early, for a drained wait whose last the
+	// spin would catch only.
+	for _, c := range []struct {
+		drained, spinning bool
+		want              int
+	}{{true, true, 1}, {false, true, 0}, {true, false, 0}} {
+		if k := tl.ahead(8, c.drained, c.spinning); k != c.want {
+			t.Errorf("gap %v, drained %v, spinning %v: ahead %d, want %d", tl.gap, c.drained, c.spinning, k, c.want)
+		}
+	}
+	if k := tl.ahead(1, true, true); k != 0 {
+		t.Errorf("ahead(1) = %d on a drained wait", k)
+	}
+	for range 20 {
+		tl.observe(2*spinCeiling, 8)
+	}
+	if k := tl.ahead(8, true, true); k != 0 {
+		t.Errorf("ahead %d at a %v gap, beyond the spin", k, tl.gap)
 	}
 }
