@@ -17,11 +17,7 @@ import "time"
 type spinner struct {
 	budget time.Duration
 	max    time.Duration
-
-	// Owned by the spinning goroutine during one spin.
-	start time.Time
-	iter  int
-	spun  time.Duration // how long this wait's spin lasted when it found nothing (begin zeroes it)
+	spun   time.Duration // how long this wait's spin lasted when it found nothing (begin zeroes it)
 }
 
 const spinMin = time.Microsecond
@@ -55,41 +51,17 @@ func newSpinner(max time.Duration) spinner { return spinner{budget: max / 2, max
 // and the caller should sleep at once.
 func (s *spinner) begin() bool {
 	s.spun = 0
-	if s.budget < spinMin {
-		return false
-	}
-	s.start, s.iter = time.Time{}, 0
-	return true
+	return s.budget >= spinMin
 }
 
-// more reports whether the spin may go on. It reads the clock once every
-// 64 calls, so a spin costs little when work is about to come. It does not
-// yield: a spin is at most spinCeiling long, and runtime.Gosched with no
-// other goroutine to run hands the processor to a thread the scheduler
-// wakes for it (a futex wake and a futex sleep per yield), which a profile
-// of tcbench at QD32 found to be a fifth of its CPU.
-func (s *spinner) more() bool {
-	s.iter++
-	if s.iter&63 != 0 {
-		return true
-	}
-	now := spinClock()
-	if s.start.IsZero() {
-		s.start = now
-		return true
-	}
-	return now.Sub(s.start) < s.budget
-}
-
-// end finishes a spin begun with begin; found says whether work came.
-func (s *spinner) end(found bool) {
+// end finishes a spin begun with begin: found says whether work came,
+// spun how long the spin lasted.
+func (s *spinner) end(found bool, spun time.Duration) {
 	if found {
 		s.budget = min(s.budget+s.budget/2+spinMin, s.max)
 		return
 	}
-	if !s.start.IsZero() {
-		s.spun = spinClock().Sub(s.start)
-	}
+	s.spun = spun
 	s.budget /= 2
 }
 
@@ -111,11 +83,10 @@ func (s *spinner) slept(d time.Duration) {
 // the batch was all it had. When completions come at most fastGap apart,
 // the client asks to be woken as many before the last as come in half a
 // tailSpin, then spins for them (at most tailSpin): the wake-up overlaps
-// the last copies. A
-// stream slower than that (file I/O, a network round trip) sleeps for the
-// whole wait, as before, and a tail spin that runs out (the daemon slowed
-// down) backs the early wake-up off for twice as many waits as the last
-// time, up to maxTailSkip.
+// the last copies. A stream slower than that (file I/O, a network round
+// trip) sleeps for the whole wait, as before, and a tail spin that runs
+// out (the daemon slowed down) backs the early wake-up off for twice as
+// many waits as the last time, up to maxTailSkip.
 type tail struct {
 	gap  time.Duration // the learned time between two completions of one wait (0: none yet)
 	skip int           // waits left before an early wake-up is tried again
@@ -159,9 +130,11 @@ func (t *tail) covers(missing int) bool {
 // completion is on (spinning): one, which that spin covers.
 func (t *tail) ahead(missing int, drained, spinning bool) int {
 	switch {
-	case t.fast():
+	case t.gap <= 0 || t.skip > 0:
+		return 0
+	case t.gap <= fastGap:
 		return max(0, min(int(tailSpin/2/t.gap), missing-1))
-	case t.gap > 0 && t.gap <= spinCeiling && t.skip == 0 && drained && spinning && missing > 1:
+	case t.gap <= spinCeiling && drained && spinning && missing > 1:
 		return 1
 	}
 	return 0
@@ -181,7 +154,7 @@ func (t *tail) observe(d time.Duration, n int) {
 	t.gap += (d - t.gap) / 4
 }
 
-// spun records a tail spin: found, or it ran out of spinCeiling.
+// spun records a tail spin: found, or it ran out of tailSpin.
 func (t *tail) spun(found bool) {
 	if found {
 		t.back = 0

@@ -15,12 +15,11 @@ func (s *spinner) wait(t *testing.T, w time.Duration) (caught bool) {
 		return false
 	}
 	if w <= s.budget {
-		s.end(true)
+		s.end(true, w)
 		return true
 	}
 	spun := s.budget
-	s.start = time.Now().Add(-spun) // as if the spin began spun ago
-	s.end(false)
+	s.end(false, spun)
 	s.slept(w - spun)
 	return false
 }

@@ -442,13 +442,8 @@ func (s *Store) untakePin(r ref) {
 	defer sh.mu.Unlock()
 	e := sh.ent(r.idx)
 	e.pins--
-	if e.pins != 0 || e.flags&fInLRU != 0 {
-		return
-	}
-	if e.state == stHidden {
-		s.freeHidden(sh, r.idx)
-	} else {
-		s.relist(sh, r.idx)
+	if e.pins == 0 && e.flags&fInLRU == 0 {
+		s.lastPinGone(sh, r.idx)
 	}
 }
 

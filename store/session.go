@@ -119,13 +119,19 @@ func (s *Store) unpinEntry(r ref, n uint32) {
 	e.pins -= n
 	s.c.pins.Add(^uint64(n - 1))
 	if e.pins == 0 {
-		if e.state == stHidden {
-			s.freeHidden(sh, r.idx)
-		} else {
-			s.relist(sh, r.idx)
-		}
+		s.lastPinGone(sh, r.idx)
 	}
 	sh.mu.Unlock()
+}
+
+// lastPinGone: entry idx, whose last pin went, goes back on the L1 LRU
+// list, at its head, or, hidden (hide.go), is freed. sh.mu is held.
+func (s *Store) lastPinGone(sh *shard, idx uint32) {
+	if sh.ent(idx).state == stHidden {
+		s.freeHidden(sh, idx)
+	} else {
+		s.relist(sh, idx)
+	}
 }
 
 // relist puts an unpinned, ready, resident entry back on the L1 LRU. sh.mu

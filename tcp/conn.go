@@ -135,15 +135,14 @@ func (c *conn) drop(err error) gnet.Action {
 }
 
 // dropReason is the refusal log's fixed reason for dropping a connection
-// that has not authenticated with err.
+// that has not authenticated with err. (A wrong key is refused, not
+// dropped: see onAuth.)
 func dropReason(err error) string {
 	switch {
 	case errors.Is(err, ErrFrame):
 		return "malformed frame before authentication"
 	case errors.Is(err, ErrProtocol):
 		return "protocol violation before authentication"
-	case errors.Is(err, ErrAuth):
-		return "authentication failed"
 	default:
 		return "connection failed before authentication"
 	}

@@ -38,8 +38,9 @@
 // after authentication, and refusals are logged at most once per
 // refuseLogEvery with a count, as are the drops of connections that sent a
 // malformed or out-of-order frame before authenticating (anyone can
-// connect; an authenticated peer's drops are each logged). One daemon id holds one session at a time:
-// a peer that dials in under an id whose session is live (outbound
+// connect; an authenticated peer's drops are each logged). One daemon id
+// holds one session at a time: a peer that dials in under an id whose
+// session is live (outbound
 // connections up, or inbound ones of the current epoch open) with another
 // epoch is refused until that session is gone. Epochs are random, so a
 // newer one cannot be told from an older one; refusing is the rule that
