@@ -101,6 +101,9 @@ type Config struct {
 	// fetched values land and are checked.
 	Pool []byte
 	Log  *slog.Logger
+	// manualClaims (tests only) starts no claimer: the test runs each
+	// claim round itself, in an order it chooses.
+	manualClaims bool
 
 	// Replicas is how many copies of each value put here the cluster
 	// keeps, this daemon's included (default 1: none elsewhere; at most
@@ -225,6 +228,9 @@ type Cluster struct {
 	life    context.Context // ends when Close starts: what waits on etcd stops
 	endLife context.CancelFunc
 	done    chan struct{} // closed when the announcer exits
+	// greeted is closed once the start-up greeting (greet) has ended:
+	// every member reached has had its hello.
+	greeted chan struct{}
 	// reqs are the re-announcements asked for (mu guards them); rekick
 	// wakes the reannouncer, redone is closed when it exits.
 	reqs   []func(shard int, home string) bool
@@ -349,6 +355,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		takenBy:  map[int]ShardClaim{},
 		landed:   map[string]int{},
 		flying:   map[string][]func(error){},
+		greeted:  make(chan struct{}),
 		rekick:   make(chan struct{}, 1),
 		redone:   make(chan struct{}),
 		members:  map[string]*member{},
@@ -406,6 +413,8 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	go c.replicator()
 	if cfg.Fence != nil {
 		cfg.Fence.Watch(c.onShardClaims)
+	}
+	if cfg.Fence != nil && !cfg.manualClaims {
 		go c.claimer()
 	} else {
 		close(c.cdone)

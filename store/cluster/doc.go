@@ -58,7 +58,10 @@
 // out of a daemon's view but still listed by etcd (a partition) is taken
 // only by a daemon that sees a majority of etcd's members, and never back
 // from the member that took it, so claims do not change hands every round
-// while a partition lasts.
+// while a partition lasts. A daemon that sees no majority holds only the
+// shards etcd's list makes its own, and releases those it took from
+// others on its way there (a partition reaches the members one at a
+// time), for the majority's side to take.
 //
 // Removal (tomb.go). A removal drops the key at its home and every copy
 // at its holders; a holder the home does not reach is remembered with its

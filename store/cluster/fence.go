@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -515,12 +516,21 @@ func (c *Cluster) claimRound() error {
 		}
 		majority = 2*seen > len(listed)
 	}
+	// Without a majority, this daemon cannot tell a partition around it
+	// from the others' deaths: it holds only the shards etcd's list makes
+	// its own, and lets go of those it took from others while it saw a
+	// majority (a partition reaches the members one at a time, so its view
+	// passes through one), for the majority's side to take.
+	home := v.home
+	if !majority {
+		home = newView(slices.Collect(maps.Keys(listed)), c.cfg.Shards).home
+	}
 	var take, rel []int
 	var exp, relGen []uint64
 	left := 0
 	for s := range c.shardClaims {
 		cl := c.shardClaims[s].Load()
-		mine := v.home(s) == c.self
+		mine := home(s) == c.self
 		switch {
 		case mine && (cl == nil || cl.Home == ""):
 			take, exp = append(take, s), append(exp, 0)
@@ -550,8 +560,11 @@ func (c *Cluster) claimRound() error {
 	}
 	var err error
 	if len(rel) > 0 {
-		if err = f.Release(c.life, rel, relGen); err == nil {
+		if err = f.Release(c.life, rel, relGen); err == nil && majority {
 			c.log.Info("shards released to their new homes", "shards", len(rel))
+		} else if err == nil {
+			c.log.Warn("this daemon sees no majority of the members etcd lists: shards it took from them released",
+				"shards", len(rel), "sees", len(v.members), "listed", len(listed))
 		}
 	}
 	if len(take) == 0 {

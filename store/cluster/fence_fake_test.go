@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 )
 
@@ -18,6 +20,9 @@ type fakeFence struct {
 	claims   map[int]ShardClaim
 	next     uint64
 	watchers map[string]func([]ShardClaim)
+	// changes is every claim taken or released, in order, said in words
+	// (for a test's failure message).
+	changes []string
 }
 
 func newFakeFence() *fakeFence {
@@ -91,6 +96,7 @@ func (o *fenceOf) Take(_ context.Context, shards []int, expect []uint64) ([]Shar
 		c := ShardClaim{Shard: s, Home: o.id, Epoch: o.epoch, Gen: f.next}
 		f.claims[s] = c
 		won = append(won, c)
+		f.changes = append(f.changes, fmt.Sprintf("gen %d: %s takes shard %d from %q", c.Gen, o.id, s, cur.Home))
 	}
 	f.mu.Unlock()
 	f.notify(won)
@@ -113,6 +119,7 @@ func (o *fenceOf) Release(_ context.Context, shards []int, gens []uint64) error 
 		c := ShardClaim{Shard: s, Gen: f.next}
 		f.claims[s] = c
 		changed = append(changed, c)
+		f.changes = append(f.changes, fmt.Sprintf("gen %d: %s releases shard %d", c.Gen, o.id, s))
 	}
 	f.mu.Unlock()
 	f.notify(changed)
@@ -144,4 +151,19 @@ func (f *fakeFence) gen() uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.next
+}
+
+// since is the changes after generation gen, one a line.
+func (f *fakeFence) since(gen uint64) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var b strings.Builder
+	for _, c := range f.changes {
+		var g uint64
+		fmt.Sscanf(c, "gen %d:", &g)
+		if g > gen {
+			b.WriteString("\n\t" + c)
+		}
+	}
+	return b.String()
 }

@@ -91,6 +91,11 @@ func (c *Cluster) lost(id string, err error) {
 	c.mmu.Unlock()
 	if changed {
 		c.log.Warn("member down: its shards move to the others", "member", id, "err", err)
+	}
+	if ok {
+		// Also when another goroutine took it down first: that one may
+		// not have made the view current yet, and this caller's next step
+		// must not see the member in it.
 		c.recompute()
 	}
 }
@@ -114,10 +119,12 @@ func (c *Cluster) recompute() {
 	c.vmu.Lock()
 	defer c.vmu.Unlock()
 	old := c.view.Load()
-	v := newView(c.live(), c.cfg.Shards)
-	if slices.Equal(old.members, v.members) {
+	ids := c.live()
+	slices.Sort(ids)
+	if slices.Equal(old.members, ids) {
 		return
 	}
+	v := newView(ids, c.cfg.Shards)
 	c.view.Store(v)
 	c.c.viewChanges.Add(1)
 	if c.shardClaims != nil {
@@ -268,6 +275,9 @@ func (c *Cluster) probe() {
 			c.seen(id, c.peers.EpochOf(id))
 		}
 	}
+	// The view says what the hellos found when probe returns, whatever
+	// goroutine changed a member's state first.
+	c.recompute()
 	// Tombstones of shards another daemon is home of go to it: those a
 	// home whose view moved first handed here, and those a new home did
 	// not take when the shard moved. A shard's home changing is not the
@@ -434,6 +444,8 @@ func (c *Cluster) down(id string, err error) {
 	c.mmu.Unlock()
 	if changed {
 		c.log.Error("member out of the store across hosts", "member", id, "err", err)
-		c.recompute()
+	}
+	if ok {
+		c.recompute() // as in lost
 	}
 }
