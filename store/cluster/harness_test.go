@@ -36,19 +36,44 @@ type fakeNet struct {
 	kindMu sync.Mutex
 	kinds  map[string]uint64
 	// cutMu guards cuts: pairs of daemons that cannot reach each other
-	// (a partition between them; each reaches the others).
-	cutMu sync.Mutex
-	cuts  map[[2]string]bool
+	// (a partition between them; each reaches the others); and flying:
+	// the exchanges being handled, by sender and receiver. cutGone is
+	// signalled when one of those ends.
+	cutMu   sync.Mutex
+	cuts    map[[2]string]bool
+	flying  map[[2]string]int
+	cutGone *sync.Cond
 }
 
 // partition cuts daemons a and b from each other (on) or heals the cut.
+// A cut returns once no exchange between them is being handled: what one
+// sent before the cut has arrived, and nothing arrives after it.
 func (f *fakeNet) partition(a, b string, on bool) {
 	f.cutMu.Lock()
 	defer f.cutMu.Unlock()
-	if f.cuts == nil {
-		f.cuts = map[[2]string]bool{}
-	}
 	f.cuts[[2]string{a, b}], f.cuts[[2]string{b, a}] = on, on
+	for on && f.flying[[2]string{a, b}]+f.flying[[2]string{b, a}] > 0 {
+		f.cutGone.Wait()
+	}
+}
+
+// enter starts the handling of an exchange from one daemon to another;
+// false when a cut is between them. leave ends it.
+func (f *fakeNet) enter(from, to string) bool {
+	f.cutMu.Lock()
+	defer f.cutMu.Unlock()
+	if f.cuts[[2]string{from, to}] {
+		return false
+	}
+	f.flying[[2]string{from, to}]++
+	return true
+}
+
+func (f *fakeNet) leave(from, to string) {
+	f.cutMu.Lock()
+	defer f.cutMu.Unlock()
+	f.flying[[2]string{from, to}]--
+	f.cutGone.Broadcast()
 }
 
 // isCut reports whether a and b cannot reach each other.
@@ -103,11 +128,14 @@ func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte
 	switch {
 	case n.down.Load():
 		return nil, fmt.Errorf("%w: %s is down", errUnreachable, n.id)
-	case p == nil || !p.ready.Load() || p.down.Load() || n.net.isCut(n.id, peer):
+	case p == nil || !p.ready.Load() || p.down.Load():
 		return nil, fmt.Errorf("%w: %s", errUnreachable, peer)
 	case epoch != 0 && epoch != p.epoch:
 		return nil, fmt.Errorf("%w: %s runs another epoch", errUnreachable, peer)
+	case !n.net.enter(n.id, peer):
+		return nil, fmt.Errorf("%w: %s (cut)", errUnreachable, peer)
 	}
+	defer n.net.leave(n.id, peer)
 	n.net.kindMu.Lock()
 	n.net.kinds[kind]++
 	n.net.kindMu.Unlock()
@@ -216,7 +244,9 @@ func newNet(t testing.TB, ids []string, cfg Config) *fakeNet {
 // newNetWith is newNet with a last say on each daemon's config.
 func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *Config)) *fakeNet {
 	t.Helper()
-	f := &fakeNet{nodes: map[string]*fakeNode{}, kinds: map[string]uint64{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{}}
+	f := &fakeNet{nodes: map[string]*fakeNode{}, kinds: map[string]uint64{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{},
+		cuts: map[[2]string]bool{}, flying: map[[2]string]int{}}
+	f.cutGone = sync.NewCond(&f.cutMu)
 	for _, id := range ids {
 		f.nodes[id] = &fakeNode{net: f, id: id, readyCh: make(chan struct{}), h: map[string]func(string, uint64, []byte) ([]byte, error){}}
 	}
@@ -266,6 +296,13 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 	want := slices.Sorted(slices.Values(ids))
 	for _, id := range ids {
 		n := f.nodes[id]
+		// Its start-up hellos have ended: none lands later, in the middle
+		// of what the test does (a member taken for down, or up).
+		select {
+		case <-n.c.greeted:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s's start-up greeting not ended within 20s", id)
+		}
 		testutil.Eventually(t, 20*time.Second, func() bool { return slices.Equal(n.c.Members(), want) },
 			"%s seeing every member (it sees %d)", id, testutil.Lazy(func() int { return len(n.c.Members()) }))
 	}

@@ -70,6 +70,7 @@ func (c *Cluster) Evicted(key []byte) {
 func (c *Cluster) announcer() {
 	defer close(c.done)
 	c.greet()
+	close(c.greeted)
 	var batch []entry
 	var lastWarn time.Time
 	for {

@@ -269,6 +269,10 @@ func TestRemovedWhilePinned(t *testing.T) {
 	if !bytes.Equal(pinned(), v) {
 		t.Fatal("the old pin's bytes changed under the put again")
 	}
+	// The readers' holds of the new value at h end after their reads, on
+	// goroutines of their own: they are not this test's pins.
+	testutil.Eventually(t, 10*time.Second, func() bool { return h.c.Holds() == 0 && h.st.Stats().Pins == 2 },
+		"a's and x's holds at h released (h's pins: %d, the test's 2 and theirs)", testutil.Lazy(func() any { return h.st.Stats().Pins }))
 	// The unpins (the get's and the pin's) take the old value's pins first,
 	// and the last frees it; the new value stays.
 	if err := ss.Unpin([][]byte{[]byte(key), []byte(key)}, make([]store.Code, 2)); err != nil {
