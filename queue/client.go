@@ -47,6 +47,9 @@ type ClientRing struct {
 	// (owned by the completion side).
 	SubmitDoorbells       uint64
 	ReapDoorbells, Sleeps uint64
+	// LateWakes counts the early wake-ups of drained waits that found
+	// the last completion there already (the daemon idled meanwhile).
+	LateWakes uint64
 }
 
 // NewClientRing takes the client's side of a queue mapped at mem, after
@@ -337,6 +340,7 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		deadline = time.Now().Add(timeout)
 	}
 	q.tail.begin()
+	early := false // the last sleep was woken early for a drained wait's last completions
 	for {
 		// The spin is for a last missing completion only. While two or
 		// more are missing the daemon is known to be working on them,
@@ -345,12 +349,14 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		// spin through the arrivals would bill the whole wait to the
 		// client's CPU; unless they come at memory speed (see tail).
 		missing := min - q.Ready()
-		if missing <= 1 && q.spinFor(min) {
+		drained := min >= int(q.pubTail-q.cqHead)
+		if (missing > 1 || early) && q.tail.covers(missing, drained) && q.spinTail(min) {
 			return nil
 		}
-		if missing > 1 && q.tail.covers(missing) && q.spinTail(min) {
+		if missing <= 1 && !early && q.spinFor(min) {
 			return nil
 		}
+		early = false
 		if err := q.Err(); err != nil {
 			return err
 		}
@@ -367,7 +373,6 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		// before the last, or one, the client spins for those (see
 		// tail). Each entry published and not reaped has its CQE to
 		// come or ready.
-		drained := min >= int(q.pubTail-q.cqHead)
 		target := uint32(min - q.tail.ahead(min-q.Ready(), drained, q.spin.budget >= spinMin))
 		q.w.cqTarget.Store(q.cqHead + target)
 		q.w.cqFlags.Or(waitBits) // a full fence: the re-check sees a post before it
@@ -398,6 +403,16 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 			// should learn is the gap between them, not the whole
 			// sleep, or a wait for many would stop the spin for good.
 			d := time.Since(start) / time.Duration(r-before)
+			if target < uint32(min) && drained && q.tail.slow() {
+				// Woken early for a drained wait's last completions
+				// (the gap learnt before this sleep chose it): the
+				// tail spin is for them, whatever the spin budget.
+				q.tail.woke(min - r)
+				if r >= min {
+					q.LateWakes++
+				}
+				early = true
+			}
 			q.spin.slept(d)
 			q.tail.observe(d, r-before)
 			if r >= min {

@@ -152,11 +152,14 @@
 // of its wait, and the daemon idles through it, so the client sets its
 // target some completions before the last, about 100 µs' worth, and spins
 // for those (at most 200 µs; a spin that runs out turns this off for a
-// growing number of waits). Completions that come slower but within one
-// spin of each other (the local engine's 1 MiB copies), for a wait that
-// covers everything the client has in flight, get the same by one: the
-// client is woken by the one before the last and spins for the last. The
-// target is only the client's word: the daemon's side is the same.
+// growing number of waits). Completions that come slower, up to 100 µs
+// apart (the local engine's 1 MiB copies), for a wait that covers
+// everything the client has in flight, get the same by a learnt lead: the
+// client is woken one before the last, and a wake-up that finds the last
+// there already (the daemon idled meanwhile) makes the next one earlier by
+// one, up to 100 µs' worth; one that finds none of its lead come makes it
+// later by one. The target is only the client's word: the daemon's side
+// is the same.
 //
 // # Eventfd doorbells
 //

@@ -629,7 +629,8 @@ func TestWaitWokenBeforeTheLast(t *testing.T) {
 		{11 * time.Microsecond, 0, 32}, // file reads at QD32
 		{30 * time.Microsecond, 0, 32}, // no spin for the last: woken by it
 		{30 * time.Microsecond, 40 * time.Microsecond, 31},
-		{2 * spinCeiling, 40 * time.Microsecond, 32},
+		{70 * time.Microsecond, 40 * time.Microsecond, 31}, // 1 MiB copies
+		{tailSpin, 40 * time.Microsecond, 32},
 	} {
 		d, c := pair(t, 32, 0, 0)
 		inFlight(t, d, c, 32)
@@ -648,6 +649,46 @@ func TestWaitWokenBeforeTheLast(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatalf("gap %v: Wait(32): %v", tc.gap, err)
 		}
+	}
+}
+
+// TestDrainedWaitLearnsLead: a drained wait on a 30 µs stream is woken one
+// before the last; when its wake-up finds every completion there (late),
+// the next such wait is woken two before the last, and spins for them.
+func TestDrainedWaitLearnsLead(t *testing.T) {
+	d, c := pair(t, 8, 0, 0)
+	c.spin = spinner{budget: 40 * time.Microsecond, max: spinCeiling}
+	c.tail = tail{gap: 30 * time.Microsecond}
+	for round, want := range []uint32{7, 6} {
+		inFlight(t, d, c, 8)
+		late, head := c.LateWakes, c.cqHead
+		errs := make(chan error, 1)
+		go func() { errs <- c.Wait(8, 10*time.Second) }()
+		testutil.Eventually(t, 10*time.Second, func() bool { return c.w.cqFlags.Load()&waitBits == waitBits },
+			"round %d: the client sleeping", round)
+		if got := c.w.cqTarget.Load() - head; got != want {
+			t.Errorf("round %d: the client sleeps for %d of 8, want %d", round, got, want)
+		}
+		// A slow wake-up: the client's flags taken (as a waker does) so
+		// that the posts wake nobody, all 8 posted, then the wake: it
+		// finds the last completion there.
+		flags := c.w.cqFlags.And(^waitBits)
+		if flags&waitBits != waitBits {
+			t.Fatalf("round %d: flags %#x", round, flags)
+		}
+		for i := 0; i < 8; i++ {
+			d.Post(&CQE{UserData: uint64(i)})
+		}
+		c.w.cqWake.Add(1)
+		futexWake(c.w.cqWake)
+		if err := <-errs; err != nil {
+			t.Fatalf("round %d: Wait(8): %v", round, err)
+		}
+		if c.LateWakes != late+1 {
+			t.Errorf("round %d: late wake-ups %d, want %d", round, c.LateWakes, late+1)
+		}
+		c.Reap(make([]CQE, 8))
+		c.tail.gap = 30 * time.Microsecond // the posts above came at once: keep the stream's gap
 	}
 }
 

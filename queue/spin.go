@@ -87,10 +87,21 @@ func (s *spinner) slept(d time.Duration) {
 // trip) sleeps for the whole wait, as before, and a tail spin that runs
 // out (the daemon slowed down) backs the early wake-up off for twice as
 // many waits as the last time, up to maxTailSkip.
+//
+// A drained wait on a slower stream (the local engine's 1 MiB copies,
+// 30-70 µs apart here; up to half a tailSpin) is woken lead completions
+// before the last, and the client spins for them (a tail spin, whatever
+// the spin budget for a last completion). lead starts at one and is learnt from where
+// the wake-ups land: one that finds the last completion there already
+// came too late for the daemon, which idled meanwhile, and adds one (up
+// to as many as come in half a tailSpin); one that finds none of them
+// come yet could have begun later and takes one off; one whose spin runs
+// out was too early and sets it back to one, with the back-off above.
 type tail struct {
 	gap  time.Duration // the learned time between two completions of one wait (0: none yet)
 	skip int           // waits left before an early wake-up is tried again
 	back int           // the next back-off, in waits
+	lead int           // a drained slow wait's early wake-up, in completions (0: one)
 }
 
 // fastGap is the slowest completion rate an early wake-up is used for:
@@ -116,26 +127,56 @@ func (t *tail) begin() {
 func (t *tail) fast() bool { return t.gap > 0 && t.gap <= fastGap && t.skip == 0 }
 
 // covers reports whether missing completions are expected within half a
-// tailSpin, so the client spins for them instead of sleeping.
-func (t *tail) covers(missing int) bool {
-	return t.fast() && time.Duration(missing)*t.gap <= tailSpin/2
+// tailSpin, so the client spins for them instead of sleeping: fast ones,
+// or those a drained wait was woken early for.
+func (t *tail) covers(missing int, drained bool) bool {
+	switch {
+	case t.fast():
+		return time.Duration(missing)*t.gap <= tailSpin/2
+	case drained && t.slow() && t.skip == 0:
+		return missing <= t.leads()
+	}
+	return false
+}
+
+// slow reports whether the gap is one a drained wait's early wake-up is
+// for: above fastGap, within half a tailSpin.
+func (t *tail) slow() bool { return t.gap > fastGap && t.gap <= tailSpin/2 }
+
+// leads is a drained slow wait's early wake-up, in completions.
+func (t *tail) leads() int { return max(1, t.lead) }
+
+// maxLead bounds lead: as many completions as come in half a tailSpin.
+func (t *tail) maxLead() int { return max(1, int(tailSpin/2/t.gap)) }
+
+// woke records where a drained slow wait's early wake-up landed, by the
+// completions still missing then: none (late) adds one to lead; all of
+// lead (none came during the wake-up, which could have begun later) takes
+// one off.
+func (t *tail) woke(missing int) {
+	switch l := t.leads(); {
+	case missing <= 0:
+		t.lead = min(l+1, t.maxLead())
+	case missing >= l && l > 1:
+		t.lead = l - 1
+	}
 }
 
 // ahead is how many completions before the last of missing the client
 // asks to be woken (0: at the last). Fast completions: as many as come in
-// half a tailSpin. Slower ones, up to spinCeiling apart (the local
+// half a tailSpin. Slower ones, up to half a tailSpin apart (the local
 // engine's 1 MiB copies), when the wait is drained (for everything the
 // client has in flight, so the daemon idles from the last completion
 // until the client submits again) and the client's spin for a last
-// completion is on (spinning): one, which that spin covers.
+// completion is on (spinning): lead, which the tail spin covers.
 func (t *tail) ahead(missing int, drained, spinning bool) int {
 	switch {
 	case t.gap <= 0 || t.skip > 0:
 		return 0
 	case t.gap <= fastGap:
 		return max(0, min(int(tailSpin/2/t.gap), missing-1))
-	case t.gap <= spinCeiling && drained && spinning && missing > 1:
-		return 1
+	case t.slow() && drained && spinning && missing > 1:
+		return min(t.leads(), missing-1)
 	}
 	return 0
 }
@@ -160,6 +201,7 @@ func (t *tail) spun(found bool) {
 		t.back = 0
 		return
 	}
+	t.lead = 0
 	t.back = min(max(1, 2*t.back), maxTailSkip)
 	t.skip = t.back
 }

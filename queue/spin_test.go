@@ -65,7 +65,7 @@ func TestSpinnerStopsOnLongWaits(t *testing.T) {
 // maxTailSkip, and one that finds its completions ends the back-off.
 func TestTailEarlyWakeUp(t *testing.T) {
 	var tl tail
-	if tl.fast() || tl.ahead(16, true, true) != 0 || tl.covers(2) {
+	if tl.fast() || tl.ahead(16, true, true) != 0 || tl.covers(2, false) {
 		t.Fatal("early wake-ups with no gap learnt")
 	}
 	tl.observe(3*time.Microsecond, 16)
@@ -78,8 +78,8 @@ func TestTailEarlyWakeUp(t *testing.T) {
 	if k := tl.ahead(5, false, false); k != 4 {
 		t.Errorf("ahead(5) = %d, want 4 (the sleep waits for one at least)", k)
 	}
-	if !tl.covers(16) || tl.covers(64) {
-		t.Errorf("covers(16) %v, covers(64) %v at a 3µs gap (tail spin %v)", tl.covers(16), tl.covers(64), tailSpin)
+	if !tl.covers(16, false) || tl.covers(64, false) {
+		t.Errorf("covers(16) %v, covers(64) %v at a 3µs gap (tail spin %v)", tl.covers(16, false), tl.covers(64, false), tailSpin)
 	}
 	tl.observe(time.Millisecond, 2) // a sleep over too few arrivals says nothing of the gap
 	if tl.gap != 3*time.Microsecond {
@@ -130,9 +130,51 @@ func TestTailEarlyWakeUp(t *testing.T) {
 		t.Errorf("ahead(1) = %d on a drained wait", k)
 	}
 	for range 20 {
-		tl.observe(2*spinCeiling, 8)
+		tl.observe(tailSpin, 8)
 	}
 	if k := tl.ahead(8, true, true); k != 0 {
 		t.Errorf("ahead %d at a %v gap, beyond the spin", k, tl.gap)
+	}
+}
+
+// TestTailLead: a drained wait on a slower stream learns how early to be
+// woken from where its wake-ups land. Late ones (the last completion was
+// there) add one, up to half a tailSpin's worth; one that finds all of
+// its lead still missing takes one off; a tail spin that runs out sets it
+// back to one. A wait that is not drained is never woken early.
+func TestTailLead(t *testing.T) {
+	tl := tail{gap: 30 * time.Microsecond}
+	if k := tl.ahead(8, true, true); k != 1 {
+		t.Fatalf("first ahead %d, want 1", k)
+	}
+	most := int(tailSpin / 2 / tl.gap)
+	for i := 0; i < 10; i++ {
+		tl.woke(0)
+	}
+	if k := tl.ahead(8, true, true); k != most {
+		t.Errorf("after 10 late wake-ups ahead %d, want %d (half a tail spin of %v gaps)", k, most, tl.gap)
+	}
+	if k := tl.ahead(2, true, true); k != 1 {
+		t.Errorf("ahead(2) = %d, want 1: the sleep waits for one at least", k)
+	}
+	if !tl.covers(most, true) || tl.covers(most+1, true) || tl.covers(most, false) {
+		t.Errorf("covers: %d drained %v, %d drained %v, %d not drained %v (lead %d)",
+			most, tl.covers(most, true), most+1, tl.covers(most+1, true), most, tl.covers(most, false), tl.lead)
+	}
+	tl.woke(1) // one of the lead still missing: about right
+	if tl.leads() != most {
+		t.Errorf("lead %d after a wake-up that found one missing, want %d", tl.leads(), most)
+	}
+	tl.woke(most) // none of it came: too early by one at least
+	if tl.leads() != most-1 {
+		t.Errorf("lead %d after a wake-up that found all %d missing, want %d", tl.leads(), most, most-1)
+	}
+	tl.spun(false)
+	if tl.leads() != 1 || tl.ahead(8, true, true) != 0 {
+		t.Errorf("after a tail spin that ran out: lead %d, ahead %d; want 1 and none during the back-off", tl.leads(), tl.ahead(8, true, true))
+	}
+	tl.skip = 0
+	if k := tl.ahead(8, false, true); k != 0 {
+		t.Errorf("ahead %d on a wait that is not drained", k)
 	}
 }
