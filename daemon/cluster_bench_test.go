@@ -743,6 +743,29 @@ func aggregateTCP(b *testing.B, ds []*peerDaemon, ids []string) {
 // go test -run '^$' -bench BenchmarkStoreRemoteGetLatency -benchtime 20x -count 3 ./daemon/
 func BenchmarkStoreRemoteGetLatency(b *testing.B) {
 	d1, d2 := benchPair(b, 64<<20)
+	remoteGetLatency(b, d1, d2, "tcp")
+}
+
+// BenchmarkStoreRemoteGetLatencyRDMA is BenchmarkStoreRemoteGetLatency
+// with rdma between the daemons (the Soft-RoCE VM: make test-rdma with
+// RDMA_BENCH=StoreRemoteGetLatencyRDMA): the cluster get reads over rdma
+// (a hold, the READ, the release; the one-round-trip read is tcp's only),
+// and the reference is one Transfer of a segment opened with transport
+// rdma. rdma-us and rdma-cpu-us stand where the tcp rows say tcp.
+func BenchmarkStoreRemoteGetLatencyRDMA(b *testing.B) {
+	testutil.Require(b, testutil.RDMA)
+	d1, d2 := benchPair(b, 64<<20, func(c *Config) {
+		c.RDMA = "on"
+		c.RDMADevice = os.Getenv("RXE_DEV")
+	})
+	remoteGetLatency(b, d1, d2, "rdma")
+}
+
+// remoteGetLatency is the latency benchmarks' body: via is the transport
+// between d1 and d2 ("tcp" or "rdma"), which the reference Transfer is
+// opened with and whose name its metrics carry. Over rdma, a get whose
+// payload went over tcp fails it.
+func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 	put := d1.dial(b, "putter")
 	exp := d1.dial(b, "exporter")
 	c := d2.dial(b, "reader")
@@ -782,7 +805,13 @@ func BenchmarkStoreRemoteGetLatency(b *testing.B) {
 			if _, err := exp.ExportSegment(name, abuf.ID, 0, 0, client.RightRead); err != nil {
 				b.Fatal(err)
 			}
-			rs, err := c.OpenRemote("d1/"+name, client.RightRead)
+			open := c.OpenRemote
+			if via == "rdma" {
+				open = func(name string, r uint8, _ ...client.CallOption) (client.RemoteSegment, error) {
+					return c.OpenRemoteVia(name, r, client.TransportRDMA)
+				}
+			}
+			rs, err := open("d1/"+name, client.RightRead)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -859,6 +888,17 @@ func BenchmarkStoreRemoteGetLatency(b *testing.B) {
 			get()
 			tcp()
 			exch()
+			if via == "rdma" {
+				// The mover's first reads from d1 go over tcp and have
+				// the link set up behind them.
+				testutil.Eventually(b, 30*time.Second, func() bool {
+					before := tcpBytes(d2)
+					get()
+					tcp()
+					return tcpBytes(d2)-before < uint64(size)
+				}, "remote gets and transfers off tcp:\n%s", d2.log)
+			}
+			tcp0 := tcpBytes(d2)
 			var cl, tc, ex, fe []time.Duration
 			var clCPU, tcCPU time.Duration
 			st0 := d2.d.cluster.Stats()
@@ -882,14 +922,20 @@ func BenchmarkStoreRemoteGetLatency(b *testing.B) {
 			}
 			b.StopTimer()
 			ops := float64(b.N * latencyBlock)
+			// The control messages (home lookups, holds, releases) go
+			// over tcp: a few hundred bytes a get. The payload of the
+			// gets or of the transfers would be ops × size at least.
+			if moved := tcpBytes(d2) - tcp0; via == "rdma" && float64(moved) >= ops*float64(size)/2 {
+				b.Fatalf("%d bytes over tcp in %v gets and %v transfers of %d bytes over rdma", moved, ops, ops, size)
+			}
 			mc, mt := median(cl), median(tc)
 			b.ReportMetric(float64(mc.Nanoseconds())/1e3, "cluster-us")
-			b.ReportMetric(float64(mt.Nanoseconds())/1e3, "tcp-us")
+			b.ReportMetric(float64(mt.Nanoseconds())/1e3, via+"-us")
 			b.ReportMetric(float64(median(ex).Nanoseconds())/1e3, "exchange-us")
 			b.ReportMetric(float64(median(fe).Nanoseconds())/1e3, "fetch-us")
 			b.ReportMetric(float64(mc)/float64(mt), "ratio")
 			b.ReportMetric(float64(clCPU.Nanoseconds())/1e3/ops, "cluster-cpu-us")
-			b.ReportMetric(float64(tcCPU.Nanoseconds())/1e3/ops, "tcp-cpu-us")
+			b.ReportMetric(float64(tcCPU.Nanoseconds())/1e3/ops, via+"-cpu-us")
 			st1 := d2.d.cluster.Stats()
 			b.ReportMetric(float64(st1.Lookups-lookups), "home-lookups")
 			b.ReportMetric(float64(st1.QuickReads-st0.QuickReads)/(2*ops), "quick-share")
