@@ -847,7 +847,8 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 				}
 				return d
 			}
-			tcp := func() time.Duration {
+			// transfer is the reference: one Transfer over via.
+			transfer := func() time.Duration {
 				t0 := time.Now()
 				sum, err := c.Transfer(reqs, 30*time.Second, terrs)
 				d := time.Since(t0)
@@ -886,7 +887,7 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 			}
 			// Warm: the first get fills d2's cache of home answers.
 			get()
-			tcp()
+			transfer()
 			exch()
 			if via == "rdma" {
 				// The mover's first reads from d1 go over tcp and have
@@ -894,7 +895,7 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 				testutil.Eventually(b, 30*time.Second, func() bool {
 					before := tcpBytes(d2)
 					get()
-					tcp()
+					transfer()
 					return tcpBytes(d2)-before < uint64(size)
 				}, "remote gets and transfers off tcp:\n%s", d2.log)
 			}
@@ -911,7 +912,7 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 				}
 				m2 := processCPU()
 				for range latencyBlock {
-					tc = append(tc, tcp())
+					tc = append(tc, transfer())
 				}
 				clCPU += m2 - m
 				tcCPU += processCPU() - m2

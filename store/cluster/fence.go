@@ -560,9 +560,11 @@ func (c *Cluster) claimRound() error {
 	}
 	var err error
 	if len(rel) > 0 {
-		if err = f.Release(c.life, rel, relGen); err == nil && majority {
+		switch err = f.Release(c.life, rel, relGen); {
+		case err != nil:
+		case majority:
 			c.log.Info("shards released to their new homes", "shards", len(rel))
-		} else if err == nil {
+		default:
 			c.log.Warn("this daemon sees no majority of the members etcd lists: shards it took from them released",
 				"shards", len(rel), "sees", len(v.members), "listed", len(listed))
 		}

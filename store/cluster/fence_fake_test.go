@@ -20,9 +20,15 @@ type fakeFence struct {
 	claims   map[int]ShardClaim
 	next     uint64
 	watchers map[string]func([]ShardClaim)
-	// changes is every claim taken or released, in order, said in words
-	// (for a test's failure message).
-	changes []string
+	// changes is every claim taken or released, in order (for a test's
+	// failure message).
+	changes []fenceChange
+}
+
+// fenceChange is one claim taken or released: its generation, in words.
+type fenceChange struct {
+	gen  uint64
+	says string
 }
 
 func newFakeFence() *fakeFence {
@@ -96,7 +102,7 @@ func (o *fenceOf) Take(_ context.Context, shards []int, expect []uint64) ([]Shar
 		c := ShardClaim{Shard: s, Home: o.id, Epoch: o.epoch, Gen: f.next}
 		f.claims[s] = c
 		won = append(won, c)
-		f.changes = append(f.changes, fmt.Sprintf("gen %d: %s takes shard %d from %q", c.Gen, o.id, s, cur.Home))
+		f.changes = append(f.changes, fenceChange{c.Gen, fmt.Sprintf("%s takes shard %d from %q", o.id, s, cur.Home)})
 	}
 	f.mu.Unlock()
 	f.notify(won)
@@ -119,7 +125,7 @@ func (o *fenceOf) Release(_ context.Context, shards []int, gens []uint64) error 
 		c := ShardClaim{Shard: s, Gen: f.next}
 		f.claims[s] = c
 		changed = append(changed, c)
-		f.changes = append(f.changes, fmt.Sprintf("gen %d: %s releases shard %d", c.Gen, o.id, s))
+		f.changes = append(f.changes, fenceChange{c.Gen, fmt.Sprintf("%s releases shard %d", o.id, s)})
 	}
 	f.mu.Unlock()
 	f.notify(changed)
@@ -159,10 +165,8 @@ func (f *fakeFence) since(gen uint64) string {
 	defer f.mu.Unlock()
 	var b strings.Builder
 	for _, c := range f.changes {
-		var g uint64
-		fmt.Sscanf(c, "gen %d:", &g)
-		if g > gen {
-			b.WriteString("\n\t" + c)
+		if c.gen > gen {
+			fmt.Fprintf(&b, "\n\tgen %d: %s", c.gen, c.says)
 		}
 	}
 	return b.String()
