@@ -102,7 +102,8 @@ func spawnDaemon(bin string, poolSize uint64, allowedFiles, extra []string, log 
 	}
 	go func() { d.exited <- d.cmd.Wait() }()
 	log.Info("spawned tensorcastd", "bin", bin, "pid", d.cmd.Process.Pid, "socket", d.Socket)
-	deadline := time.Now().Add(20 * time.Second)
+	wait := readyWait(poolSize)
+	deadline := time.Now().Add(wait)
 	for {
 		select {
 		case err := <-d.exited:
@@ -118,10 +119,19 @@ func spawnDaemon(bin string, poolSize uint64, allowedFiles, extra []string, log 
 		}
 		if time.Now().After(deadline) {
 			err := d.Stop()
-			return nil, fmt.Errorf("%w: tensorcastd socket %s not ready after 20s (stop: %v)", ErrDaemon, d.Socket, err)
+			return nil, fmt.Errorf("%w: tensorcastd socket %s not ready after %v (stop: %v)", ErrDaemon, d.Socket, wait, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// readyWait is how long a spawned daemon may take to open its socket: 20 s,
+// and 20 s more per GiB of pool. Before it listens the daemon registers
+// the pool with io_uring, which faults in and pins every page of it; on a
+// virtual machine whose host backs guest memory on first touch that ran at
+// 70 MB/s (a 4 GiB pool took 61 s), where bare metal zeroes GB/s.
+func readyWait(poolSize uint64) time.Duration {
+	return 20*time.Second + time.Duration(poolSize>>20)*20*time.Second/1024
 }
 
 func (d *Daemon) logTail() string {

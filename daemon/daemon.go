@@ -161,7 +161,7 @@ func New(cfg Config, log *slog.Logger, getenv func(string) string) (_ *Daemon, e
 	if cfg.DataDoorbell != "auto" {
 		workers.Doorbell = cfg.DataDoorbell
 	}
-	d.files = newFileTier(cfg, workers.WorkersFor(), segs, log.With("component", "uring"))
+	d.files = newFileTier(cfg, workers.WorkersFor(), segs, d.notify, log.With("component", "uring"))
 	var host reactor.Host // an untyped nil without the file tier
 	if d.files != nil {
 		host = d.files.t

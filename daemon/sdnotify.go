@@ -112,3 +112,56 @@ func (n *Notifier) NotifyFDs(state string, fds ...int) error {
 
 // Enabled says whether a notify socket is configured (started by systemd).
 func (n *Notifier) Enabled() bool { return n.addr != nil }
+
+// Extension is an Extend under way.
+type Extension struct {
+	done  chan struct{} // closed by Stop
+	ended chan struct{} // closed when nothing more is sent
+	once  sync.Once
+}
+
+// Stop ends the extension and returns once nothing more is sent. It is
+// idempotent.
+func (e *Extension) Stop() {
+	e.once.Do(func() { close(e.done) })
+	<-e.ended
+}
+
+// Ended is closed once nothing more is sent: after Stop, or at the limit.
+func (e *Extension) Ended() <-chan struct{} { return e.ended }
+
+// Extend keeps systemd's start-up timeout (TimeoutStartSec) from ending a
+// step that is slow but progressing, such as pinning a large pool: until
+// Stop, every `every` it sends EXTEND_TIMEOUT_USEC of three times every,
+// with STATUS=status, for at most limit in all (a step shorter than every
+// sends nothing). Past limit it sends nothing more, so systemd's own timeout applies
+// again and a step that hangs is still caught. A failed send goes to
+// logf. Without a notify socket nothing is sent.
+func (n *Notifier) Extend(status string, every, limit time.Duration, logf func(error)) *Extension {
+	e := &Extension{done: make(chan struct{}), ended: make(chan struct{})}
+	if n.addr == nil {
+		close(e.ended)
+		return e
+	}
+	msg := "EXTEND_TIMEOUT_USEC=" + strconv.FormatInt((3*every).Microseconds(), 10) + "\nSTATUS=" + status
+	go func() {
+		defer close(e.ended)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		end := time.NewTimer(limit)
+		defer end.Stop()
+		for {
+			select {
+			case <-e.done:
+				return
+			case <-end.C:
+				return
+			case <-t.C:
+			}
+			if err := n.Notify(msg); err != nil {
+				logf(err)
+			}
+		}
+	}()
+	return e
+}

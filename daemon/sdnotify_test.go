@@ -81,3 +81,48 @@ func TestWatchdogInterval(t *testing.T) {
 		}
 	}
 }
+
+// Extend sends EXTEND_TIMEOUT_USEC with its status every period; it stops sending when stopped, and by itself at its limit, so
+// that systemd's own timeout catches a step that hangs.
+func TestNotifierExtend(t *testing.T) {
+	p, next := fakeSystemd(t)
+	n := NewNotifier(env(map[string]string{"NOTIFY_SOCKET": p}))
+	t.Cleanup(func() { n.Close() })
+	want := "EXTEND_TIMEOUT_USEC=30000\nSTATUS=pinning the pool"
+	fail := func(err error) { t.Errorf("send: %v", err) }
+
+	e := n.Extend("pinning the pool", 10*time.Millisecond, time.Hour, fail)
+	for range 3 {
+		if got := next(); got != want {
+			t.Fatalf("got %q, want %q", got, want)
+		}
+	}
+	e.Stop()
+	e.Stop() // idempotent
+	if err := n.Notify("MARK"); err != nil {
+		t.Fatal(err)
+	}
+	for got := next(); got != "MARK"; got = next() {
+		if got != want {
+			t.Fatalf("got %q, want %q or MARK", got, want)
+		}
+	}
+
+	// At its limit it ends by itself, unstopped; it ends before its
+	// first period here, so it sent nothing.
+	e = n.Extend("pinning the pool", time.Hour, time.Millisecond, fail)
+	select {
+	case <-e.Ended():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the extension did not end at its limit")
+	}
+	if err := n.Notify("MARK"); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(); got != "MARK" {
+		t.Fatalf("got %q, want MARK: a step shorter than the period sends nothing", got)
+	}
+
+	off := NewNotifier(env(nil))
+	off.Extend("x", time.Millisecond, time.Hour, fail).Stop() // no socket: nothing to stop
+}
