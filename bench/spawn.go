@@ -198,12 +198,20 @@ func SpawnCheck(jobs []*Job) error {
 }
 
 // PoolSizeFor sizes a spawned daemon's pool for the largest group: every
-// clone's region and buffers, plus 64 MiB, rounded up to 2 MiB.
+// clone's buffers, and its region where the region lives in the pool (not
+// for uring, whose region is the file), plus 64 MiB, rounded up to 2 MiB.
+// A pool is pinned whole at the daemon's start, so one sized for a uring
+// job's file cost that start 15 s per GiB on a host that backs memory on
+// first touch, for nothing the job used.
 func PoolSizeFor(jobs []*Job) uint64 {
 	per := map[int]uint64{}
 	var most uint64
 	for _, j := range jobs {
-		per[j.Group] += uint64(j.NumJobs) * (j.Size + uint64(j.IODepth)*j.BSMax)
+		region := j.Size
+		if j.Engine == "uring" {
+			region = 0
+		}
+		per[j.Group] += uint64(j.NumJobs) * (region + uint64(j.IODepth)*j.BSMax)
 		most = max(most, per[j.Group])
 	}
 	const align = 2 << 20

@@ -99,4 +99,9 @@ func TestFindDaemonBinAndSpawnCheck(t *testing.T) {
 	if got := PoolSizeFor(jobs); got < 200<<20+64<<20 || got%(2<<20) != 0 {
 		t.Errorf("pool size %d for 2×100 MiB", got)
 	}
+	// A uring job's region is its file: the pool holds its buffers only.
+	jobs = mustJobs(t, "--engine=uring", "--filename=/var/tmp/x.dat", "--size=1g", "--bs=4k", "--iodepth=32", "--numjobs=4", "--name=r")
+	if got := PoolSizeFor(jobs); got < 4*32*4<<10 || got > 128<<20 || got%(2<<20) != 0 {
+		t.Errorf("pool size %d for 4 uring jobs of 32 × 4 KiB buffers over a 1 GiB file", got)
+	}
 }

@@ -45,10 +45,13 @@ for job in "${jobs[@]}"; do
     "$job" >"$w/jobs/$(basename "$job")"
 done
 
+# A uring job keeps only its buffers in the pool: both builds get the same
+# one (URING_POOL), whatever size their tcbench would pick.
 run() { # run DIR LABEL JOB ROUND
-  local dir=$1 label=$2 job=$3 r=$4 name
+  local dir=$1 label=$2 job=$3 r=$4 name pool=()
   name=$(basename "$job" .fio)
-  "$dir/tcbench" --spawn --daemon-bin "$dir/tensorcastd" --baseline --repeat 1 \
+  grep -q '^engine=uring' "$job" && pool=(--pool-size="${URING_POOL:-256m}")
+  "$dir/tcbench" --spawn "${pool[@]}" --daemon-bin "$dir/tensorcastd" --baseline --repeat 1 \
     --output-format=json --output "$w/$label-$name-$r.json" "$w/jobs/$name.fio" 2>"$w/$label-$name-$r.err" ||
     echo "bench-compare: $label $name round $r failed: $(grep -m1 tcbench: "$w/$label-$name-$r.err")" >&2
 }

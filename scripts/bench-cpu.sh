@@ -21,8 +21,12 @@
 # The client's CPU (tcbench alone: the library's submit and its wait,
 # spin included) is the run's total less that, and gets its own columns.
 #
+# Both builds' daemons get the same pool (POOL, default 256m: a uring job
+# keeps only its buffers there), so that neither pays for pinning a pool
+# sized by an older tcbench for the job's file.
+#
 # usage: scripts/bench-cpu.sh REV uring-jobfile.fio...
-# env:   REPEAT (3), BIN (bin: the "after" build, made by make build)
+# env:   REPEAT (3), BIN (bin: the "after" build, made by make build), POOL
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -89,11 +93,11 @@ one() {
   args=$(fio_args "$jf")
   echo "bench-cpu: $name round $r ($run): $side" >&2
   case $side in
-    before) BENCH_CPU_DAEMON_OUT="$out.dcpu" /usr/bin/time -f "%U %S" -o "$out.cpu" "$w/before/tcbench" --spawn \
+    before) BENCH_CPU_DAEMON_OUT="$out.dcpu" /usr/bin/time -f "%U %S" -o "$out.cpu" "$w/before/tcbench" --spawn --pool-size="${POOL:-256m}" \
               --daemon-bin "$w/before-daemon" --output-format=json --output "$out.json" "$jf" 2>"$out.err" ;;
-    after)  BENCH_CPU_DAEMON_OUT="$out.dcpu" /usr/bin/time -f "%U %S" -o "$out.cpu" "$BIN/tcbench" --spawn \
+    after)  BENCH_CPU_DAEMON_OUT="$out.dcpu" /usr/bin/time -f "%U %S" -o "$out.cpu" "$BIN/tcbench" --spawn --pool-size="${POOL:-256m}" \
               --daemon-bin "$w/after-daemon" --output-format=json --output "$out.json" "$jf" 2>"$out.err" ;;
-    warm)   "$BIN/tcbench" --spawn --daemon-bin "$BIN/tensorcastd" --output-format=json --output "$out.json" "$jf" 2>"$out.err" ;;
+    warm)   "$BIN/tcbench" --spawn --pool-size="${POOL:-256m}" --daemon-bin "$BIN/tensorcastd" --output-format=json --output "$out.json" "$jf" 2>"$out.err" ;;
     fio)    # shellcheck disable=SC2086
             /usr/bin/time -f "%U %S" -o "$out.cpu" fio --output-format=json --output "$out.json" $args 2>"$out.err" ;;
   esac || echo "bench-cpu: $name $side round $r ($run) failed: $(tail -1 "$out.err")" >&2
