@@ -30,8 +30,8 @@ import (
 //	tcp-alone  a client of d2 READs 128 × 256 KiB from a buffer a client
 //	           of d1 exported, in one Transfer;
 //	tcp-alone-x4  the same in four Transfers of 32 at once, from four
-//	           clients of d2 (the cluster's reader keeps four parts of a
-//	           holder's values on the wire at once).
+//	           clients of d2 (the cluster's reader moves four parts at
+//	           once).
 //
 // Each reports cpu-s/GB: the CPU time of the whole process (both daemons
 // and the clients are in it) per GB moved, over the timed loop (the
@@ -51,8 +51,8 @@ func BenchmarkStoreRemoteGet(b *testing.B) {
 
 // aloneRows runs the transport-alone rows of a remote get benchmark:
 // transport-alone, one Transfer, and transport-alone-x4, four at once from
-// four clients, as the cluster's reader keeps four parts of a holder's
-// values on the wire at once.
+// four clients, as the cluster's reader moves a holder's values in four
+// parts.
 func aloneRows(b *testing.B, transport string, row func(b *testing.B, parts int)) {
 	for _, parts := range []int{1, 4} {
 		name := transport + "-alone"
@@ -110,8 +110,8 @@ func remoteGetTCPAlone(b *testing.B, d1, d2 *peerDaemon, parts int) {
 //	            pool from 4 MiB blocks of d1's pool a client of d1
 //	            exported, in one Transfer, opened with transport rdma;
 //	rdma-alone-x4  the same in four Transfers of 32 at once, from four
-//	            clients of d2 (the cluster's reader keeps four parts of a
-//	            holder's values on the wire at once).
+//	            clients of d2 (the cluster's reader moves four parts at
+//	            once).
 //
 // Before each is timed, the link is brought up and warmed; each fails
 // when its timed loop moved more than 1/64 of its bytes over tcp. Besides

@@ -704,21 +704,18 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	}
 }
 
-// A holder's read is cut into parts of at least readPartMin bytes, at
-// most readPartsMax of them, with at most readInFlight parts on the wire
-// at once: as a part lands its checksum is taken while the next one
-// moves, so what is left after the last byte lands is the checksum of
-// one part, not of all the parts in flight together.
+// readParts bounds the parts a holder's read is split into, and
+// readPartMin is the least a part moves.
 const (
-	readInFlight = 4
-	readPartMin  = 1 << 20
-	readPartsMax = 16
+	readParts   = 4
+	readPartMin = 4 << 20
 )
 
 // readChecked reads spans from holder id into this daemon's pool and
 // takes each value's crc32c: sums[j] is span j's, or errs[j] why it was
-// not read. A large read goes in parts (see readInFlight), taking their
-// turns in order, each checked as soon as it has landed.
+// not read. A large read is split in parts moved at once, each checked as
+// soon as it has landed, so that the checksums of the first parts are
+// taken while the last ones are still on the wire.
 func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline time.Time) (sums []uint32, errs []error) {
 	sums = make([]uint32, len(spans))
 	errs = make([]error, len(spans))
@@ -726,14 +723,9 @@ func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline ti
 	for _, sp := range spans {
 		total += sp.Length
 	}
-	parts := int(min(uint64(readPartsMax), max(total/readPartMin, 1)))
+	parts := int(min(uint64(readParts), max(total/readPartMin, 1)))
 	parts = min(parts, len(spans))
 	per := (total + uint64(parts) - 1) / uint64(parts)
-	// A part takes a slot before it starts and gives it back once it has
-	// landed, before its checksum: parts take their slots in order, and
-	// a slot is held only for the time on the wire. Every Read ends by the
-	// deadline, so the wait for a slot does too.
-	slots := make(chan struct{}, readInFlight)
 	var wg sync.WaitGroup
 	start := 0
 	for start < len(spans) {
@@ -742,13 +734,10 @@ func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline ti
 			size += spans[end].Length
 			end++
 		}
-		slots <- struct{}{}
 		wg.Add(1)
 		go func(lo, hi int) {
 			defer wg.Done()
-			err := c.mover.Read(id, epoch, spans[lo:hi], deadline)
-			<-slots
-			if err != nil {
+			if err := c.mover.Read(id, epoch, spans[lo:hi], deadline); err != nil {
 				for j := lo; j < hi; j++ {
 					errs[j] = err
 				}
