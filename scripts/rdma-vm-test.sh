@@ -28,6 +28,9 @@
 # the store's remote get beside the rdma transport alone),
 # RDMA_DAEMON_BENCHTIME (default 5x), RDMA_DAEMON_BENCH_COUNT (runs, one
 # process each so that a benchmark's rows alternate; default 3),
+# RDMA_BASE_DAEMON_TEST (a daemon test binary, cgo, of the build to
+# compare against: each run of RDMA_DAEMON_BENCH then also runs it, the
+# two in alternating order, its output marked "base build"),
 # RDMA_COUNT (runs of each rdma/link and daemon test, default
 # 1: a leak that shows once in several CI runs shows in one VM boot),
 # RDMA_TCBENCH (1, or 0 for no tcbench), RDMA_TCBENCH_RUNTIME (each job's
@@ -148,10 +151,19 @@ if [ -x ./link.test ] && [ "${link_run}" != "-" ]; then
   ./link.test -test.v -test.count=${count} -test.timeout=300s -test.run='${link_run}' || rc=1
 fi
 if [ -x ./daemon.test ] && [ "${daemon_bench}" != "-" ]; then
-  # One process a run, so that the rows of a benchmark alternate.
+  # One process a run, so that the rows of a benchmark alternate; with a
+  # base build, the two builds' runs alternate too.
+  builds=./daemon.test
+  [ -x ./daemon-base.test ] && builds="./daemon.test ./daemon-base.test"
   for i in \$(seq 1 ${RDMA_DAEMON_BENCH_COUNT:-3}); do
-    ./daemon.test -test.run='^\$' -test.bench='${daemon_bench}' -test.benchtime=${RDMA_DAEMON_BENCHTIME:-5x} \\
-      -test.timeout=300s || rc=1
+    order=\$builds
+    [ \$((i % 2)) -eq 0 ] && [ -x ./daemon-base.test ] && order="./daemon-base.test ./daemon.test"
+    for t in \$order; do
+      [ "\$t" = ./daemon-base.test ] && echo "=== base build, run \$i"
+      [ "\$t" = ./daemon.test ] && [ -x ./daemon-base.test ] && echo "=== this build, run \$i"
+      \$t -test.run='^\$' -test.bench='${daemon_bench}' -test.benchtime=${RDMA_DAEMON_BENCHTIME:-5x} \\
+        -test.timeout=300s || rc=1
+    done
   done
 fi
 if [ -x ./daemon.test ] && [ "${daemon_run}" != "-" ]; then
@@ -168,6 +180,10 @@ set +e
 files="$w/rdma.test rdma/testdata"
 [ -f "$w/link.test" ] && files="$files $w/link.test"
 [ -f "$w/daemon.test" ] && files="$files $w/daemon.test"
+if [ -n "${RDMA_BASE_DAEMON_TEST:-}" ]; then
+  cp "$RDMA_BASE_DAEMON_TEST" "$w/daemon-base.test"
+  files="$files $w/daemon-base.test"
+fi
 [ -f "$w/deploy.test" ] && files="$files $w/deploy.test deploy"
 [ -f "$w/tcbench" ] && files="$files $w/tcbench $w/tensorcastd"
 [ -f "$w/tensorcastd-base" ] && files="$files $w/tensorcastd-base"
