@@ -193,7 +193,7 @@ set -e
 took=$(( $(date +%s) - t0 ))
 
 # The test binary's own output, as go test -v prints it.
-sed -n '/^=== RUN\|^ *--- \|^    \|^PASS$\|^FAIL$\|^ok \|^Benchmark\|^REGISTER\|^panic\|^goroutine \|^descriptor leak\|^  \|^testutil.Main/p' "$log"
+sed -n '/^=== RUN\|^=== this build\|^=== base build\|^ *--- \|^    \|^PASS$\|^FAIL$\|^ok \|^Benchmark\|^REGISTER\|^panic\|^goroutine \|^descriptor leak\|^  \|^testutil.Main/p' "$log"
 
 [ -n "${RDMA_TEST_LOG:-}" ] && cp "$log" "$RDMA_TEST_LOG"
 # perftest's own result rows.
