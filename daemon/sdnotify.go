@@ -134,9 +134,9 @@ func (e *Extension) Ended() <-chan struct{} { return e.ended }
 // step that is slow but progressing, such as pinning a large pool: until
 // Stop, every `every` it sends EXTEND_TIMEOUT_USEC of three times every,
 // with STATUS=status, for at most limit in all (a step shorter than every
-// sends nothing). Past limit it sends nothing more, so systemd's own timeout applies
-// again and a step that hangs is still caught. A failed send goes to
-// logf. Without a notify socket nothing is sent.
+// sends nothing). Past limit it sends nothing more, so that once the last
+// extension runs out systemd's own timeout catches a step that hangs. A
+// failed send goes to logf. Without a notify socket nothing is sent.
 func (n *Notifier) Extend(status string, every, limit time.Duration, logf func(error)) *Extension {
 	e := &Extension{done: make(chan struct{}), ended: make(chan struct{})}
 	if n.addr == nil {
