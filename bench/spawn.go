@@ -129,7 +129,7 @@ func spawnDaemon(bin string, poolSize uint64, allowedFiles, extra []string, log 
 // and 20 s more per GiB of pool. Before it listens the daemon registers
 // the pool with io_uring, which faults in and pins every page of it; on a
 // virtual machine whose host backs guest memory on first touch that ran at
-// 70 MB/s (a 4 GiB pool took 61 s), where bare metal zeroes GB/s.
+// 70 MB/s (a 4 GiB pool took 61 s).
 func readyWait(poolSize uint64) time.Duration {
 	return 20*time.Second + time.Duration(poolSize>>20)*20*time.Second/1024
 }

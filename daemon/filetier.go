@@ -107,21 +107,21 @@ func newFileTier(cfg Config, rings int, pools []xfer.MemSegment, notify *Notifie
 	for _, p := range pools {
 		poolBytes += len(p.Bytes())
 	}
-	var ext *Extension
-	if t.Features().FixedBuffers {
+	fixed := t.Features().FixedBuffers
+	if fixed {
 		log.Info("registering the pools as io_uring fixed buffers: every page is faulted in and pinned", "bytes", poolBytes, "rings", rings)
-		ext = notify.Extend(fmt.Sprintf("pinning %d MiB of pool as io_uring fixed buffers", poolBytes>>20),
-			10*time.Second, regWait(poolBytes), func(err error) { log.Warn("systemd notify", "err", err) })
 	}
+	// Extend sends nothing for a registration under 10 s (none at all
+	// without fixed buffers).
+	ext := notify.Extend(fmt.Sprintf("pinning %d MiB of pool as io_uring fixed buffers", poolBytes>>20),
+		10*time.Second, regWait(poolBytes), func(err error) { log.Warn("systemd notify", "err", err) })
 	start := time.Now()
 	err = t.RegisterBuffers(pools...)
-	if ext != nil {
-		ext.Stop()
-	}
+	ext.Stop()
 	if err != nil {
 		// The transport already logged its fallback to plain READ/WRITE.
 		log.Info("pools not registered as fixed buffers", "err", err)
-	} else if t.Features().FixedBuffers {
+	} else if fixed {
 		registered := 0
 		for _, p := range pools {
 			if regs := xfer.RegsOf(p); regs != nil && regs.Load(xfer.SlotURing) != nil {
