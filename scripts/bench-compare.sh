@@ -15,7 +15,9 @@
 # usage: scripts/bench-compare.sh REV [jobfile.fio...]
 # env:   ROUNDS (5; REPEAT is its old name), BIN (bin: the "after" build, made
 #        by make build), RUNTIME and RAMP (override every job's runtime and
-#        ramp_time, e.g. RUNTIME=2s RAMP=500ms for many short rounds)
+#        ramp_time, e.g. RUNTIME=2s RAMP=500ms for many short rounds), KEEP
+#        (a directory that receives every round's tcbench JSON, to
+#        recompute the table later; default: none kept)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +34,8 @@ for b in tcbench tensorcastd; do
 done
 
 w=$(mktemp -d)
-trap 'git worktree remove --force "$w/src" >/dev/null 2>&1 || true; rm -rf "$w"' EXIT
+keep() { [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP" && cp "$w"/*.json "$KEEP"/ 2>/dev/null; } || true; }
+trap 'keep; git worktree remove --force "$w/src" >/dev/null 2>&1 || true; rm -rf "$w"' EXIT
 git worktree add --detach -q "$w/src" "$rev"
 short=$(git rev-parse --short "$rev")
 echo "bench-compare: building tcbench and tensorcastd at $short" >&2
@@ -77,8 +80,28 @@ def load(label, name, r):
         return {}
 def fmt(v, m):
     return {"bw_bytes": f"{v/2**30:.2f} GiB/s", "iops": f"{v/1e3:.1f}k IOPS", "lat_p50": f"{v/1e3:.1f} µs p50"}.get(m, f"{v:g}")
-print(f"| job | before ({before}) | ratio | after ({after}) | ratio | after/before, median of rounds | after better |")
-print("|---|---|---|---|---|---|---|")
+from math import comb
+def interval(xs):
+    """The median's distribution-free interval: order statistics k and
+    n-k+1 of the sorted values, with k the largest for which the chance
+    that the true median lies outside is at most 5 % (a sign test's
+    binomial tail, nothing assumed of the spread). None below 6 values."""
+    n, k = len(xs), 0
+    for i in range(1, n // 2 + 1):
+        if 2 * sum(comb(n, j) for j in range(i)) / 2**n <= 0.05:
+            k = i
+    if k == 0:
+        return None
+    xs = sorted(xs)
+    return xs[k - 1], xs[n - k], 1 - 2 * sum(comb(n, j) for j in range(k)) / 2**n
+def verdict(iv):
+    if iv is None:
+        return "too few rounds"
+    lo, hi, _ = iv
+    return "**worse**" if hi < 1 else "better" if lo > 1 else "not separated"
+print(f"| job | before ({before}) | ratio | after ({after}) | ratio | after/before, median of rounds | interval | after better | verdict |")
+print("|---|---|---|---|---|---|---|---|---|")
+rounds_of = []
 for job in jobs:
     name = os.path.basename(job)[:-4]
     per = [(load("before", name, r), load("after", name, r)) for r in range(rounds)]
@@ -86,7 +109,7 @@ for job in jobs:
         bs = [b[j] for b, _ in per if j in b]
         as_ = [a[j] for _, a in per if j in a]
         if not bs or not as_:
-            print(f"| {j} | – | – | – | – | – | – |")
+            print(f"| {j} | – | – | – | – | – | – | – | – |")
             continue
         m = bs[0]["metric"]
         rel = []
@@ -96,12 +119,19 @@ for job in jobs:
                 rel.append(1 / x if m == "lat_p50" else x)  # above 1: after is better
         med = lambda xs, k: statistics.median(x[k] for x in xs)
         rel_s = f"{statistics.median(rel):.2f}" if rel else "–"
+        iv = interval(rel)
+        iv_s = f"{iv[0]:.2f}-{iv[1]:.2f} ({iv[2]:.0%})" if iv else "–"
         print(f"| {j} | {fmt(med(bs, 'tensorcast_median'), m)} | {med(bs, 'ratio'):.3f} | "
-              f"{fmt(med(as_, 'tensorcast_median'), m)} | {med(as_, 'ratio'):.3f} | {rel_s} | "
-              f"{sum(x > 1 for x in rel)} of {len(rel)} |")
+              f"{fmt(med(as_, 'tensorcast_median'), m)} | {med(as_, 'ratio'):.3f} | {rel_s} | {iv_s} | "
+              f"{sum(x > 1 for x in rel)} of {len(rel)} | {verdict(iv)} |")
+        rounds_of.append(f"{j}: {' '.join(f'{x:.3f}' for x in rel)}")
+print("\nafter/before by round:")
+print("\n".join(rounds_of))
 PY
 echo
 echo "Each row: $ROUNDS paired rounds, each build once per round beside its reference tool (the order of the"
 echo "builds alternating round by round); the figures and ratios are the medians over the rounds; after/before"
 echo "is the median of the rounds' ratio of ratios (above 1: after is better), and the last column counts the"
-echo "rounds in which after was better."
+echo "rounds in which after was better. The interval holds the true median of after/before with at least the"
+echo "chance given (order statistics of the rounds: a sign test, nothing assumed of the spread); a row is"
+echo "worse only when the whole interval is below 1, better when it is above, else not separated by this run."
