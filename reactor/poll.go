@@ -58,6 +58,7 @@ type poller struct {
 	limit  time.Duration    // how long a poll lasts; 0 never
 	now    func() time.Time // the clock (time.Now; a test's own)
 	start  time.Time        // the poll under way started; zero none
+	last   time.Time        // the pass under way began (read only while a poll is under way)
 	worked bool             // the last pass did work
 	misses uint8            // polls in a row that ended with nothing
 	skips  uint8            // idle turns without a poll since the last probe
@@ -67,14 +68,26 @@ type poller struct {
 	spent  time.Duration
 }
 
+// passing records that a pass begins: the end of a poll under way, if
+// the pass finds work.
+func (p *poller) passing() {
+	if !p.start.IsZero() {
+		p.last = p.now()
+	}
+}
+
 // served records a pass: one that did work ends a poll under way, found.
+// The poll ended where that pass began (passing): the pass's own work (a
+// local batch's copies, hundreds of microseconds) is not polling, and
+// counted as such it would spend pollShare on work and put the worker to
+// sleep at every idle turn for the rest of the window.
 func (p *poller) served(did bool) {
 	if !did {
 		return
 	}
 	p.worked = true
 	if !p.start.IsZero() {
-		p.stop(p.now())
+		p.stop(p.last)
 		p.misses, p.skips = 0, 0
 	}
 }

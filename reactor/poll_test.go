@@ -11,7 +11,11 @@ import (
 // pollQueue is a queue whose work, idleness and doorbell calls the test
 // sets and reads.
 type pollQueue struct {
-	work  bool // the next Serve does work
+	work bool // the next Serve does work
+	// clk and cost: a Serve that does work takes cost on clk (a local
+	// batch's copies made in the pass).
+	clk   *testutil.Clock
+	cost  time.Duration
 	idle  bool
 	bells int // Doorbell calls: the worker prepared a sleep
 	word  atomic.Uint32
@@ -20,6 +24,9 @@ type pollQueue struct {
 func (q *pollQueue) Serve() bool {
 	did := q.work
 	q.work = false
+	if did && q.clk != nil {
+		q.clk.Advance(q.cost)
+	}
 	return did
 }
 func (q *pollQueue) Doorbell() (*atomic.Uint32, uint32, bool) {
@@ -261,5 +268,37 @@ func TestPollShareBounded(t *testing.T) {
 	w.Serve()
 	if w.Sleep(ws) {
 		t.Fatal("no poll in the next window")
+	}
+}
+
+// TestPollShareCountsOnlyPolling: the share bounds the time a worker
+// polls, not the work of the pass that ends a poll. A client whose next
+// batch comes 10 µs into each poll, a batch whose copies take its pass
+// 200 µs, polls for 10 µs of every 210: a whole window without a sleep.
+// (Counted to the pass's end, the share ran out halfway through the
+// window, and the worker slept, a doorbell waking it, at every turn after.)
+func TestPollShareCountsOnlyPolling(t *testing.T) {
+	clk := testutil.NewClock(time.Now())
+	q := &pollQueue{idle: true, clk: clk, cost: 200 * time.Microsecond}
+	w := pollWorker(t, 50*time.Microsecond, clk, q)
+	ws := &pollWaits{}
+	const wait = 10 * time.Microsecond
+	q.work = true
+	w.Serve() // a batch answered
+	turns := 0
+	for start := clk.Now(); clk.Now().Sub(start) < pollWindow; turns++ {
+		if w.Sleep(ws) {
+			t.Fatalf("turn %d, %v into the window: slept (%d polls capped); want a poll at every turn",
+				turns, clk.Now().Sub(start), w.pollsCapped.Load())
+		}
+		clk.Advance(wait)
+		q.work = true
+		w.Serve()
+	}
+	if got := w.polls.Load(); got != uint64(turns) {
+		t.Fatalf("%d polls in %d turns", got, turns)
+	}
+	if w.poller.spent > time.Duration(turns)*wait {
+		t.Fatalf("polls counted %v over %d turns of %v each", w.poller.spent, turns, wait)
 	}
 }

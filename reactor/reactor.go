@@ -478,6 +478,7 @@ func (w *Worker) slot() *served {
 // Serve implements uring.Guest: one pass over the worker's queues.
 func (w *Worker) Serve() bool {
 	w.passes.Add(1)
+	w.poller.passing()
 	if w.changed.Load() {
 		w.apply()
 	}
