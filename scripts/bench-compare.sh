@@ -86,14 +86,13 @@ def interval(xs):
     n-k+1 of the sorted values, with k the largest for which the chance
     that the true median lies outside is at most 5 % (a sign test's
     binomial tail, nothing assumed of the spread). None below 6 values."""
-    n, k = len(xs), 0
-    for i in range(1, n // 2 + 1):
-        if 2 * sum(comb(n, j) for j in range(i)) / 2**n <= 0.05:
-            k = i
+    n = len(xs)
+    outside = lambda k: 2 * sum(comb(n, j) for j in range(k)) / 2**n
+    k = max((i for i in range(1, n // 2 + 1) if outside(i) <= 0.05), default=0)
     if k == 0:
         return None
     xs = sorted(xs)
-    return xs[k - 1], xs[n - k], 1 - 2 * sum(comb(n, j) for j in range(k)) / 2**n
+    return xs[k - 1], xs[n - k], 1 - outside(k)
 def verdict(iv):
     if iv is None:
         return "too few rounds"
@@ -131,7 +130,7 @@ PY
 echo
 echo "Each row: $ROUNDS paired rounds, each build once per round beside its reference tool (the order of the"
 echo "builds alternating round by round); the figures and ratios are the medians over the rounds; after/before"
-echo "is the median of the rounds' ratio of ratios (above 1: after is better), and the last column counts the"
+echo "is the median of the rounds' ratio of ratios (above 1: after is better), and "after better" counts the"
 echo "rounds in which after was better. The interval holds the true median of after/before with at least the"
 echo "chance given (order statistics of the rounds: a sign test, nothing assumed of the spread); a row is"
 echo "worse only when the whole interval is below 1, better when it is above, else not separated by this run."
