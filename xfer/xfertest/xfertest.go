@@ -83,6 +83,7 @@ type Transport struct {
 	spare  []*xfer.Task // a drained held slice, reused so Finish allocates nothing
 	reqs   []xfer.Request
 	closed bool
+	gen    uint64 // counts Updates: a Submit that read an older Config decides again before it holds
 
 	// active counts the Submits between taking tasks and holding or
 	// ending them; Close waits for it.
@@ -100,10 +101,14 @@ func New(cfg Config) *Transport {
 }
 
 // Update changes how the transport behaves from now on: fn edits its
-// Config under the transport's lock. Tasks already held stay held.
+// Config under the transport's lock. Tasks already held stay held, and a
+// Submit in progress holds no task by the Config that Update replaced: once
+// Update returns, a test that then ends every held task has ended every
+// task held by the old Config.
 func (f *Transport) Update(fn func(c *Config)) {
 	f.mu.Lock()
 	fn(&f.cfg)
+	f.gen++
 	f.mu.Unlock()
 }
 
@@ -122,7 +127,7 @@ func (f *Transport) Name() string {
 func (f *Transport) Submit(ts []*xfer.Task) (int, error) {
 	f.submits.Add(1)
 	f.mu.Lock()
-	cfg := f.cfg
+	cfg, gen := f.cfg, f.gen
 	f.mu.Unlock()
 	if cfg.OnSubmit != nil {
 		cfg.OnSubmit(ts)
@@ -158,14 +163,25 @@ func (f *Transport) Submit(ts []*xfer.Task) (int, error) {
 	// Each task is looked at once, before it is held: once held, another
 	// goroutine may end it, and its memory is then no longer ours.
 	for _, t := range take {
-		if cfg.Inline && (cfg.Hold == nil || !cfg.Hold(t)) {
-			f.carryOut(t, cfg)
-			continue
+		for {
+			if cfg.Inline && (cfg.Hold == nil || !cfg.Hold(t)) {
+				f.carryOut(t, cfg)
+				break
+			}
+			f.mu.Lock()
+			if f.gen != gen {
+				// An Update ran since cfg was read: decide again by the
+				// Config it made, or the task would be held by one a test
+				// has replaced, after the test ended what was held.
+				cfg, gen = f.cfg, f.gen
+				f.mu.Unlock()
+				continue
+			}
+			f.held = append(f.held, t)
+			f.mu.Unlock()
+			held = true
+			break
 		}
-		f.mu.Lock()
-		f.held = append(f.held, t)
-		f.mu.Unlock()
-		held = true
 	}
 	f.active.Done()
 	if held {

@@ -188,6 +188,28 @@ func TestInlineLimitLieHold(t *testing.T) {
 	}
 }
 
+// TestUpdateDuringSubmit: an Update made while a Submit runs (here from
+// its OnSubmit, after Submit read the Config) decides whether the Submit's
+// tasks are held, so a test that turns Hold off and then ends what is held
+// leaves none held behind it.
+func TestUpdateDuringSubmit(t *testing.T) {
+	a, b := xfertest.NewSegment(1, 64), xfertest.NewSegment(2, 64)
+	e := newEnds(t)
+	var tr *xfertest.Transport
+	tr = xfertest.New(xfertest.Config{Inline: true,
+		Hold: func(*xfer.Task) bool { return true },
+		OnSubmit: func([]*xfer.Task) {
+			tr.Update(func(c *xfertest.Config) { c.Hold, c.OnSubmit = nil, nil })
+		}})
+	ts := tasks(e, a, b, 2)
+	if n, err := tr.Submit(ts); n != 2 || err != nil {
+		t.Fatalf("Submit = %d, %v", n, err)
+	}
+	if tr.Held() != 0 || e.count() != 2 {
+		t.Fatalf("%d held and %d ended after Hold was turned off during the Submit; want 0 and 2", tr.Held(), e.count())
+	}
+}
+
 func TestCancelAndClose(t *testing.T) {
 	a, b := xfertest.NewSegment(1, 64), xfertest.NewSegment(2, 64)
 	e := newEnds(t)
