@@ -69,9 +69,9 @@ for ((r = 0; r < ROUNDS; r++)); do
   done
 done
 
-python3 - "$w" "$short" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +)" "$ROUNDS" "${jobs[@]}" <<'PY'
+python3 - "$w" "$short" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +)" "$ROUNDS" "$PWD" "${jobs[@]}" <<'PY'
 import json, os, statistics, sys
-w, before, after, rounds, jobs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+w, before, after, rounds, root, jobs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6:]
 def load(label, name, r):
     try:
         with open(os.path.join(w, f"{label}-{name}-{r}.json")) as f:
@@ -80,24 +80,8 @@ def load(label, name, r):
         return {}
 def fmt(v, m):
     return {"bw_bytes": f"{v/2**30:.2f} GiB/s", "iops": f"{v/1e3:.1f}k IOPS", "lat_p50": f"{v/1e3:.1f} µs p50"}.get(m, f"{v:g}")
-from math import comb
-def interval(xs):
-    """The median's distribution-free interval: order statistics k and
-    n-k+1 of the sorted values, with k the largest for which the chance
-    that the true median lies outside is at most 5 % (a sign test's
-    binomial tail, nothing assumed of the spread). None below 6 values."""
-    n = len(xs)
-    outside = lambda k: 2 * sum(comb(n, j) for j in range(k)) / 2**n
-    k = max((i for i in range(1, n // 2 + 1) if outside(i) <= 0.05), default=0)
-    if k == 0:
-        return None
-    xs = sorted(xs)
-    return xs[k - 1], xs[n - k], 1 - outside(k)
-def verdict(iv):
-    if iv is None:
-        return "too few rounds"
-    lo, hi, _ = iv
-    return "**worse**" if hi < 1 else "better" if lo > 1 else "not separated"
+sys.path.insert(0, os.path.join(root, "scripts", "lib"))
+from pairs import interval, interval_text, verdict
 print(f"| job | before ({before}) | ratio | after ({after}) | ratio | after/before, median of rounds | interval | after better | verdict |")
 print("|---|---|---|---|---|---|---|---|---|")
 rounds_of = []
@@ -119,7 +103,7 @@ for job in jobs:
         med = lambda xs, k: statistics.median(x[k] for x in xs)
         rel_s = f"{statistics.median(rel):.2f}" if rel else "–"
         iv = interval(rel)
-        iv_s = f"{iv[0]:.2f}-{iv[1]:.2f} ({iv[2]:.0%})" if iv else "–"
+        iv_s = interval_text(iv)
         print(f"| {j} | {fmt(med(bs, 'tensorcast_median'), m)} | {med(bs, 'ratio'):.3f} | "
               f"{fmt(med(as_, 'tensorcast_median'), m)} | {med(as_, 'ratio'):.3f} | {rel_s} | {iv_s} | "
               f"{sum(x > 1 for x in rel)} of {len(rel)} | {verdict(iv)} |")

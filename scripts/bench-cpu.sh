@@ -121,9 +121,11 @@ for job in "$@"; do
   done
 done
 
-python3 - "$w" "$short" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +)" "$REPEAT" "$@" <<'EOF'
+python3 - "$w" "$short" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +)" "$REPEAT" "$PWD" "$@" <<'EOF'
 import json, os, statistics, sys
-w, before, after, repeat, jobs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+w, before, after, repeat, root, jobs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6:]
+sys.path.insert(0, os.path.join(root, "scripts", "lib"))
+from pairs import interval, interval_text, verdict
 def run(path):
     with open(path + ".json") as f:
         text = f.read()
@@ -155,16 +157,29 @@ def one(path):
 def median(rs, k):
     v = [x[k] for x in rs if x[k] is not None]
     return statistics.median(v) if v else None
+def kiops(iops):
+    """IOPS in thousands, with three significant digits: 1 MiB jobs run
+    at 1-3k, where one decimal hides the rounds' differences."""
+    return f"{iops/1e3:.2f}k" if iops < 1e4 else f"{iops/1e3:.1f}k"
 meds = {}
+paired = {}
 for job in jobs:
     name = os.path.basename(job)[:-4]
     med = {}
+    by = {side: [one(os.path.join(w, f"{name}-{side}-{r}")) for r in range(1, repeat + 1)]
+          for side in ("before", "after", "fio")}
+    # Each round's after/before (throughput, CPU per I/O) and after/fio
+    # throughput: the rounds in which both sides ran.
+    paired[name] = (
+        [a[0] / b[0] for a, b in zip(by["after"], by["before"]) if a and b and b[0] > 0],
+        [a[1] / b[1] for a, b in zip(by["after"], by["before"]) if a and b and b[1] > 0],
+        [a[0] / f[0] for a, f in zip(by["after"], by["fio"]) if a and f and f[0] > 0])
     for side in ("before", "after", "fio"):
-        rs = [x for x in (one(os.path.join(w, f"{name}-{side}-{r}")) for r in range(1, repeat + 1)) if x]
+        rs = [x for x in by[side] if x]
         med[side] = tuple(median(rs, k) for k in range(5)) if rs else None
         # Every round's figures, so that a round another process disturbed
         # shows beside the medians.
-        print(f"bench-cpu: {name} {side} rounds: " + ", ".join(f"{x[0]/1e3:.1f}k IOPS {x[1]:.1f} µs/IO" for x in rs), file=sys.stderr)
+        print(f"bench-cpu: {name} {side} rounds: " + ", ".join(f"{kiops(x[0])} IOPS {x[1]:.1f} µs/IO" for x in rs), file=sys.stderr)
     meds[name] = med
 print(f"| job | before ({before}) IOPS | ratio to fio | µs CPU/IO | after ({after}) IOPS | ratio to fio | µs CPU/IO | fio IOPS | fio µs CPU/IO |")
 print("|---|---|---|---|---|---|---|---|---|")
@@ -174,9 +189,9 @@ for name, med in meds.items():
     def cell(m):
         if not m:
             return "–", "–", "–"
-        return f"{m[0]/1e3:.1f}k", f"{m[0]/f[0]:.2f}" if f else "–", f"{m[1]:.1f} ({m[2]:.1f})"
+        return kiops(m[0]), f"{m[0]/f[0]:.2f}" if f else "–", f"{m[1]:.1f} ({m[2]:.1f})"
     b, a = cell(med["before"]), cell(med["after"])
-    fc = (f"{f[0]/1e3:.1f}k", f"{f[1]:.1f} ({f[2]:.1f})") if f else ("–", "–")
+    fc = (kiops(f[0]), f"{f[1]:.1f} ({f[2]:.1f})") if f else ("–", "–")
     print(f"| {name} | {b[0]} | {b[1]} | {b[2]} | {a[0]} | {a[1]} | {a[2]} | {fc[0]} | {fc[1]} |")
 print()
 print("| job | before: client µs/IO | daemon µs/IO | after: client µs/IO | daemon µs/IO | fio µs/IO |")
@@ -186,7 +201,20 @@ def us(v):
 for name, med in meds.items():
     b, a, f = med["before"] or (None,) * 5, med["after"] or (None,) * 5, med["fio"] or (None,) * 5
     print(f"| {name} | {us(b[3])} | {us(b[4])} | {us(a[3])} | {us(a[4])} | {us(f[1])} |")
+print()
+print("| job | after/before IOPS | interval | verdict | after/before CPU per I/O | interval | verdict | after/fio IOPS | interval |")
+print("|---|---|---|---|---|---|---|---|---|")
+def m(xs):
+    return f"{statistics.median(xs):.2f}" if xs else "–"
+for name, (tput, cpu, fio) in paired.items():
+    ti, ci, fi = interval(tput), interval(cpu), interval(fio)
+    # CPU: less is better, so the verdict is on before/after.
+    cv = verdict(None if ci is None else (1 / ci[1], 1 / ci[0], ci[2]))
+    print(f"| {name} | {m(tput)} | {interval_text(ti)} | {verdict(ti)} | {m(cpu)} | {interval_text(ci)} | {cv} | {m(fio)} | {interval_text(fi)} |")
+    print(f"bench-cpu: {name} after/before by round: IOPS {' '.join(f'{x:.3f}' for x in tput)}; CPU per I/O {' '.join(f'{x:.3f}' for x in cpu)}", file=sys.stderr)
 EOF
 echo
 echo "Medians of $REPEAT rounds (a warm-up run, then before, after, fio in turn, the builds' order alternating). CPU: user+system per I/O, marginal over a 2 s run (whole run in brackets);"
 echo "client: tcbench's process alone, daemon: tensorcastd's alone (each marginal, median of its own rounds)."
+echo "Last table: each round's after/before and after/fio, their medians and the distribution-free interval of the"
+echo "median (scripts/lib/pairs.py); a verdict needs 6 rounds. CPU per I/O: below 1 is after cheaper."
