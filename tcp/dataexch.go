@@ -127,13 +127,17 @@ func (pd *pending) finishData(err error) {
 // answer there.
 func (c *conn) serveInline(h *header, kind string, body []byte, hf InlineHandler) error {
 	n := c.n
+	// The reply closure captures the id, not h: h is the event loop's
+	// header of the frame being handled, and a closure that kept it would
+	// move every frame's header to the heap (an allocation per frame).
+	id := h.id
 	replied := false
 	reply := func(resp, payload []byte) {
 		if replied {
 			return
 		}
 		replied = true
-		out := header{typ: tExchResp, id: h.id}
+		out := header{typ: tExchResp, id: id}
 		switch {
 		case len(resp) > MaxExchange || uint64(len(payload)) > uint64(n.lim.maxPayload):
 			n.log.Error("inline exchange handler answered too much", "peer", c.peer.id, "kind", kind,
