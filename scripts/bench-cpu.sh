@@ -204,13 +204,13 @@ for name, med in meds.items():
 print()
 print("| job | after/before IOPS | interval | verdict | after/before CPU per I/O | interval | verdict | after/fio IOPS | interval |")
 print("|---|---|---|---|---|---|---|---|---|")
-def m(xs):
+def med_text(xs):
     return f"{statistics.median(xs):.2f}" if xs else "–"
 for name, (tput, cpu, fio) in paired.items():
     ti, ci, fi = interval(tput), interval(cpu), interval(fio)
     # CPU: less is better, so the verdict is on before/after.
     cv = verdict(None if ci is None else (1 / ci[1], 1 / ci[0], ci[2]))
-    print(f"| {name} | {m(tput)} | {interval_text(ti)} | {verdict(ti)} | {m(cpu)} | {interval_text(ci)} | {cv} | {m(fio)} | {interval_text(fi)} |")
+    print(f"| {name} | {med_text(tput)} | {interval_text(ti)} | {verdict(ti)} | {med_text(cpu)} | {interval_text(ci)} | {cv} | {med_text(fio)} | {interval_text(fi)} |")
     print(f"bench-cpu: {name} after/before by round: IOPS {' '.join(f'{x:.3f}' for x in tput)}; CPU per I/O {' '.join(f'{x:.3f}' for x in cpu)}", file=sys.stderr)
 EOF
 echo

@@ -510,7 +510,8 @@ func TestSessionClosedWhileGetWaits(t *testing.T) {
 // starts another value write.
 func TestWaitingKeysFirstComeFirstServed(t *testing.T) {
 	e := newEnv(t, 32<<20, withL2(64<<20), withWaitDepth())
-	e.holdWriteback("wb-", 40)
+	const wbPrefix, wbKeys = "wb-", 40
+	e.holdWriteback(wbPrefix, wbKeys)
 	ss := e.s.NewSession()
 	defer ss.Close()
 	first := newAsync("first", 2)
@@ -523,7 +524,7 @@ func TestWaitingKeysFirstComeFirstServed(t *testing.T) {
 	// waiting calls'.
 	names := map[string]string{}
 	const prefix = 16
-	for _, ks := range [][][]byte{keysN("wb-", 40), fk} {
+	for _, ks := range [][][]byte{keysN(wbPrefix, wbKeys), fk} {
 		for i, v := range valuesFor(ks, 5000) {
 			names[string(v[:prefix])] = string(ks[i])
 		}
@@ -580,7 +581,7 @@ func TestWaitingKeysFirstComeFirstServed(t *testing.T) {
 	wbBefore, firstAfter := 0, 0
 	for _, k := range order {
 		switch {
-		case strings.HasPrefix(k, "wb-") && len(got) < len(want):
+		case strings.HasPrefix(k, wbPrefix) && len(got) < len(want):
 			wbBefore++
 		case strings.HasPrefix(k, "first") && len(got) > 0:
 			firstAfter++

@@ -163,24 +163,8 @@ func (f *Transport) Submit(ts []*xfer.Task) (int, error) {
 	// Each task is looked at once, before it is held: once held, another
 	// goroutine may end it, and its memory is then no longer ours.
 	for _, t := range take {
-		for {
-			if cfg.Inline && (cfg.Hold == nil || !cfg.Hold(t)) {
-				f.carryOut(t, cfg)
-				break
-			}
-			f.mu.Lock()
-			if f.gen != gen {
-				// An Update ran since cfg was read: decide again by the
-				// Config it made, or the task would be held by one a test
-				// has replaced, after the test ended what was held.
-				cfg, gen = f.cfg, f.gen
-				f.mu.Unlock()
-				continue
-			}
-			f.held = append(f.held, t)
-			f.mu.Unlock()
+		if f.holdOrCarry(t, &cfg, &gen) {
 			held = true
-			break
 		}
 	}
 	f.active.Done()
@@ -194,6 +178,28 @@ func (f *Transport) Submit(ts []*xfer.Task) (int, error) {
 		cfg.AfterSubmit()
 	}
 	return n, err
+}
+
+// holdOrCarry ends t inline or holds it, as cfg says, and reports whether
+// it held it. An Update since cfg was read (gen) makes it decide again by
+// the Config that Update made (cfg and gen then hold the new ones), so no
+// task is held by a Config a test has replaced after it ended what was
+// held.
+func (f *Transport) holdOrCarry(t *xfer.Task, cfg *Config, gen *uint64) bool {
+	for {
+		if cfg.Inline && (cfg.Hold == nil || !cfg.Hold(t)) {
+			f.carryOut(t, *cfg)
+			return false
+		}
+		f.mu.Lock()
+		if f.gen == *gen {
+			f.held = append(f.held, t)
+			f.mu.Unlock()
+			return true
+		}
+		*cfg, *gen = f.cfg, f.gen
+		f.mu.Unlock()
+	}
 }
 
 // carryOut ends t as the Config says: with Err's error, or Move's result,
