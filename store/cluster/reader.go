@@ -725,6 +725,24 @@ func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline ti
 	}
 	parts := int(min(uint64(readParts), max(total/readPartMin, 1)))
 	parts = min(parts, len(spans))
+	part := func(lo, hi int) {
+		if err := c.mover.Read(id, epoch, spans[lo:hi], deadline); err != nil {
+			for j := lo; j < hi; j++ {
+				errs[j] = err
+			}
+			return
+		}
+		for j := lo; j < hi; j++ {
+			sp := spans[j]
+			sums[j] = store.CRC(c.cfg.Pool[sp.Local : sp.Local+sp.Length])
+		}
+	}
+	if parts == 1 {
+		// A small read: on this goroutine, not handed to another one and
+		// waited for (each hand-off is a wake-up on a read's critical path).
+		part(0, len(spans))
+		return sums, errs
+	}
 	per := (total + uint64(parts) - 1) / uint64(parts)
 	var wg sync.WaitGroup
 	start := 0
@@ -737,16 +755,7 @@ func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline ti
 		wg.Add(1)
 		go func(lo, hi int) {
 			defer wg.Done()
-			if err := c.mover.Read(id, epoch, spans[lo:hi], deadline); err != nil {
-				for j := lo; j < hi; j++ {
-					errs[j] = err
-				}
-				return
-			}
-			for j := lo; j < hi; j++ {
-				sp := spans[j]
-				sums[j] = store.CRC(c.cfg.Pool[sp.Local : sp.Local+sp.Length])
-			}
+			part(lo, hi)
 		}(start, end)
 		start = end
 	}
