@@ -65,6 +65,9 @@ type batch struct {
 	// owed counts dispatched tasks whose Done has not arrived, plus freedBit
 	// once the batch is freed.
 	owed atomic.Int64
+	// released, set by AbandonThen before the batch is freed, runs once
+	// owed reaches freedBit (read by the party that brings it there).
+	released func()
 	// cnt counts tasks per State; terminal counts are cumulative for this
 	// batch until it is recycled.
 	cnt   [8]atomic.Int64
@@ -452,7 +455,7 @@ func (b *batch) TaskDone(t *Task, n uint64, err error) {
 	}
 	v := b.owed.Add(-1)
 	if v == freedBit {
-		b.e.recycle(b)
+		b.recycleNow()
 	} else if invariants.Enabled && v&(freedBit-1) > freedBit/2 {
 		panic("xfer: invariant: owed Done count below zero")
 	}
@@ -515,7 +518,19 @@ func (b *batch) retire() (release bool) {
 // the last late Done) recycles the slot.
 func (b *batch) release() {
 	if b.owed.Add(freedBit) == freedBit {
-		b.e.recycle(b)
+		b.recycleNow()
+	}
+}
+
+// recycleNow recycles b, which owes no Done any more, and runs the
+// released callback AbandonThen left (read first: once recycled, the
+// slot may be taken again at once).
+func (b *batch) recycleNow() {
+	fn := b.released
+	b.released = nil
+	b.e.recycle(b)
+	if fn != nil {
+		fn()
 	}
 }
 

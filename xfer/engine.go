@@ -448,6 +448,30 @@ func (e *Engine) Abandon(id BatchID) {
 	}
 }
 
+// AbandonThen is Abandon, and then released runs once no transport owes a
+// Done for a task of the batch: from then on no transport touches the
+// memory the tasks named (a READ that timed out can no longer land in
+// its destination, which the caller may now reuse). released runs before
+// AbandonThen returns when nothing is owed, else on the goroutine of the
+// last late Done. It never runs for a batch a transport broke the
+// dispatch contract on: that transport may still hold tasks it disowned,
+// so the memory they name must be taken as lost. false: id is unknown
+// (released never runs).
+func (e *Engine) AbandonThen(id BatchID, released func()) bool {
+	b, err := e.lock(id)
+	if err != nil {
+		return false
+	}
+	b.cancelPending(ErrCanceled)
+	b.released = released
+	release := b.retire()
+	b.mu.Unlock()
+	if release {
+		b.release()
+	}
+	return true
+}
+
 // Close stops the engine: new AllocateBatch and Submit calls fail with
 // ErrClosed, every Pending task ends Canceled (error ErrClosed) and its
 // transport is asked to Cancel it, and deadline timers are stopped. Waiting

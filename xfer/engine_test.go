@@ -1009,3 +1009,88 @@ func TestSleepingWaitAllocs(t *testing.T) {
 	}
 	xfertest.CheckRefs(t, f.a, f.b)
 }
+
+// TestAbandonThen: released runs once no transport owes a Done for the
+// batch (not while a timed-out task may still land), exactly once, at once
+// when nothing is owed, never for an unknown id nor for a batch a
+// transport broke the dispatch contract on.
+func TestAbandonThen(t *testing.T) {
+	t.Run("late Dones", func(t *testing.T) {
+		tr := xfertest.New(xfertest.Config{})
+		f := newFixture(t, xfer.Config{MaxBatches: 1, DefaultTimeout: 20 * time.Millisecond}, xfertest.RouteAll(tr))
+		id, _ := f.e.AllocateBatch(4)
+		res := make([]error, 4)
+		if err := f.e.Submit(id, f.reqs(4), f.opts, res); err != nil {
+			t.Fatal(err)
+		}
+		if sum, err := f.e.Wait(id, time.Now().Add(10*time.Second)); err != nil || sum.Timeout != 4 {
+			t.Fatalf("Wait: %+v, %v", sum, err)
+		}
+		var runs atomic.Int32
+		if !f.e.AbandonThen(id, func() { runs.Add(1) }) {
+			t.Fatal("AbandonThen: id unknown")
+		}
+		if n := runs.Load(); n != 0 {
+			t.Fatalf("released ran %d times with 4 Dones owed", n)
+		}
+		for _, task := range tr.Take(3) { // three late Dones: one still owed
+			task.Done(0, xfer.ErrCanceled)
+		}
+		if n := runs.Load(); n != 0 {
+			t.Fatalf("released ran %d times with 1 Done owed", n)
+		}
+		tr.Finish() // the last one
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("released ran %d times after the last Done, want 1", n)
+		}
+		// The slot is reused; the next batch's end does not run it again.
+		id2, err := f.e.AllocateBatch(1)
+		if err != nil {
+			t.Fatalf("slot not recycled: %v", err)
+		}
+		if err := f.e.Submit(id2, f.reqs(1), f.opts, res[:1]); err != nil {
+			t.Fatal(err)
+		}
+		tr.Finish()
+		f.e.Abandon(id2)
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("released ran %d times, want 1", n)
+		}
+	})
+	t.Run("nothing owed", func(t *testing.T) {
+		tr := xfertest.New(xfertest.Config{Inline: true})
+		f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
+		id, _ := f.e.AllocateBatch(2)
+		res := make([]error, 2)
+		if err := f.e.Submit(id, f.reqs(2), f.opts, res); err != nil {
+			t.Fatal(err)
+		}
+		ran := false
+		f.e.AbandonThen(id, func() { ran = true })
+		if !ran {
+			t.Fatal("released did not run at once with nothing owed")
+		}
+		if f.e.AbandonThen(id, func() { t.Error("released ran for a freed id") }) {
+			t.Fatal("AbandonThen took a freed id")
+		}
+	})
+	t.Run("contract broken", func(t *testing.T) {
+		// The liar holds every task but reports -1: it may touch them at
+		// any time, so the memory they name is lost.
+		liar := xfertest.New(xfertest.Config{Name: "hold-liar", Disown: true, Lie: says(func(int) int { return -1 }, nil)})
+		f := newFixture(t, xfer.Config{}, xfertest.RouteAll(liar), withLog(slog.New(&countHandler{})))
+		id, _ := f.e.AllocateBatch(2)
+		res := make([]error, 2)
+		if err := f.e.Submit(id, f.reqs(2), f.opts, res); !errors.Is(err, xfer.ErrTransport) {
+			t.Fatalf("Submit: %v", err)
+		}
+		var runs atomic.Int32
+		f.e.AbandonThen(id, func() { runs.Add(1) })
+		for _, task := range liar.Take(-1) {
+			task.Done(0, xfer.ErrCanceled)
+		}
+		if n := runs.Load(); n != 0 {
+			t.Fatalf("released ran %d times for a batch a transport broke the contract on", n)
+		}
+	})
+}
