@@ -306,11 +306,12 @@ func (p pair) Resolve(id xfer.SegmentID) (xfer.Segment, bool) {
 }
 
 // Read implements cluster.Mover: one batch of READs, every one done or an
-// error.
-func (m *mover) Read(holder string, epoch uint64, spans []cluster.Span, deadline time.Time) error {
+// error; after an error, settled closes once no transport can write into
+// the spans any more.
+func (m *mover) Read(holder string, epoch uint64, spans []cluster.Span, deadline time.Time) (<-chan struct{}, error) {
 	r, err := m.remote(holder, epoch)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	reqs := make([]xfer.Request, len(spans))
 	for i, s := range spans {
@@ -319,18 +320,16 @@ func (m *mover) Read(holder string, epoch uint64, spans []cluster.Span, deadline
 	}
 	id, err := m.engine.AllocateBatch(len(reqs))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	results := make([]error, len(reqs))
 	if err := m.engine.Submit(id, reqs, xfer.SubmitOptions{Deadline: deadline, Resolver: pair{m.pool, r}}, results); err != nil {
-		m.engine.Abandon(id)
-		return err
+		return m.settle(id), err
 	}
 	sum, werr := m.engine.Wait(id, deadline)
 	if werr != nil {
-		m.engine.Abandon(id)
 		m.forget(holder, r)
-		return werr
+		return m.settle(id), werr
 	}
 	if sum.Completed != len(reqs) {
 		var first error
@@ -340,11 +339,24 @@ func (m *mover) Read(holder string, epoch uint64, spans []cluster.Span, deadline
 				break
 			}
 		}
-		_ = m.engine.Free(id)
 		m.forget(holder, r)
-		return fmt.Errorf("%w: %d of %d reads from %s failed: %v", xfer.ErrUnavailable, len(reqs)-sum.Completed, len(reqs), holder, first)
+		return m.settle(id), fmt.Errorf("%w: %d of %d reads from %s failed: %v", xfer.ErrUnavailable, len(reqs)-sum.Completed, len(reqs), holder, first)
 	}
-	return m.engine.Free(id)
+	return nil, m.engine.Free(id)
+}
+
+// settle hands back a read batch that did not complete. The channel closes
+// once no transport can write into its destinations any more: a READ that
+// timed out may still land (an rdma READ cannot be called back), and the
+// blocks it lands in must not go back to the pool, where another value
+// may take them, before that. It never closes for a batch whose transport
+// broke its dispatch contract: that transport may write at any time.
+func (m *mover) settle(id xfer.BatchID) <-chan struct{} {
+	settled := make(chan struct{})
+	if !m.engine.AbandonThen(id, func() { close(settled) }) {
+		close(settled) // unknown: cannot be, the batch is the caller's and not freed
+	}
+	return settled
 }
 
 // ReadKey implements cluster.KeyReader: a data exchange with holder over
@@ -384,6 +396,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 	e.Gauge("tensorcast_cluster_tombstones", "Removed copies this daemon (a home) remembers for holders it did not reach.", float64(s.Tombstones))
 	e.Gauge("tensorcast_cluster_tombstones_kept", "Copies of other homes' tombstones this daemon keeps in case their home dies.", float64(s.TombsKept))
 	e.Gauge("tensorcast_cluster_home_claims", "Claims this daemon, as a home, has handed readers and not had back.", float64(s.ClaimsOutstanding))
+	e.Gauge("tensorcast_cluster_reads_unsettled", "Failed remote reads whose blocks stay reserved until their late transfers end.", float64(s.Unsettled))
 	for _, c := range []struct {
 		name, help string
 		v          uint64

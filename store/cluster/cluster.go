@@ -43,7 +43,12 @@ type Span struct {
 // reading) into this daemon's pool, over the peer link (rdma where the
 // link to the holder is up, else tcp).
 type Mover interface {
-	Read(holder string, epoch uint64, spans []Span, deadline time.Time) error
+	// Read moves spans by deadline: nil when every one is in place. After
+	// an error a transfer that outlived its deadline may still write into
+	// a span's bytes here: settled, when not nil, closes once none can
+	// any more, and until then the blocks the spans name must not be
+	// given back to the pool.
+	Read(holder string, epoch uint64, spans []Span, deadline time.Time) (settled <-chan struct{}, err error)
 }
 
 // Config configures a Cluster.
@@ -328,6 +333,9 @@ type counters struct {
 	overBudget, readersRefused                               atomic.Uint64
 	replicasMade, replicaFailed, replicasShort               atomic.Uint64
 	quickReads, quickFallbacks, quickServed                  atomic.Uint64 // one-round-trip reads (quick.go)
+	// unsettled counts failed reads whose blocks wait for their late
+	// transfers (closeWhenSettled).
+	unsettled atomic.Int64
 }
 
 // New makes the cluster of st, speaking on peers and moving bytes with

@@ -28,7 +28,12 @@
 //     value of its own (announced in turn: a hot key ends up near its
 //     readers) and answers like a local get. A read that fails, or whose
 //     bytes do not match, tries the next holder; a key no holder gives is
-//     a miss, and every fetch ends by Config.Timeout. The home hands a
+//     a miss, and every fetch ends by Config.Timeout. A read that failed
+//     with its transfer still under way (an rdma READ past its deadline
+//     cannot be called back) answers at once, but the blocks it was
+//     reading into go back to the pool only once the Mover says nothing
+//     can land in them any more (Mover.Read's settled; Stats.Unsettled):
+//     a late transfer never writes into another value. The home hands a
 //     claim with each location it answers (claim.go): a bounded number of
 //     readers per holder and key, released when the read ends or at its
 //     deadline, so a hot key spreads over its replicas; a key whose every

@@ -13,6 +13,7 @@ import (
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // An in-memory cluster for tests of the store across hosts without
@@ -43,6 +44,48 @@ type fakeNet struct {
 	cuts    map[[2]string]bool
 	flying  map[[2]string]int
 	cutGone *sync.Cond
+	// lateMu guards late and lates: while late is set, every read fails
+	// as one past its deadline whose transfer has yet to land (lates,
+	// until landLate).
+	lateMu sync.Mutex
+	late   bool
+	lates  []lateRead
+}
+
+// lateRead is a failed read whose transfer is still to land: its spans'
+// bytes in the reader's pool, and the channel that says it has landed.
+type lateRead struct {
+	dst     []byte
+	spans   []Span
+	settled chan struct{}
+}
+
+// readLate makes every read from now on fail with its transfer still to
+// land (on) or read again (off).
+func (f *fakeNet) readLate(on bool) {
+	f.lateMu.Lock()
+	defer f.lateMu.Unlock()
+	f.late = on
+}
+
+// landLate has the late reads' transfers land, as junk, in the blocks
+// they were reading into, and says they have: what a READ that outlived
+// its deadline does.
+func (f *fakeNet) landLate(junk byte) int {
+	f.lateMu.Lock()
+	defer f.lateMu.Unlock()
+	for _, l := range f.lates {
+		for _, s := range l.spans {
+			b := l.dst[s.Local : s.Local+s.Length]
+			for i := range b {
+				b[i] = junk
+			}
+		}
+		close(l.settled)
+	}
+	n := len(f.lates)
+	f.lates = nil
+	return n
 }
 
 // partition cuts daemons a and b from each other (on) or heals the cut.
@@ -162,13 +205,22 @@ func (n *fakeNode) EpochOf(id string) uint64 {
 func (n *fakeNode) Unreachable(err error) bool { return errors.Is(err, errUnreachable) }
 
 // Read implements Mover: it copies from the holder's pool into n's,
-// after the net's gate.
-func (n *fakeNode) Read(holder string, epoch uint64, spans []Span, deadline time.Time) error {
+// after the net's gate (or fails with its transfer still to land, while
+// the net reads late).
+func (n *fakeNode) Read(holder string, epoch uint64, spans []Span, deadline time.Time) (<-chan struct{}, error) {
 	p := n.net.node(holder)
 	if p == nil || p.down.Load() || n.down.Load() || n.net.isCut(n.id, holder) || epoch != 0 && epoch != p.epoch {
-		return fmt.Errorf("%w: reading from %s", errUnreachable, holder)
+		return nil, fmt.Errorf("%w: reading from %s", errUnreachable, holder)
 	}
 	f := n.net
+	f.lateMu.Lock()
+	if f.late {
+		l := lateRead{dst: n.pool.Bytes(), spans: slices.Clone(spans), settled: make(chan struct{})}
+		f.lates = append(f.lates, l)
+		f.lateMu.Unlock()
+		return l.settled, fmt.Errorf("fake mover: reading from %s: %w", holder, xfer.ErrTimeout)
+	}
+	f.lateMu.Unlock()
 	f.gateMu.Lock()
 	f.inflight[holder]++
 	f.reads[holder]++
@@ -186,19 +238,19 @@ func (n *fakeNode) Read(holder string, epoch uint64, spans []Span, deadline time
 		select {
 		case <-gate:
 		case <-t.C:
-			return fmt.Errorf("fake mover: the gate stayed shut past the deadline")
+			return nil, fmt.Errorf("fake mover: the gate stayed shut past the deadline")
 		}
 	}
 	if n.down.Load() {
 		// The reader died while its read waited: a dead daemon's read
 		// never lands.
-		return fmt.Errorf("%w: %s died reading", errUnreachable, n.id)
+		return nil, fmt.Errorf("%w: %s died reading", errUnreachable, n.id)
 	}
 	src, dst := p.pool.Bytes(), n.pool.Bytes()
 	for _, s := range spans {
 		copy(dst[s.Local:s.Local+s.Length], src[s.Remote:s.Remote+s.Length])
 	}
-	return nil
+	return nil, nil
 }
 
 // holdReads makes every read between daemons wait until releaseReads.

@@ -626,7 +626,14 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 		return
 	}
 	ss := c.st.NewSession()
-	defer ss.Close()
+	var unsettled []<-chan struct{}
+	defer func() {
+		if len(unsettled) > 0 {
+			c.closeWhenSettled(ss, unsettled, id)
+			return
+		}
+		ss.Close()
+	}()
 	_ = ss.SetReplicas(1) // 1 is in range
 	locs := make([]store.Location, len(rkeys))
 	codes := make([]store.Code, len(rkeys))
@@ -657,7 +664,8 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	if len(spans) == 0 {
 		return
 	}
-	sums, rerrs := c.readChecked(id, epoch, spans, deadline)
+	var sums []uint32
+	sums, rerrs, unsettled = c.readChecked(id, epoch, spans, deadline)
 	var ck [][]byte
 	var cw []*want
 	var crcs []uint32
@@ -715,10 +723,13 @@ const (
 // takes each value's crc32c: sums[j] is span j's, or errs[j] why it was
 // not read. A large read is split in parts moved at once, each checked as
 // soon as it has landed, so that the checksums of the first parts are
-// taken while the last ones are still on the wire.
-func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline time.Time) (sums []uint32, errs []error) {
+// taken while the last ones are still on the wire. unsettled are the
+// failed parts' Mover.Read channels: until each closes, a transfer may
+// still write into the blocks its spans name.
+func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline time.Time) (sums []uint32, errs []error, unsettled []<-chan struct{}) {
 	sums = make([]uint32, len(spans))
 	errs = make([]error, len(spans))
+	var mu sync.Mutex // unsettled, with parts at once
 	total := uint64(0)
 	for _, sp := range spans {
 		total += sp.Length
@@ -726,9 +737,15 @@ func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline ti
 	parts := int(min(uint64(readParts), max(total/readPartMin, 1)))
 	parts = min(parts, len(spans))
 	part := func(lo, hi int) {
-		if err := c.mover.Read(id, epoch, spans[lo:hi], deadline); err != nil {
+		settled, err := c.mover.Read(id, epoch, spans[lo:hi], deadline)
+		if err != nil {
 			for j := lo; j < hi; j++ {
 				errs[j] = err
+			}
+			if settled != nil {
+				mu.Lock()
+				unsettled = append(unsettled, settled)
+				mu.Unlock()
 			}
 			return
 		}
@@ -741,7 +758,7 @@ func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline ti
 		// A small read: on this goroutine, not handed to another one and
 		// waited for (each hand-off is a wake-up on a read's critical path).
 		part(0, len(spans))
-		return sums, errs
+		return sums, errs, unsettled
 	}
 	per := (total + uint64(parts) - 1) / uint64(parts)
 	var wg sync.WaitGroup
@@ -760,7 +777,42 @@ func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline ti
 		start = end
 	}
 	wg.Wait()
-	return sums, errs
+	return sums, errs, unsettled
+}
+
+// settleWarn is how long a failed read's blocks wait for its transfers
+// before the log says so (they go on waiting).
+const settleWarn = 5 * time.Second
+
+// closeWhenSettled closes ss (giving back the blocks it reserved and did
+// not commit) once every channel of unsettled has closed: no transfer of
+// a failed read from holder can land in them any more. The reader's
+// answer does not wait for it. When the cluster closes first, the blocks
+// go back then: the daemon is stopping. Called by a fetch (its fetchWG
+// count keeps Close waiting for this too).
+func (c *Cluster) closeWhenSettled(ss *store.Session, unsettled []<-chan struct{}, holder string) {
+	c.fetchWG.Add(1)
+	c.c.unsettled.Add(1)
+	go func() {
+		defer c.fetchWG.Done()
+		defer c.c.unsettled.Add(-1)
+		defer ss.Close() // first: the count falls once the blocks are back
+		warn := time.NewTimer(settleWarn)
+		defer warn.Stop()
+		for _, ch := range unsettled {
+			for waiting := true; waiting; {
+				select {
+				case <-ch:
+					waiting = false
+				case <-c.stop:
+					return
+				case <-warn.C:
+					c.log.Warn("a failed read still has transfers in flight; the blocks they land in stay reserved until they end",
+						"holder", holder, "waited", settleWarn)
+				}
+			}
+		}
+	}()
 }
 
 // logFailed says (at most once a second) that a remote read failed on

@@ -9,10 +9,13 @@ import (
 // Stats are the cluster's figures, for the metrics endpoint and `tcctl
 // stats`.
 type Stats struct {
-	Members     int // members up, this daemon included
-	HomeOf      int // shards this daemon is home of
-	IndexKeys   int // keys in this daemon's location index
-	Holds       int // claims readers hold here now
+	Members   int // members up, this daemon included
+	HomeOf    int // shards this daemon is home of
+	IndexKeys int // keys in this daemon's location index
+	Holds     int // claims readers hold here now
+	// Unsettled are failed reads here whose blocks stay reserved until
+	// their late transfers end (an rdma READ that outlived its deadline).
+	Unsettled   int
 	ViewChanges uint64
 
 	Announced, AnnounceSent, AnnounceDropped, AnnounceFailed uint64
@@ -108,6 +111,7 @@ func (c *Cluster) Stats() Stats {
 	own, kept := c.tombs.count()
 	return Stats{
 		Members: len(v.members), HomeOf: c.homeOf(v), IndexKeys: int(c.idx.keys.Load()), Holds: c.Holds(),
+		Unsettled:   int(c.c.unsettled.Load()),
 		ViewChanges: c.c.viewChanges.Load(),
 		Announced:   c.c.announced.Load(), AnnounceSent: c.c.announceSent.Load(),
 		AnnounceDropped: c.c.announceDropped.Load(), AnnounceFailed: c.c.announceFailed.Load(),
