@@ -788,10 +788,20 @@ const settleWarn = 5 * time.Second
 // not commit) once every channel of unsettled has closed: no transfer of
 // a failed read from holder can land in them any more. The reader's
 // answer does not wait for it. When the cluster closes first, the blocks
-// go back then: the daemon is stopping. Called by a fetch (its fetchWG
-// count keeps Close waiting for this too).
+// go back then: the daemon is stopping (Close waits for this too).
 func (c *Cluster) closeWhenSettled(ss *store.Session, unsettled []<-chan struct{}, holder string) {
-	c.fetchWG.Add(1)
+	// A replica's read runs in an exchange handler, which no fetch count
+	// covers: once Close has begun, the blocks go back now.
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		c.fetchWG.Add(1)
+	}
+	c.mu.Unlock()
+	if closed {
+		ss.Close()
+		return
+	}
 	c.c.unsettled.Add(1)
 	go func() {
 		defer c.fetchWG.Done()

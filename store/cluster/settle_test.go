@@ -58,3 +58,36 @@ func TestLateReadKeepsItsBlocks(t *testing.T) {
 		t.Fatalf("the key read again: %v, equal %v", err, bytes.Equal(got, v))
 	}
 }
+
+// TestLateReadAtClose: a failed read still waiting for its late transfer
+// does not hold up Close: the daemon is stopping, its blocks go back.
+func TestLateReadAtClose(t *testing.T) {
+	ids := []string{"h", "r", "x"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: time.Second, ProbeEvery: time.Hour, Staleness: -1})
+	h, r := f.node("h"), f.node("r")
+	key := keyHomedOn(f, r, "late/close", "x")
+	v := value(key, 8192)
+	h.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) }, "h's copy announced")
+	f.readLate(true)
+	if _, err := r.read(key, len(v)); err == nil {
+		t.Fatal("a read whose transfer failed answered bytes")
+	}
+	if st := r.c.Stats(); st.Unsettled != 1 {
+		t.Fatalf("%d reads waiting for their late transfers, want 1", st.Unsettled)
+	}
+	closed := make(chan struct{})
+	go func() {
+		r.c.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still waiting for a late transfer after 10s")
+	}
+	if st := r.c.Stats(); st.Unsettled != 0 {
+		t.Fatalf("%d reads still waiting after Close", st.Unsettled)
+	}
+	f.landLate(0xAA)
+}
