@@ -52,11 +52,23 @@ func (w *Worker) runThread() {
 		if w.Serve() {
 			continue
 		}
-		t.waits, t.tokens, t.soon = t.waits[:0], t.tokens[:0], false
-		t.waits = append(t.waits, waitvOf(&t.word, tok))
-		if !w.Sleep(t) {
-			continue
-		}
+		t.sleep(w, tok)
+	}
+	w.Stop()
+}
+
+// sleep is one sleep of the thread after a pass that did nothing: one
+// wait on its own word (expected at tok) and every doorbell w's Sleep
+// arms, unless Sleep calls it off. Nothing stays armed after it, whether
+// the thread slept or not: a wait of this thread is in force only
+// during waitAny, so a doorbell Sleep armed before it called the sleep
+// off (a later queue had work) must be armed again at the next sleep,
+// not taken for armed already (the ring's waits, which outlive a sleep,
+// are; see Worker.Sleep).
+func (t *thread) sleep(w *Worker, tok uint32) {
+	t.waits, t.tokens, t.soon = t.waits[:0], t.tokens[:0], false
+	t.waits = append(t.waits, waitvOf(&t.word, tok))
+	if w.Sleep(t) {
 		timeout := time.Duration(-1)
 		if t.soon {
 			timeout = threadPoll
@@ -65,12 +77,10 @@ func (w *Worker) runThread() {
 			waitAny(t.waits, timeout)
 		}
 		w.Awake()
-		// Nothing stays armed across this thread's sleeps.
-		for _, tk := range t.tokens {
-			w.Fired(tk, 0)
-		}
 	}
-	w.Stop()
+	for _, tk := range t.tokens {
+		w.Fired(tk, 0)
+	}
 }
 
 // FutexWait implements uring.Waits for the thread's next sleep.
