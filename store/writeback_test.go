@@ -85,6 +85,9 @@ func TestWritebackTombstone(t *testing.T) {
 	if err := e.s.Flush(flushWait); err != nil {
 		t.Fatalf("flush with only tombstones left: %v", err)
 	}
+	// Flush waits until no value is owed a writeback; the last failed
+	// write's I/O task may still be on its way back to the free list.
+	e.waitFor("the failed writes' I/O tasks back", func() bool { return e.s.Stats().IOInFlight == 0 })
 	st := e.s.Stats()
 	if st.Writebacks != 0 || st.Dirty != 0 || st.WritebackRetries != 3*retries || st.IOInFlight != 0 {
 		t.Fatalf("stats %+v", st)
