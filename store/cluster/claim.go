@@ -118,13 +118,7 @@ func (c *Cluster) releaseClaims(ws []*want) {
 			} // not found: expired meanwhile
 			continue
 		}
-		c.mu.Lock()
-		closed := c.closed
-		if !closed {
-			c.fetchWG.Add(1)
-		}
-		c.mu.Unlock()
-		if closed {
+		if !c.track() {
 			continue // the claims end at their deadline
 		}
 		go func() {

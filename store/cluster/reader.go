@@ -141,17 +141,23 @@ func (c *Cluster) Present(keys [][]byte, found []bool) {
 	}
 }
 
+// track counts one more goroutine that Close waits for (fetchWG), unless
+// Close has begun: false then, and nothing is counted.
+func (c *Cluster) track() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.fetchWG.Add(1)
+	return true
+}
+
 // PresentAsync is Present on a goroutine of its own (store.RemotePresence),
 // ending by Config.Timeout; when closing, done runs at once with nothing
 // found.
 func (c *Cluster) PresentAsync(keys [][]byte, found []bool, done func()) {
-	c.mu.Lock()
-	closed := c.closed
-	if !closed {
-		c.fetchWG.Add(1)
-	}
-	c.mu.Unlock()
-	if closed {
+	if !c.track() {
 		done()
 		return
 	}
@@ -306,13 +312,7 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 		}
 		return
 	}
-	c.mu.Lock()
-	closed := c.closed
-	if !closed {
-		c.fetchWG.Add(1)
-	}
-	c.mu.Unlock()
-	if closed {
+	if !c.track() {
 		<-c.fetchSem
 		for j := range own {
 			finish(j, ErrClosed)
@@ -792,13 +792,7 @@ const settleWarn = 5 * time.Second
 func (c *Cluster) closeWhenSettled(ss *store.Session, unsettled []<-chan struct{}, holder string) {
 	// A replica's read runs in an exchange handler, which no fetch count
 	// covers: once Close has begun, the blocks go back now.
-	c.mu.Lock()
-	closed := c.closed
-	if !closed {
-		c.fetchWG.Add(1)
-	}
-	c.mu.Unlock()
-	if closed {
+	if !c.track() {
 		ss.Close()
 		return
 	}
