@@ -3,8 +3,9 @@
 # daemon, for the build at REV (before) and the working tree's (after),
 # beside fio doing the same I/O, in one run. Each round runs a short
 # warm-up run (not counted), then before, after and fio one after the other
-# (so drift lands on all three), the two builds in alternating order from
-# round to round; each figure is the median of REPEAT rounds.
+# (so drift lands on all three), in an order that goes through all six
+# permutations over six rounds (so no side keeps one place); each figure
+# is the median of REPEAT rounds (a multiple of 6 gives every order equally).
 #
 # CPU is user + system time of everything a run started (/usr/bin/time over
 # `tcbench --spawn`, which reaps its private daemon, so the daemon's CPU is
@@ -103,6 +104,7 @@ one() {
   esac || echo "bench-cpu: $name $side round $r ($run) failed: $(tail -1 "$out.err")" >&2
 }
 
+orders=("before after fio" "after before fio" "fio before after" "fio after before" "before fio after" "after fio before")
 for job in "$@"; do
   name=$(basename "$job" .fio)
   sed -e 's/^runtime=.*/runtime=2s/' -e 's/^ramp_time=.*/ramp_time=0s/' "$job" > "$w/$name-short.fio"
@@ -112,8 +114,12 @@ for job in "$@"; do
     # 27.6 against 8.9 µs, and swapped, 21.6 against 7.6): a short run,
     # not counted, goes first, and the builds' order alternates.
     one "$name" warm "$r" short "$w/$name-short.fio"
-    sides="before after fio"
-    if ((r % 2 == 0)); then sides="after before fio"; fi
+    # The three sides' order goes through its six permutations round by
+    # round, fio's place included: the disk under a uring job drifts
+    # within a round (a 1 MiB read job's rounds spanned 1.8k-4.1k IOPS),
+    # and with fio always last its ratio took whatever the third place
+    # gets. Every sixth round the order repeats.
+    sides=${orders[$(((r - 1) % 6))]}
     for side in $sides; do
       one "$name" "$side" "$r" long "$job"
       one "$name" "$side" "$r" short "$w/$name-short.fio"
@@ -214,7 +220,7 @@ for name, (tput, cpu, fio) in paired.items():
     print(f"bench-cpu: {name} after/before by round: IOPS {' '.join(f'{x:.3f}' for x in tput)}; CPU per I/O {' '.join(f'{x:.3f}' for x in cpu)}", file=sys.stderr)
 EOF
 echo
-echo "Medians of $REPEAT rounds (a warm-up run, then before, after, fio in turn, the builds' order alternating). CPU: user+system per I/O, marginal over a 2 s run (whole run in brackets);"
+echo "Medians of $REPEAT rounds (a warm-up run, then before, after and fio, in an order that runs through the six permutations round by round). CPU: user+system per I/O, marginal over a 2 s run (whole run in brackets);"
 echo "client: tcbench's process alone, daemon: tensorcastd's alone (each marginal, median of its own rounds)."
 echo "Last table: each round's after/before and after/fio, their medians and the distribution-free interval of the"
 echo "median (scripts/lib/pairs.py); a verdict needs 6 rounds. CPU per I/O: below 1 is after cheaper."
