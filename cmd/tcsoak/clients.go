@@ -29,6 +29,7 @@ const (
 	kindENOSPC = "enospc" // pool -> files on a small tmpfs that the ENOSPC fault fills
 	kindChurn  = "churn"  // connect, take resources, leave without freeing
 	kindStore  = "store"  // the KV store: put, read back, reserve and abort, remove (storeSession)
+	kindXStore = "xstore" // the store across hosts, on c and d: put, get the other side's keys, remove (xstore.go)
 )
 
 // opTimeout is every request's deadline; a call that has not returned
@@ -230,6 +231,8 @@ func (w *worker) session(c *client.Client, stop <-chan struct{}) error {
 		target, targetSize = rs.ID, rs.Size
 	case kindStore:
 		return w.storeSession(c, buf, stop)
+	case kindXStore:
+		return w.xstoreSession(c, buf, stop)
 	}
 	var q *client.Queue
 	if w.kind == kindQueue {

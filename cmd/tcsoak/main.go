@@ -1,13 +1,17 @@
-// Command tcsoak runs two tensorcastd daemons under mixed load for a while,
+// Command tcsoak runs tensorcastd daemons under mixed load for a while,
 // injects faults, and reports what every request ended with, what hung,
-// what leaked and what acknowledged writes were lost.
+// what leaked and what acknowledged writes were lost. Daemons a and b carry
+// most of the load; c and d, whose stores are one store across hosts, carry
+// the xstore clients (xstore.go), and d shares b's network namespace and
+// b's stop, kill and link faults.
 //
 //	tcsoak -duration 10m [-bin bin/tensorcastd] [-work DIR] [-json report.json]
 //
 // Load: client processes of each kind (local copies, io_uring files, tcp to
 // the other daemon's export, shared-memory queues, writes to a small tmpfs,
-// connection churn, the KV store with durable puts) against both daemons,
-// restarted when they die. Faults, in turn every -fault-every: a client
+// connection churn, the KV store with durable puts) against a and b, and
+// the store across hosts (puts on one of c and d, gets of those keys on the
+// other) against c and d, restarted when they die. Faults, in turn every -fault-every: a client
 // SIGKILLed; daemon b SIGSTOPped and resumed; the link between the daemons
 // cut and restored (b runs in its own network namespace); ENOSPC on a's
 // file target (the tmpfs filled); EMFILE on a (its RLIMIT_NOFILE lowered to
@@ -183,7 +187,7 @@ func (r *Report) print(w *os.File) {
 	list("faults whose check failed", r.FaultErrors)
 	list("hangs past the deadline", r.Hangs)
 	list("leaks", r.Leaks)
-	for _, d := range []string{"a", "b"} {
+	for _, d := range []string{"a", "b", "c", "d"} {
 		fmt.Fprintf(w, "  %s before: %+v\n  %s after:  %+v\n", d, r.Before[d], d, r.After[d])
 	}
 	dw := r.DurableWrite
@@ -309,8 +313,43 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 	if err != nil {
 		return nil, err
 	}
-	daemons := map[string]*daemon{"a": a, "b": b}
-	for _, d := range []*daemon{a, b} {
+	// c and d are a pair whose stores are one store across hosts (no
+	// [[tenants]]: a tenant's store is its host's alone), for the xstore
+	// clients. d lives in b's network namespace, so the link cut parts it
+	// from c, and b's stop and kill faults stop and kill d with it.
+	portC, err := freePort(net.addrA)
+	if err != nil {
+		return nil, err
+	}
+	metricsC, err := freePort("127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
+	portD, metricsD := portB+1, metricsB+1
+	if net.ns == "" {
+		if portD, err = freePort(net.addrB); err != nil {
+			return nil, err
+		}
+		if metricsD, err = freePort("127.0.0.1"); err != nil {
+			return nil, err
+		}
+	}
+	xc, err := newDaemon("c", bin, work, key, hostPort(net.addrA, portC), "d", hostPort(net.addrB, portD),
+		hostPort("127.0.0.1", metricsC), "", nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	xd, err := newDaemon("d", bin, work, key, hostPort(net.addrB, portD), "c", hostPort(net.addrA, portC),
+		hostPort(metricsHostB, metricsD), net.ns, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	xdir := filepath.Join(work, "xstore")
+	if err := os.MkdirAll(xdir, 0o755); err != nil {
+		return nil, err
+	}
+	daemons := map[string]*daemon{"a": a, "b": b, "c": xc, "d": xd}
+	for _, d := range []*daemon{a, b, xc, xd} {
 		if err := d.start(); err != nil {
 			return nil, err
 		}
@@ -366,6 +405,9 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 				slots = append(slots, slot{k, d, dir, other})
 			}
 		}
+	}
+	for range perKind {
+		slots = append(slots, slot{kindXStore, xc, xdir, "d"}, slot{kindXStore, xd, xdir, "c"})
 	}
 	for range perKind {
 		slots = append(slots, slot{kindTCP, a, "", "b"})
@@ -456,12 +498,15 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 			if err := b.signal(syscall.SIGSTOP); err != nil {
 				return "", err
 			}
+			if err := xd.signal(syscall.SIGSTOP); err != nil {
+				return "", errors.Join(err, b.signal(syscall.SIGCONT))
+			}
 			time.Sleep(hold)
-			err := b.signal(syscall.SIGCONT)
+			err := errors.Join(b.signal(syscall.SIGCONT), xd.signal(syscall.SIGCONT))
 			mu.Lock()
-			windows = append(windows, window{"b", start, time.Now()})
+			windows = append(windows, window{"b", start, time.Now()}, window{"d", start, time.Now()})
 			mu.Unlock()
-			return fmt.Sprintf("b stopped for %v", hold), err
+			return fmt.Sprintf("b and d stopped for %v", hold), err
 		}},
 		{"link cut", func() (string, error) {
 			if net.ns == "" {
@@ -471,7 +516,7 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 				return "", err
 			}
 			time.Sleep(hold)
-			return fmt.Sprintf("link a<->b down for %v", hold), net.link(true)
+			return fmt.Sprintf("link a<->b and c<->d down for %v", hold), net.link(true)
 		}},
 		{"ENOSPC", func() (string, error) {
 			if !haveTmpfs {
@@ -510,6 +555,7 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 		{"peer SIGKILL", func() (string, error) {
 			start := time.Now()
 			b.kill()
+			xd.kill()
 			err := du.check()
 			snap, removed, serr := pc.snapshot()
 			if serr != nil {
@@ -523,12 +569,15 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 			if perr := pc.verify(snap, removed); err == nil {
 				err = perr
 			}
+			if serr := xd.start(); err == nil {
+				err = serr
+			}
 			mu.Lock()
-			windows = append(windows, window{"b", start, time.Now()})
+			windows = append(windows, window{"b", start, time.Now()}, window{"d", start, time.Now()})
 			mu.Unlock()
-			// b's baseline stays its first start's: its clients are back
-			// already, which would hide what they leak.
-			return fmt.Sprintf("b killed and restarted in %v; acknowledged file writes and durable puts read back",
+			// b's and d's baselines stay their first start's: their
+			// clients are back already, which would hide what they leak.
+			return fmt.Sprintf("b and d killed, b restarted in %v; acknowledged file writes and durable puts read back",
 				restarted.Round(time.Millisecond)), err
 		}},
 	}
@@ -601,6 +650,12 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 		Resurrected: pc.resurrected, LostAt: pc.lostAt}
 	pc.mu.Unlock()
 
+	// The xstore clients must have read values across hosts: a soak whose
+	// gets across hosts all missed tested nothing of that path.
+	if r.Codes[kindXStore+"/get-OK"] == 0 {
+		r.FaultErrors = append(r.FaultErrors, "xstore: no get found a value the other daemon put: the store across hosts was not exercised")
+	}
+
 	// Idle, then compare.
 	for n, d := range daemons {
 		u, err := waitIdle(d, 30*time.Second)
@@ -626,7 +681,7 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 	if r.Clean() && !keep {
 		defer os.RemoveAll(work)
 	} else {
-		fmt.Fprintf(os.Stderr, "tcsoak: daemon logs in %s/{a,b}/daemon.log\n", work)
+		fmt.Fprintf(os.Stderr, "tcsoak: daemon logs in %s/{a,b,c,d}/daemon.log\n", work)
 	}
 	return r, nil
 }

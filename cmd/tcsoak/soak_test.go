@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -106,5 +107,53 @@ func TestPutLogSnapshot(t *testing.T) {
 	}
 	if _, ok := snap["k/half"]; ok || len(snap) != 3 {
 		t.Fatalf("a line without its newline was read: %v", snap)
+	}
+}
+
+// TestXValue: an xstore value is its key's alone (the same key gives the
+// same bytes, another key other bytes from the first word on), so a get
+// that answered another key's value, or a stale block's, is caught.
+func TestXValue(t *testing.T) {
+	a, a2, b := make([]byte, xstoreVLen), make([]byte, xstoreVLen), make([]byte, xstoreVLen)
+	ka := xkey(nil, "c-3", 17, 0)
+	xvalue(a, ka)
+	xvalue(a2, xkey(nil, "c-3", 17, 0))
+	if string(a) != string(a2) {
+		t.Fatal("the same key gave two values")
+	}
+	for _, kb := range [][]byte{xkey(nil, "c-3", 17, 1), xkey(nil, "c-3", 18, 0), xkey(nil, "d-3", 17, 0)} {
+		xvalue(b, kb)
+		if string(a[:8]) == string(b[:8]) {
+			t.Fatalf("%s and %s share their first word", ka, kb)
+		}
+		for k := 8; k < len(a); k += 8 {
+			if string(a[k:k+8]) == string(b[k:k+8]) {
+				t.Fatalf("%s and %s share word %d", ka, kb, k/8)
+			}
+		}
+	}
+}
+
+// TestPickWriter: a reader on c picks only d's writers, with the round the
+// writer recorded last, and none before any has written.
+func TestPickWriter(t *testing.T) {
+	dir := t.TempDir()
+	w := &worker{peer: "d", dir: dir, rng: rand.New(rand.NewPCG(1, 2))}
+	if _, _, ok := w.pickWriter(); ok {
+		t.Fatal("picked a writer before any wrote")
+	}
+	for _, e := range []struct {
+		me    string
+		round int
+	}{{"c-1", 5}, {"d-2", 7}, {"d-2", 9}} {
+		if err := writeRound(dir, e.me, e.round); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 20 {
+		name, r, ok := w.pickWriter()
+		if !ok || name != "d-2" || r != 9 {
+			t.Fatalf("picked %q round %d (%v); want d-2 round 9", name, r, ok)
+		}
 	}
 }

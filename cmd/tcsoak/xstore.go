@@ -1,0 +1,187 @@
+package main
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/tensorcast/tensorcast/client"
+)
+
+// The xstore kind runs on daemons c and d, whose stores are one store
+// across hosts (no [[tenants]], each the other's peer). A client puts keys
+// of its own through its daemon, and gets through the same daemon keys
+// that the other daemon's xstore clients put: each of those gets is a
+// remote get (home lookup, claim, read over tcp into its daemon's pool,
+// crc32c), made while the soak stops, kills and cuts off d.
+//
+// A value is a function of its key alone (xvalue), so any bytes a get
+// answers can be checked exactly without knowing who put them or when: a
+// get ends with the key's exact bytes, NOT_FOUND (removed, evicted, or its
+// holder unreachable) or another code, each counted; wrong bytes count as
+// CORRUPT, which fails the soak, and a call that overruns its deadline is
+// a hang unless its own daemon was stopped meanwhile (one that waited for
+// the other daemon is never excused).
+//
+// What the other side has put is learnt from a file per writer in the
+// shared directory (dir): "<daemon>-<id>" holds the writer's last round.
+// A writer keeps its last xstoreLive rounds' keys and removes older ones,
+// so a reader asks for rounds within that window, and sometimes for the
+// ones just removed.
+const (
+	xstoreKeys  = 8
+	xstoreVLen  = 16 << 10
+	xstoreLive  = 32
+	xstoreAhead = 40 // a reader picks a round up to this far back
+)
+
+// xkey is key i of round r of writer w ("<daemon>-<id>").
+func xkey(dst []byte, w string, r, i int) []byte {
+	return fmt.Appendf(dst[:0], "x/%s/%d/%d", w, r, i)
+}
+
+// xvalue fills v with key's value: a 64-bit linear congruential sequence
+// seeded by the key's FNV-1a hash, so two keys' values differ from the
+// first word on.
+func xvalue(v, key []byte) {
+	h := fnv.New64a()
+	h.Write(key)
+	x := h.Sum64()
+	for k := 0; k+8 <= len(v); k += 8 {
+		binary.LittleEndian.PutUint64(v[k:], x)
+		x = x*6364136223846793005 + 1442695040888963407
+	}
+}
+
+// xstoreSession runs the xstore kind on one connection until an error
+// ends it. buf holds the values put (first xstoreKeys slots), the gets'
+// destinations (next xstoreKeys) and one expected value (the last slot).
+func (w *worker) xstoreSession(c *client.Client, buf *client.Buffer, stop <-chan struct{}) error {
+	self := w.selfName()
+	me := fmt.Sprintf("%s-%d", self, w.id)
+	keys := make([][]byte, xstoreKeys)
+	vals := make([]client.Extent, xstoreKeys)
+	dests := make([]client.Extent, xstoreKeys)
+	lengths := make([]uint64, xstoreKeys)
+	res := make([]error, xstoreKeys)
+	for i := range xstoreKeys {
+		vals[i] = client.Extent{Segment: buf.ID, Offset: uint64(i) * xstoreVLen, Length: xstoreVLen}
+		dests[i] = client.Extent{Segment: buf.ID, Offset: uint64(xstoreKeys+i) * xstoreVLen, Length: xstoreVLen}
+	}
+	want := buf.Mem[2*xstoreKeys*xstoreVLen : (2*xstoreKeys+1)*xstoreVLen]
+	for {
+		select {
+		case <-stop:
+			return errStop
+		default:
+		}
+		// Put this round's keys.
+		round := w.round
+		w.round++
+		for i := range keys {
+			keys[i] = xkey(keys[i], me, round, i)
+			xvalue(buf.Mem[i*xstoreVLen:(i+1)*xstoreVLen], keys[i])
+		}
+		if err := w.timed("xstore put", func() error { return c.StorePut(keys, vals, false, res) }); err != nil {
+			return err
+		}
+		w.counted("put", res)
+		if err := writeRound(w.dir, me, round); err != nil {
+			return err
+		}
+
+		// Get what a writer on the other daemon put.
+		if wr, last, ok := w.pickWriter(); ok {
+			r := max(0, last-w.rng.IntN(xstoreAhead))
+			for i := range keys {
+				keys[i] = xkey(keys[i], wr, r, i)
+			}
+			clear(buf.Mem[xstoreKeys*xstoreVLen : 2*xstoreKeys*xstoreVLen])
+			if err := w.timed("xstore get across hosts", func() error { return c.StoreRead(keys, dests, lengths, res) }); err != nil {
+				return err
+			}
+			w.counted("get", res)
+			for i, e := range res {
+				if e != nil {
+					continue
+				}
+				xvalue(want, keys[i])
+				w.verify(true, buf.Mem[(xstoreKeys+i)*xstoreVLen:(xstoreKeys+i+1)*xstoreVLen], want)
+				if lengths[i] != xstoreVLen {
+					w.count("CORRUPT", 1)
+				}
+			}
+		}
+
+		// Remove the round that leaves the window (every copy, on both
+		// daemons).
+		if old := round - xstoreLive; old >= 0 {
+			for i := range keys {
+				keys[i] = xkey(keys[i], me, old, i)
+			}
+			if err := w.timed("xstore remove", func() error { return c.StoreRemove(keys, res) }); err != nil {
+				return err
+			}
+			w.counted("remove", res)
+		}
+	}
+}
+
+// counted counts a store call's per-key results under the call's name
+// ("get-OK", "get-NOT_FOUND", ...).
+func (w *worker) counted(call string, res []error) {
+	for _, e := range res {
+		w.count(call+"-"+codeOf(e), 1)
+	}
+}
+
+// selfName is the name of the worker's own daemon: the other one of the
+// pair its peer names.
+func (w *worker) selfName() string {
+	switch w.peer {
+	case "d":
+		return "c"
+	case "c":
+		return "d"
+	}
+	return "?"
+}
+
+// pickWriter picks a writer of the other daemon at random and returns its
+// name and last round; false when none has written yet.
+func (w *worker) pickWriter() (string, int, bool) {
+	ms, _ := filepath.Glob(filepath.Join(w.dir, w.peer+"-*"))
+	var names []string
+	for _, m := range ms {
+		if !strings.HasSuffix(m, ".tmp") {
+			names = append(names, m)
+		}
+	}
+	if len(names) == 0 {
+		return "", 0, false
+	}
+	m := names[w.rng.IntN(len(names))]
+	b, err := os.ReadFile(m)
+	if err != nil {
+		return "", 0, false
+	}
+	r, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return "", 0, false
+	}
+	return filepath.Base(m), r, true
+}
+
+// writeRound records that writer me has put round r (a rename, so a
+// reader sees the old number or the new one).
+func writeRound(dir, me string, r int) error {
+	tmp := filepath.Join(dir, me+".tmp")
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(r)), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, me))
+}
