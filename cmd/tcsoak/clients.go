@@ -45,6 +45,10 @@ const (
 type report struct {
 	Codes map[string]uint64 `json:"codes"` // "kind/CODE" -> requests
 	Late  []lateOp          `json:"late,omitempty"`
+	// Served is every xstore get that found a key after its removal had
+	// been acknowledged (xstore.go), for the soak to judge against its
+	// faults.
+	Served []servedOp `json:"served_after_remove,omitempty"`
 }
 
 // lateOp is a call that returned (or is still out) past its deadline plus
@@ -65,6 +69,10 @@ type worker struct {
 	log   putLog
 	kept  []keptKey
 	round int
+	// The xstore kind's last round whose every key a remove took, and
+	// when that remove was acknowledged (-1: none yet).
+	removed   int
+	removedAt time.Time
 
 	// mu guards rep and cur.
 	mu  sync.Mutex
@@ -76,7 +84,7 @@ type worker struct {
 // killed, or until its stdin closes.
 func runClient(kind, socket, peer, dir string, id int) int {
 	w := &worker{kind: kind, socket: socket, peer: peer, dir: dir, id: id, rng: rand.New(rand.NewPCG(uint64(id), uint64(time.Now().UnixNano()))),
-		rep: report{Codes: map[string]uint64{}}}
+		rep: report{Codes: map[string]uint64{}}, removed: -1}
 	if kind == kindStore {
 		l, err := openPutLog(dir, id)
 		if err != nil {
@@ -118,7 +126,7 @@ func (w *worker) flush(out *json.Encoder) {
 		w.cur.Start = -w.cur.Start // reported once while out
 	}
 	b, _ := json.Marshal(w.rep)
-	w.rep.Late = nil
+	w.rep.Late, w.rep.Served = nil, nil
 	w.mu.Unlock()
 	var r report
 	_ = json.Unmarshal(b, &r)
@@ -420,13 +428,10 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 		w.kept = make([]keptKey, 0, storeKept)
 	}
 	for n := 0; ; n++ {
-		select {
-		case <-stop:
-			return errStop
-		default:
+		round, err := w.nextRound(stop)
+		if err != nil {
+			return err
 		}
-		round := w.round
-		w.round++
 		durable := round%2 == 0
 		for i := range nkeys {
 			keys[i] = fmt.Appendf(keys[i][:0], "soak/%d/%d/%d", w.id, round, i)
@@ -434,7 +439,7 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 			putPattern(buf.Mem[i*vlen:(i+1)*vlen], seeds[i])
 		}
 		put := make([]bool, nkeys)
-		err := w.timed("store put+read", func() error {
+		err = w.timed("store put+read", func() error {
 			if err := c.StorePut(keys, vals, durable, res); err != nil {
 				return err
 			}
@@ -517,6 +522,19 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 			w.log.removed(logged, res[:len(logged)])
 		}
 	}
+}
+
+// nextRound returns the next round of a store kind's session, or errStop
+// once stop is closed.
+func (w *worker) nextRound(stop <-chan struct{}) (int, error) {
+	select {
+	case <-stop:
+		return 0, errStop
+	default:
+	}
+	r := w.round
+	w.round++
+	return r, nil
 }
 
 // storeResults counts a store call's results, and a BUSY also under the
@@ -630,8 +648,9 @@ func startClient(self, kind string, d *daemon, peer string, dir string, id int) 
 			}
 			p.mu.Lock()
 			late := append(p.last.Late, r.Late...)
+			served := append(p.last.Served, r.Served...)
 			p.last = r
-			p.last.Late = late
+			p.last.Late, p.last.Served = late, served
 			p.mu.Unlock()
 		}
 		_ = cmd.Wait()

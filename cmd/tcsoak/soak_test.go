@@ -134,26 +134,53 @@ func TestXValue(t *testing.T) {
 	}
 }
 
-// TestPickWriter: a reader on c picks only d's writers, with the round the
-// writer recorded last, and none before any has written.
+// TestPickWriter: a reader on c picks only d's writers, with the record
+// the writer wrote last, and none before any has written.
 func TestPickWriter(t *testing.T) {
 	dir := t.TempDir()
 	w := &worker{peer: "d", dir: dir, rng: rand.New(rand.NewPCG(1, 2))}
-	if _, _, ok := w.pickWriter(); ok {
+	if _, ok := w.pickWriter(); ok {
 		t.Fatal("picked a writer before any wrote")
 	}
+	at := time.UnixMilli(time.Now().UnixMilli())
 	for _, e := range []struct {
-		me    string
-		round int
-	}{{"c-1", 5}, {"d-2", 7}, {"d-2", 9}} {
-		if err := writeRound(dir, e.me, e.round); err != nil {
+		me             string
+		round, removed int
+	}{{"c-1", 5, -1}, {"d-2", 7, -1}, {"d-2", 9, 3}} {
+		wr := &worker{dir: dir, removed: e.removed, removedAt: at}
+		if err := wr.writeRound(e.me, e.round); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for range 20 {
-		name, r, ok := w.pickWriter()
-		if !ok || name != "d-2" || r != 9 {
-			t.Fatalf("picked %q round %d (%v); want d-2 round 9", name, r, ok)
+		got, ok := w.pickWriter()
+		if want := (writer{name: "d-2", last: 9, removed: 3, removedAt: at}); !ok || got != want {
+			t.Fatalf("picked %+v (%v); want %+v", got, ok, want)
+		}
+	}
+}
+
+// TestNearApart: a removed key found again is excused when c and d were
+// apart from apartGrace before the removal to the get's answer, and not
+// otherwise.
+func TestNearApart(t *testing.T) {
+	t0 := time.Now()
+	ws := []window{{daemon: "d", start: t0, end: t0.Add(5 * time.Second)}}
+	at := func(d time.Duration) int64 { return t0.Add(d).UnixMilli() }
+	cases := []struct {
+		name    string
+		x       servedOp
+		excused bool
+	}{
+		{"removed while apart", servedOp{RemovedAt: at(2 * time.Second), Start: at(4 * time.Second), End: at(4100 * time.Millisecond)}, true},
+		{"removed soon after", servedOp{RemovedAt: at(8 * time.Second), Start: at(10 * time.Second), End: at(10100 * time.Millisecond)}, true},
+		{"apart during the get", servedOp{RemovedAt: at(-3 * time.Second), Start: at(-time.Second), End: at(time.Second)}, true},
+		{"long after", servedOp{RemovedAt: at(5*time.Second + apartGrace + time.Second), Start: at(30 * time.Second), End: at(31 * time.Second)}, false},
+		{"long before", servedOp{RemovedAt: at(-30 * time.Second), Start: at(-20 * time.Second), End: at(-19 * time.Second)}, false},
+	}
+	for _, c := range cases {
+		if got := nearApart(ws, c.x); got != c.excused {
+			t.Errorf("%s: excused %v, want %v", c.name, got, c.excused)
 		}
 	}
 }

@@ -6,8 +6,9 @@ import (
 	"hash/fnv"
 	"os"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/tensorcast/tensorcast/client"
 )
@@ -28,16 +29,35 @@ import (
 // the other daemon is never excused).
 //
 // What the other side has put is learnt from a file per writer in the
-// shared directory (dir): "<daemon>-<id>" holds the writer's last round.
-// A writer keeps its last xstoreLive rounds' keys and removes older ones,
-// so a reader asks for rounds within that window, and sometimes for the
-// ones just removed.
+// shared directory (dir): "<daemon>-<id>" holds the writer's last round,
+// and the last round whose every key a remove took with when that remove
+// was acknowledged. A writer keeps its last xstoreLive rounds' keys and
+// removes older ones, so a reader asks for rounds within that window, and
+// sometimes for the ones just removed.
+//
+// One get in xstoreGoneEvery asks, at least xstoreGoneAfter after it was
+// acknowledged, for the round a writer removed last. A removal takes every
+// copy its home knows of before it is acknowledged, so such a get must
+// not find the key; one that does is reported (servedOp) for the soak to
+// judge: it is excused only near a fault that parted c from d, since a
+// copy made while they were apart stays until the daemons meet again and
+// it is re-announced.
 const (
-	xstoreKeys  = 8
-	xstoreVLen  = 16 << 10
-	xstoreLive  = 32
-	xstoreAhead = 40 // a reader picks a round up to this far back
+	xstoreKeys      = 8
+	xstoreVLen      = 16 << 10
+	xstoreLive      = 32
+	xstoreAhead     = 40 // a reader picks a round up to this far back
+	xstoreGoneEvery = 4
+	xstoreGoneAfter = time.Second
 )
+
+// servedOp is an xstore get that found a key removed before the get began.
+type servedOp struct {
+	Key       string `json:"key"`
+	RemovedAt int64  `json:"removed_ms"` // the remove acknowledged
+	Start     int64  `json:"start_ms"`   // the get sent
+	End       int64  `json:"end_ms"`     // the get answered
+}
 
 // xkey is key i of round r of writer w ("<daemon>-<id>").
 func xkey(dst []byte, w string, r, i int) []byte {
@@ -74,14 +94,11 @@ func (w *worker) xstoreSession(c *client.Client, buf *client.Buffer, stop <-chan
 	}
 	want := buf.Mem[2*xstoreKeys*xstoreVLen : (2*xstoreKeys+1)*xstoreVLen]
 	for {
-		select {
-		case <-stop:
-			return errStop
-		default:
-		}
 		// Put this round's keys.
-		round := w.round
-		w.round++
+		round, err := w.nextRound(stop)
+		if err != nil {
+			return err
+		}
 		for i := range keys {
 			keys[i] = xkey(keys[i], me, round, i)
 			xvalue(buf.Mem[i*xstoreVLen:(i+1)*xstoreVLen], keys[i])
@@ -90,21 +107,31 @@ func (w *worker) xstoreSession(c *client.Client, buf *client.Buffer, stop <-chan
 			return err
 		}
 		w.counted("put", res)
-		if err := writeRound(w.dir, me, round); err != nil {
+		if err := w.writeRound(me, round); err != nil {
 			return err
 		}
 
 		// Get what a writer on the other daemon put.
-		if wr, last, ok := w.pickWriter(); ok {
-			r := max(0, last-w.rng.IntN(xstoreAhead))
+		if wr, ok := w.pickWriter(); ok {
+			r := max(0, wr.last-w.rng.IntN(xstoreAhead))
+			gone := wr.removed >= 0 && time.Since(wr.removedAt) >= xstoreGoneAfter && w.rng.IntN(xstoreGoneEvery) == 0
+			if gone {
+				r = wr.removed
+			}
 			for i := range keys {
-				keys[i] = xkey(keys[i], wr, r, i)
+				keys[i] = xkey(keys[i], wr.name, r, i)
 			}
 			clear(buf.Mem[xstoreKeys*xstoreVLen : 2*xstoreKeys*xstoreVLen])
+			start := time.Now()
 			if err := w.timed("xstore get across hosts", func() error { return c.StoreRead(keys, dests, lengths, res) }); err != nil {
 				return err
 			}
-			w.counted("get", res)
+			end := time.Now()
+			if gone {
+				w.counted("get-removed", res)
+			} else {
+				w.counted("get", res)
+			}
 			for i, e := range res {
 				if e != nil {
 					continue
@@ -113,6 +140,12 @@ func (w *worker) xstoreSession(c *client.Client, buf *client.Buffer, stop <-chan
 				w.verify(true, buf.Mem[(xstoreKeys+i)*xstoreVLen:(xstoreKeys+i+1)*xstoreVLen], want)
 				if lengths[i] != xstoreVLen {
 					w.count("CORRUPT", 1)
+				}
+				if gone {
+					w.mu.Lock()
+					w.rep.Served = append(w.rep.Served, servedOp{Key: string(keys[i]), RemovedAt: wr.removedAt.UnixMilli(),
+						Start: start.UnixMilli(), End: end.UnixMilli()})
+					w.mu.Unlock()
 				}
 			}
 		}
@@ -127,6 +160,9 @@ func (w *worker) xstoreSession(c *client.Client, buf *client.Buffer, stop <-chan
 				return err
 			}
 			w.counted("remove", res)
+			if !slices.ContainsFunc(res, func(e error) bool { return e != nil }) {
+				w.removed, w.removedAt = old, time.Now()
+			}
 		}
 	}
 }
@@ -151,9 +187,17 @@ func (w *worker) selfName() string {
 	return "?"
 }
 
-// pickWriter picks a writer of the other daemon at random and returns its
-// name and last round; false when none has written yet.
-func (w *worker) pickWriter() (string, int, bool) {
+// writer is what a reader knows of a writer of the other daemon.
+type writer struct {
+	name      string    // "<daemon>-<id>"
+	last      int       // its last round put
+	removed   int       // its last round removed whole; -1 none
+	removedAt time.Time // when that remove was acknowledged
+}
+
+// pickWriter picks a writer of the other daemon at random; false when none
+// has written yet.
+func (w *worker) pickWriter() (writer, bool) {
 	ms, _ := filepath.Glob(filepath.Join(w.dir, w.peer+"-*"))
 	var names []string
 	for _, m := range ms {
@@ -162,26 +206,29 @@ func (w *worker) pickWriter() (string, int, bool) {
 		}
 	}
 	if len(names) == 0 {
-		return "", 0, false
+		return writer{}, false
 	}
 	m := names[w.rng.IntN(len(names))]
 	b, err := os.ReadFile(m)
 	if err != nil {
-		return "", 0, false
+		return writer{}, false
 	}
-	r, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return "", 0, false
+	var wr writer
+	var at int64
+	if _, err := fmt.Sscan(string(b), &wr.last, &wr.removed, &at); err != nil {
+		return writer{}, false
 	}
-	return filepath.Base(m), r, true
+	wr.name, wr.removedAt = filepath.Base(m), time.UnixMilli(at)
+	return wr, true
 }
 
-// writeRound records that writer me has put round r (a rename, so a
-// reader sees the old number or the new one).
-func writeRound(dir, me string, r int) error {
-	tmp := filepath.Join(dir, me+".tmp")
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(r)), 0o644); err != nil {
+// writeRound records that writer me has put round r, and its last removal
+// (a rename, so a reader sees the old record or the new one).
+func (w *worker) writeRound(me string, r int) error {
+	tmp := filepath.Join(w.dir, me+".tmp")
+	rec := fmt.Sprintf("%d %d %d\n", r, w.removed, w.removedAt.UnixMilli())
+	if err := os.WriteFile(tmp, []byte(rec), 0o644); err != nil {
 		return err
 	}
-	return os.Rename(tmp, filepath.Join(dir, me))
+	return os.Rename(tmp, filepath.Join(w.dir, me))
 }
