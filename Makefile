@@ -148,10 +148,11 @@ bench: build
 	scripts/bench-section.sh rdma-register "Registering a 4 GiB region for RDMA (Soft-RoCE under qemu TCG)" \
 	  bash -c 'set -o pipefail; RXE_MEM=9728 RXE_REG_MB=4096 RXE_TIMEOUT=600 RDMA_TEST_RUN=TestVerbsRegisterLarge RDMA_BENCH=- RDMA_DAEMON_RUN=- scripts/rdma-vm-test.sh | grep -E "MR registration|^rdma \\(Soft"'
 
-# A long run of both daemons under mixed load and faults (cmd/tcsoak), not
+# A long run of four daemons under mixed load and faults (cmd/tcsoak), not
 # part of `make test`: it reports requests by final code, hangs, leaks,
 # acknowledged writes and durable puts lost after kill -9, values lost
-# across a hitless restart and breaches of tenant isolation, and fails on
+# across a hitless restart, breaches of tenant isolation, wrong bytes from
+# the store across hosts and removed keys found again there, and fails on
 # any of them. SOAK sets how long; it needs root for its faults (netns, tmpfs,
 # rlimits) and skips, saying so, those it cannot inject.
 SOAK ?= 10m
