@@ -129,6 +129,9 @@ type Report struct {
 	// those that found the key near a time c and d were apart.
 	XChecked uint64 `json:"xstore_removed_checked"`
 	XExcused uint64 `json:"xstore_removed_found_near_faults"`
+	// XLinger is the longest an excused one was sent after c and d were
+	// together again: how long a copy made apart outlived the parting.
+	XLinger time.Duration `json:"xstore_removed_linger_ns"`
 }
 
 type durableReport struct {
@@ -214,8 +217,9 @@ func (r *Report) print(w *os.File) {
 		fmt.Fprintln(w, "  "+l)
 	}
 	fmt.Fprintf(w, "corrupt read-backs: %d\n", r.Corrupt)
-	fmt.Fprintf(w, "xstore gets of keys removed at least %v before: %d keys judged; found again near c and d being apart: %d, "+
-		"with no such fault near: %d\n", xstoreGoneAfter, r.XChecked, r.XExcused, len(r.XServed))
+	fmt.Fprintf(w, "xstore gets of keys removed at least %v before: %d keys judged; found again near c and d being apart: %d "+
+		"(the latest sent %v after they were together again), with no such fault near: %d\n", xstoreGoneAfter, r.XChecked,
+		r.XExcused, r.XLinger.Round(time.Millisecond), len(r.XServed))
 	for _, x := range r.XServed {
 		fmt.Fprintln(w, "  "+x)
 	}
@@ -653,8 +657,9 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 			}
 		}
 		for _, x := range rep.Served {
-			if nearApart(apart, x) {
+			if near, after := nearApart(apart, x); near {
 				r.XExcused++
+				r.XLinger = max(r.XLinger, after)
 			} else {
 				r.XServed = append(r.XServed, fmt.Sprintf("xstore client %d of %s: %s, removed at %s, found by a get from %s to %s",
 					p.id, p.d.name, x.Key, time.UnixMilli(x.RemovedAt).Format("15:04:05.000"),
@@ -733,15 +738,23 @@ const apartGrace = 10 * time.Second
 
 // nearApart reports whether a get that found a removed key came near a
 // time c and d were apart: from apartGrace before the removal to the
-// get's answer.
-func nearApart(ws []window, x servedOp) bool {
+// get's answer. If so, it also returns how long after the last such time
+// ended the get was sent (0 when it was sent while they were apart).
+func nearApart(ws []window, x servedOp) (bool, time.Duration) {
 	from, to := time.UnixMilli(x.RemovedAt).Add(-apartGrace), time.UnixMilli(x.End)
+	near, last := false, time.Time{}
 	for _, w := range ws {
 		if w.start.Before(to) && w.end.After(from) {
-			return true
+			near = true
+			if w.end.After(last) {
+				last = w.end
+			}
 		}
 	}
-	return false
+	if !near {
+		return false, 0
+	}
+	return true, max(0, time.UnixMilli(x.Start).Sub(last))
 }
 
 // putLogDir is where the store clients of d write their put logs.

@@ -164,23 +164,24 @@ func TestPickWriter(t *testing.T) {
 // apart from apartGrace before the removal to the get's answer, and not
 // otherwise.
 func TestNearApart(t *testing.T) {
-	t0 := time.Now()
+	t0 := time.UnixMilli(time.Now().UnixMilli()) // as the reports carry it
 	ws := []window{{daemon: "d", start: t0, end: t0.Add(5 * time.Second)}}
 	at := func(d time.Duration) int64 { return t0.Add(d).UnixMilli() }
 	cases := []struct {
 		name    string
 		x       servedOp
 		excused bool
+		after   time.Duration // sent this long after they were together again
 	}{
-		{"removed while apart", servedOp{RemovedAt: at(2 * time.Second), Start: at(4 * time.Second), End: at(4100 * time.Millisecond)}, true},
-		{"removed soon after", servedOp{RemovedAt: at(8 * time.Second), Start: at(10 * time.Second), End: at(10100 * time.Millisecond)}, true},
-		{"apart during the get", servedOp{RemovedAt: at(-3 * time.Second), Start: at(-time.Second), End: at(time.Second)}, true},
-		{"long after", servedOp{RemovedAt: at(5*time.Second + apartGrace + time.Second), Start: at(30 * time.Second), End: at(31 * time.Second)}, false},
-		{"long before", servedOp{RemovedAt: at(-30 * time.Second), Start: at(-20 * time.Second), End: at(-19 * time.Second)}, false},
+		{"removed while apart", servedOp{RemovedAt: at(2 * time.Second), Start: at(4 * time.Second), End: at(4100 * time.Millisecond)}, true, 0},
+		{"removed soon after", servedOp{RemovedAt: at(8 * time.Second), Start: at(10 * time.Second), End: at(10100 * time.Millisecond)}, true, 5 * time.Second},
+		{"apart during the get", servedOp{RemovedAt: at(-3 * time.Second), Start: at(-time.Second), End: at(time.Second)}, true, 0},
+		{"long after", servedOp{RemovedAt: at(5*time.Second + apartGrace + time.Second), Start: at(30 * time.Second), End: at(31 * time.Second)}, false, 0},
+		{"long before", servedOp{RemovedAt: at(-30 * time.Second), Start: at(-20 * time.Second), End: at(-19 * time.Second)}, false, 0},
 	}
 	for _, c := range cases {
-		if got := nearApart(ws, c.x); got != c.excused {
-			t.Errorf("%s: excused %v, want %v", c.name, got, c.excused)
+		if got, after := nearApart(ws, c.x); got != c.excused || after != c.after {
+			t.Errorf("%s: excused %v, %v after; want %v, %v after", c.name, got, after, c.excused, c.after)
 		}
 	}
 }
