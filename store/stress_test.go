@@ -164,6 +164,11 @@ func TestStress(t *testing.T) {
 	}
 	wg.Wait()
 	failOn.Store(false)
+	// A write that failed by injection schedules its retry on the fake
+	// clock when it ends: wait until every I/O has ended, or a retry
+	// scheduled after the advance below would wait for a clock no one
+	// moves again, and Flush with it.
+	e.waitFor("the I/O under injected failures to end", func() bool { return e.s.Stats().IOInFlight == 0 })
 	e.clk.Advance(time.Hour) // expire every lease, run every retry
 	if err := e.s.Flush(flushWait); err != nil {
 		t.Fatal(err)
