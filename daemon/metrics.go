@@ -154,6 +154,7 @@ func (d *Daemon) collectPool(e *metrics.Emit) {
 		e.Gauge("tensorcast_pool_free_slabs", "Slabs held by no block size class.", float64(s.FreeSlabs), tn)
 		e.Gauge("tensorcast_pool_fragmentation_ratio", "Share of held slabs' bytes that carries no requested data (0..1).", s.Fragmentation, tn)
 		e.Bool("tensorcast_pool_hugepages", "Whether the pool is backed by hugepages.", s.Hugepages, tn)
+		e.Gauge("tensorcast_pool_thp_bytes", "Pool bytes placed on transparent huge pages when the pool was made.", float64(s.THPBytes), tn)
 		for _, c := range s.Classes {
 			l := metrics.L("block_size", strconv.FormatUint(c.BlockSize, 10))
 			e.Gauge("tensorcast_pool_class_blocks", "Live blocks per block size class.", float64(c.Live), tn, l)

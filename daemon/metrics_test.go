@@ -167,7 +167,7 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 	if strings.Contains(exp, `tensorcast_transport_errors_total{transport="local"`) {
 		t.Errorf("errors counted for a workload without any:\n%s", exp)
 	}
-	for _, name := range []string{"tensorcast_build_info{", "tensorcast_pool_fragmentation_ratio{", "tensorcast_pool_used_bytes{", "go_goroutines ", "process_open_fds "} {
+	for _, name := range []string{"tensorcast_build_info{", "tensorcast_pool_fragmentation_ratio{", "tensorcast_pool_thp_bytes{", "tensorcast_pool_used_bytes{", "go_goroutines ", "process_open_fds "} {
 		if !strings.Contains(exp, name) {
 			t.Errorf("scrape lacks %s", name)
 		}

@@ -367,8 +367,12 @@ type PoolStats struct {
 	// blocks (class size minus requested size) plus the free blocks of held
 	// slabs, over the held slabs' bytes. Zero when no slab is held.
 	Fragmentation float64
-	Hugepages     bool         // the pool is backed by hugepages
-	Classes       []ClassStats // one per size class, smallest first
+	Hugepages     bool // the pool is backed by hugepages
+	// THPBytes are the pool's bytes placed on transparent huge pages when
+	// it was made (PoolConfig.Hugepages "auto" without hugepages); 0 for a
+	// pool adopted from an earlier daemon, whose pages are not looked at.
+	THPBytes uint64
+	Classes  []ClassStats // one per size class, smallest first
 }
 
 // stats takes a consistent snapshot: every class mutex in order, then slabMu.

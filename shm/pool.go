@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -27,8 +28,10 @@ const (
 
 // Hugepages modes of PoolConfig.Hugepages.
 const (
-	// HugepagesAuto tries hugepages and falls back to normal pages, saying
-	// why. The empty string means the same.
+	// HugepagesAuto tries hugepages; without them it places the pool on
+	// transparent 2 MiB pages (collapsed at start, so the pool is resident
+	// from then on), and where the kernel refuses those, on normal pages,
+	// saying why. The empty string means the same.
 	HugepagesAuto = "auto"
 	// HugepagesOn fails NewPool (ErrNoHugepages) when hugepages cannot be had.
 	HugepagesOn = "on"
@@ -47,9 +50,10 @@ type PoolConfig struct {
 	// MaxBlock. With hugepages it must also be a multiple of HugepageSize:
 	// "auto" falls back to normal pages when it is not, "on" fails.
 	Size uint64
-	// Hugepages is "auto" (try a MFD_HUGETLB memfd, fall back to normal
-	// pages), "on" (fail if hugepages cannot be had) or "off". Empty is
-	// "auto".
+	// Hugepages is "auto" (try a MFD_HUGETLB memfd, fall back to
+	// transparent huge pages, then to normal pages), "on" (fail if
+	// hugepages cannot be had) or "off" (normal pages, faulted in as they
+	// are first touched). Empty is "auto".
 	Hugepages string
 	// MinBlock is the smallest size class, a power of two (default 4 KiB).
 	MinBlock uint64
@@ -117,6 +121,9 @@ type Pool struct {
 	fd   int
 	mem  []byte
 	huge bool
+	// thp is the bytes of a normal-page pool that NewPool placed on
+	// transparent huge pages (collapse).
+	thp  uint64
 	log  *slog.Logger
 	refs refs
 	// gone is set once teardown unmapped the pool and closed its memfd.
@@ -178,6 +185,25 @@ func NewPool(cfg PoolConfig, log *slog.Logger) (*Pool, error) {
 			return nil, err
 		}
 	}
+	var (
+		thp  uint64
+		took time.Duration
+	)
+	if !huge && mode == HugepagesAuto {
+		// An I/O into normal pages takes up to one DMA segment a 4 KiB page:
+		// a virtio disk takes at most 254 of them per request, so a 1 MiB
+		// read splits in two and never merges with the next one, where
+		// 2 MiB pages make it one segment (see BENCHMARKS.md).
+		t0 := time.Now()
+		done, spans, err := collapse(mem)
+		took = time.Since(t0)
+		thp = uint64(done) * HugepageSize
+		if err != nil {
+			why += fmt.Sprintf("; transparent huge pages for %d of %d 2 MiB spans: %v", done, spans, err)
+		} else {
+			why += "; transparent huge pages"
+		}
+	}
 	if cfg.Prefault {
 		if err := prefault(mem); err != nil {
 			return nil, errors.Join(err, unmap(mem), closeFd(fd))
@@ -188,15 +214,21 @@ func NewPool(cfg PoolConfig, log *slog.Logger) (*Pool, error) {
 		fd:   fd,
 		mem:  mem,
 		huge: huge,
+		thp:  thp,
 		log:  log,
 		a:    newAllocator(size, minBlock, maxBlock),
 	}
 	pages := "normal"
-	if huge {
+	switch {
+	case huge:
 		pages = "hugetlb 2MiB"
+	case thp == size:
+		pages = "transparent 2MiB"
+	case thp > 0:
+		pages = "transparent 2MiB and normal"
 	}
 	log.Info("shm pool mapped", "segment", uint64(cfg.ID), "size", size, "pages", pages, "why", why,
-		"min_block", minBlock, "max_block", maxBlock, "prefault", cfg.Prefault)
+		"thp_bytes", thp, "thp_took", took, "min_block", minBlock, "max_block", maxBlock, "prefault", cfg.Prefault)
 	return p, nil
 }
 
@@ -282,6 +314,7 @@ func (p *Pool) BlockSize(off uint64) (uint64, bool) { return p.a.blockSize(off) 
 func (p *Pool) Stats() PoolStats {
 	st := p.a.stats()
 	st.Hugepages = p.huge
+	st.THPBytes = p.thp
 	return st
 }
 

@@ -298,7 +298,8 @@ func TestHugepagesOnFailsWithoutPages(t *testing.T) {
 	if !errors.Is(err, ErrNoHugepages) {
 		t.Errorf("NewPool(hugepages on, 1 MiB) = %v, want ErrNoHugepages", err)
 	}
-	// "auto" falls back to normal pages and says why, once.
+	// "auto" falls back to transparent huge pages (or, where the kernel
+	// refuses those, normal pages) and says why, once.
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	p, err = NewPool(PoolConfig{ID: 1, Size: 8 * mib}, log)
@@ -310,7 +311,7 @@ func TestHugepagesOnFailsWithoutPages(t *testing.T) {
 		t.Error("auto pool claims hugepages with none reserved")
 	}
 	out := logs.String()
-	if strings.Count(out, "\n") != 1 || !strings.Contains(out, "pages=normal") || !strings.Contains(out, "hugepages unavailable") {
+	if strings.Count(out, "\n") != 1 || !strings.Contains(out, "transparent huge pages") || !strings.Contains(out, "hugepages unavailable") {
 		t.Errorf("log does not say once which pages and why:\n%s", out)
 	}
 	if _, err := p.Alloc(mib); err != nil {

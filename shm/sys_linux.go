@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -52,21 +53,98 @@ func sealShrink(fd int) error {
 	return addSeals(fd, unix.F_SEAL_SHRINK)
 }
 
-// mapShared maps size bytes of fd read-write, shared.
+// mapShared maps size bytes of fd read-write, shared. A mapping of at
+// least hugeSpan bytes starts on a hugeSpan boundary, so that the kernel
+// maps the 2 MiB pages of fd (hugetlb, or transparent: see collapse) with
+// one page-table entry each, in the daemon and in a client alike; it owns
+// the address space up to its length rounded up to hugeSpan, which unmap
+// gives back whole.
 func mapShared(fd int, size uint64) ([]byte, error) {
-	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, os.NewSyscallError("mmap", err)
+	const prot = unix.PROT_READ | unix.PROT_WRITE
+	if size < hugeSpan {
+		p, err := unix.MmapPtr(fd, 0, nil, uintptr(size), prot, unix.MAP_SHARED)
+		if err != nil {
+			return nil, os.NewSyscallError("mmap", err)
+		}
+		return unsafe.Slice((*byte)(p), size), nil
 	}
-	return mem, nil
+	// Reserve a span one hugeSpan longer than needed, map fd over its
+	// first aligned part, and give back what lies outside the span.
+	span := mappedSpan(size)
+	r, err := unix.MmapPtr(-1, 0, nil, uintptr(span+hugeSpan), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, os.NewSyscallError("mmap (reserving address space)", err)
+	}
+	total := uintptr(span + hugeSpan)
+	head := -uintptr(r) & (hugeSpan - 1) // bytes up to the first boundary
+	a := unsafe.Add(r, head)
+	p, err := unix.MmapPtr(fd, 0, a, uintptr(size), prot, unix.MAP_SHARED|unix.MAP_FIXED)
+	if err != nil {
+		return nil, errors.Join(os.NewSyscallError("mmap", err), munmapPtr(r, total))
+	}
+	tail := head + uintptr(span)
+	if err := errors.Join(munmapPtr(r, head), munmapPtr(unsafe.Add(r, tail), total-tail)); err != nil {
+		return nil, errors.Join(err, munmapPtr(a, uintptr(span)))
+	}
+	return unsafe.Slice((*byte)(p), size), nil
+}
+
+// hugeSpan is the unit of collapse and of mapShared's alignment: the 2 MiB
+// page of x86-64 and arm64 with 4 KiB base pages.
+const hugeSpan = HugepageSize
+
+// mappedSpan is the address space a mapping of size bytes owns (mapShared).
+func mappedSpan(size uint64) uint64 {
+	if size < hugeSpan {
+		return size
+	}
+	return (size + hugeSpan - 1) &^ (hugeSpan - 1)
+}
+
+func munmapPtr(p unsafe.Pointer, n uintptr) error {
+	if n == 0 {
+		return nil
+	}
+	if err := unix.MunmapPtr(p, n); err != nil {
+		return os.NewSyscallError("munmap", err)
+	}
+	return nil
 }
 
 // unmap unmaps a mapping made by mapShared.
 func unmap(mem []byte) error {
-	if err := unix.Munmap(mem); err != nil {
-		return os.NewSyscallError("munmap", err)
+	if len(mem) == 0 {
+		return nil
 	}
-	return nil
+	return munmapPtr(unsafe.Pointer(&mem[0]), uintptr(mappedSpan(uint64(len(mem)))))
+}
+
+// collapse places the pool mapping mem, fresh from mapShared over a new
+// memfd of normal pages, on transparent 2 MiB pages: for each whole
+// hugeSpan it writes the first byte (MADV_COLLAPSE wants a page present;
+// the pool is zero, so the write changes nothing) and asks the kernel to
+// collapse the span (Linux 6.1 and later; shmem_enabled = never still
+// allows it, deny does not). It returns how many spans it collapsed of how
+// many, and the first error; it stops at a refusal that every span would
+// get (EINVAL: the kernel cannot, or is told not to). The pages are then
+// resident, as the io_uring registration of the pool makes them anyway.
+func collapse(mem []byte) (done, spans int, err error) {
+	spans = len(mem) / hugeSpan
+	for i := 0; i < spans; i++ {
+		span := mem[i*hugeSpan : (i+1)*hugeSpan]
+		span[0] = 0
+		if e := unix.Madvise(span, unix.MADV_COLLAPSE); e != nil {
+			if err == nil {
+				err = os.NewSyscallError("madvise MADV_COLLAPSE", e)
+			}
+			if errors.Is(e, unix.EINVAL) {
+				return done, spans, err
+			}
+			continue
+		}
+		done++
+	}
+	return done, spans, err
 }
 
 func closeFd(fd int) error {

@@ -22,6 +22,8 @@ func unmap([]byte) error { return ErrNotSupported }
 
 func prefault([]byte) error { return ErrNotSupported }
 
+func collapse(mem []byte) (int, int, error) { return 0, 0, ErrNotSupported }
+
 // closeFd closes fd, so MapBuffer keeps its ownership promise here too.
 func closeFd(fd int) error { return os.NewFile(uintptr(fd), "fd").Close() }
 

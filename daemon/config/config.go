@@ -50,7 +50,9 @@ type Config struct {
 	// requests looks for their clients' next ones before it sleeps
 	// (reactor/poll.go): 50µs by default, 0 never, at most 1ms.
 	DataPoll Duration `toml:"data_poll"`
-	// Hugepages is auto (try, fall back and say so), on (fail without), off.
+	// Hugepages is auto (hugetlb pages, else transparent huge pages, else
+	// normal pages, and say which), on (fail without hugetlb pages), off
+	// (normal pages).
 	Hugepages string `toml:"hugepages"`
 	// MaxFrame bounds one control frame.
 	MaxFrame Size `toml:"max_frame"`

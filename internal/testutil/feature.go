@@ -16,7 +16,7 @@ import (
 // features a test machine provides, comma-separated (CI sets it in
 // .ci/run, the Soft-RoCE VM adds rdma):
 //
-//	TENSORCAST_TEST_PROVIDES=root,io_uring,netns,mount,bpf,tools,etcd,pty,hugepages
+//	TENSORCAST_TEST_PROVIDES=root,io_uring,netns,mount,bpf,tools,etcd,pty,hugepages,thp
 //
 // A test that needs a feature the machine lacks skips, saying what is
 // missing, unless the variable lists that feature: then it fails, so that
@@ -56,9 +56,12 @@ const (
 	Hugepages Feature = "hugepages"
 	// PTY: pseudo-terminals (/dev/ptmx).
 	PTY Feature = "pty"
+	// THP: transparent huge pages for memfds by MADV_COLLAPSE (Linux 6.1
+	// and later, shmem_enabled not "deny", and free 2 MiB of memory).
+	THP Feature = "thp"
 )
 
-var features = []Feature{Root, IOUring, Netns, Mount, BPF, Tools, Etcd, RDMA, Hugepages, PTY}
+var features = []Feature{Root, IOUring, Netns, Mount, BPF, Tools, Etcd, RDMA, Hugepages, PTY, THP}
 
 // Require skips t when the machine lacks f, or fails it when ProvidesEnv
 // lists f. It checks f itself for Root, Netns, Mount and BPF (root and the
