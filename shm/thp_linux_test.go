@@ -108,7 +108,10 @@ func TestMapSharedAlignsAndGivesBackItsSpan(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The reservation reached one span either side of the mapping.
-			if line := overlaps(t, a-hugeSpan, a+span+hugeSpan); size >= hugeSpan && line != "" {
+			if size < hugeSpan {
+				return // mapped where the kernel chose, with nothing reserved
+			}
+			if line := overlaps(t, a-hugeSpan, a+span+hugeSpan); line != "" {
 				t.Errorf("after unmap, %#x-%#x still overlaps %q", a-hugeSpan, a+span+hugeSpan, line)
 			}
 		})

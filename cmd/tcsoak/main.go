@@ -289,22 +289,27 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 		r.Skipped = append(r.Skipped, "ENOSPC: not root: no tmpfs to fill")
 	}
 
-	portA, err := freePort(net.addrA)
+	// ports picks a daemon's peer and metrics ports: fixed ones in b's
+	// namespace (it is its own: any port is free there), else free ones on
+	// the host.
+	ports := func(addr string, inNS bool, nsPort, nsMetrics int) (int, int, error) {
+		if inNS {
+			return nsPort, nsMetrics, nil
+		}
+		port, err := freePort(addr)
+		if err != nil {
+			return 0, 0, err
+		}
+		metrics, err := freePort("127.0.0.1")
+		return port, metrics, err
+	}
+	portA, metricsA, err := ports(net.addrA, false, 0, 0)
 	if err != nil {
 		return nil, err
 	}
-	metricsA, err := freePort("127.0.0.1")
+	portB, metricsB, err := ports(net.addrB, net.ns != "", 7481, 9481)
 	if err != nil {
 		return nil, err
-	}
-	portB, metricsB := 7481, 9481 // b's namespace is its own: any port is free there
-	if net.ns == "" {
-		if portB, err = freePort(net.addrB); err != nil {
-			return nil, err
-		}
-		if metricsB, err = freePort("127.0.0.1"); err != nil {
-			return nil, err
-		}
 	}
 	hostPort := func(h string, p int) string { return h + ":" + strconv.Itoa(p) }
 	metricsHostB := "127.0.0.1"
@@ -334,22 +339,13 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 	// [[tenants]]: a tenant's store is its host's alone), for the xstore
 	// clients. d lives in b's network namespace, so the link cut parts it
 	// from c, and b's stop and kill faults stop and kill d with it.
-	portC, err := freePort(net.addrA)
+	portC, metricsC, err := ports(net.addrA, false, 0, 0)
 	if err != nil {
 		return nil, err
 	}
-	metricsC, err := freePort("127.0.0.1")
+	portD, metricsD, err := ports(net.addrB, net.ns != "", portB+1, metricsB+1)
 	if err != nil {
 		return nil, err
-	}
-	portD, metricsD := portB+1, metricsB+1
-	if net.ns == "" {
-		if portD, err = freePort(net.addrB); err != nil {
-			return nil, err
-		}
-		if metricsD, err = freePort("127.0.0.1"); err != nil {
-			return nil, err
-		}
 	}
 	xc, err := newDaemon("c", bin, work, key, hostPort(net.addrA, portC), "d", hostPort(net.addrB, portD),
 		hostPort("127.0.0.1", metricsC), "", nil, nil)
