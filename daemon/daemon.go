@@ -23,6 +23,7 @@ import (
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/store/cluster"
 	"github.com/tensorcast/tensorcast/store/cluster/grant"
+	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -104,6 +105,19 @@ type Daemon struct {
 	// stopping is set when the shutdown starts: the watchdog no longer
 	// asks for health then.
 	stopping atomic.Bool
+}
+
+// SyscallLoops is how many goroutines a daemon run with cfg keeps asleep
+// in system calls that hold their Go processor until the runtime's monitor
+// takes it back (io_uring_enter, futex, epoll_wait): one per reactor
+// worker, and the tcp node's event loops when the daemon has a peer plane.
+// cmd/tensorcastd runs that many Go processors beyond its CPUs.
+func SyscallLoops(cfg Config) int {
+	n := reactor.Config{Workers: cfg.DataWorkers}.WorkersFor()
+	if cfg.PeerListen != "" {
+		n += tcp.EventLoops()
+	}
+	return n
 }
 
 // New builds a daemon from a validated config. Nothing listens until Run.

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -240,7 +241,7 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (_ *Node, err error) {
 	}
 	opts := func(more ...gnet.Option) []gnet.Option {
 		return append([]gnet.Option{
-			gnet.WithMulticore(true),
+			gnet.WithNumEventLoop(loopsPerEngine()),
 			gnet.WithReadBufferCap(readBufferCap),
 			gnet.WithWriteBufferCap(256 << 10),
 			gnet.WithLogger(gnetLogger{n.log}),
@@ -496,6 +497,17 @@ func (n *Node) Segments() []RemoteInfo {
 	}
 	return out
 }
+
+// loopsPerEngine is how many event loops each of the node's two gnet
+// engines (inbound and outbound connections) runs: one per CPU the process
+// may use.
+func loopsPerEngine() int { return runtime.NumCPU() }
+
+// EventLoops is how many goroutines a Node runs that sleep in epoll_wait, a
+// system call that keeps the goroutine's Go processor until the runtime's
+// monitor takes it back: the event loops of its two engines. The daemon
+// runs as many Go processors beyond its CPUs (see cmd/tensorcastd).
+func EventLoops() int { return 2 * loopsPerEngine() }
 
 // gnetLogger routes the event-loop library's log lines to the node's
 // logger; its chatter goes to debug.

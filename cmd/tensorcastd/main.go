@@ -33,8 +33,8 @@ func run() int {
 		return 2
 	}
 	log := daemon.NewLogger(cfg, os.Stderr, daemon.UnderJournal(os.Getenv, os.Stderr))
-	if before, after := setProcs(os.Getenv); after != before {
-		log.Info("Go processors beyond the CPUs, for goroutines blocked in system calls (GOMAXPROCS overrides)",
+	if before, after := setProcs(os.Getenv, daemon.SyscallLoops(cfg)); after != before {
+		log.Info("Go processors beyond the CPUs, one per goroutine that sleeps in a system call (GOMAXPROCS overrides)",
 			"cpus", before, "gomaxprocs", after)
 	}
 	d, err := daemon.New(cfg, log, os.Getenv)
