@@ -69,10 +69,9 @@ type worker struct {
 	log   putLog
 	kept  []keptKey
 	round int
-	// The xstore kind's last round whose every key a remove took, and
-	// when that remove was acknowledged (-1: none yet).
-	removed   int
-	removedAt time.Time
+	// The xstore kind's rounds whose every key a remove took, until they
+	// are old enough to be asked for (see removals).
+	removals removals
 
 	// mu guards rep and cur.
 	mu  sync.Mutex
@@ -84,7 +83,7 @@ type worker struct {
 // killed, or until its stdin closes.
 func runClient(kind, socket, peer, dir string, id int) int {
 	w := &worker{kind: kind, socket: socket, peer: peer, dir: dir, id: id, rng: rand.New(rand.NewPCG(uint64(id), uint64(time.Now().UnixNano()))),
-		rep: report{Codes: map[string]uint64{}}, removed: -1}
+		rep: report{Codes: map[string]uint64{}}}
 	if kind == kindStore {
 		l, err := openPutLog(dir, id)
 		if err != nil {

@@ -142,12 +142,15 @@ func TestPickWriter(t *testing.T) {
 	if _, ok := w.pickWriter(); ok {
 		t.Fatal("picked a writer before any wrote")
 	}
-	at := time.UnixMilli(time.Now().UnixMilli())
+	at := time.UnixMilli(time.Now().Add(-2 * xstoreGoneAfter).UnixMilli())
 	for _, e := range []struct {
 		me             string
 		round, removed int
 	}{{"c-1", 5, -1}, {"d-2", 7, -1}, {"d-2", 9, 3}} {
-		wr := &worker{dir: dir, removed: e.removed, removedAt: at}
+		wr := &worker{dir: dir}
+		if e.removed >= 0 {
+			wr.removals.add(e.removed, at)
+		}
 		if err := wr.writeRound(e.me, e.round); err != nil {
 			t.Fatal(err)
 		}
@@ -157,6 +160,42 @@ func TestPickWriter(t *testing.T) {
 		if want := (writer{name: "d-2", last: 9, removed: 3, removedAt: at}); !ok || got != want {
 			t.Fatalf("picked %+v (%v); want %+v", got, ok, want)
 		}
+	}
+}
+
+// TestRemovalsSettle: a writer's record names its newest removal at least
+// xstoreGoneAfter old, not its newest, which a writer that removes a round
+// every round always has younger than that.
+func TestRemovalsSettle(t *testing.T) {
+	var r removals
+	t0 := time.Unix(1000, 0)
+	check := func(now time.Duration, want int) {
+		t.Helper()
+		got, at := r.settled(t0.Add(now))
+		if got != want {
+			t.Fatalf("at %v: settled round %d, want %d", now, got, want)
+		}
+		if got >= 0 && t0.Add(now).Sub(at) < xstoreGoneAfter {
+			t.Fatalf("at %v: round %d removed at %v, under %v before", now, got, at.Sub(t0), xstoreGoneAfter)
+		}
+	}
+	check(0, -1)
+	for i := range 10 { // a round removed every 200 ms
+		r.add(i, t0.Add(time.Duration(i)*200*time.Millisecond))
+	}
+	check(900*time.Millisecond, -1)
+	check(1100*time.Millisecond, 0)
+	check(1500*time.Millisecond, 2)
+	check(1500*time.Millisecond, 2) // asked again: the same
+	check(5*time.Second, 9)
+	if len(r.q) != 1 {
+		t.Fatalf("%d removals kept after the last settled, want 1", len(r.q))
+	}
+	for i := range maxRemovals + 5 { // none old enough: bounded
+		r.add(100+i, t0.Add(time.Hour))
+	}
+	if len(r.q) != maxRemovals {
+		t.Fatalf("%d removals kept, want at most %d", len(r.q), maxRemovals)
 	}
 }
 

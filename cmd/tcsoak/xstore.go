@@ -30,13 +30,13 @@ import (
 //
 // What the other side has put is learnt from a file per writer in the
 // shared directory (dir): "<daemon>-<id>" holds the writer's last round,
-// and the last round whose every key a remove took with when that remove
-// was acknowledged. A writer keeps its last xstoreLive rounds' keys and
+// and the newest round whose every key a remove took at least
+// xstoreGoneAfter before, with when that remove was acknowledged. A writer keeps its last xstoreLive rounds' keys and
 // removes older ones, so a reader asks for rounds within that window, and
 // sometimes for the ones just removed.
 //
 // One get in xstoreGoneEvery asks, at least xstoreGoneAfter after it was
-// acknowledged, for the round a writer removed last. A removal takes every
+// acknowledged, for that removed round. A removal takes every
 // copy its home knows of before it is acknowledged, so such a get must
 // not find the key; one that does is reported (servedOp) for the soak to
 // judge: it is excused only near a fault that parted c from d, since a
@@ -161,7 +161,7 @@ func (w *worker) xstoreSession(c *client.Client, buf *client.Buffer, stop <-chan
 			}
 			w.counted("remove", res)
 			if !slices.ContainsFunc(res, func(e error) bool { return e != nil }) {
-				w.removed, w.removedAt = old, time.Now()
+				w.removals.add(old, time.Now())
 			}
 		}
 	}
@@ -222,13 +222,56 @@ func (w *worker) pickWriter() (writer, bool) {
 	return wr, true
 }
 
-// writeRound records that writer me has put round r, and its last removal
-// (a rename, so a reader sees the old record or the new one).
+// writeRound records that writer me has put round r, and its newest
+// removal a reader may ask for (a rename, so a reader sees the old record
+// or the new one).
 func (w *worker) writeRound(me string, r int) error {
 	tmp := filepath.Join(w.dir, me+".tmp")
-	rec := fmt.Sprintf("%d %d %d\n", r, w.removed, w.removedAt.UnixMilli())
+	gone, at := w.removals.settled(time.Now())
+	rec := fmt.Sprintf("%d %d %d\n", r, gone, at.UnixMilli())
 	if err := os.WriteFile(tmp, []byte(rec), 0o644); err != nil {
 		return err
 	}
 	return os.Rename(tmp, filepath.Join(w.dir, me))
+}
+
+// removals are a writer's acknowledged removals of whole rounds, oldest
+// first. Its record names the newest one at least xstoreGoneAfter old, not
+// the newest: a writer removes a round every round, so its newest removal
+// is always younger than that, and a reader would never ask for one (only
+// the record of a writer a kill ended would age).
+type removals struct{ q []removal }
+
+type removal struct {
+	round int
+	at    time.Time // the remove acknowledged
+}
+
+// maxRemovals bounds the removals a writer keeps while none is old enough:
+// more rounds than a writer removes in xstoreGoneAfter.
+const maxRemovals = 1 << 14
+
+// add records that round was removed whole at at (after every earlier one).
+func (r *removals) add(round int, at time.Time) {
+	if len(r.q) == maxRemovals {
+		r.q = append(r.q[:0], r.q[1:]...)
+	}
+	r.q = append(r.q, removal{round, at})
+}
+
+// settled returns the newest removal at least xstoreGoneAfter before now
+// (-1 and the zero time: none yet) and forgets the older ones.
+func (r *removals) settled(now time.Time) (int, time.Time) {
+	k := -1
+	for i, e := range r.q {
+		if now.Sub(e.at) < xstoreGoneAfter {
+			break
+		}
+		k = i
+	}
+	if k < 0 {
+		return -1, time.Time{}
+	}
+	r.q = append(r.q[:0], r.q[k:]...)
+	return r.q[0].round, r.q[0].at
 }
