@@ -2,7 +2,7 @@ package tcp
 
 import (
 	"bytes"
-	"runtime"
+	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -17,17 +17,13 @@ func TestEventLoopsCounted(t *testing.T) {
 	startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf})
 	want := before + EventLoops()
 	testutil.Eventually(t, 5*time.Second, func() bool { return eventLoopGoroutines() == want },
-		"want %d event-loop goroutines (%d before the node, EventLoops %d), have %d", want, before, EventLoops(), eventLoopGoroutines())
+		"want %d event-loop goroutines (%d before the node, EventLoops %d), have %d", want, before, EventLoops(),
+		testutil.Lazy(eventLoopGoroutines))
 }
 
 // eventLoopGoroutines counts the goroutines in gnet's event loop.
 func eventLoopGoroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return bytes.Count(buf[:n], []byte("gnet/v2.(*eventloop).run("))
-		}
-		buf = make([]byte, 2*len(buf))
-	}
+	var b bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&b, 2) //nolint:errcheck // a bytes.Buffer does not fail
+	return bytes.Count(b.Bytes(), []byte("gnet/v2.(*eventloop).run("))
 }
