@@ -20,6 +20,12 @@ type ClientRing struct {
 	cqMask uint32
 	spin   spinner
 	tail   tail
+	slack  time.Duration // the thread's timer slack, which a nap takes off (see tail.nap)
+	// rang counts Submit's doorbells (written by the submission side);
+	// rangSeen is its value at the completion side's last wait. A doorbell
+	// between two waits says the daemon's worker slept: no nap.
+	rang     atomic.Uint32
+	rangSeen uint32
 	// efd is the daemon's eventfd doorbell (SetDoorbellFD), rung instead
 	// of the sq_wake futex; -1 without one.
 	efd int
@@ -50,6 +56,9 @@ type ClientRing struct {
 	// LateWakes counts the early wake-ups of drained waits that found
 	// the last completion there already (the daemon idled meanwhile).
 	LateWakes uint64
+	// Naps counts the timed sleeps taken before a wait asked to be woken
+	// (see tail.nap).
+	Naps uint64
 }
 
 // NewClientRing takes the client's side of a queue mapped at mem, after
@@ -60,7 +69,7 @@ func NewClientRing(mem []byte) (*ClientRing, error) {
 		return nil, err
 	}
 	q := &ClientRing{mem: mem[:g.Size], g: g, id: id, w: wordsOf(mem), sqMask: g.SQEntries - 1, cqMask: g.CQEntries - 1,
-		spin: newSpinner(spinCeiling), slotData: make([]uint64, g.SQEntries), efd: -1}
+		spin: newSpinner(spinCeiling), slack: timerSlack(), slotData: make([]uint64, g.SQEntries), efd: -1}
 	q.sqHead = q.w.sqHead.Load()
 	q.sqTail, q.pubTail = q.w.sqTail.Load(), q.w.sqTail.Load()
 	q.cqHead = q.w.cqHead.Load()
@@ -243,6 +252,7 @@ func (q *ClientRing) Submit() int {
 	q.pubTail = q.sqTail
 	if q.ring(FlagNeedWakeup) {
 		q.SubmitDoorbells++
+		q.rang.Add(1)
 	}
 	return n
 }
@@ -341,6 +351,12 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 	}
 	q.tail.begin()
 	early := false // the last sleep was woken early for a drained wait's last completions
+	// The worker is busy when no Submit since the last wait found it
+	// asleep, and it is not asleep now.
+	rang := q.rang.Load()
+	busy := rang == q.rangSeen && q.w.sqFlags.Load()&FlagNeedWakeup == 0
+	q.rangSeen = rang
+	napped := false
 	for {
 		// The spin is for a last missing completion only. While two or
 		// more are missing the daemon is known to be working on them,
@@ -363,6 +379,27 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		if now := time.Now(); now.Sub(q.yielded) >= yieldEvery {
 			q.yielded = now
 			runtime.Gosched()
+		}
+		// A nap first, once per wait, when the gap says the missing
+		// completions take a while, the daemon has more to do after them
+		// and its worker is busy (see tail.nap): the daemon is asked for
+		// no wake-up.
+		if !napped && !drained && busy {
+			d := q.tail.nap(min-q.Ready(), q.slack)
+			if d > 0 && (deadline.IsZero() || d < time.Until(deadline)) {
+				napped = true
+				before, start := q.Ready(), spinClock()
+				napSleep(d)
+				q.Naps++
+				r := q.Ready()
+				q.tail.napped(d, spinClock().Sub(start), r-before, r >= min, r >= int(q.w.sqTail.Load()-q.cqHead))
+				if r < min && q.tail.spinsAfterNap(min-r) {
+					if found, _ := q.spinUntil(min, tailSpin); found {
+						return nil
+					}
+				}
+				continue
+			}
 		}
 		v := q.w.cqWake.Load()
 		// Woken once, by the min-th completion: the client sleeps

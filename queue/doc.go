@@ -161,6 +161,18 @@
 // later by one. The target is only the client's word: the daemon's side
 // is the same.
 //
+// Before a wait for several that leaves more in flight, while the
+// daemon's worker is busy (no Submit since the last wait found
+// FlagNeedWakeup set, and it is not set now), the client may nap: a sleep
+// on the clock with no flag set, so the daemon makes no system call for
+// it, of about three quarters of the time the missing completions take,
+// less the thread's timer slack; only what is still missing then is
+// waited for as above. A futex wake of a sleeping thread costs the waker
+// 9-10 µs on a two-CPU virtual host, and the daemon's busy worker is that
+// waker; the completions beyond the wait keep it busy while the client
+// naps. A nap is invisible to the protocol: with no flag set there is
+// nothing to lose.
+//
 // # Eventfd doorbells
 //
 // A worker whose io_uring cannot wait on a futex (no IORING_OP_FUTEX_WAIT,

@@ -47,3 +47,21 @@ func futexWake(w *atomic.Uint32) {
 	// about an error here but the sleeper's own timeout.
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, uintptr(1<<31-1), 0, 0, 0) //nolint:errcheck
 }
+
+// napSleep sleeps the calling thread for d without asking anyone to wake
+// it: the clock ends it (a nap, see tail.nap). A variable, so that a test
+// can post completions in its place.
+var napSleep = func(d time.Duration) {
+	ts := unix.NsecToTimespec(int64(d))
+	unix.Nanosleep(&ts, nil) //nolint:errcheck // EINTR ends a nap early, which the wait's loop absorbs
+}
+
+// timerSlack is how late the kernel may end this thread's timed sleeps
+// (PR_GET_TIMERSLACK; threads inherit it, 50 µs by default), which a nap
+// takes off its length. When it cannot be read, the default is assumed.
+func timerSlack() time.Duration {
+	if ns, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0); err == nil && ns >= 0 {
+		return time.Duration(ns)
+	}
+	return 50 * time.Microsecond
+}

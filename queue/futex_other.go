@@ -13,3 +13,7 @@ import (
 func futexWait(*atomic.Uint32, uint32, time.Duration) error { return ErrNotSupported }
 
 func futexWake(*atomic.Uint32) {}
+
+var napSleep = time.Sleep
+
+func timerSlack() time.Duration { return 0 }

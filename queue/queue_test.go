@@ -708,3 +708,154 @@ func inFlight(t *testing.T, d *DaemonRing, c *ClientRing, n int) {
 	}
 	d.Publish()
 }
+
+// TestWaitNaps: a client waiting for 16 of its 32 in flight, with a gap
+// learnt, first naps on the clock with no wake-up asked for: when the
+// completions come during the nap, the daemon makes no wake-up at all;
+// when some are still missing after it, the client sleeps for the rest
+// and is woken once. A wait for everything in flight (drained) does not
+// nap, nor one whose daemon worker sleeps or slept since the last wait
+// (a Submit rang its doorbell). The nap is the test's: it checks the flags, posts, and moves the
+// spinners' clock by the nap's length.
+func TestWaitNaps(t *testing.T) {
+	var now atomic.Int64
+	base := time.Unix(1000, 0)
+	spinClock = func() time.Time { return base.Add(time.Duration(now.Load())) }
+	realNap := napSleep
+	defer func() { spinClock, napSleep = time.Now, realNap }()
+
+	d, c := pair(t, 64, 0, 0)
+	c.spin = spinner{} // no spin for a last completion
+	c.slack = 0
+	var naps []time.Duration
+	var during int            // posted by the nap
+	var napCount atomic.Int32 // naps taken, for a test goroutine to read
+	napSleep = func(n time.Duration) {
+		naps = append(naps, n)
+		defer napCount.Add(1)
+		if f := c.w.cqFlags.Load(); f&waitBits != 0 {
+			t.Errorf("flags %#x during a nap: the daemon was asked for a wake-up", f)
+		}
+		for i := 0; i < during; i++ {
+			d.Post(&CQE{UserData: uint64(i)})
+		}
+		now.Add(int64(n))
+	}
+
+	// All 16 come during the nap: no wake-up.
+	c.tail = tail{gap: 20 * time.Microsecond}
+	inFlight(t, d, c, 32)
+	during = 16
+	if err := c.Wait(16, 10*time.Second); err != nil {
+		t.Fatalf("Wait(16): %v", err)
+	}
+	want := 16 * 20 * time.Microsecond
+	if len(naps) != 1 || naps[0] != want || c.Naps != 1 {
+		t.Fatalf("naps %v (counted %d), want one of %v", naps, c.Naps, want)
+	}
+	if w := d.WakeCounts.ClientWakes.Load(); w != 0 || c.Sleeps != 0 {
+		t.Errorf("%d client wakes and %d sleeps for completions that came during the nap", w, c.Sleeps)
+	}
+	if g := c.tail.napGap(); g != 20*time.Microsecond || c.tail.gap != 20*time.Microsecond {
+		t.Errorf("nap gap %v, learnt gap %v after a nap on time, want both 20µs", g, c.tail.gap)
+	}
+	c.Reap(make([]CQE, 64))
+	for i := 16; i < 32; i++ { // the other 16 in flight
+		d.Post(&CQE{UserData: uint64(i)})
+	}
+	c.Reap(make([]CQE, 64))
+
+	// 10 of 16 come during the nap: the client sleeps for the other 6.
+	c.tail = tail{gap: 20 * time.Microsecond}
+	inFlight(t, d, c, 32)
+	during = 10
+	naps = naps[:0]
+	errs := make(chan error, 1)
+	go func() { errs <- c.Wait(16, 10*time.Second) }()
+	testutil.Eventually(t, 10*time.Second, func() bool { return c.w.cqFlags.Load()&waitBits == waitBits },
+		"the client sleeping after its nap")
+	for i := 10; i < 16; i++ {
+		d.Post(&CQE{UserData: uint64(i)})
+	}
+	if err := <-errs; err != nil {
+		t.Fatalf("Wait(16): %v", err)
+	}
+	// The sleep after the nap teaches the learnt gap, not the nap's.
+	if g, seen := c.tail.napGap(), want/10; g != 20*time.Microsecond+(seen-20*time.Microsecond)/2 {
+		t.Errorf("nap gap %v after a nap that saw 10 in %v, want halfway from 20µs to %v", g, want, seen)
+	}
+	if len(naps) != 1 || d.WakeCounts.ClientWakes.Load() != 1 {
+		t.Errorf("naps %v, %d client wakes; want one nap and one wake-up", naps, d.WakeCounts.ClientWakes.Load())
+	}
+	c.Reap(make([]CQE, 64))
+	for i := 16; i < 32; i++ {
+		d.Post(&CQE{UserData: uint64(i)})
+	}
+	c.Reap(make([]CQE, 64))
+
+	// 14 of 16 come during the nap: the client spins for the other 2 (the
+	// test's clock stands still, so the spin lasts until they come).
+	c.tail = tail{gap: 20 * time.Microsecond}
+	inFlight(t, d, c, 32)
+	during = 14
+	naps = naps[:0]
+	napCount.Store(0)
+	sleeps, wakes := c.Sleeps, d.WakeCounts.ClientWakes.Load()
+	var reads atomic.Int64
+	spinClock = func() time.Time { reads.Add(1); return base.Add(time.Duration(now.Load())) }
+	go func() { errs <- c.Wait(16, 10*time.Second) }()
+	testutil.Eventually(t, 10*time.Second, func() bool { return napCount.Load() == 1 && reads.Load() >= 4 },
+		"the client spinning after its nap")
+	for i := 14; i < 16; i++ {
+		d.Post(&CQE{UserData: uint64(i)})
+	}
+	if err := <-errs; err != nil {
+		t.Fatalf("Wait(16): %v", err)
+	}
+	if c.Sleeps != sleeps || d.WakeCounts.ClientWakes.Load() != wakes {
+		t.Errorf("%d sleeps and %d client wakes for the 2 left after a nap, want a spin only",
+			c.Sleeps-sleeps, d.WakeCounts.ClientWakes.Load()-wakes)
+	}
+	c.Reap(make([]CQE, 64))
+	for i := 16; i < 32; i++ {
+		d.Post(&CQE{UserData: uint64(i)})
+	}
+	c.Reap(make([]CQE, 64))
+
+	// No nap: a drained wait (for all 16 in flight); a worker asleep
+	// now; one that a Submit since the last wait found asleep.
+	for _, tc := range []struct {
+		name      string
+		inFlight  int
+		asleep    bool // FlagNeedWakeup set when the wait begins
+		submitted bool // a Submit found it set since the last wait
+	}{
+		{"drained", 16, false, false},
+		{"worker asleep", 32, true, false},
+		{"doorbell since the last wait", 32, false, true},
+	} {
+		c.tail = tail{gap: 20 * time.Microsecond}
+		if tc.submitted {
+			d.w.sqFlags.Or(FlagNeedWakeup)
+		}
+		inFlight(t, d, c, tc.inFlight)
+		if tc.asleep {
+			d.w.sqFlags.Or(FlagNeedWakeup)
+		}
+		naps = naps[:0]
+		go func() { errs <- c.Wait(16, 10*time.Second) }()
+		testutil.Eventually(t, 10*time.Second, func() bool { return c.w.cqFlags.Load()&waitBits == waitBits },
+			"%s: the client sleeping", tc.name)
+		for i := 0; i < tc.inFlight; i++ {
+			d.Post(&CQE{UserData: uint64(i)})
+		}
+		if err := <-errs; err != nil {
+			t.Fatalf("%s: Wait(16): %v", tc.name, err)
+		}
+		if len(naps) != 0 {
+			t.Errorf("%s: naps %v", tc.name, naps)
+		}
+		d.w.sqFlags.And(^FlagNeedWakeup)
+		c.Reap(make([]CQE, 64))
+	}
+}

@@ -178,3 +178,95 @@ func TestTailLead(t *testing.T) {
 		t.Errorf("ahead %d on a wait that is not drained", k)
 	}
 }
+
+// TestTailNap: a nap lasts until the last missing completion is due at
+// the nap's gap, less how late naps end (the timer slack until one has
+// ended), between napMin and napMax; none without a gap or for one
+// completion. A nap that ended before the wait's last completion moves
+// the nap's gap halfway to what it saw; one that did not keeps it within
+// what it saw; one that found everything in flight done (overslept) sets
+// it below. The learnt gap, which the early wake-ups use, is not touched;
+// a nap gap or lateness that leaves no nap creeps back. The rest after a
+// nap is spun for when it is due within half a tailSpin.
+func TestTailNap(t *testing.T) {
+	var tl tail
+	if d := tl.nap(16, 0); d != 0 {
+		t.Errorf("nap %v with no gap learnt", d)
+	}
+	tl.gap = 10 * time.Microsecond
+	for _, c := range []struct {
+		missing int
+		slack   time.Duration
+		want    time.Duration
+	}{
+		{1, 0, 0},
+		{16, 0, 160 * time.Microsecond},
+		{16, 50 * time.Microsecond, 110 * time.Microsecond},
+		{3, 25 * time.Microsecond, 0}, // 30 µs less 25 is below napMin
+		{1000, 0, napMax},
+	} {
+		if d := tl.nap(c.missing, c.slack); d != c.want {
+			t.Errorf("nap(%d, slack %v) at a %v gap = %v, want %v", c.missing, c.slack, tl.gap, d, c.want)
+		}
+	}
+
+	tl.napped(80*time.Microsecond, 100*time.Microsecond, 0, false, false)
+	if tl.napGap() != 10*time.Microsecond || tl.late != 20*time.Microsecond {
+		t.Errorf("nap gap %v, lateness %v after an 80µs nap that took 100 and saw nothing come; want 10µs and 20µs",
+			tl.napGap(), tl.late)
+	}
+	if d := tl.nap(16, 50*time.Microsecond); d != 140*time.Microsecond {
+		t.Errorf("nap %v once naps end 20µs late, whatever the slack; want 140µs", d)
+	}
+	tl.napped(140*time.Microsecond, 140*time.Microsecond, 10, false, false) // 14 µs apart, on time, not reached
+	if tl.napGap() != 12*time.Microsecond || tl.late != 15*time.Microsecond {
+		t.Errorf("nap gap %v, lateness %v after 10 completions in 140µs from 10µs; want halfway (12µs), 15µs",
+			tl.napGap(), tl.late)
+	}
+	tl.napped(160*time.Microsecond, 160*time.Microsecond, 16, true, false) // reached: at most 10 µs apart
+	if tl.napGap() != 10*time.Microsecond {
+		t.Errorf("nap gap %v after a nap the wait's last completion came in, want within what it saw: 10µs", tl.napGap())
+	}
+	tl.napped(320*time.Microsecond, 320*time.Microsecond, 16, true, false) // reached, slower: still a bound
+	if tl.napGap() != 10*time.Microsecond {
+		t.Errorf("nap gap %v after a nap that saw 20µs apart, reached; want it kept at 10µs", tl.napGap())
+	}
+	tl.napped(160*time.Microsecond, 160*time.Microsecond, 32, true, true) // everything done: overslept
+	if tl.napGap() != 5*time.Microsecond*3/4 {
+		t.Errorf("nap gap %v after a nap that found nothing left in flight, want 3/4 of 5µs", tl.napGap())
+	}
+	if tl.gap != 10*time.Microsecond {
+		t.Errorf("learnt gap %v after naps, want it untouched (10µs)", tl.gap)
+	}
+	if most := int(tailSpin / 2 / tl.napGap()); !tl.spinsAfterNap(most) || tl.spinsAfterNap(most+1) {
+		t.Errorf("spins after a nap for %d: %v, for %d: %v, at a %v nap gap", most, tl.spinsAfterNap(most),
+			most+1, tl.spinsAfterNap(most+1), tl.napGap())
+	}
+
+	tl.ngap, tl.late = time.Microsecond, 0 // too low for any nap of 4
+	for i := 0; tl.nap(4, 0) == 0; i++ {
+		if i == 100 {
+			t.Fatalf("no nap after 100 waits: nap gap %v, learnt %v", tl.ngap, tl.gap)
+		}
+	}
+	if tl.ngap > tl.gap {
+		t.Errorf("nap gap %v crept past the learnt %v", tl.ngap, tl.gap)
+	}
+
+	// A preempted nap teaches at most maxLate; a lateness that leaves no
+	// nap creeps back to the slack.
+	tl.late = 0
+	tl.napped(100*time.Microsecond, 100*time.Millisecond, 10, false, false)
+	if tl.late != maxLate {
+		t.Errorf("lateness %v after a nap 100ms late, want at most %v", tl.late, maxLate)
+	}
+	const slack = 50 * time.Microsecond
+	for i := 0; tl.nap(16, slack) == 0; i++ {
+		if i == 100 {
+			t.Fatalf("no nap after 100 waits: lateness %v", tl.late)
+		}
+	}
+	if tl.late < slack {
+		t.Errorf("lateness %v crept below the slack %v", tl.late, slack)
+	}
+}
