@@ -26,6 +26,7 @@ type ClientRing struct {
 	// between two waits says the daemon's worker slept: no nap.
 	rang     atomic.Uint32
 	rangSeen uint32
+	naps     napBack
 	// efd is the daemon's eventfd doorbell (SetDoorbellFD), rung instead
 	// of the sq_wake futex; -1 without one.
 	efd int
@@ -352,9 +353,10 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 	q.tail.begin()
 	early := false // the last sleep was woken early for a drained wait's last completions
 	// The worker is busy when no Submit since the last wait found it
-	// asleep, and it is not asleep now.
+	// asleep, and it is not asleep now. A doorbell after a wait that
+	// napped says the nap let the worker run dry: naps back off.
 	rang := q.rang.Load()
-	busy := rang == q.rangSeen && q.w.sqFlags.Load()&FlagNeedWakeup == 0
+	busy := q.naps.busy(rang != q.rangSeen, q.w.sqFlags.Load()&FlagNeedWakeup != 0)
 	q.rangSeen = rang
 	napped := false
 	for {
@@ -388,6 +390,7 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 			d := q.tail.nap(min-q.Ready(), q.slack)
 			if d > 0 && (deadline.IsZero() || d < time.Until(deadline)) {
 				napped = true
+				q.naps.napped = true
 				before, start := q.Ready(), spinClock()
 				napSleep(d)
 				q.Naps++

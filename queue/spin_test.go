@@ -270,3 +270,40 @@ func TestTailNap(t *testing.T) {
 		t.Errorf("lateness %v crept below the slack %v", tl.late, slack)
 	}
 }
+
+// TestNapBack: a doorbell after a wait that napped stops naps for 1, 2,
+// 4, ... waits, up to maxTailSkip; a nap with no doorbell after it ends
+// the back-off. A doorbell after a wait that did not nap, and a worker
+// asleep now, only stop that wait's nap.
+func TestNapBack(t *testing.T) {
+	var b napBack
+	if !b.busy(false, false) || b.busy(true, false) || b.busy(false, true) {
+		t.Fatal("busy: want a nap only with no doorbell and the worker awake")
+	}
+	for want := 1; want <= maxTailSkip; want *= 2 {
+		b.napped = true
+		if b.busy(true, false) {
+			t.Fatalf("back-off of %d: a nap right after a doorbell that followed a nap", want)
+		}
+		for i := 1; i < want; i++ {
+			if b.busy(false, false) {
+				t.Fatalf("back-off of %d: a nap after %d waits", want, i)
+			}
+		}
+		if !b.busy(false, false) {
+			t.Fatalf("back-off of %d: no nap after %d waits", want, want)
+		}
+	}
+	b.napped = true
+	b.busy(true, false)
+	if b.skip != maxTailSkip-1 {
+		t.Errorf("back-off %d, want at most %d", b.skip+1, maxTailSkip)
+	}
+	b.skip, b.napped = 0, true
+	b.busy(false, false) // a nap with no doorbell after it
+	b.napped = true
+	b.busy(true, false)
+	if b.back != 1 {
+		t.Errorf("back-off %d after a nap that let the worker be, then one that did not; want 1", b.back)
+	}
+}
