@@ -742,10 +742,25 @@ func TestWaitNaps(t *testing.T) {
 		now.Add(int64(n))
 	}
 
+	// begin puts 32 in flight, during of which the nap posts; end reaps
+	// the wait's and posts and reaps the other 16.
+	begin := func(n int) {
+		c.tail = tail{gap: 20 * time.Microsecond}
+		inFlight(t, d, c, 32)
+		during = n
+		naps = naps[:0]
+		napCount.Store(0)
+	}
+	end := func() {
+		c.Reap(make([]CQE, 64))
+		for i := 16; i < 32; i++ {
+			d.Post(&CQE{UserData: uint64(i)})
+		}
+		c.Reap(make([]CQE, 64))
+	}
+
 	// All 16 come during the nap: no wake-up.
-	c.tail = tail{gap: 20 * time.Microsecond}
-	inFlight(t, d, c, 32)
-	during = 16
+	begin(16)
 	if err := c.Wait(16, 10*time.Second); err != nil {
 		t.Fatalf("Wait(16): %v", err)
 	}
@@ -759,17 +774,10 @@ func TestWaitNaps(t *testing.T) {
 	if g := c.tail.napGap(); g != 20*time.Microsecond || c.tail.gap != 20*time.Microsecond {
 		t.Errorf("nap gap %v, learnt gap %v after a nap on time, want both 20µs", g, c.tail.gap)
 	}
-	c.Reap(make([]CQE, 64))
-	for i := 16; i < 32; i++ { // the other 16 in flight
-		d.Post(&CQE{UserData: uint64(i)})
-	}
-	c.Reap(make([]CQE, 64))
+	end()
 
 	// 10 of 16 come during the nap: the client sleeps for the other 6.
-	c.tail = tail{gap: 20 * time.Microsecond}
-	inFlight(t, d, c, 32)
-	during = 10
-	naps = naps[:0]
+	begin(10)
 	errs := make(chan error, 1)
 	go func() { errs <- c.Wait(16, 10*time.Second) }()
 	testutil.Eventually(t, 10*time.Second, func() bool { return c.w.cqFlags.Load()&waitBits == waitBits },
@@ -787,19 +795,11 @@ func TestWaitNaps(t *testing.T) {
 	if len(naps) != 1 || d.WakeCounts.ClientWakes.Load() != 1 {
 		t.Errorf("naps %v, %d client wakes; want one nap and one wake-up", naps, d.WakeCounts.ClientWakes.Load())
 	}
-	c.Reap(make([]CQE, 64))
-	for i := 16; i < 32; i++ {
-		d.Post(&CQE{UserData: uint64(i)})
-	}
-	c.Reap(make([]CQE, 64))
+	end()
 
 	// 14 of 16 come during the nap: the client spins for the other 2 (the
 	// test's clock stands still, so the spin lasts until they come).
-	c.tail = tail{gap: 20 * time.Microsecond}
-	inFlight(t, d, c, 32)
-	during = 14
-	naps = naps[:0]
-	napCount.Store(0)
+	begin(14)
 	sleeps, wakes := c.Sleeps, d.WakeCounts.ClientWakes.Load()
 	var reads atomic.Int64
 	spinClock = func() time.Time { reads.Add(1); return base.Add(time.Duration(now.Load())) }
@@ -816,11 +816,7 @@ func TestWaitNaps(t *testing.T) {
 		t.Errorf("%d sleeps and %d client wakes for the 2 left after a nap, want a spin only",
 			c.Sleeps-sleeps, d.WakeCounts.ClientWakes.Load()-wakes)
 	}
-	c.Reap(make([]CQE, 64))
-	for i := 16; i < 32; i++ {
-		d.Post(&CQE{UserData: uint64(i)})
-	}
-	c.Reap(make([]CQE, 64))
+	end()
 
 	// No nap: a drained wait (for all 16 in flight); a worker asleep
 	// now; one that a Submit since the last wait found asleep.
