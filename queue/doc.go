@@ -165,13 +165,15 @@
 // daemon's worker is busy (no Submit since the last wait found
 // FlagNeedWakeup set, and it is not set now), the client may nap: a sleep
 // on the clock with no flag set, so the daemon makes no system call for
-// it, of about three quarters of the time the missing completions take,
-// less the thread's timer slack; only what is still missing then is
-// waited for as above. A futex wake of a sleeping thread costs the waker
-// 9-10 µs on a two-CPU virtual host, and the daemon's busy worker is that
-// waker; the completions beyond the wait keep it busy while the client
-// naps. A nap is invisible to the protocol: with no flag set there is
-// nothing to lose.
+// it, until about when the last completion it waits for is due, less how
+// late its timed sleeps end; a short rest is spun for, and only what is
+// still missing then is waited for as above. A futex wake of a sleeping
+// thread costs the waker 9-10 µs on a two-CPU virtual host, and the
+// daemon's busy worker is that waker; the completions beyond the wait
+// keep it busy while the client naps. A doorbell after a wait that napped
+// (the worker ran dry and slept) backs naps off for a growing number of
+// waits (queue/spin.go). A nap is invisible to the protocol: with no flag
+// set there is nothing to lose.
 //
 // # Eventfd doorbells
 //
