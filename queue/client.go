@@ -258,6 +258,11 @@ func (q *ClientRing) Submit() int {
 	return n
 }
 
+// inFlight is how many requests were submitted and not reaped: each
+// entry published gets one CQE. The completion side reads the published
+// sq_tail (atomic), not the submission side's own copy.
+func (q *ClientRing) inFlight() int { return int(q.w.sqTail.Load() - q.cqHead) }
+
 // Ready is how many CQEs can be reaped now.
 func (q *ClientRing) Ready() int {
 	n := q.w.cqTail.Load() - q.cqHead // acquire
@@ -367,7 +372,7 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		// spin through the arrivals would bill the whole wait to the
 		// client's CPU; unless they come at memory speed (see tail).
 		missing := min - q.Ready()
-		drained := min >= int(q.pubTail-q.cqHead)
+		drained := min >= q.inFlight()
 		if (missing > 1 || early) && q.tail.covers(missing, drained) && q.spinTail(min) {
 			return nil
 		}
@@ -395,7 +400,7 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 				napSleep(d)
 				q.Naps++
 				r := q.Ready()
-				q.tail.napped(d, spinClock().Sub(start), r-before, r >= min, r >= int(q.w.sqTail.Load()-q.cqHead))
+				q.tail.napped(d, spinClock().Sub(start), r-before, r >= min, r >= q.inFlight())
 				if r < min && q.tail.spinsAfterNap(min-r) {
 					if found, _ := q.spinUntil(min, tailSpin); found {
 						return nil

@@ -16,9 +16,12 @@ import (
 //
 //	go test ./queue -run '^$' -bench FutexWake -benchtime 5000x
 func BenchmarkFutexWakeSleeper(b *testing.B) {
-	for _, asleep := range []bool{true, false} {
-		name := map[bool]string{true: "asleep", false: "nobody"}[asleep]
-		b.Run(name, func(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		asleep bool
+	}{{"asleep", true}, {"nobody", false}} {
+		asleep := c.asleep
+		b.Run(c.name, func(b *testing.B) {
 			var word, seen atomic.Uint32
 			done := make(chan struct{})
 			if asleep {

@@ -98,12 +98,33 @@ func (s *spinner) slept(d time.Duration) {
 // come yet could have begun later and takes one off; one whose spin runs
 // out was too early and sets it back to one, with the back-off above.
 type tail struct {
-	gap  time.Duration // the learned time between two completions of one wait (0: none yet)
-	skip int           // waits left before an early wake-up is tried again
-	back int           // the next back-off, in waits
-	lead int           // a drained slow wait's early wake-up, in completions (0: one)
-	ngap time.Duration // the gap naps are planned on, learnt from naps (0: gap; see nap)
-	late time.Duration // how late a nap ends, learnt (0: none yet: the timer slack)
+	gap     time.Duration // the learned time between two completions of one wait (0: none yet)
+	backoff               // of the early wake-ups: skip is the waits left before one is tried again
+	lead    int           // a drained slow wait's early wake-up, in completions (0: one)
+	ngap    time.Duration // the gap naps are planned on, learnt from naps (0: gap; see nap)
+	late    time.Duration // how late a nap ends, learnt (0: none yet: the timer slack)
+}
+
+// backoff is a doubling back-off counted in waits: a miss skips the next
+// back waits, back doubling at each miss up to maxTailSkip; a hit starts
+// it over. The tail's early wake-ups and the naps (napBack) use one each.
+type backoff struct {
+	skip int // waits left to skip
+	back int // the next back-off, in waits
+}
+
+func (b *backoff) miss() {
+	b.back = min(max(1, 2*b.back), maxTailSkip)
+	b.skip = b.back
+}
+
+func (b *backoff) hit() { b.back = 0 }
+
+// tick counts one wait off the skip.
+func (b *backoff) tick() {
+	if b.skip > 0 {
+		b.skip--
+	}
 }
 
 // fastGap is the slowest completion rate an early wake-up is used for:
@@ -119,11 +140,7 @@ const (
 )
 
 // begin starts a wait.
-func (t *tail) begin() {
-	if t.skip > 0 {
-		t.skip--
-	}
-}
+func (t *tail) begin() { t.tick() }
 
 // fast reports whether early wake-ups are in use now.
 func (t *tail) fast() bool { return t.gap > 0 && t.gap <= fastGap && t.skip == 0 }
@@ -200,12 +217,11 @@ func (t *tail) observe(d time.Duration, n int) {
 // spun records a tail spin: found, or it ran out of tailSpin.
 func (t *tail) spun(found bool) {
 	if found {
-		t.back = 0
+		t.hit()
 		return
 	}
 	t.lead = 0
-	t.back = min(max(1, 2*t.back), maxTailSkip)
-	t.skip = t.back
+	t.miss()
 }
 
 // A nap: a wait for several completions that are not all the client has
@@ -330,9 +346,8 @@ func (t *tail) spinsAfterNap(missing int) bool {
 // doubles at each such doorbell, up to maxTailSkip, and a nap followed by
 // no doorbell ends the back-off.
 type napBack struct {
-	napped bool // the last wait napped
-	skip   int  // waits left without a nap
-	back   int  // the next back-off, in waits
+	napped  bool // the last wait napped
+	backoff      // skip: waits left without a nap
 }
 
 // busy starts a wait: whether it may nap, given whether a Submit rang
@@ -340,15 +355,14 @@ type napBack struct {
 func (b *napBack) busy(rang, asleep bool) bool {
 	if b.napped {
 		if rang {
-			b.back = min(max(1, 2*b.back), maxTailSkip)
-			b.skip = b.back
+			b.miss()
 		} else {
-			b.back = 0
+			b.hit()
 		}
 	}
 	b.napped = false
 	if b.skip > 0 {
-		b.skip--
+		b.tick()
 		return false
 	}
 	return !rang && !asleep
