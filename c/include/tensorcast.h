@@ -573,6 +573,14 @@ typedef struct tc_queue_info {
      * completions they waited for: a wake-up that never came. 0 unless the
      * daemon stalled for a whole slice just as it posted. */
     uint64_t missed_wakeups;
+    /* Timed sleeps a wait took before asking the daemon to wake it: a wait
+     * for part of what is in flight, while the daemon's worker is busy,
+     * naps until its completions are due, so the worker makes no wake-up
+     * system call for it. */
+    uint64_t naps;
+    /* Early wake-ups of waits for everything in flight that found the last
+     * completion there already (the daemon idled meanwhile). */
+    uint64_t late_wakes;
 } tc_queue_info;
 
 /* tc_queue_open opens a queue of entries submission slots (1 ..

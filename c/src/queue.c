@@ -44,6 +44,7 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -53,6 +54,10 @@
 
 #include "internal.h"
 #include "keys.h"
+#include "tail.h"
+#ifdef TC_TEST_HOOKS
+#include "testhooks.h"
+#endif
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the queue's layout is little-endian and is read in place"
@@ -187,7 +192,11 @@ struct tc_queue {
         pthread_mutex_t mu;
         uint32_t head; /* next CQE to reap */
         struct spinner spin;
-        uint64_t reaped, doorbells, sleeps, missed; /* relaxed atomics, for get_info */
+        struct tc__tail tail;     /* when to be woken early, and to nap (tail.h) */
+        struct tc__napback naps;  /* naps back off when a doorbell follows them */
+        uint64_t rang_seen;       /* sq.doorbells at the last wait: a doorbell since says the worker slept */
+        int64_t slack_ns;         /* the opening thread's timer slack, which a nap takes off */
+        uint64_t reaped, doorbells, sleeps, missed, napped, late; /* relaxed atomics, for get_info */
     } cq __attribute__((aligned(64)));
 };
 
@@ -423,6 +432,10 @@ static tc_queue *new_queue(tc_conn *c, uint64_t id, const struct geom *g, uint8_
         spin = SPIN_MAX_US;
     q->cq.spin.max_ns = (o->flags & TC_QUEUE_NOSPIN) ? 0 : (int64_t)spin * 1000;
     q->cq.spin.budget_ns = q->cq.spin.max_ns / 2;
+    /* A timed sleep ends this much late at least; a nap is that much
+     * shorter until naps have taught how late they end. */
+    int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    q->cq.slack_ns = slack > 0 ? slack : 0;
     return q;
 }
 
@@ -590,6 +603,8 @@ void tc_queue_get_info(const tc_queue *q, tc_queue_info *out)
     out->reap_doorbells = __atomic_load_n(&q->cq.doorbells, __ATOMIC_RELAXED);
     out->sleeps = __atomic_load_n(&q->cq.sleeps, __ATOMIC_RELAXED);
     out->missed_wakeups = __atomic_load_n(&q->cq.missed, __ATOMIC_RELAXED);
+    out->naps = __atomic_load_n(&q->cq.napped, __ATOMIC_RELAXED);
+    out->late_wakes = __atomic_load_n(&q->cq.late, __ATOMIC_RELAXED);
 }
 
 /* ---- the submission side (q->sq.mu held) ---------------------------------------- */
@@ -820,6 +835,30 @@ static size_t take(tc_queue *q, tc_cqe *out, size_t max)
     return n;
 }
 
+/* The spins' clock and the nap's sleep. The test build (TC_TEST_HOOKS)
+ * makes both replaceable, so that a test can post completions during a
+ * nap and hold a spin's clock still (test/naps.c). */
+static void nap_sleep_ns(int64_t ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000LL), .tv_nsec = (long)(ns % 1000000000LL)};
+    /* An interrupted nap is a shorter one: the wait looks again. */
+    clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
+}
+#ifdef TC_TEST_HOOKS
+int64_t (*tc__test_spin_clock)(void) = tc__now_ns;
+void (*tc__test_nap)(int64_t ns) = nap_sleep_ns;
+#define spin_clock() tc__test_spin_clock()
+#define nap_sleep(ns) tc__test_nap(ns)
+#else
+#define spin_clock() tc__now_ns()
+#define nap_sleep(ns) nap_sleep_ns(ns)
+#endif
+
+/* in_flight is how many requests were published and not reaped: each has
+ * its CQE to come or ready. It reads the published sq_tail, this side's
+ * own word. */
+static uint32_t in_flight(const tc_queue *q) { return __atomic_load_n(q->sq_tail, __ATOMIC_ACQUIRE) - q->cq.head; }
+
 /* spin polls for min ready CQEs for the spinner's budget (and not past
  * deadline, 0: none) and adapts it as queue/spin.go does: it grows when a
  * spin finds work and halves when it does not, until slept says how long
@@ -848,12 +887,12 @@ static int spin(tc_queue *q, uint32_t min, int64_t deadline)
         }
         cpu_relax();
         if (i % 32 == 0) {
-            int64_t now = tc__now_ns();
+            int64_t now = spin_clock();
             if (!start)
                 start = now;
             else if (now - start >= s->budget_ns)
                 break;
-            if (deadline && now >= deadline)
+            if (deadline && tc__now_ns() >= deadline)
                 return 0; /* the caller's time ran out, not the budget: kept */
         }
     }
@@ -863,9 +902,45 @@ static int spin(tc_queue *q, uint32_t min, int64_t deadline)
             s->budget_ns = s->max_ns;
     } else {
         if (start)
-            s->spun_ns = tc__now_ns() - start;
+            s->spun_ns = spin_clock() - start;
         s->budget_ns /= 2;
     }
+    return found;
+}
+
+/* spin_until polls until min CQEs are ready or limit_ns has passed, and
+ * reports whether they came; *spun (if not NULL) is how long it polled.
+ * It reads the clock once every 64 polls. */
+static int spin_until(tc_queue *q, uint32_t min, int64_t limit_ns, int64_t *spun)
+{
+    int64_t start = spin_clock(), d = 0;
+    int found = 0;
+    for (unsigned i = 1;; i++) {
+        if (ready(q) >= min) {
+            found = 1;
+            d = spin_clock() - start;
+            break;
+        }
+        cpu_relax();
+        if (i % 64 == 0 && (d = spin_clock() - start) >= limit_ns)
+            break;
+    }
+    if (spun)
+        *spun = d;
+    return found;
+}
+
+/* spin_tail spins for up to a tail spin until min CQEs are ready: the spin
+ * for a wait's last completions when they come fast (tail.h). */
+static int spin_tail(tc_queue *q, uint32_t min)
+{
+    uint32_t before = ready(q);
+    int64_t d;
+    int found = spin_until(q, min, TC__TAIL_SPIN_NS, &d);
+    uint32_t r = ready(q);
+    if (found && r > before)
+        tc__tail_observe(&q->cq.tail, d / (int64_t)(r - before), (int)(r - before));
+    tc__tail_spun(&q->cq.tail, found);
     return found;
 }
 
@@ -883,8 +958,19 @@ static void slept(struct spinner *s, int64_t ns)
     }
 }
 
-/* wait_ready waits until min CQEs are ready (see tc_queue_reap): spin, then
- * sleep on cq_wake in slices, checking the connection between them. */
+/* wait_ready waits until min CQEs are ready (see tc_queue_reap), as the Go
+ * client's Wait does (queue/client.go), in this order:
+ *   - a last missing completion is spun for (the spinner's budget); so are
+ *     a wait's last ones when they come at memory speed (tail.h);
+ *   - a wait for part of what is in flight, while the daemon's worker is
+ *     busy, first naps on the clock with no flag set, so the worker makes
+ *     no system call for it (a futex wake of a sleeper costs its waker
+ *     about 10 µs on a small virtual host); what is missing after the nap
+ *     is spun for if it is due soon;
+ *   - then it sleeps on cq_wake in slices, checking the connection between
+ *     them, asking to be woken by the completion the tail chooses (the
+ *     min-th, or a few before it when they come fast or the wait drains
+ *     the queue). */
 static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
 {
     if (ready(q) >= min)
@@ -896,21 +982,55 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
         int64_t now = tc__now_ns();
         deadline = timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
     }
+    struct tc__tail *t = &q->cq.tail;
+    tc__tail_begin(t);
+    int early = 0; /* the last sleep was woken early for a drained wait's last completions */
+    /* The worker is busy when no submit since the last wait found it
+     * asleep, and it is not asleep now. A doorbell after a wait that
+     * napped says the nap let the worker run dry: naps back off. */
+    uint64_t rang = __atomic_load_n(&q->sq.doorbells, __ATOMIC_RELAXED);
+    int busy = tc__napback_busy(&q->cq.naps, rang != q->cq.rang_seen,
+                                (__atomic_load_n(q->sq_flags, __ATOMIC_ACQUIRE) & FLAG_NEED_WAKEUP) != 0);
+    q->cq.rang_seen = rang;
+    int napped = 0;
     for (;;) {
         int rc = queue_err(q);
         if (rc)
             return rc;
-        if (spin(q, min, deadline))
+        int missing = (int)(min - ready(q));
+        int drained = min >= in_flight(q);
+        if ((missing > 1 || early) && tc__tail_covers(t, missing, drained) && spin_tail(q, min))
             return TC_OK;
+        if (missing <= 1 && !early && spin(q, min, deadline))
+            return TC_OK;
+        early = 0;
+        if (!napped && !drained && busy) {
+            int64_t d = tc__tail_nap(t, (int)(min - ready(q)), q->cq.slack_ns);
+            if (d > 0 && (!deadline || d < deadline - tc__now_ns())) {
+                napped = 1;
+                q->cq.naps.napped = 1;
+                uint32_t before = ready(q);
+                int64_t start = spin_clock();
+                nap_sleep(d);
+                bump(&q->cq.napped);
+                uint32_t r = ready(q);
+                tc__tail_napped(t, d, spin_clock() - start, (int)(r - before), r >= min, r >= in_flight(q));
+                if (r >= min)
+                    return TC_OK;
+                if (tc__tail_spins_after_nap(t, (int)(min - r)) && spin_until(q, min, TC__TAIL_SPIN_NS, NULL))
+                    return TC_OK;
+                continue;
+            }
+        }
         uint32_t v = __atomic_load_n(q->cq_wake, __ATOMIC_SEQ_CST);
         race_window();
-        /* Woken once, not by each post: by the one before the min-th, so
-         * that the spin above catches the last (by the min-th when only
-         * one is missing), or when the queue empties. The target is
-         * written before the flags' fence, so a daemon that sees the flag
-         * sees the target. */
-        uint32_t want = min - ready(q) >= 2 ? min - 1 : min;
-        __atomic_store_n(q->cq_target, q->cq.head + want, __ATOMIC_SEQ_CST);
+        /* Woken once, by the min-th completion, or a few before it when
+         * they come fast or the wait drains the queue (the spin above
+         * catches those). The target is written before the flags' fence,
+         * so a daemon that sees the flag sees the target. */
+        uint32_t target =
+            min - (uint32_t)tc__tail_ahead(t, (int)(min - ready(q)), drained, q->cq.spin.budget_ns >= SPIN_MIN_NS);
+        __atomic_store_n(q->cq_target, q->cq.head + target, __ATOMIC_SEQ_CST);
         /* An atomic RMW, a full fence: the re-check below sees any post the
          * daemon made before it read the flag. */
         __atomic_fetch_or(q->cq_flags, WAIT_BITS, __ATOMIC_SEQ_CST);
@@ -932,13 +1052,26 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
         bump(&q->cq.sleeps);
         int err = futex_wait(q->cq_wake, v, slice);
         __atomic_fetch_and(q->cq_flags, ~WAIT_BITS, __ATOMIC_SEQ_CST);
-        if (ready(q) >= min) {
+        uint32_t r = ready(q);
+        if (r > before) {
+            /* The sleep covered r-before arrivals: the spin and the tail
+             * learn the gap between them, not the whole sleep (a wait for
+             * many would stop the spin for good). */
+            int64_t d = (tc__now_ns() - start) / (int64_t)(r - before);
+            if (target < min && drained && tc__tail_slow(t)) {
+                /* Woken early for a drained wait's last completions: the
+                 * tail spin is for them, whatever the spin budget. */
+                tc__tail_woke(t, (int)(min - r));
+                if (r >= min)
+                    bump(&q->cq.late);
+                early = 1;
+            }
+            slept(&q->cq.spin, d);
+            tc__tail_observe(t, d, (int)(r - before));
+        }
+        if (r >= min) {
             if (err == ETIMEDOUT)
                 bump(&q->cq.missed); /* posted while this slept, and not woken */
-            /* The spin learns the gap between the arrivals the sleep
-             * covered, not the whole sleep (a wait for many would stop it). */
-            uint32_t got = ready(q) - before;
-            slept(&q->cq.spin, (tc__now_ns() - start) / (got ? got : 1));
             break;
         }
         if (err == ETIMEDOUT && peer_gone(q)) {
@@ -986,3 +1119,54 @@ int tc_queue_wait(tc_queue *q, size_t min, int64_t timeout_ns)
     pthread_mutex_unlock(&q->cq.mu);
     return rc;
 }
+
+#ifdef TC_TEST_HOOKS
+/* ---- the test build's hooks (test/naps.c) ------------------------------------------ */
+
+/* tc__test_queue makes a queue of entries submission slots over an
+ * anonymous shared mapping, with no daemon behind it and a connection
+ * that is never closed: the test plays the daemon in *mem. */
+int tc__test_queue(uint32_t entries, tc_queue **out, uint8_t **mem)
+{
+    struct geom g;
+    if (geometry(entries, 2 * entries, 4096, &g))
+        return TC_INVALID_ARGUMENT;
+    tc_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return TC_ENOMEM;
+    c->fd = -1;
+    void *m = mmap(NULL, (size_t)g.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        free(c);
+        return TC_ESYS;
+    }
+    static const tc_queue_opts none;
+    tc_queue *q = new_queue(c, 1, &g, m, &none);
+    if (!q) {
+        munmap(m, (size_t)g.size);
+        free(c);
+        return TC_ENOMEM;
+    }
+    *out = q;
+    *mem = m;
+    return TC_OK;
+}
+
+void tc__test_queue_free(tc_queue *q)
+{
+    tc_conn *c = q->c;
+    release(q);
+    free(c);
+}
+
+struct tc__tail *tc__test_tail(tc_queue *q) { return &q->cq.tail; }
+
+/* tc__test_tune sets the spin budget for a last completion, its ceiling
+ * and the timer slack a nap takes off. */
+void tc__test_tune(tc_queue *q, int64_t spin_budget_ns, int64_t spin_max_ns, int64_t slack_ns)
+{
+    q->cq.spin.budget_ns = spin_budget_ns;
+    q->cq.spin.max_ns = spin_max_ns;
+    q->cq.slack_ns = slack_ns;
+}
+#endif

@@ -87,6 +87,7 @@ void test_store_basic(tc_conn *c);
 
 /* The queue's tests (queue.c). */
 void test_queue(const tcd *d);
+void test_queue_waits(void);
 void test_queue_answers(const tcd *d);
 void test_queue_basic(tc_conn *c);
 void test_queue_notify(tc_conn *sender, tc_segment_id remote, tc_conn *receiver, const char *segment);

@@ -1468,6 +1468,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     int64_t t0 = now_ms();
 
+    test_queue_waits();
     tcd d;
     start(&d, NULL);
     test_connect_errors(&d);

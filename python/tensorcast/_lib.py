@@ -182,6 +182,8 @@ class QueueInfo(ctypes.Structure):
         ("reap_doorbells", c_u64),
         ("sleeps", c_u64),
         ("missed_wakeups", c_u64),
+        ("naps", c_u64),
+        ("late_wakes", c_u64),
     ]
 
 

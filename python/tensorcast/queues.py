@@ -60,6 +60,8 @@ class QueueInfo(NamedTuple):
     reap_doorbells: int
     sleeps: int
     missed_wakeups: int
+    naps: int
+    late_wakes: int
 
 
 def _ns(timeout: Optional[float]) -> int:
@@ -288,4 +290,5 @@ class Queue:
                 raise Error(Status.CLOSED, "the queue is closed")
             lib.tc_queue_get_info(self._q, ctypes.byref(i))
         return QueueInfo(i.id, i.sq_entries, i.cq_entries, i.data_size, i.state, i.submitted, i.reaped,
-                         i.submit_doorbells, i.reap_doorbells, i.sleeps, i.missed_wakeups)
+                         i.submit_doorbells, i.reap_doorbells, i.sleeps, i.missed_wakeups,
+                         i.naps, i.late_wakes)

@@ -1,0 +1,21 @@
+/*
+ * testhooks.h - what the test build of the library (TC_TEST_HOOKS, the
+ * objects under build/asan) lets a test reach: a queue with no daemon
+ * behind it, the wait's learnt state, its clock and its nap (src/queue.c).
+ */
+#ifndef TC_TESTHOOKS_H
+#define TC_TESTHOOKS_H
+
+#include <stdint.h>
+
+#include "tail.h"
+#include "tensorcast.h"
+
+int tc__test_queue(uint32_t entries, tc_queue **out, uint8_t **mem);
+void tc__test_queue_free(tc_queue *q);
+struct tc__tail *tc__test_tail(tc_queue *q);
+void tc__test_tune(tc_queue *q, int64_t spin_budget_ns, int64_t spin_max_ns, int64_t slack_ns);
+extern int64_t (*tc__test_spin_clock)(void);
+extern void (*tc__test_nap)(int64_t ns);
+
+#endif
