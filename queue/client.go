@@ -401,7 +401,10 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 				q.Naps++
 				r := q.Ready()
 				q.tail.napped(d, spinClock().Sub(start), r-before, r >= min, r >= q.inFlight())
-				if r < min && q.tail.spinsAfterNap(min-r) {
+				if r >= min {
+					return nil
+				}
+				if q.tail.spinsAfterNap(min - r) {
 					if found, _ := q.spinUntil(min, tailSpin); found {
 						return nil
 					}
