@@ -121,8 +121,8 @@ bench: build
 	scripts/bench-section.sh --markdown store-queue "KV block store through the queue (daemon in its own process) vs memcpy and fio" \
 	  scripts/bench-store-queue.sh 5 2s /var/tmp/tcbench-store-queue
 	scripts/bench-section.sh tcp "tcp transport vs iperf3 and a raw TCP ping-pong (loopback)" scripts/bench-tcp.sh 3 3
-	scripts/bench-section.sh clib "libtensorcast vs the Go client: queue round trip at depth 1 (NOP, 4 KiB local WRITE)" \
-	  scripts/bench-clib.sh 5 200000
+	scripts/bench-section.sh clib "libtensorcast vs the Go client: queue round trip at depth 1 (NOP, 4 KiB local WRITE), and 64 KiB local copies in a stream beside memcpy" \
+	  scripts/bench-clib.sh 5 200000 100000
 	scripts/bench-section.sh --markdown syscalls "System calls per request through the queue, and daemon CPU per request" \
 	  scripts/bench-syscalls.sh 1000000
 	scripts/bench-section.sh directory "The etcd directory at 100 daemons: hit and fallback rates, lookups, churn, etcd down 30 s" \

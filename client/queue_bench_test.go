@@ -2,6 +2,7 @@ package client
 
 import (
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,4 +80,103 @@ func BenchmarkQueueWrite4K(b *testing.B) {
 	c, q := benchQueue(b)
 	w := write4K(b, c)
 	benchRounds(b, q, &w)
+}
+
+// The stream of c/bench/queue_bench.c: 64 KiB local copies, 32 in flight,
+// each wait for 16 completions followed by 16 submits (tcbench's local-64k
+// job), over a 128 MiB working set on each side.
+const (
+	streamChunk = 64 << 10
+	streamSet   = 128 << 20
+	streamDepth = 32
+	streamBatch = 16
+)
+
+// BenchmarkQueueStream64KWrite streams 64 KiB WRITEs (a client buffer into
+// pool blocks) through a queue; scripts/bench-clib.sh compares it with
+// libtensorcast's. It reports GiB/s and this process's CPU per request.
+func BenchmarkQueueStream64KWrite(b *testing.B) { benchStream(b, xfer.OpWrite) }
+
+// BenchmarkQueueStream64KRead is BenchmarkQueueStream64KWrite with READs
+// (pool blocks into a client buffer).
+func BenchmarkQueueStream64KRead(b *testing.B) { benchStream(b, xfer.OpRead) }
+
+func benchStream(b *testing.B, op xfer.Op) {
+	c, q := benchQueue(b)
+	pool, ok := c.Pool()
+	if !ok {
+		b.Fatal("no pool")
+	}
+	// The in-process daemon's pool is small: a quarter of it, there.
+	slots := int(min(streamSet, pool.Size/4) / streamChunk)
+	buf, err := c.RegisterBuffer(uint64(slots) * streamChunk)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range buf.Mem {
+		buf.Mem[i] = 3 // touched, as the C side's memset
+	}
+	blocks, err := c.AllocBlocks(nil, slots, streamChunk)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Freed before the next run of another client asks for as many.
+	b.Cleanup(func() {
+		if err := c.FreeBlocks(blocks, make([]error, len(blocks))); err != nil {
+			b.Error(err)
+		}
+	})
+	reqs := make([]xfer.Request, streamDepth)
+	uds := make([]uint64, streamDepth)
+	cqes := make([]Completion, streamDepth)
+	// run completes n requests, keeping streamDepth in flight.
+	run := func(n int) {
+		issued, done, inflight := 0, 0, 0
+		for done < n {
+			want := streamBatch
+			if inflight == 0 {
+				want = streamDepth
+			}
+			k := 0
+			for ; k < want && issued < n; k, issued = k+1, issued+1 {
+				i := issued % slots
+				reqs[k] = xfer.Request{Op: op, Local: buf.ID, LocalOffset: uint64(i * streamChunk), Target: pool.Segment,
+					TargetOffset: blocks[i], Length: streamChunk}
+				uds[k] = uint64(issued)
+			}
+			if k > 0 {
+				if got, err := q.Submit(reqs[:k], uds[:k]); got != k || err != nil {
+					b.Fatal(got, err)
+				}
+				inflight += k
+			}
+			got, err := q.Reap(cqes, min(inflight, streamBatch), 10*time.Second)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, cq := range cqes[:got] {
+				if cq.Code != tcproto.CodeOK || cq.N != streamChunk {
+					b.Fatal(cq)
+				}
+			}
+			inflight -= got
+			done += got
+		}
+	}
+	run(max(b.N/10, streamDepth))
+	cpu0 := processCPU()
+	b.ResetTimer()
+	run(b.N)
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)*streamChunk/b.Elapsed().Seconds()/(1<<30), "GiB/s")
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+}
+
+// processCPU is this process's CPU time (user and system) in nanoseconds.
+func processCPU() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }
