@@ -323,7 +323,8 @@ func (m *mover) Read(holder string, epoch uint64, spans []cluster.Span, deadline
 		return nil, err
 	}
 	results := make([]error, len(reqs))
-	if err := m.engine.Submit(id, reqs, xfer.SubmitOptions{Deadline: deadline, Resolver: pair{m.pool, r}}, results); err != nil {
+	sums := make([]xfer.Sum, len(reqs)) // tcp takes each value's crc32c as it lands
+	if err := m.engine.Submit(id, reqs, xfer.SubmitOptions{Deadline: deadline, Resolver: pair{m.pool, r}, Sums: sums}, results); err != nil {
 		return m.settle(id), err
 	}
 	sum, werr := m.engine.Wait(id, deadline)
@@ -341,6 +342,9 @@ func (m *mover) Read(holder string, epoch uint64, spans []cluster.Span, deadline
 		}
 		m.forget(holder, r)
 		return m.settle(id), fmt.Errorf("%w: %d of %d reads from %s failed: %v", xfer.ErrUnavailable, len(reqs)-sum.Completed, len(reqs), holder, first)
+	}
+	for i := range spans {
+		spans[i].CRC, spans[i].Summed = sums[i].CRC, sums[i].Taken
 	}
 	return nil, m.engine.Free(id)
 }

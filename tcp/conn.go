@@ -15,6 +15,7 @@ import (
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/internal/crc32c"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -101,6 +102,10 @@ type rxState struct {
 	status uint16
 	// client side, a READ response being received
 	p *pending
+	// sum, when the READ asked for it and this payload is the whole task,
+	// takes the crc32c of the bytes as they land (xfer.Sum); crc is it so far.
+	sum *xfer.Sum
+	crc uint32
 }
 
 // tokCache remembers the last token a connection verified, so a stream of
@@ -252,7 +257,7 @@ func (c *conn) onTraffic() gnet.Action {
 			switch avail := g.InboundBuffered(); {
 			case avail > 0 && c.rx.dst != nil:
 				k, _ = g.Read(c.rx.dst[:min(avail, c.rx.left)])
-				c.rx.dst = c.rx.dst[k:]
+				c.land(k)
 			case avail > 0:
 				k, _ = g.Discard(min(avail, c.rx.left))
 			case c.rx.dst != nil:
@@ -325,9 +330,20 @@ func (c *conn) readDirect() (int, error) {
 		case k == 0:
 			return 0, fmt.Errorf("%w: closed by the peer with %d payload bytes still due", ErrConnLost, c.rx.left)
 		}
-		c.rx.dst = c.rx.dst[k:]
+		c.land(k)
 		return k, nil
 	}
+}
+
+// land moves past k payload bytes just written at the front of c.rx.dst,
+// taking their crc32c first when the READ asked for it: they are still in
+// this CPU's cache, where a check after the transfer would read them back
+// from memory.
+func (c *conn) land(k int) {
+	if c.rx.sum != nil {
+		c.rx.crc = crc32c.Update(c.rx.crc, c.rx.dst[:k])
+	}
+	c.rx.dst = c.rx.dst[k:]
 }
 
 func (c *conn) handle(h *header, meta []byte) error {

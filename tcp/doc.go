@@ -3,7 +3,10 @@
 // on gnet event loops, authenticates both sides with the cluster key,
 // hands out capability tokens for exported segments and moves READ and WRITE
 // requests, sliced and striped over several connections per peer, with
-// bounded in-flight bytes per connection and per peer.
+// bounded in-flight bytes per connection and per peer. A READ's payload
+// goes from the socket into its destination; when the task asks for its
+// checksum (xfer.Task.Sum) and one slice carries it whole, the event loop
+// takes the crc32c of each piece as it lands, while it is in cache.
 //
 // Nothing blocks the submitting goroutine. Submit sends what the peer's
 // session and flow-control window take at once; a task whose peer has no

@@ -193,7 +193,7 @@ func accessLog(a Access) []any {
 // payloadDone ends the payload of the current frame.
 func (c *conn) payloadDone() error {
 	if c.role == roleClient {
-		pd := c.rx.p
+		pd, sum, crc := c.rx.p, c.rx.sum, c.rx.crc
 		c.rx = rxState{}
 		if pd == nil {
 			return nil // a late answer's payload, dropped
@@ -201,6 +201,10 @@ func (c *conn) payloadDone() error {
 		c.peer.mu.Lock()
 		c.takeLocked(pd)
 		c.peer.mu.Unlock()
+		if sum != nil {
+			// Before the task can end: its Done waits for this slice.
+			*sum = xfer.Sum{CRC: crc, Taken: true}
+		}
 		pd.finish(uint64(pd.n), nil)
 		return nil
 	}

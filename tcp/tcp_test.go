@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/crc32c"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
@@ -180,6 +181,67 @@ func TestIntegrityTwoAndThreeNodes(t *testing.T) {
 					"%s: exported segment refs = %v after the transfers", n.ID(), testutil.Lazy(s.Refs))
 			}
 		})
+	}
+}
+
+// TestReadSums: a READ that asks for its crc32c (Task.Sum) gets the
+// checksum of the bytes that landed, taken as they came off the socket,
+// when one slice carries the whole READ; one cut into slices, or one that
+// did not ask, gets none, and the caller takes it itself.
+func TestReadSums(t *testing.T) {
+	const size, slice = 1 << 20, 64 << 10
+	nodes := cluster(t, []string{"alpha", "bravo"}, size, Config{SliceSize: slice, ConnsPerPeer: 2})
+	a, b := nodes[0], nodes[1]
+	fill(rand.New(rand.NewPCG(7, 7)), b.exp.segs["seg"].Bytes())
+	r, err := a.Open(b.ID(), "seg", RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	local := xfertest.NewSegment(1, size)
+	col := xfertest.NewRecorder()
+	cases := []struct {
+		toff, ln uint64
+		ask      bool
+		taken    bool
+	}{
+		{0, 1, true, true},
+		{4093, 4096, true, true},
+		{slice, slice, true, true}, // exactly one slice
+		{3 * slice, slice + 1, true, false},
+		{5 * slice, 3 * slice, true, false},
+		{9 * slice, 4096, false, false},
+	}
+	sums := make([]xfer.Sum, len(cases))
+	var tasks []*xfer.Task
+	loff := uint64(0)
+	for i, c := range cases {
+		task := mkTask(col, xfer.OpRead, local, loff, r, c.toff, c.ln)
+		if c.ask {
+			sums[i] = xfer.Sum{CRC: 1, Taken: false}
+			task.Sum = &sums[i]
+		}
+		tasks = append(tasks, task)
+		loff += c.ln
+	}
+	for _, d := range submitWait(t, a.Node, col, tasks, 20*time.Second) {
+		if d.Err != nil || d.N != d.Task.Req.Length {
+			t.Fatalf("read: n=%d err=%v", d.N, d.Err)
+		}
+	}
+	loff = 0
+	for i, c := range cases {
+		got := local.Bytes()[loff : loff+c.ln]
+		loff += c.ln
+		if !bytes.Equal(got, b.exp.segs["seg"].Bytes()[c.toff:c.toff+c.ln]) {
+			t.Fatalf("case %d: bytes differ", i)
+		}
+		switch {
+		case sums[i].Taken != c.taken:
+			t.Errorf("case %d (%d bytes at %d, asked %v): taken %v, want %v", i, c.ln, c.toff, c.ask, sums[i].Taken, c.taken)
+		case c.taken && sums[i].CRC != crc32c.Checksum(got):
+			t.Errorf("case %d: crc32c %#x, the bytes' is %#x", i, sums[i].CRC, crc32c.Checksum(got))
+		}
 	}
 }
 

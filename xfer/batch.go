@@ -101,7 +101,7 @@ func (b *batch) reset(capacity int) {
 			t.Req = Request{}
 			t.Local, t.Target, t.tr, t.err = nil, nil, nil, nil
 			t.Tag, t.n = 0, 0
-			t.Deadline, t.Notify = time.Time{}, nil
+			t.Deadline, t.Notify, t.Sum = time.Time{}, nil, nil
 			t.state.Store(0)
 			t.owed.Store(0)
 		}
@@ -117,10 +117,10 @@ func (b *batch) reset(capacity int) {
 	b.id = BatchID(uint64(b.gen)<<32 | uint64(b.idx) + 1)
 }
 
-// submit runs Engine.Submit once the call is checked: notify is empty or
-// positional with reqs, deadline is the call's effective deadline (never
-// zero) and now when the clock was read. b.mu is held.
-func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, now time.Time, results []error) error {
+// submit runs Engine.Submit once the call is checked: notify and sums are
+// empty or positional with reqs, deadline is the call's effective deadline
+// (never zero) and now when the clock was read. b.mu is held.
+func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, sums []Sum, deadline, now time.Time, results []error) error {
 	start := b.used
 	end := start + len(reqs)
 	b.used = end
@@ -133,6 +133,10 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, deadline, no
 		t.Deadline = deadline
 		if len(notify) != 0 {
 			t.Notify = notify[i]
+		}
+		if len(sums) != 0 {
+			sums[i] = Sum{}
+			t.Sum = &sums[i]
 		}
 		if err := b.e.prepare(t, r); err != nil {
 			results[i] = err

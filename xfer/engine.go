@@ -70,6 +70,11 @@ type SubmitOptions struct {
 	// whole call). The engine hands each slice to the task as it is: the
 	// caller must not change or reuse its bytes until the task has ended.
 	Notify [][]byte
+	// Sums is positional with the requests like Notify: Task.Sum of
+	// request i is &Sums[i] (see Sum). Empty: none asked for; otherwise
+	// its length must equal len(reqs). The caller keeps it until the
+	// tasks have ended.
+	Sums []Sum
 }
 
 // TaskStatus is one task's state as Engine.Status reports it. Transferred
@@ -249,12 +254,13 @@ func (e *Engine) lock(id BatchID) (*batch, error) {
 // where start is BatchSummary.Total before the call.
 //
 // Before dispatch each task gets its effective deadline (opts.Deadline, or
-// now + Config.DefaultTimeout) in Task.Deadline and its notification, if
-// any, in Task.Notify; both are cleared when the batch's slot is reused.
+// now + Config.DefaultTimeout) in Task.Deadline, its notification, if
+// any, in Task.Notify and its Sum, if asked for, in Task.Sum; they are
+// cleared when the batch's slot is reused.
 //
 // A returned error is for the whole call: ErrBatchNotFound, ErrBatchFull
 // (over capacity), ErrClosed, ErrInvalid (len(results) != len(reqs),
-// len(opts.Notify) neither 0 nor len(reqs), or no Resolver), ErrTimeout (the deadline already passed) leave the batch
+// len(opts.Notify) or len(opts.Sums) neither 0 nor len(reqs), or no Resolver), ErrTimeout (the deadline already passed) leave the batch
 // unchanged. ErrTransport (a transport broke the dispatch contract) means
 // every task of the call has already ended Failed and been rolled back; the
 // results then stay as they were filled.
@@ -262,7 +268,8 @@ func (e *Engine) lock(id BatchID) (*batch, error) {
 // Tasks a transport refused at dispatch (Transport.Submit returned n <
 // len) stay accepted and end Failed with the transport's error.
 func (e *Engine) Submit(id BatchID, reqs []Request, opts SubmitOptions, results []error) error {
-	if len(results) != len(reqs) || len(opts.Notify) != 0 && len(opts.Notify) != len(reqs) {
+	if len(results) != len(reqs) || len(opts.Notify) != 0 && len(opts.Notify) != len(reqs) ||
+		len(opts.Sums) != 0 && len(opts.Sums) != len(reqs) {
 		return ErrInvalid
 	}
 	b, err := e.lock(id)
@@ -291,7 +298,7 @@ func (e *Engine) Submit(id BatchID, reqs []Request, opts SubmitOptions, results 
 	} else if !deadline.After(now) {
 		return ErrTimeout
 	}
-	return b.submit(reqs, opts.Resolver, opts.Notify, deadline, now, results)
+	return b.submit(reqs, opts.Resolver, opts.Notify, opts.Sums, deadline, now, results)
 }
 
 // Status reports task i of batch id in O(1). ErrBatchNotFound for an

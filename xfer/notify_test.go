@@ -94,6 +94,71 @@ func TestSubmitCarriesNotifyAndDeadline(t *testing.T) {
 	xfertest.CheckRefs(t, f.a, f.b)
 }
 
+// TestSubmitCarriesSums: Task.Sum of request i is &opts.Sums[i], cleared
+// to zero at submit; Sums of the wrong length refuse the whole call; none
+// asked for leaves Task.Sum nil, and a recycled slot carries none.
+func TestSubmitCarriesSums(t *testing.T) {
+	var got []*xfer.Sum
+	tr := xfertest.New(xfertest.Config{Inline: true, OnSubmit: func(ts []*xfer.Task) {
+		for _, tk := range ts {
+			got = append(got, tk.Sum)
+		}
+	}})
+	f := newFixture(t, xfer.Config{DefaultTimeout: time.Hour}, xfertest.RouteAll(tr))
+	id, err := f.e.AllocateBatch(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := make([]error, 3)
+	bad := f.opts
+	bad.Sums = make([]xfer.Sum, 2)
+	if err := f.e.Submit(id, f.reqs(3), bad, res); !errors.Is(err, xfer.ErrInvalid) {
+		t.Fatalf("Sums of 2 for 3 requests: %v, want ErrInvalid", err)
+	}
+	if s, _ := f.e.BatchStatus(id); s.Total != 0 || len(got) != 0 {
+		t.Fatalf("a refused call changed the batch: %+v, transport saw %d tasks", s, len(got))
+	}
+	opts := f.opts
+	opts.Sums = []xfer.Sum{{CRC: 7, Taken: true}, {CRC: 8}, {Taken: true}}
+	if err := f.e.Submit(id, f.reqs(3), opts, res); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("transport saw %d tasks, want 3", len(got))
+	}
+	for i, p := range got {
+		if p != &opts.Sums[i] || *p != (xfer.Sum{}) {
+			t.Errorf("task %d: Sum %p (%+v), want &Sums[%d] = %p, cleared", i, p, p, i, &opts.Sums[i])
+		}
+	}
+	got = got[:0]
+	if err := f.e.Submit(id, f.reqs(1), f.opts, res[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != nil {
+		t.Fatalf("a call without Sums gave its task %v", got)
+	}
+	if err := f.e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	id, err = f.e.AllocateBatch(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = xfer.EachTask(f.e, id, func(i int, tk *xfer.Task) {
+		if tk.Sum != nil {
+			t.Errorf("recycled task %d still carries a Sum", i)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.e.Free(id); err != nil {
+		t.Fatal(err)
+	}
+	xfertest.CheckRefs(t, f.a, f.b)
+}
+
 // TestLocalRefusesNotify: a notified WRITE between two local segments
 // fails ErrNotSupported at its own position; its neighbours move, on both
 // of the local transport's paths (inline and chunked).

@@ -132,6 +132,19 @@ type Request struct {
 	Length       uint64
 }
 
+// Sum is where a transport that reads a READ's bytes as they land (tcp:
+// they come off a socket in this process) puts their crc32c, taken there,
+// while they are still in the CPU's cache: a caller that must check the
+// bytes (the store's reader of other hosts' values) then need not read
+// them again from memory. Taken says it did, for the whole Length and the
+// task's last landing of it; a transport whose bytes land by DMA (rdma),
+// or a READ it cuts into pieces, leaves it false, and the caller takes the
+// checksum itself. Read it only after the task has ended Completed.
+type Sum struct {
+	CRC   uint32
+	Taken bool
+}
+
 // State is a task's state. Waiting and Pending are live; the rest are
 // terminal, and every task ends in exactly one of them.
 type State uint32
@@ -225,6 +238,10 @@ type Task struct {
 	// transport that keeps it longer copies it. A transport that cannot
 	// deliver notifications ends such a task with ErrNotSupported.
 	Notify []byte
+	// Sum, when not nil, asks for the crc32c of a READ's bytes as they
+	// land (see Sum); set by the engine before dispatch, valid until the
+	// task's Done.
+	Sum *Sum
 
 	done Completer
 	// owed is the task's dispatch ledger (dispatch.go), whoever

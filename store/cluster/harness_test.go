@@ -50,6 +50,11 @@ type fakeNet struct {
 	lateMu sync.Mutex
 	late   bool
 	lates  []lateRead
+	// sums: reads from these holders come back Summed, as from a
+	// transport that took each span's crc32c as it landed; a true value
+	// sums wrong (as if the bytes seen on the way were other than those
+	// in the pool). Set before the reads.
+	sums map[string]bool
 }
 
 // lateRead is a failed read whose transfer is still to land: its spans'
@@ -247,8 +252,14 @@ func (n *fakeNode) Read(holder string, epoch uint64, spans []Span, deadline time
 		return nil, fmt.Errorf("%w: %s died reading", errUnreachable, n.id)
 	}
 	src, dst := p.pool.Bytes(), n.pool.Bytes()
-	for _, s := range spans {
+	for i, s := range spans {
 		copy(dst[s.Local:s.Local+s.Length], src[s.Remote:s.Remote+s.Length])
+		if wrong, ok := f.sums[holder]; ok {
+			spans[i].CRC, spans[i].Summed = store.CRC(dst[s.Local:s.Local+s.Length]), true
+			if wrong {
+				spans[i].CRC ^= 1
+			}
+		}
 	}
 	return nil, nil
 }

@@ -721,8 +721,9 @@ const (
 
 // readChecked reads spans from holder id into this daemon's pool and
 // takes each value's crc32c: sums[j] is span j's, or errs[j] why it was
-// not read. A large read is split in parts moved at once, each checked as
-// soon as it has landed, so that the checksums of the first parts are
+// not read. A span the transport summed as its bytes landed (tcp) is not
+// read again; the others are. A large read is split in parts moved at
+// once, each checked as soon as it has landed, so that the checksums of the first parts are
 // taken while the last ones are still on the wire. unsettled are the
 // failed parts' Mover.Read channels: until each closes, a transfer may
 // still write into the blocks its spans name.
@@ -751,6 +752,10 @@ func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline ti
 		}
 		for j := lo; j < hi; j++ {
 			sp := spans[j]
+			if sp.Summed {
+				sums[j] = sp.CRC // taken as the bytes landed
+				continue
+			}
 			sums[j] = store.CRC(c.cfg.Pool[sp.Local : sp.Local+sp.Length])
 		}
 	}

@@ -214,6 +214,40 @@ func TestReadTriesNextReplica(t *testing.T) {
 	}
 }
 
+// TestReadUsesTransportSums: a span the mover's transport summed as it
+// landed is checked by that sum, not read again: reads from a holder whose
+// transport sums wrong fail their check (and the next replica is read),
+// though the bytes in the pool are right; reads summed right pass.
+func TestReadUsesTransportSums(t *testing.T) {
+	ids := []string{"h0", "h1", "r"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour, Staleness: -1})
+	f.sums = map[string]bool{"h0": true, "h1": false}
+	h0, h1, r := f.node("h0"), f.node("h1"), f.node("r")
+	const n = 24
+	for i := range n {
+		k := fmt.Sprintf("sum/%02d", i)
+		v := value(k, 4096)
+		h0.put(t, k, v)
+		h1.put(t, k, v)
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h0", "h1"}) }, "%s announced", k)
+	}
+	for i := range n {
+		k := fmt.Sprintf("sum/%02d", i)
+		got, err := r.read(k, 4096)
+		if err != nil || !bytes.Equal(got, value(k, 4096)) {
+			t.Fatalf("%s: %d bytes, %v; want the value", k, len(got), err)
+		}
+	}
+	f.gateMu.Lock()
+	fromH0, fromH1 := f.reads["h0"], f.reads["h1"]
+	f.gateMu.Unlock()
+	s := r.c.Stats()
+	if fromH0 == 0 || s.CRCMismatch != uint64(fromH0) || fromH1 != n || s.RemoteHits != n {
+		t.Errorf("reads h0 %d, h1 %d; %d crc mismatches, %d remote hits; want every read of h0 refused by its sum, all %d from h1",
+			fromH0, fromH1, s.CRCMismatch, s.RemoteHits, n)
+	}
+}
+
 // TestModeBudgetsRemoteGets: a reader in a mode that admits one remote get
 // in flight refuses a second while the first is held (RESOURCE_EXHAUSTED,
 // never a miss or other bytes); changed at run time to a mode with room,
