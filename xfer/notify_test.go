@@ -10,19 +10,21 @@ import (
 )
 
 // TestSubmitCarriesNotifyAndDeadline: the engine hands each task its
-// effective deadline and its positional notification before dispatch, a
-// Notify of the wrong length refuses the whole call without touching the
-// batch, and a recycled slot carries neither into the next batch.
+// effective deadline, its positional notification and its positional Sum
+// (cleared) before dispatch, a Notify or Sums of the wrong length refuses
+// the whole call without touching the batch, and a recycled slot carries
+// none of them into the next batch.
 func TestSubmitCarriesNotifyAndDeadline(t *testing.T) {
 	type seen struct {
 		notify   string
 		has      bool
 		deadline time.Time
+		sum      *xfer.Sum
 	}
 	var got []seen
 	tr := xfertest.New(xfertest.Config{Inline: true, OnSubmit: func(ts []*xfer.Task) {
 		for _, tk := range ts {
-			got = append(got, seen{string(tk.Notify), tk.Notify != nil, tk.Deadline})
+			got = append(got, seen{string(tk.Notify), tk.Notify != nil, tk.Deadline, tk.Sum})
 		}
 	}})
 	f := newFixture(t, xfer.Config{DefaultTimeout: time.Hour}, xfertest.RouteAll(tr))
@@ -38,6 +40,11 @@ func TestSubmitCarriesNotifyAndDeadline(t *testing.T) {
 	if err := f.e.Submit(id, f.reqs(3), bad, res); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("Notify of 1 for 3 requests: %v, want ErrInvalid", err)
 	}
+	bad = f.opts
+	bad.Sums = make([]xfer.Sum, 2)
+	if err := f.e.Submit(id, f.reqs(3), bad, res); !errors.Is(err, xfer.ErrInvalid) {
+		t.Fatalf("Sums of 2 for 3 requests: %v, want ErrInvalid", err)
+	}
 	if s, _ := f.e.BatchStatus(id); s.Total != 0 || len(got) != 0 {
 		t.Fatalf("a refused call changed the batch: %+v, transport saw %d tasks", s, len(got))
 	}
@@ -48,17 +55,20 @@ func TestSubmitCarriesNotifyAndDeadline(t *testing.T) {
 	opts := f.opts
 	opts.Deadline = deadline
 	opts.Notify = [][]byte{[]byte("layer-0"), nil, {}}
+	opts.Sums = []xfer.Sum{{CRC: 7, Taken: true}, {CRC: 8}, {Taken: true}}
 	before := time.Now()
 	if err := f.e.Submit(id, f.reqs(3), opts, res); err != nil {
 		t.Fatal(err)
 	}
-	want := []seen{{"layer-0", true, deadline}, {"", false, deadline}, {"", true, deadline}}
+	want := []seen{{"layer-0", true, deadline, &opts.Sums[0]}, {"", false, deadline, &opts.Sums[1]},
+		{"", true, deadline, &opts.Sums[2]}}
 	if len(got) != len(want) {
 		t.Fatalf("transport saw %d tasks, want %d", len(got), len(want))
 	}
 	for i := range want {
-		if got[i].notify != want[i].notify || got[i].has != want[i].has || !got[i].deadline.Equal(want[i].deadline) {
-			t.Fatalf("task %d arrived as %+v, want %+v", i, got[i], want[i])
+		if got[i].notify != want[i].notify || got[i].has != want[i].has || !got[i].deadline.Equal(want[i].deadline) ||
+			got[i].sum != want[i].sum || *got[i].sum != (xfer.Sum{}) {
+			t.Fatalf("task %d arrived as %+v, want %+v (its Sum cleared)", i, got[i], want[i])
 		}
 	}
 
@@ -68,8 +78,9 @@ func TestSubmitCarriesNotifyAndDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	after := time.Now()
-	if len(got) != 1 || got[0].has || got[0].deadline.Before(before.Add(time.Hour)) || got[0].deadline.After(after.Add(time.Hour)) {
-		t.Fatalf("task without a call deadline arrived as %+v, want none and now+1h", got)
+	if len(got) != 1 || got[0].has || got[0].sum != nil || got[0].deadline.Before(before.Add(time.Hour)) ||
+		got[0].deadline.After(after.Add(time.Hour)) {
+		t.Fatalf("task without a call deadline arrived as %+v, want no notification, no Sum and now+1h", got)
 	}
 	if err := f.e.Free(id); err != nil {
 		t.Fatal(err)
@@ -81,73 +92,8 @@ func TestSubmitCarriesNotifyAndDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = xfer.EachTask(f.e, id, func(i int, tk *xfer.Task) {
-		if tk.Notify != nil || !tk.Deadline.IsZero() {
-			t.Errorf("recycled task %d still carries %q / %v", i, tk.Notify, tk.Deadline)
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.e.Free(id); err != nil {
-		t.Fatal(err)
-	}
-	xfertest.CheckRefs(t, f.a, f.b)
-}
-
-// TestSubmitCarriesSums: Task.Sum of request i is &opts.Sums[i], cleared
-// to zero at submit; Sums of the wrong length refuse the whole call; none
-// asked for leaves Task.Sum nil, and a recycled slot carries none.
-func TestSubmitCarriesSums(t *testing.T) {
-	var got []*xfer.Sum
-	tr := xfertest.New(xfertest.Config{Inline: true, OnSubmit: func(ts []*xfer.Task) {
-		for _, tk := range ts {
-			got = append(got, tk.Sum)
-		}
-	}})
-	f := newFixture(t, xfer.Config{DefaultTimeout: time.Hour}, xfertest.RouteAll(tr))
-	id, err := f.e.AllocateBatch(8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res := make([]error, 3)
-	bad := f.opts
-	bad.Sums = make([]xfer.Sum, 2)
-	if err := f.e.Submit(id, f.reqs(3), bad, res); !errors.Is(err, xfer.ErrInvalid) {
-		t.Fatalf("Sums of 2 for 3 requests: %v, want ErrInvalid", err)
-	}
-	if s, _ := f.e.BatchStatus(id); s.Total != 0 || len(got) != 0 {
-		t.Fatalf("a refused call changed the batch: %+v, transport saw %d tasks", s, len(got))
-	}
-	opts := f.opts
-	opts.Sums = []xfer.Sum{{CRC: 7, Taken: true}, {CRC: 8}, {Taken: true}}
-	if err := f.e.Submit(id, f.reqs(3), opts, res); err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 3 {
-		t.Fatalf("transport saw %d tasks, want 3", len(got))
-	}
-	for i, p := range got {
-		if p != &opts.Sums[i] || *p != (xfer.Sum{}) {
-			t.Errorf("task %d: Sum %p (%+v), want &Sums[%d] = %p, cleared", i, p, p, i, &opts.Sums[i])
-		}
-	}
-	got = got[:0]
-	if err := f.e.Submit(id, f.reqs(1), f.opts, res[:1]); err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 1 || got[0] != nil {
-		t.Fatalf("a call without Sums gave its task %v", got)
-	}
-	if err := f.e.Free(id); err != nil {
-		t.Fatal(err)
-	}
-	id, err = f.e.AllocateBatch(8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = xfer.EachTask(f.e, id, func(i int, tk *xfer.Task) {
-		if tk.Sum != nil {
-			t.Errorf("recycled task %d still carries a Sum", i)
+		if tk.Notify != nil || !tk.Deadline.IsZero() || tk.Sum != nil {
+			t.Errorf("recycled task %d still carries %q / %v / %v", i, tk.Notify, tk.Deadline, tk.Sum)
 		}
 	})
 	if err != nil {

@@ -182,16 +182,11 @@ func TestReplicasCopied(t *testing.T) {
 // read first, fails its crc32c and the next replica is read), never the
 // corrupt ones.
 func TestReadTriesNextReplica(t *testing.T) {
-	ids := []string{"h0", "h1", "r"}
-	f := newNet(t, ids, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour, Staleness: -1})
-	h0, h1, r := f.node("h0"), f.node("h1"), f.node("r")
 	const n = 24
+	f := twoHolders(t, nil, "crc", n)
+	h0, r := f.node("h0"), f.node("r")
 	for i := range n {
 		k := fmt.Sprintf("crc/%02d", i)
-		v := value(k, 4096)
-		h0.put(t, k, v)
-		h1.put(t, k, v)
-		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h0", "h1"}) }, "%s announced", k)
 		// Corrupt h0's copy in its pool (its crc is known already).
 		ss := h0.st.NewSession()
 		locs := make([]store.Location, 1)
@@ -202,13 +197,7 @@ func TestReadTriesNextReplica(t *testing.T) {
 		h0.pool.Bytes()[locs[0].Offset] ^= 0xff
 		ss.Close()
 	}
-	for i := range n {
-		k := fmt.Sprintf("crc/%02d", i)
-		got, err := r.read(k, 4096)
-		if err != nil || !bytes.Equal(got, value(k, 4096)) {
-			t.Fatalf("%s: %d bytes, %v; want the value", k, len(got), err)
-		}
-	}
+	readExact(t, r, "crc", n)
 	if s := r.c.Stats(); s.CRCMismatch == 0 || s.RemoteHits != n {
 		t.Errorf("%d crc mismatches, %d remote hits; want some (h0 read first for about half the keys), %d", s.CRCMismatch, s.RemoteHits, n)
 	}
@@ -219,25 +208,10 @@ func TestReadTriesNextReplica(t *testing.T) {
 // transport sums wrong fail their check (and the next replica is read),
 // though the bytes in the pool are right; reads summed right pass.
 func TestReadUsesTransportSums(t *testing.T) {
-	ids := []string{"h0", "h1", "r"}
-	f := newNet(t, ids, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour, Staleness: -1})
-	f.sums = map[string]bool{"h0": true, "h1": false}
-	h0, h1, r := f.node("h0"), f.node("h1"), f.node("r")
 	const n = 24
-	for i := range n {
-		k := fmt.Sprintf("sum/%02d", i)
-		v := value(k, 4096)
-		h0.put(t, k, v)
-		h1.put(t, k, v)
-		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h0", "h1"}) }, "%s announced", k)
-	}
-	for i := range n {
-		k := fmt.Sprintf("sum/%02d", i)
-		got, err := r.read(k, 4096)
-		if err != nil || !bytes.Equal(got, value(k, 4096)) {
-			t.Fatalf("%s: %d bytes, %v; want the value", k, len(got), err)
-		}
-	}
+	f := twoHolders(t, map[string]bool{"h0": true, "h1": false}, "sum", n)
+	r := f.node("r")
+	readExact(t, r, "sum", n)
 	f.gateMu.Lock()
 	fromH0, fromH1 := f.reads["h0"], f.reads["h1"]
 	f.gateMu.Unlock()
@@ -245,6 +219,36 @@ func TestReadUsesTransportSums(t *testing.T) {
 	if fromH0 == 0 || s.CRCMismatch != uint64(fromH0) || fromH1 != n || s.RemoteHits != n {
 		t.Errorf("reads h0 %d, h1 %d; %d crc mismatches, %d remote hits; want every read of h0 refused by its sum, all %d from h1",
 			fromH0, fromH1, s.CRCMismatch, s.RemoteHits, n)
+	}
+}
+
+// twoHolders makes a net of h0, h1 and r (sums as fakeNet.sums) and puts n
+// values of 4 KiB, keys prefix/00 on, on both holders, each announced by
+// both.
+func twoHolders(t *testing.T, sums map[string]bool, prefix string, n int) *fakeNet {
+	t.Helper()
+	f := newNet(t, []string{"h0", "h1", "r"}, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour, Staleness: -1})
+	f.sums = sums
+	h0, h1 := f.node("h0"), f.node("h1")
+	for i := range n {
+		k := fmt.Sprintf("%s/%02d", prefix, i)
+		v := value(k, 4096)
+		h0.put(t, k, v)
+		h1.put(t, k, v)
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h0", "h1"}) }, "%s announced", k)
+	}
+	return f
+}
+
+// readExact has r read the n values twoHolders put, each byte-exact.
+func readExact(t *testing.T, r *fakeNode, prefix string, n int) {
+	t.Helper()
+	for i := range n {
+		k := fmt.Sprintf("%s/%02d", prefix, i)
+		got, err := r.read(k, 4096)
+		if err != nil || !bytes.Equal(got, value(k, 4096)) {
+			t.Fatalf("%s: %d bytes, %v; want the value", k, len(got), err)
+		}
 	}
 }
 
