@@ -42,7 +42,8 @@
 # RDMA_BASE_DAEMON (a tensorcastd binary, cgo, of the build to compare
 # against: each round then also runs the tcbench jobs with it, the two
 # builds in alternating order, and a third table puts both side by side;
-# the same tcbench drives both),
+# the same tcbench drives both, unless RDMA_BASE_TCBENCH names that
+# build's tcbench (cgo), which then drives its daemon),
 # RXE_MEM (MiB, default 1536: the MR registration test takes 512 MiB),
 # RXE_REG_MB (default 512), RDMA_TEST_LOG (keep the console log there),
 # plus rxe-vm.sh's knobs.
@@ -82,6 +83,9 @@ if [ "$tcbench" = 1 ]; then
   CGO_ENABLED=1 go build -o "$w/tcbench" ./cmd/tcbench
   if [ -n "${RDMA_BASE_DAEMON:-}" ]; then
     cp "$RDMA_BASE_DAEMON" "$w/tensorcastd-base"
+    if [ -n "${RDMA_BASE_TCBENCH:-}" ]; then
+      cp "$RDMA_BASE_TCBENCH" "$w/tcbench-base"
+    fi
   fi
   # One tcbench run a round, one pair of daemons (64 MiB pools: both fit
   # the VM beside nothing else, as the tests run after it; one queue pair
@@ -130,18 +134,20 @@ if [ "${bench}" != "-" ]; then
     perf ib_read_bw -s 1048576 -n 100 --report_gbits
     perf ib_write_lat -s 4096 -n 1000
     ./rdma.test -test.run='^\$' -test.bench='${bench}' -test.benchtime=${benchtime} || rc=1
-    tcbrun() { # tag daemon-binary
+    tcbrun() { # tag daemon-binary [tcbench-binary]
       t0=\$(cut -d. -f1 /proc/uptime)
-      TENSORCAST_RDMA_QPS=1 ./tcbench --daemon-bin \$2 --rdma-device \$RXE_DEV --rdma-gid \$RXE_GID_INDEX ${tcb_args} > /tmp/tcbench.out 2> /tmp/tcbench.err
+      TENSORCAST_RDMA_QPS=1 \${3:-./tcbench} --daemon-bin \$2 --rdma-device \$RXE_DEV --rdma-gid \$RXE_GID_INDEX ${tcb_args} > /tmp/tcbench.out 2> /tmp/tcbench.err
       tcb=\$?
       echo "\$1-RC=\$tcb TOOK=\$((\$(cut -d. -f1 /proc/uptime) - t0))s"
       sed "s/^/\$1 /" /tmp/tcbench.out
       tail -n 30 /tmp/tcbench.err | sed "s/^/\$1-ERR /"
     }
     if [ -x ./tcbench ]; then
-      if [ -x ./tensorcastd-base ] && [ \$((round % 2)) = 1 ]; then tcbrun TCBASE ./tensorcastd-base; fi
+      base_tcb=./tcbench
+      [ -x ./tcbench-base ] && base_tcb=./tcbench-base
+      if [ -x ./tensorcastd-base ] && [ \$((round % 2)) = 1 ]; then tcbrun TCBASE ./tensorcastd-base \$base_tcb; fi
       tcbrun TCBENCH ./tensorcastd
-      if [ -x ./tensorcastd-base ] && [ \$((round % 2)) = 0 ]; then tcbrun TCBASE ./tensorcastd-base; fi
+      if [ -x ./tensorcastd-base ] && [ \$((round % 2)) = 0 ]; then tcbrun TCBASE ./tensorcastd-base \$base_tcb; fi
     fi
   done
 fi
@@ -187,6 +193,7 @@ fi
 [ -f "$w/deploy.test" ] && files="$files $w/deploy.test deploy"
 [ -f "$w/tcbench" ] && files="$files $w/tcbench $w/tensorcastd"
 [ -f "$w/tensorcastd-base" ] && files="$files $w/tensorcastd-base"
+[ -f "$w/tcbench-base" ] && files="$files $w/tcbench-base"
 RXE_FILES="$files" RXE_LOG="$log" scripts/rxe-vm.sh "$w/run-rdma-tests"
 rc=$?
 set -e
