@@ -209,6 +209,11 @@ func TestStoreAcrossHosts(t *testing.T) {
 		t.Errorf("d2's cluster counters: hits %d, members %d, home answers from the cache %d",
 			m["cluster_remote_hits"], m["cluster_members"], m["cluster_home_cache_hits"])
 	}
+	// The queue's get of several keys read them over tcp in one batch,
+	// whose checksums the transport took as the bytes landed.
+	if m["cluster_crc_on_landing"] == 0 {
+		t.Errorf("d2's cluster counters: no value checked by the checksum taken as it landed (%d remote hits)", m["cluster_remote_hits"])
+	}
 
 	// A Remove on d3 removes every copy.
 	rm := ds[2].dial(t, "remover")

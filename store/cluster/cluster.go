@@ -331,7 +331,7 @@ type counters struct {
 	lookups, lookupsLocal, lookupFailed                      atomic.Uint64
 	lookupsOwn                                               atomic.Uint64 // keys a reader here looked up in its own index (home of their shard)
 	remoteHits, remoteMisses, remoteFailed, remoteBytes      atomic.Uint64
-	crcMismatch, holds, holdsRefused, removes                atomic.Uint64
+	crcMismatch, crcLanded, holds, holdsRefused, removes     atomic.Uint64
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64

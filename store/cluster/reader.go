@@ -754,6 +754,7 @@ func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline ti
 			sp := spans[j]
 			if sp.Summed {
 				sums[j] = sp.CRC // taken as the bytes landed
+				c.c.crcLanded.Add(1)
 				continue
 			}
 			sums[j] = store.CRC(c.cfg.Pool[sp.Local : sp.Local+sp.Length])

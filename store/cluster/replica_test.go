@@ -216,9 +216,9 @@ func TestReadUsesTransportSums(t *testing.T) {
 	fromH0, fromH1 := f.reads["h0"], f.reads["h1"]
 	f.gateMu.Unlock()
 	s := r.c.Stats()
-	if fromH0 == 0 || s.CRCMismatch != uint64(fromH0) || fromH1 != n || s.RemoteHits != n {
-		t.Errorf("reads h0 %d, h1 %d; %d crc mismatches, %d remote hits; want every read of h0 refused by its sum, all %d from h1",
-			fromH0, fromH1, s.CRCMismatch, s.RemoteHits, n)
+	if fromH0 == 0 || s.CRCMismatch != uint64(fromH0) || fromH1 != n || s.RemoteHits != n || s.CRCLanded != uint64(fromH0+n) {
+		t.Errorf("reads h0 %d, h1 %d; %d crc mismatches, %d remote hits, %d summed as they landed; want every read of h0 refused by its sum, all %d from h1, every read summed",
+			fromH0, fromH1, s.CRCMismatch, s.RemoteHits, s.CRCLanded, n)
 	}
 }
 

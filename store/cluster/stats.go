@@ -26,7 +26,11 @@ type Stats struct {
 
 	RemoteHits, RemoteMisses, RemoteFailed, RemoteBytes uint64
 	CRCMismatch                                         uint64
-	HoldsGiven, HoldsRefused, Removes                   uint64
+	// CRCLanded counts the values read from holders whose crc32c the
+	// transport took as their bytes landed (tcp), so the reader did not
+	// read them again; the others' it took from the pool.
+	CRCLanded                         uint64
+	HoldsGiven, HoldsRefused, Removes uint64
 
 	// Tombstones are the removed copies this daemon (a home) remembers for
 	// holders it did not reach; TombHits the re-announced copies it
@@ -119,7 +123,7 @@ func (c *Cluster) Stats() Stats {
 		Lookups:     c.c.lookups.Load(), LookupsLocal: c.c.lookupsLocal.Load(), LookupFailed: c.c.lookupFailed.Load(),
 		CacheHits:  c.c.cacheHits.Load(),
 		RemoteHits: c.c.remoteHits.Load(), RemoteMisses: c.c.remoteMisses.Load(), RemoteFailed: c.c.remoteFailed.Load(),
-		RemoteBytes: c.c.remoteBytes.Load(), CRCMismatch: c.c.crcMismatch.Load(),
+		RemoteBytes: c.c.remoteBytes.Load(), CRCMismatch: c.c.crcMismatch.Load(), CRCLanded: c.c.crcLanded.Load(),
 		HoldsGiven: c.c.holds.Load(), HoldsRefused: c.c.holdsRefused.Load(), Removes: c.c.removes.Load(),
 		ByPeer:     by,
 		Tombstones: own, TombsKept: kept, GonePinned: c.GonePinned(), GoneOver: c.c.goneOver.Load(), KeepsGiven: c.c.tombsKept.Load(), KeepsFailed: c.c.keepFailed.Load(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
