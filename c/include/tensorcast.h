@@ -573,6 +573,12 @@ typedef struct tc_queue_info {
      * completions they waited for: a wake-up that never came. 0 unless the
      * daemon stalled for a whole slice just as it posted. */
     uint64_t missed_wakeups;
+} tc_queue_info;
+
+/* How a queue's reaps waited (tc_queue_get_waits), apart from tc_queue_info
+ * so that the size of that struct, which programs built against an older
+ * header pass, does not change. */
+typedef struct tc_queue_waits {
     /* Timed sleeps a wait took before asking the daemon to wake it: a wait
      * for part of what is in flight, while the daemon's worker is busy,
      * naps until its completions are due, so the worker makes no wake-up
@@ -581,7 +587,7 @@ typedef struct tc_queue_info {
     /* Early wake-ups of waits for everything in flight that found the last
      * completion there already (the daemon idled meanwhile). */
     uint64_t late_wakes;
-} tc_queue_info;
+} tc_queue_waits;
 
 /* tc_queue_open opens a queue of entries submission slots (1 ..
  * TC_QUEUE_MAX_ENTRIES, rounded up to a power of two, at least 2) on c and
@@ -627,6 +633,9 @@ TC_API int tc_queue_wait(tc_queue *q, size_t min, int64_t timeout_ns);
 /* tc_queue_get_info fills *out with q's geometry, its state and its counters
  * (each side's counters as of its last call). */
 TC_API void tc_queue_get_info(const tc_queue *q, tc_queue_info *out);
+
+/* tc_queue_get_waits fills *out with how q's reaps waited (as of the last). */
+TC_API void tc_queue_get_waits(const tc_queue *q, tc_queue_waits *out);
 
 /* tc_queue_shutdown stops q without releasing it: a reap waiting in another
  * thread returns TC_ECLOSED, later submits and waits too (a reap still takes

@@ -196,7 +196,7 @@ struct tc_queue {
         struct tc__napback naps;  /* naps back off when a doorbell follows them */
         uint64_t rang_seen;       /* sq.doorbells at the last wait: a doorbell since says the worker slept */
         int64_t slack_ns;         /* the opening thread's timer slack, which a nap takes off */
-        uint64_t reaped, doorbells, sleeps, missed, napped, late; /* relaxed atomics, for get_info */
+        uint64_t reaped, doorbells, sleeps, missed, napped, late; /* relaxed atomics, for get_info and get_waits */
     } cq __attribute__((aligned(64)));
 };
 
@@ -603,6 +603,15 @@ void tc_queue_get_info(const tc_queue *q, tc_queue_info *out)
     out->reap_doorbells = __atomic_load_n(&q->cq.doorbells, __ATOMIC_RELAXED);
     out->sleeps = __atomic_load_n(&q->cq.sleeps, __ATOMIC_RELAXED);
     out->missed_wakeups = __atomic_load_n(&q->cq.missed, __ATOMIC_RELAXED);
+}
+
+void tc_queue_get_waits(const tc_queue *q, tc_queue_waits *out)
+{
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (!q)
+        return;
     out->naps = __atomic_load_n(&q->cq.napped, __ATOMIC_RELAXED);
     out->late_wakes = __atomic_load_n(&q->cq.late, __ATOMIC_RELAXED);
 }

@@ -332,11 +332,13 @@ static void end_case(void)
 static void test_wait_naps(void)
 {
     tc_queue_info info;
+    tc_queue_waits waits;
     /* All 16 come during the nap. */
     begin_case(16);
     CHECK_RC(tc_queue_wait(fk.q, 16, 10 * 1000000000LL), TC_OK);
     tc_queue_get_info(fk.q, &info);
-    CHECK(fk.naps == 1 && fk.asked == 16 * 20 * US && info.naps == 1);
+    tc_queue_get_waits(fk.q, &waits);
+    CHECK(fk.naps == 1 && fk.asked == 16 * 20 * US && waits.naps == 1);
     CHECK(fk.wakes == 0 && info.sleeps == 0);
     CHECK(tc__tail_nap_gap(tc__test_tail(fk.q)) == 20 * US && tc__test_tail(fk.q)->gap == 20 * US);
     end_case();

@@ -182,6 +182,11 @@ class QueueInfo(ctypes.Structure):
         ("reap_doorbells", c_u64),
         ("sleeps", c_u64),
         ("missed_wakeups", c_u64),
+    ]
+
+
+class QueueWaits(ctypes.Structure):
+    _fields_ = [
         ("naps", c_u64),
         ("late_wakes", c_u64),
     ]
@@ -299,6 +304,7 @@ _PROTOTYPES: dict[str, Tuple[List[Any], Any]] = {
     "tc_queue_reap": ([c_void_p, P(Cqe), c_size, c_size, ctypes.c_int64, P(c_size)], c_int),
     "tc_queue_wait": ([c_void_p, c_size, ctypes.c_int64], c_int),
     "tc_queue_get_info": ([c_void_p, P(QueueInfo)], None),
+    "tc_queue_get_waits": ([c_void_p, P(QueueWaits)], None),
     "tc_queue_shutdown": ([c_void_p], None),
     "tc_queue_close": ([c_void_p], c_int),
     "tc_keys_packed_len": ([KS], c_size),

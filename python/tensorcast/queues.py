@@ -285,10 +285,12 @@ class Queue:
     def info(self) -> QueueInfo:
         """The geometry, state and counters (see tc_queue_info)."""
         i = _lib.QueueInfo()
+        w = _lib.QueueWaits()
         with self._cv:
             if self._q is None:
                 raise Error(Status.CLOSED, "the queue is closed")
             lib.tc_queue_get_info(self._q, ctypes.byref(i))
+            lib.tc_queue_get_waits(self._q, ctypes.byref(w))
         return QueueInfo(i.id, i.sq_entries, i.cq_entries, i.data_size, i.state, i.submitted, i.reaped,
                          i.submit_doorbells, i.reap_doorbells, i.sleeps, i.missed_wakeups,
-                         i.naps, i.late_wakes)
+                         w.naps, w.late_wakes)

@@ -67,6 +67,7 @@ class TestLibrary(unittest.TestCase):
                    "tc_summary": _lib.Summary, "tc_remote": _lib.Remote, "tc_notification": _lib.Notification,
                    "tc_counter": _lib.Counter, "tc_counters": _lib.Counters, "tc_stats": _lib.Stats,
                    "tc_queue_opts": _lib.QueueOpts, "tc_cqe": _lib.Cqe, "tc_queue_info": _lib.QueueInfo,
+                   "tc_queue_waits": _lib.QueueWaits,
                    "tc_key": _lib.Key, "tc_keys": _lib.Keys, "tc_extent": _lib.Extent, "tc_key_info": _lib.KeyInfo,
                    "tc_kv_opts": _lib.KvOpts, "tc_holder": _lib.Holder, "tc_key_location": _lib.KeyLocation}
         lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "tensorcast.h"', "int main(void) {"]
