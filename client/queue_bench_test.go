@@ -2,11 +2,11 @@ package client
 
 import (
 	"os"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -164,19 +164,10 @@ func benchStream(b *testing.B, op xfer.Op) {
 		}
 	}
 	run(max(b.N/10, streamDepth))
-	cpu0 := processCPU()
+	cpu0 := testutil.ProcessCPU()
 	b.ResetTimer()
 	run(b.N)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)*streamChunk/b.Elapsed().Seconds()/(1<<30), "GiB/s")
-	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
-}
-
-// processCPU is this process's CPU time (user and system) in nanoseconds.
-func processCPU() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
+	b.ReportMetric(float64((testutil.ProcessCPU()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 }

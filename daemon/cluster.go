@@ -344,7 +344,7 @@ func (m *mover) Read(holder string, epoch uint64, spans []cluster.Span, deadline
 		return m.settle(id), fmt.Errorf("%w: %d of %d reads from %s failed: %v", xfer.ErrUnavailable, len(reqs)-sum.Completed, len(reqs), holder, first)
 	}
 	for i := range spans {
-		spans[i].CRC, spans[i].Summed = sums[i].CRC, sums[i].Taken
+		spans[i].Sum = sums[i]
 	}
 	return nil, m.engine.Free(id)
 }

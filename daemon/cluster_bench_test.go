@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -289,7 +288,7 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 	for range b.N {
 		call(func(ud uint64) (bool, error) { return q.Get(keys, res, ud) })
 		b.StopTimer()
-		pause := processCPU()
+		pause := testutil.ProcessCPU()
 		if err := res.Check(cqes[0]); err != nil || cqes[0].N != n {
 			b.Fatalf("get: %v, %d of %d", err, cqes[0].N, n)
 		}
@@ -297,7 +296,7 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 		if err := d2.d.stores[0].RemoveHere(keys, codes, nil); err != nil {
 			b.Fatal(err)
 		}
-		untimed += processCPU() - pause
+		untimed += testutil.ProcessCPU() - pause
 		b.StartTimer()
 	}
 	b.StopTimer()
@@ -308,11 +307,11 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 	// alone, on one goroutine with nothing else running.
 	b.ReportMetric(untimed.Seconds()/gb, "untimed-cpu-s/GB")
 	vals := make([]byte, n*size)
-	c0 := processCPU()
+	c0 := testutil.ProcessCPU()
 	for range 2 {
 		store.CRC(vals)
 	}
-	b.ReportMetric((processCPU()-c0).Seconds()/(2*n*size/1e9), "crc-cpu-s/GB")
+	b.ReportMetric((testutil.ProcessCPU()-c0).Seconds()/(2*n*size/1e9), "crc-cpu-s/GB")
 	if offTCP != nil {
 		checkOffTCP(b, offTCP, tcp0, n*size)
 	}
@@ -416,15 +415,7 @@ func checkOffTCP(b *testing.B, d *peerDaemon, tcp0 uint64, bytes int) {
 // time (every CPU, /proc/stat; 0: not asked for or not readable).
 type cpuMark struct{ at, machine time.Duration }
 
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func startCPU() cpuMark { return cpuMark{at: processCPU()} }
+func startCPU() cpuMark { return cpuMark{at: testutil.ProcessCPU()} }
 
 // machineCPU is the busy time of every CPU of the machine since boot:
 // /proc/stat's first line, all but idle and iowait (guest time is in
@@ -458,7 +449,7 @@ func machineCPU() time.Duration {
 // time per GB (which counts other processes too: meaningful where nothing
 // else runs, as in the Soft-RoCE VM).
 func (m cpuMark) report(b *testing.B, bytes int) {
-	used := processCPU() - m.at
+	used := testutil.ProcessCPU() - m.at
 	gb := float64(b.N) * float64(bytes) / 1e9
 	b.ReportMetric(used.Seconds()/gb, "cpu-s/GB")
 	if m.machine > 0 {
@@ -614,7 +605,7 @@ func aggregateCluster(b *testing.B, ds []*peerDaemon, ids []string, want [][][]b
 		}
 		wg.Wait()
 		b.StopTimer()
-		pause := processCPU()
+		pause := testutil.ProcessCPU()
 		for i := range rs {
 			if errs[i] != nil {
 				b.Fatal(errs[i])
@@ -627,7 +618,7 @@ func aggregateCluster(b *testing.B, ds []*peerDaemon, ids []string, want [][][]b
 				b.Fatal(err)
 			}
 		}
-		untimed += processCPU() - pause
+		untimed += testutil.ProcessCPU() - pause
 		b.StartTimer()
 	}
 	b.StopTimer()
@@ -906,16 +897,16 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 			lookups := st0.Lookups
 			b.ResetTimer()
 			for range b.N {
-				m := processCPU()
+				m := testutil.ProcessCPU()
 				for range latencyBlock {
 					cl = append(cl, get())
 				}
-				m2 := processCPU()
+				m2 := testutil.ProcessCPU()
 				for range latencyBlock {
 					tc = append(tc, transfer())
 				}
 				clCPU += m2 - m
-				tcCPU += processCPU() - m2
+				tcCPU += testutil.ProcessCPU() - m2
 				for range latencyBlock {
 					ex = append(ex, exch())
 					fe = append(fe, fetch())

@@ -21,11 +21,9 @@ type ClientRing struct {
 	spin   spinner
 	tail   tail
 	slack  time.Duration // the thread's timer slack, which a nap takes off (see tail.nap)
-	// rang counts Submit's doorbells (written by the submission side);
-	// rangSeen is its value at the completion side's last wait. A doorbell
-	// between two waits says the daemon's worker slept: no nap.
-	rang     atomic.Uint32
-	rangSeen uint32
+	// rangSeen is SubmitDoorbells at the completion side's last wait. A
+	// doorbell between two waits says the daemon's worker slept: no nap.
+	rangSeen uint64
 	naps     napBack
 	// efd is the daemon's eventfd doorbell (SetDoorbellFD), rung instead
 	// of the sq_wake futex; -1 without one.
@@ -50,9 +48,10 @@ type ClientRing struct {
 	interrupted atomic.Bool
 
 	// Wake-up counters, for tests and tcctl: doorbells rung by Submit
-	// (owned by the submission side), and by Reap and sleeps taken in Wait
-	// (owned by the completion side).
-	SubmitDoorbells       uint64
+	// (written by the submission side, atomic: the completion side reads
+	// it, see rangSeen), and by Reap and sleeps taken in Wait (owned by the
+	// completion side).
+	SubmitDoorbells       atomic.Uint64
 	ReapDoorbells, Sleeps uint64
 	// LateWakes counts the early wake-ups of drained waits that found
 	// the last completion there already (the daemon idled meanwhile).
@@ -252,8 +251,7 @@ func (q *ClientRing) Submit() int {
 	q.w.sqTail.Swap(q.sqTail)
 	q.pubTail = q.sqTail
 	if q.ring(FlagNeedWakeup) {
-		q.SubmitDoorbells++
-		q.rang.Add(1)
+		q.SubmitDoorbells.Add(1)
 	}
 	return n
 }
@@ -336,6 +334,30 @@ func (q *ClientRing) spinUntil(min int, limit time.Duration) (bool, time.Duratio
 	}
 }
 
+// nap takes a wait's nap (see tail.nap), unless the gap says none is
+// due or it would outlast deadline: napped says whether it did, found
+// whether min completions were ready after it, or after the spin for the
+// few still missing that are due soon.
+func (q *ClientRing) nap(min int, deadline time.Time) (napped, found bool) {
+	d := q.tail.nap(min-q.Ready(), q.slack)
+	if d <= 0 || !deadline.IsZero() && d >= time.Until(deadline) {
+		return false, false
+	}
+	q.naps.napped = true
+	before, start := q.Ready(), spinClock()
+	napSleep(d)
+	q.Naps++
+	r := q.Ready()
+	q.tail.napped(d, spinClock().Sub(start), r-before, r >= min, r >= q.inFlight())
+	if r >= min {
+		return true, true
+	}
+	if q.tail.spinsAfterNap(min - r) {
+		found, _ = q.spinUntil(min, tailSpin)
+	}
+	return true, found
+}
+
 // waitBits are the cq_flags bits of a client sleeping for a target.
 const waitBits = FlagWaiting | FlagWaitTarget
 
@@ -360,7 +382,7 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 	// The worker is busy when no Submit since the last wait found it
 	// asleep, and it is not asleep now. A doorbell after a wait that
 	// napped says the nap let the worker run dry: naps back off.
-	rang := q.rang.Load()
+	rang := q.SubmitDoorbells.Load()
 	busy := q.naps.busy(rang != q.rangSeen, q.w.sqFlags.Load()&FlagNeedWakeup != 0)
 	q.rangSeen = rang
 	napped := false
@@ -392,23 +414,11 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		// and its worker is busy (see tail.nap): the daemon is asked for
 		// no wake-up.
 		if !napped && !drained && busy {
-			d := q.tail.nap(min-q.Ready(), q.slack)
-			if d > 0 && (deadline.IsZero() || d < time.Until(deadline)) {
-				napped = true
-				q.naps.napped = true
-				before, start := q.Ready(), spinClock()
-				napSleep(d)
-				q.Naps++
-				r := q.Ready()
-				q.tail.napped(d, spinClock().Sub(start), r-before, r >= min, r >= q.inFlight())
-				if r >= min {
-					return nil
-				}
-				if q.tail.spinsAfterNap(min - r) {
-					if found, _ := q.spinUntil(min, tailSpin); found {
-						return nil
-					}
-				}
+			var found bool
+			if napped, found = q.nap(min, deadline); found {
+				return nil
+			}
+			if napped {
 				continue
 			}
 		}

@@ -147,9 +147,9 @@ func TestRoundTrip(t *testing.T) {
 	if inflight, unreaped, posted := d.Counts(); inflight != 0 || posted != 3 {
 		t.Errorf("counts %d %d %d", inflight, unreaped, posted)
 	}
-	if c.SubmitDoorbells+c.ReapDoorbells != 0 {
+	if c.SubmitDoorbells.Load()+c.ReapDoorbells != 0 {
 		// The daemon never slept, so the client never needed to ring.
-		t.Errorf("%d+%d doorbells while the daemon was awake", c.SubmitDoorbells, c.ReapDoorbells)
+		t.Errorf("%d+%d doorbells while the daemon was awake", c.SubmitDoorbells.Load(), c.ReapDoorbells)
 	}
 }
 

@@ -40,7 +40,7 @@ func TestLostWakeupStress(t *testing.T) {
 			if err := queuetest.RoundTrips(c, 3, total, 48); err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("%d round trips: client doorbells %d+%d, sleeps %d", total, c.SubmitDoorbells, c.ReapDoorbells, c.Sleeps)
+			t.Logf("%d round trips: client doorbells %d+%d, sleeps %d", total, c.SubmitDoorbells.Load(), c.ReapDoorbells, c.Sleeps)
 		})
 	}
 }

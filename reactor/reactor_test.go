@@ -314,7 +314,7 @@ func TestEventfdDoorbell(t *testing.T) {
 			t.Fatalf("round trip %d: %+v", i, cqes[0])
 		}
 	}
-	if c.SubmitDoorbells == 0 {
+	if c.SubmitDoorbells.Load() == 0 {
 		t.Error("no submit rang the doorbell: the worker never slept for entries")
 	}
 	if st := p.Stats()[0]; st.Deaf != 0 {

@@ -47,7 +47,7 @@ daemon_cpu() { awk -v t="$ticks" '{ printf "%.0f\n", ($14 + $15) * 1e9 / t }' "/
 
 # Each depth-1 run prints "nop NS" and "write4k NS" (ns per request).
 qbench_depth1() { "$1" "$sock" "$OPS" 0 depth1; }
-go_depth1() {
+go_depth1() { # (no binary: the Go benchmarks)
 	TENSORCAST_BENCH_SOCKET=$sock "$work/client.test" -test.run '^$' -test.bench 'BenchmarkQueue(Nop|Write4K)$' \
 		-test.benchtime "${OPS}x" |
 		awk '/^BenchmarkQueueNop/ { print "nop", $3 } /^BenchmarkQueueWrite4K/ { print "write4k", $3 }'
@@ -72,14 +72,15 @@ go_stream() {
 clients=(c go)
 [ -n "$QBENCH_B" ] && clients=(c b go)
 one() { # one CLIENT: every case of that client, labelled
+	local depth1=qbench_depth1 stream=qbench_stream bin=c/build/tc_qbench
 	case $1 in
-	c) qbench_depth1 c/build/tc_qbench | sed 's/^/c /'
-	   for k in stream-write64k stream-read64k; do qbench_stream c/build/tc_qbench "$k" | sed 's/^/c /'; done ;;
-	b) qbench_depth1 "$QBENCH_B" | sed 's/^/b /'
-	   for k in stream-write64k stream-read64k; do qbench_stream "$QBENCH_B" "$k" | sed 's/^/b /'; done ;;
-	go) go_depth1 | sed 's/^/go /'
-	   for k in stream-write64k stream-read64k; do go_stream "$k" | sed 's/^/go /'; done ;;
+	b) bin=$QBENCH_B ;;
+	go) depth1=go_depth1 stream=go_stream bin="" ;;
 	esac
+	{
+		$depth1 $bin
+		for k in stream-write64k stream-read64k; do $stream $bin "$k"; done
+	} | sed "s/^/$1 /"
 }
 
 for r in $(seq "$ROUNDS"); do

@@ -212,7 +212,7 @@ func (c *conn) handleResponse(h *header, meta []byte) error {
 		// connection still fails it.
 		p.mu.Unlock()
 		c.rx = rxState{left: int(h.n), dst: pd.ts.local[pd.loff : pd.loff+uint64(pd.n)], p: pd}
-		if sum := pd.ts.t.Sum; sum != nil && pd.loff == 0 && int(pd.n) == len(pd.ts.local) && int(h.n) == len(pd.ts.local) {
+		if sum := pd.ts.t.Sum; sum != nil && pd.loff == 0 && int(pd.n) == len(pd.ts.local) {
 			c.rx.sum = sum // one slice is the whole READ: its crc32c is the task's
 		}
 		return nil

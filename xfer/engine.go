@@ -71,9 +71,9 @@ type SubmitOptions struct {
 	// caller must not change or reuse its bytes until the task has ended.
 	Notify [][]byte
 	// Sums is positional with the requests like Notify: Task.Sum of
-	// request i is &Sums[i] (see Sum). Empty: none asked for; otherwise
-	// its length must equal len(reqs). The caller keeps it until the
-	// tasks have ended.
+	// request i is &Sums[i] (see Sum), zeroed at submit. Empty: none
+	// asked for; otherwise its length must equal len(reqs). The caller
+	// keeps it until the tasks have ended.
 	Sums []Sum
 }
 

@@ -37,11 +37,10 @@ type Peers interface {
 // Span is one value's move from a holder's pool into this daemon's.
 type Span struct {
 	Local, Remote, Length uint64
-	// CRC is the crc32c of the bytes that landed, when Summed: the Mover's
-	// transport took it as they landed (xfer.Sum). Otherwise the reader
+	// Sum is the crc32c of the bytes that landed, when the Mover's
+	// transport took it as they landed (Sum.Taken). Otherwise the reader
 	// takes it from the pool.
-	CRC    uint32
-	Summed bool
+	Sum xfer.Sum
 }
 
 // Mover moves bytes of a holder's pool (which it exports to its peers for
@@ -49,8 +48,8 @@ type Span struct {
 // link to the holder is up, else tcp).
 type Mover interface {
 	// Read moves spans by deadline: nil when every one is in place, a
-	// span's CRC and Summed set when its transport took the checksum as
-	// the bytes landed. After
+	// span's Sum set when its transport took the checksum as the bytes
+	// landed. After
 	// an error a transfer that outlived its deadline may still write into
 	// a span's bytes here: settled, when not nil, closes once none can
 	// any more, and until then the blocks the spans name must not be

@@ -25,7 +25,7 @@
 //     claim on a holder, reserves blocks of its own pool, reads the bytes
 //     straight into them over the peer link (Mover: rdma where the link is
 //     up, else tcp), checks the crc32c the home gave (tcp takes it as the
-//     bytes come off the socket, while they are in cache: Span.Summed;
+//     bytes come off the socket, while they are in cache: Span.Sum;
 //     rdma's bytes land by DMA and are read again), commits them as a
 //     value of its own (announced in turn: a hot key ends up near its
 //     readers) and answers like a local get. A read that fails, or whose

@@ -50,10 +50,10 @@ type fakeNet struct {
 	lateMu sync.Mutex
 	late   bool
 	lates  []lateRead
-	// sums: reads from these holders come back Summed, as from a
-	// transport that took each span's crc32c as it landed; a true value
-	// sums wrong (as if the bytes seen on the way were other than those
-	// in the pool). Set before the reads.
+	// sums: reads from these holders come back with their Sum taken, as
+	// from a transport that took each span's crc32c as it landed; a true
+	// value sums wrong (as if the bytes seen on the way were other than
+	// those in the pool). Set before the reads.
 	sums map[string]bool
 }
 
@@ -255,9 +255,9 @@ func (n *fakeNode) Read(holder string, epoch uint64, spans []Span, deadline time
 	for i, s := range spans {
 		copy(dst[s.Local:s.Local+s.Length], src[s.Remote:s.Remote+s.Length])
 		if wrong, ok := f.sums[holder]; ok {
-			spans[i].CRC, spans[i].Summed = store.CRC(dst[s.Local:s.Local+s.Length]), true
+			spans[i].Sum = xfer.Sum{CRC: store.CRC(dst[s.Local : s.Local+s.Length]), Taken: true}
 			if wrong {
-				spans[i].CRC ^= 1
+				spans[i].Sum.CRC ^= 1
 			}
 		}
 	}

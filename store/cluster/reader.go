@@ -752,8 +752,8 @@ func (c *Cluster) readChecked(id string, epoch uint64, spans []Span, deadline ti
 		}
 		for j := lo; j < hi; j++ {
 			sp := spans[j]
-			if sp.Summed {
-				sums[j] = sp.CRC // taken as the bytes landed
+			if sp.Sum.Taken {
+				sums[j] = sp.Sum.CRC // taken as the bytes landed
 				c.c.crcLanded.Add(1)
 				continue
 			}
