@@ -51,7 +51,8 @@ func (d *Daemon) openCluster() error {
 	for i, p := range d.cfg.Peers {
 		members[i] = p.ID
 	}
-	mv := &mover{engine: d.engine, plane: d.peers, pool: pool, remotes: map[string]heldRemote{}, nextID: d.reg.NextID}
+	mv := &mover{engine: d.engine, plane: d.peers, pool: pool, remotes: map[string]heldRemote{}, nextID: d.reg.NextID,
+		inline: int(d.cfg.RDMAInlineRead)}
 	ccfg := cluster.Config{Shards: d.cfg.StoreShards, Members: members, Pool: pool.Bytes(), Log: log,
 		Replicas: d.cfg.StoreReplicas, Admission: d.admission}
 	if dir := d.dir; dir != nil {
@@ -235,6 +236,9 @@ type mover struct {
 	// nextID names an opened remote segment in this daemon's id space
 	// (the registry's), as a client's remote segments are named.
 	nextID func() xfer.SegmentID
+	// inline is the largest value ReadKey reads from a holder whose link
+	// is rdma (config rdma_inline_read; 0: none).
+	inline int
 }
 
 // heldRemote is a holder's pool export as this daemon opened it, and the
@@ -365,8 +369,11 @@ func (m *mover) settle(id xfer.BatchID) <-chan struct{} {
 
 // ReadKey implements cluster.KeyReader: a data exchange with holder over
 // tcp, whose answer's payload lands in dst (a block of this daemon's
-// pool). It does not block: false when the holder's pool is not open
-// here yet (the two-step read opens it), the link to it is rdma, dst is
+// pool). Over a link whose bulk bytes go by rdma it reads only values up
+// to rdma_inline_read so: for those, the copy into the answer costs less
+// than the hold's round trip and release beside an RDMA READ. It does not
+// block: false when the holder's pool is not open here yet (the two-step
+// read opens it), the link to it is rdma and dst larger than that, dst is
 // larger than a data frame or there is no session.
 func (m *mover) ReadKey(holder string, epoch uint64, kind string, req, dst []byte, deadline time.Time,
 	done func([]byte, int, error)) bool {
@@ -380,7 +387,7 @@ func (m *mover) ReadKey(holder string, epoch uint64, kind string, req, dst []byt
 	if !ok || epoch != 0 && r.seg.Epoch() != epoch {
 		return false
 	}
-	if t := m.plane.Route(m.pool, r.seg); t != xfer.Transport(node) {
+	if t := m.plane.Route(m.pool, r.seg); t != xfer.Transport(node) && len(dst) > m.inline {
 		return false // rdma moves the bytes: the hold and a READ
 	}
 	return node.ExchangeInto(holder, epoch, kind, req, dst, deadline, done) == nil
@@ -419,6 +426,9 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_remote_failures_total", "Remote gets every holder failed.", s.RemoteFailed},
 		{"tensorcast_cluster_crc_mismatches_total", "Values read from a holder whose crc32c did not match (never answered).", s.CRCMismatch},
 		{"tensorcast_cluster_crc_on_landing_total", "Values read from a holder whose crc32c the transport took as the bytes landed (tcp), not read again.", s.CRCLanded},
+		{"tensorcast_cluster_one_round_trip_reads_total", "Remote gets read in one exchange with the holder, the bytes in its answer (tcp, or rdma_inline_read).", s.QuickReads},
+		{"tensorcast_cluster_one_round_trip_fallbacks_total", "Remote gets begun in one exchange that went the hold-and-read way (busy, not in memory, failed).", s.QuickFallbacks},
+		{"tensorcast_cluster_one_round_trip_served_total", "Values this daemon as a holder sent in the answer to one exchange.", s.QuickServed},
 		{"tensorcast_cluster_claims_given_total", "Claims handed to other daemons' readers.", s.HoldsGiven},
 		{"tensorcast_cluster_claims_refused_total", "Claims refused (too many held).", s.HoldsRefused},
 		{"tensorcast_cluster_removes_total", "Keys removed as their home, with every copy.", s.Removes},
@@ -477,6 +487,8 @@ func (d *Daemon) clusterCounters(dst []wire.Counter) []wire.Counter {
 		wire.Counter{Name: "cluster_reannounced", Value: s.Reannounced},
 		wire.Counter{Name: "cluster_crc_mismatches", Value: s.CRCMismatch},
 		wire.Counter{Name: "cluster_crc_on_landing", Value: s.CRCLanded},
+		wire.Counter{Name: "cluster_one_round_trip_reads", Value: s.QuickReads},
+		wire.Counter{Name: "cluster_one_round_trip_fallbacks", Value: s.QuickFallbacks},
 		wire.Counter{Name: "cluster_tombstones", Value: uint64(s.Tombstones)},
 		wire.Counter{Name: "cluster_stale_refused", Value: s.StaleRefused},
 		wire.Counter{Name: "cluster_home_claims", Value: s.ClaimsOutstanding},

@@ -106,6 +106,11 @@ type Config struct {
 	// RDMAQPs is how many RC queue pairs each peer's link spreads its
 	// requests over.
 	RDMAQPs int `toml:"rdma_qps"`
+	// RDMAInlineRead is the largest value a remote get reads from a holder
+	// reached by rdma in the answer to one peer exchange (its bytes on
+	// the peer channel, one round trip) rather than by a hold and an RDMA
+	// READ (two round trips and a release); 0 reads every value by rdma.
+	RDMAInlineRead Size `toml:"rdma_inline_read"`
 
 	// MetricsAddress is the host:port of the Prometheus endpoint
 	// (/metrics); "off" or "" serves none. Port 0 picks a free one.
@@ -157,6 +162,9 @@ func Defaults() Config {
 		RDMAQPs:       2,
 		PeerSliceSize: 1 << 20,
 		RDMA:          "auto",
+		// RDMAInlineRead: copying 32 KiB on each side costs less than the
+		// round trip and the release a hold adds to the READ.
+		RDMAInlineRead: 32 << 10,
 		// MetricsAddress: loopback, so nothing is exposed off the host
 		// until the operator says so.
 		MetricsAddress:  "127.0.0.1:9464",
@@ -261,6 +269,9 @@ func (c *Config) validatePeers() error {
 	}
 	if c.PeerSliceSize < 4<<10 || c.PeerSliceSize > 64<<20 {
 		return badValue("peer_slice_size", c.PeerSliceSize.String(), "must be between 4KiB and 64MiB")
+	}
+	if c.RDMAInlineRead > c.PeerSliceSize {
+		return badValue("rdma_inline_read", c.RDMAInlineRead.String(), fmt.Sprintf("must be at most peer_slice_size (%s); 0 reads every value by rdma", c.PeerSliceSize))
 	}
 	if c.RDMA != "auto" && c.RDMA != "on" && c.RDMA != "off" {
 		return badValue("rdma", c.RDMA, "must be auto, on or off")
@@ -391,6 +402,7 @@ func settings() []setting {
 			c.RDMAQPs = n
 			return err
 		}},
+		{"rdma_inline_read", "TENSORCAST_RDMA_INLINE_READ", "largest value a remote get reads from an rdma-linked holder in one peer exchange (0: all by rdma)", func(c *Config, s string) error { return c.RDMAInlineRead.UnmarshalText([]byte(s)) }},
 		{"metrics_address", "TENSORCAST_METRICS_ADDRESS", `Prometheus endpoint host:port, or "off"`, str(func(c *Config) *string { return &c.MetricsAddress })},
 		{"ebpf", "TENSORCAST_EBPF", "kernel-side eBPF views: auto, on, off", str(func(c *Config) *string { return &c.EBPF })},
 		{"ebpf_uring_sample", "TENSORCAST_EBPF_URING_SAMPLE", "the io_uring view times one request in N (1: all)", func(c *Config, s string) error {

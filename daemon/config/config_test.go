@@ -166,6 +166,7 @@ cluster_key_file = "/etc/tensorcast/cluster.key"
 peer_conns = 8
 peer_slice_size = "256KiB"
 rdma_qps = 4
+rdma_inline_read = "0"
 
 [[peers]]
 id = "decode-1"
@@ -181,7 +182,7 @@ addr = "10.0.0.3:7400"
 	}
 	want := []PeerConfig{{"decode-1", "10.0.0.2:7400"}, {"decode-2", "10.0.0.3:7400"}}
 	if c.DaemonID != "prefill-1" || c.PeerListen != "127.0.0.1:7400" || c.PeerAdvertise != "10.0.0.1:7400" ||
-		c.ClusterKeyFile != "/etc/tensorcast/cluster.key" || c.PeerConns != 8 || c.PeerSliceSize != 256<<10 || c.RDMAQPs != 4 ||
+		c.ClusterKeyFile != "/etc/tensorcast/cluster.key" || c.PeerConns != 8 || c.PeerSliceSize != 256<<10 || c.RDMAQPs != 4 || c.RDMAInlineRead != 0 ||
 		len(c.Peers) != 2 || c.Peers[0] != want[0] || c.Peers[1] != want[1] {
 		t.Fatalf("file values not applied: %+v", c)
 	}
@@ -200,9 +201,10 @@ addr = "10.0.0.3:7400"
 		c.DaemonID != "me" || c.PeerListen != "0.0.0.0:7401" || c.ClusterKeyFile != "/k" {
 		t.Fatalf("flags not applied: %+v", c)
 	}
-	// Defaults: no peer plane, the hostname as id, 4 connections, 1 MiB slices.
+	// Defaults: no peer plane, the hostname as id, 4 connections, 1 MiB
+	// slices, values up to 32 KiB read from rdma holders in one exchange.
 	d := Defaults()
-	if d.PeerListen != "" || d.DaemonID == "" || d.PeerConns != 4 || d.PeerSliceSize != 1<<20 || d.RDMAQPs != 2 {
+	if d.PeerListen != "" || d.DaemonID == "" || d.PeerConns != 4 || d.PeerSliceSize != 1<<20 || d.RDMAQPs != 2 || d.RDMAInlineRead != 32<<10 {
 		t.Fatalf("peer defaults: %+v", d)
 	}
 }
@@ -237,6 +239,8 @@ func TestPeerKeysValidation(t *testing.T) {
 		{"rdma_qps", "65", func(c *Config) { c.RDMAQPs = 65 }},
 		{"peer_slice_size", "1KiB", func(c *Config) { c.PeerSliceSize = 1 << 10 }},
 		{"peer_slice_size", "128MiB", func(c *Config) { c.PeerSliceSize = 128 << 20 }},
+		{"rdma_inline_read", "2MiB", func(c *Config) { c.RDMAInlineRead = 2 << 20 }},
+		{"rdma_inline_read", "32KiB", func(c *Config) { c.PeerSliceSize = 16 << 10 }},
 		{"peers.id", "d2", func(c *Config) { c.Peers = append(c.Peers, PeerConfig{"d2", "127.0.0.1:1"}) }},
 		{"peers.id", "d1", func(c *Config) { c.Peers = []PeerConfig{{"d1", "127.0.0.1:1"}} }},
 		{"peers.id", `""`, func(c *Config) { c.Peers = []PeerConfig{{"", "127.0.0.1:1"}} }},

@@ -10,7 +10,8 @@ import (
 )
 
 // One-round-trip reads (kindRead). A reader whose key's holders come from
-// its cache of home answers, and whose link to the first holder is tcp,
+// its cache of home answers, and whose Mover reads the first holder's
+// value so (KeyReader: a tcp link, or an rdma one for a small value),
 // asks the holder for the value by key and gets the bytes in the answer,
 // straight into blocks of its own pool: the holder's claim and the read
 // are one exchange, where a hold followed by a READ costs two round trips
@@ -27,10 +28,10 @@ import (
 // answer is taken on the reader's event loop.
 //
 // Whatever this way cannot do goes the two-step way (fetch), on a
-// goroutine of its own: a key not in the cache, a holder reached by rdma
-// or without a session yet, a value larger than a data frame, a holder
-// that answers busy, not found or "not in memory" (its value is on L2:
-// the hold promotes it), one that does not serve kindRead (an older
+// goroutine of its own: a key not in the cache, a holder the Mover reads
+// by rdma or has no session with yet, a value larger than a data frame, a
+// holder that answers busy, not found or "not in memory" (its value is on
+// L2: the hold promotes it), one that does not serve kindRead (an older
 // release), a failed or late answer and bytes whose crc32c does not match.
 //
 //	read      key → a holder: key, u64 size (the size the home gave)
@@ -49,8 +50,9 @@ type QuickPeers interface {
 
 // KeyReader is what a Mover may also do: a data exchange with a holder,
 // whose payload lands in dst (tcp.Node.ExchangeInto). It never blocks:
-// false when it cannot (the link to the holder is rdma, no session yet,
-// dst larger than a data frame); else done runs exactly once, on any
+// false when it cannot or should not (the link to the holder is rdma and
+// dst too large to copy, no session yet, dst larger than a data frame);
+// else done runs exactly once, on any
 // goroutine, possibly before ReadKey returns, and dst is not written
 // after it ran.
 type KeyReader interface {
