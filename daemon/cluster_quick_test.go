@@ -80,7 +80,7 @@ func TestVerbsCachedRemoteGetInline(t *testing.T) {
 	d2 := startPeerWith(t, "d2", key, "", cfg, d1.peer())
 	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2")
 	get := queueGetter(t, d2)
-	big := keyHomedAt(d2, "d1", "inline", 4*inline)
+	big := keyHomedAt(d2, "d1", "warm", 4*inline)
 	vBig := putKnown(t, d1, d2, big, 4*inline)
 	// The first reads from d1 go over tcp and have the rdma link set up
 	// behind them.
