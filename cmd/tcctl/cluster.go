@@ -220,6 +220,8 @@ func writeCluster(w io.Writer, cs []wire.Counter) bool {
 	fmt.Fprintf(w, "claims:    %d held here by other daemons' readers\n", m["claims"])
 	fmt.Fprintf(w, "remote:    %d hits, %d misses, %d failures, %s read, %d crc32c mismatches\n",
 		m["remote_hits"], m["remote_misses"], m["remote_failures"], bytesStr(m["remote_bytes"]), m["crc_mismatches"])
+	fmt.Fprintf(w, "one trip:  %d remote gets read in one exchange with the holder (the bytes in its answer), %d begun so and read by a hold instead\n",
+		m["one_round_trip_reads"], m["one_round_trip_fallbacks"])
 	asked, cached := m["home_lookups"], m["home_cache_hits"]
 	rate := "-"
 	if asked+cached > 0 {

@@ -22,8 +22,10 @@ func TestWriteCluster(t *testing.T) {
 	b.Reset()
 	writeCluster(&b, []wire.Counter{{Name: "cluster_members", Value: 3}, {Name: "cluster_home_shards", Value: 341},
 		{Name: "cluster_remote_hits", Value: 24}, {Name: "cluster_remote_bytes", Value: 2 << 20},
-		{Name: "cluster_home_lookups", Value: 1}, {Name: "cluster_home_cache_hits", Value: 3}})
-	for _, want := range []string{"members:   3 up", "home of:   341 shards", "remote:    24 hits", "2MiB read", "hit rate 75.0%"} {
+		{Name: "cluster_home_lookups", Value: 1}, {Name: "cluster_home_cache_hits", Value: 3},
+		{Name: "cluster_one_round_trip_reads", Value: 20}, {Name: "cluster_one_round_trip_fallbacks", Value: 2}})
+	for _, want := range []string{"members:   3 up", "home of:   341 shards", "remote:    24 hits", "2MiB read", "hit rate 75.0%",
+		"one trip:  20 remote gets read in one exchange", "2 begun so and read by a hold"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, b.String())
 		}
