@@ -75,6 +75,10 @@ func (d *Daemon) openCluster() error {
 	}
 	d.cluster, d.mover = cl, mv
 	d.stores[0].SetRemote(cl)
+	if d.cfg.RDMA != "off" && mv.inline > 0 {
+		log.Info("store across hosts: a cached get of a value up to rdma_inline_read from a holder linked by rdma is read in one peer exchange, over tcp",
+			"rdma_inline_read", d.cfg.RDMAInlineRead.String())
+	}
 	return nil
 }
 

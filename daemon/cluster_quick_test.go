@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,6 +80,9 @@ func TestVerbsCachedRemoteGetInline(t *testing.T) {
 	d1 := startPeerWith(t, "d1", key, "", cfg, dialsIn("d2"))
 	d2 := startPeerWith(t, "d2", key, "", cfg, d1.peer())
 	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2")
+	if !strings.Contains(d2.log.String(), "read in one peer exchange") || !strings.Contains(d2.log.String(), "rdma_inline_read=16KiB") {
+		t.Errorf("d2's log does not say which values it reads in one exchange:\n%s", d2.log)
+	}
 	get := queueGetter(t, d2)
 	big := keyHomedAt(d2, "d1", "warm", 4*inline)
 	vBig := putKnown(t, d1, d2, big, 4*inline)
