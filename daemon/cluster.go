@@ -378,7 +378,8 @@ func (m *mover) settle(id xfer.BatchID) <-chan struct{} {
 // than the hold's round trip and release beside an RDMA READ. It does not
 // block: false when the holder's pool is not open here yet (the two-step
 // read opens it), the link to it is rdma and dst larger than that, dst is
-// larger than a data frame or there is no session.
+// larger than a data frame, there is no session, or the flow-control
+// windows to the holder have no room for dst (the two-step read queues).
 func (m *mover) ReadKey(holder string, epoch uint64, kind string, req, dst []byte, deadline time.Time,
 	done func([]byte, int, error)) bool {
 	node := m.plane.Node()

@@ -48,7 +48,8 @@ type Config struct {
 	// minimum: SliceSize).
 	MaxFrame int
 	// MaxInflightBytes bounds the bytes of requests in flight on one
-	// connection (default 4 × SliceSize, minimum SliceSize).
+	// connection, data exchanges' payloads included (default 4 ×
+	// SliceSize, minimum SliceSize).
 	MaxInflightBytes int64
 	// MaxPeerInflightBytes bounds them per peer (default ConnsPerPeer ×
 	// MaxInflightBytes).

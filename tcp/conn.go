@@ -221,9 +221,7 @@ func (h *cliHandler) OnClose(g gnet.Conn, err error) gnet.Action {
 	c.reqs = nil
 	c.due.reset()
 	for _, pd := range reqs {
-		if pd.isData() {
-			p.inflight -= int64(pd.n)
-		}
+		p.inflight -= pd.credit()
 	}
 	c.inflight = 0
 	for i, sc := range p.sess {

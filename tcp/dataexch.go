@@ -55,10 +55,12 @@ type ExchangeDone func(resp []byte, got int, err error)
 // ExchangeInto sends req to peer's inline handler of kind, addressed to
 // its run epoch (0: any), and calls done exactly once with the answer,
 // whose payload lands in dst (at most len(dst) bytes; a longer one drops
-// the connection as a protocol error). It does not block: with no
-// session to the peer it fails at once (the caller takes another way),
-// and otherwise returns nil and done runs later on another goroutine, or
-// before ExchangeInto returns. dst is written until done runs and never
+// the connection as a protocol error). len(dst) counts against the flow
+// control window of the connection it goes on until the exchange ends.
+// It does not block: with no session to the peer (ErrConnLost), or no
+// room for len(dst) in its windows (ErrWindowFull), it fails at once and
+// the caller takes another way; otherwise it returns nil and done runs
+// later on another goroutine, or before ExchangeInto returns. dst is written until done runs and never
 // after: an answer that comes after the deadline is discarded, and a
 // payload still arriving at the deadline drops its connection.
 func (n *Node) ExchangeInto(peerID string, epoch uint64, kind string, req, dst []byte, deadline time.Time, done ExchangeDone) error {
@@ -81,9 +83,17 @@ func (n *Node) ExchangeInto(peerID string, epoch uint64, kind string, req, dst [
 	pd := &pending{node: n, kind: pkExchange, dst: dst, deadline: deadline.UnixNano(), peerID: peerID, xkind: kind, epoch: epoch}
 	pd.cb = done
 	pd.refs.Store(2)
-	c, err := n.register(p, pd) // no session: fails, nothing dialed
-	if err != nil {
+	// The answer's payload counts against the connection's flow-control
+	// window as a READ's does: the peer drops a connection whose answers
+	// pile up beyond it, and every request on it would fail.
+	c, st, err := n.tryRegister(p, pd, int64(len(dst)))
+	switch {
+	case err != nil:
 		return err
+	case st == needDials: // no session: fails, nothing dialed
+		return fmt.Errorf("%w: no session with peer %s", ErrConnLost, peerID)
+	case st == needRoom:
+		return fmt.Errorf("%w: %d bytes to %s", ErrWindowFull, len(dst), peerID)
 	}
 	h := header{typ: tExchReq, arg: epoch, id: pd.id, metaLen: uint16(len(meta))}
 	putHeader(pd.hdr[:], &h)

@@ -3,6 +3,7 @@ package tcp
 import (
 	"bytes"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -107,5 +108,101 @@ func TestExchangeInto(t *testing.T) {
 	if err := a.ExchangeInto("bravo", 0, "value", nil, make([]byte, a.MaxDataPayload()+1), time.Now().Add(time.Second),
 		func([]byte, int, error) {}); !errors.Is(err, xfer.ErrInvalid) {
 		t.Fatalf("buffer over a data frame: %v, want ErrInvalid", err)
+	}
+}
+
+// TestExchangeIntoWindow: a data exchange's payload counts against the
+// flow-control window like a READ's: with the window full of answers not
+// yet in, the next one fails at once with ErrWindowFull (the caller takes
+// another way) instead of piling answers up at the peer, and once the
+// answers are in, or an exchange timed out, its room is free again.
+func TestExchangeIntoWindow(t *testing.T) {
+	const size = 256 << 10
+	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 1, SliceSize: size, MaxInflightBytes: 4 * size})
+	a, b := nodes[0], nodes[1]
+	// hold holds bravo's event loop (the answers behind it wait too)
+	// until it is closed; a test that fails first closes it too, or the
+	// nodes could not stop.
+	var mu sync.Mutex
+	hold := make(chan struct{})
+	release := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		select {
+		case <-hold:
+		default:
+			close(hold)
+		}
+	}
+	t.Cleanup(release)
+	held := func() chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		return hold
+	}
+	value := make([]byte, size)
+	if err := b.HandleInline("value", func(_ string, _ uint64, req []byte, reply func(resp, payload []byte)) error {
+		if string(req) == "wait" {
+			<-held()
+		}
+		reply(nil, value)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Exchange("bravo", "none", nil, time.Second); !errors.Is(err, ErrNoHandler) {
+		t.Fatalf("opening the session: %v", err)
+	}
+	ask := func(req string, d time.Duration) (chan dataAnswer, error) {
+		ch := make(chan dataAnswer, 1)
+		err := a.ExchangeInto("bravo", 0, "value", []byte(req), make([]byte, size), time.Now().Add(d),
+			func(resp []byte, got int, err error) { ch <- dataAnswer{resp, got, err} })
+		return ch, err
+	}
+	// fill sends a held exchange with deadline d, then three more.
+	fill := func(d time.Duration) []chan dataAnswer {
+		t.Helper()
+		var chs []chan dataAnswer
+		for i := range 4 {
+			req, dl := "go", 5*time.Second
+			if i == 0 {
+				req, dl = "wait", d
+			}
+			ch, err := ask(req, dl)
+			if err != nil {
+				t.Fatalf("exchange %d of a window of 4: %v", i+1, err)
+			}
+			chs = append(chs, ch)
+		}
+		if _, err := ask("go", 5*time.Second); !errors.Is(err, ErrWindowFull) || !errors.Is(err, xfer.ErrBackpressure) {
+			t.Fatalf("a fifth exchange with the window full: %v, want ErrWindowFull", err)
+		}
+		return chs
+	}
+	chs := fill(5 * time.Second)
+	release()
+	for i, ch := range chs {
+		if r := <-ch; r.err != nil || r.got != size {
+			t.Fatalf("exchange %d: %+v", i+1, r)
+		}
+	}
+	// Their room is back: the window takes four again, one of which
+	// times out (its room comes back with its end).
+	mu.Lock()
+	hold = make(chan struct{})
+	mu.Unlock()
+	chs = fill(50 * time.Millisecond)
+	if r := <-chs[0]; !errors.Is(r.err, xfer.ErrTimeout) {
+		t.Fatalf("the held exchange: %+v, want ErrTimeout", r)
+	}
+	ch, err := ask("go", 5*time.Second)
+	if err != nil {
+		t.Fatalf("after a timed-out exchange: %v, want its room back", err)
+	}
+	release()
+	for _, c := range append(chs[1:], ch) {
+		if r := <-c; r.err != nil || r.got != size {
+			t.Fatalf("after the held one: %d bytes, %v", r.got, r.err)
+		}
 	}
 }

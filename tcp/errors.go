@@ -35,6 +35,11 @@ var (
 	// sent. Matches xfer.ErrBackpressure: the queue drains and the same
 	// task may then be taken.
 	ErrBacklog = xfer.Categorized(xfer.ErrBackpressure, "tcp: too many tasks waiting for the peer")
+	// ErrWindowFull: a data exchange found no room for its payload in the
+	// flow-control windows of the peer's connections, and was not sent
+	// (ExchangeInto does not wait). Matches xfer.ErrBackpressure: room
+	// frees as the requests in flight end.
+	ErrWindowFull = xfer.Categorized(xfer.ErrBackpressure, "tcp: no room in the peer's flow-control window")
 	// ErrConnLost: the connection carrying a request broke.
 	ErrConnLost = xfer.Categorized(xfer.ErrUnavailable, "tcp: connection lost")
 	// ErrNotFound: the peer exports no segment of that name.

@@ -72,6 +72,19 @@ type pending struct {
 
 func (pd *pending) isData() bool { return pd.kind == pkRead || pd.kind == pkWrite }
 
+// credit is what pd holds of its connection's and peer's flow-control
+// windows: a data request's bytes, or the payload a data exchange's answer
+// may bring (its dst). Other requests hold none.
+func (pd *pending) credit() int64 {
+	switch {
+	case pd.isData():
+		return int64(pd.n)
+	case pd.cb != nil:
+		return int64(len(pd.dst))
+	}
+	return 0
+}
+
 func (pd *pending) release() {
 	if pd.refs.Add(-1) != 0 || !pd.isData() && pd.kind != pkNotify {
 		return
@@ -258,9 +271,9 @@ func (c *conn) handleResponse(h *header, meta []byte) error {
 func (c *conn) takeLocked(pd *pending) {
 	delete(c.reqs, pd.id)
 	c.due.remove(pd)
-	if pd.isData() {
-		c.inflight -= int64(pd.n)
-		c.peer.inflight -= int64(pd.n)
+	if cr := pd.credit(); cr > 0 {
+		c.inflight -= cr
+		c.peer.inflight -= cr
 		c.peer.wakeLocked()
 	}
 }

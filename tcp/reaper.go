@@ -102,8 +102,7 @@ func (c *conn) expireLocked(now int64, late []*pending) ([]*pending, string) {
 			// must not be written once done ran, so the connection goes.
 			return late, "a data exchange's payload was still arriving past its deadline"
 		case pd.kind == pkNotify || pd.cb != nil && now > pd.deadline:
-			c.due.remove(pd)
-			delete(c.reqs, pd.id)
+			c.takeLocked(pd) // a data exchange's credit back with it
 			c.rememberLateLocked(pd.id)
 			late = append(late, pd)
 		case now > addSat(pd.sent, int64(n.cfg.RequestTimeout)):

@@ -29,10 +29,11 @@ import (
 //
 // Whatever this way cannot do goes the two-step way (fetch), on a
 // goroutine of its own: a key not in the cache, a holder the Mover reads
-// by rdma or has no session with yet, a value larger than a data frame, a
-// holder that answers busy, not found or "not in memory" (its value is on
-// L2: the hold promotes it), one that does not serve kindRead (an older
-// release), a failed or late answer and bytes whose crc32c does not match.
+// by rdma, has no session with yet or no room in the window to, a value
+// larger than a data frame, a holder that answers busy, not found or "not
+// in memory" (its value is on L2: the hold promotes it), one that does not
+// serve kindRead (an older release), a failed or late answer and bytes
+// whose crc32c does not match.
 //
 //	read      key → a holder: key, u64 size (the size the home gave)
 //	          answer: u8 code (a store.Code; Unavailable: not in memory),
@@ -51,7 +52,8 @@ type QuickPeers interface {
 // KeyReader is what a Mover may also do: a data exchange with a holder,
 // whose payload lands in dst (tcp.Node.ExchangeInto). It never blocks:
 // false when it cannot or should not (the link to the holder is rdma and
-// dst too large to copy, no session yet, dst larger than a data frame);
+// dst too large to copy, no session yet, dst larger than a data frame, no
+// room for dst in the flow-control window);
 // else done runs exactly once, on any
 // goroutine, possibly before ReadKey returns, and dst is not written
 // after it ran.
