@@ -119,6 +119,7 @@ var everyError = map[string]struct {
 	"tcp.ErrRefused":        {tcp.ErrRefused, tcproto.CodeUNAVAILABLE},
 	"tcp.ErrStaleEpoch":     {tcp.ErrStaleEpoch, tcproto.CodeUNAVAILABLE},
 	"tcp.ErrUnknownPeer":    {tcp.ErrUnknownPeer, tcproto.CodeNOT_FOUND},
+	"tcp.ErrWindowFull":     {tcp.ErrWindowFull, tcproto.CodeRESOURCE_EXHAUSTED},
 	// rdma
 	"rdma.ErrCompletion":    {rdma.ErrCompletion, tcproto.CodeUNAVAILABLE},
 	"rdma.ErrConnInfo":      {rdma.ErrConnInfo, tcproto.CodeUNAVAILABLE},
