@@ -674,3 +674,51 @@ func TestCloseRacingSubmit(t *testing.T) {
 		t.Fatalf("active = %d after Close", a.active.Load())
 	}
 }
+
+// TestOpenAskedAgainOnLostConnection: an open whose connection is lost
+// before the owner answers (as when the owner restarted and this node has
+// not yet read the old connection's end) is asked again on a new session
+// and succeeds, instead of failing with ErrConnLost.
+func TestOpenAskedAgainOnLostConnection(t *testing.T) {
+	nodes := cluster(t, []string{"a", "b"}, 1<<20, Config{ConnsPerPeer: 1})
+	a, b := nodes[0], nodes[1]
+	// The open's Lookup at b waits until its connection has been reset.
+	hold := make(chan struct{})
+	var release sync.Once
+	defer release.Do(func() { close(hold) })
+	b.exp.hold.Store(&hold)
+	type opened struct {
+		r   *Remote
+		err error
+	}
+	ch := make(chan opened, 1)
+	go func() {
+		r, err := a.Open("b", "seg", RightRead)
+		ch <- opened{r, err}
+	}()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		pa := a.peer("b", false)
+		if pa == nil {
+			return false
+		}
+		pa.mu.Lock()
+		defer pa.mu.Unlock()
+		for _, c := range pa.sess {
+			if len(c.reqs) > 0 {
+				_ = c.g.SetLinger(0)
+				_ = c.g.Close()
+				return true
+			}
+		}
+		return false
+	}, "the open in flight, to reset its connection")
+	a.logs.waitContains(t, "closed with requests in flight")
+	release.Do(func() { close(hold) })
+	got := <-ch
+	if got.err != nil {
+		t.Fatalf("open after its connection was lost: %v, want it asked again", got.err)
+	}
+	if got.r.Epoch() != b.Epoch() {
+		t.Fatalf("opened at epoch %#x, b runs %#x", got.r.Epoch(), b.Epoch())
+	}
+}

@@ -3,6 +3,7 @@ package tcp
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"time"
 
@@ -39,15 +40,28 @@ const (
 // that access and those rights. It also returns the segment's size.
 func (n *Node) openToken(p *peer, a Access, rights Rights) (*credential, token, uint64, error) {
 	segment := a.Name
-	if err := n.ensureSession(p); err != nil {
-		return nil, token{}, 0, err
-	}
-	pd, err := n.roundTrip(p, pkOpen, header{typ: tOpenReq, flags: uint16(rights)}, encodeOpen(a), n.cfg.RequestTimeout, false)
-	if err != nil {
-		return nil, token{}, 0, err
-	}
-	if pd == nil {
-		return nil, token{}, 0, fmt.Errorf("%w: open %s/%s", xfer.ErrTimeout, p.id, segment)
+	var pd *pending
+	for attempt := 1; ; attempt++ {
+		if err := n.ensureSession(p); err != nil {
+			return nil, token{}, 0, err
+		}
+		var err error
+		pd, err = n.roundTrip(p, pkOpen, header{typ: tOpenReq, flags: uint16(rights)}, encodeOpen(a), n.cfg.RequestTimeout, false)
+		if err != nil {
+			return nil, token{}, 0, err
+		}
+		if pd == nil {
+			return nil, token{}, 0, fmt.Errorf("%w: open %s/%s", xfer.ErrTimeout, p.id, segment)
+		}
+		// An open only asks for a token: one that went on a connection
+		// lost before its answer (the peer restarted, and this node had
+		// not yet read the old connection's end) is asked again, once,
+		// on a session of its own.
+		if attempt == 1 && errors.Is(pd.err, ErrConnLost) && !n.closed.Load() {
+			n.log.Debug("open asked again: its connection was lost", "peer", p.id, "segment", segment, "err", pd.err)
+			continue
+		}
+		break
 	}
 	if pd.err != nil {
 		return nil, token{}, 0, fmt.Errorf("open %s/%s: %w", p.id, segment, pd.err)
