@@ -60,8 +60,8 @@ type ExchangeDone func(resp []byte, got int, err error)
 // It does not block: with no session to the peer (ErrConnLost), or no
 // room for len(dst) in its windows (ErrWindowFull), it fails at once and
 // the caller takes another way; otherwise it returns nil and done runs
-// later on another goroutine, or before ExchangeInto returns. dst is written until done runs and never
-// after: an answer that comes after the deadline is discarded, and a
+// later on another goroutine, or before ExchangeInto returns. dst is
+// written until done runs and never after: an answer that comes after the deadline is discarded, and a
 // payload still arriving at the deadline drops its connection.
 func (n *Node) ExchangeInto(peerID string, epoch uint64, kind string, req, dst []byte, deadline time.Time, done ExchangeDone) error {
 	if n.closed.Load() {
@@ -91,7 +91,7 @@ func (n *Node) ExchangeInto(peerID string, epoch uint64, kind string, req, dst [
 	case err != nil:
 		return err
 	case st == needDials: // no session: fails, nothing dialed
-		return fmt.Errorf("%w: no session with peer %s", ErrConnLost, peerID)
+		return errNoSession(p)
 	case st == needRoom:
 		return fmt.Errorf("%w: %d bytes to %s", ErrWindowFull, len(dst), peerID)
 	}

@@ -3,7 +3,6 @@ package tcp
 import (
 	"bytes"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -120,30 +119,16 @@ func TestExchangeIntoWindow(t *testing.T) {
 	const size = 256 << 10
 	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 1, SliceSize: size, MaxInflightBytes: 4 * size})
 	a, b := nodes[0], nodes[1]
-	// hold holds bravo's event loop (the answers behind it wait too)
-	// until it is closed; a test that fails first closes it too, or the
-	// nodes could not stop.
-	var mu sync.Mutex
-	hold := make(chan struct{})
-	release := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		select {
-		case <-hold:
-		default:
-			close(hold)
-		}
-	}
-	t.Cleanup(release)
-	held := func() chan struct{} {
-		mu.Lock()
-		defer mu.Unlock()
-		return hold
-	}
+	// A "wait" exchange holds bravo's event loop (the answers behind it
+	// wait too) until release lets one go; the test's end lets any go,
+	// or the nodes could not stop.
+	gate := make(chan struct{}, 2)
+	release := func() { gate <- struct{}{} }
+	t.Cleanup(func() { close(gate) })
 	value := make([]byte, size)
 	if err := b.HandleInline("value", func(_ string, _ uint64, req []byte, reply func(resp, payload []byte)) error {
 		if string(req) == "wait" {
-			<-held()
+			<-gate
 		}
 		reply(nil, value)
 		return nil
@@ -188,9 +173,6 @@ func TestExchangeIntoWindow(t *testing.T) {
 	}
 	// Their room is back: the window takes four again, one of which
 	// times out (its room comes back with its end).
-	mu.Lock()
-	hold = make(chan struct{})
-	mu.Unlock()
 	chs = fill(50 * time.Millisecond)
 	if r := <-chs[0]; !errors.Is(r.err, xfer.ErrTimeout) {
 		t.Fatalf("the held exchange: %+v, want ErrTimeout", r)

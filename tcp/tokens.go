@@ -40,28 +40,17 @@ const (
 // that access and those rights. It also returns the segment's size.
 func (n *Node) openToken(p *peer, a Access, rights Rights) (*credential, token, uint64, error) {
 	segment := a.Name
-	var pd *pending
-	for attempt := 1; ; attempt++ {
-		if err := n.ensureSession(p); err != nil {
-			return nil, token{}, 0, err
-		}
-		var err error
-		pd, err = n.roundTrip(p, pkOpen, header{typ: tOpenReq, flags: uint16(rights)}, encodeOpen(a), n.cfg.RequestTimeout, false)
-		if err != nil {
-			return nil, token{}, 0, err
-		}
-		if pd == nil {
-			return nil, token{}, 0, fmt.Errorf("%w: open %s/%s", xfer.ErrTimeout, p.id, segment)
-		}
-		// An open only asks for a token: one that went on a connection
-		// lost before its answer (the peer restarted, and this node had
-		// not yet read the old connection's end) is asked again, once,
-		// on a session of its own.
-		if attempt == 1 && errors.Is(pd.err, ErrConnLost) && !n.closed.Load() {
-			n.log.Debug("open asked again: its connection was lost", "peer", p.id, "segment", segment, "err", pd.err)
-			continue
-		}
-		break
+	pd, err := n.askOpen(p, a, rights)
+	// An open only asks for a token: one that went on a connection lost
+	// before its answer (the peer restarted, and this node had not yet
+	// read the old connection's end) is asked again, once, on a session
+	// of its own.
+	if err == nil && errors.Is(pd.err, ErrConnLost) && !n.closed.Load() {
+		n.log.Debug("open asked again: its connection was lost", "peer", p.id, "segment", segment, "err", pd.err)
+		pd, err = n.askOpen(p, a, rights)
+	}
+	if err != nil {
+		return nil, token{}, 0, err
 	}
 	if pd.err != nil {
 		return nil, token{}, 0, fmt.Errorf("open %s/%s: %w", p.id, segment, pd.err)
@@ -76,6 +65,22 @@ func (n *Node) openToken(p *peer, a Access, rights Rights) (*credential, token, 
 		return nil, token{}, 0, fmt.Errorf("%w: open %s/%s: the owner's token does not match the request", ErrProtocol, p.id, segment)
 	}
 	return &credential{token: pd.token, expiry: t.expiry, got: n.tokenNow().UnixNano()}, t, pd.size, nil
+}
+
+// askOpen sends one open of a with rights to p, over its session (dialed
+// if there is none), and returns its ended request.
+func (n *Node) askOpen(p *peer, a Access, rights Rights) (*pending, error) {
+	if err := n.ensureSession(p); err != nil {
+		return nil, err
+	}
+	pd, err := n.roundTrip(p, pkOpen, header{typ: tOpenReq, flags: uint16(rights)}, encodeOpen(a), n.cfg.RequestTimeout, false)
+	if err != nil {
+		return nil, err
+	}
+	if pd == nil {
+		return nil, fmt.Errorf("%w: open %s/%s", xfer.ErrTimeout, p.id, a.Name)
+	}
+	return pd, nil
 }
 
 // renewDue starts a renewal for every open remote segment whose token is

@@ -397,7 +397,13 @@ func (n *Node) register(p *peer, pd *pending) (*conn, error) {
 		c.addLocked(pd)
 		return c, nil
 	}
-	return nil, fmt.Errorf("%w: no session with peer %s", ErrConnLost, p.id)
+	return nil, errNoSession(p)
+}
+
+// errNoSession is a request's failure when p has no session: nothing is
+// dialed for it.
+func errNoSession(p *peer) error {
+	return fmt.Errorf("%w: no session with peer %s", ErrConnLost, p.id)
 }
 
 func (n *Node) sendNotify(ts *taskState) error {

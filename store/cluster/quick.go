@@ -53,10 +53,9 @@ type QuickPeers interface {
 // whose payload lands in dst (tcp.Node.ExchangeInto). It never blocks:
 // false when it cannot or should not (the link to the holder is rdma and
 // dst too large to copy, no session yet, dst larger than a data frame, no
-// room for dst in the flow-control window);
-// else done runs exactly once, on any
-// goroutine, possibly before ReadKey returns, and dst is not written
-// after it ran.
+// room for dst in the flow-control window); else done runs exactly once,
+// on any goroutine, possibly before ReadKey returns, and dst is not
+// written after it ran.
 type KeyReader interface {
 	ReadKey(holder string, epoch uint64, kind string, req, dst []byte, deadline time.Time,
 		done func(resp []byte, got int, err error)) bool
