@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster"
 )
 
 // TestCachedRemoteGetOneRoundTrip: a remote get whose home answer the
@@ -59,6 +61,92 @@ func TestCachedRemoteGetOneRoundTrip(t *testing.T) {
 	served := sample(t, scrapeMetrics(t, d1.d.MetricsAddr()), "tensorcast_cluster_one_round_trip_served_total")
 	if reads < 10 || served != reads {
 		t.Errorf("metrics: d2 read %v values in one exchange, d1 served %v", reads, served)
+	}
+}
+
+// TestCachedRemoteBatchGet: a get of many keys reads each one whose
+// holder the reader knows without asking a home (a cached home answer, or
+// its own index for the keys it is home of) in one exchange, the first
+// 4 MiB of the call so; the keys past that, and those with nothing known,
+// take a hold and READs at the same time; a key whose one-round-trip read
+// fell back (its cached answer older than the holder's value) is read the
+// two-step way once the others are in. Every value is byte-exact, every
+// key is answered once, and the holder keeps nothing held or claimed.
+func TestCachedRemoteBatchGet(t *testing.T) {
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast batch get test key")
+	cfg := func(c *Config) { c.StoreL2Path = "off"; c.StoreShards = 64; c.PeerSliceSize = 1 << 20 }
+	d1 := startPeerWith(t, "d1", key, "", cfg, dialsIn("d2"))
+	d2 := startPeerWith(t, "d2", key, "", cfg, d1.peer())
+	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2")
+	// A first get from d1 opens its pool here (a one-round-trip read
+	// needs it open).
+	warm := keyHomedAt(d2, "d1", "warm", 4<<10)
+	queueGetter(t, d2)(warm, putKnown(t, d1, d2, warm, 4<<10))
+	get := queueBatchGetter(t, d2, 32)
+	var keys, vals [][]byte
+	add := func(home, prefix string, n, size int) {
+		for i := range n {
+			k := keyHomedAt(d2, home, fmt.Sprintf("%s/%d", prefix, i), size)
+			keys, vals = append(keys, k), append(vals, putKnown(t, d1, d2, k, size))
+		}
+	}
+	add("d1", "small", 6, 4<<10)    // cached after the first get
+	add("d2", "own", 2, 64<<10)     // in d2's own index: one exchange from the first get on
+	add("d1", "large", 20, 256<<10) // 5 MiB: the last of them past the call's bound
+	// served gets keys once and says what d1 served for it, by kind, and
+	// how many values d2 read in one round trip or began so and fell back.
+	served := func() (map[string]uint64, uint64, uint64) {
+		t.Helper()
+		before, st := d1.d.cluster.Served(), d2.d.cluster.Stats()
+		get(keys, vals)
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			return d1.d.cluster.Holds() == 0 && d1.d.cluster.ReadClaims().Outstanding == 0
+		}, "the holder done with the reader")
+		after, st2 := d1.d.cluster.Served(), d2.d.cluster.Stats()
+		m := map[string]uint64{}
+		for kind, c := range after {
+			m[kind] = c - before[kind]
+		}
+		return m, st2.QuickReads - st.QuickReads, st2.QuickFallbacks - st.QuickFallbacks
+	}
+	// First get: only d2's own keys are known without a home.
+	if m, quick, fallbacks := served(); quick != 2 || fallbacks != 0 || m["tc.store.read"] != 2 {
+		t.Errorf("first batch get: %d values in one exchange (%d served), %d fell back; want d2's own 2, none",
+			quick, m["tc.store.read"], fallbacks)
+	}
+	// Then every key is known: 6 + 2 + 15 of the large ones (3.85 MiB of
+	// the 4 MiB bound left after the others' 152 KiB) in one exchange
+	// each, the other 5 in one hold.
+	m, quick, fallbacks := served()
+	if quick != 23 || fallbacks != 0 || m["tc.store.read"] != 23 || m["tc.store.hold"] != 1 {
+		t.Errorf("cached batch get: %d one-round-trip reads (%d served), %d fell back, %d holds; want 23, 0 and 1",
+			quick, m["tc.store.read"], fallbacks, m["tc.store.hold"])
+	}
+	for _, kind := range []string{"tc.store.claim", "tc.store.lookup"} {
+		if m[kind] != 0 {
+			t.Errorf("cached batch get: the holder served %d %q, want 0", m[kind], kind)
+		}
+	}
+	// The holder's value of a key changes under d2's cached answer (its
+	// copy removed there alone, then put again with another size): the
+	// one-round-trip read finds another size and falls back; the two-step
+	// way asks the home and reads the new value.
+	codes := make([]store.Code, 1)
+	if err := d1.d.stores[0].RemoveHere(keys[1:2], codes, nil); err != nil || codes[0] != store.OK {
+		t.Fatalf("remove here: %v %v", err, codes[0])
+	}
+	vals[1] = clusterValue(append([]byte("again/"), keys[1]...), 12<<10)
+	if err := d1.dial(t, "putter").PutBytes(keys[1], vals[1], false); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		// (The home may still name d2, whose copies the getter removed
+		// there alone: d2 reads from the others.)
+		_, hs, err := d2.d.cluster.Locate(keys[1])
+		return err == nil && slices.ContainsFunc(hs, func(h cluster.Holder) bool { return h.ID == "d1" && h.Size == 12<<10 })
+	}, "%s put again announced", keys[1])
+	if _, quick, fallbacks := served(); quick != 22 || fallbacks != 1 {
+		t.Errorf("batch get with a stale cached answer: %d one-round-trip reads, %d fell back; want 22 and 1", quick, fallbacks)
 	}
 }
 
@@ -135,12 +223,21 @@ func keyHomedAt(reader *peerDaemon, home, prefix string, size int) []byte {
 // test fails; then the client unpins it and d's copy is removed (d's
 // cache of home answers stays as it is).
 func queueGetter(t *testing.T, d *peerDaemon) func(k, want []byte) {
+	get := queueBatchGetter(t, d, 1)
+	return func(k, want []byte) {
+		t.Helper()
+		get([][]byte{k}, [][]byte{want})
+	}
+}
+
+// queueBatchGetter is queueGetter of up to most keys in one get.
+func queueBatchGetter(t *testing.T, d *peerDaemon, most int) func(keys, wants [][]byte) {
 	c := d.dial(t, "reader")
 	q, err := c.OpenQueue(16)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := c.NewResults(1)
+	res, err := c.NewResults(most)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,22 +253,28 @@ func queueGetter(t *testing.T, d *peerDaemon) func(k, want []byte) {
 		}
 		return cqes[0]
 	}
-	codes := make([]store.Code, 1)
-	return func(k, want []byte) {
+	codes := make([]store.Code, most)
+	return func(keys, wants [][]byte) {
 		t.Helper()
-		keys := [][]byte{k}
 		ud++
 		cqe := call(func() (bool, error) { return q.Get(keys, res, ud) })
-		if err := res.Check(cqe); err != nil || cqe.N != 1 {
-			t.Fatalf("get %s: %v, %d", k, err, cqe.N)
+		if err := res.Check(cqe); err != nil || cqe.N != uint64(len(keys)) {
+			t.Fatalf("get of %d keys: %v, %d", len(keys), err, cqe.N)
 		}
-		if got := res.Value(0); !bytes.Equal(got, want) {
-			t.Fatalf("get %s: %d bytes, not the value put (%d bytes)", k, len(got), len(want))
+		for i, k := range keys {
+			if got := res.Value(i); !bytes.Equal(got, wants[i]) {
+				t.Fatalf("get %s: %d bytes, not the value put (%d bytes)", k, len(got), len(wants[i]))
+			}
 		}
 		ud++
 		call(func() (bool, error) { return q.Unpin(keys, res, ud) })
-		if err := d.d.stores[0].RemoveHere(keys, codes, nil); err != nil || codes[0] != store.OK {
-			t.Fatalf("remove here: %v %v", err, codes[0])
+		if err := d.d.stores[0].RemoveHere(keys, codes[:len(keys)], nil); err != nil {
+			t.Fatalf("remove here: %v", err)
+		}
+		for i, code := range codes[:len(keys)] {
+			if code != store.OK {
+				t.Fatalf("remove here %s: %v", keys[i], code)
+			}
 		}
 	}
 }

@@ -42,14 +42,17 @@
 //     replica is at its limit is answered busy and asked again. A holder
 //     admits as many readers of a key at once, whoever sent them (a
 //     reader of a cached home answer asks no home): past that it answers
-//     busy, so the bound holds for cached reads too. A get of one key
-//     whose holders the reader has cached, over tcp (or over a link whose
-//     bulk bytes go by rdma, for a value no larger than the daemon's
-//     rdma_inline_read), is one round trip
-//     (quick.go): the holder admits the reader, sends the value in its
-//     answer straight into the reader's pool blocks and is done with it
-//     when the send is; no hold, release or claim message, and the
-//     announcement of the reader's copy goes after the answer.
+//     busy, so the bound holds for cached reads too. A get of a key whose
+//     holders the reader knows without asking (a cached home answer, or
+//     its own index when it is the key's home), over tcp (or over a link
+//     whose bulk bytes go by rdma, for a value no larger than the daemon's
+//     rdma_inline_read), is one round trip (quick.go): the holder admits
+//     the reader, sends the value in its answer straight into the
+//     reader's pool blocks and is done with it when the send is; no
+//     hold, release or claim message, and the announcement of the
+//     reader's copy goes after the answer. A get of many keys reads up to
+//     4 MiB of them so, all at once; the rest take the two-step way at
+//     the same time.
 //   - Replicas (replica.go). A value put here is copied to Config.Replicas-1
 //     other daemons picked by rendezvous over the key (each reads it from
 //     this one's pool and announces its copy to the home); a durable put

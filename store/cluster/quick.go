@@ -3,6 +3,8 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorcast/tensorcast/store"
@@ -10,30 +12,33 @@ import (
 )
 
 // One-round-trip reads (kindRead). A reader whose key's holders come from
-// its cache of home answers, and whose Mover reads the first holder's
-// value so (KeyReader: a tcp link, or an rdma one for a small value),
-// asks the holder for the value by key and gets the bytes in the answer,
-// straight into blocks of its own pool: the holder's claim and the read
-// are one exchange, where a hold followed by a READ costs two round trips
-// and a release besides. The holder serves it on its connection's event
-// loop (QuickPeers.HandleInline): it admits the reader against its
-// per-key limit (Config.ClaimsPerKey, shared with the holds) and the
-// mode's serve budget, lends the value from its memory while the answer
-// is written, and is done with it (the claim released) once the write
-// returns, so nothing stays claimed whatever becomes of the reader. The
-// reader checks the crc32c the home gave, commits the value as its own
-// copy and answers; the announcement of that copy is sent after the
-// answer. Nothing on the reader's way blocks or starts a goroutine: the
-// request is written by the caller of Fetch (the queue's worker) and the
-// answer is taken on the reader's event loop.
+// its cache of home answers (or from its own index, when it is the key's
+// home), and whose Mover reads the first holder's value so (KeyReader: a
+// tcp link, or an rdma one for a small value), asks the holder for the
+// value by key and gets the bytes in the answer, straight into blocks of
+// its own pool: the holder's claim and the read are one exchange, where a
+// hold followed by a READ costs two round trips and a release besides.
+// The holder serves it on its connection's event loop
+// (QuickPeers.HandleInline): it admits the reader against its per-key
+// limit (Config.ClaimsPerKey, shared with the holds) and the mode's serve
+// budget, lends the value from its memory while the answer is written,
+// and is done with it (the claim released) once the write returns, so
+// nothing stays claimed whatever becomes of the reader. The reader checks
+// the crc32c the home gave, commits the value as its own copy and
+// answers; the announcement of that copy is sent after the answer.
+// Nothing on the reader's way blocks or starts a goroutine: the requests
+// are written by the caller of Fetch (the queue's worker), for up to
+// quickCallBytes of one call's values at once, and each answer is taken
+// on the reader's event loop.
 //
 // Whatever this way cannot do goes the two-step way (fetch), on a
-// goroutine of its own: a key not in the cache, a holder the Mover reads
-// by rdma, has no session with yet or no room in the window to, a value
-// larger than a data frame, a holder that answers busy, not found or "not
-// in memory" (its value is on L2: the hold promotes it), one that does not
-// serve kindRead (an older release), a failed or late answer and bytes
-// whose crc32c does not match.
+// goroutine of its own: at once for a key neither cached nor in the
+// reader's own index, the keys past quickCallBytes, a holder the Mover
+// reads by rdma, has no session with yet or no room in the window to, and
+// a value larger than a data frame; once the call's other keys are in for
+// a holder that answers busy, not found or "not in memory" (its value is
+// on L2: the hold promotes it), one that does not serve kindRead (an older
+// release), a failed or late answer and bytes whose crc32c does not match.
 //
 //	read      key → a holder: key, u64 size (the size the home gave)
 //	          answer: u8 code (a store.Code; Unavailable: not in memory),
@@ -148,31 +153,129 @@ func (c *Cluster) onRead(from string, epoch uint64, req []byte, reply func(resp,
 	return nil
 }
 
-// quickFetch tries key's one-round-trip read (the caller's Fetch admitted
-// it and holds its fetch slot); false when it cannot start, and the caller
-// goes the two-step way. Once started, finish(0, …) runs exactly once:
-// from the answer, or from the two-step way the answer hands the key to
-// (end runs after it, releasing the fetch slot).
-func (c *Cluster) quickFetch(key []byte, finish func(int, error), end func()) bool {
+// quickCallBytes bounds the bytes one Fetch reads in one-round-trip
+// reads: the keys past it go the two-step way, whose READs queue for room
+// in the flow-control windows, where a one-round-trip read finding no
+// room would only fail and fall back.
+const quickCallBytes = 4 << 20
+
+// quickFetch tries the one-round-trip read of keys (the caller's Fetch
+// admitted them and holds one fetch slot for them all); false when not one
+// could start, and the caller goes the two-step way with them all. Once it
+// returns true, finish(j, …) runs exactly once for each key j, and end
+// once after the last of them (it gives the fetch slot back):
+//   - a key whose read started ends from its answer;
+//   - the keys that could not start (no fresh answer cached nor in this
+//     daemon's own index, a value the Mover does not read so, no room in
+//     the windows to the holder, past quickCallBytes) go the two-step way at once, on one
+//     goroutine, so that their hold is asked while the started reads'
+//     bytes move;
+//   - the keys whose read fell back (busy, not in memory, a failed or late
+//     answer, bytes whose crc32c does not match) go the two-step way
+//     together once every other key of the call has ended.
+func (c *Cluster) quickFetch(keys [][]byte, finish func(int, error), end func()) bool {
 	kr, ok := c.mover.(KeyReader)
 	if !ok {
 		return false
 	}
+	q := &quickCall{c: c, keys: keys, finish: finish, end: end}
+	q.left.Store(1) // this loop's own count, until it has started them all
 	now := time.Now()
-	hs, ok := c.answers.get(key, now)
-	if !ok {
+	var slow []int
+	budget := uint64(quickCallBytes)
+	for j, key := range keys {
+		h, cached, ok := c.quickHolder(key, now)
+		if ok && h.Size <= budget && q.start(kr, j, key, h, cached, now) {
+			budget -= h.Size
+			continue
+		}
+		slow = append(slow, j)
+	}
+	if len(slow) == len(keys) {
 		return false
 	}
-	var h Holder
-	for _, x := range hs {
-		if x.ID != c.self {
-			h = x
-			break
+	if len(slow) > 0 {
+		q.left.Add(1)
+		go func() {
+			defer q.release()
+			q.fetch(slow)
+		}()
+	}
+	q.release()
+	return true
+}
+
+// quickCall is one Fetch's one-round-trip reads.
+type quickCall struct {
+	c      *Cluster
+	keys   [][]byte
+	finish func(int, error)
+	end    func()
+	// left counts the reads in flight, the two-step fetch of the keys
+	// that could not start and quickFetch's own loop; the last of them
+	// to end sends the keys whose read fell back the two-step way, then
+	// ends the call.
+	left atomic.Int32
+	mu   sync.Mutex
+	late []int // keys whose read fell back
+}
+
+// fetch reads the keys at pos the two-step way.
+func (q *quickCall) fetch(pos []int) {
+	ks := make([][]byte, len(pos))
+	for i, p := range pos {
+		ks[i] = q.keys[p]
+	}
+	q.c.fetch(ks, func(i int, err error) { q.finish(pos[i], err) })
+}
+
+// release ends one of q's counted parts.
+func (q *quickCall) release() {
+	if q.left.Add(-1) != 0 {
+		return
+	}
+	q.mu.Lock()
+	late := q.late
+	q.mu.Unlock()
+	if len(late) == 0 {
+		q.end()
+		return
+	}
+	go func() {
+		defer q.end()
+		q.fetch(late)
+	}()
+}
+
+// quickHolder is the holder that key's one-round-trip read asks: the
+// first other daemon that a fresh cached home answer names (cached) or,
+// for a key whose shard this daemon is home of, its own index does.
+func (c *Cluster) quickHolder(key []byte, now time.Time) (h Holder, cached, ok bool) {
+	hs, cached := c.answers.get(key, now)
+	if !cached {
+		if c.homeFor(c.view.Load(), c.shardOf(key)) != c.self {
+			return Holder{}, false, false
+		}
+		c.c.lookupsOwn.Add(1)
+		a := c.lookupHere([][]byte{key})[0]
+		if a.code != codeOK {
+			return Holder{}, false, false
+		}
+		hs = a.holders
+	}
+	for _, h := range hs {
+		if h.ID != c.self {
+			return h, cached, h.Size != 0
 		}
 	}
-	if h.ID == "" || h.Size == 0 {
-		return false
-	}
+	return Holder{}, cached, false
+}
+
+// start starts key j's one-round-trip read from h (cached: a cached home
+// answer named it); when it does not, nothing was sent and nothing is
+// reserved.
+func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder, cached bool, now time.Time) bool {
+	c := q.c
 	ss := c.st.NewSession()
 	_ = ss.SetReplicas(1) // 1 is in range
 	keys := [][]byte{key}
@@ -189,11 +292,12 @@ func (c *Cluster) quickFetch(key []byte, finish func(int, error), end func()) bo
 		_ = ss.Close()
 		c.c.quickFallbacks.Add(1)
 		c.log.Debug("one-round-trip read fell back to a hold and a read", "key", string(key), "holder", h.ID, "err", why)
-		go func() {
-			defer end()
-			c.fetch(keys, finish)
-		}()
+		q.mu.Lock()
+		q.late = append(q.late, j)
+		q.mu.Unlock()
+		q.release()
 	}
+	q.left.Add(1)
 	started := kr.ReadKey(h.ID, h.Epoch, kindRead, encodeRead(key, h.Size), dst, deadline, func(resp []byte, got int, err error) {
 		var code store.Code
 		var size uint64
@@ -234,13 +338,16 @@ func (c *Cluster) quickFetch(key []byte, finish func(int, error), end func()) bo
 			c.c.remoteFailed.Add(1)
 		} else {
 			c.c.remoteHits.Add(1)
-			c.c.cacheHits.Add(1)
+			if cached {
+				c.c.cacheHits.Add(1)
+			}
 			c.c.quickReads.Add(1)
 		}
-		finish(0, err)
-		end()
+		q.finish(j, err)
+		q.release()
 	})
 	if !started {
+		q.left.Add(-1)
 		_ = ss.Close()
 		return false
 	}

@@ -233,10 +233,12 @@ func (c *Cluster) Removed(keys [][]byte, errs []error) {
 }
 
 // Fetch brings keys from their holders into this daemon's store
-// (store.Remote): it runs on a goroutine of its own, at most MaxFetches at
-// once (past that each key gets ErrBusy), and ends by Config.Timeout. A key
-// another fetch is bringing already joins that one and gets its answer, so
-// that readers of one hot key fetch it once.
+// (store.Remote): the keys it can read in one round trip are asked from
+// the caller's goroutine (quick.go), the others on a goroutine of its own;
+// at most MaxFetches calls at once (past that each key gets ErrBusy), each
+// ending by Config.Timeout. A key another fetch is bringing already joins
+// that one and gets its answer, so that readers of one hot key fetch it
+// once.
 func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 	var own [][]byte
 	var pos []int
@@ -319,16 +321,15 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 		}
 		return
 	}
-	if len(own) == 1 {
-		// One key, its holders cached: one round trip from this very
-		// goroutine, when the holder can be asked so (quick.go).
-		end := func() {
-			<-c.fetchSem
-			c.fetchWG.Done()
-		}
-		if c.quickFetch(own[0], finish, end) {
-			return
-		}
+	// The keys whose holders are known here without a home's answer: one
+	// round trip each, asked from this very goroutine, when the holder
+	// can be asked so (quick.go).
+	end := func() {
+		<-c.fetchSem
+		c.fetchWG.Done()
+	}
+	if c.quickFetch(own, finish, end) {
+		return
 	}
 	go func() {
 		defer c.fetchWG.Done()
