@@ -283,6 +283,7 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 	if offTCP != nil {
 		cpu.machine = machineCPU()
 	}
+	st0 := d2.d.cluster.Stats()
 	var untimed time.Duration
 	b.ResetTimer()
 	for range b.N {
@@ -301,6 +302,9 @@ func remoteGetCluster(b *testing.B, d1, d2 *peerDaemon, run int, offTCP *peerDae
 	}
 	b.StopTimer()
 	cpu.report(b, n*size)
+	// The share of the values read in one exchange each (quick.go); the
+	// others went by a hold and READs.
+	b.ReportMetric(float64(d2.d.cluster.Stats().QuickReads-st0.QuickReads)/float64(b.N*n), "quick-share")
 	gb := float64(b.N) * n * size / 1e9
 	// Where the cluster's CPU beyond the transport's goes: the untimed
 	// unpin and removal (in cpu-s/GB), and the crc32c pass over the bytes
@@ -684,7 +688,7 @@ func aggregateTCP(b *testing.B, ds []*peerDaemon, ids []string) {
 			go func() {
 				defer wg.Done()
 				sum, err := rs[i].c.Transfer(rs[i].reqs, 30*time.Second, rs[i].res)
-				if err != nil || sum.Completed != n {
+				if err != nil || int(sum.Completed) != n {
 					errs[i] = fmt.Errorf("transfer on %s: %v %+v", ids[i], err, sum)
 				}
 			}()
@@ -701,20 +705,22 @@ func aggregateTCP(b *testing.B, ds []*peerDaemon, ids []string) {
 }
 
 // BenchmarkStoreRemoteGetLatency measures the latency of a remote get of
-// one key (4 KiB and 256 KiB) whose home's answer d2 has cached, beside
-// the tcp transport's own round trip reading the same bytes:
+// one key (4 KiB and 256 KiB) and of eight in one call (8 × 4 KiB, 8 × 64
+// KiB) whose home's answers d2 has cached, beside the tcp transport's own
+// round trip reading the same bytes:
 //
-//	cluster    a client of d2 gets one key d1 holds, whose home is d1,
+//	cluster    a client of d2 gets keys d1 holds, whose home is d1,
 //	           through its queue; d2's cache of home answers names d1 (a
 //	           first get filled it), so the get asks no home: it asks d1
-//	           for the value in one exchange (the holder's claim and the
+//	           for each value in one exchange (the holder's claim and the
 //	           bytes in one round trip, store/cluster/quick.go), whose
 //	           answer lands in d2's pool; d2 checks its crc32c and commits
 //	           it; then,
-//	           untimed, the client unpins it and d2's copy is removed
+//	           untimed, the client unpins them and d2's copies are removed
 //	           (RemoveHere: the cache of home answers keeps d1);
 //	tcp-alone  the same client READs the same number of bytes from a
-//	           buffer a client of d1 exported, in one Transfer.
+//	           buffer a client of d1 exported, in one Transfer (a READ
+//	           per value).
 //
 // Two more figures split the cluster's latency, timed after each round
 // from inside d2 (no client): exchange-us, the median of a bare peer
@@ -767,36 +773,46 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	res, err := c.NewResults(1)
+	most := 0
+	for _, cs := range latencyCases {
+		most = max(most, cs.keys)
+	}
+	res, err := c.NewResults(most)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, size := range []int{4 << 10, 256 << 10} {
+	for _, cs := range latencyCases {
+		n, size := cs.keys, cs.size
+		name := fmt.Sprintf("%dKiB", size>>10)
+		if n > 1 {
+			name = fmt.Sprintf("%dx%s", n, name)
+		}
 		runs := 0
-		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+		b.Run(name, func(b *testing.B) {
 			runs++
-			// A key whose home is d1: without the cache, d2 would ask d1.
-			var k []byte
-			for i := 0; ; i++ {
-				k = fmt.Appendf(nil, "lat/%d/%d/%d", size, runs, i)
+			// Keys whose home is d1: without the cache, d2 would ask d1.
+			var keys [][]byte
+			for i := 0; len(keys) < n; i++ {
+				k := fmt.Appendf(nil, "lat/%d/%d/%d/%d", n, size, runs, i)
 				if w, err := d2.d.cluster.Where(k); err == nil && w.Home == "d1" {
-					break
+					keys = append(keys, k)
 				}
 			}
-			keys := [][]byte{k}
-			if err := put.PutBytes(k, clusterValue(k, size), false); err != nil {
-				b.Fatal(err)
+			for _, k := range keys {
+				if err := put.PutBytes(k, clusterValue(k, size), false); err != nil {
+					b.Fatal(err)
+				}
+				testutil.Eventually(b, 10*time.Second, func() bool {
+					_, hs, err := d2.d.cluster.Locate(k)
+					return err == nil && len(hs) > 0
+				}, "%s announced", k)
 			}
-			testutil.Eventually(b, 10*time.Second, func() bool {
-				_, hs, err := d2.d.cluster.Locate(k)
-				return err == nil && len(hs) > 0
-			}, "%s announced", k)
-			abuf, err := exp.RegisterBuffer(uint64(size))
+			abuf, err := exp.RegisterBuffer(uint64(n * size))
 			if err != nil {
 				b.Fatal(err)
 			}
-			name := fmt.Sprintf("lat-%d-%d", size, runs)
-			if _, err := exp.ExportSegment(name, abuf.ID, 0, 0, client.RightRead); err != nil {
+			seg := fmt.Sprintf("lat-%d-%d-%d", n, size, runs)
+			if _, err := exp.ExportSegment(seg, abuf.ID, 0, 0, client.RightRead); err != nil {
 				b.Fatal(err)
 			}
 			open := c.OpenRemote
@@ -805,18 +821,23 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 					return c.OpenRemoteVia(name, r, client.TransportRDMA)
 				}
 			}
-			rs, err := open("d1/"+name, client.RightRead)
+			rs, err := open("d1/"+seg, client.RightRead)
 			if err != nil {
 				b.Fatal(err)
 			}
-			buf, err := c.RegisterBuffer(uint64(size))
+			buf, err := c.RegisterBuffer(uint64(n * size))
 			if err != nil {
 				b.Fatal(err)
 			}
-			reqs := []xfer.Request{{Op: xfer.OpRead, Local: buf.ID, Target: rs.ID, Length: uint64(size)}}
-			terrs := make([]error, 1)
+			var reqs []xfer.Request
+			for i := range n {
+				off := uint64(i * size)
+				reqs = append(reqs, xfer.Request{Op: xfer.OpRead, Local: buf.ID, LocalOffset: off, Target: rs.ID,
+					TargetOffset: off, Length: uint64(size)})
+			}
+			terrs := make([]error, n)
 			cqes := make([]client.Completion, 1)
-			codes := make([]store.Code, 1)
+			codes := make([]store.Code, n)
 			ud := uint64(0)
 			call := func(submit func() (bool, error)) {
 				if ok, err := submit(); !ok || err != nil {
@@ -826,19 +847,27 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 					b.Fatalf("reap: %d %v", got, err)
 				}
 			}
+			removeHere := func() {
+				if err := d2.d.stores[0].RemoveHere(keys, codes, nil); err != nil {
+					b.Fatalf("remove here: %v", err)
+				}
+				for i, code := range codes {
+					if code != store.OK {
+						b.Fatalf("remove here: %s: %v", keys[i], code)
+					}
+				}
+			}
 			get := func() time.Duration {
 				ud++
 				t0 := time.Now()
 				call(func() (bool, error) { return q.Get(keys, res, ud) })
 				d := time.Since(t0)
-				if err := res.Check(cqes[0]); err != nil || cqes[0].N != 1 {
-					b.Fatalf("get: %v, %d", err, cqes[0].N)
+				if err := res.Check(cqes[0]); err != nil || cqes[0].N != uint64(n) {
+					b.Fatalf("get: %v, %d of %d", err, cqes[0].N, n)
 				}
 				ud++
 				call(func() (bool, error) { return q.Unpin(keys, res, ud) })
-				if err := d2.d.stores[0].RemoveHere(keys, codes, nil); err != nil || codes[0] != store.OK {
-					b.Fatalf("remove here: %v %v", err, codes[0])
-				}
+				removeHere()
 				return d
 			}
 			// transfer is the reference: one Transfer over via.
@@ -846,7 +875,7 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 				t0 := time.Now()
 				sum, err := c.Transfer(reqs, 30*time.Second, terrs)
 				d := time.Since(t0)
-				if err != nil || sum.Completed != 1 {
+				if err != nil || int(sum.Completed) != n {
 					b.Fatalf("transfer: %v %+v", err, sum)
 				}
 				return d
@@ -866,17 +895,16 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 			// cluster's fetch alone (cached answer, hold, read, crc32c,
 			// commit), then d2's copy removed.
 			fetch := func() time.Duration {
-				ch := make(chan error, 1)
+				ch := make(chan error, n)
 				t0 := time.Now()
 				d2.d.cluster.Fetch(keys, func(_ int, err error) { ch <- err })
-				err := <-ch
+				for range n {
+					if err := <-ch; err != nil {
+						b.Fatalf("fetch: %v", err)
+					}
+				}
 				d := time.Since(t0)
-				if err != nil {
-					b.Fatalf("fetch: %v", err)
-				}
-				if err := d2.d.stores[0].RemoveHere(keys, codes, nil); err != nil || codes[0] != store.OK {
-					b.Fatalf("remove here: %v %v", err, codes[0])
-				}
+				removeHere()
 				return d
 			}
 			// Warm: the first get fills d2's cache of home answers.
@@ -893,7 +921,7 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 			offTCP := func(f func() time.Duration) bool {
 				before := tcpBytes(d2)
 				f()
-				return tcpBytes(d2)-before < uint64(size)/2
+				return tcpBytes(d2)-before < uint64(n*size)/2
 			}
 			if via == "rdma" {
 				// The mover's first reads from d1 go over tcp and have
@@ -933,7 +961,7 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 			// over tcp: a few hundred bytes a get. The payload of the
 			// transfers, or of the gets read by rdma, would be ops ×
 			// size at least.
-			if half := ops * float64(size) / 2; via == "rdma" && (float64(tcTCP) >= half || !inline && float64(clTCP) >= half) {
+			if half := ops * float64(n*size) / 2; via == "rdma" && (float64(tcTCP) >= half || !inline && float64(clTCP) >= half) {
 				b.Fatalf("%d bytes over tcp in %v transfers and %d in %v gets of %d bytes over rdma (read inline: %v)", tcTCP, ops, clTCP, ops, size, inline)
 			}
 			mc, mt := median(cl), median(tc)
@@ -946,10 +974,14 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 			b.ReportMetric(float64(tcCPU.Nanoseconds())/1e3/ops, via+"-cpu-us")
 			st1 := d2.d.cluster.Stats()
 			b.ReportMetric(float64(st1.Lookups-lookups), "home-lookups")
-			b.ReportMetric(float64(st1.QuickReads-st0.QuickReads)/(2*ops), "quick-share")
+			b.ReportMetric(float64(st1.QuickReads-st0.QuickReads)/(2*ops*float64(n)), "quick-share")
 		})
 	}
 }
+
+// latencyCases are BenchmarkStoreRemoteGetLatency's gets: keys values of
+// size bytes in one call, beside one Transfer of as many READs.
+var latencyCases = []struct{ keys, size int }{{1, 4 << 10}, {1, 256 << 10}, {8, 4 << 10}, {8, 64 << 10}}
 
 // latencyBlock is how many requests of one side a round of
 // BenchmarkStoreRemoteGetLatency times before the other side's.
