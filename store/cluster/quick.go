@@ -183,11 +183,25 @@ func (c *Cluster) quickFetch(keys [][]byte, finish func(int, error), end func())
 	now := time.Now()
 	var slow []int
 	budget := uint64(quickCallBytes)
+	// refused is, per holder, the smallest value the Mover would not read
+	// so in this call (a link whose bulk bytes go by rdma, no room in the
+	// windows): a value as large is not reserved for, only to be refused.
+	var refused map[string]uint64
 	for j, key := range keys {
 		h, cached, ok := c.quickHolder(key, now)
-		if ok && h.Size <= budget && q.start(kr, j, key, h, cached, now) {
+		if r, seen := refused[h.ID]; !ok || h.Size > budget || seen && h.Size >= r {
+			slow = append(slow, j)
+			continue
+		}
+		switch q.start(kr, j, key, h, cached, now) {
+		case started:
 			budget -= h.Size
 			continue
+		case moverRefused:
+			if refused == nil {
+				refused = map[string]uint64{}
+			}
+			refused[h.ID] = h.Size
 		}
 		slow = append(slow, j)
 	}
@@ -271,10 +285,17 @@ func (c *Cluster) quickHolder(key []byte, now time.Time) (h Holder, cached, ok b
 	return Holder{}, cached, false
 }
 
+// What quickCall.start did.
+const (
+	notStarted   = iota // the key goes the two-step way
+	moverRefused        // so does the key: the Mover would not read it so
+	started
+)
+
 // start starts key j's one-round-trip read from h (cached: a cached home
-// answer named it); when it does not, nothing was sent and nothing is
-// reserved.
-func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder, cached bool, now time.Time) bool {
+// answer named it); unless it says started, nothing was sent and nothing
+// is reserved.
+func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder, cached bool, now time.Time) int {
 	c := q.c
 	ss := c.st.NewSession()
 	_ = ss.SetReplicas(1) // 1 is in range
@@ -284,7 +305,7 @@ func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder, cached bool
 	errs := make([]error, 1)
 	if err := ss.Reserve(keys, []uint64{h.Size}, locs, codes, errs); err != nil || codes[0] != store.OK {
 		_ = ss.Close()
-		return false // the two-step way says why (stored here meanwhile, no room)
+		return notStarted // the two-step way says why (stored here meanwhile, no room)
 	}
 	dst := c.cfg.Pool[locs[0].Offset : locs[0].Offset+h.Size]
 	deadline := now.Add(c.cfg.Timeout)
@@ -298,7 +319,7 @@ func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder, cached bool
 		q.release()
 	}
 	q.left.Add(1)
-	started := kr.ReadKey(h.ID, h.Epoch, kindRead, encodeRead(key, h.Size), dst, deadline, func(resp []byte, got int, err error) {
+	ok := kr.ReadKey(h.ID, h.Epoch, kindRead, encodeRead(key, h.Size), dst, deadline, func(resp []byte, got int, err error) {
 		var code store.Code
 		var size uint64
 		if err == nil {
@@ -346,10 +367,10 @@ func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder, cached bool
 		q.finish(j, err)
 		q.release()
 	})
-	if !started {
+	if !ok {
 		q.left.Add(-1)
 		_ = ss.Close()
-		return false
+		return moverRefused
 	}
-	return true
+	return started
 }
