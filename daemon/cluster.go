@@ -76,7 +76,7 @@ func (d *Daemon) openCluster() error {
 	d.cluster, d.mover = cl, mv
 	d.stores[0].SetRemote(cl)
 	if d.cfg.RDMA != "off" && mv.inline > 0 {
-		log.Info("store across hosts: a cached get of a value up to rdma_inline_read from a holder linked by rdma is read in one peer exchange, over tcp",
+		log.Info("store across hosts: a cached get of one key whose value is up to rdma_inline_read, from a holder linked by rdma, is read in one peer exchange, over tcp",
 			"rdma_inline_read", d.cfg.RDMAInlineRead.String())
 	}
 	return nil
@@ -241,7 +241,7 @@ type mover struct {
 	// (the registry's), as a client's remote segments are named.
 	nextID func() xfer.SegmentID
 	// inline is the largest value ReadKey reads from a holder whose link
-	// is rdma (config rdma_inline_read; 0: none).
+	// is rdma, for a get of one key (config rdma_inline_read; 0: none).
 	inline int
 }
 
@@ -373,14 +373,16 @@ func (m *mover) settle(id xfer.BatchID) <-chan struct{} {
 
 // ReadKey implements cluster.KeyReader: a data exchange with holder over
 // tcp, whose answer's payload lands in dst (a block of this daemon's
-// pool). Over a link whose bulk bytes go by rdma it reads only values up
-// to rdma_inline_read so: for those, the copy into the answer costs less
-// than the hold's round trip and release beside an RDMA READ. It does not
-// block: false when the holder's pool is not open here yet (the two-step
-// read opens it), the link to it is rdma and dst larger than that, dst is
-// larger than a data frame, there is no session, or the flow-control
-// windows to the holder have no room for dst (the two-step read queues).
-func (m *mover) ReadKey(holder string, epoch uint64, kind string, req, dst []byte, deadline time.Time,
+// pool). Over a link whose bulk bytes go by rdma it reads only the value
+// of a get of one key (alone) up to rdma_inline_read so: for that one, the
+// copy into the answer costs less than the hold's round trip and release
+// beside an RDMA READ; several values cost less in one hold and a batch of
+// READs than in an exchange each. It does not block: false when the
+// holder's pool is not open here yet (the two-step read opens it), the
+// link to it is rdma and dst not such a value, dst is larger than a data
+// frame, there is no session, or the flow-control windows to the holder
+// have no room for dst (the two-step read queues).
+func (m *mover) ReadKey(holder string, epoch uint64, kind string, req, dst []byte, alone bool, deadline time.Time,
 	done func([]byte, int, error)) bool {
 	node := m.plane.Node()
 	if len(dst) > node.MaxDataPayload() {
@@ -392,8 +394,8 @@ func (m *mover) ReadKey(holder string, epoch uint64, kind string, req, dst []byt
 	if !ok || epoch != 0 && r.seg.Epoch() != epoch {
 		return false
 	}
-	if t := m.plane.Route(m.pool, r.seg); t != xfer.Transport(node) && len(dst) > m.inline {
-		return false // rdma moves the bytes: the hold and a READ
+	if t := m.plane.Route(m.pool, r.seg); t != xfer.Transport(node) && (!alone || len(dst) > m.inline) {
+		return false // rdma moves the bytes: the hold and READs
 	}
 	return node.ExchangeInto(holder, epoch, kind, req, dst, deadline, done) == nil
 }

@@ -153,8 +153,8 @@ func TestCachedRemoteBatchGet(t *testing.T) {
 // TestVerbsCachedRemoteGetInline: between daemons linked by rdma, a
 // cached remote get of a value up to rdma_inline_read is the one round
 // trip of the tcp link (the bytes in the holder's answer); a larger one
-// is a hold and an RDMA READ, whose bytes do not cross tcp. A get of
-// several keys splits so too.
+// is a hold and an RDMA READ, whose bytes do not cross tcp, and so is a
+// get of several keys, whatever their sizes.
 func TestVerbsCachedRemoteGetInline(t *testing.T) {
 	testutil.Require(t, testutil.RDMA)
 	const inline = 16 << 10
@@ -207,8 +207,9 @@ func TestVerbsCachedRemoteGetInline(t *testing.T) {
 			t.Errorf("%d KiB: %d cached gets moved %d bytes over tcp, want the values by rdma", size>>10, n, moved)
 		}
 	}
-	// A get of several keys: the values up to the limit in one exchange
-	// each, the larger ones in one hold, their bytes by rdma.
+	// A get of several keys: one hold for them all, whatever their
+	// sizes, and their bytes by rdma (an exchange per value costs more
+	// than one hold and a batch of READs).
 	var keys, vals [][]byte
 	inlined := 0
 	for i, size := range []int{4 << 10, 4 * inline, 4 << 10, inline, 4 * inline} {
@@ -227,12 +228,12 @@ func TestVerbsCachedRemoteGetInline(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, done, "the holder done with the batch get")
 	after, st2 := d1.d.cluster.Served(), d2.d.cluster.Stats()
 	reads, holds := after["tc.store.read"]-before["tc.store.read"], after["tc.store.hold"]-before["tc.store.hold"]
-	if quick := st2.QuickReads - st.QuickReads; reads != 3 || quick != 3 || holds != 1 {
-		t.Errorf("cached batch get of 3 values up to %d KiB and 2 above: %d reads served, %d one-round-trip, %d holds; want 3, 3 and 1",
+	if quick := st2.QuickReads - st.QuickReads; reads != 0 || quick != 0 || holds != 1 {
+		t.Errorf("cached batch get of 3 values up to %d KiB and 2 above: %d reads served, %d one-round-trip, %d holds; want 0, 0 and 1",
 			inline>>10, reads, quick, holds)
 	}
-	if moved := tcpBytes(d2) - tcp0; moved >= uint64(inlined+4*inline) {
-		t.Errorf("cached batch get: %d bytes over tcp, want the %d bytes read inline and the rest by rdma", moved, inlined)
+	if moved := tcpBytes(d2) - tcp0; moved >= uint64(inlined)/2 {
+		t.Errorf("cached batch get: %d bytes over tcp, want the values' %d bytes by rdma", moved, inlined+8*inline)
 	}
 }
 

@@ -106,10 +106,12 @@ type Config struct {
 	// RDMAQPs is how many RC queue pairs each peer's link spreads its
 	// requests over.
 	RDMAQPs int `toml:"rdma_qps"`
-	// RDMAInlineRead is the largest value a remote get reads from a holder
-	// reached by rdma in the answer to one peer exchange (its bytes on
-	// the peer channel, one round trip) rather than by a hold and an RDMA
-	// READ (two round trips and a release); 0 reads every value by rdma.
+	// RDMAInlineRead is the largest value a remote get of one key reads
+	// from a holder reached by rdma in the answer to one peer exchange
+	// (its bytes on the peer channel, one round trip) rather than by a
+	// hold and an RDMA READ (two round trips and a release); the keys of a
+	// get of several go by one hold and a batch of READs. 0 reads every
+	// value by rdma.
 	RDMAInlineRead Size `toml:"rdma_inline_read"`
 
 	// MetricsAddress is the host:port of the Prometheus endpoint
@@ -402,7 +404,7 @@ func settings() []setting {
 			c.RDMAQPs = n
 			return err
 		}},
-		{"rdma_inline_read", "TENSORCAST_RDMA_INLINE_READ", "largest value a remote get reads from an rdma-linked holder in one peer exchange (0: all by rdma)", func(c *Config, s string) error { return c.RDMAInlineRead.UnmarshalText([]byte(s)) }},
+		{"rdma_inline_read", "TENSORCAST_RDMA_INLINE_READ", "largest value a remote get of one key reads from an rdma-linked holder in one peer exchange (0: all by rdma)", func(c *Config, s string) error { return c.RDMAInlineRead.UnmarshalText([]byte(s)) }},
 		{"metrics_address", "TENSORCAST_METRICS_ADDRESS", `Prometheus endpoint host:port, or "off"`, str(func(c *Config) *string { return &c.MetricsAddress })},
 		{"ebpf", "TENSORCAST_EBPF", "kernel-side eBPF views: auto, on, off", str(func(c *Config) *string { return &c.EBPF })},
 		{"ebpf_uring_sample", "TENSORCAST_EBPF_URING_SAMPLE", "the io_uring view times one request in N (1: all)", func(c *Config, s string) error {

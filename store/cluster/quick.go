@@ -14,11 +14,11 @@ import (
 // One-round-trip reads (kindRead). A reader whose key's holders come from
 // its cache of home answers (or from its own index, when it is the key's
 // home), and whose Mover reads the first holder's value so (KeyReader: a
-// tcp link, or an rdma one for a small value), asks the holder for the
-// value by key and gets the bytes in the answer, straight into blocks of
-// its own pool: the holder's claim and the read are one exchange, where a
-// hold followed by a READ costs two round trips and a release besides.
-// The holder serves it on its connection's event loop
+// tcp link, or an rdma one for a get of one small value), asks the holder
+// for the value by key and gets the bytes in the answer, straight into
+// blocks of its own pool: the holder's claim and the read are one
+// exchange, where a hold followed by a READ costs two round trips and a
+// release besides. The holder serves it on its connection's event loop
 // (QuickPeers.HandleInline): it admits the reader against its per-key
 // limit (Config.ClaimsPerKey, shared with the holds) and the mode's serve
 // budget, lends the value from its memory while the answer is written,
@@ -55,14 +55,16 @@ type QuickPeers interface {
 }
 
 // KeyReader is what a Mover may also do: a data exchange with a holder,
-// whose payload lands in dst (tcp.Node.ExchangeInto). It never blocks:
-// false when it cannot or should not (the link to the holder is rdma and
-// dst too large to copy, no session yet, dst larger than a data frame, no
-// room for dst in the flow-control window); else done runs exactly once,
-// on any goroutine, possibly before ReadKey returns, and dst is not
-// written after it ran.
+// whose payload lands in dst (tcp.Node.ExchangeInto); alone says the value
+// is the only one its get reads. It never blocks: false when it cannot or
+// should not (the link to the holder is rdma and dst too large to copy or
+// one of several values, which one hold and a batch of READs move for
+// less; no session yet, dst larger than a data frame, no room for dst in
+// the flow-control window); else done runs exactly once, on any
+// goroutine, possibly before ReadKey returns, and dst is not written
+// after it ran.
 type KeyReader interface {
-	ReadKey(holder string, epoch uint64, kind string, req, dst []byte, deadline time.Time,
+	ReadKey(holder string, epoch uint64, kind string, req, dst []byte, alone bool, deadline time.Time,
 		done func(resp []byte, got int, err error)) bool
 }
 
@@ -319,7 +321,7 @@ func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder, cached bool
 		q.release()
 	}
 	q.left.Add(1)
-	ok := kr.ReadKey(h.ID, h.Epoch, kindRead, encodeRead(key, h.Size), dst, deadline, func(resp []byte, got int, err error) {
+	ok := kr.ReadKey(h.ID, h.Epoch, kindRead, encodeRead(key, h.Size), dst, len(q.keys) == 1, deadline, func(resp []byte, got int, err error) {
 		var code store.Code
 		var size uint64
 		if err == nil {
