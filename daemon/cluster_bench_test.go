@@ -745,12 +745,13 @@ func BenchmarkStoreRemoteGetLatency(b *testing.B) {
 
 // BenchmarkStoreRemoteGetLatencyRDMA is BenchmarkStoreRemoteGetLatency
 // with rdma between the daemons (the Soft-RoCE VM: make test-rdma with
-// RDMA_BENCH=StoreRemoteGetLatencyRDMA): the cluster get of a value up to
-// rdma_inline_read (32 KiB by default: the 4 KiB row) is the one-round-trip
-// read over the peer channel, a larger one reads over rdma (a hold, the
-// READ, the release); the reference is one Transfer of a segment opened
-// with transport rdma. rdma-us and rdma-cpu-us stand where the tcp rows
-// say tcp.
+// RDMA_BENCH=StoreRemoteGetLatencyRDMA): the cluster get of one key whose
+// value is up to rdma_inline_read (32 KiB by default: the 4 KiB row) is
+// the one-round-trip read over the peer channel; a larger one, and the
+// keys of the gets of eight, read over rdma (a hold, the READs, the
+// release); the reference is one Transfer of a segment opened with
+// transport rdma. rdma-us and rdma-cpu-us stand where the tcp rows say
+// tcp.
 func BenchmarkStoreRemoteGetLatencyRDMA(b *testing.B) {
 	testutil.Require(b, testutil.RDMA)
 	d1, d2 := benchPair(b, 64<<20, func(c *Config) {

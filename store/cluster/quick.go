@@ -169,9 +169,9 @@ const quickCallBytes = 4 << 20
 //   - a key whose read started ends from its answer;
 //   - the keys that could not start (no fresh answer cached nor in this
 //     daemon's own index, a value the Mover does not read so, no room in
-//     the windows to the holder, past quickCallBytes) go the two-step way at once, on one
-//     goroutine, so that their hold is asked while the started reads'
-//     bytes move;
+//     the windows to the holder, past quickCallBytes) go the two-step way
+//     at once, on one goroutine, so that their hold is asked while the
+//     started reads' bytes move;
 //   - the keys whose read fell back (busy, not in memory, a failed or late
 //     answer, bytes whose crc32c does not match) go the two-step way
 //     together once every other key of the call has ended.
