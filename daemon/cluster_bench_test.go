@@ -745,7 +745,7 @@ func BenchmarkStoreRemoteGetLatency(b *testing.B) {
 
 // BenchmarkStoreRemoteGetLatencyRDMA is BenchmarkStoreRemoteGetLatency
 // with rdma between the daemons (the Soft-RoCE VM: make test-rdma with
-// RDMA_BENCH=StoreRemoteGetLatencyRDMA): the cluster get of one key whose
+// RDMA_DAEMON_BENCH=StoreRemoteGetLatencyRDMA): the cluster get of one key whose
 // value is up to rdma_inline_read (32 KiB by default: the 4 KiB row) is
 // the one-round-trip read over the peer channel; a larger one, and the
 // keys of the gets of eight, read over rdma (a hold, the READs, the
