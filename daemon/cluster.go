@@ -54,7 +54,10 @@ func (d *Daemon) openCluster() error {
 	mv := &mover{engine: d.engine, plane: d.peers, pool: pool, remotes: map[string]heldRemote{}, nextID: d.reg.NextID,
 		inline: int(d.cfg.RDMAInlineRead)}
 	ccfg := cluster.Config{Shards: d.cfg.StoreShards, Members: members, Pool: pool.Bytes(), Log: log,
-		Replicas: d.cfg.StoreReplicas, Admission: d.admission}
+		Replicas: d.cfg.StoreReplicas, Admission: d.admission,
+		// A reader's cached home answers are as old as a cached
+		// directory answer may be.
+		Staleness: time.Duration(d.cfg.StalenessBudget)}
 	if dir := d.dir; dir != nil {
 		// The members the etcd directory's cache holds: no request to
 		// etcd per store call, nor per probe.

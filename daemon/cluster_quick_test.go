@@ -150,6 +150,29 @@ func TestCachedRemoteBatchGet(t *testing.T) {
 	}
 }
 
+// TestHomeAnswersKeptForStalenessBudget: a reader keeps a home's answer
+// as long as a cached directory answer may be used (staleness_budget).
+func TestHomeAnswersKeptForStalenessBudget(t *testing.T) {
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast staleness test key")
+	cfg := func(budget time.Duration) func(c *Config) {
+		return func(c *Config) {
+			c.StoreL2Path = "off"
+			c.StoreShards = 64
+			if budget > 0 {
+				c.StalenessBudget = Duration(budget)
+			}
+		}
+	}
+	d1 := startPeerWith(t, "d1", key, "", cfg(0), dialsIn("d2"))
+	d2 := startPeerWith(t, "d2", key, "", cfg(750*time.Millisecond), d1.peer())
+	if got := d1.d.cluster.Staleness(); got != 2*time.Second {
+		t.Errorf("d1 keeps home answers for %v, want the default staleness_budget, 2s", got)
+	}
+	if got := d2.d.cluster.Staleness(); got != 750*time.Millisecond {
+		t.Errorf("d2 keeps home answers for %v, want its staleness_budget, 750ms", got)
+	}
+}
+
 // TestVerbsCachedRemoteGetInline: between daemons linked by rdma, a
 // cached remote get of a value up to rdma_inline_read is the one round
 // trip of the tcp link (the bytes in the holder's answer); a larger one

@@ -29,6 +29,7 @@ type DirectoryConfig struct {
 	EtcdLeaseTTL Duration `toml:"etcd_lease_ttl"`
 	// StalenessBudget is how old a cached directory answer may be; older
 	// ones fall back as the request's lane allows, or fail UNAVAILABLE.
+	// A remote get uses a home's answer it cached for as long.
 	StalenessBudget Duration `toml:"staleness_budget"`
 
 	// Clock measures the staleness budget (nil: time.Now); tests move it.
@@ -118,6 +119,6 @@ func directorySettings() []setting {
 		{"etcd_cert_file", "TENSORCAST_ETCD_CERT_FILE", "client certificate for etcd", str(func(c *Config) *string { return &c.EtcdCertFile })},
 		{"etcd_key_file", "TENSORCAST_ETCD_KEY_FILE", "client key for etcd", str(func(c *Config) *string { return &c.EtcdKeyFile })},
 		{"etcd_lease_ttl", "TENSORCAST_ETCD_LEASE_TTL", "the registration's lease (whole seconds, e.g. 10s)", func(c *Config, s string) error { return c.EtcdLeaseTTL.UnmarshalText([]byte(s)) }},
-		{"staleness_budget", "TENSORCAST_STALENESS_BUDGET", "how old a cached directory answer may be (e.g. 2s)", func(c *Config, s string) error { return c.StalenessBudget.UnmarshalText([]byte(s)) }},
+		{"staleness_budget", "TENSORCAST_STALENESS_BUDGET", "how old a cached directory answer, or a home's answer a remote get uses, may be (e.g. 2s)", func(c *Config, s string) error { return c.StalenessBudget.UnmarshalText([]byte(s)) }},
 	}
 }

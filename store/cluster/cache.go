@@ -64,3 +64,7 @@ func (a *answers) drop(keys [][]byte) {
 		delete(a.m, string(k))
 	}
 }
+
+// Staleness is how long a reader here keeps a home's answer
+// (Config.Staleness; negative: not at all).
+func (c *Cluster) Staleness() time.Duration { return c.cfg.Staleness }
