@@ -22,11 +22,7 @@ import (
 // after asking leaves nothing claimed. Every value is byte-exact, 4 KiB
 // and 256 KiB.
 func TestCachedRemoteGetOneRoundTrip(t *testing.T) {
-	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast one round trip test key")
-	cfg := func(c *Config) { c.StoreL2Path = "off"; c.StoreShards = 64; c.PeerSliceSize = 1 << 20 }
-	d1 := startPeerWith(t, "d1", key, "", cfg, dialsIn("d2"))
-	d2 := startPeerWith(t, "d2", key, "", cfg, d1.peer())
-	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2")
+	d1, d2 := quickPair(t, "one round trip")
 	get := queueGetter(t, d2)
 	for _, size := range []int{4 << 10, 256 << 10} {
 		k := keyHomedAt(d2, "d1", "quick", size)
@@ -73,11 +69,7 @@ func TestCachedRemoteGetOneRoundTrip(t *testing.T) {
 // two-step way once the others are in. Every value is byte-exact, every
 // key is answered once, and the holder keeps nothing held or claimed.
 func TestCachedRemoteBatchGet(t *testing.T) {
-	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast batch get test key")
-	cfg := func(c *Config) { c.StoreL2Path = "off"; c.StoreShards = 64; c.PeerSliceSize = 1 << 20 }
-	d1 := startPeerWith(t, "d1", key, "", cfg, dialsIn("d2"))
-	d2 := startPeerWith(t, "d2", key, "", cfg, d1.peer())
-	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2")
+	d1, d2 := quickPair(t, "batch get")
 	// A first get from d1 opens its pool here (a one-round-trip read
 	// needs it open).
 	warm := keyHomedAt(d2, "d1", "warm", 4<<10)
@@ -153,18 +145,7 @@ func TestCachedRemoteBatchGet(t *testing.T) {
 // TestHomeAnswersKeptForStalenessBudget: a reader keeps a home's answer
 // as long as a cached directory answer may be used (staleness_budget).
 func TestHomeAnswersKeptForStalenessBudget(t *testing.T) {
-	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast staleness test key")
-	cfg := func(budget time.Duration) func(c *Config) {
-		return func(c *Config) {
-			c.StoreL2Path = "off"
-			c.StoreShards = 64
-			if budget > 0 {
-				c.StalenessBudget = Duration(budget)
-			}
-		}
-	}
-	d1 := startPeerWith(t, "d1", key, "", cfg(0), dialsIn("d2"))
-	d2 := startPeerWith(t, "d2", key, "", cfg(750*time.Millisecond), d1.peer())
+	d1, d2 := quickPair(t, "staleness", func(c *Config) { c.StalenessBudget = Duration(750 * time.Millisecond) })
 	if got := d1.d.cluster.Staleness(); got != 2*time.Second {
 		t.Errorf("d1 keeps home answers for %v, want the default staleness_budget, 2s", got)
 	}
@@ -258,6 +239,22 @@ func TestVerbsCachedRemoteGetInline(t *testing.T) {
 	if moved := tcpBytes(d2) - tcp0; moved >= uint64(inlined)/2 {
 		t.Errorf("cached batch get: %d bytes over tcp, want the values' %d bytes by rdma", moved, inlined+8*inline)
 	}
+}
+
+// quickPair starts d1 and d2 linked over tcp with the store across hosts
+// (64 shards, L2 off, 1 MiB peer slices); more also set d2's config.
+func quickPair(t *testing.T, name string, more ...func(*Config)) (d1, d2 *peerDaemon) {
+	key := testutil.KeyFile(t, t.TempDir(), "cluster.key", "tensorcast "+name+" test key")
+	cfg := func(c *Config) { c.StoreL2Path = "off"; c.StoreShards = 64; c.PeerSliceSize = 1 << 20 }
+	d1 = startPeerWith(t, "d1", key, "", cfg, dialsIn("d2"))
+	d2 = startPeerWith(t, "d2", key, "", func(c *Config) {
+		cfg(c)
+		for _, m := range more {
+			m(c)
+		}
+	}, d1.peer())
+	waitMembers(t, []*peerDaemon{d1, d2}, "d1", "d2")
+	return d1, d2
 }
 
 // keyHomedAt is a key of prefix and size whose home, as reader places
