@@ -43,10 +43,9 @@
 //     admits as many readers of a key at once, whoever sent them (a
 //     reader of a cached home answer asks no home): past that it answers
 //     busy, so the bound holds for cached reads too. A get of a key whose
-//     holders the reader knows without asking (a cached home answer, or
-//     its own index when it is the key's home), over tcp (or over a link
-//     whose bulk bytes go by rdma, for the one value of a get no larger
-//     than the daemon's rdma_inline_read), is one round trip (quick.go):
+//     holders the reader has cached, over tcp (or over a link whose bulk
+//     bytes go by rdma, for the one value of a get no larger than the
+//     daemon's rdma_inline_read), is one round trip (quick.go):
 //     the holder admits the reader, sends the value in its answer straight
 //     into the reader's pool blocks and is done with it when the send is;
 //     no hold, release or claim message, and the announcement of the

@@ -55,6 +55,12 @@ type fakeNet struct {
 	// value sums wrong (as if the bytes seen on the way were other than
 	// those in the pool). Set before the reads.
 	sums map[string]bool
+	// quick: the daemons read by key in one exchange (quickNode), set
+	// before they are built (newQuickNet); mute: holders that never
+	// answer such a read (it fails at its deadline). Set before the
+	// reads.
+	quick bool
+	mute  map[string]bool
 }
 
 // lateRead is a failed read whose transfer is still to land: its spans'
@@ -144,9 +150,67 @@ type fakeNode struct {
 	// being built waits for it (the daemons of a test start together).
 	readyCh chan struct{}
 	down    atomic.Bool // unreachable both ways
-	// hmu guards h.
+	// hmu guards h and hi.
 	hmu sync.RWMutex
 	h   map[string]func(string, uint64, []byte) ([]byte, error)
+	hi  map[string]func(string, uint64, []byte, func(resp, payload []byte)) error
+}
+
+// quickNode is a fakeNode that also reads by key in one exchange
+// (KeyReader) and serves such reads (QuickPeers), in the caller's
+// goroutine: the holder's handler runs, its answer's payload is copied
+// into dst, and done runs, before ReadKey returns.
+type quickNode struct{ *fakeNode }
+
+var (
+	_ KeyReader  = quickNode{}
+	_ QuickPeers = quickNode{}
+)
+
+func (n quickNode) HandleInline(kind string, h func(string, uint64, []byte, func(resp, payload []byte)) error) error {
+	n.hmu.Lock()
+	defer n.hmu.Unlock()
+	if h == nil {
+		delete(n.hi, kind)
+	} else {
+		n.hi[kind] = h
+	}
+	return nil
+}
+
+func (n quickNode) ReadKey(holder string, epoch uint64, kind string, req, dst []byte, _ bool, deadline time.Time,
+	done func(resp []byte, got int, err error)) bool {
+	p := n.net.node(holder)
+	if p == nil || p.down.Load() || n.down.Load() || n.net.isCut(n.id, holder) || epoch != 0 && epoch != p.epoch {
+		return false
+	}
+	n.net.kindMu.Lock()
+	n.net.kinds[kind]++
+	mute := n.net.mute[holder]
+	n.net.kindMu.Unlock()
+	if mute {
+		time.AfterFunc(time.Until(deadline), func() {
+			done(nil, 0, fmt.Errorf("fake peer: %s never answered: %w", holder, xfer.ErrTimeout))
+		})
+		return true
+	}
+	p.hmu.RLock()
+	h := p.hi[kind]
+	p.hmu.RUnlock()
+	if h == nil {
+		return false
+	}
+	var resp []byte
+	got, replied := 0, false
+	err := h(n.id, n.epoch, slices.Clone(req), func(r, payload []byte) {
+		resp, replied = slices.Clone(r), true
+		got = copy(dst, payload)
+	})
+	if err == nil && !replied {
+		err = errors.New("fake peer: the handler gave no answer")
+	}
+	done(resp, got, err)
+	return true
 }
 
 var _ Peers = (*fakeNode)(nil)
@@ -304,14 +368,26 @@ func newNet(t testing.TB, ids []string, cfg Config) *fakeNet {
 	return newNetWith(t, ids, cfg, nil)
 }
 
-// newNetWith is newNet with a last say on each daemon's config.
-func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *Config)) *fakeNet {
+// newQuickNet is newNet of daemons that read by key in one exchange
+// (quickNode).
+func newQuickNet(t testing.TB, ids []string, cfg Config) *fakeNet {
+	t.Helper()
+	return newNetWith(t, ids, cfg, nil, func(f *fakeNet) { f.quick = true })
+}
+
+// newNetWith is newNet with a last say on each daemon's config, and on
+// the net before its daemons are built (opts).
+func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *Config), opts ...func(*fakeNet)) *fakeNet {
 	t.Helper()
 	f := &fakeNet{nodes: map[string]*fakeNode{}, kinds: map[string]uint64{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{},
-		cuts: map[[2]string]bool{}, flying: map[[2]string]int{}}
+		cuts: map[[2]string]bool{}, flying: map[[2]string]int{}, mute: map[string]bool{}}
+	for _, o := range opts {
+		o(f)
+	}
 	f.cutGone = sync.NewCond(&f.cutMu)
 	for _, id := range ids {
-		f.nodes[id] = &fakeNode{net: f, id: id, readyCh: make(chan struct{}), h: map[string]func(string, uint64, []byte) ([]byte, error){}}
+		f.nodes[id] = &fakeNode{net: f, id: id, readyCh: make(chan struct{}), h: map[string]func(string, uint64, []byte) ([]byte, error){},
+			hi: map[string]func(string, uint64, []byte, func(resp, payload []byte)) error{}}
 	}
 	t.Cleanup(func() {
 		for _, n := range f.nodes {
@@ -345,7 +421,12 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 		if mut != nil {
 			mut(id, &c)
 		}
-		cl, err := New(c, st, n, n)
+		var peers Peers = n
+		var mover Mover = n
+		if f.quick {
+			peers, mover = quickNode{n}, quickNode{n}
+		}
+		cl, err := New(c, st, peers, mover)
 		if err != nil {
 			st.Close()
 			pool.Close()

@@ -12,11 +12,10 @@ import (
 )
 
 // One-round-trip reads (kindRead). A reader whose key's holders come from
-// its cache of home answers (or from its own index, when it is the key's
-// home), and whose Mover reads the first holder's value so (KeyReader: a
-// tcp link, or an rdma one for a get of one small value), asks the holder
-// for the value by key and gets the bytes in the answer, straight into
-// blocks of its own pool: the holder's claim and the read are one
+// its cache of home answers, and whose Mover reads the first holder's
+// value so (KeyReader: a tcp link, or an rdma one for a get of one small
+// value), asks the holder for the value by key and gets the bytes in the
+// answer, straight into blocks of its own pool: the holder's claim and the read are one
 // exchange, where a hold followed by a READ costs two round trips and a
 // release besides. The holder serves it on its connection's event loop
 // (QuickPeers.HandleInline): it admits the reader against its per-key
@@ -32,10 +31,11 @@ import (
 // on the reader's event loop.
 //
 // Whatever this way cannot do goes the two-step way (fetch), on a
-// goroutine of its own: at once for a key neither cached nor in the
-// reader's own index, the keys past quickCallBytes, a holder the Mover
-// reads by rdma, has no session with yet or no room in the window to, and
-// a value larger than a data frame; once the call's other keys are in for
+// goroutine of its own: at once for a key not in the cache (a key whose
+// home this daemon is takes a claim there, which spreads a hot key's
+// readers over its copies), the keys past quickCallBytes, a holder the
+// Mover reads by rdma, has no session with yet or no room in the window
+// to, and a value larger than a data frame; once the call's other keys are in for
 // a holder that answers busy, not found or "not in memory" (its value is
 // on L2: the hold promotes it), one that does not serve kindRead (an older
 // release), a failed or late answer and bytes whose crc32c does not match.
@@ -167,8 +167,8 @@ const quickCallBytes = 4 << 20
 // returns true, finish(j, …) runs exactly once for each key j, and end
 // once after the last of them (it gives the fetch slot back):
 //   - a key whose read started ends from its answer;
-//   - the keys that could not start (no fresh answer cached nor in this
-//     daemon's own index, a value the Mover does not read so, no room in
+//   - the keys that could not start (no fresh answer cached, a value the
+//     Mover does not read so, no room in
 //     the windows to the holder, past quickCallBytes) go the two-step way
 //     at once, on one goroutine, so that their hold is asked while the
 //     started reads' bytes move;
@@ -180,9 +180,9 @@ func (c *Cluster) quickFetch(keys [][]byte, finish func(int, error), end func())
 	if !ok {
 		return false
 	}
-	q := &quickCall{c: c, keys: keys, finish: finish, end: end}
-	q.left.Store(1) // this loop's own count, until it has started them all
 	now := time.Now()
+	q := &quickCall{c: c, keys: keys, finish: finish, end: end, deadline: now.Add(c.cfg.Timeout)}
+	q.left.Store(1) // this loop's own count, until it has started them all
 	var slow []int
 	budget := uint64(quickCallBytes)
 	// refused is, per holder, the smallest value the Mover would not read
@@ -190,12 +190,12 @@ func (c *Cluster) quickFetch(keys [][]byte, finish func(int, error), end func())
 	// windows): a value as large is not reserved for, only to be refused.
 	var refused map[string]uint64
 	for j, key := range keys {
-		h, cached, ok := c.quickHolder(key, now)
+		h, ok := c.quickHolder(key, now)
 		if r, seen := refused[h.ID]; !ok || h.Size > budget || seen && h.Size >= r {
 			slow = append(slow, j)
 			continue
 		}
-		switch q.start(kr, j, key, h, cached, now) {
+		switch q.start(kr, j, key, h) {
 		case started:
 			budget -= h.Size
 			continue
@@ -227,6 +227,10 @@ type quickCall struct {
 	keys   [][]byte
 	finish func(int, error)
 	end    func()
+	// deadline ends the call: its one-round-trip reads, and the two-step
+	// way of the keys that could not go so or fell back (the latter may
+	// have no time left: a holder that never answered took it).
+	deadline time.Time
 	// left counts the reads in flight, the two-step fetch of the keys
 	// that could not start and quickFetch's own loop; the last of them
 	// to end sends the keys whose read fell back the two-step way, then
@@ -236,13 +240,13 @@ type quickCall struct {
 	late []int // keys whose read fell back
 }
 
-// fetch reads the keys at pos the two-step way.
+// fetch reads the keys at pos the two-step way, by the call's deadline.
 func (q *quickCall) fetch(pos []int) {
 	ks := make([][]byte, len(pos))
 	for i, p := range pos {
 		ks[i] = q.keys[p]
 	}
-	q.c.fetch(ks, func(i int, err error) { q.finish(pos[i], err) })
+	q.c.fetch(ks, q.deadline, func(i int, err error) { q.finish(pos[i], err) })
 }
 
 // release ends one of q's counted parts.
@@ -264,27 +268,15 @@ func (q *quickCall) release() {
 }
 
 // quickHolder is the holder that key's one-round-trip read asks: the
-// first other daemon that a fresh cached home answer names (cached) or,
-// for a key whose shard this daemon is home of, its own index does.
-func (c *Cluster) quickHolder(key []byte, now time.Time) (h Holder, cached, ok bool) {
-	hs, cached := c.answers.get(key, now)
-	if !cached {
-		if c.homeFor(c.view.Load(), c.shardOf(key)) != c.self {
-			return Holder{}, false, false
-		}
-		c.c.lookupsOwn.Add(1)
-		a := c.lookupHere([][]byte{key})[0]
-		if a.code != codeOK {
-			return Holder{}, false, false
-		}
-		hs = a.holders
-	}
+// first other daemon that a fresh cached home answer names.
+func (c *Cluster) quickHolder(key []byte, now time.Time) (Holder, bool) {
+	hs, _ := c.answers.get(key, now)
 	for _, h := range hs {
 		if h.ID != c.self {
-			return h, cached, h.Size != 0
+			return h, h.Size != 0
 		}
 	}
-	return Holder{}, cached, false
+	return Holder{}, false
 }
 
 // What quickCall.start did.
@@ -294,10 +286,9 @@ const (
 	started
 )
 
-// start starts key j's one-round-trip read from h (cached: a cached home
-// answer named it); unless it says started, nothing was sent and nothing
-// is reserved.
-func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder, cached bool, now time.Time) int {
+// start starts key j's one-round-trip read from h; unless it says
+// started, nothing was sent and nothing is reserved.
+func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder) int {
 	c := q.c
 	ss := c.st.NewSession()
 	_ = ss.SetReplicas(1) // 1 is in range
@@ -310,7 +301,6 @@ func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder, cached bool
 		return notStarted // the two-step way says why (stored here meanwhile, no room)
 	}
 	dst := c.cfg.Pool[locs[0].Offset : locs[0].Offset+h.Size]
-	deadline := now.Add(c.cfg.Timeout)
 	slow := func(why error) {
 		_ = ss.Close()
 		c.c.quickFallbacks.Add(1)
@@ -321,7 +311,7 @@ func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder, cached bool
 		q.release()
 	}
 	q.left.Add(1)
-	ok := kr.ReadKey(h.ID, h.Epoch, kindRead, encodeRead(key, h.Size), dst, len(q.keys) == 1, deadline, func(resp []byte, got int, err error) {
+	ok := kr.ReadKey(h.ID, h.Epoch, kindRead, encodeRead(key, h.Size), dst, len(q.keys) == 1, q.deadline, func(resp []byte, got int, err error) {
 		var code store.Code
 		var size uint64
 		if err == nil {
@@ -361,9 +351,7 @@ func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder, cached bool
 			c.c.remoteFailed.Add(1)
 		} else {
 			c.c.remoteHits.Add(1)
-			if cached {
-				c.c.cacheHits.Add(1)
-			}
+			c.c.cacheHits.Add(1)
 			c.c.quickReads.Add(1)
 		}
 		q.finish(j, err)

@@ -334,7 +334,7 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 	go func() {
 		defer c.fetchWG.Done()
 		defer func() { <-c.fetchSem }()
-		c.fetch(own, finish)
+		c.fetch(own, time.Now().Add(c.cfg.Timeout), finish)
 	}()
 }
 
@@ -376,8 +376,9 @@ const (
 	busyPauseMost  = 50 * time.Millisecond
 )
 
-func (c *Cluster) fetch(keys [][]byte, done func(int, error)) {
-	deadline := time.Now().Add(c.cfg.Timeout)
+// fetch reads keys the two-step way (a home's answer, a hold, READs), by
+// deadline.
+func (c *Cluster) fetch(keys [][]byte, deadline time.Time, done func(int, error)) {
 	ws, busy := c.wants(keys, nil, deadline, true, done)
 	pause := busyPauseFirst
 	for len(ws) > 0 || len(busy) > 0 {
