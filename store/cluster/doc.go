@@ -49,9 +49,10 @@
 //     the holder admits the reader, sends the value in its answer straight
 //     into the reader's pool blocks and is done with it when the send is;
 //     no hold, release or claim message, and the announcement of the
-//     reader's copy goes after the answer. A get of many keys reads up to
-//     4 MiB of them so, all at once; the rest take the two-step way at
-//     the same time.
+//     reader's copy goes after the answer. A get of many keys whose cached
+//     values come to at most 4 MiB reads them all so, at once (the others
+//     take the two-step way at the same time); a larger one takes the
+//     two-step way whole.
 //   - Replicas (replica.go). A value put here is copied to Config.Replicas-1
 //     other daemons picked by rendezvous over the key (each reads it from
 //     this one's pool and announces its copy to the home); a durable put

@@ -26,19 +26,20 @@ import (
 // the crc32c the home gave, commits the value as its own copy and
 // answers; the announcement of that copy is sent after the answer.
 // Nothing on the reader's way blocks or starts a goroutine: the requests
-// are written by the caller of Fetch (the queue's worker), for up to
-// quickCallBytes of one call's values at once, and each answer is taken
-// on the reader's event loop.
+// of every cached key of a call whose cached values come to at most
+// quickCallBytes are written at once by the caller of Fetch (the queue's
+// worker), and each answer is taken on the reader's event loop.
 //
 // Whatever this way cannot do goes the two-step way (fetch), on a
-// goroutine of its own: at once for a key not in the cache (a key whose
-// home this daemon is takes a claim there, which spreads a hot key's
-// readers over its copies), the keys past quickCallBytes, a holder the
-// Mover reads by rdma, has no session with yet or no room in the window
-// to, and a value larger than a data frame; once the call's other keys are in for
-// a holder that answers busy, not found or "not in memory" (its value is
-// on L2: the hold promotes it), one that does not serve kindRead (an older
-// release), a failed or late answer and bytes whose crc32c does not match.
+// goroutine of its own: the whole of a call over quickCallBytes; at once
+// for a key not in the cache (a key whose home this daemon is takes a
+// claim there, which spreads a hot key's readers over its copies), a
+// holder the Mover reads by rdma, has no session with yet or no room in
+// the window to, and a value larger than a data frame; once the call's
+// other keys are in for a holder that answers busy, not found or "not in
+// memory" (its value is on L2: the hold promotes it), one that does not
+// serve kindRead (an older release), a failed or late answer and bytes
+// whose crc32c does not match.
 //
 //	read      key → a holder: key, u64 size (the size the home gave)
 //	          answer: u8 code (a store.Code; Unavailable: not in memory),
@@ -155,23 +156,25 @@ func (c *Cluster) onRead(from string, epoch uint64, req []byte, reply func(resp,
 	return nil
 }
 
-// quickCallBytes bounds the bytes one Fetch reads in one-round-trip
-// reads: the keys past it go the two-step way, whose READs queue for room
-// in the flow-control windows, where a one-round-trip read finding no
-// room would only fail and fall back.
+// quickCallBytes bounds a Fetch that reads in one-round-trip reads: one
+// whose cached values come to more goes the two-step way whole. Its hold
+// costs little beside so many bytes, its READs queue for room in the
+// flow-control windows where a one-round-trip read finding no room would
+// only fail and fall back, and reading part of such a call so was measured
+// to cost more CPU per GB than the hold alone (BENCHMARKS).
 const quickCallBytes = 4 << 20
 
 // quickFetch tries the one-round-trip read of keys (the caller's Fetch
 // admitted them and holds one fetch slot for them all); false when not one
-// could start, and the caller goes the two-step way with them all. Once it
-// returns true, finish(j, …) runs exactly once for each key j, and end
-// once after the last of them (it gives the fetch slot back):
+// could start, or their cached values come to more than quickCallBytes,
+// and the caller goes the two-step way with them all. Once it returns
+// true, finish(j, …) runs exactly once for each key j, and end once after
+// the last of them (it gives the fetch slot back):
 //   - a key whose read started ends from its answer;
 //   - the keys that could not start (no fresh answer cached, a value the
-//     Mover does not read so, no room in
-//     the windows to the holder, past quickCallBytes) go the two-step way
-//     at once, on one goroutine, so that their hold is asked while the
-//     started reads' bytes move;
+//     Mover does not read so, no room in the windows to the holder) go
+//     the two-step way at once, on one goroutine, so that their hold is
+//     asked while the started reads' bytes move;
 //   - the keys whose read fell back (busy, not in memory, a failed or late
 //     answer, bytes whose crc32c does not match) go the two-step way
 //     together once every other key of the call has ended.
@@ -181,23 +184,31 @@ func (c *Cluster) quickFetch(keys [][]byte, finish func(int, error), end func())
 		return false
 	}
 	now := time.Now()
+	hs := make([]Holder, len(keys))
+	total := uint64(0)
+	for j, key := range keys {
+		if h, ok := c.quickHolder(key, now); ok {
+			hs[j], total = h, total+h.Size
+		}
+	}
+	if total == 0 || total > quickCallBytes {
+		return false
+	}
 	q := &quickCall{c: c, keys: keys, finish: finish, end: end, deadline: now.Add(c.cfg.Timeout)}
 	q.left.Store(1) // this loop's own count, until it has started them all
 	var slow []int
-	budget := uint64(quickCallBytes)
 	// refused is, per holder, the smallest value the Mover would not read
 	// so in this call (a link whose bulk bytes go by rdma, no room in the
 	// windows): a value as large is not reserved for, only to be refused.
 	var refused map[string]uint64
 	for j, key := range keys {
-		h, ok := c.quickHolder(key, now)
-		if r, seen := refused[h.ID]; !ok || h.Size > budget || seen && h.Size >= r {
+		h := hs[j]
+		if r, seen := refused[h.ID]; h.ID == "" || seen && h.Size >= r {
 			slow = append(slow, j)
 			continue
 		}
 		switch q.start(kr, j, key, h) {
 		case started:
-			budget -= h.Size
 			continue
 		case moverRefused:
 			if refused == nil {
