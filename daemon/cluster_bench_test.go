@@ -745,13 +745,13 @@ func BenchmarkStoreRemoteGetLatency(b *testing.B) {
 
 // BenchmarkStoreRemoteGetLatencyRDMA is BenchmarkStoreRemoteGetLatency
 // with rdma between the daemons (the Soft-RoCE VM: make test-rdma with
-// RDMA_DAEMON_BENCH=StoreRemoteGetLatencyRDMA): the cluster get of one key whose
-// value is up to rdma_inline_read (32 KiB by default: the 4 KiB row) is
-// the one-round-trip read over the peer channel; a larger one, and the
-// keys of the gets of eight, read over rdma (a hold, the READs, the
-// release); the reference is one Transfer of a segment opened with
-// transport rdma. rdma-us and rdma-cpu-us stand where the tcp rows say
-// tcp.
+// RDMA_DAEMON_BENCH=StoreRemoteGetLatencyRDMA): the cluster get of one
+// key whose value is up to rdma_inline_read (32 KiB by default: the
+// 4 KiB row) is the one-round-trip read over the peer channel; a larger
+// one, and the keys of the gets of eight, read over rdma (a hold, the
+// READs, the release); the reference is one Transfer of a segment opened
+// with transport rdma. rdma-us and rdma-cpu-us stand where the tcp rows
+// say tcp.
 func BenchmarkStoreRemoteGetLatencyRDMA(b *testing.B) {
 	testutil.Require(b, testutil.RDMA)
 	d1, d2 := benchPair(b, 64<<20, func(c *Config) {
@@ -912,10 +912,12 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 			get()
 			transfer()
 			exch()
-			// With rdma between the daemons, a value up to
+			// With rdma between the daemons, a get of one value up to
 			// rdma_inline_read is read over tcp (the bytes in the
 			// holder's answer); any other get, and every transfer,
-			// moves its payload by rdma.
+			// moves its payload by rdma. The checks below let the gets
+			// of values that small use tcp whatever their number (the
+			// gets of eight 4 KiB values included).
 			inline := size <= int(d2.cfg.RDMAInlineRead)
 			// offTCP reports whether what f did moved less than half a
 			// payload over tcp.

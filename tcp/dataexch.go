@@ -61,8 +61,9 @@ type ExchangeDone func(resp []byte, got int, err error)
 // room for len(dst) in its windows (ErrWindowFull), it fails at once and
 // the caller takes another way; otherwise it returns nil and done runs
 // later on another goroutine, or before ExchangeInto returns. dst is
-// written until done runs and never after: an answer that comes after the deadline is discarded, and a
-// payload still arriving at the deadline drops its connection.
+// written until done runs and never after: an answer that comes after the
+// deadline is discarded, and a payload still arriving at the deadline
+// drops its connection.
 func (n *Node) ExchangeInto(peerID string, epoch uint64, kind string, req, dst []byte, deadline time.Time, done ExchangeDone) error {
 	if n.closed.Load() {
 		return xfer.ErrClosed

@@ -56,9 +56,8 @@ type fakeNet struct {
 	// those in the pool). Set before the reads.
 	sums map[string]bool
 	// quick: the daemons read by key in one exchange (quickNode), set
-	// before they are built (newQuickNet); mute: holders that never
-	// answer such a read (it fails at its deadline). Set before the
-	// reads.
+	// before they are built (newQuickNet). mute, guarded by kindMu:
+	// holders that never answer such a read (it fails at its deadline).
 	quick bool
 	mute  map[string]bool
 }

@@ -15,9 +15,9 @@ import (
 // its cache of home answers, and whose Mover reads the first holder's
 // value so (KeyReader: a tcp link, or an rdma one for a get of one small
 // value), asks the holder for the value by key and gets the bytes in the
-// answer, straight into blocks of its own pool: the holder's claim and the read are one
-// exchange, where a hold followed by a READ costs two round trips and a
-// release besides. The holder serves it on its connection's event loop
+// answer, straight into blocks of its own pool: the holder's claim and
+// the read are one exchange, where a hold followed by a READ costs two
+// round trips and a release besides. The holder serves it on its connection's event loop
 // (QuickPeers.HandleInline): it admits the reader against its per-key
 // limit (Config.ClaimsPerKey, shared with the holds) and the mode's serve
 // budget, lends the value from its memory while the answer is written,

@@ -321,9 +321,9 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 		}
 		return
 	}
-	// The keys whose holders are known here without a home's answer: one
-	// round trip each, asked from this very goroutine, when the holder
-	// can be asked so (quick.go).
+	// The keys whose home answers are cached here: one round trip each,
+	// asked from this very goroutine, when the holder can be asked so
+	// (quick.go).
 	end := func() {
 		<-c.fetchSem
 		c.fetchWG.Done()
