@@ -271,6 +271,43 @@ func TestPromotionShared(t *testing.T) {
 	}
 }
 
+// TestRemoveDuringAReadIsBusy: a Remove of a key another caller's read is
+// bringing up from L2 is BUSY (store/doc.go: not the store's own I/O, so
+// not joined); the read gets the value, and the Remove asked again goes.
+func TestRemoveDuringAReadIsBusy(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	key := keysN("read-rm", 1)
+	val := valueFor(key[0], 7000)
+	mustCodes(t, "put", e.put(ss, key, [][]byte{val}, true), OK)
+	e.dropL1()
+	e.tr.Update(func(c *xfertest.Config) { c.Inline = false })
+	rec := newRecorder()
+	dst := [][]byte{make([]byte, 8000)}
+	lens := []uint64{0}
+	cr := make([]Code, 1)
+	if p, err := e.s.Read(key, dst, lens, cr, nil, rec, 1); !p || err != nil {
+		t.Fatal(p, err)
+	}
+	codes := make([]Code, 1)
+	errs := make([]error, 1)
+	if _, err := e.s.Remove(key, codes, errs, nil, 0); err != nil || codes[0] != Busy || !errors.Is(errs[0], ErrBusy) {
+		t.Fatalf("remove during the read: %v, %v (%v); want BUSY", err, codes[0], errs[0])
+	}
+	e.tr.Update(func(c *xfertest.Config) { c.Inline = true })
+	e.tr.release()
+	<-rec.done
+	mustCodes(t, "read", cr, OK)
+	if !bytes.Equal(dst[0][:lens[0]], val) {
+		t.Fatal("the read did not get the value")
+	}
+	if _, err := e.s.Remove(key, codes, errs, nil, 0); err != nil || codes[0] != OK {
+		t.Fatalf("remove after the read: %v, %v (%v)", err, codes[0], errs[0])
+	}
+	mustCodes(t, "after", e.exists(key), NotFound)
+}
+
 // TestRegionHeaderLast: when a new region's header write completes after
 // the values written into the region, their block headers wait for it
 // (never a block header in a region whose header is not on the device),
