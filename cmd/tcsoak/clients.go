@@ -442,7 +442,7 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 			if err := c.StorePut(keys, vals, durable, res); err != nil {
 				return err
 			}
-			w.storeResults("put", res)
+			w.storeResults("put", keys, res)
 			for i, e := range res {
 				put[i] = e == nil
 				if put[i] && durable {
@@ -459,7 +459,7 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 			if !put[i] {
 				continue
 			}
-			w.storeResults("read", res[i:i+1])
+			w.storeResults("read", keys[i:i+1], res[i:i+1])
 			if e == nil {
 				w.verify(lengths[i] == vlen, buf.Mem[(nkeys+i)*vlen:(nkeys+i+1)*vlen], buf.Mem[i*vlen:(i+1)*vlen])
 				if lengths[i] != vlen {
@@ -473,7 +473,7 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 				if err := c.StoreReserve(rk, sizes, roffs, res[:2]); err != nil {
 					return err
 				}
-				w.storeResults("reserve", res[:2])
+				w.storeResults("reserve", rk, res[:2])
 				reserved := res[0] == nil || res[1] == nil
 				if !reserved {
 					return nil
@@ -481,7 +481,7 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 				if err := c.StoreAbort(rk, res[:2]); err != nil {
 					return err
 				}
-				w.storeResults("abort", res[:2])
+				w.storeResults("abort", rk, res[:2])
 				return nil
 			})
 			if err != nil {
@@ -514,7 +514,7 @@ func (w *worker) storeSession(c *client.Client, buf *client.Buffer, stop <-chan 
 		if err := w.timed("store remove", func() error { return c.StoreRemove(rm, res[:len(rm)]) }); err != nil {
 			return err
 		}
-		w.storeResults("remove", res[:len(rm)])
+		w.storeResults("remove", rm, res[:len(rm)])
 		if !durable {
 			w.log.removed(logged, res[len(rm)-len(logged):len(rm)])
 		} else {
@@ -538,13 +538,17 @@ func (w *worker) nextRound(stop <-chan struct{}) (int, error) {
 
 // storeResults counts a store call's results, and a BUSY also under the
 // call that got it ("BUSY-in-put"): the store's clients are single
-// writers, so a BUSY is the store's own doing and the report says where.
-func (w *worker) storeResults(call string, res []error) {
-	for _, e := range res {
+// writers, so a BUSY is the store's own doing, but for a key the soak's
+// read-back after a kill -9 (putcheck.go) was reading at that moment. The
+// put log says which key and when (putLog.busy), for the soak to tell the
+// two apart and to name the others.
+func (w *worker) storeResults(call string, keys [][]byte, res []error) {
+	for i, e := range res {
 		c := codeOf(e)
 		w.count(c, 1)
 		if c == "BUSY" {
 			w.count("BUSY-in-"+call, 1)
+			w.log.busy(call, keys[i], time.Now())
 		}
 	}
 }
@@ -572,7 +576,9 @@ func putPattern(v []byte, seed byte) {
 // write each ("P key seed" once a durable put was acknowledged, "X key"
 // before a remove of it is sent, "R key" once that remove was
 // acknowledged). A key with X but no R may be there or not; with P and no
-// X it must be read back byte-exact; with R it must stay gone.
+// X it must be read back byte-exact; with R it must stay gone. "B key ms
+// call" records a BUSY answer for any of the client's keys, received at
+// that Unix time in milliseconds.
 type putLog struct{ f *os.File }
 
 func openPutLog(dir string, id int) (putLog, error) {
@@ -582,6 +588,11 @@ func openPutLog(dir string, id int) (putLog, error) {
 
 func (l putLog) put(key []byte, seed byte) {
 	_, _ = l.f.Write(fmt.Appendf(nil, "P %s %d\n", key, seed))
+}
+
+// busy logs B for a call's BUSY answer for key, received at t.
+func (l putLog) busy(call string, key []byte, t time.Time) {
+	_, _ = l.f.Write(fmt.Appendf(nil, "B %s %d %s\n", key, t.UnixMilli(), call))
 }
 
 // removing logs X for keys, durable keys about to be removed.

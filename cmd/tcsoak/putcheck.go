@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,17 @@ type putCheck struct {
 	resurrected uint64 // removed (acknowledged) and served again after the restart
 	removedSeen uint64 // removed keys checked, summed over checks
 	lostAt      []string
+	// reads are the read-back's calls, each with its keys and when it
+	// was in flight: a store client's remove of such a key may be
+	// answered BUSY then (busyDuringReads).
+	reads []readSpan
+}
+
+// readSpan is one read-back call: its keys, and from before it was sent
+// to after its answer came.
+type readSpan struct {
+	keys       map[string]bool
+	start, end time.Time
 }
 
 // putState is what the logs say of a key.
@@ -55,7 +67,10 @@ func (pc *putCheck) snapshot() (map[string]putState, [][]byte, error) {
 	var removed [][]byte
 	for _, f := range files {
 		var fileRemoved [][]byte
-		err := readPutLog(f, func(op byte, key []byte, seed byte) {
+		err := readPutLog(f, func(op byte, key []byte, seed byte, _ time.Time) {
+			if op == 'B' {
+				return // a BUSY answer (busyAnswers)
+			}
 			st := keys[string(key)]
 			switch op {
 			case 'P':
@@ -80,8 +95,9 @@ func (pc *putCheck) snapshot() (map[string]putState, [][]byte, error) {
 	return keys, removed, nil
 }
 
-// readPutLog calls f for each whole line of the log at path.
-func readPutLog(path string, f func(op byte, key []byte, seed byte)) error {
+// readPutLog calls f for each whole line of the log at path: its op and
+// key, a P line's seed, a B line's time.
+func readPutLog(path string, f func(op byte, key []byte, seed byte, at time.Time)) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -99,7 +115,9 @@ func readPutLog(path string, f func(op byte, key []byte, seed byte)) error {
 			return fmt.Errorf("%s: a malformed line %q", path, sc.Bytes())
 		}
 		var seed byte
-		if fs[0][0] == 'P' {
+		var at time.Time
+		switch fs[0][0] {
+		case 'P':
 			if len(fs) != 3 {
 				return fmt.Errorf("%s: a malformed line %q", path, sc.Bytes())
 			}
@@ -108,8 +126,17 @@ func readPutLog(path string, f func(op byte, key []byte, seed byte)) error {
 				return fmt.Errorf("%s: %q: %w", path, sc.Bytes(), err)
 			}
 			seed = byte(n)
+		case 'B':
+			if len(fs) != 4 {
+				return fmt.Errorf("%s: a malformed line %q", path, sc.Bytes())
+			}
+			ms, err := strconv.ParseInt(string(fs[2]), 10, 64)
+			if err != nil {
+				return fmt.Errorf("%s: %q: %w", path, sc.Bytes(), err)
+			}
+			at = time.UnixMilli(ms)
 		}
-		f(fs[0][0], bytes.Clone(fs[1]), seed)
+		f(fs[0][0], bytes.Clone(fs[1]), seed, at)
 	}
 	return sc.Err()
 }
@@ -148,10 +175,16 @@ func (pc *putCheck) verify(snap map[string]putState, removed [][]byte) error {
 	exp := make([]byte, vlen)
 	read := func(keys [][]byte) error {
 		n := len(keys)
-		if err := c.StoreRead(keys, dests[:n], lengths[:n], res[:n]); err != nil {
-			return err
+		span := readSpan{keys: make(map[string]bool, n), start: time.Now()}
+		for _, k := range keys {
+			span.keys[string(k)] = true
 		}
-		return nil
+		err := c.StoreRead(keys, dests[:n], lengths[:n], res[:n])
+		span.end = time.Now()
+		pc.mu.Lock()
+		pc.reads = append(pc.reads, span)
+		pc.mu.Unlock()
+		return err
 	}
 	for lo := 0; lo < len(want); lo += batch {
 		keys := want[lo:min(lo+batch, len(want))]
@@ -215,4 +248,56 @@ func (pc *putCheck) verify(snap map[string]putState, removed [][]byte) error {
 		}
 	}
 	return nil
+}
+
+// busyAnswer is a BUSY a store client logged (putLog.busy).
+type busyAnswer struct {
+	key string
+	at  time.Time
+}
+
+// busyAnswers reads the BUSY answers logged in the put logs of dir.
+func busyAnswers(dir string) ([]busyAnswer, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "puts-*.log"))
+	if err != nil {
+		return nil, err
+	}
+	var bs []busyAnswer
+	for _, f := range files {
+		err := readPutLog(f, func(op byte, key []byte, _ byte, at time.Time) {
+			if op == 'B' {
+				bs = append(bs, busyAnswer{string(key), at})
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return bs, nil
+}
+
+// busySlack is how long after a read-back call's answer a BUSY it caused
+// may still be logged: the client's remove was answered while the read
+// was in flight, and its log line follows the answer.
+const busySlack = time.Second
+
+// busyDuringReads splits bs, the BUSY answers of one daemon's store
+// clients, into those whose key a read-back call of that daemon (reads)
+// was reading when the answer came (a second caller on the key: BUSY is
+// the store's right answer) and the others, which the store gave a single
+// writer of its own accord.
+func busyDuringReads(bs []busyAnswer, reads []readSpan) (during int, other []busyAnswer) {
+	for _, b := range bs {
+		// Logged to the millisecond: a span is taken from the start of
+		// its millisecond.
+		found := slices.ContainsFunc(reads, func(r readSpan) bool {
+			return r.keys[b.key] && !b.at.Before(r.start.Truncate(time.Millisecond)) && !b.at.After(r.end.Add(busySlack))
+		})
+		if found {
+			during++
+		} else {
+			other = append(other, b)
+		}
+	}
+	return during, other
 }

@@ -87,6 +87,9 @@ func TestPutLogSnapshot(t *testing.T) {
 	l.put([]byte("k/gone"), 7)
 	l.removing([][]byte{[]byte("k/sent"), []byte("k/gone")})
 	l.removed([][]byte{[]byte("k/sent"), []byte("k/gone")}, []error{errStop, nil})
+	// BUSY answers say nothing of a key's state, logged or not.
+	l.busy("remove", []byte("k/kept"), time.Now())
+	l.busy("remove", []byte("k/other"), time.Now())
 	if _, err := l.f.WriteString("P k/half 9"); err != nil { // no newline yet
 		t.Fatal(err)
 	}
@@ -107,6 +110,50 @@ func TestPutLogSnapshot(t *testing.T) {
 	}
 	if _, ok := snap["k/half"]; ok || len(snap) != 3 {
 		t.Fatalf("a line without its newline was read: %v", snap)
+	}
+}
+
+// TestBusyDuringReads: a BUSY answer the put log records is the
+// read-back's doing only for a key a read-back call was reading at the
+// time (from its start to a second after its answer); the others are the
+// store's, and named.
+func TestBusyDuringReads(t *testing.T) {
+	dir := t.TempDir()
+	l, err := openPutLog(dir, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.UnixMilli(time.Now().UnixMilli())
+	reads := []readSpan{{keys: map[string]bool{"k/1": true, "k/2": true}, start: t0, end: t0.Add(200 * time.Millisecond)}}
+	l.busy("remove", []byte("k/1"), t0.Add(100*time.Millisecond))           // during the read of k/1
+	l.busy("remove", []byte("k/2"), t0.Add(200*time.Millisecond+busySlack)) // its answer's slack, still
+	l.busy("remove", []byte("k/3"), t0.Add(100*time.Millisecond))           // a key it did not read
+	l.busy("remove", []byte("k/1"), t0.Add(-time.Millisecond))              // before the read
+	l.busy("put", []byte("k/2"), t0.Add(200*time.Millisecond+2*busySlack))  // long after
+	l.put([]byte("k/1"), 4)
+	l.f.Close()
+	bs, err := busyAnswers(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bs) != 5 || bs[0].key != "k/1" || !bs[0].at.Equal(t0.Add(100*time.Millisecond)) {
+		t.Fatalf("busy answers read back: %+v", bs)
+	}
+	during, other := busyDuringReads(bs, reads)
+	if during != 2 || len(other) != 3 || other[0].key != "k/3" || other[1].key != "k/1" || other[2].key != "k/2" {
+		t.Fatalf("during %d, other %+v; want k/1 and k/2 during, k/3, the early k/1 and the late k/2 not", during, other)
+	}
+	r := Report{Codes: map[string]uint64{kindStore + "/BUSY": 2}, BusyDuringReadBack: 2}
+	if !r.Clean() {
+		t.Fatal("a soak whose only BUSY answers came during its read-back is not clean")
+	}
+	r.Codes[kindStore+"/BUSY"] = 3
+	if r.Clean() {
+		t.Fatal("a soak with a BUSY answer counted and not logged is clean")
+	}
+	r.Codes[kindStore+"/BUSY"], r.BusyOther = 2, []string{"a: k/9 at 05:00:00.000"}
+	if r.Clean() {
+		t.Fatal("a soak with a BUSY answer of the store's own doing is clean")
 	}
 }
 
