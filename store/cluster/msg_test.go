@@ -77,6 +77,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encodeHeld(1, []held{{offset: 1, size: 2}}))
 	now := time.Unix(1_700_000_000, 0)
 	f.Add(encodeTombs([]tomb{{key: "k", holder: "d", size: 4096, crc: 7, at: now.Add(-time.Second)}}, now))
+	f.Add(encodeRead([]byte("k"), 4096))
+	f.Add(encodeReadAnswer(store.Busy, 0))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if keys, err := decodeKeys(b); err == nil && !bytes.Equal(encodeKeys(keys), b) {
 			t.Fatalf("keys %q re-encode differently", keys)
@@ -95,6 +97,12 @@ func FuzzDecode(f *testing.F) {
 		}
 		if ts, err := decodeTombs(b, now); err == nil && !bytes.Equal(encodeTombs(ts, now), b) {
 			t.Fatal("tombstones re-encode differently")
+		}
+		if k, size, err := decodeRead(b); err == nil && !bytes.Equal(encodeRead(k, size), b) {
+			t.Fatal("read re-encodes differently")
+		}
+		if code, size, err := decodeReadAnswer(b); err == nil && !bytes.Equal(encodeReadAnswer(code, size), b) {
+			t.Fatal("read answer re-encodes differently")
 		}
 	})
 }
