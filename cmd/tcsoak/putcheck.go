@@ -95,6 +95,10 @@ func (pc *putCheck) snapshot() (map[string]putState, [][]byte, error) {
 	return keys, removed, nil
 }
 
+// logFields is how many fields a put log line of an op with more than two
+// has (putLog).
+var logFields = map[byte]int{'P': 3, 'B': 4}
+
 // readPutLog calls f for each whole line of the log at path: its op and
 // key, a P line's seed, a B line's time.
 func readPutLog(path string, f func(op byte, key []byte, seed byte, at time.Time)) error {
@@ -114,29 +118,27 @@ func readPutLog(path string, f func(op byte, key []byte, seed byte, at time.Time
 		if len(fs) < 2 || len(fs[0]) != 1 {
 			return fmt.Errorf("%s: a malformed line %q", path, sc.Bytes())
 		}
+		op := fs[0][0]
+		if n := logFields[op]; n != 0 && len(fs) != n {
+			return fmt.Errorf("%s: a malformed line %q", path, sc.Bytes())
+		}
 		var seed byte
 		var at time.Time
-		switch fs[0][0] {
+		var err error
+		switch op {
 		case 'P':
-			if len(fs) != 3 {
-				return fmt.Errorf("%s: a malformed line %q", path, sc.Bytes())
-			}
-			n, err := strconv.ParseUint(string(fs[2]), 10, 8)
-			if err != nil {
-				return fmt.Errorf("%s: %q: %w", path, sc.Bytes(), err)
-			}
+			var n uint64
+			n, err = strconv.ParseUint(string(fs[2]), 10, 8)
 			seed = byte(n)
 		case 'B':
-			if len(fs) != 4 {
-				return fmt.Errorf("%s: a malformed line %q", path, sc.Bytes())
-			}
-			ms, err := strconv.ParseInt(string(fs[2]), 10, 64)
-			if err != nil {
-				return fmt.Errorf("%s: %q: %w", path, sc.Bytes(), err)
-			}
+			var ms int64
+			ms, err = strconv.ParseInt(string(fs[2]), 10, 64)
 			at = time.UnixMilli(ms)
 		}
-		f(fs[0][0], bytes.Clone(fs[1]), seed, at)
+		if err != nil {
+			return fmt.Errorf("%s: %q: %w", path, sc.Bytes(), err)
+		}
+		f(op, bytes.Clone(fs[1]), seed, at)
 	}
 	return sc.Err()
 }
