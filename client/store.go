@@ -91,7 +91,9 @@ func (c *Client) StoreRead(keys [][]byte, dests []Extent, lengths []uint64, resu
 	return c.itemResults(r.Codes, results)
 }
 
-// StoreRemove removes keys; an absent key is a success.
+// StoreRemove removes keys; an absent key is a success, a pinned one
+// ErrFailedPrecondition, one another caller's get is reading at that
+// moment ErrBusy (asked again, it goes).
 func (c *Client) StoreRemove(keys [][]byte, results []error, opts ...CallOption) error {
 	if err := checkKeys(keys, len(results)); err != nil {
 		return err
