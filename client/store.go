@@ -92,8 +92,8 @@ func (c *Client) StoreRead(keys [][]byte, dests []Extent, lengths []uint64, resu
 }
 
 // StoreRemove removes keys; an absent key is a success, a pinned one
-// ErrFailedPrecondition, one another caller's get is reading at that
-// moment ErrBusy (asked again, it goes).
+// ErrFailedPrecondition, one another caller is reading or removing at
+// that moment ErrBusy (asked again, it goes).
 func (c *Client) StoreRemove(keys [][]byte, results []error, opts ...CallOption) error {
 	if err := checkKeys(keys, len(results)); err != nil {
 		return err

@@ -29,8 +29,9 @@
 //	Pin, Unpin        counted pins, optionally timed (leases); all or nothing
 //	Store.Remove      idempotent; on L2 it is gone once its header is zeroed;
 //	                  a pinned key is refused (FAILED_PRECONDITION), one
-//	                  another caller's get is reading at that moment (from
-//	                  L2, or copying out) is BUSY: asked again, it goes
+//	                  another caller is reading (from L2, or copying out)
+//	                  or removing at that moment is BUSY: asked again, it
+//	                  goes (the store's own I/O on a key is joined instead)
 //	RemoveHere        a removal another host asked for: a pinned key goes
 //	                  too, hidden from every reader at once and freed with
 //	                  its last pin (hide.go); RemoveRecordsHere names the
