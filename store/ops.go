@@ -1215,12 +1215,21 @@ func (s *Store) remove(keys [][]byte, ids []RecordID, codes []Code, errs []error
 		if found {
 			// A removal from elsewhere hides what is pinned here.
 			hide := !everywhere
-			if hide && sh.ent(r.idx).pins > 0 {
+			e := sh.ent(r.idx)
+			if hide && e.pins > 0 {
 				*pinned = append(*pinned, i)
 			}
+			putting := e.state == stReserved || e.state == stPutting
 			it, err = s.removeLocked(sh, r, hide)
 			if err == ErrBusy && ids != nil {
 				ids[i] = r.id()
+			}
+			if !putting && (err == nil || err == errJoin || err == errNoTask) {
+				// Gone from every reader here: the Remote hears it in
+				// the order of this shard's publications (under sh.mu),
+				// after an announcement of this record still queued and
+				// before one of a put that follows.
+				s.removedHere(k)
 			}
 		}
 		if err == errJoin {

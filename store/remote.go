@@ -20,9 +20,9 @@ type Remote interface {
 	// and queues the announcement, and must neither block nor call into
 	// the store.
 	Stored(key []byte, size uint64, crc uint32)
-	// Evicted says that key's value left this store by eviction (from
-	// both tiers). Like Stored, it runs with the key's shard locked and
-	// only queues.
+	// Evicted says that key's value left this store: by eviction (from
+	// both tiers) or by a removal here. Like Stored, it runs with the
+	// key's shard locked and only queues.
 	Evicted(key []byte)
 	// Removed says that a client removed keys here (each one absent here
 	// now); every other copy is to go too. errs[i] is set when keys[i]'s
@@ -105,6 +105,16 @@ func (s *Store) announce(sh *shard, idx uint32, crc uint32, haveCRC bool) {
 func (s *Store) evicted(sh *shard, idx uint32) {
 	if r := s.rem(); r != nil {
 		r.Evicted(sh.keyOf(sh.ent(idx)))
+	}
+}
+
+// removedHere tells the Remote that key's record here was removed (a
+// Remove or RemoveHere took it); the shard's lock is held. A removal is
+// news to the key's home like an eviction: the home forgets this holder
+// of it once what was announced before has arrived.
+func (s *Store) removedHere(key []byte) {
+	if r := s.rem(); r != nil {
+		r.Evicted(key)
 	}
 }
 

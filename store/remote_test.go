@@ -184,6 +184,14 @@ func TestRemote(t *testing.T) {
 	if fmt.Sprint(r.removed) != "[near/2 absent]" {
 		t.Fatalf("removed elsewhere %v, want [near/2 absent]", r.removed)
 	}
+	// Each record removed here, by either call, is news to its home like
+	// an eviction (the absent key had none).
+	r.mu.Lock()
+	if fmt.Sprint(r.evicted) != "[near/2 near]" {
+		t.Fatalf("told gone after the removals: %v, want [near/2 near]", r.evicted)
+	}
+	r.evicted = nil
+	r.mu.Unlock()
 	// Evicted values (here with no L2: gone) are told too; "near", hidden,
 	// went with the session's pins, never evicted.
 	if err := ss.Close(); err != nil {

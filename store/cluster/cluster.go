@@ -230,9 +230,12 @@ type Cluster struct {
 	push               *pushes
 	pushStop, pushDone chan struct{}
 
-	// mu guards pending and closed.
+	// mu guards pending, sending and closed.
 	mu      sync.Mutex
 	pending []entry
+	// sending is set while the announcer sends a batch it took from
+	// pending (idle: pending empty and sending false).
+	sending bool
 	closed  bool
 	kick    chan struct{} // wakes the announcer; capacity 1
 	stop    chan struct{}

@@ -95,6 +95,20 @@
 // hidden from the other daemons meanwhile (dropLater); the retry names
 // the record removed, so a value put again since stays.
 //
+// A removal and the announcements racing it end the same whatever their
+// order. A home checks an announced copy against its removals (the
+// tombstones, and for a reader's fetched copy the keys removed in the last
+// two timeouts) and indexes it in one step under the shard's lock, the
+// same lock under which a removal marks the key and drops its holders: a
+// copy is either dropped by the removal or answered "removed", never
+// indexed between the two. A holder's store tells the holder's announcer
+// of every record removed there, in the order of its puts (under the
+// store's shard lock), and the announcer sends only each key's last state
+// of a batch: a put's announcement still queued when the put was removed
+// does not index a copy that is gone. A fetch keeps no copy while the
+// announcements waiting are at Config.MaxPending (BUSY): every fetched
+// copy is announced.
+//
 // Messages are exchanges on the peer channel (tcp.Node.Exchange, kinds
 // "tc.store.*"), addressed to the epoch the sender knows, so a daemon that
 // restarted never obeys what was meant for its previous run. Their codec

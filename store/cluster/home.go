@@ -12,17 +12,23 @@ import (
 
 // Stored queues key's announcement to its home (store.Remote). It runs
 // under the store's shard lock: it copies the key and only queues.
+//
+// A value put here whose announcement finds the queue full is not
+// announced (counted; it is found here, and re-announced by a later walk).
+// A fetched copy's is queued all the same: a copy its home does not know
+// of would outlive the key's removal. Their number past the bound is
+// small, since no fetch lands while the queue is full (backlogged).
 func (c *Cluster) Stored(key []byte, size uint64, crc uint32) {
-	c.mu.Lock()
-	if c.closed || len(c.pending) >= c.cfg.MaxPending {
-		c.mu.Unlock()
-		c.c.announceDropped.Add(1)
-		return
-	}
 	tier := TierL1
 	fetched := c.isLanding(key)
 	if fetched {
 		tier |= tierFetched
+	}
+	c.mu.Lock()
+	if c.closed || len(c.pending) >= c.cfg.MaxPending && !fetched {
+		c.mu.Unlock()
+		c.c.announceDropped.Add(1)
+		return
 	}
 	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tier, size: size, crc: crc})
 	c.mu.Unlock()
@@ -37,6 +43,15 @@ func (c *Cluster) Stored(key []byte, size uint64, crc uint32) {
 	if !fetched {
 		c.kickAnnouncer()
 	} // a fetched copy's: the fetch kicks once it has answered
+}
+
+// backlogged reports whether the announcements waiting to be sent have
+// reached Config.MaxPending: a fetch does not land a copy then (its
+// announcement would go past the bound).
+func (c *Cluster) backlogged() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending) >= c.cfg.MaxPending
 }
 
 // kickAnnouncer wakes the announcer (it sends what is queued).
@@ -81,14 +96,45 @@ func (c *Cluster) announcer() {
 		}
 		c.mu.Lock()
 		batch, c.pending = c.pending, batch[:0]
+		c.sending = true
 		c.mu.Unlock()
-		if failed := c.announce(batch); failed > 0 && time.Since(lastWarn) > 10*time.Second {
+		if failed := c.announce(latestOnly(batch)); failed > 0 && time.Since(lastWarn) > 10*time.Second {
 			lastWarn = time.Now()
 			c.log.Warn("announcements to a home failed: those keys are found only here until re-announced",
 				"keys", failed, "failed_total", c.c.announceFailed.Load())
 		}
 		clear(batch)
+		c.mu.Lock()
+		c.sending = false
+		c.mu.Unlock()
 	}
+}
+
+// latestOnly keeps, of the entries of batch with the same key, the last
+// one queued (in place; the order of the rest kept). Each entry is the
+// key's whole state here (held, with its tier, size and crc, or gone), so
+// the last one says all; and the entries of one home may go in several
+// messages at once (toHomes), which must not put a put's announcement
+// after the removal or eviction that followed it.
+func latestOnly(batch []entry) []entry {
+	if len(batch) < 2 {
+		return batch
+	}
+	last := make(map[string]int, len(batch))
+	for i, e := range batch {
+		last[string(e.key)] = i
+	}
+	if len(last) == len(batch) {
+		return batch
+	}
+	out := batch[:0]
+	for i, e := range batch {
+		if last[string(e.key)] == i {
+			out = append(out, e)
+		}
+	}
+	clear(batch[len(out):])
+	return out
 }
 
 // announce sends batch to the homes and returns how many keys failed.
@@ -121,13 +167,9 @@ func (c *Cluster) announce(batch []entry) int {
 				// This daemon's own copy, as its home: a tombstone
 				// (handed over with the shard) or a removal just now
 				// answers it as another holder's.
-				if e.tier != tierGone && c.tombs.removed(e.key, c.self, e.size, e.crc, now) ||
-					e.tier&tierFetched != 0 && c.tombs.justRemoved(e.key, now) {
+				if _, removed := c.index(c.shardOf(e.key), e, c.self, c.peers.Epoch(), now); removed {
 					gone = append(gone, e.key)
-					continue
 				}
-				e.tier &^= tierFetched
-				c.index(c.shardOf(e.key), e, c.self, c.peers.Epoch())
 			}
 			if len(gone) > 0 {
 				c.c.tombDrops.Add(uint64(len(gone)))
@@ -220,18 +262,11 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 			refused++
 			continue
 		}
-		fetched := e.tier&tierFetched != 0
-		e.tier &^= tierFetched
-		if e.tier == tierGone {
-			// Its tombstone stays a little (settled) for an
-			// announcement of the copy sent before it went (a
-			// re-announcement walk) and arriving after this.
-			c.tombs.settle(e.key, from, now, c.cfg.Timeout)
-		} else if c.tombs.removed(e.key, from, e.size, e.crc, now) || fetched && c.tombs.justRemoved(e.key, now) {
+		added, gone := c.index(s, e, from, epoch, now)
+		switch {
+		case gone:
 			removed = append(removed, uint32(i))
-			continue
-		}
-		if !c.index(s, e, from, epoch) {
+		case !added:
 			refused++
 		}
 	}
@@ -244,15 +279,27 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 	return e.bytes(), nil
 }
 
-// index records announcement e of holder id (at epoch) in shard s: a
-// value it holds, or one it no longer holds (tierGone). False when the
-// index is full.
-func (c *Cluster) index(s int, e entry, id string, epoch uint64) bool {
+// index records announcement e of holder id (at epoch) in shard s at now:
+// a value it holds, or one it no longer holds (tierGone). added is false
+// when the index is full; removed is true (and nothing added) when the
+// copy announced is one a removal passed by: a tombstone names it, or it
+// is a fetched copy of a key removed moments ago (read before the
+// removal). The check and the add are one step against removeHere's
+// (index.addUnless).
+func (c *Cluster) index(s int, e entry, id string, epoch uint64, now time.Time) (added, removed bool) {
+	fetched := e.tier&tierFetched != 0
+	e.tier &^= tierFetched
 	if e.tier == tierGone {
+		// Its tombstone stays a little (settled) for an announcement
+		// of the copy sent before it went (a re-announcement walk) and
+		// arriving after this.
+		c.tombs.settle(e.key, id, now, c.cfg.Timeout)
 		c.idx.dropHolder(s, e.key, id, 0)
-		return true
+		return true, false
 	}
-	return c.idx.add(s, e.key, Holder{ID: id, Epoch: epoch, Tier: e.tier, Size: e.size, CRC: e.crc})
+	return c.idx.addUnless(s, e.key, Holder{ID: id, Epoch: epoch, Tier: e.tier, Size: e.size, CRC: e.crc}, func() bool {
+		return c.tombs.removed(e.key, id, e.size, e.crc, now) || fetched && c.tombs.justRemoved(e.key, now)
+	})
 }
 
 // lookupHere answers keys from this daemon's index.
@@ -303,8 +350,7 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 			notHome = append(notHome, i)
 			continue
 		}
-		c.tombs.removedNow(k, now)
-		for _, h := range c.idx.drop(s, k) {
+		for _, h := range c.idx.drop(s, k, func() { c.tombs.removedNow(k, now) }) {
 			if h.ID != from {
 				d := dest{h.ID, h.Epoch}
 				drops[d] = append(drops[d], k)

@@ -60,14 +60,28 @@ func newIndex(shards, maxKeys, maxHolders int) *index {
 // replaces its earlier entry (another epoch's is gone with that run). It
 // reports false when the index is full.
 func (x *index) add(s int, key []byte, h Holder) bool {
+	added, _ := x.addUnless(s, key, h, nil)
+	return added
+}
+
+// addUnless is add, unless removed (when set) reports the copy removed:
+// then nothing is added and gone is true. removed runs with the shard's
+// lock held, as drop's mark does, so that a removal of the key is either
+// wholly before the check (and answers it) or wholly after the add (and
+// drops the holder added): never between the check and the add, which
+// would index a copy its removal has already passed by.
+func (x *index) addUnless(s int, key []byte, h Holder, removed func() bool) (added, gone bool) {
 	sh := &x.shards[s]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if removed != nil && removed() {
+		return false, true
+	}
 	hs, ok := sh.m[string(key)]
 	if !ok {
 		if x.keys.Load() >= int64(x.maxKeys) {
 			x.refused.Add(1)
-			return false
+			return false, false
 		}
 		if sh.m == nil {
 			sh.m = map[string][]Holder{}
@@ -75,7 +89,7 @@ func (x *index) add(s int, key []byte, h Holder) bool {
 		x.keys.Add(1)
 	}
 	if slices.Contains(hs, h) {
-		return true // a re-announcement: nothing changed
+		return true, false // a re-announcement: nothing changed
 	}
 	if x.changed != nil {
 		defer x.changed(s, key, h.ID)
@@ -85,7 +99,7 @@ func (x *index) add(s int, key []byte, h Holder) bool {
 		hs = slices.Delete(hs, 0, 1)
 	}
 	sh.m[string(key)] = append(hs, h)
-	return true
+	return true, false
 }
 
 // get appends key's holders to dst.
@@ -96,11 +110,16 @@ func (x *index) get(s int, key []byte, dst []Holder) []Holder {
 	return append(dst, sh.m[string(key)]...)
 }
 
-// drop forgets key and returns the holders it had.
-func (x *index) drop(s int, key []byte) []Holder {
+// drop forgets key and returns the holders it had. mark, when set, runs
+// first with the shard's lock held (a removal records itself there for
+// addUnless's check).
+func (x *index) drop(s int, key []byte, mark func()) []Holder {
 	sh := &x.shards[s]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if mark != nil {
+		mark()
+	}
 	hs, ok := sh.m[string(key)]
 	if ok {
 		delete(sh.m, string(key))

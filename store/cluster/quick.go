@@ -301,6 +301,9 @@ const (
 // started, nothing was sent and nothing is reserved.
 func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder) int {
 	c := q.c
+	if c.backlogged() {
+		return notStarted // the two-step way says why
+	}
 	ss := c.st.NewSession()
 	_ = ss.SetReplicas(1) // 1 is in range
 	keys := [][]byte{key}

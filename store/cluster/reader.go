@@ -365,6 +365,12 @@ type want struct {
 	failed bool
 }
 
+// errBacklogged: a fetch does not bring a copy of the value here, since the
+// announcements waiting to be sent have reached Config.MaxPending (its
+// own would go past the bound, and a copy its home does not know of would
+// outlive the key's removal).
+var errBacklogged = fmt.Errorf("%w: the announcements of this daemon's copies to their homes are backlogged", ErrBusy)
+
 // errHolderAtLimit: a holder has as many readers of the key as it admits
 // (Config.ClaimsPerKey).
 var errHolderAtLimit = fmt.Errorf("%w: the holder is at its reader limit for the key", ErrBusy)
@@ -435,6 +441,9 @@ func (c *Cluster) fetch(keys [][]byte, deadline time.Time, done func(int, error)
 			case w.last == nil:
 				c.c.remoteHits.Add(1)
 				done(w.i, nil)
+			case errors.Is(w.last, errBacklogged):
+				c.c.remoteFailed.Add(1)
+				done(w.i, w.last)
 			case w.next+1 < len(w.cands):
 				w.noteFailure()
 				w.next++
@@ -625,6 +634,13 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 		}
 	}
 	if len(rkeys) == 0 {
+		return
+	}
+	if fetched && c.backlogged() {
+		// Its announcement would find the queue full: not kept here.
+		for _, w := range rw {
+			w.last = errBacklogged
+		}
 		return
 	}
 	ss := c.st.NewSession()

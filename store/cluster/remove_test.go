@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -348,5 +352,194 @@ func TestRemovedWithIOInFlight(t *testing.T) {
 	}
 	if c := h.here(t, key); c != store.OK {
 		t.Fatalf("the key put again on h: %v", c)
+	}
+}
+
+// announcedAll waits until n's announcer has sent all it had queued.
+func (n *fakeNode) announcedAll(t *testing.T) {
+	t.Helper()
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		n.c.mu.Lock()
+		defer n.c.mu.Unlock()
+		return len(n.c.pending) == 0 && !n.c.sending
+	}, "%s's announcements all sent", n.id)
+}
+
+// TestRemovalsUnderReaders: a writer on w puts rounds of keys and removes
+// each round some rounds later, while readers on r fetch keys of recent
+// rounds (and of some just removed), keeping copies of their hits. Every
+// fetch, announcement and removal races every other. Once all is quiet, no
+// removed key is stored on either daemon, and no home lists a holder of
+// one: a fetched copy announced while its removal was under way was either
+// dropped by the removal or answered "removed", and the writer's own
+// announcement of a put still queued when the put was removed did not
+// index a copy that is no longer there.
+func TestRemovalsUnderReaders(t *testing.T) {
+	f := newQuickNet(t, []string{"w", "r"}, Config{Shards: 64, Timeout: 5 * time.Second, ProbeEvery: time.Hour})
+	w, r := f.node("w"), f.node("r")
+	const keys, live, size, rounds = 4, 8, 4096, 1500
+	key := func(round, i int) string { return fmt.Sprintf("ur/%d/%d", round, i) }
+	var last atomic.Int64
+	last.Store(-1)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var hits, misses atomic.Uint64
+	for g := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l := last.Load()
+				if l < 0 {
+					runtime.Gosched()
+					continue
+				}
+				k := key(int(max(0, l-int64(rng.IntN(live+4)))), rng.IntN(keys))
+				v, err := r.read(k, size)
+				switch {
+				case err == nil && !bytes.Equal(v, value(k, size)):
+					t.Errorf("%s read on r: %d bytes that are not its value", k, len(v))
+				case err == nil:
+					hits.Add(1)
+				default:
+					misses.Add(1)
+				}
+			}
+		}()
+	}
+	var removed []string
+	for round := range rounds {
+		for i := range keys {
+			w.put(t, key(round, i), value(key(round, i), size))
+		}
+		last.Store(int64(round))
+		if old := round - live; old >= 0 {
+			for i := range keys {
+				// A reader's hold pins w's copy while its bytes are read
+				// (FAILED_PRECONDITION): asked again, as a client would.
+				for {
+					code, err := removeOn(t, w, key(old, i))
+					if code == store.OK {
+						break
+					}
+					if code != store.FailedPrecondition && code != store.Busy {
+						t.Fatalf("remove %s on w: %v, %v", key(old, i), code, err)
+					}
+					runtime.Gosched()
+				}
+				removed = append(removed, key(old, i))
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if hits.Load() == 0 {
+		t.Fatalf("r read no key of w's (%d misses): nothing raced", misses.Load())
+	}
+	w.announcedAll(t)
+	r.announcedAll(t)
+	stale := 0
+	for _, k := range removed {
+		for _, n := range []*fakeNode{w, r} {
+			if code := n.here(t, k); code != store.NotFound {
+				t.Errorf("%s, removed, still stored on %s (%v)", k, n.id, code)
+			}
+			home := w.c.Home([]byte(k))
+			if n.id == home {
+				if hs := n.c.idx.get(n.c.shardOf([]byte(k)), []byte(k), nil); len(hs) > 0 {
+					if stale++; stale <= 5 {
+						t.Errorf("%s, removed, has holders %+v at its home %s", k, hs, home)
+					}
+				}
+			}
+		}
+	}
+	if stale > 5 {
+		t.Errorf("%d removed keys with holders at their homes in all", stale)
+	}
+	t.Logf("%d keys removed; r's reads: %d hits, %d misses", len(removed), hits.Load(), misses.Load())
+}
+
+// TestLatestOnlyKeepsEachKeysLastState: of a batch's entries with one key,
+// only the last queued goes (a put followed by its removal is the removal;
+// an eviction followed by a new put is the put), the others in order.
+func TestLatestOnlyKeepsEachKeysLastState(t *testing.T) {
+	e := func(k string, tier uint8) entry { return entry{key: []byte(k), tier: tier} }
+	batch := []entry{e("a", TierL1), e("b", TierL1), e("a", tierGone), e("c", tierGone), e("b", TierL2), e("c", TierL1|tierFetched)}
+	got := latestOnly(batch)
+	var s []string
+	for _, x := range got {
+		s = append(s, fmt.Sprintf("%s:%d", x.key, x.tier))
+	}
+	if want := []string{"a:0", "b:2", "c:129"}; !slices.Equal(s, want) {
+		t.Fatalf("latestOnly: %v, want %v", s, want)
+	}
+	one := []entry{e("a", TierL1), e("b", TierL1)}
+	if got := latestOnly(one); len(got) != 2 {
+		t.Fatalf("a batch without repeats lost entries: %d", len(got))
+	}
+}
+
+// TestNoFetchedCopyPastTheAnnouncementBound: while the announcements
+// waiting to be sent fill Config.MaxPending, a remote get is BUSY and
+// keeps no copy (its announcement could not be queued, and a copy its home
+// does not know of would outlive a removal); once they drain it reads.
+func TestNoFetchedCopyPastTheAnnouncementBound(t *testing.T) {
+	for _, quick := range []bool{false, true} {
+		t.Run(fmt.Sprintf("quick=%v", quick), func(t *testing.T) {
+			cfg := Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour, MaxPending: 4}
+			var f *fakeNet
+			if quick {
+				f = newQuickNet(t, []string{"w", "r"}, cfg)
+			} else {
+				f = newNet(t, []string{"w", "r"}, cfg)
+			}
+			w, r := f.node("w"), f.node("r")
+			const key = "bound/1"
+			v := value(key, 4096)
+			w.put(t, key, v)
+			testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"w"}) }, "w's copy announced")
+			if quick {
+				if _, err := r.read(key, len(v)); err != nil { // fills r's cache of home answers
+					t.Fatal(err)
+				}
+				removeHereOnly(t, r, key)
+				r.announcedAll(t)
+			}
+			r.c.mu.Lock()
+			held := r.c.pending
+			for range cfg.MaxPending {
+				r.c.pending = append(r.c.pending, entry{key: []byte("bound/filler"), tier: TierL1, size: 1})
+			}
+			r.c.mu.Unlock()
+			_, err := r.read(key, len(v))
+			if !errors.Is(err, ErrBusy) {
+				t.Fatalf("remote get with the announcements backlogged: %v, want BUSY", err)
+			}
+			if code := r.here(t, key); code != store.NotFound {
+				t.Fatalf("a copy kept past the bound: %v", code)
+			}
+			r.c.mu.Lock()
+			r.c.pending = held
+			r.c.mu.Unlock()
+			if got, err := r.read(key, len(v)); err != nil || !bytes.Equal(got, v) {
+				t.Fatalf("remote get once drained: %d bytes, %v", len(got), err)
+			}
+		})
+	}
+}
+
+// removeHereOnly removes n's own copy of key, no other (as a home's drop).
+func removeHereOnly(t *testing.T, n *fakeNode, key string) {
+	t.Helper()
+	codes := make([]store.Code, 1)
+	if err := n.st.RemoveHere([][]byte{[]byte(key)}, codes, nil); err != nil || codes[0] != store.OK {
+		t.Fatalf("RemoveHere %s on %s: %v, %v", key, n.id, err, codes[0])
 	}
 }

@@ -94,11 +94,37 @@ func TestIndexLimits(t *testing.T) {
 	if hs := x.get(0, k(0), nil); len(hs) != 1 || hs[0].Epoch != 2 {
 		t.Fatalf("holders %+v", hs)
 	}
-	if got := x.drop(0, k(0)); len(got) != 1 || x.keys.Load() != 1 || x.shardKeys(0) != 0 {
+	if got := x.drop(0, k(0), nil); len(got) != 1 || x.keys.Load() != 1 || x.shardKeys(0) != 0 {
 		t.Fatalf("drop: %+v, %d keys", got, x.keys.Load())
 	}
 	if !x.add(2, k(2), Holder{ID: "a"}) {
 		t.Fatal("a key did not fit once another was dropped")
+	}
+}
+
+// TestIndexCheckAndMarkUnderTheShardLock: an announcement's check
+// (addUnless) and a removal's mark (drop) run with the key's shard locked,
+// so that neither comes between the other's two steps; a copy the check
+// finds removed is not added.
+func TestIndexCheckAndMarkUnderTheShardLock(t *testing.T) {
+	x := newIndex(4, 8, 2)
+	k := []byte("k")
+	locked := func(what string) {
+		if x.shards[1].mu.TryLock() {
+			x.shards[1].mu.Unlock()
+			t.Errorf("%s ran with the shard unlocked", what)
+		}
+	}
+	added, gone := x.addUnless(1, k, Holder{ID: "a"}, func() bool { locked("the check"); return false })
+	if !added || gone {
+		t.Fatalf("addUnless of a copy not removed: added %v, gone %v", added, gone)
+	}
+	if hs := x.drop(1, k, func() { locked("the mark") }); len(hs) != 1 {
+		t.Fatalf("drop: holders %+v, want a", hs)
+	}
+	added, gone = x.addUnless(1, k, Holder{ID: "b"}, func() bool { return true })
+	if added || !gone || x.keys.Load() != 0 || len(x.get(1, k, nil)) != 0 {
+		t.Fatalf("addUnless of a removed copy: added %v, gone %v, %d keys", added, gone, x.keys.Load())
 	}
 }
 
