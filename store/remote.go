@@ -125,6 +125,7 @@ type Held struct {
 	Size uint64
 	CRC  uint32 // crc32c of the value
 	OnL2 bool
+	ID   RecordID // the record (Recheck)
 }
 
 // IndexShards is how many shards the store's own index has (Holdings
@@ -152,9 +153,48 @@ func (s *Store) Holdings(i int, keep func(key []byte) bool, dst []Held) []Held {
 			e.crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
 			e.flags |= fCRC
 		}
-		dst = append(dst, Held{Key: bytes.Clone(sh.keyOf(e)), Size: uint64(e.size), CRC: e.crc, OnL2: e.flags&fL1 == 0})
+		dst = append(dst, Held{Key: bytes.Clone(sh.keyOf(e)), Size: uint64(e.size), CRC: e.crc, OnL2: e.flags&fL1 == 0,
+			ID: ref{uint32(i), idx, e.gen}.id()})
 	}
 	return dst
+}
+
+// Recheck tells the Remote the state now of each value of held (from
+// Holdings) whose record is no longer the one stored here: Stored for a
+// record put since, Evicted when none is (removed, evicted, or being
+// removed or put). A re-announcement walk calls it once its announcement
+// of held has been answered, so that what changed while that was on its
+// way is queued after it, in order, and the key's home ends with the
+// key's state here, not with the walk's older one.
+func (s *Store) Recheck(held []Held) {
+	r := s.rem()
+	if r == nil || !s.enter() {
+		return
+	}
+	defer s.exit()
+	for _, h := range held {
+		sh, ref, found, err := s.lock(h.Key)
+		if err != nil {
+			continue
+		}
+		var e *entry
+		if found {
+			e = sh.ent(ref.idx)
+		}
+		switch {
+		case found && e.state == stReady && ref.id() == h.ID:
+			// Unchanged.
+		case found && e.state == stReady:
+			if e.flags&(fL2|fCRC) == 0 {
+				e.crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
+				e.flags |= fCRC
+			}
+			r.Stored(h.Key, uint64(e.size), e.crc)
+		default:
+			r.Evicted(h.Key)
+		}
+		sh.mu.Unlock()
+	}
 }
 
 // CRC is the crc32c the store uses for values (Castagnoli).

@@ -246,3 +246,52 @@ func TestFetchedThenEvicted(t *testing.T) {
 		t.Fatalf("read of a fetched value evicted before the answer: %v %v len %d", rcodes[0], rerrs[0], lens[0])
 	}
 }
+
+// TestRecheckQueuesWhatChanged: of values a re-announcement walk read
+// (Holdings), Recheck tells the Remote again only those whose record
+// changed since: gone (Evicted) for one removed, the record stored now
+// (Stored, its crc) for one put again; one unchanged is not told again.
+func TestRecheckQueuesWhatChanged(t *testing.T) {
+	e := newEnv(t, 8<<20)
+	s := e.s
+	r := &fakeRemote{s: s, stored: map[string]uint32{}, others: map[string][]byte{}}
+	s.SetRemote(r)
+	ss := s.NewSession()
+	defer ss.Close()
+	put := func(k, v string) {
+		t.Helper()
+		codes := make([]Code, 1)
+		if _, err := ss.Put([][]byte{[]byte(k)}, [][]byte{[]byte(v)}, false, codes, nil, nil, 0); err != nil || codes[0] != OK {
+			t.Fatalf("put %s: %v %v", k, err, codes[0])
+		}
+	}
+	for _, k := range []string{"same", "removed", "again"} {
+		put(k, k+" 1")
+	}
+	var held []Held
+	for i := range s.IndexShards() {
+		held = s.Holdings(i, func([]byte) bool { return true }, held)
+	}
+	if len(held) != 3 {
+		t.Fatalf("holdings: %d values, want 3", len(held))
+	}
+	codes := make([]Code, 1)
+	for _, k := range []string{"removed", "again"} {
+		if _, err := s.Remove([][]byte{[]byte(k)}, codes, nil, nil, 0); err != nil || codes[0] != OK {
+			t.Fatalf("remove %s: %v %v", k, err, codes[0])
+		}
+	}
+	put("again", "again 2")
+	r.mu.Lock()
+	r.evicted, r.stored = nil, map[string]uint32{}
+	r.mu.Unlock()
+	s.Recheck(held)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if fmt.Sprint(r.evicted) != "[removed]" {
+		t.Errorf("told gone: %v, want [removed]", r.evicted)
+	}
+	if len(r.stored) != 1 || r.stored["again"] != CRC([]byte("again 2")) {
+		t.Errorf("told stored: %v, want again with the crc of its new value %#x", r.stored, CRC([]byte("again 2")))
+	}
+}

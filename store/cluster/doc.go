@@ -105,7 +105,10 @@
 // of every record removed there, in the order of its puts (under the
 // store's shard lock), and the announcer sends only each key's last state
 // of a batch: a put's announcement still queued when the put was removed
-// does not index a copy that is gone. A fetch keeps no copy while the
+// does not index a copy that is gone. A re-announcement walk, which reads
+// what is held and sends it later, has the store queue again the state of
+// each key whose record changed meanwhile (store.Recheck), after the
+// walk's own announcement has been answered. A fetch keeps no copy while the
 // announcements waiting are at Config.MaxPending (BUSY): every fetched
 // copy is announced.
 //

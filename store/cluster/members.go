@@ -320,6 +320,9 @@ func (c *Cluster) walk(reqs []func(int, string) bool) bool {
 				es[j] = entry{key: h.Key, tier: tier, size: h.Size, crc: h.CRC}
 			}
 			c.announce(es)
+			// A key removed, evicted or put again since Holdings read
+			// it has its state now queued after this announcement.
+			c.st.Recheck(held[:n])
 			c.c.reannounced.Add(uint64(n))
 			held = held[n:]
 			sent += n
