@@ -91,9 +91,11 @@ func (c *Client) StoreRead(keys [][]byte, dests []Extent, lengths []uint64, resu
 	return c.itemResults(r.Codes, results)
 }
 
-// StoreRemove removes keys; an absent key is a success, a pinned one
-// ErrFailedPrecondition, one another caller is reading or removing at
-// that moment ErrBusy (asked again, it goes).
+// StoreRemove removes keys; an absent key is a success, one a client of
+// this daemon pins ErrFailedPrecondition (another host's read in flight is
+// no such pin: the key goes, and that read keeps its bytes), one another
+// caller is reading or removing at that moment ErrBusy (asked again, it
+// goes).
 func (c *Client) StoreRemove(keys [][]byte, results []error, opts ...CallOption) error {
 	if err := checkKeys(keys, len(results)); err != nil {
 		return err

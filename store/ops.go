@@ -1149,8 +1149,10 @@ func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 }
 
 // Remove removes each key. An absent key is OK (remove is idempotent); a
-// pinned one FAILED_PRECONDITION; one with a caller's I/O in flight (a
-// promotion, a copy out, another Remove) BUSY. A key on L2 is gone once its
+// pinned one FAILED_PRECONDITION, unless only other hosts' reads pin it
+// (RemotePins): then it goes all the same, hidden from every reader at
+// once and freed with the last of those pins; one with a caller's I/O in
+// flight (a promotion, a copy out, another Remove) BUSY. A key on L2 is gone once its
 // block header has been overwritten on the device, so it does not come
 // back after a restart; if that write fails the key stays and its code and
 // error say why. The store's own I/O on a key (a writeback, an eviction
@@ -1213,10 +1215,11 @@ func (s *Store) remove(keys [][]byte, ids []RecordID, codes []Code, errs []error
 			found = false // the record named is gone: this one came after
 		}
 		if found {
-			// A removal from elsewhere hides what is pinned here.
-			hide := !everywhere
 			e := sh.ent(r.idx)
-			if hide && e.pins > 0 {
+			// A removal from elsewhere hides what is pinned here; so
+			// does one here of a key only other hosts' reads pin.
+			hide := !everywhere || s.pinnedForOthersOnly(k, e)
+			if !everywhere && e.pins > 0 {
 				*pinned = append(*pinned, i)
 			}
 			putting := e.state == stReserved || e.state == stPutting

@@ -772,8 +772,10 @@ TC_API int tc_store_read(tc_conn *c, const tc_keys *keys, const tc_extent *dests
                          const tc_call_opts *o);
 
 /* tc_store_remove removes keys; an absent key is TC_OK (remove is
- * idempotent), a pinned one TC_FAILED_PRECONDITION, one another caller
- * is reading or removing at that moment TC_BUSY (asked again, it goes). */
+ * idempotent), one a client of this daemon pins TC_FAILED_PRECONDITION
+ * (another host's read in flight is no such pin: the key goes, and that
+ * read keeps its bytes), one another caller is reading or removing at that
+ * moment TC_BUSY (asked again, it goes). */
 TC_API int tc_store_remove(tc_conn *c, const tc_keys *keys, int *codes, const tc_call_opts *o);
 
 /* tc_store_pin pins every key for this connection, or none: when a key

@@ -576,8 +576,10 @@ class StoreCalls:
 
     def remove(self, keys: Sequence[Key], opts: Optional["CallOptions"] = None) -> List[Status]:
         """Removes keys: one Status per key (OK also for an absent key,
-        FAILED_PRECONDITION for a pinned one, BUSY for one another caller
-        is reading or removing at that moment: asked again, it goes)."""
+        FAILED_PRECONDITION for one a client of this daemon pins, though not
+        for one only another host's read in flight holds: it goes, and that
+        read keeps its bytes; BUSY for one another caller is reading or
+        removing at that moment: asked again, it goes)."""
         return self._socket_batch("remove", lib.tc_store_remove, keys, opts)
 
     def pin(self, keys: Sequence[Key], ttl: Optional[float] = None,

@@ -66,6 +66,7 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 		hs[i] = held{code: uint8(code), offset: locs[i].Offset, size: locs[i].Length}
 		if code == store.OK {
 			c.holdKeys[string(keys[i])]++
+			c.holdPins[string(keys[i])]++
 			counted = append(counted, string(keys[i]))
 			bytes += locs[i].Length
 		}
@@ -84,7 +85,9 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 		// The mode's budget for serving other hosts' reads: past it the
 		// reader is refused (and tries another replica).
 		if err := a.Serve(bytes); err != nil {
-			c.uncount(counted)
+			c.holdMu.Lock()
+			c.unholdLocked(counted)
+			c.holdMu.Unlock()
 			_ = ss.Close()
 			c.c.overBudget.Add(1)
 			return nil, err
@@ -92,7 +95,7 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	}
 	c.holdMu.Lock()
 	if c.closedLocked() {
-		c.uncountLocked(counted)
+		c.unholdLocked(counted)
 		c.holdMu.Unlock()
 		_ = ss.Close()
 		return nil, ErrClosed
@@ -125,7 +128,7 @@ func (c *Cluster) endHold(id uint64, from string, epoch uint64, expired bool) bo
 	mine := ok && h.from == from && h.epoch == epoch
 	if mine {
 		delete(c.holds, id)
-		c.uncountLocked(h.keys)
+		c.unholdLocked(h.keys)
 	}
 	c.holdMu.Unlock()
 	if !mine {
@@ -165,6 +168,27 @@ func (c *Cluster) uncountLocked(keys []string) {
 			delete(c.holdKeys, k)
 		}
 	}
+}
+
+// unholdLocked takes a hold's keys off the per-key counts of readers and
+// of pins (holdMu held); the hold's pins go after it (its session
+// closes).
+func (c *Cluster) unholdLocked(keys []string) {
+	c.uncountLocked(keys)
+	for _, k := range keys {
+		if c.holdPins[k]--; c.holdPins[k] <= 0 {
+			delete(c.holdPins, k)
+		}
+	}
+}
+
+// PinnedForOthers is how many of key's pins here are other daemons'
+// reads (holds) in flight (store.RemotePins). It runs with the key's
+// store shard locked, and only reads a count.
+func (c *Cluster) PinnedForOthers(key []byte) uint32 {
+	c.holdMu.Lock()
+	defer c.holdMu.Unlock()
+	return uint32(c.holdPins[string(key)])
 }
 
 // HoldReaders is how many readers of key hold it here now.

@@ -543,3 +543,61 @@ func removeHereOnly(t *testing.T, n *fakeNode, key string) {
 		t.Fatalf("RemoveHere %s on %s: %v, %v", key, n.id, err, codes[0])
 	}
 }
+
+// TestRemoveOnAHolderOtherHostsRead: a key removed on its holder h while
+// another daemon's read holds h's copy is removed (OK), not refused as
+// pinned: a read of another host is no caller's pin. The read still gets
+// the exact bytes it was given (or a miss), and afterwards no daemon has
+// the key. A pin of one of h's own clients still refuses the removal
+// (FAILED_PRECONDITION), the other host's read there or not.
+func TestRemoveOnAHolderOtherHostsRead(t *testing.T) {
+	f := newNet(t, []string{"h", "r"}, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour})
+	h, r := f.node("h"), f.node("r")
+	for _, clientPin := range []bool{false, true} {
+		key := fmt.Sprintf("held/%v", clientPin)
+		v := value(key, 8192)
+		h.put(t, key, v)
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) }, "h's copy announced")
+		ss := h.st.NewSession()
+		if clientPin {
+			codes := make([]store.Code, 1)
+			if _, err := ss.Get([][]byte{[]byte(key)}, make([]store.Location, 1), codes, nil, nil, 0); err != nil || codes[0] != store.OK {
+				t.Fatalf("pin on h: %v %v", err, codes[0])
+			}
+		}
+		f.holdReads()
+		got := make(chan error, 1)
+		go func() {
+			b, err := r.read(key, len(v))
+			if err == nil && !bytes.Equal(b, v) {
+				err = fmt.Errorf("%d bytes that are not the value", len(b))
+			}
+			got <- err
+		}()
+		testutil.Eventually(t, 10*time.Second, func() bool { return f.inflightNow() == 1 && h.c.Holds() == 1 }, "r's read held at h")
+		code, err := removeOn(t, h, key)
+		if clientPin && code != store.FailedPrecondition {
+			t.Fatalf("remove on h of a key h's client pins: %v, %v; want FAILED_PRECONDITION", code, err)
+		}
+		if !clientPin && code != store.OK {
+			t.Fatalf("remove on h of a key only r's read holds: %v, %v; want OK", code, err)
+		}
+		f.releaseReads()
+		if err := <-got; err != nil && !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("r's read, racing the removal: %v; want the bytes or a miss", err)
+		}
+		if err := ss.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if clientPin {
+			continue
+		}
+		for _, n := range []*fakeNode{h, r} {
+			testutil.Eventually(t, 10*time.Second, func() bool { _, err := n.read(key, len(v)); return err != nil },
+				"%s no longer reading the removed key", n.id)
+		}
+		if st := h.st.Stats(); st.Hidden != 0 || st.Pins != 0 {
+			t.Errorf("h after the read: %d hidden, %d pins; want none", st.Hidden, st.Pins)
+		}
+	}
+}
