@@ -68,6 +68,25 @@ func TestRemoveNotOKWhenHomeUnreachable(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, func() bool { _, err := b.read(key, len(v)); return err != nil }, "b's copy removed")
 }
 
+// readHeldAt starts r's read of key (value v) from holder h and returns
+// once h holds it for r and its bytes wait (f.holdReads; the caller
+// releases them). The channel gets the read's end: nil for the exact
+// bytes.
+func readHeldAt(t *testing.T, f *fakeNet, r, h *fakeNode, key string, v []byte) <-chan error {
+	t.Helper()
+	f.holdReads()
+	got := make(chan error, 1)
+	go func() {
+		b, err := r.read(key, len(v))
+		if err == nil && !bytes.Equal(b, v) {
+			err = fmt.Errorf("%d bytes that are not the value", len(b))
+		}
+		got <- err
+	}()
+	testutil.Eventually(t, 10*time.Second, func() bool { return f.inflightNow() == 1 && h.c.Holds() == 1 }, "%s's read held at %s", r.id, h.id)
+	return got
+}
+
 // TestFetchRacingRemove: a reader r fetches a key from its holder h; while
 // the bytes are on their way (r holds h's copy), another daemon removes
 // the key. The removal is answered OK; h's copy, pinned by r's read, goes
@@ -83,16 +102,7 @@ func TestFetchRacingRemove(t *testing.T) {
 	h.put(t, key, v)
 	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) }, "h's copy announced")
 
-	f.holdReads()
-	got := make(chan error, 1)
-	go func() {
-		b, err := r.read(key, len(v))
-		if err == nil && !bytes.Equal(b, v) {
-			err = fmt.Errorf("%d bytes that are not the value", len(b))
-		}
-		got <- err
-	}()
-	testutil.Eventually(t, 10*time.Second, func() bool { return f.inflightNow() == 1 && h.c.Holds() == 1 }, "r's read held at h")
+	got := readHeldAt(t, f, r, h, key, v)
 	if code, err := removeOn(t, x, key); code != store.OK {
 		t.Fatalf("remove on x: %v, %v", code, err)
 	}
@@ -565,16 +575,7 @@ func TestRemoveOnAHolderOtherHostsRead(t *testing.T) {
 				t.Fatalf("pin on h: %v %v", err, codes[0])
 			}
 		}
-		f.holdReads()
-		got := make(chan error, 1)
-		go func() {
-			b, err := r.read(key, len(v))
-			if err == nil && !bytes.Equal(b, v) {
-				err = fmt.Errorf("%d bytes that are not the value", len(b))
-			}
-			got <- err
-		}()
-		testutil.Eventually(t, 10*time.Second, func() bool { return f.inflightNow() == 1 && h.c.Holds() == 1 }, "r's read held at h")
+		got := readHeldAt(t, f, r, h, key, v)
 		code, err := removeOn(t, h, key)
 		if clientPin && code != store.FailedPrecondition {
 			t.Fatalf("remove on h of a key h's client pins: %v, %v; want FAILED_PRECONDITION", code, err)
