@@ -84,7 +84,13 @@
 // the home gives a copy of each to the two members next in the shard's
 // rendezvous order before it answers (keepTombs), which hand them to
 // whoever is home later and ask the holder to drop the copy when it is
-// back, so the removal holds when its home dies too. A copy a client or
+// back, so the removal holds when its home dies too. A daemon that is a
+// key's home only because the key's own home is away (its view lacks
+// members) knows only the copies announced to it since: removing the key
+// it also tombstones each member away, with the value's size and crc32c
+// when it knows a copy, else for whatever value of the key the member has
+// then (tombAway), so a copy there goes when the member is back instead
+// of being served again. A copy a client or
 // a reader's hold pins on its holder goes all the same: the holder's
 // store hides it from every reader at once, its own clients included
 // (store.RemoveHere: no get, exists, lookup_prefix or pin finds it, it is

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -344,19 +345,30 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 	drops := map[dest][][]byte{}
 	copies := map[dest][]Holder{}
 	now := time.Now()
+	away := c.away()
+	var awayTombs []tomb
 	for i, k := range keys {
 		s := c.shardOf(k)
 		if c.homeFor(v, s) != c.self {
 			notHome = append(notHome, i)
 			continue
 		}
-		for _, h := range c.idx.drop(s, k, func() { c.tombs.removedNow(k, now) }) {
+		hs := c.idx.drop(s, k, func() { c.tombs.removedNow(k, now) })
+		for _, h := range hs {
 			if h.ID != from {
 				d := dest{h.ID, h.Epoch}
 				drops[d] = append(drops[d], k)
 				copies[d] = append(copies[d], h)
 			}
 		}
+		if homeAway(v, s, away) {
+			awayTombs = c.tombAway(awayTombs, k, hs, away, now)
+		}
+	}
+	if len(awayTombs) > 0 {
+		c.log.Info("keys removed while members are away: their copies there are dropped when they are back",
+			"away", away, "tombstones", len(awayTombs))
+		c.keepTombs(v, awayTombs, time.Now().Add(c.cfg.Timeout/4))
 	}
 	c.c.removes.Add(uint64(len(keys)))
 	var wg sync.WaitGroup
@@ -397,6 +409,46 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 	}
 	wg.Wait()
 	return notHome
+}
+
+// homeAway reports whether shard s's home among every member known, those
+// away included, is one of away: this daemon (v's home of s) stands in
+// for it, and its index knows only what was announced here since.
+func homeAway(v *view, s int, away []string) bool {
+	best := func(ids []string) (top uint64) {
+		for _, id := range ids {
+			top = max(top, score(fnv1a(fnvOffset, []byte(id)), s))
+		}
+		return top
+	}
+	return len(away) > 0 && best(away) > best(v.members)
+}
+
+// tombAway appends to ts a tombstone of key for each member away (not
+// up) that its index did not name as a holder (hs, those it had: they are
+// asked to drop their copies, and tombstoned if they do not answer). It is
+// for a key whose home is away (homeAway): a copy the members away hold is
+// unknown here, and without a tombstone it would come back with them
+// (their home's stale index naming it, their re-announcement indexed). The tombstone carries the size and crc32c of
+// the value removed, as hs has them; with no holder known (this home's
+// index still being rebuilt, or the remover's own copy forgotten already)
+// it carries none and covers whatever value of key the member has then
+// (tomb.covers): a put of the key there while they were apart goes too,
+// the removal ordered after it.
+func (c *Cluster) tombAway(ts []tomb, key []byte, hs []Holder, away []string, now time.Time) []tomb {
+	if len(away) == 0 {
+		return ts
+	}
+	var known Holder
+	if len(hs) > 0 {
+		known = hs[0]
+	}
+	for _, m := range away {
+		if !slices.ContainsFunc(hs, func(h Holder) bool { return h.ID == m }) {
+			ts = append(ts, c.tombs.add(key, Holder{ID: m, Size: known.Size, CRC: known.CRC}, now))
+		}
+	}
+	return ts
 }
 
 func (c *Cluster) onRemove(from string, epoch uint64, req []byte) ([]byte, error) {

@@ -113,6 +113,21 @@ func (c *Cluster) live() []string {
 	return ids
 }
 
+// away is the members this daemon knows that are not up (down, or
+// cut off from it), sorted.
+func (c *Cluster) away() []string {
+	c.mmu.Lock()
+	defer c.mmu.Unlock()
+	var ids []string
+	for id, m := range c.members {
+		if !m.up {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
 // recompute makes the view of the members up current, and starts the
 // moves it implies.
 func (c *Cluster) recompute() {

@@ -602,3 +602,50 @@ func TestRemoveOnAHolderOtherHostsRead(t *testing.T) {
 		}
 	}
 }
+
+// TestRemovedWhileApartStaysRemoved: r fetched keys of w's (one homed at
+// w, one at r) and holds copies; w and r are cut apart, each becomes home
+// of every shard in its own view, and w removes both keys (OK). w never
+// heard of r's copy of the key homed at r, yet once they are together
+// again and r's copy is dropped, neither daemon reads either key: w's
+// removal left a tombstone for each member away, which drops r's copy
+// when r is back. (A read that reaches r's copy after they meet and before
+// the drop still finds it: the window the soak excuses near a cut.)
+func TestRemovedWhileApartStaysRemoved(t *testing.T) {
+	f := newNet(t, []string{"w", "r"}, Config{Shards: 16, Timeout: time.Second, ProbeEvery: time.Hour})
+	w, r := f.node("w"), f.node("r")
+	var keys []string
+	for _, home := range []string{"w", "r"} {
+		k := keyHomedOn(f, w, "apart/"+home, home)
+		keys = append(keys, k)
+		w.put(t, k, value(k, 4096))
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"w"}) }, "w's copy of %s announced", k)
+		if _, err := r.read(k, 4096); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"r", "w"}) }, "r's copy of %s announced", k)
+	}
+	probe := func() { w.c.probe(); r.c.probe() }
+	f.partition("w", "r", true)
+	testutil.Eventually(t, 10*time.Second, func() bool { probe(); return len(w.c.Members()) == 1 && len(r.c.Members()) == 1 }, "w and r apart")
+	for _, k := range keys {
+		if code, err := removeOn(t, w, k); code != store.OK {
+			t.Fatalf("remove %s on w while apart: %v, %v", k, code, err)
+		}
+	}
+	if c := r.here(t, keys[1]); c != store.OK {
+		t.Fatalf("r's copy of %s while apart: %v (the case this test is for did not happen)", keys[1], c)
+	}
+	f.partition("w", "r", false)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		probe()
+		return len(w.c.Members()) == 2 && len(r.c.Members()) == 2 && r.here(t, keys[1]) == store.NotFound
+	}, "together again, and r's copy of %s dropped (on r: %v)", keys[1], testutil.Lazy(func() store.Code { return r.here(t, keys[1]) }))
+	for _, k := range keys {
+		for _, n := range []*fakeNode{w, r} {
+			if b, err := n.read(k, 4096); err == nil {
+				t.Errorf("%s read on %s (%d bytes) after its removal, once w and r are together again", k, n.id, len(b))
+			}
+		}
+	}
+}

@@ -57,6 +57,14 @@ type tomb struct {
 	handedTo string
 }
 
+// covers reports whether tb names a copy of size bytes of crc: the value
+// removed, or any value when tb does not know it (size and crc 0: a
+// removal while the holder was away, whose home knew no copy to take them
+// from; tombAway).
+func (tb *tomb) covers(size uint64, crc uint32) bool {
+	return tb.size == 0 && tb.crc == 0 || tb.size == size && tb.crc == crc
+}
+
 // tombKeepers is how many members keep a copy of each tombstone a home
 // makes (keepTombs).
 const tombKeepers = 2
@@ -234,7 +242,7 @@ func (t *tombs) removed(key []byte, holder string, size uint64, crc uint32, now 
 	}
 	settled := !tb.until.IsZero()
 	t.dropLocked(tb)
-	if tb.size != size || tb.crc != crc {
+	if !tb.covers(size, crc) {
 		return false // another value, put after the removal
 	}
 	if !settled { // a settled one was counted when its holder dropped the copy
@@ -525,9 +533,12 @@ func (c *Cluster) onTombs(from string, epoch uint64, req []byte) ([]byte, error)
 	var mine [][]byte
 	for _, tb := range ts {
 		c.tombs.adopt(tb, now)
+		// A copy fetched from the removed one (its holder back and not
+		// yet told) and announced here soon is answered "removed" too.
+		c.tombs.removedNow([]byte(tb.key), now)
 		s := c.shardOf([]byte(tb.key))
 		for _, h := range c.idx.get(s, []byte(tb.key), nil) {
-			if h.ID == tb.holder && h.Size == tb.size && h.CRC == tb.crc {
+			if h.ID == tb.holder && tb.covers(h.Size, h.CRC) {
 				c.idx.dropHolder(s, []byte(tb.key), h.ID, 0)
 				if h.ID == c.self {
 					// This daemon's own copy, removed while it was away
