@@ -175,6 +175,22 @@ func (s *Store) Holdings(i int, keep func(key []byte) bool, dst []Held) []Held {
 	return dst
 }
 
+// HeldHere reports whether key is stored here now (visible; its value in
+// either tier). It asks no other host and pins nothing.
+func (s *Store) HeldHere(key []byte) bool {
+	if !s.enter() {
+		return false
+	}
+	defer s.exit()
+	sh, r, found, err := s.lock(key)
+	if err != nil {
+		return false
+	}
+	held := found && sh.ent(r.idx).state == stReady
+	sh.mu.Unlock()
+	return held
+}
+
 // Recheck tells the Remote the state now of each value of held (from
 // Holdings) whose record is no longer the one stored here: Stored for a
 // record put since, Evicted when none is (removed, evicted, or being

@@ -282,6 +282,11 @@ func TestRecheckQueuesWhatChanged(t *testing.T) {
 		}
 	}
 	put("again", "again 2")
+	for k, want := range map[string]bool{"same": true, "removed": false, "again": true, "never": false} {
+		if got := s.HeldHere([]byte(k)); got != want {
+			t.Errorf("HeldHere(%s) = %v, want %v", k, got, want)
+		}
+	}
 	r.mu.Lock()
 	r.evicted, r.stored = nil, map[string]uint32{}
 	r.mu.Unlock()

@@ -90,7 +90,10 @@
 // it also tombstones each member away, with the value's size and crc32c
 // when it knows a copy, else for whatever value of the key the member has
 // then (tombAway), so a copy there goes when the member is back instead
-// of being served again. A copy a client or
+// of being served again; and once such a tombstone is handed on or spent,
+// the daemon tells the key's home it holds no copy either unless it does
+// (goneHere), since that home's index, stale from before, may name it. A
+// copy a client or
 // a reader's hold pins on its holder goes all the same: the holder's
 // store hides it from every reader at once, its own clients included
 // (store.RemoveHere: no get, exists, lookup_prefix or pin finds it, it is

@@ -607,9 +607,10 @@ func TestRemoveOnAHolderOtherHostsRead(t *testing.T) {
 // w, one at r) and holds copies; w and r are cut apart, each becomes home
 // of every shard in its own view, and w removes both keys (OK). w never
 // heard of r's copy of the key homed at r, yet once they are together
-// again and r's copy is dropped, neither daemon reads either key: w's
-// removal left a tombstone for each member away, which drops r's copy
-// when r is back. (A read that reaches r's copy after they meet and before
+// again and r's copy is dropped, neither daemon reads either key, and the
+// key's home names no holder: w's removal left a tombstone for each member
+// away, which drops r's copy when r is back, and w tells the home, once
+// the tombstone is handed or spent, that it holds the key no more. (A read that reaches r's copy after they meet and before
 // the drop still finds it: the window the soak excuses near a cut.)
 func TestRemovedWhileApartStaysRemoved(t *testing.T) {
 	f := newNet(t, []string{"w", "r"}, Config{Shards: 16, Timeout: time.Second, ProbeEvery: time.Hour})
@@ -647,5 +648,10 @@ func TestRemovedWhileApartStaysRemoved(t *testing.T) {
 				t.Errorf("%s read on %s (%d bytes) after its removal, once w and r are together again", k, n.id, len(b))
 			}
 		}
+		// Nor does its home name a holder (Exists and LookupPrefix would
+		// count the key): not r, whose copy went, nor w, which removed its
+		// own while r's index still named it.
+		testutil.Eventually(t, 10*time.Second, func() bool { _, hs, err := r.c.Locate([]byte(k)); return err == nil && len(hs) == 0 },
+			"%s's home naming no holder (it names %v)", k, testutil.Lazy(func() []string { return f.holders(k) }))
 	}
 }

@@ -389,12 +389,27 @@ func (c *Cluster) retryDrops(id string) {
 					done++ // not spent meanwhile by a "removed" answer
 				}
 			}
+			c.goneHere(part)
 		}
 		if done > 0 {
 			c.c.tombRetried.Add(uint64(done))
 			c.log.Info("copies removed while their holder was away dropped now", "holder", id, "keys", done)
 		}
 	}()
+}
+
+// goneHere tells the homes of keys, removed while a holder was away, that
+// this daemon holds none of them it does not hold now: it may have been a
+// holder of one when the key's home (away then, back now) last heard, and
+// that home would name it still. Queued like an eviction, after anything
+// this daemon announced before; a key held here (put again) is left to
+// its own announcement.
+func (c *Cluster) goneHere(keys [][]byte) {
+	for _, k := range keys {
+		if !c.st.HeldHere(k) {
+			c.Evicted(k)
+		}
+	}
 }
 
 // handTombs hands the tombstones of the shards this daemon is no longer
@@ -426,9 +441,12 @@ func (c *Cluster) handTombs(newHome func(s int) (string, bool)) {
 						"home", home, "tombstones", len(part), "err", err)
 					continue
 				}
-				for _, tb := range part {
+				keys := make([][]byte, len(part))
+				for i, tb := range part {
 					c.tombs.handed(tb, home)
+					keys[i] = []byte(tb.key)
 				}
+				c.goneHere(keys)
 				handed += len(part)
 			}
 			if handed > 0 {
