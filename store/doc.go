@@ -30,10 +30,10 @@
 //	Store.Remove      idempotent; on L2 it is gone once its header is zeroed;
 //	                  a pinned key is refused (FAILED_PRECONDITION), but
 //	                  one only other hosts' reads pin (RemotePins) goes as
-//	                  with RemoveHere; one
-//	                  another caller is reading (from L2, or copying out)
-//	                  or removing at that moment is BUSY: asked again, it
-//	                  goes (the store's own I/O on a key is joined instead)
+//	                  with RemoveHere; one another caller is reading (from
+//	                  L2, or copying out) or removing at that moment is
+//	                  BUSY: asked again, it goes (the store's own I/O on a
+//	                  key is joined instead)
 //	RemoveHere        a removal another host asked for: a pinned key goes
 //	                  too, hidden from every reader at once and freed with
 //	                  its last pin (hide.go); RemoveRecordsHere names the

@@ -1152,9 +1152,9 @@ func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 // pinned one FAILED_PRECONDITION, unless only other hosts' reads pin it
 // (RemotePins): then it goes all the same, hidden from every reader at
 // once and freed with the last of those pins; one with a caller's I/O in
-// flight (a promotion, a copy out, another Remove) BUSY. A key on L2 is gone once its
-// block header has been overwritten on the device, so it does not come
-// back after a restart; if that write fails the key stays and its code and
+// flight (a promotion, a copy out, another Remove) BUSY. A key on L2 is
+// gone once its block header has been overwritten on the device, so it
+// does not come back after a restart; if that write fails the key stays and its code and
 // error say why. The store's own I/O on a key (a writeback, an eviction
 // from L2) is no caller's business: the key is invisible at once, and its
 // Remove ends when that I/O has (a header the writeback wrote overwritten

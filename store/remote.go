@@ -118,16 +118,12 @@ func (s *Store) announce(sh *shard, idx uint32, crc uint32, haveCRC bool) {
 
 // evicted tells the Remote that entry idx of sh is evicted; sh.mu is
 // held.
-func (s *Store) evicted(sh *shard, idx uint32) {
-	if r := s.rem(); r != nil {
-		r.Evicted(sh.keyOf(sh.ent(idx)))
-	}
-}
+func (s *Store) evicted(sh *shard, idx uint32) { s.removedHere(sh.keyOf(sh.ent(idx))) }
 
-// removedHere tells the Remote that key's record here was removed (a
-// Remove or RemoveHere took it); the shard's lock is held. A removal is
-// news to the key's home like an eviction: the home forgets this holder
-// of it once what was announced before has arrived.
+// removedHere tells the Remote that key's record here is gone: removed (a
+// Remove or RemoveHere took it) or evicted; the shard's lock is held. A
+// removal is news to the key's home like an eviction: the home forgets
+// this holder of it once what was announced before has arrived.
 func (s *Store) removedHere(key []byte) {
 	if r := s.rem(); r != nil {
 		r.Evicted(key)
@@ -165,14 +161,20 @@ func (s *Store) Holdings(i int, keep func(key []byte) bool, dst []Held) []Held {
 		if e.state != stReady || !keep(sh.keyOf(e)) {
 			continue
 		}
-		if e.flags&(fL2|fCRC) == 0 {
-			e.crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
-			e.flags |= fCRC
-		}
-		dst = append(dst, Held{Key: bytes.Clone(sh.keyOf(e)), Size: uint64(e.size), CRC: e.crc, OnL2: e.flags&fL1 == 0,
+		dst = append(dst, Held{Key: bytes.Clone(sh.keyOf(e)), Size: uint64(e.size), CRC: s.knownCRC(e), OnL2: e.flags&fL1 == 0,
 			ID: ref{uint32(i), idx, e.gen}.id()})
 	}
 	return dst
+}
+
+// knownCRC is stored entry e's crc32c, taken from its L1 block (and kept)
+// when not known yet (an entry on L2 has it); sh.mu is held.
+func (s *Store) knownCRC(e *entry) uint32 {
+	if e.flags&(fL2|fCRC) == 0 {
+		e.crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
+		e.flags |= fCRC
+	}
+	return e.crc
 }
 
 // HeldHere reports whether key is stored here now (visible; its value in
@@ -182,13 +184,12 @@ func (s *Store) HeldHere(key []byte) bool {
 		return false
 	}
 	defer s.exit()
-	sh, r, found, err := s.lock(key)
-	if err != nil {
+	sh, _, code, _ := s.lookup(key)
+	if code != OK {
 		return false
 	}
-	held := found && sh.ent(r.idx).state == stReady
 	sh.mu.Unlock()
-	return held
+	return true
 }
 
 // Recheck tells the Remote the state now of each value of held (from
@@ -217,11 +218,7 @@ func (s *Store) Recheck(held []Held) {
 		case found && e.state == stReady && ref.id() == h.ID:
 			// Unchanged.
 		case found && e.state == stReady:
-			if e.flags&(fL2|fCRC) == 0 {
-				e.crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
-				e.flags |= fCRC
-			}
-			r.Stored(h.Key, uint64(e.size), e.crc)
+			r.Stored(h.Key, uint64(e.size), s.knownCRC(e))
 		default:
 			r.Evicted(h.Key)
 		}

@@ -429,16 +429,13 @@ func homeAway(v *view, s int, away []string) bool {
 // asked to drop their copies, and tombstoned if they do not answer). It is
 // for a key whose home is away (homeAway): a copy the members away hold is
 // unknown here, and without a tombstone it would come back with them
-// (their home's stale index naming it, their re-announcement indexed). The tombstone carries the size and crc32c of
-// the value removed, as hs has them; with no holder known (this home's
-// index still being rebuilt, or the remover's own copy forgotten already)
-// it carries none and covers whatever value of key the member has then
-// (tomb.covers): a put of the key there while they were apart goes too,
-// the removal ordered after it.
+// (their home's stale index naming it, their re-announcement indexed).
+// The tombstone carries the size and crc32c of the value removed, as hs
+// has them; with no holder known (this home's index still being rebuilt,
+// or the remover's own copy forgotten already) it carries none and covers
+// whatever value of key the member has then (tomb.covers): a put of the
+// key there while they were apart goes too, the removal ordered after it.
 func (c *Cluster) tombAway(ts []tomb, key []byte, hs []Holder, away []string, now time.Time) []tomb {
-	if len(away) == 0 {
-		return ts
-	}
 	var known Holder
 	if len(hs) > 0 {
 		known = hs[0]

@@ -191,8 +191,8 @@ func (c *Cluster) quickFetch(keys [][]byte, finish func(int, error), end func())
 			hs[j], total = h, total+h.Size
 		}
 	}
-	if total == 0 || total > quickCallBytes {
-		return false
+	if total == 0 || total > quickCallBytes || c.backlogged() {
+		return false // backlogged: the two-step way says why
 	}
 	q := &quickCall{c: c, keys: keys, finish: finish, end: end, deadline: now.Add(c.cfg.Timeout)}
 	q.left.Store(1) // this loop's own count, until it has started them all
@@ -301,9 +301,6 @@ const (
 // started, nothing was sent and nothing is reserved.
 func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder) int {
 	c := q.c
-	if c.backlogged() {
-		return notStarted // the two-step way says why
-	}
 	ss := c.st.NewSession()
 	_ = ss.SetReplicas(1) // 1 is in range
 	keys := [][]byte{key}

@@ -610,8 +610,9 @@ func TestRemoveOnAHolderOtherHostsRead(t *testing.T) {
 // again and r's copy is dropped, neither daemon reads either key, and the
 // key's home names no holder: w's removal left a tombstone for each member
 // away, which drops r's copy when r is back, and w tells the home, once
-// the tombstone is handed or spent, that it holds the key no more. (A read that reaches r's copy after they meet and before
-// the drop still finds it: the window the soak excuses near a cut.)
+// the tombstone is handed or spent, that it holds the key no more. (A read
+// that reaches r's copy after they meet and before the drop still finds
+// it: the window the soak excuses near a cut.)
 func TestRemovedWhileApartStaysRemoved(t *testing.T) {
 	f := newNet(t, []string{"w", "r"}, Config{Shards: 16, Timeout: time.Second, ProbeEvery: time.Hour})
 	w, r := f.node("w"), f.node("r")
