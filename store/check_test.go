@@ -115,6 +115,11 @@ func (s *Store) check(t testing.TB) {
 				fail("%q in state %d with nothing in flight", sh.keyOf(e), e.state)
 			}
 		}
+		for idx, n := range sh.others {
+			if e := sh.ent(idx); n == 0 || e.state == stFree || n > e.pins {
+				fail("shard %d: entry %d counts %d pins for others of its %d (state %d)", si, idx, n, e.pins, e.state)
+			}
+		}
 		if flagged[0] != sh.lru.n || flagged[1] != sh.l2lru.n || flagged[2] != sh.dirty.n {
 			fail("shard %d: list flags %v, lists %d %d %d", si, flagged, sh.lru.n, sh.l2lru.n, sh.dirty.n)
 		}

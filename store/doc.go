@@ -29,7 +29,7 @@
 //	Pin, Unpin        counted pins, optionally timed (leases); all or nothing
 //	Store.Remove      idempotent; on L2 it is gone once its header is zeroed;
 //	                  a pinned key is refused (FAILED_PRECONDITION), but
-//	                  one only other hosts' reads pin (RemotePins) goes as
+//	                  one only other hosts' reads pin (NewSessionForOthers) goes as
 //	                  with RemoveHere; one another caller is reading (from
 //	                  L2, or copying out) or removing at that moment is
 //	                  BUSY: asked again, it goes (the store's own I/O on a

@@ -291,3 +291,81 @@ func TestRemovedElsewhereWhilePinnedWriteback(t *testing.T) {
 		})
 	}
 }
+
+// TestRemoveThroughPinsForOthers: a Remove here of a key that only
+// sessions for other hosts' reads pin (a holder's holds) hides it at once,
+// answering OK, whichever way those pins came (a promotion from L2, a hit
+// in the pool, Pin); one a session of this host's clients pins too is
+// refused (FAILED_PRECONDITION), before and after the others' pins go.
+// The hidden blocks keep their bytes for the pins and go with the last.
+func TestRemoveThroughPinsForOthers(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	mine := e.s.NewSession()
+	defer mine.Close()
+	others := e.s.NewSessionForOthers()
+	defer others.Close()
+	keys := keysN("others", 4)
+	vals := valuesFor(keys, 6000)
+	mustCodes(t, "put", e.put(mine, keys, vals, true), OK, OK, OK, OK)
+	if err := e.s.Flush(flushWait); err != nil {
+		t.Fatal(err)
+	}
+	e.dropL1()
+	codes := make([]Code, 1)
+	// keys[0]: pinned for others by a get that promotes it from L2.
+	locs, cs, _ := e.get(others, keys[:1])
+	mustCodes(t, "others' get of an L2-only key", cs, OK)
+	// keys[1]: in the pool, unpinned, then pinned for others by a hit.
+	_, cs, _ = e.get(mine, keys[1:2])
+	mustCodes(t, "client's get", cs, OK)
+	if err := mine.Unpin(keys[1:2], codes); err != nil {
+		t.Fatal(err)
+	}
+	_, cs, _ = e.get(others, keys[1:2])
+	mustCodes(t, "others' get of a key in the pool", cs, OK)
+	// keys[2]: Pin for others; keys[3]: pinned by both.
+	if err := others.Pin(keys[2:3], 0, codes); err != nil {
+		t.Fatal(err)
+	}
+	for _, ss := range []*Session{others, mine} {
+		_, cs, _ = e.get(ss, keys[3:4])
+		mustCodes(t, "get of the key both pin", cs, OK)
+	}
+	e.s.check(t)
+	remove := func(keys [][]byte) []Code {
+		t.Helper()
+		codes := make([]Code, len(keys))
+		if _, err := e.s.Remove(keys, codes, nil, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		return codes
+	}
+	mustCodes(t, "remove here", remove(keys), OK, OK, OK, FailedPrecondition)
+	for _, k := range keys[:3] {
+		e.gone(mine, k)
+	}
+	if st := e.s.Stats(); st.Hidden != 3 {
+		t.Fatalf("%d hidden after the removal, want the 3 only others pin", st.Hidden)
+	}
+	if got := e.pool.Bytes()[locs[0].Offset : locs[0].Offset+locs[0].Length]; !bytes.Equal(got, vals[0]) {
+		t.Fatal("a hidden block's bytes changed while pinned for others")
+	}
+	if err := others.Unpin(keys[2:3], codes); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.s.Stats(); st.Hidden != 2 {
+		t.Fatalf("%d hidden after others unpinned one, want 2", st.Hidden)
+	}
+	if err := others.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.s.Stats(); st.Hidden != 0 || st.Pins != 1 {
+		t.Fatalf("after others closed: %d hidden, %d pins; want 0, the client's 1", st.Hidden, st.Pins)
+	}
+	mustCodes(t, "remove of the key the client pins", remove(keys[3:]), FailedPrecondition)
+	if err := mine.Unpin(keys[3:], codes); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "remove once the client unpinned it", remove(keys[3:]), OK)
+	e.s.check(t)
+}

@@ -114,6 +114,11 @@ type shard struct {
 	// Unpin of a key looks here first while there are any.
 	hidden []uint32
 
+	// others counts, by entry index, the pins of sessions for other
+	// hosts' reads (NewSessionForOthers) among the entry's pins; made at
+	// the first.
+	others map[uint32]uint32
+
 	_ [64]byte // keep neighbouring shards' mutexes off one cache line
 }
 

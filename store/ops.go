@@ -136,6 +136,9 @@ func (s *Store) lookup(k []byte) (*shard, ref, Code, error) {
 func (ss *Session) pinLocked(sh *shard, r ref) {
 	e := sh.ent(r.idx)
 	e.pins++
+	if ss.others {
+		sh.othersPinned(r.idx, 1)
+	}
 	sh.lruDel(r.idx)
 	sh.mu.Unlock()
 	ss.s.c.pins.Add(1)
@@ -301,6 +304,9 @@ func (ss *Session) Pin(keys [][]byte, ttl time.Duration, codes []Code) error {
 			// is known to apply, so an undo leaves its position as it was.
 			// Eviction never takes a pinned entry.
 			e.pins++
+			if ss.others {
+				sh.othersPinned(r.idx, 1)
+			}
 		}
 		sh.mu.Unlock()
 		ss.holds[r] = hd
@@ -310,7 +316,7 @@ func (ss *Session) Pin(keys [][]byte, ttl time.Duration, codes []Code) error {
 	if first != nil {
 		for j := range plan {
 			if p := &plan[j]; p.entry {
-				s.untakePin(p.r)
+				s.untakePin(p.r, ss.others)
 			}
 		}
 		ss.undoHolds(plan)
@@ -426,7 +432,7 @@ func (ss *Session) Unpin(keys [][]byte, codes []Code) error {
 		return first
 	}
 	for j := range plan {
-		s.unpinEntry(plan[j].r, 1)
+		s.unpinEntry(plan[j].r, 1, ss.others)
 	}
 	return nil
 }
@@ -436,12 +442,15 @@ func (ss *Session) Unpin(keys [][]byte, codes []Code) error {
 // pinned and unpinned it in between (its pin took the entry off, and its
 // unpin, seeing the tentative pin, did not put it back): then the entry is
 // put back as an unpin would, or freed if it was hidden meanwhile.
-func (s *Store) untakePin(r ref) {
+func (s *Store) untakePin(r ref, others bool) {
 	sh := &s.shards[r.sh]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.ent(r.idx)
 	e.pins--
+	if others {
+		sh.othersPinned(r.idx, -1)
+	}
 	if e.pins == 0 && e.flags&fInLRU == 0 {
 		s.lastPinGone(sh, r.idx)
 	}
@@ -1150,7 +1159,7 @@ func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 
 // Remove removes each key. An absent key is OK (remove is idempotent); a
 // pinned one FAILED_PRECONDITION, unless only other hosts' reads pin it
-// (RemotePins): then it goes all the same, hidden from every reader at
+// (NewSessionForOthers): then it goes all the same, hidden from every reader at
 // once and freed with the last of those pins; one with a caller's I/O in
 // flight (a promotion, a copy out, another Remove) BUSY. A key on L2 is
 // gone once its block header has been overwritten on the device, so it
@@ -1218,7 +1227,7 @@ func (s *Store) remove(keys [][]byte, ids []RecordID, codes []Code, errs []error
 			e := sh.ent(r.idx)
 			// A removal from elsewhere hides what is pinned here; so
 			// does one here of a key only other hosts' reads pin.
-			hide := !everywhere || s.pinnedForOthersOnly(k, e)
+			hide := !everywhere || sh.pinnedForOthersOnly(r.idx, e)
 			if !everywhere && e.pins > 0 {
 				*pinned = append(*pinned, i)
 			}

@@ -353,7 +353,7 @@ func TestPinUndoneAfterAnotherSessionsPin(t *testing.T) {
 		t.Fatal("the key is on the LRU list while b's tentative pin holds it")
 	}
 	// b's batch does not apply: its pin is given back.
-	e.s.untakePin(r)
+	e.s.untakePin(r, false)
 	if !slices.Contains(e.s.lruOrder(), string(keys[0])) || e.s.pinsOf(string(keys[0])) != 0 {
 		t.Fatalf("after the undo: pins %d, LRU %q; want 0 pins and the key on the list", e.s.pinsOf(string(keys[0])), e.s.lruOrder())
 	}

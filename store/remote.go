@@ -60,22 +60,6 @@ type RemotePresence interface {
 	PresentAsync(keys [][]byte, found []bool, done func())
 }
 
-// RemotePins is what a Remote may also say: how many of key's pins here
-// are other hosts' reads in flight (PinnedForOthers). It runs with the
-// key's shard locked and must neither block nor call into the store. A
-// Remove here hides a key only they pin, as RemoveHere does, instead of
-// answering FAILED_PRECONDITION: a read of another host is no caller's pin.
-type RemotePins interface {
-	PinnedForOthers(key []byte) uint32
-}
-
-// pinnedForOthersOnly reports whether every pin of entry e (key k) is
-// another host's read; sh.mu is held.
-func (s *Store) pinnedForOthersOnly(k []byte, e *entry) bool {
-	rp, ok := s.rem().(RemotePins)
-	return ok && e.pins > 0 && rp.PinnedForOthers(k) >= e.pins
-}
-
 // remoteBox holds the Remote, set once the daemon has built it.
 type remoteBox struct{ r Remote }
 

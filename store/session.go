@@ -48,6 +48,10 @@ type Session struct {
 	// replicas is SetReplicas' number of copies (0: the Remote's); atomic
 	// so that a copying put reads it without mu.
 	replicas atomic.Int32
+
+	// others marks a session whose pins are other hosts' reads
+	// (NewSessionForOthers); set before its first call, never changed.
+	others bool
 }
 
 // planStep is one key of an all-or-nothing Pin or Unpin: the hold before
@@ -80,7 +84,7 @@ func (ss *Session) Close() error {
 	var errs []error
 	if entered {
 		for r, h := range ss.holds {
-			s.unpinEntry(r, h.refs())
+			s.unpinEntry(r, h.refs(), ss.others)
 		}
 		for r := range ss.resv {
 			if err := s.abortReservation(r); err != nil {
@@ -104,9 +108,10 @@ func (ss *Session) unreserve(r ref) {
 	}
 }
 
-// unpinEntry drops n pins from entry r; an entry whose last pin goes back
-// on the L1 LRU list, at its head, or, hidden (hide.go), is freed.
-func (s *Store) unpinEntry(r ref, n uint32) {
+// unpinEntry drops n pins from entry r, a session for others' when others
+// is set; an entry whose last pin goes back on the L1 LRU list, at its
+// head, or, hidden (hide.go), is freed.
+func (s *Store) unpinEntry(r ref, n uint32, others bool) {
 	if n == 0 {
 		return
 	}
@@ -117,6 +122,9 @@ func (s *Store) unpinEntry(r ref, n uint32) {
 		panic("store: invariant: unpin of an entry that does not carry the pins")
 	}
 	e.pins -= n
+	if others {
+		sh.othersPinned(r.idx, -int(n))
+	}
 	s.c.pins.Add(^uint64(n - 1))
 	if e.pins == 0 {
 		s.lastPinGone(sh, r.idx)
@@ -273,11 +281,47 @@ func (s *Store) expireLeases() {
 				} else {
 					ss.holds[d.r] = h
 				}
-				s.unpinEntry(d.r, 1)
+				s.unpinEntry(d.r, 1, ss.others)
 				s.c.leasesExpired.Add(1)
 			}
 		}
 		ss.mu.Unlock()
 		*d = leaseRec{}
 	}
+}
+
+// NewSessionForOthers opens a session whose pins are other hosts' reads
+// (a holder's hold of a remote reader's keys): a Remove here of a key
+// only such sessions pin hides it, as RemoveHere does, instead of
+// answering FAILED_PRECONDITION, since a read of another host is no
+// caller's pin; the reads keep the exact bytes they pinned. The store
+// counts these pins under the same shard lock as the pins themselves
+// (shard.others), so no Remove sees one without its count.
+func (s *Store) NewSessionForOthers() *Session {
+	ss := s.NewSession()
+	ss.others = true
+	return ss
+}
+
+// othersPinned counts n more (or, negative, fewer) pins of entry idx
+// taken by sessions for others; sh.mu is held.
+func (sh *shard) othersPinned(idx uint32, n int) {
+	if sh.others == nil {
+		sh.others = map[uint32]uint32{}
+	}
+	c := int(sh.others[idx]) + n
+	if invariants.Enabled && c < 0 {
+		panic("store: invariant: more pins for others dropped than taken")
+	}
+	if c <= 0 {
+		delete(sh.others, idx)
+		return
+	}
+	sh.others[idx] = uint32(c)
+}
+
+// pinnedForOthersOnly reports whether every pin of entry idx (e) is a
+// session's for others; sh.mu is held.
+func (sh *shard) pinnedForOthersOnly(idx uint32, e *entry) bool {
+	return e.pins > 0 && sh.others[idx] >= e.pins
 }

@@ -485,6 +485,9 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 		for _, w := range ws {
 			if w.get {
 				e.pins++
+				if w.ss.others {
+					sh.othersPinned(idx, 1)
+				}
 				s.c.pins.Add(1)
 			} else {
 				e.io++
@@ -520,7 +523,7 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 			w.ss.mu.Lock()
 			if w.ss.closed {
 				w.ss.mu.Unlock()
-				s.unpinEntry(it.r, 1)
+				s.unpinEntry(it.r, 1, w.ss.others)
 				w.cl.result(w.pos, ErrClosed)
 				break
 			}

@@ -274,14 +274,10 @@ type Cluster struct {
 	landMu sync.Mutex
 	landed map[string]int
 
-	// holdMu guards holds, holdKeys, holdPins, gone, dropping and nextClaim.
+	// holdMu guards holds, holdKeys, gone, dropping and nextClaim.
 	holdMu   sync.Mutex
 	holds    map[uint64]*hold
 	holdKeys map[string]int // readers holding each key here (ClaimsPerKey at most)
-	// holdPins counts, per key, the store pins the holds of other
-	// daemons' reads have on it here: counted after the pin and uncounted
-	// before the unpin, so never more than the pins they are.
-	holdPins map[string]int
 	// gone are the records of keys removed while a caller's I/O was in
 	// flight on them here: dropped once it ends (dropLater).
 	gone     map[string]store.RecordID
@@ -372,7 +368,6 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		fetchSem: make(chan struct{}, cfg.MaxFetches),
 		holds:    map[uint64]*hold{},
 		holdKeys: map[string]int{},
-		holdPins: map[string]int{},
 		gone:     map[string]store.RecordID{},
 		takenBy:  map[int]ShardClaim{},
 		landed:   map[string]int{},
@@ -504,7 +499,6 @@ func (c *Cluster) Close() {
 	hs := c.holds
 	c.holds = map[uint64]*hold{}
 	clear(c.holdKeys)
-	clear(c.holdPins)
 	c.holdMu.Unlock()
 	for _, h := range hs {
 		h.timer.Stop()

@@ -40,7 +40,9 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 		c.c.holdsRefused.Add(1)
 		return nil, ErrBusy
 	}
-	ss := c.st.NewSession()
+	// Its pins are other hosts' reads: a Remove here of a key only such
+	// sessions pin hides the key instead of refusing.
+	ss := c.st.NewSessionForOthers()
 	locs := make([]store.Location, len(keys))
 	codes := make([]store.Code, len(keys))
 	if err := ss.GetHere(keys, locs, codes, nil); err != nil {
@@ -66,7 +68,6 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 		hs[i] = held{code: uint8(code), offset: locs[i].Offset, size: locs[i].Length}
 		if code == store.OK {
 			c.holdKeys[string(keys[i])]++
-			c.holdPins[string(keys[i])]++
 			counted = append(counted, string(keys[i]))
 			bytes += locs[i].Length
 		}
@@ -85,9 +86,7 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 		// The mode's budget for serving other hosts' reads: past it the
 		// reader is refused (and tries another replica).
 		if err := a.Serve(bytes); err != nil {
-			c.holdMu.Lock()
-			c.unholdLocked(counted)
-			c.holdMu.Unlock()
+			c.uncount(counted)
 			_ = ss.Close()
 			c.c.overBudget.Add(1)
 			return nil, err
@@ -95,7 +94,7 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	}
 	c.holdMu.Lock()
 	if c.closedLocked() {
-		c.unholdLocked(counted)
+		c.uncountLocked(counted)
 		c.holdMu.Unlock()
 		_ = ss.Close()
 		return nil, ErrClosed
@@ -128,7 +127,7 @@ func (c *Cluster) endHold(id uint64, from string, epoch uint64, expired bool) bo
 	mine := ok && h.from == from && h.epoch == epoch
 	if mine {
 		delete(c.holds, id)
-		c.unholdLocked(h.keys)
+		c.uncountLocked(h.keys)
 	}
 	c.holdMu.Unlock()
 	if !mine {
@@ -168,27 +167,6 @@ func (c *Cluster) uncountLocked(keys []string) {
 			delete(c.holdKeys, k)
 		}
 	}
-}
-
-// unholdLocked takes a hold's keys off the per-key counts of readers and
-// of pins (holdMu held); the hold's pins go after it (its session
-// closes).
-func (c *Cluster) unholdLocked(keys []string) {
-	c.uncountLocked(keys)
-	for _, k := range keys {
-		if c.holdPins[k]--; c.holdPins[k] <= 0 {
-			delete(c.holdPins, k)
-		}
-	}
-}
-
-// PinnedForOthers is how many of key's pins here are other daemons'
-// reads (holds) in flight (store.RemotePins). It runs with the key's
-// store shard locked, and only reads a count.
-func (c *Cluster) PinnedForOthers(key []byte) uint32 {
-	c.holdMu.Lock()
-	defer c.holdMu.Unlock()
-	return uint32(c.holdPins[string(key)])
 }
 
 // HoldReaders is how many readers of key hold it here now.

@@ -656,3 +656,71 @@ func TestRemovedWhileApartStaysRemoved(t *testing.T) {
 			"%s's home naming no holder (it names %v)", k, testutil.Lazy(func() []string { return f.holders(k) }))
 	}
 }
+
+// TestRemoveNeverRefusedForOtherHostsReads: holds of another daemon's
+// reads come and go on h's key (taken, then released, as fast as they
+// can) while h's client puts and removes it. A remove there never
+// answers FAILED_PRECONDITION: every pin the key carries in any moment is
+// a hold's, none a client's. The store counts a hold's pins under the
+// same shard lock as the pins themselves, so no removal falls between a
+// hold's pin and its count, or between its count's end and its unpin.
+func TestRemoveNeverRefusedForOtherHostsReads(t *testing.T) {
+	f := newNet(t, []string{"h", "r"}, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour})
+	h, r := f.node("h"), f.node("r")
+	const key = "held/churn"
+	k := [][]byte{[]byte(key)}
+	v := value(key, 4096)
+	h.put(t, key, v)
+	stop := make(chan struct{})
+	var holdErr error
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := h.c.onHold("r", r.epoch, encodeHold(1000, k))
+				if err != nil {
+					holdErr = err
+					return
+				}
+				id, _, err := decodeHeld(resp, 1)
+				if err != nil {
+					holdErr = err
+					return
+				}
+				if id != 0 {
+					h.c.endHold(id, "r", r.epoch, false)
+				}
+			}
+		}()
+	}
+	refused := 0
+	const rounds = 4000
+	for i := 0; i < rounds && refused == 0; i++ {
+		code, err := removeOn(t, h, key)
+		switch code {
+		case store.OK:
+		case store.FailedPrecondition:
+			refused++
+			t.Errorf("remove %d of %d on h, only r's holds pinning the key: %v", i, rounds, err)
+			continue
+		default:
+			t.Fatalf("remove %d on h: %v, %v", i, code, err)
+		}
+		h.put(t, key, v)
+	}
+	close(stop)
+	wg.Wait()
+	if holdErr != nil {
+		t.Fatal(holdErr)
+	}
+	if st := h.st.Stats(); st.Pins != 0 {
+		t.Errorf("h after the holds: %d pins, want none", st.Pins)
+	}
+}
