@@ -416,6 +416,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 	e.Gauge("tensorcast_cluster_claims", "Claims other daemons' readers hold here now.", float64(s.Holds))
 	e.Gauge("tensorcast_cluster_tombstones", "Removed copies this daemon (a home) remembers for holders it did not reach.", float64(s.Tombstones))
 	e.Gauge("tensorcast_cluster_tombstones_kept", "Copies of other homes' tombstones this daemon keeps in case their home dies.", float64(s.TombsKept))
+	e.Gauge("tensorcast_cluster_puts_apart", "Puts whose time this daemon notes, made while members were away or lately: a removal told late spares those put after it.", float64(s.PutsApart))
 	e.Gauge("tensorcast_cluster_home_claims", "Claims this daemon, as a home, has handed readers and not had back.", float64(s.ClaimsOutstanding))
 	e.Gauge("tensorcast_cluster_reads_unsettled", "Failed remote reads whose blocks stay reserved until their late transfers end.", float64(s.Unsettled))
 	for _, c := range []struct {
@@ -447,6 +448,8 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_tombstone_drops_total", "Copies this daemon dropped because their home said they were removed.", s.TombDrops},
 		{"tensorcast_cluster_tombstones_expired_total", "Tombstones gone by age (store_tombstone_ttl): that holder's copy stays.", s.TombExpired},
 		{"tensorcast_cluster_tombstones_evicted_total", "Tombstones gone by the table's bound: that holder's copy stays.", s.TombEvicted},
+		{"tensorcast_cluster_puts_apart_over_total", "Puts' notes pushed out by the table's bound: a removal told late takes those values.", s.PutsApartOver},
+		{"tensorcast_cluster_puts_kept_total", "Values put after their key's removal elsewhere that the removal's late drop left here.", s.PutsKept},
 		{"tensorcast_cluster_stale_refused_total", "Messages this daemon refused as a home: sent for a generation it does not hold.", s.StaleRefused},
 		{"tensorcast_cluster_stale_answers_total", "Messages other homes refused for a stale generation (refreshed and sent again once).", s.StaleAnswers},
 		{"tensorcast_cluster_shards_claimed_total", "Shards this daemon claimed in etcd as their home.", s.ClaimsWon},

@@ -176,8 +176,31 @@ func (s *Store) HeldHere(key []byte) bool {
 	return true
 }
 
+// RemoteRestate is what a Remote may also take: a value stored here
+// before, told again (Recheck), as Stored tells a value put or fetched
+// now; it runs like Stored. A Remote without it hears Stored.
+type RemoteRestate interface {
+	Restated(key []byte, size uint64, crc uint32)
+}
+
+// RecordHere names key's record stored here, if one is (for
+// RemoveRecordsHere).
+func (s *Store) RecordHere(key []byte) (RecordID, bool) {
+	if !s.enter() {
+		return 0, false
+	}
+	defer s.exit()
+	sh, r, code, _ := s.lookup(key)
+	if code != OK {
+		return 0, false
+	}
+	sh.mu.Unlock()
+	return r.id(), true
+}
+
 // Recheck tells the Remote the state now of each value of held (from
-// Holdings) whose record is no longer the one stored here: Stored for a
+// Holdings) whose record is no longer the one stored here (for one
+// without an ID, always): Restated (or Stored) for a
 // record put since, Evicted when none is (removed, evicted, or being
 // removed or put). A re-announcement walk calls it once its announcement
 // of held has been answered, so that what changed while that was on its
@@ -202,7 +225,11 @@ func (s *Store) Recheck(held []Held) {
 		case found && e.state == stReady && ref.id() == h.ID:
 			// Unchanged.
 		case found && e.state == stReady:
-			r.Stored(h.Key, uint64(e.size), s.knownCRC(e))
+			if rs, ok := r.(RemoteRestate); ok {
+				rs.Restated(h.Key, uint64(e.size), s.knownCRC(e))
+			} else {
+				r.Stored(h.Key, uint64(e.size), s.knownCRC(e))
+			}
 		default:
 			r.Evicted(h.Key)
 		}

@@ -218,6 +218,8 @@ type Cluster struct {
 	view  atomic.Pointer[view]
 	idx   *index
 	tombs *tombs
+	// apart notes the puts made here while members are away (apart.go).
+	apart *putsApart
 	// answers caches the homes' answers this daemon got as a reader.
 	answers *answers
 	// claims are the claims this daemon, as a home, handed readers.
@@ -337,6 +339,7 @@ type counters struct {
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
+	putsKept                                                 atomic.Uint64 // values put after their removal, kept against its late drop
 	tombsKept, keepFailed                                    atomic.Uint64 // tombstone copies given to keepers, and not
 	goneOver                                                 atomic.Uint64 // removed keys with I/O in flight here past the bound
 	overBudget, readersRefused                               atomic.Uint64
@@ -362,6 +365,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		idx:      newIndex(cfg.Shards, cfg.MaxKeys, cfg.MaxHolders),
 		answers:  newAnswers(cfg.Staleness, cfg.MaxCached),
 		tombs:    newTombs(cfg.MaxTombstones, cfg.TombstoneTTL, 2*cfg.Timeout),
+		apart:    newPutsApart(cfg.MaxTombstones, cfg.TombstoneTTL),
 		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),

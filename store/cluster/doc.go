@@ -90,7 +90,11 @@
 // it also tombstones each member away, with the value's size and crc32c
 // when it knows a copy, else for whatever value of the key the member has
 // then (tombAway), so a copy there goes when the member is back instead
-// of being served again; and once such a tombstone is handed on or spent,
+// of being served again. Every drop a tombstone sends says how long ago
+// its removal was, and a holder keeps a value it put after that (it notes
+// the time of its puts while members are away and for a while after:
+// apart.go), so a removal told late never takes a newer put; and once such
+// a tombstone is handed on or spent,
 // the daemon tells the key's home it holds no copy either unless it does
 // (goneHere), since that home's index, stale from before, may name it. A
 // copy a client or

@@ -20,8 +20,41 @@ import (
 // of would outlive the key's removal. Their number past the bound is
 // small, since no fetch lands while the queue is full (backlogged).
 func (c *Cluster) Stored(key []byte, size uint64, crc uint32) {
-	tier := TierL1
 	fetched := c.isLanding(key)
+	if !fetched {
+		c.notePut(key)
+	}
+	c.queueStored(key, size, crc, fetched)
+}
+
+// Restated is Stored for a value stored here before, told again
+// (store.Recheck): queued the same, but no new put.
+func (c *Cluster) Restated(key []byte, size uint64, crc uint32) {
+	c.queueStored(key, size, crc, c.isLanding(key))
+}
+
+// notePut notes the time of a put of key here while members are away, or
+// were lately (apart.go). It runs under the key's store shard lock.
+func (c *Cluster) notePut(key []byte) {
+	if c.apart.until.Load() == 0 {
+		return // no member was ever away: nothing to note
+	}
+	now := time.Now()
+	if !c.apart.noting(now) {
+		return
+	}
+	if c.apart.put(key, now) {
+		if n := c.apart.over.Load(); n&(n-1) == 0 {
+			c.log.Warn("too many puts while members are away to note them all: a removal made elsewhere before the oldest, told late, takes them",
+				"max", c.cfg.MaxTombstones, "times", n)
+		}
+	}
+}
+
+// queueStored queues the announcement of key's value (a fetched copy's
+// when fetched).
+func (c *Cluster) queueStored(key []byte, size uint64, crc uint32, fetched bool) {
+	tier := TierL1
 	if fetched {
 		tier |= tierFetched
 	}
@@ -66,6 +99,7 @@ func (c *Cluster) kickAnnouncer() {
 // Evicted queues the news that key left this daemon's store to its home
 // (store.Remote): the home forgets this holder of it.
 func (c *Cluster) Evicted(key []byte) {
+	c.apart.forget(key)
 	c.mu.Lock()
 	if c.closed || len(c.pending) >= c.cfg.MaxPending {
 		c.mu.Unlock()
@@ -162,19 +196,19 @@ func (c *Cluster) announce(batch []entry) int {
 		},
 		local: func(ps []int) {
 			var gone [][]byte
+			var ats []time.Time
 			now := time.Now()
 			for _, p := range ps {
 				e := batch[p]
 				// This daemon's own copy, as its home: a tombstone
 				// (handed over with the shard) or a removal just now
 				// answers it as another holder's.
-				if _, removed := c.index(c.shardOf(e.key), e, c.self, c.peers.Epoch(), now); removed {
-					gone = append(gone, e.key)
+				if _, removed, at := c.index(c.shardOf(e.key), e, c.self, c.peers.Epoch(), now); removed {
+					gone, ats = append(gone, e.key), append(ats, at)
 				}
 			}
 			if len(gone) > 0 {
-				c.c.tombDrops.Add(uint64(len(gone)))
-				c.dropHere(gone)
+				c.dropRemoved(c.self, gone, ats)
 			}
 		},
 		got: func(ps []int, home string, body []byte, err error) {
@@ -212,6 +246,15 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 			gone = append(gone, batch[ps[j]].key)
 		}
 	}
+	var ats []time.Time
+	if d.err == nil && len(d.b) > 0 {
+		// When each removal was: a value put here since stays.
+		now := time.Now()
+		ats = make([]time.Time, len(gone))
+		for i := range ats {
+			ats[i] = removedAt(d.u32(), now)
+		}
+	}
 	if err := d.end(); err != nil {
 		return err
 	}
@@ -222,11 +265,49 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 	}
 	if len(gone) > 0 {
 		// Removed while this daemon was not reached: its copies go now.
-		c.c.tombDrops.Add(uint64(len(gone)))
-		c.log.Info("copies removed while this daemon was away dropped, as their home says", "home", home, "keys", len(gone))
-		c.dropHere(gone)
+		c.dropRemoved(home, gone, ats)
 	}
 	return nil
+}
+
+// dropRemoved drops this daemon's copies of keys that their home (home)
+// answered "removed" when they were announced: removals made while this
+// daemon was not reached, at ats (zero: whatever is here now goes). A
+// value put here after its key's removal stays, and is announced again
+// (the tombstone that answered is spent).
+func (c *Cluster) dropRemoved(home string, keys [][]byte, ats []time.Time) {
+	kept := c.dropHere(keys, ats)
+	c.c.tombDrops.Add(uint64(len(keys) - len(kept)))
+	c.log.Info("copies removed while this daemon was away dropped, as their home says", "home", home,
+		"keys", len(keys)-len(kept), "put_since_kept", len(kept))
+	c.restate(keys, kept)
+}
+
+// restate queues the state here now of the keys at ps, for their homes.
+func (c *Cluster) restate(keys [][]byte, ps []int) {
+	if len(ps) == 0 {
+		return
+	}
+	held := make([]store.Held, len(ps))
+	for i, p := range ps {
+		held[i] = store.Held{Key: keys[p]} // no record named: the state now is queued
+	}
+	c.st.Recheck(held)
+}
+
+// removalAge is how long before now a removal at at was, for a message
+// (0 for a zero at: no time known, the removal taken as now).
+func removalAge(at, now time.Time) uint32 {
+	if at.IsZero() {
+		return 0
+	}
+	return ageMS(now.Sub(at))
+}
+
+// removedAt is the time of a removal age ms before now, as a message
+// tells it.
+func removedAt(age uint32, now time.Time) time.Time {
+	return now.Add(-time.Duration(age) * time.Millisecond)
 }
 
 // dropUnannounced drops the fetched copies among the entries of batch at
@@ -242,7 +323,7 @@ func (c *Cluster) dropUnannounced(batch []entry, ps []int) {
 	}
 	if len(gone) > 0 {
 		c.log.Info("fetched copies whose home did not take their announcement dropped", "keys", len(gone))
-		c.dropHere(gone)
+		c.dropHere(gone, nil)
 	}
 }
 
@@ -255,7 +336,7 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 	}
 	v := c.view.Load()
 	refused := uint32(0)
-	var removed []uint32
+	var removed, ages []uint32
 	now := time.Now()
 	for i, e := range es {
 		s := c.shardOf(e.key)
@@ -263,10 +344,11 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 			refused++
 			continue
 		}
-		added, gone := c.index(s, e, from, epoch, now)
+		added, gone, at := c.index(s, e, from, epoch, now)
 		switch {
 		case gone:
 			removed = append(removed, uint32(i))
+			ages = append(ages, removalAge(at, now))
 		case !added:
 			refused++
 		}
@@ -277,6 +359,9 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 	for _, i := range removed {
 		e.u32(i)
 	}
+	for _, a := range ages {
+		e.u32(a)
+	}
 	return e.bytes(), nil
 }
 
@@ -286,8 +371,9 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 // copy announced is one a removal passed by: a tombstone names it, or it
 // is a fetched copy of a key removed moments ago (read before the
 // removal). The check and the add are one step against removeHere's
-// (index.addUnless).
-func (c *Cluster) index(s int, e entry, id string, epoch uint64, now time.Time) (added, removed bool) {
+// (index.addUnless). at is when a tombstone's removal was (zero for a
+// fetched copy's: it goes whatever the holder has put since).
+func (c *Cluster) index(s int, e entry, id string, epoch uint64, now time.Time) (added, removed bool, at time.Time) {
 	fetched := e.tier&tierFetched != 0
 	e.tier &^= tierFetched
 	if e.tier == tierGone {
@@ -296,11 +382,16 @@ func (c *Cluster) index(s int, e entry, id string, epoch uint64, now time.Time) 
 		// arriving after this.
 		c.tombs.settle(e.key, id, now, c.cfg.Timeout)
 		c.idx.dropHolder(s, e.key, id, 0)
-		return true, false
+		return true, false, time.Time{}
 	}
-	return c.idx.addUnless(s, e.key, Holder{ID: id, Epoch: epoch, Tier: e.tier, Size: e.size, CRC: e.crc}, func() bool {
-		return c.tombs.removed(e.key, id, e.size, e.crc, now) || fetched && c.tombs.justRemoved(e.key, now)
+	added, removed = c.idx.addUnless(s, e.key, Holder{ID: id, Epoch: epoch, Tier: e.tier, Size: e.size, CRC: e.crc}, func() bool {
+		var gone bool
+		if gone, at = c.tombs.removed(e.key, id, e.size, e.crc, now); gone {
+			return true
+		}
+		return fetched && c.tombs.justRemoved(e.key, now)
 	})
+	return added, removed, at
 }
 
 // lookupHere answers keys from this daemon's index.
@@ -377,7 +468,7 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 		go func() {
 			defer wg.Done()
 			if d.id == c.self {
-				c.dropHere(ks)
+				c.dropHere(ks, nil)
 				return
 			}
 			pos := make([]int, len(ks))
@@ -433,8 +524,9 @@ func homeAway(v *view, s int, away []string) bool {
 // The tombstone carries the size and crc32c of the value removed, as hs
 // has them; with no holder known (this home's index still being rebuilt,
 // or the remover's own copy forgotten already) it carries none and covers
-// whatever value of key the member has then (tomb.covers): a put of the
-// key there while they were apart goes too, the removal ordered after it.
+// whatever value of key the member had when the key was removed
+// (tomb.covers): one put there before the removal goes, one put after it
+// stays (the drop says when the removal was: apart.go).
 func (c *Cluster) tombAway(ts []tomb, key []byte, hs []Holder, away []string, now time.Time) []tomb {
 	var known Holder
 	if len(hs) > 0 {
@@ -453,33 +545,7 @@ func (c *Cluster) onRemove(from string, epoch uint64, req []byte) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	notHome := c.removeHere(from, keys)
-	e := newEnc()
-	e.u32(uint32(len(notHome)))
-	for _, i := range notHome {
-		e.u32(uint32(i))
-	}
-	return e.bytes(), nil
-}
-
-// decodeRemoveAnswer decodes a home's answer to a removal of n keys: the
-// positions of those it is not home of (none in an answer of the version
-// byte alone).
-func decodeRemoveAnswer(b []byte, n int) ([]int, error) {
-	if len(b) == 1 && b[0] == msgVersion {
-		return nil, nil
-	}
-	d := newDec(b)
-	m := d.count(n)
-	out := make([]int, 0, m)
-	for i := 0; i < m && d.err == nil; i++ {
-		j := int(d.u32())
-		if d.err == nil && j >= n {
-			d.fail("refused key %d of %d", j, n)
-		}
-		out = append(out, j)
-	}
-	return out, d.end()
+	return encodePositions(c.removeHere(from, keys)), nil
 }
 
 // dropHere removes this daemon's copies of keys (a home asked), and tells
@@ -489,26 +555,59 @@ func decodeRemoveAnswer(b []byte, n int) ([]int, error) {
 // so it is never served nor re-announced again. A copy with a caller's
 // I/O in flight (a copy out, a promotion) cannot go yet: it goes once the
 // I/O has ended (dropLater), hidden from the other daemons meanwhile.
-func (c *Cluster) dropHere(keys [][]byte) {
+//
+// ats, when set, are when each key's removal was (a tombstone's drop,
+// told late; a zero one: whatever is here goes): a value put here after
+// it, as noted (putsApart), is a new one and stays. Such a drop names the
+// record it removes (one put after this look is another, and stays) and
+// then queues the key's state here for its home (store.Recheck). It
+// returns the positions of the keys kept.
+func (c *Cluster) dropHere(keys [][]byte, ats []time.Time) (kept []int) {
+	defer func() { c.c.putsKept.Add(uint64(len(kept))) }()
 	c.answers.drop(keys)
-	codes := make([]store.Code, len(keys))
+	drop := keys
 	ids := make([]store.RecordID, len(keys))
-	for len(keys) > 0 {
-		n := min(len(keys), c.st.MaxKeysPerCall())
-		clear(ids[:n])
-		if err := c.st.RemoveRecordsHere(keys[:n], ids[:n], codes[:n], nil); err != nil {
+	var named []store.Held // dropped by record, or none here: their state now goes to their homes
+	if ats != nil {
+		drop = make([][]byte, 0, len(keys))
+		n := 0
+		for i, k := range keys {
+			if ats[i].IsZero() {
+				drop, ids[n] = append(drop, k), 0
+				n++
+				continue
+			}
+			id, ok := c.st.RecordHere(k)
+			switch {
+			case ok && c.apart.after(k, ats[i]):
+				kept = append(kept, i)
+			case ok:
+				drop, ids[n] = append(drop, k), id
+				n++
+			default:
+				named = append(named, store.Held{Key: k}) // none here now
+			}
+		}
+		ids = ids[:n]
+	}
+	codes := make([]store.Code, len(drop))
+	for len(drop) > 0 {
+		n := min(len(drop), c.st.MaxKeysPerCall())
+		if err := c.st.RemoveRecordsHere(drop[:n], ids[:n], codes[:n], nil); err != nil {
 			c.log.Info("dropping removed keys failed", "keys", n, "err", err)
 		}
 		var later, gone [][]byte
 		var laterIDs []store.RecordID
 		for i, code := range codes[:n] {
-			switch code {
-			case store.OK:
-				gone = append(gone, keys[i])
-			case store.Busy:
+			switch {
+			case code == store.Busy:
 				// Still here: its home forgets it all the same.
-				gone = append(gone, keys[i])
-				later, laterIDs = append(later, keys[i]), append(laterIDs, ids[i])
+				gone = append(gone, drop[i])
+				later, laterIDs = append(later, drop[i]), append(laterIDs, ids[i])
+			case code == store.OK && ids[i] == 0:
+				gone = append(gone, drop[i])
+			case code == store.OK:
+				named = append(named, store.Held{Key: drop[i]})
 			}
 		}
 		for _, k := range gone {
@@ -520,8 +619,12 @@ func (c *Cluster) dropHere(keys [][]byte) {
 		if len(later) > 0 {
 			c.dropLater(later, laterIDs)
 		}
-		keys, codes, ids = keys[n:], codes[n:], ids[n:]
+		drop, codes, ids = drop[n:], codes[n:], ids[n:]
 	}
+	if len(named) > 0 {
+		c.st.Recheck(named)
+	}
+	return kept
 }
 
 // dropLater removes the records ids of keys, which had a caller's I/O in
@@ -649,12 +752,27 @@ func (c *Cluster) GonePinned() int {
 }
 
 func (c *Cluster) onDrop(from string, epoch uint64, req []byte) ([]byte, error) {
-	keys, err := decodeKeys(req)
+	keys, ages, err := decodeDrop(req)
 	if err != nil {
 		return nil, err
 	}
-	c.dropHere(keys)
-	return []byte{msgVersion}, nil
+	var ats []time.Time
+	if ages != nil {
+		now := time.Now()
+		ats = make([]time.Time, len(ages))
+		for i, a := range ages {
+			ats[i] = removedAt(a, now)
+		}
+	}
+	kept := c.dropHere(keys, ats)
+	if len(kept) > 0 {
+		c.log.Info("values put here after their removal elsewhere kept, a late drop of the removed copies notwithstanding",
+			"from", from, "keys", len(kept), "first", string(keys[kept[0]]))
+		// Announced again, in case their home heard of them only as
+		// removed.
+		c.restate(keys, kept)
+	}
+	return encodePositions(kept), nil
 }
 
 // greet opens a session with every member this daemon can dial (an empty

@@ -136,6 +136,7 @@ func (c *Cluster) recompute() {
 	old := c.view.Load()
 	ids := c.live()
 	slices.Sort(ids)
+	c.apart.setApart(len(c.away()) > 0, time.Now())
 	if slices.Equal(old.members, ids) {
 		return
 	}

@@ -13,11 +13,18 @@ import (
 //
 //	announce  keys → their home: u32 n, n × (key, u8 tier, u64 size, u32 crc);
 //	          tier 0: the holder no longer has the value
-//	          answer: u32 refused (keys the home is not home of)
+//	          answer: u32 refused (keys the home is not home of), u32 m,
+//	          m × u32 position (copies removed meanwhile: drop them),
+//	          then, optional, m × u32 age ms of each one's removal
+//	          (a value put here since stays: apart.go)
 //	lookup    keys → their home: u32 n, n × key
 //	          answer: u32 n, n × (u8 code, u8 m, m × holder)
-//	remove    keys → their home: u32 n, n × key; answer empty
-//	drop      keys → a holder (from their home): u32 n, n × key; answer empty
+//	remove    keys → their home: u32 n, n × key; answer empty, or u32 m,
+//	          m × u32 position of the keys it is not home of
+//	drop      keys → a holder (from their home): u32 n, n × key, then,
+//	          optional (a tombstone's drop), n × u32 age ms of each
+//	          removal; answer empty, or u32 m, m × u32 position of the
+//	          keys kept (a value put since the removal)
 //	hold      keys → a holder: u32 ttl ms, u32 n, n × key
 //	          answer: u64 claim, u32 n, n × (u8 code, u64 offset, u64 size)
 //	release   claim → its holder: u64 claim; answer empty
@@ -247,6 +254,62 @@ func decodeKeysFrom(d *dec) [][]byte {
 		keys = append(keys, d.key())
 	}
 	return keys
+}
+
+// encodeDrop encodes a drop of keys; ages, when set (one per key), are how
+// long ago each removal was, in ms.
+func encodeDrop(keys [][]byte, ages []uint32) []byte {
+	b := encodeKeys(keys)
+	for _, a := range ages {
+		b = binary.LittleEndian.AppendUint32(b, a)
+	}
+	return b
+}
+
+// decodeDrop decodes a drop: its keys, and their removals' ages when the
+// message has them (nil otherwise).
+func decodeDrop(b []byte) (keys [][]byte, ages []uint32, err error) {
+	d := newDec(b)
+	keys = decodeKeysFrom(d)
+	if d.err == nil && len(d.b) > 0 {
+		ages = make([]uint32, len(keys))
+		for i := range ages {
+			ages[i] = d.u32()
+		}
+	}
+	return keys, ages, d.end()
+}
+
+// encodePositions encodes positions (an answer naming some of the keys
+// asked: a drop's kept ones); none is the version byte alone.
+func encodePositions(ps []int) []byte {
+	e := newEnc()
+	if len(ps) == 0 {
+		return e.bytes()
+	}
+	e.u32(uint32(len(ps)))
+	for _, p := range ps {
+		e.u32(uint32(p))
+	}
+	return e.bytes()
+}
+
+// decodePositions decodes positions of n keys asked.
+func decodePositions(b []byte, n int) ([]int, error) {
+	d := newDec(b)
+	if d.err == nil && len(d.b) == 0 {
+		return nil, nil
+	}
+	m := d.count(n)
+	ps := make([]int, 0, m)
+	for i := 0; i < m && d.err == nil; i++ {
+		p := int(d.u32())
+		if d.err == nil && p >= n {
+			d.fail("position %d of %d keys", p, n)
+		}
+		ps = append(ps, p)
+	}
+	return ps, d.end()
 }
 
 func decodeKeys(b []byte) ([][]byte, error) {

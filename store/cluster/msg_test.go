@@ -3,6 +3,8 @@ package cluster
 import (
 	"bytes"
 	"errors"
+	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -67,6 +69,44 @@ func TestMessagesRoundTrip(t *testing.T) {
 	}
 }
 
+// TestDropMessage: a drop carries its keys, and a tombstone's drop the age
+// of each removal; its answer names the keys kept. A drop without ages
+// (a live removal's, or an older daemon's) decodes with none.
+func TestDropMessage(t *testing.T) {
+	keys := [][]byte{[]byte("a"), []byte("bc")}
+	got, ages, err := decodeDrop(encodeDrop(keys, []uint32{0, 1234}))
+	if err != nil || len(got) != 2 || string(got[1]) != "bc" || !slices.Equal(ages, []uint32{0, 1234}) {
+		t.Fatalf("drop with ages: %q %v %v", got, ages, err)
+	}
+	if got, ages, err := decodeDrop(encodeKeys(keys)); err != nil || len(got) != 2 || ages != nil {
+		t.Fatalf("drop without ages: %q %v %v", got, ages, err)
+	}
+	for name, b := range map[string][]byte{
+		"one age short":  encodeDrop(keys, []uint32{1}),
+		"half an age":    append(encodeKeys(keys), 1, 2),
+		"ages, no keys":  append(encodeKeys(nil), 1, 0, 0, 0),
+		"position out":   encodePositions([]int{9}),
+		"positions over": {msgVersion, 0xff, 0xff, 0xff, 0xff},
+	} {
+		_, _, e1 := decodeDrop(b)
+		_, e2 := decodePositions(b, 2)
+		if e1 == nil && e2 == nil || e1 != nil && !errors.Is(e1, ErrMessage) || e2 != nil && !errors.Is(e2, ErrMessage) {
+			t.Errorf("%s: drop %v, positions %v; want ErrMessage from one at least", name, e1, e2)
+		}
+	}
+	if ps, err := decodePositions(encodePositions([]int{1, 0}), 2); err != nil || !slices.Equal(ps, []int{1, 0}) {
+		t.Fatalf("positions: %v %v", ps, err)
+	}
+	for _, b := range [][]byte{encodePositions(nil), {msgVersion, 0, 0, 0, 0}} {
+		if ps, err := decodePositions(b, 2); err != nil || len(ps) != 0 {
+			t.Fatalf("no positions (% x): %v %v", b, ps, err)
+		}
+	}
+	if ageMS(-time.Second) != 0 || ageMS(1500*time.Microsecond) != 1 || ageMS(100*24*time.Hour) != math.MaxUint32 {
+		t.Fatal("ageMS does not clamp and round down")
+	}
+}
+
 // FuzzDecode: no input makes a decoder panic, and what decodes encodes
 // back to the same bytes.
 func FuzzDecode(f *testing.F) {
@@ -79,7 +119,17 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encodeTombs([]tomb{{key: "k", holder: "d", size: 4096, crc: 7, at: now.Add(-time.Second)}}, now))
 	f.Add(encodeRead([]byte("k"), 4096))
 	f.Add(encodeReadAnswer(store.Busy, 0))
+	f.Add(encodeDrop([][]byte{[]byte("k"), []byte("j")}, []uint32{5, 70000}))
+	f.Add(encodePositions([]int{0, 3}))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if keys, ages, err := decodeDrop(b); err == nil && !bytes.Equal(encodeDrop(keys, ages), b) {
+			t.Fatalf("drop %q %v re-encodes differently", keys, ages)
+		}
+		// No positions encode as the version byte alone; a count of 0
+		// (as older daemons sent) decodes the same.
+		if ps, err := decodePositions(b, 8); err == nil && !bytes.Equal(encodePositions(ps), b) && len(ps) > 0 {
+			t.Fatalf("positions %v re-encode differently", ps)
+		}
 		if keys, err := decodeKeys(b); err == nil && !bytes.Equal(encodeKeys(keys), b) {
 			t.Fatalf("keys %q re-encode differently", keys)
 		}

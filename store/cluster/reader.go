@@ -212,7 +212,8 @@ func (c *Cluster) Removed(keys [][]byte, errs []error) {
 		got: func(ps []int, home string, body []byte, err error) {
 			var refused []int
 			if err == nil {
-				refused, err = decodeRemoveAnswer(body, len(ps))
+				// The positions of the keys it is not home of.
+				refused, err = decodePositions(body, len(ps))
 			}
 			if err == nil {
 				for _, j := range refused {

@@ -48,6 +48,13 @@ type Stats struct {
 	// its own it gave keepers, KeepsFailed those a keeper did not take.
 	TombsKept               int
 	KeepsGiven, KeepsFailed uint64
+	// PutsApart are the puts this daemon notes the time of, made while
+	// members were away or lately (apart.go); PutsApartOver counts the
+	// notes pushed out by the bound (a removal told late takes those
+	// values), PutsKept the values put after a removal that a late drop
+	// of the key left here.
+	PutsApart               int
+	PutsApartOver, PutsKept uint64
 	// GonePinned are the removed keys still here because a caller's I/O
 	// was in flight on them (hidden from the other daemons, dropped once
 	// it ends; a pinned one is hidden by the store at once, counted in
@@ -128,6 +135,7 @@ func (c *Cluster) Stats() Stats {
 		ByPeer:     by,
 		Tombstones: own, TombsKept: kept, GonePinned: c.GonePinned(), GoneOver: c.c.goneOver.Load(), KeepsGiven: c.c.tombsKept.Load(), KeepsFailed: c.c.keepFailed.Load(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
 		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
+		PutsApart: c.apart.len(), PutsApartOver: c.apart.over.Load(), PutsKept: c.c.putsKept.Load(),
 		TombsHanded: c.c.tombsHanded.Load(), TombsTaken: c.c.tombsTaken.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
 		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"container/list"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,7 +16,9 @@ import (
 // the home answers "removed" instead of indexing it, and the holder drops
 // it; either spends the tombstone. A
 // copy announced with other bytes (a put after the removal) is not the
-// one removed, and is indexed. A copy a reader fetched (not a put) that is
+// one removed, and is indexed; and both ways tell the holder when the
+// removal was, so that a value it put after it, the same bytes or any
+// (a tombstone may name none), stays (apart.go). A copy a reader fetched (not a put) that is
 // announced within a short while of its key's removal (twice
 // Config.Timeout, the longest a fetch takes) was read before the removal
 // and is answered "removed" too, whatever its holder: otherwise a fetch
@@ -228,27 +231,28 @@ func (t *tombs) handed(tb tomb, home string) {
 }
 
 // removed reports whether holder's announcement of key (size bytes of
-// crc) is of a copy removed meanwhile; the tombstone is then spent.
-func (t *tombs) removed(key []byte, holder string, size uint64, crc uint32, now time.Time) bool {
+// crc) is of a copy removed meanwhile, and when that removal was; the
+// tombstone is then spent.
+func (t *tombs) removed(key []byte, holder string, size uint64, crc uint32, now time.Time) (bool, time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.m) == 0 {
-		return false
+		return false, time.Time{}
 	}
 	t.expireLocked(now)
 	tb, ok := t.m[tombKey{string(key), holder}]
 	if !ok {
-		return false
+		return false, time.Time{}
 	}
 	settled := !tb.until.IsZero()
 	t.dropLocked(tb)
 	if !tb.covers(size, crc) {
-		return false // another value, put after the removal
+		return false, time.Time{} // another value, put after the removal
 	}
 	if !settled { // a settled one was counted when its holder dropped the copy
 		t.hits.Add(1)
 	}
-	return true
+	return true, tb.at
 }
 
 // forget drops holder's tombstone of key (it announced the copy gone, or
@@ -317,17 +321,19 @@ func (t *tombs) dropLocked(tb *tomb) {
 	delete(t.m, tombKey{tb.key, tb.holder})
 }
 
-// of returns the keys (at most max) of holder's tombstones.
-func (t *tombs) of(holder string, max int) [][]byte {
+// of returns the keys (at most max) of holder's tombstones, and when each
+// removal was.
+func (t *tombs) of(holder string, max int) ([][]byte, []time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var keys [][]byte
+	var ats []time.Time
 	for k, tb := range t.m {
 		if k.holder == holder && tb.until.IsZero() && len(keys) < max {
-			keys = append(keys, []byte(k.key))
+			keys, ats = append(keys, []byte(k.key)), append(ats, tb.at)
 		}
 	}
-	return keys
+	return keys, ats
 }
 
 // live is how many tombstones of its own (not keepers' copies) the table
@@ -350,7 +356,7 @@ func (t *tombs) count() (own, standby int) {
 // its tombstones here name; those it drops are forgotten. It runs in the
 // background.
 func (c *Cluster) retryDrops(id string) {
-	keys := c.tombs.of(id, c.cfg.MaxTombstones)
+	keys, ats := c.tombs.of(id, c.cfg.MaxTombstones)
 	if len(keys) == 0 {
 		return
 	}
@@ -366,23 +372,34 @@ func (c *Cluster) retryDrops(id string) {
 		for i := range pos {
 			pos[i] = i
 		}
-		done := 0
+		done, kept := 0, 0
 		for _, ch := range chunks(keys, pos, 2) {
 			part := make([][]byte, len(ch))
+			ages := make([]uint32, len(ch))
+			now := time.Now()
 			for i, p := range ch {
 				part[i] = keys[p]
+				ages[i] = removalAge(ats[p], now)
 			}
-			if _, err := c.exchange(id, c.epochOf(id), kindDrop, encodeKeys(part)); err != nil {
+			body, err := c.exchange(id, c.epochOf(id), kindDrop, encodeDrop(part, ages))
+			var put []int // the holder's values put after the removal, kept
+			if err == nil {
+				put, err = decodePositions(body, len(part))
+			}
+			if err != nil {
 				c.log.Info("a holder back did not drop removed keys yet: asked again when it re-announces them", "holder", id,
 					"keys", len(part), "err", err)
 				continue
 			}
+			kept += len(put)
 			v := c.view.Load()
-			for _, k := range part {
+			for i, k := range part {
 				// The copy is gone: the index (when this daemon is still
-				// the key's home) forgets it, and the tombstone stays a
-				// little for an announcement of it still on its way.
-				if s := c.shardOf(k); c.homeFor(v, s) == c.self {
+				// the key's home) forgets it, unless the holder has a
+				// value put since (it announces that one again); and the
+				// tombstone stays a little for an announcement of the
+				// copy still on its way.
+				if s := c.shardOf(k); c.homeFor(v, s) == c.self && !slices.Contains(put, i) {
 					c.idx.dropHolder(s, k, id, 0)
 				}
 				if c.tombs.settle(k, id, time.Now(), c.cfg.Timeout) {
@@ -393,7 +410,8 @@ func (c *Cluster) retryDrops(id string) {
 		}
 		if done > 0 {
 			c.c.tombRetried.Add(uint64(done))
-			c.log.Info("copies removed while their holder was away dropped now", "holder", id, "keys", done)
+			c.log.Info("copies removed while their holder was away dropped now", "holder", id, "keys", done,
+				"put_since_kept", kept)
 		}
 	}()
 }
@@ -549,6 +567,7 @@ func (c *Cluster) onTombs(from string, epoch uint64, req []byte) ([]byte, error)
 	}
 	again := map[string]bool{}
 	var mine [][]byte
+	var ats []time.Time
 	for _, tb := range ts {
 		c.tombs.adopt(tb, now)
 		// A copy fetched from the removed one (its holder back and not
@@ -561,7 +580,7 @@ func (c *Cluster) onTombs(from string, epoch uint64, req []byte) ([]byte, error)
 				if h.ID == c.self {
 					// This daemon's own copy, removed while it was away
 					// and indexed here since (it became the home).
-					mine = append(mine, []byte(tb.key))
+					mine, ats = append(mine, []byte(tb.key)), append(ats, tb.at)
 					c.tombs.forget([]byte(tb.key), c.self)
 					continue
 				}
@@ -570,9 +589,8 @@ func (c *Cluster) onTombs(from string, epoch uint64, req []byte) ([]byte, error)
 		}
 	}
 	if len(mine) > 0 {
-		c.c.tombDrops.Add(uint64(len(mine)))
-		c.log.Info("copies removed while this daemon was away dropped, as a tombstone handed here says", "from", from, "keys", len(mine))
-		c.dropHere(mine)
+		// As a tombstone handed here says.
+		c.dropRemoved(from, mine, ats)
 	}
 	for id := range again {
 		c.retryDrops(id)

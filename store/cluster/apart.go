@@ -1,0 +1,153 @@
+package cluster
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Puts made while apart. A removal whose drop reaches a holder late (a
+// tombstone, spent when the holder is back: tomb.go) must take the copy
+// the holder had when the key was removed, never a value put there since:
+// that one is a new put, acknowledged to its client after the removal was
+// to the remover's, and the removal is ordered before it. A tombstone that
+// names no value (tombAway: the home standing in knew no copy) covers
+// whatever value the member has, and one that names a value cannot tell a
+// put of the same bytes after the removal from the copy removed; so every
+// drop a tombstone sends says how long ago its removal was, and the holder
+// keeps a value put after that.
+//
+// The holder knows when a value was put only while it remembers: it
+// notes the time of each put (not of a fetched copy) while a member is
+// away from it and for Config.TombstoneTTL after the last came back (a
+// tombstone lives no longer), at most Config.MaxTombstones keys (the
+// oldest go first, counted and logged); an eviction or removal of the key
+// here forgets it. A put this daemon did not note (made while it saw
+// every member, or pushed out of the table) is dropped by a tombstone
+// older than it: the removal wins, as it did before.
+
+// putsApart is the table of puts noted while apart.
+type putsApart struct {
+	max int
+	ttl time.Duration
+	// until is the time (UnixNano) up to which puts are noted:
+	// math.MaxInt64 while a member is away, the last one's return plus
+	// ttl after, 0 before any member was away.
+	until atomic.Int64
+	// n is len(at), read without mu by the eviction path.
+	n atomic.Int32
+
+	mu   sync.Mutex
+	at   map[string]time.Time
+	fifo []putMark // in the order noted; a mark whose key was noted again or forgotten since is stale
+	head int
+
+	noted, over atomic.Uint64
+}
+
+// putMark is one put in the table's order.
+type putMark struct {
+	key string
+	at  time.Time
+}
+
+func newPutsApart(max int, ttl time.Duration) *putsApart {
+	return &putsApart{max: max, ttl: ttl, at: map[string]time.Time{}}
+}
+
+// setApart records whether members are away now (at now).
+func (p *putsApart) setApart(away bool, now time.Time) {
+	switch {
+	case away:
+		p.until.Store(math.MaxInt64)
+	case p.until.Load() == math.MaxInt64:
+		p.until.Store(now.Add(p.ttl).UnixNano())
+	}
+}
+
+// noting reports whether a put at now is to be noted.
+func (p *putsApart) noting(now time.Time) bool {
+	u := p.until.Load()
+	return u != 0 && now.UnixNano() < u
+}
+
+// put notes that key's value was put at now. It runs under the key's
+// store shard lock (Stored), in the order of the key's puts, and only
+// takes p.mu. It reports whether the table was full (the oldest note
+// went).
+func (p *putsApart) put(key []byte, now time.Time) (full bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.expireLocked(now)
+	for len(p.at) >= p.max && p.head < len(p.fifo) {
+		m := p.fifo[p.head]
+		p.fifo[p.head] = putMark{}
+		p.head++
+		if at, ok := p.at[m.key]; ok && at.Equal(m.at) {
+			delete(p.at, m.key)
+			full = true
+		}
+	}
+	if full {
+		p.over.Add(1)
+	}
+	p.at[string(key)] = now
+	p.fifo = append(p.fifo, putMark{string(key), now})
+	if p.head > len(p.fifo)/2 {
+		p.fifo = append(p.fifo[:0], p.fifo[p.head:]...)
+		p.head = 0
+	}
+	p.n.Store(int32(len(p.at)))
+	p.noted.Add(1)
+	return full
+}
+
+// expireLocked drops the notes older than the ttl (p.mu held).
+func (p *putsApart) expireLocked(now time.Time) {
+	for p.head < len(p.fifo) && now.Sub(p.fifo[p.head].at) >= p.ttl {
+		m := p.fifo[p.head]
+		p.fifo[p.head] = putMark{}
+		p.head++
+		if at, ok := p.at[m.key]; ok && at.Equal(m.at) {
+			delete(p.at, m.key)
+		}
+	}
+	if p.head == len(p.fifo) {
+		p.fifo, p.head = p.fifo[:0], 0
+	}
+	p.n.Store(int32(len(p.at)))
+}
+
+// forget drops key's note (its value left this store). Like put, it runs
+// under the key's store shard lock.
+func (p *putsApart) forget(key []byte) {
+	if p.n.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.at, string(key))
+	p.n.Store(int32(len(p.at)))
+}
+
+// after reports whether key's value here was put after t, as noted.
+func (p *putsApart) after(key []byte, t time.Time) bool {
+	if p.n.Load() == 0 {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	at, ok := p.at[string(key)]
+	return ok && at.After(t)
+}
+
+// len is how many puts the table notes.
+func (p *putsApart) len() int { return int(p.n.Load()) }
+
+// ageMS is d in whole milliseconds for a message, rounded down (the
+// removal seen as a little later than it was: a put in that moment is
+// taken as made before it) and within a u32.
+func ageMS(d time.Duration) uint32 {
+	return uint32(min(max(d.Milliseconds(), 0), math.MaxUint32))
+}
