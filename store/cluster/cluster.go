@@ -340,6 +340,7 @@ type counters struct {
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
 	putsKept                                                 atomic.Uint64 // values put after their removal, kept against its late drop
+	lateLosses                                               atomic.Uint64 // failed exchanges sent before the member answered again: not taken for down
 	tombsKept, keepFailed                                    atomic.Uint64 // tombstone copies given to keepers, and not
 	goneOver                                                 atomic.Uint64 // removed keys with I/O in flight here past the bound
 	overBudget, readersRefused                               atomic.Uint64
@@ -591,11 +592,15 @@ func (c *Cluster) exchangeBy(id string, epoch uint64, kind string, req []byte, d
 	if left < time.Millisecond {
 		return nil, fmt.Errorf("%w: no time left to ask %s", xfer.ErrTimeout, id)
 	}
+	sent := time.Now()
 	resp, err := c.peers.ExchangeAt(id, epoch, kind, req, left)
-	if err != nil && (left >= c.cfg.Timeout/2 || !errors.Is(err, xfer.ErrTimeout)) {
+	switch {
+	case err == nil:
+		c.reachedAt(id, sent)
+	case left >= c.cfg.Timeout/2 || !errors.Is(err, xfer.ErrTimeout):
 		// Unreachable, or silent for a good part of the timeout: not
 		// merely a call that had little time left.
-		c.lost(id, err)
+		c.lost(id, err, sent)
 	}
 	return resp, err
 }

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -127,5 +128,50 @@ func claimsAcrossPartition(t *testing.T, cuts [][2]string) {
 	}
 	if d := fence.gen() - before; d != 0 {
 		t.Errorf("after the heal the claims changed %d times in 5 rounds, want none", d)
+	}
+}
+
+// TestLateFailureKeepsMemberUp: an exchange sent into a cut (or on a
+// connection the cut stalled) may fail only after the members met again.
+// Such a failure says nothing of the member now: a member that came up,
+// or answered an exchange sent later, after the failed one was sent stays
+// up (counted), where it went down and up again, moving its shards twice.
+// A failure of an exchange sent after both still takes it down.
+func TestLateFailureKeepsMemberUp(t *testing.T) {
+	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: time.Second, ProbeEvery: time.Hour})
+	a := f.node("a")
+	up := func() bool { return slices.Contains(a.c.Members(), "b") }
+	cutErr := fmt.Errorf("exchange stalled by the cut: %w", errUnreachable)
+
+	// Sent into the cut; b is back (a probe reached it) before it fails.
+	sent := time.Now()
+	f.partition("a", "b", true)
+	testutil.Eventually(t, 10*time.Second, func() bool { a.c.probe(); return !up() }, "a seeing b cut off")
+	f.partition("a", "b", false)
+	testutil.Eventually(t, 10*time.Second, func() bool { a.c.probe(); return up() }, "a seeing b back")
+	views := a.c.Stats().ViewChanges
+	a.c.lost("b", cutErr, sent)
+	if !up() || a.c.Stats().LateLosses != 1 || a.c.Stats().ViewChanges != views {
+		t.Fatalf("a failure sent before b came back: b up %v, %d late losses, view changes %d → %d; want b up, 1, none",
+			up(), a.c.Stats().LateLosses, views, a.c.Stats().ViewChanges)
+	}
+
+	// Sent, then b answers an exchange sent after it (a hello): late too.
+	sent = time.Now()
+	testutil.Eventually(t, 10*time.Second, func() bool { return time.Now().After(sent) }, "the clock passing the send")
+	if err := a.c.hello("b"); err != nil {
+		t.Fatal(err)
+	}
+	answered := time.Now()
+	a.c.lost("b", cutErr, sent)
+	if !up() || a.c.Stats().LateLosses != 2 {
+		t.Fatalf("a failure sent before b answered a later hello: b up %v, %d late losses; want b up, 2", up(), a.c.Stats().LateLosses)
+	}
+
+	// Sent after b last answered and came up: b goes down.
+	testutil.Eventually(t, 10*time.Second, func() bool { return time.Now().After(answered) }, "the clock passing the hello")
+	a.c.lost("b", cutErr, time.Now())
+	if up() || a.c.Stats().LateLosses != 2 {
+		t.Fatalf("a failure sent after b last answered: b up %v, %d late losses; want b down, 2", up(), a.c.Stats().LateLosses)
 	}
 }

@@ -26,6 +26,11 @@ type member struct {
 	// split is set while the member splits keys otherwise (another
 	// store_shards): it stays down whatever it says until a hello agrees.
 	split bool
+	// upAt is when this daemon last saw the member come up; reached the
+	// latest time at which an exchange of this daemon's that the member
+	// answered was sent. A failed exchange sent before either says
+	// nothing of the member now (lost).
+	upAt, reached time.Time
 }
 
 // seen records that member id spoke at epoch (a handler ran for it, or
@@ -39,6 +44,9 @@ func (c *Cluster) seen(id string, epoch uint64) {
 	}
 	restarted := m.epoch != 0 && epoch != 0 && m.epoch != epoch
 	changed := !m.up || restarted
+	if !m.up {
+		m.upAt = time.Now()
+	}
 	m.up = true
 	if epoch != 0 {
 		m.epoch = epoch
@@ -76,14 +84,26 @@ func (c *Cluster) pullFrom(id string) {
 	}()
 }
 
-// lost records that member id did not answer (err says why); it goes
-// down.
-func (c *Cluster) lost(id string, err error) {
+// lost records that member id did not answer an exchange sent at sent
+// (err says why); it goes down. Unless the member came up after sent, or
+// answered an exchange sent after it: then the failure is a late one of a
+// path that works again (an exchange sent into a cut, on a connection the
+// cut stalled, timing out once the members met again), counted and
+// logged, and the member stays up instead of going down and up again,
+// moving its shards twice.
+func (c *Cluster) lost(id string, err error, sent time.Time) {
 	if id == c.self || !c.peers.Unreachable(err) {
 		return
 	}
 	c.mmu.Lock()
 	m, ok := c.members[id]
+	if ok && m.up && (m.upAt.After(sent) || m.reached.After(sent)) {
+		c.mmu.Unlock()
+		c.c.lateLosses.Add(1)
+		c.log.Info("a member up again failed an exchange sent before it answered: not taken for down", "member", id,
+			"sent", sent, "err", err)
+		return
+	}
 	changed := ok && m.up
 	if changed {
 		m.up = false
@@ -97,6 +117,16 @@ func (c *Cluster) lost(id string, err error) {
 		// not have made the view current yet, and this caller's next step
 		// must not see the member in it.
 		c.recompute()
+	}
+}
+
+// reachedAt records that member id answered an exchange of this daemon's
+// sent at sent.
+func (c *Cluster) reachedAt(id string, sent time.Time) {
+	c.mmu.Lock()
+	defer c.mmu.Unlock()
+	if m, ok := c.members[id]; ok && sent.After(m.reached) {
+		m.reached = sent
 	}
 }
 
@@ -397,10 +427,11 @@ func (c *Cluster) follow(ids []string) {
 func (c *Cluster) hello(id string) error {
 	e := newEnc()
 	e.u32(uint32(c.cfg.Shards))
+	sent := time.Now()
 	resp, err := c.peers.ExchangeAt(id, 0, kindHello, e.bytes(), c.cfg.Timeout)
 	switch {
 	case err != nil && c.peers.Unreachable(err):
-		c.lost(id, err)
+		c.lost(id, err, sent)
 		return err
 	case err != nil:
 		// Its answer refused this daemon (another store_shards, or no
@@ -416,6 +447,7 @@ func (c *Cluster) hello(id string) error {
 		c.down(id, err)
 		return err
 	}
+	c.reachedAt(id, sent)
 	c.agree(id)
 	return nil
 }

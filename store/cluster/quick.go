@@ -322,6 +322,7 @@ func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder) int {
 		q.release()
 	}
 	q.left.Add(1)
+	sent := time.Now()
 	ok := kr.ReadKey(h.ID, h.Epoch, kindRead, encodeRead(key, h.Size), dst, len(q.keys) == 1, q.deadline, func(resp []byte, got int, err error) {
 		var code store.Code
 		var size uint64
@@ -331,7 +332,7 @@ func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder) int {
 		switch {
 		case err != nil:
 			if c.peers.Unreachable(err) && !errors.Is(err, xfer.ErrTimeout) {
-				c.lost(h.ID, err)
+				c.lost(h.ID, err, sent)
 			}
 			slow(fmt.Errorf("holder %s: %w", h.ID, err))
 			return
