@@ -1,8 +1,11 @@
 package tcp
 
 import (
+	"bytes"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
@@ -46,5 +49,63 @@ func TestConnAddrs(t *testing.T) {
 	}
 	if in != 2 {
 		t.Fatalf("b lists %d inbound connections from a, want 2: %+v", in, b.ConnAddrs())
+	}
+}
+
+// TestDropStalled: DropStalled closes only connections whose bytes the
+// network stalled. Over loopback every byte is acknowledged: a connection
+// with an exchange in flight that its handler holds for as long as it
+// likes is live, and stays, and the exchange gets its answer. (A link cut
+// in a network namespace, the case it is for, is the soak's; its
+// decision, by TCP_INFO, is stalledTCP's, below.)
+func TestDropStalled(t *testing.T) {
+	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
+	a, b := nodes[0], nodes[1]
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	if err := b.Handle("slow", func(string, uint64, []byte) ([]byte, error) {
+		started <- struct{}{}
+		<-release
+		return []byte("late"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := a.Exchange("bravo", "slow", bytes.Repeat([]byte("x"), 32<<10), 10*time.Second)
+		got <- err
+	}()
+	<-started
+	if n := a.DropStalled("bravo", "the test asks"); n != 0 {
+		t.Fatalf("DropStalled closed %d live connections", n)
+	}
+	close(release)
+	if err := <-got; err != nil {
+		t.Fatalf("the exchange in flight: %v", err)
+	}
+	if n := a.DropStalled("nobody", "no such peer"); n != 0 {
+		t.Fatalf("DropStalled of an unknown peer closed %d", n)
+	}
+}
+
+// TestStalledTCP: a socket is stalled when it has unacknowledged bytes and
+// retransmits them on a backed-off timer (or is retransmitting now); one
+// held up by the peer's zero window (probes back off, nothing is
+// unacknowledged) or with nothing to retransmit is not.
+func TestStalledTCP(t *testing.T) {
+	for _, tc := range []struct {
+		ti   unix.TCPInfo
+		want bool
+	}{
+		{unix.TCPInfo{Unacked: 4, Backoff: 3}, true},
+		{unix.TCPInfo{Unacked: 1, Retransmits: 1}, true},
+		{unix.TCPInfo{Unacked: 4}, false},
+		{unix.TCPInfo{Backoff: 5, Probes: 5}, false},
+		{unix.TCPInfo{}, false},
+	} {
+		if got := stalledTCP(&tc.ti); got != tc.want {
+			t.Errorf("stalledTCP(unacked %d, backoff %d, retransmits %d) = %v, want %v", tc.ti.Unacked, tc.ti.Backoff,
+				tc.ti.Retransmits, got, tc.want)
+		}
 	}
 }

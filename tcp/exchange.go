@@ -94,8 +94,12 @@ func (n *Node) ExchangeAt(peerID string, epoch uint64, kind string, req []byte, 
 	if err != nil {
 		return nil, err
 	}
-	if err := n.ensureSession(p); err != nil {
-		return nil, err
+	start := time.Now()
+	if err := n.ensureSession(p, timeout); err != nil {
+		return nil, fmt.Errorf("exchange %q with %s: %w", kind, peerID, err)
+	}
+	if timeout -= time.Since(start); timeout <= 0 {
+		return nil, fmt.Errorf("%w: exchange %q with %s: its time went on dialing", xfer.ErrTimeout, kind, peerID)
 	}
 	meta := make([]byte, 0, 1+len(kind)+len(req))
 	meta = append(appendStr8(meta, kind), req...)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -246,5 +247,25 @@ func TestExchangeBusy(t *testing.T) {
 	}
 	if resp, err := a.Exchange("bravo", "hold", nil, time.Second); err != nil || string(resp) != "done" {
 		t.Fatalf("exchange after the handlers finished: %q, %v", resp, err)
+	}
+}
+
+// TestExchangeTimeoutCoversTheDial: an exchange with a peer that accepts
+// connections and never answers the handshake (a stopped process: its
+// kernel still accepts) ends by the exchange's own timeout, with
+// xfer.ErrTimeout, not after the node's HandshakeTimeout.
+func TestExchangeTimeoutCoversTheDial(t *testing.T) {
+	kf := testutil.KeyFile(t, t.TempDir(), "k", "secret")
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf, HandshakeTimeout: 10 * time.Second})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() }) // accepted by the kernel, never read
+	_ = a.Directory().Update(dirPeer("stopped", ln.Addr().String()))
+	start := time.Now()
+	_, err = a.Exchange("stopped", "echo", nil, 300*time.Millisecond)
+	if el := time.Since(start); !errors.Is(err, xfer.ErrTimeout) || el > 3*time.Second {
+		t.Fatalf("exchange with a peer that never handshakes: %v after %v; want ErrTimeout within its 300ms (the handshake's is 10s)", err, el)
 	}
 }

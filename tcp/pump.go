@@ -234,8 +234,12 @@ func (p *peer) dialEndedLocked(err error) {
 // ensureSession makes sure the peer has outbound connections, asking its
 // pump to dial when it has none, and waits for that dial (concurrent
 // callers share one). It is for calls that need an answer from the peer
-// (Open, Exchange, token renewal), never for Submit. Close ends the wait.
-func (n *Node) ensureSession(p *peer) error {
+// (Open, Exchange, token renewal), never for Submit. Close ends the wait,
+// and so does timeout (xfer.ErrTimeout; the dial goes on for the next
+// caller): an exchange with a short timeout does not wait out a dial to
+// a peer that accepts connections and does not answer (stopped, wedged),
+// HandshakeTimeout.
+func (n *Node) ensureSession(p *peer, timeout time.Duration) error {
 	p.mu.Lock()
 	if len(p.sess) > 0 {
 		p.mu.Unlock()
@@ -252,10 +256,14 @@ func (n *Node) ensureSession(p *peer) error {
 	p.wantDial = true
 	n.startPumpLocked(p)
 	p.mu.Unlock()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
 	select {
 	case <-ch:
 	case <-n.done:
 		return xfer.ErrClosed
+	case <-timer.C:
+		return fmt.Errorf("%w: no session with peer %s within %v (dialing it)", xfer.ErrTimeout, p.id, timeout)
 	}
 	p.mu.Lock()
 	live, err := len(p.sess) > 0, p.dialErr

@@ -70,7 +70,7 @@ func (n *Node) openToken(p *peer, a Access, rights Rights) (*credential, token, 
 // askOpen sends one open of a with rights to p, over its session (dialed
 // if there is none), and returns its ended request.
 func (n *Node) askOpen(p *peer, a Access, rights Rights) (*pending, error) {
-	if err := n.ensureSession(p); err != nil {
+	if err := n.ensureSession(p, n.cfg.RequestTimeout); err != nil {
 		return nil, err
 	}
 	pd, err := n.roundTrip(p, pkOpen, header{typ: tOpenReq, flags: uint16(rights)}, encodeOpen(a), n.cfg.RequestTimeout, false)
