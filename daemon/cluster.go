@@ -207,6 +207,8 @@ func (p nodePeers) ExchangeAt(id string, epoch uint64, kind string, req []byte, 
 	return p.n.ExchangeAt(id, epoch, kind, req, timeout)
 }
 
+func (p nodePeers) DropStalled(id, reason string) int { return p.n.DropStalled(id, reason) }
+
 // Unreachable: no session can be had with the peer (no address, refused,
 // lost), it did not answer in time, or it runs another epoch; not a
 // failure of its handler.

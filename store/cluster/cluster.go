@@ -34,6 +34,17 @@ type Peers interface {
 	Unreachable(err error) bool
 }
 
+// StallDropper is what a Peers may also do: close the connections
+// carrying this daemon's requests to peer whose bytes the network stalled
+// (unacknowledged, retransmitted on a backed-off timer), so that the next
+// request dials afresh (tcp.Node.DropStalled). The cluster does it when a
+// member it had taken for down is heard from again: a network cut leaves
+// those connections open, and after it heals their bytes wait seconds for
+// TCP's next retransmission, while a new connection goes at once.
+type StallDropper interface {
+	DropStalled(peer, reason string) int
+}
+
 // Span is one value's move from a holder's pool into this daemon's.
 type Span struct {
 	Local, Remote, Length uint64

@@ -60,6 +60,18 @@
 //   - Modes. Config.Admission (the daemon's mode) admits each remote get
 //     and each read served to another daemon: budgets, never correctness.
 //
+// Members (members.go). A member is up once it speaks or answers (a
+// handler ran for it, or the prober's hello every Config.ProbeEvery got
+// through) and down once an exchange with it finds it unreachable or
+// silent for a good part of Config.Timeout. A failed exchange sent before
+// the member last came up, or before one it answered was sent, says
+// nothing of it now (an exchange sent into a cut that times out after it
+// healed) and leaves it up. When a member taken for down is heard from
+// again, this daemon's connections to it whose bytes are unacknowledged
+// and retransmitted on a backed-off timer are closed (StallDropper): a
+// cut leaves them open, and once it heals their bytes would wait seconds
+// for TCP's next retransmission, while a new connection goes at once.
+//
 // Fencing (fence.go). Every message to a home carries the generation of
 // each of its keys' shards it was sent for; a home that does not hold
 // that generation refuses it and obeys none of it, and the sender

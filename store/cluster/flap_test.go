@@ -136,7 +136,10 @@ func claimsAcrossPartition(t *testing.T, cuts [][2]string) {
 // Such a failure says nothing of the member now: a member that came up,
 // or answered an exchange sent later, after the failed one was sent stays
 // up (counted), where it went down and up again, moving its shards twice.
-// A failure of an exchange sent after both still takes it down.
+// A failure of an exchange sent after both still takes it down. Each time
+// the member comes back, this daemon drops its connections to it that
+// stayed silent (StallDropper), so that the exchanges that follow do not
+// wait for a stalled connection's retransmissions.
 func TestLateFailureKeepsMemberUp(t *testing.T) {
 	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: time.Second, ProbeEvery: time.Hour})
 	a := f.node("a")
@@ -173,5 +176,13 @@ func TestLateFailureKeepsMemberUp(t *testing.T) {
 	a.c.lost("b", cutErr, time.Now())
 	if up() || a.c.Stats().LateLosses != 2 {
 		t.Fatalf("a failure sent after b last answered: b up %v, %d late losses; want b down, 2", up(), a.c.Stats().LateLosses)
+	}
+	// Each return asked for a's silent connections to b to go: at the
+	// first above, and again now.
+	drops := a.drops("b")
+	testutil.Eventually(t, 10*time.Second, func() bool { a.c.probe(); return up() }, "a seeing b back")
+	if drops < 1 || a.drops("b") != drops+1 {
+		t.Fatalf("stalled connections dropped %d times by the first return, %d by the second; want at least 1, then 1 more",
+			drops, a.drops("b")-drops)
 	}
 }

@@ -153,6 +153,29 @@ type fakeNode struct {
 	hmu sync.RWMutex
 	h   map[string]func(string, uint64, []byte) ([]byte, error)
 	hi  map[string]func(string, uint64, []byte, func(resp, payload []byte)) error
+	// dropped counts the DropStalled calls, by peer (dmu).
+	dmu     sync.Mutex
+	dropped map[string]int
+}
+
+// DropStalled implements StallDropper: the fake net has no connections
+// to close, so it only counts.
+func (n *fakeNode) DropStalled(peer, reason string) int {
+	n.dmu.Lock()
+	defer n.dmu.Unlock()
+	if n.dropped == nil {
+		n.dropped = map[string]int{}
+	}
+	n.dropped[peer]++
+	return 1
+}
+
+// drops is how many times n was asked to drop its stalled connections to
+// peer.
+func (n *fakeNode) drops(peer string) int {
+	n.dmu.Lock()
+	defer n.dmu.Unlock()
+	return n.dropped[peer]
 }
 
 // quickNode is a fakeNode that also reads by key in one exchange

@@ -56,6 +56,14 @@ func (c *Cluster) seen(id string, epoch uint64) {
 		return
 	}
 	c.log.Info("member up", "member", id, "epoch", epoch, "restarted", restarted)
+	if sd, ok := c.peers.(StallDropper); ok {
+		// Its connections a cut stalled would hold up the exchanges
+		// below until TCP retransmits: new ones go now.
+		if n := sd.DropStalled(id, "the store across hosts heard from the member again; this connection's bytes are still unacknowledged"); n > 0 {
+			c.log.Info("connections to a member back that the network had stalled dropped: the next exchanges dial afresh",
+				"member", id, "connections", n)
+		}
+	}
 	c.recompute()
 	// Its index is empty (restarted) or stale (unreachable a while): the
 	// keys this daemon holds of the shards it is home of go to it again.
