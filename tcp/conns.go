@@ -118,10 +118,7 @@ func (n *Node) DropStalled(peerID, reason string) int {
 			p.mu.Unlock()
 			return len(drop)
 		}
-		if p.wake == nil {
-			p.wake = make(chan struct{})
-		}
-		wake := p.wake
+		wake := p.wakeChanLocked()
 		p.mu.Unlock()
 		select {
 		case <-wake:

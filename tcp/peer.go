@@ -87,6 +87,15 @@ func (p *peer) adoptEpochLocked(e uint64) (old []*conn) {
 	return old
 }
 
+// wakeChanLocked is the channel wakeLocked closes next, made for the
+// caller to wait on (p.mu held; wait after releasing it).
+func (p *peer) wakeChanLocked() chan struct{} {
+	if p.wake == nil {
+		p.wake = make(chan struct{})
+	}
+	return p.wake
+}
+
 // wakeLocked tells credit waiters that something changed.
 func (p *peer) wakeLocked() {
 	p.changes++

@@ -185,10 +185,7 @@ func (n *Node) pump(p *peer) {
 		}
 		// No room, or only connections being dropped: wait until credit
 		// frees or a connection closes.
-		if p.wake == nil {
-			p.wake = make(chan struct{})
-		}
-		wake := p.wake
+		wake := p.wakeChanLocked()
 		p.mu.Unlock()
 		select {
 		case <-wake:
