@@ -2,8 +2,6 @@ package tcp
 
 import (
 	"net/netip"
-	"slices"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -68,18 +66,18 @@ func addrPort(sa unix.Sockaddr) (netip.AddrPort, bool) {
 
 // DropStalled closes this node's connections carrying its requests to
 // peerID whose sockets are stalled (stalledTCP: bytes the peer has not
-// acknowledged, retransmitted on a backed-off timer), waits (at most
-// dropWait) until they are out of the peer's session, so that the next
-// request dials afresh, and returns how many it closed. It is for a
-// caller that has just heard from the peer again after taking it for
-// gone: a network cut leaves the connections open, and once it heals
+// acknowledged, retransmitted on a backed-off timer), and returns how many
+// it closed. They leave the peer's session at once, so the next request
+// dials afresh instead of finding only connections on their way out. It
+// is for a caller that has just heard from the peer again after taking it
+// for gone: a network cut leaves the connections open, and once it heals
 // their bytes wait for TCP's next retransmission, backed off to seconds,
 // while a new connection goes at once; long before RequestTimeout, after
 // which the reaper would drop them itself. A connection whose bytes are
 // acknowledged stays, however slow its answers (a busy handler, or a
 // stopped process whose kernel still acknowledges), and so do the peer's
 // connections to this node. The requests in flight on a closed one end
-// with ErrConnLost.
+// with ErrConnLost when its event loop closes it.
 func (n *Node) DropStalled(peerID, reason string) int {
 	n.mu.Lock()
 	p := n.peers[peerID]
@@ -89,50 +87,37 @@ func (n *Node) DropStalled(peerID, reason string) int {
 	}
 	var drop []*conn
 	p.mu.Lock()
+	keep := p.sess[:0]
 	for _, c := range p.sess {
-		if c.dropping {
-			continue
-		}
 		// The descriptor is open while c is in the session: OnClose
 		// takes it out under p.mu before the event loop closes it.
-		ti, err := unix.GetsockoptTCPInfo(c.g.Fd(), unix.IPPROTO_TCP, unix.TCP_INFO)
-		if err == nil && stalledTCP(ti) {
+		if !c.dropping && connStalled(c) {
 			c.dropping = true
 			drop = append(drop, c)
+			continue
 		}
+		keep = append(keep, c)
+	}
+	clear(p.sess[len(keep):])
+	p.sess = keep
+	if len(drop) > 0 {
+		p.wakeLocked() // a pump waiting on them dials instead
 	}
 	p.mu.Unlock()
-	if len(drop) == 0 {
-		return 0
-	}
 	for _, c := range drop {
 		p.errs.Add(1)
 		n.log.Warn("dropping peer connection", append(c.logger(), "reason", reason)...)
 		_ = c.g.Close()
 	}
-	timer := time.NewTimer(dropWait)
-	defer timer.Stop()
-	for {
-		p.mu.Lock()
-		if !slices.ContainsFunc(p.sess, func(c *conn) bool { return slices.Contains(drop, c) }) {
-			p.mu.Unlock()
-			return len(drop)
-		}
-		wake := p.wakeChanLocked()
-		p.mu.Unlock()
-		select {
-		case <-wake:
-		case <-timer.C:
-			return len(drop)
-		case <-n.done:
-			return len(drop)
-		}
-	}
+	return len(drop)
 }
 
-// dropWait bounds DropStalled's wait for the connections it closed to
-// leave their peer's session (their event loops close them at once).
-const dropWait = time.Second
+// connStalled reports whether c's socket is stalled (stalledTCP); c is in
+// its peer's session, under the peer's lock. Tests replace it.
+var connStalled = func(c *conn) bool {
+	ti, err := unix.GetsockoptTCPInfo(c.g.Fd(), unix.IPPROTO_TCP, unix.TCP_INFO)
+	return err == nil && stalledTCP(ti)
+}
 
 // stalledTCP reports whether a socket's TCP state (TCP_INFO) says it is
 // stalled: it has bytes the peer has not acknowledged and retransmits

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 	"time"
 
@@ -85,6 +86,46 @@ func TestDropStalled(t *testing.T) {
 	}
 	if n := a.DropStalled("nobody", "no such peer"); n != 0 {
 		t.Fatalf("DropStalled of an unknown peer closed %d", n)
+	}
+}
+
+// TestDropStalledLeavesNoGap: the connections DropStalled closes leave the
+// peer's session at once: an exchange sent the moment it returns dials
+// afresh and is answered (it does not find only connections on their way
+// out, "no session"), while the exchange that was in flight on a closed
+// one ends with ErrConnLost. Which connections are stalled is the test's
+// (connStalled replaced): a real one needs a link cut.
+func TestDropStalledLeavesNoGap(t *testing.T) {
+	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
+	a, b := nodes[0], nodes[1]
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	if err := b.Handle("slow", func(string, uint64, []byte) ([]byte, error) {
+		started <- struct{}{}
+		<-release
+		return []byte("late"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Handle("echo", func(string, uint64, []byte) ([]byte, error) { return []byte("here"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { _, err := a.Exchange("bravo", "slow", nil, 10*time.Second); got <- err }()
+	<-started
+	defer close(release)
+	real := connStalled
+	connStalled = func(*conn) bool { return true }
+	defer func() { connStalled = real }()
+	if n := a.DropStalled("bravo", "the test takes them for stalled"); n != 2 {
+		t.Fatalf("DropStalled closed %d connections, want both", n)
+	}
+	connStalled = real
+	if resp, err := a.Exchange("bravo", "echo", nil, 5*time.Second); err != nil || string(resp) != "here" {
+		t.Fatalf("the exchange sent as DropStalled returned: %q, %v", resp, err)
+	}
+	if err := <-got; !errors.Is(err, ErrConnLost) {
+		t.Fatalf("the exchange in flight on a dropped connection: %v, want ErrConnLost", err)
 	}
 }
 
