@@ -448,7 +448,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_tombstone_hits_total", "Re-announced copies answered \"removed\" (removed while their holder was away).", s.TombHits},
 		{"tensorcast_cluster_tombstone_retried_total", "Removed copies a holder back after being away dropped when asked again.", s.TombRetried},
 		{"tensorcast_cluster_tombstone_drops_total", "Copies this daemon dropped because their home said they were removed.", s.TombDrops},
-		{"tensorcast_cluster_tombstones_expired_total", "Tombstones gone by age (store_tombstone_ttl): that holder's copy stays.", s.TombExpired},
+		{"tensorcast_cluster_tombstones_expired_total", "Tombstones gone by age (10 minutes): that holder's copy stays.", s.TombExpired},
 		{"tensorcast_cluster_tombstones_evicted_total", "Tombstones gone by the table's bound: that holder's copy stays.", s.TombEvicted},
 		{"tensorcast_cluster_puts_apart_over_total", "Puts' notes pushed out by the table's bound: a removal told late takes those values.", s.PutsApartOver},
 		{"tensorcast_cluster_puts_kept_total", "Values put after their key's removal elsewhere that the removal's late drop left here.", s.PutsKept},

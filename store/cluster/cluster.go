@@ -107,8 +107,10 @@ type Config struct {
 	// MaxTombstones bounds the removed copies a home remembers for
 	// holders it could not reach (default 1<<16), for at most
 	// TombstoneTTL each (default 10 min) (tomb.go), the copies of other
-	// homes' tombstones kept here, and the removed keys kept here until
-	// the I/O in flight on them ends (dropLater).
+	// homes' tombstones kept here, the removed keys kept here until the
+	// I/O in flight on them ends (dropLater), and the puts whose time is
+	// noted while members are away, for TombstoneTTL after the last came
+	// back (apart.go).
 	MaxTombstones int
 	TombstoneTTL  time.Duration
 	// Staleness is how long a reader keeps a home's answer (default 2 s;
