@@ -53,16 +53,15 @@ func TestConnAddrs(t *testing.T) {
 	}
 }
 
-// TestDropStalled: DropStalled closes only connections whose bytes the
-// network stalled. Over loopback every byte is acknowledged: a connection
-// with an exchange in flight that its handler holds for as long as it
-// likes is live, and stays, and the exchange gets its answer. (A link cut
-// in a network namespace, the case it is for, is the soak's; its
-// decision, by TCP_INFO, is stalledTCP's, below.)
-func TestDropStalled(t *testing.T) {
+// heldExchange starts two nodes with two connections from alpha to bravo,
+// and an exchange of req from alpha whose handler on bravo holds it until
+// release is closed; it returns once the handler runs, with the
+// exchange's error to come on got.
+func heldExchange(t *testing.T, req []byte) (a, b *testNode, got <-chan error, release chan struct{}) {
+	t.Helper()
 	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
-	a, b := nodes[0], nodes[1]
-	release := make(chan struct{})
+	a, b = nodes[0], nodes[1]
+	release = make(chan struct{})
 	started := make(chan struct{}, 1)
 	if err := b.Handle("slow", func(string, uint64, []byte) ([]byte, error) {
 		started <- struct{}{}
@@ -71,12 +70,20 @@ func TestDropStalled(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
-	go func() {
-		_, err := a.Exchange("bravo", "slow", bytes.Repeat([]byte("x"), 32<<10), 10*time.Second)
-		got <- err
-	}()
+	res := make(chan error, 1)
+	go func() { _, err := a.Exchange("bravo", "slow", req, 10*time.Second); res <- err }()
 	<-started
+	return a, b, res, release
+}
+
+// TestDropStalled: DropStalled closes only connections whose bytes the
+// network stalled. Over loopback every byte is acknowledged: a connection
+// with an exchange in flight that its handler holds for as long as it
+// likes is live, and stays, and the exchange gets its answer. (A link cut
+// in a network namespace, the case it is for, is the soak's; its
+// decision, by TCP_INFO, is stalledTCP's, below.)
+func TestDropStalled(t *testing.T) {
+	a, _, got, release := heldExchange(t, bytes.Repeat([]byte("x"), 32<<10))
 	if n := a.DropStalled("bravo", "the test asks"); n != 0 {
 		t.Fatalf("DropStalled closed %d live connections", n)
 	}
@@ -96,23 +103,10 @@ func TestDropStalled(t *testing.T) {
 // one ends with ErrConnLost. Which connections are stalled is the test's
 // (connStalled replaced): a real one needs a link cut.
 func TestDropStalledLeavesNoGap(t *testing.T) {
-	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
-	a, b := nodes[0], nodes[1]
-	release := make(chan struct{})
-	started := make(chan struct{}, 1)
-	if err := b.Handle("slow", func(string, uint64, []byte) ([]byte, error) {
-		started <- struct{}{}
-		<-release
-		return []byte("late"), nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	a, b, got, release := heldExchange(t, nil)
 	if err := b.Handle("echo", func(string, uint64, []byte) ([]byte, error) { return []byte("here"), nil }); err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
-	go func() { _, err := a.Exchange("bravo", "slow", nil, 10*time.Second); got <- err }()
-	<-started
 	defer close(release)
 	real := connStalled
 	connStalled = func(*conn) bool { return true }
