@@ -66,6 +66,19 @@ func (p *putsApart) setApart(away bool, now time.Time) {
 	}
 }
 
+// note notes a put of key now, if puts are noted now (the clock is not
+// read while no member was ever away). It reports whether the table was
+// full (the oldest note went). It runs under the key's store shard lock.
+func (p *putsApart) note(key []byte) (full bool) {
+	if p.until.Load() == 0 {
+		return false
+	}
+	if now := time.Now(); p.noting(now) {
+		return p.put(key, now)
+	}
+	return false
+}
+
 // noting reports whether a put at now is to be noted.
 func (p *putsApart) noting(now time.Time) bool {
 	u := p.until.Load()
@@ -144,10 +157,3 @@ func (p *putsApart) after(key []byte, t time.Time) bool {
 
 // len is how many puts the table notes.
 func (p *putsApart) len() int { return int(p.n.Load()) }
-
-// ageMS is d in whole milliseconds for a message, rounded down (the
-// removal seen as a little later than it was: a put in that moment is
-// taken as made before it) and within a u32.
-func ageMS(d time.Duration) uint32 {
-	return uint32(min(max(d.Milliseconds(), 0), math.MaxUint32))
-}

@@ -36,14 +36,7 @@ func (c *Cluster) Restated(key []byte, size uint64, crc uint32) {
 // notePut notes the time of a put of key here while members are away, or
 // were lately (apart.go). It runs under the key's store shard lock.
 func (c *Cluster) notePut(key []byte) {
-	if c.apart.until.Load() == 0 {
-		return // no member was ever away: nothing to note
-	}
-	now := time.Now()
-	if !c.apart.noting(now) {
-		return
-	}
-	if c.apart.put(key, now) {
+	if c.apart.note(key) {
 		if n := c.apart.over.Load(); n&(n-1) == 0 {
 			c.log.Warn("too many puts while members are away to note them all: a removal made elsewhere before the oldest, told late, takes them",
 				"max", c.cfg.MaxTombstones, "times", n)
@@ -246,13 +239,12 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 			gone = append(gone, batch[ps[j]].key)
 		}
 	}
-	var ats []time.Time
+	var ages []uint32
 	if d.err == nil && len(d.b) > 0 {
 		// When each removal was: a value put here since stays.
-		now := time.Now()
-		ats = make([]time.Time, len(gone))
-		for i := range ats {
-			ats[i] = removedAt(d.u32(), now)
+		ages = make([]uint32, len(gone))
+		for i := range ages {
+			ages[i] = d.u32()
 		}
 	}
 	if err := d.end(); err != nil {
@@ -265,7 +257,7 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 	}
 	if len(gone) > 0 {
 		// Removed while this daemon was not reached: its copies go now.
-		c.dropRemoved(home, gone, ats)
+		c.dropRemoved(home, gone, atsOf(ages, time.Now()))
 	}
 	return nil
 }
@@ -274,40 +266,12 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 // answered "removed" when they were announced: removals made while this
 // daemon was not reached, at ats (zero: whatever is here now goes). A
 // value put here after its key's removal stays, and is announced again
-// (the tombstone that answered is spent).
+// (dropHere; the tombstone that answered is spent).
 func (c *Cluster) dropRemoved(home string, keys [][]byte, ats []time.Time) {
 	kept := c.dropHere(keys, ats)
 	c.c.tombDrops.Add(uint64(len(keys) - len(kept)))
 	c.log.Info("copies removed while this daemon was away dropped, as their home says", "home", home,
 		"keys", len(keys)-len(kept), "put_since_kept", len(kept))
-	c.restate(keys, kept)
-}
-
-// restate queues the state here now of the keys at ps, for their homes.
-func (c *Cluster) restate(keys [][]byte, ps []int) {
-	if len(ps) == 0 {
-		return
-	}
-	held := make([]store.Held, len(ps))
-	for i, p := range ps {
-		held[i] = store.Held{Key: keys[p]} // no record named: the state now is queued
-	}
-	c.st.Recheck(held)
-}
-
-// removalAge is how long before now a removal at at was, for a message
-// (0 for a zero at: no time known, the removal taken as now).
-func removalAge(at, now time.Time) uint32 {
-	if at.IsZero() {
-		return 0
-	}
-	return ageMS(now.Sub(at))
-}
-
-// removedAt is the time of a removal age ms before now, as a message
-// tells it.
-func removedAt(age uint32, now time.Time) time.Time {
-	return now.Add(-time.Duration(age) * time.Millisecond)
 }
 
 // dropUnannounced drops the fetched copies among the entries of batch at
@@ -348,7 +312,7 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 		switch {
 		case gone:
 			removed = append(removed, uint32(i))
-			ages = append(ages, removalAge(at, now))
+			ages = append(ages, ageOf(at, now))
 		case !added:
 			refused++
 		}
@@ -558,16 +522,17 @@ func (c *Cluster) onRemove(from string, epoch uint64, req []byte) ([]byte, error
 //
 // ats, when set, are when each key's removal was (a tombstone's drop,
 // told late; a zero one: whatever is here goes): a value put here after
-// it, as noted (putsApart), is a new one and stays. Such a drop names the
+// it, as noted (putsApart), is a new one and stays, announced again (its
+// home may have heard of it only as removed). Such a drop names the
 // record it removes (one put after this look is another, and stays) and
-// then queues the key's state here for its home (store.Recheck). It
-// returns the positions of the keys kept.
+// then queues the key's state here for its home (store.Recheck), as for
+// the keys kept. It returns the positions of the keys kept.
 func (c *Cluster) dropHere(keys [][]byte, ats []time.Time) (kept []int) {
 	defer func() { c.c.putsKept.Add(uint64(len(kept))) }()
 	c.answers.drop(keys)
 	drop := keys
 	ids := make([]store.RecordID, len(keys))
-	var named []store.Held // dropped by record, or none here: their state now goes to their homes
+	var named []store.Held // kept, dropped by record, or none here: their state now goes to their homes
 	if ats != nil {
 		drop = make([][]byte, 0, len(keys))
 		n := 0
@@ -581,6 +546,7 @@ func (c *Cluster) dropHere(keys [][]byte, ats []time.Time) (kept []int) {
 			switch {
 			case ok && c.apart.after(k, ats[i]):
 				kept = append(kept, i)
+				named = append(named, store.Held{Key: k})
 			case ok:
 				drop, ids[n] = append(drop, k), id
 				n++
@@ -756,21 +722,10 @@ func (c *Cluster) onDrop(from string, epoch uint64, req []byte) ([]byte, error) 
 	if err != nil {
 		return nil, err
 	}
-	var ats []time.Time
-	if ages != nil {
-		now := time.Now()
-		ats = make([]time.Time, len(ages))
-		for i, a := range ages {
-			ats[i] = removedAt(a, now)
-		}
-	}
-	kept := c.dropHere(keys, ats)
+	kept := c.dropHere(keys, atsOf(ages, time.Now()))
 	if len(kept) > 0 {
 		c.log.Info("values put here after their removal elsewhere kept, a late drop of the removed copies notwithstanding",
 			"from", from, "keys", len(kept), "first", string(keys[kept[0]]))
-		// Announced again, in case their home heard of them only as
-		// removed.
-		c.restate(keys, kept)
 	}
 	return encodePositions(kept), nil
 }

@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/tensorcast/tensorcast/store"
@@ -256,6 +257,42 @@ func decodeKeysFrom(d *dec) [][]byte {
 	return keys
 }
 
+// Times go in messages as ages: whole milliseconds back from the
+// sender's now, taken back from the receiver's (no clock is compared).
+
+// ageMS is d in whole milliseconds for a message, rounded down (a removal
+// seen as a little later than it was: a put in that moment is taken as
+// made before it) and within a u32.
+func ageMS(d time.Duration) uint32 {
+	return uint32(min(max(d.Milliseconds(), 0), math.MaxUint32))
+}
+
+// ageOf is at's age as of now for a message (0 for a zero at: no time
+// known, taken as now).
+func ageOf(at, now time.Time) uint32 {
+	if at.IsZero() {
+		return 0
+	}
+	return ageMS(now.Sub(at))
+}
+
+// atAge is the time age ms before now, as a message tells it.
+func atAge(age uint32, now time.Time) time.Time {
+	return now.Add(-time.Duration(age) * time.Millisecond)
+}
+
+// atsOf is the times of ages before now (nil for nil).
+func atsOf(ages []uint32, now time.Time) []time.Time {
+	if ages == nil {
+		return nil
+	}
+	ats := make([]time.Time, len(ages))
+	for i, a := range ages {
+		ats[i] = atAge(a, now)
+	}
+	return ats
+}
+
 // encodeDrop encodes a drop of keys; ages, when set (one per key), are how
 // long ago each removal was, in ms.
 func encodeDrop(keys [][]byte, ages []uint32) []byte {
@@ -458,7 +495,7 @@ func encodeTombs(ts []tomb, now time.Time) []byte {
 		e.str8(t.holder)
 		e.u64(t.size)
 		e.u32(t.crc)
-		e.u32(uint32(min(max(now.Sub(t.at), 0)/time.Millisecond, 1<<32-1)))
+		e.u32(ageOf(t.at, now))
 	}
 	return e.bytes()
 }
@@ -477,7 +514,7 @@ func decodeTombs(b []byte, now time.Time) ([]tomb, error) {
 		}
 		id := d.take(idLen)
 		t := tomb{key: string(k), holder: string(id), size: d.u64(), crc: d.u32()}
-		t.at = now.Add(-time.Duration(d.u32()) * time.Millisecond)
+		t.at = atAge(d.u32(), now)
 		ts = append(ts, t)
 	}
 	return ts, d.end()

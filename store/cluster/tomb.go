@@ -379,7 +379,7 @@ func (c *Cluster) retryDrops(id string) {
 			now := time.Now()
 			for i, p := range ch {
 				part[i] = keys[p]
-				ages[i] = removalAge(ats[p], now)
+				ages[i] = ageOf(ats[p], now)
 			}
 			body, err := c.exchange(id, c.epochOf(id), kindDrop, encodeDrop(part, ages))
 			var put []int // the holder's values put after the removal, kept
