@@ -452,6 +452,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_tombstones_evicted_total", "Tombstones gone by the table's bound: that holder's copy stays.", s.TombEvicted},
 		{"tensorcast_cluster_puts_apart_over_total", "Puts' notes pushed out by the table's bound: a removal told late takes those values.", s.PutsApartOver},
 		{"tensorcast_cluster_puts_kept_total", "Values put after their key's removal elsewhere that the removal's late drop left here.", s.PutsKept},
+		{"tensorcast_cluster_older_kinds_total", "Messages sent as the kind an older release knows, to a member that serves none with removal ages.", s.OlderKinds},
 		{"tensorcast_cluster_late_losses_total", "Failed exchanges with a member that were sent before it answered again: not taken for it going down.", s.LateLosses},
 		{"tensorcast_cluster_stale_refused_total", "Messages this daemon refused as a home: sent for a generation it does not hold.", s.StaleRefused},
 		{"tensorcast_cluster_stale_answers_total", "Messages other homes refused for a stale generation (refreshed and sent again once).", s.StaleAnswers},

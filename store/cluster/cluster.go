@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -354,6 +355,7 @@ type counters struct {
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
 	putsKept                                                 atomic.Uint64 // values put after their removal, kept against its late drop
 	lateLosses                                               atomic.Uint64 // failed exchanges sent before the member answered again: not taken for down
+	olderKinds                                               atomic.Uint64 // messages sent as the kind an older release knows (members.go, older)
 	tombsKept, keepFailed                                    atomic.Uint64 // tombstone copies given to keepers, and not
 	goneOver                                                 atomic.Uint64 // removed keys with I/O in flight here past the bound
 	overBudget, readersRefused                               atomic.Uint64
@@ -419,12 +421,23 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	if err := c.startPush(); err != nil {
 		return nil, err
 	}
-	for kind, h := range map[string]func(string, uint64, []byte) ([]byte, error){
+	handlers := map[string]func(string, uint64, []byte) ([]byte, error){
 		kindAnnounce: c.onFenced(c.onAnnounce), kindLookup: c.onFenced(c.onLookup), kindRemove: c.onFenced(c.onRemove),
 		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
 		kindClaim: c.onFenced(c.onClaim), kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate, kindTombs: c.onTombs,
-		kindKeep: c.onKeep,
-	} {
+		kindKeep: c.onKeep, kindAnnounceAges: c.onFenced(c.onAnnounceAges), kindDropAges: c.onDropAges,
+	}
+	// The kinds with removal ages first (and, in Close, last): a member
+	// that serves an older kind but not these runs an older release
+	// (members.go, older), not this one starting or stopping.
+	order := []string{kindAnnounceAges, kindDropAges}
+	for _, k := range slices.Sorted(maps.Keys(handlers)) {
+		if !slices.Contains(order, k) {
+			order = append(order, k)
+		}
+	}
+	for _, kind := range order {
+		h := handlers[kind]
 		n := new(atomic.Uint64)
 		c.served[kind] = n
 		err := peers.Handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
@@ -497,7 +510,7 @@ func (c *Cluster) Close() {
 	c.endLife()
 	c.stopPush()
 	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello,
-		kindClaim, kindUnclaim, kindReplicate, kindTombs, kindKeep} {
+		kindClaim, kindUnclaim, kindReplicate, kindTombs, kindKeep, kindAnnounceAges, kindDropAges} { // as registered, the kinds with ages last
 		_ = c.peers.Handle(k, nil)
 	}
 	if qp, ok := c.peers.(QuickPeers); ok {

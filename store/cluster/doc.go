@@ -140,7 +140,14 @@
 // Messages are exchanges on the peer channel (tcp.Node.Exchange, kinds
 // "tc.store.*"), addressed to the epoch the sender knows, so a daemon that
 // restarted never obeys what was meant for its previous run. Their codec
-// is msg.go, fuzzed.
+// is msg.go, fuzzed. A message that gains a part an older release would
+// refuse is a kind of its own (the announcement answered with removals'
+// ages, the tombstone's drop with them): a member that serves the older
+// kind but not the newer is logged once per run and sent the older kind
+// (for a minute at a time, counted), so daemons of two releases keep one
+// store through a rolling upgrade and neither is sent what it refuses; a
+// removal such a member missed takes whatever copy it has, as that
+// release did.
 //
 // Pushed answers (push.go). A home pushes its fresh answer for a key whose
 // holders changed to the readers that asked it about the key's shard

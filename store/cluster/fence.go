@@ -241,6 +241,9 @@ func unwrapAnswer(resp []byte) (body []byte, stale []shardGen, err error) {
 // home, and taken in once a home answered (or failed: err).
 type homeMsg struct {
 	kind string
+	// older, when set, is the kind an older release knows in kind's
+	// place: a home that serves no kind is sent that one (members.go).
+	older string
 	// per is what one key costs in the message beyond its bytes.
 	per   int
 	build func(pos []int) []byte
@@ -278,7 +281,7 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 			go func() {
 				defer wg.Done()
 				req, sent := c.encodeFenced(home, keys, ch, m.build(ch))
-				resp, err := c.exchangeBy(home, c.epochOf(home), m.kind, req, deadline)
+				resp, err := c.homeExchange(home, m, req, deadline)
 				var body []byte
 				var stale []shardGen
 				if err == nil {
@@ -333,6 +336,29 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 		m.local(ch)
 	}
 	wg.Wait()
+}
+
+// homeExchange sends req (m's message) to home; to a home of an older
+// release (members.go, older) as the kind it knows.
+func (c *Cluster) homeExchange(home string, m homeMsg, req []byte, deadline time.Time) ([]byte, error) {
+	epoch := c.epochOf(home)
+	if m.older == "" {
+		return c.exchangeBy(home, epoch, m.kind, req, deadline)
+	}
+	if c.older(home, epoch) {
+		c.c.olderKinds.Add(1)
+		return c.exchangeBy(home, epoch, m.older, req, deadline)
+	}
+	resp, err := c.exchangeBy(home, epoch, m.kind, req, deadline)
+	if err == nil || !notServed(err) {
+		return resp, err
+	}
+	c.c.olderKinds.Add(1)
+	resp, oerr := c.exchangeBy(home, epoch, m.older, req, deadline)
+	if oerr == nil {
+		c.olderRelease(home, epoch, m.kind, err) // it serves the older kind only
+	}
+	return resp, oerr
 }
 
 // refresh brings up to date what this daemon knows of shards a home

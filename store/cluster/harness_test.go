@@ -60,6 +60,54 @@ type fakeNet struct {
 	// holders that never answer such a read (it fails at its deadline).
 	quick bool
 	mute  map[string]bool
+	// older, guarded by kindMu: daemons that act on the wire as a release
+	// without the messages with removal ages (olderWire); olderRefused
+	// counts the messages such a daemon's decoders would have refused.
+	older        map[string]bool
+	olderRefused int
+}
+
+// olderWire makes daemon id act on the wire as a release without the
+// messages with removal ages: it serves no kindAnnounceAges or
+// kindDropAges, and sends neither (each is answered to it as not served,
+// so it sends the older kind, as that release does); and its decoders
+// refuse what that release's refused, a drop with ages and an
+// announcement answer with them (counted in olderRefused).
+func (f *fakeNet) olderWire(id string) {
+	f.kindMu.Lock()
+	defer f.kindMu.Unlock()
+	f.older[id] = true
+}
+
+// olderRefuses reports whether an exchange of kind from daemon from to to,
+// with request req and answer resp (nil before the handler ran), is one an
+// older release on either side would refuse, counting it if so.
+func (f *fakeNet) olderRefuses(from, to, kind string, req, resp []byte) error {
+	f.kindMu.Lock()
+	defer f.kindMu.Unlock()
+	var err error
+	switch {
+	case (kind == kindAnnounceAges || kind == kindDropAges) && (f.older[from] || f.older[to]):
+		return fmt.Errorf("fake peer: no handler of %s (an older release): %w", kind, xfer.ErrNotSupported)
+	case kind == kindDrop && f.older[to] && resp == nil:
+		_, err = decodeKeys(req)
+	case kind == kindAnnounce && f.older[from] && resp != nil:
+		body, stale, uerr := unwrapAnswer(resp)
+		if uerr != nil || stale != nil {
+			return nil // taken as today's daemon takes it
+		}
+		d := newDec(body)
+		d.u32()
+		for n := d.count(maxMsgKeys); n > 0 && d.err == nil; n-- {
+			d.u32()
+		}
+		err = d.end()
+	}
+	if err != nil {
+		f.olderRefused++
+		return fmt.Errorf("fake peer: %s refused by an older release's decoder: %w", kind, err)
+	}
+	return nil
 }
 
 // lateRead is a failed read whose transfer is still to land: its spans'
@@ -277,11 +325,18 @@ func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte
 	h := p.h[kind]
 	p.hmu.RUnlock()
 	if h == nil {
-		return nil, fmt.Errorf("fake peer: no handler of %s on %s", kind, peer)
+		// As tcp.ErrNoHandler: the asker can tell it from a failure.
+		return nil, fmt.Errorf("fake peer: no handler of %s on %s: %w", kind, peer, xfer.ErrNotSupported)
+	}
+	if err := n.net.olderRefuses(n.id, peer, kind, req, nil); err != nil {
+		return nil, err
 	}
 	resp, err := h(n.id, n.epoch, slices.Clone(req))
 	if err != nil {
 		return nil, fmt.Errorf("fake peer: %s on %s: %s", kind, peer, err) // the text only, as over the wire
+	}
+	if err := n.net.olderRefuses(n.id, peer, kind, req, resp); err != nil {
+		return nil, err
 	}
 	return resp, nil
 }
@@ -402,7 +457,7 @@ func newQuickNet(t testing.TB, ids []string, cfg Config) *fakeNet {
 func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *Config), opts ...func(*fakeNet)) *fakeNet {
 	t.Helper()
 	f := &fakeNet{nodes: map[string]*fakeNode{}, kinds: map[string]uint64{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{},
-		cuts: map[[2]string]bool{}, flying: map[[2]string]int{}, mute: map[string]bool{}}
+		cuts: map[[2]string]bool{}, flying: map[[2]string]int{}, mute: map[string]bool{}, older: map[string]bool{}}
 	for _, o := range opts {
 		o(f)
 	}

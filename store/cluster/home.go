@@ -178,8 +178,9 @@ func (c *Cluster) announce(batch []entry) int {
 	var mu sync.Mutex
 	failed := 0
 	c.toHomes(keys, pos, homeMsg{
-		kind: kindAnnounce,
-		per:  entryBytes(entry{}),
+		kind:  kindAnnounceAges,
+		older: kindAnnounce,
+		per:   entryBytes(entry{}),
 		build: func(ps []int) []byte {
 			es := make([]entry, len(ps))
 			for j, p := range ps {
@@ -292,8 +293,21 @@ func (c *Cluster) dropUnannounced(batch []entry, ps []int) {
 }
 
 // onAnnounce indexes a holder's announced keys of the shards this daemon
-// is home of; it answers how many it refused.
+// is home of; it answers how many it refused, and which copies a removal
+// passed by.
 func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, error) {
+	return c.announcedHere(from, epoch, req, false)
+}
+
+// onAnnounceAges is onAnnounce answered with the removals' ages
+// (kindAnnounceAges).
+func (c *Cluster) onAnnounceAges(from string, epoch uint64, req []byte) ([]byte, error) {
+	return c.announcedHere(from, epoch, req, true)
+}
+
+// announcedHere indexes the announcements req of holder from (at epoch)
+// and answers, with the removals' ages when aged.
+func (c *Cluster) announcedHere(from string, epoch uint64, req []byte, aged bool) ([]byte, error) {
 	es, err := decodeAnnounce(req)
 	if err != nil {
 		return nil, err
@@ -323,8 +337,10 @@ func (c *Cluster) onAnnounce(from string, epoch uint64, req []byte) ([]byte, err
 	for _, i := range removed {
 		e.u32(i)
 	}
-	for _, a := range ages {
-		e.u32(a)
+	if aged {
+		for _, a := range ages {
+			e.u32(a)
+		}
 	}
 	return e.bytes(), nil
 }
@@ -717,8 +733,22 @@ func (c *Cluster) GonePinned() int {
 	return len(c.gone)
 }
 
+// onDrop drops the copies a home asks this holder to drop (kindDrop):
+// whatever record of them is here, as an older release asks.
 func (c *Cluster) onDrop(from string, epoch uint64, req []byte) ([]byte, error) {
-	keys, ages, err := decodeDrop(req)
+	return c.dropAsked(from, req, false)
+}
+
+// onDropAges is onDrop for a tombstone's drop, which has the removals'
+// ages (kindDropAges).
+func (c *Cluster) onDropAges(from string, epoch uint64, req []byte) ([]byte, error) {
+	return c.dropAsked(from, req, true)
+}
+
+// dropAsked drops the copies a drop from member from names (aged: the
+// message must have the removals' ages) and answers which it kept.
+func (c *Cluster) dropAsked(from string, req []byte, aged bool) ([]byte, error) {
+	keys, ages, err := decodeDrop(req, aged)
 	if err != nil {
 		return nil, err
 	}

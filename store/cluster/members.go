@@ -1,11 +1,13 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // Membership. The members are this daemon and its configured peers; the
@@ -31,6 +33,53 @@ type member struct {
 	// answered was sent. A failed exchange sent before either says
 	// nothing of the member now (lost).
 	upAt, reached time.Time
+	// olderEpoch and olderAt: when the member, at run olderEpoch, last
+	// answered that it serves no message kind with removal ages (an older
+	// release; older).
+	olderEpoch uint64
+	olderAt    time.Time
+}
+
+// olderRecheck is how long a member that answered it serves no kind with
+// removal ages is sent the older kinds before the newer one is tried
+// again, in case it was upgraded without a restart of its run (its epoch).
+const olderRecheck = time.Minute
+
+// older reports whether member id, at run epoch, is to be sent the
+// messages an older release knows (kindAnnounce, kindDrop) instead of
+// those with removal ages.
+func (c *Cluster) older(id string, epoch uint64) bool {
+	c.mmu.Lock()
+	defer c.mmu.Unlock()
+	m, ok := c.members[id]
+	return ok && m.olderEpoch == epoch && !m.olderAt.IsZero() && time.Since(m.olderAt) < olderRecheck
+}
+
+// notServed reports whether err is a member's answer that it serves no
+// handler for the kind asked (an older release, or a store across hosts
+// not running there).
+func notServed(err error) bool { return errors.Is(err, xfer.ErrNotSupported) }
+
+// olderRelease records that member id, at run epoch, answered it serves no
+// kind (err) but served the older kind in its place; the first time in
+// that run it is said in the log, since what the member cannot be told
+// then (a removal's age) matters. (A member whose store across hosts is
+// not running serves neither, and is not marked: the Cluster registers the
+// kinds with ages before the others, and removes them after.)
+func (c *Cluster) olderRelease(id string, epoch uint64, kind string, err error) {
+	c.mmu.Lock()
+	m, ok := c.members[id]
+	first := ok && m.olderEpoch != epoch
+	if ok {
+		m.olderEpoch, m.olderAt = epoch, time.Now()
+	}
+	c.mmu.Unlock()
+	if first {
+		c.log.Warn("a member serves no message with removal ages (an older release, or its store across hosts not "+
+			"running): it is sent the older kinds, and a removal it missed while away takes whatever copy it has, a "+
+			"value put there after the removal included, until it is upgraded",
+			"member", id, "epoch", epoch, "kind", kind, "err", err)
+	}
 }
 
 // seen records that member id spoke at epoch (a handler ran for it, or

@@ -15,15 +15,18 @@ import (
 //	announce  keys → their home: u32 n, n × (key, u8 tier, u64 size, u32 crc);
 //	          tier 0: the holder no longer has the value
 //	          answer: u32 refused (keys the home is not home of), u32 m,
-//	          m × u32 position (copies removed meanwhile: drop them),
-//	          then, optional, m × u32 age ms of each one's removal
-//	          (a value put here since stays: apart.go)
+//	          m × u32 position (copies removed meanwhile: drop them)
+//	announce.ages
+//	          the same; its answer then has m × u32 age ms of each
+//	          one's removal (a value put here since stays: apart.go)
 //	lookup    keys → their home: u32 n, n × key
 //	          answer: u32 n, n × (u8 code, u8 m, m × holder)
 //	remove    keys → their home: u32 n, n × key; answer empty, or u32 m,
 //	          m × u32 position of the keys it is not home of
-//	drop      keys → a holder (from their home): u32 n, n × key, then,
-//	          optional (a tombstone's drop), n × u32 age ms of each
+//	drop      keys → a holder (from their home): u32 n, n × key (then,
+//	          optional, as drop.ages); answer empty: whatever copy the
+//	          holder has goes
+//	drop.ages a tombstone's drop: u32 n, n × key, n × u32 age ms of each
 //	          removal; answer empty, or u32 m, m × u32 position of the
 //	          keys kept (a value put since the removal)
 //	hold      keys → a holder: u32 ttl ms, u32 n, n × key
@@ -35,6 +38,12 @@ import (
 // answer is codeOK (the holders follow) or codeNotHome. A decoder checks
 // every length against what is left and against the limits before use, and
 // refuses trailing bytes.
+//
+// A message that gains a part an older release would refuse gets a kind
+// of its own (announce.ages, drop.ages): an older release answers that it
+// serves no such kind, and is sent the message it knows instead, for a
+// while (olderRecheck), so that a rolling upgrade keeps one store and
+// never sends a daemon what it would refuse (members.go, older).
 
 const msgVersion = 2
 
@@ -70,6 +79,10 @@ const (
 	// kindKeep gives a keeper copies of tombstones its home just made
 	// (tomb.go), encoded as kindTombs; answer empty.
 	kindKeep = "tc.store.keep"
+	// kindAnnounceAges is kindAnnounce answered with the removals' ages;
+	// kindDropAges a drop with them (the message list above).
+	kindAnnounceAges = "tc.store.announce.ages"
+	kindDropAges     = "tc.store.drop.ages"
 )
 
 // Codes of a key in a lookup answer.
@@ -304,11 +317,11 @@ func encodeDrop(keys [][]byte, ages []uint32) []byte {
 }
 
 // decodeDrop decodes a drop: its keys, and their removals' ages when the
-// message has them (nil otherwise).
-func decodeDrop(b []byte) (keys [][]byte, ages []uint32, err error) {
+// message has them (nil otherwise; aged: it must have them).
+func decodeDrop(b []byte, aged bool) (keys [][]byte, ages []uint32, err error) {
 	d := newDec(b)
 	keys = decodeKeysFrom(d)
-	if d.err == nil && len(d.b) > 0 {
+	if d.err == nil && (aged || len(d.b) > 0) {
 		ages = make([]uint32, len(keys))
 		for i := range ages {
 			ages[i] = d.u32()

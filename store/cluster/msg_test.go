@@ -71,15 +71,21 @@ func TestMessagesRoundTrip(t *testing.T) {
 
 // TestDropMessage: a drop carries its keys, and a tombstone's drop the age
 // of each removal; its answer names the keys kept. A drop without ages
-// (a live removal's, or an older daemon's) decodes with none.
+// (a live removal's, or an older daemon's) decodes with none, except as a
+// tombstone's drop (kindDropAges), which must have them.
 func TestDropMessage(t *testing.T) {
 	keys := [][]byte{[]byte("a"), []byte("bc")}
-	got, ages, err := decodeDrop(encodeDrop(keys, []uint32{0, 1234}))
-	if err != nil || len(got) != 2 || string(got[1]) != "bc" || !slices.Equal(ages, []uint32{0, 1234}) {
-		t.Fatalf("drop with ages: %q %v %v", got, ages, err)
+	for _, aged := range []bool{false, true} {
+		got, ages, err := decodeDrop(encodeDrop(keys, []uint32{0, 1234}), aged)
+		if err != nil || len(got) != 2 || string(got[1]) != "bc" || !slices.Equal(ages, []uint32{0, 1234}) {
+			t.Fatalf("drop with ages (aged %v): %q %v %v", aged, got, ages, err)
+		}
 	}
-	if got, ages, err := decodeDrop(encodeKeys(keys)); err != nil || len(got) != 2 || ages != nil {
+	if got, ages, err := decodeDrop(encodeKeys(keys), false); err != nil || len(got) != 2 || ages != nil {
 		t.Fatalf("drop without ages: %q %v %v", got, ages, err)
+	}
+	if _, _, err := decodeDrop(encodeKeys(keys), true); !errors.Is(err, ErrMessage) {
+		t.Fatalf("a tombstone's drop without ages: %v, want ErrMessage", err)
 	}
 	for name, b := range map[string][]byte{
 		"one age short":  encodeDrop(keys, []uint32{1}),
@@ -88,7 +94,7 @@ func TestDropMessage(t *testing.T) {
 		"position out":   encodePositions([]int{9}),
 		"positions over": {msgVersion, 0xff, 0xff, 0xff, 0xff},
 	} {
-		_, _, e1 := decodeDrop(b)
+		_, _, e1 := decodeDrop(b, false)
 		_, e2 := decodePositions(b, 2)
 		if e1 == nil && e2 == nil || e1 != nil && !errors.Is(e1, ErrMessage) || e2 != nil && !errors.Is(e2, ErrMessage) {
 			t.Errorf("%s: drop %v, positions %v; want ErrMessage from one at least", name, e1, e2)
@@ -122,8 +128,10 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encodeDrop([][]byte{[]byte("k"), []byte("j")}, []uint32{5, 70000}))
 	f.Add(encodePositions([]int{0, 3}))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if keys, ages, err := decodeDrop(b); err == nil && !bytes.Equal(encodeDrop(keys, ages), b) {
-			t.Fatalf("drop %q %v re-encodes differently", keys, ages)
+		for _, aged := range []bool{false, true} {
+			if keys, ages, err := decodeDrop(b, aged); err == nil && !bytes.Equal(encodeDrop(keys, ages), b) {
+				t.Fatalf("drop %q %v (aged %v) re-encodes differently", keys, ages, aged)
+			}
 		}
 		// No positions encode as the version byte alone; a count of 0
 		// (as older daemons sent) decodes the same.

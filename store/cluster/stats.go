@@ -59,6 +59,10 @@ type Stats struct {
 	// were sent before it answered again (or came up): not taken for the
 	// member going down (members.go, lost).
 	LateLosses uint64
+	// OlderKinds counts the messages sent as the kind an older release
+	// knows, to a member that serves none with removal ages (members.go,
+	// older).
+	OlderKinds uint64
 	// GonePinned are the removed keys still here because a caller's I/O
 	// was in flight on them (hidden from the other daemons, dropped once
 	// it ends; a pinned one is hidden by the store at once, counted in
@@ -139,7 +143,7 @@ func (c *Cluster) Stats() Stats {
 		ByPeer:     by,
 		Tombstones: own, TombsKept: kept, GonePinned: c.GonePinned(), GoneOver: c.c.goneOver.Load(), KeepsGiven: c.c.tombsKept.Load(), KeepsFailed: c.c.keepFailed.Load(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
 		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
-		PutsApart: c.apart.len(), PutsApartOver: c.apart.over.Load(), PutsKept: c.c.putsKept.Load(), LateLosses: c.c.lateLosses.Load(),
+		PutsApart: c.apart.len(), PutsApartOver: c.apart.over.Load(), PutsKept: c.c.putsKept.Load(), LateLosses: c.c.lateLosses.Load(), OlderKinds: c.c.olderKinds.Load(),
 		TombsHanded: c.c.tombsHanded.Load(), TombsTaken: c.c.tombsTaken.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
 		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,

@@ -381,11 +381,7 @@ func (c *Cluster) retryDrops(id string) {
 				part[i] = keys[p]
 				ages[i] = ageOf(ats[p], now)
 			}
-			body, err := c.exchange(id, c.epochOf(id), kindDrop, encodeDrop(part, ages))
-			var put []int // the holder's values put after the removal, kept
-			if err == nil {
-				put, err = decodePositions(body, len(part))
-			}
+			put, err := c.dropAged(id, part, ages) // the holder's values put after the removal, kept
 			if err != nil {
 				c.log.Info("a holder back did not drop removed keys yet: asked again when it re-announces them", "holder", id,
 					"keys", len(part), "err", err)
@@ -414,6 +410,32 @@ func (c *Cluster) retryDrops(id string) {
 				"put_since_kept", kept)
 		}
 	}()
+}
+
+// dropAged asks holder id to drop keys removed ages ms ago (a tombstone's
+// drop) and returns the positions of those it kept: values put there
+// after the removal. A holder of an older release (members.go, older) is
+// asked to drop what it has, which it does whatever the age.
+func (c *Cluster) dropAged(id string, keys [][]byte, ages []uint32) ([]int, error) {
+	epoch := c.epochOf(id)
+	if c.older(id, epoch) {
+		c.c.olderKinds.Add(1)
+		_, err := c.exchange(id, epoch, kindDrop, encodeKeys(keys))
+		return nil, err
+	}
+	body, err := c.exchange(id, epoch, kindDropAges, encodeDrop(keys, ages))
+	if err == nil {
+		return decodePositions(body, len(keys))
+	}
+	if !notServed(err) {
+		return nil, err
+	}
+	c.c.olderKinds.Add(1)
+	if _, oerr := c.exchange(id, epoch, kindDrop, encodeKeys(keys)); oerr != nil {
+		return nil, oerr
+	}
+	c.olderRelease(id, epoch, kindDropAges, err) // it serves the older kind only
+	return nil, nil
 }
 
 // goneHere tells the homes of keys, removed while a holder was away, that
