@@ -186,3 +186,28 @@ func TestLateFailureKeepsMemberUp(t *testing.T) {
 			drops, a.drops("b")-drops)
 	}
 }
+
+// TestProbeAsksMembersAtOnce: members that do not answer (a stopped daemon,
+// a link that drops its packets) hold a probe round for one timeout, not
+// one per such member in turn: the prober asks every member at once, so a
+// member back from a cut is seen within the round while three others stay
+// silent for the whole of it (30 s here).
+func TestProbeAsksMembersAtOnce(t *testing.T) {
+	f := newNet(t, []string{"a", "s1", "s2", "s3", "back"}, Config{Shards: 16, Timeout: 30 * time.Second, ProbeEvery: time.Hour})
+	a := f.node("a")
+	f.partition("a", "back", true)
+	testutil.Eventually(t, 10*time.Second, func() bool { a.c.probe(); return !slices.Contains(a.c.Members(), "back") }, "back cut off")
+	release := f.silence(t, "s1", "s2", "s3")
+	f.partition("a", "back", false)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.c.probe()
+	}()
+	waiting := func() int { f.cutMu.Lock(); defer f.cutMu.Unlock(); return f.helloWaiting }
+	testutil.Eventually(t, 10*time.Second, func() bool { return waiting() == 3 && slices.Contains(a.c.Members(), "back") },
+		"the three silent members asked at once (%d hellos waiting) and back seen up (members %v)",
+		testutil.Lazy(waiting), testutil.Lazy(a.c.Members))
+	release()
+	<-done
+}

@@ -65,6 +65,64 @@ type fakeNet struct {
 	// counts the messages such a daemon's decoders would have refused.
 	older        map[string]bool
 	olderRefused int
+	// silent, guarded by cutMu: daemons whose exchanges wait, unanswered,
+	// until released or their timeout (a stopped daemon, a link dropping
+	// packets); helloWaiting counts the hellos waiting on them now.
+	silent       map[string]chan struct{}
+	helloWaiting int
+}
+
+// silence makes exchanges with the daemons ids wait unanswered until the
+// returned release (which the test's end calls too) or their timeout.
+func (f *fakeNet) silence(t testing.TB, ids ...string) (release func()) {
+	f.cutMu.Lock()
+	defer f.cutMu.Unlock()
+	ch := make(chan struct{})
+	for _, id := range ids {
+		f.silent[id] = ch
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			f.cutMu.Lock()
+			defer f.cutMu.Unlock()
+			for _, id := range ids {
+				delete(f.silent, id)
+			}
+			close(ch)
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// waitSilent holds an exchange of kind with peer while peer is silent,
+// until it is released (true) or timeout passes (false).
+func (f *fakeNet) waitSilent(peer, kind string, timeout time.Duration) bool {
+	f.cutMu.Lock()
+	ch := f.silent[peer]
+	if ch != nil && kind == kindHello {
+		f.helloWaiting++
+	}
+	f.cutMu.Unlock()
+	if ch == nil {
+		return true
+	}
+	defer func() {
+		if kind == kindHello {
+			f.cutMu.Lock()
+			f.helloWaiting--
+			f.cutMu.Unlock()
+		}
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // olderWire makes daemon id act on the wire as a release without the
@@ -299,7 +357,10 @@ func (n *fakeNode) Handle(kind string, h func(string, uint64, []byte) ([]byte, e
 	return nil
 }
 
-func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte, _ time.Duration) ([]byte, error) {
+func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte, timeout time.Duration) ([]byte, error) {
+	if !n.net.waitSilent(peer, kind, timeout) {
+		return nil, fmt.Errorf("%w: %s never answered: %w", errUnreachable, peer, xfer.ErrTimeout)
+	}
 	p := n.net.node(peer)
 	if p != nil && !p.ready.Load() {
 		select {
@@ -457,7 +518,8 @@ func newQuickNet(t testing.TB, ids []string, cfg Config) *fakeNet {
 func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *Config), opts ...func(*fakeNet)) *fakeNet {
 	t.Helper()
 	f := &fakeNet{nodes: map[string]*fakeNode{}, kinds: map[string]uint64{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{},
-		cuts: map[[2]string]bool{}, flying: map[[2]string]int{}, mute: map[string]bool{}, older: map[string]bool{}}
+		cuts: map[[2]string]bool{}, flying: map[[2]string]int{}, mute: map[string]bool{}, older: map[string]bool{},
+		silent: map[string]chan struct{}{}}
 	for _, o := range opts {
 		o(f)
 	}

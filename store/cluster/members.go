@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/tensorcast/tensorcast/store"
@@ -361,8 +362,15 @@ func (c *Cluster) reannouncer() {
 	}
 }
 
+// probeParallel bounds the hellos of one probe round in flight at once.
+const probeParallel = 16
+
 // probe asks every member whether it is there, after taking in the
-// members the directory lists now (when there is one).
+// members the directory lists now (when there is one). The members are
+// asked at once (up to probeParallel): one that does not answer (stopped,
+// or cut off by a link that drops its packets) holds the round for the
+// timeout, not the others' hellos behind it, so a member back is seen
+// within a round however many others are away.
 func (c *Cluster) probe() {
 	if c.cfg.Directory != nil {
 		c.follow(c.cfg.Directory())
@@ -373,11 +381,19 @@ func (c *Cluster) probe() {
 		ids = append(ids, id)
 	}
 	c.mmu.Unlock()
+	sem := make(chan struct{}, probeParallel)
+	var wg sync.WaitGroup
 	for _, id := range ids {
-		if err := c.hello(id); err == nil {
-			c.seen(id, c.peers.EpochOf(id))
-		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := c.hello(id); err == nil {
+				c.seen(id, c.peers.EpochOf(id))
+			}
+		}()
 	}
+	wg.Wait()
 	// The view says what the hellos found when probe returns, whatever
 	// goroutine changed a member's state first.
 	c.recompute()
