@@ -101,12 +101,10 @@ type Config struct {
 	// here until re-announced).
 	MaxPending int
 	// ProbeEvery is how often each member is asked whether it is there
-	// (default 1 s), and ProbeAwayEvery how often each member away (down)
-	// is asked again (default ProbeEvery/5), so that one back is seen up
-	// soon; ReannounceRate bounds the keys re-announced to new homes a
-	// second (default 50000).
-	ProbeEvery, ProbeAwayEvery time.Duration
-	ReannounceRate             int
+	// (default 1 s); ReannounceRate bounds the keys re-announced to new
+	// homes a second (default 50000).
+	ProbeEvery     time.Duration
+	ReannounceRate int
 	// MaxTombstones bounds the removed copies a home remembers for
 	// holders it could not reach (default 1<<16), for at most
 	// TombstoneTTL each (default 10 min) (tomb.go), the copies of other
@@ -173,9 +171,6 @@ func (c *Config) setDefaults() error {
 	if c.ProbeEvery == 0 {
 		c.ProbeEvery = time.Second
 	}
-	if c.ProbeAwayEvery == 0 {
-		c.ProbeAwayEvery = max(c.ProbeEvery/5, time.Millisecond)
-	}
 	if c.ReannounceRate == 0 {
 		c.ReannounceRate = 50000
 	}
@@ -212,7 +207,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: %d replicas (want 1..%d)", xfer.ErrInvalid, c.Replicas, store.MaxReplicas)
 	case c.ClaimsPerKey < 1, c.ClaimsPerHolder < 1:
 		return fmt.Errorf("%w: claims per key and per holder must be positive", xfer.ErrInvalid)
-	case c.MaxKeys < 1, c.MaxFetches < 1, c.MaxHolds < 1, c.MaxPending < 1, c.Timeout < 0, c.ProbeEvery < 0, c.ProbeAwayEvery < 0, c.ReannounceRate < 1, c.MaxCached < 1,
+	case c.MaxKeys < 1, c.MaxFetches < 1, c.MaxHolds < 1, c.MaxPending < 1, c.Timeout < 0, c.ProbeEvery < 0, c.ReannounceRate < 1, c.MaxCached < 1,
 		c.MaxTombstones < 1, c.TombstoneTTL < 0:
 		return fmt.Errorf("%w: limits must be positive", xfer.ErrInvalid)
 	}

@@ -61,10 +61,8 @@
 //     and each read served to another daemon: budgets, never correctness.
 //
 // Members (members.go). A member is up once it speaks or answers (a
-// handler ran for it, or the prober's hello got through: every member is
-// asked every Config.ProbeEvery, all at once, and each member down every
-// Config.ProbeAwayEvery, so one back is seen soon) and down once an
-// exchange with it finds it unreachable or
+// handler ran for it, or the prober's hello every Config.ProbeEvery got
+// through) and down once an exchange with it finds it unreachable or
 // silent for a good part of Config.Timeout. A failed exchange sent before
 // the member last came up, or before one it answered was sent, says
 // nothing of it now (an exchange sent into a cut that times out after it

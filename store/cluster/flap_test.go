@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
-	"github.com/tensorcast/tensorcast/store"
 )
 
 // TestClaimsDoNotFlapAcrossPartition: with etcd's shard claims, some
@@ -211,25 +210,4 @@ func TestProbeAsksMembersAtOnce(t *testing.T) {
 		testutil.Lazy(waiting), testutil.Lazy(a.c.Members))
 	release()
 	<-done
-}
-
-// TestAwayMemberSeenBackSoon: a member away is asked again every
-// ProbeAwayEvery, apart from the prober's whole rounds (an hour apart
-// here): one back from a cut is seen up without a round, and a removal
-// it missed meanwhile reaches it.
-func TestAwayMemberSeenBackSoon(t *testing.T) {
-	f := newNet(t, []string{"a", "back"}, Config{Shards: 16, Timeout: time.Second, ProbeEvery: time.Hour, ProbeAwayEvery: 10 * time.Millisecond})
-	a, back := f.node("a"), f.node("back")
-	k := keyHomedOn(f, a, "away/k", "a")
-	back.put(t, k, value(k, 4096))
-	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"back"}) }, "back's copy announced")
-	f.partition("a", "back", true)
-	testutil.Eventually(t, 10*time.Second, func() bool { a.c.probe(); return !slices.Contains(a.c.Members(), "back") }, "back cut off")
-	if code, err := removeOn(t, a, k); code != store.OK {
-		t.Fatalf("remove %s on a while back is away: %v, %v", k, code, err)
-	}
-	f.partition("a", "back", false)
-	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Contains(a.c.Members(), "back") && back.here(t, k) == store.NotFound },
-		"back seen up again by a (members %v) and its removed copy dropped (%v)", testutil.Lazy(a.c.Members),
-		testutil.Lazy(func() store.Code { return back.here(t, k) }))
 }

@@ -39,9 +39,6 @@ type member struct {
 	// release; older).
 	olderEpoch uint64
 	olderAt    time.Time
-	// asking is set while a hello of probeAway's to the member is on its
-	// way.
-	asking bool
 }
 
 // olderRecheck is how long a member that answered it serves no kind with
@@ -346,17 +343,12 @@ func (c *Cluster) reannouncer() {
 	defer close(c.redone)
 	probe := time.NewTicker(c.cfg.ProbeEvery)
 	defer probe.Stop()
-	away := time.NewTicker(c.cfg.ProbeAwayEvery)
-	defer away.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
 		case <-probe.C:
 			c.probe()
-			continue
-		case <-away.C:
-			c.probeAway()
 			continue
 		case <-c.rekick:
 		}
@@ -411,42 +403,6 @@ func (c *Cluster) probe() {
 	// only time they must move, or they would stay where nobody asks.
 	v := c.view.Load()
 	c.handTombs(func(s int) (string, bool) { return c.homeFor(v, s), true })
-}
-
-// probeAway asks each member away (down) whether it is back, in the
-// background, one hello at a time for each: a member back from a cut is
-// seen up within Config.ProbeAwayEvery (the removals it missed dropped,
-// its keys re-announced), not at the next whole round of the prober.
-func (c *Cluster) probeAway() {
-	c.mmu.Lock()
-	var ids []string
-	for id, m := range c.members {
-		if !m.up && !m.asking {
-			m.asking = true
-			ids = append(ids, id)
-		}
-	}
-	c.mmu.Unlock()
-	for _, id := range ids {
-		c.mu.Lock()
-		if c.closed {
-			c.mu.Unlock()
-			return
-		}
-		c.fetchWG.Add(1)
-		c.mu.Unlock()
-		go func() {
-			defer c.fetchWG.Done()
-			if err := c.hello(id); err == nil {
-				c.seen(id, c.peers.EpochOf(id))
-			}
-			c.mmu.Lock()
-			if m, ok := c.members[id]; ok {
-				m.asking = false
-			}
-			c.mmu.Unlock()
-		}()
-	}
 }
 
 // walk re-announces what reqs ask for; false when Close stopped it.
