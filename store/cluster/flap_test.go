@@ -187,6 +187,29 @@ func TestLateFailureKeepsMemberUp(t *testing.T) {
 	}
 }
 
+// TestExchangeBeforeStallDropKeepsMemberUp: an exchange sent after a
+// member came up but before its stalled connections were dropped may go
+// on one of them and fail as the connection is closed under it; that
+// failure is a late one, and the member stays up (in the soaks, a member
+// went down and up again within a millisecond so).
+func TestExchangeBeforeStallDropKeepsMemberUp(t *testing.T) {
+	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: time.Second, ProbeEvery: time.Hour})
+	a := f.node("a")
+	up := func() bool { return slices.Contains(a.c.Members(), "b") }
+	f.partition("a", "b", true)
+	testutil.Eventually(t, 10*time.Second, func() bool { a.c.probe(); return !up() }, "a seeing b cut off")
+	f.partition("a", "b", false)
+	testutil.Eventually(t, 10*time.Second, func() bool { a.c.probe(); return up() }, "a seeing b back")
+	a.dmu.Lock()
+	sent := a.dropAt["b"] // after b came up, as the drop began
+	a.dmu.Unlock()
+	a.c.lost("b", fmt.Errorf("connection closed as a stalled one: %w", errUnreachable), sent)
+	if !up() || a.c.Stats().LateLosses != 1 {
+		t.Fatalf("a failure of an exchange sent as b's stalled connections were dropped: b up %v, %d late losses; want up, 1",
+			up(), a.c.Stats().LateLosses)
+	}
+}
+
 // TestProbeAsksMembersAtOnce: members that do not answer (a stopped daemon,
 // a link that drops its packets) hold a probe round for one timeout, not
 // one per such member in turn: the prober asks every member at once, so a

@@ -259,20 +259,27 @@ type fakeNode struct {
 	hmu sync.RWMutex
 	h   map[string]func(string, uint64, []byte) ([]byte, error)
 	hi  map[string]func(string, uint64, []byte, func(resp, payload []byte)) error
-	// dropped counts the DropStalled calls, by peer (dmu).
+	// dropped counts the DropStalled calls, by peer, and dropAt is when
+	// the last one began (dmu).
 	dmu     sync.Mutex
 	dropped map[string]int
+	dropAt  map[string]time.Time
 }
 
 // DropStalled implements StallDropper: the fake net has no connections
-// to close, so it only counts.
+// to close, so it only counts, and notes when it was called (it returns
+// once the clock has passed that).
 func (n *fakeNode) DropStalled(peer, reason string) int {
+	at := time.Now()
 	n.dmu.Lock()
-	defer n.dmu.Unlock()
 	if n.dropped == nil {
-		n.dropped = map[string]int{}
+		n.dropped, n.dropAt = map[string]int{}, map[string]time.Time{}
 	}
 	n.dropped[peer]++
+	n.dropAt[peer] = at
+	n.dmu.Unlock()
+	for !time.Now().After(at) {
+	}
 	return 1
 }
 

@@ -94,7 +94,8 @@ func (c *Cluster) seen(id string, epoch uint64) {
 	}
 	restarted := m.epoch != 0 && epoch != 0 && m.epoch != epoch
 	changed := !m.up || restarted
-	if !m.up {
+	wasDown := !m.up
+	if wasDown {
 		m.upAt = time.Now()
 	}
 	m.up = true
@@ -112,6 +113,16 @@ func (c *Cluster) seen(id string, epoch uint64) {
 		if n := sd.DropStalled(id, "the store across hosts heard from the member again; this connection's bytes are still unacknowledged"); n > 0 {
 			c.log.Info("connections to a member back that the network had stalled dropped: the next exchanges dial afresh",
 				"member", id, "connections", n)
+		}
+		if wasDown {
+			// An exchange sent meanwhile may have gone on a connection
+			// just dropped: its failure is a late one (lost), as of an
+			// exchange sent into the cut.
+			c.mmu.Lock()
+			if m, ok := c.members[id]; ok && m.up {
+				m.upAt = time.Now()
+			}
+			c.mmu.Unlock()
 		}
 	}
 	c.recompute()
