@@ -61,19 +61,26 @@ func heldExchange(t *testing.T, req []byte) (a, b *testNode, got <-chan error, r
 	t.Helper()
 	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
 	a, b = nodes[0], nodes[1]
-	release = make(chan struct{})
-	started := make(chan struct{}, 1)
-	if err := b.Handle("slow", func(string, uint64, []byte) ([]byte, error) {
-		started <- struct{}{}
-		<-release
-		return []byte("late"), nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	started, release := holdingHandler(t, b, "slow", []byte("late"), 1)
 	res := make(chan error, 1)
 	go func() { _, err := a.Exchange("bravo", "slow", req, 10*time.Second); res <- err }()
 	<-started
 	return a, b, res, release
+}
+
+// holdingHandler has b handle kind by answering reply once release is
+// closed; each call signals entered first (room for n at once).
+func holdingHandler(t *testing.T, b *testNode, kind string, reply []byte, n int) (entered, release chan struct{}) {
+	t.Helper()
+	entered, release = make(chan struct{}, n), make(chan struct{})
+	if err := b.Handle(kind, func(string, uint64, []byte) ([]byte, error) {
+		entered <- struct{}{}
+		<-release
+		return reply, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return entered, release
 }
 
 // TestDropStalled: DropStalled closes only connections whose bytes the

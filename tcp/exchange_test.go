@@ -215,15 +215,7 @@ func TestExchangeFrames(t *testing.T) {
 func TestExchangeBusy(t *testing.T) {
 	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
 	a, b := nodes[0], nodes[1]
-	entered := make(chan struct{}, maxExchangeHandlers)
-	release := make(chan struct{})
-	if err := b.Handle("hold", func(string, uint64, []byte) ([]byte, error) {
-		entered <- struct{}{}
-		<-release
-		return []byte("done"), nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	entered, release := holdingHandler(t, b, "hold", []byte("done"), maxExchangeHandlers)
 	errs := make(chan error, maxExchangeHandlers)
 	for range maxExchangeHandlers {
 		go func() {

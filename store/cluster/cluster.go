@@ -320,6 +320,9 @@ type Cluster struct {
 	// served counts the messages this daemon served, by kind (made in
 	// New, read-only after).
 	served map[string]*atomic.Uint64
+	// kinds are the exchange kinds this Cluster handles, in the order it
+	// registered them (Close removes them in reverse).
+	kinds []string
 	// lastFailLog is when logFailed last logged (unix ns); lastRepLog when
 	// logReplica did.
 	lastFailLog, lastRepLog atomic.Int64
@@ -436,6 +439,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 			order = append(order, k)
 		}
 	}
+	c.kinds = order
 	for _, kind := range order {
 		h := handlers[kind]
 		n := new(atomic.Uint64)
@@ -509,8 +513,7 @@ func (c *Cluster) Close() {
 	c.mu.Unlock()
 	c.endLife()
 	c.stopPush()
-	for _, k := range []string{kindAnnounce, kindLookup, kindRemove, kindDrop, kindHold, kindRelease, kindReannounce, kindHello,
-		kindClaim, kindUnclaim, kindReplicate, kindTombs, kindKeep, kindAnnounceAges, kindDropAges} { // as registered, the kinds with ages last
+	for _, k := range slices.Backward(c.kinds) { // the kinds with ages last
 		_ = c.peers.Handle(k, nil)
 	}
 	if qp, ok := c.peers.(QuickPeers); ok {

@@ -339,26 +339,14 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 }
 
 // homeExchange sends req (m's message) to home; to a home of an older
-// release (members.go, older) as the kind it knows.
+// release (members.go, exchangeNewer) as the kind it knows.
 func (c *Cluster) homeExchange(home string, m homeMsg, req []byte, deadline time.Time) ([]byte, error) {
 	epoch := c.epochOf(home)
 	if m.older == "" {
 		return c.exchangeBy(home, epoch, m.kind, req, deadline)
 	}
-	if c.older(home, epoch) {
-		c.c.olderKinds.Add(1)
-		return c.exchangeBy(home, epoch, m.older, req, deadline)
-	}
-	resp, err := c.exchangeBy(home, epoch, m.kind, req, deadline)
-	if err == nil || !notServed(err) {
-		return resp, err
-	}
-	c.c.olderKinds.Add(1)
-	resp, oerr := c.exchangeBy(home, epoch, m.older, req, deadline)
-	if oerr == nil {
-		c.olderRelease(home, epoch, m.kind, err) // it serves the older kind only
-	}
-	return resp, oerr
+	resp, _, err := c.exchangeNewer(home, epoch, m.kind, req, m.older, func() []byte { return req }, deadline)
+	return resp, err
 }
 
 // refresh brings up to date what this daemon knows of shards a home

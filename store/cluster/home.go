@@ -326,7 +326,9 @@ func (c *Cluster) announcedHere(from string, epoch uint64, req []byte, aged bool
 		switch {
 		case gone:
 			removed = append(removed, uint32(i))
-			ages = append(ages, ageOf(at, now))
+			if aged {
+				ages = append(ages, ageOf(at, now))
+			}
 		case !added:
 			refused++
 		}
@@ -337,10 +339,8 @@ func (c *Cluster) announcedHere(from string, epoch uint64, req []byte, aged bool
 	for _, i := range removed {
 		e.u32(i)
 	}
-	if aged {
-		for _, a := range ages {
-			e.u32(a)
-		}
+	for _, a := range ages {
+		e.u32(a)
 	}
 	return e.bytes(), nil
 }

@@ -53,7 +53,31 @@ func (c *Cluster) older(id string, epoch uint64) bool {
 	c.mmu.Lock()
 	defer c.mmu.Unlock()
 	m, ok := c.members[id]
-	return ok && m.olderEpoch == epoch && !m.olderAt.IsZero() && time.Since(m.olderAt) < olderRecheck
+	return ok && m.olderEpoch == epoch && time.Since(m.olderAt) < olderRecheck
+}
+
+// exchangeNewer sends req as kind to member id (at run epoch), a kind an
+// older release does not serve; to a member that answers it serves no
+// such kind but serves olderKind, or answered so within olderRecheck, it
+// sends olderReq() as olderKind instead (asOlder), counted. The two
+// messages with removal ages go through it.
+func (c *Cluster) exchangeNewer(id string, epoch uint64, kind string, req []byte, olderKind string, olderReq func() []byte,
+	deadline time.Time) (resp []byte, asOlder bool, err error) {
+	if !c.older(id, epoch) {
+		resp, err := c.exchangeBy(id, epoch, kind, req, deadline)
+		if err == nil || !notServed(err) {
+			return resp, false, err
+		}
+		c.c.olderKinds.Add(1)
+		resp, oerr := c.exchangeBy(id, epoch, olderKind, olderReq(), deadline)
+		if oerr == nil {
+			c.olderRelease(id, epoch, kind, err) // it serves the older kind only
+		}
+		return resp, true, oerr
+	}
+	c.c.olderKinds.Add(1)
+	resp, err = c.exchangeBy(id, epoch, olderKind, olderReq(), deadline)
+	return resp, true, err
 }
 
 // notServed reports whether err is a member's answer that it serves no

@@ -414,28 +414,16 @@ func (c *Cluster) retryDrops(id string) {
 
 // dropAged asks holder id to drop keys removed ages ms ago (a tombstone's
 // drop) and returns the positions of those it kept: values put there
-// after the removal. A holder of an older release (members.go, older) is
-// asked to drop what it has, which it does whatever the age.
+// after the removal. A holder of an older release (members.go,
+// exchangeNewer) is asked to drop what it has, which it does whatever the
+// age.
 func (c *Cluster) dropAged(id string, keys [][]byte, ages []uint32) ([]int, error) {
-	epoch := c.epochOf(id)
-	if c.older(id, epoch) {
-		c.c.olderKinds.Add(1)
-		_, err := c.exchange(id, epoch, kindDrop, encodeKeys(keys))
+	body, asOlder, err := c.exchangeNewer(id, c.epochOf(id), kindDropAges, encodeDrop(keys, ages),
+		kindDrop, func() []byte { return encodeKeys(keys) }, time.Now().Add(c.cfg.Timeout))
+	if err != nil || asOlder {
 		return nil, err
 	}
-	body, err := c.exchange(id, epoch, kindDropAges, encodeDrop(keys, ages))
-	if err == nil {
-		return decodePositions(body, len(keys))
-	}
-	if !notServed(err) {
-		return nil, err
-	}
-	c.c.olderKinds.Add(1)
-	if _, oerr := c.exchange(id, epoch, kindDrop, encodeKeys(keys)); oerr != nil {
-		return nil, oerr
-	}
-	c.olderRelease(id, epoch, kindDropAges, err) // it serves the older kind only
-	return nil, nil
+	return decodePositions(body, len(keys))
 }
 
 // goneHere tells the homes of keys, removed while a holder was away, that
