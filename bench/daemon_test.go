@@ -27,7 +27,7 @@ var (
 // buildDaemon builds tensorcastd into a temporary directory once per test
 // binary. A daemon that does not build fails the test, with the compiler's
 // output: it is a broken tree, never a missing feature.
-func buildDaemon(t *testing.T) string {
+func buildDaemon(t testing.TB) string {
 	t.Helper()
 	daemonBinOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "tcbench-bin-")

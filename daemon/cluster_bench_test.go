@@ -74,6 +74,7 @@ func remoteGetTCPAlone(b *testing.B, d1, d2 *peerDaemon, parts int) {
 	if _, err := a.ExportSegment("kv", abuf.ID, 0, 0, client.RightRead); err != nil {
 		b.Fatal(err)
 	}
+	fillAlone(abuf.Mem)
 	per := remoteGetN / parts
 	movers := make([]aloneMover, parts)
 	for k := range movers {
@@ -94,6 +95,16 @@ func remoteGetTCPAlone(b *testing.B, d1, d2 *peerDaemon, parts int) {
 		}
 	}
 	remoteGetAlone(b, movers, nil)
+}
+
+// fillAlone writes values of remoteGetSize bytes, as the cluster row's
+// puts do, over mem: a transport-alone row moves bytes of the same kind,
+// never memory nobody wrote (which a host may back with one shared zero
+// page, and which then costs less to read).
+func fillAlone(mem []byte) {
+	for at := 0; at+remoteGetSize <= len(mem); at += remoteGetSize {
+		copy(mem[at:], clusterValue(fmt.Appendf(nil, "alone/%d", at), remoteGetSize))
+	}
 }
 
 // BenchmarkStoreRemoteGetRDMA is BenchmarkStoreRemoteGet over rdma: the
@@ -151,6 +162,9 @@ func remoteGetRDMAAlone(b *testing.B, d1, d2 *peerDaemon, parts int) {
 	src, err := a.AllocBlocks(nil, nblocks, block)
 	if err != nil {
 		b.Fatal(err)
+	}
+	for _, off := range src {
+		fillAlone(a.PoolBytes()[off : off+block])
 	}
 	movers := make([]aloneMover, parts)
 	for k := range movers {
