@@ -100,6 +100,7 @@ func (d *daemonEngine) Open(s EngineSpec) (err error) {
 		if err != nil {
 			return fmt.Errorf("slot buffers: %w", err)
 		}
+		hugeSlots(d.env, d.memfdMem)
 		if d.local, err = c.RegisterFD(fd, size); err != nil {
 			return fmt.Errorf("register buffer: %w", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/client"
+	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -89,6 +90,17 @@ func (d *dispatcher) dial(sock string) error {
 }
 
 // largestBlock is the largest of a pool's block classes (0 when it has none).
+// hugeSlots places a job's slot buffers, fresh from shm.MapShared, on
+// transparent 2 MiB pages, as the client library's RegisterBuffer does
+// (the buffers an engine's client would register), and logs when the
+// kernel gave none for some of their whole 2 MiB spans.
+func hugeSlots(env *Env, mem []byte) {
+	done, spans, err := shm.Collapse(mem)
+	if done < spans && env != nil && env.Logger != nil {
+		env.Logger.Warn("slot buffers on normal pages", "huge_spans", done, "spans", spans, "err", err)
+	}
+}
+
 func largestBlock(classes []uint64) uint64 {
 	var m uint64
 	for _, c := range classes {

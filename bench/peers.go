@@ -401,6 +401,7 @@ func (e *peerEngine) bufferSlots(s EngineSpec, slotOff []uint64) error {
 	if err != nil {
 		return fmt.Errorf("slot buffers: %w", err)
 	}
+	hugeSlots(e.env, e.memfd)
 	if e.local, err = e.c.RegisterFD(fd, size); err != nil {
 		return fmt.Errorf("register buffer: %w", err)
 	}

@@ -26,8 +26,9 @@ func (c *Client) Ping(payload []byte, opts ...CallOption) error {
 	return nil
 }
 
-// RegisterBuffer creates a sealed memfd of size bytes, maps it here and
-// registers it with the daemon. The mapping lives until UnregisterBuffer or
+// RegisterBuffer creates a sealed memfd of size bytes, maps it here (its
+// whole 2 MiB spans on transparent huge pages where the kernel gives them)
+// and registers it with the daemon. The mapping lives until UnregisterBuffer or
 // Close.
 func (c *Client) RegisterBuffer(size uint64, opts ...CallOption) (*Buffer, error) {
 	if !sharedMemory {
@@ -42,6 +43,11 @@ func (c *Client) RegisterBuffer(size uint64, opts ...CallOption) (*Buffer, error
 	if err != nil {
 		return nil, err
 	}
+	// On 2 MiB pages, as the pool is: the daemon's copies into and out of
+	// the buffer, and a disk's DMA, then take one page-table entry (and
+	// one segment) per 2 MiB. Where the kernel places none, the buffer
+	// works on normal pages (Buffer.Huge says which).
+	done, _, _ := shm.Collapse(mem)
 	id, err := c.RegisterFD(fd, size, opts...)
 	if err != nil {
 		shm.Unmap(mem)
@@ -50,7 +56,7 @@ func (c *Client) RegisterBuffer(size uint64, opts ...CallOption) (*Buffer, error
 	c.mu.Lock()
 	c.buffers[id] = mem
 	c.mu.Unlock()
-	return &Buffer{ID: id, Mem: mem}, nil
+	return &Buffer{ID: id, Mem: mem, Huge: uint64(done) * shm.HugepageSize}, nil
 }
 
 // RegisterFD registers size bytes of fd (a memfd, or a file on tmpfs or

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -103,6 +104,37 @@ func write4K(tb testing.TB, c *Client) xfer.Request {
 		tb.Fatal(err)
 	}
 	return xfer.Request{Op: xfer.OpWrite, Local: buf.ID, Target: poolID, TargetOffset: offs[0], Length: 4096}
+}
+
+// TestRegisterBufferOnHugePages: a buffer's whole 2 MiB spans go on
+// transparent huge pages, as the pool's do (shm's tests hold that the
+// daemon's mapping of it then takes 2 MiB entries); the rest, and a buffer
+// under 2 MiB, on normal pages. Its bytes start zero.
+func TestRegisterBufferOnHugePages(t *testing.T) {
+	d := startDaemon(t)
+	c, err := Dial(d.sock, Options{Name: "thp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, tc := range []struct{ size, huge uint64 }{{5<<20 + 4<<10, 4 << 20}, {1 << 20, 0}} {
+		buf, err := c.RegisterBuffer(tc.size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if buf.Huge != tc.huge {
+			if tc.huge != 0 && buf.Huge == 0 {
+				testutil.Missing(t, testutil.THP, "a buffer of %d bytes has none on 2 MiB pages", tc.size)
+			}
+			t.Errorf("a buffer of %d bytes has %d on 2 MiB pages, want %d", tc.size, buf.Huge, tc.huge)
+		}
+		if i := slices.IndexFunc(buf.Mem, func(b byte) bool { return b != 0 }); i >= 0 {
+			t.Errorf("byte %d of a new buffer of %d bytes is %d", i, tc.size, buf.Mem[i])
+		}
+		if err := c.UnregisterBuffer(buf.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func TestEndToEnd(t *testing.T) {

@@ -226,3 +226,10 @@ func MapShared(fd int, size uint64) ([]byte, error) {
 
 // Unmap unmaps a mapping returned by MapShared.
 func Unmap(mem []byte) error { return unmap(mem) }
+
+// Collapse places mem, a mapping from MapShared over a new memfd nobody
+// has written yet (it writes a zero into each span), on transparent 2 MiB
+// pages as the pool is: done of its spans whole 2 MiB spans, and the first
+// error. A client buffer so placed is mapped with 2 MiB entries in the
+// daemon too (MapBuffer maps it aligned).
+func Collapse(mem []byte) (done, spans int, err error) { return collapse(mem) }

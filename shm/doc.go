@@ -64,6 +64,20 @@
 //
 // A new path that touches client buffers must do one of the three.
 //
+// # Pages
+//
+// The pool is on 2 MiB pages: hugetlb pages when reserved, else
+// transparent ones placed by MADV_COLLAPSE at start (NewPool). The buffers
+// the clients make (the Go client's RegisterBuffer, libtensorcast's
+// tc_buffer_create, and so Python's create_buffer) are placed the same way
+// by the client before it registers them (Collapse), and MapBuffer maps
+// every buffer on a 2 MiB boundary: the kernel then maps their 2 MiB
+// pages with one entry each in the daemon as well, and the daemon's copies
+// into and out of them (tcp's reads and writes, the local transport, a
+// disk's DMA) walk one entry per 2 MiB instead of 512. Such a buffer's
+// memory is resident from its creation, as the pool's is. A buffer made
+// elsewhere (an engine's own memfd) keeps the pages its maker gave it.
+//
 // Raw syscalls live in sys_linux.go; on other systems every constructor
 // returns an error matching [ErrNotSupported].
 package shm

@@ -191,3 +191,45 @@ func shmemEnabled() string {
 	}
 	return "shmem_enabled: " + strings.TrimSpace(string(b))
 }
+
+// TestCollapsedClientBufferIsHugeInTheDaemon: a client's buffer placed on
+// 2 MiB pages by Collapse before it is registered keeps its bytes, and the
+// daemon's mapping of it (MapBuffer) takes 2 MiB entries over its whole
+// spans; the part past the last whole span stays on normal pages.
+func TestCollapsedClientBufferIsHugeInTheDaemon(t *testing.T) {
+	const size = 3*hugeSpan + 64<<10
+	fd, err := NewMemfd("client-thp", size, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFd(fd)
+	mem, err := MapShared(fd, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Unmap(mem)
+	done, spans, err := Collapse(mem)
+	if errors.Is(err, unix.EINVAL) && done == 0 {
+		testutil.Missing(t, testutil.THP, "the kernel refuses MADV_COLLAPSE on a memfd: %v (%s)", err, shmemEnabled())
+	}
+	if err != nil || done != 3 || spans != 3 {
+		t.Fatalf("Collapse = %d of %d spans, %v; want 3 of 3", done, spans, err)
+	}
+	for i := range mem {
+		mem[i] = byte(i ^ i>>11)
+	}
+	b, err := MapBuffer(7, fd, size, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	got := b.Bytes()
+	for i := range got {
+		if got[i] != byte(i^i>>11) {
+			t.Fatalf("byte %d in the daemon's mapping is %d, the client wrote %d", i, got[i], byte(i^i>>11))
+		}
+	}
+	if _, pmd, ok := vmaOf(t, uintptr(unsafe.Pointer(&got[0]))); !ok || pmd != 3*hugeSpan {
+		t.Fatalf("the daemon maps %d bytes of the buffer with 2 MiB entries (found %v), want %d", pmd, ok, 3*hugeSpan)
+	}
+}

@@ -194,12 +194,18 @@ typedef struct tc_pool {
 } tc_pool;
 
 /* A client buffer made by tc_buffer_create: size bytes at data, a sealed
- * memfd (fd, open until tc_buffer_destroy) registered as segment id. */
+ * memfd (fd, open until tc_buffer_destroy) registered as segment id. huge is
+ * how many of its bytes are on transparent 2 MiB pages, as the pool's are:
+ * its whole 2 MiB spans (data is on a 2 MiB boundary when size is at least
+ * that), unless the kernel had none to give (before Linux 6.1, shmem_enabled
+ * = deny, or memory too fragmented); the daemon then maps them with 2 MiB
+ * entries too, and copies into and out of them cost it less. */
 typedef struct tc_buffer {
     tc_segment_id id;
     void *data;
     uint64_t size;
     int fd;
+    uint64_t huge;
 } tc_buffer;
 
 /* Direction of a transfer: READ moves target -> local, WRITE local -> target. */

@@ -214,8 +214,64 @@ static void drop_buf(struct tc_buf *b)
     errno = e;
 }
 
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1 */
+#endif
+
+/* HUGE_SPAN is the 2 MiB page of x86-64 and arm64 with 4 KiB base pages. */
+#define HUGE_SPAN ((uint64_t)2 << 20)
+
+/* map_aligned maps size bytes of fd shared, on a HUGE_SPAN boundary when
+ * size is at least that: address space one span longer is reserved, fd is
+ * mapped over its first boundary, and the rest is given back. */
+static void *map_aligned(int fd, uint64_t size)
+{
+    const int prot = PROT_READ | PROT_WRITE;
+    if (size < HUGE_SPAN)
+        return mmap(NULL, (size_t)size, prot, MAP_SHARED, fd, 0);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t len = ((size_t)size + page - 1) & ~(page - 1);
+    size_t total = len + (size_t)HUGE_SPAN;
+    char *r = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED)
+        return MAP_FAILED;
+    size_t head = (size_t)(-(uintptr_t)r & (HUGE_SPAN - 1));
+    void *p = mmap(r + head, len, prot, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+        int e = errno;
+        munmap(r, total);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (head)
+        munmap(r, head);
+    if (total - head - len)
+        munmap(r + head + len, total - head - len);
+    return p;
+}
+
+/* collapse places the whole HUGE_SPAN spans of a fresh buffer (all zero) on
+ * transparent huge pages, as the daemon does its pool: each span's first
+ * byte is written (MADV_COLLAPSE wants a page present; it was zero and stays
+ * so) and the span collapsed. It returns the bytes so placed, and stops at
+ * the first EINVAL (every span would get it: the kernel cannot, or is told
+ * not to); a span refused otherwise stays on normal pages. */
+static uint64_t collapse(char *p, uint64_t size)
+{
+    uint64_t done = 0;
+    for (uint64_t at = 0; at + HUGE_SPAN <= size; at += HUGE_SPAN) {
+        p[at] = 0;
+        if (madvise(p + at, (size_t)HUGE_SPAN, MADV_COLLAPSE) == 0)
+            done += HUGE_SPAN;
+        else if (errno == EINVAL)
+            break;
+    }
+    return done;
+}
+
 /* new_memfd makes what the daemon requires of a client buffer: a memfd of
- * size bytes sealed against shrinking (and growing), mapped shared. */
+ * size bytes sealed against shrinking (and growing), mapped shared, with its
+ * whole 2 MiB spans on transparent huge pages where the kernel gives them. */
 static int new_memfd(struct tc_buf *b, uint64_t size)
 {
     b->pub.fd = memfd_create("tensorcast-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -224,11 +280,14 @@ static int new_memfd(struct tc_buf *b, uint64_t size)
     if (ftruncate(b->pub.fd, (off_t)size) < 0 ||
         fcntl(b->pub.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
         return TC_ESYS;
-    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, b->pub.fd, 0);
+    void *p = map_aligned(b->pub.fd, size);
     if (p == MAP_FAILED)
         return errno == ENOMEM ? TC_ENOMEM : TC_ESYS;
     b->pub.data = p;
     b->pub.size = size;
+    int e = errno; /* collapse's refusals are not the call's errno */
+    b->pub.huge = collapse(p, size);
+    errno = e;
     return TC_OK;
 }
 

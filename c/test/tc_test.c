@@ -625,6 +625,22 @@ static void test_blocks(tc_conn *c)
     CHECK(codes[0] == TC_OK && codes[1] == TC_OK);
 }
 
+/* provides says whether TENSORCAST_TEST_PROVIDES (comma-separated) names
+ * feature: this machine must have it, and a test needing it fails without. */
+static int provides(const char *feature)
+{
+    const char *p = getenv("TENSORCAST_TEST_PROVIDES");
+    size_t n = strlen(feature);
+    while (p && *p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, feature, n) == 0)
+            return 1;
+        p = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
 static void test_buffers(tc_conn *c, const tcd *d)
 {
     tc_buffer *b = NULL;
@@ -649,6 +665,25 @@ static void test_buffers(tc_conn *c, const tcd *d)
     int local;
     CHECK_RC(tc_locate(c, &local, sizeof local, &seg, &off), TC_NOT_FOUND);
     CHECK_RC(tc_locate(c, NULL, 1, &seg, &off), TC_INVALID_ARGUMENT);
+
+    /* A buffer of 2 MiB or more starts on a 2 MiB boundary, its whole 2
+     * MiB spans on transparent huge pages (as the pool's are), and zero. */
+    tc_buffer *h = NULL;
+    const uint64_t hsize = (5 << 20) + 4096;
+    CHECK_RC(tc_buffer_create(c, hsize, &h, NULL), TC_OK);
+    REQUIRE(h != NULL);
+    CHECK((uintptr_t)h->data % (2 << 20) == 0);
+    if (h->huge == 0 && !provides("thp"))
+        fprintf(stderr, "tc_test: skipped the 2 MiB pages of a buffer: needs thp (MADV_COLLAPSE on a memfd, "
+                        "Linux 6.1; TENSORCAST_TEST_PROVIDES does not list it)\n");
+    else
+        CHECK(h->huge == 4 << 20);
+    int zero = 1;
+    for (uint64_t i = 0; i < hsize; i++)
+        zero &= ((const uint8_t *)h->data)[i] == 0;
+    CHECK(zero);
+    fill(h->data, h->size, 12);
+    CHECK_RC(tc_buffer_destroy(c, h, NULL), TC_OK);
 
     /* A memfd of the caller's own: sealable, the daemon seals it against
      * shrinking as it registers it (the owner's shrink then fails); one

@@ -93,7 +93,7 @@ class Pool(ctypes.Structure):
 
 
 class Buffer(ctypes.Structure):
-    _fields_ = [("id", c_u64), ("data", c_void_p), ("size", c_u64), ("fd", c_int)]
+    _fields_ = [("id", c_u64), ("data", c_void_p), ("size", c_u64), ("fd", c_int), ("huge", c_u64)]
 
 
 class Request(ctypes.Structure):

@@ -307,7 +307,9 @@ class Pool:
 class Buffer:
     """A client buffer (a sealed memfd, mapped by this process and the
     daemon) registered as segment ``id``. ``view`` is a writable
-    memoryview; it stays valid after :meth:`close`, which unregisters it."""
+    memoryview; it stays valid after :meth:`close`, which unregisters it.
+    ``huge`` is how many of its bytes are on transparent 2 MiB pages (its
+    whole 2 MiB spans where the kernel gives them, as the pool's are)."""
 
     def __init__(self, client: "Client", raw: Any) -> None:
         self._client: Optional[Client] = client
@@ -315,6 +317,7 @@ class Buffer:
         b = raw.contents
         self.id: int = b.id
         self.size: int = b.size
+        self.huge: int = b.huge
         self._mm = mmap.mmap(b.fd, b.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._base = _mapping_address(self._mm)
         self.view = memoryview(self._mm)

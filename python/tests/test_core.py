@@ -247,7 +247,14 @@ class TestCalls(DaemonCase):
         b.close()  # idempotent
         with c.create_buffer(4096) as b2:
             self.assertTrue(b2.registered)
+            self.assertEqual(b2.huge, 0)
         self.assertFalse(b2.registered)
+        # A buffer's whole 2 MiB spans are on transparent huge pages, as
+        # the pool's are (the C library's tests hold the rest).
+        with c.create_buffer((5 << 20) + 4096) as b3:
+            if b3.huge == 0 and "thp" not in os.environ.get("TENSORCAST_TEST_PROVIDES", "").split(","):
+                self.skipTest("needs thp: MADV_COLLAPSE on a memfd (Linux 6.1); TENSORCAST_TEST_PROVIDES does not list it")
+            self.assertEqual(b3.huge, 4 << 20)
 
     def test_register_fd(self) -> None:
         c = self.connect()
