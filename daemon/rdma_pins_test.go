@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/internal/testutil"
+	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -57,11 +60,11 @@ func TestVerbsRegistrationOffSubmitPath(t *testing.T) {
 	if err != nil {
 		t.Fatalf("OpenRemoteVia rdma: %v\n%s", err, p.d2.log.String())
 	}
-	const size = 256 << 20 // registers for a second or more on Soft-RoCE under TCG
-	buf, err := p.wr.RegisterBuffer(size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// On normal pages, as an engine's own memfd may be, it registers for
+	// a second or more on Soft-RoCE under TCG (a buffer the client library
+	// makes is on 2 MiB pages, and registers much faster).
+	const size = 256 << 20
+	buf := normalPagesBuffer(t, p.wr, size)
 	fill(rand.New(rand.NewPCG(6, 6)), buf.Mem[:1<<20])
 	w := func(off uint64) xfer.Request {
 		return xfer.Request{Op: xfer.OpWrite, Local: buf.ID, LocalOffset: off, Target: viaRDMA.ID, TargetOffset: off, Length: 64 << 10}
@@ -113,4 +116,26 @@ func TestVerbsRegistrationOffSubmitPath(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// normalPagesBuffer registers a client buffer of size bytes on c that
+// stays on normal pages: a sealed memfd of the test's own (RegisterFD), not
+// one RegisterBuffer makes (those go on 2 MiB pages).
+func normalPagesBuffer(t *testing.T, c *client.Client, size uint64) *client.Buffer {
+	t.Helper()
+	fd, err := shm.NewMemfd("normal-pages", size, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	mem, err := shm.MapShared(fd, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { shm.Unmap(mem) })
+	id, err := c.RegisterFD(fd, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &client.Buffer{ID: id, Mem: mem}
 }
