@@ -42,7 +42,7 @@ func pipeline(b *testing.B, a *testNode, r *Remote, op xfer.Op, size uint64, dep
 	}
 	b.SetBytes(int64(size))
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu0 := time.Now(), testutil.ProcessCPU()
 	inflight := min(depth, b.N)
 	if _, err := a.Submit(tasks[:inflight]); err != nil {
 		b.Fatal(err)
@@ -63,9 +63,11 @@ func pipeline(b *testing.B, a *testNode, r *Remote, op xfer.Op, size uint64, dep
 			submitted++
 		}
 	}
-	el := time.Since(start)
+	el, cpu := time.Since(start), testutil.ProcessCPU()-cpu0
 	b.ReportMetric(float64(b.N)/el.Seconds(), "ops/s")
 	b.ReportMetric(float64(b.N)*float64(size)*8/el.Seconds()/1e9, "Gbit/s")
+	// Both nodes are in this process: the CPU of both ends per GB moved.
+	b.ReportMetric(cpu.Seconds()/(float64(b.N)*float64(size)/1e9), "cpu-s/GB")
 }
 
 // BenchmarkTransfer (driven by scripts/bench-tcp.sh): bandwidth of READ and WRITE of 1 and 4 MiB requests
