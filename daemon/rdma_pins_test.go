@@ -60,9 +60,11 @@ func TestVerbsRegistrationOffSubmitPath(t *testing.T) {
 	if err != nil {
 		t.Fatalf("OpenRemoteVia rdma: %v\n%s", err, p.d2.log.String())
 	}
-	// On normal pages, as an engine's own memfd may be, it registers for
-	// a second or more on Soft-RoCE under TCG (a buffer the client library
-	// makes is on 2 MiB pages, and registers much faster).
+	// A memfd nobody has touched yet, as an engine's own may be: its
+	// registration faults every page in, a second or more on Soft-RoCE
+	// under TCG. (A buffer the client library makes is resident from its
+	// creation, on 2 MiB pages, and registers in tens of milliseconds:
+	// rdma's TestVerbsRegisterLarge.)
 	const size = 256 << 20
 	buf := normalPagesBuffer(t, p.wr, size)
 	fill(rand.New(rand.NewPCG(6, 6)), buf.Mem[:1<<20])
@@ -118,9 +120,10 @@ func TestVerbsRegistrationOffSubmitPath(t *testing.T) {
 	}
 }
 
-// normalPagesBuffer registers a client buffer of size bytes on c that
-// stays on normal pages: a sealed memfd of the test's own (RegisterFD), not
-// one RegisterBuffer makes (those go on 2 MiB pages).
+// normalPagesBuffer registers a client buffer of size bytes on c that is
+// on normal pages and not faulted in: a sealed memfd of the test's own
+// (RegisterFD), not one RegisterBuffer makes (those are placed on 2 MiB
+// pages, and so resident, at creation).
 func normalPagesBuffer(t *testing.T, c *client.Client, size uint64) *client.Buffer {
 	t.Helper()
 	fd, err := shm.NewMemfd("normal-pages", size, true)
