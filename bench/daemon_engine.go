@@ -8,10 +8,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tensorcast/tensorcast/client"
-	"github.com/tensorcast/tensorcast/shm"
 )
 
 func init() {
@@ -41,7 +38,6 @@ type daemonEngine struct {
 
 	slotSize uint64
 	slotMem  [][]byte // per slot: its buffer as mapped here
-	memfdMem []byte   // local: the slot buffers' mapping, unmapped at Close
 	pool     []byte   // the pool as mapped here
 	file     string   // uring: the file's path
 	scratch  []byte
@@ -90,24 +86,14 @@ func (d *daemonEngine) Open(s EngineSpec) (err error) {
 
 	switch d.job.Engine {
 	case "local":
-		size := uint64(s.Slots) * s.SlotSize
-		fd, err := shm.NewMemfd("tcbench-slots", size, true)
+		buf, err := slotBuffer(d.env, c, uint64(s.Slots)*s.SlotSize)
 		if err != nil {
-			return fmt.Errorf("slot buffers: %w", err)
+			return err
 		}
-		defer unix.Close(fd)
-		d.memfdMem, err = shm.MapShared(fd, size)
-		if err != nil {
-			return fmt.Errorf("slot buffers: %w", err)
-		}
-		hugeSlots(d.env, d.memfdMem)
-		if d.local, err = c.RegisterFD(fd, size); err != nil {
-			return fmt.Errorf("register buffer: %w", err)
-		}
-		d.target = pool.Segment
+		d.local, d.target = buf.ID, pool.Segment
 		for i := range slotOff {
 			slotOff[i] = uint64(i) * s.SlotSize
-			d.slotMem[i] = d.memfdMem[slotOff[i] : slotOff[i]+s.SlotSize]
+			d.slotMem[i] = buf.Mem[slotOff[i] : slotOff[i]+s.SlotSize]
 		}
 		d.blockSize = maxBlock
 		n := (s.Region + d.blockSize - 1) / d.blockSize
@@ -224,11 +210,7 @@ func (d *daemonEngine) Prefill(seed uint64, needPattern bool) error {
 func (d *daemonEngine) Close() error {
 	var errs []error
 	errs = append(errs, d.closeQueue())
-	d.pool = nil
-	if d.memfdMem != nil {
-		errs = append(errs, shm.Unmap(d.memfdMem))
-		d.memfdMem, d.slotMem = nil, nil
-	}
+	d.pool, d.slotMem = nil, nil
 	return errors.Join(errs...)
 }
 

@@ -89,18 +89,22 @@ func (d *dispatcher) dial(sock string) error {
 	return nil
 }
 
-// largestBlock is the largest of a pool's block classes (0 when it has none).
-// hugeSlots places a job's slot buffers, fresh from shm.MapShared, on
-// transparent 2 MiB pages, as the client library's RegisterBuffer does
-// (the buffers an engine's client would register), and logs when the
-// kernel gave none for some of their whole 2 MiB spans.
-func hugeSlots(env *Env, mem []byte) {
-	done, spans, err := shm.Collapse(mem)
-	if done < spans && env != nil && env.Logger != nil {
-		env.Logger.Warn("slot buffers on normal pages", "huge_spans", done, "spans", spans, "err", err)
+// slotBuffer registers a client buffer of size bytes on c for a job's slot
+// buffers: the buffer an engine's client would register (on transparent
+// 2 MiB pages where the kernel gives them, which the log says when it
+// gave fewer than its whole spans). c's Close unmaps it.
+func slotBuffer(env *Env, c *client.Client, size uint64) (*client.Buffer, error) {
+	buf, err := c.RegisterBuffer(size)
+	if err != nil {
+		return nil, fmt.Errorf("slot buffers: %w", err)
 	}
+	if whole := size &^ (shm.HugepageSize - 1); buf.Huge < whole && env != nil && env.Logger != nil {
+		env.Logger.Warn("slot buffers on normal pages", "huge_bytes", buf.Huge, "whole_2MiB_spans_bytes", whole)
+	}
+	return buf, nil
 }
 
+// largestBlock is the largest of a pool's block classes (0 when it has none).
 func largestBlock(classes []uint64) uint64 {
 	var m uint64
 	for _, c := range classes {

@@ -13,10 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tensorcast/tensorcast/client"
-	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -138,7 +135,7 @@ func SpawnPeers(s PeerSpawn, log *slog.Logger) (p *PeerPair, err error) {
 	for t, size := range sizes {
 		_, seg, _ := strings.Cut(t, "/")
 		if inPool[t] {
-			if p.Mem[t], err = p.exportPool(seg, size); err != nil {
+			if p.Mem[t], err = exportPool(p.ctl, seg, size, client.RightRead|client.RightWrite); err != nil {
 				return p, fmt.Errorf("%w: export %s on %s: %w", ErrDaemon, seg, aID, err)
 			}
 			continue
@@ -161,11 +158,12 @@ func SpawnPeers(s PeerSpawn, log *slog.Logger) (p *PeerPair, err error) {
 	return p, nil
 }
 
-// exportPool exports size bytes of A's pool as seg: contiguous blocks of
-// the largest class, held by the pair's client (an RDMA-capable target:
-// the pool is registered with the device, client buffers are not).
-func (p *PeerPair) exportPool(seg string, size uint64) ([]byte, error) {
-	pi, ok := p.ctl.Pool()
+// exportPool exports size bytes of c's daemon's pool as seg with rights:
+// contiguous blocks of the largest class, held by c (an RDMA-capable
+// target: the pool is registered with the device, client buffers are
+// not). It returns them as mapped here.
+func exportPool(c *client.Client, seg string, size uint64, rights uint8) ([]byte, error) {
+	pi, ok := c.Pool()
 	if !ok {
 		return nil, fmt.Errorf("the pool is not mapped")
 	}
@@ -174,7 +172,7 @@ func (p *PeerPair) exportPool(seg string, size uint64) ([]byte, error) {
 		return nil, fmt.Errorf("the pool reports no block sizes")
 	}
 	n := (size + blk - 1) / blk
-	offs, err := p.ctl.AllocBlocks(nil, int(n), blk)
+	offs, err := c.AllocBlocks(nil, int(n), blk)
 	if err != nil {
 		return nil, fmt.Errorf("%d pool blocks of %d bytes: %w", n, blk, err)
 	}
@@ -184,10 +182,10 @@ func (p *PeerPair) exportPool(seg string, size uint64) ([]byte, error) {
 			return nil, fmt.Errorf("%w: the daemon gave pool blocks that are not contiguous (at %d and %d); use peer_mem=buffer", ErrBadValue, offs[i-1], offs[i])
 		}
 	}
-	if _, err := p.ctl.ExportSegment(seg, pi.Segment, offs[0], size, client.RightRead|client.RightWrite); err != nil {
+	if _, err := c.ExportSegment(seg, pi.Segment, offs[0], size, rights); err != nil {
 		return nil, err
 	}
-	return p.ctl.PoolBytes()[offs[0] : offs[0]+size], nil
+	return c.PoolBytes()[offs[0] : offs[0]+size], nil
 }
 
 // Env points env's tcp and rdma jobs at the pair.
@@ -236,7 +234,6 @@ type peerEngine struct {
 	base       uint64
 	region     uint64
 	slotSz     uint64
-	memfd      []byte   // buffer mode: the slot buffers' mapping, unmapped at Close
 	slotMem    [][]byte // per slot: its buffer
 	scrOff     uint64   // the scratch slot's offset in lane 0's local segment
 	scrMem     []byte   // the scratch slot
@@ -391,26 +388,17 @@ func peerTCPBytes(c *client.Client, peer string) (uint64, error) {
 // bufferSlots puts the slots and the scratch slot in one client buffer (a
 // sealed memfd) the connection registers.
 func (e *peerEngine) bufferSlots(s EngineSpec, slotOff []uint64) error {
-	size := uint64(s.Slots+1) * s.SlotSize
-	fd, err := shm.NewMemfd("tcbench-slots", size, true)
+	buf, err := slotBuffer(e.env, e.c, uint64(s.Slots+1)*s.SlotSize)
 	if err != nil {
-		return fmt.Errorf("slot buffers: %w", err)
+		return err
 	}
-	defer unix.Close(fd)
-	e.memfd, err = shm.MapShared(fd, size)
-	if err != nil {
-		return fmt.Errorf("slot buffers: %w", err)
-	}
-	hugeSlots(e.env, e.memfd)
-	if e.local, err = e.c.RegisterFD(fd, size); err != nil {
-		return fmt.Errorf("register buffer: %w", err)
-	}
+	e.local = buf.ID
 	for i := range slotOff {
 		slotOff[i] = uint64(i) * s.SlotSize
-		e.slotMem[i] = e.memfd[slotOff[i] : slotOff[i]+s.SlotSize]
+		e.slotMem[i] = buf.Mem[slotOff[i] : slotOff[i]+s.SlotSize]
 	}
 	e.scrOff = uint64(s.Slots) * s.SlotSize
-	e.scrMem = e.memfd[e.scrOff : e.scrOff+s.SlotSize]
+	e.scrMem = buf.Mem[e.scrOff : e.scrOff+s.SlotSize]
 	return nil
 }
 
@@ -498,10 +486,6 @@ func (e *peerEngine) Prefill(seed uint64, needPattern bool) error {
 func (e *peerEngine) Close() error {
 	errs := []error{e.closeQueue()}
 	e.remote, e.slotMem, e.scrMem = nil, nil, nil
-	if e.memfd != nil {
-		errs = append(errs, shm.Unmap(e.memfd))
-		e.memfd = nil
-	}
 	return errors.Join(errs...)
 }
 

@@ -5,10 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -68,7 +65,10 @@ func BenchmarkStoreRemoteGetDaemons(b *testing.B) {
 	}
 	// The same bytes in A's pool, where the store keeps its values
 	// (taken before the puts, while the pool is whole).
-	poolMem := poolExport(b, ca, "kv-pool", remoteRounds*remoteN*remoteSize)
+	poolMem, err := exportPool(ca, "kv-pool", remoteRounds*remoteN*remoteSize, client.RightRead)
+	if err != nil {
+		b.Fatal(err)
+	}
 	d, err := spawnDaemon(bin, 512<<20, nil, append([]string{"--daemon-id", "B", "--store-l1-capacity", "128MiB",
 		"--store-max-session-reserved", "64MiB", "--peer", "A=" + ca.Hello().PeerAddr}, common...), nil)
 	if err != nil {
@@ -79,14 +79,15 @@ func BenchmarkStoreRemoteGetDaemons(b *testing.B) {
 	for r := range keys {
 		for i := range remoteN {
 			k := fmt.Appendf(nil, "remote/%d/%03d", r, i)
-			if err := ca.PutBytes(k, remoteValue(k), false); err != nil {
+			v := remoteValue(k)
+			if err := ca.PutBytes(k, v, false); err != nil {
 				b.Fatal(err)
 			}
 			keys[r] = append(keys[r], k)
 			// The transport-alone rows move the same bytes.
 			at := (r*remoteN + i) * remoteSize
-			copy(buf.Mem[at:at+remoteSize], remoteValue(k))
-			copy(poolMem[at:at+remoteSize], remoteValue(k))
+			copy(buf.Mem[at:], v)
+			copy(poolMem[at:], v)
 		}
 	}
 	cb := dialBench(b, d, "reader")
@@ -186,30 +187,6 @@ func BenchmarkStoreRemoteGetDaemons(b *testing.B) {
 	})
 }
 
-// poolExport exports size bytes of d's pool (contiguous blocks of its
-// largest class, held by c) as seg.
-func poolExport(b *testing.B, c *client.Client, seg string, size uint64) []byte {
-	pi, ok := c.Pool()
-	if !ok {
-		b.Fatal("the pool is not mapped")
-	}
-	blk := largestBlock(pi.BlockClasses)
-	offs, err := c.AllocBlocks(nil, int((size+blk-1)/blk), blk)
-	if err != nil {
-		b.Fatal(err)
-	}
-	slices.Sort(offs)
-	for i := 1; i < len(offs); i++ {
-		if offs[i] != offs[i-1]+blk {
-			b.Fatalf("pool blocks at %d and %d are not contiguous", offs[i-1], offs[i])
-		}
-	}
-	if _, err := c.ExportSegment(seg, pi.Segment, offs[0], size, client.RightRead); err != nil {
-		b.Fatal(err)
-	}
-	return c.PoolBytes()[offs[0] : offs[0]+size]
-}
-
 // remoteValue is key's value in BenchmarkStoreRemoteGetDaemons: bytes of
 // its own, so that a value read from the wrong place shows.
 func remoteValue(key []byte) []byte {
@@ -277,7 +254,7 @@ func runRemote(b *testing.B, procs []int, round func()) {
 	b.SetBytes(remoteN * remoteSize)
 	before := make([]time.Duration, len(procs))
 	for i, p := range procs {
-		before[i] = procCPU(b, p)
+		before[i] = testutil.ProcCPU(b, p)
 	}
 	b.ResetTimer()
 	for range b.N {
@@ -287,32 +264,9 @@ func runRemote(b *testing.B, procs []int, round func()) {
 	gb := float64(b.N) * remoteN * remoteSize / 1e9
 	total := 0.0
 	for i, p := range procs {
-		s := (procCPU(b, p) - before[i]).Seconds() / gb
+		s := (testutil.ProcCPU(b, p) - before[i]).Seconds() / gb
 		total += s
 		b.ReportMetric(s, []string{"A-cpu-s/GB", "B-cpu-s/GB", "clients-cpu-s/GB"}[i])
 	}
 	b.ReportMetric(total, "cpu-s/GB")
 }
-
-// procCPU is process pid's CPU time (user and system) from /proc.
-func procCPU(b *testing.B, pid int) time.Duration {
-	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	s := string(raw)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // from field 3, the state
-	var ticks int64
-	for _, x := range f[11:13] { // utime, stime
-		n, err := strconv.ParseInt(x, 10, 64)
-		if err != nil {
-			b.Fatalf("/proc/%d/stat: %v", pid, err)
-		}
-		ticks += n
-	}
-	return time.Duration(ticks) * time.Second / clockTicks
-}
-
-// clockTicks is USER_HZ, the unit of /proc's CPU times: 100 on every
-// Linux architecture Go supports.
-const clockTicks = 100

@@ -118,9 +118,9 @@ type Buffer struct {
 	ID  xfer.SegmentID
 	Mem []byte
 	// Huge is how many bytes of Mem are on transparent 2 MiB pages: its
-	// whole 2 MiB spans, unless the kernel had none to give (too old,
-	// shmem_enabled = deny, or memory too fragmented) or Linux 6.1's
-	// MADV_COLLAPSE is missing.
+	// whole 2 MiB spans, unless the kernel had none to give (before Linux
+	// 6.1's MADV_COLLAPSE, shmem_enabled = deny, or memory too
+	// fragmented).
 	Huge uint64
 }
 

@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
 // The store's figures through the queue, measured against a daemon that
@@ -41,24 +41,6 @@ func benchDaemon(b *testing.B) (*Client, int) {
 	}
 	b.Cleanup(func() { c.Close() })
 	return c, pid
-}
-
-// daemonCPU is the daemon's CPU time so far (user + system, all threads).
-func daemonCPU(b *testing.B, pid int) time.Duration {
-	b.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	s := string(raw)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	ut, _ := strconv.ParseUint(f[11], 10, 64)
-	st, _ := strconv.ParseUint(f[12], 10, 64)
-	tck := 100.0
-	if v, err := strconv.ParseFloat(os.Getenv("TENSORCAST_BENCH_CLK_TCK"), 64); err == nil && v > 0 {
-		tck = v
-	}
-	return time.Duration(float64(ut+st) / tck * float64(time.Second))
 }
 
 // benchKeys is one slot's keys: n fixed-width keys in one buffer whose
@@ -265,9 +247,9 @@ func benchStoreOp(b *testing.B, op string, batch int) {
 	}
 	cycles := uint64(b.N)
 	b.ResetTimer()
-	cpu0 := daemonCPU(b, pid)
+	cpu0 := testutil.ProcCPU(b, pid)
 	p.run(b, cycles)
-	cpu := daemonCPU(b, pid) - cpu0
+	cpu := testutil.ProcCPU(b, pid) - cpu0
 	b.StopTimer()
 	n := float64(cycles) * float64(batch)
 	b.ReportMetric(n/b.Elapsed().Seconds(), "keys/s")
@@ -340,9 +322,9 @@ func benchZeroCopy(b *testing.B, touch bool) {
 		}}
 	b.SetBytes(2 * size * batch)
 	b.ResetTimer()
-	cpu0 := daemonCPU(b, pid)
+	cpu0 := testutil.ProcCPU(b, pid)
 	p.run(b, uint64(b.N))
-	cpu := daemonCPU(b, pid) - cpu0
+	cpu := testutil.ProcCPU(b, pid) - cpu0
 	b.StopTimer()
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N*batch), "daemon-ns/key")
 }
@@ -478,9 +460,9 @@ func BenchmarkStoreQueuePromote256K(b *testing.B) {
 	before := storePromotions(b, c)
 	b.SetBytes(size)
 	b.ResetTimer()
-	cpu0 := daemonCPU(b, pid)
+	cpu0 := testutil.ProcCPU(b, pid)
 	p.run(b, uint64(b.N))
-	cpu := daemonCPU(b, pid) - cpu0
+	cpu := testutil.ProcCPU(b, pid) - cpu0
 	b.StopTimer()
 	if got := storePromotions(b, c) - before; got < uint64(b.N) {
 		b.Fatalf("%d promotions for %d Gets of L2-only values", got, b.N)

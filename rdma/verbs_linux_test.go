@@ -339,35 +339,32 @@ func TestVerbsRegisterLarge(t *testing.T) {
 		mb, _ = strconv.Atoi(s)
 	}
 	size := mb << 20
-	for _, c := range []struct {
-		chunk    uint64
-		workers  int
-		huge     bool
-		resident bool
-	}{{uint64(size), 1, false, false}, {uint64(size) / 4, 4, false, false}, {uint64(size), 1, false, true}, {uint64(size), 1, true, true}} {
-		pages := "4KiB"
-		if c.huge {
-			pages = "2MiB"
-		} else if c.resident {
-			pages = "4KiB-resident"
+	// resident faults an anonymous buffer in first, so that only the
+	// registration's own work is timed, as for the 2 MiB pages (collapsed
+	// before: resident too).
+	resident := func(tb testing.TB, n int) []byte {
+		b := mmapBuf(tb, n)
+		if err := unix.Madvise(b, unix.MADV_POPULATE_WRITE); err != nil {
+			tb.Fatal(err)
 		}
+		return b
+	}
+	for _, c := range []struct {
+		pages   string
+		chunks  int
+		workers int
+		buf     func(tb testing.TB, n int) []byte
+	}{
+		{"4KiB", 1, 1, mmapBuf},
+		{"4KiB", 4, 4, mmapBuf},
+		{"4KiB-resident", 1, 1, resident},
+		{"2MiB", 1, 1, hugeBuf}, // as the client libraries make their buffers
+	} {
 		// A subtest each, so that each buffer is gone before the next
 		// (the VM's memory holds one).
-		t.Run(fmt.Sprintf("%s/chunks=%d", pages, uint64(size)/c.chunk), func(t *testing.T) {
-			d := openDevice(t, Config{ChunkSize: c.chunk, RegisterWorkers: c.workers})
-			buf := mmapBuf(t, size)
-			switch {
-			case c.huge:
-				// As the client libraries make their buffers: a memfd
-				// on transparent 2 MiB pages (resident, as collapsed).
-				buf = hugeBuf(t, size)
-			case c.resident:
-				// Faulted in first, so that only the registration's own
-				// work is timed, as for the 2 MiB pages.
-				if err := unix.Madvise(buf, unix.MADV_POPULATE_WRITE); err != nil {
-					t.Fatal(err)
-				}
-			}
+		t.Run(fmt.Sprintf("%s/chunks=%d", c.pages, c.chunks), func(t *testing.T) {
+			d := openDevice(t, Config{ChunkSize: uint64(size / c.chunks), RegisterWorkers: c.workers})
+			buf := c.buf(t, size)
 			start := time.Now()
 			r, err := d.Register(buf)
 			took := time.Since(start)
@@ -382,8 +379,8 @@ func TestVerbsRegisterLarge(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("MR registration: %d MiB on %s pages as %d chunk(s) on %d goroutine(s): register %v, deregister %v",
-				mb, pages, r.Chunks(), c.workers, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-			fmt.Printf("REGISTER %dMiB pages=%s chunks=%d workers=%d ms=%d\n", mb, pages, r.Chunks(), c.workers, took.Milliseconds())
+				mb, c.pages, r.Chunks(), c.workers, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+			fmt.Printf("REGISTER %dMiB pages=%s chunks=%d workers=%d ms=%d\n", mb, c.pages, r.Chunks(), c.workers, took.Milliseconds())
 		})
 	}
 }

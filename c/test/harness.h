@@ -34,6 +34,10 @@ int matches(const void *p, size_t n, uint64_t seed);
 
 tc_request req(uint32_t op, tc_segment_id local, uint64_t loff, tc_segment_id target, uint64_t toff, uint64_t len);
 
+/* provides says whether TENSORCAST_TEST_PROVIDES (comma-separated) names
+ * feature: this machine must have it, and a test needing it fails without. */
+int provides(const char *feature);
+
 /* counter is the value of name in g, UINT64_MAX when absent. */
 uint64_t counter(const tc_counters *g, const char *name);
 

@@ -625,9 +625,7 @@ static void test_blocks(tc_conn *c)
     CHECK(codes[0] == TC_OK && codes[1] == TC_OK);
 }
 
-/* provides says whether TENSORCAST_TEST_PROVIDES (comma-separated) names
- * feature: this machine must have it, and a test needing it fails without. */
-static int provides(const char *feature)
+int provides(const char *feature)
 {
     const char *p = getenv("TENSORCAST_TEST_PROVIDES");
     size_t n = strlen(feature);

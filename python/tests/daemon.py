@@ -24,6 +24,12 @@ from typing import List, Optional, Sequence
 ROOT = Path(os.environ.get("TENSORCAST_SOURCE") or Path(__file__).resolve().parent.parent.parent)
 
 
+def provides(feature: str) -> bool:
+    """Whether TENSORCAST_TEST_PROVIDES (comma-separated) names feature: this
+    machine must have it, and a test needing it fails without."""
+    return feature in os.environ.get("TENSORCAST_TEST_PROVIDES", "").split(",")
+
+
 def daemon_binary() -> str:
     b = os.environ.get("TENSORCASTD") or str(ROOT / "bin" / "tensorcastd")
     if not os.access(b, os.X_OK):

@@ -19,7 +19,7 @@ import tensorcast
 from tensorcast import Error, Op, Request, Status, TaskState
 from tensorcast import _lib
 
-from .daemon import ROOT, Daemon, wait_blocked
+from .daemon import ROOT, Daemon, provides, wait_blocked
 
 
 def pattern(n: int, seed: int) -> bytes:
@@ -252,7 +252,7 @@ class TestCalls(DaemonCase):
         # A buffer's whole 2 MiB spans are on transparent huge pages, as
         # the pool's are (the C library's tests hold the rest).
         with c.create_buffer((5 << 20) + 4096) as b3:
-            if b3.huge == 0 and "thp" not in os.environ.get("TENSORCAST_TEST_PROVIDES", "").split(","):
+            if b3.huge == 0 and not provides("thp"):
                 self.skipTest("needs thp: MADV_COLLAPSE on a memfd (Linux 6.1); TENSORCAST_TEST_PROVIDES does not list it")
             self.assertEqual(b3.huge, 4 << 20)
 
