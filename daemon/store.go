@@ -155,6 +155,8 @@ func (d *Daemon) collectOneStore(e *metrics.Emit, st *store.Store, tenantName st
 		v          uint64
 	}{
 		{"tensorcast_store_misses_total", "Keys a get or read looked for that were not stored.", s.Misses},
+		{"tensorcast_store_fetched_unseen_total", "Copies fetched from other hosts and stored unseen by readers here until their home took them.", s.Unseen},
+		{"tensorcast_store_fetched_confirmed_total", "Fetched copies seen by readers here once their home took them.", s.Confirmed},
 		{"tensorcast_store_writebacks_total", "L1→L2 writebacks done.", s.Writebacks},
 		{"tensorcast_store_l2_task_waits_total", "Clients' keys that waited for a free L2 I/O task.", s.IOWaits},
 		{"tensorcast_store_writeback_retries_total", "Writebacks retried after a failure.", s.WritebackRetries},

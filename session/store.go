@@ -469,7 +469,7 @@ func StoreCounters(st store.Stats, dst []wire.Counter) []wire.Counter {
 	}{
 		{"keys", st.Keys}, {"l1_keys", st.L1Keys}, {"l2_keys", st.L2Keys}, {"reserved", st.Reserved}, {"aborted", st.Aborted},
 		{"l1_bytes", st.L1Bytes}, {"l1_capacity", st.L1Capacity}, {"l2_bytes", st.L2Bytes}, {"l2_capacity", st.L2Capacity},
-		{"pins", st.Pins}, {"hidden", st.Hidden}, {"dirty", st.Dirty}, {"hits_l1", st.HitsL1}, {"hits_l2", st.HitsL2}, {"misses", st.Misses},
+		{"pins", st.Pins}, {"hidden", st.Hidden}, {"unseen", st.Unseen}, {"confirmed", st.Confirmed}, {"dirty", st.Dirty}, {"hits_l1", st.HitsL1}, {"hits_l2", st.HitsL2}, {"misses", st.Misses},
 		{"evictions_l1", st.EvictionsL1}, {"evictions_l2", st.EvictionsL2}, {"dropped_unwritten", st.DroppedUnwritten},
 		{"l1_full", st.L1Full}, {"writebacks", st.Writebacks}, {"writeback_retries", st.WritebackRetries},
 		{"tombstones", st.Tombstones}, {"durable_puts", st.DurablePuts}, {"durable_failures", st.DurableFailures},

@@ -55,7 +55,7 @@ func (s *Store) statHere(key []byte) (KeyInfo, error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	idx, ok := sh.find(h, key)
-	if !ok || sh.ent(idx).state != stReady {
+	if !ok || sh.ent(idx).state != stReady || sh.ent(idx).flags&fUnseen != 0 {
 		return KeyInfo{}, ErrNotFound
 	}
 	return sh.info(sh.ent(idx)), nil
@@ -86,7 +86,7 @@ func (s *Store) ListAfter(prefix, after []byte, max int) ([]KeyInfo, bool, error
 		sh.mu.Lock()
 		for idx := uint32(0); idx < sh.nents; idx++ {
 			e := sh.ent(idx)
-			if e.state != stReady || !bytes.HasPrefix(sh.keyOf(e), prefix) ||
+			if e.state != stReady || e.flags&fUnseen != 0 || !bytes.HasPrefix(sh.keyOf(e), prefix) ||
 				len(after) > 0 && bytes.Compare(sh.keyOf(e), after) <= 0 {
 				continue
 			}

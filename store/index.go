@@ -49,6 +49,7 @@ const (
 	fRemove                     // a Remove waits for the store's own I/O in flight (shard.removing)
 	fBgDrop                     // stDropping by the store's own invalidation: L2 eviction, a corrupt block
 	fCRC                        // crc holds the value's crc32c though it is not on L2 (announced: remote.go)
+	fUnseen                     // a copy fetched from another host, unseen here until its home took it (unseen.go)
 )
 
 // entry is one key's metadata: 64 bytes, no pointers.

@@ -121,8 +121,8 @@ func (s *Store) evictL1() {
 // evict frees at least need bytes of pool if it can, looking at up to scan
 // entries from the cold end of each shard's L1 LRU list. A victim is
 // unpinned with no I/O in flight; a clean one (on L2) leaves L1 only, one
-// that cannot be written back (no L2, or its writeback gave up) leaves the
-// store. It returns the bytes freed. No shard lock may be held.
+// that cannot be written back (no L2, its writeback gave up, or an unseen
+// fetched copy) leaves the store. It returns the bytes freed. No shard lock may be held.
 //
 // What it takes from each shard is in proportion to the shard's list: the
 // coldest 1/64 of every shard, then the next 1/32, and so on, so that what
@@ -169,7 +169,7 @@ func (s *Store) evictOne(sh *shard, idx uint32, e *entry) uint64 {
 		s.c.l1Keys.Add(^uint64(0))
 		s.c.evictL1.Add(1)
 		return s.blockBytes(uint64(e.size))
-	case s.l2 == nil || e.flags&fTomb != 0:
+	case s.l2 == nil || e.flags&(fTomb|fUnseen) != 0:
 		if e.flags&fTomb != 0 {
 			s.c.droppedUnwritten.Add(1)
 		}

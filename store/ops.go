@@ -115,16 +115,24 @@ func (s *Store) lock(k []byte) (sh *shard, r ref, found bool, err error) {
 	return sh, ref{si, idx, sh.ent(idx).gen}, true, nil
 }
 
-// lookup finds stored key k (its entry in stReady) and returns with its
+// lookup finds stored key k (its entry in stReady, seen by readers: not a
+// fetched copy waiting for its home, unseen.go) and returns with its
 // shard locked. Otherwise nothing is locked and it returns k's code and
 // error: INVALID_ARGUMENT and ErrBadKey for a key that is not valid,
 // NOT_FOUND and ErrNotFound for one that is not stored.
 func (s *Store) lookup(k []byte) (*shard, ref, Code, error) {
+	return s.lookupSeen(k, false)
+}
+
+// lookupSeen is lookup, which with unseen also finds a fetched copy its
+// home has not taken yet: for the call that fetched it, and for what
+// this host holds whoever may read it.
+func (s *Store) lookupSeen(k []byte, unseen bool) (*shard, ref, Code, error) {
 	sh, r, found, err := s.lock(k)
 	if err != nil {
 		return nil, ref{}, InvalidArgument, err
 	}
-	if !found || sh.ent(r.idx).state != stReady {
+	if !found || sh.ent(r.idx).state != stReady || !unseen && sh.ent(r.idx).flags&fUnseen != 0 {
 		sh.mu.Unlock()
 		return nil, ref{}, NotFound, ErrNotFound
 	}
@@ -221,6 +229,12 @@ func (ss *Session) LookupPrefix(keys [][]byte, pin bool) (int, error) {
 
 // prefixHere is LookupPrefix over the keys stored here.
 func (ss *Session) prefixHere(keys [][]byte, pin bool) (int, error) {
+	return ss.prefixSeen(keys, pin, false)
+}
+
+// prefixSeen is prefixHere, over unseen copies too with unseen (the keys a
+// LookupPrefix has just fetched for itself).
+func (ss *Session) prefixSeen(keys [][]byte, pin, unseen bool) (int, error) {
 	s := ss.s
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -229,7 +243,7 @@ func (ss *Session) prefixHere(keys [][]byte, pin bool) (int, error) {
 	}
 	n := 0
 	for _, k := range keys {
-		sh, r, _, err := s.lookup(k)
+		sh, r, _, err := s.lookupSeen(k, unseen)
 		if err != nil {
 			break
 		}
@@ -551,12 +565,19 @@ func joinFree(cause, rollback error) error {
 // kicks the maintenance loop (once per call) so that it writes back. With
 // the store across hosts, crc is the value's crc32c (haveCRC), taken by the
 // caller before it locked the shard (crcOutside): the announcement then
-// reads nothing under the lock.
-func (s *Store) publish(sh *shard, idx uint32, crc uint32, haveCRC bool) {
+// reads nothing under the lock. With unseen it is a fetched copy
+// (CommitFetched): stored, and announced, but neither seen by readers here
+// nor written back until Confirm (unseen.go).
+func (s *Store) publish(sh *shard, r ref, crc uint32, haveCRC, unseen bool) {
+	idx := r.idx
 	e := sh.ent(idx)
 	e.state = stReady
 	e.flags = e.flags&^fCopyPut | fL1
-	if s.l2 != nil {
+	switch {
+	case unseen:
+		e.flags |= fUnseen
+		s.c.unseen.Add(1)
+	case s.l2 != nil:
 		e.flags |= fDirty
 		sh.dirtyAdd(idx)
 		s.c.dirtyOwed.Add(1)
@@ -565,7 +586,7 @@ func (s *Store) publish(sh *shard, idx uint32, crc uint32, haveCRC bool) {
 	s.c.reserved.Add(^uint64(0))
 	s.c.keys.Add(1)
 	s.c.l1Keys.Add(1)
-	s.announce(sh, idx, crc, haveCRC)
+	s.announce(sh, r, crc, haveCRC)
 }
 
 // crcOutside is the crc32c of pool bytes [off, off+size) of a value about
@@ -589,14 +610,14 @@ func (s *Store) crcOutside(off, size uint64) (uint32, bool) {
 // reserved by this session gets FAILED_PRECONDITION, or ALREADY_EXISTS /
 // BUSY when it is stored / in flight.
 func (ss *Session) Commit(keys [][]byte, durable bool, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
-	return ss.commit(keys, durable, 0, nil, codes, errs, done, tag)
+	return ss.commit(keys, durable, 0, nil, false, codes, errs, done, tag)
 }
 
 // CommitCopies is Commit with copies (this host's included) kept of each
 // value by the store across hosts, for this call: 0 is the session's
 // number (SetReplicas), 1 none elsewhere (replicate.go).
 func (ss *Session) CommitCopies(keys [][]byte, durable bool, copies int, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
-	return ss.commit(keys, durable, copies, nil, codes, errs, done, tag)
+	return ss.commit(keys, durable, copies, nil, false, codes, errs, done, tag)
 }
 
 // CommitChecked is a blocking Commit of values whose crc32c the caller
@@ -608,11 +629,23 @@ func (ss *Session) CommitChecked(keys [][]byte, durable bool, crcs []uint32, cod
 	if len(crcs) != len(keys) {
 		return fmt.Errorf("%w: %d checksums for %d keys", ErrBadCall, len(crcs), len(keys))
 	}
-	_, err := ss.commit(keys, durable, 0, crcs, codes, errs, nil, 0)
+	_, err := ss.commit(keys, durable, 0, crcs, false, codes, errs, nil, 0)
 	return err
 }
 
-func (ss *Session) commit(keys [][]byte, durable bool, copies int, crcs []uint32, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
+// CommitFetched is CommitChecked, without durable, of copies the store
+// across hosts fetched from another host: each is stored here unseen
+// (unseen.go) until Confirm names its record, once the key's home has
+// taken its announcement. Only the fetching call reads it meanwhile.
+func (ss *Session) CommitFetched(keys [][]byte, crcs []uint32, codes []Code, errs []error) error {
+	if len(crcs) != len(keys) {
+		return fmt.Errorf("%w: %d checksums for %d keys", ErrBadCall, len(crcs), len(keys))
+	}
+	_, err := ss.commit(keys, false, 0, crcs, true, codes, errs, nil, 0)
+	return err
+}
+
+func (ss *Session) commit(keys [][]byte, durable bool, copies int, crcs []uint32, unseen bool, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
 	s := ss.s
 	if copies < 0 || copies > MaxReplicas {
 		fill(codes, InvalidArgument)
@@ -659,9 +692,11 @@ func (ss *Session) commit(keys [][]byte, durable bool, copies int, crcs []uint32
 				crc, haveCRC = s.crcOutside(off, size)
 				sh.mu.Lock()
 			}
-			s.publish(sh, r.idx, crc, haveCRC)
+			s.publish(sh, r, crc, haveCRC, unseen)
 			sh.mu.Unlock()
-			s.journalPublished(r, off, size)
+			if !unseen {
+				s.journalPublished(r, off, size) // an unseen copy's waits for Confirm
+			}
 			ss.unreserve(r)
 			published = true
 			if rp != nil {
@@ -815,7 +850,7 @@ func (ss *Session) PutCopies(keys, vals [][]byte, durable bool, copies int, code
 		}
 		sh.mu.Lock()
 		if !durable {
-			s.publish(sh, r.idx, crc, haveCRC)
+			s.publish(sh, r, crc, haveCRC, false)
 			sh.mu.Unlock()
 			s.journalPublished(r, off, size)
 			published = true

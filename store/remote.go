@@ -14,12 +14,13 @@ import (
 // one (SetRemote never called) is the host's store alone, exactly as
 // before.
 type Remote interface {
-	// Stored says that key became visible here (a commit, a put, or a
-	// value fetched from another host and kept), with size bytes whose
-	// crc32c is crc. It runs with the key's shard locked: it copies key
-	// and queues the announcement, and must neither block nor call into
-	// the store.
-	Stored(key []byte, size uint64, crc uint32)
+	// Stored says that key is stored here (a commit, a put, or a value
+	// fetched from another host and kept), with size bytes whose crc32c
+	// is crc. A fetched copy (CommitFetched) is unseen by readers here
+	// until Confirm names its record, unseen (0 for any other value).
+	// It runs with the key's shard locked: it copies key and queues the
+	// announcement, and must neither block nor call into the store.
+	Stored(key []byte, size uint64, crc uint32, unseen RecordID)
 	// Evicted says that key's value left this store: by eviction (from
 	// both tiers) or by a removal here. Like Stored, it runs with the
 	// key's shard locked and only queues.
@@ -84,20 +85,24 @@ func (s *Store) rem() Remote {
 // remoteState is the Store's field for its Remote.
 type remoteState = atomic.Pointer[remoteBox]
 
-// announce tells the Remote that entry idx of sh became visible; sh.mu is
-// held.
-func (s *Store) announce(sh *shard, idx uint32, crc uint32, haveCRC bool) {
+// announce tells the Remote that entry rf of sh is stored (visible, or an
+// unseen fetched copy); sh.mu is held.
+func (s *Store) announce(sh *shard, rf ref, crc uint32, haveCRC bool) {
 	r := s.rem()
 	if r == nil {
 		return
 	}
-	e := sh.ent(idx)
+	e := sh.ent(rf.idx)
 	if !haveCRC {
 		crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
 	}
 	e.crc = crc
 	e.flags |= fCRC
-	r.Stored(sh.keyOf(e), uint64(e.size), crc)
+	var unseen RecordID
+	if e.flags&fUnseen != 0 {
+		unseen = rf.id()
+	}
+	r.Stored(sh.keyOf(e), uint64(e.size), crc, unseen)
 }
 
 // evicted tells the Remote that entry idx of sh is evicted; sh.mu is
@@ -142,7 +147,7 @@ func (s *Store) Holdings(i int, keep func(key []byte) bool, dst []Held) []Held {
 	defer sh.mu.Unlock()
 	for idx := uint32(0); idx < sh.nents; idx++ {
 		e := sh.ent(idx)
-		if e.state != stReady || !keep(sh.keyOf(e)) {
+		if e.state != stReady || e.flags&fUnseen != 0 || !keep(sh.keyOf(e)) {
 			continue
 		}
 		dst = append(dst, Held{Key: bytes.Clone(sh.keyOf(e)), Size: uint64(e.size), CRC: s.knownCRC(e), OnL2: e.flags&fL1 == 0,
@@ -168,7 +173,7 @@ func (s *Store) HeldHere(key []byte) bool {
 		return false
 	}
 	defer s.exit()
-	sh, _, code, _ := s.lookup(key)
+	sh, _, code, _ := s.lookupSeen(key, true) // an unseen copy is held here
 	if code != OK {
 		return false
 	}
@@ -190,7 +195,7 @@ func (s *Store) RecordHere(key []byte) (RecordID, bool) {
 		return 0, false
 	}
 	defer s.exit()
-	sh, r, code, _ := s.lookup(key)
+	sh, r, code, _ := s.lookupSeen(key, true)
 	if code != OK {
 		return 0, false
 	}
@@ -224,11 +229,14 @@ func (s *Store) Recheck(held []Held) {
 		switch {
 		case found && e.state == stReady && ref.id() == h.ID:
 			// Unchanged.
+		case found && e.state == stReady && e.flags&fUnseen != 0:
+			// A fetched copy since: its own announcement is queued
+			// (unseen.go), and tells its home it is fetched.
 		case found && e.state == stReady:
 			if rs, ok := r.(RemoteRestate); ok {
 				rs.Restated(h.Key, uint64(e.size), s.knownCRC(e))
 			} else {
-				r.Stored(h.Key, uint64(e.size), s.knownCRC(e))
+				r.Stored(h.Key, uint64(e.size), s.knownCRC(e), 0)
 			}
 		default:
 			r.Evicted(h.Key)
@@ -306,7 +314,7 @@ func (ss *Session) landGet(locs []Location, codes []Code, errs []error) func(cl 
 			return ErrClosed
 		}
 		for again := 0; ; again++ {
-			sh, r, _, err := s.lookup(key)
+			sh, r, _, err := s.lookupSeen(key, true) // fetched for this call: seen by it
 			if err != nil {
 				return err
 			}
@@ -336,7 +344,7 @@ func (ss *Session) landGet(locs []Location, codes []Code, errs []error) func(cl 
 func (s *Store) landRead(dsts [][]byte, lens []uint64, codes []Code, errs []error) func(cl *call, pos int, key []byte) error {
 	return func(cl *call, pos int, key []byte) error {
 		for again := 0; ; again++ {
-			sh, r, _, err := s.lookup(key)
+			sh, r, _, err := s.lookupSeen(key, true) // fetched for this call: seen by it
 			if err != nil {
 				return err
 			}
@@ -443,7 +451,7 @@ func (ss *Session) prefixElsewhere(keys [][]byte, n int, pin bool) (int, error) 
 	for got < run && codes[got] == OK {
 		got++
 	}
-	m, err := ss.prefixHere(rest[:got], true)
+	m, err := ss.prefixSeen(rest[:got], true, true)
 	return n + m, err
 }
 

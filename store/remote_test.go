@@ -23,12 +23,23 @@ type fakeRemote struct {
 	// landed, when set, runs after a fetched value is stored here and
 	// before its fetch is answered.
 	landed func(key []byte)
+	// unseen are the fetched copies announced unseen (key → record); with
+	// keepUnseen they stay so, else each is confirmed at once, as a home
+	// that took its announcement would have it.
+	unseen     map[string]RecordID
+	keepUnseen bool
 }
 
-func (r *fakeRemote) Stored(key []byte, size uint64, crc uint32) {
+func (r *fakeRemote) Stored(key []byte, size uint64, crc uint32, unseen RecordID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stored[string(key)] = crc
+	if unseen != 0 {
+		if r.unseen == nil {
+			r.unseen = map[string]RecordID{}
+		}
+		r.unseen[string(key)] = unseen
+	}
 }
 
 func (r *fakeRemote) Evicted(key []byte) {
@@ -63,9 +74,15 @@ func (r *fakeRemote) Fetch(keys [][]byte, done func(int, error)) {
 				continue
 			}
 			copy(r.s.poolMem[locs[0].Offset:], v)
-			if _, err := ss.Commit([][]byte{k}, false, codes, nil, nil, 0); err != nil || codes[0] != OK {
+			if err := ss.CommitFetched([][]byte{k}, []uint32{CRC(v)}, codes, nil); err != nil || codes[0] != OK {
 				done(i, fmt.Errorf("commit: %v %v", err, codes[0]))
 				continue
+			}
+			r.mu.Lock()
+			id, keep := r.unseen[string(k)], r.keepUnseen
+			r.mu.Unlock()
+			if !keep {
+				r.s.Confirm([][]byte{k}, []RecordID{id})
 			}
 			if r.landed != nil {
 				r.landed(k)

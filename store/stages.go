@@ -283,7 +283,7 @@ func (t *tier2) endWrite(it *ioTask, ok bool) {
 		if it.commit {
 			ss.unreserve(it.r)
 		}
-		s.announce(sh, idx, it.crc, true)
+		s.announce(sh, it.r, it.crc, true)
 		if it.rp != nil {
 			repKey = bytes.Clone(sh.keyOf(e))
 		}

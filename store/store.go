@@ -415,6 +415,7 @@ type counters struct {
 	ioWaits                                             atomic.Uint64 // callers' keys that waited for an L2 task
 	l1Recovered, l1Dropped, l1Torn, l1JournalFull       atomic.Uint64 // the L1 journal's (l1journal.go)
 	hidden                                              atomic.Uint64 // gauge: stHidden entries (hide.go)
+	unseen, confirmed                                   atomic.Uint64 // fetched copies stored unseen, and seen since (unseen.go)
 	// Reads of values (Get, Read) by what they found, per key: the value
 	// in L1, only on L2 (a promotion), or no key.
 	hitsL1, hitsL2, misses atomic.Uint64
@@ -440,6 +441,10 @@ type Stats struct {
 	// by no reader since, their blocks kept until their last pin goes.
 	Hidden uint64
 	Dirty  uint64 // values in L1 only, still owed a writeback
+	// Unseen: copies fetched from other hosts stored unseen by readers
+	// here until their home took them (unseen.go); Confirmed: those seen
+	// since. The rest were dropped or evicted first.
+	Unseen, Confirmed uint64
 
 	EvictionsL1      uint64 // values dropped from L1 (still on L2, or gone with no L2)
 	EvictionsL2      uint64 // keys evicted from L2
@@ -492,7 +497,7 @@ func (s *Store) Stats() Stats {
 		HitsL1: c.hitsL1.Load(), HitsL2: c.hitsL2.Load(), Misses: c.misses.Load(),
 		Keys: c.keys.Load(), L1Keys: c.l1Keys.Load(), L2Keys: c.l2Keys.Load(), Reserved: c.reserved.Load(),
 		L1Bytes: s.l1Bytes.Load(), L1Capacity: s.cfg.L1Capacity, Pins: c.pins.Load(), Dirty: c.dirtyOwed.Load(),
-		Hidden:      c.hidden.Load(),
+		Hidden: c.hidden.Load(), Unseen: c.unseen.Load(), Confirmed: c.confirmed.Load(),
 		EvictionsL1: c.evictL1.Load(), EvictionsL2: c.evictL2.Load(), DroppedUnwritten: c.droppedUnwritten.Load(),
 		L1Full: c.l1Full.Load(), Writebacks: c.writebacks.Load(), WritebackRetries: c.wbRetries.Load(),
 		Tombstones: c.tombstones.Load(), DurablePuts: c.durable.Load(), DurableFailures: c.durableFail.Load(),

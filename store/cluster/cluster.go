@@ -285,11 +285,6 @@ type Cluster struct {
 	flyMu  sync.Mutex
 	flying map[string][]func(error)
 
-	// landMu guards landed: the keys of fetched copies being committed
-	// here (their announcements say so).
-	landMu sync.Mutex
-	landed map[string]int
-
 	// holdMu guards holds, holdKeys, gone, dropping and nextClaim.
 	holdMu   sync.Mutex
 	holds    map[uint64]*hold
@@ -393,7 +388,6 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		holdKeys: map[string]int{},
 		gone:     map[string]store.RecordID{},
 		takenBy:  map[int]ShardClaim{},
-		landed:   map[string]int{},
 		flying:   map[string][]func(error){},
 		greeted:  make(chan struct{}),
 		rekick:   make(chan struct{}, 1),

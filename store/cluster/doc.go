@@ -27,8 +27,12 @@
 //     up, else tcp), checks the crc32c the home gave (tcp takes it as the
 //     bytes come off the socket, while they are in cache: Span.Sum;
 //     rdma's bytes land by DMA and are read again), commits them as a
-//     value of its own (announced in turn: a hot key ends up near its
-//     readers) and answers like a local get. A read that fails, or whose
+//     copy of its own (announced in turn: a hot key ends up near its
+//     readers) and answers like a local get. That copy answers the get
+//     that fetched it and no other reader until the key's home has taken
+//     its announcement (store.CommitFetched, then store.Confirm): a
+//     removal the home took before cannot name it, and it is answered
+//     "removed" and dropped instead of served meanwhile. A read that fails, or whose
 //     bytes do not match, tries the next holder; a key no holder gives is
 //     a miss, and every fetch ends by Config.Timeout. A read that failed
 //     with its transfer still under way (an rdma READ past its deadline
@@ -135,7 +139,11 @@
 // each key whose record changed meanwhile (store.Recheck), after the
 // walk's own announcement has been answered. A fetch keeps no copy while the
 // announcements waiting are at Config.MaxPending (BUSY): every fetched
-// copy is announced.
+// copy is announced. And a fetched copy is unseen by readers on its
+// holder (store's unseen.go) until its home has indexed it: before that,
+// a removal at the home could not drop it, and however late its
+// announcement arrives (a slow or flooded home), it is never served as a
+// removed key; a copy whose announcement fails or is refused is dropped.
 //
 // Messages are exchanges on the peer channel (tcp.Node.Exchange, kinds
 // "tc.store.*"), addressed to the epoch the sender knows, so a daemon that

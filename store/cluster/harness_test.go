@@ -70,6 +70,12 @@ type fakeNet struct {
 	// packets); helloWaiting counts the hellos waiting on them now.
 	silent       map[string]chan struct{}
 	helloWaiting int
+	// slow, guarded by cutMu: exchanges of a kind sent by a daemon
+	// ([2]string{from, kind}) wait until released or their timeout (a
+	// daemon whose announcements are slow to arrive); slowWaiting counts
+	// those waiting now.
+	slow        map[[2]string]chan struct{}
+	slowWaiting int
 }
 
 // silence makes exchanges with the daemons ids wait unanswered until the
@@ -94,6 +100,62 @@ func (f *fakeNet) silence(t testing.TB, ids ...string) (release func()) {
 	}
 	t.Cleanup(release)
 	return release
+}
+
+// holdKind makes the exchanges of kind that from sends wait until the
+// returned release (which the test's end calls too) or their timeout.
+func (f *fakeNet) holdKind(t testing.TB, from, kind string) (release func()) {
+	f.cutMu.Lock()
+	defer f.cutMu.Unlock()
+	ch := make(chan struct{})
+	if f.slow == nil {
+		f.slow = map[[2]string]chan struct{}{}
+	}
+	f.slow[[2]string{from, kind}] = ch
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			f.cutMu.Lock()
+			defer f.cutMu.Unlock()
+			delete(f.slow, [2]string{from, kind})
+			close(ch)
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// heldKinds is how many exchanges holdKind holds now.
+func (f *fakeNet) heldKinds() int {
+	f.cutMu.Lock()
+	defer f.cutMu.Unlock()
+	return f.slowWaiting
+}
+
+// waitSlow holds an exchange of kind from from while holdKind says so,
+// until it is released (true) or timeout passes (false).
+func (f *fakeNet) waitSlow(from, kind string, timeout time.Duration) bool {
+	f.cutMu.Lock()
+	ch := f.slow[[2]string{from, kind}]
+	if ch == nil {
+		f.cutMu.Unlock()
+		return true
+	}
+	f.slowWaiting++
+	f.cutMu.Unlock()
+	defer func() {
+		f.cutMu.Lock()
+		f.slowWaiting--
+		f.cutMu.Unlock()
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // waitSilent holds an exchange of kind with peer while peer is silent,
@@ -365,7 +427,7 @@ func (n *fakeNode) Handle(kind string, h func(string, uint64, []byte) ([]byte, e
 }
 
 func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte, timeout time.Duration) ([]byte, error) {
-	if !n.net.waitSilent(peer, kind, timeout) {
+	if !n.net.waitSilent(peer, kind, timeout) || !n.net.waitSlow(n.id, kind, timeout) {
 		return nil, fmt.Errorf("%w: %s never answered: %w", errUnreachable, peer, xfer.ErrTimeout)
 	}
 	p := n.net.node(peer)

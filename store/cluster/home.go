@@ -19,18 +19,22 @@ import (
 // A fetched copy's is queued all the same: a copy its home does not know
 // of would outlive the key's removal. Their number past the bound is
 // small, since no fetch lands while the queue is full (backlogged).
-func (c *Cluster) Stored(key []byte, size uint64, crc uint32) {
-	fetched := c.isLanding(key)
-	if !fetched {
+//
+// A fetched copy (unseen: its record) stays unseen by readers here until
+// its home has taken the announcement (confirm), so that a removal the
+// home took before it never misses a copy that is served.
+func (c *Cluster) Stored(key []byte, size uint64, crc uint32, unseen store.RecordID) {
+	if unseen == 0 {
 		c.notePut(key)
 	}
-	c.queueStored(key, size, crc, fetched)
+	c.queueStored(key, size, crc, unseen)
 }
 
 // Restated is Stored for a value stored here before, told again
-// (store.Recheck): queued the same, but no new put.
+// (store.Recheck): queued the same, but no new put (never an unseen copy:
+// its own announcement is queued).
 func (c *Cluster) Restated(key []byte, size uint64, crc uint32) {
-	c.queueStored(key, size, crc, c.isLanding(key))
+	c.queueStored(key, size, crc, 0)
 }
 
 // notePut notes the time of a put of key here while members are away, or
@@ -44,9 +48,10 @@ func (c *Cluster) notePut(key []byte) {
 	}
 }
 
-// queueStored queues the announcement of key's value (a fetched copy's
-// when fetched).
-func (c *Cluster) queueStored(key []byte, size uint64, crc uint32, fetched bool) {
+// queueStored queues the announcement of key's value (a fetched copy's,
+// record unseen, when that is not 0).
+func (c *Cluster) queueStored(key []byte, size uint64, crc uint32, unseen store.RecordID) {
+	fetched := unseen != 0
 	tier := TierL1
 	if fetched {
 		tier |= tierFetched
@@ -57,7 +62,7 @@ func (c *Cluster) queueStored(key []byte, size uint64, crc uint32, fetched bool)
 		c.c.announceDropped.Add(1)
 		return
 	}
-	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tier, size: size, crc: crc})
+	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tier, size: size, crc: crc, id: unseen})
 	c.mu.Unlock()
 	if c.goneN.Load() > 0 { // no lock per put while none waits (nearly always)
 		// A value put after the removal: the removed copy is gone.
@@ -191,19 +196,28 @@ func (c *Cluster) announce(batch []entry) int {
 		local: func(ps []int) {
 			var gone [][]byte
 			var ats []time.Time
+			var took, refused []int
 			now := time.Now()
 			for _, p := range ps {
 				e := batch[p]
 				// This daemon's own copy, as its home: a tombstone
 				// (handed over with the shard) or a removal just now
 				// answers it as another holder's.
-				if _, removed, at := c.index(c.shardOf(e.key), e, c.self, c.peers.Epoch(), now); removed {
+				added, removed, at := c.index(c.shardOf(e.key), e, c.self, c.peers.Epoch(), now)
+				switch {
+				case removed:
 					gone, ats = append(gone, e.key), append(ats, at)
+				case added:
+					took = append(took, p)
+				default:
+					refused = append(refused, p)
 				}
 			}
 			if len(gone) > 0 {
 				c.dropRemoved(c.self, gone, ats)
 			}
+			c.dropUnannounced(batch, refused)
+			c.confirm(batch, took)
 		},
 		got: func(ps []int, home string, body []byte, err error) {
 			if err == nil {
@@ -231,6 +245,7 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 	refused := d.u32()
 	n := d.count(len(ps))
 	var gone [][]byte
+	removed := make(map[int]bool, n)
 	for i := 0; i < n && d.err == nil; i++ {
 		j := int(d.u32())
 		if d.err == nil && j >= len(ps) {
@@ -238,6 +253,7 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 		}
 		if d.err == nil {
 			gone = append(gone, batch[ps[j]].key)
+			removed[j] = true
 		}
 	}
 	var ages []uint32
@@ -260,7 +276,31 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 		// Removed while this daemon was not reached: its copies go now.
 		c.dropRemoved(home, gone, atsOf(ages, time.Now()))
 	}
+	if refused == 0 {
+		took := make([]int, 0, len(ps)-len(removed))
+		for j, p := range ps {
+			if !removed[j] {
+				took = append(took, p)
+			}
+		}
+		c.confirm(batch, took)
+	}
 	return nil
+}
+
+// confirm makes the fetched copies among the entries of batch at ps,
+// which their home has indexed, seen by readers here (store.Confirm).
+func (c *Cluster) confirm(batch []entry, ps []int) {
+	var keys [][]byte
+	var ids []store.RecordID
+	for _, p := range ps {
+		if e := batch[p]; e.tier&tierFetched != 0 && e.id != 0 {
+			keys, ids = append(keys, e.key), append(ids, e.id)
+		}
+	}
+	if len(keys) > 0 {
+		c.st.Confirm(keys, ids)
+	}
 }
 
 // dropRemoved drops this daemon's copies of keys that their home (home)

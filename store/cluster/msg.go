@@ -224,6 +224,9 @@ type entry struct {
 	tier uint8
 	size uint64
 	crc  uint32
+	// id is a fetched copy's record here (tierFetched), confirmed once its
+	// home has taken it; never sent.
+	id store.RecordID
 }
 
 func entryBytes(e entry) int { return keyBytes(e.key) + 1 + 8 + 4 }

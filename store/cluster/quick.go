@@ -352,9 +352,7 @@ func (q *quickCall) start(kr KeyReader, j int, key []byte, h Holder) int {
 		c.byPeer.add(h.ID, h.Size)
 		ccodes := make([]store.Code, 1)
 		cerrs := make([]error, 1)
-		c.landing(keys, 1)
-		err = ss.CommitChecked(keys, false, []uint32{h.CRC}, ccodes, cerrs)
-		c.landing(keys, -1)
+		err = ss.CommitFetched(keys, []uint32{h.CRC}, ccodes, cerrs)
 		_ = ss.Close()
 		if err == nil && ccodes[0] != store.OK {
 			err = cerrs[0]

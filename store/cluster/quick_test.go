@@ -110,6 +110,9 @@ func TestQuickFetchBatch(t *testing.T) {
 			}
 		}
 		for _, k := range keys {
+			// Served on b once its home has taken b's copy (unseen until
+			// then: a read meanwhile would fetch again).
+			testutil.Eventually(t, 10*time.Second, func() bool { return b.here(t, k) == store.OK }, "%s: b's copy of %s seen", what, k)
 			if got, err := b.read(k, len(vals[k])); err != nil || !bytes.Equal(got, vals[k]) {
 				t.Fatalf("%s: %s on b: %d bytes, %v; not the value put", what, k, len(got), err)
 			}

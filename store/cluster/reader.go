@@ -710,14 +710,13 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	}
 	ccodes := make([]store.Code, len(ck))
 	cerrs := make([]error, len(ck))
+	// Checked above: the commit does not read the bytes again. A fetched
+	// copy is unseen here until its home takes its announcement (confirm).
+	commit := func() error { return ss.CommitChecked(ck, durable, crcs, ccodes, cerrs) }
 	if fetched {
-		// Their announcements (Stored, during the commit) say they are
-		// fetched copies.
-		c.landing(ck, 1)
-		defer c.landing(ck, -1)
+		commit = func() error { return ss.CommitFetched(ck, crcs, ccodes, cerrs) }
 	}
-	// Checked above: the commit does not read the bytes again.
-	if err := ss.CommitChecked(ck, durable, crcs, ccodes, cerrs); err != nil {
+	if err := commit(); err != nil {
 		for _, w := range cw {
 			w.last = err
 		}
@@ -854,23 +853,4 @@ func (c *Cluster) logFailed(key []byte, err error) {
 	}
 	c.log.Warn("a remote read failed on every holder", "key", string(key), "err", err,
 		"failed_total", c.c.remoteFailed.Load())
-}
-
-// landing counts keys in (delta 1) or out of (-1) the fetched copies
-// being committed here.
-func (c *Cluster) landing(keys [][]byte, delta int) {
-	c.landMu.Lock()
-	defer c.landMu.Unlock()
-	for _, k := range keys {
-		if c.landed[string(k)] += delta; c.landed[string(k)] <= 0 {
-			delete(c.landed, string(k))
-		}
-	}
-}
-
-// isLanding reports whether key is a fetched copy being committed here.
-func (c *Cluster) isLanding(key []byte) bool {
-	c.landMu.Lock()
-	defer c.landMu.Unlock()
-	return c.landed[string(key)] > 0
 }

@@ -153,6 +153,58 @@ func TestFetchedCopyDroppedUnannounced(t *testing.T) {
 	}
 }
 
+// TestFetchedCopyUnseenUntilItsHomeTakesIt: a reader's copy of a remote
+// hit is served to no reader there until the key's home has taken its
+// announcement. A removal the home takes meanwhile cannot name that copy;
+// were it served, a removed key would be read until the announcement got
+// through (slow announcements from a daemon back from a restart did just
+// that). Once through, the removed key's copy is answered "removed" and
+// goes, and the other copy is served there.
+func TestFetchedCopyUnseenUntilItsHomeTakesIt(t *testing.T) {
+	ids := []string{"m", "h", "r"}
+	f := newNet(t, ids, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour})
+	m, h, r := f.node("m"), f.node("h"), f.node("r")
+	removed := keyHomedOn(f, r, "unseen/removed", "m")
+	kept := keyHomedOn(f, r, "unseen/kept", "m")
+	for _, k := range []string{removed, kept} {
+		h.put(t, k, value(k, 4096))
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h"}) }, "%s announced", k)
+	}
+	release := f.holdKind(t, "r", kindAnnounceAges)
+	for _, k := range []string{removed, kept} {
+		if got, err := r.read(k, 4096); err != nil || !bytes.Equal(got, value(k, 4096)) {
+			t.Fatalf("r's read of %s: %d bytes, %v", k, len(got), err)
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return f.heldKinds() > 0 }, "r's announcements on their way")
+	for _, k := range []string{removed, kept} {
+		if c := r.here(t, k); c != store.NotFound {
+			t.Fatalf("r's copy of %s before its home took it: %v, want unseen (NOT_FOUND)", k, c)
+		}
+	}
+	if code, err := removeOn(t, h, removed); code != store.OK {
+		t.Fatalf("remove on h: %v, %v", code, err)
+	}
+	if got, err := r.read(removed, 4096); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the removed key read on r, its copy's announcement not yet taken: %d bytes, %v; want a miss", len(got), err)
+	}
+	if got, err := r.read(kept, 4096); err != nil || !bytes.Equal(got, value(kept, 4096)) {
+		t.Fatalf("r's read of %s again: %d bytes, %v", kept, len(got), err)
+	}
+	release()
+	testutil.Eventually(t, 10*time.Second, func() bool { return r.here(t, kept) == store.OK }, "r's copy of %s served there", kept)
+	testutil.Eventually(t, 10*time.Second, func() bool { return !r.st.HeldHere([]byte(removed)) }, "r's copy of the removed key dropped")
+	if got, err := r.read(removed, 4096); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the removed key read on r: %d bytes, %v", len(got), err)
+	}
+	if _, hs, err := m.c.Locate([]byte(removed)); err != nil || len(hs) != 0 {
+		t.Errorf("the removed key's home knows holders %+v (%v), want none", hs, err)
+	}
+	if st := r.st.Stats(); st.Confirmed != 1 || st.Unseen != 2 {
+		t.Errorf("r's store: %d copies stored unseen, %d confirmed; want 2 (the second read of the kept key found its copy), 1", st.Unseen, st.Confirmed)
+	}
+}
+
 // TestEveryHolderGoneIsAMiss: a key whose every holder the home names no
 // longer has it (the home not yet told of their evictions) is a miss
 // (NOT_FOUND), not a failure (UNAVAILABLE): nobody failed to give it.
