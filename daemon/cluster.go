@@ -221,6 +221,8 @@ func (p nodePeers) Unreachable(err error) bool {
 	return false
 }
 
+func (p nodePeers) Busy(err error) bool { return errors.Is(err, tcp.ErrPeerBusy) }
+
 func (p nodePeers) EpochOf(id string) uint64 {
 	for _, s := range p.n.Peers() {
 		if s.ID == id {
@@ -454,6 +456,8 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_puts_kept_total", "Values put after their key's removal elsewhere that the removal's late drop left here.", s.PutsKept},
 		{"tensorcast_cluster_older_kinds_total", "Messages sent as the kind an older release knows, to a member that serves none with removal ages.", s.OlderKinds},
 		{"tensorcast_cluster_late_losses_total", "Failed exchanges with a member that were sent before it answered again: not taken for it going down.", s.LateLosses},
+		{"tensorcast_cluster_busy_retries_total", "Exchanges sent again after their peer answered busy (every exchange handler of its taken).", s.BusyRetries},
+		{"tensorcast_cluster_busy_hellos_total", "Hellos a member answered busy: it stays in.", s.BusyHellos},
 		{"tensorcast_cluster_stale_refused_total", "Messages this daemon refused as a home: sent for a generation it does not hold.", s.StaleRefused},
 		{"tensorcast_cluster_stale_answers_total", "Messages other homes refused for a stale generation (refreshed and sent again once).", s.StaleAnswers},
 		{"tensorcast_cluster_shards_claimed_total", "Shards this daemon claimed in etcd as their home.", s.ClaimsWon},

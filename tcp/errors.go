@@ -54,4 +54,8 @@ var (
 	// carries the reason the peer gave. Matches xfer.ErrUnavailable: the
 	// peer could not serve the exchange now.
 	ErrExchange = xfer.Categorized(xfer.ErrUnavailable, "tcp: exchange failed on the peer")
+	// ErrPeerBusy: the peer refused the exchange before running it, its
+	// handlers all taken (it is there, and did nothing of the request).
+	// Wrapped with ErrExchange.
+	ErrPeerBusy = xfer.Categorized(xfer.ErrUnavailable, "tcp: peer busy, too many exchanges in progress")
 )

@@ -15,7 +15,7 @@ const (
 	// MaxExchangeKind is the longest exchange kind.
 	MaxExchangeKind = 64
 	// maxExchangeHandlers bounds the handlers running at once on a node;
-	// a request beyond that is answered "busy".
+	// a request beyond that is answered busyReason (ErrPeerBusy).
 	maxExchangeHandlers = 16
 	// maxExchangeReason bounds the failure reason sent back to the peer.
 	maxExchangeReason = 256
@@ -123,8 +123,14 @@ func (n *Node) ExchangeAt(peerID string, epoch uint64, kind string, req []byte, 
 	case stInvalid:
 		return nil, fmt.Errorf("%w: exchange %q refused by %s: %s", xfer.ErrInvalid, kind, peerID, pd.token)
 	}
+	if string(pd.token) == busyReason {
+		return nil, fmt.Errorf("%w: %q on %s: %w", ErrExchange, kind, peerID, ErrPeerBusy)
+	}
 	return nil, fmt.Errorf("%w: %q on %s: %s", ErrExchange, kind, peerID, pd.token)
 }
+
+// busyReason is the answer to an exchange beyond maxExchangeHandlers.
+const busyReason = "busy: too many exchanges in progress"
 
 // onExchange serves an exchange request: the handler runs on a goroutine
 // of its own, and the answer goes back through the event loop.
@@ -151,7 +157,7 @@ func (c *conn) onExchange(h *header, meta []byte) error {
 	select {
 	case n.exchSem <- struct{}{}:
 	default:
-		reason := []byte("busy: too many exchanges in progress")
+		reason := []byte(busyReason)
 		c.writeFrame(&header{typ: tExchResp, id: h.id, status: stFailed, metaLen: uint16(len(reason))}, reason)
 		return nil
 	}

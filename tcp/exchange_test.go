@@ -231,8 +231,8 @@ func TestExchangeBusy(t *testing.T) {
 		}
 	}
 	_, err := a.Exchange("bravo", "hold", nil, time.Second)
-	if !errors.Is(err, ErrExchange) || !strings.Contains(err.Error(), "busy") {
-		t.Fatalf("exchange beyond the bound: %v, want ErrExchange (busy)", err)
+	if !errors.Is(err, ErrExchange) || !errors.Is(err, ErrPeerBusy) || !strings.Contains(err.Error(), "busy") {
+		t.Fatalf("exchange beyond the bound: %v, want ErrExchange and ErrPeerBusy", err)
 	}
 	close(release)
 	for range maxExchangeHandlers {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,10 @@ type Peers interface {
 	// cannot be reached (no session, connection lost, no answer in time,
 	// another run), rather than that its handler failed.
 	Unreachable(err error) bool
+	// Busy reports whether err, from an exchange, says the peer refused
+	// it before running it because its handlers were all taken: the peer
+	// is there and did nothing of it, so it may be sent again.
+	Busy(err error) bool
 }
 
 // StallDropper is what a Peers may also do: close the connections
@@ -353,6 +358,7 @@ type counters struct {
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
 	putsKept                                                 atomic.Uint64 // values put after their removal, kept against its late drop
 	lateLosses                                               atomic.Uint64 // failed exchanges sent before the member answered again: not taken for down
+	busyRetries, busyHellos                                  atomic.Uint64 // exchanges sent again after the peer answered busy; hellos it answered busy
 	olderKinds                                               atomic.Uint64 // messages sent as the kind an older release knows (members.go, older)
 	tombsKept, keepFailed                                    atomic.Uint64 // tombstone copies given to keepers, and not
 	goneOver                                                 atomic.Uint64 // removed keys with I/O in flight here past the bound
@@ -609,24 +615,50 @@ func (c *Cluster) exchange(id string, epoch uint64, kind string, req []byte) ([]
 	return c.exchangeBy(id, epoch, kind, req, time.Now().Add(c.cfg.Timeout))
 }
 
-// exchangeBy is exchange ending by deadline.
+// exchangeBy is exchange ending by deadline. A peer that answers busy
+// (every exchange handler of its taken, as on a daemon back from a
+// restart that all its members tell at once) ran nothing of it: it is
+// asked again after a short back-off, doubling, while the deadline
+// leaves time, and its last busy answer is the error.
 func (c *Cluster) exchangeBy(id string, epoch uint64, kind string, req []byte, deadline time.Time) ([]byte, error) {
-	left := time.Until(deadline)
-	if left < time.Millisecond {
-		return nil, fmt.Errorf("%w: no time left to ask %s", xfer.ErrTimeout, id)
+	for wait := busyBackoff; ; wait = min(2*wait, busyBackoffMax) {
+		left := time.Until(deadline)
+		if left < time.Millisecond {
+			return nil, fmt.Errorf("%w: no time left to ask %s", xfer.ErrTimeout, id)
+		}
+		sent := time.Now()
+		resp, err := c.peers.ExchangeAt(id, epoch, kind, req, left)
+		switch {
+		case err == nil:
+			c.reachedAt(id, sent)
+		case c.peers.Busy(err):
+			c.reachedAt(id, sent) // it answered
+			jittered := wait/2 + rand.N(wait/2+1)
+			if time.Until(deadline) <= jittered+busyBackoff {
+				return nil, err
+			}
+			c.c.busyRetries.Add(1)
+			select {
+			case <-time.After(jittered):
+				continue
+			case <-c.stop:
+				return nil, err
+			}
+		case left >= c.cfg.Timeout/2 || !errors.Is(err, xfer.ErrTimeout):
+			// Unreachable, or silent for a good part of the timeout: not
+			// merely a call that had little time left.
+			c.lost(id, err, sent)
+		}
+		return resp, err
 	}
-	sent := time.Now()
-	resp, err := c.peers.ExchangeAt(id, epoch, kind, req, left)
-	switch {
-	case err == nil:
-		c.reachedAt(id, sent)
-	case left >= c.cfg.Timeout/2 || !errors.Is(err, xfer.ErrTimeout):
-		// Unreachable, or silent for a good part of the timeout: not
-		// merely a call that had little time left.
-		c.lost(id, err, sent)
-	}
-	return resp, err
 }
+
+// busyBackoff is the first wait before an exchange a peer answered busy
+// is sent again, and busyBackoffMax the longest.
+const (
+	busyBackoff    = 2 * time.Millisecond
+	busyBackoffMax = 64 * time.Millisecond
+)
 
 // byHome groups the positions of keys by their home.
 func (c *Cluster) byHome(keys [][]byte) map[string][]int {

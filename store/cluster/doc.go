@@ -70,7 +70,13 @@
 // silent for a good part of Config.Timeout. A failed exchange sent before
 // the member last came up, or before one it answered was sent, says
 // nothing of it now (an exchange sent into a cut that times out after it
-// healed) and leaves it up. When a member taken for down is heard from
+// healed) and leaves it up. A member that answers busy (tcp's bound on
+// exchange handlers running at once, all taken: a daemon back from a
+// restart that its members all tell at once) is there and ran nothing of
+// the exchange: a hello it answers busy leaves it in, and any other
+// exchange is sent again after a short back-off while its deadline
+// leaves time (taking it out would make another daemon stand in as home
+// of its shards, which removals sent to it never reach). When a member taken for down is heard from
 // again, this daemon's connections to it whose bytes are unacknowledged
 // and retransmitted on a backed-off timer are closed (StallDropper): a
 // cut leaves them open, and once it heals their bytes would wait seconds

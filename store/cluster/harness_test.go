@@ -22,6 +22,10 @@ import (
 
 var errUnreachable = errors.New("fake peer: unreachable")
 
+// errBusy is a peer's refusal of an exchange it did not run, its
+// handlers all taken (tcp.ErrPeerBusy).
+var errBusy = errors.New("fake peer: busy, too many exchanges in progress")
+
 // fakeNet is the daemons of one test.
 type fakeNet struct {
 	// mu guards nodes.
@@ -65,6 +69,10 @@ type fakeNet struct {
 	// counts the messages such a daemon's decoders would have refused.
 	older        map[string]bool
 	olderRefused int
+	// busy, guarded by kindMu: how many more exchanges each daemon
+	// answers busy (-1: all of them), and busyAnswers how many it did.
+	busy        map[string]int
+	busyAnswers int
 	// silent, guarded by cutMu: daemons whose exchanges wait, unanswered,
 	// until released or their timeout (a stopped daemon, a link dropping
 	// packets); helloWaiting counts the hellos waiting on them now.
@@ -449,6 +457,14 @@ func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte
 	}
 	defer n.net.leave(n.id, peer)
 	n.net.kindMu.Lock()
+	if left := n.net.busy[peer]; left != 0 {
+		if left > 0 {
+			n.net.busy[peer] = left - 1
+		}
+		n.net.busyAnswers++
+		n.net.kindMu.Unlock()
+		return nil, fmt.Errorf("%w: %s on %s", errBusy, kind, peer)
+	}
 	n.net.kinds[kind]++
 	n.net.kindMu.Unlock()
 	p.hmu.RLock()
@@ -479,6 +495,19 @@ func (n *fakeNode) EpochOf(id string) uint64 {
 }
 
 func (n *fakeNode) Unreachable(err error) bool { return errors.Is(err, errUnreachable) }
+
+func (n *fakeNode) Busy(err error) bool { return errors.Is(err, errBusy) }
+
+// busyFor makes daemon id answer its next n exchanges busy (-1: every one
+// until busyFor(id, 0)).
+func (f *fakeNet) busyFor(id string, n int) {
+	f.kindMu.Lock()
+	defer f.kindMu.Unlock()
+	if f.busy == nil {
+		f.busy = map[string]int{}
+	}
+	f.busy[id] = n
+}
 
 // Read implements Mover: it copies from the holder's pool into n's,
 // after the net's gate (or fails with its transfer still to land, while

@@ -541,6 +541,13 @@ func (c *Cluster) hello(id string) error {
 	case err != nil && c.peers.Unreachable(err):
 		c.lost(id, err, sent)
 		return err
+	case err != nil && c.peers.Busy(err):
+		// There, with every exchange handler taken (a daemon back from a
+		// restart that its members all tell at once): neither down nor
+		// out; the next hello asks again.
+		c.reachedAt(id, sent)
+		c.c.busyHellos.Add(1)
+		return err
 	case err != nil:
 		// Its answer refused this daemon (another store_shards, or no
 		// store across hosts there): out until a hello agrees.

@@ -59,6 +59,10 @@ type Stats struct {
 	// were sent before it answered again (or came up): not taken for the
 	// member going down (members.go, lost).
 	LateLosses uint64
+	// BusyRetries counts the exchanges sent again after their peer
+	// answered busy (cluster.go, exchangeBy); BusyHellos the hellos a
+	// member answered busy, which leave it in (members.go, hello).
+	BusyRetries, BusyHellos uint64
 	// OlderKinds counts the messages sent as the kind an older release
 	// knows, to a member that serves none with removal ages (members.go,
 	// older).
@@ -143,7 +147,8 @@ func (c *Cluster) Stats() Stats {
 		ByPeer:     by,
 		Tombstones: own, TombsKept: kept, GonePinned: c.GonePinned(), GoneOver: c.c.goneOver.Load(), KeepsGiven: c.c.tombsKept.Load(), KeepsFailed: c.c.keepFailed.Load(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
 		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
-		PutsApart: c.apart.len(), PutsApartOver: c.apart.over.Load(), PutsKept: c.c.putsKept.Load(), LateLosses: c.c.lateLosses.Load(), OlderKinds: c.c.olderKinds.Load(),
+		PutsApart: c.apart.len(), PutsApartOver: c.apart.over.Load(), PutsKept: c.c.putsKept.Load(), LateLosses: c.c.lateLosses.Load(),
+		BusyRetries: c.c.busyRetries.Load(), BusyHellos: c.c.busyHellos.Load(), OlderKinds: c.c.olderKinds.Load(),
 		TombsHanded: c.c.tombsHanded.Load(), TombsTaken: c.c.tombsTaken.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
 		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,
