@@ -14,9 +14,9 @@ import (
 // members all tell at once) is there. A hello it answers busy leaves it in
 // the view, so its shards do not move (taking it out made the other
 // daemon stand in as home of its shards, where removals sent to it never
-// reached); an exchange it answers busy is sent again within its deadline
-// and gets through once it has room; one it answers busy until the
-// deadline fails with that answer, and it is still not taken for down.
+// reached); an exchange it answers busy is sent again, a few times, and
+// gets through once it has room; one it answers busy every time fails
+// with that answer (not OK), soon, and it is still not taken for down.
 func TestBusyMemberStaysIn(t *testing.T) {
 	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: 500 * time.Millisecond, ProbeEvery: time.Hour})
 	a := f.node("a")
@@ -46,19 +46,36 @@ func TestBusyMemberStaysIn(t *testing.T) {
 		t.Fatalf("%d busy answers (want the hello's and 3), %d exchanges sent again", answered, st.BusyRetries)
 	}
 
-	// Busy past the removal's deadline: not OK, and b is still home.
+	// Busy every time: a removal (of a key b holds and is home of, so
+	// that nothing else is sent to b meanwhile) fails, not OK, after
+	// busyTries sends, and b is still home.
+	b := f.node("b")
+	held := keyHomedOn(f, a, "busy/held", "b")
+	b.put(t, held, value(held, 4096))
 	f.busyFor("b", -1)
-	if code, err := removeOn(t, a, key); code == store.OK {
-		t.Fatalf("a removal its home answered busy until the deadline: OK (%v), want it not taken", err)
+	f.kindMu.Lock()
+	before := f.busyAnswers
+	f.kindMu.Unlock()
+	if code, err := removeOn(t, a, held); code == store.OK {
+		t.Fatalf("a removal its home answered busy every time: OK (%v), want it not taken", err)
+	}
+	f.kindMu.Lock()
+	tries := f.busyAnswers - before
+	f.kindMu.Unlock()
+	if tries != busyTries {
+		t.Fatalf("a removal its home answered busy every time was sent %d times, want %d", tries, busyTries)
 	}
 	if h := a.c.Home([]byte(key)); h != "b" {
 		t.Fatalf("after a removal b answered busy, its shard's home is %s, want b", h)
 	}
+	if c := b.here(t, held); c != store.OK {
+		t.Fatalf("b's copy after a removal it never took: %v", c)
+	}
 	f.busyFor("b", 0)
-	if code, err := removeOn(t, a, key); code != store.OK {
+	if code, err := removeOn(t, a, held); code != store.OK {
 		t.Fatalf("the removal once b has room: %v, %v", code, err)
 	}
-	if locatedOnA() {
-		t.Fatal("the removed key's home still names a's copy")
+	if c := b.here(t, held); c != store.NotFound {
+		t.Fatalf("b's copy after the removal: %v, want removed", c)
 	}
 }

@@ -618,10 +618,13 @@ func (c *Cluster) exchange(id string, epoch uint64, kind string, req []byte) ([]
 // exchangeBy is exchange ending by deadline. A peer that answers busy
 // (every exchange handler of its taken, as on a daemon back from a
 // restart that all its members tell at once) ran nothing of it: it is
-// asked again after a short back-off, doubling, while the deadline
-// leaves time, and its last busy answer is the error.
+// asked again after a short back-off, doubling, at most busyTries times in
+// all and while the deadline leaves time, and its last busy answer is the
+// error. A burst passes so; a peer busy for longer fails the exchange
+// soon, as any failure does (a removal's drop then leaves a tombstone),
+// so that the caller (often a handler itself) does not hold on.
 func (c *Cluster) exchangeBy(id string, epoch uint64, kind string, req []byte, deadline time.Time) ([]byte, error) {
-	for wait := busyBackoff; ; wait = min(2*wait, busyBackoffMax) {
+	for try, wait := 1, busyBackoff; ; try, wait = try+1, 2*wait {
 		left := time.Until(deadline)
 		if left < time.Millisecond {
 			return nil, fmt.Errorf("%w: no time left to ask %s", xfer.ErrTimeout, id)
@@ -634,7 +637,7 @@ func (c *Cluster) exchangeBy(id string, epoch uint64, kind string, req []byte, d
 		case c.peers.Busy(err):
 			c.reachedAt(id, sent) // it answered
 			jittered := wait/2 + rand.N(wait/2+1)
-			if time.Until(deadline) <= jittered+busyBackoff {
+			if try >= busyTries || time.Until(deadline) <= jittered+busyBackoff {
 				return nil, err
 			}
 			c.c.busyRetries.Add(1)
@@ -654,10 +657,11 @@ func (c *Cluster) exchangeBy(id string, epoch uint64, kind string, req []byte, d
 }
 
 // busyBackoff is the first wait before an exchange a peer answered busy
-// is sent again, and busyBackoffMax the longest.
+// is sent again (doubling after each), and busyTries how many times in all
+// it is sent: the waits come to at most about 60 ms.
 const (
-	busyBackoff    = 2 * time.Millisecond
-	busyBackoffMax = 64 * time.Millisecond
+	busyBackoff = 2 * time.Millisecond
+	busyTries   = 5
 )
 
 // byHome groups the positions of keys by their home.

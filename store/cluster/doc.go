@@ -74,9 +74,10 @@
 // exchange handlers running at once, all taken: a daemon back from a
 // restart that its members all tell at once) is there and ran nothing of
 // the exchange: a hello it answers busy leaves it in, and any other
-// exchange is sent again after a short back-off while its deadline
-// leaves time (taking it out would make another daemon stand in as home
-// of its shards, which removals sent to it never reach). When a member taken for down is heard from
+// exchange is sent again after a short back-off, a few times within about
+// 60 ms, then fails as any other failure does (taking the member out
+// would make another daemon stand in as home of its shards, which
+// removals sent to it never reach). When a member taken for down is heard from
 // again, this daemon's connections to it whose bytes are unacknowledged
 // and retransmitted on a backed-off timer are closed (StallDropper): a
 // cut leaves them open, and once it heals their bytes would wait seconds
