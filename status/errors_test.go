@@ -110,6 +110,7 @@ var everyError = map[string]struct {
 	"tcp.ErrConfig":         {tcp.ErrConfig, tcproto.CodeINVALID_ARGUMENT},
 	"tcp.ErrConnLost":       {tcp.ErrConnLost, tcproto.CodeUNAVAILABLE},
 	"tcp.ErrExchange":       {tcp.ErrExchange, tcproto.CodeUNAVAILABLE},
+	"tcp.ErrPeerBusy":       {tcp.ErrPeerBusy, tcproto.CodeUNAVAILABLE},
 	"tcp.ErrFrame":          {tcp.ErrFrame, tcproto.CodeUNAVAILABLE},
 	"tcp.ErrKeyFile":        {tcp.ErrKeyFile, tcproto.CodeINVALID_ARGUMENT},
 	"tcp.ErrNoHandler":      {tcp.ErrNoHandler, tcproto.CodeUNAVAILABLE},
