@@ -423,7 +423,7 @@ type counters struct {
 
 // Stats are the store's figures, for the daemon to report.
 type Stats struct {
-	Keys     uint64 // visible keys
+	Keys     uint64 // keys stored: visible ones, and fetched copies unseen yet (unseen.go)
 	L1Keys   uint64 // keys with their value in the pool
 	L2Keys   uint64 // keys with their value on L2
 	Reserved uint64 // reservations and puts in flight
