@@ -86,22 +86,23 @@ type fakeNet struct {
 	slowWaiting int
 }
 
-// silence makes exchanges with the daemons ids wait unanswered until the
-// returned release (which the test's end calls too) or their timeout.
-func (f *fakeNet) silence(t testing.TB, ids ...string) (release func()) {
+// gate puts one channel under keys in m (guarded by f.cutMu), which the
+// returned release (which the test's end calls too) deletes and closes:
+// what waits on it (waitGate) goes on then.
+func gate[K comparable](f *fakeNet, t testing.TB, m map[K]chan struct{}, keys ...K) (release func()) {
 	f.cutMu.Lock()
 	defer f.cutMu.Unlock()
 	ch := make(chan struct{})
-	for _, id := range ids {
-		f.silent[id] = ch
+	for _, k := range keys {
+		m[k] = ch
 	}
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
 			f.cutMu.Lock()
 			defer f.cutMu.Unlock()
-			for _, id := range ids {
-				delete(f.silent, id)
+			for _, k := range keys {
+				delete(m, k)
 			}
 			close(ch)
 		})
@@ -110,27 +111,32 @@ func (f *fakeNet) silence(t testing.TB, ids ...string) (release func()) {
 	return release
 }
 
+// waitGate waits while ch (a gate's, nil for none) is open: until it is
+// released (true) or timeout passes (false).
+func waitGate(ch chan struct{}, timeout time.Duration) bool {
+	if ch == nil {
+		return true
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// silence makes exchanges with the daemons ids wait unanswered until the
+// returned release (which the test's end calls too) or their timeout.
+func (f *fakeNet) silence(t testing.TB, ids ...string) (release func()) {
+	return gate(f, t, f.silent, ids...)
+}
+
 // holdKind makes the exchanges of kind that from sends wait until the
 // returned release (which the test's end calls too) or their timeout.
 func (f *fakeNet) holdKind(t testing.TB, from, kind string) (release func()) {
-	f.cutMu.Lock()
-	defer f.cutMu.Unlock()
-	ch := make(chan struct{})
-	if f.slow == nil {
-		f.slow = map[[2]string]chan struct{}{}
-	}
-	f.slow[[2]string{from, kind}] = ch
-	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			f.cutMu.Lock()
-			defer f.cutMu.Unlock()
-			delete(f.slow, [2]string{from, kind})
-			close(ch)
-		})
-	}
-	t.Cleanup(release)
-	return release
+	return gate(f, t, f.slow, [2]string{from, kind})
 }
 
 // heldKinds is how many exchanges holdKind holds now.
@@ -145,25 +151,8 @@ func (f *fakeNet) heldKinds() int {
 func (f *fakeNet) waitSlow(from, kind string, timeout time.Duration) bool {
 	f.cutMu.Lock()
 	ch := f.slow[[2]string{from, kind}]
-	if ch == nil {
-		f.cutMu.Unlock()
-		return true
-	}
-	f.slowWaiting++
 	f.cutMu.Unlock()
-	defer func() {
-		f.cutMu.Lock()
-		f.slowWaiting--
-		f.cutMu.Unlock()
-	}()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-ch:
-		return true
-	case <-t.C:
-		return false
-	}
+	return f.waitCounted(ch, &f.slowWaiting, timeout)
 }
 
 // waitSilent holds an exchange of kind with peer while peer is silent,
@@ -171,28 +160,29 @@ func (f *fakeNet) waitSlow(from, kind string, timeout time.Duration) bool {
 func (f *fakeNet) waitSilent(peer, kind string, timeout time.Duration) bool {
 	f.cutMu.Lock()
 	ch := f.silent[peer]
-	if ch != nil && kind == kindHello {
-		f.helloWaiting++
-	}
 	f.cutMu.Unlock()
-	if ch == nil {
-		return true
+	var n *int
+	if kind == kindHello {
+		n = &f.helloWaiting
 	}
+	return f.waitCounted(ch, n, timeout)
+}
+
+// waitCounted is waitGate with *n (guarded by f.cutMu; nil for none) one
+// higher while it waits.
+func (f *fakeNet) waitCounted(ch chan struct{}, n *int, timeout time.Duration) bool {
+	if ch == nil || n == nil {
+		return waitGate(ch, timeout)
+	}
+	f.cutMu.Lock()
+	*n++
+	f.cutMu.Unlock()
 	defer func() {
-		if kind == kindHello {
-			f.cutMu.Lock()
-			f.helloWaiting--
-			f.cutMu.Unlock()
-		}
+		f.cutMu.Lock()
+		*n--
+		f.cutMu.Unlock()
 	}()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-ch:
-		return true
-	case <-t.C:
-		return false
-	}
+	return waitGate(ch, timeout)
 }
 
 // olderWire makes daemon id act on the wire as a release without the
@@ -617,7 +607,7 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 	t.Helper()
 	f := &fakeNet{nodes: map[string]*fakeNode{}, kinds: map[string]uint64{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{},
 		cuts: map[[2]string]bool{}, flying: map[[2]string]int{}, mute: map[string]bool{}, older: map[string]bool{},
-		silent: map[string]chan struct{}{}}
+		silent: map[string]chan struct{}{}, slow: map[[2]string]chan struct{}{}}
 	for _, o := range opts {
 		o(f)
 	}
