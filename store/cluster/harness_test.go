@@ -493,9 +493,6 @@ func (n *fakeNode) Busy(err error) bool { return errors.Is(err, errBusy) }
 func (f *fakeNet) busyFor(id string, n int) {
 	f.kindMu.Lock()
 	defer f.kindMu.Unlock()
-	if f.busy == nil {
-		f.busy = map[string]int{}
-	}
 	f.busy[id] = n
 }
 
@@ -607,7 +604,7 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 	t.Helper()
 	f := &fakeNet{nodes: map[string]*fakeNode{}, kinds: map[string]uint64{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{},
 		cuts: map[[2]string]bool{}, flying: map[[2]string]int{}, mute: map[string]bool{}, older: map[string]bool{},
-		silent: map[string]chan struct{}{}, slow: map[[2]string]chan struct{}{}}
+		silent: map[string]chan struct{}{}, slow: map[[2]string]chan struct{}{}, busy: map[string]int{}}
 	for _, o := range opts {
 		o(f)
 	}

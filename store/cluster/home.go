@@ -196,7 +196,7 @@ func (c *Cluster) announce(batch []entry) int {
 		local: func(ps []int) {
 			var gone [][]byte
 			var ats []time.Time
-			var took, refused []int
+			var refused []int
 			now := time.Now()
 			for _, p := range ps {
 				e := batch[p]
@@ -207,17 +207,18 @@ func (c *Cluster) announce(batch []entry) int {
 				switch {
 				case removed:
 					gone, ats = append(gone, e.key), append(ats, at)
-				case added:
-					took = append(took, p)
-				default:
+				case !added:
 					refused = append(refused, p)
+				}
+				if removed || !added {
+					batch[p].id = 0 // nothing to confirm
 				}
 			}
 			if len(gone) > 0 {
 				c.dropRemoved(c.self, gone, ats)
 			}
 			c.dropUnannounced(batch, refused)
-			c.confirm(batch, took)
+			c.confirm(batch, ps)
 		},
 		got: func(ps []int, home string, body []byte, err error) {
 			if err == nil {
@@ -245,7 +246,6 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 	refused := d.u32()
 	n := d.count(len(ps))
 	var gone [][]byte
-	removed := make(map[int]bool, n)
 	for i := 0; i < n && d.err == nil; i++ {
 		j := int(d.u32())
 		if d.err == nil && j >= len(ps) {
@@ -253,7 +253,7 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 		}
 		if d.err == nil {
 			gone = append(gone, batch[ps[j]].key)
-			removed[j] = true
+			batch[ps[j]].id = 0 // answered removed: nothing to confirm
 		}
 	}
 	var ages []uint32
@@ -277,19 +277,14 @@ func (c *Cluster) announced(home string, batch []entry, ps []int, body []byte) e
 		c.dropRemoved(home, gone, atsOf(ages, time.Now()))
 	}
 	if refused == 0 {
-		took := make([]int, 0, len(ps)-len(removed))
-		for j, p := range ps {
-			if !removed[j] {
-				took = append(took, p)
-			}
-		}
-		c.confirm(batch, took)
+		c.confirm(batch, ps)
 	}
 	return nil
 }
 
-// confirm makes the fetched copies among the entries of batch at ps,
-// which their home has indexed, seen by readers here (store.Confirm).
+// confirm makes the fetched copies among the entries of batch at ps that
+// their home has indexed (those it did not have their id cleared) seen
+// by readers here (store.Confirm).
 func (c *Cluster) confirm(batch []entry, ps []int) {
 	var keys [][]byte
 	var ids []store.RecordID

@@ -712,11 +712,13 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	cerrs := make([]error, len(ck))
 	// Checked above: the commit does not read the bytes again. A fetched
 	// copy is unseen here until its home takes its announcement (confirm).
-	commit := func() error { return ss.CommitChecked(ck, durable, crcs, ccodes, cerrs) }
+	var err error
 	if fetched {
-		commit = func() error { return ss.CommitFetched(ck, crcs, ccodes, cerrs) }
+		err = ss.CommitFetched(ck, crcs, ccodes, cerrs)
+	} else {
+		err = ss.CommitChecked(ck, durable, crcs, ccodes, cerrs)
 	}
-	if err := commit(); err != nil {
+	if err != nil {
 		for _, w := range cw {
 			w.last = err
 		}
