@@ -79,3 +79,40 @@ func TestBusyMemberStaysIn(t *testing.T) {
 		t.Fatalf("b's copy after the removal: %v, want removed", c)
 	}
 }
+
+// TestDropAskedAgainOfBusyHolder: a removal whose drop a holder answers
+// busy every time (its handlers all taken, as on a daemon back from a
+// restart) leaves a tombstone, and the holder, a member still, serves its
+// copy until it drops it. It is asked again, in rounds, while it is busy,
+// and drops the copy once it has room, with no restart, hello or
+// re-announcement to bring that about (the soak found removed keys served
+// by such a holder until it re-announced them).
+func TestDropAskedAgainOfBusyHolder(t *testing.T) {
+	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: 500 * time.Millisecond, ProbeEvery: time.Hour})
+	a, b := f.node("a"), f.node("b")
+	key := keyHomedOn(f, a, "busy/drop", "a")
+	b.put(t, key, value(key, 4096))
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"b"}) }, "b's copy announced to a")
+
+	f.busyFor("b", -1)
+	if code, err := removeOn(t, a, key); code != store.OK {
+		t.Fatalf("remove at the key's home: %v, %v", code, err)
+	}
+	if c := b.here(t, key); c != store.OK {
+		t.Fatalf("b's copy while b answers busy: %v, want still there", c)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return a.c.Stats().DropRetryRounds >= 2 },
+		"the drop asked of b again while it is busy (a %+v)", testutil.Lazy(a.c.Stats))
+	if c := b.here(t, key); c != store.OK {
+		t.Fatalf("b's copy while b answers busy: %v, want still there", c)
+	}
+	f.busyFor("b", 0)
+	testutil.Eventually(t, 10*time.Second, func() bool { return b.here(t, key) == store.NotFound },
+		"b dropping the removed copy once it has room (a %+v)", testutil.Lazy(a.c.Stats))
+	if st := a.c.Stats(); st.TombRetried != 1 {
+		t.Errorf("%d copies dropped when asked again, want 1", st.TombRetried)
+	}
+	if _, err := b.read(key, 4096); err == nil {
+		t.Error("b reads the removed key")
+	}
+}

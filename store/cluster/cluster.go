@@ -290,6 +290,10 @@ type Cluster struct {
 	flyMu  sync.Mutex
 	flying map[string][]func(error)
 
+	// dropRounds runs one retryDrops round per holder at a time, handing
+	// one handTombs hand-off per home.
+	dropRounds, handing rounds
+
 	// holdMu guards holds, holdKeys, gone, dropping and nextClaim.
 	holdMu   sync.Mutex
 	holds    map[uint64]*hold
@@ -356,6 +360,7 @@ type counters struct {
 	reannounced, viewChanges, cacheHits                      atomic.Uint64
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
+	dropRetryRounds, handStopped                             atomic.Uint64 // drops asked again of a member after a round failed; hand-offs stopped at a message refused
 	putsKept                                                 atomic.Uint64 // values put after their removal, kept against its late drop
 	lateLosses                                               atomic.Uint64 // failed exchanges sent before the member answered again: not taken for down
 	busyRetries, busyHellos                                  atomic.Uint64 // exchanges sent again after the peer answered busy; hellos it answered busy

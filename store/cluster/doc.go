@@ -101,8 +101,14 @@
 // Removal (tomb.go). A removal drops the key at its home and every copy
 // at its holders; a holder the home does not reach is remembered with its
 // copy (a tombstone, bounded in number and age), asked again when it is
-// back, and answered "removed" when it re-announces that copy. The
-// tombstones move with their shard to its new home (handTombs), so a
+// back, and answered "removed" when it re-announces that copy; a holder
+// still a member that did not answer the drop (busy, or slow) is asked
+// again after a pause growing to 2 s until it drops the copy, one round
+// per holder at a time (retryDrops). The
+// tombstones move with their shard to its new home (handTombs: one
+// hand-off per home at a time, stopped at the first message not taken,
+// so a home just back is not sent its shards' tombstones again and again
+// while it is least able to take them), so a
 // removed key does not come back when its home changed meanwhile; and
 // the home gives a copy of each to the two members next in the shard's
 // rendezvous order before it answers (keepTombs), which hand them to

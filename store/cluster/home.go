@@ -500,15 +500,21 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 				if _, err := c.exchangeBy(d.id, d.epoch, kindDrop, encodeKeys(part), time.Now().Add(c.cfg.Timeout/2)); err != nil {
 					// Remembered: when it re-announces them, it is told
 					// they were removed; and kept by others too, in
-					// case this daemon dies first.
+					// case this daemon dies first. A holder that is a
+					// member still (busy, or slow) is asked again soon
+					// (retryDrops), not left serving them until then.
 					now := time.Now()
 					ts := make([]tomb, len(ch))
 					for i, p := range ch {
 						ts[i] = c.tombs.add(ks[p], copies[d][p], now)
 					}
-					c.log.Info("a holder did not drop removed keys: they are dropped when it re-announces them",
-						"holder", d.id, "keys", len(part), "err", err)
+					up := c.view.Load().has(d.id)
+					c.log.Info("a holder did not drop removed keys: asked again while it is a member, and when it re-announces them",
+						"holder", d.id, "member", up, "keys", len(part), "err", err)
 					c.keepTombs(v, ts, time.Now().Add(c.cfg.Timeout/4))
+					if up {
+						c.retryDrops(d.id)
+					}
 				}
 			}
 		}()

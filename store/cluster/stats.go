@@ -39,10 +39,14 @@ type Stats struct {
 	// went by age and by the bound.
 	Tombstones                                    int
 	TombHits, TombDrops, TombExpired, TombEvicted uint64
-	// TombRetried counts the copies a holder back dropped when asked
-	// again; TombsHanded the tombstones this daemon handed to the new home
-	// of their shard, TombsTaken those it took from a previous home.
-	TombRetried, TombsHanded, TombsTaken uint64
+	// TombRetried counts the copies a holder dropped when asked again
+	// (back after being away, or a member a removal's drop did not
+	// reach); DropRetryRounds the rounds of such drops asked again of a
+	// member after one failed. TombsHanded counts the tombstones this
+	// daemon handed to the new home of their shard, HandStopped the
+	// hand-offs stopped at a message the home did not take (handed with
+	// the next probe), TombsTaken those it took from a previous home.
+	TombRetried, DropRetryRounds, TombsHanded, HandStopped, TombsTaken uint64
 	// TombsKept are the copies of other homes' tombstones this daemon
 	// keeps in case their home dies (tomb.go); KeepsGiven the copies of
 	// its own it gave keepers, KeepsFailed those a keeper did not take.
@@ -150,6 +154,7 @@ func (c *Cluster) Stats() Stats {
 		PutsApart: c.apart.len(), PutsApartOver: c.apart.over.Load(), PutsKept: c.c.putsKept.Load(), LateLosses: c.c.lateLosses.Load(),
 		BusyRetries: c.c.busyRetries.Load(), BusyHellos: c.c.busyHellos.Load(), OlderKinds: c.c.olderKinds.Load(),
 		TombsHanded: c.c.tombsHanded.Load(), TombsTaken: c.c.tombsTaken.Load(),
+		DropRetryRounds: c.c.dropRetryRounds.Load(), HandStopped: c.c.handStopped.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
 		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,
 		ClaimsForeign: cs.Foreign, ReadersRefused: c.c.readersRefused.Load(),

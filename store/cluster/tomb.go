@@ -352,64 +352,152 @@ func (t *tombs) count() (own, standby int) {
 	return len(t.m) - t.settled - t.standby, t.standby
 }
 
-// retryDrops asks holder id, back after being away, to drop the copies
-// its tombstones here name; those it drops are forgotten. It runs in the
-// background.
+// retryDrops asks holder id (back after being away, or up and not
+// reached by a removal's drop) to drop the copies its tombstones here
+// name; those it drops are settled. It runs in the background, one round
+// per holder at a time: a call while one runs asks for one more round
+// once it ends (the tombstones made meanwhile are in it). A round that
+// failed while the holder is still a member (up, but busy or slow) is
+// asked again after a pause that doubles from dropRetryFirst to
+// dropRetryMost, until its tombstones are spent or expire, or the holder
+// goes (its return asks again).
 func (c *Cluster) retryDrops(id string) {
-	keys, ats := c.tombs.of(id, c.cfg.MaxTombstones)
-	if len(keys) == 0 {
+	if !c.dropRounds.start(id) {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
+		c.dropRounds.end(id)
 		return
 	}
 	c.fetchWG.Add(1)
 	go func() {
 		defer c.fetchWG.Done()
-		pos := make([]int, len(keys))
-		for i := range pos {
-			pos[i] = i
-		}
-		done, kept := 0, 0
-		for _, ch := range chunks(keys, pos, 2) {
-			part := make([][]byte, len(ch))
-			ages := make([]uint32, len(ch))
-			now := time.Now()
-			for i, p := range ch {
-				part[i] = keys[p]
-				ages[i] = ageOf(ats[p], now)
+		pause := dropRetryFirst
+		for {
+			failed := c.dropRound(id)
+			up := failed && c.view.Load().has(id)
+			if !c.dropRounds.next(id, up) {
+				return
 			}
-			put, err := c.dropAged(id, part, ages) // the holder's values put after the removal, kept
-			if err != nil {
-				c.log.Info("a holder back did not drop removed keys yet: asked again when it re-announces them", "holder", id,
-					"keys", len(part), "err", err)
+			if !up {
+				pause = dropRetryFirst
 				continue
 			}
-			kept += len(put)
-			v := c.view.Load()
-			for i, k := range part {
-				// The copy is gone: the index (when this daemon is still
-				// the key's home) forgets it, unless the holder has a
-				// value put since (it announces that one again); and the
-				// tombstone stays a little for an announcement of the
-				// copy still on its way.
-				if s := c.shardOf(k); c.homeFor(v, s) == c.self && !slices.Contains(put, i) {
-					c.idx.dropHolder(s, k, id, 0)
-				}
-				if c.tombs.settle(k, id, time.Now(), c.cfg.Timeout) {
-					done++ // not spent meanwhile by a "removed" answer
-				}
+			c.c.dropRetryRounds.Add(1)
+			if !c.pause(pause) {
+				c.dropRounds.end(id)
+				return
 			}
-			c.goneHere(part)
-		}
-		if done > 0 {
-			c.c.tombRetried.Add(uint64(done))
-			c.log.Info("copies removed while their holder was away dropped now", "holder", id, "keys", done,
-				"put_since_kept", kept)
+			pause = min(2*pause, dropRetryMost)
 		}
 	}()
+}
+
+// The pauses between rounds of retryDrops to a holder that is a member
+// and did not drop what it was asked.
+const (
+	dropRetryFirst = 50 * time.Millisecond
+	dropRetryMost  = 2 * time.Second
+)
+
+// dropRound is one round of retryDrops: it asks holder id to drop what
+// its tombstones here name, and reports whether a part of it failed.
+func (c *Cluster) dropRound(id string) (failed bool) {
+	keys, ats := c.tombs.of(id, c.cfg.MaxTombstones)
+	if len(keys) == 0 {
+		return false
+	}
+	pos := make([]int, len(keys))
+	for i := range pos {
+		pos[i] = i
+	}
+	done, kept := 0, 0
+	for _, ch := range chunks(keys, pos, 2) {
+		part := make([][]byte, len(ch))
+		ages := make([]uint32, len(ch))
+		now := time.Now()
+		for i, p := range ch {
+			part[i] = keys[p]
+			ages[i] = ageOf(ats[p], now)
+		}
+		put, err := c.dropAged(id, part, ages) // the holder's values put after the removal, kept
+		if err != nil {
+			c.log.Info("a holder did not drop removed keys yet: asked again while it is a member, and when it re-announces them",
+				"holder", id, "keys", len(part), "err", err)
+			failed = true
+			continue
+		}
+		kept += len(put)
+		v := c.view.Load()
+		for i, k := range part {
+			// The copy is gone: the index (when this daemon is still
+			// the key's home) forgets it, unless the holder has a
+			// value put since (it announces that one again); and the
+			// tombstone stays a little for an announcement of the
+			// copy still on its way.
+			if s := c.shardOf(k); c.homeFor(v, s) == c.self && !slices.Contains(put, i) {
+				c.idx.dropHolder(s, k, id, 0)
+			}
+			if c.tombs.settle(k, id, time.Now(), c.cfg.Timeout) {
+				done++ // not spent meanwhile by a "removed" answer
+			}
+		}
+		c.goneHere(part)
+	}
+	if done > 0 {
+		c.c.tombRetried.Add(uint64(done))
+		c.log.Info("removed copies a holder had kept dropped now", "holder", id, "keys", done,
+			"put_since_kept", kept)
+	}
+	return failed
+}
+
+// rounds runs at most one round of a background job per name (a holder,
+// a home) at a time, so that events asking for the job do not pile up
+// rounds that each send the same messages.
+type rounds struct {
+	mu sync.Mutex
+	// m: the names with a round running, true when another was asked
+	// for meanwhile.
+	m map[string]bool
+}
+
+// start reports whether the caller runs a round for name now; when one
+// runs already, it is asked to go once more and start reports false.
+func (r *rounds) start(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[string]bool{}
+	}
+	if _, ok := r.m[name]; ok {
+		r.m[name] = true
+		return false
+	}
+	r.m[name] = false
+	return true
+}
+
+// next, at the end of a round for name, reports whether another one runs
+// (asked for meanwhile, or want); when not, name has none running.
+func (r *rounds) next(name string, want bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m[name] || want {
+		r.m[name] = false
+		return true
+	}
+	delete(r.m, name)
+	return false
+}
+
+// end records that name's round ended with none to follow.
+func (r *rounds) end(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, name)
 }
 
 // dropAged asks holder id to drop keys removed ages ms ago (a tombstone's
@@ -444,7 +532,12 @@ func (c *Cluster) goneHere(keys [][]byte) {
 // home of to their new homes (newHome says which, for a shard that
 // moved), in the background; those a new home took are forgotten here,
 // the others stay (and are asked of their holders here when they come
-// back, retryDrops).
+// back, retryDrops). One hand-off per home runs at a time, and it stops
+// at the first message the home did not take: a home just back may hold
+// many (the removals made while it was away), and a call meanwhile, or
+// a message sent on into a home that is busy, would send them again and
+// again while it is least able to take them. What stays here goes with
+// the next call: every probe round makes one (members.go).
 func (c *Cluster) handTombs(newHome func(s int) (string, bool)) {
 	by := c.tombs.moving(func(key []byte) (string, bool) {
 		home, ok := newHome(c.shardOf(key))
@@ -459,15 +552,21 @@ func (c *Cluster) handTombs(newHome func(s int) (string, bool)) {
 		return
 	}
 	for home, ts := range by {
+		if !c.handing.start(home) {
+			continue // the next call hands what this one did not
+		}
 		c.fetchWG.Add(1)
 		go func() {
 			defer c.fetchWG.Done()
+			defer c.handing.end(home)
 			handed := 0
 			for _, part := range tombChunks(ts) {
 				if _, err := c.exchange(home, c.epochOf(home), kindTombs, encodeTombs(part, time.Now())); err != nil {
-					c.log.Warn("a new home did not take the tombstones of its shards: removed copies of holders away may come back there",
-						"home", home, "tombstones", len(part), "err", err)
-					continue
+					c.c.handStopped.Add(1)
+					c.log.Warn("a new home did not take the tombstones of its shards: handed again with the next probe; "+
+						"removed copies of holders away may come back there meanwhile",
+						"home", home, "tombstones", len(ts)-handed, "err", err)
+					break
 				}
 				keys := make([][]byte, len(part))
 				for i, tb := range part {

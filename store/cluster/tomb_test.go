@@ -273,3 +273,56 @@ func TestTombstoneWithoutTheValue(t *testing.T) {
 
 // spent is tombs.removed's answer without its time.
 func spent(removed bool, _ time.Time) bool { return removed }
+
+// TestTombsHandedOnceAtATime: a home just back may be owed many
+// tombstones (the removals made while it was away, in chunks of
+// maxMsgKeys), and every probe round asks for them to be handed over.
+// One hand-off per home runs at a time, so calls while one waits on the
+// home send nothing more, and each tombstone goes once; a hand-off whose
+// message the home does not take (busy) stops there, sending no more
+// until the next call, which hands the rest.
+func TestTombsHandedOnceAtATime(t *testing.T) {
+	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour})
+	a, b := f.node("a"), f.node("b")
+	toB := func(int) (string, bool) { return "b", true }
+	const n = 2*maxMsgKeys + 10 // three messages
+	now := time.Now()
+	for i := range n {
+		a.c.tombs.add([]byte(fmt.Sprintf("handed/%d", i)), Holder{ID: "z", Size: 4096, CRC: uint32(i)}, now)
+	}
+	sent := func() uint64 {
+		f.kindMu.Lock()
+		defer f.kindMu.Unlock()
+		return f.kinds[kindTombs]
+	}
+
+	// Busy: the first message is sent busyTries times, and no other.
+	f.busyFor("b", -1)
+	a.c.handTombs(toB)
+	testutil.Eventually(t, 10*time.Second, func() bool { return a.c.Stats().HandStopped == 1 }, "the hand-off stopped at b's busy answers")
+	f.kindMu.Lock()
+	answered := f.busyAnswers
+	f.kindMu.Unlock()
+	if answered != busyTries {
+		t.Fatalf("b answered busy %d times, want %d (one message, then the hand-off stops)", answered, busyTries)
+	}
+	f.busyFor("b", 0)
+
+	// Calls while a hand-off waits on b start none.
+	release := f.holdKind(t, "a", kindTombs)
+	a.c.handTombs(toB)
+	testutil.Eventually(t, 10*time.Second, func() bool { return f.heldKinds() == 1 }, "the first message held")
+	for range 4 {
+		a.c.handTombs(toB)
+	}
+	release()
+	testutil.Eventually(t, 10*time.Second, func() bool { return b.c.Stats().TombsTaken >= n && a.c.Stats().Tombstones == 0 },
+		"every tombstone handed to b (a %+v, b %+v)", testutil.Lazy(a.c.Stats), testutil.Lazy(b.c.Stats))
+	a.c.Close() // every hand-off it started has ended
+	if got, want := sent(), uint64(3); got != want {
+		t.Errorf("%d messages of tombstones sent, want %d (each tombstone once)", got, want)
+	}
+	if got := b.c.Stats().TombsTaken; got != n {
+		t.Errorf("b took %d tombstones, want %d", got, n)
+	}
+}
