@@ -369,3 +369,48 @@ func TestRemoveThroughPinsForOthers(t *testing.T) {
 	mustCodes(t, "remove once the client unpinned it", remove(keys[3:]), OK)
 	e.s.check(t)
 }
+
+// TestRemoveWhileReadHere: a local Remove of a key another daemon is
+// reading from this one (ReadHere, a one-round-trip read) is not refused:
+// the key goes at once for every reader here, the read in progress keeps
+// its exact bytes, and the block is freed when the read ends. (With the
+// read holding the block as I/O in flight, the Remove answered BUSY.)
+func TestRemoveWhileReadHere(t *testing.T) {
+	e := newEnv(t, 8<<20)
+	ss := e.s.NewSession()
+	defer ss.Close()
+	key := []byte("lent")
+	keys := [][]byte{key}
+	val := bytes.Repeat([]byte("lent value "), 400)
+	blocks := e.pool.Stats().Blocks
+	mustCodes(t, "put", e.put(ss, keys, [][]byte{val}, false), OK)
+
+	var inside []Code
+	var seen []byte
+	code, inMem := e.s.ReadHere(key, func(v []byte) {
+		codes := make([]Code, 1)
+		if _, err := e.s.Remove(keys, codes, nil, nil, 0); err != nil {
+			t.Errorf("Remove during the read: %v", err)
+		}
+		inside = codes
+		e.gone(ss, key)
+		if st := e.s.Stats(); st.Hidden != 1 {
+			t.Errorf("during the read, after the Remove: %d hidden, want 1", st.Hidden)
+		}
+		seen = append(seen, v...)
+	})
+	if code != OK || !inMem {
+		t.Fatalf("ReadHere: %v, in memory %v", code, inMem)
+	}
+	mustCodes(t, "remove during the read", inside, OK)
+	if !bytes.Equal(seen, val) {
+		t.Fatal("the read's bytes changed under the Remove")
+	}
+	if st := e.s.Stats(); st.Hidden != 0 || st.Pins != 0 || st.Keys != 0 {
+		t.Fatalf("after the read: %d hidden, %d pins, %d keys; want none", st.Hidden, st.Pins, st.Keys)
+	}
+	if b := e.pool.Stats().Blocks; b != blocks {
+		t.Fatalf("%d pool blocks after the read, want %d (the removed value's freed)", b, blocks)
+	}
+	e.gone(ss, key)
+}

@@ -532,12 +532,14 @@ func (s *Store) ExistsAsync(keys [][]byte, codes []Code, done Completion, tag ui
 }
 
 // ReadHere lends the value of key stored here in memory (L1) to f, which
-// must not keep it: the block is held for reads (neither evicted, freed
-// nor removed) only while f runs. It never waits: inMem is false (and f
-// not called) when the value is only on L2 or its block is busy, code is
-// NotFound when it is not stored here. A holder serves another daemon's
-// one-round-trip read with it (store/cluster); the read is not counted
-// as a hit of this store's clients.
+// must not keep it. While f runs the block is pinned as for another
+// host's read (NewSessionForOthers): neither evicted nor freed, and a
+// Remove meanwhile is not refused: the key goes at once for every reader,
+// and its block when f returns. It never waits: inMem is false (and f
+// not called) when the value is only on L2, code is NotFound when it is
+// not stored here. A holder serves another daemon's one-round-trip read
+// with it (store/cluster); the read is not counted as a hit of this
+// store's clients.
 func (s *Store) ReadHere(key []byte, f func(val []byte)) (code Code, inMem bool) {
 	if !s.enter() {
 		return Unavailable, false
@@ -548,16 +550,17 @@ func (s *Store) ReadHere(key []byte, f func(val []byte)) (code Code, inMem bool)
 		return c, false
 	}
 	e := sh.ent(r.idx)
-	if e.flags&fL1 == 0 || e.io == ^uint16(0) {
+	if e.flags&fL1 == 0 {
 		sh.mu.Unlock()
 		return OK, false
 	}
-	e.io++
+	e.pins++
+	sh.othersPinned(r.idx, 1)
+	sh.lruDel(r.idx)
 	off, size := e.l1, uint64(e.size)
 	sh.mu.Unlock()
+	s.c.pins.Add(1)
 	f(s.poolMem[off : off+size])
-	sh.mu.Lock()
-	e.io--
-	sh.mu.Unlock()
+	s.unpinEntry(r, 1, true)
 	return OK, true
 }
