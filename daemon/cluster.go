@@ -194,6 +194,13 @@ func (p nodePeers) Handle(kind string, h func(string, uint64, []byte) ([]byte, e
 	return p.n.Handle(kind, h)
 }
 
+func (p nodePeers) HandleNested(kind string, h func(string, uint64, []byte) ([]byte, error)) error {
+	if h == nil {
+		return p.n.HandleNested(kind, nil)
+	}
+	return p.n.HandleNested(kind, h)
+}
+
 // HandleInline serves a data exchange on the connection's event loop
 // (cluster.QuickPeers: the one-round-trip read).
 func (p nodePeers) HandleInline(kind string, h func(string, uint64, []byte, func(resp, payload []byte)) error) error {

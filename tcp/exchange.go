@@ -14,8 +14,9 @@ const (
 	MaxExchange = 60 << 10
 	// MaxExchangeKind is the longest exchange kind.
 	MaxExchangeKind = 64
-	// maxExchangeHandlers bounds the handlers running at once on a node;
-	// a request beyond that is answered busyReason (ErrPeerBusy).
+	// maxExchangeHandlers bounds the handlers running at once on a node,
+	// and its nested ones apart (HandleNested); a request beyond that is
+	// answered busyReason (ErrPeerBusy).
 	maxExchangeHandlers = 16
 	// maxExchangeReason bounds the failure reason sent back to the peer.
 	maxExchangeReason = 256
@@ -27,18 +28,40 @@ const (
 // peer as ErrExchange with the error's text (cut to 256 bytes).
 //
 // Each request runs on its own goroutine, owned by the node: at most 16
-// run at once (more are answered "busy"), and Close waits for the running
-// ones, so a handler must finish in bounded time.
+// run at once, and 16 nested ones apart (HandleNested); more are answered
+// "busy". Close waits for the running ones, so a handler must finish in
+// bounded time.
 type Handler func(from string, epoch uint64, req []byte) ([]byte, error)
 
 // Handle registers h for exchanges of kind (1..64 bytes); a nil h removes
 // the handler. Requests of a kind without a handler are answered with
 // ErrNoHandler.
 func (n *Node) Handle(kind string, h Handler) error {
-	return register(n, n.handlers, kind, h, h == nil)
+	return register(n, n.handlers, kind, exchHandler{h: h}, h == nil)
 }
 
-func (n *Node) handler(kind string) Handler { return lookup(n, n.handlers, kind) }
+// HandleNested is Handle for a handler that makes exchanges of its own and
+// waits on them. Nested handlers run under a bound of their own (16 more
+// at once), apart from the others: however many of them wait on peers,
+// they never take the room of the handlers that answer those peers, here
+// or, by the same rule, there. Two nodes whose nested handlers all wait
+// on each other (a removal at each waiting on drops at the other) still
+// serve each other's other exchanges, so those waits end with answers,
+// not with "busy" or a deadline. A nested handler must ask peers only
+// for exchanges whose handlers are not nested, or such a cycle could fill
+// both bounds.
+func (n *Node) HandleNested(kind string, h Handler) error {
+	return register(n, n.handlers, kind, exchHandler{h: h, nested: true}, h == nil)
+}
+
+// exchHandler is a registered exchange handler, and whether it is nested
+// (HandleNested).
+type exchHandler struct {
+	h      Handler
+	nested bool
+}
+
+func (n *Node) handler(kind string) exchHandler { return lookup(n, n.handlers, kind) }
 
 // register puts h into m (one of the node's handler tables, made with the
 // node) under kind, or removes kind's entry when none; hmu guards them.
@@ -148,14 +171,19 @@ func (c *conn) onExchange(h *header, meta []byte) error {
 	if ih := n.inlineHandler(kind); ih != nil {
 		return c.serveInline(h, kind, body, ih)
 	}
-	hf := n.handler(kind)
+	eh := n.handler(kind)
+	hf := eh.h
 	if hf == nil {
 		c.refusedRequest("exchange "+kind, ErrNoHandler)
 		c.writeFrame(&header{typ: tExchResp, id: h.id, status: stNotFound}, nil)
 		return nil
 	}
+	sem := n.exchSem
+	if eh.nested {
+		sem = n.nestSem
+	}
 	select {
-	case n.exchSem <- struct{}{}:
+	case sem <- struct{}{}:
 	default:
 		reason := []byte(busyReason)
 		c.writeFrame(&header{typ: tExchResp, id: h.id, status: stFailed, metaLen: uint16(len(reason))}, reason)
@@ -166,7 +194,7 @@ func (c *conn) onExchange(h *header, meta []byte) error {
 	n.exchWG.Add(1)
 	go func() {
 		defer n.exchWG.Done()
-		defer func() { <-n.exchSem }()
+		defer func() { <-sem }()
 		resp, err := hf(from, epoch, req)
 		out := header{typ: tExchResp, id: id}
 		switch {

@@ -264,3 +264,65 @@ func TestExchangeTimeoutCoversTheDial(t *testing.T) {
 		t.Fatalf("exchange with a peer that never handshakes: %v after %v; want ErrTimeout within its 300ms (the handshake's is 10s)", err, el)
 	}
 }
+
+// TestNestedHandlersApart: two nodes whose handlers of one kind each make
+// an exchange of their own to the other and wait on it (a removal at its
+// home waiting on a drop at the holder) run those handlers under a bound
+// apart (HandleNested). With every one of them taken on both nodes at
+// once, the exchanges they wait on are still served (with one bound, each
+// node's were all taken by handlers waiting on the other, and those
+// exchanges came back busy); one nested exchange beyond its bound is
+// answered busy.
+func TestNestedHandlersApart(t *testing.T) {
+	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
+	other := map[string]string{"alpha": "bravo", "bravo": "alpha"}
+	entered := map[string]chan struct{}{}
+	full := map[string]chan struct{}{}
+	for _, n := range nodes {
+		id := n.ID()
+		entered[id], full[id] = make(chan struct{}, maxExchangeHandlers), make(chan struct{})
+		if err := n.Handle("drop", func(string, uint64, []byte) ([]byte, error) { return []byte("dropped"), nil }); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.HandleNested("remove", func(string, uint64, []byte) ([]byte, error) {
+			entered[id] <- struct{}{}
+			<-full[id] // every nested handler of this node is taken
+			return n.Exchange(other[id], "drop", nil, 5*time.Second)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make(chan error, 2*maxExchangeHandlers)
+	for _, n := range nodes {
+		for range maxExchangeHandlers {
+			go func() {
+				resp, err := n.Exchange(other[n.ID()], "remove", nil, 5*time.Second)
+				if err == nil && string(resp) != "dropped" {
+					err = fmt.Errorf("answer %q", resp)
+				}
+				errs <- err
+			}()
+		}
+	}
+	for _, n := range nodes {
+		for range maxExchangeHandlers {
+			select {
+			case <-entered[n.ID()]:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("the nested handlers of %s did not all start", n.ID())
+			}
+		}
+	}
+	_, err := nodes[0].Exchange("bravo", "remove", nil, time.Second)
+	if !errors.Is(err, ErrPeerBusy) {
+		t.Fatalf("a nested exchange beyond its bound: %v, want ErrPeerBusy", err)
+	}
+	for _, n := range nodes {
+		close(full[n.ID()])
+	}
+	for range 2 * maxExchangeHandlers {
+		if err := <-errs; err != nil {
+			t.Errorf("a nested exchange, every nested handler of both nodes taken: %v", err)
+		}
+	}
+}

@@ -128,12 +128,13 @@ type Node struct {
 
 	// hmu guards handlers and inline (the data exchanges' handlers).
 	hmu      sync.RWMutex
-	handlers map[string]Handler
+	handlers map[string]exchHandler
 	inline   map[string]InlineHandler
-	// exchSem bounds the exchange handlers running at once; exchWG counts
-	// them (each is a goroutine this node owns, joined by Close).
-	exchSem chan struct{}
-	exchWG  sync.WaitGroup
+	// exchSem bounds the exchange handlers running at once, nestSem the
+	// nested ones (HandleNested); exchWG counts them all (each is a
+	// goroutine this node owns, joined by Close).
+	exchSem, nestSem chan struct{}
+	exchWG           sync.WaitGroup
 
 	pendPool sync.Pool
 	taskPool sync.Pool
@@ -190,9 +191,10 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (_ *Node, err error) {
 		idle:       make(chan struct{}, 1),
 		peers:      make(map[string]*peer),
 		remotes:    make(map[*Remote]struct{}),
-		handlers:   make(map[string]Handler),
+		handlers:   make(map[string]exchHandler),
 		inline:     make(map[string]InlineHandler),
 		exchSem:    make(chan struct{}, maxExchangeHandlers),
+		nestSem:    make(chan struct{}, maxExchangeHandlers),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.pendPool.New = func() any { return &pending{node: n} }

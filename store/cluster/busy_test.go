@@ -116,3 +116,31 @@ func TestDropAskedAgainOfBusyHolder(t *testing.T) {
 		t.Error("b reads the removed key")
 	}
 }
+
+// TestNestedKinds: the handlers that wait on exchanges of their own (a
+// removal on its drops and keepers, a replica on its read and its
+// announcement) are registered nested, apart from the handlers they wait
+// on, and no other is (Peers.HandleNested): with one bound, a removal at
+// each of two busy daemons could wait on a drop at the other that no
+// handler there had room for.
+func TestNestedKinds(t *testing.T) {
+	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, ProbeEvery: time.Hour})
+	a := f.node("a")
+	a.hmu.RLock()
+	defer a.hmu.RUnlock()
+	var nested []string
+	for kind := range a.h {
+		if a.nested[kind] {
+			nested = append(nested, kind)
+		}
+	}
+	slices.Sort(nested)
+	if want := []string{kindRemove, kindReplicate}; !slices.Equal(nested, want) {
+		t.Fatalf("nested kinds %v, want %v", nested, want)
+	}
+	for _, k := range []string{kindDrop, kindDropAges, kindKeep, kindHold, kindRelease, kindAnnounce, kindAnnounceAges} {
+		if a.h[k] == nil || a.nested[k] {
+			t.Errorf("kind %s, which nested handlers ask for: registered %v, nested %v; want registered, not nested", k, a.h[k] != nil, a.nested[k])
+		}
+	}
+}

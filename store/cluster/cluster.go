@@ -24,6 +24,13 @@ type Peers interface {
 	Epoch() uint64
 	// Handle registers the handler of one kind of exchange.
 	Handle(kind string, h func(from string, epoch uint64, req []byte) ([]byte, error)) error
+	// HandleNested registers the handler of a kind that makes exchanges
+	// of its own and waits on them (a removal, waiting on its drops):
+	// such handlers run under a bound apart from the others', so the
+	// handlers they wait on, here or at a peer, always have room
+	// (tcp.Node.HandleNested). Their exchanges must be of kinds Handle
+	// registered.
+	HandleNested(kind string, h func(from string, epoch uint64, req []byte) ([]byte, error)) error
 	// ExchangeAt sends req to peer's handler of kind, addressed to its
 	// run epoch (0: any), and returns the answer.
 	ExchangeAt(peer string, epoch uint64, kind string, req []byte, timeout time.Duration) ([]byte, error)
@@ -39,6 +46,15 @@ type Peers interface {
 	// is there and did nothing of it, so it may be sent again.
 	Busy(err error) bool
 }
+
+// nestedKinds are the kinds whose handlers make exchanges of their own
+// and wait on them (Peers.HandleNested): a removal at its home sends
+// drops to the holders (and tombstones to their keepers), a replica's
+// holder reads the value from its sender and announces it to its home.
+// Every other handler answers from this daemon alone, and starts in the
+// background whatever else it asks of others; and the kinds these send
+// (drop, keep, hold, announce) are of those.
+var nestedKinds = map[string]bool{kindRemove: true, kindReplicate: true}
 
 // StallDropper is what a Peers may also do: close the connections
 // carrying this daemon's requests to peer whose bytes the network stalled
@@ -449,7 +465,11 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		h := handlers[kind]
 		n := new(atomic.Uint64)
 		c.served[kind] = n
-		err := peers.Handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
+		handle := peers.Handle
+		if nestedKinds[kind] {
+			handle = peers.HandleNested
+		}
+		err := handle(kind, func(from string, epoch uint64, req []byte) ([]byte, error) {
 			n.Add(1)
 			if kind != kindHello { // a hello says whether it counts
 				c.seen(from, epoch)

@@ -315,10 +315,13 @@ type fakeNode struct {
 	// being built waits for it (the daemons of a test start together).
 	readyCh chan struct{}
 	down    atomic.Bool // unreachable both ways
-	// hmu guards h and hi.
-	hmu sync.RWMutex
-	h   map[string]func(string, uint64, []byte) ([]byte, error)
-	hi  map[string]func(string, uint64, []byte, func(resp, payload []byte)) error
+	// hmu guards h, hi and nested (the kinds registered with
+	// HandleNested; the fake bounds no handlers, so this is all it does
+	// apart).
+	hmu    sync.RWMutex
+	h      map[string]func(string, uint64, []byte) ([]byte, error)
+	hi     map[string]func(string, uint64, []byte, func(resp, payload []byte)) error
+	nested map[string]bool
 	// dropped counts the DropStalled calls, by peer, and dropAt is when
 	// the last one began (dmu).
 	dmu     sync.Mutex
@@ -422,6 +425,17 @@ func (n *fakeNode) Handle(kind string, h func(string, uint64, []byte) ([]byte, e
 		n.h[kind] = h
 	}
 	return nil
+}
+
+func (n *fakeNode) HandleNested(kind string, h func(string, uint64, []byte) ([]byte, error)) error {
+	n.hmu.Lock()
+	if h == nil {
+		delete(n.nested, kind)
+	} else {
+		n.nested[kind] = true
+	}
+	n.hmu.Unlock()
+	return n.Handle(kind, h)
 }
 
 func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte, timeout time.Duration) ([]byte, error) {
@@ -611,6 +625,7 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 	f.cutGone = sync.NewCond(&f.cutMu)
 	for _, id := range ids {
 		f.nodes[id] = &fakeNode{net: f, id: id, readyCh: make(chan struct{}), h: map[string]func(string, uint64, []byte) ([]byte, error){},
+			nested: map[string]bool{},
 			hi: map[string]func(string, uint64, []byte, func(resp, payload []byte)) error{}}
 	}
 	t.Cleanup(func() {
