@@ -77,7 +77,11 @@
 // exchange is sent again after a short back-off, a few times within about
 // 60 ms, then fails as any other failure does (taking the member out
 // would make another daemon stand in as home of its shards, which
-// removals sent to it never reach). When a member taken for down is heard from
+// removals sent to it never reach). The handlers that wait on exchanges
+// of their own (a removal on its drops, a replica on its read and
+// announcement: nestedKinds) run under a bound apart from the handlers
+// they wait on (Peers.HandleNested), so two daemons full of removals
+// waiting on each other still answer each other's drops. When a member taken for down is heard from
 // again, this daemon's connections to it whose bytes are unacknowledged
 // and retransmitted on a backed-off timer are closed (StallDropper): a
 // cut leaves them open, and once it heals their bytes would wait seconds
