@@ -362,19 +362,27 @@ func TestRemovedWhilePinned(t *testing.T) {
 	}
 }
 
+// heldByH makes daemons a, h and x, and a key (with prefix) whose home is
+// x and whose only copy is h's, announced; it returns a, h, the key and
+// its value.
+func heldByH(t *testing.T, prefix string) (a, h *fakeNode, key string, v []byte) {
+	t.Helper()
+	f := newNet(t, []string{"a", "h", "x"}, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour})
+	a, h = f.node("a"), f.node("h")
+	key = keyHomedOn(f, a, prefix, "x")
+	v = value(key, 4096)
+	h.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) }, "announced")
+	return a, h, key, v
+}
+
 // TestRemovedWhileReadFromHolder: a key removed elsewhere while its
 // holder h is answering another daemon's one-round-trip read of it
 // (store.ReadHere) goes from h at once: the read keeps its bytes, pinned
 // for another host, and nothing waits for it to end (the read held the
 // block as I/O in flight once, and the drop had to wait, dropLater).
 func TestRemovedWhileReadFromHolder(t *testing.T) {
-	ids := []string{"a", "h", "x"}
-	f := newNet(t, ids, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour})
-	a, h := f.node("a"), f.node("h")
-	key := keyHomedOn(f, a, "rm/busy", "x")
-	v := value(key, 4096)
-	h.put(t, key, v)
-	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) }, "announced")
+	a, h, key, v := heldByH(t, "rm/busy")
 	copying, release := make(chan struct{}), make(chan struct{})
 	type copied struct {
 		code  store.Code
@@ -416,13 +424,7 @@ func TestRemovedWhileReadFromHolder(t *testing.T) {
 // since, with the same bytes, is another record and stays (as when the
 // put came between the dropper's look and its removal).
 func TestDropLater(t *testing.T) {
-	ids := []string{"a", "h", "x"}
-	f := newNet(t, ids, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour})
-	a, h := f.node("a"), f.node("h")
-	key := keyHomedOn(f, a, "rm/later", "x")
-	v := value(key, 4096)
-	h.put(t, key, v)
-	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) }, "announced")
+	a, h, key, v := heldByH(t, "rm/later")
 	old, ok := h.st.RecordHere([]byte(key))
 	if !ok {
 		t.Fatal("no record of the key on h")
