@@ -14,6 +14,7 @@ import (
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // An in-memory cluster for tests of the store across hosts without
@@ -63,6 +64,10 @@ type fakeNet struct {
 	// before they are built (newQuickNet). mute, guarded by kindMu:
 	// holders that never answer such a read (it fails at its deadline).
 	quick bool
+	// l2: the daemons whose store has an L2 (a file in memory, moved by
+	// an xfertest transport whose reads can be held), set before they
+	// are built (withL2).
+	l2 map[string]*memL2
 	mute  map[string]bool
 	// older, guarded by kindMu: daemons that act on the wire as a release
 	// without the messages with removal ages (olderWire); olderRefused
@@ -647,7 +652,13 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := store.New(store.Config{L1Capacity: 1 << 20}, pool, nil)
+		scfg := store.Config{L1Capacity: 1 << 20}
+		var l2 *store.L2
+		if m := f.l2[id]; m != nil {
+			// Over the high watermark, every clean value leaves the pool.
+			l2, scfg.LowWatermark = m.l2(), 0.01
+		}
+		st, err := store.New(scfg, pool, l2)
 		if err != nil {
 			pool.Close()
 			t.Fatal(err)
@@ -758,4 +769,51 @@ func (f *fakeNet) holders(key string) []string {
 		return ids
 	}
 	return nil
+}
+
+// memL2 is a daemon's L2 in a test: a file in memory, moved by an
+// xfertest transport that holds its reads while holdReads is set (a
+// promotion in flight) until release.
+type memL2 struct {
+	file      *xfertest.Segment
+	tr        *xfertest.Transport
+	holdReads atomic.Bool
+}
+
+// withL2 gives the daemons ids a store with an L2 (memL2), whose L1
+// eviction, once the pool is over its high watermark, takes every value
+// written back.
+func withL2(ids ...string) func(*fakeNet) {
+	return func(f *fakeNet) {
+		f.l2 = map[string]*memL2{}
+		for _, id := range ids {
+			m := &memL2{file: xfertest.SegmentOf(900, xfer.KindFile, make([]byte, 16<<20))}
+			m.tr = xfertest.New(xfertest.Config{Name: "memL2", Inline: true, Move: m.move,
+				Hold: func(t *xfer.Task) bool { return t.Req.Op == xfer.OpRead && m.holdReads.Load() }})
+			f.l2[id] = m
+		}
+	}
+}
+
+func (m *memL2) l2() *store.L2 {
+	return &store.L2{Transport: m.tr, File: m.file, StagingID: 901, RegionSize: 1 << 20}
+}
+
+// move copies a task's bytes between its memory and the file.
+func (m *memL2) move(t *xfer.Task) (uint64, error) {
+	q := t.Req
+	mem, ok := t.Local.(xfer.MemSegment)
+	if !ok || t.Target != xfer.Segment(m.file) {
+		return 0, fmt.Errorf("%w: memL2: bad segments", xfer.ErrInvalid)
+	}
+	b, file := mem.Bytes(), m.file.Bytes()
+	if q.TargetOffset+q.Length > uint64(len(file)) || q.LocalOffset+q.Length > uint64(len(b)) {
+		return 0, fmt.Errorf("%w: memL2: out of bounds %+v", xfer.ErrInvalid, q)
+	}
+	if q.Op == xfer.OpWrite {
+		copy(file[q.TargetOffset:q.TargetOffset+q.Length], b[q.LocalOffset:q.LocalOffset+q.Length])
+	} else {
+		copy(b[q.LocalOffset:q.LocalOffset+q.Length], file[q.TargetOffset:q.TargetOffset+q.Length])
+	}
+	return q.Length, nil
 }

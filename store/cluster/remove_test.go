@@ -418,6 +418,75 @@ func TestRemovedWhileReadFromHolder(t *testing.T) {
 	}
 }
 
+// TestRemovedWhilePromoting: a key removed elsewhere while its holder h
+// promotes it from L2 for a reader of its own (a caller's I/O in flight,
+// which the store does not cut short: its Remove answers BUSY) is hidden
+// from the other daemons at once, and dropped by the dropper once the
+// promotion has ended (dropLater).
+func TestRemovedWhilePromoting(t *testing.T) {
+	f := newNetWith(t, []string{"a", "h", "x"}, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour}, nil, withL2("h"))
+	a, h, m := f.node("a"), f.node("h"), f.l2["h"]
+	key := keyHomedOn(f, a, "rm/promote", "x")
+	v := value(key, 64<<10)
+	h.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) }, "announced")
+	// On L2 only: written back, then pushed out of the pool by others
+	// (over the high watermark, h's eviction takes every value written
+	// back: withL2).
+	for i := 0; ; i++ {
+		if err := h.st.Flush(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		info, err := h.st.Stat([]byte(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !info.InL1 && info.InL2 {
+			break
+		}
+		if i == 64 {
+			t.Fatalf("the key still in h's pool after %d other values: %+v", i, info)
+		}
+		k := fmt.Sprintf("rm/fill/%d", i)
+		h.put(t, k, value(k, 64<<10))
+	}
+
+	m.holdReads.Store(true)
+	ss := h.st.NewSession()
+	defer ss.Close()
+	got := make(chan store.Code, 1)
+	go func() {
+		locs, codes := make([]store.Location, 1), make([]store.Code, 1)
+		if _, err := ss.Get([][]byte{[]byte(key)}, locs, codes, nil, nil, 0); err != nil {
+			t.Errorf("get on h: %v", err)
+		}
+		got <- codes[0]
+	}()
+	select {
+	case <-m.tr.Holding():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the promotion's read was not held")
+	}
+	code, err := removeOn(t, a, key)
+	m.holdReads.Store(false)
+	if code != store.OK {
+		m.tr.Finish()
+		t.Fatalf("remove on a: %v %v", code, err)
+	}
+	if n := h.c.Stats().GonePinned; n != 1 {
+		t.Errorf("h keeps %d removed keys until their I/O ends, want 1", n)
+	}
+	if got, err := a.read(key, len(v)); err == nil {
+		t.Errorf("a reads the removed key from h: %d bytes", len(got))
+	}
+	m.tr.Finish()
+	if c := <-got; c != store.OK && c != store.NotFound {
+		t.Fatalf("h's reader whose promotion the removal met: %v", c)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return h.here(t, key) == store.NotFound && h.c.Stats().GonePinned == 0 },
+		"h dropping the removed key once its promotion ended")
+}
+
 // TestDropLater: a key whose drop met a caller's I/O in flight on its
 // holder (a copy out, a promotion) is dropped by the dropper once the
 // store takes it, and only the record named goes: a value put again
