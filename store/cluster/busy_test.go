@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -142,5 +143,27 @@ func TestNestedKinds(t *testing.T) {
 		if a.h[k] == nil || a.nested[k] {
 			t.Errorf("kind %s, which nested handlers ask for: registered %v, nested %v; want registered, not nested", k, a.h[k] != nil, a.nested[k])
 		}
+	}
+}
+
+// TestDropRoundStopsAtBusy: a round of drops asked again of a holder
+// (many tombstones, more than one message) stops at the first message the
+// holder answers busy: the next round sends the rest.
+func TestDropRoundStopsAtBusy(t *testing.T) {
+	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: 500 * time.Millisecond, ProbeEvery: time.Hour})
+	a := f.node("a")
+	now := time.Now()
+	for i := range 2*maxMsgKeys + 1 {
+		a.c.tombs.add([]byte(fmt.Sprintf("busy/round/%d", i)), Holder{ID: "b", Size: 4096, CRC: uint32(i)}, now)
+	}
+	f.busyFor("b", -1)
+	if failed := a.c.dropRound("b"); !failed {
+		t.Fatal("a round b answered busy did not fail")
+	}
+	f.kindMu.Lock()
+	answered := f.busyAnswers
+	f.kindMu.Unlock()
+	if answered != busyTries {
+		t.Fatalf("b answered busy %d times in one round, want %d (one message, then the round stops)", answered, busyTries)
 	}
 }

@@ -64,11 +64,11 @@ type fakeNet struct {
 	// before they are built (newQuickNet). mute, guarded by kindMu:
 	// holders that never answer such a read (it fails at its deadline).
 	quick bool
+	mute  map[string]bool
 	// l2: the daemons whose store has an L2 (a file in memory, moved by
 	// an xfertest transport whose reads can be held), set before they
 	// are built (withL2).
 	l2 map[string]*memL2
-	mute  map[string]bool
 	// older, guarded by kindMu: daemons that act on the wire as a release
 	// without the messages with removal ages (olderWire); olderRefused
 	// counts the messages such a daemon's decoders would have refused.
@@ -631,7 +631,7 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 	for _, id := range ids {
 		f.nodes[id] = &fakeNode{net: f, id: id, readyCh: make(chan struct{}), h: map[string]func(string, uint64, []byte) ([]byte, error){},
 			nested: map[string]bool{},
-			hi: map[string]func(string, uint64, []byte, func(resp, payload []byte)) error{}}
+			hi:     map[string]func(string, uint64, []byte, func(resp, payload []byte)) error{}}
 	}
 	t.Cleanup(func() {
 		for _, n := range f.nodes {

@@ -403,7 +403,8 @@ const (
 )
 
 // dropRound is one round of retryDrops: it asks holder id to drop what
-// its tombstones here name, and reports whether a part of it failed.
+// its tombstones here name, and reports whether a part of it failed. A
+// holder that answers busy is sent no more of it.
 func (c *Cluster) dropRound(id string) (failed bool) {
 	keys, ats := c.tombs.of(id, c.cfg.MaxTombstones)
 	if len(keys) == 0 {
@@ -427,6 +428,9 @@ func (c *Cluster) dropRound(id string) (failed bool) {
 			c.log.Info("a holder did not drop removed keys yet: asked again while it is a member, and when it re-announces them",
 				"holder", id, "keys", len(part), "err", err)
 			failed = true
+			if c.peers.Busy(err) {
+				break // no room there now: the next round sends the rest
+			}
 			continue
 		}
 		kept += len(put)
