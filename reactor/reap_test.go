@@ -135,7 +135,6 @@ type pollReaper struct {
 	tokens  []uint32 // tokens Fired reported (worker-owned)
 	reaped  atomic.Int32
 	taken   atomic.Int32 // events taken
-	cancels int
 	gen     uint32
 }
 

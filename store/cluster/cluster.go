@@ -689,17 +689,6 @@ const (
 	busyTries   = 5
 )
 
-// byHome groups the positions of keys by their home.
-func (c *Cluster) byHome(keys [][]byte) map[string][]int {
-	v := c.view.Load()
-	m := map[string][]int{}
-	for i, k := range keys {
-		h := c.homeFor(v, c.shardOf(k))
-		m[h] = append(m[h], i)
-	}
-	return m
-}
-
 // chunks splits positions into messages of at most maxMsgKeys keys and
 // maxMsgBytes bytes (each key costs at most per+its length).
 func chunks(keys [][]byte, pos []int, per int) [][]int {
@@ -718,14 +707,4 @@ func chunks(keys [][]byte, pos []int, per int) [][]int {
 		out = append(out, pos[start:])
 	}
 	return out
-}
-
-// errorsIs reports whether err is one of targets.
-func errorsIs(err error, targets ...error) bool {
-	for _, t := range targets {
-		if errors.Is(err, t) {
-			return true
-		}
-	}
-	return false
 }
