@@ -36,6 +36,13 @@
 // wait until no task is outstanding (woken by the last task's end, for a
 // second at most).
 //
+// Exchanges. A request/response exchange runs its handler on a goroutine
+// the node owns, at most 16 at once, beyond which the peer is answered
+// busy (ErrPeerBusy); handlers that make exchanges of their own and wait
+// on them are registered with HandleNested and have a bound of 16 of
+// their own, so they never take the room of the handlers they wait on,
+// here or at a peer (see Handle, HandleNested).
+//
 // Peers. Only daemons the directory lists (Config.Peers, or entries added
 // to the Directory) are accepted on the listener; any other id is refused
 // after authentication, and refusals are logged at most once per
