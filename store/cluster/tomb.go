@@ -270,13 +270,15 @@ func (t *tombs) forget(key []byte, holder string) bool {
 // settle shortens holder's tombstone of key to grace from now (the holder
 // dropped the copy when asked again): an announcement of the copy the
 // holder sent before it dropped it, arriving late, is still answered
-// "removed". It reports whether there was one not settled yet.
+// "removed". It reports whether there was one not spent: settled now, or
+// settled already (the holder's own announcement that the copy is gone,
+// which the drop made, can come first).
 func (t *tombs) settle(key []byte, holder string, now time.Time, grace time.Duration) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tb, ok := t.m[tombKey{string(key), holder}]
 	if !ok || !tb.until.IsZero() {
-		return false
+		return ok
 	}
 	tb.until = now.Add(grace)
 	t.settled++
@@ -445,7 +447,7 @@ func (c *Cluster) dropRound(id string) (failed bool) {
 				c.idx.dropHolder(s, k, id, 0)
 			}
 			if c.tombs.settle(k, id, time.Now(), c.cfg.Timeout) {
-				done++ // not spent meanwhile by a "removed" answer
+				done++ // not spent meanwhile by a "removed" answer (counted as a hit)
 			}
 		}
 		c.goneHere(part)
