@@ -187,17 +187,13 @@ type nodePeers struct{ n *tcp.Node }
 func (p nodePeers) ID() string    { return p.n.ID() }
 func (p nodePeers) Epoch() uint64 { return p.n.Epoch() }
 
+// Handle and HandleNested hand h on as a tcp.Handler (a nil h stays nil:
+// the handler is removed).
 func (p nodePeers) Handle(kind string, h func(string, uint64, []byte) ([]byte, error)) error {
-	if h == nil {
-		return p.n.Handle(kind, nil)
-	}
 	return p.n.Handle(kind, h)
 }
 
 func (p nodePeers) HandleNested(kind string, h func(string, uint64, []byte) ([]byte, error)) error {
-	if h == nil {
-		return p.n.HandleNested(kind, nil)
-	}
 	return p.n.HandleNested(kind, h)
 }
 

@@ -142,17 +142,23 @@ func (s *Store) lookupSeen(k []byte, unseen bool) (*shard, ref, Code, error) {
 // pinLocked pins stored entry r for the session; a pinned entry is off
 // the LRU list. sh.mu is held on entry and released on return.
 func (ss *Session) pinLocked(sh *shard, r ref) {
-	e := sh.ent(r.idx)
-	e.pins++
-	if ss.others {
-		sh.othersPinned(r.idx, 1)
-	}
-	sh.lruDel(r.idx)
+	ss.s.pinEntryLocked(sh, r.idx, ss.others)
 	sh.mu.Unlock()
-	ss.s.c.pins.Add(1)
 	hd := ss.holds[r]
 	hd.pins++
 	ss.holds[r] = hd
+}
+
+// pinEntryLocked takes one pin of stored entry idx, for another host's
+// read when others is set, and takes it off the LRU list (unpinEntry
+// gives it back). sh.mu is held.
+func (s *Store) pinEntryLocked(sh *shard, idx uint32, others bool) {
+	sh.ent(idx).pins++
+	if others {
+		sh.othersPinned(idx, 1)
+	}
+	sh.lruDel(idx)
+	s.c.pins.Add(1)
 }
 
 // newCall takes a call record for results (codes, errs) that L2 I/O will

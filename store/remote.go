@@ -554,12 +554,9 @@ func (s *Store) ReadHere(key []byte, f func(val []byte)) (code Code, inMem bool)
 		sh.mu.Unlock()
 		return OK, false
 	}
-	e.pins++
-	sh.othersPinned(r.idx, 1)
-	sh.lruDel(r.idx)
+	s.pinEntryLocked(sh, r.idx, true)
 	off, size := e.l1, uint64(e.size)
 	sh.mu.Unlock()
-	s.c.pins.Add(1)
 	f(s.poolMem[off : off+size])
 	s.unpinEntry(r, 1, true)
 	return OK, true
