@@ -453,6 +453,8 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_tombstone_hits_total", "Re-announced copies answered \"removed\" (removed while their holder was away).", s.TombHits},
 		{"tensorcast_cluster_tombstone_retried_total", "Removed copies a holder dropped when asked again (back after being away, or a member a removal's drop did not reach).", s.TombRetried},
 		{"tensorcast_cluster_drop_retry_rounds_total", "Rounds of drops asked again of a member after one it did not take (busy or slow).", s.DropRetryRounds},
+		{"tensorcast_cluster_drops_soon_total", "Removed copies a member dropped when asked again within the removal's time (busy or slow at first).", s.DropsSoon},
+		{"tensorcast_cluster_removes_kept_total", "Keys whose removal answered UNAVAILABLE: a member kept its copy past the removal's time (asked again in rounds).", s.RemovesKept},
 		{"tensorcast_cluster_tombstone_drops_total", "Copies this daemon dropped because their home said they were removed.", s.TombDrops},
 		{"tensorcast_cluster_tombstones_expired_total", "Tombstones gone by age (10 minutes): that holder's copy stays.", s.TombExpired},
 		{"tensorcast_cluster_tombstones_evicted_total", "Tombstones gone by the table's bound: that holder's copy stays.", s.TombEvicted},

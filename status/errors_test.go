@@ -194,6 +194,7 @@ var everyError = map[string]struct {
 	"store/cluster.ErrClosed":          {cluster.ErrClosed, tcproto.CodeUNAVAILABLE},
 	"store/cluster.ErrHolderFailed":    {cluster.ErrHolderFailed, tcproto.CodeUNAVAILABLE},
 	"store/cluster.ErrHomeUnreachable": {cluster.ErrHomeUnreachable, tcproto.CodeUNAVAILABLE},
+	"store/cluster.ErrCopyKept":        {cluster.ErrCopyKept, tcproto.CodeUNAVAILABLE},
 	"store/cluster.ErrMessage":         {cluster.ErrMessage, tcproto.CodeINVALID_ARGUMENT},
 	"store/cluster.ErrNotHome":         {cluster.ErrNotHome, tcproto.CodeUNAVAILABLE},
 	"store/cluster.ErrReplicaFailed":   {cluster.ErrReplicaFailed, tcproto.CodeUNAVAILABLE},

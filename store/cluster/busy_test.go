@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -83,11 +84,12 @@ func TestBusyMemberStaysIn(t *testing.T) {
 
 // TestDropAskedAgainOfBusyHolder: a removal whose drop a holder answers
 // busy every time (its handlers all taken, as on a daemon back from a
-// restart) leaves a tombstone, and the holder, a member still, serves its
-// copy until it drops it. It is asked again, in rounds, while it is busy,
-// and drops the copy once it has room, with no restart, hello or
-// re-announcement to bring that about (the soak found removed keys served
-// by such a holder until it re-announced them).
+// restart) is not answered OK: the holder, a member still, serves its copy
+// to a reader that has a cached home answer, so the remove says so
+// (UNAVAILABLE, ErrCopyKept), and so does the same remove sent again while
+// it is busy. The holder is asked again, in rounds, while it is busy; the
+// same remove sent once it has room drops the copy before it answers OK
+// (not left to the next round), and the rounds end.
 func TestDropAskedAgainOfBusyHolder(t *testing.T) {
 	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: 500 * time.Millisecond, ProbeEvery: time.Hour})
 	a, b := f.node("a"), f.node("b")
@@ -96,26 +98,58 @@ func TestDropAskedAgainOfBusyHolder(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"b"}) }, "b's copy announced to a")
 
 	f.busyFor("b", -1)
-	if code, err := removeOn(t, a, key); code != store.OK {
-		t.Fatalf("remove at the key's home: %v, %v", code, err)
+	for try := range 2 {
+		code, err := removeOn(t, a, key)
+		if code != store.Unavailable || !errors.Is(err, ErrCopyKept) {
+			t.Fatalf("remove %d at the key's home while b, holding a copy, answers busy: %v, %v; want UNAVAILABLE, the copy kept", try, code, err)
+		}
+		if c := b.here(t, key); c != store.OK {
+			t.Fatalf("b's copy while b answers busy: %v, want still there", c)
+		}
 	}
-	if c := b.here(t, key); c != store.OK {
-		t.Fatalf("b's copy while b answers busy: %v, want still there", c)
+	if st := a.c.Stats(); st.RemovesKept != 2 || st.DropsSoon != 0 {
+		t.Fatalf("removes kept %d, drops soon %d; want 2 and 0", st.RemovesKept, st.DropsSoon)
 	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return a.c.Stats().DropRetryRounds >= 2 },
+	// Four rounds: the next is 800 ms away, past the remove below.
+	testutil.Eventually(t, 10*time.Second, func() bool { return a.c.Stats().DropRetryRounds >= 4 },
 		"the drop asked of b again while it is busy (a %+v)", testutil.Lazy(a.c.Stats))
 	if c := b.here(t, key); c != store.OK {
 		t.Fatalf("b's copy while b answers busy: %v, want still there", c)
 	}
 	f.busyFor("b", 0)
-	testutil.Eventually(t, 10*time.Second, func() bool { return b.here(t, key) == store.NotFound },
-		"b dropping the removed copy once it has room (a %+v)", testutil.Lazy(a.c.Stats))
-	// Counted once a's round has seen the answer (b drops the copy
-	// before it answers).
-	testutil.Eventually(t, 10*time.Second, func() bool { st := a.c.Stats(); return st.TombRetried == 1 && st.Tombstones == 0 },
-		"the copy counted as dropped when asked again (a %+v)", testutil.Lazy(a.c.Stats))
+	if code, err := removeOn(t, a, key); code != store.OK {
+		t.Fatalf("the same remove once b has room: %v, %v", code, err)
+	}
+	if c := b.here(t, key); c != store.NotFound {
+		t.Fatalf("b's copy once the remove answered OK: %v, want dropped", c)
+	}
 	if _, err := b.read(key, 4096); err == nil {
 		t.Error("b reads the removed key")
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return a.c.Stats().Tombstones == 0 },
+		"the tombstone settled (a %+v)", testutil.Lazy(a.c.Stats))
+}
+
+// TestRemoveWaitsOutBusyHolder: a holder busy for longer than an exchange's
+// own retries, but not for the removal's time, is asked again within it:
+// the remove answers OK with the copy gone, not OK with the copy still
+// served until a later round.
+func TestRemoveWaitsOutBusyHolder(t *testing.T) {
+	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour})
+	a, b := f.node("a"), f.node("b")
+	key := keyHomedOn(f, a, "busy/soon", "a")
+	b.put(t, key, value(key, 4096))
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"b"}) }, "b's copy announced to a")
+
+	f.busyFor("b", busyTries+2) // the drop's own tries, and two more
+	if code, err := removeOn(t, a, key); code != store.OK {
+		t.Fatalf("remove while b is busy for a while: %v, %v; want OK", code, err)
+	}
+	if c := b.here(t, key); c != store.NotFound {
+		t.Fatalf("b's copy once the remove answered OK: %v, want dropped", c)
+	}
+	if st := a.c.Stats(); st.DropsSoon != 1 || st.RemovesKept != 0 {
+		t.Fatalf("drops soon %d, removes kept %d; want 1 and 0", st.DropsSoon, st.RemovesKept)
 	}
 }
 

@@ -377,6 +377,7 @@ type counters struct {
 	staleRefused, staleAnswers, claimsWon, tombDrops         atomic.Uint64
 	tombRetried, tombsHanded, tombsTaken                     atomic.Uint64
 	dropRetryRounds, handStopped                             atomic.Uint64 // drops asked again of a member after a round failed; hand-offs stopped at a message refused
+	dropsSoon, removesKept                                   atomic.Uint64 // copies dropped when asked again within a removal's time; keys whose removal a member's copy outlasted
 	putsKept                                                 atomic.Uint64 // values put after their removal, kept against its late drop
 	lateLosses                                               atomic.Uint64 // failed exchanges sent before the member answered again: not taken for down
 	busyRetries, busyHellos                                  atomic.Uint64 // exchanges sent again after the peer answered busy; hellos it answered busy

@@ -107,8 +107,15 @@
 // copy (a tombstone, bounded in number and age), asked again when it is
 // back, and answered "removed" when it re-announces that copy; a holder
 // still a member that did not answer the drop (busy, or slow) is asked
-// again after a pause growing to 2 s until it drops the copy, one round
-// per holder at a time (retryDrops). The
+// again within the removal's time (half of Config.Timeout, pausing 50 ms
+// and more between tries: dropSoon), and the removal is answered OK only
+// once every member holding a copy dropped it; one that still has not
+// makes the remove answer UNAVAILABLE (ErrCopyKept: a reader with a
+// cached home answer may be served that copy), and it is asked again
+// after a pause growing to 2 s until it drops the copy, one round per
+// holder at a time (retryDrops). The same remove sent again asks it too
+// (a member's tombstone counts as a holder), so a retried remove answers
+// OK only once the copy is gone. The
 // tombstones move with their shard to its new home (handTombs: one
 // hand-off per home at a time, stopped at the first message not taken,
 // so a home just back is not sent its shards' tombstones again and again

@@ -15,6 +15,13 @@ var (
 	// value (unreachable, the value gone, or bytes whose crc32c did not
 	// match).
 	ErrHolderFailed = xfer.Categorized(xfer.ErrUnavailable, "cluster: no holder gave the value")
+	// ErrCopyKept: a key's home took its removal (no reader finds the key
+	// through the home now), but a holder that is a member did not drop
+	// its copy within the removal's time (busy or slow): a reader with a
+	// cached home answer may still be served that copy. The home asks the
+	// holder again until it drops it; the same remove, sent again, asks it
+	// too and answers OK once it has.
+	ErrCopyKept = xfer.Categorized(xfer.ErrUnavailable, "cluster: a holder did not drop its copy of the removed key in time")
 	// ErrBusy: too many fetches or holds in flight.
 	ErrBusy = xfer.Categorized(xfer.ErrBackpressure, "cluster: too many remote reads in flight")
 	// ErrClosed: the cluster is closing.

@@ -439,18 +439,29 @@ func (c *Cluster) onLookup(from string, epoch uint64, req []byte) ([]byte, error
 }
 
 // removeHere is the home's removal of keys: it forgets them and has every
-// holder but from remove its copy (the holders in parallel). It returns
-// the positions of the keys it is not home of (under its view), which it
-// did not remove.
-func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
+// holder but from remove its copy (the holders in parallel), and every
+// member whose tombstone names a copy an earlier removal of the key did
+// not drop. It returns the positions of the keys it is not home of (under
+// its view), which it did not remove, and of those whose copy a holder
+// that is a member still did not drop within half the timeout (busy or
+// slow: it is asked again until it does, retryDrops). A holder that is
+// not a member keeps its copy until it is back (tombstones).
+func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 	v := c.view.Load()
 	type dest struct {
 		id    string
 		epoch uint64
 	}
-	drops := map[dest][][]byte{}
-	copies := map[dest][]Holder{}
+	type drop struct {
+		keys   [][]byte
+		pos    []int // in keys
+		copies []Holder
+	}
+	drops := map[dest]*drop{}
 	now := time.Now()
+	// Half the timeout: the remover, which waits for this home within the
+	// whole timeout, hears back in time.
+	deadline := now.Add(c.cfg.Timeout / 2)
 	away := c.away()
 	var awayTombs []tomb
 	for i, k := range keys {
@@ -460,11 +471,21 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 			continue
 		}
 		hs := c.idx.drop(s, k, func() { c.tombs.removedNow(k, now) })
+		for _, h := range c.tombs.unsettled(k, v.members) {
+			if !slices.ContainsFunc(hs, func(o Holder) bool { return o.ID == h.ID }) {
+				h.Epoch = c.epochOf(h.ID)
+				hs = append(hs, h)
+			}
+		}
 		for _, h := range hs {
 			if h.ID != from {
 				d := dest{h.ID, h.Epoch}
-				drops[d] = append(drops[d], k)
-				copies[d] = append(copies[d], h)
+				dr := drops[d]
+				if dr == nil {
+					dr = &drop{}
+					drops[d] = dr
+				}
+				dr.keys, dr.pos, dr.copies = append(dr.keys, k), append(dr.pos, i), append(dr.copies, h)
 			}
 		}
 		if homeAway(v, s, away) {
@@ -478,49 +499,87 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome []int) {
 	}
 	c.c.removes.Add(uint64(len(keys)))
 	var wg sync.WaitGroup
-	for d, ks := range drops {
+	var keptMu sync.Mutex
+	for d, dr := range drops {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if d.id == c.self {
-				c.dropHere(ks, nil)
+				c.dropHere(dr.keys, nil)
 				return
 			}
-			pos := make([]int, len(ks))
+			pos := make([]int, len(dr.keys))
 			for i := range pos {
 				pos[i] = i
 			}
-			for _, ch := range chunks(ks, pos, 2) {
+			for _, ch := range chunks(dr.keys, pos, 2) {
 				part := make([][]byte, len(ch))
 				for i, p := range ch {
-					part[i] = ks[p]
+					part[i] = dr.keys[p]
 				}
-				// Half the timeout: the remover, which waits for this
-				// home within the whole timeout, hears back in time.
-				if _, err := c.exchangeBy(d.id, d.epoch, kindDrop, encodeKeys(part), time.Now().Add(c.cfg.Timeout/2)); err != nil {
-					// Remembered: when it re-announces them, it is told
-					// they were removed; and kept by others too, in
-					// case this daemon dies first. A holder that is a
-					// member still (busy, or slow) is asked again soon
-					// (retryDrops), not left serving them until then.
-					now := time.Now()
-					ts := make([]tomb, len(ch))
-					for i, p := range ch {
-						ts[i] = c.tombs.add(ks[p], copies[d][p], now)
+				_, err := c.exchangeBy(d.id, d.epoch, kindDrop, encodeKeys(part), deadline)
+				if err == nil {
+					c.tombs.settleAll(part, d.id, time.Now(), c.cfg.Timeout) // an earlier removal's, dropped now
+					continue
+				}
+				// Remembered: when it re-announces them, it is told
+				// they were removed; and kept by others too, before the
+				// removal is answered, in case this daemon dies first.
+				// A holder that is a member still (busy, or slow) is
+				// asked again within the removal's time, and after it
+				// in rounds (retryDrops), not left serving them until
+				// it re-announces them.
+				now := time.Now()
+				ts := make([]tomb, len(ch))
+				for i, p := range ch {
+					ts[i] = c.tombs.add(part[i], dr.copies[p], now)
+				}
+				if c.view.Load().has(d.id) && c.dropSoon(d.id, part, ts, deadline) {
+					continue
+				}
+				c.keepTombs(v, ts, time.Now().Add(c.cfg.Timeout/4))
+				up := c.view.Load().has(d.id)
+				c.log.Info("a holder did not drop removed keys: asked again while it is a member, and when it re-announces them",
+					"holder", d.id, "member", up, "keys", len(part), "err", err)
+				if up {
+					keptMu.Lock()
+					for _, p := range ch {
+						kept = append(kept, dr.pos[p])
 					}
-					up := c.view.Load().has(d.id)
-					c.log.Info("a holder did not drop removed keys: asked again while it is a member, and when it re-announces them",
-						"holder", d.id, "member", up, "keys", len(part), "err", err)
-					c.keepTombs(v, ts, time.Now().Add(c.cfg.Timeout/4))
-					if up {
-						c.retryDrops(d.id)
-					}
+					keptMu.Unlock()
+					c.retryDrops(d.id)
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	return notHome
+	slices.Sort(kept)
+	kept = slices.Compact(kept)
+	c.c.removesKept.Add(uint64(len(kept)))
+	return notHome, kept
+}
+
+// dropSoon asks holder id, a member that did not take a removal's drop of
+// keys (busy or slow; ts their tombstones), again until deadline, pausing
+// dropRetryFirst, doubling, between tries; it reports whether the holder
+// dropped them in time (dropped: their tombstones settled).
+func (c *Cluster) dropSoon(id string, keys [][]byte, ts []tomb, deadline time.Time) bool {
+	ages := make([]uint32, len(keys))
+	for pause := dropRetryFirst; time.Until(deadline) > pause+busyBackoff; pause = min(2*pause, dropRetryMost) {
+		if !c.pause(pause) || !c.view.Load().has(id) {
+			return false
+		}
+		now := time.Now()
+		for i := range ts {
+			ages[i] = ageOf(ts[i].at, now)
+		}
+		put, err := c.dropAged(id, keys, ages, deadline)
+		if err == nil {
+			c.c.dropsSoon.Add(uint64(c.dropped(id, keys, put)))
+			return true
+		}
+	}
+	return false
 }
 
 // homeAway reports whether shard s's home among every member known, those
@@ -566,7 +625,7 @@ func (c *Cluster) onRemove(from string, epoch uint64, req []byte) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	return encodePositions(c.removeHere(from, keys)), nil
+	return encodeRemoveAnswer(c.removeHere(from, keys)), nil
 }
 
 // dropHere removes this daemon's copies of keys (a home asked), and tells

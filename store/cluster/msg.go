@@ -353,6 +353,11 @@ func decodePositions(b []byte, n int) ([]int, error) {
 	if d.err == nil && len(d.b) == 0 {
 		return nil, nil
 	}
+	ps := positionsFrom(d, n)
+	return ps, d.end()
+}
+
+func positionsFrom(d *dec, n int) []int {
 	m := d.count(n)
 	ps := make([]int, 0, m)
 	for i := 0; i < m && d.err == nil; i++ {
@@ -362,7 +367,42 @@ func decodePositions(b []byte, n int) ([]int, error) {
 		}
 		ps = append(ps, p)
 	}
-	return ps, d.end()
+	return ps
+}
+
+// encodeRemoveAnswer encodes a home's answer to a removal: the positions
+// of the keys it is not home of, then those whose copy a holder, a member
+// still, did not drop in time (only when there are some: an answer with
+// none is encodePositions', which a daemon that never sends the second
+// list reads too; one with some fails its decode, so it reports the
+// removal not taken rather than taken).
+func encodeRemoveAnswer(notHome, kept []int) []byte {
+	if len(kept) == 0 {
+		return encodePositions(notHome)
+	}
+	e := newEnc()
+	e.u32(uint32(len(notHome)))
+	for _, p := range notHome {
+		e.u32(uint32(p))
+	}
+	e.u32(uint32(len(kept)))
+	for _, p := range kept {
+		e.u32(uint32(p))
+	}
+	return e.bytes()
+}
+
+// decodeRemoveAnswer decodes encodeRemoveAnswer's answer for n keys.
+func decodeRemoveAnswer(b []byte, n int) (notHome, kept []int, err error) {
+	d := newDec(b)
+	if d.err == nil && len(d.b) == 0 {
+		return nil, nil, nil
+	}
+	notHome = positionsFrom(d, n)
+	if d.err == nil && len(d.b) > 0 {
+		kept = positionsFrom(d, n)
+	}
+	return notHome, kept, d.end()
 }
 
 func decodeKeys(b []byte) ([][]byte, error) {

@@ -108,6 +108,23 @@ func TestDropMessage(t *testing.T) {
 			t.Fatalf("no positions (% x): %v %v", b, ps, err)
 		}
 	}
+	// A removal's answer: with no key kept it is encodePositions' (what
+	// older daemons send and read); with some, an older daemon's decode
+	// fails (the removal reported not taken, never taken).
+	for _, c := range []struct{ notHome, kept []int }{{nil, nil}, {[]int{1}, nil}, {nil, []int{0}}, {[]int{1}, []int{0}}} {
+		b := encodeRemoveAnswer(c.notHome, c.kept)
+		nh, kept, err := decodeRemoveAnswer(b, 2)
+		if err != nil || !slices.Equal(nh, c.notHome) || !slices.Equal(kept, c.kept) {
+			t.Fatalf("remove answer %v %v: decoded %v %v %v", c.notHome, c.kept, nh, kept, err)
+		}
+		old, err := decodePositions(b, 2)
+		if len(c.kept) == 0 && (err != nil || !slices.Equal(old, c.notHome)) || len(c.kept) > 0 && !errors.Is(err, ErrMessage) {
+			t.Fatalf("remove answer %v %v read as positions: %v %v", c.notHome, c.kept, old, err)
+		}
+	}
+	if _, _, err := decodeRemoveAnswer(encodeRemoveAnswer([]int{0}, []int{5}), 2); !errors.Is(err, ErrMessage) {
+		t.Fatalf("a kept position out of range: %v, want ErrMessage", err)
+	}
 	if ageMS(-time.Second) != 0 || ageMS(1500*time.Microsecond) != 1 || ageMS(100*24*time.Hour) != math.MaxUint32 {
 		t.Fatal("ageMS does not clamp and round down")
 	}
@@ -127,6 +144,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encodeReadAnswer(store.Busy, 0))
 	f.Add(encodeDrop([][]byte{[]byte("k"), []byte("j")}, []uint32{5, 70000}))
 	f.Add(encodePositions([]int{0, 3}))
+	f.Add(encodeRemoveAnswer([]int{1}, []int{0, 3}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, aged := range []bool{false, true} {
 			if keys, ages, err := decodeDrop(b, aged); err == nil && !bytes.Equal(encodeDrop(keys, ages), b) {
@@ -137,6 +155,9 @@ func FuzzDecode(f *testing.F) {
 		// (as older daemons sent) decodes the same.
 		if ps, err := decodePositions(b, 8); err == nil && !bytes.Equal(encodePositions(ps), b) && len(ps) > 0 {
 			t.Fatalf("positions %v re-encode differently", ps)
+		}
+		if nh, kept, err := decodeRemoveAnswer(b, 8); err == nil && len(kept) > 0 && !bytes.Equal(encodeRemoveAnswer(nh, kept), b) {
+			t.Fatalf("remove answer %v %v re-encodes differently", nh, kept)
 		}
 		if keys, err := decodeKeys(b); err == nil && !bytes.Equal(encodeKeys(keys), b) {
 			t.Fatalf("keys %q re-encode differently", keys)

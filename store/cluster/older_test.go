@@ -65,7 +65,7 @@ func TestOlderMarkPerRun(t *testing.T) {
 	f := newNet(t, []string{"w", "o"}, Config{Shards: 16, Timeout: time.Second, ProbeEvery: time.Hour})
 	c, o := f.node("w").c, f.node("o")
 	o.c.Close()
-	if _, err := c.dropAged("o", [][]byte{[]byte("k")}, []uint32{1}); !notServed(err) {
+	if _, err := c.dropAged("o", [][]byte{[]byte("k")}, []uint32{1}, time.Now().Add(time.Second)); !notServed(err) {
 		t.Fatalf("a drop to a member serving no kind: %v, want not served", err)
 	}
 	if c.older("o", o.epoch) {

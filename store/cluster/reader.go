@@ -204,20 +204,28 @@ func (c *Cluster) Removed(keys [][]byte, errs []error) {
 		per:   2,
 		build: func(ps []int) []byte { return encodeKeys(part(ps)) },
 		local: func(ps []int) {
-			for _, j := range c.removeHere(c.self, part(ps)) {
+			notHome, kept := c.removeHere(c.self, part(ps))
+			for _, j := range notHome {
 				errs[ps[j]] = fmt.Errorf("%w: %s (this daemon's view of the members is changing; copies on other hosts may remain)",
 					ErrNotHome, c.self)
 			}
+			for _, j := range kept {
+				errs[ps[j]] = keptErr(c.self)
+			}
 		},
 		got: func(ps []int, home string, body []byte, err error) {
-			var refused []int
+			var refused, kept []int
 			if err == nil {
-				// The positions of the keys it is not home of.
-				refused, err = decodePositions(body, len(ps))
+				// The positions of the keys it is not home of, and of
+				// those a holder kept.
+				refused, kept, err = decodeRemoveAnswer(body, len(ps))
 			}
 			if err == nil {
 				for _, j := range refused {
 					errs[ps[j]] = fmt.Errorf("%w: %s did not take the removal (copies on other hosts may remain)", ErrNotHome, home)
+				}
+				for _, j := range kept {
+					errs[ps[j]] = keptErr(home)
 				}
 				return
 			}
@@ -231,6 +239,13 @@ func (c *Cluster) Removed(keys [][]byte, errs []error) {
 			}
 		},
 	}, time.Now().Add(c.cfg.Timeout))
+}
+
+// keptErr is the error of a key whose home took its removal while a
+// holder kept its copy (ErrCopyKept).
+func keptErr(home string) error {
+	return fmt.Errorf("%w: a holder, busy or slow, still has its copy; home %s asks it again until it drops it (the same remove answers OK then)",
+		ErrCopyKept, home)
 }
 
 // Fetch brings keys from their holders into this daemon's store

@@ -47,6 +47,11 @@ type Stats struct {
 	// hand-offs stopped at a message the home did not take (handed with
 	// the next probe), TombsTaken those it took from a previous home.
 	TombRetried, DropRetryRounds, TombsHanded, HandStopped, TombsTaken uint64
+	// DropsSoon counts the copies a member dropped when asked again within
+	// the removal's own time (busy or slow at first); RemovesKept the keys
+	// whose removal answered that a member's copy stayed past that time
+	// (ErrCopyKept: asked again in rounds).
+	DropsSoon, RemovesKept uint64
 	// TombsKept are the copies of other homes' tombstones this daemon
 	// keeps in case their home dies (tomb.go); KeepsGiven the copies of
 	// its own it gave keepers, KeepsFailed those a keeper did not take.
@@ -155,6 +160,7 @@ func (c *Cluster) Stats() Stats {
 		BusyRetries: c.c.busyRetries.Load(), BusyHellos: c.c.busyHellos.Load(), OlderKinds: c.c.olderKinds.Load(),
 		TombsHanded: c.c.tombsHanded.Load(), TombsTaken: c.c.tombsTaken.Load(),
 		DropRetryRounds: c.c.dropRetryRounds.Load(), HandStopped: c.c.handStopped.Load(),
+		DropsSoon: c.c.dropsSoon.Load(), RemovesKept: c.c.removesKept.Load(),
 		StaleRefused: c.c.staleRefused.Load(), StaleAnswers: c.c.staleAnswers.Load(), ClaimsWon: c.c.claimsWon.Load(),
 		ClaimsOutstanding: cs.Outstanding, ClaimsGranted: cs.Granted, ClaimsRefused: cs.Refused, ClaimsExpired: cs.Expired,
 		ClaimsForeign: cs.Foreign, ReadersRefused: c.c.readersRefused.Load(),

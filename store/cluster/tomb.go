@@ -255,6 +255,23 @@ func (t *tombs) removed(key []byte, holder string, size uint64, crc uint32, now 
 	return true, tb.at
 }
 
+// unsettled returns the holders among ids whose tombstones of key name a
+// copy not dropped yet (a removal of key that they did not take).
+func (t *tombs) unsettled(key []byte, ids []string) []Holder {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.m) == t.settled {
+		return nil
+	}
+	var hs []Holder
+	for _, id := range ids {
+		if tb, ok := t.m[tombKey{string(key), id}]; ok && tb.until.IsZero() {
+			hs = append(hs, Holder{ID: id, Size: tb.size, CRC: tb.crc})
+		}
+	}
+	return hs
+}
+
 // forget drops holder's tombstone of key (it announced the copy gone, or
 // dropped it when asked again), reporting whether there was one.
 func (t *tombs) forget(key []byte, holder string) bool {
@@ -277,15 +294,37 @@ func (t *tombs) settle(key []byte, holder string, now time.Time, grace time.Dura
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tb, ok := t.m[tombKey{string(key), holder}]
-	if !ok || !tb.until.IsZero() {
-		return ok
+	if ok {
+		t.settleLocked(tb, now, grace)
+	}
+	return ok
+}
+
+// settleLocked settles tb, unless it is settled already.
+func (t *tombs) settleLocked(tb *tomb, now time.Time, grace time.Duration) {
+	if !tb.until.IsZero() {
+		return
 	}
 	tb.until = now.Add(grace)
 	t.settled++
 	if tb.standby {
 		t.standby--
 	}
-	return true
+}
+
+// settleAll settles holder's tombstones of keys not settled yet (the
+// holder dropped its copies), as settle does each.
+func (t *tombs) settleAll(keys [][]byte, holder string, now time.Time, grace time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.m) == t.settled {
+		return
+	}
+	for _, k := range keys {
+		if tb, ok := t.m[tombKey{string(k), holder}]; ok {
+			t.settleLocked(tb, now, grace)
+		}
+	}
 }
 
 // expireSettledLocked drops the settled tombstones whose time is up.
@@ -425,7 +464,7 @@ func (c *Cluster) dropRound(id string) (failed bool) {
 			part[i] = keys[p]
 			ages[i] = ageOf(ats[p], now)
 		}
-		put, err := c.dropAged(id, part, ages) // the holder's values put after the removal, kept
+		put, err := c.dropAged(id, part, ages, time.Now().Add(c.cfg.Timeout)) // the holder's values put after the removal, kept
 		if err != nil {
 			c.log.Info("a holder did not drop removed keys yet: asked again while it is a member, and when it re-announces them",
 				"holder", id, "keys", len(part), "err", err)
@@ -436,21 +475,7 @@ func (c *Cluster) dropRound(id string) (failed bool) {
 			continue
 		}
 		kept += len(put)
-		v := c.view.Load()
-		for i, k := range part {
-			// The copy is gone: the index (when this daemon is still
-			// the key's home) forgets it, unless the holder has a
-			// value put since (it announces that one again); and the
-			// tombstone stays a little for an announcement of the
-			// copy still on its way.
-			if s := c.shardOf(k); c.homeFor(v, s) == c.self && !slices.Contains(put, i) {
-				c.idx.dropHolder(s, k, id, 0)
-			}
-			if c.tombs.settle(k, id, time.Now(), c.cfg.Timeout) {
-				done++ // not spent meanwhile by a "removed" answer (counted as a hit)
-			}
-		}
-		c.goneHere(part)
+		done += c.dropped(id, part, put)
 	}
 	if done > 0 {
 		c.c.tombRetried.Add(uint64(done))
@@ -511,13 +536,33 @@ func (r *rounds) end(name string) {
 // after the removal. A holder of an older release (members.go,
 // exchangeNewer) is asked to drop what it has, which it does whatever the
 // age.
-func (c *Cluster) dropAged(id string, keys [][]byte, ages []uint32) ([]int, error) {
+func (c *Cluster) dropAged(id string, keys [][]byte, ages []uint32, deadline time.Time) ([]int, error) {
 	body, asOlder, err := c.exchangeNewer(id, c.epochOf(id), kindDropAges, encodeDrop(keys, ages),
-		kindDrop, func() []byte { return encodeKeys(keys) }, time.Now().Add(c.cfg.Timeout))
+		kindDrop, func() []byte { return encodeKeys(keys) }, deadline)
 	if err != nil || asOlder {
 		return nil, err
 	}
 	return decodePositions(body, len(keys))
+}
+
+// dropped records that holder id dropped its copies of keys when asked
+// again (but those at positions put, values it put after the removal),
+// and returns how many tombstones that settled. The index (when this
+// daemon is still a key's home) forgets each copy, unless the holder has
+// a value put since (it announces that one again); and each tombstone
+// stays a little for an announcement of the copy still on its way.
+func (c *Cluster) dropped(id string, keys [][]byte, put []int) (settled int) {
+	v := c.view.Load()
+	for i, k := range keys {
+		if s := c.shardOf(k); c.homeFor(v, s) == c.self && !slices.Contains(put, i) {
+			c.idx.dropHolder(s, k, id, 0)
+		}
+		if c.tombs.settle(k, id, time.Now(), c.cfg.Timeout) {
+			settled++ // not spent meanwhile by a "removed" answer (counted as a hit)
+		}
+	}
+	c.goneHere(keys)
+	return settled
 }
 
 // goneHere tells the homes of keys, removed while a holder was away, that
