@@ -1211,9 +1211,47 @@ func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 // again).
 //
 // With the store across hosts (SetRemote), every other host's copy of
-// each key removed here (OK) goes too, before Remove returns.
+// each key removed here (OK) goes too, before Remove returns. The other
+// hosts are asked once this host's removal has ended (a key on L2 ends
+// when its header is overwritten), so that their answer is the key's
+// last word: a key removed here whose other copies may remain is not OK.
 func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completion, tag uint64) (pending bool, err error) {
-	return s.remove(keys, nil, codes, errs, done, tag, true, nil)
+	if s.rem() == nil {
+		return s.remove(keys, nil, codes, errs, done, tag, true, nil)
+	}
+	if done == nil {
+		if _, err := s.remove(keys, nil, codes, errs, nil, 0, true, nil); err != nil {
+			return false, err
+		}
+		s.removeElsewhere(keys, codes, errs)
+		return false, nil
+	}
+	then := &removeThen{s: s, keys: keys, codes: codes, errs: errs, done: done}
+	pending, err = s.remove(keys, nil, codes, errs, then, tag, true, nil)
+	if err != nil || pending {
+		return pending, err
+	}
+	s.removeElsewhere(keys, codes, errs)
+	return false, nil
+}
+
+// removeThen is the Completion of an asynchronous Remove whose keys waited
+// for L2: it asks the other hosts (removeElsewhere, which blocks on them)
+// on a goroutine of its own, not on the L2 completion's, and then ends
+// the call.
+type removeThen struct {
+	s     *Store
+	keys  [][]byte
+	codes []Code
+	errs  []error
+	done  Completion
+}
+
+func (r *removeThen) StoreDone(tag uint64) {
+	go func() {
+		r.s.removeElsewhere(r.keys, r.codes, r.errs)
+		r.done.StoreDone(tag)
+	}()
 }
 
 // RemoveHere is Remove of this host's copies only: what a key's home asks
@@ -1317,9 +1355,6 @@ func (s *Store) remove(keys [][]byte, ids []RecordID, codes []Code, errs []error
 			}
 			cl.add(it, i)
 		}
-	}
-	if everywhere {
-		s.removeElsewhere(keys, codes, errs)
 	}
 	return s.dispatch(cl, kInval)
 }

@@ -2,9 +2,13 @@ package store
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // fakeRemote is the other hosts as a store sees them: values they hold
@@ -28,6 +32,9 @@ type fakeRemote struct {
 	// that took its announcement would have it.
 	unseen     map[string]RecordID
 	keepUnseen bool
+	// removeErr: what Removed answers for a key whose other copies may
+	// remain.
+	removeErr map[string]error
 }
 
 func (r *fakeRemote) Stored(key []byte, size uint64, crc uint32, unseen RecordID) {
@@ -48,11 +55,14 @@ func (r *fakeRemote) Evicted(key []byte) {
 	r.evicted = append(r.evicted, string(key))
 }
 
-func (r *fakeRemote) Removed(keys [][]byte, _ []error) {
+func (r *fakeRemote) Removed(keys [][]byte, errs []error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, k := range keys {
+	for i, k := range keys {
 		r.removed = append(r.removed, string(k))
+		if err := r.removeErr[string(k)]; err != nil {
+			errs[i] = err
+		}
 	}
 }
 
@@ -316,4 +326,49 @@ func TestRecheckQueuesWhatChanged(t *testing.T) {
 	if len(r.stored) != 1 || r.stored["again"] != CRC([]byte("again 2")) {
 		t.Errorf("told stored: %v, want again with the crc of its new value %#x", r.stored, CRC([]byte("again 2")))
 	}
+}
+
+// TestRemoveElsewhereErrorOutlastsL2: a key removed here whose other
+// copies may remain (the Remote says so) is not OK, also when its removal
+// here waited for L2 (its header overwritten) and ended OK after the other
+// hosts answered; blocking and with a Completion.
+func TestRemoveElsewhereErrorOutlastsL2(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	errKept := xfer.Categorized(xfer.ErrUnavailable, "test: a copy elsewhere kept")
+	r := &fakeRemote{s: e.s, stored: map[string]uint32{}, others: map[string][]byte{}, removeErr: map[string]error{}}
+	e.s.SetRemote(r)
+	ss := e.s.NewSession()
+	keys := keysN("kept", 4)
+	mustCodes(t, "durable put", e.put(ss, keys, valuesFor(keys, 100), true), OK, OK, OK, OK)
+	ss.Close()
+	r.mu.Lock()
+	r.removeErr[string(keys[1])], r.removeErr[string(keys[3])] = errKept, errKept
+	r.mu.Unlock()
+
+	codes, errs := make([]Code, 2), make([]error, 2)
+	if pending, err := e.s.Remove(keys[:2], codes, errs, nil, 0); pending || err != nil {
+		t.Fatalf("remove: pending %v, %v", pending, err)
+	}
+	mustCodes(t, "blocking remove, the second key's copies elsewhere kept", codes, OK, Unavailable)
+	if !errors.Is(errs[1], errKept) {
+		t.Fatalf("the kept key's error: %v", errs[1])
+	}
+
+	// The invalidations held, so that the call is pending and ends on
+	// the transport's completion.
+	e.tr.Update(func(c *xfertest.Config) { c.Inline = false })
+	rec := newRecorder()
+	if pending, err := e.s.Remove(keys[2:], codes, errs, rec, 7); !pending || err != nil {
+		t.Fatalf("remove with its invalidations held: pending %v, %v", pending, err)
+	}
+	e.tr.Update(func(c *xfertest.Config) { c.Inline = true })
+	e.tr.release()
+	if tag := <-rec.done; tag != 7 || rec.count(7) != 1 {
+		t.Fatalf("StoreDone(%d), %d times", tag, rec.count(7))
+	}
+	mustCodes(t, "remove with a Completion, the second key's copies elsewhere kept", codes, OK, Unavailable)
+	if !errors.Is(errs[1], errKept) {
+		t.Fatalf("the kept key's error: %v", errs[1])
+	}
+	mustCodes(t, "gone here all the same", e.exists(keys), NotFound, NotFound, NotFound, NotFound)
 }
