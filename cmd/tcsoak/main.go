@@ -38,6 +38,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -260,6 +261,8 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 		if work, err = os.MkdirTemp("", "tcsoak"); err != nil {
 			return nil, err
 		}
+	} else if err := emptyDir(work); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return nil, err
@@ -754,6 +757,23 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 		fmt.Fprintf(os.Stderr, "tcsoak: daemon logs in %s/{a,b,c,d}/daemon.log\n", work)
 	}
 	return r, nil
+}
+
+// emptyDir checks that dir, a working directory given, is absent or
+// empty: a run's daemons keep their stores, put logs and logs there, and
+// an earlier run's would be read as this one's (a tenant's probe key
+// found in its own store, put logs of puts never made now).
+func emptyDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return err
+	case len(ents) > 0:
+		return fmt.Errorf("working directory %s is not empty (%d entries, %s first): an earlier run's stores and logs would be read as this run's; give a new one", dir, len(ents), ents[0].Name())
+	}
+	return nil
 }
 
 // apartGrace is how long before a removal a fault that parted c from d

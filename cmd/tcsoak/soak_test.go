@@ -271,3 +271,21 @@ func TestNearApart(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkDirMustBeNew: a working directory given is absent or empty; one
+// an earlier run left is refused, naming what is there.
+func TestWorkDirMustBeNew(t *testing.T) {
+	dir := t.TempDir()
+	if err := emptyDir(filepath.Join(dir, "new")); err != nil {
+		t.Fatalf("an absent directory: %v", err)
+	}
+	if err := emptyDir(dir); err != nil {
+		t.Fatalf("an empty directory: %v", err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "a"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := emptyDir(dir); err == nil || !strings.Contains(err.Error(), "not empty") || !strings.Contains(err.Error(), "a first") {
+		t.Fatalf("a directory an earlier run left: %v, want refused naming its first entry", err)
+	}
+}
