@@ -91,11 +91,7 @@ func TestBusyMemberStaysIn(t *testing.T) {
 // same remove sent once it has room drops the copy before it answers OK
 // (not left to the next round), and the rounds end.
 func TestDropAskedAgainOfBusyHolder(t *testing.T) {
-	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: 500 * time.Millisecond, ProbeEvery: time.Hour})
-	a, b := f.node("a"), f.node("b")
-	key := keyHomedOn(f, a, "busy/drop", "a")
-	b.put(t, key, value(key, 4096))
-	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"b"}) }, "b's copy announced to a")
+	f, a, b, key := heldOnB(t, 500*time.Millisecond, "busy/drop")
 
 	f.busyFor("b", -1)
 	for try := range 2 {
@@ -135,11 +131,7 @@ func TestDropAskedAgainOfBusyHolder(t *testing.T) {
 // the remove answers OK with the copy gone, not OK with the copy still
 // served until a later round.
 func TestRemoveWaitsOutBusyHolder(t *testing.T) {
-	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour})
-	a, b := f.node("a"), f.node("b")
-	key := keyHomedOn(f, a, "busy/soon", "a")
-	b.put(t, key, value(key, 4096))
-	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"b"}) }, "b's copy announced to a")
+	f, a, b, key := heldOnB(t, 2*time.Second, "busy/soon")
 
 	f.busyFor("b", busyTries+2) // the drop's own tries, and two more
 	if code, err := removeOn(t, a, key); code != store.OK {
@@ -151,6 +143,18 @@ func TestRemoveWaitsOutBusyHolder(t *testing.T) {
 	if st := a.c.Stats(); st.DropsSoon != 1 || st.RemovesKept != 0 {
 		t.Fatalf("drops soon %d, removes kept %d; want 1 and 0", st.DropsSoon, st.RemovesKept)
 	}
+}
+
+// heldOnB is two daemons, a and b, with the cluster timeout given, and a
+// key (named from prefix) that a is home of and only b holds.
+func heldOnB(t *testing.T, timeout time.Duration, prefix string) (f *fakeNet, a, b *fakeNode, key string) {
+	t.Helper()
+	f = newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: timeout, ProbeEvery: time.Hour})
+	a, b = f.node("a"), f.node("b")
+	key = keyHomedOn(f, a, prefix, "a")
+	b.put(t, key, value(key, 4096))
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"b"}) }, "b's copy announced to a")
+	return f, a, b, key
 }
 
 // TestNestedKinds: the handlers that wait on exchanges of their own (a
