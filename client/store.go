@@ -95,7 +95,11 @@ func (c *Client) StoreRead(keys [][]byte, dests []Extent, lengths []uint64, resu
 // this daemon pins ErrFailedPrecondition (another host's read in flight is
 // no such pin: the key goes, and that read keeps its bytes), one another
 // caller is reading or removing at that moment ErrBusy (asked again, it
-// goes).
+// goes). With the store across hosts every other copy goes too; a key
+// whose other copies may remain (its home did not answer, or a holder did
+// not drop its copy in time) gets ErrUnavailable, ErrDeadlineExceeded or
+// ErrBusy (its home busy), never nil, and the same remove sent again
+// answers nil once they are gone.
 func (c *Client) StoreRemove(keys [][]byte, results []error, opts ...CallOption) error {
 	if err := checkKeys(keys, len(results)); err != nil {
 		return err

@@ -781,7 +781,11 @@ TC_API int tc_store_read(tc_conn *c, const tc_keys *keys, const tc_extent *dests
  * idempotent), one a client of this daemon pins TC_FAILED_PRECONDITION
  * (another host's read in flight is no such pin: the key goes, and that
  * read keeps its bytes), one another caller is reading or removing at that
- * moment TC_BUSY (asked again, it goes). */
+ * moment TC_BUSY (asked again, it goes). With the store across hosts every
+ * other copy goes too; a key whose other copies may remain (its home did not
+ * answer, or a holder did not drop its copy in time) gets TC_UNAVAILABLE,
+ * TC_DEADLINE_EXCEEDED or TC_BUSY (its home busy), never TC_OK, and the
+ * same remove sent again answers TC_OK once they are gone. */
 TC_API int tc_store_remove(tc_conn *c, const tc_keys *keys, int *codes, const tc_call_opts *o);
 
 /* tc_store_pin pins every key for this connection, or none: when a key

@@ -579,7 +579,12 @@ class StoreCalls:
         FAILED_PRECONDITION for one a client of this daemon pins, though not
         for one only another host's read in flight holds: it goes, and that
         read keeps its bytes; BUSY for one another caller is reading or
-        removing at that moment: asked again, it goes)."""
+        removing at that moment: asked again, it goes). With the store
+        across hosts every other copy goes too; a key whose other copies
+        may remain (its home did not answer, or a holder did not drop its
+        copy in time) gets UNAVAILABLE, DEADLINE_EXCEEDED or BUSY (its home
+        busy), never OK, and the same remove sent again answers OK once
+        they are gone."""
         return self._socket_batch("remove", lib.tc_store_remove, keys, opts)
 
     def pin(self, keys: Sequence[Key], ttl: Optional[float] = None,
