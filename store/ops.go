@@ -1219,16 +1219,12 @@ func (s *Store) Remove(keys [][]byte, codes []Code, errs []error, done Completio
 	if s.rem() == nil {
 		return s.remove(keys, nil, codes, errs, done, tag, true, nil)
 	}
-	if done == nil {
-		if _, err := s.remove(keys, nil, codes, errs, nil, 0, true, nil); err != nil {
-			return false, err
-		}
-		s.removeElsewhere(keys, codes, errs)
-		return false, nil
+	if done != nil {
+		done = &removeThen{s: s, keys: keys, codes: codes, errs: errs, done: done}
 	}
-	then := &removeThen{s: s, keys: keys, codes: codes, errs: errs, done: done}
-	pending, err = s.remove(keys, nil, codes, errs, then, tag, true, nil)
-	if err != nil || pending {
+	// A blocking call (done nil) has ended here; one that is pending asks
+	// the other hosts in removeThen.
+	if pending, err = s.remove(keys, nil, codes, errs, done, tag, true, nil); err != nil || pending {
 		return pending, err
 	}
 	s.removeElsewhere(keys, codes, errs)

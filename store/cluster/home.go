@@ -534,7 +534,7 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 				for i, p := range ch {
 					ts[i] = c.tombs.add(part[i], dr.copies[p], now)
 				}
-				if c.view.Load().has(d.id) && c.dropSoon(d.id, part, ts, deadline) {
+				if c.view.Load().has(d.id) && c.dropSoon(d.id, part, now, deadline) {
 					continue
 				}
 				c.keepTombs(v, ts, time.Now().Add(c.cfg.Timeout/4))
@@ -560,18 +560,19 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 }
 
 // dropSoon asks holder id, a member that did not take a removal's drop of
-// keys (busy or slow; ts their tombstones), again until deadline, pausing
-// dropRetryFirst, doubling, between tries; it reports whether the holder
-// dropped them in time (dropped: their tombstones settled).
-func (c *Cluster) dropSoon(id string, keys [][]byte, ts []tomb, deadline time.Time) bool {
+// keys (busy or slow; at, when its tombstones say the removal was), again
+// until deadline, pausing dropRetryFirst, doubling, between tries; it
+// reports whether the holder dropped them in time (dropped: their
+// tombstones settled).
+func (c *Cluster) dropSoon(id string, keys [][]byte, at, deadline time.Time) bool {
 	ages := make([]uint32, len(keys))
 	for pause := dropRetryFirst; time.Until(deadline) > pause+busyBackoff; pause = min(2*pause, dropRetryMost) {
 		if !c.pause(pause) || !c.view.Load().has(id) {
 			return false
 		}
-		now := time.Now()
-		for i := range ts {
-			ages[i] = ageOf(ts[i].at, now)
+		age := ageOf(at, time.Now())
+		for i := range ages {
+			ages[i] = age
 		}
 		put, err := c.dropAged(id, keys, ages, deadline)
 		if err == nil {

@@ -337,14 +337,18 @@ func decodeDrop(b []byte, aged bool) (keys [][]byte, ages []uint32, err error) {
 // asked: a drop's kept ones); none is the version byte alone.
 func encodePositions(ps []int) []byte {
 	e := newEnc()
-	if len(ps) == 0 {
-		return e.bytes()
+	if len(ps) > 0 {
+		e.positions(ps)
 	}
+	return e.bytes()
+}
+
+// positions writes a count and the positions (positionsFrom reads them).
+func (e *enc) positions(ps []int) {
 	e.u32(uint32(len(ps)))
 	for _, p := range ps {
 		e.u32(uint32(p))
 	}
-	return e.bytes()
 }
 
 // decodePositions decodes positions of n keys asked.
@@ -381,14 +385,8 @@ func encodeRemoveAnswer(notHome, kept []int) []byte {
 		return encodePositions(notHome)
 	}
 	e := newEnc()
-	e.u32(uint32(len(notHome)))
-	for _, p := range notHome {
-		e.u32(uint32(p))
-	}
-	e.u32(uint32(len(kept)))
-	for _, p := range kept {
-		e.u32(uint32(p))
-	}
+	e.positions(notHome)
+	e.positions(kept)
 	return e.bytes()
 }
 

@@ -264,8 +264,9 @@ func (t *tombs) unsettled(key []byte, ids []string) []Holder {
 		return nil
 	}
 	var hs []Holder
+	k := string(key)
 	for _, id := range ids {
-		if tb, ok := t.m[tombKey{string(key), id}]; ok && tb.until.IsZero() {
+		if tb, ok := t.m[tombKey{k, id}]; ok && tb.until.IsZero() {
 			hs = append(hs, Holder{ID: id, Size: tb.size, CRC: tb.crc})
 		}
 	}
