@@ -233,6 +233,12 @@ func (h *cliHandler) OnClose(g gnet.Conn, err error) gnet.Action {
 	p.wakeLocked()
 	p.mu.Unlock()
 	cause := fmt.Errorf("%w: peer %s: %v", ErrConnLost, p.id, err)
+	if err == nil {
+		// Closed by this node (a stalled or overdue connection dropped,
+		// logged with its reason where it was decided), not by the
+		// network or the peer.
+		cause = fmt.Errorf("%w: peer %s: closed by this node", ErrConnLost, p.id)
+	}
 	if h.n.closed.Load() {
 		cause = fmt.Errorf("%w: %w", xfer.ErrClosed, cause)
 	}

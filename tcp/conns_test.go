@@ -87,8 +87,8 @@ func holdingHandler(t *testing.T, b *testNode, kind string, reply []byte, n int)
 // network stalled. Over loopback every byte is acknowledged: a connection
 // with an exchange in flight that its handler holds for as long as it
 // likes is live, and stays, and the exchange gets its answer. (A link cut
-// in a network namespace, the case it is for, is the soak's; its
-// decision, by TCP_INFO, is stalledTCP's, below.)
+// in network namespaces, the case it is for, is TestDropStalledOnCutLink's;
+// its decision, by TCP_INFO, is stalledTCP's, below.)
 func TestDropStalled(t *testing.T) {
 	a, _, got, release := heldExchange(t, bytes.Repeat([]byte("x"), 32<<10))
 	if n := a.DropStalled("bravo", "the test asks"); n != 0 {
@@ -108,7 +108,7 @@ func TestDropStalled(t *testing.T) {
 // afresh and is answered (it does not find only connections on their way
 // out, "no session"), while the exchange that was in flight on a closed
 // one ends with ErrConnLost. Which connections are stalled is the test's
-// (connStalled replaced): a real one needs a link cut.
+// (connStalled replaced); TestDropStalledOnCutLink stalls a real one.
 func TestDropStalledLeavesNoGap(t *testing.T) {
 	a, b, got, release := heldExchange(t, nil)
 	if err := b.Handle("echo", func(string, uint64, []byte) ([]byte, error) { return []byte("here"), nil }); err != nil {
