@@ -171,15 +171,23 @@ func (c *Session) FreeBlocks(m *wire.FreeBlocksRequest, r *wire.Response) {
 			c.codes = append(c.codes, tcproto.CodeFAILED_PRECONDITION)
 			continue
 		}
-		if c.blocks.Busy(off) {
-			// A transfer of this connection still moves bytes in it
-			// (possibly past its deadline): free it once that ends.
-			c.codes = append(c.codes, tcproto.CodeBUSY)
+		// Out of the session's blocks before the pool has it back, in
+		// one step with the check: a request of this connection racing
+		// the free finds no block to hold, and cannot move bytes in
+		// memory another client may be given next.
+		if _, taken, busy := c.blocks.TakeIdle(off); !taken {
+			if busy {
+				// A transfer of this connection still moves bytes in it
+				// (possibly past its deadline): free it once that ends.
+				c.codes = append(c.codes, tcproto.CodeBUSY)
+			} else {
+				c.codes = append(c.codes, tcproto.CodeNOT_FOUND)
+			}
 			continue
 		}
 		err := p.Free(off)
-		if err == nil {
-			c.blocks.Remove(off)
+		if err != nil {
+			c.blocks.Add(off, size) // still the session's: the pool did not take it
 		}
 		c.codes = append(c.codes, status.CodeOf(err))
 	}

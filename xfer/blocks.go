@@ -1,10 +1,12 @@
 package xfer
 
 import (
-	"cmp"
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
+
+	"github.com/tensorcast/tensorcast/internal/invariants"
 )
 
 // Blocks are the blocks of a pool one holder owns (a client's session: the
@@ -12,32 +14,35 @@ import (
 // PoolView it is the RangeHolder of the holder's requests on the pool: the
 // engine holds a request's range for as long as a transport may touch it,
 // which is past a task's Timeout until the transport's Done. So:
-//   - the holder frees a block only when Busy says no transfer holds it
-//     (a client's FreeBlocks answers BUSY otherwise), instead of handing
-//     memory still being written to another client;
+//   - the holder frees a block only when no transfer holds it (TakeIdle,
+//     which takes it out of the list in the same step: a client's
+//     FreeBlocks answers BUSY otherwise), instead of handing memory still
+//     being written to another client;
 //   - a holder that goes away while holds remain (Abandon) leaves those
 //     blocks allocated, and the last drop of each frees it.
 //
 // The holding lives here, beside the engine that calls it, so that a
-// request's hold and drop run no code of the holder's package.
+// request's hold and drop run no code of the holder's package. Each block
+// carries its own count of holds, beside its offset and size: a hold or a
+// drop finds the block by one search and counts with one atomic add, under
+// the list's lock shared; only the owner's changes to the list take it
+// exclusively.
 //
 // The zero value is empty and ready; a Blocks must not be copied.
 type Blocks struct {
-	// mu guards offs and sizes (sorted by offset). Only the owner changes
-	// them (Add, Remove, Reset, under mu) and it reads them without the
-	// lock (Len, Block, Find); others read them under mu shared (Covers,
-	// CoversRange, HoldRange), such as a queue's worker checking a request.
-	mu    sync.RWMutex
-	offs  []uint64
-	sizes []uint64
-
-	// hmu guards the fields below; DropRange runs on transports'
-	// goroutines. Lock order: mu (shared), then hmu.
-	hmu    sync.Mutex
-	holds  []blockHold // sorted by off: blocks with transfers in flight
-	closed bool        // abandoned: no new holds; free blocks at their last drop
-	pool   Freer       // where Abandon's blocks are freed
-	log    *slog.Logger
+	// mu guards the list: offs, sizes and holds, parallel and sorted by
+	// offset, and closed, pool and log. Only the owner changes them (Add,
+	// Remove, TakeIdle, Reset, Abandon, under mu) and it reads offs and
+	// sizes without the lock (Len, Block, Find); others read the list
+	// under mu shared (Covers, CoversRange, HoldRange, DropRange, Busy),
+	// such as a queue's worker checking a request or a transport's Done.
+	mu     sync.RWMutex
+	offs   []uint64
+	sizes  []uint64
+	holds  []blockHold
+	closed bool         // abandoned: no new holds; free blocks at their last drop
+	pool   Freer        // where Abandon's blocks are freed
+	log    *slog.Logger // where a failure to free one is said
 }
 
 // Freer frees a pool block by its offset (a pool: *shm.Pool).
@@ -45,12 +50,11 @@ type Freer interface {
 	Free(off uint64) error
 }
 
-// blockHold counts the transfers in flight in one block.
+// blockHold is what a block's transfers in flight hold of it.
 type blockHold struct {
-	off, size uint64
-	n         int32
+	n int32 // transfers in flight in the block (atomic: adds under mu shared)
 	// freeAtDrop: the holder is gone and the block is to be freed when its
-	// last hold drops.
+	// last hold drops (set by Abandon, under mu).
 	freeAtDrop bool
 }
 
@@ -78,9 +82,12 @@ func (s *Blocks) Add(off, size uint64) {
 	i, _ := slices.BinarySearch(s.offs, off)
 	s.offs = slices.Insert(s.offs, i, off)
 	s.sizes = slices.Insert(s.sizes, i, size)
+	s.holds = slices.Insert(s.holds, i, blockHold{})
 }
 
-// Remove forgets the block at off; false when there is none.
+// Remove forgets the block at off; false when there is none. Its holds go
+// with it: the holder removes a block no transfer holds (TakeIdle checks
+// and removes at once).
 func (s *Blocks) Remove(off uint64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -88,28 +95,63 @@ func (s *Blocks) Remove(off uint64) bool {
 	if !ok {
 		return false
 	}
-	s.offs = slices.Delete(s.offs, i, i+1)
-	s.sizes = slices.Delete(s.sizes, i, i+1)
+	s.removeLocked(i)
 	return true
 }
 
-// Reset forgets every block.
+// TakeIdle forgets the block at off unless a transfer holds it, in one
+// step: no hold can be taken on it after (a request racing the holder's
+// free finds the block gone and is refused). It returns the block's size
+// and whether it was taken; busy says it is held, and stays.
+func (s *Blocks) TakeIdle(off uint64) (size uint64, taken, busy bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, ok := slices.BinarySearch(s.offs, off)
+	if !ok {
+		return 0, false, false
+	}
+	if atomic.LoadInt32(&s.holds[i].n) > 0 {
+		return s.sizes[i], false, true
+	}
+	size = s.sizes[i]
+	s.removeLocked(i)
+	return size, true, false
+}
+
+// removeLocked takes block i out of the list (s.mu held).
+func (s *Blocks) removeLocked(i int) {
+	s.offs = slices.Delete(s.offs, i, i+1)
+	s.sizes = slices.Delete(s.sizes, i, i+1)
+	s.holds = slices.Delete(s.holds, i, i+1)
+}
+
+// Reset forgets every block, but for those transfers still hold: they stay
+// in the list until the Blocks is dropped, so that their last DropRange
+// finds them (and, after Abandon, frees them).
 func (s *Blocks) Reset() {
 	s.mu.Lock()
-	s.offs, s.sizes = nil, nil
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	k := 0
+	for i := range s.offs {
+		if atomic.LoadInt32(&s.holds[i].n) > 0 {
+			s.offs[k], s.sizes[k], s.holds[k] = s.offs[i], s.sizes[i], s.holds[i]
+			k++
+		}
+	}
+	if k == 0 {
+		s.offs, s.sizes, s.holds = nil, nil, nil
+		return
+	}
+	s.offs, s.sizes, s.holds = s.offs[:k], s.sizes[:k], s.holds[:k]
 }
 
 // Covers reports whether [off, off+n) lies inside one held block.
 func (s *Blocks) Covers(off, n uint64) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	i, found := slices.BinarySearch(s.offs, off)
-	if !found {
-		if i == 0 {
-			return false
-		}
-		i--
+	i, ok := s.blockAt(off)
+	if !ok {
+		return false
 	}
 	end := off + n
 	if end < off {
@@ -123,35 +165,49 @@ func (s *Blocks) Covers(off, n uint64) bool {
 func (s *Blocks) CoversRange(off, n uint64) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.coversRangeLocked(off, n)
+	_, ok := s.coversRangeLocked(off, n)
+	return ok
 }
 
-// coversRangeLocked is CoversRange with s.mu held (shared or not).
-func (s *Blocks) coversRangeLocked(off, n uint64) bool {
-	end := off + n
-	if end < off {
-		return false
-	}
+// blockAt is the index of the block that starts at or before off, the
+// only one that can hold off (s.mu held, shared or not); false when off is
+// before every block.
+func (s *Blocks) blockAt(off uint64) (int, bool) {
 	i, found := slices.BinarySearch(s.offs, off)
 	if !found {
 		if i == 0 {
-			return false
+			return 0, false
 		}
 		i--
 	}
+	return i, true
+}
+
+// coversRangeLocked reports whether [off, off+n) lies inside blocks that
+// follow each other without a gap, and the index of the first (s.mu held,
+// shared or not).
+func (s *Blocks) coversRangeLocked(off, n uint64) (int, bool) {
+	end := off + n
+	if end < off {
+		return 0, false
+	}
+	first, ok := s.blockAt(off)
+	if !ok {
+		return 0, false
+	}
 	pos := off
-	for ; i < len(s.offs); i++ {
+	for i := first; i < len(s.offs); i++ {
 		if s.offs[i] > pos {
-			return false
+			return 0, false
 		}
 		if e := s.offs[i] + s.sizes[i]; e > pos {
 			pos = e
 		}
 		if pos >= end {
-			return true
+			return first, true
 		}
 	}
-	return false
+	return 0, false
 }
 
 // HoldRange implements RangeHolder: every block [off, off+n) touches gets
@@ -160,26 +216,15 @@ func (s *Blocks) coversRangeLocked(off, n uint64) bool {
 func (s *Blocks) HoldRange(off, n uint64) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if !s.coversRangeLocked(off, n) {
-		return false
-	}
-	end := off + n
-	s.hmu.Lock()
-	defer s.hmu.Unlock()
 	if s.closed {
 		return false
 	}
-	i, found := slices.BinarySearch(s.offs, off)
-	if !found {
-		i--
+	i, ok := s.coversRangeLocked(off, n)
+	if !ok {
+		return false
 	}
-	for ; i < len(s.offs) && s.offs[i] < end; i++ {
-		b := s.offs[i]
-		j, ok := s.holdIndex(b)
-		if !ok {
-			s.holds = slices.Insert(s.holds, j, blockHold{off: b, size: s.sizes[i]})
-		}
-		s.holds[j].n++
+	for end := off + n; i < len(s.offs) && s.offs[i] < end; i++ {
+		atomic.AddInt32(&s.holds[i].n, 1)
 	}
 	return true
 }
@@ -188,25 +233,24 @@ func (s *Blocks) HoldRange(off, n uint64) bool {
 // one hold each; a block of an abandoned holder is freed when its last
 // hold drops.
 func (s *Blocks) DropRange(off, n uint64) {
-	end := off + n
 	var free []uint64
-	s.hmu.Lock()
-	i, _ := s.holdIndex(off)
-	if i == len(s.holds) || s.holds[i].off > off {
-		i--
-	}
-	for i >= 0 && i < len(s.holds) && s.holds[i].off < end {
-		if s.holds[i].n--; s.holds[i].n > 0 {
-			i++
-			continue
+	s.mu.RLock()
+	if i, ok := s.blockAt(off); ok {
+		if s.offs[i]+s.sizes[i] <= off {
+			i++ // ends before off: not one the hold counted (Remove took that one)
 		}
-		if s.holds[i].freeAtDrop {
-			free = append(free, s.holds[i].off)
+		for end := off + n; i < len(s.offs) && s.offs[i] < end; i++ {
+			v := atomic.AddInt32(&s.holds[i].n, -1)
+			if invariants.Enabled && v < 0 {
+				panic("xfer: invariant: a block's holds below zero")
+			}
+			if v == 0 && s.holds[i].freeAtDrop {
+				free = append(free, s.offs[i])
+			}
 		}
-		s.holds = slices.Delete(s.holds, i, i+1)
 	}
 	pool, log := s.pool, s.log
-	s.hmu.Unlock()
+	s.mu.RUnlock()
 	for _, b := range free {
 		if err := pool.Free(b); err != nil {
 			log.Warn("freeing a pool block of a closed connection after its last transfer failed", "offset", b, "err", err)
@@ -217,10 +261,10 @@ func (s *Blocks) DropRange(off, n uint64) {
 // Busy reports whether transfers are still moving bytes in the block at
 // off.
 func (s *Blocks) Busy(off uint64) bool {
-	s.hmu.Lock()
-	defer s.hmu.Unlock()
-	_, ok := s.holdIndex(off)
-	return ok
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	i, ok := slices.BinarySearch(s.offs, off)
+	return ok && atomic.LoadInt32(&s.holds[i].n) > 0
 }
 
 // Abandon is the holder going away: no new holds. It returns the blocks
@@ -228,22 +272,19 @@ func (s *Blocks) Busy(off uint64) bool {
 // which freeLater says true are freed in pool by their last DropRange (a
 // failure logged to log). The caller frees the others, then calls Reset.
 func (s *Blocks) Abandon(freeLater func(off, size uint64) bool, pool Freer, log *slog.Logger) map[uint64]bool {
-	s.hmu.Lock()
-	defer s.hmu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.closed, s.pool, s.log = true, pool, log
-	held := make(map[uint64]bool, len(s.holds))
-	for i := range s.holds {
-		h := &s.holds[i]
-		held[h.off] = true
-		h.freeAtDrop = freeLater(h.off, h.size)
+	held := make(map[uint64]bool)
+	for i := range s.offs {
+		// No drop runs meanwhile (s.mu): a count read here is the
+		// block's until Abandon returns.
+		if atomic.LoadInt32(&s.holds[i].n) > 0 {
+			held[s.offs[i]] = true
+			s.holds[i].freeAtDrop = freeLater(s.offs[i], s.sizes[i])
+		}
 	}
 	return held
-}
-
-// holdIndex finds the hold of the block at off in s.holds (s.hmu held):
-// its index and true, or where it would go and false.
-func (s *Blocks) holdIndex(off uint64) (int, bool) {
-	return slices.BinarySearchFunc(s.holds, off, func(h blockHold, o uint64) int { return cmp.Compare(h.off, o) })
 }
 
 // PoolView is one holder's view of a pool: the pool segment itself (its

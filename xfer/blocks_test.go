@@ -3,8 +3,10 @@ package xfer_test
 import (
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tensorcast/tensorcast/xfer"
@@ -62,6 +64,12 @@ func TestBlocksHoldDrop(t *testing.T) {
 	if b.HoldRange(4096, 10) {
 		t.Fatal("held a range after Abandon")
 	}
+	// The holder frees the rest and forgets its blocks (the session's
+	// release); the held ones are still found by their drops.
+	b.Reset()
+	if b.Busy(4096) || !b.Busy(0) {
+		t.Fatalf("after Reset: busy(4096)=%v busy(0)=%v, want false true", b.Busy(4096), b.Busy(0))
+	}
 	b.DropRange(0, 100)
 	b.DropRange(16384, 4096)
 	if got := pool.got(); !slices.Equal(got, []uint64{0}) {
@@ -69,6 +77,112 @@ func TestBlocksHoldDrop(t *testing.T) {
 	}
 	if b.Busy(0) || b.Busy(16384) {
 		t.Fatal("a block is busy after its last drop")
+	}
+}
+
+// TestBlocksTakeIdle: TakeIdle takes a block no transfer holds out of the
+// list, after which no hold is taken on it; a held block stays (busy), and
+// so does an unknown one (neither).
+func TestBlocksTakeIdle(t *testing.T) {
+	var b xfer.Blocks
+	b.Add(0, 4096)
+	b.Add(4096, 4096)
+	if !b.HoldRange(0, 10) {
+		t.Fatal("hold refused")
+	}
+	if size, taken, busy := b.TakeIdle(0); taken || !busy || size != 4096 {
+		t.Fatalf("TakeIdle of a held block: size %d taken %v busy %v, want 4096 false true", size, taken, busy)
+	}
+	if size, taken, busy := b.TakeIdle(4096); !taken || busy || size != 4096 {
+		t.Fatalf("TakeIdle of an idle block: size %d taken %v busy %v, want 4096 true false", size, taken, busy)
+	}
+	if b.HoldRange(4096, 10) || b.HoldRange(0, 8192) {
+		t.Fatal("held a range in a block taken")
+	}
+	if _, taken, busy := b.TakeIdle(8192); taken || busy {
+		t.Fatal("TakeIdle of an unknown block took it or found it busy")
+	}
+	b.DropRange(0, 10)
+	if _, taken, _ := b.TakeIdle(0); !taken {
+		t.Fatal("TakeIdle of a block whose last hold dropped did not take it")
+	}
+	if b.Len() != 0 {
+		t.Fatalf("%d blocks left", b.Len())
+	}
+}
+
+// TestBlocksDropAfterRemove: a drop of a range whose block the holder
+// removed meanwhile (Remove, not TakeIdle) counts against no other block:
+// the block before it stays held as it was.
+func TestBlocksDropAfterRemove(t *testing.T) {
+	var b xfer.Blocks
+	b.Add(0, 4096)
+	b.Add(4096, 4096)
+	if !b.HoldRange(0, 10) || !b.HoldRange(4096, 10) {
+		t.Fatal("hold refused")
+	}
+	b.Remove(4096)
+	b.DropRange(4096, 10)
+	if !b.Busy(0) {
+		t.Fatal("a drop in a removed block dropped the hold of the block before it")
+	}
+	b.DropRange(0, 10)
+	if b.Busy(0) {
+		t.Fatal("block 0 busy after its own drop")
+	}
+}
+
+// TestBlocksTakeIdleRacesHolds: holds taken and dropped on other
+// goroutines while the owner takes the block out and adds it back, over
+// and over (a client freeing a block its own requests race for). A hold
+// that succeeds is never on a block taken out: TakeIdle and HoldRange
+// exclude each other.
+func TestBlocksTakeIdleRacesHolds(t *testing.T) {
+	var b xfer.Blocks
+	b.Add(0, 4096)
+	var taken atomic.Bool
+	var bad, holds atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if b.HoldRange(0, 512) {
+					holds.Add(1)
+					if taken.Load() {
+						bad.Add(1)
+					}
+					b.DropRange(0, 512)
+				}
+				runtime.Gosched() // room for the owner's TakeIdle between holds
+			}
+		}()
+	}
+	takes := 0
+	for takes < 300 || holds.Load() < 3000 {
+		if _, ok, _ := b.TakeIdle(0); ok {
+			takes++
+			taken.Store(true)
+			runtime.Gosched() // let the holders try while it is out
+			taken.Store(false)
+			b.Add(0, 4096)
+		}
+		runtime.Gosched()
+	}
+	close(stop)
+	wg.Wait()
+	if bad.Load() != 0 {
+		t.Fatalf("%d holds succeeded on a block taken out (of %d)", bad.Load(), holds.Load())
+	}
+	if b.Busy(0) {
+		t.Fatal("block busy after every hold dropped")
 	}
 }
 

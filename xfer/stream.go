@@ -68,6 +68,11 @@ type Stream struct {
 	taken   []uint32    // Submit's slots
 	grp     []*Task     // Submit's tasks of one transport
 	mc      meterCache  // the meter of the last transport dispatched to
+	// The deadlines: one timer for the stream, armed for the earliest due
+	// time among the tasks it was armed for (armed, ns since epoch; 0 when
+	// it is not armed). Both under mu.
+	timer *time.Timer
+	armed int64
 
 	tasks []Task
 	slots []streamSlot
@@ -97,7 +102,6 @@ type streamSlot struct {
 	// the task; the party that brings it to zero frees the slot.
 	refs   atomic.Int32
 	due    atomic.Int64 // deadline, ns since the stream's epoch
-	timer  *time.Timer
 	notify []byte
 }
 
@@ -232,7 +236,7 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 	start0 := s.mc.start(s.e, now) // every group is metered from the call's clock reading, when sampled
 	bad := !dispatchGroups(s, acc, s.grp, start0)
 	// Publish what the transports did: tasks still with a transport become
-	// Pending and get their deadline timer; tasks answered during dispatch
+	// Pending and are armed on the stream's deadline timer; tasks answered during dispatch
 	// are metered and drop their end's reference. The tasks are found by
 	// the slots taken, in request order: grouping by transport reordered
 	// acc in place. A slot whose request was refused is free again, and its
@@ -303,21 +307,59 @@ func (s *Stream) dispatch(tr Transport, grp []*Task, start int64) bool {
 	return d.Kept()
 }
 
-// arm starts slot idx's deadline timer, due in d. Timers are made once per
-// slot and reset per request; one left armed from an earlier request of
-// the slot finds its task ended or not yet due and does nothing. s.mu is
-// held.
+// arm sees that the stream's timer fires by slot idx's due time, d from
+// now: it is reset only when it is not armed or armed for later, so a
+// stream whose requests all have the same timeout resets it about once per
+// timeout, not once per request (each reset is a lock and a heap update
+// in the Go runtime). s.mu is held.
 func (s *Stream) arm(idx uint32, d time.Duration) {
-	sl := &s.slots[idx]
-	if sl.timer == nil {
-		sl.timer = time.AfterFunc(d, func() { s.fire(idx) })
+	due := s.slots[idx].due.Load()
+	if s.armed != 0 && s.armed <= due {
 		return
 	}
-	sl.timer.Reset(d)
+	s.armed = due
+	if s.timer == nil {
+		s.timer = time.AfterFunc(d, s.fire)
+		return
+	}
+	s.timer.Reset(d)
 }
 
-// fire ends slot idx's task in Timeout if it is still Pending and due.
-func (s *Stream) fire(idx uint32) {
+// fire is the stream's timer: it ends in Timeout every Pending task that
+// is due, and arms the timer again for the earliest due time of the
+// others.
+func (s *Stream) fire() {
+	s.mu.Lock()
+	if s.closed.Load() {
+		s.mu.Unlock()
+		return
+	}
+	now := int64(s.e.now().Sub(s.epoch))
+	var due []uint32
+	next := int64(0)
+	for i := range s.tasks {
+		if State(s.tasks[i].state.Load()) != StatePending {
+			continue
+		}
+		switch d := s.slots[i].due.Load(); {
+		case d <= now:
+			due = append(due, uint32(i))
+		case next == 0 || d < next:
+			next = d
+		}
+	}
+	s.armed = next
+	if next != 0 {
+		s.timer.Reset(time.Duration(next - now))
+	}
+	s.mu.Unlock()
+	for _, idx := range due {
+		s.fireSlot(idx)
+	}
+}
+
+// fireSlot ends slot idx's task in Timeout if it is still Pending and due.
+func (s *Stream) fireSlot(idx uint32) {
 	t, sl := &s.tasks[idx], &s.slots[idx]
 	if State(t.state.Load()) != StatePending || s.e.now().Sub(s.epoch) < time.Duration(sl.due.Load()) {
 		return
@@ -428,9 +470,9 @@ func (s *Stream) Close(err error) {
 			t.tr.Cancel(t)
 			s.unref(t)
 		}
-		if tm := s.slots[i].timer; tm != nil {
-			tm.Stop()
-		}
+	}
+	if s.timer != nil {
+		s.timer.Stop()
 	}
 	// No submit call follows: the meter counts go to the shards before
 	// the stream leaves the engine's list, which a fold walks.

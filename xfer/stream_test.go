@@ -161,6 +161,67 @@ func TestStreamRefusedAndFull(t *testing.T) {
 	xfertest.CheckRefs(t, f.a, f.b)
 }
 
+// TestStreamDeadlinesOneTimer: the stream's one timer ends each request at
+// its own deadline whatever the order they came in: a later request with
+// an earlier deadline than the one the timer is armed for, and the
+// requests still pending after a fire (armed again for the next), each end
+// Timeout at or after their deadline and in deadline order; one not due
+// stays Pending.
+func TestStreamDeadlinesOneTimer(t *testing.T) {
+	tr := xfertest.New(xfertest.Config{})
+	f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
+	sink := newRecSink(t)
+	sink.ch = make(chan uint64, 8)
+	s, _ := f.e.NewStream(4, f.reg, sink)
+	res := make([]error, 1)
+	start := time.Now()
+	deadlines := map[uint64]time.Time{}
+	submit := func(ud uint64, in time.Duration) {
+		deadlines[ud] = start.Add(in)
+		if n, err := s.Submit(f.streamReqs(1, ud, deadlines[ud]), res); n != 1 || err != nil || res[0] != nil {
+			t.Fatal(n, err, res[0])
+		}
+	}
+	submit(1, time.Hour)
+	submit(2, 60*time.Millisecond) // earlier than the timer is armed for
+	submit(3, 90*time.Millisecond) // pending when 2 fires: armed again for it
+	submit(4, 120*time.Millisecond)
+	next := func() uint64 {
+		select {
+		case ud := <-sink.ch:
+			return ud
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no request ended within 10 s: %+v", s.Stats())
+			return 0
+		}
+	}
+	for _, want := range []uint64{2, 3, 4} {
+		ud := next()
+		if ud != want {
+			t.Fatalf("ended %d, want %d next (deadline order)", ud, want)
+		}
+		if now := time.Now(); now.Before(deadlines[ud]) {
+			t.Fatalf("%d ended %v before its deadline", ud, deadlines[ud].Sub(now))
+		}
+		if st, err, _ := sink.state(ud); st != xfer.StateTimeout || !errors.Is(err, xfer.ErrTimeout) {
+			t.Fatalf("%d ended %v %v, want Timeout", ud, st, err)
+		}
+	}
+	if st := s.Stats(); st.Live != 1 || st.Timeout != 3 {
+		t.Fatalf("after three deadlines: %+v, want 1 live and 3 timed out", st)
+	}
+	tr.Finish() // the late Dones of 2, 3, 4 and the real one of 1
+	if ud := next(); ud != 1 {
+		t.Fatalf("ended %d, want 1", ud)
+	}
+	if st, _, _ := sink.state(1); st != xfer.StateCompleted {
+		t.Fatalf("1 ended %v, want Completed", st)
+	}
+	s.Close(nil)
+	waitIdle(t, s)
+	xfertest.CheckRefs(t, f.a, f.b)
+}
+
 // TestStreamDeadline: a request past its deadline ends Timeout at once and
 // its transport is asked to cancel; its slot (and segment references) are
 // kept until the transport's late Done.
