@@ -159,12 +159,12 @@ func TestCutLinkInNetns(t *testing.T) {
 
 // TestDropStalledOnCutLink: DropStalled against a link the network cut,
 // not a stand-in. Two Nodes in namespaces joined by a veth pair; once an
-// exchange from a to b has gone, b's end of the link goes down, so a's
-// next exchange leaves a's socket with bytes b never acknowledges, which
-// TCP retransmits on a backed-off timer. a's DropStalled, asked until it
+// exchange from a to b has gone, b's address is taken away, so a's next
+// exchange leaves a's socket with bytes b never acknowledges, which TCP
+// retransmits on a backed-off timer. a's DropStalled, asked until it
 // finds that socket (at TCP's first retransmission, about 200 ms), must
-// close it: the exchange on it ends with ErrConnLost. Once the link is up
-// again, an exchange sent then is answered within a second. (That the
+// close it: the exchange on it ends with ErrConnLost. Once the address is
+// back, an exchange sent then is answered within a second. (That the
 // decision is TCP_INFO's is what this test adds to TestDropStalled and
 // TestDropStalledLeavesNoGap, which run over loopback.)
 func TestDropStalledOnCutLink(t *testing.T) {
