@@ -353,7 +353,10 @@ func (q *ClientRing) nap(min int, deadline time.Time) (napped, found bool) {
 		return true, true
 	}
 	if q.tail.spinsAfterNap(min - r) {
+		// Learnt as a tail spin: one that runs out (the rest came in a
+		// later burst, not at the gap) backs these spins off.
 		found, _ = q.spinUntil(min, tailSpin)
+		q.tail.spun(found)
 	}
 	return true, found
 }

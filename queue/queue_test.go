@@ -818,6 +818,55 @@ func TestWaitNaps(t *testing.T) {
 	}
 	end()
 
+	// 14 of 16 come during the nap, and the other 2 only after the spin
+	// for them has run out (each read of the clock after the nap moves it
+	// on by a quarter of a tailSpin): the client sleeps for them, and the
+	// spin, learnt as a tail spin, is backed off as those are (the first
+	// miss is forgiven, each next one skips twice as many waits): after
+	// two such waits, the next naps, then sleeps at once without spinning.
+	runOut := func(spinning bool) {
+		t.Helper()
+		inFlight(t, d, c, 32)
+		during = 14
+		naps = naps[:0]
+		napCount.Store(0)
+		var reads atomic.Int64
+		spinClock = func() time.Time {
+			if napCount.Load() == 1 {
+				reads.Add(1)
+				now.Add(int64(tailSpin / 4))
+			}
+			return base.Add(time.Duration(now.Load()))
+		}
+		go func() { errs <- c.Wait(16, 10*time.Second) }()
+		testutil.Eventually(t, 10*time.Second, func() bool { return c.w.cqFlags.Load()&waitBits == waitBits },
+			"the client sleeping after its nap")
+		for i := 14; i < 16; i++ {
+			d.Post(&CQE{UserData: uint64(i)})
+		}
+		if err := <-errs; err != nil {
+			t.Fatalf("Wait(16): %v", err)
+		}
+		if len(naps) != 1 {
+			t.Fatalf("naps %v, want one", naps)
+		}
+		// A spin reads the clock at its start and every 64 polls until
+		// it runs out (four reads past its start); without one, the
+		// nap's own bookkeeping reads it at most twice.
+		if spun := reads.Load() >= 4; spun != spinning {
+			t.Fatalf("spun after the nap: %v (%d clock reads), want %v", spun, reads.Load(), spinning)
+		}
+		end()
+	}
+	c.tail = tail{gap: 20 * time.Microsecond}
+	runOut(true)
+	runOut(true)
+	if c.tail.skip == 0 {
+		t.Fatal("two spins after a nap ran out and backed nothing off")
+	}
+	runOut(false)
+	spinClock = func() time.Time { return base.Add(time.Duration(now.Load())) }
+
 	// No nap: a drained wait (for all 16 in flight); a worker asleep
 	// now; one that a Submit since the last wait found asleep.
 	for _, tc := range []struct {

@@ -336,9 +336,10 @@ func (t *tail) napped(asked, d time.Duration, n int, reached, emptied bool) {
 }
 
 // spinsAfterNap reports whether the missing completions left after a nap
-// are expected within half a tailSpin: the client spins for them.
+// are expected within half a tailSpin, and tail spins are not backed off:
+// the client spins for them.
 func (t *tail) spinsAfterNap(missing int) bool {
-	return time.Duration(missing)*t.napGap() <= tailSpin/2
+	return t.skip == 0 && time.Duration(missing)*t.napGap() <= tailSpin/2
 }
 
 // napBack backs naps off when they let the worker run dry: a doorbell

@@ -1028,8 +1028,15 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
                 tc__tail_napped(t, d, spin_clock() - start, (int)(r - before), r >= min, r >= in_flight(q));
                 if (r >= min)
                     return TC_OK;
-                if (tc__tail_spins_after_nap(t, (int)(min - r)) && spin_until(q, min, TC__TAIL_SPIN_NS, NULL))
-                    return TC_OK;
+                if (tc__tail_spins_after_nap(t, (int)(min - r))) {
+                    /* Learnt as a tail spin: one that runs out (the rest
+                     * came in a later burst, not at the gap) backs these
+                     * spins off. */
+                    int found = spin_until(q, min, TC__TAIL_SPIN_NS, NULL);
+                    tc__tail_spun(t, found);
+                    if (found)
+                        return TC_OK;
+                }
                 continue;
             }
         }

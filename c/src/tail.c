@@ -124,7 +124,7 @@ void tc__tail_napped(struct tc__tail *t, int64_t asked, int64_t d, int n, int re
 
 int tc__tail_spins_after_nap(const struct tc__tail *t, int missing)
 {
-    return (int64_t)missing * tc__tail_nap_gap(t) <= TC__TAIL_SPIN_NS / 2;
+    return t->off.skip == 0 && (int64_t)missing * tc__tail_nap_gap(t) <= TC__TAIL_SPIN_NS / 2;
 }
 
 int tc__napback_busy(struct tc__napback *b, int rang, int asleep)

@@ -198,6 +198,7 @@ static struct {
     int64_t asked;   /* the last nap's length */
     int64_t now;     /* the spins' clock (atomic) */
     uint64_t reads;  /* its readings (atomic) */
+    int64_t step;    /* how far each reading moves the clock once a nap was taken (atomic) */
 } fk;
 
 static uint32_t *w32(size_t off) { return (uint32_t *)(void *)(fk.m + off); }
@@ -244,6 +245,8 @@ static void reap_all(void)
 static int64_t test_clock(void)
 {
     __atomic_fetch_add(&fk.reads, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&fk.naps, __ATOMIC_SEQ_CST) == 1)
+        __atomic_fetch_add(&fk.now, __atomic_load_n(&fk.step, __ATOMIC_SEQ_CST), __ATOMIC_SEQ_CST);
     return __atomic_load_n(&fk.now, __ATOMIC_SEQ_CST);
 }
 
@@ -372,6 +375,40 @@ static void test_wait_naps(void)
     tc_queue_get_info(fk.q, &info);
     CHECK(info.sleeps == sleeps && fk.wakes == wakes);
     end_case();
+
+    /* 14 of 16 come during the nap and the other 2 only once the spin for
+     * them has run out (each reading of the clock after the nap moves it a
+     * quarter of a tail spin on): the client sleeps for them, and the
+     * spin, learnt as a tail spin, backs off as those do (the first miss
+     * forgiven): after two such waits, the next naps and sleeps at once. */
+    struct tc__tail *tl = tc__test_tail(fk.q);
+    memset(tl, 0, sizeof *tl);
+    tl->gap = 20 * US;
+    for (int k = 0; k < 3; k++) {
+        submit(32);
+        fk.during = 14;
+        __atomic_store_n(&fk.naps, 0, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&fk.reads, 0, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&fk.step, TC__TAIL_SPIN_NS / 4, __ATOMIC_SEQ_CST);
+        waiter_start(&w, 16);
+        eventually(client_sleeps, "the client sleeping after its nap and spin");
+        for (int i = 14; i < 16; i++)
+            post((uint64_t)i);
+        pthread_join(w.th, NULL);
+        CHECK_RC(w.rc, TC_OK);
+        /* A spin reads the clock at its start and every 64 polls until it
+         * runs out; without one, the nap's bookkeeping reads it at most
+         * twice. */
+        uint64_t reads = __atomic_load_n(&fk.reads, __ATOMIC_SEQ_CST);
+        int spun = reads >= 4, want = k < 2;
+        if (spun != want || fk.naps != 1) {
+            fprintf(stderr, "naps.c: run-out wait %d: spun after the nap %d (%llu clock reads, %llu naps), want %d\n", k,
+                    spun, (unsigned long long)reads, (unsigned long long)fk.naps, want);
+            check_failures++;
+        }
+        end_case();
+    }
+    __atomic_store_n(&fk.step, 0, __ATOMIC_SEQ_CST);
 
     /* No nap: drained; the worker asleep now; a doorbell since the last wait. */
     static const struct {
