@@ -166,7 +166,8 @@
 // FlagNeedWakeup set, and it is not set now), the client may nap: a sleep
 // on the clock with no flag set, so the daemon makes no system call for
 // it, until about when the last completion it waits for is due, less how
-// late its timed sleeps end; a short rest is spun for, and only what is
+// late its timed sleeps end; a short rest is spun for (a spin that runs
+// out backs these spins off, as the tail spins above), and only what is
 // still missing then is waited for as above. A futex wake of a sleeping
 // thread costs the waker 9-10 µs on a two-CPU virtual host, and the
 // daemon's busy worker is that waker; the completions beyond the wait

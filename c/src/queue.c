@@ -977,7 +977,8 @@ static void slept(struct spinner *s, int64_t ns)
  *     busy, first naps on the clock with no flag set, so the worker makes
  *     no system call for it (a futex wake of a sleeper costs its waker
  *     about 10 µs on a small virtual host); what is missing after the nap
- *     is spun for if it is due soon;
+ *     is spun for if it is due soon (a spin that runs out backs these
+ *     spins off, as the tail spins);
  *   - then it sleeps on cq_wake in slices, checking the connection between
  *     them, asking to be woken by the completion the tail chooses (the
  *     min-th, or a few before it when they come fast or the wait drains
