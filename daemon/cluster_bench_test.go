@@ -895,17 +895,9 @@ func remoteGetLatency(b *testing.B, d1, d2 *peerDaemon, via string) {
 				}
 				return d
 			}
-			// A bare peer exchange d2 → d1 (a cluster hello), the round
-			// trip the holder's claim costs a get on top of the read.
-			hello := binary.LittleEndian.AppendUint32([]byte{2}, uint32(d2.cfg.StoreShards))
-			node := d2.d.peers.Node()
-			exch := func() time.Duration {
-				t0 := time.Now()
-				if _, err := node.ExchangeAt("d1", 0, "tc.store.hello", hello, 10*time.Second); err != nil {
-					b.Fatalf("hello: %v", err)
-				}
-				return time.Since(t0)
-			}
+			// A bare peer exchange d2 → d1, the round trip the holder's
+			// claim costs a get on top of the read.
+			exch := bareExchange(b, d2, "d1")
 			// The same remote get from inside d2, no client: the
 			// cluster's fetch alone (cached answer, hold, read, crc32c,
 			// commit), then d2's copy removed.
@@ -1003,6 +995,21 @@ var latencyCases = []struct{ keys, size int }{{1, 4 << 10}, {1, 256 << 10}, {8, 
 // latencyBlock is how many requests of one side a round of
 // BenchmarkStoreRemoteGetLatency times before the other side's.
 const latencyBlock = 50
+
+// bareExchange returns a timer of one bare peer exchange from d to peer
+// (a cluster hello, served on a goroutine of the peer's): the reference
+// round trip of the latency benchmarks.
+func bareExchange(b *testing.B, d *peerDaemon, peer string) func() time.Duration {
+	hello := binary.LittleEndian.AppendUint32([]byte{2}, uint32(d.cfg.StoreShards))
+	node := d.d.peers.Node()
+	return func() time.Duration {
+		t0 := time.Now()
+		if _, err := node.ExchangeAt(peer, 0, "tc.store.hello", hello, 10*time.Second); err != nil {
+			b.Fatalf("hello: %v", err)
+		}
+		return time.Since(t0)
+	}
+}
 
 func median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"encoding/binary"
 	"fmt"
 	"testing"
 	"time"
@@ -45,15 +44,7 @@ func BenchmarkStoreRemoveLatency(b *testing.B) {
 
 func removeLatency(b *testing.B, d1, d2 *peerDaemon, durable bool) {
 	c := d1.dial(b, "remover")
-	hello := binary.LittleEndian.AppendUint32([]byte{2}, uint32(d1.cfg.StoreShards))
-	node := d1.d.peers.Node()
-	exch := func() time.Duration {
-		t0 := time.Now()
-		if _, err := node.ExchangeAt("d2", 0, "tc.store.hello", hello, 10*time.Second); err != nil {
-			b.Fatalf("hello: %v", err)
-		}
-		return time.Since(t0)
-	}
+	exch := bareExchange(b, d1, "d2")
 	// Keys whose home is d2, so that every remove asks it.
 	next := 0
 	key := func() []byte {

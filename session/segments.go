@@ -174,15 +174,12 @@ func (c *Session) FreeBlocks(m *wire.FreeBlocksRequest, r *wire.Response) {
 		// Out of the session's blocks before the pool has it back, in
 		// one step with the check: a request of this connection racing
 		// the free finds no block to hold, and cannot move bytes in
-		// memory another client may be given next.
-		if _, taken, busy := c.blocks.TakeIdle(off); !taken {
-			if busy {
-				// A transfer of this connection still moves bytes in it
-				// (possibly past its deadline): free it once that ends.
-				c.codes = append(c.codes, tcproto.CodeBUSY)
-			} else {
-				c.codes = append(c.codes, tcproto.CodeNOT_FOUND)
-			}
+		// memory another client may be given next. (The block is there:
+		// Find found it above, and only this goroutine removes blocks.)
+		if _, taken, _ := c.blocks.TakeIdle(off); !taken {
+			// A transfer of this connection still moves bytes in it
+			// (possibly past its deadline): free it once that ends.
+			c.codes = append(c.codes, tcproto.CodeBUSY)
 			continue
 		}
 		err := p.Free(off)

@@ -232,13 +232,14 @@ func (h *cliHandler) OnClose(g gnet.Conn, err error) gnet.Action {
 	}
 	p.wakeLocked()
 	p.mu.Unlock()
-	cause := fmt.Errorf("%w: peer %s: %v", ErrConnLost, p.id, err)
-	if err == nil {
-		// Closed by this node (a stalled or overdue connection dropped,
-		// logged with its reason where it was decided), not by the
-		// network or the peer.
-		cause = fmt.Errorf("%w: peer %s: closed by this node", ErrConnLost, p.id)
+	// No error: closed by this node (a stalled or overdue connection
+	// dropped, logged with its reason where it was decided), not by the
+	// network or the peer.
+	why := "closed by this node"
+	if err != nil {
+		why = err.Error()
 	}
+	cause := fmt.Errorf("%w: peer %s: %s", ErrConnLost, p.id, why)
 	if h.n.closed.Load() {
 		cause = fmt.Errorf("%w: %w", xfer.ErrClosed, cause)
 	}

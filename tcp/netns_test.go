@@ -189,26 +189,16 @@ func TestDropStalledOnCutLink(t *testing.T) {
 	}
 }
 
-// netnsChild plays one side of TestCutLinkInNetns and returns the exit
-// code.
+// netnsChild plays one side of TestCutLinkInNetns or
+// TestDropStalledOnCutLink (role) and returns the exit code.
 func netnsChild(role string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	cfg := Config{ClusterKeyFile: os.Getenv(netnsKeyEnv), RequestTimeout: netnsReqTimout, HandshakeTimeout: time.Second}
 	switch role {
 	case "server":
-		cfg.DaemonID, cfg.Listen = "b", netnsAddrB+":"+netnsPort
-		cfg.Peers = []directory.Peer{{ID: "a"}} // accepted; its address comes with its hello
 		exp := newExporter()
 		exp.add("seg", xfertest.NewSegment(1, 64<<20))
-		n, err := NewNode(cfg, exp, log)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		fmt.Println("READY")
-		_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes stdin
-		n.Close()
-		return 0
+		return netnsServe(cfg, exp, log, func(*Node) error { return nil })
 	case "client":
 		return netnsClient(cfg, log)
 	case "stall-server":
@@ -315,27 +305,36 @@ const stallTimeout = 20 * time.Second
 // stallBody is the size of TestDropStalledOnCutLink's exchanges.
 const stallBody = 32 << 10
 
-// stallServer is b of TestDropStalledOnCutLink: a Node that answers
-// "echo" with the length of what it got, until stdin closes.
-func stallServer(cfg Config, log *slog.Logger) int {
-	cfg.RequestTimeout = stallTimeout
+// netnsServe is b of both tests: a Node at netnsAddrB, set up by setup
+// (its handlers), that says READY and serves until the parent closes
+// stdin.
+func netnsServe(cfg Config, exp *exporter, log *slog.Logger, setup func(*Node) error) int {
 	cfg.DaemonID, cfg.Listen = "b", netnsAddrB+":"+netnsPort
-	cfg.Peers = []directory.Peer{{ID: "a"}}
-	n, err := NewNode(cfg, newExporter(), log)
+	cfg.Peers = []directory.Peer{{ID: "a"}} // accepted; its address comes with its hello
+	n, err := NewNode(cfg, exp, log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer n.Close()
-	if err := n.Handle("echo", func(_ string, _ uint64, req []byte) ([]byte, error) {
-		return fmt.Appendf(nil, "%d", len(req)), nil
-	}); err != nil {
+	if err := setup(n); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	fmt.Println("READY")
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	return 0
+}
+
+// stallServer is b of TestDropStalledOnCutLink: it answers "echo" with
+// the length of what it got.
+func stallServer(cfg Config, log *slog.Logger) int {
+	cfg.RequestTimeout = stallTimeout
+	return netnsServe(cfg, newExporter(), log, func(n *Node) error {
+		return n.Handle("echo", func(_ string, _ uint64, req []byte) ([]byte, error) {
+			return fmt.Appendf(nil, "%d", len(req)), nil
+		})
+	})
 }
 
 // stallClient is a of TestDropStalledOnCutLink; each step waits for the

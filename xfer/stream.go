@@ -236,11 +236,11 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 	start0 := s.mc.start(s.e, now) // every group is metered from the call's clock reading, when sampled
 	bad := !dispatchGroups(s, acc, s.grp, start0)
 	// Publish what the transports did: tasks still with a transport become
-	// Pending and are armed on the stream's deadline timer; tasks answered during dispatch
-	// are metered and drop their end's reference. The tasks are found by
-	// the slots taken, in request order: grouping by transport reordered
-	// acc in place. A slot whose request was refused is free again, and its
-	// task in no state that publishing changes.
+	// Pending and are armed on the stream's deadline timer; tasks answered
+	// during dispatch are metered and drop their end's reference. The
+	// tasks are found by the slots taken, in request order: grouping by
+	// transport reordered acc in place. A slot whose request was refused is
+	// free again, and its task in no state that publishing changes.
 	run := meterRun{start: start0} // tasks whose Done came during dispatch (meter.go)
 	for i := range n {
 		t := &s.tasks[slots[n-1-i]]
