@@ -301,11 +301,12 @@ func (q *ClientRing) spinFor(min int) bool {
 	return found
 }
 
-// spinTail spins for up to tailSpin until min CQEs are ready: the spin
-// for a wait's last completions when they come fast (see tail).
-func (q *ClientRing) spinTail(min int) bool {
+// spinTail spins until min CQEs are ready, for up to tailSpin in a
+// drained wait and behindSpin in one that is not: the spin for a wait's
+// last completions when they come fast (see tail).
+func (q *ClientRing) spinTail(min int, drained bool) bool {
 	before := q.Ready()
-	found, spun := q.spinUntil(min, tailSpin)
+	found, spun := q.spinUntil(min, tailLimit(drained))
 	if r := q.Ready(); found && r > before {
 		q.tail.observe(spun/time.Duration(r-before), r-before)
 	}
@@ -355,7 +356,7 @@ func (q *ClientRing) nap(min int, deadline time.Time) (napped, found bool) {
 	if q.tail.spinsAfterNap(min - r) {
 		// Learnt as a tail spin: one that runs out (the rest came in a
 		// later burst, not at the gap) backs these spins off.
-		found, _ = q.spinUntil(min, tailSpin)
+		found, _ = q.spinUntil(min, behindSpin)
 		q.tail.spun(found)
 	}
 	return true, found
@@ -398,7 +399,7 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		// client's CPU; unless they come at memory speed (see tail).
 		missing := min - q.Ready()
 		drained := min >= q.inFlight()
-		if (missing > 1 || early) && q.tail.covers(missing, drained) && q.spinTail(min) {
+		if (missing > 1 || early) && q.tail.covers(missing, drained) && q.spinTail(min, drained) {
 			return nil
 		}
 		if missing <= 1 && !early && q.spinFor(min) {

@@ -152,7 +152,9 @@
 // of its wait, and the daemon idles through it, so the client sets its
 // target some completions before the last, about 100 µs' worth, and spins
 // for those (at most 200 µs; a spin that runs out turns this off for a
-// growing number of waits). Completions that come slower, up to 100 µs
+// growing number of waits). In a wait for part of what is in flight, where
+// the daemon keeps working whatever the client does and a spin saves only
+// a wake-up, it is 25 µs' worth and at most 50 µs. Completions that come slower, up to 100 µs
 // apart (the local engine's 1 MiB copies), for a wait that covers
 // everything the client has in flight, get the same by a learnt lead: the
 // client is woken one before the last, and a wake-up that finds the last
@@ -166,8 +168,9 @@
 // FlagNeedWakeup set, and it is not set now), the client may nap: a sleep
 // on the clock with no flag set, so the daemon makes no system call for
 // it, until about when the last completion it waits for is due, less how
-// late its timed sleeps end; a short rest is spun for (a spin that runs
-// out backs these spins off, as the tail spins above), and only what is
+// late its timed sleeps end; a rest due within 25 µs is spun for, 50 µs
+// at most (a spin that runs out backs these spins off, as the tail spins
+// above), and only what is
 // still missing then is waited for as above. A futex wake of a sleeping
 // thread costs the waker 9-10 µs on a two-CPU virtual host, and the
 // daemon's busy worker is that waker; the completions beyond the wait

@@ -797,53 +797,71 @@ func TestWaitNaps(t *testing.T) {
 	}
 	end()
 
-	// 14 of 16 come during the nap: the client spins for the other 2 (the
-	// test's clock stands still, so the spin lasts until they come).
-	begin(14)
+	// 15 of 16 come during the nap: the client spins for the last (due
+	// within half a behindSpin at the 20 µs gap; the test's clock stands
+	// still, so the spin lasts until it comes).
+	begin(15)
 	sleeps, wakes := c.Sleeps, d.WakeCounts.ClientWakes.Load()
 	var reads atomic.Int64
 	spinClock = func() time.Time { reads.Add(1); return base.Add(time.Duration(now.Load())) }
 	go func() { errs <- c.Wait(16, 10*time.Second) }()
 	testutil.Eventually(t, 10*time.Second, func() bool { return napCount.Load() == 1 && reads.Load() >= 4 },
 		"the client spinning after its nap")
+	d.Post(&CQE{UserData: 15})
+	if err := <-errs; err != nil {
+		t.Fatalf("Wait(16): %v", err)
+	}
+	if c.Sleeps != sleeps || d.WakeCounts.ClientWakes.Load() != wakes {
+		t.Errorf("%d sleeps and %d client wakes for the one left after a nap, want a spin only",
+			c.Sleeps-sleeps, d.WakeCounts.ClientWakes.Load()-wakes)
+	}
+	end()
+
+	// 14 of 16: the 2 left are due in 40 µs, more than half a behindSpin
+	// (the daemon keeps working whatever the client does, and a spin that
+	// long costs more than a wake-up): the client sleeps for them at once.
+	begin(14)
+	sleeps = c.Sleeps
+	reads.Store(0)
+	go func() { errs <- c.Wait(16, 10*time.Second) }()
+	testutil.Eventually(t, 10*time.Second, func() bool { return c.w.cqFlags.Load()&waitBits == waitBits },
+		"the client sleeping after its nap")
 	for i := 14; i < 16; i++ {
 		d.Post(&CQE{UserData: uint64(i)})
 	}
 	if err := <-errs; err != nil {
 		t.Fatalf("Wait(16): %v", err)
 	}
-	if c.Sleeps != sleeps || d.WakeCounts.ClientWakes.Load() != wakes {
-		t.Errorf("%d sleeps and %d client wakes for the 2 left after a nap, want a spin only",
-			c.Sleeps-sleeps, d.WakeCounts.ClientWakes.Load()-wakes)
+	if c.Sleeps != sleeps+1 || reads.Load() >= 4 {
+		t.Errorf("%d sleeps, %d clock reads for 2 due in 40µs after a nap; want one sleep and no spin",
+			c.Sleeps-sleeps, reads.Load())
 	}
 	end()
 
-	// 14 of 16 come during the nap, and the other 2 only after the spin
-	// for them has run out (each read of the clock after the nap moves it
-	// on by a quarter of a tailSpin): the client sleeps for them, and the
+	// 15 of 16 come during the nap, and the last only after the spin for
+	// it has run out (each read of the clock after the nap moves it on by
+	// a quarter of a behindSpin): the client sleeps for it, and the
 	// spin, learnt as a tail spin, is backed off as those are (the first
 	// miss is forgiven, each next one skips twice as many waits): after
 	// two such waits, the next naps, then sleeps at once without spinning.
 	runOut := func(spinning bool) {
 		t.Helper()
 		inFlight(t, d, c, 32)
-		during = 14
+		during = 15
 		naps = naps[:0]
 		napCount.Store(0)
 		var reads atomic.Int64
 		spinClock = func() time.Time {
 			if napCount.Load() == 1 {
 				reads.Add(1)
-				now.Add(int64(tailSpin / 4))
+				now.Add(int64(behindSpin / 4))
 			}
 			return base.Add(time.Duration(now.Load()))
 		}
 		go func() { errs <- c.Wait(16, 10*time.Second) }()
 		testutil.Eventually(t, 10*time.Second, func() bool { return c.w.cqFlags.Load()&waitBits == waitBits },
 			"the client sleeping after its nap")
-		for i := 14; i < 16; i++ {
-			d.Post(&CQE{UserData: uint64(i)})
-		}
+		d.Post(&CQE{UserData: 15})
 		if err := <-errs; err != nil {
 			t.Fatalf("Wait(16): %v", err)
 		}

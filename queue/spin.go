@@ -83,7 +83,9 @@ func (s *spinner) slept(d time.Duration) {
 // the batch was all it had. When completions come at most fastGap apart,
 // the client asks to be woken as many before the last as come in half a
 // tailSpin, then spins for them (at most tailSpin): the wake-up overlaps
-// the last copies. A stream slower than that (file I/O, a network round
+// the last copies. That is for a drained wait, after which the daemon
+// idles until the client submits again; in a wait for part of what is in
+// flight, half a behindSpin and at most behindSpin (see there). A stream slower than that (file I/O, a network round
 // trip) sleeps for the whole wait, as before, and a tail spin that runs
 // out (the daemon slowed down) backs the early wake-up off for twice as
 // many waits as the last time, up to maxTailSkip.
@@ -139,19 +141,41 @@ const (
 	tailSpin    = 4 * spinCeiling
 )
 
+// behindSpin bounds a spin in a wait that is not drained (the client has
+// more in flight than it waits for): a tail spin, or the spin after a nap.
+// The daemon keeps working through such a wait whether the client spins
+// or sleeps, so a prompt client gains no rate there, and a spin saves only
+// a sleep and its wake-up, 10-20 µs of CPU on the two sides of a two-CPU
+// virtual host (BenchmarkFutexWakeSleeper). Spun for when due within half
+// of it, it costs at most about that. With tailSpin there, tcbench's 4 KiB
+// file reads at QD32 (bursts of completions from the disk, which a gap
+// learnt per completion does not foresee) found their completions after 78
+// µs of tail spin and 146 µs of spin after a nap on average, half of the
+// client's CPU.
+const behindSpin = spinCeiling
+
+// tailLimit bounds a tail spin: tailSpin for a drained wait, behindSpin
+// for one that is not.
+func tailLimit(drained bool) time.Duration {
+	if drained {
+		return tailSpin
+	}
+	return behindSpin
+}
+
 // begin starts a wait.
 func (t *tail) begin() { t.tick() }
 
 // fast reports whether early wake-ups are in use now.
 func (t *tail) fast() bool { return t.gap > 0 && t.gap <= fastGap && t.skip == 0 }
 
-// covers reports whether missing completions are expected within half a
-// tailSpin, so the client spins for them instead of sleeping: fast ones,
-// or those a drained wait was woken early for.
+// covers reports whether missing completions are expected within half
+// the wait's tail spin (tailLimit), so the client spins for them instead
+// of sleeping: fast ones, or those a drained wait was woken early for.
 func (t *tail) covers(missing int, drained bool) bool {
 	switch {
 	case t.fast():
-		return time.Duration(missing)*t.gap <= tailSpin/2
+		return time.Duration(missing)*t.gap <= tailLimit(drained)/2
 	case drained && t.slow() && t.skip == 0:
 		return missing <= t.leads()
 	}
@@ -183,7 +207,7 @@ func (t *tail) woke(missing int) {
 
 // ahead is how many completions before the last of missing the client
 // asks to be woken (0: at the last). Fast completions: as many as come in
-// half a tailSpin. Slower ones, up to half a tailSpin apart (the local
+// half the wait's tail spin (tailLimit). Slower ones, up to half a tailSpin apart (the local
 // engine's 1 MiB copies), when the wait is drained (for everything the
 // client has in flight, so the daemon idles from the last completion
 // until the client submits again) and the client's spin for a last
@@ -193,7 +217,7 @@ func (t *tail) ahead(missing int, drained, spinning bool) int {
 	case t.gap <= 0 || t.skip > 0:
 		return 0
 	case t.gap <= fastGap:
-		return max(0, min(int(tailSpin/2/t.gap), missing-1))
+		return max(0, min(int(tailLimit(drained)/2/t.gap), missing-1))
 	case t.slow() && drained && spinning && missing > 1:
 		return min(t.leads(), missing-1)
 	}
@@ -214,7 +238,7 @@ func (t *tail) observe(d time.Duration, n int) {
 	t.gap += (d - t.gap) / 4
 }
 
-// spun records a tail spin: found, or it ran out of tailSpin.
+// spun records a tail spin: found, or it ran out of its limit.
 func (t *tail) spun(found bool) {
 	if found {
 		t.hit()
@@ -228,7 +252,7 @@ func (t *tail) spun(found bool) {
 // in flight, while the daemon's worker is busy, first sleeps on the clock
 // without asking the daemon to wake it, until about when the last of them
 // is due at the nap's gap; if some are still missing and due within half
-// a tailSpin it spins for them, and only what is missing then is waited
+// a behindSpin it spins for them, and only what is missing then is waited
 // for with a wake-up. A futex wake of a thread that sleeps costs its waker
 // 9-10 µs on a two-CPU virtual host (the sleeper's idle CPU is woken
 // through the hypervisor; BenchmarkFutexWakeSleeper), and when the
@@ -336,10 +360,11 @@ func (t *tail) napped(asked, d time.Duration, n int, reached, emptied bool) {
 }
 
 // spinsAfterNap reports whether the missing completions left after a nap
-// are expected within half a tailSpin, and tail spins are not backed off:
-// the client spins for them.
+// are expected within half a behindSpin (a nap's wait is never drained),
+// and tail spins are not backed off: the client spins for them, up to a
+// behindSpin.
 func (t *tail) spinsAfterNap(missing int) bool {
-	return t.skip == 0 && time.Duration(missing)*t.napGap() <= tailSpin/2
+	return t.skip == 0 && time.Duration(missing)*t.napGap() <= behindSpin/2
 }
 
 // napBack backs naps off when they let the worker run dry: a doorbell

@@ -72,14 +72,20 @@ func TestTailEarlyWakeUp(t *testing.T) {
 	if !tl.fast() {
 		t.Fatalf("gap %v not fast", tl.gap)
 	}
-	if k := tl.ahead(64, false, false); k != int(tailSpin/2/(3*time.Microsecond)) {
-		t.Errorf("ahead(64) = %d at a 3µs gap", k)
+	if k := tl.ahead(64, false, false); k != int(behindSpin/2/(3*time.Microsecond)) {
+		t.Errorf("ahead(64) = %d at a 3µs gap, in a wait that is not drained", k)
+	}
+	if k := tl.ahead(64, true, false); k != int(tailSpin/2/(3*time.Microsecond)) {
+		t.Errorf("ahead(64) = %d at a 3µs gap, in a drained wait", k)
 	}
 	if k := tl.ahead(5, false, false); k != 4 {
 		t.Errorf("ahead(5) = %d, want 4 (the sleep waits for one at least)", k)
 	}
-	if !tl.covers(16, false) || tl.covers(64, false) {
-		t.Errorf("covers(16) %v, covers(64) %v at a 3µs gap (tail spin %v)", tl.covers(16, false), tl.covers(64, false), tailSpin)
+	if !tl.covers(8, false) || tl.covers(9, false) {
+		t.Errorf("not drained: covers(8) %v, covers(9) %v at a 3µs gap (spin %v)", tl.covers(8, false), tl.covers(9, false), behindSpin)
+	}
+	if !tl.covers(16, true) || tl.covers(64, true) {
+		t.Errorf("drained: covers(16) %v, covers(64) %v at a 3µs gap (tail spin %v)", tl.covers(16, true), tl.covers(64, true), tailSpin)
 	}
 	tl.observe(time.Millisecond, 2) // a sleep over too few arrivals says nothing of the gap
 	if tl.gap != 3*time.Microsecond {
@@ -187,7 +193,7 @@ func TestTailLead(t *testing.T) {
 // what it saw; one that found everything in flight done (overslept) sets
 // it below. The learnt gap, which the early wake-ups use, is not touched;
 // a nap gap or lateness that leaves no nap creeps back. The rest after a
-// nap is spun for when it is due within half a tailSpin.
+// nap is spun for when it is due within half a behindSpin.
 func TestTailNap(t *testing.T) {
 	var tl tail
 	if d := tl.nap(16, 0); d != 0 {
@@ -238,7 +244,7 @@ func TestTailNap(t *testing.T) {
 	if tl.gap != 10*time.Microsecond {
 		t.Errorf("learnt gap %v after naps, want it untouched (10µs)", tl.gap)
 	}
-	if most := int(tailSpin / 2 / tl.napGap()); !tl.spinsAfterNap(most) || tl.spinsAfterNap(most+1) {
+	if most := int(behindSpin / 2 / tl.napGap()); !tl.spinsAfterNap(most) || tl.spinsAfterNap(most+1) {
 		t.Errorf("spins after a nap for %d: %v, for %d: %v, at a %v nap gap", most, tl.spinsAfterNap(most),
 			most+1, tl.spinsAfterNap(most+1), tl.napGap())
 	}

@@ -941,13 +941,14 @@ static int spin_until(tc_queue *q, uint32_t min, int64_t limit_ns, int64_t *spun
     return found;
 }
 
-/* spin_tail spins for up to a tail spin until min CQEs are ready: the spin
- * for a wait's last completions when they come fast (tail.h). */
-static int spin_tail(tc_queue *q, uint32_t min)
+/* spin_tail spins until min CQEs are ready, for up to a tail spin in a
+ * drained wait and a behind spin in one that is not: the spin for a wait's
+ * last completions when they come fast (tail.h). */
+static int spin_tail(tc_queue *q, uint32_t min, int drained)
 {
     uint32_t before = ready(q);
     int64_t d;
-    int found = spin_until(q, min, TC__TAIL_SPIN_NS, &d);
+    int found = spin_until(q, min, tc__tail_limit(drained), &d);
     uint32_t r = ready(q);
     if (found && r > before)
         tc__tail_observe(&q->cq.tail, d / (int64_t)(r - before), (int)(r - before));
@@ -1011,7 +1012,7 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
             return rc;
         int missing = (int)(min - ready(q));
         int drained = min >= in_flight(q);
-        if ((missing > 1 || early) && tc__tail_covers(t, missing, drained) && spin_tail(q, min))
+        if ((missing > 1 || early) && tc__tail_covers(t, missing, drained) && spin_tail(q, min, drained))
             return TC_OK;
         if (missing <= 1 && !early && spin(q, min, deadline))
             return TC_OK;
@@ -1033,7 +1034,7 @@ static int wait_ready(tc_queue *q, uint32_t min, int64_t timeout_ns)
                     /* Learnt as a tail spin: one that runs out (the rest
                      * came in a later burst, not at the gap) backs these
                      * spins off. */
-                    int found = spin_until(q, min, TC__TAIL_SPIN_NS, NULL);
+                    int found = spin_until(q, min, TC__BEHIND_SPIN_NS, NULL);
                     tc__tail_spun(t, found);
                     if (found)
                         return TC_OK;

@@ -34,10 +34,12 @@ int tc__tail_leads(const struct tc__tail *t) { return maxi(1, t->lead); }
 /* max_lead bounds lead: as many completions as come in half a tail spin. */
 static int max_lead(const struct tc__tail *t) { return (int)max64(1, TC__TAIL_SPIN_NS / 2 / t->gap); }
 
+int64_t tc__tail_limit(int drained) { return drained ? TC__TAIL_SPIN_NS : TC__BEHIND_SPIN_NS; }
+
 int tc__tail_covers(const struct tc__tail *t, int missing, int drained)
 {
     if (tc__tail_fast(t))
-        return (int64_t)missing * t->gap <= TC__TAIL_SPIN_NS / 2;
+        return (int64_t)missing * t->gap <= tc__tail_limit(drained) / 2;
     if (drained && tc__tail_slow(t) && t->off.skip == 0)
         return missing <= tc__tail_leads(t);
     return 0;
@@ -57,7 +59,7 @@ int tc__tail_ahead(const struct tc__tail *t, int missing, int drained, int spinn
     if (t->gap <= 0 || t->off.skip > 0)
         return 0;
     if (t->gap <= TC__FAST_GAP_NS)
-        return maxi(0, (int)min64(TC__TAIL_SPIN_NS / 2 / t->gap, missing - 1));
+        return maxi(0, (int)min64(tc__tail_limit(drained) / 2 / t->gap, missing - 1));
     if (tc__tail_slow(t) && drained && spinning && missing > 1)
         return mini(tc__tail_leads(t), missing - 1);
     return 0;
@@ -124,7 +126,7 @@ void tc__tail_napped(struct tc__tail *t, int64_t asked, int64_t d, int n, int re
 
 int tc__tail_spins_after_nap(const struct tc__tail *t, int missing)
 {
-    return t->off.skip == 0 && (int64_t)missing * tc__tail_nap_gap(t) <= TC__TAIL_SPIN_NS / 2;
+    return t->off.skip == 0 && (int64_t)missing * tc__tail_nap_gap(t) <= TC__BEHIND_SPIN_NS / 2;
 }
 
 int tc__napback_busy(struct tc__napback *b, int rang, int asleep)

@@ -19,6 +19,10 @@
 /* tailSpin bounds a tail spin; maxTailSkip a back-off, in waits. */
 #define TC__TAIL_SPIN_NS (4 * TC__SPIN_CEILING_NS)
 #define TC__MAX_TAIL_SKIP 256
+/* behindSpin bounds a spin in a wait that is not drained (a tail spin, the
+ * spin after a nap): the daemon keeps working through it, and a spin saves
+ * only a wake-up. */
+#define TC__BEHIND_SPIN_NS TC__SPIN_CEILING_NS
 /* napMin is the shortest nap worth a system call; napMax bounds what a
  * wrong gap can cost; maxLate bounds one nap's lateness as learnt. */
 #define TC__NAP_MIN_NS 10000LL
@@ -58,8 +62,12 @@ int tc__tail_fast(const struct tc__tail *t);
 int tc__tail_slow(const struct tc__tail *t);
 /* leads is a drained slow wait's early wake-up, in completions. */
 int tc__tail_leads(const struct tc__tail *t);
-/* covers: the missing completions are expected within half a tail spin. */
+/* covers: the missing completions are expected within half the wait's
+ * tail spin (tail_limit). */
 int tc__tail_covers(const struct tc__tail *t, int missing, int drained);
+/* tail_limit bounds a tail spin: a tail spin for a drained wait, a behind
+ * spin for one that is not. */
+int64_t tc__tail_limit(int drained);
 /* woke records where a drained slow wait's early wake-up landed. */
 void tc__tail_woke(struct tc__tail *t, int missing);
 /* ahead is how many completions before the last of missing the client
@@ -79,7 +87,7 @@ int64_t tc__tail_nap(struct tc__tail *t, int missing, int64_t slack);
  * in flight had. */
 void tc__tail_napped(struct tc__tail *t, int64_t asked, int64_t d, int n, int reached, int emptied);
 /* spins_after_nap: the completions left after a nap are due within half a
- * tail spin, and tail spins are not backed off (a spin after a nap is
+ * behind spin (a nap's wait is never drained), and tail spins are not backed off (a spin after a nap is
  * learnt as one: tail_spun). */
 int tc__tail_spins_after_nap(const struct tc__tail *t, int missing);
 

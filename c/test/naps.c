@@ -32,9 +32,12 @@ static void test_tail_early(void)
     CHECK(!tc__tail_fast(&t) && tc__tail_ahead(&t, 16, 1, 1) == 0 && !tc__tail_covers(&t, 2, 0));
     tc__tail_observe(&t, 3 * US, 16);
     REQUIRE(tc__tail_fast(&t));
-    CHECK(tc__tail_ahead(&t, 64, 0, 0) == (int)(TC__TAIL_SPIN_NS / 2 / (3 * US)));
+    /* Not drained: half a behind spin; drained: half a tail spin. */
+    CHECK(tc__tail_ahead(&t, 64, 0, 0) == (int)(TC__BEHIND_SPIN_NS / 2 / (3 * US)));
+    CHECK(tc__tail_ahead(&t, 64, 1, 0) == (int)(TC__TAIL_SPIN_NS / 2 / (3 * US)));
     CHECK(tc__tail_ahead(&t, 5, 0, 0) == 4); /* the sleep waits for one at least */
-    CHECK(tc__tail_covers(&t, 16, 0) && !tc__tail_covers(&t, 64, 0));
+    CHECK(tc__tail_covers(&t, 8, 0) && !tc__tail_covers(&t, 9, 0));
+    CHECK(tc__tail_covers(&t, 16, 1) && !tc__tail_covers(&t, 64, 1));
     tc__tail_observe(&t, 1000 * US, 2); /* a sleep over few arrivals says nothing of the gap */
     CHECK(t.gap == 3 * US);
 
@@ -125,7 +128,7 @@ static void test_tail_nap(void)
     tc__tail_napped(&t, 160 * US, 160 * US, 32, 1, 1);
     CHECK(tc__tail_nap_gap(&t) == 5 * US * 3 / 4);
     CHECK(t.gap == 10 * US);
-    int most = (int)(TC__TAIL_SPIN_NS / 2 / tc__tail_nap_gap(&t));
+    int most = (int)(TC__BEHIND_SPIN_NS / 2 / tc__tail_nap_gap(&t));
     CHECK(tc__tail_spins_after_nap(&t, most) && !tc__tail_spins_after_nap(&t, most + 1));
 
     t.ngap = 1 * US; /* too low for any nap of 4 */
@@ -360,25 +363,42 @@ static void test_wait_naps(void)
     CHECK(fk.naps == 1 && fk.wakes == 1);
     end_case();
 
-    /* 14 of 16 come during the nap: the client spins for the other 2 (the
-     * clock stands still, so the spin lasts until they come). */
-    begin_case(14);
+    /* 15 of 16 come during the nap: the client spins for the last (due
+     * within half a behind spin at the 20 µs gap; the clock stands still,
+     * so the spin lasts until it comes). */
+    begin_case(15);
     tc_queue_get_info(fk.q, &info);
     uint64_t sleeps = info.sleeps, wakes = fk.wakes;
     __atomic_store_n(&fk.reads, 0, __ATOMIC_SEQ_CST);
     waiter_start(&w, 16);
     eventually(client_spins_after_nap, "the client spinning after its nap");
-    for (int i = 14; i < 16; i++)
-        post((uint64_t)i);
+    post(15);
     pthread_join(w.th, NULL);
     CHECK_RC(w.rc, TC_OK);
     tc_queue_get_info(fk.q, &info);
     CHECK(info.sleeps == sleeps && fk.wakes == wakes);
     end_case();
 
-    /* 14 of 16 come during the nap and the other 2 only once the spin for
-     * them has run out (each reading of the clock after the nap moves it a
-     * quarter of a tail spin on): the client sleeps for them, and the
+    /* 14 of 16: the 2 left are due in 40 µs, more than half a behind spin
+     * (the daemon keeps working whatever the client does): the client
+     * sleeps for them at once, without spinning. */
+    begin_case(14);
+    tc_queue_get_info(fk.q, &info);
+    sleeps = info.sleeps;
+    __atomic_store_n(&fk.reads, 0, __ATOMIC_SEQ_CST);
+    waiter_start(&w, 16);
+    eventually(client_sleeps, "the client sleeping after its nap");
+    for (int i = 14; i < 16; i++)
+        post((uint64_t)i);
+    pthread_join(w.th, NULL);
+    CHECK_RC(w.rc, TC_OK);
+    tc_queue_get_info(fk.q, &info);
+    CHECK(info.sleeps == sleeps + 1 && __atomic_load_n(&fk.reads, __ATOMIC_SEQ_CST) < 4);
+    end_case();
+
+    /* 15 of 16 come during the nap and the last only once the spin for it
+     * has run out (each reading of the clock after the nap moves it a
+     * quarter of a behind spin on): the client sleeps for it, and the
      * spin, learnt as a tail spin, backs off as those do (the first miss
      * forgiven): after two such waits, the next naps and sleeps at once. */
     struct tc__tail *tl = tc__test_tail(fk.q);
@@ -386,14 +406,13 @@ static void test_wait_naps(void)
     tl->gap = 20 * US;
     for (int k = 0; k < 3; k++) {
         submit(32);
-        fk.during = 14;
+        fk.during = 15;
         __atomic_store_n(&fk.naps, 0, __ATOMIC_SEQ_CST);
         __atomic_store_n(&fk.reads, 0, __ATOMIC_SEQ_CST);
-        __atomic_store_n(&fk.step, TC__TAIL_SPIN_NS / 4, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&fk.step, TC__BEHIND_SPIN_NS / 4, __ATOMIC_SEQ_CST);
         waiter_start(&w, 16);
         eventually(client_sleeps, "the client sleeping after its nap and spin");
-        for (int i = 14; i < 16; i++)
-            post((uint64_t)i);
+        post(15);
         pthread_join(w.th, NULL);
         CHECK_RC(w.rc, TC_OK);
         /* A spin reads the clock at its start and every 64 polls until it
