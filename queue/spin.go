@@ -85,10 +85,11 @@ func (s *spinner) slept(d time.Duration) {
 // tailSpin, then spins for them (at most tailSpin): the wake-up overlaps
 // the last copies. That is for a drained wait, after which the daemon
 // idles until the client submits again; in a wait for part of what is in
-// flight, half a behindSpin and at most behindSpin (see there). A stream slower than that (file I/O, a network round
-// trip) sleeps for the whole wait, as before, and a tail spin that runs
-// out (the daemon slowed down) backs the early wake-up off for twice as
-// many waits as the last time, up to maxTailSkip.
+// flight, half a behindSpin and at most behindSpin (see there). A stream
+// slower than that (file I/O, a network round trip) sleeps for the whole
+// wait, as before, and a tail spin that runs out (the daemon slowed down)
+// backs the early wake-up off for twice as many waits as the last time,
+// up to maxTailSkip.
 //
 // A drained wait on a slower stream (the local engine's 1 MiB copies,
 // 30-70 µs apart here; up to half a tailSpin) is woken lead completions
@@ -207,11 +208,12 @@ func (t *tail) woke(missing int) {
 
 // ahead is how many completions before the last of missing the client
 // asks to be woken (0: at the last). Fast completions: as many as come in
-// half the wait's tail spin (tailLimit). Slower ones, up to half a tailSpin apart (the local
-// engine's 1 MiB copies), when the wait is drained (for everything the
-// client has in flight, so the daemon idles from the last completion
-// until the client submits again) and the client's spin for a last
-// completion is on (spinning): lead, which the tail spin covers.
+// half the wait's tail spin (tailLimit). Slower ones, up to half a
+// tailSpin apart (the local engine's 1 MiB copies), when the wait is
+// drained (for everything the client has in flight, so the daemon idles
+// from the last completion until the client submits again) and the
+// client's spin for a last completion is on (spinning): lead, which the
+// tail spin covers.
 func (t *tail) ahead(missing int, drained, spinning bool) int {
 	switch {
 	case t.gap <= 0 || t.skip > 0:
