@@ -141,45 +141,44 @@
 // each of which would send the client back to sleep. A target that is
 // never reached therefore costs the client only its own wait.
 //
-// The library's client spins for a last missing completion: one that
-// waits for two or more sleeps at once with its target at the last, since
-// the daemon is known to be working on them, and a spin through their
-// arrivals would bill the whole wait to the client's CPU. Its spin is
-// learned (queue/spin.go) and never longer than 50 µs. The exception is a
-// stream of completions that come at memory speed (at most 6.25 µs apart:
-// the local engine's 64 KiB copies): there the client's own wake-up
-// (tens of microseconds on a small virtual host) is longer than the rest
-// of its wait, and the daemon idles through it, so the client sets its
-// target some completions before the last, about 100 µs' worth, and spins
-// for those (at most 200 µs; a spin that runs out turns this off for a
-// growing number of waits). In a wait for part of what is in flight, where
-// the daemon keeps working whatever the client does and a spin saves only
-// a wake-up, it is 25 µs' worth and at most 50 µs. Completions that come slower, up to 100 µs
-// apart (the local engine's 1 MiB copies), for a wait that covers
+// The library's client spins for a last missing completion: one that waits
+// for two or more sleeps at once with its target at the last, since the
+// daemon is known to be working on them, and a spin through their arrivals
+// would bill the whole wait to the client's CPU. Its spin is learned
+// (queue/spin.go) and never longer than 50 µs. The exception is a stream of
+// completions that come at memory speed (at most 6.25 µs apart: the local
+// engine's 64 KiB copies): there the client's own wake-up (tens of
+// microseconds on a small virtual host) is longer than the rest of its
+// wait, and the daemon idles through it, so the client sets its target some
+// completions before the last, about 100 µs' worth, and spins for those (at
+// most 200 µs; a spin that runs out turns this off for a growing number of
+// waits). In a wait for part of what is in flight, where the daemon keeps
+// working whatever the client does and a spin saves only a wake-up, it is
+// 25 µs' worth and at most 50 µs. Completions that come slower, up to 100
+// µs apart (the local engine's 1 MiB copies), for a wait that covers
 // everything the client has in flight, get the same by a learnt lead: the
 // client is woken one before the last, and a wake-up that finds the last
 // there already (the daemon idled meanwhile) makes the next one earlier by
 // one, up to 100 µs' worth; one that finds none of its lead come makes it
-// later by one. The target is only the client's word: the daemon's side
-// is the same.
+// later by one. The target is only the client's word: the daemon's side is
+// the same.
 //
-// Before a wait for several that leaves more in flight, while the
-// daemon's worker is busy (no Submit since the last wait found
-// FlagNeedWakeup set, and it is not set now), the client may nap: a sleep
-// on the clock with no flag set, so the daemon makes no system call for
-// it, until about when the last completion it waits for is due, less how
-// late its timed sleeps end; a rest due within 25 µs is spun for, 50 µs
-// at most (a spin that runs out backs these spins off, as the tail spins
-// above), and only what is
-// still missing then is waited for as above. A futex wake of a sleeping
-// thread costs the waker 9-10 µs on a two-CPU virtual host, and the
-// daemon's busy worker is that waker; the completions beyond the wait
-// keep it busy while the client naps. A doorbell after a wait that napped
-// (the worker ran dry and slept) backs naps off for a growing number of
-// waits (queue/spin.go). A nap is invisible to the protocol: with no flag
-// set there is nothing to lose. The C library's wait (c/src/queue.c, its
-// rules in c/src/tail.c) does the same, so a C or Python engine costs the
-// worker no more than a Go client.
+// Before a wait for several that leaves more in flight, while the daemon's
+// worker is busy (no Submit since the last wait found FlagNeedWakeup set,
+// and it is not set now), the client may nap: a sleep on the clock with no
+// flag set, so the daemon makes no system call for it, until about when the
+// last completion it waits for is due, less how late its timed sleeps end;
+// a rest due within 25 µs is spun for, 50 µs at most (a spin that runs out
+// backs these spins off, as the tail spins above), and only what is still
+// missing then is waited for as above. A futex wake of a sleeping thread
+// costs the waker 2-10 µs on a two-CPU virtual host, and the daemon's busy
+// worker is that waker; the completions beyond the wait keep it busy while
+// the client naps. A doorbell after a wait that napped (the worker ran dry
+// and slept) backs naps off for a growing number of waits (queue/spin.go).
+// A nap is invisible to the protocol: with no flag set there is nothing to
+// lose. The C library's wait (c/src/queue.c, its rules in c/src/tail.c)
+// does the same, so a C or Python engine costs the worker no more than a Go
+// client.
 //
 // # Eventfd doorbells
 //

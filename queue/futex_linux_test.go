@@ -12,7 +12,9 @@ import (
 // sleeps for completions), beside the same call with nobody asleep. The
 // waker first works for 100 µs, as a worker between two wake-ups does, so
 // that the sleeper's CPU has gone idle. On a two-CPU virtual host the
-// first is 9-10 µs, the second 0.2 µs (see tail.nap).
+// first is 9-10 µs where the idle vCPU halts at once, about 2 µs where it
+// polls before it halts (guest_halt_poll_ns); the second 0.2-0.4 µs (see
+// tail.nap).
 //
 //	go test ./queue -run '^$' -bench FutexWake -benchtime 5000x
 func BenchmarkFutexWakeSleeper(b *testing.B) {

@@ -742,14 +742,18 @@ func TestWaitNaps(t *testing.T) {
 		now.Add(int64(n))
 	}
 
-	// begin puts 32 in flight, during of which the nap posts; end reaps
-	// the wait's and posts and reaps the other 16.
-	begin := func(n int) {
-		c.tail = tail{gap: 20 * time.Microsecond}
+	// put puts 32 in flight, n of which the nap posts; begin does so
+	// with a fresh tail; end reaps the wait's and posts and reaps the
+	// other 16.
+	put := func(n int) {
 		inFlight(t, d, c, 32)
 		during = n
 		naps = naps[:0]
 		napCount.Store(0)
+	}
+	begin := func(n int) {
+		c.tail = tail{gap: 20 * time.Microsecond}
+		put(n)
 	}
 	end := func() {
 		c.Reap(make([]CQE, 64))
@@ -846,11 +850,8 @@ func TestWaitNaps(t *testing.T) {
 	// two such waits, the next naps, then sleeps at once without spinning.
 	runOut := func(spinning bool) {
 		t.Helper()
-		inFlight(t, d, c, 32)
-		during = 15
-		naps = naps[:0]
-		napCount.Store(0)
-		var reads atomic.Int64
+		put(15)
+		reads.Store(0)
 		spinClock = func() time.Time {
 			if napCount.Load() == 1 {
 				reads.Add(1)

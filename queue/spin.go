@@ -146,9 +146,10 @@ const (
 // more in flight than it waits for): a tail spin, or the spin after a nap.
 // The daemon keeps working through such a wait whether the client spins
 // or sleeps, so a prompt client gains no rate there, and a spin saves only
-// a sleep and its wake-up, 10-20 µs of CPU on the two sides of a two-CPU
-// virtual host (BenchmarkFutexWakeSleeper). Spun for when due within half
-// of it, it costs at most about that. With tailSpin there, tcbench's 4 KiB
+// a sleep and its wake-up, whose futex wake costs the waker 2-10 µs on a
+// two-CPU virtual host (BenchmarkFutexWakeSleeper: about 2 µs where the
+// idle vCPU polls before it halts, 9-10 µs where it halts at once). Spun
+// for when due within half of it, a spin costs at most about 25 µs. With tailSpin there, tcbench's 4 KiB
 // file reads at QD32 (bursts of completions from the disk, which a gap
 // learnt per completion does not foresee) found their completions after 78
 // µs of tail spin and 146 µs of spin after a nap on average, half of the
@@ -256,8 +257,9 @@ func (t *tail) spun(found bool) {
 // is due at the nap's gap; if some are still missing and due within half
 // a behindSpin it spins for them, and only what is missing then is waited
 // for with a wake-up. A futex wake of a thread that sleeps costs its waker
-// 9-10 µs on a two-CPU virtual host (the sleeper's idle CPU is woken
-// through the hypervisor; BenchmarkFutexWakeSleeper), and when the
+// 9-10 µs on a two-CPU virtual host whose idle vCPU halts (it is woken
+// through the hypervisor), about 2 µs where it polls before it halts
+// (BenchmarkFutexWakeSleeper), and when the
 // daemon's worker is busy copying, that is time off its data path. A nap
 // that ends a little after the wait's last completion costs nothing of
 // the rate: the requests beyond the wait keep the worker busy meanwhile.

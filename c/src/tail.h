@@ -87,8 +87,8 @@ int64_t tc__tail_nap(struct tc__tail *t, int missing, int64_t slack);
  * in flight had. */
 void tc__tail_napped(struct tc__tail *t, int64_t asked, int64_t d, int n, int reached, int emptied);
 /* spins_after_nap: the completions left after a nap are due within half a
- * behind spin (a nap's wait is never drained), and tail spins are not backed off (a spin after a nap is
- * learnt as one: tail_spun). */
+ * behind spin (a nap's wait is never drained), and tail spins are not
+ * backed off (a spin after a nap is learnt as one: tail_spun). */
 int tc__tail_spins_after_nap(const struct tc__tail *t, int missing);
 
 /* napback_busy starts a wait: whether it may nap, given whether a submit

@@ -308,17 +308,23 @@ static int client_spins_after_nap(void)
     return __atomic_load_n(&fk.naps, __ATOMIC_SEQ_CST) == 1 && __atomic_load_n(&fk.reads, __ATOMIC_SEQ_CST) >= 4;
 }
 
-/* begin_case puts 32 in flight, of which the nap posts during, with a
- * learnt gap of 20 µs, no spin for a last completion and no slack. */
+/* put_case puts 32 in flight, of which the nap posts during. */
+static void put_case(int during)
+{
+    submit(32);
+    fk.during = during;
+    __atomic_store_n(&fk.naps, 0, __ATOMIC_SEQ_CST);
+}
+
+/* begin_case is put_case with a fresh tail: a learnt gap of 20 µs, no spin
+ * for a last completion and no slack. */
 static void begin_case(int during)
 {
     struct tc__tail *t = tc__test_tail(fk.q);
     memset(t, 0, sizeof *t);
     t->gap = 20 * US;
     tc__test_tune(fk.q, 0, 0, 0);
-    submit(32);
-    fk.during = during;
-    __atomic_store_n(&fk.naps, 0, __ATOMIC_SEQ_CST);
+    put_case(during);
 }
 
 /* end_case reaps the wait's completions, then posts and reaps the rest. */
@@ -405,9 +411,7 @@ static void test_wait_naps(void)
     memset(tl, 0, sizeof *tl);
     tl->gap = 20 * US;
     for (int k = 0; k < 3; k++) {
-        submit(32);
-        fk.during = 15;
-        __atomic_store_n(&fk.naps, 0, __ATOMIC_SEQ_CST);
+        put_case(15);
         __atomic_store_n(&fk.reads, 0, __ATOMIC_SEQ_CST);
         __atomic_store_n(&fk.step, TC__BEHIND_SPIN_NS / 4, __ATOMIC_SEQ_CST);
         waiter_start(&w, 16);
