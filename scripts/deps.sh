@@ -15,7 +15,8 @@ declare -A groups=(
   # for its offline `pip install ./python` test; etcd-server: the
   # directory's tests.
   [test]="iproute2 e2fsprogs util-linux prometheus systemd tmux python3 python3-numpy python3-torch python3-venv python3-pip python3-setuptools python3-wheel etcd-server"
-  [bench]="fio iperf3"
+  # perf (linux-perf): scripts/bench-split.sh's samples and counts.
+  [bench]="fio iperf3 linux-perf"
   [rdma]="qemu-system-x86 busybox-static cpio kmod gzip libibverbs1 ibverbs-providers ibverbs-utils perftest rdma-core"
 )
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=(build test bench rdma)
