@@ -609,3 +609,128 @@ func TestStoreQueuePendingAnsweredAfterPublish(t *testing.T) {
 		t.Fatalf("the durable commit is not on L2: %+v %v", in, err)
 	}
 }
+
+// gateRemote is other hosts whose homes answer Present only once gate is
+// closed; asked gets a token when the first Present starts. far are the
+// keys they hold. Nothing is fetched, announced or removed.
+type gateRemote struct {
+	asked chan struct{}
+	gate  chan struct{}
+	far   map[string]bool
+}
+
+func (r *gateRemote) Stored([]byte, uint64, uint32, store.RecordID) {}
+func (r *gateRemote) Evicted([]byte)                                {}
+func (r *gateRemote) Removed([][]byte, []error)                     {}
+func (r *gateRemote) SizeOf([]byte) (uint64, bool)                  { return 0, false }
+
+func (r *gateRemote) Fetch(keys [][]byte, done func(int, error)) {
+	for i := range keys {
+		done(i, store.ErrNotFound)
+	}
+}
+
+func (r *gateRemote) Present(keys [][]byte, found []bool) {
+	select {
+	case r.asked <- struct{}{}:
+	default:
+	}
+	<-r.gate
+	for i, k := range keys {
+		found[i] = found[i] || r.far[string(k)]
+	}
+}
+
+// TestStoreQueueLookupPrefixElsewhere: a LookupPrefix through the queue
+// whose run goes on past the keys stored here answers the run here at
+// once and asks the other hosts' homes in the background: while they have
+// not answered, the worker goes on serving (a no-op submitted behind it is
+// answered), and the lookup's CQE then counts the run across hosts.
+func TestStoreQueueLookupPrefixElsewhere(t *testing.T) {
+	e := newStoreEnv(t, false, store.Config{})
+	r := &gateRemote{asked: make(chan struct{}, 1), gate: make(chan struct{}), far: map[string]bool{"far/1": true}}
+	e.s.SetRemote(r)
+	opened := false
+	defer func() {
+		if !opened {
+			close(r.gate)
+		}
+	}()
+	c, q := queueClient(t, e.env, 32)
+	if err := c.PutBytes([]byte("here/0"), []byte("value here"), false); err != nil {
+		t.Fatal(err)
+	}
+	chain := [][]byte{[]byte("here/0"), []byte("far/1"), []byte("absent"), []byte("here/0")}
+	if ok, err := q.LookupPrefix(chain, false, 1); !ok || err != nil {
+		t.Fatalf("submit the lookup: %v %v", ok, err)
+	}
+	select {
+	case <-r.asked:
+	case <-time.After(testTimeout):
+		t.Fatalf("the homes were not asked within %v", testTimeout)
+	}
+	if ok, err := q.Nop(2); !ok || err != nil {
+		t.Fatalf("submit the no-op: %v %v", ok, err)
+	}
+	cqes := make([]client.Completion, 4)
+	n, err := q.Reap(cqes, 1, testTimeout)
+	if err != nil || n != 1 || cqes[0].UserData != 2 {
+		t.Fatalf("with the homes not answering, reaped %d %+v %v: want the no-op's answer alone", n, cqes[:n], err)
+	}
+	close(r.gate)
+	opened = true
+	cq := reapAll(t, q, 1)[1]
+	if cq.Code != tcproto.CodeOK || cq.State != xfer.StateCompleted || cq.N != 2 {
+		t.Fatalf("lookup prefix across hosts: %+v, want a run of 2", cq)
+	}
+}
+
+// TestStoreQueueRefusalAfterPublish: a refused store SQE is answered, as
+// every answer of the worker's, only once the worker has published sq_head
+// past its entry.
+func TestStoreQueueRefusalAfterPublish(t *testing.T) {
+	e := newStoreEnv(t, false, store.Config{MaxKeysPerCall: 8})
+	rq := openRawStoreQueue(t, e.env)
+	inPrepare, release := make(chan struct{}), make(chan struct{})
+	var armed atomic.Bool
+	armed.Store(true)
+	beforePublish := func() {
+		if armed.CompareAndSwap(true, false) {
+			close(inPrepare)
+			<-release
+		}
+	}
+	testhook.QueuePublish.Store(&beforePublish)
+	t.Cleanup(func() { testhook.QueuePublish.Store(nil) })
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	keys := wire.AppendKeys(nil, [][]byte{[]byte("a"), []byte("bb")})
+	sqe := queue.SQE{Op: queue.OpStoreExists, Count: 2, Local: 999, LocalOff: 64, UserData: 7} // results in no segment
+	d, ok, err := rq.ring.StageData(&sqe, len(keys))
+	if !ok || err != nil {
+		t.Fatalf("stage: %v %v", ok, err)
+	}
+	copy(d, keys)
+	rq.ring.Submit()
+	select {
+	case <-inPrepare:
+	case <-time.After(testTimeout):
+		t.Fatalf("the worker did not take the entry within %v", testTimeout)
+	}
+	var cq [1]queue.CQE
+	if n := rq.ring.Reap(cq[:]); n != 0 {
+		t.Fatalf("refusal %+v answered before sq_head was published", cq[0])
+	}
+	close(release)
+	released = true
+	if err := rq.ring.Wait(1, testTimeout); err != nil {
+		t.Fatal(err)
+	}
+	if n := rq.ring.Reap(cq[:]); n != 1 || cq[0].UserData != 7 || cq[0].Code != uint32(tcproto.CodeNOT_FOUND) {
+		t.Fatalf("refusal: %d %+v, want NOT_FOUND for 7", n, cq[0])
+	}
+}

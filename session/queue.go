@@ -97,6 +97,12 @@ func (q *cqueue) refuse(ud uint64, code Code) {
 	q.ring.Post(&queue.CQE{UserData: ud, Code: uint32(code), State: uint8(xfer.StateFailed)})
 }
 
+// refuseLater answers an entry being prepared with code once the worker
+// has published sq_head past it (q.answers).
+func (q *cqueue) refuseLater(ud uint64, code Code) {
+	q.answers = append(q.answers, queue.CQE{UserData: ud, Code: uint32(code), State: uint8(xfer.StateFailed)})
+}
+
 // newQueue makes a queue of geometry g for c and gives it to a worker. It
 // returns the queue's memfd and, when the workers wait on eventfd
 // doorbells, the queue's eventfd (else -1), both to pass to the client.
@@ -240,7 +246,7 @@ func (q *cqueue) prepare(sqes []queue.SQE) {
 		}
 		r, code := q.request(e, i)
 		if code != tcproto.CodeOK {
-			q.answers = append(q.answers, queue.CQE{UserData: e.UserData, Code: uint32(code), State: uint8(xfer.StateFailed)})
+			q.refuseLater(e.UserData, code)
 			continue
 		}
 		timeout := q.c.h.DefaultWait

@@ -21,9 +21,11 @@ import (
 // the shared data area into its own memory (before Publish lets the client
 // reuse it, and before a byte of it is parsed), and calls the store with
 // the connection's session. A call that waits for the device (a durable
-// commit, a Get that promotes from L2) returns pending; the store's
+// commit, a Get that promotes from L2) or for other hosts (a Get, Exists
+// or LookupPrefix past the keys stored here) returns pending; the store's
 // Completion then writes the results and posts the CQE, on whichever
-// goroutine ended the last key, so the worker never waits for the device.
+// goroutine ended the last key, so the worker never waits for the device
+// or the network, and its other queues are served meanwhile.
 // Until then the call's record holds its codes, locations and a reference
 // on the client buffer its results go to.
 
@@ -75,6 +77,9 @@ type storeCall struct {
 	res   []byte       // the results region, in the client's buffer
 	buf   xfer.Segment // that buffer, held until the results are written
 	err   error        // the call's own error
+	// prefix is a LookupPrefix's answer: its CQE's result and code (it
+	// has no results region).
+	prefix store.PrefixResult
 	// left is 2 while a call has neither been published by the worker
 	// (sq_head past its entry) nor completed: whichever of the two comes
 	// last ends it. A call that did not go pending has completed already.
@@ -101,17 +106,21 @@ func newQStore(q *cqueue) (*qstore, Code) {
 
 // storeOp runs one store SQE (e.Op >= queue.OpStoreFirst); every path
 // posts exactly one CQE for it.
+//
+// A refused SQE is answered, as every answer of the worker's, once sq_head
+// is published past its entry (q.answers): a client that reaped it first
+// would find the entry's slot and key bytes still taken.
 func (q *cqueue) storeOp(e *queue.SQE) {
 	if q.store == nil {
 		qs, code := newQStore(q)
 		if code != tcproto.CodeOK {
-			q.refuse(e.UserData, code)
+			q.refuseLater(e.UserData, code)
 			return
 		}
 		q.store = qs
 	}
 	if code := q.store.start(e); code != tcproto.CodeOK {
-		q.refuse(e.UserData, code)
+		q.refuseLater(e.UserData, code)
 	}
 }
 
@@ -154,23 +163,13 @@ func (qs *qstore) start(e *queue.SQE) Code {
 		}
 		return tcproto.CodeINVALID_ARGUMENT
 	}
-	if op == queue.OpStoreLookupPrefix {
-		k, err := qs.ss.LookupPrefix(keys, e.Flags&queue.SQEFlagPin != 0)
-		code := status.CodeOf(err)
-		st := xfer.StateCompleted
-		if code != tcproto.CodeOK {
-			st = xfer.StateFailed
-		}
-		// Answered after the worker publishes sq_head (work), as a
-		// synchronous answer must be: see end.
-		qs.q.answers = append(qs.q.answers, queue.CQE{UserData: e.UserData, Result: uint64(k), Code: uint32(code), State: uint8(st)})
-		return tcproto.CodeOK
-	}
 	c := qs.get()
 	if c == nil {
 		// Cannot be: each call holds a completion slot and there are as
 		// many records. Refused rather than trusted.
-		buf.Release()
+		if buf != nil {
+			buf.Release()
+		}
 		return tcproto.CodeBUSY
 	}
 	c.ud, c.op, c.n, c.res, c.buf, c.err = e.UserData, op, n, res, buf, nil
@@ -182,6 +181,16 @@ func (qs *qstore) start(e *queue.SQE) Code {
 	var err error
 	tag := uint64(c.slot)
 	switch op {
+	case queue.OpStoreLookupPrefix:
+		// The run stored here is answered at once; what other hosts
+		// hold is asked of their homes (and with pin fetched) in the
+		// background, never on the worker, which serves other queues.
+		var n int
+		n, pending, err = qs.ss.LookupPrefixAsync(keys, e.Flags&queue.SQEFlagPin != 0, &c.prefix, qs, tag)
+		if !pending {
+			c.prefix = store.PrefixResult{N: n, Err: err}
+			err = nil
+		}
 	case queue.OpStoreGet:
 		pending, err = qs.ss.Get(keys, c.locs, c.codes, nil, qs, tag)
 	case queue.OpStoreReserve:
@@ -289,6 +298,16 @@ func (qs *qstore) StoreDone(tag uint64) {
 // completion with nothing in flight. Whichever of published and StoreDone
 // comes last posts it.
 func (qs *qstore) end(c *storeCall) queue.CQE {
+	if c.op == queue.OpStoreLookupPrefix {
+		code, st := status.CodeOf(c.prefix.Err), xfer.StateCompleted
+		if code != tcproto.CodeOK {
+			st = xfer.StateFailed
+		}
+		cqe := queue.CQE{UserData: c.ud, Result: uint64(c.prefix.N), Code: uint32(code), State: uint8(st)}
+		c.prefix = store.PrefixResult{}
+		qs.put(c)
+		return cqe
+	}
 	code := tcproto.CodeOK
 	switch {
 	case c.err == nil, errors.Is(c.err, store.ErrTransport):

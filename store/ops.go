@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -216,7 +217,9 @@ func (s *Store) Exists(keys [][]byte, codes []Code) error {
 //
 // With the store across hosts (SetRemote), the run goes on past the keys
 // stored here with those other hosts hold, as their homes say; with pin
-// those are fetched into this store first and pinned here.
+// those are fetched into this store first and pinned here. That waits on
+// other hosts (up to the remote deadline): a caller that must not wait
+// uses LookupPrefixAsync.
 func (ss *Session) LookupPrefix(keys [][]byte, pin bool) (int, error) {
 	s := ss.s
 	if len(keys) > s.cfg.MaxKeysPerCall {
@@ -231,6 +234,50 @@ func (ss *Session) LookupPrefix(keys [][]byte, pin bool) (int, error) {
 		return n, err
 	}
 	return ss.prefixElsewhere(keys, n, pin)
+}
+
+// PrefixResult is the answer of a LookupPrefixAsync that went pending: the
+// length of the leading run, and the error that cut it, if any.
+type PrefixResult struct {
+	N   int
+	Err error
+}
+
+// LookupPrefixAsync is LookupPrefix for a caller that must not wait on
+// other hosts (a queue's worker, which serves other clients' queues). The
+// run stored here is looked up (and with pin pinned) at once; when it
+// stops short and other hosts may hold the rest, the rest is asked of
+// their homes (and with pin fetched here and pinned) in the background,
+// pending is true, and done.StoreDone(tag) is called once res holds the
+// answer. Otherwise the answer is n and err, and done is not called.
+func (ss *Session) LookupPrefixAsync(keys [][]byte, pin bool, res *PrefixResult, done Completion, tag uint64) (n int, pending bool, err error) {
+	s := ss.s
+	if len(keys) > s.cfg.MaxKeysPerCall {
+		return 0, false, fmt.Errorf("%w: %d keys (at most %d)", ErrBadCall, len(keys), s.cfg.MaxKeysPerCall)
+	}
+	if !s.enter() {
+		return 0, false, ErrClosed
+	}
+	n, err = ss.prefixHere(keys, pin)
+	if err != nil || n == len(keys) || s.rem() == nil {
+		s.exit()
+		return n, false, err
+	}
+	rest := make([][]byte, len(keys)-n)
+	for i, k := range keys[n:] {
+		rest[i] = bytes.Clone(k)
+	}
+	// The store stays entered (Close waits) until the other hosts
+	// answered: at most the remote deadline, twice with pin (Present,
+	// then the fetches).
+	here := n // not n itself: a result the goroutine shared would be on the heap at every call
+	go func() {
+		m, err := ss.prefixElsewhere(rest, 0, pin)
+		res.N, res.Err = here+m, err
+		s.exit()
+		done.StoreDone(tag)
+	}()
+	return n, true, nil
 }
 
 // prefixHere is LookupPrefix over the keys stored here.

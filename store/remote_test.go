@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
 	"github.com/tensorcast/tensorcast/xfer/xfertest"
@@ -371,4 +372,54 @@ func TestRemoveElsewhereErrorOutlastsL2(t *testing.T) {
 		t.Fatalf("the kept key's error: %v", errs[1])
 	}
 	mustCodes(t, "gone here all the same", e.exists(keys), NotFound, NotFound, NotFound, NotFound)
+}
+
+// TestLookupPrefixAsync: the run stored here is answered at once, with no
+// completion; a run that goes on past it is answered through the
+// completion, once, with other hosts' keys counted and, with pin, fetched
+// here and pinned; with no Remote nothing goes pending.
+func TestLookupPrefixAsync(t *testing.T) {
+	e := newEnv(t, 8<<20)
+	s := e.s
+	ss := s.NewSession()
+	defer ss.Close()
+	codes := make([]Code, 1)
+	if _, err := ss.Put([][]byte{[]byte("near")}, [][]byte{[]byte("value")}, false, codes, nil, nil, 0); err != nil || codes[0] != OK {
+		t.Fatalf("put: %v %v", err, codes[0])
+	}
+	rec := newRecorder()
+	var res PrefixResult
+	chain := [][]byte{[]byte("near"), []byte("far/1"), []byte("absent")}
+	if n, pending, err := ss.LookupPrefixAsync(chain, false, &res, rec, 1); err != nil || pending || n != 1 {
+		t.Fatalf("with no Remote: %d pending %v %v, want 1 answered at once", n, pending, err)
+	}
+	r := &fakeRemote{s: s, stored: map[string]uint32{}, others: map[string][]byte{"far/1": bytes.Repeat([]byte{1}, 5000)}}
+	s.SetRemote(r)
+	if n, pending, err := ss.LookupPrefixAsync(chain[:1], true, &res, rec, 2); err != nil || pending || n != 1 {
+		t.Fatalf("a run all here: %d pending %v %v, want 1 answered at once", n, pending, err)
+	}
+	for i, pin := range []bool{false, true} {
+		tag := uint64(3 + i)
+		n, pending, err := ss.LookupPrefixAsync(chain, pin, &res, rec, tag)
+		if err != nil || !pending || n != 1 {
+			t.Fatalf("pin %v: %d pending %v %v, want the run here (1) and pending", pin, n, pending, err)
+		}
+		select {
+		case got := <-rec.done:
+			if got != tag {
+				t.Fatalf("pin %v: completion of %d, want %d", pin, got, tag)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("pin %v: no completion within 10s", pin)
+		}
+		if res.N != 2 || res.Err != nil || rec.count(tag) != 1 {
+			t.Fatalf("pin %v: %+v, %d completions, want a run of 2 once", pin, res, rec.count(tag))
+		}
+	}
+	r.fetching.Wait()
+	// near pinned twice (the run here of the two lookups with pin), far/1
+	// fetched and pinned once.
+	if st := s.Stats(); st.Pins != 3 || st.Keys != 2 {
+		t.Fatalf("after the lookups with pin: %d pins, %d keys, want 3 and 2", st.Pins, st.Keys)
+	}
 }
