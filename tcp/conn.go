@@ -44,9 +44,20 @@ type conn struct {
 	peer    *peer  // client: set before enrolling; server: set at authentication (loop-only until then)
 	epoch   uint64 // the peer's epoch on this connection
 	window  int64  // client: in-flight bytes the peer accepts on it
+	// remote is the peer's address, taken when the connection opens: what
+	// log lines name it by. gnet forgets the address when it closes the
+	// connection, which a failed write does on the spot, in the middle of
+	// handling a frame.
+	remote string
 
 	// loop-only:
-	hs      hsState
+	hs hsState
+	// gone is set by OnClose. A write that fails closes the connection
+	// before it returns, and gnet releases its buffers and descriptor: the
+	// frame's handler finishes, but nothing more is read or written, and
+	// onTraffic returns Close (for gnet, a connection closed already),
+	// which keeps gnet from buffering into the released connection.
+	gone    bool
 	metaC   []byte // handshake transcript (server side)
 	metaS   []byte
 	rx      rxState
@@ -119,9 +130,9 @@ type tokCache struct {
 
 func (c *conn) logger() []any {
 	if c.peer != nil {
-		return []any{"peer", c.peer.id, "remote", c.g.RemoteAddr().String()}
+		return []any{"peer", c.peer.id, "remote", c.remote}
 	}
-	return []any{"remote", c.g.RemoteAddr().String()}
+	return []any{"remote", c.remote}
 }
 
 // drop logs why a connection is being dropped and tells gnet to close it.
@@ -161,7 +172,7 @@ type srvHandler struct {
 }
 
 func (h *srvHandler) OnOpen(g gnet.Conn) ([]byte, gnet.Action) {
-	c := &conn{n: h.n, g: g, role: roleServer, created: time.Now(), fd: g.Fd()}
+	c := &conn{n: h.n, g: g, role: roleServer, created: time.Now(), fd: g.Fd(), remote: g.RemoteAddr().String()}
 	c.hsDue = addSat(addSat(c.created.UnixNano(), int64(h.n.cfg.HandshakeTimeout)), 1)
 	g.SetContext(c)
 	h.n.mu.Lock()
@@ -179,6 +190,7 @@ func (h *srvHandler) OnClose(g gnet.Conn, err error) gnet.Action {
 	if c == nil {
 		return gnet.None
 	}
+	c.gone = true
 	if c.rx.seg != nil {
 		c.rx.seg.Release()
 		c.rx.seg = nil
@@ -212,6 +224,7 @@ func (h *cliHandler) OnClose(g gnet.Conn, err error) gnet.Action {
 	if c == nil {
 		return gnet.None
 	}
+	c.gone = true
 	// Nothing is written once the requests fail below (writer.go).
 	c.stopWriter()
 	p := c.peer
@@ -285,6 +298,9 @@ func (c *conn) onTraffic() gnet.Action {
 				if err := c.payloadDone(); err != nil {
 					return c.drop(err)
 				}
+				if c.gone {
+					return gnet.Close
+				}
 			}
 			continue
 		}
@@ -312,6 +328,9 @@ func (c *conn) onTraffic() gnet.Action {
 				return gnet.Close
 			}
 			return c.drop(err)
+		}
+		if c.gone {
+			return gnet.Close
 		}
 	}
 }

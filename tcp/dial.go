@@ -110,7 +110,7 @@ func (n *Node) dialOne(p *peer, addr string) (*conn, hello, error) {
 		}
 		return nil, hs, err
 	}
-	c := &conn{n: n, role: roleClient, created: time.Now(), peer: p, epoch: hs.epoch, reqs: make(map[uint64]*pending),
+	c := &conn{n: n, role: roleClient, created: time.Now(), peer: p, epoch: hs.epoch, remote: nc.RemoteAddr().String(), reqs: make(map[uint64]*pending),
 		window: min(n.cfg.MaxInflightBytes, int64(min(hs.window, 1<<62))), wkick: make(chan struct{}, 1)}
 	// The writer's own descriptor, taken before gnet takes the socket
 	// (writer.go).

@@ -722,3 +722,49 @@ func TestOpenAskedAgainOnLostConnection(t *testing.T) {
 		t.Fatalf("opened at epoch %#x, b runs %#x", got.r.Epoch(), b.Epoch())
 	}
 }
+
+// TestAuthThenResetKeepsServing: a listed peer with the cluster key sends
+// its auth and resets the connection at once. The answer's write then
+// fails, and gnet closes the connection inside the write, while the
+// handshake is still being handled; what follows must not touch the
+// closed connection (a panic there, on the event loop, ends the process).
+func TestAuthThenResetKeepsServing(t *testing.T) {
+	key := []byte("cluster-secret")
+	kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf})
+	b.exp.add("seg", xfertest.NewSegment(5, 1<<20))
+	if err := b.Directory().Update(dirPeer("m", "127.0.0.1:1")); err != nil {
+		t.Fatal(err)
+	}
+	hk := deriveKey(key, "tensorcast handshake v1")
+	const conns = 50
+	for i := 0; i < conns; i++ {
+		c, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		hc := hello{id: "m", epoch: 42, addr: "127.0.0.1:1", maxFrame: 1 << 20, window: 4 << 20}
+		metaC := hc.append(nil)
+		_ = writeRaw(c, &header{typ: tHello, metaLen: uint16(len(metaC))}, metaC)
+		h, meta, _, err := readFrame(c)
+		if err != nil || h.typ != tHelloReply {
+			t.Fatalf("hello reply: frame %d, %v", h.typ, err)
+		}
+		_ = writeRaw(c, &header{typ: tAuth, metaLen: macLen}, handshakeMAC(hk, labelClient, metaC, meta[:len(meta)-macLen]))
+		_ = c.(*net.TCPConn).SetLinger(0) // close sends a reset
+		c.Close()
+	}
+	closed := func() int { return strings.Count(b.logs.String(), "inbound peer connection closed") }
+	testutil.Eventually(t, 5*time.Second, func() bool { return closed() == conns },
+		"every authenticated connection closed (%v of %d)", testutil.Lazy(closed), conns)
+	if !strings.Contains(b.logs.String(), "writev") {
+		t.Fatalf("no answer to an auth failed on a reset connection: the test did not test it:\n%s", b.logs)
+	}
+	// The node serves on.
+	c := rawClient(t, b, key, "honest")
+	_ = writeRaw(c, &header{typ: tOpenReq, id: 1, flags: uint16(RightRead), metaLen: 3}, []byte("seg"))
+	if h, _, _, err := readFrame(c); err != nil || h.typ != tOpenResp || h.status != stOK {
+		t.Fatalf("open after the resets: frame %d status %d, %v", h.typ, h.status, err)
+	}
+}

@@ -161,7 +161,7 @@ func (n *Node) reaper() {
 			c := n.handshaking.min()
 			n.handshaking.remove(c)
 			stuck = append(stuck, c)
-			n.refusals.note(n.log, "handshake timed out", now, "remote", c.g.RemoteAddr().String())
+			n.refusals.note(n.log, "handshake timed out", now, "remote", c.remote)
 		}
 		peers = peers[:0]
 		for _, p := range n.peers {
