@@ -298,8 +298,8 @@ func (c *conn) onTraffic() gnet.Action {
 				if err := c.payloadDone(); err != nil {
 					return c.drop(err)
 				}
-				if c.gone {
-					return gnet.Close
+				if a, stop := c.handled(); stop {
+					return a
 				}
 			}
 			continue
@@ -329,10 +329,25 @@ func (c *conn) onTraffic() gnet.Action {
 			}
 			return c.drop(err)
 		}
-		if c.gone {
-			return gnet.Close
+		if a, stop := c.handled(); stop {
+			return a
 		}
 	}
+}
+
+// handled is what onTraffic does after a frame (or a payload) was handled:
+// stop when the connection closed meanwhile, and drop a server connection
+// whose peer lets the answers pile up (checkWindow).
+func (c *conn) handled() (gnet.Action, bool) {
+	if c.gone {
+		return gnet.Close, true
+	}
+	if c.role == roleServer {
+		if err := c.checkWindow(); err != nil {
+			return c.drop(err), true
+		}
+	}
+	return gnet.None, false
 }
 
 // readDirect reads the rest of the payload being received from the socket

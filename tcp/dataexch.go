@@ -174,9 +174,8 @@ func (c *conn) serveInline(h *header, kind string, body []byte, hf InlineHandler
 	if !replied {
 		reason := []byte("the handler gave no answer")
 		c.writeFrame(&header{typ: tExchResp, id: h.id, status: stFailed, metaLen: uint16(len(reason))}, reason)
-		return nil
 	}
-	return c.checkWindow()
+	return nil
 }
 
 // MaxDataPayload is the largest payload a data exchange's answer carries

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/panjf2000/gnet/v2"
+
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -212,8 +214,17 @@ func (c *conn) onExchange(h *header, meta []byte) error {
 		hdr := make([]byte, hdrLen)
 		putHeader(hdr, &out)
 		// A connection that closed meanwhile takes the answer with it; the
-		// requester sees ErrConnLost.
-		_ = c.g.AsyncWritev([][]byte{hdr, resp}, nil)
+		// requester sees ErrConnLost. The callback runs on the event loop.
+		_ = c.g.AsyncWritev([][]byte{hdr, resp}, func(g gnet.Conn, err error) error {
+			if err != nil || c.gone {
+				return nil
+			}
+			if err := c.checkWindow(); err != nil {
+				c.drop(err)
+				return g.Close()
+			}
+			return nil
+		})
 	}()
 	return nil
 }

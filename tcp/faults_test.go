@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -767,4 +768,86 @@ func TestAuthThenResetKeepsServing(t *testing.T) {
 	if h, _, _, err := readFrame(c); err != nil || h.typ != tOpenResp || h.status != stOK {
 		t.Fatalf("open after the resets: frame %d status %d, %v", h.typ, h.status, err)
 	}
+}
+
+// windowBound is the most a server connection keeps unsent before it drops
+// its peer (checkWindow).
+func windowBound(n *testNode) int64 { return 2*n.cfg.MaxInflightBytes + 64<<10 }
+
+// TestWindowBoundsEveryAnswer: an authenticated peer that pipelines
+// requests answered without a payload (here opens, each answered with a
+// token) and never reads its socket is dropped once the answers it left
+// unread pass the bound, as one that pipelines READs is.
+func TestWindowBoundsEveryAnswer(t *testing.T) {
+	key := []byte("cluster-secret")
+	kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, SliceSize: 64 << 10, MaxInflightBytes: 64 << 10})
+	b.exp.add("seg", xfertest.NewSegment(5, 1<<20))
+	c := rawClient(t, b, key, "hog")
+	// 640 rounds of 1024 opens, 20 MiB of answers at least (a header and a
+	// token each): far past the bound and the sockets' buffers, but an end
+	// if the peer is never dropped.
+	const batch, rounds = 1024, 640
+	var reqs []byte
+	hb := make([]byte, hdrLen)
+	for i := range batch {
+		putHeader(hb, &header{typ: tOpenReq, id: uint64(i + 1), flags: uint16(RightRead), metaLen: 3})
+		reqs = append(append(reqs, hb...), "seg"...)
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		for range rounds {
+			if _, err := c.Write(reqs); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	if err := <-wrote; err == nil {
+		t.Fatalf("a peer that never reads was not dropped (bound %d bytes unsent):\n%s", windowBound(b), b.logs)
+	}
+	b.logs.waitContains(t, "flow-control window")
+}
+
+// TestWindowBoundsExchangeAnswers: the answers of exchange handlers, which
+// are written when the handler returns, not while a frame is handled,
+// count against the bound too. The peer sends as many exchanges as run at
+// once, their answers come when nothing more arrives, and the peer, which
+// never reads, is dropped all the same.
+func TestWindowBoundsExchangeAnswers(t *testing.T) {
+	key := []byte("cluster-secret")
+	kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, SliceSize: 64 << 10, MaxInflightBytes: 64 << 10})
+	entered, release := holdingHandler(t, b, "hold", make([]byte, MaxExchange), maxExchangeHandlers)
+	if maxExchangeHandlers*MaxExchange < 2*windowBound(b) {
+		t.Fatalf("%d answers of %d bytes do not pass the bound of %d twice over", maxExchangeHandlers, MaxExchange, windowBound(b))
+	}
+	c := rawClient(t, b, key, "hog")
+	// Little room in the kernel's buffers on both sides (the node's send
+	// buffer would otherwise grow to megabytes), so that the answers stay
+	// in the node's own buffer. The connection is open while it is among
+	// the peer's inbound ones, under the peer's lock.
+	if err := c.(*net.TCPConn).SetReadBuffer(4 << 10); err != nil {
+		t.Fatal(err)
+	}
+	p := b.peer("hog", false)
+	p.mu.Lock()
+	for sc := range p.inbound {
+		if err := syscall.SetsockoptInt(sc.fd, syscall.SOL_SOCKET, syscall.SO_SNDBUF, 4<<10); err != nil {
+			t.Error(err)
+		}
+	}
+	p.mu.Unlock()
+	req := appendStr8(nil, "hold")
+	for i := range maxExchangeHandlers {
+		if err := writeRaw(c, &header{typ: tExchReq, id: uint64(i + 1), metaLen: uint16(len(req))}, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range maxExchangeHandlers {
+		<-entered
+	}
+	close(release)
+	b.logs.waitContains(t, "flow-control window")
 }

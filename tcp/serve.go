@@ -100,7 +100,11 @@ func (c *conn) refusedRequest(what string, err error, kv ...any) {
 }
 
 // checkWindow drops a peer that lets our answers pile up beyond its
-// flow-control window.
+// flow-control window. It runs after every frame handled on a server
+// connection (onTraffic) and when an exchange handler's answer is written
+// (onExchange): small answers count too (opens, refusals, acks), or a peer
+// that sends such requests and never reads would grow the buffer without
+// bound.
 func (c *conn) checkWindow() error {
 	if int64(c.g.OutboundBuffered()) > 2*c.n.cfg.MaxInflightBytes+(64<<10) {
 		return fmt.Errorf("%w: peer exceeded its flow-control window (%d bytes unsent)", ErrProtocol, c.g.OutboundBuffered())
@@ -150,7 +154,7 @@ func (c *conn) onRead(h *header, meta []byte) error {
 	c.iov[0], c.iov[1] = nil, nil
 	seg.Release()
 	c.peer.bytesOut.Add(uint64(h.n))
-	return c.checkWindow()
+	return nil
 }
 
 func (c *conn) onWrite(h *header, meta []byte) error {
@@ -215,5 +219,5 @@ func (c *conn) payloadDone() error {
 	}
 	c.rx = rxState{}
 	c.writeFrame(&out, nil)
-	return c.checkWindow()
+	return nil
 }
