@@ -386,11 +386,10 @@ func (c *conn) land(k int) {
 }
 
 func (c *conn) handle(h *header, meta []byte) error {
-	if h.typ == tRefuse {
-		c.n.log.Warn("peer refused us", append(c.logger(), "reason", string(meta))...)
-		return errRefused
-	}
 	if c.role == roleClient {
+		if h.typ == tRefuse {
+			return c.onRefused(meta)
+		}
 		return c.handleResponse(h, meta)
 	}
 	switch c.hs {
@@ -400,12 +399,19 @@ func (c *conn) handle(h *header, meta []byte) error {
 		}
 		return c.onHello(meta)
 	case hsAwaitAuth:
-		if h.typ != tAuth {
-			return fmt.Errorf("%w: frame %d before auth", ErrProtocol, h.typ)
+		switch h.typ {
+		case tAuth:
+			return c.onAuth(meta)
+		case tRefuse:
+			// The dialer refuses our hello (another cluster key, another
+			// daemon than it dialed, a retired epoch).
+			return c.onRefused(meta)
 		}
-		return c.onAuth(meta)
+		return fmt.Errorf("%w: frame %d before auth", ErrProtocol, h.typ)
 	}
 	switch h.typ {
+	case tRefuse:
+		return c.onRefused(meta)
 	case tOpenReq:
 		return c.onOpen(h, meta)
 	case tReadReq:
@@ -418,6 +424,21 @@ func (c *conn) handle(h *header, meta []byte) error {
 		return c.onExchange(h, meta)
 	}
 	return fmt.Errorf("%w: unexpected frame %d from a client", ErrProtocol, h.typ)
+}
+
+// onRefused logs the peer's refusal and ends the connection. The peer of
+// a connection that has not authenticated may be anyone on the network,
+// so its refusals go through the refusal log, as its drops do (see drop);
+// an authenticated peer's are each logged. The peer's reason is cut to
+// maxRefuseReason bytes.
+func (c *conn) onRefused(meta []byte) error {
+	if c.peer == nil {
+		c.n.refusals.note(c.n.log, "peer refused us before authenticating", time.Now(),
+			append(c.logger(), "said", refuseReason(meta))...)
+		return errRefused
+	}
+	c.n.log.Warn("peer refused us", append(c.logger(), "reason", refuseReason(meta))...)
+	return errRefused
 }
 
 // writeFrame writes a header and metadata on the loop.

@@ -47,8 +47,9 @@
 // to the Directory) are accepted on the listener; any other id is refused
 // after authentication, and refusals are logged at most once per
 // refuseLogEvery with a count, as are the drops of connections that sent a
-// malformed or out-of-order frame before authenticating (anyone can
-// connect; an authenticated peer's drops are each logged). One daemon id
+// malformed or out-of-order frame before authenticating and the refusals
+// such connections send (anyone can connect; an authenticated peer's drops
+// and refusals are each logged). One daemon id
 // holds one session at a time: a peer that dials in under an id whose
 // session is live (outbound
 // connections up, or inbound ones of the current epoch open) with another

@@ -851,3 +851,67 @@ func TestWindowBoundsExchangeAnswers(t *testing.T) {
 	close(release)
 	b.logs.waitContains(t, "flow-control window")
 }
+
+// TestRefusalsBeforeAuthRateLimited: anyone on the network can connect and
+// send a refusal with up to 8 KiB of text. Before hello it is out of order
+// (a drop); after our hello (a dialer that refuses it) it is logged. Either
+// way, before authentication, it goes through the refusal log, once per
+// kind and counted, and the text logged is cut to maxRefuseReason bytes;
+// an authenticated peer's refusal is logged each time, cut the same.
+func TestRefusalsBeforeAuthRateLimited(t *testing.T) {
+	key := []byte("cluster-secret")
+	kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
+	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf})
+	long := bytes.Repeat([]byte("A"), 8000)
+	refuse := func(c net.Conn) {
+		t.Helper()
+		_ = writeRaw(c, &header{typ: tRefuse, metaLen: uint16(len(long))}, long)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.Copy(io.Discard, c) // returns once b closes the connection
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatal("a refusal did not end the connection within 5 s")
+		}
+		c.Close()
+	}
+	const conns = 5
+	for range conns {
+		c, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		refuse(c)
+	}
+	for range conns {
+		c, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc := hello{id: "m", epoch: 42, addr: "127.0.0.1:1", maxFrame: 1 << 20, window: 4 << 20}
+		metaC := hc.append(nil)
+		_ = writeRaw(c, &header{typ: tHello, metaLen: uint16(len(metaC))}, metaC)
+		if h, _, _, err := readFrame(c); err != nil || h.typ != tHelloReply {
+			t.Fatalf("hello reply: frame %d, %v", h.typ, err)
+		}
+		refuse(c)
+	}
+	logs := b.logs.String()
+	if n := strings.Count(logs, "protocol violation before authentication"); n != 1 {
+		t.Fatalf("%d refusals before hello logged %d times, want once:\n%s", conns, n, logs)
+	}
+	if n := strings.Count(logs, "peer refused us before authenticating"); n != 1 {
+		t.Fatalf("%d refusals of our hello logged %d times, want once:\n%s", conns, n, logs)
+	}
+	cut := strings.Repeat("A", maxRefuseReason)
+	if !strings.Contains(logs, cut) || strings.Contains(logs, cut+"A") {
+		t.Fatalf("a refusal's reason not logged cut to %d bytes:\n%s", maxRefuseReason, logs)
+	}
+
+	c := rawClient(t, b, key, "honest")
+	refuse(c)
+	b.logs.waitContains(t, `msg="peer refused us"`)
+	logs = b.logs.String()
+	if strings.Count(logs, `msg="peer refused us"`) != 1 || strings.Contains(logs, cut+"A") {
+		t.Fatalf("an authenticated peer's refusal not logged, cut to %d bytes:\n%s", maxRefuseReason, logs)
+	}
+}

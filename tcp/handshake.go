@@ -43,6 +43,16 @@ const (
 	labelClient = "tensorcast client"
 )
 
+// maxRefuseReason bounds what the log keeps of the reason a peer gives
+// for refusing us (a frame's metadata holds up to 8 KiB of it).
+const maxRefuseReason = 256
+
+// refuseReason is the reason a refusal's metadata gives, as the log keeps
+// it: at most maxRefuseReason bytes.
+func refuseReason(meta []byte) string {
+	return string(meta[:min(len(meta), maxRefuseReason)])
+}
+
 // refuse logs a refusal (rate-limited per reason, see refusalLog), tells
 // the peer why and ends the connection. reason is a fixed string.
 func (c *conn) refuse(reason string, kv ...any) error {
@@ -132,8 +142,9 @@ func (n *Node) clientHandshake(nc net.Conn, p *peer) (hello, error) {
 		return hello{}, fmt.Errorf("handshake with %s: %w", p.id, err)
 	}
 	if h.typ == tRefuse {
-		n.log.Warn("peer refused us", "peer", p.id, "reason", string(meta))
-		return hello{}, fmt.Errorf("%w: %s: %s", ErrRefused, p.id, meta)
+		reason := refuseReason(meta)
+		n.log.Warn("peer refused us", "peer", p.id, "reason", reason)
+		return hello{}, fmt.Errorf("%w: %s: %s", ErrRefused, p.id, reason)
 	}
 	if h.typ != tHelloReply {
 		return hello{}, fmt.Errorf("%w: handshake with %s: frame %d", ErrProtocol, p.id, h.typ)
@@ -172,8 +183,9 @@ func (n *Node) clientHandshake(nc net.Conn, p *peer) (hello, error) {
 	switch h.typ {
 	case tAuthOK:
 	case tRefuse:
-		n.log.Warn("peer refused us", "peer", p.id, "reason", string(meta))
-		return hello{}, fmt.Errorf("%w: %s: %s", ErrRefused, p.id, meta)
+		reason := refuseReason(meta)
+		n.log.Warn("peer refused us", "peer", p.id, "reason", reason)
+		return hello{}, fmt.Errorf("%w: %s: %s", ErrRefused, p.id, reason)
 	default:
 		return hello{}, fmt.Errorf("%w: handshake with %s: frame %d", ErrProtocol, p.id, h.typ)
 	}
