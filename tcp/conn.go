@@ -315,6 +315,11 @@ func (c *conn) onTraffic() gnet.Action {
 		if err != nil {
 			return c.drop(err)
 		}
+		if c.role == roleServer && c.hs != hsReady {
+			if err := c.handshakeFrame(&h); err != nil {
+				return c.drop(err)
+			}
+		}
 		need := hdrLen + int(h.metaLen)
 		if g.InboundBuffered() < need {
 			return gnet.None
@@ -394,20 +399,14 @@ func (c *conn) handle(h *header, meta []byte) error {
 	}
 	switch c.hs {
 	case hsAwaitHello:
-		if h.typ != tHello {
-			return fmt.Errorf("%w: frame %d before hello", ErrProtocol, h.typ)
-		}
-		return c.onHello(meta)
+		return c.onHello(meta) // a hello: see handshakeFrame
 	case hsAwaitAuth:
-		switch h.typ {
-		case tAuth:
-			return c.onAuth(meta)
-		case tRefuse:
+		if h.typ == tRefuse {
 			// The dialer refuses our hello (another cluster key, another
 			// daemon than it dialed, a retired epoch).
 			return c.onRefused(meta)
 		}
-		return fmt.Errorf("%w: frame %d before auth", ErrProtocol, h.typ)
+		return c.onAuth(meta)
 	}
 	switch h.typ {
 	case tRefuse:
@@ -424,6 +423,24 @@ func (c *conn) handle(h *header, meta []byte) error {
 		return c.onExchange(h, meta)
 	}
 	return fmt.Errorf("%w: unexpected frame %d from a client", ErrProtocol, h.typ)
+}
+
+// handshakeFrame checks that a frame on a server connection still in its
+// handshake is one the handshake expects, as soon as its header is in and
+// before its metadata is waited for: a frame the handshake never takes is
+// not buffered, and an exchange frame, whose metadata may reach 64 KiB,
+// would make an unauthenticated connection hold eight times the 8 KiB
+// that the handshake's frames are bounded by.
+func (c *conn) handshakeFrame(h *header) error {
+	switch {
+	case c.hs == hsAwaitHello && h.typ != tHello:
+		return fmt.Errorf("%w: frame %d before hello", ErrProtocol, h.typ)
+	case c.hs == hsAwaitAuth && h.typ != tAuth && h.typ != tRefuse:
+		return fmt.Errorf("%w: frame %d before auth", ErrProtocol, h.typ)
+	case h.metaLen > c.n.lim.maxMeta:
+		return fmt.Errorf("%w: metadata of %d bytes exceeds %d", ErrFrame, h.metaLen, c.n.lim.maxMeta)
+	}
+	return nil
 }
 
 // onRefused logs the peer's refusal and ends the connection. The peer of

@@ -915,3 +915,49 @@ func TestRefusalsBeforeAuthRateLimited(t *testing.T) {
 		t.Fatalf("an authenticated peer's refusal not logged, cut to %d bytes:\n%s", maxRefuseReason, logs)
 	}
 }
+
+// TestHandshakeFrameCheckedByItsHeader: a frame the handshake does not take
+// is refused as soon as its header is in, not after its metadata: an
+// exchange frame, whose metadata may reach 64 KiB, would otherwise make an
+// unauthenticated connection hold that much until the handshake timeout.
+func TestHandshakeFrameCheckedByItsHeader(t *testing.T) {
+	kf := testutil.KeyFile(t, t.TempDir(), "k", "cluster-secret")
+	for _, tc := range []struct {
+		name  string
+		hello bool
+		want  string
+	}{
+		{"before hello", false, "frame 14 before hello"},
+		{"before auth", true, "frame 14 before auth"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A node of its own: the refusal log has a line per kind.
+			b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, HandshakeTimeout: time.Minute})
+			c, err := net.Dial("tcp", b.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			if tc.hello {
+				hc := hello{id: "m", epoch: 42, addr: "127.0.0.1:1", maxFrame: 1 << 20, window: 4 << 20}
+				metaC := hc.append(nil)
+				_ = writeRaw(c, &header{typ: tHello, metaLen: uint16(len(metaC))}, metaC)
+				if h, _, _, err := readFrame(c); err != nil || h.typ != tHelloReply {
+					t.Fatalf("hello reply: frame %d, %v", h.typ, err)
+				}
+			}
+			hb := make([]byte, hdrLen)
+			putHeader(hb, &header{typ: tExchReq, id: 1, metaLen: 65535})
+			if _, err := c.Write(append(hb, make([]byte, 100)...)); err != nil {
+				t.Fatal(err)
+			}
+			_, err = io.Copy(io.Discard, c) // returns once b closes the connection
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatal("an exchange header during the handshake did not end the connection: its metadata was awaited")
+			}
+			b.logs.waitContains(t, tc.want)
+		})
+	}
+}
