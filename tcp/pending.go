@@ -25,7 +25,10 @@ const (
 // pending is one request on the wire, registered in its connection's
 // table until answered. Data requests and notifications are pooled: one
 // reference belongs to the frame's write (writer.go), one to whoever ends
-// the request.
+// the request. A WRITE's frame carries the task's memory, and a peer may
+// answer before the frame is all written (once it has the header): its
+// slice ends only when both are done, at the last reference's release
+// (see finish).
 type pending struct {
 	node     *Node
 	kind     pendKind
@@ -48,6 +51,10 @@ type pending struct {
 	// meta is a notification's frame metadata, kept across the pool's
 	// reuses.
 	meta []byte
+	// A WRITE's end (finish), kept for the last reference's release:
+	// ended is set when it came, with the bytes moved and err.
+	ended bool
+	moved uint64
 
 	// open and exchange requests
 	doneCh chan struct{}
@@ -89,15 +96,25 @@ func (pd *pending) release() {
 	if pd.refs.Add(-1) != 0 || !pd.isData() && pd.kind != pkNotify {
 		return
 	}
+	ts, ended, moved, err := pd.ts, pd.ended, pd.moved, pd.err
 	n, meta := pd.node, pd.meta[:0]
 	*pd = pending{node: n, meta: meta}
 	n.pendPool.Put(pd)
+	if ended {
+		ts.part(moved, err)
+	}
 }
 
-// finish ends a request taken out of its connection's table.
+// finish ends a request taken out of its connection's table. A WRITE's
+// slice ends when its frame's write is done too: its writer may still be
+// sending the task's memory, which the task's Done gives back to the
+// caller, so the end waits in pd for whichever reference goes last.
 func (pd *pending) finish(moved uint64, err error) {
 	switch pd.kind {
-	case pkRead, pkWrite:
+	case pkWrite:
+		pd.ended, pd.moved, pd.err = true, moved, err
+		pd.release()
+	case pkRead:
 		ts := pd.ts
 		pd.release()
 		ts.part(moved, err)
