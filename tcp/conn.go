@@ -51,19 +51,19 @@ type conn struct {
 	remote string
 
 	// loop-only:
-	hs hsState
-	// gone is set by OnClose. A write that fails closes the connection
-	// before it returns, and gnet releases its buffers and descriptor: the
-	// frame's handler finishes, but nothing more is read or written, and
-	// onTraffic returns Close (for gnet, a connection closed already),
-	// which keeps gnet from buffering into the released connection.
-	gone    bool
+	hs      hsState
 	metaC   []byte // handshake transcript (server side)
 	metaS   []byte
 	rx      rxState
 	scratch [hdrLen]byte
 	iov     [2][]byte
 	tok     tokCache
+	// gone is set by OnClose. A write that fails closes the connection
+	// before it returns, and gnet releases its buffers and descriptor: the
+	// frame's handler finishes, but nothing more is read or written, and
+	// onTraffic returns Close (for gnet, a connection closed already),
+	// which keeps gnet from buffering into the released connection.
+	gone bool
 
 	dataReqs atomic.Uint64 // data requests served (server side)
 	// rxEvents counts the event-loop wake-ups that brought bytes on a
