@@ -95,11 +95,20 @@ func (s *Store) replicateDurable(rp Replicator, copies int, key []byte, cl *call
 // other hosts), for the store across hosts to have it copied: ErrNotFound
 // when it is not stored here.
 func (s *Store) Copyable(key []byte) (size uint64, crc uint32, err error) {
+	size, crc, _, err = s.CopyHere(key)
+	return size, crc, err
+}
+
+// CopyHere is Copyable with whether the value is on L2 too, read in one
+// look at the record: the store across hosts checks with it that a copy
+// it was asked to make, and found already here, is the value asked for,
+// and on L2 when the copy must be.
+func (s *Store) CopyHere(key []byte) (size uint64, crc uint32, onL2 bool, err error) {
 	if !s.validKey(key) {
-		return 0, 0, ErrBadKey
+		return 0, 0, false, ErrBadKey
 	}
 	if !s.enter() {
-		return 0, 0, ErrClosed
+		return 0, 0, false, ErrClosed
 	}
 	defer s.exit()
 	h, sh, _ := s.hash(key)
@@ -107,12 +116,8 @@ func (s *Store) Copyable(key []byte) (size uint64, crc uint32, err error) {
 	defer sh.mu.Unlock()
 	idx, ok := sh.find(h, key)
 	if !ok || sh.ent(idx).state != stReady {
-		return 0, 0, ErrNotFound
+		return 0, 0, false, ErrNotFound
 	}
 	e := sh.ent(idx)
-	if e.flags&(fL2|fCRC) == 0 {
-		e.crc = crc32c(s.poolMem[e.l1 : e.l1+uint64(e.size)])
-		e.flags |= fCRC
-	}
-	return uint64(e.size), e.crc, nil
+	return uint64(e.size), s.knownCRC(e), e.flags&fL2 != 0, nil
 }

@@ -379,6 +379,10 @@ type want struct {
 	// failed is set once a holder failed otherwise than by no longer
 	// having the value: only when none did is the key a miss.
 	failed bool
+	// tier is the tier a replica's copy stored here is announced at, set
+	// by land: TierL2 once a durable copy was committed, or found, on L2;
+	// else 0, for TierL1.
+	tier uint8
 }
 
 // errBacklogged: a fetch does not bring a copy of the value here, since the
@@ -687,10 +691,13 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 			spans = append(spans, Span{Local: locs[j].Offset, Remote: remote[j], Length: sizes[j]})
 			mk = append(mk, rkeys[j])
 			mw = append(mw, rw[j])
-		case durable && errors.Is(rerrs[j], store.ErrBusy):
-			rw[j].last = fmt.Errorf("a put of the key is in flight here: %w", rerrs[j])
-		case errors.Is(rerrs[j], store.ErrExists), errors.Is(rerrs[j], store.ErrBusy):
+		case fetched && (errors.Is(rerrs[j], store.ErrExists) || errors.Is(rerrs[j], store.ErrBusy)):
 			rw[j].last = nil // stored here meanwhile (or being put): the local answer stands
+		case errors.Is(rerrs[j], store.ErrExists):
+			rw[j].last = c.sameHere(rkeys[j], rw[j], durable)
+		case errors.Is(rerrs[j], store.ErrBusy):
+			// A replica's put that may yet abort: nothing here to vouch for.
+			rw[j].last = fmt.Errorf("a put of the key is in flight here: %w", rerrs[j])
 		default:
 			rw[j].last = rerrs[j]
 		}
@@ -743,8 +750,37 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 		w.last = cerrs[j]
 		if ccodes[j] == store.OK {
 			w.last = nil
+			if durable {
+				w.tier = TierL2
+			}
 		}
 	}
+}
+
+// errNotOnL2: a durable replicate found the key already stored here, but
+// only in memory, and a durable copy counts only on L2.
+var errNotOnL2 = xfer.Categorized(xfer.ErrPrecondition, "cluster: the key is stored here, but not on L2")
+
+// sameHere says whether the value a replicate asked for (w's holder) and
+// found already stored here (key's Reserve answered it exists) stands for
+// the copy asked: only when it is the same value (size and crc32c) and,
+// for a durable replicate, on L2. Else it says why not. A copy that stands
+// has w.tier set to the tier it is announced at.
+func (c *Cluster) sameHere(key []byte, w *want, durable bool) error {
+	size, crc, onL2, err := c.st.CopyHere(key)
+	asked := w.cands[w.next]
+	switch {
+	case err != nil:
+		return fmt.Errorf("the key was stored here, and is not now: %w", err)
+	case size != asked.Size || crc != asked.CRC:
+		return fmt.Errorf("%w: another value of it is here (%d bytes, crc32c %#x; %d bytes, %#x asked)", store.ErrExists, size, crc, asked.Size, asked.CRC)
+	case durable && !onL2:
+		return errNotOnL2
+	}
+	if durable {
+		w.tier = TierL2
+	}
+	return nil
 }
 
 // readParts bounds the parts a holder's read is split into, and

@@ -244,8 +244,10 @@ func (c *Cluster) onReplicate(from string, epoch uint64, req []byte) ([]byte, er
 			}
 			continue
 		}
+		// Committed here, or found here the same value (land): it is the
+		// sender's size and crc32c, on the tier land saw it reach.
 		tier := TierL1
-		if durable {
+		if w.tier == TierL2 {
 			tier = TierL2
 		}
 		landed = append(landed, entry{key: es[i].key, tier: tier, size: es[i].size, crc: es[i].crc})

@@ -318,3 +318,148 @@ func TestModeBudgetsRemoteGets(t *testing.T) {
 		t.Errorf("%d remote gets still counted in flight", st.RemoteGets)
 	}
 }
+
+// TestReplicaFoundHere: a replicate whose target already has the key
+// stands for the copy asked only when the target's value is the same
+// (size and crc32c) and, for a durable replicate, on L2; anything else
+// fails the copy, and the key's home is told nothing the target does not
+// hold: not a durable copy of a value that is only in the target's
+// memory, not the sender's crc32c for another value, not a copy of a put
+// still in flight there that may yet abort. The target here has no L2.
+func TestReplicaFoundHere(t *testing.T) {
+	f := newNet(t, []string{"a", "b", "c"}, Config{Shards: 16, Timeout: 3 * time.Second, ProbeEvery: time.Hour})
+	a := f.node("a")
+	// replicate has a copy of key made on its target (returned) and
+	// answers how it went.
+	replicate := func(key string, durable bool) (string, error) {
+		tgt := a.c.replicaTargets(a.c.view.Load(), []byte(key), 1)[0]
+		ch := make(chan error, 1)
+		a.c.Replicate([][]byte{[]byte(key)}, 2, durable, func(_ int, err error) { ch <- err })
+		return tgt, <-ch
+	}
+	// indexed is the target's copy of key as the home knows it.
+	indexed := func(key, tgt string) (Holder, bool) {
+		_, hs, err := a.c.Locate([]byte(key))
+		if err != nil {
+			t.Fatalf("locating %s: %v", key, err)
+		}
+		for _, h := range hs {
+			if h.ID == tgt {
+				return h, true
+			}
+		}
+		return Holder{}, false
+	}
+	// putBoth puts key on a and other on key's target, and waits until
+	// the home knows the target's copy.
+	putBoth := func(key string, v, other []byte) (string, Holder) {
+		a.put(t, key, v)
+		tgt := a.c.replicaTargets(a.c.view.Load(), []byte(key), 1)[0]
+		f.node(tgt).put(t, key, other)
+		var h Holder
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			var ok bool
+			h, ok = indexed(key, tgt)
+			return ok && h.Size == uint64(len(other))
+		}, "%s's copy on %s indexed", key, tgt)
+		return tgt, h
+	}
+
+	t.Run("absent durable", func(t *testing.T) {
+		// The control: a durable copy on a daemon without L2 fails.
+		a.put(t, "found/absent", value("found/absent", 4096))
+		if tgt, err := replicate("found/absent", true); err == nil {
+			t.Errorf("a durable copy on %s, which has no L2, answered OK", tgt)
+		}
+	})
+	t.Run("same value in memory, durable", func(t *testing.T) {
+		k := "found/l1"
+		v := value(k, 4096)
+		tgt, before := putBoth(k, v, v)
+		if _, err := replicate(k, true); !errors.Is(err, ErrReplicaFailed) {
+			t.Errorf("a durable copy found in %s's memory only: %v, want ErrReplicaFailed", tgt, err)
+		}
+		if h, _ := indexed(k, tgt); h != before {
+			t.Errorf("the home knows %s's copy as %+v, want %+v as before", tgt, h, before)
+		}
+	})
+	t.Run("same value in memory", func(t *testing.T) {
+		k := "found/same"
+		v := value(k, 4096)
+		tgt, _ := putBoth(k, v, v)
+		if _, err := replicate(k, false); err != nil {
+			t.Errorf("a copy found in %s, the same value: %v, want OK", tgt, err)
+		}
+		if h, _ := indexed(k, tgt); h.Tier != TierL1 || h.Size != 4096 {
+			t.Errorf("the home knows %s's copy as %+v, want 4096 bytes on L1", tgt, h)
+		}
+	})
+	t.Run("another value", func(t *testing.T) {
+		k := "found/other"
+		tgt, before := putBoth(k, value(k, 4096), value("another", 4096))
+		if _, err := replicate(k, false); !errors.Is(err, ErrReplicaFailed) {
+			t.Errorf("a copy found in %s as another value: %v, want ErrReplicaFailed", tgt, err)
+		}
+		if h, _ := indexed(k, tgt); h != before {
+			t.Errorf("the home knows %s's copy as %+v, want %+v, the value it holds", tgt, h, before)
+		}
+	})
+	t.Run("put in flight", func(t *testing.T) {
+		k := "found/busy"
+		a.put(t, k, value(k, 4096))
+		tgt := a.c.replicaTargets(a.c.view.Load(), []byte(k), 1)[0]
+		ss := f.node(tgt).st.NewSession()
+		codes := make([]store.Code, 1)
+		if err := ss.Reserve([][]byte{[]byte(k)}, []uint64{4096}, make([]store.Location, 1), codes, nil); err != nil || codes[0] != store.OK {
+			t.Fatalf("reserving %s on %s: %v, %v", k, tgt, err, codes[0])
+		}
+		_, err := replicate(k, false)
+		// The put in flight aborts: no copy is on the target.
+		if err := ss.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err == nil {
+			t.Errorf("a copy on %s, where a put of the key was in flight, answered OK", tgt)
+		}
+		if h, ok := indexed(k, tgt); ok {
+			t.Errorf("the home knows a copy on %s (%+v) that is not there", tgt, h)
+		}
+	})
+}
+
+// TestReplicaFoundOnL2: a durable replicate whose target already has the
+// same value on L2 stands for the copy, and the key's home knows it on
+// the target's L2.
+func TestReplicaFoundOnL2(t *testing.T) {
+	f := newNetWith(t, []string{"a", "b", "c"}, Config{Shards: 16, Timeout: 3 * time.Second, ProbeEvery: time.Hour}, nil, withL2("b", "c"))
+	a := f.node("a")
+	k := "found/l2"
+	v := value(k, 4096)
+	a.put(t, k, v)
+	tgt := f.node(a.c.replicaTargets(a.c.view.Load(), []byte(k), 1)[0])
+	ss := tgt.st.NewSession()
+	codes := make([]store.Code, 1)
+	if _, err := ss.Put([][]byte{[]byte(k)}, [][]byte{v}, true, codes, nil, nil, 0); err != nil || codes[0] != store.OK {
+		t.Fatalf("durable put of %s on %s: %v, %v", k, tgt.id, err, codes[0])
+	}
+	ss.Close()
+	// Its own announcement first (it says nothing of L2): the replicate's
+	// is the one the home keeps.
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Contains(f.holders(k), tgt.id) },
+		"%s's copy on %s indexed", k, tgt.id)
+	ch := make(chan error, 1)
+	a.c.Replicate([][]byte{[]byte(k)}, 2, true, func(_ int, err error) { ch <- err })
+	if err := <-ch; err != nil {
+		t.Fatalf("a durable copy found on %s's L2: %v, want OK", tgt.id, err)
+	}
+	_, hs, err := a.c.Locate([]byte(k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hs {
+		if h.ID == tgt.id && h.Tier == TierL2 {
+			return
+		}
+	}
+	t.Errorf("the home knows %s's copies as %+v, want one on %s's L2", k, hs, tgt.id)
+}
