@@ -69,6 +69,10 @@ type fakeNet struct {
 	// an xfertest transport whose reads can be held), set before they
 	// are built (withL2).
 	l2 map[string]*memL2
+	// maxKeys: the most keys one call of each daemon's store takes, for
+	// the daemons it names (withMaxKeysPerCall), set before they are
+	// built; the store's default for the others.
+	maxKeys map[string]int
 	// older, guarded by kindMu: daemons that act on the wire as a release
 	// without the messages with removal ages (olderWire); olderRefused
 	// counts the messages such a daemon's decoders would have refused.
@@ -652,7 +656,11 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 		if err != nil {
 			t.Fatal(err)
 		}
-		scfg := store.Config{L1Capacity: 1 << 20}
+		scfg := store.Config{L1Capacity: 1 << 20, MaxKeysPerCall: f.maxKeys[id]}
+		if f.maxKeys[id] != 0 {
+			// Room for a message's keys in one session's smallest blocks.
+			scfg.MaxSessionReserved = maxMsgKeys * 4096
+		}
 		var l2 *store.L2
 		if m := f.l2[id]; m != nil {
 			// Over the high watermark, every clean value leaves the pool.
@@ -791,6 +799,18 @@ func withL2(ids ...string) func(*fakeNet) {
 			m.tr = xfertest.New(xfertest.Config{Name: "memL2", Inline: true, Move: m.move,
 				Hold: func(t *xfer.Task) bool { return t.Req.Op == xfer.OpRead && m.holdReads.Load() }})
 			f.l2[id] = m
+		}
+	}
+}
+
+// withMaxKeysPerCall gives the daemons ids a store that takes at most n
+// keys per call, and whose sessions may reserve a message's worth of keys
+// (maxMsgKeys of the pool's smallest blocks, more than its default).
+func withMaxKeysPerCall(n int, ids ...string) func(*fakeNet) {
+	return func(f *fakeNet) {
+		f.maxKeys = map[string]int{}
+		for _, id := range ids {
+			f.maxKeys[id] = n
 		}
 	}
 }

@@ -45,7 +45,9 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	ss := c.st.NewSessionForOthers()
 	locs := make([]store.Location, len(keys))
 	codes := make([]store.Code, len(keys))
-	if err := ss.GetHere(keys, locs, codes, nil); err != nil {
+	if err := c.inCalls(len(keys), func(lo, hi int) error {
+		return ss.GetHere(keys[lo:hi], locs[lo:hi], codes[lo:hi], nil)
+	}); err != nil {
 		_ = ss.Close()
 		return nil, err
 	}
@@ -74,7 +76,9 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	}
 	c.holdMu.Unlock()
 	if len(busy) > 0 {
-		if err := ss.Unpin(busy, make([]store.Code, len(busy))); err != nil {
+		if err := c.inCalls(len(busy), func(lo, hi int) error {
+			return ss.Unpin(busy[lo:hi], make([]store.Code, hi-lo))
+		}); err != nil {
 			c.log.Warn("unpinning keys a hold refused failed: they stay pinned until the hold ends", "keys", len(busy), "err", err)
 		}
 	}

@@ -676,7 +676,10 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	locs := make([]store.Location, len(rkeys))
 	codes := make([]store.Code, len(rkeys))
 	rerrs := make([]error, len(rkeys))
-	if err := ss.Reserve(rkeys, sizes, locs, codes, rerrs); err != nil {
+	if err := c.inCalls(len(rkeys), func(lo, hi int) error {
+		return ss.Reserve(rkeys[lo:hi], sizes[lo:hi], locs[lo:hi], codes[lo:hi], rerrs[lo:hi])
+	}); err != nil {
+		// The reservations made go back with the session.
 		for _, w := range rw {
 			w.last = err
 		}
@@ -734,18 +737,18 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	cerrs := make([]error, len(ck))
 	// Checked above: the commit does not read the bytes again. A fetched
 	// copy is unseen here until its home takes its announcement (confirm).
-	var err error
-	if fetched {
-		err = ss.CommitFetched(ck, crcs, ccodes, cerrs)
-	} else {
-		err = ss.CommitChecked(ck, durable, crcs, ccodes, cerrs)
-	}
-	if err != nil {
-		for _, w := range cw {
-			w.last = err
+	_ = c.inCalls(len(ck), func(lo, hi int) error {
+		var err error
+		if fetched {
+			err = ss.CommitFetched(ck[lo:hi], crcs[lo:hi], ccodes[lo:hi], cerrs[lo:hi])
+		} else {
+			err = ss.CommitChecked(ck[lo:hi], durable, crcs[lo:hi], ccodes[lo:hi], cerrs[lo:hi])
 		}
-		return
-	}
+		for j := lo; err != nil && j < hi; j++ {
+			ccodes[j], cerrs[j] = store.Internal, err
+		}
+		return nil // each part's keys have their own outcome
+	})
 	for j, w := range cw {
 		w.last = cerrs[j]
 		if ccodes[j] == store.OK {
@@ -755,6 +758,20 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 			}
 		}
 	}
+}
+
+// inCalls has do make a store call for each part [lo, hi) of n keys, in
+// order, each part at most the keys one store call takes
+// (Store.MaxKeysPerCall, which may be fewer than a peer's message
+// carries); the first error ends it.
+func (c *Cluster) inCalls(n int, do func(lo, hi int) error) error {
+	per := max(c.st.MaxKeysPerCall(), 1)
+	for lo := 0; lo < n; lo += per {
+		if err := do(lo, min(lo+per, n)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // errNotOnL2: a durable replicate found the key already stored here, but

@@ -463,3 +463,73 @@ func TestReplicaFoundOnL2(t *testing.T) {
 	}
 	t.Errorf("the home knows %s's copies as %+v, want one on %s's L2", k, hs, tgt.id)
 }
+
+// TestFetchOverMaxKeysPerCall: a holder and a reader whose stores take
+// fewer keys per call (64) than a peer's message carries (maxMsgKeys)
+// still serve and keep a read of 100 keys from one holder: the hold, the
+// reservations and the commits go to the stores in parts.
+func TestFetchOverMaxKeysPerCall(t *testing.T) {
+	f := newNetWith(t, []string{"h", "r", "x"}, Config{Shards: 16, Timeout: 3 * time.Second, ProbeEvery: time.Hour, Staleness: -1},
+		nil, withMaxKeysPerCall(64, "h", "r"))
+	h, r := f.node("h"), f.node("r")
+	var keys [][]byte
+	for i := range 100 {
+		k := fmt.Sprintf("parts/%03d", i)
+		h.put(t, k, value(k, 1024))
+		keys = append(keys, []byte(k))
+	}
+	for _, k := range keys {
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(string(k)), []string{"h"}) },
+			"%s announced", k)
+	}
+	errs := make(chan error, len(keys))
+	r.c.Fetch(keys, func(i int, err error) {
+		if err != nil {
+			err = fmt.Errorf("%s: %w", keys[i], err)
+		}
+		errs <- err
+	})
+	for range keys {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	for _, k := range keys {
+		// Kept here (unseen by readers until its home takes it).
+		if !r.st.HeldHere(k) {
+			t.Errorf("%s not kept on r after its fetch", k)
+		}
+	}
+}
+
+// TestReplicateOverMaxKeysPerCall: a target whose store takes fewer keys
+// per call (64) than a replicate carries makes every copy of a batch of
+// 100.
+func TestReplicateOverMaxKeysPerCall(t *testing.T) {
+	f := newNetWith(t, []string{"a", "b"}, Config{Shards: 16, Timeout: 3 * time.Second, ProbeEvery: time.Hour},
+		nil, withMaxKeysPerCall(64, "b"))
+	a := f.node("a")
+	var keys [][]byte
+	for i := range 100 {
+		k := fmt.Sprintf("parts/%03d", i)
+		a.put(t, k, value(k, 1024))
+		keys = append(keys, []byte(k))
+	}
+	errs := make(chan error, len(keys))
+	a.c.Replicate(keys, 2, false, func(i int, err error) {
+		if err != nil {
+			err = fmt.Errorf("%s: %w", keys[i], err)
+		}
+		errs <- err
+	})
+	for range keys {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	for _, k := range keys {
+		if code := f.node("b").here(t, string(k)); code != store.OK {
+			t.Errorf("%s on b after its copy: %v, want OK", k, code)
+		}
+	}
+}
