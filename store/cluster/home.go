@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -621,10 +622,23 @@ func (c *Cluster) tombAway(ts []tomb, key []byte, hs []Holder, away []string, no
 	return ts
 }
 
+// msgKeysBound refuses a message of kind with n keys, more than a
+// conforming sender puts in one (maxMsgKeys): the codec takes as many as
+// the bytes hold, but the answer to that many may not fit an exchange.
+func msgKeysBound(kind string, n int) error {
+	if n > maxMsgKeys {
+		return fmt.Errorf("%w: %s of %d keys (at most %d)", ErrMessage, kind, n, maxMsgKeys)
+	}
+	return nil
+}
+
 func (c *Cluster) onRemove(from string, epoch uint64, req []byte) ([]byte, error) {
 	keys, err := decodeKeys(req)
 	if err != nil {
 		return nil, err
+	}
+	if err := msgKeysBound("remove", len(keys)); err != nil {
+		return nil, err // before any removal: its answer would not fit an exchange
 	}
 	return encodeRemoveAnswer(c.removeHere(from, keys)), nil
 }
@@ -852,6 +866,9 @@ func (c *Cluster) dropAsked(from string, req []byte, aged bool) ([]byte, error) 
 	keys, ages, err := decodeDrop(req, aged)
 	if err != nil {
 		return nil, err
+	}
+	if err := msgKeysBound("drop", len(keys)); err != nil {
+		return nil, err // before any drop: its answer would not fit an exchange
 	}
 	kept := c.dropHere(keys, atsOf(ages, time.Now()))
 	if len(kept) > 0 {

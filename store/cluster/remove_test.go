@@ -951,3 +951,34 @@ func TestRemoveNeverRefusedForOtherHostsReads(t *testing.T) {
 		t.Errorf("h after the holds: %d pins, want none", st.Pins)
 	}
 }
+
+// TestOversizedRemoveRefused: a remove or a drop of more keys than a
+// conforming sender puts in one message (maxMsgKeys), which the codec
+// takes but whose answer may not fit an exchange, is refused whole before
+// anything is removed: the key it names stays.
+func TestOversizedRemoveRefused(t *testing.T) {
+	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: 3 * time.Second, ProbeEvery: time.Hour})
+	a, b := f.node("a"), f.node("b")
+	keys := make([][]byte, maxMsgKeys+1)
+	ages := make([]uint32, len(keys))
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "over/%03d", i)
+	}
+	for i := range keys {
+		a.put(t, string(keys[i]), value(string(keys[i]), 1024))
+	}
+	for name, call := range map[string]func() ([]byte, error){
+		"remove":         func() ([]byte, error) { return a.c.onRemove("b", b.epoch, encodeKeys(keys)) },
+		"drop":           func() ([]byte, error) { return a.c.onDrop("b", b.epoch, encodeKeys(keys)) },
+		"drop with ages": func() ([]byte, error) { return a.c.onDropAges("b", b.epoch, encodeDrop(keys, ages)) },
+	} {
+		if _, err := call(); !errors.Is(err, ErrMessage) {
+			t.Errorf("%s of %d keys: %v, want ErrMessage", name, len(keys), err)
+		}
+		for _, k := range keys {
+			if code := a.here(t, string(k)); code != store.OK {
+				t.Fatalf("%s of %d keys, refused: %s is %v here, want OK", name, len(keys), k, code)
+			}
+		}
+	}
+}
