@@ -2,13 +2,17 @@ package cluster
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/internal/testutil"
+	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/store/cluster/grant"
 )
 
 // TestUnclaimOnlyByReader: a claim the home handed one reader is released
@@ -163,3 +167,73 @@ func TestReaderKilledMidTransfer(t *testing.T) {
 		t.Fatalf("b's read after: %d bytes, %v", len(got), err)
 	}
 }
+
+// TestHoldsBoundedWhileTaken: a hold still being taken counts against
+// Config.MaxHolds: while one reader's hold, the only one the holder
+// admits, waits in the mode's serve budget (between the bound's check
+// and the hold's insertion), a second reader's hold is refused busy, and
+// once the first is done the holder has one hold, not two.
+func TestHoldsBoundedWhileTaken(t *testing.T) {
+	clock := &gateClock{in: make(chan struct{}), release: make(chan struct{})}
+	adm, err := grant.NewAdmission(grant.GlobalGoverned, nil, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newNetWith(t, []string{"h", "r"}, Config{Shards: 16, Timeout: 3 * time.Second, ProbeEvery: time.Hour, MaxHolds: 1},
+		func(id string, c *Config) {
+			if id == "h" {
+				c.Admission = adm
+			}
+		})
+	h, r := f.node("h"), f.node("r")
+	h.put(t, "held", value("held", 1024))
+	hold := func() error {
+		_, err := h.c.onHold("r", r.epoch, encodeHold(60_000, [][]byte{[]byte("held")}))
+		return err
+	}
+	clock.armed.Store(true)
+	first := make(chan error, 1)
+	go func() { first <- hold() }()
+	<-clock.in // the first hold is in the serve budget, not yet inserted
+	clock.armed.Store(false)
+	second := make(chan error, 1)
+	go func() { second <- hold() }()
+	// Refused at once with the fix; without it, the second waits behind
+	// the first in the budget's lock, then is taken too.
+	select {
+	case err := <-second:
+		if !errors.Is(err, ErrBusy) {
+			t.Errorf("a second hold while the first is taken: %v, want ErrBusy", err)
+		}
+		close(clock.release)
+	case <-time.After(5 * time.Second): // a bound on failing, not a wait for the event
+		t.Error("a second hold while the first is taken not refused at once")
+		close(clock.release)
+		if err := <-second; err == nil {
+			t.Error("a second hold while the first was taken: taken too")
+		}
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("the first hold: %v", err)
+	}
+	if n := h.c.Holds(); n != 1 {
+		t.Errorf("%d holds on a holder that admits 1", n)
+	}
+}
+
+// gateClock is a clock whose readings, while armed, each wait until
+// release is closed, saying so on in first.
+type gateClock struct {
+	armed       atomic.Bool
+	in, release chan struct{}
+}
+
+func (c *gateClock) Now() time.Time {
+	if c.armed.Load() {
+		c.in <- struct{}{}
+		<-c.release
+	}
+	return time.Now()
+}
+
+func (c *gateClock) AfterFunc(d time.Duration, f func()) store.Timer { return time.AfterFunc(d, f) }

@@ -310,10 +310,14 @@ type Cluster struct {
 	// one handTombs hand-off per home.
 	dropRounds, handing rounds
 
-	// holdMu guards holds, holdKeys, gone, dropping and nextClaim.
-	holdMu   sync.Mutex
-	holds    map[uint64]*hold
-	holdKeys map[string]int // readers holding each key here (ClaimsPerKey at most)
+	// holdMu guards holds, holdsTaking, holdKeys, gone, dropping and
+	// nextClaim.
+	holdMu sync.Mutex
+	holds  map[uint64]*hold
+	// holdsTaking counts the holds being taken (onHold, past its check of
+	// Config.MaxHolds and not yet in holds): they count against the bound.
+	holdsTaking int
+	holdKeys    map[string]int // readers holding each key here (ClaimsPerKey at most)
 	// gone are the records of keys removed while a caller's I/O was in
 	// flight on them here: dropped once it ends (dropLater).
 	gone     map[string]store.RecordID

@@ -33,13 +33,26 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	if ttl <= 0 || ttl > maxHoldTTL || len(keys) == 0 {
 		return nil, fmt.Errorf("%w: hold of %d keys for %v (ttl 1ms..%v)", ErrMessage, len(keys), ttl, maxHoldTTL)
 	}
+	// The hold's place under the bound is taken now, not only looked at:
+	// holds handled at once do not all find room for one.
 	c.holdMu.Lock()
-	full := len(c.holds) >= c.cfg.MaxHolds
+	full := len(c.holds)+c.holdsTaking >= c.cfg.MaxHolds
+	if !full {
+		c.holdsTaking++
+	}
 	c.holdMu.Unlock()
 	if full {
 		c.c.holdsRefused.Add(1)
 		return nil, ErrBusy
 	}
+	inserted := false
+	defer func() {
+		if !inserted {
+			c.holdMu.Lock()
+			c.holdsTaking--
+			c.holdMu.Unlock()
+		}
+	}()
 	// Its pins are other hosts' reads: a Remove here of a key only such
 	// sessions pin hides the key instead of refusing.
 	ss := c.st.NewSessionForOthers()
@@ -107,6 +120,8 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 	id := c.nextClaim
 	h := &hold{ss: ss, from: from, epoch: epoch, keys: counted}
 	c.holds[id] = h
+	c.holdsTaking--
+	inserted = true
 	h.timer = time.AfterFunc(ttl, func() { c.endHold(id, from, epoch, true) })
 	c.holdMu.Unlock()
 	c.c.holds.Add(1)
