@@ -609,19 +609,28 @@ func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, de
 		claim, hs, err := decodeHeld(resp, n)
 		if err != nil {
 			fail(part, fmt.Errorf("holder %s: %w", id, err))
+			// An answer whose claim decoded but not the rest: the hold
+			// is released all the same, not left pinning until its ttl.
+			c.releaseHold(id, epoch, claim)
 			continue
 		}
 		c.land(id, epoch, ks, part, hs, deadline, durable, fetched)
-		if claim != 0 {
-			c.fetchWG.Add(1)
-			go func() {
-				defer c.fetchWG.Done()
-				if _, err := c.peers.ExchangeAt(id, epoch, kindRelease, encodeClaim(claim), c.cfg.Timeout); err != nil {
-					c.log.Debug("releasing a claim failed (it expires by itself)", "holder", id, "err", err)
-				}
-			}()
-		}
+		c.releaseHold(id, epoch, claim)
 	}
+}
+
+// releaseHold releases hold claim (0: none) at holder id, on a goroutine
+// of its own that Close waits for; once closing it is left to expire.
+func (c *Cluster) releaseHold(id string, epoch uint64, claim uint64) {
+	if claim == 0 || !c.track() {
+		return // closing: the hold ends at its deadline
+	}
+	go func() {
+		defer c.fetchWG.Done()
+		if _, err := c.peers.ExchangeAt(id, epoch, kindRelease, encodeClaim(claim), c.cfg.Timeout); err != nil {
+			c.log.Debug("releasing a claim failed (it expires by itself)", "holder", id, "err", err)
+		}
+	}()
 }
 
 // land moves the values a holder pinned (hs) into blocks reserved here,
