@@ -284,9 +284,11 @@ type Cluster struct {
 	greeted chan struct{}
 	// reqs are the re-announcements asked for (mu guards them); rekick
 	// wakes the reannouncer, redone is closed when it exits.
-	reqs   []func(shard int, home string) bool
-	rekick chan struct{}
-	redone chan struct{}
+	reqs []func(shard int, home string) bool
+	// reqsAll: reqs is one re-announcement of every key (maxReannounceReqs).
+	reqsAll bool
+	rekick  chan struct{}
+	redone  chan struct{}
 	// repQ are the copies asked of Replicate, waiting for the replicator
 	// (mu guards it); repKick wakes it, repDone is closed when it exits.
 	repQ    []repJob

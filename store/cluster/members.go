@@ -354,6 +354,17 @@ func (c *Cluster) onReannounce(from string, epoch uint64, req []byte) ([]byte, e
 // Members is the view: the members up, sorted (tcctl cluster).
 func (c *Cluster) Members() []string { return slices.Clone(c.view.Load().members) }
 
+// maxReannounceReqs bounds the re-announcements queued between two walks
+// of the store. Past it they are merged into one of every key held here,
+// which covers each of them (a key re-announced to its home once more
+// costs only its share of a message, at the walk's bounded rate): a
+// member that asks over and over, one peer message each, grows neither
+// the queue nor the walk's work per key.
+const maxReannounceReqs = 64
+
+// everyKey is a re-announcement of every key held here.
+func everyKey(int, string) bool { return true }
+
 // reannounce queues a re-announcement of the keys held here whose shard
 // and home (under the view when it runs) pass keep.
 func (c *Cluster) reannounce(keep func(shard int, home string) bool) {
@@ -362,7 +373,16 @@ func (c *Cluster) reannounce(keep func(shard int, home string) bool) {
 	if c.closed {
 		return
 	}
-	c.reqs = append(c.reqs, keep)
+	switch {
+	case c.reqsAll:
+		// Every key is asked for already.
+	case len(c.reqs) >= maxReannounceReqs:
+		c.reqs = append(c.reqs[:0], everyKey)
+		c.reqsAll = true
+		c.log.Info("re-announcements merged into one of every key held here", "queued", maxReannounceReqs)
+	default:
+		c.reqs = append(c.reqs, keep)
+	}
 	select {
 	case c.rekick <- struct{}{}:
 	default:
@@ -389,7 +409,7 @@ func (c *Cluster) reannouncer() {
 		}
 		c.mu.Lock()
 		reqs := c.reqs
-		c.reqs = nil
+		c.reqs, c.reqsAll = nil, false
 		c.mu.Unlock()
 		if len(reqs) > 0 && !c.walk(reqs) {
 			return
