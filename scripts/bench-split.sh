@@ -25,21 +25,11 @@ ROUNDS=${ROUNDS:-3}
 BIN=${BIN:-bin}
 START=${START:-4}
 WINDOW=${WINDOW:-3}
-for b in tcbench tensorcastd; do
-  [ -x "$BIN/$b" ] || { echo "bench-split: $BIN/$b not built (make build)" >&2; exit 1; }
-done
-for t in fio perf; do
-  command -v "$t" >/dev/null || { echo "bench-split: no $t (make deps)" >&2; exit 1; }
-done
-grep -q '^engine=uring' "$job" || { echo "bench-split: $job is not a uring job (its I/Os are counted at the disk)" >&2; exit 2; }
-get() { sed -n "s/^$1=//p" "$job" | head -1; }
-file=$(get filename)
-[ -n "$file" ] || { echo "bench-split: $job names no filename" >&2; exit 2; }
-rt=$(get runtime | sed -n 's/^\([0-9]*\)s$/\1/p')
-if [ -z "$rt" ] || [ "$rt" -lt $((START + WINDOW + 1)) ]; then
-  echo "bench-split: $job must run at least START+WINDOW+1 ($((START + WINDOW + 1))s), in seconds" >&2
-  exit 2
-fi
+NAME=bench-split
+. scripts/lib/uringjob.sh
+uring_job "$job"
+command -v fio >/dev/null || { echo "bench-split: no fio (make deps)" >&2; exit 1; }
+command -v perf >/dev/null || { echo "bench-split: no perf (make deps)" >&2; exit 1; }
 # fio's side: the options tcbench --baseline gives it (bench/baseline.go).
 fargs=(--name=ref --ioengine=io_uring "--filename=$file" "--rw=$(get rw)" "--bs=$(get bs)" "--size=$(get size)"
   "--iodepth=$(get iodepth)" "--runtime=${rt}s" --time_based)
@@ -56,15 +46,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# tcbench creates the file on its first run: a warm-up run does that and
-# is not counted.
-mkdir -p "$(dirname "$file")"
-sed -e 's/^runtime=.*/runtime=1s/' -e 's/^ramp_time=.*/ramp_time=0s/' "$job" > "$w/warm.fio"
-"$BIN/tcbench" --spawn --pool-size="${POOL:-256m}" --daemon-bin "$BIN/tensorcastd" "$w/warm.fio" > "$w/warm.out" 2>&1 ||
-  { echo "bench-split: the warm-up run failed: $(tail -1 "$w/warm.out")" >&2; exit 1; }
-dev=$(basename "$(df --output=source "$file" | tail -1)")
-grep -q " $dev " /proc/diskstats || { echo "bench-split: $file is on $dev, which /proc/diskstats does not list" >&2; exit 1; }
-ios() { awk -v d="$dev" '$3 == d { print $4 + $8 }' /proc/diskstats; }
+job_warm_up "$w" "$BIN"
 
 # start SIDE: starts one run of SIDE; sets $run (the pid to wait for) and
 # $procs (the pids to watch, comma-separated) once they are up.

@@ -29,19 +29,9 @@ PAIRS=${PAIRS:-5}
 BIN=${BIN:-bin}
 START=${START:-3}
 WINDOW=${WINDOW:-4}
-for b in tcbench tensorcastd; do
-  [ -x "$BIN/$b" ] || { echo "bench-window: $BIN/$b not built (make build)" >&2; exit 1; }
-done
-grep -q '^engine=uring' "$job" || { echo "bench-window: $job is not a uring job (its I/Os are counted at the disk)" >&2; exit 2; }
-file=$(sed -n 's/^filename=//p' "$job" | head -1)
-[ -n "$file" ] || { echo "bench-window: $job names no filename" >&2; exit 2; }
-mkdir -p "$(dirname "$file")"
-# The job's runtime must outlast the window.
-rt=$(sed -n 's/^runtime=\([0-9]*\)s$/\1/p' "$job" | head -1)
-if [ -n "$rt" ] && [ "$rt" -lt $((START + WINDOW + 1)) ]; then
-  echo "bench-window: $job runs ${rt}s, less than START+WINDOW+1 ($((START + WINDOW + 1))s)" >&2
-  exit 2
-fi
+NAME=bench-window
+. scripts/lib/uringjob.sh
+uring_job "$job"
 
 w=$(mktemp -d)
 pids=()
@@ -57,16 +47,7 @@ echo "bench-window: building tcbench and tensorcastd at $short" >&2
 (cd "$w/src" && go build -o "$w/before/" ./cmd/tcbench ./cmd/tensorcastd)
 after="$(realpath "$BIN")"
 
-# The device the file lives on, as /proc/diskstats names it. tcbench
-# creates the file on its first run: a warm-up run does that and is not
-# counted.
-sed -e 's/^runtime=.*/runtime=1s/' -e 's/^ramp_time=.*/ramp_time=0s/' "$job" > "$w/warm.fio"
-"$after/tcbench" --spawn --pool-size="${POOL:-256m}" --daemon-bin "$after/tensorcastd" "$w/warm.fio" > "$w/warm.out" 2>&1 ||
-  { echo "bench-window: the warm-up run failed: $(tail -1 "$w/warm.out")" >&2; exit 1; }
-dev=$(basename "$(df --output=source "$file" | tail -1)")
-grep -q " $dev " /proc/diskstats || { echo "bench-window: $file is on $dev, which /proc/diskstats does not list" >&2; exit 1; }
-
-ios() { awk -v d="$dev" '$3 == d { print $4 + $8 }' /proc/diskstats; }
+job_warm_up "$w" "$after"
 cpu() { cut -d' ' -f14,15 "/proc/$1/stat"; } # utime stime, in clock ticks
 
 # run SIDE DIR: one run of DIR's tcbench and daemon; prints its line.
