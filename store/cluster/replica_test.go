@@ -482,8 +482,21 @@ func TestFetchOverMaxKeysPerCall(t *testing.T) {
 		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(string(k)), []string{"h"}) },
 			"%s announced", k)
 	}
+	everyKeyOK(t, keys, func(done func(int, error)) { r.c.Fetch(keys, done) })
+	for _, k := range keys {
+		// Kept here (unseen by readers until its home takes it).
+		if !r.st.HeldHere(k) {
+			t.Errorf("%s not kept on r after its fetch", k)
+		}
+	}
+}
+
+// everyKeyOK runs call, which ends each of keys once through done, and
+// fails t for each that ended with an error.
+func everyKeyOK(t *testing.T, keys [][]byte, call func(done func(i int, err error))) {
+	t.Helper()
 	errs := make(chan error, len(keys))
-	r.c.Fetch(keys, func(i int, err error) {
+	call(func(i int, err error) {
 		if err != nil {
 			err = fmt.Errorf("%s: %w", keys[i], err)
 		}
@@ -492,12 +505,6 @@ func TestFetchOverMaxKeysPerCall(t *testing.T) {
 	for range keys {
 		if err := <-errs; err != nil {
 			t.Error(err)
-		}
-	}
-	for _, k := range keys {
-		// Kept here (unseen by readers until its home takes it).
-		if !r.st.HeldHere(k) {
-			t.Errorf("%s not kept on r after its fetch", k)
 		}
 	}
 }
@@ -515,18 +522,7 @@ func TestReplicateOverMaxKeysPerCall(t *testing.T) {
 		a.put(t, k, value(k, 1024))
 		keys = append(keys, []byte(k))
 	}
-	errs := make(chan error, len(keys))
-	a.c.Replicate(keys, 2, false, func(i int, err error) {
-		if err != nil {
-			err = fmt.Errorf("%s: %w", keys[i], err)
-		}
-		errs <- err
-	})
-	for range keys {
-		if err := <-errs; err != nil {
-			t.Error(err)
-		}
-	}
+	everyKeyOK(t, keys, func(done func(int, error)) { a.c.Replicate(keys, 2, false, done) })
 	for _, k := range keys {
 		if code := f.node("b").here(t, string(k)); code != store.OK {
 			t.Errorf("%s on b after its copy: %v, want OK", k, code)
