@@ -28,6 +28,15 @@ func (sh *shard) info(e *entry) KeyInfo {
 // MaxKeysPerCall is the most keys one call may carry (Config.MaxKeysPerCall).
 func (s *Store) MaxKeysPerCall() int { return s.cfg.MaxKeysPerCall }
 
+// ReserveBytes is what a reservation of a value of size bytes counts
+// against a session's Config.MaxSessionReserved (its block's size), and
+// limit that bound: a caller that reserves many values in one session
+// (the store across hosts landing a holder's values) sizes its batches
+// by them.
+func (s *Store) ReserveBytes(size uint64) (n, limit uint64) {
+	return s.blockBytes(size), s.cfg.MaxSessionReserved
+}
+
 // Stat describes a stored key (ErrNotFound when it is not). Like Exists, it
 // changes nothing. With the store across hosts (SetRemote), a key stored
 // only on other hosts is described as its home knows it: its size, on

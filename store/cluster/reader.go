@@ -589,7 +589,18 @@ func (c *Cluster) readFrom(id string, epoch uint64, keys [][]byte, g []*want, de
 		}
 	}
 	for len(g) > 0 {
-		n := min(len(g), maxMsgKeys)
+		// A part is what one session here reserves at once (land): at
+		// most a message's keys, and no more bytes than a session may
+		// hold reserved, or the values past that bound would fail.
+		n, resv := 0, uint64(0)
+		for n < min(len(g), maxMsgKeys) {
+			b, limit := c.st.ReserveBytes(g[n].cands[g[n].next].Size)
+			if n > 0 && resv+b > limit {
+				break
+			}
+			resv += b
+			n++
+		}
 		part := g[:n]
 		g = g[n:]
 		ks := make([][]byte, n)

@@ -491,6 +491,31 @@ func TestFetchOverMaxKeysPerCall(t *testing.T) {
 	}
 }
 
+// TestFetchOverSessionReserve: a reader fetching from one holder more
+// bytes than one of its store's sessions may hold reserved (a quarter of
+// its L1, 256 KiB here: 20 values of 32 KiB) lands them in parts each
+// within that bound, and keeps every one.
+func TestFetchOverSessionReserve(t *testing.T) {
+	f := newNet(t, []string{"h", "r", "x"}, Config{Shards: 16, Timeout: 3 * time.Second, ProbeEvery: time.Hour, Staleness: -1})
+	h, r := f.node("h"), f.node("r")
+	var keys [][]byte
+	for i := range 20 {
+		k := fmt.Sprintf("big/%02d", i)
+		h.put(t, k, value(k, 32<<10))
+		keys = append(keys, []byte(k))
+	}
+	for _, k := range keys {
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(string(k)), []string{"h"}) },
+			"%s announced", k)
+	}
+	everyKeyOK(t, keys, func(done func(int, error)) { r.c.Fetch(keys, done) })
+	for _, k := range keys {
+		if !r.st.HeldHere(k) {
+			t.Errorf("%s not kept on r after its fetch", k)
+		}
+	}
+}
+
 // everyKeyOK runs call, which ends each of keys once through done, and
 // fails t for each that ended with an error.
 func everyKeyOK(t *testing.T, keys [][]byte, call func(done func(i int, err error))) {
