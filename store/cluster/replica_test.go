@@ -471,11 +471,28 @@ func TestReplicaFoundOnL2(t *testing.T) {
 func TestFetchOverMaxKeysPerCall(t *testing.T) {
 	f := newNetWith(t, []string{"h", "r", "x"}, Config{Shards: 16, Timeout: 3 * time.Second, ProbeEvery: time.Hour, Staleness: -1},
 		nil, withMaxKeysPerCall(64, "h", "r"))
+	fetchKeepsAll(t, f, "parts/%03d", 100, 1024)
+}
+
+// TestFetchOverSessionReserve: a reader fetching from one holder more
+// bytes than one of its store's sessions may hold reserved (a quarter of
+// its L1, 256 KiB here: 20 values of 32 KiB) lands them in parts each
+// within that bound, and keeps every one.
+func TestFetchOverSessionReserve(t *testing.T) {
+	f := newNet(t, []string{"h", "r", "x"}, Config{Shards: 16, Timeout: 3 * time.Second, ProbeEvery: time.Hour, Staleness: -1})
+	fetchKeepsAll(t, f, "big/%02d", 20, 32<<10)
+}
+
+// fetchKeepsAll puts n values of size bytes on h (keys named by format
+// and their number), waits until their home knows them, has r fetch them
+// all at once, and checks that each fetch ended well and r keeps each.
+func fetchKeepsAll(t *testing.T, f *fakeNet, format string, n, size int) {
+	t.Helper()
 	h, r := f.node("h"), f.node("r")
 	var keys [][]byte
-	for i := range 100 {
-		k := fmt.Sprintf("parts/%03d", i)
-		h.put(t, k, value(k, 1024))
+	for i := range n {
+		k := fmt.Sprintf(format, i)
+		h.put(t, k, value(k, size))
 		keys = append(keys, []byte(k))
 	}
 	for _, k := range keys {
@@ -485,31 +502,6 @@ func TestFetchOverMaxKeysPerCall(t *testing.T) {
 	everyKeyOK(t, keys, func(done func(int, error)) { r.c.Fetch(keys, done) })
 	for _, k := range keys {
 		// Kept here (unseen by readers until its home takes it).
-		if !r.st.HeldHere(k) {
-			t.Errorf("%s not kept on r after its fetch", k)
-		}
-	}
-}
-
-// TestFetchOverSessionReserve: a reader fetching from one holder more
-// bytes than one of its store's sessions may hold reserved (a quarter of
-// its L1, 256 KiB here: 20 values of 32 KiB) lands them in parts each
-// within that bound, and keeps every one.
-func TestFetchOverSessionReserve(t *testing.T) {
-	f := newNet(t, []string{"h", "r", "x"}, Config{Shards: 16, Timeout: 3 * time.Second, ProbeEvery: time.Hour, Staleness: -1})
-	h, r := f.node("h"), f.node("r")
-	var keys [][]byte
-	for i := range 20 {
-		k := fmt.Sprintf("big/%02d", i)
-		h.put(t, k, value(k, 32<<10))
-		keys = append(keys, []byte(k))
-	}
-	for _, k := range keys {
-		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(string(k)), []string{"h"}) },
-			"%s announced", k)
-	}
-	everyKeyOK(t, keys, func(done func(int, error)) { r.c.Fetch(keys, done) })
-	for _, k := range keys {
 		if !r.st.HeldHere(k) {
 			t.Errorf("%s not kept on r after its fetch", k)
 		}
