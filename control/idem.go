@@ -267,11 +267,21 @@ func (c *conn) tenantName() string {
 }
 
 // idemReplay is a recorded answer to the request being served: a copy
-// with its request id.
+// with its request id. An answer recorded for request id 0 has no id field
+// to set in place; it is decoded and encoded again under this id.
 func (c *conn) idemReplay(frame []byte) []byte {
 	out := slices.Clone(frame)
-	setRequestID(out, c.req.Ctx.RequestID)
-	return out
+	if setRequestID(out, c.req.Ctx.RequestID) {
+		return out
+	}
+	var r wire.Response
+	if err := wire.DecodeResponse(out[wire.FrameHeader:], c.s.dlim, &r); err != nil {
+		// The daemon encoded it: it cannot be malformed.
+		c.log.Error("a recorded answer does not decode", "request_id", c.req.Ctx.RequestID, "err", err)
+		return c.errorFrame(errPanic)
+	}
+	r.RequestID = c.req.Ctx.RequestID
+	return wire.EncodeResponse(c.b, &r)
 }
 
 // idemEntry is the first answer to a mutating call with an idempotency key.

@@ -3,11 +3,13 @@ package control
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/wire"
 )
 
 // TestSharedIdem: a key is bound daemon wide to the lane and arguments of
@@ -145,5 +147,38 @@ func TestIdempotencyKeysPerTenant(t *testing.T) {
 	}
 	if got := run(uidA, "lane-b"); got != "status "+tcproto.CodeFAILED_PRECONDITION.String() {
 		t.Fatalf("tenant a's key in another lane: %q, want FAILED_PRECONDITION (still bound)", got)
+	}
+}
+
+// TestReplayOfAnAnswerToRequestIDZero: an answer recorded for a keyed call
+// sent under request id 0 carries no request id field (0 is its default),
+// so the field cannot be set in place; a retry under another id still gets
+// the answer under its own id.
+func TestReplayOfAnAnswerToRequestIDZero(t *testing.T) {
+	e := newEnv(t, false)
+	c := dialRaw(t, e.sock)
+	ctx := wire.Context{IdempotencyKey: []byte("alloc-0"), Lane: []byte("stream-first")}
+	c.req.Ctx, c.req.Body = ctx, &wire.AllocBlocksRequest{N: 2, Size: 4096}
+	if err := c.send(wire.EncodeRequest(c.b, &c.req)); err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := c.recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, r, tcproto.CodeOK)
+	if r.RequestID != 0 {
+		t.Fatalf("answer to request 0 carries id %d", r.RequestID)
+	}
+	first := slices.Clone(body[wire.AllocBlocksResponse](t, r).Offsets)
+
+	// exchange fails the test unless the answer carries the retry's id.
+	r = c.callCtx(ctx, &wire.AllocBlocksRequest{N: 2, Size: 4096})
+	expectCode(t, r, tcproto.CodeOK)
+	if got := body[wire.AllocBlocksResponse](t, r).Offsets; !slices.Equal(got, first) {
+		t.Fatalf("retry got %v, first %v", got, first)
+	}
+	if n := e.pool.Stats().Blocks; n != 2 {
+		t.Fatalf("retry allocated again: %d blocks", n)
 	}
 }

@@ -69,7 +69,9 @@ func kindName(k uint8) string {
 }
 
 // setRequestID sets the request id of the encoded answer frame (its
-// length header first) in place.
-func setRequestID(frame []byte, id uint64) {
-	tcproto.GetRootAsResponse(frame[wire.FrameHeader:], 0).MutateRequestId(id)
+// length header first) in place. It reports false when the frame has no
+// request id field to set: the answer was to request id 0, the default,
+// which the encoding leaves out.
+func setRequestID(frame []byte, id uint64) bool {
+	return tcproto.GetRootAsResponse(frame[wire.FrameHeader:], 0).MutateRequestId(id)
 }
