@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tensorcast/tensorcast/directory"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -725,8 +727,10 @@ func TestOpenAskedAgainOnLostConnection(t *testing.T) {
 }
 
 // TestAuthThenResetKeepsServing: a listed peer with the cluster key sends
-// its auth and resets the connection at once. The answer's write then
-// fails, and gnet closes the connection inside the write, while the
+// its auth and its connection breaks before the answer is written (here
+// the server's side of the socket is shut for writing just before, as a
+// reset from the peer at that moment would leave it). The answer's write
+// then fails, and gnet closes the connection inside the write, while the
 // handshake is still being handled; what follows must not touch the
 // closed connection (a panic there, on the event loop, ends the process).
 func TestAuthThenResetKeepsServing(t *testing.T) {
@@ -737,8 +741,17 @@ func TestAuthThenResetKeepsServing(t *testing.T) {
 	if err := b.Directory().Update(dirPeer("m", "127.0.0.1:1")); err != nil {
 		t.Fatal(err)
 	}
+	const conns = 5
+	var broken atomic.Int32
+	breakIt := func(c *conn) {
+		if c.n == b.Node && broken.Load() < conns {
+			_ = unix.Shutdown(c.fd, unix.SHUT_WR)
+			broken.Add(1)
+		}
+	}
+	beforeAuthOK.Store(&breakIt)
+	t.Cleanup(func() { beforeAuthOK.Store(nil) })
 	hk := deriveKey(key, "tensorcast handshake v1")
-	const conns = 50
 	for i := 0; i < conns; i++ {
 		c, err := net.Dial("tcp", b.Addr())
 		if err != nil {
@@ -753,15 +766,19 @@ func TestAuthThenResetKeepsServing(t *testing.T) {
 			t.Fatalf("hello reply: frame %d, %v", h.typ, err)
 		}
 		_ = writeRaw(c, &header{typ: tAuth, metaLen: macLen}, handshakeMAC(hk, labelClient, metaC, meta[:len(meta)-macLen]))
-		_ = c.(*net.TCPConn).SetLinger(0) // close sends a reset
+		// The server answers nothing: its write failed, and it closed.
+		if _, _, _, err := readFrame(c); err == nil {
+			t.Fatalf("connection %d: an answer came over a connection whose write side was shut", i)
+		}
 		c.Close()
 	}
 	closed := func() int { return strings.Count(b.logs.String(), "inbound peer connection closed") }
 	testutil.Eventually(t, 5*time.Second, func() bool { return closed() == conns },
 		"every authenticated connection closed (%v of %d)", testutil.Lazy(closed), conns)
-	if !strings.Contains(b.logs.String(), "writev") {
-		t.Fatalf("no answer to an auth failed on a reset connection: the test did not test it:\n%s", b.logs)
+	if broken.Load() != conns || !strings.Contains(b.logs.String(), "writev") {
+		t.Fatalf("%d of %d answers to an auth failed: the test did not test it:\n%s", broken.Load(), conns, b.logs)
 	}
+	beforeAuthOK.Store(nil)
 	// The node serves on.
 	c := rawClient(t, b, key, "honest")
 	_ = writeRaw(c, &header{typ: tOpenReq, id: 1, flags: uint16(RightRead), metaLen: 3}, []byte("seg"))

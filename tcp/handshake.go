@@ -13,11 +13,16 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"time"
 )
 
 // errRefused: the handshake was refused and already logged.
 var errRefused = errors.New("refused")
+
+// beforeAuthOK, set by tests only, runs on the event loop just before a
+// server connection answers a good auth; one atomic load otherwise.
+var beforeAuthOK atomic.Pointer[func(*conn)]
 
 // Reasons a peer that proved the cluster key is refused (see the package
 // doc).
@@ -114,6 +119,9 @@ func (c *conn) onAuth(meta []byte) error {
 	n.mu.Unlock()
 	c.metaC, c.metaS = nil, nil
 	n.peerSeen(p, hc.addr, hc.epoch, old)
+	if h := beforeAuthOK.Load(); h != nil {
+		(*h)(c)
+	}
 	c.writeFrame(&header{typ: tAuthOK}, nil)
 	c.hs = hsReady
 	n.log.Debug("peer authenticated", append(c.logger(), "epoch", fmt.Sprintf("%#x", hc.epoch))...)
