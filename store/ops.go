@@ -221,19 +221,32 @@ func (s *Store) Exists(keys [][]byte, codes []Code) error {
 // other hosts (up to the remote deadline): a caller that must not wait
 // uses LookupPrefixAsync.
 func (ss *Session) LookupPrefix(keys [][]byte, pin bool) (int, error) {
-	s := ss.s
-	if len(keys) > s.cfg.MaxKeysPerCall {
-		return 0, fmt.Errorf("%w: %d keys (at most %d)", ErrBadCall, len(keys), s.cfg.MaxKeysPerCall)
-	}
-	if !s.enter() {
-		return 0, ErrClosed
-	}
-	defer s.exit()
-	n, err := ss.prefixHere(keys, pin)
-	if err != nil || n == len(keys) || s.rem() == nil {
+	n, more, err := ss.prefixStart(keys, pin)
+	if !more {
 		return n, err
 	}
+	defer ss.s.exit()
 	return ss.prefixElsewhere(keys, n, pin)
+}
+
+// prefixStart is the part of a LookupPrefix done here: the call's checks
+// and the run stored here (n). With more, the run may go on at other hosts
+// and the store is left entered for the caller to exit once they answered;
+// otherwise n and err are the answer and the store is not entered.
+func (ss *Session) prefixStart(keys [][]byte, pin bool) (n int, more bool, err error) {
+	s := ss.s
+	if len(keys) > s.cfg.MaxKeysPerCall {
+		return 0, false, fmt.Errorf("%w: %d keys (at most %d)", ErrBadCall, len(keys), s.cfg.MaxKeysPerCall)
+	}
+	if !s.enter() {
+		return 0, false, ErrClosed
+	}
+	n, err = ss.prefixHere(keys, pin)
+	if err != nil || n == len(keys) || s.rem() == nil {
+		s.exit()
+		return n, false, err
+	}
+	return n, true, nil
 }
 
 // PrefixResult is the answer of a LookupPrefixAsync that went pending: the
@@ -250,19 +263,12 @@ type PrefixResult struct {
 // their homes (and with pin fetched here and pinned) in the background,
 // pending is true, and done.StoreDone(tag) is called once res holds the
 // answer. Otherwise the answer is n and err, and done is not called.
-func (ss *Session) LookupPrefixAsync(keys [][]byte, pin bool, res *PrefixResult, done Completion, tag uint64) (n int, pending bool, err error) {
-	s := ss.s
-	if len(keys) > s.cfg.MaxKeysPerCall {
-		return 0, false, fmt.Errorf("%w: %d keys (at most %d)", ErrBadCall, len(keys), s.cfg.MaxKeysPerCall)
-	}
-	if !s.enter() {
-		return 0, false, ErrClosed
-	}
-	n, err = ss.prefixHere(keys, pin)
-	if err != nil || n == len(keys) || s.rem() == nil {
-		s.exit()
+func (ss *Session) LookupPrefixAsync(keys [][]byte, pin bool, res *PrefixResult, done Completion, tag uint64) (int, bool, error) {
+	n, more, err := ss.prefixStart(keys, pin)
+	if !more {
 		return n, false, err
 	}
+	s := ss.s
 	rest := make([][]byte, len(keys)-n)
 	for i, k := range keys[n:] {
 		rest[i] = bytes.Clone(k)
