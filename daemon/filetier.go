@@ -220,6 +220,7 @@ func (f *fileTier) counters(dst []wire.Counter) []wire.Counter {
 			wire.Counter{Name: p + "completed", Value: r.Completed},
 			wire.Counter{Name: p + "failed", Value: r.Failed},
 			wire.Counter{Name: p + "resubmits", Value: r.Resubmits},
+			wire.Counter{Name: p + "kernel_cancels", Value: r.KernelCancels},
 			wire.Counter{Name: p + "fixed", Value: r.Fixed},
 			wire.Counter{Name: p + "traced", Value: r.Traced},
 			wire.Counter{Name: p + "enters", Value: r.Enters},

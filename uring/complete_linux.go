@@ -108,8 +108,24 @@ func (r *ring) complete(c *CQE, draining bool) {
 			r.resub = append(r.resub, idx)
 		case errno == unix.ECANCELED && draining:
 			r.finish(idx, s.done, errClosedInFlight)
-		case errno == unix.ECANCELED:
+		case errno == unix.ECANCELED && s.canceled.Load():
 			r.finish(idx, s.done, xfer.ErrCanceled)
+		case errno == unix.ECANCELED && s.retries < maxRetries:
+			// Nobody asked: the kernel gave up on the request, as io-wq
+			// does with work queued when it cannot start a worker (a
+			// buffered write to a file system without async writes
+			// goes there; the thread creation fails while the ring's
+			// thread has a signal pending). A read or write at its own
+			// offset is safe to send again.
+			s.retries++
+			r.nResubmits.Add(1)
+			r.nKernelCancels.Add(1)
+			r.resub = append(r.resub, idx)
+			if !r.kernelCancelLogged {
+				r.kernelCancelLogged = true
+				r.t.log.Warn("uring: the kernel canceled a request nobody canceled; sent again (logged once per ring)",
+					"ring", r.id, "op", opName(s.op), "offset", s.off+s.done)
+			}
 		default:
 			r.finish(idx, s.done, r.ioError(s, errno))
 		}

@@ -200,9 +200,12 @@ type RingStats struct {
 	Submitted uint64 // SQEs handed to the kernel
 	Completed uint64 // tasks ended with success
 	Failed    uint64 // tasks ended with an error
-	Resubmits uint64 // short transfers and EAGAIN/EINTR retries
-	Enters    uint64 // io_uring_enter calls
-	Wakeups   uint64 // eventfd wake-ups of a sleeping poller
-	Fixed     uint64 // SQEs that used a registered buffer
-	Traced    uint64 // SQEs that carried TracedUserData (Config.TraceEvery)
+	Resubmits uint64 // short transfers and EAGAIN/EINTR/ECANCELED retries
+	// KernelCancels counts requests the kernel answered -ECANCELED
+	// though nobody canceled them (resent, within Resubmits).
+	KernelCancels uint64
+	Enters        uint64 // io_uring_enter calls
+	Wakeups       uint64 // eventfd wake-ups of a sleeping poller
+	Fixed         uint64 // SQEs that used a registered buffer
+	Traced        uint64 // SQEs that carried TracedUserData (Config.TraceEvery)
 }

@@ -134,12 +134,15 @@ type ring struct {
 	wakeArmed bool
 	closeErr  error
 	warnedErr bool
+	// kernelCancelLogged: a request the kernel canceled unasked was
+	// logged (once per ring).
+	kernelCancelLogged bool
 
 	// traceIn counts down the data SQEs until the next one to carry
 	// TracedUserData (poller-only).
 	traceIn uint32
 
-	nSubmitted, nCompleted, nFailed, nResubmits, nEnters, nWakeups, nFixed, nTraced atomic.Uint64
+	nSubmitted, nCompleted, nFailed, nResubmits, nEnters, nWakeups, nFixed, nTraced, nKernelCancels atomic.Uint64
 }
 
 func newRing(t *Transport, id int, flags uint32) *ring {

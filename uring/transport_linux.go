@@ -25,7 +25,8 @@ const (
 	maxIO = 1 << 30
 	// bufChunk is the largest registered buffer the kernel accepts.
 	bufChunk = 1 << 30
-	// maxRetries bounds EAGAIN/EINTR resubmissions of one task.
+	// maxRetries bounds EAGAIN/EINTR and unasked ECANCELED resubmissions
+	// of one task.
 	maxRetries = 16
 
 	udWake   = 1 << 62
@@ -266,7 +267,7 @@ func (t *Transport) Stats() []RingStats {
 			Entries: uint32(len(r.slots)), InFlight: inflight,
 			Submitted: r.nSubmitted.Load(), Completed: r.nCompleted.Load(), Failed: r.nFailed.Load(),
 			Resubmits: r.nResubmits.Load(), Enters: r.nEnters.Load(), Wakeups: r.nWakeups.Load(),
-			Fixed: r.nFixed.Load(), Traced: r.nTraced.Load(),
+			Fixed: r.nFixed.Load(), Traced: r.nTraced.Load(), KernelCancels: r.nKernelCancels.Load(),
 		}
 	}
 	return out

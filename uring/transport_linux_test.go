@@ -3,6 +3,7 @@
 package uring
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -181,10 +182,11 @@ func shortIO(t *testing.T, batch int) {
 }
 
 // TestFaultInjection: EIO ends the task with an error naming the errno;
-// EAGAIN is retried until it succeeds.
+// EAGAIN, and an ECANCELED nobody asked for, are retried until they
+// succeed; an ECANCELED that never stops ends the task, bounded.
 func TestFaultInjection(t *testing.T) {
 	dir := t.TempDir()
-	var mode atomic.Int32 // 0 pass, 1 EIO, 2 EAGAIN twice
+	var mode atomic.Int32 // 0 pass, 1 EIO, 2 EAGAIN twice, 3 ECANCELED twice, 4 ECANCELED always
 	var eagain atomic.Int32
 	hooks := &testHooks{result: func(op uint8, res int32) int32 {
 		switch mode.Load() {
@@ -194,6 +196,13 @@ func TestFaultInjection(t *testing.T) {
 			if eagain.Add(1) <= 2 {
 				return -int32(syscall.EAGAIN)
 			}
+		case 3:
+			if eagain.Add(1) <= 2 {
+				return -int32(syscall.ECANCELED)
+			}
+		case 4:
+			eagain.Add(1)
+			return -int32(syscall.ECANCELED)
 		}
 		return res
 	}}
@@ -213,6 +222,31 @@ func TestFaultInjection(t *testing.T) {
 	}
 	if eagain.Load() < 3 {
 		t.Fatalf("EAGAIN hook ran %d times, want >= 3", eagain.Load())
+	}
+	// The kernel cancels what nobody canceled when io-wq cannot start a
+	// worker for it: the write goes again, and lands.
+	eagain.Store(0)
+	mode.Store(3)
+	for i := range pool.Bytes()[:4096] {
+		pool.Bytes()[i] = byte(i * 3)
+	}
+	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpWrite, pool, 0, f, 4096, 4096)); err != nil || n != 4096 {
+		t.Fatalf("unasked ECANCELED retry: n=%d err=%v", n, err)
+	}
+	if eagain.Load() != 3 || tr.Stats()[0].KernelCancels != 2 {
+		t.Fatalf("ECANCELED hook ran %d times, kernel cancels %d: want 3 and 2", eagain.Load(), tr.Stats()[0].KernelCancels)
+	}
+	mode.Store(0)
+	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 1<<19, f, 4096, 4096)); err != nil || n != 4096 ||
+		!bytes.Equal(pool.Bytes()[:4096], pool.Bytes()[1<<19:1<<19+4096]) {
+		t.Fatalf("read back after the retried write: n=%d err=%v", n, err)
+	}
+	// One the kernel cancels every time ends, as an I/O error naming it.
+	eagain.Store(0)
+	mode.Store(4)
+	if _, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 0, f, 0, 4096)); !errors.Is(err, syscall.ECANCELED) ||
+		errors.Is(err, xfer.ErrCanceled) || eagain.Load() != maxRetries+1 {
+		t.Fatalf("ECANCELED always: err=%v after %d answers, want the errno after %d", err, eagain.Load(), maxRetries+1)
 	}
 	mode.Store(0)
 	// Reading past what the file holds is an unexpected EOF, not success.
