@@ -490,6 +490,26 @@ func (e *Export) OnEnd(f func()) bool {
 	return true
 }
 
+// OnDrained has f run once the export ended and no peer request holds
+// its range any more: before OnDrained returns when that is so already,
+// else on the goroutine that brings it about (End, or the Release of the
+// last peer request). It is for an owner whose End gave up waiting
+// (a peer request outlived its wait): the range is its again only when f
+// runs, however late.
+func (e *Export) OnDrained(f func()) {
+	v := &e.view
+	v.mu.Lock()
+	select {
+	case <-v.drained:
+		v.mu.Unlock()
+		f()
+		return
+	default:
+	}
+	v.after = append(v.after, f)
+	v.mu.Unlock()
+}
+
 // closedBit marks an exportView whose export ended.
 const closedBit = 1 << 62
 
@@ -506,6 +526,11 @@ type exportView struct {
 	// peer request's path.
 	state   atomic.Int64
 	drained chan struct{}
+
+	// mu guards after: what runs once drained closes (OnDrained), and
+	// the closing itself, so that one registered as it closes runs once.
+	mu    sync.Mutex
+	after []func()
 }
 
 var _ xfer.MemSegment = (*exportView)(nil)
@@ -542,7 +567,20 @@ func (v *exportView) Release() {
 
 func (v *exportView) unref() {
 	if v.state.Add(-1) == closedBit {
-		close(v.drained) // the last reference of an ended export
+		v.drain() // the last reference of an ended export
+	}
+}
+
+// drain closes drained and runs what OnDrained registered. It is called
+// once: by close when no reference is held, else by the last unref.
+func (v *exportView) drain() {
+	v.mu.Lock()
+	close(v.drained)
+	after := v.after
+	v.after = nil
+	v.mu.Unlock()
+	for _, f := range after {
+		f()
 	}
 }
 
@@ -553,7 +591,7 @@ func (v *exportView) busy() bool { return v.state.Load()&^closedBit != 0 }
 // it reports whether they all ended. It is called once.
 func (v *exportView) close(limit time.Duration) bool {
 	if v.state.Or(closedBit) == 0 {
-		close(v.drained)
+		v.drain()
 		return true
 	}
 	if limit <= 0 {

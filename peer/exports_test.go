@@ -3,6 +3,7 @@ package peer
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -284,6 +285,52 @@ func TestEndGivesUp(t *testing.T) {
 			t.Fatal("a later End still sees the range held")
 		}
 	})
+}
+
+// TestOnDrained: what OnDrained registers runs when the last peer request
+// in an ended export's range lets go, however long after End gave up
+// waiting, and not before; registered once nothing holds the range, it
+// runs at once. Each runs once.
+func TestOnDrained(t *testing.T) {
+	x := NewExports(nil)
+	e, err := x.Export("blk", "", clientBuf(1, 4096), 0, 4096, wire.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg := e.Segment()
+	seg.Acquire()
+	seg.Acquire()
+	var mu sync.Mutex // guards ran
+	ran := map[string]int{}
+	note := func(s string) func() {
+		return func() {
+			mu.Lock()
+			ran[s]++
+			mu.Unlock()
+		}
+	}
+	runs := func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(ran)
+	}
+	e.OnDrained(note("before End"))
+	if e.End(0) {
+		t.Fatal("End reported the range free while references are held")
+	}
+	e.OnDrained(note("after End"))
+	seg.Release()
+	if got := runs(); len(got) != 0 {
+		t.Fatalf("ran %v while a peer request still holds the range", got)
+	}
+	seg.Release()
+	if got, want := runs(), map[string]int{"before End": 1, "after End": 1}; !maps.Equal(got, want) {
+		t.Fatalf("ran %v once the last peer request let go, want %v", got, want)
+	}
+	e.OnDrained(note("drained"))
+	if got, want := runs(), map[string]int{"before End": 1, "after End": 1, "drained": 1}; !maps.Equal(got, want) {
+		t.Fatalf("ran %v after registering on a drained export, want %v", got, want)
+	}
 }
 
 // TestInboxWakesOnDelivery: a Wait sleeps until a notification is queued

@@ -38,9 +38,9 @@
 // reservations), its peers (the inbox, each export after the peer requests
 // in its range, up to ReleaseWait; the remote segments), its batches
 // (freed, or abandoned when still busy after ReleaseWait), its segments
-// (unregistered and closed), then its pool blocks (freed; a block a
-// transfer still holds is freed by the transfer's last DropRange, and a
-// block a peer request still holds is left allocated).
+// (unregistered and closed), then its pool blocks (freed; a block that
+// transfers or peer requests are still in is freed by the last of them to
+// end: the transfers' last DropRange, the peer requests' last Release).
 //
 // # Locks
 //

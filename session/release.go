@@ -6,8 +6,11 @@ package session
 import (
 	"errors"
 	"log/slog"
+	"slices"
+	"sync/atomic"
 	"time"
 
+	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -69,22 +72,28 @@ func (c *Session) Close() {
 		}
 	}
 	p := c.pool
-	exported := func(off, size uint64) bool { return c.exported(c.poolID(), off, size) }
+	// A block that peer requests or transfers still move bytes in goes
+	// back to the pool when the last of them ends, not here: the pool may
+	// hand it to another client at once, whose memory their bytes would
+	// then land in.
+	late := c.lateBlocks()
 	var freer xfer.Freer
 	if p != nil {
-		freer = p
+		freer = lateFreer{pool: p, late: late}
 	}
-	inFlight := c.blocks.Abandon(func(off, size uint64) bool { return !exported(off, size) }, freer, c.log)
+	inFlight := c.blocks.Abandon(func(off, _ uint64) bool {
+		if b := late[off]; b != nil {
+			b.owed.Add(1) // the transfers' last drop; none runs before Abandon returns
+		}
+		return true
+	}, freer, c.log)
 	for i := range c.blocks.Len() {
-		off, size := c.blocks.Block(i)
+		off, _ := c.blocks.Block(i)
 		switch {
-		case exported(off, size):
-			// A peer request stalled inside it past ReleaseWait; handing
-			// the block to another client could let its bytes land there.
-			c.log.Error("leaving a pool block allocated: a peer request still holds it", "offset", off)
-		case inFlight[off]:
-			// A transfer abandoned with the connection still moves bytes
-			// in it; the last one to end frees it.
+		case late[off] != nil, inFlight[off]:
+			// A peer request stalled inside it past ReleaseWait, or a
+			// transfer abandoned with the connection still moves bytes in
+			// it: the last of them to end frees it.
 			c.h.warns().lingeringBlock.Event(append(c.who(), slog.Uint64("offset", off))...)
 		default:
 			if err := p.Free(off); err != nil {
@@ -93,5 +102,79 @@ func (c *Session) Close() {
 		}
 	}
 	c.blocks.Reset()
+	for _, b := range late {
+		b.done() // Close's own share: every other party is counted now
+	}
 	c.log.Debug("connection resources released")
+}
+
+// lateBlock is a pool block of a closed session that peer requests (of
+// exports that ended while they were still in it) and maybe transfers
+// still move bytes in: the last of them to end gives it back to the pool.
+type lateBlock struct {
+	off  uint64
+	pool xfer.Freer
+	log  *slog.Logger
+	// owed counts who is still in the block: each lingering export over
+	// it until its last peer request ends, its transfers until their last
+	// drop, and Close until it has counted the others.
+	owed atomic.Int32
+}
+
+// done is the end of one party in b; the last frees it.
+func (b *lateBlock) done() {
+	if b.owed.Add(-1) != 0 {
+		return
+	}
+	if err := b.pool.Free(b.off); err != nil {
+		b.log.Warn("freeing a pool block of a closed connection after its last peer request failed", "offset", b.off, "err", err)
+	}
+}
+
+// lateBlocks are the session's pool blocks that a lingering export (one
+// whose peer requests outlived its End) covers, by offset, each owed to
+// Close and to each such export over it, which hands back its share when
+// its last peer request ends. Nil when there are none. Close calls it,
+// after the exports ended.
+func (c *Session) lateBlocks() map[uint64]*lateBlock {
+	c.lingering = slices.DeleteFunc(c.lingering, func(e *peer.Export) bool { return !e.Busy() })
+	if len(c.lingering) == 0 {
+		return nil
+	}
+	lingering := c.lingering
+	c.lingering = nil
+	late := make(map[uint64]*lateBlock)
+	for i := range c.blocks.Len() {
+		off, size := c.blocks.Block(i)
+		for _, e := range lingering {
+			if !e.Overlaps(c.poolID(), off, size) {
+				continue
+			}
+			b := late[off]
+			if b == nil {
+				b = &lateBlock{off: off, pool: c.pool, log: c.log}
+				b.owed.Store(1) // Close's
+				late[off] = b
+			}
+			b.owed.Add(1)
+			e.OnDrained(b.done)
+		}
+	}
+	return late
+}
+
+// lateFreer frees the blocks a closed session's transfers leave to their
+// last drop (xfer.Blocks.Abandon): at once, or, for a block peer requests
+// may still be in, when the last of those ends too.
+type lateFreer struct {
+	pool xfer.Freer
+	late map[uint64]*lateBlock // not changed once Abandon runs
+}
+
+func (f lateFreer) Free(off uint64) error {
+	if b := f.late[off]; b != nil {
+		b.done() // says its own failure
+		return nil
+	}
+	return f.pool.Free(off)
 }

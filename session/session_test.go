@@ -144,3 +144,82 @@ func TestBlockHeldByATransfer(t *testing.T) {
 		t.Fatalf("blocks given back after the transfer ended %v, want %v", got, []uint64{offs[1], offs[0]})
 	}
 }
+
+// TestBlockHeldByAPeerRequest: a pool block under an export that a peer
+// request is still in when the session closes (past ReleaseWait) survives
+// the Close and goes back to the pool when the last of what is in it
+// ends: the peer request, and a transfer of the session when one holds
+// the block too. It goes back once, and not before.
+func TestBlockHeldByAPeerRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		transfer      bool // a transfer holds the block too
+		transferFirst bool // and ends before the peer request
+	}{
+		{name: "peer request only"},
+		{name: "transfer ends first", transfer: true, transferFirst: true},
+		{name: "peer request ends first", transfer: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := xfertest.New(xfertest.Config{}) // holds every task until Finish
+			s, pool := newTestSession(t, tr)
+			var r wire.Response
+			if err := s.AllocBlocks(&wire.AllocBlocksRequest{N: 2, Size: testBlock}, &r); err != nil {
+				t.Fatal(err)
+			}
+			offs := slices.Clone(r.Body.(*wire.AllocBlocksResponse).Offsets)
+			exp := &wire.ExportSegmentRequest{Name: []byte("blk"), Segment: uint64(pool.ID()), Offset: offs[0], Length: testBlock,
+				Rights: wire.RightWrite}
+			if err := s.ExportSegment(exp, &r); err != nil {
+				t.Fatal(err)
+			}
+			peerReq := s.h.Exports.Get("t", "blk").Segment()
+			if !peerReq.Acquire() {
+				t.Fatal("a peer request could not take the live export's range")
+			}
+			ends := []func(){peerReq.Release}
+			if tc.transfer {
+				if err := s.RegisterBuffer(&wire.RegisterBufferRequest{Size: testBlock}, -1, &r); err != nil {
+					t.Fatal(err)
+				}
+				buf := r.Body.(*wire.RegisterBufferResponse).Segment
+				if err := s.AllocBatch(&wire.AllocBatchRequest{Capacity: 1}, &r); err != nil {
+					t.Fatal(err)
+				}
+				batch := r.Body.(*wire.AllocBatchResponse).Batch
+				read := xfer.Request{Op: xfer.OpRead, Local: pool.ID(), LocalOffset: offs[0], Target: xfer.SegmentID(buf), Length: testBlock}
+				if err := s.Submit(&wire.Context{}, &wire.SubmitRequest{Batch: batch, Requests: []xfer.Request{read}}, &r); err != nil {
+					t.Fatal(err)
+				}
+				if codes := r.Body.(*wire.SubmitResponse).Codes; len(codes) != 1 || codes[0] != tcproto.CodeOK {
+					t.Fatalf("submit codes %v", codes)
+				}
+				finish := func() {
+					if n := tr.Finish(); n != 1 {
+						t.Fatalf("finished %d tasks, want 1", n)
+					}
+				}
+				if tc.transferFirst {
+					ends = []func(){finish, peerReq.Release}
+				} else {
+					ends = append(ends, finish)
+				}
+			}
+
+			s.Close()
+			if got := pool.freedBlocks(); !slices.Equal(got, offs[1:]) {
+				t.Fatalf("blocks given back at close %v, want only the idle one %v", got, offs[1:])
+			}
+			for _, end := range ends[:len(ends)-1] {
+				end()
+				if got := pool.freedBlocks(); !slices.Equal(got, offs[1:]) {
+					t.Fatalf("blocks given back while the block is still in use %v, want %v", got, offs[1:])
+				}
+			}
+			ends[len(ends)-1]()
+			if got, want := pool.freedBlocks(), []uint64{offs[1], offs[0]}; !slices.Equal(got, want) {
+				t.Fatalf("blocks given back once the last use of the block ended %v, want %v", got, want)
+			}
+		})
+	}
+}

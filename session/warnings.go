@@ -27,7 +27,7 @@ func (h *Host) warns() *warnings {
 		h.warnings = &warnings{
 			brokenQueue:     ratelog.New(log, slog.LevelWarn, "queue broken by the client: an index past its ring", every),
 			abandonedBatch:  ratelog.New(log, slog.LevelWarn, "abandoning a busy batch of a closed connection", every),
-			lingeringBlock:  ratelog.New(log, slog.LevelWarn, "pool block left to its in-flight transfers; freed when they end", every),
+			lingeringBlock:  ratelog.New(log, slog.LevelWarn, "pool block left to its in-flight transfers or peer requests; freed when they end", every),
 			lingeringExport: ratelog.New(log, slog.LevelWarn, "peer requests still in an unexported range", every),
 			faultedResults: ratelog.New(log, slog.LevelWarn,
 				"store call failed: its results region faulted (the client shrank its unsealed buffer)", every),
