@@ -619,10 +619,10 @@ type gateRemote struct {
 	far   map[string]bool
 }
 
-func (r *gateRemote) Stored([]byte, uint64, uint32, store.RecordID) {}
-func (r *gateRemote) Evicted([]byte)                                {}
-func (r *gateRemote) Removed([][]byte, []error)                     {}
-func (r *gateRemote) SizeOf([]byte) (uint64, bool)                  { return 0, false }
+func (r *gateRemote) Stored([]byte, uint64, uint32, bool, store.RecordID) {}
+func (r *gateRemote) Evicted([]byte)                                      {}
+func (r *gateRemote) Removed([][]byte, []error)                           {}
+func (r *gateRemote) SizeOf([]byte) (uint64, bool)                        { return 0, false }
 
 func (r *gateRemote) Fetch(keys [][]byte, done func(int, error)) {
 	for i := range keys {

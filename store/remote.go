@@ -16,11 +16,12 @@ import (
 type Remote interface {
 	// Stored says that key is stored here (a commit, a put, or a value
 	// fetched from another host and kept), with size bytes whose crc32c
-	// is crc. A fetched copy (CommitFetched) is unseen by readers here
-	// until Confirm names its record, unseen (0 for any other value).
-	// It runs with the key's shard locked: it copies key and queues the
+	// is crc; onL2 when it is on L2 already (a durable commit's is). A
+	// fetched copy (CommitFetched) is unseen by readers here until
+	// Confirm names its record, unseen (0 for any other value). It runs
+	// with the key's shard locked: it copies key and queues the
 	// announcement, and must neither block nor call into the store.
-	Stored(key []byte, size uint64, crc uint32, unseen RecordID)
+	Stored(key []byte, size uint64, crc uint32, onL2 bool, unseen RecordID)
 	// Evicted says that key's value left this store: by eviction (from
 	// both tiers) or by a removal here. Like Stored, it runs with the
 	// key's shard locked and only queues.
@@ -102,7 +103,7 @@ func (s *Store) announce(sh *shard, rf ref, crc uint32, haveCRC bool) {
 	if e.flags&fUnseen != 0 {
 		unseen = rf.id()
 	}
-	r.Stored(sh.keyOf(e), uint64(e.size), crc, unseen)
+	r.Stored(sh.keyOf(e), uint64(e.size), crc, e.flags&fL2 != 0, unseen)
 }
 
 // evicted tells the Remote that entry idx of sh is evicted; sh.mu is
@@ -185,7 +186,7 @@ func (s *Store) HeldHere(key []byte) bool {
 // before, told again (Recheck), as Stored tells a value put or fetched
 // now; it runs like Stored. A Remote without it hears Stored.
 type RemoteRestate interface {
-	Restated(key []byte, size uint64, crc uint32)
+	Restated(key []byte, size uint64, crc uint32, onL2 bool)
 }
 
 // RecordHere names key's record stored here, if one is (for
@@ -234,9 +235,9 @@ func (s *Store) Recheck(held []Held) {
 			// (unseen.go), and tells its home it is fetched.
 		case found && e.state == stReady:
 			if rs, ok := r.(RemoteRestate); ok {
-				rs.Restated(h.Key, uint64(e.size), s.knownCRC(e))
+				rs.Restated(h.Key, uint64(e.size), s.knownCRC(e), e.flags&fL2 != 0)
 			} else {
-				r.Stored(h.Key, uint64(e.size), s.knownCRC(e), 0)
+				r.Stored(h.Key, uint64(e.size), s.knownCRC(e), e.flags&fL2 != 0, 0)
 			}
 		default:
 			r.Evicted(h.Key)

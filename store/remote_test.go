@@ -38,7 +38,7 @@ type fakeRemote struct {
 	removeErr map[string]error
 }
 
-func (r *fakeRemote) Stored(key []byte, size uint64, crc uint32, unseen RecordID) {
+func (r *fakeRemote) Stored(key []byte, size uint64, crc uint32, _ bool, unseen RecordID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stored[string(key)] = crc

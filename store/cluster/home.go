@@ -12,8 +12,14 @@ import (
 // The holder's announcements and the home's side: announce, lookup and
 // remove.
 
-// Stored queues key's announcement to its home (store.Remote). It runs
-// under the store's shard lock: it copies the key and only queues.
+// Stored queues key's announcement to its home (store.Remote), at the
+// tier the store has it on: L2 once it is there (a durable commit's). It
+// runs under the store's shard lock: it copies the key and only queues.
+//
+// A replica's durable copy is announced twice, by this announcement and
+// by the replicate's own before it answers (onReplicate), in either order
+// at the home, which keeps the later: both say L2, so the home knows the
+// copy durable whichever comes last.
 //
 // A value put here whose announcement finds the queue full is not
 // announced (counted; it is found here, and re-announced by a later walk).
@@ -24,18 +30,18 @@ import (
 // A fetched copy (unseen: its record) stays unseen by readers here until
 // its home has taken the announcement (confirm), so that a removal the
 // home took before it never misses a copy that is served.
-func (c *Cluster) Stored(key []byte, size uint64, crc uint32, unseen store.RecordID) {
+func (c *Cluster) Stored(key []byte, size uint64, crc uint32, onL2 bool, unseen store.RecordID) {
 	if unseen == 0 {
 		c.notePut(key)
 	}
-	c.queueStored(key, size, crc, unseen)
+	c.queueStored(key, size, crc, onL2, unseen)
 }
 
 // Restated is Stored for a value stored here before, told again
 // (store.Recheck): queued the same, but no new put (never an unseen copy:
 // its own announcement is queued).
-func (c *Cluster) Restated(key []byte, size uint64, crc uint32) {
-	c.queueStored(key, size, crc, 0)
+func (c *Cluster) Restated(key []byte, size uint64, crc uint32, onL2 bool) {
+	c.queueStored(key, size, crc, onL2, 0)
 }
 
 // notePut notes the time of a put of key here while members are away, or
@@ -49,11 +55,14 @@ func (c *Cluster) notePut(key []byte) {
 	}
 }
 
-// queueStored queues the announcement of key's value (a fetched copy's,
-// record unseen, when that is not 0).
-func (c *Cluster) queueStored(key []byte, size uint64, crc uint32, unseen store.RecordID) {
+// queueStored queues the announcement of key's value (on L2 with onL2; a
+// fetched copy's, record unseen, when that is not 0).
+func (c *Cluster) queueStored(key []byte, size uint64, crc uint32, onL2 bool, unseen store.RecordID) {
 	fetched := unseen != 0
 	tier := TierL1
+	if onL2 {
+		tier = TierL2
+	}
 	if fetched {
 		tier |= tierFetched
 	}

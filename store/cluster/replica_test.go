@@ -443,8 +443,7 @@ func TestReplicaFoundOnL2(t *testing.T) {
 		t.Fatalf("durable put of %s on %s: %v, %v", k, tgt.id, err, codes[0])
 	}
 	ss.Close()
-	// Its own announcement first (it says nothing of L2): the replicate's
-	// is the one the home keeps.
+	// Its own announcement first: the replicate's comes after it.
 	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Contains(f.holders(k), tgt.id) },
 		"%s's copy on %s indexed", k, tgt.id)
 	ch := make(chan error, 1)
@@ -544,5 +543,67 @@ func TestReplicateOverMaxKeysPerCall(t *testing.T) {
 		if code := f.node("b").here(t, string(k)); code != store.OK {
 			t.Errorf("%s on b after its copy: %v, want OK", k, code)
 		}
+	}
+}
+
+// TestDurableReplicaStaysOnL2: a durable copy's target announces it twice,
+// once as a value its store committed (its announcer, in the background)
+// and once before it answers the replicate. Whichever reaches the key's
+// home last, the home knows the copy on the target's L2. Here the store's
+// comes last: the target's announcer is held in an announcement to a
+// silent daemon (the home of another key it holds) until the replicate
+// has answered.
+func TestDurableReplicaStaysOnL2(t *testing.T) {
+	f := newNetWith(t, []string{"a", "b", "c", "d"}, Config{Shards: 16, Timeout: 5 * time.Second, ProbeEvery: time.Hour},
+		nil, withL2("b", "c", "d"))
+	a := f.node("a")
+	const k = "durable/l2"
+	tgt := f.node(a.c.replicaTargets(a.c.view.Load(), []byte(k), 1)[0])
+	home := a.c.Home([]byte(k))
+	// other is a key whose home is neither a, the target nor k's home.
+	other := ""
+	for i := 0; other == ""; i++ {
+		o := fmt.Sprintf("other/%d", i)
+		if h := a.c.Home([]byte(o)); h != a.id && h != tgt.id && h != home {
+			other = o
+		}
+	}
+	a.put(t, k, value(k, 4096))
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"a"}) },
+		"%s announced by a", k)
+	tgt.announcedAll(t)
+	release := f.silence(t, a.c.Home([]byte(other)))
+	tgt.put(t, other, value(other, 4096))
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		tgt.c.mu.Lock()
+		defer tgt.c.mu.Unlock()
+		return len(tgt.c.pending) == 0 && tgt.c.sending
+	}, "%s's announcer held in the announcement of %s", tgt.id, other)
+
+	ch := make(chan error, 1)
+	a.c.Replicate([][]byte{[]byte(k)}, 2, true, func(_ int, err error) { ch <- err })
+	if err := <-ch; err != nil {
+		t.Fatalf("a durable copy on %s: %v, want OK", tgt.id, err)
+	}
+	// tier is the target's copy of k as the home knows it.
+	tier := func() uint8 {
+		_, hs, err := a.c.Locate([]byte(k))
+		if err != nil {
+			t.Fatalf("locating %s: %v", k, err)
+		}
+		for _, h := range hs {
+			if h.ID == tgt.id {
+				return h.Tier
+			}
+		}
+		return tierGone
+	}
+	if got := tier(); got != TierL2 {
+		t.Fatalf("once the durable copy is made, the home knows it on %s's tier %d, want L2 (%d)", tgt.id, got, TierL2)
+	}
+	release()
+	tgt.announcedAll(t)
+	if got := tier(); got != TierL2 {
+		t.Errorf("after %s's store announced the copy too, the home knows it on tier %d, want L2 (%d)", tgt.id, got, TierL2)
 	}
 }
