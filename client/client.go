@@ -67,6 +67,8 @@ type CallOption func(*wire.Context)
 // other arguments fails
 // ErrFailedPrecondition, and so does the same call on another connection
 // while the first lives (it runs afresh there once the first closed).
+// The daemon remembers a connection's last Hello.Limits.MaxIdempotencyKeys
+// keys, whatever other clients send; an older key is forgotten.
 // OpenQueue is not idempotent by key (its answer carries a new fd).
 func WithIdempotencyKey(key string) CallOption {
 	return func(c *wire.Context) { c.IdempotencyKey = []byte(key) }

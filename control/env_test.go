@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	flatbuffers "github.com/google/flatbuffers/go"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/wire"
@@ -411,6 +413,32 @@ func runHelper(kind string) int {
 		r := rc.callCtx(wire.Context{IdempotencyKey: []byte(os.Getenv("TC_KEY")), Lane: []byte(os.Getenv("TC_LANE"))},
 			&wire.AllocBatchRequest{Capacity: 4})
 		fmt.Println("status", r.Status.String())
+		return 0
+	}
+	if kind == "idem-flood" {
+		// TC_CONNS connections open at once, each sending TC_N keyed calls
+		// with keys of its own.
+		conns, _ := strconv.Atoi(os.Getenv("TC_CONNS"))
+		n, _ := strconv.Atoi(os.Getenv("TC_N"))
+		cs := []*rawClient{rc}
+		for len(cs) < conns {
+			uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
+			if err != nil {
+				fmt.Println("dial:", err)
+				return 2
+			}
+			cs = append(cs, &rawClient{t: helperTB{}, uc: uc, b: flatbuffers.NewBuilder(256), oob: make([]byte, unix.CmsgSpace(32))})
+		}
+		for i, c := range cs {
+			for j := range n {
+				r := c.callCtx(wire.Context{IdempotencyKey: fmt.Appendf(nil, "flood-%d-%d", i, j)}, &wire.FreeBlocksRequest{})
+				if r.Status != tcproto.CodeOK {
+					fmt.Println("status", r.Status.String())
+					return 2
+				}
+			}
+		}
+		fmt.Println("flooded")
 		return 0
 	}
 	if strings.HasPrefix(kind, "queue-") {

@@ -25,13 +25,21 @@ import (
 // owners would duplicate the effect) and runs afresh once it has closed
 // (its effects were released with it).
 //
-// Keys are per tenant: the table's key is the tenant's name and the
-// client's key, so that a client of one tenant can neither probe another
-// tenant's keys nor block them by using them first. Connections without a
-// tenant (root, the daemon's uid) share a space of their own.
+// Keys are per tenant: the table's key is the tenant's name, a NUL (which
+// no tenant's name has: validTenantName) and the client's key, so that a
+// client of one tenant can neither probe another tenant's keys nor block
+// them by using them first. Connections without a tenant (root, the
+// daemon's uid) share a space of their own.
 //
-// Bounded (the oldest key goes first past the limit) and expiring (a key
-// is forgotten ttl after its last recorded answer).
+// Bounded so that no client's keys can push out another's: the records of
+// an open connection are its own, at most Limits.MaxIdempotencyKeys (as
+// many as its own table holds; past that its oldest goes first), and
+// nothing else evicts them, so a retry on another connection is refused
+// while the first lives whatever other clients send. When a connection
+// closes its records become its key space's (its tenant's) bindings, with
+// a bound per key space (the oldest binding goes first), so one tenant's
+// closed connections forget only that tenant's keys. And expiring: a key
+// is forgotten ttl after its last recorded answer.
 
 // idemVerdict is what a keyed call does.
 type idemVerdict uint8
@@ -54,55 +62,66 @@ type idemRecord struct {
 	connGone bool   // that connection has closed
 	frame    []byte
 	at       time.Time
-	seq      uint64 // its slot in order
+	q        *idemQueue // the queue it is in: its connection's, or its key space's once that closed
+	seq      uint64     // its slot in q
 }
 
-// idemSlot is one place in the eviction order; a slot whose seq is not
-// its key's record's is stale (the key expired and came back).
+// idemSlot is one place in an eviction order; a slot whose seq is not its
+// key's record's is stale (the record expired, moved to another queue or
+// was evicted).
 type idemSlot struct {
 	key string
 	seq uint64
 }
 
-// sharedIdem is the daemon-wide table.
-type sharedIdem struct {
-	limit int
-	ttl   time.Duration
-	now   func() time.Time
-
-	// mu guards the fields below.
-	mu    sync.Mutex
-	m     map[string]*idemRecord
-	order []idemSlot // oldest first
-	seq   uint64
-	// byConn lists the keys each open connection recorded, so that its
-	// close touches only those (slots whose record moved on are skipped,
-	// and dropped when they outnumber the live ones).
-	byConn map[uint64]*connKeys
+// idemQueue is the eviction order of one owner's records: an open
+// connection's, or a key space's records of closed connections.
+type idemQueue struct {
+	space string     // the tenant's name ("" for none)
+	slots []idemSlot // oldest first
+	n     int        // the records in the queue: its slots that are not stale
+	limit int        // n at most; past it the oldest goes
 }
 
-// connKeys is the keys one connection recorded; compacted when it grows
-// to next, so it holds at most about twice the live ones.
-type connKeys struct {
-	slots []idemSlot
-	next  int
+// sharedIdem is the daemon-wide table.
+type sharedIdem struct {
+	connLimit  int // records of one open connection
+	spaceLimit int // records of one key space's closed connections
+	ttl        time.Duration
+	now        func() time.Time
+
+	// mu guards the fields below.
+	mu  sync.Mutex
+	m   map[string]*idemRecord
+	seq uint64
+	// conns are the open connections' queues, by connection; spaces are
+	// the key spaces' queues of records of closed connections, by tenant
+	// (at most one per configured tenant, and one for none).
+	conns  map[uint64]*idemQueue
+	spaces map[string]*idemQueue
 }
 
 // sharedIdemTTL is how long the daemon-wide table remembers a key after
 // its last recorded answer.
 const sharedIdemTTL = 10 * time.Minute
 
-// sharedIdemLimit is how many keys the daemon-wide table remembers: as
-// many as every connection's own table together, at most 2^20.
-func sharedIdemLimit(cfg *Config) int {
-	return min(cfg.MaxConns*cfg.Limits.MaxIdempotencyKeys, 1<<20)
+// sharedIdemLimits are the bounds of the daemon-wide table with spaces key
+// spaces (the tenants, and connections without one when there are such):
+// a connection keeps as many records as its own table
+// (Limits.MaxIdempotencyKeys), and each key space an equal share of
+// MaxConns×MaxIdempotencyKeys records of closed connections (at most 2^20
+// in all, at least MaxIdempotencyKeys each).
+func sharedIdemLimits(cfg *Config, spaces int) (conn, space int) {
+	conn = cfg.Limits.MaxIdempotencyKeys
+	return conn, max(conn, min(cfg.MaxConns*conn, 1<<20)/spaces)
 }
 
-func newSharedIdem(limit int, ttl time.Duration, now func() time.Time) *sharedIdem {
+func newSharedIdem(connLimit, spaceLimit int, ttl time.Duration, now func() time.Time) *sharedIdem {
 	if now == nil {
 		now = time.Now
 	}
-	return &sharedIdem{limit: limit, ttl: ttl, now: now, m: make(map[string]*idemRecord), byConn: make(map[uint64]*connKeys)}
+	return &sharedIdem{connLimit: connLimit, spaceLimit: spaceLimit, ttl: ttl, now: now,
+		m: make(map[string]*idemRecord), conns: make(map[uint64]*idemQueue), spaces: make(map[string]*idemQueue)}
 }
 
 // scoped is key in tenant's space of the table.
@@ -121,6 +140,7 @@ func (t *sharedIdem) check(tenant string, key, lane []byte, hash, conn uint64) (
 	}
 	if t.now().Sub(r.at) >= t.ttl {
 		delete(t.m, k)
+		r.q.n--
 		return idemRun, nil, nil
 	}
 	switch {
@@ -139,82 +159,85 @@ func (t *sharedIdem) check(tenant string, key, lane []byte, hash, conn uint64) (
 }
 
 // record stores the first answer to tenant's key (or the answer of a rerun
-// after its owner closed), evicting the oldest records past the limit.
+// after its owner closed) as one of connection conn's records, evicting
+// that connection's oldest past its limit.
 func (t *sharedIdem) record(tenant string, key, lane []byte, hash, conn uint64, frame []byte) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := scoped(tenant, key)
+	if old, ok := t.m[k]; ok {
+		old.q.n-- // its slot goes stale: the record moves to conn's queue
+	}
+	q := t.conns[conn]
+	if q == nil {
+		q = &idemQueue{space: tenant, limit: t.connLimit}
+		t.conns[conn] = q
+	}
 	r := &idemRecord{lane: string(lane), hash: hash, conn: conn, frame: frame, at: t.now()}
-	old, ok := t.m[k]
-	if ok {
-		r.seq = old.seq // keeps its place: the key's age is its first use
-	} else {
-		t.seq++
-		r.seq = t.seq
-		t.order = append(t.order, idemSlot{key: k, seq: r.seq})
-	}
 	t.m[k] = r
-	if !ok || old.conn != conn {
-		t.addConnKey(conn, idemSlot{key: k, seq: r.seq})
-	}
-	for len(t.m) > t.limit && len(t.order) > 0 {
-		s := t.order[0]
-		t.order = t.order[1:]
-		if cur, ok := t.m[s.key]; ok && cur.seq == s.seq {
+	t.push(q, k, r)
+}
+
+// push appends k's record r to q and evicts q's oldest records past its
+// limit. With t.mu held.
+func (t *sharedIdem) push(q *idemQueue, k string, r *idemRecord) {
+	t.seq++
+	r.q, r.seq = q, t.seq
+	q.slots = append(q.slots, idemSlot{key: k, seq: r.seq})
+	q.n++
+	for q.n > q.limit {
+		s := q.slots[0]
+		q.slots = q.slots[1:]
+		if t.live(s) {
 			delete(t.m, s.key)
+			q.n--
 		}
 	}
-	// Keys forgotten by expiry leave stale slots; drop them when they
+	// Records that expired or moved leave stale slots; drop them when they
 	// outnumber the live ones.
-	if len(t.order) > 2*len(t.m)+16 {
-		live := t.order[:0]
-		for _, s := range t.order {
-			if cur, ok := t.m[s.key]; ok && cur.seq == s.seq {
+	if len(q.slots) > 2*q.n+16 {
+		live := q.slots[:0]
+		for _, s := range q.slots {
+			if t.live(s) {
 				live = append(live, s)
 			}
 		}
-		t.order = live
+		clear(q.slots[len(live):])
+		q.slots = live
 	}
 }
 
-// addConnKey lists key under conn, compacting the list when most of its
-// slots no longer name a record of conn. With t.mu held.
-func (t *sharedIdem) addConnKey(conn uint64, s idemSlot) {
-	ck := t.byConn[conn]
-	if ck == nil {
-		ck = &connKeys{next: 64}
-		t.byConn[conn] = ck
-	}
-	ck.slots = append(ck.slots, s)
-	if len(ck.slots) < ck.next {
-		return
-	}
-	live := ck.slots[:0]
-	for _, s := range ck.slots {
-		if r, ok := t.m[s.key]; ok && r.seq == s.seq && r.conn == conn {
-			live = append(live, s)
-		}
-	}
-	clear(ck.slots[len(live):])
-	ck.slots, ck.next = live, 2*len(live)+64
+// live reports whether slot s is its key's record's. With t.mu held.
+func (t *sharedIdem) live(s idemSlot) bool {
+	r, ok := t.m[s.key]
+	return ok && r.seq == s.seq
 }
 
 // closed records that connection conn closed: its keys may run afresh on
-// another connection (still bound to their lane and arguments), and their
-// answers, which name its released resources, are dropped.
+// another connection (still bound to their lane and arguments, as records
+// of its key space), and their answers, which name its released
+// resources, are dropped.
 func (t *sharedIdem) closed(conn uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	ck := t.byConn[conn]
-	if ck == nil {
+	q := t.conns[conn]
+	if q == nil {
 		return
 	}
-	for _, s := range ck.slots {
-		if r, ok := t.m[s.key]; ok && r.seq == s.seq && r.conn == conn {
-			r.connGone, r.frame = true, nil
-		}
+	delete(t.conns, conn)
+	sq := t.spaces[q.space]
+	if sq == nil {
+		sq = &idemQueue{space: q.space, limit: t.spaceLimit}
+		t.spaces[q.space] = sq
 	}
-	delete(t.byConn, conn)
+	for _, s := range q.slots {
+		if !t.live(s) {
+			continue
+		}
+		r := t.m[s.key]
+		r.connGone, r.frame = true, nil
+		t.push(sq, s.key, r)
+	}
 }
 
 // len is the number of keys remembered.
@@ -243,7 +266,9 @@ func (c *conn) idemLookup(m *wire.Request, hash uint64) (frame []byte, err error
 			"lane", string(m.Ctx.Lane), "err", err)
 		return nil, err
 	case idemReplay:
-		// Evicted from this connection's table, still in the daemon's.
+		// Both tables keep the connection's last MaxIdempotencyKeys keys,
+		// so this one is not reached; the answer is this connection's all
+		// the same.
 		return frame, nil
 	}
 	return nil, nil

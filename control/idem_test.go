@@ -3,23 +3,25 @@ package control
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/wire"
 )
 
 // TestSharedIdem: a key is bound daemon wide to the lane and arguments of
 // its first use; its answer is replayed only to the connection that got
 // it; another connection is refused while that one lives and runs afresh
-// once it closed; keys expire and the table stays bounded.
+// once it closed; keys expire and a connection's records stay bounded.
 func TestSharedIdem(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	clock := func() time.Time { return now }
-	tab := newSharedIdem(3, time.Minute, clock)
+	tab := newSharedIdem(3, 3, time.Minute, clock)
 	k, stream, catalog := []byte("k1"), []byte("stream-first"), []byte("catalog-first")
 	const h, conn1, conn2 = 77, 1, 2
 
@@ -67,7 +69,7 @@ func TestSharedIdem(t *testing.T) {
 	if v, _, _ := tab.check("", k, catalog, h+1, conn2); v != idemRun {
 		t.Fatalf("expired key: %v, want run", v)
 	}
-	// Bound: the oldest goes first.
+	// Bound: the connection's oldest goes first.
 	for i := range 5 {
 		tab.record("", []byte(fmt.Sprint("b", i)), stream, uint64(i), conn2, nil)
 	}
@@ -82,7 +84,7 @@ func TestSharedIdem(t *testing.T) {
 	}
 	// Keys that expire and come back leave no stale slot behind that
 	// would evict them early.
-	tab2 := newSharedIdem(2, time.Second, clock)
+	tab2 := newSharedIdem(2, 2, time.Second, clock)
 	for range 100 {
 		tab2.record("", []byte("x"), stream, 1, conn1, nil)
 		now = now.Add(2 * time.Second)
@@ -93,27 +95,27 @@ func TestSharedIdem(t *testing.T) {
 	if v, _, _ := tab2.check("", []byte("x"), stream, 1, conn1); v != idemReplay {
 		t.Fatal("a stale slot evicted a live key")
 	}
-	if len(tab2.order) > 2*2+16+1 {
-		t.Fatalf("order grew to %d slots", len(tab2.order))
+	if n := len(tab2.conns[conn1].slots); n > 2*2+16+1 {
+		t.Fatalf("the connection's order grew to %d slots", n)
 	}
 }
 
 // TestSharedIdemConnIndex: a connection's close touches only its own keys,
-// and the index of a long-lived connection whose keys were evicted stays
+// and the order of a long-lived connection whose keys were evicted stays
 // bounded by the live ones.
 func TestSharedIdemConnIndex(t *testing.T) {
-	tab := newSharedIdem(100, time.Hour, nil)
+	tab := newSharedIdem(100, 100, time.Hour, nil)
 	lane := []byte("stream-first")
 	for i := range 10000 {
 		tab.record("", []byte(fmt.Sprint("a", i)), lane, 1, 5, []byte("answer"))
 	}
 	tab.record("", []byte("b"), lane, 1, 6, []byte("other"))
-	if n := len(tab.byConn[5].slots); n > 2*100+64 {
-		t.Fatalf("connection 5 indexes %d keys; at most 100 are live", n)
+	if n := len(tab.conns[5].slots); n > 2*100+16 {
+		t.Fatalf("connection 5's order holds %d slots; at most 100 are live", n)
 	}
 	tab.closed(5)
-	if _, ok := tab.byConn[5]; ok {
-		t.Fatal("the closed connection's index is kept")
+	if _, ok := tab.conns[5]; ok {
+		t.Fatal("the closed connection's order is kept")
 	}
 	if r := tab.m[scoped("", []byte("b"))]; r.connGone || string(r.frame) != "other" {
 		t.Fatalf("another connection's record changed by a close: %+v", r)
@@ -124,8 +126,52 @@ func TestSharedIdemConnIndex(t *testing.T) {
 			gone++
 		}
 	}
-	if gone != 99 {
-		t.Fatalf("%d of connection 5's 99 live keys marked closed", gone)
+	if gone != 100 {
+		t.Fatalf("%d of connection 5's 100 live keys marked closed", gone)
+	}
+}
+
+// TestSharedIdemBoundsPerOwner: no owner's records push out another's. A
+// tenant whose connections record keys past every bound, and close, and
+// another connection of the victim's own tenant doing the same, evict only
+// their own records: the victim's key of a live connection is still
+// refused on another connection, its key of a closed one still bound to
+// its lane, and the table holds no more than its bounds.
+func TestSharedIdemBoundsPerOwner(t *testing.T) {
+	const limit = 4
+	tab := newSharedIdem(limit, limit, time.Hour, nil)
+	stream, catalog := []byte("stream-first"), []byte("catalog-first")
+	const h = 7
+	tab.record("b", []byte("live"), stream, h, 1, []byte("answer"))
+	tab.record("b", []byte("bound"), stream, h, 2, []byte("answer"))
+	tab.closed(2)
+
+	for conn := uint64(10); conn < 20; conn++ { // tenant a: connections past their limit, closed
+		for i := range 2 * limit {
+			tab.record("a", fmt.Appendf(nil, "a-%d-%d", conn, i), stream, h, conn, nil)
+		}
+		tab.closed(conn)
+	}
+	for i := range 10 * limit { // tenant b's own third connection, open
+		tab.record("b", fmt.Appendf(nil, "b-%d", i), stream, h, 3, nil)
+	}
+
+	if v, _, err := tab.check("b", []byte("live"), stream, h, 4); v != idemRefuse {
+		t.Errorf("key of b's live connection on another: %v %v, want refused", v, err)
+	}
+	if v, _, err := tab.check("b", []byte("bound"), catalog, h, 4); v != idemRefuse {
+		t.Errorf("key of b's closed connection in another lane: %v %v, want refused (bound)", v, err)
+	}
+	if v, _, _ := tab.check("a", []byte("a-19-7"), catalog, h, 4); v != idemRefuse {
+		t.Error("tenant a's newest key is forgotten")
+	}
+	if v, _, _ := tab.check("a", []byte("a-19-3"), catalog, h, 4); v != idemRun {
+		t.Error("tenant a's keys past its key space's bound are kept")
+	}
+	// Connection 1's key, connection 3's limit, a's closed connections'
+	// limit, b's closed connection's key.
+	if n, want := tab.len(), 1+limit+limit+1; n != want {
+		t.Fatalf("table holds %d keys, want %d", n, want)
 	}
 }
 
@@ -181,4 +227,67 @@ func TestReplayOfAnAnswerToRequestIDZero(t *testing.T) {
 	if n := e.pool.Stats().Blocks; n != 2 {
 		t.Fatalf("retry allocated again: %d blocks", n)
 	}
+}
+
+// TestIdempotencyFloodKeepsOtherConnectionsKeys: a connection that sends
+// keyed calls past its limit forgets only its own oldest keys. Another
+// connection's key stays bound, so that the same call presented on a third
+// connection while the first lives is refused instead of running twice.
+func TestIdempotencyFloodKeepsOtherConnectionsKeys(t *testing.T) {
+	const keys = 8
+	e := newEnv(t, false, func(c *Config, _ *Deps) {
+		c.MaxConns, c.MaxConnsPerUID, c.Limits.MaxIdempotencyKeys = 4, 4, keys
+	})
+	first, flood, retry := dialRaw(t, e.sock), dialRaw(t, e.sock), dialRaw(t, e.sock)
+	alloc := wire.Context{IdempotencyKey: []byte("alloc-once"), Lane: []byte("stream-first")}
+	expectCode(t, first.callCtx(alloc, &wire.AllocBlocksRequest{N: 1, Size: 4096}), tcproto.CodeOK)
+	for i := range 8 * keys { // past the daemon-wide bound, MaxConns×keys
+		expectCode(t, flood.callCtx(wire.Context{IdempotencyKey: fmt.Appendf(nil, "flood-%d", i)}, &wire.FreeBlocksRequest{}),
+			tcproto.CodeOK)
+	}
+	expectCode(t, retry.callCtx(alloc, &wire.AllocBlocksRequest{N: 1, Size: 4096}), tcproto.CodeFAILED_PRECONDITION)
+	if n := e.pool.Stats().Blocks; n != 1 {
+		t.Fatalf("%d pool blocks: the call ran again on another connection while the first lives", n)
+	}
+}
+
+// TestIdempotencyFloodKeepsOtherTenantsKeys: a tenant whose clients send
+// keyed calls past every bound (several connections, each past its limit,
+// then closed) forgets only its own keys. Another tenant's key in use by a
+// live connection is still refused on another of its connections, and its
+// key of a closed connection is still bound to its lane.
+func TestIdempotencyFloodKeepsOtherTenantsKeys(t *testing.T) {
+	const keys = 8
+	e, poolB := tenantEnv(t, func(c *Config, d *Deps) {
+		c.MaxConns, c.MaxConnsPerUID, c.Limits.MaxIdempotencyKeys = 4, 4, keys
+		d.Tenants[1].UIDs = append(d.Tenants[1].UIDs, uint32(os.Getuid())) // this test's connections are b's
+	})
+	bin := openToAll(t, e)
+	conns := func(n int) {
+		t.Helper()
+		testutil.Eventually(t, testTimeout, func() bool { return e.srv.Connections() == n },
+			"%d connections served (%d)", n, testutil.Lazy(e.srv.Connections))
+	}
+	held, closing := dialRaw(t, e.sock), dialRaw(t, e.sock)
+	alloc := wire.Context{IdempotencyKey: []byte("alloc-once"), Lane: []byte("stream-first")}
+	expectCode(t, held.callCtx(alloc, &wire.AllocBlocksRequest{N: 1, Size: 4096}), tcproto.CodeOK)
+	bound := wire.Context{IdempotencyKey: []byte("bound"), Lane: []byte("stream-first")}
+	expectCode(t, closing.callCtx(bound, &wire.FreeBlocksRequest{}), tcproto.CodeOK)
+	closing.uc.Close()
+	conns(1)
+
+	// Tenant a: 3 connections × 4·keys keys, 12 times the daemon-wide bound.
+	if got := runAs(t, e, bin, "idem-flood", uidA, uidA, nil, "TC_CONNS=3", fmt.Sprint("TC_N=", 4*keys)); got != "flooded" {
+		t.Fatalf("tenant a's flood: %q", got)
+	}
+	conns(1)
+
+	retry := dialRaw(t, e.sock)
+	expectCode(t, retry.callCtx(alloc, &wire.AllocBlocksRequest{N: 1, Size: 4096}), tcproto.CodeFAILED_PRECONDITION)
+	if n := poolB.Stats().Blocks; n != 1 {
+		t.Fatalf("%d of tenant b's pool blocks: the call ran again on another connection while the first lives", n)
+	}
+	other := bound
+	other.Lane = []byte("catalog-first")
+	expectCode(t, retry.callCtx(other, &wire.FreeBlocksRequest{}), tcproto.CodeFAILED_PRECONDITION)
 }

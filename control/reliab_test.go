@@ -238,11 +238,11 @@ func TestParseStatusGroups(t *testing.T) {
 }
 
 // tenantEnv is an env with two tenants, a (uid A) and b (uid B), each with
-// its own pool of testPoolSz bytes.
-func tenantEnv(t *testing.T) (*env, *shm.Pool) {
+// its own pool of testPoolSz bytes; opts apply after.
+func tenantEnv(t *testing.T, opts ...envOpt) (*env, *shm.Pool) {
 	t.Helper()
 	var poolB *shm.Pool
-	e := newEnv(t, false, func(c *Config, d *Deps) {
+	tenants := func(c *Config, d *Deps) {
 		c.Mode = 0o666
 		var err error
 		poolB, err = shm.NewPool(shm.PoolConfig{ID: d.Registry.NextID(), Size: testPoolSz, Hugepages: shm.HugepagesOff,
@@ -256,7 +256,8 @@ func tenantEnv(t *testing.T) (*env, *shm.Pool) {
 		}
 		d.Tenants = []Tenant{{Name: "a", UIDs: []uint32{uidA}, Pool: d.Pool}, {Name: "b", UIDs: []uint32{uidB}, Pool: poolB}}
 		d.Pool = nil
-	})
+	}
+	e := newEnv(t, false, append([]envOpt{tenants}, opts...)...)
 	return e, poolB
 }
 

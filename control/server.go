@@ -254,7 +254,6 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 		perUID:   make(map[uint32]int),
 		exports:  deps.Exports,
 		quiesced: make(chan struct{}),
-		idem:     newSharedIdem(sharedIdemLimit(&cfg), sharedIdemTTL, nil),
 		tenants:  tenants,
 		admin:    admin,
 		dlim: wire.DecodeLimits{
@@ -263,6 +262,12 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 		},
 	}
 	s.needGroups = needGroups(tenants)
+	spaces := len(tenants)
+	if admin == nil {
+		spaces++ // root and the daemon's uid, without a tenant
+	}
+	connKeys, spaceKeys := sharedIdemLimits(&cfg, spaces)
+	s.idem = newSharedIdem(connKeys, spaceKeys, sharedIdemTTL, nil)
 	s.host = &session.Host{
 		Limits: cfg.Limits, MaxFrame: cfg.MaxFrame, DefaultWait: cfg.DefaultWait, ReleaseWait: cfg.ReleaseWait,
 		Engine: deps.Engine, Registry: deps.Registry, MapBuffer: deps.MapBuffer, FileOpener: deps.FileOpener,

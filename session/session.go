@@ -24,7 +24,7 @@ type Limits struct {
 	MaxBatches         int    // batches held (default 64)
 	MaxBatchCapacity   int    // tasks per batch, and requests per Transfer (default 4096)
 	MaxRequests        int    // requests per Submit (default 4096)
-	MaxIdempotencyKeys int    // remembered idempotency keys, oldest evicted (default 1024)
+	MaxIdempotencyKeys int    // remembered idempotency keys, oldest evicted; only the connection's own evict them (default 1024)
 	MaxExports         int    // exported segments, opened remote ones and subscriptions (default 64 each)
 	MaxNotifications   int    // queued notifications; a full queue refuses more (default 1024)
 	MaxQueues          int    // shared-memory queues open (default 16)
