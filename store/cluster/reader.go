@@ -380,8 +380,8 @@ type want struct {
 	// having the value: only when none did is the key a miss.
 	failed bool
 	// tier is the tier a replica's copy stored here is announced at, set
-	// by land: TierL2 once a durable copy was committed, or found, on L2;
-	// else 0, for TierL1.
+	// by land: TierL2 once a durable copy was committed on L2, or a copy
+	// found on L2; else 0, for TierL1.
 	tier uint8
 }
 
@@ -802,7 +802,8 @@ var errNotOnL2 = xfer.Categorized(xfer.ErrPrecondition, "cluster: the key is sto
 // found already stored here (key's Reserve answered it exists) stands for
 // the copy asked: only when it is the same value (size and crc32c) and,
 // for a durable replicate, on L2. Else it says why not. A copy that stands
-// has w.tier set to the tier it is announced at.
+// has w.tier set to the tier it is announced at: L2 when it is there,
+// durable asked or not, as this daemon's own announcement of it said.
 func (c *Cluster) sameHere(key []byte, w *want, durable bool) error {
 	size, crc, onL2, err := c.st.CopyHere(key)
 	asked := w.cands[w.next]
@@ -814,7 +815,7 @@ func (c *Cluster) sameHere(key []byte, w *want, durable bool) error {
 	case durable && !onL2:
 		return errNotOnL2
 	}
-	if durable {
+	if onL2 {
 		w.tier = TierL2
 	}
 	return nil

@@ -427,40 +427,44 @@ func TestReplicaFoundHere(t *testing.T) {
 	})
 }
 
-// TestReplicaFoundOnL2: a durable replicate whose target already has the
-// same value on L2 stands for the copy, and the key's home knows it on
-// the target's L2.
+// TestReplicaFoundOnL2: a replicate, durable or not, whose target already
+// has the same value on L2 stands for the copy, and the key's home knows
+// it on the target's L2, as the target's own announcement said before.
 func TestReplicaFoundOnL2(t *testing.T) {
 	f := newNetWith(t, []string{"a", "b", "c"}, Config{Shards: 16, Timeout: 3 * time.Second, ProbeEvery: time.Hour}, nil, withL2("b", "c"))
 	a := f.node("a")
-	k := "found/l2"
-	v := value(k, 4096)
-	a.put(t, k, v)
-	tgt := f.node(a.c.replicaTargets(a.c.view.Load(), []byte(k), 1)[0])
-	ss := tgt.st.NewSession()
-	codes := make([]store.Code, 1)
-	if _, err := ss.Put([][]byte{[]byte(k)}, [][]byte{v}, true, codes, nil, nil, 0); err != nil || codes[0] != store.OK {
-		t.Fatalf("durable put of %s on %s: %v, %v", k, tgt.id, err, codes[0])
+	for _, durable := range []bool{true, false} {
+		t.Run(fmt.Sprintf("durable=%v", durable), func(t *testing.T) {
+			k := fmt.Sprintf("found/l2/%v", durable)
+			v := value(k, 4096)
+			a.put(t, k, v)
+			tgt := f.node(a.c.replicaTargets(a.c.view.Load(), []byte(k), 1)[0])
+			ss := tgt.st.NewSession()
+			codes := make([]store.Code, 1)
+			if _, err := ss.Put([][]byte{[]byte(k)}, [][]byte{v}, true, codes, nil, nil, 0); err != nil || codes[0] != store.OK {
+				t.Fatalf("durable put of %s on %s: %v, %v", k, tgt.id, err, codes[0])
+			}
+			ss.Close()
+			// Its own announcement first: the replicate's comes after it.
+			testutil.Eventually(t, 10*time.Second, func() bool { return slices.Contains(f.holders(k), tgt.id) },
+				"%s's copy on %s indexed", k, tgt.id)
+			ch := make(chan error, 1)
+			a.c.Replicate([][]byte{[]byte(k)}, 2, durable, func(_ int, err error) { ch <- err })
+			if err := <-ch; err != nil {
+				t.Fatalf("a copy found on %s's L2: %v, want OK", tgt.id, err)
+			}
+			_, hs, err := a.c.Locate([]byte(k))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range hs {
+				if h.ID == tgt.id && h.Tier == TierL2 {
+					return
+				}
+			}
+			t.Errorf("the home knows %s's copies as %+v, want one on %s's L2", k, hs, tgt.id)
+		})
 	}
-	ss.Close()
-	// Its own announcement first: the replicate's comes after it.
-	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Contains(f.holders(k), tgt.id) },
-		"%s's copy on %s indexed", k, tgt.id)
-	ch := make(chan error, 1)
-	a.c.Replicate([][]byte{[]byte(k)}, 2, true, func(_ int, err error) { ch <- err })
-	if err := <-ch; err != nil {
-		t.Fatalf("a durable copy found on %s's L2: %v, want OK", tgt.id, err)
-	}
-	_, hs, err := a.c.Locate([]byte(k))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, h := range hs {
-		if h.ID == tgt.id && h.Tier == TierL2 {
-			return
-		}
-	}
-	t.Errorf("the home knows %s's copies as %+v, want one on %s's L2", k, hs, tgt.id)
 }
 
 // TestFetchOverMaxKeysPerCall: a holder and a reader whose stores take
