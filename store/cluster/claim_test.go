@@ -221,6 +221,43 @@ func TestHoldsBoundedWhileTaken(t *testing.T) {
 	}
 }
 
+// TestHoldReleasedOnBadAnswer: a reader whose hold answer from a holder
+// does not decode past its claim (a byte after its end, here) releases
+// the hold all the same, on a goroutine its Close waits for: once the read
+// has failed and the reader has closed, the holder keeps neither the hold
+// nor its pin of the value, though the hold's deadline is far off.
+func TestHoldReleasedOnBadAnswer(t *testing.T) {
+	f := newNet(t, []string{"h", "r"}, Config{Shards: 16, Timeout: 30 * time.Second, ProbeEvery: time.Hour})
+	h, r := f.node("h"), f.node("r")
+	const key = "bad/answer"
+	v := value(key, 4096)
+	h.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"h"}) },
+		"%s announced", key)
+	basePins := h.st.Stats().Pins
+	h.hmu.Lock()
+	hold := h.h[kindHold]
+	h.h[kindHold] = func(from string, epoch uint64, req []byte) ([]byte, error) {
+		resp, err := hold(from, epoch, req)
+		if err != nil {
+			return nil, err
+		}
+		return append(resp, 0), nil // its claim decodes, the rest does not
+	}
+	h.hmu.Unlock()
+	if _, err := r.read(key, len(v)); err == nil {
+		t.Fatal("a read whose hold answer did not decode answered OK")
+	}
+	if n := h.c.Stats().HoldsGiven; n != 1 {
+		t.Fatalf("%d holds given by h, want the read's", n)
+	}
+	r.c.Close() // waits for the release it started
+	if n, pins := h.c.Holds(), h.st.Stats().Pins; n != 0 || h.c.HoldReaders([]byte(key)) != 0 || pins != basePins {
+		t.Errorf("after the reader closed, h keeps %d holds, %d readers of %s and %d pins (%d before the read); want none left",
+			n, h.c.HoldReaders([]byte(key)), key, pins, basePins)
+	}
+}
+
 // gateClock is a clock whose readings, while armed, each wait until
 // release is closed, saying so on in first.
 type gateClock struct {
