@@ -68,7 +68,9 @@ type CallOption func(*wire.Context)
 // ErrFailedPrecondition, and so does the same call on another connection
 // while the first lives (it runs afresh there once the first closed).
 // The daemon remembers a connection's last Hello.Limits.MaxIdempotencyKeys
-// keys, whatever other clients send; an older key is forgotten.
+// keys, whatever other clients send; an older key is forgotten (counted
+// in Stats as the connection's idempotency_keys_forgotten), and its retry
+// runs again.
 // OpenQueue is not idempotent by key (its answer carries a new fd).
 func WithIdempotencyKey(key string) CallOption {
 	return func(c *wire.Context) { c.IdempotencyKey = []byte(key) }

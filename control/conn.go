@@ -91,6 +91,9 @@ type conn struct {
 	// queue's eventfd doorbell), -1 when none.
 	passFD2 int
 	idem    idemTable
+	// idemForgotten counts the keys idem forgot past
+	// Limits.MaxIdempotencyKeys.
+	idemForgotten uint64
 }
 
 func newConn(s *Server, uc *net.UnixConn) (*conn, error) {

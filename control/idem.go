@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -276,10 +277,16 @@ func (c *conn) idemLookup(m *wire.Request, hash uint64) (frame []byte, err error
 
 // idemRecord remembers the answer out to a keyed call, in this
 // connection's table and the daemon's (one copy, shared: neither changes
-// it).
+// it). A key the connection's tables forget to make room (its oldest) is
+// counted and warned of: a retry of it runs again.
 func (c *conn) idemRecord(m *wire.Request, hash uint64, out []byte) {
 	f := slices.Clone(out)
-	c.idem.put(m.Ctx.IdempotencyKey, idemEntry{hash: hash, frame: f}, c.s.cfg.Limits.MaxIdempotencyKeys)
+	limit := c.s.cfg.Limits.MaxIdempotencyKeys
+	if n := c.idem.put(m.Ctx.IdempotencyKey, idemEntry{hash: hash, frame: f}, limit); n > 0 {
+		c.idemForgotten += uint64(n)
+		c.s.logs.idemForgotten.Event(append(c.who(), slog.Int("max_idempotency_keys", limit),
+			slog.Uint64("forgotten", c.idemForgotten))...)
+	}
 	c.s.idem.record(c.tenantName(), m.Ctx.IdempotencyKey, m.Ctx.Lane, hash, c.id, f)
 }
 
@@ -326,7 +333,9 @@ func (t *idemTable) get(key []byte) (idemEntry, bool) {
 	return e, ok
 }
 
-func (t *idemTable) put(key []byte, e idemEntry, limit int) {
+// put remembers e under key and returns how many of the oldest keys it
+// forgot to stay within limit.
+func (t *idemTable) put(key []byte, e idemEntry, limit int) (forgot int) {
 	if t.m == nil {
 		t.m = make(map[string]idemEntry)
 	}
@@ -338,7 +347,9 @@ func (t *idemTable) put(key []byte, e idemEntry, limit int) {
 	for len(t.order) > limit {
 		delete(t.m, t.order[0])
 		t.order = t.order[1:]
+		forgot++
 	}
+	return forgot
 }
 
 // argsHash hashes what makes a mutating call: its kind, lane and

@@ -291,3 +291,26 @@ func TestIdempotencyFloodKeepsOtherTenantsKeys(t *testing.T) {
 	other.Lane = []byte("catalog-first")
 	expectCode(t, retry.callCtx(other, &wire.FreeBlocksRequest{}), tcproto.CodeFAILED_PRECONDITION)
 }
+
+// TestIdempotencyKeysForgottenAreCounted: a connection's keys past its
+// limit are forgotten (its oldest first); each one is counted in its
+// Stats and the daemon warns, so that a retry of a forgotten key running
+// again is not silent.
+func TestIdempotencyKeysForgottenAreCounted(t *testing.T) {
+	const keys, over = 8, 3
+	e := newEnv(t, false, func(c *Config, _ *Deps) { c.Limits.MaxIdempotencyKeys = keys })
+	c := dialRaw(t, e.sock)
+	for i := range keys + over {
+		expectCode(t, c.callCtx(wire.Context{IdempotencyKey: fmt.Appendf(nil, "k-%d", i)}, &wire.FreeBlocksRequest{}), tcproto.CodeOK)
+	}
+	st := body[wire.StatsResponse](t, c.call(&wire.StatsRequest{}))
+	for name, want := range map[string]uint64{"idempotency_keys": keys, "idempotency_keys_forgotten": over} {
+		i := slices.IndexFunc(st.Connection, func(k wire.Counter) bool { return k.Name == name })
+		if i < 0 || st.Connection[i].Value != want {
+			t.Errorf("connection counter %s: %v, want %d", name, st.Connection, want)
+		}
+	}
+	if log := e.logBuf.String(); !strings.Contains(log, "idempotency keys forgotten") || !strings.Contains(log, "max_idempotency_keys=8") {
+		t.Errorf("no warning of the forgotten keys:\n%s", log)
+	}
+}

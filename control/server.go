@@ -199,6 +199,9 @@ type Server struct {
 		acceptFail, acceptOK, frameTimeout           *ratelog.Log
 		// What a client's frames can make a connection warn about.
 		badFrame, undecodable, lostFDs, unexpectedFD, strayFDs, rdmaCut *ratelog.Log
+		// idemForgotten: a connection's keyed calls went past
+		// MaxIdempotencyKeys, so its oldest keys were forgotten.
+		idemForgotten *ratelog.Log
 	}
 
 	wg sync.WaitGroup // accept loop and connection goroutines
@@ -290,6 +293,8 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 	s.logs.unexpectedFD = ratelog.New(log, slog.LevelWarn, "file descriptor with a request that takes none", every)
 	s.logs.strayFDs = ratelog.New(log, slog.LevelWarn, "closing file descriptors sent without a frame", every)
 	s.logs.rdmaCut = ratelog.New(log, slog.LevelWarn, "rdma answer cut short", every)
+	s.logs.idemForgotten = ratelog.New(log, slog.LevelWarn,
+		"idempotency keys forgotten: a connection is past max_idempotency_keys; a retry with a forgotten key runs again", every)
 	ln := cfg.Listener
 	if ln == nil {
 		if ln, err = listen(cfg.Socket, cfg.Mode); err != nil {
@@ -650,7 +655,8 @@ func (s *Server) Close() error {
 	s.wg.Wait()
 	for _, l := range []*ratelog.Log{s.logs.setup, s.logs.denied, s.logs.maxConns, s.logs.maxPerUID, s.logs.draining,
 		s.logs.acceptFail, s.logs.acceptOK, s.logs.frameTimeout,
-		s.logs.badFrame, s.logs.undecodable, s.logs.lostFDs, s.logs.unexpectedFD, s.logs.strayFDs, s.logs.rdmaCut} {
+		s.logs.badFrame, s.logs.undecodable, s.logs.lostFDs, s.logs.unexpectedFD, s.logs.strayFDs, s.logs.rdmaCut,
+		s.logs.idemForgotten} {
 		l.Stop()
 	}
 	s.host.StopLogs()

@@ -47,6 +47,7 @@ func (c *conn) stats() {
 		wire.Counter{Name: "queue.client_wakes", Value: qt.ClientWakes},
 		wire.Counter{Name: "queue.worker_sleeps", Value: qt.WorkerSleeps},
 		wire.Counter{Name: "queue.violations", Value: qt.Violations})
-	r.Connection = c.ss.Counters(nil, len(c.idem.order))
+	r.Connection = append(c.ss.Counters(nil, len(c.idem.order)),
+		wire.Counter{Name: "idempotency_keys_forgotten", Value: c.idemForgotten})
 	r.Store = c.ss.StoreFigures()
 }
