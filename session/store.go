@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -192,6 +193,13 @@ const maxParts = 4
 // connection's serving goroutine until it is answered). Each range is a
 // call of its own to the store, its results in place in the call's
 // slices. The first error of a range is returned.
+//
+// A panic of a part (a bug: the store turns a fault in the client's memory
+// into a key's error) is raised again here once every part ended: on a
+// goroutine of its own it would kill the daemon, here the connection's
+// recover ends this call alone. Every part ends before inParts returns or
+// unwinds, since they write the call's results and the memory of buffers
+// whose references the caller drops as it returns.
 func (c *Session) inParts(mem [][]byte, fn func(lo, hi int) error) error {
 	var total uint64
 	for _, b := range mem {
@@ -218,25 +226,47 @@ func (c *Session) inParts(mem [][]byte, fn func(lo, hi int) error) error {
 		cuts[p] = len(mem)
 	}
 	var errs [maxParts]error
+	var panics [maxParts]*partPanic
 	var wg sync.WaitGroup
 	for k := 1; k < parts; k++ {
 		if cuts[k] == cuts[k+1] {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
+			defer func() {
+				if r := recover(); r != nil {
+					panics[k] = &partPanic{v: r, stack: debug.Stack()}
+				}
+			}()
 			errs[k] = fn(cuts[k], cuts[k+1])
-		}()
+		})
 	}
+	defer wg.Wait() // the first part's panic unwinds after the others end
 	errs[0] = fn(0, cuts[1])
 	wg.Wait()
+	for _, pp := range panics[1:parts] {
+		if pp != nil {
+			panic(pp)
+		}
+	}
 	for _, err := range errs[:parts] {
 		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// partPanic is the panic of a part inParts ran on a goroutine of its own,
+// raised again on the caller's: it says where the part panicked, which the
+// caller's stack does not.
+type partPanic struct {
+	v     any
+	stack []byte
+}
+
+func (p *partPanic) Error() string {
+	return fmt.Sprintf("%v [in a part of a store call, on its own goroutine:\n%s]", p.v, p.stack)
 }
 
 // StorePut puts keys with values copied from the session's memory;
