@@ -125,8 +125,8 @@ func (s *Store) removedHere(key []byte) {
 type Held struct {
 	Key  []byte // a copy
 	Size uint64
-	CRC  uint32 // crc32c of the value
-	OnL2 bool
+	CRC  uint32   // crc32c of the value
+	OnL2 bool     // on L2 (in L1 as well or not): announced as durable
 	ID   RecordID // the record (Recheck)
 }
 
@@ -151,7 +151,7 @@ func (s *Store) Holdings(i int, keep func(key []byte) bool, dst []Held) []Held {
 		if e.state != stReady || e.flags&fUnseen != 0 || !keep(sh.keyOf(e)) {
 			continue
 		}
-		dst = append(dst, Held{Key: bytes.Clone(sh.keyOf(e)), Size: uint64(e.size), CRC: s.knownCRC(e), OnL2: e.flags&fL1 == 0,
+		dst = append(dst, Held{Key: bytes.Clone(sh.keyOf(e)), Size: uint64(e.size), CRC: s.knownCRC(e), OnL2: e.flags&fL2 != 0,
 			ID: ref{uint32(i), idx, e.gen}.id()})
 	}
 	return dst

@@ -423,3 +423,34 @@ func TestLookupPrefixAsync(t *testing.T) {
 		t.Fatalf("after the lookups with pin: %d pins, %d keys, want 3 and 2", st.Pins, st.Keys)
 	}
 }
+
+// TestHoldingsOnL2: a re-announcement walk reads a durable value as on
+// L2 while it is still in L1 too, as its commit announced it (a durable
+// copy re-announced as memory-only would lower its home's record); a
+// value put without durable is not.
+func TestHoldingsOnL2(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	s := e.s
+	ss := s.NewSession()
+	defer ss.Close()
+	codes := make([]Code, 1)
+	for k, durable := range map[string]bool{"durable": true, "memory": false} {
+		if _, err := ss.Put([][]byte{[]byte(k)}, [][]byte{[]byte(k + " value")}, durable, codes, nil, nil, 0); err != nil || codes[0] != OK {
+			t.Fatalf("put %s: %v %v", k, err, codes[0])
+		}
+	}
+	got := map[string]bool{}
+	var held []Held
+	for i := range s.IndexShards() {
+		held = s.Holdings(i, func([]byte) bool { return true }, held[:0])
+		for _, h := range held {
+			got[string(h.Key)] = h.OnL2
+		}
+	}
+	if len(got) != 2 || !got["durable"] || got["memory"] {
+		t.Fatalf("holdings on L2: %v, want durable on L2 and memory not", got)
+	}
+	if ki, err := s.Stat([]byte("durable")); err != nil || !ki.InL1 || !ki.InL2 {
+		t.Fatalf("the durable value: %+v %v, want in L1 and on L2 (else the case reads nothing)", ki, err)
+	}
+}
