@@ -117,11 +117,17 @@ func (x nodeExports) Lookup(a tcp.Access) (xfer.MemSegment, tcp.Rights, error) {
 	return e.Segment(), tcp.Rights(e.Rights()), nil
 }
 
-// Deliver implements tcp.Exporter.
+// Deliver implements tcp.Exporter: a notification rides a WRITE, so the
+// export must grant write access now. The peer's token only says what the
+// name granted when the token was issued: the name may since have been
+// unexported and exported again read-only, within the token's life.
 func (x nodeExports) Deliver(a tcp.Access, payload []byte) error {
 	e, err := x.Resolve(a.Tenant, a.Owner, a.Name)
 	if err != nil {
 		return err
+	}
+	if e.Rights()&wire.RightWrite == 0 {
+		return fmt.Errorf("%w: %q is not exported for writing", xfer.ErrPermission, a.Name)
 	}
 	return e.Deliver(payload)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
+	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // The RDMA links' own tests, over an rdmatest fabric and over real verbs,
@@ -94,5 +95,40 @@ func TestMemberWithRDMA(t *testing.T) {
 	}
 	if r := p.RDMAInfo(); r.State != wire.RDMAEnabled || r.PoolRegistered != 8<<20 {
 		t.Fatalf("RDMA report: %+v", r)
+	}
+}
+
+// TestDeliverNeedsWrite: a peer's notification reaches an export's
+// subscribers only while the export grants write access. A peer may still
+// hold a write token for the name from an earlier read-write export of it
+// (tokens outlive an unexport); the read-only export now under that name
+// must not take its notifications.
+func TestDeliverNeedsWrite(t *testing.T) {
+	exports := peer.NewExports(nil)
+	buf := xfertest.SegmentOf(7, xfer.KindClient, make([]byte, 4096))
+	x := nodeExports{exports}
+	in := peer.NewInbox("connection 1", 8)
+	defer in.Close()
+
+	rw, err := exports.Export("kv", "", buf, 0, 4096, wire.RightRead|wire.RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := exports.Subscribe("kv", "", in); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Deliver(tcp.Access{Name: "kv"}, []byte("v1")); err != nil || in.Len() != 1 {
+		t.Fatalf("a notification into a read-write export: %v, %d queued", err, in.Len())
+	}
+	rw.End(0)
+
+	if _, err := exports.Export("kv", "", buf, 0, 4096, wire.RightRead); err != nil {
+		t.Fatal(err)
+	}
+	if err := exports.Subscribe("kv", "", in); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Deliver(tcp.Access{Name: "kv"}, []byte("v2")); !errors.Is(err, xfer.ErrPermission) || in.Len() != 1 {
+		t.Fatalf("a notification into a read-only export: %v, %d queued; want xfer.ErrPermission and nothing queued", err, in.Len())
 	}
 }
