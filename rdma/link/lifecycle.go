@@ -20,6 +20,13 @@ import (
 // linkRetry; a segment that cannot be resolved (its owner could not
 // register it) or a buffer that could not be registered stays on tcp while
 // the rest of its peer's requests use rdma.
+//
+// The exchanges with a peer that this needs run on a goroutine of their
+// own (peerRun), one at a time per peer: each may wait for the node's
+// request timeout, and a peer that takes them and never answers must hold
+// up its own segments only, not the links, pins and ticks of every other
+// peer. A route's job for a peer whose work runs is dropped (a later
+// request asks again); a pin waits for its turn.
 func (p *Links) worker() {
 	defer p.wg.Done()
 	type failure struct {
@@ -28,6 +35,9 @@ func (p *Links) worker() {
 	}
 	failedPeer := map[string]failure{}      // peer → its last failed link
 	failedSeg := map[*tcp.Remote]struct{}{} // segments left on tcp
+	// busy are the peers whose work runs, with the pins that wait for it.
+	busy := map[string][]pinJob{}
+	ended := make(chan peerWork)
 	tick := time.NewTicker(linkCheckEvery)
 	defer tick.Stop()
 	for {
@@ -38,7 +48,12 @@ func (p *Links) worker() {
 			p.checkLinks()
 			p.regs.expire(now)
 		case j := <-p.prep:
-			j.done <- p.prepare(j.r)
+			if waiting, ok := busy[j.r.Peer()]; ok {
+				busy[j.r.Peer()] = append(waiting, j)
+				continue
+			}
+			busy[j.r.Peer()] = nil
+			p.startPeer(j.r, j, ended)
 		case l := <-p.retire:
 			p.retireLink(l, "the peer runs a new epoch")
 		case r := <-p.jobs:
@@ -48,13 +63,21 @@ func (p *Links) worker() {
 			if _, ok := failedSeg[r]; ok {
 				continue
 			}
-			l, err := p.link(r.Peer(), r.Epoch())
-			if err != nil {
-				failedPeer[r.Peer()] = failure{r.Epoch(), time.Now()}
-				p.say(r.Peer(), "tcp", err.Error())
+			if _, ok := busy[r.Peer()]; ok {
 				continue
 			}
-			if err := p.resolve(l, r); err != nil {
+			busy[r.Peer()] = nil
+			p.startPeer(r, pinJob{}, ended)
+		case w := <-ended:
+			switch {
+			case w.linkErr != nil:
+				failedPeer[w.r.Peer()] = failure{w.r.Epoch(), time.Now()}
+				p.say(w.r.Peer(), "tcp", w.linkErr.Error())
+			case errors.Is(w.segErr, xfer.ErrClosed):
+				// The link was retired while r resolved on it (the
+				// worker retires links while peers' work runs), or r
+				// was closed: nothing to remember of r.
+			case w.segErr != nil:
 				if len(failedSeg) >= 4096 {
 					for k := range failedSeg {
 						if closedRemote(k) {
@@ -62,12 +85,61 @@ func (p *Links) worker() {
 						}
 					}
 				}
-				failedSeg[r] = struct{}{}
-				p.log.Info("remote segment uses tcp", "peer", r.Peer(), "segment", r.Name(), "why", err.Error())
+				failedSeg[w.r] = struct{}{}
+				p.log.Info("remote segment uses tcp", "peer", w.r.Peer(), "segment", w.r.Name(), "why", w.segErr.Error())
+			}
+			waiting := busy[w.r.Peer()]
+			for len(waiting) > 0 && waiting[0].late(time.Now()) {
+				waiting[0].done <- fmt.Errorf("%w: no rdma link to %s within %v", xfer.ErrTimeout, w.r.Peer(), pinWait)
+				waiting = waiting[1:]
+			}
+			if len(waiting) == 0 {
+				delete(busy, w.r.Peer())
 				continue
 			}
+			busy[w.r.Peer()] = waiting[1:]
+			p.startPeer(waiting[0].r, waiting[0], ended)
+		}
+	}
+}
+
+// peerWork is what one run of a peer's work tells the worker when it
+// ends: why r's link or r's resolution failed (a pin's failures are its
+// caller's, not remembered).
+type peerWork struct {
+	r               *tcp.Remote
+	linkErr, segErr error
+}
+
+// startPeer runs r's peer's work on a goroutine of its own (peerRun):
+// the pin j when it has a done channel, else a route's job for r.
+func (p *Links) startPeer(r *tcp.Remote, j pinJob, ended chan<- peerWork) {
+	p.wg.Add(1)
+	go p.peerRun(r, j, ended)
+}
+
+// peerRun brings r's peer's link up and resolves r, then tells the worker
+// (unless the links are closing: nobody listens then). It ends with its
+// exchanges, at the latest when the node closes or times them out.
+func (p *Links) peerRun(r *tcp.Remote, j pinJob, ended chan<- peerWork) {
+	defer p.wg.Done()
+	w := peerWork{r: r}
+	switch {
+	case j.done != nil:
+		j.done <- p.prepare(r)
+	default:
+		l, err := p.link(r.Peer(), r.Epoch())
+		if err != nil {
+			w.linkErr = err
+			break
+		}
+		if w.segErr = p.resolve(l, r); w.segErr == nil {
 			p.say(r.Peer(), "rdma", "queue pairs up over the peer channel")
 		}
+	}
+	select {
+	case ended <- w:
+	case <-p.stop:
 	}
 }
 

@@ -57,10 +57,11 @@ const (
 //
 // Ownership: the peer plane creates it after its node and closes it (after
 // the engine, the node and the control server, before the pools). It owns
-// two goroutines, the worker and the registration queue's (regs.go); Close
-// stops them (close(stop), close the queue, join), then closes the links'
-// and the accepting transports, deregisters the pools and closes the
-// device.
+// two goroutines, the worker and the registration queue's (regs.go), and
+// the worker's runs of one peer's exchanges (at most one per peer, see
+// worker), which end with their exchanges; Close stops them all
+// (close(stop), close the queue, join), then closes the links' and the
+// accepting transports, deregisters the pools and closes the device.
 type Links struct {
 	log  *slog.Logger
 	dev  Device

@@ -23,17 +23,23 @@ import (
 // and the segment's registration.
 const pinWait = 20 * time.Second
 
-// pinJob asks the worker to make r usable over RDMA now.
+// pinJob asks the worker to make r usable over RDMA now, before deadline
+// (zero: none), when its caller stops waiting.
 type pinJob struct {
-	r    *tcp.Remote
-	done chan error
+	r        *tcp.Remote
+	done     chan error // capacity 1
+	deadline time.Time
 }
+
+// late reports whether the caller stopped waiting for j at now: a pin
+// that waited for its peer's earlier work is then not run.
+func (j pinJob) late(now time.Time) bool { return !j.deadline.IsZero() && !now.Before(j.deadline) }
 
 // Pin records on r how its requests travel (tcp.Remote.SetTransport); with TransportRDMA it first has the
 // worker connect the link and resolve r, failing when it cannot.
 func (p *Links) Pin(r *tcp.Remote, via uint8) error {
 	if via == wire.TransportRDMA {
-		j := pinJob{r: r, done: make(chan error, 1)}
+		j := pinJob{r: r, done: make(chan error, 1), deadline: time.Now().Add(pinWait)}
 		timer := time.NewTimer(pinWait)
 		defer timer.Stop()
 		select {
@@ -48,6 +54,8 @@ func (p *Links) Pin(r *tcp.Remote, via uint8) error {
 			if err != nil {
 				return err
 			}
+		case <-p.stop:
+			return xfer.ErrClosed // a pin waiting for its peer's earlier work
 		case <-timer.C:
 			return fmt.Errorf("%w: no rdma link to %s within %v", xfer.ErrTimeout, r.Peer(), pinWait)
 		}
