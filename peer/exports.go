@@ -408,9 +408,12 @@ func (e *Export) Name() string { return e.name }
 func (e *Export) Tenant() string { return tenantName(e.tenant) }
 
 // Grants reports whether a peer's client of tenant reaches the export:
-// tenant is the exporter's own, or the export grants it.
+// tenant is the exporter's own, or the export grants it. Both are compared
+// as namespaces: a grant of DefaultTenant names the peers' clients whose
+// requests carry no tenant (WireTenant leaves it out).
 func (e *Export) Grants(tenant string) bool {
-	return namespace(tenant) == e.key.tenant || slices.Contains(e.grants, tenant)
+	ns := namespace(tenant)
+	return ns == e.key.tenant || slices.ContainsFunc(e.grants, func(g string) bool { return namespace(g) == ns })
 }
 
 // Source is the owner's segment the export is a range of.

@@ -647,3 +647,22 @@ func TestTenantNames(t *testing.T) {
 		t.Fatalf("a granted export that ended: %v", err)
 	}
 }
+
+// TestGrantOfDefaultTenant: an export that grants the default tenant
+// reaches the peers' clients of that tenant, which the peer protocol
+// sends without a tenant (WireTenant), as it reaches those that name it.
+func TestGrantOfDefaultTenant(t *testing.T) {
+	x := NewExports(nil)
+	e, err := x.ExportTo("kv", "A", []string{DefaultTenant}, clientBuf(1, 4096), 0, 4096, wire.RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, asker := range []string{"", DefaultTenant} {
+		if got, err := x.Resolve(asker, "A", "kv"); err != nil || got != e {
+			t.Errorf("Resolve(%q, A, kv) = %v, %v; want A's export, which grants the default tenant", asker, got, err)
+		}
+	}
+	if _, err := x.Resolve("B", "A", "kv"); !errors.Is(err, ErrDenied) {
+		t.Fatalf("tenant B reached A's export granted to the default tenant only: %v", err)
+	}
+}
