@@ -26,12 +26,23 @@ import (
 // they dropped the export's keys before revoking them anyway.
 const revokeWait = time.Second
 
+// revokeQuiet is how long a peer that let revokeWait run out is not told
+// of the next revocations (nor waited for), unless it resolves an export
+// meanwhile. A client's exports end one after the other (its buffer goes,
+// its connection closes: up to 64 of them), and a stalled peer that
+// resolved them all would make it wait revokeWait for each. The keys are
+// revoked anyway: such a peer learns it from its requests' failures.
+const revokeQuiet = 30 * time.Second
+
 // exportRegs are the registrations of exports peers resolved, by export.
 type exportRegs struct {
-	// mu guards m and serializes registering with revoking, so that an
-	// export is never registered after its revocation.
+	// mu guards m and silent, and serializes registering with revoking,
+	// so that an export is never registered after its revocation.
 	mu sync.Mutex
 	m  map[*peer.Export]*exportReg
+	// silent are the peers that did not confirm a revocation, since when
+	// (see revokeQuiet).
+	silent map[string]time.Time
 }
 
 type exportReg struct {
@@ -119,19 +130,30 @@ func (p *Links) serveExport(from string, x *peer.Export) ([]byte, error) {
 			"took", time.Since(start).Round(time.Microsecond).String())
 	}
 	r.peers[from] = struct{}{}
+	delete(e.silent, from) // it answers again
 	return r.reg.Remote(0).MarshalBinary()
 }
 
 // exportEnded runs when an export the links registered ends (after the
 // peer requests in its range drained): the peers that hold its keys drop
-// them, then its registration is released, so that when the unexport
-// answers no peer can reach the range any more. A plane that closed
-// released it already.
+// them (all but those that stalled on an earlier one: see revokeQuiet),
+// then its registration is released, so that when the unexport answers no
+// peer can reach the range any more. A plane that closed released it
+// already.
 func (p *Links) exportEnded(x *peer.Export) {
 	e := &p.exports
+	now := time.Now()
 	e.mu.Lock()
 	r := e.m[x]
 	delete(e.m, x)
+	var ask []string
+	if r != nil {
+		for peer := range r.peers {
+			if at, ok := e.silent[peer]; !ok || now.Sub(at) >= revokeQuiet {
+				ask = append(ask, peer)
+			}
+		}
+	}
 	e.mu.Unlock()
 	if r == nil {
 		return
@@ -139,7 +161,7 @@ func (p *Links) exportEnded(x *peer.Export) {
 	name := r.name
 	which := []byte(r.tenant + "/" + name)
 	var wg sync.WaitGroup
-	for peer := range r.peers {
+	for _, peer := range ask {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -152,6 +174,16 @@ func (p *Links) exportEnded(x *peer.Export) {
 			if err != nil {
 				p.log.Warn("peer did not confirm dropping an export's rdma keys; revoking them anyway",
 					"peer", peer, "name", name, "tenant", logTenant(r.tenant), "err", err)
+			}
+			if errors.Is(err, xfer.ErrTimeout) {
+				// Only a peer that let the wait run out costs the
+				// next unexports anything.
+				e.mu.Lock()
+				if e.silent == nil {
+					e.silent = map[string]time.Time{}
+				}
+				e.silent[peer] = time.Now()
+				e.mu.Unlock()
 			}
 		}()
 	}
