@@ -29,6 +29,7 @@ type exporter struct {
 	mu       sync.Mutex
 	segs     map[string]*xfertest.Segment // by exportKey
 	grants   map[string][]string          // the other tenants each export grants
+	rights   map[string]Rights            // what each export grants now (read and write when absent)
 	notes    []string                     // "segment:payload"
 	deliver  func(seg string, payload []byte) error
 	notifyCh chan string
@@ -42,7 +43,16 @@ type exporter struct {
 }
 
 func newExporter() *exporter {
-	return &exporter{segs: map[string]*xfertest.Segment{}, grants: map[string][]string{}, notifyCh: make(chan string, 64), stalled: make(chan struct{}, 1)}
+	return &exporter{segs: map[string]*xfertest.Segment{}, grants: map[string][]string{}, rights: map[string]Rights{},
+		notifyCh: make(chan string, 64), stalled: make(chan struct{}, 1)}
+}
+
+// only exports the default tenant's name with rights alone (read and
+// write when never said).
+func (e *exporter) only(name string, rights Rights) {
+	e.mu.Lock()
+	e.rights[exportKey("", name)] = rights
+	e.mu.Unlock()
 }
 
 func (e *exporter) add(name string, s *xfertest.Segment) { e.addAs("", name, s) }
@@ -89,6 +99,9 @@ func (e *exporter) Lookup(a Access) (xfer.MemSegment, Rights, error) {
 		return nil, 0, errNotGranted
 	}
 	if s, ok := e.segs[k]; ok {
+		if r, ok := e.rights[k]; ok {
+			return s, r, nil
+		}
 		return s, RightRead | RightWrite, nil
 	}
 	return nil, 0, errors.New("not exported")

@@ -16,17 +16,23 @@ import (
 // authorize checks a data request's token and range and returns the
 // acquired segment, or the status to answer with. The export is looked up
 // for the token's access on every request: a tenant the exporter no
-// longer lets in, or an export gone, ends the access whatever the token
-// says.
+// longer lets in, an export gone, or one that no longer grants the
+// request's right ends the access whatever the token says.
 func (c *conn) authorize(tok []byte, need Rights, off uint64, ln uint32) (xfer.MemSegment, uint16, error) {
 	n := c.n
 	a, err := c.checkToken(tok, need)
 	if err != nil {
 		return nil, stPermission, err
 	}
-	seg, _, err := n.exp.Lookup(a)
+	seg, granted, err := n.exp.Lookup(a)
 	if err != nil || seg == nil {
 		return nil, lookupStatus(err), lookupErr(a, err)
+	}
+	if granted&need != need {
+		// The token outlives what it was signed for: the export under
+		// its name may have been narrowed since (unexported, and exported
+		// again for reading only).
+		return nil, stPermission, fmt.Errorf("%w: %q grants %v now, request needs %v", xfer.ErrPermission, a.Name, granted, need)
 	}
 	if !seg.Acquire() {
 		return nil, stNotFound, fmt.Errorf("%w: %q is closing", ErrNotFound, a.Name)
@@ -182,8 +188,13 @@ func (c *conn) onNotify(h *header, meta []byte) error {
 		c.refusedRequest("notify", err)
 		out.status = stPermission
 	} else if err := n.exp.Deliver(a, payload); err != nil {
-		n.log.Warn("notification not delivered", append(append(c.logger(), accessLog(a)...), "err", err)...)
+		// Rate-limited as every refusal: a peer that notifies a full or
+		// unsubscribed export over and over would fill the log.
+		c.refusedRequest("notify", err, accessLog(a)...)
 		out.status = stFailed
+		if errors.Is(err, xfer.ErrPermission) {
+			out.status = stPermission
+		}
 	}
 	c.writeFrame(&out, nil)
 	return nil

@@ -705,3 +705,32 @@ func TestUnsealedLocalRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestExportRightsNowBoundTokens: a token holds only what its export
+// grants at the request: an export a client narrowed to reading after a
+// peer opened it for writing (unexported, and exported again under its
+// name) refuses that peer's writes, and still serves its reads.
+func TestExportRightsNowBoundTokens(t *testing.T) {
+	nodes := cluster(t, []string{"a", "b"}, 1<<16, Config{})
+	a, b := nodes[0], nodes[1]
+	r, err := a.Open("b", "seg", RightRead|RightWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := xfertest.NewSegment(1, 4096)
+	fill(rand.New(rand.NewPCG(3, 3)), local.Bytes())
+	col := xfertest.NewRecorder()
+	before := bytes.Clone(b.exp.segs["seg"].Bytes()[:4096])
+	b.exp.only("seg", RightRead)
+	write := mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
+	if d := submitWait(t, a.Node, col, []*xfer.Task{write}, 5*time.Second)[0]; !errors.Is(d.Err, xfer.ErrPermission) {
+		t.Fatalf("a write to an export now read-only: n=%d err=%v, want a permission error", d.N, d.Err)
+	}
+	if !bytes.Equal(b.exp.segs["seg"].Bytes()[:4096], before) {
+		t.Fatal("the write to the read-only export landed")
+	}
+	read := mkTask(col, xfer.OpRead, local, 0, r, 0, 4096)
+	if d := submitWait(t, a.Node, col, []*xfer.Task{read}, 5*time.Second)[0]; d.Err != nil || !bytes.Equal(local.Bytes(), before) {
+		t.Fatalf("a read of it: %v", d.Err)
+	}
+}
