@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,6 +47,19 @@ func TestNotifyAlone(t *testing.T) {
 	a.Notify(tk, 4096)
 	if d := col.Next(t, 1, 5*time.Second)[0]; !errors.Is(d.Err, ErrNotifyRejected) {
 		t.Fatalf("negative ACK: n=%d err=%v", d.N, d.Err)
+	}
+	// A peer that notifies an export whose owner refuses over and over
+	// is logged as every refusal is: once per interval, not per frame.
+	for range 20 {
+		tk = mkTask(col, xfer.OpWrite, local, 0, r, 0, 4096)
+		tk.Notify, tk.Deadline = []byte("x"), time.Now().Add(5*time.Second)
+		a.Notify(tk, 4096)
+		if d := col.Next(t, 1, 5*time.Second)[0]; !errors.Is(d.Err, ErrNotifyRejected) {
+			t.Fatalf("negative ACK: n=%d err=%v", d.N, d.Err)
+		}
+	}
+	if logs := b.logs.String(); strings.Count(logs, "request refused: notify") != 1 || strings.Contains(logs, "level=WARN msg=\"notification") {
+		t.Fatalf("21 refused notifications logged as:\n%s", logs)
 	}
 
 	for _, bad := range []*xfer.Task{
