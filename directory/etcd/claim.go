@@ -55,7 +55,7 @@ func (d *Dir) Claim(ctx context.Context) error {
 	mkey, ckey := d.memberKey(d.cfg.Self), d.claimKey(d.cfg.Self)
 	deadline := time.Now().Add(d.cfg.JoinWait)
 	for {
-		lease, err := d.grant(ctx)
+		lease, until, err := d.grant(ctx)
 		if err != nil {
 			return err
 		}
@@ -73,7 +73,7 @@ func (d *Dir) Claim(ctx context.Context) error {
 		}
 		if resp.Succeeded {
 			d.smu.Lock()
-			d.lease, d.claimRev = lease, resp.Header.Revision
+			d.lease, d.claimRev, d.claimUntil = lease, resp.Header.Revision, until
 			d.smu.Unlock()
 			return nil
 		}
@@ -107,17 +107,18 @@ func (d *Dir) Claim(ctx context.Context) error {
 // registerClaimed registers m under the claim's lease, deleting the
 // claim, if the claim is still this daemon's and nobody registered the id
 // meanwhile; ok is false (and the claim's lease revoked) when not, and the
-// caller registers as without a claim.
-func (d *Dir) registerClaimed(ctx context.Context, m directory.Member) (lease clientv3.LeaseID, ok bool, err error) {
+// caller registers as without a claim. until is how long the lease is
+// held at least (its grant's, see grant).
+func (d *Dir) registerClaimed(ctx context.Context, m directory.Member) (lease clientv3.LeaseID, until time.Time, ok bool, err error) {
 	d.smu.Lock()
-	lease, rev := d.lease, d.claimRev
+	lease, rev, until := d.lease, d.claimRev, d.claimUntil
 	d.smu.Unlock()
 	if lease == 0 || rev == 0 {
-		return 0, false, nil
+		return 0, time.Time{}, false, nil
 	}
 	val, err := directory.EncodeMember(m)
 	if err != nil {
-		return 0, false, err
+		return 0, time.Time{}, false, err
 	}
 	mkey, ckey := d.memberKey(m.ID), d.claimKey(m.ID)
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.DialTimeout)
@@ -131,7 +132,7 @@ func (d *Dir) registerClaimed(ctx context.Context, m directory.Member) (lease cl
 	d.claimRev = 0
 	d.smu.Unlock()
 	if err == nil && resp.Succeeded {
-		return lease, true, nil
+		return lease, until, true, nil
 	}
 	// The claim lapsed (its lease is gone, so the put fails), or someone
 	// took the id since.
@@ -141,19 +142,22 @@ func (d *Dir) registerClaimed(ctx context.Context, m directory.Member) (lease cl
 	d.smu.Lock()
 	d.lease = 0
 	d.smu.Unlock()
-	return 0, false, nil
+	return 0, time.Time{}, false, nil
 }
 
-// grant grants a registration lease of LeaseTTL.
-func (d *Dir) grant(ctx context.Context) (clientv3.LeaseID, error) {
+// grant grants a registration lease of LeaseTTL. until is the least time
+// etcd holds it without a renewal: the TTL granted, counted from before
+// the request went (etcd counts it from when it granted).
+func (d *Dir) grant(ctx context.Context) (lease clientv3.LeaseID, until time.Time, err error) {
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.DialTimeout)
 	defer cancel()
 	d.requests.Add(1)
+	sent := d.cfg.Clock()
 	g, err := d.cli.Grant(clientv3.WithRequireLeader(rctx), int64(d.cfg.LeaseTTL/time.Second))
 	if err != nil {
-		return 0, fmt.Errorf("%w: cannot register in etcd at %v: %v", directory.ErrUnavailable, d.cfg.Endpoints, err)
+		return 0, time.Time{}, fmt.Errorf("%w: cannot register in etcd at %v: %v", directory.ErrUnavailable, d.cfg.Endpoints, err)
 	}
-	return g.ID, nil
+	return g.ID, sent.Add(time.Duration(g.TTL) * time.Second), nil
 }
 
 // revoke revokes a lease that is not used (bounded by DialTimeout).

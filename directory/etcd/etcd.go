@@ -239,6 +239,10 @@ type Dir struct {
 	// notified counts the progress notifications the watch received (sent
 	// by etcd on its own, or asked for).
 	notified atomic.Uint64
+	// leaseUntil is the least time, in unix nanoseconds by Config.Clock,
+	// etcd holds the registration's lease without another renewal
+	// (heldUntil); read on every fenced message (ShardsCurrent).
+	leaseUntil atomic.Int64
 
 	// smu guards the fields below.
 	smu     sync.Mutex
@@ -247,9 +251,11 @@ type Dir struct {
 	outages uint64
 	self    directory.Member
 	// lease is the registration's lease, or before Join the claim's;
-	// claimRev is the claim key's create revision while it is held.
-	lease    clientv3.LeaseID
-	claimRev int64
+	// claimRev is the claim key's create revision while it is held, and
+	// claimUntil the least time its lease is held (grant).
+	lease      clientv3.LeaseID
+	claimRev   int64
+	claimUntil time.Time
 
 	// pmu guards the catalog: what this daemon exports (desired) and what
 	// is written under the current lease (applied, name → generation).

@@ -36,9 +36,9 @@ func (d *Dir) Join(ctx context.Context, m directory.Member) error {
 		return fmt.Errorf("%w: joined already", directory.ErrInvalid)
 	}
 	m.Started = d.cfg.Clock().UnixMilli()
-	lease, claimed, err := d.registerClaimed(ctx, m)
+	lease, until, claimed, err := d.registerClaimed(ctx, m)
 	if err == nil && !claimed {
-		lease, _, err = d.register(ctx, m, false)
+		lease, _, until, err = d.register(ctx, m, false)
 	}
 	if err != nil {
 		d.joined.Store(false)
@@ -47,6 +47,7 @@ func (d *Dir) Join(ctx context.Context, m directory.Member) error {
 	d.smu.Lock()
 	d.self, d.lease = m, lease
 	d.smu.Unlock()
+	d.heldUntil(until)
 	_ = d.static.Update(directory.Peer{ID: m.ID, Epoch: m.Epoch})
 	d.log.Info("joined the directory", "id", m.ID, "epoch", fmt.Sprintf("%#x", m.Epoch), "addr", m.Addr,
 		"caps", m.Caps, "lease", fmt.Sprintf("%x", int64(lease)), "lease_ttl", d.cfg.LeaseTTL.String())
@@ -67,15 +68,16 @@ func (d *Dir) Join(ctx context.Context, m directory.Member) error {
 // succeeds only if nobody holds the key. With takeover, a key held with
 // m's own epoch (this run's registration under a lease the client gave up
 // on) is moved to the new lease; old is then that lease, which the caller
-// revokes once the catalog moved too.
-func (d *Dir) register(ctx context.Context, m directory.Member, takeover bool) (lease, old clientv3.LeaseID, err error) {
+// revokes once the catalog moved too. until is how long the new lease is
+// held at least (see grant).
+func (d *Dir) register(ctx context.Context, m directory.Member, takeover bool) (lease, old clientv3.LeaseID, until time.Time, err error) {
 	val, err := directory.EncodeMember(m)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, time.Time{}, err
 	}
 	key := d.memberKey(m.ID)
 	grant := func() (err error) {
-		lease, err = d.grant(ctx)
+		lease, until, err = d.grant(ctx)
 		return err
 	}
 	// drop revokes the lease granted for an attempt that did not use it.
@@ -83,18 +85,18 @@ func (d *Dir) register(ctx context.Context, m directory.Member, takeover bool) (
 		d.revoke(lease)
 		lease = 0
 	}
-	fail := func(err error) (clientv3.LeaseID, clientv3.LeaseID, error) {
+	fail := func(err error) (clientv3.LeaseID, clientv3.LeaseID, time.Time, error) {
 		if lease != 0 {
 			drop()
 		}
-		return 0, 0, err
+		return 0, 0, time.Time{}, err
 	}
 	deadline := time.Now().Add(d.cfg.JoinWait)
 	for {
 		// A lease per attempt: one granted before a wait would lapse
 		// during it.
 		if err := grant(); err != nil {
-			return 0, 0, err
+			return 0, 0, time.Time{}, err
 		}
 		rctx, cancel := context.WithTimeout(ctx, d.cfg.DialTimeout)
 		d.requests.Add(1)
@@ -108,7 +110,7 @@ func (d *Dir) register(ctx context.Context, m directory.Member, takeover bool) (
 			return fail(fmt.Errorf("%w: cannot register in etcd at %v: %v", directory.ErrUnavailable, d.cfg.Endpoints, err))
 		}
 		if resp.Succeeded {
-			return lease, 0, nil
+			return lease, 0, until, nil
 		}
 		kvs := resp.Responses[0].GetResponseRange().GetKvs()
 		if len(kvs) == 0 {
@@ -129,7 +131,7 @@ func (d *Dir) register(ctx context.Context, m directory.Member, takeover bool) (
 				return fail(fmt.Errorf("%w: cannot register in etcd at %v: %v", directory.ErrUnavailable, d.cfg.Endpoints, err))
 			}
 			if tr.Succeeded {
-				return lease, clientv3.LeaseID(kv.Lease), nil
+				return lease, clientv3.LeaseID(kv.Lease), until, nil
 			}
 			drop()
 			continue
@@ -267,12 +269,22 @@ func (d *Dir) renew(lease clientv3.LeaseID) (time.Duration, error) {
 	defer cancel()
 	d.requests.Add(1)
 	d.renewals.Add(1)
+	sent := d.cfg.Clock()
 	resp, err := d.cli.KeepAliveOnce(clientv3.WithRequireLeader(ctx), lease)
 	if err != nil {
 		return 0, err
 	}
-	return time.Duration(resp.TTL) * time.Second, nil
+	ttl := time.Duration(resp.TTL) * time.Second
+	d.heldUntil(sent.Add(ttl))
+	return ttl, nil
 }
+
+// heldUntil records the least time etcd holds the registration's lease
+// without another renewal: a renewal's TTL counted from before it was
+// sent. Past it, etcd may have let the lease lapse and handed this
+// daemon's shard claims to another home, whatever the watch said last
+// (ShardsCurrent).
+func (d *Dir) heldUntil(t time.Time) { d.leaseUntil.Store(t.UnixNano()) }
 
 type leaseFate int
 
@@ -294,10 +306,12 @@ func (d *Dir) resume(lease clientv3.LeaseID) leaseFate {
 	for {
 		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.DialTimeout)
 		d.requests.Add(1)
-		_, err := d.cli.KeepAliveOnce(clientv3.WithRequireLeader(ctx), lease)
+		sent := d.cfg.Clock()
+		resp, err := d.cli.KeepAliveOnce(clientv3.WithRequireLeader(ctx), lease)
 		cancel()
 		switch {
 		case err == nil:
+			d.heldUntil(sent.Add(time.Duration(resp.TTL) * time.Second))
 			d.log.Info("etcd answered and still holds the directory lease; the registration stands",
 				"lease", fmt.Sprintf("%x", int64(lease)))
 			return leaseKept
@@ -321,7 +335,7 @@ func (d *Dir) reregister() clientv3.LeaseID {
 	d.smu.Unlock()
 	conflictSaid := false
 	for {
-		lease, old, err := d.register(d.ctx, m, true)
+		lease, old, until, err := d.register(d.ctx, m, true)
 		if err == nil {
 			d.smu.Lock()
 			d.lease = lease
@@ -329,6 +343,7 @@ func (d *Dir) reregister() clientv3.LeaseID {
 				d.state, d.since = directory.StateUp, d.cfg.Clock()
 			}
 			d.smu.Unlock()
+			d.heldUntil(until)
 			// Move the catalog before the old lease goes, so that peers do
 			// not see the exports disappear.
 			d.publish(lease)

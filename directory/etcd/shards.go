@@ -280,11 +280,16 @@ func (d *Dir) RefreshShards(ctx context.Context, shards []int) error {
 }
 
 // ShardsCurrent reports whether this daemon's claims can be trusted now:
-// it is registered and its cache of etcd was proved current within the
-// staleness budget (past it, its lease may have lapsed unseen: a home
-// then refuses what it is asked, fail closed).
+// it is registered, its cache of etcd was proved current within the
+// staleness budget, and its lease is still held for certain (its last
+// renewal's TTL, counted from before the renewal went, has not run out).
+// Past either, its lease may have lapsed unseen and another daemon may
+// hold its shards: a home then refuses what it is asked, fail closed. The
+// lease is checked apart from the cache's age because the budget is the
+// operator's to set, longer than the TTL too, and because the last
+// renewal may be up to half a TTL older than the cache's last proof.
 func (d *Dir) ShardsCurrent() bool {
-	return d.joined.Load() && d.cache.Age() <= d.cfg.Budget
+	return d.joined.Load() && d.cache.Age() <= d.cfg.Budget && d.cfg.Clock().UnixNano() < d.leaseUntil.Load()
 }
 
 func slicesClone(cs []ShardClaim) []ShardClaim { return append([]ShardClaim(nil), cs...) }
