@@ -53,14 +53,18 @@ type shardWatch struct {
 
 func (d *Dir) shardKey(s int) string { return d.cfg.Prefix + "shards/" + strconv.Itoa(s) }
 
-// shardOf parses a key of the prefix as a shard key.
+// shardOf parses a key of the prefix as a shard key. Only the spelling
+// shardKey writes is one: claims are compared and written on that key
+// alone, so another spelling of the same number ("shards/07", a hand
+// edit or another version) would be a second claim of the shard, newer
+// than the real one, that no claim transaction could replace.
 func (d *Dir) shardOf(key []byte) (int, bool) {
 	k, ok := strings.CutPrefix(string(key), d.cfg.Prefix+"shards/")
 	if !ok {
 		return 0, false
 	}
 	s, err := strconv.Atoi(k)
-	if err != nil || s < 0 || s >= 1<<16 {
+	if err != nil || s < 0 || s >= 1<<16 || strconv.Itoa(s) != k {
 		return 0, false
 	}
 	return s, true

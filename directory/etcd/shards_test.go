@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,4 +53,69 @@ func TestShardsCurrentEndsWithTheLease(t *testing.T) {
 	// still held, and the claims are trusted again.
 	srv.Restart()
 	testutil.Eventually(t, 10*time.Second, a.ShardsCurrent, "a's claims current once etcd renewed its lease")
+}
+
+// claimLog collects what WatchShards hands over.
+type claimLog struct {
+	mu   sync.Mutex // guards last
+	last map[int]ShardClaim
+}
+
+func (l *claimLog) watch(cs []ShardClaim) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last == nil {
+		l.last = map[int]ShardClaim{}
+	}
+	for _, c := range cs {
+		l.last[c.Shard] = c
+	}
+}
+
+func (l *claimLog) of(s int) ShardClaim {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.last[s]
+}
+
+// TestShardKeyNotCanonical: a key that names a shard in another spelling
+// than the directory writes ("shards/07", "shards/+7": a hand edit, or
+// another version) is outside the layout and claims nothing. Taken for
+// shard 7, its later revision made it the newer claim, so every daemon
+// would follow it to its home (which never claimed the shard: two homes
+// when it is a member) and the shard's real home could never take it back
+// (its claim transactions compare the real key).
+func TestShardKeyNotCanonical(t *testing.T) {
+	srv := etcdtest.Start(t)
+	a := open(t, srv, "a", nil)
+	join(t, a, 1)
+	var la claimLog
+	a.WatchShards(la.watch)
+	won := claim(t, a, 7)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, k := range []string{"/test/shards/07", "/test/shards/+7"} {
+		if _, err := a.cli.Put(ctx, k, `{"home":"b","epoch":1}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A claim of shard 9 after them: once the watch brought it, it has
+	// brought them.
+	if _, err := a.cli.Put(ctx, "/test/shards/9", `{"home":"c","epoch":1}`); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return la.of(9).Home == "c" }, "a's watch brings shard 9's claim")
+	if c := la.of(7); c.Home != "a" || c.Gen != won[0].Gen {
+		t.Fatalf("after keys in another spelling, a's watch says shard 7 is %+v, want a's claim %+v", c, won[0])
+	}
+
+	// A daemon that lists them.
+	b := open(t, srv, "b", nil)
+	join(t, b, 2)
+	var lb claimLog
+	b.WatchShards(lb.watch)
+	if c := lb.of(7); c.Home != "a" || c.Gen != won[0].Gen {
+		t.Fatalf("b's listing says shard 7 is %+v, want a's claim %+v", c, won[0])
+	}
 }
