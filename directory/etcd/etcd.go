@@ -66,6 +66,7 @@ import (
 	"google.golang.org/grpc/backoff"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/internal/ratelog"
 )
 
 // Defaults.
@@ -270,6 +271,11 @@ type Dir struct {
 	// primed is closed once the cache has its first listing.
 	primed     chan struct{}
 	primedOnce sync.Once
+	// refusedRecords and refusedClaims log the records skipped because
+	// they do not decode, rate-limited: other daemons and operators write
+	// them, and one bad record is read again on every listing and every
+	// fallback lookup of its key. shut stops them.
+	refusedRecords, refusedClaims *ratelog.Log
 }
 
 var (
@@ -318,6 +324,8 @@ func Open(cfg Config) (*Dir, error) {
 	d := &Dir{cfg: cfg, log: cfg.Log.With("component", "directory", "backend", "etcd"), cli: cli, static: static,
 		state: "connecting", since: cfg.Clock(), desired: make(map[string]directory.Export),
 		applied: make(map[string]uint64), kick: make(chan struct{}, 1), primed: make(chan struct{})}
+	d.refusedRecords = ratelog.New(d.log, slog.LevelWarn, "directory record refused", 0)
+	d.refusedClaims = ratelog.New(d.log, slog.LevelWarn, "shard claim refused", 0)
 	d.cache, err = directory.NewCache(directory.CacheConfig{Budget: cfg.Budget, Store: &store{d}, Clock: cfg.Clock,
 		RefreshTimeout: min(cfg.Budget, cfg.DialTimeout)})
 	if err != nil {
@@ -362,7 +370,7 @@ func (d *Dir) parse(key, val []byte, del bool, lease, rev int64) (directory.Even
 			err = fmt.Errorf("record names %q", m.ID)
 		}
 		if err != nil {
-			d.log.Warn("directory record refused", "key", string(key), "err", err)
+			d.refusedRecords.Event(slog.String("key", string(key)), slog.Any("err", err))
 			// What cannot be read is not believed: the entry goes.
 			ev.Delete, ev.Member = true, &directory.Member{ID: id}
 			return ev, true
@@ -383,7 +391,7 @@ func (d *Dir) parse(key, val []byte, del bool, lease, rev int64) (directory.Even
 			err = fmt.Errorf("record names %q", e.Key())
 		}
 		if err != nil {
-			d.log.Warn("directory record refused", "key", string(key), "err", err)
+			d.refusedRecords.Event(slog.String("key", string(key)), slog.Any("err", err))
 			ev.Delete, ev.Export = true, &directory.Export{Owner: owner, Name: name}
 			return ev, true
 		}
@@ -715,6 +723,8 @@ func (d *Dir) shut(revoke bool) {
 		d.closed.Store(true)
 		d.cancel()
 		d.wg.Wait()
+		d.refusedRecords.Stop()
+		d.refusedClaims.Stop()
 		d.smu.Lock()
 		lease, down := d.lease, d.state == directory.StateDown
 		d.state, d.since = directory.StateClosed, d.cfg.Clock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,7 +76,7 @@ func (d *Dir) shardOf(key []byte) (int, bool) {
 func (d *Dir) shardClaimOf(s int, val []byte, rev int64) ShardClaim {
 	var r shardRecord
 	if err := json.Unmarshal(val, &r); err != nil || r.Home == "" || len(r.Home) > directory.MaxIDLen {
-		d.log.Warn("shard claim refused", "shard", s, "err", err)
+		d.refusedClaims.Event(slog.Int("shard", s), slog.Any("err", err))
 		return ShardClaim{Shard: s, Gen: uint64(rev)}
 	}
 	return ShardClaim{Shard: s, Home: r.Home, Epoch: r.Epoch, Gen: uint64(rev)}
