@@ -159,7 +159,9 @@ func decodeStrict(b []byte, v any) error {
 	if err := d.Decode(v); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	if d.More() {
+	// Only JSON whitespace may follow. (Decoder.More is not this check:
+	// it reports a closing bracket as the end, so "{...}}" would pass.)
+	if rest := b[d.InputOffset():]; len(bytes.TrimLeft(rest, " \t\r\n")) != 0 {
 		return fmt.Errorf("%w: data after the record", ErrInvalid)
 	}
 	return nil

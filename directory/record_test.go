@@ -36,6 +36,10 @@ func TestRecordRefused(t *testing.T) {
 		`{"id":"a","epoch":1,"addr":""}`,
 		`{"id":"a","epoch":1,"addr":"x:1","extra":1}`,
 		`{"id":"a","epoch":1,"addr":"x:1"} {}`,
+		// Closing brackets after the record are no JSON either.
+		`{"id":"a","epoch":1,"addr":"x:1"}}`,
+		`{"id":"a","epoch":1,"addr":"x:1"} ]`,
+		`{"id":"a","epoch":1,"addr":"x:1"}]]}`,
 		`{"id":"a","epoch":-1,"addr":"x:1"}`,
 		`{"id":"a","epoch":1,"addr":"x:1","caps":["has space"]}`,
 		`{"id":"` + strings.Repeat("a", MaxIDLen+1) + `","epoch":1,"addr":"x:1"}`,
@@ -55,6 +59,7 @@ func TestRecordRefused(t *testing.T) {
 		`{"owner":"a","name":"n","size":1,"rights":1,"epoch":1,"gen":0}`,
 		`{"owner":"a","name":"n","size":1,"rights":1,"epoch":0,"gen":1}`,
 		`{"owner":"a","name":"n","size":1,"rights":256,"epoch":1,"gen":1}`,
+		`{"owner":"a","name":"n","size":1,"rights":1,"epoch":1,"gen":1}}`,
 	}
 	for _, s := range exports {
 		if _, err := DecodeExport([]byte(s)); !errors.Is(err, ErrInvalid) {
