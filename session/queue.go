@@ -54,7 +54,7 @@ type cqueue struct {
 	sqes     []queue.SQE
 	answers  []queue.CQE // CQEs of entries prepare answered itself
 	reqs     []xfer.StreamRequest
-	pend     []xfer.StreamRequest // accepted by the checks, waiting for a stream slot
+	pend     []xfer.StreamRequest // accepted by the checks, waiting for their pass or a stream slot
 	res      []error
 	notes    [][]byte
 	store    *qstore // the store ops' side, made at the first (queue_store.go)
@@ -161,19 +161,20 @@ func newQueue(c *Session, id uint64, g queue.Geometry) (*cqueue, int, int, error
 	return q, fd, bell, nil
 }
 
-// Serve implements reactor.Queue: one pass on the worker's thread. It
-// gives the stream what waits for a slot, then takes new entries, checks
-// them, publishes sq_head, answers what needs no transport and submits the
-// rest.
+// Serve implements reactor.Queue: one pass on the worker's thread. While
+// requests wait in q.pend it gives the stream their next group and
+// nothing more; otherwise it takes new entries, checks them, publishes
+// sq_head, answers what needs no transport and submits the first group of
+// the rest. A pass gives the stream one group (submitGroup) because the
+// transport may carry it out on this thread (the local transport copies a
+// call of up to 4 MiB inline by default, and helps copy a larger one): a
+// client that fills its ring with large requests would otherwise hold the
+// worker for all of them, and every other queue it serves would wait.
 func (q *cqueue) Serve() bool {
-	did := false
 	if len(q.pend) > 0 {
 		before := len(q.pend)
 		q.submit()
-		did = len(q.pend) < before
-		if len(q.pend) > 0 {
-			return did // every stream slot is held: take nothing more yet
-		}
+		return len(q.pend) < before // none taken: every stream slot is held
 	}
 	n := q.ring.Take(q.sqes)
 	if n == 0 {
@@ -182,7 +183,7 @@ func (q *cqueue) Serve() bool {
 			q.c.h.warns().brokenQueue.Event(append(q.c.who(), slog.Uint64("queue", q.id),
 				slog.Uint64("violations", uint64(q.ring.Violations())))...)
 		}
-		return did
+		return false
 	}
 	q.prepare(q.sqes[:n])
 	if h := testhook.QueuePublish.Load(); h != nil {
@@ -297,33 +298,32 @@ func (q *cqueue) request(e *queue.SQE, i int) (xfer.StreamRequest, Code) {
 	return r, tcproto.CodeOK
 }
 
-// submit gives q.pend to the stream, as much as it has slots for; what
-// finds every slot held (requests past their deadline whose transport has
-// not answered yet) stays in q.pend for a later pass. It never waits: the
-// worker serves other queues meanwhile.
+// submit gives the first group of q.pend (submitGroup) to the stream, as
+// much of it as the stream has slots for; the rest stays in q.pend for the
+// worker's next pass, and so does what finds every slot held (requests
+// past their deadline whose transport has not answered yet). It never
+// waits: the worker serves other queues meanwhile.
 func (q *cqueue) submit() {
-	for len(q.pend) > 0 {
-		g := submitGroup(q.pend)
-		res := q.res[:g]
-		n, err := q.st.Submit(q.pend[:g], res)
-		if err != nil {
-			code := status.CodeOf(err)
-			for _, r := range q.pend {
-				q.refuse(r.UserData, code)
-			}
-			q.pend = q.pend[:0]
-			return
+	if len(q.pend) == 0 {
+		return
+	}
+	g := submitGroup(q.pend)
+	res := q.res[:g]
+	n, err := q.st.Submit(q.pend[:g], res)
+	if err != nil {
+		code := status.CodeOf(err)
+		for _, r := range q.pend {
+			q.refuse(r.UserData, code)
 		}
-		for i, e := range res[:n] {
-			if e != nil {
-				q.refuse(q.pend[i].UserData, status.CodeOf(e))
-			}
-		}
-		q.pend = q.pend[:copy(q.pend, q.pend[n:])]
-		if n < g {
-			return
+		q.pend = q.pend[:0]
+		return
+	}
+	for i, e := range res[:n] {
+		if e != nil {
+			q.refuse(q.pend[i].UserData, status.CodeOf(e))
 		}
 	}
+	q.pend = q.pend[:copy(q.pend, q.pend[n:])]
 }
 
 // groupBytes bounds the bytes of one Submit of requests smaller than it,
