@@ -44,8 +44,8 @@ type Fence interface {
 	Watch(fn func([]ShardClaim))
 	// Take claims shards for this daemon, each expected at expect[i] (0:
 	// unclaimed), and returns those won. Take, Release and Refresh end
-	// when ctx does (the cluster closing), and by the directory's own
-	// request timeout.
+	// when ctx does (the cluster closing, or for Refresh the deadline of
+	// the call it serves), and by the directory's own request timeout.
 	Take(ctx context.Context, shards []int, expect []uint64) ([]ShardClaim, error)
 	// Release gives up this daemon's claims of shards, each while still
 	// at gens[i].
@@ -314,7 +314,7 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 				for _, x := range stale {
 					bad[x.shard] = true
 				}
-				rerr := c.refresh(home, stale, sent)
+				rerr := c.refresh(home, stale, sent, deadline)
 				var again, failed []int
 				for _, p := range ch {
 					if rerr != nil && bad[c.shardOf(keys[p])] {
@@ -356,8 +356,9 @@ func (c *Cluster) homeExchange(home string, m homeMsg, req []byte, deadline time
 // says so only while its view of etcd is current); a shard whose home
 // this daemon believed and which now holds none is read from etcd (one
 // request, only when a home was lost); an unclaimed shard is left to its
-// claim.
-func (c *Cluster) refresh(home string, stale, sent []shardGen) error {
+// claim. The read ends by deadline, the call's: an etcd that answers
+// slowly makes the keys of those shards fail in time, not the call late.
+func (c *Cluster) refresh(home string, stale, sent []shardGen, deadline time.Time) error {
 	c.log.Debug("a home refused a stale generation", "home", home, "stale", stale, "sent", sent)
 	if c.cfg.Fence == nil {
 		return nil
@@ -383,7 +384,9 @@ func (c *Cluster) refresh(home string, stale, sent []shardGen) error {
 		return nil
 	}
 	c.route.storeReads.Add(uint64(len(read)))
-	if err := c.cfg.Fence.Refresh(c.life, read); err != nil {
+	ctx, cancel := context.WithDeadline(c.life, deadline)
+	defer cancel()
+	if err := c.cfg.Fence.Refresh(ctx, read); err != nil {
 		return fmt.Errorf("%w: %s refused a stale generation and the claims could not be read again: %w", ErrStaleGeneration, home, err)
 	}
 	return nil
