@@ -61,8 +61,9 @@
 // instead. A worker arms each queue's eventfd read once and keeps it armed
 // across sleeps until it completes; a queue whose doorbell cannot be heard
 // (its client does not ring it, or its read failed) bounds the worker's
-// sleep to a millisecond instead (Stats.Deaf), and a queue detached with
-// its read armed has the read cancelled at the worker's next sleep.
+// sleep to a millisecond instead (Stats.Deaf). A queue detached with a
+// wait armed (its read, or its futex wait) has it cancelled at the
+// worker's next sleep.
 //
 // # Reapers
 //

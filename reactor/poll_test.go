@@ -1,6 +1,7 @@
 package reactor
 
 import (
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -300,5 +301,51 @@ func TestPollShareCountsOnlyPolling(t *testing.T) {
 	}
 	if w.poller.spent > time.Duration(turns)*wait {
 		t.Fatalf("polls counted %v over %d turns of %v each", w.poller.spent, turns, wait)
+	}
+}
+
+// cancelWaits is a ring's Waits that records what the worker arms and
+// cancels.
+type cancelWaits struct {
+	pollWaits
+	tokens, cancels []uint32
+}
+
+func (h *cancelWaits) FutexWait(_ *atomic.Uint32, _ uint32, token uint32) {
+	h.tokens = append(h.tokens, token)
+}
+
+func (h *cancelWaits) CancelWait(token uint32) bool {
+	h.cancels = append(h.cancels, token)
+	return true
+}
+
+// TestDetachCancelsArmedFutexWait: a queue detached while its futex wait
+// is armed on the worker's ring has that wait cancelled at the worker's
+// next sleep. Its client can write the word back to the value armed after
+// the closing queue's Kick, before the ring submits the wait: nothing
+// would then end the wait, and every closed queue could leave one in the
+// kernel for the daemon's life.
+func TestDetachCancelsArmedFutexWait(t *testing.T) {
+	w := newWorker(0)
+	w.wake = func() {}
+	q := &pollQueue{idle: true}
+	if err := w.attach(q); err != nil {
+		t.Fatal(err)
+	}
+	w.Serve() // takes the queue in
+	ws := &cancelWaits{}
+	if !w.Sleep(ws) || len(ws.tokens) != 1 {
+		t.Fatalf("the queue's doorbell armed %d times, want once", len(ws.tokens))
+	}
+	w.Awake()
+	done := make(chan struct{})
+	go func() { defer close(done); w.detach(q) }()
+	testutil.Eventually(t, 10*time.Second, w.changed.Load, "the detach waiting for the worker")
+	w.Serve() // lets the queue go
+	<-done
+	w.Sleep(ws)
+	if !slices.Equal(ws.cancels, ws.tokens) {
+		t.Fatalf("cancelled %v at the sleep after the detach; want the wait armed for the queue, %v", ws.cancels, ws.tokens)
 	}
 }

@@ -339,9 +339,8 @@ type Worker struct {
 	slots  []*served
 	free   []uint16
 	sleepy []*served // the queues whose Doorbell agreed to this sleep
-	// cancels are the tokens of eventfd waits of queues gone, to cancel
-	// at the next sleep: nothing else would end them (the daemon never
-	// writes an eventfd its client holds).
+	// cancels are the tokens of waits of queues gone, to cancel at the
+	// next sleep: nothing else is sure to end them (see apply).
 	cancels []uint32
 
 	passes, sleeps, deaf atomic.Uint64
@@ -441,10 +440,14 @@ func (w *Worker) apply() {
 			if s.q != d.q {
 				continue
 			}
-			// A futex wait still armed fires later (a closing queue's
-			// Kick wakes it) and finds the slot's generation moved on;
-			// an eventfd read is cancelled at the next sleep.
-			if s.armed && w.eventfd {
+			// A wait still armed is cancelled at the next sleep, and
+			// whatever ends it finds the slot's generation moved on.
+			// Nothing else would end an eventfd read (the daemon never
+			// writes the eventfd), nor a futex wait the closing queue's
+			// Kick missed: its client can write the word back to the
+			// value armed after the Kick and before the ring submits the
+			// wait, which then sleeps in the kernel for good.
+			if s.armed {
 				w.cancels = append(w.cancels, s.token())
 			}
 			s.q = nil
