@@ -109,21 +109,7 @@ func TestBlockHeldByATransfer(t *testing.T) {
 		t.Fatal(err)
 	}
 	offs := slices.Clone(r.Body.(*wire.AllocBlocksResponse).Offsets)
-	if err := s.RegisterBuffer(&wire.RegisterBufferRequest{Size: testBlock}, -1, &r); err != nil {
-		t.Fatal(err)
-	}
-	buf := r.Body.(*wire.RegisterBufferResponse).Segment
-	if err := s.AllocBatch(&wire.AllocBatchRequest{Capacity: 1}, &r); err != nil {
-		t.Fatal(err)
-	}
-	batch := r.Body.(*wire.AllocBatchResponse).Batch
-	read := xfer.Request{Op: xfer.OpRead, Local: pool.ID(), LocalOffset: offs[0], Target: xfer.SegmentID(buf), Length: testBlock}
-	if err := s.Submit(&wire.Context{}, &wire.SubmitRequest{Batch: batch, Requests: []xfer.Request{read}}, &r); err != nil {
-		t.Fatal(err)
-	}
-	if codes := r.Body.(*wire.SubmitResponse).Codes; len(codes) != 1 || codes[0] != tcproto.CodeOK {
-		t.Fatalf("submit codes %v", codes)
-	}
+	readInto(t, s, pool.ID(), offs[0])
 	if tr.Held() != 1 {
 		t.Fatalf("transport holds %d tasks, want 1", tr.Held())
 	}
@@ -142,6 +128,29 @@ func TestBlockHeldByATransfer(t *testing.T) {
 	}
 	if got := pool.freedBlocks(); !slices.Equal(got, []uint64{offs[1], offs[0]}) {
 		t.Fatalf("blocks given back after the transfer ended %v, want %v", got, []uint64{offs[1], offs[0]})
+	}
+}
+
+// readInto submits a read of the pool block at off into a buffer of the
+// session's own: a transfer that holds the block until the transport ends
+// it.
+func readInto(t *testing.T, s *Session, pool xfer.SegmentID, off uint64) {
+	t.Helper()
+	var r wire.Response
+	if err := s.RegisterBuffer(&wire.RegisterBufferRequest{Size: testBlock}, -1, &r); err != nil {
+		t.Fatal(err)
+	}
+	buf := r.Body.(*wire.RegisterBufferResponse).Segment
+	if err := s.AllocBatch(&wire.AllocBatchRequest{Capacity: 1}, &r); err != nil {
+		t.Fatal(err)
+	}
+	batch := r.Body.(*wire.AllocBatchResponse).Batch
+	read := xfer.Request{Op: xfer.OpRead, Local: pool, LocalOffset: off, Target: xfer.SegmentID(buf), Length: testBlock}
+	if err := s.Submit(&wire.Context{}, &wire.SubmitRequest{Batch: batch, Requests: []xfer.Request{read}}, &r); err != nil {
+		t.Fatal(err)
+	}
+	if codes := r.Body.(*wire.SubmitResponse).Codes; len(codes) != 1 || codes[0] != tcproto.CodeOK {
+		t.Fatalf("submit codes %v", codes)
 	}
 }
 
@@ -179,21 +188,7 @@ func TestBlockHeldByAPeerRequest(t *testing.T) {
 			}
 			ends := []func(){peerReq.Release}
 			if tc.transfer {
-				if err := s.RegisterBuffer(&wire.RegisterBufferRequest{Size: testBlock}, -1, &r); err != nil {
-					t.Fatal(err)
-				}
-				buf := r.Body.(*wire.RegisterBufferResponse).Segment
-				if err := s.AllocBatch(&wire.AllocBatchRequest{Capacity: 1}, &r); err != nil {
-					t.Fatal(err)
-				}
-				batch := r.Body.(*wire.AllocBatchResponse).Batch
-				read := xfer.Request{Op: xfer.OpRead, Local: pool.ID(), LocalOffset: offs[0], Target: xfer.SegmentID(buf), Length: testBlock}
-				if err := s.Submit(&wire.Context{}, &wire.SubmitRequest{Batch: batch, Requests: []xfer.Request{read}}, &r); err != nil {
-					t.Fatal(err)
-				}
-				if codes := r.Body.(*wire.SubmitResponse).Codes; len(codes) != 1 || codes[0] != tcproto.CodeOK {
-					t.Fatalf("submit codes %v", codes)
-				}
+				readInto(t, s, pool.ID(), offs[0])
 				finish := func() {
 					if n := tr.Finish(); n != 1 {
 						t.Fatalf("finished %d tasks, want 1", n)
