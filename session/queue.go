@@ -167,7 +167,7 @@ func newQueue(c *Session, id uint64, g queue.Geometry) (*cqueue, int, int, error
 // sq_head, answers what needs no transport and submits the first group of
 // the rest. A pass gives the stream one group (submitGroup) because the
 // transport may carry it out on this thread (the local transport copies a
-// call of up to 4 MiB inline by default, and helps copy a larger one): a
+// call of up to 4 MiB inline by default, and as much of a larger one): a
 // client that fills its ring with large requests would otherwise hold the
 // worker for all of them, and every other queue it serves would wait.
 func (q *cqueue) Serve() bool {

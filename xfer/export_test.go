@@ -59,3 +59,8 @@ const MetersOn = metersOn
 // whether the meters time that call's tasks, instead of its submitters'
 // pseudo-random sequences. Set it before e is used.
 func SetSampler(e *Engine, pick func() bool) { e.sample = pick }
+
+// SetLocalChunkHook makes l call fn before it copies each chunk of a
+// Submit larger than its inline bound, with worker false when the
+// submitting goroutine copies it. Set it before l's first Submit.
+func SetLocalChunkHook(l *Local, fn func(worker bool, n uint64)) { l.chunkHook = fn }

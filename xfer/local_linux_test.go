@@ -1,6 +1,7 @@
 package xfer_test
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 	"time"
@@ -99,6 +100,55 @@ func TestLocalFault(t *testing.T) {
 				t.Fatalf("Faults() = %d, want 3", l.Faults())
 			}
 			xfertest.CheckRefs(t, client.Segment, pool, f.a, f.b)
+		})
+	}
+}
+
+// TestLocalFaultLarge: a task far larger than the inline bound over a
+// client buffer that faults from its middle on ends once with ErrFault,
+// whether the fault comes first on the submitting goroutine or later on
+// the workers.
+func TestLocalFaultLarge(t *testing.T) {
+	const size, good = 16 << 20, 8 << 20
+	for _, c := range []struct {
+		name string
+		off  uint64
+	}{
+		{"middle", 0},          // the first 8 MiB copy, the rest fault
+		{"first", good + 4096}, // every chunk faults, the submitter's first
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := newGatedLocal(t, gatedCfg)
+			client := newMemfdSeg(t, 3, size)
+			pool := xfertest.NewSegment(4, size)
+			fill(client.mem, 4)
+			if err := unix.Ftruncate(client.fd, good); err != nil {
+				t.Fatal(err)
+			}
+			d := xfertest.NewRecorder()
+			n := size - c.off
+			tk := &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, LocalOffset: c.off, Length: n}, Local: client, Target: pool}
+			tk.SetCompleter(d)
+			if k, err := l.Submit([]*xfer.Task{tk}); k != 1 || err != nil {
+				t.Fatalf("Submit: %d %v", k, err)
+			}
+			if here := l.here.Load(); here > uint64(gatedCfg.InlineBytes) {
+				t.Errorf("the submitting goroutine copied %d bytes, bound %d", here, gatedCfg.InlineBytes)
+			}
+			l.release()
+			d.Wait(t, 1)
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if d.Ends(tk) != 1 || !errors.Is(d.Err(tk), xfer.ErrFault) || d.N(tk) != 0 {
+				t.Fatalf("task ended %d times, %d bytes, %v", d.Ends(tk), d.N(tk), d.Err(tk))
+			}
+			if l.Faults() != 1 {
+				t.Fatalf("Faults() = %d, want 1", l.Faults())
+			}
+			if c.off == 0 && !bytes.Equal(pool.Bytes()[:good], client.mem[:good]) {
+				t.Fatal("the bytes before the fault differ")
+			}
 		})
 	}
 }

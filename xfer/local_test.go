@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -266,5 +268,174 @@ func TestLocalCloseRace(t *testing.T) {
 		}
 		xfertest.CheckRefs(t, f.a, f.b)
 		f.e.Close()
+	}
+}
+
+// gatedLocal is a local transport whose workers wait before every chunk
+// until release, and which counts the bytes its submitting goroutines copy
+// on the worker path.
+type gatedLocal struct {
+	*xfer.Local
+	gate chan struct{}
+	once sync.Once
+	here atomic.Uint64
+}
+
+func newGatedLocal(t *testing.T, cfg xfer.LocalConfig) *gatedLocal {
+	g := &gatedLocal{Local: xfer.NewLocal(cfg, nil), gate: make(chan struct{})}
+	xfer.SetLocalChunkHook(g.Local, func(worker bool, n uint64) {
+		if worker {
+			<-g.gate
+			return
+		}
+		g.here.Add(n)
+	})
+	t.Cleanup(func() {
+		g.release()
+		g.Close()
+	})
+	return g
+}
+
+func (g *gatedLocal) release() { g.once.Do(func() { close(g.gate) }) }
+
+// gatedCfg splits a large submit into many chunks; the submitter's help
+// is InlineBytes.
+var gatedCfg = xfer.LocalConfig{InlineBytes: 256 << 10, ChunkBytes: 64 << 10, Workers: 2, QueueLen: 4}
+
+// TestLocalHelpBounded: a Submit of one task far larger than the inline
+// bound returns once its goroutine (a reactor's thread, which serves other
+// clients' queues) has copied at most InlineBytes; the workers copy the
+// rest, and the task ends once, with every byte.
+func TestLocalHelpBounded(t *testing.T) {
+	const size = 64 << 20
+	l := newGatedLocal(t, gatedCfg)
+	src, dst := xfertest.NewSegment(1, size), xfertest.NewSegment(2, size)
+	fill(src.Bytes(), 11)
+	d := xfertest.NewRecorder()
+	tk := &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, Length: size}, Local: src, Target: dst}
+	tk.SetCompleter(d)
+	if k, err := l.Submit([]*xfer.Task{tk}); k != 1 || err != nil {
+		t.Fatalf("Submit: %d %v", k, err)
+	}
+	if here := l.here.Load(); here > uint64(gatedCfg.InlineBytes) {
+		t.Errorf("the submitting goroutine copied %d bytes, bound %d", here, gatedCfg.InlineBytes)
+	}
+	if n := d.Count(); n != 0 {
+		t.Errorf("the task ended %d times before the workers copied anything", n)
+	}
+	l.release()
+	d.Wait(t, 1)
+	if d.Ends(tk) != 1 || d.N(tk) != size || d.Err(tk) != nil {
+		t.Fatalf("task ended %d times, %d bytes, %v", d.Ends(tk), d.N(tk), d.Err(tk))
+	}
+	if !bytes.Equal(src.Bytes(), dst.Bytes()) {
+		t.Fatal("bytes differ")
+	}
+}
+
+// TestLocalCloseEndsBacklog closes the transport while the workers have
+// not started on two large submits: Close waits for every chunk and every
+// task ends once, complete.
+func TestLocalCloseEndsBacklog(t *testing.T) {
+	const part, parts = 8 << 20, 5
+	l := newGatedLocal(t, gatedCfg)
+	src, dst := xfertest.NewSegment(1, part*parts), xfertest.NewSegment(2, part*parts)
+	fill(src.Bytes(), 12)
+	d := xfertest.NewRecorder()
+	tasks := make([]*xfer.Task, parts)
+	for i := range tasks {
+		off := uint64(i * part)
+		tasks[i] = &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, LocalOffset: off, TargetOffset: off, Length: part}, Local: src, Target: dst}
+		tasks[i].SetCompleter(d)
+	}
+	for _, batch := range [][]*xfer.Task{tasks[:parts-1], tasks[parts-1:]} {
+		if k, err := l.Submit(batch); k != len(batch) || err != nil {
+			t.Fatalf("Submit: %d %v", k, err)
+		}
+	}
+	if here := l.here.Load(); here > 2*uint64(gatedCfg.InlineBytes) {
+		t.Errorf("the submitting goroutine copied %d bytes in two calls, bound %d each", here, gatedCfg.InlineBytes)
+	}
+	closed := make(chan struct{})
+	go func() {
+		l.Close()
+		close(closed)
+	}()
+	for {
+		if _, err := l.Submit(nil); errors.Is(err, xfer.ErrClosed) {
+			break
+		}
+		runtime.Gosched()
+	}
+	select {
+	case <-closed:
+		t.Fatal("Close returned while the workers had not copied the tasks")
+	default:
+	}
+	if n := d.Count(); n != 0 {
+		t.Fatalf("%d tasks ended before the workers copied anything", n)
+	}
+	l.release()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	if n := d.Count(); n != parts {
+		t.Fatalf("%d tasks ended when Close returned, want %d", n, parts)
+	}
+	for i, tk := range tasks {
+		if d.Ends(tk) != 1 || d.N(tk) != part || d.Err(tk) != nil {
+			t.Fatalf("task %d ended %d times, %d bytes, %v", i, d.Ends(tk), d.N(tk), d.Err(tk))
+		}
+	}
+	if !bytes.Equal(src.Bytes(), dst.Bytes()) {
+		t.Fatal("bytes differ")
+	}
+}
+
+// TestLocalBacklogConcurrent: submitters that keep the queue full put
+// their tasks in the backlog side by side; the workers take them all and
+// every task ends once with its bytes.
+func TestLocalBacklogConcurrent(t *testing.T) {
+	const submitters, calls, perCall, size = 4, 8, 2, 512 << 10
+	const per = calls * perCall * size
+	l := xfer.NewLocal(xfer.LocalConfig{InlineBytes: 64 << 10, ChunkBytes: 16 << 10, Workers: 2, QueueLen: 2}, nil)
+	defer l.Close()
+	src, dst := xfertest.NewSegment(1, submitters*per), xfertest.NewSegment(2, submitters*per)
+	fill(src.Bytes(), 13)
+	d := xfertest.NewRecorder()
+	tasks := make([]*xfer.Task, submitters*calls*perCall)
+	for i := range tasks {
+		off := uint64(i * size)
+		tasks[i] = &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, LocalOffset: off, TargetOffset: off, Length: size}, Local: src, Target: dst}
+		tasks[i].SetCompleter(d)
+	}
+	var wg sync.WaitGroup
+	for s := range submitters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := tasks[s*calls*perCall : (s+1)*calls*perCall]
+			for c := range calls {
+				batch := mine[c*perCall : (c+1)*perCall]
+				if k, err := l.Submit(batch); k != len(batch) || err != nil {
+					t.Errorf("Submit: %d %v", k, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	d.Wait(t, len(tasks))
+	d.Check(t, tasks)
+	for i, tk := range tasks {
+		if d.N(tk) != size || d.Err(tk) != nil {
+			t.Fatalf("task %d: %d bytes, %v", i, d.N(tk), d.Err(tk))
+		}
+	}
+	if !bytes.Equal(src.Bytes(), dst.Bytes()) {
+		t.Fatal("bytes differ")
 	}
 }
