@@ -215,6 +215,10 @@ func (l *Local) Submit(tasks []*Task) (int, error) {
 			t.Done(0, err)
 			continue
 		}
+		if t.Req.Length == 0 {
+			t.Done(0, nil) // no chunk would end it
+			continue
+		}
 		// t may end (and be reused) as soon as its last chunk is handed
 		// off, so the loop reads nothing of t after that.
 		length := t.Req.Length

@@ -439,3 +439,29 @@ func TestLocalBacklogConcurrent(t *testing.T) {
 		t.Fatal("bytes differ")
 	}
 }
+
+// TestLocalEmptyTaskInLargeSubmit: a task of no bytes in a Submit large
+// enough for the workers ends at once, OK (it has no chunk whose copy
+// would end it); the large one beside it ends as usual.
+func TestLocalEmptyTaskInLargeSubmit(t *testing.T) {
+	const size = 8 << 20
+	l := xfer.NewLocal(xfer.LocalConfig{InlineBytes: 1 << 20, ChunkBytes: 1 << 20}, nil)
+	t.Cleanup(func() { l.Close() })
+	src, dst := xfertest.NewSegment(1, size), xfertest.NewSegment(2, size)
+	fill(src.Bytes(), 13)
+	d := xfertest.NewRecorder()
+	empty := &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite}, Local: src, Target: dst}
+	big := &xfer.Task{Req: xfer.Request{Op: xfer.OpWrite, Length: size}, Local: src, Target: dst}
+	empty.SetCompleter(d)
+	big.SetCompleter(d)
+	if k, err := l.Submit([]*xfer.Task{empty, big}); k != 2 || err != nil {
+		t.Fatalf("Submit: %d %v", k, err)
+	}
+	d.Wait(t, 2)
+	if d.Ends(empty) != 1 || d.N(empty) != 0 || d.Err(empty) != nil {
+		t.Fatalf("the empty task ended %d times, %d bytes, %v", d.Ends(empty), d.N(empty), d.Err(empty))
+	}
+	if d.Ends(big) != 1 || d.N(big) != size || !bytes.Equal(src.Bytes(), dst.Bytes()) {
+		t.Fatalf("the large task ended %d times, %d bytes, %v", d.Ends(big), d.N(big), d.Err(big))
+	}
+}
