@@ -1236,14 +1236,29 @@ func (s *Store) startPromotion(sh *shard, r ref, w waitRec, off uint64, it *ioTa
 	e.next = uint32(it.idx)
 	e.l1 = off
 	e.io++
+	if !w.get {
+		e.io++ // the reader's, as joinPromotion takes it
+	}
 	it.kind, it.r, it.l1, it.size, it.slot, it.crc = kPromote, r, off, e.size, e.l2, e.crc
 	it.waiters = append(it.waiters[:0], w)
 	sh.mu.Unlock()
 }
 
-// joinPromotion adds w to the waiters of e's promotion in flight. sh.mu
-// is held on entry and released on return.
+// joinPromotion adds w to the waiters of e's promotion in flight. A Read
+// takes its I/O reference on the value's block here, as a Read of a value
+// in L1 takes it before its copy: a key's count is 16 bits, and readers
+// that would carry it past that get BUSY, as there, instead of wrapping it
+// (a wrapped count lets eviction free the block under the copies, or
+// keeps the key busy for good). sh.mu is held on entry and released on
+// return.
 func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
+	if !w.get {
+		if e.io == ^uint16(0) {
+			sh.mu.Unlock()
+			return ErrBusy
+		}
+		e.io++
+	}
 	it := &s.l2.tasks[e.next]
 	w.cl.left.Add(1)
 	it.waiters = append(it.waiters, w)

@@ -482,6 +482,8 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 	var ferr error
 	if err == nil {
 		e.flags |= fL1
+		// Each reader holds its I/O reference since it joined
+		// (joinPromotion) until its copy below is made.
 		for _, w := range ws {
 			if w.get {
 				e.pins++
@@ -489,8 +491,6 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 					sh.othersPinned(idx, 1)
 				}
 				s.c.pins.Add(1)
-			} else {
-				e.io++
 			}
 		}
 		s.relist(sh, idx)
@@ -500,6 +500,11 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 		s.journal(sh, idx, e.crc)
 	} else {
 		s.c.promoteFail.Add(1)
+		for _, w := range ws {
+			if !w.get {
+				e.io-- // the reader's: it copies nothing
+			}
+		}
 		if canFree {
 			ferr = s.freeBlock(e.l1, e.size)
 		}

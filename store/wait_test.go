@@ -638,3 +638,69 @@ func TestManyReadersOfOnePromotion(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestReadersOfOnePromotionPastIOCount: a key's I/O count is 16 bits, and
+// every Read waiting for a promotion holds one of it while its copy is
+// made. More waiting readers than it counts (one call of MaxKeysPerCall
+// copies of a key, and another) must not wrap it: a reader past the count
+// gets BUSY, the others their bytes, and once all have ended the key
+// carries no I/O (a Remove then takes it; a wrapped count left it BUSY for
+// good, or let eviction free the block under the copies).
+func TestReadersOfOnePromotionPastIOCount(t *testing.T) {
+	const many = 1 << 16
+	e := newEnv(t, 32<<20, withL2(64<<20), withCfg(func(c *Config) { c.MaxKeysPerCall = many }))
+	ss := e.s.NewSession()
+	key := keysN("hot", 1)
+	val := valuesFor(key, 100)
+	mustCodes(t, "durable put", e.put(ss, key, val, true), OK)
+	ss.Close()
+	e.dropL1()
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = func(t *xfer.Task) bool { return t.Req.Op == xfer.OpRead } })
+	var calls []*asyncCall
+	var dsts [][][]byte
+	var lens [][]uint64
+	for r, n := range []int{many, 1} {
+		a := newAsync(fmt.Sprintf("read %d", r), n)
+		keys := make([][]byte, n)
+		d := make([][]byte, n)
+		for i := range keys {
+			keys[i], d[i] = key[0], make([]byte, len(val[0]))
+		}
+		l := make([]uint64, n)
+		returns(t, a.what, func() {
+			a.wait, _ = e.s.Read(keys, d, l, a.codes, a.errs, a.rec, uint64(r))
+		})
+		calls, dsts, lens = append(calls, a), append(dsts, d), append(lens, l)
+	}
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
+	e.tr.release()
+	ok, busy := 0, 0
+	for r, a := range calls {
+		a.end(t)
+		for i, c := range a.codes {
+			switch c {
+			case OK:
+				ok++
+				if !bytes.Equal(dsts[r][i][:lens[r][i]], val[0]) {
+					t.Fatalf("%s, key %d: wrong bytes", a.what, i)
+				}
+			case Busy:
+				busy++
+			default:
+				t.Fatalf("%s, key %d: %v (%v)", a.what, i, c, a.errs[i])
+			}
+		}
+	}
+	if ok == 0 || busy == 0 {
+		t.Fatalf("%d reads OK, %d BUSY: want both", ok, busy)
+	}
+	codes := make([]Code, 1)
+	errs := make([]error, 1)
+	if _, err := e.s.Remove(key, codes, errs, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "remove after every reader ended", codes, OK)
+	if st := e.s.Stats(); st.Keys != 0 || st.IOInFlight != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
