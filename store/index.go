@@ -50,6 +50,10 @@ const (
 	fBgDrop                     // stDropping by the store's own invalidation: L2 eviction, a corrupt block
 	fCRC                        // crc holds the value's crc32c though it is not on L2 (announced: remote.go)
 	fUnseen                     // a copy fetched from another host, unseen here until its home took it (unseen.go)
+	// fSuperseded: out of the table, stDropping with fBgDrop, its key
+	// taken by a put while the store's own invalidation was in flight
+	// (supersede); that invalidation's end frees it.
+	fSuperseded
 )
 
 // entry is one key's metadata: 64 bytes, no pointers.

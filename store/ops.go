@@ -583,7 +583,7 @@ func (s *Store) checkPut(k []byte, size uint64) error {
 func (s *Store) reserve(k []byte, size uint64, flags uint16) (ref, uint64, error) {
 	h, sh, si := s.hash(k)
 	sh.mu.Lock()
-	if idx, ok := sh.find(h, k); ok {
+	if idx, ok := sh.find(h, k); ok && !s.supersede(sh, idx) {
 		st := sh.ent(idx).state
 		sh.mu.Unlock()
 		return ref{}, 0, busyOrExists(st)
@@ -594,7 +594,7 @@ func (s *Store) reserve(k []byte, size uint64, flags uint16) (ref, uint64, error
 		return ref{}, 0, err
 	}
 	sh.mu.Lock()
-	if idx, ok := sh.find(h, k); ok {
+	if idx, ok := sh.find(h, k); ok && !s.supersede(sh, idx) {
 		st := sh.ent(idx).state
 		sh.mu.Unlock()
 		return ref{}, 0, joinFree(busyOrExists(st), s.freeBlock(off, uint32(size)))
@@ -606,6 +606,27 @@ func (s *Store) reserve(k []byte, size uint64, flags uint16) (ref, uint64, error
 	sh.mu.Unlock()
 	s.c.reserved.Add(1)
 	return r, off, nil
+}
+
+// supersede gives a put the key of entry idx when the store's own
+// invalidation of its L2 block is in flight (an eviction from L2, a
+// corrupt block dropped) and nothing else holds it: the key is gone for
+// every reader already, and that work is no caller's business, so a put
+// of the key is not BUSY. The entry leaves the table and the key's
+// counts, and endInval frees it; the new value's block headers carry
+// higher sequence numbers, so recovery keeps them over the old header
+// should it outlive a failed invalidation. It reports whether the key is
+// free now. sh.mu is held.
+func (s *Store) supersede(sh *shard, idx uint32) bool {
+	e := sh.ent(idx)
+	if e.state != stDropping || e.flags&(fBgDrop|fRemove) != fBgDrop || e.pins != 0 {
+		return false
+	}
+	sh.unindex(idx)
+	e.flags |= fSuperseded
+	s.c.keys.Add(^uint64(0))
+	s.evicted(sh, idx) // before the new value's announcement, under the same lock
+	return true
 }
 
 // joinFree combines an outcome with a failed rollback step, never dropping

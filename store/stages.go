@@ -596,7 +596,10 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 		slotBytes = t.g.slotSize(c)
 		t.evicting -= slotBytes
 	}
-	gone := err == nil || it.drop || !canRelease
+	// A superseded entry goes whatever the write did: its key is another
+	// entry's now.
+	superseded := e.flags&fSuperseded != 0
+	gone := err == nil || it.drop || !canRelease || superseded
 	if gone {
 		switch {
 		case err == nil && canRelease:
@@ -612,18 +615,27 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 		if e.flags&fL1 != 0 {
 			s.c.l1Keys.Add(^uint64(0))
 		}
-		s.c.keys.Add(^uint64(0))
 		s.c.l2Keys.Add(^uint64(0))
 		if evict {
 			s.c.evictL2.Add(1)
-			s.evicted(sh, idx)
 		}
-		// The slot is released (or quarantined): a pinned entry (removed
-		// from elsewhere, or a corrupt one a pin held) is hidden until its
-		// last pin goes, its block kept for the pins.
 		e.io--
 		e.flags &^= fL2
-		ferr = s.dropEntry(sh, idx)
+		if superseded {
+			// Counted out of the keys, and announced gone, by supersede;
+			// out of the table and unpinned, with no block in L1.
+			sh.release(idx)
+		} else {
+			s.c.keys.Add(^uint64(0))
+			if evict {
+				s.evicted(sh, idx)
+			}
+			// The slot is released (or quarantined): a pinned entry
+			// (removed from elsewhere, or a corrupt one a pin held) is
+			// hidden until its last pin goes, its block kept for the
+			// pins.
+			ferr = s.dropEntry(sh, idx)
+		}
 	} else {
 		e.state = stReady
 		e.flags &^= fBgDrop | fRemove

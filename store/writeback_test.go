@@ -383,3 +383,58 @@ func TestRemoveDuringL2Eviction(t *testing.T) {
 	e.reopen()
 	mustCodes(t, "after restart", e.exists(keys), NotFound, NotFound, NotFound, NotFound)
 }
+
+// TestPutDuringL2Eviction: a key the store is evicting from L2 is absent
+// to every reader at once, and a client that misses it puts it again. The
+// eviction is the store's own work, so that put is not BUSY: it stores the
+// new value (copying, durable, or reserved and committed) while the old
+// block's header is still being zeroed. Once the evictions end, the new
+// values are what is read, and what a restart finds.
+func TestPutDuringL2Eviction(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	keys := keysN("ev", 4)
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK, OK, OK, OK)
+	e.dropL1()
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = isZeroWrite })
+	batch := e.s.evictL2LRU(1<<40, nil)
+	if len(batch) != len(keys) {
+		t.Fatalf("%d evictions started, want %d", len(batch), len(keys))
+	}
+	var xts []*xfer.Task
+	e.s.l2.startInvals(batch, &xts)
+	e.waitFor("every eviction in flight", func() bool { return e.tr.Held() == len(keys) })
+	mustCodes(t, "exists under eviction", e.exists(keys), NotFound, NotFound, NotFound, NotFound)
+
+	vals := valuesFor(keys, 5000)
+	mustCodes(t, "put under eviction", e.put(ss, keys[:1], vals[:1], false), OK)
+	mustCodes(t, "durable put under eviction", e.put(ss, keys[1:2], vals[1:2], true), OK)
+	locs := make([]Location, 1)
+	codes := make([]Code, 1)
+	errs := make([]error, 1)
+	if err := ss.Reserve(keys[2:3], []uint64{uint64(len(vals[2]))}, locs, codes, errs); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "reserve under eviction", codes, OK)
+	copy(e.s.poolMem[locs[0].Offset:], vals[2])
+	if _, err := ss.Commit(keys[2:3], false, codes, errs, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "commit under eviction", codes, OK)
+
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
+	e.tr.release()
+	e.waitFor("every eviction ended", func() bool { return e.s.Stats().EvictionsL2 == uint64(len(keys)) })
+	if err := e.s.Flush(flushWait); err != nil {
+		t.Fatal(err)
+	}
+	e.checkValues(keys[:3], vals[:3])
+	mustCodes(t, "evicted and not put again", e.exists(keys[3:]), NotFound)
+	if st := e.s.Stats(); st.Keys != 3 || st.L2Keys != 3 || st.IOInFlight != 0 {
+		t.Fatalf("stats after the evictions: %+v", st)
+	}
+	ss.Close()
+	e.reopen()
+	e.checkValues(keys[:3], vals[:3])
+	mustCodes(t, "after restart", e.exists(keys[3:]), NotFound)
+}
