@@ -101,6 +101,9 @@ type waitRec struct {
 	pos int32
 	ss  *Session
 	get bool
+	// over: a Get that found the key at MaxPins when the promotion
+	// ended (endPromote); it is answered ErrOverflow, unpinned.
+	over bool
 }
 
 type ioTask struct {

@@ -483,9 +483,16 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 	if err == nil {
 		e.flags |= fL1
 		// Each reader holds its I/O reference since it joined
-		// (joinPromotion) until its copy below is made.
-		for _, w := range ws {
+		// (joinPromotion) until its copy below is made. Gets are pinned
+		// here, up to MaxPins as any pin: they were checked against it
+		// before they joined, but each joined unpinned.
+		for j := range ws {
+			w := &ws[j]
 			if w.get {
+				if e.pins >= s.cfg.MaxPins {
+					w.over = true
+					continue
+				}
 				e.pins++
 				if w.ss.others {
 					sh.othersPinned(idx, 1)
@@ -524,6 +531,8 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 				w.cl.lens[w.pos] = 0 // a miss, as when the key was not there
 			}
 			w.cl.result(w.pos, joinFree(err, ferr))
+		case w.over:
+			w.cl.result(w.pos, ErrOverflow)
 		case w.get:
 			w.ss.mu.Lock()
 			if w.ss.closed {

@@ -704,3 +704,44 @@ func TestReadersOfOnePromotionPastIOCount(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestGettersOfOnePromotionPastMaxPins: Gets that wait for one promotion
+// are pinned when it ends, and no more of them than MaxPins allows: the
+// others get RESOURCE_EXHAUSTED, as a Get of the value in L1 would, and
+// the key carries exactly the pins its OK answers hold.
+func TestGettersOfOnePromotionPastMaxPins(t *testing.T) {
+	const maxPins = 2
+	e := newEnv(t, 32<<20, withL2(64<<20), withCfg(func(c *Config) { c.MaxPins = maxPins }))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	key := keysN("hot", 1)
+	mustCodes(t, "durable put", e.put(ss, key, valuesFor(key, 9000), true), OK)
+	e.dropL1()
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = func(t *xfer.Task) bool { return t.Req.Op == xfer.OpRead } })
+	const getters = 4
+	keys := [][]byte{key[0], key[0], key[0], key[0]}
+	a := newAsync("get", getters)
+	locs := make([]Location, getters)
+	returns(t, a.what, func() {
+		a.wait, _ = ss.Get(keys, locs, a.codes, a.errs, a.rec, 0)
+	})
+	if !a.wait {
+		t.Fatalf("get: %v (%v), not pending", a.codes, a.errs)
+	}
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
+	e.tr.release()
+	a.end(t)
+	ok := 0
+	for i, c := range a.codes {
+		switch c {
+		case OK:
+			ok++
+		case ResourceExhausted:
+		default:
+			t.Fatalf("get %d: %v (%v)", i, c, a.errs[i])
+		}
+	}
+	if st := e.s.Stats(); ok != maxPins || st.Pins != maxPins {
+		t.Fatalf("%d gets pinned, %d pins held: want %d of each (codes %v)", ok, st.Pins, maxPins, a.codes)
+	}
+}
