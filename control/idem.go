@@ -263,8 +263,11 @@ func (c *conn) idemLookup(m *wire.Request, hash uint64) (frame []byte, err error
 	}
 	switch v, frame, err := c.s.idem.check(c.tenantName(), key, m.Ctx.Lane, hash, c.id); v {
 	case idemRefuse:
-		c.log.Info("idempotency key refused", "kind", m.Kind().String(), "request_id", m.Ctx.RequestID,
-			"lane", string(m.Ctx.Lane), "err", err)
+		// Rate-limited: a client can present a key another connection
+		// holds on every call, data-path ones included, which log
+		// nothing per request; the audit record has each refusal.
+		c.s.logs.idemRefused.Event(append(c.who(), slog.String("kind", m.Kind().String()),
+			slog.Uint64("request_id", m.Ctx.RequestID), slog.String("lane", string(m.Ctx.Lane)), slog.String("err", err.Error()))...)
 		return nil, err
 	case idemReplay:
 		// Both tables keep the connection's last MaxIdempotencyKeys keys,

@@ -314,3 +314,27 @@ func TestIdempotencyKeysForgottenAreCounted(t *testing.T) {
 		t.Errorf("no warning of the forgotten keys:\n%s", log)
 	}
 }
+
+// TestIdempotencyRefusalsRateLimited: a client that keeps presenting a key
+// another live connection holds is refused each time, and the daemon's
+// log says so once and then counts, not a line per call: the calls may
+// be data-path ones, which log nothing per request at the default level.
+func TestIdempotencyRefusalsRateLimited(t *testing.T) {
+	e := newEnv(t, false, func(c *Config, _ *Deps) { c.LogInterval = time.Hour }) // the count comes with Close
+	owner, other := dialRaw(t, e.sock), dialRaw(t, e.sock)
+	alloc := wire.Context{IdempotencyKey: []byte("alloc-once")}
+	expectCode(t, owner.callCtx(alloc, &wire.AllocBlocksRequest{N: 1, Size: 4096}), tcproto.CodeOK)
+	const flood = 50
+	for range flood {
+		expectCode(t, other.callCtx(alloc, &wire.AllocBlocksRequest{N: 1, Size: 4096}), tcproto.CodeFAILED_PRECONDITION)
+	}
+	if n := strings.Count(e.logBuf.String(), "idempotency key refused"); n != 1 {
+		t.Fatalf("%d log lines for %d refusals, want 1 until the interval ends:\n%s", n, flood, e.logBuf.String())
+	}
+	if err := e.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if log := e.logBuf.String(); !strings.Contains(log, fmt.Sprintf("count=%d", flood-1)) {
+		t.Fatalf("the refusals after the first are not counted when the log flushes:\n%s", log)
+	}
+}

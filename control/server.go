@@ -200,8 +200,9 @@ type Server struct {
 		// What a client's frames can make a connection warn about.
 		badFrame, undecodable, lostFDs, unexpectedFD, strayFDs, rdmaCut *ratelog.Log
 		// idemForgotten: a connection's keyed calls went past
-		// MaxIdempotencyKeys, so its oldest keys were forgotten.
-		idemForgotten *ratelog.Log
+		// MaxIdempotencyKeys, so its oldest keys were forgotten;
+		// idemRefused: a keyed call was refused its key.
+		idemForgotten, idemRefused *ratelog.Log
 	}
 
 	wg sync.WaitGroup // accept loop and connection goroutines
@@ -295,6 +296,7 @@ func NewServer(cfg Config, deps Deps, log *slog.Logger) (*Server, error) {
 	s.logs.rdmaCut = ratelog.New(log, slog.LevelWarn, "rdma answer cut short", every)
 	s.logs.idemForgotten = ratelog.New(log, slog.LevelWarn,
 		"idempotency keys forgotten: a connection is past max_idempotency_keys; a retry with a forgotten key runs again", every)
+	s.logs.idemRefused = ratelog.New(log, slog.LevelInfo, "idempotency key refused", every)
 	ln := cfg.Listener
 	if ln == nil {
 		if ln, err = listen(cfg.Socket, cfg.Mode); err != nil {
@@ -656,7 +658,7 @@ func (s *Server) Close() error {
 	for _, l := range []*ratelog.Log{s.logs.setup, s.logs.denied, s.logs.maxConns, s.logs.maxPerUID, s.logs.draining,
 		s.logs.acceptFail, s.logs.acceptOK, s.logs.frameTimeout,
 		s.logs.badFrame, s.logs.undecodable, s.logs.lostFDs, s.logs.unexpectedFD, s.logs.strayFDs, s.logs.rdmaCut,
-		s.logs.idemForgotten} {
+		s.logs.idemForgotten, s.logs.idemRefused} {
 		l.Stop()
 	}
 	s.host.StopLogs()
