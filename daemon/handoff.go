@@ -33,7 +33,8 @@ import (
 //     the lock held and store_handoff = on dials SOCKET.handoff (a
 //     SOCK_SEQPACKET socket, mode 0600; the old daemon also checks the
 //     peer's credentials: its own uid or root, anyone else is refused and
-//     logged) and asks for a hand-off.
+//     logged; the new daemon requires the same of what answers, and does
+//     not start otherwise) and asks for a hand-off.
 //  2. The old daemon answers "accepted", then shuts down as on SIGTERM
 //     (the bounded drain of drain.go: no new work, drain_timeout for the
 //     work in flight, every part closed), which closes and unlinks the
@@ -212,6 +213,19 @@ func (d *Daemon) takeOver() (*inheritedFDs, time.Duration, string, error) {
 	}
 	conn := c.(*net.UnixConn)
 	defer conn.Close()
+	// What answers must be a daemon of this uid or root, as the old
+	// daemon requires of the asker: a process of another uid that took
+	// the socket's name (in a socket directory others may write) would
+	// keep mapping the memfds it passed, and so read every value this
+	// daemon then keeps in them.
+	u, err := peerCred(conn)
+	if err != nil {
+		return nil, 0, "", fmt.Errorf("%w: %s: the credentials of what answers there: %v", control.ErrAddrInUse, path, err)
+	}
+	if own := uint32(os.Getuid()); u.Uid != own && u.Uid != 0 {
+		return nil, 0, "", fmt.Errorf("%w: %s is served by pid %d of uid %d, neither this daemon's uid (%d) nor root: taking nothing from it",
+			control.ErrAddrInUse, path, u.Pid, u.Uid, own)
+	}
 	conn.SetDeadline(time.Now().Add(handoffReplyTimeout))
 	if _, err := conn.Write([]byte(handoffHello + "\n")); err != nil {
 		return in, ownWait, fmt.Sprintf("asking %s: %v", path, err), nil
@@ -494,14 +508,9 @@ func (d *Daemon) serveHandoff() {
 // answerHandoff checks a request and answers it; true when accepted.
 func (d *Daemon) answerHandoff(c *net.UnixConn, taken bool) bool {
 	h := d.hand
-	raw, err := c.SyscallConn()
+	u, err := peerCred(c)
 	if err != nil {
-		return false
-	}
-	var u *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) { u, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
-		h.refused.Event(slog.String("err", errors.Join(err, cerr).Error()))
+		h.refused.Event(slog.String("err", err.Error()))
 		return false
 	}
 	reply := func(s string) { c.Write([]byte(s + "\n")) }
@@ -529,6 +538,24 @@ func (d *Daemon) answerHandoff(c *net.UnixConn, taken bool) bool {
 	c.SetDeadline(time.Time{})
 	d.log.Info("hand-off: a new daemon asks for the pools; draining to hand them over", "pid", u.Pid, "uid", u.Uid)
 	return true
+}
+
+// peerCred is the credentials of c's peer (SO_PEERCRED: those it had
+// when it connected, or listened).
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var u *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { u, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return nil, err
+	}
+	if cerr != nil {
+		return nil, os.NewSyscallError("getsockopt SO_PEERCRED", cerr)
+	}
+	return u, nil
 }
 
 // closeHandoffListener stops taking requests (shutdown, or a failed start).

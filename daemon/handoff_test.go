@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/control"
@@ -429,5 +432,89 @@ func runHandoffDial() int {
 		return 2
 	}
 	fmt.Print(string(buf[:n]))
+	return 0
+}
+
+// TestHandoffRefusesImpostor: what answers on SOCKET.handoff must be a
+// daemon of this daemon's uid or root. A process of another uid that got
+// the socket's name (a socket directory others may write) and offers
+// "state" with memfds of its own is refused: a daemon that adopted them
+// would keep every tenant's values in memory that process maps.
+func TestHandoffRefusesImpostor(t *testing.T) {
+	cfg, bin := tenantConfig(t) // root, and a helper binary other uids may run
+	cfg.Tenants = nil
+	cfg.StoreHandoff = "on"
+	if err := os.Chmod(filepath.Dir(cfg.Socket), 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	hs := cfg.Socket + handoffSuffix
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), helperEnv+"=handoff-offer", "TC_SOCKET="+hs)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uidA, Gid: uidA}}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "listening\n" {
+		t.Fatalf("helper: %q %v", line, err)
+	}
+
+	logBuf := &lockedBuffer{}
+	d := &Daemon{cfg: cfg, log: slog.New(slog.NewTextHandler(logBuf, nil))}
+	in, _, why, err := d.takeOver()
+	if in != nil {
+		defer in.closeAll()
+	}
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("uid %d", uidA)) {
+		n := 0
+		if in != nil {
+			n = len(in.fds)
+		}
+		t.Fatalf("a hand-off answered by uid %d: err %v, why %q, %d descriptors taken; want refused, naming the uid", uidA, err, why, n)
+	}
+	if !errors.Is(err, control.ErrAddrInUse) {
+		t.Fatalf("refusal %v does not match ErrAddrInUse", err)
+	}
+}
+
+// runHandoffOffer is the helper that plays an old daemon (as another
+// uid): it listens on TC_SOCKET, accepts a hand-off and sends a state of
+// two memfds of its own.
+func runHandoffOffer() int {
+	path := os.Getenv("TC_SOCKET")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		fmt.Println("listen", err)
+		return 2
+	}
+	defer ln.Close()
+	fmt.Println("listening")
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		return 2
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 256)
+	if _, err := c.Read(buf); err != nil {
+		return 2
+	}
+	c.Write([]byte("accepted 0\n"))
+	var fds []int
+	for _, name := range []string{"pool", "journal"} {
+		fd, err := unix.MemfdCreate(name, 0)
+		if err != nil {
+			return 2
+		}
+		fds = append(fds, fd)
+	}
+	c.WriteMsgUnix([]byte("state "+poolFDPrefix+"default:"+journalFDPrefix+"default\n"), syscall.UnixRights(fds...), nil)
+	c.Write([]byte("listeners\n"))
+	c.Read(buf) // until the asker closes
 	return 0
 }

@@ -300,8 +300,11 @@ func grepLines(s, alts string) string {
 // TC_ARGS other=, and registers TC_ARGS file= with a round trip through
 // it, printing what each gave.
 func runHelper(kind string) int {
-	if kind == "handoff-dial" {
+	switch kind {
+	case "handoff-dial":
 		return runHandoffDial()
+	case "handoff-offer":
+		return runHandoffOffer()
 	}
 	if kind != "tenant" && kind != "peer-tenant" {
 		fmt.Println("unknown helper", kind)
