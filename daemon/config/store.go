@@ -157,6 +157,18 @@ func (c *Config) validateStore() error {
 	if s.StoreL1Capacity != 0 && (s.StoreL1Capacity < 1<<20 || s.StoreL1Capacity > c.PoolSize) {
 		return badValue("store_l1_capacity", s.StoreL1Capacity.String(), "must be 0 (three quarters of pool_size) or between 1MiB and pool_size")
 	}
+	// Each tenant's store lives in the tenant's own pool: a store whose L1
+	// were larger than its pool would never reach its watermarks, so it
+	// would never evict, and its puts would fail once the pool is full.
+	for _, t := range c.Tenants {
+		size := c.TenantPoolSize(t)
+		if s.StoreL1Capacity > size {
+			return badValue("store_l1_capacity", s.StoreL1Capacity.String(), fmt.Sprintf("must be at most each tenant's pool_size (tenant %q has %s)", t.Name, size))
+		}
+		if s.StoreMaxSessionReserved > size {
+			return badValue("store_max_session_reserved", s.StoreMaxSessionReserved.String(), fmt.Sprintf("must be at most each tenant's pool_size (tenant %q has %s)", t.Name, size))
+		}
+	}
 	if !(s.StoreLowWatermark > 0 && s.StoreLowWatermark < s.StoreHighWatermark && s.StoreHighWatermark <= 1) {
 		return badValue("store_low_watermark", fmt.Sprintf("%g (high %g)", s.StoreLowWatermark, s.StoreHighWatermark),
 			"watermarks must be 0 < store_low_watermark < store_high_watermark <= 1")

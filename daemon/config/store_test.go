@@ -88,3 +88,37 @@ func TestStoreConfigInvalid(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreConfigOverATenantsPool: each tenant's store lives in its own
+// pool, so store_l1_capacity and store_max_session_reserved must fit the
+// smallest tenant's pool, not only pool_size: a store whose L1 is larger
+// than its pool never reaches its watermark and never evicts, and its puts
+// fail once the pool is full. Start-up fails naming the key and the tenant.
+func TestStoreConfigOverATenantsPool(t *testing.T) {
+	for _, key := range []string{"store_l1_capacity", "store_max_session_reserved"} {
+		file := filepath.Join(t.TempDir(), "tc.toml")
+		writeFile(t, file, `
+pool_size = "1GiB"
+`+key+` = "512MiB"
+
+[[tenants]]
+name = "big"
+uids = [1000]
+
+[[tenants]]
+name = "small"
+uids = [1001]
+pool_size = "64MiB"
+`)
+		_, err := Load([]string{"--config", file}, env(nil))
+		if err == nil {
+			t.Errorf("%s of 512MiB over a tenant's pool of 64MiB: accepted", key)
+			continue
+		}
+		for _, w := range []string{key, "512MiB", `"small"`} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error %q does not name %s", err, w)
+			}
+		}
+	}
+}
