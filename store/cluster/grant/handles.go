@@ -177,6 +177,10 @@ func (h *Handles) Issue(keys [][]byte, ttl time.Duration) (Handle, error) {
 	hd := &handle{digest: KeysDigest(keys), nkeys: len(keys)}
 	h.live[id] = hd // reserved: no hold yet, no deadline
 
+	// The expiry counts from before the pins are taken: their TTL runs
+	// from when each was taken, and a handle that counted from after a
+	// slow Pin would stay valid over keys no longer pinned.
+	start := h.cfg.Clock.Now()
 	hold, err := pinUnlocked(&h.mu, &h.closed, h.cfg.Pinner, keys, ttl)
 	if err != nil {
 		delete(h.live, id)
@@ -185,7 +189,7 @@ func (h *Handles) Issue(keys [][]byte, ttl time.Duration) (Handle, error) {
 	}
 	defer h.mu.Unlock()
 	hd.hold = hold
-	hd.expiry = h.cfg.Clock.Now().Add(ttl)
+	hd.expiry = start.Add(ttl)
 	h.keys += len(keys)
 	h.stats.Issued++
 	h.sched.add(hd.expiry, id, hd.ver)
@@ -316,7 +320,9 @@ func (h *Handles) renewOwn(t Token, ttl time.Duration) (Handle, error) {
 	}
 	h.mu.Unlock()
 	// The pins first (outside the mutex: a cluster's pins are at other
-	// daemons), so that they never end before the handle does.
+	// daemons), so that they never end before the handle does: the new
+	// expiry counts from before they were extended.
+	start := h.cfg.Clock.Now()
 	errExtend := hd.hold.Extend(ttl)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -328,7 +334,7 @@ func (h *Handles) renewOwn(t Token, ttl time.Duration) (Handle, error) {
 	case errExtend != nil:
 		return Handle{}, fmt.Errorf("renewing the pins of handle %d: %w", t.ID, errExtend)
 	}
-	hd.expiry = h.cfg.Clock.Now().Add(ttl)
+	hd.expiry = start.Add(ttl)
 	hd.ver++
 	h.sched.add(hd.expiry, t.ID, hd.ver)
 	h.sched.tidy(len(h.live), h.current)

@@ -157,6 +157,9 @@ func (l *Leases) Create(op string, keys [][]byte, ttl time.Duration) (Lease, err
 	ls := &lease{op: op, id: l.next, digest: digest, nkeys: len(keys)}
 	l.byOp[op], l.byID[ls.id] = ls, ls // reserved: the op id is taken while we pin
 
+	// The expiry counts from before the pins are taken, so that the lease
+	// never says it is live over pins whose TTL has run out.
+	start := l.cfg.Clock.Now()
 	hold, err := pinUnlocked(&l.mu, &l.closed, l.cfg.Pinner, keys, ttl)
 	if err != nil {
 		l.remove(ls)
@@ -165,7 +168,7 @@ func (l *Leases) Create(op string, keys [][]byte, ttl time.Duration) (Lease, err
 	}
 	defer l.mu.Unlock()
 	ls.hold = hold
-	ls.expiry = l.cfg.Clock.Now().Add(ttl)
+	ls.expiry = start.Add(ttl)
 	l.keys += len(keys)
 	l.stats.Created++
 	l.sched.add(ls.expiry, ls.id, 0)

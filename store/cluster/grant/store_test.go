@@ -135,3 +135,90 @@ func TestHandleStorePinsFollowRenewals(t *testing.T) {
 		t.Fatalf("%d pins after the renewed expiry", pins())
 	}
 }
+
+// slowPinner pins through StorePinner and then lets lag pass on the clock
+// before Pin (or Extend) returns: the time a pin takes when the store's
+// shards are busy, or when the keys' holders are other hosts.
+type slowPinner struct {
+	p   StorePinner
+	clk testClock
+	lag time.Duration
+}
+
+func (s slowPinner) Pin(keys [][]byte, ttl time.Duration) (Hold, error) {
+	h, err := s.p.Pin(keys, ttl)
+	s.clk.Advance(s.lag)
+	if err != nil {
+		return nil, err
+	}
+	return slowHold{h, s}, nil
+}
+
+type slowHold struct {
+	Hold
+	s slowPinner
+}
+
+func (h slowHold) Extend(ttl time.Duration) error {
+	err := h.Hold.Extend(ttl)
+	h.s.clk.Advance(h.s.lag)
+	return err
+}
+
+// A handle or lease never outlives its pins: its expiry counts from
+// before its pins were taken (or extended), so a pin that took a while
+// does not leave the handle valid, and the lease live, over keys the store
+// may evict already.
+func TestExpiryNotPastPins(t *testing.T) {
+	clk := newClock()
+	s := openStore(t, 1<<20, clk)
+	ss := s.NewSession()
+	defer ss.Close()
+	put(t, ss, "held", 4096)
+	put(t, ss, "leased", 4096)
+	p := slowPinner{StorePinner{s}, clk, time.Second}
+	h := newIssuer(t, "a", 7, clk, p, nil)
+	l := newLeaseTable(t, clk, p, nil)
+	pins := func(k string) uint32 {
+		info, err := s.Stat([]byte(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Pins
+	}
+	// What a handle or lease says while its store pins are gone.
+	check := func(what string, valid bool, key string) {
+		t.Helper()
+		if valid && pins(key) == 0 {
+			t.Fatalf("%s: still valid at %v, its store pins on %s are gone", what, clk.Now(), key)
+		}
+	}
+
+	hd, err := h.Issue(keys("held"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := l.Create("op", keys("leased"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The handle's pins were taken 2 s ago, the lease's 1 s ago: half a
+	// second past each one's TTL from then.
+	clk.Advance(8*time.Second + 500*time.Millisecond)
+	_, err = h.Verify(hd.Token, keys("held"))
+	check("issued handle", err == nil, "held")
+	clk.Advance(time.Second)
+	check("created lease", clk.Now().Before(ls.Expiry) && l.Stats().Live == 1, "leased")
+
+	put(t, ss, "renewed", 4096)
+	hd, err = h.Issue(keys("renewed"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hd, err = h.Renew(hd.Token, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(9*time.Second + 500*time.Millisecond) // the pins were extended 1 s ago
+	_, err = h.Verify(hd.Token, keys("renewed"))
+	check("renewed handle", err == nil, "renewed")
+}
