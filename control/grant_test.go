@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/store/cluster/grant"
@@ -115,5 +116,41 @@ func TestGrantCallsAuditedAndIdempotent(t *testing.T) {
 		if !seen {
 			t.Errorf("no audit record of %s:\n%s", k, e.logBuf.String())
 		}
+	}
+}
+
+// A handle belongs to the tenant's store, not to the connection that asked
+// for it: an issue retried with its idempotency key on a new connection,
+// after the first closed before the client read the answer, answers the
+// first token and pins nothing again (the first handle would otherwise
+// stay pinned until its TTL, its token lost). A lease's create and a
+// release, retried so, answer as the first did too.
+func TestGrantRetriedOnNewConnection(t *testing.T) {
+	e := newGrantEnv(t)
+	c := dialRaw(t, e.sock)
+	keys := [][]byte{[]byte("g/0")}
+	buf := body[wire.AllocBlocksResponse](t, c.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})).Offsets[0]
+	expectCode(t, c.call(&wire.StorePutRequest{Keys: keys, Values: []wire.Extent{{Segment: testPoolID, Offset: buf, Length: 10}}}),
+		tcproto.CodeOK)
+
+	issue := wire.Context{IdempotencyKey: []byte("k-issue"), Lane: []byte("hybrid-cache-first")}
+	lease := wire.Context{IdempotencyKey: []byte("k-lease"), Lane: []byte("hybrid-cache-first")}
+	release := wire.Context{IdempotencyKey: []byte("k-release"), Lane: []byte("hybrid-cache-first")}
+	first := bytes.Clone(body[wire.HandleIssueResponse](t, c.callCtx(issue, &wire.HandleIssueRequest{Keys: keys, TTLMS: 60000})).Token)
+	expectCode(t, c.callCtx(lease, &wire.LeaseCreateRequest{OpID: []byte("op"), Keys: keys, TTLMS: 60000}), tcproto.CodeOK)
+	other := bytes.Clone(body[wire.HandleIssueResponse](t, c.call(&wire.HandleIssueRequest{Keys: keys, TTLMS: 60000})).Token)
+	expectCode(t, c.callCtx(release, &wire.HandleReleaseRequest{Token: other}), tcproto.CodeOK)
+	c.uc.Close()
+	testutil.Eventually(t, testTimeout, func() bool { return e.srv.Connections() == 0 }, "the first connection released")
+
+	c2 := dialRaw(t, e.sock)
+	again := body[wire.HandleIssueResponse](t, c2.callCtx(issue, &wire.HandleIssueRequest{Keys: keys, TTLMS: 60000}))
+	if !bytes.Equal(again.Token, first) {
+		t.Error("an issue retried on a new connection was issued again")
+	}
+	expectCode(t, c2.callCtx(lease, &wire.LeaseCreateRequest{OpID: []byte("op"), Keys: keys, TTLMS: 60000}), tcproto.CodeOK)
+	expectCode(t, c2.callCtx(release, &wire.HandleReleaseRequest{Token: other}), tcproto.CodeOK)
+	if pins := body[wire.StoreStatResponse](t, c2.call(&wire.StoreStatRequest{Key: keys[0]})).Info.Pins; pins != 2 {
+		t.Fatalf("%d pins after the retries, want 2 (the first handle and the lease)", pins)
 	}
 }

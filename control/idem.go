@@ -24,7 +24,12 @@ import (
 // connection that got it; another connection presenting the same key, lane
 // and arguments is refused while the first connection lives (two live
 // owners would duplicate the effect) and runs afresh once it has closed
-// (its effects were released with it).
+// (its effects were released with it). The exception is a call whose
+// effect is the tenant's (tenantWide: a retention handle or placement
+// lease, which outlives its connection): its answer is replayed to any
+// connection of the tenant, whether the first lives or has closed, since
+// running it again would issue a second handle while the first, whose
+// token the client never read, stays pinned until its TTL.
 //
 // Keys are per tenant: the table's key is the tenant's name, a NUL (which
 // no tenant's name has: validTenantName) and the client's key, so that a
@@ -61,6 +66,7 @@ type idemRecord struct {
 	hash     uint64 // argsHash: kind, lane and arguments
 	conn     uint64 // the connection that got the answer
 	connGone bool   // that connection has closed
+	shared   bool   // the answer is the tenant's (tenantWide): replayed to any connection, kept after close
 	frame    []byte
 	at       time.Time
 	q        *idemQueue // the queue it is in: its connection's, or its key space's once that closed
@@ -150,7 +156,7 @@ func (t *sharedIdem) check(tenant string, key, lane []byte, hash, conn uint64) (
 			ErrIdempotencyConflict, key, r.lane, lane)
 	case r.hash != hash:
 		return idemRefuse, nil, fmt.Errorf("%w: key %q was first used with other arguments", ErrIdempotencyConflict, key)
-	case r.conn == conn:
+	case r.conn == conn || r.shared:
 		return idemReplay, r.frame, nil
 	case !r.connGone:
 		return idemRefuse, nil, fmt.Errorf("%w: key %q is in use by connection %d, which is open; its answer names that connection's resources",
@@ -161,8 +167,9 @@ func (t *sharedIdem) check(tenant string, key, lane []byte, hash, conn uint64) (
 
 // record stores the first answer to tenant's key (or the answer of a rerun
 // after its owner closed) as one of connection conn's records, evicting
-// that connection's oldest past its limit.
-func (t *sharedIdem) record(tenant string, key, lane []byte, hash, conn uint64, frame []byte) {
+// that connection's oldest past its limit. shared: the answer is the
+// tenant's (tenantWide), replayed to any of its connections.
+func (t *sharedIdem) record(tenant string, key, lane []byte, hash, conn uint64, frame []byte, shared bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := scoped(tenant, key)
@@ -174,7 +181,7 @@ func (t *sharedIdem) record(tenant string, key, lane []byte, hash, conn uint64, 
 		q = &idemQueue{space: tenant, limit: t.connLimit}
 		t.conns[conn] = q
 	}
-	r := &idemRecord{lane: string(lane), hash: hash, conn: conn, frame: frame, at: t.now()}
+	r := &idemRecord{lane: string(lane), hash: hash, conn: conn, shared: shared, frame: frame, at: t.now()}
 	t.m[k] = r
 	t.push(q, k, r)
 }
@@ -217,7 +224,7 @@ func (t *sharedIdem) live(s idemSlot) bool {
 // closed records that connection conn closed: its keys may run afresh on
 // another connection (still bound to their lane and arguments, as records
 // of its key space), and their answers, which name its released
-// resources, are dropped.
+// resources, are dropped; a shared answer, the tenant's, is kept.
 func (t *sharedIdem) closed(conn uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -236,7 +243,10 @@ func (t *sharedIdem) closed(conn uint64) {
 			continue
 		}
 		r := t.m[s.key]
-		r.connGone, r.frame = true, nil
+		r.connGone = true
+		if !r.shared {
+			r.frame = nil
+		}
 		t.push(sq, s.key, r)
 	}
 }
@@ -290,7 +300,7 @@ func (c *conn) idemRecord(m *wire.Request, hash uint64, out []byte) {
 		c.s.logs.idemForgotten.Event(append(c.who(), slog.Int("max_idempotency_keys", limit),
 			slog.Uint64("forgotten", c.idemForgotten))...)
 	}
-	c.s.idem.record(c.tenantName(), m.Ctx.IdempotencyKey, m.Ctx.Lane, hash, c.id, f)
+	c.s.idem.record(c.tenantName(), m.Ctx.IdempotencyKey, m.Ctx.Lane, hash, c.id, f, tenantWide(m.Kind()))
 }
 
 // tenantName is the connection's tenant's name, "" for none.

@@ -28,7 +28,7 @@ func TestSharedIdem(t *testing.T) {
 	if v, _, _ := tab.check("", k, stream, h, conn1); v != idemRun {
 		t.Fatalf("new key: %v", v)
 	}
-	tab.record("", k, stream, h, conn1, []byte("answer-1"))
+	tab.record("", k, stream, h, conn1, []byte("answer-1"), false)
 	v, frame, _ := tab.check("", k, stream, h, conn1)
 	if v != idemReplay || string(frame) != "answer-1" {
 		t.Fatalf("same connection retry: %v %q", v, frame)
@@ -59,7 +59,7 @@ func TestSharedIdem(t *testing.T) {
 	if v, _, err := tab.check("", k, catalog, h+1, conn2); v != idemRefuse {
 		t.Fatalf("other lane after the owner closed: %v %v, want refused (the key keeps its lane)", v, err)
 	}
-	tab.record("", k, stream, h, conn2, []byte("answer-2"))
+	tab.record("", k, stream, h, conn2, []byte("answer-2"), false)
 	if v, frame, _ := tab.check("", k, stream, h, conn2); v != idemReplay || string(frame) != "answer-2" {
 		t.Fatalf("rerun's answer: %v %q", v, frame)
 	}
@@ -71,7 +71,7 @@ func TestSharedIdem(t *testing.T) {
 	}
 	// Bound: the connection's oldest goes first.
 	for i := range 5 {
-		tab.record("", []byte(fmt.Sprint("b", i)), stream, uint64(i), conn2, nil)
+		tab.record("", []byte(fmt.Sprint("b", i)), stream, uint64(i), conn2, nil, false)
 	}
 	if n := tab.len(); n != 3 {
 		t.Fatalf("table holds %d keys, limit 3", n)
@@ -86,12 +86,12 @@ func TestSharedIdem(t *testing.T) {
 	// would evict them early.
 	tab2 := newSharedIdem(2, 2, time.Second, clock)
 	for range 100 {
-		tab2.record("", []byte("x"), stream, 1, conn1, nil)
+		tab2.record("", []byte("x"), stream, 1, conn1, nil, false)
 		now = now.Add(2 * time.Second)
 		tab2.check("", []byte("x"), stream, 1, conn1) // expires it
 	}
-	tab2.record("", []byte("x"), stream, 1, conn1, nil)
-	tab2.record("", []byte("y"), stream, 1, conn1, nil)
+	tab2.record("", []byte("x"), stream, 1, conn1, nil, false)
+	tab2.record("", []byte("y"), stream, 1, conn1, nil, false)
 	if v, _, _ := tab2.check("", []byte("x"), stream, 1, conn1); v != idemReplay {
 		t.Fatal("a stale slot evicted a live key")
 	}
@@ -107,9 +107,9 @@ func TestSharedIdemConnIndex(t *testing.T) {
 	tab := newSharedIdem(100, 100, time.Hour, nil)
 	lane := []byte("stream-first")
 	for i := range 10000 {
-		tab.record("", []byte(fmt.Sprint("a", i)), lane, 1, 5, []byte("answer"))
+		tab.record("", []byte(fmt.Sprint("a", i)), lane, 1, 5, []byte("answer"), false)
 	}
-	tab.record("", []byte("b"), lane, 1, 6, []byte("other"))
+	tab.record("", []byte("b"), lane, 1, 6, []byte("other"), false)
 	if n := len(tab.conns[5].slots); n > 2*100+16 {
 		t.Fatalf("connection 5's order holds %d slots; at most 100 are live", n)
 	}
@@ -142,18 +142,18 @@ func TestSharedIdemBoundsPerOwner(t *testing.T) {
 	tab := newSharedIdem(limit, limit, time.Hour, nil)
 	stream, catalog := []byte("stream-first"), []byte("catalog-first")
 	const h = 7
-	tab.record("b", []byte("live"), stream, h, 1, []byte("answer"))
-	tab.record("b", []byte("bound"), stream, h, 2, []byte("answer"))
+	tab.record("b", []byte("live"), stream, h, 1, []byte("answer"), false)
+	tab.record("b", []byte("bound"), stream, h, 2, []byte("answer"), false)
 	tab.closed(2)
 
 	for conn := uint64(10); conn < 20; conn++ { // tenant a: connections past their limit, closed
 		for i := range 2 * limit {
-			tab.record("a", fmt.Appendf(nil, "a-%d-%d", conn, i), stream, h, conn, nil)
+			tab.record("a", fmt.Appendf(nil, "a-%d-%d", conn, i), stream, h, conn, nil, false)
 		}
 		tab.closed(conn)
 	}
 	for i := range 10 * limit { // tenant b's own third connection, open
-		tab.record("b", fmt.Appendf(nil, "b-%d", i), stream, h, 3, nil)
+		tab.record("b", fmt.Appendf(nil, "b-%d", i), stream, h, 3, nil, false)
 	}
 
 	if v, _, err := tab.check("b", []byte("live"), stream, h, 4); v != idemRefuse {

@@ -45,6 +45,20 @@ func mutating(k wire.RequestKind) bool {
 	return false
 }
 
+// tenantWide reports whether a mutating request's effect and answer are
+// the tenant's, not the connection's: a retention handle or placement
+// lease outlives the connection that asked for it, and its answer names
+// nothing of that connection. Its idempotency record keeps the answer
+// for any connection of the tenant (idem.go).
+func tenantWide(k wire.RequestKind) bool {
+	switch k {
+	case tcproto.RequestBodyHandleIssueRequest, tcproto.RequestBodyHandleRenewRequest, tcproto.RequestBodyHandleReleaseRequest,
+		tcproto.RequestBodyLeaseCreateRequest, tcproto.RequestBodyLeaseReleaseRequest:
+		return true
+	}
+	return false
+}
+
 // dataPath reports whether a mutating request is one of the per-transfer
 // calls that are audited below AuditLevel.
 func dataPath(k wire.RequestKind) bool {
