@@ -504,7 +504,7 @@ func StoreCounters(st store.Stats, dst []wire.Counter) []wire.Counter {
 		{"l1_full", st.L1Full}, {"writebacks", st.Writebacks}, {"writeback_retries", st.WritebackRetries},
 		{"tombstones", st.Tombstones}, {"durable_puts", st.DurablePuts}, {"durable_failures", st.DurableFailures},
 		{"promotions", st.Promotions}, {"promotion_failures", st.PromotionFailures}, {"corrupt_reads", st.CorruptReads},
-		{"remove_failures", st.RemoveFailures}, {"leases_expired", st.LeasesExpired}, {"prefix_cut", st.PrefixCut},
+		{"remove_failures", st.RemoveFailures}, {"leases_expired", st.LeasesExpired}, {"prefix_cut", st.PrefixCut}, {"pin_limit", st.PinLimit},
 		{"invalidate_failures", st.InvalidateFailures}, {"recovered", st.Recovered}, {"torn_dropped", st.TornDropped},
 		{"corrupt_dropped", st.CorruptDropped}, {"duplicates_dropped", st.DuplicatesDropped},
 		{"l1_recovered", st.L1Recovered}, {"l1_dropped", st.L1Dropped}, {"l1_torn", st.L1Torn},

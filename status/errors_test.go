@@ -165,6 +165,7 @@ var everyError = map[string]struct {
 	"store.ErrNotFound":     {store.ErrNotFound, tcproto.CodeNOT_FOUND},
 	"store.ErrNotReserved":  {store.ErrNotReserved, tcproto.CodeFAILED_PRECONDITION},
 	"store.ErrOverflow":     {store.ErrOverflow, tcproto.CodeRESOURCE_EXHAUSTED},
+	"store.ErrPinLimit":     {store.ErrPinLimit, tcproto.CodeRESOURCE_EXHAUSTED},
 	"store.ErrPinned":       {store.ErrPinned, tcproto.CodeFAILED_PRECONDITION},
 	"store.ErrReserveLimit": {store.ErrReserveLimit, tcproto.CodeRESOURCE_EXHAUSTED},
 	"store.ErrShortBuffer":  {store.ErrShortBuffer, tcproto.CodeINVALID_ARGUMENT},

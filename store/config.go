@@ -49,6 +49,16 @@ type Config struct {
 	// ErrReserveLimit: one client's reservations, which cannot be evicted,
 	// never take the pool from the others' values.
 	MaxSessionReserved uint64
+	// MaxSessionPinned is the most bytes (at block size) of values one
+	// session may hold pinned, by pins and leases alike (default a quarter
+	// of L1Capacity, as MaxSessionReserved; at most L1Capacity). A value
+	// counts once, however many pins and leases the session holds on it,
+	// from its first pin until its last goes (Unpin, the lease's end,
+	// Close). A pin of a value the session does not hold pinned yet that
+	// would pass it fails for that key with ErrPinLimit: pinned values
+	// cannot be evicted, so one client's pins never take L1 from the
+	// others' puts.
+	MaxSessionPinned uint64
 
 	// WritebackRetries is how often a failed L1→L2 writeback is retried
 	// before it becomes a tombstone (default 3; negative means none).
@@ -147,6 +157,9 @@ func (c *Config) setDefaults(poolSize, maxBlock uint64) {
 	if c.MaxSessionReserved == 0 {
 		c.MaxSessionReserved = c.L1Capacity / 4
 	}
+	if c.MaxSessionPinned == 0 {
+		c.MaxSessionPinned = c.L1Capacity / 4
+	}
 	if c.HighWatermark == 0 {
 		c.HighWatermark = 0.95
 	}
@@ -196,6 +209,8 @@ func (c *Config) validate(maxBlock uint64) error {
 		return bad("MaxValueSize=%d (want < 4 GiB)", c.MaxValueSize)
 	case c.MaxPins > 1<<31:
 		return bad("MaxPins=%d (want at most 2^31)", c.MaxPins)
+	case c.MaxSessionPinned > c.L1Capacity:
+		return bad("MaxSessionPinned=%d is over L1Capacity %d", c.MaxSessionPinned, c.L1Capacity)
 	case c.MaxLeaseTTL < 0:
 		return bad("MaxLeaseTTL=%v", c.MaxLeaseTTL)
 	case !(c.LowWatermark > 0 && c.LowWatermark < c.HighWatermark && c.HighWatermark <= 1):

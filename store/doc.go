@@ -14,7 +14,11 @@
 //
 // A Session (one per client connection) owns pins, leases and reservations;
 // Session.Close releases all of them (and Session.Abort its reservations of
-// some keys, before then).
+// some keys, before then). Neither can be evicted, so each is bounded per
+// session, in bytes at block size: its reservations by
+// Config.MaxSessionReserved, the values it holds pinned by
+// Config.MaxSessionPinned (a value pinned more than once counts once). One
+// client's calls then never take L1 from the others' puts.
 //
 //	Reserve, Commit   zero-copy put: pool blocks for the client to write in
 //	                  place, then made visible (durable: on L2 first)

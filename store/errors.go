@@ -62,6 +62,10 @@ var (
 	// ErrReserveLimit: the session holds Config.MaxSessionReserved bytes of
 	// reservations already.
 	ErrReserveLimit = xfer.Categorized(xfer.ErrBackpressure, "store: the session's reservations are at their limit")
+	// ErrPinLimit: a pin of a value the session does not hold pinned yet
+	// would take the bytes of the values it holds pinned past
+	// Config.MaxSessionPinned.
+	ErrPinLimit = xfer.Categorized(xfer.ErrBackpressure, "store: the session's pins are at their limit")
 	// ErrL2Full: the second tier has no free slot of the needed size.
 	ErrL2Full = xfer.Categorized(xfer.ErrBackpressure, "store: L2 full")
 	// ErrCorrupt: a block read from L2 does not match its checksum; the key

@@ -492,10 +492,11 @@ func corruptOne(t *testing.T, size, at int, get bool) {
 func TestCorruptInABurst(t *testing.T) {
 	for _, get := range []bool{true, false} {
 		t.Run(map[bool]string{true: "get", false: "read"}[get], func(t *testing.T) {
-			e := newEnv(t, 8<<20, withL2(16<<20))
+			const n, size = 32, 64<<10 - 100
+			// One Get pins every value: the session's bound lets it.
+			e := newEnv(t, 8<<20, withL2(16<<20), withCfg(func(c *Config) { c.MaxSessionPinned = n * 64 << 10 }))
 			ss := e.s.NewSession()
 			defer ss.Close()
-			const n, size = 32, 64<<10 - 100
 			keys := keysN("b", n)
 			vals := make([][]byte, n)
 			for i, k := range keys {

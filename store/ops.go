@@ -140,12 +140,17 @@ func (s *Store) lookupSeen(k []byte, unseen bool) (*shard, ref, Code, error) {
 	return sh, r, OK, nil
 }
 
-// pinLocked pins stored entry r for the session; a pinned entry is off
-// the LRU list. sh.mu is held on entry and released on return.
+// pinLocked pins stored entry r for the session (mayPin allowed it); a
+// pinned entry is off the LRU list. sh.mu is held on entry and released
+// on return; ss.mu is held.
 func (ss *Session) pinLocked(sh *shard, r ref) {
+	size := sh.ent(r.idx).size
 	ss.s.pinEntryLocked(sh, r.idx, ss.others)
 	sh.mu.Unlock()
-	hd := ss.holds[r]
+	hd, held := ss.holds[r]
+	if !held {
+		ss.count(&hd, size)
+	}
 	hd.pins++
 	ss.holds[r] = hd
 }
@@ -213,7 +218,9 @@ func (s *Store) Exists(keys [][]byte, codes []Code) error {
 // pins them for the session in the same call, so that a Get that follows
 // cannot miss: the n keys are all present and pinned when it returns (each
 // is pinned as it is found, under its shard's lock, and a pin keeps it). A
-// key past MaxPins ends the prefix there. Without pin it changes nothing.
+// key past MaxPins, or one the session may not pin within
+// Config.MaxSessionPinned, ends the prefix there. Without pin it changes
+// nothing.
 //
 // With the store across hosts (SetRemote), the run goes on past the keys
 // stored here with those other hosts hold, as their homes say; with pin
@@ -307,7 +314,7 @@ func (ss *Session) prefixSeen(keys [][]byte, pin, unseen bool) (int, error) {
 			break
 		}
 		if pin {
-			if sh.ent(r.idx).pins >= s.cfg.MaxPins {
+			if ss.mayPin(r, sh.ent(r.idx)) != nil {
 				sh.mu.Unlock()
 				s.c.prefixCut.Add(1)
 				break
@@ -321,8 +328,9 @@ func (ss *Session) prefixSeen(keys [][]byte, pin, unseen bool) (int, error) {
 	return n, nil
 }
 
-// Pin pins every key for the session, or none: an absent key (NOT_FOUND) or
-// one at MaxPins (RESOURCE_EXHAUSTED) fails the batch, the other keys get
+// Pin pins every key for the session, or none: an absent key (NOT_FOUND),
+// one at MaxPins or one past the session's Config.MaxSessionPinned
+// (RESOURCE_EXHAUSTED) fails the batch, the other keys get
 // FAILED_PRECONDITION and nothing changes. With ttl > 0 each pin is a lease
 // that ends by itself after ttl (a key holds at most one lease per session;
 // pinning it again with a TTL extends the lease, never shortens it). A
@@ -341,6 +349,7 @@ func (ss *Session) Pin(keys [][]byte, ttl time.Duration, codes []Code) error {
 	now := s.now()
 	exp := now + int64(ttl)
 	plan := ss.plan[:0]
+	pinned := ss.pinnedBytes
 	var first error
 	for i, k := range keys {
 		codes[i] = OK
@@ -367,10 +376,10 @@ func (ss *Session) Pin(keys [][]byte, ttl time.Duration, codes []Code) error {
 			hd.lver++
 		}
 		if need {
-			if e.pins >= s.cfg.MaxPins {
+			if err := ss.mayPin(r, e); err != nil {
 				sh.mu.Unlock()
 				codes[i] = ResourceExhausted
-				first = firstErr(first, i, ErrOverflow)
+				first = firstErr(first, i, err)
 				continue
 			}
 			// Tentative: the entry stays on the LRU list until the batch
@@ -380,6 +389,9 @@ func (ss *Session) Pin(keys [][]byte, ttl time.Duration, codes []Code) error {
 			if ss.others {
 				sh.othersPinned(r.idx, 1)
 			}
+		}
+		if !existed {
+			ss.count(&hd, e.size)
 		}
 		sh.mu.Unlock()
 		ss.holds[r] = hd
@@ -392,7 +404,7 @@ func (ss *Session) Pin(keys [][]byte, ttl time.Duration, codes []Code) error {
 				s.untakePin(p.r, ss.others)
 			}
 		}
-		ss.undoHolds(plan)
+		ss.undoHolds(plan, pinned)
 		notApplied(codes)
 		return first
 	}
@@ -421,8 +433,10 @@ func firstErr(first error, i int, err error) error {
 	return fmt.Errorf("%w: key %d: %w", ErrNotApplied, i, err)
 }
 
-// undoHolds puts back, last first, the session's holds that plan changed.
-func (ss *Session) undoHolds(plan []planStep) {
+// undoHolds puts back, last first, the session's holds that plan changed,
+// and its pinned bytes as they were before (pinned).
+func (ss *Session) undoHolds(plan []planStep, pinned uint64) {
+	ss.pinnedBytes = pinned
 	for j := len(plan) - 1; j >= 0; j-- {
 		p := &plan[j]
 		if p.existed {
@@ -457,6 +471,7 @@ func (ss *Session) Unpin(keys [][]byte, codes []Code) error {
 	defer s.exit()
 	defer ss.mu.Unlock()
 	plan := ss.plan[:0]
+	pinned := ss.pinnedBytes
 	var first error
 	for i, k := range keys {
 		codes[i] = OK
@@ -491,16 +506,12 @@ func (ss *Session) Unpin(keys [][]byte, codes []Code) error {
 			first = firstErr(first, i, ErrUnderflow)
 			continue
 		}
-		if hd.refs() == 0 {
-			delete(ss.holds, r)
-		} else {
-			ss.holds[r] = hd
-		}
+		ss.setHold(r, hd)
 		plan = append(plan, planStep{r: r, prev: prev, existed: existed, entry: true})
 	}
 	ss.plan = plan
 	if first != nil {
-		ss.undoHolds(plan)
+		ss.undoHolds(plan, pinned)
 		notApplied(codes)
 		return first
 	}
@@ -995,7 +1006,9 @@ func copyGuarded(dst, src []byte) error {
 // lies in the pool (locs[i]); the client reads it in place and Unpins it. A
 // key only on L2 is promoted first: a pool block is reserved, the value is
 // read into it (READ_FIXED) and checked, then pinned. A key that is not
-// stored gets NOT_FOUND; past MaxPins RESOURCE_EXHAUSTED. A promotion
+// stored gets NOT_FOUND; past MaxPins, or past the session's
+// Config.MaxSessionPinned (a value it does not hold pinned yet, checked
+// before a promotion and again when it ends), RESOURCE_EXHAUSTED. A promotion
 // that finds every L2 task busy waits for one (wait.go), and readers of a
 // key being promoted wait for that promotion.
 //
@@ -1035,9 +1048,9 @@ func (ss *Session) get(keys [][]byte, locs []Location, codes []Code, errs []erro
 		if again == 0 {
 			reads.hit(e)
 		}
-		if e.pins >= s.cfg.MaxPins {
+		if err := ss.mayPin(r, e); err != nil {
 			sh.mu.Unlock()
-			setResult(codes, errs, i, ResourceExhausted, ErrOverflow)
+			setResult(codes, errs, i, ResourceExhausted, err)
 			continue
 		}
 		if e.flags&fL1 != 0 {

@@ -320,11 +320,11 @@ func (ss *Session) landGet(locs []Location, codes []Code, errs []error) func(cl 
 				return err
 			}
 			e := sh.ent(r.idx)
-			switch {
-			case e.pins >= s.cfg.MaxPins:
+			if err := ss.mayPin(r, e); err != nil {
 				sh.mu.Unlock()
-				return ErrOverflow
-			case e.flags&fL1 == 0:
+				return err
+			}
+			if e.flags&fL1 == 0 {
 				err := s.promoteLater(sh, r, waitRec{cl: cl, pos: int32(pos), ss: ss, get: true})
 				if err == errAgain && again < maxAgain {
 					continue

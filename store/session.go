@@ -15,10 +15,13 @@ func (r ref) packed() uint64 { return uint64(r.sh)<<32 | uint64(r.idx) }
 
 // hold is what one session holds on one key: untimed pins, and at most one
 // lease (a timed pin) that expires by itself. The entry's pin count carries
-// pins + 1 while lease != 0.
+// pins + 1 while lease != 0. A hold exists while it carries a pin or a
+// lease (refs() > 0), and its value's bytes count in the session's
+// pinnedBytes as long.
 type hold struct {
-	pins  uint32
 	lease int64  // expiry in store nanoseconds; 0 when there is no lease
+	bytes uint64 // the value's block bytes, counted in Session.pinnedBytes
+	pins  uint32
 	lver  uint32 // bumped each time the lease changes; matches its heap record
 }
 
@@ -43,7 +46,10 @@ type Session struct {
 	resv   map[ref]uint64 // keys reserved by Reserve and not yet committed: their block bytes
 	// resvBytes is the sum of resv (bounded by Config.MaxSessionReserved).
 	resvBytes uint64
-	plan      []planStep // Pin/Unpin's undo log, reused
+	// pinnedBytes is the sum of holds' bytes: each value the session holds
+	// pinned counts once (bounded by Config.MaxSessionPinned).
+	pinnedBytes uint64
+	plan        []planStep // Pin/Unpin's undo log, reused
 
 	// replicas is SetReplicas' number of copies (0: the Remote's); atomic
 	// so that a copying put reads it without mu.
@@ -96,7 +102,55 @@ func (ss *Session) Close() error {
 	clear(ss.holds)
 	clear(ss.resv)
 	ss.resvBytes = 0
+	ss.pinnedBytes = 0
 	return errors.Join(errs...)
+}
+
+// overPinLimit reports whether a first pin (held is false: the session
+// holds no pin on it yet) of a value of size bytes would take the
+// session's pinned bytes past Config.MaxSessionPinned, and counts the
+// refusal. ss.mu is held.
+func (ss *Session) overPinLimit(held bool, size uint32) bool {
+	s := ss.s
+	if held || ss.pinnedBytes+s.blockBytes(uint64(size)) <= s.cfg.MaxSessionPinned {
+		return false
+	}
+	s.c.pinLimit.Add(1)
+	return true
+}
+
+// mayPin checks a pin of stored entry r (e) for the session: ErrOverflow
+// at MaxPins, ErrPinLimit past the session's bound. sh.mu and ss.mu are
+// held.
+func (ss *Session) mayPin(r ref, e *entry) error {
+	if e.pins >= ss.s.cfg.MaxPins {
+		return ErrOverflow
+	}
+	if _, held := ss.holds[r]; ss.overPinLimit(held, e.size) {
+		return ErrPinLimit
+	}
+	return nil
+}
+
+// count counts a value of size bytes that the session did not hold
+// pinned in its pinned bytes, recorded in hd, its new hold. ss.mu is held.
+func (ss *Session) count(hd *hold, size uint32) {
+	hd.bytes = ss.s.blockBytes(uint64(size))
+	ss.pinnedBytes += hd.bytes
+}
+
+// setHold stores hold hd of entry r, or, when it carries nothing any more,
+// forgets it and its value's count. ss.mu is held.
+func (ss *Session) setHold(r ref, hd hold) {
+	if hd.refs() != 0 {
+		ss.holds[r] = hd
+		return
+	}
+	if invariants.Enabled && ss.pinnedBytes < hd.bytes {
+		panic("store: invariant: a session's pinned bytes below a value it held")
+	}
+	ss.pinnedBytes -= hd.bytes
+	delete(ss.holds, r)
 }
 
 // unreserve forgets reservation r (committed, aborted or dropped). ss.mu
@@ -276,11 +330,7 @@ func (s *Store) expireLeases() {
 			if h, ok := ss.holds[d.r]; ok && h.lease != 0 && h.lver == d.lver && h.lease <= now {
 				h.lease = 0
 				h.lver++
-				if h.pins == 0 {
-					delete(ss.holds, d.r)
-				} else {
-					ss.holds[d.r] = h
-				}
+				ss.setHold(d.r, h)
 				s.unpinEntry(d.r, 1, ss.others)
 				s.c.leasesExpired.Add(1)
 			}

@@ -485,7 +485,9 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 		// Each reader holds its I/O reference since it joined
 		// (joinPromotion) until its copy below is made. Gets are pinned
 		// here, up to MaxPins as any pin: they were checked against it
-		// before they joined, but each joined unpinned.
+		// before they joined, but each joined unpinned. Each session's
+		// bound (MaxSessionPinned) is checked again below, under its mu,
+		// and a Get past it gives its pin back.
 		for j := range ws {
 			w := &ws[j]
 			if w.get {
@@ -541,7 +543,17 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 				w.cl.result(w.pos, ErrClosed)
 				break
 			}
-			hd := w.ss.holds[it.r]
+			hd, held := w.ss.holds[it.r]
+			if w.ss.overPinLimit(held, it.size) {
+				// The session pinned other values while this one was read.
+				w.ss.mu.Unlock()
+				s.unpinEntry(it.r, 1, w.ss.others)
+				w.cl.result(w.pos, ErrPinLimit)
+				break
+			}
+			if !held {
+				w.ss.count(&hd, it.size)
+			}
 			hd.pins++
 			w.ss.holds[it.r] = hd
 			w.ss.mu.Unlock()

@@ -407,7 +407,7 @@ type counters struct {
 	replicaFail                                         atomic.Uint64 // durable puts whose copies elsewhere failed
 	recovered, torn, corrupt, dups, foreign             atomic.Uint64
 	violations, quarantinedBlocks, freeErrors, l1Full   atomic.Uint64
-	leasesExpired, removeFail, prefixCut                atomic.Uint64
+	leasesExpired, removeFail, prefixCut, pinLimit      atomic.Uint64
 	keys, l1Keys, l2Keys, pins, reserved, l2InvalFailed atomic.Uint64
 	dirtyOwed                                           atomic.Uint64 // values in L1 only still owed a writeback
 	quarantinedTasks                                    atomic.Uint64
@@ -462,7 +462,8 @@ type Stats struct {
 	CorruptReads       uint64 // values read back whose checksum did not match (dropped)
 	RemoveFailures     uint64 // removals whose L2 invalidation failed (the key stays)
 	LeasesExpired      uint64 // timed pins ended by their TTL
-	PrefixCut          uint64 // LookupPrefix pins stopped early by the pin limit
+	PrefixCut          uint64 // LookupPrefix pins stopped early by a pin limit (MaxPins, MaxSessionPinned)
+	PinLimit           uint64 // pins refused: the session's values pinned were at MaxSessionPinned (ErrPinLimit)
 	InvalidateFailures uint64 // L2 slots whose invalidation failed (kept out of use)
 
 	Recovered   uint64 // blocks indexed from L2 at open
@@ -503,8 +504,8 @@ func (s *Store) Stats() Stats {
 		Tombstones: c.tombstones.Load(), DurablePuts: c.durable.Load(), DurableFailures: c.durableFail.Load(),
 		Promotions: c.promotions.Load(), PromotionFailures: c.promoteFail.Load(), CorruptReads: c.corruptReads.Load(),
 		RemoveFailures: c.removeFail.Load(), LeasesExpired: c.leasesExpired.Load(), PrefixCut: c.prefixCut.Load(),
-		InvalidateFailures: c.l2InvalFailed.Load(),
-		Recovered:          c.recovered.Load(), TornDropped: c.torn.Load(), CorruptDropped: c.corrupt.Load(),
+		PinLimit: c.pinLimit.Load(), InvalidateFailures: c.l2InvalFailed.Load(),
+		Recovered: c.recovered.Load(), TornDropped: c.torn.Load(), CorruptDropped: c.corrupt.Load(),
 		DuplicatesDropped: c.dups.Load(), TransportViolations: c.violations.Load(),
 		QuarantinedBlocks: c.quarantinedBlocks.Load(), FreeErrors: c.freeErrors.Load(),
 		QuarantinedTasks: c.quarantinedTasks.Load(), Aborted: c.aborted.Load(),

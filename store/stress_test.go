@@ -23,6 +23,7 @@ func TestStress(t *testing.T) {
 		c.WritebackRetries = 1
 		c.IODepth = 32
 		c.WritebackDepth = 4
+		c.MaxSessionPinned = 128 << 10 // a bound the sessions' pins and leases reach
 	}))
 	var failOn atomic.Bool
 	var rnd sync.Mutex
@@ -159,6 +160,9 @@ func TestStress(t *testing.T) {
 						t.Errorf("unexpected INTERNAL: %v", errs[i])
 					}
 				}
+			}
+			if _, err := ss.pinned(); err != nil {
+				t.Error(err)
 			}
 		}()
 	}

@@ -191,9 +191,9 @@ func (s *Store) servePromote(wk *waitKey, it *ioTask) bool {
 func (s *Store) hitL1(sh *shard, r ref, w waitRec) error {
 	e := sh.ent(r.idx)
 	if w.get {
-		if e.pins >= s.cfg.MaxPins {
+		if err := w.ss.mayPin(r, e); err != nil {
 			sh.mu.Unlock()
-			return ErrOverflow
+			return err
 		}
 		w.cl.locs[w.pos] = Location{Offset: e.l1, Length: uint64(e.size)}
 		w.ss.pinLocked(sh, r)

@@ -694,7 +694,10 @@ TC_API int tc_queue_close(tc_queue *q);
  * Pins (from a get, a pinned lookup_prefix or tc_store_pin) and reservations
  * belong to the connection and are released when it closes. A pinned value
  * is never evicted or moved; an unpin that would go below zero is refused
- * (all or nothing). Exists renews nothing.
+ * (all or nothing). Exists renews nothing. The values one connection holds
+ * pinned are bounded in bytes (the daemon's store_max_session_pinned; a
+ * value pinned twice counts once): a pin of one more past it gets
+ * TC_RESOURCE_EXHAUSTED, as a pin past a key's pin limit does.
  *
  * The control socket has no Exists or LookupPrefix call: those are queue
  * calls only (tc_kv_exists, tc_kv_lookup_prefix).
@@ -789,10 +792,11 @@ TC_API int tc_store_read(tc_conn *c, const tc_keys *keys, const tc_extent *dests
 TC_API int tc_store_remove(tc_conn *c, const tc_keys *keys, int *codes, const tc_call_opts *o);
 
 /* tc_store_pin pins every key for this connection, or none: when a key
- * cannot be pinned (absent: TC_NOT_FOUND, too many pins:
- * TC_RESOURCE_EXHAUSTED) the others get TC_FAILED_PRECONDITION and nothing
- * changed. ttl_ms > 0 makes each pin a lease that ends by itself (the daemon
- * bounds it: store_max_lease_ttl). */
+ * cannot be pinned (absent: TC_NOT_FOUND, too many pins on the key or this
+ * connection's pins at store_max_session_pinned: TC_RESOURCE_EXHAUSTED) the
+ * others get TC_FAILED_PRECONDITION and nothing changed. ttl_ms > 0 makes
+ * each pin a lease that ends by itself (the daemon bounds it:
+ * store_max_lease_ttl). */
 TC_API int tc_store_pin(tc_conn *c, const tc_keys *keys, uint32_t ttl_ms, int *codes, const tc_call_opts *o);
 
 /* tc_store_unpin drops one pin of this connection from every key, or from
