@@ -109,10 +109,14 @@ func (ss *Session) Close() error {
 // overPinLimit reports whether a first pin (held is false: the session
 // holds no pin on it yet) of a value of size bytes would take the
 // session's pinned bytes past Config.MaxSessionPinned, and counts the
-// refusal. ss.mu is held.
+// refusal. ss.mu is held. A session for others (a holder's hold of
+// another host's read) is not bounded here: what it pins is one peer
+// message's keys, which the store across hosts bounds by MaxHolds and by
+// the reader's reservation limit, and a part of it refused would fail a
+// read the holder has already answered for.
 func (ss *Session) overPinLimit(held bool, size uint32) bool {
 	s := ss.s
-	if held || ss.pinnedBytes+s.blockBytes(uint64(size)) <= s.cfg.MaxSessionPinned {
+	if held || ss.others || ss.pinnedBytes+s.blockBytes(uint64(size)) <= s.cfg.MaxSessionPinned {
 		return false
 	}
 	s.c.pinLimit.Add(1)

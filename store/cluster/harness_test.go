@@ -656,10 +656,7 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 		if err != nil {
 			t.Fatal(err)
 		}
-		// A hold pins a message's keys in one session: room for them in
-		// the pool's smallest blocks (more than the default, a quarter of
-		// this small store).
-		scfg := store.Config{L1Capacity: 1 << 20, MaxKeysPerCall: f.maxKeys[id], MaxSessionPinned: maxMsgKeys * 4096}
+		scfg := store.Config{L1Capacity: 1 << 20, MaxKeysPerCall: f.maxKeys[id]}
 		if f.maxKeys[id] != 0 {
 			// Room for a message's keys in one session's smallest blocks.
 			scfg.MaxSessionReserved = maxMsgKeys * 4096
