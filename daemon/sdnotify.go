@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"math"
 	"net"
 	"os"
 	"strconv"
@@ -83,7 +84,10 @@ func WatchdogInterval(getenv func(string) string) time.Duration {
 	if p := getenv("WATCHDOG_PID"); p != "" && p != strconv.Itoa(os.Getpid()) {
 		return 0
 	}
-	return time.Duration(usec) * time.Microsecond / 2
+	// A value past what a Duration holds (about 292 years; systemd's
+	// "infinity" is not sent) would overflow to a negative interval and
+	// turn the keep-alives off: such a watchdog gets the longest.
+	return time.Duration(min(usec, uint64(math.MaxInt64/int64(time.Microsecond)))) * time.Microsecond / 2
 }
 
 // NotifyFDs sends state with fds attached (SCM_RIGHTS): "FDSTORE=1" and

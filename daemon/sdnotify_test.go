@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -74,6 +75,8 @@ func TestWatchdogInterval(t *testing.T) {
 		{map[string]string{"WATCHDOG_USEC": "20000000"}, 10 * time.Second},
 		{map[string]string{"WATCHDOG_USEC": "20000000", "WATCHDOG_PID": me}, 10 * time.Second},
 		{map[string]string{"WATCHDOG_USEC": "20000000", "WATCHDOG_PID": "1"}, 0},
+		// Past a Duration's range: the longest, never negative (off).
+		{map[string]string{"WATCHDOG_USEC": "9223372036854775807"}, time.Duration(math.MaxInt64/int64(time.Microsecond)) * time.Microsecond / 2},
 	}
 	for _, c := range cases {
 		if got := WatchdogInterval(env(c.env)); got != c.want {
