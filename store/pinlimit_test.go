@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/tensorcast/tensorcast/xfer"
-	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // pinned returns the session's pinned bytes, and an error unless they are
@@ -224,18 +221,7 @@ func TestGetPromotionsPastSessionPinLimit(t *testing.T) {
 	keys := keysN("hot", 2)
 	mustCodes(t, "durable put", e.put(ss, keys, valuesFor(keys, 9000), true), OK) // 16 KiB blocks
 	e.dropL1()
-	e.tr.Update(func(c *xfertest.Config) { c.Hold = func(t *xfer.Task) bool { return t.Req.Op == xfer.OpRead } })
-	a := newAsync("get", len(keys))
-	locs := make([]Location, len(keys))
-	returns(t, a.what, func() {
-		a.wait, _ = ss.Get(keys, locs, a.codes, a.errs, a.rec, 0)
-	})
-	if !a.wait {
-		t.Fatalf("get: %v (%v), not pending", a.codes, a.errs)
-	}
-	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
-	e.tr.release()
-	a.end(t)
+	a := e.getPromoted(t, ss, keys)
 	ok := 0
 	for i, c := range a.codes {
 		switch {

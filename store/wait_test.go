@@ -705,6 +705,26 @@ func TestReadersOfOnePromotionPastIOCount(t *testing.T) {
 	}
 }
 
+// getPromoted is one Get of keys, values only on L2, that goes pending
+// while their promotions' reads are held, and the end of it once they are
+// let go.
+func (e *testEnv) getPromoted(t *testing.T, ss *Session, keys [][]byte) *asyncCall {
+	t.Helper()
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = func(t *xfer.Task) bool { return t.Req.Op == xfer.OpRead } })
+	a := newAsync("get", len(keys))
+	locs := make([]Location, len(keys))
+	returns(t, a.what, func() {
+		a.wait, _ = ss.Get(keys, locs, a.codes, a.errs, a.rec, 0)
+	})
+	if !a.wait {
+		t.Fatalf("get: %v (%v), not pending", a.codes, a.errs)
+	}
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
+	e.tr.release()
+	a.end(t)
+	return a
+}
+
 // TestGettersOfOnePromotionPastMaxPins: Gets that wait for one promotion
 // are pinned when it ends, and no more of them than MaxPins allows: the
 // others get RESOURCE_EXHAUSTED, as a Get of the value in L1 would, and
@@ -717,20 +737,8 @@ func TestGettersOfOnePromotionPastMaxPins(t *testing.T) {
 	key := keysN("hot", 1)
 	mustCodes(t, "durable put", e.put(ss, key, valuesFor(key, 9000), true), OK)
 	e.dropL1()
-	e.tr.Update(func(c *xfertest.Config) { c.Hold = func(t *xfer.Task) bool { return t.Req.Op == xfer.OpRead } })
 	const getters = 4
-	keys := [][]byte{key[0], key[0], key[0], key[0]}
-	a := newAsync("get", getters)
-	locs := make([]Location, getters)
-	returns(t, a.what, func() {
-		a.wait, _ = ss.Get(keys, locs, a.codes, a.errs, a.rec, 0)
-	})
-	if !a.wait {
-		t.Fatalf("get: %v (%v), not pending", a.codes, a.errs)
-	}
-	e.tr.Update(func(c *xfertest.Config) { c.Hold = nil })
-	e.tr.release()
-	a.end(t)
+	a := e.getPromoted(t, ss, [][]byte{key[0], key[0], key[0], key[0]})
 	ok := 0
 	for i, c := range a.codes {
 		switch c {

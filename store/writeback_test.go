@@ -347,6 +347,21 @@ func (e *testEnv) existsAll(keys [][]byte) []Code {
 	return codes
 }
 
+// evictingL2 drops L1 and starts the eviction from L2 of the n values
+// stored, held by the transport at the write that zeroes each header.
+func (e *testEnv) evictingL2(t *testing.T, n int) {
+	t.Helper()
+	e.dropL1()
+	e.tr.Update(func(c *xfertest.Config) { c.Hold = isZeroWrite })
+	batch := e.s.evictL2LRU(1<<40, nil)
+	if len(batch) != n {
+		t.Fatalf("%d evictions started, want %d", len(batch), n)
+	}
+	var xts []*xfer.Task
+	e.s.l2.startInvals(batch, &xts)
+	e.waitFor("every eviction in flight", func() bool { return e.tr.Held() == n })
+}
+
 // TestRemoveDuringL2Eviction: the store's own eviction of a key from L2 is
 // no caller's business either: a Remove of a key whose eviction is in
 // flight is not BUSY; it ends with the eviction, and the key does not come
@@ -357,15 +372,7 @@ func TestRemoveDuringL2Eviction(t *testing.T) {
 	keys := keysN("ev", 4)
 	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK, OK, OK, OK)
 	ss.Close()
-	e.dropL1()
-	e.tr.Update(func(c *xfertest.Config) { c.Hold = isZeroWrite })
-	batch := e.s.evictL2LRU(1<<40, nil)
-	if len(batch) != len(keys) {
-		t.Fatalf("%d evictions started, want %d", len(batch), len(keys))
-	}
-	var xts []*xfer.Task
-	e.s.l2.startInvals(batch, &xts)
-	e.waitFor("every eviction in flight", func() bool { return e.tr.Held() == len(keys) })
+	e.evictingL2(t, len(keys))
 
 	codes := make([]Code, 2)
 	rec := newRecorder()
@@ -395,15 +402,7 @@ func TestPutDuringL2Eviction(t *testing.T) {
 	ss := e.s.NewSession()
 	keys := keysN("ev", 4)
 	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK, OK, OK, OK)
-	e.dropL1()
-	e.tr.Update(func(c *xfertest.Config) { c.Hold = isZeroWrite })
-	batch := e.s.evictL2LRU(1<<40, nil)
-	if len(batch) != len(keys) {
-		t.Fatalf("%d evictions started, want %d", len(batch), len(keys))
-	}
-	var xts []*xfer.Task
-	e.s.l2.startInvals(batch, &xts)
-	e.waitFor("every eviction in flight", func() bool { return e.tr.Held() == len(keys) })
+	e.evictingL2(t, len(keys))
 	mustCodes(t, "exists under eviction", e.exists(keys), NotFound, NotFound, NotFound, NotFound)
 
 	vals := valuesFor(keys, 5000)
