@@ -47,6 +47,16 @@ func newGrantEnv(t *testing.T) *env {
 	return e
 }
 
+// putG0 stores the key g/0 through c, for the grant calls to pin.
+func putG0(t *testing.T, c *rawClient) [][]byte {
+	t.Helper()
+	keys := [][]byte{[]byte("g/0")}
+	buf := body[wire.AllocBlocksResponse](t, c.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})).Offsets[0]
+	expectCode(t, c.call(&wire.StorePutRequest{Keys: keys, Values: []wire.Extent{{Segment: testPoolID, Offset: buf, Length: 10}}}),
+		tcproto.CodeOK)
+	return keys
+}
+
 // The handle, lease and mode calls are audited at AuditLevel with the
 // request's audit keys (a renewal, a keep-alive, one level below), what an
 // issue granted is logged with its first key, and the calls are idempotent
@@ -55,10 +65,7 @@ func newGrantEnv(t *testing.T) *env {
 func TestGrantCallsAuditedAndIdempotent(t *testing.T) {
 	e := newGrantEnv(t)
 	c := dialRaw(t, e.sock)
-	keys := [][]byte{[]byte("g/0")}
-	buf := body[wire.AllocBlocksResponse](t, c.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})).Offsets[0]
-	expectCode(t, c.call(&wire.StorePutRequest{Keys: keys, Values: []wire.Extent{{Segment: testPoolID, Offset: buf, Length: 10}}}),
-		tcproto.CodeOK)
+	keys := putG0(t, c)
 
 	ctx := wire.Context{IdempotencyKey: []byte("k-handle"), Lane: []byte("hybrid-cache-first"), PolicyVersion: 4}
 	first := body[wire.HandleIssueResponse](t, c.callCtx(ctx, &wire.HandleIssueRequest{Keys: keys, TTLMS: 60000}))
@@ -128,10 +135,7 @@ func TestGrantCallsAuditedAndIdempotent(t *testing.T) {
 func TestGrantRetriedOnNewConnection(t *testing.T) {
 	e := newGrantEnv(t)
 	c := dialRaw(t, e.sock)
-	keys := [][]byte{[]byte("g/0")}
-	buf := body[wire.AllocBlocksResponse](t, c.call(&wire.AllocBlocksRequest{N: 1, Size: 4096})).Offsets[0]
-	expectCode(t, c.call(&wire.StorePutRequest{Keys: keys, Values: []wire.Extent{{Segment: testPoolID, Offset: buf, Length: 10}}}),
-		tcproto.CodeOK)
+	keys := putG0(t, c)
 
 	issue := wire.Context{IdempotencyKey: []byte("k-issue"), Lane: []byte("hybrid-cache-first")}
 	lease := wire.Context{IdempotencyKey: []byte("k-lease"), Lane: []byte("hybrid-cache-first")}

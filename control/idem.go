@@ -259,9 +259,10 @@ func (t *sharedIdem) len() int {
 }
 
 // idemLookup says what a keyed call does before it runs: replay the
-// answer it got on this connection (frame), be refused (err: the key is
-// bound to another lane or other arguments, on this connection or any
-// other, or in use by another open connection), or run (neither).
+// answer it got on this connection, or a tenant-wide one (frame), be
+// refused (err: the key is bound to another lane or other arguments, on
+// this connection or any other, or in use by another open connection), or
+// run (neither).
 func (c *conn) idemLookup(m *wire.Request, hash uint64) (frame []byte, err error) {
 	key := m.Ctx.IdempotencyKey
 	if e, ok := c.idem.get(key); ok {
@@ -280,9 +281,8 @@ func (c *conn) idemLookup(m *wire.Request, hash uint64) (frame []byte, err error
 			slog.Uint64("request_id", m.Ctx.RequestID), slog.String("lane", string(m.Ctx.Lane)), slog.String("err", err.Error()))...)
 		return nil, err
 	case idemReplay:
-		// Both tables keep the connection's last MaxIdempotencyKeys keys,
-		// so this one is not reached; the answer is this connection's all
-		// the same.
+		// A tenant-wide answer (tenantWide: a handle's or lease's),
+		// recorded on another connection of the tenant.
 		return frame, nil
 	}
 	return nil, nil

@@ -737,7 +737,6 @@ func TestGettersOfOnePromotionPastMaxPins(t *testing.T) {
 	key := keysN("hot", 1)
 	mustCodes(t, "durable put", e.put(ss, key, valuesFor(key, 9000), true), OK)
 	e.dropL1()
-	const getters = 4
 	a := e.getPromoted(t, ss, [][]byte{key[0], key[0], key[0], key[0]})
 	ok := 0
 	for i, c := range a.codes {
