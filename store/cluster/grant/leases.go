@@ -225,6 +225,9 @@ func (l *Leases) remove(ls *lease) {
 
 // dropEnded forgets the remembered lease that would be forgotten first,
 // making room for a new one; false when none is remembered. l.mu is held.
+// Its deadline stays behind in the schedule, which is tidied here: a
+// table at its limit drops one per create, and the records of a loop of
+// creates and releases must not pile up until their TTLs end.
 func (l *Leases) dropEnded() bool {
 	if l.ended == 0 {
 		return false
@@ -236,7 +239,15 @@ func (l *Leases) dropEnded() bool {
 		}
 	}
 	l.remove(first)
+	l.sched.tidy(len(l.byID), l.current)
 	return true
+}
+
+// current reports whether d is the deadline of a lease the table has (live
+// or remembered). l.mu is held.
+func (l *Leases) current(d deadline) bool {
+	_, ok := l.byID[d.id]
+	return ok
 }
 
 // expire ends the leases whose time has come and forgets the ended ones

@@ -2,6 +2,7 @@ package grant
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -148,5 +149,36 @@ func TestLeaseLimits(t *testing.T) {
 	}
 	if err := l.Release("d"); !errors.Is(err, ErrLeaseNotFound) {
 		t.Fatalf("a failed create left its op id: %v", err)
+	}
+}
+
+// A table at its limit of leases forgets an ended one for each create, and
+// the deadline it scheduled for it goes too: a client that creates and
+// releases in a loop (a new operation id each time, a long TTL) does not
+// grow the table's deadlines by one per create until those TTLs end.
+func TestLeaseDeadlinesStayBounded(t *testing.T) {
+	clk, p := newClock(), newCountPinner()
+	l := newLeaseTable(t, clk, p, func(c *LeasesConfig) { c.MaxLeases = 4 })
+	if _, err := l.Create("kept", keys("k"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10000; i++ {
+		op := fmt.Sprintf("op-%d", i)
+		if _, err := l.Create(op, keys("k"), time.Hour); err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		if err := l.Release(op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.mu.Lock()
+	n := len(l.sched.heap)
+	l.mu.Unlock()
+	if n > 2*4+64 {
+		t.Fatalf("%d deadlines kept for 4 leases", n)
+	}
+	clk.Advance(time.Minute)
+	if p.count("k") != 0 || l.Stats().Expired != 1 {
+		t.Fatalf("the lease kept through the tidying did not expire: %d pins, %+v", p.count("k"), l.Stats())
 	}
 }
