@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // Handles is a daemon's role of issuer of retention handles (seed 003): a
@@ -78,7 +80,8 @@ type Members interface {
 // peer plane, routing by daemon id); the issuer answers from its own
 // Handles. Errors wrap the categories of this package (ErrExpired from
 // the issuer, say) or xfer.ErrUnavailable when the issuer cannot be
-// reached.
+// reached. Handles checks a renewal's answer before it hands it on: a
+// token that is not the handle's is refused.
 type Router interface {
 	Renew(t Token, token []byte, ttl time.Duration) (Handle, error)
 	Release(t Token, token []byte) error
@@ -293,9 +296,32 @@ func (h *Handles) Renew(token []byte, ttl time.Duration) (Handle, error) {
 		return Handle{}, err
 	}
 	if t.Issuer != h.cfg.DaemonID && h.cfg.Router != nil {
-		return h.cfg.Router.Renew(t, token, ttl)
+		hd, err := h.cfg.Router.Renew(t, token, ttl)
+		if err != nil {
+			return Handle{}, err
+		}
+		return h.checkRenewed(t, hd)
 	}
 	return h.renewOwn(t, ttl)
+}
+
+// checkRenewed checks the issuer's answer to a routed renewal of t: the
+// client goes on with the token it carries, so it must be one the cluster
+// signed, of the same handle (issuer, epoch, id, scope, keys), and the
+// expiry answered is the one that token says. Anything else is refused
+// (fail closed) as UNAVAILABLE, never handed on as a renewal; the token
+// the client holds stays as good as it was.
+func (h *Handles) checkRenewed(t Token, hd Handle) (Handle, error) {
+	nt, err := h.open(hd.Token)
+	if err != nil {
+		return Handle{}, fmt.Errorf("%w: handle %d: its issuer %q answered the renewal with a bad token: %v", xfer.ErrUnavailable, t.ID, t.Issuer, err)
+	}
+	if nt.Issuer != t.Issuer || nt.Epoch != t.Epoch || nt.ID != t.ID || nt.Keys != t.Keys || nt.Digest != t.Digest {
+		return Handle{}, fmt.Errorf("%w: handle %d: its issuer %q answered the renewal with a token of handle %d of %q",
+			xfer.ErrUnavailable, t.ID, t.Issuer, nt.ID, nt.Issuer)
+	}
+	hd.ID, hd.Keys, hd.Expiry = nt.ID, int(nt.Keys), nt.Expiry
+	return hd, nil
 }
 
 // renewOwn renews a handle of this issuer: a token of another is

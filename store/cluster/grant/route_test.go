@@ -2,6 +2,7 @@ package grant
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"testing"
@@ -183,3 +184,59 @@ func FuzzServeHandles(f *testing.F) {
 }
 
 func codeOfByte(b byte) tcproto.Code { return tcproto.Code(b) }
+
+// A renewal's answer from the issuer is a token the client goes on with:
+// it must be the handle's, signed by the cluster, or the renewal is
+// refused (UNAVAILABLE: the client's token stays as good as it was),
+// never handed on as a success. An answer of an expiry and no token, a
+// token cut short, and the token of another handle of the issuer are each
+// refused; the expiry answered is the signed token's.
+func TestRouteRenewalAnswerChecked(t *testing.T) {
+	clk := newClock()
+	a := newIssuer(t, "a", 7, clk, newCountPinner(), func(c *HandlesConfig) { c.Scope = "default" })
+	hd, err := a.Issue(keys("k"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := a.Issue(keys("other"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := serveOne(a)
+	var lie func(ans []byte) []byte
+	ch := fakeChannel{}
+	ch["a"] = struct {
+		epoch uint64
+		serve func(string, uint64, []byte) ([]byte, error)
+	}{7, func(from string, epoch uint64, req []byte) ([]byte, error) {
+		ans, err := serve(from, epoch, req)
+		if err != nil || lie == nil {
+			return ans, err
+		}
+		return lie(ans), nil
+	}}
+	b := newIssuer(t, "b", 9, clk, newCountPinner(), func(c *HandlesConfig) {
+		c.Scope, c.Members, c.Router = "default", members{"a": 7}, PeerRouter{Exchange: ch.exchange}
+	})
+	for name, f := range map[string]func(ans []byte) []byte{
+		"no token":       func(ans []byte) []byte { return ans[:9] },
+		"a token cut":    func(ans []byte) []byte { return ans[:len(ans)-1] },
+		"another handle": func(ans []byte) []byte { return append(ans[:9:9], other.Token...) },
+	} {
+		lie = f
+		if got, err := b.Renew(hd.Token, time.Minute); !errors.Is(err, xfer.ErrUnavailable) {
+			t.Errorf("%s: renewed to %+v, %v; want UNAVAILABLE", name, got, err)
+		}
+	}
+	lie = func(ans []byte) []byte { // an expiry that is not the token's
+		binary.LittleEndian.PutUint64(ans[1:], uint64(clk.Now().Add(24*time.Hour).UnixMilli()))
+		return ans
+	}
+	got, err := b.Renew(hd.Token, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := clk.Now().Add(time.Minute); !got.Expiry.Equal(want) {
+		t.Fatalf("renewed to %v, the token says %v", got.Expiry, want)
+	}
+}
