@@ -37,6 +37,41 @@ func (s *Store) ReserveBytes(size uint64) (n, limit uint64) {
 	return s.blockBytes(size), s.cfg.MaxSessionReserved
 }
 
+// PinBytes is what a Pin of keys by a session that holds nothing pinned
+// would count against its Config.MaxSessionPinned: the block bytes of the
+// distinct values of keys stored here (a key that is not counts nothing;
+// such a Pin fails). It changes nothing. A caller that bounds the pins of
+// many sessions in all (a tenant's retention handles and placement leases,
+// a session each) reserves it before it pins, and settles on the
+// session's PinnedBytes after: a put or removal in between may change it.
+func (s *Store) PinBytes(keys [][]byte) uint64 {
+	if !s.enter() {
+		return 0
+	}
+	defer s.exit()
+	var seen map[ref]struct{}
+	var n uint64
+	for _, k := range keys {
+		sh, r, _, err := s.lookup(k)
+		if err != nil {
+			continue
+		}
+		size := sh.ent(r.idx).size
+		sh.mu.Unlock()
+		if len(keys) > 1 {
+			if seen == nil {
+				seen = make(map[ref]struct{}, len(keys))
+			}
+			if _, dup := seen[r]; dup {
+				continue
+			}
+			seen[r] = struct{}{}
+		}
+		n += s.blockBytes(uint64(size))
+	}
+	return n
+}
+
 // Stat describes a stored key (ErrNotFound when it is not). Like Exists, it
 // changes nothing. With the store across hosts (SetRemote), a key stored
 // only on other hosts is described as its home knows it: its size, on

@@ -253,3 +253,33 @@ func TestSessionPinLimitConfig(t *testing.T) {
 		t.Fatalf("MaxSessionPinned over L1Capacity: %v", err)
 	}
 }
+
+// TestPinBytes: PinBytes tells, before a pin, what the pin of keys will
+// count in a new session (absent keys nothing, a key named twice once),
+// which is what the session's PinnedBytes says after it.
+func TestPinBytes(t *testing.T) {
+	const block = 4096
+	e := newEnv(t, 8<<20, withCfg(oneShard))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("b", 3)
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 1000), false), OK)
+	ask := [][]byte{keys[0], keys[1], keys[0], []byte("absent")}
+	if n := e.s.PinBytes(ask); n != 2*block {
+		t.Fatalf("PinBytes %d, want %d", n, 2*block)
+	}
+	if n := e.s.PinBytes(keys[2:]); n != block {
+		t.Fatalf("PinBytes of one key %d, want %d", n, block)
+	}
+	hold := e.s.NewSession()
+	defer hold.Close()
+	if err := hold.Pin(ask[:3], time.Minute, make([]Code, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if n := hold.PinnedBytes(); n != 2*block {
+		t.Fatalf("PinnedBytes %d after the pin, want %d", n, 2*block)
+	}
+	if e.s.pinsOf(string(keys[0])) != 1 {
+		t.Fatal("PinBytes pinned")
+	}
+}

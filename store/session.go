@@ -106,6 +106,15 @@ func (ss *Session) Close() error {
 	return errors.Join(errs...)
 }
 
+// PinnedBytes is the bytes (at block size) of the values the session
+// holds pinned: what counts against Config.MaxSessionPinned, each value
+// once.
+func (ss *Session) PinnedBytes() uint64 {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.pinnedBytes
+}
+
 // overPinLimit reports whether a first pin (held is false: the session
 // holds no pin on it yet) of a value of size bytes would take the
 // session's pinned bytes past Config.MaxSessionPinned, and counts the
