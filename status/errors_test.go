@@ -188,6 +188,7 @@ var everyError = map[string]struct {
 	"store/cluster/grant.ErrLeaseNotFound":  {grant.ErrLeaseNotFound, tcproto.CodeNOT_FOUND},
 	"store/cluster/grant.ErrNotIssuer":      {grant.ErrNotIssuer, tcproto.CodeFAILED_PRECONDITION},
 	"store/cluster/grant.ErrOverBudget":     {grant.ErrOverBudget, tcproto.CodeRESOURCE_EXHAUSTED},
+	"store/cluster/grant.ErrPinLimit":       {grant.ErrPinLimit, tcproto.CodeRESOURCE_EXHAUSTED},
 	"store/cluster/grant.ErrTooManyKeys":    {grant.ErrTooManyKeys, tcproto.CodeRESOURCE_EXHAUSTED},
 	"store/cluster/grant.ErrUnknownIssuer":  {grant.ErrUnknownIssuer, tcproto.CodePERMISSION_DENIED},
 	// store/cluster

@@ -21,10 +21,11 @@
 // extends the pins before the handle: StorePinner pins in the local store
 // (timed store pins of a session of their own, so eviction never takes
 // those keys, and they end by themselves even if the table never releases
-// them); the cluster's pinner pins at the keys' holders. A
-// renewal or release of another issuer's handle goes through a Router
-// (the peer plane, by daemon id); Members tells the epochs of the other
-// daemons for verifying their tokens.
+// them), and its PinBudget, shared by a store's handles and leases,
+// bounds the bytes they pin in all; the cluster's pinner pins at the keys'
+// holders. A renewal or release of another issuer's handle goes through a
+// Router (the peer plane, by daemon id); Members tells the epochs of the
+// other daemons for verifying their tokens.
 //
 // # Where the store across hosts calls in
 //

@@ -57,6 +57,10 @@ var (
 	ErrHandleLimit = xfer.Categorized(xfer.ErrBackpressure, "grant: too many retention handles")
 	// ErrTooManyKeys: a handle or lease names more keys than its limit.
 	ErrTooManyKeys = xfer.Categorized(xfer.ErrBackpressure, "grant: too many keys for one handle or lease")
+	// ErrPinLimit: the values of a new handle or lease would take the
+	// bytes its store's handles and leases hold pinned in all past their
+	// PinBudget. Nothing is pinned.
+	ErrPinLimit = xfer.Categorized(xfer.ErrBackpressure, "grant: the handles and leases pin their limit of bytes")
 
 	// Placement leases.
 

@@ -9,6 +9,9 @@ import "github.com/tensorcast/tensorcast/directory"
 type Grants struct {
 	Handles *Handles
 	Leases  *Leases
+	// Pins bounds the bytes the handles and leases pin in all (nil: no
+	// bound but each one's store session's).
+	Pins *PinBudget
 }
 
 // Close releases every handle's and lease's pins.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/shm"
 	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // openStore opens a DRAM-only store of capacity bytes: values evicted from
@@ -63,8 +64,8 @@ func TestHandleKeepsKeyFromEviction(t *testing.T) {
 	ss := s.NewSession()
 	defer ss.Close()
 	clk := newClock()
-	h := newIssuer(t, "a", 7, clk, StorePinner{s}, nil)
-	l := newLeaseTable(t, clk, StorePinner{s}, nil)
+	h := newIssuer(t, "a", 7, clk, StorePinner{Store: s}, nil)
+	l := newLeaseTable(t, clk, StorePinner{Store: s}, nil)
 
 	put(t, ss, "held", 16<<10)
 	put(t, ss, "leased", 16<<10)
@@ -110,7 +111,7 @@ func TestHandleStorePinsFollowRenewals(t *testing.T) {
 	ss := s.NewSession()
 	defer ss.Close()
 	put(t, ss, "k", 4096)
-	h := newIssuer(t, "a", 7, clk, StorePinner{s}, nil)
+	h := newIssuer(t, "a", 7, clk, StorePinner{Store: s}, nil)
 	hd, err := h.Issue(keys("k"), 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +177,7 @@ func TestExpiryNotPastPins(t *testing.T) {
 	defer ss.Close()
 	put(t, ss, "held", 4096)
 	put(t, ss, "leased", 4096)
-	p := slowPinner{StorePinner{s}, clk, time.Second}
+	p := slowPinner{StorePinner{Store: s}, clk, time.Second}
 	h := newIssuer(t, "a", 7, clk, p, nil)
 	l := newLeaseTable(t, clk, p, nil)
 	pins := func(k string) uint32 {
@@ -221,4 +222,68 @@ func TestExpiryNotPastPins(t *testing.T) {
 	clk.Advance(9*time.Second + 500*time.Millisecond) // the pins were extended 1 s ago
 	_, err = h.Verify(hd.Token, keys("renewed"))
 	check("renewed handle", err == nil, "renewed")
+}
+
+// A tenant's handles and leases pin each in a store session of its own,
+// which store_max_session_pinned bounds alone; their PinBudget bounds them
+// together. Handles on all of L1, each well within its session's bound,
+// are refused past the budget with RESOURCE_EXHAUSTED and pin nothing, so
+// the rest of L1 stays evictable and puts go on; a lease shares the
+// budget; a release and an expiry give the bytes back.
+func TestPinBudgetBoundsHandlesAndLeases(t *testing.T) {
+	const (
+		val   = 16 << 10 // a value takes a 16 KiB block
+		group = 4        // values per handle: 64 KiB, a quarter of a session's bound
+	)
+	clk := newClock()
+	s := openStore(t, 1<<20, clk)
+	ss := s.NewSession()
+	defer ss.Close()
+	budget := NewPinBudget(1 << 19) // half of L1: 8 handles
+	p := StorePinner{Store: s, Budget: budget}
+	h := newIssuer(t, "a", 7, clk, p, nil)
+	l := newLeaseTable(t, clk, p, nil)
+
+	var held [][]byte
+	refused := 0
+	for i := 0; i < (1<<20)/val; i += group { // as many values as L1 holds
+		ks := make([][]byte, group)
+		for j := range ks {
+			ks[j] = []byte(fmt.Sprintf("v/%d", i+j))
+			put(t, ss, string(ks[j]), val)
+		}
+		hd, err := h.Issue(ks, time.Minute)
+		switch {
+		case err == nil:
+			held = append(held, hd.Token)
+		case errors.Is(err, ErrPinLimit) && errors.Is(err, xfer.ErrBackpressure):
+			refused++
+			if info, err := s.Stat(ks[0]); err != nil || info.Pins != 0 {
+				t.Fatalf("a handle refused for the budget pinned: %+v, %v", info, err)
+			}
+		default:
+			t.Fatalf("handle %d: %v", i/group, err)
+		}
+	}
+	if len(held) != 8 || refused != 8 {
+		t.Fatalf("%d handles issued, %d refused: want 8 and 8", len(held), refused)
+	}
+	fill(t, ss, "after", 128) // 2 MiB of puts through the half of L1 left
+	put(t, ss, "leased", val)
+	if _, err := l.Create("op", keys("leased"), 10*time.Second); !errors.Is(err, ErrPinLimit) {
+		t.Fatalf("a lease past the budget: %v, want ErrPinLimit", err)
+	}
+	if st := budget.Stats(); st.Pinned != 1<<19 || st.Refused != 9 || st.Limit != 1<<19 {
+		t.Fatalf("budget %+v", st)
+	}
+	if err := h.Release(held[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Create("op", keys("leased"), 10*time.Second); err != nil {
+		t.Fatalf("a lease after a release made room: %v", err)
+	}
+	clk.Advance(time.Minute)
+	if st := budget.Stats(); st.Pinned != 0 {
+		t.Fatalf("%d bytes counted after every handle and lease expired", st.Pinned)
+	}
 }
