@@ -49,6 +49,12 @@ type StoreConfig struct {
 	// evicted, so one client's pins could otherwise take L1 from everyone's
 	// puts. A value pinned more than once by one session counts once.
 	StoreMaxSessionPinned Size `toml:"store_max_session_pinned"`
+	// StoreMaxGrantPinned bounds the bytes of the values one tenant's
+	// retention handles and placement leases hold pinned in all (0: half
+	// of the L1 capacity). Each pins in a session of its own, bounded by
+	// store_max_session_pinned alone, so many of them could otherwise pin
+	// most of L1; a handle or lease past it is refused and pins nothing.
+	StoreMaxGrantPinned Size `toml:"store_max_grant_pinned"`
 	// StoreMaxKeysPerCall bounds the keys of one store call.
 	StoreMaxKeysPerCall int `toml:"store_max_keys_per_call"`
 	// StoreMaxLeaseTTL bounds a timed pin.
@@ -190,21 +196,31 @@ func (c *Config) validateStore() error {
 		return badValue("store_max_session_pinned", s.StoreMaxSessionPinned.String(),
 			fmt.Sprintf("must be 0 (a quarter of the L1 capacity) or between the largest value (%s) and the L1 capacity", Size(shm.DefaultMaxBlock)))
 	}
-	// A session's pins are bounded by its store's L1 (store_l1_capacity,
-	// or three quarters of the tenant's pool), in each tenant's pool.
+	if s.StoreMaxGrantPinned != 0 && s.StoreMaxGrantPinned < Size(shm.DefaultMaxBlock) {
+		return badValue("store_max_grant_pinned", s.StoreMaxGrantPinned.String(),
+			fmt.Sprintf("must be 0 (half of the L1 capacity) or between the largest value (%s) and the L1 capacity", Size(shm.DefaultMaxBlock)))
+	}
+	// A session's pins, and a tenant's handles' and leases', are bounded
+	// by its store's L1 (store_l1_capacity, or three quarters of the
+	// tenant's pool), in each tenant's pool.
 	for _, t := range c.TenantList() {
 		l1 := s.StoreL1Capacity
 		if l1 == 0 {
 			l1 = c.TenantPoolSize(t) / 4 * 3
 		}
-		if s.StoreMaxSessionPinned <= l1 {
-			continue
+		for _, k := range [...]struct {
+			name string
+			v    Size
+		}{{"store_max_session_pinned", s.StoreMaxSessionPinned}, {"store_max_grant_pinned", s.StoreMaxGrantPinned}} {
+			if k.v <= l1 {
+				continue
+			}
+			why := fmt.Sprintf("must be at most the L1 capacity (%s)", l1)
+			if len(c.Tenants) > 0 {
+				why = fmt.Sprintf("must be at most each tenant's L1 capacity (tenant %q has %s)", t.Name, l1)
+			}
+			return badValue(k.name, k.v.String(), why)
 		}
-		why := fmt.Sprintf("must be at most the L1 capacity (%s)", l1)
-		if len(c.Tenants) > 0 {
-			why = fmt.Sprintf("must be at most each tenant's L1 capacity (tenant %q has %s)", t.Name, l1)
-		}
-		return badValue("store_max_session_pinned", s.StoreMaxSessionPinned.String(), why)
 	}
 	if s.StoreMaxKeysPerCall < 1 || s.StoreMaxKeysPerCall > maxStoreKeys {
 		return badValue("store_max_keys_per_call", strconv.Itoa(s.StoreMaxKeysPerCall), fmt.Sprintf("must be between 1 and %d", maxStoreKeys))
@@ -276,6 +292,7 @@ func storeSettings() []setting {
 		{"store_max_value_size", "TENSORCAST_STORE_MAX_VALUE_SIZE", "largest value (0: the pool's largest block)", size(func(c *Config) *Size { return &c.StoreMaxValueSize })},
 		{"store_max_session_reserved", "TENSORCAST_STORE_MAX_SESSION_RESERVED", "bytes one client may hold reserved and not committed (0: a quarter of store_l1_capacity)", size(func(c *Config) *Size { return &c.StoreMaxSessionReserved })},
 		{"store_max_session_pinned", "TENSORCAST_STORE_MAX_SESSION_PINNED", "bytes of values one client may hold pinned (0: a quarter of store_l1_capacity)", size(func(c *Config) *Size { return &c.StoreMaxSessionPinned })},
+		{"store_max_grant_pinned", "TENSORCAST_STORE_MAX_GRANT_PINNED", "bytes of values one tenant's retention handles and placement leases may hold pinned in all (0: half of store_l1_capacity)", size(func(c *Config) *Size { return &c.StoreMaxGrantPinned })},
 		{"store_max_keys_per_call", "TENSORCAST_STORE_MAX_KEYS_PER_CALL", "most keys of one store call", num(func(c *Config) *int { return &c.StoreMaxKeysPerCall })},
 		{"store_max_lease_ttl", "TENSORCAST_STORE_MAX_LEASE_TTL", "longest timed pin (e.g. 24h)", func(c *Config, s string) error { return c.StoreMaxLeaseTTL.UnmarshalText([]byte(s)) }},
 		{"store_writeback_retries", "TENSORCAST_STORE_WRITEBACK_RETRIES", "retries of a failed writeback before it is a tombstone", num(func(c *Config) *int { return &c.StoreWritebackRetries })},

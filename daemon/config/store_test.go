@@ -31,6 +31,7 @@ store_high_watermark = 0.9
 store_low_watermark = 0.5
 store_max_keys_per_call = 4096
 store_max_session_pinned = "32MiB"
+store_max_grant_pinned = "48MiB"
 store_writeback_retries = 0
 `)
 	c, err = Load([]string{"--config", file}, env(nil))
@@ -38,7 +39,8 @@ store_writeback_retries = 0
 		t.Fatal(err)
 	}
 	if c.StoreL2() != "/mnt/nvme0/kv.l2" || c.StoreL2Size != 64<<30 || c.StoreL1Capacity != 128<<20 || c.StoreHighWatermark != 0.9 ||
-		c.StoreLowWatermark != 0.5 || c.StoreMaxKeysPerCall != 4096 || c.StoreMaxSessionPinned != 32<<20 || c.StoreWritebackRetries != 0 {
+		c.StoreLowWatermark != 0.5 || c.StoreMaxKeysPerCall != 4096 || c.StoreMaxSessionPinned != 32<<20 || c.StoreMaxGrantPinned != 48<<20 ||
+		c.StoreWritebackRetries != 0 {
 		t.Fatalf("file: %+v", c.StoreConfig)
 	}
 	c, err = Load([]string{"--config", file, "--store-l2-path", "off", "--store-max-keys-per-call", "128"},
@@ -77,6 +79,12 @@ func TestStoreConfigInvalid(t *testing.T) {
 		{"pinned over the default L1 capacity", []string{"--pool-size", "64MiB"}, map[string]string{"TENSORCAST_STORE_MAX_SESSION_PINNED": "60MiB"},
 			[]string{"store_max_session_pinned", "60MiB", "48MiB"}},
 		{"pinned not a size", nil, map[string]string{"TENSORCAST_STORE_MAX_SESSION_PINNED": "lots"}, []string{"store_max_session_pinned", "lots"}},
+		{"grants' pins under the largest value", []string{"--store-max-grant-pinned", "1MiB"}, nil, []string{"store_max_grant_pinned", "1MiB"}},
+		{"grants' pins over the L1 capacity", []string{"--store-l1-capacity", "64MiB", "--store-max-grant-pinned", "65MiB"}, nil,
+			[]string{"store_max_grant_pinned", "65MiB", "64MiB"}},
+		{"grants' pins over the default L1 capacity", []string{"--pool-size", "64MiB"}, map[string]string{"TENSORCAST_STORE_MAX_GRANT_PINNED": "60MiB"},
+			[]string{"store_max_grant_pinned", "60MiB", "48MiB"}},
+		{"grants' pins not a size", nil, map[string]string{"TENSORCAST_STORE_MAX_GRANT_PINNED": "lots"}, []string{"store_max_grant_pinned", "lots"}},
 		{"too many keys per call", []string{"--store-max-keys-per-call", "70000"}, nil, []string{"store_max_keys_per_call", "70000"}},
 		{"no keys per call", []string{"--store-max-keys-per-call", "0"}, nil, []string{"store_max_keys_per_call", "0"}},
 		{"lease too long", []string{"--store-max-lease-ttl", "1000h"}, nil, []string{"store_max_lease_ttl", "1000h"}},
@@ -98,13 +106,13 @@ func TestStoreConfigInvalid(t *testing.T) {
 
 // TestStoreConfigOverATenantsPool: each tenant's store lives in its own
 // pool, so store_l1_capacity, store_max_session_reserved and
-// store_max_session_pinned must fit the smallest tenant's pool, not only
-// pool_size: a store whose L1 is larger than its pool never reaches its
-// watermark and never evicts, and its puts fail once the pool is full; a
-// session's pins bounded past its store's L1 are not bounded. Start-up
-// fails naming the key and the tenant.
+// store_max_session_pinned and store_max_grant_pinned must fit the
+// smallest tenant's pool, not only pool_size: a store whose L1 is larger
+// than its pool never reaches its watermark and never evicts, and its puts
+// fail once the pool is full; pins bounded past their store's L1 are not
+// bounded. Start-up fails naming the key and the tenant.
 func TestStoreConfigOverATenantsPool(t *testing.T) {
-	for _, key := range []string{"store_l1_capacity", "store_max_session_reserved", "store_max_session_pinned"} {
+	for _, key := range []string{"store_l1_capacity", "store_max_session_reserved", "store_max_session_pinned", "store_max_grant_pinned"} {
 		file := filepath.Join(t.TempDir(), "tc.toml")
 		writeFile(t, file, `
 pool_size = "1GiB"
