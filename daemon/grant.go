@@ -61,21 +61,30 @@ func (d *Daemon) openGrants() error {
 	}
 	for i, st := range d.stores {
 		log := d.log.With("component", "grant", "tenant", d.names[i])
+		// One budget for the tenant's handles and leases together: each
+		// pins in a store session of its own, which
+		// store_max_session_pinned bounds alone.
+		limit := uint64(c.StoreMaxGrantPinned)
+		if limit == 0 {
+			limit = st.Stats().L1Capacity / 2
+		}
+		pins := grant.NewPinBudget(limit)
+		pinner := grant.StorePinner{Store: st, Budget: pins}
 		h, err := grant.NewHandles(grant.HandlesConfig{
-			DaemonID: d.cfg.DaemonID, Epoch: epoch, Scope: d.names[i], Key: key, Pinner: grant.StorePinner{Store: st},
+			DaemonID: d.cfg.DaemonID, Epoch: epoch, Scope: d.names[i], Key: key, Pinner: pinner,
 			Members: members, Router: router,
 			MaxKeys: c.StoreMaxKeysPerCall, MaxTTL: time.Duration(c.StoreMaxLeaseTTL), Log: log,
 		})
 		if err != nil {
 			return err
 		}
-		l, err := grant.NewLeases(grant.LeasesConfig{Pinner: grant.StorePinner{Store: st},
+		l, err := grant.NewLeases(grant.LeasesConfig{Pinner: pinner,
 			MaxKeys: c.StoreMaxKeysPerCall, MaxTTL: time.Duration(c.StoreMaxLeaseTTL), Log: log})
 		if err != nil {
 			h.Close()
 			return err
 		}
-		d.grants = append(d.grants, &grant.Grants{Handles: h, Leases: l})
+		d.grants = append(d.grants, &grant.Grants{Handles: h, Leases: l, Pins: pins})
 	}
 	if d.peers != nil {
 		// Other daemons' renewals and releases of this daemon's handles,
@@ -127,6 +136,12 @@ func (d *Daemon) collectGrants(e *metrics.Emit) {
 		e.Counter("tensorcast_store_placement_leases_joined_total", "Placement lease creates that joined an earlier one by operation id.", float64(ls.Joined), tn)
 		e.Counter("tensorcast_store_placement_leases_refused_total", "Placement lease creates refused for their operation id.", float64(ls.Refused), tn)
 		e.Counter("tensorcast_store_placement_leases_expired_total", "Placement leases ended by their TTL.", float64(ls.Expired), tn)
+		if g.Pins != nil {
+			ps := g.Pins.Stats()
+			e.Gauge("tensorcast_store_grant_pinned_bytes", "Bytes of values live retention handles and placement leases hold pinned (a value under two counts twice).", float64(ps.Pinned), tn)
+			e.Gauge("tensorcast_store_grant_pin_limit_bytes", "store_max_grant_pinned: the bytes a tenant's retention handles and placement leases may hold pinned in all.", float64(ps.Limit), tn)
+			e.Counter("tensorcast_store_grant_pin_limit_total", "Retention handles and placement leases refused: they would pass store_max_grant_pinned.", float64(ps.Refused), tn)
+		}
 	}
 	if a := d.admission; a != nil {
 		st := a.Stats()

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -72,4 +73,70 @@ func TestHandleRoutedToIssuer(t *testing.T) {
 		t.Fatalf("renew of a token of d1's last run: %v, want it refused", err)
 	}
 	t.Logf("a token of d1's last run, at d2: %v", err)
+}
+
+// A tenant's retention handles and placement leases pin, together, at most
+// store_max_grant_pinned bytes (by default half of the tenant's L1): each
+// pins in a store session of its own, which store_max_session_pinned
+// bounds alone, so many of them could pin most of L1 and leave every put
+// without room. A handle or lease past the bound is RESOURCE_EXHAUSTED and
+// pins nothing; the refusals are counted in Stats and on the metrics
+// endpoint; a release makes room again.
+func TestGrantPinsBoundedPerTenant(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	d, err := New(cfg, discardLogger(), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.grants[0].Pins.Stats().Limit; got != uint64(cfg.PoolSize)/4*3/2 {
+		t.Errorf("default bound %d, want half of the L1 capacity (%d)", got, uint64(cfg.PoolSize)/4*3/2)
+	}
+	d.closeParts()
+
+	cfg = testConfig(t.TempDir())
+	cfg.StoreMaxGrantPinned = 4 << 20
+	if d, err = New(cfg, discardLogger(), env(nil)); err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, d)
+	c := dialStore(t, cfg.Socket)
+	key := func(i int) []byte { return []byte(fmt.Sprintf("kv/%d", i)) }
+	for i := 0; i < 5; i++ {
+		if err := c.PutBytes(key(i), make([]byte, 1<<20), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := c.HandleIssue([][]byte{key(0), key(1)}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.LeaseCreate([]byte("op"), [][]byte{key(2), key(3)}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.HandleIssue([][]byte{key(4)}, time.Minute); !errors.Is(err, client.ErrResourceExhausted) {
+		t.Fatalf("a handle past store_max_grant_pinned: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if _, err := c.LeaseCreate([]byte("op-2"), [][]byte{key(4)}, time.Minute); !errors.Is(err, client.ErrResourceExhausted) {
+		t.Fatalf("a lease past store_max_grant_pinned: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if info, err := c.StoreStat(key(4)); err != nil || info.Pins != 0 {
+		t.Fatalf("a refused handle or lease pinned: %+v, %v", info, err)
+	}
+	st := storeCounters(t, c)
+	if st["grant_pin_limit"] != 2 || st["grant_pinned_bytes"] != 4<<20 || st["grant_pin_limit_bytes"] != 4<<20 {
+		t.Fatalf("stats: refused %d, pinned %d of %d", st["grant_pin_limit"], st["grant_pinned_bytes"], st["grant_pin_limit_bytes"])
+	}
+	exp := scrapeMetrics(t, d.MetricsAddr())
+	if got := sample(t, exp, `tensorcast_store_grant_pin_limit_total{tenant="default"}`); got != 2 {
+		t.Fatalf("tensorcast_store_grant_pin_limit_total = %v, want 2", got)
+	}
+	if got := sample(t, exp, `tensorcast_store_grant_pinned_bytes{tenant="default"}`); got != 4<<20 {
+		t.Fatalf("tensorcast_store_grant_pinned_bytes = %v", got)
+	}
+	if err := c.HandleRelease(h.Token); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.HandleIssue([][]byte{key(4)}, time.Minute); err != nil {
+		t.Fatalf("a handle after a release made room: %v", err)
+	}
 }

@@ -51,6 +51,11 @@ func (c *Session) grantCounters(dst []wire.Counter) []wire.Counter {
 	} {
 		dst = append(dst, wire.Counter{Name: f.name, Value: f.v})
 	}
+	if p := c.grants.Pins; p != nil {
+		ps := p.Stats()
+		dst = append(dst, wire.Counter{Name: "grant_pinned_bytes", Value: ps.Pinned},
+			wire.Counter{Name: "grant_pin_limit_bytes", Value: ps.Limit}, wire.Counter{Name: "grant_pin_limit", Value: ps.Refused})
+	}
 	return dst
 }
 
