@@ -2,6 +2,7 @@ package control
 
 import (
 	"bytes"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -156,5 +157,49 @@ func TestGrantRetriedOnNewConnection(t *testing.T) {
 	expectCode(t, c2.callCtx(release, &wire.HandleReleaseRequest{Token: other}), tcproto.CodeOK)
 	if pins := body[wire.StoreStatResponse](t, c2.call(&wire.StoreStatRequest{Key: keys[0]})).Info.Pins; pins != 2 {
 		t.Fatalf("%d pins after the retries, want 2 (the first handle and the lease)", pins)
+	}
+}
+
+// What each handle and lease call granted or gave back is recorded with
+// the request's id beside its audit record: the handle's id, its issuer,
+// the tenant and how many keys (an issue its first key too); a lease's
+// operation id, the tenant and its keys. A release names the handle it
+// released, not only the request that asked.
+func TestGrantAuditNamesTheHandle(t *testing.T) {
+	e := newGrantEnv(t)
+	c := dialRaw(t, e.sock)
+	keys := putG0(t, c)
+
+	issued := body[wire.HandleIssueResponse](t, c.call(&wire.HandleIssueRequest{Keys: keys, TTLMS: 60000}))
+	id := strconv.FormatUint(issued.HandleID, 10)
+	renewed := body[wire.HandleRenewResponse](t, c.call(&wire.HandleRenewRequest{Token: bytes.Clone(issued.Token), TTLMS: 60000}))
+	expectCode(t, c.call(&wire.HandleReleaseRequest{Token: bytes.Clone(renewed.Token)}), tcproto.CodeOK)
+	expectCode(t, c.call(&wire.LeaseCreateRequest{OpID: []byte("op-7"), Keys: keys, TTLMS: 60000}), tcproto.CodeOK)
+	expectCode(t, c.call(&wire.LeaseReleaseRequest{OpID: []byte("op-7")}), tcproto.CodeOK)
+
+	handle := []string{"handle=" + id + " ", "issuer=test-daemon ", "tenant=" + DefaultTenant + " ", "keys=1 "}
+	lease := []string{"op=op-7 ", "tenant=" + DefaultTenant + " ", "keys=1 "}
+	for msg, want := range map[string][]string{
+		`msg="retention handle issued"`:   append(handle, "first_key=g/0 "),
+		`msg="retention handle renewed"`:  handle,
+		`msg="retention handle released"`: handle,
+		`msg="placement lease created"`:   append(lease, "first_key=g/0 "),
+		`msg="placement lease released"`:  lease,
+	} {
+		var line string
+		for _, l := range strings.Split(e.logBuf.String(), "\n") {
+			if strings.Contains(l, msg+" ") {
+				line = l + " "
+			}
+		}
+		if line == "" {
+			t.Errorf("no record %s:\n%s", msg, e.logBuf.String())
+			continue
+		}
+		for _, w := range append(want, "request_id=") {
+			if !strings.Contains(line, w) {
+				t.Errorf("the record %s lacks %q: %s", msg, w, line)
+			}
+		}
 	}
 }

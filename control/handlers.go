@@ -142,7 +142,7 @@ func (c *conn) handle() ([]byte, int) {
 	case *wire.HandleIssueRequest:
 		err = ss.HandleIssue(ctx, b, r)
 	case *wire.HandleRenewRequest:
-		err = ss.HandleRenew(b, r)
+		err = ss.HandleRenew(ctx, b, r)
 	case *wire.HandleReleaseRequest:
 		err = ss.HandleRelease(ctx, b, r)
 	case *wire.LeaseCreateRequest:

@@ -64,8 +64,11 @@ func unixMS(t time.Time) uint64 { return uint64(t.UnixMilli()) }
 func ttlOf(ms uint32) time.Duration { return time.Duration(ms) * time.Millisecond }
 
 // The calls' audit: the control server audits each with the request's
-// audit keys; the session adds what it granted, under the same request id:
-// the handle or operation id, how many keys and the first of them.
+// audit keys; the session adds what it granted or gave back, under the
+// same request id, its logger naming the tenant: a handle's id, issuer
+// and number of keys, a lease's operation id and number of keys, and for
+// an issue or a create the first key. A renewal, a keep-alive, is
+// recorded one level below the others, as its audit record is.
 
 // HandleIssue issues a retention handle on the request's keys.
 func (c *Session) HandleIssue(ctx *wire.Context, m *wire.HandleIssueRequest, r *wire.Response) error {
@@ -77,7 +80,7 @@ func (c *Session) HandleIssue(ctx *wire.Context, m *wire.HandleIssueRequest, r *
 	if err != nil {
 		return err
 	}
-	c.log.Info("retention handle issued", "request_id", ctx.RequestID, "handle", h.ID, "keys", h.Keys,
+	c.log.Info("retention handle issued", "request_id", ctx.RequestID, "handle", h.ID, "issuer", h.Issuer, "keys", h.Keys,
 		"first_key", string(m.Keys[0]), "expiry", h.Expiry)
 	a := wire.SetResponse[wire.HandleIssueResponse](r)
 	a.Token, a.HandleID, a.ExpiryUnixMS = h.Token, h.ID, unixMS(h.Expiry)
@@ -85,7 +88,7 @@ func (c *Session) HandleIssue(ctx *wire.Context, m *wire.HandleIssueRequest, r *
 }
 
 // HandleRenew renews a retention handle at its issuer.
-func (c *Session) HandleRenew(m *wire.HandleRenewRequest, r *wire.Response) error {
+func (c *Session) HandleRenew(ctx *wire.Context, m *wire.HandleRenewRequest, r *wire.Response) error {
 	g, err := c.grantsOf()
 	if err != nil {
 		return err
@@ -94,6 +97,8 @@ func (c *Session) HandleRenew(m *wire.HandleRenewRequest, r *wire.Response) erro
 	if err != nil {
 		return err
 	}
+	c.log.Debug("retention handle renewed", "request_id", ctx.RequestID, "handle", h.ID, "issuer", h.Issuer, "keys", h.Keys,
+		"expiry", h.Expiry)
 	a := wire.SetResponse[wire.HandleRenewResponse](r)
 	a.Token, a.ExpiryUnixMS = h.Token, unixMS(h.Expiry)
 	return nil
@@ -105,10 +110,11 @@ func (c *Session) HandleRelease(ctx *wire.Context, m *wire.HandleReleaseRequest,
 	if err != nil {
 		return err
 	}
-	if err := g.Handles.Release(m.Token); err != nil {
+	t, err := g.Handles.Release(m.Token)
+	if err != nil {
 		return err
 	}
-	c.log.Info("retention handle released", "request_id", ctx.RequestID)
+	c.log.Info("retention handle released", "request_id", ctx.RequestID, "handle", t.ID, "issuer", t.Issuer, "keys", t.Keys)
 	wire.SetResponse[wire.HandleReleaseResponse](r)
 	return nil
 }
@@ -123,7 +129,7 @@ func (c *Session) LeaseCreate(ctx *wire.Context, m *wire.LeaseCreateRequest, r *
 	if err != nil {
 		return err
 	}
-	c.log.Info("placement lease", "request_id", ctx.RequestID, "op", string(m.OpID), "keys", l.Keys,
+	c.log.Info("placement lease created", "request_id", ctx.RequestID, "op", string(m.OpID), "keys", l.Keys,
 		"first_key", string(m.Keys[0]), "joined", l.Joined, "expiry", l.Expiry)
 	a := wire.SetResponse[wire.LeaseCreateResponse](r)
 	a.ExpiryUnixMS, a.Joined = unixMS(l.Expiry), l.Joined
@@ -136,10 +142,11 @@ func (c *Session) LeaseRelease(ctx *wire.Context, m *wire.LeaseReleaseRequest, r
 	if err != nil {
 		return err
 	}
-	if err := g.Leases.Release(string(m.OpID)); err != nil {
+	l, err := g.Leases.Release(string(m.OpID))
+	if err != nil {
 		return err
 	}
-	c.log.Info("placement lease released", "request_id", ctx.RequestID, "op", string(m.OpID))
+	c.log.Info("placement lease released", "request_id", ctx.RequestID, "op", string(m.OpID), "keys", l.Keys)
 	wire.SetResponse[wire.LeaseReleaseResponse](r)
 	return nil
 }

@@ -90,6 +90,7 @@ type Router interface {
 // Handle is an issued (or renewed) handle: its token and what it says.
 type Handle struct {
 	Token  []byte
+	Issuer string
 	ID     uint64
 	Expiry time.Time
 	Keys   int
@@ -203,7 +204,7 @@ func (h *Handles) Issue(keys [][]byte, ttl time.Duration) (Handle, error) {
 // token signs hd's token. h.mu is held.
 func (h *Handles) token(id uint64, hd *handle) Handle {
 	t := Token{Issuer: h.cfg.DaemonID, Scope: h.cfg.Scope, Epoch: h.cfg.Epoch, ID: id, Expiry: hd.expiry, Keys: uint32(hd.nkeys), Digest: hd.digest}
-	return Handle{Token: t.sign(h.cfg.Key), ID: id, Expiry: hd.expiry, Keys: hd.nkeys}
+	return Handle{Token: t.sign(h.cfg.Key), Issuer: h.cfg.DaemonID, ID: id, Expiry: hd.expiry, Keys: hd.nkeys}
 }
 
 // Verify checks token (and, when keys is not nil, that they are the key
@@ -320,7 +321,7 @@ func (h *Handles) checkRenewed(t Token, hd Handle) (Handle, error) {
 		return Handle{}, fmt.Errorf("%w: handle %d: its issuer %q answered the renewal with a token of handle %d of %q",
 			xfer.ErrUnavailable, t.ID, t.Issuer, nt.ID, nt.Issuer)
 	}
-	hd.ID, hd.Keys, hd.Expiry = nt.ID, int(nt.Keys), nt.Expiry
+	hd.Issuer, hd.ID, hd.Keys, hd.Expiry = nt.Issuer, nt.ID, int(nt.Keys), nt.Expiry
 	return hd, nil
 }
 
@@ -369,18 +370,20 @@ func (h *Handles) renewOwn(t Token, ttl time.Duration) (Handle, error) {
 	return h.token(t.ID, hd), nil
 }
 
-// Release gives back the pins of the handle of token. Only the issuer
-// releases: another daemon's token goes to Config.Router, or is refused
-// with ErrNotIssuer. A handle released or expired already is ErrExpired.
-func (h *Handles) Release(token []byte) error {
+// Release gives back the pins of the handle of token and says what the
+// token names (its issuer, id and keys, for the caller's audit). Only the
+// issuer releases: another daemon's token goes to Config.Router, or is
+// refused with ErrNotIssuer. A handle released or expired already is
+// ErrExpired.
+func (h *Handles) Release(token []byte) (Token, error) {
 	t, err := h.opened(token)
 	if err != nil {
-		return err
+		return Token{}, err
 	}
 	if t.Issuer != h.cfg.DaemonID && h.cfg.Router != nil {
-		return h.cfg.Router.Release(t, token)
+		return t, h.cfg.Router.Release(t, token)
 	}
-	return h.releaseOwn(t)
+	return t, h.releaseOwn(t)
 }
 
 // releaseOwn releases a handle of this issuer: a token of another is

@@ -42,8 +42,11 @@ func TestHandleIssueVerifyRelease(t *testing.T) {
 	if _, err := h.Verify(hd.Token, keys("k1", "k3")); !errors.Is(err, ErrKeysMismatch) {
 		t.Fatalf("Verify with other keys: %v, want ErrKeysMismatch", err)
 	}
-	if err := h.Release(hd.Token); err != nil {
-		t.Fatal(err)
+	if hd.Issuer != "a" {
+		t.Fatalf("issued by %q", hd.Issuer)
+	}
+	if rel, err := h.Release(hd.Token); err != nil || rel.ID != hd.ID || rel.Issuer != "a" || rel.Keys != 2 {
+		t.Fatalf("release: %+v, %v; want what the token names", rel, err)
 	}
 	if p.count("k1") != 0 || p.count("k2") != 0 {
 		t.Fatal("pins left after release")
@@ -51,7 +54,7 @@ func TestHandleIssueVerifyRelease(t *testing.T) {
 	if _, err := h.Verify(hd.Token, nil); !errors.Is(err, ErrExpired) {
 		t.Fatalf("Verify after release: %v, want ErrExpired", err)
 	}
-	if err := h.Release(hd.Token); !errors.Is(err, ErrExpired) {
+	if _, err := h.Release(hd.Token); !errors.Is(err, ErrExpired) {
 		t.Fatalf("second release: %v, want ErrExpired", err)
 	}
 	if st := h.Stats(); st.Issued != 1 || st.Released != 1 || st.Live != 0 || st.Keys != 0 {
@@ -77,7 +80,7 @@ func TestHandleForgedRefused(t *testing.T) {
 		if _, err := h.Renew(bad, time.Minute); !errors.Is(err, ErrForged) {
 			t.Fatalf("renew with byte %d flipped: %v, want ErrForged", i, err)
 		}
-		if err := h.Release(bad); !errors.Is(err, ErrForged) {
+		if _, err := h.Release(bad); !errors.Is(err, ErrForged) {
 			t.Fatalf("release with byte %d flipped: %v, want ErrForged", i, err)
 		}
 	}
@@ -93,7 +96,7 @@ func TestHandleForgedRefused(t *testing.T) {
 		if _, err := h.Verify(tok, nil); !errors.Is(err, ErrForged) {
 			t.Errorf("%s: %v, want ErrForged", name, err)
 		}
-		if err := h.Release(tok); !errors.Is(err, ErrForged) {
+		if _, err := h.Release(tok); !errors.Is(err, ErrForged) {
 			t.Errorf("%s release: %v, want ErrForged", name, err)
 		}
 	}
@@ -173,7 +176,7 @@ func TestHandleForeignEpochAndUnknownIssuer(t *testing.T) {
 	if _, err := restarted.Renew(hd.Token, time.Minute); !errors.Is(err, ErrForeignEpoch) {
 		t.Fatalf("renew at the restarted issuer: %v, want ErrForeignEpoch", err)
 	}
-	if err := restarted.Release(hd.Token); !errors.Is(err, ErrForeignEpoch) {
+	if _, err := restarted.Release(hd.Token); !errors.Is(err, ErrForeignEpoch) {
 		t.Fatalf("release at the restarted issuer: %v, want ErrForeignEpoch", err)
 	}
 	b := newIssuer(t, "b", 1, clk, newCountPinner(), func(c *HandlesConfig) { c.Members = members{"a": 8} })
@@ -205,7 +208,7 @@ func TestHandleRenewReleaseOnlyAtIssuer(t *testing.T) {
 	if _, err := noRoute.Renew(hd.Token, time.Minute); !errors.Is(err, ErrNotIssuer) {
 		t.Fatalf("renew at a non-issuer: %v, want ErrNotIssuer", err)
 	}
-	if err := noRoute.Release(hd.Token); !errors.Is(err, ErrNotIssuer) {
+	if _, err := noRoute.Release(hd.Token); !errors.Is(err, ErrNotIssuer) {
 		t.Fatalf("release at a non-issuer: %v, want ErrNotIssuer", err)
 	}
 	routed := newIssuer(t, "b", 9, clk, pb, func(c *HandlesConfig) {
@@ -222,7 +225,7 @@ func TestHandleRenewReleaseOnlyAtIssuer(t *testing.T) {
 	if pa.count("k") != 1 {
 		t.Fatal("the routed renewal did not extend the issuer's handle")
 	}
-	if err := routed.Release(hd2.Token); err != nil {
+	if _, err := routed.Release(hd2.Token); err != nil {
 		t.Fatalf("routed release: %v", err)
 	}
 	if pa.count("k") != 0 || pb.calls() != 0 {
@@ -230,7 +233,7 @@ func TestHandleRenewReleaseOnlyAtIssuer(t *testing.T) {
 	}
 	// An issuer that cannot be reached: the release fails, named.
 	gone := newIssuer(t, "b", 9, clk, pb, func(c *HandlesConfig) { c.Members, c.Router = members{"a": 7}, routeTo{} })
-	if err := gone.Release(hd2.Token); err == nil {
+	if _, err := gone.Release(hd2.Token); err == nil {
 		t.Fatal("release routed to an unreachable issuer succeeded")
 	}
 }
@@ -285,7 +288,7 @@ func TestHandlesClose(t *testing.T) {
 	if p.count("k") != 0 {
 		t.Fatal("Close kept pins")
 	}
-	if err := h.Release(hd.Token); !errors.Is(err, ErrClosed) {
+	if _, err := h.Release(hd.Token); !errors.Is(err, ErrClosed) {
 		t.Fatalf("release after Close: %v, want ErrClosed", err)
 	}
 	if _, err := h.Issue(keys("k"), time.Minute); !errors.Is(err, ErrClosed) {
@@ -313,7 +316,7 @@ func TestHandleScope(t *testing.T) {
 	if _, err := b.Renew(hd.Token, time.Minute); !errors.Is(err, ErrForged) {
 		t.Fatalf("renew in another scope: %v, want ErrForged", err)
 	}
-	if err := b.Release(hd.Token); !errors.Is(err, ErrForged) {
+	if _, err := b.Release(hd.Token); !errors.Is(err, ErrForged) {
 		t.Fatalf("release in another scope: %v, want ErrForged", err)
 	}
 }

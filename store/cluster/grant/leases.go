@@ -176,32 +176,35 @@ func (l *Leases) Create(op string, keys [][]byte, ttl time.Duration) (Lease, err
 	return Lease{OpID: op, Keys: ls.nkeys, Expiry: ls.expiry}, nil
 }
 
-// Release gives back the pins of the lease op names. A lease that ended
+// Release gives back the pins of the lease op names and says what it was
+// (its keys and expiry, for the caller's audit). A lease that ended
 // already is released (idempotent); an unknown op is ErrLeaseNotFound.
-func (l *Leases) Release(op string) error {
+func (l *Leases) Release(op string) (Lease, error) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		return ErrClosed
+		return Lease{}, ErrClosed
 	}
 	ls, ok := l.byOp[op]
 	switch {
 	case !ok:
 		l.mu.Unlock()
-		return fmt.Errorf("%w: %q", ErrLeaseNotFound, op)
-	case ls.ended:
+		return Lease{}, fmt.Errorf("%w: %q", ErrLeaseNotFound, op)
+	case ls.hold == nil && !ls.ended:
 		l.mu.Unlock()
-		return nil
-	case ls.hold == nil:
+		return Lease{}, fmt.Errorf("%w: %q is being created", ErrBusy, op)
+	}
+	was := Lease{OpID: op, Keys: ls.nkeys, Expiry: ls.expiry}
+	if ls.ended {
 		l.mu.Unlock()
-		return fmt.Errorf("%w: %q is being created", ErrBusy, op)
+		return was, nil
 	}
 	hold := l.end(ls)
 	l.stats.Released++
 	l.mu.Unlock()
 	hold.Release()
 	l.cfg.Log.Debug("placement lease released", "op", op, "keys", ls.nkeys)
-	return nil
+	return was, nil
 }
 
 // end marks a live lease ended, remembered until its expiry, and returns

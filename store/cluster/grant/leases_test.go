@@ -87,13 +87,13 @@ func TestLeaseRelease(t *testing.T) {
 	if _, err := l.Create("op", keys("k"), 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Release("op"); err != nil {
-		t.Fatal(err)
+	if was, err := l.Release("op"); err != nil || was.OpID != "op" || was.Keys != 1 {
+		t.Fatalf("release: %+v, %v", was, err)
 	}
 	if p.count("k") != 0 {
 		t.Fatal("released lease still pins")
 	}
-	if err := l.Release("op"); err != nil {
+	if _, err := l.Release("op"); err != nil {
 		t.Fatalf("second release: %v", err)
 	}
 	if _, err := l.Create("op", keys("k"), 10*time.Second); !errors.Is(err, ErrLeaseEnded) {
@@ -102,7 +102,7 @@ func TestLeaseRelease(t *testing.T) {
 	if p.calls() != 1 {
 		t.Fatal("a late retry pinned again")
 	}
-	if err := l.Release("nope"); !errors.Is(err, ErrLeaseNotFound) {
+	if _, err := l.Release("nope"); !errors.Is(err, ErrLeaseNotFound) {
 		t.Fatalf("unknown op: %v, want ErrLeaseNotFound", err)
 	}
 	clk.Advance(10 * time.Second)
@@ -137,7 +137,7 @@ func TestLeaseLimits(t *testing.T) {
 		t.Fatalf("3rd lease, limit 2: %v", err)
 	}
 	// An ended lease makes room: its memory goes first.
-	if err := l.Release("a"); err != nil {
+	if _, err := l.Release("a"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.Create("c", keys("k"), time.Minute); err != nil {
@@ -147,7 +147,7 @@ func TestLeaseLimits(t *testing.T) {
 	if _, err := l.Create("d", keys("gone"), time.Minute); err == nil {
 		t.Fatal("lease of a missing key created")
 	}
-	if err := l.Release("d"); !errors.Is(err, ErrLeaseNotFound) {
+	if _, err := l.Release("d"); !errors.Is(err, ErrLeaseNotFound) {
 		t.Fatalf("a failed create left its op id: %v", err)
 	}
 }
@@ -167,7 +167,7 @@ func TestLeaseDeadlinesStayBounded(t *testing.T) {
 		if _, err := l.Create(op, keys("k"), time.Hour); err != nil {
 			t.Fatalf("create %d: %v", i, err)
 		}
-		if err := l.Release(op); err != nil {
+		if _, err := l.Release(op); err != nil {
 			t.Fatal(err)
 		}
 	}

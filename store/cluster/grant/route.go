@@ -88,7 +88,7 @@ func (r PeerRouter) Renew(t Token, token []byte, ttl time.Duration) (Handle, err
 	if len(body) < 8 || len(body) > 8+MaxTokenLen {
 		return Handle{}, fmt.Errorf("%w: a renewal answer of %d bytes from %q", xfer.ErrUnavailable, len(body), t.Issuer)
 	}
-	return Handle{Token: append([]byte(nil), body[8:]...), ID: t.ID, Keys: int(t.Keys),
+	return Handle{Token: append([]byte(nil), body[8:]...), Issuer: t.Issuer, ID: t.ID, Keys: int(t.Keys),
 		Expiry: time.UnixMilli(int64(binary.LittleEndian.Uint64(body)))}, nil
 }
 
@@ -122,13 +122,22 @@ func ServeHandles(byScope func(scope string) *Handles) func(from string, epoch u
 		if err != nil {
 			return []byte{byte(status.CodeOf(err))}, nil
 		}
+		// What a peer's client changed here is recorded here too, naming
+		// the peer: a release at the level of the calls' audit, a renewal
+		// (a keep-alive) one below.
 		if op == opRelease {
-			return []byte{byte(status.CodeOf(h.releaseOwn(t)))}, nil
+			err := h.releaseOwn(t)
+			if err == nil {
+				h.cfg.Log.Info("retention handle released for a peer", "peer", from, "handle", t.ID, "issuer", t.Issuer, "keys", t.Keys)
+			}
+			return []byte{byte(status.CodeOf(err))}, nil
 		}
 		hd, err := h.renewOwn(t, ttl)
 		if err != nil {
 			return []byte{byte(status.CodeOf(err))}, nil
 		}
+		h.cfg.Log.Debug("retention handle renewed for a peer", "peer", from, "handle", t.ID, "issuer", t.Issuer, "keys", t.Keys,
+			"expiry", hd.Expiry)
 		out := make([]byte, 0, 9+len(hd.Token))
 		out = append(out, byte(tcproto.CodeOK))
 		out = binary.LittleEndian.AppendUint64(out, uint64(hd.Expiry.UnixMilli()))

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,7 +56,10 @@ func serveOne(h *Handles) func(string, uint64, []byte) ([]byte, error) {
 func TestRouteOverPeerChannel(t *testing.T) {
 	clk := newClock()
 	pa := newCountPinner()
-	a := newIssuer(t, "a", 7, clk, pa, func(c *HandlesConfig) { c.Scope = "default" })
+	var logBuf bytes.Buffer
+	a := newIssuer(t, "a", 7, clk, pa, func(c *HandlesConfig) {
+		c.Scope, c.Log = "default", slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
 	ch := fakeChannel{}
 	ch["a"] = struct {
 		epoch uint64
@@ -71,7 +76,7 @@ func TestRouteOverPeerChannel(t *testing.T) {
 	if err != nil {
 		t.Fatalf("routed renew: %v", err)
 	}
-	if hd2.ID != hd.ID || !hd2.Expiry.After(hd.Expiry) {
+	if hd2.ID != hd.ID || hd2.Issuer != "a" || !hd2.Expiry.After(hd.Expiry) {
 		t.Fatalf("renewed %+v from %+v", hd2, hd)
 	}
 	if _, err := b.Verify(hd2.Token, keys("k")); err != nil {
@@ -81,14 +86,23 @@ func TestRouteOverPeerChannel(t *testing.T) {
 	if pa.count("k") != 1 {
 		t.Fatal("the routed renewal did not keep the issuer's pin")
 	}
-	if err := b.Release(hd2.Token); err != nil {
+	if _, err := b.Release(hd2.Token); err != nil {
 		t.Fatalf("routed release: %v", err)
 	}
 	if pa.count("k") != 0 {
 		t.Fatal("the routed release left the issuer's pin")
 	}
+	// The issuer records what the peer's client did to its handle.
+	for _, want := range []string{
+		`level=DEBUG msg="retention handle renewed for a peer" peer=caller handle=1 issuer=a keys=1 `,
+		`level=INFO msg="retention handle released for a peer" peer=caller handle=1 issuer=a keys=1`,
+	} {
+		if !strings.Contains(logBuf.String(), want) {
+			t.Errorf("the issuer's log lacks %q:\n%s", want, logBuf.String())
+		}
+	}
 	// The issuer's verdict, with its category: released already.
-	if err := b.Release(hd2.Token); !errors.Is(err, xfer.ErrPermission) {
+	if _, err := b.Release(hd2.Token); !errors.Is(err, xfer.ErrPermission) {
 		t.Fatalf("routed second release: %v, want PERMISSION_DENIED", err)
 	}
 	if _, err := b.Renew(hd2.Token, time.Minute); !errors.Is(err, xfer.ErrPermission) {
@@ -107,7 +121,7 @@ func TestRouteOverPeerChannel(t *testing.T) {
 		t.Fatalf("issuer restarted: %v, want ErrForeignEpoch", err)
 	}
 	delete(ch, "a")
-	if err := b.Release(hd3.Token); !errors.Is(err, ErrUnknownIssuer) {
+	if _, err := b.Release(hd3.Token); !errors.Is(err, ErrUnknownIssuer) {
 		t.Fatalf("issuer gone: %v, want ErrUnknownIssuer", err)
 	}
 	if pa.count("k") != 1 {

@@ -84,7 +84,7 @@ func TestHandleKeepsKeyFromEviction(t *testing.T) {
 	if !present(s, "held") || !present(s, "leased") {
 		t.Fatalf("held %v, leased %v: evicted under a handle or lease", present(s, "held"), present(s, "leased"))
 	}
-	if err := h.Release(hd.Token); err != nil {
+	if _, err := h.Release(hd.Token); err != nil {
 		t.Fatal(err)
 	}
 	clk.Advance(10 * time.Second)
@@ -276,7 +276,7 @@ func TestPinBudgetBoundsHandlesAndLeases(t *testing.T) {
 	if st := budget.Stats(); st.Pinned != 1<<19 || st.Refused != 9 || st.Limit != 1<<19 {
 		t.Fatalf("budget %+v", st)
 	}
-	if err := h.Release(held[0]); err != nil {
+	if _, err := h.Release(held[0]); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.Create("op", keys("leased"), 10*time.Second); err != nil {

@@ -111,7 +111,8 @@ func (r routeTo) Release(t Token, token []byte) error {
 	if !ok {
 		return fmt.Errorf("issuer %q: %w", t.Issuer, xfer.ErrUnavailable)
 	}
-	return h.Release(token)
+	_, err := h.Release(token)
+	return err
 }
 
 func keys(ks ...string) [][]byte {
