@@ -878,8 +878,9 @@ typedef struct tc_handle {
 } tc_handle;
 
 /* tc_handle_issue pins every key for ttl_ms (the daemon bounds it:
- * store_max_lease_ttl), or none (a key that is not stored: TC_NOT_FOUND),
- * and fills *out with the handle. */
+ * store_max_lease_ttl), or none (a key that is not stored: TC_NOT_FOUND;
+ * the tenant's handles and leases already pin store_max_grant_pinned:
+ * TC_RESOURCE_EXHAUSTED), and fills *out with the handle. */
 TC_API int tc_handle_issue(tc_conn *c, const tc_keys *keys, uint32_t ttl_ms, tc_handle *out, const tc_call_opts *o);
 
 /* tc_handle_renew extends the handle of token (len bytes) to ttl_ms from
@@ -895,7 +896,9 @@ TC_API int tc_handle_release(tc_conn *c, const void *token, size_t len, const tc
 
 /* tc_lease_create pins keys for ttl_ms under operation id op (op_len bytes,
  * 1 .. TC_MAX_OP_ID), or joins the lease op already names: *joined (may be
- * NULL) says which, *expiry_unix_ms (may be NULL) when it ends. */
+ * NULL) says which, *expiry_unix_ms (may be NULL) when it ends. A new lease
+ * past what the tenant's handles and leases may pin (store_max_grant_pinned)
+ * is TC_RESOURCE_EXHAUSTED and pins nothing. */
 TC_API int tc_lease_create(tc_conn *c, const void *op, size_t op_len, const tc_keys *keys, uint32_t ttl_ms,
                            uint64_t *expiry_unix_ms, int *joined, const tc_call_opts *o);
 

@@ -802,7 +802,9 @@ class StoreCalls:
 
     def handle_issue(self, keys: Sequence[Key], ttl: float, opts: Optional["CallOptions"] = None) -> Handle:
         """A retention handle that keeps every key from eviction for ttl
-        seconds, or none (Error NOT_FOUND for a key that is not stored)."""
+        seconds, or none (Error NOT_FOUND for a key that is not stored;
+        RESOURCE_EXHAUSTED when the tenant's handles and leases already pin
+        store_max_grant_pinned)."""
         ks, packed = self._one_batch("handle_issue", keys)
         h = _lib.Handle()
         self._check(self._run_conn(lib.tc_handle_issue, ctypes.byref(ks), _ms(ttl), ctypes.byref(h), self._ref(opts)),
@@ -831,7 +833,8 @@ class StoreCalls:
         """Pins keys where they are for ttl seconds under operation id op_id.
         A create retried with the same op_id and keys joins the first lease
         (Lease.joined) and pins nothing again; the same op_id with other
-        keys, or of a lease released lately, is Error FAILED_PRECONDITION."""
+        keys, or of a lease released lately, is Error FAILED_PRECONDITION; a
+        new lease past store_max_grant_pinned is RESOURCE_EXHAUSTED."""
         op = _key(op_id)
         ks, packed = self._one_batch("lease_create", keys)
         exp, joined = ctypes.c_uint64(), ctypes.c_int()
