@@ -80,6 +80,17 @@ const (
 	// statusLeaseWait the time they take in all.
 	maxStatusLeases = 256
 	statusLeaseWait = 2 * time.Second
+	// listPageKeys bounds the keys one read of a listing asks etcd for:
+	// a response stays a few megabytes (records are at most
+	// directory.MaxRecord) and each read within DialTimeout, however many
+	// daemons and exports the prefix holds.
+	listPageKeys = 500
+	// maxListKeys bounds the keys a listing takes in all: the most the
+	// cache holds (members and exports), a claim per member and every
+	// shard. A prefix holding more was written by something other than
+	// daemons keeping to these bounds; its listing is refused (the
+	// directory stays unprimed, and says why) rather than read in part.
+	maxListKeys = 2*directory.MaxMembers + directory.MaxExports + maxShards
 )
 
 // Config configures a Dir.
@@ -123,6 +134,11 @@ type Config struct {
 	Static []directory.Peer
 	// Log defaults to discarding.
 	Log *slog.Logger
+
+	// listPage and listMax replace listPageKeys and maxListKeys (tests);
+	// maxRecv, when set, is the client's limit on one response (tests: a
+	// listing read in one response would pass it).
+	listPage, listMax, maxRecv int
 }
 
 func (c *Config) setDefaults() error {
@@ -178,6 +194,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.listPage <= 0 {
+		c.listPage = listPageKeys
+	}
+	if c.listMax <= 0 {
+		c.listMax = maxListKeys
 	}
 	return nil
 }
@@ -276,6 +298,9 @@ type Dir struct {
 	// them, and one bad record is read again on every listing and every
 	// fallback lookup of its key. shut stops them.
 	refusedRecords, refusedClaims *ratelog.Log
+	// refusedListings logs the listings refused for their size (tried
+	// again every RetryEvery, a read of one page each).
+	refusedListings *ratelog.Log
 }
 
 var (
@@ -308,6 +333,7 @@ func Open(cfg Config) (*Dir, error) {
 		TLS:                  tc,
 		Logger:               zap.NewNop(),
 		AutoSyncInterval:     0,
+		MaxCallRecvMsgSize:   cfg.maxRecv,
 		// gRPC's default reconnect backoff grows to two minutes: a daemon
 		// would find etcd back long after its lease's TTL, and so lose a
 		// registration etcd's restart renewed (keeper, resume). Retry at
@@ -326,6 +352,8 @@ func Open(cfg Config) (*Dir, error) {
 		applied: make(map[string]uint64), kick: make(chan struct{}, 1), primed: make(chan struct{})}
 	d.refusedRecords = ratelog.New(d.log, slog.LevelWarn, "directory record refused", 0)
 	d.refusedClaims = ratelog.New(d.log, slog.LevelWarn, "shard claim refused", 0)
+	d.refusedListings = ratelog.New(d.log, slog.LevelError,
+		"directory listing refused: the prefix holds more keys than a daemon lists; until it is cleaned up the cache is neither loaded nor followed (lookups read etcd or fail, as their lane says) and this daemon is home of no shard", 0)
 	d.cache, err = directory.NewCache(directory.CacheConfig{Budget: cfg.Budget, Store: &store{d}, Clock: cfg.Clock,
 		RefreshTimeout: min(cfg.Budget, cfg.DialTimeout)})
 	if err != nil {
@@ -421,7 +449,11 @@ func (d *Dir) feed() {
 	for d.ctx.Err() == nil {
 		rev, err := d.list()
 		if err != nil {
-			d.log.Debug("directory listing failed", "err", err)
+			if errors.Is(err, errListTooLarge) {
+				d.refusedListings.Event(slog.Any("err", err))
+			} else {
+				d.log.Debug("directory listing failed", "err", err)
+			}
 			if !d.wait(d.cfg.RetryEvery) {
 				return
 			}
@@ -432,29 +464,71 @@ func (d *Dir) feed() {
 }
 
 func (d *Dir) list() (int64, error) {
-	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.DialTimeout)
-	defer cancel()
-	d.requests.Add(1)
-	resp, err := d.cli.Get(ctx, d.cfg.Prefix, clientv3.WithPrefix())
+	var evs []directory.Event
+	var claims []ShardClaim
+	rev, err := d.listPages(func(kvs []*mvccpb.KeyValue) {
+		for _, kv := range kvs {
+			if sh, ok := d.shardOf(kv.Key); ok {
+				claims = append(claims, d.shardClaimOf(sh, kv.Value, kv.ModRevision))
+				continue
+			}
+			if ev, ok := d.parse(kv.Key, kv.Value, false, kv.Lease, kv.ModRevision); ok && !ev.Delete {
+				evs = append(evs, ev)
+			}
+		}
+	})
 	if err != nil {
 		return 0, err
 	}
-	evs := make([]directory.Event, 0, len(resp.Kvs))
-	var claims []ShardClaim
-	for _, kv := range resp.Kvs {
-		if sh, ok := d.shardOf(kv.Key); ok {
-			claims = append(claims, d.shardClaimOf(sh, kv.Value, kv.ModRevision))
-			continue
-		}
-		if ev, ok := d.parse(kv.Key, kv.Value, false, kv.Lease, kv.ModRevision); ok && !ev.Delete {
-			evs = append(evs, ev)
-		}
-	}
-	d.cache.Load(evs, resp.Header.Revision)
-	d.listedShards(claims, resp.Header.Revision)
+	d.cache.Load(evs, rev)
+	d.listedShards(claims, rev)
 	d.primedOnce.Do(func() { close(d.primed) })
 	d.reachable()
-	return resp.Header.Revision, nil
+	return rev, nil
+}
+
+// errListTooLarge refuses a listing of more keys than Config.listMax.
+var errListTooLarge = errors.New("too many keys to list")
+
+// listPages reads the prefix in pages of at most Config.listPage keys,
+// each read within DialTimeout, and hands each page to take. Every page
+// is read at the revision of the first, which it returns: the listing is
+// the prefix as of that revision, and a watch from the next one misses
+// nothing. A revision compacted before the last page fails the listing
+// (it is tried again, at a new revision). A prefix of more than
+// Config.listMax keys is refused after its first page (which says how
+// many there are), with errListTooLarge.
+func (d *Dir) listPages(take func([]*mvccpb.KeyValue)) (int64, error) {
+	end := clientv3.GetPrefixRangeEnd(d.cfg.Prefix)
+	from, rev, taken := d.cfg.Prefix, int64(0), 0
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(d.cfg.listPage))}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.DialTimeout)
+		d.requests.Add(1)
+		resp, err := d.cli.Get(ctx, from, opts...)
+		cancel()
+		if err != nil {
+			return 0, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		// Count is every key of the range at rev, whatever the limit.
+		if total := max(resp.Count, int64(taken+len(resp.Kvs))); total > int64(d.cfg.listMax) {
+			return 0, fmt.Errorf("%w: %s holds %d keys at revision %d, more than the %d a listing takes",
+				errListTooLarge, d.cfg.Prefix, total, rev, d.cfg.listMax)
+		}
+		take(resp.Kvs)
+		taken += len(resp.Kvs)
+		if !resp.More || len(resp.Kvs) == 0 {
+			return rev, nil
+		}
+		// The next page starts just past this one's last key.
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
 }
 
 // caughtUp says whether a watch response of n events, the last at
@@ -725,6 +799,7 @@ func (d *Dir) shut(revoke bool) {
 		d.wg.Wait()
 		d.refusedRecords.Stop()
 		d.refusedClaims.Stop()
+		d.refusedListings.Stop()
 		d.smu.Lock()
 		lease, down := d.lease, d.state == directory.StateDown
 		d.state, d.since = directory.StateClosed, d.cfg.Clock()

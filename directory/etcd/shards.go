@@ -28,6 +28,9 @@ import (
 // transactions of more than 128 operations by default).
 const maxShardTxn = 64
 
+// maxShards bounds the shard numbers a shard key may name.
+const maxShards = 1 << 16
+
 // ShardClaim is a shard's claim as the directory knows it: Home (empty:
 // none) and the generation it was read or written at (Gen; for an absent
 // key, the revision at which it was seen absent).
@@ -65,7 +68,7 @@ func (d *Dir) shardOf(key []byte) (int, bool) {
 		return 0, false
 	}
 	s, err := strconv.Atoi(k)
-	if err != nil || s < 0 || s >= 1<<16 || strconv.Itoa(s) != k {
+	if err != nil || s < 0 || s >= maxShards || strconv.Itoa(s) != k {
 		return 0, false
 	}
 	return s, true
