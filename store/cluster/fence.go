@@ -163,9 +163,15 @@ func (c *Cluster) fenced(req []byte) (body, refusal []byte, err error) {
 	}
 	var stale []shardGen
 	for i := 0; i < n && d.err == nil; i++ {
-		s, gen := int(d.u32()), d.u64()
-		if d.err == nil && !c.holdsGen(s, gen) {
-			stale = append(stale, shardGen{s, c.heldGen(s)})
+		s, gen := d.u32(), d.u64()
+		// A shard past this daemon's count is a sender with another
+		// store_shards (or a broken one): nothing it asks of the home
+		// can be right.
+		if d.err == nil && int64(s) >= int64(c.cfg.Shards) {
+			d.fail("shard %d in a fence (%d shards here)", s, c.cfg.Shards)
+		}
+		if d.err == nil && !c.holdsGen(int(s), gen) {
+			stale = append(stale, shardGen{int(s), c.heldGen(int(s))})
 		}
 	}
 	if d.err != nil {
@@ -366,6 +372,12 @@ func (c *Cluster) refresh(home string, stale, sent []shardGen, deadline time.Tim
 	var read []int
 	var told []ShardClaim
 	for _, x := range stale {
+		// Only the shards the message carried: what the home says of
+		// others (of a shard past this daemon's count, too) answers
+		// nothing this daemon asked.
+		if !slices.ContainsFunc(sent, func(y shardGen) bool { return y.shard == x.shard }) {
+			continue
+		}
 		known := c.shardClaims[x.shard].Load()
 		switch {
 		case x.gen != 0 && (known == nil || x.gen > known.Gen):
