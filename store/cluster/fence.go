@@ -64,6 +64,9 @@ type ShardClaim struct {
 	Home  string
 	Epoch uint64
 	Gen   uint64
+	// told marks a claim a peer stated (decodeShardClaims): its word, not
+	// etcd's, which onShardClaims does not keep.
+	told bool
 }
 
 // Fence statuses of a home's answer.
@@ -357,43 +360,37 @@ func (c *Cluster) homeExchange(home string, m homeMsg, req []byte, deadline time
 
 // refresh brings up to date what this daemon knows of shards a home
 // refused as stale. Without a fence there is nothing to read: the view is
-// what the members say. With one, a home that says it holds a newer
-// generation is believed at once (it holds a claim etcd gave it, and
-// says so only while its view of etcd is current); a shard whose home
-// this daemon believed and which now holds none is read from etcd (one
-// request, only when a home was lost); an unclaimed shard is left to its
-// claim. The read ends by deadline, the call's: an etcd that answers
-// slowly makes the keys of those shards fail in time, not the call late.
+// what the members say. With one, the claims of the shards whose home
+// answered other than this daemon knows are read from etcd (one request):
+// a home that says it holds a newer generation (it took the shard, and the
+// watch has not brought that here yet), or one this daemon believed home
+// that now holds none. A home's word is never kept as a claim: a
+// generation is what etcd says, and one etcd never gave (a broken or
+// hostile home's) would make every claim etcd gives later look older, and
+// keep the shard where the word says until this daemon restarts. An
+// unclaimed shard is left to its claim. The read ends by deadline, the
+// call's: an etcd that answers slowly makes the keys of those shards fail
+// in time, not the call late.
 func (c *Cluster) refresh(home string, stale, sent []shardGen, deadline time.Time) error {
 	c.log.Debug("a home refused a stale generation", "home", home, "stale", stale, "sent", sent)
 	if c.cfg.Fence == nil {
 		return nil
 	}
 	var read []int
-	var told []ShardClaim
 	for _, x := range stale {
 		// Only the shards the message carried: what the home says of
 		// others (of a shard past this daemon's count, too) answers
 		// nothing this daemon asked.
-		if !slices.ContainsFunc(sent, func(y shardGen) bool { return y.shard == x.shard }) {
+		if !slices.ContainsFunc(sent, func(y shardGen) bool { return y.shard == x.shard }) || slices.Contains(read, x.shard) {
 			continue
 		}
 		known := c.shardClaims[x.shard].Load()
-		switch {
-		case x.gen != 0 && (known == nil || x.gen > known.Gen):
-			told = append(told, ShardClaim{Shard: x.shard, Home: home, Gen: x.gen})
-		case x.gen == 0 && known != nil && known.Home == home:
+		if x.gen != 0 && (known == nil || x.gen > known.Gen) || x.gen == 0 && known != nil && known.Home == home {
 			read = append(read, x.shard)
 		}
 	}
-	if len(told) > 0 {
-		c.onShardClaims(told)
-	}
 	if len(read) == 0 {
-		if len(told) == 0 {
-			return fmt.Errorf("%w: %s is not home of shards %v, and no other home has claimed them yet", ErrStaleGeneration, home, stale)
-		}
-		return nil
+		return fmt.Errorf("%w: %s is not home of shards %v, and no other home has claimed them yet", ErrStaleGeneration, home, stale)
 	}
 	c.route.storeReads.Add(uint64(len(read)))
 	ctx, cancel := context.WithDeadline(c.life, deadline)
@@ -406,13 +403,16 @@ func (c *Cluster) refresh(home string, stale, sent []shardGen, deadline time.Tim
 
 // onShardClaims takes in changes of the claims (the Fence's watcher): a shard
 // this daemon lost is forgotten, the keys held here of a shard that moved
-// go to its new home, and the claimer looks again.
+// go to its new home, and the claimer looks again. A claim a peer told of
+// is not taken: the watch brings etcd's (see refresh), and a peer's word
+// neither wakes the claimer nor changes anything here.
 func (c *Cluster) onShardClaims(cs []ShardClaim) {
 	var lost []int
 	lostTo := map[int]string{}
 	moved := map[int]bool{}
+	changed := false
 	for _, n := range cs {
-		if n.Shard < 0 || n.Shard >= c.cfg.Shards {
+		if n.told || n.Shard < 0 || n.Shard >= c.cfg.Shards {
 			continue
 		}
 		p := &c.shardClaims[n.Shard]
@@ -444,6 +444,7 @@ func (c *Cluster) onShardClaims(cs []ShardClaim) {
 		if !stored {
 			continue
 		}
+		changed = true
 		oldHome := ""
 		if old != nil {
 			oldHome = old.Home
@@ -476,6 +477,9 @@ func (c *Cluster) onShardClaims(cs []ShardClaim) {
 	}
 	if len(moved) > 0 {
 		c.reannounce(func(s int, _ string) bool { return moved[s] })
+	}
+	if !changed {
+		return
 	}
 	select {
 	case c.ckick <- struct{}{}:
@@ -642,7 +646,8 @@ func (c *Cluster) pullShardClaims(v *view, won []ShardClaim) {
 }
 
 // decodeShardClaims decodes a re-announcement request's claims (those its
-// sender won), as claims of from.
+// sender won), as claims of from that it told of: which shards to
+// re-announce to it, not claims to keep (onShardClaims).
 func decodeShardClaims(from string, b []byte) ([]ShardClaim, error) {
 	if len(b) == 1 {
 		return nil, nil // no claims: a pull of the view's shards
@@ -654,7 +659,7 @@ func decodeShardClaims(from string, b []byte) ([]ShardClaim, error) {
 	}
 	cs := make([]ShardClaim, 0, n)
 	for i := 0; i < n && d.err == nil; i++ {
-		cs = append(cs, ShardClaim{Shard: int(d.u32()), Home: from, Epoch: d.u64(), Gen: d.u64()})
+		cs = append(cs, ShardClaim{Shard: int(d.u32()), Home: from, Epoch: d.u64(), Gen: d.u64(), told: true})
 	}
 	return cs, d.end()
 }
