@@ -39,6 +39,9 @@ type ShardClaim struct {
 	Home  string
 	Epoch uint64
 	Gen   uint64
+	// unreadable marks an unclaimed shard whose key holds a record that
+	// is no claim (Gen is its mod revision): a claim replaces it.
+	unreadable bool
 }
 
 // shardRecord is the value of a shard key.
@@ -49,10 +52,14 @@ type shardRecord struct {
 
 // shardWatch is the registered watcher and what the feed has seen.
 type shardWatch struct {
-	// mu guards fn and seen.
+	// mu guards the fields below.
 	mu   sync.Mutex
 	fn   func([]ShardClaim)
 	seen map[int]ShardClaim
+	// unreadable is, for each shard key holding a record that is no
+	// claim, that record's mod revision (a claim compares it to replace
+	// it). At most maxShards, as seen.
+	unreadable map[int]int64
 }
 
 func (d *Dir) shardKey(s int) string { return d.cfg.Prefix + "shards/" + strconv.Itoa(s) }
@@ -75,12 +82,12 @@ func (d *Dir) shardOf(key []byte) (int, bool) {
 }
 
 // shardClaimOf decodes a shard key's value (what does not decode is no
-// claim: it is not believed).
+// claim: it is not believed, and a claim may replace it).
 func (d *Dir) shardClaimOf(s int, val []byte, rev int64) ShardClaim {
 	var r shardRecord
 	if err := json.Unmarshal(val, &r); err != nil || r.Home == "" || len(r.Home) > directory.MaxIDLen {
 		d.refusedClaims.Event(slog.Int("shard", s), slog.Any("err", err))
-		return ShardClaim{Shard: s, Gen: uint64(rev)}
+		return ShardClaim{Shard: s, Gen: uint64(rev), unreadable: true}
 	}
 	return ShardClaim{Shard: s, Home: r.Home, Epoch: r.Epoch, Gen: uint64(rev)}
 }
@@ -96,12 +103,17 @@ func (d *Dir) shardEvents(cs []ShardClaim) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.seen == nil {
-		w.seen = map[int]ShardClaim{}
+		w.seen, w.unreadable = map[int]ShardClaim{}, map[int]int64{}
 	}
 	out := cs[:0]
 	for _, c := range cs {
 		if old, ok := w.seen[c.Shard]; ok && old.Gen > c.Gen {
 			continue
+		}
+		if c.unreadable {
+			w.unreadable[c.Shard] = int64(c.Gen)
+		} else {
+			delete(w.unreadable, c.Shard)
 		}
 		if c.Home == "" {
 			delete(w.seen, c.Shard)
@@ -154,10 +166,11 @@ func (d *Dir) WatchShards(fn func([]ShardClaim)) {
 
 // ClaimShards claims shards for this daemon (at epoch) under its member
 // lease, each expected at expect[i] (the generation of the claim it
-// replaces; 0: no claim), in transactions of at most 64 shards, each all
-// or nothing. It returns the shards won with their generation (also handed
-// to the watcher); the shards of a transaction that lost are read again,
-// so the watcher learns who holds them. It needs Join first.
+// replaces; 0: no claim, the key absent or holding a record that is no
+// claim as the feed last saw it), in transactions of at most 64 shards,
+// each all or nothing. It returns the shards won with their generation
+// (also handed to the watcher); the shards of a transaction that lost are
+// read again, so the watcher learns who holds them. It needs Join first.
 func (d *Dir) ClaimShards(ctx context.Context, epoch uint64, shards []int, expect []uint64) ([]ShardClaim, error) {
 	if len(expect) != len(shards) {
 		return nil, fmt.Errorf("%w: %d generations for %d shards", directory.ErrInvalid, len(expect), len(shards))
@@ -177,15 +190,24 @@ func (d *Dir) ClaimShards(ctx context.Context, epoch uint64, shards []int, expec
 		part, exp := shards[start:min(start+maxShardTxn, len(shards))], expect[start:min(start+maxShardTxn, len(shards))]
 		cmps := make([]clientv3.Cmp, len(part))
 		ops := make([]clientv3.Op, len(part))
+		d.shards.mu.Lock()
 		for i, s := range part {
 			k := d.shardKey(s)
-			if exp[i] == 0 {
+			bad, unreadable := d.shards.unreadable[s]
+			switch {
+			case exp[i] == 0 && unreadable:
+				// Expected absent, the record the feed saw there (no
+				// claim) would fail the claim on every round, leaving
+				// the shard without a home while it stays.
+				cmps[i] = clientv3.Compare(clientv3.ModRevision(k), "=", bad)
+			case exp[i] == 0:
 				cmps[i] = clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
-			} else {
+			default:
 				cmps[i] = clientv3.Compare(clientv3.ModRevision(k), "=", int64(exp[i]))
 			}
 			ops[i] = clientv3.OpPut(k, string(val), clientv3.WithLease(lease))
 		}
+		d.shards.mu.Unlock()
 		rctx, cancel := context.WithTimeout(ctx, d.cfg.DialTimeout)
 		d.requests.Add(1)
 		resp, err := d.cli.Txn(clientv3.WithRequireLeader(rctx)).If(cmps...).Then(ops...).Commit()

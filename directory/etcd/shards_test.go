@@ -119,3 +119,51 @@ func TestShardKeyNotCanonical(t *testing.T) {
 		t.Fatalf("b's listing says shard 7 is %+v, want a's claim %+v", c, won[0])
 	}
 }
+
+// TestClaimOverUnreadableRecord: a shard key holding a record that is no
+// claim (it does not decode: another program's write, a hand edit) is an
+// unclaimed shard, and its home can claim it: the claim replaces the
+// record. Were it expected absent, the claim would fail on every round
+// (each read of the record saying "unclaimed" again), and the shard would
+// have no home for as long as the record stays.
+func TestClaimOverUnreadableRecord(t *testing.T) {
+	srv := etcdtest.Start(t)
+	a := open(t, srv, "a", nil)
+	join(t, a, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	put, err := a.cli.Put(ctx, a.shardKey(3), `{"home":`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l claimLog
+	a.WatchShards(l.watch)
+	testutil.Eventually(t, 5*time.Second, func() bool { return l.of(3).Gen == uint64(put.Header.Revision) },
+		"a seeing the record at shard 3")
+	if c := l.of(3); c.Home != "" {
+		t.Fatalf("a record that does not decode is a claim of %q", c.Home)
+	}
+	won := claim(t, a, 3)
+	if won[0].Home != "a" || won[0].Gen <= uint64(put.Header.Revision) {
+		t.Fatalf("claim over the record: %+v", won[0])
+	}
+	got, err := a.cli.Get(ctx, a.shardKey(3))
+	if err != nil || len(got.Kvs) != 1 || got.Kvs[0].ModRevision != int64(won[0].Gen) {
+		t.Fatalf("shard 3 in etcd after the claim: %v %v", got.Kvs, err)
+	}
+
+	// A record written over it since is not replaced by a claim that
+	// expected the unreadable one.
+	if _, err := a.cli.Put(ctx, a.shardKey(5), `[]`); err != nil {
+		t.Fatal(err)
+	}
+	later, err := a.cli.Put(ctx, a.shardKey(5), `{"home":"b","epoch":2}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return l.of(5).Home == "b" }, "a seeing b's claim of shard 5")
+	won, err = a.ClaimShards(ctx, 1, []int{5}, []uint64{0})
+	if err != nil || len(won) != 0 {
+		t.Fatalf("claiming shard 5, unclaimed expected, over b's claim at %d: won %+v, %v", later.Header.Revision, won, err)
+	}
+}
