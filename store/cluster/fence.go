@@ -401,11 +401,12 @@ func (c *Cluster) refresh(home string, stale, sent []shardGen, deadline time.Tim
 	return nil
 }
 
-// onShardClaims takes in changes of the claims (the Fence's watcher): a shard
-// this daemon lost is forgotten, the keys held here of a shard that moved
-// go to its new home, and the claimer looks again. A claim a peer told of
-// is not taken: the watch brings etcd's (see refresh), and a peer's word
-// neither wakes the claimer nor changes anything here.
+// onShardClaims takes in changes of the claims (the Fence's watcher): a
+// shard this daemon lost is forgotten, the keys held here of a shard that
+// moved go to its new home, and the claimer looks again when a claim
+// changed. A claim a peer told of is not taken: the watch brings etcd's
+// (see refresh), and a peer's word neither wakes the claimer nor changes
+// anything here.
 func (c *Cluster) onShardClaims(cs []ShardClaim) {
 	var lost []int
 	lostTo := map[int]string{}
@@ -444,7 +445,10 @@ func (c *Cluster) onShardClaims(cs []ShardClaim) {
 		if !stored {
 			continue
 		}
-		changed = true
+		// The same claim again (a read of claims that found them as they
+		// were) is no change: waking the claimer for it would have a
+		// round whose read found nothing new wake the next at once.
+		changed = changed || old == nil || *old != n
 		oldHome := ""
 		if old != nil {
 			oldHome = old.Home

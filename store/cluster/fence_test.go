@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -247,5 +248,34 @@ func TestNewerClaimReadFromEtcd(t *testing.T) {
 	}
 	if n := counting["a"].refreshes.Load(); n != 1 {
 		t.Fatalf("a read the claims %d times, want once", n)
+	}
+}
+
+// TestSameClaimDoesNotWakeClaimer: a claim handed over again as this
+// daemon knows it already (a read of claims that changed nothing) does
+// not wake the claimer. Else a claim round whose read of claims found
+// them as they were (a claim that fails the same way each time) would
+// wake the next at once: a loop of requests to etcd, without a pause.
+func TestSameClaimDoesNotWakeClaimer(t *testing.T) {
+	f, _ := newClaimedNet(t, []string{"a", "b"}, 16, nil)
+	a := f.node("a")
+	select {
+	case <-a.c.ckick:
+	default:
+	}
+	same := a.c.ShardClaims()
+	a.c.onShardClaims(same)
+	if len(a.c.ckick) != 0 {
+		t.Fatal("claims handed over as they were woke the claimer")
+	}
+	if got := a.c.ShardClaims(); !slices.Equal(got, same) {
+		t.Fatalf("claims handed over as they were changed them:\n%v\nwas\n%v", got, same)
+	}
+	// A change does.
+	cl := same[0]
+	cl.Gen++
+	a.c.onShardClaims([]ShardClaim{cl})
+	if len(a.c.ckick) != 1 {
+		t.Fatal("a newer claim did not wake the claimer")
 	}
 }
