@@ -128,7 +128,8 @@ func (d *Dir) shardEvents(cs []ShardClaim) {
 }
 
 // listedShards replaces what was seen with a listing at rev: a shard
-// seen claimed and absent from the listing is unclaimed as of rev.
+// seen claimed (or holding a record that is no claim) and absent from the
+// listing is unclaimed as of rev.
 func (d *Dir) listedShards(cs []ShardClaim, rev int64) {
 	w := &d.shards
 	w.mu.Lock()
@@ -137,6 +138,11 @@ func (d *Dir) listedShards(cs []ShardClaim, rev int64) {
 		listed[c.Shard] = true
 	}
 	for s := range w.seen {
+		if !listed[s] {
+			cs = append(cs, ShardClaim{Shard: s, Gen: uint64(rev)})
+		}
+	}
+	for s := range w.unreadable {
 		if !listed[s] {
 			cs = append(cs, ShardClaim{Shard: s, Gen: uint64(rev)})
 		}

@@ -167,3 +167,18 @@ func TestClaimOverUnreadableRecord(t *testing.T) {
 		t.Fatalf("claiming shard 5, unclaimed expected, over b's claim at %d: won %+v, %v", later.Header.Revision, won, err)
 	}
 }
+
+// TestListingForgetsUnreadableRecord: a record that is no claim, gone
+// from a listing (deleted while the watch was down), is forgotten: a
+// claim of its shard expects the key absent again, not that record.
+func TestListingForgetsUnreadableRecord(t *testing.T) {
+	var d Dir
+	d.shardEvents([]ShardClaim{{Shard: 3, Gen: 10, unreadable: true}})
+	if _, ok := d.shards.unreadable[3]; !ok {
+		t.Fatal("the feed did not note the record that is no claim")
+	}
+	d.listedShards(nil, 20)
+	if rev, ok := d.shards.unreadable[3]; ok {
+		t.Fatalf("a listing without shard 3's key left its record (revision %d) noted", rev)
+	}
+}
