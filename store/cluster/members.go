@@ -333,13 +333,11 @@ func (c *Cluster) onReannounce(from string, epoch uint64, req []byte) ([]byte, e
 		return nil, err
 	}
 	if len(cs) > 0 {
-		// The claims the asker won (which the watch may not have brought
-		// here yet): the keys of those shards go to it, even when the
-		// watch brought them first, since what was sent then may have
-		// reached the asker before it knew it had won.
-		if c.shardClaims != nil {
-			c.onShardClaims(cs)
-		}
+		// The claims the asker says it won only choose the keys sent: the
+		// keys of those shards go to it, even when the watch brought its
+		// claims first, since what was sent then may have reached the
+		// asker before it knew it had won. The claims themselves are
+		// taken from etcd's watch, never from a peer's word.
 		won := map[int]bool{}
 		for _, cl := range cs {
 			won[cl.Shard] = true
