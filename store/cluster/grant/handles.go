@@ -126,6 +126,8 @@ func NewHandles(cfg HandlesConfig) (*Handles, error) {
 		return nil, fmt.Errorf("%w: a token key of %d bytes (at least 16)", ErrInvalid, len(cfg.Key))
 	case cfg.Pinner == nil:
 		return nil, fmt.Errorf("%w: no Pinner", ErrInvalid)
+	case cfg.MaxTTL > maxRouteTTLms*time.Millisecond:
+		return nil, fmt.Errorf("%w: MaxTTL %v (at most %v, what a renewal routed to the issuer carries)", ErrInvalid, cfg.MaxTTL, maxRouteTTLms*time.Millisecond)
 	}
 	if cfg.MaxHandles <= 0 {
 		cfg.MaxHandles = 4096

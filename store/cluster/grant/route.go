@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
@@ -50,10 +51,16 @@ type PeerRouter struct {
 
 var _ Router = PeerRouter{}
 
+// maxRouteTTLms is the largest ttl a route message carries (its u32 of
+// milliseconds: about 49.7 days).
+const maxRouteTTLms = time.Duration(math.MaxUint32)
+
 func encodeRoute(op byte, t Token, token []byte, ttl time.Duration) []byte {
 	b := make([]byte, 0, 7+len(t.Scope)+len(token))
 	b = append(b, routeVersion, op)
-	b = binary.LittleEndian.AppendUint32(b, uint32(ttl/time.Millisecond))
+	// The issuer bounds the ttl by its own MaxTTL; one past what the field
+	// holds asks for the most it can, never a wrapped few milliseconds.
+	b = binary.LittleEndian.AppendUint32(b, uint32(min(ttl/time.Millisecond, maxRouteTTLms)))
 	b = append(b, byte(len(t.Scope)))
 	b = append(b, t.Scope...)
 	return append(b, token...)

@@ -254,3 +254,21 @@ func TestRouteRenewalAnswerChecked(t *testing.T) {
 		t.Fatalf("renewed to %v, the token says %v", got.Expiry, want)
 	}
 }
+
+// TestRouteTTLNotWrapped: a renewal asked for longer than the route
+// message's field holds asks the issuer for the most it holds (which the
+// issuer bounds by its MaxTTL), never for the wrapped remainder; an issuer
+// whose MaxTTL a routed renewal could not carry is refused at its start.
+func TestRouteTTLNotWrapped(t *testing.T) {
+	// 2^32 ms + 5 ms would wrap to 5 ms.
+	ask := time.Duration(1<<32+5) * time.Millisecond
+	b := encodeRoute(opRenew, Token{Scope: "s"}, []byte("tok"), ask)
+	if got := time.Duration(binary.LittleEndian.Uint32(b[2:])) * time.Millisecond; got != maxRouteTTLms*time.Millisecond {
+		t.Fatalf("a renewal of %v carries %v, want %v", ask, got, maxRouteTTLms*time.Millisecond)
+	}
+	_, err := NewHandles(HandlesConfig{DaemonID: "a", Epoch: 7, Key: clusterKey, Pinner: newCountPinner(),
+		MaxTTL: maxRouteTTLms*time.Millisecond + time.Millisecond})
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("NewHandles with a MaxTTL past the route's field: %v, want ErrInvalid", err)
+	}
+}
