@@ -19,7 +19,12 @@
 // Device.Release (work in flight); Device.FailQueuePairs moves every queue
 // pair to the error state, as a fatal device error would; Device.Stats
 // counts posts, work requests, signalled completions and connects;
-// Device.Live counts the regions and transports not yet released.
+// Device.Live counts the regions and transports not yet released;
+// Device.OnRegister and Device.OnDeregister run a test's function at each
+// registration and deregistration, with no lock held, so that a test can
+// make a registration take as long as a large one does on a device (an
+// ibv_reg_mr of GiBs takes seconds under Soft-RoCE) and count what was
+// released.
 //
 // Memory handed to Register must stay alive and in place while it is
 // registered (a buffer the test holds, or an mmap'd segment).
@@ -88,6 +93,8 @@ type Device struct {
 	hold                bool
 	qps                 map[*queuePair]struct{}
 	stats               Stats
+	onRegister          func(mem []byte, access rdma.Access)
+	onDeregister        func(r *rdma.Region)
 }
 
 // Open adds a device named name. cfg tunes the transports it makes (its
@@ -149,7 +156,11 @@ func (d *Device) RegisterAccess(mem []byte, access rdma.Access) (*rdma.Region, e
 		return nil, rdma.ErrNoDevice
 	}
 	d.regions++
+	hook := d.onRegister
 	f.mu.Unlock()
+	if hook != nil {
+		hook(mem, access)
+	}
 	base := uint64(uintptr(unsafe.Pointer(&mem[0])))
 	reg := func(off, n uint64) (uint32, uint32, any, error) {
 		f.mu.Lock()
@@ -185,6 +196,12 @@ func (f *Fabric) deregister(h any) error {
 
 // Deregister releases a region's keys: work naming them fails from now on.
 func (d *Device) Deregister(r *rdma.Region) error {
+	d.f.mu.Lock()
+	hook := d.onDeregister
+	d.f.mu.Unlock()
+	if hook != nil {
+		hook(r)
+	}
 	err := r.Release()
 	d.f.mu.Lock()
 	d.regions--
@@ -270,6 +287,25 @@ func (d *Device) Live() (regions, transports int) {
 	d.f.mu.Lock()
 	defer d.f.mu.Unlock()
 	return d.regions, d.transports
+}
+
+// OnRegister has f run at the start of each RegisterAccess of the device,
+// with the memory and access asked for, before any key is made and with
+// no lock of the fabric held: f may block, as a large registration does
+// on a device, while the fabric's other work goes on. nil: none.
+func (d *Device) OnRegister(f func(mem []byte, access rdma.Access)) {
+	d.f.mu.Lock()
+	d.onRegister = f
+	d.f.mu.Unlock()
+}
+
+// OnDeregister has f run at the start of each Deregister of the device,
+// with the region being released, with no lock of the fabric held. nil:
+// none.
+func (d *Device) OnDeregister(f func(r *rdma.Region)) {
+	d.f.mu.Lock()
+	d.onDeregister = f
+	d.f.mu.Unlock()
 }
 
 // Stats is what the device's queue pairs were given so far.
