@@ -35,14 +35,33 @@ const revokeWait = time.Second
 const revokeQuiet = 30 * time.Second
 
 // exportRegs are the registrations of exports peers resolved, by export.
+//
+// Registering an export pins and maps every page of it (seconds for GiBs
+// under Soft-RoCE), so it runs outside mu: the export is reserved in
+// pending under mu, registered without it, and published in m under mu
+// again, where its end (exportEnded) finds it. Meanwhile the other
+// exports' resolutions and revocations and the counters go on, and Close
+// releases the other registrations before it waits for this one; a peer
+// asking for the same export waits for that registration rather than
+// making a second one. An export that ended, or links that closed, while
+// it registered get no keys: the registration is released at once.
 type exportRegs struct {
-	// mu guards m and silent, and serializes registering with revoking,
-	// so that an export is never registered after its revocation.
+	// mu guards the fields below. It is never held while the device
+	// registers or deregisters.
 	mu sync.Mutex
 	m  map[*peer.Export]*exportReg
+	// pending are the exports being registered, each with what its
+	// registration ended with.
+	pending map[*peer.Export]*pendingReg
 	// silent are the peers that did not confirm a revocation, since when
 	// (see revokeQuiet).
 	silent map[string]time.Time
+	// closed: the links are closing; nothing is registered any more.
+	closed bool
+	// registering counts the registrations in progress (added under mu
+	// while not closed), which closeAll waits for: each releases its
+	// region itself when it finds the links closed.
+	registering sync.WaitGroup
 }
 
 type exportReg struct {
@@ -50,6 +69,14 @@ type exportReg struct {
 	tenant string // the exporter's, in its wire form ("" for the default)
 	reg    *rdma.Region
 	peers  map[string]struct{} // peers that were given the keys
+}
+
+// pendingReg is an export's registration in progress: done closes when it
+// ended, err then says why it failed (nil: it is in exportRegs.m, unless
+// the export ended since).
+type pendingReg struct {
+	done chan struct{}
+	err  error
 }
 
 // accessOf maps an export's granted rights to the remote access of its
@@ -97,7 +124,6 @@ func (p *Links) serveSegmentByName(from string, _ uint64, req []byte) ([]byte, e
 // export's end revokes it.
 func (p *Links) serveExport(from string, x *peer.Export) ([]byte, error) {
 	name := x.Name()
-	rights := tcp.Rights(x.Rights())
 	// The reference keeps the export from ending while it is registered:
 	// its end waits for it, then revokes what was registered here.
 	seg := x.Segment()
@@ -110,28 +136,89 @@ func (p *Links) serveExport(from string, x *peer.Export) ([]byte, error) {
 		return nil, errors.New("empty segment")
 	}
 	e := &p.exports
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	r := e.m[x]
-	if r == nil {
-		start := time.Now()
-		reg, err := p.dev.RegisterAccess(b, accessOf(rights))
-		if err != nil {
-			return nil, fmt.Errorf("registering export %q: %w", name, err)
+	waited := false
+	for {
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			return nil, fmt.Errorf("rdma: %w", xfer.ErrClosed)
 		}
-		if !x.OnEnd(func() { p.exportEnded(x) }) {
-			// Unexported while it registered: nobody gets these keys.
-			_ = p.dev.Deregister(reg)
+		if r := e.m[x]; r != nil {
+			r.peers[from] = struct{}{}
+			delete(e.silent, from) // it answers again
+			remote := r.reg.Remote(0)
+			e.mu.Unlock()
+			return remote.MarshalBinary()
+		}
+		w := e.pending[x]
+		if w == nil && waited {
+			// Registered for a peer this one waited on, and ended since.
+			e.mu.Unlock()
 			return nil, fmt.Errorf("%w: %q is being unexported", tcp.ErrNotFound, name)
 		}
-		r = &exportReg{name: name, tenant: peer.WireTenant(x.Tenant()), reg: reg, peers: map[string]struct{}{}}
-		e.m[x] = r
-		p.log.Info("export registered for rdma", "name", name, "bytes", len(b), "access", accessOf(rights).String(),
-			"took", time.Since(start).Round(time.Microsecond).String())
+		if w == nil {
+			w = &pendingReg{done: make(chan struct{})}
+			e.pending[x] = w
+			e.registering.Add(1)
+			e.mu.Unlock()
+			return p.registerExport(from, x, w, b)
+		}
+		e.mu.Unlock()
+		// Another peer's request registers x: its registration serves
+		// this one too.
+		<-w.done
+		if w.err != nil {
+			return nil, w.err
+		}
+		waited = true
 	}
-	r.peers[from] = struct{}{}
-	delete(e.silent, from) // it answers again
-	return r.reg.Remote(0).MarshalBinary()
+}
+
+// registerExport registers x's bytes b for the peer from, which reserved x
+// in pending as w, without holding exportRegs.mu, and publishes the
+// registration unless x ended or the links closed meanwhile (then it is
+// released here, and nobody gets its keys).
+func (p *Links) registerExport(from string, x *peer.Export, w *pendingReg, b []byte) ([]byte, error) {
+	e := &p.exports
+	defer e.registering.Done()
+	name := x.Name()
+	access := accessOf(tcp.Rights(x.Rights()))
+	start := time.Now()
+	reg, err := p.dev.RegisterAccess(b, access)
+	took := time.Since(start)
+	var resp []byte
+	var dead *rdma.Region
+	e.mu.Lock()
+	delete(e.pending, x)
+	switch {
+	case err != nil:
+		w.err = fmt.Errorf("registering export %q: %w", name, err)
+	case e.closed:
+		dead, w.err = reg, fmt.Errorf("rdma: %w", xfer.ErrClosed)
+	case !x.OnEnd(func() { p.exportEnded(x) }):
+		// Unexported while it registered: nobody gets these keys.
+		dead, w.err = reg, fmt.Errorf("%w: %q is being unexported", tcp.ErrNotFound, name)
+	default:
+		// Published under mu with OnEnd's registration: an end that
+		// runs from now on finds it in m.
+		e.m[x] = &exportReg{name: name, tenant: peer.WireTenant(x.Tenant()), reg: reg, peers: map[string]struct{}{from: {}}}
+		delete(e.silent, from) // it answers again
+		resp, w.err = reg.Remote(0).MarshalBinary()
+	}
+	e.mu.Unlock()
+	close(w.done)
+	if dead != nil {
+		if err := p.dev.Deregister(dead); err != nil {
+			p.log.Error("deregistering an export nobody got the keys of", "name", name, "err", err)
+		}
+		return nil, w.err
+	}
+	if w.err != nil {
+		return nil, w.err
+	}
+	p.log.Info("export registered for rdma", "name", name, "bytes", len(b), "access", access.String(),
+		"took", took.Round(time.Microsecond).String())
+	return resp, nil
 }
 
 // exportEnded runs when an export the links registered ends (after the
@@ -235,16 +322,23 @@ func logTenant(wireTenant string) string {
 }
 
 // closeAll releases every export's registration (the links are closing; the
-// transports are closed already).
+// transports are closed already) and waits for the registrations in
+// progress, which release their own.
 func (e *exportRegs) closeAll(p *Links) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	for seg, r := range e.m {
+	e.closed = true
+	regs := make([]*exportReg, 0, len(e.m))
+	for _, r := range e.m {
+		regs = append(regs, r)
+	}
+	clear(e.m)
+	e.mu.Unlock()
+	for _, r := range regs {
 		if err := p.dev.Deregister(r.reg); err != nil {
 			p.log.Warn("deregistering an export", "name", r.name, "err", err)
 		}
-		delete(e.m, seg)
 	}
+	e.registering.Wait()
 }
 
 // dropSegments takes the link's keys back from its resolved segments

@@ -2,13 +2,20 @@ package link
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/tensorcast/tensorcast/peer"
+	"github.com/tensorcast/tensorcast/rdma"
+	"github.com/tensorcast/tensorcast/rdma/rdmatest"
+	"github.com/tensorcast/tensorcast/tcp"
 	"github.com/tensorcast/tensorcast/wire"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // TestFabricStalledPeerHoldsUpOneRevocation: a peer that resolved a
@@ -49,5 +56,235 @@ func TestFabricStalledPeerHoldsUpOneRevocation(t *testing.T) {
 	}
 	if n := asked.Load(); n > 1 {
 		t.Fatalf("d1 waited on the stalled d2 for %d revocations of %d, want the first only\n%s", n, exports, p.d1.log.String())
+	}
+}
+
+// slowRegistration makes the registrations of mem (by its first byte) on
+// dev wait until release (the test's end releases them too), and counts
+// them and their deregistrations; released gets every region dev
+// deregisters.
+type slowRegistration struct {
+	entered      chan struct{} // a registration of mem began
+	released     chan *rdma.Region
+	regs, deregs atomic.Int32
+	gate         chan struct{}
+	once         sync.Once
+	addr         uint64 // mem's
+}
+
+func slowlyRegister(t *testing.T, dev *rdmatest.Device, mem []byte) *slowRegistration {
+	t.Helper()
+	s := &slowRegistration{entered: make(chan struct{}, 1), released: make(chan *rdma.Region, 64), gate: make(chan struct{}),
+		addr: addrOf(mem)}
+	t.Cleanup(s.release)
+	dev.OnRegister(func(m []byte, _ rdma.Access) {
+		if len(m) == 0 || &m[0] != &mem[0] {
+			return
+		}
+		s.regs.Add(1)
+		select {
+		case s.entered <- struct{}{}:
+		default:
+		}
+		<-s.gate
+	})
+	dev.OnDeregister(func(r *rdma.Region) {
+		if r.Addr() == s.addr && r.Size() == uint64(len(mem)) {
+			s.deregs.Add(1)
+		}
+		select {
+		case s.released <- r:
+		default:
+		}
+	})
+	return s
+}
+
+func (s *slowRegistration) release() { s.once.Do(func() { close(s.gate) }) }
+
+// wait waits for c, failing the test after 10 s with what.
+func wait[T any](t *testing.T, c <-chan T, what string, args ...any) T {
+	t.Helper()
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	select {
+	case v := <-c:
+		return v
+	case <-timer.C:
+		t.Fatalf("not within 10s: "+what, args...)
+	}
+	var zero T
+	return zero
+}
+
+// within runs f on a goroutine of its own and returns its error, failing
+// the test when f has not returned within 10 s.
+func within(t *testing.T, what string, f func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	return wait(t, done, "%s", what)
+}
+
+func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
+
+// exportAt exports block i of d1's pool as name, for reading.
+func (p *pair) exportAt(t *testing.T, name string, i uint64) *peer.Export {
+	t.Helper()
+	x, err := p.d1.exports.Export(name, "", p.d1.pool, i*block, block, wire.RightRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+type exchanged struct {
+	resp []byte
+	err  error
+}
+
+// askRegion is d2 asking d1 for the registration of its export name, as a
+// daemon before tenants does (by name: no link needed).
+func (p *pair) askRegion(name string, into chan<- exchanged) {
+	resp, err := p.d2.p.node.Exchange("d1", segmentExchange, []byte(name), 0)
+	into <- exchanged{resp, err}
+}
+
+// TestFabricSlowExportRegistrationHoldsNothingElse: registering an export
+// takes seconds for GiBs (ibv_reg_mr pins and maps every page), and while
+// one registers (d1's registration of "big" waits here until the test lets
+// it go) the owner's other rdma work goes on: another export is resolved
+// and registered, a registered one ends and its keys are revoked, the
+// counters answer, and a resolved segment moves by rdma. A second peer
+// request for the export being registered waits for that registration
+// rather than making another, and gets the same keys.
+func TestFabricSlowExportRegistrationHoldsNothingElse(t *testing.T) {
+	devs := fabric()
+	p := startPair(t, devs)
+	other := p.exportAt(t, "other", 2)
+	p.exportAt(t, "big", 3)
+	p.exportAt(t, "third", 4)
+	w := xfer.Request{Op: xfer.OpWrite, Local: poolID, LocalOffset: p.src, Target: p.kv, Length: 64 << 10}
+	p.d2.untilRDMA(t, p.kvRemote, w)
+	p.d2.open(t, "d1/other", wire.RightRead, wire.TransportRDMA)
+
+	slow := slowlyRegister(t, devs.fabricDevice("d1"), p.expMem(3*block, block))
+	asked := make(chan exchanged, 2)
+	go p.askRegion("big", asked)
+	wait(t, slow.entered, "d1 registering big for d2")
+	go p.askRegion("big", asked)
+
+	var third *tcp.Remote
+	if err := within(t, "resolving d1/third over rdma while big registers", func() (err error) {
+		third, err = p.d2.p.OpenRemote("d1", tcp.Access{Name: "third"}, wire.RightRead, wire.TransportRDMA)
+		return err
+	}); err != nil {
+		t.Fatalf("d1/third over rdma while big registers: %v\n%s", err, p.d1.log.String())
+	}
+	defer third.Close()
+	if err := within(t, "ending d1's registered export other while big registers", func() error {
+		if !other.End(time.Second) {
+			return errors.New("peer requests held its range")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if c := strings.Count(p.d1.log.String(), "export's rdma registration revoked"); c != 1 {
+		t.Fatalf("other's registration revoked %d times, want once:\n%s", c, p.d1.log.String())
+	}
+	_ = within(t, "d1's counters while big registers", func() error { p.d1.p.Counters(nil); return nil })
+	before := p.d2.tcpBytes()
+	if err := p.d2.do(t, w); err != nil {
+		t.Fatalf("WRITE to d1/kv while big registers: %v", err)
+	}
+	if moved := p.d2.tcpBytes() - before; moved != 0 {
+		t.Fatalf("a WRITE to d1/kv moved %d bytes over tcp while big registered", moved)
+	}
+
+	slow.release()
+	var regions []rdma.RemoteRegion
+	for range 2 {
+		a := wait(t, asked, "d2's request for big's registration")
+		if a.err != nil {
+			t.Fatalf("big's registration: %v\n%s", a.err, p.d1.log.String())
+		}
+		var r rdma.RemoteRegion
+		if err := r.UnmarshalBinary(a.resp); err != nil {
+			t.Fatal(err)
+		}
+		regions = append(regions, r)
+	}
+	if !slices.Equal(regions[0].RKeys, regions[1].RKeys) || regions[0].Addr != slow.addr || slow.regs.Load() != 1 {
+		t.Fatalf("two requests for big while it registered: %+v, registered %d times; want one registration for both",
+			regions, slow.regs.Load())
+	}
+}
+
+// TestFabricCloseDuringExportRegistration: links that close while an
+// export registers (d1's of "big" waits here) release the other exports'
+// registrations without waiting for it, then wait for it and release it,
+// once; the peer that asked gets no keys, and d1's device has no region
+// left when it closes (startSide's cleanup checks that).
+func TestFabricCloseDuringExportRegistration(t *testing.T) {
+	devs := fabric()
+	p := startPair(t, devs)
+	p.exportAt(t, "big", 3)
+	if _, err := p.d2.p.node.Exchange("d1", segmentExchange, []byte("kv"), 0); err != nil {
+		t.Fatal(err)
+	}
+	slow := slowlyRegister(t, devs.fabricDevice("d1"), p.expMem(3*block, block))
+	asked := make(chan exchanged, 1)
+	go p.askRegion("big", asked)
+	wait(t, slow.entered, "d1 registering big for d2")
+
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		p.d1.stop()
+	}()
+	kv := addrOf(p.expMem(0, block))
+	for r := (*rdma.Region)(nil); r == nil || r.Addr() != kv || r.Size() != block; { // not the pool, at the same address
+		r = wait(t, slow.released, "d1's Close releasing kv's registration while big registers")
+	}
+	slow.release()
+	wait(t, stopped, "d1's Close once big's registration ended")
+	if a := wait(t, asked, "d2's request for big's registration"); a.err == nil {
+		t.Fatal("d2 got the keys of big, registered while d1 closed")
+	}
+	if n, m := slow.regs.Load(), slow.deregs.Load(); n != 1 || m != 1 {
+		t.Fatalf("big registered %d times and deregistered %d, want once each", n, m)
+	}
+	if strings.Contains(p.d1.log.String(), "name=big") {
+		t.Fatalf("d1 published big's registration while it closed:\n%s", p.d1.log.String())
+	}
+}
+
+// TestFabricUnexportDuringRegistration: an export that ends while it
+// registers (d1's "big" waits here) gets no keys out: the registration is
+// released once it ends, and the peer that asked is told it is gone.
+func TestFabricUnexportDuringRegistration(t *testing.T) {
+	devs := fabric()
+	p := startPair(t, devs)
+	big := p.exportAt(t, "big", 3)
+	dev := devs.fabricDevice("d1")
+	regions, _ := dev.Live()
+	slow := slowlyRegister(t, dev, p.expMem(3*block, block))
+	asked := make(chan exchanged, 1)
+	go p.askRegion("big", asked)
+	wait(t, slow.entered, "d1 registering big for d2")
+	big.End(0) // does not wait for the registration's reference
+	slow.release()
+	if a := wait(t, asked, "d2's request for big's registration"); a.err == nil || !strings.Contains(a.err.Error(), "being unexported") {
+		t.Fatalf("d2's request for big, unexported while it registered: %v", a.err)
+	}
+	if n, m := slow.regs.Load(), slow.deregs.Load(); n != 1 || m != 1 {
+		t.Fatalf("big registered %d times and deregistered %d, want once each", n, m)
+	}
+	if now, _ := dev.Live(); now != regions {
+		t.Fatalf("d1's device holds %d regions, %d before big's registration", now, regions)
+	}
+	if c := p.d1.counter(t, "rdma.exports_registered"); c != 0 {
+		t.Fatalf("rdma.exports_registered %d after big ended", c)
 	}
 }

@@ -207,7 +207,7 @@ func newLinks(dev Device, node *tcp.Node, exports *peer.Exports, log *slog.Logge
 		log: log, dev: dev, node: node, exported: exports,
 		jobs: make(chan *tcp.Remote, 64), prep: make(chan pinJob), retire: make(chan *rdmaLink, 16), stop: make(chan struct{}),
 		accepted: map[string]acceptedPeer{}, said: map[string]string{},
-		exports: exportRegs{m: map[*peer.Export]*exportReg{}},
+		exports: exportRegs{m: map[*peer.Export]*exportReg{}, pending: map[*peer.Export]*pendingReg{}},
 	}
 	p.linkDown, p.localMissing = rdmaRefusals(&p.stats)
 	p.regs = newRegQueue(log, p.registerLocal, p.routeRegistered)
