@@ -15,8 +15,12 @@ const (
 // planTask appends the work requests of one task to out: the request split
 // wherever the local or the remote registration changes chunk or the
 // length exceeds maxMsg. It returns out unchanged and an error wrapping
-// xfer.ErrInvalid or ErrNotRegistered when the task cannot be planned.
-func planTask(out []WorkRequest, t *xfer.Task, local, remote *keyTable, maxMsg uint64) ([]WorkRequest, error) {
+// xfer.ErrInvalid or ErrNotRegistered when the task cannot be planned,
+// among them a task of more than maxWRs work requests (a send queue's
+// size: such a task can never be posted). It stops planning there: the
+// remote table's chunks are the peer's, and planning runs under the queue
+// pair's lock.
+func planTask(out []WorkRequest, t *xfer.Task, local, remote *keyTable, maxMsg uint64, maxWRs int) ([]WorkRequest, error) {
 	r := &t.Req
 	var op uint8
 	switch r.Op {
@@ -33,6 +37,10 @@ func planTask(out []WorkRequest, t *xfer.Task, local, remote *keyTable, maxMsg u
 	start := len(out)
 	loff, roff, left := r.LocalOffset, r.TargetOffset, r.Length
 	for left > 0 {
+		if len(out)-start >= maxWRs {
+			return out[:start], fmt.Errorf("%w: %d bytes need more than %d work requests; a send queue holds %d",
+				xfer.ErrInvalid, r.Length, maxWRs, maxWRs)
+		}
 		laddr, lkey, _, lspan, ok := local.lookup(loff, left)
 		if !ok {
 			return out[:start], fmt.Errorf("%w: local range %d+%d of segment %d", ErrNotRegistered, r.LocalOffset, r.Length, r.Local)

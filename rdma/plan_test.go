@@ -20,7 +20,7 @@ func TestPlanTask(t *testing.T) {
 	}
 	// Local crosses a chunk at 1 MiB, the remote at 2 MiB, and the maximum
 	// message is 600 KiB: pieces end at every one of those boundaries.
-	wrs, err := planTask(nil, task(xfer.OpWrite, chunk-100, 2*chunk-300, 1000), &local, &remote, 600<<10)
+	wrs, err := planTask(nil, task(xfer.OpWrite, chunk-100, 2*chunk-300, 1000), &local, &remote, 600<<10, 256)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestPlanTask(t *testing.T) {
 			t.Errorf("wr %d = %+v, want %+v", i, wrs[i], want[i])
 		}
 	}
-	wrs, _ = planTask(wrs[:0], task(xfer.OpRead, 0, 0, 2*chunk), &local, &remote, 600<<10)
+	wrs, _ = planTask(wrs[:0], task(xfer.OpRead, 0, 0, 2*chunk), &local, &remote, 600<<10, 256)
 	if len(wrs) != 4 || wrs[3].length != chunk-(600<<10) || wrs[2].lkey != 11 || wrs[0].op != opRead {
 		t.Errorf("2 MiB read split at the chunk and at 600 KiB: %+v", wrs)
 	}
@@ -49,7 +49,7 @@ func TestPlanTask(t *testing.T) {
 		"local range":  task(xfer.OpWrite, 4*chunk-1, 0, 2),
 		"remote range": task(xfer.OpRead, 0, 4*chunk, 1),
 	} {
-		out, err := planTask(prefix, tk, &local, &remote, 1<<30)
+		out, err := planTask(prefix, tk, &local, &remote, 1<<30, 256)
 		if !errors.Is(err, xfer.ErrInvalid) && !errors.Is(err, ErrNotRegistered) {
 			t.Errorf("%s: err = %v", name, err)
 		}
@@ -90,5 +90,31 @@ func TestMarkSignals(t *testing.T) {
 		if s != c.want || got != cnt {
 			t.Errorf("markSignals(%d, every %d) = %q (%d), want %q", c.n, c.every, s, got, c.want)
 		}
+	}
+}
+
+// TestPlanTaskStopsAtQueueSize: a task that needs more work requests than
+// a send queue holds is refused once planning reaches that many, not
+// after planning them all: the remote chunks are the peer's to choose (up
+// to MaxRegionKeys of them in one request), and planning runs under the
+// queue pair's lock.
+func TestPlanTaskStopsAtQueueSize(t *testing.T) {
+	const chunk, keys, depth = 4096, MaxRegionKeys, 256
+	local, _ := newKeyTable(0x100000, keys*chunk, keys*chunk)
+	remote, _ := newKeyTable(0x900000000, keys*chunk, chunk)
+	task := func(n uint64) *xfer.Task {
+		return &xfer.Task{Req: xfer.Request{Op: xfer.OpRead, Length: n}}
+	}
+	out := make([]WorkRequest, 0, depth)
+	wrs, err := planTask(out, task(depth*chunk), &local, &remote, 1<<30, depth)
+	if err != nil || len(wrs) != depth {
+		t.Fatalf("a task of exactly %d work requests: %d planned, err %v", depth, len(wrs), err)
+	}
+	wrs, err = planTask(out, task(keys*chunk), &local, &remote, 1<<30, depth)
+	if !errors.Is(err, xfer.ErrInvalid) || len(wrs) != 0 {
+		t.Fatalf("a task of %d work requests with room for %d: %d planned, err %v", keys, depth, len(wrs), err)
+	}
+	if cap(wrs) != depth {
+		t.Fatalf("planning a task of %d work requests grew the plan to %d entries before refusing it", keys, cap(wrs))
 	}
 }

@@ -141,11 +141,7 @@ func (t *Transport) postTo(q *queuePair, tasks []*xfer.Task, who uint32, shared 
 		case rk == nil || !rk.remote:
 			err = fmt.Errorf("%w: target segment %d carries no remote keys", ErrNotRegistered, tk.Req.Target)
 		default:
-			plan, err = planTask(plan, tk, &lk.t, &rk.t, t.cfg.MaxMessage)
-			if err == nil && len(plan) > len(q.slots) {
-				err = fmt.Errorf("%w: %d bytes need %d work requests; a send queue holds %d",
-					xfer.ErrInvalid, tk.Req.Length, len(plan), len(q.slots))
-			}
+			plan, err = planTask(plan, tk, &lk.t, &rk.t, t.cfg.MaxMessage, len(q.slots))
 		}
 		if err != nil {
 			invalid = append(invalid, doneTask{t: tk, err: err})
