@@ -114,8 +114,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("rdma: config QPs %d: want 1..256", c.QPs)
 	case c.SendDepth < 4 || c.SendDepth > 1<<15 || c.SendDepth&(c.SendDepth-1) != 0:
 		return c, fmt.Errorf("rdma: config SendDepth %d: want a power of two in 4..32768", c.SendDepth)
-	case c.ChunkSize&(c.ChunkSize-1) != 0 || c.ChunkSize < 4096:
-		return c, fmt.Errorf("rdma: config ChunkSize %d: want a power of two >= 4096", c.ChunkSize)
+	case c.ChunkSize&(c.ChunkSize-1) != 0 || c.ChunkSize < minChunkSize:
+		return c, fmt.Errorf("rdma: config ChunkSize %d: want a power of two >= %d", c.ChunkSize, minChunkSize)
 	case c.MaxMessage > 1<<31:
 		return c, fmt.Errorf("rdma: config MaxMessage %d: want <= 2 GiB", c.MaxMessage)
 	case c.Timeout > 31 || c.RetryCount > 7:

@@ -161,3 +161,34 @@ func FuzzRemoteRegion(f *testing.F) {
 		}
 	})
 }
+
+// TestRemoteRegionChunkFloor: a peer's region must be in chunks of at
+// least minChunkSize, as every daemon registers them: one that claims
+// smaller ones (as small as a byte) would split each request into a work
+// request per chunk it touches. Its description, its keys and connection
+// data carrying it are refused.
+func TestRemoteRegionChunkFloor(t *testing.T) {
+	for _, shift := range []uint{0, 11, 12} {
+		r := RemoteRegion{Name: 1, Addr: 1 << 20, Size: 4 << shift, ChunkSize: 1 << shift, RKeys: []uint32{1, 2, 3, 4}}
+		b := r.appendTo([]byte(regionMagic + string(rune(regionVersion))))
+		var d RemoteRegion
+		err := d.UnmarshalBinary(b)
+		_, kerr := RemoteKeys(r, nil, nil)
+		var c ConnInfo
+		cb := append([]byte(nil), connMagic...)
+		cb = append(cb, connVersion, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(MTU4096))
+		cb = append(cb, make([]byte, 16)...)
+		cb = append(cb, 1, 0)
+		cb = r.appendTo(cb)
+		cerr := c.UnmarshalBinary(cb)
+		if shift >= 12 {
+			if err != nil || kerr != nil || cerr != nil {
+				t.Errorf("chunks of %d bytes: decode %v, keys %v, connection data %v", 1<<shift, err, kerr, cerr)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrConnInfo) || !errors.Is(kerr, ErrNotRegistered) || !errors.Is(cerr, ErrConnInfo) {
+			t.Errorf("chunks of %d bytes: decode %v, keys %v, connection data %v; want all refused", 1<<shift, err, kerr, cerr)
+		}
+	}
+}

@@ -10,6 +10,12 @@ import (
 // large segments are registered as several MRs, in parallel.
 const DefaultChunkSize = 1 << 30
 
+// minChunkSize is the smallest chunk a region is registered in (the floor
+// of Config.ChunkSize), and so the smallest a peer's region may claim: a
+// request is split into a work request per chunk it touches, and a peer
+// that claimed 1-byte chunks would turn each byte into one.
+const minChunkSize = 4096
+
 // keyTable maps offsets of a registered range to the keys of the chunk that
 // covers them. Chunks are a power of two long and start at offset 0; the
 // last one may be shorter. It is immutable after construction, so lookups
@@ -224,8 +230,8 @@ type RemoteRegion struct {
 func (r RemoteRegion) table() (keyTable, error) {
 	// Check the key count before building anything: Size and ChunkSize come
 	// from the peer, and their quotient must not size an allocation.
-	if r.ChunkSize == 0 || r.ChunkSize&(r.ChunkSize-1) != 0 {
-		return keyTable{}, fmt.Errorf("%w: chunk size %d is not a power of two", ErrNotRegistered, r.ChunkSize)
+	if r.ChunkSize < minChunkSize || r.ChunkSize&(r.ChunkSize-1) != 0 {
+		return keyTable{}, fmt.Errorf("%w: chunk size %d is not a power of two of at least %d", ErrNotRegistered, r.ChunkSize, minChunkSize)
 	}
 	if n := r.Size/r.ChunkSize + min(r.Size%r.ChunkSize, 1); n != uint64(len(r.RKeys)) {
 		return keyTable{}, fmt.Errorf("%w: %d rkeys for %d chunks", ErrNotRegistered, len(r.RKeys), n)
