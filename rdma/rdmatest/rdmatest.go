@@ -20,11 +20,12 @@
 // pair to the error state, as a fatal device error would; Device.Stats
 // counts posts, work requests, signalled completions and connects;
 // Device.Live counts the regions and transports not yet released;
-// Device.OnRegister and Device.OnDeregister run a test's function at each
-// registration and deregistration, with no lock held, so that a test can
-// make a registration take as long as a large one does on a device (an
-// ibv_reg_mr of GiBs takes seconds under Soft-RoCE) and count what was
-// released.
+// Device.OnRegister, Device.OnDeregister and Device.OnNewTransport run a
+// test's function at each registration, deregistration and transport
+// made, with no lock held, so that a test can make one take as long as it
+// may on a device (an ibv_reg_mr of GiBs takes seconds under Soft-RoCE;
+// creating queue pairs and completion queues takes device calls too) and
+// count what was released.
 //
 // Memory handed to Register must stay alive and in place while it is
 // registered (a buffer the test holds, or an mmap'd segment).
@@ -95,6 +96,7 @@ type Device struct {
 	stats               Stats
 	onRegister          func(mem []byte, access rdma.Access)
 	onDeregister        func(r *rdma.Region)
+	onNewTransport      func()
 }
 
 // Open adds a device named name. cfg tunes the transports it makes (its
@@ -214,6 +216,12 @@ func (d *Device) Deregister(r *rdma.Region) error {
 func (d *Device) NewTransport() (*rdma.Transport, error) {
 	f := d.f
 	f.mu.Lock()
+	hook := d.onNewTransport
+	f.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	f.mu.Lock()
 	if d.closed {
 		f.mu.Unlock()
 		return nil, rdma.ErrNoDevice
@@ -305,6 +313,15 @@ func (d *Device) OnRegister(f func(mem []byte, access rdma.Access)) {
 func (d *Device) OnDeregister(f func(r *rdma.Region)) {
 	d.f.mu.Lock()
 	d.onDeregister = f
+	d.f.mu.Unlock()
+}
+
+// OnNewTransport has f run at the start of each NewTransport of the
+// device, before anything is made and with no lock of the fabric held:
+// f may block. nil: none.
+func (d *Device) OnNewTransport(f func()) {
+	d.f.mu.Lock()
+	d.onNewTransport = f
 	d.f.mu.Unlock()
 }
 
