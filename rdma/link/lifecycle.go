@@ -318,25 +318,46 @@ func (p *Links) say(peer, transport, why string) {
 }
 
 // accept is the acceptor's lookup: the transport a peer's link lands on,
-// made on first use and remade when the peer restarts.
+// made on first use and remade when the peer restarts. Making one creates
+// its queue pairs and completion queues, and dropping the old one destroys
+// theirs: device calls, made outside mu, which every link's set-up and
+// retirement takes. Two exchanges of one peer that both find no transport
+// make one each; the first published is used and the other closed.
 func (p *Links) accept(from string, epoch uint64) (*rdma.Transport, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		p.mu.Unlock()
 		return nil, xfer.ErrClosed
 	}
-	a, ok := p.accepted[from]
-	if ok && a.epoch == epoch {
+	if a, ok := p.accepted[from]; ok && a.epoch == epoch {
+		p.mu.Unlock()
 		return a.t, nil
 	}
+	// Close waits for it before the device closes.
+	p.accepting.Add(1)
+	defer p.accepting.Done()
+	p.mu.Unlock()
 	t, err := p.dev.NewTransport()
 	if err != nil {
 		return nil, err
 	}
-	if ok {
-		_ = a.t.Close()
+	p.mu.Lock()
+	a, ok := p.accepted[from]
+	switch {
+	case p.closed:
+		p.mu.Unlock()
+		_ = t.Close()
+		return nil, xfer.ErrClosed
+	case ok && a.epoch == epoch:
+		p.mu.Unlock()
+		_ = t.Close()
+		return a.t, nil
 	}
 	p.accepted[from] = acceptedPeer{t: t, epoch: epoch}
+	p.mu.Unlock()
+	if ok {
+		_ = a.t.Close() // the peer restarted: its old queue pairs lead nowhere
+	}
 	p.log.Info("rdma: accepting a peer's queue pairs", "peer", from, "epoch", fmt.Sprintf("%#x", epoch))
 	return t, nil
 }

@@ -61,7 +61,9 @@ const (
 // the worker's runs of one peer's exchanges (at most one per peer, see
 // worker), which end with their exchanges; Close stops them all
 // (close(stop), close the queue, join), then closes the links' and the
-// accepting transports, deregisters the pools and closes the device.
+// accepting transports, deregisters the exports and the pools, waits for
+// the peers' accepts still making a transport (each closes its own) and
+// closes the device.
 type Links struct {
 	log  *slog.Logger
 	dev  Device
@@ -85,6 +87,9 @@ type Links struct {
 	accepted map[string]acceptedPeer
 	said     map[string]string // what was logged about each peer's transport
 	closed   bool
+	// accepting counts the accepts making a transport (added under mu
+	// while not closed); Close waits for them before the device closes.
+	accepting sync.WaitGroup
 
 	// notesMu guards notes, the notified WRITEs' reusable notes
 	// (notify.go).
@@ -319,6 +324,9 @@ func (p *Links) Close() {
 	}
 	p.exports.closeAll(p)
 	p.locals.closeAll(p)
+	// An accept that made a transport meanwhile found the links closed
+	// and closes it itself.
+	p.accepting.Wait()
 	if err := p.dev.Close(); err != nil {
 		p.log.Warn("closing the rdma device", "err", err)
 	}
