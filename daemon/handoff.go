@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/daemon/config"
 	"github.com/tensorcast/tensorcast/internal/ratelog"
 )
 
@@ -44,7 +45,11 @@ import (
 //     names of systemd's store (pool-TENANT, l1journal-TENANT): the same
 //     state a restart through systemd passes. Then it releases the lock
 //     and waits for SIGTERM, holding nothing (a container that exits is
-//     restarted in its pod, and would ask for the daemon back).
+//     restarted in its pod, and would ask for the daemon back). The new
+//     daemon waits for the state as long as the old one says it drains
+//     (with closeGrace and handoffMargin), but never longer than the
+//     longest drain_timeout a config accepts: a longer one is clamped, and
+//     said in the log.
 //  3. The new daemon waits for the lock, so that it serves only once the
 //     old one can no longer write: then it adopts the pools and journals
 //     as after a systemd restart (every record's value checked against
@@ -245,11 +250,14 @@ func (d *Daemon) takeOver() (*inheritedFDs, time.Duration, string, error) {
 	default:
 		return in, ownWait, fmt.Sprintf("%s answered %q, not a hand-off", path, string(buf[:min(n, 80)])), nil
 	}
-	ms, err := strconv.ParseUint(arg, 10, 32)
+	drain, clamped, err := handoffDrain(arg)
 	if err != nil {
-		return in, ownWait, fmt.Sprintf("%s answered %q", path, arg), nil
+		return in, ownWait, fmt.Sprintf("%s answered %q", path, "accepted "+arg), nil
 	}
-	drain := time.Duration(ms) * time.Millisecond
+	if clamped {
+		d.log.Warn("hand-off: the old daemon states a drain longer than any drain_timeout may be: waiting for its state no longer than the longest",
+			"stated_ms", arg, "bound", drain.String())
+	}
 	d.log.Info("hand-off: the old daemon accepted and drains", "drain_timeout", drain.String())
 	conn.SetDeadline(time.Now().Add(drain + closeGrace + handoffMargin))
 	oob := make([]byte, unix.CmsgSpace(4*maxListenFDs))
@@ -291,6 +299,27 @@ func (d *Daemon) takeOver() (*inheritedFDs, time.Duration, string, error) {
 		in.fds, in.names, in.taken, in.handed = append(in.fds, fd), append(in.names, names[i]), append(in.taken, false), append(in.handed, true)
 	}
 	return in, wait, "", nil
+}
+
+// handoffDrain reads the drain the old daemon states as it accepts (its
+// drain_timeout in milliseconds), for which the new daemon waits for its
+// state (with closeGrace and handoffMargin). The old daemon is believed up
+// to the longest drain_timeout a config accepts, so that a rolling update
+// that shortens drain_timeout still waits for the old daemon's longer one;
+// more than that (even past a Duration's range) is clamped to it, and
+// clamped says so. What is not a number of milliseconds is an error.
+func handoffDrain(arg string) (drain time.Duration, clamped bool, err error) {
+	limit := config.MaxDrainTimeout
+	ms, err := strconv.ParseUint(arg, 10, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return limit, true, nil
+	case err != nil:
+		return 0, false, err
+	case ms > uint64(limit/time.Millisecond):
+		return limit, true, nil
+	}
+	return time.Duration(ms) * time.Millisecond, false, nil
 }
 
 // takeListeners reads the old daemon's listeners message, sent right

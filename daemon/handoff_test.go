@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/control"
+	"github.com/tensorcast/tensorcast/daemon/config"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
@@ -517,4 +519,92 @@ func runHandoffOffer() int {
 	c.Write([]byte("listeners\n"))
 	c.Read(buf) // until the asker closes
 	return 0
+}
+
+// oldDaemonStub plays an old daemon of this uid on sock's hand-off socket:
+// it reads one request, sends each of msgs as a message of its own, in
+// order, and waits for the asker to close the connection.
+func oldDaemonStub(t *testing.T, sock string, msgs ...string) {
+	t.Helper()
+	path := sock + handoffSuffix
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 256)
+		if _, err := c.Read(buf); err != nil {
+			return
+		}
+		for _, m := range msgs {
+			if _, err := c.Write([]byte(m)); err != nil {
+				return
+			}
+		}
+		c.Read(buf) // until the asker closes
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+	})
+}
+
+// TestHandoffBoundsStatedDrain: the new daemon waits for the old one's
+// state as long as the old one says it drains, up to the longest
+// drain_timeout a config accepts: a drain of hours, or one past 32 or 64
+// bits, is clamped to that and said in the log; what is not a number is
+// no hand-off.
+func TestHandoffBoundsStatedDrain(t *testing.T) {
+	longest := config.MaxDrainTimeout
+	for _, tc := range []struct {
+		name, stated string
+		drain        time.Duration // 0: none accepted
+		clamped      bool
+	}{
+		{"within", "30000", 30 * time.Second, false},
+		{"the longest", strconv.FormatInt(longest.Milliseconds(), 10), longest, false},
+		{"an hour", "3600000", longest, true},
+		{"past 32 bits", "4294967296", longest, true},
+		{"past a Duration", "9223372036854775807", longest, true},
+		{"past 64 bits", "18446744073709551616", longest, true},
+		{"not a number", "-1", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t.TempDir())
+			cfg.StoreHandoff = "on"
+			oldDaemonStub(t, cfg.Socket, "accepted "+tc.stated+"\n", "nostate a stub\n", "listeners\n")
+			log := &lockedBuffer{}
+			d := &Daemon{cfg: cfg, log: slog.New(slog.NewTextHandler(log, nil))}
+			in, _, why, err := d.takeOver()
+			if err != nil {
+				t.Fatal(err)
+			}
+			in.closeAll()
+			if tc.drain == 0 {
+				if !strings.Contains(why, "answered") || !strings.Contains(why, tc.stated) {
+					t.Fatalf("why %q, want it to say what the old daemon answered", why)
+				}
+				if strings.Contains(log.String(), "accepted and drains") {
+					t.Fatalf("a drain of %q was accepted:\n%s", tc.stated, log)
+				}
+				return
+			}
+			if why != "the old daemon handed over no state: a stub" {
+				t.Fatalf("why %q, want the stub's nostate", why)
+			}
+			if want := "drain_timeout=" + tc.drain.String(); !strings.Contains(log.String(), want) {
+				t.Fatalf("a stated drain of %s ms: log does not say %s:\n%s", tc.stated, want, log)
+			}
+			if said := strings.Contains(log.String(), "states a drain longer than any drain_timeout may be"); said != tc.clamped {
+				t.Fatalf("the clamp said %v, want %v:\n%s", said, tc.clamped, log)
+			}
+		})
+	}
 }

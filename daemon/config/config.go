@@ -190,6 +190,11 @@ const (
 	maxDrain    = 10 * time.Minute
 )
 
+// MaxDrainTimeout is the longest drain_timeout a config accepts. A daemon
+// taking over from another (daemon/handoff.go) waits for the old one's
+// drain no longer than this, whatever that one states.
+const MaxDrainTimeout = maxDrain
+
 // Validate checks every value and names the first bad key and its value.
 func (c *Config) Validate() error {
 	switch {
