@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // listenFDsStart is the first descriptor systemd passes (SD_LISTEN_FDS_START).
@@ -62,7 +64,9 @@ func (in *inheritedFDs) closeAll() {
 
 // listenFDs reads LISTEN_PID (this process), LISTEN_FDS (descriptors from
 // 3) and LISTEN_FDNAMES; none passed gives an empty set. Every descriptor
-// is made close-on-exec.
+// is made close-on-exec. The control socket among them is checked here,
+// before the daemon takes the socket's lock or a hand-off: one that is not
+// a listening unix stream socket fails the start, saying what it is.
 func listenFDs(getenv func(string) string) (*inheritedFDs, error) {
 	in := &inheritedFDs{}
 	if getenv("LISTEN_PID") != strconv.Itoa(os.Getpid()) {
@@ -85,7 +89,96 @@ func listenFDs(getenv func(string) string) (*inheritedFDs, error) {
 		}
 		in.fds, in.names, in.taken = append(in.fds, fd), append(in.names, name), append(in.taken, false)
 	}
+	if i, ok := in.control(); ok {
+		if what := notUnixListener(in.fds[i]); what != "" {
+			return nil, fmt.Errorf("%w: the control socket passed by socket activation, fd %d (LISTEN_FDNAMES %q), is %s, not a listening unix stream socket",
+				ErrConfig, in.fds[i], in.names[i], what)
+		}
+	}
 	return in, nil
+}
+
+// control is the index of the control socket socket activation passed:
+// the descriptor named "control", else the first that is neither from the
+// fd store nor from a hand-off (which passes no control socket: its
+// descriptors are the store's and the peer listener); false when none.
+func (in *inheritedFDs) control() (int, bool) {
+	first := -1
+	for i, name := range in.names {
+		switch {
+		case in.taken[i]:
+		case name == "control":
+			return i, true
+		case first < 0 && !stored(name) && (i >= len(in.handed) || !in.handed[i]):
+			first = i
+		}
+	}
+	return first, first >= 0
+}
+
+// notUnixListener says what fd is when it is not a listening unix stream
+// socket, "" when it is.
+func notUnixListener(fd int) string {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Sprintf("not usable (%v)", os.NewSyscallError("fstat", err))
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		what := fileKind(st.Mode)
+		if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil {
+			what += " (" + target + ")"
+		}
+		return what
+	}
+	domain, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil {
+		return fmt.Sprintf("a socket whose family cannot be read (%v)", os.NewSyscallError("getsockopt SO_DOMAIN", err))
+	}
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		return fmt.Sprintf("a socket whose type cannot be read (%v)", os.NewSyscallError("getsockopt SO_TYPE", err))
+	}
+	listening, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	if err != nil {
+		return fmt.Sprintf("a socket whose state cannot be read (%v)", os.NewSyscallError("getsockopt SO_ACCEPTCONN", err))
+	}
+	what := fmt.Sprintf("a %s socket (%s)", socketTypes[typ], socketFamilies[domain])
+	if socketTypes[typ] == "" || socketFamilies[domain] == "" {
+		what = fmt.Sprintf("a socket of type %d, family %d", typ, domain)
+	}
+	switch {
+	case domain != unix.AF_UNIX || typ != unix.SOCK_STREAM:
+		return what
+	case listening != 1:
+		return what + " that does not listen (connected, or only bound)"
+	}
+	return ""
+}
+
+// socketTypes and socketFamilies name what notUnixListener may find.
+var (
+	socketTypes    = map[int]string{unix.SOCK_STREAM: "stream", unix.SOCK_DGRAM: "datagram", unix.SOCK_SEQPACKET: "seqpacket", unix.SOCK_RAW: "raw"}
+	socketFamilies = map[int]string{unix.AF_UNIX: "AF_UNIX", unix.AF_INET: "AF_INET", unix.AF_INET6: "AF_INET6", unix.AF_NETLINK: "AF_NETLINK",
+		unix.AF_PACKET: "AF_PACKET", unix.AF_VSOCK: "AF_VSOCK"}
+)
+
+// fileKind names a file's type from its mode.
+func fileKind(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return "a regular file"
+	case unix.S_IFDIR:
+		return "a directory"
+	case unix.S_IFIFO:
+		return "a pipe"
+	case unix.S_IFCHR:
+		return "a character device"
+	case unix.S_IFBLK:
+		return "a block device"
+	case unix.S_IFLNK:
+		return "a symbolic link"
+	}
+	return fmt.Sprintf("a file of type %#o", mode&unix.S_IFMT)
 }
 
 // take returns the first descriptor named name not taken yet.
@@ -123,21 +216,15 @@ func (in *inheritedFDs) closeRest(log *slog.Logger) []string {
 }
 
 // inheritedListener returns the control socket systemd passed by socket
-// activation, or nil when none was passed: the descriptor named "control",
-// else the first one that is not from the fd store or a hand-off. It must be a listening
-// unix stream socket.
+// activation (the one control picks, which listenFDs checked is a
+// listening unix stream socket), or nil when none was passed.
 func inheritedListener(in *inheritedFDs) (*net.UnixListener, error) {
-	fd, ok := in.take("control")
-	for i, name := range in.names {
-		// A hand-off passes no control socket: its descriptors are the
-		// store's and the peer listener.
-		if !ok && !in.taken[i] && !stored(name) && (i >= len(in.handed) || !in.handed[i]) {
-			fd, ok = in.take(name)
-		}
-	}
+	i, ok := in.control()
 	if !ok {
 		return nil, nil
 	}
+	in.taken[i] = true
+	fd := in.fds[i]
 	f := os.NewFile(uintptr(fd), "LISTEN_FDS:"+strconv.Itoa(fd))
 	l, err := net.FileListener(f)
 	f.Close() // FileListener holds its own duplicate
