@@ -63,8 +63,9 @@ func (in *inheritedFDs) closeAll() {
 }
 
 // listenFDs reads LISTEN_PID (this process), LISTEN_FDS (descriptors from
-// 3) and LISTEN_FDNAMES; none passed gives an empty set. Every descriptor
-// is made close-on-exec. The control socket among them is checked here,
+// 3) and LISTEN_FDNAMES; none passed gives an empty set. LISTEN_FDS
+// counting a descriptor that was not passed fails the start; every one
+// passed is made close-on-exec. The control socket among them is checked here,
 // before the daemon takes the socket's lock or a hand-off: one that is not
 // a listening unix stream socket fails the start, saying what it is.
 func listenFDs(getenv func(string) string) (*inheritedFDs, error) {
@@ -82,11 +83,14 @@ func listenFDs(getenv func(string) string) (*inheritedFDs, error) {
 	names := strings.Split(getenv("LISTEN_FDNAMES"), ":")
 	for i := 0; i < n; i++ {
 		fd := listenFDsStart + i
-		syscall.CloseOnExec(fd)
 		name := "unknown"
 		if i < len(names) && names[i] != "" {
 			name = names[i]
 		}
+		if err := passedAcrossExec(fd); err != nil {
+			return nil, fmt.Errorf("%w: LISTEN_FDS = %d, but fd %d (LISTEN_FDNAMES %q) was not passed: %v", ErrConfig, n, fd, name, err)
+		}
+		syscall.CloseOnExec(fd)
 		in.fds, in.names, in.taken = append(in.fds, fd), append(in.names, name), append(in.taken, false)
 	}
 	if i, ok := in.control(); ok {
@@ -96,6 +100,27 @@ func listenFDs(getenv func(string) string) (*inheritedFDs, error) {
 		}
 	}
 	return in, nil
+}
+
+// passedAcrossExec is nil when fd is open with close-on-exec clear, as
+// every descriptor passed across exec is until listenFDs sets it. One that
+// is not open, or has it set (this process opened it: the Go runtime keeps
+// its cgroup files open), is not one LISTEN_FDS may count: the daemon
+// would take it for a passed one and close it when unused, under the part
+// that opened it, or close the number once that part reused it.
+func passedAcrossExec(fd int) error {
+	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	switch {
+	case err != nil:
+		return os.NewSyscallError("fcntl F_GETFD", err)
+	case flags&unix.FD_CLOEXEC != 0:
+		what := "a descriptor"
+		if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil {
+			what = target
+		}
+		return fmt.Errorf("it is %s, which this process opened (close-on-exec is set)", what)
+	}
+	return nil
 }
 
 // control is the index of the control socket socket activation passed:

@@ -24,16 +24,20 @@ type activated struct {
 
 // startActivated runs the tensorcastd binary as systemd runs it with a
 // socket unit (TestSocketActivationUnderFakeSystemd): files from fd 3 on,
-// LISTEN_FDS, LISTEN_FDNAMES and LISTEN_PID its own. It returns once the
-// daemon exited, or said it is ready (then it is killed).
-func startActivated(t *testing.T, dir string, files []*os.File, fdnames string) activated {
+// LISTEN_FDS (count, or len(files) when 0), LISTEN_FDNAMES and LISTEN_PID
+// its own. It returns once the daemon exited, or said it is ready (then it
+// is killed).
+func startActivated(t *testing.T, dir string, files []*os.File, count int, fdnames string) activated {
 	t.Helper()
 	bin := buildDaemon(t)
 	cmd := exec.Command("/bin/sh", "-c", `LISTEN_PID=$$ exec "$0" "$@"`, bin,
 		"--socket", filepath.Join(dir, "configured.sock"), "--data-dir", filepath.Join(dir, "data"), "--pool-size", "16MiB",
 		"--hugepages", "off", "--metrics-address", "off", "--ebpf", "off", "--drain-timeout", "2s")
 	cmd.ExtraFiles = files
-	cmd.Env = append(os.Environ(), "LISTEN_FDS="+strconv.Itoa(len(files)), "LISTEN_FDNAMES="+fdnames)
+	if count == 0 {
+		count = len(files)
+	}
+	cmd.Env = append(os.Environ(), "LISTEN_FDS="+strconv.Itoa(count), "LISTEN_FDNAMES="+fdnames)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +133,7 @@ func TestActivationRefusesWrongControlFD(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			f := tc.open(t, dir)
-			got := startActivated(t, dir, []*os.File{f}, "control")
+			got := startActivated(t, dir, []*os.File{f}, 0, "control")
 			f.Close()
 			if got.ready {
 				t.Fatalf("the daemon started on %s as its control socket:\n%s", tc.name, got.log)
@@ -146,6 +150,39 @@ func TestActivationRefusesWrongControlFD(t *testing.T) {
 			}
 			if _, err := os.Stat(filepath.Join(dir, "configured.sock.lock")); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the socket's lock was taken before the control socket was checked: %v", err)
+			}
+		})
+	}
+}
+
+// TestActivationRefusesUnpassedFDs: LISTEN_FDS counting more descriptors
+// than were passed fails the start, naming the first that was not. Such a
+// number is either not open or one this process opened itself (the Go
+// runtime keeps cgroup files open from fd 4 on): taken for a passed one, it
+// would be closed as unused under the part that opened it.
+func TestActivationRefusesUnpassedFDs(t *testing.T) {
+	for _, count := range []int{2, 3, 40} {
+		t.Run(strconv.Itoa(count), func(t *testing.T) {
+			dir := t.TempDir()
+			ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "ctl.sock"), Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := fileOf(t, ln)
+			ln.Close()
+			got := startActivated(t, dir, []*os.File{f}, count, "control")
+			f.Close()
+			if got.ready {
+				t.Fatalf("the daemon started with LISTEN_FDS = %d and one descriptor passed:\n%s", count, got.log)
+			}
+			var exit *exec.ExitError
+			if !errors.As(got.err, &exit) || exit.ExitCode() != 1 {
+				t.Fatalf("exit %v, want a failed start (1):\n%s", got.err, got.log)
+			}
+			for _, w := range []string{"LISTEN_FDS = " + strconv.Itoa(count), "but fd 4 ", "was not passed"} {
+				if !strings.Contains(got.log, w) {
+					t.Errorf("the start-up error does not say %q:\n%s", w, got.log)
+				}
 			}
 		})
 	}
