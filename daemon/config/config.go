@@ -195,17 +195,26 @@ const (
 // drain no longer than this, whatever that one states.
 const MaxDrainTimeout = maxDrain
 
+// relativePath is why a relative socket or data_dir is refused: the
+// daemon's state would depend on the directory it is started in, which
+// under systemd is /.
+const relativePath = "must be an absolute path (a relative one would depend on the directory the daemon is started in: / under systemd)"
+
 // Validate checks every value and names the first bad key and its value.
 func (c *Config) Validate() error {
 	switch {
 	case c.Socket == "":
 		return badValue("socket", c.Socket, "must not be empty")
+	case !filepath.IsAbs(c.Socket):
+		return badValue("socket", c.Socket, relativePath)
 	case len(c.Socket) > 107:
 		return badValue("socket", c.Socket, "longer than a unix socket path may be (107 bytes)")
 	case c.SocketMode&^0o777 != 0 || c.SocketMode&0o600 != 0o600:
 		return badValue("socket_mode", fmt.Sprintf("%#o", uint32(c.SocketMode)), "must be permission bits including 0600")
 	case c.DataDir == "":
 		return badValue("data_dir", c.DataDir, "must not be empty")
+	case !filepath.IsAbs(c.DataDir):
+		return badValue("data_dir", c.DataDir, relativePath)
 	case c.PoolSize < minPoolSize || c.PoolSize > maxPoolSize:
 		return badValue("pool_size", c.PoolSize.String(), fmt.Sprintf("must be between %s and %s", Size(minPoolSize), Size(maxPoolSize)))
 	case c.Hugepages != "auto" && c.Hugepages != "on" && c.Hugepages != "off":

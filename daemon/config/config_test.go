@@ -93,6 +93,11 @@ func TestInvalidValuesNameKeyAndValue(t *testing.T) {
 		{name: "unknown file key", file: "pool = \"1g\"\n", want: []string{"unknown key", "pool"}},
 		{name: "bad file size", file: "pool_size = \"huge\"\n", want: []string{"pool_size", "huge"}},
 		{name: "relative allowed file", file: "allowed_files = [\"data\"]\n", want: []string{"allowed_files", "data"}},
+		{name: "relative data_dir flag", args: []string{"--data-dir", "data"}, want: []string{"data_dir", `"data"`, "absolute"}},
+		{name: "relative data_dir env", env: map[string]string{"TENSORCAST_DATA_DIR": "./var/tc"}, want: []string{"data_dir", "./var/tc", "absolute"}},
+		{name: "relative data_dir file", file: "data_dir = \"state\"\n", want: []string{"data_dir", "state", "absolute"}},
+		{name: "relative socket", args: []string{"--socket", "run/tc.sock"}, want: []string{"socket", "run/tc.sock", "absolute"}},
+		{name: "relative socket file", file: "socket = \"tc.sock\"\n", want: []string{"socket", "tc.sock", "absolute"}},
 		{name: "socket path too long", args: []string{"--socket", "/" + strings.Repeat("s", 120)}, want: []string{"socket", "107"}},
 		{name: "missing file", args: []string{"--config", "/nonexistent/tc.toml"}, want: []string{"/nonexistent/tc.toml"}},
 	}
