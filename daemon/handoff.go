@@ -96,6 +96,9 @@ const (
 	lockPoll = 10 * time.Millisecond
 	// maxHandoffMsg bounds a hand-off message.
 	maxHandoffMsg = 64 << 10
+	// maxHandoffText bounds what of the other daemon's texts goes to a
+	// log or an error.
+	maxHandoffText = 200
 	// handoffLogEvery rate-limits the log of refused requests.
 	handoffLogEvery = 10 * time.Second
 	// peerListenFD names the peer listener in the listeners message.
@@ -244,19 +247,19 @@ func (d *Daemon) takeOver() (*inheritedFDs, time.Duration, string, error) {
 	switch verb {
 	case "accepted":
 	case "stopping":
-		return in, ownWait, "the daemon there is stopping: " + arg, nil
+		return in, ownWait, "the daemon there is stopping: " + clip(arg), nil
 	case "refused":
-		return nil, 0, "", fmt.Errorf("%w: %s: the daemon there refused the hand-off: %s", control.ErrAddrInUse, d.cfg.Socket, arg)
+		return nil, 0, "", fmt.Errorf("%w: %s: the daemon there refused the hand-off: %s", control.ErrAddrInUse, d.cfg.Socket, clip(arg))
 	default:
 		return in, ownWait, fmt.Sprintf("%s answered %q, not a hand-off", path, string(buf[:min(n, 80)])), nil
 	}
 	drain, clamped, err := handoffDrain(arg)
 	if err != nil {
-		return in, ownWait, fmt.Sprintf("%s answered %q", path, "accepted "+arg), nil
+		return in, ownWait, fmt.Sprintf("%s answered %q", path, clip("accepted "+arg)), nil
 	}
 	if clamped {
 		d.log.Warn("hand-off: the old daemon states a drain longer than any drain_timeout may be: waiting for its state no longer than the longest",
-			"stated_ms", arg, "bound", drain.String())
+			"stated_ms", clip(arg), "bound", drain.String())
 	}
 	d.log.Info("hand-off: the old daemon accepted and drains", "drain_timeout", drain.String())
 	conn.SetDeadline(time.Now().Add(drain + closeGrace + handoffMargin))
@@ -275,30 +278,61 @@ func (d *Daemon) takeOver() (*inheritedFDs, time.Duration, string, error) {
 	}
 	// The listeners come next, whatever the state was.
 	d.takeListeners(conn, in)
-	if flags&unix.MSG_CTRUNC != 0 {
+	switch {
+	case flags&unix.MSG_CTRUNC != 0:
 		return cold(wait, "the old daemon's state came with more descriptors than a hand-off has (truncated): dropped")
+	case flags&unix.MSG_TRUNC != 0:
+		return cold(wait, fmt.Sprintf("the old daemon's state is longer than a hand-off message (%d bytes; truncated): dropped", maxHandoffMsg))
 	}
 	verb, arg, _ = strings.Cut(strings.TrimSuffix(string(buf[:n]), "\n"), " ")
 	switch {
 	case verb == "nostate":
-		return cold(wait, "the old daemon handed over no state: "+arg)
+		return cold(wait, "the old daemon handed over no state: "+clip(arg))
 	case verb != "state":
-		return cold(wait, fmt.Sprintf("the old daemon sent %q, not its state", verb))
+		return cold(wait, fmt.Sprintf("the old daemon sent %q, not its state", clip(verb)))
 	}
 	names := strings.Split(arg, ":")
 	if len(names) != len(fds) {
 		return cold(wait, fmt.Sprintf("the old daemon's state names %d descriptors and has %d: dropped", len(names), len(fds)))
 	}
+	seen := make(map[string]bool, len(names))
 	for _, name := range names {
-		if !stored(name) {
-			return cold(wait, fmt.Sprintf("the old daemon's state has a descriptor named %q: dropped", name))
+		switch {
+		case !stored(name):
+			return cold(wait, fmt.Sprintf("the old daemon's state has a descriptor named %q: dropped", clip(name)))
+		case seen[name]:
+			return cold(wait, fmt.Sprintf("the old daemon's state names %q twice: dropped", clip(name)))
 		}
+		seen[name] = true
+	}
+	// Only this daemon's tenants' descriptors are taken; another name (a
+	// tenant the new config removed, or one no tenant can have) is closed
+	// here. Left with the others, it would be closed as unused and its
+	// name sent to systemd (FDSTOREREMOVE): a name with a newline would
+	// add lines of the old daemon's choosing to that message, and a name
+	// given twice would remove the descriptor adopted under it.
+	own := make(map[string]bool)
+	for _, t := range d.cfg.TenantList() {
+		own[poolFDPrefix+t.Name], own[journalFDPrefix+t.Name] = true, true
 	}
 	for i, fd := range fds {
+		if !own[names[i]] {
+			syscall.Close(fd)
+			d.log.Warn("hand-off: the old daemon passed a descriptor of no tenant of this daemon: closed", "name", clip(names[i]))
+			continue
+		}
 		unix.CloseOnExec(fd)
 		in.fds, in.names, in.taken, in.handed = append(in.fds, fd), append(in.names, names[i]), append(in.taken, false), append(in.handed, true)
 	}
 	return in, wait, "", nil
+}
+
+// clip bounds a text the other daemon sent, for a log or an error.
+func clip(s string) string {
+	if len(s) <= maxHandoffText {
+		return s
+	}
+	return fmt.Sprintf("%s... (%d bytes)", s[:maxHandoffText], len(s))
 }
 
 // handoffDrain reads the drain the old daemon states as it accepts (its

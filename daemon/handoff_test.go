@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -522,9 +523,10 @@ func runHandoffOffer() int {
 }
 
 // oldDaemonStub plays an old daemon of this uid on sock's hand-off socket:
-// it reads one request, sends each of msgs as a message of its own, in
-// order, and waits for the asker to close the connection.
-func oldDaemonStub(t *testing.T, sock string, msgs ...string) {
+// it reads one request, has send answer it, and waits for the asker to
+// close the connection. The channel it returns is closed once it closed
+// its end.
+func oldDaemonStub(t *testing.T, sock string, send func(c *net.UnixConn) error) <-chan struct{} {
 	t.Helper()
 	path := sock + handoffSuffix
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
@@ -543,10 +545,9 @@ func oldDaemonStub(t *testing.T, sock string, msgs ...string) {
 		if _, err := c.Read(buf); err != nil {
 			return
 		}
-		for _, m := range msgs {
-			if _, err := c.Write([]byte(m)); err != nil {
-				return
-			}
+		if err := send(c); err != nil {
+			t.Errorf("the stub's answer: %v", err)
+			return
 		}
 		c.Read(buf) // until the asker closes
 	}()
@@ -554,6 +555,19 @@ func oldDaemonStub(t *testing.T, sock string, msgs ...string) {
 		ln.Close()
 		<-done
 	})
+	return done
+}
+
+// sendAll sends each of msgs as a message of its own.
+func sendAll(msgs ...string) func(c *net.UnixConn) error {
+	return func(c *net.UnixConn) error {
+		for _, m := range msgs {
+			if _, err := c.Write([]byte(m)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 // TestHandoffBoundsStatedDrain: the new daemon waits for the old one's
@@ -579,7 +593,7 @@ func TestHandoffBoundsStatedDrain(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t.TempDir())
 			cfg.StoreHandoff = "on"
-			oldDaemonStub(t, cfg.Socket, "accepted "+tc.stated+"\n", "nostate a stub\n", "listeners\n")
+			oldDaemonStub(t, cfg.Socket, sendAll("accepted "+tc.stated+"\n", "nostate a stub\n", "listeners\n"))
 			log := &lockedBuffer{}
 			d := &Daemon{cfg: cfg, log: slog.New(slog.NewTextHandler(log, nil))}
 			in, _, why, err := d.takeOver()
@@ -604,6 +618,117 @@ func TestHandoffBoundsStatedDrain(t *testing.T) {
 			}
 			if said := strings.Contains(log.String(), "states a drain longer than any drain_timeout may be"); said != tc.clamped {
 				t.Fatalf("the clamp said %v, want %v:\n%s", said, tc.clamped, log)
+			}
+		})
+	}
+}
+
+// TestHandoffDistrustsState: what the old daemon passes is taken only
+// when it is what a hand-off sends. A state that names a descriptor twice,
+// or is longer than a hand-off message (so truncated), is dropped whole;
+// descriptors of tenants this daemon does not have (or names no tenant
+// has, such as one carrying a line for systemd's notify socket) are
+// closed, never taken or sent to systemd; texts the old daemon sends reach
+// the log and the errors bounded. Whatever is dropped is closed.
+func TestHandoffDistrustsState(t *testing.T) {
+	pool, journal := poolFDPrefix+"default", journalFDPrefix+"default"
+	for _, tc := range []struct {
+		name  string
+		state string
+		fds   int
+		taken []string // nil: no state taken
+		why   string   // in why, or in the log when the state is taken
+	}{
+		{"whole", "state " + pool + ":" + journal, 2, []string{pool, journal}, ""},
+		{"named twice", "state " + pool + ":" + pool, 2, nil, "names \"" + pool + "\" twice"},
+		{"another tenant", "state " + pool + ":" + journal + ":" + poolFDPrefix + "gone", 3, []string{pool, journal}, "of no tenant of this daemon"},
+		{"a notify line in a name", "state " + pool + "\nFDSTOREREMOVE=1\nFDNAME=" + pool + ":" + journal, 2, []string{journal}, "of no tenant of this daemon"},
+		{"longer than a message", "state " + pool + ":" + journal + strings.Repeat("\n", maxHandoffMsg), 2, nil, "longer than a hand-off message"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t.TempDir())
+			cfg.StoreHandoff = "on"
+			stub := oldDaemonStub(t, cfg.Socket, func(c *net.UnixConn) error {
+				if _, err := c.Write([]byte("accepted 100\n")); err != nil {
+					return err
+				}
+				var fds []int
+				for range tc.fds {
+					fd, err := unix.MemfdCreate("stub", unix.MFD_CLOEXEC)
+					if err != nil {
+						return err
+					}
+					fds = append(fds, fd)
+				}
+				_, _, err := c.WriteMsgUnix([]byte(tc.state+"\n"), syscall.UnixRights(fds...), nil)
+				for _, fd := range fds {
+					syscall.Close(fd)
+				}
+				if err != nil {
+					return err
+				}
+				_, err = c.Write([]byte("listeners\n"))
+				return err
+			})
+			log := &lockedBuffer{}
+			d := &Daemon{cfg: cfg, log: slog.New(slog.NewTextHandler(log, nil))}
+			before := openFDs(t)
+			in, _, why, err := d.takeOver()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var taken []string
+			for i, fd := range in.fds {
+				taken = append(taken, in.names[i])
+				if target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd)); err != nil || !strings.Contains(target, "memfd:stub") {
+					t.Errorf("%s taken as fd %d, which is %q (%v)", in.names[i], fd, target, err)
+				}
+			}
+			in.closeAll()
+			<-stub
+			if after := openFDs(t); after > before {
+				t.Errorf("%d descriptors open after the hand-off, %d before: a dropped one leaked", after, before)
+			}
+			if tc.taken == nil {
+				if len(taken) > 0 || !strings.Contains(why, tc.why) {
+					t.Fatalf("took %q, why %q; want nothing taken, saying %q", taken, why, tc.why)
+				}
+				return
+			}
+			if why != "" || !slices.Equal(taken, tc.taken) {
+				t.Fatalf("took %q, why %q; want %q", taken, why, tc.taken)
+			}
+			if !strings.Contains(log.String(), tc.why) {
+				t.Fatalf("the log does not say %q:\n%s", tc.why, log)
+			}
+		})
+	}
+}
+
+// TestHandoffBoundsOldDaemonText: what the old daemon says when it refuses
+// or stops reaches the new daemon's error or log bounded, however long it
+// is.
+func TestHandoffBoundsOldDaemonText(t *testing.T) {
+	long := strings.Repeat("x", maxHandoffMsg-16)
+	for _, verb := range []string{"refused", "stopping"} {
+		t.Run(verb, func(t *testing.T) {
+			cfg := testConfig(t.TempDir())
+			cfg.StoreHandoff = "on"
+			oldDaemonStub(t, cfg.Socket, sendAll(verb+" "+long+"\n"))
+			d := &Daemon{cfg: cfg, log: discardLogger()}
+			in, _, why, err := d.takeOver()
+			if in != nil {
+				in.closeAll()
+			}
+			text := why
+			if err != nil {
+				text = err.Error()
+			}
+			if (err != nil) != (verb == "refused") || !strings.Contains(text, "xxxx") {
+				t.Fatalf("err %v, why of %d bytes: want the old daemon's %s said", err, len(why), verb)
+			}
+			if len(text) > 1024 {
+				t.Fatalf("the old daemon's %d bytes after %q reach the new daemon's %d-byte text", len(long), verb, len(text))
 			}
 		})
 	}
