@@ -55,7 +55,7 @@ install: build
 # Starts the daemon in the foreground on embedded defaults: socket and data under ./run/.
 run: build
 	@mkdir -p $(RUN_DIR)
-	$(BIN)/tensorcastd --socket $(RUN_DIR)/tensorcastd.sock --data-dir $(RUN_DIR)/data
+	$(BIN)/tensorcastd --socket $(abspath $(RUN_DIR))/tensorcastd.sock --data-dir $(abspath $(RUN_DIR))/data
 
 test: .deps-check test-go test-c test-python test-rdma
 

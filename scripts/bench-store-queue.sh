@@ -22,6 +22,8 @@ set -euo pipefail
 COUNT=${1:-5}
 BT=${2:-2s}
 DIR=${3:-/var/tmp/tcbench-store-queue}
+# The daemon takes only absolute paths; DIR is taken before the cd below.
+case $DIR in /*) ;; *) DIR=$PWD/$DIR ;; esac
 POOL=${POOL:-2GiB}
 PROMOTE_N=${PROMOTE_N:-1500}
 MEMKEYS=${MEMKEYS:-1000000 10000000}
