@@ -73,9 +73,16 @@ func listenFDs(getenv func(string) string) (*inheritedFDs, error) {
 	if getenv("LISTEN_PID") != strconv.Itoa(os.Getpid()) {
 		return in, nil
 	}
-	n, err := strconv.Atoi(getenv("LISTEN_FDS"))
-	if err != nil || n <= 0 {
+	// LISTEN_PID names this process, so whoever started it meant to pass
+	// descriptors: a count that is not one fails the start rather than
+	// leaving what was passed open and unused.
+	v := getenv("LISTEN_FDS")
+	if v == "" || v == "0" {
 		return in, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return nil, fmt.Errorf("%w: LISTEN_FDS = %q with LISTEN_PID this process: not a count of descriptors", ErrConfig, v)
 	}
 	if n > maxListenFDs {
 		return nil, fmt.Errorf("%w: LISTEN_FDS = %d: more descriptors than the daemon ever stores (%d)", ErrConfig, n, maxListenFDs)

@@ -197,3 +197,24 @@ func fileOf(t *testing.T, c interface{ File() (*os.File, error) }) *os.File {
 	}
 	return f
 }
+
+// TestActivationRefusesBadCount: with LISTEN_PID naming this process, a
+// LISTEN_FDS that is not a count of descriptors fails the start, naming
+// the value; none set, or zero, is a start without inherited descriptors.
+func TestActivationRefusesBadCount(t *testing.T) {
+	pid := strconv.Itoa(os.Getpid())
+	for _, v := range []string{"x", "-1", "1.5", " 1", "0x1"} {
+		env := map[string]string{"LISTEN_PID": pid, "LISTEN_FDS": v}
+		_, err := listenFDs(func(k string) string { return env[k] })
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), strconv.Quote(v)) {
+			t.Errorf("LISTEN_FDS = %q: %v, want ErrConfig naming the value", v, err)
+		}
+	}
+	for _, v := range []string{"", "0"} {
+		env := map[string]string{"LISTEN_PID": pid, "LISTEN_FDS": v}
+		in, err := listenFDs(func(k string) string { return env[k] })
+		if err != nil || len(in.fds) != 0 {
+			t.Errorf("LISTEN_FDS = %q: %d descriptors, %v; want none and no error", v, len(in.fds), err)
+		}
+	}
+}
