@@ -671,6 +671,21 @@ func TestNoFetchedCopyPastTheAnnouncementBound(t *testing.T) {
 				removeHereOnly(t, r, key)
 				r.announcedAll(t)
 			}
+			// r's announcer is held sending another key's announcement, so
+			// the fillers below stay queued until the test takes them back:
+			// a wake-up left from the set-up (the fetch kicks once it has
+			// answered) would otherwise let it take them meanwhile.
+			other := keyHomedOn(f, r, "bound/other", "w")
+			release := f.holdKind(t, "r", kindAnnounceAges)
+			r.put(t, other, value(other, 64))
+			testutil.Eventually(t, 10*time.Second, func() bool {
+				if f.heldKinds() == 0 {
+					return false
+				}
+				r.c.mu.Lock()
+				defer r.c.mu.Unlock()
+				return len(r.c.pending) == 0 && r.c.sending
+			}, "r's announcer held in the announcement of %s", other)
 			r.c.mu.Lock()
 			held := r.c.pending
 			for range cfg.MaxPending {
@@ -687,6 +702,7 @@ func TestNoFetchedCopyPastTheAnnouncementBound(t *testing.T) {
 			r.c.mu.Lock()
 			r.c.pending = held
 			r.c.mu.Unlock()
+			release()
 			if got, err := r.read(key, len(v)); err != nil || !bytes.Equal(got, v) {
 				t.Fatalf("remote get once drained: %d bytes, %v", len(got), err)
 			}
