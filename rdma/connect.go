@@ -79,7 +79,7 @@ func (t *Transport) bringUp(q *queuePair, exchange func(ConnInfo) (ConnInfo, err
 	if wasUp && inflight {
 		_ = q.v.Fail()
 	}
-	t.drain(q, t.cfg.ConnectTimeout)
+	t.drain(q, time.Now().Add(t.cfg.ConnectTimeout))
 	if err := q.v.Reset(); err != nil {
 		t.setState(q, qpDown)
 		return fmt.Errorf("%w: reset qp %d: %v", ErrConnect, q.idx, err)
@@ -159,20 +159,37 @@ func (t *Transport) setState(q *queuePair, s int) {
 	q.mu.Unlock()
 }
 
-// drain waits up to d for q's posted work to retire.
-func (t *Transport) drain(q *queuePair, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for {
-		q.mu.Lock()
-		empty := q.head == q.tail
+// drain waits until q has nothing posted, or until deadline, and reports
+// whether q drained. It sleeps on q.idle, which the retirement of q's last
+// posted work request closes: the reaper's completion ends the wait, with
+// no polling of q meanwhile.
+func (t *Transport) drain(q *queuePair, deadline time.Time) bool {
+	q.mu.Lock()
+	if q.head == q.tail {
 		q.mu.Unlock()
-		if empty {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
+		return true
+	}
+	if q.idle == nil {
+		q.idle = make(chan struct{})
+	}
+	idle := q.idle
+	q.mu.Unlock()
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case <-idle:
+		return true
+	case <-timer.C:
+		return false
+	}
+}
+
+// drainedLocked wakes the drain waiting for q (q.mu held), once q has
+// nothing posted.
+func (q *queuePair) drainedLocked() {
+	if q.idle != nil && q.head == q.tail {
+		close(q.idle)
+		q.idle = nil
 	}
 }
 
@@ -193,6 +210,7 @@ func (t *Transport) forceRetire(q *queuePair, err error) {
 		}
 		*s = slot{}
 	}
+	q.drainedLocked()
 	q.mu.Unlock()
 	for _, d := range done {
 		d.t.Done(0, d.err)

@@ -343,6 +343,7 @@ func (t *Transport) retireLocked(q *queuePair, c *WorkCompletion, done []doneTas
 		}
 		*s = slot{}
 	}
+	q.drainedLocked()
 	if q.state == qpDown && q.tail == q.head {
 		select {
 		case t.reconnect <- q.idx:

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -71,6 +72,10 @@ type queuePair struct {
 	// was reaped since.
 	armedFor  bool
 	destroyed bool
+	// idle, made by a drain that finds work posted, is closed (and
+	// cleared) by whatever retires the last of it (retireLocked,
+	// forceRetire): the drain waits on it.
+	idle chan struct{}
 }
 
 // seqBits is how much of a wr_id is sequence number; the rest is the queue
@@ -202,8 +207,9 @@ func (t *Transport) Close() error {
 			t.adopt(q)
 			_ = q.v.Fail()
 		}
+		deadline := time.Now().Add(t.cfg.ConnectTimeout)
 		for _, q := range t.qps {
-			t.drain(q, t.cfg.ConnectTimeout)
+			t.drain(q, deadline)
 		}
 		close(t.stop)
 		for _, q := range t.qps {
