@@ -332,6 +332,42 @@ func (p *Links) Close() {
 	}
 }
 
+// releases are deregistrations in progress that Close did not start and
+// waits for before the device closes (a device with a region left fails
+// to close).
+type releases struct {
+	wg sync.WaitGroup
+	// mu guards n, the deregistrations in progress.
+	mu sync.Mutex
+	n  int
+}
+
+func (r *releases) add() {
+	r.mu.Lock()
+	r.n++
+	r.wg.Add(1)
+	r.mu.Unlock()
+}
+
+func (r *releases) done() {
+	r.mu.Lock()
+	r.n--
+	r.mu.Unlock()
+	r.wg.Done()
+}
+
+// wait waits for the deregistrations in progress (whose: for the log; a
+// large one takes seconds). No add may start once wait has.
+func (r *releases) wait(log *slog.Logger, whose string) {
+	r.mu.Lock()
+	n := r.n
+	r.mu.Unlock()
+	if n > 0 {
+		log.Info("rdma: closing waits for deregistrations in progress", "whose", whose, "regions", n)
+	}
+	r.wg.Wait()
+}
+
 // Waiting is how many tasks wait for a client buffer's registration.
 func (p *Links) Waiting() int { return p.regs.waiters() }
 

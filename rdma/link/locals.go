@@ -1,6 +1,8 @@
 package link
 
 import (
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,6 +24,13 @@ import (
 // after it was unregistered, so no work request uses it any more)
 // releases it, which deregisters it before the memory is unmapped. Close
 // takes every registration back from its segment and deregisters it.
+//
+// A deregistration runs outside localRegs.mu (a large one takes as long
+// as its registration did), with the registration marked leaving in m
+// meanwhile: the counters and Info go on, a teardown that comes for a
+// registration Close is deregistering waits for that one (its buffer is
+// unmapped after), and Close waits for the teardowns' deregistrations in
+// progress before the device closes.
 
 // maxLocalRegs bounds the client buffers registered at once; past it a
 // buffer's requests use tcp (logged).
@@ -30,10 +39,14 @@ const maxLocalRegs = 4096
 // localRegs are the local registrations the links made, by the keys on
 // their segment, for Close, Info and the counters.
 type localRegs struct {
-	// mu guards m and buffers.
+	// mu guards m, buffers and each entry's leaving. It is never held
+	// while the device deregisters.
 	mu      sync.Mutex
 	m       map[*rdma.Keys]*localReg
-	buffers int // entries of m that are client buffers
+	buffers int // entries of m that are client buffers and not leaving
+	// releasing are the teardowns' deregistrations in progress (added
+	// under mu when one takes its registration), which closeAll waits for.
+	releasing releases
 }
 
 // localReg is one local registration.
@@ -42,6 +55,10 @@ type localReg struct {
 	regs *xfer.Regs // the segment's slots
 	reg  *rdma.Region
 	pool bool
+	// leaving: a teardown or closeAll took it to deregister; it stays in
+	// m until that is done, and released closes then.
+	leaving  bool
+	released chan struct{}
 }
 
 // clientBuffer is seg as a client buffer that can carry an RDMA
@@ -80,7 +97,7 @@ func (p *Links) addLocal(id xfer.SegmentID, regs *xfer.Regs, reg *rdma.Region, p
 	if e.m == nil {
 		e.m = map[*rdma.Keys]*localReg{}
 	}
-	e.m[k] = &localReg{id: id, regs: regs, reg: reg, pool: pool}
+	e.m[k] = &localReg{id: id, regs: regs, reg: reg, pool: pool, released: make(chan struct{})}
 	if !pool {
 		e.buffers++
 	}
@@ -146,41 +163,82 @@ func (p *Links) registerLocal(seg xfer.Segment) bool {
 }
 
 // dropLocal is a segment's teardown releasing the keys k the links put on
-// it: their registration is deregistered. Links that closed released it
-// already.
+// it: their registration is deregistered before it returns (the memory is
+// unmapped after). When Close is deregistering it, the teardown waits for
+// that; links that closed released it already.
 func (p *Links) dropLocal(k *rdma.Keys) {
 	e := &p.locals
 	e.mu.Lock()
 	r := e.m[k]
-	delete(e.m, k)
-	if r != nil && !r.pool {
-		e.buffers--
-	}
-	e.mu.Unlock()
-	if r == nil {
+	switch {
+	case r == nil:
+		e.mu.Unlock()
+		return
+	case r.leaving:
+		e.mu.Unlock()
+		<-r.released
 		return
 	}
-	if err := p.dev.Deregister(r.reg); err != nil {
+	e.takeLocked(r)
+	e.releasing.add()
+	e.mu.Unlock()
+	defer e.releasing.done()
+	err := p.dev.Deregister(r.reg)
+	e.released(k, r)
+	if err != nil {
 		p.log.Error("deregistering a segment's rdma registration", "segment", r.id, "pool", r.pool, "err", err)
 		return
 	}
 	p.log.Debug("segment's rdma registration released", "segment", r.id, "pool", r.pool)
 }
 
-// closeAll takes every registration back from its segment and releases it
-// (the links are closing; their transports are closed already).
-func (e *localRegs) closeAll(p *Links) {
+// takeLocked marks r leaving (mu held): its deregistration is the
+// caller's.
+func (e *localRegs) takeLocked(r *localReg) {
+	r.leaving = true
+	if !r.pool {
+		e.buffers--
+	}
+}
+
+// released ends r's stay in m once its deregistration is done.
+func (e *localRegs) released(k *rdma.Keys, r *localReg) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	for k, r := range e.m {
-		// A segment tearing down meanwhile finds k gone from m.
+	delete(e.m, k)
+	e.mu.Unlock()
+	close(r.released)
+}
+
+// closeAll takes every registration back from its segment and releases it
+// (the links are closing; their transports are closed already), one at a
+// time outside mu, then waits for the deregistrations teardowns are
+// making. A segment tearing down meanwhile deregisters its own
+// registration unless closeAll took it already; then it waits for that one
+// only.
+func (e *localRegs) closeAll(p *Links) {
+	// Nothing is added any more: the pools were registered at start-up
+	// and the registration queue has stopped.
+	e.mu.Lock()
+	keys := slices.Collect(maps.Keys(e.m))
+	e.mu.Unlock()
+	for _, k := range keys {
+		e.mu.Lock()
+		r := e.m[k]
+		if r == nil || r.leaving {
+			e.mu.Unlock()
+			continue // released, or a teardown is releasing it
+		}
+		// False when the segment's teardown took the slot first: it
+		// comes to dropLocal, and waits there for this deregistration.
 		r.regs.Drop(xfer.SlotRDMA, k)
+		e.takeLocked(r)
+		e.mu.Unlock()
 		if err := p.dev.Deregister(r.reg); err != nil {
 			p.log.Warn("deregistering a segment's rdma registration", "segment", r.id, "pool", r.pool, "err", err)
 		}
+		e.released(k, r)
 	}
-	clear(e.m)
-	e.buffers = 0
+	e.releasing.wait(p.log, "segment teardowns")
 }
 
 // registered is how many client buffers are registered.
@@ -195,7 +253,7 @@ func (e *localRegs) pools() (bytes uint64, mrs int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, r := range e.m {
-		if r.pool {
+		if r.pool && !r.leaving {
 			bytes += r.reg.Size()
 			mrs += r.reg.Chunks()
 		}
