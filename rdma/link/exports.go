@@ -45,6 +45,14 @@ const revokeQuiet = 30 * time.Second
 // asking for the same export waits for that registration rather than
 // making a second one. An export that ended, or links that closed, while
 // it registered get no keys: the registration is released at once.
+//
+// An export's end takes its registration out of m into ending while it
+// asks the peers to drop the keys (up to revokeWait), then deregisters
+// it. Close takes over the registrations still in ending: it deregisters
+// them at once (the keys are revoked that way too) and the end, when its
+// wait is over, finds its registration released; Close waits for those
+// an end is deregistering already. Either way the end returns only once
+// the registration is released, and the device closes with none left.
 type exportRegs struct {
 	// mu guards the fields below. It is never held while the device
 	// registers or deregisters.
@@ -53,6 +61,9 @@ type exportRegs struct {
 	// pending are the exports being registered, each with what its
 	// registration ended with.
 	pending map[*peer.Export]*pendingReg
+	// ending are the registrations of exports that ended, while their end
+	// asks the peers to drop the keys and nobody deregisters them yet.
+	ending map[*exportReg]struct{}
 	// silent are the peers that did not confirm a revocation, since when
 	// (see revokeQuiet).
 	silent map[string]time.Time
@@ -62,6 +73,10 @@ type exportRegs struct {
 	// while not closed), which closeAll waits for: each releases its
 	// region itself when it finds the links closed.
 	registering sync.WaitGroup
+	// releasing are the ends' deregistrations in progress (added under mu
+	// when an end takes its registration out of ending), which closeAll
+	// waits for.
+	releasing releases
 }
 
 type exportReg struct {
@@ -69,6 +84,9 @@ type exportReg struct {
 	tenant string // the exporter's, in its wire form ("" for the default)
 	reg    *rdma.Region
 	peers  map[string]struct{} // peers that were given the keys
+	// released closes once reg is deregistered, by the export's end or
+	// by Close, which took it over.
+	released chan struct{}
 }
 
 // pendingReg is an export's registration in progress: done closes when it
@@ -201,7 +219,8 @@ func (p *Links) registerExport(from string, x *peer.Export, w *pendingReg, b []b
 	default:
 		// Published under mu with OnEnd's registration: an end that
 		// runs from now on finds it in m.
-		e.m[x] = &exportReg{name: name, tenant: peer.WireTenant(x.Tenant()), reg: reg, peers: map[string]struct{}{from: {}}}
+		e.m[x] = &exportReg{name: name, tenant: peer.WireTenant(x.Tenant()), reg: reg, peers: map[string]struct{}{from: {}},
+			released: make(chan struct{})}
 		delete(e.silent, from) // it answers again
 		resp, w.err = reg.Remote(0).MarshalBinary()
 	}
@@ -225,8 +244,9 @@ func (p *Links) registerExport(from string, x *peer.Export, w *pendingReg, b []b
 // peer requests in its range drained): the peers that hold its keys drop
 // them (all but those that stalled on an earlier one: see revokeQuiet),
 // then its registration is released, so that when the unexport answers no
-// peer can reach the range any more. A plane that closed released it
-// already.
+// peer can reach the range any more. When the links close meanwhile,
+// Close releases it and this waits for that; a plane that closed released
+// it already.
 func (p *Links) exportEnded(x *peer.Export) {
 	e := &p.exports
 	now := time.Now()
@@ -235,6 +255,10 @@ func (p *Links) exportEnded(x *peer.Export) {
 	delete(e.m, x)
 	var ask []string
 	if r != nil {
+		if e.ending == nil {
+			e.ending = map[*exportReg]struct{}{}
+		}
+		e.ending[r] = struct{}{}
 		for peer := range r.peers {
 			if at, ok := e.silent[peer]; !ok || now.Sub(at) >= revokeQuiet {
 				ask = append(ask, peer)
@@ -275,7 +299,21 @@ func (p *Links) exportEnded(x *peer.Export) {
 		}()
 	}
 	wg.Wait()
-	if err := p.dev.Deregister(r.reg); err != nil {
+	e.mu.Lock()
+	_, mine := e.ending[r]
+	delete(e.ending, r)
+	if mine {
+		e.releasing.add()
+	}
+	e.mu.Unlock()
+	if !mine {
+		<-r.released // Close took it over
+		return
+	}
+	err := p.dev.Deregister(r.reg)
+	close(r.released)
+	e.releasing.done()
+	if err != nil {
 		p.log.Error("deregistering an unexported segment", "name", name, "err", err)
 		return
 	}
@@ -322,23 +360,31 @@ func logTenant(wireTenant string) string {
 }
 
 // closeAll releases every export's registration (the links are closing; the
-// transports are closed already) and waits for the registrations in
-// progress, which release their own.
+// transports are closed already), those of exports whose end still asks
+// the peers to drop the keys included, and waits for the registrations in
+// progress, which release their own, and for the deregistrations the ends
+// are making.
 func (e *exportRegs) closeAll(p *Links) {
 	e.mu.Lock()
 	e.closed = true
-	regs := make([]*exportReg, 0, len(e.m))
+	regs := make([]*exportReg, 0, len(e.m)+len(e.ending))
 	for _, r := range e.m {
 		regs = append(regs, r)
 	}
+	for r := range e.ending {
+		regs = append(regs, r)
+	}
 	clear(e.m)
+	clear(e.ending)
 	e.mu.Unlock()
 	for _, r := range regs {
 		if err := p.dev.Deregister(r.reg); err != nil {
 			p.log.Warn("deregistering an export", "name", r.name, "err", err)
 		}
+		close(r.released)
 	}
 	e.registering.Wait()
+	e.releasing.wait(p.log, "unexports")
 }
 
 // dropSegments takes the link's keys back from its resolved segments

@@ -288,3 +288,91 @@ func TestFabricUnexportDuringRegistration(t *testing.T) {
 		t.Fatalf("rdma.exports_registered %d after big ended", c)
 	}
 }
+
+// TestFabricCloseDuringRevocation: an export's end asks the peers that
+// hold its keys to drop them before it deregisters it (d2 takes the
+// request and does not answer until the test lets it go); links that
+// close meanwhile release that registration themselves, so that the
+// device closes with no region left instead of failing as busy with the
+// deregistration after it, and the end returns once it is released.
+func TestFabricCloseDuringRevocation(t *testing.T) {
+	devs := fabric()
+	p := startPair(t, devs)
+	x := p.exportAt(t, "x", 2)
+	p.d2.open(t, "d1/x", wire.RightRead, wire.TransportRDMA) // resolves it over rdma
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	if err := p.d2.p.node.Handle(revokeTenantExchange, func(string, uint64, []byte) ([]byte, error) {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-release
+		return nil, errors.New("d2 stalled")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		x.End(0)
+	}()
+	wait(t, entered, "d1 asking d2 to drop x's keys")
+
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		p.d1.stop() // its cleanup checks that no region is left on the device
+	}()
+	wait(t, stopped, "d1's Close while x's end waits for d2")
+	wait(t, ended, "x's end once d1 closed")
+	if strings.Contains(p.d1.log.String(), "closing the rdma device") {
+		t.Fatalf("d1's device did not close cleanly:\n%s", p.d1.log.String())
+	}
+}
+
+// TestFabricCloseWaitsForAnUnexportsDeregistration: links that close
+// while an export's end deregisters its registration (held here until the
+// test lets it go) wait for it, and the device then closes with no region
+// left.
+func TestFabricCloseWaitsForAnUnexportsDeregistration(t *testing.T) {
+	devs := fabric()
+	p := startPair(t, devs)
+	x := p.exportAt(t, "x", 2)
+	p.d2.open(t, "d1/x", wire.RightRead, wire.TransportRDMA) // resolves it over rdma
+	dev := devs.fabricDevice("d1")
+	entered, gate := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	addr := addrOf(p.expMem(2*block, block))
+	var first sync.Once
+	dev.OnDeregister(func(r *rdma.Region) {
+		if r.Addr() == addr && r.Size() == block { // not the pool, at the same address
+			first.Do(func() {
+				entered <- struct{}{}
+				<-gate
+			})
+		}
+	})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		x.End(0)
+	}()
+	wait(t, entered, "x's end deregistering its registration")
+
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		p.d1.stop() // its cleanup checks that no region is left on the device
+	}()
+	p.d1.log.waitFor(t, "closing waits for deregistrations in progress", 10*time.Second)
+	release()
+	wait(t, ended, "x's end")
+	wait(t, stopped, "d1's Close once x's deregistration ended")
+	if strings.Contains(p.d1.log.String(), "closing the rdma device") {
+		t.Fatalf("d1's device did not close cleanly:\n%s", p.d1.log.String())
+	}
+}
