@@ -34,6 +34,31 @@ const revokeWait = time.Second
 // revoked anyway: such a peer learns it from its requests' failures.
 const revokeQuiet = 30 * time.Second
 
+// The exchange handlers of a tcp node are few (16 at once, beyond which
+// the peer is answered busy), and a request for an export that registers
+// holds one for as long as the registration takes: requests from many
+// peers for a large export would fill them, and stall every other
+// exchange with this daemon (links being set up, revocations,
+// notifications). So the handlers that register an export or wait for one
+// are bounded, in all and per export; a request beyond either bound is
+// answered busyAnswer at once, which the requesting daemon takes as "ask
+// again" (askRegion) and retries within its deadline.
+const (
+	// maxRegHandlers bounds the handlers registering an export or waiting
+	// for an export's registration, across exports: half of the node's.
+	maxRegHandlers = 8
+	// maxExportWaiters bounds the handlers waiting for the registration
+	// another request for the same export is making.
+	maxExportWaiters = 2
+)
+
+// busyAnswer is the answer to a request for an export's registration
+// beyond those bounds: the owner is registering, and the same request may
+// succeed when asked again. It is a successful exchange, not a failure
+// (the node would log each one), and no region's encoding begins as it
+// does; a daemon before it reads it as a malformed region.
+var busyAnswer = []byte("TCRB\x01")
+
 // exportRegs are the registrations of exports peers resolved, by export.
 //
 // Registering an export pins and maps every page of it (seconds for GiBs
@@ -43,7 +68,8 @@ const revokeQuiet = 30 * time.Second
 // exports' resolutions and revocations and the counters go on, and Close
 // releases the other registrations before it waits for this one; a peer
 // asking for the same export waits for that registration rather than
-// making a second one. An export that ended, or links that closed, while
+// making a second one (a few do; the others are answered busy and ask
+// again: see maxExportWaiters). An export that ended, or links that closed, while
 // it registered get no keys: the registration is released at once.
 //
 // An export's end takes its registration out of m into ending while it
@@ -64,6 +90,9 @@ type exportRegs struct {
 	// ending are the registrations of exports that ended, while their end
 	// asks the peers to drop the keys and nobody deregisters them yet.
 	ending map[*exportReg]struct{}
+	// handlers are the exchange handlers registering an export or
+	// waiting for one (at most maxRegHandlers).
+	handlers int
 	// silent are the peers that did not confirm a revocation, since when
 	// (see revokeQuiet).
 	silent map[string]time.Time
@@ -95,6 +124,9 @@ type exportReg struct {
 type pendingReg struct {
 	done chan struct{}
 	err  error
+	// waiters are the handlers waiting for it (at most
+	// maxExportWaiters; exportRegs.mu guards it).
+	waiters int
 }
 
 // accessOf maps an export's granted rights to the remote access of its
@@ -139,7 +171,9 @@ func (p *Links) serveSegmentByName(from string, _ uint64, req []byte) ([]byte, e
 
 // serveExport answers with x's registration (rdma.RemoteRegion's
 // encoding), registering it the first time a peer asks for it; the
-// export's end revokes it.
+// export's end revokes it. While it registers, up to maxExportWaiters
+// other requests for it wait for it; beyond those, or beyond
+// maxRegHandlers in all, a request is answered busyAnswer at once.
 func (p *Links) serveExport(from string, x *peer.Export) ([]byte, error) {
 	name := x.Name()
 	// The reference keeps the export from ending while it is registered:
@@ -174,6 +208,12 @@ func (p *Links) serveExport(from string, x *peer.Export) ([]byte, error) {
 			e.mu.Unlock()
 			return nil, fmt.Errorf("%w: %q is being unexported", tcp.ErrNotFound, name)
 		}
+		if e.handlers >= maxRegHandlers || (w != nil && w.waiters >= maxExportWaiters) {
+			e.mu.Unlock()
+			p.stats.exportsBusy.Add(1)
+			return busyAnswer, nil
+		}
+		e.handlers++
 		if w == nil {
 			w = &pendingReg{done: make(chan struct{})}
 			e.pending[x] = w
@@ -181,10 +221,14 @@ func (p *Links) serveExport(from string, x *peer.Export) ([]byte, error) {
 			e.mu.Unlock()
 			return p.registerExport(from, x, w, b)
 		}
+		w.waiters++
 		e.mu.Unlock()
 		// Another peer's request registers x: its registration serves
 		// this one too.
 		<-w.done
+		e.mu.Lock()
+		e.handlers--
+		e.mu.Unlock()
 		if w.err != nil {
 			return nil, w.err
 		}
@@ -208,6 +252,7 @@ func (p *Links) registerExport(from string, x *peer.Export, w *pendingReg, b []b
 	var dead *rdma.Region
 	e.mu.Lock()
 	delete(e.pending, x)
+	e.handlers--
 	switch {
 	case err != nil:
 		w.err = fmt.Errorf("registering export %q: %w", name, err)

@@ -1,6 +1,7 @@
 package link
 
 import (
+	"bytes"
 	"errors"
 	"slices"
 	"strings"
@@ -374,5 +375,142 @@ func TestFabricCloseWaitsForAnUnexportsDeregistration(t *testing.T) {
 	wait(t, stopped, "d1's Close once x's deregistration ended")
 	if strings.Contains(p.d1.log.String(), "closing the rdma device") {
 		t.Fatalf("d1's device did not close cleanly:\n%s", p.d1.log.String())
+	}
+}
+
+// watchAsks wraps d1's handlers of the requests for an export's
+// registration: the returned channel gets a token each time one begins
+// to serve a request for name, holding one of d1's exchange handlers.
+func (p *pair) watchAsks(t *testing.T, name string) <-chan struct{} {
+	t.Helper()
+	in := make(chan struct{}, 256)
+	node, links := p.d1.p.node, p.d1.p.rdma
+	signal := func(n string) {
+		if n == name {
+			in <- struct{}{}
+		}
+	}
+	if err := node.Handle(segmentExchange, func(from string, epoch uint64, req []byte) ([]byte, error) {
+		signal(string(req))
+		return links.serveSegmentByName(from, epoch, req)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Handle(segmentTokenExchange, func(from string, epoch uint64, req []byte) ([]byte, error) {
+		if a, err := node.Verify(req, 0); err == nil {
+			signal(a.Name)
+		}
+		return links.serveSegment(from, epoch, req)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+// maxNodeHandlers is how many exchange handlers a tcp node runs at once.
+const maxNodeHandlers = 16
+
+// TestFabricRequestsForARegisteringExportLeaveHandlersFree: while d1
+// registers "big" (held here until the test lets it go), as many requests
+// for it as d1's node has exchange handlers do not take them all: beyond
+// the one registering it and maxExportWaiters waiting for it, they are
+// answered busy at once, so that d1 still sets a link up and resolves
+// another export over rdma. A daemon that asks for big and is answered
+// busy asks again, and gets the keys once the registration ends.
+func TestFabricRequestsForARegisteringExportLeaveHandlersFree(t *testing.T) {
+	devs := fabric()
+	p := startPair(t, devs)
+	p.exportAt(t, "big", 3)
+	p.exportAt(t, "third", 4)
+	_, bigRemote := p.d2.open(t, "d1/big", wire.RightRead, wire.TransportAuto)
+	asks := p.watchAsks(t, "big")
+	slow := slowlyRegister(t, devs.fabricDevice("d1"), p.expMem(3*block, block))
+
+	asked := make(chan exchanged, maxNodeHandlers)
+	for range maxNodeHandlers {
+		go p.askRegion("big", asked)
+	}
+	for i := range maxNodeHandlers {
+		wait(t, asks, "d1 serving request %d of %d for big", i+1, maxNodeHandlers)
+	}
+	wait(t, slow.entered, "d1 registering big")
+	for i := range maxNodeHandlers - 1 - maxExportWaiters {
+		a := wait(t, asked, "request %d of those beyond the bound for big answered at once, while big registers", i+1)
+		if a.err != nil || !bytes.Equal(a.resp, busyAnswer) {
+			t.Fatalf("a request for big beyond the bound: %q, %v; want busyAnswer", a.resp, a.err)
+		}
+	}
+	if err := within(t, "d2's rdma link to d1 and d1/third over rdma while big registers", func() error {
+		r, err := p.d2.p.OpenRemote("d1", tcp.Access{Name: "third"}, wire.RightRead, wire.TransportRDMA)
+		if err == nil {
+			r.Close()
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("d1/third over rdma while big registers: %v\n%s", err, p.d1.log.String())
+	}
+
+	// d2's worker asks for big: answered busy, it asks again.
+	prepared := make(chan error, 1)
+	go func() { prepared <- p.d2.prepare(bigRemote) }()
+	wait(t, asks, "d2's worker asking for big")
+	wait(t, asks, "d2's worker asking for big again")
+	slow.release()
+	for range 1 + maxExportWaiters {
+		if a := wait(t, asked, "a request for big that waited for its registration"); a.err != nil {
+			t.Fatalf("a request for big that waited: %v", a.err)
+		}
+	}
+	if err := wait(t, prepared, "d2's worker resolving big"); err != nil {
+		t.Fatalf("d2 resolving big, answered busy while it registered: %v\n%s", err, p.d2.log.String())
+	}
+	if k := rdma.KeysOf(bigRemote); k == nil {
+		t.Fatal("d2 resolved big but its segment carries no keys")
+	}
+	if n := slow.regs.Load(); n != 1 {
+		t.Fatalf("big registered %d times, want once", n)
+	}
+	// Those beyond the bound, and the worker's first request at least.
+	if n, want := p.d1.counter(t, "rdma.exports_busy"), uint64(maxNodeHandlers-maxExportWaiters); n < want {
+		t.Fatalf("d1 counts %d busy answers, want at least %d", n, want)
+	}
+	if n := p.d2.counter(t, "rdma.owner_busy"); n == 0 {
+		t.Fatal("d2 counts no busy answer")
+	}
+}
+
+// TestFabricOwnerBusyPastTheDeadline: a pin whose deadline passes while
+// the owner answers busy (it registers the export, for a request that
+// waits here until the test lets it go, with maxExportWaiters more
+// waiting) fails BUSY, saying so, rather than waiting on.
+func TestFabricOwnerBusyPastTheDeadline(t *testing.T) {
+	devs := fabric()
+	p := startPair(t, devs)
+	p.exportAt(t, "big", 3)
+	_, bigRemote := p.d2.open(t, "d1/big", wire.RightRead, wire.TransportAuto)
+	slow := slowlyRegister(t, devs.fabricDevice("d1"), p.expMem(3*block, block))
+	// One more than register and wait: that one is answered busy, once
+	// the others wait.
+	asked := make(chan exchanged, 2+maxExportWaiters)
+	for range 2 + maxExportWaiters {
+		go p.askRegion("big", asked)
+	}
+	if a := wait(t, asked, "the request for big beyond the bound"); a.err != nil || !bytes.Equal(a.resp, busyAnswer) {
+		t.Fatalf("a request for big beyond the bound: %q, %v; want busyAnswer", a.resp, a.err)
+	}
+	j := pinJob{r: bigRemote, done: make(chan error, 1), deadline: time.Now().Add(200 * time.Millisecond)}
+	p.d2.p.rdma.prep <- j
+	err := wait(t, j.done, "a pin of big past its deadline")
+	if !errors.Is(err, xfer.ErrBusy) || !errors.Is(err, errOwnerBusy) || !strings.Contains(err.Error(), "answered busy") {
+		t.Fatalf("a pin of big while d1 registers it, past its deadline: %v; want errOwnerBusy", err)
+	}
+	if k := rdma.KeysOf(bigRemote); k != nil {
+		t.Fatal("a pin that failed left keys on the segment")
+	}
+	slow.release()
+	for range 1 + maxExportWaiters {
+		if a := wait(t, asked, "a request for big"); a.err != nil {
+			t.Fatalf("a request for big: %v", a.err)
+		}
 	}
 }

@@ -5,6 +5,7 @@ package link
 // restarted or went away, and the acceptor's side of a peer's queue pairs.
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -77,6 +78,11 @@ func (p *Links) worker() {
 				// The link was retired while r resolved on it (the
 				// worker retires links while peers' work runs), or r
 				// was closed: nothing to remember of r.
+			case errors.Is(w.segErr, errOwnerBusy):
+				// Its owner is busy (registering it): its requests use tcp
+				// meanwhile (counted), and a later one asks again.
+				p.log.Info("remote segment uses tcp while its owner is busy", "peer", w.r.Peer(), "segment", w.r.Name(),
+					"why", w.segErr.Error())
 			case w.segErr != nil:
 				if len(failedSeg) >= 4096 {
 					for k := range failedSeg {
@@ -126,14 +132,14 @@ func (p *Links) peerRun(r *tcp.Remote, j pinJob, ended chan<- peerWork) {
 	w := peerWork{r: r}
 	switch {
 	case j.done != nil:
-		j.done <- p.prepare(r)
+		j.done <- p.prepare(r, j.deadline)
 	default:
 		l, err := p.link(r.Peer(), r.Epoch())
 		if err != nil {
 			w.linkErr = err
 			break
 		}
-		if w.segErr = p.resolve(l, r); w.segErr == nil {
+		if w.segErr = p.resolve(l, r, time.Time{}); w.segErr == nil {
 			p.say(r.Peer(), "rdma", "queue pairs up over the peer channel")
 		}
 	}
@@ -218,18 +224,30 @@ func (p *Links) link(peer string, epoch uint64) (*rdmaLink, error) {
 	return p.connect(peer, epoch)
 }
 
-// resolve asks r's owner for its registration of r (address, size, keys)
-// and puts the keys in r's RDMA slot, owned by l.
-func (p *Links) resolve(l *rdmaLink, r *tcp.Remote) error {
+// resolveWait bounds how long resolving a segment for a route's request
+// asks its owner (a pin's own deadline bounds a pin's): as long as one
+// exchange waits by default (the node's request timeout) for an owner
+// registering the export.
+const resolveWait = 30 * time.Second
+
+// Pauses between the requests for a registration its owner answered busy
+// (busyAnswer): they double from the first to the last.
+const (
+	firstBusyPause = 10 * time.Millisecond
+	lastBusyPause  = 500 * time.Millisecond
+)
+
+// resolve asks r's owner for its registration of r (address, size, keys),
+// before deadline (zero: resolveWait from now), and puts the keys in r's
+// RDMA slot, owned by l.
+func (p *Links) resolve(l *rdmaLink, r *tcp.Remote, deadline time.Time) error {
 	if k := rdma.KeysOf(r); k != nil && k.Owner() == any(l) {
 		return nil
 	}
-	resp, err := p.node.ExchangeAt(r.Peer(), l.epoch, segmentTokenExchange, r.Token(), 0)
-	if errors.Is(err, tcp.ErrNoHandler) && r.Access() == (tcp.Access{Name: r.Name()}) {
-		// A daemon before tenants: it serves its (default) exports by
-		// name, and a segment opened without tenants is one of those.
-		resp, err = p.node.ExchangeAt(r.Peer(), l.epoch, segmentExchange, []byte(r.Name()), 0)
+	if deadline.IsZero() {
+		deadline = time.Now().Add(resolveWait)
 	}
+	resp, err := p.askRegion(l, r, deadline)
 	if err != nil {
 		return err
 	}
@@ -256,6 +274,56 @@ func (p *Links) resolve(l *rdmaLink, r *tcp.Remote) error {
 		return fmt.Errorf("%s/%s: its rdma slot holds another link's keys", r.Peer(), r.Name())
 	}
 	return nil
+}
+
+// askRegion asks r's owner for its registration of r until deadline:
+// an owner that answers busy (it is registering, busyAnswer) is asked
+// again after a pause.
+func (p *Links) askRegion(l *rdmaLink, r *tcp.Remote, deadline time.Time) ([]byte, error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	start, busy := time.Now(), 0
+	busyErr := func() error {
+		return fmt.Errorf("%w: %s/%s: answered busy %d times in %v", errOwnerBusy, r.Peer(), r.Name(),
+			busy, time.Since(start).Round(time.Millisecond))
+	}
+	for pause := firstBusyPause; ; pause = min(2*pause, lastBusyPause) {
+		left := time.Until(deadline)
+		switch {
+		case left <= 0 && busy > 0:
+			return nil, busyErr()
+		case left <= 0:
+			return nil, fmt.Errorf("%w: no time left to ask %s for the registration of %s", xfer.ErrTimeout, r.Peer(), r.Name())
+		}
+		resp, err := p.node.ExchangeAt(r.Peer(), l.epoch, segmentTokenExchange, r.Token(), left)
+		if errors.Is(err, tcp.ErrNoHandler) && r.Access() == (tcp.Access{Name: r.Name()}) {
+			// A daemon before tenants: it serves its (default) exports by
+			// name, and a segment opened without tenants is one of those.
+			resp, err = p.node.ExchangeAt(r.Peer(), l.epoch, segmentExchange, []byte(r.Name()), left)
+		}
+		if err != nil || !bytes.Equal(resp, busyAnswer) {
+			return resp, err
+		}
+		busy++
+		p.stats.ownerBusy.Add(1)
+		if time.Until(deadline) < pause {
+			return nil, busyErr()
+		}
+		if timer == nil {
+			timer = time.NewTimer(pause)
+		} else {
+			timer.Reset(pause)
+		}
+		select {
+		case <-timer.C:
+		case <-p.stop:
+			return nil, fmt.Errorf("rdma: %w", xfer.ErrClosed)
+		}
+	}
 }
 
 // closedRemote reports whether r was closed (its holder let it go).

@@ -65,13 +65,14 @@ func (p *Links) Pin(r *tcp.Remote, via uint8) error {
 }
 
 // prepare is the worker's part of pin: the link to r's peer and r's
-// registration, made now whatever earlier attempts gave.
-func (p *Links) prepare(r *tcp.Remote) error {
+// registration, made now whatever earlier attempts gave, the registration
+// asked for until deadline (zero: resolveWait).
+func (p *Links) prepare(r *tcp.Remote, deadline time.Time) error {
 	l, err := p.link(r.Peer(), r.Epoch())
 	if err != nil {
 		return fmt.Errorf("rdma link to %s: %w", r.Peer(), err)
 	}
-	if err := p.resolve(l, r); err != nil {
+	if err := p.resolve(l, r, deadline); err != nil {
 		return fmt.Errorf("rdma registration of %s/%s: %w", r.Peer(), r.Name(), err)
 	}
 	p.say(r.Peer(), "rdma", "queue pairs up over the peer channel")

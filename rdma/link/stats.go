@@ -21,6 +21,8 @@ type rdmaStats struct {
 	linksMade   atomic.Uint64
 	linksClosed atomic.Uint64
 	revoked     atomic.Uint64 // export registrations revoked at unexport
+	exportsBusy atomic.Uint64 // peers' requests for an export's registration answered busy (busyAnswer)
+	ownerBusy   atomic.Uint64 // busy answers this daemon's requests for a peer's export got (askRegion)
 }
 
 // posted counts n tasks of bytes handed to a link's rdma transport.
@@ -58,6 +60,8 @@ func (p *Links) Counters(dst []wire.Counter) []wire.Counter {
 		wire.Counter{Name: "rdma.notify_failed", Value: s.notifyFail.Load()},
 		wire.Counter{Name: "rdma.exports_registered", Value: uint64(exports)},
 		wire.Counter{Name: "rdma.exports_revoked", Value: s.revoked.Load()},
+		wire.Counter{Name: "rdma.exports_busy", Value: s.exportsBusy.Load()},
+		wire.Counter{Name: "rdma.owner_busy", Value: s.ownerBusy.Load()},
 		wire.Counter{Name: "rdma.buffers_registered", Value: uint64(bufs)},
 	)
 }
