@@ -514,3 +514,57 @@ func TestFabricOwnerBusyPastTheDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestFabricOwnerWithNoHandlerFreeIsAskedAgain: an owner whose node has no
+// exchange handler free (d1's are all held here by exchanges of another
+// kind until the test lets them go) answers busy before serving a request
+// for a registration; the requesting daemon asks again until its deadline
+// and then fails BUSY, rather than taking the answer as the segment's
+// failure; asked once handlers are free, it gets the keys.
+func TestFabricOwnerWithNoHandlerFreeIsAskedAgain(t *testing.T) {
+	devs := fabric()
+	p := startPair(t, devs)
+	p.exportAt(t, "big", 3)
+	_, bigRemote := p.d2.open(t, "d1/big", wire.RightRead, wire.TransportAuto)
+	p.d2.linkUp(t, p.kvRemote) // the link is up: only the resolution asks d1
+	entered, gate := make(chan struct{}, maxNodeHandlers), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	if err := p.d1.p.node.Handle("test.hold", func(string, uint64, []byte) ([]byte, error) {
+		entered <- struct{}{}
+		<-gate
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan error, maxNodeHandlers)
+	for range maxNodeHandlers {
+		go func() {
+			_, err := p.d2.p.node.Exchange("d1", "test.hold", nil, 0)
+			held <- err
+		}()
+	}
+	for i := range maxNodeHandlers {
+		wait(t, entered, "d1 holding exchange %d of %d", i+1, maxNodeHandlers)
+	}
+
+	j := pinJob{r: bigRemote, done: make(chan error, 1), deadline: time.Now().Add(200 * time.Millisecond)}
+	p.d2.p.rdma.prep <- j
+	err := wait(t, j.done, "a pin of big past its deadline")
+	if !errors.Is(err, errOwnerBusy) || !errors.Is(err, xfer.ErrBusy) {
+		t.Fatalf("a pin of big while d1 has no exchange handler free, past its deadline: %v; want errOwnerBusy", err)
+	}
+	if n := p.d2.counter(t, "rdma.owner_busy"); n == 0 {
+		t.Fatal("d2 counts no busy answer")
+	}
+	release()
+	for range maxNodeHandlers {
+		if err := wait(t, held, "d1's held exchanges"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.d2.prepare(bigRemote); err != nil {
+		t.Fatalf("d2 resolving big once d1's handlers are free: %v", err)
+	}
+}

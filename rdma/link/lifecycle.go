@@ -277,8 +277,10 @@ func (p *Links) resolve(l *rdmaLink, r *tcp.Remote, deadline time.Time) error {
 }
 
 // askRegion asks r's owner for its registration of r until deadline:
-// an owner that answers busy (it is registering, busyAnswer) is asked
-// again after a pause.
+// an owner that answers busy is asked again after a pause, whether it is
+// registering (busyAnswer) or its node has no exchange handler free
+// (tcp.ErrPeerBusy): either passes, and remembering the segment on tcp
+// for it would keep it there for good.
 func (p *Links) askRegion(l *rdmaLink, r *tcp.Remote, deadline time.Time) ([]byte, error) {
 	var timer *time.Timer
 	defer func() {
@@ -305,7 +307,7 @@ func (p *Links) askRegion(l *rdmaLink, r *tcp.Remote, deadline time.Time) ([]byt
 			// name, and a segment opened without tenants is one of those.
 			resp, err = p.node.ExchangeAt(r.Peer(), l.epoch, segmentExchange, []byte(r.Name()), left)
 		}
-		if err != nil || !bytes.Equal(resp, busyAnswer) {
+		if !errors.Is(err, tcp.ErrPeerBusy) && (err != nil || !bytes.Equal(resp, busyAnswer)) {
 			return resp, err
 		}
 		busy++
