@@ -61,9 +61,11 @@ const (
 // the worker's runs of one peer's exchanges (at most one per peer, see
 // worker), which end with their exchanges; Close stops them all
 // (close(stop), close the queue, join), then closes the links' and the
-// accepting transports, deregisters the exports and the pools, waits for
-// the peers' accepts still making a transport (each closes its own) and
-// closes the device.
+// accepting transports, deregisters the exports and the pools (those of
+// exports whose end is revoking them included), waits for the
+// deregistrations unexports and segment teardowns are making and for the
+// peers' accepts still making a transport (each closes its own), and
+// closes the device, with nothing made from it left.
 type Links struct {
 	log  *slog.Logger
 	dev  Device
