@@ -16,10 +16,10 @@ const (
 	MaxExchange = 60 << 10
 	// MaxExchangeKind is the longest exchange kind.
 	MaxExchangeKind = 64
-	// maxExchangeHandlers bounds the handlers running at once on a node,
+	// MaxExchangeHandlers bounds the handlers running at once on a node,
 	// and its nested ones apart (HandleNested); a request beyond that is
 	// answered busyReason (ErrPeerBusy).
-	maxExchangeHandlers = 16
+	MaxExchangeHandlers = 16
 	// maxExchangeReason bounds the failure reason sent back to the peer.
 	maxExchangeReason = 256
 )
@@ -154,7 +154,7 @@ func (n *Node) ExchangeAt(peerID string, epoch uint64, kind string, req []byte, 
 	return nil, fmt.Errorf("%w: %q on %s: %s", ErrExchange, kind, peerID, pd.token)
 }
 
-// busyReason is the answer to an exchange beyond maxExchangeHandlers.
+// busyReason is the answer to an exchange beyond MaxExchangeHandlers.
 const busyReason = "busy: too many exchanges in progress"
 
 // onExchange serves an exchange request: the handler runs on a goroutine

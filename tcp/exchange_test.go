@@ -210,20 +210,20 @@ func TestExchangeFrames(t *testing.T) {
 	}
 }
 
-// TestExchangeBusy: at most maxExchangeHandlers run at once; one more is
+// TestExchangeBusy: at most MaxExchangeHandlers run at once; one more is
 // answered "busy" at once, and room comes back when they finish.
 func TestExchangeBusy(t *testing.T) {
 	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
 	a, b := nodes[0], nodes[1]
-	entered, release := holdingHandler(t, b, "hold", []byte("done"), maxExchangeHandlers)
-	errs := make(chan error, maxExchangeHandlers)
-	for range maxExchangeHandlers {
+	entered, release := holdingHandler(t, b, "hold", []byte("done"), MaxExchangeHandlers)
+	errs := make(chan error, MaxExchangeHandlers)
+	for range MaxExchangeHandlers {
 		go func() {
 			_, err := a.Exchange("bravo", "hold", nil, 5*time.Second)
 			errs <- err
 		}()
 	}
-	for range maxExchangeHandlers {
+	for range MaxExchangeHandlers {
 		select {
 		case <-entered:
 		case <-time.After(5 * time.Second):
@@ -235,7 +235,7 @@ func TestExchangeBusy(t *testing.T) {
 		t.Fatalf("exchange beyond the bound: %v, want ErrExchange and ErrPeerBusy", err)
 	}
 	close(release)
-	for range maxExchangeHandlers {
+	for range MaxExchangeHandlers {
 		if err := <-errs; err != nil {
 			t.Fatalf("held exchange: %v", err)
 		}
@@ -280,7 +280,7 @@ func TestNestedHandlersApart(t *testing.T) {
 	full := map[string]chan struct{}{}
 	for _, n := range nodes {
 		id := n.ID()
-		entered[id], full[id] = make(chan struct{}, maxExchangeHandlers), make(chan struct{})
+		entered[id], full[id] = make(chan struct{}, MaxExchangeHandlers), make(chan struct{})
 		if err := n.Handle("drop", func(string, uint64, []byte) ([]byte, error) { return []byte("dropped"), nil }); err != nil {
 			t.Fatal(err)
 		}
@@ -292,9 +292,9 @@ func TestNestedHandlersApart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	errs := make(chan error, 2*maxExchangeHandlers)
+	errs := make(chan error, 2*MaxExchangeHandlers)
 	for _, n := range nodes {
-		for range maxExchangeHandlers {
+		for range MaxExchangeHandlers {
 			go func() {
 				resp, err := n.Exchange(other[n.ID()], "remove", nil, 5*time.Second)
 				if err == nil && string(resp) != "dropped" {
@@ -305,7 +305,7 @@ func TestNestedHandlersApart(t *testing.T) {
 		}
 	}
 	for _, n := range nodes {
-		for range maxExchangeHandlers {
+		for range MaxExchangeHandlers {
 			select {
 			case <-entered[n.ID()]:
 			case <-time.After(5 * time.Second):
@@ -320,7 +320,7 @@ func TestNestedHandlersApart(t *testing.T) {
 	for _, n := range nodes {
 		close(full[n.ID()])
 	}
-	for range 2 * maxExchangeHandlers {
+	for range 2 * MaxExchangeHandlers {
 		if err := <-errs; err != nil {
 			t.Errorf("a nested exchange, every nested handler of both nodes taken: %v", err)
 		}

@@ -836,9 +836,9 @@ func TestWindowBoundsExchangeAnswers(t *testing.T) {
 	key := []byte("cluster-secret")
 	kf := testutil.KeyFile(t, t.TempDir(), "k", string(key))
 	b := startNode(t, Config{DaemonID: "b", ClusterKeyFile: kf, SliceSize: 64 << 10, MaxInflightBytes: 64 << 10})
-	entered, release := holdingHandler(t, b, "hold", make([]byte, MaxExchange), maxExchangeHandlers)
-	if maxExchangeHandlers*MaxExchange < 2*windowBound(b) {
-		t.Fatalf("%d answers of %d bytes do not pass the bound of %d twice over", maxExchangeHandlers, MaxExchange, windowBound(b))
+	entered, release := holdingHandler(t, b, "hold", make([]byte, MaxExchange), MaxExchangeHandlers)
+	if MaxExchangeHandlers*MaxExchange < 2*windowBound(b) {
+		t.Fatalf("%d answers of %d bytes do not pass the bound of %d twice over", MaxExchangeHandlers, MaxExchange, windowBound(b))
 	}
 	c := rawClient(t, b, key, "hog")
 	// Little room in the kernel's buffers on both sides (the node's send
@@ -857,12 +857,12 @@ func TestWindowBoundsExchangeAnswers(t *testing.T) {
 	}
 	p.mu.Unlock()
 	req := appendStr8(nil, "hold")
-	for i := range maxExchangeHandlers {
+	for i := range MaxExchangeHandlers {
 		if err := writeRaw(c, &header{typ: tExchReq, id: uint64(i + 1), metaLen: uint16(len(req))}, req); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for range maxExchangeHandlers {
+	for range MaxExchangeHandlers {
 		<-entered
 	}
 	close(release)

@@ -193,8 +193,8 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (_ *Node, err error) {
 		remotes:    make(map[*Remote]struct{}),
 		handlers:   make(map[string]exchHandler),
 		inline:     make(map[string]InlineHandler),
-		exchSem:    make(chan struct{}, maxExchangeHandlers),
-		nestSem:    make(chan struct{}, maxExchangeHandlers),
+		exchSem:    make(chan struct{}, MaxExchangeHandlers),
+		nestSem:    make(chan struct{}, MaxExchangeHandlers),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.pendPool.New = func() any { return &pending{node: n} }

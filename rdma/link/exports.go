@@ -46,7 +46,7 @@ const revokeQuiet = 30 * time.Second
 const (
 	// maxRegHandlers bounds the handlers registering an export or waiting
 	// for an export's registration, across exports: half of the node's.
-	maxRegHandlers = 8
+	maxRegHandlers = tcp.MaxExchangeHandlers / 2
 	// maxExportWaiters bounds the handlers waiting for the registration
 	// another request for the same export is making.
 	maxExportWaiters = 2
