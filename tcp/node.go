@@ -284,6 +284,10 @@ func (n *Node) Addr() string { return n.addr }
 // Epoch is this run's epoch.
 func (n *Node) Epoch() uint64 { return n.epoch }
 
+// RequestTimeout is what bounds an exchange given no timeout of its own
+// (Config.RequestTimeout).
+func (n *Node) RequestTimeout() time.Duration { return n.cfg.RequestTimeout }
+
 // ID is this daemon's id.
 func (n *Node) ID() string { return n.cfg.DaemonID }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/peer"
 	"github.com/tensorcast/tensorcast/rdma"
 	"github.com/tensorcast/tensorcast/rdma/rdmatest"
@@ -566,5 +567,59 @@ func TestFabricOwnerWithNoHandlerFreeIsAskedAgain(t *testing.T) {
 	}
 	if err := p.d2.prepare(bigRemote); err != nil {
 		t.Fatalf("d2 resolving big once d1's handlers are free: %v", err)
+	}
+}
+
+// TestFabricLinkAskedAgainWhilePeerBusy: a link made while the peer's node
+// has no exchange handler free (its queue-pair exchange refused busy,
+// before any handler ran) asks again within the exchange's timeout, and
+// comes up once a handler is free, instead of failing and leaving the peer
+// on tcp for linkRetry.
+func TestFabricLinkAskedAgainWhilePeerBusy(t *testing.T) {
+	devs := fabric()
+	p := startPair(t, devs)
+	entered, gate := make(chan struct{}, maxNodeHandlers), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	if err := p.d1.p.node.Handle("test.hold", func(string, uint64, []byte) ([]byte, error) {
+		entered <- struct{}{}
+		<-gate
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan error, maxNodeHandlers)
+	for range maxNodeHandlers {
+		go func() {
+			_, err := p.d2.p.node.Exchange("d1", "test.hold", nil, 0)
+			held <- err
+		}()
+	}
+	for i := range maxNodeHandlers {
+		wait(t, entered, "d1 holding exchange %d of %d", i+1, maxNodeHandlers)
+	}
+
+	up := make(chan error, 1)
+	go func() { up <- p.d2.prepare(p.kvRemote) }()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		select {
+		case err := <-up:
+			t.Fatalf("d2's link to d1 while d1 has no handler free ended before any was: %v", err)
+		default:
+		}
+		return p.d2.counter(t, "rdma.link_peer_busy") > 0
+	}, "d2 asking d1 again for the link")
+	release()
+	for range maxNodeHandlers {
+		if err := wait(t, held, "d1's held exchanges"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := wait(t, up, "d2's link to d1 once d1 has handlers free"); err != nil {
+		t.Fatalf("d2's link to d1 once d1 has handlers free: %v\n%s", err, p.d2.log.String())
+	}
+	if p.d2.link("d1") == nil {
+		t.Fatal("d2 has no rdma link to d1")
 	}
 }

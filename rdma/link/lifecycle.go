@@ -202,11 +202,40 @@ func (p *Links) retireLink(l *rdmaLink, why string) {
 // link was made with, so that its queue pairs never reconnect to a
 // restarted peer (whose pool and keys are new); a stale epoch retires the
 // link.
+//
+// A peer whose node has no exchange handler free (tcp.ErrPeerBusy: the
+// request was refused before any handler ran, so it is safe to send again)
+// is asked again after a pause, within the exchange's timeout: a link made
+// while the peer is busy otherwise fails, and the peer stays on tcp for
+// linkRetry.
 type epochChannel struct{ l *rdmaLink }
 
 func (c epochChannel) Exchange(peer, kind string, req []byte, timeout time.Duration) ([]byte, error) {
 	p := c.l.p
+	if timeout <= 0 || timeout > p.node.RequestTimeout() {
+		timeout = p.node.RequestTimeout()
+	}
+	deadline := time.Now().Add(timeout)
 	resp, err := p.node.ExchangeAt(peer, c.l.epoch, kind, req, timeout)
+	var timer *time.Timer
+	for pause := firstBusyPause; errors.Is(err, tcp.ErrPeerBusy); pause = min(2*pause, lastBusyPause) {
+		p.stats.peerBusy.Add(1)
+		if time.Until(deadline) < pause {
+			break
+		}
+		if timer == nil {
+			timer = time.NewTimer(pause)
+			defer timer.Stop()
+		} else {
+			timer.Reset(pause)
+		}
+		select {
+		case <-timer.C:
+		case <-p.stop:
+			return nil, fmt.Errorf("rdma: %w", xfer.ErrClosed)
+		}
+		resp, err = p.node.ExchangeAt(peer, c.l.epoch, kind, req, time.Until(deadline))
+	}
 	if errors.Is(err, tcp.ErrStaleEpoch) {
 		select {
 		case p.retire <- c.l:

@@ -23,6 +23,7 @@ type rdmaStats struct {
 	revoked     atomic.Uint64 // export registrations revoked at unexport
 	exportsBusy atomic.Uint64 // peers' requests for an export's registration answered busy (busyAnswer)
 	ownerBusy   atomic.Uint64 // busy answers this daemon's requests for a peer's export got (askRegion)
+	peerBusy    atomic.Uint64 // link exchanges a peer with no exchange handler free refused (asked again)
 }
 
 // posted counts n tasks of bytes handed to a link's rdma transport.
@@ -62,6 +63,7 @@ func (p *Links) Counters(dst []wire.Counter) []wire.Counter {
 		wire.Counter{Name: "rdma.exports_revoked", Value: s.revoked.Load()},
 		wire.Counter{Name: "rdma.exports_busy", Value: s.exportsBusy.Load()},
 		wire.Counter{Name: "rdma.owner_busy", Value: s.ownerBusy.Load()},
+		wire.Counter{Name: "rdma.link_peer_busy", Value: s.peerBusy.Load()},
 		wire.Counter{Name: "rdma.buffers_registered", Value: uint64(bufs)},
 	)
 }
