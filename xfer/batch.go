@@ -212,7 +212,7 @@ func (b *batch) submit(reqs []Request, r Resolver, notify [][]byte, sums []Sum, 
 		return ErrTransport
 	}
 	if stillLive {
-		b.arm(start, end, deadline, now)
+		b.arm(start, end, deadline)
 	}
 	return nil
 }
@@ -578,9 +578,11 @@ type call struct {
 	armed      bool      // guarded by b.mu
 }
 
-// arm starts the deadline timer of tasks[start:end] at deadline; now is
-// when the call read the clock. b.mu is held.
-func (b *batch) arm(start, end int, deadline, now time.Time) {
+// arm starts the deadline timer of tasks[start:end] at deadline. The
+// clock is read again here, after the dispatch: a transport's Submit may
+// have waited for room, and the deadline is absolute, so time spent there
+// shortens the timer (one already passed fires at once). b.mu is held.
+func (b *batch) arm(start, end int, deadline time.Time) {
 	var c *call
 	if b.ncalls < len(b.calls) {
 		c = b.calls[b.ncalls]
@@ -589,6 +591,7 @@ func (b *batch) arm(start, end int, deadline, now time.Time) {
 		b.calls = append(b.calls, c)
 	}
 	b.ncalls++
+	now := b.e.now()
 	d := deadline.Sub(now)
 	c.start, c.end, c.due, c.armed = start, end, now.Add(d), true
 	if c.timer == nil {

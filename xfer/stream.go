@@ -242,9 +242,13 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 	// transport reordered acc in place. A slot whose request was refused is
 	// free again, and its task in no state that publishing changes.
 	run := meterRun{start: start0} // tasks whose Done came during dispatch (meter.go)
+	// The timer is armed from the clock after the dispatch (read once, for
+	// the first task left Pending): a transport's Submit may have waited
+	// for room, and a deadline is absolute.
+	var after time.Time
 	for i := range n {
 		t := &s.tasks[slots[n-1-i]]
-		d := t.Deadline.Sub(now) // read while the task's slot cannot be freed under us
+		deadline := t.Deadline // read while the task's slot cannot be freed under us
 	publish:
 		for {
 			switch State(t.state.Load()) {
@@ -252,7 +256,10 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 				if !t.state.CompareAndSwap(uint32(stateDispatching), uint32(StatePending)) {
 					continue
 				}
-				s.arm(t.slot, d)
+				if after.IsZero() {
+					after = s.e.now()
+				}
+				s.arm(t.slot, deadline.Sub(after))
 			case stateAnswered:
 				run.add(s.e, &s.mc, t, t.n, t.err)
 				t.state.Store(uint32(finalState(t.err)))
