@@ -319,7 +319,13 @@ func (q *cqueue) submit() {
 		return
 	}
 	for i, e := range res[:n] {
-		if e != nil {
+		switch {
+		case e == nil:
+		case errors.Is(e, xfer.ErrTimeout):
+			// Its deadline passed while it waited for a slot: answered as
+			// a request the engine timed out.
+			q.ring.StreamDone(q.pend[i].UserData, xfer.StateTimeout, 0, e)
+		default:
 			q.refuse(q.pend[i].UserData, status.CodeOf(e))
 		}
 	}

@@ -83,3 +83,43 @@ func TestStreamDeadlinePassedInDispatch(t *testing.T) {
 		xfertest.CheckRefs(t, f.a, f.b)
 	})
 }
+
+// TestStreamRefusesExpired: a request whose deadline has passed when the
+// stream takes it (it waited in its queue for a slot) is refused
+// ErrTimeout, the sink never hears of it, and no transport is given it:
+// the deadline ended it while it was still live, so nothing of it may be
+// carried out. A deadline exactly now has passed, as for Engine.Submit.
+func TestStreamRefusesExpired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := xfertest.New(xfertest.Config{Inline: true, Record: true})
+		f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
+		sink := newRecSink(t)
+		s, err := f.e.NewStream(4, f.reg, sink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		reqs := f.streamReqs(3, 10, now.Add(time.Second))
+		reqs[0].Deadline = now
+		reqs[1].Deadline = now.Add(-time.Nanosecond)
+		res := make([]error, 3)
+		if n, err := s.Submit(reqs, res); n != 3 || err != nil {
+			t.Fatalf("Submit: %d %v", n, err)
+		}
+		if !errors.Is(res[0], xfer.ErrTimeout) || !errors.Is(res[1], xfer.ErrTimeout) || res[2] != nil {
+			t.Fatalf("results %v, want the two expired requests refused ErrTimeout", res)
+		}
+		if got := tr.Requests(); len(got) != 1 || got[0] != reqs[2].Req {
+			t.Fatalf("the transport was given %+v, want only the live request", got)
+		}
+		if st, _, _ := sink.state(12); st != xfer.StateCompleted || sink.count() != 1 {
+			t.Fatalf("sink heard %d ends (12: %v), want only 12 Completed", sink.count(), st)
+		}
+		if s.Free() != 4 {
+			t.Fatalf("%d slots free, want 4", s.Free())
+		}
+		s.Close(nil)
+		<-s.Idle()
+		xfertest.CheckRefs(t, f.a, f.b)
+	})
+}

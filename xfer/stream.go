@@ -14,7 +14,9 @@ type StreamRequest struct {
 	Req      Request
 	UserData uint64
 	// Deadline ends the task in StateTimeout if it is still live then.
-	// Zero means Config.DefaultTimeout after the Submit.
+	// Zero means Config.DefaultTimeout after the Submit. A deadline that
+	// has passed when Submit takes the request (it waited for a slot)
+	// refuses it with ErrTimeout: no transport is given it.
 	Deadline time.Time
 	// Notify is the notification a WRITE to a peer carries (nil: none).
 	// Submit copies it.
@@ -162,8 +164,9 @@ func (s *Stream) Free() int {
 // for, and returns how many it took: reqs[n:] are untouched. results must
 // have len(reqs); for i < n, results[i] is nil when reqs[i] was accepted
 // (the sink will hear of it exactly once) or the typed error that refused
-// it (ErrBadOp, ErrZeroLength, ErrNoSegment, ErrOutOfBounds, the Router's
-// error; the sink never hears of it). A request a transport refused at
+// it (ErrTimeout for a deadline passed already, ErrBadOp, ErrZeroLength,
+// ErrNoSegment, ErrOutOfBounds, the Router's error; the sink never hears
+// of it). A request a transport refused at
 // dispatch stays accepted and ends Failed with the transport's error.
 //
 // A returned error is for the whole call and takes nothing: ErrClosed,
@@ -202,6 +205,16 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 		t, sl := &s.tasks[idx], &s.slots[idx]
 		q := &reqs[i]
 		t.Req = q.Req
+		d := q.Deadline
+		if d.IsZero() {
+			d = now.Add(s.e.cfg.DefaultTimeout)
+		} else if !d.After(now) {
+			// It waited for a slot past its deadline: ended then, it is
+			// carried out by nobody.
+			results[i] = ErrTimeout
+			s.recycle(idx)
+			continue
+		}
 		r := s.r
 		if q.LocalSeg != nil || q.TargetSeg != nil {
 			r = nil
@@ -212,10 +225,6 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 			continue
 		}
 		results[i] = nil
-		d := q.Deadline
-		if d.IsZero() {
-			d = now.Add(s.e.cfg.DefaultTimeout)
-		}
 		t.Deadline = d
 		sl.due.Store(int64(d.Sub(s.epoch)))
 		sl.userData = q.UserData
