@@ -121,6 +121,7 @@ func newConn(s *Server, uc *net.UnixConn) (*conn, error) {
 	}
 	c.log = s.log.With("conn", c.id, "pid", c.cred.Pid, "uid", c.cred.Uid)
 	c.ss = session.New(s.host, c.id, c.log)
+	c.ss.SetGone(c.peerGone)
 	c.readFn = c.recvmsg
 	return c, nil
 }

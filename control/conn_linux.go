@@ -168,3 +168,18 @@ func parseStatusGroups(b []byte, cr cred) ([]uint32, error) {
 	}
 	return gs, nil
 }
+
+// peerGone reports whether the client has closed its end of the
+// connection, without reading from it: POLLHUP, which a unix stream socket
+// reports once both directions are shut. A client that shut only its
+// writing side (SHUT_WR) still reads the answer and is not gone; nor is
+// one whose socket the server closed (Control fails then).
+func (c *conn) peerGone() bool {
+	gone := false
+	c.raw.Control(func(fd uintptr) { //nolint:errcheck // a closed socket is not a gone client: the server closes it
+		p := [1]unix.PollFd{{Fd: int32(fd)}}
+		n, err := unix.Poll(p[:], 0)
+		gone = err == nil && n > 0 && p[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0
+	})
+	return gone
+}

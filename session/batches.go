@@ -184,9 +184,10 @@ func (c *Session) BatchStatus(m *wire.BatchStatusRequest, r *wire.Response) erro
 }
 
 // wait waits for batch id until deadline, in slices so a closing server
-// is noticed. Running out of time is not an error: the summary says what is
-// still live.
-func (c *Session) wait(id BatchID, deadline time.Time, closing <-chan struct{}) (BatchSummary, error) {
+// is noticed, and, for a handler's wait (call), a client that hung up.
+// Running out of time is not an error: the summary says what is still
+// live.
+func (c *Session) wait(id BatchID, deadline time.Time, closing <-chan struct{}, call bool) (BatchSummary, error) {
 	e := c.h.Engine
 	for {
 		step := deadline
@@ -208,6 +209,9 @@ func (c *Session) wait(id BatchID, deadline time.Time, closing <-chan struct{}) 
 			return sum, fmt.Errorf("%w: server closing", ErrUnavailable)
 		default:
 		}
+		if call && c.clientGone() {
+			return sum, errClientGone
+		}
 	}
 }
 
@@ -217,7 +221,7 @@ func (c *Session) Wait(ctx *wire.Context, m *wire.WaitRequest, r *wire.Response)
 	if err != nil {
 		return err
 	}
-	sum, err := c.wait(id, c.deadline(ctx, m.TimeoutMS), c.h.Closing)
+	sum, err := c.wait(id, c.deadline(ctx, m.TimeoutMS), c.h.Closing, true)
 	if err != nil {
 		return err
 	}
@@ -260,7 +264,7 @@ func (c *Session) Transfer(ctx *wire.Context, m *wire.TransferRequestBody, r *wi
 	}
 	// The engine's deadline timer ends live tasks in Timeout at deadline;
 	// waiting a little past it lets the answer say Timeout, not Pending.
-	sum, err := c.wait(id, deadline.Add(timeoutGrace), c.h.Closing)
+	sum, err := c.wait(id, deadline.Add(timeoutGrace), c.h.Closing, true)
 	if err != nil {
 		c.dropBatch(id)
 		return err

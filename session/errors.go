@@ -1,6 +1,8 @@
 package session
 
 import (
+	"fmt"
+
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -31,3 +33,7 @@ var (
 	// ErrClosed: the session is closed.
 	ErrClosed = xfer.Categorized(xfer.ErrUnavailable, "session: closed")
 )
+
+// errClientGone ends a handler's wait whose client hung up (SetGone): the
+// answer is written to nobody, and the connection is released at once.
+var errClientGone = fmt.Errorf("%w: client gone", ErrUnavailable)

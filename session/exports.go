@@ -155,8 +155,23 @@ func (c *Session) PollNotifications(ctx *wire.Context, m *wire.PollNotifications
 	a := wire.SetResponse[wire.PollNotificationsResponse](r)
 	for {
 		a.Notifications = c.inbox.Take(a.Notifications, max, budget)
-		if len(a.Notifications) > 0 || c.h.Draining() || !c.inbox.Wait(deadline, c.h.Quiesced) {
+		if len(a.Notifications) > 0 || c.h.Draining() || !time.Now().Before(deadline) {
 			return nil
+		}
+		if c.clientGone() {
+			return errClientGone
+		}
+		// In slices, so that a client that hung up is noticed.
+		step := deadline
+		if t := time.Now().Add(waitSlice); t.Before(step) {
+			step = t
+		}
+		if !c.inbox.Wait(step, c.h.Quiesced) {
+			select {
+			case <-c.h.Quiesced:
+				return nil
+			default:
+			}
 		}
 	}
 }

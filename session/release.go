@@ -39,7 +39,7 @@ func (c *Session) Close() {
 		err := e.Free(id)
 		if errors.Is(err, ErrBatchBusy) {
 			if !c.h.closing() {
-				c.wait(id, deadline, c.h.Closing) //nolint:errcheck // Free below says how it ended
+				c.wait(id, deadline, c.h.Closing, false) //nolint:errcheck // Free below says how it ended
 			}
 			err = e.Free(id)
 			if errors.Is(err, ErrBatchBusy) {

@@ -112,6 +112,9 @@ type Session struct {
 	store  *store.Store
 	// grants are the tenant's handles and leases (grant.go); nil: none.
 	grants *grant.Grants
+	// gone reports whether the client has hung up (SetGone); nil: never
+	// known before its connection's read fails.
+	gone func() bool
 
 	// segGen changes (under mu) whenever a segment is removed from the
 	// maps below, so that a queue's cache of resolved segments knows.
@@ -180,6 +183,18 @@ func (c *Session) SetTenant(name string, pool Pool, st *store.Store, log *slog.L
 		c.pview.MemSegment = pool
 	}
 }
+
+// SetGone gives the session a way to learn, without reading from it,
+// that its client has hung up: a handler that waits (Wait, Transfer,
+// PollNotifications) asks it once per slice of its wait and gives up, so
+// that the connection is released at once and not when the call's
+// timeout, which the client chose, ends. It is called once, before the
+// first handler; f must not block.
+func (c *Session) SetGone(f func() bool) { c.gone = f }
+
+// clientGone reports whether the client has hung up, as SetGone's
+// function says.
+func (c *Session) clientGone() bool { return c.gone != nil && c.gone() }
 
 // poolID is the id of the session's pool, 0 (no segment's) when it has
 // none.
