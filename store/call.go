@@ -25,12 +25,27 @@ type call struct {
 	left atomic.Int32
 	// its and xts are the calling goroutine's scratch: the tasks it
 	// dispatches.
-	its  []*ioTask
-	sub  []*ioTask
-	xts  []*xfer.Task
-	w    *waiter // set when the caller blocks (done == nil)
+	its []*ioTask
+	sub []*ioTask
+	xts []*xfer.Task
+	w   *waiter // set when the caller blocks (done == nil)
+	// same are keys named again in the call whose result is an earlier
+	// position's, copied once every result is final (settle).
+	same []samePos
+	// gone are the records a Remove call's keys are being removed by it,
+	// with their positions (removes), so that a key named again joins.
+	gone []removal
 	next *call
 }
+
+// removal is a record a Remove call is removing, at key pos.
+type removal struct {
+	r   ref
+	pos int32
+}
+
+// samePos says that key dup of a call answers what key of answers.
+type samePos struct{ dup, of int32 }
 
 // callPool is a free list of call records.
 type callPool struct {
@@ -70,6 +85,8 @@ func (p *callPool) put(c *call) {
 	c.xts = c.xts[:0]
 	clear(c.sub)
 	c.sub = c.sub[:0]
+	c.same = c.same[:0]
+	c.gone = c.gone[:0]
 	p.live.Add(-1)
 	p.mu.Lock()
 	c.next = p.free
@@ -92,9 +109,42 @@ func (c *call) result(pos int32, err error) {
 	}
 }
 
+// removes records that key pos's result is owed by the removal of record
+// r this call started (or joined).
+func (c *call) removes(pos int, r ref) { c.gone = append(c.gone, removal{r, int32(pos)}) }
+
+// removing is the position of the key whose removal of record r this call
+// owes, -1 when none.
+func (c *call) removing(r ref) int {
+	for _, g := range c.gone {
+		if g.r == r {
+			return int(g.pos)
+		}
+	}
+	return -1
+}
+
+// answerAs makes key dup answer what key of (an earlier position of the
+// same key, whose result is owed) comes to.
+func (c *call) answerAs(dup, of int) {
+	c.same = append(c.same, samePos{int32(dup), int32(of)})
+}
+
+// settle copies the results of the keys named again; whoever brings left
+// to zero calls it, before the caller may read the results.
+func (c *call) settle() {
+	for _, p := range c.same {
+		c.codes[p.dup] = c.codes[p.of]
+		if c.errs != nil {
+			c.errs[p.dup] = c.errs[p.of]
+		}
+	}
+}
+
 // finish1 ends one owed key; the last one ends the call.
 func (c *call) finish1(p *callPool) {
 	if c.left.Add(-1) == 0 {
+		c.settle()
 		d, tag := c.done, c.tag
 		if c.w == nil {
 			p.put(c)
@@ -113,12 +163,15 @@ func (c *call) release(p *callPool) (pending bool) {
 		w := c.w
 		if c.left.Add(-1) != 0 {
 			<-w.ch
+		} else {
+			c.settle()
 		}
 		waiterPool.Put(w)
 		p.put(c)
 		return false
 	}
 	if c.left.Add(-1) == 0 {
+		c.settle()
 		p.put(c)
 		return false
 	}

@@ -1310,7 +1310,9 @@ func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 // error say why. The store's own I/O on a key (a writeback, an eviction
 // from L2) is no caller's business: the key is invisible at once, and its
 // Remove ends when that I/O has (a header the writeback wrote overwritten
-// again).
+// again). A key named more than once in one call is removed once, and
+// each of its positions answers what that removal came to: the call's own
+// removal is no other caller's, so never BUSY.
 //
 // With the store across hosts (SetRemote), every other host's copy of
 // each key removed here (OK) goes too, before Remove returns. The other
@@ -1400,6 +1402,16 @@ func (s *Store) remove(keys [][]byte, ids []RecordID, codes []Code, errs []error
 		if found && ids != nil && ids[i] != 0 && r.id() != ids[i] {
 			found = false // the record named is gone: this one came after
 		}
+		if found && cl != nil && sh.ent(r.idx).state == stDropping {
+			if j := cl.removing(r); j >= 0 {
+				// Named again: this call's own removal of the record is
+				// in flight, and its end answers both positions.
+				sh.mu.Unlock()
+				setError(codes, errs, i, nil)
+				cl.answerAs(i, j)
+				continue
+			}
+		}
 		if found {
 			e := sh.ent(r.idx)
 			// A removal from elsewhere hides what is pinned here; so
@@ -1428,6 +1440,7 @@ func (s *Store) remove(keys [][]byte, ids []RecordID, codes []Code, errs []error
 			// The writeback's end answers the key, once sh.mu is released.
 			setError(codes, errs, i, nil)
 			s.joinBackground(sh, r, cl, i)
+			cl.removes(i, r)
 			sh.mu.Unlock()
 			continue
 		}
@@ -1440,6 +1453,7 @@ func (s *Store) remove(keys [][]byte, ids []RecordID, codes []Code, errs []error
 			setError(codes, errs, i, nil)
 			cl.left.Add(1)
 			s.l2.enqueue(waitKey{kind: kInval, r: r, slot: sh.ent(r.idx).l2, cl: cl, pos: int32(i)})
+			cl.removes(i, r)
 			sh.mu.Unlock()
 			continue
 		}
@@ -1452,6 +1466,7 @@ func (s *Store) remove(keys [][]byte, ids []RecordID, codes []Code, errs []error
 				cl = s.newCall(done, tag, codes, errs)
 			}
 			cl.add(it, i)
+			cl.removes(i, r)
 		}
 	}
 	return s.dispatch(cl, kInval)
