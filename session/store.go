@@ -269,12 +269,26 @@ func (p *partPanic) Error() string {
 	return fmt.Sprintf("%v [in a part of a store call, on its own goroutine:\n%s]", p.v, p.stack)
 }
 
+// keysFit refuses, as the store refuses a call of too many keys, a
+// copying call of n keys: the store sees it in parts (inParts), each a call
+// of fewer keys, and in fewer keys still once the extents refused are left
+// out, so the bound is the whole call's.
+func keysFit(kv *store.Store, n int) error {
+	if most := kv.MaxKeysPerCall(); n > most {
+		return fmt.Errorf("%w: %d keys (at most %d)", store.ErrBadCall, n, most)
+	}
+	return nil
+}
+
 // StorePut puts keys with values copied from the session's memory;
 // replicas, when not 0, is the call's copies across hosts (the request
 // context's).
 func (c *Session) StorePut(m *wire.StorePutRequest, r *wire.Response, replicas uint8) error {
-	_, ss, err := c.storeSession()
+	kv, ss, err := c.storeSession()
 	if err != nil {
+		return err
+	}
+	if err := keysFit(kv, len(m.Keys)); err != nil {
 		return err
 	}
 	c.resolveExtents(m.Keys, m.Values)
@@ -295,6 +309,9 @@ func (c *Session) StorePut(m *wire.StorePutRequest, r *wire.Response, replicas u
 func (c *Session) StoreRead(m *wire.StoreReadRequest, r *wire.Response) error {
 	kv, _, err := c.storeSession()
 	if err != nil {
+		return err
+	}
+	if err := keysFit(kv, len(m.Keys)); err != nil {
 		return err
 	}
 	c.resolveExtents(m.Keys, m.Dests)
