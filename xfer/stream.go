@@ -167,7 +167,11 @@ func (s *Stream) Free() int {
 // it (ErrTimeout for a deadline passed already, ErrBadOp, ErrZeroLength,
 // ErrNoSegment, ErrOutOfBounds, the Router's error; the sink never hears
 // of it). A request a transport refused at
-// dispatch stays accepted and ends Failed with the transport's error.
+// dispatch stays accepted and ends Failed with the transport's error. When
+// a transport breaks the dispatch contract, every accepted request of the
+// call ends Failed with ErrTransport before Submit returns (but one its
+// transport answered during the call, which the sink was told of at once)
+// and the stream takes no more.
 //
 // A returned error is for the whole call and takes nothing: ErrClosed,
 // ErrInvalid (len(results) != len(reqs)), ErrTransport (a transport broke
@@ -262,6 +266,17 @@ func (s *Stream) Submit(reqs []StreamRequest, results []error) (int, error) {
 		for {
 			switch State(t.state.Load()) {
 			case stateDispatching:
+				if bad {
+					// A transport broke the dispatch contract in this
+					// call: what it took ends Failed now, as a batch's
+					// does, whatever it says of it later.
+					if !s.end(t, stateDispatching, StateFailed, ErrTransport, 0) {
+						continue
+					}
+					t.tr.Cancel(t)
+					s.unref(t) // the end's
+					break publish
+				}
 				if !t.state.CompareAndSwap(uint32(stateDispatching), uint32(StatePending)) {
 					continue
 				}

@@ -610,3 +610,44 @@ func TestStreamResolvedRequests(t *testing.T) {
 	waitIdle(t, s)
 	xfertest.CheckRefs(t, f.a, f.b)
 }
+
+// TestStreamContractViolationFailsTheCall: the tasks a transport took in a
+// call whose count broke the contract end Failed with ErrTransport as the
+// call returns, and the transport is asked to cancel them, as a batch's
+// do: whatever that transport says of them later, they are never a
+// success. A short count without an error and a count past the end are
+// both tried.
+func TestStreamContractViolationFailsTheCall(t *testing.T) {
+	for name, lie := range map[string]func(int, error) (int, error){
+		"past the end":        says(func(l int) int { return l + 1 }, nil),
+		"short without error": says(func(l int) int { return l - 1 }, nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			tr := xfertest.New(xfertest.Config{Name: "liar", Lie: lie, Disown: true}) // holds all it takes
+			f := newFixture(t, xfer.Config{}, xfertest.RouteAll(tr))
+			sink := newRecSink(t)
+			s, _ := f.e.NewStream(4, f.reg, sink)
+			res := make([]error, 3)
+			if n, err := s.Submit(f.streamReqs(3, 0, time.Now().Add(time.Hour)), res); n != 3 || err != nil {
+				t.Fatalf("submit: took %d, %v", n, err)
+			}
+			for ud := uint64(0); ud < 3; ud++ {
+				if st, err, ok := sink.state(ud); !ok || st != xfer.StateFailed || !errors.Is(err, xfer.ErrTransport) {
+					t.Fatalf("request %d of a call whose transport broke the contract: %v %v (ended %v), want Failed, ErrTransport",
+						ud, st, err, ok)
+				}
+			}
+			if tr.Cancels() == 0 {
+				t.Error("the transport was not asked to cancel what it took")
+			}
+			tr.Finish() // its late, successful Dones change nothing
+			for ud := uint64(0); ud < 3; ud++ {
+				if st, _, _ := sink.state(ud); st != xfer.StateFailed {
+					t.Fatalf("request %d ended %v after the transport's late Done", ud, st)
+				}
+			}
+			s.Close(nil)
+			xfertest.CheckRefs(t, f.a, f.b)
+		})
+	}
+}
