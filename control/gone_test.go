@@ -1,13 +1,18 @@
 package control
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/fbs/tcproto"
 	"github.com/tensorcast/tensorcast/internal/testutil"
+	"github.com/tensorcast/tensorcast/store"
+	"github.com/tensorcast/tensorcast/uring"
 	"github.com/tensorcast/tensorcast/wire"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -72,4 +77,58 @@ func TestClientGoneMidWait(t *testing.T) {
 			t.Fatal("a half-closed client was taken as gone")
 		}
 	})
+}
+
+// TestStoreFlushGivesWay: a StoreFlush waits as long as its client asked
+// (here an hour) for writebacks that do not end (the L2 device holds
+// them), yet ends when the server closes, so that the daemon's drain is
+// bounded, and when its client hangs up, so that the connection is
+// released.
+func TestStoreFlushGivesWay(t *testing.T) {
+	for _, how := range []string{"server closes", "client hangs up"} {
+		t.Run(how, func(t *testing.T) {
+			var gate *gatedL2
+			e := newStoreEnvWrapped(t, true, store.Config{L1Capacity: 1 << 20}, func(u *uring.Transport) xfer.Transport {
+				gate = &gatedL2{Transport: u}
+				return gate
+			})
+			gate.hold()
+			t.Cleanup(func() {
+				if err := gate.open(); err != nil {
+					t.Error(err)
+				}
+			})
+			cl, err := client.Dial(e.sock, client.Options{Name: "flush"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			if err := cl.PutBytes([]byte("dirty"), []byte("a value written back never"), false); err != nil {
+				t.Fatal(err)
+			}
+			// Past a few slices of its wait, its own timeout still ends it.
+			if err := cl.StoreFlush(600 * time.Millisecond); !errors.Is(err, client.ErrDeadlineExceeded) {
+				t.Fatalf("a flush that cannot end within its timeout: %v", err)
+			}
+			c := dialRaw(t, e.sock)
+			c.sendBody(&wire.StoreFlushRequest{TimeoutMS: 3_600_000})
+			testutil.Eventually(t, testTimeout, func() bool { return e.srv.inflight.Load() != 0 }, "the flush waiting")
+			if how == "client hangs up" {
+				c.uc.Close()
+				testutil.Eventually(t, testTimeout, func() bool { return e.srv.Connections() == 1 },
+					"the flushing client's connection released (%d served)", testutil.Lazy(e.srv.Connections))
+				return
+			}
+			closed := make(chan error, 1)
+			go func() { closed <- e.srv.Close() }()
+			select {
+			case err := <-closed:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(testTimeout):
+				t.Fatalf("the server's Close still waits for a flush after %v", testTimeout)
+			}
+		})
+	}
 }

@@ -186,7 +186,8 @@ func (c *Session) SetTenant(name string, pool Pool, st *store.Store, log *slog.L
 
 // SetGone gives the session a way to learn, without reading from it,
 // that its client has hung up: a handler that waits (Wait, Transfer,
-// PollNotifications) asks it once per slice of its wait and gives up, so
+// PollNotifications, StoreFlush) asks it once per slice of its wait and
+// gives up, so
 // that the connection is released at once and not when the call's
 // timeout, which the client chose, ends. It is called once, before the
 // first handler; f must not block.

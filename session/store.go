@@ -491,11 +491,23 @@ func (c *Session) StoreFlush(m *wire.StoreFlushRequest, r *wire.Response) error 
 	if m.TimeoutMS > 0 {
 		d = time.Duration(m.TimeoutMS) * time.Millisecond
 	}
-	if err := kv.Flush(d); err != nil {
-		return err
+	// In slices, as the batch waits: the client chose how long, and a
+	// closing server or a client that hung up must not wait that out.
+	deadline := time.Now().Add(d)
+	for {
+		err := kv.Flush(max(min(time.Until(deadline), waitSlice), 0))
+		switch {
+		case err == nil:
+			wire.SetResponse[wire.StoreFlushResponse](r)
+			return nil
+		case !errors.Is(err, xfer.ErrTimeout), !time.Now().Before(deadline):
+			return err
+		case c.h.closing():
+			return fmt.Errorf("%w: server closing", ErrUnavailable)
+		case c.clientGone():
+			return errClientGone
+		}
 	}
-	wire.SetResponse[wire.StoreFlushResponse](r)
-	return nil
 }
 
 // StoreFigures are the session's store's figures for Stats; none without
