@@ -9,6 +9,7 @@ import (
 
 	"github.com/tensorcast/tensorcast/internal/faultcopy"
 	"github.com/tensorcast/tensorcast/status"
+	"github.com/tensorcast/tensorcast/xfer"
 )
 
 // Calls take caller-owned slices and fill caller-owned, positional results:
@@ -1255,8 +1256,10 @@ func (s *Store) promoteAs(sh *shard, r ref, w waitRec, direct bool) error {
 	return nil
 }
 
-// errAgain: look the key up again (promote).
-var errAgain = errors.New("store: the value came into L1 meanwhile")
+// errAgain: look the key up again (promote). A key that moved on each of
+// maxAgain lookups answers it as it is: BUSY, the key's own state, which a
+// retry may find settled.
+var errAgain = xfer.Categorized(xfer.ErrBusy, "store: the value came into L1 meanwhile, on every lookup")
 
 // maxAgain bounds how often one key of a call is looked up again.
 const maxAgain = 4
