@@ -451,11 +451,13 @@ func (c *conn) serveFrame(frame []byte) bool {
 	return true
 }
 
-// handleSafe runs the handler; a panic becomes INTERNAL for this request
-// only, and the connection keeps being served.
+// handleSafe runs the handler; a panic becomes INTERNAL for this request,
+// and the connection keeps being served, but the server is unhealthy from
+// then on (Server.Health): what the handler held may be left inconsistent.
 func (c *conn) handleSafe() (out []byte, fd int) {
 	defer func() {
 		if r := recover(); r != nil {
+			c.s.panics.Add(1)
 			closeFDs(c.fds)
 			c.fds = c.fds[:0]
 			c.log.Error("panic while serving a request", "kind", c.req.Kind().String(),

@@ -188,6 +188,11 @@ type Server struct {
 	// nanoseconds), 0 while accepting works; acceptErr is the last error.
 	acceptFailing atomic.Int64
 	acceptErr     atomic.Pointer[error]
+	// panics counts the requests whose handler panicked (handleSafe). A
+	// recovered panic may have left a lock held or a structure half
+	// changed, so the server is unhealthy from the first one: the
+	// watchdog's restart brings the daemon back whole (L1 kept).
+	panics atomic.Uint64
 	// acceptFailures counts the accepts that failed for want of a
 	// resource (each retry counts).
 	acceptFailures atomic.Uint64
@@ -485,6 +490,10 @@ func (s *Server) Health() error {
 	case !started || stopped:
 		return fmt.Errorf("%w: not accepting", ErrUnavailable)
 	}
+	if n := s.panics.Load(); n > 0 {
+		return fmt.Errorf("%w: %d requests panicked (see the log); what they held may be left inconsistent, so the daemon wants a restart",
+			ErrUnavailable, n)
+	}
 	if since := s.acceptFailing.Load(); since != 0 {
 		if d := time.Since(time.Unix(0, since)); d > s.cfg.AcceptStall {
 			var last error
@@ -497,6 +506,9 @@ func (s *Server) Health() error {
 	}
 	return nil
 }
+
+// Panics is how many requests' handlers panicked (each answered INTERNAL).
+func (s *Server) Panics() uint64 { return s.panics.Load() }
 
 // AcceptFailures is how many accepts have failed for want of a resource
 // (out of descriptors or memory) since the server started, each retry

@@ -426,6 +426,10 @@ func TestPanicBecomesInternal(t *testing.T) {
 	if !strings.Contains(e.logBuf.String(), "injected") {
 		t.Fatal("panic not logged")
 	}
+	// Served on, but unhealthy: the watchdog's restart brings it back whole.
+	if err := e.srv.Health(); !errors.Is(err, ErrUnavailable) || e.srv.Panics() != 1 {
+		t.Fatalf("after a recovered panic: Health %v, Panics %d; want ErrUnavailable, 1", err, e.srv.Panics())
+	}
 }
 
 func TestReleaseOnClose(t *testing.T) {

@@ -174,6 +174,7 @@ func (d *Daemon) collectControl(e *metrics.Emit) {
 	failures, failing := d.server.AcceptFailures()
 	e.Counter("tensorcast_control_accept_failures_total", "Accepts on the control socket that failed for want of descriptors or memory (each retry counts).", float64(failures))
 	e.Gauge("tensorcast_control_accept_failing_seconds", "How long accepting on the control socket has been failing (0 while it works); past accept_stall_timeout the daemon is unhealthy.", failing.Seconds())
+	e.Counter("tensorcast_control_panics_total", "Requests whose handler panicked (each answered INTERNAL); from the first the daemon is unhealthy, so that systemd restarts it.", float64(d.server.Panics()))
 	e.Bool("tensorcast_healthy", "Whether the daemon can serve new clients (its watchdog keep-alives stop when not).", d.health() == nil)
 	for _, rc := range d.server.RequestCounts(nil) {
 		e.Counter("tensorcast_control_requests_total", "Control requests decoded, by message type.", float64(rc.Count), metrics.L("type", rc.Kind))
