@@ -70,8 +70,11 @@ func (r *ring) complete(c *CQE, draining bool) {
 		return
 	case c.UserData == udCancel:
 		return
+	case c.UserData == udWaitCancel:
+		r.waits--
+		return
 	case c.UserData&^udTokenMask == udFutex:
-		r.futexes--
+		r.waits--
 		if r.host != nil {
 			r.host.Fired(uint32(c.UserData), c.Res)
 		}

@@ -42,8 +42,9 @@ type Waits interface {
 	// another value already, ends the sleep and reports token to
 	// Guest.Fired. An armed wait stays armed across sleeps until it
 	// fires. When none can be armed (a kernel without
-	// IORING_OP_FUTEX_WAIT, a full submission queue) the sleep is
-	// bounded instead, as with Soon.
+	// IORING_OP_FUTEX_WAIT, a full submission queue, or as many waits
+	// in the kernel as the ring's completion queue holds beside the
+	// ring's own requests) the sleep is bounded instead, as with Soon.
 	FutexWait(w *atomic.Uint32, v uint32, token uint32)
 	// FDWait arms a read of 8 bytes from the eventfd fd (the value is
 	// dropped): a write to it (from any process holding it), or a count
@@ -63,8 +64,9 @@ type Waits interface {
 	PollWait(fd int, token uint32)
 	// CancelWait cancels the wait armed with token, if it is still in the
 	// kernel (its Fired then comes with -ECANCELED, or with its own
-	// result if it fired first). It reports false when no SQE was free:
-	// ask again at the next sleep.
+	// result if it fired first). It reports false when no SQE was free
+	// (the submission queue full, or the completion queue's share of
+	// the guest taken): ask again at the next sleep.
 	CancelWait(token uint32) bool
 	// Soon bounds this sleep to about a millisecond, whatever is armed.
 	Soon()

@@ -299,3 +299,94 @@ func TestGuestFDWait(t *testing.T) {
 	}
 	tr.Close()
 }
+
+// manyWaitsGuest arms a read of each of its eventfds (FDWait), a few a
+// sleep, until it has asked for all; then, with busy, it never lets its
+// ring sleep again.
+type manyWaitsGuest struct {
+	efds  []int
+	asked int // owned by the ring's thread
+	busy  atomic.Bool
+	// settled counts the sleeps that began with every wait asked for:
+	// each wait is in the kernel by then, or was reported unarmed.
+	settled  atomic.Int64
+	unarmed  atomic.Int64 // reported fired with 0: never in the kernel
+	fired    atomic.Int64 // fired with the eventfd read's 8 bytes
+	firedBad atomic.Int64 // fired with anything else
+}
+
+func (g *manyWaitsGuest) Serve() bool { return false }
+
+func (g *manyWaitsGuest) Sleep(w Waits) bool {
+	if g.busy.Load() {
+		return false
+	}
+	if g.asked == len(g.efds) {
+		g.settled.Add(1)
+		return true
+	}
+	for k := 0; k < 2 && g.asked < len(g.efds); k++ {
+		w.FDWait(g.efds[g.asked], uint32(g.asked))
+		g.asked++
+	}
+	w.Soon() // pass again to ask for the rest
+	return true
+}
+
+func (g *manyWaitsGuest) Awake() {}
+
+func (g *manyWaitsGuest) Fired(token uint32, res int32) {
+	switch res {
+	case 0:
+		g.unarmed.Add(1)
+	case 8:
+		g.fired.Add(1)
+	default:
+		g.firedBad.Add(1)
+	}
+}
+
+func (g *manyWaitsGuest) Stop() {}
+
+// TestGuestWaitsNeverOverflowCQ: a guest with more queues than its ring's
+// completion queue has entries arms a wait for each; every doorbell then
+// rings at once, and the guest keeps its ring busy from then on. Every wait
+// the ring put in the kernel comes back to the guest. A ring that let the
+// waits owe more completions than its CQ holds had the kernel keep the
+// rest aside (CQ overflow), posted only by an io_uring_enter that waits
+// for events, which a busy ring without DEFER_TASKRUN never makes, and
+// lost outright when the kernel has no memory for them: here, three
+// quarters of the doorbells were never seen.
+func TestGuestWaitsNeverOverflowCQ(t *testing.T) {
+	tr := newTransport(t, Config{Entries: 2, SingleIssuer: Off, DeferTaskrun: Off, CoopTaskrun: Off})
+	cq := len(tr.rings[0].raw.cqes)
+	g := &manyWaitsGuest{efds: make([]int, 4*cq)}
+	for i := range g.efds {
+		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.efds[i] = fd
+		defer unix.Close(fd)
+	}
+	if _, err := tr.Host(0, g); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return g.settled.Load() > 0 },
+		"every wait asked for (unarmed %d)", testutil.Lazy(g.unarmed.Load))
+	g.busy.Store(true)
+	one := [8]byte{1}
+	for _, fd := range g.efds {
+		if _, err := unix.Write(fd, one[:]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	armed := int64(len(g.efds)) - g.unarmed.Load()
+	testutil.Eventually(t, 10*time.Second, func() bool { return g.fired.Load() == armed },
+		"every wait in the kernel fired: %d of %d (%d with another result)", testutil.Lazy(g.fired.Load), armed,
+		testutil.Lazy(g.firedBad.Load))
+	if armed > int64(cq) || armed == 0 || g.firedBad.Load() != 0 {
+		t.Fatalf("%d waits in the kernel of a ring whose CQ holds %d; %d fired with a result other than 8", armed, cq, g.firedBad.Load())
+	}
+	tr.Close()
+}

@@ -116,10 +116,12 @@ type ring struct {
 	guest Guest
 
 	// poller-only:
-	host      Guest // the guest served this pass (nil once stopped)
-	futexes   int   // futex waits armed in the kernel
-	pollSleep bool  // a guest's wait could not be armed: sleep briefly, then look
-	polled    bool  // the guest polls this pass (Poll): no enter without SQEs
+	host Guest // the guest served this pass (nil once stopped)
+	// waits are the guest's SQEs (its waits and their cancels) whose CQE
+	// has not been reaped: bounded by guestRoom.
+	waits     int
+	pollSleep bool // a guest's wait could not be armed: sleep briefly, then look
+	polled    bool // the guest polls this pass (Poll): no enter without SQEs
 	// unarmed are the tokens of the guest's waits this sleep could not
 	// arm, reported fired when it ends.
 	unarmed   []uint32
@@ -634,17 +636,34 @@ func (r *ring) FutexWait(w *atomic.Uint32, v uint32, token uint32) {
 }
 
 // waitSQE is the SQE of one of the guest's waits, its CQE carrying token,
-// counted among the ring's waits; nil (token unarmed) when the ring is full.
+// counted among the guest's; nil (token unarmed) when the SQ is full or
+// the guest's share of the CQ is taken (guestRoom).
 func (r *ring) waitSQE(token uint32) *sqe {
-	e := r.raw.getSQE()
+	var e *sqe
+	if r.guestRoom() {
+		e = r.raw.getSQE()
+	}
 	if e == nil {
 		r.unarm(token)
 		return nil
 	}
 	e.userData = udFutex | uint64(token)
-	r.futexes++
+	r.waits++
 	return e
 }
+
+// guestRoom reports whether the guest may put one more SQE in the ring.
+// Its waits stay in the kernel until a doorbell rings, as many as it has
+// queues, and each owes a CQE: they may owe only what the CQ holds beyond
+// the most the ring's own requests can owe (ownCQEs), so that neither a
+// wait's completion nor a request's ever finds the CQ full (see
+// rawRing.owed), and a request always finds room for its own.
+func (r *ring) guestRoom() bool { return r.waits < len(r.raw.cqes)-r.ownCQEs() }
+
+// ownCQEs is the most completions the ring's own requests owe at once: a
+// slot's request and a cancel of it, for every slot, the wake-up read and
+// the drain's cancel.
+func (r *ring) ownCQEs() int { return 2*len(r.slots) + 2 }
 
 // unarm records that token's wait could not be put on the ring: the ring
 // then sleeps briefly, and reports the wait fired when the sleep ends.
@@ -684,6 +703,9 @@ func (r *ring) PollWait(fd int, token uint32) {
 // CancelWait implements Waits (poller only): an IORING_OP_ASYNC_CANCEL of
 // the wait armed with token.
 func (r *ring) CancelWait(token uint32) bool {
+	if !r.guestRoom() {
+		return false
+	}
 	e := r.raw.getSQE()
 	if e == nil {
 		return false
@@ -691,7 +713,8 @@ func (r *ring) CancelWait(token uint32) bool {
 	e.opcode = opAsyncCancel
 	e.fd = -1
 	e.addr = udFutex | uint64(token)
-	e.userData = udCancel
+	e.userData = udWaitCancel
+	r.waits++
 	return true
 }
 

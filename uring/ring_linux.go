@@ -37,6 +37,14 @@ type rawRing struct {
 	cqHead, cqTail *uint32
 	cqMask         uint32
 	cqes           []CQE
+	// owed counts the SQEs prepared whose CQE has not been reaped yet.
+	// Every request this package makes ends with exactly one CQE, so
+	// while owed stays within the CQ the kernel never holds a completion
+	// the CQ has no room for: one that overflows waits in kernel memory
+	// until the next io_uring_enter that asks for events, and is lost
+	// outright when that memory cannot be had (its request then never
+	// ends).
+	owed uint32
 }
 
 // newRawRing creates a ring with sq SQ entries and cq CQ entries and maps
@@ -139,14 +147,16 @@ func (r *rawRing) sqSpace() uint32 {
 	return r.sqEntries - used
 }
 
-// getSQE returns a zeroed SQE to fill, or nil when the SQ is full.
+// getSQE returns a zeroed SQE to fill, or nil when the SQ is full or
+// the CQ has no room left for its completion (owed).
 func (r *rawRing) getSQE() *sqe {
-	if r.sqSpace() == 0 {
+	if r.sqSpace() == 0 || r.owed >= uint32(len(r.cqes)) {
 		return nil
 	}
 	e := &r.sqes[r.sqLocal&r.sqMask]
 	*e = sqe{}
 	r.sqLocal++
+	r.owed++
 	return e
 }
 
@@ -185,6 +195,10 @@ func (r *rawRing) Reap(cqes []CQE) int {
 	if n > 0 {
 		// atomic: releasing the slots back to the kernel.
 		atomic.StoreUint32(r.cqHead, head)
+		if invariants.Enabled && uint32(n) > r.owed {
+			panic(fmt.Sprintf("uring invariant: %d completions reaped, %d owed", n, r.owed))
+		}
+		r.owed -= min(uint32(n), r.owed)
 	}
 	return n
 }

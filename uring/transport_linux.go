@@ -35,6 +35,10 @@ const (
 	// token (udTokenMask).
 	udFutex     = 1 << 59
 	udTokenMask = 1<<32 - 1
+	// udWaitCancel is the cancel of a guest's wait (Waits.CancelWait),
+	// told apart from a request's cancel (udCancel) because it is the
+	// guest's to owe (ring.waits).
+	udWaitCancel = 1 << 58
 )
 
 // TracedUserData is the bit a data SQE's user_data carries when the ring
