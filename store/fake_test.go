@@ -21,9 +21,11 @@ type fakeFile struct {
 	mu    sync.Mutex // guards data
 	data  []byte
 	// null: a file of size bytes that holds nothing (reads give zeros,
-	// writes vanish), for measuring the index without the bytes.
+	// writes vanish), for measuring the index without the bytes; but
+	// for head, its first bytes, which it keeps.
 	null bool
 	size uint64
+	head []byte
 	refs atomic.Int64
 }
 
@@ -77,8 +79,19 @@ func (d *fakeL2) move(t *xfer.Task) (uint64, error) {
 	}
 	b := mem.Bytes()
 	if file.null {
+		file.mu.Lock()
+		defer file.mu.Unlock()
+		local := b[q.LocalOffset : q.LocalOffset+q.Length]
+		var head []byte
+		if q.TargetOffset < uint64(len(file.head)) {
+			head = file.head[q.TargetOffset:]
+		}
 		if q.Op == xfer.OpRead {
-			clear(b[q.LocalOffset : q.LocalOffset+q.Length])
+			clear(local[copy(local, head):])
+			d.reads.Add(1)
+		} else {
+			copy(head, local)
+			d.writes.Add(1)
 		}
 		return q.Length, nil
 	}

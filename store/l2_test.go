@@ -216,6 +216,36 @@ func TestRecoverRefusesForeignFile(t *testing.T) {
 	}
 }
 
+// TestRecoverBoundsRegions: the region size in the superblock is outside
+// input. A tensorcast superblock that cuts a 1 TiB file into regions of
+// three sectors (89 million of them) is refused after reading the
+// superblock alone: recovery used to keep a record for every region (9
+// GB) and read every region's header before its first call.
+func TestRecoverBoundsRegions(t *testing.T) {
+	e := newEnv(t, 8<<20, withCfg(func(c *Config) { c.MaxValueSize = 4096 }))
+	const a = 4096
+	file := &fakeFile{id: 900, align: a, null: true, size: 1 << 40, head: make([]byte, a)}
+	encodeHeader(file.head, &header{magic: magicSuper, units: a, seq: 7, nonce: 7, offset: 3 * a})
+	tr := newFakeL2()
+	s, err := New(e.cfg, e.pool, &L2{Transport: tr, File: file, StagingID: stagingID})
+	if err == nil {
+		s.Close()
+	}
+	if !errors.Is(err, ErrConfig) || tr.reads.Load() != 1 {
+		t.Fatalf("New on a superblock of %d regions: %v after %d reads; want ErrConfig after the superblock's",
+			(file.size-a)/(3*a), err, tr.reads.Load())
+	}
+	// The same file with the default region size opens.
+	file.head = make([]byte, a)
+	s, err = New(e.cfg, e.pool, &L2{Transport: newFakeL2(), File: file, StagingID: stagingID})
+	if err != nil {
+		t.Fatalf("New on an empty 1 TiB file: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestPromotionShared: Gets and Reads of one L2-only key while its
 // promotion is in flight wait for that one read (however many: never
 // BUSY), and each gets its pin or its copy.

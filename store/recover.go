@@ -19,6 +19,14 @@ import (
 
 const defaultRegionSize = 64 << 20
 
+// maxRegions bounds the regions of an L2 file. The region size comes from
+// the superblock, outside input: a small one over a large file would have
+// recovery keep a region record for every few sectors and read each
+// region's header, gigabytes of memory and hours of reads before the
+// first call. The default region size never comes near it: a file of 2^20
+// regions of 64 MiB has more slots than slot ids (setGeometry).
+const maxRegions = 1 << 20
+
 // runSync dispatches kSync tasks and waits for all of them. It returns the
 // first failure.
 func (t *tier2) runSync(its []*ioTask, xts *[]*xfer.Task) error {
@@ -88,6 +96,9 @@ func (t *tier2) recover() error {
 		t.g.regionSize, t.fileNonce = h.offset, h.nonce
 	}
 	if err := t.setGeometry(); err != nil {
+		if !formatted {
+			return fmt.Errorf("store: the L2 file's superblock sets region size %d: %w", t.g.regionSize, err)
+		}
 		return err
 	}
 	t.initRegions()
@@ -232,10 +243,15 @@ func (t *tier2) setGeometry() error {
 		return fmt.Errorf("%w: L2 regions of %d bytes cannot hold values of %d bytes (MaxValueSize); use a larger RegionSize or a smaller MaxValueSize",
 			ErrConfig, g.regionSize, t.s.cfg.MaxValueSize)
 	}
-	g.nregions = int((t.file.Size() - a) / g.regionSize)
-	if g.nregions < 1 {
+	nregions := (t.file.Size() - a) / g.regionSize
+	switch {
+	case nregions < 1:
 		return fmt.Errorf("%w: L2 file of %d bytes holds no region of %d bytes", ErrConfig, t.file.Size(), g.regionSize)
+	case nregions > maxRegions:
+		return fmt.Errorf("%w: L2 file of %d bytes holds %d regions of %d bytes, more than %d",
+			ErrConfig, t.file.Size(), nregions, g.regionSize, maxRegions)
 	}
+	g.nregions = int(nregions)
 	g.perMax = uint32((g.regionSize - a) / g.slotSize(0))
 	if uint64(g.nregions)*uint64(g.perMax) >= 1<<32 {
 		return fmt.Errorf("%w: L2 file of %d bytes has too many slots for region size %d; use a larger RegionSize",
