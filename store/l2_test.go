@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -243,6 +244,96 @@ func TestRecoverBoundsRegions(t *testing.T) {
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRecoverSkipsUnreadableSectors: a header the device cannot read at
+// start-up (a bad sector) costs what it describes, not the whole L2. An
+// unreadable block header drops its key and keeps its slot out of use; an
+// unreadable region header does the same for the region's keys and the
+// region. Neither is written over, so once the sectors read again, a
+// restart finds every value with its bytes. Recovery used to fail, and
+// the daemon with it, on the first such sector.
+func TestRecoverSkipsUnreadableSectors(t *testing.T) {
+	for _, verify := range []bool{false, true} {
+		t.Run(map[bool]string{false: "lazy", true: "verify-on-open"}[verify], func(t *testing.T) {
+			e := newEnv(t, 16<<20, withL2(32<<20))
+			e.l2.VerifyOnOpen = verify
+			ss := e.s.NewSession()
+			small := keysN("s", 6)
+			svals := valuesFor(small, 5000)
+			big := keysN("b", 2)
+			bvals := valuesFor(big, 100<<10) // another slot size: another region
+			mustCodes(t, "put", e.put(ss, append(small, big...), append(svals, bvals...), true), OK)
+			ss.Close()
+			region := func(off uint64) uint64 { return 4096 + (off-4096)/(1<<20)*(1<<20) }
+			lostBlock := findHeader(t, e.file, small[2])
+			lostRegion := region(findHeader(t, e.file, big[0]))
+			lostValue := findHeader(t, e.file, small[4]) + 4096
+			if lostRegion != region(findHeader(t, e.file, big[1])) || lostRegion == region(lostBlock) {
+				t.Fatal("the test wants the big values in one region, the small ones in another")
+			}
+			bad := func(task *xfer.Task) error {
+				if task.Req.Op == xfer.OpRead && (task.Req.TargetOffset == lostBlock || task.Req.TargetOffset == lostRegion ||
+					verify && task.Req.TargetOffset == lostValue) {
+					return fmt.Errorf("fake read: %w", syscall.EIO)
+				}
+				return nil
+			}
+			e.tr.Update(func(c *xfertest.Config) { c.Err = bad })
+			e.reopen()
+			st := e.s.Stats()
+			if st.TornDropped != 2 || st.QuarantinedSlots != 1 || st.Recovered != 5 {
+				t.Fatalf("stats after opening with two unreadable headers: %+v", st)
+			}
+			mustCodes(t, "exists", e.exists(append(small, big...)), OK, OK, NotFound, OK, OK, OK, NotFound, NotFound)
+			if verify {
+				// Its value could not be read at open: the key stays, and a
+				// read of it answers the device's error.
+				if _, codes := e.read(small[4:5], 8000); codes[0] == OK {
+					t.Fatal("a value the device cannot read was read")
+				}
+			}
+			// New values of both sizes go elsewhere: the unreadable
+			// sectors are not written over.
+			before := slices.Clone(e.file.data)
+			ss = e.s.NewSession()
+			more := keysN("m", 6)
+			mvals := valuesFor(more, 5000)
+			mvals[5] = valueFor(more[5], 100<<10)
+			mustCodes(t, "put more", e.put(ss, more, mvals, true), OK)
+			ss.Close()
+			for _, off := range []uint64{lostBlock, lostRegion} {
+				if !bytes.Equal(e.file.data[off:off+4096], before[off:off+4096]) {
+					t.Fatalf("the unreadable sector at %d was written", off)
+				}
+			}
+			// The device reads them again: everything is there.
+			e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
+			e.reopen()
+			e.checkValues(append(append(small, big...), more...), append(append(svals, bvals...), mvals...))
+
+			// A read that fails in the transport, not on the device, still
+			// fails the open: it says nothing about the sector.
+			if err := e.s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			e.s = nil
+			e.tr.Update(func(c *xfertest.Config) {
+				c.Err = func(task *xfer.Task) error {
+					if task.Req.Op == xfer.OpRead && task.Req.TargetOffset == lostBlock {
+						return errInjected
+					}
+					return nil
+				}
+			})
+			if s, err := New(e.cfg, e.pool, e.l2); !errors.Is(err, errInjected) {
+				if err == nil {
+					s.Close()
+				}
+				t.Fatalf("New with a header read failing in the transport: %v", err)
+			}
+		})
 	}
 }
 

@@ -22,6 +22,10 @@ const (
 	regOpening              // its header write is in flight; slots may be handed out
 	regOpen                 // its header is on the device
 	regBroken               // its header write failed; no new slots; freed when empty
+	// regLost: its header could not be read at open (a bad sector). Its
+	// slot size, and so its blocks, are unknown: it is never used, so that
+	// a restart that can read it finds what it holds.
+	regLost
 )
 
 const noRegion = -1

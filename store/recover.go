@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"syscall"
 
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -15,7 +16,10 @@ import (
 // (another nonce) and damaged headers leave their slot free; damaged ones
 // are counted as torn. Two valid blocks of one key (never written by this
 // store, but possible after tampering) keep the higher sequence number;
-// the other is zeroed.
+// the other is zeroed. A header the device cannot read (a bad sector)
+// is counted as torn too, but its slot, or its whole region, is kept out
+// of use instead: what it holds may be an acknowledged value that a later
+// restart can read.
 
 const defaultRegionSize = 64 << 20
 
@@ -42,6 +46,37 @@ func (t *tier2) runSync(its []*ioTask, xts *[]*xfer.Task) error {
 		}
 	}
 	return nil
+}
+
+// runReads is runSync for the scan's reads: a read the device failed for
+// its sector alone (readLost) is left in its task for the caller to skip;
+// any other failure (the transport's) is returned.
+func (t *tier2) runReads(its []*ioTask, xts *[]*xfer.Task) error {
+	t.runSync(its, xts)
+	for _, it := range its {
+		if it.syncErr != nil && !readLost(it) {
+			return it.syncErr
+		}
+	}
+	return nil
+}
+
+// readLost reports whether the recovery read it failed on the device for
+// its own sectors: dispatched, and ended with the errno of a medium error
+// (EIO; ENODATA, an unrecovered read; EILSEQ, a failed integrity check).
+// One bad sector then costs the block or region it holds, not the whole
+// L2: recovery used to fail, and the daemon not start.
+func readLost(it *ioTask) bool {
+	err := it.syncErr
+	return err != nil && !it.xt.Undispatched() &&
+		(errors.Is(err, syscall.EIO) || errors.Is(err, syscall.ENODATA) || errors.Is(err, syscall.EILSEQ))
+}
+
+// lost counts and logs (rarely) a header sector recovery could not read.
+func (t *tier2) lost(what string, off uint64, err error) {
+	t.s.c.torn.Add(1)
+	t.s.rare(&t.s.c.unreadable, "store: an L2 header could not be read at start-up; what it describes is kept out of use",
+		"header", what, "offset", off, "err", err)
 }
 
 // takeAll takes up to n tasks (recovery owns the whole table).
@@ -115,11 +150,18 @@ func (t *tier2) recover() error {
 		for i, it := range batch {
 			t.reqSector(it, xfer.OpRead, t.g.regionOff(int32(r0+i)), false)
 		}
-		if err := t.runSync(batch, &xts); err != nil {
+		if err := t.runReads(batch, &xts); err != nil {
 			return fmt.Errorf("store: read L2 region headers: %w", err)
 		}
 		for i, it := range batch {
-			t.adoptRegion(int32(r0+i), t.sector(it))
+			ri := int32(r0 + i)
+			if it.syncErr != nil {
+				t.regions[ri].state = regLost
+				t.capacity -= t.g.regionSize - a
+				t.lost("region", t.g.regionOff(ri), it.syncErr)
+				continue
+			}
+			t.adoptRegion(ri, t.sector(it))
 		}
 	}
 	t.freeRegions = t.freeRegions[:0]
@@ -142,10 +184,14 @@ func (t *tier2) recover() error {
 			r := pos[i].r
 			t.reqSector(it, xfer.OpRead, t.g.slotOff(r, int(t.regions[r].class), pos[i].j), false)
 		}
-		if err := t.runSync(batch, &xts); err != nil {
+		if err := t.runReads(batch, &xts); err != nil {
 			return fmt.Errorf("store: read L2 block headers: %w", err)
 		}
 		for i, it := range batch {
+			if it.syncErr != nil {
+				t.loseSlot(pos[i].r, pos[i].j, it.syncErr)
+				continue
+			}
 			seq, loser := t.adoptBlock(pos[i].r, pos[i].j, t.sector(it))
 			maxSeq = max(maxSeq, seq)
 			if loser != noSlot {
@@ -348,6 +394,17 @@ func (t *tier2) adoptBlock(ri int32, j uint32, sector []byte) (uint64, uint32) {
 	return h.seq, loser
 }
 
+// loseSlot keeps slot j of region ri, whose header could not be read, out
+// of use for good, and its region with it (the slot counts as live).
+func (t *tier2) loseSlot(ri int32, j uint32, err error) {
+	r := &t.regions[ri]
+	r.owner[j] = quarOwner
+	r.live++
+	t.used += t.g.slotSize(int(r.class))
+	t.quarantined++
+	t.lost("block", t.g.slotOff(ri, int(r.class), j), err)
+}
+
 // settleRegions rebuilds each open region's free-slot stack from its
 // owners, after the scan.
 func (t *tier2) settleRegions() {
@@ -383,12 +440,18 @@ func (t *tier2) verifyAll(its []*ioTask, xts *[]*xfer.Task) ([]uint32, error) {
 		if len(batch) == 0 {
 			return nil
 		}
-		err := t.runSync(batch, xts)
+		// A value the device cannot read keeps its key: its reads answer
+		// the error, as without VerifyOnOpen.
+		err := t.runReads(batch, xts)
 		for i, it := range batch {
 			p := pend[i]
 			sh := &s.shards[p.sh]
 			e := sh.ent(p.idx)
-			if err == nil && crc32c(s.poolMem[it.l1:it.l1+uint64(e.size)]) != e.crc {
+			if it.syncErr != nil && err == nil {
+				t.s.rare(&t.s.c.unreadable, "store: an L2 value could not be read to verify it at start-up; its key stays",
+					"key", fmt.Sprintf("%q", sh.keyOf(e)), "err", it.syncErr)
+			}
+			if err == nil && it.syncErr == nil && crc32c(s.poolMem[it.l1:it.l1+uint64(e.size)]) != e.crc {
 				s.c.corrupt.Add(1)
 				bad = append(bad, e.l2)
 				t.setOwner(e.l2, staleOwner)

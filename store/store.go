@@ -406,6 +406,7 @@ type counters struct {
 	durable, durableFail                                atomic.Uint64
 	replicaFail                                         atomic.Uint64 // durable puts whose copies elsewhere failed
 	recovered, torn, corrupt, dups, foreign             atomic.Uint64
+	unreadable                                          atomic.Uint64 // L2 sectors recovery could not read (headers count in torn too)
 	violations, quarantinedBlocks, freeErrors, l1Full   atomic.Uint64
 	leasesExpired, removeFail, prefixCut, pinLimit      atomic.Uint64
 	keys, l1Keys, l2Keys, pins, reserved, l2InvalFailed atomic.Uint64
