@@ -694,7 +694,13 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 		}
 		cl.result(pos, joinFree(err, ferr))
 		cl.finish1(&s.calls)
-	} else if evict {
+	} else if evict && err == nil {
+		// Room was made: the loop goes on evicting, or gives it to a slot
+		// size starving for it. An eviction that failed kicks nothing: on
+		// a device that fails every write, each failure would start the
+		// next round of them at once, the maintenance loop writing as
+		// fast as the device answers for as long as it fails. The next
+		// event (a put, a commit, a freed task) tries again.
 		s.kick()
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -436,4 +438,52 @@ func TestPutDuringL2Eviction(t *testing.T) {
 	e.reopen()
 	e.checkValues(keys[:3], vals[:3])
 	mustCodes(t, "after restart", e.exists(keys[3:]), NotFound)
+}
+
+// TestFailingL2EvictionIsNotRetriedAtOnce: when every write to L2 fails,
+// an eviction that fails does not start the next one: the maintenance
+// loop used to kick itself after each failed invalidation, and wrote to a
+// failing device as fast as it answered (hundreds of thousands of writes a
+// second) with no caller asking for anything. Eviction goes on at the next
+// event, once the device writes again.
+func TestFailingL2EvictionIsNotRetriedAtOnce(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(4096+4*(1<<20)))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("f", 500) // 500 of the 508 slots: over the high watermark
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
+	var zeros atomic.Int64
+	e.tr.Update(func(c *xfertest.Config) {
+		c.Err = func(task *xfer.Task) error {
+			if task.Req.Op != xfer.OpWrite {
+				return nil
+			}
+			if isZeroWrite(task) {
+				zeros.Add(1)
+			}
+			return fmt.Errorf("fake write: %w", syscall.EIO)
+		}
+	})
+	e.dropL1() // L2-only now: evictable
+	e.s.kick()
+	e.waitFor("an eviction failed", func() bool { return zeros.Load() > 0 })
+	// A round of evictions takes at most the tasks the store's own work
+	// may have, and a kick left from the puts may run one more: a store
+	// that kicks itself after each failure never stops.
+	bound := int64(2 * e.s.cfg.IODepth)
+	if e.s.ev.waitUntil(func() bool { return zeros.Load() > bound }, 200*time.Millisecond) {
+		t.Fatalf("the store kept evicting on its own from a device that fails every write: %d writes", zeros.Load())
+	}
+	e.waitFor("the evictions ended", func() bool { return e.s.Stats().IOInFlight == 0 })
+	if st := e.s.Stats(); st.InvalidateFailures != uint64(zeros.Load()) || st.Keys != 500 {
+		t.Fatalf("stats after the failed evictions: %+v", st)
+	}
+	// The device writes again: the next event evicts down to the low
+	// watermark.
+	e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
+	e.s.kick()
+	e.waitFor("eviction under the low watermark", func() bool {
+		st := e.s.Stats()
+		return st.IOInFlight == 0 && float64(st.L2Bytes) <= 0.85*float64(st.L2Capacity)
+	})
 }
