@@ -337,6 +337,43 @@ func TestRecoverSkipsUnreadableSectors(t *testing.T) {
 	}
 }
 
+// TestDurablePutThatFindsNoSlotMakesRoom: L2 is full of values that are
+// only there (L1 gave them up) and past its high watermark, and a durable
+// put of a slot size no region has gets ErrL2Full. That starts the
+// eviction that makes room (by LRU, and by emptying a region of another
+// slot size), so that the put, asked again, finds it. Only L1 pressure and
+// plain puts used to start it: a client that puts durably got
+// RESOURCE_EXHAUSTED for as long as it kept asking.
+func TestDurablePutThatFindsNoSlotMakesRoom(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(4096+4*(1<<20)))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("f", 500) // 500 slots of 8 KiB of the 508 of four regions
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
+	e.dropL1()
+	big := keysN("big", 1)
+	bval := valuesFor(big, 100<<10)
+	codes, errs := make([]Code, 1), make([]error, 1)
+	for try := 0; ; try++ {
+		ev := e.s.Stats().EvictionsL2
+		if _, err := ss.Put(big, bval, true, codes, errs, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		if codes[0] == OK {
+			break
+		}
+		if codes[0] != ResourceExhausted || !errors.Is(errs[0], ErrL2Full) || try == 3 {
+			t.Fatalf("durable put %d into a full L2: %v %v", try, codes[0], errs[0])
+		}
+		// The evictions it started may be over already.
+		e.waitFor("L2 evictions", func() bool { st := e.s.Stats(); return st.EvictionsL2 > ev && st.IOInFlight == 0 })
+	}
+	e.checkValues(big, bval)
+	if st := e.s.Stats(); float64(st.L2Bytes) > 0.95*float64(st.L2Capacity) {
+		t.Fatalf("L2 still past its high watermark: %+v", st)
+	}
+}
+
 // TestPromotionShared: Gets and Reads of one L2-only key while its
 // promotion is in flight wait for that one read (however many: never
 // BUSY), and each gets its pin or its copy.

@@ -26,6 +26,7 @@ var errRegionBroken = errors.New("store: the region's header could not be writte
 func (t *tier2) startWrites(its []*ioTask, sub *[]*ioTask, xts *[]*xfer.Task) error {
 	s := t.s
 	out := (*sub)[:0]
+	short := false
 	for _, it := range its {
 		it.crc = crc32c(s.poolMem[it.l1 : it.l1+uint64(it.size)])
 		c := t.g.classOf(uint64(it.size))
@@ -34,6 +35,7 @@ func (t *tier2) startWrites(its []*ioTask, sub *[]*ioTask, xts *[]*xfer.Task) er
 		if err != nil {
 			t.mu.Unlock()
 			it.err = err
+			short = short || it.kind == kPut
 			t.endWrite(it, false)
 			continue
 		}
@@ -61,6 +63,15 @@ func (t *tier2) startWrites(its []*ioTask, sub *[]*ioTask, xts *[]*xfer.Task) er
 		t.encodeBlock(it, nonce, units)
 		t.reqValue(it, xfer.OpWrite, off+t.g.align)
 		out = append(out, it)
+	}
+	if short {
+		// A caller's put found no slot (ErrL2Full): the maintenance loop
+		// makes room for the next one, by LRU past the high watermark and
+		// by emptying a region for a slot size that has none. Nothing
+		// else may come to start it: a durable put takes no L1 past its
+		// watermark. A writeback that finds no slot is the loop's own,
+		// which pauses instead (l2Short): a kick would spin it.
+		s.kick()
 	}
 	*sub = out
 	err := t.submit(out, xts)
