@@ -374,6 +374,53 @@ func TestDurablePutThatFindsNoSlotMakesRoom(t *testing.T) {
 	}
 }
 
+// TestRegionWithAQuarantinedSlotIsNotEmptiedForAnother: a durable put
+// whose header write failed, and the zeroing after it too, leaves its slot
+// quarantined for good, alone in its region. When a slot size then finds
+// no region, the store empties another region, one that can empty: it
+// used to pick the region with the fewest live slots, that one, evict
+// nothing from it, and answer ErrL2Full to that slot size for as long as
+// it ran.
+func TestRegionWithAQuarantinedSlotIsNotEmptiedForAnother(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(4096+4*(1<<20)))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	e.tr.Update(func(c *xfertest.Config) {
+		c.Err = func(task *xfer.Task) error {
+			if isZeroWrite(task) || isHeaderWrite(task) && (task.Req.TargetOffset-4096)%(1<<20) != 0 {
+				return errInjected // block headers and their zeroing; region headers land
+			}
+			return nil
+		}
+	})
+	x := keysN("x", 1)
+	mustCodes(t, "put whose header and its zeroing fail", e.put(ss, x, valuesFor(x, 3000), true), Internal)
+	e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
+	keys := keysN("f", 3*85) // the other three regions, full of 12 KiB slots
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 5000), true), OK)
+	if st := e.s.Stats(); st.QuarantinedSlots != 1 || st.Keys != uint64(len(keys)) {
+		t.Fatalf("stats after the failed put: %+v", st)
+	}
+	e.dropL1()
+	big := keysN("big", 1)
+	bval := valuesFor(big, 100<<10)
+	codes, errs := make([]Code, 1), make([]error, 1)
+	for try := 0; ; try++ {
+		ev := e.s.Stats().EvictionsL2
+		if _, err := ss.Put(big, bval, true, codes, errs, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		if codes[0] == OK {
+			break
+		}
+		if codes[0] != ResourceExhausted || try == 3 {
+			t.Fatalf("durable put %d of a slot size without a region: %v %v", try, codes[0], errs[0])
+		}
+		e.waitFor("a region emptied", func() bool { st := e.s.Stats(); return st.EvictionsL2 > ev && st.IOInFlight == 0 })
+	}
+	e.checkValues(big, bval)
+}
+
 // TestPromotionShared: Gets and Reads of one L2-only key while its
 // promotion is in flight wait for that one read (however many: never
 // BUSY), and each gets its pin or its copy.

@@ -41,11 +41,15 @@ const (
 )
 
 type region struct {
-	nonce      uint64
-	class      int16
-	state      uint8
-	listed     bool // on its class's list of regions with a free slot
-	live       uint32
+	nonce  uint64
+	class  int16
+	state  uint8
+	listed bool // on its class's list of regions with a free slot
+	live   uint32
+	// stuck counts its live slots kept out of use for good (quarantine):
+	// a region with one never empties, so it is never emptied for
+	// another slot size.
+	stuck      uint32
 	bump       uint32   // next never-used slot
 	free       []uint32 // freed slots, a stack
 	owner      []uint64 // per slot: shard<<32 | entry index, or noOwner
@@ -128,7 +132,7 @@ func (t *tier2) assign(ri int32, c int, st uint8, nonce uint64) {
 	r := &t.regions[ri]
 	cl := &t.classes[c]
 	r.class, r.state, r.nonce = int16(c), st, nonce
-	r.live, r.bump = 0, 0
+	r.live, r.stuck, r.bump = 0, 0, 0
 	r.free = r.free[:0]
 	if cap(r.owner) < int(cl.per) {
 		r.owner = make([]uint64, cl.per)
@@ -253,12 +257,14 @@ func (t *tier2) release(id uint32) {
 	}
 }
 
-// quarantine keeps a slot out of use for good: its on-device state is
-// unknown (a header write and the invalidation after it both failed, or
-// the transport broke its contract while the slot was in flight).
+// quarantine keeps a live slot out of use for good: its on-device state
+// is unknown (a header write and the invalidation after it both failed,
+// or the transport broke its contract while the slot was in flight). It
+// stays live: its region never empties.
 func (t *tier2) quarantine(id uint32) {
 	ri, _, j, _ := t.slotAt(id)
 	t.regions[ri].owner[j] = quarOwner
+	t.regions[ri].stuck++
 	t.quarantined++
 }
 

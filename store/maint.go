@@ -282,14 +282,17 @@ func (s *Store) evictL2One(sh *shard, si, idx uint32) (uint64, *ioTask, int) {
 
 // evictRegion empties, as far as it can, the region of another slot size
 // with the fewest live slots, so that class c can be given one. Only
-// L2-only, unpinned entries go; a region holding others stays.
+// L2-only, unpinned entries go; a region holding others stays. A region
+// with a slot quarantined for good never empties and is passed over: the
+// region with the fewest live slots is often such a one, and choosing it
+// left c without a region for as long as the store ran.
 func (s *Store) evictRegion(c int, m *maintScratch, batch []*ioTask) []*ioTask {
 	t := s.l2
 	t.mu.Lock()
 	best := int32(noRegion)
 	for i := range t.regions {
 		r := &t.regions[i]
-		if r.state == regOpen && int(r.class) != c && r.waitHead == -1 &&
+		if r.state == regOpen && int(r.class) != c && r.waitHead == -1 && r.stuck == 0 &&
 			(best == noRegion || r.live < t.regions[best].live) {
 			best = int32(i)
 		}

@@ -400,6 +400,7 @@ func (t *tier2) loseSlot(ri int32, j uint32, err error) {
 	r := &t.regions[ri]
 	r.owner[j] = quarOwner
 	r.live++
+	r.stuck++
 	t.used += t.g.slotSize(int(r.class))
 	t.quarantined++
 	t.lost("block", t.g.slotOff(ri, int(r.class), j), err)
@@ -519,7 +520,10 @@ func (t *tier2) zeroStale(stale []uint32, its []*ioTask, xts *[]*xfer.Task) erro
 		t.runSync(batch, xts)
 		for i, it := range batch {
 			if it.syncErr != nil {
-				t.quarantine(stale[i])
+				// Out of use, but not live (its block is no key's): the
+				// region may still empty, and be given a new nonce.
+				t.setOwner(stale[i], quarOwner)
+				t.quarantined++
 				t.s.log.Error("store: could not zero a stale L2 block; its slot stays out of use", "err", it.syncErr)
 				continue
 			}
