@@ -57,6 +57,9 @@ func (f *fakeFile) Alignment() (offset, memory uint32) { return f.align, f.align
 type fakeL2 struct {
 	*xfertest.Transport
 	writes, reads atomic.Int64
+	// onWrite, when set, sees every write as it lands (under the file's
+	// lock, so in the order they land): its file offset and bytes.
+	onWrite func(off uint64, b []byte)
 }
 
 func newFakeL2() *fakeL2 {
@@ -102,6 +105,9 @@ func (d *fakeL2) move(t *xfer.Task) (uint64, error) {
 	if q.Op == xfer.OpWrite {
 		copy(file.data[q.TargetOffset:q.TargetOffset+q.Length], b[q.LocalOffset:q.LocalOffset+q.Length])
 		d.writes.Add(1)
+		if d.onWrite != nil {
+			d.onWrite(q.TargetOffset, b[q.LocalOffset:q.LocalOffset+q.Length])
+		}
 	} else {
 		copy(b[q.LocalOffset:q.LocalOffset+q.Length], file.data[q.TargetOffset:q.TargetOffset+q.Length])
 		d.reads.Add(1)
