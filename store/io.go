@@ -41,6 +41,13 @@ type tier2 struct {
 	capacity    uint64 // slot bytes in all regions
 	evicting    uint64 // slot bytes being invalidated by eviction
 	quarantined uint64 // slots kept out of use
+	// ghosts: per key, the quarantined slots whose block header may still
+	// be valid though the key no longer uses them (a zeroing that failed
+	// after the key had gone anyway). Recovery would bring such a block
+	// back once no newer header of its key is on the device, so every
+	// invalidation of the key zeroes them first (reqInval).
+	ghosts  map[string][]uint32
+	nghosts atomic.Int32 // slots in ghosts; read without mu on the invalidation path
 
 	tasks []ioTask
 	// ioMu guards freeTasks and the keys waiting for a task (wait.go):
@@ -122,7 +129,10 @@ type ioTask struct {
 	stage  uint8
 	commit bool // kPut from Commit (the reservation stays on failure)
 	drop   bool // kInval of a corrupt block: the entry goes even if the write fails
-	ss     *Session
+	// ghost: the quarantined slot of an older block of the key whose
+	// header a kInval zeroes before its own slot's (reqInval), or noSlot.
+	ghost uint32
+	ss    *Session
 	// rp and copies: a durable put's copies on other hosts (rp nil:
 	// none), made before its result is given.
 	rp     Replicator
@@ -328,7 +338,7 @@ func (t *tier2) taken(i int32) *ioTask {
 }
 
 func (t *tier2) freeTask(it *ioTask) {
-	it.kind, it.stage, it.commit, it.drop = 0, 0, false, false
+	it.kind, it.stage, it.commit, it.drop, it.ghost = 0, 0, false, false, noSlot
 	it.ss, it.cl, it.err, it.parkE, it.syncErr = nil, nil, nil, nil, nil
 	it.rp, it.copies = nil, 0
 	it.xt.Req = xfer.Request{}
@@ -512,8 +522,21 @@ func (t *tier2) fail(it *ioTask, err error) {
 		s.c.quarantinedBlocks.Add(1)
 		t.endPromote(it, err, false, false)
 	case kInval:
+		if it.ghost != noSlot {
+			// The older block's header is in doubt, its own slot's
+			// untouched: the key stays, the older block a ghost still.
+			key := t.keyOf(it.r)
+			t.mu.Lock()
+			t.addGhost(key, it.ghost)
+			t.mu.Unlock()
+			it.ghost = noSlot
+			t.endInval(it, err, true)
+			return
+		}
+		key := t.keyOf(it.r)
 		t.mu.Lock()
 		t.quarantine(it.slot)
+		t.addGhost(key, it.slot)
 		t.mu.Unlock()
 		t.endInval(it, err, false)
 	case kOpen:

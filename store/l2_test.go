@@ -769,3 +769,100 @@ func TestCorruptInABurst(t *testing.T) {
 		})
 	}
 }
+
+// TestRemovedKeyStaysGoneOverAQuarantinedCopy: an eviction from L2 whose
+// header zeroing fails while a put of the same key superseded it leaves
+// the old block's header valid in a slot kept out of use. The new value
+// is then removed, or evicted from L2: its header is zeroed, and a restart
+// must not find the old block and bring the key back with its old bytes.
+// The old header is zeroed first, so a crash between the two writes finds
+// the new value.
+func TestRemovedKeyStaysGoneOverAQuarantinedCopy(t *testing.T) {
+	for _, how := range []string{"remove", "evict"} {
+		t.Run(how, func(t *testing.T) { removedKeyStaysGone(t, how) })
+	}
+}
+
+func removedKeyStaysGone(t *testing.T, how string) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("q", 1)
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
+	e.evictingL2(t, 1)
+	mustCodes(t, "put again under eviction", e.put(ss, keys, valuesFor(keys, 5000), true), OK)
+	e.tr.Update(func(c *xfertest.Config) {
+		c.Hold = nil
+		c.Err = func(task *xfer.Task) error {
+			if isZeroWrite(task) {
+				return errInjected
+			}
+			return nil
+		}
+	})
+	e.tr.release()
+	e.waitFor("the eviction failed", func() bool {
+		st := e.s.Stats()
+		return st.InvalidateFailures == 1 && st.IOInFlight == 0
+	})
+	e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
+	e.checkValues(keys, valuesFor(keys, 5000))
+	// From here on, every write is logged over a copy of the file, to
+	// replay a crash after each.
+	e.file.mu.Lock()
+	before := bytes.Clone(e.file.data)
+	var log []landed // guarded by the file's mu
+	e.tr.onWrite = func(off uint64, b []byte) { log = append(log, landed{off, bytes.Clone(b)}) }
+	e.file.mu.Unlock()
+	switch how {
+	case "remove":
+		codes, errs := make([]Code, 1), make([]error, 1)
+		if _, err := e.s.Remove(keys, codes, errs, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		mustCodes(t, "remove", codes, OK)
+	case "evict":
+		e.dropL1()
+		batch := e.s.evictL2LRU(1<<40, nil)
+		if len(batch) != 1 {
+			t.Fatalf("%d evictions started, want 1", len(batch))
+		}
+		var xts []*xfer.Task
+		e.s.l2.startInvals(batch, &xts)
+		e.waitFor("the eviction ended", func() bool { return e.s.Stats().EvictionsL2 == 2 && e.s.Stats().IOInFlight == 0 })
+	}
+	mustCodes(t, "gone", e.exists(keys), NotFound)
+	if st := e.s.Stats(); st.InvalidateFailures != 1 {
+		t.Fatalf("stats: %+v", st)
+	}
+	if err := e.s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.s = nil
+	e.file.mu.Lock()
+	e.tr.onWrite = nil
+	e.file.mu.Unlock()
+	for p := 0; p <= len(log); p++ {
+		e.file.mu.Lock()
+		copy(e.file.data, before)
+		for _, w := range log[:p] {
+			copy(e.file.data[w.off:], w.data)
+		}
+		e.file.mu.Unlock()
+		e.open()
+		vals, codes := e.read(keys, 5000)
+		switch {
+		case p == len(log) && codes[0] != NotFound:
+			t.Fatalf("after every write, a restart finds the key: %v", codes)
+		case codes[0] == OK && !bytes.Equal(vals[0], valuesFor(keys, 5000)[0]):
+			t.Fatalf("crash after write %d: the key reads %d bytes, not its newest value", p, len(vals[0]))
+		}
+		if err := e.s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		e.s = nil
+	}
+	if len(log) != 2 {
+		t.Fatalf("%d writes, want 2: the old header's zeroing, then the new one's", len(log))
+	}
+}

@@ -268,6 +268,33 @@ func (t *tier2) quarantine(id uint32) {
 	t.quarantined++
 }
 
+// addGhost records that quarantined slot id may hold a valid header of
+// key, which no longer uses it (see tier2.ghosts). t.mu is held.
+func (t *tier2) addGhost(key string, id uint32) {
+	if t.ghosts == nil {
+		t.ghosts = map[string][]uint32{}
+	}
+	t.ghosts[key] = append(t.ghosts[key], id)
+	t.nghosts.Add(1)
+}
+
+// unquarantine returns a quarantined slot whose header has been zeroed
+// since. t.mu is held.
+func (t *tier2) unquarantine(id uint32) {
+	ri, _, _, _ := t.slotAt(id)
+	t.regions[ri].stuck--
+	t.quarantined--
+	t.release(id)
+}
+
+// keyOf is a copy of the key of entry r. Its shard's mu is not held.
+func (t *tier2) keyOf(r ref) string {
+	sh := &t.s.shards[r.sh]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return string(sh.keyOf(sh.ent(r.idx)))
+}
+
 // setOwner records which entry uses a slot (recovery, duplicate handling).
 func (t *tier2) setOwner(id uint32, owner uint64) {
 	ri, _, j, _ := t.slotAt(id)

@@ -627,8 +627,9 @@ func (s *Store) reserve(k []byte, size uint64, flags uint16) (ref, uint64, error
 // of the key is not BUSY. The entry leaves the table and the key's
 // counts, and endInval frees it; the new value's block headers carry
 // higher sequence numbers, so recovery keeps them over the old header
-// should it outlive a failed invalidation. It reports whether the key is
-// free now. sh.mu is held.
+// should it outlive a failed invalidation, and such a header (a ghost,
+// tier2.ghosts) is zeroed before the new value's is. It reports whether
+// the key is free now. sh.mu is held.
 func (s *Store) supersede(sh *shard, idx uint32) bool {
 	e := sh.ent(idx)
 	if e.state != stDropping || e.flags&(fBgDrop|fRemove) != fBgDrop || e.pins != 0 {

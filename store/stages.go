@@ -418,7 +418,7 @@ func (t *tier2) endRemovedWriteback(sh *shard, it *ioTask, ok bool) {
 		sh.mu.Unlock()
 		t.wbInflight.Add(-1)
 		it.kind, it.cl, it.pos = kInval, w.cl, w.pos
-		t.reqSector(it, xfer.OpWrite, it.off, true)
+		t.reqInval(it)
 		t.submitOne(it)
 		return
 	}
@@ -584,7 +584,7 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 	it.waiters = it.waiters[:0]
 	if corrupt {
 		it.kind, it.drop, it.cl = kInval, true, nil
-		t.reqSector(it, xfer.OpWrite, it.off, true)
+		t.reqInval(it)
 		t.submitOne(it)
 		return
 	}
@@ -598,12 +598,64 @@ func (t *tier2) startInvals(its []*ioTask, xts *[]*xfer.Task) error {
 		_, _, _, off := t.slotAt(it.slot)
 		t.mu.Unlock()
 		it.off = off
-		t.reqSector(it, xfer.OpWrite, off, true)
+		t.reqInval(it)
 	}
 	return t.submit(its, xts)
 }
 
-func (t *tier2) invalDone(it *ioTask, err error) { t.endInval(it, err, true) }
+// reqInval makes it zero the header of its slot (at it.off), or first
+// that of an older block of its key left valid in a quarantined slot
+// (tier2.ghosts), claimed for it: the key's newest header is zeroed only
+// once no older one is left for a restart to bring back, so a crash at
+// any write finds the key's newest value or nothing.
+func (t *tier2) reqInval(it *ioTask) {
+	it.ghost = noSlot
+	if t.nghosts.Load() > 0 {
+		key := t.keyOf(it.r)
+		t.mu.Lock()
+		if gs := t.ghosts[key]; len(gs) > 0 {
+			it.ghost = gs[len(gs)-1]
+			if len(gs) == 1 {
+				delete(t.ghosts, key)
+			} else {
+				t.ghosts[key] = gs[:len(gs)-1]
+			}
+			t.nghosts.Add(-1)
+		}
+		t.mu.Unlock()
+	}
+	if it.ghost != noSlot {
+		_, _, _, off := t.slotAt(it.ghost)
+		t.reqSector(it, xfer.OpWrite, off, true)
+		return
+	}
+	t.reqSector(it, xfer.OpWrite, it.off, true)
+}
+
+func (t *tier2) invalDone(it *ioTask, err error) {
+	if it.ghost == noSlot {
+		t.endInval(it, err, true)
+		return
+	}
+	g := it.ghost
+	it.ghost = noSlot
+	if err != nil {
+		// The older block may still be valid: the key's own header is
+		// left as it is (a Remove fails, an eviction keeps the key), and
+		// the older block stays a ghost.
+		key := t.keyOf(it.r)
+		t.mu.Lock()
+		t.addGhost(key, g)
+		t.mu.Unlock()
+		t.endInval(it, err, true)
+		return
+	}
+	t.mu.Lock()
+	t.unquarantine(g)
+	t.mu.Unlock()
+	t.reqInval(it) // the next ghost of the key, or its own header
+	t.submitOne(it)
+}
 
 // endInval ends an invalidation. When the header is zeroed (or the block
 // was corrupt anyway) the key goes; when the write failed the key stays as
@@ -638,6 +690,7 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 			t.release(it.slot)
 		case canRelease:
 			t.quarantine(it.slot)
+			t.addGhost(string(sh.keyOf(e)), it.slot)
 			s.c.l2InvalFailed.Add(1)
 		}
 	}
