@@ -18,7 +18,7 @@ type FileL2 struct {
 	Path string
 	// Size of the L2 in bytes; a smaller regular file is extended (sparse)
 	// to it. A store formatted on a larger size ignores the regions past
-	// the new one.
+	// the new one, and never uses what they held again.
 	Size uint64
 	// FileID and StagingID are segment ids of their own (the daemon's
 	// registry hands them out).

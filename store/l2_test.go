@@ -866,3 +866,70 @@ func removedKeyStaysGone(t *testing.T, how string) {
 		t.Fatalf("%d writes, want 2: the old header's zeroing, then the new one's", len(log))
 	}
 }
+
+// TestRegionsPastAShrunkenL2StayGone: a store opened on a smaller L2 than
+// it was formatted on ignores the regions past the new size, and its
+// removals there write nothing. Grown again, the L2 must not bring back
+// the blocks of those regions: keys removed meanwhile would be served
+// again.
+func TestRegionsPastAShrunkenL2StayGone(t *testing.T) {
+	const full, small = 4096 + 4<<20, 4096 + 2<<20
+	e := newEnv(t, 16<<20, withL2(full))
+	ss := e.s.NewSession()
+	var keys [][]byte
+	for i, size := range []int{3000, 6000, 12000, 30000} { // a slot size each: regions 0 to 3
+		k := keysN(fmt.Sprintf("r%d-", i), 1)
+		mustCodes(t, "put", e.put(ss, k, valuesFor(k, size), true), OK)
+		keys = append(keys, k[0])
+	}
+	ss.Close()
+	resize := func(n int) {
+		if err := e.s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		e.s = nil
+		e.file.mu.Lock()
+		e.file.data = e.file.data[:n] // a device or file whose bytes past n stay
+		e.file.mu.Unlock()
+		e.open()
+	}
+	resize(small)
+	mustCodes(t, "shrunk", e.exists(keys), OK, OK, NotFound, NotFound)
+	codes, errs := make([]Code, len(keys)), make([]error, len(keys))
+	if _, err := e.s.Remove(keys, codes, errs, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "remove", codes, OK, OK, OK, OK)
+	// Grown again, with the zeroing of the regions cut off failing: the
+	// store does not open, and records nothing (a crash there does as
+	// much); the next start zeroes them.
+	if err := e.s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.s = nil
+	e.file.mu.Lock()
+	e.file.data = e.file.data[:full]
+	e.file.mu.Unlock()
+	e.tr.Update(func(c *xfertest.Config) {
+		c.Err = func(task *xfer.Task) error {
+			if isZeroWrite(task) {
+				return errInjected
+			}
+			return nil
+		}
+	})
+	if s, err := New(e.cfg, e.pool, e.l2); !errors.Is(err, errInjected) {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("New with the zeroing failing: %v, want the injected error", err)
+	}
+	e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
+	e.open()
+	mustCodes(t, "grown again", e.exists(keys), NotFound, NotFound, NotFound, NotFound)
+	// The regions cut off are the store's again.
+	ss = e.s.NewSession()
+	defer ss.Close()
+	more := keysN("m", 4*120)
+	mustCodes(t, "put over the grown L2", e.put(ss, more, valuesFor(more, 3000), true), OK)
+}

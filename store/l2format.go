@@ -11,9 +11,10 @@ import (
 // the first bytes of its own Align-sized sector, the rest of the sector is
 // zero. There are three kinds, told apart by their magic:
 //
-//	superblock  at file offset 0: the geometry (Align, RegionSize) and the
-//	            file's nonce. Written once, when an empty file is formatted,
-//	            and never again, so it cannot disagree with the contents.
+//	superblock  at file offset 0: the geometry (Align, RegionSize), the
+//	            file's nonce and the number of regions in use. Written
+//	            when an empty file is formatted, and again only when the
+//	            L2 is opened with another size (resized).
 //	region      at the start of each region: the slot size the region is
 //	            cut into and a random nonce, new each time the region is
 //	            given to a slot size.
@@ -28,7 +29,9 @@ import (
 //	 8  version    uint16    1
 //	10  keyLen     uint16    block: 1..256; others: 0
 //	12  units      uint32    super: Align; region and block: slot size in sectors
-//	16  seq        uint64    super and region: the file's nonce; block: when written
+//	16  seq        uint64    super: regions in use (the nonce in files formatted
+//	                         before it was kept); region: the file's nonce;
+//	                         block: when written
 //	24  nonce      uint64    super: the file's; region and block: the region's
 //	32  offset     uint64    super: RegionSize; others: the header's file offset
 //	40  valueLen   uint64    block: the value's length; others: 0
@@ -43,7 +46,8 @@ import (
 // makes headers left over from an earlier use of the region (another slot
 // size) or forged inside a value (values are client bytes) fail to match,
 // and the file nonce in each region header does the same for regions left
-// over from an earlier format of the file.
+// over from an earlier format of the file. Regions cut off by a smaller L2
+// have their headers zeroed before the L2 grows past them again.
 const (
 	hdrFixed      = 56
 	hdrMax        = hdrFixed + MaxKeyLen // fits in 512 bytes

@@ -116,6 +116,7 @@ func (t *tier2) recover() error {
 	}
 	h, err := decodeHeader(t.sector(sb[0]), magicSuper)
 	formatted := false
+	inUse := uint64(0) // the regions the file was last opened with (the superblock's seq)
 	switch {
 	case errors.Is(err, errBlank):
 		if err := t.format(sb, &xts); err != nil {
@@ -128,7 +129,7 @@ func (t *tier2) recover() error {
 		if uint64(h.units) != a {
 			return fmt.Errorf("%w: L2 file formatted with Align=%d, this store uses %d (set L2.Align)", ErrConfig, h.units, a)
 		}
-		t.g.regionSize, t.fileNonce = h.offset, h.nonce
+		t.g.regionSize, t.fileNonce, inUse = h.offset, h.nonce, h.seq
 	}
 	if err := t.setGeometry(); err != nil {
 		if !formatted {
@@ -141,6 +142,9 @@ func (t *tier2) recover() error {
 		s.log.Info("store: formatted an empty L2 file", "size", t.file.Size(), "align", a,
 			"region_size", t.g.regionSize, "regions", t.g.nregions)
 		return nil
+	}
+	if err := t.resized(inUse, its, &xts); err != nil {
+		return err
 	}
 
 	// Region headers.
@@ -263,13 +267,50 @@ func (t *tier2) format(sb []*ioTask, xts *[]*xfer.Task) error {
 	if err := t.setGeometry(); err != nil {
 		return err
 	}
-	encodeHeader(t.sector(sb[0]), &header{magic: magicSuper, units: uint32(t.g.align), seq: t.fileNonce,
+	return t.writeSuper(sb, xts)
+}
+
+// writeSuper writes the superblock, with the file's current region count.
+func (t *tier2) writeSuper(sb []*ioTask, xts *[]*xfer.Task) error {
+	encodeHeader(t.sector(sb[0]), &header{magic: magicSuper, units: uint32(t.g.align), seq: uint64(t.g.nregions),
 		nonce: t.fileNonce, offset: t.g.regionSize})
 	t.reqSector(sb[0], xfer.OpWrite, 0, false)
 	if err := t.runSync(sb, xts); err != nil {
 		return fmt.Errorf("store: write the L2 superblock: %w", err)
 	}
 	return nil
+}
+
+// resized deals with an L2 whose region count is not the one recorded
+// when it was last opened (the superblock's seq). Regions past a smaller size are
+// not read, and removals while they are cut off write nothing there: the
+// blocks in them must never count again. So a smaller count is recorded
+// before the store serves anything, and when the L2 grows past the count
+// recorded, the region headers past it are zeroed (their blocks then
+// belong to no region) before the new count is. A crash between the two
+// zeroes them again at the next start. A superblock of a file formatted
+// before the count was kept (its seq is its nonce) gets it now.
+func (t *tier2) resized(recorded uint64, its []*ioTask, xts *[]*xfer.Task) error {
+	n := uint64(t.g.nregions)
+	if recorded == n {
+		return nil
+	}
+	inUse := recorded
+	if recorded == t.fileNonce || recorded > maxRegions {
+		inUse = n // not recorded: nothing to go by
+	}
+	for r0 := inUse; r0 < n; r0 += uint64(len(its)) {
+		batch := its[:min(uint64(len(its)), n-r0)]
+		for i, it := range batch {
+			t.reqSector(it, xfer.OpWrite, t.g.regionOff(int32(r0+uint64(i))), true)
+		}
+		if err := t.runSync(batch, xts); err != nil {
+			return fmt.Errorf("store: zero the L2 regions past its earlier size: %w", err)
+		}
+	}
+	t.s.log.Info("store: the L2 holds another number of regions than when it was last opened; recorded",
+		"regions", n, "before", recorded)
+	return t.writeSuper(its[:1], xts)
 }
 
 // setGeometry derives the slot classes and region count from the region
