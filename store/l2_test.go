@@ -783,14 +783,15 @@ func TestRemovedKeyStaysGoneOverAQuarantinedCopy(t *testing.T) {
 	}
 }
 
-func removedKeyStaysGone(t *testing.T, how string) {
-	e := newEnv(t, 16<<20, withL2(32<<20))
-	ss := e.s.NewSession()
-	defer ss.Close()
-	keys := keysN("q", 1)
-	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
-	e.evictingL2(t, 1)
-	mustCodes(t, "put again under eviction", e.put(ss, keys, valuesFor(keys, 5000), true), OK)
+// putOverFailedEviction evicts keys (stored on L2 alone) from L2, puts
+// them again durably with values of size bytes while the evictions are in
+// flight, and then has the evictions' zeroing fail: each old block's
+// header stays valid, in a quarantined slot.
+func (e *testEnv) putOverFailedEviction(t *testing.T, ss *Session, keys [][]byte, size int) {
+	t.Helper()
+	failed := e.s.Stats().InvalidateFailures
+	e.evictingL2(t, len(keys))
+	mustCodes(t, "put again under eviction", e.put(ss, keys, valuesFor(keys, size), true), OK)
 	e.tr.Update(func(c *xfertest.Config) {
 		c.Hold = nil
 		c.Err = func(task *xfer.Task) error {
@@ -801,12 +802,21 @@ func removedKeyStaysGone(t *testing.T, how string) {
 		}
 	})
 	e.tr.release()
-	e.waitFor("the eviction failed", func() bool {
+	e.waitFor("the evictions failed", func() bool {
 		st := e.s.Stats()
-		return st.InvalidateFailures == 1 && st.IOInFlight == 0
+		return st.InvalidateFailures == failed+uint64(len(keys)) && st.IOInFlight == 0
 	})
 	e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
-	e.checkValues(keys, valuesFor(keys, 5000))
+	e.checkValues(keys, valuesFor(keys, size))
+}
+
+func removedKeyStaysGone(t *testing.T, how string) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("q", 1)
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
+	e.putOverFailedEviction(t, ss, keys, 5000)
 	// From here on, every write is logged over a copy of the file, to
 	// replay a crash after each.
 	e.file.mu.Lock()
@@ -932,4 +942,52 @@ func TestRegionsPastAShrunkenL2StayGone(t *testing.T) {
 	defer ss.Close()
 	more := keysN("m", 4*120)
 	mustCodes(t, "put over the grown L2", e.put(ss, more, valuesFor(more, 3000), true), OK)
+}
+
+// TestRecoverRefusesHugeSequence: a block's sequence number orders the
+// copies of its key, and recovery goes on from the highest one found. A
+// header whose number no store writes (past 2^62: millennia of puts),
+// valid but forged or corrupt, used to be taken: the next numbers wrapped
+// past zero, and a key's newer copy lost to an older one at the next
+// restart. Such a header is dropped as damaged.
+func TestRecoverRefusesHugeSequence(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	j, x := keysN("j", 1), keysN("x", 1)
+	mustCodes(t, "put", e.put(ss, j, valuesFor(j, 3000), true), OK)
+	mustCodes(t, "put", e.put(ss, x, valuesFor(x, 3000), true), OK)
+	ss.Close()
+	if err := e.s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.s = nil
+	off := findHeader(t, e.file, x[0])
+	sector := e.file.data[off : off+4096]
+	h, err := decodeHeader(sector, magicBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.seq = ^uint64(0)
+	h.key = bytes.Clone(h.key)
+	encodeHeader(sector, &h)
+	e.open()
+	torn := e.s.Stats().TornDropped
+	codes, errs := make([]Code, 1), make([]error, 1)
+	if _, err := e.s.Remove(x, codes, errs, nil, 0); err != nil || codes[0] != OK {
+		t.Fatalf("remove: %v %v %v", codes, errs, err)
+	}
+	ss = e.s.NewSession()
+	defer ss.Close()
+	// Two valid copies of j on the device: the old one quarantined, the
+	// new one with the later number.
+	e.putOverFailedEviction(t, ss, j, 5000)
+	e.reopen()
+	vals, codes := e.read(j, 5000)
+	mustCodes(t, "after a restart", codes, OK)
+	if !bytes.Equal(vals[0], valuesFor(j, 5000)[0]) {
+		t.Fatalf("after a restart, %s reads %d bytes: its older value", j[0], len(vals[0]))
+	}
+	if torn == 0 {
+		t.Fatalf("the header of sequence %d was not counted as damaged", h.seq)
+	}
 }

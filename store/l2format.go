@@ -49,6 +49,14 @@ import (
 // over from an earlier format of the file. Regions cut off by a smaller L2
 // have their headers zeroed before the L2 grows past them again.
 const (
+	// seqLimit bounds a block's sequence number: a store numbers its
+	// blocks from 1 on, and reaches 2^62 after millennia of puts. Recovery
+	// goes on from the highest number it finds, so a header past it
+	// (forged or corrupt, its checksum matching) would wrap the numbers
+	// of later blocks past zero, and an older copy of a key then win over
+	// a newer one; such a header counts as damaged.
+	seqLimit = 1 << 62
+
 	hdrFixed      = 56
 	hdrMax        = hdrFixed + MaxKeyLen // fits in 512 bytes
 	formatVersion = 1

@@ -397,7 +397,8 @@ func (t *tier2) adoptBlock(ri int32, j uint32, sector []byte) (uint64, uint32) {
 	if h.nonce != r.nonce {
 		return 0, noSlot // from an earlier use of the region
 	}
-	if h.offset != t.g.slotOff(ri, c, j) || uint64(h.units) != t.classes[c].units || h.valueLen == 0 ||
+	if h.seq == 0 || h.seq >= seqLimit ||
+		h.offset != t.g.slotOff(ri, c, j) || uint64(h.units) != t.classes[c].units || h.valueLen == 0 ||
 		h.valueLen > t.g.align<<c || h.valueLen > t.s.maxBlock || len(h.key) > s.cfg.MaxKeyLen {
 		s.c.torn.Add(1)
 		return 0, noSlot
