@@ -991,3 +991,41 @@ func TestRecoverRefusesHugeSequence(t *testing.T) {
 		t.Fatalf("the header of sequence %d was not counted as damaged", h.seq)
 	}
 }
+
+// TestRemovedKeyStaysGoneOverAStaleCopyRecoveryCouldNotZero: a restart
+// that finds two copies of a key keeps the newer and zeroes the older;
+// when that zeroing fails, the older copy's header stays valid. A Remove
+// of the key must zero it too, or the next restart brings the key back
+// with its older bytes.
+func TestRemovedKeyStaysGoneOverAStaleCopyRecoveryCouldNotZero(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	keys := keysN("s", 1)
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
+	e.putOverFailedEviction(t, ss, keys, 5000)
+	ss.Close()
+	zeroFails := func(on bool) {
+		e.tr.Update(func(c *xfertest.Config) {
+			c.Err = nil
+			if on {
+				c.Err = func(task *xfer.Task) error {
+					if isZeroWrite(task) {
+						return errInjected
+					}
+					return nil
+				}
+			}
+		})
+	}
+	zeroFails(true)
+	e.reopen()
+	zeroFails(false)
+	e.checkValues(keys, valuesFor(keys, 5000))
+	codes, errs := make([]Code, 1), make([]error, 1)
+	if _, err := e.s.Remove(keys, codes, errs, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "remove", codes, OK)
+	e.reopen()
+	mustCodes(t, "removed, after a restart", e.exists(keys), NotFound)
+}

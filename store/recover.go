@@ -14,10 +14,12 @@ import (
 // size, each block header a key. Nothing else is read or trusted, so there
 // is nothing that can disagree with the blocks. Blank, foreign, stale
 // (another nonce) and damaged headers leave their slot free; damaged ones
-// are counted as torn. Two valid blocks of one key (never written by this
-// store, but possible after tampering) keep the higher sequence number;
-// the other is zeroed. A header the device cannot read (a bad sector)
-// is counted as torn too, but its slot, or its whole region, is kept out
+// are counted as torn. Two valid blocks of one key (an older one whose
+// zeroing failed after a put of the key superseded it, or tampering) keep
+// the higher sequence number; the other is zeroed, or, when that fails,
+// kept out of use and zeroed before any invalidation of the key
+// (tier2.ghosts). A header the device cannot read (a bad sector) is
+// counted as torn too, but its slot, or its whole region, is kept out
 // of use instead: what it holds may be an acknowledged value that a later
 // restart can read.
 
@@ -176,7 +178,7 @@ func (t *tier2) recover() error {
 	}
 
 	// Block headers, region by region.
-	var stale []uint32 // slots to zero: losers of a duplicate key, blocks failing verification
+	var stale []staleSlot // slots to zero: losers of a duplicate key, blocks failing verification
 	type slotPos struct {
 		r int32
 		j uint32
@@ -199,7 +201,8 @@ func (t *tier2) recover() error {
 			seq, loser := t.adoptBlock(pos[i].r, pos[i].j, t.sector(it))
 			maxSeq = max(maxSeq, seq)
 			if loser != noSlot {
-				stale = append(stale, loser)
+				h, _ := decodeHeader(t.sector(it), magicBlock) // valid: adopted, or the loser itself
+				stale = append(stale, staleSlot{loser, string(h.key)})
 			}
 		}
 		pos = pos[:0]
@@ -473,9 +476,9 @@ func (t *tier2) settleRegions() {
 
 // verifyAll reads every indexed value and checks its crc32c; the keys that
 // fail are dropped and their slots returned for zeroing.
-func (t *tier2) verifyAll(its []*ioTask, xts *[]*xfer.Task) ([]uint32, error) {
+func (t *tier2) verifyAll(its []*ioTask, xts *[]*xfer.Task) ([]staleSlot, error) {
 	s := t.s
-	var bad []uint32
+	var bad []staleSlot
 	type item struct{ sh, idx uint32 }
 	var pend []item
 	batch := its[:0]
@@ -496,7 +499,7 @@ func (t *tier2) verifyAll(its []*ioTask, xts *[]*xfer.Task) ([]uint32, error) {
 			}
 			if err == nil && it.syncErr == nil && crc32c(s.poolMem[it.l1:it.l1+uint64(e.size)]) != e.crc {
 				s.c.corrupt.Add(1)
-				bad = append(bad, e.l2)
+				bad = append(bad, staleSlot{e.l2, string(sh.keyOf(e))})
 				t.setOwner(e.l2, staleOwner)
 				r, c, _, _ := t.slotAt(e.l2)
 				t.regions[r].live--
@@ -549,27 +552,43 @@ func (t *tier2) verifyAll(its []*ioTask, xts *[]*xfer.Task) ([]uint32, error) {
 	return bad, nil
 }
 
+// staleSlot is a slot recovery zeroes: it holds a valid header of key,
+// which no longer uses it.
+type staleSlot struct {
+	slot uint32
+	key  string
+}
+
 // zeroStale zeroes the headers of slots that hold a block no key uses, and
 // frees them.
-func (t *tier2) zeroStale(stale []uint32, its []*ioTask, xts *[]*xfer.Task) error {
+func (t *tier2) zeroStale(stale []staleSlot, its []*ioTask, xts *[]*xfer.Task) error {
 	for len(stale) > 0 {
 		n := min(len(stale), len(its))
 		batch := its[:n]
 		for i, it := range batch {
-			_, _, _, off := t.slotAt(stale[i])
+			_, _, _, off := t.slotAt(stale[i].slot)
 			t.reqSector(it, xfer.OpWrite, off, true)
 		}
 		t.runSync(batch, xts)
 		for i, it := range batch {
 			if it.syncErr != nil {
-				// Out of use, but not live (its block is no key's): the
-				// region may still empty, and be given a new nonce.
-				t.setOwner(stale[i], quarOwner)
+				// Out of use for good, and live, so that its region never
+				// empties: its header is still valid, a ghost of its key
+				// that every invalidation of the key zeroes first
+				// (reqInval). Without it, a Remove of the key's copy in
+				// use would have the next restart bring this one back.
+				ri, c, j, _ := t.slotAt(stale[i].slot)
+				r := &t.regions[ri]
+				r.owner[j] = quarOwner
+				r.live++
+				r.stuck++
+				t.used += t.g.slotSize(c)
 				t.quarantined++
+				t.addGhost(stale[i].key, stale[i].slot)
 				t.s.log.Error("store: could not zero a stale L2 block; its slot stays out of use", "err", it.syncErr)
 				continue
 			}
-			ri, _, j, _ := t.slotAt(stale[i])
+			ri, _, j, _ := t.slotAt(stale[i].slot)
 			r := &t.regions[ri]
 			r.owner[j] = noOwner
 			r.free = append(r.free, j)
