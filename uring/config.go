@@ -93,7 +93,8 @@ type Config struct {
 // result (bytes or -errno) and returns the one to act on.
 type testHooks struct {
 	result        func(op uint8, res int32) int32
-	enter         func() syscall.Errno // non-zero: io_uring_enter is not made and fails so
+	enter         func() syscall.Errno  // non-zero: io_uring_enter is not made and fails so
+	backoff       func(d time.Duration) // called instead of the wait of d after a failed enter: the test's clock
 	failRegister  bool
 	noDrainCancel bool // Close does not cancel in-flight requests
 	noFutexWait   bool // the kernel is taken to lack IORING_OP_FUTEX_WAIT
@@ -208,4 +209,11 @@ type RingStats struct {
 	Wakeups       uint64 // eventfd wake-ups of a sleeping poller
 	Fixed         uint64 // SQEs that used a registered buffer
 	Traced        uint64 // SQEs that carried TracedUserData (Config.TraceEvery)
+	// EnterErrors counts io_uring_enter calls that failed with an errno
+	// other than EINTR, ETIME, EAGAIN and EBUSY (each is retried after a
+	// back-off).
+	EnterErrors uint64
+	// Down: the ring failed (its io_uring_enter kept failing; see
+	// ErrRingFailed and Transport.Health), and stays so until Close.
+	Down bool
 }

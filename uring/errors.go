@@ -38,4 +38,12 @@ var (
 	// ErrConfig: a Config or FileOptions value is invalid. Matches
 	// xfer.ErrInvalid.
 	ErrConfig = fmt.Errorf("uring: invalid config: %w", xfer.ErrInvalid)
+	// ErrRingFailed: a ring's io_uring_enter kept failing, and the ring
+	// was declared failed: the tasks it held ended with it, and Submit
+	// refuses new ones for that ring with it until the transport closes
+	// (Transport.Health reports it). The error a ring fails with also
+	// names the ring and matches the errno (errors.Is), but not that
+	// errno's own category. Matches xfer.ErrUnavailable: another ring,
+	// or the daemon restarted, may serve the same request.
+	ErrRingFailed = xfer.Categorized(xfer.ErrUnavailable, "uring: ring failed")
 )

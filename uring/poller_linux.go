@@ -115,6 +115,10 @@ type ring struct {
 	// poller takes it into host at each pass.
 	guest Guest
 
+	// failure is set once, with mu held, when the ring is declared failed
+	// (fail); Submit refuses new tasks with it from then on.
+	failure atomic.Pointer[ringError]
+
 	// poller-only:
 	host Guest // the guest served this pass (nil once stopped)
 	// waits are the guest's SQEs (its waits and their cancels) whose CQE
@@ -136,6 +140,9 @@ type ring struct {
 	wakeArmed bool
 	closeErr  error
 	warnedErr bool
+	// enterFails counts the io_uring_enter calls in a row that failed
+	// (see enterFailLimit).
+	enterFails int
 	// kernelCancelLogged: a request the kernel canceled unasked was
 	// logged (once per ring).
 	kernelCancelLogged bool
@@ -144,7 +151,7 @@ type ring struct {
 	// TracedUserData (poller-only).
 	traceIn uint32
 
-	nSubmitted, nCompleted, nFailed, nResubmits, nEnters, nWakeups, nFixed, nTraced, nKernelCancels atomic.Uint64
+	nSubmitted, nCompleted, nFailed, nResubmits, nEnters, nWakeups, nFixed, nTraced, nKernelCancels, nEnterErrors atomic.Uint64
 }
 
 func newRing(t *Transport, id int, flags uint32) *ring {
@@ -233,7 +240,9 @@ func (r *ring) run(ready chan<- ringSetup) {
 		return
 	}
 	ready <- setup
-	r.loop()
+	if r.loop() {
+		r.serveFailed()
+	}
 	r.teardown()
 }
 
@@ -272,7 +281,9 @@ func (r *ring) setup() ringSetup {
 }
 
 func (r *ring) teardown() {
-	r.closeErr = r.raw.close()
+	if err := r.raw.close(); err != nil { // closed already if the ring failed
+		r.closeErr = err
+	}
 	r.mu.Lock()
 	cmds := r.cmds
 	r.cmds = nil
@@ -370,7 +381,9 @@ func (r *ring) exec(c *command) error {
 
 var errClosedInFlight = fmt.Errorf("uring: transport closed with the request in flight: %w", xfer.ErrClosed)
 
-func (r *ring) loop() {
+// loop is the poller's work until Close, or until the ring fails: then
+// it reports true.
+func (r *ring) loop() (failed bool) {
 	var (
 		draining  bool
 		cancelAll bool
@@ -503,11 +516,11 @@ func (r *ring) loop() {
 
 		if draining {
 			if r.inflight == 0 {
-				return
+				return false
 			}
 			if !time.Now().Before(deadline) {
 				r.abandon()
-				return
+				return false
 			}
 		}
 		// Completions still in the CQ are reaped before the poller
@@ -544,8 +557,10 @@ func (r *ring) loop() {
 			tsp = &ts
 		}
 		var errno unix.Errno
+		tried := false // io_uring_enter was made (or failed by the hook)
 		if h := r.t.cfg.hooks; h != nil && h.enter != nil {
 			errno = h.enter()
+			tried = errno != 0
 		}
 		// A guest that polls (Poll) with nothing of the ring's in flight
 		// passes again at once: an enter with nothing to submit would
@@ -553,6 +568,7 @@ func (r *ring) loop() {
 		if errno == 0 && (toSubmit > 0 || (!ready && !r.polled)) {
 			r.nEnters.Add(1)
 			_, errno = r.raw.enter(toSubmit, wait, tsp)
+			tried = true
 		}
 		if wait {
 			r.mu.Lock()
@@ -569,16 +585,31 @@ func (r *ring) loop() {
 			}
 		}
 		r.unarmed = r.unarmed[:0]
+		var backoff time.Duration
 		switch errno {
-		case 0, unix.EINTR, unix.ETIME:
-		case unix.EAGAIN, unix.EBUSY:
-			// The kernel is short of room for completions: reap first.
+		case 0, unix.EINTR, unix.ETIME, unix.EAGAIN, unix.EBUSY:
+			// EAGAIN, EBUSY: the kernel is short of room for
+			// completions: reap first.
+			if tried {
+				r.enterFails = 0
+			}
 		default:
+			// Anything else is retried after a back-off, and fails the
+			// ring when it persists: going round at once would keep a
+			// core busy for nothing, and hold the ring's tasks until
+			// Close.
+			r.nEnterErrors.Add(1)
+			r.enterFails++
 			if !r.warnedErr {
 				r.warnedErr = true
-				r.t.log.Error("uring: io_uring_enter failed", "ring", r.id, "err", os.NewSyscallError("io_uring_enter", errno))
+				r.t.log.Error("uring: io_uring_enter failed; retrying with back-off (logged once per ring)",
+					"ring", r.id, "err", os.NewSyscallError("io_uring_enter", errno), "errno", unix.ErrnoName(errno))
 			}
-			runtime.Gosched()
+			if r.enterFails >= enterFailLimit {
+				r.fail(errno)
+				return true
+			}
+			backoff = min(enterBackoffMin<<(r.enterFails-1), enterBackoffMax)
 		}
 		// A bounded reap: what the Done callbacks submit, and what Submit
 		// queued meanwhile, reaches the kernel before the next Batch
@@ -588,8 +619,205 @@ func (r *ring) loop() {
 			r.complete(&r.cqes[i], draining)
 		}
 		r.flushFinished()
+		if backoff > 0 {
+			r.backoff(backoff)
+		}
 	}
 }
+
+// A ring whose io_uring_enter fails (with anything but EINTR, ETIME,
+// EAGAIN and EBUSY) waits before it tries again: enterBackoffMin after
+// the first failure, twice as long after each next one in a row, at most
+// enterBackoffMax. The enterFailLimit-th failure in a row fails the ring
+// (fail): about a second of trying, counted in tries rather than time so
+// that a slow pass or a late timer changes nothing about when. A failure
+// that goes away costs its tasks that wait only.
+const (
+	enterBackoffMin = time.Millisecond
+	enterBackoffMax = 100 * time.Millisecond
+	enterFailLimit  = 16
+)
+
+// backoff waits d after a failed io_uring_enter, or until Close (which
+// closes stop; a draining ring thus does not wait, and its failures
+// soon fail it). Submit's tasks and a guest's work wait meanwhile.
+func (r *ring) backoff(d time.Duration) {
+	if h := r.t.cfg.hooks; h != nil && h.backoff != nil {
+		h.backoff(d)
+		return
+	}
+	t := time.NewTimer(d)
+	select {
+	case <-t.C:
+	case <-r.stop:
+	}
+	t.Stop()
+}
+
+// ringError is the error of a ring declared failed: ErrRingFailed, with
+// the ring and the errno its io_uring_enter kept failing with. It matches
+// the errno with errors.Is, so that callers can tell EBADF from ENOMEM,
+// but not that errno's category: a ring that failed with EPERM is not a
+// client's permission problem, and its tasks are UNAVAILABLE.
+type ringError struct {
+	ring  int
+	errno unix.Errno
+}
+
+func (e *ringError) Error() string {
+	return fmt.Sprintf("%v: ring %d: io_uring_enter: %s (%v)", ErrRingFailed, e.ring, unix.ErrnoName(e.errno), e.errno)
+}
+
+func (e *ringError) Unwrap() error { return ErrRingFailed }
+
+func (e *ringError) Is(target error) bool {
+	errno, ok := target.(unix.Errno)
+	return ok && errno == e.errno
+}
+
+// fail declares the ring failed after its io_uring_enter failed with
+// errno enterFailLimit times in a row. From here Submit refuses new tasks
+// for it with the ring's error, and every task it holds ends once: those
+// whose completion is in the CQ with their own result, the others (queued,
+// or handed to a kernel that may never take or answer them now) with the
+// ring's error, as the drain's deadline ends them (abandon). The ring is
+// then unmapped and closed, which makes the kernel cancel what it still
+// runs; the pages of a request in flight stay pinned until it has.
+// The poller goes on without it (serveFailed) until Close.
+func (r *ring) fail(errno unix.Errno) {
+	err := &ringError{ring: r.id, errno: errno}
+	r.mu.Lock()
+	r.failure.Store(err)
+	r.work = append(r.work[:0], r.pending...)
+	r.pending = r.pending[:0]
+	r.cancels = r.cancels[:0]
+	r.mu.Unlock()
+	r.t.log.Error("uring: ring failed: io_uring_enter keeps failing; the tasks it held end with this error, it takes no new ones, and the transport reports itself unhealthy",
+		"ring", r.id, "err", err, "errno", unix.ErrnoName(errno), "tries", r.enterFails)
+	for {
+		n := r.raw.Reap(r.cqes)
+		if n == 0 {
+			break
+		}
+		for i := 0; i < n; i++ {
+			r.complete(&r.cqes[i], false)
+		}
+	}
+	for _, idx := range r.resub {
+		r.finish(idx, r.slots[idx].done, err)
+	}
+	r.resub = r.resub[:0]
+	for _, idx := range r.work {
+		r.inflight++
+		r.finish(idx, 0, err)
+	}
+	for i := range r.slots {
+		if s := &r.slots[i]; s.inKernel {
+			s.inKernel = false
+			r.inKernel--
+			r.finish(int32(i), s.done, err)
+		}
+	}
+	r.flushFinished()
+	r.closeErr = r.raw.close()
+	r.waits, r.wakeArmed = 0, false
+	// A read of the eventfd the closed ring armed may still be ending
+	// in the kernel: serveFailed's own reads must never block on it.
+	unix.SetNonblock(r.efd, true)
+}
+
+// serveFailed is the poller of a failed ring until Close. It keeps serving
+// the ring's guest, a reactor whose other queues need no ring (their
+// requests to this one are refused at once), and sleeps on the eventfd
+// alone: at most guestPoll while it has a guest, whose waits nothing can
+// arm now (failedWaits). Registrations are answered at once: a ring that
+// never issues again needs no table.
+func (r *ring) serveFailed() {
+	var ws failedWaits
+	for {
+		if r.host != nil {
+			r.host.Serve()
+		}
+		r.mu.Lock()
+		cmds := r.cmds
+		r.cmds = nil
+		closing := r.closing
+		r.kicked = false
+		guest := r.guest
+		if closing {
+			r.guest = nil
+		}
+		r.mu.Unlock()
+		for _, c := range cmds {
+			if c.reply != nil {
+				c.reply <- nil
+			}
+			if c.after != nil {
+				c.after()
+			}
+		}
+		if closing {
+			if g := r.host; g != nil {
+				r.host = nil
+				g.Stop()
+			}
+			return
+		}
+		if guest != r.host {
+			r.host = guest // served before the poller may sleep
+			continue
+		}
+		timeout := -1
+		if r.host != nil {
+			ws.tokens = ws.tokens[:0]
+			if !r.host.Sleep(&ws) {
+				continue
+			}
+			timeout = int(guestPoll / time.Millisecond)
+		}
+		r.sleepFailed(timeout)
+		if r.host != nil {
+			r.host.Awake()
+			for _, tk := range ws.tokens {
+				r.host.Fired(tk, 0)
+			}
+		}
+	}
+}
+
+// sleepFailed is a failed ring's sleep: on its eventfd, which Submit's,
+// Host's, kick's and Close's wake-ups write, for at most timeout ms (-1:
+// until one comes).
+func (r *ring) sleepFailed(timeout int) {
+	r.mu.Lock()
+	if len(r.cmds) > 0 || r.closing || r.kicked || r.guest != r.host {
+		r.mu.Unlock()
+		return
+	}
+	r.sleeping = true
+	r.mu.Unlock()
+	fds := [1]unix.PollFd{{Fd: int32(r.efd), Events: unix.POLLIN}}
+	unix.Poll(fds[:], timeout)
+	r.mu.Lock()
+	r.sleeping, r.wakeSent = false, false
+	r.mu.Unlock()
+	// Non-blocking (fail): takes the count if a wake-up left one.
+	unix.Read(r.efd, r.wakeMem[8:16])
+}
+
+// failedWaits are the Waits of a failed ring's guest: nothing can be
+// armed, so each wait is reported fired when the sleep ends, which
+// serveFailed bounds.
+type failedWaits struct{ tokens []uint32 }
+
+func (w *failedWaits) FutexWait(_ *atomic.Uint32, _ uint32, token uint32) {
+	w.tokens = append(w.tokens, token)
+}
+func (w *failedWaits) FDWait(_ int, token uint32)   { w.tokens = append(w.tokens, token) }
+func (w *failedWaits) PollWait(_ int, token uint32) { w.tokens = append(w.tokens, token) }
+func (w *failedWaits) CancelWait(uint32) bool       { return true }
+func (w *failedWaits) Soon()                        {}
+func (w *failedWaits) Poll() bool                   { return true }
 
 // abandon ends every task still in the kernel with ErrClosed after the
 // drain deadline. The kernel keeps the pages pinned until it is done.

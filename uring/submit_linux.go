@@ -127,6 +127,10 @@ func (r *ring) submit(tasks []*xfer.Task, own bool) (int, error) {
 			r.mu.Unlock()
 			return n, xfer.ErrClosed
 		}
+		if err := r.failure.Load(); err != nil {
+			r.mu.Unlock()
+			return n, err
+		}
 		if len(r.free) == 0 && (own || unix.Gettid() == r.tid) {
 			// The poller itself (its guest, or a Done callback that
 			// submits more than it was handed back) would wait for room

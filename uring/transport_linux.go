@@ -272,6 +272,7 @@ func (t *Transport) Stats() []RingStats {
 			Submitted: r.nSubmitted.Load(), Completed: r.nCompleted.Load(), Failed: r.nFailed.Load(),
 			Resubmits: r.nResubmits.Load(), Enters: r.nEnters.Load(), Wakeups: r.nWakeups.Load(),
 			Fixed: r.nFixed.Load(), Traced: r.nTraced.Load(), KernelCancels: r.nKernelCancels.Load(),
+			EnterErrors: r.nEnterErrors.Load(), Down: r.failure.Load() != nil,
 		}
 	}
 	return out
@@ -284,7 +285,9 @@ func (t *Transport) Stats() []RingStats {
 // Config.SubmitWait for room, then return ErrQueueFull for the rest; on
 // the ring's own poller (its guest, or a Task.Done callback) a full ring
 // returns ErrQueueFull at once, since only that thread makes room. Tasks
-// whose Home names a ring go to that ring; the others round robin.
+// whose Home names a ring go to that ring; the others round robin, past
+// rings that failed. A ring that failed refuses its tasks with its error
+// (ErrRingFailed).
 func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 	if t.closed.Load() {
 		return 0, xfer.ErrClosed
@@ -298,9 +301,29 @@ func (t *Transport) Submit(tasks []*xfer.Task) (int, error) {
 	}
 	r := t.rings[0]
 	if len(t.rings) > 1 {
-		r = t.rings[int(t.rr.Add(1)-1)%len(t.rings)]
+		first := int(t.rr.Add(1) - 1)
+		for i := range len(t.rings) {
+			if r = t.rings[(first+i)%len(t.rings)]; r.failure.Load() == nil {
+				break
+			}
+		}
 	}
 	return r.submit(tasks, false)
+}
+
+// Health is nil while every ring works; otherwise it is the error of each
+// ring that failed (ErrRingFailed, naming its errno). Such a ring's tasks
+// ended, its guest runs on without it and the other rings serve on, but
+// nothing brings it back: a daemon reports itself unhealthy with it, so
+// that it is restarted.
+func (t *Transport) Health() error {
+	var errs []error
+	for _, r := range t.rings {
+		if err := r.failure.Load(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Rings is how many rings the transport has: the guests it can host.

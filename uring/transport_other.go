@@ -36,6 +36,7 @@ func (t *Transport) Cancel(task *xfer.Task)                        {}
 func (t *Transport) Close() error                                  { return nil }
 func (t *Transport) Features() Features                            { return Features{} }
 func (t *Transport) Stats() []RingStats                            { return nil }
+func (t *Transport) Health() error                                 { return nil }
 func (t *Transport) RegisterBuffers(segs ...xfer.MemSegment) error { return ErrNotSupported }
 func (t *Transport) UnregisterBuffers(ids ...xfer.SegmentID) error { return ErrNotSupported }
 func (t *Transport) OpenFile(id xfer.SegmentID, path string, opts FileOptions) (*File, error) {
