@@ -103,6 +103,7 @@ var everyError = map[string]struct {
 	"uring.ErrNotAllowed":        {uring.ErrNotAllowed, tcproto.CodePERMISSION_DENIED},
 	"uring.ErrNotSupported":      {uring.ErrNotSupported, tcproto.CodeUNAVAILABLE},
 	"uring.ErrQueueFull":         {uring.ErrQueueFull, tcproto.CodeRESOURCE_EXHAUSTED},
+	"uring.ErrRingFailed":        {uring.ErrRingFailed, tcproto.CodeUNAVAILABLE},
 	"uring.ErrShortIO":           {uring.ErrShortIO, tcproto.CodeFAILED_PRECONDITION},
 	// tcp
 	"tcp.ErrAuth":           {tcp.ErrAuth, tcproto.CodeUNAVAILABLE},
