@@ -463,12 +463,19 @@ func (d *Daemon) closeParts() {
 }
 
 // health is nil while the daemon can serve new clients; otherwise why not
-// (its control server cannot accept: see control.Server.Health).
+// (its control server cannot accept: see control.Server.Health; or an
+// io_uring ring failed: see uring.Transport.Health).
 func (d *Daemon) health() error {
 	if d.server == nil {
 		return control.ErrClosed
 	}
-	return d.server.Health()
+	if err := d.server.Health(); err != nil {
+		return err
+	}
+	if d.files != nil {
+		return d.files.t.Health()
+	}
+	return nil
 }
 
 // closePools closes the tenants' pools.
