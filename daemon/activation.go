@@ -122,12 +122,22 @@ func passedAcrossExec(fd int) error {
 		return os.NewSyscallError("fcntl F_GETFD", err)
 	case flags&unix.FD_CLOEXEC != 0:
 		what := "a descriptor"
-		if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil {
+		if target := fdTarget(fd); target != "" {
 			what = target
 		}
 		return fmt.Errorf("it is %s, which this process opened (close-on-exec is set)", what)
 	}
 	return nil
+}
+
+// fdTarget is what fd refers to as /proc names it, "" when that cannot
+// be read.
+func fdTarget(fd int) string {
+	target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return ""
+	}
+	return target
 }
 
 // control is the index of the control socket socket activation passed:
@@ -157,7 +167,7 @@ func notUnixListener(fd int) string {
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		what := fileKind(st.Mode)
-		if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil {
+		if target := fdTarget(fd); target != "" {
 			what += " (" + target + ")"
 		}
 		return what

@@ -3,9 +3,6 @@ package store
 import (
 	"errors"
 	"testing"
-
-	"github.com/tensorcast/tensorcast/xfer"
-	"github.com/tensorcast/tensorcast/xfer/xfertest"
 )
 
 // TestRemoveDuplicateKeys: a key named twice in one Remove is removed
@@ -57,14 +54,7 @@ func TestRemoveDuplicateKeys(t *testing.T) {
 			keys := dup("k")
 			mustCodes(t, "put", e.put(ss, keys[:2], valuesFor(keys[:2], 100), true), OK)
 			ss.Close()
-			e.tr.Update(func(c *xfertest.Config) {
-				c.Err = func(t *xfer.Task) error {
-					if isZeroWrite(t) {
-						return errInjected
-					}
-					return nil
-				}
-			})
+			e.failZeroWrites()
 			codes, errs := remove(t, e, keys, async)
 			mustCodes(t, "remove", codes, Internal, Internal, Internal)
 			if !errors.Is(errs[0], errInjected) || !errors.Is(errs[2], errInjected) {

@@ -353,21 +353,8 @@ func TestDurablePutThatFindsNoSlotMakesRoom(t *testing.T) {
 	e.dropL1()
 	big := keysN("big", 1)
 	bval := valuesFor(big, 100<<10)
-	codes, errs := make([]Code, 1), make([]error, 1)
-	for try := 0; ; try++ {
-		ev := e.s.Stats().EvictionsL2
-		if _, err := ss.Put(big, bval, true, codes, errs, nil, 0); err != nil {
-			t.Fatal(err)
-		}
-		if codes[0] == OK {
-			break
-		}
-		if codes[0] != ResourceExhausted || !errors.Is(errs[0], ErrL2Full) || try == 3 {
-			t.Fatalf("durable put %d into a full L2: %v %v", try, codes[0], errs[0])
-		}
-		// The evictions it started may be over already.
-		e.waitFor("L2 evictions", func() bool { st := e.s.Stats(); return st.EvictionsL2 > ev && st.IOInFlight == 0 })
-	}
+	e.putMakingRoom(t, ss, big, bval, "durable put %d into a full L2: %v %v", "L2 evictions",
+		func(err error) bool { return errors.Is(err, ErrL2Full) })
 	e.checkValues(big, bval)
 	if st := e.s.Stats(); float64(st.L2Bytes) > 0.95*float64(st.L2Capacity) {
 		t.Fatalf("L2 still past its high watermark: %+v", st)
@@ -404,21 +391,32 @@ func TestRegionWithAQuarantinedSlotIsNotEmptiedForAnother(t *testing.T) {
 	e.dropL1()
 	big := keysN("big", 1)
 	bval := valuesFor(big, 100<<10)
-	codes, errs := make([]Code, 1), make([]error, 1)
+	e.putMakingRoom(t, ss, big, bval, "durable put %d of a slot size without a region: %v %v", "a region emptied",
+		func(error) bool { return true })
+	e.checkValues(big, bval)
+}
+
+// putMakingRoom puts keys durably into a full L2, asking again after each
+// refusal once the L2 evictions it started are over (they may be over
+// already): a refusal must be RESOURCE_EXHAUSTED with an error refused
+// passes, and the put must land by the fourth try. fail formats the try,
+// the code and the error; evicted names what the wait waits for.
+func (e *testEnv) putMakingRoom(t *testing.T, ss *Session, keys, vals [][]byte, fail, evicted string, refused func(error) bool) {
+	t.Helper()
+	codes, errs := make([]Code, len(keys)), make([]error, len(keys))
 	for try := 0; ; try++ {
 		ev := e.s.Stats().EvictionsL2
-		if _, err := ss.Put(big, bval, true, codes, errs, nil, 0); err != nil {
+		if _, err := ss.Put(keys, vals, true, codes, errs, nil, 0); err != nil {
 			t.Fatal(err)
 		}
 		if codes[0] == OK {
-			break
+			return
 		}
-		if codes[0] != ResourceExhausted || try == 3 {
-			t.Fatalf("durable put %d of a slot size without a region: %v %v", try, codes[0], errs[0])
+		if codes[0] != ResourceExhausted || !refused(errs[0]) || try == 3 {
+			t.Fatalf(fail, try, codes[0], errs[0])
 		}
-		e.waitFor("a region emptied", func() bool { st := e.s.Stats(); return st.EvictionsL2 > ev && st.IOInFlight == 0 })
+		e.waitFor(evicted, func() bool { st := e.s.Stats(); return st.EvictionsL2 > ev && st.IOInFlight == 0 })
 	}
-	e.checkValues(big, bval)
 }
 
 // TestPromotionShared: Gets and Reads of one L2-only key while its

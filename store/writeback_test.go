@@ -128,6 +128,19 @@ func TestWritebackTombstone(t *testing.T) {
 	}
 }
 
+// failZeroWrites makes every write that zeroes a block header fail
+// (errInjected), so removals and L2 evictions cannot complete.
+func (e *testEnv) failZeroWrites() {
+	e.tr.Update(func(c *xfertest.Config) {
+		c.Err = func(t *xfer.Task) error {
+			if isZeroWrite(t) {
+				return errInjected
+			}
+			return nil
+		}
+	})
+}
+
 // TestRemoveFailureReported is seed 002's batch_remove: a removal that
 // fails is reported per key (with its cause), never only logged; the key
 // stays, and removing it again once the device is back works.
@@ -137,14 +150,7 @@ func TestRemoveFailureReported(t *testing.T) {
 	keys := keysN("x", 3)
 	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 100), true), OK)
 	ss.Close()
-	e.tr.Update(func(c *xfertest.Config) {
-		c.Err = func(t *xfer.Task) error {
-			if isZeroWrite(t) {
-				return errInjected
-			}
-			return nil
-		}
-	})
+	e.failZeroWrites()
 	codes := make([]Code, 4)
 	errs := make([]error, 4)
 	rm := append(keys[:2:2], []byte("absent"), keys[2])

@@ -416,17 +416,7 @@ func (r *ring) loop() (failed bool) {
 		r.pending = r.pending[:0]
 		r.cwork = append(r.cwork[:0], r.cancels...)
 		r.cancels = r.cancels[:0]
-		var cmds []*command
-		if len(r.cmds) > 0 {
-			cmds = r.cmds
-			r.cmds = nil
-		}
-		closing := r.closing
-		r.kicked = false
-		guest := r.guest
-		if closing {
-			r.guest = nil
-		}
+		cmds, closing, guest := r.takeControlLocked()
 		r.mu.Unlock()
 		// A guest new this pass is served at the next one, before the
 		// poller may sleep.
@@ -439,10 +429,7 @@ func (r *ring) loop() (failed bool) {
 			r.exec(c)
 		}
 		if closing && !draining {
-			if g := r.host; g != nil {
-				r.host = nil
-				g.Stop()
-			}
+			r.stopHost()
 			draining = true
 			deadline = time.Now().Add(r.t.cfg.DrainTimeout)
 			// Queued remainders never reach the kernel again.
@@ -519,7 +506,7 @@ func (r *ring) loop() (failed bool) {
 				return false
 			}
 			if !time.Now().Before(deadline) {
-				r.abandon()
+				r.abandon(errClosedInFlight)
 				return false
 			}
 		}
@@ -711,19 +698,37 @@ func (r *ring) fail(errno unix.Errno) {
 		r.inflight++
 		r.finish(idx, 0, err)
 	}
-	for i := range r.slots {
-		if s := &r.slots[i]; s.inKernel {
-			s.inKernel = false
-			r.inKernel--
-			r.finish(int32(i), s.done, err)
-		}
-	}
-	r.flushFinished()
+	r.abandon(err)
 	r.closeErr = r.raw.close()
 	r.waits, r.wakeArmed = 0, false
 	// A read of the eventfd the closed ring armed may still be ending
 	// in the kernel: serveFailed's own reads must never block on it.
 	unix.SetNonblock(r.efd, true)
+}
+
+// takeControlLocked takes what a pass of the poller owes the ring's
+// callers besides their I/O: the commands queued, whether Close began (the
+// guest is then let go), and the guest to serve; it clears the kick. r.mu
+// is held.
+func (r *ring) takeControlLocked() (cmds []*command, closing bool, guest Guest) {
+	if len(r.cmds) > 0 {
+		cmds = r.cmds
+		r.cmds = nil
+	}
+	closing, guest = r.closing, r.guest
+	r.kicked = false
+	if closing {
+		r.guest = nil
+	}
+	return cmds, closing, guest
+}
+
+// stopHost stops the guest served, if any, for good.
+func (r *ring) stopHost() {
+	if g := r.host; g != nil {
+		r.host = nil
+		g.Stop()
+	}
 }
 
 // serveFailed is the poller of a failed ring until Close. It keeps serving
@@ -739,14 +744,7 @@ func (r *ring) serveFailed() {
 			r.host.Serve()
 		}
 		r.mu.Lock()
-		cmds := r.cmds
-		r.cmds = nil
-		closing := r.closing
-		r.kicked = false
-		guest := r.guest
-		if closing {
-			r.guest = nil
-		}
+		cmds, closing, guest := r.takeControlLocked()
 		r.mu.Unlock()
 		for _, c := range cmds {
 			if c.reply != nil {
@@ -757,10 +755,7 @@ func (r *ring) serveFailed() {
 			}
 		}
 		if closing {
-			if g := r.host; g != nil {
-				r.host = nil
-				g.Stop()
-			}
+			r.stopHost()
 			return
 		}
 		if guest != r.host {
@@ -819,15 +814,16 @@ func (w *failedWaits) CancelWait(uint32) bool       { return true }
 func (w *failedWaits) Soon()                        {}
 func (w *failedWaits) Poll() bool                   { return true }
 
-// abandon ends every task still in the kernel with ErrClosed after the
-// drain deadline. The kernel keeps the pages pinned until it is done.
-func (r *ring) abandon() {
+// abandon ends every task still in the kernel with err: ErrClosed after
+// the drain deadline, the ring's error when it failed. The kernel keeps
+// the pages pinned until it is done.
+func (r *ring) abandon(err error) {
 	for i := range r.slots {
 		s := &r.slots[i]
 		if s.inKernel {
 			s.inKernel = false
 			r.inKernel--
-			r.finish(int32(i), s.done, errClosedInFlight)
+			r.finish(int32(i), s.done, err)
 		}
 	}
 	r.flushFinished()

@@ -409,7 +409,43 @@ func (p *pair) watchAsks(t *testing.T, name string) <-chan struct{} {
 }
 
 // maxNodeHandlers is how many exchange handlers a tcp node runs at once.
-const maxNodeHandlers = 16
+const maxNodeHandlers = tcp.MaxExchangeHandlers
+
+// holdHandlers takes every exchange handler of d1's node with exchanges
+// from d2 of a kind of the test's, held until the returned release, which
+// then waits for them to end (the test's end releases them too).
+func (p *pair) holdHandlers(t *testing.T) (release func()) {
+	t.Helper()
+	entered, gate := make(chan struct{}, maxNodeHandlers), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(gate) }) })
+	if err := p.d1.p.node.Handle("test.hold", func(string, uint64, []byte) ([]byte, error) {
+		entered <- struct{}{}
+		<-gate
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan error, maxNodeHandlers)
+	for range maxNodeHandlers {
+		go func() {
+			_, err := p.d2.p.node.Exchange("d1", "test.hold", nil, 0)
+			held <- err
+		}()
+	}
+	for i := range maxNodeHandlers {
+		wait(t, entered, "d1 holding exchange %d of %d", i+1, maxNodeHandlers)
+	}
+	return func() {
+		t.Helper()
+		once.Do(func() { close(gate) })
+		for range maxNodeHandlers {
+			if err := wait(t, held, "d1's held exchanges"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
 
 // TestFabricRequestsForARegisteringExportLeaveHandlersFree: while d1
 // registers "big" (held here until the test lets it go), as many requests
@@ -528,27 +564,7 @@ func TestFabricOwnerWithNoHandlerFreeIsAskedAgain(t *testing.T) {
 	p.exportAt(t, "big", 3)
 	_, bigRemote := p.d2.open(t, "d1/big", wire.RightRead, wire.TransportAuto)
 	p.d2.linkUp(t, p.kvRemote) // the link is up: only the resolution asks d1
-	entered, gate := make(chan struct{}, maxNodeHandlers), make(chan struct{})
-	var once sync.Once
-	release := func() { once.Do(func() { close(gate) }) }
-	t.Cleanup(release)
-	if err := p.d1.p.node.Handle("test.hold", func(string, uint64, []byte) ([]byte, error) {
-		entered <- struct{}{}
-		<-gate
-		return nil, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	held := make(chan error, maxNodeHandlers)
-	for range maxNodeHandlers {
-		go func() {
-			_, err := p.d2.p.node.Exchange("d1", "test.hold", nil, 0)
-			held <- err
-		}()
-	}
-	for i := range maxNodeHandlers {
-		wait(t, entered, "d1 holding exchange %d of %d", i+1, maxNodeHandlers)
-	}
+	release := p.holdHandlers(t)
 
 	j := pinJob{r: bigRemote, done: make(chan error, 1), deadline: time.Now().Add(200 * time.Millisecond)}
 	p.d2.p.rdma.prep <- j
@@ -560,11 +576,6 @@ func TestFabricOwnerWithNoHandlerFreeIsAskedAgain(t *testing.T) {
 		t.Fatal("d2 counts no busy answer")
 	}
 	release()
-	for range maxNodeHandlers {
-		if err := wait(t, held, "d1's held exchanges"); err != nil {
-			t.Fatal(err)
-		}
-	}
 	if err := p.d2.prepare(bigRemote); err != nil {
 		t.Fatalf("d2 resolving big once d1's handlers are free: %v", err)
 	}
@@ -578,27 +589,7 @@ func TestFabricOwnerWithNoHandlerFreeIsAskedAgain(t *testing.T) {
 func TestFabricLinkAskedAgainWhilePeerBusy(t *testing.T) {
 	devs := fabric()
 	p := startPair(t, devs)
-	entered, gate := make(chan struct{}, maxNodeHandlers), make(chan struct{})
-	var once sync.Once
-	release := func() { once.Do(func() { close(gate) }) }
-	t.Cleanup(release)
-	if err := p.d1.p.node.Handle("test.hold", func(string, uint64, []byte) ([]byte, error) {
-		entered <- struct{}{}
-		<-gate
-		return nil, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	held := make(chan error, maxNodeHandlers)
-	for range maxNodeHandlers {
-		go func() {
-			_, err := p.d2.p.node.Exchange("d1", "test.hold", nil, 0)
-			held <- err
-		}()
-	}
-	for i := range maxNodeHandlers {
-		wait(t, entered, "d1 holding exchange %d of %d", i+1, maxNodeHandlers)
-	}
+	release := p.holdHandlers(t)
 
 	up := make(chan error, 1)
 	go func() { up <- p.d2.prepare(p.kvRemote) }()
@@ -611,11 +602,6 @@ func TestFabricLinkAskedAgainWhilePeerBusy(t *testing.T) {
 		return p.d2.counter(t, "rdma.link_peer_busy") > 0
 	}, "d2 asking d1 again for the link")
 	release()
-	for range maxNodeHandlers {
-		if err := wait(t, held, "d1's held exchanges"); err != nil {
-			t.Fatal(err)
-		}
-	}
 	if err := wait(t, up, "d2's link to d1 once d1 has handlers free"); err != nil {
 		t.Fatalf("d2's link to d1 once d1 has handlers free: %v\n%s", err, p.d2.log.String())
 	}

@@ -217,22 +217,16 @@ func (c epochChannel) Exchange(peer, kind string, req []byte, timeout time.Durat
 	}
 	deadline := time.Now().Add(timeout)
 	resp, err := p.node.ExchangeAt(peer, c.l.epoch, kind, req, timeout)
-	var timer *time.Timer
-	for pause := firstBusyPause; errors.Is(err, tcp.ErrPeerBusy); pause = min(2*pause, lastBusyPause) {
+	var pauses busyPauses
+	defer pauses.end()
+	for errors.Is(err, tcp.ErrPeerBusy) {
 		p.stats.peerBusy.Add(1)
-		if time.Until(deadline) < pause {
+		again, werr := pauses.wait(p.stop, deadline)
+		if werr != nil {
+			return nil, werr
+		}
+		if !again {
 			break
-		}
-		if timer == nil {
-			timer = time.NewTimer(pause)
-			defer timer.Stop()
-		} else {
-			timer.Reset(pause)
-		}
-		select {
-		case <-timer.C:
-		case <-p.stop:
-			return nil, fmt.Errorf("rdma: %w", xfer.ErrClosed)
 		}
 		resp, err = p.node.ExchangeAt(peer, c.l.epoch, kind, req, time.Until(deadline))
 	}
@@ -259,12 +253,52 @@ func (p *Links) link(peer string, epoch uint64) (*rdmaLink, error) {
 // registering the export.
 const resolveWait = 30 * time.Second
 
-// Pauses between the requests for a registration its owner answered busy
-// (busyAnswer): they double from the first to the last.
+// Pauses between the requests a busy peer refused (busyAnswer, or
+// tcp.ErrPeerBusy): they double from the first to the last.
 const (
 	firstBusyPause = 10 * time.Millisecond
 	lastBusyPause  = 500 * time.Millisecond
 )
+
+// busyPauses paces the requests to a peer that answered busy: each wait
+// pauses twice as long as the one before, from firstBusyPause to
+// lastBusyPause. Its timer is made once; end stops it.
+type busyPauses struct {
+	timer *time.Timer
+	pause time.Duration
+}
+
+// wait pauses before the next request: again is false when that pause
+// would end past deadline (the caller gives up, nothing waited), and the
+// error xfer.ErrClosed when the links close meanwhile.
+func (b *busyPauses) wait(stop <-chan struct{}, deadline time.Time) (again bool, err error) {
+	if b.pause == 0 {
+		b.pause = firstBusyPause
+	} else {
+		b.pause = min(2*b.pause, lastBusyPause)
+	}
+	if time.Until(deadline) < b.pause {
+		return false, nil
+	}
+	if b.timer == nil {
+		b.timer = time.NewTimer(b.pause)
+	} else {
+		b.timer.Reset(b.pause)
+	}
+	select {
+	case <-b.timer.C:
+		return true, nil
+	case <-stop:
+		return false, fmt.Errorf("rdma: %w", xfer.ErrClosed)
+	}
+}
+
+// end stops the timer, if a wait made one.
+func (b *busyPauses) end() {
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+}
 
 // resolve asks r's owner for its registration of r (address, size, keys),
 // before deadline (zero: resolveWait from now), and puts the keys in r's
@@ -311,18 +345,14 @@ func (p *Links) resolve(l *rdmaLink, r *tcp.Remote, deadline time.Time) error {
 // (tcp.ErrPeerBusy): either passes, and remembering the segment on tcp
 // for it would keep it there for good.
 func (p *Links) askRegion(l *rdmaLink, r *tcp.Remote, deadline time.Time) ([]byte, error) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
+	var pauses busyPauses
+	defer pauses.end()
 	start, busy := time.Now(), 0
 	busyErr := func() error {
 		return fmt.Errorf("%w: %s/%s: answered busy %d times in %v", errOwnerBusy, r.Peer(), r.Name(),
 			busy, time.Since(start).Round(time.Millisecond))
 	}
-	for pause := firstBusyPause; ; pause = min(2*pause, lastBusyPause) {
+	for {
 		left := time.Until(deadline)
 		switch {
 		case left <= 0 && busy > 0:
@@ -341,18 +371,12 @@ func (p *Links) askRegion(l *rdmaLink, r *tcp.Remote, deadline time.Time) ([]byt
 		}
 		busy++
 		p.stats.ownerBusy.Add(1)
-		if time.Until(deadline) < pause {
+		again, err := pauses.wait(p.stop, deadline)
+		if err != nil {
+			return nil, err
+		}
+		if !again {
 			return nil, busyErr()
-		}
-		if timer == nil {
-			timer = time.NewTimer(pause)
-		} else {
-			timer.Reset(pause)
-		}
-		select {
-		case <-timer.C:
-		case <-p.stop:
-			return nil, fmt.Errorf("rdma: %w", xfer.ErrClosed)
 		}
 	}
 }
