@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -196,8 +197,10 @@ func (c *conn) onExchange(h *header, meta []byte) error {
 	n.exchWG.Add(1)
 	go func() {
 		defer n.exchWG.Done()
-		defer func() { <-sem }()
 		resp, err := hf(from, epoch, req)
+		// The handler's room is free before its answer leaves: a peer
+		// that has the answer finds the room free, as it would expect.
+		<-sem
 		out := header{typ: tExchResp, id: id}
 		switch {
 		case err != nil:
@@ -225,6 +228,13 @@ func (c *conn) onExchange(h *header, meta []byte) error {
 			}
 			return nil
 		})
+		if h := exchAnswered.Load(); h != nil {
+			(*h)()
+		}
 	}()
 	return nil
 }
+
+// exchAnswered, when set (by tests), runs on an exchange's goroutine after
+// its answer is queued.
+var exchAnswered atomic.Pointer[func()]

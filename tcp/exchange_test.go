@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -242,6 +243,69 @@ func TestExchangeBusy(t *testing.T) {
 	}
 	if resp, err := a.Exchange("bravo", "hold", nil, time.Second); err != nil || string(resp) != "done" {
 		t.Fatalf("exchange after the handlers finished: %q, %v", resp, err)
+	}
+}
+
+// TestExchangeRoomFreeByTheAnswer: a handler's room is free by the time
+// its answer reaches the peer, so a peer that has its answer and at once
+// sends MaxExchangeHandlers exchanges gets all of them run, none "busy".
+// The answered exchange's goroutine is held here after its answer is
+// queued, where a room freed only on the goroutine's way out would still
+// be taken.
+func TestExchangeRoomFreeByTheAnswer(t *testing.T) {
+	nodes := cluster(t, []string{"alpha", "bravo"}, 1<<20, Config{ConnsPerPeer: 2})
+	a, b := nodes[0], nodes[1]
+	if err := b.Handle("quick", func(string, uint64, []byte) ([]byte, error) { return []byte("ok"), nil }); err != nil {
+		t.Fatal(err)
+	}
+	after, let := make(chan struct{}, 1), make(chan struct{})
+	hook := func() {
+		select {
+		case after <- struct{}{}:
+			<-let
+		default:
+		}
+	}
+	exchAnswered.Store(&hook)
+	t.Cleanup(func() { exchAnswered.Store(nil) })
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(let) }) }
+	t.Cleanup(letGo)
+
+	if resp, err := a.Exchange("bravo", "quick", nil, 5*time.Second); err != nil || string(resp) != "ok" {
+		t.Fatalf("quick exchange: %q, %v", resp, err)
+	}
+	select {
+	case <-after: // the quick exchange's goroutine is held past its answer
+	case <-time.After(5 * time.Second):
+		t.Fatal("the quick exchange's goroutine never reached its answer")
+	}
+	entered, release := holdingHandler(t, b, "hold", []byte("done"), MaxExchangeHandlers)
+	var relOnce sync.Once
+	letHandlersGo := func() { relOnce.Do(func() { close(release) }) }
+	t.Cleanup(letHandlersGo)
+	errs := make(chan error, MaxExchangeHandlers)
+	for range MaxExchangeHandlers {
+		go func() {
+			_, err := a.Exchange("bravo", "hold", nil, 5*time.Second)
+			errs <- err
+		}()
+	}
+	for i := range MaxExchangeHandlers {
+		select {
+		case <-entered:
+		case err := <-errs:
+			t.Fatalf("exchange %d of %d, sent once the quick one was answered: %v", i+1, MaxExchangeHandlers, err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("handlers did not start")
+		}
+	}
+	letHandlersGo()
+	letGo()
+	for range MaxExchangeHandlers {
+		if err := <-errs; err != nil {
+			t.Fatalf("held exchange: %v", err)
+		}
 	}
 }
 

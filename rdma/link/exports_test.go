@@ -3,6 +3,7 @@ package link
 import (
 	"bytes"
 	"errors"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -429,8 +430,16 @@ func (p *pair) holdHandlers(t *testing.T) (release func()) {
 	held := make(chan error, maxNodeHandlers)
 	for range maxNodeHandlers {
 		go func() {
-			_, err := p.d2.p.node.Exchange("d1", "test.hold", nil, 0)
-			held <- err
+			// A hold refused busy met a handler of the pair's own set-up
+			// still running; it is asked again until it is served.
+			for {
+				_, err := p.d2.p.node.Exchange("d1", "test.hold", nil, 0)
+				if !errors.Is(err, tcp.ErrPeerBusy) {
+					held <- err
+					return
+				}
+				runtime.Gosched()
+			}
 		}()
 	}
 	for i := range maxNodeHandlers {
