@@ -205,7 +205,7 @@ func (d *Daemon) collectRings(e *metrics.Emit) {
 		e.Counter("tensorcast_uring_ring_resubmits_total", "Short transfers and EAGAIN/EINTR/ECANCELED retries.", float64(r.Resubmits), l)
 		e.Counter("tensorcast_uring_ring_kernel_cancels_total", "Requests the kernel answered -ECANCELED though nobody canceled them (resent).", float64(r.KernelCancels), l)
 		e.Counter("tensorcast_uring_ring_enters_total", "io_uring_enter calls.", float64(r.Enters), l)
-		e.Counter("tensorcast_uring_ring_enter_errors_total", "io_uring_enter calls that failed (not EINTR, ETIME, EAGAIN, EBUSY); each is retried after a back-off.", float64(r.EnterErrors), l)
+		e.Counter("tensorcast_uring_ring_enter_errors_total", "io_uring_enter calls that failed (not EINTR or ETIME; EAGAIN and EBUSY when nothing was there to reap); each is retried after a back-off.", float64(r.EnterErrors), l)
 		e.Bool("tensorcast_uring_ring_failed", "Whether the ring failed (its io_uring_enter kept failing): its tasks ended, it takes no more, and the daemon is unhealthy.", r.Down, l)
 		e.Counter("tensorcast_uring_ring_wakeups_total", "Wake-ups of a sleeping poller.", float64(r.Wakeups), l)
 		e.Counter("tensorcast_uring_ring_fixed_sqes_total", "SQEs that used a registered buffer.", float64(r.Fixed), l)

@@ -210,8 +210,8 @@ type RingStats struct {
 	Fixed         uint64 // SQEs that used a registered buffer
 	Traced        uint64 // SQEs that carried TracedUserData (Config.TraceEvery)
 	// EnterErrors counts io_uring_enter calls that failed with an errno
-	// other than EINTR, ETIME, EAGAIN and EBUSY (each is retried after a
-	// back-off).
+	// other than EINTR and ETIME, EAGAIN and EBUSY included when no
+	// completion was there to reap (each is retried after a back-off).
 	EnterErrors uint64
 	// Down: the ring failed (its io_uring_enter kept failing; see
 	// ErrRingFailed and Transport.Health), and stays so until Close.

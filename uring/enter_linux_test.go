@@ -35,7 +35,9 @@ func wantBackoff(n int) time.Duration {
 // whatever the errno's own category), Submit refuses new ones at once,
 // the ring enters no more, and Health and Stats say so.
 func TestEnterFailsForGood(t *testing.T) {
-	for _, errno := range []syscall.Errno{syscall.EBADF, syscall.ENOMEM, syscall.EPERM} {
+	// EAGAIN and EBUSY with no completion to reap (the kernel short of
+	// room for good) are such failures too.
+	for _, errno := range []syscall.Errno{syscall.EBADF, syscall.ENOMEM, syscall.EPERM, syscall.EAGAIN, syscall.EBUSY} {
 		t.Run(unix.ErrnoName(errno), func(t *testing.T) {
 			dir := t.TempDir()
 			var failing atomic.Bool
@@ -150,7 +152,15 @@ func TestEnterFailsForGood(t *testing.T) {
 // TestEnterFailsBriefly: io_uring_enter fails a few times, then works
 // again, twice. Every task completes, each failure in a row backs off
 // longer, a working enter starts the count again, and the ring stays up.
+// So too when the kernel is short of room for a while (EAGAIN, EBUSY)
+// with no completion to reap.
 func TestEnterFailsBriefly(t *testing.T) {
+	for _, errno := range []syscall.Errno{syscall.EFAULT, syscall.EAGAIN, syscall.EBUSY} {
+		t.Run(unix.ErrnoName(errno), func(t *testing.T) { enterFailsBriefly(t, errno) })
+	}
+}
+
+func enterFailsBriefly(t *testing.T, errno syscall.Errno) {
 	dir := t.TempDir()
 	var fails atomic.Int64
 	var mu sync.Mutex
@@ -159,7 +169,7 @@ func TestEnterFailsBriefly(t *testing.T) {
 		enter: func() syscall.Errno {
 			if fails.Load() > 0 {
 				fails.Add(-1)
-				return syscall.EFAULT
+				return errno
 			}
 			return 0
 		},

@@ -573,30 +573,26 @@ func (r *ring) loop() (failed bool) {
 		}
 		r.unarmed = r.unarmed[:0]
 		var backoff time.Duration
+		short := false // EAGAIN, EBUSY: the kernel is short of room
 		switch errno {
-		case 0, unix.EINTR, unix.ETIME, unix.EAGAIN, unix.EBUSY:
-			// EAGAIN, EBUSY: the kernel is short of room for
-			// completions: reap first.
+		case 0, unix.EINTR, unix.ETIME:
 			if tried {
 				r.enterFails = 0
 			}
+		case unix.EAGAIN, unix.EBUSY:
+			// Reap first: completions taken give the kernel room. An
+			// enter that finds none to take fails as below: going round
+			// at once would keep a core busy for as long as the kernel
+			// stays short.
+			short = true
 		default:
 			// Anything else is retried after a back-off, and fails the
 			// ring when it persists: going round at once would keep a
 			// core busy for nothing, and hold the ring's tasks until
 			// Close.
-			r.nEnterErrors.Add(1)
-			r.enterFails++
-			if !r.warnedErr {
-				r.warnedErr = true
-				r.t.log.Error("uring: io_uring_enter failed; retrying with back-off (logged once per ring)",
-					"ring", r.id, "err", os.NewSyscallError("io_uring_enter", errno), "errno", unix.ErrnoName(errno))
-			}
-			if r.enterFails >= enterFailLimit {
-				r.fail(errno)
+			if backoff = r.enterFailed(errno); backoff < 0 {
 				return true
 			}
-			backoff = min(enterBackoffMin<<(r.enterFails-1), enterBackoffMax)
 		}
 		// A bounded reap: what the Done callbacks submit, and what Submit
 		// queued meanwhile, reaches the kernel before the next Batch
@@ -606,14 +602,41 @@ func (r *ring) loop() (failed bool) {
 			r.complete(&r.cqes[i], draining)
 		}
 		r.flushFinished()
+		switch {
+		case !short:
+		case n > 0:
+			r.enterFails = 0
+		default:
+			if backoff = r.enterFailed(errno); backoff < 0 {
+				return true
+			}
+		}
 		if backoff > 0 {
 			r.backoff(backoff)
 		}
 	}
 }
 
-// A ring whose io_uring_enter fails (with anything but EINTR, ETIME,
-// EAGAIN and EBUSY) waits before it tries again: enterBackoffMin after
+// enterFailed counts a failed io_uring_enter: it returns the back-off to
+// wait before the next, or -1 when the failure is the enterFailLimit-th in
+// a row and has failed the ring.
+func (r *ring) enterFailed(errno unix.Errno) time.Duration {
+	r.nEnterErrors.Add(1)
+	r.enterFails++
+	if !r.warnedErr {
+		r.warnedErr = true
+		r.t.log.Error("uring: io_uring_enter failed; retrying with back-off (logged once per ring)",
+			"ring", r.id, "err", os.NewSyscallError("io_uring_enter", errno), "errno", unix.ErrnoName(errno))
+	}
+	if r.enterFails >= enterFailLimit {
+		r.fail(errno)
+		return -1
+	}
+	return min(enterBackoffMin<<(r.enterFails-1), enterBackoffMax)
+}
+
+// A ring whose io_uring_enter fails (with anything but EINTR and ETIME;
+// EAGAIN and EBUSY count only when no completion was there to reap) waits before it tries again: enterBackoffMin after
 // the first failure, twice as long after each next one in a row, at most
 // enterBackoffMax. The enterFailLimit-th failure in a row fails the ring
 // (fail): about a second of trying, counted in tries rather than time so
