@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,6 +97,24 @@ func TestCancelInKernel(t *testing.T) {
 		if calls, n, err := result(rec, task); calls != 1 || n != 0 || !errors.Is(err, xfer.ErrCanceled) {
 			t.Fatalf("TraceEvery %d: calls=%d n=%d err=%v", every, calls, n, err)
 		}
+	}
+}
+
+// TestCancelWaitsForAnSQE: a cancel that finds no SQE free (a guest's
+// waits or failed enters can fill the SQ) is kept for the next pass, not
+// dropped: the parked read still ends, canceled, once an SQE is free.
+func TestCancelWaitsForAnSQE(t *testing.T) {
+	var short atomic.Int64
+	tr := newTransport(t, Config{hooks: &testHooks{noCancelSQE: func() bool { return short.Add(-1) >= 0 }}})
+	rec, task := parkedRead(t, tr)
+	short.Store(3)
+	tr.Cancel(task)
+	waitEnded(t, rec, 1, 5*time.Second)
+	if calls, n, err := result(rec, task); calls != 1 || n != 0 || !errors.Is(err, xfer.ErrCanceled) {
+		t.Fatalf("calls=%d n=%d err=%v", calls, n, err)
+	}
+	if n := short.Load(); n >= 0 {
+		t.Fatalf("the cancel found no SQE free %d times fewer than set", n+1)
 	}
 }
 

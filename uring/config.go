@@ -96,8 +96,9 @@ type testHooks struct {
 	enter         func() syscall.Errno  // non-zero: io_uring_enter is not made and fails so
 	backoff       func(d time.Duration) // called instead of the wait of d after a failed enter: the test's clock
 	failRegister  bool
-	noDrainCancel bool // Close does not cancel in-flight requests
-	noFutexWait   bool // the kernel is taken to lack IORING_OP_FUTEX_WAIT
+	noDrainCancel bool        // Close does not cancel in-flight requests
+	noFutexWait   bool        // the kernel is taken to lack IORING_OP_FUTEX_WAIT
+	noCancelSQE   func() bool // true: a cancel finds no SQE free
 }
 
 func (c *Config) setDefaults() {

@@ -461,15 +461,21 @@ func (r *ring) loop() (failed bool) {
 				}
 			}
 		} else {
-			for _, ref := range r.cwork {
+			for i, ref := range r.cwork {
 				idx, gen := refSlot(ref)
 				// A slot that moved on to another task since: its
 				// canceled task ended, and the cancel with it.
 				if s := &r.slots[idx]; !s.inKernel || !s.current(gen) {
 					continue
 				}
-				e := r.raw.getSQE()
+				e := r.cancelSQE()
 				if e == nil {
+					// No SQE free (a guest's waits, enters that
+					// failed): the rest go to the next pass, which
+					// comes without a sleep, after this one's enter.
+					r.mu.Lock()
+					r.cancels = append(r.cancels, r.cwork[i:]...)
+					r.mu.Unlock()
 					break
 				}
 				e.opcode = opAsyncCancel
@@ -615,6 +621,15 @@ func (r *ring) loop() (failed bool) {
 			r.backoff(backoff)
 		}
 	}
+}
+
+// cancelSQE is an SQE for a cancel of a request, or nil when the SQ has
+// none free.
+func (r *ring) cancelSQE() *sqe {
+	if h := r.t.cfg.hooks; h != nil && h.noCancelSQE != nil && h.noCancelSQE() {
+		return nil
+	}
+	return r.raw.getSQE()
 }
 
 // enterFailed counts a failed io_uring_enter: it returns the back-off to
