@@ -146,6 +146,12 @@ func (r *ring) complete(c *CQE, draining bool) {
 		r.finish(idx, s.done, errClosedInFlight)
 	case s.canceled.Load():
 		r.finish(idx, s.done, xfer.ErrCanceled)
+	case s.align > 1 && (s.off+s.done)%uint64(s.align) != 0:
+		// A direct file's transfer stops short only at its end (the
+		// file shrank since it was opened): the rest would start at an
+		// offset direct I/O refuses (EINVAL), and there is nothing there.
+		r.finish(idx, s.done, fmt.Errorf("%w: %s of %d bytes at file offset %d stopped at offset %d, where the file ends",
+			ErrShortIO, opName(s.op), s.total, s.off, s.off+s.done))
 	default:
 		r.nResubmits.Add(1)
 		r.resub = append(r.resub, idx)

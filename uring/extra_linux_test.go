@@ -4,6 +4,7 @@ package uring
 
 import (
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"os"
 	"os/exec"
@@ -247,5 +248,42 @@ func TestRefusedOpenChangesNothing(t *testing.T) {
 	}
 	if st, err := os.Stat(own); err != nil || st.Size() != 4096 {
 		t.Errorf("the refused file after the opens: %v %v", st, err)
+	}
+}
+
+// TestDirectReadPastTruncatedEnd: a direct file cut short since it was
+// opened, to a size that is no multiple of its alignment, ends a read
+// past the new end with ErrShortIO at that end, with the bytes that were
+// there; the rest is not sent again at an offset direct I/O refuses
+// (EINVAL). The file is on ext4, which has O_DIRECT.
+func TestDirectReadPastTruncatedEnd(t *testing.T) {
+	dir := testutil.MountSmallExt4(t)
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}})
+	path := filepath.Join(dir, "cut")
+	f, err := tr.OpenFile(1, path, FileOptions{Direct: true, Create: true, Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	offA, _ := f.Alignment()
+	pool := newMemSeg(t, 2, 1<<20)
+	rec := newRecorder()
+	if n, err := runOne(t, tr, rec, newTask(rec, xfer.OpWrite, pool, 0, f, 0, 1<<16)); err != nil || n != 1<<16 {
+		t.Fatalf("write: %d, %v", n, err)
+	}
+	end := int64(offA) + 100
+	if err := os.Truncate(path, end); err != nil {
+		t.Fatal(err)
+	}
+	before := tr.Stats()[0].Resubmits
+	n, err := runOne(t, tr, rec, newTask(rec, xfer.OpRead, pool, 0, f, 0, 1<<16))
+	if !errors.Is(err, ErrShortIO) || errors.Is(err, syscall.EINVAL) || n != uint64(end) {
+		t.Fatalf("a read of 64 KiB from a direct file cut to %d bytes: n=%d err=%v; want ErrShortIO at %d", end, n, err, end)
+	}
+	if !strings.Contains(err.Error(), fmt.Sprint(end)) {
+		t.Fatalf("%q does not name the offset where the file ends (%d)", err, end)
+	}
+	if r := tr.Stats()[0].Resubmits - before; r != 0 {
+		t.Fatalf("the rest of the read was sent again %d times, at an offset direct I/O refuses", r)
 	}
 }

@@ -32,7 +32,8 @@ type slot struct {
 	off       uint64     // file offset of the request's first byte
 	total     uint64
 	done      uint64
-	fd        int32 // file descriptor, or fixed-file index when fixedFile
+	align     uint32 // the file's O_DIRECT offset alignment, 0 when buffered
+	fd        int32  // file descriptor, or fixed-file index when fixedFile
 	fixedFile bool
 	op        uint8
 	retries   uint8

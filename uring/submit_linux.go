@@ -20,6 +20,7 @@ type prepared struct {
 	addr, base uintptr
 	regs       *xfer.Regs
 	off, total uint64
+	align      uint32 // the file's O_DIRECT offset alignment, 0 when buffered
 	fd         int32
 	fixedFile  bool
 	op         uint8
@@ -63,7 +64,9 @@ func (t *Transport) resolve(task *xfer.Task, p *prepared) error {
 	}
 	p.base = uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
 	p.addr = p.base + uintptr(req.LocalOffset)
+	p.align = 0
 	if f.direct {
+		p.align = f.offAlign
 		oa, ma := uint64(f.offAlign), uint64(f.memAlign)
 		switch {
 		case req.TargetOffset%oa != 0:
@@ -156,7 +159,7 @@ func (r *ring) submit(tasks []*xfer.Task, own bool) (int, error) {
 		r.free = r.free[:len(r.free)-1]
 		s := &r.slots[idx]
 		s.addr, s.localBase, s.regs = p.addr, p.base, p.regs
-		s.off, s.total, s.done = p.off, p.total, 0
+		s.off, s.total, s.done, s.align = p.off, p.total, 0, p.align
 		s.fd, s.fixedFile, s.op = p.fd, p.fixedFile, p.op
 		s.retries, s.inKernel = 0, false
 		s.gen.Add(1)
