@@ -1027,3 +1027,162 @@ func TestRemovedKeyStaysGoneOverAStaleCopyRecoveryCouldNotZero(t *testing.T) {
 	e.reopen()
 	mustCodes(t, "removed, after a restart", e.exists(keys), NotFound)
 }
+
+// putL1OverFailedEviction is putOverFailedEviction with the new values put
+// without durable and kept off L2: their writebacks fail and wait for a
+// retry on the store's clock, which stands still until the test moves it.
+// Each key's newer value is then in L1 only, and its older block's header
+// stays valid in a quarantined slot (a ghost of the key).
+func (e *testEnv) putL1OverFailedEviction(t *testing.T, ss *Session, keys [][]byte, size int) {
+	t.Helper()
+	st := e.s.Stats()
+	e.evictingL2(t, len(keys))
+	e.tr.Update(func(c *xfertest.Config) {
+		c.Err = func(task *xfer.Task) error {
+			if isValueWrite(task) {
+				return errInjected
+			}
+			return nil
+		}
+	})
+	mustCodes(t, "put again under eviction", e.put(ss, keys, valuesFor(keys, size), false), OK)
+	e.waitFor("the writebacks failed", func() bool {
+		return e.s.Stats().WritebackRetries == st.WritebackRetries+uint64(len(keys))
+	})
+	e.tr.Update(func(c *xfertest.Config) {
+		c.Hold = nil
+		c.Err = func(task *xfer.Task) error {
+			if isValueWrite(task) || isZeroWrite(task) {
+				return errInjected
+			}
+			return nil
+		}
+	})
+	e.tr.release()
+	e.waitFor("the evictions failed", func() bool {
+		st2 := e.s.Stats()
+		return st2.InvalidateFailures == st.InvalidateFailures+uint64(len(keys)) && st2.IOInFlight == 0
+	})
+	e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
+	e.checkValues(keys, valuesFor(keys, size))
+	if st2 := e.s.Stats(); st2.L2Keys != 0 || st2.Dirty != uint64(len(keys)) {
+		t.Fatalf("stats: %+v, want the new values in L1 only, owed their writebacks", st2)
+	}
+	if g := e.ghosts(keys[0]); g != 1 {
+		t.Fatalf("%d ghosts of %s, want 1", g, keys[0])
+	}
+}
+
+// ghosts is how many quarantined slots may still hold a valid header of
+// key.
+func (e *testEnv) ghosts(key []byte) int {
+	t := e.s.l2
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.ghosts[string(key)])
+}
+
+// TestRemovedL1ValueStaysGoneOverAQuarantinedCopy: a key whose older
+// block's header outlived a failed zeroing (a ghost) and whose newer
+// value is in L1 only, not yet written back, is removed. The Remove has
+// no header of the key's own to zero, and used to drop the value at once:
+// the ghost's header stayed valid, and a restart brought the removed key
+// back with its older bytes. The Remove zeroes the ghost first, whether
+// the value was only in L1 or its writeback was in flight (and failed).
+func TestRemovedL1ValueStaysGoneOverAQuarantinedCopy(t *testing.T) {
+	for _, how := range []string{"in L1 only", "under a failing writeback"} {
+		t.Run(how, func(t *testing.T) {
+			e := newEnv(t, 16<<20, withL2(32<<20))
+			ss := e.s.NewSession()
+			defer ss.Close()
+			keys := keysN("g", 1)
+			mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
+			e.putL1OverFailedEviction(t, ss, keys, 5000)
+			st := e.s.Stats()
+			codes, errs := make([]Code, 1), make([]error, 1)
+			if how == "in L1 only" {
+				if _, err := e.s.Remove(keys, codes, errs, nil, 0); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				// The retry comes due, its value write held: the Remove
+				// joins the writeback, which then fails.
+				e.tr.Update(func(c *xfertest.Config) { c.Hold = isValueWrite })
+				e.clk.Advance(2 * e.s.cfg.WritebackBackoff)
+				for e.tr.Held() < 1 {
+					select {
+					case <-e.tr.Holding(): // after a Submit that held tasks
+					case <-time.After(10 * time.Second):
+						t.Fatal("the writeback retried is not in flight")
+					}
+				}
+				rec := newRecorder()
+				pending, err := e.s.Remove(keys, codes, errs, rec, 1)
+				if err != nil || !pending {
+					t.Fatalf("remove under writeback: pending %v, %v, codes %v", pending, err, codes)
+				}
+				e.endWritebacks(true)
+				<-rec.done
+				e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
+			}
+			mustCodes(t, "remove", codes, OK)
+			if errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+			mustCodes(t, "gone", e.exists(keys), NotFound)
+			st2, ghosts := e.s.Stats(), e.ghosts(keys[0])
+			e.reopen()
+			mustCodes(t, "removed, after a restart", e.exists(keys), NotFound)
+			if ghosts != 0 {
+				t.Fatalf("%d ghosts left after the remove", ghosts)
+			}
+			if st2.Keys != 0 || st2.Dirty != 0 || st2.QuarantinedSlots != st.QuarantinedSlots-1 || st2.IOInFlight != 0 {
+				t.Fatalf("stats after the remove: %+v (before: %+v)", st2, st)
+			}
+		})
+	}
+}
+
+// TestRemoveOfAnL1ValueWhoseQuarantinedCopyCannotBeZeroed: when the
+// zeroing of the ghost fails again, the Remove answers the failure (a
+// restart would bring the older value back, and recovery has nothing to
+// tell it was removed), and the key stays as it was: its newer value
+// read from L1 and owed its writeback (made once the device writes
+// again), the ghost kept out of use and still the key's, so that the next
+// Remove zeroes it before the key's own header.
+func TestRemoveOfAnL1ValueWhoseQuarantinedCopyCannotBeZeroed(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	ss := e.s.NewSession()
+	defer ss.Close()
+	keys := keysN("g", 1)
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
+	e.putL1OverFailedEviction(t, ss, keys, 5000)
+	st := e.s.Stats()
+	e.failZeroWrites()
+	codes, errs := make([]Code, 1), make([]error, 1)
+	if _, err := e.s.Remove(keys, codes, errs, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "remove", codes, Internal)
+	if !errors.Is(errs[0], errInjected) {
+		t.Fatalf("remove: %v, want the failed zeroing", errs[0])
+	}
+	e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
+	e.checkValues(keys, valuesFor(keys, 5000))
+	if g := e.ghosts(keys[0]); g != 1 {
+		t.Fatalf("%d ghosts after the failed remove, want 1", g)
+	}
+	if err := e.s.Flush(flushWait); err != nil {
+		t.Fatal(err)
+	}
+	if st2 := e.s.Stats(); st2.Keys != 1 || st2.Dirty != 0 || st2.Writebacks != st.Writebacks+1 ||
+		st2.RemoveFailures != st.RemoveFailures+1 || st2.QuarantinedSlots != st.QuarantinedSlots {
+		t.Fatalf("stats after the failed remove and a flush: %+v (before: %+v)", st2, st)
+	}
+	if _, err := e.s.Remove(keys, codes, errs, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustCodes(t, "remove again", codes, OK)
+	e.reopen()
+	mustCodes(t, "removed, after a restart", e.exists(keys), NotFound)
+}

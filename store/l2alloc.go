@@ -278,6 +278,18 @@ func (t *tier2) addGhost(key string, id uint32) {
 	t.nghosts.Add(1)
 }
 
+// hasGhosts reports whether key has ghosts (none without an L2). Its
+// shard's mu may be held: t.mu is a leaf.
+func (t *tier2) hasGhosts(key []byte) bool {
+	if t == nil || t.nghosts.Load() == 0 {
+		return false
+	}
+	t.mu.Lock()
+	n := len(t.ghosts[string(key)])
+	t.mu.Unlock()
+	return n > 0
+}
+
 // unquarantine returns a quarantined slot whose header has been zeroed
 // since. t.mu is held.
 func (t *tier2) unquarantine(id uint32) {

@@ -1311,7 +1311,9 @@ func (s *Store) joinPromotion(sh *shard, e *entry, w waitRec) error {
 // flight (a promotion, a copy out, another Remove) BUSY. A key on L2 is
 // gone once its block header has been overwritten on the device, so it
 // does not come back after a restart; if that write fails the key stays and its code and
-// error say why. The store's own I/O on a key (a writeback, an eviction
+// error say why. The same holds for the headers of older blocks of the key
+// that outlived a failed zeroing (tier2.ghosts), overwritten first, even
+// when the key's value is in L1 only (removeLocked). The store's own I/O on a key (a writeback, an eviction
 // from L2) is no caller's business: the key is invisible at once, and its
 // Remove ends when that I/O has (a header the writeback wrote overwritten
 // again). A key named more than once in one call is removed once, and
@@ -1456,7 +1458,7 @@ func (s *Store) remove(keys [][]byte, ids []RecordID, codes []Code, errs []error
 			}
 			setError(codes, errs, i, nil)
 			cl.left.Add(1)
-			s.l2.enqueue(waitKey{kind: kInval, r: r, slot: sh.ent(r.idx).l2, cl: cl, pos: int32(i)})
+			s.l2.enqueue(waitKey{kind: kInval, r: r, slot: ownSlot(sh.ent(r.idx)), cl: cl, pos: int32(i)})
 			cl.removes(i, r)
 			sh.mu.Unlock()
 			continue
@@ -1502,6 +1504,16 @@ func (s *Store) joinBackground(sh *shard, r ref, cl *call, pos int) {
 // removed already. With hide (a removal from another host) a pinned entry
 // is removed too, and hidden once its header is zeroed (dropEntry). sh.mu
 // is held.
+//
+// A value in L1 only has no header of its own on L2, but its key may
+// have ghosts (tier2.ghosts): older blocks whose headers are still valid,
+// which a restart would bring back once the value is gone. Its removal is
+// then an invalidation too, of the ghosts alone (a task whose slot is
+// noSlot), and it ends as one: the value goes once every ghost is zeroed;
+// if a zeroing fails, the key stays as it was, the ghost still the key's
+// (zeroed first by its next invalidation), and the Remove answers the
+// failure, as when a key's own header cannot be zeroed. Recovery keeps no
+// record of removals: a ghost left valid would be found again.
 func (s *Store) removeLocked(sh *shard, r ref, hide bool) (*ioTask, error) {
 	e := sh.ent(r.idx)
 	switch {
@@ -1517,7 +1529,7 @@ func (s *Store) removeLocked(sh *shard, r ref, hide bool) (*ioTask, error) {
 		return nil, errJoin // the writeback's is the only I/O
 	case e.io > 0 || e.flags&(fWB|fPromote) != 0:
 		return nil, ErrBusy
-	case e.flags&fL2 == 0:
+	case e.flags&fL2 == 0 && !s.l2.hasGhosts(sh.keyOf(e)):
 		if e.flags&(fDirty|fTomb) == fDirty {
 			s.c.dirtyOwed.Add(^uint64(0))
 		}
@@ -1536,8 +1548,18 @@ func (s *Store) removeLocked(sh *shard, r ref, hide bool) (*ioTask, error) {
 	if it == nil {
 		return nil, errNoTask
 	}
-	it.kind, it.r, it.slot = kInval, r, e.l2
+	it.kind, it.r, it.slot = kInval, r, ownSlot(e)
 	return it, nil
+}
+
+// ownSlot is the slot of e's block on L2 whose header its invalidation
+// zeroes, noSlot for a value in L1 only (whose invalidation zeroes its
+// key's ghosts alone).
+func ownSlot(e *entry) uint32 {
+	if e.flags&fL2 == 0 {
+		return noSlot
+	}
+	return e.l2
 }
 
 // errNoTask: removeLocked made the entry invisible, but no task is free;

@@ -400,7 +400,9 @@ func (t *tier2) endWriteback(it *ioTask, ok bool) {
 // (joinWriteback). A block the writeback put on the device has its header
 // overwritten by the same task, now an invalidation whose end (endInval)
 // removes the key and answers the Remove; without one the key goes at
-// once. sh.mu is held on entry and released on return.
+// once, unless it has ghosts: the task zeroes those first, as the
+// removal of any value in L1 only (removeLocked). sh.mu is held on entry
+// and released on return.
 func (t *tier2) endRemovedWriteback(sh *shard, it *ioTask, ok bool) {
 	s := t.s
 	idx := it.r.idx
@@ -408,9 +410,9 @@ func (t *tier2) endRemovedWriteback(sh *shard, it *ioTask, ok bool) {
 	w := sh.removing[idx]
 	delete(sh.removing, idx)
 	e.flags &^= fWB | fRemove
-	s.c.dirtyOwed.Add(^uint64(0))
 	if ok {
 		// The writeback's I/O count is the invalidation's now.
+		s.c.dirtyOwed.Add(^uint64(0))
 		e.flags = e.flags&^fDirty | fL2
 		e.l2, e.crc = it.slot, it.crc
 		s.c.l2Keys.Add(1)
@@ -422,6 +424,25 @@ func (t *tier2) endRemovedWriteback(sh *shard, it *ioTask, ok bool) {
 		t.submitOne(it)
 		return
 	}
+	if t.hasGhosts(sh.keyOf(e)) {
+		// Nothing written, but older blocks of the key are still valid:
+		// the same task zeroes them (removeLocked) before the value goes,
+		// its I/O count the invalidation's. The value stays owed its
+		// writeback until then.
+		sh.mu.Unlock()
+		if errors.Is(it.err, ErrL2Full) {
+			t.l2Short.Store(true)
+		}
+		t.wbInflight.Add(-1)
+		it.kind, it.slot, it.err, it.cl, it.pos = kInval, noSlot, nil, w.cl, w.pos
+		if t.reqInval(it) {
+			t.submitOne(it)
+		} else {
+			t.endInval(it, nil, true)
+		}
+		return
+	}
+	s.c.dirtyOwed.Add(^uint64(0))
 	e.io--
 	s.c.keys.Add(^uint64(0))
 	s.c.l1Keys.Add(^uint64(0))
@@ -591,24 +612,38 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 	t.freeTask(it)
 }
 
-// startInvals dispatches header invalidations (Remove, L2 eviction).
+// startInvals dispatches header invalidations (Remove, L2 eviction). A
+// removal of a value in L1 only that finds no ghost of its key left to
+// zero (another invalidation of the key took them meanwhile) ends at
+// once, and is taken out of its: the slice holds the tasks dispatched.
 func (t *tier2) startInvals(its []*ioTask, xts *[]*xfer.Task) error {
+	n := 0
 	for _, it := range its {
-		t.mu.Lock()
-		_, _, _, off := t.slotAt(it.slot)
-		t.mu.Unlock()
-		it.off = off
-		t.reqInval(it)
+		if it.slot != noSlot {
+			t.mu.Lock()
+			_, _, _, off := t.slotAt(it.slot)
+			t.mu.Unlock()
+			it.off = off
+		}
+		if !t.reqInval(it) {
+			t.endInval(it, nil, true)
+			continue
+		}
+		its[n] = it
+		n++
 	}
-	return t.submit(its, xts)
+	clear(its[n:])
+	return t.submit(its[:n], xts)
 }
 
 // reqInval makes it zero the header of its slot (at it.off), or first
 // that of an older block of its key left valid in a quarantined slot
 // (tier2.ghosts), claimed for it: the key's newest header is zeroed only
 // once no older one is left for a restart to bring back, so a crash at
-// any write finds the key's newest value or nothing.
-func (t *tier2) reqInval(it *ioTask) {
+// any write finds the key's newest value or nothing. It reports whether
+// there is a write to do: none once the ghosts are zeroed when the task
+// has no slot of its own (a value in L1 only, removeLocked).
+func (t *tier2) reqInval(it *ioTask) bool {
 	it.ghost = noSlot
 	if t.nghosts.Load() > 0 {
 		key := t.keyOf(it.r)
@@ -627,9 +662,13 @@ func (t *tier2) reqInval(it *ioTask) {
 	if it.ghost != noSlot {
 		_, _, _, off := t.slotAt(it.ghost)
 		t.reqSector(it, xfer.OpWrite, off, true)
-		return
+		return true
+	}
+	if it.slot == noSlot {
+		return false
 	}
 	t.reqSector(it, xfer.OpWrite, it.off, true)
+	return true
 }
 
 func (t *tier2) invalDone(it *ioTask, err error) {
@@ -647,20 +686,45 @@ func (t *tier2) invalDone(it *ioTask, err error) {
 		t.mu.Lock()
 		t.addGhost(key, g)
 		t.mu.Unlock()
-		t.endInval(it, err, true)
+		t.endInval(it, fmt.Errorf("store: zeroing an older L2 block of the key (kept out of use): %w", err), true)
 		return
 	}
 	t.mu.Lock()
 	t.unquarantine(g)
 	t.mu.Unlock()
-	t.reqInval(it) // the next ghost of the key, or its own header
+	if !t.reqInval(it) { // the next ghost of the key, or its own header
+		t.endInval(it, nil, true)
+		return
+	}
 	t.submitOne(it)
+}
+
+// unremove puts entry idx, whose invalidation did not take place (a
+// zeroing failed, or the store closed while it waited for a task), back
+// as it was before: stored, on the lists of the tiers it is on, a value
+// in L1 only owed its writeback again. It drops the invalidation's I/O
+// count. sh.mu is held.
+func (s *Store) unremove(sh *shard, idx uint32) {
+	e := sh.ent(idx)
+	e.state = stReady
+	e.flags &^= fBgDrop | fRemove
+	e.io--
+	s.relist(sh, idx)
+	switch {
+	case e.flags&fL2 != 0:
+		sh.l2Touch(idx)
+	case e.flags&(fDirty|fTomb) == fDirty:
+		sh.dirtyAdd(idx)
+		s.kick()
+	}
 }
 
 // endInval ends an invalidation. When the header is zeroed (or the block
 // was corrupt anyway) the key goes; when the write failed the key stays as
 // it was, and a Remove reports why. canRelease is false after a transport
-// violation: the slot is kept out of use and the key goes.
+// violation: the slot is kept out of use and the key goes. A task with no
+// slot of its own (a value in L1 only, removeLocked) zeroed its key's
+// ghosts alone: the value goes once all of them are zeroed.
 func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 	s := t.s
 	sh := &s.shards[it.r.sh]
@@ -684,7 +748,7 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 	// entry's now.
 	superseded := e.flags&fSuperseded != 0
 	gone := err == nil || it.drop || !canRelease || superseded
-	if gone {
+	if gone && it.slot != noSlot {
 		switch {
 		case err == nil && canRelease:
 			t.release(it.slot)
@@ -700,7 +764,12 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 		if e.flags&fL1 != 0 {
 			s.c.l1Keys.Add(^uint64(0))
 		}
-		s.c.l2Keys.Add(^uint64(0))
+		if e.flags&fL2 != 0 {
+			s.c.l2Keys.Add(^uint64(0))
+		}
+		if e.flags&(fDirty|fTomb) == fDirty {
+			s.c.dirtyOwed.Add(^uint64(0)) // a value in L1 only (removeLocked)
+		}
 		if evict {
 			s.c.evictL2.Add(1)
 		}
@@ -722,11 +791,7 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 			ferr = s.dropEntry(sh, idx)
 		}
 	} else {
-		e.state = stReady
-		e.flags &^= fBgDrop | fRemove
-		e.io--
-		s.relist(sh, idx)
-		sh.l2Touch(idx)
+		s.unremove(sh, idx)
 		if it.cl != nil {
 			s.c.removeFail.Add(1)
 		} else {

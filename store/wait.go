@@ -246,11 +246,7 @@ func (t *tier2) failWaiting(err error) {
 		case kInval:
 			sh := &s.shards[wk.r.sh]
 			sh.mu.Lock()
-			e := sh.ent(wk.r.idx)
-			e.state = stReady // the key stays, as when its invalidation fails
-			e.io--
-			s.relist(sh, wk.r.idx)
-			sh.l2Touch(wk.r.idx)
+			s.unremove(sh, wk.r.idx) // the key stays, as when its invalidation fails
 			sh.mu.Unlock()
 		case kPromote:
 			ferr = s.freeBlock(wk.l1, wk.size)
