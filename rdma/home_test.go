@@ -401,9 +401,18 @@ func TestHomePollsOnTheWorkersRing(t *testing.T) {
 			r.Wait(t, 1)
 		}
 		a.dev.Hold()
-		posts := a.dev.Stats().Posts
+		st := a.dev.Stats()
 		q.give(homed(a.tasks(done, writes(1, 4096)...), pool.Home(w)))
-		testutil.Eventually(t, 5*time.Second, func() bool { return a.dev.Stats().Posts > posts }, "task %d posted", i)
+		testutil.Eventually(t, 5*time.Second, func() bool { return a.dev.Stats().Posts > st.Posts }, "task %d posted", i)
+		if i == 0 || i == n/2 {
+			// The worker claimed the queue pair from its goroutine with
+			// this post: until the goroutine, woken by the claim, waits
+			// again without the channel, it may still take the event and
+			// wake the worker (as claimLocked says). Once it has, it never
+			// does.
+			testutil.Eventually(t, 5*time.Second, func() bool { return a.dev.Stats().BlindWaits > st.BlindWaits },
+				"the queue pair's goroutine leaving the channel to the worker after task %d's claim", i)
+		}
 		a.dev.Release() // completes now, from this goroutine
 		select {
 		case <-ended:

@@ -77,6 +77,9 @@ type Stats struct {
 	Posted   int // work requests posted
 	Signaled int // signalled work requests executed
 	Connects int // queue pairs connected (RTS)
+	// BlindWaits counts waits on a completion queue that left its
+	// channel alone (a reactor worker polls it).
+	BlindWaits int
 }
 
 // Device is one port on the fabric, with a RoCE v2 GID of its own
@@ -237,7 +240,7 @@ func (d *Device) NewTransport() (*rdma.Transport, error) {
 		}
 	}
 	for i := range qps {
-		cq, err := newCompletionQueue(f)
+		cq, err := newCompletionQueue(f, d)
 		if err != nil {
 			for _, q := range qps[:i] {
 				delete(d.qps, q.(*queuePair))
@@ -517,6 +520,7 @@ func (q *queuePair) Destroy() error {
 // ring exactly as it polls a device's.
 type completionQueue struct {
 	f *Fabric
+	d *Device // whose Stats count its waits
 	// Guarded by f.mu.
 	wcs   []rdma.WorkCompletion
 	armed bool
@@ -526,7 +530,7 @@ type completionQueue struct {
 	fds [2]unix.PollFd
 }
 
-func newCompletionQueue(f *Fabric) (*completionQueue, error) {
+func newCompletionQueue(f *Fabric, d *Device) (*completionQueue, error) {
 	ch, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
 		return nil, os.NewSyscallError("eventfd", err)
@@ -536,7 +540,7 @@ func newCompletionQueue(f *Fabric) (*completionQueue, error) {
 		unix.Close(ch)
 		return nil, os.NewSyscallError("eventfd", err)
 	}
-	c := &completionQueue{f: f, ch: ch, efd: efd}
+	c := &completionQueue{f: f, d: d, ch: ch, efd: efd}
 	c.fds = [2]unix.PollFd{{Fd: int32(ch), Events: unix.POLLIN}, {Fd: int32(efd), Events: unix.POLLIN}}
 	return c, nil
 }
@@ -569,6 +573,9 @@ func (c *completionQueue) Wait(channel bool) (bool, error) {
 	fds := c.fds[:]
 	if !channel {
 		fds = c.fds[1:]
+		c.f.mu.Lock()
+		c.d.stats.BlindWaits++
+		c.f.mu.Unlock()
 	}
 	for {
 		c.fds[0].Revents, c.fds[1].Revents = 0, 0
