@@ -19,6 +19,9 @@
 
 #include "internal.h"
 #include "keys.h"
+#ifdef TC_TEST_HOOKS
+#include "testhooks.h"
+#endif
 
 /* The store ops (queue/entry.go). */
 #define OP_GET 16
@@ -228,55 +231,54 @@ static int broken(tc_conn *c)
     return TC_EPROTO;
 }
 
+#ifdef TC_TEST_HOOKS
+void (*tc__test_results_read)(uint8_t *region, uint32_t n);
+#endif
+
 int tc_results_check(tc_results *r, const tc_cqe *cqe, int *codes, uint64_t *offsets, uint64_t *lengths)
 {
     if (!r || !cqe || !codes || r->n == 0)
         return TC_INVALID_ARGUMENT;
+    /* The region is memory the daemon writes: each record is copied out
+     * once and what is returned is that copy, checked, never a second read
+     * of the region (which could say something else by then). */
     int loc = r->op == OP_GET || r->op == OP_RESERVE;
-    if (cqe->code != TC_OK && cqe->code != TC_FAILED_PRECONDITION) {
-        /* The call failed as a whole, or its entry was refused. When the
-         * daemon wrote every record anyway (an all-or-nothing unpin refused
-         * over an absent key), they say which keys refused it. */
-        for (uint32_t i = 0; i < r->n; i++) {
-            const uint8_t *rec = r->mem + (size_t)i * RESULT_SIZE;
-            if ((rec[1] | rec[2] | rec[3]) != 0 || rec[0] > TC_INTERNAL)
-                return cqe->code;
-        }
-        for (uint32_t i = 0; i < r->n; i++) {
-            codes[i] = r->mem[(size_t)i * RESULT_SIZE];
-            if (offsets)
-                offsets[i] = 0;
-            if (lengths)
-                lengths[i] = 0;
-        }
-        return cqe->code;
-    }
+    int whole = cqe->code == TC_OK || cqe->code == TC_FAILED_PRECONDITION;
     uint64_t pool = tc_pool_info(r->c)->size, ok = 0;
     for (uint32_t i = 0; i < r->n; i++) {
-        const uint8_t *rec = r->mem + (size_t)i * RESULT_SIZE;
+        uint8_t rec[RESULT_SIZE];
+        memcpy(rec, r->mem + (size_t)i * RESULT_SIZE, sizeof rec);
         uint8_t code = rec[0];
-        if ((rec[1] | rec[2] | rec[3]) != 0 || code > TC_INTERNAL)
-            return broken(r->c); /* never written (or not by the daemon) */
-        if (code != TC_OK)
-            continue;
-        ok++;
-        if (!loc)
-            continue;
         uint64_t len = tc__get32(rec + 4), off = tc__get64(rec + 8);
-        if (off >= pool || len > pool - off || (r->op == OP_RESERVE && len != r->size))
+        if ((rec[1] | rec[2] | rec[3]) != 0 || code > TC_INTERNAL) {
+            if (!whole)
+                break; /* not every record written: codes say nothing */
+            return broken(r->c); /* never written (or not by the daemon) */
+        }
+        codes[i] = code;
+        if (!whole || code != TC_OK || !loc) {
+            len = off = 0;
+        } else if (off >= pool || len > pool - off || (r->op == OP_RESERVE && len != r->size)) {
             return broken(r->c);
+        }
+        ok += whole && code == TC_OK;
+        if (offsets)
+            offsets[i] = off;
+        if (lengths)
+            lengths[i] = len;
+    }
+#ifdef TC_TEST_HOOKS
+    if (tc__test_results_read)
+        tc__test_results_read(r->mem, r->n);
+#endif
+    if (!whole) {
+        /* The call failed as a whole, or its entry was refused. When the
+         * daemon wrote every record anyway (an all-or-nothing unpin refused
+         * over an absent key), codes say which keys refused it. */
+        return cqe->code;
     }
     if (ok != cqe->transferred)
         return broken(r->c);
-    for (uint32_t i = 0; i < r->n; i++) {
-        const uint8_t *rec = r->mem + (size_t)i * RESULT_SIZE;
-        int code = rec[0];
-        codes[i] = code;
-        if (offsets)
-            offsets[i] = loc && code == TC_OK ? tc__get64(rec + 8) : 0;
-        if (lengths)
-            lengths[i] = loc && code == TC_OK ? tc__get32(rec + 4) : 0;
-    }
     return cqe->code;
 }
 

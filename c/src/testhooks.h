@@ -1,7 +1,9 @@
 /*
  * testhooks.h - what the test build of the library (TC_TEST_HOOKS, the
  * objects under build/asan) lets a test reach: a queue with no daemon
- * behind it, the wait's learnt state, its clock and its nap (src/queue.c).
+ * behind it, the wait's learnt state, its clock and its nap (src/queue.c),
+ * and a write of a results region by the daemon just after tc_results_check
+ * has read it (src/qstore.c).
  */
 #ifndef TC_TESTHOOKS_H
 #define TC_TESTHOOKS_H
@@ -17,5 +19,8 @@ struct tc__tail *tc__test_tail(tc_queue *q);
 void tc__test_tune(tc_queue *q, int64_t spin_budget_ns, int64_t spin_max_ns, int64_t slack_ns);
 extern int64_t (*tc__test_spin_clock)(void);
 extern void (*tc__test_nap)(int64_t ns);
+/* Called by tc_results_check, when set, once it has read the n records of
+ * region and before it returns. */
+extern void (*tc__test_results_read)(uint8_t *region, uint32_t n);
 
 #endif

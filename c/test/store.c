@@ -20,6 +20,7 @@
 #include "check.h"
 #include "harness.h"
 #include "tensorcast.h"
+#include "testhooks.h" /* the test build's hooks (src/testhooks.h) */
 
 #define SECOND_NS 1000000000LL
 #define VAL 4096u /* the values' size */
@@ -777,6 +778,14 @@ static void relayed_read(const tcd *d, void (*mutate)(uint8_t *, size_t *))
     relay_join(&rl);
 }
 
+/* rewrite_offsets is a daemon that writes a results region again after
+ * the check read it: every record's offset now points past any pool. */
+static void rewrite_offsets(uint8_t *region, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        region[(size_t)i * 16 + 15] = 0x7f;
+}
+
 void test_store_answers(const tcd *d)
 {
     relayed_read(d, short_codes);
@@ -802,6 +811,14 @@ void test_store_answers(const tcd *d)
     CHECK(codes[0] == TC_OK && codes[1] == TC_NOT_FOUND && codes[2] == TC_OK && e.transferred == 2);
     uint8_t *reg = b->data, saved[48];
     memcpy(saved, reg, sizeof saved);
+    /* The region changing after the check read it: what the check returns
+     * is what it checked, not a second reading of the region. */
+    uint64_t checked[3] = {offs[0], offs[1], offs[2]};
+    tc__test_results_read = rewrite_offsets;
+    CHECK_RC(tc_results_check(r, &e, codes, offs, NULL), TC_OK);
+    tc__test_results_read = NULL;
+    CHECK(offs[0] == checked[0] && offs[2] == checked[2] && offs[0] < pool->size && offs[2] < pool->size);
+    memcpy(reg, saved, sizeof saved);
     struct {
         const char *what;
         int rec, byte, value; /* a byte of the region to set, or rec -1 */
