@@ -439,6 +439,15 @@ static tc_queue *new_queue(tc_conn *c, uint64_t id, const struct geom *g, uint8_
     return q;
 }
 
+/* bell_safe reports whether the doorbell fd the daemon passed can be
+ * written without raising SIGPIPE, which would end the process: a pipe or
+ * a socket whose other end is closed raises it, an eventfd never does. */
+static int bell_safe(int fd)
+{
+    struct stat st;
+    return fstat(fd, &st) == 0 && !S_ISFIFO(st.st_mode) && !S_ISSOCK(st.st_mode);
+}
+
 int tc_queue_open(tc_conn *c, uint32_t entries, const tc_queue_opts *opts, tc_queue **out)
 {
     static const tc_queue_opts none;
@@ -476,7 +485,8 @@ int tc_queue_open(tc_conn *c, uint32_t entries, const tc_queue_opts *opts, tc_qu
         /* The header says whether the daemon sleeps on an eventfd doorbell,
          * passed after the memfd: one must come exactly then. */
         uint32_t bell_kind = __atomic_load_n(word(mem, OFF_DOORBELL), __ATOMIC_ACQUIRE);
-        if ((bell_kind == DOORBELL_EVENTFD) != (bell >= 0) || bell_kind > DOORBELL_EVENTFD) {
+        if ((bell_kind == DOORBELL_EVENTFD) != (bell >= 0) || bell_kind > DOORBELL_EVENTFD ||
+            (bell >= 0 && !bell_safe(bell))) {
             munmap(mem, (size_t)g.size);
             mem = NULL;
             rc = TC_EPROTO;

@@ -59,6 +59,9 @@ typedef struct relay {
     int lfd;
     int mutate_at, close_at;
     void (*mutate)(uint8_t *frame, size_t *len);
+    /* Also at mutate_at, when set: the fds passed with the answer (the
+     * relay closes its copies of those in fds after forwarding). */
+    void (*mutate_fds)(int *fds, int nfds);
     int mutated; /* set when mutate changed the frame */
     int record;  /* keep a copy of every answer, for fuzz_answers */
     pthread_t th;

@@ -10,6 +10,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdio.h>
@@ -639,6 +640,50 @@ static uint64_t transport_counter(tc_conn *c, const char *name)
     return v;
 }
 
+/* pipe_for_bell replaces the doorbell passed after the queue's memfd with
+ * the write end of a pipe whose read end is closed: a write to it raises
+ * SIGPIPE, which tc_test leaves at its default, ending the process. */
+static void pipe_for_bell(int *fds, int nfds)
+{
+    int p[2];
+    if (nfds < 2 || pipe2(p, O_CLOEXEC) < 0)
+        return;
+    close(p[0]);
+    close(fds[1]);
+    fds[1] = p[1];
+}
+
+/* A doorbell that is no eventfd but a pipe nobody reads is refused at
+ * open: ringing it would raise SIGPIPE in the engine. */
+static void pipe_doorbell(const tcd *d)
+{
+    int fds = count_fds();
+    relay r;
+    memset(&r, 0, sizeof r);
+    r.mutate_at = 3; /* Hello, PoolInfo, then OpenQueue */
+    r.mutate_fds = pipe_for_bell;
+    relay_start(&r, d->dir, d->socket);
+    tc_conn *c = dial(r.path, 5000);
+    tc_queue *q = NULL;
+    int rc = tc_queue_open(c, 8, NULL, &q);
+    if (rc == TC_OK) {
+        /* Taken: the daemon's worker sleeps for entries once idle, and a
+         * nop then rings the pipe. */
+        for (int i = 0; i < 20; i++) {
+            struct timespec gap = {0, 20 * 1000000L};
+            nanosleep(&gap, NULL);
+            size_t n;
+            tc_queue_nop(q, (uint64_t)i, &n);
+        }
+        tc_queue_close(q);
+    }
+    CHECK_RC(rc, TC_EPROTO);
+    CHECK(queue_mapped() == 0);
+    tc_close(c);
+    relay_join(&r);
+    CHECK(count_fds() == fds);
+}
+
 /* test_queue_eventfd runs the lost-wakeup stress against a daemon whose
  * worker waits on eventfd doorbells (as where io_uring has no
  * IORING_OP_FUTEX_WAIT; forced here): the library rings the eventfd passed
@@ -651,7 +696,8 @@ void test_queue_eventfd(void)
     start(&d, extra);
     int fds = count_fds();
     tc_conn *c = dial(d.socket, 10000);
-    if (transport_counter(c, "uring.ring0.entries") == UINT64_MAX) {
+    int rings = transport_counter(c, "uring.ring0.entries") != UINT64_MAX;
+    if (!rings) {
         /* Without rings the workers run their own threads: the test still
          * runs, with futex doorbells; where CI provides io_uring it fails. */
         fprintf(stderr, "tc_test: queue_eventfd: the daemon has no io_uring rings: no eventfd doorbells\n");
@@ -665,6 +711,8 @@ void test_queue_eventfd(void)
     CHECK(sleeps > 0 && sleeps != UINT64_MAX);
     CHECK(deaf == 0);
     tc_close(c);
+    if (rings)
+        pipe_doorbell(&d);
     stop(&d);
     CHECK(count_fds() == fds);
 }

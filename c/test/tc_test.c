@@ -372,6 +372,8 @@ static void *relay_run(void *arg)
             r->mutated = copy && (n != before || memcmp(copy, f, n) != 0);
             free(copy);
         }
+        if (k == r->mutate_at && r->mutate_fds)
+            r->mutate_fds(fds, nfds);
         bad = relay_write(cfd, f, n, fds, nfds);
         close_fds(fds, nfds);
         free(f);
