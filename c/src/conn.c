@@ -312,6 +312,12 @@ static int recv_frame(tc_conn *c, int *fd, int *fd2, int64_t deadline)
     return tcw_decode(c->codec, c->rbuf, TCW_FRAME_HEADER + size, &c->resp);
 }
 
+int tc__sealed(int fd)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    return seals >= 0 && (seals & F_SEAL_SHRINK);
+}
+
 static void close_fd(int *fd)
 {
     if (fd && *fd >= 0) {
@@ -518,9 +524,9 @@ static int map_pool(tc_conn *c, int64_t deadline)
     const tcw_resp *r = &c->resp;
     struct stat st;
     if (fd < 0 || r->size == 0 || r->size > SIZE_MAX || fstat(fd, &st) < 0 || st.st_size < 0 ||
-        (uint64_t)st.st_size < r->size) {
-        /* No pool, or one shorter than it claims: touching its end would
-         * fault. */
+        (uint64_t)st.st_size < r->size || !tc__sealed(fd)) {
+        /* No pool, one shorter than it claims, or one that could be made
+         * shorter: touching its end would fault. */
         close_fd(&fd);
         return tc__finish(c, tc__fail(c, TC_EPROTO));
     }

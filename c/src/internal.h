@@ -132,6 +132,11 @@ int tc__at_most(tc_conn *c, size_t got, uint32_t max);
  * into codes. */
 int tc__codes(tc_conn *c, int *codes, size_t n);
 
+/* sealed reports whether fd is sealed against shrinking: memory the
+ * daemon passes (the pool, a queue) must be, or a truncation of it would
+ * fault every later access of this process's mapping (SIGBUS). */
+int tc__sealed(int fd);
+
 /* gen is c's generation now (see tc_conn.gen). */
 static inline uint32_t tc__gen(const tc_conn *c) { return __atomic_load_n(&c->gen, __ATOMIC_ACQUIRE); }
 

@@ -370,8 +370,8 @@ static int map_queue(int fd, const struct geom *g, uint64_t id, uint8_t **mem)
     struct stat st;
     if (fstat(fd, &st) < 0)
         return TC_ESYS;
-    if (st.st_size < 0 || (uint64_t)st.st_size < g->size)
-        return TC_EPROTO; /* touching its end would fault */
+    if (st.st_size < 0 || (uint64_t)st.st_size < g->size || !tc__sealed(fd))
+        return TC_EPROTO; /* touching its end would fault, now or once it shrank */
     void *m = mmap(NULL, (size_t)g->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED)
         return TC_ESYS;

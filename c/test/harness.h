@@ -70,6 +70,13 @@ typedef struct relay {
 void relay_start(relay *r, const char *dir, const char *upstream);
 void relay_join(relay *r);
 
+/* unsealed_copy is a relay's mutate_fds: it passes, in place of the first
+ * fd (a memfd of the daemon's), a copy of it that is not sealed, and keeps
+ * a descriptor of the copy in unsealed_fd (-1: none), for the test to
+ * shrink it. */
+void unsealed_copy(int *fds, int nfds);
+extern int unsealed_fd;
+
 /* A minimal flatbuffers reader for the relay's edits: field returns where
  * field slot of the table at t lies in frame f (n bytes), NULL if absent. */
 uint8_t *field(uint8_t *f, size_t n, uint8_t *t, int slot);

@@ -806,6 +806,34 @@ void test_queue_answers(const tcd *d)
         relay_join(&r);
         CHECK(count_fds() == fds);
     }
+
+    /* A queue's memfd not sealed against shrinking: refused, since a
+     * truncation of it would fault every later touch of the rings. */
+    int fds = count_fds();
+    relay r;
+    memset(&r, 0, sizeof r);
+    r.mutate_at = 3;
+    r.mutate_fds = unsealed_copy;
+    relay_start(&r, d->dir, d->socket);
+    tc_conn *c = dial(r.path, 5000);
+    tc_queue *q = (tc_queue *)1;
+    int rc = tc_queue_open(c, 8, NULL, &q);
+    if (rc == TC_OK) {
+        /* Taken: the copy shrinks, and the next submit faults. */
+        REQUIRE(unsealed_fd >= 0 && ftruncate(unsealed_fd, 0) == 0);
+        size_t n;
+        tc_queue_nop(q, 1, &n);
+        tc_queue_close(q);
+    }
+    CHECK_RC(rc, TC_EPROTO);
+    CHECK(q == NULL && queue_mapped() == 0);
+    CHECK_RC(tc_ping(c, "z", 1, NULL), TC_ECLOSED);
+    tc_close(c);
+    relay_join(&r);
+    CHECK(unsealed_fd >= 0);
+    close(unsealed_fd);
+    unsealed_fd = -1;
+    CHECK(count_fds() == fds);
 }
 
 /* Notified WRITEs through the queue: the payloads go through a data area of

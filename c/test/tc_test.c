@@ -320,6 +320,31 @@ static int relay_write(int fd, const uint8_t *buf, size_t len, const int *fds, i
     return 0;
 }
 
+int unsealed_fd = -1;
+
+void unsealed_copy(int *fds, int nfds)
+{
+    struct stat st;
+    if (nfds < 1 || fstat(fds[0], &st) < 0)
+        return;
+    int fd = memfd_create("tc-test-unsealed", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, st.st_size) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    static uint8_t buf[1 << 16];
+    for (off_t off = 0; off < st.st_size;) {
+        ssize_t n = pread(fds[0], buf, sizeof buf, off);
+        if (n <= 0 || pwrite(fd, buf, (size_t)n, off) != n)
+            break;
+        off += n;
+    }
+    unsealed_fd = dup(fd);
+    close(fds[0]);
+    fds[0] = fd;
+}
+
 static void close_fds(int *fds, int n)
 {
     for (int i = 0; i < n; i++)
@@ -1008,6 +1033,29 @@ static void test_bad_answers(const tcd *d)
     CHECK_RC(tc_connect(&o, &c), TC_EPROTO);
     CHECK(c == NULL);
     relay_join(&r);
+
+    /* A pool not sealed against shrinking: refused, since a truncation of
+     * it would fault every later touch of the mapping. */
+    memset(&r, 0, sizeof r);
+    r.mutate_at = 2;
+    r.mutate_fds = unsealed_copy;
+    relay_start(&r, d->dir, d->socket);
+    o.socket = r.path;
+    c = (tc_conn *)1;
+    int rc = tc_connect(&o, &c);
+    if (rc == TC_OK) {
+        /* Taken: the copy shrinks, and the next touch of the pool faults. */
+        REQUIRE(unsealed_fd >= 0 && ftruncate(unsealed_fd, 0) == 0);
+        volatile uint8_t *base = tc_pool_info(c)->base;
+        (void)base[0];
+        tc_close(c);
+    }
+    CHECK_RC(rc, TC_EPROTO);
+    CHECK(c == NULL);
+    relay_join(&r);
+    CHECK(unsealed_fd >= 0);
+    close(unsealed_fd);
+    unsealed_fd = -1;
 
     /* A daemon of another protocol version. */
     memset(&r, 0, sizeof r);
