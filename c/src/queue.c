@@ -325,7 +325,10 @@ static int geometry(uint32_t sq, uint32_t cq, uint32_t data, struct geom *g)
 }
 
 /* header_matches checks the mapping's header against the layout g and the
- * queue id the answer gave. */
+ * queue id the answer gave, and that both rings are empty, as a new queue's
+ * are: this side starts from the indices it finds, and a head apart from
+ * its tail would have it count entries that were never published (a
+ * submission ring fuller than it holds, a completion ring never ready). */
 static int header_matches(const uint8_t *m, const struct geom *g, uint64_t id)
 {
     return tc__get32(m + OFF_MAGIC) == Q_MAGIC && tc__get32(m + OFF_VERSION) == Q_VERSION &&
@@ -333,7 +336,9 @@ static int header_matches(const uint8_t *m, const struct geom *g, uint64_t id)
            tc__get32(m + OFF_SQE_SIZE) == Q_SQE && tc__get32(m + OFF_CQE_SIZE) == Q_CQE &&
            tc__get32(m + OFF_SQ_OFF) == g->sq_off && tc__get32(m + OFF_CQ_OFF) == g->cq_off &&
            tc__get32(m + OFF_DATA_OFF) == g->data_off && tc__get32(m + OFF_DATA_SIZE) == g->data_size &&
-           tc__get64(m + OFF_SIZE) == g->size && tc__get64(m + OFF_ID) == id;
+           tc__get64(m + OFF_SIZE) == g->size && tc__get64(m + OFF_ID) == id &&
+           tc__get32(m + OFF_SQ_HEAD) == tc__get32(m + OFF_SQ_TAIL) &&
+           tc__get32(m + OFF_CQ_HEAD) == tc__get32(m + OFF_CQ_TAIL);
 }
 
 /* ---- open and close ----------------------------------------------------------- */

@@ -73,9 +73,13 @@ void relay_join(relay *r);
 /* unsealed_copy is a relay's mutate_fds: it passes, in place of the first
  * fd (a memfd of the daemon's), a copy of it that is not sealed, and keeps
  * a descriptor of the copy in unsealed_fd (-1: none), for the test to
- * shrink it. */
+ * shrink it (and close). */
 void unsealed_copy(int *fds, int nfds);
 extern int unsealed_fd;
+
+/* memfd_copy is unsealed_copy with the u32 at patch_at (unless -1) set to
+ * value, and the copy then sealed with seals (F_ADD_SEALS; 0: none). */
+void memfd_copy(int *fds, int nfds, long patch_at, uint32_t value, int seals);
 
 /* A minimal flatbuffers reader for the relay's edits: field returns where
  * field slot of the table at t lies in frame f (n bytes), NULL if absent. */

@@ -786,6 +786,35 @@ static void more_data(uint8_t *f, size_t *n)
 /* An OpenQueue answer that does not match the mapping it came with is
  * refused (TC_EPROTO, the connection broken) and leaves nothing behind:
  * no fd, no mapping. */
+/* ahead_head passes a sealed copy of the queue's memfd whose sq_head is
+ * ahead of its sq_tail, by 5 entries: a ring that is not empty at open. */
+static void ahead_head(int *fds, int nfds) { memfd_copy(fds, nfds, 0x040, 5, F_SEAL_SHRINK | F_SEAL_GROW); }
+
+/* test_queue_ahead opens a queue whose rings are not empty: refused, or a
+ * submit would count 5 more free slots than the ring has. */
+static void test_queue_ahead(const tcd *d)
+{
+    int fds = count_fds();
+    relay r;
+    memset(&r, 0, sizeof r);
+    r.mutate_at = 3;
+    r.mutate_fds = ahead_head;
+    relay_start(&r, d->dir, d->socket);
+    tc_conn *c = dial(r.path, 5000);
+    tc_queue *q = (tc_queue *)1;
+    int rc = tc_queue_open(c, 8, NULL, &q);
+    if (rc == TC_OK)
+        tc_queue_close(q);
+    CHECK_RC(rc, TC_EPROTO);
+    CHECK(rc == TC_OK || (q == NULL && queue_mapped() == 0));
+    tc_close(c);
+    relay_join(&r);
+    CHECK(unsealed_fd >= 0);
+    close(unsealed_fd);
+    unsealed_fd = -1;
+    CHECK(count_fds() == fds);
+}
+
 void test_queue_answers(const tcd *d)
 {
     void (*cases[])(uint8_t *, size_t *) = {other_queue_id, short_size, half_sq, more_data};
@@ -834,6 +863,7 @@ void test_queue_answers(const tcd *d)
     close(unsealed_fd);
     unsealed_fd = -1;
     CHECK(count_fds() == fds);
+    test_queue_ahead(d);
 }
 
 /* Notified WRITEs through the queue: the payloads go through a data area of

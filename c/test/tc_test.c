@@ -322,12 +322,12 @@ static int relay_write(int fd, const uint8_t *buf, size_t len, const int *fds, i
 
 int unsealed_fd = -1;
 
-void unsealed_copy(int *fds, int nfds)
+void memfd_copy(int *fds, int nfds, long patch_at, uint32_t value, int seals)
 {
     struct stat st;
     if (nfds < 1 || fstat(fds[0], &st) < 0)
         return;
-    int fd = memfd_create("tc-test-unsealed", MFD_CLOEXEC);
+    int fd = memfd_create("tc-test-copy", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0 || ftruncate(fd, st.st_size) < 0) {
         if (fd >= 0)
             close(fd);
@@ -340,10 +340,20 @@ void unsealed_copy(int *fds, int nfds)
             break;
         off += n;
     }
+    if (patch_at >= 0 && pwrite(fd, &value, sizeof value, patch_at) != (ssize_t)sizeof value) {
+        close(fd);
+        return;
+    }
+    if (seals && fcntl(fd, F_ADD_SEALS, seals) < 0) {
+        close(fd);
+        return;
+    }
     unsealed_fd = dup(fd);
     close(fds[0]);
     fds[0] = fd;
 }
+
+void unsealed_copy(int *fds, int nfds) { memfd_copy(fds, nfds, -1, 0, 0); }
 
 static void close_fds(int *fds, int n)
 {
