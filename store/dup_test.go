@@ -67,7 +67,7 @@ func TestRemoveDuplicateKeys(t *testing.T) {
 		e, ss := holdingWritebacks(t)
 		keys := dup("wb")
 		mustCodes(t, "put", e.put(ss, keys[:2], valuesFor(keys[:2], 3000), false), OK)
-		e.waitFor("the writebacks in flight", func() bool { return e.tr.Held() == 2 })
+		e.waitHeld("the writebacks in flight", 2)
 		codes := make([]Code, 3)
 		errs := make([]error, 3)
 		rec := newRecorder()

@@ -259,7 +259,7 @@ func TestRemovedElsewhereWhilePinnedWriteback(t *testing.T) {
 			mustCodes(t, "put", e.put(ss, keys, vals, false), OK)
 			locs, codes, _ := e.get(ss, keys)
 			mustCodes(t, "get", codes, OK)
-			e.waitFor("the writeback in flight", func() bool { return e.tr.Held() == 1 })
+			e.waitHeld("the writeback in flight", 1)
 			done := make(chan []Code, 1)
 			go func() {
 				codes := make([]Code, 1)

@@ -22,6 +22,20 @@ func (e *testEnv) waitFor(what string, cond func() bool) {
 	}
 }
 
+// waitHeld waits until the transport holds n tasks, re-checked after each
+// Submit that held some: holding a task fires none of the store's events,
+// so waitFor would see it only at its timeout.
+func (e *testEnv) waitHeld(what string, n int) {
+	e.t.Helper()
+	for e.tr.Held() != n {
+		select {
+		case <-e.tr.Holding():
+		case <-time.After(10 * time.Second):
+			e.t.Fatalf("timed out waiting for %s: %d tasks held, want %d", what, e.tr.Held(), n)
+		}
+	}
+}
+
 // holdingWritebacks is a store over an L2 whose value writes are held
 // until endWritebacks, and a session on it.
 func holdingWritebacks(t *testing.T) (*testEnv, *Session) {
@@ -256,7 +270,7 @@ func TestRemoveDuringWriteback(t *testing.T) {
 			keys := keysN("wb", 8)
 			vals := valuesFor(keys, 3000)
 			mustCodes(t, "put", e.put(ss, keys, vals, false), OK)
-			e.waitFor("every writeback in flight", func() bool { return e.tr.Held() == len(keys) })
+			e.waitHeld("every writeback in flight", len(keys))
 			mustCodes(t, "exists under writeback", e.exists(keys), OK)
 			e.checkValues(keys, vals)
 
@@ -367,7 +381,7 @@ func (e *testEnv) evictingL2(t *testing.T, n int) {
 	}
 	var xts []*xfer.Task
 	e.s.l2.startInvals(batch, &xts)
-	e.waitFor("every eviction in flight", func() bool { return e.tr.Held() == n })
+	e.waitHeld("every eviction in flight", n)
 }
 
 // TestRemoveDuringL2Eviction: the store's own eviction of a key from L2 is
