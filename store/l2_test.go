@@ -1186,3 +1186,76 @@ func TestRemoveOfAnL1ValueWhoseQuarantinedCopyCannotBeZeroed(t *testing.T) {
 	e.reopen()
 	mustCodes(t, "removed, after a restart", e.exists(keys), NotFound)
 }
+
+// isBlockHeaderWrite reports whether t writes a block header (not a
+// region's).
+func isBlockHeaderWrite(t *xfer.Task) bool {
+	if !isHeaderWrite(t) {
+		return false
+	}
+	b := t.Local.(xfer.MemSegment).Bytes()[t.Req.LocalOffset:]
+	return bytes.Equal(b[:8], magicBlock[:])
+}
+
+// TestFailedHeaderWriteThatCannotBeZeroedIsAGhost: a block header write
+// that reaches the device but reports failure, and whose zeroing fails
+// too, leaves a valid header of the key, with the highest sequence number
+// of the key's, in a quarantined slot. It used to be quarantined only:
+// nothing zeroed it before the key's later removal, and a restart
+// brought the removed key back, from a writeback's value in L1 only or
+// from a durable put that had answered failure. It is a ghost of the key
+// now, zeroed by the Remove first.
+func TestFailedHeaderWriteThatCannotBeZeroedIsAGhost(t *testing.T) {
+	for _, how := range []string{"writeback", "durable put"} {
+		t.Run(how, func(t *testing.T) {
+			e := newEnv(t, 16<<20, withL2(32<<20))
+			ss := e.s.NewSession()
+			defer ss.Close()
+			keys := keysN("u", 1)
+			st := e.s.Stats()
+			e.tr.Update(func(c *xfertest.Config) {
+				c.Move = func(task *xfer.Task) (uint64, error) {
+					n, err := e.tr.move(task)
+					if err == nil && isBlockHeaderWrite(task) {
+						return 0, errInjected // written, and reported failed
+					}
+					return n, err
+				}
+				c.Err = func(task *xfer.Task) error {
+					if isZeroWrite(task) {
+						return errInjected
+					}
+					return nil
+				}
+			})
+			if how == "writeback" {
+				// The retry waits on the store's clock, which stands still.
+				mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 5000), false), OK)
+				e.waitFor("the writeback failed", func() bool {
+					st2 := e.s.Stats()
+					return st2.WritebackRetries == st.WritebackRetries+1 && st2.IOInFlight == 0
+				})
+			} else {
+				mustCodes(t, "durable put", e.put(ss, keys, valuesFor(keys, 3000), true), Internal)
+			}
+			e.tr.Update(func(c *xfertest.Config) { c.Move, c.Err = e.tr.move, nil })
+			if how == "durable put" {
+				mustCodes(t, "durable put again", e.put(ss, keys, valuesFor(keys, 5000), true), OK)
+			}
+			if g := e.ghosts(keys[0]); g != 1 {
+				t.Fatalf("%d ghosts of %s, want 1", g, keys[0])
+			}
+			e.checkValues(keys, valuesFor(keys, 5000))
+			codes, errs := make([]Code, 1), make([]error, 1)
+			if _, err := e.s.Remove(keys, codes, errs, nil, 0); err != nil {
+				t.Fatal(err)
+			}
+			mustCodes(t, "remove", codes, OK)
+			if g := e.ghosts(keys[0]); g != 0 {
+				t.Fatalf("%d ghosts left after the remove", g)
+			}
+			e.reopen()
+			mustCodes(t, "removed, after a restart", e.exists(keys), NotFound)
+		})
+	}
+}

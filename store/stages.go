@@ -170,11 +170,22 @@ func (t *tier2) writeDone(it *ioTask, err error) {
 		t.reqSector(it, xfer.OpWrite, it.off, true)
 		t.submitOne(it)
 	case stgUndo:
+		// The failed header write may have reached the device whole: a
+		// valid header of the key, its sequence number above every other
+		// of the key's, that recovery would keep over them (a writeback's
+		// value, a durable put that answered failure). Kept out of use, it
+		// is also a ghost of the key, so that the key's next invalidation
+		// zeroes it first and a removal does not leave it behind.
+		var key string
+		if err != nil {
+			key = t.keyOf(it.r)
+		}
 		t.mu.Lock()
 		if err == nil {
 			t.release(it.slot)
 		} else {
 			t.quarantine(it.slot)
+			t.addGhost(key, it.slot)
 		}
 		t.mu.Unlock()
 		if err != nil {
