@@ -48,6 +48,12 @@ type tier2 struct {
 	// invalidation of the key zeroes them first (reqInval).
 	ghosts  map[string][]uint32
 	nghosts atomic.Int32 // slots in ghosts; read without mu on the invalidation path
+	// older: per key, the invalidations in flight of its superseded
+	// entries (supersede), each of which may still fail and leave a
+	// ghost, and the key's other invalidations parked until none is left
+	// (reqInval).
+	older  map[string]*olderZeroings
+	nolder atomic.Int32 // keys in older; read without mu on the invalidation path
 
 	tasks []ioTask
 	// ioMu guards freeTasks and the keys waiting for a task (wait.go):
@@ -71,6 +77,12 @@ type tier2 struct {
 	violLogged atomic.Bool
 
 	syncWG sync.WaitGroup // recovery's synchronous batches
+}
+
+// olderZeroings is an entry of tier2.older.
+type olderZeroings struct {
+	n      int       // superseded entries of the key whose invalidation has not ended
+	parked []*ioTask // invalidations of the key's newer entry waiting for them
 }
 
 // Task kinds.

@@ -1259,3 +1259,104 @@ func TestFailedHeaderWriteThatCannotBeZeroedIsAGhost(t *testing.T) {
 		})
 	}
 }
+
+// TestRemoveWaitsForTheZeroingOfAnOlderCopy: a key is put again while
+// the eviction of its older block from L2 is zeroing that block's header
+// (or a ghost of the key the eviction had claimed), and the new value is
+// removed before that zeroing ends. The Remove used to answer at once,
+// having found no ghost: the zeroing then failed, the older header stayed
+// valid as a ghost registered after the answer, and a restart brought the
+// removed key back. So it did for a new value written back meanwhile: its
+// own header zeroed, the older one left valid. The Remove now waits for
+// the older invalidation and zeroes what it left; if that zeroing fails
+// too, the Remove answers the failure and the key stays, as when its
+// ghost cannot be zeroed.
+func TestRemoveWaitsForTheZeroingOfAnOlderCopy(t *testing.T) {
+	for _, c := range []struct {
+		older string // what the eviction is zeroing: "its header", "a ghost"
+		newer string // the new value: "in L1 only", "written back"
+		fail  bool   // the Remove's zeroing of what the eviction left fails
+	}{
+		{"its header", "in L1 only", false},
+		{"its header", "in L1 only", true},
+		{"a ghost", "in L1 only", false},
+		{"its header", "written back", false},
+	} {
+		t.Run(fmt.Sprintf("%s, %s, zeroing fails %v", c.older, c.newer, c.fail), func(t *testing.T) {
+			e := newEnv(t, 16<<20, withL2(32<<20))
+			ss := e.s.NewSession()
+			defer ss.Close()
+			keys := keysN("z", 1)
+			mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
+			if c.older == "a ghost" {
+				e.putOverFailedEviction(t, ss, keys, 4000)
+			}
+			// The eviction's first zeroing (its header, or the ghost it
+			// claimed) is held.
+			e.evictingL2(t, 1)
+			st := e.s.Stats()
+			if c.newer == "in L1 only" {
+				e.tr.Update(func(c *xfertest.Config) {
+					c.Err = func(task *xfer.Task) error {
+						if isValueWrite(task) {
+							return errInjected
+						}
+						return nil
+					}
+				})
+				mustCodes(t, "put again under eviction", e.put(ss, keys, valuesFor(keys, 5000), false), OK)
+				e.waitFor("the writeback failed", func() bool { return e.s.Stats().WritebackRetries == st.WritebackRetries+1 })
+			} else {
+				mustCodes(t, "put again under eviction", e.put(ss, keys, valuesFor(keys, 5000), false), OK)
+				e.waitFor("the writeback", func() bool { return e.s.Stats().Writebacks == st.Writebacks+1 })
+			}
+			codes, errs := make([]Code, 1), make([]error, 1)
+			rec := newRecorder()
+			pending, err := e.s.Remove(keys, codes, errs, rec, 1)
+			if err != nil || !pending {
+				t.Fatalf("remove under the older copy's zeroing: pending %v, %v, codes %v", pending, err, codes)
+			}
+			mustCodes(t, "gone at once", e.exists(keys), NotFound)
+			e.tr.Update(func(cf *xfertest.Config) {
+				cf.Hold = nil
+				cf.Err = nil
+				if c.fail {
+					cf.Err = func(task *xfer.Task) error {
+						if isValueWrite(task) || isZeroWrite(task) {
+							return errInjected
+						}
+						return nil
+					}
+				}
+			})
+			if n := e.tr.Fail(errInjected); n != 1 {
+				t.Fatalf("%d zeroings held, want 1", n)
+			}
+			<-rec.done
+			if c.fail {
+				mustCodes(t, "remove", codes, Internal)
+				if !errors.Is(errs[0], errInjected) {
+					t.Fatalf("remove: %v, want the failed zeroing", errs[0])
+				}
+				e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
+				e.checkValues(keys, valuesFor(keys, 5000))
+				if g := e.ghosts(keys[0]); g != 1 {
+					t.Fatalf("%d ghosts after the failed remove, want 1", g)
+				}
+				if _, err := e.s.Remove(keys, codes, errs, nil, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mustCodes(t, "remove", codes, OK)
+			if errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+			if g := e.ghosts(keys[0]); g != 0 {
+				t.Fatalf("%d ghosts left after the remove", g)
+			}
+			e.waitFor("no I/O in flight", func() bool { return e.s.Stats().IOInFlight == 0 })
+			e.reopen()
+			mustCodes(t, "removed, after a restart", e.exists(keys), NotFound)
+		})
+	}
+}

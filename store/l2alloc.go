@@ -278,16 +278,56 @@ func (t *tier2) addGhost(key string, id uint32) {
 	t.nghosts.Add(1)
 }
 
-// hasGhosts reports whether key has ghosts (none without an L2). Its
-// shard's mu may be held: t.mu is a leaf.
-func (t *tier2) hasGhosts(key []byte) bool {
-	if t == nil || t.nghosts.Load() == 0 {
+// olderHeaders reports whether an older header of key may still be valid
+// on L2 once its own is gone: it has ghosts, or a superseded entry of it
+// is being invalidated, whose zeroing may fail and leave one (none
+// without an L2). Its shard's mu may be held: t.mu is a leaf.
+func (t *tier2) olderHeaders(key []byte) bool {
+	if t == nil || t.nghosts.Load() == 0 && t.nolder.Load() == 0 {
 		return false
 	}
 	t.mu.Lock()
 	n := len(t.ghosts[string(key)])
+	_, older := t.older[string(key)]
 	t.mu.Unlock()
-	return n > 0
+	return n > 0 || older
+}
+
+// olderStarts records that the invalidation of a superseded entry of key
+// is in flight (supersede). Its shard's mu is held.
+func (t *tier2) olderStarts(key []byte) {
+	t.mu.Lock()
+	if t.older == nil {
+		t.older = map[string]*olderZeroings{}
+	}
+	o := t.older[string(key)]
+	if o == nil {
+		o = &olderZeroings{}
+		t.older[string(key)] = o
+		t.nolder.Add(1)
+	}
+	o.n++
+	t.mu.Unlock()
+}
+
+// olderEnds records the end of the invalidation of a superseded entry of
+// key (endInval), a ghost of key already recorded if its zeroing failed,
+// and returns the key's parked invalidations, for the caller to take up
+// again (resumeInval): those that still have older headers to wait for
+// park again. t.mu is held.
+func (t *tier2) olderEnds(key string) []*ioTask {
+	o := t.older[key]
+	if o == nil {
+		return nil
+	}
+	o.n--
+	p := o.parked
+	o.parked = nil
+	if o.n == 0 {
+		delete(t.older, key)
+		t.nolder.Add(-1)
+	}
+	return p
 }
 
 // unquarantine returns a quarantined slot whose header has been zeroed

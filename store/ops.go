@@ -628,8 +628,11 @@ func (s *Store) reserve(k []byte, size uint64, flags uint16) (ref, uint64, error
 // counts, and endInval frees it; the new value's block headers carry
 // higher sequence numbers, so recovery keeps them over the old header
 // should it outlive a failed invalidation, and such a header (a ghost,
-// tier2.ghosts) is zeroed before the new value's is. It reports whether
-// the key is free now. sh.mu is held.
+// tier2.ghosts) is zeroed before the new value's is. Until that
+// invalidation ends, every invalidation of the key's newer entries waits
+// before it zeroes their own header or drops a value in L1 only
+// (reqInval): the older header it is zeroing may outlive it. It reports
+// whether the key is free now. sh.mu is held.
 func (s *Store) supersede(sh *shard, idx uint32) bool {
 	e := sh.ent(idx)
 	if e.state != stDropping || e.flags&(fBgDrop|fRemove) != fBgDrop || e.pins != 0 {
@@ -637,6 +640,7 @@ func (s *Store) supersede(sh *shard, idx uint32) bool {
 	}
 	sh.unindex(idx)
 	e.flags |= fSuperseded
+	s.l2.olderStarts(sh.keyOf(e))
 	s.c.keys.Add(^uint64(0))
 	s.evicted(sh, idx) // before the new value's announcement, under the same lock
 	return true
@@ -1513,7 +1517,10 @@ func (s *Store) joinBackground(sh *shard, r ref, cl *call, pos int) {
 // if a zeroing fails, the key stays as it was, the ghost still the key's
 // (zeroed first by its next invalidation), and the Remove answers the
 // failure, as when a key's own header cannot be zeroed. Recovery keeps no
-// record of removals: a ghost left valid would be found again.
+// record of removals: a ghost left valid would be found again. The same
+// holds while an older entry of the key, superseded by this one, is
+// still being invalidated: its zeroing may fail and leave a ghost after
+// the Remove has answered, so the removal waits for it (reqInval).
 func (s *Store) removeLocked(sh *shard, r ref, hide bool) (*ioTask, error) {
 	e := sh.ent(r.idx)
 	switch {
@@ -1529,7 +1536,7 @@ func (s *Store) removeLocked(sh *shard, r ref, hide bool) (*ioTask, error) {
 		return nil, errJoin // the writeback's is the only I/O
 	case e.io > 0 || e.flags&(fWB|fPromote) != 0:
 		return nil, ErrBusy
-	case e.flags&fL2 == 0 && !s.l2.hasGhosts(sh.keyOf(e)):
+	case e.flags&fL2 == 0 && !s.l2.olderHeaders(sh.keyOf(e)):
 		if e.flags&(fDirty|fTomb) == fDirty {
 			s.c.dirtyOwed.Add(^uint64(0))
 		}

@@ -431,26 +431,21 @@ func (t *tier2) endRemovedWriteback(sh *shard, it *ioTask, ok bool) {
 		sh.mu.Unlock()
 		t.wbInflight.Add(-1)
 		it.kind, it.cl, it.pos = kInval, w.cl, w.pos
-		t.reqInval(it)
-		t.submitOne(it)
+		t.resumeInval(it)
 		return
 	}
-	if t.hasGhosts(sh.keyOf(e)) {
-		// Nothing written, but older blocks of the key are still valid:
-		// the same task zeroes them (removeLocked) before the value goes,
-		// its I/O count the invalidation's. The value stays owed its
-		// writeback until then.
+	if t.olderHeaders(sh.keyOf(e)) {
+		// Nothing written, but older blocks of the key are still valid,
+		// or may be: the same task zeroes them (removeLocked) before the
+		// value goes, its I/O count the invalidation's. The value stays
+		// owed its writeback until then.
 		sh.mu.Unlock()
 		if errors.Is(it.err, ErrL2Full) {
 			t.l2Short.Store(true)
 		}
 		t.wbInflight.Add(-1)
 		it.kind, it.slot, it.err, it.cl, it.pos = kInval, noSlot, nil, w.cl, w.pos
-		if t.reqInval(it) {
-			t.submitOne(it)
-		} else {
-			t.endInval(it, nil, true)
-		}
+		t.resumeInval(it)
 		return
 	}
 	s.c.dirtyOwed.Add(^uint64(0))
@@ -616,8 +611,7 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 	it.waiters = it.waiters[:0]
 	if corrupt {
 		it.kind, it.drop, it.cl = kInval, true, nil
-		t.reqInval(it)
-		t.submitOne(it)
+		t.resumeInval(it)
 		return
 	}
 	t.freeTask(it)
@@ -626,7 +620,9 @@ func (t *tier2) endPromote(it *ioTask, err error, canFree, corrupt bool) {
 // startInvals dispatches header invalidations (Remove, L2 eviction). A
 // removal of a value in L1 only that finds no ghost of its key left to
 // zero (another invalidation of the key took them meanwhile) ends at
-// once, and is taken out of its: the slice holds the tasks dispatched.
+// once, and one that must wait for an older entry's invalidation parks
+// (reqInval); both are taken out of its: the slice holds the tasks
+// dispatched.
 func (t *tier2) startInvals(its []*ioTask, xts *[]*xfer.Task) error {
 	n := 0
 	for _, it := range its {
@@ -636,8 +632,11 @@ func (t *tier2) startInvals(its []*ioTask, xts *[]*xfer.Task) error {
 			t.mu.Unlock()
 			it.off = off
 		}
-		if !t.reqInval(it) {
+		switch t.reqInval(it) {
+		case invNone:
 			t.endInval(it, nil, true)
+			continue
+		case invParked:
 			continue
 		}
 		its[n] = it
@@ -647,39 +646,80 @@ func (t *tier2) startInvals(its []*ioTask, xts *[]*xfer.Task) error {
 	return t.submit(its[:n], xts)
 }
 
+// What reqInval has made of an invalidation.
+const (
+	invWrite  = iota // a header to zero: the caller submits the task
+	invNone          // nothing left to zero: the caller ends it (endInval)
+	invParked        // it waits for an older entry's invalidation (tier2.older)
+)
+
 // reqInval makes it zero the header of its slot (at it.off), or first
 // that of an older block of its key left valid in a quarantined slot
 // (tier2.ghosts), claimed for it: the key's newest header is zeroed only
 // once no older one is left for a restart to bring back, so a crash at
-// any write finds the key's newest value or nothing. It reports whether
-// there is a write to do: none once the ghosts are zeroed when the task
-// has no slot of its own (a value in L1 only, removeLocked).
-func (t *tier2) reqInval(it *ioTask) bool {
+// any write finds the key's newest value or nothing. It says invNone when
+// there is no write to do: once the ghosts are zeroed when the task has
+// no slot of its own (a value in L1 only, removeLocked).
+//
+// An older header may also be one that a superseded entry's invalidation
+// is zeroing right now (supersede), or a ghost such an invalidation has
+// claimed: that zeroing may fail and leave a ghost. The invalidation of a
+// newer entry of the key then parks, its ghosts zeroed, before its own
+// header (invParked): its key may not go, nor its Remove answer, until the
+// older invalidation has ended (endInval takes it up again, resumeInval).
+// A superseded entry's own invalidation never waits: it is the older one.
+func (t *tier2) reqInval(it *ioTask) int {
 	it.ghost = noSlot
-	if t.nghosts.Load() > 0 {
-		key := t.keyOf(it.r)
+	if t.nghosts.Load() > 0 || t.nolder.Load() > 0 {
+		// The shard's mu is held with t.mu, so that neither a supersede
+		// nor the end of an older invalidation (which records its ghost
+		// and ends under both) falls between finding no ghost and
+		// parking.
+		sh := &t.s.shards[it.r.sh]
+		sh.mu.Lock()
+		e := sh.ent(it.r.idx)
+		key := sh.keyOf(e)
 		t.mu.Lock()
-		if gs := t.ghosts[key]; len(gs) > 0 {
+		parked := false
+		if gs := t.ghosts[string(key)]; len(gs) > 0 {
 			it.ghost = gs[len(gs)-1]
 			if len(gs) == 1 {
-				delete(t.ghosts, key)
+				delete(t.ghosts, string(key))
 			} else {
-				t.ghosts[key] = gs[:len(gs)-1]
+				t.ghosts[string(key)] = gs[:len(gs)-1]
 			}
 			t.nghosts.Add(-1)
+		} else if o := t.older[string(key)]; o != nil && e.flags&fSuperseded == 0 {
+			o.parked = append(o.parked, it)
+			parked = true
 		}
 		t.mu.Unlock()
+		sh.mu.Unlock()
+		if parked {
+			return invParked
+		}
 	}
 	if it.ghost != noSlot {
 		_, _, _, off := t.slotAt(it.ghost)
 		t.reqSector(it, xfer.OpWrite, off, true)
-		return true
+		return invWrite
 	}
 	if it.slot == noSlot {
-		return false
+		return invNone
 	}
 	t.reqSector(it, xfer.OpWrite, it.off, true)
-	return true
+	return invWrite
+}
+
+// resumeInval goes on with invalidation it: its next write submitted, its
+// end if none is left, nothing if it parks (reqInval).
+func (t *tier2) resumeInval(it *ioTask) {
+	switch t.reqInval(it) {
+	case invWrite:
+		t.submitOne(it)
+	case invNone:
+		t.endInval(it, nil, true)
+	}
 }
 
 func (t *tier2) invalDone(it *ioTask, err error) {
@@ -703,11 +743,7 @@ func (t *tier2) invalDone(it *ioTask, err error) {
 	t.mu.Lock()
 	t.unquarantine(g)
 	t.mu.Unlock()
-	if !t.reqInval(it) { // the next ghost of the key, or its own header
-		t.endInval(it, nil, true)
-		return
-	}
-	t.submitOne(it)
+	t.resumeInval(it) // the next ghost of the key, or its own header
 }
 
 // unremove puts entry idx, whose invalidation did not take place (a
@@ -769,6 +805,10 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 			s.c.l2InvalFailed.Add(1)
 		}
 	}
+	var resume []*ioTask // the key's newer invalidations that waited for this one
+	if superseded {
+		resume = t.olderEnds(string(sh.keyOf(e)))
+	}
 	t.mu.Unlock()
 	var ferr error
 	if gone {
@@ -812,6 +852,10 @@ func (t *tier2) endInval(it *ioTask, err error, canRelease bool) {
 	sh.mu.Unlock()
 	cl, pos := it.cl, it.pos
 	t.freeTask(it)
+	for _, p := range resume {
+		// Each zeroes the ghost this one may have left first.
+		t.resumeInval(p)
+	}
 	if w.cl != nil {
 		// The key is gone as the Remove asked, or stays as it was: the
 		// header write failed, said in the Remove's code.
