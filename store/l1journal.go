@@ -309,13 +309,26 @@ func (s *Store) openJournal() ([]l1Rec, error) {
 // adoptL1 indexes the values openJournal kept (newest first), after the L2
 // recovery: a key L2 holds too gets its L1 copy when the two agree (same
 // length and crc32c), a key only in L1 is owed a writeback, and a record
-// that loses (a newer record of its key, a disagreeing L2 block) is dropped
-// with its block. The L1 LRU lists take them oldest first, so that the
-// newest are evicted last.
+// that loses to a newer record of its key is dropped with its block. The
+// L1 LRU lists take them oldest first, so that the newest are evicted
+// last.
+//
+// A record that disagrees with the key's L2 block wins over it. A valid
+// record is of its key's value when the daemon went: it is cleared before
+// its block is freed (l1Journal.drop), and a key is put again only once
+// its entry, and so its L1 block, has gone; a put over an entry being
+// evicted from L2 (supersede) finds it with no block in L1. The L2 block
+// is then older: a header that outlived a failed zeroing (a ghost of the
+// key, in a quarantined slot the journal knows nothing of), or one a
+// failed write left (stgUndo). It is zeroed here, as recovery zeroes the
+// loser of two headers of a key (a ghost of the key if that fails), and
+// the key's value is the record's, in L1 only and owed its writeback.
+// Letting the block win served the key's older value after the restart.
 func (s *Store) adoptL1(recs []l1Rec) {
 	j := s.jr
 	le := binary.LittleEndian
 	kept := make([]ref, 0, len(recs))
+	var stale []staleSlot // L2 blocks older than a record of their key
 	for _, r := range recs {
 		rec := j.rec(r.slot)
 		key := rec[32 : 32+int(le.Uint16(rec[4:]))]
@@ -337,6 +350,18 @@ func (s *Store) adoptL1(recs []l1Rec) {
 			e := sh.ent(idx)
 			e.l1 = r.off
 			e.flags |= fL1
+		case s.l2 != nil && sh.ent(idx).flags&fL1 == 0:
+			// Only on L2, with another value: an older one.
+			e := sh.ent(idx)
+			stale = append(stale, staleSlot{e.l2, string(key)})
+			s.l2.disown(e.l2)
+			sh.l2Del(idx)
+			e.l1, e.size, e.crc = r.off, r.size, r.crc
+			e.flags = e.flags&^fL2 | fL1 | fDirty
+			sh.dirtyAdd(idx)
+			s.c.dirtyOwed.Add(1)
+			s.c.l2Keys.Add(^uint64(0))
+			s.c.recovered.Add(^uint64(0))
 		default:
 			sh.mu.Unlock()
 			s.c.l1Dropped.Add(1)
@@ -355,6 +380,9 @@ func (s *Store) adoptL1(recs []l1Rec) {
 		sh.mu.Lock()
 		sh.lruAdd(kept[i].idx)
 		sh.mu.Unlock()
+	}
+	if len(stale) > 0 {
+		s.l2.zeroOlder(stale)
 	}
 	s.log.Info("store: L1 values kept across the restart", "recovered", s.c.l1Recovered.Load(),
 		"dropped", s.c.l1Dropped.Load(), "torn", s.c.l1Torn.Load(), "journal_records", j.n)

@@ -4,6 +4,7 @@ package store
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -247,4 +248,56 @@ func TestL1JournalKeepsLRUOrder(t *testing.T) {
 	e.s = s2
 	s2.evict(3*4096, 64)
 	mustCodes(t, "after evicting three", e.exists(keys), NotFound, NotFound, NotFound, OK, OK, OK, OK, OK, OK, OK)
+}
+
+// TestL1JournalNewerValueWinsOverAQuarantinedCopy: a key whose newer
+// value is in L1 only, journaled, has an older block on L2 whose header
+// outlived a failed zeroing (a ghost). Recovery finds that block, and the
+// journal's record disagrees with it. The L2 block used to win, and the
+// key read its older value after the restart; the record is the key's
+// value when the daemon went (a record is cleared before its block is
+// freed, and a key is put again only once its value has gone), so it
+// wins, and the older block's header is zeroed, or kept as a ghost of the
+// key when that fails: a Remove after the restart is not undone by the
+// next one.
+func TestL1JournalNewerValueWinsOverAQuarantinedCopy(t *testing.T) {
+	for _, failZero := range []bool{false, true} {
+		t.Run(fmt.Sprintf("zeroing at the restart fails %v", failZero), func(t *testing.T) {
+			e, jmem := journalEnv(t, 64, 16<<20, withL2(32<<20))
+			ss := e.s.NewSession()
+			keys := keysN("j", 1)
+			mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
+			e.putL1OverFailedEviction(t, ss, keys, 5000)
+			ss.Close()
+
+			if failZero {
+				e.failZeroWrites()
+			}
+			jmem2 := bytes.Clone(jmem) // the journal of the store after the restart
+			s2, _ := e.restartOver(jmem2)
+			e.s = s2
+			e.tr.Update(func(c *xfertest.Config) { c.Err = nil })
+			e.checkValues(keys, valuesFor(keys, 5000))
+			s2.check(t)
+			if st := s2.Stats(); st.Keys != 1 || st.L1Keys != 1 || st.L2Keys != 0 || st.Dirty != 1 {
+				t.Fatalf("after the restart: %+v, want the newer value in L1 only, owed its writeback", st)
+			}
+			want := 0
+			if failZero {
+				want = 1
+			}
+			if g := e.ghosts(keys[0]); g != want {
+				t.Fatalf("%d ghosts after the restart, want %d", g, want)
+			}
+			codes, errs := make([]Code, 1), make([]error, 1)
+			if _, err := s2.Remove(keys, codes, errs, nil, 0); err != nil {
+				t.Fatal(err)
+			}
+			mustCodes(t, "remove", codes, OK)
+
+			s3, _ := e.restartOver(bytes.Clone(jmem2))
+			e.s = s3
+			mustCodes(t, "removed, after a restart", e.exists(keys), NotFound)
+		})
+	}
 }

@@ -559,6 +559,28 @@ type staleSlot struct {
 	key  string
 }
 
+// disown takes slot id, recovered as a key's block, from its key, which
+// has a newer value (adoptL1): it is live no more, to be zeroed by
+// zeroOlder.
+func (t *tier2) disown(id uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ri, c, j, _ := t.slotAt(id)
+	t.regions[ri].owner[j] = staleOwner
+	t.regions[ri].live--
+	t.used -= t.g.slotSize(c)
+}
+
+// zeroOlder zeroes the slots adoptL1 disowned, as recovery zeroes its
+// stale ones, with every task of the table: it runs in New, after the
+// recovery and before the maintenance loop starts.
+func (t *tier2) zeroOlder(stale []staleSlot) {
+	its := t.takeAll(len(t.tasks), nil)
+	defer t.freeAll(its)
+	var xts []*xfer.Task
+	t.zeroStale(stale, its, &xts) // a slot it cannot zero is a ghost of its key
+}
+
 // zeroStale zeroes the headers of slots that hold a block no key uses, and
 // frees them.
 func (t *tier2) zeroStale(stale []staleSlot, its []*ioTask, xts *[]*xfer.Task) error {
