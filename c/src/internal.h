@@ -162,6 +162,12 @@ typedef struct tc__store_entry {
  * data area has no room now. TC_INVALID_ARGUMENT when len exceeds the
  * data area, TC_ECLOSED once the queue takes nothing more. */
 int tc__queue_store(tc_queue *q, const tc__store_entry *se, const tc_keys *keys, size_t len, size_t *accepted);
+/* queue_wait_room waits, after tc__queue_store found no room, until the
+ * daemon publishes an sq_head past the one this side last read (which may
+ * free room), and returns TC_OK; or TC_DEADLINE_EXCEEDED at deadline
+ * (absolute CLOCK_MONOTONIC; 0: none), TC_ECLOSED once the queue takes
+ * nothing more or its connection hung up (the daemon went away). */
+int tc__queue_wait_room(tc_queue *q, int64_t deadline);
 tc_conn *tc__queue_conn(const tc_queue *q);
 uint32_t tc__queue_data_size(const tc_queue *q);
 

@@ -13,7 +13,6 @@
  */
 #include <errno.h>
 #include <limits.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -436,6 +435,7 @@ static int kv_call(tc_kv *kv, uint8_t op, uint8_t flags, const tc_keys *keys, ui
 {
     uint64_t ud = ++kv->seq;
     int64_t start = tc__now_ns();
+    int64_t deadline = kv->timeout_ns >= 0 ? start + kv->timeout_ns : 0;
     size_t accepted = 0;
     for (;;) {
         int rc = store_call(kv->q, op, flags, keys, length, op == OP_LOOKUP_PREFIX ? NULL : kv->r, ud, &accepted);
@@ -445,10 +445,12 @@ static int kv_call(tc_kv *kv, uint8_t op, uint8_t flags, const tc_keys *keys, ui
             break;
         /* Nothing else is in flight on this queue: the daemon has taken the
          * last entry but not yet published its head, which frees its keys'
-         * bytes. */
-        if (kv->timeout_ns >= 0 && tc__now_ns() - start > kv->timeout_ns)
+         * bytes. The wait ends too when the daemon went away. */
+        rc = tc__queue_wait_room(kv->q, deadline);
+        if (rc == TC_DEADLINE_EXCEEDED)
             return TC_ETIMEDOUT;
-        sched_yield();
+        if (rc)
+            return rc;
     }
     int64_t left = -1;
     if (kv->timeout_ns >= 0) {

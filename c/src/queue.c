@@ -633,11 +633,30 @@ void tc_queue_get_waits(const tc_queue *q, tc_queue_waits *out)
 
 /* ---- the submission side (q->sq.mu held) ---------------------------------------- */
 
+#ifdef TC_TEST_HOOKS
+int tc__test_hold_sq_head;
+#endif
+
+/* daemon_head is the daemon's sq_head; last is the value this side read
+ * before, which the test build returns while a test holds the head back
+ * (tc__test_hold_sq_head: the daemon took entries and has not published
+ * it yet). */
+static uint32_t daemon_head(const tc_queue *q, uint32_t last)
+{
+#ifdef TC_TEST_HOOKS
+    if (__atomic_load_n(&tc__test_hold_sq_head, __ATOMIC_ACQUIRE))
+        return last;
+#else
+    (void)last;
+#endif
+    return __atomic_load_n(q->sq_head, __ATOMIC_ACQUIRE); /* acquire: its copies are done */
+}
+
 /* refresh_head reads the daemon's sq_head and frees the data the newly
  * taken entries referenced. */
 static void refresh_head(tc_queue *q)
 {
-    uint32_t h = __atomic_load_n(q->sq_head, __ATOMIC_ACQUIRE); /* acquire: its copies are done */
+    uint32_t h = daemon_head(q, q->sq.head);
     if (h == q->sq.head || h - q->sq.head > q->sq.tail - q->sq.head)
         return; /* nothing new, or a value that cannot be: keep the last */
     q->sq.data_head = q->sq.slot_data[(h - 1) & q->sq_mask];
@@ -877,6 +896,53 @@ void (*tc__test_nap)(int64_t ns) = nap_sleep_ns;
 #define spin_clock() tc__now_ns()
 #define nap_sleep(ns) nap_sleep_ns(ns)
 #endif
+
+/* ---- waiting for room ---------------------------------------------------------- */
+
+/* The naps of a wait for room, from the first to the longest. */
+#define ROOM_NAP_MIN_NS (16 * 1000LL)
+#define ROOM_NAP_MAX_NS (1000 * 1000LL)
+
+int tc__queue_wait_room(tc_queue *q, int64_t deadline)
+{
+    pthread_mutex_lock(&q->sq.mu);
+    uint32_t last = q->sq.head;
+    pthread_mutex_unlock(&q->sq.mu);
+    /* The daemon rings nothing when it publishes its head: this side
+     * spins for the queue's spin ceiling, as a reap does for its last
+     * completion, then naps, each nap twice the last up to
+     * ROOM_NAP_MAX_NS. A dead daemon publishes nothing, so the connection
+     * is checked for a hang-up every CHECK_NS, as a sleeping reap does. */
+    int64_t start = tc__now_ns(), checked = start, nap = ROOM_NAP_MIN_NS;
+    for (;;) {
+        if (daemon_head(q, last) != last)
+            return TC_OK;
+        int rc = queue_err(q);
+        if (rc)
+            return rc;
+        int64_t now = tc__now_ns();
+        if (now - start < q->cq.spin.max_ns) {
+            cpu_relax();
+            continue;
+        }
+        if (deadline && now >= deadline)
+            return TC_DEADLINE_EXCEEDED;
+        if (now - checked >= CHECK_NS) {
+            checked = now;
+            if (peer_gone(q)) {
+                /* Nothing will be taken any more: submits and reaps say so too. */
+                __atomic_store_n(&q->down, 1, __ATOMIC_RELEASE);
+                return TC_ECLOSED;
+            }
+        }
+        int64_t d = nap;
+        if (deadline && d > deadline - now)
+            d = deadline - now;
+        nap_sleep(d);
+        if (nap < ROOM_NAP_MAX_NS)
+            nap *= 2;
+    }
+}
 
 /* in_flight is how many requests were published and not reaped: each has
  * its CQE to come or ready. It reads the published sq_tail, this side's

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -902,7 +903,7 @@ static void *kv_caller(void *arg)
     int code;
     __atomic_store_n(&w->tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
     w->rc = tc_kv_exists(w->kv, one_key(&s, "k/0"), &code);
-    w->returned_ms = now_ms();
+    __atomic_store_n(&w->returned_ms, now_ms(), __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -976,6 +977,60 @@ void test_store_daemon_killed(void)
     tc_kv_close(kv);
     tc_close(c);
     tc_close(c2);
+    tcd_stop(&d);
+}
+
+static int blocked_in_nanosleep(pid_t tid) { return blocked_in(tid, SYS_clock_nanosleep); }
+
+/* thread_cpu_ms is how much CPU time thread th has used. */
+static int64_t thread_cpu_ms(pthread_t th)
+{
+    clockid_t id;
+    struct timespec ts;
+    if (pthread_getcpuclockid(th, &id) != 0 || clock_gettime(id, &ts) != 0)
+        return -1;
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A tc_kv without a timeout whose next entry finds no room (the daemon
+ * took the last ones and, held back here, has not published its head)
+ * naps while it waits, using little CPU, and a daemon killed meanwhile
+ * ends the call with TC_ECLOSED within its hang-up check. */
+void test_store_room_killed(void)
+{
+    tcd d;
+    start(&d, NULL);
+    tc_conn *c = dial(d.socket, 0);
+    tc_kv *kv;
+    REQUIRE(tc_kv_open(c, NULL, &kv) == TC_OK);
+    keyset s;
+    int code;
+    /* Two entries fill the tc_kv's ring of two as this side counts it: it
+     * reads the daemon's head only when the ring looks full. */
+    CHECK_RC(tc_kv_exists(kv, one_key(&s, "k/0"), &code), TC_OK);
+    CHECK_RC(tc_kv_exists(kv, one_key(&s, "k/0"), &code), TC_OK);
+    __atomic_store_n(&tc__test_hold_sq_head, 1, __ATOMIC_RELEASE);
+    caller a;
+    memset(&a, 0, sizeof a);
+    a.kv = kv;
+    start_caller(&a, kv_caller, blocked_in_nanosleep);
+    int64_t cpu0 = thread_cpu_ms(a.th), w0 = now_ms();
+    usleep(300 * 1000);
+    int64_t cpu = thread_cpu_ms(a.th) - cpu0, wall = now_ms() - w0;
+    CHECK(cpu >= 0 && cpu * 4 < wall);
+    int64_t t0 = now_ms();
+    forget(&d);
+    tcd_kill(&d);
+    /* Bounded: a wait that never checks would otherwise spin for good. */
+    while (!__atomic_load_n(&a.returned_ms, __ATOMIC_ACQUIRE) && now_ms() - t0 < 5000)
+        usleep(1000);
+    __atomic_store_n(&tc__test_hold_sq_head, 0, __ATOMIC_RELEASE);
+    pthread_join(a.th, NULL);
+    CHECK_RC(a.rc, TC_ECLOSED);
+    CHECK(a.returned_ms - t0 < 3000);
+    CHECK_RC(tc_kv_exists(kv, one_key(&s, "k/0"), &code), TC_ECLOSED);
+    tc_kv_close(kv);
+    tc_close(c);
     tcd_stop(&d);
 }
 
