@@ -479,7 +479,7 @@ func (c *Client) roundTrip(sendFD int, recvFD *int) error {
 		// waiting to be read and says more than EPIPE.
 		c.uc.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 		if rerr := c.readResponse(nil); rerr == nil && c.resp.RequestID == 0 && c.resp.Status != tcproto.CodeOK {
-			return c.fail(&StatusError{Code: c.resp.Status, Message: string(c.resp.Message)})
+			return c.fail(statusErr(&c.resp))
 		}
 		return c.fail(fmt.Errorf("tensorcast: sending to %s: %w", c.socket, err))
 	}
@@ -491,14 +491,25 @@ func (c *Client) roundTrip(sendFD int, recvFD *int) error {
 		return c.fail(fmt.Errorf("%w: answer to request %d, sent %d", ErrProtocol, r.RequestID, c.req.Ctx.RequestID))
 	}
 	if r.Status != tcproto.CodeOK {
-		if r.RequestID == 0 {
+		err := statusErr(r)
+		if r.RequestID == 0 || !knownCode(r.Status) {
 			// Not an answer to this request: a refusal of the connection
-			// or of a bad frame; the daemon closes the connection.
-			c.fail(&StatusError{Code: r.Status, Message: string(r.Message)})
+			// or of a bad frame; the daemon closes the connection. A
+			// status the protocol does not name breaks it too.
+			return c.fail(err)
 		}
-		return &StatusError{Code: r.Status, Message: string(r.Message)}
+		return err
 	}
 	return nil
+}
+
+// statusErr is the error of r's non-OK status: a *StatusError, or
+// ErrProtocol for a status the protocol does not name.
+func statusErr(r *wire.Response) error {
+	if !knownCode(r.Status) {
+		return fmt.Errorf("%w: status %d", ErrProtocol, r.Status)
+	}
+	return &StatusError{Code: r.Status, Message: string(r.Message)}
 }
 
 func (c *Client) readResponse(recvFD *int) error {

@@ -75,3 +75,53 @@ func TestTransportErrorCodes(t *testing.T) {
 		})
 	}
 }
+
+// A code the protocol does not name (past INTERNAL) is a protocol
+// violation wherever it comes: a call's status fails the call with
+// ErrProtocol and closes the client; a per-item code, a completion's and a
+// results region's call code are ErrProtocol, never a raw code.
+func TestUnknownCodes(t *testing.T) {
+	const unknown = tcproto.CodeINTERNAL + 1
+	reqs := []xfer.Request{{Op: xfer.OpWrite, Local: 2, Target: 1, Length: 1}, {Op: xfer.OpWrite, Local: 2, Target: 1, Length: 1}}
+	sock := fakeDaemon(t, func(m *wire.Request) wire.Response {
+		if _, ok := m.Body.(*wire.SubmitRequest); ok {
+			return wire.Response{Body: &wire.SubmitResponse{Codes: []wire.Code{tcproto.CodeOK, unknown}}}
+		}
+		return wire.Response{Status: unknown, Message: []byte("?")}
+	})
+	c, err := Dial(sock, Options{NoPool: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	res := make([]error, 2)
+	if err := c.Submit(1, reqs, res); err != nil || res[0] != nil || !errors.Is(res[1], ErrProtocol) {
+		t.Fatalf("submit: %v, results %v; want item 1 ErrProtocol", err, res)
+	}
+	if err := c.Ping(nil); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("ping answered status %d: %v, want ErrProtocol", unknown, err)
+	}
+	if err := c.Ping(nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("client still used after a status the protocol does not name: %v", err)
+	}
+	if err := (Completion{Code: unknown}).Err(); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("completion code %d: %v, want ErrProtocol", unknown, err)
+	}
+	if err := (Completion{Code: tcproto.CodeINTERNAL}).Err(); !errors.Is(err, ErrInternal) {
+		t.Fatalf("completion code INTERNAL: %v, want ErrInternal", err)
+	}
+	// A queue's completion carries a u32: no code past INTERNAL reads as
+	// one the protocol names once it is a Code.
+	for _, raw := range []uint32{uint32(unknown), 0xff, 0x100 + uint32(tcproto.CodeNOT_FOUND), 1 << 31} {
+		if err := (Completion{Code: completionCode(raw)}).Err(); !errors.Is(err, ErrProtocol) {
+			t.Errorf("completion code %#x: %v, want ErrProtocol", raw, err)
+		}
+	}
+	if c := completionCode(uint32(tcproto.CodeNOT_FOUND)); c != tcproto.CodeNOT_FOUND {
+		t.Errorf("completion code NOT_FOUND read as %s", c)
+	}
+	r := &Results{}
+	if err := r.Check(Completion{Code: unknown}); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("results of a call with code %d: %v, want ErrProtocol", unknown, err)
+	}
+}

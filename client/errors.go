@@ -76,14 +76,36 @@ func codeErr(c wire.Code) error {
 		return ErrDeadlineExceeded
 	case tcproto.CodeUNAVAILABLE:
 		return ErrUnavailable
+	case tcproto.CodeINTERNAL:
+		return ErrInternal
 	}
-	return ErrInternal
+	return ErrProtocol // a code the protocol does not name
 }
 
-// itemErr is the error of one positional item: nil for OK.
+// knownCode reports whether the protocol names c: a daemon that sends
+// another speaks a protocol this client does not, and the code comes back
+// as ErrProtocol, never as it came.
+func knownCode(c wire.Code) bool { return c <= tcproto.CodeINTERNAL }
+
+// completionCode is a completion's u32 code as a Code: one past what a
+// Code holds would otherwise be cut to a byte (258 would read NOT_FOUND),
+// so every code the protocol does not name becomes 0xff, whose Err is
+// ErrProtocol.
+func completionCode(c uint32) wire.Code {
+	if c > uint32(tcproto.CodeINTERNAL) {
+		return 0xff
+	}
+	return wire.Code(c)
+}
+
+// itemErr is the error of one positional item: nil for OK, ErrProtocol
+// for a code the protocol does not name.
 func itemErr(c wire.Code) error {
 	if c == tcproto.CodeOK {
 		return nil
+	}
+	if !knownCode(c) {
+		return fmt.Errorf("%w: item code %d", ErrProtocol, c)
 	}
 	return &StatusError{Code: c, Message: "item failed"}
 }

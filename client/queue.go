@@ -45,7 +45,7 @@ func WithRequestTimeout(d time.Duration) QueueOption {
 type Completion struct {
 	UserData uint64
 	N        uint64     // bytes moved
-	Code     wire.Code  // OK, or why the request failed
+	Code     wire.Code  // OK, or why the request failed (Err is ErrProtocol for a code the protocol does not name)
 	State    xfer.State // the task's terminal state; 0 when the daemon refused it before it ran
 }
 
@@ -272,7 +272,7 @@ func (q *Queue) Reap(out []Completion, atLeast int, timeout time.Duration) (int,
 	}
 	n := q.ring.Reap(q.cqes[:min(len(out), len(q.cqes))])
 	for i, e := range q.cqes[:n] {
-		out[i] = Completion{UserData: e.UserData, N: e.Result, Code: wire.Code(e.Code), State: xfer.State(e.State)}
+		out[i] = Completion{UserData: e.UserData, N: e.Result, Code: completionCode(e.Code), State: xfer.State(e.State)}
 	}
 	switch {
 	case werr == nil && n >= atLeast:

@@ -16,6 +16,9 @@
  *    Code), or a negative library-local code (TC_ECLOSED .. TC_EINTERNAL) for
  *    a failure on this side. tc_strerror names each. A bad argument found
  *    before anything is sent is TC_INVALID_ARGUMENT, as the daemon would say.
+ *  - A status the daemon sends that the protocol does not name fails the
+ *    call with TC_EPROTO; a per-item code, a completion's code or a task
+ *    state it does not name is handed on as TC_EPROTO.
  *  - No call aborts, exits or raises a signal: the socket is written with
  *    MSG_NOSIGNAL, EINTR is retried, allocation failures are TC_ENOMEM.
  *  - Batch calls are positional: codes[i] is the code of item i, for exactly

@@ -39,7 +39,10 @@ static int get_batch(tc_conn *c, void *out)
 
 static int get_task(tc_conn *c, void *out)
 {
-    *(tc_task_info *)out = c->resp.task;
+    tc_task_info *t = out;
+    *t = c->resp.task;
+    t->state = tc__state((uint64_t)t->state);
+    t->code = tc__code((uint64_t)t->code);
     return TC_OK;
 }
 
@@ -512,7 +515,7 @@ static int transferred(tc_conn *c, void *out)
     if (rc == TC_OK)
         rc = tc__codes(c, t->codes, n);
     for (size_t i = 0; rc == TC_OK && t->states && i < n; i++)
-        t->states[i] = c->resp.states[i];
+        t->states[i] = tc__state(c->resp.states[i]);
     if (rc == TC_OK && t->summary)
         *t->summary = c->resp.summary;
     return rc;

@@ -134,7 +134,7 @@ int tc__codes(tc_conn *c, int *codes, size_t n)
 {
     int rc = tc__positional(c, c->resp.n_codes, n);
     for (size_t i = 0; rc == TC_OK && i < n; i++)
-        codes[i] = c->resp.codes[i];
+        codes[i] = tc__code(c->resp.codes[i]);
     return rc;
 }
 
@@ -345,7 +345,7 @@ int tc__round_trip(tc_conn *c, const tc_trip *t)
          * more than a broken pipe. */
         if (rc == TC_ECLOSED && recv_frame(c, NULL, NULL, tc__now_ns() + REFUSAL_WAIT_NS) == TC_OK &&
             c->resp.request_id == 0 && c->resp.status != TC_OK)
-            rc = c->resp.status;
+            rc = tc__code((uint64_t)c->resp.status);
         return tc__fail(c, rc);
     }
     rc = recv_frame(c, t->recv_fd, t->recv_fd2, deadline);
@@ -357,10 +357,15 @@ int tc__round_trip(tc_conn *c, const tc_trip *t)
     const tcw_resp *r = &c->resp;
     if (r->request_id != 0 && r->request_id != c->req.request_id)
         rc = tc__fail(c, TC_EPROTO);
-    else if (r->status != TC_OK)
+    else if (r->status != TC_OK) {
         /* A status not answering this request (request id 0) refuses the
-         * connection or a bad frame: the daemon closes the connection. */
-        rc = r->request_id == 0 ? tc__fail(c, r->status) : r->status;
+         * connection or a bad frame: the daemon closes the connection. One
+         * the protocol does not name is a violation (TC_EPROTO), which
+         * breaks the connection too. */
+        rc = tc__code((uint64_t)r->status);
+        if (r->request_id == 0 || rc == TC_EPROTO)
+            rc = tc__fail(c, rc);
+    }
     else if (r->kind != c->req.kind)
         rc = tc__fail(c, TC_EPROTO);
     if (rc) {

@@ -137,6 +137,13 @@ int tc__codes(tc_conn *c, int *codes, size_t n);
  * fault every later access of this process's mapping (SIGBUS). */
 int tc__sealed(int fd);
 
+/* code and state are a code or a task state the daemon sent, as the
+ * library hands it to its caller: the value when the protocol names it,
+ * else TC_EPROTO. The header promises the protocol's values only; one past
+ * them comes from a daemon speaking a protocol this library does not. */
+static inline int tc__code(uint64_t v) { return v <= TC_INTERNAL ? (int)v : TC_EPROTO; }
+static inline int tc__state(uint64_t v) { return v <= TC_TASK_CANCELED ? (int)v : TC_EPROTO; }
+
 /* gen is c's generation now (see tc_conn.gen). */
 static inline uint32_t tc__gen(const tc_conn *c) { return __atomic_load_n(&c->gen, __ATOMIC_ACQUIRE); }
 

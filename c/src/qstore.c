@@ -238,6 +238,8 @@ int tc_results_check(tc_results *r, const tc_cqe *cqe, int *codes, uint64_t *off
 {
     if (!r || !cqe || !codes || r->n == 0)
         return TC_INVALID_ARGUMENT;
+    if (cqe->code < TC_OK || cqe->code > TC_INTERNAL)
+        return broken(r->c); /* a code the protocol does not name (TC_EPROTO from the reap) */
     /* The region is memory the daemon writes: each record is copied out
      * once and what is returned is that copy, checked, never a second read
      * of the region (which could say something else by then). */
@@ -287,6 +289,8 @@ int tc_prefix_check(tc_queue *q, const tc_cqe *cqe, size_t n, size_t *found)
         *found = 0;
     if (!q || !cqe || !found)
         return TC_INVALID_ARGUMENT;
+    if (cqe->code < TC_OK || cqe->code > TC_INTERNAL)
+        return broken(tc__queue_conn(q));
     if (cqe->code != TC_OK)
         return cqe->code;
     if (cqe->transferred > n)

@@ -865,8 +865,8 @@ static size_t take(tc_queue *q, tc_cqe *out, size_t max)
         memcpy(&e, q->mem + q->g.cq_off + (size_t)((q->cq.head + i) & q->cq_mask) * Q_CQE, sizeof e);
         out[i].user_data = e.user_data;
         out[i].transferred = e.result;
-        out[i].code = e.code <= INT_MAX ? (int)e.code : TC_EPROTO;
-        out[i].state = e.state;
+        out[i].code = tc__code(e.code);
+        out[i].state = tc__state(e.state);
     }
     q->cq.head += n;
     /* Release: the entries are read before the daemon may reuse their

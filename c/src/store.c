@@ -82,7 +82,7 @@ static int key_u64s(tc_conn *c, void *out)
         if (c->resp.codes[i] == TC_OK && !fits(c, i))
             rc = tc__fail(c, TC_EPROTO);
     for (size_t i = 0; rc == TC_OK && i < n; i++) {
-        d->codes[i] = c->resp.codes[i];
+        d->codes[i] = tc__code(c->resp.codes[i]);
         d->u64s[i] = c->req.kind == TCW_STORE_RESERVE && d->codes[i] != TC_OK ? 0 : c->resp.u64s[i];
     }
     return rc;

@@ -505,6 +505,43 @@ static void test_wait_target(void)
     }
 }
 
+/* A completion's code and state the protocol does not name (the
+ * daemon's u32 code, u8 state) reach the caller as TC_EPROTO, each. */
+static void test_unknown_codes(void)
+{
+    static const struct {
+        uint32_t code;
+        uint8_t state;
+        int want_code, want_state;
+    } cases[] = {
+        {TC_OK, TC_TASK_COMPLETED, TC_OK, TC_TASK_COMPLETED},
+        {TC_INTERNAL, TC_TASK_CANCELED, TC_INTERNAL, TC_TASK_CANCELED},
+        {TC_INTERNAL + 1, TC_TASK_FAILED, TC_EPROTO, TC_TASK_FAILED},
+        {0xffffffffu, TC_TASK_FAILED, TC_EPROTO, TC_TASK_FAILED},
+        {TC_NOT_FOUND, TC_TASK_CANCELED + 1, TC_NOT_FOUND, TC_EPROTO},
+        {TC_NOT_FOUND, 0xff, TC_NOT_FOUND, TC_EPROTO},
+    };
+    enum { N = sizeof cases / sizeof cases[0] };
+    submit(N);
+    for (uint32_t i = 0; i < N; i++) {
+        uint8_t *e = fk.m + 4096 + ENTRIES * 64 + (size_t)(fk.cq_tail & (2 * ENTRIES - 1)) * 32;
+        post(i); /* published, and read only by the reap below */
+        memcpy(e + 16, &cases[i].code, sizeof cases[i].code);
+        e[20] = cases[i].state;
+    }
+    tc_cqe c[N];
+    size_t n = 0;
+    CHECK_RC(tc_queue_reap(fk.q, c, N, N, 0, &n), TC_OK);
+    CHECK(n == N);
+    for (size_t i = 0; i < n; i++) {
+        if (c[i].user_data != i || c[i].code != cases[i].want_code || c[i].state != cases[i].want_state) {
+            fprintf(stderr, "completion %zu: code %d state %d, want %d and %d\n", i, c[i].code, c[i].state,
+                    cases[i].want_code, cases[i].want_state);
+            CHECK(0);
+        }
+    }
+}
+
 void test_queue_waits(void)
 {
     test_tail_early();
@@ -522,6 +559,7 @@ void test_queue_waits(void)
     tc__test_spin_clock = clock;
     tc__test_nap = nap;
     test_wait_target();
+    test_unknown_codes();
     tc__test_queue_free(fk.q);
     printf("tc_test: queue waits: the tail's rules, naps and wake-up targets on a queue with no daemon\n");
 }

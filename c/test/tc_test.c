@@ -1019,8 +1019,62 @@ static void relay_case(const tcd *d, int at, void (*mutate)(uint8_t *, size_t *)
     relay_join(&r);
 }
 
+/* unknown_status makes a refusal's status one past TC_INTERNAL. */
+static void unknown_status(uint8_t *f, size_t *n)
+{
+    uint8_t *root = f + 4 + get32(f + 4);
+    uint8_t *st = field(f, *n, root, 0); /* Response.status, absent when OK */
+    if (st && *st != TC_OK)
+        *st = TC_INTERNAL + 1;
+}
+
+/* unknown_item_code makes the five-code answer's second code 200. */
+static void unknown_item_code(uint8_t *f, size_t *n)
+{
+    uint8_t *p = find(f, *n, five_codes, sizeof five_codes);
+    if (p)
+        p[5] = 200;
+}
+
+/* Codes the protocol does not name: a status fails the call with
+ * TC_EPROTO and breaks the connection; a per-item code is TC_EPROTO. */
+static void test_unknown_codes(const tcd *d)
+{
+    relay r;
+    memset(&r, 0, sizeof r);
+    r.mutate_at = 3;
+    r.mutate = unknown_status;
+    relay_start(&r, d->dir, d->socket);
+    tc_conn *c = dial(r.path, 5000);
+    tc_summary sum;
+    CHECK_RC(tc_batch_status(c, 999999, &sum, NULL), TC_EPROTO); /* request 3: NOT_FOUND */
+    CHECK(r.mutated);
+    CHECK_RC(tc_ping(c, "again", 5, NULL), TC_ECLOSED);
+    tc_close(c);
+    relay_join(&r);
+
+    memset(&r, 0, sizeof r);
+    r.mutate_at = 4;
+    r.mutate = unknown_item_code;
+    relay_start(&r, d->dir, d->socket);
+    c = dial(r.path, 5000);
+    tc_buffer *b;
+    REQUIRE(tc_buffer_create(c, 65536, &b, NULL) == TC_OK); /* request 3 */
+    tc_request rq[5];
+    for (int i = 0; i < 5; i++)
+        rq[i] = req(TC_OP_WRITE, i % 2 ? 999999 : b->id, 0, b->id, 4096, 128);
+    int codes[5];
+    CHECK_RC(tc_transfer(c, rq, 5, NULL, 5000, codes, NULL, NULL, NULL), TC_OK); /* request 4 */
+    CHECK(r.mutated);
+    CHECK(codes[0] == TC_OK && codes[1] == TC_EPROTO && codes[2] == TC_OK && codes[3] == TC_NOT_FOUND);
+    CHECK_RC(tc_buffer_destroy(c, b, NULL), TC_OK);
+    tc_close(c);
+    relay_join(&r);
+}
+
 static void test_bad_answers(const tcd *d)
 {
+    test_unknown_codes(d);
     /* The five-code answer, one short and one long: the whole call fails. */
     relay_case(d, 4, short_codes, 0, TC_EPROTO);
     relay_case(d, 4, long_codes, 0, TC_EPROTO);
