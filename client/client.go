@@ -490,6 +490,11 @@ func (c *Client) roundTrip(sendFD int, recvFD *int) error {
 	if r.RequestID != 0 && r.RequestID != c.req.Ctx.RequestID {
 		return c.fail(fmt.Errorf("%w: answer to request %d, sent %d", ErrProtocol, r.RequestID, c.req.Ctx.RequestID))
 	}
+	if r.RequestID == 0 && r.Status == tcproto.CodeOK {
+		// Request id 0 answers no request: the daemon sends it only with a
+		// refusal (a connection refused, a frame it could not read).
+		return c.fail(fmt.Errorf("%w: an OK answer to request 0, sent %d", ErrProtocol, c.req.Ctx.RequestID))
+	}
 	if r.Status != tcproto.CodeOK {
 		err := statusErr(r)
 		if r.RequestID == 0 || !knownCode(r.Status) {

@@ -373,6 +373,10 @@ func fakeDaemonAll(t *testing.T, answer func(*wire.Request) (wire.Response, int)
 	return sock
 }
 
+// answerToNone is an answer's RequestID that serveFake sends as 0 (one
+// left 0 answers the request read).
+const answerToNone = ^uint64(0)
+
 func serveFake(c net.Conn, answer func(*wire.Request) (wire.Response, int), closed chan<- struct{}) {
 	defer c.Close()
 	b := flatbuffers.NewBuilder(0)
@@ -390,8 +394,11 @@ func serveFake(c net.Conn, answer func(*wire.Request) (wire.Response, int), clos
 			return
 		}
 		r, fd := answer(&m)
-		if r.RequestID == 0 {
+		switch r.RequestID {
+		case 0:
 			r.RequestID = m.Ctx.RequestID
+		case answerToNone:
+			r.RequestID = 0
 		}
 		frame := wire.EncodeResponse(b, &r)
 		var err error
@@ -487,6 +494,9 @@ func TestPositionalMismatch(t *testing.T) {
 		{"wrong body", wire.Response{Body: &wire.PingResponse{}},
 			func(c *Client) error { _, err := c.AllocBatch(1); return err }},
 		{"wrong request id", wire.Response{RequestID: 999, Body: &wire.AllocBatchResponse{}},
+			func(c *Client) error { _, err := c.AllocBatch(1); return err }},
+		// Request id 0 is for refusals only: an OK answer with it is none.
+		{"ok answer to request id 0", wire.Response{RequestID: answerToNone, Body: &wire.AllocBatchResponse{}},
 			func(c *Client) error { _, err := c.AllocBatch(1); return err }},
 	}
 	for _, tc := range cases {

@@ -357,6 +357,10 @@ int tc__round_trip(tc_conn *c, const tc_trip *t)
     const tcw_resp *r = &c->resp;
     if (r->request_id != 0 && r->request_id != c->req.request_id)
         rc = tc__fail(c, TC_EPROTO);
+    else if (r->request_id == 0 && r->status == TC_OK)
+        /* Request id 0 answers no request: the daemon sends it only with a
+         * refusal (a connection refused, a frame it could not read). */
+        rc = tc__fail(c, TC_EPROTO);
     else if (r->status != TC_OK) {
         /* A status not answering this request (request id 0) refuses the
          * connection or a bad frame: the daemon closes the connection. One

@@ -112,8 +112,9 @@ int tc__call(tc_conn *c, const tcw_req *req, tc__decode decode, void *out, const
 int tc__call_fd(tc_conn *c, const tcw_req *req, int send_fd, tc__decode decode, void *out, const tc_call_opts *o);
 
 /* round_trip encodes c->req, sends it, reads the answer into c->resp and
- * checks that it answers this request with body kind. A non-OK status is
- * returned as its code. Any failure of the stream breaks the connection.
+ * checks that it answers this request with body kind (request id 0 only
+ * with a refusal, a non-OK status). A non-OK status is returned as its
+ * code. Any failure of the stream breaks the connection.
  * Called with c locked. */
 int tc__round_trip(tc_conn *c, const tc_trip *t);
 

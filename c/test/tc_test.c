@@ -1072,9 +1072,21 @@ static void test_unknown_codes(const tcd *d)
     relay_join(&r);
 }
 
+/* zero_request_id makes an answer's request id 0: an OK answer that
+ * says it answers no request. */
+static void zero_request_id(uint8_t *f, size_t *n)
+{
+    uint8_t *root = f + 4 + get32(f + 4);
+    uint8_t *id = field(f, *n, root, 4); /* Response.request_id, a u64 */
+    if (id)
+        memset(id, 0, 8);
+}
+
 static void test_bad_answers(const tcd *d)
 {
     test_unknown_codes(d);
+    /* Request id 0 is for refusals only: an OK answer with it is none. */
+    relay_case(d, 4, zero_request_id, 0, TC_EPROTO);
     /* The five-code answer, one short and one long: the whole call fails. */
     relay_case(d, 4, short_codes, 0, TC_EPROTO);
     relay_case(d, 4, long_codes, 0, TC_EPROTO);
