@@ -194,7 +194,11 @@ func (c *Client) TaskStatus(batch xfer.BatchID, i int, opts ...CallOption) (Task
 	if err != nil {
 		return TaskStatus{}, err
 	}
-	return TaskStatus{State: xfer.State(r.State), Transferred: r.Transferred, Err: itemErr(r.Code)}, nil
+	st, ok := completionState(uint32(r.State))
+	if !ok {
+		return TaskStatus{}, fmt.Errorf("%w: task state %d", ErrProtocol, r.State)
+	}
+	return TaskStatus{State: st, Transferred: r.Transferred, Err: itemErr(r.Code)}, nil
 }
 
 // BatchStatus returns batch's summary.

@@ -125,3 +125,31 @@ func TestUnknownCodes(t *testing.T) {
 		t.Fatalf("results of a call with code %d: %v, want ErrProtocol", unknown, err)
 	}
 }
+
+// A task state the protocol does not name is a protocol violation too: a
+// TaskStatus answering one fails with ErrProtocol, and a queue completion
+// carrying one reads as failed with ErrProtocol, never as a raw state a
+// caller's switch would not know.
+func TestUnknownStates(t *testing.T) {
+	for _, raw := range []uint32{0, uint32(xfer.StateCanceled) + 1, 0xff} {
+		sock := fakeDaemon(t, func(m *wire.Request) wire.Response {
+			return wire.Response{Body: &wire.TaskStatusResponse{State: tcproto.TaskState(raw)}}
+		})
+		c, err := Dial(sock, Options{NoPool: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := c.TaskStatus(1, 0); !errors.Is(err, ErrProtocol) {
+			t.Errorf("task state %d: %+v, %v; want ErrProtocol", raw, st, err)
+		}
+		c.Close()
+		if st, ok := completionState(raw); ok || st != xfer.StateFailed {
+			t.Errorf("completion state %d: %v, %v; want failed and not one the protocol names", raw, st, ok)
+		}
+	}
+	for s := xfer.StateWaiting; s <= xfer.StateCanceled; s++ {
+		if st, ok := completionState(uint32(s)); !ok || st != s {
+			t.Errorf("completion state %v read as %v, %v", s, st, ok)
+		}
+	}
+}

@@ -98,6 +98,16 @@ func completionCode(c uint32) wire.Code {
 	return wire.Code(c)
 }
 
+// completionState is a queue completion's state: one the protocol names,
+// else StateFailed (its code then says ErrProtocol: completionCode maps
+// such a completion's code too, in Reap).
+func completionState(s uint32) (xfer.State, bool) {
+	if st := xfer.State(s); st >= xfer.StateWaiting && st <= xfer.StateCanceled {
+		return st, true
+	}
+	return xfer.StateFailed, false
+}
+
 // itemErr is the error of one positional item: nil for OK, ErrProtocol
 // for a code the protocol does not name.
 func itemErr(c wire.Code) error {

@@ -272,7 +272,11 @@ func (q *Queue) Reap(out []Completion, atLeast int, timeout time.Duration) (int,
 	}
 	n := q.ring.Reap(q.cqes[:min(len(out), len(q.cqes))])
 	for i, e := range q.cqes[:n] {
-		out[i] = Completion{UserData: e.UserData, N: e.Result, Code: completionCode(e.Code), State: xfer.State(e.State)}
+		out[i] = Completion{UserData: e.UserData, N: e.Result, Code: completionCode(e.Code)}
+		var ok bool
+		if out[i].State, ok = completionState(uint32(e.State)); !ok {
+			out[i].Code = 0xff // ErrProtocol
+		}
 	}
 	switch {
 	case werr == nil && n >= atLeast:
