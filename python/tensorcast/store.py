@@ -279,6 +279,19 @@ def _extents(ext: Any) -> Any:
     return (_lib.Extent * n).from_buffer(flat) if n else None, flat
 
 
+def _unset_codes(n: int) -> Any:
+    """A codes array for a pinning call: a slot the library leaves unwritten
+    reads as not pinned."""
+    return (ctypes.c_int * n)(*([int(Status.FAILED_PRECONDITION)] * n))
+
+
+def _pinned(parts: Sequence[Tuple[List[bytes], Any]]) -> List[bytes]:
+    """The keys a pinning call's parts pinned: each part is registered with
+    its codes array before its call, so that an exception raised at any
+    point after the library wrote them still finds them."""
+    return [k for keys, codes in parts for k, c in zip(keys, codes) if c == 0]
+
+
 class Reservation:
     """Pool blocks reserved for keys (:meth:`StoreCalls.reserve`): ``views``
     are writable memoryviews of them (None for a key whose Status in
@@ -563,16 +576,24 @@ class StoreCalls:
         """How many leading keys of the chain are stored. With pin they are
         also pinned for this client in the same call, so that a get of them
         cannot miss (unpin ``keys[:n]`` after)."""
-        total = 0
-        for lo, hi in _chunks(len(keys), self._max_keys):
-            ks, packed = _pack(keys[lo:hi])
-            found = ctypes.c_size_t()
-            self._check(self._run_kv("lookup_prefix", lib.tc_kv_lookup_prefix, ctypes.byref(ks), int(pin),
-                                     ctypes.byref(found)), "lookup_prefix")
-            total += found.value
-            if found.value < hi - lo:
-                break
-        return total
+        kb = [_key(k) for k in keys] if pin else keys
+        parts: List[Tuple[int, Any]] = []  # each part's first key and found, registered before its call
+        try:
+            for lo, hi in _chunks(len(kb), self._max_keys):
+                ks, packed = _pack(kb[lo:hi])
+                found = ctypes.c_size_t()
+                parts.append((lo, found))
+                self._check(self._run_kv("lookup_prefix", lib.tc_kv_lookup_prefix, ctypes.byref(ks), int(pin),
+                                         ctypes.byref(found)), "lookup_prefix")
+                if found.value < hi - lo:
+                    break
+        except BaseException:
+            # The caller never learns how many keys were pinned before the
+            # exception, so they are given back here.
+            if pin:
+                self._unpin_quietly([k for lo, found in parts for k in kb[lo:lo + found.value]])
+            raise
+        return sum(found.value for _, found in parts)
 
     def remove(self, keys: Sequence[Key], opts: Optional["CallOptions"] = None) -> List[Status]:
         """Removes keys: one Status per key (OK also for an absent key,
@@ -619,6 +640,16 @@ class StoreCalls:
             ks, packed = _pack(keys[lo:hi])
             codes = (ctypes.c_int * (hi - lo))()
             self._check(self._run_kv("unpin", lib.tc_kv_unpin, ctypes.byref(ks), codes), f"unpin of {hi - lo} keys")
+
+    def _unpin_quietly(self, keys: Sequence[Key]) -> None:
+        """Gives back pins a call that is raising took; the exception it
+        raises is the one the caller sees."""
+        if not keys:
+            return
+        try:
+            self._unpin_queue(keys)
+        except Exception:  # noqa: BLE001 - a broken connection took its pins with it
+            pass
 
     # -- zero copy ------------------------------------------------------------
 
@@ -677,17 +708,26 @@ class StoreCalls:
         ``offsets[i]`` and ``lengths[i]`` (0 where ``codes[i]`` is not OK), to
         be read in place through ``pool.view`` (or another client's mapping
         of the same pool) and then given back with :meth:`release`."""
+        kb = [_key(k) for k in keys]
         codes: List[Status] = []
         offsets: List[int] = []
         lengths: List[int] = []
-        for lo, hi in _chunks(len(keys), self._max_keys):
-            ks, packed = _pack(keys[lo:hi])
-            m = hi - lo
-            cs, offs, lens = (ctypes.c_int * m)(), (ctypes.c_uint64 * m)(), (ctypes.c_uint64 * m)()
-            self._check(self._run_kv("get", lib.tc_kv_get, ctypes.byref(ks), offs, lens, cs), f"get of {m} keys")
-            codes.extend(_status(c) for c in cs)
-            offsets.extend(offs)
-            lengths.extend(lens)
+        parts: List[Tuple[List[bytes], Any]] = []
+        try:
+            for lo, hi in _chunks(len(kb), self._max_keys):
+                ks, packed = _pack(kb[lo:hi])
+                m = hi - lo
+                cs, offs, lens = _unset_codes(m), (ctypes.c_uint64 * m)(), (ctypes.c_uint64 * m)()
+                parts.append((kb[lo:hi], cs))  # before the call: see _pinned
+                self._check(self._run_kv("get", lib.tc_kv_get, ctypes.byref(ks), offs, lens, cs), f"get of {m} keys")
+                codes.extend(_status(c) for c in cs)
+                offsets.extend(offs)
+                lengths.extend(lens)
+        except BaseException:
+            # The caller never sees the pins of the parts that went through:
+            # give them back.
+            self._unpin_quietly(_pinned(parts))
+            raise
         return Locations(codes, offsets, lengths)
 
     def release(self, keys: Sequence[Key]) -> List[Status]:
@@ -719,26 +759,24 @@ class StoreCalls:
         codes: List[Status] = []
         views: List[Optional[memoryview]] = []
         pv = self.pool.view
-        done = 0
+        parts: List[Tuple[List[bytes], Any]] = []
         try:
             for lo, hi in _chunks(len(kb), self._max_keys):
                 ks, packed = _pack(kb[lo:hi])
                 m = hi - lo
-                cs, offs, lens = (ctypes.c_int * m)(), (ctypes.c_uint64 * m)(), (ctypes.c_uint64 * m)()
+                cs, offs, lens = _unset_codes(m), (ctypes.c_uint64 * m)(), (ctypes.c_uint64 * m)()
+                parts.append((kb[lo:hi], cs))  # before the call: see _pinned
                 self._check(self._run_kv("get", lib.tc_kv_get, ctypes.byref(ks), offs, lens, cs), f"get of {m} keys")
                 for c, o, z in zip(cs, offs, lens):
                     st = _status(c)
                     codes.append(st)
                     views.append(pv[o:o + z].toreadonly() if st == Status.OK else None)
-                done = hi
         except BaseException:
             # The parts that went through hold pins: give them back.
-            pinned = [k for k, c in zip(kb[:done], codes) if c == Status.OK]
-            if pinned:
-                try:
-                    self._unpin_queue(pinned)
-                except Error:
-                    pass  # the connection failed: its pins went with it
+            for v in views:
+                if v is not None:
+                    v.release()
+            self._unpin_quietly(_pinned(parts))
             raise
         return PinnedValues(self, kb, codes, views)
 

@@ -371,3 +371,58 @@ class TestStoreFailures(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class _Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt arriving in the middle of a call."""
+
+
+def interrupt_after(c: tensorcast.Client, what: str, nth: int) -> None:
+    """Makes c's nth store-queue call named what raise _Interrupt once the
+    library has answered it (the daemon did the work)."""
+    real = c._run_kv
+    seen = [0]
+
+    def run(name: str, fn: object, *args: object) -> int:
+        rc = real(name, fn, *args)  # type: ignore[arg-type]
+        if name == what:
+            seen[0] += 1
+            if seen[0] == nth:
+                raise _Interrupt(name)
+        return rc
+
+    c._run_kv = run  # type: ignore[method-assign]
+
+
+class TestStoreInterrupted(DaemonCase):
+    """An exception in the middle of a call made of several parts leaves
+    nothing held in the daemon."""
+
+    def keys(self, c: tensorcast.Client, tag: str, n: int) -> list:
+        keys = [f"{tag}/{i}".encode() for i in range(n)]
+        self.assertEqual(c.put(keys, [pattern(256, i) for i in range(n)]), [OK] * n)
+        return keys
+
+    def test_get_pinned_gives_back_every_part(self) -> None:
+        c = self.connect(max_keys_per_call=2)
+        keys = self.keys(c, "int-gp", 4)
+        interrupt_after(c, "get", 2)  # the second part's pins taken, then the exception
+        with self.assertRaises(_Interrupt):
+            c.get_pinned(keys)
+        self.assertEqual([c.stat(k).pins for k in keys], [0] * 4)
+
+    def test_get_locations_gives_back_earlier_parts(self) -> None:
+        c = self.connect(max_keys_per_call=2)
+        keys = self.keys(c, "int-gl", 4)
+        interrupt_after(c, "get", 2)
+        with self.assertRaises(_Interrupt):
+            c.get_locations(keys)
+        self.assertEqual([c.stat(k).pins for k in keys], [0] * 4)
+
+    def test_lookup_prefix_pin_gives_back_earlier_parts(self) -> None:
+        c = self.connect(max_keys_per_call=2)
+        keys = self.keys(c, "int-lp", 4)
+        interrupt_after(c, "lookup_prefix", 2)
+        with self.assertRaises(_Interrupt):
+            c.lookup_prefix(keys, pin=True)
+        self.assertEqual([c.stat(k).pins for k in keys], [0] * 4)
