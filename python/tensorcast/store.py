@@ -286,7 +286,7 @@ def _unset_codes(n: int) -> Any:
 
 
 def _pinned(parts: Sequence[Tuple[List[bytes], Any]]) -> List[bytes]:
-    """The keys a pinning call's parts pinned: each part is registered with
+    """The keys a pinning (or reserving) call's parts took: each part is registered with
     its codes array before its call, so that an exception raised at any
     point after the library wrote them still finds them."""
     return [k for keys, codes in parts for k, c in zip(keys, codes) if c == 0]
@@ -666,20 +666,33 @@ class StoreCalls:
         kb = [_key(k) for k in keys]
         codes: List[Status] = []
         offsets: List[int] = []
-        for lo, hi in _chunks(n, self._max_keys):
-            ks, packed = _pack(kb[lo:hi])
-            m = hi - lo
-            cs, offs = (ctypes.c_int * m)(), (ctypes.c_uint64 * m)()
-            part = zs[lo:hi]
-            if all(z == part[0] for z in part):
-                rc = self._run_kv("reserve", lib.tc_kv_reserve, ctypes.byref(ks), part[0], offs, cs)
-            else:  # sizes that differ: the socket's reserve has one per key
-                sz = (ctypes.c_uint64 * m)(*part)
-                rc = self._run_conn(lib.tc_store_reserve, ctypes.byref(ks), sz, offs, cs, None)
-            self._check(rc, f"reserve of {m} keys")
-            codes.extend(_status(c) for c in cs)
-            offsets.extend(offs)
-        return Reservation(self, kb, codes, offsets, zs)
+        parts: List[Tuple[List[bytes], Any]] = []
+        try:
+            for lo, hi in _chunks(n, self._max_keys):
+                ks, packed = _pack(kb[lo:hi])
+                m = hi - lo
+                cs, offs = _unset_codes(m), (ctypes.c_uint64 * m)()
+                parts.append((kb[lo:hi], cs))  # before the call, as a pinning call's
+                part = zs[lo:hi]
+                if all(z == part[0] for z in part):
+                    rc = self._run_kv("reserve", lib.tc_kv_reserve, ctypes.byref(ks), part[0], offs, cs)
+                else:  # sizes that differ: the socket's reserve has one per key
+                    sz = (ctypes.c_uint64 * m)(*part)
+                    rc = self._run_conn(lib.tc_store_reserve, ctypes.byref(ks), sz, offs, cs, None)
+                self._check(rc, f"reserve of {m} keys")
+                codes.extend(_status(c) for c in cs)
+                offsets.extend(offs)
+            return Reservation(self, kb, codes, offsets, zs)
+        except BaseException:
+            # No Reservation reaches the caller to abort: the blocks already
+            # reserved are given back here rather than held until close.
+            held = _pinned(parts)
+            if held:
+                try:
+                    self.abort(held)
+                except Exception:  # noqa: BLE001 - a broken connection took them with it
+                    pass
+            raise
 
     def commit(self, keys: Sequence[Key], durable: bool = False) -> List[Status]:
         """Makes keys this client reserved visible; with durable once each

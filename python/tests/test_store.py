@@ -426,3 +426,16 @@ class TestStoreInterrupted(DaemonCase):
         with self.assertRaises(_Interrupt):
             c.lookup_prefix(keys, pin=True)
         self.assertEqual([c.stat(k).pins for k in keys], [0] * 4)
+
+    def test_reserve_gives_back_earlier_parts(self) -> None:
+        c = self.connect(max_keys_per_call=2)
+        keys = [f"int-rs/{i}".encode() for i in range(4)]
+        before = c.stats().store["reserved"]
+        interrupt_after(c, "reserve", 2)
+        with self.assertRaises(_Interrupt):
+            c.reserve(keys, 256)
+        self.assertEqual(c.stats().store["reserved"], before)
+        c._run_kv = type(c)._run_kv.__get__(c)  # type: ignore[method-assign]
+        r = c.reserve(keys, 256)  # none of them still reserved
+        self.assertEqual(r.codes, [OK] * 4)
+        r.abort()
