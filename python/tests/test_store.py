@@ -439,3 +439,29 @@ class TestStoreInterrupted(DaemonCase):
         r = c.reserve(keys, 256)  # none of them still reserved
         self.assertEqual(r.codes, [OK] * 4)
         r.abort()
+
+
+class TestLinkInterrupted(DaemonCase):
+    def test_an_exception_in_a_dial_does_not_end_the_dials(self) -> None:
+        import logging
+
+        from tensorcast.integrations._link import Link
+
+        made: list = []
+        calls = [0]
+
+        def on_connect(c: tensorcast.Client) -> None:
+            made.append(c)
+            calls[0] += 1
+            if calls[0] == 1:
+                raise _Interrupt("in on_connect")
+
+        link = Link(self.daemon.socket, "test_link", logging.getLogger("test_link"), on_connect=on_connect,
+                    retry_interval=0)
+        self.addCleanup(link.close)
+        with self.assertRaises(_Interrupt):
+            link.client()
+        self.assertTrue(made[0].closed)  # the connection it made is not left open
+        c = link.client()  # dials again
+        self.assertIsNotNone(c)
+        self.assertIs(c, made[1])

@@ -69,6 +69,14 @@ class Link:
             if c is not None:
                 c.close()
                 c = None
+        except BaseException:
+            # A KeyboardInterrupt, say: it goes on, but _dialing left set
+            # would answer every later call with a miss, for good.
+            if c is not None:
+                c.close()
+            with self._mu:
+                self._dialing = False
+            raise
         with self._mu:
             self._dialing = False
             self.counts["dials"] += 1
