@@ -151,7 +151,12 @@ def _key(k: Key) -> bytes:
         return k
     if isinstance(k, str):
         return k.encode()
-    return bytes(k)
+    # Not bytes(k): an int n would be n zero bytes, a list of ints its
+    # bytes, and either would name another key without a word.
+    try:
+        return memoryview(k).tobytes()
+    except TypeError:
+        raise TypeError(f"tensorcast: a key of type {type(k).__name__} (want str, bytes or a buffer)") from None
 
 
 def _pack(keys: Sequence[Key]) -> Tuple[_lib.Keys, bytes]:

@@ -465,3 +465,15 @@ class TestLinkInterrupted(DaemonCase):
         c = link.client()  # dials again
         self.assertIsNotNone(c)
         self.assertIs(c, made[1])
+
+
+class TestKeyTypes(DaemonCase):
+    def test_a_key_of_another_type_is_refused(self) -> None:
+        c = self.connect()
+        self.assertEqual(c.put([b"\0" * 5, bytes([1, 2])], [b"x", b"y"]), [OK, OK])
+        for bad in (5, [1, 2], None, 1.5):
+            with self.assertRaises(TypeError):
+                c.exists([bad])  # type: ignore[list-item]
+            with self.assertRaises(TypeError):
+                c.get([bad], [bytearray(1)])  # type: ignore[list-item]
+        self.assertEqual(c.exists([bytearray(b"\0" * 5), memoryview(bytes([1, 2]))]), [True, True])
