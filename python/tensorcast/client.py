@@ -576,8 +576,8 @@ class Client(StoreCalls):
 
     def alloc_blocks(self, n: int, size: int, opts: Optional[CallOptions] = None) -> List[int]:
         """n pool blocks of size bytes, all or nothing: their offsets."""
-        if n <= 0 or size <= 0:
-            raise Error(Status.INVALID_ARGUMENT, f"alloc_blocks({n}, {size})")
+        if not 0 < n < 1 << 32 or not 0 < size < 1 << 64:
+            raise Error(Status.INVALID_ARGUMENT, f"alloc_blocks({n}, {size}): want 1 to 2**32-1 blocks of 1 to 2**64-1 bytes")
         offs = (ctypes.c_uint64 * n)()
         co = _copts(opts)
         self._call("alloc_blocks", lib.tc_blocks_alloc, n, size, offs, _ref(co))

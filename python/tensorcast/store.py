@@ -36,6 +36,7 @@ from __future__ import annotations
 import array
 import ctypes
 import math
+import operator
 from typing import TYPE_CHECKING, Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _lib
@@ -251,6 +252,24 @@ class _Spans:
             _release_buffer(at)
         self._held = []
         self._tensors = []
+
+
+_U64 = 1 << 64
+
+
+def _u64s(what: str, values: Sequence[int], least: int = 0) -> List[int]:
+    """values checked as u64s of at least least: ctypes would take -1 as
+    2**64-1 and cut 2**64 to 0 without a word."""
+    out: List[int] = []
+    for x in values:
+        try:
+            v = operator.index(x)  # an int, or a numpy integer; not a float
+        except TypeError:
+            raise TypeError(f"tensorcast: {what} of type {type(x).__name__} (want an integer)") from None
+        if not least <= v < _U64:
+            raise Error(Status.INVALID_ARGUMENT, f"{what} {v} (want {least} to 2**64-1)")
+        out.append(v)
+    return out
 
 
 def _chunks(n: int, size: int) -> Iterator[Tuple[int, int]]:
@@ -534,6 +553,7 @@ class StoreCalls:
         if len(addresses) != n or len(lengths) != n:
             raise Error(Status.INVALID_ARGUMENT, f"put_addresses: {len(addresses)} addresses, {len(lengths)} lengths "
                         f"for {n} keys")
+        addresses, lengths = _u64s("an address", addresses, 1), _u64s("a length", lengths)
         out: List[Status] = []
         for lo, hi in _chunks(n, self._max_keys):
             ks, packed = _pack(keys[lo:hi])
@@ -553,6 +573,7 @@ class StoreCalls:
         if len(addresses) != n or len(capacities) != n:
             raise Error(Status.INVALID_ARGUMENT, f"get_addresses: {len(addresses)} addresses, {len(capacities)} "
                         f"capacities for {n} keys")
+        addresses, capacities = _u64s("an address", addresses, 1), _u64s("a capacity", capacities)
         out = Codes()
         out.lengths = []
         for lo, hi in _chunks(n, self._max_keys):
@@ -665,7 +686,7 @@ class StoreCalls:
         ``.commit(durable=False)``. ``codes`` says which keys could not be
         reserved (ALREADY_EXISTS, BUSY, RESOURCE_EXHAUSTED, ...)."""
         n = len(keys)
-        zs = [int(sizes)] * n if isinstance(sizes, int) else [int(z) for z in sizes]
+        zs = _u64s("a size", [sizes] * n if isinstance(sizes, int) else list(sizes))
         if len(zs) != n:
             raise Error(Status.INVALID_ARGUMENT, f"reserve: {len(zs)} sizes for {n} keys")
         kb = [_key(k) for k in keys]

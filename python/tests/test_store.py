@@ -477,3 +477,46 @@ class TestKeyTypes(DaemonCase):
             with self.assertRaises(TypeError):
                 c.get([bad], [bytearray(1)])  # type: ignore[list-item]
         self.assertEqual(c.exists([bytearray(b"\0" * 5), memoryview(bytes([1, 2]))]), [True, True])
+
+
+class _Index:
+    """An integer-like that is no int (as a numpy integer is)."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __index__(self) -> int:
+        return self.v
+
+
+class TestNumbers(DaemonCase):
+    def test_lengths_sizes_and_addresses_out_of_range_are_refused(self) -> None:
+        c = self.connect()
+        buf = ctypes.create_string_buffer(b"abcd", 4)
+        at = ctypes.addressof(buf)
+        # ctypes would cut 2**64 to 0 and store an empty value, and take -1
+        # as 2**64-1.
+        for lengths in ([1 << 64], [-1]):
+            with self.assertRaises(Error) as e:
+                c.put_addresses([b"n"], [at], lengths)
+            self.assertEqual(e.exception.code, Status.INVALID_ARGUMENT)
+        with self.assertRaises(Error) as e:
+            c.put_addresses([b"n"], [0], [4])
+        self.assertEqual(e.exception.code, Status.INVALID_ARGUMENT)
+        with self.assertRaises(Error) as e:
+            c.get_addresses([b"n"], [at], [-1])
+        self.assertEqual(e.exception.code, Status.INVALID_ARGUMENT)
+        self.assertEqual(c.exists([b"n"]), [False])
+        with self.assertRaises(Error) as e:
+            c.reserve([b"n"], -1)
+        self.assertEqual(e.exception.code, Status.INVALID_ARGUMENT)
+        with self.assertRaises(TypeError):
+            c.reserve([b"n"], [1.5])  # int(1.5) would reserve 1 byte
+        with self.assertRaises(Error) as e:
+            c.alloc_blocks(1 << 32, 4096)  # ctypes would cut the count to 0
+        self.assertEqual(e.exception.code, Status.INVALID_ARGUMENT)
+        # Integer-likes that are not ints are taken.
+        self.assertEqual(c.put_addresses([b"n"], [_Index(at)], [_Index(4)]), [OK])
+        out = ctypes.create_string_buffer(4)
+        self.assertEqual(c.get_addresses([b"n"], [ctypes.addressof(out)], [_Index(4)]), [OK])
+        self.assertEqual(out.raw, b"abcd")
