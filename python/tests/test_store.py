@@ -467,6 +467,25 @@ class TestLinkInterrupted(DaemonCase):
         self.assertIs(c, made[1])
 
 
+    def test_a_close_during_a_dial_keeps_no_connection(self) -> None:
+        import logging
+
+        from tensorcast.integrations._link import Link
+
+        made: list = []
+
+        def on_connect(c: tensorcast.Client) -> None:
+            made.append(c)
+            link.close()  # as another thread's close would, while the dial runs
+
+        link = Link(self.daemon.socket, "test_link", logging.getLogger("test_link"), on_connect=on_connect,
+                    retry_interval=0)
+        self.assertIsNone(link.client())
+        self.assertEqual(len(made), 1)
+        self.assertTrue(made[0].closed)  # closed, not kept by a closed link
+        self.assertIsNone(link.client())  # and no dial after the close
+        self.assertEqual(len(made), 1)
+
 class TestKeyTypes(DaemonCase):
     def test_a_key_of_another_type_is_refused(self) -> None:
         c = self.connect()

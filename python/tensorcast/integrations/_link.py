@@ -45,6 +45,7 @@ class Link:
         self._dialing = False
         self._last_dial = float("-inf")
         self._down = False  # an outage was logged and has not ended
+        self._closed = False  # close() was called: no client is kept after
         self._seen: Set[Tuple[str, object]] = set()
         self.counts: Dict[str, int] = {"dials": 0, "dial_failures": 0, "outages": 0, "errors": 0}
 
@@ -80,6 +81,17 @@ class Link:
         with self._mu:
             self._dialing = False
             self.counts["dials"] += 1
+            closed = self._closed
+            if c is not None and closed:
+                # close() came while this dial ran: the connection would be
+                # kept by nobody, and never closed.
+                self._client = None
+            elif c is not None:
+                self._client = c
+        if c is not None and closed:
+            c.close()
+            return None
+        with self._mu:
             if c is None:
                 self.counts["dial_failures"] += 1
                 if not self._down:
@@ -88,7 +100,6 @@ class Link:
                     self.log.warning("tensorcast: cannot reach the daemon at %s (%s); answering misses, retrying "
                                      "every %.1f s", self.socket or "the default socket", err, self.retry_interval)
                 return None
-            self._client = c
             if self._down:
                 self._down = False
                 self.log.info("tensorcast: reconnected to the daemon at %s", c.socket)
@@ -135,6 +146,7 @@ class Link:
 
     def close(self) -> None:
         with self._mu:
+            self._closed = True
             c, self._client = self._client, None
             self._last_dial = float("inf")  # no more dials
         if c is not None:
