@@ -783,12 +783,35 @@ static void more_data(uint8_t *f, size_t *n)
     }
 }
 
-/* An OpenQueue answer that does not match the mapping it came with is
- * refused (TC_EPROTO, the connection broken) and leaves nothing behind:
- * no fd, no mapping. */
 /* ahead_head passes a sealed copy of the queue's memfd whose sq_head is
  * ahead of its sq_tail, by 5 entries: a ring that is not empty at open. */
 static void ahead_head(int *fds, int nfds) { memfd_copy(fds, nfds, 0x040, 5, F_SEAL_SHRINK | F_SEAL_GROW); }
+
+/* open_relayed opens a queue through a relay whose OpenQueue answer passes
+ * the fds mutate_fds makes of the daemon's (a copy it keeps in
+ * unsealed_fd), and returns tc_queue_open's code. */
+static int open_relayed(const tcd *d, void (*mutate_fds)(int *, int), relay *r, tc_conn **c, tc_queue **q)
+{
+    memset(r, 0, sizeof *r);
+    r->mutate_at = 3; /* Hello, PoolInfo, then OpenQueue */
+    r->mutate_fds = mutate_fds;
+    relay_start(r, d->dir, d->socket);
+    *c = dial(r->path, 5000);
+    *q = (tc_queue *)1;
+    return tc_queue_open(*c, 8, NULL, q);
+}
+
+/* end_relayed closes what open_relayed made and checks that no fd is left
+ * of the fds open before it. */
+static void end_relayed(relay *r, tc_conn *c, int fds)
+{
+    tc_close(c);
+    relay_join(r);
+    CHECK(unsealed_fd >= 0);
+    close(unsealed_fd);
+    unsealed_fd = -1;
+    CHECK(count_fds() == fds);
+}
 
 /* test_queue_ahead opens a queue whose rings are not empty: refused, or a
  * submit would count 5 more free slots than the ring has. */
@@ -796,25 +819,19 @@ static void test_queue_ahead(const tcd *d)
 {
     int fds = count_fds();
     relay r;
-    memset(&r, 0, sizeof r);
-    r.mutate_at = 3;
-    r.mutate_fds = ahead_head;
-    relay_start(&r, d->dir, d->socket);
-    tc_conn *c = dial(r.path, 5000);
-    tc_queue *q = (tc_queue *)1;
-    int rc = tc_queue_open(c, 8, NULL, &q);
+    tc_conn *c;
+    tc_queue *q;
+    int rc = open_relayed(d, ahead_head, &r, &c, &q);
     if (rc == TC_OK)
         tc_queue_close(q);
     CHECK_RC(rc, TC_EPROTO);
     CHECK(rc == TC_OK || (q == NULL && queue_mapped() == 0));
-    tc_close(c);
-    relay_join(&r);
-    CHECK(unsealed_fd >= 0);
-    close(unsealed_fd);
-    unsealed_fd = -1;
-    CHECK(count_fds() == fds);
+    end_relayed(&r, c, fds);
 }
 
+/* An OpenQueue answer that does not match the mapping it came with is
+ * refused (TC_EPROTO, the connection broken) and leaves nothing behind:
+ * no fd, no mapping. */
 void test_queue_answers(const tcd *d)
 {
     void (*cases[])(uint8_t *, size_t *) = {other_queue_id, short_size, half_sq, more_data};
@@ -840,13 +857,9 @@ void test_queue_answers(const tcd *d)
      * truncation of it would fault every later touch of the rings. */
     int fds = count_fds();
     relay r;
-    memset(&r, 0, sizeof r);
-    r.mutate_at = 3;
-    r.mutate_fds = unsealed_copy;
-    relay_start(&r, d->dir, d->socket);
-    tc_conn *c = dial(r.path, 5000);
-    tc_queue *q = (tc_queue *)1;
-    int rc = tc_queue_open(c, 8, NULL, &q);
+    tc_conn *c;
+    tc_queue *q;
+    int rc = open_relayed(d, unsealed_copy, &r, &c, &q);
     if (rc == TC_OK) {
         /* Taken: the copy shrinks, and the next submit faults. */
         REQUIRE(unsealed_fd >= 0 && ftruncate(unsealed_fd, 0) == 0);
@@ -857,12 +870,7 @@ void test_queue_answers(const tcd *d)
     CHECK_RC(rc, TC_EPROTO);
     CHECK(q == NULL && queue_mapped() == 0);
     CHECK_RC(tc_ping(c, "z", 1, NULL), TC_ECLOSED);
-    tc_close(c);
-    relay_join(&r);
-    CHECK(unsealed_fd >= 0);
-    close(unsealed_fd);
-    unsealed_fd = -1;
-    CHECK(count_fds() == fds);
+    end_relayed(&r, c, fds);
     test_queue_ahead(d);
 }
 
