@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import enum
 import math
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator, List, NamedTuple, Optional, Seq
 from . import _lib
 from ._lib import lib
 from .errors import Error, Status
-from .store import DEFAULT_MAX_KEYS, StoreCalls
+from .store import DEFAULT_MAX_KEYS, StoreCalls, _on_collect, _warn_dropped
 
 if TYPE_CHECKING:
     from .queues import Queue
@@ -280,6 +281,17 @@ class Pool:
         self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._base = _mapping_address(self._mm)
         self.view = memoryview(self._mm)
+        self._exporter = type("_PoolBytes", (ctypes.c_char * size,), {})
+
+    def _window(self) -> Tuple[Any, memoryview]:
+        """A view of the whole pool with an exporter of its own: every view
+        cut from it, every slice of those and every array over them holds
+        the exporter, so that the exporter is collected only once none of
+        them is left. Results that hold pins or reservations take their
+        views from one and give back what they hold when it goes."""
+        w = self._exporter.from_address(self._base)
+        w.pool = self.view  # keeps the mapping, as views of the pool do
+        return w, memoryview(w).cast("B")
 
     def block(self, offset: int, size: int) -> memoryview:
         """A writable view of size bytes at offset."""
@@ -309,7 +321,12 @@ class Buffer:
     daemon) registered as segment ``id``. ``view`` is a writable
     memoryview; it stays valid after :meth:`close`, which unregisters it.
     ``huge`` is how many of its bytes are on transparent 2 MiB pages (its
-    whole 2 MiB spans where the kernel gives them, as the pool's are)."""
+    whole 2 MiB spans where the kernel gives them, as the pool's are).
+
+    A buffer collected without :meth:`close` is unregistered at its
+    client's next call (the collection only queues it: a finalizer may run
+    on any thread, also one inside the client), and a warning is logged,
+    once, that one was dropped; close it when done with it."""
 
     def __init__(self, client: "Client", raw: Any) -> None:
         self._client: Optional[Client] = client
@@ -321,6 +338,7 @@ class Buffer:
         self._mm = mmap.mmap(b.fd, b.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._base = _mapping_address(self._mm)
         self.view = memoryview(self._mm)
+        self._given: Any = None  # see create_buffer
 
     def array(self, dtype: Any = None) -> Any:
         """A numpy array over the buffer (no copy): uint8 unless dtype."""
@@ -342,7 +360,9 @@ class Buffer:
         """Unregisters the buffer. A broken or closed connection has
         already dropped it; closing is then quiet."""
         client, self._client = self._client, None
-        if client is not None:
+        # detach() answers None once the finalizer ran: then the buffer is
+        # the finalizer's to unregister, once.
+        if client is not None and (self._given is None or self._given.detach() is not None):
             client._destroy(self, opts)
 
     def __enter__(self) -> "Buffer":
@@ -398,6 +418,13 @@ class Client(StoreCalls):
         self._max_keys = max_keys_per_call
         self._kv_lock = threading.Lock()
         self._kv_ptr: Optional[int] = None
+        # What results collected unreleased held (their finalizers queue it,
+        # see store._on_collect), given back at the start of the next call:
+        # (generation, kind, method, argument). _generation counts closes;
+        # an entry of an earlier generation went with its connection.
+        self._dropped: "collections.deque[Tuple[int, str, str, Any]]" = collections.deque()
+        self._generation = 0
+        self._giving_back = threading.local()
         self._dial()
 
     def _dial(self) -> None:
@@ -434,11 +461,41 @@ class Client(StoreCalls):
     # -- lifecycle ---------------------------------------------------------
 
     def _enter(self) -> int:
+        if self._dropped:
+            self._give_back()
         with self._cv:
             if self._conn is None or self._closing:
                 raise Error(Status.CLOSED, "the client is closed")
             self._active += 1
             return self._conn
+
+    def _give_back(self) -> None:
+        """Gives back what collected results held (see _dropped), each on
+        the connection it was taken on: the call holds the connection open
+        meanwhile, so a close (or a reconnect) cannot come between the
+        check of the generation and the call."""
+        if getattr(self._giving_back, "on", False):
+            return  # the give-back's own calls
+        self._giving_back.on = True
+        try:
+            while True:
+                try:
+                    gen, kind, method, arg = self._dropped.popleft()
+                except IndexError:
+                    return
+                with self._cv:
+                    if self._conn is None or self._closing or gen != self._generation:
+                        continue  # its connection closed, and released it
+                    self._active += 1
+                try:
+                    _warn_dropped(kind)
+                    getattr(self, method)(arg)
+                except Exception:  # noqa: BLE001 - a broken connection took it with it
+                    pass
+                finally:
+                    self._leave()
+        finally:
+            self._giving_back.on = False
 
     def _leave(self) -> None:
         with self._cv:
@@ -473,8 +530,21 @@ class Client(StoreCalls):
             while self._active:
                 self._cv.wait()
             self._conn = None
+            gen = self._generation
+            self._generation += 1
+        # Closing releases what dropped results held; they are still worth
+        # the warning.
+        while self._dropped:
+            try:
+                g, kind, _, _ = self._dropped.popleft()
+            except IndexError:
+                break
+            if g == gen:
+                _warn_dropped(kind)
         for b in list(self._buffers):
             b._client = None
+            if b._given is not None:
+                b._given.detach()
         self._buffers = weakref.WeakSet()
         for q in list(self._queues):
             q._detach()  # tc_close releases it
@@ -607,10 +677,13 @@ class Client(StoreCalls):
         except BaseException:
             self._raw_destroy(raw, None)
             raise
+        # Outside the try: the except's destroy and the finalizer's must
+        # never both run.
+        b._given = _on_collect(b, self, "buffer", "_raw_destroy", raw)
         self._buffers.add(b)
         return b
 
-    def _raw_destroy(self, raw: Any, opts: Optional[CallOptions]) -> int:
+    def _raw_destroy(self, raw: Any, opts: Optional[CallOptions] = None) -> int:
         co = _copts(opts)
         try:
             conn = self._enter()

@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import array
 import ctypes
+import logging
 import math
 import operator
-from typing import TYPE_CHECKING, Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+import weakref
+from typing import TYPE_CHECKING, Any, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 from . import _lib
 from ._lib import lib
@@ -303,6 +305,44 @@ def _extents(ext: Any) -> Any:
     return (_lib.Extent * n).from_buffer(flat) if n else None, flat
 
 
+log = logging.getLogger("tensorcast")
+
+# What to call instead of dropping each kind of result.
+_RELEASE = {"get_pinned result": "release() it", "buffer": "close() it"}
+
+# The kinds of result whose drop was logged: once each, as an engine that
+# forgets one forgets one per request.
+_warned: Set[str] = set()
+
+
+def _warn_dropped(kind: str) -> None:
+    if kind not in _warned:
+        _warned.add(kind)
+        log.warning("tensorcast: a %s was dropped unreleased: what it held in the daemon was held until it was "
+                    "collected (%s, or use it in a with block; logged once)", kind, _RELEASE.get(kind, "release it"))
+
+
+def _collected(client: "weakref.ref[StoreCalls]", generation: int, kind: str, method: str, arg: Any) -> None:
+    # A finalizer runs on whichever thread collects, at any allocation, also
+    # while that thread holds one of the client's locks or is inside one of
+    # its calls: it must not call the library. It queues the give-back for
+    # the client's next call (a deque's append takes no lock).
+    c = client()
+    if c is not None and c._generation == generation:
+        c._dropped.append((generation, kind, method, arg))
+
+
+def _on_collect(anchor: Any, client: "StoreCalls", kind: str, method: str, arg: Any) -> "weakref.finalize":
+    """Has client call method(arg) once anchor is collected (on the
+    connection of this moment: after a close, it went with it). The
+    finalizer's detach() is the explicit release's claim: it answers None
+    once the finalizer ran or was detached, so that what is held is given
+    back once."""
+    f = weakref.finalize(anchor, _collected, weakref.ref(client), client._generation, kind, method, arg)
+    f.atexit = False  # the process ending closes the connection
+    return f
+
+
 def _unset_codes(n: int) -> Any:
     """A codes array for a pinning call: a slot the library leaves unwritten
     reads as not pinned."""
@@ -409,16 +449,30 @@ class PinnedValues(List[Optional[memoryview]]):
     """The values of keys pinned by :meth:`StoreCalls.get_pinned`: one
     read-only memoryview into the daemon's pool per key (None for a key
     whose Status in ``codes`` is not OK), valid until :meth:`release` (or
-    the end of the ``with`` block) unpins them and releases the views."""
+    the end of the ``with`` block) unpins them and releases the views.
+
+    Values never released are unpinned once neither this list nor any view
+    of them (one taken out of it, a slice, an array over one) is left: the
+    garbage collection queues the unpin and the client's next call makes it
+    (a finalizer must not call the library), and a warning is logged, once,
+    that a get_pinned result was dropped. Releasing is what to do: a
+    collection may come late, or not at all while a reference cycle holds
+    the list. The client's close releases them too."""
 
     codes: List[Status]
 
     def __init__(self, client: "StoreCalls", keys: List[bytes], codes: List[Status],
-                 views: List[Optional[memoryview]]) -> None:
+                 views: List[Optional[memoryview]], anchor: Any = None) -> None:
         super().__init__(views)
         self._client: Optional[StoreCalls] = client
         self._keys = keys
         self.codes = codes
+        # anchor exports the views (Pool._window): it goes with the last of
+        # them, and with this list.
+        self._anchor = anchor
+        pinned = [k for k, c in zip(keys, codes) if c == Status.OK]
+        self._given = _on_collect(anchor, client, "get_pinned result", "_unpin_queue", pinned) \
+            if pinned and anchor is not None else None
 
     def release(self) -> None:
         """Releases the views and unpins the values. A view still exported
@@ -427,6 +481,10 @@ class PinnedValues(List[Optional[memoryview]]):
         client, self._client = self._client, None
         if client is None:
             return
+        # First the claim: a pin given back twice would drop another
+        # result's pin of the same key.
+        if self._given is not None and self._given.detach() is None:
+            client = None  # the finalizer ran: the unpin is queued already
         busy = 0
         for v in self:
             if v is not None:
@@ -435,7 +493,7 @@ class PinnedValues(List[Optional[memoryview]]):
                 except BufferError:
                     busy += 1
         pinned = [k for k, c in zip(self._keys, self.codes) if c == Status.OK]
-        if pinned:
+        if pinned and client is not None:
             client._unpin_queue(pinned)
         if busy:
             raise Error(Status.FAILED_PRECONDITION, f"get_pinned: {busy} views still exported when unpinned "
@@ -454,6 +512,8 @@ class StoreCalls:
 
     pool: Any
     _max_keys: int
+    _generation: int
+    _dropped: Any
 
     # Provided by Client.
     def _enter(self) -> int:
@@ -771,8 +831,10 @@ class StoreCalls:
 
     def release(self, keys: Sequence[Key]) -> List[Status]:
         """Drops one pin of this client from every key, through the store's
-        queue: the release of :meth:`get_locations`, of
-        ``lookup_prefix(pin=True)`` and of :meth:`get_pinned`. All or nothing,
+        queue: the release of :meth:`get_locations` and of
+        ``lookup_prefix(pin=True)``. A :meth:`get_pinned` result is released
+        with its own ``release()`` (its views go with its pins, and its
+        collection gives back what it still holds). All or nothing,
         as :meth:`unpin`: when a key refuses it, its Status says why (and the
         others FAILED_PRECONDITION) and nothing was unpinned."""
         out: List[Status] = []
@@ -797,7 +859,8 @@ class StoreCalls:
         kb = [_key(k) for k in keys]
         codes: List[Status] = []
         views: List[Optional[memoryview]] = []
-        pv = self.pool.view
+        anchor: Any = None
+        pv: Any = None
         parts: List[Tuple[List[bytes], Any]] = []
         try:
             for lo, hi in _chunks(len(kb), self._max_keys):
@@ -809,6 +872,8 @@ class StoreCalls:
                 for c, o, z in zip(cs, offs, lens):
                     st = _status(c)
                     codes.append(st)
+                    if st == Status.OK and pv is None:
+                        anchor, pv = self.pool._window()
                     views.append(pv[o:o + z].toreadonly() if st == Status.OK else None)
         except BaseException:
             # The parts that went through hold pins: give them back.
@@ -817,7 +882,7 @@ class StoreCalls:
                     v.release()
             self._unpin_quietly(_pinned(parts))
             raise
-        return PinnedValues(self, kb, codes, views)
+        return PinnedValues(self, kb, codes, views, anchor)
 
     # -- copies through extents ---------------------------------------------------
 

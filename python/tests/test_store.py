@@ -5,6 +5,7 @@ numpy and torch; test_arrays covers those)."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import time
 import unittest
 
@@ -439,6 +440,110 @@ class TestStoreInterrupted(DaemonCase):
         r = c.reserve(keys, 256)  # none of them still reserved
         self.assertEqual(r.codes, [OK] * 4)
         r.abort()
+
+
+class TestStoreDropped(DaemonCase):
+    """A result dropped without its release gives back what it held at the
+    client's next call; its finalizer itself calls nothing."""
+
+    def setUp(self) -> None:
+        store._warned.clear()
+
+    def keys(self, c: tensorcast.Client, tag: str, n: int) -> list:
+        keys = [f"{tag}/{i}".encode() for i in range(n)]
+        self.assertEqual(c.put(keys, [pattern(256, i) for i in range(n)]), [OK] * n)
+        return keys
+
+    def calls(self, c: tensorcast.Client) -> list:
+        """The names of c's calls into the library from now on."""
+        seen: list = []
+        run_kv, run_conn, enter = c._run_kv, c._run_conn, c._enter
+        c._run_kv = lambda name, *a: seen.append(name) or run_kv(name, *a)  # type: ignore[method-assign]
+        c._run_conn = lambda fn, *a: seen.append(fn.__name__) or run_conn(fn, *a)  # type: ignore[method-assign]
+        c._enter = lambda: seen.append("enter") or enter()  # type: ignore[method-assign]
+        return seen
+
+    def test_a_dropped_get_pinned_result_is_unpinned_at_the_next_call(self) -> None:
+        c = self.connect()
+        keys = self.keys(c, "drop-gp", 2)
+        pv = c.get_pinned(keys + [b"drop-gp/none"])
+        seen = self.calls(c)
+        with self.assertLogs("tensorcast", "WARNING") as logs:
+            del pv
+            gc.collect()
+            self.assertEqual(seen, [])  # the finalizer only queued the unpin
+            self.assertEqual([c.stat(k).pins for k in keys], [0, 0])
+            self.assertEqual(seen[:3], ["tc_store_stat", "enter", "unpin"])  # at the start of the next call
+            pv = c.get_pinned(keys)
+            del pv
+            gc.collect()
+            self.assertEqual([c.stat(k).pins for k in keys], [0, 0])
+        self.assertEqual(len(logs.records), 1)  # once
+        self.assertIn("get_pinned result", logs.output[0])
+
+    def test_a_view_kept_keeps_its_pin(self) -> None:
+        c = self.connect()
+        keys = self.keys(c, "drop-view", 2)
+        part = c.get_pinned(keys)[1][8:16]  # a slice of a view; the list is gone
+        gc.collect()
+        self.assertEqual([c.stat(k).pins for k in keys], [1, 1])
+        self.assertEqual(bytes(part), pattern(256, 1)[8:16])
+        with self.assertLogs("tensorcast", "WARNING"):
+            del part
+            gc.collect()
+            self.assertEqual([c.stat(k).pins for k in keys], [0, 0])
+
+    def test_a_result_released_then_dropped_is_unpinned_once(self) -> None:
+        c = self.connect()
+        keys = self.keys(c, "drop-twice", 1)
+        first, second = c.get_pinned(keys), c.get_pinned(keys)
+        self.assertEqual(c.stat(keys[0]).pins, 2)
+        first.release()
+        del first
+        gc.collect()
+        self.assertEqual(c.stat(keys[0]).pins, 1)  # second's pin stays
+        second.release()
+        second.release()
+        self.assertEqual(c.stat(keys[0]).pins, 0)
+
+    def test_a_result_of_a_closed_connection_gives_back_nothing(self) -> None:
+        c = self.connect()
+        keys = self.keys(c, "drop-old", 1)
+        old = c.get_pinned(keys)
+        c.reconnect()  # the close released old's pin
+        new = c.get_pinned(keys)
+        del old
+        gc.collect()
+        self.assertEqual(c.stat(keys[0]).pins, 1)  # new's, untouched
+        new.release()
+
+    def test_a_dropped_reservation_stays_for_a_commit_by_key(self) -> None:
+        # Reservations are also committed and aborted by key (the vLLM
+        # integration keeps the offsets only): dropping one gives back nothing.
+        c = self.connect()
+        keys = [b"drop-rs/0", b"drop-rs/1"]
+        r = c.reserve(keys, 256)
+        self.assertEqual(r.codes, [OK, OK])
+        del r
+        gc.collect()
+        self.assertEqual(c.commit(keys), [OK, OK])
+        self.assertEqual(c.exists(keys), [True, True])
+
+    def test_a_dropped_buffer_is_unregistered_at_the_next_call(self) -> None:
+        c = self.connect()
+        segments = c.stats().connection["segments"]
+        b = c.create_buffer(4096)
+        kept = c.create_buffer(4096)
+        self.assertEqual(c.stats().connection["segments"], segments + 2)
+        seen = self.calls(c)
+        with self.assertLogs("tensorcast", "WARNING") as logs:
+            del b
+            gc.collect()
+            self.assertEqual(seen, [])
+            self.assertEqual(c.stats().connection["segments"], segments + 1)
+        self.assertIn("buffer", logs.output[0])
+        kept.close()
+        self.assertEqual(c.stats().connection["segments"], segments)
 
 
 class TestLinkInterrupted(DaemonCase):
