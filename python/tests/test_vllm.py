@@ -21,6 +21,7 @@ from tensorcast import Status
 
 from . import vllm_standins
 from .daemon import Daemon
+from .test_core import DaemonCase
 
 try:
     import torch
@@ -678,6 +679,106 @@ class TestWithoutVLLM(_Generation, unittest.TestCase):
             vllm_worker.Handlers(kv_caches(0), block, rank=1, socket=self.daemon.socket)
         with self.assertRaises(ValueError):  # a block size that is not whole GPU blocks
             tv.block_layout(*configs(self.daemon.socket, block_tokens=24))
+
+
+class _SwapLink:
+    """A link for a manager, whose connection the test swaps as another
+    thread would: hook runs inside the next client(), after the client it
+    answers was taken."""
+
+    def __init__(self, c: tensorcast.Client) -> None:
+        self.c = c
+        self.hook: Any = None
+        self.errors: List[Any] = []
+
+    def client(self) -> tensorcast.Client:
+        c = self.c
+        h, self.hook = self.hook, None
+        if h is not None:
+            h()
+        return c
+
+    def failed(self, what: str, err: BaseException, client: Any = None) -> None:
+        self.errors.append((what, err))
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TestManagerSwappedConnection(DaemonCase):
+    """Pins and reservations are given back on the connection they were
+    taken on, whatever connection the link has meanwhile."""
+
+    def manager(self) -> Tuple[Any, _SwapLink, tensorcast.Client, tensorcast.Client]:
+        from tensorcast.integrations import vllm
+
+        old, new = self.connect(), self.connect()
+        m = vllm._Manager(256, socket=self.daemon.socket, key_prefix=b"swap/")
+        self.addCleanup(m.close)
+        link = _SwapLink(old)
+        m._link = link
+        return m, link, old, new
+
+    def test_a_load_taken_on_a_connection_swapped_out_before_it_is_recorded(self) -> None:
+        m, link, old, new = self.manager()
+        a = m.store_key(b"a")
+        self.assertEqual(old.put([a], [b"v" * 256]), [Status.OK])
+        real = old.get_locations
+
+        def then_swap(keys: Any) -> Any:
+            loc = real(keys)
+            link.c = new  # another thread's call takes the new connection
+            m._conn()
+            return loc
+
+        old.get_locations = then_swap  # type: ignore[method-assign]
+        self.assertEqual(m._prepare_load([b"a"]).ok, [True])
+        self.assertEqual(old.stat(a).pins, 1)
+        m._complete_load([b"a"])
+        self.assertEqual(old.stat(a).pins, 0)  # on old, still open
+        self.assertEqual(link.errors, [])
+
+    def test_a_stale_client_does_not_drop_the_new_connections_records(self) -> None:
+        m, link, old, new = self.manager()
+        b = m.store_key(b"b")
+        self.assertEqual(new.put([b], [b"v" * 256]), [Status.OK])
+
+        def swap() -> None:
+            # The link drops old and dials new; another thread loads on it,
+            # before this thread, which got old, goes on.
+            link.c = new
+            old.close()
+            self.assertEqual(m._prepare_load([b"b"]).ok, [True])
+
+        link.hook = swap
+        self.assertEqual(m._prepare_load([b"a"]).ok, [False])  # old is closed
+        self.assertEqual(new.stat(b).pins, 1)
+        m._complete_load([b"b"])
+        self.assertEqual(new.stat(b).pins, 0)
+
+    def test_a_store_reserved_on_a_connection_swapped_out_before_it_is_recorded(self) -> None:
+        m, link, old, new = self.manager()
+        s = m.store_key(b"s")
+        real = old.reserve
+
+        def then_swap(keys: Any, sizes: Any) -> Any:
+            r = real(keys, sizes)
+            link.c = new
+            m._conn()
+            return r
+
+        old.reserve = then_swap  # type: ignore[method-assign]
+        before = new.stats().store["reserved"]
+        got = m._prepare_store([b"s"])
+        self.assertIsNotNone(got)
+        self.assertEqual(got[0], [b"s"])  # type: ignore[index]
+        self.assertEqual(new.stats().store["reserved"], before + 1)
+        m._complete_store([b"s"], True)
+        self.assertEqual(new.exists([s]), [True])  # committed on old
+        self.assertEqual(new.stats().store["reserved"], before)
 
 
 if __name__ == "__main__":

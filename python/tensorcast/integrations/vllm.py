@@ -287,13 +287,16 @@ class _Manager:
         self.durable = durable
         self.abandon_limit = abandon_limit
         self.log = logger or log
-        # mu guards the fields below: what this manager holds on the
-        # connection it made them on (pins of loads, reservations of stores,
-        # keyed by the block's store key with a count) and its events.
+        # mu guards the fields below: what this manager holds (pins of
+        # loads, reservations of stores, keyed by the block's store key,
+        # one entry per pin or reservation naming the connection it was
+        # taken on: another thread may swap the link's connection between a
+        # call and its record) and its events. _owner is the connection the
+        # abandoned reservations were counted on.
         self._mu = threading.Lock()
         self._owner: Optional[Client] = None
-        self._pins: Dict[bytes, int] = {}
-        self._reserved: Dict[bytes, int] = {}
+        self._pins: Dict[bytes, List[Client]] = {}
+        self._reserved: Dict[bytes, List[Client]] = {}
         self._abandoned = 0
         self._events: Optional[List[Tuple[List[Any], bool]]] = [] if enable_events else None
         # The store keys whose fetch (into the pool, from L2 or another
@@ -314,13 +317,16 @@ class _Manager:
         if c is None:
             return None
         with self._mu:
-            if c is not self._owner:
-                # A new connection holds nothing: what the old one held went
-                # with it.
+            if c is not self._owner and not c.closed:
+                # A new connection holds nothing: what a closed one held
+                # went with it. Records of one still open are kept: the
+                # link gives an older client to a thread that asked before
+                # the swap.
                 self._owner = c
-                self._pins.clear()
-                self._reserved.clear()
                 self._abandoned = 0
+                for held in (self._pins, self._reserved):
+                    for k in [k for k, cs in held.items() if all(x.closed for x in cs)]:
+                        del held[k]
         return c
 
     def store_key(self, k: Any) -> bytes:
@@ -334,15 +340,32 @@ class _Manager:
         return [self.store_key(k) for k in ks]
 
     @staticmethod
-    def _take(held: Dict[bytes, int], k: bytes) -> bool:
-        n = held.get(k, 0)
-        if n == 0:
-            return False
-        if n == 1:
+    def _record(held: Dict[bytes, List[Client]], k: bytes, c: Client) -> None:
+        held.setdefault(k, []).append(c)
+
+    @staticmethod
+    def _take(held: Dict[bytes, List[Client]], k: bytes) -> Optional[Client]:
+        """One of k's entries: the connection to give it back on. One of a
+        closed connection goes first (its pin went with it), so that a
+        live pin stays for the load still in flight."""
+        cs = held.get(k)
+        if not cs:
+            return None
+        i = next((i for i, c in enumerate(cs) if c.closed), len(cs) - 1)
+        c = cs.pop(i)
+        if not cs:
             del held[k]
-        else:
-            held[k] = n - 1
-        return True
+        return c
+
+    @staticmethod
+    def _by_client(taken: List[Tuple[Any, Optional[Client]]]) -> List[Tuple[Client, List[Any]]]:
+        """The items taken, grouped by the open connection they are held
+        on; those of a closed one are dropped (closing released them)."""
+        out: Dict[int, Tuple[Client, List[Any]]] = {}
+        for item, c in taken:
+            if c is not None and not c.closed:
+                out.setdefault(id(c), (c, []))[1].append(item)
+        return list(out.values())
 
     def _abort(self, c: Client, keys: List[bytes]) -> None:
         """Gives back reservations this manager will not commit; those the
@@ -465,10 +488,9 @@ class _Manager:
             return _missing(n)
         ok = [st == Status.OK for st in loc.codes]
         with self._mu:
-            if c is self._owner:
-                for k, good in zip(keys, ok):
-                    if good:
-                        self._pins[k] = self._pins.get(k, 0) + 1
+            for k, good in zip(keys, ok):
+                if good:
+                    self._record(self._pins, k, c)
         return TensorcastLoadStoreSpec(list(loc.offsets), list(loc.lengths), ok, c.pool.identity)
 
     def _touch(self, ks: Iterable[Any]) -> None:
@@ -490,14 +512,16 @@ class _Manager:
         """Unpins the blocks prepare_load pinned (one pin each)."""
         keys = self._keys(ks)
         with self._mu:
-            c = self._owner
-            mine = [k for k in keys if self._take(self._pins, k)]
-        if not mine or c is None or c.closed:
+            taken = [(k, self._take(self._pins, k)) for k in keys]
+        held = self._by_client(taken)
+        if not held:
             return  # nothing pinned, or the connection (and its pins) went
-        try:
-            c.release(mine)
-        except Exception as e:  # noqa: BLE001
-            self._link.failed("complete_load", e, c)
+        for c, mine in held:
+            try:
+                c.release(mine)
+            except Exception as e:  # noqa: BLE001
+                if not c.closed:  # closed meanwhile: the pins went with it
+                    self._link.failed("complete_load", e, c)
         self._maybe_release_abandoned()
 
     def _prepare_store(self, ks: Iterable[Any]) -> Optional[Tuple[List[Any], TensorcastLoadStoreSpec]]:
@@ -527,9 +551,8 @@ class _Manager:
                 return None  # could not store any (no room): vLLM retries later
             return none
         with self._mu:
-            if c is self._owner:
-                for i, _ in got:
-                    self._reserved[keys[i]] = self._reserved.get(keys[i], 0) + 1
+            for i, _ in got:
+                self._record(self._reserved, keys[i], c)
         spec = TensorcastLoadStoreSpec([off for _, off in got], [self.block_size] * len(got), [True] * len(got),
                                        c.pool.identity)
         return [given[i] for i, _ in got], spec
@@ -540,32 +563,35 @@ class _Manager:
         given = list(ks)
         keys = self._keys(given)
         with self._mu:
-            c = self._owner
-            mine = [(h, k) for h, k in zip(given, keys) if self._take(self._reserved, k)]
-        if mine and c is not None and not c.closed:
-            if not success:
-                self._abort(c, [k for _, k in mine])
-                self._maybe_release_abandoned()
-                return
-            try:
-                codes = c.commit([k for _, k in mine], durable=self.durable)
-            except Exception as e:  # noqa: BLE001
-                self._link.failed("complete_store", e, c)
-                codes = [Status.CLOSED] * len(mine)
-            stored = [h for (h, _), st in zip(mine, codes) if st == Status.OK]
-            # A key whose commit failed may still be reserved (a durable
-            # commit that failed on L2 leaves it so): give it back. The
-            # others are refused by the abort, harmlessly.
-            failed = [k for (_, k), st in zip(mine, codes) if st != Status.OK]
-            if failed and not c.closed:
-                self._abort(c, failed)
-            elif failed:
-                with self._mu:
-                    self._abandoned += len(failed)
-            if stored and self._events is not None:
-                with self._mu:
-                    self._events.append((stored, False))
+            taken = [((h, k), self._take(self._reserved, k)) for h, k in zip(given, keys)]
+        for c, mine in self._by_client(taken):
+            self._complete_store_on(c, mine, success)
         self._maybe_release_abandoned()
+
+    def _complete_store_on(self, c: Client, mine: List[Tuple[Any, bytes]], success: bool) -> None:
+        """complete_store of the blocks (vLLM's key, store key) reserved on
+        c."""
+        if not success:
+            self._abort(c, [k for _, k in mine])
+            return
+        try:
+            codes = c.commit([k for _, k in mine], durable=self.durable)
+        except Exception as e:  # noqa: BLE001
+            self._link.failed("complete_store", e, c)
+            codes = [Status.CLOSED] * len(mine)
+        stored = [h for (h, _), st in zip(mine, codes) if st == Status.OK]
+        # A key whose commit failed may still be reserved (a durable
+        # commit that failed on L2 leaves it so): give it back. The
+        # others are refused by the abort, harmlessly.
+        failed = [k for (_, k), st in zip(mine, codes) if st != Status.OK]
+        if failed and not c.closed:
+            self._abort(c, failed)
+        elif failed:
+            with self._mu:
+                self._abandoned += len(failed)
+        if stored and self._events is not None:
+            with self._mu:
+                self._events.append((stored, False))
 
     def _take_events(self) -> List[Tuple[List[Any], bool]]:
         with self._mu:
