@@ -293,6 +293,7 @@ class TestStore(DaemonCase):
     def test_copies_through_extents(self) -> None:
         c = self.connect()
         buf = c.create_buffer(4 * VAL)
+        self.addCleanup(buf.close)
         buf.view[:2 * VAL] = pattern(2 * VAL, 30)
         off = c.alloc_blocks(1, VAL)[0]
         c.pool.view[off:off + VAL] = pattern(VAL, 31)
