@@ -802,6 +802,18 @@ class StoreCalls:
         usual way in."""
         return self._socket_batch("abort", lib.tc_store_abort, keys, opts)
 
+    def _pin_part(self, kb: List[bytes], parts: List[Tuple[List[bytes], Any]]) -> Tuple[Any, Any, Any]:
+        """One part's pinning get of keys kb (at most max_keys_per_call): its
+        codes, offsets and lengths. The part goes into parts before the
+        call, so that a caller that raises gives back what it pinned (see
+        _pinned)."""
+        ks, packed = _pack(kb)
+        m = len(kb)
+        cs, offs, lens = _unset_codes(m), (ctypes.c_uint64 * m)(), (ctypes.c_uint64 * m)()
+        parts.append((kb, cs))
+        self._check(self._run_kv("get", lib.tc_kv_get, ctypes.byref(ks), offs, lens, cs), f"get of {m} keys")
+        return cs, offs, lens
+
     def get_locations(self, keys: Sequence[Key]) -> "Locations":
         """Pins each key and says where its value lies in the daemon's pool:
         ``offsets[i]`` and ``lengths[i]`` (0 where ``codes[i]`` is not OK), to
@@ -814,11 +826,7 @@ class StoreCalls:
         parts: List[Tuple[List[bytes], Any]] = []
         try:
             for lo, hi in _chunks(len(kb), self._max_keys):
-                ks, packed = _pack(kb[lo:hi])
-                m = hi - lo
-                cs, offs, lens = _unset_codes(m), (ctypes.c_uint64 * m)(), (ctypes.c_uint64 * m)()
-                parts.append((kb[lo:hi], cs))  # before the call: see _pinned
-                self._check(self._run_kv("get", lib.tc_kv_get, ctypes.byref(ks), offs, lens, cs), f"get of {m} keys")
+                cs, offs, lens = self._pin_part(kb[lo:hi], parts)
                 codes.extend(_status(c) for c in cs)
                 offsets.extend(offs)
                 lengths.extend(lens)
@@ -864,11 +872,7 @@ class StoreCalls:
         parts: List[Tuple[List[bytes], Any]] = []
         try:
             for lo, hi in _chunks(len(kb), self._max_keys):
-                ks, packed = _pack(kb[lo:hi])
-                m = hi - lo
-                cs, offs, lens = _unset_codes(m), (ctypes.c_uint64 * m)(), (ctypes.c_uint64 * m)()
-                parts.append((kb[lo:hi], cs))  # before the call: see _pinned
-                self._check(self._run_kv("get", lib.tc_kv_get, ctypes.byref(ks), offs, lens, cs), f"get of {m} keys")
+                cs, offs, lens = self._pin_part(kb[lo:hi], parts)
                 for c, o, z in zip(cs, offs, lens):
                     st = _status(c)
                     codes.append(st)
