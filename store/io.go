@@ -45,15 +45,28 @@ type tier2 struct {
 	// be valid though the key no longer uses them (a zeroing that failed
 	// after the key had gone anyway). Recovery would bring such a block
 	// back once no newer header of its key is on the device, so every
-	// invalidation of the key zeroes them first (reqInval).
+	// invalidation of the key zeroes them first (reqInval), and the
+	// maintenance loop's sweep zeroes them meanwhile (sweep.go).
 	ghosts  map[string][]uint32
 	nghosts atomic.Int32 // slots in ghosts; read without mu on the invalidation path
-	// older: per key, the invalidations in flight of its superseded
-	// entries (supersede), each of which may still fail and leave a
-	// ghost, and the key's other invalidations parked until none is left
-	// (reqInval).
+	// older: per key, the zeroings in flight of its older headers that may
+	// still fail and leave a ghost (the invalidations of its superseded
+	// entries, supersede, and the sweep's zeroings of its ghosts), and the
+	// key's other invalidations parked until none is left (reqInval).
 	older  map[string]*olderZeroings
 	nolder atomic.Int32 // keys in older; read without mu on the invalidation path
+	// The ghost sweep (sweep.go), also guarded by mu: sweepOn while the
+	// maintenance loop runs; a pass due at sweepAt (Store.now) when
+	// sweepArmed, sweepTimer kicking the loop then; sweepDelay, the
+	// back-off; the current pass's zeroings in flight, those that
+	// succeeded, and those that failed (the last with sweepErr).
+	sweepOn, sweepArmed  bool
+	sweepAt              int64
+	sweepTimer           Timer
+	sweepDelay           time.Duration
+	sweepRunning         int
+	sweepOK, sweepFailed int
+	sweepErr             error
 
 	tasks []ioTask
 	// ioMu guards freeTasks and the keys waiting for a task (wait.go):
@@ -81,7 +94,7 @@ type tier2 struct {
 
 // olderZeroings is an entry of tier2.older.
 type olderZeroings struct {
-	n      int       // superseded entries of the key whose invalidation has not ended
+	n      int       // zeroings of older headers of the key that have not ended
 	parked []*ioTask // invalidations of the key's newer entry waiting for them
 }
 
@@ -93,6 +106,7 @@ const (
 	kPromote                  // an L2 → L1 read
 	kInval                    // overwrite a block header with zeros
 	kOpen                     // write a region header
+	kSweep                    // zero a ghost for the maintenance loop (sweep.go)
 )
 
 // Stages of kPut and kWB.
@@ -142,8 +156,10 @@ type ioTask struct {
 	commit bool // kPut from Commit (the reservation stays on failure)
 	drop   bool // kInval of a corrupt block: the entry goes even if the write fails
 	// ghost: the quarantined slot of an older block of the key whose
-	// header a kInval zeroes before its own slot's (reqInval), or noSlot.
+	// header a kInval zeroes before its own slot's (reqInval), or noSlot;
+	// for a kSweep, the ghost it zeroes, of key.
 	ghost uint32
+	key   string
 	ss    *Session
 	// rp and copies: a durable put's copies on other hosts (rp nil:
 	// none), made before its result is given.
@@ -229,6 +245,7 @@ func newTier2(s *Store, l2 *L2) (*tier2, error) {
 	t := &tier2{
 		s: s, tr: cfg.Transport, file: cfg.File, verify: !cfg.NoVerifyReads, cfg: cfg,
 		tasks: make([]ioTask, n), freeTasks: make([]int32, 0, n), drained: make(chan struct{}), ready: -1,
+		sweepDelay: ghostSweepFirst,
 	}
 	t.g.align = align
 	stage, err := shm.NewPool(shm.PoolConfig{ID: cfg.StagingID, Size: uint64(n+1) * align, Hugepages: shm.HugepagesOff,
@@ -350,7 +367,7 @@ func (t *tier2) taken(i int32) *ioTask {
 }
 
 func (t *tier2) freeTask(it *ioTask) {
-	it.kind, it.stage, it.commit, it.drop, it.ghost = 0, 0, false, false, noSlot
+	it.kind, it.stage, it.commit, it.drop, it.ghost, it.key = 0, 0, false, false, noSlot, ""
 	it.ss, it.cl, it.err, it.parkE, it.syncErr = nil, nil, nil, nil, nil
 	it.rp, it.copies = nil, 0
 	it.xt.Req = xfer.Request{}
@@ -506,6 +523,8 @@ func (t *tier2) done(it *ioTask, err error) {
 		t.promoteDone(it, err)
 	case kInval:
 		t.invalDone(it, err)
+	case kSweep:
+		t.sweepDone(it, err)
 	case kOpen:
 		t.openDone(it, err)
 	case kSync:
@@ -551,6 +570,10 @@ func (t *tier2) fail(it *ioTask, err error) {
 		t.addGhost(key, it.slot)
 		t.mu.Unlock()
 		t.endInval(it, err, false)
+	case kSweep:
+		// The ghost's header is in doubt as after a failed zeroing: a
+		// ghost of its key still.
+		t.sweepDone(it, err)
 	case kOpen:
 		t.openDone(it, err)
 	case kSync:

@@ -269,19 +269,24 @@ func (t *tier2) quarantine(id uint32) {
 }
 
 // addGhost records that quarantined slot id may hold a valid header of
-// key, which no longer uses it (see tier2.ghosts). t.mu is held.
+// key, which no longer uses it (see tier2.ghosts), and arms the sweep
+// (sweep.go) if nothing has. t.mu is held.
 func (t *tier2) addGhost(key string, id uint32) {
 	if t.ghosts == nil {
 		t.ghosts = map[string][]uint32{}
 	}
 	t.ghosts[key] = append(t.ghosts[key], id)
 	t.nghosts.Add(1)
+	if !t.sweepArmed && t.sweepRunning == 0 {
+		t.armSweep(t.sweepDelay) // a pass that runs arms the next at its end
+	}
 }
 
 // olderHeaders reports whether an older header of key may still be valid
 // on L2 once its own is gone: it has ghosts, or a superseded entry of it
-// is being invalidated, whose zeroing may fail and leave one (none
-// without an L2). Its shard's mu may be held: t.mu is a leaf.
+// is being invalidated, or the sweep is zeroing one of its ghosts, and
+// that zeroing may fail and leave one (none without an L2). Its shard's
+// mu may be held: t.mu is a leaf.
 func (t *tier2) olderHeaders(key []byte) bool {
 	if t == nil || t.nghosts.Load() == 0 && t.nolder.Load() == 0 {
 		return false
@@ -297,24 +302,32 @@ func (t *tier2) olderHeaders(key []byte) bool {
 // is in flight (supersede). Its shard's mu is held.
 func (t *tier2) olderStarts(key []byte) {
 	t.mu.Lock()
-	if t.older == nil {
-		t.older = map[string]*olderZeroings{}
-	}
-	o := t.older[string(key)]
-	if o == nil {
-		o = &olderZeroings{}
-		t.older[string(key)] = o
-		t.nolder.Add(1)
-	}
-	o.n++
+	t.olderStartsLocked(string(key))
 	t.mu.Unlock()
 }
 
-// olderEnds records the end of the invalidation of a superseded entry of
-// key (endInval), a ghost of key already recorded if its zeroing failed,
-// and returns the key's parked invalidations, for the caller to take up
-// again (resumeInval): those that still have older headers to wait for
-// park again. t.mu is held.
+// olderStartsLocked records that a zeroing of an older header of key is
+// in flight: a superseded entry's invalidation (olderStarts) or the
+// sweep's zeroing of a ghost it claimed (sweepGhosts). t.mu is held.
+func (t *tier2) olderStartsLocked(key string) {
+	if t.older == nil {
+		t.older = map[string]*olderZeroings{}
+	}
+	o := t.older[key]
+	if o == nil {
+		o = &olderZeroings{}
+		t.older[key] = o
+		t.nolder.Add(1)
+	}
+	o.n++
+}
+
+// olderEnds records the end of a zeroing of an older header of key (the
+// invalidation of a superseded entry, endInval, or a sweep's zeroing,
+// sweepDone), a ghost of key already recorded if it failed, and returns
+// the key's parked invalidations, for the caller to take up again
+// (resumeInval): those that still have older headers to wait for park
+// again. t.mu is held.
 func (t *tier2) olderEnds(key string) []*ioTask {
 	o := t.older[key]
 	if o == nil {

@@ -4,11 +4,13 @@ import "github.com/tensorcast/tensorcast/xfer"
 
 // The maintenance loop is the store's one goroutine. Each wake-up (a kick:
 // a commit, an allocation over the high watermark, a finished writeback or
-// eviction, a retry coming due, a task freed while callers' keys wait for
-// one) runs one round: tasks to the waiting keys (wait.go), due retries back in line,
-// L1 eviction down to the low watermark, L2 eviction, then writebacks up to
-// WritebackDepth in flight. A round that can make no progress ends; the
-// next kick starts another, so the loop never spins.
+// eviction, a retry or a pass of the ghost sweep coming due, a task freed
+// while callers' keys wait for one) runs one round: tasks to the waiting
+// keys (wait.go), due retries back in line, L1 eviction down to the low
+// watermark, L2 eviction, a pass of the ghost sweep when one is due
+// (sweep.go), then writebacks up to WritebackDepth in flight. A round that
+// can make no progress ends; the next kick starts another, so the loop
+// never spins.
 
 // retryRec is a failed writeback waiting for its delay.
 type retryRec struct {
@@ -45,6 +47,7 @@ func (s *Store) maintain() {
 		if s.l2 != nil {
 			s.l2.flushReady(&m.batch, &m.xts)
 			s.evictL2(&m)
+			s.sweepGhosts(&m)
 			s.writeback(&m)
 		}
 	}

@@ -662,12 +662,13 @@ const (
 // no slot of its own (a value in L1 only, removeLocked).
 //
 // An older header may also be one that a superseded entry's invalidation
-// is zeroing right now (supersede), or a ghost such an invalidation has
-// claimed: that zeroing may fail and leave a ghost. The invalidation of a
-// newer entry of the key then parks, its ghosts zeroed, before its own
-// header (invParked): its key may not go, nor its Remove answer, until the
-// older invalidation has ended (endInval takes it up again, resumeInval).
-// A superseded entry's own invalidation never waits: it is the older one.
+// is zeroing right now (supersede), or a ghost such an invalidation or the
+// maintenance loop's sweep (sweep.go) has claimed: that zeroing may fail
+// and leave a ghost. The invalidation of a newer entry of the key then
+// parks, its ghosts zeroed, before its own header (invParked): its key
+// may not go, nor its Remove answer, until the older zeroing has ended
+// (endInval or sweepDone takes it up again, resumeInval). A superseded
+// entry's own invalidation never waits: it is the older one.
 func (t *tier2) reqInval(it *ioTask) int {
 	it.ghost = noSlot
 	if t.nghosts.Load() > 0 || t.nolder.Load() > 0 {

@@ -173,6 +173,9 @@ func New(cfg Config, pool *shm.Pool, l2 *L2) (*Store, error) {
 	if s.jr != nil {
 		s.adoptL1(kept)
 	}
+	if s.l2 != nil {
+		s.l2.startSweep()
+	}
 	go s.maintain()
 	st := s.Stats()
 	s.log.Info("store ready", "keys", st.Keys, "l1_capacity", cfg.L1Capacity, "l2", s.l2 != nil,
@@ -215,6 +218,7 @@ func (s *Store) Close() error {
 		close(s.stop)
 		<-s.done
 		if s.l2 != nil {
+			s.l2.stopSweep()
 			// Keys still waiting for an L2 task end now, before the pool
 			// blocks they hold are freed.
 			s.l2.failWaiting(ErrClosed)
@@ -412,6 +416,7 @@ type counters struct {
 	keys, l1Keys, l2Keys, pins, reserved, l2InvalFailed atomic.Uint64
 	dirtyOwed                                           atomic.Uint64 // values in L1 only still owed a writeback
 	quarantinedTasks                                    atomic.Uint64
+	ghostsZeroed, ghostZeroFail                         atomic.Uint64 // the ghost sweep's zeroings (sweep.go)
 	aborted                                             atomic.Uint64 // reservations given back by Session.Abort
 	ioWaits                                             atomic.Uint64 // callers' keys that waited for an L2 task
 	l1Recovered, l1Dropped, l1Torn, l1JournalFull       atomic.Uint64 // the L1 journal's (l1journal.go)
@@ -466,6 +471,10 @@ type Stats struct {
 	PrefixCut          uint64 // LookupPrefix pins stopped early by a pin limit (MaxPins, MaxSessionPinned)
 	PinLimit           uint64 // pins refused: the session's values pinned were at MaxSessionPinned (ErrPinLimit)
 	InvalidateFailures uint64 // L2 slots whose invalidation failed (kept out of use)
+	// GhostsZeroed: slots kept out of use whose header the maintenance
+	// loop's sweep zeroed, in use again since; GhostZeroFailures: its
+	// zeroings that failed (each retried later).
+	GhostsZeroed, GhostZeroFailures uint64
 
 	Recovered   uint64 // blocks indexed from L2 at open
 	TornDropped uint64 // damaged headers found at open (torn or corrupt writes)
@@ -512,6 +521,7 @@ func (s *Store) Stats() Stats {
 		QuarantinedTasks: c.quarantinedTasks.Load(), Aborted: c.aborted.Load(),
 		L1Recovered: c.l1Recovered.Load(), L1Dropped: c.l1Dropped.Load(), L1Torn: c.l1Torn.Load(),
 		L1JournalFull: c.l1JournalFull.Load(), IOWaits: c.ioWaits.Load(),
+		GhostsZeroed: c.ghostsZeroed.Load(), GhostZeroFailures: c.ghostZeroFail.Load(),
 	}
 	if t := s.l2; t != nil {
 		t.mu.Lock()
