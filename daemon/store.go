@@ -171,6 +171,8 @@ func (d *Daemon) collectOneStore(e *metrics.Emit, st *store.Store, tenantName st
 		{"tensorcast_store_corrupt_reads_total", "Values read from L2 whose checksum did not match (dropped).", s.CorruptReads},
 		{"tensorcast_store_l1_full_total", "Allocations refused: L1 full even after eviction.", s.L1Full},
 		{"tensorcast_store_remove_failures_total", "Removals whose L2 invalidation failed (the key stays).", s.RemoveFailures},
+		{"tensorcast_store_ghosts_zeroed_total", "Stale L2 block headers, left by a failed zeroing, that the store zeroed later (their slots in use again).", s.GhostsZeroed},
+		{"tensorcast_store_ghost_zero_failures_total", "Later zeroings of stale L2 block headers that failed again (retried at a back-off).", s.GhostZeroFailures},
 		{"tensorcast_store_leases_expired_total", "Timed pins ended by their TTL.", s.LeasesExpired},
 		{"tensorcast_store_pin_limit_total", "Pins refused: the client's session held store_max_session_pinned bytes of values pinned.", s.PinLimit},
 		{"tensorcast_store_recovered_blocks_total", "Blocks indexed from L2 at start-up.", s.Recovered},

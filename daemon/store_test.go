@@ -154,7 +154,9 @@ func TestStoreThroughDaemon(t *testing.T) {
 	for _, want := range []string{`tensorcast_store_keys{tenant="default"} 3`, `tensorcast_store_tier_keys{tenant="default",tier="l2"} 3`,
 		`tensorcast_store_durable_puts_total{tenant="default"} 3`,
 		// The queue's Get of its two keys, in L1; the absent key.
-		`tensorcast_store_hits_total{tenant="default",tier="l1"} 2`, `tensorcast_store_misses_total{tenant="default"} 1`} {
+		`tensorcast_store_hits_total{tenant="default",tier="l1"} 2`, `tensorcast_store_misses_total{tenant="default"} 1`,
+		// No ghost to sweep on a device that never failed.
+		`tensorcast_store_ghosts_zeroed_total{tenant="default"} 0`, `tensorcast_store_ghost_zero_failures_total{tenant="default"} 0`} {
 		if !strings.Contains(exp, want+"\n") {
 			t.Fatalf("the scrape lacks %q", want)
 		}
