@@ -150,6 +150,9 @@ func (d *Daemon) collectOneStore(e *metrics.Emit, st *store.Store, tenantName st
 	e.Gauge("tensorcast_store_reserved", "Reservations and puts in flight.", float64(s.Reserved), tn)
 	e.Gauge("tensorcast_store_dirty", "Values in L1 only, owed a writeback to L2.", float64(s.Dirty), tn)
 	e.Gauge("tensorcast_store_l2_in_flight", "L2 operations in flight.", float64(s.IOInFlight), tn)
+	// A gauge, not a counter: a slot whose stale header is zeroed later
+	// (tensorcast_store_ghosts_zeroed_total) is in use again.
+	e.Gauge("tensorcast_store_l2_slots_quarantined", "L2 slots kept out of use: their header could not be zeroed, or a broken transport contract may still touch them.", float64(s.QuarantinedSlots), tn)
 	e.Gauge("tensorcast_store_l2_waiting", "Clients' keys waiting for a free L2 I/O task (the store's own writeback holds the others).", float64(s.IOWaiting), tn)
 	for _, c := range []struct {
 		name, help string
@@ -181,8 +184,8 @@ func (d *Daemon) collectOneStore(e *metrics.Emit, st *store.Store, tenantName st
 		{"tensorcast_store_l1_dropped_total", "L1 journal records dropped at start-up: torn, a value changed, or lost to a newer copy.", s.L1Dropped + s.L1Torn},
 		{"tensorcast_store_l1_journal_full_total", "L1 values not recorded for the next restart: the journal was full.", s.L1JournalFull},
 		{"tensorcast_store_transport_violations_total", "Broken transport contracts the store caught.", s.TransportViolations},
-		{"tensorcast_store_quarantined_total", "Pool blocks, L2 slots and I/O slots kept out of use after one.",
-			s.QuarantinedBlocks + s.QuarantinedSlots + s.QuarantinedTasks},
+		{"tensorcast_store_quarantined_total", "Pool blocks and I/O tasks kept out of use for good after a broken transport contract.",
+			s.QuarantinedBlocks + s.QuarantinedTasks},
 	} {
 		e.Counter(c.name, c.help, float64(c.v), tn)
 	}

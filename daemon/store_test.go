@@ -156,7 +156,9 @@ func TestStoreThroughDaemon(t *testing.T) {
 		// The queue's Get of its two keys, in L1; the absent key.
 		`tensorcast_store_hits_total{tenant="default",tier="l1"} 2`, `tensorcast_store_misses_total{tenant="default"} 1`,
 		// No ghost to sweep on a device that never failed.
-		`tensorcast_store_ghosts_zeroed_total{tenant="default"} 0`, `tensorcast_store_ghost_zero_failures_total{tenant="default"} 0`} {
+		`tensorcast_store_ghosts_zeroed_total{tenant="default"} 0`, `tensorcast_store_ghost_zero_failures_total{tenant="default"} 0`,
+		// Quarantined L2 slots can come back into use: a gauge.
+		"# TYPE tensorcast_store_l2_slots_quarantined gauge", `tensorcast_store_l2_slots_quarantined{tenant="default"} 0`} {
 		if !strings.Contains(exp, want+"\n") {
 			t.Fatalf("the scrape lacks %q", want)
 		}
