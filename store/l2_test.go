@@ -1028,6 +1028,19 @@ func TestRemovedKeyStaysGoneOverAStaleCopyRecoveryCouldNotZero(t *testing.T) {
 	mustCodes(t, "removed, after a restart", e.exists(keys), NotFound)
 }
 
+// ghostsUnderL1 opens a session (closed at the test's end) and makes n
+// keys named prefix with a ghost each under a newer value in L1 only: a
+// durable put of 3000 bytes, then putL1OverFailedEviction of 5000.
+func (e *testEnv) ghostsUnderL1(t *testing.T, prefix string, n int) (*Session, [][]byte) {
+	t.Helper()
+	ss := e.s.NewSession()
+	t.Cleanup(func() { ss.Close() })
+	keys := keysN(prefix, n)
+	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
+	e.putL1OverFailedEviction(t, ss, keys, 5000)
+	return ss, keys
+}
+
 // putL1OverFailedEviction is putOverFailedEviction with the new values put
 // without durable and kept off L2: their writebacks fail and wait for a
 // retry on the store's clock, which stands still until the test moves it.
@@ -1110,11 +1123,7 @@ func TestRemovedL1ValueStaysGoneOverAQuarantinedCopy(t *testing.T) {
 	for _, how := range []string{"in L1 only", "under a failing writeback"} {
 		t.Run(how, func(t *testing.T) {
 			e := newEnv(t, 16<<20, withL2(32<<20))
-			ss := e.s.NewSession()
-			defer ss.Close()
-			keys := keysN("g", 1)
-			mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
-			e.putL1OverFailedEviction(t, ss, keys, 5000)
+			_, keys := e.ghostsUnderL1(t, "g", 1)
 			st := e.s.Stats()
 			codes, errs := make([]Code, 1), make([]error, 1)
 			if how == "in L1 only" {
@@ -1169,11 +1178,7 @@ func TestRemovedL1ValueStaysGoneOverAQuarantinedCopy(t *testing.T) {
 // Remove zeroes it before the key's own header.
 func TestRemoveOfAnL1ValueWhoseQuarantinedCopyCannotBeZeroed(t *testing.T) {
 	e := newEnv(t, 16<<20, withL2(32<<20))
-	ss := e.s.NewSession()
-	defer ss.Close()
-	keys := keysN("g", 1)
-	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
-	e.putL1OverFailedEviction(t, ss, keys, 5000)
+	_, keys := e.ghostsUnderL1(t, "g", 1)
 	st := e.s.Stats()
 	e.failZeroWrites()
 	codes, errs := make([]Code, 1), make([]error, 1)

@@ -68,11 +68,7 @@ func (e *testEnv) sweepDue() (time.Duration, bool) {
 // zeroes it, and its slot is in use again.
 func TestGhostSweepZeroesAGhostOnceTheDeviceWrites(t *testing.T) {
 	e := newEnv(t, 16<<20, withL2(32<<20))
-	ss := e.s.NewSession()
-	defer ss.Close()
-	keys := keysN("w", 1)
-	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
-	e.putL1OverFailedEviction(t, ss, keys, 5000)
+	_, keys := e.ghostsUnderL1(t, "w", 1)
 	st := e.s.Stats()
 
 	var zeroes atomic.Int64
@@ -123,11 +119,7 @@ func TestGhostSweepBacksOffWhileZeroingFails(t *testing.T) {
 	const msg = "store: could not zero the headers of older L2 blocks kept out of use; retrying later"
 	var logged atomic.Int64
 	e := newEnv(t, 16<<20, withL2(32<<20), withCfg(func(c *Config) { c.Log = slog.New(logCount{msg, &logged}) }))
-	ss := e.s.NewSession()
-	defer ss.Close()
-	keys := keysN("b", ghostSweepMax+2)
-	mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
-	e.putL1OverFailedEviction(t, ss, keys, 5000)
+	_, keys := e.ghostsUnderL1(t, "b", ghostSweepMax+2)
 	st := e.s.Stats()
 	ghostsLeft := func() int {
 		n := 0
@@ -224,11 +216,7 @@ func TestGhostSweepRacingARemove(t *testing.T) {
 	}{{false, false}, {true, false}, {true, true}} {
 		t.Run(fmt.Sprintf("sweep fails %v, remove fails %v", c.sweepFails, c.removeFails), func(t *testing.T) {
 			e := newEnv(t, 16<<20, withL2(32<<20))
-			ss := e.s.NewSession()
-			defer ss.Close()
-			keys := keysN("r", 1)
-			mustCodes(t, "put", e.put(ss, keys, valuesFor(keys, 3000), true), OK)
-			e.putL1OverFailedEviction(t, ss, keys, 5000)
+			_, keys := e.ghostsUnderL1(t, "r", 1)
 			st := e.s.Stats()
 
 			var zeroes atomic.Int64
