@@ -49,6 +49,11 @@ type tier2 struct {
 	// maintenance loop's sweep zeroes them meanwhile (sweep.go).
 	ghosts  map[string][]uint32
 	nghosts atomic.Int32 // slots in ghosts; read without mu on the invalidation path
+	// tainted: the quarantined slots a quarantined task (violation) may
+	// still write. A ghost among them is zeroed like any other, but the
+	// slot stays out of use for good (unquarantine): the stale write may
+	// land on whatever block is written there later.
+	tainted map[uint32]struct{}
 	// older: per key, the zeroings in flight of its older headers that may
 	// still fail and leave a ghost (the invalidations of its superseded
 	// entries, supersede, and the sweep's zeroings of its ghosts), and the
@@ -558,6 +563,7 @@ func (t *tier2) fail(it *ioTask, err error) {
 			// untouched: the key stays, the older block a ghost still.
 			key := t.keyOf(it.r)
 			t.mu.Lock()
+			t.taint(it.ghost)
 			t.addGhost(key, it.ghost)
 			t.mu.Unlock()
 			it.ghost = noSlot
@@ -567,12 +573,16 @@ func (t *tier2) fail(it *ioTask, err error) {
 		key := t.keyOf(it.r)
 		t.mu.Lock()
 		t.quarantine(it.slot)
+		t.taint(it.slot)
 		t.addGhost(key, it.slot)
 		t.mu.Unlock()
 		t.endInval(it, err, false)
 	case kSweep:
 		// The ghost's header is in doubt as after a failed zeroing: a
-		// ghost of its key still.
+		// ghost of its key still, and its slot never reused.
+		t.mu.Lock()
+		t.taint(it.ghost)
+		t.mu.Unlock()
 		t.sweepDone(it, err)
 	case kOpen:
 		t.openDone(it, err)

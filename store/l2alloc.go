@@ -343,9 +343,22 @@ func (t *tier2) olderEnds(key string) []*ioTask {
 	return p
 }
 
+// taint records that a quarantined task may still write quarantined
+// slot id (tier2.tainted). t.mu is held.
+func (t *tier2) taint(id uint32) {
+	if t.tainted == nil {
+		t.tainted = map[uint32]struct{}{}
+	}
+	t.tainted[id] = struct{}{}
+}
+
 // unquarantine returns a quarantined slot whose header has been zeroed
-// since. t.mu is held.
+// since, unless a quarantined task may still write it (tier2.tainted):
+// that one stays out of use. t.mu is held.
 func (t *tier2) unquarantine(id uint32) {
+	if _, ok := t.tainted[id]; ok {
+		return
+	}
 	ri, _, _, _ := t.slotAt(id)
 	t.regions[ri].stuck--
 	t.quarantined--

@@ -472,7 +472,8 @@ type Stats struct {
 	PinLimit           uint64 // pins refused: the session's values pinned were at MaxSessionPinned (ErrPinLimit)
 	InvalidateFailures uint64 // L2 slots whose invalidation failed (kept out of use)
 	// GhostsZeroed: slots kept out of use whose header the maintenance
-	// loop's sweep zeroed, in use again since; GhostZeroFailures: its
+	// loop's sweep zeroed, in use again since (but for those a transport
+	// that broke its contract may still write); GhostZeroFailures: its
 	// zeroings that failed (each retried later).
 	GhostsZeroed, GhostZeroFailures uint64
 

@@ -275,3 +275,64 @@ func TestGhostSweepRacingARemove(t *testing.T) {
 		})
 	}
 }
+
+// TestGhostSweepKeepsASlotATransportMayStillWrite: a sweep zeroing whose
+// Submit broke the transport contract is quarantined, and the transport
+// may still carry out its zero write at any time. Its ghost stays a
+// ghost, so a later pass zeroes the header again; the slot must stay out
+// of use even then, or a block written there later would have its header
+// zeroed by the stale write. Before, the later pass unquarantined it.
+func TestGhostSweepKeepsASlotATransportMayStillWrite(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	_, keys := e.ghostsUnderL1(t, "t", 1)
+	e.s.l2.mu.Lock()
+	ghost := e.s.l2.ghosts[string(keys[0])][0]
+	e.s.l2.mu.Unlock()
+	st := e.s.Stats()
+
+	// The sweep's Submit (one zeroing, alone) says it took two: the
+	// transport holds the zero write, the store quarantines the task.
+	var zeroes atomic.Int64
+	var lie atomic.Bool
+	e.failWrites(&zeroes, isValueWrite)
+	e.tr.Update(func(c *xfertest.Config) {
+		c.OnSubmit = func(ts []*xfer.Task) {
+			lie.Store(len(ts) == 1 && isZeroWrite(ts[0]) && zeroes.Add(1) == 1)
+		}
+		c.Lie = func(n int, err error) (int, error) {
+			if lie.Load() {
+				return n + 1, nil
+			}
+			return n, err
+		}
+		c.Hold = isZeroWrite
+	})
+	e.clk.Advance(ghostSweepFirst)
+	e.waitHeld("the sweep's zeroing, taken by a transport that lied", 1)
+	e.sweepEnded("the quarantined zeroing", 0, 1)
+	if g, st2 := e.ghosts(keys[0]), e.s.Stats(); g != 1 || st2.QuarantinedTasks != st.QuarantinedTasks+1 {
+		t.Fatalf("after the violation: %d ghosts, stats %+v (before: %+v)", g, st2, st)
+	}
+
+	// The next pass zeroes the header; the stale write is still held.
+	e.tr.Update(func(c *xfertest.Config) { c.Lie, c.Hold = nil, nil })
+	e.clk.Advance(2 * ghostSweepFirst)
+	e.sweepEnded("the ghost zeroed again", 1, 1)
+	if n := e.tr.Held(); n != 1 {
+		t.Fatalf("%d writes held, want the stale zeroing", n)
+	}
+	st2 := e.s.Stats()
+	t2 := e.s.l2
+	t2.mu.Lock()
+	ri, _, j, _ := t2.slotAt(ghost)
+	owner := t2.regions[ri].owner[j]
+	t2.mu.Unlock()
+	if g := e.ghosts(keys[0]); g != 0 || owner != quarOwner || st2.QuarantinedSlots != st.QuarantinedSlots {
+		t.Fatalf("a slot with a write in flight: %d ghosts, owner %x, stats %+v (before: %+v); want it kept out of use",
+			g, owner, st2, st)
+	}
+	e.tr.release() // the stale write lands; its Done is the transport's violation
+	e.checkValues(keys, valuesFor(keys, 5000))
+	e.reopen()
+	mustCodes(t, "after a restart without the L1 value", e.exists(keys), NotFound)
+}
