@@ -743,6 +743,7 @@ func (t *tier2) invalDone(it *ioTask, err error) {
 	}
 	t.mu.Lock()
 	t.unquarantine(g)
+	t.ghostZeroed()
 	t.mu.Unlock()
 	t.resumeInval(it) // the next ghost of the key, or its own header
 }

@@ -18,7 +18,8 @@ import (
 // succeeded and ghosts are left (a pass is bounded, not the sweep),
 // ghostSweepFirst later when some succeeded, and twice the last delay
 // (up to ghostSweepCap) when none did, so a device that keeps failing
-// sees a few writes a minute, and the log a line per pass.
+// sees a few writes a minute, and the log a line per pass. An
+// invalidation that zeroes a ghost ends the back-off too (ghostZeroed).
 //
 // A sweep zeroing keeps the invalidations' claim protocol. Its ghost is
 // taken out of tier2.ghosts, so no invalidation of the key zeroes it too,
@@ -167,6 +168,17 @@ func (t *tier2) sweepDone(it *ioTask, err error) {
 	t.freeTask(it)
 	for _, p := range resume {
 		t.resumeInval(p) // the first zeroes the ghost again if it is one
+	}
+}
+
+// ghostZeroed ends the sweep's back-off once an invalidation has zeroed
+// a ghost: the device writes again, so the ghosts left (and those made
+// later) are not kept waiting for a delay grown while it failed. t.mu is
+// held.
+func (t *tier2) ghostZeroed() {
+	t.sweepDelay = ghostSweepFirst
+	if t.sweepArmed && t.sweepAt > t.s.now()+int64(ghostSweepFirst) {
+		t.armSweep(ghostSweepFirst)
 	}
 }
 

@@ -336,3 +336,48 @@ func TestGhostSweepKeepsASlotATransportMayStillWrite(t *testing.T) {
 	e.reopen()
 	mustCodes(t, "after a restart without the L1 value", e.exists(keys), NotFound)
 }
+
+// TestGhostSweepBackOffEndsOnceAGhostIsZeroed: the sweep's back-off, grown
+// while the device failed, went back to its start only after a pass of
+// its own zeroed a ghost. An invalidation that zeroes a ghost shows as
+// well that the device writes again; the sweep then kept its long delay,
+// and the key's other ghosts stayed valid (and their slots out of use)
+// that much longer, as did every ghost made later.
+func TestGhostSweepBackOffEndsOnceAGhostIsZeroed(t *testing.T) {
+	e := newEnv(t, 16<<20, withL2(32<<20))
+	_, keys := e.ghostsUnderL1(t, "o", 2)
+
+	var zeroes atomic.Int64
+	e.failWrites(&zeroes, func(task *xfer.Task) bool { return isValueWrite(task) || isZeroWrite(task) })
+	delay, fails := ghostSweepFirst, uint64(0)
+	for range 3 {
+		e.clk.Advance(delay)
+		fails += 2
+		e.sweepEnded("a failing pass", 0, fails)
+		delay *= 2
+	}
+	if d, armed := e.sweepDue(); !armed || d != delay {
+		t.Fatalf("after the failed passes: the next due in %v (armed %v), want %v", d, armed, delay)
+	}
+
+	// The device writes again: a Remove zeroes its key's ghost.
+	e.failWrites(&zeroes, isValueWrite)
+	codes, errs := make([]Code, 1), make([]error, 1)
+	rec := newRecorder()
+	pending, err := e.s.Remove(keys[:1], codes, errs, rec, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pending {
+		<-rec.done
+	}
+	mustCodes(t, "remove", codes, OK)
+	if d, armed := e.sweepDue(); !armed || d > ghostSweepFirst {
+		t.Fatalf("once a ghost was zeroed: the next pass due in %v (armed %v), want within %v", d, armed, ghostSweepFirst)
+	}
+	e.clk.Advance(ghostSweepFirst)
+	e.sweepEnded("the other ghost zeroed", 1, fails)
+	if g := e.ghosts(keys[1]); g != 0 {
+		t.Fatalf("%d ghosts left", g)
+	}
+}
