@@ -98,11 +98,12 @@ func completionCode(c uint32) wire.Code {
 	return wire.Code(c)
 }
 
-// completionState is a queue completion's state: one the protocol names,
-// else StateFailed (its code then says ErrProtocol: completionCode maps
-// such a completion's code too, in Reap).
+// completionState is a task's state as the daemon sent it: 0 (it never
+// ran: refused before it started) or one the protocol names, else
+// StateFailed and false (Reap then gives the completion the code whose Err
+// is ErrProtocol), as libtensorcast's tc__state.
 func completionState(s uint32) (xfer.State, bool) {
-	if st := xfer.State(s); st >= xfer.StateWaiting && st <= xfer.StateCanceled {
+	if st := xfer.State(s); st <= xfer.StateCanceled {
 		return st, true
 	}
 	return xfer.StateFailed, false
