@@ -92,7 +92,7 @@ func knownCode(c wire.Code) bool { return c <= tcproto.CodeINTERNAL }
 // so every code the protocol does not name becomes 0xff, whose Err is
 // ErrProtocol.
 func completionCode(c uint32) wire.Code {
-	if c > uint32(tcproto.CodeINTERNAL) {
+	if c > 0xff || !knownCode(wire.Code(c)) {
 		return 0xff
 	}
 	return wire.Code(c)

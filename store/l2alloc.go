@@ -282,6 +282,24 @@ func (t *tier2) addGhost(key string, id uint32) {
 	}
 }
 
+// takeGhostLocked claims one of key's ghosts, the last recorded, for a
+// zeroing: it is no longer among t.ghosts, so nothing else zeroes it. It
+// returns noSlot when key has none. t.mu is held.
+func (t *tier2) takeGhostLocked(key string) uint32 {
+	gs := t.ghosts[key]
+	if len(gs) == 0 {
+		return noSlot
+	}
+	id := gs[len(gs)-1]
+	if len(gs) == 1 {
+		delete(t.ghosts, key)
+	} else {
+		t.ghosts[key] = gs[:len(gs)-1]
+	}
+	t.nghosts.Add(-1)
+	return id
+}
+
 // olderHeaders reports whether an older header of key may still be valid
 // on L2 once its own is gone: it has ghosts, or a superseded entry of it
 // is being invalidated, or the sweep is zeroing one of its ghosts, and

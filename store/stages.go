@@ -682,15 +682,8 @@ func (t *tier2) reqInval(it *ioTask) int {
 		key := sh.keyOf(e)
 		t.mu.Lock()
 		parked := false
-		if gs := t.ghosts[string(key)]; len(gs) > 0 {
-			it.ghost = gs[len(gs)-1]
-			if len(gs) == 1 {
-				delete(t.ghosts, string(key))
-			} else {
-				t.ghosts[string(key)] = gs[:len(gs)-1]
-			}
-			t.nghosts.Add(-1)
-		} else if o := t.older[string(key)]; o != nil && e.flags&fSuperseded == 0 {
+		it.ghost = t.takeGhostLocked(string(key))
+		if o := t.older[string(key)]; it.ghost == noSlot && o != nil && e.flags&fSuperseded == 0 {
 			o.parked = append(o.parked, it)
 			parked = true
 		}

@@ -100,21 +100,18 @@ func (s *Store) sweepGhosts(m *maintScratch) {
 	}
 	t.mu.Lock()
 	n := 0
-	for key, gs := range t.ghosts {
-		for len(gs) > 0 && n < len(batch) {
+	for key := range t.ghosts {
+		for n < len(batch) {
+			g := t.takeGhostLocked(key)
+			if g == noSlot {
+				break
+			}
 			it := batch[n]
 			n++
-			it.kind, it.key, it.ghost = kSweep, key, gs[len(gs)-1]
-			gs = gs[:len(gs)-1]
-			t.nghosts.Add(-1)
+			it.kind, it.key, it.ghost = kSweep, key, g
 			t.olderStartsLocked(key)
 			_, _, _, off := t.slotAt(it.ghost)
 			t.reqSector(it, xfer.OpWrite, off, true)
-		}
-		if len(gs) == 0 {
-			delete(t.ghosts, key)
-		} else {
-			t.ghosts[key] = gs
 		}
 		if n == len(batch) {
 			break
