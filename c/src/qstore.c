@@ -63,12 +63,22 @@ struct tc_kv {
     uint32_t max_keys;
     size_t max_list; /* the longest key list a call may have */
     int64_t timeout_ns; /* -1: none */
+    int64_t due;        /* the call's deadline (tc__now_ns); 0: none */
     struct tc_kv *next; /* on c->kvs, under c->qmu */
 
     /* mu serializes the calls; it guards the fields below. */
     pthread_mutex_t mu;
     int broken;
     uint64_t seq;
+    /* A call whose wait ran out of the timeout leaves its entry with the
+     * daemon: late is its user_data (0: none), late_op and late_flags its
+     * op, and late_keys (max_list bytes, made at the first timeout) its
+     * keys, packed, late_len bytes. The next call takes its answer first
+     * and gives back what it pinned or reserved (settle). */
+    uint64_t late;
+    uint8_t late_op, late_flags;
+    uint8_t *late_keys;
+    size_t late_len, late_n;
     /* Scratch of max_keys entries, and a key list of max_list bytes. */
     int *codes;
     uint64_t *offs, *lens;
@@ -310,6 +320,7 @@ static void free_kv(tc_kv *kv)
     free(kv->pos);
     free(kv->spans);
     free(kv->sub);
+    free(kv->late_keys);
     free(kv);
 }
 
@@ -372,6 +383,8 @@ int tc_kv_open(tc_conn *c, const tc_kv_opts *opts, tc_kv **out)
     return TC_OK;
 }
 
+static int settle(tc_kv *kv, int64_t wait);
+
 void tc_kv_close(tc_kv *kv)
 {
     if (!kv)
@@ -384,6 +397,15 @@ void tc_kv_close(tc_kv *kv)
             break;
         }
     pthread_mutex_unlock(&c->qmu);
+    pthread_mutex_lock(&kv->mu);
+    if (kv->late && !kv->broken) {
+        /* The late answer is waited for and settled within the timeout
+         * (1 s without one); one not there by then leaves its pins the
+         * connection's until it closes. */
+        kv->due = tc__now_ns() + (kv->timeout_ns >= 0 ? kv->timeout_ns : 1000000000LL);
+        (void)settle(kv, -1);
+    }
+    pthread_mutex_unlock(&kv->mu);
     tc_queue_close(kv->q);
     tc_results_destroy(kv->r);
     free_kv(kv);
@@ -409,7 +431,8 @@ void tc__store_release(tc_conn *c)
     }
 }
 
-/* kv_begin checks a call's keys against kv and takes it. */
+/* kv_begin checks a call's keys against kv and takes it; the call's
+ * ops share one deadline, from now. */
 static int kv_begin(tc_kv *kv, const tc_keys *keys, const void *out)
 {
     if (!kv || !out)
@@ -422,24 +445,134 @@ static int kv_begin(tc_kv *kv, const tc_keys *keys, const void *out)
         pthread_mutex_unlock(&kv->mu);
         return TC_ECLOSED;
     }
+    kv->due = kv->timeout_ns >= 0 ? tc__now_ns() + kv->timeout_ns : 0;
     return TC_OK;
 }
 
 static int kv_end(tc_kv *kv, int rc)
 {
-    if (rc == TC_EPROTO || rc == TC_ECLOSED || rc == TC_ETIMEDOUT)
+    if (rc == TC_EPROTO || rc == TC_ECLOSED)
         kv->broken = 1;
     pthread_mutex_unlock(&kv->mu);
     return rc;
 }
 
+/* pack writes the keys of keys whose position pos lists (k of them, in
+ * order; pos NULL: all of them) into dst, packed, as *out. dst holds
+ * max_list bytes, and keys fit it (kv_begin). */
+static void pack(const tc_keys *keys, const size_t *pos, size_t k, uint8_t *dst, tc_keys *out)
+{
+    tc__key_iter it;
+    tc__keys_begin(&it, keys);
+    const uint8_t *d;
+    size_t len, off = 0, j = 0;
+    for (size_t i = 0; j < k && tc__keys_next(&it, &d, &len); i++) {
+        if (pos && pos[j] != i)
+            continue;
+        dst[off] = (uint8_t)len;
+        dst[off + 1] = (uint8_t)(len >> 8);
+        if (len)
+            memcpy(dst + off + TC__KEY_HEADER, d, len);
+        off += TC__KEY_HEADER + len;
+        j++;
+    }
+    memset(out, 0, sizeof *out);
+    out->n = k;
+    out->packed = dst;
+    out->packed_len = off;
+}
+
+/* subset packs the keys whose position kv->pos lists (k of them) into
+ * kv->sub, as *out. */
+static void subset(tc_kv *kv, const tc_keys *keys, size_t k, tc_keys *out)
+{
+    pack(keys, kv->pos, k, kv->sub, out);
+}
+
+/* left is the time to kv->due, for a wait: -1 none, at least 1 ns, or 0
+ * once it has passed. */
+static int64_t left(const tc_kv *kv)
+{
+    if (!kv->due)
+        return -1;
+    int64_t l = kv->due - tc__now_ns();
+    return l > 0 ? l : 0;
+}
+
+static int kv_run(tc_kv *kv, uint8_t op, uint8_t flags, const tc_keys *keys, uint64_t length, int *codes,
+                  uint64_t *offs, uint64_t *lens);
+
+/* settle takes the answer of kv's late call, waiting at most wait ns (-1:
+ * until kv->due), and gives back what that call took and its caller never
+ * learnt of: a get's pins, a pinning lookup's, a reserve's blocks. An
+ * answer not here by then leaves kv late: TC_ETIMEDOUT. (kv->mu held.) */
+static int settle(tc_kv *kv, int64_t wait)
+{
+    tc_cqe cqe;
+    size_t n = 0;
+    int rc = tc_queue_reap(kv->q, &cqe, 1, 1, wait < 0 ? left(kv) : wait, &n);
+    if (rc == TC_DEADLINE_EXCEEDED)
+        return TC_ETIMEDOUT;
+    if (rc)
+        return rc;
+    if (n != 1 || cqe.user_data != kv->late)
+        return broken(kv->c); /* a completion of nothing this tc_kv submitted */
+    kv->late = 0;
+    tc_keys keys = {.n = kv->late_n, .packed = kv->late_keys, .packed_len = kv->late_len};
+    size_t k = 0;
+    if (kv->late_op == OP_LOOKUP_PREFIX) {
+        if (!(kv->late_flags & FLAG_PIN))
+            return TC_OK;
+        rc = tc_prefix_check(kv->q, &cqe, keys.n, &k);
+        if (rc == TC_EPROTO)
+            return rc;
+        for (size_t i = 0; i < k; i++)
+            kv->pos[i] = i; /* the leading run found is pinned */
+    } else if (kv->late_op == OP_GET || kv->late_op == OP_RESERVE) {
+        rc = tc_results_check(kv->r, &cqe, kv->codes, NULL, NULL);
+        if (rc == TC_EPROTO)
+            return rc;
+        if (rc == TC_OK || rc == TC_FAILED_PRECONDITION)
+            for (size_t i = 0; i < keys.n; i++)
+                if (kv->codes[i] == TC_OK)
+                    kv->pos[k++] = i;
+    }
+    if (k == 0)
+        return TC_OK;
+    tc_keys sub;
+    subset(kv, &keys, k, &sub);
+    if (kv->late_op == OP_RESERVE)
+        return tc_store_abort(kv->c, &sub, kv->codes, NULL) == TC_ECLOSED ? TC_ECLOSED : TC_OK;
+    rc = kv_run(kv, OP_UNPIN, 0, &sub, 0, kv->codes, NULL, NULL);
+    return rc == TC_FAILED_PRECONDITION ? TC_OK : rc;
+}
+
+/* late keeps what settle needs of the call whose wait for answer ud ran
+ * out: its entry is the daemon's, and its answer will land in the region. */
+static int late(tc_kv *kv, uint64_t ud, uint8_t op, uint8_t flags, const tc_keys *keys)
+{
+    if (!kv->late_keys && !(kv->late_keys = malloc(kv->max_list)))
+        return TC_ECLOSED; /* what it pinned cannot be given back: the connection's until it closes */
+    tc_keys packed;
+    pack(keys, NULL, keys->n, kv->late_keys, &packed);
+    kv->late = ud;
+    kv->late_op = op;
+    kv->late_flags = flags;
+    kv->late_n = keys->n;
+    kv->late_len = packed.packed_len;
+    return TC_ETIMEDOUT;
+}
+
 /* kv_call makes one store op on kv's queue and waits for its completion
- * (kv->mu held). */
+ * until kv->due, first settling a late call's answer (kv->mu held). */
 static int kv_call(tc_kv *kv, uint8_t op, uint8_t flags, const tc_keys *keys, uint64_t length, tc_cqe *cqe)
 {
+    if (kv->late) {
+        int rc = settle(kv, -1);
+        if (rc)
+            return rc;
+    }
     uint64_t ud = ++kv->seq;
-    int64_t start = tc__now_ns();
-    int64_t deadline = kv->timeout_ns >= 0 ? start + kv->timeout_ns : 0;
     size_t accepted = 0;
     for (;;) {
         int rc = store_call(kv->q, op, flags, keys, length, op == OP_LOOKUP_PREFIX ? NULL : kv->r, ud, &accepted);
@@ -450,22 +583,17 @@ static int kv_call(tc_kv *kv, uint8_t op, uint8_t flags, const tc_keys *keys, ui
         /* Nothing else is in flight on this queue: the daemon has taken the
          * last entry but not yet published its head, which frees its keys'
          * bytes. The wait ends too when the daemon went away. */
-        rc = tc__queue_wait_room(kv->q, deadline);
+        rc = tc__queue_wait_room(kv->q, kv->due);
         if (rc == TC_DEADLINE_EXCEEDED)
             return TC_ETIMEDOUT;
         if (rc)
             return rc;
     }
-    int64_t left = -1;
-    if (kv->timeout_ns >= 0) {
-        left = kv->timeout_ns - (tc__now_ns() - start);
-        if (left < 1)
-            left = 1;
-    }
+    int64_t wait = left(kv);
     size_t n = 0;
-    int rc = tc_queue_reap(kv->q, cqe, 1, 1, left, &n);
+    int rc = tc_queue_reap(kv->q, cqe, 1, 1, wait == 0 ? 1 : wait, &n);
     if (rc == TC_DEADLINE_EXCEEDED)
-        return TC_ETIMEDOUT; /* its late answer would land in the region */
+        return late(kv, ud, op, flags, keys);
     if (rc)
         return rc;
     if (n != 1 || cqe->user_data != ud)
@@ -536,30 +664,6 @@ int tc_kv_lookup_prefix(tc_kv *kv, const tc_keys *keys, int pin, size_t *found)
     if (rc == TC_OK)
         rc = tc_prefix_check(kv->q, &cqe, keys->n, found);
     return kv_end(kv, rc);
-}
-
-/* subset packs the keys whose position kv->pos lists (k of them) into
- * kv->sub, as *out. */
-static void subset(tc_kv *kv, const tc_keys *keys, size_t k, tc_keys *out)
-{
-    tc__key_iter it;
-    tc__keys_begin(&it, keys);
-    const uint8_t *d;
-    size_t len, off = 0, j = 0;
-    for (size_t i = 0; j < k && tc__keys_next(&it, &d, &len); i++) {
-        if (kv->pos[j] != i)
-            continue;
-        kv->sub[off] = (uint8_t)len;
-        kv->sub[off + 1] = (uint8_t)(len >> 8);
-        if (len)
-            memcpy(kv->sub + off + TC__KEY_HEADER, d, len);
-        off += TC__KEY_HEADER + len;
-        j++;
-    }
-    memset(out, 0, sizeof *out);
-    out->n = k;
-    out->packed = kv->sub;
-    out->packed_len = off;
 }
 
 int tc_kv_put(tc_kv *kv, const tc_keys *keys, const void *const *values, const uint64_t *lengths, int durable,

@@ -102,6 +102,7 @@ void test_store_cluster(void);
 void test_store_answers(const tcd *d);
 void test_store_daemon_killed(void);
 void test_store_room_killed(void);
+void test_store_kv_late(void);
 void test_store_basic(tc_conn *c);
 
 /* The queue's tests (queue.c). */

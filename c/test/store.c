@@ -1034,6 +1034,81 @@ void test_store_room_killed(void)
     tcd_stop(&d);
 }
 
+/* pins says how many pins key has, or -1 when it is not stored. */
+static int pins(tc_conn *c, const char *key)
+{
+    tc_key_info info;
+    int rc = tc_store_stat(c, key, strlen(key), &info, NULL);
+    return rc == TC_OK ? (int)info.pins : -1;
+}
+
+/* A tc_kv call whose wait runs out (the daemon held stopped) leaves its
+ * entry with the daemon: the tc_kv's next call takes the late answer and
+ * gives back what it took, a get's pins, a pinning lookup's, a reserve's
+ * blocks, and the tc_kv stays in use. A late answer still not there when
+ * the next call's own timeout runs out is TC_ETIMEDOUT again. */
+void test_store_kv_late(void)
+{
+    tcd d;
+    start(&d, NULL);
+    tc_conn *c = dial(d.socket, 0);
+    tc_kv *kv;
+    tc_kv_opts o;
+    memset(&o, 0, sizeof o);
+    o.timeout_ms = 200;
+    REQUIRE(tc_kv_open(c, &o, &kv) == TC_OK);
+    keyset s;
+    uint8_t val[VAL];
+    fill(val, VAL, 7);
+    const void *vp[2] = {val, val};
+    uint64_t vl[2] = {VAL, VAL};
+    int codes[2], code;
+    uint64_t offs[2];
+    int ids[2] = {0, 1};
+    CHECK_RC(tc_kv_put(kv, keys_of(&s, "late/", ids, 2), vp, vl, 0, codes), TC_OK);
+    CHECK(all_ok(codes, 2));
+
+    /* A get, late: its pins are given back by the next call. */
+    tcd_freeze(&d);
+    CHECK_RC(tc_kv_get(kv, keys_of(&s, "late/", ids, 2), offs, NULL, codes), TC_ETIMEDOUT);
+    tcd_thaw(&d);
+    CHECK_RC(tc_kv_exists(kv, one_key(&s, "late/0"), &code), TC_OK);
+    CHECK(code == TC_OK);
+    CHECK(pins(c, "late/0") == 0 && pins(c, "late/1") == 0);
+
+    /* Late past the next call's timeout too: still given back after. */
+    tcd_freeze(&d);
+    CHECK_RC(tc_kv_lookup_prefix(kv, keys_of(&s, "late/", ids, 2), 1, &(size_t){0}), TC_ETIMEDOUT);
+    CHECK_RC(tc_kv_exists(kv, one_key(&s, "late/0"), &code), TC_ETIMEDOUT);
+    tcd_thaw(&d);
+    size_t found = 0;
+    CHECK_RC(tc_kv_lookup_prefix(kv, keys_of(&s, "late/", ids, 2), 0, &found), TC_OK);
+    CHECK(found == 2);
+    CHECK(pins(c, "late/0") == 0 && pins(c, "late/1") == 0);
+
+    /* A reserve, late: its blocks are given back, and a put of the key
+     * then finds it free (not BUSY behind the reservation). */
+    tcd_freeze(&d);
+    CHECK_RC(tc_kv_reserve(kv, one_key(&s, "late/2"), VAL, offs, codes), TC_ETIMEDOUT);
+    tcd_thaw(&d);
+    CHECK_RC(tc_kv_put(kv, one_key(&s, "late/2"), vp, vl, 0, &code), TC_OK);
+    CHECK(code == TC_OK);
+    CHECK(pins(c, "late/2") == 0);
+
+    /* Closed with a late get: its answer is waited for and settled. */
+    tcd_freeze(&d);
+    CHECK_RC(tc_kv_get(kv, keys_of(&s, "late/", ids, 2), offs, NULL, codes), TC_ETIMEDOUT);
+    tcd_thaw(&d);
+    int64_t deadline = now_ms() + 10000;
+    while (pins(c, "late/1") != 1 && now_ms() < deadline)
+        usleep(1000); /* the daemon pins, then answers, in its own time */
+    CHECK(pins(c, "late/1") == 1);
+    tc_kv_close(kv);
+    CHECK(pins(c, "late/0") == 0 && pins(c, "late/1") == 0);
+    tc_close(c);
+    tcd_stop(&d);
+}
+
 /* located waits (10 s at most) until key's home names n holders, as d's
  * daemon sees it, and returns that location (tc_free it). */
 static tc_key_location *located(tc_conn *c, const char *key, size_t n)

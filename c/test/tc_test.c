@@ -1673,6 +1673,7 @@ int main(int argc, char **argv)
     test_queue_eventfd();
     test_store_daemon_killed();
     test_store_room_killed();
+    test_store_kv_late();
     test_peers();
     test_store_cluster();
     fuzz_answers(500);
