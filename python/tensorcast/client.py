@@ -552,6 +552,13 @@ class Client(StoreCalls):
         self._kv_ptr = None  # and the store's queue
         lib.tc_close(conn)
 
+    def _close_dropped_queue(self, raw: int) -> None:
+        """Closes the library's queue of a Queue collected unclosed (its
+        finalizer queued it, see _dropped)."""
+        rc = lib.tc_queue_close(raw)
+        if rc not in (Status.OK, Status.CLOSED):
+            raise Error(rc, "close a dropped queue")
+
     def _kv(self, conn: int) -> int:
         """The store's queue, opened on first use (called between _enter and
         _leave)."""

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, List, NamedTuple, Optional, Seq
 from . import _lib
 from ._lib import lib
 from .client import MAX_NOTIFY, Error, Request, Status, TaskState
+from .store import _on_collect
 
 if TYPE_CHECKING:
     from .client import Client
@@ -80,7 +81,8 @@ class Queue:
     a reaping thread may run at once (each side is serialized in the
     library). :meth:`close` may be called from any thread: a reap waiting in
     another thread then ends with Status.CLOSED. The queue is closed with
-    its client too."""
+    its client too; one dropped unclosed is closed by the client's next call
+    (and a warning is logged, once)."""
 
     def __init__(self, client: "Client", raw: int) -> None:
         self._client = client
@@ -101,6 +103,11 @@ class Queue:
         self._cqes = (_lib.Cqe * info.cq_entries)()
         self._sq_lock = threading.Lock()
         self._cq_lock = threading.Lock()
+        # A queue dropped unclosed is closed by the client's next call: its
+        # collection may come on any thread, at any allocation, while the
+        # connection is busy with another thread's wait, and the close is a
+        # round trip on it.
+        self._given = _on_collect(self, client, "queue", "_close_dropped_queue", raw)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -123,6 +130,7 @@ class Queue:
     def _detach(self) -> None:
         """The client is closing (no call is inside the queue): tc_close
         releases it."""
+        self._given.detach()
         with self._cv:
             self._q = None
 
@@ -140,6 +148,7 @@ class Queue:
     def close(self) -> None:
         """Closes the queue: the daemon ends what is in flight (completions
         not yet reaped are lost) and the mapping is released."""
+        self._given.detach()
         try:
             self._client._enter()
         except Error:
@@ -164,12 +173,6 @@ class Queue:
 
     def __enter__(self) -> "Queue":
         return self
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __exit__(self, *exc: object) -> None:
         self.close()

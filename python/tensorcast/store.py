@@ -308,7 +308,7 @@ def _extents(ext: Any) -> Any:
 log = logging.getLogger("tensorcast")
 
 # What to call instead of dropping each kind of result.
-_RELEASE = {"get_pinned result": "release() it", "buffer": "close() it"}
+_RELEASE = {"get_pinned result": "release() it", "buffer": "close() it", "queue": "close() it"}
 
 # The kinds of result whose drop was logged: once each, as an engine that
 # forgets one forgets one per request.

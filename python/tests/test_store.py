@@ -546,6 +546,26 @@ class TestStoreDropped(DaemonCase):
         kept.close()
         self.assertEqual(c.stats().connection["segments"], segments)
 
+    def test_a_dropped_queue_is_closed_at_the_next_call(self) -> None:
+        # Its close is a round trip on the connection: the collection, on
+        # any thread, only queues it.
+        c = self.connect()
+        queues = c.stats().connection["queues"]
+        q = c.open_queue(8)
+        kept = c.open_queue(8)
+        self.assertEqual(c.stats().connection["queues"], queues + 2)
+        seen = self.calls(c)
+        with self.assertLogs("tensorcast", "WARNING") as logs:
+            del q
+            gc.collect()
+            self.assertEqual(seen, [])
+            self.assertEqual(c.stats().connection["queues"], queues + 1)
+        self.assertIn("queue", logs.output[0])
+        kept.close()
+        del kept
+        gc.collect()
+        self.assertEqual(c.stats().connection["queues"], queues)
+
 
 class TestLinkInterrupted(DaemonCase):
     def test_an_exception_in_a_dial_does_not_end_the_dials(self) -> None:
