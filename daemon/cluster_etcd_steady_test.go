@@ -203,8 +203,11 @@ func TestStoreEtcdRequestsSteadyState(t *testing.T) {
 		}
 		return progress, renewals
 	}
-	before, byBefore := etcdRequests(t, srv)
+	// The daemons' counts are read outside etcd's: every request they
+	// counted in the window is in etcd's, give or take one each in flight
+	// at an end.
 	p0, r0 := timed()
+	before, byBefore := etcdRequests(t, srv)
 	start := time.Now()
 	ops := run(warm, warm+rounds)
 	took := time.Since(start)
@@ -228,12 +231,22 @@ func TestStoreEtcdRequestsSteadyState(t *testing.T) {
 	if ops < 10000 {
 		t.Fatalf("%d store operations, want at least 10,000", ops)
 	}
-	// Under -race the clients fall somewhat behind the pace (about 240 a
-	// second each on 2 cores): a lower rate only makes the figure worse.
-	if rate < 0.7*steadyRate*float64(len(ds)) {
-		t.Fatalf("%.0f operations a second, below the pace of %d per daemon: the figure would not be the steady state's", rate, steadyRate)
+	// What the store operations asked of etcd: every request in the window
+	// is one of the daemons' timed ones (lease renewals, progress
+	// requests), whatever the rate.
+	if timedReqs := float64(renewals + progress + uint64(len(ds))); reqs > timedReqs {
+		t.Errorf("%.0f etcd requests in the window, beyond the %d renewals and %d progress requests the daemons made "+
+			"on their timers: store operations reached etcd", reqs, renewals, progress)
 	}
-	if per > 1 {
+	// The figure per 1,000 operations depends on the rate as well (the
+	// timed requests do not): it is judged at the pace. Under -race the
+	// clients fall somewhat behind it (about 240 a second each on 2
+	// cores); a machine busy with other work falls further, and then the
+	// figure says nothing of the steady state.
+	if rate < 0.7*steadyRate*float64(len(ds)) {
+		t.Logf("%.0f operations a second, below 0.7x the pace of %d per daemon: the figure per 1,000 operations is "+
+			"not judged at this rate (the requests beyond the timed ones are)", rate, steadyRate)
+	} else if per > 1 {
 		t.Errorf("%.2f etcd requests per 1,000 store operations at %.0f operations a second, want at most 1", per, rate)
 	}
 	// The timed requests follow their schedule: a renewal per daemon
