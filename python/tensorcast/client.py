@@ -567,7 +567,10 @@ class Client(StoreCalls):
             return kv
         with self._kv_lock:
             if self._kv_ptr is None:
-                o = _lib.KvOpts(self._max_keys, 0, 0, 0)
+                # call_timeout bounds the store's calls too: one that runs
+                # out raises TIMED_OUT and leaves the queue in use (its next
+                # call gives back what the late one took).
+                o = _lib.KvOpts(self._max_keys, _ms(self._args[2]), 0, 0)
                 out = ctypes.c_void_p()
                 rc = lib.tc_kv_open(conn, ctypes.byref(o), ctypes.byref(out))
                 if rc:
@@ -945,7 +948,11 @@ class Client(StoreCalls):
 def connect(socket: Optional[str] = None, name: Optional[str] = None, **kwargs: Any) -> Client:
     """Connects to tensorcastd at socket (default: $TENSORCAST_SOCKET, then
     the daemon's default path). The client is a context manager.
-    Keyword arguments: connect_timeout, call_timeout (seconds), max_frame,
+    Keyword arguments: connect_timeout, call_timeout (seconds; bounds each
+    call, the store's included: a store call that runs out raises
+    Status.TIMED_OUT and leaves the connection in use, what it pinned or
+    reserved given back by the next store call; any other call that runs
+    out breaks the connection), max_frame,
     lane, policy_version, max_keys_per_call (most keys of one store call),
     reconnect (after the daemon restarted, the next call connects again by
     itself and keeps the pool mapping when the daemon kept its pool; a

@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import sys
+import time
 import unittest
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
@@ -621,6 +622,34 @@ class TestFailures(SGLangCase):
             self.assertEqual(b.batch_get_v1(keys, pool.indices(range(4, 8))), [True] * 4)
         for s in range(4):
             self.assertEqual(pool.page(4 + s), pool.page(s))
+
+    def test_a_stopped_daemon_is_a_miss_by_the_call_timeout(self) -> None:
+        # A daemon that answers nothing (stopped) ends each call by the
+        # extra config's call_timeout: the scheduler sees misses instead of
+        # waiting for good, and the pages go through once it answers again.
+        d = Daemon(["--store-l2-path", "off"]).start()
+        self.addCleanup(d.close)
+        pool = HostPool("mha", pages=8, allocator=sglang.HostAllocator())
+        lg = logging.getLogger("test.sglang.stopped")
+        b = sglang.TensorcastStore(config(), {"socket": d.socket, "retry_interval": 0, "call_timeout": 0.3},
+                                   logger=lg)
+        self.addCleanup(b.close)
+        b.register_mem_pool_host(pool)
+        keys = chain(2, 900)
+        for s in range(2):
+            pool.fill(s, s)
+        self.assertEqual(b.batch_set_v1(keys, pool.indices(range(2))), [True, True])
+        d.freeze()
+        try:
+            with self.assertLogs(lg, logging.WARNING):
+                t0 = time.monotonic()
+                self.assertEqual(b.batch_get_v1(keys, pool.indices(range(2, 4))), [False, False])
+                self.assertLess(time.monotonic() - t0, 5)
+        finally:
+            d.thaw()
+        self.assertEqual(b.batch_get_v1(keys, pool.indices(range(2, 4))), [True, True])
+        for s in range(2):
+            self.assertEqual(pool.page(2 + s), pool.page(s))
 
 
 if __name__ == "__main__":

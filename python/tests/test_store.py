@@ -354,6 +354,30 @@ class TestStoreFailures(unittest.TestCase):
         self.assertEqual(c.put([b"kd/2"], [b"again"]), [OK])
         self.assertEqual(c.exists([b"kd/2"]), [True])
 
+    def test_a_stopped_daemon_ends_store_calls_by_the_call_timeout(self) -> None:
+        # call_timeout bounds the store's calls (on the store's queue) as
+        # it bounds the others: a daemon that answers nothing (stopped) ends
+        # them with TIMED_OUT, the client stays in use, and what a late call
+        # pinned is given back by the next store call.
+        d = Daemon().start()
+        self.addCleanup(d.close)
+        c = tensorcast.connect(d.socket, call_timeout=0.3)
+        self.addCleanup(c.close)
+        self.assertEqual(c.put([b"st/0", b"st/1"], [pattern(VAL, 50), pattern(VAL, 51)]), [OK, OK])
+        d.freeze()
+        try:
+            t0 = time.monotonic()
+            with self.assertRaises(Error) as e:
+                c.get_pinned([b"st/0", b"st/1"])
+            self.assertEqual(e.exception.code, Status.TIMED_OUT)
+            self.assertLess(time.monotonic() - t0, 5)
+        finally:
+            d.thaw()
+        self.assertEqual(c.exists([b"st/0"]), [True])
+        self.assertEqual([c.stat(k).pins for k in (b"st/0", b"st/1")], [0, 0])
+        with c.get_pinned([b"st/1"]) as views:
+            self.assertEqual(bytes(views[0]), pattern(VAL, 51))
+
     def test_killed_while_a_call_waits(self) -> None:
         d = Daemon().start()
         self.addCleanup(d.close)

@@ -11,7 +11,14 @@ from typing import Any, Callable, Dict, Optional, Set, Tuple
 from ..client import Client, connect
 from ..errors import Error
 
-__all__ = ["Link"]
+__all__ = ["Link", "CALL_TIMEOUT"]
+
+# CALL_TIMEOUT (seconds) bounds each call of an integration's client unless
+# its config says otherwise: the daemon answers every call by its own
+# deadlines (30 s by default), so only a daemon that answers nothing (stopped,
+# wedged) runs into it, and the engine then sees a miss instead of waiting
+# for good.
+CALL_TIMEOUT = 60.0
 
 
 class Link:
@@ -27,17 +34,20 @@ class Link:
     code, an exception of another kind) is logged once per kind of call and
     error, and the client stays. ``on_connect(client)`` runs after each dial
     (registering memory again, say); if it raises, the dial failed.
+    ``call_timeout`` bounds each call (None or 0: no bound; see
+    CALL_TIMEOUT).
     """
 
     def __init__(self, socket: Optional[str], name: str, logger: logging.Logger,
                  on_connect: Optional[Callable[[Client], None]] = None, retry_interval: float = 1.0,
-                 connect_timeout: float = 1.0, **connect_kwargs: Any) -> None:
+                 connect_timeout: float = 1.0, call_timeout: Optional[float] = CALL_TIMEOUT,
+                 **connect_kwargs: Any) -> None:
         self.socket = socket
         self.name = name
         self.log = logger
         self.on_connect = on_connect
         self.retry_interval = retry_interval
-        self._kw = dict(connect_kwargs, connect_timeout=connect_timeout)
+        self._kw = dict(connect_kwargs, connect_timeout=connect_timeout, call_timeout=call_timeout or None)
         # mu guards the fields below; a dial runs outside it (_dialing says
         # one is under way: the calls meanwhile answer misses).
         self._mu = threading.Lock()

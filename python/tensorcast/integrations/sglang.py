@@ -19,9 +19,10 @@ and bytes, so either finds what the other wrote. ``allocator: shm`` makes
 SGLang allocate its host pool in a memfd, which this backend registers with
 the daemon (direct mode, below). The other keys of the extra config this
 backend reads: ``socket``, ``key_prefix`` (default ``"sglang/"``),
-``durable`` (puts answer once the pages are on L2) and ``retry_interval``
-(seconds between reconnection attempts); the factory's keyword arguments
-override them.
+``durable`` (puts answer once the pages are on L2), ``retry_interval``
+(seconds between reconnection attempts) and ``call_timeout`` (seconds each
+call may take before it answers a miss and the connection is dialled again;
+default 60, 0 for no bound); the factory's keyword arguments override them.
 
 Keys. Every pool SGLang registers (its KV pool, and for hybrid models the
 Mamba, SWA, indexer and draft pools of ``register_mem_host_pool_v2``) gets a
@@ -95,7 +96,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..client import Client
 from ..errors import Error, Status
-from ._link import Link
+from ._link import CALL_TIMEOUT, Link
 from .layout import bind, fingerprint
 
 try:  # SGLang's interface, when it is installed
@@ -408,7 +409,8 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
                                          "exists_calls": 0, "pages_direct": 0, "pages_copied": 0}
         name = f"sglang-hicache-tp{self.tp_rank}-pp{self.pp_rank}-cp{self.cp_rank}-dp{self.dp_rank}"
         self._link = Link(options.get("socket"), name, self.log, on_connect=self._on_connect,
-                          retry_interval=float(options.get("retry_interval", 1.0)))
+                          retry_interval=float(options.get("retry_interval", 1.0)),
+                          call_timeout=float(options.get("call_timeout", CALL_TIMEOUT)))
         if mem_pool is not None:
             self.register_mem_pool_host(mem_pool)
 

@@ -105,7 +105,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
 from ..client import Client
 from ..errors import Error, Status
 from . import layout
-from ._link import Link
+from ._link import CALL_TIMEOUT, Link
 
 __all__ = ["EVENT_MEDIUM", "GENERATION", "MEDIUM", "BlockLayout", "LookupResult", "TensorcastLoadStoreSpec",
            "TensorcastOffloadingManager", "TensorcastOffloadingSpec", "block_layout", "offloading_config_layout"]
@@ -275,7 +275,7 @@ class _Manager:
     def __init__(self, block_size: int, *, fingerprint: Optional[str] = None, socket: Optional[str] = None,
                  key_prefix: bytes = b"vllm/", durable: bool = False, enable_events: bool = False,
                  block_tokens: int = 0, retry_interval: float = 1.0, abandon_limit: int = 64,
-                 logger: Optional[logging.Logger] = None) -> None:
+                 logger: Optional[logging.Logger] = None, call_timeout: Optional[float] = CALL_TIMEOUT) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size {block_size}")
         if fingerprint is not None and len(fingerprint) != layout.FINGERPRINT_LEN:
@@ -308,7 +308,8 @@ class _Manager:
         self._closed = False
         self.socket = socket
         self.retry_interval = retry_interval
-        self._link = Link(socket, "vllm-offload", self.log, retry_interval=retry_interval)
+        self.call_timeout = call_timeout
+        self._link = Link(socket, "vllm-offload", self.log, retry_interval=retry_interval, call_timeout=call_timeout)
 
     # -- the connection and what it holds -----------------------------------------
 
@@ -437,7 +438,8 @@ class _Manager:
             self._fetching.add(sk)
             f = self._fetcher
             if f is None:
-                f = self._fetcher = _Fetcher(self.socket, self.log, self.retry_interval, self._fetched)
+                f = self._fetcher = _Fetcher(self.socket, self.log, self.retry_interval, self._fetched,
+                                             call_timeout=self.call_timeout)
         f.submit(sk)
         return True
 
@@ -629,8 +631,9 @@ class _Fetcher:
     while the daemon is away)."""
 
     def __init__(self, socket: Optional[str], logger: logging.Logger, retry_interval: float,
-                 done: Any) -> None:
-        self._link = Link(socket, "vllm-offload-fetch", logger, retry_interval=retry_interval)
+                 done: Any, call_timeout: Optional[float] = CALL_TIMEOUT) -> None:
+        self._link = Link(socket, "vllm-offload-fetch", logger, retry_interval=retry_interval,
+                          call_timeout=call_timeout)
         self._done = done
         self._cv = threading.Condition()
         self._queue: List[bytes] = []
@@ -913,7 +916,9 @@ class TensorcastOffloadingSpec(_SpecBase):
     the default socket), ``block_size`` (tokens per offloaded block, a
     multiple of vLLM's, where vLLM does not chunk blocks itself),
     ``durable`` (complete a store only once on L2), ``retry_interval``
-    (seconds between dials while the daemon is away)."""
+    (seconds between dials while the daemon is away), ``call_timeout``
+    (seconds each call may take before it fails and the connection is
+    dialled again; default 60, 0 for no bound)."""
 
     def __init__(self, config: Any, kv_cache_config: Any = None, *args: Any) -> None:
         if _SpecBase is not object:
@@ -933,6 +938,7 @@ class TensorcastOffloadingSpec(_SpecBase):
         self.socket: Optional[str] = extra.get("socket")
         self.durable = bool(extra.get("durable", False))
         self.retry_interval = float(extra.get("retry_interval", 1.0))
+        self.call_timeout = float(extra.get("call_timeout", CALL_TIMEOUT))
         self._manager: Optional[TensorcastOffloadingManager] = None
         self._handlers: Any = None
 
@@ -941,7 +947,7 @@ class TensorcastOffloadingSpec(_SpecBase):
             self._manager = TensorcastOffloadingManager(
                 self.block.value_bytes, fingerprint=self.block.fingerprint, socket=self.socket,
                 durable=self.durable, enable_events=self.events, block_tokens=self.block.tokens,
-                retry_interval=self.retry_interval)
+                retry_interval=self.retry_interval, call_timeout=self.call_timeout)
         return self._manager
 
     def _shared(self, kv_caches: Any, attn_backends: Any = None) -> Any:
@@ -949,7 +955,8 @@ class TensorcastOffloadingSpec(_SpecBase):
 
         if self._handlers is None:
             self._handlers = Handlers(kv_caches, self.block, rank=self.rank, socket=self.socket,
-                                      attn_backends=attn_backends, retry_interval=self.retry_interval)
+                                      attn_backends=attn_backends, retry_interval=self.retry_interval,
+                                      call_timeout=self.call_timeout)
         return self._handlers
 
     def get_handlers(self, kv_caches: Any, attn_backends: Any = None) -> Iterator[Tuple[type, type, Any]]:

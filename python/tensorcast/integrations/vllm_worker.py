@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from ..client import Client
-from ._link import Link
+from ._link import CALL_TIMEOUT, Link
 from .vllm import MEDIUM, BlockLayout, TensorcastLoadStoreSpec, _module
 
 __all__ = ["GPULoadStoreSpec", "Handlers", "kv_block_tensors"]
@@ -161,7 +161,7 @@ class Handlers:
 
     def __init__(self, kv_caches: Any, block: BlockLayout, *, rank: int = 0, socket: Optional[str] = None,
                  attn_backends: Any = None, retry_interval: float = 1.0,
-                 logger: Optional[logging.Logger] = None) -> None:
+                 logger: Optional[logging.Logger] = None, call_timeout: Optional[float] = CALL_TIMEOUT) -> None:
         if not 0 <= rank < block.world_size:
             raise ValueError(f"tensorcast: rank {rank} of a world of {block.world_size}")
         self.block = block
@@ -198,7 +198,8 @@ class Handlers:
         self._pending: List[_Job] = []
         self._done: Dict[bool, List[Any]] = {True: [], False: []}
         self._seen: Set[str] = set()
-        self._link = Link(socket, f"vllm-worker-{rank}", self.log, retry_interval=retry_interval)
+        self._link = Link(socket, f"vllm-worker-{rank}", self.log, retry_interval=retry_interval,
+                          call_timeout=call_timeout)
         self.store = _Handler(self, True)
         self.load = _Handler(self, False)
         self.worker = _Worker(self)
