@@ -1037,15 +1037,17 @@ TC_API int tc_prefix_check(tc_queue *q, const tc_cqe *cqe, size_t n, size_t *fou
  * and waits for its completion, spinning briefly and then sleeping in the
  * library. Calls on one tc_kv run one at a time (a mutex); threads that
  * must not wait behind each other use a tc_kv each. A call that ran out of
- * the tc_kv's timeout (one deadline for all the call does) returns
- * TC_ETIMEDOUT; its entry stays with the daemon, and the tc_kv's next call
- * first waits, within its own timeout, for that late answer and gives back
- * what it took (a get's or a pinning lookup's pins, a reserve's blocks)
- * before it makes its own; an answer still not there is TC_ETIMEDOUT
- * again. tc_kv_close waits for a late answer within the timeout (1 s
- * without one) and settles it; pins of one not there by then stay the
- * connection's until it closes. A daemon that went away
- * ends a waiting call with TC_ECLOSED, and the tc_kv takes no more calls.
+ * the tc_kv's timeout (one deadline for all its waits on the queue; the
+ * socket calls it makes, such as a reservation's abort, keep to the
+ * connection's call_timeout_ms) returns TC_ETIMEDOUT. Its entry stays with
+ * the daemon, and the tc_kv's next call first waits, within its own
+ * timeout, for that late answer and gives back what it took (a get's or a
+ * pinning lookup's pins, a reserve's blocks) before it makes its own; an
+ * answer still not there is TC_ETIMEDOUT again. tc_kv_close waits for a
+ * late answer within the timeout (1 s without one) and settles it; pins of
+ * one not there by then stay the connection's until it closes. A daemon
+ * that went away ends a waiting call with TC_ECLOSED, and the tc_kv takes
+ * no more calls.
  */
 typedef struct tc_kv tc_kv;
 
