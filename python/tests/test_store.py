@@ -8,6 +8,7 @@ import ctypes
 import gc
 import time
 import unittest
+from typing import Any, Callable
 
 import tensorcast
 from tensorcast import Error, Status, store
@@ -554,41 +555,34 @@ class TestStoreDropped(DaemonCase):
         self.assertEqual(c.commit(keys), [OK, OK])
         self.assertEqual(c.exists(keys), [True, True])
 
-    def test_a_dropped_buffer_is_unregistered_at_the_next_call(self) -> None:
+    def dropped_one_is_released(self, counter: str, kind: str, open_one: Callable[[tensorcast.Client], Any]) -> None:
+        """One of two things open_one(c) opens, dropped unclosed, is closed
+        at the client's next call (counter, of the connection's stats,
+        counts them), not by the collection, and the drop is logged once;
+        the other, closed and then collected, is closed once."""
         c = self.connect()
-        segments = c.stats().connection["segments"]
-        b = c.create_buffer(4096)
-        kept = c.create_buffer(4096)
-        self.assertEqual(c.stats().connection["segments"], segments + 2)
+        before = c.stats().connection[counter]
+        dropped, kept = open_one(c), open_one(c)
+        self.assertEqual(c.stats().connection[counter], before + 2)
         seen = self.calls(c)
         with self.assertLogs("tensorcast", "WARNING") as logs:
-            del b
+            del dropped
             gc.collect()
             self.assertEqual(seen, [])
-            self.assertEqual(c.stats().connection["segments"], segments + 1)
-        self.assertIn("buffer", logs.output[0])
+            self.assertEqual(c.stats().connection[counter], before + 1)
+        self.assertIn(kind, logs.output[0])
         kept.close()
-        self.assertEqual(c.stats().connection["segments"], segments)
+        del kept
+        gc.collect()
+        self.assertEqual(c.stats().connection[counter], before)
+
+    def test_a_dropped_buffer_is_unregistered_at_the_next_call(self) -> None:
+        self.dropped_one_is_released("segments", "buffer", lambda c: c.create_buffer(4096))
 
     def test_a_dropped_queue_is_closed_at_the_next_call(self) -> None:
         # Its close is a round trip on the connection: the collection, on
         # any thread, only queues it.
-        c = self.connect()
-        queues = c.stats().connection["queues"]
-        q = c.open_queue(8)
-        kept = c.open_queue(8)
-        self.assertEqual(c.stats().connection["queues"], queues + 2)
-        seen = self.calls(c)
-        with self.assertLogs("tensorcast", "WARNING") as logs:
-            del q
-            gc.collect()
-            self.assertEqual(seen, [])
-            self.assertEqual(c.stats().connection["queues"], queues + 1)
-        self.assertIn("queue", logs.output[0])
-        kept.close()
-        del kept
-        gc.collect()
-        self.assertEqual(c.stats().connection["queues"], queues)
+        self.dropped_one_is_released("queues", "queue", lambda c: c.open_queue(8))
 
 
 class TestLinkInterrupted(DaemonCase):
