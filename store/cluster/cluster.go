@@ -255,6 +255,10 @@ type Cluster struct {
 	tombs *tombs
 	// apart notes the puts made here while members are away (apart.go).
 	apart *putsApart
+	// gainedAt is, per shard, when this daemon last became its home
+	// (UnixNano): its index of the shard is being rebuilt from the
+	// members' re-announcements for a while after (rebuilding).
+	gainedAt []atomic.Int64
 	// answers caches the homes' answers this daemon got as a reader.
 	answers *answers
 	// claims are the claims this daemon, as a home, handed readers.
@@ -435,6 +439,10 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 			MaxOutstanding: cfg.MaxKeys, MaxTTL: maxHoldTTL}),
 	}
 	c.life, c.endLife = context.WithCancel(context.Background())
+	// Whatever shard this daemon is home of at first, its index of it is
+	// empty until the members' re-announcements come.
+	c.gainedAt = make([]atomic.Int64, cfg.Shards)
+	c.gained(func(int) bool { return true })
 	c.served = map[string]*atomic.Uint64{kindRead: new(atomic.Uint64)}
 	if cfg.Fence != nil {
 		c.shardClaims = make([]atomic.Pointer[ShardClaim], cfg.Shards)

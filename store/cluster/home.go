@@ -448,6 +448,29 @@ func (c *Cluster) onLookup(from string, epoch uint64, req []byte) ([]byte, error
 	return encodeLookupAnswer(c.lookupHere(keys)), nil
 }
 
+// gained records that this daemon became home, now, of the shards mine
+// reports.
+func (c *Cluster) gained(mine func(s int) bool) {
+	now := time.Now().UnixNano()
+	for s := range c.gainedAt {
+		if mine(s) {
+			c.gainedAt[s].Store(now)
+		}
+	}
+}
+
+// rebuilding reports whether this daemon's index of shard s may still lack
+// copies its members hold: it became the shard's home less than
+// Config.TombstoneTTL before now, and the members re-announce their keys
+// of it at a bounded rate, with no word of when they are done. A removal
+// then asks every member to drop the key, not only the holders the index
+// names: a copy announced after the removal would otherwise be indexed,
+// and served, as if never removed.
+func (c *Cluster) rebuilding(s int, now time.Time) bool {
+	at := c.gainedAt[s].Load()
+	return at != 0 && now.UnixNano()-at < int64(c.cfg.TombstoneTTL)
+}
+
 // removeHere is the home's removal of keys: it forgets them and has every
 // holder but from remove its copy (the holders in parallel), and every
 // member whose tombstone names a copy an earlier removal of the key did
@@ -485,6 +508,16 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 			if !slices.ContainsFunc(hs, func(o Holder) bool { return o.ID == h.ID }) {
 				h.Epoch = c.epochOf(h.ID)
 				hs = append(hs, h)
+			}
+		}
+		if c.rebuilding(s, now) {
+			// The index may not name every copy yet: each member is
+			// asked to drop whatever copy of the key it has, as a
+			// holder is (a value of unknown size and crc32c).
+			for _, m := range v.members {
+				if !slices.ContainsFunc(hs, func(o Holder) bool { return o.ID == m }) {
+					hs = append(hs, Holder{ID: m, Epoch: c.epochOf(m)})
+				}
 			}
 		}
 		for _, h := range hs {

@@ -290,6 +290,9 @@ func (c *Cluster) recompute() {
 			}
 		}
 	}
+	if gained > 0 {
+		c.gained(func(s int) bool { return moved[s] && v.home(s) == c.self })
+	}
 	c.log.Info("members changed: shards move", "members", v.members, "moved", n, "gained", gained, "home_of", c.homeOf(v))
 	// The removals this daemon remembers for holders it did not reach go
 	// with the shards it lost.

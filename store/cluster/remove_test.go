@@ -762,9 +762,10 @@ func TestRemoveOnAHolderOtherHostsRead(t *testing.T) {
 			testutil.Eventually(t, 10*time.Second, func() bool { _, err := n.read(key, len(v)); return err != nil },
 				"%s no longer reading the removed key", n.id)
 		}
-		if st := h.st.Stats(); st.Hidden != 0 || st.Pins != 0 {
-			t.Errorf("h after the read: %d hidden, %d pins; want none", st.Hidden, st.Pins)
-		}
+		// r releases its hold at h once its read ends, in an exchange of
+		// its own.
+		testutil.Eventually(t, 10*time.Second, func() bool { st := h.st.Stats(); return st.Hidden == 0 && st.Pins == 0 },
+			"h after the read with nothing hidden or pinned (%+v)", testutil.Lazy(h.st.Stats))
 	}
 }
 
@@ -997,4 +998,45 @@ func TestOversizedRemoveRefused(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestRemovedAtANewHomeBeforeAHolderReannounced: x is the home of a key a
+// and b both hold. x goes; the key's new home, a, knows only its own copy
+// until b re-announces its own, which is held back. A remove of the key
+// on a meanwhile must not leave b's copy behind: once b's re-announcement
+// arrives, the key is a miss on both and its home names no holder.
+func TestRemovedAtANewHomeBeforeAHolderReannounced(t *testing.T) {
+	ids := []string{"a", "b", "x"}
+	const shards = 64
+	key := keyWithHomes(t, "newhome/rm", shards, []string{"x", "a", "b", "x"}, []string{"a", "a", "b"})
+	f := newNetWith(t, ids, Config{Shards: shards, Timeout: 2 * time.Second, ProbeEvery: 20 * time.Millisecond}, nil)
+	a, b, x := f.node("a"), f.node("b"), f.node("x")
+	for _, n := range []*fakeNode{a, b, x} {
+		testutil.Eventually(t, 10*time.Second, seesKey(n, key, false, ids...), "%s seeing every member", n.id)
+	}
+	v := value(key, 4096)
+	a.put(t, key, v)
+	b.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a", "b"}) },
+		"both copies announced to x (it names %v)", testutil.Lazy(func() []string { return f.holders(key) }))
+	// b's announcements to its new home wait.
+	release := f.holdKind(t, "b", kindAnnounce)
+	releaseAges := f.holdKind(t, "b", kindAnnounceAges)
+	x.down.Store(true)
+	for _, n := range []*fakeNode{a, b} {
+		testutil.Eventually(t, 10*time.Second, seesKey(n, key, false, "a", "b"), "%s seeing x gone", n.id)
+	}
+	code, err := removeOn(t, a, key)
+	release()
+	releaseAges()
+	t.Logf("remove on a, the new home, before b re-announced: %v %v", code, err)
+	testutil.Eventually(t, 10*time.Second, func() bool { return b.here(t, key) == store.NotFound },
+		"b's copy dropped (on b: %v; the remove answered %v)", testutil.Lazy(func() store.Code { return b.here(t, key) }), code)
+	for _, n := range []*fakeNode{a, b} {
+		if got, err := n.read(key, len(v)); err == nil {
+			t.Errorf("%s reads the removed key: %d bytes", n.id, len(got))
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { _, hs, err := a.c.Locate([]byte(key)); return err == nil && len(hs) == 0 },
+		"its home naming no holder (%v)", testutil.Lazy(func() []string { return f.holders(key) }))
 }
