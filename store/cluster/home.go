@@ -489,6 +489,11 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 		keys   [][]byte
 		pos    []int // in keys
 		copies []Holder
+		// maybe marks the copies asked of a member the index does not
+		// name as a holder (rebuilding): one not dropped is not
+		// tombstoned, since its value is unknown and may be a put made
+		// after the removal, but the remove is not OK.
+		maybe []bool
 	}
 	drops := map[dest]*drop{}
 	now := time.Now()
@@ -510,17 +515,19 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 				hs = append(hs, h)
 			}
 		}
-		if c.rebuilding(s, now) {
+		named := len(hs)
+		rebuilding := c.rebuilding(s, now)
+		if rebuilding {
 			// The index may not name every copy yet: each member is
 			// asked to drop whatever copy of the key it has, as a
-			// holder is (a value of unknown size and crc32c).
+			// holder is.
 			for _, m := range v.members {
 				if !slices.ContainsFunc(hs, func(o Holder) bool { return o.ID == m }) {
 					hs = append(hs, Holder{ID: m, Epoch: c.epochOf(m)})
 				}
 			}
 		}
-		for _, h := range hs {
+		for j, h := range hs {
 			if h.ID != from {
 				d := dest{h.ID, h.Epoch}
 				dr := drops[d]
@@ -529,10 +536,14 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 					drops[d] = dr
 				}
 				dr.keys, dr.pos, dr.copies = append(dr.keys, k), append(dr.pos, i), append(dr.copies, h)
+				dr.maybe = append(dr.maybe, j >= named)
 			}
 		}
-		if homeAway(v, s, away) {
-			awayTombs = c.tombAway(awayTombs, k, hs, away, now)
+		if homeAway(v, s, away) || rebuilding {
+			// A member away may hold a copy this index never named: it
+			// goes when the member is back (puts there are noted while
+			// it is away, so a value put after the removal stays).
+			awayTombs = c.tombAway(awayTombs, k, hs[:named], away, now)
 		}
 	}
 	if len(awayTombs) > 0 {
@@ -573,23 +584,38 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 				// in rounds (retryDrops), not left serving them until
 				// it re-announces them.
 				now := time.Now()
-				ts := make([]tomb, len(ch))
+				ts := make([]tomb, 0, len(ch))
+				maybe := 0
 				for i, p := range ch {
-					ts[i] = c.tombs.add(part[i], dr.copies[p], now)
+					if dr.maybe[p] {
+						maybe++
+						continue
+					}
+					ts = append(ts, c.tombs.add(part[i], dr.copies[p], now))
 				}
 				if c.view.Load().has(d.id) && c.dropSoon(d.id, part, now, deadline) {
 					continue
 				}
-				c.keepTombs(v, ts, time.Now().Add(c.cfg.Timeout/4))
+				if len(ts) > 0 {
+					c.keepTombs(v, ts, time.Now().Add(c.cfg.Timeout/4))
+				}
 				up := c.view.Load().has(d.id)
-				c.log.Info("a holder did not drop removed keys: asked again while it is a member, and when it re-announces them",
-					"holder", d.id, "member", up, "keys", len(part), "err", err)
-				if up {
-					keptMu.Lock()
-					for _, p := range ch {
+				if len(ts) > 0 {
+					c.log.Info("a holder did not drop removed keys: asked again while it is a member, and when it re-announces them",
+						"holder", d.id, "member", up, "keys", len(ts), "err", err)
+				}
+				if maybe > 0 {
+					c.log.Info("a member did not take the drop of removed keys this home's index, being rebuilt, may lack: those removes are not OK",
+						"member", d.id, "keys", maybe, "err", err)
+				}
+				keptMu.Lock()
+				for _, p := range ch {
+					if up || dr.maybe[p] {
 						kept = append(kept, dr.pos[p])
 					}
-					keptMu.Unlock()
+				}
+				keptMu.Unlock()
+				if up && len(ts) > 0 {
 					c.retryDrops(d.id)
 				}
 			}

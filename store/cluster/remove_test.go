@@ -1000,38 +1000,49 @@ func TestOversizedRemoveRefused(t *testing.T) {
 	}
 }
 
+// newHomeOfHeldCopies builds a, b and x; a and b put the same value of a
+// key whose home is x, then x goes and a becomes the key's home while b's
+// announcements to it are held (until release). It returns the key, its
+// value, and release.
+func newHomeOfHeldCopies(t *testing.T) (f *fakeNet, key string, v []byte, release func()) {
+	t.Helper()
+	ids := []string{"a", "b", "x"}
+	const shards = 64
+	key = keyWithHomes(t, "newhome/rm", shards, []string{"x", "a", "b", "x"}, []string{"a", "a", "b"})
+	f = newNetWith(t, ids, Config{Shards: shards, Timeout: 2 * time.Second, ProbeEvery: 20 * time.Millisecond}, nil)
+	a, b, x := f.node("a"), f.node("b"), f.node("x")
+	for _, n := range []*fakeNode{a, b, x} {
+		testutil.Eventually(t, 10*time.Second, seesKey(n, key, false, ids...), "%s seeing every member", n.id)
+	}
+	v = value(key, 4096)
+	a.put(t, key, v)
+	b.put(t, key, v)
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a", "b"}) },
+		"both copies announced to x (it names %v)", testutil.Lazy(func() []string { return f.holders(key) }))
+	held := f.holdKind(t, "b", kindAnnounce)
+	heldAges := f.holdKind(t, "b", kindAnnounceAges)
+	x.down.Store(true)
+	for _, n := range []*fakeNode{a, b} {
+		testutil.Eventually(t, 10*time.Second, seesKey(n, key, false, "a", "b"), "%s seeing x gone", n.id)
+	}
+	return f, key, v, func() { held(); heldAges() }
+}
+
 // TestRemovedAtANewHomeBeforeAHolderReannounced: x is the home of a key a
 // and b both hold. x goes; the key's new home, a, knows only its own copy
 // until b re-announces its own, which is held back. A remove of the key
 // on a meanwhile must not leave b's copy behind: once b's re-announcement
 // arrives, the key is a miss on both and its home names no holder.
 func TestRemovedAtANewHomeBeforeAHolderReannounced(t *testing.T) {
-	ids := []string{"a", "b", "x"}
-	const shards = 64
-	key := keyWithHomes(t, "newhome/rm", shards, []string{"x", "a", "b", "x"}, []string{"a", "a", "b"})
-	f := newNetWith(t, ids, Config{Shards: shards, Timeout: 2 * time.Second, ProbeEvery: 20 * time.Millisecond}, nil)
-	a, b, x := f.node("a"), f.node("b"), f.node("x")
-	for _, n := range []*fakeNode{a, b, x} {
-		testutil.Eventually(t, 10*time.Second, seesKey(n, key, false, ids...), "%s seeing every member", n.id)
-	}
-	v := value(key, 4096)
-	a.put(t, key, v)
-	b.put(t, key, v)
-	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a", "b"}) },
-		"both copies announced to x (it names %v)", testutil.Lazy(func() []string { return f.holders(key) }))
-	// b's announcements to its new home wait.
-	release := f.holdKind(t, "b", kindAnnounce)
-	releaseAges := f.holdKind(t, "b", kindAnnounceAges)
-	x.down.Store(true)
-	for _, n := range []*fakeNode{a, b} {
-		testutil.Eventually(t, 10*time.Second, seesKey(n, key, false, "a", "b"), "%s seeing x gone", n.id)
-	}
+	f, key, v, release := newHomeOfHeldCopies(t)
+	a, b := f.node("a"), f.node("b")
 	code, err := removeOn(t, a, key)
 	release()
-	releaseAges()
-	t.Logf("remove on a, the new home, before b re-announced: %v %v", code, err)
+	if code != store.OK {
+		t.Fatalf("remove on a, the new home, before b re-announced: %v %v; want OK (b takes the drop)", code, err)
+	}
 	testutil.Eventually(t, 10*time.Second, func() bool { return b.here(t, key) == store.NotFound },
-		"b's copy dropped (on b: %v; the remove answered %v)", testutil.Lazy(func() store.Code { return b.here(t, key) }), code)
+		"b's copy dropped (on b: %v)", testutil.Lazy(func() store.Code { return b.here(t, key) }))
 	for _, n := range []*fakeNode{a, b} {
 		if got, err := n.read(key, len(v)); err == nil {
 			t.Errorf("%s reads the removed key: %d bytes", n.id, len(got))
@@ -1039,4 +1050,31 @@ func TestRemovedAtANewHomeBeforeAHolderReannounced(t *testing.T) {
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool { _, hs, err := a.c.Locate([]byte(key)); return err == nil && len(hs) == 0 },
 		"its home naming no holder (%v)", testutil.Lazy(func() []string { return f.holders(key) }))
+}
+
+// TestRemoveAtANewHomeWithAMemberSilent: the same, with b not answering
+// the drop: its copy may remain, so the remove is not OK; and since the
+// home never knew that copy's value, it leaves no tombstone that could
+// take a value b puts after the removal. The same remove sent again once
+// b answers is OK, and b's copy is gone.
+func TestRemoveAtANewHomeWithAMemberSilent(t *testing.T) {
+	f, key, _, release := newHomeOfHeldCopies(t)
+	a, b := f.node("a"), f.node("b")
+	silent := f.silence(t, "b")
+	code, err := removeOn(t, a, key)
+	if code == store.OK {
+		t.Fatalf("remove on a with b silent: OK; want a code saying a copy may remain")
+	}
+	t.Logf("remove on a with b silent: %v %v", code, err)
+	if ks, _ := a.c.tombs.of("b", 16); len(ks) != 0 {
+		t.Fatalf("a tombstoned %q of b's: a value it never knew", ks)
+	}
+	silent()
+	release()
+	if code, err := removeOn(t, a, key); code != store.OK {
+		t.Fatalf("the same remove with b answering: %v %v", code, err)
+	}
+	if c := b.here(t, key); c != store.NotFound {
+		t.Fatalf("b's copy after the remove answered OK: %v", c)
+	}
 }
