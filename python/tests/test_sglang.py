@@ -623,6 +623,13 @@ class TestFailures(SGLangCase):
         for s in range(4):
             self.assertEqual(pool.page(4 + s), pool.page(s))
 
+    def test_a_bad_call_timeout_is_refused(self) -> None:
+        for bad in (-1, None, "soon", True, float("inf")):
+            with self.assertRaises(ValueError) as e:
+                sglang.TensorcastStore(config(), {"socket": "/nonexistent", "call_timeout": bad},
+                                       logger=quiet("test.sglang.bad"))
+            self.assertIn("call_timeout", str(e.exception))
+
     def test_a_stopped_daemon_is_a_miss_by_the_call_timeout(self) -> None:
         # A daemon that answers nothing (stopped) ends each call by the
         # extra config's call_timeout: the scheduler sees misses instead of

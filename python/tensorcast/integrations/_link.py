@@ -4,6 +4,7 @@ dialed again on demand (see the package's doc)."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Any, Callable, Dict, Optional, Set, Tuple
@@ -11,7 +12,7 @@ from typing import Any, Callable, Dict, Optional, Set, Tuple
 from ..client import Client, connect
 from ..errors import Error
 
-__all__ = ["Link", "CALL_TIMEOUT"]
+__all__ = ["Link", "CALL_TIMEOUT", "call_timeout_option"]
 
 # CALL_TIMEOUT (seconds) bounds each call of an integration's client unless
 # its config says otherwise: the daemon answers every call by its own
@@ -19,6 +20,19 @@ __all__ = ["Link", "CALL_TIMEOUT"]
 # wedged) runs into it, and the engine then sees a miss instead of waiting
 # for good.
 CALL_TIMEOUT = 60.0
+
+
+def call_timeout_option(v: Any) -> float:
+    """An integration's ``call_timeout`` option: seconds (a number, or text
+    that reads as one), 0 for no bound; anything else (negative, not
+    finite, null, a flag) is refused by name."""
+    try:
+        f = float(v) if not isinstance(v, bool) and isinstance(v, (int, float, str)) else math.nan
+    except ValueError:
+        f = math.nan
+    if not 0 <= f < math.inf:
+        raise ValueError(f"tensorcast: call_timeout {v!r}: want seconds >= 0 (0: no bound)")
+    return f
 
 
 class Link:

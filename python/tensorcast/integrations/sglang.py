@@ -96,7 +96,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..client import Client
 from ..errors import Error, Status
-from ._link import CALL_TIMEOUT, Link
+from ._link import CALL_TIMEOUT, Link, call_timeout_option
 from .layout import bind, fingerprint
 
 try:  # SGLang's interface, when it is installed
@@ -410,7 +410,7 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         name = f"sglang-hicache-tp{self.tp_rank}-pp{self.pp_rank}-cp{self.cp_rank}-dp{self.dp_rank}"
         self._link = Link(options.get("socket"), name, self.log, on_connect=self._on_connect,
                           retry_interval=float(options.get("retry_interval", 1.0)),
-                          call_timeout=float(options.get("call_timeout", CALL_TIMEOUT)))
+                          call_timeout=call_timeout_option(options.get("call_timeout", CALL_TIMEOUT)))
         if mem_pool is not None:
             self.register_mem_pool_host(mem_pool)
 

@@ -105,7 +105,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
 from ..client import Client
 from ..errors import Error, Status
 from . import layout
-from ._link import CALL_TIMEOUT, Link
+from ._link import CALL_TIMEOUT, Link, call_timeout_option
 
 __all__ = ["EVENT_MEDIUM", "GENERATION", "MEDIUM", "BlockLayout", "LookupResult", "TensorcastLoadStoreSpec",
            "TensorcastOffloadingManager", "TensorcastOffloadingSpec", "block_layout", "offloading_config_layout"]
@@ -938,7 +938,7 @@ class TensorcastOffloadingSpec(_SpecBase):
         self.socket: Optional[str] = extra.get("socket")
         self.durable = bool(extra.get("durable", False))
         self.retry_interval = float(extra.get("retry_interval", 1.0))
-        self.call_timeout = float(extra.get("call_timeout", CALL_TIMEOUT))
+        self.call_timeout = call_timeout_option(extra.get("call_timeout", CALL_TIMEOUT))
         self._manager: Optional[TensorcastOffloadingManager] = None
         self._handlers: Any = None
 
