@@ -1095,6 +1095,21 @@ func (e *testEnv) ghosts(key []byte) int {
 	return len(t.ghosts[string(key)])
 }
 
+// removePending removes keys on a recorder, a removal that must stay
+// pending (a zeroing in flight under) with the keys gone at once, and
+// returns its codes and errors, which the recorder's done fills.
+func (e *testEnv) removePending(t *testing.T, keys [][]byte, under string) ([]Code, []error, *recorder) {
+	t.Helper()
+	codes, errs := make([]Code, len(keys)), make([]error, len(keys))
+	rec := newRecorder()
+	pending, err := e.s.Remove(keys, codes, errs, rec, 1)
+	if err != nil || !pending {
+		t.Fatalf("remove under %s: pending %v, %v, codes %v", under, pending, err, codes)
+	}
+	mustCodes(t, "gone at once", e.exists(keys), NotFound)
+	return codes, errs, rec
+}
+
 // keptOverFailedZeroing checks a Remove of keys[0] (a 5000-byte value in
 // L1 over a ghost, putL1OverFailedEviction) whose zeroing of the ghost
 // failed with errInjected: it answered INTERNAL naming that failure, and
@@ -1324,13 +1339,7 @@ func TestRemoveWaitsForTheZeroingOfAnOlderCopy(t *testing.T) {
 				mustCodes(t, "put again under eviction", e.put(ss, keys, valuesFor(keys, 5000), false), OK)
 				e.waitFor("the writeback", func() bool { return e.s.Stats().Writebacks == st.Writebacks+1 })
 			}
-			codes, errs := make([]Code, 1), make([]error, 1)
-			rec := newRecorder()
-			pending, err := e.s.Remove(keys, codes, errs, rec, 1)
-			if err != nil || !pending {
-				t.Fatalf("remove under the older copy's zeroing: pending %v, %v, codes %v", pending, err, codes)
-			}
-			mustCodes(t, "gone at once", e.exists(keys), NotFound)
+			codes, errs, rec := e.removePending(t, keys, "the older copy's zeroing")
 			e.tr.Update(func(cf *xfertest.Config) {
 				cf.Hold = nil
 				cf.Err = nil

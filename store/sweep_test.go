@@ -224,13 +224,7 @@ func TestGhostSweepRacingARemove(t *testing.T) {
 			e.tr.Update(func(c *xfertest.Config) { c.Hold = isZeroWrite })
 			e.clk.Advance(ghostSweepFirst)
 			e.waitHeld("the sweep's zeroing", 1)
-			codes, errs := make([]Code, 1), make([]error, 1)
-			rec := newRecorder()
-			pending, err := e.s.Remove(keys, codes, errs, rec, 1)
-			if err != nil || !pending {
-				t.Fatalf("remove under the sweep's zeroing: pending %v, %v, codes %v", pending, err, codes)
-			}
-			mustCodes(t, "gone at once", e.exists(keys), NotFound)
+			codes, errs, rec := e.removePending(t, keys, "the sweep's zeroing")
 			if n := e.tr.Held(); n != 1 {
 				t.Fatalf("%d zeroings in flight, want the sweep's alone", n)
 			}

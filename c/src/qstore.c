@@ -589,9 +589,8 @@ static int kv_call(tc_kv *kv, uint8_t op, uint8_t flags, const tc_keys *keys, ui
         if (rc)
             return rc;
     }
-    int64_t wait = left(kv);
     size_t n = 0;
-    int rc = tc_queue_reap(kv->q, cqe, 1, 1, wait == 0 ? 1 : wait, &n);
+    int rc = tc_queue_reap(kv->q, cqe, 1, 1, left(kv), &n);
     if (rc == TC_DEADLINE_EXCEEDED)
         return late(kv, ud, op, flags, keys);
     if (rc)

@@ -465,14 +465,13 @@ class PinnedValues(List[Optional[memoryview]]):
                  views: List[Optional[memoryview]], anchor: Any = None) -> None:
         super().__init__(views)
         self._client: Optional[StoreCalls] = client
-        self._keys = keys
         self.codes = codes
         # anchor exports the views (Pool._window): it goes with the last of
         # them, and with this list.
         self._anchor = anchor
-        pinned = [k for k, c in zip(keys, codes) if c == Status.OK]
-        self._given = _on_collect(anchor, client, "get_pinned result", "_unpin_queue", pinned) \
-            if pinned and anchor is not None else None
+        self._pinned = [k for k, c in zip(keys, codes) if c == Status.OK]
+        self._given = _on_collect(anchor, client, "get_pinned result", "_unpin_queue", self._pinned) \
+            if self._pinned and anchor is not None else None
 
     def release(self) -> None:
         """Releases the views and unpins the values. A view still exported
@@ -492,9 +491,8 @@ class PinnedValues(List[Optional[memoryview]]):
                     v.release()
                 except BufferError:
                     busy += 1
-        pinned = [k for k, c in zip(self._keys, self.codes) if c == Status.OK]
-        if pinned and client is not None:
-            client._unpin_queue(pinned)
+        if self._pinned and client is not None:
+            client._unpin_queue(self._pinned)
         if busy:
             raise Error(Status.FAILED_PRECONDITION, f"get_pinned: {busy} views still exported when unpinned "
                         "(copy what must outlive the with block)")
