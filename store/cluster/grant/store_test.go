@@ -258,7 +258,9 @@ func TestPinBudgetBoundsHandlesAndLeases(t *testing.T) {
 			held = append(held, hd.Token)
 		case errors.Is(err, ErrPinLimit) && errors.Is(err, xfer.ErrBackpressure):
 			refused++
-			if info, err := s.Stat(ks[0]); err != nil || info.Pins != 0 {
+			// Unpinned, the value may be evicted already as the puts go on
+			// (the store's loop runs on its own): gone is not pinned.
+			if info, err := s.Stat(ks[0]); err != nil && !errors.Is(err, store.ErrNotFound) || err == nil && info.Pins != 0 {
 				t.Fatalf("a handle refused for the budget pinned: %+v, %v", info, err)
 			}
 		default:
