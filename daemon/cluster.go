@@ -425,6 +425,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 	e.Gauge("tensorcast_cluster_tombstones_kept", "Copies of other homes' tombstones this daemon keeps in case their home dies.", float64(s.TombsKept))
 	e.Gauge("tensorcast_cluster_puts_apart", "Puts whose time this daemon notes, made while members were away or lately: a removal told late spares those put after it.", float64(s.PutsApart))
 	e.Gauge("tensorcast_cluster_home_claims", "Claims this daemon, as a home, has handed readers and not had back.", float64(s.ClaimsOutstanding))
+	e.Gauge("tensorcast_cluster_shards_rebuilding", "Shards this daemon is home of whose index may still lack copies: a member has not said it re-announced them since they were gained.", float64(s.Rebuilding))
 	e.Gauge("tensorcast_cluster_reads_unsettled", "Failed remote reads whose blocks stay reserved until their late transfers end.", float64(s.Unsettled))
 	for _, c := range []struct {
 		name, help string
@@ -461,6 +462,8 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_puts_apart_over_total", "Puts' notes pushed out by the table's bound: a removal told late takes those values.", s.PutsApartOver},
 		{"tensorcast_cluster_puts_kept_total", "Values put after their key's removal elsewhere that the removal's late drop left here.", s.PutsKept},
 		{"tensorcast_cluster_older_kinds_total", "Messages sent as the kind an older release knows, to a member that serves none with removal ages.", s.OlderKinds},
+		{"tensorcast_cluster_walks_taken_total", "Members' word that they re-announced the keys of shards this daemon gained.", s.WalksTaken},
+		{"tensorcast_cluster_remove_asks_unnamed_total", "Drops a removal asked of members the index did not name, for shards still being rebuilt.", s.RemoveAsksUnnamed},
 		{"tensorcast_cluster_late_losses_total", "Failed exchanges with a member that were sent before it answered again: not taken for it going down.", s.LateLosses},
 		{"tensorcast_cluster_busy_retries_total", "Exchanges sent again after their peer answered busy (every exchange handler of its taken).", s.BusyRetries},
 		{"tensorcast_cluster_busy_hellos_total", "Hellos a member answered busy: it stays in.", s.BusyHellos},
@@ -518,6 +521,7 @@ func (d *Daemon) clusterCounters(dst []wire.Counter) []wire.Counter {
 		wire.Counter{Name: "cluster_one_round_trip_reads", Value: s.QuickReads},
 		wire.Counter{Name: "cluster_one_round_trip_fallbacks", Value: s.QuickFallbacks},
 		wire.Counter{Name: "cluster_tombstones", Value: uint64(s.Tombstones)},
+		wire.Counter{Name: "cluster_shards_rebuilding", Value: uint64(s.Rebuilding)},
 		wire.Counter{Name: "cluster_stale_refused", Value: s.StaleRefused},
 		wire.Counter{Name: "cluster_home_claims", Value: s.ClaimsOutstanding},
 		wire.Counter{Name: "cluster_home_claims_refused", Value: s.ClaimsRefused},

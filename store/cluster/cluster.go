@@ -256,9 +256,10 @@ type Cluster struct {
 	// apart notes the puts made here while members are away (apart.go).
 	apart *putsApart
 	// gainedAt is, per shard, when this daemon last became its home
-	// (UnixNano): its index of the shard is being rebuilt from the
-	// members' re-announcements for a while after (rebuilding).
+	// (UnixNano); walks what it knows of the members' re-announcements
+	// since, which rebuild its index of the shard (walk.go).
 	gainedAt []atomic.Int64
+	walks    *walks
 	// answers caches the homes' answers this daemon got as a reader.
 	answers *answers
 	// claims are the claims this daemon, as a home, handed readers.
@@ -392,6 +393,7 @@ type counters struct {
 	lateLosses                                               atomic.Uint64 // failed exchanges sent before the member answered again: not taken for down
 	busyRetries, busyHellos                                  atomic.Uint64 // exchanges sent again after the peer answered busy; hellos it answered busy
 	olderKinds                                               atomic.Uint64 // messages sent as the kind an older release knows (members.go, older)
+	walksTaken, removeAsksUnnamed                            atomic.Uint64 // members' walks of this daemon's shards reported; drops a removal asked of members the index does not name (walk.go)
 	tombsKept, keepFailed                                    atomic.Uint64 // tombstone copies given to keepers, and not
 	goneOver                                                 atomic.Uint64 // removed keys with I/O in flight here past the bound
 	overBudget, readersRefused                               atomic.Uint64
@@ -442,7 +444,8 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	// Whatever shard this daemon is home of at first, its index of it is
 	// empty until the members' re-announcements come.
 	c.gainedAt = make([]atomic.Int64, cfg.Shards)
-	c.gained(func(int) bool { return true })
+	c.walks = newWalks(cfg.Shards)
+	c.gain(func(int) bool { return true })
 	c.served = map[string]*atomic.Uint64{kindRead: new(atomic.Uint64)}
 	if cfg.Fence != nil {
 		c.shardClaims = make([]atomic.Pointer[ShardClaim], cfg.Shards)
@@ -465,11 +468,13 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		kindDrop: c.onDrop, kindHold: c.onHold, kindRelease: c.onRelease, kindReannounce: c.onReannounce, kindHello: c.onHello,
 		kindClaim: c.onFenced(c.onClaim), kindUnclaim: c.onUnclaim, kindReplicate: c.onReplicate, kindTombs: c.onTombs,
 		kindKeep: c.onKeep, kindAnnounceAges: c.onFenced(c.onAnnounceAges), kindDropAges: c.onDropAges,
+		kindPull: c.onPull, kindWalked: c.onWalked,
 	}
-	// The kinds with removal ages first (and, in Close, last): a member
-	// that serves an older kind but not these runs an older release
-	// (members.go, older), not this one starting or stopping.
-	order := []string{kindAnnounceAges, kindDropAges}
+	// The kinds an older release lacks first (and, in Close, last): a
+	// member that serves an older kind but not these runs an older
+	// release (members.go, older; walk.go, pull), not this one starting
+	// or stopping.
+	order := []string{kindAnnounceAges, kindDropAges, kindPull, kindWalked}
 	for _, k := range slices.Sorted(maps.Keys(handlers)) {
 		if !slices.Contains(order, k) {
 			order = append(order, k)

@@ -124,12 +124,15 @@
 // the home gives a copy of each to the two members next in the shard's
 // rendezvous order before it answers (keepTombs), which hand them to
 // whoever is home later and ask the holder to drop the copy when it is
-// back, so the removal holds when its home dies too. A home that became a
-// shard's home lately (within Config.TombstoneTTL: its index of the shard
-// is rebuilt from the members' re-announcements, which say nothing of
-// when they are done) asks every member to drop a key it removes, not
-// only the holders its index names, so that a copy re-announced after the
-// removal is not indexed and served again (rebuilding). A daemon that is a
+// back, so the removal holds when its home dies too. A home that gained a
+// shard rebuilds its index of it from the members' re-announcements:
+// until a member has said that a walk of its store begun after the
+// home's pull announced it every copy it holds of the shard (walk.go;
+// a member of an older release, which cannot say so, for
+// Config.TombstoneTTL after the gain), the home asks that member to drop
+// each key of the shard it removes, not only the holders its index names,
+// and tombstones such members away, so that a copy re-announced after
+// the removal is not indexed and served again. A daemon that is a
 // key's home only because the key's own home is away (its view lacks
 // members) knows only the copies announced to it since: removing the key
 // it also tombstones each member away, with the value's size and crc32c

@@ -214,7 +214,7 @@ func (f *fakeNet) olderRefuses(from, to, kind string, req, resp []byte) error {
 	defer f.kindMu.Unlock()
 	var err error
 	switch {
-	case (kind == kindAnnounceAges || kind == kindDropAges) && (f.older[from] || f.older[to]):
+	case (kind == kindAnnounceAges || kind == kindDropAges || kind == kindPull || kind == kindWalked) && (f.older[from] || f.older[to]):
 		return fmt.Errorf("fake peer: no handler of %s (an older release): %w", kind, xfer.ErrNotSupported)
 	case kind == kindDrop && f.older[to] && resp == nil:
 		_, err = decodeKeys(req)

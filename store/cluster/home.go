@@ -181,7 +181,11 @@ func latestOnly(batch []entry) []entry {
 }
 
 // announce sends batch to the homes and returns how many keys failed.
-func (c *Cluster) announce(batch []entry) int {
+func (c *Cluster) announce(batch []entry) int { return c.announceNoting(batch, nil) }
+
+// announceNoting is announce, with failedAt (when not nil) told each home
+// an announcement to which failed, under a lock of announceNoting's own.
+func (c *Cluster) announceNoting(batch []entry, failedAt func(home string)) int {
 	if len(batch) == 0 {
 		return 0
 	}
@@ -240,6 +244,9 @@ func (c *Cluster) announce(batch []entry) int {
 				c.c.announceFailed.Add(uint64(len(ps)))
 				mu.Lock()
 				failed += len(ps)
+				if failedAt != nil {
+					failedAt(home)
+				}
 				mu.Unlock()
 				return
 			}
@@ -448,29 +455,6 @@ func (c *Cluster) onLookup(from string, epoch uint64, req []byte) ([]byte, error
 	return encodeLookupAnswer(c.lookupHere(keys)), nil
 }
 
-// gained records that this daemon became home, now, of the shards mine
-// reports.
-func (c *Cluster) gained(mine func(s int) bool) {
-	now := time.Now().UnixNano()
-	for s := range c.gainedAt {
-		if mine(s) {
-			c.gainedAt[s].Store(now)
-		}
-	}
-}
-
-// rebuilding reports whether this daemon's index of shard s may still lack
-// copies its members hold: it became the shard's home less than
-// Config.TombstoneTTL before now, and the members re-announce their keys
-// of it at a bounded rate, with no word of when they are done. A removal
-// then asks every member to drop the key, not only the holders the index
-// names: a copy announced after the removal would otherwise be indexed,
-// and served, as if never removed.
-func (c *Cluster) rebuilding(s int, now time.Time) bool {
-	at := c.gainedAt[s].Load()
-	return at != 0 && now.UnixNano()-at < int64(c.cfg.TombstoneTTL)
-}
-
 // removeHere is the home's removal of keys: it forgets them and has every
 // holder but from remove its copy (the holders in parallel), and every
 // member whose tombstone names a copy an earlier removal of the key did
@@ -490,7 +474,7 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 		pos    []int // in keys
 		copies []Holder
 		// maybe marks the copies asked of a member the index does not
-		// name as a holder (rebuilding): one not dropped is not
+		// name as a holder (unwalked): one not dropped is not
 		// tombstoned, since its value is unknown and may be a put made
 		// after the removal, but the remove is not OK.
 		maybe []bool
@@ -502,6 +486,11 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 	deadline := now.Add(c.cfg.Timeout / 2)
 	away := c.away()
 	var awayTombs []tomb
+	type unwalkedShard struct {
+		ask  []string
+		away bool
+	}
+	unwalked := map[int]unwalkedShard{}
 	for i, k := range keys {
 		s := c.shardOf(k)
 		if c.homeFor(v, s) != c.self {
@@ -516,17 +505,21 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 			}
 		}
 		named := len(hs)
-		rebuilding := c.rebuilding(s, now)
-		if rebuilding {
-			// The index may not name every copy yet: each member is
-			// asked to drop whatever copy of the key it has, as a
-			// holder is.
-			for _, m := range v.members {
-				if !slices.ContainsFunc(hs, func(o Holder) bool { return o.ID == m }) {
-					hs = append(hs, Holder{ID: m, Epoch: c.epochOf(m)})
-				}
+		u, ok := unwalked[s]
+		if !ok {
+			u.ask, u.away = c.unwalked(s, v, away, now)
+			unwalked[s] = u
+		}
+		// The index may not name every copy yet (the members whose
+		// re-announcement of the shard, which this daemon gained, is not
+		// done): each is asked to drop whatever copy of the key it has,
+		// as a holder is.
+		for _, m := range u.ask {
+			if !slices.ContainsFunc(hs, func(o Holder) bool { return o.ID == m }) {
+				hs = append(hs, Holder{ID: m, Epoch: c.epochOf(m)})
 			}
 		}
+		c.c.removeAsksUnnamed.Add(uint64(len(hs) - named))
 		for j, h := range hs {
 			if h.ID != from {
 				d := dest{h.ID, h.Epoch}
@@ -539,7 +532,7 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 				dr.maybe = append(dr.maybe, j >= named)
 			}
 		}
-		if homeAway(v, s, away) || rebuilding {
+		if homeAway(v, s, away) || u.away {
 			// A member away may hold a copy this index never named: it
 			// goes when the member is back (puts there are noted while
 			// it is away, so a value put after the removal stays).

@@ -171,9 +171,7 @@ func (c *Cluster) pullFrom(id string) {
 	c.fetchWG.Add(1)
 	go func() {
 		defer c.fetchWG.Done()
-		if _, err := c.exchange(id, c.epochOf(id), kindReannounce, []byte{msgVersion}); err != nil {
-			c.log.Info("a member was not asked to re-announce", "member", id, "err", err)
-		}
+		c.pull(id, []byte{msgVersion})
 	}()
 }
 
@@ -291,7 +289,7 @@ func (c *Cluster) recompute() {
 		}
 	}
 	if gained > 0 {
-		c.gained(func(s int) bool { return moved[s] && v.home(s) == c.self })
+		c.gain(func(s int) bool { return moved[s] && v.home(s) == c.self })
 	}
 	c.log.Info("members changed: shards move", "members", v.members, "moved", n, "gained", gained, "home_of", c.homeOf(v))
 	// The removals this daemon remembers for holders it did not reach go
@@ -322,9 +320,7 @@ func (c *Cluster) pullWith(v *view, req []byte) {
 		c.fetchWG.Add(1)
 		go func() {
 			defer c.fetchWG.Done()
-			if _, err := c.exchange(m, c.epochOf(m), kindReannounce, req); err != nil {
-				c.log.Info("a member was not asked to re-announce", "member", m, "err", err)
-			}
+			c.pull(m, req)
 		}()
 	}
 }
@@ -412,7 +408,9 @@ func (c *Cluster) reannouncer() {
 		reqs := c.reqs
 		c.reqs, c.reqsAll = nil, false
 		c.mu.Unlock()
-		if len(reqs) > 0 && !c.walk(reqs) {
+		// The pulls taken before the walk begins are those it answers.
+		marks := c.pullMarks()
+		if len(reqs) > 0 && !c.walk(reqs, marks) {
 			return
 		}
 	}
@@ -459,11 +457,19 @@ func (c *Cluster) probe() {
 	// only time they must move, or they would stay where nobody asks.
 	v := c.view.Load()
 	c.handTombs(func(s int) (string, bool) { return c.homeFor(v, s), true })
+	// A member not yet asked to re-announce since this daemon's last
+	// gain (up or restarted since, or its pull failed) is asked now: its
+	// word that it has ends the rebuild of the shards gained (walk.go).
+	c.pullUnwalked(v)
 }
 
-// walk re-announces what reqs ask for; false when Close stopped it.
-func (c *Cluster) walk(reqs []func(int, string) bool) bool {
+// walk re-announces what reqs ask for, and tells the homes whose pulls
+// marks has which of their shards it re-announced (reportWalks); false
+// when Close stopped it.
+func (c *Cluster) walk(reqs []func(int, string) bool, marks map[string]pullMark) bool {
 	v := c.view.Load()
+	failed := map[string]bool{}
+	failedAt := func(home string) { failed[home] = true }
 	keep := func(key []byte) bool {
 		if c.isGone(key) {
 			return false // removed, here until its I/O ends
@@ -494,7 +500,7 @@ func (c *Cluster) walk(reqs []func(int, string) bool) bool {
 				}
 				es[j] = entry{key: h.Key, tier: tier, size: h.Size, crc: h.CRC}
 			}
-			c.announce(es)
+			c.announceNoting(es, failedAt)
 			// A key removed, evicted or put again since Holdings read
 			// it has its state now queued after this announcement.
 			c.st.Recheck(held[:n])
@@ -517,6 +523,7 @@ func (c *Cluster) walk(reqs []func(int, string) bool) bool {
 	if sent > 0 {
 		c.log.Info("keys re-announced to their homes", "keys", sent, "took", time.Since(start).Round(time.Millisecond))
 	}
+	c.reportWalks(v, reqs, marks, failed)
 	return true
 }
 
@@ -546,6 +553,7 @@ func (c *Cluster) follow(ids []string) {
 	c.mmu.Unlock()
 	if len(gone) > 0 {
 		c.log.Info("members the directory no longer lists: their shards move", "members", gone)
+		c.forgetWalks(gone)
 		c.recompute()
 	}
 }

@@ -83,6 +83,13 @@ const (
 	// kindDropAges a drop with them (the message list above).
 	kindAnnounceAges = "tc.store.announce.ages"
 	kindDropAges     = "tc.store.drop.ages"
+	// kindPull is kindReannounce numbered (walk.go): u64 pull number,
+	// then kindReannounce's request after its version; answer empty.
+	// kindWalked is a member's word that a walk of its store begun after
+	// that pull announced to the asker every copy of the shards named:
+	// u64 pull number, u32 shards, a bit per shard; answer empty.
+	kindPull   = "tc.store.pull"
+	kindWalked = "tc.store.walked"
 )
 
 // Codes of a key in a lookup answer.

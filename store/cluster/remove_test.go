@@ -1004,12 +1004,18 @@ func TestOversizedRemoveRefused(t *testing.T) {
 // key whose home is x, then x goes and a becomes the key's home while b's
 // announcements to it are held (until release). It returns the key, its
 // value, and release.
-func newHomeOfHeldCopies(t *testing.T) (f *fakeNet, key string, v []byte, release func()) {
+func newHomeOfHeldCopies(t *testing.T, opts ...func(*fakeNet)) (f *fakeNet, key string, v []byte, release func()) {
+	return newHomeOfHeldCopiesWith(t, Config{}, opts...)
+}
+
+// newHomeOfHeldCopiesWith is newHomeOfHeldCopies with cfg's TombstoneTTL.
+func newHomeOfHeldCopiesWith(t *testing.T, cfg Config, opts ...func(*fakeNet)) (f *fakeNet, key string, v []byte, release func()) {
 	t.Helper()
 	ids := []string{"a", "b", "x"}
-	const shards = 64
-	key = keyWithHomes(t, "newhome/rm", shards, []string{"x", "a", "b", "x"}, []string{"a", "a", "b"})
-	f = newNetWith(t, ids, Config{Shards: shards, Timeout: 2 * time.Second, ProbeEvery: 20 * time.Millisecond}, nil)
+	const shards = newHomeShards
+	key = newHomeKey(t, "newhome/rm")
+	f = newNetWith(t, ids, Config{Shards: shards, Timeout: 2 * time.Second, ProbeEvery: 20 * time.Millisecond,
+		TombstoneTTL: cfg.TombstoneTTL}, nil, opts...)
 	a, b, x := f.node("a"), f.node("b"), f.node("x")
 	for _, n := range []*fakeNode{a, b, x} {
 		testutil.Eventually(t, 10*time.Second, seesKey(n, key, false, ids...), "%s seeing every member", n.id)
@@ -1026,6 +1032,14 @@ func newHomeOfHeldCopies(t *testing.T) (f *fakeNet, key string, v []byte, releas
 		testutil.Eventually(t, 10*time.Second, seesKey(n, key, false, "a", "b"), "%s seeing x gone", n.id)
 	}
 	return f, key, v, func() { held(); heldAges() }
+}
+
+// newHomeShards and newHomeKey: a key whose home is x among a, b and x,
+// and a among a and b (newHomeOfHeldCopies).
+const newHomeShards = 64
+
+func newHomeKey(t *testing.T, prefix string) string {
+	return keyWithHomes(t, prefix, newHomeShards, []string{"x", "a", "b", "x"}, []string{"a", "a", "b"})
 }
 
 // TestRemovedAtANewHomeBeforeAHolderReannounced: x is the home of a key a
@@ -1076,5 +1090,95 @@ func TestRemoveAtANewHomeWithAMemberSilent(t *testing.T) {
 	}
 	if c := b.here(t, key); c != store.NotFound {
 		t.Fatalf("b's copy after the remove answered OK: %v", c)
+	}
+}
+
+// TestRemoveAtANewHomeLongAfterTheGainBeforeAWalk: a new home asks every
+// member that has not said its re-announcement is done, however long ago
+// it gained the shard. Here the time a tombstone lives (after which a
+// home asked only the holders its index names, whatever the members had
+// re-announced) is over at once, and b's re-announcement is held: the
+// remove on a must still drop b's copy.
+func TestRemoveAtANewHomeLongAfterTheGainBeforeAWalk(t *testing.T) {
+	f, key, v, release := newHomeOfHeldCopiesWith(t, Config{TombstoneTTL: time.Nanosecond})
+	a, b := f.node("a"), f.node("b")
+	code, err := removeOn(t, a, key)
+	release()
+	if code != store.OK {
+		t.Fatalf("remove on a, the new home, before b's walk: %v %v; want OK (b takes the drop)", code, err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return b.here(t, key) == store.NotFound },
+		"b's copy dropped (on b: %v)", testutil.Lazy(func() store.Code { return b.here(t, key) }))
+	if got, err := b.read(key, len(v)); err == nil {
+		t.Fatalf("b reads the removed key: %d bytes", len(got))
+	}
+}
+
+// walkedAt waits until n, home of key's shard, takes every member up as
+// having re-announced its copies of that shard.
+func walkedAt(t *testing.T, n *fakeNode, key string) {
+	t.Helper()
+	s := n.c.shardOf([]byte(key))
+	ask := func() []string {
+		u, _ := n.c.unwalked(s, n.c.view.Load(), nil, time.Now())
+		return u
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return len(ask()) == 0 },
+		"%s taking every member's walk of shard %d as done (still to say: %v)", n.id, s, testutil.Lazy(ask))
+}
+
+// dropsSent is how many drops (of either kind) the daemons sent.
+func (f *fakeNet) dropsSent() uint64 {
+	f.kindMu.Lock()
+	defer f.kindMu.Unlock()
+	return f.kinds[kindDrop] + f.kinds[kindDropAges]
+}
+
+// TestAWalkReportedEndsTheNewHomesAskingEveryMember: once b says its
+// re-announcement of the shards a gained is done, a removal at a asks
+// only the holders a's index names: a key a alone holds is dropped with
+// no message to b, and a key b holds too is still dropped on b.
+func TestAWalkReportedEndsTheNewHomesAskingEveryMember(t *testing.T) {
+	f, key, _, release := newHomeOfHeldCopies(t)
+	a, b := f.node("a"), f.node("b")
+	release()
+	walkedAt(t, a, key)
+	if code, err := removeOn(t, a, key); code != store.OK {
+		t.Fatalf("remove of a key a and b hold, after b's walk: %v %v", code, err)
+	}
+	if c := b.here(t, key); c != store.NotFound {
+		t.Fatalf("b's copy after the remove answered OK: %v", c)
+	}
+	own := newHomeKey(t, "newhome/own")
+	a.put(t, own, value(own, 4096))
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(own), []string{"a"}) },
+		"a's copy indexed (%v)", testutil.Lazy(func() []string { return f.holders(own) }))
+	before, unnamed := f.dropsSent(), a.c.c.removeAsksUnnamed.Load()
+	if code, err := removeOn(t, a, own); code != store.OK {
+		t.Fatalf("remove of a key a alone holds: %v %v", code, err)
+	}
+	if n, u := f.dropsSent()-before, a.c.c.removeAsksUnnamed.Load()-unnamed; n != 0 || u != 0 {
+		t.Fatalf("a removal at a after every walk sent %d drops, %d to members its index does not name; want none", n, u)
+	}
+}
+
+// TestAnOlderMemberKeepsTheNewHomesWindow: a member that serves no
+// numbered pull (an older release) never says its walk is done; a new
+// home asks it to drop each key it removes for TombstoneTTL after the
+// gain, as before the word existed.
+func TestAnOlderMemberKeepsTheNewHomesWindow(t *testing.T) {
+	f, key, _, release := newHomeOfHeldCopies(t, func(f *fakeNet) { f.olderWire("b") })
+	a := f.node("a")
+	release()
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a", "b"}) },
+		"b's copy re-announced to a through the older kind (a names %v)", testutil.Lazy(func() []string { return f.holders(key) }))
+	own := newHomeKey(t, "newhome/older")
+	a.put(t, own, value(own, 4096))
+	before := a.c.c.removeAsksUnnamed.Load()
+	if code, err := removeOn(t, a, own); code != store.OK {
+		t.Fatalf("remove of a key a alone holds: %v %v", code, err)
+	}
+	if n := a.c.c.removeAsksUnnamed.Load() - before; n != 1 {
+		t.Fatalf("a removal at a with b on an older release asked %d members its index does not name; want 1, b", n)
 	}
 }

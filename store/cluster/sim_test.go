@@ -163,7 +163,7 @@ func (r simResult) String() string {
 	fmt.Fprintf(&b, "  pushed answers: %d messages from homes to readers, %d keys, %d taken into a reader's cache\n", r.pushes, r.pushedKeys, r.pushTaken)
 	fmt.Fprintf(&b, "  view changes %d, keys re-announced %d\n", r.viewChanges, r.reannounced)
 	fmt.Fprintf(&b, "  exchanges by kind:                ")
-	for _, k := range []string{kindLookup, kindClaim, kindHold, kindRelease, kindAnnounceAges, kindReannounce, kindHello, kindPush} {
+	for _, k := range []string{kindLookup, kindClaim, kindHold, kindRelease, kindAnnounceAges, kindReannounce, kindPull, kindWalked, kindHello, kindPush} {
 		fmt.Fprintf(&b, "%s %d  ", strings.TrimPrefix(k, "tc.store."), r.exchanges[k])
 	}
 	fmt.Fprintf(&b, "\n  churn: %s", strings.Join(r.churn, ", "))

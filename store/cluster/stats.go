@@ -76,6 +76,13 @@ type Stats struct {
 	// knows, to a member that serves none with removal ages (members.go,
 	// older).
 	OlderKinds uint64
+	// Rebuilding are the shards this daemon is home of whose index may
+	// still lack copies: a member has not said its re-announcement since
+	// the shard was gained is done (walk.go). WalksTaken counts the
+	// members' word of such walks; RemoveAsksUnnamed the drops a removal
+	// asked of members its index did not name, for those shards.
+	Rebuilding                    int
+	WalksTaken, RemoveAsksUnnamed uint64
 	// GonePinned are the removed keys still here because a caller's I/O
 	// was in flight on them (hidden from the other daemons, dropped once
 	// it ends; a pinned one is hidden by the store at once, counted in
@@ -158,6 +165,7 @@ func (c *Cluster) Stats() Stats {
 		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
 		PutsApart: c.apart.len(), PutsApartOver: c.apart.over.Load(), PutsKept: c.c.putsKept.Load(), LateLosses: c.c.lateLosses.Load(),
 		BusyRetries: c.c.busyRetries.Load(), BusyHellos: c.c.busyHellos.Load(), OlderKinds: c.c.olderKinds.Load(),
+		Rebuilding: c.rebuildingShards(), WalksTaken: c.c.walksTaken.Load(), RemoveAsksUnnamed: c.c.removeAsksUnnamed.Load(),
 		TombsHanded: c.c.tombsHanded.Load(), TombsTaken: c.c.tombsTaken.Load(),
 		DropRetryRounds: c.c.dropRetryRounds.Load(), HandStopped: c.c.handStopped.Load(),
 		DropsSoon: c.c.dropsSoon.Load(), RemovesKept: c.c.removesKept.Load(),

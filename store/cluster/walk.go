@@ -1,0 +1,375 @@
+package cluster
+
+import (
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+)
+
+// A new home's rebuild, ended by the members' word. A daemon that gains a
+// shard (at start, on a view change, on a claim won) knows only the copies
+// announced to it since; the members re-announce theirs at a bounded
+// rate. Until every member has, a removal there asks each member the
+// index may lack a copy of to drop the key (removeHere), and tombstones
+// the members away, so that a copy re-announced after the removal is not
+// indexed and served again.
+//
+// When that ends is the members' word, not a time: each pull (the home
+// asking a member to re-announce its keys of the home's shards) carries a
+// sequence number of the home's, and a member that completes a walk of its
+// store begun after such a pull tells the home which shards that walk
+// announced to it, every announcement answered, with the pull's number
+// (kindWalked). The home takes a member's copies of shard s as indexed
+// once the member said so for a pull sent after s was gained (gainSeq):
+// copies put since are announced by their commits. A member that restarts
+// (another run) says it again; one that serves no pull (an older release)
+// is taken as walked Config.TombstoneTTL after the gain, as before the
+// word existed. The home's own copies count the same way: it marks a pull
+// of itself when it gains, and its own walk reports to it.
+
+// walked is, for one member at one run, the newest pull number each shard
+// was walked for.
+type walked struct {
+	epoch uint64
+	seq   []uint64
+}
+
+// pullMark is the newest pull this daemon had from one home, at its run.
+type pullMark struct {
+	epoch, seq uint64
+}
+
+// maxPullMarks bounds the homes a daemon remembers pulls of: a peer that
+// is not a member adds nothing past it.
+const maxPullMarks = 4096
+
+// walks is the state of rebuilds on both sides: as a home, the pulls sent
+// and the members' walks reported; as a member, the pulls taken.
+type walks struct {
+	mu sync.Mutex
+	// seq numbers the pulls this daemon sent (at its run).
+	seq uint64
+	// gainSeq is, per shard, the first pull number sent after this
+	// daemon last gained it (0: never gained); lastGain the highest.
+	gainSeq  []uint64
+	lastGain uint64
+	// done are the members' reported walks; asked the pull each member
+	// was last sent (pullUnwalked); older the run at which a member
+	// answered that it serves no pull.
+	done  map[string]*walked
+	asked map[string]pullMark
+	older map[string]uint64
+	// marks are the pulls this daemon took as a member, by home.
+	marks map[string]pullMark
+}
+
+func newWalks(shards int) *walks {
+	return &walks{gainSeq: make([]uint64, shards), done: map[string]*walked{}, asked: map[string]pullMark{},
+		older: map[string]uint64{}, marks: map[string]pullMark{}}
+}
+
+// gain records that this daemon became home, now, of the shards mine
+// reports, and marks a pull of its own copies, which the walk it queues
+// next reports. It returns whether any shard was gained.
+func (c *Cluster) gain(mine func(s int) bool) bool {
+	now := time.Now().UnixNano()
+	w := c.walks
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	next, any := w.seq+1, false
+	for s := range w.gainSeq {
+		if mine(s) {
+			w.gainSeq[s] = next
+			c.gainedAt[s].Store(now)
+			any = true
+		}
+	}
+	if any {
+		w.seq = next
+		w.lastGain = next
+		w.marks[c.self] = pullMark{epoch: c.peers.Epoch(), seq: next}
+	}
+	return any
+}
+
+// nextPull numbers a pull about to be sent to member id at run epoch.
+func (c *Cluster) nextPull(id string, epoch uint64) uint64 {
+	w := c.walks
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seq++
+	w.asked[id] = pullMark{epoch: epoch, seq: w.seq}
+	return w.seq
+}
+
+// pull asks member id to re-announce the keys it holds of the shards this
+// daemon is home of (or of those the claims in req name: a kindReannounce
+// request), numbered so that its walk can say when it is done. A member
+// that serves no pull is sent req as kindReannounce, and its walks are
+// taken as done Config.TombstoneTTL after a gain.
+func (c *Cluster) pull(id string, req []byte) {
+	epoch := c.epochOf(id)
+	seq := c.nextPull(id, epoch)
+	e := newEnc()
+	e.u64(seq)
+	e.b = append(e.b, req[1:]...) // the claims, after req's version
+	_, err := c.exchange(id, epoch, kindPull, e.bytes())
+	if notServed(err) {
+		c.walks.mu.Lock()
+		first := c.walks.older[id] != epoch
+		c.walks.older[id] = epoch
+		c.walks.mu.Unlock()
+		if first {
+			c.log.Warn("a member serves no numbered pull (an older release): a removal at a shard this daemon gained "+
+				"asks it to drop the key for store_tombstone_ttl after the gain, and not after, however long its "+
+				"re-announcement takes", "member", id, "epoch", epoch, "err", err)
+		}
+		_, err = c.exchange(id, epoch, kindReannounce, req)
+	}
+	if err != nil {
+		c.walks.mu.Lock()
+		if c.walks.asked[id].seq == seq {
+			delete(c.walks.asked, id) // asked again at the next probe
+		}
+		c.walks.mu.Unlock()
+		c.log.Info("a member was not asked to re-announce", "member", id, "err", err)
+	}
+}
+
+// pullUnwalked pulls, in the background, each member of v not yet asked
+// for this daemon's last gain at its current run: one up since, restarted,
+// or whose pull failed. The prober calls it every round.
+func (c *Cluster) pullUnwalked(v *view) {
+	w := c.walks
+	var ids []string
+	w.mu.Lock()
+	for _, m := range v.members {
+		if m == c.self || w.lastGain == 0 {
+			continue
+		}
+		if a, ok := w.asked[m]; !ok || a.epoch != c.epochOf(m) || a.seq < w.lastGain {
+			ids = append(ids, m)
+		}
+	}
+	w.mu.Unlock()
+	for _, m := range ids {
+		c.pullFrom(m)
+	}
+}
+
+// onPull is kindReannounce with the home's pull number first: the walk
+// that re-announces the keys reports to the home once done (reportWalks).
+func (c *Cluster) onPull(from string, epoch uint64, req []byte) ([]byte, error) {
+	if len(req) < 9 {
+		return nil, fmt.Errorf("%w: pull of %d bytes", ErrMessage, len(req))
+	}
+	d := newDec(req[:9])
+	seq := d.u64()
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	rest := append([]byte{msgVersion}, req[9:]...)
+	if _, err := decodeShardClaims(from, rest); err != nil {
+		return nil, err
+	}
+	// Kept from any peer (bounded): one this daemon does not count a
+	// member yet (the directory listed it since) is told once it is in
+	// the view.
+	c.walks.mu.Lock()
+	if m, ok := c.walks.marks[from]; len(c.walks.marks) < maxPullMarks || ok {
+		if !ok || m.epoch != epoch || seq > m.seq {
+			c.walks.marks[from] = pullMark{epoch: epoch, seq: seq}
+		}
+	}
+	c.walks.mu.Unlock()
+	return c.onReannounce(from, epoch, rest)
+}
+
+// isMember reports whether id is a member this daemon knows.
+func (c *Cluster) isMember(id string) bool {
+	c.mmu.Lock()
+	defer c.mmu.Unlock()
+	_, ok := c.members[id]
+	return ok
+}
+
+// pullMarks is the pulls this daemon has taken, for a walk starting now.
+func (c *Cluster) pullMarks() map[string]pullMark {
+	c.walks.mu.Lock()
+	defer c.walks.mu.Unlock()
+	return maps.Clone(c.walks.marks)
+}
+
+// reportWalks tells each home with a pull in marks (taken before the walk
+// began) which of its shards the walk announced to it under view v (reqs
+// asked for them, and it is their home still), unless an announcement to it failed: then its keys are
+// walked again (while it is a member), so that its word comes later
+// rather than never.
+func (c *Cluster) reportWalks(v *view, reqs []func(int, string) bool, marks map[string]pullMark, failed map[string]bool) {
+	for home, m := range marks {
+		if failed[home] {
+			// After a probe round's pause: a home that fails announcements
+			// for long goes down (out of the view), one busy a while is
+			// not walked for over and over.
+			time.AfterFunc(c.cfg.ProbeEvery, func() {
+				if c.view.Load().has(home) {
+					c.reannounce(func(_ int, h string) bool { return h == home })
+				}
+			})
+			continue
+		}
+		if home != c.self && !v.has(home) {
+			continue
+		}
+		bits := make([]byte, (c.cfg.Shards+7)/8)
+		n := 0
+		// A shard whose home changed while the walk ran may have had
+		// keys announced to another: it is not reported (the change
+		// queued a walk of it, which is).
+		now := c.view.Load()
+		for s := 0; s < c.cfg.Shards; s++ {
+			if c.homeFor(v, s) != home || c.homeFor(now, s) != home {
+				continue
+			}
+			for _, r := range reqs {
+				if r(s, home) {
+					bits[s/8] |= 1 << (s % 8)
+					n++
+					break
+				}
+			}
+		}
+		if n == 0 {
+			continue
+		}
+		if home == c.self {
+			c.tookWalk(c.self, c.peers.Epoch(), m.seq, bits)
+			continue
+		}
+		e := newEnc()
+		e.u64(m.seq)
+		e.u32(uint32(c.cfg.Shards))
+		e.b = append(e.b, bits...)
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return
+		}
+		c.fetchWG.Add(1)
+		c.mu.Unlock()
+		go func() {
+			defer c.fetchWG.Done()
+			if _, err := c.exchange(home, m.epoch, kindWalked, e.bytes()); err != nil {
+				c.log.Info("a home was not told this daemon's walk of its shards is done: it keeps asking this "+
+					"daemon to drop each key removed there", "home", home, "err", err)
+			}
+		}()
+	}
+}
+
+// onWalked takes a member's word that a walk begun after pull seq
+// announced here every copy it holds of the shards named.
+func (c *Cluster) onWalked(from string, epoch uint64, req []byte) ([]byte, error) {
+	d := newDec(req)
+	seq := d.u64()
+	if n := int(d.u32()); d.err == nil && n != c.cfg.Shards {
+		d.fail("walk of %d shards (this daemon splits keys in %d)", n, c.cfg.Shards)
+	}
+	bits := d.take((c.cfg.Shards + 7) / 8)
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	c.walks.mu.Lock()
+	sent := c.walks.seq
+	c.walks.mu.Unlock()
+	if seq == 0 || seq > sent {
+		return nil, fmt.Errorf("%w: walk reported for pull %d (the newest sent is %d)", ErrMessage, seq, sent)
+	}
+	if c.isMember(from) {
+		c.tookWalk(from, epoch, seq, bits)
+	}
+	return []byte{msgVersion}, nil
+}
+
+// tookWalk records member id's walk (at run epoch) of the shards in bits
+// for pull seq.
+func (c *Cluster) tookWalk(id string, epoch, seq uint64, bits []byte) {
+	w := c.walks
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	d := w.done[id]
+	if d == nil || d.epoch != epoch {
+		d = &walked{epoch: epoch, seq: make([]uint64, len(w.gainSeq))}
+		w.done[id] = d
+	}
+	for s := range d.seq {
+		if bits[s/8]&(1<<(s%8)) != 0 && seq > d.seq[s] {
+			d.seq[s] = seq
+		}
+	}
+	c.c.walksTaken.Add(1)
+}
+
+// forgetWalks drops what is known of the walks of members no longer listed.
+func (c *Cluster) forgetWalks(ids []string) {
+	w := c.walks
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, id := range ids {
+		delete(w.done, id)
+		delete(w.asked, id)
+		delete(w.older, id)
+		delete(w.marks, id)
+	}
+}
+
+// unwalked is, for a removal of a key of shard s now, the members of v
+// (this daemon included) whose copies of s the index may lack, and
+// whether any member away may hold one it lacks. Each call of a removal
+// asks it once per shard (unwalkedOf).
+func (c *Cluster) unwalked(s int, v *view, away []string, now time.Time) (ask []string, awayToo bool) {
+	w := c.walks
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	gs := w.gainSeq[s]
+	if gs == 0 {
+		return nil, false
+	}
+	windowOver := now.UnixNano()-c.gainedAt[s].Load() >= int64(c.cfg.TombstoneTTL)
+	lacks := func(m string) bool {
+		ep := c.epochOf(m)
+		if w.older[m] == ep && ep != 0 {
+			return !windowOver
+		}
+		d := w.done[m]
+		return d == nil || d.epoch != ep || d.seq[s] < gs
+	}
+	for _, m := range v.members {
+		if lacks(m) {
+			ask = append(ask, m)
+		}
+	}
+	for _, m := range away {
+		if lacks(m) {
+			return ask, true
+		}
+	}
+	return ask, false
+}
+
+// rebuildingShards counts the shards this daemon is home of whose index
+// may still lack a member's copies (Stats).
+func (c *Cluster) rebuildingShards() int {
+	v, away, now := c.view.Load(), c.away(), time.Now()
+	n := 0
+	for s := 0; s < c.cfg.Shards; s++ {
+		if c.homeFor(v, s) != c.self {
+			continue
+		}
+		if ask, awayToo := c.unwalked(s, v, away, now); len(ask) > 0 || awayToo {
+			n++
+		}
+	}
+	return n
+}
