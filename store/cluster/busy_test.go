@@ -41,9 +41,7 @@ func TestBusyMemberStaysIn(t *testing.T) {
 	f.busyFor("b", 3)
 	a.put(t, key, value(key, 4096))
 	testutil.Eventually(t, 10*time.Second, locatedOnA, "a's copy announced to b through its busy answers")
-	f.kindMu.Lock()
-	answered := f.busyAnswers
-	f.kindMu.Unlock()
+	answered := f.busyOf() // the lookups of locatedOnA may take some of the 3
 	if st := a.c.Stats(); answered != 1+3 || st.BusyRetries == 0 {
 		t.Fatalf("%d busy answers (want the hello's and 3), %d exchanges sent again", answered, st.BusyRetries)
 	}
@@ -55,15 +53,11 @@ func TestBusyMemberStaysIn(t *testing.T) {
 	held := keyHomedOn(f, a, "busy/held", "b")
 	b.put(t, held, value(held, 4096))
 	f.busyFor("b", -1)
-	f.kindMu.Lock()
-	before := f.busyAnswers
-	f.kindMu.Unlock()
+	before := f.busyOf(kindRemove)
 	if code, err := removeOn(t, a, held); code == store.OK {
 		t.Fatalf("a removal its home answered busy every time: OK (%v), want it not taken", err)
 	}
-	f.kindMu.Lock()
-	tries := f.busyAnswers - before
-	f.kindMu.Unlock()
+	tries := f.busyOf(kindRemove) - before
 	if tries != busyTries {
 		t.Fatalf("a removal its home answered busy every time was sent %d times, want %d", tries, busyTries)
 	}
@@ -199,9 +193,7 @@ func TestDropRoundStopsAtBusy(t *testing.T) {
 	if failed := a.c.dropRound("b"); !failed {
 		t.Fatal("a round b answered busy did not fail")
 	}
-	f.kindMu.Lock()
-	answered := f.busyAnswers
-	f.kindMu.Unlock()
+	answered := f.busyOf(kindDrop, kindDropAges)
 	if answered != busyTries {
 		t.Fatalf("b answered busy %d times in one round, want %d (one message, then the round stops)", answered, busyTries)
 	}

@@ -79,9 +79,10 @@ type fakeNet struct {
 	older        map[string]bool
 	olderRefused int
 	// busy, guarded by kindMu: how many more exchanges each daemon
-	// answers busy (-1: all of them), and busyAnswers how many it did.
-	busy        map[string]int
-	busyAnswers int
+	// answers busy (-1: all of them), and busyKinds how many it did, by
+	// kind (busyOf).
+	busy      map[string]int
+	busyKinds map[string]int
 	// silent, guarded by cutMu: daemons whose exchanges wait, unanswered,
 	// until released or their timeout (a stopped daemon, a link dropping
 	// packets); helloWaiting counts the hellos waiting on them now.
@@ -474,7 +475,7 @@ func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte
 		if left > 0 {
 			n.net.busy[peer] = left - 1
 		}
-		n.net.busyAnswers++
+		n.net.busyKinds[kind]++
 		n.net.kindMu.Unlock()
 		return nil, fmt.Errorf("%w: %s on %s", errBusy, kind, peer)
 	}
@@ -627,7 +628,7 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 	t.Helper()
 	f := &fakeNet{nodes: map[string]*fakeNode{}, kinds: map[string]uint64{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{},
 		cuts: map[[2]string]bool{}, flying: map[[2]string]int{}, mute: map[string]bool{}, older: map[string]bool{},
-		silent: map[string]chan struct{}{}, slow: map[[2]string]chan struct{}{}, busy: map[string]int{}}
+		silent: map[string]chan struct{}{}, slow: map[[2]string]chan struct{}{}, busy: map[string]int{}, busyKinds: map[string]int{}}
 	for _, o := range opts {
 		o(f)
 	}
@@ -836,4 +837,20 @@ func (m *memL2) move(t *xfer.Task) (uint64, error) {
 		copy(b[q.LocalOffset:q.LocalOffset+q.Length], file[q.TargetOffset:q.TargetOffset+q.Length])
 	}
 	return q.Length, nil
+}
+
+// busyOf is how many exchanges of the kinds named (of every kind, when
+// none is) were answered busy: a test counts those of the call it makes,
+// not of the exchanges the daemons make in the background meanwhile (a
+// pull, a walk's word).
+func (f *fakeNet) busyOf(kinds ...string) int {
+	f.kindMu.Lock()
+	defer f.kindMu.Unlock()
+	n := 0
+	for k, v := range f.busyKinds {
+		if len(kinds) == 0 || slices.Contains(kinds, k) {
+			n += v
+		}
+	}
+	return n
 }

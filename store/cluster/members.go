@@ -390,7 +390,8 @@ func (c *Cluster) reannounce(keep func(shard int, home string) bool) {
 // for the keys a re-announcement asks for and sends them to their homes,
 // at most Config.ReannounceRate keys a second; and the prober, which
 // every Config.ProbeEvery asks each member (an empty lookup) whether it
-// is there. Close stops it.
+// is there, and pulls those whose re-announcement it lacks. Close stops
+// it.
 func (c *Cluster) reannouncer() {
 	defer close(c.redone)
 	probe := time.NewTicker(c.cfg.ProbeEvery)
@@ -401,6 +402,11 @@ func (c *Cluster) reannouncer() {
 			return
 		case <-probe.C:
 			c.probe()
+			// A member not yet asked to re-announce since this daemon's
+			// last gain (up or restarted since, or its pull failed) is
+			// asked now: its word that it has ends the rebuild of the
+			// shards gained (walk.go).
+			c.pullUnwalked(c.view.Load())
 			continue
 		case <-c.rekick:
 		}
@@ -457,10 +463,6 @@ func (c *Cluster) probe() {
 	// only time they must move, or they would stay where nobody asks.
 	v := c.view.Load()
 	c.handTombs(func(s int) (string, bool) { return c.homeFor(v, s), true })
-	// A member not yet asked to re-announce since this daemon's last
-	// gain (up or restarted since, or its pull failed) is asked now: its
-	// word that it has ends the rebuild of the shards gained (walk.go).
-	c.pullUnwalked(v)
 }
 
 // walk re-announces what reqs ask for, and tells the homes whose pulls

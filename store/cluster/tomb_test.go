@@ -300,9 +300,7 @@ func TestTombsHandedOnceAtATime(t *testing.T) {
 	f.busyFor("b", -1)
 	a.c.handTombs(toB)
 	testutil.Eventually(t, 10*time.Second, func() bool { return a.c.Stats().HandStopped == 1 }, "the hand-off stopped at b's busy answers")
-	f.kindMu.Lock()
-	answered := f.busyAnswers
-	f.kindMu.Unlock()
+	answered := f.busyOf(kindTombs)
 	if answered != busyTries {
 		t.Fatalf("b answered busy %d times, want %d (one message, then the hand-off stops)", answered, busyTries)
 	}

@@ -139,7 +139,7 @@ func (c *Cluster) pull(id string, req []byte) {
 
 // pullUnwalked pulls, in the background, each member of v not yet asked
 // for this daemon's last gain at its current run: one up since, restarted,
-// or whose pull failed. The prober calls it every round.
+// or whose pull failed. The prober calls it after every round.
 func (c *Cluster) pullUnwalked(v *view) {
 	w := c.walks
 	var ids []string
