@@ -242,9 +242,13 @@ func (c *Cluster) Removed(keys [][]byte, errs []error) {
 }
 
 // keptErr is the error of a key whose home took its removal while a
-// holder kept its copy (ErrCopyKept).
+// member kept the copy it holds, or may hold (ErrCopyKept): a holder the
+// home's index names is asked again in rounds; a member asked only
+// because the index, being rebuilt, may lack its copy is not (no
+// tombstone: its value is unknown), and the remove sent again asks it.
 func keptErr(home string) error {
-	return fmt.Errorf("%w: a holder, busy or slow, still has its copy; home %s asks it again until it drops it (the same remove answers OK then)",
+	return fmt.Errorf("%w: a member, busy or slow, did not drop the copy it holds or may hold; home %s asks a holder "+
+		"it knows of again until it drops it, and the same remove sent again asks every one (OK once none is left)",
 		ErrCopyKept, home)
 }
 
