@@ -546,7 +546,12 @@ func oldDaemonStub(t *testing.T, sock string, send func(c *net.UnixConn) error) 
 			return
 		}
 		if err := send(c); err != nil {
-			t.Errorf("the stub's answer: %v", err)
+			// An asker that refuses an answer closes its end at once: the
+			// rest of the answer has nowhere to go, which is the asker's
+			// to judge (each test checks what it made of the answer).
+			if !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("the stub's answer: %v", err)
+			}
 			return
 		}
 		c.Read(buf) // until the asker closes
