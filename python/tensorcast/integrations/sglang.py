@@ -405,6 +405,9 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         self._regions: List[HostRegion] = []
         self._refused: Set[int] = set()  # fds the daemon refused (logged once each)
         self._once: Set[Tuple[str, str]] = set()  # what _log_once said
+        # counters are added to by SGLang's storage threads at once: under
+        # _cmu (_tally), so that no count is lost to another's.
+        self._cmu = threading.Lock()
         self.counters: Dict[str, int] = {"pages_set": 0, "pages_set_failed": 0, "pages_got": 0, "pages_missed": 0,
                                          "exists_calls": 0, "pages_direct": 0, "pages_copied": 0}
         name = f"sglang-hicache-tp{self.tp_rank}-pp{self.pp_rank}-cp{self.cp_rank}-dp{self.dp_rank}"
@@ -576,7 +579,7 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
             r = c.store_read(keys, ext) if ext is not None else c.get_addresses(keys, ptrs, sizes)
             want = list(p.plan.sizes) * n
             ok = [s == Status.OK and ln == z for s, ln, z in zip(r, r.lengths, want)]
-        self.counters["pages_direct" if ext is not None else "pages_copied"] += n
+        self._tally("pages_direct" if ext is not None else "pages_copied", n)
         return self._per_page(p, ok, n)
 
     def _extents_at(self, c: Client, p: _Pool, host_indices: Any) -> Any:
@@ -653,7 +656,7 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         else:
             r = c.get_addresses(keys, addrs, sizes)
             ok = [s == Status.OK and ln == z for s, ln, z in zip(r, r.lengths, sizes)]
-        self.counters["pages_copied"] += n
+        self._tally("pages_copied", n)
         return self._per_page(p, ok, n)
 
     @staticmethod
@@ -661,14 +664,19 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
         m = p.parts
         return ok if m == 1 else [all(ok[i * m:(i + 1) * m]) for i in range(n)]
 
+    def _tally(self, name: str, n: int) -> None:
+        with self._cmu:
+            self.counters[name] += n
+
     def _count(self, write: bool, ok: List[bool]) -> None:
         done = sum(ok)
-        if write:
-            self.counters["pages_set"] += done
-            self.counters["pages_set_failed"] += len(ok) - done
-        else:
-            self.counters["pages_got"] += done
-            self.counters["pages_missed"] += len(ok) - done
+        with self._cmu:
+            if write:
+                self.counters["pages_set"] += done
+                self.counters["pages_set_failed"] += len(ok) - done
+            else:
+                self.counters["pages_got"] += done
+                self.counters["pages_missed"] += len(ok) - done
 
     def _move(self, what: str, name: str, hashes: Sequence[Any], write: bool, host_indices: Any = None,
               pages: Optional[Sequence[Any]] = None) -> List[bool]:
@@ -699,7 +707,7 @@ class TensorcastStore(_Base):  # type: ignore[misc,valid-type]
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many leading pages of keys are stored (every object of each)."""
-        self.counters["exists_calls"] += 1
+        self._tally("exists_calls", 1)
         if not keys:
             return 0
         p = self._pool("kv", "batch_exists")
