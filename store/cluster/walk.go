@@ -116,23 +116,30 @@ func (c *Cluster) pull(id string, req []byte) {
 	e.b = append(e.b, req[1:]...) // the claims, after req's version
 	_, err := c.exchange(id, epoch, kindPull, e.bytes())
 	if notServed(err) {
-		c.walks.mu.Lock()
-		first := c.walks.older[id] != epoch
-		c.walks.older[id] = epoch
-		c.walks.mu.Unlock()
-		if first {
-			c.log.Warn("a member serves no numbered pull (an older release): a removal at a shard this daemon gained "+
-				"asks it to drop the key for store_tombstone_ttl after the gain, and not after, however long its "+
-				"re-announcement takes", "member", id, "epoch", epoch, "err", err)
+		perr := err
+		if _, err = c.exchange(id, epoch, kindReannounce, req); err == nil {
+			c.walks.mu.Lock()
+			first := c.walks.older[id] != epoch
+			c.walks.older[id] = epoch
+			c.walks.mu.Unlock()
+			if first {
+				c.log.Warn("a member serves no numbered pull (an older release): a removal at a shard this daemon "+
+					"gained asks it to drop the key for a window after the gain, and not after, however long its "+
+					"re-announcement takes", "member", id, "epoch", epoch, "window", c.cfg.TombstoneTTL, "err", perr)
+			}
 		}
-		_, err = c.exchange(id, epoch, kindReannounce, req)
 	}
 	if err != nil {
-		c.walks.mu.Lock()
-		if c.walks.asked[id].seq == seq {
-			delete(c.walks.asked, id) // asked again at the next probe
+		// Asked again after the next probe round, unless it serves no
+		// re-announcement at all (its store across hosts is not
+		// running): asking it every round would only fill the log.
+		if !notServed(err) {
+			c.walks.mu.Lock()
+			if c.walks.asked[id].seq == seq {
+				delete(c.walks.asked, id)
+			}
+			c.walks.mu.Unlock()
 		}
-		c.walks.mu.Unlock()
 		c.log.Info("a member was not asked to re-announce", "member", id, "err", err)
 	}
 }
