@@ -1048,7 +1048,14 @@ func newHomeKey(t *testing.T, prefix string) string {
 // on a meanwhile must not leave b's copy behind: once b's re-announcement
 // arrives, the key is a miss on both and its home names no holder.
 func TestRemovedAtANewHomeBeforeAHolderReannounced(t *testing.T) {
-	f, key, v, release := newHomeOfHeldCopies(t)
+	removedAtANewHomeBeforeAHolderReannounced(t, Config{})
+}
+
+// removedAtANewHomeBeforeAHolderReannounced is that test with cfg's
+// TombstoneTTL.
+func removedAtANewHomeBeforeAHolderReannounced(t *testing.T, cfg Config) {
+	t.Helper()
+	f, key, v, release := newHomeOfHeldCopiesWith(t, cfg)
 	a, b := f.node("a"), f.node("b")
 	code, err := removeOn(t, a, key)
 	release()
@@ -1100,18 +1107,7 @@ func TestRemoveAtANewHomeWithAMemberSilent(t *testing.T) {
 // re-announced) is over at once, and b's re-announcement is held: the
 // remove on a must still drop b's copy.
 func TestRemoveAtANewHomeLongAfterTheGainBeforeAWalk(t *testing.T) {
-	f, key, v, release := newHomeOfHeldCopiesWith(t, Config{TombstoneTTL: time.Nanosecond})
-	a, b := f.node("a"), f.node("b")
-	code, err := removeOn(t, a, key)
-	release()
-	if code != store.OK {
-		t.Fatalf("remove on a, the new home, before b's walk: %v %v; want OK (b takes the drop)", code, err)
-	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return b.here(t, key) == store.NotFound },
-		"b's copy dropped (on b: %v)", testutil.Lazy(func() store.Code { return b.here(t, key) }))
-	if got, err := b.read(key, len(v)); err == nil {
-		t.Fatalf("b reads the removed key: %d bytes", len(got))
-	}
+	removedAtANewHomeBeforeAHolderReannounced(t, Config{TombstoneTTL: time.Nanosecond})
 }
 
 // walkedAt waits until n, home of key's shard, takes every member up as
