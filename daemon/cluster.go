@@ -425,7 +425,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 	e.Gauge("tensorcast_cluster_tombstones_kept", "Copies of other homes' tombstones this daemon keeps in case their home dies.", float64(s.TombsKept))
 	e.Gauge("tensorcast_cluster_puts_apart", "Puts whose time this daemon notes, made while members were away or lately: a removal told late spares those put after it.", float64(s.PutsApart))
 	e.Gauge("tensorcast_cluster_home_claims", "Claims this daemon, as a home, has handed readers and not had back.", float64(s.ClaimsOutstanding))
-	e.Gauge("tensorcast_cluster_shards_rebuilding", "Shards this daemon is home of whose index may still lack copies: a member has not said it re-announced them since they were gained.", float64(s.Rebuilding))
+	e.Gauge("tensorcast_cluster_shards_rebuilding", "Shards this daemon is home of whose index may still lack copies: a member up has not said it re-announced them since they were gained.", float64(s.Rebuilding))
 	e.Gauge("tensorcast_cluster_reads_unsettled", "Failed remote reads whose blocks stay reserved until their late transfers end.", float64(s.Unsettled))
 	for _, c := range []struct {
 		name, help string

@@ -1137,8 +1137,13 @@ func (f *fakeNet) dropsSent() uint64 {
 func TestAWalkReportedEndsTheNewHomesAskingEveryMember(t *testing.T) {
 	f, key, _, release := newHomeOfHeldCopies(t)
 	a, b := f.node("a"), f.node("b")
+	if n := a.c.Stats().Rebuilding; n == 0 {
+		t.Fatal("a counts no shard rebuilding while b's re-announcement is held")
+	}
 	release()
 	walkedAt(t, a, key)
+	testutil.Eventually(t, 10*time.Second, func() bool { return a.c.Stats().Rebuilding == 0 },
+		"a counting no shard rebuilding once b re-announced (%d)", testutil.Lazy(func() int { return a.c.Stats().Rebuilding }))
 	if code, err := removeOn(t, a, key); code != store.OK {
 		t.Fatalf("remove of a key a and b hold, after b's walk: %v %v", code, err)
 	}

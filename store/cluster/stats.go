@@ -77,8 +77,8 @@ type Stats struct {
 	// older).
 	OlderKinds uint64
 	// Rebuilding are the shards this daemon is home of whose index may
-	// still lack copies: a member has not said its re-announcement since
-	// the shard was gained is done (walk.go). WalksTaken counts the
+	// still lack copies: a member up has not said its re-announcement
+	// since the shard was gained is done (walk.go). WalksTaken counts the
 	// members' word of such walks; RemoveAsksUnnamed the drops a removal
 	// asked of members its index did not name, for those shards.
 	Rebuilding                    int

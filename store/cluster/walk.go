@@ -366,15 +366,16 @@ func (c *Cluster) unwalked(s int, v *view, away []string, now time.Time) (ask []
 }
 
 // rebuildingShards counts the shards this daemon is home of whose index
-// may still lack a member's copies (Stats).
+// may still lack copies of a member up (Stats): one away cannot say it
+// re-announced, and is told of each removal when it is back (tombAway).
 func (c *Cluster) rebuildingShards() int {
-	v, away, now := c.view.Load(), c.away(), time.Now()
+	v, now := c.view.Load(), time.Now()
 	n := 0
 	for s := 0; s < c.cfg.Shards; s++ {
 		if c.homeFor(v, s) != c.self {
 			continue
 		}
-		if ask, awayToo := c.unwalked(s, v, away, now); len(ask) > 0 || awayToo {
+		if ask, _ := c.unwalked(s, v, nil, now); len(ask) > 0 {
 			n++
 		}
 	}
