@@ -104,6 +104,8 @@ func main() {
 type window struct {
 	daemon     string
 	start, end time.Time
+	// fault names the fault of a window c and d were apart in.
+	fault string
 }
 
 // Report is what a soak found.
@@ -135,6 +137,9 @@ type Report struct {
 	// those that found the key near a time c and d were apart.
 	XChecked uint64 `json:"xstore_removed_checked"`
 	XExcused uint64 `json:"xstore_removed_found_near_faults"`
+	// XExcusedBy splits XExcused by the fault of the latest parting near
+	// each.
+	XExcusedBy map[string]uint64 `json:"xstore_removed_found_near_by_fault,omitempty"`
 	// XLinger is the longest an excused one was sent after c and d were
 	// together again: how long a copy made apart outlived the parting.
 	XLinger time.Duration `json:"xstore_removed_linger_ns"`
@@ -233,6 +238,9 @@ func (r *Report) print(w *os.File) {
 	fmt.Fprintf(w, "xstore gets of keys removed at least %v before: %d keys judged; found again near c and d being apart: %d "+
 		"(the latest sent %v after they were together again), with no such fault near: %d\n", xstoreGoneAfter, r.XChecked,
 		r.XExcused, r.XLinger.Round(time.Millisecond), len(r.XServed))
+	if len(r.XExcusedBy) > 0 {
+		fmt.Fprintf(w, "  found again by the fault of the latest parting near: %v\n", r.XExcusedBy)
+	}
 	for _, x := range r.XServed {
 		fmt.Fprintln(w, "  "+x)
 	}
@@ -533,8 +541,8 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 			time.Sleep(hold)
 			err := errors.Join(b.signal(syscall.SIGCONT), xd.signal(syscall.SIGCONT))
 			mu.Lock()
-			windows = append(windows, window{"b", start, time.Now()}, window{"d", start, time.Now()})
-			apart = append(apart, window{"d", start, time.Now()})
+			windows = append(windows, window{daemon: "b", start: start, end: time.Now()}, window{daemon: "d", start: start, end: time.Now()})
+			apart = append(apart, window{"d", start, time.Now(), "peer SIGSTOP"})
 			mu.Unlock()
 			return fmt.Sprintf("b and d stopped for %v", hold), err
 		}},
@@ -549,7 +557,7 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 			time.Sleep(hold)
 			err := net.link(true)
 			mu.Lock()
-			apart = append(apart, window{"d", start, time.Now()})
+			apart = append(apart, window{"d", start, time.Now(), "link cut"})
 			mu.Unlock()
 			return fmt.Sprintf("link a<->b and c<->d down for %v", hold), err
 		}},
@@ -583,7 +591,7 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 			hl.mu.Unlock()
 			what, err := hl.run(kill)
 			mu.Lock()
-			windows = append(windows, window{"a", start, time.Now()})
+			windows = append(windows, window{daemon: "a", start: start, end: time.Now()})
 			mu.Unlock()
 			return what, err
 		}},
@@ -608,8 +616,8 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 				err = serr
 			}
 			mu.Lock()
-			windows = append(windows, window{"b", start, time.Now()}, window{"d", start, time.Now()})
-			apart = append(apart, window{"d", start, time.Now()})
+			windows = append(windows, window{daemon: "b", start: start, end: time.Now()}, window{daemon: "d", start: start, end: time.Now()})
+			apart = append(apart, window{"d", start, time.Now(), "peer SIGKILL"})
 			mu.Unlock()
 			// b's and d's baselines stay their first start's: their
 			// clients are back already, which would hide what they leak.
@@ -668,8 +676,12 @@ func soak(duration time.Duration, bin, work string, perKind int, faultEvery time
 			}
 		}
 		for _, x := range rep.Served {
-			if near, after := nearApart(apart, x); near {
+			if near, after, fault := nearApart(apart, x); near {
 				r.XExcused++
+				if r.XExcusedBy == nil {
+					r.XExcusedBy = map[string]uint64{}
+				}
+				r.XExcusedBy[fault]++
 				r.XLinger = max(r.XLinger, after)
 			} else {
 				r.XServed = append(r.XServed, fmt.Sprintf("xstore client %d of %s: %s, removed at %s, found by a get from %s to %s",
@@ -786,22 +798,23 @@ const apartGrace = 10 * time.Second
 // nearApart reports whether a get that found a removed key came near a
 // time c and d were apart: from apartGrace before the removal to the
 // get's answer. If so, it also returns how long after the last such time
-// ended the get was sent (0 when it was sent while they were apart).
-func nearApart(ws []window, x servedOp) (bool, time.Duration) {
+// ended the get was sent (0 when it was sent while they were apart), and
+// that time's fault.
+func nearApart(ws []window, x servedOp) (bool, time.Duration, string) {
 	from, to := time.UnixMilli(x.RemovedAt).Add(-apartGrace), time.UnixMilli(x.End)
-	near, last := false, time.Time{}
+	near, last, fault := false, time.Time{}, ""
 	for _, w := range ws {
 		if w.start.Before(to) && w.end.After(from) {
 			near = true
 			if w.end.After(last) {
-				last = w.end
+				last, fault = w.end, w.fault
 			}
 		}
 	}
 	if !near {
-		return false, 0
+		return false, 0, ""
 	}
-	return true, max(0, time.UnixMilli(x.Start).Sub(last))
+	return true, max(0, time.UnixMilli(x.Start).Sub(last)), fault
 }
 
 // putLogDir is where the store clients of d write their put logs.

@@ -251,7 +251,7 @@ func TestRemovalsSettle(t *testing.T) {
 // otherwise.
 func TestNearApart(t *testing.T) {
 	t0 := time.UnixMilli(time.Now().UnixMilli()) // as the reports carry it
-	ws := []window{{daemon: "d", start: t0, end: t0.Add(5 * time.Second)}}
+	ws := []window{{daemon: "d", start: t0, end: t0.Add(5 * time.Second), fault: "link cut"}}
 	at := func(d time.Duration) int64 { return t0.Add(d).UnixMilli() }
 	cases := []struct {
 		name    string
@@ -266,8 +266,12 @@ func TestNearApart(t *testing.T) {
 		{"long before", servedOp{RemovedAt: at(-30 * time.Second), Start: at(-20 * time.Second), End: at(-19 * time.Second)}, false, 0},
 	}
 	for _, c := range cases {
-		if got, after := nearApart(ws, c.x); got != c.excused || after != c.after {
+		got, after, fault := nearApart(ws, c.x)
+		if got != c.excused || after != c.after {
 			t.Errorf("%s: excused %v, %v after; want %v, %v after", c.name, got, after, c.excused, c.after)
+		}
+		if want := map[bool]string{true: "link cut"}[c.excused]; fault != want {
+			t.Errorf("%s: near the fault %q, want %q", c.name, fault, want)
 		}
 	}
 }
