@@ -210,9 +210,9 @@ func (c *Cluster) pullMarks() map[string]pullMark {
 
 // reportWalks tells each home with a pull in marks (taken before the walk
 // began) which of its shards the walk announced to it under view v (reqs
-// asked for them, and it is their home still), unless an announcement to it failed: then its keys are
-// walked again (while it is a member), so that its word comes later
-// rather than never.
+// asked for them, and it is their home still), unless an announcement to
+// it failed: then its keys are walked again (while it is a member), so
+// that its word comes later rather than never.
 func (c *Cluster) reportWalks(v *view, reqs []func(int, string) bool, marks map[string]pullMark, failed map[string]bool) {
 	for home, m := range marks {
 		if failed[home] {
