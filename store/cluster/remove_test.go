@@ -1183,3 +1183,26 @@ func TestAnOlderMemberKeepsTheNewHomesWindow(t *testing.T) {
 		t.Fatalf("a removal at a with b on an older release asked %d members its index does not name; want 1, b", n)
 	}
 }
+
+// TestAWalkOfAnotherRunDoesNotCount: a member's word is for the run it
+// gave it in. Once b's word is in, a takes it as from another run of b
+// (as after b restarted with its store recovered from L2, which a pulls
+// when it sees b back): a removal at a asks b again.
+func TestAWalkOfAnotherRunDoesNotCount(t *testing.T) {
+	f, key, _, release := newHomeOfHeldCopies(t)
+	a := f.node("a")
+	release()
+	walkedAt(t, a, key)
+	a.c.walks.mu.Lock()
+	a.c.walks.done["b"].epoch++
+	a.c.walks.mu.Unlock()
+	own := newHomeKey(t, "newhome/run")
+	a.put(t, own, value(own, 4096))
+	before := a.c.c.removeAsksUnnamed.Load()
+	if code, err := removeOn(t, a, own); code != store.OK {
+		t.Fatalf("remove of a key a alone holds: %v %v", code, err)
+	}
+	if n := a.c.c.removeAsksUnnamed.Load() - before; n != 1 {
+		t.Fatalf("a removal at a with b's word from another run asked %d members its index does not name; want 1, b", n)
+	}
+}
