@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -50,5 +51,53 @@ func TestWalkMessagesRefused(t *testing.T) {
 		if _, err := b.c.onPull("a", a.epoch, req); !errors.Is(err, ErrMessage) {
 			t.Errorf("pull with %s: %v; want ErrMessage", name, err)
 		}
+	}
+}
+
+// TestEveryRebuildEnds: daemons started together, with homes by
+// rendezvous and by claims in etcd, each hold keys of the others' shards;
+// then one goes and comes back. Every home's rebuild of the shards it
+// gained ends by the members' word (none waits on a member up).
+func TestEveryRebuildEnds(t *testing.T) {
+	for _, fenced := range []bool{false, true} {
+		t.Run(map[bool]string{false: "embedded", true: "fenced"}[fenced], func(t *testing.T) {
+			ids := []string{"a", "b", "c"}
+			f := newTombNet(t, ids, 32, fenced)
+			settled := func() bool {
+				for _, id := range ids {
+					if f.node(id).c.Stats().Rebuilding != 0 {
+						return false
+					}
+				}
+				return true
+			}
+			rebuilding := func() []int {
+				var n []int
+				for _, id := range ids {
+					n = append(n, f.node(id).c.Stats().Rebuilding)
+				}
+				return n
+			}
+			for i, id := range ids {
+				k := fmt.Sprintf("rebuild/%s/%d", id, i)
+				f.node(id).put(t, k, value(k, 4096))
+			}
+			testutil.Eventually(t, 10*time.Second, settled, "every rebuild ended after the start (shards waiting: %v)",
+				testutil.Lazy(rebuilding))
+			c := f.node("c")
+			c.down.Store(true)
+			for _, id := range []string{"a", "b"} {
+				testutil.Eventually(t, 10*time.Second, seesKey(f.node(id), "rebuild", fenced, "a", "b"), "%s seeing c gone", id)
+			}
+			c.down.Store(false)
+			for _, id := range ids {
+				testutil.Eventually(t, 10*time.Second, seesKey(f.node(id), "rebuild", fenced, ids...), "%s seeing c back", id)
+			}
+			testutil.Eventually(t, 10*time.Second, settled, "every rebuild ended after c came back (shards waiting: %v)",
+				testutil.Lazy(rebuilding))
+			if st := f.node("a").c.Stats(); st.WalksTaken == 0 {
+				t.Fatal("a took no member's word")
+			}
+		})
 	}
 }
