@@ -1150,17 +1150,26 @@ func TestAWalkReportedEndsTheNewHomesAskingEveryMember(t *testing.T) {
 	if c := b.here(t, key); c != store.NotFound {
 		t.Fatalf("b's copy after the remove answered OK: %v", c)
 	}
-	own := newHomeKey(t, "newhome/own")
+	if n, u := removeOwn(t, f, "newhome/own"); n != 0 || u != 0 {
+		t.Fatalf("a removal at a after every walk sent %d drops, %d to members its index does not name; want none", n, u)
+	}
+}
+
+// removeOwn puts on a a key of a shard a gained (newHomeKey) that a alone
+// holds, removes it on a, and returns how many drops the daemons sent
+// meanwhile and how many of a's asked members its index did not name.
+func removeOwn(t *testing.T, f *fakeNet, prefix string) (drops, unnamed uint64) {
+	t.Helper()
+	a := f.node("a")
+	own := newHomeKey(t, prefix)
 	a.put(t, own, value(own, 4096))
 	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(own), []string{"a"}) },
 		"a's copy indexed (%v)", testutil.Lazy(func() []string { return f.holders(own) }))
-	before, unnamed := f.dropsSent(), a.c.c.removeAsksUnnamed.Load()
+	d0, u0 := f.dropsSent(), a.c.c.removeAsksUnnamed.Load()
 	if code, err := removeOn(t, a, own); code != store.OK {
 		t.Fatalf("remove of a key a alone holds: %v %v", code, err)
 	}
-	if n, u := f.dropsSent()-before, a.c.c.removeAsksUnnamed.Load()-unnamed; n != 0 || u != 0 {
-		t.Fatalf("a removal at a after every walk sent %d drops, %d to members its index does not name; want none", n, u)
-	}
+	return f.dropsSent() - d0, a.c.c.removeAsksUnnamed.Load() - u0
 }
 
 // TestAnOlderMemberKeepsTheNewHomesWindow: a member that serves no
@@ -1169,17 +1178,10 @@ func TestAWalkReportedEndsTheNewHomesAskingEveryMember(t *testing.T) {
 // gain, as before the word existed.
 func TestAnOlderMemberKeepsTheNewHomesWindow(t *testing.T) {
 	f, key, _, release := newHomeOfHeldCopies(t, func(f *fakeNet) { f.olderWire("b") })
-	a := f.node("a")
 	release()
 	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a", "b"}) },
 		"b's copy re-announced to a through the older kind (a names %v)", testutil.Lazy(func() []string { return f.holders(key) }))
-	own := newHomeKey(t, "newhome/older")
-	a.put(t, own, value(own, 4096))
-	before := a.c.c.removeAsksUnnamed.Load()
-	if code, err := removeOn(t, a, own); code != store.OK {
-		t.Fatalf("remove of a key a alone holds: %v %v", code, err)
-	}
-	if n := a.c.c.removeAsksUnnamed.Load() - before; n != 1 {
+	if _, n := removeOwn(t, f, "newhome/older"); n != 1 {
 		t.Fatalf("a removal at a with b on an older release asked %d members its index does not name; want 1, b", n)
 	}
 }
@@ -1196,13 +1198,7 @@ func TestAWalkOfAnotherRunDoesNotCount(t *testing.T) {
 	a.c.walks.mu.Lock()
 	a.c.walks.done["b"].epoch++
 	a.c.walks.mu.Unlock()
-	own := newHomeKey(t, "newhome/run")
-	a.put(t, own, value(own, 4096))
-	before := a.c.c.removeAsksUnnamed.Load()
-	if code, err := removeOn(t, a, own); code != store.OK {
-		t.Fatalf("remove of a key a alone holds: %v %v", code, err)
-	}
-	if n := a.c.c.removeAsksUnnamed.Load() - before; n != 1 {
+	if _, n := removeOwn(t, f, "newhome/run"); n != 1 {
 		t.Fatalf("a removal at a with b's word from another run asked %d members its index does not name; want 1, b", n)
 	}
 }
