@@ -162,7 +162,11 @@ func (c *Cluster) seen(id string, epoch uint64) {
 
 // pullFrom asks member id to re-announce the keys it holds of the shards
 // this daemon is home of, in the background.
-func (c *Cluster) pullFrom(id string) {
+func (c *Cluster) pullFrom(id string) { c.pullFromAs(id, false) }
+
+// pullFromAs is pullFrom; again: sent again for a word still missing
+// (walk.go, pullUnwalked).
+func (c *Cluster) pullFromAs(id string, again bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -171,7 +175,7 @@ func (c *Cluster) pullFrom(id string) {
 	c.fetchWG.Add(1)
 	go func() {
 		defer c.fetchWG.Done()
-		c.pull(id, []byte{msgVersion})
+		c.pull(id, []byte{msgVersion}, again)
 	}()
 }
 
@@ -320,7 +324,7 @@ func (c *Cluster) pullWith(v *view, req []byte) {
 		c.fetchWG.Add(1)
 		go func() {
 			defer c.fetchWG.Done()
-			c.pull(m, req)
+			c.pull(m, req, false)
 		}()
 	}
 }

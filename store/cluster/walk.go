@@ -26,7 +26,11 @@ import (
 // (another run) says it again; one that serves no pull (an older release)
 // is taken as walked Config.TombstoneTTL after the gain, as before the
 // word existed. The home's own copies count the same way: it marks a pull
-// of itself when it gains, and its own walk reports to it.
+// of itself when it gains, and its own walk reports to it. A walk can say
+// nothing of a shard whose home it did not see as the asker (the
+// member's view of the shard's claim still lagged): a member whose word
+// stays missing is pulled again, after a back-off that doubles
+// (pullUnwalked).
 
 // walked is, for one member at one run, the newest pull number each shard
 // was walked for.
@@ -35,10 +39,24 @@ type walked struct {
 	seq   []uint64
 }
 
-// pullMark is the newest pull this daemon had from one home, at its run.
+// pullMark is the newest pull this daemon had from one home, at its run;
+// as a home's record of a pull it sent (walks.asked), also when, and how
+// many pulls in a row its word has not followed.
 type pullMark struct {
 	epoch, seq uint64
+	at         time.Time
+	tries      int
 }
+
+// Pulls of a member whose word is still missing for a shard this daemon
+// is home of are sent again, first five probe rounds after the last,
+// each wait doubling up to rePullMost: a walk that could not tell (the
+// member's view of the shard's claim lagged, or its walk failed) is asked
+// for again, and a member that takes long is not walked over and over.
+const (
+	rePullRounds = 5
+	rePullMost   = 5 * time.Minute
+)
 
 // maxPullMarks bounds the homes a daemon remembers pulls of: a peer that
 // is not a member adds nothing past it.
@@ -93,13 +111,18 @@ func (c *Cluster) gain(mine func(s int) bool) bool {
 	return any
 }
 
-// nextPull numbers a pull about to be sent to member id at run epoch.
-func (c *Cluster) nextPull(id string, epoch uint64) uint64 {
+// nextPull numbers a pull about to be sent to member id at run epoch;
+// again: one sent again for a word still missing (pullUnwalked).
+func (c *Cluster) nextPull(id string, epoch uint64, again bool) uint64 {
 	w := c.walks
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.seq++
-	w.asked[id] = pullMark{epoch: epoch, seq: w.seq}
+	tries := 0
+	if a, ok := w.asked[id]; ok && again && a.epoch == epoch {
+		tries = a.tries + 1
+	}
+	w.asked[id] = pullMark{epoch: epoch, seq: w.seq, at: time.Now(), tries: tries}
 	return w.seq
 }
 
@@ -108,9 +131,9 @@ func (c *Cluster) nextPull(id string, epoch uint64) uint64 {
 // request), numbered so that its walk can say when it is done. A member
 // that serves no pull is sent req as kindReannounce, and its walks are
 // taken as done Config.TombstoneTTL after a gain.
-func (c *Cluster) pull(id string, req []byte) {
+func (c *Cluster) pull(id string, req []byte, again bool) {
 	epoch := c.epochOf(id)
-	seq := c.nextPull(id, epoch)
+	seq := c.nextPull(id, epoch, again)
 	e := newEnc()
 	e.u64(seq)
 	e.b = append(e.b, req[1:]...) // the claims, after req's version
@@ -145,24 +168,46 @@ func (c *Cluster) pull(id string, req []byte) {
 }
 
 // pullUnwalked pulls, in the background, each member of v not yet asked
-// for this daemon's last gain at its current run: one up since, restarted,
-// or whose pull failed. The prober calls it after every round.
+// for this daemon's last gain at its current run (one up since,
+// restarted, or whose pull failed), and again, after a back-off
+// (rePullRounds), each whose word is still missing for a shard this daemon
+// is home of. The prober calls it after every round.
 func (c *Cluster) pullUnwalked(v *view) {
 	w := c.walks
+	now := time.Now()
 	var ids []string
+	var again []bool
+	first := rePullRounds * c.cfg.ProbeEvery
 	w.mu.Lock()
 	for _, m := range v.members {
 		if m == c.self || w.lastGain == 0 {
 			continue
 		}
-		if a, ok := w.asked[m]; !ok || a.epoch != c.epochOf(m) || a.seq < w.lastGain {
-			ids = append(ids, m)
+		a, ok := w.asked[m]
+		switch {
+		case !ok || a.epoch != c.epochOf(m) || a.seq < w.lastGain:
+			ids, again = append(ids, m), append(again, false)
+		case now.Sub(a.at) >= min(first<<min(a.tries, 16), rePullMost) && c.lacksHomed(v, m):
+			ids, again = append(ids, m), append(again, true)
 		}
 	}
 	w.mu.Unlock()
-	for _, m := range ids {
-		c.pullFrom(m)
+	for i, m := range ids {
+		c.pullFromAs(m, again[i])
 	}
+}
+
+// lacksHomed reports whether member m's word is missing for a shard this
+// daemon is home of under v (a member of an older release: within its
+// window). The caller holds walks.mu.
+func (c *Cluster) lacksHomed(v *view, m string) bool {
+	now := time.Now()
+	for s := range c.walks.gainSeq {
+		if c.homeFor(v, s) == c.self && c.lacksLocked(m, s, now) {
+			return true
+		}
+	}
+	return false
 }
 
 // onPull is kindReannounce with the home's pull number first: the walk
@@ -339,30 +384,38 @@ func (c *Cluster) unwalked(s int, v *view, away []string, now time.Time) (ask []
 	w := c.walks
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	gs := w.gainSeq[s]
-	if gs == 0 {
+	if w.gainSeq[s] == 0 {
 		return nil, false
 	}
-	windowOver := now.UnixNano()-c.gainedAt[s].Load() >= int64(c.cfg.TombstoneTTL)
-	lacks := func(m string) bool {
-		ep := c.epochOf(m)
-		if w.older[m] == ep && ep != 0 {
-			return !windowOver
-		}
-		d := w.done[m]
-		return d == nil || d.epoch != ep || d.seq[s] < gs
-	}
 	for _, m := range v.members {
-		if lacks(m) {
+		if c.lacksLocked(m, s, now) {
 			ask = append(ask, m)
 		}
 	}
 	for _, m := range away {
-		if lacks(m) {
+		if c.lacksLocked(m, s, now) {
 			return ask, true
 		}
 	}
 	return ask, false
+}
+
+// lacksLocked reports whether the index of shard s may lack member m's
+// copies: its word for a pull sent after the gain is missing (a member
+// of an older release: within the window after the gain). The caller
+// holds walks.mu.
+func (c *Cluster) lacksLocked(m string, s int, now time.Time) bool {
+	w := c.walks
+	gs := w.gainSeq[s]
+	if gs == 0 {
+		return false
+	}
+	ep := c.epochOf(m)
+	if w.older[m] == ep && ep != 0 {
+		return now.UnixNano()-c.gainedAt[s].Load() < int64(c.cfg.TombstoneTTL)
+	}
+	d := w.done[m]
+	return d == nil || d.epoch != ep || d.seq[s] < gs
 }
 
 // rebuildingShards counts the shards this daemon is home of whose index
