@@ -167,16 +167,27 @@ func (c *Cluster) pullFrom(id string) { c.pullFromAs(id, false) }
 // pullFromAs is pullFrom; again: sent again for a word still missing
 // (walk.go, pullUnwalked).
 func (c *Cluster) pullFromAs(id string, again bool) {
+	c.pullAll([]string{id}, []byte{msgVersion}, again)
+}
+
+// pullAll pulls (walk.go, pull) each of ids but this daemon with req, in
+// the background, unless the Cluster is closed.
+func (c *Cluster) pullAll(ids []string, req []byte, again bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return
 	}
-	c.fetchWG.Add(1)
-	go func() {
-		defer c.fetchWG.Done()
-		c.pull(id, []byte{msgVersion}, again)
-	}()
+	for _, id := range ids {
+		if id == c.self {
+			continue
+		}
+		c.fetchWG.Add(1)
+		go func() {
+			defer c.fetchWG.Done()
+			c.pull(id, req, again)
+		}()
+	}
 }
 
 // lost records that member id did not answer an exchange sent at sent
@@ -311,23 +322,7 @@ func (c *Cluster) recompute() {
 // pullWith asks every member of v to re-announce the keys it holds of the
 // shards this daemon is home of (in its own view, or those of the claims
 // req names), in the background.
-func (c *Cluster) pullWith(v *view, req []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return
-	}
-	for _, m := range v.members {
-		if m == c.self {
-			continue
-		}
-		c.fetchWG.Add(1)
-		go func() {
-			defer c.fetchWG.Done()
-			c.pull(m, req, false)
-		}()
-	}
-}
+func (c *Cluster) pullWith(v *view, req []byte) { c.pullAll(v.members, req, false) }
 
 // onReannounce re-announces the keys held here whose home is the asker.
 func (c *Cluster) onReannounce(from string, epoch uint64, req []byte) ([]byte, error) {
