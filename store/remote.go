@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tensorcast/tensorcast/internal/keyblock"
 	"github.com/tensorcast/tensorcast/status"
 )
 
@@ -282,8 +283,9 @@ func (s *Store) fetchMisses(cl *call, keys [][]byte, codes []Code, errs []error,
 	cl.left.Add(int32(len(miss)))
 	own := make([][]byte, len(miss))
 	for j, i := range miss {
-		own[j] = append([]byte(nil), keys[i]...)
+		own[j] = keys[i]
 	}
+	own = keyblock.Clone(own) // the caller's keys may change once it returns
 	var left atomic.Int32
 	left.Store(int32(len(miss)))
 	r.Fetch(own, func(j int, err error) {
@@ -417,10 +419,7 @@ func (s *Store) fetchHere(keys [][]byte, codes []Code) {
 	}
 	var left sync.WaitGroup
 	left.Add(len(keys))
-	own := make([][]byte, len(keys))
-	for i, k := range keys {
-		own[i] = append([]byte(nil), k...)
-	}
+	own := keyblock.Clone(keys)
 	r.Fetch(own, func(i int, err error) {
 		codes[i] = OK
 		if err != nil {

@@ -49,6 +49,9 @@ func (c *Cluster) claimHere(from string, epoch uint64, keys [][]byte, deadline t
 	v := c.view.Load()
 	as := make([]lookupAnswer, len(keys))
 	var ids []string
+	// Every key's holders go in one block (grown as a slice is), each
+	// key's part of it capped at its length.
+	block := make([]Holder, 0, len(keys))
 	for i, k := range keys {
 		s := c.shardOf(k)
 		if c.homeFor(v, s) != c.self {
@@ -56,7 +59,11 @@ func (c *Cluster) claimHere(from string, epoch uint64, keys [][]byte, deadline t
 			c.route.notHome.Add(1)
 			continue
 		}
-		hs := slices.DeleteFunc(c.idx.get(s, k, nil), func(h Holder) bool { return h.ID == from })
+		at := len(block)
+		block = c.idx.get(s, k, block)
+		hs := slices.DeleteFunc(block[at:], func(h Holder) bool { return h.ID == from })
+		block = block[:at+len(hs)]
+		hs = hs[:len(hs):len(hs)]
 		as[i].holders = hs
 		if len(hs) == 0 {
 			continue

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/keyblock"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -272,9 +273,12 @@ type Cluster struct {
 	push               *pushes
 	pushStop, pushDone chan struct{}
 
-	// mu guards pending, sending and closed.
+	// mu guards pending, keys, sending and closed.
 	mu      sync.Mutex
 	pending []entry
+	// keys holds the pending entries' keys, copied in blocks (one
+	// allocation per a few hundred keys, not one per put).
+	keys keyblock.Arena
 	// sending is set while the announcer sends a batch it took from
 	// pending (idle: pending empty and sending false).
 	sending bool

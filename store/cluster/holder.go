@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/keyblock"
 	"github.com/tensorcast/tensorcast/store"
 )
 
@@ -65,25 +67,26 @@ func (c *Cluster) onHold(from string, epoch uint64, req []byte) ([]byte, error) 
 		return nil, err
 	}
 	hs := make([]held, len(keys))
-	var counted []string // the keys this hold counts as a reader of
+	names := keyblock.Strings(keys)
+	var counted []string // the keys this hold counts as a reader of (of names: the hold's life bounds theirs)
 	var busy [][]byte    // pinned by GetHere, answered Busy or NotFound: unpinned at once
 	var bytes uint64
 	c.holdMu.Lock()
 	for i, code := range codes {
 		switch {
 		case code != store.OK:
-		case c.isGoneLocked(string(keys[i])):
+		case c.isGoneLocked(names[i]):
 			code = store.NotFound // removed, here until its I/O ends
 			busy = append(busy, keys[i])
-		case c.holdKeys[string(keys[i])] >= c.cfg.ClaimsPerKey:
+		case c.holdKeys[names[i]] >= c.cfg.ClaimsPerKey:
 			code = store.Busy // at its reader limit
 			busy = append(busy, keys[i])
 			c.c.readersRefused.Add(1)
 		}
 		hs[i] = held{code: uint8(code), offset: locs[i].Offset, size: locs[i].Length}
 		if code == store.OK {
-			c.holdKeys[string(keys[i])]++
-			counted = append(counted, string(keys[i]))
+			c.countLocked(names[i])
+			counted = append(counted, names[i])
 			bytes += locs[i].Length
 		}
 	}
@@ -177,6 +180,18 @@ func (c *Cluster) uncount(keys []string) {
 	c.holdMu.Lock()
 	defer c.holdMu.Unlock()
 	c.uncountLocked(keys)
+}
+
+// countLocked adds a reader to key's count (holdMu held). A key counted
+// first is named by a copy of its own, not by k, which may share its
+// memory with other keys (keyblock.Strings) and would keep them all while this
+// key has readers.
+func (c *Cluster) countLocked(k string) {
+	if n, ok := c.holdKeys[k]; ok {
+		c.holdKeys[k] = n + 1
+		return
+	}
+	c.holdKeys[strings.Clone(k)] = 1
 }
 
 // uncountLocked is uncount with holdMu held.

@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"bytes"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"sync"
 	"time"
@@ -72,7 +74,7 @@ func (c *Cluster) queueStored(key []byte, size uint64, crc uint32, onL2 bool, un
 		c.c.announceDropped.Add(1)
 		return
 	}
-	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tier, size: size, crc: crc, id: unseen})
+	c.pending = append(c.pending, entry{key: c.keys.Copy(key), tier: tier, size: size, crc: crc, id: unseen})
 	c.mu.Unlock()
 	if c.goneN.Load() > 0 { // no lock per put while none waits (nearly always)
 		// A value put after the removal: the removed copy is gone.
@@ -114,7 +116,7 @@ func (c *Cluster) Evicted(key []byte) {
 		c.c.announceDropped.Add(1)
 		return
 	}
-	c.pending = append(c.pending, entry{key: append([]byte(nil), key...), tier: tierGone})
+	c.pending = append(c.pending, entry{key: c.keys.Copy(key), tier: tierGone})
 	c.mu.Unlock()
 	select {
 	case c.kick <- struct{}{}:
@@ -159,26 +161,55 @@ func (c *Cluster) announcer() {
 // the last one says all; and the entries of one home may go in several
 // messages at once (toHomes), which must not put a put's announcement
 // after the removal or eviction that followed it.
+//
+// It finds repeats by the keys' 64-bit hashes (no allocation per key, as
+// a map of the keys' names would make); a batch in which two keys share a
+// hash goes by their names instead.
 func latestOnly(batch []entry) []entry {
 	if len(batch) < 2 {
 		return batch
 	}
-	last := make(map[string]int, len(batch))
+	last := make(map[uint64]int, len(batch))
 	for i, e := range batch {
-		last[string(e.key)] = i
+		h := keyHash(e.key)
+		if j, ok := last[h]; ok && !bytes.Equal(batch[j].key, e.key) {
+			return latestOnlyByName(batch)
+		}
+		last[h] = i
 	}
 	if len(last) == len(batch) {
 		return batch
 	}
+	return keepLast(batch, func(i int, key []byte) bool { return last[keyHash(key)] == i })
+}
+
+// latestOnlyByName is latestOnly by the keys' names.
+func latestOnlyByName(batch []entry) []entry {
+	last := make(map[string]int, len(batch))
+	for i, e := range batch {
+		last[string(e.key)] = i
+	}
+	return keepLast(batch, func(i int, key []byte) bool { return last[string(key)] == i })
+}
+
+// keepLast keeps the entries of batch isLast reports (in place, in order).
+func keepLast(batch []entry, isLast func(i int, key []byte) bool) []entry {
 	out := batch[:0]
 	for i, e := range batch {
-		if last[string(e.key)] == i {
+		if isLast(i, e.key) {
 			out = append(out, e)
 		}
 	}
 	clear(batch[len(out):])
 	return out
 }
+
+// hashSeed seeds keyHash for this run.
+var hashSeed = maphash.MakeSeed()
+
+// keyHash is a key's 64-bit hash for latestOnly (a variable: a test makes
+// keys share one).
+var keyHash = func(key []byte) uint64 { return maphash.Bytes(hashSeed, key) }
 
 // announce sends batch to the homes and returns how many keys failed.
 func (c *Cluster) announce(batch []entry) int { return c.announceNoting(batch, nil) }

@@ -49,7 +49,17 @@ type index struct {
 type ishard struct {
 	// mu guards m.
 	mu sync.Mutex
-	m  map[string][]Holder
+	// m holds each key's holders by pointer, so that a change of a key
+	// indexed already (a holder added or gone) is made in place: assigning
+	// a map entry of a key named by its bytes would copy the name each
+	// time.
+	m map[string]*holders
+}
+
+// holders is one key's holders; the first sits in the same allocation.
+type holders struct {
+	hs    []Holder
+	first [1]Holder
 }
 
 func newIndex(shards, maxKeys, maxHolders int) *index {
@@ -77,28 +87,31 @@ func (x *index) addUnless(s int, key []byte, h Holder, removed func() bool) (add
 	if removed != nil && removed() {
 		return false, true
 	}
-	hs, ok := sh.m[string(key)]
+	p, ok := sh.m[string(key)]
 	if !ok {
 		if x.keys.Load() >= int64(x.maxKeys) {
 			x.refused.Add(1)
 			return false, false
 		}
 		if sh.m == nil {
-			sh.m = map[string][]Holder{}
+			sh.m = map[string]*holders{}
 		}
 		x.keys.Add(1)
+		p = &holders{}
+		p.hs = p.first[:0]
+		sh.m[string(key)] = p
 	}
-	if slices.Contains(hs, h) {
+	if slices.Contains(p.hs, h) {
 		return true, false // a re-announcement: nothing changed
 	}
 	if x.changed != nil {
 		defer x.changed(s, key, h.ID)
 	}
-	hs = slices.DeleteFunc(hs, func(o Holder) bool { return o.ID == h.ID })
-	if len(hs) >= x.maxHolders {
-		hs = slices.Delete(hs, 0, 1)
+	p.hs = slices.DeleteFunc(p.hs, func(o Holder) bool { return o.ID == h.ID })
+	if len(p.hs) >= x.maxHolders {
+		p.hs = slices.Delete(p.hs, 0, 1)
 	}
-	sh.m[string(key)] = append(hs, h)
+	p.hs = append(p.hs, h)
 	return true, false
 }
 
@@ -107,7 +120,10 @@ func (x *index) get(s int, key []byte, dst []Holder) []Holder {
 	sh := &x.shards[s]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return append(dst, sh.m[string(key)]...)
+	if p := sh.m[string(key)]; p != nil {
+		return append(dst, p.hs...)
+	}
+	return dst
 }
 
 // drop forgets key and returns the holders it had. mark, when set, runs
@@ -120,15 +136,16 @@ func (x *index) drop(s int, key []byte, mark func()) []Holder {
 	if mark != nil {
 		mark()
 	}
-	hs, ok := sh.m[string(key)]
-	if ok {
-		delete(sh.m, string(key))
-		x.keys.Add(-1)
-		if x.changed != nil {
-			defer x.changed(s, key, "")
-		}
+	p, ok := sh.m[string(key)]
+	if !ok {
+		return nil
 	}
-	return hs
+	delete(sh.m, string(key))
+	x.keys.Add(-1)
+	if x.changed != nil {
+		defer x.changed(s, key, "")
+	}
+	return p.hs
 }
 
 // dropHolder forgets that id (at epoch, or any epoch when 0) holds key.
@@ -136,24 +153,22 @@ func (x *index) dropHolder(s int, key []byte, id string, epoch uint64) {
 	sh := &x.shards[s]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	hs, ok := sh.m[string(key)]
+	p, ok := sh.m[string(key)]
 	if !ok {
 		return
 	}
-	n := len(hs)
-	hs = slices.DeleteFunc(hs, func(o Holder) bool { return o.ID == id && (epoch == 0 || o.Epoch == epoch) })
-	if len(hs) == n {
+	n := len(p.hs)
+	p.hs = slices.DeleteFunc(p.hs, func(o Holder) bool { return o.ID == id && (epoch == 0 || o.Epoch == epoch) })
+	if len(p.hs) == n {
 		return
 	}
 	if x.changed != nil {
 		defer x.changed(s, key, id)
 	}
-	if len(hs) == 0 {
+	if len(p.hs) == 0 {
 		delete(sh.m, string(key))
 		x.keys.Add(-1)
-		return
 	}
-	sh.m[string(key)] = hs
 }
 
 // shardKeys counts the keys of shard s.

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/keyblock"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/xfer"
 )
@@ -262,29 +263,31 @@ func keptErr(home string) error {
 func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 	var own [][]byte
 	var pos []int
+	// The keys' names in flying, made at once; a name stays there until
+	// its key's fetch finishes, which is within this call's life.
+	names := keyblock.Strings(keys)
 	c.flyMu.Lock()
 	for i, k := range keys {
-		if ws, ok := c.flying[string(k)]; ok {
-			c.flying[string(k)] = append(ws, func(err error) { done(i, err) })
+		if ws, ok := c.flying[names[i]]; ok {
+			c.flying[names[i]] = append(ws, func(err error) { done(i, err) })
 			continue
 		}
-		c.flying[string(k)] = nil
+		c.flying[names[i]] = nil
 		own, pos = append(own, k), append(pos, i)
 	}
 	c.flyMu.Unlock()
 	if len(own) == 0 {
 		return
 	}
-	var ends []func() // the mode's admission of each own key
-	if a := c.cfg.Admission; a != nil {
-		ends = make([]func(), len(own))
-	}
-	orig := own
+	// admitted[j]: own key j holds a place of the mode's remote gets in
+	// flight, given back when it finishes.
+	var admitted []bool
 	finish := func(j int, err error) {
-		if ends != nil && ends[j] != nil {
-			ends[j]()
+		if admitted != nil && admitted[j] {
+			admitted[j] = false
+			c.cfg.Admission.EndRemoteGets(1)
 		}
-		k := string(orig[j])
+		k := names[pos[j]]
 		c.flyMu.Lock()
 		joined := c.flying[k]
 		delete(c.flying, k)
@@ -297,34 +300,22 @@ func (c *Cluster) Fetch(keys [][]byte, done func(i int, err error)) {
 		// answer, not before it (Stored queued it without a kick).
 		c.kickAnnouncer()
 	}
-	if ends != nil {
-		// Each key is one remote get of the mode's budget; a key over it
-		// is refused (RESOURCE_EXHAUSTED), the others go on.
-		adm := own[:0:0]
-		var apos []int
-		var refused []int
-		var why error
-		for j := range own {
-			end, err := c.cfg.Admission.BeginRemoteGet()
-			if err != nil {
-				refused, why = append(refused, j), err
-				continue
-			}
-			ends[j] = end
-			adm, apos = append(adm, own[j]), append(apos, j)
+	if a := c.cfg.Admission; a != nil {
+		// Each key is one remote get of the mode's budget; the keys over
+		// it are refused (RESOURCE_EXHAUSTED), the others go on.
+		n, why := a.BeginRemoteGets(len(own))
+		admitted = make([]bool, len(own))
+		for j := range n {
+			admitted[j] = true
 		}
-		for _, j := range refused {
+		for j := n; j < len(own); j++ {
 			c.c.overBudget.Add(1)
 			finish(j, fmt.Errorf("cluster: remote get refused: %w", why))
 		}
-		if len(adm) == 0 {
+		if n == 0 {
 			return
 		}
-		if len(refused) > 0 {
-			all := finish
-			finish = func(j int, err error) { all(apos[j], err) }
-			own = adm
-		}
+		own = own[:n]
 	}
 	select {
 	case c.fetchSem <- struct{}{}:
@@ -553,6 +544,18 @@ func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bo
 		use = cacheRead
 	}
 	as, errs, cached, homes := c.lookupAll(keys, skip, deadline, use, true)
+	// The wants and their holders are made in one block each, not one per
+	// key: the blocks are sized first, so that the pointers into them
+	// stay put.
+	nw, nh := 0, 0
+	for i := range keys {
+		if (skip == nil || !skip[i]) && errs[i] == nil && as[i].code != codeBusy {
+			nw, nh = nw+1, nh+len(as[i].holders)
+		}
+	}
+	block := make([]want, 0, nw)
+	cands := make([]Holder, 0, nh)
+	ws = make([]*want, 0, nw)
 	for i := range keys {
 		if skip != nil && skip[i] {
 			continue
@@ -566,12 +569,15 @@ func (c *Cluster) wants(keys [][]byte, skip []bool, deadline time.Time, cache bo
 			busy = append(busy, i)
 			continue
 		}
-		w := &want{i: i, cached: cached[i], claim: as[i].claim, home: homes[i]}
+		from := len(cands)
 		for _, h := range as[i].holders {
 			if h.ID != c.self {
-				w.cands = append(w.cands, h)
+				cands = append(cands, h)
 			}
 		}
+		block = append(block, want{i: i, cached: cached[i], claim: as[i].claim, home: homes[i],
+			cands: cands[from:len(cands):len(cands)]})
+		w := &block[len(block)-1]
 		if len(w.cands) == 0 {
 			c.c.remoteMisses.Add(1)
 			done(i, fmt.Errorf("%w: no daemon holds it", store.ErrNotFound))
@@ -653,10 +659,12 @@ func (c *Cluster) releaseHold(id string, epoch uint64, claim uint64) {
 // They are copies of another daemon's values: committing them makes no
 // further copies.
 func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []held, deadline time.Time, durable, fetched bool) {
-	var rkeys [][]byte
-	var rw []*want
-	var sizes []uint64
-	var remote []uint64
+	// Each list is made at its most at once (one allocation, not one per
+	// doubling).
+	rkeys := make([][]byte, 0, len(hs))
+	rw := make([]*want, 0, len(hs))
+	sizes := make([]uint64, 0, len(hs))
+	remote := make([]uint64, 0, len(hs))
 	for j, h := range hs {
 		w := ws[j]
 		want := w.cands[w.next]
@@ -709,9 +717,9 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 		}
 		return
 	}
-	var spans []Span
-	var mk [][]byte
-	var mw []*want
+	spans := make([]Span, 0, len(codes))
+	mk := make([][]byte, 0, len(codes))
+	mw := make([]*want, 0, len(codes))
 	for j, code := range codes {
 		switch {
 		case code == store.OK:
@@ -734,9 +742,9 @@ func (c *Cluster) land(id string, epoch uint64, ks [][]byte, ws []*want, hs []he
 	}
 	var sums []uint32
 	sums, rerrs, unsettled = c.readChecked(id, epoch, spans, deadline)
-	var ck [][]byte
-	var cw []*want
-	var crcs []uint32
+	ck := make([][]byte, 0, len(spans))
+	cw := make([]*want, 0, len(spans))
+	crcs := make([]uint32, 0, len(spans))
 	for j, sp := range spans {
 		w := mw[j]
 		if rerrs[j] != nil {

@@ -645,6 +645,49 @@ func TestLatestOnlyKeepsEachKeysLastState(t *testing.T) {
 	}
 }
 
+// TestLatestOnlyWithKeysOfOneHash: when keys share a hash, latestOnly
+// still keeps each key's last state, never one key's for another's; and a
+// batch of keys that share none keeps its repeats' last states allocating
+// a map, not a name per key.
+func TestLatestOnlyWithKeysOfOneHash(t *testing.T) {
+	e := func(k string, tier uint8) entry { return entry{key: []byte(k), tier: tier} }
+	states := func() []entry {
+		return []entry{e("a", TierL1), e("b", TierL1), e("a", tierGone), e("c", tierGone), e("b", TierL2), e("d", TierL1)}
+	}
+	want := []string{"a:0", "c:0", "b:2", "d:1"}
+	names := func(got []entry) []string {
+		var s []string
+		for _, x := range got {
+			s = append(s, fmt.Sprintf("%s:%d", x.key, x.tier))
+		}
+		return s
+	}
+	if got := names(latestOnly(states())); !slices.Equal(got, want) {
+		t.Fatalf("latestOnly: %v, want %v", got, want)
+	}
+	hash := keyHash
+	t.Cleanup(func() { keyHash = hash })
+	keyHash = func(key []byte) uint64 { return uint64(len(key)) } // every key of one byte: one hash
+	if got := names(latestOnly(states())); !slices.Equal(got, want) {
+		t.Fatalf("latestOnly with every key's hash the same: %v, want %v", got, want)
+	}
+	keyHash = hash
+	batch := make([]entry, 256)
+	for i := range batch {
+		batch[i] = entry{key: fmt.Appendf(nil, "layer/7/block/%d", i%200), tier: TierL1}
+	}
+	work := make([]entry, len(batch))
+	allocs := testing.AllocsPerRun(20, func() {
+		copy(work, batch)
+		if n := len(latestOnly(work)); n != 200 {
+			t.Fatalf("%d entries kept, want 200", n)
+		}
+	})
+	if allocs > 3 {
+		t.Errorf("%v allocations for a batch of %d entries, want a map's few", allocs, len(batch))
+	}
+}
+
 // TestNoFetchedCopyPastTheAnnouncementBound: while the announcements
 // waiting to be sent fill Config.MaxPending, a remote get is BUSY and
 // keeps no copy (its announcement could not be queued, and a copy its home

@@ -317,6 +317,31 @@ func TestModeBudgetsRemoteGets(t *testing.T) {
 	if st := adm.Stats(); st.RemoteGets != 0 {
 		t.Errorf("%d remote gets still counted in flight", st.RemoteGets)
 	}
+
+	// One call of two keys in a mode that admits one: the first is read,
+	// the second refused, and the place taken is given back.
+	if err := adm.SetMode(grant.GlobalGoverned); err != nil {
+		t.Fatal(err)
+	}
+	two := []string{"mode/c", "mode/d"}
+	for _, k := range two {
+		h.put(t, k, value(k, 8192))
+		testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(k), []string{"h"}) }, "%s announced", k)
+	}
+	dsts := [][]byte{make([]byte, 8192), make([]byte, 8192)}
+	lens, codes, errs := make([]uint64, 2), make([]store.Code, 2), make([]error, 2)
+	if _, err := r.st.Read([][]byte{[]byte(two[0]), []byte(two[1])}, dsts, lens, codes, errs, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if codes[0] != store.OK || !bytes.Equal(dsts[0][:lens[0]], value(two[0], 8192)) {
+		t.Errorf("%s, admitted: code %v (%v), %d bytes; want the value", two[0], codes[0], errs[0], lens[0])
+	}
+	if codes[1] == store.OK || !errors.Is(errs[1], grant.ErrOverBudget) && !strings.Contains(fmt.Sprint(errs[1]), "RESOURCE_EXHAUSTED") {
+		t.Errorf("%s, past the budget of one: code %v (%v); want RESOURCE_EXHAUSTED", two[1], codes[1], errs[1])
+	}
+	if st := adm.Stats(); st.RemoteGets != 0 || st.GetsRefused != 2 {
+		t.Errorf("admission %+v: want none in flight, 2 refused in all", st)
+	}
 }
 
 // TestReplicaFoundHere: a replicate whose target already has the key

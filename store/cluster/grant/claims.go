@@ -25,7 +25,7 @@ type Claims struct {
 	mu      sync.Mutex
 	closed  bool
 	next    uint64
-	live    map[uint64]*claim
+	live    map[uint64]claim
 	perKey  map[holderKey]int // readers per (holder, key)
 	perHold map[string]int    // readers per holder
 	sched   sched
@@ -103,7 +103,7 @@ type claim struct {
 // NewClaims makes an empty claims table.
 func NewClaims(cfg ClaimsConfig) *Claims {
 	cfg.setDefaults()
-	c := &Claims{cfg: cfg, live: map[uint64]*claim{}, perKey: map[holderKey]int{}, perHold: map[string]int{}}
+	c := &Claims{cfg: cfg, live: map[uint64]claim{}, perKey: map[holderKey]int{}, perHold: map[string]int{}}
 	c.sched = sched{clock: cfg.Clock, fire: c.expire}
 	return c
 }
@@ -163,7 +163,7 @@ func (c *Claims) Acquire(reader Reader, key []byte, holders []string, deadline t
 	hk := holderKey{h, string(key)}
 	c.next++
 	id := c.next
-	c.live[id] = &claim{hk: hk, reader: reader}
+	c.live[id] = claim{hk: hk, reader: reader}
 	c.perKey[hk]++
 	c.perHold[h]++
 	c.stats.Granted++
@@ -204,7 +204,7 @@ func (c *Claims) Release(reader Reader, ids ...uint64) error {
 }
 
 // drop forgets claim id. c.mu is held.
-func (c *Claims) drop(id uint64, cl *claim) {
+func (c *Claims) drop(id uint64, cl claim) {
 	delete(c.live, id)
 	if c.perKey[cl.hk]--; c.perKey[cl.hk] == 0 {
 		delete(c.perKey, cl.hk)

@@ -34,8 +34,8 @@
 //     to Claim.Holder (ErrBusy, BUSY: every replica is at its reader limit)
 //     and releases it, Claims.Release(reader, ids...), when that reader
 //     says its read ended (another reader's release is refused).
-//   - A reader calls Admission.BeginRemoteGet before a remote get and the
-//     func it returns when the get ends; a holder calls Admission.Serve
+//   - A reader calls Admission.BeginRemoteGets before remote gets and
+//     EndRemoteGets as each admitted one ends; a holder calls Admission.Serve
 //     with the bytes before it serves another daemon's read. Either refusal
 //     is ErrOverBudget, RESOURCE_EXHAUSTED.
 //   - A Pinner that pins keys at their holders (for the TTL it is given,

@@ -148,26 +148,31 @@ func (a *Admission) SetMode(m Mode) error {
 	return nil
 }
 
-// BeginRemoteGet admits one remote get, or refuses it with ErrOverBudget
-// when the mode's gets in flight are all taken. end, called once when the
-// get is over, gives its place back.
-func (a *Admission) BeginRemoteGet() (end func(), err error) {
+// BeginRemoteGets admits up to n remote gets: as many as the mode's
+// gets in flight leave room for, the first ones asked. When it admits
+// fewer than n, err is ErrOverBudget (the others are refused). Each get
+// admitted gives its place back with EndRemoteGets once it is over.
+func (a *Admission) BeginRemoteGets(n int) (admitted int, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if b := a.budgets[a.mode].RemoteGets; a.gets >= b {
-		a.stats.GetsRefused++
-		return nil, fmt.Errorf("%w: %d remote gets in flight (%v admits %d)", ErrOverBudget, a.gets, a.mode, b)
+	b := a.budgets[a.mode].RemoteGets
+	admitted = max(0, min(n, b-a.gets))
+	a.gets += admitted
+	a.stats.GetsAdmitted += uint64(admitted)
+	if admitted < n {
+		a.stats.GetsRefused += uint64(n - admitted)
+		return admitted, fmt.Errorf("%w: %d remote gets in flight (%v admits %d)", ErrOverBudget, a.gets, a.mode, b)
 	}
-	a.gets++
-	a.stats.GetsAdmitted++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			a.mu.Lock()
-			a.gets--
-			a.mu.Unlock()
-		})
-	}, nil
+	return admitted, nil
+}
+
+// EndRemoteGets gives back the places of n remote gets BeginRemoteGets
+// admitted, once they are over (the count never goes below none in
+// flight: a get ended twice does not make room for one more).
+func (a *Admission) EndRemoteGets(n int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.gets = max(0, a.gets-max(0, n))
 }
 
 // Serve takes n bytes from the serve budget before this daemon serves

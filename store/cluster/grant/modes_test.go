@@ -26,31 +26,26 @@ func TestAdmissionRemoteGets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	end1, err := a.BeginRemoteGet()
-	if err != nil {
-		t.Fatal(err)
+	if n, err := a.BeginRemoteGets(1); n != 1 || err != nil {
+		t.Fatalf("1st of 2: %d admitted, %v", n, err)
 	}
-	end2, err := a.BeginRemoteGet()
-	if err != nil {
-		t.Fatal(err)
+	if n, err := a.BeginRemoteGets(3); n != 1 || !errors.Is(err, ErrOverBudget) {
+		t.Fatalf("3 more with 1 of 2 in flight: %d admitted, %v; want 1 and ErrOverBudget", n, err)
 	}
-	if _, err := a.BeginRemoteGet(); !errors.Is(err, ErrOverBudget) {
-		t.Fatalf("3rd of 2: %v, want ErrOverBudget", err)
-	}
-	end1()
-	end1() // once only
+	a.EndRemoteGets(1)
 	if err := a.SetMode(GlobalGoverned); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.BeginRemoteGet(); !errors.Is(err, ErrOverBudget) {
-		t.Fatalf("global-governed admits 1, 1 in flight: %v", err)
+	if n, err := a.BeginRemoteGets(1); n != 0 || !errors.Is(err, ErrOverBudget) {
+		t.Fatalf("global-governed admits 1, 1 in flight: %d admitted, %v", n, err)
 	}
-	end2()
-	if _, err := a.BeginRemoteGet(); err != nil {
-		t.Fatalf("global-governed, none in flight: %v", err)
+	a.EndRemoteGets(1)
+	a.EndRemoteGets(1) // more than in flight: no room made beyond the budget
+	if n, err := a.BeginRemoteGets(2); n != 1 || !errors.Is(err, ErrOverBudget) {
+		t.Fatalf("global-governed, none in flight, 2 asked: %d admitted, %v; want 1", n, err)
 	}
 	st := a.Stats()
-	if st.Mode != GlobalGoverned || st.RemoteGets != 1 || st.GetsRefused != 2 || st.ModeChanges != 1 {
+	if st.Mode != GlobalGoverned || st.RemoteGets != 1 || st.GetsRefused != 4 || st.ModeChanges != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }

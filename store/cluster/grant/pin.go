@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/internal/invariants"
+	"github.com/tensorcast/tensorcast/internal/keyblock"
 	"github.com/tensorcast/tensorcast/store"
 )
 
@@ -76,7 +77,7 @@ func (p StorePinner) Pin(keys [][]byte, ttl time.Duration) (Hold, error) {
 		}
 		charged = n
 	}
-	return &storeHold{ss: ss, keys: cloneKeys(keys), codes: codes, budget: p.Budget, charged: charged}, nil
+	return &storeHold{ss: ss, keys: keyblock.Clone(keys), codes: codes, budget: p.Budget, charged: charged}, nil
 }
 
 // storeHold is a StorePinner's pins: its session, and its own copy of the
@@ -188,21 +189,6 @@ func (b *PinBudget) Stats() PinBudgetStats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return PinBudgetStats{Limit: b.limit, Pinned: b.pinned, Refused: b.refused}
-}
-
-// cloneKeys copies keys into one allocation.
-func cloneKeys(keys [][]byte) [][]byte {
-	n := 0
-	for _, k := range keys {
-		n += len(k)
-	}
-	buf := make([]byte, 0, n)
-	out := make([][]byte, len(keys))
-	for i, k := range keys {
-		buf = append(buf, k...)
-		out[i] = buf[len(buf)-len(k) : len(buf) : len(buf)]
-	}
-	return out
 }
 
 // releaseAll releases holds (taken off a table under its mutex, released

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorcast/tensorcast/internal/keyblock"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -48,7 +49,7 @@ func (p *countPinner) Pin(keys [][]byte, _ time.Duration) (Hold, error) {
 		p.pinned[string(k)]++
 	}
 	p.pins++
-	return &countHold{p: p, keys: cloneKeys(keys)}, nil
+	return &countHold{p: p, keys: keyblock.Clone(keys)}, nil
 }
 
 func (p *countPinner) count(k string) int {
