@@ -436,7 +436,7 @@ func (c *Cluster) onShardClaims(cs []ShardClaim) {
 				// Before the claim is stored, so that no announcement
 				// fenced at the new generation is lost.
 				c.idx.clearShard(n.Shard)
-				c.gain(func(s int) bool { return s == n.Shard })
+				c.gainShards(n.Shard)
 			}
 			if p.CompareAndSwap(old, &cl) {
 				stored = true

@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 )
@@ -88,27 +89,36 @@ func newWalks(shards int) *walks {
 }
 
 // gain records that this daemon became home, now, of the shards mine
-// reports, and marks a pull of its own copies, which the walk it queues
-// next reports. It returns whether any shard was gained.
-func (c *Cluster) gain(mine func(s int) bool) bool {
+// reports (gainShards).
+func (c *Cluster) gain(mine func(s int) bool) {
+	var shards []int
+	for s := range c.cfg.Shards {
+		if mine(s) {
+			shards = append(shards, s)
+		}
+	}
+	c.gainShards(shards...)
+}
+
+// gainShards records that this daemon became home, now, of shards, and
+// marks a pull of its own copies, which the walk it queues next reports.
+// A claim won gains its one shard here, with no scan of every shard.
+func (c *Cluster) gainShards(shards ...int) {
+	if len(shards) == 0 {
+		return
+	}
 	now := time.Now().UnixNano()
 	w := c.walks
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	next, any := w.seq+1, false
-	for s := range w.gainSeq {
-		if mine(s) {
-			w.gainSeq[s] = next
-			c.gainedAt[s].Store(now)
-			any = true
-		}
+	next := w.seq + 1
+	for _, s := range shards {
+		w.gainSeq[s] = next
+		c.gainedAt[s].Store(now)
 	}
-	if any {
-		w.seq = next
-		w.lastGain = next
-		w.marks[c.self] = pullMark{epoch: c.peers.Epoch(), seq: next}
-	}
-	return any
+	w.seq = next
+	w.lastGain = next
+	w.marks[c.self] = pullMark{epoch: c.peers.Epoch(), seq: next}
 }
 
 // nextPull numbers a pull about to be sent to member id at run epoch;
@@ -423,12 +433,15 @@ func (c *Cluster) lacksLocked(m string, s int, now time.Time) bool {
 // re-announced, and is told of each removal when it is back (tombAway).
 func (c *Cluster) rebuildingShards() int {
 	v, now := c.view.Load(), time.Now()
+	w := c.walks
+	w.mu.Lock() // once for the scan, not once per shard
+	defer w.mu.Unlock()
 	n := 0
 	for s := 0; s < c.cfg.Shards; s++ {
-		if c.homeFor(v, s) != c.self {
+		if w.gainSeq[s] == 0 || c.homeFor(v, s) != c.self {
 			continue
 		}
-		if ask, _ := c.unwalked(s, v, nil, now); len(ask) > 0 {
+		if slices.ContainsFunc(v.members, func(m string) bool { return c.lacksLocked(m, s, now) }) {
 			n++
 		}
 	}
