@@ -261,6 +261,11 @@ type Cluster struct {
 	// since, which rebuild its index of the shard (walk.go).
 	gainedAt []atomic.Int64
 	walks    *walks
+	// homeMoves counts, per shard, the changes of its home in this
+	// daemon's view, each counted before the change is seen: a walk that
+	// finds a shard's count changed since it began does not report it
+	// (its keys may have gone to another home meanwhile, and back).
+	homeMoves []atomic.Uint64
 	// answers caches the homes' answers this daemon got as a reader.
 	answers *answers
 	// claims are the claims this daemon, as a home, handed readers.
@@ -448,6 +453,7 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 	// Whatever shard this daemon is home of at first, its index of it is
 	// empty until the members' re-announcements come.
 	c.gainedAt = make([]atomic.Int64, cfg.Shards)
+	c.homeMoves = make([]atomic.Uint64, cfg.Shards)
 	c.walks = newWalks(cfg.Shards)
 	c.gain(func(int) bool { return true })
 	c.served = map[string]*atomic.Uint64{kindRead: new(atomic.Uint64)}

@@ -438,6 +438,9 @@ func (c *Cluster) onShardClaims(cs []ShardClaim) {
 				c.idx.clearShard(n.Shard)
 				c.gainShards(n.Shard)
 			}
+			if old == nil || old.Home != n.Home {
+				c.homeMoves[n.Shard].Add(1) // before the claim is seen (walk.go)
+			}
 			if p.CompareAndSwap(old, &cl) {
 				stored = true
 				break

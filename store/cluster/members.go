@@ -277,6 +277,11 @@ func (c *Cluster) recompute() {
 		return
 	}
 	v := newView(ids, c.cfg.Shards)
+	for s := range c.cfg.Shards {
+		if c.homeFor(old, s) != c.homeFor(v, s) {
+			c.homeMoves[s].Add(1)
+		}
+	}
 	c.view.Store(v)
 	c.c.viewChanges.Add(1)
 	if c.shardClaims != nil {
@@ -468,6 +473,10 @@ func (c *Cluster) probe() {
 // marks has which of their shards it re-announced (reportWalks); false
 // when Close stopped it.
 func (c *Cluster) walk(reqs []func(int, string) bool, marks map[string]pullMark) bool {
+	moves := make([]uint64, c.cfg.Shards) // before the view: a change between is one seen
+	for s := range moves {
+		moves[s] = c.homeMoves[s].Load()
+	}
 	v := c.view.Load()
 	failed := map[string]bool{}
 	failedAt := func(home string) { failed[home] = true }
@@ -524,7 +533,7 @@ func (c *Cluster) walk(reqs []func(int, string) bool, marks map[string]pullMark)
 	if sent > 0 {
 		c.log.Info("keys re-announced to their homes", "keys", sent, "took", time.Since(start).Round(time.Millisecond))
 	}
-	c.reportWalks(v, reqs, marks, failed)
+	c.reportWalks(v, moves, reqs, marks, failed)
 	return true
 }
 

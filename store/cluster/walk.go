@@ -265,10 +265,11 @@ func (c *Cluster) pullMarks() map[string]pullMark {
 
 // reportWalks tells each home with a pull in marks (taken before the walk
 // began) which of its shards the walk announced to it under view v (reqs
-// asked for them, and it is their home still), unless an announcement to
-// it failed: then its keys are walked again (while it is a member), so
-// that its word comes later rather than never.
-func (c *Cluster) reportWalks(v *view, reqs []func(int, string) bool, marks map[string]pullMark, failed map[string]bool) {
+// asked for them, and it is their home still, its home unchanged since
+// moves, the counts of homeMoves when the walk began), unless an
+// announcement to it failed: then its keys are walked again (while it is
+// a member), so that its word comes later rather than never.
+func (c *Cluster) reportWalks(v *view, moves []uint64, reqs []func(int, string) bool, marks map[string]pullMark, failed map[string]bool) {
 	for home, m := range marks {
 		if failed[home] {
 			// After a probe round's pause: a home that fails announcements
@@ -286,12 +287,12 @@ func (c *Cluster) reportWalks(v *view, reqs []func(int, string) bool, marks map[
 		}
 		bits := make([]byte, (c.cfg.Shards+7)/8)
 		n := 0
-		// A shard whose home changed while the walk ran may have had
-		// keys announced to another: it is not reported (the change
-		// queued a walk of it, which is).
+		// A shard whose home changed while the walk ran, even if it is
+		// back, may have had keys announced to another: it is not
+		// reported (the change queued a walk of it, which is).
 		now := c.view.Load()
 		for s := 0; s < c.cfg.Shards; s++ {
-			if c.homeFor(v, s) != home || c.homeFor(now, s) != home {
+			if c.homeFor(v, s) != home || c.homeFor(now, s) != home || c.homeMoves[s].Load() != moves[s] {
 				continue
 			}
 			for _, r := range reqs {

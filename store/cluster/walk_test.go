@@ -3,6 +3,8 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,6 +99,104 @@ func TestEveryRebuildEnds(t *testing.T) {
 				testutil.Lazy(rebuilding))
 			if st := f.node("a").c.Stats(); st.WalksTaken == 0 {
 				t.Fatal("a took no member's word")
+			}
+		})
+	}
+}
+
+// TestAWalkDoesNotReportAShardWhoseHomeMovedMeanwhile: a shard whose home
+// changed while a walk ran, even one whose home is the same again by the
+// walk's end, is not reported by that walk (its keys may have gone to
+// another home meanwhile, which the home's index then lacks); the shards
+// whose home stayed are.
+func TestAWalkDoesNotReportAShardWhoseHomeMovedMeanwhile(t *testing.T) {
+	f := newNet(t, []string{"a", "b"}, Config{Shards: 16, Timeout: 2 * time.Second, ProbeEvery: time.Hour})
+	a := f.node("a")
+	testutil.Eventually(t, 10*time.Second, func() bool { return len(a.c.Members()) == 2 }, "a seeing b")
+	v := a.c.view.Load()
+	var mine []int
+	for s := range 16 {
+		if a.c.homeFor(v, s) == "a" {
+			mine = append(mine, s)
+		}
+	}
+	if len(mine) < 2 {
+		t.Fatalf("a is home of shards %v of 16; the test needs two", mine)
+	}
+	moved, still := mine[0], mine[1]
+	lacksOwn := func(s int) bool {
+		ask, _ := a.c.unwalked(s, a.c.view.Load(), nil, time.Now())
+		return slices.Contains(ask, "a")
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return !lacksOwn(moved) && !lacksOwn(still) },
+		"a's first walk of its own copies taken")
+	a.c.gainShards(moved, still) // gained again: a's word for both is missing
+	if !lacksOwn(moved) || !lacksOwn(still) {
+		t.Fatal("a's own word not missing after a gain")
+	}
+	moves := make([]uint64, 16)
+	for s := range moves {
+		moves[s] = a.c.homeMoves[s].Load()
+	}
+	a.c.homeMoves[moved].Add(2) // while the walk ran, its home went elsewhere and came back
+	a.c.reportWalks(v, moves, []func(int, string) bool{everyKey}, a.c.pullMarks(), nil)
+	if lacksOwn(still) {
+		t.Errorf("shard %d, whose home stayed, not reported by the walk", still)
+	}
+	if !lacksOwn(moved) {
+		t.Errorf("shard %d, whose home moved and came back while the walk ran, reported by it", moved)
+	}
+}
+
+// TestAViewChangeCountsTheShardsItMoves: a member going and coming back
+// counts a move of each shard whose home it took each way (by rendezvous,
+// and by claims in etcd, whose directory lists every member), and, by
+// rendezvous, none of a shard whose home stayed.
+func TestAViewChangeCountsTheShardsItMoves(t *testing.T) {
+	const shards = 64
+	ids := []string{"a", "b", "x"}
+	moving := keyWithHomes(t, "moves/away", shards, []string{"x", "a", "b", "x"}, []string{"a", "a", "b"})
+	staying := keyWithHomes(t, "moves/stay", shards, []string{"a", "a", "b", "x"}, []string{"a", "a", "b"})
+	for _, fenced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fenced=%v", fenced), func(t *testing.T) {
+			fence := newFakeFence()
+			var net atomic.Pointer[fakeNet]
+			fence.cut = func(id string) bool { n := net.Load(); return n != nil && n.node(id).down.Load() }
+			f := newNetWith(t, ids, Config{Shards: shards, Timeout: 2 * time.Second, ProbeEvery: 20 * time.Millisecond},
+				func(id string, c *Config) {
+					if fenced {
+						// As with etcd: the members' leases live, so one
+						// cut off sees no majority and claims nothing.
+						c.Fence = fence.of(id, uint64(1000+slices.Index(ids, id)))
+						c.Directory = func() []string { return ids }
+					}
+				})
+			net.Store(f)
+			a, x := f.node("a"), f.node("x")
+			sees := func(want ...string) {
+				for _, k := range []string{moving, staying} {
+					testutil.Eventually(t, 10*time.Second, seesKey(a, k, fenced, want...), "a seeing %v", want)
+				}
+			}
+			sees(ids...)
+			sm, ss := a.c.shardOf([]byte(moving)), a.c.shardOf([]byte(staying))
+			m0, s0 := a.c.homeMoves[sm].Load(), a.c.homeMoves[ss].Load()
+			x.down.Store(true)
+			sees("a", "b")
+			if d := a.c.homeMoves[sm].Load() - m0; d < 1 {
+				t.Fatalf("shard %d, x's, moved to a: %d moves counted", sm, d)
+			}
+			m1 := a.c.homeMoves[sm].Load()
+			x.down.Store(false)
+			sees(ids...)
+			if d := a.c.homeMoves[sm].Load() - m1; d < 1 {
+				t.Errorf("shard %d, back to x: %d moves counted", sm, d)
+			}
+			// With claims, one taken while the members still came up may
+			// reach a late and move a's shard too: only by rendezvous is
+			// a's shard a's throughout.
+			if d := a.c.homeMoves[ss].Load() - s0; d != 0 && !fenced {
+				t.Errorf("shard %d, a's throughout: %d moves counted", ss, d)
 			}
 		})
 	}
