@@ -29,13 +29,13 @@ func TestUnclaimOnlyByReader(t *testing.T) {
 	home := f.node(f.node("h").c.Home([]byte(key)))
 	r, x := f.node("r"), f.node("x")
 	dl := time.Now().Add(time.Minute)
-	mine := home.c.claimHere(r.id, r.epoch, [][]byte{[]byte(key)}, dl)
-	theirs := home.c.claimHere(x.id, x.epoch, [][]byte{[]byte(key)}, dl)
+	mine := home.c.claimHere(r.id, r.Epoch(), [][]byte{[]byte(key)}, dl)
+	theirs := home.c.claimHere(x.id, x.Epoch(), [][]byte{[]byte(key)}, dl)
 	if mine[0].claim == 0 || theirs[0].claim == 0 {
 		t.Fatalf("no claims handed: %+v %+v", mine[0], theirs[0])
 	}
 	for _, req := range [][]uint64{{mine[0].claim}, {theirs[0].claim, mine[0].claim}} {
-		_, err := x.ExchangeAt(home.id, home.epoch, kindUnclaim, encodeClaims(req), time.Second)
+		_, err := x.ExchangeAt(home.id, home.Epoch(), kindUnclaim, encodeClaims(req), time.Second)
 		if err == nil || !strings.Contains(err.Error(), "claim held by another reader") {
 			t.Fatalf("x releasing %v (r's claim among them): %v, want refused", req, err)
 		}
@@ -47,7 +47,7 @@ func TestUnclaimOnlyByReader(t *testing.T) {
 		n  *fakeNode
 		id uint64
 	}{{r, mine[0].claim}, {x, theirs[0].claim}} {
-		if _, err := p.n.ExchangeAt(home.id, home.epoch, kindUnclaim, encodeClaims([]uint64{p.id}), time.Second); err != nil {
+		if _, err := p.n.ExchangeAt(home.id, home.Epoch(), kindUnclaim, encodeClaims([]uint64{p.id}), time.Second); err != nil {
 			t.Fatalf("%s releasing its claim: %v", p.n.id, err)
 		}
 	}
@@ -188,7 +188,7 @@ func TestHoldsBoundedWhileTaken(t *testing.T) {
 	h, r := f.node("h"), f.node("r")
 	h.put(t, "held", value("held", 1024))
 	hold := func() error {
-		_, err := h.c.onHold("r", r.epoch, encodeHold(60_000, [][]byte{[]byte("held")}))
+		_, err := h.c.onHold("r", r.Epoch(), encodeHold(60_000, [][]byte{[]byte("held")}))
 		return err
 	}
 	clock.armed.Store(true)

@@ -176,7 +176,7 @@ func TestPeerGenerationNotKept(t *testing.T) {
 		case <-a.c.ckick:
 		default:
 		}
-		if _, err := a.c.onReannounce("c", c.epoch, e.bytes()); err != nil {
+		if _, err := a.c.onReannounce("c", c.Epoch(), e.bytes()); err != nil {
 			t.Fatal(err)
 		}
 		if len(a.c.ckick) != 0 {

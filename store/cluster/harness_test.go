@@ -32,6 +32,8 @@ type fakeNet struct {
 	// mu guards nodes.
 	mu    sync.Mutex
 	nodes map[string]*fakeNode
+	// cfgOf is each daemon's config, for another run of it (restart).
+	cfgOf map[string]Config
 	// gate, while open is nil, holds every read until it is closed.
 	gateMu   sync.Mutex // guards gate, inflight, most and reads
 	gate     chan struct{}
@@ -316,7 +318,7 @@ func (f *fakeNet) isCut(a, b string) bool {
 type fakeNode struct {
 	net   *fakeNet
 	id    string
-	epoch uint64
+	epoch atomic.Uint64 // its run: restart takes it one higher
 	pool  *shm.Pool
 	st    *store.Store
 	c     *Cluster
@@ -389,7 +391,7 @@ func (n quickNode) HandleInline(kind string, h func(string, uint64, []byte, func
 func (n quickNode) ReadKey(holder string, epoch uint64, kind string, req, dst []byte, _ bool, deadline time.Time,
 	done func(resp []byte, got int, err error)) bool {
 	p := n.net.node(holder)
-	if p == nil || p.down.Load() || n.down.Load() || n.net.isCut(n.id, holder) || epoch != 0 && epoch != p.epoch {
+	if p == nil || p.down.Load() || n.down.Load() || n.net.isCut(n.id, holder) || epoch != 0 && epoch != p.epoch.Load() {
 		return false
 	}
 	n.net.kindMu.Lock()
@@ -410,7 +412,7 @@ func (n quickNode) ReadKey(holder string, epoch uint64, kind string, req, dst []
 	}
 	var resp []byte
 	got, replied := 0, false
-	err := h(n.id, n.epoch, slices.Clone(req), func(r, payload []byte) {
+	err := h(n.id, n.epoch.Load(), slices.Clone(req), func(r, payload []byte) {
 		resp, replied = slices.Clone(r), true
 		got = copy(dst, payload)
 	})
@@ -424,7 +426,7 @@ func (n quickNode) ReadKey(holder string, epoch uint64, kind string, req, dst []
 var _ Peers = (*fakeNode)(nil)
 
 func (n *fakeNode) ID() string    { return n.id }
-func (n *fakeNode) Epoch() uint64 { return n.epoch }
+func (n *fakeNode) Epoch() uint64 { return n.epoch.Load() }
 
 func (n *fakeNode) Handle(kind string, h func(string, uint64, []byte) ([]byte, error)) error {
 	n.hmu.Lock()
@@ -464,7 +466,7 @@ func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte
 		return nil, fmt.Errorf("%w: %s is down", errUnreachable, n.id)
 	case p == nil || !p.ready.Load() || p.down.Load():
 		return nil, fmt.Errorf("%w: %s", errUnreachable, peer)
-	case epoch != 0 && epoch != p.epoch:
+	case epoch != 0 && epoch != p.epoch.Load():
 		return nil, fmt.Errorf("%w: %s runs another epoch", errUnreachable, peer)
 	case !n.net.enter(n.id, peer):
 		return nil, fmt.Errorf("%w: %s (cut)", errUnreachable, peer)
@@ -491,7 +493,7 @@ func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte
 	if err := n.net.olderRefuses(n.id, peer, kind, req, nil); err != nil {
 		return nil, err
 	}
-	resp, err := h(n.id, n.epoch, slices.Clone(req))
+	resp, err := h(n.id, n.epoch.Load(), slices.Clone(req))
 	if err != nil {
 		return nil, fmt.Errorf("fake peer: %s on %s: %s", kind, peer, err) // the text only, as over the wire
 	}
@@ -503,7 +505,7 @@ func (n *fakeNode) ExchangeAt(peer string, epoch uint64, kind string, req []byte
 
 func (n *fakeNode) EpochOf(id string) uint64 {
 	if p := n.net.node(id); p != nil && p.ready.Load() {
-		return p.epoch
+		return p.epoch.Load()
 	}
 	return 0
 }
@@ -525,7 +527,7 @@ func (f *fakeNet) busyFor(id string, n int) {
 // the net reads late).
 func (n *fakeNode) Read(holder string, epoch uint64, spans []Span, deadline time.Time) (<-chan struct{}, error) {
 	p := n.net.node(holder)
-	if p == nil || p.down.Load() || n.down.Load() || n.net.isCut(n.id, holder) || epoch != 0 && epoch != p.epoch {
+	if p == nil || p.down.Load() || n.down.Load() || n.net.isCut(n.id, holder) || epoch != 0 && epoch != p.epoch.Load() {
 		return nil, fmt.Errorf("%w: reading from %s", errUnreachable, holder)
 	}
 	f := n.net
@@ -626,7 +628,7 @@ func newQuickNet(t testing.TB, ids []string, cfg Config) *fakeNet {
 // the net before its daemons are built (opts).
 func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *Config), opts ...func(*fakeNet)) *fakeNet {
 	t.Helper()
-	f := &fakeNet{nodes: map[string]*fakeNode{}, kinds: map[string]uint64{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{},
+	f := &fakeNet{nodes: map[string]*fakeNode{}, cfgOf: map[string]Config{}, kinds: map[string]uint64{}, inflight: map[string]int{}, most: map[string]int{}, reads: map[string]int{},
 		cuts: map[[2]string]bool{}, flying: map[[2]string]int{}, mute: map[string]bool{}, older: map[string]bool{},
 		silent: map[string]chan struct{}{}, slow: map[[2]string]chan struct{}{}, busy: map[string]int{}, busyKinds: map[string]int{}}
 	for _, o := range opts {
@@ -673,19 +675,16 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 			t.Fatal(err)
 		}
 		n := f.node(id)
-		n.epoch, n.pool, n.st = uint64(1000+i), pool, st
+		n.epoch.Store(uint64(1000 + i))
+		n.pool, n.st = pool, st
 		c := cfg
 		c.Members = ids
 		c.Pool = pool.Bytes()
 		if mut != nil {
 			mut(id, &c)
 		}
-		var peers Peers = n
-		var mover Mover = n
-		if f.quick {
-			peers, mover = quickNode{n}, quickNode{n}
-		}
-		cl, err := New(c, st, peers, mover)
+		f.cfgOf[id] = c
+		cl, err := f.start(n)
 		if err != nil {
 			st.Close()
 			pool.Close()
@@ -710,6 +709,65 @@ func newNetWith(t testing.TB, ids []string, cfg Config, mut func(id string, c *C
 			"%s seeing every member (it sees %d)", id, testutil.Lazy(func() int { return len(n.c.Members()) }))
 	}
 	return f
+}
+
+// quiet waits until the daemons' start-up work has ended: every home has
+// each member's word for its shards, nothing is queued to announce or
+// re-announce, and no exchange is being handled. With an hour between
+// probe rounds, nothing is sent after that unless the test asks for it.
+func (f *fakeNet) quiet(t testing.TB) {
+	t.Helper()
+	idle := func() bool {
+		for _, n := range f.nodes {
+			n.c.mu.Lock()
+			busy := len(n.c.pending) > 0 || n.c.sending || len(n.c.reqs) > 0
+			n.c.mu.Unlock()
+			if busy || n.c.Stats().Rebuilding != 0 {
+				return false
+			}
+		}
+		f.cutMu.Lock()
+		defer f.cutMu.Unlock()
+		for _, v := range f.flying {
+			if v > 0 {
+				return false
+			}
+		}
+		return true
+	}
+	testutil.Eventually(t, 20*time.Second, idle, "the daemons' start-up work ended")
+}
+
+// start makes n's Cluster of its config, at its epoch.
+func (f *fakeNet) start(n *fakeNode) (*Cluster, error) {
+	var peers Peers = n
+	var mover Mover = n
+	if f.quick {
+		peers, mover = quickNode{n}, quickNode{n}
+	}
+	return New(f.cfgOf[n.id], n.st, peers, mover)
+}
+
+// restart stops daemon id's Cluster and starts another run of it (its
+// epoch one higher) over the same store, as a daemon that restarted with
+// its values on L2; it returns once the new run's start-up greeting ended.
+func (f *fakeNet) restart(t testing.TB, id string) {
+	t.Helper()
+	n := f.node(id)
+	n.st.SetRemote(nil)
+	n.c.Close()
+	n.epoch.Add(1)
+	cl, err := f.start(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.c = cl
+	n.st.SetRemote(cl)
+	select {
+	case <-cl.greeted:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s's start-up greeting not ended within 20s after a restart", id)
+	}
 }
 
 // value is key's test value of size bytes.

@@ -131,6 +131,10 @@ func (c *Cluster) announcer() {
 	defer close(c.done)
 	c.greet()
 	close(c.greeted)
+	// This run's index of the shards it is home of is empty: the members
+	// it greeted are asked for their copies now, not a probe round later
+	// (a member does not send them on its own when it sees a restart).
+	c.pullUnwalked(c.view.Load())
 	var batch []entry
 	var lastWarn time.Time
 	for {

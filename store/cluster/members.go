@@ -119,6 +119,11 @@ func (c *Cluster) seen(id string, epoch uint64) {
 	restarted := m.epoch != 0 && epoch != 0 && m.epoch != epoch
 	changed := !m.up || restarted
 	wasDown := !m.up
+	// Back after a while unreachable, in a run this daemon knew (or one
+	// it never knew the run of): its index of this daemon's copies is as
+	// it was, less the announcements that failed meanwhile, and its side
+	// may not ask for them.
+	sendAgain := wasDown && !restarted
 	if wasDown {
 		m.upAt = time.Now()
 	}
@@ -150,9 +155,15 @@ func (c *Cluster) seen(id string, epoch uint64) {
 		}
 	}
 	c.recompute()
-	// Its index is empty (restarted) or stale (unreachable a while): the
-	// keys this daemon holds of the shards it is home of go to it again.
-	c.reannounce(func(_ int, home string) bool { return home == id })
+	if sendAgain {
+		// The keys this daemon holds of the shards it is home of go to it
+		// again. A member that restarted is not sent them: its new run
+		// pulls every member once its start-up greeting ends (announcer),
+		// and sending them now too would walk this store twice for it. A
+		// release that pulls nothing at start serves no numbered pull
+		// either, and is sent them when that is found (walk.go, pull).
+		c.reannounce(func(_ int, home string) bool { return home == id })
+	}
 	// And what it holds of this daemon's shards comes here again: the
 	// index lost it when it went down, and a removal it missed meanwhile
 	// is answered "removed" (tomb.go).

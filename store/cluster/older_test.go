@@ -68,7 +68,7 @@ func TestOlderMarkPerRun(t *testing.T) {
 	if _, err := c.dropAged("o", [][]byte{[]byte("k")}, []uint32{1}, time.Now().Add(time.Second)); !notServed(err) {
 		t.Fatalf("a drop to a member serving no kind: %v, want not served", err)
 	}
-	if c.older("o", o.epoch) {
+	if c.older("o", o.Epoch()) {
 		t.Fatal("a member serving no kind taken for an older release")
 	}
 	if c.older("o", 7) {

@@ -51,11 +51,11 @@ func TestPushedAnswers(t *testing.T) {
 
 	// A push from a, which is not the key's home, is refused.
 	refused := r.c.push.refused.Load()
-	msg, n := encodePush([]pushEntry{{key: []byte(other), gen: a.epoch, holders: []Holder{{ID: "a", Epoch: a.epoch, Tier: TierL1, Size: 1, CRC: 1}}}})
+	msg, n := encodePush([]pushEntry{{key: []byte(other), gen: a.Epoch(), holders: []Holder{{ID: "a", Epoch: a.Epoch(), Tier: TierL1, Size: 1, CRC: 1}}}})
 	if n != 1 {
 		t.Fatal(n)
 	}
-	if _, err := a.ExchangeAt("r", r.epoch, kindPush, msg, time.Second); err != nil {
+	if _, err := a.ExchangeAt("r", r.Epoch(), kindPush, msg, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if r.c.push.refused.Load() != refused+1 || cachedHolders(r, other) != nil {

@@ -289,7 +289,7 @@ func TestRemovedWhilePinned(t *testing.T) {
 		if got, err := h.read(key, len(v)); err == nil {
 			t.Fatalf("%s: a read on h finds the removed key: %d bytes", when, len(got))
 		}
-		resp, err := h.c.onHold("a", a.epoch, encodeHold(1000, [][]byte{[]byte(key)}))
+		resp, err := h.c.onHold("a", a.Epoch(), encodeHold(1000, [][]byte{[]byte(key)}))
 		if err != nil {
 			t.Fatalf("%s: hold at h: %v", when, err)
 		}
@@ -971,7 +971,7 @@ func TestRemoveNeverRefusedForOtherHostsReads(t *testing.T) {
 					return
 				default:
 				}
-				resp, err := h.c.onHold("r", r.epoch, encodeHold(1000, k))
+				resp, err := h.c.onHold("r", r.Epoch(), encodeHold(1000, k))
 				if err != nil {
 					holdErr = err
 					return
@@ -982,7 +982,7 @@ func TestRemoveNeverRefusedForOtherHostsReads(t *testing.T) {
 					return
 				}
 				if id != 0 {
-					h.c.endHold(id, "r", r.epoch, false)
+					h.c.endHold(id, "r", r.Epoch(), false)
 				}
 			}
 		}()
@@ -1028,9 +1028,9 @@ func TestOversizedRemoveRefused(t *testing.T) {
 		a.put(t, string(keys[i]), value(string(keys[i]), 1024))
 	}
 	for name, call := range map[string]func() ([]byte, error){
-		"remove":         func() ([]byte, error) { return a.c.onRemove("b", b.epoch, encodeKeys(keys)) },
-		"drop":           func() ([]byte, error) { return a.c.onDrop("b", b.epoch, encodeKeys(keys)) },
-		"drop with ages": func() ([]byte, error) { return a.c.onDropAges("b", b.epoch, encodeDrop(keys, ages)) },
+		"remove":         func() ([]byte, error) { return a.c.onRemove("b", b.Epoch(), encodeKeys(keys)) },
+		"drop":           func() ([]byte, error) { return a.c.onDrop("b", b.Epoch(), encodeKeys(keys)) },
+		"drop with ages": func() ([]byte, error) { return a.c.onDropAges("b", b.Epoch(), encodeDrop(keys, ages)) },
 	} {
 		if _, err := call(); !errors.Is(err, ErrMessage) {
 			t.Errorf("%s of %d keys: %v, want ErrMessage", name, len(keys), err)

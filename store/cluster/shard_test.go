@@ -147,7 +147,7 @@ func TestShardsDescribed(t *testing.T) {
 		}
 		for s, in := range got {
 			home := f.node(in.Home)
-			if in.Shard != s || home == nil || in.Rendezvous != in.Home || in.Gen != home.epoch {
+			if in.Shard != s || home == nil || in.Rendezvous != in.Home || in.Gen != home.Epoch() {
 				t.Fatalf("%s: shard %d: %+v (home epoch %v)", id, s, in, home)
 			}
 			want := 0

@@ -159,6 +159,9 @@ func (c *Cluster) pull(id string, req []byte, again bool) {
 				c.log.Warn("a member serves no numbered pull (an older release): a removal at a shard this daemon "+
 					"gained asks it to drop the key for a window after the gain, and not after, however long its "+
 					"re-announcement takes", "member", id, "epoch", epoch, "window", c.cfg.TombstoneTTL, "err", perr)
+				// Nor does it pull at start: a run of it this daemon has
+				// not sent its copies to (seen restarted) is sent them.
+				c.reannounce(func(_ int, home string) bool { return home == id })
 			}
 		}
 	}

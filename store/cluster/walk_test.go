@@ -38,7 +38,7 @@ func TestWalkMessagesRefused(t *testing.T) {
 		"another message format": append([]byte{msgVersion + 1}, walkedMsg(sent, 16, []byte{0xff, 0xff})[1:]...),
 		"empty":                  nil,
 	} {
-		if _, err := a.c.onWalked("b", b.epoch, req); !errors.Is(err, ErrMessage) {
+		if _, err := a.c.onWalked("b", b.Epoch(), req); !errors.Is(err, ErrMessage) {
 			t.Errorf("walk's word with %s: %v; want ErrMessage", name, err)
 		}
 	}
@@ -50,7 +50,7 @@ func TestWalkMessagesRefused(t *testing.T) {
 		"claims cut":      append(append([]byte{msgVersion}, make([]byte, 8)...), 0, 1),
 		"another version": append([]byte{msgVersion + 1}, make([]byte, 8)...),
 	} {
-		if _, err := b.c.onPull("a", a.epoch, req); !errors.Is(err, ErrMessage) {
+		if _, err := b.c.onPull("a", a.Epoch(), req); !errors.Is(err, ErrMessage) {
 			t.Errorf("pull with %s: %v; want ErrMessage", name, err)
 		}
 	}
