@@ -125,9 +125,13 @@
 // rendezvous order before it answers (keepTombs), which hand them to
 // whoever is home later and ask the holder to drop the copy when it is
 // back, so the removal holds when its home dies too. A home that gained a
-// shard rebuilds its index of it from the members' re-announcements:
+// shard rebuilds its index of it from the members' re-announcements,
+// which it asks for (a pull, numbered; a run pulls every member once its
+// start-up greeting ends, and members do not also send their copies on
+// their own when they see a restart, which walked each store twice):
 // until a member has said that a walk of its store begun after the
-// home's pull announced it every copy it holds of the shard (walk.go;
+// home's pull announced it every copy it holds of the shard, and its
+// home did not change while the walk ran (walk.go;
 // a member of an older release, which cannot say so, for
 // Config.TombstoneTTL after the gain), the home asks that member to drop
 // each key of the shard it removes, not only the holders its index names,
