@@ -34,36 +34,65 @@ type member struct {
 	// answered was sent. A failed exchange sent before either says
 	// nothing of the member now (lost).
 	upAt, reached time.Time
-	// olderEpoch and olderAt: when the member, at run olderEpoch, last
-	// answered that it serves no message kind with removal ages (an older
-	// release; older).
-	olderEpoch uint64
-	olderAt    time.Time
+	// older is, per family of newer kinds, when the member last answered
+	// that it serves none of them (an older release; older).
+	older [newerFamilies]olderMark
 }
 
-// olderRecheck is how long a member that answered it serves no kind with
-// removal ages is sent the older kinds before the newer one is tried
-// again, in case it was upgraded without a restart of its run (its epoch).
+// newerFamily is a set of message kinds that one release added, which an
+// older release answers it does not serve: a member is marked older per
+// family, since a release may have one and not the other.
+type newerFamily int
+
+const (
+	famAges       newerFamily = iota // with removal ages: kindAnnounceAges, kindDropAges
+	famPull                          // the numbered pull: kindPull
+	newerFamilies                    // how many
+)
+
+// familyOf is the family of newer kind.
+func familyOf(kind string) newerFamily {
+	if kind == kindPull {
+		return famPull
+	}
+	return famAges
+}
+
+// olderMark is when a member, at run epoch, last answered at at that it
+// serves no kind of a family.
+type olderMark struct {
+	epoch uint64
+	at    time.Time
+}
+
+// olderRecheck is how long a member that answered it serves no kind of a
+// family is sent the older kinds before a newer one is tried again, in
+// case it was upgraded without a restart of its run (its epoch).
 const olderRecheck = time.Minute
 
-// older reports whether member id, at run epoch, is to be sent the
-// messages an older release knows (kindAnnounce, kindDrop) instead of
-// those with removal ages.
-func (c *Cluster) older(id string, epoch uint64) bool {
+// older reports whether member id, at run epoch, is to be sent the kind
+// an older release knows instead of newer kind (kindAnnounce for
+// kindAnnounceAges, kindDrop for kindDropAges, kindReannounce for
+// kindPull).
+func (c *Cluster) older(id string, epoch uint64, kind string) bool {
 	c.mmu.Lock()
 	defer c.mmu.Unlock()
 	m, ok := c.members[id]
-	return ok && m.olderEpoch == epoch && time.Since(m.olderAt) < olderRecheck
+	if !ok {
+		return false
+	}
+	o := m.older[familyOf(kind)]
+	return o.epoch == epoch && time.Since(o.at) < olderRecheck
 }
 
 // exchangeNewer sends req as kind to member id (at run epoch), a kind an
 // older release does not serve; to a member that answers it serves no
 // such kind but serves olderKind, or answered so within olderRecheck, it
-// sends olderReq() as olderKind instead (asOlder), counted. The two
-// messages with removal ages go through it.
+// sends olderReq() as olderKind instead (asOlder), counted. The messages
+// with removal ages and the numbered pull go through it.
 func (c *Cluster) exchangeNewer(id string, epoch uint64, kind string, req []byte, olderKind string, olderReq func() []byte,
 	deadline time.Time) (resp []byte, asOlder bool, err error) {
-	if !c.older(id, epoch) {
+	if !c.older(id, epoch, kind) {
 		resp, err := c.exchangeBy(id, epoch, kind, req, deadline)
 		if err == nil || !notServed(err) {
 			return resp, false, err
@@ -87,23 +116,30 @@ func notServed(err error) bool { return errors.Is(err, xfer.ErrNotSupported) }
 
 // olderRelease records that member id, at run epoch, answered it serves no
 // kind (err) but served the older kind in its place; the first time in
-// that run it is said in the log, since what the member cannot be told
-// then (a removal's age) matters. (A member whose store across hosts is
-// not running serves neither, and is not marked: the Cluster registers the
-// kinds with ages before the others, and removes them after.)
+// that run what follows is done and said in the log, since what the
+// member cannot be told then matters. (A member whose store across hosts
+// is not running serves neither, and is not marked: the Cluster registers
+// the newer kinds before the others, and removes them after.)
 func (c *Cluster) olderRelease(id string, epoch uint64, kind string, err error) {
+	fam := familyOf(kind)
 	c.mmu.Lock()
 	m, ok := c.members[id]
-	first := ok && (m.olderEpoch != epoch || m.olderAt.IsZero())
+	first := ok && (m.older[fam].epoch != epoch || m.older[fam].at.IsZero())
 	if ok {
-		m.olderEpoch, m.olderAt = epoch, time.Now()
+		m.older[fam] = olderMark{epoch: epoch, at: time.Now()}
 	}
 	c.mmu.Unlock()
-	if first {
+	if !first {
+		return
+	}
+	switch fam {
+	case famAges:
 		c.log.Warn("a member serves no message with removal ages (an older release, or its store across hosts not "+
 			"running): it is sent the older kinds, and a removal it missed while away takes whatever copy it has, a "+
 			"value put there after the removal included, until it is upgraded",
 			"member", id, "epoch", epoch, "kind", kind, "err", err)
+	case famPull:
+		c.olderPuller(id, epoch, err)
 	}
 }
 

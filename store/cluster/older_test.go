@@ -68,20 +68,23 @@ func TestOlderMarkPerRun(t *testing.T) {
 	if _, err := c.dropAged("o", [][]byte{[]byte("k")}, []uint32{1}, time.Now().Add(time.Second)); !notServed(err) {
 		t.Fatalf("a drop to a member serving no kind: %v, want not served", err)
 	}
-	if c.older("o", o.Epoch()) {
+	if c.older("o", o.Epoch(), kindDropAges) {
 		t.Fatal("a member serving no kind taken for an older release")
 	}
-	if c.older("o", 7) {
+	if c.older("o", 7, kindDropAges) {
 		t.Fatal("o taken for an older release before it said so")
 	}
 	c.olderRelease("o", 7, kindDropAges, errors.New("no handler"))
-	if !c.older("o", 7) || c.older("o", 8) {
-		t.Fatalf("older at run 7: %v (want true), at run 8: %v (want false)", c.older("o", 7), c.older("o", 8))
+	if !c.older("o", 7, kindDropAges) || c.older("o", 8, kindDropAges) {
+		t.Fatalf("older at run 7: %v (want true), at run 8: %v (want false)", c.older("o", 7, kindDropAges), c.older("o", 8, kindDropAges))
+	}
+	if c.older("o", 7, kindPull) {
+		t.Fatal("o, older for the kinds with ages, taken for one without the numbered pull too")
 	}
 	c.mmu.Lock()
-	c.members["o"].olderAt = time.Now().Add(-olderRecheck)
+	c.members["o"].older[famAges].at = time.Now().Add(-olderRecheck)
 	c.mmu.Unlock()
-	if c.older("o", 7) {
+	if c.older("o", 7, kindDropAges) {
 		t.Fatal("o still taken for an older release after olderRecheck")
 	}
 }

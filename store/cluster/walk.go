@@ -147,24 +147,8 @@ func (c *Cluster) pull(id string, req []byte, again bool) {
 	e := newEnc()
 	e.u64(seq)
 	e.b = append(e.b, req[1:]...) // the claims, after req's version
-	_, err := c.exchange(id, epoch, kindPull, e.bytes())
-	if notServed(err) {
-		perr := err
-		if _, err = c.exchange(id, epoch, kindReannounce, req); err == nil {
-			c.walks.mu.Lock()
-			first := c.walks.older[id] != epoch
-			c.walks.older[id] = epoch
-			c.walks.mu.Unlock()
-			if first {
-				c.log.Warn("a member serves no numbered pull (an older release): a removal at a shard this daemon "+
-					"gained asks it to drop the key for a window after the gain, and not after, however long its "+
-					"re-announcement takes", "member", id, "epoch", epoch, "window", c.cfg.TombstoneTTL, "err", perr)
-				// Nor does it pull at start: a run of it this daemon has
-				// not sent its copies to (seen restarted) is sent them.
-				c.reannounce(func(_ int, home string) bool { return home == id })
-			}
-		}
-	}
+	_, _, err := c.exchangeNewer(id, epoch, kindPull, e.bytes(), kindReannounce, func() []byte { return req },
+		time.Now().Add(c.cfg.Timeout))
 	if err != nil {
 		// Asked again after the next probe round, unless it serves no
 		// re-announcement at all (its store across hosts is not
@@ -178,6 +162,22 @@ func (c *Cluster) pull(id string, req []byte, again bool) {
 		}
 		c.log.Info("a member was not asked to re-announce", "member", id, "err", err)
 	}
+}
+
+// olderPuller records that member id, at run epoch, serves no numbered
+// pull (an older release; exchangeNewer sends it kindReannounce instead):
+// its walks are taken as done Config.TombstoneTTL after a gain, for the
+// rest of that run; and since such a release does not pull at start
+// either, it is sent this daemon's copies of its shards (a restarted run
+// of it is not sent them on being seen, members.go). Called once a run.
+func (c *Cluster) olderPuller(id string, epoch uint64, err error) {
+	c.walks.mu.Lock()
+	c.walks.older[id] = epoch
+	c.walks.mu.Unlock()
+	c.log.Warn("a member serves no numbered pull (an older release): a removal at a shard this daemon "+
+		"gained asks it to drop the key for a window after the gain, and not after, however long its "+
+		"re-announcement takes", "member", id, "epoch", epoch, "window", c.cfg.TombstoneTTL, "err", err)
+	c.reannounce(func(_ int, home string) bool { return home == id })
 }
 
 // pullUnwalked pulls, in the background, each member of v not yet asked
