@@ -197,7 +197,9 @@ func (c *Cluster) seen(id string, epoch uint64) {
 		// pulls every member once its start-up greeting ends (announcer),
 		// and sending them now too would walk this store twice for it. A
 		// release that pulls nothing at start serves no numbered pull
-		// either, and is sent them when that is found (walk.go, pull).
+		// either, and is sent them when that is found (walk.go,
+		// olderPuller); one that pulls on its probe rounds only gets them
+		// a round later.
 		c.reannounce(func(_ int, home string) bool { return home == id })
 	}
 	// And what it holds of this daemon's shards comes here again: the
