@@ -70,6 +70,21 @@ type olderMark struct {
 // case it was upgraded without a restart of its run (its epoch).
 const olderRecheck = time.Minute
 
+// runOf is member id's run (its epoch; 0 before any) and the run at
+// which it last answered that it serves no numbered pull (0: never), in
+// one look.
+func (c *Cluster) runOf(id string) (epoch, olderPull uint64) {
+	if id == c.self {
+		return c.peers.Epoch(), 0
+	}
+	c.mmu.Lock()
+	defer c.mmu.Unlock()
+	if m, ok := c.members[id]; ok {
+		return m.epoch, m.older[famPull].epoch
+	}
+	return 0, 0
+}
+
 // older reports whether member id, at run epoch, is to be sent the kind
 // an older release knows instead of newer kind (kindAnnounce for
 // kindAnnounceAges, kindDrop for kindDropAges, kindReannounce for

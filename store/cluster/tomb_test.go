@@ -201,6 +201,13 @@ func keyWithHomes(t *testing.T, prefix string, shards int, views ...[]string) st
 // an in-memory etcd that a daemon down cannot reach.
 func newTombNet(t *testing.T, ids []string, shards int, fenced bool) *fakeNet {
 	t.Helper()
+	return newTombNetWith(t, ids, shards, fenced, nil)
+}
+
+// newTombNetWith is newTombNet with a last say on each fenced daemon's
+// config (mut).
+func newTombNetWith(t *testing.T, ids []string, shards int, fenced bool, mut func(c *Config)) *fakeNet {
+	t.Helper()
 	fence := newFakeFence()
 	var net atomic.Pointer[fakeNet] // set once the daemons are built
 	fence.cut = func(id string) bool { n := net.Load(); return n != nil && n.node(id).down.Load() }
@@ -208,6 +215,9 @@ func newTombNet(t *testing.T, ids []string, shards int, fenced bool) *fakeNet {
 		func(id string, c *Config) {
 			if fenced {
 				c.Fence = fence.of(id, uint64(1000+slices.Index(ids, id)))
+				if mut != nil {
+					mut(c)
+				}
 			}
 		})
 	net.Store(f)

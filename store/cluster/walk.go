@@ -74,18 +74,17 @@ type walks struct {
 	gainSeq  []uint64
 	lastGain uint64
 	// done are the members' reported walks; asked the pull each member
-	// was last sent (pullUnwalked); older the run at which a member
-	// answered that it serves no pull.
+	// was last sent (pullUnwalked). (The run at which a member answered
+	// that it serves no pull is its older mark, members.go.)
 	done  map[string]*walked
 	asked map[string]pullMark
-	older map[string]uint64
 	// marks are the pulls this daemon took as a member, by home.
 	marks map[string]pullMark
 }
 
 func newWalks(shards int) *walks {
 	return &walks{gainSeq: make([]uint64, shards), done: map[string]*walked{}, asked: map[string]pullMark{},
-		older: map[string]uint64{}, marks: map[string]pullMark{}}
+		marks: map[string]pullMark{}}
 }
 
 // gain records that this daemon became home, now, of the shards mine
@@ -164,16 +163,14 @@ func (c *Cluster) pull(id string, req []byte, again bool) {
 	}
 }
 
-// olderPuller records that member id, at run epoch, serves no numbered
-// pull (an older release; exchangeNewer sends it kindReannounce instead):
-// its walks are taken as done Config.TombstoneTTL after a gain, for the
-// rest of that run; and since such a release does not pull at start
-// either, it is sent this daemon's copies of its shards (a restarted run
-// of it is not sent them on being seen, members.go). Called once a run.
+// olderPuller is told that member id, at run epoch, serves no numbered
+// pull (an older release; exchangeNewer sends it kindReannounce instead,
+// and its older mark makes its walks taken as done Config.TombstoneTTL
+// after a gain, for the rest of that run: lacksLocked). Since such a
+// release does not pull at start either, it is sent this daemon's copies
+// of its shards (a restarted run of it is not sent them on being seen,
+// members.go). Called once a run.
 func (c *Cluster) olderPuller(id string, epoch uint64, err error) {
-	c.walks.mu.Lock()
-	c.walks.older[id] = epoch
-	c.walks.mu.Unlock()
 	c.log.Warn("a member serves no numbered pull (an older release): a removal at a shard this daemon "+
 		"gained asks it to drop the key for a window after the gain, and not after, however long its "+
 		"re-announcement takes", "member", id, "epoch", epoch, "window", c.cfg.TombstoneTTL, "err", err)
@@ -385,7 +382,6 @@ func (c *Cluster) forgetWalks(ids []string) {
 	for _, id := range ids {
 		delete(w.done, id)
 		delete(w.asked, id)
-		delete(w.older, id)
 		delete(w.marks, id)
 	}
 }
@@ -424,8 +420,8 @@ func (c *Cluster) lacksLocked(m string, s int, now time.Time) bool {
 	if gs == 0 {
 		return false
 	}
-	ep := c.epochOf(m)
-	if w.older[m] == ep && ep != 0 {
+	ep, olderRun := c.runOf(m)
+	if olderRun == ep && ep != 0 {
 		return now.UnixNano()-c.gainedAt[s].Load() < int64(c.cfg.TombstoneTTL)
 	}
 	d := w.done[m]

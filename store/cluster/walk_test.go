@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -159,19 +158,9 @@ func TestAViewChangeCountsTheShardsItMoves(t *testing.T) {
 	staying := keyWithHomes(t, "moves/stay", shards, []string{"a", "a", "b", "x"}, []string{"a", "a", "b"})
 	for _, fenced := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fenced=%v", fenced), func(t *testing.T) {
-			fence := newFakeFence()
-			var net atomic.Pointer[fakeNet]
-			fence.cut = func(id string) bool { n := net.Load(); return n != nil && n.node(id).down.Load() }
-			f := newNetWith(t, ids, Config{Shards: shards, Timeout: 2 * time.Second, ProbeEvery: 20 * time.Millisecond},
-				func(id string, c *Config) {
-					if fenced {
-						// As with etcd: the members' leases live, so one
-						// cut off sees no majority and claims nothing.
-						c.Fence = fence.of(id, uint64(1000+slices.Index(ids, id)))
-						c.Directory = func() []string { return ids }
-					}
-				})
-			net.Store(f)
+			// As with etcd: the members' leases live, so one cut off sees
+			// no majority and claims nothing.
+			f := newTombNetWith(t, ids, shards, fenced, func(c *Config) { c.Directory = func() []string { return ids } })
 			a, x := f.node("a"), f.node("x")
 			sees := func(want ...string) {
 				for _, k := range []string{moving, staying} {
