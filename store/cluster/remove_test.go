@@ -1229,6 +1229,20 @@ func TestAnOlderMemberKeepsTheNewHomesWindow(t *testing.T) {
 	}
 }
 
+// TestAnOlderMembersWindowEnds: a member that serves no numbered pull is
+// asked to drop the keys a new home removes only within TombstoneTTL of
+// the gain; past it (here at once), a removal of a key the home alone
+// holds asks it nothing, though it never says its walk is done.
+func TestAnOlderMembersWindowEnds(t *testing.T) {
+	f, key, _, release := newHomeOfHeldCopiesWith(t, Config{TombstoneTTL: time.Nanosecond}, func(f *fakeNet) { f.olderWire("b") })
+	release()
+	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a", "b"}) },
+		"b's copy re-announced to a through the older kind (a names %v)", testutil.Lazy(func() []string { return f.holders(key) }))
+	if _, n := removeOwn(t, f, "newhome/olderover"); n != 0 {
+		t.Fatalf("a removal at a past the older member's window asked %d members its index does not name; want none", n)
+	}
+}
+
 // TestAWalkOfAnotherRunDoesNotCount: a member's word is for the run it
 // gave it in. Once b's word is in, a takes it as from another run of b
 // (as after b restarted with its store recovered from L2, which a pulls
