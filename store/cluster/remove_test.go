@@ -1220,11 +1220,7 @@ func removeOwn(t *testing.T, f *fakeNet, prefix string) (drops, unnamed uint64) 
 // home asks it to drop each key it removes for TombstoneTTL after the
 // gain, as before the word existed.
 func TestAnOlderMemberKeepsTheNewHomesWindow(t *testing.T) {
-	f, key, _, release := newHomeOfHeldCopies(t, func(f *fakeNet) { f.olderWire("b") })
-	release()
-	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a", "b"}) },
-		"b's copy re-announced to a through the older kind (a names %v)", testutil.Lazy(func() []string { return f.holders(key) }))
-	if _, n := removeOwn(t, f, "newhome/older"); n != 1 {
+	if n := olderMemberAsked(t, Config{}, "newhome/older"); n != 1 {
 		t.Fatalf("a removal at a with b on an older release asked %d members its index does not name; want 1, b", n)
 	}
 }
@@ -1234,13 +1230,23 @@ func TestAnOlderMemberKeepsTheNewHomesWindow(t *testing.T) {
 // the gain; past it (here at once), a removal of a key the home alone
 // holds asks it nothing, though it never says its walk is done.
 func TestAnOlderMembersWindowEnds(t *testing.T) {
-	f, key, _, release := newHomeOfHeldCopiesWith(t, Config{TombstoneTTL: time.Nanosecond}, func(f *fakeNet) { f.olderWire("b") })
+	if n := olderMemberAsked(t, Config{TombstoneTTL: time.Nanosecond}, "newhome/olderover"); n != 0 {
+		t.Fatalf("a removal at a past the older member's window asked %d members its index does not name; want none", n)
+	}
+}
+
+// olderMemberAsked builds newHomeOfHeldCopies with b on an older release
+// (and cfg's TombstoneTTL), waits for b's copy to reach a through the
+// older kind, and returns how many members a's index does not name a
+// removal at a of a key a alone holds asked (removeOwn).
+func olderMemberAsked(t *testing.T, cfg Config, prefix string) uint64 {
+	t.Helper()
+	f, key, _, release := newHomeOfHeldCopiesWith(t, cfg, func(f *fakeNet) { f.olderWire("b") })
 	release()
 	testutil.Eventually(t, 10*time.Second, func() bool { return slices.Equal(f.holders(key), []string{"a", "b"}) },
 		"b's copy re-announced to a through the older kind (a names %v)", testutil.Lazy(func() []string { return f.holders(key) }))
-	if _, n := removeOwn(t, f, "newhome/olderover"); n != 0 {
-		t.Fatalf("a removal at a past the older member's window asked %d members its index does not name; want none", n)
-	}
+	_, n := removeOwn(t, f, prefix)
+	return n
 }
 
 // TestAWalkOfAnotherRunDoesNotCount: a member's word is for the run it
