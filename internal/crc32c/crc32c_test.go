@@ -38,7 +38,8 @@ func TestUpdateMatchesHashCRC32(t *testing.T) {
 }
 
 // TestEveryBitCounts: flipping any one bit of a 256 KiB value (in the
-// first piece, in the fold's last register, in the unfolded tail) changes
+// first piece, in the fold's last register, in each part of the hybrid's
+// block, in the unfolded tail) changes
 // its crc, as a checksum that guards values must.
 func TestEveryBitCounts(t *testing.T) {
 	const n = 256<<10 + 100
@@ -48,7 +49,11 @@ func TestEveryBitCounts(t *testing.T) {
 		p[i] = byte(r.Uint32())
 	}
 	base := Checksum(p)
-	for _, at := range []int{0, 3, 4, 15, 16, 255, 256, n - 100 - 256, n - 100 - 64, n - 100 - 1, n - 100, n - 1} {
+	// The hybrid's first block: the folded part's first and last bytes,
+	// each stream's first and last.
+	v, l := hybridIters[0]*hybridFold, hybridIters[0]*hybridStream
+	for _, at := range []int{0, 3, 4, 15, 16, 255, 256, v - 1, v, v + l - 1, v + l, v + 2*l, v + 3*l - 1,
+		n - 100 - 256, n - 100 - 64, n - 100 - 1, n - 100, n - 1} {
 		for bit := range 8 {
 			p[at] ^= 1 << bit
 			if Checksum(p) == base {
@@ -68,17 +73,6 @@ func fold(crc uint32, p []byte) uint32 {
 			v = v<<8 | uint64(b[i])
 		}
 		return v
-	}
-	clmul := func(a, b uint64) (lo, hi uint64) {
-		for i := range 64 {
-			if b>>i&1 != 0 {
-				lo ^= a << i
-				if i > 0 {
-					hi ^= a >> (64 - i)
-				}
-			}
-		}
-		return lo, hi
 	}
 	k1, k2 := foldPair(16)
 	x0, x1 := le(p)^uint64(^crc), le(p[8:])
@@ -109,9 +103,93 @@ func TestFoldInPlainGo(t *testing.T) {
 	}
 }
 
+// clmul is the carry-less product of a and b, low and high 64 bits.
+func clmul(a, b uint64) (lo, hi uint64) {
+	for i := range 64 {
+		if b>>i&1 != 0 {
+			lo ^= a << i
+			if i > 0 {
+				hi ^= a >> (64 - i)
+			}
+		}
+	}
+	return lo, hi
+}
+
+// hybrid is hybridAVX2's block in plain Go, part by part: the first n·128
+// bytes from state s, three streams of n·40 bytes each from state zero,
+// joined by the multipliers of shiftBy. It checks the joining on any
+// architecture, apart from the assembly that uses it.
+func hybrid(s uint32, p []byte, n int) uint32 {
+	raw := func(s uint32, p []byte) uint32 { return ^crc32.Update(^s, table, p) }
+	shift := func(c uint32, l int) uint32 {
+		lo, hi := clmul(uint64(c), shiftBy(l))
+		var b [16]byte
+		for i := range 8 {
+			b[i], b[8+i] = byte(lo>>(8*i)), byte(hi>>(8*i))
+		}
+		return raw(0, b[:])
+	}
+	v, l := n*hybridFold, n*hybridStream
+	st := raw(s, p[:v])
+	for i := range 3 {
+		st = shift(st, l) ^ raw(0, p[v+i*l:v+(i+1)*l])
+	}
+	return st
+}
+
+func TestHybridJoinInPlainGo(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, n := range []int{1, 2, 3, 32, 128} {
+		p := make([]byte, n*hybridStep)
+		for i := range p {
+			p[i] = byte(r.Uint32())
+		}
+		s := r.Uint32()
+		if got, w := hybrid(s, p, n), ^want(^s, p); got != w {
+			t.Fatalf("%d iterations: %#x, hash/crc32 says %#x", n, got, w)
+		}
+	}
+}
+
+// TestUpdateInPieces: a value summed in pieces of any size (as the tcp
+// transport sums a READ's bytes as each socket read lands), lengths around
+// the hybrid's and the fold's block sizes, the same crc as in one call.
+func TestUpdateInPieces(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	p := make([]byte, 1<<20+333)
+	for i := range p {
+		p[i] = byte(r.Uint32())
+	}
+	w := crc32.Checksum(p, table)
+	for range 50 {
+		var crc uint32
+		for rest := p; len(rest) > 0; {
+			k := min(len(rest), 1+r.IntN(3*minHybrid))
+			if r.IntN(4) == 0 {
+				k = min(len(rest), hybridIters[0]*hybridStep+r.IntN(3)-1)
+			}
+			crc, rest = Update(crc, rest[:k]), rest[k:]
+		}
+		if crc != w {
+			t.Fatalf("in pieces: %#x, in one call %#x", crc, w)
+		}
+	}
+	for _, n := range []int{minHybrid - 1, minHybrid, minHybrid + 1, 2*minHybrid + 255,
+		hybridIters[0] * hybridStep, hybridIters[0]*hybridStep + minHybrid, 64 << 10} {
+		for off := range 8 {
+			q, s := p[off:off+n], r.Uint32()
+			if got, w := Update(s, q), want(s, q); got != w {
+				t.Fatalf("len %d at offset %d from %#x: %#x, hash/crc32 says %#x", n, off, s, got, w)
+			}
+		}
+	}
+}
+
 func FuzzUpdate(f *testing.F) {
 	f.Add(uint32(0), make([]byte, 600))
 	f.Add(uint32(0xdeadbeef), make([]byte, 1024+7))
+	f.Add(uint32(0x12345678), make([]byte, 40<<10+9)) // whole hybrid blocks and a tail
 	f.Fuzz(func(t *testing.T, s uint32, p []byte) {
 		if got, w := Update(s, p), want(s, p); got != w {
 			t.Fatalf("len %d from %#x: %#x, hash/crc32 says %#x", len(p), s, got, w)
