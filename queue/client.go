@@ -365,6 +365,39 @@ func (q *ClientRing) nap(min int, deadline time.Time) (napped, found bool) {
 // waitBits are the cq_flags bits of a client sleeping for a target.
 const waitBits = FlagWaiting | FlagWaitTarget
 
+// sleepSlice bounds each futex wait of a client's sleep. The Go runtime's
+// monitor takes the processor of a thread that stays in one system call
+// for 10 ms and then, having found work, polls every 20 µs for a
+// millisecond or more: a client waiting 14 ms for each remote get of 32
+// MiB spent half of its CPU in that monitor (0.042 cpu-s/GB, beside 0.006
+// for a transfer's waits; BENCHMARKS.md). A sleep cut in shorter waits
+// returns from each before the monitor counts it as long; the cost is one
+// wake-up per slice.
+const sleepSlice = 5 * time.Millisecond
+
+// futexSleep is futexWait, or a test's (sleepOn's slices).
+var futexSleep = futexWait
+
+// sleepOn sleeps while *w == v, for at most left (negative: no limit), in
+// futex waits of at most sleepSlice each: nil when woken, when *w changed
+// or on a signal, as futexWait; ErrTimeout once the slices add up to left.
+func sleepOn(w *atomic.Uint32, v uint32, left time.Duration) error {
+	for {
+		d := sleepSlice
+		if left >= 0 && left < d {
+			d = left
+		}
+		if err := futexSleep(w, v, d); err != ErrTimeout {
+			return err
+		}
+		if left >= 0 {
+			if left -= d; left <= 0 {
+				return ErrTimeout
+			}
+		}
+	}
+}
+
 // Wait waits until at least min CQEs are ready, the queue is closed or
 // broken, or timeout passes (negative: no limit). With one completion
 // missing it spins briefly first; then it sleeps on the completion word.
@@ -455,7 +488,7 @@ func (q *ClientRing) Wait(min int, timeout time.Duration) error {
 		}
 		start, before := time.Now(), q.Ready()
 		q.Sleeps++
-		err := futexWait(q.w.cqWake, v, left)
+		err := sleepOn(q.w.cqWake, v, left)
 		q.w.cqFlags.And(^waitBits)
 		if err != nil && err != ErrTimeout {
 			return err

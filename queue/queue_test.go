@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -921,5 +922,56 @@ func TestWaitNaps(t *testing.T) {
 		}
 		d.w.sqFlags.And(^FlagNeedWakeup)
 		c.Reap(make([]CQE, 64))
+	}
+}
+
+// TestLongSleepsAreSliced: a client's sleep is futex waits of at most
+// sleepSlice each (the Go runtime's monitor polls every 20 µs for a while
+// after it takes the processor of a thread 10 ms in one system call),
+// stays armed for its wake-up from one slice to the next, and ends when
+// the completion comes or once the slices add up to the time left. The
+// futex wait is the test's: a slice "passes" when it returns ErrTimeout.
+func TestLongSleepsAreSliced(t *testing.T) {
+	realSleep := futexSleep
+	defer func() { futexSleep = realSleep }()
+	var got []time.Duration
+	futexSleep = func(w *atomic.Uint32, v uint32, d time.Duration) error {
+		got = append(got, d)
+		return ErrTimeout
+	}
+	var word atomic.Uint32
+	if err := sleepOn(&word, 0, 23*time.Millisecond); err != ErrTimeout {
+		t.Fatalf("a sleep of 23 ms with nothing coming: %v, want ErrTimeout", err)
+	}
+	ms := time.Millisecond
+	if want := []time.Duration{5 * ms, 5 * ms, 5 * ms, 5 * ms, 3 * ms}; !slices.Equal(got, want) {
+		t.Fatalf("slices %v, want %v", got, want)
+	}
+
+	// Through a client's Wait with no deadline: asleep across slices
+	// until the third, during which the completion comes.
+	d, c := pair(t, 64, 0, 0)
+	c.spin = spinner{} // no spin for a last completion
+	inFlight(t, d, c, 1)
+	got = got[:0]
+	futexSleep = func(w *atomic.Uint32, v uint32, s time.Duration) error {
+		got = append(got, s)
+		if f := c.w.cqFlags.Load(); f&FlagWaiting == 0 {
+			t.Errorf("slice %d: flags %#x, the daemon would not wake the client", len(got), f)
+		}
+		if len(got) < 3 {
+			return ErrTimeout
+		}
+		d.Post(&CQE{UserData: 7})
+		return nil
+	}
+	if err := c.Wait(1, -1); err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	if want := []time.Duration{sleepSlice, sleepSlice, sleepSlice}; !slices.Equal(got, want) {
+		t.Fatalf("slices %v, want %v", got, want)
+	}
+	if cqes := make([]CQE, 1); c.Reap(cqes) != 1 || cqes[0].UserData != 7 {
+		t.Fatalf("reaped %+v, want the completion posted during the third slice", cqes)
 	}
 }
