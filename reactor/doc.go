@@ -34,6 +34,14 @@
 // flag, changes the word and wakes the wait; one that submitted before is
 // seen by the check, and the worker does not sleep.
 //
+// A worker that had work within the last second sleeps at most 8 ms at a
+// time (a hosted worker only with none of its ring's I/O in flight): the Go
+// runtime's monitor takes the processor of a thread that stays 10 ms in
+// one system call, and its next wake-up then sets it polling every 20 µs
+// for a millisecond or more, which cost a daemon answering a request every
+// 20 ms most of its CPU (uring.BusySleep). Idle for longer, it sleeps
+// unbounded. A bounded sleep that runs out is a pass like any other.
+//
 // # Polling
 //
 // A worker whose pass answered its queues' last requests in flight, with

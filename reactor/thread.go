@@ -4,6 +4,8 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
+
+	"github.com/tensorcast/tensorcast/uring"
 )
 
 // thread is an own-thread worker's goroutine and its sleep: futex_waitv(2)
@@ -22,6 +24,9 @@ type thread struct {
 // maxWaits is how many words one futex_waitv takes (the kernel's
 // FUTEX_WAITV_MAX), the worker's own word included.
 const maxWaits = 128
+
+// waitFor is waitAny, or a test's.
+var waitFor = waitAny
 
 // threadPoll bounds a sleep that could not arm every wait.
 const threadPoll = time.Millisecond
@@ -47,34 +52,44 @@ func (w *Worker) runThread() {
 	defer runtime.UnlockOSThread()
 	t := w.thread
 	defer close(t.done)
+	busyAt, worked := time.Now(), false
 	for !t.stop.Load() {
 		tok := t.word.Load() // before the pass: a kick after it ends the wait at once
 		if w.Serve() {
+			worked = true
 			continue
 		}
-		t.sleep(w, tok)
+		now := time.Now()
+		if worked {
+			busyAt, worked = now, false
+		}
+		t.sleep(w, tok, now.Sub(busyAt) < uring.BusyWindow)
 	}
 	w.Stop()
 }
 
 // sleep is one sleep of the thread after a pass that did nothing: one
 // wait on its own word (expected at tok) and every doorbell w's Sleep
-// arms, unless Sleep calls it off. Nothing stays armed after it, whether
+// arms, unless Sleep calls it off; at most uring.BusySleep when recent
+// (the worker had work within uring.BusyWindow). Nothing stays armed after it, whether
 // the thread slept or not: a wait of this thread is in force only
 // during waitAny, so a doorbell Sleep armed before it called the sleep
 // off (a later queue had work) must be armed again at the next sleep,
 // not taken for armed already (the ring's waits, which outlive a sleep,
 // are; see Worker.Sleep).
-func (t *thread) sleep(w *Worker, tok uint32) {
+func (t *thread) sleep(w *Worker, tok uint32, recent bool) {
 	t.waits, t.tokens, t.soon = t.waits[:0], t.tokens[:0], false
 	t.waits = append(t.waits, waitvOf(&t.word, tok))
 	if w.Sleep(t) {
 		timeout := time.Duration(-1)
-		if t.soon {
+		switch {
+		case t.soon:
 			timeout = threadPoll
+		case recent:
+			timeout = uring.BusySleep
 		}
 		if !t.stop.Load() {
-			waitAny(t.waits, timeout)
+			waitFor(t.waits, timeout)
 		}
 		w.Awake()
 	}

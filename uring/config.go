@@ -96,9 +96,10 @@ type testHooks struct {
 	enter         func() syscall.Errno  // non-zero: io_uring_enter is not made and fails so
 	backoff       func(d time.Duration) // called instead of the wait of d after a failed enter: the test's clock
 	failRegister  bool
-	noDrainCancel bool        // Close does not cancel in-flight requests
-	noFutexWait   bool        // the kernel is taken to lack IORING_OP_FUTEX_WAIT
-	noCancelSQE   func() bool // true: a cancel finds no SQE free
+	noDrainCancel bool                      // Close does not cancel in-flight requests
+	noFutexWait   bool                      // the kernel is taken to lack IORING_OP_FUTEX_WAIT
+	noCancelSQE   func() bool               // true: a cancel finds no SQE free
+	sleep         func(bound time.Duration) // before each sleep of the poller: its bound (negative: none)
 }
 
 func (c *Config) setDefaults() {
@@ -218,3 +219,21 @@ type RingStats struct {
 	// ErrRingFailed and Transport.Health), and stays so until Close.
 	Down bool
 }
+
+// BusySleep bounds the sleep of a poller (and of a reactor's worker on
+// its own thread, package reactor) that had work within the last
+// BusyWindow. The Go runtime's monitor takes the processor of a thread
+// that stays 10 ms in one system call; with every processor idle it then
+// sleeps, and the next wake-up sets it polling every 20 µs for a
+// millisecond or more. A poller woken every 20 ms by one request paid that
+// each time: 1.5 ms of the daemon's CPU per request, 60 % of it the
+// monitor's (BENCHMARKS.md). A sleep of 8 ms (under 10, with room for a
+// late wake-up) is never taken, and the monitor backs off to a poll every
+// 10 ms; one idle for BusyWindow sleeps unbounded, so an idle daemon costs
+// nothing. A poller bounds only a sleep with none of its ring's own I/O in
+// flight: one with I/O ends at its completion, and a timer armed for each
+// would cost the busy ring.
+const (
+	BusySleep  = 8 * time.Millisecond
+	BusyWindow = time.Second
+)

@@ -274,3 +274,51 @@ func TestEnterFailsGuest(t *testing.T) {
 		t.Errorf("%d tasks ended, want the first only", rec.Count())
 	}
 }
+
+// TestSleepsBoundedWhileRecentlyBusy: a poller that had work sleeps at
+// most BusySleep (so the Go runtime's monitor never takes its
+// processor for a long system call, which sets it polling every 20 µs at
+// the next wake-up), and sleeps unbounded once idle for BusyWindow.
+func TestSleepsBoundedWhileRecentlyBusy(t *testing.T) {
+	dir := t.TempDir()
+	var mu sync.Mutex
+	var bounds []time.Duration
+	hooks := &testHooks{sleep: func(d time.Duration) {
+		mu.Lock()
+		bounds = append(bounds, d)
+		mu.Unlock()
+	}}
+	sawSince := func(from int, want time.Duration) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return from < len(bounds) && slices.Contains(bounds[from:], want)
+		}
+	}
+	tr := newTransport(t, Config{AllowedDirs: []string{dir}, Entries: 16, hooks: hooks})
+	f := openTestFile(t, tr, dir, true, 1<<20)
+	pool := newMemSeg(t, 1, 1<<20)
+	for round := range 2 {
+		rec := newRecorder()
+		mu.Lock()
+		from := len(bounds)
+		mu.Unlock()
+		task := newTask(rec, xfer.OpWrite, pool, 0, f, 0, 4096)
+		if n, err := tr.Submit([]*xfer.Task{task}); n != 1 {
+			t.Fatalf("round %d: Submit = %d, %v", round, n, err)
+		}
+		waitEnded(t, rec, 1, 10*time.Second)
+		testutil.Eventually(t, 10*time.Second, sawSince(from, BusySleep), "round %d: a sleep bounded by %v after the write", round, BusySleep)
+		mu.Lock()
+		from = len(bounds)
+		mu.Unlock()
+		testutil.Eventually(t, 10*BusyWindow, sawSince(from, -1), "round %d: an unbounded sleep after %v idle", round, BusyWindow)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, d := range bounds {
+		if d != -1 && d != BusySleep {
+			t.Fatalf("a sleep bounded by %v: only %v or none were expected here (bounds %v)", d, BusySleep, bounds)
+		}
+	}
+}

@@ -392,6 +392,7 @@ func (r *ring) loop() (failed bool) {
 		ts        unix.Timespec
 	)
 	yielded := time.Now()
+	busyAt := yielded // the last pass that was not a sliced sleep's timeout
 	for {
 		// Pass through the Go scheduler every pollerYield: a locked
 		// goroutine that only makes system calls never does, and the
@@ -402,7 +403,8 @@ func (r *ring) loop() (failed bool) {
 		// goroutine is itself costly (its thread hands the processor to
 		// another and takes it back: two futex wake-ups), so it comes
 		// only as often as the monitor's 10 ms require.
-		if now := time.Now(); now.Sub(yielded) >= pollerYield {
+		now := time.Now()
+		if now.Sub(yielded) >= pollerYield {
 			yielded = now
 			runtime.Gosched()
 		}
@@ -542,6 +544,7 @@ func (r *ring) loop() (failed bool) {
 			r.mu.Unlock()
 		}
 		var tsp *unix.Timespec
+		sliced := false
 		switch {
 		case draining && wait:
 			ts = unix.NsecToTimespec(int64(time.Until(deadline)))
@@ -549,6 +552,20 @@ func (r *ring) loop() (failed bool) {
 		case wait && r.pollSleep:
 			ts = unix.NsecToTimespec(int64(guestPoll))
 			tsp = &ts
+		case wait && r.inflight == 0 && now.Sub(busyAt) < BusyWindow:
+			// Nothing of the ring's own in the kernel: the sleep lasts
+			// until a client's doorbell, however long. With I/O in
+			// flight its completion ends the sleep soon, and no timer
+			// is armed for it.
+			ts = unix.NsecToTimespec(int64(BusySleep))
+			tsp, sliced = &ts, true
+		}
+		if h := r.t.cfg.hooks; h != nil && h.sleep != nil && wait {
+			bound := time.Duration(-1)
+			if tsp != nil {
+				bound = time.Duration(tsp.Nano())
+			}
+			h.sleep(bound)
 		}
 		var errno unix.Errno
 		tried := false // io_uring_enter was made (or failed by the hook)
@@ -568,6 +585,9 @@ func (r *ring) loop() (failed bool) {
 			r.mu.Lock()
 			r.sleeping = false
 			r.mu.Unlock()
+		}
+		if !sliced || errno != unix.ETIME {
+			busyAt = now
 		}
 		if guestSleeps {
 			r.host.Awake()
