@@ -62,45 +62,11 @@ func ServePingPong() bool {
 // for d. It returns round trips per second and the round trip latency
 // histogram. network is "unix" or "tcp" (loopback).
 func PingPong(ctx context.Context, network string, size uint64, d time.Duration) (float64, *Histogram, error) {
-	self, err := os.Executable()
+	c, _, stop, err := dialPingPong(ctx, network)
 	if err != nil {
 		return 0, nil, err
 	}
-	spec := "tcp:127.0.0.1:0"
-	if network == "unix" {
-		dir, err := os.MkdirTemp("", "tcbench-pingpong-")
-		if err != nil {
-			return 0, nil, err
-		}
-		defer os.RemoveAll(dir)
-		spec = "unix:" + filepath.Join(dir, "pp.sock")
-	}
-	cmd := exec.CommandContext(ctx, self)
-	cmd.Env = append(os.Environ(), pingPongEnv+"="+spec)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return 0, nil, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return 0, nil, fmt.Errorf("%w: ping-pong server: %w", ErrToolMissing, err)
-	}
-	defer cmd.Wait()         //nolint:errcheck // it exits when the connection closes
-	defer cmd.Process.Kill() //nolint:errcheck
-	var line [256]byte
-	n, err := out.Read(line[:])
-	if err != nil || n == 0 {
-		return 0, nil, fmt.Errorf("%w: ping-pong server did not start: %v", ErrToolMissing, err)
-	}
-	addr := strings.TrimSpace(string(line[:n]))
-	c, err := net.Dial(network, addr)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer c.Close()
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
+	defer stop()
 	msg := make([]byte, size)
 	back := make([]byte, size)
 	h := &Histogram{}
@@ -122,4 +88,61 @@ func PingPong(ctx context.Context, network string, size uint64, d time.Duration)
 		t0 = t1
 	}
 	return float64(trips) / time.Since(start).Seconds(), h, nil
+}
+
+// dialPingPong starts the ping-pong server (this executable again, with
+// pingPongEnv set) on network ("unix" or "tcp", loopback) and dials it:
+// the connection, the server's process, and stop, which closes the
+// connection and ends the server.
+func dialPingPong(ctx context.Context, network string) (net.Conn, *os.Process, func(), error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	spec, dir := "tcp:127.0.0.1:0", ""
+	if network == "unix" {
+		if dir, err = os.MkdirTemp("", "tcbench-pingpong-"); err != nil {
+			return nil, nil, nil, err
+		}
+		spec = "unix:" + filepath.Join(dir, "pp.sock")
+	}
+	cmd := exec.CommandContext(ctx, self)
+	cmd.Env = append(os.Environ(), pingPongEnv+"="+spec)
+	cmd.Stderr = os.Stderr
+	var c net.Conn
+	stop := func() {
+		if c != nil {
+			c.Close()
+		}
+		if cmd.Process != nil {
+			cmd.Process.Kill() //nolint:errcheck // it may have exited as the connection closed
+			cmd.Wait()         //nolint:errcheck
+		}
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		stop()
+		return nil, nil, nil, fmt.Errorf("%w: ping-pong server: %w", ErrToolMissing, err)
+	}
+	var line [256]byte
+	n, err := out.Read(line[:])
+	if err != nil || n == 0 {
+		stop()
+		return nil, nil, nil, fmt.Errorf("%w: ping-pong server did not start: %v", ErrToolMissing, err)
+	}
+	if c, err = net.Dial(network, strings.TrimSpace(string(line[:n]))); err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	return c, cmd.Process, stop, nil
 }
