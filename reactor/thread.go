@@ -52,20 +52,33 @@ func (w *Worker) runThread() {
 	defer runtime.UnlockOSThread()
 	t := w.thread
 	defer close(t.done)
-	busyAt, worked := time.Now(), false
+	busy := lastWork{at: time.Now()}
 	for !t.stop.Load() {
 		tok := t.word.Load() // before the pass: a kick after it ends the wait at once
 		if w.Serve() {
-			worked = true
+			busy.worked = true
 			continue
 		}
-		now := time.Now()
-		if worked {
-			busyAt, worked = now, false
-		}
-		t.sleep(w, tok, now.Sub(busyAt) < uring.BusyWindow)
+		t.sleep(w, tok, busy.recent(time.Now()))
 	}
 	w.Stop()
+}
+
+// lastWork tells whether a worker had work within uring.BusyWindow: at is
+// the end of its last run of passes that found work (its start, before
+// any), worked says a pass found work since.
+type lastWork struct {
+	at     time.Time
+	worked bool
+}
+
+// recent is called after a pass that found nothing, at now: a run of
+// passes with work ends there, and the window counts from its end.
+func (l *lastWork) recent(now time.Time) bool {
+	if l.worked {
+		l.at, l.worked = now, false
+	}
+	return now.Sub(l.at) < uring.BusyWindow
 }
 
 // sleep is one sleep of the thread after a pass that did nothing: one

@@ -82,3 +82,36 @@ func TestThreadSleepBoundedWhileRecent(t *testing.T) {
 		t.Fatalf("sleep bounds %v, want %v (recent, then idle)", got, want)
 	}
 }
+
+// TestLastWorkWindow: a worker counts as recently busy for uring.BusyWindow
+// from its start and from the end of each run of passes that found work,
+// not from the run's start (a run longer than the window still leaves a
+// full window after it).
+func TestLastWorkWindow(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	w := uring.BusyWindow
+	l := lastWork{at: t0}
+	steps := []struct {
+		worked bool // a pass found work before this idle pass
+		after  time.Duration
+		recent bool
+	}{
+		{false, w / 2, true},     // just started
+		{false, w + 1, false},    // idle since the start for a window
+		{true, 3 * w, true},      // a run of work ends at 3w
+		{false, 3*w + w/2, true}, // idle half a window since
+		{false, 4*w - 1, true},
+		{false, 4 * w, false}, // a window since the run ended
+		{true, 10 * w, true},
+		{false, 11*w + 1, false},
+	}
+	for i, s := range steps {
+		if s.worked {
+			l.worked = true
+		}
+		if got := l.recent(at(s.after)); got != s.recent {
+			t.Fatalf("step %d (worked %v, at start+%v): recent = %v, want %v", i, s.worked, s.after, got, s.recent)
+		}
+	}
+}
