@@ -166,9 +166,29 @@ func noPinsLeft(t *testing.T, ds ...*peerDaemon) {
 	t.Helper()
 	for _, d := range ds {
 		testutil.Eventually(t, 10*time.Second, func() bool { return d.d.stores[0].Stats().Pins == 0 },
-			"%s: no pins left once every read in flight ended (%d pinned)", d.cfg.DaemonID,
-			testutil.Lazy(func() uint64 { return d.d.stores[0].Stats().Pins }))
+			"%s: no pins left once every read in flight ended (%d pinned: %s)", d.cfg.DaemonID,
+			testutil.Lazy(func() uint64 { return d.d.stores[0].Stats().Pins }),
+			testutil.Lazy(func() string { return pinnedKeys(d) }))
 	}
+}
+
+// pinnedKeys names the keys pinned on d, with their pins and tiers, for a
+// failure's message: which value a leak holds says which path took it.
+func pinnedKeys(d *peerDaemon) string {
+	infos, _, err := d.d.stores[0].List(nil, 1<<16)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, ki := range infos {
+		if ki.Pins > 0 {
+			fmt.Fprintf(&b, "%s (%d pins, %d bytes, L1 %v, L2 %v, dirty %v) ", ki.Key, ki.Pins, ki.Size, ki.InL1, ki.InL2, ki.Dirty)
+		}
+	}
+	if b.Len() == 0 {
+		return "no listed key pinned"
+	}
+	return b.String()
 }
 
 // chaosEtcd makes c a daemon of TestStoreAcrossHostsChaosEtcd's cluster:
