@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tensorcast/tensorcast/client"
 	"github.com/tensorcast/tensorcast/internal/testutil"
 )
 
@@ -40,15 +39,7 @@ func BenchmarkDaemonCPUAtLowRate(b *testing.B) {
 		if err := c.PutBytes(key, make([]byte, 4096), false); err != nil {
 			b.Fatal(err)
 		}
-		q, err := c.OpenQueue(16)
-		if err != nil {
-			b.Fatal(err)
-		}
-		res, err := c.NewResults(1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		g := &remoteGetter{b: b, q: q, res: res, cqes: make([]client.Completion, 1)}
+		g := newRemoteGetter(b, c, 1)
 		keys := [][]byte{key}
 		lowRate(b, d.cmd.Process.Pid, func() {
 			if err := g.get(keys, true); err != nil {

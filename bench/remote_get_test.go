@@ -91,21 +91,13 @@ func BenchmarkStoreRemoteGetDaemons(b *testing.B) {
 		}
 	}
 	cb := dialBench(b, d, "reader")
-	q, err := cb.OpenQueue(16)
-	if err != nil {
-		b.Fatal(err)
-	}
-	res, err := cb.NewResults(remoteN)
-	if err != nil {
-		b.Fatal(err)
-	}
-	g := &remoteGetter{b: b, q: q, res: res, cqes: make([]client.Completion, 1)}
+	g := newRemoteGetter(b, cb, remoteN)
 	// B learns A's keys from their homes' announcements: every get whole
 	// and byte-exact once before anything is timed.
 	for r := range remoteRounds {
 		testutil.Eventually(b, 30*time.Second, func() bool { return g.get(keys[r], false) == nil }, "get %d whole on B", r)
 		for i, k := range keys[r] {
-			if !bytes.Equal(res.Value(i), remoteValue(k)) {
+			if !bytes.Equal(g.res.Value(i), remoteValue(k)) {
 				b.Fatalf("%s: B read other bytes than A holds", k)
 			}
 		}
@@ -217,6 +209,19 @@ type remoteGetter struct {
 	res  *client.Results
 	cqes []client.Completion
 	ud   uint64
+}
+
+// newRemoteGetter opens a queue of c and results for up to n keys.
+func newRemoteGetter(b *testing.B, c *client.Client, n int) *remoteGetter {
+	q, err := c.OpenQueue(16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	res, err := c.NewResults(n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &remoteGetter{b: b, q: q, res: res, cqes: make([]client.Completion, 1)}
 }
 
 func (g *remoteGetter) call(submit func(ud uint64) (bool, error)) {

@@ -84,12 +84,12 @@ func (l *lastWork) recent(now time.Time) bool {
 // sleep is one sleep of the thread after a pass that did nothing: one
 // wait on its own word (expected at tok) and every doorbell w's Sleep
 // arms, unless Sleep calls it off; at most uring.BusySleep when recent
-// (the worker had work within uring.BusyWindow). Nothing stays armed after it, whether
-// the thread slept or not: a wait of this thread is in force only
-// during waitAny, so a doorbell Sleep armed before it called the sleep
-// off (a later queue had work) must be armed again at the next sleep,
-// not taken for armed already (the ring's waits, which outlive a sleep,
-// are; see Worker.Sleep).
+// (the worker had work within uring.BusyWindow). Nothing stays armed
+// after it, whether the thread slept or not: a wait of this thread is in
+// force only during waitAny, so a doorbell Sleep armed before it called
+// the sleep off (a later queue had work) must be armed again at the next
+// sleep, not taken for armed already (the ring's waits, which outlive a
+// sleep, are; see Worker.Sleep).
 func (t *thread) sleep(w *Worker, tok uint32, recent bool) {
 	t.waits, t.tokens, t.soon = t.waits[:0], t.tokens[:0], false
 	t.waits = append(t.waits, waitvOf(&t.word, tok))
