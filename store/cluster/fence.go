@@ -323,7 +323,13 @@ func (c *Cluster) toHomesOnce(keys [][]byte, pos []int, m homeMsg, deadline time
 				for _, x := range stale {
 					bad[x.shard] = true
 				}
-				rerr := c.refresh(home, stale, sent, deadline)
+				read, rerr := c.refresh(home, stale, sent, deadline)
+				if lookup && read > 0 {
+					// Only a lookup's: the route counters are of the
+					// keys looked up, not of announcements and holds.
+					c.route.storeReads.Add(uint64(read))
+					c.route.storeRequests.Add(1)
+				}
 				var again, failed []int
 				for _, p := range ch {
 					if rerr != nil && bad[c.shardOf(keys[p])] {
@@ -370,11 +376,11 @@ func (c *Cluster) homeExchange(home string, m homeMsg, req []byte, deadline time
 // keep the shard where the word says until this daemon restarts. An
 // unclaimed shard is left to its claim. The read ends by deadline, the
 // call's: an etcd that answers slowly makes the keys of those shards fail
-// in time, not the call late.
-func (c *Cluster) refresh(home string, stale, sent []shardGen, deadline time.Time) error {
+// in time, not the call late. It returns how many shards it read.
+func (c *Cluster) refresh(home string, stale, sent []shardGen, deadline time.Time) (int, error) {
 	c.log.Debug("a home refused a stale generation", "home", home, "stale", stale, "sent", sent)
 	if c.cfg.Fence == nil {
-		return nil
+		return 0, nil
 	}
 	var read []int
 	for _, x := range stale {
@@ -390,15 +396,14 @@ func (c *Cluster) refresh(home string, stale, sent []shardGen, deadline time.Tim
 		}
 	}
 	if len(read) == 0 {
-		return fmt.Errorf("%w: %s is not home of shards %v, and no other home has claimed them yet", ErrStaleGeneration, home, stale)
+		return 0, fmt.Errorf("%w: %s is not home of shards %v, and no other home has claimed them yet", ErrStaleGeneration, home, stale)
 	}
-	c.route.storeReads.Add(uint64(len(read)))
 	ctx, cancel := context.WithDeadline(c.life, deadline)
 	defer cancel()
 	if err := c.cfg.Fence.Refresh(ctx, read); err != nil {
-		return fmt.Errorf("%w: %s refused a stale generation and the claims could not be read again: %w", ErrStaleGeneration, home, err)
+		return len(read), fmt.Errorf("%w: %s refused a stale generation and the claims could not be read again: %w", ErrStaleGeneration, home, err)
 	}
-	return nil
+	return len(read), nil
 }
 
 // onShardClaims takes in changes of the claims (the Fence's watcher): a

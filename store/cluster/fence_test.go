@@ -120,7 +120,7 @@ func TestStaleAnswerNamesOtherShards(t *testing.T) {
 	stale := []shardGen{{shards + 3, 1 << 40}, {1<<32 - 1, 1 << 40}, {other.Shard, other.Gen + 1000}}
 	var err error
 	noPanic(t, "a stale answer naming shards past the count", func() {
-		err = a.c.refresh("b", stale, []shardGen{{sent.Shard, sent.Gen}}, time.Now().Add(time.Second))
+		_, err = a.c.refresh("b", stale, []shardGen{{sent.Shard, sent.Gen}}, time.Now().Add(time.Second))
 	})
 	if !errors.Is(err, ErrStaleGeneration) {
 		t.Fatalf("a stale answer naming no shard the message carried: %v, want ErrStaleGeneration", err)
@@ -148,7 +148,7 @@ func TestPeerGenerationNotKept(t *testing.T) {
 
 	t.Run("stale answer", func(t *testing.T) {
 		sb := shardOfHome(t, a, "b")
-		err := a.c.refresh("b", []shardGen{{sb.Shard, huge}}, []shardGen{{sb.Shard, sb.Gen}}, time.Now().Add(time.Second))
+		_, err := a.c.refresh("b", []shardGen{{sb.Shard, huge}}, []shardGen{{sb.Shard, sb.Gen}}, time.Now().Add(time.Second))
 		if err != nil {
 			t.Logf("refresh: %v", err)
 		}
@@ -240,7 +240,7 @@ func TestNewerClaimReadFromEtcd(t *testing.T) {
 
 	// a sent to c (no generation: c is not the home a knows); c says it
 	// holds the shard at its claim's generation.
-	if err := a.c.refresh("c", []shardGen{{sb.Shard, won[0].Gen}}, []shardGen{{sb.Shard, 0}}, time.Now().Add(time.Second)); err != nil {
+	if _, err := a.c.refresh("c", []shardGen{{sb.Shard, won[0].Gen}}, []shardGen{{sb.Shard, 0}}, time.Now().Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if got := a.c.ShardClaims()[sb.Shard]; got != won[0] {

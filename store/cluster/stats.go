@@ -191,7 +191,8 @@ type routeCounters struct {
 	// daemon, as a home, answered "not home" (another view of the
 	// members); unreachable keys whose named home did not answer.
 	refused, notHome, unreachable atomic.Uint64
-	// storeReads counts the shards whose claims a refusal had this
-	// daemon read from etcd (Fence.Refresh).
-	storeReads atomic.Uint64
+	// storeReads counts the shards whose claims a lookup's refusal had
+	// this daemon read from etcd (Fence.Refresh), storeRequests the reads
+	// (one request each, whatever its shards).
+	storeReads, storeRequests atomic.Uint64
 }
