@@ -229,10 +229,12 @@ type RingStats struct {
 // each time: 1.5 ms of the daemon's CPU per request, 60 % of it the
 // monitor's (BENCHMARKS.md). A sleep of 8 ms (under 10, with room for a
 // late wake-up) is never taken, and the monitor backs off to a poll every
-// 10 ms; one idle for BusyWindow sleeps unbounded, so an idle daemon costs
-// nothing. A poller bounds only a sleep with none of its ring's own I/O in
-// flight: one with I/O ends at its completion, and a timer armed for each
-// would cost the busy ring.
+// 10 ms (a poller also passes through the scheduler before each slice
+// that would otherwise end 10 ms after its last pass there, which the
+// monitor reads the same way: yieldDue); one idle for BusyWindow sleeps
+// unbounded, so an idle daemon costs nothing. A poller bounds only a sleep
+// with none of its ring's own I/O in flight: one with I/O ends at its
+// completion, and a timer armed for each would cost the busy ring.
 const (
 	BusySleep  = 8 * time.Millisecond
 	BusyWindow = time.Second

@@ -322,3 +322,43 @@ func TestSleepsBoundedWhileRecentlyBusy(t *testing.T) {
 		}
 	}
 }
+
+// TestYieldsWithinRuntimeWindow walks the poller's yield decisions
+// (yieldDue, as loop takes them) through a second of passes on its own
+// clock: a request's pass at each arrival, a pass at the end of each
+// slice (BusySleep) between them, for arrivals every 20 ms (the pace that
+// once left 12 ms between yields) and at other gaps. Between two yields
+// there is never the runtime's 10 ms, after which its monitor takes the
+// processor of the sleeping thread.
+func TestYieldsWithinRuntimeWindow(t *testing.T) {
+	const window = 10 * time.Millisecond
+	for _, gap := range []time.Duration{3 * time.Millisecond, 7 * time.Millisecond, 11 * time.Millisecond,
+		20 * time.Millisecond, 21 * time.Millisecond, 33 * time.Millisecond} {
+		var now, yielded, arrival, worst time.Duration
+		yield := func() {
+			worst = max(worst, now-yielded)
+			yielded = now
+		}
+		for now < time.Second {
+			if yieldDue(now-yielded, false) {
+				yield()
+			}
+			// The pass is instant; the poller then sleeps a slice
+			// (nothing in flight, busy within BusyWindow) until the
+			// next arrival or the slice's end, whichever is first.
+			if yieldDue(now-yielded, true) {
+				yield()
+			}
+			if now >= arrival {
+				arrival += gap
+			}
+			now = min(now+BusySleep, arrival)
+		}
+		if worst >= window {
+			t.Errorf("requests every %v: %v between two yields (want under %v)", gap, worst, window)
+		}
+		if worst == 0 {
+			t.Errorf("requests every %v: no yield walked", gap)
+		}
+	}
+}
