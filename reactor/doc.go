@@ -39,8 +39,13 @@
 // runtime's monitor takes the processor of a thread that stays 10 ms in
 // one system call, and its next wake-up then sets it polling every 20 µs
 // for a millisecond or more, which cost a daemon answering a request every
-// 20 ms most of its CPU (uring.BusySleep). Idle for longer, it sleeps
-// unbounded. A bounded sleep that runs out is a pass like any other.
+// 20 ms most of its CPU (uring.BusySleep). For the same monitor, the
+// worker's thread passes through the Go scheduler every 5 ms while it
+// works, and before a bounded sleep once a millisecond has passed since
+// it last did (uring.YieldDue): a thread that only makes system calls
+// never does, and 10 ms without it reads as a goroutine running too long.
+// Idle for longer, it sleeps unbounded. A bounded sleep that runs out is a
+// pass like any other.
 //
 // # Polling
 //

@@ -19,6 +19,11 @@ type thread struct {
 	waits  []waitv
 	tokens []uint32
 	soon   bool
+
+	// Owned by the goroutine: its clock (time.Now, or a test's) and its
+	// last pass through the Go scheduler (uring.YieldDue).
+	now     func() time.Time
+	yielded time.Time
 }
 
 // maxWaits is how many words one futex_waitv takes (the kernel's
@@ -28,11 +33,14 @@ const maxWaits = 128
 // waitFor is waitAny, or a test's.
 var waitFor = waitAny
 
+// yield is runtime.Gosched, or a test's.
+var yield = runtime.Gosched
+
 // threadPoll bounds a sleep that could not arm every wait.
 const threadPoll = time.Millisecond
 
 func (w *Worker) startThread() error {
-	t := &thread{done: make(chan struct{}), waits: make([]waitv, 0, maxWaits), tokens: make([]uint32, 0, maxWaits)}
+	t := &thread{done: make(chan struct{}), waits: make([]waitv, 0, maxWaits), tokens: make([]uint32, 0, maxWaits), now: time.Now}
 	w.thread = t
 	w.wake = t.kick
 	go w.runThread()
@@ -52,14 +60,16 @@ func (w *Worker) runThread() {
 	defer runtime.UnlockOSThread()
 	t := w.thread
 	defer close(t.done)
-	busy := lastWork{at: time.Now()}
+	busy := lastWork{at: t.now()}
+	t.yielded = busy.at
 	for !t.stop.Load() {
+		t.yieldIfDue(false)
 		tok := t.word.Load() // before the pass: a kick after it ends the wait at once
 		if w.Serve() {
 			busy.worked = true
 			continue
 		}
-		t.sleep(w, tok, busy.recent(time.Now()))
+		t.sleep(w, tok, busy.recent(t.now()))
 	}
 	w.Stop()
 }
@@ -100,6 +110,7 @@ func (t *thread) sleep(w *Worker, tok uint32, recent bool) {
 			timeout = threadPoll
 		case recent:
 			timeout = uring.BusySleep
+			t.yieldIfDue(true)
 		}
 		if !t.stop.Load() {
 			waitFor(t.waits, timeout)
@@ -108,6 +119,18 @@ func (t *thread) sleep(w *Worker, tok uint32, recent bool) {
 	}
 	for _, tk := range t.tokens {
 		w.Fired(tk, 0)
+	}
+}
+
+// yieldIfDue passes through the Go scheduler when uring.YieldDue says so:
+// at the top of a pass (slice false) or before a sleep of a slice. The
+// thread only makes system calls, and the runtime's monitor reads 10 ms
+// without a pass there as a goroutine running too long: it takes the
+// thread's processor in its sleep and polls every 20 µs for a while.
+func (t *thread) yieldIfDue(slice bool) {
+	if now := t.now(); uring.YieldDue(now.Sub(t.yielded), slice) {
+		t.yielded = now
+		yield()
 	}
 }
 

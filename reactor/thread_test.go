@@ -33,7 +33,7 @@ func (q *bellQueue) Doorbell() (*atomic.Uint32, uint32, bool) {
 // (TestLostWakeupManyQueues/poll/threads stalled so once in CI).
 func TestThreadRearmsAfterCalledOffSleep(t *testing.T) {
 	w := newWorker(0)
-	th := &thread{done: make(chan struct{}), waits: make([]waitv, 0, maxWaits), tokens: make([]uint32, 0, maxWaits)}
+	th := testThread(time.Now)
 	w.thread, w.wake = th, func() {}
 	a, b := &bellQueue{}, &bellQueue{}
 	for _, q := range []*bellQueue{a, b} {
@@ -64,6 +64,42 @@ func TestThreadRearmsAfterCalledOffSleep(t *testing.T) {
 	}
 }
 
+// testThread is an own-thread worker's thread on clock now, for a test
+// that drives its sleeps itself (no goroutine).
+func testThread(now func() time.Time) *thread {
+	return &thread{done: make(chan struct{}), waits: make([]waitv, 0, maxWaits), tokens: make([]uint32, 0, maxWaits), now: now}
+}
+
+// TestThreadYieldsBeforeASlice: an own-thread worker about to sleep a
+// slice (uring.BusySleep) passes through the Go scheduler first when its
+// last pass there was more than a millisecond ago, so that the runtime's
+// monitor never sees it 10 ms without one and takes its processor; an
+// unbounded sleep (idle) does not yield, nor does a slice right after a
+// yield.
+func TestThreadYieldsBeforeASlice(t *testing.T) {
+	realWait, realYield := waitFor, yield
+	defer func() { waitFor, yield = realWait, realYield }()
+	var got []string
+	waitFor = func(_ []waitv, timeout time.Duration) { got = append(got, "wait "+timeout.String()) }
+	yield = func() { got = append(got, "yield") }
+	clock := time.Unix(1000, 0)
+	th := testThread(func() time.Time { return clock })
+	th.yielded = clock
+	w := newWorker(0)
+	w.thread, w.wake = th, func() {}
+	clock = clock.Add(4 * time.Millisecond) // a request's pass, under pollerYield after the last yield
+	th.yieldIfDue(false)
+	th.sleep(w, th.word.Load(), true) // then a slice: its end would be 12 ms after the yield
+	clock = clock.Add(500 * time.Microsecond)
+	th.sleep(w, th.word.Load(), true) // just yielded: a slice without another
+	clock = clock.Add(time.Hour)
+	th.sleep(w, th.word.Load(), false) // idle: unbounded, no yield
+	want := []string{"yield", "wait " + uring.BusySleep.String(), "wait " + uring.BusySleep.String(), "wait -1ns"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("the thread did %q, want %q", got, want)
+	}
+}
+
 // TestThreadSleepBoundedWhileRecent: an own-thread worker that had work
 // lately sleeps at most uring.BusySleep (the Go runtime's monitor then never
 // takes its processor for a long system call), one idle for longer
@@ -74,7 +110,7 @@ func TestThreadSleepBoundedWhileRecent(t *testing.T) {
 	var got []time.Duration
 	waitFor = func(_ []waitv, timeout time.Duration) { got = append(got, timeout) }
 	w := newWorker(0)
-	th := &thread{done: make(chan struct{}), waits: make([]waitv, 0, maxWaits), tokens: make([]uint32, 0, maxWaits)}
+	th := testThread(time.Now)
 	w.thread, w.wake = th, func() {}
 	th.sleep(w, th.word.Load(), true)
 	th.sleep(w, th.word.Load(), false)

@@ -231,7 +231,7 @@ type RingStats struct {
 // late wake-up) is never taken, and the monitor backs off to a poll every
 // 10 ms (a poller also passes through the scheduler before each slice
 // that would otherwise end 10 ms after its last pass there, which the
-// monitor reads the same way: yieldDue); one idle for BusyWindow sleeps
+// monitor reads the same way: YieldDue); one idle for BusyWindow sleeps
 // unbounded, so an idle daemon costs nothing. A poller bounds only a sleep
 // with none of its ring's own I/O in flight: one with I/O ends at its
 // completion, and a timer armed for each would cost the busy ring.
@@ -239,3 +239,32 @@ const (
 	BusySleep  = 8 * time.Millisecond
 	BusyWindow = time.Second
 )
+
+// pollerYield is how often a poller passes through the Go scheduler
+// (see loop): well under the runtime's 10 ms.
+const pollerYield = 5 * time.Millisecond
+
+// yieldBeforeSlice is how long after its last yield a poller about to
+// sleep a slice (BusySleep) yields first (see YieldDue).
+const yieldBeforeSlice = time.Millisecond
+
+// YieldDue tells whether a locked goroutine that serves I/O on its own
+// thread (a ring's poller, a reactor's own-thread worker) passes through
+// the Go scheduler now, since its last yield: at the top of a pass every
+// pollerYield, and before a sleep of a slice (BusySleep) once
+// yieldBeforeSlice has passed, so that no slice ends more than BusySleep
+// plus that after a yield. A thread that only makes system calls never
+// passes there, and the runtime's monitor reads 10 ms without one as a
+// goroutine running too long: it takes the processor of the thread in its
+// sleep, and then polls every 20 µs for a millisecond or more. Without the
+// yield before a slice, a pass that did not yield (a request's, under
+// pollerYield after the last) followed by a whole slice left a poller up
+// to 13 ms without a yield: at one request every 20 ms, 470 of the
+// monitor's wake-ups a second instead of 100, and 600 µs of the daemon's
+// CPU per request instead of 500 (BENCHMARKS.md).
+func YieldDue(since time.Duration, slice bool) bool {
+	if slice {
+		return since > yieldBeforeSlice
+	}
+	return since >= pollerYield
+}

@@ -324,7 +324,7 @@ func TestSleepsBoundedWhileRecentlyBusy(t *testing.T) {
 }
 
 // TestYieldsWithinRuntimeWindow walks the poller's yield decisions
-// (yieldDue, as loop takes them) through a second of passes on its own
+// (YieldDue, as loop takes them) through a second of passes on its own
 // clock: a request's pass at each arrival, a pass at the end of each
 // slice (BusySleep) between them, for arrivals every 20 ms (the pace that
 // once left 12 ms between yields) and at other gaps. Between two yields
@@ -340,13 +340,13 @@ func TestYieldsWithinRuntimeWindow(t *testing.T) {
 			yielded = now
 		}
 		for now < time.Second {
-			if yieldDue(now-yielded, false) {
+			if YieldDue(now-yielded, false) {
 				yield()
 			}
 			// The pass is instant; the poller then sleeps a slice
 			// (nothing in flight, busy within BusyWindow) until the
 			// next arrival or the slice's end, whichever is first.
-			if yieldDue(now-yielded, true) {
+			if YieldDue(now-yielded, true) {
 				yield()
 			}
 			if now >= arrival {

@@ -404,7 +404,7 @@ func (r *ring) loop() (failed bool) {
 		// another and takes it back: two futex wake-ups), so it comes
 		// only as often as the monitor's 10 ms require.
 		now := time.Now()
-		if yieldDue(now.Sub(yielded), false) {
+		if YieldDue(now.Sub(yielded), false) {
 			yielded = now
 			runtime.Gosched()
 		}
@@ -559,7 +559,7 @@ func (r *ring) loop() (failed bool) {
 			// is armed for it.
 			ts = unix.NsecToTimespec(int64(BusySleep))
 			tsp, sliced = &ts, true
-			if yieldDue(now.Sub(yielded), true) {
+			if YieldDue(now.Sub(yielded), true) {
 				yielded = now
 				runtime.Gosched()
 			}
@@ -890,31 +890,6 @@ func (r *ring) abandon(err error) {
 		}
 	}
 	r.flushFinished()
-}
-
-// pollerYield is how often the poller passes through the Go scheduler
-// (see loop): well under the runtime's 10 ms.
-const pollerYield = 5 * time.Millisecond
-
-// yieldBeforeSlice is how long after its last yield a poller about to
-// sleep a slice (BusySleep) yields first (see yieldDue).
-const yieldBeforeSlice = time.Millisecond
-
-// yieldDue tells whether the poller passes through the Go scheduler now,
-// since its last yield: at the top of a pass every pollerYield, and before
-// a sleep of a slice (BusySleep) once yieldBeforeSlice has passed, so that
-// no slice ends more than BusySleep plus that after a yield. Without the
-// second, a pass that did not yield (a request's, under pollerYield after
-// the last) followed by a whole slice left the thread up to 13 ms without
-// a yield; the runtime's monitor then took the processor of the thread in
-// its sleep and polled every 20 µs for a millisecond or more: at one
-// request every 20 ms, 470 of its wake-ups a second instead of 100, and
-// 600 µs of the daemon's CPU per request instead of 500 (BENCHMARKS.md).
-func yieldDue(since time.Duration, slice bool) bool {
-	if slice {
-		return since > yieldBeforeSlice
-	}
-	return since >= pollerYield
 }
 
 // guestPoll bounds a sleep whose guest could not arm a futex wait (a
