@@ -21,9 +21,9 @@ type thread struct {
 	soon   bool
 
 	// Owned by the goroutine: its clock (time.Now, or a test's) and its
-	// last pass through the Go scheduler (uring.YieldDue).
-	now     func() time.Time
-	yielded time.Time
+	// passes through the Go scheduler.
+	now    func() time.Time
+	yields uring.Yields
 }
 
 // maxWaits is how many words one futex_waitv takes (the kernel's
@@ -32,9 +32,6 @@ const maxWaits = 128
 
 // waitFor is waitAny, or a test's.
 var waitFor = waitAny
-
-// yield is runtime.Gosched, or a test's.
-var yield = runtime.Gosched
 
 // threadPoll bounds a sleep that could not arm every wait.
 const threadPoll = time.Millisecond
@@ -61,9 +58,10 @@ func (w *Worker) runThread() {
 	t := w.thread
 	defer close(t.done)
 	busy := lastWork{at: t.now()}
-	t.yielded = busy.at
+	t.yields = uring.NewYields(busy.at, runtime.Gosched)
 	for !t.stop.Load() {
-		t.yieldIfDue(false)
+		// The thread only makes system calls: see uring.YieldDue.
+		t.yields.At(t.now(), false)
 		tok := t.word.Load() // before the pass: a kick after it ends the wait at once
 		if w.Serve() {
 			busy.worked = true
@@ -110,7 +108,7 @@ func (t *thread) sleep(w *Worker, tok uint32, recent bool) {
 			timeout = threadPoll
 		case recent:
 			timeout = uring.BusySleep
-			t.yieldIfDue(true)
+			t.yields.At(t.now(), true)
 		}
 		if !t.stop.Load() {
 			waitFor(t.waits, timeout)
@@ -119,18 +117,6 @@ func (t *thread) sleep(w *Worker, tok uint32, recent bool) {
 	}
 	for _, tk := range t.tokens {
 		w.Fired(tk, 0)
-	}
-}
-
-// yieldIfDue passes through the Go scheduler when uring.YieldDue says so:
-// at the top of a pass (slice false) or before a sleep of a slice. The
-// thread only makes system calls, and the runtime's monitor reads 10 ms
-// without a pass there as a goroutine running too long: it takes the
-// thread's processor in its sleep and polls every 20 µs for a while.
-func (t *thread) yieldIfDue(slice bool) {
-	if now := t.now(); uring.YieldDue(now.Sub(t.yielded), slice) {
-		t.yielded = now
-		yield()
 	}
 }
 

@@ -1,6 +1,7 @@
 package reactor
 
 import (
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -67,7 +68,8 @@ func TestThreadRearmsAfterCalledOffSleep(t *testing.T) {
 // testThread is an own-thread worker's thread on clock now, for a test
 // that drives its sleeps itself (no goroutine).
 func testThread(now func() time.Time) *thread {
-	return &thread{done: make(chan struct{}), waits: make([]waitv, 0, maxWaits), tokens: make([]uint32, 0, maxWaits), now: now}
+	return &thread{done: make(chan struct{}), waits: make([]waitv, 0, maxWaits), tokens: make([]uint32, 0, maxWaits), now: now,
+		yields: uring.NewYields(now(), runtime.Gosched)}
 }
 
 // TestThreadYieldsBeforeASlice: an own-thread worker about to sleep a
@@ -77,18 +79,17 @@ func testThread(now func() time.Time) *thread {
 // unbounded sleep (idle) does not yield, nor does a slice right after a
 // yield.
 func TestThreadYieldsBeforeASlice(t *testing.T) {
-	realWait, realYield := waitFor, yield
-	defer func() { waitFor, yield = realWait, realYield }()
+	realWait := waitFor
+	defer func() { waitFor = realWait }()
 	var got []string
 	waitFor = func(_ []waitv, timeout time.Duration) { got = append(got, "wait "+timeout.String()) }
-	yield = func() { got = append(got, "yield") }
 	clock := time.Unix(1000, 0)
 	th := testThread(func() time.Time { return clock })
-	th.yielded = clock
+	th.yields = uring.NewYields(clock, func() { got = append(got, "yield") })
 	w := newWorker(0)
 	w.thread, w.wake = th, func() {}
 	clock = clock.Add(4 * time.Millisecond) // a request's pass, under pollerYield after the last yield
-	th.yieldIfDue(false)
+	th.yields.At(clock, false)
 	th.sleep(w, th.word.Load(), true) // then a slice: its end would be 12 ms after the yield
 	clock = clock.Add(500 * time.Microsecond)
 	th.sleep(w, th.word.Load(), true) // just yielded: a slice without another

@@ -268,3 +268,25 @@ func YieldDue(since time.Duration, slice bool) bool {
 	}
 	return since >= pollerYield
 }
+
+// Yields is a locked goroutine's passes through the Go scheduler, by
+// YieldDue's rule: one value per goroutine, used by it alone.
+type Yields struct {
+	last    time.Time
+	gosched func()
+}
+
+// NewYields starts the record at now, yielding with gosched
+// (runtime.Gosched, or a test's).
+func NewYields(now time.Time, gosched func()) Yields {
+	return Yields{last: now, gosched: gosched}
+}
+
+// At yields at now when YieldDue says so: at the top of a pass (slice
+// false), or before a sleep of a slice (BusySleep).
+func (y *Yields) At(now time.Time, slice bool) {
+	if YieldDue(now.Sub(y.last), slice) {
+		y.last = now
+		y.gosched()
+	}
+}

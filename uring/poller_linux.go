@@ -391,8 +391,9 @@ func (r *ring) loop() (failed bool) {
 		deadline  time.Time
 		ts        unix.Timespec
 	)
-	yielded := time.Now()
-	busyAt := yielded // the last pass that was not a sliced sleep's timeout
+	start := time.Now()
+	yields := NewYields(start, runtime.Gosched)
+	busyAt := start // the last pass that was not a sliced sleep's timeout
 	for {
 		// Pass through the Go scheduler every pollerYield: a locked
 		// goroutine that only makes system calls never does, and the
@@ -404,10 +405,7 @@ func (r *ring) loop() (failed bool) {
 		// another and takes it back: two futex wake-ups), so it comes
 		// only as often as the monitor's 10 ms require.
 		now := time.Now()
-		if YieldDue(now.Sub(yielded), false) {
-			yielded = now
-			runtime.Gosched()
-		}
+		yields.At(now, false)
 		if r.host != nil && !draining {
 			// The guest's pass comes first: what it submits to this
 			// ring is in pending below, and reaches the kernel in this
@@ -559,10 +557,7 @@ func (r *ring) loop() (failed bool) {
 			// is armed for it.
 			ts = unix.NsecToTimespec(int64(BusySleep))
 			tsp, sliced = &ts, true
-			if YieldDue(now.Sub(yielded), true) {
-				yielded = now
-				runtime.Gosched()
-			}
+			yields.At(now, true)
 		}
 		if h := r.t.cfg.hooks; h != nil && h.sleep != nil && wait {
 			bound := time.Duration(-1)
