@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -57,5 +58,53 @@ func TestPutsApartNotes(t *testing.T) {
 	p.put([]byte("f"), t0.Add(3*time.Second+ttl))
 	if p.after([]byte("a"), t0) || !p.after([]byte("d"), t0) || !p.after([]byte("e"), t0) || !p.after([]byte("f"), t0) {
 		t.Fatal("a's note, a ttl old, should have gone with age, d's, e's and f's stayed")
+	}
+}
+
+// TestPutsApartOrderBounded: keys put and then removed here (forgotten),
+// some put again first, while a member is away leave stale marks in the
+// table's order while the table itself stays far from full (the soak's
+// clients put and remove at 1.5k a second). The marks are dropped once
+// they pass twice the bound, so the table's memory follows the bound, not
+// the rate of puts times the ttl; the live notes stay, in order, and past
+// the bound the oldest live one still goes first.
+func TestPutsApartOrderBounded(t *testing.T) {
+	const max, n, kept = 8, 10_000, 5
+	p := newPutsApart(max, time.Hour)
+	t0 := time.Unix(1_700_000_000, 0)
+	p.setApart(true, t0)
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Millisecond) }
+	key := func(i int) []byte { return []byte(fmt.Sprintf("k%d", i)) }
+	for i := range n {
+		p.put(key(i), at(i))
+		if i < n-kept { // the last kept keys stay
+			if i%2 == 1 {
+				p.put(key(i), at(i)) // put again: its first mark is stale
+			}
+			p.forget(key(i)) // removed here
+		}
+		if m := len(p.fifo) - p.head; m > 2*max+1 {
+			t.Fatalf("after %d puts the order holds %d marks for %d notes, bound %d", i+1, m, p.len(), max)
+		}
+	}
+	if p.len() != kept || p.over.Load() != 0 {
+		t.Fatalf("%d notes (want %d), %d pushed out (want 0)", p.len(), kept, p.over.Load())
+	}
+	for i := n - 1; i >= n-2*kept; i-- {
+		if want := i >= n-kept; p.after(key(i), t0) != want {
+			t.Fatalf("k%d noted %v, want %v", i, !want, want)
+		}
+	}
+	// Filled to the bound, then one more: the oldest live note goes.
+	for i := n; i < n+max-kept+1; i++ {
+		p.put(key(i), at(i))
+	}
+	if p.len() != max || p.over.Load() != 1 || p.after(key(n-kept), t0) || !p.after(key(n-kept+1), t0) {
+		t.Fatalf("over the bound: k%d should have gone first (%d notes, %d pushed out)", n-kept, p.len(), p.over.Load())
+	}
+	// A key noted again at the bound takes no more room: nothing goes.
+	p.put(key(n-1), at(n+max))
+	if p.len() != max || p.over.Load() != 1 || !p.after(key(n-kept+1), t0) {
+		t.Fatalf("a key put again at the bound pushed another out (%d notes, %d pushed out)", p.len(), p.over.Load())
 	}
 }
