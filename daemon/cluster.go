@@ -480,6 +480,7 @@ func (d *Daemon) collectCluster(e *metrics.Emit) {
 		{"tensorcast_cluster_tombstones_taken_total", "Tombstones this daemon took from the previous home of their shard.", s.TombsTaken},
 		{"tensorcast_cluster_tombstone_keeps_total", "Copies of tombstones this daemon (a home) gave keepers.", s.KeepsGiven},
 		{"tensorcast_cluster_tombstone_keep_failures_total", "Copies of tombstones a keeper did not take: the removal holds only while this home lives.", s.KeepsFailed},
+		{"tensorcast_cluster_tombstones_unkept_total", "Tombstones this daemon (a home) made with no member up to keep a copy: the removal holds only while this home lives.", s.KeepsNone},
 		{"tensorcast_cluster_over_budget_total", "Remote gets and serves refused by the mode's budget.", s.OverBudget},
 		{"tensorcast_cluster_replicas_made_total", "Copies of values put here made on other daemons.", s.ReplicasMade},
 		{"tensorcast_cluster_replica_failures_total", "Copies of values put here that failed (or had too few daemons up).", s.ReplicaFailures},

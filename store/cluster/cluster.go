@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tensorcast/tensorcast/internal/keyblock"
+	"github.com/tensorcast/tensorcast/internal/ratelog"
 	"github.com/tensorcast/tensorcast/store"
 	"github.com/tensorcast/tensorcast/store/cluster/grant"
 	"github.com/tensorcast/tensorcast/xfer"
@@ -369,6 +370,11 @@ type Cluster struct {
 	// leftTaken is how many shards the last claim round left with the
 	// members that took them from here (fence.go), for its log.
 	leftTaken atomic.Int64
+	// awayRemovals and noKeepers log the removals made while members are
+	// away, and their tombstones no member keeps a copy of, a line an
+	// interval: a client removing while a member is away makes them at
+	// its own rate (a line per remove, 27 a second in a soak).
+	awayRemovals, noKeepers *ratelog.Log
 }
 
 var (
@@ -403,7 +409,7 @@ type counters struct {
 	busyRetries, busyHellos                                  atomic.Uint64 // exchanges sent again after the peer answered busy; hellos it answered busy
 	olderKinds                                               atomic.Uint64 // messages sent as the kind an older release knows (members.go, older)
 	walksTaken, removeAsksUnnamed                            atomic.Uint64 // members' walks of this daemon's shards reported; drops a removal asked of members the index does not name (walk.go)
-	tombsKept, keepFailed                                    atomic.Uint64 // tombstone copies given to keepers, and not
+	tombsKept, keepFailed, keepNone                          atomic.Uint64 // tombstone copies given to keepers, and not; tombstones made with no member to keep a copy
 	goneOver                                                 atomic.Uint64 // removed keys with I/O in flight here past the bound
 	overBudget, readersRefused                               atomic.Uint64
 	replicasMade, replicaFailed, replicasShort               atomic.Uint64
@@ -449,6 +455,8 @@ func New(cfg Config, st *store.Store, peers Peers, mover Mover) (*Cluster, error
 		claims: grant.NewClaims(grant.ClaimsConfig{MaxPerKey: cfg.ClaimsPerKey, MaxPerHolder: cfg.ClaimsPerHolder,
 			MaxOutstanding: cfg.MaxKeys, MaxTTL: maxHoldTTL}),
 	}
+	c.awayRemovals = ratelog.New(c.log, slog.LevelInfo, "keys removed while members are away: their copies there are dropped when they are back", 0)
+	c.noKeepers = ratelog.New(c.log, slog.LevelWarn, "no member to keep tombstones: the removal of copies on holders away holds only while this home lives", 0)
 	c.life, c.endLife = context.WithCancel(context.Background())
 	// Whatever shard this daemon is home of at first, its index of it is
 	// empty until the members' re-announcements come.
@@ -593,6 +601,8 @@ func (c *Cluster) Close() {
 		h.timer.Stop()
 		_ = h.ss.Close()
 	}
+	c.awayRemovals.Stop()
+	c.noKeepers.Stop()
 }
 
 // shardOf is key's shard.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"hash/maphash"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -575,8 +576,7 @@ func (c *Cluster) removeHere(from string, keys [][]byte) (notHome, kept []int) {
 		}
 	}
 	if len(awayTombs) > 0 {
-		c.log.Info("keys removed while members are away: their copies there are dropped when they are back",
-			"away", away, "tombstones", len(awayTombs))
+		c.awayRemovals.Event(slog.Any("away", away), slog.Int("tombstones", len(awayTombs)))
 		c.keepTombs(v, awayTombs, time.Now().Add(c.cfg.Timeout/4))
 	}
 	c.c.removes.Add(uint64(len(keys)))

@@ -54,9 +54,11 @@ type Stats struct {
 	DropsSoon, RemovesKept uint64
 	// TombsKept are the copies of other homes' tombstones this daemon
 	// keeps in case their home dies (tomb.go); KeepsGiven the copies of
-	// its own it gave keepers, KeepsFailed those a keeper did not take.
-	TombsKept               int
-	KeepsGiven, KeepsFailed uint64
+	// its own it gave keepers, KeepsFailed those a keeper did not take,
+	// KeepsNone its tombstones made with no member to keep a copy (the
+	// other members away, or none).
+	TombsKept                          int
+	KeepsGiven, KeepsFailed, KeepsNone uint64
 	// PutsApart are the puts this daemon notes the time of, made while
 	// members were away or lately (apart.go); PutsApartOver counts the
 	// notes pushed out by the bound (a removal told late takes those
@@ -161,7 +163,7 @@ func (c *Cluster) Stats() Stats {
 		RemoteBytes: c.c.remoteBytes.Load(), CRCMismatch: c.c.crcMismatch.Load(), CRCLanded: c.c.crcLanded.Load(),
 		HoldsGiven: c.c.holds.Load(), HoldsRefused: c.c.holdsRefused.Load(), Removes: c.c.removes.Load(),
 		ByPeer:     by,
-		Tombstones: own, TombsKept: kept, GonePinned: c.GonePinned(), GoneOver: c.c.goneOver.Load(), KeepsGiven: c.c.tombsKept.Load(), KeepsFailed: c.c.keepFailed.Load(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
+		Tombstones: own, TombsKept: kept, GonePinned: c.GonePinned(), GoneOver: c.c.goneOver.Load(), KeepsGiven: c.c.tombsKept.Load(), KeepsFailed: c.c.keepFailed.Load(), KeepsNone: c.c.keepNone.Load(), TombHits: c.tombs.hits.Load(), TombDrops: c.c.tombDrops.Load(),
 		TombExpired: c.tombs.expired.Load(), TombEvicted: c.tombs.evicted.Load(), TombRetried: c.c.tombRetried.Load(),
 		PutsApart: c.apart.len(), PutsApartOver: c.apart.over.Load(), PutsKept: c.c.putsKept.Load(), LateLosses: c.c.lateLosses.Load(),
 		BusyRetries: c.c.busyRetries.Load(), BusyHellos: c.c.busyHellos.Load(), OlderKinds: c.c.olderKinds.Load(),

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"container/list"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -665,8 +666,8 @@ func (c *Cluster) keepTombs(v *view, ts []tomb, deadline time.Time) {
 		}
 	}
 	if len(by) == 0 {
-		c.log.Warn("no member to keep tombstones: the removal of copies on holders away holds only while this home lives",
-			"tombstones", len(ts))
+		c.c.keepNone.Add(uint64(len(ts)))
+		c.noKeepers.Event(slog.Int("tombstones", len(ts)), slog.Uint64("tombstones_total", c.c.keepNone.Load()))
 		return
 	}
 	var wg sync.WaitGroup
