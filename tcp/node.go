@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorcast/tensorcast/directory"
+	"github.com/tensorcast/tensorcast/internal/ratelog"
 	"github.com/tensorcast/tensorcast/xfer"
 )
 
@@ -106,6 +107,10 @@ type Node struct {
 	writerWG sync.WaitGroup
 	// refusals rate-limits the log of refused peers.
 	refusals refusalLog
+	// unsessioned logs the tasks a failed dial fails, a line an interval:
+	// while a peer is down, every dial for its tasks fails, as often as
+	// clients submit (100,000 lines an hour in a soak).
+	unsessioned *ratelog.Log
 	// renewWG counts token renewals in flight (tokens.go); Close waits.
 	renewWG   sync.WaitGroup
 	closeOnce sync.Once
@@ -196,6 +201,7 @@ func NewNode(cfg Config, exp Exporter, log *slog.Logger) (_ *Node, err error) {
 		exchSem:    make(chan struct{}, MaxExchangeHandlers),
 		nestSem:    make(chan struct{}, MaxExchangeHandlers),
 	}
+	n.unsessioned = ratelog.New(n.log, slog.LevelInfo, "tasks failed: no session with the peer", 0)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.pendPool.New = func() any { return &pending{node: n} }
 	n.taskPool.New = func() any { return new(taskState) }
@@ -392,6 +398,7 @@ func (n *Node) Close() error {
 		// The pumps see done (a dial in progress fails: its context is
 		// canceled), so nothing is sent or dialed any more.
 		n.pumpWG.Wait()
+		n.unsessioned.Stop()
 		queued := n.failQueued(xfer.ErrClosed)
 		if err := n.cli.Stop(); err != nil {
 			n.log.Warn("stopping client loops", "err", err)

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/tensorcast/tensorcast/xfer"
@@ -211,7 +212,7 @@ func (n *Node) dialFor(p *peer) {
 	}
 	p.mu.Unlock()
 	if len(failed) > 0 {
-		n.log.Info("tasks failed: no session with the peer", "peer", p.id, "tasks", len(failed), "err", err)
+		n.unsessioned.Event(slog.String("peer", p.id), slog.Int("tasks", len(failed)), slog.Any("err", err))
 	}
 	for _, ts := range failed {
 		ts.stopSending(err)

@@ -349,3 +349,59 @@ func TestPumpSeesCreditFreedWhileItTried(t *testing.T) {
 		t.Fatal("the pump never found the window full in 50 writes: the test did not test the race")
 	}
 }
+
+// TestFailedDialsLoggedOnceAnInterval: while a peer is down, every dial
+// for its tasks fails and fails them; a client submitting one task after
+// another made a log line per dial. The first is logged at once, the rest
+// are counted into a line an interval (and at Close), and every task
+// still fails.
+func TestFailedDialsLoggedOnceAnInterval(t *testing.T) {
+	const msg = `msg="tasks failed: no session with the peer"`
+	kf := testutil.KeyFile(t, t.TempDir(), "k", "secret")
+	a := startNode(t, Config{DaemonID: "a", ClusterKeyFile: kf})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // a peer whose daemon is gone: every connect is refused
+	_ = a.Directory().Update(dirPeer("gone", addr))
+	r := remoteAt(a, "gone")
+	local := xfertest.NewSegment(1, 1<<20)
+	const n = 12
+	for i := range n {
+		col := xfertest.NewRecorder()
+		tk := mkTask(col, xfer.OpRead, local, 0, r, 0, 4096)
+		if k, err := a.Submit([]*xfer.Task{tk}); k != 1 || err != nil {
+			t.Fatalf("Submit %d = %d, %v", i, k, err)
+		}
+		if d := col.Next(t, 1, 10*time.Second)[0]; d.Err == nil {
+			t.Fatalf("task %d to a peer that refuses every connection ended OK", i)
+		}
+	}
+	if got := strings.Count(a.logs.String(), msg); got >= n/2 {
+		t.Fatalf("%d lines for %d failed dials, want a line an interval:\n%s", got, n, a.logs)
+	}
+	a.Close()
+	// Every failed dial is in a line: the first alone, the rest counted.
+	events := 0
+	for _, l := range strings.Split(a.logs.String(), "\n") {
+		if !strings.Contains(l, msg) {
+			continue
+		}
+		c := 1
+		if _, after, ok := strings.Cut(l, " count="); ok {
+			c = 0
+			for _, ch := range after {
+				if ch < '0' || ch > '9' {
+					break
+				}
+				c = c*10 + int(ch-'0')
+			}
+		}
+		events += c
+	}
+	if events != n {
+		t.Fatalf("the lines count %d failed dials, want %d:\n%s", events, n, a.logs)
+	}
+}
