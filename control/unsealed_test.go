@@ -83,6 +83,31 @@ func codeOf(err error) wire.Code {
 	return tcproto.CodeINTERNAL
 }
 
+// TestSealedBufferRegisteredQuietly: a buffer the client library sealed,
+// the usual case, is registered with a debug line only (a client may
+// register as often as it likes); an unsealed one is an info line
+// (TestUnsealedHostPoolTruncated).
+func TestSealedBufferRegisteredQuietly(t *testing.T) {
+	e := newEnv(t, false)
+	c, err := client.Dial(e.sock, client.Options{Name: "sealed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for range 3 {
+		if _, err := c.RegisterBuffer(1 << 16); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log := e.logBuf.String()
+	if n := strings.Count(log, `level=DEBUG msg="buffer registered"`); n != 3 || !strings.Contains(log, `sealing="sealed by client"`) {
+		t.Fatalf("%d debug lines of sealed registrations, want 3:\n%s", n, log)
+	}
+	if strings.Contains(log, `level=INFO msg="buffer registered"`) {
+		t.Fatalf("a sealed buffer's registration logged at info:\n%s", log)
+	}
+}
+
 // TestUnsealedHostPoolTruncated: an engine registers its host pool, an
 // unsealable memfd, and every path the daemon has for a client buffer moves
 // its bytes exactly. Then the engine truncates it to zero: each of those
@@ -95,7 +120,7 @@ func TestUnsealedHostPoolTruncated(t *testing.T) {
 	const size = 1 << 20
 	const blk = 64 << 10
 	e, hp, eng, q, seg := engineWithHostPool(t, size)
-	if log := e.logBuf.String(); !strings.Contains(log, `msg="buffer registered"`) || !strings.Contains(log, "sealing=unsealed") {
+	if log := e.logBuf.String(); !strings.Contains(log, `level=INFO msg="buffer registered"`) || !strings.Contains(log, "sealing=unsealed") {
 		t.Fatalf("no log line says the buffer is unsealed:\n%s", log)
 	}
 	// The engine cannot shrink-proof it: no seal can be added.

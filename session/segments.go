@@ -4,7 +4,9 @@ package session
 // UnregisterBuffer, PoolInfo, AllocBlocks and FreeBlocks.
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 
 	"golang.org/x/sys/unix"
@@ -50,8 +52,15 @@ func (c *Session) RegisterBuffer(m *wire.RegisterBufferRequest, fd int, r *wire.
 	c.mu.Unlock()
 	if s, ok := buf.(interface{ Sealing() shm.Sealing }); ok {
 		// Unsealed: every copy of it is guarded and peers' paths refuse
-		// it (see package shm).
-		c.log.Info("buffer registered", "segment", uint64(id), "size", m.Size, "sealing", s.Sealing().String())
+		// it (see package shm). A buffer the client sealed, as the
+		// libraries do, is the usual case: a line of its own only in the
+		// debug log, since a client registers as often as it likes
+		// (480,000 lines an hour in a soak).
+		level := slog.LevelInfo
+		if s.Sealing() == shm.SealedByClient {
+			level = slog.LevelDebug
+		}
+		c.log.Log(context.Background(), level, "buffer registered", "segment", uint64(id), "size", m.Size, "sealing", s.Sealing().String())
 	}
 	wire.SetResponse[wire.RegisterBufferResponse](r).Segment = uint64(id)
 	return nil
