@@ -520,7 +520,10 @@ func TestPeerKilledMidTransferAndRestarted(t *testing.T) {
 }
 
 func TestConnectionResetFailsOnlyItsRequests(t *testing.T) {
-	nodes := cluster(t, []string{"a", "b"}, 64<<20, Config{SliceSize: 256 << 10, ConnsPerPeer: 4})
+	// Tasks get 30 s, not startNode's 5: the test is about which tasks
+	// fail, and under load (a soak beside it) 192 MiB through the three
+	// healthy connections ran past 5 s ("no room toward peer b").
+	nodes := cluster(t, []string{"a", "b"}, 64<<20, Config{SliceSize: 256 << 10, ConnsPerPeer: 4, RequestTimeout: 30 * time.Second})
 	a, b := nodes[0], nodes[1]
 	r, err := a.Open("b", "seg", RightWrite)
 	if err != nil {
