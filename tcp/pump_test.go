@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -391,12 +392,8 @@ func TestFailedDialsLoggedOnceAnInterval(t *testing.T) {
 		}
 		c := 1
 		if _, after, ok := strings.Cut(l, " count="); ok {
-			c = 0
-			for _, ch := range after {
-				if ch < '0' || ch > '9' {
-					break
-				}
-				c = c*10 + int(ch-'0')
+			if c, err = strconv.Atoi(strings.Fields(after)[0]); err != nil {
+				t.Fatalf("a count that is not a number: %s", l)
 			}
 		}
 		events += c

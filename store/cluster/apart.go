@@ -106,8 +106,9 @@ func (p *putsApart) put(key []byte, now time.Time) (full bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.expireLocked(now)
+	k := string(key)
 	// A key noted again takes no more room.
-	_, again := p.at[string(key)]
+	_, again := p.at[k]
 	for !again && len(p.at) >= p.max && p.head < len(p.fifo) {
 		m := p.fifo[p.head]
 		p.fifo[p.head] = putMark{}
@@ -121,8 +122,8 @@ func (p *putsApart) put(key []byte, now time.Time) (full bool) {
 		p.over.Add(1)
 	}
 	p.seq++
-	m := putMark{string(key), now, p.seq}
-	p.at[m.key] = m
+	m := putMark{k, now, p.seq}
+	p.at[k] = m
 	p.fifo = append(p.fifo, m)
 	switch {
 	case len(p.fifo)-p.head > 2*p.max:
